@@ -1,0 +1,273 @@
+"""The `EventLog` protocol, positions, and the rules every backend and every reader share.
+
+A log is a fixed number of partitions, each an ordered sequence of offsets. A run's events all
+go to one partition (chosen from the run id the way Kafka's Java client chooses from a key), so
+one run is totally ordered. Backends store whatever is appended; deciding which stored events
+count (seq and fence rules) is the reader's job, done by :class:`SequenceGuard` so every reader
+decides the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+from aiokafka.partitioner import murmur2
+
+from onward.errors import InvalidInputError, PayloadTooLargeError
+
+from . import codec
+from .events import EVENT_FORMAT, AnyEvent, Event, RunClaimed
+
+DEFAULT_PARTITIONS = 12
+DEFAULT_MAX_BATCH_BYTES = 1_000_000
+"""Largest encoded batch a log accepts by default; just under Kafka's default message.max.bytes."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Position:
+    """Where a record sits in the log."""
+
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """An event together with the position the log gave it."""
+
+    position: Position
+    event: AnyEvent
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionBounds:
+    """The offsets a partition holds: ``start`` is the first readable, ``end`` the next to write."""
+
+    start: int
+    end: int
+
+
+def partition_for(run_id: str, partitions: int) -> int:
+    """The partition of a run: murmur2 of the run id, as Kafka's Java client partitions a key.
+
+    Using the same function everywhere means positions from any backend, and records written by
+    other Kafka clients keyed by run id, agree about where a run lives.
+    """
+    hashed: int = murmur2(run_id.encode())
+    return (hashed & 0x7FFFFFFF) % partitions
+
+
+@runtime_checkable
+class EventLog(Protocol):
+    """An append-only, partitioned log of run events."""
+
+    @property
+    def partitions(self) -> int:
+        """The fixed number of partitions."""
+        ...
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        """Append one run's events as one atomic batch and return their positions once durable.
+
+        The batch is stored whole or not at all.
+
+        Raises:
+            InvalidInputError: The batch is empty, mixes runs, or its seqs are not consecutive.
+            PayloadTooLargeError: The encoded batch exceeds the log's limit.
+        """
+        ...
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        """Every stored event of one run in log order, from offset ``start`` up to ``end``.
+
+        Offsets are in the run's partition. ``start`` defaults to the partition's start and
+        ``end`` (exclusive) to its current end. Nothing is filtered: apply :class:`SequenceGuard`
+        to learn which events count.
+
+        Raises:
+            LogTruncatedError: ``start`` lies below the partition's start.
+            EventDecodeError: A record of this run is unreadable.
+        """
+        ...
+
+    async def read_partition(
+        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
+    ) -> list[StoredEvent]:
+        """Events of every run in one partition, in offset order, from ``start`` up to ``end``.
+
+        Raises:
+            LogTruncatedError: ``start`` lies below the partition's start.
+        """
+        ...
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        """The partition's first readable offset and next offset to be written."""
+        ...
+
+    async def truncate_before(self, partition: int, offset: int) -> None:
+        """Remove every record of a partition below ``offset``. Never moves the start backwards."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and files. Idempotent."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+def prepare_batch(
+    events: Sequence[Event], *, partitions: int, max_batch_bytes: int
+) -> tuple[str, int, list[bytes]]:
+    """Check a batch for one run and encode it. Returns (run id, partition, encoded records).
+
+    Every backend calls this first, so every backend refuses the same bad input the same way
+    before anything is written.
+    """
+    if not events:
+        raise InvalidInputError("append needs at least one event; got an empty batch")
+    first = events[0]
+    if not isinstance(first, Event):
+        raise InvalidInputError(f"append takes events, got {type(first).__name__}")
+    run_id, tenant = first.run_id, first.tenant
+    if not run_id:
+        raise InvalidInputError("event has an empty run_id")
+    encoded: list[bytes] = []
+    total = 0
+    for index, event in enumerate(events):
+        if not isinstance(event, Event):
+            raise InvalidInputError(f"batch item {index} is a {type(event).__name__}, not an event")
+        if event.run_id != run_id or event.tenant != tenant:
+            raise InvalidInputError(
+                f"one batch holds one run: item {index} is run {event.run_id!r} of tenant "
+                f"{event.tenant!r}, the batch began with run {run_id!r} of tenant {tenant!r}"
+            )
+        if event.seq < 1:
+            raise InvalidInputError(f"run {run_id!r}: seq starts at 1, got {event.seq}")
+        if event.seq != first.seq + index:
+            raise InvalidInputError(
+                f"run {run_id!r}: seqs in a batch must be consecutive; item {index} has seq "
+                f"{event.seq}, expected {first.seq + index}"
+            )
+        if event.fence < 0:
+            raise InvalidInputError(f"run {run_id!r} seq {event.seq}: fence must be >= 0")
+        if event.format != EVENT_FORMAT:
+            raise InvalidInputError(
+                f"run {run_id!r} seq {event.seq}: this code writes event format {EVENT_FORMAT}, "
+                f"the event says {event.format}"
+            )
+        record = codec.encode(event)
+        total += len(record)
+        encoded.append(record)
+    if total > max_batch_bytes:
+        raise PayloadTooLargeError(
+            f"run {run_id!r}: batch of {len(events)} events encodes to {total} bytes, over the "
+            f"log's limit of {max_batch_bytes}; store large bodies out of line",
+            run_id=run_id,
+        )
+    return run_id, partition_for(run_id, partitions), encoded
+
+
+def check_partition(partition: int, partitions: int) -> None:
+    """Refuse a partition number the log does not have."""
+    if not 0 <= partition < partitions:
+        raise InvalidInputError(f"partition {partition} does not exist; the log has {partitions}")
+
+
+def check_truncation(partition: int, offset: int, end: int) -> None:
+    """Refuse to truncate past a partition's end: that would remove records not yet written."""
+    if offset > end:
+        raise InvalidInputError(
+            f"partition {partition}: cannot truncate before {offset}, past its end {end}"
+        )
+
+
+class Refusal(Enum):
+    """Why a reader did not count a stored event."""
+
+    SUPERSEDED_FENCE = "superseded_fence"
+    """Written under a lower fence than one already admitted for the run."""
+    DUPLICATE_SEQ = "duplicate_seq"
+    """Its seq was already admitted."""
+    SEQ_GAP = "seq_gap"
+    """Its seq skips ahead of the next expected one (out of order or a lost predecessor)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedEvent:
+    """A stored event a reader did not count, and why. Kept for audit, never folded."""
+
+    stored: StoredEvent
+    reason: Refusal
+    detail: str
+
+
+@dataclass(slots=True)
+class SequenceGuard:
+    """Decides, event by event, which of a run's stored events count.
+
+    Rules, applied in log order:
+
+    * An event whose fence is lower than the highest fence already admitted is refused.
+    * A ``RunClaimed`` with a higher fence than any admitted is the new holder's linearization
+      point and is admitted even if a superseded writer slipped events in between the
+      claimant's read and its claim; it takes the next seq, whatever seq it carries.
+    * Any other event must carry exactly the next seq: a lower seq is a duplicate, a higher one
+      a gap. Neither is folded.
+
+    Start from a frontier's ``last_seq`` and ``fence`` to check a tail, or from zero for a
+    whole history.
+    """
+
+    last_seq: int = 0
+    fence: int = 0
+    refused: list[RefusedEvent] = field(default_factory=list)
+
+    def admit(self, stored: StoredEvent) -> bool:
+        """Record one event; return whether it counts."""
+        event = stored.event
+        expected = self.last_seq + 1
+        if event.fence < self.fence:
+            self._refuse(
+                stored,
+                Refusal.SUPERSEDED_FENCE,
+                f"fence {event.fence} is below fence {self.fence} already admitted",
+            )
+            return False
+        if isinstance(event, RunClaimed) and event.fence > self.fence and event.seq <= expected:
+            self.fence = event.fence
+            self.last_seq = expected
+            return True
+        if event.seq < expected:
+            self._refuse(
+                stored, Refusal.DUPLICATE_SEQ, f"seq {event.seq} already admitted (next {expected})"
+            )
+            return False
+        if event.seq > expected:
+            self._refuse(stored, Refusal.SEQ_GAP, f"seq {event.seq} skips ahead of {expected}")
+            return False
+        self.fence = event.fence
+        self.last_seq = expected
+        return True
+
+    def admit_all(self, stored: Sequence[StoredEvent]) -> list[StoredEvent]:
+        """Record events in order; return the ones that count."""
+        return [s for s in stored if self.admit(s)]
+
+    def _refuse(self, stored: StoredEvent, reason: Refusal, detail: str) -> None:
+        event = stored.event
+        self.refused.append(
+            RefusedEvent(stored, reason, f"run {event.run_id!r} seq {event.seq}: {detail}")
+        )

@@ -1,0 +1,106 @@
+"""msgspec JSON on the wire, one event per record, with the headers readers filter on.
+
+JSON rather than msgpack so the records stay readable by tools audit and analytics teams already
+run (kcat, Kafka Connect, ksqlDB). Decoding is one typed pass on the hot path; only a record that
+fails it is probed again to name the run, the seq and the field in the error.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from onward.errors import CheckpointFormatError, EventDecodeError, InvalidInputError
+
+from .events import EVENT_FORMAT, AnyEvent, Event, kind_of
+
+_encoder = msgspec.json.Encoder()
+_decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
+
+
+class _Probe(msgspec.Struct):
+    """The envelope fields, each optional, to describe a record that failed to decode."""
+
+    run_id: object = None
+    seq: object = None
+    kind: object = None
+    format: object = None
+
+
+_probe_decoder = msgspec.json.Decoder(_Probe)
+_PATH = re.compile(r" - at `(\$[^`]*)`$")
+
+Header = tuple[str, bytes]
+
+
+def encode(event: Event) -> bytes:
+    """Encode one event as JSON bytes."""
+    if not isinstance(event, Event) or type(event) is Event:
+        raise InvalidInputError(f"expected an event of a known kind, got {type(event).__name__}")
+    return _encoder.encode(event)
+
+
+def headers(event: Event) -> list[Header]:
+    """Record headers: run id, kind, fence and format, so readers skip other runs undecoded."""
+    return [
+        ("onward.run_id", event.run_id.encode()),
+        ("onward.kind", kind_of(type(event)).encode()),
+        ("onward.fence", str(event.fence).encode()),
+        ("onward.format", str(event.format).encode()),
+    ]
+
+
+def decode(data: bytes | memoryview, *, run_hint: str | None = None) -> AnyEvent:
+    """Decode one record into its event.
+
+    Args:
+        data: The record's value.
+        run_hint: The run the record was filed under (its key), named in errors when the
+            record itself is too damaged to say.
+
+    Raises:
+        CheckpointFormatError: The record was written in a format newer than :data:`EVENT_FORMAT`.
+        EventDecodeError: The record is not a valid event; the message names run, seq and field.
+    """
+    try:
+        event = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise _describe_failure(data, exc, run_hint) from exc
+    if event.format > EVENT_FORMAT:
+        raise _newer_format(event.run_id, event.seq, event.format)
+    return event
+
+
+def _newer_format(run_id: object, seq: object, fmt: object) -> CheckpointFormatError:
+    run = run_id if isinstance(run_id, str) else None
+    return CheckpointFormatError(
+        f"run {run!r} seq {seq}: event format {fmt} is newer than this code reads "
+        f"({EVENT_FORMAT}); upgrade Onward before reading or resuming this run",
+        run_id=run,
+        seq=seq if isinstance(seq, int) else None,
+        field="$.format",
+    )
+
+
+def _describe_failure(
+    data: bytes | memoryview, exc: msgspec.DecodeError, run_hint: str | None
+) -> EventDecodeError:
+    try:
+        probe = _probe_decoder.decode(data)
+    except msgspec.DecodeError:
+        probe = _Probe()
+    run = probe.run_id if isinstance(probe.run_id, str) else run_hint
+    seq = probe.seq if isinstance(probe.seq, int) and not isinstance(probe.seq, bool) else None
+    if isinstance(probe.format, int) and probe.format > EVENT_FORMAT:
+        return _newer_format(run, seq, probe.format)
+    reason = str(exc)
+    match = _PATH.search(reason)
+    field = match.group(1) if match else None
+    return EventDecodeError(
+        f"run {run!r} seq {seq}: unreadable event record"
+        f"{f' (kind {probe.kind!r})' if isinstance(probe.kind, str) else ''}: {reason}",
+        run_id=run,
+        seq=seq,
+        field=field,
+    )

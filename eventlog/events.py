@@ -1,0 +1,225 @@
+"""The events of a run: the envelope every event carries and one frozen Struct per kind.
+
+Field names and tags are the wire contract. Rules for changing them (the msgspec schema-evolution
+rules): a new field gets a default; nothing is renamed, reordered in meaning or retyped; a breaking
+change is a new tag or a new :data:`EVENT_FORMAT` with an upcaster. Unknown fields are ignored on
+decode so an older reader can read a newer minor addition.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+EVENT_FORMAT = 1
+"""The event format this code writes and the newest it can read."""
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """The envelope shared by every event.
+
+    Attributes:
+        run_id: The run this event belongs to; also the Kafka record key.
+        tenant: The tenant that owns the run.
+        seq: Position in the run's history, gap-free from 1, assigned by the lease holder.
+        fence: The lease fence of the writer; readers refuse superseded fences.
+        at: Microseconds since the epoch when written. Informational only, never used to decide.
+        format: The event format version the writer used.
+    """
+
+    run_id: str
+    tenant: str
+    seq: int
+    fence: int
+    at: int = 0
+    format: int = EVENT_FORMAT
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """Tokens a model call consumed."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """One message of the conversation. ``content`` is text or a list of parts (text or binary)."""
+
+    role: str
+    content: str | list[Any] = ""
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A call the model asked for. The idempotency key is what the tool sees on every attempt."""
+
+    call_id: str
+    tool: str
+    args: dict[str, Any] = {}
+    idempotency_key: str = ""
+
+
+class ToolError(msgspec.Struct, frozen=True, kw_only=True):
+    """A typed error a tool returned instead of a result."""
+
+    type: str
+    message: str = ""
+
+
+class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
+    """A run begins."""
+
+    agent: str
+    revision: str
+    input: Any = None
+    options: dict[str, Any] = {}
+    continuation_of: str | None = None
+
+
+class RunClaimed(Event, frozen=True, kw_only=True, tag="run.claimed"):
+    """A worker took the run's lease; the envelope's fence is the lease's fence."""
+
+    worker: str
+
+
+class ResumePlanned(Event, frozen=True, kw_only=True, tag="resume.planned"):
+    """What a resume decided for each call outstanding since the resume point."""
+
+    replayed: list[str] = []
+    dispatched: list[str] = []
+    undecided: list[str] = []
+    reason: str = ""
+
+
+class ModelAnswered(Event, frozen=True, kw_only=True, tag="model.answered"):
+    """The model replied. Boundary ``after_model_call``."""
+
+    message: Message
+    tool_calls: list[ToolCall] = []
+    usage: Usage = Usage()
+
+
+class ToolDispatched(Event, frozen=True, kw_only=True, tag="tool.dispatched"):
+    """Written, and acknowledged by the log, before the tool is called."""
+
+    call_id: str
+    tool: str
+    idempotency_key: str
+
+
+class ToolCompleted(Event, frozen=True, kw_only=True, tag="tool.completed"):
+    """The tool returned a result or a typed error."""
+
+    call_id: str
+    result: Any = None
+    error: ToolError | None = None
+
+
+class ToolResolved(Event, frozen=True, kw_only=True, tag="tool.resolved"):
+    """An indeterminate call was settled by the tool's status check or by a person."""
+
+    call_id: str
+    outcome: Literal["completed", "never_ran"]
+    result: Any = None
+    error: ToolError | None = None
+    by: str = ""
+    why: str = ""
+
+
+class TurnSettled(Event, frozen=True, kw_only=True, tag="turn.settled"):
+    """Every call of the last model answer has an outcome. Boundary ``after_tool_result``."""
+
+    iteration: int
+    call_ids: list[str] = []
+
+
+class ApprovalRequested(Event, frozen=True, kw_only=True, tag="approval.requested"):
+    """The run is about to wait on a person. Boundary ``before_approval``."""
+
+    request_id: str
+    prompt: str = ""
+    details: Any = None
+
+
+class ApprovalGranted(Event, frozen=True, kw_only=True, tag="approval.granted"):
+    """A person approved a request."""
+
+    request_id: str
+    by: str
+    value: Any = None
+
+
+class ApprovalDenied(Event, frozen=True, kw_only=True, tag="approval.denied"):
+    """A person denied a request."""
+
+    request_id: str
+    by: str
+    value: Any = None
+
+
+class Tagged(Event, frozen=True, kw_only=True, tag="tagged"):
+    """A label on an earlier event; tagged events survive compaction."""
+
+    target_seq: int
+    label: str
+
+
+class RunContinued(Event, frozen=True, kw_only=True, tag="run.continued"):
+    """This run's history was carried into a new run."""
+
+    new_run_id: str
+
+
+class RunFinished(Event, frozen=True, kw_only=True, tag="run.finished"):
+    """The run ended."""
+
+    status: Literal["completed", "failed", "cancelled"]
+    output: Any = None
+    error: str | None = None
+
+
+AnyEvent = (
+    RunStarted
+    | RunClaimed
+    | ResumePlanned
+    | ModelAnswered
+    | ToolDispatched
+    | ToolCompleted
+    | ToolResolved
+    | TurnSettled
+    | ApprovalRequested
+    | ApprovalGranted
+    | ApprovalDenied
+    | Tagged
+    | RunContinued
+    | RunFinished
+)
+"""The tagged union of every event kind; the type the codec decodes into."""
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    RunStarted,
+    RunClaimed,
+    ResumePlanned,
+    ModelAnswered,
+    ToolDispatched,
+    ToolCompleted,
+    ToolResolved,
+    TurnSettled,
+    ApprovalRequested,
+    ApprovalGranted,
+    ApprovalDenied,
+    Tagged,
+    RunContinued,
+    RunFinished,
+)
+
+
+def kind_of(event_type: type[Event]) -> str:
+    """The stable wire tag of an event class."""
+    tag = event_type.__struct_config__.tag
+    if not isinstance(tag, str):
+        raise TypeError(f"{event_type.__name__} has no string tag")
+    return tag
+
+
+KINDS: frozenset[str] = frozenset(kind_of(t) for t in EVENT_TYPES)

@@ -1,0 +1,395 @@
+"""`KafkaEventLog`: the production backend, on aiokafka.
+
+Every aiokafka default that would hurt an event log is overridden here, explicitly:
+
+* the producer is idempotent with ``acks="all"``: an append returns only once every in-sync
+  replica has the batch, and a retried request cannot store it twice;
+* a step's events go out as one record batch for one partition (``create_batch`` +
+  ``send_batch``), which the broker stores whole or rejects whole;
+* readers never auto-commit and use ``auto_offset_reset="none"``: a read below the partition's
+  start is an error (`LogTruncatedError`), never a silent jump to the newest record;
+* the topic's partition count is fixed at creation and checked at start, because adding
+  partitions later would move runs and break per-run order;
+* after a fatal producer error (out-of-order sequence, unknown producer id, fenced epoch) the
+  producer is replaced, not reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.records_to_delete import RecordsToDelete
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from onward.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+    LogTruncatedError,
+    PayloadTooLargeError,
+    ProducerFatalError,
+    translate,
+)
+
+from . import codec
+from .base import (
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_PARTITIONS,
+    PartitionBounds,
+    Position,
+    StoredEvent,
+    check_partition,
+    check_truncation,
+    partition_for,
+    prepare_batch,
+)
+from .events import Event
+
+DEFAULT_TOPIC = "onward.events"
+_HEADER_RUN = "onward.run_id"
+# Kafka's default message.max.bytes is 1048588; the batch also carries keys and headers.
+_PRODUCER_MAX_BATCH = 1_048_000
+_PRODUCER_MAX_REQUEST = 1_100_000
+
+
+class KafkaEventLog:
+    """An `EventLog` on one Kafka topic.
+
+    Args:
+        bootstrap_servers: ``host:port[,host:port...]``.
+        topic: The events topic.
+        partitions: The partition count. Created with it if the topic is missing; if the topic
+            exists with another count, `start` raises `ConfigurationError`.
+        replication_factor: Used only when creating the topic.
+        create_topic: Create the topic when missing (with ``cleanup.policy=delete`` and
+            ``retention.ms=-1``: compaction, not time, removes events).
+        max_batch_bytes: Largest encoded batch accepted before anything is sent.
+        read_timeout_s: How long a read may wait for the broker before it fails.
+        client_id: Shown in broker logs.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        topic: str = DEFAULT_TOPIC,
+        partitions: int = DEFAULT_PARTITIONS,
+        replication_factor: int = 1,
+        create_topic: bool = True,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        read_timeout_s: float = 30.0,
+        client_id: str = "onward",
+    ) -> None:
+        if partitions < 1:
+            raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
+        if not bootstrap_servers:
+            raise ConfigurationError("KAFKA_BOOTSTRAP_SERVERS is empty")
+        self._bootstrap = bootstrap_servers
+        self._topic = topic
+        self._partitions = partitions
+        self._replication_factor = replication_factor
+        self._create_topic = create_topic
+        self._max_batch_bytes = max_batch_bytes
+        self._read_timeout_s = read_timeout_s
+        self._client_id = client_id
+        self._producer: AIOKafkaProducer | None = None
+        self._reader: AIOKafkaConsumer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        self._producer_lock = asyncio.Lock()
+        self._reader_lock = asyncio.Lock()
+        self.producer_generation = 0
+        """How many producers this log has created; grows when a fatal error replaced one."""
+
+    @classmethod
+    async def open(cls, bootstrap_servers: str, **options: Any) -> KafkaEventLog:
+        """Create the log, check or create its topic, and connect."""
+        log = cls(bootstrap_servers, **options)
+        await log.start()
+        return log
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    async def start(self) -> None:
+        """Connect, create the topic if allowed and missing, and check its partition count."""
+        if self._producer is not None:
+            return
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
+        try:
+            self._admin = AIOKafkaAdminClient(
+                bootstrap_servers=self._bootstrap, client_id=f"{self._client_id}-admin"
+            )
+            await self._admin.start()
+            await self._ensure_topic(self._admin)
+            self._reader = AIOKafkaConsumer(
+                bootstrap_servers=self._bootstrap,
+                client_id=f"{self._client_id}-reader",
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="none",
+                isolation_level="read_committed",
+                max_partition_fetch_bytes=8 * 1024 * 1024,
+                fetch_max_wait_ms=100,
+            )
+            await self._reader.start()
+        except KafkaError as exc:
+            raise translate(exc, context=f"connecting to Kafka at {self._bootstrap}") from exc
+        await self._new_producer()
+
+    async def _ensure_topic(self, admin: AIOKafkaAdminClient) -> None:
+        found = await self._partition_count(admin)
+        if found is None:
+            if not self._create_topic:
+                raise ConfigurationError(
+                    f"topic {self._topic!r} does not exist on {self._bootstrap}; create it with "
+                    f"{self._partitions} partitions or allow create_topic"
+                )
+            topic = NewTopic(
+                self._topic,
+                self._partitions,
+                self._replication_factor,
+                topic_configs={"cleanup.policy": "delete", "retention.ms": "-1"},
+            )
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics([topic])
+            for _ in range(100):
+                found = await self._partition_count(admin)
+                if found:
+                    break
+                await asyncio.sleep(0.1)
+        if found != self._partitions:
+            raise ConfigurationError(
+                f"topic {self._topic!r} has {found} partitions, the configuration says "
+                f"{self._partitions}; runs are placed by partition count, so configure the "
+                "topic's count (never add partitions to an existing events topic)"
+            )
+
+    async def _partition_count(self, admin: AIOKafkaAdminClient) -> int | None:
+        (described,) = await admin.describe_topics([self._topic])
+        if described["error_code"] != 0 or not described["partitions"]:
+            return None
+        return len(described["partitions"])
+
+    async def _new_producer(self) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap,
+            client_id=f"{self._client_id}-producer",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=0,
+            max_batch_size=_PRODUCER_MAX_BATCH,
+            max_request_size=_PRODUCER_MAX_REQUEST,
+        )
+        try:
+            await producer.start()
+        except KafkaError as exc:
+            await producer.stop()
+            raise translate(exc, context=f"starting a producer for {self._bootstrap}") from exc
+        self._producer = producer
+        self.producer_generation += 1
+
+    async def _replace_producer(self) -> None:
+        old, self._producer = self._producer, None
+        if old is not None:
+            # The session is already broken; its replacement is what matters.
+            with contextlib.suppress(KafkaError):
+                await old.stop()
+        await self._new_producer()
+
+    def _live_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise InvalidInputError(
+                "the Kafka event log is not started; use `await KafkaEventLog.open(...)` or "
+                "`async with`"
+            )
+        return self._producer
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        run_id, partition, encoded = prepare_batch(
+            events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
+        )
+        key = run_id.encode()
+        async with self._producer_lock:
+            producer = self._live_producer()
+            batch = producer.create_batch()
+            for event, record in zip(events, encoded, strict=True):
+                if (
+                    batch.append(
+                        timestamp=None, key=key, value=record, headers=codec.headers(event)
+                    )
+                    is None
+                ):
+                    raise PayloadTooLargeError(
+                        f"run {run_id!r}: batch of {len(events)} events does not fit one Kafka "
+                        "record batch",
+                        run_id=run_id,
+                    )
+            try:
+                delivery = await producer.send_batch(batch, self._topic, partition=partition)
+                metadata = await delivery
+            except KafkaError as exc:
+                error = translate(exc, context=f"appending to partition {partition}", run_id=run_id)
+                if isinstance(error, ProducerFatalError):
+                    await self._replace_producer()
+                raise error from exc
+        first = int(metadata.offset)
+        return [Position(partition, first + i) for i in range(len(encoded))]
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        partition = partition_for(run_id, self._partitions)
+        return await self._read(partition, start, end, run_id=run_id, limit=None)
+
+    async def read_partition(
+        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
+    ) -> list[StoredEvent]:
+        check_partition(partition, self._partitions)
+        return await self._read(partition, start, end, run_id=None, limit=limit)
+
+    async def _read(
+        self,
+        partition: int,
+        start: int | None,
+        end: int | None,
+        *,
+        run_id: str | None,
+        limit: int | None,
+    ) -> list[StoredEvent]:
+        key = run_id.encode() if run_id is not None else None
+        tp = TopicPartition(self._topic, partition)
+        out: list[StoredEvent] = []
+        async with self._reader_lock:
+            reader = self._live_reader()
+            try:
+                bounds = await self._bounds(reader, tp)
+                low = bounds.start if start is None else start
+                if low < bounds.start:
+                    raise LogTruncatedError(
+                        f"partition {partition}: offset {low} was truncated; the partition starts "
+                        f"at {bounds.start}",
+                        run_id=run_id,
+                    )
+                high = bounds.end if end is None else min(end, bounds.end)
+                if low >= high:
+                    return out
+                reader.assign([tp])
+                reader.seek(tp, low)
+                deadline = time.monotonic() + self._read_timeout_s
+                while await reader.position(tp) < high:
+                    if time.monotonic() > deadline:
+                        raise BackendUnavailableError(
+                            f"partition {partition}: reading offsets {low}..{high} took over "
+                            f"{self._read_timeout_s}s",
+                            run_id=run_id,
+                        )
+                    batches = await reader.getmany(tp, timeout_ms=200)
+                    for record in batches.get(tp, ()):
+                        if record.offset >= high:
+                            break
+                        if key is not None and record.key != key:
+                            continue
+                        event = codec.decode(record.value, run_hint=_run_of(record))
+                        out.append(StoredEvent(Position(partition, record.offset), event))
+                        if limit is not None and len(out) >= limit:
+                            return out
+            except KafkaError as exc:
+                raise translate(
+                    exc, context=f"reading partition {partition}", run_id=run_id
+                ) from exc
+            finally:
+                reader.unsubscribe()
+        return out
+
+    def _live_reader(self) -> AIOKafkaConsumer:
+        if self._reader is None:
+            raise InvalidInputError("the Kafka event log is not started")
+        return self._reader
+
+    async def _bounds(self, reader: AIOKafkaConsumer, tp: TopicPartition) -> PartitionBounds:
+        starts = await reader.beginning_offsets([tp])
+        ends = await reader.end_offsets([tp])
+        return PartitionBounds(int(starts[tp]), int(ends[tp]))
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        check_partition(partition, self._partitions)
+        tp = TopicPartition(self._topic, partition)
+        async with self._reader_lock:
+            try:
+                return await self._bounds(self._live_reader(), tp)
+            except KafkaError as exc:
+                raise translate(exc, context=f"reading bounds of partition {partition}") from exc
+
+    async def truncate_before(self, partition: int, offset: int) -> None:
+        bounds = await self.bounds(partition)
+        check_truncation(partition, offset, bounds.end)
+        if offset <= bounds.start:
+            return
+        if self._admin is None:
+            raise InvalidInputError("the Kafka event log is not started")
+        tp = TopicPartition(self._topic, partition)
+        try:
+            await self._admin.delete_records({tp: RecordsToDelete(before_offset=offset)})
+        except KafkaError as exc:
+            raise translate(exc, context=f"truncating partition {partition}") from exc
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        reader, self._reader = self._reader, None
+        admin, self._admin = self._admin, None
+        errors: list[BaseException] = []
+        for stop in (
+            producer.stop if producer else None,
+            reader.stop if reader else None,
+            admin.close if admin else None,
+        ):
+            if stop is None:
+                continue
+            try:
+                await stop()
+            except KafkaError as exc:
+                errors.append(exc)
+        if errors:
+            raise translate(errors[0], context="closing the Kafka event log") from errors[0]
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def _run_of(record: Any) -> str | None:
+    if record.key is not None:
+        return bytes(record.key).decode(errors="replace")
+    for name, value in record.headers or ():
+        if name == _HEADER_RUN:
+            return bytes(value).decode(errors="replace")
+    return None
+
+
+__all__ = ["DEFAULT_TOPIC", "KafkaEventLog"]

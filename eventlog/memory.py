@@ -1,0 +1,139 @@
+"""`MemoryEventLog`: the log in a dict, for unit tests. Nothing outlives the process.
+
+It stores encoded records, not event objects, so it decodes on read exactly as the durable
+backends do and fails the same way on the same bad record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+from onward.errors import InvalidInputError, LogTruncatedError
+
+from . import codec
+from .base import (
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_PARTITIONS,
+    PartitionBounds,
+    Position,
+    StoredEvent,
+    check_partition,
+    check_truncation,
+    partition_for,
+    prepare_batch,
+)
+from .events import Event
+
+
+class MemoryEventLog:
+    """An in-process `EventLog`."""
+
+    def __init__(
+        self,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    ) -> None:
+        if partitions < 1:
+            raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
+        self._partitions = partitions
+        self._max_batch_bytes = max_batch_bytes
+        # Per partition: the offset of the first kept record, and the kept (run id, record) pairs.
+        self._base = [0] * partitions
+        self._records: list[list[tuple[str, bytes]]] = [[] for _ in range(partitions)]
+        self._lock = asyncio.Lock()
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        run_id, partition, encoded = prepare_batch(
+            events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
+        )
+        async with self._lock:
+            records = self._records[partition]
+            first = self._base[partition] + len(records)
+            records.extend((run_id, r) for r in encoded)
+        return [Position(partition, first + i) for i in range(len(encoded))]
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        partition = partition_for(run_id, self._partitions)
+        return self._read(partition, start, end, run_id=run_id, limit=None)
+
+    async def read_partition(
+        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
+    ) -> list[StoredEvent]:
+        check_partition(partition, self._partitions)
+        return self._read(partition, start, end, run_id=None, limit=limit)
+
+    def _read(
+        self,
+        partition: int,
+        start: int | None,
+        end: int | None,
+        *,
+        run_id: str | None,
+        limit: int | None,
+    ) -> list[StoredEvent]:
+        base = self._base[partition]
+        records = self._records[partition]
+        start = base if start is None else start
+        if start < base:
+            raise LogTruncatedError(
+                f"partition {partition}: offset {start} was truncated; the partition starts at "
+                f"{base}",
+                run_id=run_id,
+            )
+        stop = base + len(records) if end is None else min(end, base + len(records))
+        out: list[StoredEvent] = []
+        for offset in range(start, stop):
+            key, record = records[offset - base]
+            if run_id is not None and key != run_id:
+                continue
+            out.append(StoredEvent(Position(partition, offset), codec.decode(record, run_hint=key)))
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        check_partition(partition, self._partitions)
+        base = self._base[partition]
+        return PartitionBounds(base, base + len(self._records[partition]))
+
+    async def truncate_before(self, partition: int, offset: int) -> None:
+        check_partition(partition, self._partitions)
+        async with self._lock:
+            base = self._base[partition]
+            end = base + len(self._records[partition])
+            check_truncation(partition, offset, end)
+            if offset <= base:
+                return
+            del self._records[partition][: offset - base]
+            self._base[partition] = offset
+
+    def write_raw(self, run_id: str, record: bytes) -> Position:
+        """Store a record as a foreign writer would, unchecked. For tests of bad input."""
+        partition = partition_for(run_id, self._partitions)
+        records = self._records[partition]
+        records.append((run_id, record))
+        return Position(partition, self._base[partition] + len(records) - 1)
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,331 @@
+"""`SqliteEventLog`: the embedded default. One file, WAL, the same partition and offset semantics.
+
+All access goes through one connection on one dedicated thread, so the event loop never blocks on
+disk and sqlite3 objects never cross threads. Several processes may open the same file: an append
+takes SQLite's write lock (``BEGIN IMMEDIATE``) before it allocates offsets, so offsets stay dense
+and a batch lands whole or not at all. ``synchronous=FULL`` makes a returned append survive power
+loss, which write-ahead tool dispatch relies on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from pathlib import Path
+from types import TracebackType
+from typing import Self, TypeVar
+
+from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError, translate
+
+from . import codec
+from .base import (
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_PARTITIONS,
+    PartitionBounds,
+    Position,
+    StoredEvent,
+    check_partition,
+    check_truncation,
+    partition_for,
+    prepare_batch,
+)
+from .events import Event
+
+SCHEMA_VERSION = 1
+_T = TypeVar("_T")
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS onward_log_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS onward_log_partition (
+    partition INTEGER PRIMARY KEY,
+    start_offset INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS onward_log (
+    partition INTEGER NOT NULL,
+    offset INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    record BLOB NOT NULL,
+    PRIMARY KEY (partition, offset)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS onward_log_by_run ON onward_log (run_id, partition, offset);
+"""
+
+
+class SqliteEventLog:
+    """An `EventLog` in one SQLite file.
+
+    Args:
+        path: The database file; created if missing.
+        partitions: Partition count. Fixed when the file is created; opening an existing file
+            with a different count is a `ConfigurationError`.
+        max_batch_bytes: Largest encoded batch accepted.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    ) -> None:
+        if partitions < 1:
+            raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
+        self._path = Path(path)
+        self._partitions = partitions
+        self._max_batch_bytes = max_batch_bytes
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onward-sqlite")
+        self._conn: sqlite3.Connection | None = None
+
+    @classmethod
+    async def open(cls, path: str | Path, **options: int) -> SqliteEventLog:
+        """Create the log and open its file."""
+        log = cls(path, **options)
+        await log.start()
+        return log
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    async def start(self) -> None:
+        """Open the file, create the tables if new, and check the partition count."""
+        if self._conn is None:
+            await self._call(self._open, "opening the event log")
+
+    def _open(self) -> None:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=10000")
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in _DDL.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            meta = dict(conn.execute("SELECT key, value FROM onward_log_meta").fetchall())
+            if not meta:
+                conn.executemany(
+                    "INSERT INTO onward_log_meta (key, value) VALUES (?, ?)",
+                    [
+                        ("schema_version", str(SCHEMA_VERSION)),
+                        ("partitions", str(self._partitions)),
+                    ],
+                )
+                conn.executemany(
+                    "INSERT INTO onward_log_partition VALUES (?, 0, 0)",
+                    [(p,) for p in range(self._partitions)],
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.close()
+            raise
+        if meta and int(meta["schema_version"]) != SCHEMA_VERSION:
+            conn.close()
+            raise ConfigurationError(
+                f"{self._path}: event log schema version {meta['schema_version']}, this code "
+                f"reads {SCHEMA_VERSION}"
+            )
+        if meta and int(meta["partitions"]) != self._partitions:
+            conn.close()
+            raise ConfigurationError(
+                f"{self._path}: the log was created with {meta['partitions']} partitions, the "
+                f"configuration says {self._partitions}; changing it would move runs between "
+                "partitions, so configure the original count"
+            )
+        self._conn = conn
+
+    async def _call(self, fn: Callable[[], _T], context: str, run_id: str | None = None) -> _T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn)
+        except sqlite3.Error as exc:
+            raise translate(exc, context=f"{self._path}: {context}", run_id=run_id) from exc
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise InvalidInputError(
+                f"{self._path}: the event log is not open; use `await SqliteEventLog.open(...)` "
+                "or `async with`"
+            )
+        return self._conn
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        run_id, partition, encoded = prepare_batch(
+            events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
+        )
+        conn = self._connection()
+
+        def write() -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                (first,) = conn.execute(
+                    "SELECT next_offset FROM onward_log_partition WHERE partition = ?",
+                    (partition,),
+                ).fetchone()
+                conn.executemany(
+                    "INSERT INTO onward_log (partition, offset, run_id, record) VALUES (?,?,?,?)",
+                    [(partition, first + i, run_id, r) for i, r in enumerate(encoded)],
+                )
+                conn.execute(
+                    "UPDATE onward_log_partition SET next_offset = ? WHERE partition = ?",
+                    (first + len(encoded), partition),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return int(first)
+
+        first = await self._call(write, f"appending to partition {partition}", run_id)
+        return [Position(partition, first + i) for i in range(len(encoded))]
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        partition = partition_for(run_id, self._partitions)
+        return await self._read(partition, start, end, run_id=run_id, limit=None)
+
+    async def read_partition(
+        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
+    ) -> list[StoredEvent]:
+        check_partition(partition, self._partitions)
+        return await self._read(partition, start, end, run_id=None, limit=limit)
+
+    async def _read(
+        self,
+        partition: int,
+        start: int | None,
+        end: int | None,
+        *,
+        run_id: str | None,
+        limit: int | None,
+    ) -> list[StoredEvent]:
+        conn = self._connection()
+
+        def read() -> tuple[int, list[tuple[int, str, bytes]]]:
+            # One read transaction, so the start offset and the rows are one snapshot.
+            conn.execute("BEGIN")
+            try:
+                (first,) = conn.execute(
+                    "SELECT start_offset FROM onward_log_partition WHERE partition = ?",
+                    (partition,),
+                ).fetchone()
+                low = first if start is None else start
+                if low < first:
+                    return first, []
+                query = "SELECT offset, run_id, record FROM onward_log WHERE partition = ?"
+                args: list[object] = [partition]
+                if run_id is not None:
+                    query += " AND run_id = ?"
+                    args.append(run_id)
+                query += " AND offset >= ?"
+                args.append(low)
+                if end is not None:
+                    query += " AND offset < ?"
+                    args.append(end)
+                query += " ORDER BY offset"
+                if limit is not None:
+                    query += " LIMIT ?"
+                    args.append(limit)
+                return first, conn.execute(query, args).fetchall()
+            finally:
+                conn.execute("COMMIT")
+
+        first, rows = await self._call(read, f"reading partition {partition}", run_id)
+        if start is not None and start < first:
+            raise LogTruncatedError(
+                f"partition {partition}: offset {start} was truncated; the partition starts at "
+                f"{first}",
+                run_id=run_id,
+            )
+        return [
+            StoredEvent(Position(partition, offset), codec.decode(record, run_hint=key))
+            for offset, key, record in rows
+        ]
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        check_partition(partition, self._partitions)
+        conn = self._connection()
+
+        def read() -> tuple[int, int]:
+            row = conn.execute(
+                "SELECT start_offset, next_offset FROM onward_log_partition WHERE partition = ?",
+                (partition,),
+            ).fetchone()
+            return int(row[0]), int(row[1])
+
+        start, end = await self._call(read, f"reading the bounds of partition {partition}")
+        return PartitionBounds(start, end)
+
+    async def truncate_before(self, partition: int, offset: int) -> None:
+        check_partition(partition, self._partitions)
+        conn = self._connection()
+
+        def truncate() -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                start, end = conn.execute(
+                    "SELECT start_offset, next_offset FROM onward_log_partition "
+                    "WHERE partition = ?",
+                    (partition,),
+                ).fetchone()
+                check_truncation(partition, offset, end)
+                if offset > start:
+                    conn.execute(
+                        "DELETE FROM onward_log WHERE partition = ? AND offset < ?",
+                        (partition, offset),
+                    )
+                    conn.execute(
+                        "UPDATE onward_log_partition SET start_offset = ? WHERE partition = ?",
+                        (offset, partition),
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+        await self._call(truncate, f"truncating partition {partition}")
+
+    def write_raw(self, run_id: str, record: bytes) -> Position:
+        """Store a record as a foreign writer would, unchecked. For tests of bad input."""
+        partition = partition_for(run_id, self._partitions)
+        with closing(sqlite3.connect(self._path, isolation_level=None)) as conn:
+            conn.execute("PRAGMA busy_timeout=10000")
+            conn.execute("BEGIN IMMEDIATE")
+            (offset,) = conn.execute(
+                "SELECT next_offset FROM onward_log_partition WHERE partition = ?", (partition,)
+            ).fetchone()
+            conn.execute(
+                "INSERT INTO onward_log VALUES (?, ?, ?, ?)", (partition, offset, run_id, record)
+            )
+            conn.execute(
+                "UPDATE onward_log_partition SET next_offset = ? WHERE partition = ?",
+                (offset + 1, partition),
+            )
+            conn.execute("COMMIT")
+        return Position(partition, int(offset))
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+        self._executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

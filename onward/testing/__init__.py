@@ -1,0 +1,8 @@
+"""Conformance suites for backend authors: subclass one per backend and run it with pytest.
+
+Needs the ``dev`` extra (pytest, pytest-asyncio).
+"""
+
+from .eventlog import EventLogConformance, PersistentEventLogConformance
+
+__all__ = ["EventLogConformance", "PersistentEventLogConformance"]

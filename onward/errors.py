@@ -201,6 +201,7 @@ _KAFKA_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
     (kafka_errors.DelegationTokenExpired, ConfigurationError),
     (kafka_errors.InvalidPrincipalType, ConfigurationError),
     (kafka_errors.LogDirNotFound, ConfigurationError),
+    (kafka_errors.ListenerNotFound, ConfigurationError),
     # Broker answers that mean "not now": leadership moves, coordinators loading, rebalances.
     (kafka_errors.StaleControllerEpochError, BackendUnavailableError),
     (kafka_errors.StaleLeaderEpochCodeError, BackendUnavailableError),
@@ -208,6 +209,9 @@ _KAFKA_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
     (kafka_errors.ConcurrentTransactions, BackendUnavailableError),
     (kafka_errors.ReassignmentInProgress, BackendUnavailableError),
     (kafka_errors.OperationNotAttempted, BackendUnavailableError),
+    (kafka_errors.FetchSessionIdNotFound, BackendUnavailableError),
+    (kafka_errors.InvalidFetchSessionEpoch, BackendUnavailableError),
+    (kafka_errors.MemberIdRequired, BackendUnavailableError),
     # Anything the broker says is retriable, as aiokafka marks it.
     (kafka_errors.NoBrokersAvailable, BackendUnavailableError),
     (kafka_errors.NodeNotReadyError, BackendUnavailableError),
@@ -282,6 +286,8 @@ def translate(exc: BaseException, *, context: str, run_id: str | None = None) ->
         return exc
     onward_type = classify(type(exc)) or BackendError
     message = f"{context}: {type(exc).__name__}: {exc}"
+    if run_id is not None:
+        message = f"run {run_id!r}: {message}"
     if onward_type is BackendUnavailableError:
         message += " (the server did not answer; retry once it is reachable)"
     return onward_type(message, run_id=run_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from typing import TypedDict
 
 import msgspec
 import pytest
@@ -59,13 +60,23 @@ def runs_in_partition(partition: int, count: int, partitions: int = PARTITIONS) 
     return found
 
 
+class Envelope(TypedDict):
+    """The envelope fields, for building events with ``**envelope``."""
+
+    run_id: str
+    tenant: str
+    seq: int
+    fence: int
+    at: int
+
+
 def step_events(
     run_id: str, count: int, *, first_seq: int = 1, fence: int = 1, body: str = ""
 ) -> list[Event]:
-    """``count`` events of a plausible run, seqs from ``first_seq``, every kind's shape exercised."""
+    """``count`` events of a plausible run, seqs from ``first_seq``, in several kinds' shapes."""
     events: list[Event] = []
     for seq in range(first_seq, first_seq + count):
-        env = {"run_id": run_id, "tenant": TENANT, "seq": seq, "fence": fence, "at": seq * 1000}
+        env = Envelope(run_id=run_id, tenant=TENANT, seq=seq, fence=fence, at=seq * 1000)
         shape = seq % 5
         if seq == 1:
             events.append(RunStarted(**env, agent="booker", revision="rev-1", input={"q": body}))
@@ -87,7 +98,7 @@ def step_events(
         elif shape == 3:
             events.append(TurnSettled(**env, iteration=seq, call_ids=[f"c{seq}"]))
         else:
-            events.append(RunClaimed(**{**env}, worker=f"w{seq}"))
+            events.append(RunClaimed(**env, worker=f"w{seq}"))
     return events
 
 
@@ -123,7 +134,9 @@ class EventLogConformance:
         run_id = new_run_id()
         positions = await log.append(step_events(run_id, 5))
         assert len(positions) == 5
-        assert [p.offset for p in positions] == list(range(positions[0].offset, positions[0].offset + 5))
+        assert [p.offset for p in positions] == list(
+            range(positions[0].offset, positions[0].offset + 5)
+        )
 
     async def test_positions_are_in_the_runs_partition(self, log: EventLog) -> None:
         run_id = new_run_id()
@@ -238,7 +251,7 @@ class EventLogConformance:
             await log.append([event])
 
     async def test_something_that_is_not_an_event_is_refused(self, log: EventLog) -> None:
-        with pytest.raises(InvalidInputError, match="not an event|takes events"):
+        with pytest.raises(InvalidInputError, match=r"not an event|takes events"):
             await log.append([{"kind": "run.started"}])  # type: ignore[list-item]
 
     async def test_oversized_batch_is_refused_whole(self, log: EventLog) -> None:
@@ -300,7 +313,7 @@ class EventLogConformance:
             (Refusal.SUPERSEDED_FENCE, 1)
         ]
 
-    async def test_a_claim_is_admitted_after_a_zombie_slipped_events_in(self, log: EventLog) -> None:
+    async def test_a_claim_is_admitted_after_a_zombie_slipped_in(self, log: EventLog) -> None:
         run_id = new_run_id()
         await log.append(step_events(run_id, 2, fence=1))
         # The zombie writes seq 3 after the claimant read seq 2 but before its claim lands.
@@ -314,9 +327,7 @@ class EventLogConformance:
         assert guard.fence == 2
         assert [r.reason for r in guard.refused] == [Refusal.SUPERSEDED_FENCE]
 
-    async def test_newer_format_on_read_raises_checkpoint_format_error(
-        self, log: EventLog
-    ) -> None:
+    async def test_newer_format_on_read_raises_checkpoint_format_error(self, log: EventLog) -> None:
         run_id = new_run_id()
         await log.append(step_events(run_id, 1))
         newer = msgspec.json.encode(

@@ -1,0 +1,154 @@
+"""The event model and its codec: stable tags, exact round trips, errors that name the place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from typer.testing import CliRunner
+
+from onward.errors import CheckpointFormatError, EventDecodeError, InvalidInputError
+from onward.eventlog import codec
+from onward.eventlog.events import (
+    EVENT_FORMAT,
+    EVENT_TYPES,
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
+    Event,
+    Message,
+    ModelAnswered,
+    ResumePlanned,
+    RunClaimed,
+    RunContinued,
+    RunFinished,
+    RunStarted,
+    Tagged,
+    ToolCall,
+    ToolCompleted,
+    ToolDispatched,
+    ToolError,
+    ToolResolved,
+    TurnSettled,
+    Usage,
+    kind_of,
+)
+from onward.runtime.cli import app, event_schema
+from onward.testing.eventlog import Envelope
+
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schemas" / "events.schema.json"
+ENV = Envelope(run_id="run-1", tenant="acme", seq=1, fence=2, at=1_700_000_000_000_000)
+
+ONE_OF_EACH: list[Event] = [
+    RunStarted(**ENV, agent="booker", revision="r1", input="book", continuation_of="run-0"),
+    RunClaimed(**ENV, worker="w-1"),
+    ResumePlanned(**ENV, replayed=["c1"], dispatched=["c2"], undecided=["c3"], reason="r"),
+    ModelAnswered(
+        **ENV,
+        message=Message(role="assistant", content=[{"type": "text", "text": "hi"}]),
+        tool_calls=[ToolCall(call_id="c1", tool="book", args={"seat": "3A"}, idempotency_key="k")],
+        usage=Usage(input_tokens=10, output_tokens=5),
+    ),
+    ToolDispatched(**ENV, call_id="c1", tool="book", idempotency_key="k"),
+    ToolCompleted(**ENV, call_id="c1", error=ToolError(type="Timeout", message="slow")),
+    ToolResolved(**ENV, call_id="c1", outcome="completed", result=1, by="ops@x", why="checked"),
+    TurnSettled(**ENV, iteration=3, call_ids=["c1"]),
+    ApprovalRequested(**ENV, request_id="a1", prompt="pay?", details={"amount": 3}),
+    ApprovalGranted(**ENV, request_id="a1", by="ann", value=True),
+    ApprovalDenied(**ENV, request_id="a1", by="bob", value="no"),
+    Tagged(**ENV, target_seq=1, label="important"),
+    RunContinued(**ENV, new_run_id="run-2"),
+    RunFinished(**ENV, status="completed", output={"ok": True}),
+]
+
+
+def test_tags_are_stable() -> None:
+    assert {t.__name__: kind_of(t) for t in EVENT_TYPES} == {
+        "RunStarted": "run.started",
+        "RunClaimed": "run.claimed",
+        "ResumePlanned": "resume.planned",
+        "ModelAnswered": "model.answered",
+        "ToolDispatched": "tool.dispatched",
+        "ToolCompleted": "tool.completed",
+        "ToolResolved": "tool.resolved",
+        "TurnSettled": "turn.settled",
+        "ApprovalRequested": "approval.requested",
+        "ApprovalGranted": "approval.granted",
+        "ApprovalDenied": "approval.denied",
+        "Tagged": "tagged",
+        "RunContinued": "run.continued",
+        "RunFinished": "run.finished",
+    }
+
+
+def test_one_of_each_covers_every_kind() -> None:
+    assert {type(e) for e in ONE_OF_EACH} == set(EVENT_TYPES)
+
+
+@pytest.mark.parametrize("event", ONE_OF_EACH, ids=lambda e: type(e).__name__)
+def test_every_kind_round_trips_exactly(event: Event) -> None:
+    record = codec.encode(event)
+    assert msgspec.json.decode(record)["kind"] == kind_of(type(event))
+    assert codec.decode(record) == event
+
+
+def test_events_are_frozen() -> None:
+    event = RunClaimed(**ENV, worker="w")
+    with pytest.raises(AttributeError):
+        event.seq = 5  # type: ignore[misc]
+
+
+def test_binary_parts_survive_the_round_trip() -> None:
+    event = ToolCompleted(**ENV, call_id="c", result=b"\x00\xffpng")
+    decoded = codec.decode(codec.encode(event))
+    assert isinstance(decoded, ToolCompleted)
+    assert msgspec.convert(decoded.result, bytes) == b"\x00\xffpng"
+
+
+def test_headers_name_run_kind_fence_and_format() -> None:
+    assert dict(codec.headers(RunClaimed(**ENV, worker="w"))) == {
+        "onward.run_id": b"run-1",
+        "onward.kind": b"run.claimed",
+        "onward.fence": b"2",
+        "onward.format": str(EVENT_FORMAT).encode(),
+    }
+
+
+def test_the_bare_envelope_is_not_an_event_to_write() -> None:
+    with pytest.raises(InvalidInputError, match="known kind"):
+        codec.encode(Event(**ENV))
+
+
+def test_a_newer_format_is_refused_even_when_its_shape_changed() -> None:
+    record = msgspec.json.encode({"kind": "run.teleported", "run_id": "r", "seq": 4, "format": 9})
+    with pytest.raises(CheckpointFormatError, match="format 9 is newer") as caught:
+        codec.decode(record)
+    assert (caught.value.run_id, caught.value.seq) == ("r", 4)
+
+
+def test_a_missing_field_is_named() -> None:
+    record = msgspec.json.encode({"kind": "tool.dispatched", **ENV, "tool": "t"})
+    with pytest.raises(EventDecodeError, match="call_id") as caught:
+        codec.decode(record)
+    assert (caught.value.run_id, caught.value.seq) == ("run-1", 1)
+
+
+def test_garbage_names_the_run_it_was_filed_under() -> None:
+    with pytest.raises(EventDecodeError, match="run-7") as caught:
+        codec.decode(b"\xff\xfe not json", run_hint="run-7")
+    assert caught.value.run_id == "run-7"
+
+
+def test_committed_schema_matches_the_code() -> None:
+    assert SCHEMA_FILE.read_bytes() == event_schema(), (
+        "schemas/events.schema.json is stale; regenerate it with "
+        "`onward schema -o schemas/events.schema.json`"
+    )
+
+
+def test_schema_command_prints_the_schema() -> None:
+    result = CliRunner().invoke(app, ["schema"])
+    assert result.exit_code == 0, result.output
+    assert result.output.encode() == event_schema()
+    assert "tool.dispatched" in result.output

@@ -1,0 +1,141 @@
+"""What only the Kafka backend has: topic layout, headers a foreign client sees, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import OutOfOrderSequenceNumber
+
+from onward.errors import BackendUnavailableError, ConfigurationError, ProducerFatalError
+from onward.eventlog import KafkaEventLog, partition_for
+from onward.testing.eventlog import new_run_id, seqs, step_events
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest_asyncio.fixture
+async def admin(kafka_bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
+    client = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await client.start()
+    yield client
+    await client.close()
+
+
+@pytest_asyncio.fixture
+async def topic(admin: AIOKafkaAdminClient) -> AsyncIterator[str]:
+    name = f"onward.test.{uuid.uuid4().hex[:12]}"
+    yield name
+    if name in await admin.list_topics():
+        await admin.delete_topics([name])
+
+
+async def test_topic_is_created_with_delete_policy_and_infinite_retention(
+    kafka_bootstrap: str, admin: AIOKafkaAdminClient, topic: str
+) -> None:
+    async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=3):
+        pass
+    (described,) = await admin.describe_topics([topic])
+    assert len(described["partitions"]) == 3
+    (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    configs = {name: value for name, value, *_ in response.resources[0][4]}
+    assert configs["cleanup.policy"] == "delete"
+    assert configs["retention.ms"] == "-1"
+
+
+async def test_a_topic_with_another_partition_count_is_refused(
+    kafka_bootstrap: str, admin: AIOKafkaAdminClient, topic: str
+) -> None:
+    await admin.create_topics([NewTopic(topic, 2, 1)])
+    log = KafkaEventLog(kafka_bootstrap, topic=topic, partitions=4)
+    with pytest.raises(ConfigurationError, match="has 2 partitions, the configuration says 4"):
+        await log.start()
+
+
+async def test_a_missing_topic_is_refused_when_creation_is_off(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    log = KafkaEventLog(kafka_bootstrap, topic=topic, create_topic=False)
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        await log.start()
+
+
+async def test_an_unreachable_broker_is_a_retryable_unavailable_error() -> None:
+    log = KafkaEventLog("127.0.0.1:1", topic="onward.events")
+    with pytest.raises(BackendUnavailableError, match=r"127\.0\.0\.1:1") as caught:
+        await log.start()
+    assert caught.value.retryable
+
+
+async def test_kcat_reads_json_with_run_kind_fence_and_format_headers(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    kcat = shutil.which("kcat")
+    assert kcat, "kcat is missing; scripts/services.sh up installs it (apt-get install kcat)"
+    run_id = new_run_id()
+    async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=2) as log:
+        (position,) = await log.append(step_events(run_id, 1, fence=7))
+    argv = [kcat, "-b", kafka_bootstrap, "-C", "-t", topic, "-p", str(position.partition)]
+    argv += ["-o", str(position.offset), "-c", "1", "-e", "-J", "-q"]
+    result = await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, text=True, timeout=60, check=True
+    )
+    record = json.loads(result.stdout.strip().splitlines()[0])
+    headers = dict(zip(record["headers"][::2], record["headers"][1::2], strict=True))
+    assert headers == {
+        "onward.run_id": run_id,
+        "onward.kind": "run.started",
+        "onward.fence": "7",
+        "onward.format": "1",
+    }
+    assert record["key"] == run_id
+    body = json.loads(record["payload"])
+    assert (body["kind"], body["run_id"], body["seq"], body["fence"]) == (
+        "run.started",
+        run_id,
+        1,
+        7,
+    )
+
+
+async def test_producer_is_replaced_after_a_fatal_error(
+    kafka_bootstrap: str, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id = new_run_id()
+    async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=2) as log:
+        await log.append(step_events(run_id, 2))
+        broken = log._producer
+        assert broken is not None
+
+        async def fail_once(*args: object, **kwargs: object) -> object:
+            raise OutOfOrderSequenceNumber()
+
+        # Fault injection: the broker is real; the session failure is forced on our side.
+        monkeypatch.setattr(broken, "send_batch", fail_once)
+        generation = log.producer_generation
+        with pytest.raises(ProducerFatalError, match=run_id):
+            await log.append(step_events(run_id, 1, first_seq=3))
+        assert log.producer_generation == generation + 1
+        assert log._producer is not broken
+        await log.append(step_events(run_id, 1, first_seq=3))
+        assert seqs(await log.read_run(run_id)) == [1, 2, 3]
+
+
+async def test_runs_land_where_the_java_partitioner_puts_their_key(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    # Computed with Kafka 3.9's own org.apache.kafka.common.utils.Utils.murmur2 and toPositive.
+    java_partitions = {"run-1": 1, "run-2": 5, "acme/booking-42": 11, "ünï": 11, "21": 0}
+    assert {k: partition_for(k, 12) for k in java_partitions} == java_partitions
+    async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=5) as log:
+        for run_id in [new_run_id() for _ in range(10)]:
+            (position,) = await log.append(step_events(run_id, 1))
+            assert position.partition == partition_for(run_id, 5)

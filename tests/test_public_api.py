@@ -1,0 +1,55 @@
+"""The exported names are the public API; changing them is a decision, so a test pins them."""
+
+from __future__ import annotations
+
+import onward
+import onward.eventlog
+import onward.testing
+from onward.eventlog import EventLog, KafkaEventLog, MemoryEventLog, SqliteEventLog
+
+
+def test_onward_exports() -> None:
+    assert sorted(onward.__all__) == sorted(
+        [
+            "EVENT_FORMAT",
+            "BackendError",
+            "BackendUnavailableError",
+            "CheckpointFormatError",
+            "ConfigurationError",
+            "EventDecodeError",
+            "EventLog",
+            "FencedError",
+            "HistoryUnavailableError",
+            "IndeterminateToolCallError",
+            "InvalidInputError",
+            "KafkaEventLog",
+            "LogTruncatedError",
+            "MemoryEventLog",
+            "NothingToResumeError",
+            "OnwardError",
+            "PayloadTooLargeError",
+            "Position",
+            "ProducerFatalError",
+            "ResumeConflictError",
+            "RevisionMismatchError",
+            "SchemaMismatchError",
+            "SequenceGuard",
+            "SqliteEventLog",
+            "StoredEvent",
+            "__version__",
+        ]
+    )
+    for name in onward.__all__:
+        assert hasattr(onward, name), name
+
+
+def test_every_exported_name_exists() -> None:
+    for module in (onward.eventlog, onward.testing):
+        for name in module.__all__:
+            assert hasattr(module, name), f"{module.__name__}.{name}"
+
+
+def test_backends_satisfy_the_protocol() -> None:
+    assert isinstance(MemoryEventLog(), EventLog)
+    assert isinstance(SqliteEventLog("unused.db"), EventLog)
+    assert isinstance(KafkaEventLog("127.0.0.1:9092"), EventLog)

@@ -206,13 +206,17 @@ class KafkaEventLog:
         self._producer = producer
         self.producer_generation += 1
 
-    async def _replace_producer(self) -> None:
-        old, self._producer = self._producer, None
-        if old is not None:
+    async def _replace_producer(self, broken: AIOKafkaProducer) -> None:
+        """Replace ``broken`` unless a concurrent append already did."""
+        async with self._producer_lock:
+            current, self._producer = self._producer, None
+            if current is not broken:
+                self._producer = current
+                return
             # The session is already broken; its replacement is what matters.
             with contextlib.suppress(KafkaError):
-                await old.stop()
-        await self._new_producer()
+                await current.stop()
+            await self._new_producer()
 
     def _live_producer(self) -> AIOKafkaProducer:
         if self._producer is None:
@@ -227,29 +231,26 @@ class KafkaEventLog:
             events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
         )
         key = run_id.encode()
-        async with self._producer_lock:
-            producer = self._live_producer()
-            batch = producer.create_batch()
-            for event, record in zip(events, encoded, strict=True):
-                if (
-                    batch.append(
-                        timestamp=None, key=key, value=record, headers=codec.headers(event)
-                    )
-                    is None
-                ):
-                    raise PayloadTooLargeError(
-                        f"run {run_id!r}: batch of {len(events)} events does not fit one Kafka "
-                        "record batch",
-                        run_id=run_id,
-                    )
-            try:
-                delivery = await producer.send_batch(batch, self._topic, partition=partition)
-                metadata = await delivery
-            except KafkaError as exc:
-                error = translate(exc, context=f"appending to partition {partition}", run_id=run_id)
-                if isinstance(error, ProducerFatalError):
-                    await self._replace_producer()
-                raise error from exc
+        producer = self._live_producer()
+        batch = producer.create_batch()
+        for event, record in zip(events, encoded, strict=True):
+            if (
+                batch.append(timestamp=None, key=key, value=record, headers=codec.headers(event))
+                is None
+            ):
+                raise PayloadTooLargeError(
+                    f"run {run_id!r}: batch of {len(events)} events does not fit one Kafka "
+                    "record batch",
+                    run_id=run_id,
+                )
+        try:
+            delivery = await producer.send_batch(batch, self._topic, partition=partition)
+            metadata = await delivery
+        except KafkaError as exc:
+            error = translate(exc, context=f"appending to partition {partition}", run_id=run_id)
+            if isinstance(error, ProducerFatalError):
+                await self._replace_producer(producer)
+            raise error from exc
         first = int(metadata.offset)
         return [Position(partition, first + i) for i in range(len(encoded))]
 

@@ -1,0 +1,53 @@
+# The two commands a fresh checkout needs:
+#   make test   create .venv, install onward with its dev tools, start Kafka/PostgreSQL/Redis,
+#               then ruff, mypy and pytest against the real servers
+#   make demo   (arrives with the runner)
+#
+# KAFKA_VERSION picks the broker scripts/services.sh starts: 3.9 by default, 4 for the newest 4.x.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.onward-installed
+PYTEST_ARGS ?=
+
+.PHONY: test lint typecheck pytest test-kafka services services-down bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "Onward needs Python >= 3.11; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+test: $(STAMP) lint typecheck
+	set -euo pipefail; eval "$$(bash scripts/services.sh up)"; \
+		$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy -p onward
+	$(VENV)/bin/mypy tests bench
+
+# The tests that talk to Kafka, against the broker KAFKA_VERSION selects.
+test-kafka: $(STAMP)
+	set -euo pipefail; eval "$$(bash scripts/services.sh up kafka)"; \
+		$(PY) -m pytest -m kafka $(PYTEST_ARGS)
+
+services:
+	bash scripts/services.sh up
+
+services-down:
+	bash scripts/services.sh down
+
+bench: $(STAMP)
+	set -euo pipefail; eval "$$(bash scripts/services.sh up kafka)"; \
+		$(PY) bench/append.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

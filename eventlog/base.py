@@ -214,11 +214,11 @@ class RefusedEvent:
     detail: str
 
 
-@dataclass(slots=True)
-class SequenceGuard:
-    """Decides, event by event, which of a run's stored events count.
+def judge(last_seq: int, fence: int, event: Event) -> tuple[Refusal, str] | None:
+    """Whether ``event`` counts after a history whose last counted seq and fence are given.
 
-    Rules, applied in log order:
+    Returns ``None`` when it counts (the history's next seq is then ``last_seq + 1`` and its fence
+    ``event.fence``), else the refusal and a detail. The rules:
 
     * An event whose fence is lower than the highest fence already admitted is refused.
     * A ``RunClaimed`` with a higher fence than any admitted is the new holder's linearization
@@ -226,6 +226,25 @@ class SequenceGuard:
       claimant's read and its claim; it takes the next seq, whatever seq it carries.
     * Any other event must carry exactly the next seq: a lower seq is a duplicate, a higher one
       a gap. Neither is folded.
+    """
+    expected = last_seq + 1
+    if event.fence < fence:
+        return (
+            Refusal.SUPERSEDED_FENCE,
+            f"fence {event.fence} is below fence {fence} already admitted",
+        )
+    if isinstance(event, RunClaimed) and event.fence > fence and event.seq <= expected:
+        return None
+    if event.seq < expected:
+        return Refusal.DUPLICATE_SEQ, f"seq {event.seq} already admitted (next {expected})"
+    if event.seq > expected:
+        return Refusal.SEQ_GAP, f"seq {event.seq} skips ahead of {expected}"
+    return None
+
+
+@dataclass(slots=True)
+class SequenceGuard:
+    """Applies :func:`judge` to a run's stored events in log order, keeping what it refused.
 
     Start from a frontier's ``last_seq`` and ``fence`` to check a tail, or from zero for a
     whole history.
@@ -238,36 +257,17 @@ class SequenceGuard:
     def admit(self, stored: StoredEvent) -> bool:
         """Record one event; return whether it counts."""
         event = stored.event
-        expected = self.last_seq + 1
-        if event.fence < self.fence:
-            self._refuse(
-                stored,
-                Refusal.SUPERSEDED_FENCE,
-                f"fence {event.fence} is below fence {self.fence} already admitted",
+        verdict = judge(self.last_seq, self.fence, event)
+        if verdict is not None:
+            reason, detail = verdict
+            self.refused.append(
+                RefusedEvent(stored, reason, f"run {event.run_id!r} seq {event.seq}: {detail}")
             )
             return False
-        if isinstance(event, RunClaimed) and event.fence > self.fence and event.seq <= expected:
-            self.fence = event.fence
-            self.last_seq = expected
-            return True
-        if event.seq < expected:
-            self._refuse(
-                stored, Refusal.DUPLICATE_SEQ, f"seq {event.seq} already admitted (next {expected})"
-            )
-            return False
-        if event.seq > expected:
-            self._refuse(stored, Refusal.SEQ_GAP, f"seq {event.seq} skips ahead of {expected}")
-            return False
+        self.last_seq += 1
         self.fence = event.fence
-        self.last_seq = expected
         return True
 
     def admit_all(self, stored: Sequence[StoredEvent]) -> list[StoredEvent]:
         """Record events in order; return the ones that count."""
         return [s for s in stored if self.admit(s)]
-
-    def _refuse(self, stored: StoredEvent, reason: Refusal, detail: str) -> None:
-        event = stored.event
-        self.refused.append(
-            RefusedEvent(stored, reason, f"run {event.run_id!r} seq {event.seq}: {detail}")
-        )

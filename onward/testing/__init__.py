@@ -4,5 +4,6 @@ Needs the ``dev`` extra (pytest, pytest-asyncio).
 """
 
 from .eventlog import EventLogConformance, PersistentEventLogConformance
+from .frontiers import FrontierStoreConformance
 
-__all__ = ["EventLogConformance", "PersistentEventLogConformance"]
+__all__ = ["EventLogConformance", "FrontierStoreConformance", "PersistentEventLogConformance"]

@@ -1,0 +1,259 @@
+"""`FrontierStoreConformance`: the behaviour every `FrontierStore` backend must show.
+
+Subclass it once per backend and implement :meth:`FrontierStoreConformance.open_store`, which
+returns a fresh, migrated, empty store. Needs pytest and pytest-asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest_asyncio
+
+from onward.projections.base import FrontierStore, Snapshot
+from onward.projections.frontier import CallState, Frontier, ToolCallRow
+
+from .eventlog import new_run_id
+
+CONSUMER = "frontiers"
+
+
+def frontier(
+    run_id: str,
+    *,
+    through: int,
+    tenant: str = "acme",
+    status: str = "running",
+    iteration: int = 1,
+    body: str = "",
+) -> Frontier:
+    """A plausible frontier folded through log offset ``through``."""
+    return Frontier(
+        run_id=run_id,
+        tenant=tenant,
+        agent="booker",
+        revision="rev-1",
+        status=status,  # type: ignore[arg-type]
+        iteration=iteration,
+        last_seq=through + 1,
+        fence=2,
+        resume_seq=through,
+        last_boundary="after_model_call",
+        calls=(CallState(call_id="c1", tool="search", args={"q": body}, requested_seq=through),),
+        partition=1,
+        through_offset=through,
+        updated_at=1000 + through,
+    )
+
+
+def call_row(run_id: str, call_id: str, *, through: int, outcome: str | None) -> ToolCallRow:
+    """An audit row of a call as of log offset ``through``."""
+    return ToolCallRow(
+        tenant="acme",
+        run_id=run_id,
+        call_id=call_id,
+        tool="book",
+        idempotency_key=f"{run_id}:{call_id}",
+        fence=1,
+        dispatched_at=100,
+        completed_at=150 if outcome else None,
+        outcome=outcome,  # type: ignore[arg-type]
+        latency_us=50 if outcome else None,
+        through_offset=through,
+    )
+
+
+class FrontierStoreConformance:
+    """The contract of `FrontierStore`. Subclass per backend; every test must pass unchanged."""
+
+    async def open_store(self) -> FrontierStore:
+        """A fresh, migrated, empty store."""
+        raise NotImplementedError
+
+    @pytest_asyncio.fixture
+    async def store(self) -> AsyncIterator[FrontierStore]:
+        store = await self.open_store()
+        try:
+            yield store
+        finally:
+            await store.close()
+
+    async def test_verify_passes_on_a_migrated_store(self, store: FrontierStore) -> None:
+        await store.verify()
+
+    async def test_unknown_run_has_no_row(self, store: FrontierStore) -> None:
+        assert await store.get(new_run_id()) is None
+        assert await store.load([new_run_id()]) == {}
+
+    async def test_written_frontier_reads_back_exactly(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        written = frontier(run_id, through=7, body="ünï ✓")
+        await store.write(CONSUMER, {1: 8}, [Snapshot.of(written)], [])
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.frontier == written
+        assert row.snapshot_error is None
+        assert (row.summary.status, row.summary.through_offset, row.summary.fence) == (
+            "running",
+            7,
+            2,
+        )
+
+    async def test_load_returns_only_runs_that_have_rows(self, store: FrontierStore) -> None:
+        a, b = new_run_id(), new_run_id()
+        await store.write(CONSUMER, {}, [Snapshot.of(frontier(a, through=1))], [])
+        loaded = await store.load([a, b])
+        assert set(loaded) == {a}
+
+    async def test_an_older_frontier_never_overwrites_a_newer_one(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=9, iteration=5))], [])
+        await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=4, iteration=2))], [])
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.frontier is not None
+        assert (row.frontier.iteration, row.summary.through_offset) == (5, 9)
+
+    async def test_the_same_offset_folded_twice_changes_nothing(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=9, iteration=5))], [])
+        await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=9, iteration=6))], [])
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.frontier is not None
+        assert row.frontier.iteration == 5
+
+    async def test_a_newer_frontier_replaces_the_row(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=3))], [])
+        newer = frontier(run_id, through=8, status="completed", iteration=4)
+        await store.write(CONSUMER, {}, [Snapshot.of(newer)], [])
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.frontier == newer
+        assert row.summary.status == "completed"
+
+    async def test_positions_are_stored_per_consumer(self, store: FrontierStore) -> None:
+        await store.write("a", {0: 10, 3: 4}, [], [])
+        await store.write("b", {0: 2}, [], [])
+        assert await store.positions("a") == {0: 10, 3: 4}
+        assert await store.positions("b") == {0: 2}
+        assert await store.positions("c") == {}
+
+    async def test_positions_never_move_back(self, store: FrontierStore) -> None:
+        await store.write(CONSUMER, {0: 10}, [], [])
+        await store.write(CONSUMER, {0: 6, 1: 3}, [], [])
+        assert await store.positions(CONSUMER) == {0: 10, 1: 3}
+
+    async def test_rows_and_positions_are_written_together(self, store: FrontierStore) -> None:
+        runs = [new_run_id() for _ in range(300)]
+        snapshots = [Snapshot.of(frontier(r, through=i)) for i, r in enumerate(runs)]
+        await store.write(CONSUMER, {1: 300}, snapshots, [])
+        loaded = await store.load(runs)
+        assert len(loaded) == 300
+        assert all(
+            row.frontier == snap.frontier
+            for row, snap in zip((loaded[r] for r in runs), snapshots, strict=True)
+        )
+        assert await store.positions(CONSUMER) == {1: 300}
+
+    async def test_call_rows_are_upserted_by_run_and_call(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        await store.write(CONSUMER, {}, [], [call_row(run_id, "c1", through=3, outcome=None)])
+        await store.write(
+            CONSUMER, {}, [], [call_row(run_id, "c1", through=5, outcome="completed")]
+        )
+        await store.write(CONSUMER, {}, [], [call_row(run_id, "c1", through=4, outcome="error")])
+        rows = await store.tool_calls(run_id)
+        assert [(r.call_id, r.outcome, r.latency_us, r.through_offset) for r in rows] == [
+            ("c1", "completed", 50, 5)
+        ]
+
+    async def test_call_rows_of_a_run_come_back_whole(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        written = [call_row(run_id, f"c{i}", through=i, outcome="completed") for i in range(5)]
+        await store.write(CONSUMER, {}, [], written)
+        rows = await store.tool_calls(run_id)
+        assert sorted(rows, key=lambda r: r.call_id) == written
+        assert await store.tool_calls(new_run_id()) == []
+
+    async def test_a_refused_snapshot_keeps_the_reason_and_the_scalars(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        big = frontier(run_id, through=12, body="x" * 5_000)
+        refused = Snapshot.of(big, max_bytes=1_000)
+        assert refused.payload is None
+        await store.write(CONSUMER, {1: 13}, [refused], [])
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.frontier is None
+        assert row.snapshot_error is not None
+        assert "cap" in row.snapshot_error
+        assert (row.summary.through_offset, row.summary.iteration) == (12, 1)
+
+    async def test_a_stored_snapshot_after_a_refused_one_clears_the_reason(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        refused = Snapshot.of(frontier(run_id, through=2, body="x" * 5_000), max_bytes=1_000)
+        await store.write(CONSUMER, {}, [refused], [])
+        await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=3))], [])
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.frontier is not None
+        assert row.snapshot_error is None
+
+    async def test_a_frontier_just_under_the_cap_is_kept_whole(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        written = frontier(run_id, through=1, body="y" * 1_000_000)
+        snapshot = Snapshot.of(written)
+        assert snapshot.payload is not None
+        await store.write(CONSUMER, {}, [snapshot], [])
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.frontier == written
+
+    async def test_runs_filter_by_tenant_and_status(self, store: FrontierStore) -> None:
+        tenant = new_run_id("tenant")
+        waiting, running, other = new_run_id("a"), new_run_id("b"), new_run_id("c")
+        await store.write(
+            CONSUMER,
+            {},
+            [
+                Snapshot.of(frontier(waiting, through=1, tenant=tenant, status="waiting")),
+                Snapshot.of(frontier(running, through=2, tenant=tenant, status="running")),
+                Snapshot.of(frontier(other, through=3, status="waiting")),
+            ],
+            [],
+        )
+        assert [s.run_id for s in await store.runs(tenant=tenant)] == sorted([waiting, running])
+        assert [s.run_id for s in await store.runs(tenant=tenant, statuses={"waiting"})] == [
+            waiting
+        ]
+
+    async def test_concurrent_writers_keep_the_newest(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        snapshots = [Snapshot.of(frontier(run_id, through=i, iteration=i)) for i in range(20)]
+        await asyncio.gather(
+            *(store.write(f"w{i % 3}", {0: i}, [s], []) for i, s in enumerate(snapshots))
+        )
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.frontier is not None
+        assert row.frontier.iteration == 19
+
+    async def test_payload_is_msgspec_json(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        written = frontier(run_id, through=1)
+        snapshot = Snapshot.of(written)
+        assert snapshot.payload is not None
+        assert msgspec.json.decode(snapshot.payload)["run_id"] == run_id
+        await store.write(CONSUMER, {}, [snapshot], [])
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.frontier == written

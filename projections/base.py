@@ -1,0 +1,189 @@
+"""The `FrontierStore` protocol, the rows it keeps, and the snapshot cap.
+
+A store keeps, per run, the frontier's encoded payload plus the scalar columns queries need;
+per projector, the next log offset of every partition it has folded. Both change in one
+transaction (:meth:`FrontierStore.write`), which is what makes a projector exactly-once: after a
+crash it resumes from the offsets stored with the rows, and the upsert is guarded by
+``through_offset`` so a batch folded twice (an overlap after a rebalance) changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+import msgspec
+
+from onward.errors import SchemaMismatchError
+
+from .frontier import FRONTIER_FORMAT, Frontier, RunStatus, ToolCallRow
+
+DEFAULT_MAX_BYTES = 1024 * 1024
+"""Largest frontier payload a store keeps (1 MiB). Larger ones are refused, never trimmed."""
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Frontier)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A frontier ready to store: its encoded payload, or why there is none.
+
+    Attributes:
+        frontier: The folded frontier (its scalar fields are stored even when the payload is not).
+        payload: msgspec JSON of the frontier; ``None`` when it was over the cap.
+        error: Why the payload was refused; ``None`` when it was stored.
+    """
+
+    frontier: Frontier
+    payload: bytes | None
+    error: str | None
+
+    @classmethod
+    def of(cls, frontier: Frontier, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snapshot:
+        """Encode a frontier, refusing it (not trimming it) if it is over ``max_bytes``."""
+        payload = _encoder.encode(frontier)
+        if len(payload) > max_bytes:
+            return cls(
+                frontier,
+                None,
+                f"frontier of {len(payload)} bytes at offset {frontier.through_offset} is over "
+                f"the {max_bytes}-byte cap; resume folds this run from the log",
+            )
+        return cls(frontier, payload, None)
+
+
+def decode_payload(payload: bytes, *, run_id: str) -> Frontier:
+    """Decode a stored frontier payload, refusing one written by a newer Onward."""
+    frontier = _decoder.decode(payload)
+    if frontier.format > FRONTIER_FORMAT:
+        raise SchemaMismatchError(
+            f"run {run_id!r}: frontier payload format {frontier.format} is newer than this code "
+            f"reads ({FRONTIER_FORMAT}); upgrade Onward",
+            run_id=run_id,
+        )
+    return frontier
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFrontier:
+    """What a store holds for one run.
+
+    ``frontier`` is ``None`` when the last snapshot was refused for size; then ``summary`` still
+    carries the scalar fields and ``snapshot_error`` says why, and a reader folds the run from
+    the log instead.
+    """
+
+    summary: RunSummary
+    frontier: Frontier | None
+    snapshot_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """The scalar columns of a frontier row: what listing and status queries read."""
+
+    tenant: str
+    run_id: str
+    agent: str
+    revision: str
+    status: RunStatus
+    holder: str | None
+    iteration: int
+    input_tokens: int
+    output_tokens: int
+    last_seq: int
+    fence: int
+    last_boundary: str | None
+    resume_seq: int
+    waiting_on: str | None
+    refused: int
+    partition: int
+    through_offset: int
+    updated_at: int
+
+    @classmethod
+    def of(cls, f: Frontier) -> RunSummary:
+        """The scalar fields of a frontier."""
+        return cls(
+            tenant=f.tenant,
+            run_id=f.run_id,
+            agent=f.agent,
+            revision=f.revision,
+            status=f.status,
+            holder=f.holder,
+            iteration=f.iteration,
+            input_tokens=f.input_tokens,
+            output_tokens=f.output_tokens,
+            last_seq=f.last_seq,
+            fence=f.fence,
+            last_boundary=f.last_boundary,
+            resume_seq=f.resume_seq,
+            waiting_on=f.waiting_on,
+            refused=f.refused,
+            partition=f.partition,
+            through_offset=f.through_offset,
+            updated_at=f.updated_at,
+        )
+
+
+@runtime_checkable
+class FrontierStore(Protocol):
+    """Frontier rows, `tool_calls` rows and projector positions, written together."""
+
+    async def verify(self) -> None:
+        """Check the schema is the version this code expects.
+
+        Raises:
+            SchemaMismatchError: Tables are missing or of another version; run `onward db migrate`.
+        """
+        ...
+
+    async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
+        """The stored rows of the given runs (runs with no row are absent)."""
+        ...
+
+    async def get(self, run_id: str) -> StoredFrontier | None:
+        """The stored row of one run."""
+        ...
+
+    async def write(
+        self,
+        consumer: str,
+        positions: Mapping[int, int],
+        snapshots: Sequence[Snapshot],
+        calls: Sequence[ToolCallRow],
+    ) -> None:
+        """In one transaction: upsert rows whose ``through_offset`` is newer than the stored one,
+        upsert call rows likewise, and move ``consumer``'s next offsets forward (never back).
+        """
+        ...
+
+    async def positions(self, consumer: str) -> dict[int, int]:
+        """The next offset per partition stored for a consumer."""
+        ...
+
+    async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
+        """The audit rows of one run's calls, by dispatch order."""
+        ...
+
+    async def runs(
+        self, *, tenant: str | None = None, statuses: Collection[RunStatus] | None = None
+    ) -> list[RunSummary]:
+        """Summaries of runs, optionally of one tenant and some statuses, by run id."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

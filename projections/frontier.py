@@ -1,0 +1,342 @@
+"""One frontier per run, and the one fold every reader uses to compute it.
+
+The projector, resume, audit replay and rebuilds all call :func:`fold`, so they cannot disagree
+about a run. The fold applies the seq and fence rules of :func:`onward.eventlog.base.judge`:
+a refused event is counted on the frontier and otherwise changes nothing. Folding any prefix of
+a run's events gives a valid frontier, because every field describes "what is known so far".
+
+The frontier never carries the conversation: it holds the seq of the last resume point (the
+handle into the run's history) and the calls of the turn in progress, so its size and the cost
+of folding one event do not grow with the run's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import msgspec
+
+from onward.eventlog.base import StoredEvent, judge
+from onward.eventlog.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
+    Event,
+    ModelAnswered,
+    ResumePlanned,
+    RunClaimed,
+    RunContinued,
+    RunFinished,
+    RunStarted,
+    Tagged,
+    ToolCompleted,
+    ToolDispatched,
+    ToolError,
+    ToolResolved,
+    TurnSettled,
+)
+
+FRONTIER_FORMAT = 1
+"""Version of the frontier payload; a store refuses payloads it does not know."""
+
+RunStatus = Literal["new", "running", "waiting", "completed", "failed", "cancelled", "continued"]
+Boundary = Literal["after_model_call", "after_tool_result", "before_approval"]
+CallOutcome = Literal["completed", "error", "never_ran"]
+
+
+class CallState(msgspec.Struct, frozen=True, kw_only=True):
+    """What the log says about one call of the turn in progress."""
+
+    call_id: str
+    tool: str
+    idempotency_key: str = ""
+    args: dict[str, Any] = {}
+    requested_seq: int = 0
+    dispatched_seq: int | None = None
+    dispatched_fence: int | None = None
+    dispatched_at: int | None = None
+    outcome: CallOutcome | None = None
+    outcome_seq: int | None = None
+    completed_at: int | None = None
+    result: Any = None
+    error: ToolError | None = None
+    resolved_by: str | None = None
+
+
+class Frontier(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything resume needs about a run, as of ``last_seq`` (and log offset ``through_offset``).
+
+    Attributes:
+        resume_seq: The seq of the last boundary event: the run's history through this seq is
+            the conversation a resume continues (the history handle is ``(run_id, resume_seq)``).
+        calls: The calls of the latest model answer, until its turn settles.
+        refused: How many stored events of this run the fold refused (seq or fence rules).
+        through_offset: The log offset of the last event folded, counted or refused.
+    """
+
+    run_id: str
+    tenant: str
+    format: int = FRONTIER_FORMAT
+    agent: str = ""
+    revision: str = ""
+    continuation_of: str | None = None
+    status: RunStatus = "new"
+    holder: str | None = None
+    iteration: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    last_seq: int = 0
+    fence: int = 0
+    last_boundary: Boundary | None = None
+    resume_seq: int = 0
+    calls: tuple[CallState, ...] = ()
+    waiting_on: str | None = None
+    continued_to: str | None = None
+    output: Any = None
+    error: str | None = None
+    refused: int = 0
+    last_refusal: str | None = None
+    started_at: int = 0
+    updated_at: int = 0
+    partition: int = -1
+    through_offset: int = -1
+
+    @classmethod
+    def empty(cls, run_id: str, tenant: str) -> Frontier:
+        """The frontier of a run nothing is known about yet."""
+        return cls(run_id=run_id, tenant=tenant)
+
+    def call(self, call_id: str) -> CallState | None:
+        """The state of one call of the turn in progress."""
+        for state in self.calls:
+            if state.call_id == call_id:
+                return state
+        return None
+
+
+_replace = msgspec.structs.replace
+
+
+def fold(frontier: Frontier, stored: StoredEvent) -> Frontier:
+    """The frontier after one more stored event of the same run. Pure: nothing is mutated."""
+    event = stored.event
+    position = stored.position
+    verdict = judge(frontier.last_seq, frontier.fence, event)
+    if verdict is not None:
+        _, detail = verdict
+        return _replace(
+            frontier,
+            refused=frontier.refused + 1,
+            last_refusal=f"offset {position.offset} seq {event.seq} fence {event.fence}: {detail}",
+            partition=position.partition,
+            through_offset=max(frontier.through_offset, position.offset),
+        )
+    return _replace(
+        _apply(frontier, event),
+        last_seq=frontier.last_seq + 1,
+        fence=event.fence,
+        updated_at=max(frontier.updated_at, event.at),
+        partition=position.partition,
+        through_offset=max(frontier.through_offset, position.offset),
+    )
+
+
+def fold_all(frontier: Frontier, stored: Iterable[StoredEvent]) -> Frontier:
+    """Fold events in order."""
+    for item in stored:
+        frontier = fold(frontier, item)
+    return frontier
+
+
+def _with_call(frontier: Frontier, call_id: str, tool: str, **changes: Any) -> Frontier:
+    calls = list(frontier.calls)
+    for index, state in enumerate(calls):
+        if state.call_id == call_id:
+            calls[index] = _replace(state, **changes)
+            break
+    else:
+        calls.append(CallState(call_id=call_id, tool=tool, **changes))
+    return _replace(frontier, calls=tuple(calls))
+
+
+def _started(f: Frontier, e: RunStarted) -> Frontier:
+    return _replace(
+        f,
+        agent=e.agent,
+        revision=e.revision,
+        continuation_of=e.continuation_of,
+        status="running",
+        started_at=e.at,
+    )
+
+
+def _claimed(f: Frontier, e: RunClaimed) -> Frontier:
+    return _replace(f, holder=e.worker)
+
+
+def _answered(f: Frontier, e: ModelAnswered) -> Frontier:
+    calls = tuple(
+        CallState(
+            call_id=c.call_id,
+            tool=c.tool,
+            idempotency_key=c.idempotency_key,
+            args=c.args,
+            requested_seq=e.seq,
+        )
+        for c in e.tool_calls
+    )
+    return _replace(
+        f,
+        iteration=f.iteration + 1,
+        input_tokens=f.input_tokens + e.usage.input_tokens,
+        output_tokens=f.output_tokens + e.usage.output_tokens,
+        calls=calls,
+        last_boundary="after_model_call",
+        resume_seq=e.seq,
+    )
+
+
+def _dispatched(f: Frontier, e: ToolDispatched) -> Frontier:
+    return _with_call(
+        f,
+        e.call_id,
+        e.tool,
+        idempotency_key=e.idempotency_key,
+        dispatched_seq=e.seq,
+        dispatched_fence=e.fence,
+        dispatched_at=e.at,
+    )
+
+
+def _completed(f: Frontier, e: ToolCompleted) -> Frontier:
+    state = f.call(e.call_id)
+    return _with_call(
+        f,
+        e.call_id,
+        state.tool if state else "",
+        outcome="error" if e.error is not None else "completed",
+        outcome_seq=e.seq,
+        completed_at=e.at,
+        result=e.result,
+        error=e.error,
+    )
+
+
+def _resolved(f: Frontier, e: ToolResolved) -> Frontier:
+    state = f.call(e.call_id)
+    return _with_call(
+        f,
+        e.call_id,
+        state.tool if state else "",
+        outcome=e.outcome if e.error is None else "error",
+        outcome_seq=e.seq,
+        completed_at=e.at,
+        result=e.result,
+        error=e.error,
+        resolved_by=e.by or "reconcile",
+    )
+
+
+def _settled(f: Frontier, e: TurnSettled) -> Frontier:
+    return _replace(f, calls=(), last_boundary="after_tool_result", resume_seq=e.seq)
+
+
+def _approval_requested(f: Frontier, e: ApprovalRequested) -> Frontier:
+    return _replace(
+        f,
+        status="waiting",
+        waiting_on=e.request_id,
+        last_boundary="before_approval",
+        resume_seq=e.seq,
+    )
+
+
+def _approval_answered(f: Frontier, e: ApprovalGranted | ApprovalDenied) -> Frontier:
+    if f.waiting_on != e.request_id:
+        return f
+    return _replace(f, status="running", waiting_on=None)
+
+
+def _continued(f: Frontier, e: RunContinued) -> Frontier:
+    return _replace(f, status="continued", continued_to=e.new_run_id)
+
+
+def _finished(f: Frontier, e: RunFinished) -> Frontier:
+    return _replace(f, status=e.status, output=e.output, error=e.error)
+
+
+def _unchanged(f: Frontier, e: Event) -> Frontier:
+    return f
+
+
+_RULES: dict[type[Event], Callable[[Frontier, Any], Frontier]] = {
+    RunStarted: _started,
+    RunClaimed: _claimed,
+    ResumePlanned: _unchanged,
+    ModelAnswered: _answered,
+    ToolDispatched: _dispatched,
+    ToolCompleted: _completed,
+    ToolResolved: _resolved,
+    TurnSettled: _settled,
+    ApprovalRequested: _approval_requested,
+    ApprovalGranted: _approval_answered,
+    ApprovalDenied: _approval_answered,
+    Tagged: _unchanged,
+    RunContinued: _continued,
+    RunFinished: _finished,
+}
+
+
+def _apply(frontier: Frontier, event: Event) -> Frontier:
+    """The effect of a counted event: one rule per kind."""
+    return _RULES[type(event)](frontier, event)
+
+
+class ToolCallRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of the ``tool_calls`` projection: one call, for audit."""
+
+    tenant: str
+    run_id: str
+    call_id: str
+    tool: str
+    idempotency_key: str
+    fence: int | None
+    dispatched_at: int | None
+    completed_at: int | None
+    outcome: CallOutcome | None
+    latency_us: int | None
+    through_offset: int
+
+
+def tool_call_row(frontier: Frontier, call_id: str) -> ToolCallRow | None:
+    """The audit row of one call as the frontier knows it, or ``None`` if it is not in the turn."""
+    state = frontier.call(call_id)
+    if state is None:
+        return None
+    latency = None
+    if state.dispatched_at is not None and state.completed_at is not None:
+        latency = state.completed_at - state.dispatched_at
+    return ToolCallRow(
+        tenant=frontier.tenant,
+        run_id=frontier.run_id,
+        call_id=call_id,
+        tool=state.tool,
+        idempotency_key=state.idempotency_key,
+        fence=state.dispatched_fence,
+        dispatched_at=state.dispatched_at,
+        completed_at=state.completed_at,
+        outcome=state.outcome,
+        latency_us=latency,
+        through_offset=frontier.through_offset,
+    )
+
+
+_CALL_EVENTS = (ToolDispatched, ToolCompleted, ToolResolved)
+
+
+def call_id_of(event: Event) -> str | None:
+    """The call an event is about, for the events that change a call's audit row."""
+    if isinstance(event, _CALL_EVENTS):
+        return event.call_id
+    return None

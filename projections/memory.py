@@ -1,0 +1,93 @@
+"""`MemoryFrontierStore`: frontier rows in dicts, for unit tests. Nothing outlives the process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping, Sequence
+from types import TracebackType
+from typing import Self
+
+from .base import RunSummary, Snapshot, StoredFrontier, decode_payload
+from .frontier import RunStatus, ToolCallRow
+
+
+class MemoryFrontierStore:
+    """An in-process `FrontierStore` with the same guards as the durable ones."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[RunSummary, bytes | None, str | None]] = {}
+        self._calls: dict[tuple[str, str], ToolCallRow] = {}
+        self._positions: dict[tuple[str, int], int] = {}
+        self._lock = asyncio.Lock()
+
+    async def verify(self) -> None:
+        return None
+
+    def _stored(self, run_id: str) -> StoredFrontier | None:
+        row = self._rows.get(run_id)
+        if row is None:
+            return None
+        summary, payload, error = row
+        frontier = decode_payload(payload, run_id=run_id) if payload is not None else None
+        return StoredFrontier(summary, frontier, error)
+
+    async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
+        found = {run_id: self._stored(run_id) for run_id in run_ids}
+        return {k: v for k, v in found.items() if v is not None}
+
+    async def get(self, run_id: str) -> StoredFrontier | None:
+        return self._stored(run_id)
+
+    async def write(
+        self,
+        consumer: str,
+        positions: Mapping[int, int],
+        snapshots: Sequence[Snapshot],
+        calls: Sequence[ToolCallRow],
+    ) -> None:
+        async with self._lock:
+            for snap in snapshots:
+                summary = RunSummary.of(snap.frontier)
+                current = self._rows.get(summary.run_id)
+                if current is None or current[0].through_offset < summary.through_offset:
+                    self._rows[summary.run_id] = (summary, snap.payload, snap.error)
+            for call in calls:
+                key = (call.run_id, call.call_id)
+                existing = self._calls.get(key)
+                if existing is None or existing.through_offset < call.through_offset:
+                    self._calls[key] = call
+            for partition, offset in positions.items():
+                key2 = (consumer, partition)
+                self._positions[key2] = max(offset, self._positions.get(key2, 0))
+
+    async def positions(self, consumer: str) -> dict[int, int]:
+        return {p: o for (c, p), o in self._positions.items() if c == consumer}
+
+    async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
+        rows = [row for (run, _), row in self._calls.items() if run == run_id]
+        return sorted(rows, key=lambda r: (r.dispatched_at is None, r.dispatched_at, r.call_id))
+
+    async def runs(
+        self, *, tenant: str | None = None, statuses: Collection[RunStatus] | None = None
+    ) -> list[RunSummary]:
+        rows = [
+            summary
+            for summary, _, _ in self._rows.values()
+            if (tenant is None or summary.tenant == tenant)
+            and (statuses is None or summary.status in statuses)
+        ]
+        return sorted(rows, key=lambda s: s.run_id)
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,359 @@
+"""`SqliteFrontierStore`: frontier rows, call rows and projector positions in one SQLite file.
+
+The embedded backend of `FrontierStore`. It may share its file with `SqliteEventLog`, so a
+single-machine deployment keeps the log and its projections in one file; the table names do not
+collide. As in the log, all access goes through one connection on one dedicated thread, so the
+event loop never blocks on disk and sqlite3 objects never cross threads.
+
+A write is one ``BEGIN IMMEDIATE`` transaction holding the rows and the projector's positions,
+which is what lets a projector resume exactly once after a crash. Every upsert is guarded by
+``through_offset`` (positions by ``next_offset``), so a batch folded twice changes nothing and a
+slow writer never moves a row or a position back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sqlite3
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import msgspec
+
+from onward.errors import InvalidInputError, translate
+
+from .base import RunSummary, Snapshot, StoredFrontier, decode_payload
+from .frontier import RunStatus, ToolCallRow
+from .migrations import migrate_sqlite, verify_sqlite
+
+_T = TypeVar("_T")
+
+LOAD_CHUNK = 500
+"""Run ids per ``IN (...)`` list: well under SQLite's bound-variable limit on any build."""
+
+# The scalar columns carry the names of the fields they hold, so rows map to and from the
+# dataclass and the struct by name; a field without a column fails loudly on first use.
+_SUMMARY_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunSummary))
+_FRONTIER_COLUMNS = (*_SUMMARY_COLUMNS, "payload", "snapshot_error")
+_CALL_COLUMNS: tuple[str, ...] = tuple(f.name for f in msgspec.structs.fields(ToolCallRow))
+
+_SELECT_FRONTIERS = f"SELECT {', '.join(_FRONTIER_COLUMNS)} FROM onward_frontiers"
+_SELECT_SUMMARIES = f"SELECT {', '.join(_SUMMARY_COLUMNS)} FROM onward_frontiers"
+_SELECT_CALLS = (
+    f"SELECT {', '.join(_CALL_COLUMNS)} FROM onward_tool_calls WHERE run_id = ? "
+    "ORDER BY dispatched_at IS NULL, dispatched_at, call_id"
+)
+_UPSERT_POSITION = (
+    "INSERT INTO onward_projector_positions (consumer, partition, next_offset) VALUES (?, ?, ?) "
+    "ON CONFLICT(consumer, partition) DO UPDATE SET next_offset = excluded.next_offset "
+    "WHERE onward_projector_positions.next_offset < excluded.next_offset"
+)
+
+
+def _guarded_upsert(table: str, columns: Sequence[str], key: Sequence[str]) -> str:
+    """An insert that replaces an existing row only when it was folded through a later offset.
+
+    The guard lives in the statement rather than in a read-then-write, so concurrent writers
+    from other processes cannot interleave between the check and the update.
+    """
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)}) "
+        f"ON CONFLICT({', '.join(key)}) DO UPDATE SET {updates} "
+        f"WHERE {table}.through_offset < excluded.through_offset"
+    )
+
+
+_UPSERT_FRONTIER = _guarded_upsert("onward_frontiers", _FRONTIER_COLUMNS, ("run_id",))
+_UPSERT_CALL = _guarded_upsert("onward_tool_calls", _CALL_COLUMNS, ("run_id", "call_id"))
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
+    """Run a block in one transaction, rolled back if the block raises.
+
+    The rollback is skipped when SQLite has already ended the transaction itself (it does so on
+    some errors, such as a full disk), so the original error is the one that surfaces.
+    """
+    conn.execute(begin)
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _summary(row: Sequence[Any]) -> RunSummary:
+    """A summary from the leading scalar columns of a row."""
+    return RunSummary(**dict(zip(_SUMMARY_COLUMNS, row[: len(_SUMMARY_COLUMNS)], strict=True)))
+
+
+def _stored(row: Sequence[Any]) -> StoredFrontier:
+    """A stored frontier from a row of ``_SELECT_FRONTIERS``, decoding its payload if kept."""
+    summary = _summary(row)
+    payload, error = row[len(_SUMMARY_COLUMNS) :]
+    frontier = decode_payload(payload, run_id=summary.run_id) if payload is not None else None
+    return StoredFrontier(summary=summary, frontier=frontier, snapshot_error=error)
+
+
+def _frontier_params(snapshot: Snapshot) -> tuple[Any, ...]:
+    """The bound values of one frontier row, in ``_FRONTIER_COLUMNS`` order."""
+    summary = RunSummary.of(snapshot.frontier)
+    scalars = tuple(getattr(summary, column) for column in _SUMMARY_COLUMNS)
+    return (*scalars, snapshot.payload, snapshot.error)
+
+
+def _call_row(row: Sequence[Any]) -> ToolCallRow:
+    """A call row from a row of ``_SELECT_CALLS``."""
+    return ToolCallRow(**dict(zip(_CALL_COLUMNS, row, strict=True)))
+
+
+class SqliteFrontierStore:
+    """A `FrontierStore` in one SQLite file, possibly the event log's own.
+
+    Args:
+        path: The database file; created if missing.
+        migrate: Apply the SQLite migrations on :meth:`start`, so embedded mode needs no setup.
+            With ``False`` the file must already be migrated (``onward db migrate``), and a file
+            that is not is refused rather than changed.
+    """
+
+    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+        self._path = Path(path)
+        self._migrate = migrate
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    @classmethod
+    async def open(cls, path: str | Path, **options: bool) -> SqliteFrontierStore:
+        """Create the store and open its file.
+
+        Args:
+            path: The database file.
+            **options: Keyword arguments of the constructor (``migrate``).
+
+        Raises:
+            SchemaMismatchError: The file is at another schema version.
+        """
+        store = cls(path, **options)
+        await store.start()
+        return store
+
+    async def start(self) -> None:
+        """Open the file, migrate it if configured to, and check its schema version.
+
+        Raises:
+            SchemaMismatchError: The file is at another schema version; with ``migrate=False``,
+                an unmigrated file is one too.
+        """
+        if self._conn is not None:
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="onward-sqlite-frontiers"
+            )
+        try:
+            self._conn = await self._call(self._open, "opening the frontier store")
+        except BaseException:
+            # A refused open leaves nothing running: callers that never got the store cannot
+            # close it.
+            executor, self._executor = self._executor, None
+            executor.shutdown(wait=False)
+            raise
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=10000")
+            if self._migrate:
+                migrate_sqlite(conn)
+            verify_sqlite(conn, where=str(self._path))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _not_open(self) -> InvalidInputError:
+        return InvalidInputError(
+            f"{self._path}: the frontier store is not open; use "
+            "`await SqliteFrontierStore.open(...)` or `async with`"
+        )
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise self._not_open()
+        return self._conn
+
+    async def _call(self, fn: Callable[[], _T], context: str, run_id: str | None = None) -> _T:
+        """Run ``fn`` on the store's thread, translating sqlite3 errors into Onward's."""
+        executor = self._executor
+        if executor is None:
+            raise self._not_open()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(executor, fn)
+        except sqlite3.Error as exc:
+            raise translate(exc, context=f"{self._path}: {context}", run_id=run_id) from exc
+
+    async def verify(self) -> None:
+        """Check the file is still at this code's schema version.
+
+        Raises:
+            SchemaMismatchError: Another process migrated the file to another version.
+        """
+        conn = self._connection()
+        await self._call(lambda: verify_sqlite(conn, where=str(self._path)), "verifying schema")
+
+    async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
+        """The stored rows of the given runs, read in one query per ``LOAD_CHUNK`` ids.
+
+        A projector loads a whole batch's runs at once; a round trip per run is what this
+        avoids. The chunks are read in one transaction, so they are one snapshot of the file.
+        """
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return {}
+        conn = self._connection()
+
+        def read() -> list[Any]:
+            rows: list[Any] = []
+            with _transaction(conn, "BEGIN"):
+                for first in range(0, len(ids), LOAD_CHUNK):
+                    chunk = ids[first : first + LOAD_CHUNK]
+                    marks = ", ".join("?" for _ in chunk)
+                    query = f"{_SELECT_FRONTIERS} WHERE run_id IN ({marks})"
+                    rows.extend(conn.execute(query, chunk).fetchall())
+            return rows
+
+        rows = await self._call(read, f"loading the frontiers of {len(ids)} runs")
+        return {stored.summary.run_id: stored for stored in map(_stored, rows)}
+
+    async def get(self, run_id: str) -> StoredFrontier | None:
+        """The stored row of one run, or ``None`` if it has none."""
+        conn = self._connection()
+
+        def read() -> Any:
+            return conn.execute(f"{_SELECT_FRONTIERS} WHERE run_id = ?", (run_id,)).fetchone()
+
+        row = await self._call(read, "reading a frontier", run_id)
+        return None if row is None else _stored(row)
+
+    async def write(
+        self,
+        consumer: str,
+        positions: Mapping[int, int],
+        snapshots: Sequence[Snapshot],
+        calls: Sequence[ToolCallRow],
+    ) -> None:
+        """Upsert rows and move ``consumer``'s positions forward, all in one transaction.
+
+        A frontier or call row replaces the stored one only if its ``through_offset`` is later,
+        and a position only moves forward, so replaying a batch is harmless.
+
+        Raises:
+            BackendError: The write failed; nothing of it was stored.
+        """
+        frontier_rows = [_frontier_params(snapshot) for snapshot in snapshots]
+        call_rows = [msgspec.structs.astuple(call) for call in calls]
+        position_rows = [(consumer, partition, offset) for partition, offset in positions.items()]
+        if not (frontier_rows or call_rows or position_rows):
+            return
+        conn = self._connection()
+
+        def write() -> None:
+            with _transaction(conn, "BEGIN IMMEDIATE"):
+                if frontier_rows:
+                    conn.executemany(_UPSERT_FRONTIER, frontier_rows)
+                if call_rows:
+                    conn.executemany(_UPSERT_CALL, call_rows)
+                if position_rows:
+                    conn.executemany(_UPSERT_POSITION, position_rows)
+
+        await self._call(
+            write,
+            f"writing {len(frontier_rows)} frontiers, {len(call_rows)} call rows and "
+            f"{len(position_rows)} positions of consumer {consumer!r}",
+        )
+
+    async def positions(self, consumer: str) -> dict[int, int]:
+        """The next offset per partition stored for a consumer."""
+        conn = self._connection()
+
+        def read() -> list[Any]:
+            return conn.execute(
+                "SELECT partition, next_offset FROM onward_projector_positions WHERE consumer = ?",
+                (consumer,),
+            ).fetchall()
+
+        rows = await self._call(read, f"reading the positions of consumer {consumer!r}")
+        return {int(partition): int(offset) for partition, offset in rows}
+
+    async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
+        """The audit rows of one run's calls: dispatched ones by time, then the rest, by id."""
+        conn = self._connection()
+
+        def read() -> list[Any]:
+            return conn.execute(_SELECT_CALLS, (run_id,)).fetchall()
+
+        rows = await self._call(read, "reading tool call rows", run_id)
+        return [_call_row(row) for row in rows]
+
+    async def runs(
+        self, *, tenant: str | None = None, statuses: Collection[RunStatus] | None = None
+    ) -> list[RunSummary]:
+        """Summaries of runs, optionally of one tenant and some statuses, by run id."""
+        conditions: list[str] = []
+        args: list[str] = []
+        if tenant is not None:
+            conditions.append("tenant = ?")
+            args.append(tenant)
+        if statuses is not None:
+            wanted = list(dict.fromkeys(statuses))
+            if not wanted:
+                return []
+            conditions.append(f"status IN ({', '.join('?' for _ in wanted)})")
+            args.extend(wanted)
+        query = _SELECT_SUMMARIES
+        if conditions:
+            query += " WHERE " + " AND ".join(conditions)
+        query += " ORDER BY run_id"
+        conn = self._connection()
+
+        def read() -> list[Any]:
+            return conn.execute(query, args).fetchall()
+
+        rows = await self._call(read, "listing runs")
+        return [_summary(row) for row in rows]
+
+    async def close(self) -> None:
+        """Close the connection and stop the store's thread. Idempotent."""
+        conn, self._conn = self._conn, None
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        try:
+            if conn is not None:
+                await asyncio.get_running_loop().run_in_executor(executor, conn.close)
+        finally:
+            executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

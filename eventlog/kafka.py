@@ -183,10 +183,7 @@ class KafkaEventLog:
             )
 
     async def _partition_count(self, admin: AIOKafkaAdminClient) -> int | None:
-        (described,) = await admin.describe_topics([self._topic])
-        if described["error_code"] != 0 or not described["partitions"]:
-            return None
-        return len(described["partitions"])
+        return await topic_partition_count(admin, self._topic)
 
     async def _new_producer(self) -> None:
         producer = AIOKafkaProducer(
@@ -382,6 +379,14 @@ class KafkaEventLog:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+async def topic_partition_count(admin: AIOKafkaAdminClient, topic: str) -> int | None:
+    """How many partitions a topic has, or ``None`` if it does not exist."""
+    (described,) = await admin.describe_topics([topic])
+    if described["error_code"] != 0 or not described["partitions"]:
+        return None
+    return len(described["partitions"])
 
 
 def _run_of(record: Any) -> str | None:

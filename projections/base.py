@@ -67,6 +67,14 @@ def decode_payload(payload: bytes, *, run_id: str) -> Frontier:
     return frontier
 
 
+class BuildSwitched(Exception):  # noqa: N818 - a signal to the projector, not an error
+    """The store's active build changed under a write; nothing was written.
+
+    The projector seeks every partition to the store's positions (now the new build's) and
+    folds on from there.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class StoredFrontier:
     """What a store holds for one run.

@@ -149,6 +149,30 @@ def fold_all(frontier: Frontier, stored: Iterable[StoredEvent]) -> Frontier:
     return frontier
 
 
+def fold_run(
+    frontier: Frontier,
+    stored: Iterable[StoredEvent],
+    calls: dict[tuple[str, str], ToolCallRow],
+) -> Frontier:
+    """Fold one run's events as a projector does, recording the audit row of every call touched.
+
+    Events at or below the frontier's ``through_offset`` were folded before (an overlap after a
+    restart) and are skipped. ``calls`` receives, per (run, call), the row as of the last
+    counted event about that call.
+    """
+    for item in stored:
+        if item.position.offset <= frontier.through_offset:
+            continue
+        seq_before = frontier.last_seq
+        frontier = fold(frontier, item)
+        call_id = call_id_of(item.event)
+        if call_id is not None and frontier.last_seq != seq_before:
+            row = tool_call_row(frontier, call_id)
+            if row is not None:
+                calls[(frontier.run_id, call_id)] = row
+    return frontier
+
+
 def _with_call(frontier: Frontier, call_id: str, tool: str, **changes: Any) -> Frontier:
     calls = list(frontier.calls)
     for index, state in enumerate(calls):

@@ -22,8 +22,8 @@ from typing import Self
 from onward.eventlog.base import EventLog, PartitionBounds, Position, StoredEvent, partition_for
 from onward.eventlog.events import Event
 
-from .base import DEFAULT_MAX_BYTES, FrontierStore, Snapshot
-from .frontier import Frontier, ToolCallRow, call_id_of, fold, fold_all, tool_call_row
+from .base import DEFAULT_MAX_BYTES, BuildSwitched, FrontierStore, Snapshot
+from .frontier import Frontier, ToolCallRow, fold_all, fold_run
 
 log = logging.getLogger("onward.projector")
 
@@ -92,20 +92,10 @@ class FrontierProjection:
             else:
                 frontier = row.frontier
             refused_before = frontier.refused
-            touched = False
-            for stored in events:
-                if stored.position.offset <= frontier.through_offset:
-                    continue  # already folded: an overlap after a restart or rebalance
-                seq_before = frontier.last_seq
-                frontier = fold(frontier, stored)
-                touched = True
-                call_id = call_id_of(stored.event)
-                if call_id is not None and frontier.last_seq != seq_before:
-                    call_row = tool_call_row(frontier, call_id)
-                    if call_row is not None:
-                        calls[(run_id, call_id)] = call_row
-            if not touched:
-                continue
+            through_before = frontier.through_offset
+            frontier = fold_run(frontier, events, calls)
+            if frontier.through_offset == through_before:
+                continue  # everything in the batch was folded before
             self.stats.refused_events += frontier.refused - refused_before
             snapshot = Snapshot.of(frontier, max_bytes=self.max_bytes)
             if snapshot.payload is None:
@@ -148,6 +138,12 @@ class LogProjector:
 
     async def step(self, partitions: Sequence[int] | None = None) -> int:
         """Fold one batch from each partition that has news; return how many events it read."""
+        try:
+            return await self._step(partitions)
+        except BuildSwitched:
+            return await self._step(partitions)  # positions are re-read: the new build's
+
+    async def _step(self, partitions: Sequence[int] | None) -> int:
         stored = await self.projection.positions()
         records: dict[int, list[StoredEvent]] = {}
         next_offsets: dict[int, int] = {}

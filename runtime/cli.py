@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
 from pathlib import Path
 from typing import Annotated
 
+import asyncpg
 import msgspec
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from onward.errors import OnwardError
+from onward.eventlog import KafkaEventLog
 from onward.eventlog.events import AnyEvent
+from onward.projections.kafka import DEFAULT_GROUP, KafkaProjector
+from onward.projections.migrations import schema_version_postgres
+from onward.projections.postgres import PostgresFrontierStore, active_build, migrate
+from onward.projections.projector import FrontierProjection
+from onward.projections.rebuild import rebuild_frontiers
+
+from .settings import Settings, load_settings
 
 app = typer.Typer(
     name="onward",
@@ -16,12 +31,30 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+db_app = typer.Typer(help="The PostgreSQL schema: migrate and verify.", no_args_is_help=True)
+projections_app = typer.Typer(help="Projections of the event log.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(projections_app, name="projections")
+console = Console(stderr=True)
 
 
 def event_schema() -> bytes:
     """The JSON Schema of every event kind, formatted for review in diffs."""
     schema = msgspec.json.schema(AnyEvent)
     return msgspec.json.format(msgspec.json.encode(schema), indent=2) + b"\n"
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except OnwardError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+
+
+def _fail(exc: OnwardError) -> typer.Exit:
+    console.print(f"[red]{type(exc).__name__}: {exc}[/red]")
+    return typer.Exit(1)
 
 
 @app.command()
@@ -37,6 +70,165 @@ def schema(
         typer.echo(text.decode(), nl=False)
     else:
         output.write_bytes(text)
+
+
+async def _connect(settings: Settings) -> asyncpg.Connection:
+    server_settings = {"search_path": settings.database_schema} if settings.database_schema else {}
+    return await asyncpg.connect(settings.require_database_url(), server_settings=server_settings)
+
+
+@db_app.command("migrate")
+def db_migrate() -> None:
+    """Apply pending PostgreSQL migrations (DATABASE_URL) and create the first builds."""
+    settings = _settings()
+
+    async def run() -> list[str]:
+        conn = await _connect(settings)
+        try:
+            return await migrate(conn)
+        finally:
+            await conn.close()
+
+    try:
+        applied = asyncio.run(run())
+    except OnwardError as exc:
+        raise _fail(exc) from exc
+    for name in applied:
+        console.print(f"applied {name}")
+    console.print("schema is current" if not applied else f"{len(applied)} step(s) applied")
+
+
+@db_app.command("verify")
+def db_verify() -> None:
+    """Check the PostgreSQL schema is the version this code expects (exit 1 if not)."""
+    settings = _settings()
+
+    async def run() -> tuple[int, int | None]:
+        async with PostgresFrontierStore(
+            settings.require_database_url(), schema=settings.database_schema
+        ):
+            conn = await _connect(settings)
+            try:
+                return await schema_version_postgres(conn), await active_build(conn)
+            finally:
+                await conn.close()
+
+    try:
+        version, build = asyncio.run(run())
+    except OnwardError as exc:
+        raise _fail(exc) from exc
+    console.print(f"schema version {version}, frontiers build {build}: ok")
+
+
+@app.command()
+def projector(
+    group: Annotated[str, typer.Option(help="Consumer group shared by all projectors.")] = (
+        DEFAULT_GROUP
+    ),
+    batch: Annotated[int, typer.Option(help="Most records folded per batch.")] = 5_000,
+    session_timeout_ms: Annotated[int, typer.Option(help="Group session timeout.")] = 10_000,
+) -> None:
+    """Fold the events topic into PostgreSQL frontiers until SIGTERM or SIGINT."""
+    settings = _settings()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with (
+            KafkaEventLog(
+                settings.kafka_bootstrap_servers,
+                topic=settings.kafka_topic,
+                partitions=settings.partitions,
+            ) as log,
+            PostgresFrontierStore(
+                settings.require_database_url(), schema=settings.database_schema
+            ) as store,
+        ):
+            worker = KafkaProjector(
+                settings.kafka_bootstrap_servers,
+                FrontierProjection(store, log),
+                topic=settings.kafka_topic,
+                partitions=settings.partitions,
+                group_id=group,
+                batch_records=batch,
+                session_timeout_ms=session_timeout_ms,
+            )
+            await worker.start()
+            try:
+                reporter = asyncio.create_task(_report_lag(worker, stop))
+                await worker.run(stop)
+                await reporter
+            finally:
+                await worker.close()
+        console.print("projector stopped cleanly")
+
+    try:
+        asyncio.run(run())
+    except OnwardError as exc:
+        raise _fail(exc) from exc
+
+
+async def _report_lag(worker: KafkaProjector, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), 10)
+        except TimeoutError:
+            lag = await worker.lag()
+            logging.getLogger("onward.projector").info(
+                "lag %d records %s stats %s", sum(lag.values()), lag, worker.projection.stats
+            )
+
+
+@projections_app.command("rebuild")
+def projections_rebuild(
+    name: Annotated[str, typer.Argument(help="The projection to rebuild: frontiers.")],
+    batch: Annotated[int, typer.Option(help="Records read per partition per step.")] = 5_000,
+) -> None:
+    """Fold the retained log into a new build of a projection and switch its views to it."""
+    if name != "frontiers":
+        console.print(f"[red]unknown projection {name!r}; known: frontiers[/red]")
+        raise typer.Exit(2)
+    settings = _settings()
+
+    async def run() -> None:
+        async with KafkaEventLog(
+            settings.kafka_bootstrap_servers,
+            topic=settings.kafka_topic,
+            partitions=settings.partitions,
+            create_topic=False,
+        ) as log:
+            with Progress(
+                TextColumn("rebuilding frontiers"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=console,
+            ) as bar:
+                task = bar.add_task("fold", total=None)
+
+                def show(done: int, total: int) -> None:
+                    bar.update(task, completed=done, total=total)
+
+                report = await rebuild_frontiers(
+                    log,
+                    settings.require_database_url(),
+                    schema=settings.database_schema,
+                    batch_size=batch,
+                    on_progress=show,
+                )
+        console.print(
+            f"build {report.build} active (was {report.previous}); {report.events} events in "
+            f"{report.seconds:.1f}s ({report.events_per_second:,.0f}/s); the old tables stay "
+            "until dropped"
+        )
+
+    try:
+        asyncio.run(run())
+    except OnwardError as exc:
+        raise _fail(exc) from exc
 
 
 @app.callback()

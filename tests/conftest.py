@@ -46,3 +46,18 @@ def kafka_bootstrap() -> Iterator[str]:
 
     with KafkaContainer("confluentinc/cp-kafka:7.7.1").with_kraft() as container:
         yield container.get_bootstrap_server()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A PostgreSQL URL (``postgresql://user:password@host:port/database``)."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield url
+        return
+    if not _docker_answers():
+        _no_server("DATABASE_URL")
+    from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+
+    with PostgresContainer("postgres:15", driver=None) as container:
+        yield container.get_connection_url()

@@ -1,0 +1,195 @@
+"""`KafkaProjector`: a consumer group over the events topic folding into a `FrontierStore`.
+
+Exactly once without Kafka transactions: the next offset of every partition is stored in the
+frontier store in the same transaction as the rows folded from it, and every assignment seeks to
+those stored offsets (never to Kafka's committed ones, which this consumer does not write).
+``auto_offset_reset="none"``: a partition without a stored offset starts at its earliest
+retained record, chosen explicitly; a stored offset below the partition's start is an error,
+not a silent skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from onward.errors import ConfigurationError, LogTruncatedError, translate
+from onward.eventlog import codec
+from onward.eventlog.base import Position, StoredEvent
+from onward.eventlog.kafka import DEFAULT_TOPIC, topic_partition_count
+
+from .base import BuildSwitched
+from .projector import FrontierProjection
+
+log = logging.getLogger("onward.projector")
+
+DEFAULT_GROUP = "onward-projector"
+
+
+class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, projector: KafkaProjector) -> None:
+        self._projector = projector
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        await self._projector._seek_to_stored(list(assigned))
+
+
+class KafkaProjector:
+    """Folds the events topic into a store, as one member of a consumer group.
+
+    Args:
+        bootstrap_servers: ``host:port[,...]``.
+        projection: The fold and the store it writes.
+        topic: The events topic.
+        partitions: The partition count the topic must have.
+        group_id: Consumer group; members share the partitions.
+        batch_records: Most records folded per batch; bounds memory.
+        session_timeout_ms: How long a dead member keeps its partitions.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        projection: FrontierProjection,
+        *,
+        topic: str = DEFAULT_TOPIC,
+        partitions: int | None = None,
+        group_id: str = DEFAULT_GROUP,
+        batch_records: int = 5_000,
+        session_timeout_ms: int = 10_000,
+    ) -> None:
+        self.projection = projection
+        self.topic = topic
+        self._bootstrap = bootstrap_servers
+        self._partitions = partitions
+        self._group_id = group_id
+        self._batch_records = batch_records
+        self._session_timeout_ms = session_timeout_ms
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        """Join the group; partitions are sought to their stored offsets as they are assigned."""
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=self._group_id,
+            client_id=f"{self._group_id}-member",
+            enable_auto_commit=False,
+            auto_offset_reset="none",
+            isolation_level="read_committed",
+            max_poll_records=self._batch_records,
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+            session_timeout_ms=self._session_timeout_ms,
+            heartbeat_interval_ms=max(1_000, self._session_timeout_ms // 3),
+        )
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
+        try:
+            await admin.start()
+            try:
+                self._check_topic(await topic_partition_count(admin, self.topic))
+            finally:
+                await admin.close()
+            await consumer.start()
+            consumer.subscribe([self.topic], listener=_Seeker(self))
+        except BaseException:
+            with contextlib.suppress(KafkaError):
+                await consumer.stop()
+            raise
+        self._consumer = consumer
+
+    def _check_topic(self, found: int | None) -> None:
+        if not found:
+            raise ConfigurationError(f"topic {self.topic!r} does not exist")
+        if self._partitions is not None and found != self._partitions:
+            raise ConfigurationError(
+                f"topic {self.topic!r} has {found} partitions, the configuration says "
+                f"{self._partitions}"
+            )
+
+    async def _seek_to_stored(self, assigned: list[TopicPartition]) -> None:
+        consumer = self._live()
+        if not assigned:
+            return
+        stored = await self.projection.positions()
+        starts = await consumer.beginning_offsets(assigned)
+        for tp in assigned:
+            start = int(starts[tp])
+            offset = stored.get(tp.partition, start)
+            if offset < start:
+                raise LogTruncatedError(
+                    f"partition {tp.partition}: the projector's stored offset {offset} is below "
+                    f"the partition's start {start}; records it never folded were deleted. "
+                    "Rebuild the projection (`onward projections rebuild`)"
+                )
+            consumer.seek(tp, offset)
+        log.info("assigned %s", {tp.partition: stored.get(tp.partition) for tp in assigned})
+
+    def _live(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise ConfigurationError("the projector is not started")
+        return self._consumer
+
+    async def step(self, *, timeout_ms: int = 500) -> int:
+        """Fold one batch of whatever arrived; return how many records it held."""
+        consumer = self._live()
+        try:
+            fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=self._batch_records)
+        except KafkaError as exc:
+            raise translate(exc, context=f"consuming {self.topic}") from exc
+        if not fetched:
+            return 0
+        records: dict[int, list[StoredEvent]] = {}
+        next_offsets: dict[int, int] = {}
+        for tp, batch in fetched.items():
+            if not batch:
+                continue
+            records[tp.partition] = [
+                StoredEvent(
+                    Position(tp.partition, r.offset),
+                    codec.decode(r.value, run_hint=_key(r)),
+                )
+                for r in batch
+            ]
+            next_offsets[tp.partition] = batch[-1].offset + 1
+        try:
+            await self.projection.apply(records, next_offsets)
+        except BuildSwitched as switched:
+            log.info("%s; seeking to the new build's positions", switched)
+            await self._seek_to_stored(list(consumer.assignment()))
+            return 0
+        return sum(len(b) for b in records.values())
+
+    async def lag(self) -> dict[int, int]:
+        """Records not yet folded, per assigned partition."""
+        consumer = self._live()
+        assigned = list(consumer.assignment())
+        if not assigned:
+            return {}
+        ends = await consumer.end_offsets(assigned)
+        stored = await self.projection.positions()
+        return {tp.partition: max(0, ends[tp] - stored.get(tp.partition, 0)) for tp in assigned}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fold until ``stop`` is set; the batch in progress is finished and stored first."""
+        while not stop.is_set():
+            await self.step(timeout_ms=200)
+
+    async def close(self) -> None:
+        """Leave the group. Positions are already stored with the rows; nothing is committed."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(KafkaError):
+                await consumer.stop()
+
+
+def _key(record: Any) -> str | None:
+    return bytes(record.key).decode(errors="replace") if record.key is not None else None

@@ -1,0 +1,404 @@
+"""`PostgresFrontierStore`: frontier rows in PostgreSQL (asyncpg), one table per build.
+
+A projection's rows live in a *build*: ``onward_frontiers_<n>`` and ``onward_tool_calls_<n>``,
+with positions stored under ``<consumer>@<n>``. The views ``onward_frontiers`` and
+``onward_tool_calls`` point at the active build. A rebuild fills a new build beside the live one
+and repoints the views when it has caught up; the old tables stay until someone drops them.
+
+A store either follows the active build (the default: what projectors and readers use) or is
+pinned to one build (what a rebuild writes into). A following store notices a switch inside
+its write transaction and raises :class:`BuildSwitched` instead of writing, so its projector can
+seek to the new build's positions before folding on.
+
+Writes are one transaction per batch: every touched run is upserted by a single
+``INSERT ... SELECT FROM unnest(...)`` statement guarded by ``through_offset``, so the number of
+round trips does not depend on the number of runs in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from importlib.resources import files
+from types import TracebackType
+from typing import Any, Self
+
+import asyncpg
+
+from onward.errors import InvalidInputError, SchemaMismatchError, translate
+
+from .base import BuildSwitched, RunSummary, Snapshot, StoredFrontier, decode_payload
+from .frontier import RunStatus, ToolCallRow
+from .migrations import migrate_postgres, verify_postgres
+
+PROJECTION = "frontiers"
+PROJECTION_VERSION = 1
+
+_SUMMARY_COLUMNS = (
+    "tenant, run_id, agent, revision, status, holder, iteration, input_tokens, output_tokens, "
+    "last_seq, fence, last_boundary, resume_seq, waiting_on, refused, partition, "
+    "through_offset, updated_at"
+)
+_CALL_COLUMNS = (
+    "tenant, run_id, call_id, tool, idempotency_key, fence, dispatched_at, completed_at, "
+    "outcome, latency_us, through_offset"
+)
+
+
+def build_ddl(build: int) -> str:
+    """The DDL of one build of the frontiers projection."""
+    template = (files("onward") / "schemas" / "sql" / "frontiers.build.sql").read_text()
+    return template.replace("{build}", str(int(build)))
+
+
+async def active_build(conn: asyncpg.Connection, projection: str = PROJECTION) -> int | None:
+    """The build the views point at, or ``None`` before the first migrate."""
+    value = await conn.fetchval(
+        "SELECT build FROM onward_projection_builds WHERE projection = $1 AND status = 'active'",
+        projection,
+    )
+    return int(value) if value is not None else None
+
+
+async def create_build(conn: asyncpg.Connection, *, status: str = "building") -> int:
+    """Create the tables of a new frontiers build and register it; return its number."""
+    async with conn.transaction():
+        await conn.execute("LOCK TABLE onward_projection_builds IN EXCLUSIVE MODE")
+        build = int(
+            await conn.fetchval(
+                "SELECT coalesce(max(build), 0) + 1 FROM onward_projection_builds "
+                "WHERE projection = $1",
+                PROJECTION,
+            )
+        )
+        await conn.execute(build_ddl(build))
+        await conn.execute(
+            "INSERT INTO onward_projection_builds (projection, build, version, status) "
+            "VALUES ($1, $2, $3, $4)",
+            PROJECTION,
+            build,
+            PROJECTION_VERSION,
+            status,
+        )
+    return build
+
+
+async def switch_build(conn: asyncpg.Connection, build: int) -> int | None:
+    """Make ``build`` the active one and repoint the views; return the build it replaced."""
+    async with conn.transaction():
+        await conn.execute("LOCK TABLE onward_projection_builds IN EXCLUSIVE MODE")
+        previous = await active_build(conn)
+        await conn.execute(
+            "UPDATE onward_projection_builds SET status = 'retired' "
+            "WHERE projection = $1 AND status = 'active'",
+            PROJECTION,
+        )
+        updated = await conn.execute(
+            "UPDATE onward_projection_builds SET status = 'active', switched_at = now() "
+            "WHERE projection = $1 AND build = $2",
+            PROJECTION,
+            build,
+        )
+        if updated != "UPDATE 1":
+            raise InvalidInputError(f"frontiers build {build} does not exist")
+        await _point_views(conn, build)
+    return previous
+
+
+async def _point_views(conn: asyncpg.Connection, build: int) -> None:
+    await conn.execute(
+        f"CREATE OR REPLACE VIEW onward_frontiers AS SELECT * FROM onward_frontiers_{build}"
+    )
+    await conn.execute(
+        f"CREATE OR REPLACE VIEW onward_tool_calls AS SELECT * FROM onward_tool_calls_{build}"
+    )
+
+
+async def migrate(conn: asyncpg.Connection) -> list[str]:
+    """Apply pending migrations and make sure the frontiers projection has an active build."""
+    applied = await migrate_postgres(conn)
+    if await active_build(conn) is None:
+        build = await create_build(conn, status="active")
+        await _point_views(conn, build)
+        applied.append(f"frontiers build {build}")
+    return applied
+
+
+def _summary(row: asyncpg.Record) -> RunSummary:
+    return RunSummary(**{k: row[k] for k in RunSummary.__slots__})
+
+
+def _stored(row: asyncpg.Record) -> StoredFrontier:
+    payload = row["payload"]
+    frontier = decode_payload(payload, run_id=row["run_id"]) if payload is not None else None
+    return StoredFrontier(_summary(row), frontier, row["snapshot_error"])
+
+
+class PostgresFrontierStore:
+    """A `FrontierStore` in PostgreSQL.
+
+    Args:
+        dsn: ``postgresql://user:password@host:port/database``.
+        build: Pin the store to one build; ``None`` follows the active build.
+        schema: The PostgreSQL schema (search path) holding Onward's tables; ``None`` for the
+            server's default.
+        min_size: Smallest pool size.
+        max_size: Largest pool size.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        build: int | None = None,
+        schema: str | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> None:
+        self._dsn = dsn
+        self._server_settings = {"search_path": schema} if schema else {}
+        self._pinned = build
+        self._build: int | None = build
+        self._min_size = min_size
+        self._max_size = max_size
+        self._pool: asyncpg.Pool | None = None
+
+    @classmethod
+    async def open(cls, dsn: str, **options: Any) -> PostgresFrontierStore:
+        """Create the store, connect and verify the schema."""
+        store = cls(dsn, **options)
+        await store.start()
+        return store
+
+    @property
+    def build(self) -> int:
+        """The build this store reads and writes."""
+        if self._build is None:
+            raise InvalidInputError("the PostgreSQL frontier store is not started")
+        return self._build
+
+    async def start(self) -> None:
+        """Open the pool and verify the schema."""
+        if self._pool is not None:
+            return
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=self._min_size,
+                max_size=self._max_size,
+                server_settings=self._server_settings,
+            )
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise translate(exc, context="connecting to PostgreSQL") from exc
+        try:
+            await self.verify()
+        except BaseException:
+            await self.close()
+            raise
+
+    def _live_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise InvalidInputError(
+                "the PostgreSQL frontier store is not open; use "
+                "`await PostgresFrontierStore.open(dsn)` or `async with`"
+            )
+        return self._pool
+
+    async def verify(self) -> None:
+        async with self._live_pool().acquire() as conn:
+            await verify_postgres(conn)
+            if self._pinned is not None:
+                exists = await conn.fetchval(
+                    "SELECT 1 FROM onward_projection_builds WHERE projection = $1 AND build = $2",
+                    PROJECTION,
+                    self._pinned,
+                )
+                if not exists:
+                    raise SchemaMismatchError(f"frontiers build {self._pinned} does not exist")
+                return
+            build = await active_build(conn)
+            if build is None:
+                raise SchemaMismatchError(
+                    "PostgreSQL has no active frontiers build; run `onward db migrate`"
+                )
+            self._build = build
+
+    def _tables(self) -> tuple[str, str]:
+        build = self.build
+        return f"onward_frontiers_{build}", f"onward_tool_calls_{build}"
+
+    def _consumer(self, consumer: str) -> str:
+        return f"{consumer}@{self.build}"
+
+    async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
+        frontiers, _ = self._tables()
+        async with self._live_pool().acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {_SUMMARY_COLUMNS}, payload, snapshot_error FROM {frontiers} "
+                "WHERE run_id = ANY($1::text[])",
+                list(run_ids),
+            )
+        return {row["run_id"]: _stored(row) for row in rows}
+
+    async def get(self, run_id: str) -> StoredFrontier | None:
+        return (await self.load([run_id])).get(run_id)
+
+    async def write(
+        self,
+        consumer: str,
+        positions: Mapping[int, int],
+        snapshots: Sequence[Snapshot],
+        calls: Sequence[ToolCallRow],
+    ) -> None:
+        frontiers, tool_calls = self._tables()
+        async with self._live_pool().acquire() as conn, conn.transaction():
+            if self._pinned is None:
+                # Shares the builds row with switch_build, so a switch and a write never
+                # interleave: either this write lands in the old build before the switch, or
+                # it sees the new build and writes nothing.
+                current = await conn.fetchval(
+                    "SELECT build FROM onward_projection_builds "
+                    "WHERE projection = $1 AND status = 'active' FOR SHARE",
+                    PROJECTION,
+                )
+                if current != self._build:
+                    self._build = int(current)
+                    raise BuildSwitched(f"frontiers build is now {current}")
+            if snapshots:
+                await conn.execute(_upsert_frontiers(frontiers), *_frontier_columns(snapshots))
+            if calls:
+                await conn.execute(_upsert_calls(tool_calls), *_call_columns(calls))
+            if positions:
+                parts = list(positions)
+                await conn.execute(
+                    "INSERT INTO onward_projector_positions (consumer, partition, next_offset) "
+                    "SELECT $1, p, o FROM unnest($2::int[], $3::bigint[]) AS t(p, o) "
+                    "ON CONFLICT (consumer, partition) DO UPDATE "
+                    "SET next_offset = excluded.next_offset, updated_at = now() "
+                    "WHERE onward_projector_positions.next_offset < excluded.next_offset",
+                    self._consumer(consumer),
+                    parts,
+                    [positions[p] for p in parts],
+                )
+
+    async def positions(self, consumer: str) -> dict[int, int]:
+        async with self._live_pool().acquire() as conn:
+            if self._pinned is None:
+                build = await active_build(conn)
+                if build is not None:
+                    self._build = build
+            rows = await conn.fetch(
+                "SELECT partition, next_offset FROM onward_projector_positions WHERE consumer = $1",
+                self._consumer(consumer),
+            )
+        return {int(r["partition"]): int(r["next_offset"]) for r in rows}
+
+    async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
+        _, tool_calls = self._tables()
+        async with self._live_pool().acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {_CALL_COLUMNS} FROM {tool_calls} WHERE run_id = $1 "
+                "ORDER BY dispatched_at NULLS LAST, call_id",
+                run_id,
+            )
+        return [ToolCallRow(**dict(r)) for r in rows]
+
+    async def runs(
+        self, *, tenant: str | None = None, statuses: Collection[RunStatus] | None = None
+    ) -> list[RunSummary]:
+        frontiers, _ = self._tables()
+        async with self._live_pool().acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {_SUMMARY_COLUMNS} FROM {frontiers} "
+                "WHERE ($1::text IS NULL OR tenant = $1) "
+                "AND ($2::text[] IS NULL OR status = ANY($2::text[])) ORDER BY run_id",
+                tenant,
+                list(statuses) if statuses is not None else None,
+            )
+        return [_summary(r) for r in rows]
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+_FRONTIER_TYPES = (
+    ("tenant", "text"),
+    ("run_id", "text"),
+    ("agent", "text"),
+    ("revision", "text"),
+    ("status", "text"),
+    ("holder", "text"),
+    ("iteration", "int"),
+    ("input_tokens", "bigint"),
+    ("output_tokens", "bigint"),
+    ("last_seq", "bigint"),
+    ("fence", "bigint"),
+    ("last_boundary", "text"),
+    ("resume_seq", "bigint"),
+    ("waiting_on", "text"),
+    ("refused", "int"),
+    ("partition", "int"),
+    ("through_offset", "bigint"),
+    ("updated_at", "bigint"),
+    ("payload", "bytea"),
+    ("snapshot_error", "text"),
+)
+_CALL_TYPES = (
+    ("tenant", "text"),
+    ("run_id", "text"),
+    ("call_id", "text"),
+    ("tool", "text"),
+    ("idempotency_key", "text"),
+    ("fence", "bigint"),
+    ("dispatched_at", "bigint"),
+    ("completed_at", "bigint"),
+    ("outcome", "text"),
+    ("latency_us", "bigint"),
+    ("through_offset", "bigint"),
+)
+
+
+def _unnest_upsert(table: str, types: tuple[tuple[str, str], ...], key: tuple[str, ...]) -> str:
+    names = ", ".join(n for n, _ in types)
+    arrays = ", ".join(f"${i}::{t}[]" for i, (_, t) in enumerate(types, start=1))
+    updates = ", ".join(f"{n} = excluded.{n}" for n, _ in types if n not in key)
+    return (
+        f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays}) "
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
+        f"WHERE {table}.through_offset < excluded.through_offset"
+    )
+
+
+def _upsert_frontiers(table: str) -> str:
+    return _unnest_upsert(table, _FRONTIER_TYPES, ("run_id",))
+
+
+def _upsert_calls(table: str) -> str:
+    return _unnest_upsert(table, _CALL_TYPES, ("run_id", "call_id"))
+
+
+def _frontier_columns(snapshots: Sequence[Snapshot]) -> list[list[Any]]:
+    summaries = [RunSummary.of(s.frontier) for s in snapshots]
+    columns: list[list[Any]] = [
+        [getattr(summary, name) for summary in summaries] for name, _ in _FRONTIER_TYPES[:-2]
+    ]
+    columns.append([s.payload for s in snapshots])
+    columns.append([s.error for s in snapshots])
+    return columns
+
+
+def _call_columns(calls: Sequence[ToolCallRow]) -> list[list[Any]]:
+    return [[getattr(call, name) for call in calls] for name, _ in _CALL_TYPES]

@@ -1,0 +1,68 @@
+"""Configuration from the environment, checked when the process starts.
+
+A bad value is a `ConfigurationError` naming the variable at start, not a failure at first use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from onward.errors import ConfigurationError
+
+
+class Settings(BaseSettings):
+    """Where Onward's log and stores live.
+
+    Attributes:
+        backend: ``sqlite`` (embedded, the default), ``kafka`` (Kafka + PostgreSQL) or ``memory``.
+        kafka_bootstrap_servers: ``host:port[,...]`` of the Kafka brokers.
+        kafka_topic: The events topic.
+        partitions: Partition count of the events topic (fixed once created).
+        database_url: PostgreSQL URL for frontiers and projector positions.
+        database_schema: PostgreSQL schema holding Onward's tables (default: the search path).
+        redis_url: Redis URL for leases and caches.
+        sqlite_path: The embedded database file.
+    """
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    backend: Literal["kafka", "sqlite", "memory"] = Field(
+        default="sqlite", validation_alias="ONWARD_BACKEND"
+    )
+    kafka_bootstrap_servers: str = Field(
+        default="127.0.0.1:9092", validation_alias="KAFKA_BOOTSTRAP_SERVERS"
+    )
+    kafka_topic: str = Field(default="onward.events", validation_alias="ONWARD_KAFKA_TOPIC")
+    partitions: int = Field(default=12, ge=1, le=10_000, validation_alias="ONWARD_PARTITIONS")
+    database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
+    database_schema: str | None = Field(default=None, validation_alias="ONWARD_DATABASE_SCHEMA")
+    redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
+    sqlite_path: Path = Field(default=Path("onward.db"), validation_alias="ONWARD_SQLITE_PATH")
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must start with postgresql://")
+        return value
+
+    def require_database_url(self) -> str:
+        """The PostgreSQL URL, or a clear error saying which variable to set."""
+        if not self.database_url:
+            raise ConfigurationError("DATABASE_URL is not set; it must name a PostgreSQL database")
+        return self.database_url
+
+
+def load_settings() -> Settings:
+    """Read the environment, turning validation failures into `ConfigurationError`."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigurationError(f"invalid configuration: {problems}") from exc

@@ -1,0 +1,221 @@
+"""The Kafka projector against real Kafka and PostgreSQL, in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from aiokafka.admin import AIOKafkaAdminClient
+from support.histories import RunScript, append_all, direct_fold, run_ids_of, workload
+from support.pg import fresh_schema
+
+from onward.eventlog import KafkaEventLog, ToolCompleted
+from onward.projections.kafka import KafkaProjector
+from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.projector import FrontierProjection
+from onward.projections.rebuild import rebuild_frontiers
+
+pytestmark = pytest.mark.kafka
+PARTITIONS = 4
+
+
+@dataclass
+class Stack:
+    log: KafkaEventLog
+    store: PostgresFrontierStore
+    schema: str
+    topic: str
+    bootstrap: str
+    database_url: str
+
+    def projector(self, **options: object) -> KafkaProjector:
+        return KafkaProjector(
+            self.bootstrap,
+            FrontierProjection(self.store, self.log, **options),  # type: ignore[arg-type]
+            topic=self.topic,
+            partitions=PARTITIONS,
+            group_id=f"g-{uuid.uuid4().hex[:8]}",
+        )
+
+
+@pytest_asyncio.fixture
+async def stack(kafka_bootstrap: str, database_url: str) -> AsyncIterator[Stack]:
+    topic = f"onward.test.proj.{uuid.uuid4().hex[:10]}"
+    async with (
+        fresh_schema(database_url) as schema,
+        KafkaEventLog(kafka_bootstrap, topic=topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(database_url, schema=schema) as store,
+    ):
+        yield Stack(log, store, schema, topic, kafka_bootstrap, database_url)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+
+
+async def drain(projector: KafkaProjector, log: KafkaEventLog, *, within: float = 60) -> None:
+    """Fold until the stored positions reach every partition's end."""
+    ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        stored = await projector.projection.positions()
+        if all(stored.get(p, 0) >= end for p, end in ends.items()):
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"stuck at {stored}, ends {ends}"
+        await projector.step(timeout_ms=200)
+
+
+async def assert_matches_direct_fold(stack: Stack, run_ids: list[str]) -> None:
+    expected, expected_calls = await direct_fold(stack.log, run_ids)
+    loaded = await stack.store.load(run_ids)
+    assert {r: row.frontier for r, row in loaded.items()} == expected
+    for run_id in run_ids:
+        rows = {(r.run_id, r.call_id): r for r in await stack.store.tool_calls(run_id)}
+        assert rows == {k: v for k, v in expected_calls.items() if k[0] == run_id}
+
+
+async def test_frontiers_equal_the_direct_fold(stack: Stack) -> None:
+    rng = random.Random(7)
+    steps = workload(rng, 60)
+    await append_all(stack.log, steps)
+    projector = stack.projector()
+    await projector.start()
+    try:
+        await drain(projector, stack.log)
+    finally:
+        await projector.close()
+    await assert_matches_direct_fold(stack, run_ids_of(steps))
+
+
+async def test_a_restarted_projector_carries_on_from_its_stored_offsets(stack: Stack) -> None:
+    rng = random.Random(11)
+    first, second = workload(rng, 20), workload(rng, 20)
+    await append_all(stack.log, first)
+    projector = stack.projector()
+    await projector.start()
+    await drain(projector, stack.log)
+    await projector.close()
+    folded_events = projector.projection.stats.events
+    await append_all(stack.log, second)
+    again = stack.projector()
+    await again.start()
+    try:
+        await drain(again, stack.log)
+    finally:
+        await again.close()
+    assert folded_events == sum(len(s) for s in first)
+    assert again.projection.stats.events == sum(len(s) for s in second)
+    await assert_matches_direct_fold(stack, run_ids_of(first + second))
+
+
+async def test_superseded_fence_events_are_refused_counted_and_visible(stack: Stack) -> None:
+    script = RunScript(random.Random(3), zombie=True)
+    steps = script.steps()
+    await append_all(stack.log, steps)
+    projector = stack.projector()
+    await projector.start()
+    try:
+        await drain(projector, stack.log)
+    finally:
+        await projector.close()
+    row = await stack.store.get(script.run_id)
+    assert row is not None
+    assert row.frontier is not None
+    assert row.summary.refused == 1
+    assert row.frontier.fence == 2
+    assert row.frontier.last_refusal is not None
+    assert "fence 1 is below fence 2" in row.frontier.last_refusal
+    assert "zombie-call" not in {r.call_id for r in await stack.store.tool_calls(script.run_id)}
+    assert projector.projection.stats.refused_events == 1
+
+
+async def test_an_oversized_frontier_is_refused_and_the_projector_goes_on(stack: Stack) -> None:
+    rng = random.Random(5)
+    big = RunScript(rng)
+    steps = big.steps()
+    # A completed call with a result far over the cap, in the middle of a turn.
+    answered = next(i for i, s in enumerate(steps) if s[0].__class__.__name__ == "ModelAnswered")
+    others = workload(rng, 10)
+    await append_all(stack.log, steps[: answered + 1] + others)
+    huge = ToolCompleted(
+        run_id=big.run_id,
+        tenant="acme",
+        seq=steps[answered][0].seq + 1,
+        fence=1,
+        call_id="huge",
+        result="z" * 300_000,
+    )
+    await stack.log.append([huge])
+    projector = stack.projector(max_bytes=100_000)
+    await projector.start()
+    try:
+        await drain(projector, stack.log)
+        row = await stack.store.get(big.run_id)
+        assert row is not None
+        assert row.frontier is None
+        assert row.snapshot_error is not None
+        assert "cap" in row.snapshot_error
+        assert projector.projection.stats.snapshots_refused == 1
+        others_ids = run_ids_of(others)
+        expected, _ = await direct_fold(stack.log, others_ids)
+        loaded = await stack.store.load(others_ids)
+        assert {r: row.frontier for r, row in loaded.items()} == expected
+    finally:
+        await projector.close()
+
+
+async def test_rebuild_while_the_projector_runs_ends_identical_and_switched(stack: Stack) -> None:
+    rng = random.Random(13)
+    steps = workload(rng, 80)
+    await append_all(stack.log, steps[: len(steps) // 2])
+    live = stack.projector()
+    await live.start()
+    stop = asyncio.Event()
+    running = asyncio.create_task(live.run(stop))
+    try:
+        writer = asyncio.create_task(append_all(stack.log, steps[len(steps) // 2 :]))
+        report = await rebuild_frontiers(stack.log, stack.database_url, schema=stack.schema)
+        await writer
+        assert (report.build, report.previous) == (2, 1)
+        conn = await asyncpg.connect(
+            stack.database_url, server_settings={"search_path": stack.schema}
+        )
+        try:
+            view = await conn.fetchval("SELECT pg_get_viewdef('onward_frontiers')")
+            assert "onward_frontiers_2" in view
+            for _ in range(300):
+                stored = await stack.store.positions("frontiers")
+                ends = {p: (await stack.log.bounds(p)).end for p in range(PARTITIONS)}
+                if stack.store.build == 2 and all(stored.get(p, 0) >= e for p, e in ends.items()):
+                    break
+                await asyncio.sleep(0.1)
+            run_ids = run_ids_of(steps)
+            expected, _ = await direct_fold(stack.log, run_ids)
+            old = await PostgresFrontierStore.open(stack.database_url, schema=stack.schema, build=1)
+            try:
+                old_rows = await old.load(run_ids)
+            finally:
+                await old.close()
+            new_rows = await stack.store.load(run_ids)
+            assert {r: row.frontier for r, row in new_rows.items()} == expected
+            # The old build stays as it was when the live projector moved on: a prefix of the
+            # log that the rebuild also covered, so it agrees on every run it finished.
+            for run_id, row in old_rows.items():
+                assert row.frontier is not None
+                if row.frontier.status == "completed":
+                    assert row.frontier == expected[run_id]
+            assert await conn.fetchval("SELECT count(*) FROM onward_frontiers") == len(run_ids)
+        finally:
+            await conn.close()
+    finally:
+        stop.set()
+        await running
+        await live.close()

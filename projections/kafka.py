@@ -18,7 +18,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, NoOffsetForPartitionError
 
 from onward.errors import ConfigurationError, LogTruncatedError, translate
 from onward.eventlog import codec
@@ -143,6 +143,11 @@ class KafkaProjector:
         consumer = self._live()
         try:
             fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=self._batch_records)
+        except NoOffsetForPartitionError:
+            # The fetcher looked for a Kafka-committed offset (there never is one) before the
+            # assignment listener had sought to the stored offset; seek again and carry on.
+            await self._seek_to_stored(list(consumer.assignment()))
+            return 0
         except KafkaError as exc:
             raise translate(exc, context=f"consuming {self.topic}") from exc
         if not fetched:

@@ -22,7 +22,7 @@ from onward.eventlog import (
     TurnSettled,
     Usage,
 )
-from onward.eventlog.base import EventLog
+from onward.eventlog.base import EventLog, StoredEvent
 from onward.projections.frontier import Frontier, ToolCallRow, fold_run
 from onward.testing.eventlog import Envelope
 
@@ -158,11 +158,21 @@ async def append_all(log: EventLog, steps: Sequence[list[Event]], *, concurrency
 async def direct_fold(
     log: EventLog, run_ids: Sequence[str]
 ) -> tuple[dict[str, Frontier], dict[tuple[str, str], ToolCallRow]]:
-    """What every run's frontier and call rows must be, folded straight from the log."""
+    """What every run's frontier and call rows must be, folded straight from the log.
+
+    Reads each partition once, whole, and folds each wanted run's events in log order.
+    """
+    wanted = set(run_ids)
+    by_run: dict[str, list[StoredEvent]] = {}
+    for partition in range(log.partitions):
+        bounds = await log.bounds(partition)
+        for stored in await log.read_partition(partition, bounds.start):
+            if stored.event.run_id in wanted:
+                by_run.setdefault(stored.event.run_id, []).append(stored)
     frontiers: dict[str, Frontier] = {}
     calls: dict[tuple[str, str], ToolCallRow] = {}
     for run_id in run_ids:
-        events = await log.read_run(run_id)
+        events = by_run[run_id]
         frontiers[run_id] = fold_run(Frontier.empty(run_id, events[0].event.tenant), events, calls)
     return frontiers, calls
 

@@ -1,0 +1,174 @@
+"""Projector processes killed with SIGKILL, and a consumer group losing a member.
+
+Each projector here is a real `python -m onward projector` process against real Kafka and
+PostgreSQL. At the end every frontier must equal the fold computed directly from the log, and
+every `tool_calls` row must be the one the direct fold gives, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from aiokafka.admin import AIOKafkaAdminClient
+from support.histories import append_all, direct_fold, run_ids_of, workload
+from support.pg import fresh_schema
+
+from onward.eventlog import Event, KafkaEventLog
+from onward.projections.postgres import PostgresFrontierStore
+
+pytestmark = pytest.mark.kafka
+PARTITIONS = 4
+
+
+@dataclass
+class World:
+    bootstrap: str
+    database_url: str
+    topic: str
+    schema: str
+    log: KafkaEventLog
+    store: PostgresFrontierStore
+    tmp: Path
+    children: list[asyncio.subprocess.Process] = field(default_factory=list)
+
+    async def spawn(self, group: str, name: str) -> asyncio.subprocess.Process:
+        env = {
+            **os.environ,
+            "ONWARD_BACKEND": "kafka",
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+            "DATABASE_URL": self.database_url,
+            "ONWARD_DATABASE_SCHEMA": self.schema,
+            "ONWARD_KAFKA_TOPIC": self.topic,
+            "ONWARD_PARTITIONS": str(PARTITIONS),
+        }
+        argv = ["-m", "onward", "projector", "--group", group, "--batch", "400"]
+        argv += ["--session-timeout-ms", "6000"]
+        with (self.tmp / f"{name}.log").open("wb") as out:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, *argv, env=env, stdout=out, stderr=out
+            )
+        self.children.append(child)
+        return child
+
+    def output(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    async def caught_up(self) -> bool:
+        stored = await self.store.positions("frontiers")
+        ends = [(await self.log.bounds(p)).end for p in range(PARTITIONS)]
+        return all(stored.get(p, 0) >= end for p, end in enumerate(ends))
+
+    async def wait_caught_up(self, within: float) -> None:
+        deadline = asyncio.get_running_loop().time() + within
+        while not await self.caught_up():
+            assert asyncio.get_running_loop().time() < deadline, "the projector did not catch up"
+            await asyncio.sleep(0.25)
+
+
+@pytest_asyncio.fixture
+async def world(kafka_bootstrap: str, database_url: str, tmp_path: Path) -> AsyncIterator[World]:
+    topic = f"onward.test.procs.{uuid.uuid4().hex[:10]}"
+    async with (
+        fresh_schema(database_url) as schema,
+        KafkaEventLog(kafka_bootstrap, topic=topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(database_url, schema=schema) as store,
+    ):
+        world = World(kafka_bootstrap, database_url, topic, schema, log, store, tmp_path)
+        try:
+            yield world
+        finally:
+            for child in world.children:
+                if child.returncode is None:
+                    child.kill()
+                    await child.wait()
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+
+
+async def assert_projection_is_the_direct_fold(world: World, steps: list[list[Event]]) -> None:
+    run_ids = run_ids_of(steps)
+    expected, expected_calls = await direct_fold(world.log, run_ids)
+    loaded = await world.store.load(run_ids)
+    mismatched = [r for r in run_ids if r not in loaded or loaded[r].frontier != expected[r]]
+    assert mismatched == [], f"{len(mismatched)} frontiers differ, e.g. {mismatched[:3]}"
+    conn = await asyncpg.connect(world.database_url, server_settings={"search_path": world.schema})
+    try:
+        rows = await conn.fetch("SELECT run_id, call_id, outcome, fence FROM onward_tool_calls")
+    finally:
+        await conn.close()
+    keys = [(r["run_id"], r["call_id"]) for r in rows]
+    assert len(keys) == len(set(keys)), "duplicate tool_calls rows"
+    assert {k: (r["outcome"], r["fence"]) for k, r in zip(keys, rows, strict=True)} == {
+        k: (v.outcome, v.fence) for k, v in expected_calls.items()
+    }
+
+
+def big_workload(rng: random.Random, at_least: int) -> list[list[Event]]:
+    steps: list[list[Event]] = []
+    while sum(len(s) for s in steps) < at_least:
+        steps += workload(rng, 500)
+    return steps
+
+
+@pytest.mark.timeout(600)
+async def test_exactly_once_under_twenty_sigkills(world: World) -> None:
+    seed = random.SystemRandom().randrange(2**32)
+    print(f"projector crash test seed: {seed}")
+    rng = random.Random(seed)
+    steps = big_workload(rng, 50_000)
+    writer = asyncio.create_task(append_all(world.log, steps, concurrency=48))
+    kills = 0
+    while kills < 20:
+        child = await world.spawn(f"crash-{uuid.uuid4().hex[:8]}", f"crash{kills}")
+        await asyncio.sleep(rng.uniform(0.8, 3.0))
+        if child.returncode is not None:
+            pytest.fail(f"projector exited by itself:\n{world.output(f'crash{kills}')}")
+        child.kill()
+        await child.wait()
+        kills += 1
+    await writer
+    assert sum(len(s) for s in steps) >= 50_000
+    final = await world.spawn(f"final-{uuid.uuid4().hex[:8]}", "final")
+    await world.wait_caught_up(within=240)
+    final.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(final.wait(), 60) == 0, world.output("final")
+    assert "projector stopped cleanly" in world.output("final")
+    await assert_projection_is_the_direct_fold(world, steps)
+
+
+@pytest.mark.timeout(600)
+async def test_a_surviving_member_takes_over_a_killed_members_partitions(world: World) -> None:
+    rng = random.Random(21)
+    steps = big_workload(rng, 6_000)
+    group = f"pair-{uuid.uuid4().hex[:8]}"
+    first = await world.spawn(group, "a")
+    second = await world.spawn(group, "b")
+    half = len(steps) // 2
+    await append_all(world.log, steps[:half])
+    await world.wait_caught_up(within=120)
+    assert "assigned" in world.output("a")
+    assert "assigned" in world.output("b")
+    first.kill()
+    await first.wait()
+    await append_all(world.log, steps[half:])
+    await world.wait_caught_up(within=120)
+    takeover = [line for line in world.output("b").splitlines() if "assigned" in line][-1]
+    assert all(f"{p}:" in takeover for p in range(PARTITIONS)), takeover
+    second.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(second.wait(), 60) == 0
+    await assert_projection_is_the_direct_fold(world, steps)

@@ -1,0 +1,101 @@
+"""Embedded mode: SQLite log and SQLite frontiers in one file, folded right after each append."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest_asyncio
+from support.histories import RunScript, append_all, direct_fold, run_ids_of, workload
+
+from onward.eventlog import RunFinished, SqliteEventLog
+from onward.projections.projector import FrontierProjection, ProjectingEventLog
+from onward.projections.sqlite import SqliteFrontierStore
+
+
+@dataclass
+class Embedded:
+    path: Path
+    inner: SqliteEventLog
+    store: SqliteFrontierStore
+    log: ProjectingEventLog
+
+
+@pytest_asyncio.fixture
+async def embedded(tmp_path: Path) -> AsyncIterator[Embedded]:
+    path = tmp_path / "onward.db"
+    async with (
+        SqliteEventLog(path, partitions=4) as inner,
+        SqliteFrontierStore(path) as store,
+    ):
+        yield Embedded(
+            path, inner, store, ProjectingEventLog(inner, FrontierProjection(store, inner))
+        )
+
+
+async def test_the_frontier_is_current_as_soon_as_append_returns(embedded: Embedded) -> None:
+    script = RunScript(random.Random(2))
+    for step in script.steps():
+        await embedded.log.append(step)
+        row = await embedded.store.get(script.run_id)
+        assert row is not None
+        assert row.frontier is not None
+        assert row.frontier.last_seq == step[-1].seq
+    final = await embedded.store.get(script.run_id)
+    assert final is not None
+    assert final.summary.status == "completed"
+
+
+async def test_embedded_frontiers_equal_the_direct_fold(embedded: Embedded) -> None:
+    steps = workload(random.Random(4), 40)
+    await append_all(embedded.log, steps, concurrency=8)
+    run_ids = run_ids_of(steps)
+    expected, expected_calls = await direct_fold(embedded.inner, run_ids)
+    loaded = await embedded.store.load(run_ids)
+    assert {r: row.frontier for r, row in loaded.items()} == expected
+    for run_id in run_ids:
+        rows = {(r.run_id, r.call_id): r for r in await embedded.store.tool_calls(run_id)}
+        assert rows == {k: v for k, v in expected_calls.items() if k[0] == run_id}
+
+
+async def test_the_fence_rule_holds_in_embedded_mode(embedded: Embedded) -> None:
+    script = RunScript(random.Random(8), zombie=True)
+    for step in script.steps():
+        await embedded.log.append(step)
+    row = await embedded.store.get(script.run_id)
+    assert row is not None
+    assert row.frontier is not None
+    assert (row.summary.refused, row.frontier.fence) == (1, 2)
+    assert row.frontier.last_refusal is not None
+    assert "zombie-call" not in {c.call_id for c in await embedded.store.tool_calls(script.run_id)}
+
+
+async def test_appends_a_crash_left_unfolded_are_folded_by_the_next_append(
+    embedded: Embedded,
+) -> None:
+    script = RunScript(random.Random(9))
+    steps = script.steps()
+    for step in steps[:-2]:
+        await embedded.log.append(step)
+    # A process appended this step and died before folding it.
+    await embedded.inner.append(steps[-2])
+    await embedded.log.append(steps[-1])
+    row = await embedded.store.get(script.run_id)
+    assert row is not None
+    assert row.frontier is not None
+    assert row.frontier.last_seq == steps[-1][-1].seq
+    assert isinstance(steps[-1][-1], RunFinished)
+    expected, _ = await direct_fold(embedded.inner, [script.run_id])
+    assert row.frontier == expected[script.run_id]
+
+
+async def test_catch_up_folds_what_another_process_appended(embedded: Embedded) -> None:
+    steps = workload(random.Random(12), 5)
+    await append_all(embedded.inner, steps, concurrency=2)
+    assert await embedded.store.load(run_ids_of(steps)) == {}
+    assert await embedded.log.catch_up() == sum(len(s) for s in steps)
+    expected, _ = await direct_fold(embedded.inner, run_ids_of(steps))
+    loaded = await embedded.store.load(run_ids_of(steps))
+    assert {r: row.frontier for r, row in loaded.items()} == expected

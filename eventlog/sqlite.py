@@ -9,18 +9,17 @@ loss, which write-ahead tool dispatch relies on.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Self
 
-from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError, translate
+from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError
 
 from . import codec
+from ._sqlite import SqliteThread, connect, transaction
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
@@ -35,7 +34,6 @@ from .base import (
 from .events import Event
 
 SCHEMA_VERSION = 1
-_T = TypeVar("_T")
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS onward_log_meta (
@@ -80,8 +78,7 @@ class SqliteEventLog:
         self._path = Path(path)
         self._partitions = partitions
         self._max_batch_bytes = max_batch_bytes
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onward-sqlite")
-        self._conn: sqlite3.Connection | None = None
+        self._db = SqliteThread(self._path, "event log")
 
     @classmethod
     async def open(cls, path: str | Path, **options: int) -> SqliteEventLog:
@@ -96,16 +93,19 @@ class SqliteEventLog:
 
     async def start(self) -> None:
         """Open the file, create the tables if new, and check the partition count."""
-        if self._conn is None:
-            await self._call(self._open, "opening the event log")
+        await self._db.open(self._open)
 
-    def _open(self) -> None:
-        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+    def _open(self) -> sqlite3.Connection:
+        conn = connect(self._path)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA busy_timeout=10000")
-            conn.execute("BEGIN IMMEDIATE")
+            self._create_or_check(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _create_or_check(self, conn: sqlite3.Connection) -> None:
+        with transaction(conn):
             for statement in _DDL.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -122,49 +122,26 @@ class SqliteEventLog:
                     "INSERT INTO onward_log_partition VALUES (?, 0, 0)",
                     [(p,) for p in range(self._partitions)],
                 )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.close()
-            raise
         if meta and int(meta["schema_version"]) != SCHEMA_VERSION:
-            conn.close()
             raise ConfigurationError(
                 f"{self._path}: event log schema version {meta['schema_version']}, this code "
                 f"reads {SCHEMA_VERSION}"
             )
         if meta and int(meta["partitions"]) != self._partitions:
-            conn.close()
             raise ConfigurationError(
                 f"{self._path}: the log was created with {meta['partitions']} partitions, the "
                 f"configuration says {self._partitions}; changing it would move runs between "
                 "partitions, so configure the original count"
             )
-        self._conn = conn
-
-    async def _call(self, fn: Callable[[], _T], context: str, run_id: str | None = None) -> _T:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, fn)
-        except sqlite3.Error as exc:
-            raise translate(exc, context=f"{self._path}: {context}", run_id=run_id) from exc
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise InvalidInputError(
-                f"{self._path}: the event log is not open; use `await SqliteEventLog.open(...)` "
-                "or `async with`"
-            )
-        return self._conn
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
         run_id, partition, encoded = prepare_batch(
             events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
         )
-        conn = self._connection()
+        conn = self._db.connection()
 
         def write() -> int:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(conn):
                 (first,) = conn.execute(
                     "SELECT next_offset FROM onward_log_partition WHERE partition = ?",
                     (partition,),
@@ -177,13 +154,9 @@ class SqliteEventLog:
                     "UPDATE onward_log_partition SET next_offset = ? WHERE partition = ?",
                     (first + len(encoded), partition),
                 )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
             return int(first)
 
-        first = await self._call(write, f"appending to partition {partition}", run_id)
+        first = await self._db.call(write, f"appending to partition {partition}", run_id)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
     async def read_run(
@@ -207,12 +180,11 @@ class SqliteEventLog:
         run_id: str | None,
         limit: int | None,
     ) -> list[StoredEvent]:
-        conn = self._connection()
+        conn = self._db.connection()
 
         def read() -> tuple[int, list[tuple[int, str, bytes]]]:
             # One read transaction, so the start offset and the rows are one snapshot.
-            conn.execute("BEGIN")
-            try:
+            with transaction(conn, "BEGIN"):
                 (first,) = conn.execute(
                     "SELECT start_offset FROM onward_log_partition WHERE partition = ?",
                     (partition,),
@@ -235,10 +207,8 @@ class SqliteEventLog:
                     query += " LIMIT ?"
                     args.append(limit)
                 return first, conn.execute(query, args).fetchall()
-            finally:
-                conn.execute("COMMIT")
 
-        first, rows = await self._call(read, f"reading partition {partition}", run_id)
+        first, rows = await self._db.call(read, f"reading partition {partition}", run_id)
         if start is not None and start < first:
             raise LogTruncatedError(
                 f"partition {partition}: offset {start} was truncated; the partition starts at "
@@ -252,7 +222,7 @@ class SqliteEventLog:
 
     async def bounds(self, partition: int) -> PartitionBounds:
         check_partition(partition, self._partitions)
-        conn = self._connection()
+        conn = self._db.connection()
 
         def read() -> tuple[int, int]:
             row = conn.execute(
@@ -261,16 +231,15 @@ class SqliteEventLog:
             ).fetchone()
             return int(row[0]), int(row[1])
 
-        start, end = await self._call(read, f"reading the bounds of partition {partition}")
+        start, end = await self._db.call(read, f"reading the bounds of partition {partition}")
         return PartitionBounds(start, end)
 
     async def truncate_before(self, partition: int, offset: int) -> None:
         check_partition(partition, self._partitions)
-        conn = self._connection()
+        conn = self._db.connection()
 
         def truncate() -> None:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(conn):
                 start, end = conn.execute(
                     "SELECT start_offset, next_offset FROM onward_log_partition "
                     "WHERE partition = ?",
@@ -286,19 +255,13 @@ class SqliteEventLog:
                         "UPDATE onward_log_partition SET start_offset = ? WHERE partition = ?",
                         (offset, partition),
                     )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
 
-        await self._call(truncate, f"truncating partition {partition}")
+        await self._db.call(truncate, f"truncating partition {partition}")
 
     def write_raw(self, run_id: str, record: bytes) -> Position:
         """Store a record as a foreign writer would, unchecked. For tests of bad input."""
         partition = partition_for(run_id, self._partitions)
-        with closing(sqlite3.connect(self._path, isolation_level=None)) as conn:
-            conn.execute("PRAGMA busy_timeout=10000")
-            conn.execute("BEGIN IMMEDIATE")
+        with closing(connect(self._path)) as conn, transaction(conn):
             (offset,) = conn.execute(
                 "SELECT next_offset FROM onward_log_partition WHERE partition = ?", (partition,)
             ).fetchone()
@@ -309,14 +272,10 @@ class SqliteEventLog:
                 "UPDATE onward_log_partition SET next_offset = ? WHERE partition = ?",
                 (offset + 1, partition),
             )
-            conn.execute("COMMIT")
         return Position(partition, int(offset))
 
     async def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
-        self._executor.shutdown(wait=False)
+        await self._db.close()
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -17,6 +17,7 @@ from typing import Literal
 import asyncpg
 
 from onward.errors import SchemaMismatchError
+from onward.eventlog._sqlite import transaction
 
 Dialect = Literal["postgres", "sqlite"]
 _FOLDER: dict[Dialect, str] = {"postgres": "sql", "sqlite": "sqlite"}
@@ -115,24 +116,20 @@ def migrate_sqlite(conn: sqlite3.Connection) -> list[str]:
     applied: list[str] = []
     conn.execute(_LEDGER)
     for migration in migrations("sqlite"):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(conn):
             row = conn.execute(
                 "SELECT 1 FROM onward_schema_migrations WHERE version = ?", (migration.version,)
             ).fetchone()
-            if row is None:
-                for statement in migration.sql.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO onward_schema_migrations (version, name) VALUES (?, ?)",
-                    (migration.version, migration.name),
-                )
-                applied.append(f"{migration.version:04d}_{migration.name}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+            if row is not None:
+                continue
+            for statement in migration.sql.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(
+                "INSERT INTO onward_schema_migrations (version, name) VALUES (?, ?)",
+                (migration.version, migration.name),
+            )
+            applied.append(f"{migration.version:04d}_{migration.name}")
     return applied
 
 

@@ -13,25 +13,20 @@ slow writer never moves a row or a position back.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import sqlite3
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import msgspec
 
-from onward.errors import InvalidInputError, translate
+from onward.eventlog._sqlite import SqliteThread, connect, transaction
 
 from .base import RunSummary, Snapshot, StoredFrontier, decode_payload
 from .frontier import RunStatus, ToolCallRow
 from .migrations import migrate_sqlite, verify_sqlite
-
-_T = TypeVar("_T")
 
 LOAD_CHUNK = 500
 """Run ids per ``IN (...)`` list: well under SQLite's bound-variable limit on any build."""
@@ -73,23 +68,6 @@ _UPSERT_FRONTIER = _guarded_upsert("onward_frontiers", _FRONTIER_COLUMNS, ("run_
 _UPSERT_CALL = _guarded_upsert("onward_tool_calls", _CALL_COLUMNS, ("run_id", "call_id"))
 
 
-@contextmanager
-def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
-    """Run a block in one transaction, rolled back if the block raises.
-
-    The rollback is skipped when SQLite has already ended the transaction itself (it does so on
-    some errors, such as a full disk), so the original error is the one that surfaces.
-    """
-    conn.execute(begin)
-    try:
-        yield
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
 def _summary(row: Sequence[Any]) -> RunSummary:
     """A summary from the leading scalar columns of a row."""
     return RunSummary(**dict(zip(_SUMMARY_COLUMNS, row[: len(_SUMMARY_COLUMNS)], strict=True)))
@@ -128,8 +106,7 @@ class SqliteFrontierStore:
     def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
         self._path = Path(path)
         self._migrate = migrate
-        self._executor: ThreadPoolExecutor | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._db = SqliteThread(self._path, "frontier store")
 
     @classmethod
     async def open(cls, path: str | Path, **options: bool) -> SqliteFrontierStore:
@@ -153,27 +130,11 @@ class SqliteFrontierStore:
             SchemaMismatchError: The file is at another schema version; with ``migrate=False``,
                 an unmigrated file is one too.
         """
-        if self._conn is not None:
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="onward-sqlite-frontiers"
-            )
-        try:
-            self._conn = await self._call(self._open, "opening the frontier store")
-        except BaseException:
-            # A refused open leaves nothing running: callers that never got the store cannot
-            # close it.
-            executor, self._executor = self._executor, None
-            executor.shutdown(wait=False)
-            raise
+        await self._db.open(self._open)
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        conn = connect(self._path)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA busy_timeout=10000")
             if self._migrate:
                 migrate_sqlite(conn)
             verify_sqlite(conn, where=str(self._path))
@@ -182,36 +143,14 @@ class SqliteFrontierStore:
             raise
         return conn
 
-    def _not_open(self) -> InvalidInputError:
-        return InvalidInputError(
-            f"{self._path}: the frontier store is not open; use "
-            "`await SqliteFrontierStore.open(...)` or `async with`"
-        )
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise self._not_open()
-        return self._conn
-
-    async def _call(self, fn: Callable[[], _T], context: str, run_id: str | None = None) -> _T:
-        """Run ``fn`` on the store's thread, translating sqlite3 errors into Onward's."""
-        executor = self._executor
-        if executor is None:
-            raise self._not_open()
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(executor, fn)
-        except sqlite3.Error as exc:
-            raise translate(exc, context=f"{self._path}: {context}", run_id=run_id) from exc
-
     async def verify(self) -> None:
         """Check the file is still at this code's schema version.
 
         Raises:
             SchemaMismatchError: Another process migrated the file to another version.
         """
-        conn = self._connection()
-        await self._call(lambda: verify_sqlite(conn, where=str(self._path)), "verifying schema")
+        conn = self._db.connection()
+        await self._db.call(lambda: verify_sqlite(conn, where=str(self._path)), "verifying schema")
 
     async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
         """The stored rows of the given runs, read in one query per ``LOAD_CHUNK`` ids.
@@ -222,11 +161,11 @@ class SqliteFrontierStore:
         ids = list(dict.fromkeys(run_ids))
         if not ids:
             return {}
-        conn = self._connection()
+        conn = self._db.connection()
 
         def read() -> list[Any]:
             rows: list[Any] = []
-            with _transaction(conn, "BEGIN"):
+            with transaction(conn, "BEGIN"):
                 for first in range(0, len(ids), LOAD_CHUNK):
                     chunk = ids[first : first + LOAD_CHUNK]
                     marks = ", ".join("?" for _ in chunk)
@@ -234,17 +173,17 @@ class SqliteFrontierStore:
                     rows.extend(conn.execute(query, chunk).fetchall())
             return rows
 
-        rows = await self._call(read, f"loading the frontiers of {len(ids)} runs")
+        rows = await self._db.call(read, f"loading the frontiers of {len(ids)} runs")
         return {stored.summary.run_id: stored for stored in map(_stored, rows)}
 
     async def get(self, run_id: str) -> StoredFrontier | None:
         """The stored row of one run, or ``None`` if it has none."""
-        conn = self._connection()
+        conn = self._db.connection()
 
         def read() -> Any:
             return conn.execute(f"{_SELECT_FRONTIERS} WHERE run_id = ?", (run_id,)).fetchone()
 
-        row = await self._call(read, "reading a frontier", run_id)
+        row = await self._db.call(read, "reading a frontier", run_id)
         return None if row is None else _stored(row)
 
     async def write(
@@ -267,10 +206,10 @@ class SqliteFrontierStore:
         position_rows = [(consumer, partition, offset) for partition, offset in positions.items()]
         if not (frontier_rows or call_rows or position_rows):
             return
-        conn = self._connection()
+        conn = self._db.connection()
 
         def write() -> None:
-            with _transaction(conn, "BEGIN IMMEDIATE"):
+            with transaction(conn, "BEGIN IMMEDIATE"):
                 if frontier_rows:
                     conn.executemany(_UPSERT_FRONTIER, frontier_rows)
                 if call_rows:
@@ -278,7 +217,7 @@ class SqliteFrontierStore:
                 if position_rows:
                     conn.executemany(_UPSERT_POSITION, position_rows)
 
-        await self._call(
+        await self._db.call(
             write,
             f"writing {len(frontier_rows)} frontiers, {len(call_rows)} call rows and "
             f"{len(position_rows)} positions of consumer {consumer!r}",
@@ -286,7 +225,7 @@ class SqliteFrontierStore:
 
     async def positions(self, consumer: str) -> dict[int, int]:
         """The next offset per partition stored for a consumer."""
-        conn = self._connection()
+        conn = self._db.connection()
 
         def read() -> list[Any]:
             return conn.execute(
@@ -294,17 +233,17 @@ class SqliteFrontierStore:
                 (consumer,),
             ).fetchall()
 
-        rows = await self._call(read, f"reading the positions of consumer {consumer!r}")
+        rows = await self._db.call(read, f"reading the positions of consumer {consumer!r}")
         return {int(partition): int(offset) for partition, offset in rows}
 
     async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
         """The audit rows of one run's calls: dispatched ones by time, then the rest, by id."""
-        conn = self._connection()
+        conn = self._db.connection()
 
         def read() -> list[Any]:
             return conn.execute(_SELECT_CALLS, (run_id,)).fetchall()
 
-        rows = await self._call(read, "reading tool call rows", run_id)
+        rows = await self._db.call(read, "reading tool call rows", run_id)
         return [_call_row(row) for row in rows]
 
     async def runs(
@@ -326,25 +265,17 @@ class SqliteFrontierStore:
         if conditions:
             query += " WHERE " + " AND ".join(conditions)
         query += " ORDER BY run_id"
-        conn = self._connection()
+        conn = self._db.connection()
 
         def read() -> list[Any]:
             return conn.execute(query, args).fetchall()
 
-        rows = await self._call(read, "listing runs")
+        rows = await self._db.call(read, "listing runs")
         return [_summary(row) for row in rows]
 
     async def close(self) -> None:
         """Close the connection and stop the store's thread. Idempotent."""
-        conn, self._conn = self._conn, None
-        executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        try:
-            if conn is not None:
-                await asyncio.get_running_loop().run_in_executor(executor, conn.close)
-        finally:
-            executor.shutdown(wait=False)
+        await self._db.close()
 
     async def __aenter__(self) -> Self:
         await self.start()

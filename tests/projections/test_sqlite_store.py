@@ -171,8 +171,7 @@ async def test_load_reads_many_runs_in_one_query_per_chunk(tmp_path: Path) -> No
             CONSUMER, {}, [Snapshot.of(frontier(r, through=i)) for i, r in enumerate(runs)], []
         )
         statements: list[str] = []
-        conn = store._conn
-        assert conn is not None
+        conn = store._db.connection()
         conn.set_trace_callback(statements.append)
         try:
             loaded = await store.load([*runs, new_run_id()])

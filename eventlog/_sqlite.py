@@ -1,0 +1,115 @@
+"""One sqlite3 connection, used only from one dedicated thread: what every SQLite backend shares.
+
+The event loop never blocks on disk, sqlite3 objects never cross threads, and sqlite3 errors are
+translated into Onward's in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from onward.errors import InvalidInputError, translate
+
+_T = TypeVar("_T")
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit) with the durable settings.
+
+    WAL lets readers in other processes work beside a writer; ``synchronous=FULL`` makes a
+    committed transaction survive power loss, which write-ahead tool dispatch relies on.
+    """
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=10000")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
+    """Run a block in one transaction, rolled back if the block raises.
+
+    The rollback is skipped when SQLite has already ended the transaction itself (it does so on
+    some errors, such as a full disk), so the original error is the one that surfaces.
+    """
+    conn.execute(begin)
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+class SqliteThread:
+    """Owns one connection and the single thread it is used from.
+
+    Args:
+        path: The database file.
+        what: What the owner is ("event log"), for messages.
+    """
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path = path
+        self._what = what
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._conn is not None
+
+    async def open(self, opener: Callable[[], sqlite3.Connection]) -> None:
+        """Open with ``opener`` on the thread. A failed open leaves no thread behind."""
+        if self._conn is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onward-sqlite")
+        try:
+            self._conn = await self.call(opener, f"opening the {self._what}")
+        except BaseException:
+            executor, self._executor = self._executor, None
+            executor.shutdown(wait=False)
+            raise
+
+    def connection(self) -> sqlite3.Connection:
+        """The open connection, or a clear error saying how to open it."""
+        if self._conn is None:
+            raise InvalidInputError(
+                f"{self.path}: the {self._what} is not open; use `await ....open(...)` or "
+                "`async with`"
+            )
+        return self._conn
+
+    async def call(self, fn: Callable[[], _T], context: str, run_id: str | None = None) -> _T:
+        """Run ``fn`` on the thread, translating sqlite3 errors into Onward's."""
+        if self._executor is None:
+            self.connection()  # raises the not-open error
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn)
+        except sqlite3.Error as exc:
+            raise translate(exc, context=f"{self.path}: {context}", run_id=run_id) from exc
+
+    async def close(self) -> None:
+        """Close the connection and stop the thread. Idempotent; the owner may open again."""
+        conn, self._conn = self._conn, None
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        try:
+            if conn is not None:
+                await asyncio.get_running_loop().run_in_executor(executor, conn.close)
+        finally:
+            executor.shutdown(wait=False)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -26,7 +26,9 @@ from onward.eventlog.base import Position, StoredEvent
 from onward.eventlog.kafka import DEFAULT_TOPIC, topic_partition_count
 
 from .base import BuildSwitched
-from .projector import FrontierProjection
+from .projector import ProjectionSink
+
+SinkT = TypeVar("SinkT", bound=ProjectionSink)
 
 log = logging.getLogger("onward.projector")
 
@@ -34,7 +36,7 @@ DEFAULT_GROUP = "onward-projector"
 
 
 class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, projector: KafkaProjector) -> None:
+    def __init__(self, projector: KafkaProjector[Any]) -> None:
         self._projector = projector
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
@@ -44,7 +46,7 @@ class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._projector._seek_to_stored(list(assigned))
 
 
-class KafkaProjector:
+class KafkaProjector(Generic[SinkT]):
     """Folds the events topic into a store, as one member of a consumer group.
 
     Args:
@@ -60,7 +62,7 @@ class KafkaProjector:
     def __init__(
         self,
         bootstrap_servers: str,
-        projection: FrontierProjection,
+        projection: SinkT,
         *,
         topic: str = DEFAULT_TOPIC,
         partitions: int | None = None,

@@ -27,6 +27,13 @@ import asyncpg
 from onward.errors import InvalidInputError, SchemaMismatchError, translate
 
 from .base import BuildSwitched, RunSummary, Snapshot, StoredFrontier, decode_payload
+from .builds import (
+    BuildLayout,
+    active_build,
+    active_build_for_write,
+    build_exists,
+    ensure_active,
+)
 from .frontier import RunStatus, ToolCallRow
 from .migrations import migrate_postgres, verify_postgres
 
@@ -44,82 +51,29 @@ _CALL_COLUMNS = (
 )
 
 
-def build_ddl(build: int) -> str:
-    """The DDL of one build of the frontiers projection."""
+def _frontiers_ddl(build: int) -> str:
     template = (files("onward") / "schemas" / "sql" / "frontiers.build.sql").read_text()
     return template.replace("{build}", str(int(build)))
 
 
-async def active_build(conn: asyncpg.Connection, projection: str = PROJECTION) -> int | None:
-    """The build the views point at, or ``None`` before the first migrate."""
-    value = await conn.fetchval(
-        "SELECT build FROM onward_projection_builds WHERE projection = $1 AND status = 'active'",
-        projection,
-    )
-    return int(value) if value is not None else None
-
-
-async def create_build(conn: asyncpg.Connection, *, status: str = "building") -> int:
-    """Create the tables of a new frontiers build and register it; return its number."""
-    async with conn.transaction():
-        await conn.execute("LOCK TABLE onward_projection_builds IN EXCLUSIVE MODE")
-        build = int(
-            await conn.fetchval(
-                "SELECT coalesce(max(build), 0) + 1 FROM onward_projection_builds "
-                "WHERE projection = $1",
-                PROJECTION,
-            )
-        )
-        await conn.execute(build_ddl(build))
-        await conn.execute(
-            "INSERT INTO onward_projection_builds (projection, build, version, status) "
-            "VALUES ($1, $2, $3, $4)",
-            PROJECTION,
-            build,
-            PROJECTION_VERSION,
-            status,
-        )
-    return build
-
-
-async def switch_build(conn: asyncpg.Connection, build: int) -> int | None:
-    """Make ``build`` the active one and repoint the views; return the build it replaced."""
-    async with conn.transaction():
-        await conn.execute("LOCK TABLE onward_projection_builds IN EXCLUSIVE MODE")
-        previous = await active_build(conn)
-        await conn.execute(
-            "UPDATE onward_projection_builds SET status = 'retired' "
-            "WHERE projection = $1 AND status = 'active'",
-            PROJECTION,
-        )
-        updated = await conn.execute(
-            "UPDATE onward_projection_builds SET status = 'active', switched_at = now() "
-            "WHERE projection = $1 AND build = $2",
-            PROJECTION,
-            build,
-        )
-        if updated != "UPDATE 1":
-            raise InvalidInputError(f"frontiers build {build} does not exist")
-        await _point_views(conn, build)
-    return previous
-
-
-async def _point_views(conn: asyncpg.Connection, build: int) -> None:
-    await conn.execute(
-        f"CREATE OR REPLACE VIEW onward_frontiers AS SELECT * FROM onward_frontiers_{build}"
-    )
-    await conn.execute(
-        f"CREATE OR REPLACE VIEW onward_tool_calls AS SELECT * FROM onward_tool_calls_{build}"
-    )
+FRONTIERS = BuildLayout(
+    projection=PROJECTION,
+    version=PROJECTION_VERSION,
+    ddl=_frontiers_ddl,
+    views=lambda build: {
+        "onward_frontiers": f"onward_frontiers_{build}",
+        "onward_tool_calls": f"onward_tool_calls_{build}",
+    },
+)
+"""The layout of the built-in frontiers projection (frontier and tool_calls tables)."""
 
 
 async def migrate(conn: asyncpg.Connection) -> list[str]:
     """Apply pending migrations and make sure the frontiers projection has an active build."""
     applied = await migrate_postgres(conn)
-    if await active_build(conn) is None:
-        build = await create_build(conn, status="active")
-        await _point_views(conn, build)
-        applied.append(f"frontiers build {build}")
+    created = await ensure_active(conn, FRONTIERS)
+    if created is not None:
+        applied.append(f"frontiers build {created}")
     return applied
 
 
@@ -207,15 +161,10 @@ class PostgresFrontierStore:
         async with self._live_pool().acquire() as conn:
             await verify_postgres(conn)
             if self._pinned is not None:
-                exists = await conn.fetchval(
-                    "SELECT 1 FROM onward_projection_builds WHERE projection = $1 AND build = $2",
-                    PROJECTION,
-                    self._pinned,
-                )
-                if not exists:
+                if not await build_exists(conn, PROJECTION, self._pinned):
                     raise SchemaMismatchError(f"frontiers build {self._pinned} does not exist")
                 return
-            build = await active_build(conn)
+            build = await active_build(conn, PROJECTION)
             if build is None:
                 raise SchemaMismatchError(
                     "PostgreSQL has no active frontiers build; run `onward db migrate`"
@@ -252,16 +201,9 @@ class PostgresFrontierStore:
         frontiers, tool_calls = self._tables()
         async with self._live_pool().acquire() as conn, conn.transaction():
             if self._pinned is None:
-                # Shares the builds row with switch_build, so a switch and a write never
-                # interleave: either this write lands in the old build before the switch, or
-                # it sees the new build and writes nothing.
-                current = await conn.fetchval(
-                    "SELECT build FROM onward_projection_builds "
-                    "WHERE projection = $1 AND status = 'active' FOR SHARE",
-                    PROJECTION,
-                )
+                current = await active_build_for_write(conn, PROJECTION)
                 if current != self._build:
-                    self._build = int(current)
+                    self._build = current
                     raise BuildSwitched(f"frontiers build is now {current}")
             if snapshots:
                 await conn.execute(_upsert_frontiers(frontiers), *_frontier_columns(snapshots))
@@ -283,7 +225,7 @@ class PostgresFrontierStore:
     async def positions(self, consumer: str) -> dict[int, int]:
         async with self._live_pool().acquire() as conn:
             if self._pinned is None:
-                build = await active_build(conn)
+                build = await active_build(conn, PROJECTION)
                 if build is not None:
                     self._build = build
             rows = await conn.fetch(

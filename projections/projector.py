@@ -17,7 +17,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 from onward.eventlog.base import EventLog, PartitionBounds, Position, StoredEvent, partition_for
 from onward.eventlog.events import Event
@@ -40,6 +40,26 @@ class ProjectorStats:
     refused_events: int = 0
     snapshots_refused: int = 0
     refolded_from_log: int = 0
+
+
+class ProjectionSink(Protocol):
+    """What a projector folds into: stored positions, and an atomic fold-and-advance."""
+
+    async def positions(self) -> dict[int, int]:
+        """The next offset per partition folded so far."""
+        ...
+
+    async def apply(
+        self,
+        records: Mapping[int, Sequence[StoredEvent]],
+        next_offsets: Mapping[int, int],
+    ) -> None:
+        """Fold a batch and store the partitions' next offsets with it, atomically.
+
+        Raises:
+            BuildSwitched: The sink's active build changed; nothing was written.
+        """
+        ...
 
 
 class FrontierProjection:
@@ -124,7 +144,7 @@ class LogProjector:
     """
 
     def __init__(
-        self, log: EventLog, projection: FrontierProjection, *, batch_size: int = 5_000
+        self, log: EventLog, projection: ProjectionSink, *, batch_size: int = 5_000
     ) -> None:
         self.log = log
         self.projection = projection

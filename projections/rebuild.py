@@ -1,4 +1,4 @@
-"""Rebuilding the frontiers projection into a new build, beside the live one.
+"""Rebuilding a projection into a new build, beside the live one.
 
 Never in place: the new build gets its own tables and its own positions, is folded by a fresh
 reader from each partition's earliest retained offset, and the views are repointed only when it
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 import asyncpg
@@ -17,14 +18,19 @@ import asyncpg
 from onward.eventlog.base import EventLog
 
 from .base import DEFAULT_MAX_BYTES
-from .postgres import PostgresFrontierStore, create_build, switch_build
-from .projector import DEFAULT_CONSUMER, FrontierProjection, LogProjector
+from .builds import BuildLayout, create_build, switch_build
+from .postgres import FRONTIERS, PostgresFrontierStore
+from .projector import DEFAULT_CONSUMER, FrontierProjection, LogProjector, ProjectionSink
+from .sql import Projection, SqlProjectionSink, layout_of
+
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True, slots=True)
 class RebuildReport:
     """What a rebuild did."""
 
+    projection: str
     build: int
     previous: int | None
     events: int
@@ -36,37 +42,35 @@ class RebuildReport:
         return self.events / self.seconds if self.seconds else 0.0
 
 
-async def rebuild_frontiers(
+async def rebuild(
     log: EventLog,
     database_url: str,
     *,
+    layout: BuildLayout,
+    open_sink: Callable[[int], AbstractAsyncContextManager[ProjectionSink]],
     schema: str | None = None,
     batch_size: int = 5_000,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Progress | None = None,
 ) -> RebuildReport:
-    """Fold the whole retained log into a new build and switch the views to it.
+    """Fold the whole retained log into a new build of a projection and switch its views.
 
     Args:
-        log: The log to read from its earliest retained offsets.
+        log: The log, read from each partition's earliest retained offset.
         database_url: PostgreSQL URL.
+        layout: The projection's build layout.
+        open_sink: Opens the sink that folds into a given build.
         schema: PostgreSQL schema of Onward's tables.
         batch_size: Records read per partition per step.
-        max_bytes: The snapshot cap.
         on_progress: Called with (events folded so far, events to fold as last measured).
     """
     settings = {"search_path": schema} if schema else {}
     conn = await asyncpg.connect(database_url, server_settings=settings)
     try:
-        build = await create_build(conn)
+        build = await create_build(conn, layout)
         started = time.perf_counter()
-        async with PostgresFrontierStore(database_url, build=build, schema=schema) as store:
-            projector = LogProjector(
-                log,
-                FrontierProjection(store, log, consumer=DEFAULT_CONSUMER, max_bytes=max_bytes),
-                batch_size=batch_size,
-            )
-            done = 0
+        done = 0
+        async with open_sink(build) as sink:
+            projector = LogProjector(log, sink, batch_size=batch_size)
             while True:
                 remaining = sum((await projector.lag()).values())
                 if on_progress is not None:
@@ -75,7 +79,65 @@ async def rebuild_frontiers(
                     break
                 done += await projector.step()
         seconds = time.perf_counter() - started
-        previous = await switch_build(conn, build)
+        previous = await switch_build(conn, layout, build)
     finally:
         await conn.close()
-    return RebuildReport(build=build, previous=previous, events=done, seconds=seconds)
+    return RebuildReport(layout.projection, build, previous, done, seconds)
+
+
+async def rebuild_frontiers(
+    log: EventLog,
+    database_url: str,
+    *,
+    schema: str | None = None,
+    batch_size: int = 5_000,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    on_progress: Progress | None = None,
+) -> RebuildReport:
+    """Rebuild the built-in frontiers projection (frontiers and tool_calls)."""
+
+    class _FrontierSink:
+        def __init__(self, build: int) -> None:
+            self.store = PostgresFrontierStore(database_url, build=build, schema=schema)
+
+        async def __aenter__(self) -> ProjectionSink:
+            await self.store.start()
+            return FrontierProjection(
+                self.store, log, consumer=DEFAULT_CONSUMER, max_bytes=max_bytes
+            )
+
+        async def __aexit__(self, *exc: object) -> None:
+            await self.store.close()
+
+    return await rebuild(
+        log,
+        database_url,
+        layout=FRONTIERS,
+        open_sink=_FrontierSink,
+        schema=schema,
+        batch_size=batch_size,
+        on_progress=on_progress,
+    )
+
+
+async def rebuild_projection(
+    log: EventLog,
+    database_url: str,
+    projection: Projection,
+    *,
+    schema: str | None = None,
+    batch_size: int = 5_000,
+    on_progress: Progress | None = None,
+) -> RebuildReport:
+    """Rebuild a user projection."""
+    return await rebuild(
+        log,
+        database_url,
+        layout=layout_of(projection),
+        open_sink=lambda build: SqlProjectionSink(
+            database_url, projection, build=build, schema=schema
+        ),
+        schema=schema,
+        batch_size=batch_size,
+        on_progress=on_progress,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from pathlib import Path
@@ -17,11 +18,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from onward.errors import OnwardError
 from onward.eventlog import KafkaEventLog
 from onward.eventlog.events import AnyEvent
+from onward.projections.builds import active_build
 from onward.projections.kafka import DEFAULT_GROUP, KafkaProjector
 from onward.projections.migrations import schema_version_postgres
-from onward.projections.postgres import PostgresFrontierStore, active_build, migrate
-from onward.projections.projector import FrontierProjection
-from onward.projections.rebuild import rebuild_frontiers
+from onward.projections.postgres import PROJECTION, PostgresFrontierStore, migrate
+from onward.projections.projector import FrontierProjection, ProjectionSink
+from onward.projections.rebuild import RebuildReport, rebuild_frontiers, rebuild_projection
+from onward.projections.sql import SqlProjectionSink, load_projection
 
 from .settings import Settings, load_settings
 
@@ -109,7 +112,7 @@ def db_verify() -> None:
         ):
             conn = await _connect(settings)
             try:
-                return await schema_version_postgres(conn), await active_build(conn)
+                return await schema_version_postgres(conn), await active_build(conn, PROJECTION)
             finally:
                 await conn.close()
 
@@ -122,13 +125,17 @@ def db_verify() -> None:
 
 @app.command()
 def projector(
-    group: Annotated[str, typer.Option(help="Consumer group shared by all projectors.")] = (
-        DEFAULT_GROUP
-    ),
+    projection: Annotated[
+        str | None,
+        typer.Option(help="A user projection, package.module:attribute (default: frontiers)."),
+    ] = None,
+    group: Annotated[
+        str | None, typer.Option(help="Consumer group shared by all projectors of one projection.")
+    ] = None,
     batch: Annotated[int, typer.Option(help="Most records folded per batch.")] = 5_000,
     session_timeout_ms: Annotated[int, typer.Option(help="Group session timeout.")] = 10_000,
 ) -> None:
-    """Fold the events topic into PostgreSQL frontiers until SIGTERM or SIGINT."""
+    """Fold the events topic into PostgreSQL until SIGTERM or SIGINT."""
     settings = _settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -137,22 +144,34 @@ def projector(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with (
-            KafkaEventLog(
-                settings.kafka_bootstrap_servers,
-                topic=settings.kafka_topic,
-                partitions=settings.partitions,
-            ) as log,
-            PostgresFrontierStore(
-                settings.require_database_url(), schema=settings.database_schema
-            ) as store,
-        ):
+        database_url = settings.require_database_url()
+        async with contextlib.AsyncExitStack() as stack:
+            log = await stack.enter_async_context(
+                KafkaEventLog(
+                    settings.kafka_bootstrap_servers,
+                    topic=settings.kafka_topic,
+                    partitions=settings.partitions,
+                )
+            )
+            sink: ProjectionSink
+            if projection is None:
+                store = await stack.enter_async_context(
+                    PostgresFrontierStore(database_url, schema=settings.database_schema)
+                )
+                sink = FrontierProjection(store, log)
+                default_group = DEFAULT_GROUP
+            else:
+                user = load_projection(projection)
+                sink = await stack.enter_async_context(
+                    SqlProjectionSink(database_url, user, schema=settings.database_schema)
+                )
+                default_group = f"{DEFAULT_GROUP}-{user.name}"
             worker = KafkaProjector(
                 settings.kafka_bootstrap_servers,
-                FrontierProjection(store, log),
+                sink,
                 topic=settings.kafka_topic,
                 partitions=settings.partitions,
-                group_id=group,
+                group_id=group or default_group,
                 batch_records=batch,
                 session_timeout_ms=session_timeout_ms,
             )
@@ -171,29 +190,45 @@ def projector(
         raise _fail(exc) from exc
 
 
-async def _report_lag(worker: KafkaProjector, stop: asyncio.Event) -> None:
+async def _report_lag(worker: KafkaProjector[ProjectionSink], stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), 10)
         except TimeoutError:
             lag = await worker.lag()
+            stats = getattr(worker.projection, "stats", None)
             logging.getLogger("onward.projector").info(
-                "lag %d records %s stats %s", sum(lag.values()), lag, worker.projection.stats
+                "lag %d records %s stats %s", sum(lag.values()), lag, stats
             )
 
 
 @projections_app.command("rebuild")
 def projections_rebuild(
-    name: Annotated[str, typer.Argument(help="The projection to rebuild: frontiers.")],
+    name: Annotated[str, typer.Argument(help="frontiers, or the name of a user projection.")],
+    projection: Annotated[
+        str | None,
+        typer.Option(help="The user projection to rebuild, package.module:attribute."),
+    ] = None,
     batch: Annotated[int, typer.Option(help="Records read per partition per step.")] = 5_000,
 ) -> None:
     """Fold the retained log into a new build of a projection and switch its views to it."""
-    if name != "frontiers":
-        console.print(f"[red]unknown projection {name!r}; known: frontiers[/red]")
-        raise typer.Exit(2)
     settings = _settings()
+    user = None
+    if name != PROJECTION:
+        if projection is None:
+            console.print(f"[red]{name!r} is not built in; pass --projection module:attr[/red]")
+            raise typer.Exit(2)
+        try:
+            user = load_projection(projection)
+        except OnwardError as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from exc
+        if user.name != name:
+            console.print(f"[red]{projection} is projection {user.name!r}, not {name!r}[/red]")
+            raise typer.Exit(2)
 
-    async def run() -> None:
+    async def run() -> RebuildReport:
+        database_url = settings.require_database_url()
         async with KafkaEventLog(
             settings.kafka_bootstrap_servers,
             topic=settings.kafka_topic,
@@ -201,7 +236,7 @@ def projections_rebuild(
             create_topic=False,
         ) as log:
             with Progress(
-                TextColumn("rebuilding frontiers"),
+                TextColumn(f"rebuilding {name}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeRemainingColumn(),
@@ -212,23 +247,32 @@ def projections_rebuild(
                 def show(done: int, total: int) -> None:
                     bar.update(task, completed=done, total=total)
 
-                report = await rebuild_frontiers(
+                if user is None:
+                    return await rebuild_frontiers(
+                        log,
+                        database_url,
+                        schema=settings.database_schema,
+                        batch_size=batch,
+                        on_progress=show,
+                    )
+                return await rebuild_projection(
                     log,
-                    settings.require_database_url(),
+                    database_url,
+                    user,
                     schema=settings.database_schema,
                     batch_size=batch,
                     on_progress=show,
                 )
-        console.print(
-            f"build {report.build} active (was {report.previous}); {report.events} events in "
-            f"{report.seconds:.1f}s ({report.events_per_second:,.0f}/s); the old tables stay "
-            "until dropped"
-        )
 
     try:
-        asyncio.run(run())
+        report = asyncio.run(run())
     except OnwardError as exc:
         raise _fail(exc) from exc
+    console.print(
+        f"{report.projection} build {report.build} active (was {report.previous}); "
+        f"{report.events} events in {report.seconds:.1f}s ({report.events_per_second:,.0f}/s); "
+        "the old tables stay until dropped"
+    )
 
 
 @app.callback()

@@ -34,7 +34,7 @@ class Stack:
     bootstrap: str
     database_url: str
 
-    def projector(self, **options: object) -> KafkaProjector:
+    def projector(self, **options: object) -> KafkaProjector[FrontierProjection]:
         return KafkaProjector(
             self.bootstrap,
             FrontierProjection(self.store, self.log, **options),  # type: ignore[arg-type]
@@ -61,7 +61,9 @@ async def stack(kafka_bootstrap: str, database_url: str) -> AsyncIterator[Stack]
         await admin.close()
 
 
-async def drain(projector: KafkaProjector, log: KafkaEventLog, *, within: float = 60) -> None:
+async def drain(
+    projector: KafkaProjector[FrontierProjection], log: KafkaEventLog, *, within: float = 60
+) -> None:
     """Fold until the stored positions reach every partition's end."""
     ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
     deadline = asyncio.get_running_loop().time() + within

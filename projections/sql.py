@@ -1,0 +1,249 @@
+"""User projections: your own fold of the log into your own PostgreSQL table.
+
+Implement :class:`Projection` (a name, a version, the DDL of one table, and a fold of a batch
+of events into SQL) and run it with :class:`SqlProjectionSink` under a `KafkaProjector`, or
+rebuild it with :func:`onward.projections.rebuild.rebuild`. Its table lives in numbered builds
+(``<name>_<build>``) with a view named ``<name>`` on the active one, like the built-in frontiers.
+
+Exactly once without asking anything of your fold: inside the transaction that runs your
+``apply``, the sink locks the stored positions of the batch's partitions and drops every event
+below them, so a batch delivered twice (after a crash or a rebalance) reaches ``apply`` once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol, Self, runtime_checkable
+
+import asyncpg
+
+from onward.errors import InvalidInputError, SchemaMismatchError, translate
+from onward.eventlog.base import StoredEvent
+
+from .base import BuildSwitched
+from .builds import (
+    BuildLayout,
+    active_build,
+    active_build_for_write,
+    build_exists,
+    ensure_active,
+)
+from .migrations import verify_postgres
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+
+
+@runtime_checkable
+class Projection(Protocol):
+    """A user projection of the event log into one PostgreSQL table.
+
+    Attributes:
+        name: Lower-case identifier; also the name of the view on the active build.
+        version: Bump it when the fold changes; rebuild to apply it to history.
+    """
+
+    name: str
+    version: int
+
+    def ddl(self, table: str) -> str:
+        """The statements that create the projection's table, named ``table``."""
+        ...
+
+    async def apply(
+        self, conn: asyncpg.Connection, table: str, events: Sequence[StoredEvent]
+    ) -> None:
+        """Fold a batch of events (each partition in offset order) into ``table``.
+
+        Runs inside the sink's transaction; never commit or roll back here.
+        """
+        ...
+
+
+def layout_of(projection: Projection) -> BuildLayout:
+    """The build layout of a user projection: table ``<name>_<build>``, view ``<name>``."""
+    if not _NAME.match(projection.name) or projection.name.startswith("onward"):
+        raise InvalidInputError(
+            f"projection name {projection.name!r} must be a lower-case identifier (letters, "
+            "digits, underscores) not starting with 'onward'"
+        )
+    name = projection.name
+    return BuildLayout(
+        projection=name,
+        version=projection.version,
+        ddl=lambda build: projection.ddl(f"{name}_{build}"),
+        views=lambda build: {name: f"{name}_{build}"},
+    )
+
+
+@dataclass(slots=True)
+class SinkStats:
+    """Counters a sink exposes."""
+
+    batches: int = 0
+    events: int = 0
+    skipped: int = 0
+
+
+class SqlProjectionSink:
+    """Runs a user :class:`Projection` in PostgreSQL, exactly once per event.
+
+    Args:
+        dsn: PostgreSQL URL.
+        projection: The projection.
+        build: Pin to one build (rebuilds do); ``None`` follows the active build.
+        schema: PostgreSQL schema of Onward's tables.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        projection: Projection,
+        *,
+        build: int | None = None,
+        schema: str | None = None,
+    ) -> None:
+        self.projection = projection
+        self.layout = layout_of(projection)
+        self.stats = SinkStats()
+        self._dsn = dsn
+        self._pinned = build
+        self._build = build
+        self._settings = {"search_path": schema} if schema else {}
+        self._pool: asyncpg.Pool | None = None
+
+    @property
+    def consumer(self) -> str:
+        """The name its positions are stored under: ``<projection>@<build>``."""
+        if self._build is None:
+            raise InvalidInputError(f"projection {self.projection.name!r} is not started")
+        return f"{self.projection.name}@{self._build}"
+
+    @property
+    def table(self) -> str:
+        """The table of the build this sink writes."""
+        return f"{self.projection.name}_{self._build}"
+
+    async def start(self) -> None:
+        """Connect, verify the schema, and create the first build if there is none."""
+        if self._pool is not None:
+            return
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn, min_size=1, max_size=4, server_settings=self._settings
+            )
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise translate(exc, context="connecting to PostgreSQL") from exc
+        try:
+            async with self._pool.acquire() as conn:
+                await self._resolve_build(conn)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _resolve_build(self, conn: asyncpg.Connection) -> None:
+        await verify_postgres(conn)
+        if self._pinned is None:
+            await ensure_active(conn, self.layout)
+            self._build = await active_build(conn, self.projection.name)
+        elif not await build_exists(conn, self.projection.name, self._pinned):
+            raise SchemaMismatchError(f"{self.projection.name} build {self._pinned} does not exist")
+
+    def _live(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise InvalidInputError(f"projection {self.projection.name!r} is not started")
+        return self._pool
+
+    async def positions(self) -> dict[int, int]:
+        async with self._live().acquire() as conn:
+            if self._pinned is None:
+                self._build = await active_build(conn, self.projection.name)
+            rows = await conn.fetch(
+                "SELECT partition, next_offset FROM onward_projector_positions WHERE consumer = $1",
+                self.consumer,
+            )
+        return {int(r["partition"]): int(r["next_offset"]) for r in rows}
+
+    async def apply(
+        self, records: Mapping[int, Sequence[StoredEvent]], next_offsets: Mapping[int, int]
+    ) -> None:
+        """Fold the part of a batch not folded before, and move the positions, atomically."""
+        async with self._live().acquire() as conn, conn.transaction():
+            if self._pinned is None:
+                current = await active_build_for_write(conn, self.projection.name)
+                if current != self._build:
+                    self._build = current
+                    raise BuildSwitched(f"{self.projection.name} build is now {current}")
+            parts = sorted(next_offsets)
+            consumer = self.consumer
+            await conn.execute(
+                "INSERT INTO onward_projector_positions (consumer, partition, next_offset) "
+                "SELECT $1, p, 0 FROM unnest($2::int[]) AS t(p) ON CONFLICT DO NOTHING",
+                consumer,
+                parts,
+            )
+            stored = {
+                int(r["partition"]): int(r["next_offset"])
+                for r in await conn.fetch(
+                    "SELECT partition, next_offset FROM onward_projector_positions "
+                    "WHERE consumer = $1 AND partition = ANY($2::int[]) "
+                    "ORDER BY partition FOR UPDATE",
+                    consumer,
+                    parts,
+                )
+            }
+            fresh = [
+                event
+                for partition in sorted(records)
+                for event in records[partition]
+                if event.position.offset >= stored.get(partition, 0)
+            ]
+            if fresh:
+                await self.projection.apply(conn, self.table, fresh)
+            await conn.execute(
+                "UPDATE onward_projector_positions AS p SET next_offset = t.o, updated_at = now() "
+                "FROM unnest($2::int[], $3::bigint[]) AS t(part, o) "
+                "WHERE p.consumer = $1 AND p.partition = t.part AND p.next_offset < t.o",
+                consumer,
+                parts,
+                [next_offsets[p] for p in parts],
+            )
+        total = sum(len(e) for e in records.values())
+        self.stats.batches += 1
+        self.stats.events += len(fresh)
+        self.stats.skipped += total - len(fresh)
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def load_projection(spec: str) -> Projection:
+    """Import a projection from ``package.module:attribute`` (an instance or a class)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise InvalidInputError(f"projection {spec!r} must look like package.module:attribute")
+    try:
+        found: Any = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidInputError(f"cannot import projection {spec!r}: {exc}") from exc
+    projection = found() if isinstance(found, type) else found
+    if not isinstance(projection, Projection):
+        raise InvalidInputError(f"{spec!r} is not a Projection (name, version, ddl, apply)")
+    return projection

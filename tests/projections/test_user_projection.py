@@ -1,0 +1,204 @@
+"""User projections: a `Projection` run by the Kafka projector, exactly once, and rebuilt."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from aiokafka.admin import AIOKafkaAdminClient
+from support.histories import append_all, workload
+from support.kinds import KindCounts
+from support.pg import fresh_schema
+from typer.testing import CliRunner
+
+from onward.errors import InvalidInputError
+from onward.eventlog import KafkaEventLog, StoredEvent, kind_of
+from onward.projections.kafka import KafkaProjector
+from onward.projections.rebuild import rebuild_projection
+from onward.projections.sql import SqlProjectionSink, layout_of, load_projection
+from onward.runtime.cli import app
+
+PARTITIONS = 3
+
+
+@dataclass
+class Setup:
+    bootstrap: str
+    database_url: str
+    topic: str
+    schema: str
+    log: KafkaEventLog
+
+    async def table(self, name: str) -> dict[str, int]:
+        conn = await asyncpg.connect(
+            self.database_url, server_settings={"search_path": self.schema}
+        )
+        try:
+            rows = await conn.fetch(f"SELECT kind, events FROM {name}")
+        finally:
+            await conn.close()
+        return {r["kind"]: r["events"] for r in rows}
+
+    async def direct_counts(self) -> dict[str, int]:
+        counts: Counter[str] = Counter()
+        for partition in range(PARTITIONS):
+            for stored in await self.log.read_partition(partition, 0):
+                counts[kind_of(type(stored.event))] += 1
+        return dict(counts)
+
+
+@pytest_asyncio.fixture
+async def setup(kafka_bootstrap: str, database_url: str) -> AsyncIterator[Setup]:
+    topic = f"onward.test.user.{uuid.uuid4().hex[:10]}"
+    async with (
+        fresh_schema(database_url) as schema,
+        KafkaEventLog(kafka_bootstrap, topic=topic, partitions=PARTITIONS) as log,
+    ):
+        yield Setup(kafka_bootstrap, database_url, topic, schema, log)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+
+
+async def project_everything(setup: Setup, sink: SqlProjectionSink) -> None:
+    projector = KafkaProjector(
+        setup.bootstrap, sink, topic=setup.topic, partitions=PARTITIONS, group_id=uuid.uuid4().hex
+    )
+    await projector.start()
+    try:
+        ends = {p: (await setup.log.bounds(p)).end for p in range(PARTITIONS)}
+        for _ in range(600):
+            stored = await sink.positions()
+            if all(stored.get(p, 0) >= e for p, e in ends.items()):
+                return
+            await projector.step(timeout_ms=100)
+        pytest.fail("the projector did not catch up")
+    finally:
+        await projector.close()
+
+
+@pytest.mark.kafka
+async def test_a_user_projection_counts_what_the_log_holds(setup: Setup) -> None:
+    await append_all(setup.log, workload(random.Random(1), 30))
+    async with SqlProjectionSink(setup.database_url, KindCounts(), schema=setup.schema) as sink:
+        await project_everything(setup, sink)
+    assert await setup.table("kinds") == await setup.direct_counts()
+
+
+@pytest.mark.kafka
+async def test_a_batch_delivered_twice_is_folded_once(setup: Setup) -> None:
+    await append_all(setup.log, workload(random.Random(2), 5))
+    records = {p: await setup.log.read_partition(p, 0) for p in range(PARTITIONS)}
+    ends = {p: (await setup.log.bounds(p)).end for p in range(PARTITIONS)}
+    async with SqlProjectionSink(setup.database_url, KindCounts(), schema=setup.schema) as sink:
+        await sink.apply(records, ends)
+        await sink.apply(records, ends)
+        half: dict[int, list[StoredEvent]] = {p: r[: len(r) // 2] for p, r in records.items()}
+        await sink.apply(half, {p: len(r) for p, r in half.items()})
+        assert sink.stats.skipped == sum(len(r) for r in records.values()) + sum(
+            len(r) for r in half.values()
+        )
+    assert await setup.table("kinds") == await setup.direct_counts()
+
+
+@pytest.mark.kafka
+async def test_rebuilding_a_user_projection_switches_its_view(setup: Setup) -> None:
+    await append_all(setup.log, workload(random.Random(3), 20))
+    async with SqlProjectionSink(setup.database_url, KindCounts(), schema=setup.schema) as sink:
+        await project_everything(setup, sink)
+    report = await rebuild_projection(
+        setup.log, setup.database_url, KindCounts(), schema=setup.schema
+    )
+    assert (report.projection, report.build, report.previous) == ("kinds", 2, 1)
+    expected = await setup.direct_counts()
+    assert await setup.table("kinds_2") == expected
+    assert await setup.table("kinds_1") == expected
+    conn = await asyncpg.connect(setup.database_url, server_settings={"search_path": setup.schema})
+    try:
+        assert "kinds_2" in await conn.fetchval("SELECT pg_get_viewdef('kinds')")
+    finally:
+        await conn.close()
+
+
+@pytest.mark.kafka
+def test_the_cli_rebuilds_a_user_projection(kafka_bootstrap: str, database_url: str) -> None:
+    async def prepare() -> tuple[str, str]:
+        topic = f"onward.test.cli.{uuid.uuid4().hex[:10]}"
+        schema = f"t_{uuid.uuid4().hex[:12]}"
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(f"CREATE SCHEMA {schema}")
+        finally:
+            await conn.close()
+        async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=PARTITIONS) as log:
+            await append_all(log, workload(random.Random(4), 5))
+        return topic, schema
+
+    topic, schema = asyncio.run(prepare())
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": schema,
+        "ONWARD_KAFKA_TOPIC": topic,
+        "ONWARD_PARTITIONS": str(PARTITIONS),
+    }
+    runner = CliRunner()
+    try:
+        migrated = runner.invoke(app, ["db", "migrate"], env=env)
+        assert migrated.exit_code == 0, migrated.output
+        result = runner.invoke(
+            app,
+            ["projections", "rebuild", "kinds", "--projection", "support.kinds:KindCounts"],
+            env=env,
+        )
+        assert result.exit_code == 0, result.output
+        assert "kinds build 1 active" in result.output
+        wrong = runner.invoke(
+            app,
+            ["projections", "rebuild", "other", "--projection", "support.kinds:KindCounts"],
+            env=env,
+        )
+        assert wrong.exit_code == 2
+    finally:
+
+        async def cleanup() -> None:
+            conn = await asyncpg.connect(database_url)
+            try:
+                await conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            finally:
+                await conn.close()
+            admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+            await admin.start()
+            try:
+                await admin.delete_topics([topic])
+            finally:
+                await admin.close()
+
+        asyncio.run(cleanup())
+
+
+def test_projection_names_must_be_plain_identifiers() -> None:
+    bad = KindCounts()
+    bad.name = "kinds; drop table x"
+    with pytest.raises(InvalidInputError, match="lower-case identifier"):
+        layout_of(bad)
+
+
+def test_load_projection_names_what_is_wrong() -> None:
+    assert isinstance(load_projection("support.kinds:KindCounts"), KindCounts)
+    with pytest.raises(InvalidInputError, match=r"package\.module:attribute"):
+        load_projection("support.kinds")
+    with pytest.raises(InvalidInputError, match="cannot import"):
+        load_projection("support.kinds:Nope")

@@ -36,7 +36,7 @@ typecheck: $(STAMP)
 
 # The tests that talk to Kafka, against the broker KAFKA_VERSION selects.
 test-kafka: $(STAMP)
-	set -euo pipefail; eval "$$(bash scripts/services.sh up kafka)"; \
+	set -euo pipefail; eval "$$(bash scripts/services.sh up)"; \
 		$(PY) -m pytest -m kafka $(PYTEST_ARGS)
 
 services:
@@ -46,8 +46,8 @@ services-down:
 	bash scripts/services.sh down
 
 bench: $(STAMP)
-	set -euo pipefail; eval "$$(bash scripts/services.sh up kafka)"; \
-		$(PY) bench/append.py
+	set -euo pipefail; eval "$$(bash scripts/services.sh up)"; \
+		$(PY) bench/append.py; $(PY) bench/project.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

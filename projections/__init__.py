@@ -1,3 +1,55 @@
-"""Projections of the event log: the projector, frontier stores, rebuilds (not yet built)."""
+"""Projections of the event log: the fold, frontier stores, projectors, builds and rebuilds."""
 
-__all__: list[str] = []
+from .base import (
+    DEFAULT_MAX_BYTES,
+    BuildSwitched,
+    FrontierStore,
+    RunSummary,
+    Snapshot,
+    StoredFrontier,
+)
+from .frontier import CallState, Frontier, ToolCallRow, fold, fold_all, fold_run
+from .kafka import KafkaProjector
+from .memory import MemoryFrontierStore
+from .postgres import PostgresFrontierStore, migrate
+from .projector import (
+    FrontierProjection,
+    LogProjector,
+    ProjectingEventLog,
+    ProjectionSink,
+    ProjectorStats,
+)
+from .rebuild import RebuildReport, rebuild, rebuild_frontiers, rebuild_projection
+from .sql import Projection, SqlProjectionSink
+from .sqlite import SqliteFrontierStore
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "BuildSwitched",
+    "CallState",
+    "Frontier",
+    "FrontierProjection",
+    "FrontierStore",
+    "KafkaProjector",
+    "LogProjector",
+    "MemoryFrontierStore",
+    "PostgresFrontierStore",
+    "ProjectingEventLog",
+    "Projection",
+    "ProjectionSink",
+    "ProjectorStats",
+    "RebuildReport",
+    "RunSummary",
+    "Snapshot",
+    "SqlProjectionSink",
+    "SqliteFrontierStore",
+    "StoredFrontier",
+    "ToolCallRow",
+    "fold",
+    "fold_all",
+    "fold_run",
+    "migrate",
+    "rebuild",
+    "rebuild_frontiers",
+    "rebuild_projection",
+]

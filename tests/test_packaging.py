@@ -19,7 +19,14 @@ def test_wheel_contains_the_subpackages_and_imports_outside_the_tree(tmp_path: P
     )
     (wheel,) = tmp_path.glob("onward-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("eventlog/kafka.py", "projections/__init__.py", "runtime/cli.py"):
+    for module in (
+        "eventlog/kafka.py",
+        "projections/__init__.py",
+        "runtime/cli.py",
+        "schemas/sql/0001_projections.sql",
+        "schemas/sql/frontiers.build.sql",
+        "schemas/sqlite/0001_frontiers.sql",
+    ):
         assert f"onward/{module}" in names
     assert not any(n.split("/")[0] in {"eventlog", "projections", "runtime"} for n in names)
 
@@ -33,7 +40,13 @@ def test_wheel_contains_the_subpackages_and_imports_outside_the_tree(tmp_path: P
     # wheel, its dependencies from this environment's site-packages.
     site_packages = sysconfig.get_paths()["purelib"]
     result = subprocess.run(
-        [sys.executable, "-S", "-c", "import onward.eventlog as e; print(e.__file__)"],
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            "import onward.eventlog as e; from onward.projections.migrations import "
+            "expected_version as v; print(e.__file__, v('postgres'), v('sqlite'))",
+        ],
         env={"PYTHONPATH": f"{target}:{site_packages}"},
         cwd=tmp_path,
         capture_output=True,
@@ -41,4 +54,6 @@ def test_wheel_contains_the_subpackages_and_imports_outside_the_tree(tmp_path: P
         timeout=60,
         check=True,
     )
-    assert result.stdout.strip().startswith(str(target / "onward" / "eventlog"))
+    path, postgres_version, sqlite_version = result.stdout.split()
+    assert path.startswith(str(target / "onward" / "eventlog"))
+    assert (int(postgres_version), int(sqlite_version)) == (1, 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import onward
 import onward.eventlog
+import onward.projections
 import onward.testing
 from onward.eventlog import EventLog, KafkaEventLog, MemoryEventLog, SqliteEventLog
 
@@ -44,7 +45,7 @@ def test_onward_exports() -> None:
 
 
 def test_every_exported_name_exists() -> None:
-    for module in (onward.eventlog, onward.testing):
+    for module in (onward.eventlog, onward.projections, onward.testing):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 
@@ -53,3 +54,49 @@ def test_backends_satisfy_the_protocol() -> None:
     assert isinstance(MemoryEventLog(), EventLog)
     assert isinstance(SqliteEventLog("unused.db"), EventLog)
     assert isinstance(KafkaEventLog("127.0.0.1:9092"), EventLog)
+
+
+def test_projections_exports() -> None:
+    assert sorted(onward.projections.__all__) == sorted(
+        [
+            "DEFAULT_MAX_BYTES",
+            "BuildSwitched",
+            "CallState",
+            "Frontier",
+            "FrontierProjection",
+            "FrontierStore",
+            "KafkaProjector",
+            "LogProjector",
+            "MemoryFrontierStore",
+            "PostgresFrontierStore",
+            "ProjectingEventLog",
+            "Projection",
+            "ProjectionSink",
+            "ProjectorStats",
+            "RebuildReport",
+            "RunSummary",
+            "Snapshot",
+            "SqlProjectionSink",
+            "SqliteFrontierStore",
+            "StoredFrontier",
+            "ToolCallRow",
+            "fold",
+            "fold_all",
+            "fold_run",
+            "migrate",
+            "rebuild",
+            "rebuild_frontiers",
+            "rebuild_projection",
+        ]
+    )
+
+
+def test_stores_satisfy_the_protocol() -> None:
+    assert isinstance(onward.projections.MemoryFrontierStore(), onward.projections.FrontierStore)
+    assert isinstance(
+        onward.projections.SqliteFrontierStore("unused.db"), onward.projections.FrontierStore
+    )
+    assert isinstance(
+        onward.projections.PostgresFrontierStore("postgresql://x@127.0.0.1/x"),
+        onward.projections.FrontierStore,
+    )

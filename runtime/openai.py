@@ -1,0 +1,540 @@
+"""A `Provider` for any server that speaks the OpenAI chat-completions API, over httpx.
+
+OpenAI itself, Azure-style gateways, vLLM, llama.cpp, Ollama and LiteLLM all answer
+``POST {base_url}/chat/completions``; one small client covers them all, so the runtime needs no
+vendor SDK and every failure comes out as an Onward error.
+
+Our `Message` has no field for the tool calls an assistant asked for, yet the server must see
+them again on the next turn next to the ``tool`` messages that answer them. The convention: an
+assistant message's ``content`` may be a list holding one *tool-calls part*::
+
+    Message(
+        role="assistant",
+        content=[
+            "Let me look that up.",
+            {"type": "tool_calls", "tool_calls": [
+                {"id": "call_1", "name": "search", "arguments": {"query": "onward"}},
+            ]},
+        ],
+    )
+
+:func:`assistant_message` builds that message from a reply's text and `ToolCall` list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+import msgspec
+
+from onward.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+    OnwardError,
+)
+from onward.eventlog.events import Message, ToolCall, Usage
+
+from .agent import Agent
+from .providers import ModelReply
+
+log = logging.getLogger("onward.runtime.openai")
+
+TOOL_CALLS_PART = "tool_calls"
+"""The ``type`` of the content part that carries an assistant message's tool calls."""
+
+UNPARSED = "_unparsed"
+"""The single argument a tool call gets when the model's arguments are not a JSON object."""
+
+RETRY_AFTER_CAP_S = 10.0
+"""The longest a server's ``Retry-After`` makes us wait before the next attempt."""
+
+_BACKOFF_BASE_S = 0.25
+_BACKOFF_CAP_S = 4.0
+_RETRYABLE_STATUSES = frozenset({408, 409, 429})
+_RESERVED_SETTINGS = frozenset({"model", "messages", "tools", "stream"})
+_ERROR_TEXT_LIMIT = 500
+
+
+def assistant_message(text: str, tool_calls: Sequence[ToolCall]) -> Message:
+    """The assistant message to put back in the conversation for a reply.
+
+    Args:
+        text: What the model said.
+        tool_calls: The calls it asked for; they travel as a tool-calls part.
+
+    Returns:
+        A plain text message when there are no calls, else a message whose content is the text
+        (if any) followed by one tool-calls part.
+    """
+    if not tool_calls:
+        return Message(role="assistant", content=text)
+    part = {
+        "type": TOOL_CALLS_PART,
+        "tool_calls": [
+            {"id": call.call_id, "name": call.tool, "arguments": dict(call.args)}
+            for call in tool_calls
+        ],
+    }
+    content: list[Any] = [text, part] if text else [part]
+    return Message(role="assistant", content=content)
+
+
+class OpenAICompatibleProvider:
+    """A chat model behind an OpenAI-compatible chat-completions endpoint.
+
+    Requests carry ``model`` (the agent's), the conversation, the agent's tools in function
+    shape, and the agent's ``model_settings`` (temperature, max_tokens, ...) merged into the body.
+
+    Conversation conventions:
+        * The caller puts the system prompt first; it is sent as given.
+        * A ``tool`` message must name the call it answers in ``tool_call_id``.
+        * An assistant message that asked for tools carries them in a tool-calls part (see the
+          module docstring and :func:`assistant_message`); it is sent with OpenAI's
+          ``tool_calls`` field, each call's ``arguments`` JSON-encoded as a string.
+        * A content list made only of text (strings or ``{"type": "text"}`` parts) is sent as
+          one string, which every compatible server accepts; other parts (images) go as given.
+
+    Reply conventions:
+        * ``content: null`` becomes ``""``.
+        * A tool call whose ``arguments`` are not a JSON object is kept, with
+          ``args={"_unparsed": "<the raw string>"}``: the tool then rejects the arguments and
+          the runner records a typed tool error the model can read and correct, instead of the
+          run crashing on one bad generation. Sent back to the server, such a call carries the
+          raw string again, so the model sees exactly what it produced.
+        * ``idempotency_key`` is left empty; the runner assigns it.
+
+    Errors (the API key never appears in any message):
+        * 429, 408, 409, 5xx, connection failures and timeouts are retried up to
+          ``max_retries`` times with a small exponential backoff, or after the server's
+          ``Retry-After`` seconds (at most 10 s); then `BackendUnavailableError`.
+        * Any other 4xx (and a 3xx) raises `ConfigurationError` with the server's message.
+        * A successful answer that is not a chat completion raises `BackendError`.
+
+    Use it as an async context manager, or call :meth:`aclose`; a client passed in is left open
+    for its owner to close.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+        client: httpx.AsyncClient | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Configure the endpoint; nothing is sent until the first `complete`.
+
+        Args:
+            base_url: The API root, e.g. ``https://api.openai.com/v1``; requests go to
+                ``{base_url}/chat/completions``.
+            api_key: Sent as ``Authorization: Bearer <key>``; omit it for local servers.
+            timeout_s: Limit for each attempt (connect, write, read), in seconds.
+            max_retries: Attempts made after the first for transient failures.
+            client: An httpx client to share (connection pool, proxies); its owner closes it.
+            extra_headers: Sent with every request (organisation, gateway routing, ...).
+
+        Raises:
+            ConfigurationError: The URL is not http(s), or a number is out of range.
+        """
+        try:
+            url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
+        except httpx.InvalidURL as exc:
+            raise ConfigurationError(f"base_url {base_url!r} is not a valid URL: {exc}") from exc
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ConfigurationError(
+                f"base_url {base_url!r} must be an absolute http:// or https:// URL"
+            )
+        if timeout_s <= 0:
+            raise ConfigurationError(f"timeout_s must be positive, not {timeout_s}")
+        if max_retries < 0:
+            raise ConfigurationError(f"max_retries must be zero or more, not {max_retries}")
+        self._url = url
+        self._api_key = api_key or None
+        self._timeout = httpx.Timeout(timeout_s)
+        self._max_retries = max_retries
+        self._headers: dict[str, str] = {
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            **dict(extra_headers or {}),
+        }
+        if self._api_key is not None:
+            self._headers["Authorization"] = f"Bearer {self._api_key}"
+        self._owns_client = client is None
+        self._client = client if client is not None else httpx.AsyncClient()
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatibleProvider({str(self._url)!r})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this provider created it; a shared client stays open."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        """Ask the server for the next assistant turn.
+
+        Args:
+            agent: Supplies the model name, tools and model settings.
+            messages: The conversation, system prompt first, in the conventions of the class.
+
+        Returns:
+            The first choice's message, its tool calls and the token usage.
+
+        Raises:
+            InvalidInputError: A message cannot be expressed in the chat-completions API.
+            ConfigurationError: The server refused the request (key, URL, model, settings).
+            BackendUnavailableError: The server stayed unreachable or overloaded.
+            BackendError: The server answered with something that is not a chat completion.
+        """
+        if self._client.is_closed:
+            raise ConfigurationError(f"the provider for {self._url} is closed; create a new one")
+        response = await self._post(self._request_body(agent, messages))
+        return self._parse(response)
+
+    def _request_body(self, agent: Agent, messages: Sequence[Message]) -> bytes:
+        reserved = sorted(_RESERVED_SETTINGS.intersection(agent.model_settings))
+        if reserved:
+            raise ConfigurationError(
+                f"agent {agent.name!r}: model_settings may not set {reserved}; the provider "
+                "sets them from the agent and the conversation"
+            )
+        body: dict[str, Any] = {
+            **dict(agent.model_settings),
+            "model": agent.model,
+            "messages": [_wire_message(i, m) for i, m in enumerate(messages)],
+        }
+        if agent.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": dict(t.parameters),
+                    },
+                }
+                for t in agent.tools
+            ]
+        try:
+            return msgspec.json.encode(body)
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise InvalidInputError(
+                f"agent {agent.name!r}: the request is not JSON-encodable "
+                f"(model_settings or message content): {exc}"
+            ) from exc
+
+    async def _post(self, body: bytes) -> httpx.Response:
+        attempts = self._max_retries + 1
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await self._client.post(
+                    self._url, content=body, headers=self._headers, timeout=self._timeout
+                )
+            except httpx.UnsupportedProtocol as exc:
+                raise ConfigurationError(
+                    self._redact(f"POST {self._url}: unsupported protocol: {exc}")
+                ) from exc
+            except httpx.TransportError as exc:
+                failure = _describe(exc)
+                if attempt >= attempts:
+                    raise BackendUnavailableError(
+                        self._redact(
+                            f"POST {self._url} failed after {attempts} attempt(s): {failure} "
+                            "(the server did not answer; retry once it is reachable)"
+                        )
+                    ) from exc
+                delay = _backoff(attempt)
+                log.warning(self._redact(f"POST {self._url}: {failure}; retrying in {delay:.2f} s"))
+                await asyncio.sleep(delay)
+                continue
+            except httpx.HTTPError as exc:
+                raise BackendError(
+                    self._redact(f"POST {self._url} failed: {_describe(exc)}")
+                ) from exc
+            if response.is_success:
+                return response
+            if not _retryable(response.status_code):
+                raise self._refusal(response)
+            if attempt >= attempts:
+                raise BackendUnavailableError(
+                    self._redact(
+                        f"POST {self._url} answered {response.status_code} after {attempts} "
+                        f"attempt(s): {_server_message(response)} (retry later)"
+                    )
+                )
+            retry_after = _retry_after(response)
+            delay = _backoff(attempt) if retry_after is None else retry_after
+            log.warning(
+                self._redact(
+                    f"POST {self._url} answered {response.status_code}; retrying in {delay:.2f} s"
+                )
+            )
+            await asyncio.sleep(delay)
+
+    def _refusal(self, response: httpx.Response) -> OnwardError:
+        status = response.status_code
+        if status in (401, 403):
+            hint = "check the API key"
+        elif status == 404:
+            hint = "check base_url and model"
+        elif 300 <= status < 400:
+            location = response.headers.get("location", "elsewhere")
+            hint = f"the server redirects to {location}; set base_url to that address"
+        else:
+            hint = "check the model settings and the conversation"
+        return ConfigurationError(
+            self._redact(
+                f"POST {self._url} answered {status} ({hint}): {_server_message(response)}"
+            )
+        )
+
+    def _parse(self, response: httpx.Response) -> ModelReply:
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise BackendError(
+                self._redact(
+                    f"POST {self._url} answered {response.status_code} with a body that is not "
+                    f"JSON: {response.text[:_ERROR_TEXT_LIMIT]!r}"
+                )
+            ) from exc
+        try:
+            return _reply(body)
+        except _ShapeError as exc:
+            raise BackendError(
+                self._redact(
+                    f"POST {self._url} answered {response.status_code} with a body that is not "
+                    f"a chat completion: {exc}"
+                )
+            ) from None
+
+    def _redact(self, text: str) -> str:
+        if self._api_key is None:
+            return text
+        return text.replace(self._api_key, "***")
+
+
+class _ShapeError(Exception):
+    """What a successful answer lacks to be a chat completion."""
+
+
+def _wire_message(index: int, message: Message) -> dict[str, Any]:
+    """One of our messages in chat-completions shape."""
+    content, calls = _wire_content(index, message)
+    wire: dict[str, Any] = {"role": message.role}
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise InvalidInputError(
+                f"message {index} (tool): tool_call_id is missing; it names the call answered"
+            )
+        wire["tool_call_id"] = message.tool_call_id
+    if calls:
+        wire["tool_calls"] = calls
+        if content == "":
+            content = None
+    wire["content"] = content
+    return wire
+
+
+def _wire_content(
+    index: int, message: Message
+) -> tuple[str | list[Any] | None, list[dict[str, Any]]]:
+    """A message's content (one string when it is all text) and its tool calls, if any."""
+    if isinstance(message.content, str):
+        return message.content, []
+    texts: list[str] = []
+    parts: list[Any] = []
+    calls: list[dict[str, Any]] = []
+    for part in message.content:
+        if isinstance(part, str):
+            texts.append(part)
+            parts.append({"type": "text", "text": part})
+        elif isinstance(part, dict) and part.get("type") == TOOL_CALLS_PART:
+            if message.role != "assistant":
+                raise InvalidInputError(
+                    f"message {index} ({message.role}): only an assistant message can carry "
+                    "a tool-calls part"
+                )
+            calls.extend(_wire_tool_call(index, c) for c in part.get("tool_calls", []))
+        elif isinstance(part, dict) and isinstance(part.get("type"), str):
+            if part["type"] == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            parts.append(part)
+        else:
+            raise InvalidInputError(
+                f"message {index} ({message.role}): a content part of type "
+                f"{type(part).__name__} has no chat-completions form; use a string or a "
+                "dict with a 'type'"
+            )
+    return ("".join(texts) if len(texts) == len(parts) else parts), calls
+
+
+def _wire_tool_call(index: int, call: Any) -> dict[str, Any]:
+    """One entry of a tool-calls part in OpenAI's ``tool_calls`` shape."""
+    if not isinstance(call, dict):
+        raise InvalidInputError(f"message {index}: a tool call must be a dict, not {call!r}")
+    call_id, name, arguments = call.get("id"), call.get("name"), call.get("arguments", {})
+    if not isinstance(call_id, str) or not isinstance(name, str):
+        raise InvalidInputError(f"message {index}: a tool call needs string 'id' and 'name'")
+    if isinstance(arguments, dict):
+        unparsed = arguments.get(UNPARSED)
+        if len(arguments) == 1 and isinstance(unparsed, str):
+            encoded = unparsed
+        else:
+            encoded = msgspec.json.encode(arguments).decode()
+    elif isinstance(arguments, str):
+        encoded = arguments
+    else:
+        raise InvalidInputError(
+            f"message {index}: tool call {call_id!r} arguments must be a dict or a JSON string"
+        )
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": encoded}}
+
+
+def _reply(body: Any) -> ModelReply:
+    """The first choice of a chat completion as our reply."""
+    if not isinstance(body, dict):
+        raise _ShapeError(f"expected a JSON object, got {type(body).__name__}")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise _ShapeError("'choices' is missing or empty")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise _ShapeError("'choices[0].message' is missing")
+    content = message.get("content")
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise _ShapeError(f"'choices[0].message.content' is a {type(content).__name__}")
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise _ShapeError("'choices[0].message.tool_calls' is not a list")
+    calls = [_tool_call(i, raw) for i, raw in enumerate(raw_calls)]
+    return ModelReply(
+        message=Message(role="assistant", content=content),
+        tool_calls=calls,
+        usage=_usage(body.get("usage")),
+    )
+
+
+def _tool_call(index: int, raw: Any) -> ToolCall:
+    where = f"choices[0].message.tool_calls[{index}]"
+    if not isinstance(raw, dict):
+        raise _ShapeError(f"'{where}' is not an object")
+    call_id = raw.get("id")
+    function = raw.get("function")
+    if not isinstance(call_id, str) or not call_id:
+        raise _ShapeError(f"'{where}.id' is missing")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise _ShapeError(f"'{where}.function.name' is missing")
+    return ToolCall(call_id=call_id, tool=function["name"], args=_arguments(function))
+
+
+def _arguments(function: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments as a dict; anything that is not a JSON object is kept raw."""
+    raw = function.get("arguments")
+    if isinstance(raw, dict):
+        return raw
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    if not isinstance(raw, str):
+        return {UNPARSED: json.dumps(raw)}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return {UNPARSED: raw}
+    return parsed if isinstance(parsed, dict) else {UNPARSED: raw}
+
+
+def _usage(raw: Any) -> Usage:
+    """Token counts; servers that omit usage (or parts of it) count as zero."""
+    if not isinstance(raw, dict):
+        return Usage()
+    prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
+    return Usage(
+        input_tokens=prompt if isinstance(prompt, int) else 0,
+        output_tokens=completion if isinstance(completion, int) else 0,
+    )
+
+
+def _retryable(status: int) -> bool:
+    """Statuses that say "not now" rather than "not this request"."""
+    return status in _RETRYABLE_STATUSES or status >= 500
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The server's ``Retry-After`` in seconds, capped; ``None`` if absent or not a number."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return min(seconds, RETRY_AFTER_CAP_S)
+
+
+def _backoff(attempt: int) -> float:
+    """Exponential backoff with jitter, so many workers throttled together spread out."""
+    ceiling = min(_BACKOFF_BASE_S * 2.0 ** (attempt - 1), _BACKOFF_CAP_S)
+    return ceiling * (0.5 + random.random() / 2)  # noqa: S311  # jitter, not cryptography
+
+
+def _server_message(response: httpx.Response) -> str:
+    """The error text a server put in its answer (OpenAI, FastAPI and plain-text shapes)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])[:_ERROR_TEXT_LIMIT]
+        for key in ("error", "message", "detail"):
+            if body.get(key) is not None:
+                return str(body[key])[:_ERROR_TEXT_LIMIT]
+    text = response.text.strip()
+    return text[:_ERROR_TEXT_LIMIT] if text else "(empty body)"
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception's type and text, as one phrase (httpx timeouts often have no text)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+__all__ = [
+    "RETRY_AFTER_CAP_S",
+    "TOOL_CALLS_PART",
+    "UNPARSED",
+    "OpenAICompatibleProvider",
+    "assistant_message",
+]

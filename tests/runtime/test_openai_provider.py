@@ -1,0 +1,597 @@
+"""The OpenAI-compatible provider against a real local HTTP server that speaks chat-completions.
+
+The server is a few lines of HTTP/1.1 over ``asyncio.start_server``: it records every request
+and answers from the test's script, so each test sees exactly what went over the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from onward.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+    OnwardError,
+)
+from onward.eventlog.events import Message, ToolCall, Usage
+from onward.runtime.agent import Agent
+from onward.runtime.openai import OpenAICompatibleProvider, assistant_message
+from onward.runtime.tools import tool
+
+API_KEY = "sk-test-0123456789-very-secret"
+
+
+@tool(description="Search the web.", retry_safe=True)
+async def search(query: str, *, idempotency_key: str) -> list[str]:
+    return [query]
+
+
+@tool(description="Book a seat on a flight.")
+async def book(flight: str, seat: str, *, idempotency_key: str) -> dict[str, str]:
+    return {"flight": flight, "seat": seat}
+
+
+AGENT = Agent(
+    name="travel",
+    instructions="Be brief.",
+    tools=(search, book),
+    model="gpt-test",
+    model_settings={"temperature": 0.2, "max_tokens": 64},
+)
+PLAIN_AGENT = Agent(name="plain", instructions="Be brief.", model="gpt-plain")
+CONVERSATION = [
+    Message(role="system", content="Be brief."),
+    Message(role="user", content="Find me a flight to Oslo."),
+]
+
+
+@dataclass
+class Answer:
+    """One scripted response: a status, a JSON (or raw) body, headers, or a dropped connection."""
+
+    status: int = 200
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    drop: bool = False
+
+
+@dataclass
+class Received:
+    """One request as the server read it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    at: float
+
+
+class ChatServer:
+    """A minimal chat-completions server: records requests, answers from a script."""
+
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        self.script: list[Answer] = []
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def answer(self, *answers: Answer) -> None:
+        self.script.extend(answers)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            while await self._serve_one(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        request_line = await reader.readline()
+        if not request_line:
+            return False
+        method, path, _ = request_line.decode("latin-1").split(" ", 2)
+        headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, value = line.decode("latin-1").split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+        raw = await reader.readexactly(int(headers.get("content-length", "0")))
+        body = json.loads(raw) if raw else None
+        self.requests.append(Received(method, path, headers, body, time.monotonic()))
+        answer = self.script.pop(0) if self.script else _unscripted()
+        if answer.delay_s:
+            await asyncio.sleep(answer.delay_s)
+        if answer.drop:
+            return False
+        payload = (
+            answer.body if isinstance(answer.body, bytes) else json.dumps(answer.body).encode()
+        )
+        head = [f"HTTP/1.1 {answer.status} Scripted", f"Content-Length: {len(payload)}"]
+        if not isinstance(answer.body, bytes):
+            head.append("Content-Type: application/json")
+        head.extend(f"{k}: {v}" for k, v in answer.headers.items())
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload)
+        await writer.drain()
+        return True
+
+
+def _unscripted() -> Answer:
+    return Answer(status=418, body={"error": {"message": "the test script has no answer left"}})
+
+
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[ChatServer]:
+    chat = ChatServer()
+    await chat.start()
+    try:
+        yield chat
+    finally:
+        await chat.stop()
+
+
+def completion(
+    content: str | None = "",
+    tool_calls: list[dict[str, Any]] | None = None,
+    usage: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """A chat-completions response body, as OpenAI shapes it."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls is not None:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "gpt-test",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": dict(usage or {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}),
+    }
+
+
+def function_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def provider_for(server: ChatServer, **options: Any) -> OpenAICompatibleProvider:
+    options.setdefault("api_key", API_KEY)
+    return OpenAICompatibleProvider(server.base_url, **options)
+
+
+async def test_a_text_answer_comes_back_with_its_usage(server: ChatServer) -> None:
+    server.answer(
+        Answer(body=completion("Oslo it is.", usage={"prompt_tokens": 21, "completion_tokens": 4}))
+    )
+    async with provider_for(server) as provider:
+        reply = await provider.complete(AGENT, CONVERSATION)
+    assert reply.message == Message(role="assistant", content="Oslo it is.")
+    assert reply.tool_calls == []
+    assert reply.final
+    assert reply.usage == Usage(input_tokens=21, output_tokens=4)
+
+
+async def test_tool_calls_come_back_with_parsed_arguments(server: ChatServer) -> None:
+    server.answer(
+        Answer(
+            body=completion(
+                None,
+                [
+                    function_call("call_1", "search", '{"query": "flights to Oslo"}'),
+                    function_call("call_2", "book", '{"flight": "SK123", "seat": "4A"}'),
+                ],
+            )
+        )
+    )
+    async with provider_for(server) as provider:
+        reply = await provider.complete(AGENT, CONVERSATION)
+    assert reply.message == Message(role="assistant", content="")
+    assert reply.tool_calls == [
+        ToolCall(call_id="call_1", tool="search", args={"query": "flights to Oslo"}),
+        ToolCall(call_id="call_2", tool="book", args={"flight": "SK123", "seat": "4A"}),
+    ]
+    assert all(call.idempotency_key == "" for call in reply.tool_calls)
+    assert not reply.final
+
+
+async def test_the_request_carries_model_messages_tools_settings_and_key(
+    server: ChatServer,
+) -> None:
+    server.answer(Answer(body=completion("ok")))
+    async with provider_for(server) as provider:
+        await provider.complete(AGENT, CONVERSATION)
+    [request] = server.requests
+    assert request.method == "POST"
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == f"Bearer {API_KEY}"
+    assert request.headers["content-type"] == "application/json"
+    assert request.body == {
+        "model": "gpt-test",
+        "temperature": 0.2,
+        "max_tokens": 64,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Find me a flight to Oslo."},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "search",
+                    "description": "Search the web.",
+                    "parameters": dict(search.parameters),
+                },
+            },
+            {
+                "type": "function",
+                "function": {
+                    "name": "book",
+                    "description": "Book a seat on a flight.",
+                    "parameters": dict(book.parameters),
+                },
+            },
+        ],
+    }
+
+
+async def test_an_agent_without_tools_sends_no_tools_key(server: ChatServer) -> None:
+    server.answer(Answer(body=completion("ok")))
+    async with provider_for(server) as provider:
+        await provider.complete(PLAIN_AGENT, CONVERSATION)
+    [request] = server.requests
+    assert "tools" not in request.body
+    assert request.body["model"] == "gpt-plain"
+
+
+async def test_no_api_key_sends_no_authorization_and_extra_headers_are_sent(
+    server: ChatServer,
+) -> None:
+    server.answer(Answer(body=completion("ok")))
+    async with OpenAICompatibleProvider(
+        server.base_url + "/", extra_headers={"OpenAI-Organization": "org-1"}
+    ) as provider:
+        await provider.complete(PLAIN_AGENT, CONVERSATION)
+    [request] = server.requests
+    assert "authorization" not in request.headers
+    assert request.headers["openai-organization"] == "org-1"
+    assert request.path == "/v1/chat/completions"
+
+
+async def test_tool_and_assistant_tool_call_messages_are_sent_in_openai_shape(
+    server: ChatServer,
+) -> None:
+    server.answer(Answer(body=completion("Booked.")))
+    conversation = [
+        *CONVERSATION,
+        Message(
+            role="assistant",
+            content=[
+                "Let me look.",
+                {
+                    "type": "tool_calls",
+                    "tool_calls": [
+                        {"id": "call_1", "name": "search", "arguments": {"query": "Oslo"}},
+                        {
+                            "id": "call_2",
+                            "name": "book",
+                            "arguments": {"flight": "SK1", "seat": "1A"},
+                        },
+                    ],
+                },
+            ],
+        ),
+        Message(role="tool", content='["SK1"]', tool_call_id="call_1"),
+        Message(role="tool", content='{"seat": "1A"}', tool_call_id="call_2"),
+    ]
+    async with provider_for(server) as provider:
+        await provider.complete(AGENT, conversation)
+    sent = server.requests[0].body["messages"]
+    assistant, first_result, second_result = sent[2], sent[3], sent[4]
+    assert assistant["role"] == "assistant"
+    assert assistant["content"] == "Let me look."
+    assert [
+        (c["id"], c["type"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in assistant["tool_calls"]
+    ] == [
+        ("call_1", "function", "search", {"query": "Oslo"}),
+        ("call_2", "function", "book", {"flight": "SK1", "seat": "1A"}),
+    ]
+    assert all(isinstance(c["function"]["arguments"], str) for c in assistant["tool_calls"])
+    assert first_result == {"role": "tool", "tool_call_id": "call_1", "content": '["SK1"]'}
+    assert second_result == {"role": "tool", "tool_call_id": "call_2", "content": '{"seat": "1A"}'}
+
+
+async def test_assistant_message_builds_the_tool_calls_convention(server: ChatServer) -> None:
+    server.answer(Answer(body=completion("ok")))
+    calls = [ToolCall(call_id="call_9", tool="search", args={"query": "x"}, idempotency_key="k")]
+    async with provider_for(server) as provider:
+        await provider.complete(AGENT, [*CONVERSATION, assistant_message("", calls)])
+    assistant = server.requests[0].body["messages"][2]
+    assert assistant == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_9",
+                "type": "function",
+                "function": {"name": "search", "arguments": '{"query":"x"}'},
+            }
+        ],
+    }
+
+
+async def test_invalid_tool_arguments_are_kept_unparsed(server: ChatServer) -> None:
+    server.answer(
+        Answer(
+            body=completion(
+                None,
+                [
+                    function_call("call_1", "search", '{"query": "Oslo'),
+                    function_call("call_2", "book", '["SK1", "1A"]'),
+                ],
+            )
+        )
+    )
+    async with provider_for(server) as provider:
+        reply = await provider.complete(AGENT, CONVERSATION)
+    assert reply.tool_calls == [
+        ToolCall(call_id="call_1", tool="search", args={"_unparsed": '{"query": "Oslo'}),
+        ToolCall(call_id="call_2", tool="book", args={"_unparsed": '["SK1", "1A"]'}),
+    ]
+
+
+async def test_an_unparsed_call_is_sent_back_with_its_raw_arguments(server: ChatServer) -> None:
+    server.answer(Answer(body=completion("ok")))
+    calls = [ToolCall(call_id="call_1", tool="search", args={"_unparsed": '{"query": "Os'})]
+    async with provider_for(server) as provider:
+        await provider.complete(AGENT, [*CONVERSATION, assistant_message("", calls)])
+    [call] = server.requests[0].body["messages"][2]["tool_calls"]
+    assert call["function"]["arguments"] == '{"query": "Os'
+
+
+async def test_a_500_then_a_200_is_retried_after_a_backoff(server: ChatServer) -> None:
+    server.answer(
+        Answer(status=500, body={"error": {"message": "internal error"}}),
+        Answer(body=completion("recovered")),
+    )
+    async with provider_for(server) as provider:
+        reply = await provider.complete(AGENT, CONVERSATION)
+    assert reply.message.content == "recovered"
+    assert len(server.requests) == 2
+    assert server.requests[1].at - server.requests[0].at >= 0.1
+    assert server.requests[0].body == server.requests[1].body
+
+
+async def test_a_persistent_503_raises_backend_unavailable_after_every_attempt(
+    server: ChatServer,
+) -> None:
+    overloaded = Answer(
+        status=503, body={"error": {"message": "overloaded"}}, headers={"Retry-After": "0"}
+    )
+    server.answer(overloaded, overloaded, overloaded, overloaded)
+    async with provider_for(server, max_retries=2) as provider:
+        with pytest.raises(BackendUnavailableError) as caught:
+            await provider.complete(AGENT, CONVERSATION)
+    assert len(server.requests) == 3
+    message = str(caught.value)
+    assert f"{server.base_url}/chat/completions" in message
+    assert "503" in message
+    assert "overloaded" in message
+    assert caught.value.retryable
+
+
+async def test_a_429_retry_after_is_honoured_then_retried(server: ChatServer) -> None:
+    server.answer(
+        Answer(status=429, body={"error": {"message": "slow down"}}, headers={"Retry-After": "0"}),
+        Answer(body=completion("ok")),
+    )
+    async with provider_for(server) as provider:
+        reply = await provider.complete(AGENT, CONVERSATION)
+    assert reply.message.content == "ok"
+    assert len(server.requests) == 2
+    # Retry-After: 0 replaces the backoff (at least 0.125 s) with no wait at all.
+    assert server.requests[1].at - server.requests[0].at < 0.1
+
+
+async def test_a_401_raises_configuration_error_naming_the_key_but_not_showing_it(
+    server: ChatServer,
+) -> None:
+    server.answer(Answer(status=401, body={"error": {"message": "Incorrect API key provided."}}))
+    async with provider_for(server) as provider:
+        with pytest.raises(ConfigurationError) as caught:
+            await provider.complete(AGENT, CONVERSATION)
+    message = str(caught.value)
+    assert "check the API key" in message
+    assert "Incorrect API key provided." in message
+    assert API_KEY not in message
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "hint"),
+    [
+        (403, "check the API key"),
+        (404, "check base_url and model"),
+        (400, "max_tokens is too large"),
+        (422, "max_tokens is too large"),
+    ],
+)
+async def test_other_4xx_raise_configuration_error_without_retrying(
+    server: ChatServer, status: int, hint: str
+) -> None:
+    server.answer(Answer(status=status, body={"error": {"message": "max_tokens is too large"}}))
+    async with provider_for(server) as provider:
+        with pytest.raises(ConfigurationError) as caught:
+            await provider.complete(AGENT, CONVERSATION)
+    assert hint in str(caught.value)
+    assert str(status) in str(caught.value)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "missing"),
+    [
+        ({"object": "chat.completion"}, "'choices'"),
+        ({"choices": []}, "'choices'"),
+        ({"choices": [{"index": 0}]}, "'choices[0].message'"),
+        (completion(None, [{"type": "function", "function": {"name": "x"}}]), ".id'"),
+        (b"<html>gateway</html>", "not JSON"),
+    ],
+)
+async def test_a_malformed_200_raises_backend_error(
+    server: ChatServer, body: Any, missing: str
+) -> None:
+    server.answer(Answer(body=body))
+    async with provider_for(server) as provider:
+        with pytest.raises(BackendError) as caught:
+            await provider.complete(AGENT, CONVERSATION)
+    assert type(caught.value) is BackendError
+    assert missing in str(caught.value)
+    assert len(server.requests) == 1
+
+
+async def test_connection_refused_raises_backend_unavailable() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base_url = f"http://127.0.0.1:{port}/v1"
+    async with OpenAICompatibleProvider(base_url, api_key=API_KEY, max_retries=1) as provider:
+        with pytest.raises(BackendUnavailableError) as caught:
+            await provider.complete(AGENT, CONVERSATION)
+    assert f"{base_url}/chat/completions" in str(caught.value)
+    assert "2 attempt(s)" in str(caught.value)
+    assert isinstance(caught.value.__cause__, httpx.ConnectError)
+
+
+async def test_a_timeout_raises_backend_unavailable(server: ChatServer) -> None:
+    server.answer(Answer(body=completion("late"), delay_s=2.0))
+    async with provider_for(server, timeout_s=0.2, max_retries=0) as provider:
+        with pytest.raises(BackendUnavailableError) as caught:
+            await provider.complete(AGENT, CONVERSATION)
+    assert "ReadTimeout" in str(caught.value)
+    assert isinstance(caught.value.__cause__, httpx.TimeoutException)
+
+
+async def test_a_dropped_connection_is_retried(server: ChatServer) -> None:
+    server.answer(Answer(drop=True), Answer(body=completion("second time")))
+    async with provider_for(server) as provider:
+        reply = await provider.complete(AGENT, CONVERSATION)
+    assert reply.message.content == "second time"
+    assert len(server.requests) == 2
+
+
+def _echo(status: int) -> Answer:
+    return Answer(status=status, body={"error": {"message": f"bad key {API_KEY}"}})
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        [_echo(401)],
+        [_echo(404)],
+        [_echo(400)],
+        [_echo(503), _echo(503)],
+        [Answer(body=f"not json {API_KEY}".encode())],
+    ],
+    ids=["401", "404", "400", "503", "not-json"],
+)
+async def test_the_api_key_never_appears_in_a_raised_message(
+    server: ChatServer, answers: list[Answer]
+) -> None:
+    server.answer(*answers)
+    async with provider_for(server, max_retries=len(answers) - 1) as provider:
+        assert API_KEY not in repr(provider)
+        with pytest.raises(OnwardError) as caught:
+            await provider.complete(AGENT, CONVERSATION)
+    assert API_KEY not in str(caught.value)
+    assert "***" in str(caught.value)
+
+
+async def test_a_shared_client_is_left_open_and_a_closed_provider_refuses(
+    server: ChatServer,
+) -> None:
+    server.answer(Answer(body=completion("ok")))
+    async with httpx.AsyncClient() as client:
+        provider = OpenAICompatibleProvider(server.base_url, client=client)
+        await provider.complete(PLAIN_AGENT, CONVERSATION)
+        await provider.aclose()
+        assert not client.is_closed
+    with pytest.raises(ConfigurationError, match="closed"):
+        await provider.complete(PLAIN_AGENT, CONVERSATION)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message(role="tool", content="42"),
+        Message(role="user", content=[{"type": "tool_calls", "tool_calls": []}]),
+        Message(role="user", content=[b"raw bytes"]),
+    ],
+    ids=["tool-without-call-id", "tool-calls-on-a-user", "bytes-part"],
+)
+async def test_a_message_with_no_chat_completions_form_is_refused_before_sending(
+    server: ChatServer, message: Message
+) -> None:
+    async with provider_for(server) as provider:
+        with pytest.raises(InvalidInputError):
+            await provider.complete(AGENT, [*CONVERSATION, message])
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("base_url", "options"),
+    [
+        ("localhost:8000/v1", {}),
+        ("ftp://example.test/v1", {}),
+        ("http://127.0.0.1/v1", {"max_retries": -1}),
+        ("http://127.0.0.1/v1", {"timeout_s": 0}),
+    ],
+)
+async def test_a_bad_configuration_is_refused_at_construction(
+    base_url: str, options: dict[str, Any]
+) -> None:
+    with pytest.raises(ConfigurationError):
+        OpenAICompatibleProvider(base_url, **options)
+
+
+async def test_model_settings_may_not_override_the_request_itself(server: ChatServer) -> None:
+    agent = Agent(name="odd", instructions="", model_settings={"stream": True})
+    async with provider_for(server) as provider:
+        with pytest.raises(ConfigurationError, match="stream"):
+            await provider.complete(agent, CONVERSATION)
+    assert server.requests == []

@@ -44,10 +44,15 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
-    """One message of the conversation. ``content`` is text or a list of parts (text or binary)."""
+    """One message of the conversation. ``content`` is text or a list of parts (text or binary).
+
+    ``role`` is ``system``, ``user``, ``assistant`` or ``tool``; a tool message names the call it
+    answers in ``tool_call_id``.
+    """
 
     role: str
     content: str | list[Any] = ""
+    tool_call_id: str | None = None
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,7 +1,7 @@
 # The two commands a fresh checkout needs:
 #   make test   create .venv, install onward with its dev tools, start Kafka/PostgreSQL/Redis,
 #               then ruff, mypy and pytest against the real servers
-#   make demo   (arrives with the runner)
+#   make demo   the booking demo: kill a run mid-way, resume it elsewhere, one booking (no servers)
 #
 # KAFKA_VERSION picks the broker scripts/services.sh starts: 3.9 by default, 4 for the newest 4.x.
 
@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.onward-installed
 PYTEST_ARGS ?=
 
-.PHONY: test lint typecheck pytest test-kafka services services-down bench clean
+.PHONY: test lint typecheck pytest test-kafka services services-down bench clean demo
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -51,3 +51,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+# The main job: a booking run killed mid-way and resumed in another process, on embedded SQLite.
+demo: $(STAMP)
+	$(PY) -m onward demo

@@ -285,12 +285,19 @@ def translate(exc: BaseException, *, context: str, run_id: str | None = None) ->
     if isinstance(exc, OnwardError):
         return exc
     onward_type = classify(type(exc)) or BackendError
+    if isinstance(exc, sqlite3.OperationalError) and not _sqlite_busy(exc):
+        onward_type = BackendError  # a bad statement or a broken file, not a passing contention
     message = f"{context}: {type(exc).__name__}: {exc}"
     if run_id is not None:
         message = f"run {run_id!r}: {message}"
     if onward_type is BackendUnavailableError:
         message += " (the server did not answer; retry once it is reachable)"
     return onward_type(message, run_id=run_id)
+
+
+def _sqlite_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
 
 
 __all__ = [

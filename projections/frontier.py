@@ -92,6 +92,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True):
     resume_seq: int = 0
     calls: tuple[CallState, ...] = ()
     waiting_on: str | None = None
+    approved: tuple[str, ...] = ()
     continued_to: str | None = None
     output: Any = None
     error: str | None = None
@@ -222,6 +223,8 @@ def _answered(f: Frontier, e: ModelAnswered) -> Frontier:
 
 
 def _dispatched(f: Frontier, e: ToolDispatched) -> Frontier:
+    # A new dispatch supersedes whatever was settled before (a call settled as never run is
+    # dispatched for the first time): from here only its own outcome counts.
     return _with_call(
         f,
         e.call_id,
@@ -230,6 +233,12 @@ def _dispatched(f: Frontier, e: ToolDispatched) -> Frontier:
         dispatched_seq=e.seq,
         dispatched_fence=e.fence,
         dispatched_at=e.at,
+        outcome=None,
+        outcome_seq=None,
+        completed_at=None,
+        result=None,
+        error=None,
+        resolved_by=None,
     )
 
 
@@ -263,7 +272,7 @@ def _resolved(f: Frontier, e: ToolResolved) -> Frontier:
 
 
 def _settled(f: Frontier, e: TurnSettled) -> Frontier:
-    return _replace(f, calls=(), last_boundary="after_tool_result", resume_seq=e.seq)
+    return _replace(f, calls=(), approved=(), last_boundary="after_tool_result", resume_seq=e.seq)
 
 
 def _approval_requested(f: Frontier, e: ApprovalRequested) -> Frontier:
@@ -276,7 +285,13 @@ def _approval_requested(f: Frontier, e: ApprovalRequested) -> Frontier:
     )
 
 
-def _approval_answered(f: Frontier, e: ApprovalGranted | ApprovalDenied) -> Frontier:
+def _approval_granted(f: Frontier, e: ApprovalGranted) -> Frontier:
+    if f.waiting_on != e.request_id:
+        return f
+    return _replace(f, status="running", waiting_on=None, approved=(*f.approved, e.request_id))
+
+
+def _approval_denied(f: Frontier, e: ApprovalDenied) -> Frontier:
     if f.waiting_on != e.request_id:
         return f
     return _replace(f, status="running", waiting_on=None)
@@ -304,8 +319,8 @@ _RULES: dict[type[Event], Callable[[Frontier, Any], Frontier]] = {
     ToolResolved: _resolved,
     TurnSettled: _settled,
     ApprovalRequested: _approval_requested,
-    ApprovalGranted: _approval_answered,
-    ApprovalDenied: _approval_answered,
+    ApprovalGranted: _approval_granted,
+    ApprovalDenied: _approval_denied,
     Tagged: _unchanged,
     RunContinued: _continued,
     RunFinished: _finished,

@@ -122,7 +122,7 @@ def migrate_sqlite(conn: sqlite3.Connection) -> list[str]:
             ).fetchone()
             if row is not None:
                 continue
-            for statement in migration.sql.split(";"):
+            for statement in _without_comments(migration.sql).split(";"):
                 if statement.strip():
                     conn.execute(statement)
             conn.execute(
@@ -148,3 +148,8 @@ def verify_sqlite(conn: sqlite3.Connection, *, where: str) -> None:
     expected = expected_version("sqlite")
     if found != expected:
         raise _mismatch(where, found, expected)
+
+
+def _without_comments(sql: str) -> str:
+    """SQL with ``--`` comments removed, so splitting on ``;`` finds only statement ends."""
+    return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())

@@ -275,6 +275,24 @@ def projections_rebuild(
     )
 
 
+@app.command()
+def demo(
+    child: Annotated[Path | None, typer.Option(hidden=True)] = None,
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="Keep the demo's files here (default: a temp dir).")
+    ] = None,
+) -> None:
+    """Kill a booking run mid-way and resume it elsewhere: one booking, never two."""
+    from . import demo as booking  # noqa: PLC0415 - the demo's tools load only for the demo
+
+    if child is not None:
+        booking.run_child(child)
+        return
+    bookings = booking.run_demo(directory, Console())
+    if bookings != 1:
+        raise typer.Exit(1)
+
+
 @app.callback()
 def _root() -> None:
     """Onward: an event-sourced durable runtime for agent runs."""

@@ -13,6 +13,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_readme_python_blocks_run(tmp_path: Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     assert blocks, "the README has no Python example"
+    outputs: list[str] = []
     for index, block in enumerate(blocks):
         script = tmp_path / f"block{index}.py"
         script.write_text(block)
@@ -25,4 +26,6 @@ def test_readme_python_blocks_run(tmp_path: Path) -> None:
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        assert "['RunStarted', 'RunClaimed']" in result.stdout
+        outputs.append(result.stdout)
+    assert "['RunStarted', 'RunClaimed']" in outputs[0]
+    assert outputs[1].strip() == "completed booked 1"

@@ -1,0 +1,64 @@
+"""An agent definition and its revision: what a run is pinned to."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from onward.errors import ConfigurationError
+
+from .tools import Tool, canonical
+
+
+@dataclass(frozen=True)
+class Agent:
+    """What a run executes.
+
+    Attributes:
+        name: The agent's name.
+        instructions: The system prompt.
+        tools: Tools the model may call.
+        model: The model name the provider is asked for.
+        model_settings: Provider options (temperature, ...), part of the revision.
+        max_iterations: Upper bound on model calls per run.
+    """
+
+    name: str
+    instructions: str
+    tools: Sequence[Tool] = ()
+    model: str = "default"
+    model_settings: Mapping[str, Any] = field(default_factory=dict)
+    max_iterations: int = 25
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigurationError(f"agent {self.name!r} has tools named twice: {duplicates}")
+        if self.max_iterations < 1:
+            raise ConfigurationError(f"agent {self.name!r}: max_iterations must be at least 1")
+
+    @cached_property
+    def revision(self) -> str:
+        """Hash of instructions, tool schemas and model settings.
+
+        A run is pinned to the revision it started with; resuming it with another is refused,
+        because a past run that names a revision it did not use is an audit record that lies.
+        """
+        material = {
+            "instructions": self.instructions,
+            "tools": [t.fingerprint() for t in self.tools],
+            "model": self.model,
+            "model_settings": dict(self.model_settings),
+        }
+        return "rev-" + hashlib.sha256(canonical(material)).hexdigest()[:16]
+
+    def tool(self, name: str) -> Tool | None:
+        """The tool of that name, if the agent has it."""
+        for candidate in self.tools:
+            if candidate.name == name:
+                return candidate
+        return None

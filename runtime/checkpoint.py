@@ -1,0 +1,104 @@
+"""Which boundaries become resume points, and the inline checkpointer of embedded mode.
+
+Every fact is in the log, so a checkpoint is only a shortcut: a frontier row folded through some
+offset, from which resume folds the rest. `CheckpointPolicy` says at which of the three
+unambiguous boundaries the runner's inline checkpointer folds; a sparser policy writes fewer
+rows and leaves a longer tail to fold on resume. It never repeats a tool call.
+
+A checkpoint that cannot be written (over the cap, or a store that is down) never fails the
+live run: the run carries on and `Checkpointer.last_error` says what went wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from onward.errors import OnwardError
+from onward.eventlog.base import EventLog, Position
+from onward.eventlog.events import (
+    ApprovalRequested,
+    Event,
+    ModelAnswered,
+    RunContinued,
+    RunFinished,
+    TurnSettled,
+)
+from onward.projections.base import DEFAULT_MAX_BYTES, FrontierStore
+from onward.projections.projector import FrontierProjection, LogProjector
+
+log = logging.getLogger("onward.checkpoint")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointPolicy:
+    """The boundaries at which a checkpoint is written. All three by default.
+
+    Attributes:
+        after_model_call: The model answered; what it asked for is known, none of it ran.
+        after_tool_result: Every call of the turn has an outcome.
+        before_approval: The run is about to wait on a person.
+    """
+
+    after_model_call: bool = True
+    after_tool_result: bool = True
+    before_approval: bool = True
+
+    def wants(self, events: Sequence[Event]) -> bool:
+        """Whether a batch ends at a boundary this policy checkpoints (or ends the run)."""
+        for event in events:
+            if isinstance(event, RunFinished | RunContinued):
+                return True
+            if isinstance(event, ModelAnswered) and self.after_model_call:
+                return True
+            if isinstance(event, TurnSettled) and self.after_tool_result:
+                return True
+            if isinstance(event, ApprovalRequested) and self.before_approval:
+                return True
+        return False
+
+
+class Checkpointer:
+    """Folds a run's appends into a local frontier store right after they are durable.
+
+    Args:
+        store: The frontier store (SQLite in embedded mode).
+        log: The log the appends went to.
+        policy: Which boundaries to fold at.
+        max_bytes: The snapshot cap.
+    """
+
+    def __init__(
+        self,
+        store: FrontierStore,
+        log: EventLog,
+        *,
+        policy: CheckpointPolicy | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        self.policy = policy or CheckpointPolicy()
+        self.projection = FrontierProjection(store, log, max_bytes=max_bytes)
+        self._projector = LogProjector(log, self.projection)
+        self.last_error: str | None = None
+        self.written = 0
+
+    async def after_append(self, events: Sequence[Event], positions: Sequence[Position]) -> None:
+        """Fold the partition of a batch just appended, if the policy wants a checkpoint here."""
+        if not self.policy.wants(events):
+            return
+        refused_before = self.projection.stats.snapshots_refused
+        try:
+            await self._projector.catch_up([positions[0].partition])
+        except OnwardError as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("checkpoint not written, the run carries on: %s", self.last_error)
+            return
+        if self.projection.stats.snapshots_refused > refused_before:
+            self.last_error = (
+                f"run {events[0].run_id!r}: frontier over the {self.projection.max_bytes}-byte "
+                "cap; the row keeps its reason and resume folds from the log"
+            )
+        else:
+            self.last_error = None
+        self.written += 1

@@ -1,0 +1,226 @@
+"""The booking demo: a run killed right after its booking took effect, resumed with one seat.
+
+The agent asks, in one turn, to search for a flight and to book a seat. The booking tool writes to
+the demo's own ledger (a file), which is also what its status check reads. A child process runs
+the agent and is killed with SIGKILL right after the booking was made and before its result was
+written to the log. A new process resumes: the search is replayed from its recorded result, the
+booking is undecided until the booking tool's status check answers that it went through, and
+the run finishes with exactly one booking in the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from onward.eventlog import SqliteEventLog
+from onward.eventlog.events import Event, ToolCall
+from onward.projections.sqlite import SqliteFrontierStore
+
+from .agent import Agent
+from .checkpoint import CheckpointPolicy
+from .history import SqliteBlobStore
+from .providers import ScriptedProvider, reply
+from .runner import AgentRunner, RunResult
+from .tools import Reconciled, Tool, tool
+
+TENANT = "demo"
+RUN_ID = "run-booking-1"
+
+
+class Ledger:
+    """The airline's own record of bookings: one JSON line per seat, keyed by idempotency key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def entries(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def record(self, entry: dict[str, Any]) -> None:
+        with self.path.open("a") as out:
+            out.write(json.dumps(entry) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+    def find(self, key: str) -> dict[str, Any] | None:
+        for entry in self.entries():
+            if entry.get("key") == key:
+                return entry
+        return None
+
+
+def booking_tools(ledger: Ledger) -> list[Tool]:
+    """The demo's two tools: a harmless search and a booking with a status check."""
+
+    @tool(retry_safe=True)
+    async def search_flights(destination: str, *, idempotency_key: str) -> list[dict[str, str]]:
+        """Flights to a destination."""
+        return [{"flight": "ON123", "to": destination, "departs": "09:40"}]
+
+    async def booking_status(key: str) -> Reconciled | None:
+        entry = ledger.find(key)
+        if entry is None:
+            return Reconciled("never_ran")
+        return Reconciled("completed", {"confirmation": entry["confirmation"]})
+
+    @tool(reconcile=booking_status)
+    async def book_seat(flight: str, seat: str, *, idempotency_key: str) -> dict[str, str]:
+        """Book a seat; charges the customer."""
+        await asyncio.sleep(0.2)  # the airline is slower than the search
+        confirmation = f"CONF-{idempotency_key[-6:].upper()}"
+        ledger.record(
+            {"key": idempotency_key, "flight": flight, "seat": seat, "confirmation": confirmation}
+        )
+        return {"confirmation": confirmation}
+
+    return [search_flights, book_seat]
+
+
+def booking_agent(ledger: Ledger) -> Agent:
+    """The demo agent."""
+    return Agent(
+        name="booker",
+        instructions="Book the flight the customer asks for. Never book twice.",
+        tools=booking_tools(ledger),
+        model="scripted",
+    )
+
+
+def booking_provider() -> ScriptedProvider:
+    """A model that searches and books in one turn, then confirms."""
+    return ScriptedProvider(
+        [
+            reply(
+                "Searching and booking.",
+                ToolCall(call_id="search", tool="search_flights", args={"destination": "Lisbon"}),
+                ToolCall(call_id="book", tool="book_seat", args={"flight": "ON123", "seat": "14C"}),
+            ),
+            reply("You are booked on ON123, seat 14C."),
+        ]
+    )
+
+
+class _KillAfterBooking:
+    """Kills this process right after the booking tool returned, before its result is logged."""
+
+    async def appended(self, events: Sequence[Event]) -> None:
+        return None
+
+    async def before_model_call(self) -> None:
+        return None
+
+    async def tool_returned(self, call_id: str) -> None:
+        if call_id == "book":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _runner(
+    workdir: Path,
+    log: SqliteEventLog,
+    store: SqliteFrontierStore,
+    blobs: SqliteBlobStore,
+    **kw: Any,
+) -> AgentRunner:
+    return AgentRunner(
+        provider=booking_provider(),
+        log=log,
+        frontiers=store,
+        checkpoint_inline=True,
+        checkpoints=CheckpointPolicy(),
+        blobs=blobs,
+        **kw,
+    )
+
+
+async def _child(workdir: Path) -> None:
+    db = workdir / "onward.db"
+    ledger = Ledger(workdir / "ledger.jsonl")
+    async with (
+        SqliteEventLog(db) as log,
+        SqliteFrontierStore(db) as store,
+        SqliteBlobStore(db) as blobs,
+    ):
+        runner = _runner(
+            workdir, log, store, blobs, observer=_KillAfterBooking(), worker="worker-1"
+        )
+        await runner.run(
+            booking_agent(ledger),
+            "Book me on the morning flight to Lisbon",
+            tenant=TENANT,
+            run_id=RUN_ID,
+        )
+
+
+async def _resume(workdir: Path) -> RunResult:
+    db = workdir / "onward.db"
+    ledger = Ledger(workdir / "ledger.jsonl")
+    async with (
+        SqliteEventLog(db) as log,
+        SqliteFrontierStore(db) as store,
+        SqliteBlobStore(db) as blobs,
+    ):
+        runner = _runner(workdir, log, store, blobs, worker="worker-2")
+        return await runner.resume(booking_agent(ledger), RUN_ID, tenant=TENANT)
+
+
+def run_demo(workdir: Path | None = None, console: Console | None = None) -> int:
+    """Run the whole demo; return the number of bookings in the ledger (1 when all is well)."""
+    console = console or Console()
+    own_dir = workdir is None
+    directory = Path(tempfile.mkdtemp(prefix="onward-demo-")) if workdir is None else workdir
+    directory.mkdir(parents=True, exist_ok=True)
+    console.rule("Onward demo: a booking that must not happen twice")
+    console.print(f"embedded store: {directory / 'onward.db'}")
+    console.print(
+        "1. worker-1 starts the run in a child process; the model asks to search and book"
+    )
+    child = subprocess.run(
+        [sys.executable, "-m", "onward", "demo", "--child", str(directory)], check=False
+    )
+    ledger = Ledger(directory / "ledger.jsonl")
+    console.print(
+        f"2. worker-1 was killed with SIGKILL (exit {child.returncode}) right after the airline "
+        f"booked the seat; bookings in the airline's ledger: {len(ledger.entries())}"
+    )
+    console.print("3. worker-2, a new process, resumes the run from the log")
+    result = asyncio.run(_resume(directory))
+    table = Table(title="what resume decided, call by call")
+    table.add_column("call")
+    table.add_column("the log said")
+    table.add_column("resume did")
+    for planned in result.plan.calls if result.plan else ():
+        call = planned.call
+        if call.call_id in result.reconciled:
+            said = "dispatched, no result: indeterminate"
+            did = f"asked {call.tool}'s status check, which answered completed: replayed"
+        else:
+            said = planned.reason
+            did = "replayed the recorded result" if call.outcome else planned.disposition.value
+        table.add_row(f"{call.call_id} ({call.tool})", said, did)
+    console.print(table)
+    console.print(f"4. the run is {result.status}: {result.output}")
+    bookings = len(ledger.entries())
+    colour = "green" if bookings == 1 else "red"
+    console.print(f"[{colour}]bookings in the airline's ledger: {bookings}[/{colour}]")
+    if own_dir:
+        console.print(f"(files kept in {directory})")
+    return bookings
+
+
+def run_child(workdir: Path) -> None:
+    """The child half of the demo (killed on purpose)."""
+    asyncio.run(_child(workdir))

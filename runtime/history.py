@@ -1,0 +1,280 @@
+"""Bodies stored out of line: the claim check for events too large for one log record.
+
+An event whose body (a tool result, a model message, a run's input) is larger than
+``threshold`` goes to the log with the body replaced by ``{"$blob": <sha256>, "size": n}``; the
+body itself is stored once, content-addressed, in a `BlobStore` (PostgreSQL, SQLite, memory).
+Readers put it back. A reference that no longer resolves raises `HistoryUnavailableError`: the
+run stops rather than carry on with a hole in its conversation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol, Self, runtime_checkable
+
+import asyncpg
+import msgspec
+
+from onward.errors import HistoryUnavailableError, InvalidInputError, translate
+from onward.eventlog._sqlite import SqliteThread, connect, transaction
+from onward.eventlog.events import (
+    ApprovalRequested,
+    Event,
+    ModelAnswered,
+    RunStarted,
+    ToolCompleted,
+    ToolResolved,
+)
+from onward.projections.migrations import migrate_sqlite, verify_postgres, verify_sqlite
+
+DEFAULT_THRESHOLD = 256 * 1024
+_REF = "$blob"
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    """Content-addressed bodies."""
+
+    async def put(self, body: bytes) -> str:
+        """Store a body (idempotently) and return its digest."""
+        ...
+
+    async def get(self, digest: str) -> bytes:
+        """The body with that digest.
+
+        Raises:
+            HistoryUnavailableError: Nothing is stored under it.
+        """
+        ...
+
+    async def close(self) -> None: ...
+
+
+def digest_of(body: bytes) -> str:
+    """The address of a body."""
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def _missing(digest: str) -> HistoryUnavailableError:
+    return HistoryUnavailableError(
+        f"body {digest} is not in the blob store: the run's history has a hole and it will not "
+        "go on without it; restore the blob store or settle the run by hand"
+    )
+
+
+class MemoryBlobStore:
+    """Blobs in a dict, for unit tests."""
+
+    def __init__(self) -> None:
+        self._bodies: dict[str, bytes] = {}
+
+    async def put(self, body: bytes) -> str:
+        digest = digest_of(body)
+        self._bodies[digest] = bytes(body)
+        return digest
+
+    async def get(self, digest: str) -> bytes:
+        try:
+            return self._bodies[digest]
+        except KeyError:
+            raise _missing(digest) from None
+
+    def forget(self, digest: str) -> None:
+        """Drop a body, as an over-eager cleanup would."""
+        self._bodies.pop(digest, None)
+
+    async def close(self) -> None:
+        return None
+
+
+class SqliteBlobStore:
+    """Blobs in the embedded SQLite file."""
+
+    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+        self._path = Path(path)
+        self._migrate = migrate
+        self._db = SqliteThread(self._path, "blob store")
+
+    async def start(self) -> None:
+        await self._db.open(self._open)
+
+    def _open(self) -> Any:
+        conn = connect(self._path)
+        try:
+            if self._migrate:
+                migrate_sqlite(conn)
+            verify_sqlite(conn, where=str(self._path))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def put(self, body: bytes) -> str:
+        digest = digest_of(body)
+        conn = self._db.connection()
+
+        def write() -> None:
+            with transaction(conn):
+                conn.execute(
+                    "INSERT INTO onward_blobs (digest, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    (digest, body),
+                )
+
+        await self._db.call(write, "storing a blob")
+        return digest
+
+    async def get(self, digest: str) -> bytes:
+        conn = self._db.connection()
+
+        def read() -> bytes | None:
+            row = conn.execute(
+                "SELECT body FROM onward_blobs WHERE digest = ?", (digest,)
+            ).fetchone()
+            return bytes(row[0]) if row else None
+
+        body = await self._db.call(read, "reading a blob")
+        if body is None:
+            raise _missing(digest)
+        return body
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class PostgresBlobStore:
+    """Blobs in PostgreSQL (``onward_blobs``)."""
+
+    def __init__(self, dsn: str, *, schema: str | None = None) -> None:
+        self._dsn = dsn
+        self._settings = {"search_path": schema} if schema else {}
+        self._pool: asyncpg.Pool | None = None
+
+    async def start(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn, min_size=1, max_size=4, server_settings=self._settings
+            )
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise translate(exc, context="connecting to PostgreSQL") from exc
+        async with self._pool.acquire() as conn:
+            await verify_postgres(conn)
+
+    def _live(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise InvalidInputError("the PostgreSQL blob store is not started")
+        return self._pool
+
+    async def put(self, body: bytes) -> str:
+        digest = digest_of(body)
+        async with self._live().acquire() as conn:
+            await conn.execute(
+                "INSERT INTO onward_blobs (digest, body) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                digest,
+                body,
+            )
+        return digest
+
+    async def get(self, digest: str) -> bytes:
+        async with self._live().acquire() as conn:
+            body = await conn.fetchval("SELECT body FROM onward_blobs WHERE digest = $1", digest)
+        if body is None:
+            raise _missing(digest)
+        return bytes(body)
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+# The one field per kind that can be large enough to need a claim check.
+_BODY_FIELDS: dict[type[Event], str] = {
+    RunStarted: "input",
+    ModelAnswered: "message",
+    ToolCompleted: "result",
+    ToolResolved: "result",
+    ApprovalRequested: "details",
+}
+
+
+class ClaimCheck:
+    """Moves large bodies out of events before they are appended, and back when read."""
+
+    def __init__(self, blobs: BlobStore, *, threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.blobs = blobs
+        self.threshold = threshold
+
+    async def shrink(self, event: Event) -> Event:
+        """The event with its body replaced by a reference, if the body is over the threshold."""
+        name = _BODY_FIELDS.get(type(event))
+        if name is None:
+            return event
+        value = getattr(event, name)
+        body = msgspec.json.encode(value)
+        if len(body) <= self.threshold:
+            return event
+        digest = await self.blobs.put(body)
+        reference: Any = {_REF: digest, "size": len(body)}
+        if isinstance(event, ModelAnswered):
+            reference = msgspec.structs.replace(event.message, content=[reference])
+        return msgspec.structs.replace(event, **{name: reference})
+
+    async def restore(self, event: Event) -> Event:
+        """The event with a referenced body put back."""
+        name = _BODY_FIELDS.get(type(event))
+        if name is None:
+            return event
+        value = getattr(event, name)
+        if isinstance(event, ModelAnswered):
+            content = event.message.content
+            if isinstance(content, list) and len(content) == 1 and _is_ref(content[0]):
+                message = msgspec.json.decode(await self._get(content[0][_REF], event))
+                return msgspec.structs.replace(
+                    event, message=msgspec.convert(message, type(event.message))
+                )
+            return event
+        if _is_ref(value):
+            return msgspec.structs.replace(
+                event, **{name: msgspec.json.decode(await self._get(value[_REF], event))}
+            )
+        return event
+
+    async def _get(self, digest: str, event: Event) -> bytes:
+        try:
+            return await self.blobs.get(digest)
+        except HistoryUnavailableError as exc:
+            raise HistoryUnavailableError(
+                f"run {event.run_id!r} seq {event.seq}: {exc}", run_id=event.run_id
+            ) from exc
+
+
+def _is_ref(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {_REF, "size"}

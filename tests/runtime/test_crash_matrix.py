@@ -1,0 +1,146 @@
+"""The crash matrix: a run killed with SIGKILL at every point of an iteration, resumed elsewhere.
+
+A child process runs the run and kills itself at the point under test; the test (another
+process) resumes it. The tools' own ledger says what really happened: no side effect twice; the
+call killed between its side effect and `ToolCompleted` is indeterminate unless its tool is
+retry-safe or reconciles it; everything else is replayed or dispatched per the resume table.
+Runs on embedded SQLite and on Kafka + PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiokafka.admin import AIOKafkaAdminClient
+from support.crash_world import TENANT, Ledger, open_world, the_agent, the_provider
+from support.pg import fresh_schema
+
+from onward.errors import IndeterminateToolCallError
+from onward.eventlog import kind_of
+from onward.runtime.runner import AgentRunner
+
+TESTS = Path(__file__).resolve().parents[1]
+
+# (point, the call it applies to, tool variant, expected end, expected bookings)
+MATRIX = [
+    ("model.call", None, "plain", "completed", 1),
+    ("model.answered", None, "plain", "completed", 1),
+    ("tool.dispatched", None, "plain", "indeterminate", 0),
+    ("tool.dispatched", None, "reconcile", "completed", 1),
+    ("tool.returned", "b", "plain", "indeterminate", 1),
+    ("tool.returned", "b", "reconcile", "completed", 1),
+    ("tool.returned", "b", "retry_safe", "completed", 2),
+    ("tool.completed", "b", "plain", "completed", 1),
+    ("turn.settled", None, "plain", "completed", 1),
+    ("waiting on approval", None, "approval", "completed", 1),
+]
+IDS = [f"{p}-{v}" for p, _, v, _, _ in MATRIX]
+
+
+async def crash_then_resume(config: dict[str, Any], expected: str, bookings: int) -> None:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "support.crash_child",
+        json.dumps(config),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )
+    if config["variant"] == "approval":
+        assert child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 60)
+        assert json.loads(line) == {"status": "waiting"}
+        child.send_signal(signal.SIGKILL)
+    await asyncio.wait_for(child.communicate(), 60)  # drains and closes the pipe
+    assert child.returncode == -signal.SIGKILL
+    ledger = Ledger(config["ledger"])
+    async with open_world(config) as world:
+        runner = AgentRunner(
+            provider=the_provider(config["variant"]),
+            log=world.log,
+            blobs=world.blobs,
+            worker="parent",
+        )
+        agent = the_agent(config)
+        if config["variant"] == "approval":
+            assert ledger.count("book") == 0
+            await runner.approve(config["run_id"], "b", tenant=TENANT, by="ann")
+        if expected == "indeterminate":
+            with pytest.raises(IndeterminateToolCallError) as caught:
+                await runner.resume(agent, config["run_id"], tenant=TENANT)
+            assert [c.call_id for c in caught.value.calls] == ["b"]
+        else:
+            result = await runner.resume(agent, config["run_id"], tenant=TENANT)
+            assert (result.status, result.output) == ("completed", "booked")
+        kinds = [kind_of(type(s.event)) for s in await world.log.read_run(config["run_id"])]
+    assert ledger.count("book") == bookings, ledger.entries()
+    assert ledger.count("search") <= 2  # a retry-safe search may be repeated; nothing else
+    assert "resume.planned" in kinds or config["variant"] == "approval"
+
+
+@pytest.mark.parametrize(("point", "call_id", "variant", "expected", "bookings"), MATRIX, ids=IDS)
+async def test_crash_matrix_on_sqlite(
+    tmp_path: Path, point: str, call_id: str | None, variant: str, expected: str, bookings: int
+) -> None:
+    config = {
+        "backend": "sqlite",
+        "db": str(tmp_path / "onward.db"),
+        "ledger": str(tmp_path / "ledger.jsonl"),
+        "run_id": f"run-{uuid.uuid4().hex[:8]}",
+        "point": point,
+        "call_id": call_id,
+        "variant": variant,
+    }
+    await crash_then_resume(config, expected, bookings)
+
+
+@pytest_asyncio.fixture
+async def kafka_world(kafka_bootstrap: str, database_url: str) -> AsyncIterator[dict[str, str]]:
+    topic = f"onward.test.crash.{uuid.uuid4().hex[:10]}"
+    async with fresh_schema(database_url) as schema:
+        yield {
+            "bootstrap": kafka_bootstrap,
+            "topic": topic,
+            "database_url": database_url,
+            "schema": schema,
+        }
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        if topic in await admin.list_topics():
+            await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(("point", "call_id", "variant", "expected", "bookings"), MATRIX, ids=IDS)
+async def test_crash_matrix_on_kafka_and_postgres(
+    tmp_path: Path,
+    kafka_world: dict[str, str],
+    point: str,
+    call_id: str | None,
+    variant: str,
+    expected: str,
+    bookings: int,
+) -> None:
+    config = {
+        "backend": "kafka",
+        **kafka_world,
+        "ledger": str(tmp_path / "ledger.jsonl"),
+        "run_id": f"run-{uuid.uuid4().hex[:8]}",
+        "point": point,
+        "call_id": call_id,
+        "variant": variant,
+    }
+    await crash_then_resume(config, expected, bookings)

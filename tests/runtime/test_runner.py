@@ -1,0 +1,511 @@
+"""The runner on the in-memory log: the loop, write-ahead dispatch, approvals, resume decisions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import pytest
+
+from onward.errors import (
+    CheckpointFormatError,
+    HistoryUnavailableError,
+    IndeterminateToolCallError,
+    InvalidInputError,
+    NothingToResumeError,
+    RevisionMismatchError,
+)
+from onward.eventlog import (
+    EVENT_FORMAT,
+    Event,
+    MemoryEventLog,
+    Position,
+    ToolCall,
+    ToolDispatched,
+    kind_of,
+)
+from onward.projections.memory import MemoryFrontierStore
+from onward.runtime.agent import Agent
+from onward.runtime.history import MemoryBlobStore
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.resume import ToolDisposition
+from onward.runtime.runner import AgentRunner
+from onward.runtime.tools import Reconciled, Tool, tool
+
+TENANT = "acme"
+
+
+class Crash(BaseException):
+    """Stands in for the process dying at a point (the subprocess tests use SIGKILL)."""
+
+
+class CrashAt:
+    """An observer that 'dies' at one point of the run."""
+
+    def __init__(self, point: str, call_id: str | None = None) -> None:
+        self.point = point
+        self.call_id = call_id
+
+    async def appended(self, events: Sequence[Event]) -> None:
+        if any(kind_of(type(e)) == self.point for e in events):
+            raise Crash(self.point)
+
+    async def tool_returned(self, call_id: str) -> None:
+        if self.point == "tool.returned" and call_id == self.call_id:
+            raise Crash(self.point)
+
+    async def before_model_call(self) -> None:
+        if self.point == "model.call":
+            raise Crash(self.point)
+
+
+class Side:
+    """The tools' own ledger of side effects."""
+
+    def __init__(self) -> None:
+        self.effects: list[tuple[str, str]] = []
+
+    def tools(self, *, retry_safe_book: bool = False, reconcile: bool = False) -> list[Tool]:
+        effects = self.effects
+
+        @tool(retry_safe=True)
+        async def search(query: str, *, idempotency_key: str) -> str:
+            effects.append(("search", idempotency_key))
+            return f"found {query}"
+
+        async def status(key: str) -> Reconciled | None:
+            done = ("book", key) in effects
+            return Reconciled("completed", {"ok": True}) if done else Reconciled("never_ran")
+
+        @tool(retry_safe=retry_safe_book, reconcile=status if reconcile else None)
+        async def book(seat: str, *, idempotency_key: str) -> dict[str, Any]:
+            effects.append(("book", idempotency_key))
+            return {"seat": seat}
+
+        return [search, book]
+
+    def count(self, tool_name: str) -> int:
+        return sum(1 for name, _ in self.effects if name == tool_name)
+
+
+def two_calls() -> ScriptedProvider:
+    return ScriptedProvider(
+        [
+            reply(
+                "on it",
+                ToolCall(call_id="s", tool="search", args={"query": "LIS"}),
+                ToolCall(call_id="b", tool="book", args={"seat": "3A"}),
+            ),
+            reply("done"),
+        ]
+    )
+
+
+def runner(log: MemoryEventLog, **options: Any) -> AgentRunner:
+    options.setdefault("provider", two_calls())
+    return AgentRunner(log=log, worker="w", **options)
+
+
+def agent(tools: list[Tool], **options: Any) -> Agent:
+    return Agent(name="booker", instructions="book", tools=tools, **options)
+
+
+async def kinds(log: MemoryEventLog, run_id: str) -> list[str]:
+    return [kind_of(type(s.event)) for s in await log.read_run(run_id)]
+
+
+async def test_a_run_writes_every_step_and_finishes() -> None:
+    log, side = MemoryEventLog(), Side()
+    result = await runner(log).run(agent(side.tools()), "go", tenant=TENANT, run_id="r1")
+    assert (result.status, result.output, result.iteration) == ("completed", "done", 2)
+    assert await kinds(log, "r1") == [
+        "run.started",
+        "model.answered",
+        "tool.dispatched",
+        "tool.dispatched",
+        "tool.completed",
+        "tool.completed",
+        "turn.settled",
+        "model.answered",
+        "run.finished",
+    ]
+    assert side.count("book") == 1
+
+
+async def test_every_dispatch_is_in_the_log_before_its_tool_runs() -> None:
+    log = MemoryEventLog()
+    seen: list[bool] = []
+
+    @tool
+    async def check(*, idempotency_key: str) -> None:
+        stored = await log.read_run("r2")
+        seen.append(any(isinstance(s.event, ToolDispatched) for s in stored))
+
+    provider = ScriptedProvider([reply("", ToolCall(call_id="c", tool="check")), reply("ok")])
+    await runner(log, provider=provider).run(agent([check]), "go", tenant=TENANT, run_id="r2")
+    assert seen == [True]
+
+
+class FailingDispatch(MemoryEventLog):
+    """A log that cannot take `ToolDispatched` (the broker refuses, the disk is full)."""
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        if any(isinstance(e, ToolDispatched) for e in events):
+            raise OSError("the log is unavailable")
+        return await super().append(events)
+
+
+async def test_a_tool_is_not_called_when_its_dispatch_cannot_be_written() -> None:
+    log, side = FailingDispatch(), Side()
+    with pytest.raises(OSError, match="unavailable"):
+        await runner(log).run(agent(side.tools()), "go", tenant=TENANT, run_id="r3")
+    assert side.effects == []
+
+
+async def test_calls_of_one_turn_run_concurrently() -> None:
+    both = asyncio.Barrier(2)
+
+    @tool
+    async def left(*, idempotency_key: str) -> str:
+        await asyncio.wait_for(both.wait(), 5)
+        return "l"
+
+    @tool
+    async def right(*, idempotency_key: str) -> str:
+        await asyncio.wait_for(both.wait(), 5)
+        return "r"
+
+    provider = ScriptedProvider(
+        [
+            reply("", ToolCall(call_id="l", tool="left"), ToolCall(call_id="r", tool="right")),
+            reply("ok"),
+        ]
+    )
+    result = await runner(MemoryEventLog(), provider=provider).run(
+        agent([left, right]), "go", tenant=TENANT
+    )
+    assert result.status == "completed"
+
+
+async def test_max_iterations_stops_the_run() -> None:
+    looping = ScriptedProvider(
+        lambda messages: reply("again", ToolCall(call_id="s", tool="search", args={"query": "x"}))
+    )
+    side = Side()
+    result = await runner(MemoryEventLog(), provider=looping).run(
+        agent(side.tools(), max_iterations=3), "go", tenant=TENANT
+    )
+    assert (result.status, result.iteration) == ("failed", 3)
+    assert result.error is not None
+    assert "max_iterations=3" in result.error
+
+
+async def test_a_tool_error_is_recorded_and_the_run_goes_on() -> None:
+    @tool
+    async def flaky(*, idempotency_key: str) -> None:
+        raise TimeoutError("airline timed out")
+
+    provider = ScriptedProvider([reply("", ToolCall(call_id="f", tool="flaky")), reply("sorry")])
+    log = MemoryEventLog()
+    result = await runner(log, provider=provider).run(
+        agent([flaky]), "go", tenant=TENANT, run_id="r4"
+    )
+    assert result.status == "completed"
+    completed = [
+        s.event for s in await log.read_run("r4") if kind_of(type(s.event)) == "tool.completed"
+    ]
+    assert msgspec.to_builtins(completed[0])["error"] == {
+        "type": "TimeoutError",
+        "message": "airline timed out",
+    }
+
+
+@pytest.mark.parametrize(
+    ("point", "call_id"),
+    [
+        ("model.call", None),
+        ("model.answered", None),
+        ("turn.settled", None),
+        ("tool.completed", None),
+    ],
+)
+async def test_crashes_at_unambiguous_points_resume_without_repeating(
+    point: str, call_id: str | None
+) -> None:
+    log, side = MemoryEventLog(), Side()
+    tools = side.tools()
+    with pytest.raises(Crash):
+        await runner(log, observer=CrashAt(point, call_id)).run(
+            agent(tools), "go", tenant=TENANT, run_id="r"
+        )
+    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert side.count("book") == 1
+    assert result.plan is not None
+    assert result.plan.safe
+
+
+async def test_a_call_killed_after_its_side_effect_is_indeterminate_and_refused() -> None:
+    log, side = MemoryEventLog(), Side()
+    tools = side.tools()
+    with pytest.raises(Crash):
+        await runner(log, observer=CrashAt("tool.returned", "b")).run(
+            agent(tools), "go", tenant=TENANT, run_id="r"
+        )
+    with pytest.raises(IndeterminateToolCallError) as caught:
+        await runner(log).resume(agent(tools), "r", tenant=TENANT)
+    assert [c.call_id for c in caught.value.calls] == ["b"]
+    assert caught.value.retryable is False
+    assert "book" in str(caught.value)
+    assert side.count("book") == 1
+    planned = [
+        s.event for s in await log.read_run("r") if kind_of(type(s.event)) == "resume.planned"
+    ]
+    assert msgspec.to_builtins(planned[-1])["undecided"] == ["b"]
+
+
+async def test_a_person_settles_an_undecided_call_and_the_run_carries_on() -> None:
+    log, side = MemoryEventLog(), Side()
+    tools = side.tools()
+    with pytest.raises(Crash):
+        await runner(log, observer=CrashAt("tool.returned", "b")).run(
+            agent(tools), "go", tenant=TENANT, run_id="r"
+        )
+    with pytest.raises(IndeterminateToolCallError):
+        await runner(log).resume(agent(tools), "r", tenant=TENANT)
+    await runner(log).resolve(
+        "r",
+        "b",
+        tenant=TENANT,
+        outcome="completed",
+        result={"seat": "3A"},
+        by="ops",
+        why="airline confirmed",
+    )
+    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert side.count("book") == 1
+    with pytest.raises(InvalidInputError, match="no undecided call"):
+        await runner(log).resolve("r", "b", tenant=TENANT, outcome="never_ran", by="ops", why="x")
+
+
+async def test_a_reconciling_tool_settles_its_own_call() -> None:
+    log, side = MemoryEventLog(), Side()
+    tools = side.tools(reconcile=True)
+    with pytest.raises(Crash):
+        await runner(log, observer=CrashAt("tool.returned", "b")).run(
+            agent(tools), "go", tenant=TENANT, run_id="r"
+        )
+    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert side.count("book") == 1
+    assert result.plan is not None
+    book = next(p for p in result.plan.calls if p.call.call_id == "b")
+    assert (book.disposition, book.call.resolved_by) == (ToolDisposition.COMPLETED, "reconcile")
+    assert "tool.resolved" in await kinds(log, "r")
+
+
+async def test_a_dispatch_that_never_reached_its_tool_is_reconciled_as_never_ran() -> None:
+    log, side = MemoryEventLog(), Side()
+    tools = side.tools(reconcile=True)
+    with pytest.raises(Crash):
+        await runner(log, observer=CrashAt("tool.dispatched")).run(
+            agent(tools), "go", tenant=TENANT, run_id="r"
+        )
+    assert side.effects == []
+    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert side.count("book") == 1
+    assert result.plan is not None
+    assert {c.call_id for c in result.plan.to_dispatch} == {"s", "b"}
+
+
+async def test_a_retry_safe_call_is_dispatched_again() -> None:
+    log, side = MemoryEventLog(), Side()
+    tools = side.tools(retry_safe_book=True)
+    with pytest.raises(Crash):
+        await runner(log, observer=CrashAt("tool.returned", "b")).run(
+            agent(tools), "go", tenant=TENANT, run_id="r"
+        )
+    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert side.count("book") == 2
+    assert result.plan is not None
+    assert [c.call_id for c in result.plan.to_dispatch] == ["b"]
+
+
+async def test_a_run_waits_on_approval_and_continues_after_approve() -> None:
+    log, side = MemoryEventLog(), Side()
+
+    @tool(requires_approval=True)
+    async def pay(amount: int, *, idempotency_key: str) -> str:
+        side.effects.append(("pay", idempotency_key))
+        return "paid"
+
+    provider = ScriptedProvider(
+        [reply("", ToolCall(call_id="p", tool="pay", args={"amount": 5})), reply("ok")]
+    )
+    the_agent = agent([pay])
+    waiting = await runner(log, provider=provider).run(the_agent, "go", tenant=TENANT, run_id="r")
+    assert (waiting.status, waiting.waiting_on) == ("waiting", "p")
+    assert side.effects == []
+    still = await runner(log, provider=provider).resume(the_agent, "r", tenant=TENANT)
+    assert still.status == "waiting"
+    await runner(log, provider=provider).approve("r", "p", tenant=TENANT, by="ann")
+    with pytest.raises(InvalidInputError, match="not waiting"):
+        await runner(log, provider=provider).approve("r", "p", tenant=TENANT, by="bob")
+    done = await runner(log, provider=provider).resume(the_agent, "r", tenant=TENANT)
+    assert done.status == "completed"
+    assert side.count("pay") == 1
+
+
+async def test_deny_ends_the_run() -> None:
+    log = MemoryEventLog()
+
+    @tool(requires_approval=True)
+    async def pay(*, idempotency_key: str) -> str:
+        raise AssertionError("a denied call must not run")
+
+    provider = ScriptedProvider([reply("", ToolCall(call_id="p", tool="pay")), reply("ok")])
+    await runner(log, provider=provider).run(agent([pay]), "go", tenant=TENANT, run_id="r")
+    await runner(log, provider=provider).deny("r", "p", tenant=TENANT, by="ann")
+    result = await runner(log, provider=provider).resume(agent([pay]), "r", tenant=TENANT)
+    assert (result.status, result.error) == ("cancelled", "approval p denied by ann")
+
+
+async def test_resume_refuses_another_revision() -> None:
+    log, side = MemoryEventLog(), Side()
+    with pytest.raises(Crash):
+        await runner(log, observer=CrashAt("model.answered")).run(
+            agent(side.tools()), "go", tenant=TENANT, run_id="r"
+        )
+    changed = Agent(name="booker", instructions="book, and upsell", tools=side.tools())
+    with pytest.raises(RevisionMismatchError, match="revision"):
+        await runner(log).resume(changed, "r", tenant=TENANT)
+
+
+async def test_resume_of_nothing_or_of_another_tenant() -> None:
+    log, side = MemoryEventLog(), Side()
+    with pytest.raises(NothingToResumeError):
+        await runner(log).resume(agent(side.tools()), "missing", tenant=TENANT)
+    await runner(log).run(agent(side.tools()), "go", tenant=TENANT, run_id="r")
+    with pytest.raises(NothingToResumeError):
+        await runner(log).resume(agent(side.tools()), "r", tenant="someone-else")
+
+
+async def test_resume_refuses_a_newer_event_format() -> None:
+    log, side = MemoryEventLog(), Side()
+    with pytest.raises(Crash):
+        await runner(log, observer=CrashAt("model.answered")).run(
+            agent(side.tools()), "go", tenant=TENANT, run_id="r"
+        )
+    seq = len(await log.read_run("r")) + 1
+    log.write_raw(
+        "r",
+        msgspec.json.encode(
+            {
+                "kind": "run.claimed",
+                "run_id": "r",
+                "tenant": TENANT,
+                "seq": seq,
+                "fence": 9,
+                "worker": "x",
+                "format": EVENT_FORMAT + 1,
+            }
+        ),
+    )
+    with pytest.raises(CheckpointFormatError):
+        await runner(log).resume(agent(side.tools()), "r", tenant=TENANT)
+    assert side.count("book") == 0
+
+
+async def test_large_results_go_out_of_line_and_come_back() -> None:
+    log, blobs = MemoryEventLog(), MemoryBlobStore()
+
+    @tool
+    async def fetch(*, idempotency_key: str) -> str:
+        return "x" * 600_000
+
+    provider = ScriptedProvider([reply("", ToolCall(call_id="f", tool="fetch")), reply("ok")])
+    with pytest.raises(Crash):
+        await runner(log, provider=provider, blobs=blobs, observer=CrashAt("turn.settled")).run(
+            agent([fetch]), "go", tenant=TENANT, run_id="r"
+        )
+    records = [msgspec.json.encode(s.event) for s in await log.read_run("r")]
+    assert max(len(r) for r in records) < 10_000
+    seen: list[int] = []
+
+    def answer(messages: Sequence[Any]) -> Any:
+        seen.append(max(len(str(m.content)) for m in messages))
+        return reply("ok")
+
+    result = await runner(log, provider=ScriptedProvider(answer), blobs=blobs).resume(
+        agent([fetch]), "r", tenant=TENANT
+    )
+    assert result.status == "completed"
+    assert seen == [600_000]
+
+
+async def test_a_missing_blob_stops_the_resume() -> None:
+    log, blobs = MemoryEventLog(), MemoryBlobStore()
+
+    @tool
+    async def fetch(*, idempotency_key: str) -> str:
+        return "y" * 600_000
+
+    provider = ScriptedProvider([reply("", ToolCall(call_id="f", tool="fetch")), reply("ok")])
+    with pytest.raises(Crash):
+        await runner(log, provider=provider, blobs=blobs, observer=CrashAt("turn.settled")).run(
+            agent([fetch]), "go", tenant=TENANT, run_id="r"
+        )
+    for stored in await log.read_run("r"):
+        result = msgspec.to_builtins(stored.event).get("result")
+        if isinstance(result, dict) and "$blob" in result:
+            blobs.forget(result["$blob"])
+    with pytest.raises(HistoryUnavailableError, match="hole"):
+        await runner(log, provider=provider, blobs=blobs).resume(agent([fetch]), "r", tenant=TENANT)
+
+
+async def test_an_oversized_checkpoint_is_reported_and_the_run_goes_on() -> None:
+    log, store = MemoryEventLog(), MemoryFrontierStore()
+
+    @tool
+    async def fetch(blob: str, *, idempotency_key: str) -> int:
+        return len(blob)
+
+    # At the after_model_call boundary the frontier holds the turn's calls and their arguments.
+    big = ToolCall(call_id="f", tool="fetch", args={"blob": "z" * 300_000})
+    provider = ScriptedProvider([reply("", big), reply("ok")])
+    the_runner = runner(log, provider=provider, frontiers=store, checkpoint_inline=True)
+    assert the_runner.checkpointer is not None
+    the_runner.checkpointer.projection.max_bytes = 100_000
+    seen_errors: list[str | None] = []
+
+    class Watch:
+        async def appended(self, events: Sequence[Event]) -> None:
+            assert the_runner.checkpointer is not None
+            seen_errors.append(the_runner.checkpointer.last_error)
+
+        async def tool_returned(self, call_id: str) -> None:
+            return None
+
+        async def before_model_call(self) -> None:
+            return None
+
+    the_runner.observer = Watch()
+    result = await the_runner.run(agent([fetch]), "go", tenant=TENANT, run_id="r")
+    assert result.status == "completed"
+    assert any(e is not None and "cap" in e for e in seen_errors)
+    row = await store.get("r")
+    assert row is not None
+    assert row.frontier is not None
+    assert row.frontier.status == "completed"
+
+
+async def test_the_same_run_id_cannot_start_twice() -> None:
+    log, side = MemoryEventLog(), Side()
+    await runner(log).run(agent(side.tools()), "go", tenant=TENANT, run_id="r")
+    with pytest.raises(InvalidInputError, match="already exists"):
+        await runner(log).run(agent(side.tools()), "go", tenant=TENANT, run_id="r")

@@ -1,0 +1,127 @@
+"""A secret passed in a tool argument reaches neither the Kafka topic nor PostgreSQL.
+
+Both are read directly, as an attacker with a copy of the topic or the database would: raw
+record bytes (values, keys and headers) and every column of every Onward table.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+import uuid
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from support.pg import fresh_schema
+
+from onward.eventlog import KafkaEventLog, ToolCall
+from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.projector import FrontierProjection, LogProjector
+from onward.runtime.agent import Agent
+from onward.runtime.history import PostgresBlobStore
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.runner import AgentRunner
+from onward.runtime.tools import tool
+
+pytestmark = pytest.mark.kafka
+PARTITIONS = 2
+
+
+def invented_key() -> str:
+    """An API key of a real shape, invented here, assembled at run time."""
+    alphabet = string.ascii_letters + string.digits
+    return "sk-" + "proj-" + "".join(random.SystemRandom().choice(alphabet) for _ in range(48))
+
+
+async def raw_topic(bootstrap: str, topic: str) -> bytes:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        chunks: list[bytes] = []
+        while [tp for tp in parts if await consumer.position(tp) < ends[tp]]:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for r in records:
+                    chunks += [r.key or b"", r.value or b""]
+                    chunks += [v for _, v in r.headers]
+        return b"\n".join(chunks)
+    finally:
+        await consumer.stop()
+
+
+async def raw_database(database_url: str, schema: str) -> str:
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        tables = await conn.fetch(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = $1 AND table_type = 'BASE TABLE'",
+            schema,
+        )
+        dumps: list[str] = []
+        for row in tables:
+            for record in await conn.fetch(f'SELECT * FROM "{row["table_name"]}"'):
+                dumps.extend(_text(value) for value in record.values())
+        return "\n".join(dumps)
+    finally:
+        await conn.close()
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes | memoryview):
+        return bytes(value).decode(errors="replace")
+    return str(value)
+
+
+async def test_a_secret_in_tool_arguments_is_masked_everywhere_at_rest(
+    kafka_bootstrap: str, database_url: str
+) -> None:
+    secret = invented_key()
+    topic = f"onward.test.secrets.{uuid.uuid4().hex[:10]}"
+
+    @tool(requires_approval=True)
+    async def configure(api_key: str, note: str, *, idempotency_key: str) -> str:
+        return "configured"
+
+    agent = Agent(name="ops", instructions="configure the integration", tools=[configure])
+    call = ToolCall(
+        call_id="c1",
+        tool="configure",
+        args={"api_key": secret, "note": f"Authorization: Bearer {secret}"},
+    )
+    provider = ScriptedProvider([reply(f"using {secret}", call), reply("done")])
+    try:
+        async with (
+            fresh_schema(database_url) as schema,
+            KafkaEventLog(kafka_bootstrap, topic=topic, partitions=PARTITIONS) as log,
+            PostgresFrontierStore(database_url, schema=schema) as store,
+            PostgresBlobStore(database_url, schema=schema) as blobs,
+        ):
+            runner = AgentRunner(provider=provider, log=log, blobs=blobs)
+            result = await runner.run(
+                agent, f"here is my key {secret}", tenant="acme", run_id="r-secret"
+            )
+            assert result.status == "waiting"  # the call and its arguments sit in the frontier
+            projected = await LogProjector(log, FrontierProjection(store, log)).catch_up()
+            assert projected > 0
+            row = await store.get("r-secret")
+            assert row is not None
+            assert row.frontier is not None
+            assert row.frontier.calls[0].args["api_key"] == "[REDACTED]"
+            topic_bytes = await raw_topic(kafka_bootstrap, topic)
+            database_text = await raw_database(database_url, schema)
+    finally:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+    assert secret.encode() not in topic_bytes
+    assert b"[REDACTED]" in topic_bytes
+    assert secret not in database_text
+    assert "[REDACTED]" in database_text

@@ -1,0 +1,139 @@
+"""Tools (schemas, keys, argument checks), agent revisions, and the checkpoint policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+import pytest
+
+from onward.errors import ConfigurationError
+from onward.eventlog import MemoryEventLog, ToolCall
+from onward.projections.memory import MemoryFrontierStore
+from onward.runtime.agent import Agent
+from onward.runtime.checkpoint import CheckpointPolicy
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.runner import AgentRunner
+from onward.runtime.tools import ToolArgumentsError, idempotency_key, tool
+
+
+class Seat(pydantic.BaseModel):
+    row: int
+    letter: str = "A"
+
+
+@tool(retry_safe=True)
+async def search(query: str, limit: int = 5, *, idempotency_key: str) -> list[str]:
+    """Search flights."""
+    return [query] * limit
+
+
+@tool
+async def book(seat: Seat, *, idempotency_key: str) -> str:
+    return f"{seat.row}{seat.letter}:{idempotency_key}"
+
+
+def test_the_schema_comes_from_type_hints_and_pydantic_models() -> None:
+    assert search.description == "Search flights."
+    assert search.parameters["required"] == ["query"]
+    assert search.parameters["properties"]["limit"]["default"] == 5
+    assert "idempotency_key" not in search.parameters["properties"]
+    assert book.parameters["properties"]["seat"]["$ref"].endswith("Seat")
+
+
+async def test_a_tool_receives_validated_arguments_and_its_key() -> None:
+    assert await book.call({"seat": {"row": 14, "letter": "C"}}, idempotency_key="k1") == "14C:k1"
+
+
+async def test_arguments_that_do_not_fit_are_refused_before_the_call() -> None:
+    with pytest.raises(ToolArgumentsError, match="book"):
+        await book.call({"seat": {"row": "fourteen"}}, idempotency_key="k")
+
+
+def test_a_tool_must_take_an_idempotency_key() -> None:
+    async def no_key(x: int) -> int:
+        return x
+
+    with pytest.raises(ConfigurationError, match="idempotency_key"):
+        tool(no_key)
+
+
+def test_a_tool_must_be_async() -> None:
+    def blocking(*, idempotency_key: str) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match="async"):
+        tool(blocking)  # type: ignore[arg-type]
+
+
+def test_keys_are_stable_per_run_and_call() -> None:
+    assert idempotency_key("r1", "c1") == idempotency_key("r1", "c1")
+    assert (
+        len({idempotency_key("r1", "c1"), idempotency_key("r1", "c2"), idempotency_key("r2", "c1")})
+        == 3
+    )
+
+
+def test_the_revision_changes_with_instructions_tools_and_settings() -> None:
+    base = Agent(name="a", instructions="x", tools=[search])
+    assert base.revision == Agent(name="a", instructions="x", tools=[search]).revision
+    assert base.revision != Agent(name="a", instructions="y", tools=[search]).revision
+    assert base.revision != Agent(name="a", instructions="x", tools=[search, book]).revision
+    assert (
+        base.revision
+        != Agent(name="a", instructions="x", tools=[search], model_settings={"t": 1}).revision
+    )
+
+
+def test_an_agent_refuses_two_tools_of_one_name() -> None:
+    with pytest.raises(ConfigurationError, match="named twice"):
+        Agent(name="a", instructions="", tools=[search, search])
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected_writes"),
+    [
+        (CheckpointPolicy(), 7),
+        (CheckpointPolicy(after_model_call=False), 4),
+        (
+            CheckpointPolicy(
+                after_model_call=False, after_tool_result=False, before_approval=False
+            ),
+            1,
+        ),
+    ],
+)
+async def test_a_sparser_policy_writes_fewer_checkpoints_and_repeats_nothing(
+    policy: CheckpointPolicy, expected_writes: int
+) -> None:
+    calls: list[Any] = []
+
+    @tool
+    async def counted_search(query: str, limit: int = 5, *, idempotency_key: str) -> str:
+        calls.append(idempotency_key)
+        return query
+
+    agent = Agent(name="a", instructions="", tools=[counted_search])
+    provider = ScriptedProvider(
+        [
+            reply("", ToolCall(call_id=f"s{i}", tool="counted_search", args={"query": "x"}))
+            for i in range(3)
+        ]
+        + [reply("done")]
+    )
+    store = MemoryFrontierStore()
+    runner = AgentRunner(
+        provider=provider,
+        log=MemoryEventLog(),
+        frontiers=store,
+        checkpoints=policy,
+        checkpoint_inline=True,
+    )
+    result = await runner.run(agent, "go", tenant="t", run_id="r")
+    assert result.status == "completed"
+    assert runner.checkpointer is not None
+    assert runner.checkpointer.written == expected_writes
+    assert len(calls) == len(set(calls)) == 3
+    row = await store.get("r")
+    assert row is not None
+    assert row.summary.status == "completed"

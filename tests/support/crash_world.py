@@ -1,0 +1,104 @@
+"""The agent, tools, ledger and stores shared by the crash matrix's parent and child."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
+from onward.eventlog.base import EventLog
+from onward.runtime.agent import Agent
+from onward.runtime.history import BlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.tools import Reconciled, Tool, tool
+
+TENANT = "acme"
+
+
+class Ledger:
+    """The tools' own record of side effects, in a file both processes see."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def record(self, tool_name: str, key: str) -> None:
+        with self.path.open("a") as out:
+            out.write(json.dumps({"tool": tool_name, "key": key}) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+    def entries(self) -> list[dict[str, str]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+    def count(self, tool_name: str) -> int:
+        return sum(1 for e in self.entries() if e["tool"] == tool_name)
+
+
+def tools(config: dict[str, Any]) -> list[Tool]:
+    ledger = Ledger(config["ledger"])
+    variant = config["variant"]
+
+    @tool(retry_safe=True)
+    async def search(query: str, *, idempotency_key: str) -> str:
+        ledger.record("search", idempotency_key)
+        return f"flights to {query}"
+
+    async def status(key: str) -> Reconciled | None:
+        done = any(e["tool"] == "book" and e["key"] == key for e in ledger.entries())
+        return Reconciled("completed", {"seat": "3A"}) if done else Reconciled("never_ran")
+
+    @tool(
+        retry_safe=variant == "retry_safe",
+        reconcile=status if variant == "reconcile" else None,
+        requires_approval=variant == "approval",
+    )
+    async def book(seat: str, *, idempotency_key: str) -> dict[str, str]:
+        await asyncio.sleep(0.1)  # the search's result is written first
+        ledger.record("book", idempotency_key)
+        return {"seat": seat}
+
+    return [search, book]
+
+
+def the_agent(config: dict[str, Any]) -> Agent:
+    return Agent(name="booker", instructions="book one seat", tools=tools(config))
+
+
+def the_provider(variant: str) -> ScriptedProvider:
+    return ScriptedProvider(
+        [
+            reply(
+                "searching and booking",
+                ToolCall(call_id="s", tool="search", args={"query": "LIS"}),
+                ToolCall(call_id="b", tool="book", args={"seat": "3A"}),
+            ),
+            reply("booked"),
+        ]
+    )
+
+
+@dataclass
+class World:
+    log: EventLog
+    blobs: BlobStore
+
+
+@asynccontextmanager
+async def open_world(config: dict[str, Any]) -> AsyncIterator[World]:
+    if config["backend"] == "sqlite":
+        async with SqliteEventLog(config["db"]) as log, SqliteBlobStore(config["db"]) as blobs:
+            yield World(log, blobs)
+    else:
+        async with (
+            KafkaEventLog(config["bootstrap"], topic=config["topic"], partitions=2) as klog,
+            PostgresBlobStore(config["database_url"], schema=config["schema"]) as pblobs,
+        ):
+            yield World(klog, pblobs)

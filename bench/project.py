@@ -1,0 +1,883 @@
+"""Projector throughput: `KafkaProjector` folding into PostgreSQL against a raw consumer.
+
+One run pre-produces ``--events`` realistic events (run.started, run.claimed, model.answered
+with tool calls, tool.dispatched, tool.completed, turn.settled, approvals, model.answered,
+run.finished; a few hundred bytes each) over ``--runs`` runs into a fresh 12-partition topic,
+every run's events in seq order on its own partition and all runs interleaved as concurrent
+runs write. It then reads that same topic four ways and reports events/s for each:
+
+* raw consume: a plain `AIOKafkaConsumer` (no group, all partitions assigned, from the start)
+  counting records, and again decoding every value with the event codec;
+* projector fold: `KafkaProjector` + `FrontierProjection` + `PostgresFrontierStore` in a fresh
+  PostgreSQL schema, timed from ``start()`` until the stored positions reach every
+  partition's end. It runs in a child process so its peak RSS can be reported;
+* rebuild: `rebuild_frontiers` over a `KafkaEventLog` of the same topic, into a new build.
+
+Absolute figures depend on the machine; the ratios fold/raw consume are the figures to
+compare, measured side by side in one run on the same data. The design's memory target is a
+projector under 300 MB for 100,000 runs: measure it with ``--runs 100000``.
+
+    python bench/project.py                                    # 1,000,000 events, 10,000 runs
+    python bench/project.py --events 1000000 --runs 100000 --skip-rebuild   # the memory target
+    python bench/project.py --events 200000 --profile  # adds cProfiles of the fold and rebuild
+
+The topic and the PostgreSQL schema are deleted at the end, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import json
+import os
+import pstats
+import random
+import resource
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from rich.console import Console
+from rich.table import Table
+
+from onward.eventlog import (
+    ApprovalGranted,
+    ApprovalRequested,
+    Event,
+    KafkaEventLog,
+    Message,
+    ModelAnswered,
+    RunClaimed,
+    RunFinished,
+    RunStarted,
+    StoredEvent,
+    ToolCall,
+    ToolCompleted,
+    ToolDispatched,
+    TurnSettled,
+    Usage,
+    codec,
+    partition_for,
+)
+from onward.projections.base import Snapshot, StoredFrontier
+from onward.projections.frontier import ToolCallRow
+from onward.projections.kafka import KafkaProjector
+from onward.projections.postgres import PostgresFrontierStore, migrate
+from onward.projections.projector import FrontierProjection
+from onward.projections.rebuild import rebuild_frontiers
+
+PARTITIONS = 12
+RESULT_MARK = "PROJECT-RESULT "
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "agents")
+SCRIPT = str(Path(__file__).resolve())
+
+
+# --------------------------------------------------------------------------------------------
+# The workload
+
+
+def _text(rng: random.Random, low: int, high: int) -> str:
+    """Some words, ``low`` to ``high`` characters long."""
+    size = rng.randint(low, high)
+    out: list[str] = []
+    length = 0
+    while length < size:
+        word = rng.choice(WORDS)
+        out.append(word)
+        length += len(word) + 1
+    return " ".join(out)[:size]
+
+
+def _lengths(rng: random.Random, runs: int, events: int) -> list[int]:
+    """Events per run: about ``events / runs`` each, +-50%, at least 4, summing to ``events``."""
+    mean = events / runs
+    low = max(4, round(mean * 0.5))
+    high = max(low, round(mean * 1.5))
+    lengths = [rng.randint(low, high) for _ in range(runs)]
+    diff = events - sum(lengths)
+    while diff:
+        index = rng.randrange(runs)
+        if diff > 0:
+            lengths[index] += 1
+            diff -= 1
+        elif lengths[index] > 4:
+            lengths[index] -= 1
+            diff += 1
+    return lengths
+
+
+class _Run:
+    """One run's history of exactly ``length`` events (at least 4), produced lazily in order."""
+
+    def __init__(self, rng: random.Random, run_id: str, tenant: str, length: int) -> None:
+        self.rng = rng
+        self.run_id = run_id
+        self.tenant = tenant
+        self.length = length
+        self.seq = 0
+        self.at = 1_700_000_000_000_000 + rng.randint(0, 10**9)
+
+    def _env(self) -> dict[str, Any]:
+        self.seq += 1
+        self.at += self.rng.randint(200, 900_000)
+        return {
+            "run_id": self.run_id,
+            "tenant": self.tenant,
+            "seq": self.seq,
+            "fence": 1,
+            "at": self.at,
+        }
+
+    def events(self) -> Iterator[Event]:
+        rng = self.rng
+        yield RunStarted(
+            **self._env(),
+            agent="booker",
+            revision="r7",
+            input={"task": _text(rng, 60, 240), "user": f"u{rng.randint(1, 9999)}"},
+            options={"model": "m-large", "max_iterations": 20},
+        )
+        budget = self.length - 3  # started, the final answer and finished are fixed
+        if budget % 2:
+            yield RunClaimed(**self._env(), worker=f"worker-{rng.randint(1, 16)}")
+            budget -= 1
+        iteration = 0
+        while budget >= 4:
+            iteration += 1
+            width = min(rng.randint(1, 3), (budget - 2) // 2)
+            calls = [
+                ToolCall(
+                    call_id=f"c{iteration}-{n}",
+                    tool=rng.choice(["search", "book", "pay", "lookup"]),
+                    args={"q": _text(rng, 10, 90), "limit": rng.randint(1, 20)},
+                    idempotency_key=f"{self.run_id}:c{iteration}-{n}",
+                )
+                for n in range(width)
+            ]
+            yield ModelAnswered(
+                **self._env(),
+                message=Message(role="assistant", content=_text(rng, 20, 160)),
+                tool_calls=calls,
+                usage=Usage(input_tokens=rng.randint(200, 4000), output_tokens=rng.randint(5, 300)),
+            )
+            for call in calls:
+                yield ToolDispatched(
+                    **self._env(),
+                    call_id=call.call_id,
+                    tool=call.tool,
+                    idempotency_key=call.idempotency_key,
+                )
+                yield ToolCompleted(
+                    **self._env(),
+                    call_id=call.call_id,
+                    result={"ok": True, "items": _text(rng, 40, 200)},
+                )
+            yield TurnSettled(
+                **self._env(), iteration=iteration, call_ids=[c.call_id for c in calls]
+            )
+            budget -= 2 + 2 * width
+        if budget == 2:
+            yield ApprovalRequested(**self._env(), request_id="a1", prompt=_text(rng, 20, 80))
+            yield ApprovalGranted(**self._env(), request_id="a1", by="ann")
+        yield ModelAnswered(
+            **self._env(),
+            message=Message(role="assistant", content=_text(rng, 40, 200)),
+            usage=Usage(input_tokens=rng.randint(200, 4000), output_tokens=rng.randint(5, 300)),
+        )
+        yield RunFinished(**self._env(), status="completed", output=_text(rng, 10, 60))
+
+
+def interleaved(rng: random.Random, runs: int, events: int) -> Iterator[tuple[int, Event]]:
+    """(partition, event) of every event, runs interleaved at random as concurrent runs write.
+
+    Every run is live from the start; each next event comes from a run picked at random among
+    those not finished, so each run's own events stay in seq order.
+    """
+    live: list[tuple[int, Iterator[Event]]] = []
+    for length in _lengths(rng, runs, events):
+        run_id = f"run-{rng.getrandbits(48):012x}"
+        run = _Run(rng, run_id, f"tenant-{rng.randint(0, 9)}", length)
+        live.append((partition_for(run_id, PARTITIONS), run.events()))
+    while live:
+        index = rng.randrange(len(live))
+        partition, events_of_run = live[index]
+        event = next(events_of_run, None)
+        if event is None:
+            live[index] = live[-1]
+            live.pop()
+            continue
+        yield partition, event
+
+
+async def produce(
+    bootstrap: str, topic: str, runs: int, events: int, seed: int
+) -> tuple[int, int, float]:
+    """Produce the workload; return (events, encoded bytes, seconds).
+
+    One record batch per partition is filled at a time and handed to that partition's sender
+    task, which submits its batches in order, so each run's events keep their order.
+    """
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=50,
+        max_batch_size=1_048_000,
+        max_request_size=1_100_000,
+    )
+    await producer.start()
+    queues: list[asyncio.Queue[Any]] = [asyncio.Queue(maxsize=4) for _ in range(PARTITIONS)]
+    deliveries: list[asyncio.Future[Any]] = []
+
+    async def sender(partition: int) -> None:
+        while (batch := await queues[partition].get()) is not None:
+            deliveries.append(await producer.send_batch(batch, topic, partition=partition))
+
+    count = size = 0
+    started = time.perf_counter()
+    try:
+        senders = [asyncio.create_task(sender(p)) for p in range(PARTITIONS)]
+        builders = [producer.create_batch() for _ in range(PARTITIONS)]
+        for partition, event in interleaved(random.Random(seed), runs, events):
+            value = codec.encode(event)
+            key = event.run_id.encode()
+            headers = codec.headers(event)
+            builder = builders[partition]
+            if builder.append(timestamp=None, key=key, value=value, headers=headers) is None:
+                await queues[partition].put(builder)
+                await asyncio.sleep(0)
+                builder = builders[partition] = producer.create_batch()
+                builder.append(timestamp=None, key=key, value=value, headers=headers)
+            count += 1
+            size += len(value)
+        for partition, builder in enumerate(builders):
+            if builder.record_count():
+                await queues[partition].put(builder)
+            await queues[partition].put(None)
+        await asyncio.gather(*senders)
+        await asyncio.gather(*deliveries)
+        seconds = time.perf_counter() - started
+    finally:
+        await producer.stop()
+    return count, size, seconds
+
+
+# --------------------------------------------------------------------------------------------
+# Raw consume
+
+
+def _key(record: Any) -> str | None:
+    return bytes(record.key).decode(errors="replace") if record.key is not None else None
+
+
+async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition's end offset."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+    return {tp.partition: int(offset) for tp, offset in ends.items()}
+
+
+async def raw_consume(
+    bootstrap: str, topic: str, ends: Mapping[int, int], batch: int, *, decode: bool
+) -> tuple[int, float]:
+    """Read every record once, counting (and decoding, if asked); return (records, seconds)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        max_partition_fetch_bytes=4 * 1024 * 1024,  # as KafkaProjector
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        started = time.perf_counter()
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        remaining = {tp for tp in tps if ends[tp.partition] > 0}
+        count = 0
+        while remaining:
+            fetched = await consumer.getmany(timeout_ms=500, max_records=batch)
+            for tp, records in fetched.items():
+                if not records:
+                    continue
+                if decode:
+                    for record in records:
+                        codec.decode(record.value, run_hint=_key(record))
+                count += len(records)
+                if records[-1].offset + 1 >= ends[tp.partition]:
+                    remaining.discard(tp)
+        seconds = time.perf_counter() - started
+    finally:
+        await consumer.stop()
+    return count, seconds
+
+
+# --------------------------------------------------------------------------------------------
+# The projector, in a child process
+
+
+class _TimedStore(PostgresFrontierStore):
+    """The PostgreSQL store, adding up the wall time of its loads and writes."""
+
+    load_s = 0.0
+    write_s = 0.0
+
+    async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
+        started = time.perf_counter()
+        try:
+            return await super().load(run_ids)
+        finally:
+            self.load_s += time.perf_counter() - started
+
+    async def write(
+        self,
+        consumer: str,
+        positions: Mapping[int, int],
+        snapshots: Sequence[Snapshot],
+        calls: Sequence[ToolCallRow],
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            await super().write(consumer, positions, snapshots, calls)
+        finally:
+            self.write_s += time.perf_counter() - started
+
+
+class _TimedProjection(FrontierProjection):
+    """The projection, adding up the wall time of `apply` (load + fold + encode + write)."""
+
+    apply_s = 0.0
+
+    async def apply(
+        self, records: Mapping[int, Sequence[StoredEvent]], next_offsets: Mapping[int, int]
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            await super().apply(records, next_offsets)
+        finally:
+            self.apply_s += time.perf_counter() - started
+
+
+def _maxrss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _peak_rss_kib() -> int:
+    """This process's peak RSS in KiB: ``VmHWM``, falling back to ``ru_maxrss``.
+
+    ``VmHWM`` starts afresh at exec. On Linux ``ru_maxrss`` does not: it keeps the high-water
+    mark of the memory the process had before exec, the forking parent's copy, so a child of a
+    big parent would report at least the parent's RSS.
+    """
+    with contextlib.suppress(OSError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return _maxrss_kib()
+
+
+async def child_project(args: argparse.Namespace) -> dict[str, Any]:
+    """Fold the whole topic with `KafkaProjector` into the given schema; return the figures."""
+    ends: dict[int, int] = {int(p): int(o) for p, o in json.loads(args.ends).items()}
+    baseline_kib = _peak_rss_kib()
+    log = KafkaEventLog(args.bootstrap, topic=args.topic, partitions=PARTITIONS, create_topic=False)
+    store = _TimedStore(args.database_url, schema=args.schema)
+    await store.start()
+    projection = _TimedProjection(store, log)
+    projector = KafkaProjector(
+        args.bootstrap,
+        projection,
+        topic=args.topic,
+        partitions=PARTITIONS,
+        group_id=f"onward-bench-{uuid.uuid4().hex[:8]}",
+        batch_records=args.batch,
+    )
+    profiler = cProfile.Profile() if args.profile else None
+    step_s = check_s = 0.0
+    first_batch_s: float | None = None
+    try:
+        started = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
+        await projector.start()
+        while True:
+            mark = time.perf_counter()
+            folded = await projector.step()
+            now = time.perf_counter()
+            step_s += now - mark
+            if folded and first_batch_s is None:
+                first_batch_s = now - started
+            positions = await projector.projection.positions()
+            check_s += time.perf_counter() - now
+            if all(positions.get(p, 0) >= end for p, end in ends.items()):
+                break
+        seconds = time.perf_counter() - started
+        if profiler is not None:
+            profiler.disable()
+    finally:
+        await projector.close()
+        await store.close()
+    result: dict[str, Any] = {
+        "seconds": seconds,
+        "first_batch_s": first_batch_s or 0.0,
+        "step_s": step_s,
+        "apply_s": projection.apply_s,
+        "load_s": store.load_s,
+        "write_s": store.write_s,
+        "positions_check_s": check_s,
+        "events": projection.stats.events,
+        "batches": projection.stats.batches,
+        "rows_written": projection.stats.rows_written,
+        "refused_events": projection.stats.refused_events,
+        "snapshots_refused": projection.stats.snapshots_refused,
+        "baseline_peak_rss_kib": baseline_kib,
+        "peak_rss_kib": _peak_rss_kib(),
+        "ru_maxrss_kib": _maxrss_kib(),
+    }
+    if profiler is not None:
+        result["profile"] = _profile_text(profiler, args.profile_top, args.profile_out)
+    return result
+
+
+def _profile_text(profiler: cProfile.Profile, top: int, dump: str | None) -> str:
+    """The top functions by cumulative and by own time; the whole profile dumped to ``dump``."""
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+    if dump:
+        stats.dump_stats(dump)
+    return out.getvalue()
+
+
+@dataclass
+class ChildResult:
+    figures: dict[str, Any]
+    children_maxrss_kib: int
+
+
+async def run_child(
+    args: argparse.Namespace, topic: str, schema: str, ends: Mapping[int, int], *, profile: bool
+) -> ChildResult:
+    """Run the projector in a child process (this script, ``--child-project``)."""
+    argv = [
+        sys.executable,
+        SCRIPT,
+        "--child-project",
+        "--bootstrap",
+        args.bootstrap,
+        "--topic",
+        topic,
+        "--schema",
+        schema,
+        "--batch",
+        str(args.batch),
+        "--ends",
+        json.dumps(ends),
+        "--profile-top",
+        str(args.profile_top),
+    ]
+    if profile:
+        argv += ["--profile", "--profile-out", str(args.json.with_suffix(".prof"))]
+    env = os.environ | {"DATABASE_URL": args.database_url}
+    process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, env=env)
+    try:
+        stdout, _ = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    if process.returncode != 0:
+        raise RuntimeError(f"the projector child exited with {process.returncode}")
+    lines = [ln for ln in stdout.decode().splitlines() if ln.startswith(RESULT_MARK)]
+    if not lines:
+        raise RuntimeError("the projector child printed no result")
+    figures = json.loads(lines[-1][len(RESULT_MARK) :])
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return ChildResult(figures, children)
+
+
+# --------------------------------------------------------------------------------------------
+# PostgreSQL schemas and the frontier table check
+
+
+async def create_schema(database_url: str, schemas: list[str]) -> str:
+    """A fresh, migrated schema, listed in ``schemas`` before it exists; return its name."""
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    schemas.append(schema)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+        await conn.execute(f"SET search_path TO {schema}")
+        await migrate(conn)
+    finally:
+        await conn.close()
+    return schema
+
+
+async def drop_schemas(database_url: str, schemas: Sequence[str]) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        for schema in schemas:
+            await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    finally:
+        await conn.close()
+
+
+async def frontier_counts(database_url: str, schema: str) -> tuple[int, int]:
+    """(rows, completed rows) in the active build's frontiers."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        row = await conn.fetchrow(
+            "SELECT count(*) AS n, count(*) FILTER (WHERE status = 'completed') AS done "
+            "FROM onward_frontiers"
+        )
+    finally:
+        await conn.close()
+    return int(row["n"]), int(row["done"])
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--bootstrap", default=None, help="default: $KAFKA_BOOTSTRAP_SERVERS")
+    parser.add_argument("--database-url", default=None, help="default: $DATABASE_URL")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=5_000, help="projector batch_records")
+    parser.add_argument(
+        "--rebuild-batch", type=int, default=5_000, help="rebuild records per partition per step"
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--skip-raw", action="store_true", help="skip the raw consume figures")
+    parser.add_argument("--skip-rebuild", action="store_true", help="skip the rebuild figure")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also run a cProfiled projector (separately, so the timed run is not slowed) "
+        "and a cProfiled rebuild; their stats are printed and dumped next to --json as .prof",
+    )
+    parser.add_argument("--profile-top", type=int, default=15)
+    parser.add_argument("--profile-out", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, default=Path("bench/results/project.json"))
+    parser.add_argument("--child-project", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    parser.add_argument("--schema", help=argparse.SUPPRESS)
+    parser.add_argument("--ends", help=argparse.SUPPRESS)
+    return parser
+
+
+def _code_version() -> str:
+    """The commit the measured code is at, ``-dirty`` if the tree had changes."""
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(SCRIPT).parent,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return done.stdout.strip()
+
+
+def _rate(events: int, seconds: float) -> float:
+    return events / seconds if seconds else 0.0
+
+
+def _mib(kib: int) -> float:
+    return kib / 1024
+
+
+async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    topic = f"onward.bench.proj.{uuid.uuid4().hex[:8]}"
+    schemas: list[str] = []
+    warnings: list[str] = []
+    results: dict[str, Any] = {"topic": topic, "warnings": warnings}
+
+    def warn(message: str) -> None:
+        warnings.append(message)
+        console.print(f"[red]{message}")
+
+    try:
+        log = await KafkaEventLog.open(args.bootstrap, topic=topic, partitions=PARTITIONS)
+        await log.close()  # only creates the topic with the log's layout and settings
+        console.print(f"producing {args.events:,} events over {args.runs:,} runs into {topic} ...")
+        count, size, seconds = await produce(
+            args.bootstrap, topic, args.runs, args.events, args.seed
+        )
+        ends = await end_offsets(args.bootstrap, topic)
+        if sum(ends.values()) != count:
+            warn(f"end offsets add up to {sum(ends.values())}, produced {count}")
+        results |= {
+            "events": count,
+            "encoded_bytes": size,
+            "mean_event_bytes": size / count,
+            "produce_s": seconds,
+            "produce_events_per_s": _rate(count, seconds),
+            "end_offsets": ends,
+        }
+        console.print(
+            f"produced {count:,} events ({size / count:.0f} B mean) in {seconds:.1f}s "
+            f"({_rate(count, seconds):,.0f} events/s)"
+        )
+
+        if not args.skip_raw:
+            for decode, name in ((False, "raw_consume"), (True, "raw_consume_decode")):
+                read, seconds = await raw_consume(
+                    args.bootstrap, topic, ends, args.batch, decode=decode
+                )
+                results[f"{name}_events"] = read
+                results[f"{name}_s"] = seconds
+                results[f"{name}_events_per_s"] = _rate(read, seconds)
+                console.print(f"{name}: {read:,} in {seconds:.1f}s")
+
+        schema = await create_schema(args.database_url, schemas)
+        console.print("projector fold (child process) ...")
+        child = await run_child(args, topic, schema, ends, profile=False)
+        fig = child.figures
+        rows, completed = await frontier_counts(args.database_url, schema)
+        results |= {
+            "fold_events": fig["events"],
+            "fold_s": fig["seconds"],
+            "fold_events_per_s": _rate(fig["events"], fig["seconds"]),
+            "fold_after_first_batch_events_per_s": _rate(
+                fig["events"], fig["seconds"] - fig["first_batch_s"]
+            ),
+            "fold_first_batch_s": fig["first_batch_s"],
+            "fold_breakdown_s": {
+                "step (getmany + decode + apply)": fig["step_s"],
+                "apply (load + fold/encode + write)": fig["apply_s"],
+                "store.load": fig["load_s"],
+                "store.write": fig["write_s"],
+                "fold + snapshot encode (apply - load - write)": fig["apply_s"]
+                - fig["load_s"]
+                - fig["write_s"],
+                "getmany + decode (step - apply)": fig["step_s"] - fig["apply_s"],
+                "positions checks (benchmark loop)": fig["positions_check_s"],
+            },
+            "fold_batches": fig["batches"],
+            "fold_rows_written": fig["rows_written"],
+            "fold_refused_events": fig["refused_events"],
+            "fold_snapshots_refused": fig["snapshots_refused"],
+            "frontier_rows": rows,
+            "frontier_rows_completed": completed,
+            "projector_peak_rss_mib": _mib(fig["peak_rss_kib"]),
+            "projector_baseline_rss_mib": _mib(fig["baseline_peak_rss_kib"]),
+            # Both include the parent's RSS at fork (see _peak_rss_kib); kept for reference.
+            "projector_ru_maxrss_mib": _mib(fig["ru_maxrss_kib"]),
+            "children_ru_maxrss_mib": _mib(child.children_maxrss_kib),
+            "memory_runs": args.runs,
+        }
+        console.print(f"fold: {fig['events']:,} in {fig['seconds']:.1f}s")
+        if rows != args.runs or completed != args.runs:
+            warn(f"projector: {rows:,} frontier rows, {completed:,} completed, {args.runs:,} runs")
+
+        if "raw_consume_events_per_s" in results:
+            for key in ("raw_consume", "raw_consume_decode"):
+                results[f"ratio_fold_to_{key}"] = (
+                    results["fold_events_per_s"] / results[f"{key}_events_per_s"]
+                )
+
+        if not args.skip_rebuild:
+            console.print("rebuild ...")
+            async with KafkaEventLog(
+                args.bootstrap, topic=topic, partitions=PARTITIONS, create_topic=False
+            ) as source:
+                report = await rebuild_frontiers(
+                    source, args.database_url, schema=schema, batch_size=args.rebuild_batch
+                )
+            rows, completed = await frontier_counts(args.database_url, schema)
+            results |= {
+                "rebuild_events": report.events,
+                "rebuild_s": report.seconds,
+                "rebuild_events_per_s": report.events_per_second,
+                "rebuild_frontier_rows": rows,
+            }
+            console.print(f"rebuild: {report.events:,} in {report.seconds:.1f}s")
+            if rows != args.runs or completed != args.runs:
+                warn(f"rebuild: {rows:,} frontier rows, {completed:,} completed")
+
+        if args.profile:
+            schema = await create_schema(args.database_url, schemas)
+            console.print("profiled projector fold (child process) ...")
+            profiled = await run_child(args, topic, schema, ends, profile=True)
+            results["profiled_fold_events_per_s"] = _rate(
+                profiled.figures["events"], profiled.figures["seconds"]
+            )
+            results["profile"] = profiled.figures["profile"]
+            if not args.skip_rebuild:
+                console.print("profiled rebuild ...")
+                profiler = cProfile.Profile()
+                async with KafkaEventLog(
+                    args.bootstrap, topic=topic, partitions=PARTITIONS, create_topic=False
+                ) as source:
+                    profiler.enable()
+                    report = await rebuild_frontiers(
+                        source, args.database_url, schema=schema, batch_size=args.rebuild_batch
+                    )
+                    profiler.disable()
+                results["profiled_rebuild_events_per_s"] = report.events_per_second
+                dump = args.json.with_name(f"{args.json.stem}-rebuild.prof")
+                results["rebuild_profile"] = _profile_text(profiler, args.profile_top, str(dump))
+    finally:
+        await cleanup(args, topic, schemas, console)
+    return results
+
+
+async def cleanup(
+    args: argparse.Namespace, topic: str, schemas: Sequence[str], console: Console
+) -> None:
+    """Delete the topic and drop the schemas; a failure is reported, not raised."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=args.bootstrap)
+    try:
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+    except Exception as exc:
+        console.print(f"[red]could not delete topic {topic}: {exc!r}")
+    try:
+        if schemas:
+            await drop_schemas(args.database_url, schemas)
+    except Exception as exc:
+        console.print(f"[red]could not drop schemas {schemas}: {exc!r}")
+
+
+def _table(args: argparse.Namespace, results: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"project: {results['events']:,} events (~{results['mean_event_bytes']:.0f} B) "
+        f"over {args.runs:,} runs, {PARTITIONS} partitions, batch {args.batch:,}"
+    )
+    table.add_column("measure")
+    table.add_column("events/s", justify="right")
+    table.add_column("seconds", justify="right")
+    table.add_column("note")
+
+    def row(name: str, key: str, note: str = "") -> None:
+        if f"{key}_events_per_s" in results:
+            table.add_row(
+                name, f"{results[f'{key}_events_per_s']:,.0f}", f"{results[f'{key}_s']:.1f}", note
+            )
+
+    row("pre-produce (raw producer)", "produce", "generate + encode + send, acks=all")
+    row("raw consume (count only)", "raw_consume")
+    row("raw consume + decode", "raw_consume_decode", "codec.decode of every value")
+    row(
+        "projector fold -> PostgreSQL",
+        "fold",
+        f"from start(); first batch after {results['fold_first_batch_s']:.1f}s",
+    )
+    row("rebuild (rebuild_frontiers)", "rebuild", "LogProjector over KafkaEventLog")
+    for name, key in (
+        ("fold / raw consume", "ratio_fold_to_raw_consume"),
+        ("fold / raw consume + decode", "ratio_fold_to_raw_consume_decode"),
+    ):
+        if key in results:
+            table.add_row(name, f"{results[key]:.3f}", "", "ratio")
+    table.add_row(
+        "projector peak RSS",
+        f"{results['projector_peak_rss_mib']:,.0f} MiB",
+        "",
+        f"child process VmHWM, {args.runs:,} runs; "
+        f"{results['projector_baseline_rss_mib']:,.0f} MiB after imports",
+    )
+    batches = results["fold_batches"]
+    table.add_row(
+        "projector batches / rows written",
+        f"{batches:,} / {results['fold_rows_written']:,}",
+        "",
+        f"{results['fold_events'] / max(1, batches):,.0f} events, "
+        f"{results['fold_rows_written'] / max(1, batches):,.0f} rows per batch",
+    )
+    return table
+
+
+def _breakdown(results: dict[str, Any]) -> Table:
+    table = Table(title="where the projector's wall time went (child, timed run)")
+    table.add_column("part")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    total = results["fold_s"]
+    table.add_row("total, from start()", f"{total:.2f}", "100%")
+    table.add_row(
+        "before the first batch (start, join)", f"{results['fold_first_batch_s']:.2f}", ""
+    )
+    for name, seconds in results["fold_breakdown_s"].items():
+        table.add_row(name, f"{seconds:.2f}", f"{100 * seconds / total:.0f}%")
+    return table
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    args.bootstrap = args.bootstrap or os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    args.database_url = args.database_url or os.environ["DATABASE_URL"]
+    if args.child_project:
+        print(RESULT_MARK + json.dumps(asyncio.run(child_project(args))), flush=True)
+        return
+    if args.events < 4 * args.runs:
+        raise SystemExit("--events must be at least 4 per run")
+    console = Console()
+    code = _code_version()
+    console.print(f"code at {code}")
+    results = asyncio.run(bench(args, console))
+    console.print(_table(args, results))
+    console.print(_breakdown(results))
+    console.print("Absolute figures depend on the machine; compare the ratios.")
+    if "profile" in results:
+        console.print(
+            f"cProfile of a separate projector run "
+            f"({results['profiled_fold_events_per_s']:,.0f} events/s under the profiler):"
+        )
+        print(results["profile"])
+    if "rebuild_profile" in results:
+        console.print(
+            f"cProfile of a separate rebuild "
+            f"({results['profiled_rebuild_events_per_s']:,.0f} events/s under the profiler):"
+        )
+        print(results["rebuild_profile"])
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    parameters = {
+        k: v
+        for k, v in vars(args).items()
+        if k not in {"child_project", "topic", "schema", "ends", "database_url", "profile_out"}
+    }
+    args.json.write_text(
+        json.dumps(
+            {
+                "benchmark": "project",
+                "code": code,
+                "parameters": parameters | {"json": str(args.json), "partitions": PARTITIONS},
+                "results": results,
+            },
+            indent=2,
+        )
+    )
+    console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

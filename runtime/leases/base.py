@@ -1,0 +1,116 @@
+"""Leases: one worker per run, with a fence that every acquisition raises.
+
+The store owns the clock: expiry is decided by the store's time (Redis ``TIME`` inside the Lua
+scripts, PostgreSQL ``now()``, the operating system's clock in SQLite and memory), never by a
+time the caller passes, so a worker whose clock is an hour off can neither take a lease that has
+not lapsed nor keep one that has. Every acquisition raises the run's fence, after a release or an
+expiry too, and the fence never goes back; renewal keeps it. A superseded holder is refused on
+the number, not on the time: its renew and release raise `FencedError`, and whatever it writes
+to the log under the old fence is refused by every reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+from onward.errors import ConfigurationError
+
+
+@dataclass(frozen=True, slots=True)
+class RunLease:
+    """A worker's hold on a run.
+
+    Attributes:
+        run_id: The run.
+        tenant: The run's tenant.
+        holder: The worker holding it.
+        fence: Raised on every acquisition; the number every write of this holder carries.
+        expires_at: When the lease lapses, in the store's clock (seconds since the epoch).
+    """
+
+    run_id: str
+    tenant: str
+    holder: str
+    fence: int
+    expires_at: float
+
+    def superseded_by(self, other: RunLease) -> bool:
+        """Whether ``other`` is a later acquisition of the same run."""
+        return other.run_id == self.run_id and other.fence > self.fence
+
+
+@dataclass(frozen=True, slots=True)
+class LeasePolicy:
+    """How long a lease lasts and when its holder renews it.
+
+    Attributes:
+        ttl: How long an acquisition or renewal holds the run.
+        renew_within: Renew when less than this is left.
+    """
+
+    ttl: timedelta = timedelta(minutes=5)
+    renew_within: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.ttl <= timedelta(0):
+            raise ConfigurationError(f"lease ttl must be positive, got {self.ttl}")
+        if self.renew_within is not None and not timedelta(0) < self.renew_within < self.ttl:
+            raise ConfigurationError(
+                f"renew_within must be between 0 and the ttl ({self.ttl}), got {self.renew_within}"
+            )
+
+    @property
+    def renew_margin(self) -> timedelta:
+        """Renew when this much of the lease is left (two thirds of the ttl by default)."""
+        return self.renew_within if self.renew_within is not None else self.ttl * 2 / 3
+
+    @property
+    def ttl_s(self) -> float:
+        return self.ttl.total_seconds()
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Who holds which run, decided by the store's clock."""
+
+    async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
+        """Take a run's lease, raising its fence.
+
+        Raises:
+            ResumeConflictError: Another holder has an unexpired lease (``holder`` names it).
+        """
+        ...
+
+    async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
+        """Extend a lease, keeping its fence.
+
+        Raises:
+            FencedError: The lease expired or was superseded; the caller must stop writing.
+        """
+        ...
+
+    async def release(self, lease: RunLease) -> None:
+        """Hand a lease back so the next worker need not wait out the ttl.
+
+        Raises:
+            FencedError: The lease was superseded (releasing is then not this caller's to do).
+        """
+        ...
+
+    async def current(self, run_id: str) -> RunLease | None:
+        """The unexpired lease on a run, if any."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

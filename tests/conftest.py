@@ -61,3 +61,19 @@ def database_url() -> Iterator[str]:
 
     with PostgresContainer("postgres:15", driver=None) as container:
         yield container.get_connection_url()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis URL (``redis://host:port/db``)."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    if not _docker_answers():
+        _no_server("REDIS_URL")
+    from testcontainers.community.redis import RedisContainer  # noqa: PLC0415
+
+    with RedisContainer("redis:7") as container:
+        host = container.get_container_host_ip()
+        yield f"redis://{host}:{container.get_exposed_port(6379)}/0"

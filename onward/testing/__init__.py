@@ -5,5 +5,11 @@ Needs the ``dev`` extra (pytest, pytest-asyncio).
 
 from .eventlog import EventLogConformance, PersistentEventLogConformance
 from .frontiers import FrontierStoreConformance
+from .leases import LeaseStoreConformance
 
-__all__ = ["EventLogConformance", "FrontierStoreConformance", "PersistentEventLogConformance"]
+__all__ = [
+    "EventLogConformance",
+    "FrontierStoreConformance",
+    "LeaseStoreConformance",
+    "PersistentEventLogConformance",
+]

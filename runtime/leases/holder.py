@@ -1,0 +1,248 @@
+"""`Leaseholder`: hold a run's lease for the length of an ``async with`` block.
+
+::
+
+    async with Leaseholder(store, run_id, tenant="acme", holder=worker) as held:
+        ...                      # write under held.lease.fence
+        await held.check()       # raises FencedError once the lease is known to be lost
+        await held.confirm()     # asks the store, right now, before an irreversible step
+
+The lease is taken on entry (or, given ``lease=``, an already taken one is adopted) and renewed
+in a background task whenever less than the policy's renew margin is left. The wait is measured
+from when the last grant was *requested*, with the event loop's monotonic clock and the ttl the
+store was asked for: the store granted at that instant or later, so the lease lasts at least
+that long, and no clock of the caller is compared with the store's. Once a renewal is refused
+with `FencedError` the task stops and ``fenced`` is set; the holder must stop writing (whatever
+it still writes under the old fence is refused by readers anyway). If the store cannot be
+reached, renewal is retried until the lease must have lapsed, and then ``fenced`` is set too.
+
+The lease is released on the way out of the block, whether it ends normally, with an exception
+or by cancellation, so the next worker need not wait out the ttl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+from typing import Self
+
+from onward.errors import FencedError, InvalidInputError, OnwardError
+
+from .base import LeasePolicy, LeaseStore, RunLease
+
+logger = logging.getLogger(__name__)
+
+BACKEND_RETRY_S = 1.0
+"""Longest wait between renewal attempts while the store is failing (shorter near the end)."""
+
+
+class Leaseholder:
+    """Takes, keeps and hands back one run's lease around a block of work.
+
+    Args:
+        store: Where leases are kept.
+        run_id: The run to hold.
+        tenant: The run's tenant.
+        holder: This worker's name, as other workers will see it in `ResumeConflictError`.
+        policy: The ttl asked for and when to renew.
+        lease: A lease of this run and holder already taken (by a `Resumer`, say) to keep and
+            release instead of acquiring one. It is renewed on entry, which both proves it is
+            still held and starts the renewal clock from a known instant.
+
+    Attributes:
+        fenced: Set once the lease is known to be lost (a renewal raised `FencedError`, or the
+            store stayed unreachable until the lease must have lapsed).
+    """
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        run_id: str,
+        *,
+        tenant: str,
+        holder: str,
+        policy: LeasePolicy | None = None,
+        lease: RunLease | None = None,
+    ) -> None:
+        if lease is not None and (lease.run_id, lease.holder) != (run_id, holder):
+            raise InvalidInputError(
+                f"run {run_id!r}: the lease to adopt is of run {lease.run_id!r} and holder "
+                f"{lease.holder!r}, not of holder {holder!r}",
+                run_id=run_id,
+            )
+        self.store = store
+        self.run_id = run_id
+        self.tenant = tenant
+        self.holder = holder
+        self.policy = policy or LeasePolicy()
+        self.fenced = asyncio.Event()
+        self._lease = lease
+        self._adopt = lease is not None
+        self._held = False
+        self._renewing = asyncio.Lock()
+        self._renewal: asyncio.Task[None] | None = None
+
+    @property
+    def lease(self) -> RunLease:
+        """The latest grant, with the fence every write must carry (kept after the block ends)."""
+        if self._lease is None:
+            raise InvalidInputError(
+                f"run {self.run_id!r}: the lease was never taken; "
+                "use `async with Leaseholder(...)`",
+                run_id=self.run_id,
+            )
+        return self._lease
+
+    async def check(self) -> None:
+        """Raise if the lease is known to be lost, so work stops before its next write.
+
+        This asks nothing of the store; it reads what the renewals found. Use :meth:`confirm`
+        where a stale answer would be costly.
+
+        Raises:
+            FencedError: ``fenced`` is set.
+        """
+        if self.fenced.is_set():
+            raise FencedError(
+                f"run {self.run_id!r}: the lease of {self.holder!r} under fence "
+                f"{self.lease.fence} is lost; stop writing to the run",
+                run_id=self.run_id,
+            )
+
+    async def confirm(self) -> RunLease:
+        """Renew now and return the lease: the last word before an irreversible step.
+
+        A holder that was paused (a long GC, a suspended VM) past its ttl learns it here from
+        the store itself, rather than from a renewal task that has not yet run.
+
+        Raises:
+            FencedError: The lease is lost (``fenced`` is set as well).
+            BackendError: The store could not say; the step should not be taken either.
+        """
+        await self.check()
+        await self._renew()
+        return self.lease
+
+    async def _renew(self) -> None:
+        """One renewal, serialized with the others; a refusal sets ``fenced``."""
+        async with self._renewing:
+            try:
+                self._lease = await self.store.renew(self.lease, ttl_s=self.policy.ttl_s)
+            except FencedError:
+                self.fenced.set()
+                raise
+
+    async def __aenter__(self) -> Self:
+        """Take (or adopt and renew) the lease and start renewing it.
+
+        Raises:
+            ResumeConflictError: Another worker (or this one, already) holds the run.
+            FencedError: The adopted lease is already lost.
+        """
+        if self._held:
+            raise InvalidInputError(
+                f"run {self.run_id!r}: this Leaseholder is already held", run_id=self.run_id
+            )
+        loop = asyncio.get_running_loop()
+        requested = loop.time()
+        self.fenced.clear()
+        if self._adopt:
+            await self._renew()
+        else:
+            self._lease = await self.store.acquire(
+                self.run_id, tenant=self.tenant, holder=self.holder, ttl_s=self.policy.ttl_s
+            )
+        self._held = True
+        self._renewal = asyncio.create_task(
+            self._keep(requested), name=f"onward-lease-renewal:{self.run_id}"
+        )
+        self._renewal.add_done_callback(self._renewal_ended)
+        return self
+
+    async def _keep(self, granted: float) -> None:
+        """Renew the lease until told to stop or until it is lost.
+
+        Args:
+            granted: Loop time at which the request behind the current lease was sent.
+        """
+        loop = asyncio.get_running_loop()
+        ttl_s = self.policy.ttl_s
+        margin_s = self.policy.renew_margin.total_seconds()
+        due = granted + ttl_s - margin_s
+        while True:
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            requested = loop.time()
+            try:
+                await self._renew()
+            except FencedError as exc:
+                logger.warning("run %r: lease lost, renewal refused: %s", self.run_id, exc)
+                return
+            except OnwardError as exc:
+                lapses = granted + ttl_s
+                if loop.time() >= lapses:
+                    logger.exception(
+                        "run %r: lease must have lapsed; the store stayed unreachable",
+                        self.run_id,
+                    )
+                    self.fenced.set()
+                    return
+                logger.warning("run %r: lease renewal failed, retrying: %s", self.run_id, exc)
+                due = loop.time() + min(BACKEND_RETRY_S, (lapses - loop.time()) / 2)
+                continue
+            granted = requested
+            due = granted + ttl_s - margin_s
+
+    def _renewal_ended(self, task: asyncio.Task[None]) -> None:
+        """A renewal task that died of a bug stops renewing: say so, and treat it as lost."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            logger.error(
+                "run %r: lease renewal crashed; the lease will lapse",
+                self.run_id,
+                exc_info=error,
+            )
+            self.fenced.set()
+
+    async def _stop_renewing(self) -> None:
+        """Cancel the renewal task and wait until it has stopped, so it cannot race the release.
+
+        Only the renewal task's own cancellation is absorbed; if this task is cancelled while
+        waiting, that cancellation propagates.
+        """
+        task, self._renewal = self._renewal, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait([task])
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop renewing and release the lease.
+
+        A `FencedError` from the release is logged and swallowed: the lease was already lost,
+        which ``fenced`` reports. Any other release failure is raised when the block ended
+        normally, and logged when the block is already raising, so it never masks that error
+        (the lease then lapses after its ttl).
+        """
+        await self._stop_renewing()
+        if not self._held:
+            return
+        self._held = False
+        self._adopt = False  # entering again takes a new lease; this one is being handed back
+        try:
+            await self.store.release(self.lease)
+        except FencedError as error:
+            logger.warning("run %r: lease already lost at release: %s", self.run_id, error)
+        except OnwardError:
+            if exc is None:
+                raise
+            logger.exception(
+                "run %r: releasing the lease failed; it lapses after its ttl", self.run_id
+            )

@@ -1,0 +1,152 @@
+"""`MemoryLeaseStore`: leases in this process, for tests and single-process embedding.
+
+The store's clock is the operating system's monotonic clock, so a wall clock set back or forward
+(by NTP, by hand, or by a test patching ``time.time``) neither lengthens nor shortens a lease.
+``expires_at`` is that monotonic deadline shifted by an offset taken once when the store is
+made, so it reads as seconds since the epoch and compares with other leases of the same store.
+
+Every method decides without awaiting, so on one event loop each call is atomic; the fence
+counter of a run outlives releases and expiries and only goes up.
+
+The ttl check and the two refusals are defined here and shared by every backend, so a caller
+sees the same messages whichever store it runs on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+from onward.errors import FencedError, InvalidInputError, ResumeConflictError
+
+from .base import RunLease
+
+
+@dataclass(slots=True)
+class _Held:
+    """A granted lease: who, under which fence, until which monotonic instant."""
+
+    tenant: str
+    holder: str
+    fence: int
+    deadline: float
+
+
+def check_ttl(ttl_s: float) -> None:
+    """Refuse a ttl that could not hold a run, before any store is asked (every backend uses it).
+
+    Raises:
+        InvalidInputError: ``ttl_s`` is not a positive, finite number of seconds.
+    """
+    if not (ttl_s > 0 and math.isfinite(ttl_s)):
+        raise InvalidInputError(f"a lease ttl must be positive, finite seconds, got {ttl_s!r}")
+
+
+def conflict_error(run_id: str, holder: str | None) -> ResumeConflictError:
+    """The refusal every backend raises when an unexpired lease is in the way.
+
+    ``holder`` is ``None`` only when the holder let go between the refusal and the look.
+    """
+    return ResumeConflictError(
+        f"run {run_id!r} is held by {holder!r}; wait for it to finish or for its lease to lapse",
+        run_id=run_id,
+        holder=holder,
+    )
+
+
+def fenced_error(lease: RunLease, why: str) -> FencedError:
+    """The refusal every backend raises to a holder whose lease is gone."""
+    return FencedError(
+        f"run {lease.run_id!r}: the lease of {lease.holder!r} under fence {lease.fence} {why}; "
+        "stop writing to the run",
+        run_id=lease.run_id,
+    )
+
+
+class MemoryLeaseStore:
+    """A `LeaseStore` held in a dict: nothing survives the process."""
+
+    def __init__(self) -> None:
+        self._epoch_offset = time.time() - time.monotonic()
+        self._held: dict[str, _Held] = {}
+        self._fences: dict[str, int] = {}
+
+    def _lease(self, run_id: str, held: _Held) -> RunLease:
+        return RunLease(
+            run_id=run_id,
+            tenant=held.tenant,
+            holder=held.holder,
+            fence=held.fence,
+            expires_at=held.deadline + self._epoch_offset,
+        )
+
+    def _live(self, run_id: str) -> _Held | None:
+        held = self._held.get(run_id)
+        if held is None or held.deadline <= time.monotonic():
+            return None
+        return held
+
+    async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
+        """Take a run's lease, raising its fence.
+
+        Raises:
+            ResumeConflictError: Another holder, or this same one, has an unexpired lease.
+        """
+        check_ttl(ttl_s)
+        current = self._live(run_id)
+        if current is not None:
+            raise conflict_error(run_id, current.holder)
+        fence = self._fences.get(run_id, 0) + 1
+        self._fences[run_id] = fence
+        held = _Held(tenant, holder, fence, time.monotonic() + ttl_s)
+        self._held[run_id] = held
+        return self._lease(run_id, held)
+
+    async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
+        """Extend a lease, keeping its fence.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        check_ttl(ttl_s)
+        held = self._live(lease.run_id)
+        if held is None or (held.holder, held.fence) != (lease.holder, lease.fence):
+            raise fenced_error(lease, "expired, was released or was superseded")
+        held.deadline = time.monotonic() + ttl_s
+        return self._lease(lease.run_id, held)
+
+    async def release(self, lease: RunLease) -> None:
+        """Hand a lease back; releasing one already released or lapsed (not taken) is a no-op.
+
+        Raises:
+            FencedError: A later acquisition superseded the lease.
+        """
+        held = self._held.get(lease.run_id)
+        if held is not None and (held.holder, held.fence) == (lease.holder, lease.fence):
+            del self._held[lease.run_id]
+            return
+        if held is None and self._fences.get(lease.run_id) == lease.fence:
+            return
+        raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
+
+    async def current(self, run_id: str) -> RunLease | None:
+        """The unexpired lease on a run, if any."""
+        held = self._live(run_id)
+        return None if held is None else self._lease(run_id, held)
+
+    async def close(self) -> None:
+        """Nothing to close; the leases stay for as long as the store object lives."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,272 @@
+"""`PostgresLeaseStore`: leases in PostgreSQL (asyncpg), shared by workers on many machines.
+
+One statement decides each acquisition: an upsert whose ``DO UPDATE`` only fires when the row
+is free (released) or lapsed, raising the fence in the same write. PostgreSQL locks the row and
+re-checks that condition against the newest committed version, so of any number of concurrent
+acquirers exactly one gets a row back. Renewal and release are single guarded ``UPDATE``s.
+
+Every time comes from the server's ``now()``; no caller sends one, so a worker whose clock is off
+can neither take a lease that has not lapsed nor keep one that has. ``expires_at`` is a
+``timestamptz`` in the table and seconds since the epoch in `RunLease`. The row outlives a
+release, so the fence only ever goes up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import asyncpg
+
+from onward.errors import BackendUnavailableError, InvalidInputError, OnwardError, translate
+from onward.projections.migrations import verify_postgres
+
+from .base import RunLease
+from .memory import check_ttl, conflict_error, fenced_error
+
+_T = TypeVar("_T")
+
+_RETURNING = "RETURNING tenant, holder, fence, extract(epoch FROM expires_at)::float8 AS expires_at"
+_ACQUIRE = (
+    "INSERT INTO onward_leases AS l (run_id, tenant, holder, fence, expires_at) "
+    "VALUES ($1, $2, $3, 1, now() + make_interval(secs => $4::float8)) "
+    "ON CONFLICT (run_id) DO UPDATE SET tenant = excluded.tenant, holder = excluded.holder, "
+    "fence = l.fence + 1, expires_at = excluded.expires_at, updated_at = now() "
+    f"WHERE l.holder IS NULL OR l.expires_at <= now() {_RETURNING}"
+)
+_RENEW = (
+    "UPDATE onward_leases SET expires_at = now() + make_interval(secs => $4::float8), "
+    "updated_at = now() "
+    f"WHERE run_id = $1 AND holder = $2 AND fence = $3 AND expires_at > now() {_RETURNING}"
+)
+_RELEASE = (
+    "UPDATE onward_leases SET holder = NULL, expires_at = NULL, updated_at = now() "
+    "WHERE run_id = $1 AND holder = $2 AND fence = $3"
+)
+_CURRENT = (
+    "SELECT tenant, holder, fence, extract(epoch FROM expires_at)::float8 AS expires_at "
+    "FROM onward_leases WHERE run_id = $1 AND holder IS NOT NULL AND expires_at > now()"
+)
+_ROW = (
+    "SELECT holder, fence, holder IS NOT NULL AND expires_at > now() AS held "
+    "FROM onward_leases WHERE run_id = $1"
+)
+
+ACQUIRE_ATTEMPTS = 3
+"""How often an acquisition is retried when the lease it lost to was gone by the time it looked.
+
+The upsert refuses while a lease is live; the holder is read in a second statement, and that
+holder may release in between. Then the run is free and the acquisition is tried again rather
+than refused naming nobody.
+"""
+
+# Connection-level failures: the server could not be reached, refused or dropped the session.
+# Everything else asyncpg raises is a statement or schema problem and is not worth retrying.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.TooManyConnectionsError,
+)
+_DRIVER: tuple[type[BaseException], ...] = (
+    *_UNAVAILABLE,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+)
+
+
+def _lease(run_id: str, row: asyncpg.Record) -> RunLease:
+    return RunLease(
+        run_id=run_id,
+        tenant=row["tenant"],
+        holder=row["holder"],
+        fence=int(row["fence"]),
+        expires_at=float(row["expires_at"]),
+    )
+
+
+def _translate(exc: BaseException, context: str, run_id: str | None) -> OnwardError:
+    """The Onward error for an asyncpg or socket failure.
+
+    `onward.errors.translate` has no asyncpg rules (everything becomes `BackendError`), so the
+    failures that mean "the server is not there" are picked out here as retryable.
+    """
+    if isinstance(exc, _UNAVAILABLE):
+        message = f"{context}: {type(exc).__name__}: {exc} (retry once PostgreSQL is reachable)"
+        if run_id is not None:
+            message = f"run {run_id!r}: {message}"
+        return BackendUnavailableError(message, run_id=run_id)
+    return translate(exc, context=context, run_id=run_id)
+
+
+class PostgresLeaseStore:
+    """A `LeaseStore` in PostgreSQL.
+
+    Args:
+        dsn: ``postgresql://user:password@host:port/database``.
+        schema: The PostgreSQL schema (search path) holding Onward's tables; ``None`` for the
+            server's default. The table comes from ``onward db migrate``.
+        min_size: Smallest pool size.
+        max_size: Largest pool size.
+    """
+
+    def __init__(
+        self, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10
+    ) -> None:
+        self._dsn = dsn
+        self._server_settings = {"search_path": schema} if schema else {}
+        self._min_size = min_size
+        self._max_size = max_size
+        self._pool: asyncpg.Pool | None = None
+
+    @classmethod
+    async def open(cls, dsn: str, **options: Any) -> PostgresLeaseStore:
+        """Create the store, connect and verify the schema.
+
+        Raises:
+            SchemaMismatchError: The database is not at this code's schema version.
+            BackendUnavailableError: PostgreSQL could not be reached.
+        """
+        store = cls(dsn, **options)
+        await store.start()
+        return store
+
+    async def start(self) -> None:
+        """Open the pool and verify the schema (``onward db migrate`` creates the table)."""
+        if self._pool is not None:
+            return
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=self._min_size,
+                max_size=self._max_size,
+                server_settings=self._server_settings,
+            )
+        except _DRIVER as exc:
+            raise _translate(exc, "connecting to PostgreSQL", None) from exc
+        try:
+            await self.verify()
+        except BaseException:
+            await self.close()
+            raise
+
+    def _live_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise InvalidInputError(
+                "the PostgreSQL lease store is not open; use "
+                "`await PostgresLeaseStore.open(dsn)` or `async with`"
+            )
+        return self._pool
+
+    async def _run(
+        self,
+        work: Callable[[asyncpg.Connection], Awaitable[_T]],
+        context: str,
+        run_id: str | None,
+    ) -> _T:
+        """Run ``work`` on a pooled connection, translating driver failures in one place."""
+        pool = self._live_pool()
+        try:
+            async with pool.acquire() as conn:
+                return await work(conn)
+        except _DRIVER as exc:
+            raise _translate(exc, context, run_id) from exc
+
+    async def verify(self) -> None:
+        """Check the database is at this code's schema version.
+
+        Raises:
+            SchemaMismatchError: Run ``onward db migrate`` (or upgrade Onward).
+        """
+        await self._run(verify_postgres, "verifying schema", None)
+
+    async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
+        """Take a run's lease, raising its fence.
+
+        Raises:
+            ResumeConflictError: Another holder, or this same one, has an unexpired lease.
+        """
+        check_ttl(ttl_s)
+
+        async def acquire(conn: asyncpg.Connection) -> tuple[asyncpg.Record | None, str | None]:
+            in_the_way: str | None = None
+            for _ in range(ACQUIRE_ATTEMPTS):
+                row = await conn.fetchrow(_ACQUIRE, run_id, tenant, holder, ttl_s)
+                if row is not None:
+                    return row, None
+                current = await conn.fetchrow(_ROW, run_id)
+                in_the_way = None if current is None else current["holder"]
+                if current is not None and current["held"]:
+                    break
+            return None, in_the_way
+
+        row, in_the_way = await self._run(acquire, "acquiring the lease", run_id)
+        if row is None:
+            raise conflict_error(run_id, in_the_way)
+        return _lease(run_id, row)
+
+    async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
+        """Extend a lease, keeping its fence.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        check_ttl(ttl_s)
+
+        async def renew(conn: asyncpg.Connection) -> asyncpg.Record | None:
+            row: asyncpg.Record | None = await conn.fetchrow(
+                _RENEW, lease.run_id, lease.holder, lease.fence, ttl_s
+            )
+            return row
+
+        row = await self._run(renew, "renewing the lease", lease.run_id)
+        if row is None:
+            raise fenced_error(lease, "expired, was released or was superseded")
+        return _lease(lease.run_id, row)
+
+    async def release(self, lease: RunLease) -> None:
+        """Hand a lease back; releasing one already released or lapsed (not taken) is a no-op.
+
+        Raises:
+            FencedError: A later acquisition superseded the lease.
+        """
+
+        async def release(conn: asyncpg.Connection) -> bool:
+            status = await conn.execute(_RELEASE, lease.run_id, lease.holder, lease.fence)
+            if status != "UPDATE 0":
+                return True
+            row = await conn.fetchrow(_ROW, lease.run_id)
+            return row is not None and row["holder"] is None and int(row["fence"]) == lease.fence
+
+        if not await self._run(release, "releasing the lease", lease.run_id):
+            raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
+
+    async def current(self, run_id: str) -> RunLease | None:
+        """The unexpired lease on a run, if any, by the server's clock."""
+
+        async def read(conn: asyncpg.Connection) -> asyncpg.Record | None:
+            row: asyncpg.Record | None = await conn.fetchrow(_CURRENT, run_id)
+            return row
+
+        row = await self._run(read, "reading the lease", run_id)
+        return None if row is None else _lease(run_id, row)
+
+    async def close(self) -> None:
+        """Close the pool. Idempotent."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

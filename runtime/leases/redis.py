@@ -1,0 +1,226 @@
+"""`RedisLeaseStore`: leases in Redis (redis-py asyncio), decided by Lua scripts.
+
+Each operation is one script, so it runs atomically on the server, and each script reads the
+time with ``redis.call('TIME')``: the Redis server's clock decides expiry, never the caller's.
+
+Two keys per run:
+
+* ``{prefix}lease:{run_id}``, a hash (``holder``, ``tenant``, ``fence``, ``expires_at`` as a
+  string of seconds since the epoch by the server's clock). Its ``PEXPIRE`` is set a little past
+  the ttl only so abandoned runs do not pile up; expiry is decided by ``expires_at``.
+* ``{prefix}fence:{run_id}``, the run's fence counter. It has no expiry and is only ever
+  ``INCR``-ed, so every acquisition, after a release or an expiry too, raises the fence.
+
+The fence is only as durable as Redis itself: run it with persistence (AOF) and with a
+``maxmemory-policy`` that never evicts keys without an expiry (``noeviction`` or a
+``volatile-*`` policy), or a restart or eviction could hand out a fence twice. The two keys of
+a run are not hash-tagged, so a script touching both needs a single-node (or single-slot)
+deployment rather than Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.resources import files
+from types import TracebackType
+from typing import Any, Self
+
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+from redis.commands.core import AsyncScript
+
+from onward.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+    OnwardError,
+)
+
+from .base import RunLease
+from .memory import check_ttl, conflict_error, fenced_error
+
+CLEANUP_GRACE_MS = 60_000
+"""How long past its expiry a lease hash is kept before Redis deletes it (tidiness only)."""
+
+_SCRIPTS = ("acquire", "renew", "release", "current")
+
+
+def _script_source(name: str) -> str:
+    return (files("onward") / "schemas" / "redis" / f"{name}.lua").read_text()
+
+
+def _translate(exc: BaseException, context: str, run_id: str | None) -> OnwardError:
+    """The Onward error for a redis-py failure: the one place this module maps driver errors.
+
+    A refused login is a configuration problem that retrying will not fix; a connection that
+    failed or timed out may succeed later; any other reply is a plain backend failure.
+    """
+    kind: type[OnwardError]
+    if isinstance(exc, redis_errors.AuthenticationError | redis_errors.AuthorizationError):
+        kind = ConfigurationError
+    elif isinstance(exc, redis_errors.ConnectionError | redis_errors.TimeoutError | OSError):
+        kind = BackendUnavailableError
+    else:
+        kind = BackendError
+    message = f"{context}: {type(exc).__name__}: {exc}"
+    if run_id is not None:
+        message = f"run {run_id!r}: {message}"
+    if kind is BackendUnavailableError:
+        message += " (Redis did not answer; retry once it is reachable)"
+    return kind(message, run_id=run_id)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisLeaseStore:
+    """A `LeaseStore` in Redis.
+
+    Args:
+        url: ``redis://host:port/db`` (or ``rediss://`` for TLS).
+        prefix: Put before every key, so several deployments (or tests) can share one Redis.
+    """
+
+    def __init__(self, url: str, *, prefix: str = "onward:") -> None:
+        self._url = url
+        self.prefix = prefix
+        self._client: aioredis.Redis | None = None
+        self._scripts: dict[str, AsyncScript] = {}
+
+    @classmethod
+    async def open(cls, url: str, *, prefix: str = "onward:") -> RedisLeaseStore:
+        """Create the store and check Redis answers.
+
+        Raises:
+            BackendUnavailableError: Redis could not be reached.
+        """
+        store = cls(url, prefix=prefix)
+        await store.start()
+        return store
+
+    async def start(self) -> None:
+        """Connect, register the scripts and check Redis answers, so a bad URL fails here."""
+        if self._client is not None:
+            return
+        try:
+            client = aioredis.Redis.from_url(self._url, decode_responses=True)
+        except ValueError as exc:
+            raise ConfigurationError(f"REDIS_URL {self._url!r} is not a Redis URL: {exc}") from exc
+        self._client = client
+        self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
+        try:
+            async with self._translated("connecting to Redis", None):
+                await client.ping()
+        except BaseException:
+            await self.close()
+            raise
+
+    def lease_key(self, run_id: str) -> str:
+        """The hash holding a run's lease."""
+        return f"{self.prefix}lease:{run_id}"
+
+    def fence_key(self, run_id: str) -> str:
+        """The counter holding a run's last fence; it never expires."""
+        return f"{self.prefix}fence:{run_id}"
+
+    @asynccontextmanager
+    async def _translated(self, context: str, run_id: str | None) -> AsyncIterator[None]:
+        try:
+            yield
+        except (redis_errors.RedisError, OSError) as exc:
+            raise _translate(exc, context, run_id) from exc
+
+    async def _script(self, name: str, keys: list[str], args: list[Any], run_id: str) -> Any:
+        """Run one of the store's scripts, translating driver failures."""
+        if self._client is None:
+            raise InvalidInputError(
+                "the Redis lease store is not open; use `await RedisLeaseStore.open(url)` or "
+                "`async with`"
+            )
+        async with self._translated(f"running {name}.lua", run_id):
+            return await self._scripts[name](keys=keys, args=args)
+
+    async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
+        """Take a run's lease, raising its fence.
+
+        Raises:
+            ResumeConflictError: Another holder, or this same one, has an unexpired lease.
+        """
+        check_ttl(ttl_s)
+        taken, value, expires_at = await self._script(
+            "acquire",
+            [self.lease_key(run_id), self.fence_key(run_id)],
+            [holder, tenant, _ttl_ms(ttl_s), CLEANUP_GRACE_MS],
+            run_id,
+        )
+        if not int(taken):
+            raise conflict_error(run_id, _text(value))
+        return RunLease(run_id, tenant, holder, int(value), float(expires_at))
+
+    async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
+        """Extend a lease, keeping its fence.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        check_ttl(ttl_s)
+        renewed, value = await self._script(
+            "renew",
+            [self.lease_key(lease.run_id)],
+            [lease.holder, lease.fence, _ttl_ms(ttl_s), CLEANUP_GRACE_MS],
+            lease.run_id,
+        )
+        if not int(renewed):
+            raise fenced_error(lease, f"is lost ({_text(value)})")
+        return RunLease(lease.run_id, lease.tenant, lease.holder, lease.fence, float(value))
+
+    async def release(self, lease: RunLease) -> None:
+        """Hand a lease back; releasing one already released or lapsed (not taken) is a no-op.
+
+        Raises:
+            FencedError: A later acquisition superseded the lease.
+        """
+        released = await self._script(
+            "release",
+            [self.lease_key(lease.run_id), self.fence_key(lease.run_id)],
+            [lease.holder, lease.fence],
+            lease.run_id,
+        )
+        if not int(released):
+            raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
+
+    async def current(self, run_id: str) -> RunLease | None:
+        """The unexpired lease on a run, if any, by the Redis server's clock."""
+        found = await self._script("current", [self.lease_key(run_id)], [], run_id)
+        if not found:
+            return None
+        holder, tenant, fence, expires_at = found
+        return RunLease(run_id, _text(tenant), _text(holder), int(fence), float(expires_at))
+
+    async def close(self) -> None:
+        """Close the connection pool. Idempotent."""
+        client, self._client = self._client, None
+        self._scripts = {}
+        if client is not None:
+            await client.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def _ttl_ms(ttl_s: float) -> int:
+    """The ttl in whole milliseconds (Redis's resolution), never rounded down to nothing."""
+    return max(1, math.ceil(ttl_s * 1000))

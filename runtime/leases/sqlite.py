@@ -1,0 +1,200 @@
+"""`SqliteLeaseStore`: leases in one SQLite file, for the embedded single-machine deployment.
+
+Workers in several processes on one machine share the file. Each decision is one
+``BEGIN IMMEDIATE`` transaction, which takes the file's write lock before reading, so two
+processes acquiring the same run at once are serialized and exactly one wins.
+
+The clock is SQLite's own ``julianday('now')``, which SQLite reads from the operating system
+itself; Python's ``time.time`` is never consulted and no caller sends a time. ``expires_at`` is
+stored and returned in seconds since the epoch. The row of a run outlives its release (holder
+and expiry become NULL), so the fence it carries only ever goes up.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from onward.eventlog._sqlite import SqliteThread, connect, transaction
+from onward.projections.migrations import migrate_sqlite, verify_sqlite
+
+from .base import RunLease
+from .memory import check_ttl, conflict_error, fenced_error
+
+_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+"""Seconds since the epoch by SQLite's clock; 'now' is fixed for the length of one statement."""
+
+_ACQUIRE = (
+    "INSERT INTO onward_leases (run_id, tenant, holder, fence, expires_at) "
+    f"VALUES (?, ?, ?, 1, {_NOW} + ?) "
+    "ON CONFLICT(run_id) DO UPDATE SET tenant = excluded.tenant, holder = excluded.holder, "
+    "fence = onward_leases.fence + 1, expires_at = excluded.expires_at "
+    f"WHERE onward_leases.holder IS NULL OR onward_leases.expires_at <= {_NOW} "
+    "RETURNING tenant, holder, fence, expires_at"
+)
+_RENEW = (
+    f"UPDATE onward_leases SET expires_at = {_NOW} + ? "
+    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {_NOW} "
+    "RETURNING tenant, holder, fence, expires_at"
+)
+_RELEASE = (
+    "UPDATE onward_leases SET holder = NULL, expires_at = NULL "
+    "WHERE run_id = ? AND holder = ? AND fence = ?"
+)
+_CURRENT = (
+    "SELECT tenant, holder, fence, expires_at FROM onward_leases "
+    f"WHERE run_id = ? AND holder IS NOT NULL AND expires_at > {_NOW}"
+)
+
+
+def _lease(run_id: str, row: Any) -> RunLease:
+    tenant, holder, fence, expires_at = row
+    return RunLease(run_id, tenant, holder, int(fence), float(expires_at))
+
+
+class SqliteLeaseStore:
+    """A `LeaseStore` in one SQLite file, possibly the event log's own.
+
+    Args:
+        path: The database file; created if missing.
+        migrate: Apply the SQLite migrations when opened, so embedded mode needs no setup. With
+            ``False`` the file must already be migrated, and one that is not is refused.
+    """
+
+    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+        self._path = Path(path)
+        self._migrate = migrate
+        self._db = SqliteThread(self._path, "lease store")
+
+    @classmethod
+    async def open(cls, path: str | Path, *, migrate: bool = True) -> SqliteLeaseStore:
+        """Create the store and open its file.
+
+        Raises:
+            SchemaMismatchError: The file is at another schema version.
+        """
+        store = cls(path, migrate=migrate)
+        await store.start()
+        return store
+
+    async def start(self) -> None:
+        """Open the file, migrate it if configured to, and check its schema version.
+
+        Raises:
+            SchemaMismatchError: The file is at another schema version.
+        """
+        await self._db.open(self._open)
+
+    def _open(self) -> sqlite3.Connection:
+        conn = connect(self._path)
+        try:
+            if self._migrate:
+                migrate_sqlite(conn)
+            verify_sqlite(conn, where=str(self._path))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def verify(self) -> None:
+        """Check the file is still at this code's schema version.
+
+        Raises:
+            SchemaMismatchError: Another process migrated the file to another version.
+        """
+        conn = self._db.connection()
+        await self._db.call(lambda: verify_sqlite(conn, where=str(self._path)), "verifying schema")
+
+    async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
+        """Take a run's lease, raising its fence.
+
+        Raises:
+            ResumeConflictError: Another holder, or this same one, has an unexpired lease.
+        """
+        check_ttl(ttl_s)
+        conn = self._db.connection()
+
+        def acquire() -> tuple[Any, str | None]:
+            # fetchall: a RETURNING statement must run to its end before the COMMIT.
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                rows = conn.execute(_ACQUIRE, (run_id, tenant, holder, ttl_s)).fetchall()
+                if rows:
+                    return rows[0], None
+                current = conn.execute(
+                    "SELECT holder FROM onward_leases WHERE run_id = ?", (run_id,)
+                ).fetchone()
+                return None, current[0]
+
+        row, current_holder = await self._db.call(acquire, "acquiring the lease", run_id)
+        if row is None:
+            raise conflict_error(run_id, current_holder)
+        return _lease(run_id, row)
+
+    async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
+        """Extend a lease, keeping its fence.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        check_ttl(ttl_s)
+        conn = self._db.connection()
+        params = (ttl_s, lease.run_id, lease.holder, lease.fence)
+
+        def renew() -> Any:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                rows = conn.execute(_RENEW, params).fetchall()
+            return rows[0] if rows else None
+
+        row = await self._db.call(renew, "renewing the lease", lease.run_id)
+        if row is None:
+            raise fenced_error(lease, "expired, was released or was superseded")
+        return _lease(lease.run_id, row)
+
+    async def release(self, lease: RunLease) -> None:
+        """Hand a lease back; releasing one already released or lapsed (not taken) is a no-op.
+
+        Raises:
+            FencedError: A later acquisition superseded the lease.
+        """
+        conn = self._db.connection()
+
+        def release() -> bool:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                cursor = conn.execute(_RELEASE, (lease.run_id, lease.holder, lease.fence))
+                if cursor.rowcount:
+                    return True
+                row = conn.execute(
+                    "SELECT holder, fence FROM onward_leases WHERE run_id = ?", (lease.run_id,)
+                ).fetchone()
+                return row is not None and row[0] is None and int(row[1]) == lease.fence
+
+        if not await self._db.call(release, "releasing the lease", lease.run_id):
+            raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
+
+    async def current(self, run_id: str) -> RunLease | None:
+        """The unexpired lease on a run, if any, by SQLite's clock."""
+        conn = self._db.connection()
+
+        def read() -> Any:
+            return conn.execute(_CURRENT, (run_id,)).fetchone()
+
+        row = await self._db.call(read, "reading the lease", run_id)
+        return None if row is None else _lease(run_id, row)
+
+    async def close(self) -> None:
+        """Close the connection and stop the store's thread. Idempotent."""
+        await self._db.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

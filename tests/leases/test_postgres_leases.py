@@ -1,0 +1,89 @@
+"""`PostgresLeaseStore`: the conformance suite, plus what only a shared server has."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from support.pg import fresh_schema
+
+from onward.errors import BackendUnavailableError, ResumeConflictError, SchemaMismatchError
+from onward.runtime.leases import LeaseStore, PostgresLeaseStore, RunLease
+from onward.testing import LeaseStoreConformance
+from onward.testing.eventlog import TENANT, new_run_id
+
+
+class TestPostgresLeaseStore(LeaseStoreConformance):
+    database_url: str
+    stack: AsyncExitStack
+
+    @pytest_asyncio.fixture(autouse=True)
+    async def _schema(self, database_url: str) -> AsyncIterator[None]:
+        self.database_url = database_url
+        async with AsyncExitStack() as stack:
+            self.stack = stack
+            yield
+
+    async def open_store(self) -> LeaseStore:
+        schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
+        return await PostgresLeaseStore.open(self.database_url, schema=schema)
+
+
+async def test_stores_with_their_own_pools_let_exactly_one_acquire(database_url: str) -> None:
+    async with fresh_schema(database_url) as schema:
+        stores = [
+            await PostgresLeaseStore.open(database_url, schema=schema, max_size=2) for _ in range(5)
+        ]
+        try:
+            run_id = new_run_id()
+            outcomes = await asyncio.gather(
+                *(
+                    stores[i % 5].acquire(run_id, tenant=TENANT, holder=f"w{i}", ttl_s=30)
+                    for i in range(20)
+                ),
+                return_exceptions=True,
+            )
+        finally:
+            for store in stores:
+                await store.close()
+    assert sum(isinstance(o, RunLease) for o in outcomes) == 1
+    assert sum(isinstance(o, ResumeConflictError) for o in outcomes) == 19
+
+
+async def test_a_released_row_keeps_its_fence(database_url: str) -> None:
+    async with fresh_schema(database_url) as schema:
+        async with PostgresLeaseStore(database_url, schema=schema) as store:
+            run_id = new_run_id()
+            lease = await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
+            await store.release(lease)
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+        try:
+            row = await conn.fetchrow(
+                "SELECT holder, fence, expires_at FROM onward_leases WHERE run_id = $1", run_id
+            )
+        finally:
+            await conn.close()
+    assert row is not None
+    assert (row["holder"], row["fence"], row["expires_at"]) == (None, lease.fence, None)
+
+
+async def test_an_unmigrated_schema_is_refused(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    schema = f"t_empty_{new_run_id().split('-')[1]}"
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+        with pytest.raises(SchemaMismatchError):
+            await PostgresLeaseStore.open(database_url, schema=schema)
+    finally:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await conn.close()
+
+
+async def test_an_unreachable_server_is_retryable() -> None:
+    with pytest.raises(BackendUnavailableError) as failed:
+        await PostgresLeaseStore.open("postgresql://onward:onward@127.0.0.1:1/onward")
+    assert failed.value.retryable

@@ -80,6 +80,7 @@ async def migrate_postgres(conn: asyncpg.Connection) -> list[str]:
         done = {
             r["version"] for r in await conn.fetch("SELECT version FROM onward_schema_migrations")
         }
+        _refuse_newer("PostgreSQL", done)
         for migration in migrations("postgres"):
             if migration.version in done:
                 continue
@@ -115,6 +116,8 @@ def migrate_sqlite(conn: sqlite3.Connection) -> list[str]:
     """Apply the SQLite migrations not yet applied, each in its own transaction."""
     applied: list[str] = []
     conn.execute(_LEDGER)
+    done = {row[0] for row in conn.execute("SELECT version FROM onward_schema_migrations")}
+    _refuse_newer("SQLite", done)
     for migration in migrations("sqlite"):
         with transaction(conn):
             row = conn.execute(
@@ -131,6 +134,14 @@ def migrate_sqlite(conn: sqlite3.Connection) -> list[str]:
             )
             applied.append(f"{migration.version:04d}_{migration.name}")
     return applied
+
+
+def _refuse_newer(where: str, done: set[int]) -> None:
+    """A database a newer Onward migrated is left alone: older code must not add to it."""
+    dialect: Dialect = "postgres" if where == "PostgreSQL" else "sqlite"
+    expected = expected_version(dialect)
+    if done and max(done) > expected:
+        raise _mismatch(where, max(done), expected)
 
 
 def verify_sqlite(conn: sqlite3.Connection, *, where: str) -> None:

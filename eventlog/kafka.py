@@ -104,6 +104,7 @@ class KafkaEventLog:
         self._admin: AIOKafkaAdminClient | None = None
         self._producer_lock = asyncio.Lock()
         self._reader_lock = asyncio.Lock()
+        self._cursor: tuple[int, int] | None = None
         self.producer_generation = 0
         """How many producers this log has created; grows when a fatal error replaced one."""
 
@@ -272,49 +273,75 @@ class KafkaEventLog:
         run_id: str | None,
         limit: int | None,
     ) -> list[StoredEvent]:
-        key = run_id.encode() if run_id is not None else None
         tp = TopicPartition(self._topic, partition)
-        out: list[StoredEvent] = []
         async with self._reader_lock:
             reader = self._live_reader()
             try:
                 bounds = await self._bounds(reader, tp)
-                low = bounds.start if start is None else start
-                if low < bounds.start:
-                    raise LogTruncatedError(
-                        f"partition {partition}: offset {low} was truncated; the partition starts "
-                        f"at {bounds.start}",
-                        run_id=run_id,
-                    )
-                high = bounds.end if end is None else min(end, bounds.end)
-                if low >= high:
-                    return out
-                reader.assign([tp])
-                reader.seek(tp, low)
-                deadline = time.monotonic() + self._read_timeout_s
-                while await reader.position(tp) < high:
-                    if time.monotonic() > deadline:
-                        raise BackendUnavailableError(
-                            f"partition {partition}: reading offsets {low}..{high} took over "
-                            f"{self._read_timeout_s}s",
-                            run_id=run_id,
-                        )
-                    batches = await reader.getmany(tp, timeout_ms=200)
-                    for record in batches.get(tp, ()):
-                        if record.offset >= high:
-                            break
-                        if key is not None and record.key != key:
-                            continue
-                        event = codec.decode(record.value, run_hint=_run_of(record))
-                        out.append(StoredEvent(Position(partition, record.offset), event))
-                        if limit is not None and len(out) >= limit:
-                            return out
             except KafkaError as exc:
-                raise translate(
-                    exc, context=f"reading partition {partition}", run_id=run_id
-                ) from exc
-            finally:
-                reader.unsubscribe()
+                raise translate(exc, context=f"reading partition {partition}") from exc
+            low = bounds.start if start is None else start
+            if low < bounds.start:
+                raise LogTruncatedError(
+                    f"partition {partition}: offset {low} was truncated; the partition starts "
+                    f"at {bounds.start}",
+                    run_id=run_id,
+                )
+            high = bounds.end if end is None else min(end, bounds.end)
+            if low >= high:
+                return []
+            try:
+                return await self._fetch(reader, tp, low, high, run_id=run_id, limit=limit)
+            except BaseException as exc:
+                self._cursor = None
+                if isinstance(exc, KafkaError):
+                    raise translate(
+                        exc, context=f"reading partition {partition}", run_id=run_id
+                    ) from exc
+                raise
+
+    async def _fetch(
+        self,
+        reader: AIOKafkaConsumer,
+        tp: TopicPartition,
+        low: int,
+        high: int,
+        *,
+        run_id: str | None,
+        limit: int | None,
+    ) -> list[StoredEvent]:
+        """Records ``low`` up to ``high`` of one partition, the run's only if ``run_id`` is set."""
+        key = run_id.encode() if run_id is not None else None
+        if reader.assignment() != {tp}:
+            reader.assign([tp])
+            self._cursor = None
+        # A read that starts where the previous one stopped (a projector or a rebuild walking
+        # a partition) reuses what the reader already fetched instead of seeking back.
+        if self._cursor != (tp.partition, low):
+            reader.seek(tp, low)
+        out: list[StoredEvent] = []
+        position = low
+        deadline = time.monotonic() + self._read_timeout_s
+        while position < high:
+            if time.monotonic() > deadline:
+                raise BackendUnavailableError(
+                    f"partition {tp.partition}: reading offsets {low}..{high} took over "
+                    f"{self._read_timeout_s}s",
+                    run_id=run_id,
+                )
+            batches = await reader.getmany(tp, timeout_ms=200, max_records=high - position)
+            records = batches.get(tp, ())
+            if not records:
+                continue
+            position = records[-1].offset + 1
+            self._cursor = (tp.partition, position)
+            for record in records:
+                if key is not None and record.key != key:
+                    continue
+                event = codec.decode(record.value, run_hint=_run_of(record))
+                out.append(StoredEvent(Position(tp.partition, record.offset), event))
+                if limit is not None and len(out) >= limit:
+                    return out
         return out
 
     def _live_reader(self) -> AIOKafkaConsumer:

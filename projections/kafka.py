@@ -40,7 +40,9 @@ class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
         self._projector = projector
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
+        partitions = sorted(tp.partition for tp in revoked)
+        self._projector.projection.forget(partitions)
+        log.info("partitions revoked: %s", partitions)
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         await self._projector._seek_to_stored(list(assigned))
@@ -121,6 +123,8 @@ class KafkaProjector(Generic[SinkT]):
         consumer = self._live()
         if not assigned:
             return
+        # Whatever was cached about these partitions may predate another member's writes.
+        self.projection.forget([tp.partition for tp in assigned])
         stored = await self.projection.positions()
         starts = await consumer.beginning_offsets(assigned)
         for tp in assigned:
@@ -142,6 +146,15 @@ class KafkaProjector(Generic[SinkT]):
 
     async def step(self, *, timeout_ms: int = 500) -> int:
         """Fold one batch of whatever arrived; return how many records it held."""
+        fetched = await self._fetch(timeout_ms)
+        if fetched is None:
+            return 0
+        return await self._apply(*fetched)
+
+    async def _fetch(
+        self, timeout_ms: int
+    ) -> tuple[dict[int, list[StoredEvent]], dict[int, int]] | None:
+        """The next batch, decoded, with each partition's next offset; None if nothing came."""
         consumer = self._live()
         try:
             fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=self._batch_records)
@@ -149,29 +162,33 @@ class KafkaProjector(Generic[SinkT]):
             # The fetcher looked for a Kafka-committed offset (there never is one) before the
             # assignment listener had sought to the stored offset; seek again and carry on.
             await self._seek_to_stored(list(consumer.assignment()))
-            return 0
+            return None
         except KafkaError as exc:
             raise translate(exc, context=f"consuming {self.topic}") from exc
-        if not fetched:
-            return 0
         records: dict[int, list[StoredEvent]] = {}
         next_offsets: dict[int, int] = {}
         for tp, batch in fetched.items():
             if not batch:
                 continue
-            records[tp.partition] = [
-                StoredEvent(
-                    Position(tp.partition, r.offset),
-                    codec.decode(r.value, run_hint=_key(r)),
-                )
+            partition = tp.partition
+            records[partition] = [
+                StoredEvent(Position(partition, r.offset), codec.decode(r.value, run_hint=_key(r)))
                 for r in batch
             ]
-            next_offsets[tp.partition] = batch[-1].offset + 1
+            next_offsets[partition] = batch[-1].offset + 1
+        return (records, next_offsets) if records else None
+
+    async def _apply(
+        self, records: dict[int, list[StoredEvent]], next_offsets: dict[int, int]
+    ) -> int:
+        """Fold a fetched batch; 0 if the store's build switched (then every partition has been
+        sought to the new build's positions and the batch is not folded).
+        """
         try:
             await self.projection.apply(records, next_offsets)
         except BuildSwitched as switched:
             log.info("%s; seeking to the new build's positions", switched)
-            await self._seek_to_stored(list(consumer.assignment()))
+            await self._seek_to_stored(list(self._live().assignment()))
             return 0
         return sum(len(b) for b in records.values())
 
@@ -186,9 +203,27 @@ class KafkaProjector(Generic[SinkT]):
         return {tp.partition: max(0, ends[tp] - stored.get(tp.partition, 0)) for tp in assigned}
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fold until ``stop`` is set; the batch in progress is finished and stored first."""
-        while not stop.is_set():
-            await self.step(timeout_ms=200)
+        """Fold until ``stop`` is set; the batch in progress is finished and stored first.
+
+        Fetching and decoding the next batch overlaps with storing the previous one; batches
+        are still stored one at a time, in order.
+        """
+        storing: asyncio.Task[int] | None = None
+        try:
+            while not stop.is_set():
+                fetched = await self._fetch(200)
+                if storing is not None:
+                    stored, storing = await storing, None
+                    if stored == 0 and fetched is not None:
+                        # The build switched while this batch was fetched: it may predate the
+                        # seek. Seek again (idempotent) so nothing is skipped, and drop it.
+                        await self._seek_to_stored(list(self._live().assignment()))
+                        continue
+                if fetched is not None:
+                    storing = asyncio.create_task(self._apply(*fetched))
+        finally:
+            if storing is not None:
+                await storing
 
     async def close(self) -> None:
         """Leave the group. Positions are already stored with the rows; nothing is committed."""

@@ -17,7 +17,7 @@ round trips does not depend on the number of runs in the batch.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from importlib.resources import files
 from types import TracebackType
 from typing import Any, Self
@@ -206,9 +206,13 @@ class PostgresFrontierStore:
                     self._build = current
                     raise BuildSwitched(f"frontiers build is now {current}")
             if snapshots:
-                await conn.execute(_upsert_frontiers(frontiers), *_frontier_columns(snapshots))
+                await _stage_and_upsert(
+                    conn, frontiers, _FRONTIER_NAMES, ("run_id",), map(_frontier_row, snapshots)
+                )
             if calls:
-                await conn.execute(_upsert_calls(tool_calls), *_call_columns(calls))
+                await _stage_and_upsert(
+                    conn, tool_calls, _CALL_NAMES, ("run_id", "call_id"), map(_call_row, calls)
+                )
             if positions:
                 parts = list(positions)
                 await conn.execute(
@@ -276,71 +280,72 @@ class PostgresFrontierStore:
         await self.close()
 
 
-_FRONTIER_TYPES = (
-    ("tenant", "text"),
-    ("run_id", "text"),
-    ("agent", "text"),
-    ("revision", "text"),
-    ("status", "text"),
-    ("holder", "text"),
-    ("iteration", "int"),
-    ("input_tokens", "bigint"),
-    ("output_tokens", "bigint"),
-    ("last_seq", "bigint"),
-    ("fence", "bigint"),
-    ("last_boundary", "text"),
-    ("resume_seq", "bigint"),
-    ("waiting_on", "text"),
-    ("refused", "int"),
-    ("partition", "int"),
-    ("through_offset", "bigint"),
-    ("updated_at", "bigint"),
-    ("payload", "bytea"),
-    ("snapshot_error", "text"),
-)
-_CALL_TYPES = (
-    ("tenant", "text"),
-    ("run_id", "text"),
-    ("call_id", "text"),
-    ("tool", "text"),
-    ("idempotency_key", "text"),
-    ("fence", "bigint"),
-    ("dispatched_at", "bigint"),
-    ("completed_at", "bigint"),
-    ("outcome", "text"),
-    ("latency_us", "bigint"),
-    ("through_offset", "bigint"),
-)
+_FRONTIER_NAMES = (*_SUMMARY_COLUMNS.split(", "), "payload", "snapshot_error")
+_CALL_NAMES = tuple(_CALL_COLUMNS.split(", "))
 
 
-def _unnest_upsert(table: str, types: tuple[tuple[str, str], ...], key: tuple[str, ...]) -> str:
-    names = ", ".join(n for n, _ in types)
-    arrays = ", ".join(f"${i}::{t}[]" for i, (_, t) in enumerate(types, start=1))
-    updates = ", ".join(f"{n} = excluded.{n}" for n, _ in types if n not in key)
-    return (
-        f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays}) "
+async def _stage_and_upsert(
+    conn: asyncpg.Connection,
+    table: str,
+    columns: tuple[str, ...],
+    key: tuple[str, ...],
+    rows: Iterable[tuple[Any, ...]],
+) -> None:
+    """Upsert many rows in two statements: binary COPY into a staging table, then one guarded
+    ``INSERT ... SELECT ... ON CONFLICT``. About twice as fast as ``unnest`` of arrays, whose
+    per-element type checks dominate large batches.
+    """
+    stage = f"onward_stage_{table}"
+    names = ", ".join(columns)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+    await conn.execute(
+        f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table}) ON COMMIT DELETE ROWS"
+    )
+    await conn.copy_records_to_table(stage, records=rows, columns=columns)
+    await conn.execute(
+        f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} "
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
         f"WHERE {table}.through_offset < excluded.through_offset"
     )
 
 
-def _upsert_frontiers(table: str) -> str:
-    return _unnest_upsert(table, _FRONTIER_TYPES, ("run_id",))
+def _frontier_row(snapshot: Snapshot) -> tuple[Any, ...]:
+    f = snapshot.frontier
+    return (
+        f.tenant,
+        f.run_id,
+        f.agent,
+        f.revision,
+        f.status,
+        f.holder,
+        f.iteration,
+        f.input_tokens,
+        f.output_tokens,
+        f.last_seq,
+        f.fence,
+        f.last_boundary,
+        f.resume_seq,
+        f.waiting_on,
+        f.refused,
+        f.partition,
+        f.through_offset,
+        f.updated_at,
+        snapshot.payload,
+        snapshot.error,
+    )
 
 
-def _upsert_calls(table: str) -> str:
-    return _unnest_upsert(table, _CALL_TYPES, ("run_id", "call_id"))
-
-
-def _frontier_columns(snapshots: Sequence[Snapshot]) -> list[list[Any]]:
-    summaries = [RunSummary.of(s.frontier) for s in snapshots]
-    columns: list[list[Any]] = [
-        [getattr(summary, name) for summary in summaries] for name, _ in _FRONTIER_TYPES[:-2]
-    ]
-    columns.append([s.payload for s in snapshots])
-    columns.append([s.error for s in snapshots])
-    return columns
-
-
-def _call_columns(calls: Sequence[ToolCallRow]) -> list[list[Any]]:
-    return [[getattr(call, name) for call in calls] for name, _ in _CALL_TYPES]
+def _call_row(call: ToolCallRow) -> tuple[Any, ...]:
+    return (
+        call.tenant,
+        call.run_id,
+        call.call_id,
+        call.tool,
+        call.idempotency_key,
+        call.fence,
+        call.dispatched_at,
+        call.completed_at,
+        call.outcome,
+        call.latency_us,
+        call.through_offset,
+    )

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, Self
@@ -61,6 +62,10 @@ class ProjectionSink(Protocol):
         """
         ...
 
+    def forget(self, partitions: Collection[int]) -> None:
+        """Drop anything cached about runs of these partitions (they were revoked)."""
+        ...
+
 
 class FrontierProjection:
     """Folds batches into a store: one load and one write per batch, whatever its size.
@@ -70,6 +75,9 @@ class FrontierProjection:
         log: Read only to refold a run whose last snapshot was refused for size.
         consumer: The name positions are stored under.
         max_bytes: The snapshot cap.
+        cache_runs: How many runs' frontiers to keep in memory between batches, so a run
+            touched again is not loaded again. Correct while this projection is the only writer
+            of its partitions: a rebalance drops the revoked partitions' entries (`forget`).
     """
 
     def __init__(
@@ -79,12 +87,15 @@ class FrontierProjection:
         *,
         consumer: str = DEFAULT_CONSUMER,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        cache_runs: int = 20_000,
     ) -> None:
         self.store = store
         self.log = log
         self.consumer = consumer
         self.max_bytes = max_bytes
         self.stats = ProjectorStats()
+        self._cache: OrderedDict[str, Frontier] = OrderedDict()
+        self._cache_runs = cache_runs
 
     async def positions(self) -> dict[int, int]:
         """The next offset per partition this projection has folded through."""
@@ -100,12 +111,17 @@ class FrontierProjection:
         for events in records.values():
             for stored in events:
                 by_run.setdefault(stored.event.run_id, []).append(stored)
-        current = await self.store.load(by_run.keys())
+        cache = self._cache
+        current = await self.store.load([r for r in by_run if r not in cache])
         snapshots: list[Snapshot] = []
         calls: dict[tuple[str, str], ToolCallRow] = {}
+        folded: dict[str, Frontier] = {}
         for run_id, events in by_run.items():
+            cached = cache.get(run_id)
             row = current.get(run_id)
-            if row is None:
+            if cached is not None:
+                frontier = cached
+            elif row is None:
                 frontier = Frontier.empty(run_id, events[0].event.tenant)
             elif row.frontier is None:
                 frontier = await self._refold(run_id, events[0].event, events[0].position)
@@ -114,6 +130,7 @@ class FrontierProjection:
             refused_before = frontier.refused
             through_before = frontier.through_offset
             frontier = fold_run(frontier, events, calls)
+            folded[run_id] = frontier
             if frontier.through_offset == through_before:
                 continue  # everything in the batch was folded before
             self.stats.refused_events += frontier.refused - refused_before
@@ -122,10 +139,25 @@ class FrontierProjection:
                 self.stats.snapshots_refused += 1
                 log.warning("run %r: snapshot refused: %s", run_id, snapshot.error)
             snapshots.append(snapshot)
-        await self.store.write(self.consumer, next_offsets, snapshots, list(calls.values()))
+        try:
+            await self.store.write(self.consumer, next_offsets, snapshots, list(calls.values()))
+        except BaseException:
+            cache.clear()  # what is stored is unknown now; read it again
+            raise
+        for run_id, frontier in folded.items():
+            cache[run_id] = frontier
+            cache.move_to_end(run_id)
+        while len(cache) > self._cache_runs:
+            cache.popitem(last=False)
         self.stats.batches += 1
         self.stats.events += sum(len(e) for e in records.values())
         self.stats.rows_written += len(snapshots)
+
+    def forget(self, partitions: Collection[int]) -> None:
+        """Drop cached frontiers of runs in these partitions; another projector owns them now."""
+        gone = set(partitions)
+        for run_id in [r for r, f in self._cache.items() if f.partition in gone]:
+            del self._cache[run_id]
 
     async def _refold(self, run_id: str, first: Event, position: Position) -> Frontier:
         """A run whose snapshot was refused: fold its history from the log up to ``position``."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
@@ -215,6 +215,9 @@ class SqlProjectionSink:
         self.stats.batches += 1
         self.stats.events += len(fresh)
         self.stats.skipped += total - len(fresh)
+
+    def forget(self, partitions: Collection[int]) -> None:
+        """Nothing is cached between batches."""
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None

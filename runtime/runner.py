@@ -14,12 +14,13 @@ not have run is never dispatched again unless its tool says that is harmless.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -57,9 +58,12 @@ from onward.projections.frontier import CallState, Frontier, fold
 from .agent import Agent
 from .checkpoint import Checkpointer, CheckpointPolicy
 from .history import BlobStore, ClaimCheck
+from .leases.base import LeasePolicy, LeaseStore, RunLease
+from .leases.holder import Leaseholder
 from .providers import Provider
 from .redaction import Redactor
 from .resume import ResumePlan, outstanding_ids, plan_resume, refuse_if_undecidable
+from .resumer import Resumer
 from .tools import ToolArgumentsError, idempotency_key, tool_error
 
 _E = TypeVar("_E", bound=Event)
@@ -116,6 +120,7 @@ class _Run:
     messages: list[Message]
     call_ids: set[str] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    held: Leaseholder | None = None
 
 
 def _default_worker() -> str:
@@ -135,8 +140,11 @@ class AgentRunner:
         redactor: Masks secrets before anything is encoded; ``Redactor(enabled=False)`` only
             where every store is already trusted.
         blobs: Where bodies too large for one log record go (claim check).
-        worker: This worker's name in `RunClaimed`.
+        worker: This worker's name in `RunClaimed` and in the lease store.
         observer: Sees each append and each tool return.
+        leases: Who holds which run. Every append is made under a lease and carries its fence;
+            without a lease store there is no mutual exclusion (one worker per run, by hand).
+        lease_policy: The lease's ttl and renewal margin.
     """
 
     def __init__(
@@ -151,6 +159,8 @@ class AgentRunner:
         blobs: BlobStore | None = None,
         worker: str | None = None,
         observer: RunObserver | None = None,
+        leases: LeaseStore | None = None,
+        lease_policy: LeasePolicy | None = None,
     ) -> None:
         if checkpoint_inline and frontiers is None:
             raise ConfigurationError("checkpoint_inline needs a frontier store")
@@ -166,6 +176,8 @@ class AgentRunner:
         self.claim_check = ClaimCheck(blobs) if blobs is not None else None
         self.worker = worker or _default_worker()
         self.observer = observer
+        self.leases = leases
+        self.lease_policy = lease_policy or LeasePolicy()
 
     # -- starting and resuming ---------------------------------------------------------------
 
@@ -174,26 +186,45 @@ class AgentRunner:
     ) -> RunResult:
         """Start a run and drive it until it finishes or waits on a person."""
         run_id = run_id or f"run-{uuid.uuid4().hex}"
-        if await self.log.read_run(run_id):
-            raise InvalidInputError(f"run {run_id!r} already exists; resume it instead")
-        run = _Run(
-            agent, run_id, tenant, fence=1, frontier=Frontier.empty(run_id, tenant), messages=[]
-        )
-        run.messages = [Message(role="system", content=agent.instructions)]
-        await self._append(
-            run,
-            [
-                self._event(
-                    run,
-                    RunStarted,
-                    0,
-                    agent=agent.name,
-                    revision=agent.revision,
-                    input=input,
-                )
-            ],
-        )
-        return await self._drive(run)
+        async with self._holding(run_id, tenant, self.worker) as held:
+            if await self.log.read_run(run_id):
+                raise InvalidInputError(f"run {run_id!r} already exists; resume it instead")
+            run = _Run(
+                agent,
+                run_id,
+                tenant,
+                fence=held.lease.fence if held else 1,
+                frontier=Frontier.empty(run_id, tenant),
+                messages=[Message(role="system", content=agent.instructions)],
+                held=held,
+            )
+            await self._append(
+                run,
+                [
+                    self._event(
+                        run,
+                        RunStarted,
+                        0,
+                        agent=agent.name,
+                        revision=agent.revision,
+                        input=input,
+                    )
+                ],
+            )
+            return await self._drive(run)
+
+    @contextlib.asynccontextmanager
+    async def _holding(
+        self, run_id: str, tenant: str, holder: str, lease: RunLease | None = None
+    ) -> AsyncIterator[Leaseholder | None]:
+        """Hold the run's lease for the block (renewed in the background), if there is a store."""
+        if self.leases is None:
+            yield None
+            return
+        async with Leaseholder(
+            self.leases, run_id, tenant=tenant, holder=holder, policy=self.lease_policy, lease=lease
+        ) as held:
+            yield held
 
     async def resume(self, agent: Agent, run_id: str, *, tenant: str) -> RunResult:
         """Carry a run on from the log: claim it, plan its outstanding calls, drive it.
@@ -204,14 +235,30 @@ class AgentRunner:
             IndeterminateToolCallError: A call may or may not have run; a person must settle it.
             CheckpointFormatError: The run was written by a newer Onward.
         """
+        if self.leases is not None:
+            return await self._resume_leased(agent, run_id, tenant)
         run = await self._load(agent, run_id, tenant)
-        frontier = run.frontier
-        if frontier.status in TERMINAL or (
-            frontier.status == "waiting" and frontier.waiting_on is not None
-        ):
+        if _settled(run.frontier):
             return self._result(run)
-        run.fence = frontier.fence + 1
+        run.fence = run.frontier.fence + 1
         await self._append(run, [self._event(run, RunClaimed, 0, worker=self.worker)])
+        return await self._carry_on(run)
+
+    async def _resume_leased(self, agent: Agent, run_id: str, tenant: str) -> RunResult:
+        """Resume under a lease: take it first, then claim, fold the tail, plan (`Resumer`)."""
+        assert self.leases is not None
+        resumer = Resumer(self.log, self.leases, self.frontiers, policy=self.lease_policy)
+        carried = await resumer.resume(agent, run_id, tenant=tenant, worker=self.worker)
+        async with self._holding(run_id, tenant, self.worker, lease=carried.lease) as held:
+            run = await self._conversation(agent, run_id, tenant, carried.frontier)
+            run.fence = carried.lease.fence
+            run.held = held
+            if _settled(run.frontier):
+                return self._result(run)
+            return await self._carry_on(run)
+
+    async def _carry_on(self, run: _Run) -> RunResult:
+        """Plan the claimed run's outstanding calls, record the plan, and drive it on."""
         plan, reconciled = await self._plan(run)
         await self._append(
             run,
@@ -282,6 +329,19 @@ class AgentRunner:
                 f"passed in is {agent.revision}; resume it with the definition it started with",
                 run_id=run_id,
             )
+        return await self._conversation(agent, run_id, tenant, frontier, admitted)
+
+    async def _conversation(
+        self,
+        agent: Agent | None,
+        run_id: str,
+        tenant: str,
+        frontier: Frontier,
+        admitted: Sequence[StoredEvent] | None = None,
+    ) -> _Run:
+        """A `_Run` with the conversation the model saw, rebuilt from the run's counted events."""
+        if admitted is None:
+            admitted = SequenceGuard().admit_all(await self.log.read_run(run_id))
         used_agent = agent if agent is not None else Agent(name=frontier.agent, instructions="")
         run = _Run(used_agent, run_id, tenant, frontier.fence, frontier, messages=[])
         run.messages = [Message(role="system", content=used_agent.instructions)]
@@ -299,42 +359,52 @@ class AgentRunner:
         self, run_id: str, request_id: str, *, tenant: str, by: str, value: Any = None
     ) -> None:
         """Answer a run's approval request with yes; a later resume carries the run on."""
-        run = await self._answerable(run_id, request_id, tenant)
-        await self._append(
-            run, [self._event(run, ApprovalGranted, 0, request_id=request_id, by=by, value=value)]
-        )
+        async with self._as_person(run_id, tenant, by) as run:
+            _check_waiting(run, request_id)
+            await self._append(
+                run,
+                [self._event(run, ApprovalGranted, 0, request_id=request_id, by=by, value=value)],
+            )
 
     async def deny(
         self, run_id: str, request_id: str, *, tenant: str, by: str, value: Any = None
     ) -> None:
         """Answer a run's approval request with no; the run ends, cancelled."""
-        run = await self._answerable(run_id, request_id, tenant)
-        await self._append(
-            run,
-            [
-                self._event(run, ApprovalDenied, 0, request_id=request_id, by=by, value=value),
-                self._event(
-                    run,
-                    RunFinished,
-                    1,
-                    status="cancelled",
-                    error=f"approval {request_id} denied by {by}",
-                ),
-            ],
-        )
-
-    async def _answerable(self, run_id: str, request_id: str, tenant: str) -> _Run:
-        run = await self._load(None, run_id, tenant)
-        if run.frontier.waiting_on != request_id:
-            waiting = run.frontier.waiting_on
-            raise InvalidInputError(
-                f"run {run_id!r} is not waiting on {request_id!r}"
-                + (f" (it waits on {waiting!r})" if waiting else " (it waits on nothing)")
-                + "; it may have been answered already",
-                run_id=run_id,
+        async with self._as_person(run_id, tenant, by) as run:
+            _check_waiting(run, request_id)
+            await self._append(
+                run,
+                [
+                    self._event(run, ApprovalDenied, 0, request_id=request_id, by=by, value=value),
+                    self._event(
+                        run,
+                        RunFinished,
+                        1,
+                        status="cancelled",
+                        error=f"approval {request_id} denied by {by}",
+                    ),
+                ],
             )
-        run.fence = run.frontier.fence + 1
-        return run
+
+    @contextlib.asynccontextmanager
+    async def _as_person(self, run_id: str, tenant: str, by: str) -> AsyncIterator[_Run]:
+        """A person's append: take the lease (a waiting run has no holder), read, write, release.
+
+        Two people answering one request cannot both win: the second waits for or is refused
+        the lease, and then finds the request already answered.
+        """
+        holder = f"person:{by}"
+        if self.leases is None:
+            run = await self._load(None, run_id, tenant)
+            run.fence = run.frontier.fence + 1
+            yield run
+            return
+        async with self._holding(run_id, tenant, holder) as held:
+            assert held is not None
+            run = await self._load(None, run_id, tenant)
+            run.fence = held.lease.fence
+            run.held = held
+            yield run
 
     async def resolve(
         self,
@@ -348,30 +418,29 @@ class AgentRunner:
         result: Any = None,
     ) -> None:
         """Settle an undecided call as a person: it completed (with its result) or never ran."""
-        run = await self._load(None, run_id, tenant)
-        call = run.frontier.call(call_id)
-        if call is None or call.outcome is not None:
-            raise InvalidInputError(
-                f"run {run_id!r} has no undecided call {call_id!r}"
-                + (f" (it is {call.outcome})" if call and call.outcome else ""),
-                run_id=run_id,
-            )
-        run.fence = run.frontier.fence + 1
-        await self._append(
-            run,
-            [
-                self._event(
-                    run,
-                    ToolResolved,
-                    0,
-                    call_id=call_id,
-                    outcome=outcome,
-                    result=result,
-                    by=by,
-                    why=why,
+        async with self._as_person(run_id, tenant, by) as run:
+            call = run.frontier.call(call_id)
+            if call is None or call.outcome is not None:
+                raise InvalidInputError(
+                    f"run {run_id!r} has no undecided call {call_id!r}"
+                    + (f" (it is {call.outcome})" if call and call.outcome else ""),
+                    run_id=run_id,
                 )
-            ],
-        )
+            await self._append(
+                run,
+                [
+                    self._event(
+                        run,
+                        ToolResolved,
+                        0,
+                        call_id=call_id,
+                        outcome=outcome,
+                        result=result,
+                        by=by,
+                        why=why,
+                    )
+                ],
+            )
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -467,6 +536,9 @@ class AgentRunner:
                     for i, c in enumerate(pending)
                 ],
             )
+            if run.held is not None:
+                # The last word before side effects: a holder paused past its ttl finds out here.
+                await run.held.confirm()
             await asyncio.gather(*(self._call_tool(run, c) for c in pending))
         settled = run.frontier.calls
         await self._append(
@@ -519,6 +591,8 @@ class AgentRunner:
     async def _append(self, run: _Run, events: list[Event]) -> None:
         """Mask, size, append and fold a batch of one run, in this run's order."""
         async with run.lock:
+            if run.held is not None:
+                await run.held.check()
             base = run.frontier.last_seq + 1
             batch = [
                 msgspec.structs.replace(e, seq=base + i) if e.seq != base + i else e
@@ -595,6 +669,24 @@ class AgentRunner:
             iteration=f.iteration,
             fence=f.fence,
             waiting_on=f.waiting_on,
+        )
+
+
+def _settled(frontier: Frontier) -> bool:
+    """Nothing to carry on: the run ended, or it waits on a person who has not answered."""
+    return frontier.status in TERMINAL or (
+        frontier.status == "waiting" and frontier.waiting_on is not None
+    )
+
+
+def _check_waiting(run: _Run, request_id: str) -> None:
+    if run.frontier.waiting_on != request_id:
+        waiting = run.frontier.waiting_on
+        raise InvalidInputError(
+            f"run {run.run_id!r} is not waiting on {request_id!r}"
+            + (f" (it waits on {waiting!r})" if waiting else " (it waits on nothing)")
+            + "; it may have been answered already",
+            run_id=run.run_id,
         )
 
 

@@ -26,6 +26,7 @@ def test_wheel_contains_the_subpackages_and_imports_outside_the_tree(tmp_path: P
         "schemas/sql/0001_projections.sql",
         "schemas/sql/frontiers.build.sql",
         "schemas/sqlite/0001_frontiers.sql",
+        "schemas/redis/acquire.lua",
     ):
         assert f"onward/{module}" in names
     assert not any(n.split("/")[0] in {"eventlog", "projections", "runtime"} for n in names)
@@ -56,4 +57,4 @@ def test_wheel_contains_the_subpackages_and_imports_outside_the_tree(tmp_path: P
     )
     path, postgres_version, sqlite_version = result.stdout.split()
     assert path.startswith(str(target / "onward" / "eventlog"))
-    assert (int(postgres_version), int(sqlite_version)) == (2, 2)
+    assert (int(postgres_version), int(sqlite_version)) == (3, 3)

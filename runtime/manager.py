@@ -1,0 +1,87 @@
+"""`ExecutionManager`: what is running, what waits on people, what was left behind.
+
+Everything here is read from the frontier store and the lease store; nothing is written, and no
+lease is taken. A run the frontier store calls ``running`` is *interrupted* when nobody holds its
+lease (its worker died, or the run was started without leases and its process is gone), and
+*stalled* when its lease has expired (the store's clock decided) and nobody has taken it since.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from onward.errors import NothingToResumeError
+from onward.projections.base import FrontierStore, RunSummary
+
+from .leases.base import LeaseStore, RunLease
+
+Attention = Literal["waiting_on_approval", "interrupted", "held"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """A run's state as the stores see it.
+
+    Attributes:
+        summary: The frontier row's scalar columns.
+        lease: The unexpired lease, if a worker holds the run.
+        attention: ``waiting_on_approval`` (a person must answer), ``interrupted`` (running,
+            but nobody holds it: resume it), or ``held`` (a worker is on it).
+    """
+
+    summary: RunSummary
+    lease: RunLease | None
+    attention: Attention | None
+
+
+class ExecutionManager:
+    """Status and pending work across runs.
+
+    Args:
+        frontiers: The frontier store the projector (or embedded checkpointer) keeps.
+        leases: The lease store the workers share.
+    """
+
+    def __init__(self, frontiers: FrontierStore, leases: LeaseStore | None = None) -> None:
+        self.frontiers = frontiers
+        self.leases = leases
+
+    async def get_status(self, run_id: str) -> RunStatus:
+        """One run's status.
+
+        Raises:
+            NothingToResumeError: The frontier store has no row for that run.
+        """
+        row = await self.frontiers.get(run_id)
+        if row is None:
+            raise NothingToResumeError(
+                f"no frontier row for run {run_id!r}; the run does not exist or the projector "
+                "has not reached it yet",
+                run_id=run_id,
+            )
+        return await self._status(row.summary)
+
+    async def list_pending(self, *, tenant: str | None = None) -> list[RunStatus]:
+        """Runs that need someone: waiting on an approval, or running with nobody holding them."""
+        rows = await self.frontiers.runs(tenant=tenant, statuses={"waiting", "running"})
+        statuses = [await self._status(summary) for summary in rows]
+        return [s for s in statuses if s.attention in ("waiting_on_approval", "interrupted")]
+
+    async def _status(self, summary: RunSummary) -> RunStatus:
+        lease = await self.leases.current(summary.run_id) if self.leases is not None else None
+        return RunStatus(summary, lease, _attention(summary, lease))
+
+
+def _attention(summary: RunSummary, lease: RunLease | None) -> Attention | None:
+    if summary.status == "waiting" and summary.waiting_on is not None:
+        return "waiting_on_approval"
+    if summary.status == "running":
+        return "held" if lease is not None else "interrupted"
+    return None
+
+
+def pending_ids(statuses: Sequence[RunStatus]) -> list[str]:
+    """The run ids of some statuses."""
+    return [s.summary.run_id for s in statuses]

@@ -1,0 +1,176 @@
+"""One worker per run: twenty workers race to resume one run, and a paused worker wakes up late.
+
+Real processes against Kafka, PostgreSQL and Redis (or PostgreSQL leases); the tools' own ledger
+says what really happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from aiokafka.admin import AIOKafkaAdminClient
+from support.pg import fresh_schema
+from support.workers import TENANT, Ledger, agent, open_world, runner
+
+from onward.eventlog import RunClaimed, SequenceGuard
+from onward.projections.projector import FrontierProjection, LogProjector
+
+pytestmark = pytest.mark.kafka
+TESTS = Path(__file__).resolve().parents[1]
+
+
+async def spawn(mode: str, config: dict[str, Any]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "support.workers",
+        mode,
+        json.dumps(config),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )
+
+
+async def read_line(child: asyncio.subprocess.Process, within: float = 60) -> str:
+    assert child.stdout is not None
+    return (await asyncio.wait_for(child.stdout.readline(), within)).decode().strip()
+
+
+@pytest_asyncio.fixture(params=["redis", "postgres"])
+async def config(
+    request: pytest.FixtureRequest,
+    kafka_bootstrap: str,
+    database_url: str,
+    redis_url: str,
+    tmp_path: Path,
+) -> AsyncIterator[dict[str, Any]]:
+    topic = f"onward.test.workers.{uuid.uuid4().hex[:10]}"
+    prefix = f"onward-test-{uuid.uuid4().hex[:8]}:"
+    async with fresh_schema(database_url) as schema:
+        yield {
+            "leases": request.param,
+            "bootstrap": kafka_bootstrap,
+            "topic": topic,
+            "database_url": database_url,
+            "schema": schema,
+            "redis_url": redis_url,
+            "prefix": prefix,
+            "ledger": str(tmp_path / "ledger.jsonl"),
+            "run_id": f"run-{uuid.uuid4().hex[:8]}",
+        }
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        keys = [k async for k in client.scan_iter(f"{prefix}*")]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        if topic in await admin.list_topics():
+            await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+
+
+@pytest.mark.timeout(300)
+async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
+    config: dict[str, Any],
+) -> None:
+    first = await spawn("start", config)
+    await asyncio.wait_for(first.communicate(), 60)
+    assert first.returncode == -signal.SIGKILL
+    async with open_world(config) as world:
+        # The projector has caught up, so resumers read a frontier row and a short tail.
+        await LogProjector(world.log, FrontierProjection(world.frontiers, world.log)).catch_up()
+    workers = [await spawn("resume", config) for _ in range(20)]
+    try:
+        for worker in workers:
+            assert await read_line(worker) == "ready"
+        await asyncio.sleep(3.5)  # the killed worker's lease lapses (ttl 3 s, the store's clock)
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write(b"go\n")
+            await worker.stdin.drain()
+        outcomes = [json.loads(await read_line(worker, 120)) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.returncode is None:
+                await asyncio.wait_for(worker.communicate(), 60)
+    carried = [o for o in outcomes if o["outcome"] == "carried"]
+    conflicts = [o for o in outcomes if o["outcome"] == "conflict"]
+    assert len(carried) == 1, outcomes
+    assert carried[0]["status"] == "completed"
+    assert len(conflicts) == 19
+    assert all(o["holder"] and o["holder"].startswith("resume-") for o in conflicts)
+    assert all(o["reads"] == 0 for o in conflicts), "a loser read the run"
+    ledger = Ledger(config["ledger"])
+    assert (ledger.count("search"), ledger.count("book")) == (1, 1), ledger.entries()
+
+
+@pytest.mark.timeout(300)
+async def test_a_worker_paused_past_its_ttl_is_fenced_and_its_writes_refused(
+    config: dict[str, Any],
+) -> None:
+    zombie = await spawn("zombie", config)
+    assert await read_line(zombie) == "paused"
+    zombie.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(4.0)  # past the ttl: the lease lapses by the store's clock
+        ledger = Ledger(config["ledger"])
+        async with open_world(config) as world:
+            result = await runner(world, ledger, "worker-b").resume(
+                agent(ledger), config["run_id"], tenant=TENANT
+            )
+            assert result.status == "completed"
+            zombie.send_signal(signal.SIGCONT)
+            told = json.loads(await read_line(zombie, 60))
+            assert told["outcome"] == "fenced", told
+            await asyncio.wait_for(zombie.communicate(), 60)
+
+            stored = await world.log.read_run(config["run_id"])
+            guard = SequenceGuard()
+            admitted = guard.admit_all(stored)
+            claim_at = next(
+                i
+                for i, s in enumerate(admitted)
+                if isinstance(s.event, RunClaimed) and s.event.fence == 2
+            )
+            assert {s.event.fence for s in admitted[claim_at:]} == {2}
+            history = [(type(x.event).__name__, x.event.seq, x.event.fence) for x in stored]
+            assert guard.refused, f"the paused worker wrote nothing after waking up: {history}"
+            assert {r.stored.event.fence for r in guard.refused} == {1}
+
+            await LogProjector(world.log, FrontierProjection(world.frontiers, world.log)).catch_up()
+            row = await world.frontiers.get(config["run_id"])
+            assert row is not None
+            assert row.frontier is not None
+            assert (row.frontier.status, row.frontier.holder, row.frontier.fence) == (
+                "completed",
+                "worker-b",
+                2,
+            )
+            assert row.summary.refused == len(guard.refused)
+            later = await runner(world, ledger, "worker-c").resume(
+                agent(ledger), config["run_id"], tenant=TENANT
+            )
+            assert later.status == "completed"
+        assert (ledger.count("search"), ledger.count("book")) == (1, 1), ledger.entries()
+    finally:
+        if zombie.returncode is None:
+            zombie.send_signal(signal.SIGCONT)
+            zombie.kill()
+            await zombie.communicate()

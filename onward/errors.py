@@ -20,9 +20,10 @@ Each error says what happened, to which run where one is involved, and what to d
         ├── BackendUnavailableError the server could not be reached or timed out; retry later
         └── ProducerFatalError      the Kafka producer's session is unusable; it has been replaced
 
-Driver exceptions (aiokafka, sqlite3) are translated in one place, :func:`translate`, so callers
-never handle a driver's type. :func:`classify` returns ``None`` for a driver exception it has no
-rule for; a test enumerates every driver exception and fails on any such gap.
+Driver exceptions (aiokafka, sqlite3, redis-py, asyncpg) are translated in one place,
+:func:`translate`, so callers never handle a driver's type. :func:`classify` returns ``None`` for
+a driver exception it has no rule for; a test enumerates every driver exception and fails on
+any such gap.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import sqlite3
 from typing import Any
 
 import aiokafka.errors as kafka_errors
+import asyncpg.exceptions as pg_errors
+import redis.exceptions as redis_errors
 
 
 class OnwardError(Exception):
@@ -261,6 +264,76 @@ _SQLITE_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
 )
 
 
+_REDIS_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
+    # A refused login or command is a deployment fact; retrying will not change it.
+    (redis_errors.AuthenticationError, ConfigurationError),
+    (redis_errors.AuthenticationWrongNumberOfArgsError, ConfigurationError),
+    (redis_errors.AuthorizationError, ConfigurationError),
+    (redis_errors.NoPermissionError, ConfigurationError),
+    (redis_errors.ExternalAuthProviderError, ConfigurationError),
+    (redis_errors.ModuleError, ConfigurationError),
+    (redis_errors.ClusterCrossSlotError, ConfigurationError),
+    (redis_errors.CrossSlotTransactionError, ConfigurationError),
+    (redis_errors.IncorrectPolicyType, ConfigurationError),
+    (redis_errors.ReadOnlyError, ConfigurationError),
+    (redis_errors.MaxConnectionsError, BackendUnavailableError),
+    (redis_errors.ConnectionError, BackendUnavailableError),
+    (redis_errors.TimeoutError, BackendUnavailableError),
+    (redis_errors.BusyLoadingError, BackendUnavailableError),
+    (redis_errors.TryAgainError, BackendUnavailableError),
+    (redis_errors.ClusterDownError, BackendUnavailableError),
+    (redis_errors.MasterDownError, BackendUnavailableError),
+    (redis_errors.OutOfMemoryError, BackendUnavailableError),
+    (redis_errors.ChildDeadlockedError, BackendError),
+    (redis_errors.AskError, BackendError),
+    (redis_errors.MovedError, BackendError),
+    (redis_errors.SlotNotCoveredError, BackendUnavailableError),
+    (redis_errors.ClusterError, BackendError),
+    (redis_errors.RedisClusterException, BackendError),
+    (redis_errors.NoScriptError, BackendError),
+    (redis_errors.ExecAbortError, BackendError),
+    (redis_errors.NoSuchFieldsetError, BackendError),
+    (redis_errors.InvalidPipelineStack, BackendError),
+    (redis_errors.InvalidResponse, BackendError),
+    (redis_errors.LockNotOwnedError, BackendError),
+    (redis_errors.LockError, BackendError),
+    (redis_errors.PubSubError, BackendError),
+    (redis_errors.WatchError, BackendError),
+    (redis_errors.DataError, BackendError),
+    (redis_errors.ResponseError, BackendError),
+    (redis_errors.RedisError, BackendError),
+)
+# asyncpg names one class per SQLSTATE (hundreds); the rules go by SQLSTATE class, the most
+# specific first, and every other server error is a plain BackendError.
+_ASYNCPG_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
+    (pg_errors.InvalidPasswordError, ConfigurationError),
+    (pg_errors.InvalidAuthorizationSpecificationError, ConfigurationError),
+    (pg_errors.InsufficientPrivilegeError, ConfigurationError),
+    (pg_errors.InvalidCatalogNameError, ConfigurationError),
+    (pg_errors.UndefinedTableError, SchemaMismatchError),
+    (pg_errors.UndefinedColumnError, SchemaMismatchError),
+    (pg_errors.UndefinedFunctionError, SchemaMismatchError),
+    (pg_errors.PostgresConnectionError, BackendUnavailableError),
+    (pg_errors.CannotConnectNowError, BackendUnavailableError),
+    (pg_errors.TooManyConnectionsError, BackendUnavailableError),
+    (pg_errors.AdminShutdownError, BackendUnavailableError),
+    (pg_errors.CrashShutdownError, BackendUnavailableError),
+    (pg_errors.InsufficientResourcesError, BackendUnavailableError),
+    (pg_errors.SerializationError, BackendUnavailableError),
+    (pg_errors.DeadlockDetectedError, BackendUnavailableError),
+    (pg_errors.LockNotAvailableError, BackendUnavailableError),
+    (pg_errors.QueryCanceledError, BackendUnavailableError),
+    (pg_errors.ConnectionDoesNotExistError, BackendUnavailableError),
+    (pg_errors.InterfaceError, BackendError),
+    (pg_errors.PostgresError, BackendError),
+    (pg_errors.PostgresWarning, BackendError),  # notices, raised only if warnings are errors
+    # Socket-level failures reaching a server (refused, reset, unreachable, timed out).
+    (ConnectionError, BackendUnavailableError),
+    (TimeoutError, BackendUnavailableError),
+    (OSError, BackendUnavailableError),
+)
+
+
 def classify(exc_type: type[BaseException]) -> type[OnwardError] | None:
     """The Onward error a driver exception type becomes, or ``None`` if no rule covers it."""
     for driver_type, onward_type in _KAFKA_RULES:
@@ -268,9 +341,10 @@ def classify(exc_type: type[BaseException]) -> type[OnwardError] | None:
             return onward_type
     if issubclass(exc_type, kafka_errors.KafkaError) and getattr(exc_type, "retriable", False):
         return BackendUnavailableError
-    for driver_type, onward_type in _SQLITE_RULES:
-        if issubclass(exc_type, driver_type):
-            return onward_type
+    for rules in (_SQLITE_RULES, _REDIS_RULES, _ASYNCPG_RULES):
+        for driver_type, onward_type in rules:
+            if issubclass(exc_type, driver_type):
+                return onward_type
     return None
 
 

@@ -6,7 +6,9 @@ import inspect
 import sqlite3
 
 import aiokafka.errors as kafka_errors
+import asyncpg.exceptions as pg_errors
 import pytest
+import redis.exceptions as redis_errors
 
 import onward.errors as errors
 from onward.errors import OnwardError, classify, translate
@@ -17,7 +19,7 @@ _ABSTRACT = {kafka_errors.KafkaError, kafka_errors.BrokerResponseError}
 
 def _driver_exception_types() -> list[type[BaseException]]:
     found: list[type[BaseException]] = []
-    for module in (kafka_errors, sqlite3):
+    for module in (kafka_errors, sqlite3, redis_errors, pg_errors):
         for _, value in inspect.getmembers(module, inspect.isclass):
             if (
                 issubclass(value, BaseException)
@@ -35,7 +37,13 @@ def test_every_driver_exception_has_a_rule(driver_type: type[BaseException]) -> 
 
 def test_the_driver_enumeration_sees_both_drivers() -> None:
     names = {t.__name__ for t in _driver_exception_types()}
-    assert {"KafkaConnectionError", "OutOfOrderSequenceNumber", "OperationalError"} <= names
+    assert {
+        "KafkaConnectionError",
+        "OutOfOrderSequenceNumber",
+        "OperationalError",
+        "ConnectionError",
+        "UniqueViolationError",
+    } <= names
 
 
 @pytest.mark.parametrize(
@@ -50,6 +58,14 @@ def test_the_driver_enumeration_sees_both_drivers() -> None:
         (kafka_errors.TopicAuthorizationFailedError(), errors.ConfigurationError),
         (sqlite3.OperationalError("database is locked"), errors.BackendUnavailableError),
         (sqlite3.DatabaseError("file is not a database"), errors.BackendError),
+        (redis_errors.ConnectionError("refused"), errors.BackendUnavailableError),
+        (redis_errors.AuthenticationError("bad password"), errors.ConfigurationError),
+        (redis_errors.ResponseError("WRONGTYPE"), errors.BackendError),
+        (pg_errors.InvalidPasswordError("no"), errors.ConfigurationError),
+        (pg_errors.UndefinedTableError("no table"), errors.SchemaMismatchError),
+        (pg_errors.TooManyConnectionsError("busy"), errors.BackendUnavailableError),
+        (pg_errors.UniqueViolationError("dup"), errors.BackendError),
+        (ConnectionRefusedError("refused"), errors.BackendUnavailableError),
     ],
 )
 def test_translate_picks_the_most_specific_error(

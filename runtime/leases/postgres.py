@@ -19,7 +19,7 @@ from typing import Any, Self, TypeVar
 
 import asyncpg
 
-from onward.errors import BackendUnavailableError, InvalidInputError, OnwardError, translate
+from onward.errors import InvalidInputError, OnwardError, translate
 from onward.projections.migrations import verify_postgres
 
 from .base import RunLease
@@ -61,20 +61,9 @@ holder may release in between. Then the run is free and the acquisition is tried
 than refused naming nobody.
 """
 
-# Connection-level failures: the server could not be reached, refused or dropped the session.
-# Everything else asyncpg raises is a statement or schema problem and is not worth retrying.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.exceptions.PostgresConnectionError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.TooManyConnectionsError,
-)
-_DRIVER: tuple[type[BaseException], ...] = (
-    *_UNAVAILABLE,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-)
+# What asyncpg and the socket under it raise; `onward.errors.translate` maps each to the most
+# specific Onward error.
+_DRIVER: tuple[type[BaseException], ...] = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
 def _lease(run_id: str, row: asyncpg.Record) -> RunLease:
@@ -88,16 +77,7 @@ def _lease(run_id: str, row: asyncpg.Record) -> RunLease:
 
 
 def _translate(exc: BaseException, context: str, run_id: str | None) -> OnwardError:
-    """The Onward error for an asyncpg or socket failure.
-
-    `onward.errors.translate` has no asyncpg rules (everything becomes `BackendError`), so the
-    failures that mean "the server is not there" are picked out here as retryable.
-    """
-    if isinstance(exc, _UNAVAILABLE):
-        message = f"{context}: {type(exc).__name__}: {exc} (retry once PostgreSQL is reachable)"
-        if run_id is not None:
-            message = f"run {run_id!r}: {message}"
-        return BackendUnavailableError(message, run_id=run_id)
+    """Driver failures become Onward errors by the rules in `onward.errors.translate`."""
     return translate(exc, context=context, run_id=run_id)
 
 

@@ -32,11 +32,10 @@ import redis.exceptions as redis_errors
 from redis.commands.core import AsyncScript
 
 from onward.errors import (
-    BackendError,
-    BackendUnavailableError,
     ConfigurationError,
     InvalidInputError,
     OnwardError,
+    translate,
 )
 
 from .base import RunLease
@@ -53,24 +52,8 @@ def _script_source(name: str) -> str:
 
 
 def _translate(exc: BaseException, context: str, run_id: str | None) -> OnwardError:
-    """The Onward error for a redis-py failure: the one place this module maps driver errors.
-
-    A refused login is a configuration problem that retrying will not fix; a connection that
-    failed or timed out may succeed later; any other reply is a plain backend failure.
-    """
-    kind: type[OnwardError]
-    if isinstance(exc, redis_errors.AuthenticationError | redis_errors.AuthorizationError):
-        kind = ConfigurationError
-    elif isinstance(exc, redis_errors.ConnectionError | redis_errors.TimeoutError | OSError):
-        kind = BackendUnavailableError
-    else:
-        kind = BackendError
-    message = f"{context}: {type(exc).__name__}: {exc}"
-    if run_id is not None:
-        message = f"run {run_id!r}: {message}"
-    if kind is BackendUnavailableError:
-        message += " (Redis did not answer; retry once it is reachable)"
-    return kind(message, run_id=run_id)
+    """Driver failures become Onward errors by the rules in `onward.errors.translate`."""
+    return translate(exc, context=context, run_id=run_id)
 
 
 def _text(value: Any) -> str:

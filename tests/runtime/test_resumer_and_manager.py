@@ -1,0 +1,177 @@
+"""The Resumer's order of work and the ExecutionManager's view, on the in-memory backends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from support.workers import CountingLog
+
+from onward.errors import (
+    ConfigurationError,
+    NothingToResumeError,
+    ResumeConflictError,
+    RevisionMismatchError,
+)
+from onward.eventlog import Event, MemoryEventLog, ToolCall, ToolCompleted
+from onward.projections.memory import MemoryFrontierStore
+from onward.projections.projector import FrontierProjection, LogProjector
+from onward.runtime.agent import Agent
+from onward.runtime.leases import MemoryLeaseStore
+from onward.runtime.manager import ExecutionManager, pending_ids
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.resumer import Resumer
+from onward.runtime.runner import AgentRunner
+from onward.runtime.tools import tool
+
+TENANT = "acme"
+
+
+@tool
+async def search(query: str, *, idempotency_key: str) -> str:
+    return query
+
+
+@tool(requires_approval=True)
+async def pay(amount: int, *, idempotency_key: str) -> str:
+    return "paid"
+
+
+AGENT = Agent(name="a", instructions="", tools=[search, pay])
+
+
+class Stop(BaseException):
+    pass
+
+
+class StopAfterAnswer:
+    async def appended(self, events: Sequence[Event]) -> None:
+        if any(type(e).__name__ == "ModelAnswered" for e in events):
+            raise Stop
+
+    async def tool_returned(self, call_id: str) -> None:
+        return None
+
+    async def before_model_call(self) -> None:
+        return None
+
+
+def provider() -> ScriptedProvider:
+    return ScriptedProvider(
+        [reply("", ToolCall(call_id="s", tool="search", args={"query": "x"})), reply("ok")]
+    )
+
+
+async def interrupted_run(log: MemoryEventLog, leases: MemoryLeaseStore, run_id: str = "r") -> None:
+    """A run whose worker stopped right after the model answered (its lease is given back)."""
+    with pytest.raises(Stop):
+        await AgentRunner(
+            provider=provider(), log=log, leases=leases, observer=StopAfterAnswer()
+        ).run(AGENT, "go", tenant=TENANT, run_id=run_id)
+
+
+async def test_the_loser_of_a_resume_reads_nothing() -> None:
+    log, leases = MemoryEventLog(), MemoryLeaseStore()
+    await interrupted_run(log, leases)
+    winner = await Resumer(log, leases).resume(AGENT, "r", tenant=TENANT, worker="w1")
+    counting = CountingLog(log)
+    with pytest.raises(ResumeConflictError) as caught:
+        await Resumer(counting, leases).resume(AGENT, "r", tenant=TENANT, worker="w2")
+    assert caught.value.holder == "w1"
+    assert counting.reads == 0
+    assert winner.claimed
+    assert winner.lease.fence == 2
+
+
+async def test_the_tail_is_read_from_the_frontier_rows_position() -> None:
+    log, leases, store = MemoryEventLog(), MemoryLeaseStore(), MemoryFrontierStore()
+    await interrupted_run(log, leases)
+    await LogProjector(log, FrontierProjection(store, log)).catch_up()
+    carried = await Resumer(log, leases, store).resume(AGENT, "r", tenant=TENANT, worker="w")
+    assert carried.tail_events == 1  # only the claim itself
+    assert [c.call_id for c in carried.plan.to_dispatch] == ["s"]
+    assert set(carried.timings_ms) >= {"lease", "frontier", "tail", "claim", "plan", "total"}
+
+
+async def test_a_superseded_writer_slipping_in_before_the_claim_is_folded() -> None:
+    log, leases = MemoryEventLog(), MemoryLeaseStore()
+    await interrupted_run(log, leases)
+    history = await log.read_run("r")
+    last = history[-1].event
+    # The old holder records a result after the new holder's lease, before its claim lands.
+    await log.append(
+        [
+            ToolCompleted(
+                run_id="r",
+                tenant=TENANT,
+                seq=last.seq + 1,
+                fence=last.fence,
+                call_id="s",
+                result="x",
+            )
+        ]
+    )
+    carried = await Resumer(log, leases).resume(AGENT, "r", tenant=TENANT, worker="new")
+    assert [c.call_id for c in carried.plan.completed] == ["s"]
+    assert carried.frontier.fence == carried.lease.fence == 2
+
+
+async def test_nothing_to_resume_and_a_wrong_revision_give_the_lease_back() -> None:
+    log, leases = MemoryEventLog(), MemoryLeaseStore()
+    with pytest.raises(NothingToResumeError):
+        await Resumer(log, leases).resume(AGENT, "nope", tenant=TENANT, worker="w")
+    assert await leases.current("nope") is None
+    await interrupted_run(log, leases)
+    other = Agent(name="a", instructions="changed", tools=[search, pay])
+    with pytest.raises(RevisionMismatchError):
+        await Resumer(log, leases).resume(other, "r", tenant=TENANT, worker="w")
+    assert await leases.current("r") is None
+
+
+async def test_a_finished_run_is_not_claimed() -> None:
+    log, leases = MemoryEventLog(), MemoryLeaseStore()
+    await AgentRunner(provider=provider(), log=log, leases=leases).run(
+        AGENT, "go", tenant=TENANT, run_id="r"
+    )
+    before = len(await log.read_run("r"))
+    carried = await Resumer(log, leases).resume(AGENT, "r", tenant=TENANT, worker="w")
+    assert not carried.claimed
+    assert len(await log.read_run("r")) == before
+
+
+async def test_the_manager_lists_runs_waiting_on_people_and_runs_nobody_holds() -> None:
+    log, leases, store = MemoryEventLog(), MemoryLeaseStore(), MemoryFrontierStore()
+    await interrupted_run(log, leases, "interrupted")
+    waiting = ScriptedProvider(
+        [reply("", ToolCall(call_id="p", tool="pay", args={"amount": 3})), reply("ok")]
+    )
+    await AgentRunner(provider=waiting, log=log, leases=leases).run(
+        AGENT, "go", tenant=TENANT, run_id="waiting"
+    )
+    await AgentRunner(provider=provider(), log=log, leases=leases).run(
+        AGENT, "go", tenant=TENANT, run_id="done"
+    )
+    await interrupted_run(log, leases, "held")
+    await leases.acquire("held", tenant=TENANT, holder="w9", ttl_s=60)
+    await LogProjector(log, FrontierProjection(store, log)).catch_up()
+    manager = ExecutionManager(store, leases)
+    pending = await manager.list_pending(tenant=TENANT)
+    assert sorted(pending_ids(pending)) == ["interrupted", "waiting"]
+    assert {s.summary.run_id: s.attention for s in pending} == {
+        "interrupted": "interrupted",
+        "waiting": "waiting_on_approval",
+    }
+    held = await manager.get_status("held")
+    assert held.attention == "held"
+    assert held.lease is not None
+    assert held.lease.holder == "w9"
+    assert (await manager.get_status("done")).attention is None
+    with pytest.raises(NothingToResumeError):
+        await manager.get_status("missing")
+
+
+async def test_a_lease_store_behind_the_log_is_refused() -> None:
+    log = MemoryEventLog()
+    await interrupted_run(log, MemoryLeaseStore())
+    with pytest.raises(ConfigurationError, match="share one lease store"):
+        await Resumer(log, MemoryLeaseStore()).resume(AGENT, "r", tenant=TENANT, worker="w")

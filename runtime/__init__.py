@@ -1,3 +1,76 @@
-"""The runner, resume planning, leases, compaction, garbage collection and the CLI."""
+"""The runner, resume planning, leases, redaction, providers, tools and the CLI."""
 
-__all__: list[str] = []
+from .agent import Agent
+from .checkpoint import Checkpointer, CheckpointPolicy
+from .history import (
+    BlobStore,
+    ClaimCheck,
+    MemoryBlobStore,
+    PostgresBlobStore,
+    SqliteBlobStore,
+)
+from .leases import (
+    Leaseholder,
+    LeasePolicy,
+    LeaseStore,
+    MemoryLeaseStore,
+    PostgresLeaseStore,
+    RedisLeaseStore,
+    RunLease,
+    SqliteLeaseStore,
+)
+from .manager import ExecutionManager, RunStatus
+from .openai import OpenAICompatibleProvider
+from .providers import ModelReply, Provider, ScriptedProvider, reply
+from .redaction import Redactor
+from .resume import (
+    PlannedCall,
+    ResumePlan,
+    ToolDisposition,
+    plan_resume,
+    refuse_if_undecidable,
+)
+from .resumer import CarriedRun, Resumer
+from .runner import AgentRunner, RunObserver, RunResult
+from .tools import Reconciled, Tool, idempotency_key, tool
+
+__all__ = [
+    "Agent",
+    "AgentRunner",
+    "BlobStore",
+    "CarriedRun",
+    "CheckpointPolicy",
+    "Checkpointer",
+    "ClaimCheck",
+    "ExecutionManager",
+    "LeasePolicy",
+    "LeaseStore",
+    "Leaseholder",
+    "MemoryBlobStore",
+    "MemoryLeaseStore",
+    "ModelReply",
+    "OpenAICompatibleProvider",
+    "PlannedCall",
+    "PostgresBlobStore",
+    "PostgresLeaseStore",
+    "Provider",
+    "Reconciled",
+    "Redactor",
+    "RedisLeaseStore",
+    "ResumePlan",
+    "Resumer",
+    "RunLease",
+    "RunObserver",
+    "RunResult",
+    "RunStatus",
+    "ScriptedProvider",
+    "SqliteBlobStore",
+    "SqliteLeaseStore",
+    "Tool",
+    "ToolDisposition",
+    "idempotency_key",
+    "plan_resume",
+    "refuse_if_undecidable",
+    "reply",
+    "tool",
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import onward
 import onward.eventlog
 import onward.projections
+import onward.runtime
 import onward.testing
 from onward.eventlog import EventLog, KafkaEventLog, MemoryEventLog, SqliteEventLog
 
@@ -45,7 +46,7 @@ def test_onward_exports() -> None:
 
 
 def test_every_exported_name_exists() -> None:
-    for module in (onward.eventlog, onward.projections, onward.testing):
+    for module in (onward.eventlog, onward.projections, onward.runtime, onward.testing):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 
@@ -100,3 +101,57 @@ def test_stores_satisfy_the_protocol() -> None:
         onward.projections.PostgresFrontierStore("postgresql://x@127.0.0.1/x"),
         onward.projections.FrontierStore,
     )
+
+
+def test_runtime_exports() -> None:
+    assert sorted(onward.runtime.__all__) == sorted(
+        [
+            "Agent",
+            "AgentRunner",
+            "BlobStore",
+            "CarriedRun",
+            "CheckpointPolicy",
+            "Checkpointer",
+            "ClaimCheck",
+            "ExecutionManager",
+            "LeasePolicy",
+            "LeaseStore",
+            "Leaseholder",
+            "MemoryBlobStore",
+            "MemoryLeaseStore",
+            "ModelReply",
+            "OpenAICompatibleProvider",
+            "PlannedCall",
+            "PostgresBlobStore",
+            "PostgresLeaseStore",
+            "Provider",
+            "Reconciled",
+            "Redactor",
+            "RedisLeaseStore",
+            "ResumePlan",
+            "Resumer",
+            "RunLease",
+            "RunObserver",
+            "RunResult",
+            "RunStatus",
+            "ScriptedProvider",
+            "SqliteBlobStore",
+            "SqliteLeaseStore",
+            "Tool",
+            "ToolDisposition",
+            "idempotency_key",
+            "plan_resume",
+            "refuse_if_undecidable",
+            "reply",
+            "tool",
+        ]
+    )
+
+
+def test_testing_exports() -> None:
+    assert sorted(onward.testing.__all__) == [
+        "EventLogConformance",
+        "FrontierStoreConformance",
+        "LeaseStoreConformance",
+        "PersistentEventLogConformance",
+    ]

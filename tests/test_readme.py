@@ -29,3 +29,4 @@ def test_readme_python_blocks_run(tmp_path: Path) -> None:
         outputs.append(result.stdout)
     assert "['RunStarted', 'RunClaimed']" in outputs[0]
     assert outputs[1].strip() == "completed booked 1"
+    assert outputs[2].strip() == "held by w1"

@@ -1,0 +1,943 @@
+"""Resume latency: `Resumer.resume` end to end for runs of 10, 1,000 and 100,000 events.
+
+One resume is what a worker does to carry on a run another worker left: take the run's lease,
+read its frontier row, read the log's tail after that row, append `RunClaimed` and read back up
+to it, and plan (`Resumer.resume`; its ``timings_ms`` give lease / frontier / tail / claim /
+plan). Measured on two deployments, each with the same workload:
+
+* Kafka + PostgreSQL: `KafkaEventLog` on a fresh 12-partition topic, `PostgresFrontierStore`
+  in a fresh migrated schema, `RedisLeaseStore` under a unique key prefix, and a
+  `KafkaProjector` folding frontiers in the background of this same process
+  (``asyncio.create_task(projector.run(stop))``).
+* Embedded: `SqliteEventLog` + `SqliteFrontierStore` + `SqliteLeaseStore` on one file,
+  folded with `LogProjector.catch_up()`.
+
+The workload: one measured run per history length (``--lengths``), each a realistic history (run
+started, model answers with one to three tool calls, their dispatches and results, settled
+turns, now and then an approval asked and granted; a few hundred bytes per event) carrying the
+fence of a real lease taken for it, written in appends of ``--batch`` events and ending on a
+settled turn so the run is resumable. Meanwhile ``--background-runs`` small runs (8 to 40
+events, in appends of ``--background-batch``) are written into the same partitions, three
+quarters of them concurrently with the measured histories and the rest after them, so the
+measured runs share their partitions with other runs' events, also after their last event, as a
+crashed run's partition does.
+
+Once the projector has caught up, each run is resumed ``--warmup`` + ``--samples`` times. Each
+sample times ``resumer.resume(...)`` from the caller's side, then releases the lease (not timed)
+and, unless ``--no-settle``, waits for the projector to fold the `RunClaimed` that resume
+appended (polling the run's frontier row; with SQLite, ``catch_up()``), so every sample starts
+from a current frontier row and a tail holding only its own claim. Every sample appends one
+`RunClaimed`, so a run's history grows by one event per sample. The first resume of each run
+(the first warm-up) is reported on its own: its tail read is the one that walks past other runs'
+events written after the run's last event. Samples go round-robin over the runs (one resume of
+each in turn), so drift on the machine affects every length alike; ``--sequential`` does one run
+at a time.
+
+Absolute figures depend on the machine (and on whatever else runs on it: the load average is
+recorded); the ratio of the longest history's p50 to the shortest's is the figure to compare.
+The project's targets: p50 under 20 ms on Kafka + PostgreSQL, and the 100,000-event p50 at most
+1.5x the 10-event p50. Quantiles interpolate between ranks: with 100 samples, p99 lies between
+the two slowest.
+
+    python bench/resume.py                        # both backends; bench/results/resume.json
+    python bench/resume.py --backends kafka --samples 200
+    python bench/resume.py --profile              # + cProfile of resumes of the longest run
+
+The topic, the PostgreSQL schema, the Redis keys and the SQLite file are deleted at the end,
+also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import json
+import os
+import pstats
+import random
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import asyncpg
+import redis.asyncio as aioredis
+from aiokafka.admin import AIOKafkaAdminClient
+from rich.console import Console
+from rich.table import Table
+
+from onward.eventlog import (
+    ApprovalGranted,
+    ApprovalRequested,
+    Event,
+    KafkaEventLog,
+    Message,
+    ModelAnswered,
+    RunClaimed,
+    RunStarted,
+    SqliteEventLog,
+    ToolCall,
+    ToolCompleted,
+    ToolDispatched,
+    TurnSettled,
+    Usage,
+    codec,
+    partition_for,
+)
+from onward.eventlog.base import EventLog, PartitionBounds, Position, StoredEvent
+from onward.projections.kafka import KafkaProjector
+from onward.projections.postgres import PostgresFrontierStore, migrate
+from onward.projections.projector import FrontierProjection, LogProjector
+from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime.agent import Agent
+from onward.runtime.leases import LeasePolicy, LeaseStore, RedisLeaseStore, SqliteLeaseStore
+from onward.runtime.resumer import CarriedRun, Resumer
+
+PARTITIONS = 12
+TENANT = "bench"
+PARTS = ("lease", "frontier", "tail", "claim", "plan")
+P50_TARGET_MS = 20.0
+RATIO_TARGET = 1.5
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "agents")
+AGENT = Agent(name="booker", instructions="Book the trip the user asks for.")
+SCRIPT = Path(__file__).resolve()
+
+
+# --------------------------------------------------------------------------------------------
+# The workload
+
+
+def _text(rng: random.Random, low: int, high: int) -> str:
+    """Some words, ``low`` to ``high`` characters long."""
+    size = rng.randint(low, high)
+    out: list[str] = []
+    length = 0
+    while length < size:
+        word = rng.choice(WORDS)
+        out.append(word)
+        length += len(word) + 1
+    return " ".join(out)[:size]
+
+
+class History:
+    """One run's history of exactly ``length`` events, the last a settled turn.
+
+    Args:
+        rng: Where the content comes from.
+        length: Events in the history, at least 3.
+        fence: The fence of the lease it is written under.
+        prefix: Put before the run id.
+    """
+
+    def __init__(self, rng: random.Random, length: int, *, fence: int = 1, prefix: str) -> None:
+        if length < 3:
+            raise ValueError(f"a resumable history needs at least 3 events, got {length}")
+        self.rng = rng
+        self.length = length
+        self.fence = fence
+        self.run_id = f"{prefix}-{rng.getrandbits(48):012x}"
+        self.seq = 0
+        self.at = 1_700_000_000_000_000 + rng.randint(0, 10**9)
+
+    def _env(self) -> dict[str, Any]:
+        self.seq += 1
+        self.at += self.rng.randint(200, 900_000)
+        return {
+            "run_id": self.run_id,
+            "tenant": TENANT,
+            "seq": self.seq,
+            "fence": self.fence,
+            "at": self.at,
+        }
+
+    def steps(self) -> Iterator[list[Event]]:
+        """The run's steps, each the batch a runner appends at once."""
+        rng = self.rng
+        yield [
+            RunStarted(
+                **self._env(),
+                agent=AGENT.name,
+                revision=AGENT.revision,
+                input={"task": _text(rng, 60, 240), "user": f"u{rng.randint(1, 9999)}"},
+                options={"model": "m-large", "max_iterations": 10**6},
+            )
+        ]
+        budget = self.length - 1
+        if budget % 2:
+            yield [RunClaimed(**self._env(), worker=f"worker-{rng.randint(1, 16)}")]
+            budget -= 1
+        iteration = 0
+        while budget:
+            if iteration and budget >= 6 and rng.random() < 0.05:
+                request = f"a{iteration}"
+                yield [ApprovalRequested(**self._env(), request_id=request, prompt="go ahead?")]
+                yield [ApprovalGranted(**self._env(), request_id=request, by="ann", value=True)]
+                budget -= 2
+            iteration += 1
+            width = min(rng.randint(1, 3), (budget - 2) // 2)
+            calls = [
+                ToolCall(
+                    call_id=f"c{iteration}-{n}",
+                    tool=rng.choice(["search", "book", "pay", "lookup"]),
+                    args={"q": _text(rng, 10, 90), "limit": rng.randint(1, 20)},
+                    idempotency_key=f"{self.run_id}:c{iteration}-{n}",
+                )
+                for n in range(width)
+            ]
+            yield [
+                ModelAnswered(
+                    **self._env(),
+                    message=Message(role="assistant", content=_text(rng, 20, 160)),
+                    tool_calls=calls,
+                    usage=Usage(
+                        input_tokens=rng.randint(200, 4000), output_tokens=rng.randint(5, 300)
+                    ),
+                )
+            ]
+            for call in calls:
+                yield [
+                    ToolDispatched(
+                        **self._env(),
+                        call_id=call.call_id,
+                        tool=call.tool,
+                        idempotency_key=call.idempotency_key,
+                    )
+                ]
+                yield [
+                    ToolCompleted(
+                        **self._env(),
+                        call_id=call.call_id,
+                        result={"ok": True, "items": _text(rng, 40, 200)},
+                    )
+                ]
+            yield [
+                TurnSettled(**self._env(), iteration=iteration, call_ids=[c.call_id for c in calls])
+            ]
+            budget -= 2 + 2 * width
+
+    def appends(self, batch: int) -> Iterator[list[Event]]:
+        """The steps joined into appends of about ``batch`` events (never splitting a step)."""
+        pending: list[Event] = []
+        for step in self.steps():
+            pending.extend(step)
+            if len(pending) >= batch:
+                yield pending
+                pending = []
+        if pending:
+            yield pending
+
+
+@dataclass
+class Workload:
+    """What was written: the measured runs by length, and how long writing took."""
+
+    measured: dict[int, History]
+    events: int = 0
+    encoded_bytes: int = 0
+    appends: int = 0
+    seconds: float = 0.0
+    after_last: dict[int, int] = field(default_factory=dict)
+
+
+async def write_workload(
+    log: EventLog, leases: LeaseStore, args: argparse.Namespace, prefix: str
+) -> Workload:
+    """Write the measured histories (each under a real lease) and the background runs."""
+    rng = random.Random(args.seed)
+    measured: dict[int, History] = {}
+    for length in args.lengths:
+        history = History(rng, length, prefix=f"{prefix}-h{length}")
+        lease = await leases.acquire(
+            history.run_id, tenant=TENANT, holder="bench-writer", ttl_s=3600
+        )
+        history.fence = lease.fence
+        measured[length] = history
+        await leases.release(lease)
+    background = [
+        History(rng, rng.randint(8, 40), prefix=f"{prefix}-bg") for _ in range(args.background_runs)
+    ]
+    split = len(background) * 3 // 4
+    work = Workload(measured)
+
+    last_offsets: dict[str, int] = {}
+
+    async def write_run(history: History, batch: int) -> None:
+        for events in history.appends(batch):
+            positions = await log.append(events)
+            last_offsets[history.run_id] = positions[-1].offset
+            work.events += len(events)
+            work.encoded_bytes += sum(len(codec.encode(e)) for e in events)
+            work.appends += 1
+
+    async def write_many(runs: list[History]) -> None:
+        queue = list(reversed(runs))
+
+        async def worker() -> None:
+            while queue:
+                await write_run(queue.pop(), args.background_batch)
+
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+
+    started = time.perf_counter()
+    await asyncio.gather(
+        write_many(background[:split]), *(write_run(h, args.batch) for h in measured.values())
+    )
+    await write_many(background[split:])
+    work.seconds = time.perf_counter() - started
+    for length, history in measured.items():
+        end = (await log.bounds(partition_for(history.run_id, log.partitions))).end
+        work.after_last[length] = end - last_offsets[history.run_id] - 1
+    return work
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling
+
+
+class TimedLog:
+    """An `EventLog` that times each `append` and `read_run` of the log it wraps.
+
+    Used only for the ``--profile`` resumes, to split the resumer's ``tail`` and ``claim`` into
+    the log calls they make: the tail read, the claim's append and the read back to the claim.
+    """
+
+    def __init__(self, inner: EventLog) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, float, int]] = []
+
+    @property
+    def partitions(self) -> int:
+        return self.inner.partitions
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        mark = time.perf_counter()
+        positions = await self.inner.append(events)
+        self.calls.append(("append", (time.perf_counter() - mark) * 1000.0, len(events)))
+        return positions
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        mark = time.perf_counter()
+        events = await self.inner.read_run(run_id, start=start, end=end)
+        self.calls.append(("read_run", (time.perf_counter() - mark) * 1000.0, len(events)))
+        return events
+
+    async def read_partition(
+        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
+    ) -> list[StoredEvent]:
+        return await self.inner.read_partition(partition, start, end, limit=limit)
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        return await self.inner.bounds(partition)
+
+    async def truncate_before(self, partition: int, offset: int) -> None:
+        await self.inner.truncate_before(partition, offset)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+@dataclass
+class Sample:
+    """One resume: the caller's wall time, the resumer's own breakdown, the tail it folded."""
+
+    ms: float
+    timings: dict[str, float]
+    tail_events: int
+    settle_ms: float
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1), linearly interpolated between the closest ranks."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = q * (len(ordered) - 1)
+    low = int(index)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (index - low)
+
+
+async def resume_once(
+    resumer: Resumer,
+    leases: LeaseStore,
+    history: History,
+    *,
+    worker: str,
+    settle: Callable[[CarriedRun], Awaitable[None]] | None,
+    profiler: cProfile.Profile | None = None,
+) -> Sample:
+    """Resume ``history``'s run once (timed), then release the lease and settle (not timed)."""
+    if profiler is not None:
+        profiler.enable()
+    mark = time.perf_counter()
+    carried = await resumer.resume(AGENT, history.run_id, tenant=TENANT, worker=worker)
+    ms = (time.perf_counter() - mark) * 1000.0
+    if profiler is not None:
+        profiler.disable()
+    await leases.release(carried.lease)
+    if not carried.claimed:
+        raise RuntimeError(
+            f"run {history.run_id} was not claimed (status {carried.frontier.status}); "
+            "the history must leave it resumable"
+        )
+    settle_ms = 0.0
+    if settle is not None:
+        mark = time.perf_counter()
+        await settle(carried)
+        settle_ms = (time.perf_counter() - mark) * 1000.0
+    return Sample(ms, dict(carried.timings_ms), carried.tail_events, settle_ms)
+
+
+def summarize(
+    length: int, warm: list[Sample], samples: list[Sample], last_seq: int, after_last: int
+) -> dict[str, Any]:
+    """p50 / p99 / mean of the wall time, the p50 of every part, the tail sizes."""
+    times = [s.ms for s in samples]
+    first = warm[0] if warm else samples[0]
+    return {
+        "history_events": length,
+        "samples": len(samples),
+        "p50_ms": _pct(times, 0.5),
+        "p99_ms": _pct(times, 0.99),
+        "mean_ms": statistics.fmean(times),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "resumer_total_p50_ms": _pct([s.timings.get("total", 0.0) for s in samples], 0.5),
+        "parts_p50_ms": {p: _pct([s.timings.get(p, 0.0) for s in samples], 0.5) for p in PARTS},
+        "parts_p99_ms": {p: _pct([s.timings.get(p, 0.0) for s in samples], 0.99) for p in PARTS},
+        "tail_events_p50": _pct([float(s.tail_events) for s in samples], 0.5),
+        "tail_events_max": max(s.tail_events for s in samples),
+        "settle_p50_ms": _pct([s.settle_ms for s in samples], 0.5),
+        "first_resume": {
+            "ms": first.ms,
+            "parts_ms": {p: first.timings.get(p, 0.0) for p in PARTS},
+            "tail_events": first.tail_events,
+            "other_events_after_last_event": after_last,
+        },
+        "last_seq_after": last_seq,
+        "all_ms": times,
+    }
+
+
+async def measure(
+    name: str,
+    resumer: Resumer,
+    leases: LeaseStore,
+    work: Workload,
+    args: argparse.Namespace,
+    settle: Callable[[CarriedRun], Awaitable[None]],
+    settle_all: Callable[[], Awaitable[object]],
+    console: Console,
+) -> dict[str, Any]:
+    """Sample every measured run, round-robin unless ``--sequential``; profile if asked."""
+    runs = list(work.measured.items())
+    warm: dict[int, list[Sample]] = {length: [] for length, _ in runs}
+    timed: dict[int, list[Sample]] = {length: [] for length, _ in runs}
+    timed_settle = None if args.no_settle else settle
+    if args.sequential:
+        order = [(n, length, h) for length, h in runs for n in range(args.warmup + args.samples)]
+    else:
+        order = [(n, length, h) for n in range(args.warmup + args.samples) for length, h in runs]
+    for n, length, history in order:
+        warming = n < args.warmup
+        sample = await resume_once(
+            resumer,
+            leases,
+            history,
+            worker=f"bench-worker-{n % 4}",
+            settle=settle if warming else timed_settle,
+        )
+        (warm if warming else timed)[length].append(sample)
+    if args.no_settle:
+        await settle_all()
+    per_length: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for length, history in runs:
+        row = await resumer.frontiers.get(history.run_id) if resumer.frontiers else None
+        expected = length + args.warmup + args.samples
+        last_seq = row.summary.last_seq if row is not None else -1
+        if last_seq != expected:
+            warnings.append(f"{name} {length}: frontier last_seq {last_seq}, expected {expected}")
+        per_length.append(
+            summarize(length, warm[length], timed[length], last_seq, work.after_last[length])
+        )
+        console.print(
+            f"  {name}: {length:,} events: p50 {per_length[-1]['p50_ms']:.2f} ms "
+            f"over {args.samples} samples"
+        )
+    result: dict[str, Any] = {"lengths": per_length, "warnings": warnings}
+    p50s = {r["history_events"]: r["p50_ms"] for r in per_length}
+    shortest, longest = min(p50s), max(p50s)
+    result["ratio_longest_to_shortest_p50"] = p50s[longest] / p50s[shortest]
+    if args.profile:
+        result["profile"] = await profile_run(
+            resumer, leases, work.measured[longest], args, timed_settle
+        )
+    for message in warnings:
+        console.print(f"[red]{message}")
+    return result
+
+
+async def profile_run(
+    resumer: Resumer,
+    leases: LeaseStore,
+    history: History,
+    args: argparse.Namespace,
+    settle: Callable[[CarriedRun], Awaitable[None]] | None,
+) -> dict[str, Any]:
+    """Where one run's resume time goes: its log calls timed, then a cProfile.
+
+    First ``--profile-samples`` resumes through a `TimedLog` (no profiler, so the times are not
+    inflated by it), then as many under cProfile. cProfile only sees the time a coroutine runs,
+    not the time it waits on a socket, so the log calls timed from outside are what say where
+    a resume's wall time goes.
+    """
+    timed = TimedLog(resumer.log)
+    split_resumer = Resumer(timed, leases, resumer.frontiers, policy=resumer.policy)
+    split: dict[str, list[float]] = {"tail read": [], "claim append": [], "claim read-back": []}
+    bounds: list[float] = []
+    partition = partition_for(history.run_id, timed.partitions)
+    for n in range(args.profile_samples):
+        timed.calls.clear()
+        await resume_once(
+            split_resumer, leases, history, worker=f"bench-worker-{n % 4}", settle=settle
+        )
+        kinds = [(kind, ms) for kind, ms, _ in timed.calls]
+        if [k for k, _ in kinds] == ["read_run", "append", "read_run"]:
+            for name, (_, ms) in zip(split, kinds, strict=True):
+                split[name].append(ms)
+        mark = time.perf_counter()
+        await timed.bounds(partition)
+        bounds.append((time.perf_counter() - mark) * 1000.0)
+    profiler = cProfile.Profile()
+    for n in range(args.profile_samples):
+        await resume_once(
+            resumer,
+            leases,
+            history,
+            worker=f"bench-worker-{n % 4}",
+            settle=settle,
+            profiler=profiler,
+        )
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.profile_top)
+    return {
+        "history_events": history.length,
+        "resumes": args.profile_samples,
+        "log_calls_p50_ms": {name: _pct(values, 0.5) for name, values in split.items()}
+        | {"bounds alone (not part of resume)": _pct(bounds, 0.5)},
+        "top_cumulative": out.getvalue(),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Kafka + PostgreSQL + Redis
+
+
+async def create_schema(database_url: str) -> str:
+    schema = f"bench_resume_{uuid.uuid4().hex[:10]}"
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+        await conn.execute(f"SET search_path TO {schema}")
+        await migrate(conn)
+    finally:
+        await conn.close()
+    return schema
+
+
+async def bench_kafka(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"onward.bench.resume.{suffix}"
+    prefix = f"onward-bench-resume-{suffix}:"
+    schema: str | None = None
+    log: KafkaEventLog | None = None
+    leases: RedisLeaseStore | None = None
+    stores: list[PostgresFrontierStore] = []
+    projector: KafkaProjector[FrontierProjection] | None = None
+    stop = asyncio.Event()
+    folding: asyncio.Task[None] | None = None
+    try:
+        schema = await create_schema(args.database_url)
+        log = await KafkaEventLog.open(args.bootstrap, topic=topic, partitions=PARTITIONS)
+        leases = await RedisLeaseStore.open(args.redis_url, prefix=prefix)
+        projector_store = await PostgresFrontierStore.open(args.database_url, schema=schema)
+        stores.append(projector_store)
+        store = await PostgresFrontierStore.open(args.database_url, schema=schema)
+        stores.append(store)
+        projection = FrontierProjection(projector_store, log)
+        projector = KafkaProjector(
+            args.bootstrap,
+            projection,
+            topic=topic,
+            partitions=PARTITIONS,
+            group_id=f"onward-bench-resume-{suffix}",
+        )
+        await projector.start()
+        folding = asyncio.create_task(projector.run(stop))
+        kafka_log = log
+
+        async def caught_up() -> float:
+            started = time.perf_counter()
+            ends = {p: (await kafka_log.bounds(p)).end for p in range(PARTITIONS)}
+            while True:
+                stored = await projection.positions()
+                if all(stored.get(p, 0) >= end for p, end in ends.items() if end > 0):
+                    return time.perf_counter() - started
+                if folding is not None and folding.done():
+                    folding.result()
+                    raise RuntimeError("the projector stopped")
+                await asyncio.sleep(0.05)
+
+        async def settle(carried: CarriedRun) -> None:
+            through = carried.frontier.through_offset
+            deadline = time.monotonic() + 30.0
+            while True:
+                row = await store.get(carried.frontier.run_id)
+                if row is not None and row.summary.through_offset >= through:
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the projector did not fold offset {through} in 30 s")
+                if folding is not None and folding.done():
+                    folding.result()
+                    raise RuntimeError("the projector stopped")
+                await asyncio.sleep(0.002)
+
+        console.print(f"kafka: writing the workload into {topic} (projector folding) ...")
+        work = await write_workload(log, leases, args, "run")
+        console.print(
+            f"kafka: {work.events:,} events in {work.appends:,} appends, {work.seconds:.1f}s"
+        )
+        catch_up_s = await caught_up()
+        console.print(f"kafka: projector caught up {catch_up_s:.1f}s after the last append")
+        resumer = Resumer(log, leases, store, policy=LeasePolicy())
+        result = await measure("kafka", resumer, leases, work, args, settle, caught_up, console)
+        result |= _workload_figures(work) | {
+            "setup": f"topic {topic} ({PARTITIONS} partitions), schema {schema}, Redis prefix "
+            f"{prefix!r}, KafkaProjector running in this process",
+            "projector_catch_up_after_writes_s": catch_up_s,
+            "projector_events_folded": projection.stats.events,
+        }
+        return result
+    finally:
+        stop.set()
+        if folding is not None:
+            with contextlib.suppress(Exception):
+                await folding
+        if projector is not None:
+            await projector.close()
+        await _cleanup_kafka(args, console, topic, schema, prefix, log, leases, stores)
+
+
+async def _cleanup_kafka(
+    args: argparse.Namespace,
+    console: Console,
+    topic: str,
+    schema: str | None,
+    prefix: str,
+    log: KafkaEventLog | None,
+    leases: RedisLeaseStore | None,
+    stores: list[PostgresFrontierStore],
+) -> None:
+    """Close everything, delete the topic, drop the schema, delete the Redis keys."""
+    for store in stores:
+        with contextlib.suppress(Exception):
+            await store.close()
+    if leases is not None:
+        with contextlib.suppress(Exception):
+            await leases.close()
+    if log is not None:
+        with contextlib.suppress(Exception):
+            await log.close()
+    try:
+        admin = AIOKafkaAdminClient(bootstrap_servers=args.bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+    except Exception as exc:
+        console.print(f"[yellow]topic {topic} not deleted: {exc!r}")
+    if schema is not None:
+        try:
+            conn = await asyncpg.connect(args.database_url)
+            try:
+                await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            finally:
+                await conn.close()
+        except Exception as exc:
+            console.print(f"[red]could not drop schema {schema}: {exc!r}")
+    try:
+        client = aioredis.Redis.from_url(args.redis_url)
+        try:
+            keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+            for first in range(0, len(keys), 500):
+                await client.delete(*keys[first : first + 500])
+        finally:
+            await client.aclose()
+    except Exception as exc:
+        console.print(f"[red]could not delete Redis keys {prefix}*: {exc!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Embedded SQLite
+
+
+async def bench_sqlite(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="onward-bench-resume-") as tmp:
+        path = Path(tmp) / "onward.db"
+        log = await SqliteEventLog.open(path, partitions=PARTITIONS)
+        store: SqliteFrontierStore | None = None
+        leases: SqliteLeaseStore | None = None
+        try:
+            store = await SqliteFrontierStore.open(path)
+            leases = await SqliteLeaseStore.open(path)
+            projector = LogProjector(log, FrontierProjection(store, log))
+            console.print(f"sqlite: writing the workload into {path} ...")
+            work = await write_workload(log, leases, args, "run")
+            console.print(
+                f"sqlite: {work.events:,} events in {work.appends:,} appends, {work.seconds:.1f}s"
+            )
+            mark = time.perf_counter()
+            await projector.catch_up()
+            catch_up_s = time.perf_counter() - mark
+
+            async def settle(carried: CarriedRun) -> None:
+                await projector.catch_up()
+
+            resumer = Resumer(log, leases, store, policy=LeasePolicy())
+            result = await measure(
+                "sqlite", resumer, leases, work, args, settle, projector.catch_up, console
+            )
+            result |= _workload_figures(work) | {
+                "setup": "SqliteEventLog + SqliteFrontierStore + SqliteLeaseStore on one file, "
+                "LogProjector.catch_up() after the writes and between samples",
+                "projector_catch_up_after_writes_s": catch_up_s,
+                "file_bytes": path.stat().st_size,
+            }
+            return result
+        finally:
+            for closeable in (leases, store, log):
+                if closeable is not None:
+                    with contextlib.suppress(Exception):
+                        await closeable.close()
+
+
+def _workload_figures(work: Workload) -> dict[str, Any]:
+    return {
+        "written_events": work.events,
+        "written_appends": work.appends,
+        "mean_event_bytes": work.encoded_bytes / max(1, work.events),
+        "write_s": work.seconds,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+
+def _table(name: str, result: dict[str, Any], args: argparse.Namespace) -> Table:
+    settling = "projector settled between samples" if not args.no_settle else "no settling"
+    table = Table(
+        title=f"resume, {name}: {args.samples} samples per run after {args.warmup} warm-ups, "
+        f"{settling}; ms"
+    )
+    table.add_column("history", justify="right")
+    for column in ("p50", "p99", "mean", *(f"{p} p50" for p in PARTS)):
+        table.add_column(column, justify="right")
+    table.add_column("tail ev p50/max", justify="right")
+    table.add_column("1st resume", justify="right")
+    table.add_column("1st tail ev", justify="right")
+    table.add_column("others after", justify="right")
+    for row in result["lengths"]:
+        parts = row["parts_p50_ms"]
+        first = row["first_resume"]
+        table.add_row(
+            f"{row['history_events']:,}",
+            f"{row['p50_ms']:.2f}",
+            f"{row['p99_ms']:.2f}",
+            f"{row['mean_ms']:.2f}",
+            *(f"{parts[p]:.2f}" for p in PARTS),
+            f"{row['tail_events_p50']:.0f}/{row['tail_events_max']}",
+            f"{first['ms']:.1f}",
+            f"{first['tail_events']}",
+            f"{first['other_events_after_last_event']:,}",
+        )
+    lengths = [r["history_events"] for r in result["lengths"]]
+    table.caption = (
+        f"p50 at {max(lengths):,} events / p50 at {min(lengths):,} events = "
+        f"{result['ratio_longest_to_shortest_p50']:.2f}x. Parts are each their own p50 (they "
+        "need not add up to the p50). tail ev: events the resume folded after the frontier row, "
+        "its own claim included. 1st resume: the run's first resume (a warm-up), whose tail "
+        "read starts at the run's last event, with 'others after' other runs' events behind it "
+        "in the partition."
+    )
+    return table
+
+
+def _targets(results: dict[str, Any]) -> dict[str, Any]:
+    checks: dict[str, Any] = {}
+    kafka = results.get("kafka")
+    if kafka is not None:
+        worst = max(r["p50_ms"] for r in kafka["lengths"])
+        checks["kafka_p50_under_20ms"] = {"worst_p50_ms": worst, "met": worst < P50_TARGET_MS}
+    for name, result in results.items():
+        ratio = result["ratio_longest_to_shortest_p50"]
+        checks[f"{name}_ratio_at_most_1.5"] = {"ratio": ratio, "met": ratio <= RATIO_TARGET}
+    return checks
+
+
+def _code_version() -> str:
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=SCRIPT.parent,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return done.stdout.strip()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--bootstrap", default=None, help="default: $KAFKA_BOOTSTRAP_SERVERS")
+    parser.add_argument("--database-url", default=None, help="default: $DATABASE_URL")
+    parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
+    parser.add_argument("--backends", default="kafka,sqlite", help="kafka, sqlite or both")
+    parser.add_argument(
+        "--lengths",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[10, 1_000, 100_000],
+        help="history lengths, comma-separated",
+    )
+    parser.add_argument("--samples", type=int, default=100, help="timed resumes per run")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed resumes per run first")
+    parser.add_argument("--batch", type=int, default=250, help="events per measured append")
+    parser.add_argument("--background-runs", type=int, default=3_000)
+    parser.add_argument("--background-batch", type=int, default=8, help="events per append")
+    parser.add_argument("--concurrency", type=int, default=32, help="background writers")
+    parser.add_argument(
+        "--no-settle",
+        action="store_true",
+        help="do not wait for the projector between samples (the tail grows one per sample)",
+    )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="all samples of one run before the next (default: round-robin over the runs)",
+    )
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--profile", action="store_true", help="cProfile the longest run's resumes")
+    parser.add_argument("--profile-samples", type=int, default=50)
+    parser.add_argument("--profile-top", type=int, default=20)
+    parser.add_argument("--json", type=Path, default=Path("bench/results/resume.json"))
+    return parser
+
+
+async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    for backend in backends:
+        if backend == "kafka":
+            results["kafka"] = await bench_kafka(args, console)
+        elif backend == "sqlite":
+            results["sqlite"] = await bench_sqlite(args, console)
+        else:
+            raise SystemExit(f"unknown backend {backend!r}")
+    return results
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if min(args.lengths) < 3:
+        raise SystemExit("--lengths: a resumable history needs at least 3 events")
+    args.bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+    args.database_url = args.database_url or os.environ.get("DATABASE_URL", "")
+    args.redis_url = args.redis_url or os.environ.get("REDIS_URL", "")
+    if "kafka" in args.backends and not (args.bootstrap and args.database_url and args.redis_url):
+        raise SystemExit(
+            "the kafka backend needs KAFKA_BOOTSTRAP_SERVERS, DATABASE_URL and REDIS_URL: "
+            'eval "$(bash scripts/services.sh env)"'
+        )
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    code = _code_version()
+    load_before = os.getloadavg()
+    console.print(f"code at {code}; load average {load_before[0]:.2f} on {os.cpu_count()} CPUs")
+    results = asyncio.run(bench(args, console))
+    load_after = os.getloadavg()
+    names = {"kafka": "Kafka + PostgreSQL + Redis", "sqlite": "embedded SQLite"}
+    for name, result in results.items():
+        console.print(_table(names[name], result, args))
+    targets = _targets(results)
+    for check, outcome in targets.items():
+        figure = outcome.get("worst_p50_ms", outcome.get("ratio"))
+        verdict = "[green]met" if outcome["met"] else "[red]not met"
+        console.print(f"target {check}: {figure:.2f} {verdict}")
+    for name, result in results.items():
+        if "profile" in result:
+            console.print(
+                f"cProfile, {name}: {result['profile']['resumes']} resumes of the "
+                f"{result['profile']['history_events']:,}-event run (top cumulative):"
+            )
+            calls = ", ".join(
+                f"{k} {v:.2f}" for k, v in result["profile"]["log_calls_p50_ms"].items()
+            )
+            console.print(f"log calls, p50 ms: {calls}")
+            print(result["profile"]["top_cumulative"])
+    console.print(
+        f"load average {load_after[0]:.2f} at the end on {os.cpu_count()} CPUs; absolute "
+        "figures depend on the machine, compare the ratio."
+    )
+    parameters = {
+        k: v for k, v in vars(args).items() if k not in {"database_url", "redis_url", "bootstrap"}
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps(
+            {
+                "benchmark": "resume",
+                "code": code,
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "load_average_before": load_before,
+                    "load_average_after": load_after,
+                },
+                "parameters": parameters | {"json": str(args.json), "partitions": PARTITIONS},
+                "targets": targets,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
+    console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

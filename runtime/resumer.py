@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass, field
 
 from onward.errors import ConfigurationError, NothingToResumeError, RevisionMismatchError
-from onward.eventlog.base import EventLog, StoredEvent
+from onward.eventlog.base import EventLog, StoredEvent, partition_for
 from onward.eventlog.events import RunClaimed
 from onward.projections.base import FrontierStore
 from onward.projections.frontier import Frontier, fold_all
+from onward.projections.projector import DEFAULT_CONSUMER
 
 from .agent import Agent
 from .leases.base import LeasePolicy, LeaseStore, RunLease
@@ -47,6 +48,7 @@ class Resumer:
         frontiers: Frontier rows, if a projector keeps them; without, the whole history is
             folded.
         policy: The lease's ttl.
+        projector: The consumer name the frontier projector stores its positions under.
     """
 
     def __init__(
@@ -56,8 +58,10 @@ class Resumer:
         frontiers: FrontierStore | None = None,
         *,
         policy: LeasePolicy | None = None,
+        projector: str = DEFAULT_CONSUMER,
     ) -> None:
         self.log = log
+        self.projector = projector
         self.leases = leases
         self.frontiers = frontiers
         self.policy = policy or LeasePolicy()
@@ -107,7 +111,9 @@ class Resumer:
         frontier, start = await self._stored(run_id, tenant)
         timings["frontier"] = _ms(mark)
         mark = time.perf_counter()
-        tail = await self.log.read_run(run_id, start=start)
+        partition = partition_for(run_id, self.log.partitions)
+        read_to = (await self.log.bounds(partition)).end
+        tail = await self.log.read_run(run_id, start=start, end=read_to)
         frontier = fold_all(frontier, tail)
         if frontier.last_seq == 0 or frontier.tenant != tenant:
             raise NothingToResumeError(
@@ -143,9 +149,7 @@ class Resumer:
         (position,) = await self.log.append([claim])
         # Whatever a superseded writer slipped in before the claim landed is part of the run;
         # what it writes after is refused by the fold.
-        between = await self.log.read_run(
-            run_id, start=frontier.through_offset + 1, end=position.offset + 1
-        )
+        between = await self.log.read_run(run_id, start=read_to, end=position.offset + 1)
         frontier = fold_all(frontier, between)
         timings["claim"] = _ms(mark)
         mark = time.perf_counter()
@@ -155,12 +159,20 @@ class Resumer:
         return CarriedRun(lease, frontier, plan, len(tail) + len(between), True, timings)
 
     async def _stored(self, run_id: str, tenant: str) -> tuple[Frontier, int | None]:
-        """The stored frontier and the offset to read the tail from (None: the whole run)."""
-        if self.frontiers is not None:
-            row = await self.frontiers.get(run_id)
-            if row is not None and row.frontier is not None:
-                return row.frontier, row.frontier.through_offset + 1
-        return Frontier.empty(run_id, tenant), None
+        """The stored frontier and the offset to read the tail from (None: the whole run).
+
+        The tail starts at the projector's position for the run's partition when that is past
+        the row: every event of the run below it is already in the row, and the records in
+        between belong to other runs (in a busy partition, many of them).
+        """
+        if self.frontiers is None:
+            return Frontier.empty(run_id, tenant), None
+        row = await self.frontiers.get(run_id)
+        if row is None or row.frontier is None:
+            return Frontier.empty(run_id, tenant), None
+        partition = partition_for(run_id, self.log.partitions)
+        folded_to = (await self.frontiers.positions(self.projector)).get(partition, 0)
+        return row.frontier, max(row.frontier.through_offset + 1, folded_to)
 
 
 def _anonymous(frontier: Frontier) -> Agent:

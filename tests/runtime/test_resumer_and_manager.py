@@ -13,7 +13,7 @@ from onward.errors import (
     ResumeConflictError,
     RevisionMismatchError,
 )
-from onward.eventlog import Event, MemoryEventLog, ToolCall, ToolCompleted
+from onward.eventlog import Event, MemoryEventLog, StoredEvent, ToolCall, ToolCompleted
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
 from onward.runtime.agent import Agent
@@ -175,3 +175,35 @@ async def test_a_lease_store_behind_the_log_is_refused() -> None:
     await interrupted_run(log, MemoryLeaseStore())
     with pytest.raises(ConfigurationError, match="share one lease store"):
         await Resumer(log, MemoryLeaseStore()).resume(AGENT, "r", tenant=TENANT, worker="w")
+
+
+class RecordingLog(CountingLog):
+    """Remembers where each read of a run started."""
+
+    def __init__(self, inner: MemoryEventLog) -> None:
+        super().__init__(inner)
+        self.starts: list[int | None] = []
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        self.starts.append(start)
+        return await super().read_run(run_id, start=start, end=end)
+
+
+async def test_the_tail_skips_other_runs_the_projector_already_folded() -> None:
+    log, leases, store = MemoryEventLog(partitions=1), MemoryLeaseStore(), MemoryFrontierStore()
+    await interrupted_run(log, leases)
+    for n in range(30):  # a busy partition: other runs write after this one stopped
+        await AgentRunner(provider=provider(), log=log).run(
+            AGENT, "go", tenant=TENANT, run_id=f"o{n}"
+        )
+    await LogProjector(log, FrontierProjection(store, log)).catch_up()
+    row = await store.get("r")
+    assert row is not None
+    end = (await log.bounds(0)).end
+    recording = RecordingLog(log)
+    carried = await Resumer(recording, leases, store).resume(AGENT, "r", tenant=TENANT, worker="w")
+    assert recording.starts[0] == end > row.summary.through_offset + 1
+    assert recording.starts[1] == end  # the read back to the claim starts where the tail ended
+    assert carried.tail_events == 1

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from onward.errors import FencedError, ResumeConflictError
 from onward.eventlog import Event, KafkaEventLog, Position, StoredEvent, ToolCall, kind_of
@@ -122,7 +122,7 @@ class CountingLog:
     async def close(self) -> None:
         await self.inner.close()
 
-    async def __aenter__(self) -> CountingLog:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -25,6 +25,7 @@ class Settings(BaseSettings):
         database_url: PostgreSQL URL for frontiers and projector positions.
         database_schema: PostgreSQL schema holding Onward's tables (default: the search path).
         redis_url: Redis URL for leases and caches.
+        redis_prefix: Put before every Redis key, so several deployments can share one Redis.
         sqlite_path: The embedded database file.
     """
 
@@ -41,6 +42,7 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
     database_schema: str | None = Field(default=None, validation_alias="ONWARD_DATABASE_SCHEMA")
     redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
+    redis_prefix: str = Field(default="onward:", validation_alias="ONWARD_REDIS_PREFIX")
     sqlite_path: Path = Field(default=Path("onward.db"), validation_alias="ONWARD_SQLITE_PATH")
 
     @field_validator("database_url")

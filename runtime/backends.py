@@ -1,0 +1,142 @@
+"""The stores a deployment's `Settings` name, opened together and closed in reverse order.
+
+A command that touches runs needs the same stores whatever it does: the event log, the frontier
+store, the lease store every worker of a run shares, and the blob store that holds bodies too
+large for one log record. Which classes those are follows from ``ONWARD_BACKEND`` alone:
+
+* ``sqlite``: `SqliteEventLog`, `SqliteFrontierStore`, `SqliteLeaseStore` and `SqliteBlobStore`,
+  all in the one file ``ONWARD_SQLITE_PATH``.
+* ``kafka``: `KafkaEventLog`; `PostgresFrontierStore` and `PostgresBlobStore` in
+  ``DATABASE_URL``; `RedisLeaseStore` when ``REDIS_URL`` is set, else `PostgresLeaseStore`.
+* ``memory``: refused. Nothing would outlive the process, so no other process could see a run.
+
+Deciding that in one place keeps every caller on the same lease store and the same blob store,
+which resume depends on: a worker on another lease store hands out fences the log has already
+seen, and a worker without the blob store would feed the model a reference instead of a body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+from onward.errors import ConfigurationError
+from onward.eventlog.base import EventLog
+from onward.eventlog.kafka import KafkaEventLog
+from onward.eventlog.sqlite import SqliteEventLog
+from onward.projections.base import FrontierStore
+from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.sqlite import SqliteFrontierStore
+
+from .history import BlobStore, PostgresBlobStore, SqliteBlobStore
+from .leases.base import LeaseStore
+from .leases.postgres import PostgresLeaseStore
+from .leases.redis import RedisLeaseStore
+from .leases.sqlite import SqliteLeaseStore
+from .providers import Provider
+from .runner import AgentRunner
+from .settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """A deployment's stores, open for the length of an `open_backends` block.
+
+    Attributes:
+        settings: The settings the stores were opened from.
+        log: The event log.
+        frontiers: Frontier rows and projector positions.
+        leases: Who holds which run; shared by every worker of the deployment.
+        blobs: Bodies stored out of line (claim check).
+    """
+
+    settings: Settings
+    log: EventLog
+    frontiers: FrontierStore
+    leases: LeaseStore
+    blobs: BlobStore
+
+    @property
+    def embedded(self) -> bool:
+        """Whether no projector keeps the frontier rows, so whoever appends folds them (SQLite)."""
+        return self.settings.backend == "sqlite"
+
+    def runner(self, provider: Provider, *, worker: str | None = None) -> AgentRunner:
+        """An `AgentRunner` on these stores, checkpointing inline when embedded.
+
+        Args:
+            provider: The model.
+            worker: The name other workers see in `ResumeConflictError`; the default names
+                this host and process.
+        """
+        return AgentRunner(
+            provider=provider,
+            log=self.log,
+            frontiers=self.frontiers,
+            checkpoint_inline=self.embedded,
+            blobs=self.blobs,
+            leases=self.leases,
+            worker=worker,
+        )
+
+
+@asynccontextmanager
+async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
+    """Open the stores ``settings`` name; close them in reverse order when the block ends.
+
+    With Kafka the events topic must already exist: whatever reads or carries on runs has no
+    business creating one, and a mistyped ``ONWARD_KAFKA_TOPIC`` should fail here rather than
+    show an empty new topic.
+
+    Raises:
+        ConfigurationError: The memory backend (nothing would outlive the process), a missing
+            ``DATABASE_URL`` for Kafka, a missing topic or one with another partition count.
+        SchemaMismatchError: A database is not at this code's schema version.
+        BackendUnavailableError: A server could not be reached.
+    """
+    if settings.backend == "memory":
+        raise ConfigurationError(
+            "ONWARD_BACKEND=memory keeps nothing past the process, so there is no run here to "
+            "read or carry on; use sqlite (ONWARD_SQLITE_PATH) or kafka"
+        )
+    async with AsyncExitStack() as stack:
+        log: EventLog
+        frontiers: FrontierStore
+        leases: LeaseStore
+        blobs: BlobStore
+        if settings.backend == "sqlite":
+            path = settings.sqlite_path
+            log = await stack.enter_async_context(
+                SqliteEventLog(path, partitions=settings.partitions)
+            )
+            frontiers = await stack.enter_async_context(SqliteFrontierStore(path))
+            leases = await stack.enter_async_context(SqliteLeaseStore(path))
+            blobs = await stack.enter_async_context(SqliteBlobStore(path))
+        else:
+            database_url = settings.require_database_url()
+            schema = settings.database_schema
+            log = await stack.enter_async_context(
+                KafkaEventLog(
+                    settings.kafka_bootstrap_servers,
+                    topic=settings.kafka_topic,
+                    partitions=settings.partitions,
+                    create_topic=False,
+                )
+            )
+            frontiers = await stack.enter_async_context(
+                PostgresFrontierStore(database_url, schema=schema)
+            )
+            if settings.redis_url:
+                leases = await stack.enter_async_context(
+                    RedisLeaseStore(settings.redis_url, prefix=settings.redis_prefix)
+                )
+            else:
+                leases = await stack.enter_async_context(
+                    PostgresLeaseStore(database_url, schema=schema)
+                )
+            blobs = await stack.enter_async_context(PostgresBlobStore(database_url, schema=schema))
+        yield Backends(settings, log, frontiers, leases, blobs)
+
+
+__all__ = ["Backends", "open_backends"]

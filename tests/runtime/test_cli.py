@@ -1,0 +1,434 @@
+"""The run commands of `onward`: inspect, run --resume, approve, deny, resolve, replay.
+
+Each test prepares a run in an embedded SQLite file the way a worker leaves it (finished,
+waiting on a person, or killed at a point), then drives the command line in-process and checks
+its exit code and what it says. One test runs against Kafka, PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from aiokafka.admin import AIOKafkaAdminClient
+from support import cli_agent
+from support.pg import fresh_schema
+from typer.testing import CliRunner, Result
+
+from onward.eventlog import (
+    EVENT_FORMAT,
+    Event,
+    KafkaEventLog,
+    RunClaimed,
+    RunFinished,
+    RunStarted,
+    SqliteEventLog,
+    ToolDispatched,
+    kind_of,
+)
+from onward.eventlog.base import EventLog
+from onward.runtime import (
+    Agent,
+    AgentRunner,
+    LeaseStore,
+    Provider,
+    RedisLeaseStore,
+    SqliteLeaseStore,
+)
+from onward.runtime.cli import app
+from onward.testing.eventlog import Envelope
+
+TENANT = "acme"
+AGENT = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"]
+
+
+class Crash(BaseException):
+    """Stands in for the worker's process dying at a point."""
+
+
+class CrashAt:
+    """An observer that 'kills' the worker at one point of the run."""
+
+    def __init__(self, point: str) -> None:
+        self.point = point
+
+    async def appended(self, events: Sequence[Event]) -> None:
+        if any(kind_of(type(e)) == self.point for e in events):
+            raise Crash(self.point)
+
+    async def tool_returned(self, call_id: str) -> None:
+        if self.point == "tool.returned":
+            raise Crash(self.point)
+
+    async def before_model_call(self) -> None:
+        return None
+
+
+async def start_on(
+    log: EventLog,
+    leases: LeaseStore,
+    run_id: str,
+    *,
+    agent: Agent,
+    provider: Provider,
+    crash_at: str | None,
+) -> None:
+    """Run an agent as worker w1 until it finishes, waits, or 'dies' at ``crash_at``."""
+    observer = CrashAt(crash_at) if crash_at else None
+    runner = AgentRunner(provider=provider, log=log, leases=leases, worker="w1", observer=observer)
+    with contextlib.suppress(Crash):
+        await runner.run(agent, "go", tenant=TENANT, run_id=run_id)
+
+
+def start(
+    db: Path,
+    *,
+    agent: Agent | None = None,
+    provider: Provider | None = None,
+    crash_at: str | None = None,
+) -> str:
+    """A run in the SQLite file ``db``, left as ``start_on`` leaves it; returns its id."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+
+    async def go() -> None:
+        async with SqliteEventLog(db) as log, SqliteLeaseStore(db) as leases:
+            await start_on(
+                log,
+                leases,
+                run_id,
+                agent=agent or cli_agent.booker(),
+                provider=provider or cli_agent.booking_model(),
+                crash_at=crash_at,
+            )
+
+    asyncio.run(go())
+    return run_id
+
+
+def waiting_run(db: Path) -> str:
+    """A run waiting on a person to approve its payment ``p``."""
+    return start(db, agent=cli_agent.payer(), provider=cli_agent.paying_model())
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "onward.db"
+
+
+def onward(db: Path, *args: str) -> Result:
+    """Invoke the command line against the SQLite file ``db``."""
+    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def test_inspect_shows_a_run_waiting_on_a_person(db: Path) -> None:
+    run_id = waiting_run(db)
+    result = onward(db, "inspect", run_id, "--tenant", TENANT)
+    assert result.exit_code == 0, result.output
+    assert "waiting" in result.stdout
+    assert "nothing until a person answers p" in result.stdout
+
+
+def test_inspect_of_an_unknown_run_exits_1(db: Path) -> None:
+    waiting_run(db)
+    result = onward(db, "inspect", "run-nobody", "--tenant", TENANT)
+    assert result.exit_code == 1
+    assert "no run 'run-nobody'" in result.stderr
+
+
+def test_inspect_of_another_tenants_run_exits_1(db: Path) -> None:
+    run_id = waiting_run(db)
+    assert onward(db, "inspect", run_id, "--tenant", "other").exit_code == 1
+
+
+def test_inspect_of_a_run_with_a_newer_event_format_exits_4(db: Path) -> None:
+    run_id = start(db, crash_at="model.answered")
+    newer = {
+        "kind": "run.claimed",
+        "run_id": run_id,
+        "tenant": TENANT,
+        "seq": 3,
+        "fence": 9,
+        "worker": "x",
+        "format": EVENT_FORMAT + 1,
+    }
+    SqliteEventLog(db).write_raw(run_id, json.dumps(newer).encode())
+    result = onward(db, "inspect", run_id, "--tenant", TENANT)
+    assert result.exit_code == 4
+    assert "CheckpointFormatError" in result.stderr
+
+
+def test_inspect_of_a_database_that_does_not_exist_exits_2(db: Path) -> None:
+    result = onward(db, "inspect", "run-1", "--tenant", TENANT)
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr
+    assert not db.exists()
+
+
+def test_inspect_refuses_the_memory_backend() -> None:
+    env = {"ONWARD_BACKEND": "memory"}
+    result = CliRunner().invoke(app, ["inspect", "run-1", "--tenant", TENANT], env=env)
+    assert result.exit_code == 2
+    assert "memory" in result.stderr
+
+
+def test_resume_carries_an_interrupted_run_to_completion(db: Path) -> None:
+    run_id = start(db, crash_at="model.answered")
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *AGENT)
+    assert result.exit_code == 0, result.output
+    assert "carried on by" in result.stdout
+    assert "under fence 2" in result.stdout
+    assert "status completed" in result.stdout
+    assert cli_agent.effects("book", run_id, "b") == 1
+
+
+def test_resume_with_an_undecidable_call_exits_4_naming_it(db: Path) -> None:
+    run_id = start(db, crash_at="tool.returned")
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *AGENT)
+    assert result.exit_code == 4, result.output
+    assert "IndeterminateToolCallError" in result.stderr
+    assert f"onward resolve {run_id} b --tenant {TENANT} --outcome never_ran" in result.stderr
+    assert cli_agent.effects("book", run_id, "b") == 1
+
+
+def test_resume_while_another_worker_holds_the_lease_exits_3_naming_it(db: Path) -> None:
+    run_id = start(db, crash_at="model.answered")
+
+    async def hold() -> None:
+        async with SqliteLeaseStore(db) as leases:
+            await leases.acquire(run_id, tenant=TENANT, holder="other-worker", ttl_s=300)
+
+    asyncio.run(hold())
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *AGENT)
+    assert result.exit_code == 3, result.output
+    assert "held by: other-worker" in result.stderr
+
+
+def test_resume_with_a_changed_agent_exits_4(db: Path) -> None:
+    run_id = start(db, crash_at="model.answered")
+    changed = ["--agent", "support.cli_agent:changed_booker"]
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *changed, *AGENT[2:])
+    assert result.exit_code == 4, result.output
+    assert "RevisionMismatchError" in result.stderr
+
+
+def test_resume_of_an_unknown_run_exits_1(db: Path) -> None:
+    start(db)
+    result = onward(db, "run", "--resume", "run-nobody", "--tenant", TENANT, *AGENT)
+    assert result.exit_code == 1
+
+
+def test_approve_then_resume_completes_the_run(db: Path) -> None:
+    run_id = waiting_run(db)
+    approved = onward(db, "approve", run_id, "p", "--tenant", TENANT, "--by", "ann")
+    assert approved.exit_code == 0, approved.output
+    model = ["--agent", "support.cli_agent:payer", "--provider", "support.cli_agent:paying_model"]
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *model)
+    assert result.exit_code == 0, result.output
+    assert "status completed" in result.stdout
+    assert cli_agent.effects("pay", run_id, "p") == 1
+
+
+def test_approving_twice_exits_2(db: Path) -> None:
+    run_id = waiting_run(db)
+    assert onward(db, "approve", run_id, "p", "--tenant", TENANT, "--by", "ann").exit_code == 0
+    again = onward(db, "approve", run_id, "p", "--tenant", TENANT, "--by", "bob")
+    assert again.exit_code == 2
+    assert "not waiting on 'p'" in again.stderr
+
+
+def test_approve_with_a_value_that_is_not_json_exits_2(db: Path) -> None:
+    run_id = waiting_run(db)
+    result = onward(db, "approve", run_id, "p", "--tenant", TENANT, "--by", "ann", "--value", "{no")
+    assert result.exit_code == 2
+    assert "not JSON" in result.stderr
+
+
+def test_deny_ends_the_run_cancelled(db: Path) -> None:
+    run_id = waiting_run(db)
+    denied = onward(db, "deny", run_id, "p", "--tenant", TENANT, "--by", "ann")
+    assert denied.exit_code == 0, denied.output
+    shown = onward(db, "inspect", run_id, "--tenant", TENANT)
+    assert "cancelled" in shown.stdout
+    assert "nothing: the run is cancelled" in shown.stdout
+
+
+def test_resolve_settles_an_undecided_call_and_resume_completes(db: Path) -> None:
+    run_id = start(db, crash_at="tool.returned")
+    settled = onward(
+        db,
+        "resolve",
+        run_id,
+        "b",
+        "--tenant",
+        TENANT,
+        "--outcome",
+        "completed",
+        "--result",
+        '{"seat": "3A"}',
+        "--by",
+        "ops",
+        "--why",
+        "the airline has the booking",
+    )
+    assert settled.exit_code == 0, settled.output
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *AGENT)
+    assert result.exit_code == 0, result.output
+    assert "status completed" in result.stdout
+    assert cli_agent.effects("book", run_id, "b") == 1
+
+
+def test_resolve_of_a_call_that_is_not_undecided_exits_2(db: Path) -> None:
+    run_id = start(db, crash_at="tool.returned")
+    args = ["--tenant", TENANT, "--outcome", "never_ran", "--by", "ops", "--why", "checked"]
+    result = onward(db, "resolve", run_id, "nope", *args)
+    assert result.exit_code == 2
+    assert "no undecided call 'nope'" in result.stderr
+
+
+def superseded_history(db: Path) -> str:
+    """A run taken over by w2 while w1, not knowing, wrote on under the old fence."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+
+    def env(seq: int, fence: int) -> Envelope:
+        return Envelope(run_id=run_id, tenant=TENANT, seq=seq, fence=fence, at=seq)
+
+    history: list[Event] = [
+        RunStarted(**env(1, 1), agent="booker", revision="r1"),
+        RunClaimed(**env(2, 2), worker="w2"),
+        ToolDispatched(**env(3, 1), call_id="z", tool="book", idempotency_key="k"),
+        RunFinished(**env(3, 2), status="completed", output="ok"),
+    ]
+
+    async def write() -> None:
+        async with SqliteEventLog(db) as log:
+            for event in history:
+                await log.append([event])
+
+    asyncio.run(write())
+    return run_id
+
+
+def test_replay_marks_refused_events_in_the_table(db: Path) -> None:
+    run_id = superseded_history(db)
+    result = onward(db, "replay", run_id, "--tenant", TENANT)
+    assert result.exit_code == 0, result.output
+    assert "4 events, 1 refused" in result.stdout
+    assert result.stdout.count("REFUSED") == 1
+    assert "superseded_fence" in result.stdout
+
+
+def test_replay_as_json_lines_marks_refused_events(db: Path) -> None:
+    run_id = superseded_history(db)
+    result = onward(db, "replay", run_id, "--tenant", TENANT, "--json")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(e["seq"], e["fence"], e["refused"]) for e in lines] == [
+        (1, 1, False),
+        (2, 2, False),
+        (3, 1, True),
+        (3, 2, False),
+    ]
+    assert lines[2]["reason"] == "superseded_fence"
+    assert lines[2]["kind"] == "tool.dispatched"
+    assert [e["offset"] for e in lines] == sorted(e["offset"] for e in lines)
+
+
+def test_replay_of_an_unknown_run_exits_1(db: Path) -> None:
+    superseded_history(db)
+    assert onward(db, "replay", "run-nobody", "--tenant", TENANT).exit_code == 1
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "no-colon",
+        "support.cli_agent:missing",
+        "support.nowhere:booker",
+        "support.cli_agent:not_an_agent",
+        "support.cli_agent:booking_model",
+    ],
+)
+def test_a_bad_agent_spec_exits_2(db: Path, spec: str) -> None:
+    result = onward(
+        db,
+        "run",
+        "--resume",
+        "run-1",
+        "--tenant",
+        TENANT,
+        "--agent",
+        spec,
+        "--provider",
+        "support.cli_agent:booking_model",
+    )
+    assert result.exit_code == 2
+    assert "--agent" in result.stderr
+    assert not db.exists()
+
+
+@pytest.mark.kafka
+async def test_resume_against_kafka_postgres_and_redis(
+    kafka_bootstrap: str, database_url: str, redis_url: str
+) -> None:
+    topic = f"onward.test.cli.{uuid.uuid4().hex[:10]}"
+    prefix = f"onward-test-{uuid.uuid4().hex[:8]}:"
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    try:
+        async with fresh_schema(database_url) as schema:
+            async with (
+                KafkaEventLog(kafka_bootstrap, topic=topic, partitions=3) as log,
+                RedisLeaseStore(redis_url, prefix=prefix) as leases,
+            ):
+                await start_on(
+                    log,
+                    leases,
+                    run_id,
+                    agent=cli_agent.booker(),
+                    provider=cli_agent.booking_model(),
+                    crash_at="model.answered",
+                )
+            env = {
+                "ONWARD_BACKEND": "kafka",
+                "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+                "ONWARD_KAFKA_TOPIC": topic,
+                "ONWARD_PARTITIONS": "3",
+                "DATABASE_URL": database_url,
+                "ONWARD_DATABASE_SCHEMA": schema,
+                "REDIS_URL": redis_url,
+                "ONWARD_REDIS_PREFIX": prefix,
+            }
+            args = ["run", "--resume", run_id, "--tenant", TENANT, *AGENT]
+            # The command runs its own event loop, so it gets a thread of its own.
+            result = await asyncio.to_thread(CliRunner().invoke, app, args, env=env)
+            assert result.exit_code == 0, result.output
+            assert "under fence 2" in result.stdout
+            assert "status completed" in result.stdout
+            assert cli_agent.effects("book", run_id, "b") == 1
+    finally:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            keys = [k async for k in client.scan_iter(f"{prefix}*")]
+            if keys:
+                await client.delete(*keys)
+        finally:
+            await client.aclose()
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+
+
+def test_the_kafka_backend_without_a_database_url_exits_2() -> None:
+    env = {"ONWARD_BACKEND": "kafka", "DATABASE_URL": None}
+    result = CliRunner().invoke(app, ["inspect", "run-1", "--tenant", TENANT], env=env)
+    assert result.exit_code == 2
+    assert "DATABASE_URL" in result.stderr

@@ -134,12 +134,13 @@ def fold(frontier: Frontier, stored: StoredEvent) -> Frontier:
             through_offset=max(frontier.through_offset, position.offset),
         )
     return _replace(
-        _apply(frontier, event),
+        frontier,
         last_seq=frontier.last_seq + 1,
         fence=event.fence,
         updated_at=max(frontier.updated_at, event.at),
         partition=position.partition,
         through_offset=max(frontier.through_offset, position.offset),
+        **_RULES[type(event)](frontier, event),
     )
 
 
@@ -174,7 +175,11 @@ def fold_run(
     return frontier
 
 
-def _with_call(frontier: Frontier, call_id: str, tool: str, **changes: Any) -> Frontier:
+Changes = dict[str, Any]
+"""The fields a counted event changes; `fold` applies them with the envelope's in one copy."""
+
+
+def _with_call(frontier: Frontier, call_id: str, tool: str, **changes: Any) -> Changes:
     calls = list(frontier.calls)
     for index, state in enumerate(calls):
         if state.call_id == call_id:
@@ -182,25 +187,24 @@ def _with_call(frontier: Frontier, call_id: str, tool: str, **changes: Any) -> F
             break
     else:
         calls.append(CallState(call_id=call_id, tool=tool, **changes))
-    return _replace(frontier, calls=tuple(calls))
+    return {"calls": tuple(calls)}
 
 
-def _started(f: Frontier, e: RunStarted) -> Frontier:
-    return _replace(
-        f,
-        agent=e.agent,
-        revision=e.revision,
-        continuation_of=e.continuation_of,
-        status="running",
-        started_at=e.at,
-    )
+def _started(f: Frontier, e: RunStarted) -> Changes:
+    return {
+        "agent": e.agent,
+        "revision": e.revision,
+        "continuation_of": e.continuation_of,
+        "status": "running",
+        "started_at": e.at,
+    }
 
 
-def _claimed(f: Frontier, e: RunClaimed) -> Frontier:
-    return _replace(f, holder=e.worker)
+def _claimed(f: Frontier, e: RunClaimed) -> Changes:
+    return {"holder": e.worker}
 
 
-def _answered(f: Frontier, e: ModelAnswered) -> Frontier:
+def _answered(f: Frontier, e: ModelAnswered) -> Changes:
     calls = tuple(
         CallState(
             call_id=c.call_id,
@@ -211,18 +215,17 @@ def _answered(f: Frontier, e: ModelAnswered) -> Frontier:
         )
         for c in e.tool_calls
     )
-    return _replace(
-        f,
-        iteration=f.iteration + 1,
-        input_tokens=f.input_tokens + e.usage.input_tokens,
-        output_tokens=f.output_tokens + e.usage.output_tokens,
-        calls=calls,
-        last_boundary="after_model_call",
-        resume_seq=e.seq,
-    )
+    return {
+        "iteration": f.iteration + 1,
+        "input_tokens": f.input_tokens + e.usage.input_tokens,
+        "output_tokens": f.output_tokens + e.usage.output_tokens,
+        "calls": calls,
+        "last_boundary": "after_model_call",
+        "resume_seq": e.seq,
+    }
 
 
-def _dispatched(f: Frontier, e: ToolDispatched) -> Frontier:
+def _dispatched(f: Frontier, e: ToolDispatched) -> Changes:
     # A new dispatch supersedes whatever was settled before (a call settled as never run is
     # dispatched for the first time): from here only its own outcome counts.
     return _with_call(
@@ -242,7 +245,7 @@ def _dispatched(f: Frontier, e: ToolDispatched) -> Frontier:
     )
 
 
-def _completed(f: Frontier, e: ToolCompleted) -> Frontier:
+def _completed(f: Frontier, e: ToolCompleted) -> Changes:
     state = f.call(e.call_id)
     return _with_call(
         f,
@@ -256,7 +259,7 @@ def _completed(f: Frontier, e: ToolCompleted) -> Frontier:
     )
 
 
-def _resolved(f: Frontier, e: ToolResolved) -> Frontier:
+def _resolved(f: Frontier, e: ToolResolved) -> Changes:
     state = f.call(e.call_id)
     return _with_call(
         f,
@@ -271,45 +274,49 @@ def _resolved(f: Frontier, e: ToolResolved) -> Frontier:
     )
 
 
-def _settled(f: Frontier, e: TurnSettled) -> Frontier:
-    return _replace(f, calls=(), approved=(), last_boundary="after_tool_result", resume_seq=e.seq)
+def _settled(f: Frontier, e: TurnSettled) -> Changes:
+    return {
+        "calls": (),
+        "approved": (),
+        "last_boundary": "after_tool_result",
+        "resume_seq": e.seq,
+    }
 
 
-def _approval_requested(f: Frontier, e: ApprovalRequested) -> Frontier:
-    return _replace(
-        f,
-        status="waiting",
-        waiting_on=e.request_id,
-        last_boundary="before_approval",
-        resume_seq=e.seq,
-    )
+def _approval_requested(f: Frontier, e: ApprovalRequested) -> Changes:
+    return {
+        "status": "waiting",
+        "waiting_on": e.request_id,
+        "last_boundary": "before_approval",
+        "resume_seq": e.seq,
+    }
 
 
-def _approval_granted(f: Frontier, e: ApprovalGranted) -> Frontier:
+def _approval_granted(f: Frontier, e: ApprovalGranted) -> Changes:
     if f.waiting_on != e.request_id:
-        return f
-    return _replace(f, status="running", waiting_on=None, approved=(*f.approved, e.request_id))
+        return {}
+    return {"status": "running", "waiting_on": None, "approved": (*f.approved, e.request_id)}
 
 
-def _approval_denied(f: Frontier, e: ApprovalDenied) -> Frontier:
+def _approval_denied(f: Frontier, e: ApprovalDenied) -> Changes:
     if f.waiting_on != e.request_id:
-        return f
-    return _replace(f, status="running", waiting_on=None)
+        return {}
+    return {"status": "running", "waiting_on": None}
 
 
-def _continued(f: Frontier, e: RunContinued) -> Frontier:
-    return _replace(f, status="continued", continued_to=e.new_run_id)
+def _continued(f: Frontier, e: RunContinued) -> Changes:
+    return {"status": "continued", "continued_to": e.new_run_id}
 
 
-def _finished(f: Frontier, e: RunFinished) -> Frontier:
-    return _replace(f, status=e.status, output=e.output, error=e.error)
+def _finished(f: Frontier, e: RunFinished) -> Changes:
+    return {"status": e.status, "output": e.output, "error": e.error}
 
 
-def _unchanged(f: Frontier, e: Event) -> Frontier:
-    return f
+def _unchanged(f: Frontier, e: Event) -> Changes:
+    return {}
 
 
-_RULES: dict[type[Event], Callable[[Frontier, Any], Frontier]] = {
+_RULES: dict[type[Event], Callable[[Frontier, Any], Changes]] = {
     RunStarted: _started,
     RunClaimed: _claimed,
     ResumePlanned: _unchanged,
@@ -325,11 +332,6 @@ _RULES: dict[type[Event], Callable[[Frontier, Any], Frontier]] = {
     RunContinued: _continued,
     RunFinished: _finished,
 }
-
-
-def _apply(frontier: Frontier, event: Event) -> Frontier:
-    """The effect of a counted event: one rule per kind."""
-    return _RULES[type(event)](frontier, event)
 
 
 class ToolCallRow(msgspec.Struct, frozen=True, kw_only=True):

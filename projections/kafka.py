@@ -20,9 +20,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, NoOffsetForPartitionError
 
-from onward.errors import ConfigurationError, LogTruncatedError, translate
+from onward.errors import ConfigurationError, EventDecodeError, LogTruncatedError, translate
 from onward.eventlog import codec
 from onward.eventlog.base import Position, StoredEvent
+from onward.eventlog.events import AnyEvent
 from onward.eventlog.kafka import DEFAULT_TOPIC, topic_partition_count
 
 from .base import BuildSwitched
@@ -172,8 +173,7 @@ class KafkaProjector(Generic[SinkT]):
                 continue
             partition = tp.partition
             records[partition] = [
-                StoredEvent(Position(partition, r.offset), codec.decode(r.value, run_hint=_key(r)))
-                for r in batch
+                StoredEvent(Position(partition, r.offset), _decode(r)) for r in batch
             ]
             next_offsets[partition] = batch[-1].offset + 1
         return (records, next_offsets) if records else None
@@ -233,5 +233,10 @@ class KafkaProjector(Generic[SinkT]):
                 await consumer.stop()
 
 
-def _key(record: Any) -> str | None:
-    return bytes(record.key).decode(errors="replace") if record.key is not None else None
+def _decode(record: Any) -> AnyEvent:
+    """Decode a record; only a record that fails is decoded again to name its run."""
+    try:
+        return codec.decode(record.value)
+    except EventDecodeError:
+        key = bytes(record.key).decode(errors="replace") if record.key is not None else None
+        return codec.decode(record.value, run_hint=key)

@@ -22,13 +22,18 @@ LangGraph and DBOS run in their own venv (``bench/.venv-peers``, created from
 Measured per system: single-run per-step latency (``--latency-runs`` runs after a warm-up; mean
 = run time / steps, p50/p99 over the individual steps); bytes written per step at two run
 lengths (PostgreSQL database growth, Kafka log bytes on disk, SQLite file growth; about
-``--bytes-steps`` steps in total per length); aggregate steps/s with ``--concurrent-runs`` runs of
-``--concurrent-steps`` steps at once. Topics and databases are dropped at the end, also on
-failure. Absolute figures depend on the machine; the ratios, measured side by side in the same
-run, are the figures to compare.
+``--bytes-steps`` steps in total per length); aggregate steps/s with ``--concurrent-runs`` runs
+(each level in turn, 100 and 1,000 by default) of ``--concurrent-steps`` steps started at once. A
+level at which any run fails is reported as failed, with how many completed and the first error.
+Topics and databases are dropped at the end, also on failure. Absolute figures depend on the
+machine; the ratios, measured side by side in the same run, are the figures to compare.
+
+The Onward code measured is whatever ``import onward`` finds: put a clean checkout first on
+``PYTHONPATH`` to measure a commit; the JSON records the path, commit and local changes.
 
     python bench/steps.py                     # everything; writes bench/results/steps.json
-    python bench/steps.py --profile           # adds a cProfile of Onward-on-Kafka's concurrency
+    python bench/steps.py --profile           # adds cProfiles of Onward's concurrency levels
+    python bench/steps.py --report bench/results/steps.json   # print a stored result again
     python bench/steps.py --systems onward-kafka,langgraph --concurrent-runs 200
 """
 
@@ -431,7 +436,7 @@ def file_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
 
 
-async def onward_embedded(params: Params) -> dict[str, Any]:
+async def onward_embedded(params: Params, *, profile: Path | None) -> dict[str, Any]:
     from onward.eventlog import SqliteEventLog  # noqa: PLC0415
     from onward.projections.sqlite import SqliteFrontierStore  # noqa: PLC0415
     from onward.runtime.redaction import Redactor  # noqa: PLC0415
@@ -486,7 +491,7 @@ async def onward_embedded(params: Params) -> dict[str, Any]:
                 "total_per_step": per,
             }
         concurrency = await phase(
-            tmp / "concurrency.db", lambda b: b.concurrency(params, profile=None)
+            tmp / "concurrency.db", lambda b: b.concurrency(params, profile=profile)
         )
     return {
         "system": "onward-embedded",
@@ -934,9 +939,13 @@ def ratios(results: dict[str, Any], params: Params) -> dict[str, Any]:
         entry: dict[str, Any] = {"latency_ratio": latency, "steps_per_s_ratio": {}}
         if peer == "langgraph":
             entry["latency_target_met"] = latency is not None and latency <= LATENCY_TARGET
+        entry["completed_steps_per_s_ratio"] = {}
         for mine, theirs in zip(onward["concurrency"], results[peer]["concurrency"], strict=True):
             ratio = _ratio(mine["steps_per_s"], theirs["steps_per_s"])
             entry["steps_per_s_ratio"][str(mine["runs"])] = ratio
+            entry["completed_steps_per_s_ratio"][str(mine["runs"])] = _ratio(
+                mine["completed_steps_per_s"], theirs["completed_steps_per_s"]
+            )
             if mine["runs"] == TARGET_CONCURRENCY:
                 entry["steps_per_s_target_met"] = ratio is not None and ratio >= THROUGHPUT_TARGET
         out[peer] = entry
@@ -999,7 +1008,11 @@ def report(results: dict[str, Any], params: Params, found: dict[str, Any]) -> No
         ratio_table.add_column("latency target met", justify="center")
         for peer, entry in found.items():
             cells = [
-                "n/a" if v is None else f"{v:.2f}x" for v in entry["steps_per_s_ratio"].values()
+                f"{v:.2f}x"
+                if v is not None
+                else f"failed ({entry['completed_steps_per_s_ratio'][runs]:.2f}x on the runs that "
+                "completed)"
+                for runs, v in entry["steps_per_s_ratio"].items()
             ]
             ratio_table.add_row(
                 peer,
@@ -1017,13 +1030,18 @@ def _yes(met: bool | None) -> str:
 
 
 async def onward_all(
-    params: Params, systems: Sequence[str], bootstrap: str, profile: Path | None
+    params: Params, systems: Sequence[str], bootstrap: str, profiles: Path | None
 ) -> dict[str, Any]:
+    """Both Onward systems; ``profiles`` is the folder their cProfiles go to, if wanted."""
     out: dict[str, Any] = {}
     if "onward-kafka" in systems:
-        out["onward-kafka"] = await onward_kafka(params, bootstrap, profile=profile)
+        out["onward-kafka"] = await onward_kafka(
+            params, bootstrap, profile=profiles / "steps-onward-kafka.prof" if profiles else None
+        )
     if "onward-embedded" in systems:
-        out["onward-embedded"] = await onward_embedded(params)
+        out["onward-embedded"] = await onward_embedded(
+            params, profile=profiles / "steps-onward-embedded.prof" if profiles else None
+        )
     return out
 
 
@@ -1059,7 +1077,8 @@ def main() -> None:
     )
     parser.add_argument("--concurrent-steps", type=int, default=20)
     parser.add_argument("--pool-size", type=int, default=20, help="peers' connection pools")
-    parser.add_argument("--profile", action="store_true", help="cProfile Onward-on-Kafka")
+    parser.add_argument("--profile", action="store_true", help="cProfile Onward's concurrency")
+    parser.add_argument("--report", type=Path, help="print the tables of a stored result, only")
     parser.add_argument("--json", type=Path, default=Path("bench/results/steps.json"))
     parser.add_argument("--peer", choices=sorted(PEERS), help=argparse.SUPPRESS)
     parser.add_argument("--peer-params", help=argparse.SUPPRESS)
@@ -1072,6 +1091,15 @@ def main() -> None:
             **(raw | {"lengths": tuple(raw["lengths"]), "concurrency": tuple(raw["concurrency"])})
         )
         args.peer_out.write_text(json.dumps(PEERS[args.peer](peer_params), indent=2))
+        return
+
+    if args.report:
+        stored = json.loads(args.report.read_text())
+        raw = stored["parameters"]
+        shown = Params(
+            **(raw | {"lengths": tuple(raw["lengths"]), "concurrency": tuple(raw["concurrency"])})
+        )
+        report(stored["results"], shown, ratios(stored["results"], shown))
         return
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -1089,8 +1117,9 @@ def main() -> None:
         database_url=args.database_url or os.environ["DATABASE_URL"],
     )
     bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
-    profile = args.json.with_name("steps-onward-kafka.prof") if args.profile else None
-    results = asyncio.run(onward_all(params, systems, bootstrap, profile))
+    results = asyncio.run(
+        onward_all(params, systems, bootstrap, args.json.parent if args.profile else None)
+    )
     for peer in PEERS:
         if peer in systems:
             results[peer] = run_peer(peer, params)

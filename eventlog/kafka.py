@@ -17,7 +17,9 @@ Every aiokafka default that would hurt an event log is overridden here, explicit
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -105,6 +107,8 @@ class KafkaEventLog:
         self._producer_lock = asyncio.Lock()
         self._reader_lock = asyncio.Lock()
         self._cursor: tuple[int, int] | None = None
+        self._queues: dict[int, collections.deque[_Pending]] = {}
+        self._flushers: dict[int, asyncio.Task[None]] = {}
         self.producer_generation = 0
         """How many producers this log has created; grows when a fatal error replaced one."""
 
@@ -228,29 +232,68 @@ class KafkaEventLog:
         run_id, partition, encoded = prepare_batch(
             events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
         )
-        key = run_id.encode()
-        producer = self._live_producer()
-        batch = producer.create_batch()
-        for event, record in zip(events, encoded, strict=True):
-            if (
-                batch.append(timestamp=None, key=key, value=record, headers=codec.headers(event))
-                is None
-            ):
-                raise PayloadTooLargeError(
-                    f"run {run_id!r}: batch of {len(events)} events does not fit one Kafka "
-                    "record batch",
-                    run_id=run_id,
-                )
-        try:
-            delivery = await producer.send_batch(batch, self._topic, partition=partition)
-            metadata = await delivery
-        except KafkaError as exc:
-            error = translate(exc, context=f"appending to partition {partition}", run_id=run_id)
-            if isinstance(error, ProducerFatalError):
-                await self._replace_producer(producer)
-            raise error from exc
-        first = int(metadata.offset)
+        self._live_producer()
+        pending = _Pending(
+            run_id=run_id,
+            key=run_id.encode(),
+            records=encoded,
+            headers=[codec.headers(e) for e in events],
+            done=asyncio.get_running_loop().create_future(),
+        )
+        self._queues.setdefault(partition, collections.deque()).append(pending)
+        flusher = self._flushers.get(partition)
+        if flusher is None or flusher.done():
+            self._flushers[partition] = asyncio.create_task(self._flush(partition))
+        first = await pending.done
         return [Position(partition, first + i) for i in range(len(encoded))]
+
+    async def _flush(self, partition: int) -> None:
+        """Send what is queued for a partition, many runs' steps per record batch (group commit).
+
+        Each record batch still reaches the broker whole or not at all, so every step in it is
+        atomic (together with its neighbours); a run's steps stay in the order they were queued.
+        One batch per partition is in flight at a time, which is what aiokafka allows anyway.
+        """
+        queue = self._queues[partition]
+        while queue:
+            if self._producer is None:
+                closed = InvalidInputError("the Kafka event log was closed before this append")
+                while queue:
+                    _settle(queue.popleft(), error=closed)
+                return
+            producer = self._producer
+            taken = [queue.popleft()]
+            size = taken[0].size
+            while queue and size + queue[0].size <= _GROUP_COMMIT_BYTES:
+                size += queue[0].size
+                taken.append(queue.popleft())
+            batch, taken, rest = _build(producer, taken)
+            queue.extendleft(reversed(rest))  # what did not fit goes first in the next batch
+            if batch is None:
+                continue
+            try:
+                delivery = await producer.send_batch(batch, self._topic, partition=partition)
+                metadata = await delivery
+            except KafkaError as exc:
+                errors = [
+                    translate(exc, context=f"appending to partition {partition}", run_id=p.run_id)
+                    for p in taken
+                ]
+                if isinstance(errors[0], ProducerFatalError):
+                    # Replaced before anyone hears of it, so a retry uses a sound session.
+                    await self._replace_producer(producer)
+                for pending, error in zip(taken, errors, strict=True):
+                    error.__cause__ = exc
+                    _settle(pending, error=error)
+                continue
+            except BaseException:
+                for pending in taken:
+                    _settle(pending, error=None)
+                raise
+            offset = int(metadata.offset)
+            for pending in taken:
+                _settle(pending, offset=offset)
+                offset += len(pending.records)
 
     async def read_run(
         self, run_id: str, *, start: int | None = None, end: int | None = None
@@ -377,6 +420,8 @@ class KafkaEventLog:
             raise translate(exc, context=f"truncating partition {partition}") from exc
 
     async def close(self) -> None:
+        # Appends already queued are sent (or fail) before the producer goes away.
+        await asyncio.gather(*self._flushers.values(), return_exceptions=True)
         producer, self._producer = self._producer, None
         reader, self._reader = self._reader, None
         admin, self._admin = self._admin, None
@@ -406,6 +451,74 @@ class KafkaEventLog:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+_GROUP_COMMIT_BYTES = 900_000
+"""Most bytes of queued appends put in one record batch (under the producer's 1,048,000)."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    """One append waiting for its partition's next record batch."""
+
+    run_id: str
+    key: bytes
+    records: list[bytes]
+    headers: list[list[codec.Header]]
+    done: asyncio.Future[int]
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        # Keys, values and headers, plus a generous per-record framing allowance.
+        per_record = len(self.key) + 64
+        self.size = sum(len(r) for r in self.records) + per_record * len(self.records)
+        self.size += sum(len(k) + len(v) for hs in self.headers for k, v in hs)
+
+
+def _settle(
+    pending: _Pending, *, offset: int | None = None, error: BaseException | None = None
+) -> None:
+    """Tell a waiting append how it went (an append that gave up waiting is left alone)."""
+    if pending.done.done():
+        return
+    if offset is not None:
+        pending.done.set_result(offset)
+    elif error is not None:
+        pending.done.set_exception(error)
+    else:
+        pending.done.cancel()
+
+
+def _fill(batch: Any, pending: _Pending) -> bool:
+    """Append one step's records to a record batch; False if the batch is full."""
+    for record, headers in zip(pending.records, pending.headers, strict=True):
+        if batch.append(timestamp=None, key=pending.key, value=record, headers=headers) is None:
+            return False
+    return True
+
+
+def _build(producer: Any, taken: list[_Pending]) -> tuple[Any, list[_Pending], list[_Pending]]:
+    """A record batch of as many of ``taken`` as fit: (batch or None, sent, left over).
+
+    A builder that filled up holds part of a step, so it is thrown away and rebuilt from the
+    steps before that one. A step that does not fit even alone fails with PayloadTooLargeError.
+    """
+    while taken:
+        batch = producer.create_batch()
+        for index, pending in enumerate(taken):
+            if _fill(batch, pending):
+                continue
+            if index == 0:
+                too_large = PayloadTooLargeError(
+                    f"run {pending.run_id!r}: batch of {len(pending.records)} events does not "
+                    "fit one Kafka record batch",
+                    run_id=pending.run_id,
+                )
+                _settle(pending, error=too_large)
+                return None, [], taken[1:]
+            return _build(producer, taken[:index])[0], taken[:index], taken[index:]
+        return batch, taken, []
+    return None, [], []
 
 
 async def topic_partition_count(admin: AIOKafkaAdminClient, topic: str) -> int | None:

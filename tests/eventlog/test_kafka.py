@@ -139,3 +139,28 @@ async def test_runs_land_where_the_java_partitioner_puts_their_key(
         for run_id in [new_run_id() for _ in range(10)]:
             (position,) = await log.append(step_events(run_id, 1))
             assert position.partition == partition_for(run_id, 5)
+
+
+async def test_concurrent_appends_to_one_partition_each_land_whole_and_in_order(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    runs = [new_run_id() for _ in range(200)]
+    async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=1) as log:
+
+        async def run_steps(run_id: str) -> list[int]:
+            offsets: list[int] = []
+            for first in (1, 4, 7):
+                positions = await log.append(step_events(run_id, 3, first_seq=first))
+                offsets += [p.offset for p in positions]
+                assert [p.offset for p in positions] == list(
+                    range(positions[0].offset, positions[0].offset + 3)
+                )
+            return offsets
+
+        results = await asyncio.gather(*(run_steps(r) for r in runs))
+        every = [o for offsets in results for o in offsets]
+        assert len(set(every)) == len(every) == 200 * 9
+        for run_id, offsets in zip(runs, results, strict=True):
+            stored = await log.read_run(run_id)
+            assert seqs(stored) == list(range(1, 10))
+            assert [s.position.offset for s in stored] == offsets

@@ -143,7 +143,8 @@ class AgentRunner:
         worker: This worker's name in `RunClaimed` and in the lease store.
         observer: Sees each append and each tool return.
         leases: Who holds which run. Every append is made under a lease and carries its fence;
-            without a lease store there is no mutual exclusion (one worker per run, by hand).
+            without a lease store there is no mutual exclusion (one worker per run, by hand),
+            and starting a run reads its partition to refuse a reused id.
         lease_policy: The lease's ttl and renewal margin.
     """
 
@@ -187,7 +188,9 @@ class AgentRunner:
         """Start a run and drive it until it finishes or waits on a person."""
         run_id = run_id or f"run-{uuid.uuid4().hex}"
         async with self._holding(run_id, tenant, self.worker) as held:
-            if await self.log.read_run(run_id):
+            # A lease store that never saw the id (fence 1) proves the run is new without reading
+            # its partition, which on Kafka means every other run's records since the start.
+            if (held is None or held.lease.fence > 1) and await self.log.read_run(run_id):
                 raise InvalidInputError(f"run {run_id!r} already exists; resume it instead")
             run = _Run(
                 agent,

@@ -9,6 +9,7 @@ from support.workers import CountingLog
 
 from onward.errors import (
     ConfigurationError,
+    InvalidInputError,
     NothingToResumeError,
     ResumeConflictError,
     RevisionMismatchError,
@@ -207,3 +208,17 @@ async def test_the_tail_skips_other_runs_the_projector_already_folded() -> None:
     assert recording.starts[0] == end > row.summary.through_offset + 1
     assert recording.starts[1] == end  # the read back to the claim starts where the tail ended
     assert carried.tail_events == 1
+
+
+async def test_a_reused_run_id_is_refused_with_leases_too() -> None:
+    log, leases = MemoryEventLog(), MemoryLeaseStore()
+    runner = AgentRunner(provider=provider(), log=log, leases=leases)
+    await runner.run(AGENT, "go", tenant=TENANT, run_id="r")
+    counting = CountingLog(log)
+    again = AgentRunner(provider=provider(), log=counting, leases=leases)
+    with pytest.raises(InvalidInputError, match="already exists"):
+        await again.run(AGENT, "go", tenant=TENANT, run_id="r")
+    fresh = AgentRunner(provider=provider(), log=counting, leases=leases)
+    reads = counting.reads
+    await fresh.run(AGENT, "go", tenant=TENANT, run_id="new")
+    assert counting.reads == reads  # a new id is proven new by the lease store alone

@@ -74,7 +74,8 @@ SYSTEMS = ("onward-kafka", "onward-embedded", "langgraph", "dbos")
 
 GUARANTEES = {
     "onward-kafka": "ToolDispatched acked by all ISR (acks=all, idempotent producer) before the "
-    "tool runs, every event acked before the next step; resume classifies every call. Here RF=1 "
+    "tool runs, every event acked before the next step, the run's lease confirmed before tools; "
+    "resume classifies every call. Here RF=1 "
     "and the broker acks from the page cache (no fsync), as Kafka does by default",
     "onward-embedded": "the same events, each append fsynced in SQLite (synchronous=FULL) before "
     "the next; frontier checkpointed inline into the same file",
@@ -323,6 +324,18 @@ def topic_bytes(topic: str) -> int:
     )
 
 
+async def _drop_redis_keys(prefix: str) -> None:
+    import redis.asyncio as aioredis  # noqa: PLC0415
+
+    client = aioredis.Redis.from_url(os.environ["REDIS_URL"])
+    try:
+        keys = [k async for k in client.scan_iter(f"{prefix}*")]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
 async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) -> dict[str, Any]:
     import asyncpg  # noqa: PLC0415
     from aiokafka.admin import AIOKafkaAdminClient  # noqa: PLC0415
@@ -331,17 +344,20 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
     from onward.projections.kafka import KafkaProjector  # noqa: PLC0415
     from onward.projections.postgres import PostgresFrontierStore, migrate  # noqa: PLC0415
     from onward.projections.projector import FrontierProjection  # noqa: PLC0415
+    from onward.runtime.leases import RedisLeaseStore  # noqa: PLC0415
     from onward.runtime.redaction import Redactor  # noqa: PLC0415
     from onward.runtime.runner import AgentRunner  # noqa: PLC0415
 
     suffix = uuid.uuid4().hex[:8]
     topic = f"onward.bench.steps.{suffix}"
+    lease_prefix = f"onward-bench-{suffix}:"
     database = f"onward_bench_steps_{suffix}"
     dsn = with_database(params.database_url, database)
     admin_conn = await asyncpg.connect(params.database_url)
     await admin_conn.execute(f"CREATE DATABASE {database}")
     log = None
     store = None
+    leases = None
     projector = None
     stop = asyncio.Event()
     folding: asyncio.Task[None] | None = None
@@ -353,6 +369,8 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
             await conn.close()
         log = await KafkaEventLog.open(bootstrap, topic=topic, partitions=PARTITIONS)
         store = await PostgresFrontierStore.open(dsn)
+        # As in production: every run is leased (Redis), renewed, and confirmed before tools.
+        leases = await RedisLeaseStore.open(os.environ["REDIS_URL"], prefix=lease_prefix)
         projector = KafkaProjector(
             bootstrap,
             FrontierProjection(store, log),
@@ -391,7 +409,11 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
 
         bench = OnwardBench(
             lambda provider: AgentRunner(
-                provider=provider, log=kafka_log, frontiers=store, redactor=Redactor()
+                provider=provider,
+                log=kafka_log,
+                frontiers=store,
+                redactor=Redactor(),
+                leases=leases,
             ),
             settle,
             size,
@@ -400,13 +422,16 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
             "system": "onward-kafka",
             "guarantee": GUARANTEES["onward-kafka"],
             "setup": f"topic {topic} ({PARTITIONS} partitions), database {database}, projector "
-            "folding concurrently in the same process, Redactor() on",
+            "folding concurrently in the same process, Redactor() on, Redis leases",
             "latency": await bench.latency(params),
             "bytes": await bench.footprint(params),
             "concurrency": await bench.concurrency(params, profile=profile),
         }
     finally:
         stop.set()
+        if leases is not None:
+            await leases.close()
+            await _drop_redis_keys(lease_prefix)
         if folding is not None:
             await asyncio.gather(folding, return_exceptions=True)
         if projector is not None:

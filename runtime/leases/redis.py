@@ -68,20 +68,23 @@ class RedisLeaseStore:
         prefix: Put before every key, so several deployments (or tests) can share one Redis.
     """
 
-    def __init__(self, url: str, *, prefix: str = "onward:") -> None:
+    def __init__(self, url: str, *, prefix: str = "onward:", max_connections: int = 64) -> None:
         self._url = url
         self.prefix = prefix
+        self._max_connections = max_connections
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
 
     @classmethod
-    async def open(cls, url: str, *, prefix: str = "onward:") -> RedisLeaseStore:
+    async def open(
+        cls, url: str, *, prefix: str = "onward:", max_connections: int = 64
+    ) -> RedisLeaseStore:
         """Create the store and check Redis answers.
 
         Raises:
             BackendUnavailableError: Redis could not be reached.
         """
-        store = cls(url, prefix=prefix)
+        store = cls(url, prefix=prefix, max_connections=max_connections)
         await store.start()
         return store
 
@@ -90,7 +93,12 @@ class RedisLeaseStore:
         if self._client is not None:
             return
         try:
-            client = aioredis.Redis.from_url(self._url, decode_responses=True)
+            # A blocking pool: a thousand runs renewing at once wait for one of a bounded set of
+            # connections instead of failing with "too many connections".
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self._url, max_connections=self._max_connections, timeout=30, decode_responses=True
+            )
+            client = aioredis.Redis(connection_pool=pool)
         except ValueError as exc:
             raise ConfigurationError(f"REDIS_URL {self._url!r} is not a Redis URL: {exc}") from exc
         self._client = client
@@ -189,7 +197,7 @@ class RedisLeaseStore:
         client, self._client = self._client, None
         self._scripts = {}
         if client is not None:
-            await client.aclose()
+            await client.aclose(close_connection_pool=True)
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -12,12 +12,13 @@ import re
 import sqlite3
 from dataclasses import dataclass
 from importlib.resources import files
+from pathlib import Path
 from typing import Literal
 
 import asyncpg
 
-from onward.errors import SchemaMismatchError
-from onward.eventlog._sqlite import transaction
+from onward.errors import SchemaMismatchError, translate
+from onward.eventlog._sqlite import connect, transaction
 
 Dialect = Literal["postgres", "sqlite"]
 _FOLDER: dict[Dialect, str] = {"postgres": "sql", "sqlite": "sqlite"}
@@ -164,3 +165,43 @@ def verify_sqlite(conn: sqlite3.Connection, *, where: str) -> None:
 def _without_comments(sql: str) -> str:
     """SQL with ``--`` comments removed, so splitting on ``;`` finds only statement ends."""
     return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+
+
+def open_sqlite(path: Path, *, migrate: bool) -> sqlite3.Connection:
+    """A connection to an embedded store's file, migrated if asked, at this code's version.
+
+    What every SQLite store (frontiers, leases, blobs) opens with; run on the store's thread.
+    """
+    conn = connect(path)
+    try:
+        if migrate:
+            migrate_sqlite(conn)
+        verify_sqlite(conn, where=str(path))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+async def open_pool(
+    dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10
+) -> asyncpg.Pool:
+    """A connection pool to a PostgreSQL store, its schema verified before anything uses it.
+
+    What every PostgreSQL store opens with: the search path set to ``schema``, driver failures
+    translated, and the pool closed again if the schema is not this code's version.
+    """
+    settings = {"search_path": schema} if schema else {}
+    try:
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, server_settings=settings
+        )
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise translate(exc, context="connecting to PostgreSQL") from exc
+    try:
+        async with pool.acquire() as conn:
+            await verify_postgres(conn)
+    except BaseException:
+        await pool.close()
+        raise
+    return pool

@@ -24,7 +24,7 @@ from typing import Any, Self
 
 import asyncpg
 
-from onward.errors import InvalidInputError, SchemaMismatchError, translate
+from onward.errors import InvalidInputError, SchemaMismatchError
 
 from .base import BuildSwitched, RunSummary, Snapshot, StoredFrontier, decode_payload
 from .builds import (
@@ -35,7 +35,7 @@ from .builds import (
     ensure_active,
 )
 from .frontier import RunStatus, ToolCallRow
-from .migrations import migrate_postgres, verify_postgres
+from .migrations import migrate_postgres, open_pool, verify_postgres
 
 PROJECTION = "frontiers"
 PROJECTION_VERSION = 1
@@ -109,7 +109,7 @@ class PostgresFrontierStore:
         max_size: int = 10,
     ) -> None:
         self._dsn = dsn
-        self._server_settings = {"search_path": schema} if schema else {}
+        self._schema = schema
         self._pinned = build
         self._build: int | None = build
         self._min_size = min_size
@@ -134,15 +134,9 @@ class PostgresFrontierStore:
         """Open the pool and verify the schema."""
         if self._pool is not None:
             return
-        try:
-            self._pool = await asyncpg.create_pool(
-                self._dsn,
-                min_size=self._min_size,
-                max_size=self._max_size,
-                server_settings=self._server_settings,
-            )
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise translate(exc, context="connecting to PostgreSQL") from exc
+        self._pool = await open_pool(
+            self._dsn, schema=self._schema, min_size=self._min_size, max_size=self._max_size
+        )
         try:
             await self.verify()
         except BaseException:

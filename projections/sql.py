@@ -21,7 +21,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 
 import asyncpg
 
-from onward.errors import InvalidInputError, SchemaMismatchError, translate
+from onward.errors import InvalidInputError, SchemaMismatchError
 from onward.eventlog.base import StoredEvent
 
 from .base import BuildSwitched
@@ -32,7 +32,7 @@ from .builds import (
     build_exists,
     ensure_active,
 )
-from .migrations import verify_postgres
+from .migrations import open_pool, verify_postgres
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 
@@ -112,7 +112,7 @@ class SqlProjectionSink:
         self._dsn = dsn
         self._pinned = build
         self._build = build
-        self._settings = {"search_path": schema} if schema else {}
+        self._schema = schema
         self._pool: asyncpg.Pool | None = None
 
     @property
@@ -131,12 +131,7 @@ class SqlProjectionSink:
         """Connect, verify the schema, and create the first build if there is none."""
         if self._pool is not None:
             return
-        try:
-            self._pool = await asyncpg.create_pool(
-                self._dsn, min_size=1, max_size=4, server_settings=self._settings
-            )
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise translate(exc, context="connecting to PostgreSQL") from exc
+        self._pool = await open_pool(self._dsn, schema=self._schema, max_size=4)
         try:
             async with self._pool.acquire() as conn:
                 await self._resolve_build(conn)

@@ -22,11 +22,11 @@ from typing import Any, Self
 
 import msgspec
 
-from onward.eventlog._sqlite import SqliteThread, connect, transaction
+from onward.eventlog._sqlite import SqliteThread, transaction
 
 from .base import RunSummary, Snapshot, StoredFrontier, decode_payload
 from .frontier import RunStatus, ToolCallRow
-from .migrations import migrate_sqlite, verify_sqlite
+from .migrations import open_sqlite, verify_sqlite
 
 LOAD_CHUNK = 500
 """Run ids per ``IN (...)`` list: well under SQLite's bound-variable limit on any build."""
@@ -133,15 +133,7 @@ class SqliteFrontierStore:
         await self._db.open(self._open)
 
     def _open(self) -> sqlite3.Connection:
-        conn = connect(self._path)
-        try:
-            if self._migrate:
-                migrate_sqlite(conn)
-            verify_sqlite(conn, where=str(self._path))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return open_sqlite(self._path, migrate=self._migrate)
 
     async def verify(self) -> None:
         """Check the file is still at this code's schema version.

@@ -10,6 +10,7 @@ run stops rather than carry on with a hole in its conversation.
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
@@ -17,8 +18,8 @@ from typing import Any, Protocol, Self, runtime_checkable
 import asyncpg
 import msgspec
 
-from onward.errors import HistoryUnavailableError, InvalidInputError, translate
-from onward.eventlog._sqlite import SqliteThread, connect, transaction
+from onward.errors import HistoryUnavailableError, InvalidInputError
+from onward.eventlog._sqlite import SqliteThread, transaction
 from onward.eventlog.events import (
     ApprovalRequested,
     Event,
@@ -27,7 +28,7 @@ from onward.eventlog.events import (
     ToolCompleted,
     ToolResolved,
 )
-from onward.projections.migrations import migrate_sqlite, verify_postgres, verify_sqlite
+from onward.projections.migrations import open_pool, open_sqlite
 
 DEFAULT_THRESHOLD = 256 * 1024
 _REF = "$blob"
@@ -100,16 +101,8 @@ class SqliteBlobStore:
     async def start(self) -> None:
         await self._db.open(self._open)
 
-    def _open(self) -> Any:
-        conn = connect(self._path)
-        try:
-            if self._migrate:
-                migrate_sqlite(conn)
-            verify_sqlite(conn, where=str(self._path))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+    def _open(self) -> sqlite3.Connection:
+        return open_sqlite(self._path, migrate=self._migrate)
 
     async def put(self, body: bytes) -> str:
         digest = digest_of(body)
@@ -160,20 +153,12 @@ class PostgresBlobStore:
 
     def __init__(self, dsn: str, *, schema: str | None = None) -> None:
         self._dsn = dsn
-        self._settings = {"search_path": schema} if schema else {}
+        self._schema = schema
         self._pool: asyncpg.Pool | None = None
 
     async def start(self) -> None:
-        if self._pool is not None:
-            return
-        try:
-            self._pool = await asyncpg.create_pool(
-                self._dsn, min_size=1, max_size=4, server_settings=self._settings
-            )
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise translate(exc, context="connecting to PostgreSQL") from exc
-        async with self._pool.acquire() as conn:
-            await verify_postgres(conn)
+        if self._pool is None:
+            self._pool = await open_pool(self._dsn, schema=self._schema, max_size=4)
 
     def _live(self) -> asyncpg.Pool:
         if self._pool is None:

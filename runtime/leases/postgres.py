@@ -20,7 +20,7 @@ from typing import Any, Self, TypeVar
 import asyncpg
 
 from onward.errors import InvalidInputError, OnwardError, translate
-from onward.projections.migrations import verify_postgres
+from onward.projections.migrations import open_pool, verify_postgres
 
 from .base import RunLease
 from .memory import check_ttl, conflict_error, fenced_error
@@ -96,7 +96,7 @@ class PostgresLeaseStore:
         self, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10
     ) -> None:
         self._dsn = dsn
-        self._server_settings = {"search_path": schema} if schema else {}
+        self._schema = schema
         self._min_size = min_size
         self._max_size = max_size
         self._pool: asyncpg.Pool | None = None
@@ -117,15 +117,9 @@ class PostgresLeaseStore:
         """Open the pool and verify the schema (``onward db migrate`` creates the table)."""
         if self._pool is not None:
             return
-        try:
-            self._pool = await asyncpg.create_pool(
-                self._dsn,
-                min_size=self._min_size,
-                max_size=self._max_size,
-                server_settings=self._server_settings,
-            )
-        except _DRIVER as exc:
-            raise _translate(exc, "connecting to PostgreSQL", None) from exc
+        self._pool = await open_pool(
+            self._dsn, schema=self._schema, min_size=self._min_size, max_size=self._max_size
+        )
         try:
             await self.verify()
         except BaseException:

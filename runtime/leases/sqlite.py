@@ -17,8 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from onward.eventlog._sqlite import SqliteThread, connect, transaction
-from onward.projections.migrations import migrate_sqlite, verify_sqlite
+from onward.eventlog._sqlite import SqliteThread, transaction
+from onward.projections.migrations import open_sqlite, verify_sqlite
 
 from .base import RunLease
 from .memory import check_ttl, conflict_error, fenced_error
@@ -88,15 +88,7 @@ class SqliteLeaseStore:
         await self._db.open(self._open)
 
     def _open(self) -> sqlite3.Connection:
-        conn = connect(self._path)
-        try:
-            if self._migrate:
-                migrate_sqlite(conn)
-            verify_sqlite(conn, where=str(self._path))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return open_sqlite(self._path, migrate=self._migrate)
 
     async def verify(self) -> None:
         """Check the file is still at this code's schema version.

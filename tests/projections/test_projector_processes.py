@@ -69,6 +69,12 @@ class World:
         ends = [(await self.log.bounds(p)).end for p in range(PARTITIONS)]
         return all(stored.get(p, 0) >= end for p, end in enumerate(ends))
 
+    async def wait_for_output(self, name: str, text: str, within: float) -> None:
+        deadline = asyncio.get_running_loop().time() + within
+        while text not in self.output(name):
+            assert asyncio.get_running_loop().time() < deadline, self.output(name)
+            await asyncio.sleep(0.1)
+
     async def wait_caught_up(self, within: float) -> None:
         deadline = asyncio.get_running_loop().time() + within
         while not await self.caught_up():
@@ -144,6 +150,9 @@ async def test_exactly_once_under_twenty_sigkills(world: World) -> None:
     await writer
     assert sum(len(s) for s in steps) >= 50_000
     final = await world.spawn(f"final-{uuid.uuid4().hex[:8]}", "final")
+    # The killed projectors may have folded everything already: wait until this one is up
+    # (it has its partitions, so its SIGTERM handler is installed) before asking it to stop.
+    await world.wait_for_output("final", "assigned", within=120)
     await world.wait_caught_up(within=240)
     final.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(final.wait(), 60) == 0, world.output("final")

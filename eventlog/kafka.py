@@ -20,6 +20,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -35,6 +36,7 @@ from onward.errors import (
     ConfigurationError,
     InvalidInputError,
     LogTruncatedError,
+    OnwardError,
     PayloadTooLargeError,
     ProducerFatalError,
     translate,
@@ -55,6 +57,7 @@ from .base import (
 from .events import Event
 
 DEFAULT_TOPIC = "onward.events"
+_log = logging.getLogger("onward.eventlog.kafka")
 _HEADER_RUN = "onward.run_id"
 # Kafka's default message.max.bytes is 1048588; the batch also carries keys and headers.
 _PRODUCER_MAX_BATCH = 1_048_000
@@ -280,8 +283,12 @@ class KafkaEventLog:
                     for p in taken
                 ]
                 if isinstance(errors[0], ProducerFatalError):
-                    # Replaced before anyone hears of it, so a retry uses a sound session.
-                    await self._replace_producer(producer)
+                    # Replaced before anyone hears of it, so a retry uses a sound session. If no
+                    # new producer can be started, the log counts as closed for what is queued.
+                    try:
+                        await self._replace_producer(producer)
+                    except OnwardError as replace_error:
+                        _log.error("could not replace the Kafka producer: %s", replace_error)
                 for pending, error in zip(taken, errors, strict=True):
                     error.__cause__ = exc
                     _settle(pending, error=error)

@@ -15,6 +15,7 @@ from enum import Enum
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
+import msgspec
 from aiokafka.partitioner import murmur2
 
 from onward.errors import InvalidInputError, PayloadTooLargeError
@@ -27,17 +28,19 @@ DEFAULT_MAX_BATCH_BYTES = 1_000_000
 """Largest encoded batch a log accepts by default; just under Kafka's default message.max.bytes."""
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Position:
+class Position(msgspec.Struct, frozen=True, order=True, gc=False):
     """Where a record sits in the log."""
 
     partition: int
     offset: int
 
 
-@dataclass(frozen=True, slots=True)
-class StoredEvent:
-    """An event together with the position the log gave it."""
+class StoredEvent(msgspec.Struct, frozen=True, gc=False):
+    """An event together with the position the log gave it.
+
+    Structs without garbage-collector tracking: a projector makes millions of these, and they
+    never take part in reference cycles.
+    """
 
     position: Position
     event: AnyEvent

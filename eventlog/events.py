@@ -16,7 +16,7 @@ EVENT_FORMAT = 1
 """The event format this code writes and the newest it can read."""
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", gc=False):
     """The envelope shared by every event.
 
     Attributes:
@@ -36,14 +36,14 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     format: int = EVENT_FORMAT
 
 
-class Usage(msgspec.Struct, frozen=True, kw_only=True):
+class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Tokens a model call consumed."""
 
     input_tokens: int = 0
     output_tokens: int = 0
 
 
-class Message(msgspec.Struct, frozen=True, kw_only=True):
+class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One message of the conversation. ``content`` is text or a list of parts (text or binary).
 
     ``role`` is ``system``, ``user``, ``assistant`` or ``tool``; a tool message names the call it
@@ -55,7 +55,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     tool_call_id: str | None = None
 
 
-class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A call the model asked for. The idempotency key is what the tool sees on every attempt."""
 
     call_id: str
@@ -64,7 +64,7 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
     idempotency_key: str = ""
 
 
-class ToolError(msgspec.Struct, frozen=True, kw_only=True):
+class ToolError(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A typed error a tool returned instead of a result."""
 
     type: str

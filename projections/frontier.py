@@ -45,7 +45,7 @@ Boundary = Literal["after_model_call", "after_tool_result", "before_approval"]
 CallOutcome = Literal["completed", "error", "never_ran"]
 
 
-class CallState(msgspec.Struct, frozen=True, kw_only=True):
+class CallState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What the log says about one call of the turn in progress."""
 
     call_id: str
@@ -64,7 +64,7 @@ class CallState(msgspec.Struct, frozen=True, kw_only=True):
     resolved_by: str | None = None
 
 
-class Frontier(msgspec.Struct, frozen=True, kw_only=True):
+class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything resume needs about a run, as of ``last_seq`` (and log offset ``through_offset``).
 
     Attributes:
@@ -119,36 +119,89 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True):
 _replace = msgspec.structs.replace
 
 
+class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
+    """A run's frontier while events are folded into it: mutable, and private to one folder.
+
+    Folding edits a draft in place and :meth:`frozen` builds the immutable `Frontier` once at
+    the end: copying all of a frontier's fields for every event cost more than the rules did.
+    The fields are a `Frontier`'s, except ``calls``, which is keyed by call id while folding.
+    Not tracked by the garbage collector: a projector holds thousands, and they hold no cycles.
+    """
+
+    run_id: str
+    tenant: str
+    format: int
+    agent: str
+    revision: str
+    continuation_of: str | None
+    status: RunStatus
+    holder: str | None
+    iteration: int
+    input_tokens: int
+    output_tokens: int
+    last_seq: int
+    fence: int
+    last_boundary: Boundary | None
+    resume_seq: int
+    waiting_on: str | None
+    approved: tuple[str, ...]
+    continued_to: str | None
+    output: Any
+    error: str | None
+    refused: int
+    last_refusal: str | None
+    started_at: int
+    updated_at: int
+    partition: int
+    through_offset: int
+    calls: dict[str, CallState]
+
+    @classmethod
+    def of(cls, frontier: Frontier) -> FrontierDraft:
+        """A draft to fold on from ``frontier``."""
+        state = msgspec.structs.asdict(frontier)
+        state["calls"] = {call.call_id: call for call in frontier.calls}
+        return cls(**state)
+
+    def frozen(self) -> Frontier:
+        """The frontier as folded so far."""
+        state = msgspec.structs.asdict(self)
+        state["calls"] = tuple(self.calls.values())
+        return Frontier(**state)
+
+    def fold(self, stored: StoredEvent) -> bool:
+        """Fold one more stored event of this run; whether it counted (else it was refused)."""
+        event = stored.event
+        position = stored.position
+        self.partition = position.partition
+        self.through_offset = max(self.through_offset, position.offset)
+        # The common case first; anything else is decided by the one rule, `judge`.
+        if event.seq != self.last_seq + 1 or event.fence < self.fence:
+            verdict = judge(self.last_seq, self.fence, event)
+            if verdict is not None:
+                self.refused += 1
+                self.last_refusal = (
+                    f"offset {position.offset} seq {event.seq} fence {event.fence}: {verdict[1]}"
+                )
+                return False
+        self.last_seq += 1
+        self.fence = event.fence
+        self.updated_at = max(self.updated_at, event.at)
+        _RULES[type(event)](self, event)
+        return True
+
+
 def fold(frontier: Frontier, stored: StoredEvent) -> Frontier:
     """The frontier after one more stored event of the same run. Pure: nothing is mutated."""
-    event = stored.event
-    position = stored.position
-    verdict = judge(frontier.last_seq, frontier.fence, event)
-    if verdict is not None:
-        _, detail = verdict
-        return _replace(
-            frontier,
-            refused=frontier.refused + 1,
-            last_refusal=f"offset {position.offset} seq {event.seq} fence {event.fence}: {detail}",
-            partition=position.partition,
-            through_offset=max(frontier.through_offset, position.offset),
-        )
-    return _replace(
-        frontier,
-        last_seq=frontier.last_seq + 1,
-        fence=event.fence,
-        updated_at=max(frontier.updated_at, event.at),
-        partition=position.partition,
-        through_offset=max(frontier.through_offset, position.offset),
-        **_RULES[type(event)](frontier, event),
-    )
+    return fold_all(frontier, (stored,))
 
 
 def fold_all(frontier: Frontier, stored: Iterable[StoredEvent]) -> Frontier:
-    """Fold events in order."""
+    """Fold events in order. Pure: ``frontier`` is not mutated; a new one is returned."""
+    draft = FrontierDraft.of(frontier)
     for item in stored:
-        frontier = fold(frontier, item)
-    return frontier
+        draft.fold(item)
+    return draft.frozen()
 
 
 def fold_run(
@@ -158,55 +211,65 @@ def fold_run(
 ) -> Frontier:
     """Fold one run's events as a projector does, recording the audit row of every call touched.
 
-    Events at or below the frontier's ``through_offset`` were folded before (an overlap after a
+    See :func:`fold_into`; this is its pure form.
+    """
+    draft = FrontierDraft.of(frontier)
+    fold_into(draft, stored, calls)
+    return draft.frozen()
+
+
+def fold_into(
+    draft: FrontierDraft,
+    stored: Iterable[StoredEvent],
+    calls: dict[tuple[str, str], ToolCallRow],
+) -> None:
+    """Fold one run's events into its draft, recording the audit row of every call touched.
+
+    Events at or below the draft's ``through_offset`` were folded before (an overlap after a
     restart) and are skipped. ``calls`` receives, per (run, call), the row as of the last
     counted event about that call.
     """
+    touched: dict[str, tuple[CallState, int]] = {}
     for item in stored:
-        if item.position.offset <= frontier.through_offset:
+        if item.position.offset <= draft.through_offset:
             continue
-        seq_before = frontier.last_seq
-        frontier = fold(frontier, item)
-        call_id = call_id_of(item.event)
-        if call_id is not None and frontier.last_seq != seq_before:
-            row = tool_call_row(frontier, call_id)
-            if row is not None:
-                calls[(frontier.run_id, call_id)] = row
-    return frontier
+        event = item.event
+        if draft.fold(item) and isinstance(event, _CALL_EVENTS):
+            state = draft.calls.get(event.call_id)
+            if state is not None:
+                touched[event.call_id] = (state, draft.through_offset)
+    for call_id, (state, through_offset) in touched.items():
+        calls[(draft.run_id, call_id)] = _call_row(
+            draft.tenant, draft.run_id, state, through_offset
+        )
 
 
-Changes = dict[str, Any]
-"""The fields a counted event changes; `fold` applies them with the envelope's in one copy."""
-
-
-def _with_call(frontier: Frontier, call_id: str, tool: str, **changes: Any) -> Changes:
-    calls = list(frontier.calls)
-    for index, state in enumerate(calls):
-        if state.call_id == call_id:
-            calls[index] = _replace(state, **changes)
-            break
+def _set_call(draft: FrontierDraft, call_id: str, tool: str, **changes: Any) -> None:
+    state = draft.calls.get(call_id)
+    if state is None:
+        draft.calls[call_id] = CallState(call_id=call_id, tool=tool, **changes)
     else:
-        calls.append(CallState(call_id=call_id, tool=tool, **changes))
-    return {"calls": tuple(calls)}
+        draft.calls[call_id] = _replace(state, **changes)
 
 
-def _started(f: Frontier, e: RunStarted) -> Changes:
-    return {
-        "agent": e.agent,
-        "revision": e.revision,
-        "continuation_of": e.continuation_of,
-        "status": "running",
-        "started_at": e.at,
-    }
+def _started(d: FrontierDraft, e: RunStarted) -> None:
+    d.agent = e.agent
+    d.revision = e.revision
+    d.continuation_of = e.continuation_of
+    d.status = "running"
+    d.started_at = e.at
 
 
-def _claimed(f: Frontier, e: RunClaimed) -> Changes:
-    return {"holder": e.worker}
+def _claimed(d: FrontierDraft, e: RunClaimed) -> None:
+    d.holder = e.worker
 
 
-def _answered(f: Frontier, e: ModelAnswered) -> Changes:
-    calls = tuple(
-        CallState(
+def _answered(d: FrontierDraft, e: ModelAnswered) -> None:
+    d.iteration += 1
+    d.input_tokens += e.usage.input_tokens
+    d.output_tokens += e.usage.output_tokens
+    d.calls = {
+        c.call_id: CallState(
             call_id=c.call_id,
             tool=c.tool,
             idempotency_key=c.idempotency_key,
@@ -214,22 +277,16 @@ def _answered(f: Frontier, e: ModelAnswered) -> Changes:
             requested_seq=e.seq,
         )
         for c in e.tool_calls
-    )
-    return {
-        "iteration": f.iteration + 1,
-        "input_tokens": f.input_tokens + e.usage.input_tokens,
-        "output_tokens": f.output_tokens + e.usage.output_tokens,
-        "calls": calls,
-        "last_boundary": "after_model_call",
-        "resume_seq": e.seq,
     }
+    d.last_boundary = "after_model_call"
+    d.resume_seq = e.seq
 
 
-def _dispatched(f: Frontier, e: ToolDispatched) -> Changes:
+def _dispatched(d: FrontierDraft, e: ToolDispatched) -> None:
     # A new dispatch supersedes whatever was settled before (a call settled as never run is
     # dispatched for the first time): from here only its own outcome counts.
-    return _with_call(
-        f,
+    _set_call(
+        d,
         e.call_id,
         e.tool,
         idempotency_key=e.idempotency_key,
@@ -245,12 +302,11 @@ def _dispatched(f: Frontier, e: ToolDispatched) -> Changes:
     )
 
 
-def _completed(f: Frontier, e: ToolCompleted) -> Changes:
-    state = f.call(e.call_id)
-    return _with_call(
-        f,
+def _completed(d: FrontierDraft, e: ToolCompleted) -> None:
+    _set_call(
+        d,
         e.call_id,
-        state.tool if state else "",
+        "",
         outcome="error" if e.error is not None else "completed",
         outcome_seq=e.seq,
         completed_at=e.at,
@@ -259,12 +315,11 @@ def _completed(f: Frontier, e: ToolCompleted) -> Changes:
     )
 
 
-def _resolved(f: Frontier, e: ToolResolved) -> Changes:
-    state = f.call(e.call_id)
-    return _with_call(
-        f,
+def _resolved(d: FrontierDraft, e: ToolResolved) -> None:
+    _set_call(
+        d,
         e.call_id,
-        state.tool if state else "",
+        "",
         outcome=e.outcome if e.error is None else "error",
         outcome_seq=e.seq,
         completed_at=e.at,
@@ -274,49 +329,49 @@ def _resolved(f: Frontier, e: ToolResolved) -> Changes:
     )
 
 
-def _settled(f: Frontier, e: TurnSettled) -> Changes:
-    return {
-        "calls": (),
-        "approved": (),
-        "last_boundary": "after_tool_result",
-        "resume_seq": e.seq,
-    }
+def _settled(d: FrontierDraft, e: TurnSettled) -> None:
+    d.calls = {}
+    d.approved = ()
+    d.last_boundary = "after_tool_result"
+    d.resume_seq = e.seq
 
 
-def _approval_requested(f: Frontier, e: ApprovalRequested) -> Changes:
-    return {
-        "status": "waiting",
-        "waiting_on": e.request_id,
-        "last_boundary": "before_approval",
-        "resume_seq": e.seq,
-    }
+def _approval_requested(d: FrontierDraft, e: ApprovalRequested) -> None:
+    d.status = "waiting"
+    d.waiting_on = e.request_id
+    d.last_boundary = "before_approval"
+    d.resume_seq = e.seq
 
 
-def _approval_granted(f: Frontier, e: ApprovalGranted) -> Changes:
-    if f.waiting_on != e.request_id:
-        return {}
-    return {"status": "running", "waiting_on": None, "approved": (*f.approved, e.request_id)}
+def _approval_granted(d: FrontierDraft, e: ApprovalGranted) -> None:
+    if d.waiting_on == e.request_id:
+        d.status = "running"
+        d.waiting_on = None
+        d.approved = (*d.approved, e.request_id)
 
 
-def _approval_denied(f: Frontier, e: ApprovalDenied) -> Changes:
-    if f.waiting_on != e.request_id:
-        return {}
-    return {"status": "running", "waiting_on": None}
+def _approval_denied(d: FrontierDraft, e: ApprovalDenied) -> None:
+    if d.waiting_on == e.request_id:
+        d.status = "running"
+        d.waiting_on = None
 
 
-def _continued(f: Frontier, e: RunContinued) -> Changes:
-    return {"status": "continued", "continued_to": e.new_run_id}
+def _continued(d: FrontierDraft, e: RunContinued) -> None:
+    d.status = "continued"
+    d.continued_to = e.new_run_id
 
 
-def _finished(f: Frontier, e: RunFinished) -> Changes:
-    return {"status": e.status, "output": e.output, "error": e.error}
+def _finished(d: FrontierDraft, e: RunFinished) -> None:
+    d.status = e.status
+    d.output = e.output
+    d.error = e.error
 
 
-def _unchanged(f: Frontier, e: Event) -> Changes:
-    return {}
+def _unchanged(d: FrontierDraft, e: Event) -> None:
+    return None
 
 
-_RULES: dict[type[Event], Callable[[Frontier, Any], Changes]] = {
+_RULES: dict[type[Event], Callable[[FrontierDraft, Any], None]] = {
     RunStarted: _started,
     RunClaimed: _claimed,
     ResumePlanned: _unchanged,
@@ -334,7 +389,7 @@ _RULES: dict[type[Event], Callable[[Frontier, Any], Changes]] = {
 }
 
 
-class ToolCallRow(msgspec.Struct, frozen=True, kw_only=True):
+class ToolCallRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One row of the ``tool_calls`` projection: one call, for audit."""
 
     tenant: str
@@ -355,13 +410,17 @@ def tool_call_row(frontier: Frontier, call_id: str) -> ToolCallRow | None:
     state = frontier.call(call_id)
     if state is None:
         return None
+    return _call_row(frontier.tenant, frontier.run_id, state, frontier.through_offset)
+
+
+def _call_row(tenant: str, run_id: str, state: CallState, through_offset: int) -> ToolCallRow:
     latency = None
     if state.dispatched_at is not None and state.completed_at is not None:
         latency = state.completed_at - state.dispatched_at
     return ToolCallRow(
-        tenant=frontier.tenant,
-        run_id=frontier.run_id,
-        call_id=call_id,
+        tenant=tenant,
+        run_id=run_id,
+        call_id=state.call_id,
         tool=state.tool,
         idempotency_key=state.idempotency_key,
         fence=state.dispatched_fence,
@@ -369,15 +428,8 @@ def tool_call_row(frontier: Frontier, call_id: str) -> ToolCallRow | None:
         completed_at=state.completed_at,
         outcome=state.outcome,
         latency_us=latency,
-        through_offset=frontier.through_offset,
+        through_offset=through_offset,
     )
 
 
 _CALL_EVENTS = (ToolDispatched, ToolCompleted, ToolResolved)
-
-
-def call_id_of(event: Event) -> str | None:
-    """The call an event is about, for the events that change a call's audit row."""
-    if isinstance(event, _CALL_EVENTS):
-        return event.call_id
-    return None

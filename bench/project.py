@@ -72,7 +72,12 @@ from onward.eventlog import (
 )
 from onward.projections.base import Snapshot, StoredFrontier
 from onward.projections.frontier import ToolCallRow
-from onward.projections.kafka import KafkaProjector
+from onward.projections.kafka import (
+    PROJECTOR_FLUSH_EVENTS,
+    PROJECTOR_FLUSH_INTERVAL,
+    KafkaProjector,
+    quiet_garbage_collector,
+)
 from onward.projections.postgres import PostgresFrontierStore, migrate
 from onward.projections.projector import FrontierProjection
 from onward.projections.rebuild import rebuild_frontiers
@@ -397,11 +402,14 @@ def _peak_rss_kib() -> int:
 async def child_project(args: argparse.Namespace) -> dict[str, Any]:
     """Fold the whole topic with `KafkaProjector` into the given schema; return the figures."""
     ends: dict[int, int] = {int(p): int(o) for p, o in json.loads(args.ends).items()}
+    quiet_garbage_collector()  # as `onward projector` does in its process
     baseline_kib = _peak_rss_kib()
     log = KafkaEventLog(args.bootstrap, topic=args.topic, partitions=PARTITIONS, create_topic=False)
     store = _TimedStore(args.database_url, schema=args.schema)
     await store.start()
-    projection = _TimedProjection(store, log)
+    projection = _TimedProjection(
+        store, log, flush_events=args.flush_events, flush_interval=args.flush_interval
+    )
     projector = KafkaProjector(
         args.bootstrap,
         projection,
@@ -500,6 +508,10 @@ async def run_child(
         schema,
         "--batch",
         str(args.batch),
+        "--flush-events",
+        str(args.flush_events),
+        "--flush-interval",
+        str(args.flush_interval),
         "--ends",
         json.dumps(ends),
         "--profile-top",
@@ -576,6 +588,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=5_000, help="projector batch_records")
+    parser.add_argument(
+        "--flush-events",
+        type=int,
+        default=PROJECTOR_FLUSH_EVENTS,
+        help="projector: store after folding this many events (as `onward projector`)",
+    )
+    parser.add_argument(
+        "--flush-interval",
+        type=float,
+        default=PROJECTOR_FLUSH_INTERVAL,
+        help="projector: store at least this often, in seconds (as `onward projector`)",
+    )
     parser.add_argument(
         "--rebuild-batch", type=int, default=5_000, help="rebuild records per partition per step"
     )

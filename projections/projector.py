@@ -14,17 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, Self
 
+from onward.errors import InvalidInputError
 from onward.eventlog.base import EventLog, PartitionBounds, Position, StoredEvent, partition_for
 from onward.eventlog.events import Event
 
 from .base import DEFAULT_MAX_BYTES, BuildSwitched, FrontierStore, Snapshot
-from .frontier import Frontier, ToolCallRow, fold_all, fold_run
+from .frontier import Frontier, FrontierDraft, ToolCallRow, fold_all, fold_into
 
 log = logging.getLogger("onward.projector")
 
@@ -47,7 +49,7 @@ class ProjectionSink(Protocol):
     """What a projector folds into: stored positions, and an atomic fold-and-advance."""
 
     async def positions(self) -> dict[int, int]:
-        """The next offset per partition folded so far."""
+        """The next offset per partition stored so far."""
         ...
 
     async def apply(
@@ -55,10 +57,20 @@ class ProjectionSink(Protocol):
         records: Mapping[int, Sequence[StoredEvent]],
         next_offsets: Mapping[int, int],
     ) -> None:
-        """Fold a batch and store the partitions' next offsets with it, atomically.
+        """Fold a batch; its rows and the partitions' next offsets are stored together,
+        atomically, now or at a later :meth:`flush`.
 
         Raises:
-            BuildSwitched: The sink's active build changed; nothing was written.
+            BuildSwitched: The sink's active build changed; nothing folded since the last
+                store was kept, and the caller seeks to :meth:`positions`.
+        """
+        ...
+
+    async def flush(self) -> None:
+        """Store whatever was folded and not stored yet.
+
+        Raises:
+            BuildSwitched: As for :meth:`apply`.
         """
         ...
 
@@ -68,7 +80,13 @@ class ProjectionSink(Protocol):
 
 
 class FrontierProjection:
-    """Folds batches into a store: one load and one write per batch, whatever its size.
+    """Folds batches into a store: one load and one write per stored batch, whatever its size.
+
+    A projector that keeps up stores every batch it folds. One that folds a backlog can fold
+    several batches into the frontiers it holds in memory and store them together: each run is
+    then written once per store, not once per batch, which is most of what a store costs.
+    ``flush_events`` and ``flush_interval`` bound how much is folded and not yet stored; until
+    it is stored it is not lost, only folded again from the stored positions after a crash.
 
     Args:
         store: Where frontiers, call rows and positions go.
@@ -78,6 +96,11 @@ class FrontierProjection:
         cache_runs: How many runs' frontiers to keep in memory between batches, so a run
             touched again is not loaded again. Correct while this projection is the only writer
             of its partitions: a rebalance drops the revoked partitions' entries (`forget`).
+            Also the most runs folded and not yet stored.
+        flush_events: Store once this many events are folded and not stored; 0 stores every
+            batch.
+        flush_interval: Store at least this often, in seconds, while batches keep coming; 0
+            stores every batch.
     """
 
     def __init__(
@@ -88,17 +111,39 @@ class FrontierProjection:
         consumer: str = DEFAULT_CONSUMER,
         max_bytes: int = DEFAULT_MAX_BYTES,
         cache_runs: int = 20_000,
+        flush_events: int = 0,
+        flush_interval: float = 0.0,
     ) -> None:
+        if cache_runs < 1:
+            raise InvalidInputError(f"cache_runs must be at least 1, got {cache_runs}")
+        if flush_events < 0 or flush_interval < 0:
+            raise InvalidInputError(
+                f"flush_events and flush_interval must not be negative, got {flush_events} "
+                f"and {flush_interval}"
+            )
         self.store = store
         self.log = log
         self.consumer = consumer
         self.max_bytes = max_bytes
         self.stats = ProjectorStats()
-        self._cache: OrderedDict[str, Frontier] = OrderedDict()
+        self._cache: OrderedDict[str, FrontierDraft] = OrderedDict()
         self._cache_runs = cache_runs
+        self._flush_events = flush_events
+        self._flush_interval = flush_interval
+        self._dirty: dict[str, FrontierDraft] = {}
+        self._calls: dict[tuple[str, str], ToolCallRow] = {}
+        self._positions: dict[int, int] = {}
+        self._pending_events = 0
+        self._pending_since = 0.0
+        self._lock = asyncio.Lock()
+
+    @property
+    def pending_events(self) -> int:
+        """Events folded and not stored yet."""
+        return self._pending_events
 
     async def positions(self) -> dict[int, int]:
-        """The next offset per partition this projection has folded through."""
+        """The next offset per partition this projection has stored."""
         return await self.store.positions(self.consumer)
 
     async def apply(
@@ -106,58 +151,114 @@ class FrontierProjection:
         records: Mapping[int, Sequence[StoredEvent]],
         next_offsets: Mapping[int, int],
     ) -> None:
-        """Fold one batch and store it with the partitions' next offsets, atomically."""
+        """Fold one batch; store it, with everything folded before it, if a store is due."""
+        async with self._lock:
+            try:
+                await self._fold(records, next_offsets)
+            except BaseException:
+                self._drop_unstored()
+                raise
+            if self._due():
+                await self._store()
+
+    async def flush(self) -> None:
+        """Store whatever is folded and not stored yet."""
+        async with self._lock:
+            if self._positions:
+                await self._store()
+
+    def _due(self) -> bool:
+        return (
+            self._pending_events >= self._flush_events
+            or time.monotonic() - self._pending_since >= self._flush_interval
+            or len(self._dirty) >= self._cache_runs
+        )
+
+    async def _fold(
+        self, records: Mapping[int, Sequence[StoredEvent]], next_offsets: Mapping[int, int]
+    ) -> None:
         by_run: dict[str, list[StoredEvent]] = {}
+        count = 0
         for events in records.values():
+            count += len(events)
             for stored in events:
                 by_run.setdefault(stored.event.run_id, []).append(stored)
         cache = self._cache
-        current = await self.store.load([r for r in by_run if r not in cache])
-        snapshots: list[Snapshot] = []
-        calls: dict[tuple[str, str], ToolCallRow] = {}
-        folded: dict[str, Frontier] = {}
+        missing = [r for r in by_run if r not in cache]
+        current = await self.store.load(missing) if missing else {}
+        calls = self._calls
+        dirty = self._dirty
         for run_id, events in by_run.items():
-            cached = cache.get(run_id)
-            row = current.get(run_id)
-            if cached is not None:
-                frontier = cached
-            elif row is None:
-                frontier = Frontier.empty(run_id, events[0].event.tenant)
-            elif row.frontier is None:
-                frontier = await self._refold(run_id, events[0].event, events[0].position)
+            draft = cache.get(run_id)
+            if draft is None:
+                row = current.get(run_id)
+                if row is None:
+                    frontier = Frontier.empty(run_id, events[0].event.tenant)
+                elif row.frontier is None:
+                    frontier = await self._refold(run_id, events[0].event, events[0].position)
+                else:
+                    frontier = row.frontier
+                draft = cache[run_id] = FrontierDraft.of(frontier)
             else:
-                frontier = row.frontier
-            refused_before = frontier.refused
-            through_before = frontier.through_offset
-            frontier = fold_run(frontier, events, calls)
-            folded[run_id] = frontier
-            if frontier.through_offset == through_before:
-                continue  # everything in the batch was folded before
-            self.stats.refused_events += frontier.refused - refused_before
-            snapshot = Snapshot.of(frontier, max_bytes=self.max_bytes)
+                cache.move_to_end(run_id)
+            refused_before = draft.refused
+            through_before = draft.through_offset
+            fold_into(draft, events, calls)
+            if draft.through_offset != through_before:
+                dirty[run_id] = draft
+                self.stats.refused_events += draft.refused - refused_before
+        if not self._positions:
+            self._pending_since = time.monotonic()
+        self._positions.update(next_offsets)
+        self._pending_events += count
+        self.stats.batches += 1
+        self.stats.events += count
+
+    async def _store(self) -> None:
+        snapshots: list[Snapshot] = []
+        for run_id, draft in self._dirty.items():
+            snapshot = Snapshot.of(draft.frozen(), max_bytes=self.max_bytes)
             if snapshot.payload is None:
                 self.stats.snapshots_refused += 1
                 log.warning("run %r: snapshot refused: %s", run_id, snapshot.error)
             snapshots.append(snapshot)
         try:
-            await self.store.write(self.consumer, next_offsets, snapshots, list(calls.values()))
+            await self.store.write(
+                self.consumer, self._positions, snapshots, list(self._calls.values())
+            )
         except BaseException:
-            cache.clear()  # what is stored is unknown now; read it again
+            self._drop_unstored()
             raise
-        for run_id, frontier in folded.items():
-            cache[run_id] = frontier
-            cache.move_to_end(run_id)
+        self.stats.rows_written += len(snapshots)
+        self._dirty.clear()
+        self._calls.clear()
+        self._positions = {}
+        self._pending_events = 0
+        cache = self._cache
         while len(cache) > self._cache_runs:
             cache.popitem(last=False)
-        self.stats.batches += 1
-        self.stats.events += sum(len(e) for e in records.values())
-        self.stats.rows_written += len(snapshots)
+
+    def _drop_unstored(self) -> None:
+        """Forget everything not stored: what is stored is all that is known now."""
+        self._cache.clear()
+        self._dirty.clear()
+        self._calls.clear()
+        self._positions = {}
+        self._pending_events = 0
 
     def forget(self, partitions: Collection[int]) -> None:
-        """Drop cached frontiers of runs in these partitions; another projector owns them now."""
+        """Drop cached frontiers of runs in these partitions; another projector owns them now.
+
+        Call :meth:`flush` first: what is folded and not stored is dropped with them.
+        """
         gone = set(partitions)
-        for run_id in [r for r, f in self._cache.items() if f.partition in gone]:
+        for run_id in [r for r, d in self._cache.items() if d.partition in gone]:
             del self._cache[run_id]
+            self._dirty.pop(run_id, None)
+        for key in [k for k in self._calls if k[0] not in self._cache]:
+            del self._calls[key]
+        for partition in gone:
+            self._positions.pop(partition, None)
 
     async def _refold(self, run_id: str, first: Event, position: Position) -> Frontier:
         """A run whose snapshot was refused: fold its history from the log up to ``position``."""
@@ -181,19 +282,29 @@ class LogProjector:
         self.log = log
         self.projection = projection
         self.batch_size = batch_size
+        self._folded: dict[int, int] = {}
 
     async def _start(
         self, partition: int, stored: Mapping[int, int]
     ) -> tuple[int, PartitionBounds]:
         bounds = await self.log.bounds(partition)
-        return stored.get(partition, bounds.start), bounds
+        start = max(stored.get(partition, bounds.start), self._folded.get(partition, 0))
+        return start, bounds
 
     async def step(self, partitions: Sequence[int] | None = None) -> int:
-        """Fold one batch from each partition that has news; return how many events it read."""
+        """Fold one batch from each partition that has news; return how many events it read.
+
+        The projection may keep what it folded unstored (see `FrontierProjection`); the next
+        step reads on from what was folded, and :meth:`flush` stores it.
+        """
         try:
             return await self._step(partitions)
         except BuildSwitched:
+            self._folded.clear()
             return await self._step(partitions)  # positions are re-read: the new build's
+        except BaseException:
+            self._folded.clear()  # what was folded and not stored is gone with the error
+            raise
 
     async def _step(self, partitions: Sequence[int] | None) -> int:
         stored = await self.projection.positions()
@@ -210,30 +321,52 @@ class LogProjector:
         if not next_offsets:
             return 0
         await self.projection.apply(records, next_offsets)
+        self._folded.update(next_offsets)
         return sum(len(e) for e in records.values())
 
+    async def flush(self) -> None:
+        """Store whatever the projection folded and has not stored yet."""
+        try:
+            await self.projection.flush()
+        finally:
+            self._folded.clear()
+
     async def catch_up(self, partitions: Sequence[int] | None = None) -> int:
-        """Fold until every partition's stored position reaches its end as of now."""
+        """Fold and store until every partition's position reaches its end as of now."""
         total = 0
         while read := await self.step(partitions):
             total += read
+        await self.flush()
         return total
 
+    async def backlog(self) -> dict[int, int]:
+        """Records not yet folded, per partition (folded ones may not be stored yet)."""
+        stored = await self.projection.positions()
+        backlog: dict[int, int] = {}
+        for partition in range(self.log.partitions):
+            start, bounds = await self._start(partition, stored)
+            backlog[partition] = max(0, bounds.end - start)
+        return backlog
+
     async def lag(self) -> dict[int, int]:
-        """Records not yet folded, per partition."""
+        """Records not yet stored, per partition."""
         stored = await self.projection.positions()
         lags: dict[int, int] = {}
         for partition in range(self.log.partitions):
-            start, bounds = await self._start(partition, stored)
-            lags[partition] = max(0, bounds.end - start)
+            bounds = await self.log.bounds(partition)
+            lags[partition] = max(0, bounds.end - stored.get(partition, bounds.start))
         return lags
 
     async def run(self, stop: asyncio.Event, *, poll_interval: float = 0.2) -> None:
-        """Fold continuously until ``stop`` is set; the batch in progress is finished first."""
-        while not stop.is_set():
-            if not await self.step():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), poll_interval)
+        """Fold continuously until ``stop`` is set; what was folded is stored before it returns."""
+        try:
+            while not stop.is_set():
+                if not await self.step():
+                    await self.flush()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), poll_interval)
+        finally:
+            await self.flush()
 
 
 class ProjectingEventLog:

@@ -23,6 +23,11 @@ from .postgres import FRONTIERS, PostgresFrontierStore
 from .projector import DEFAULT_CONSUMER, FrontierProjection, LogProjector, ProjectionSink
 from .sql import Projection, SqlProjectionSink, layout_of
 
+REBUILD_FLUSH_EVENTS = 200_000
+"""A frontier rebuild stores after folding this many events (each run once per store)..."""
+REBUILD_FLUSH_INTERVAL = 10.0
+"""...or after this many seconds, whichever comes first."""
+
 Progress = Callable[[int, int], None]
 
 
@@ -72,11 +77,13 @@ async def rebuild(
         async with open_sink(build) as sink:
             projector = LogProjector(log, sink, batch_size=batch_size)
             while True:
-                remaining = sum((await projector.lag()).values())
+                remaining = sum((await projector.backlog()).values())
                 if on_progress is not None:
                     on_progress(done, done + remaining)
                 if remaining == 0:
-                    break
+                    await projector.flush()
+                    if not sum((await projector.backlog()).values()):
+                        break
                 done += await projector.step()
         seconds = time.perf_counter() - started
         previous = await switch_build(conn, layout, build)
@@ -103,7 +110,12 @@ async def rebuild_frontiers(
         async def __aenter__(self) -> ProjectionSink:
             await self.store.start()
             return FrontierProjection(
-                self.store, log, consumer=DEFAULT_CONSUMER, max_bytes=max_bytes
+                self.store,
+                log,
+                consumer=DEFAULT_CONSUMER,
+                max_bytes=max_bytes,
+                flush_events=REBUILD_FLUSH_EVENTS,
+                flush_interval=REBUILD_FLUSH_INTERVAL,
             )
 
         async def __aexit__(self, *exc: object) -> None:

@@ -211,6 +211,9 @@ class SqlProjectionSink:
         self.stats.events += len(fresh)
         self.stats.skipped += total - len(fresh)
 
+    async def flush(self) -> None:
+        """Nothing to do: every batch is stored as it is applied."""
+
     def forget(self, partitions: Collection[int]) -> None:
         """Nothing is cached between batches."""
 

@@ -64,7 +64,13 @@ from onward.eventlog.events import (
 )
 from onward.projections.builds import active_build
 from onward.projections.frontier import CallState, Frontier
-from onward.projections.kafka import DEFAULT_GROUP, KafkaProjector
+from onward.projections.kafka import (
+    DEFAULT_GROUP,
+    PROJECTOR_FLUSH_EVENTS,
+    PROJECTOR_FLUSH_INTERVAL,
+    KafkaProjector,
+    quiet_garbage_collector,
+)
 from onward.projections.migrations import schema_version_postgres
 from onward.projections.postgres import PROJECTION, PostgresFrontierStore, migrate
 from onward.projections.projector import FrontierProjection, ProjectionSink
@@ -878,6 +884,7 @@ def db_verify() -> None:
 
 @app.command()
 def projector(
+    *,
     projection: Annotated[
         str | None,
         typer.Option(help="A user projection, package.module:attribute (default: frontiers)."),
@@ -887,10 +894,22 @@ def projector(
     ] = None,
     batch: Annotated[int, typer.Option(help="Most records folded per batch.")] = 5_000,
     session_timeout_ms: Annotated[int, typer.Option(help="Group session timeout.")] = 10_000,
+    flush_events: Annotated[
+        int,
+        typer.Option(
+            help="Frontiers: while working through a backlog, store after folding this many "
+            "events (0: store every batch). A projector that has caught up stores every batch."
+        ),
+    ] = PROJECTOR_FLUSH_EVENTS,
+    flush_interval: Annotated[
+        float,
+        typer.Option(help="Frontiers: store at least this often, in seconds, while folding."),
+    ] = PROJECTOR_FLUSH_INTERVAL,
 ) -> None:
     """Fold the events topic into PostgreSQL until SIGTERM or SIGINT."""
     settings = _settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    quiet_garbage_collector()
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -911,7 +930,9 @@ def projector(
                 store = await stack.enter_async_context(
                     PostgresFrontierStore(database_url, schema=settings.database_schema)
                 )
-                sink = FrontierProjection(store, log)
+                sink = FrontierProjection(
+                    store, log, flush_events=flush_events, flush_interval=flush_interval
+                )
                 default_group = DEFAULT_GROUP
             else:
                 user = load_projection(projection)

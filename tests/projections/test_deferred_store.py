@@ -1,0 +1,195 @@
+"""A projection that folds several batches before storing them, as a projector with a backlog.
+
+Nothing folded may be lost or stored twice: rows and positions are stored together or not at
+all, a failed store drops everything unstored (the next fold starts again from what is stored),
+and whatever is stored equals the fold computed directly from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+
+import pytest
+from support.histories import append_all, direct_fold, run_ids_of, workload
+
+from onward.errors import BackendUnavailableError, InvalidInputError
+from onward.eventlog import MemoryEventLog, StoredEvent
+from onward.projections.base import Snapshot
+from onward.projections.frontier import ToolCallRow
+from onward.projections.memory import MemoryFrontierStore
+from onward.projections.projector import FrontierProjection, LogProjector
+
+PARTITIONS = 4
+
+
+class FailingStore(MemoryFrontierStore):
+    """A memory store whose next ``failures`` writes fail, writing nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 0
+        self.writes = 0
+
+    async def write(
+        self,
+        consumer: str,
+        positions: Mapping[int, int],
+        snapshots: Sequence[Snapshot],
+        calls: Sequence[ToolCallRow],
+    ) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise BackendUnavailableError("the store went away")
+        self.writes += 1
+        await super().write(consumer, positions, snapshots, calls)
+
+
+async def filled_log(runs: int, seed: int) -> tuple[MemoryEventLog, list[str]]:
+    log = MemoryEventLog(partitions=PARTITIONS)
+    steps = workload(random.Random(seed), runs)
+    await append_all(log, steps, concurrency=8)
+    return log, run_ids_of(steps)
+
+
+async def read_batches(log: MemoryEventLog, size: int) -> list[dict[int, list[StoredEvent]]]:
+    """The whole log as batches of at most ``size`` records per partition, in order."""
+    batches: list[dict[int, list[StoredEvent]]] = []
+    for partition in range(PARTITIONS):
+        end = (await log.bounds(partition)).end
+        for start in range(0, end, size):
+            events = await log.read_partition(partition, start, min(end, start + size))
+            batches.append({partition: events})
+    return batches
+
+
+def next_offsets(batch: Mapping[int, Sequence[StoredEvent]]) -> dict[int, int]:
+    return {p: events[-1].position.offset + 1 for p, events in batch.items()}
+
+
+async def assert_stored_is_the_direct_fold(
+    store: MemoryFrontierStore, log: MemoryEventLog, run_ids: list[str]
+) -> None:
+    expected, expected_calls = await direct_fold(log, run_ids)
+    loaded = await store.load(run_ids)
+    assert {r: row.frontier for r, row in loaded.items()} == expected
+    stored_calls = {
+        (row.run_id, row.call_id): row for r in run_ids for row in await store.tool_calls(r)
+    }
+    assert stored_calls == expected_calls
+    ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
+    assert await store.positions("frontiers") == {p: e for p, e in ends.items() if e}
+
+
+async def test_batches_are_folded_and_stored_together_once_enough_events_are_pending() -> None:
+    log, run_ids = await filled_log(30, seed=1)
+    batches = await read_batches(log, 40)
+    store = FailingStore()
+    projection = FrontierProjection(store, log, flush_events=150, flush_interval=3600)
+    pending = 0
+    for batch in batches:
+        await projection.apply(batch, next_offsets(batch))
+        pending += sum(len(e) for e in batch.values())
+        if pending >= 150:
+            assert projection.pending_events == 0, "a due store did not happen"
+            pending = 0
+        else:
+            assert projection.pending_events == pending
+    await projection.flush()
+    assert projection.pending_events == 0
+    assert store.writes < len(batches) / 2, "batches were not stored together"
+    await assert_stored_is_the_direct_fold(store, log, run_ids)
+
+
+async def test_nothing_folded_is_visible_in_the_store_before_it_is_stored() -> None:
+    log, run_ids = await filled_log(10, seed=2)
+    [first, *_] = await read_batches(log, 25)
+    store = FailingStore()
+    projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
+    await projection.apply(first, next_offsets(first))
+    assert projection.pending_events == sum(len(e) for e in first.values())
+    assert await store.positions("frontiers") == {}
+    assert await store.load(run_ids) == {}
+    await projection.flush()
+    assert await store.positions("frontiers") == next_offsets(first)
+    assert store.writes == 1
+    await projection.flush()
+    assert store.writes == 1, "a flush with nothing pending wrote"
+
+
+async def test_a_store_is_due_after_the_flush_interval() -> None:
+    log, _ = await filled_log(10, seed=3)
+    first, second, *_ = await read_batches(log, 10)
+    store = FailingStore()
+    projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=0.05)
+    await projection.apply(first, next_offsets(first))
+    assert store.writes == 0
+    await asyncio.sleep(0.1)
+    await projection.apply(second, next_offsets(second))
+    assert store.writes == 1
+    assert projection.pending_events == 0
+
+
+async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_the_store() -> None:
+    log, run_ids = await filled_log(30, seed=4)
+    store = FailingStore()
+    projection = FrontierProjection(store, log, flush_events=200, flush_interval=3600)
+    projector = LogProjector(log, projection, batch_size=30)
+    for _ in range(3):
+        await projector.step()
+    await projector.flush()
+    stored_before = await store.positions("frontiers")
+    assert stored_before
+    for _ in range(3):
+        await projector.step()
+    assert projection.pending_events
+    store.failures = 1
+    with pytest.raises(BackendUnavailableError):
+        await projector.flush()
+    assert projection.pending_events == 0
+    assert await store.positions("frontiers") == stored_before
+    await projector.catch_up()
+    await assert_stored_is_the_direct_fold(store, log, run_ids)
+
+
+async def test_log_projector_catch_up_stores_everything_it_folded() -> None:
+    log, run_ids = await filled_log(40, seed=5)
+    store = FailingStore()
+    projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
+    projector = LogProjector(log, projection, batch_size=20)
+    folded = await projector.catch_up()
+    assert folded == sum([(await log.bounds(p)).end for p in range(PARTITIONS)])
+    assert projection.pending_events == 0
+    assert sum((await projector.lag()).values()) == 0
+    assert sum((await projector.backlog()).values()) == 0
+    await assert_stored_is_the_direct_fold(store, log, run_ids)
+
+
+async def test_refolding_a_batch_already_stored_changes_nothing() -> None:
+    log, run_ids = await filled_log(20, seed=6)
+    batches = await read_batches(log, 50)
+    store = FailingStore()
+    projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
+    for batch in batches:
+        await projection.apply(batch, next_offsets(batch))
+    await projection.flush()
+    again = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
+    for batch in batches:  # as after a crash that lost the positions but not the rows
+        await again.apply(batch, next_offsets(batch))
+    await again.flush()
+    assert again.stats.rows_written == 0
+    await assert_stored_is_the_direct_fold(store, log, run_ids)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"flush_events": -1}, "flush_events"),
+        ({"flush_interval": -0.5}, "flush_interval"),
+        ({"cache_runs": 0}, "cache_runs"),
+    ],
+)
+def test_bad_flush_settings_are_refused_by_name(options: dict[str, float], named: str) -> None:
+    with pytest.raises(InvalidInputError, match=named):
+        FrontierProjection(MemoryFrontierStore(), MemoryEventLog(), **options)  # type: ignore[arg-type]

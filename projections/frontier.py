@@ -244,14 +244,6 @@ def fold_into(
         )
 
 
-def _set_call(draft: FrontierDraft, call_id: str, tool: str, **changes: Any) -> None:
-    state = draft.calls.get(call_id)
-    if state is None:
-        draft.calls[call_id] = CallState(call_id=call_id, tool=tool, **changes)
-    else:
-        draft.calls[call_id] = _replace(state, **changes)
-
-
 def _started(d: FrontierDraft, e: RunStarted) -> None:
     d.agent = e.agent
     d.revision = e.revision
@@ -285,48 +277,49 @@ def _answered(d: FrontierDraft, e: ModelAnswered) -> None:
 def _dispatched(d: FrontierDraft, e: ToolDispatched) -> None:
     # A new dispatch supersedes whatever was settled before (a call settled as never run is
     # dispatched for the first time): from here only its own outcome counts.
-    _set_call(
-        d,
-        e.call_id,
-        e.tool,
+    asked = d.calls.get(e.call_id)
+    d.calls[e.call_id] = CallState(
+        call_id=e.call_id,
+        tool=asked.tool if asked is not None else e.tool,
         idempotency_key=e.idempotency_key,
+        args=asked.args if asked is not None else {},
+        requested_seq=asked.requested_seq if asked is not None else 0,
         dispatched_seq=e.seq,
         dispatched_fence=e.fence,
         dispatched_at=e.at,
-        outcome=None,
-        outcome_seq=None,
-        completed_at=None,
-        result=None,
-        error=None,
-        resolved_by=None,
+    )
+
+
+def _settle_call(
+    d: FrontierDraft,
+    call_id: str,
+    outcome: CallOutcome,
+    e: ToolCompleted | ToolResolved,
+    resolved_by: str | None,
+) -> None:
+    state = d.calls.get(call_id)
+    if state is None:
+        state = CallState(call_id=call_id, tool="")
+    d.calls[call_id] = _replace(
+        state,
+        outcome=outcome,
+        outcome_seq=e.seq,
+        completed_at=e.at,
+        result=e.result,
+        error=e.error,
+        resolved_by=resolved_by,
     )
 
 
 def _completed(d: FrontierDraft, e: ToolCompleted) -> None:
-    _set_call(
-        d,
-        e.call_id,
-        "",
-        outcome="error" if e.error is not None else "completed",
-        outcome_seq=e.seq,
-        completed_at=e.at,
-        result=e.result,
-        error=e.error,
-    )
+    outcome: CallOutcome = "error" if e.error is not None else "completed"
+    state = d.calls.get(e.call_id)
+    _settle_call(d, e.call_id, outcome, e, state.resolved_by if state is not None else None)
 
 
 def _resolved(d: FrontierDraft, e: ToolResolved) -> None:
-    _set_call(
-        d,
-        e.call_id,
-        "",
-        outcome=e.outcome if e.error is None else "error",
-        outcome_seq=e.seq,
-        completed_at=e.at,
-        result=e.result,
-        error=e.error,
-        resolved_by=e.by or "reconcile",
-    )
+    outcome: CallOutcome = e.outcome if e.error is None else "error"
+    _settle_call(d, e.call_id, outcome, e, e.by or "reconcile")
 
 
 def _settled(d: FrontierDraft, e: TurnSettled) -> None:

@@ -212,9 +212,7 @@ class KafkaProjector(Generic[SinkT]):
             if not batch:
                 continue
             partition = tp.partition
-            records[partition] = [
-                StoredEvent(Position(partition, r.offset), _decode(r)) for r in batch
-            ]
+            records[partition] = _stored_events(partition, batch)
             next_offsets[partition] = batch[-1].offset + 1
         return (records, next_offsets) if records else None
 
@@ -296,6 +294,15 @@ class KafkaProjector(Generic[SinkT]):
         if consumer is not None:
             with contextlib.suppress(KafkaError):
                 await consumer.stop()
+
+
+def _stored_events(partition: int, batch: list[Any]) -> list[StoredEvent]:
+    """Decode fetched records; only if one fails is each decoded again, to name its run."""
+    decode = codec.decode
+    try:
+        return [StoredEvent(Position(partition, r.offset), decode(r.value)) for r in batch]
+    except EventDecodeError:
+        return [StoredEvent(Position(partition, r.offset), _decode(r)) for r in batch]
 
 
 def _decode(record: Any) -> AnyEvent:

@@ -134,7 +134,7 @@ async def test_a_store_is_due_after_the_flush_interval() -> None:
 async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_the_store() -> None:
     log, run_ids = await filled_log(30, seed=4)
     store = FailingStore()
-    projection = FrontierProjection(store, log, flush_events=200, flush_interval=3600)
+    projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
     projector = LogProjector(log, projection, batch_size=30)
     for _ in range(3):
         await projector.step()

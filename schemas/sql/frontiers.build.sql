@@ -22,7 +22,7 @@ CREATE TABLE onward_frontiers_{build} (
     updated_at bigint NOT NULL,
     payload bytea,
     snapshot_error text
-);
+) WITH (fillfactor = 70);
 CREATE INDEX onward_frontiers_{build}_by_tenant_status ON onward_frontiers_{build} (tenant, status);
 
 CREATE TABLE onward_tool_calls_{build} (
@@ -38,4 +38,4 @@ CREATE TABLE onward_tool_calls_{build} (
     latency_us bigint,
     through_offset bigint NOT NULL,
     PRIMARY KEY (run_id, call_id)
-);
+) WITH (fillfactor = 80);

@@ -11,6 +11,9 @@ runs write. It then reads that same topic four ways and reports events/s for eac
 * projector fold: `KafkaProjector` + `FrontierProjection` + `PostgresFrontierStore` in a fresh
   PostgreSQL schema, timed from ``start()`` until the stored positions reach every
   partition's end. It runs in a child process so its peak RSS can be reported;
+* projector fold in a group: ``--group-projectors`` such child processes (2 by default) in
+  one consumer group, as a deployment runs one projector per core, timed from the first
+  member's ``start()`` until every partition is stored through its end;
 * rebuild: `rebuild_frontiers` over a `KafkaEventLog` of the same topic, into a new build.
 
 Absolute figures depend on the machine; the ratios fold/raw consume are the figures to
@@ -40,7 +43,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -415,13 +418,14 @@ async def child_project(args: argparse.Namespace) -> dict[str, Any]:
         projection,
         topic=args.topic,
         partitions=PARTITIONS,
-        group_id=f"onward-bench-{uuid.uuid4().hex[:8]}",
+        group_id=args.group or f"onward-bench-{uuid.uuid4().hex[:8]}",
         batch_records=args.batch,
     )
     profiler = cProfile.Profile() if args.profile else None
     step_s = check_s = 0.0
     first_batch_s: float | None = None
     try:
+        started_at = time.time()
         started = time.perf_counter()
         if profiler is not None:
             profiler.enable()
@@ -448,12 +452,15 @@ async def child_project(args: argparse.Namespace) -> dict[str, Any]:
         await watcher
         step_s = time.perf_counter() - mark
         seconds = time.perf_counter() - started
+        finished_at = time.time()
         if profiler is not None:
             profiler.disable()
     finally:
         await projector.close()
         await store.close()
     result: dict[str, Any] = {
+        "started_at": started_at,
+        "finished_at": finished_at,
         "seconds": seconds,
         "first_batch_s": first_batch_s or 0.0,
         "step_s": step_s,
@@ -493,7 +500,13 @@ class ChildResult:
 
 
 async def run_child(
-    args: argparse.Namespace, topic: str, schema: str, ends: Mapping[int, int], *, profile: bool
+    args: argparse.Namespace,
+    topic: str,
+    schema: str,
+    ends: Mapping[int, int],
+    *,
+    profile: bool,
+    group: str | None = None,
 ) -> ChildResult:
     """Run the projector in a child process (this script, ``--child-project``)."""
     argv = [
@@ -519,6 +532,8 @@ async def run_child(
     ]
     if profile:
         argv += ["--profile", "--profile-out", str(args.json.with_suffix(".prof"))]
+    if group is not None:
+        argv += ["--group", group]
     env = os.environ | {"DATABASE_URL": args.database_url}
     process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, env=env)
     try:
@@ -615,7 +630,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile-top", type=int, default=15)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=Path("bench/results/project.json"))
+    parser.add_argument(
+        "--group-projectors",
+        type=int,
+        default=2,
+        help="also fold with this many projector processes in one consumer group, as a "
+        "deployment runs one per core (0: skip)",
+    )
     parser.add_argument("--child-project", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--group", help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     parser.add_argument("--schema", help=argparse.SUPPRESS)
     parser.add_argument("--ends", help=argparse.SUPPRESS)
@@ -729,11 +752,17 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         if rows != args.runs or completed != args.runs:
             warn(f"projector: {rows:,} frontier rows, {completed:,} completed, {args.runs:,} runs")
 
+        if args.group_projectors > 0:
+            results |= await fold_in_a_group(args, topic, ends, schemas, console, warn)
+
         if "raw_consume_events_per_s" in results:
-            for key in ("raw_consume", "raw_consume_decode"):
-                results[f"ratio_fold_to_{key}"] = (
-                    results["fold_events_per_s"] / results[f"{key}_events_per_s"]
-                )
+            for fold in ("fold", "group_fold"):
+                if f"{fold}_events_per_s" not in results:
+                    continue
+                for key in ("raw_consume", "raw_consume_decode"):
+                    results[f"ratio_{fold}_to_{key}"] = (
+                        results[f"{fold}_events_per_s"] / results[f"{key}_events_per_s"]
+                    )
 
         if not args.skip_rebuild:
             console.print("rebuild ...")
@@ -781,6 +810,44 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     return results
 
 
+async def fold_in_a_group(
+    args: argparse.Namespace,
+    topic: str,
+    ends: Mapping[int, int],
+    schemas: list[str],
+    console: Console,
+    warn: Callable[[str], None],
+) -> dict[str, Any]:
+    """Fold the topic with ``--group-projectors`` processes sharing one consumer group.
+
+    The rate is every record of the topic over the time from the first member's ``start()``
+    to the last member seeing every partition stored through its end, so joining the group
+    and the rebalances as members join are inside it.
+    """
+    count = args.group_projectors
+    schema = await create_schema(args.database_url, schemas)
+    group = f"onward-bench-{uuid.uuid4().hex[:8]}"
+    console.print(f"projector fold ({count} child processes, one group) ...")
+    members = await asyncio.gather(
+        *(run_child(args, topic, schema, ends, profile=False, group=group) for _ in range(count))
+    )
+    figures = [m.figures for m in members]
+    seconds = max(f["finished_at"] for f in figures) - min(f["started_at"] for f in figures)
+    events = sum(ends.values())
+    rows, completed = await frontier_counts(args.database_url, schema)
+    if rows != args.runs or completed != args.runs:
+        warn(f"group: {rows:,} frontier rows, {completed:,} completed, {args.runs:,} runs")
+    console.print(f"group fold: {events:,} in {seconds:.1f}s")
+    return {
+        "group_projectors": count,
+        "group_fold_events": events,
+        "group_fold_s": seconds,
+        "group_fold_events_per_s": _rate(events, seconds),
+        "group_fold_events_folded_per_member": [f["events"] for f in figures],
+        "group_projector_peak_rss_mib": [_mib(f["peak_rss_kib"]) for f in figures],
+    }
+
+
 async def cleanup(
     args: argparse.Namespace, topic: str, schemas: Sequence[str], console: Console
 ) -> None:
@@ -825,10 +892,18 @@ def _table(args: argparse.Namespace, results: dict[str, Any]) -> Table:
         "fold",
         f"from start(); first batch after {results['fold_first_batch_s']:.1f}s",
     )
+    if "group_projectors" in results:
+        row(
+            f"projector fold, {results['group_projectors']} processes in one group",
+            "group_fold",
+            "from the first start() to the last partition stored",
+        )
     row("rebuild (rebuild_frontiers)", "rebuild", "LogProjector over KafkaEventLog")
     for name, key in (
         ("fold / raw consume", "ratio_fold_to_raw_consume"),
         ("fold / raw consume + decode", "ratio_fold_to_raw_consume_decode"),
+        ("group fold / raw consume", "ratio_group_fold_to_raw_consume"),
+        ("group fold / raw consume + decode", "ratio_group_fold_to_raw_consume_decode"),
     ):
         if key in results:
             table.add_row(name, f"{results[key]:.3f}", "", "ratio")
@@ -897,7 +972,8 @@ def main() -> None:
     parameters = {
         k: v
         for k, v in vars(args).items()
-        if k not in {"child_project", "topic", "schema", "ends", "database_url", "profile_out"}
+        if k
+        not in {"child_project", "topic", "schema", "ends", "database_url", "profile_out", "group"}
     }
     args.json.write_text(
         json.dumps(

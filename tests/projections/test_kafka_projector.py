@@ -15,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from support.histories import RunScript, append_all, direct_fold, run_ids_of, workload
 from support.pg import fresh_schema
 
+from onward.errors import BackendUnavailableError
 from onward.eventlog import KafkaEventLog, ToolCompleted
 from onward.projections.kafka import KafkaProjector
 from onward.projections.postgres import PostgresFrontierStore
@@ -221,3 +222,53 @@ async def test_rebuild_while_the_projector_runs_ends_identical_and_switched(stac
         stop.set()
         await running
         await live.close()
+
+
+async def test_a_deferring_projector_stores_everything_once_it_has_caught_up(stack: Stack) -> None:
+    steps = workload(random.Random(21), 40)
+    await append_all(stack.log, steps)
+    projector = stack.projector(flush_events=10_000_000, flush_interval=3600)
+    await projector.start()
+    stop = asyncio.Event()
+    running = asyncio.create_task(projector.run(stop))
+    try:
+        ends = {p: (await stack.log.bounds(p)).end for p in range(PARTITIONS)}
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            stored = await projector.projection.positions()
+            if all(stored.get(p, 0) >= end for p, end in ends.items()):
+                break
+            assert asyncio.get_running_loop().time() < deadline, "caught up but never stored"
+            assert not running.done(), running
+            await asyncio.sleep(0.1)
+        assert projector.projection.pending_events == 0
+    finally:
+        stop.set()
+        await running
+        await projector.close()
+    await assert_matches_direct_fold(stack, run_ids_of(steps))
+
+
+async def test_a_store_failing_inside_a_rebalance_is_raised_by_the_next_call(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await append_all(stack.log, workload(random.Random(22), 10))
+    projector = stack.projector(flush_events=10_000_000, flush_interval=3600)
+    await projector.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while projector.projection.pending_events == 0:
+            assert asyncio.get_running_loop().time() < deadline, "nothing was folded"
+            await projector.step(timeout_ms=200)
+
+        async def unavailable(*args: object) -> None:
+            raise BackendUnavailableError("PostgreSQL went away")
+
+        monkeypatch.setattr(projector.projection.store, "write", unavailable)
+        await projector._flush_before_rebalance()  # what the revocation listener runs
+        assert projector.projection.pending_events == 0
+        with pytest.raises(BackendUnavailableError, match="went away"):
+            await projector.step(timeout_ms=200)
+    finally:
+        await projector.close()
+    assert await stack.store.positions("frontiers") == {}

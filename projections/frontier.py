@@ -291,35 +291,29 @@ def _dispatched(d: FrontierDraft, e: ToolDispatched) -> None:
 
 
 def _settle_call(
-    d: FrontierDraft,
-    call_id: str,
-    outcome: CallOutcome,
-    e: ToolCompleted | ToolResolved,
-    resolved_by: str | None,
+    d: FrontierDraft, e: ToolCompleted | ToolResolved, outcome: CallOutcome, resolved_by: str | None
 ) -> None:
-    state = d.calls.get(call_id)
+    """Record a call's outcome; ``resolved_by`` None keeps whoever resolved it before."""
+    state = d.calls.get(e.call_id)
     if state is None:
-        state = CallState(call_id=call_id, tool="")
-    d.calls[call_id] = _replace(
+        state = CallState(call_id=e.call_id, tool="")
+    d.calls[e.call_id] = _replace(
         state,
         outcome=outcome,
         outcome_seq=e.seq,
         completed_at=e.at,
         result=e.result,
         error=e.error,
-        resolved_by=resolved_by,
+        resolved_by=resolved_by if resolved_by is not None else state.resolved_by,
     )
 
 
 def _completed(d: FrontierDraft, e: ToolCompleted) -> None:
-    outcome: CallOutcome = "error" if e.error is not None else "completed"
-    state = d.calls.get(e.call_id)
-    _settle_call(d, e.call_id, outcome, e, state.resolved_by if state is not None else None)
+    _settle_call(d, e, "error" if e.error is not None else "completed", None)
 
 
 def _resolved(d: FrontierDraft, e: ToolResolved) -> None:
-    outcome: CallOutcome = e.outcome if e.error is None else "error"
-    _settle_call(d, e.call_id, outcome, e, e.by or "reconcile")
+    _settle_call(d, e, e.outcome if e.error is None else "error", e.by or "reconcile")
 
 
 def _settled(d: FrontierDraft, e: TurnSettled) -> None:

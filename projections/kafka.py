@@ -232,8 +232,7 @@ class KafkaProjector(Generic[SinkT]):
             if store:
                 await self.projection.flush()
         except BuildSwitched as switched:
-            log.info("%s; seeking to the new build's positions", switched)
-            await self._seek_to_stored(list(self._live().assignment()))
+            await self._follow(switched)
             return 0
         return sum(len(b) for b in records.values())
 
@@ -243,8 +242,12 @@ class KafkaProjector(Generic[SinkT]):
         try:
             await self.projection.flush()
         except BuildSwitched as switched:
-            log.info("%s; seeking to the new build's positions", switched)
-            await self._seek_to_stored(list(self._live().assignment()))
+            await self._follow(switched)
+
+    async def _follow(self, switched: BuildSwitched) -> None:
+        """The store's build switched: seek every assigned partition to the new positions."""
+        log.info("%s; seeking to the new build's positions", switched)
+        await self._seek_to_stored(list(self._live().assignment()))
 
     async def lag(self) -> dict[int, int]:
         """Records not yet stored, per assigned partition."""

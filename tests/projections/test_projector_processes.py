@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import signal
 import sys
 import uuid
@@ -29,6 +30,8 @@ from onward.projections.postgres import PostgresFrontierStore
 
 pytestmark = pytest.mark.kafka
 PARTITIONS = 4
+ALL = set(range(PARTITIONS))
+ASSIGNED = "onward.projector assigned "
 
 
 @dataclass
@@ -73,6 +76,23 @@ class World:
         deadline = asyncio.get_running_loop().time() + within
         while text not in self.output(name):
             assert asyncio.get_running_loop().time() < deadline, self.output(name)
+            await asyncio.sleep(0.1)
+
+    def held(self, name: str) -> set[int]:
+        """The partitions of the last assignment this projector sought (none before the first)."""
+        lines = [line for line in self.output(name).splitlines() if ASSIGNED in line]
+        if not lines:
+            return set()
+        return {int(p) for p in re.findall(r"(\d+):", lines[-1].split(ASSIGNED, 1)[1])}
+
+    async def wait_until_split(self, names: tuple[str, str], within: float) -> None:
+        """Wait for a generation in which both projectors hold partitions and none is shared."""
+        deadline = asyncio.get_running_loop().time() + within
+        while True:
+            first, second = (self.held(name) for name in names)
+            if first and second and first.isdisjoint(second) and first | second == ALL:
+                return
+            assert asyncio.get_running_loop().time() < deadline, (first, second)
             await asyncio.sleep(0.1)
 
     async def wait_caught_up(self, within: float) -> None:
@@ -152,7 +172,7 @@ async def test_exactly_once_under_twenty_sigkills(world: World) -> None:
     final = await world.spawn(f"final-{uuid.uuid4().hex[:8]}", "final")
     # The killed projectors may have folded everything already: wait until this one is up
     # (it has its partitions, so its SIGTERM handler is installed) before asking it to stop.
-    await world.wait_for_output("final", "assigned", within=120)
+    await world.wait_for_output("final", ASSIGNED, within=120)
     await world.wait_caught_up(within=240)
     final.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(final.wait(), 60) == 0, world.output("final")
@@ -169,15 +189,15 @@ async def test_a_surviving_member_takes_over_a_killed_members_partitions(world: 
     second = await world.spawn(group, "b")
     half = len(steps) // 2
     await append_all(world.log, steps[:half])
+    # A member that joins late may fold nothing until the next generation: wait until the two
+    # really share the partitions, so that killing one leaves partitions to take over.
+    await world.wait_until_split(("a", "b"), within=60)
     await world.wait_caught_up(within=120)
-    assert "assigned" in world.output("a")
-    assert "assigned" in world.output("b")
     first.kill()
     await first.wait()
     await append_all(world.log, steps[half:])
     await world.wait_caught_up(within=120)
-    takeover = [line for line in world.output("b").splitlines() if "assigned" in line][-1]
-    assert all(f"{p}:" in takeover for p in range(PARTITIONS)), takeover
+    assert world.held("b") == ALL, world.output("b")
     second.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(second.wait(), 60) == 0
     await assert_projection_is_the_direct_fold(world, steps)

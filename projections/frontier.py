@@ -169,27 +169,6 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
         state["calls"] = tuple(self.calls.values())
         return Frontier(**state)
 
-    def fold(self, stored: StoredEvent) -> bool:
-        """Fold one more stored event of this run; whether it counted (else it was refused)."""
-        event = stored.event
-        position = stored.position
-        self.partition = position.partition
-        self.through_offset = max(self.through_offset, position.offset)
-        # The common case first; anything else is decided by the one rule, `judge`.
-        if event.seq != self.last_seq + 1 or event.fence < self.fence:
-            verdict = judge(self.last_seq, self.fence, event)
-            if verdict is not None:
-                self.refused += 1
-                self.last_refusal = (
-                    f"offset {position.offset} seq {event.seq} fence {event.fence}: {verdict[1]}"
-                )
-                return False
-        self.last_seq += 1
-        self.fence = event.fence
-        self.updated_at = max(self.updated_at, event.at)
-        _RULES[type(event)](self, event)
-        return True
-
 
 def fold(frontier: Frontier, stored: StoredEvent) -> Frontier:
     """The frontier after one more stored event of the same run. Pure: nothing is mutated."""
@@ -199,8 +178,7 @@ def fold(frontier: Frontier, stored: StoredEvent) -> Frontier:
 def fold_all(frontier: Frontier, stored: Iterable[StoredEvent]) -> Frontier:
     """Fold events in order. Pure: ``frontier`` is not mutated; a new one is returned."""
     draft = FrontierDraft.of(frontier)
-    for item in stored:
-        draft.fold(item)
+    _fold_events(draft, stored, None)
     return draft.frozen()
 
 
@@ -230,18 +208,65 @@ def fold_into(
     counted event about that call.
     """
     touched: dict[str, tuple[CallState, int]] = {}
-    for item in stored:
-        if item.position.offset <= draft.through_offset:
-            continue
-        event = item.event
-        if draft.fold(item) and isinstance(event, _CALL_EVENTS):
-            state = draft.calls.get(event.call_id)
-            if state is not None:
-                touched[event.call_id] = (state, draft.through_offset)
+    _fold_events(draft, stored, touched)
     for call_id, (state, through_offset) in touched.items():
         calls[(draft.run_id, call_id)] = _call_row(
             draft.tenant, draft.run_id, state, through_offset
         )
+
+
+def _fold_events(
+    draft: FrontierDraft,
+    stored: Iterable[StoredEvent],
+    touched: dict[str, tuple[CallState, int]] | None,
+) -> None:
+    """The one loop every fold runs: the seq and fence rules, then the event's own rule.
+
+    With ``touched`` (the projector's form), events at or below ``through_offset`` are skipped
+    as folded before, and each call an event changed is recorded with the offset it changed
+    at. Without it every event is judged, so a repeated one is counted as refused.
+
+    The envelope fields no rule reads (seq, fence, times, offsets) live in locals and are
+    written back once: per event, this loop is most of what a projector spends.
+    """
+    last_seq = draft.last_seq
+    fence = draft.fence
+    updated_at = draft.updated_at
+    through = draft.through_offset
+    partition = draft.partition
+    rules = _RULES
+    try:
+        for item in stored:
+            position = item.position
+            offset = position.offset
+            if offset > through:
+                through = offset
+            elif touched is not None:
+                continue
+            partition = position.partition
+            event = item.event
+            # The common case first; anything else is decided by the one rule, `judge`.
+            if event.seq != last_seq + 1 or event.fence < fence:
+                verdict = judge(last_seq, fence, event)
+                if verdict is not None:
+                    draft.refused += 1
+                    draft.last_refusal = (
+                        f"offset {offset} seq {event.seq} fence {event.fence}: {verdict[1]}"
+                    )
+                    continue
+            last_seq += 1
+            fence = event.fence
+            if event.at > updated_at:  # noqa: PLR1730 - no call per event
+                updated_at = event.at
+            call = rules[type(event)](draft, event)
+            if call is not None and touched is not None:
+                touched[call.call_id] = (call, through)
+    finally:
+        draft.last_seq = last_seq
+        draft.fence = fence
+        draft.updated_at = updated_at
+        draft.through_offset = through
+        draft.partition = partition
 
 
 def _started(d: FrontierDraft, e: RunStarted) -> None:
@@ -274,11 +299,11 @@ def _answered(d: FrontierDraft, e: ModelAnswered) -> None:
     d.resume_seq = e.seq
 
 
-def _dispatched(d: FrontierDraft, e: ToolDispatched) -> None:
+def _dispatched(d: FrontierDraft, e: ToolDispatched) -> CallState:
     # A new dispatch supersedes whatever was settled before (a call settled as never run is
     # dispatched for the first time): from here only its own outcome counts.
     asked = d.calls.get(e.call_id)
-    d.calls[e.call_id] = CallState(
+    state = d.calls[e.call_id] = CallState(
         call_id=e.call_id,
         tool=asked.tool if asked is not None else e.tool,
         idempotency_key=e.idempotency_key,
@@ -288,16 +313,17 @@ def _dispatched(d: FrontierDraft, e: ToolDispatched) -> None:
         dispatched_fence=e.fence,
         dispatched_at=e.at,
     )
+    return state
 
 
 def _settle_call(
     d: FrontierDraft, e: ToolCompleted | ToolResolved, outcome: CallOutcome, resolved_by: str | None
-) -> None:
+) -> CallState:
     """Record a call's outcome; ``resolved_by`` None keeps whoever resolved it before."""
     state = d.calls.get(e.call_id)
     if state is None:
         state = CallState(call_id=e.call_id, tool="")
-    d.calls[e.call_id] = _replace(
+    settled = d.calls[e.call_id] = _replace(
         state,
         outcome=outcome,
         outcome_seq=e.seq,
@@ -306,14 +332,15 @@ def _settle_call(
         error=e.error,
         resolved_by=resolved_by if resolved_by is not None else state.resolved_by,
     )
+    return settled
 
 
-def _completed(d: FrontierDraft, e: ToolCompleted) -> None:
-    _settle_call(d, e, "error" if e.error is not None else "completed", None)
+def _completed(d: FrontierDraft, e: ToolCompleted) -> CallState:
+    return _settle_call(d, e, "error" if e.error is not None else "completed", None)
 
 
-def _resolved(d: FrontierDraft, e: ToolResolved) -> None:
-    _settle_call(d, e, e.outcome if e.error is None else "error", e.by or "reconcile")
+def _resolved(d: FrontierDraft, e: ToolResolved) -> CallState:
+    return _settle_call(d, e, e.outcome if e.error is None else "error", e.by or "reconcile")
 
 
 def _settled(d: FrontierDraft, e: TurnSettled) -> None:
@@ -358,7 +385,8 @@ def _unchanged(d: FrontierDraft, e: Event) -> None:
     return None
 
 
-_RULES: dict[type[Event], Callable[[FrontierDraft, Any], None]] = {
+# Each event kind's rule edits the draft; a rule that changes a call returns its new state.
+_RULES: dict[type[Event], Callable[[FrontierDraft, Any], CallState | None]] = {
     RunStarted: _started,
     RunClaimed: _claimed,
     ResumePlanned: _unchanged,
@@ -418,5 +446,3 @@ def _call_row(tenant: str, run_id: str, state: CallState, through_offset: int) -
         through_offset=through_offset,
     )
 
-
-_CALL_EVENTS = (ToolDispatched, ToolCompleted, ToolResolved)

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -177,12 +177,12 @@ class FrontierProjection:
     async def _fold(
         self, records: Mapping[int, Sequence[StoredEvent]], next_offsets: Mapping[int, int]
     ) -> None:
-        by_run: dict[str, list[StoredEvent]] = {}
+        by_run: defaultdict[str, list[StoredEvent]] = defaultdict(list)
         count = 0
         for events in records.values():
             count += len(events)
             for stored in events:
-                by_run.setdefault(stored.event.run_id, []).append(stored)
+                by_run[stored.event.run_id].append(stored)
         cache = self._cache
         missing = [r for r in by_run if r not in cache]
         current = await self.store.load(missing) if missing else {}

@@ -445,4 +445,3 @@ def _call_row(tenant: str, run_id: str, state: CallState, through_offset: int) -
         latency_us=latency,
         through_offset=through_offset,
     )
-

@@ -101,6 +101,12 @@ class FrontierProjection:
             batch.
         flush_interval: Store at least this often, in seconds, while batches keep coming; 0
             stores every batch.
+        write_behind: Let a store that came due in :meth:`apply` finish in the background
+            while the next batches are folded, instead of :meth:`apply` waiting for it. A
+            store that fails is raised by the next :meth:`apply` or :meth:`flush`, and then
+            everything folded and not stored is dropped as after any failed store.
+            :meth:`flush` always waits. For a projector working through a backlog, whose
+            process would otherwise sit idle while PostgreSQL commits.
     """
 
     def __init__(
@@ -113,6 +119,7 @@ class FrontierProjection:
         cache_runs: int = 20_000,
         flush_events: int = 0,
         flush_interval: float = 0.0,
+        write_behind: bool = False,
     ) -> None:
         if cache_runs < 1:
             raise InvalidInputError(f"cache_runs must be at least 1, got {cache_runs}")
@@ -135,12 +142,16 @@ class FrontierProjection:
         self._positions: dict[int, int] = {}
         self._pending_events = 0
         self._pending_since = 0.0
+        self._write_behind = write_behind
+        self._writing: asyncio.Task[int] | None = None
+        self._writing_events = 0
+        self._writing_runs: set[str] = set()
         self._lock = asyncio.Lock()
 
     @property
     def pending_events(self) -> int:
-        """Events folded and not stored yet."""
-        return self._pending_events
+        """Events folded and not stored yet, counting a store still being written."""
+        return self._pending_events + self._writing_events
 
     async def positions(self) -> dict[int, int]:
         """The next offset per partition this projection has stored."""
@@ -153,19 +164,23 @@ class FrontierProjection:
     ) -> None:
         """Fold one batch; store it, with everything folded before it, if a store is due."""
         async with self._lock:
+            if self._writing is not None and self._writing.done():
+                await self._written()  # a failed write-behind is raised before folding on
             try:
                 await self._fold(records, next_offsets)
             except BaseException:
                 self._drop_unstored()
                 raise
             if self._due():
-                await self._store()
+                await self._store(wait=not self._write_behind)
 
     async def flush(self) -> None:
-        """Store whatever is folded and not stored yet."""
+        """Store whatever is folded and not stored yet, and wait until it is stored."""
         async with self._lock:
             if self._positions:
-                await self._store()
+                await self._store(wait=True)
+            else:
+                await self._written()
 
     def _due(self) -> bool:
         return (
@@ -185,6 +200,9 @@ class FrontierProjection:
                 by_run[stored.event.run_id].append(stored)
         cache = self._cache
         missing = [r for r in by_run if r not in cache]
+        if not self._writing_runs.isdisjoint(missing):
+            # A run evicted from the cache is in the store being written: load it after.
+            await self._written()
         current = await self.store.load(missing) if missing else {}
         calls = self._calls
         dirty = self._dirty
@@ -214,7 +232,10 @@ class FrontierProjection:
         self.stats.batches += 1
         self.stats.events += count
 
-    async def _store(self) -> None:
+    async def _store(self, *, wait: bool) -> None:
+        """Store everything folded, once the store before has landed; with ``wait`` False the
+        write is left running, and what is folded next is stored after it."""
+        await self._written()
         snapshots: list[Snapshot] = []
         for run_id, draft in self._dirty.items():
             snapshot = Snapshot.of(draft.frozen(), max_bytes=self.max_bytes)
@@ -222,14 +243,10 @@ class FrontierProjection:
                 self.stats.snapshots_refused += 1
                 log.warning("run %r: snapshot refused: %s", run_id, snapshot.error)
             snapshots.append(snapshot)
-        try:
-            await self.store.write(
-                self.consumer, self._positions, snapshots, list(self._calls.values())
-            )
-        except BaseException:
-            self._drop_unstored()
-            raise
-        self.stats.rows_written += len(snapshots)
+        write = self._write(self._positions, snapshots, list(self._calls.values()))
+        self._writing = asyncio.ensure_future(write)
+        self._writing_events = self._pending_events
+        self._writing_runs = set(self._dirty)
         self._dirty.clear()
         self._calls.clear()
         self._positions = {}
@@ -237,9 +254,44 @@ class FrontierProjection:
         cache = self._cache
         while len(cache) > self._cache_runs:
             cache.popitem(last=False)
+        if wait:
+            await self._written()
+
+    async def _write(
+        self, positions: dict[int, int], snapshots: list[Snapshot], calls: list[ToolCallRow]
+    ) -> int:
+        await self.store.write(self.consumer, positions, snapshots, calls)
+        return len(snapshots)
+
+    async def _written(self) -> None:
+        """Wait for the store being written, if any; if it failed, drop everything unstored
+        (what was folded after it builds on it) and raise its error."""
+        writing = self._writing
+        if writing is None:
+            return
+        try:
+            rows = await asyncio.shield(writing)
+        except asyncio.CancelledError:
+            if not writing.done():
+                raise  # this caller was cancelled; the write carries on for the next one
+            self._forget_write()
+            self._drop_unstored()
+            raise
+        except BaseException:
+            self._forget_write()
+            self._drop_unstored()
+            raise
+        self._forget_write()
+        self.stats.rows_written += rows
+
+    def _forget_write(self) -> None:
+        self._writing = None
+        self._writing_events = 0
+        self._writing_runs = set()
 
     def _drop_unstored(self) -> None:
-        """Forget everything not stored: what is stored is all that is known now."""
+        """Forget everything folded and not stored (a store still being written carries on):
+        what is stored is all that is known now."""
         self._cache.clear()
         self._dirty.clear()
         self._calls.clear()

@@ -116,6 +116,7 @@ async def rebuild_frontiers(
                 max_bytes=max_bytes,
                 flush_events=REBUILD_FLUSH_EVENTS,
                 flush_interval=REBUILD_FLUSH_INTERVAL,
+                write_behind=True,
             )
 
         async def __aexit__(self, *exc: object) -> None:

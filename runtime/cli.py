@@ -931,7 +931,11 @@ def projector(
                     PostgresFrontierStore(database_url, schema=settings.database_schema)
                 )
                 sink = FrontierProjection(
-                    store, log, flush_events=flush_events, flush_interval=flush_interval
+                    store,
+                    log,
+                    flush_events=flush_events,
+                    flush_interval=flush_interval,
+                    write_behind=True,
                 )
                 default_group = DEFAULT_GROUP
             else:

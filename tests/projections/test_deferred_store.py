@@ -15,7 +15,7 @@ import pytest
 from support.histories import append_all, direct_fold, run_ids_of, workload
 
 from onward.errors import BackendUnavailableError, InvalidInputError
-from onward.eventlog import MemoryEventLog, StoredEvent
+from onward.eventlog import Event, MemoryEventLog, StoredEvent
 from onward.projections.base import Snapshot
 from onward.projections.frontier import ToolCallRow
 from onward.projections.memory import MemoryFrontierStore
@@ -46,8 +46,30 @@ class FailingStore(MemoryFrontierStore):
         await super().write(consumer, positions, snapshots, calls)
 
 
-async def filled_log(runs: int, seed: int) -> tuple[MemoryEventLog, list[str]]:
-    log = MemoryEventLog(partitions=PARTITIONS)
+class GatedStore(FailingStore):
+    """A memory store whose writes wait until ``gate`` is open, as a slow database would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.started = 0
+
+    async def write(
+        self,
+        consumer: str,
+        positions: Mapping[int, int],
+        snapshots: Sequence[Snapshot],
+        calls: Sequence[ToolCallRow],
+    ) -> None:
+        self.started += 1
+        await self.gate.wait()
+        await super().write(consumer, positions, snapshots, calls)
+
+
+async def filled_log(
+    runs: int, seed: int, partitions: int = PARTITIONS
+) -> tuple[MemoryEventLog, list[str]]:
+    log = MemoryEventLog(partitions=partitions)
     steps = workload(random.Random(seed), runs)
     await append_all(log, steps, concurrency=8)
     return log, run_ids_of(steps)
@@ -56,7 +78,7 @@ async def filled_log(runs: int, seed: int) -> tuple[MemoryEventLog, list[str]]:
 async def read_batches(log: MemoryEventLog, size: int) -> list[dict[int, list[StoredEvent]]]:
     """The whole log as batches of at most ``size`` records per partition, in order."""
     batches: list[dict[int, list[StoredEvent]]] = []
-    for partition in range(PARTITIONS):
+    for partition in range(log.partitions):
         end = (await log.bounds(partition)).end
         for start in range(0, end, size):
             events = await log.read_partition(partition, start, min(end, start + size))
@@ -78,7 +100,7 @@ async def assert_stored_is_the_direct_fold(
         (row.run_id, row.call_id): row for r in run_ids for row in await store.tool_calls(r)
     }
     assert stored_calls == expected_calls
-    ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
+    ends = {p: (await log.bounds(p)).end for p in range(log.partitions)}
     assert await store.positions("frontiers") == {p: e for p, e in ends.items() if e}
 
 
@@ -180,6 +202,91 @@ async def test_refolding_a_batch_already_stored_changes_nothing() -> None:
     await again.flush()
     assert again.stats.rows_written == 0
     await assert_stored_is_the_direct_fold(store, log, run_ids)
+
+
+async def test_write_behind_folds_the_next_batches_while_a_store_is_written() -> None:
+    log, run_ids = await filled_log(30, seed=7, partitions=1)  # every batch but the last full
+    batches = await read_batches(log, 40)
+    store = GatedStore()
+    projection = FrontierProjection(
+        store, log, flush_events=60, flush_interval=3600, write_behind=True
+    )
+    for batch in batches[:2]:  # 80 events: a store comes due, and waits at the gate
+        await projection.apply(batch, next_offsets(batch))
+    await asyncio.sleep(0)
+    assert (store.started, store.writes) == (1, 0), "the due store did not start"
+    third, fourth, *rest = batches[2:]
+    await projection.apply(third, next_offsets(third))  # folded while the store is written
+    assert projection.pending_events == sum(len(e) for b in batches[:3] for e in b.values())
+    assert await store.positions("frontiers") == {}
+    blocked = asyncio.ensure_future(projection.apply(fourth, next_offsets(fourth)))
+    await asyncio.sleep(0.05)
+    assert not blocked.done(), "a second store started before the first one landed"
+    assert store.started == 1
+    store.gate.set()
+    await blocked
+    for batch in rest:
+        await projection.apply(batch, next_offsets(batch))
+    await projection.flush()
+    assert projection.pending_events == 0
+    await assert_stored_is_the_direct_fold(store, log, run_ids)
+
+
+async def test_a_failed_write_behind_is_raised_next_and_drops_everything_unstored() -> None:
+    log, run_ids = await filled_log(30, seed=8)
+    store = FailingStore()
+    projection = FrontierProjection(
+        store, log, flush_events=150, flush_interval=3600, write_behind=True
+    )
+    projector = LogProjector(log, projection, batch_size=30)  # at most 120 events a step
+    await projector.step()
+    await projector.flush()
+    stored_before = await store.positions("frontiers")
+    store.failures = 1
+    await projector.step()
+    await projector.step()  # 150 events are pending: the store comes due, and fails behind
+    await asyncio.sleep(0)
+    assert store.failures == 0, "the due store was not attempted"
+    with pytest.raises(BackendUnavailableError):
+        await projector.step()
+    assert projection.pending_events == 0
+    assert await store.positions("frontiers") == stored_before
+    await projector.catch_up()
+    await assert_stored_is_the_direct_fold(store, log, run_ids)
+
+
+async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_lands() -> None:
+    # Runs written step by step in turn, so that every run goes on in the next batch.
+    log = MemoryEventLog(partitions=1)
+    steps = workload(random.Random(9), 6)
+    by_run: dict[str, list[list[Event]]] = {}
+    for step in steps:
+        by_run.setdefault(step[0].run_id, []).append(step)
+    for turn in range(max(map(len, by_run.values()))):
+        for run_steps in by_run.values():
+            if turn < len(run_steps):
+                await log.append(run_steps[turn])
+    first, second, *rest = await read_batches(log, 12)
+    store = GatedStore()
+    # The store of the first batch evicts all but one of its runs from a two-run cache. The
+    # next batch goes on with them: loading them before that store lands would fold on from
+    # nothing, refusing their events as gaps.
+    projection = FrontierProjection(
+        store, log, cache_runs=2, flush_events=10_000, flush_interval=3600, write_behind=True
+    )
+    await projection.apply(first, next_offsets(first))
+    await asyncio.sleep(0)
+    assert store.started == 1, "the first batch's store did not come due"
+    going_on = asyncio.ensure_future(projection.apply(second, next_offsets(second)))
+    await asyncio.sleep(0.05)
+    assert not going_on.done(), "the next store started before the first one landed"
+    store.gate.set()
+    await going_on
+    for batch in rest:
+        await projection.apply(batch, next_offsets(batch))
+    await projection.flush()
+    assert projection.stats.refused_events == 0
+    await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
 
 
 @pytest.mark.parametrize(

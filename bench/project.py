@@ -864,6 +864,11 @@ async def fold_in_a_group(
         "group_fold_events_per_s": _rate(events, seconds),
         "group_fold_events_folded_per_member": [f["events"] for f in figures],
         "group_projector_peak_rss_mib": [_mib(f["peak_rss_kib"]) for f in figures],
+        "group_member_seconds": [f["seconds"] for f in figures],
+        "group_member_first_batch_s": [f["first_batch_s"] for f in figures],
+        "group_member_apply_s": [f["apply_s"] for f in figures],
+        "group_member_wait_for_store_s": [f["wait_in_apply_s"] for f in figures],
+        "group_member_write_s": [f["write_s"] for f in figures],
     }
 
 

@@ -116,7 +116,9 @@ class KafkaProjector(Generic[SinkT]):
             max_poll_records=self._batch_records,
             max_partition_fetch_bytes=4 * 1024 * 1024,
             session_timeout_ms=self._session_timeout_ms,
-            heartbeat_interval_ms=max(1_000, self._session_timeout_ms // 3),
+            # A member learns of a rebalance from a heartbeat: beating every second, not every
+            # third of the session, lets a joining member start folding seconds sooner.
+            heartbeat_interval_ms=min(1_000, max(100, self._session_timeout_ms // 3)),
         )
         admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
         try:

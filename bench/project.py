@@ -421,7 +421,7 @@ async def child_project(args: argparse.Namespace) -> dict[str, Any]:
     quiet_garbage_collector()  # as `onward projector` does in its process
     baseline_kib = _peak_rss_kib()
     log = KafkaEventLog(args.bootstrap, topic=args.topic, partitions=PARTITIONS, create_topic=False)
-    store = _TimedStore(args.database_url, schema=args.schema)
+    store = _TimedStore(args.database_url, schema=args.schema, synchronous_commit=False)
     await store.start()
     projection = _TimedProjection(
         store,

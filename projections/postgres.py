@@ -97,6 +97,11 @@ class PostgresFrontierStore:
             server's default.
         min_size: Smallest pool size.
         max_size: Largest pool size.
+        synchronous_commit: False lets a write commit without waiting for its WAL to reach
+            disk (``SET LOCAL synchronous_commit = off``, for that transaction only). A crash
+            of the server can then lose the last writes, each one's rows together with its
+            positions, and the projector folds them again from the log. For projectors and
+            rebuilds, whose rows can all be folded again; not for rows nothing can refold.
     """
 
     def __init__(
@@ -107,6 +112,7 @@ class PostgresFrontierStore:
         schema: str | None = None,
         min_size: int = 1,
         max_size: int = 10,
+        synchronous_commit: bool = True,
     ) -> None:
         self._dsn = dsn
         self._schema = schema
@@ -114,6 +120,7 @@ class PostgresFrontierStore:
         self._build: int | None = build
         self._min_size = min_size
         self._max_size = max_size
+        self._synchronous_commit = synchronous_commit
         self._pool: asyncpg.Pool | None = None
 
     @classmethod
@@ -194,6 +201,8 @@ class PostgresFrontierStore:
     ) -> None:
         frontiers, tool_calls = self._tables()
         async with self._live_pool().acquire() as conn, conn.transaction():
+            if not self._synchronous_commit:
+                await conn.execute("SET LOCAL synchronous_commit = off")
             if self._pinned is None:
                 current = await active_build_for_write(conn, PROJECTION)
                 if current != self._build:

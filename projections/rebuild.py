@@ -105,7 +105,9 @@ async def rebuild_frontiers(
 
     class _FrontierSink:
         def __init__(self, build: int) -> None:
-            self.store = PostgresFrontierStore(database_url, build=build, schema=schema)
+            self.store = PostgresFrontierStore(
+                database_url, build=build, schema=schema, synchronous_commit=False
+            )
 
         async def __aenter__(self) -> ProjectionSink:
             await self.store.start()

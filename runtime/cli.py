@@ -928,7 +928,11 @@ def projector(
             sink: ProjectionSink
             if projection is None:
                 store = await stack.enter_async_context(
-                    PostgresFrontierStore(database_url, schema=settings.database_schema)
+                    PostgresFrontierStore(
+                        database_url,
+                        schema=settings.database_schema,
+                        synchronous_commit=False,  # every row can be folded again from the log
+                    )
                 )
                 sink = FrontierProjection(
                     store,

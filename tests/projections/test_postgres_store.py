@@ -6,7 +6,8 @@ from contextlib import AsyncExitStack
 import pytest_asyncio
 from support.pg import fresh_schema
 
-from onward.projections.base import FrontierStore
+from onward.projections.base import FrontierStore, Snapshot
+from onward.projections.frontier import Frontier
 from onward.projections.postgres import PostgresFrontierStore
 from onward.testing import FrontierStoreConformance
 
@@ -25,3 +26,29 @@ class TestPostgresFrontierStore(FrontierStoreConformance):
     async def open_store(self) -> FrontierStore:
         schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
         return await PostgresFrontierStore.open(self.database_url, schema=schema)
+
+
+class TestPostgresFrontierStoreWithoutSynchronousCommit(TestPostgresFrontierStore):
+    """The same contract for the store as projectors open it: commits not waiting for disk."""
+
+    async def open_store(self) -> FrontierStore:
+        schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
+        return await PostgresFrontierStore.open(
+            self.database_url, schema=schema, synchronous_commit=False, max_size=1
+        )
+
+    async def test_the_setting_stays_inside_the_write(self) -> None:
+        store = await self.open_store()
+        assert isinstance(store, PostgresFrontierStore)
+        try:
+            frontier = Frontier.empty("r-1", "acme")
+            await store.write("frontiers", {0: 1}, [Snapshot.of(frontier)], [])
+            # The pool's one connection wrote; it must not carry the setting to other work.
+            async with store._live_pool().acquire() as conn:
+                assert await conn.fetchval("SHOW synchronous_commit") == "on"
+            assert (await store.positions("frontiers")) == {0: 1}
+            stored = await store.get("r-1")
+            assert stored is not None
+            assert stored.frontier == frontier
+        finally:
+            await store.close()

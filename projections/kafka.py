@@ -216,6 +216,7 @@ class KafkaProjector(Generic[SinkT]):
             partition = tp.partition
             records[partition] = _stored_events(partition, batch)
             next_offsets[partition] = batch[-1].offset + 1
+            await asyncio.sleep(0)  # a store being written takes its turn between partitions
         return (records, next_offsets) if records else None
 
     async def _apply(

@@ -31,6 +31,7 @@ from .frontier import Frontier, FrontierDraft, ToolCallRow, fold_all, fold_into
 log = logging.getLogger("onward.projector")
 
 DEFAULT_CONSUMER = "frontiers"
+_YIELD_EVERY_RUNS = 500
 
 
 @dataclass(slots=True)
@@ -206,7 +207,11 @@ class FrontierProjection:
         current = await self.store.load(missing) if missing else {}
         calls = self._calls
         dirty = self._dirty
-        for run_id, events in by_run.items():
+        for folded, (run_id, events) in enumerate(by_run.items(), 1):
+            if folded % _YIELD_EVERY_RUNS == 0 and self._writing is not None:
+                # A store is being written: let it take its turns, or its round trips wait
+                # behind the whole batch's fold and the next store comes due before it lands.
+                await asyncio.sleep(0)
             draft = cache.get(run_id)
             if draft is None:
                 row = current.get(run_id)

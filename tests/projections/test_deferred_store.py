@@ -15,7 +15,7 @@ import pytest
 from support.histories import append_all, direct_fold, run_ids_of, workload
 
 from onward.errors import BackendUnavailableError, InvalidInputError
-from onward.eventlog import Event, MemoryEventLog, StoredEvent
+from onward.eventlog import Event, MemoryEventLog, RunStarted, StoredEvent
 from onward.projections.base import Snapshot
 from onward.projections.frontier import ToolCallRow
 from onward.projections.memory import MemoryFrontierStore
@@ -287,6 +287,42 @@ async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_
     await projection.flush()
     assert projection.stats.refused_events == 0
     await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+
+
+class SlowStore(FailingStore):
+    """A memory store whose writes need a few turns of the event loop, as a database's do."""
+
+    async def write(
+        self,
+        consumer: str,
+        positions: Mapping[int, int],
+        snapshots: Sequence[Snapshot],
+        calls: Sequence[ToolCallRow],
+    ) -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await super().write(consumer, positions, snapshots, calls)
+
+
+async def test_a_store_being_written_makes_progress_while_a_large_batch_is_folded() -> None:
+    log = MemoryEventLog(partitions=1)
+    for n in range(3_020):
+        started = RunStarted(run_id=f"run-{n}", tenant="t", seq=1, fence=1, agent="a", revision="1")
+        await log.append([started])
+    events = await log.read_partition(0, 0)
+    first, due, large = {0: events[:10]}, {0: events[10:20]}, {0: events[20:]}
+    store = SlowStore()
+    projection = FrontierProjection(
+        store, log, flush_events=100_000, flush_interval=0.5, write_behind=True
+    )
+    await projection.apply(first, next_offsets(first))
+    await asyncio.sleep(0.6)
+    await projection.apply(due, next_offsets(due))  # the interval has passed: a store starts
+    assert store.writes == 0
+    await projection.apply(large, next_offsets(large))  # 3,000 runs, not due by itself
+    assert store.writes == 1, "the store in flight waited for the whole batch to be folded"
+    await projection.flush()
+    assert await store.positions("frontiers") == {0: len(events)}
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,9 @@ def quiet_garbage_collector(young_threshold: int = 50_000) -> None:
     gc.set_threshold(young_threshold, 20, 100)
 
 
+_FETCH_CHUNK = 1_000
+
+
 class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, projector: KafkaProjector[Any]) -> None:
         self._projector = projector
@@ -199,8 +202,23 @@ class KafkaProjector(Generic[SinkT]):
     ) -> tuple[dict[int, list[StoredEvent]], dict[int, int]] | None:
         """The next batch, decoded, with each partition's next offset; None if nothing came."""
         consumer = self._live()
+        fetched: dict[TopicPartition, list[Any]] = {}
         try:
-            fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=self._batch_records)
+            # In chunks, yielding between them: building the client's record objects is the
+            # longest stretch the event loop spends away from a store being written.
+            wanted = self._batch_records
+            while wanted > 0:
+                ask = min(wanted, _FETCH_CHUNK)
+                chunk = await consumer.getmany(timeout_ms=timeout_ms, max_records=ask)
+                got = 0
+                for tp, batch in chunk.items():
+                    fetched.setdefault(tp, []).extend(batch)
+                    got += len(batch)
+                if got < ask:
+                    break
+                wanted -= got
+                timeout_ms = 0
+                await asyncio.sleep(0)
         except NoOffsetForPartitionError:
             # The fetcher looked for a Kafka-committed offset (there never is one) before the
             # assignment listener had sought to the stored offset; seek again and carry on.

@@ -24,35 +24,20 @@ from onward.projections.projector import FrontierProjection, LogProjector
 PARTITIONS = 4
 
 
-class FailingStore(MemoryFrontierStore):
-    """A memory store whose next ``failures`` writes fail, writing nothing."""
+class ScriptedStore(MemoryFrontierStore):
+    """A memory store whose writes can be made to fail, writing nothing (``failures``), to wait
+    until ``gate`` opens (``gated``), or to take a few turns of the event loop first, as a
+    database's round trips do (``turns``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, gated: bool = False, turns: int = 0) -> None:
         super().__init__()
         self.failures = 0
         self.writes = 0
-
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
-        if self.failures:
-            self.failures -= 1
-            raise BackendUnavailableError("the store went away")
-        self.writes += 1
-        await super().write(consumer, positions, snapshots, calls)
-
-
-class GatedStore(FailingStore):
-    """A memory store whose writes wait until ``gate`` is open, as a slow database would."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
         self.started = 0
+        self.turns = turns
+        self.gate = asyncio.Event()
+        if not gated:
+            self.gate.set()
 
     async def write(
         self,
@@ -62,7 +47,13 @@ class GatedStore(FailingStore):
         calls: Sequence[ToolCallRow],
     ) -> None:
         self.started += 1
+        for _ in range(self.turns):
+            await asyncio.sleep(0)
         await self.gate.wait()
+        if self.failures:
+            self.failures -= 1
+            raise BackendUnavailableError("the store went away")
+        self.writes += 1
         await super().write(consumer, positions, snapshots, calls)
 
 
@@ -107,7 +98,7 @@ async def assert_stored_is_the_direct_fold(
 async def test_batches_are_folded_and_stored_together_once_enough_events_are_pending() -> None:
     log, run_ids = await filled_log(30, seed=1)
     batches = await read_batches(log, 40)
-    store = FailingStore()
+    store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=150, flush_interval=3600)
     pending = 0
     for batch in batches:
@@ -127,7 +118,7 @@ async def test_batches_are_folded_and_stored_together_once_enough_events_are_pen
 async def test_nothing_folded_is_visible_in_the_store_before_it_is_stored() -> None:
     log, run_ids = await filled_log(10, seed=2)
     [first, *_] = await read_batches(log, 25)
-    store = FailingStore()
+    store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
     await projection.apply(first, next_offsets(first))
     assert projection.pending_events == sum(len(e) for e in first.values())
@@ -143,7 +134,7 @@ async def test_nothing_folded_is_visible_in_the_store_before_it_is_stored() -> N
 async def test_a_store_is_due_after_the_flush_interval() -> None:
     log, _ = await filled_log(10, seed=3)
     first, second, *_ = await read_batches(log, 10)
-    store = FailingStore()
+    store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=0.05)
     await projection.apply(first, next_offsets(first))
     assert store.writes == 0
@@ -155,7 +146,7 @@ async def test_a_store_is_due_after_the_flush_interval() -> None:
 
 async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_the_store() -> None:
     log, run_ids = await filled_log(30, seed=4)
-    store = FailingStore()
+    store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
     projector = LogProjector(log, projection, batch_size=30)
     for _ in range(3):
@@ -177,7 +168,7 @@ async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_
 
 async def test_log_projector_catch_up_stores_everything_it_folded() -> None:
     log, run_ids = await filled_log(40, seed=5)
-    store = FailingStore()
+    store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
     projector = LogProjector(log, projection, batch_size=20)
     folded = await projector.catch_up()
@@ -191,7 +182,7 @@ async def test_log_projector_catch_up_stores_everything_it_folded() -> None:
 async def test_refolding_a_batch_already_stored_changes_nothing() -> None:
     log, run_ids = await filled_log(20, seed=6)
     batches = await read_batches(log, 50)
-    store = FailingStore()
+    store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
     for batch in batches:
         await projection.apply(batch, next_offsets(batch))
@@ -207,7 +198,7 @@ async def test_refolding_a_batch_already_stored_changes_nothing() -> None:
 async def test_write_behind_folds_the_next_batches_while_a_store_is_written() -> None:
     log, run_ids = await filled_log(30, seed=7, partitions=1)  # every batch but the last full
     batches = await read_batches(log, 40)
-    store = GatedStore()
+    store = ScriptedStore(gated=True)
     projection = FrontierProjection(
         store, log, flush_events=60, flush_interval=3600, write_behind=True
     )
@@ -234,7 +225,7 @@ async def test_write_behind_folds_the_next_batches_while_a_store_is_written() ->
 
 async def test_a_failed_write_behind_is_raised_next_and_drops_everything_unstored() -> None:
     log, run_ids = await filled_log(30, seed=8)
-    store = FailingStore()
+    store = ScriptedStore()
     projection = FrontierProjection(
         store, log, flush_events=150, flush_interval=3600, write_behind=True
     )
@@ -267,7 +258,7 @@ async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_
             if turn < len(run_steps):
                 await log.append(run_steps[turn])
     first, second, *rest = await read_batches(log, 12)
-    store = GatedStore()
+    store = ScriptedStore(gated=True)
     # The store of the first batch evicts all but one of its runs from a two-run cache. The
     # next batch goes on with them: loading them before that store lands would fold on from
     # nothing, refusing their events as gaps.
@@ -289,21 +280,6 @@ async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_
     await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
 
 
-class SlowStore(FailingStore):
-    """A memory store whose writes need a few turns of the event loop, as a database's do."""
-
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
-        for _ in range(3):
-            await asyncio.sleep(0)
-        await super().write(consumer, positions, snapshots, calls)
-
-
 async def test_a_store_being_written_makes_progress_while_a_large_batch_is_folded() -> None:
     log = MemoryEventLog(partitions=1)
     for n in range(3_020):
@@ -311,7 +287,7 @@ async def test_a_store_being_written_makes_progress_while_a_large_batch_is_folde
         await log.append([started])
     events = await log.read_partition(0, 0)
     first, due, large = {0: events[:10]}, {0: events[10:20]}, {0: events[20:]}
-    store = SlowStore()
+    store = ScriptedStore(turns=3)
     projection = FrontierProjection(
         store, log, flush_events=100_000, flush_interval=0.5, write_behind=True
     )

@@ -41,6 +41,8 @@ PROJECTOR_FLUSH_EVENTS = 50_000
 PROJECTOR_FLUSH_INTERVAL = 1.0
 """...or after this many seconds; and whenever it has caught up."""
 
+_FETCH_CHUNK = 1_000  # records a batch is fetched in, with a turn of the event loop between
+
 
 def quiet_garbage_collector(young_threshold: int = 50_000) -> None:
     """Make cyclic garbage collection cheap in a process that is mostly a projector.
@@ -54,9 +56,6 @@ def quiet_garbage_collector(young_threshold: int = 50_000) -> None:
     """
     gc.freeze()
     gc.set_threshold(young_threshold, 20, 100)
-
-
-_FETCH_CHUNK = 1_000
 
 
 class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]

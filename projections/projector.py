@@ -276,13 +276,9 @@ class FrontierProjection:
             return
         try:
             rows = await asyncio.shield(writing)
-        except asyncio.CancelledError:
+        except BaseException:
             if not writing.done():
                 raise  # this caller was cancelled; the write carries on for the next one
-            self._forget_write()
-            self._drop_unstored()
-            raise
-        except BaseException:
             self._forget_write()
             self._drop_unstored()
             raise

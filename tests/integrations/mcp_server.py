@@ -77,6 +77,12 @@ async def charge(account: str, cents: int, ctx: Context) -> str:
 
 
 @server.tool()
+async def die() -> str:
+    """The server process exits in the middle of the call."""
+    os._exit(1)
+
+
+@server.tool()
 async def keyed(text: str, request_key: str) -> str:
     """Echo the key it was given as an argument."""
     return f"{text}:{request_key}"

@@ -101,7 +101,7 @@ async def test_stdio_tools_become_onward_tools(tmp_path: Path) -> None:
     server = stdio_server(tmp_path, tools={"charge": ToolOptions(requires_approval=True)})
     async with MCPToolset([server]) as toolset:
         tools = {t.name: t for t in toolset.tools}
-        assert sorted(tools) == ["add", "charge", "echo", "fail", "keyed"]
+        assert sorted(tools) == ["add", "charge", "die", "echo", "fail", "keyed"]
         echo, charge = tools["echo"], tools["charge"]
         assert echo.description == "Say the text back."
         assert echo.parameters["required"] == ["text"]
@@ -178,6 +178,20 @@ async def test_a_server_that_exits_at_start_is_a_named_error(tmp_path: Path) -> 
     server = stdio_server(tmp_path, name="crashy", crash=True)
     with pytest.raises(BackendUnavailableError, match="MCP server 'crashy'"):
         await MCPToolset([server], connect_timeout=5).open()
+
+
+async def test_a_server_that_dies_mid_call_is_a_named_error_then_restarted(
+    tmp_path: Path,
+) -> None:
+    async with MCPToolset([stdio_server(tmp_path)], connect_timeout=5) as toolset:
+        tools = {t.name: t for t in toolset.tools}
+        with pytest.raises(BackendUnavailableError, match=r"MCP server 'ledger'.*'die'"):
+            await tools["die"].call({}, idempotency_key="k1")
+        assert await tools["echo"].call({"text": "back"}, idempotency_key="k2") == {
+            "result": "back"
+        }
+        assert toolset.connections["ledger"].sessions == 2
+    assert listings(tmp_path) == 1  # the new session reported the same version
 
 
 async def test_an_http_server_that_is_down_is_a_named_error() -> None:

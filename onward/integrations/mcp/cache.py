@@ -41,8 +41,6 @@ class MCPSettings(BaseSettings):
             schemas stay cached after they were last written or read.
         schema_cache_prefix: ``MCP_SCHEMA_CACHE_PREFIX`` (default ``onward:mcp:schema:``);
             the run id is appended to it.
-        connect_timeout_seconds: ``MCP_CONNECT_TIMEOUT_SECONDS`` (default 10); how long a
-            server may take to start and answer the handshake.
     """
 
     model_config = SettingsConfigDict(extra="ignore", frozen=True)
@@ -56,9 +54,6 @@ class MCPSettings(BaseSettings):
     )
     schema_cache_prefix: str = Field(
         default=DEFAULT_PREFIX, min_length=1, validation_alias="MCP_SCHEMA_CACHE_PREFIX"
-    )
-    connect_timeout_seconds: float = Field(
-        default=10.0, gt=0, validation_alias="MCP_CONNECT_TIMEOUT_SECONDS"
     )
 
     @property
@@ -90,8 +85,8 @@ class ServerSchema(msgspec.Struct, frozen=True, kw_only=True):
     """One server's tool listing, as cached.
 
     Attributes:
-        endpoint: What was connected to (command line or URL); a listing for another endpoint
-            under the same server name is not used.
+        endpoint: A digest of what was connected to (command line or URL); a listing for
+            another endpoint under the same server name is not used.
         server_name: The name the server reported at the handshake.
         server_version: The version it reported; a new session reporting another one is checked.
         digest: Hash of the tool list (sorted by name); the schema version compared on reconnect.

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import shlex
 import sys
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 import mcp_types as types
@@ -62,7 +64,13 @@ class _Server:
             raise ConfigurationError("an MCP server needs a name")
 
     @property
+    def where(self) -> str:  # pragma: no cover - both kinds override it
+        """Where the server is, for messages: no arguments, query strings or credentials."""
+        raise NotImplementedError
+
+    @property
     def endpoint(self) -> str:  # pragma: no cover - both kinds override it
+        """A digest of what is connected to; a cached listing for another endpoint is unused."""
         raise NotImplementedError
 
     def transport(self) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
@@ -95,9 +103,14 @@ class StdioServer(_Server):
     errlog: TextIO | None = field(default=None, compare=False, repr=False)
 
     @property
+    def where(self) -> str:
+        """The executable (its arguments may hold secrets)."""
+        return f"command {self.command}"
+
+    @property
     def endpoint(self) -> str:
-        """The command line, for messages and for matching cached listings."""
-        return shlex.join([self.command, *self.args])
+        """A digest of the command line."""
+        return _digest(shlex.join([self.command, *self.args]))
 
     def transport(self) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
         parameters = StdioServerParameters(
@@ -129,9 +142,18 @@ class HttpServer(_Server):
     timeout_seconds: float = 30.0
 
     @property
+    def where(self) -> str:
+        """The URL without credentials, query or fragment."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+    @property
     def endpoint(self) -> str:
-        """The URL, for messages and for matching cached listings."""
-        return self.url
+        """A digest of the URL."""
+        return _digest(self.url)
 
     @contextlib.asynccontextmanager
     async def transport(self) -> AsyncIterator[TransportStreams]:
@@ -167,7 +189,7 @@ class Connection:
         """The error naming this server, for a failure of ``doing``."""
         detail = f": {_describe(exc)}" if exc is not None else ""
         return BackendUnavailableError(
-            f"MCP server {self.server.name!r} ({self.server.endpoint}): {doing} failed{detail}"
+            f"MCP server {self.server.name!r} ({self.server.where}): {doing} failed{detail}"
         )
 
     async def session(self) -> tuple[ClientSession, types.InitializeResult, bool]:
@@ -245,6 +267,10 @@ class Connection:
         """End the session and whatever it started (the server process, the HTTP session)."""
         async with self._lock:
             await self._stop_task()
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _describe(exc: BaseException | None) -> str:

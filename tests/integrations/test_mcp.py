@@ -180,6 +180,14 @@ async def test_a_server_that_exits_at_start_is_a_named_error(tmp_path: Path) -> 
         await MCPToolset([server], connect_timeout=5).open()
 
 
+async def test_a_server_that_never_answers_is_a_named_timeout() -> None:
+    server = StdioServer(
+        name="mute", command=sys.executable, args=("-c", "import time; time.sleep(60)")
+    )
+    with pytest.raises(BackendUnavailableError, match=r"'mute'.*no answer within 1s"):
+        await MCPToolset([server], connect_timeout=1).open()
+
+
 async def test_a_server_that_dies_mid_call_is_a_named_error_then_restarted(
     tmp_path: Path,
 ) -> None:

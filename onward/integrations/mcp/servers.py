@@ -12,6 +12,7 @@ import hashlib
 import logging
 import shlex
 import sys
+from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -26,6 +27,9 @@ from onward.errors import BackendUnavailableError, ConfigurationError
 from onward.runtime.tools import Reconcile
 
 _log = logging.getLogger("onward.integrations.mcp")
+
+_CLOSE_TIMEOUT = 10.0
+"""Seconds a session gets to shut down (the SDK's stdio shutdown bounds itself at a few)."""
 
 TransportStreams = tuple[Any, Any]
 """The read and write streams a transport yields (the SDK's own alias is private)."""
@@ -184,6 +188,7 @@ class Connection:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._current: tuple[ClientSession, types.InitializeResult] | None = None
+        self._ready: asyncio.Future[Any] | None = None
 
     def unavailable(self, exc: BaseException | None, doing: str) -> BackendUnavailableError:
         """The error naming this server, for a failure of ``doing``."""
@@ -204,25 +209,31 @@ class Connection:
             await self._stop_task()
             loop = asyncio.get_running_loop()
             ready: asyncio.Future[tuple[ClientSession, types.InitializeResult]]
-            ready = loop.create_future()
+            ready = self._ready = loop.create_future()
             self._stop = asyncio.Event()
             self._task = asyncio.create_task(
                 self._hold(ready, self._stop), name=f"mcp:{self.server.name}"
             )
+            task = self._task
+            waiting: set[asyncio.Future[Any]] = {ready, task}
             try:
-                async with asyncio.timeout(self.connect_timeout):
-                    self._current = await asyncio.shield(ready)
-            except TimeoutError as exc:
-                await self._stop_task()
-                raise self.unavailable(
-                    None, f"connecting (no answer within {self.connect_timeout:g}s)"
-                ) from exc
+                await asyncio.wait(
+                    waiting, timeout=self.connect_timeout, return_when=FIRST_COMPLETED
+                )
             except asyncio.CancelledError:
                 await self._stop_task()
                 raise
-            except Exception as exc:
+            if ready.done() and ready.exception() is None:
+                self._current = ready.result()
+            else:
+                failure = ready.exception() if ready.done() else _ended(task)
+                timed_out = not ready.done() and not task.done()
                 await self._stop_task()
-                raise self.unavailable(exc, "connecting") from exc
+                if timed_out:
+                    raise self.unavailable(
+                        None, f"connecting (no answer within {self.connect_timeout:g}s)"
+                    )
+                raise self.unavailable(failure, "connecting") from failure
             self.sessions += 1
             return (*self._current, True)
 
@@ -255,18 +266,26 @@ class Connection:
         if task is None:
             return
         self._stop.set()
-        try:
-            async with asyncio.timeout(10):
-                await asyncio.shield(task)
-        except TimeoutError:
+        if self._ready is None or not self._ready.done():
+            task.cancel()  # still in the handshake, which the stop event cannot interrupt
+        _, pending = await asyncio.wait({task}, timeout=_CLOSE_TIMEOUT)
+        if pending:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait({task})
+        if (failure := _ended(task)) is not None:
+            _log.debug("MCP server %r: closing: %s", self.server.name, _describe(failure))
 
     async def aclose(self) -> None:
         """End the session and whatever it started (the server process, the HTTP session)."""
         async with self._lock:
             await self._stop_task()
+
+
+def _ended(task: asyncio.Task[None]) -> BaseException | None:
+    """How a finished session task ended: its exception, or ``None`` (cancelled or clean)."""
+    if not task.done() or task.cancelled():
+        return None
+    return task.exception()
 
 
 def _digest(text: str) -> str:

@@ -83,6 +83,18 @@ async def die() -> str:
 
 
 @server.tool()
+async def grow(ctx: Context) -> str:
+    """Add a tool, and tell the client its tool list changed."""
+    server.add_tool(_extra, name="extra")
+    await ctx.session.send_tool_list_changed()
+    return "grown"
+
+
+def _extra() -> str:
+    return "extra"
+
+
+@server.tool()
 async def keyed(text: str, request_key: str) -> str:
     """Echo the key it was given as an argument."""
     return f"{text}:{request_key}"

@@ -101,7 +101,7 @@ async def test_stdio_tools_become_onward_tools(tmp_path: Path) -> None:
     server = stdio_server(tmp_path, tools={"charge": ToolOptions(requires_approval=True)})
     async with MCPToolset([server]) as toolset:
         tools = {t.name: t for t in toolset.tools}
-        assert sorted(tools) == ["add", "charge", "die", "echo", "fail", "keyed"]
+        assert sorted(tools) == ["add", "charge", "die", "echo", "fail", "grow", "keyed"]
         echo, charge = tools["echo"], tools["charge"]
         assert echo.description == "Say the text back."
         assert echo.parameters["required"] == ["text"]
@@ -271,6 +271,25 @@ async def test_a_reconnect_reporting_other_tools_replaces_the_entry(
     async with MCPToolset([upgraded], run_id="r1", cache=cache) as later:
         assert "refund" in {t.name for t in later.tools}
         assert charging_agent(later.tools).revision != old
+    assert listings(tmp_path) == 2
+
+
+async def test_a_tools_changed_notification_replaces_the_entry(
+    tmp_path: Path, cache: SchemaCache
+) -> None:
+    async with MCPToolset([stdio_server(tmp_path)], run_id="r1", cache=cache) as toolset:
+        tools = {t.name: t for t in toolset.tools}
+        await tools["grow"].call({}, idempotency_key="k1")
+        connection = toolset.connections["ledger"]
+        for _ in range(100):
+            if connection.tools_changed:
+                break
+            await asyncio.sleep(0.01)
+        assert connection.tools_changed
+        await tools["echo"].call({"text": "x"}, idempotency_key="k2")  # lists before calling
+        assert toolset.replaced == ["ledger"]
+        assert "extra" not in {t.name for t in toolset.tools}  # the run keeps its tools
+    assert "extra" in {t["name"] for t in (await cache.load("r1"))["ledger"].tools}
     assert listings(tmp_path) == 2
 
 

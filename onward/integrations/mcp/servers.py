@@ -178,12 +178,15 @@ class Connection:
 
     Attributes:
         sessions: How many sessions were opened (each one is a handshake).
+        tools_changed: The server said its tool list changed (``notifications/tools/
+            list_changed``) since the tools were last listed.
     """
 
     def __init__(self, server: ServerConfig, *, connect_timeout: float) -> None:
         self.server = server
         self.connect_timeout = connect_timeout
         self.sessions = 0
+        self.tools_changed = False
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -245,7 +248,7 @@ class Connection:
         try:
             async with (
                 self.server.transport() as (read, write),
-                ClientSession(read, write) as session,
+                ClientSession(read, write, message_handler=self._notified) as session,
             ):
                 initialized = await session.initialize()
                 ready.set_result((session, initialized))
@@ -255,6 +258,10 @@ class Connection:
                 ready.set_exception(exc)
             else:
                 _log.debug("MCP server %r: session ended: %s", self.server.name, _describe(exc))
+
+    async def _notified(self, message: types.ServerNotification | Exception) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.tools_changed = True
 
     def drop(self) -> None:
         """Forget a broken session; the next call opens a new one."""

@@ -68,7 +68,8 @@ class MCPToolset:
         tools: The tools, in server order, then in the server's name order.
         warm: Names of the servers whose schemas came from the cache (no ``tools/list``).
         replaced: Names of the servers whose cached schemas were replaced because a new
-            session reported another schema version.
+            session reported another version, or the server said its tools changed, and its
+            tool list differed.
     """
 
     def __init__(
@@ -197,11 +198,13 @@ class MCPToolset:
     async def _check_version(
         self, connection: Connection, session: ClientSession, initialized: types.InitializeResult
     ) -> None:
-        """A new session reporting another server version: list again, replace if changed."""
+        """List again when a new session reports another server version or the server said its
+        tools changed; replace the cached listing if the tools differ."""
         server = connection.server
         known = self.schemas[server.name]
         info = initialized.server_info
-        if (info.name, info.version) == (known.server_name, known.server_version):
+        changed, connection.tools_changed = connection.tools_changed, False
+        if not changed and (info.name, info.version) == (known.server_name, known.server_version):
             return
         fresh = await self._list(connection, session, initialized)
         if fresh.digest != known.digest:
@@ -276,7 +279,7 @@ class MCPToolset:
     async def _call(self, connection: Connection, tool: str, args: dict[str, Any], key: str) -> Any:
         server = connection.server
         session, initialized, new = await connection.session()
-        if new:
+        if new or connection.tools_changed:
             await self._check_version(connection, session, initialized)
         if server.key_argument is not None:
             args[server.key_argument] = key

@@ -303,6 +303,16 @@ async def test_gc_removes_a_runs_entry(tmp_path: Path, cache: SchemaCache) -> No
     assert await cache.load("r1") == {}
 
 
+async def test_a_redis_that_is_down_costs_warmth_not_the_run(tmp_path: Path) -> None:
+    async with SchemaCache.from_url(f"redis://127.0.0.1:{_free_port()}/0") as down:
+        async with MCPToolset([stdio_server(tmp_path)], run_id="r1", cache=down) as toolset:
+            assert toolset.warm == ()
+            assert {t.name for t in toolset.tools} >= {"echo", "charge"}
+        with pytest.raises(BackendUnavailableError, match="removing"):
+            await down.forget("r1")
+    assert listings(tmp_path) == 1
+
+
 async def test_forget_schemas_reads_the_environment(
     tmp_path: Path, cache: SchemaCache, redis_url: str
 ) -> None:

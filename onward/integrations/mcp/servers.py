@@ -102,7 +102,7 @@ class StdioServer(_Server):
 
     command: str
     args: tuple[str, ...] = ()
-    env: Mapping[str, str] | None = None
+    env: Mapping[str, str] | None = field(default=None, repr=False)
     cwd: str | None = None
     errlog: TextIO | None = field(default=None, compare=False, repr=False)
 

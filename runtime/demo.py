@@ -11,7 +11,6 @@ the run finishes with exactly one booking in the ledger.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -31,36 +30,13 @@ from onward.projections.sqlite import SqliteFrontierStore
 from .agent import Agent
 from .checkpoint import CheckpointPolicy
 from .history import SqliteBlobStore
+from .ledger import Ledger
 from .providers import ScriptedProvider, reply
 from .runner import AgentRunner, RunResult
 from .tools import Reconciled, Tool, tool
 
 TENANT = "demo"
 RUN_ID = "run-booking-1"
-
-
-class Ledger:
-    """The airline's own record of bookings: one JSON line per seat, keyed by idempotency key."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def entries(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-    def record(self, entry: dict[str, Any]) -> None:
-        with self.path.open("a") as out:
-            out.write(json.dumps(entry) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-
-    def find(self, key: str) -> dict[str, Any] | None:
-        for entry in self.entries():
-            if entry.get("key") == key:
-                return entry
-        return None
 
 
 def booking_tools(ledger: Ledger) -> list[Tool]:
@@ -72,7 +48,7 @@ def booking_tools(ledger: Ledger) -> list[Tool]:
         return [{"flight": "ON123", "to": destination, "departs": "09:40"}]
 
     async def booking_status(key: str) -> Reconciled | None:
-        entry = ledger.find(key)
+        entry = ledger.find("book_seat", key)
         if entry is None:
             return Reconciled("never_ran")
         return Reconciled("completed", {"confirmation": entry["confirmation"]})
@@ -83,7 +59,7 @@ def booking_tools(ledger: Ledger) -> list[Tool]:
         await asyncio.sleep(0.2)  # the airline is slower than the search
         confirmation = f"CONF-{idempotency_key[-6:].upper()}"
         ledger.record(
-            {"key": idempotency_key, "flight": flight, "seat": seat, "confirmation": confirmation}
+            "book_seat", idempotency_key, flight=flight, seat=seat, confirmation=confirmation
         )
         return {"confirmation": confirmation}
 

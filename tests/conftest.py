@@ -1,18 +1,29 @@
-"""Session fixtures: real servers, found from the environment.
+"""Fixtures for every test: real servers, fresh places on them, and replayable randomness.
 
-A URL in the environment wins. Without one, and with a Docker engine answering, testcontainers
-starts the server. With neither the session stops at once and says what to run; no test is ever
-skipped for a missing server.
+Servers: a URL in the environment wins. Without one, and with a Docker engine answering,
+testcontainers starts the server. With neither the session stops at once and says what to run;
+no test is ever skipped for a missing server.
+
+Each test that needs one gets its own Kafka topic (``kafka_topic``), Redis key prefix
+(``redis_prefix``) and migrated PostgreSQL schema (``pg_schema``, or ``new_pg_schema`` for
+several), removed afterwards. Randomized tests draw from ``rng``: its seed is printed, and
+``ONWARD_TEST_SEED=<seed>`` replays it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import random
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import pytest_asyncio
+from support.kafka import fresh_topic
+from support.pg import SchemaFactory, fresh_schema, schema_factory
+from support.redis import fresh_prefix
 
 START_COMMAND = 'eval "$(scripts/services.sh up)"   # or: make test'
+SEED_VARIABLE = "ONWARD_TEST_SEED"
 
 
 def _docker_answers() -> bool:
@@ -77,3 +88,54 @@ def redis_url() -> Iterator[str]:
     with RedisContainer("redis:7") as container:
         host = container.get_container_host_ip()
         yield f"redis://{host}:{container.get_exposed_port(6379)}/0"
+
+
+@pytest_asyncio.fixture
+async def kafka_topic(kafka_bootstrap: str) -> AsyncIterator[str]:
+    """A topic name of this test alone; the topic is deleted afterwards if it was created."""
+    async with fresh_topic(kafka_bootstrap) as topic:
+        yield topic
+
+
+@pytest_asyncio.fixture
+async def redis_prefix(redis_url: str) -> AsyncIterator[str]:
+    """A Redis key prefix of this test alone; its keys are deleted afterwards."""
+    async with fresh_prefix(redis_url) as prefix:
+        yield prefix
+
+
+@pytest_asyncio.fixture
+async def pg_schema(database_url: str) -> AsyncIterator[str]:
+    """A migrated PostgreSQL schema of this test alone, dropped afterwards."""
+    async with fresh_schema(database_url) as schema:
+        yield schema
+
+
+@pytest_asyncio.fixture
+async def new_pg_schema(database_url: str) -> AsyncIterator[SchemaFactory]:
+    """Awaited, makes one more migrated schema; all of them are dropped after the test."""
+    async with schema_factory(database_url) as new:
+        yield new
+
+
+@pytest.fixture(scope="session")
+def test_seed() -> int:
+    """The session's seed: ``ONWARD_TEST_SEED`` when set, else a fresh one."""
+    chosen = os.environ.get(SEED_VARIABLE)
+    return int(chosen) if chosen else random.SystemRandom().randrange(2**32)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    chosen = os.environ.get(SEED_VARIABLE)
+    return f"{SEED_VARIABLE}={chosen}" if chosen else f"{SEED_VARIABLE} not set: fresh seeds"
+
+
+@pytest.fixture
+def rng(test_seed: int, request: pytest.FixtureRequest) -> random.Random:
+    """This test's random source, seeded from the session seed and the test's id.
+
+    The seed is printed (pytest shows it with a failure); running the test again with
+    ``ONWARD_TEST_SEED`` set to it draws the very same numbers.
+    """
+    print(f"random seed: {SEED_VARIABLE}={test_seed} pytest '{request.node.nodeid}'")
+    return random.Random(f"{test_seed}/{request.node.nodeid}")

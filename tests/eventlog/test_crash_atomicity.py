@@ -12,14 +12,10 @@ import os
 import random
 import signal
 import sys
-import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
-from aiokafka.admin import AIOKafkaAdminClient
 
 from onward.eventlog import KafkaEventLog, SqliteEventLog
 from onward.eventlog.base import EventLog
@@ -61,15 +57,10 @@ async def _check_all_or_nothing(log: EventLog, acknowledged: list[str]) -> None:
     assert len(by_run) >= len(acknowledged)
 
 
-def _rng() -> random.Random:
-    seed = random.SystemRandom().randrange(2**32)
-    print(f"crash test seed: {seed}")
-    return random.Random(seed)
-
-
-async def test_sqlite_batch_is_all_or_nothing_under_sigkill(tmp_path: Path) -> None:
+async def test_sqlite_batch_is_all_or_nothing_under_sigkill(
+    tmp_path: Path, rng: random.Random
+) -> None:
     path = tmp_path / "events.db"
-    rng = _rng()
     acknowledged: list[str] = []
     for kill in range(KILLS):
         acknowledged += await _run_and_kill(["sqlite", str(path), f"kill{kill}"], rng)
@@ -77,23 +68,10 @@ async def test_sqlite_batch_is_all_or_nothing_under_sigkill(tmp_path: Path) -> N
         await _check_all_or_nothing(log, acknowledged)
 
 
-@pytest_asyncio.fixture
-async def kafka_topic(kafka_bootstrap: str) -> AsyncIterator[str]:
-    topic = f"onward.test.crash.{uuid.uuid4().hex[:10]}"
-    yield topic
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_topics([topic])
-    finally:
-        await admin.close()
-
-
 @pytest.mark.kafka
 async def test_kafka_batch_is_all_or_nothing_under_sigkill(
-    kafka_bootstrap: str, kafka_topic: str
+    kafka_bootstrap: str, kafka_topic: str, rng: random.Random
 ) -> None:
-    rng = _rng()
     acknowledged: list[str] = []
     for kill in range(KILLS):
         acknowledged += await _run_and_kill(

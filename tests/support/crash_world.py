@@ -3,43 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog
 from onward.runtime.agent import Agent
 from onward.runtime.history import BlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.tools import Reconciled, Tool, tool
 
 TENANT = "acme"
-
-
-class Ledger:
-    """The tools' own record of side effects, in a file both processes see."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-
-    def record(self, tool_name: str, key: str) -> None:
-        with self.path.open("a") as out:
-            out.write(json.dumps({"tool": tool_name, "key": key}) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-
-    def entries(self) -> list[dict[str, str]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines()]
-
-    def count(self, tool_name: str) -> int:
-        return sum(1 for e in self.entries() if e["tool"] == tool_name)
 
 
 def tools(config: dict[str, Any]) -> list[Tool]:
@@ -52,7 +29,7 @@ def tools(config: dict[str, Any]) -> list[Tool]:
         return f"flights to {query}"
 
     async def status(key: str) -> Reconciled | None:
-        done = any(e["tool"] == "book" and e["key"] == key for e in ledger.entries())
+        done = ledger.find("book", key) is not None
         return Reconciled("completed", {"seat": "3A"}) if done else Reconciled("never_ran")
 
     @tool(

@@ -3,24 +3,45 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import asyncpg
 
 from onward.projections.postgres import migrate
 
 
+def new_schema_name() -> str:
+    """A schema name no other test uses."""
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
 @asynccontextmanager
-async def fresh_schema(database_url: str) -> AsyncIterator[str]:
-    """Create a schema, migrate it, yield its name, drop it."""
-    schema = f"t_{uuid.uuid4().hex[:12]}"
+async def fresh_schema(database_url: str, *, migrated: bool = True) -> AsyncIterator[str]:
+    """Create a schema, migrate it (unless ``migrated`` is false), yield its name, drop it."""
+    schema = new_schema_name()
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute(f"CREATE SCHEMA {schema}")
-        await conn.execute(f"SET search_path TO {schema}")
-        await migrate(conn)
+        if migrated:
+            await conn.execute(f"SET search_path TO {schema}")
+            await migrate(conn)
         yield schema
     finally:
         await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         await conn.close()
+
+
+SchemaFactory = Callable[[], Awaitable[str]]
+"""Makes one more fresh, migrated schema each time it is awaited."""
+
+
+@asynccontextmanager
+async def schema_factory(database_url: str) -> AsyncIterator[SchemaFactory]:
+    """Yield a maker of fresh schemas; drop every schema it made afterwards."""
+    async with AsyncExitStack() as stack:
+
+        async def new() -> str:
+            return await stack.enter_async_context(fresh_schema(database_url))
+
+        yield new

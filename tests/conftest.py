@@ -112,6 +112,13 @@ async def pg_schema(database_url: str) -> AsyncIterator[str]:
 
 
 @pytest_asyncio.fixture
+async def empty_pg_schema(database_url: str) -> AsyncIterator[str]:
+    """A PostgreSQL schema of this test alone with no tables yet, dropped afterwards."""
+    async with fresh_schema(database_url, migrated=False) as schema:
+        yield schema
+
+
+@pytest_asyncio.fixture
 async def new_pg_schema(database_url: str) -> AsyncIterator[SchemaFactory]:
     """Awaited, makes one more migrated schema; all of them are dropped after the test."""
     async with schema_factory(database_url) as new:

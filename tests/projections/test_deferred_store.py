@@ -58,10 +58,10 @@ class ScriptedStore(MemoryFrontierStore):
 
 
 async def filled_log(
-    runs: int, seed: int, partitions: int = PARTITIONS
+    runs: int, rng: random.Random, partitions: int = PARTITIONS
 ) -> tuple[MemoryEventLog, list[str]]:
     log = MemoryEventLog(partitions=partitions)
-    steps = workload(random.Random(seed), runs)
+    steps = workload(rng, runs)
     await append_all(log, steps, concurrency=8)
     return log, run_ids_of(steps)
 
@@ -95,8 +95,10 @@ async def assert_stored_is_the_direct_fold(
     assert await store.positions("frontiers") == {p: e for p, e in ends.items() if e}
 
 
-async def test_batches_are_folded_and_stored_together_once_enough_events_are_pending() -> None:
-    log, run_ids = await filled_log(30, seed=1)
+async def test_batches_are_folded_and_stored_together_once_enough_events_are_pending(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled_log(30, rng)
     batches = await read_batches(log, 40)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=150, flush_interval=3600)
@@ -115,8 +117,10 @@ async def test_batches_are_folded_and_stored_together_once_enough_events_are_pen
     await assert_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_nothing_folded_is_visible_in_the_store_before_it_is_stored() -> None:
-    log, run_ids = await filled_log(10, seed=2)
+async def test_nothing_folded_is_visible_in_the_store_before_it_is_stored(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled_log(10, rng)
     [first, *_] = await read_batches(log, 25)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
@@ -131,8 +135,8 @@ async def test_nothing_folded_is_visible_in_the_store_before_it_is_stored() -> N
     assert store.writes == 1, "a flush with nothing pending wrote"
 
 
-async def test_a_store_is_due_after_the_flush_interval() -> None:
-    log, _ = await filled_log(10, seed=3)
+async def test_a_store_is_due_after_the_flush_interval(rng: random.Random) -> None:
+    log, _ = await filled_log(10, rng)
     first, second, *_ = await read_batches(log, 10)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=0.05)
@@ -144,8 +148,10 @@ async def test_a_store_is_due_after_the_flush_interval() -> None:
     assert projection.pending_events == 0
 
 
-async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_the_store() -> None:
-    log, run_ids = await filled_log(30, seed=4)
+async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_the_store(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled_log(30, rng)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
     projector = LogProjector(log, projection, batch_size=30)
@@ -166,8 +172,8 @@ async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_
     await assert_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_log_projector_catch_up_stores_everything_it_folded() -> None:
-    log, run_ids = await filled_log(40, seed=5)
+async def test_log_projector_catch_up_stores_everything_it_folded(rng: random.Random) -> None:
+    log, run_ids = await filled_log(40, rng)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
     projector = LogProjector(log, projection, batch_size=20)
@@ -179,8 +185,8 @@ async def test_log_projector_catch_up_stores_everything_it_folded() -> None:
     await assert_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_refolding_a_batch_already_stored_changes_nothing() -> None:
-    log, run_ids = await filled_log(20, seed=6)
+async def test_refolding_a_batch_already_stored_changes_nothing(rng: random.Random) -> None:
+    log, run_ids = await filled_log(20, rng)
     batches = await read_batches(log, 50)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
@@ -195,8 +201,10 @@ async def test_refolding_a_batch_already_stored_changes_nothing() -> None:
     await assert_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_write_behind_folds_the_next_batches_while_a_store_is_written() -> None:
-    log, run_ids = await filled_log(30, seed=7, partitions=1)  # every batch but the last full
+async def test_write_behind_folds_the_next_batches_while_a_store_is_written(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled_log(30, rng, partitions=1)  # every batch but the last full
     batches = await read_batches(log, 40)
     store = ScriptedStore(gated=True)
     projection = FrontierProjection(
@@ -223,8 +231,10 @@ async def test_write_behind_folds_the_next_batches_while_a_store_is_written() ->
     await assert_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_a_failed_write_behind_is_raised_next_and_drops_everything_unstored() -> None:
-    log, run_ids = await filled_log(30, seed=8)
+async def test_a_failed_write_behind_is_raised_next_and_drops_everything_unstored(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled_log(30, rng)
     store = ScriptedStore()
     projection = FrontierProjection(
         store, log, flush_events=150, flush_interval=3600, write_behind=True
@@ -246,10 +256,12 @@ async def test_a_failed_write_behind_is_raised_next_and_drops_everything_unstore
     await assert_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_lands() -> None:
+async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_lands(
+    rng: random.Random,
+) -> None:
     # Runs written step by step in turn, so that every run goes on in the next batch.
     log = MemoryEventLog(partitions=1)
-    steps = workload(random.Random(9), 6)
+    steps = workload(rng, 6, zombies=0)  # a zombie's refused events are not the point here
     by_run: dict[str, list[list[Event]]] = {}
     for step in steps:
         by_run.setdefault(step[0].run_id, []).append(step)

@@ -35,8 +35,10 @@ async def embedded(tmp_path: Path) -> AsyncIterator[Embedded]:
         )
 
 
-async def test_the_frontier_is_current_as_soon_as_append_returns(embedded: Embedded) -> None:
-    script = RunScript(random.Random(2))
+async def test_the_frontier_is_current_as_soon_as_append_returns(
+    embedded: Embedded, rng: random.Random
+) -> None:
+    script = RunScript(rng)
     for step in script.steps():
         await embedded.log.append(step)
         row = await embedded.store.get(script.run_id)
@@ -48,8 +50,10 @@ async def test_the_frontier_is_current_as_soon_as_append_returns(embedded: Embed
     assert final.summary.status == "completed"
 
 
-async def test_embedded_frontiers_equal_the_direct_fold(embedded: Embedded) -> None:
-    steps = workload(random.Random(4), 40)
+async def test_embedded_frontiers_equal_the_direct_fold(
+    embedded: Embedded, rng: random.Random
+) -> None:
+    steps = workload(rng, 40)
     await append_all(embedded.log, steps, concurrency=8)
     run_ids = run_ids_of(steps)
     expected, expected_calls = await direct_fold(embedded.inner, run_ids)
@@ -60,8 +64,10 @@ async def test_embedded_frontiers_equal_the_direct_fold(embedded: Embedded) -> N
         assert rows == {k: v for k, v in expected_calls.items() if k[0] == run_id}
 
 
-async def test_the_fence_rule_holds_in_embedded_mode(embedded: Embedded) -> None:
-    script = RunScript(random.Random(8), zombie=True)
+async def test_the_fence_rule_holds_in_embedded_mode(
+    embedded: Embedded, rng: random.Random
+) -> None:
+    script = RunScript(rng, zombie=True)
     for step in script.steps():
         await embedded.log.append(step)
     row = await embedded.store.get(script.run_id)
@@ -73,9 +79,9 @@ async def test_the_fence_rule_holds_in_embedded_mode(embedded: Embedded) -> None
 
 
 async def test_appends_a_crash_left_unfolded_are_folded_by_the_next_append(
-    embedded: Embedded,
+    embedded: Embedded, rng: random.Random
 ) -> None:
-    script = RunScript(random.Random(9))
+    script = RunScript(rng)
     steps = script.steps()
     for step in steps[:-2]:
         await embedded.log.append(step)
@@ -91,8 +97,10 @@ async def test_appends_a_crash_left_unfolded_are_folded_by_the_next_append(
     assert row.frontier == expected[script.run_id]
 
 
-async def test_catch_up_folds_what_another_process_appended(embedded: Embedded) -> None:
-    steps = workload(random.Random(12), 5)
+async def test_catch_up_folds_what_another_process_appended(
+    embedded: Embedded, rng: random.Random
+) -> None:
+    steps = workload(rng, 5)
     await append_all(embedded.inner, steps, concurrency=2)
     assert await embedded.store.load(run_ids_of(steps)) == {}
     assert await embedded.log.catch_up() == sum(len(s) for s in steps)

@@ -30,6 +30,21 @@ from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Tool, tool
 
+__all__ = [
+    "POLICY",
+    "TENANT",
+    "CountingLog",
+    "Ledger",
+    "PausingLog",
+    "World",
+    "agent",
+    "child",
+    "open_world",
+    "provider",
+    "runner",
+    "tools",
+]
+
 TENANT = "acme"
 POLICY = LeasePolicy(ttl=timedelta(seconds=3), renew_within=timedelta(seconds=1))
 SLOW_TOOL_S = 2.0

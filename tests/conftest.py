@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import pytest
 import pytest_asyncio
@@ -44,50 +45,59 @@ def _no_server(variable: str) -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    """``host:port`` of a real Kafka broker."""
-    url = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+def _server(variable: str, container: Callable[[], AbstractContextManager[str]]) -> Iterator[str]:
+    """The URL in ``variable``; else one of a container started for the session; else exit."""
+    url = os.environ.get(variable)
     if url:
         yield url
         return
     if not _docker_answers():
-        _no_server("KAFKA_BOOTSTRAP_SERVERS")
+        _no_server(variable)
+    with container() as started:
+        yield started
+
+
+@contextmanager
+def _kafka_container() -> Iterator[str]:
     from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
 
     with KafkaContainer("confluentinc/cp-kafka:7.7.1").with_kraft() as container:
         yield container.get_bootstrap_server()
 
 
-@pytest.fixture(scope="session")
-def database_url() -> Iterator[str]:
-    """A PostgreSQL URL (``postgresql://user:password@host:port/database``)."""
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        yield url
-        return
-    if not _docker_answers():
-        _no_server("DATABASE_URL")
+@contextmanager
+def _postgres_container() -> Iterator[str]:
     from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
 
     with PostgresContainer("postgres:15", driver=None) as container:
         yield container.get_connection_url()
 
 
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """A Redis URL (``redis://host:port/db``)."""
-    url = os.environ.get("REDIS_URL")
-    if url:
-        yield url
-        return
-    if not _docker_answers():
-        _no_server("REDIS_URL")
+@contextmanager
+def _redis_container() -> Iterator[str]:
     from testcontainers.community.redis import RedisContainer  # noqa: PLC0415
 
     with RedisContainer("redis:7") as container:
         host = container.get_container_host_ip()
         yield f"redis://{host}:{container.get_exposed_port(6379)}/0"
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """``host:port`` of a real Kafka broker."""
+    yield from _server("KAFKA_BOOTSTRAP_SERVERS", _kafka_container)
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A PostgreSQL URL (``postgresql://user:password@host:port/database``)."""
+    yield from _server("DATABASE_URL", _postgres_container)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis URL (``redis://host:port/db``)."""
+    yield from _server("REDIS_URL", _redis_container)
 
 
 @pytest_asyncio.fixture

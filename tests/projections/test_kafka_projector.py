@@ -42,6 +42,16 @@ class Stack:
             group_id=f"g-{uuid.uuid4().hex[:8]}",
         )
 
+    async def fold_everything(self, **options: object) -> KafkaProjector[FrontierProjection]:
+        """Run a new projector until it has stored every partition's end; return it closed."""
+        projector = self.projector(**options)
+        await projector.start()
+        try:
+            await drain(projector, self.log)
+        finally:
+            await projector.close()
+        return projector
+
 
 @pytest_asyncio.fixture
 async def stack(
@@ -80,12 +90,7 @@ async def assert_matches_direct_fold(stack: Stack, run_ids: list[str]) -> None:
 async def test_frontiers_equal_the_direct_fold(stack: Stack, rng: random.Random) -> None:
     steps = workload(rng, 60)
     await append_all(stack.log, steps)
-    projector = stack.projector()
-    await projector.start()
-    try:
-        await drain(projector, stack.log)
-    finally:
-        await projector.close()
+    await stack.fold_everything()
     await assert_matches_direct_fold(stack, run_ids_of(steps))
 
 
@@ -94,18 +99,9 @@ async def test_a_restarted_projector_carries_on_from_its_stored_offsets(
 ) -> None:
     first, second = workload(rng, 20), workload(rng, 20)
     await append_all(stack.log, first)
-    projector = stack.projector()
-    await projector.start()
-    await drain(projector, stack.log)
-    await projector.close()
-    folded_events = projector.projection.stats.events
+    folded_events = (await stack.fold_everything()).projection.stats.events
     await append_all(stack.log, second)
-    again = stack.projector()
-    await again.start()
-    try:
-        await drain(again, stack.log)
-    finally:
-        await again.close()
+    again = await stack.fold_everything()
     assert folded_events == sum(len(s) for s in first)
     assert again.projection.stats.events == sum(len(s) for s in second)
     await assert_matches_direct_fold(stack, run_ids_of(first + second))
@@ -117,12 +113,7 @@ async def test_superseded_fence_events_are_refused_counted_and_visible(
     script = RunScript(rng, zombie=True)
     steps = script.steps()
     await append_all(stack.log, steps)
-    projector = stack.projector()
-    await projector.start()
-    try:
-        await drain(projector, stack.log)
-    finally:
-        await projector.close()
+    projector = await stack.fold_everything()
     row = await stack.store.get(script.run_id)
     assert row is not None
     assert row.frontier is not None

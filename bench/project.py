@@ -61,6 +61,7 @@ from _common import (
     throwaway_name,
     write_results,
 )
+from _workload import RunHistory
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
@@ -76,10 +77,6 @@ from onward.eventlog import (
     RunFinished,
     RunStarted,
     StoredEvent,
-    ToolCall,
-    ToolCompleted,
-    ToolDispatched,
-    TurnSettled,
     Usage,
     codec,
     partition_for,
@@ -123,27 +120,12 @@ def _lengths(rng: random.Random, runs: int, events: int) -> list[int]:
     return lengths
 
 
-class _Run:
+class _Run(RunHistory):
     """One run's history of exactly ``length`` events (at least 4), produced lazily in order."""
 
     def __init__(self, rng: random.Random, run_id: str, tenant: str, length: int) -> None:
-        self.rng = rng
-        self.run_id = run_id
-        self.tenant = tenant
+        super().__init__(rng, run_id, tenant=tenant)
         self.length = length
-        self.seq = 0
-        self.at = 1_700_000_000_000_000 + rng.randint(0, 10**9)
-
-    def _env(self) -> dict[str, Any]:
-        self.seq += 1
-        self.at += self.rng.randint(200, 900_000)
-        return {
-            "run_id": self.run_id,
-            "tenant": self.tenant,
-            "seq": self.seq,
-            "fence": 1,
-            "at": self.at,
-        }
 
     def events(self) -> Iterator[Event]:
         rng = self.rng
@@ -161,38 +143,9 @@ class _Run:
         iteration = 0
         while budget >= 4:
             iteration += 1
-            width = min(rng.randint(1, 3), (budget - 2) // 2)
-            calls = [
-                ToolCall(
-                    call_id=f"c{iteration}-{n}",
-                    tool=rng.choice(["search", "book", "pay", "lookup"]),
-                    args={"q": text(rng, 10, 90), "limit": rng.randint(1, 20)},
-                    idempotency_key=f"{self.run_id}:c{iteration}-{n}",
-                )
-                for n in range(width)
-            ]
-            yield ModelAnswered(
-                **self._env(),
-                message=Message(role="assistant", content=text(rng, 20, 160)),
-                tool_calls=calls,
-                usage=Usage(input_tokens=rng.randint(200, 4000), output_tokens=rng.randint(5, 300)),
-            )
-            for call in calls:
-                yield ToolDispatched(
-                    **self._env(),
-                    call_id=call.call_id,
-                    tool=call.tool,
-                    idempotency_key=call.idempotency_key,
-                )
-                yield ToolCompleted(
-                    **self._env(),
-                    call_id=call.call_id,
-                    result={"ok": True, "items": text(rng, 40, 200)},
-                )
-            yield TurnSettled(
-                **self._env(), iteration=iteration, call_ids=[c.call_id for c in calls]
-            )
-            budget -= 2 + 2 * width
+            for step in self.turn(iteration, budget):
+                budget -= len(step)
+                yield from step
         if budget == 2:
             yield ApprovalRequested(**self._env(), request_id="a1", prompt=text(rng, 20, 80))
             yield ApprovalGranted(**self._env(), request_id="a1", by="ann")

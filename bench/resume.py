@@ -79,6 +79,7 @@ from _common import (
     throwaway_name,
     write_results,
 )
+from _workload import RunHistory
 from rich.console import Console
 from rich.table import Table
 
@@ -87,16 +88,9 @@ from onward.eventlog import (
     ApprovalRequested,
     Event,
     KafkaEventLog,
-    Message,
-    ModelAnswered,
     RunClaimed,
     RunStarted,
     SqliteEventLog,
-    ToolCall,
-    ToolCompleted,
-    ToolDispatched,
-    TurnSettled,
-    Usage,
     codec,
     partition_for,
 )
@@ -121,7 +115,7 @@ AGENT = Agent(name="booker", instructions="Book the trip the user asks for.")
 # The workload
 
 
-class History:
+class History(RunHistory):
     """One run's history of exactly ``length`` events, the last a settled turn.
 
     Args:
@@ -134,23 +128,8 @@ class History:
     def __init__(self, rng: random.Random, length: int, *, fence: int = 1, prefix: str) -> None:
         if length < 3:
             raise ValueError(f"a resumable history needs at least 3 events, got {length}")
-        self.rng = rng
+        super().__init__(rng, f"{prefix}-{rng.getrandbits(48):012x}", tenant=TENANT, fence=fence)
         self.length = length
-        self.fence = fence
-        self.run_id = f"{prefix}-{rng.getrandbits(48):012x}"
-        self.seq = 0
-        self.at = 1_700_000_000_000_000 + rng.randint(0, 10**9)
-
-    def _env(self) -> dict[str, Any]:
-        self.seq += 1
-        self.at += self.rng.randint(200, 900_000)
-        return {
-            "run_id": self.run_id,
-            "tenant": TENANT,
-            "seq": self.seq,
-            "fence": self.fence,
-            "at": self.at,
-        }
 
     def steps(self) -> Iterator[list[Event]]:
         """The run's steps, each the batch a runner appends at once."""
@@ -176,46 +155,9 @@ class History:
                 yield [ApprovalGranted(**self._env(), request_id=request, by="ann", value=True)]
                 budget -= 2
             iteration += 1
-            width = min(rng.randint(1, 3), (budget - 2) // 2)
-            calls = [
-                ToolCall(
-                    call_id=f"c{iteration}-{n}",
-                    tool=rng.choice(["search", "book", "pay", "lookup"]),
-                    args={"q": text(rng, 10, 90), "limit": rng.randint(1, 20)},
-                    idempotency_key=f"{self.run_id}:c{iteration}-{n}",
-                )
-                for n in range(width)
-            ]
-            yield [
-                ModelAnswered(
-                    **self._env(),
-                    message=Message(role="assistant", content=text(rng, 20, 160)),
-                    tool_calls=calls,
-                    usage=Usage(
-                        input_tokens=rng.randint(200, 4000), output_tokens=rng.randint(5, 300)
-                    ),
-                )
-            ]
-            for call in calls:
-                yield [
-                    ToolDispatched(
-                        **self._env(),
-                        call_id=call.call_id,
-                        tool=call.tool,
-                        idempotency_key=call.idempotency_key,
-                    )
-                ]
-                yield [
-                    ToolCompleted(
-                        **self._env(),
-                        call_id=call.call_id,
-                        result={"ok": True, "items": text(rng, 40, 200)},
-                    )
-                ]
-            yield [
-                TurnSettled(**self._env(), iteration=iteration, call_ids=[c.call_id for c in calls])
-            ]
-            budget -= 2 + 2 * width
+            for step in self.turn(iteration, budget):
+                budget -= len(step)
+                yield step
 
     def appends(self, batch: int) -> Iterator[list[Event]]:
         """The steps joined into appends of about ``batch`` events (never splitting a step)."""

@@ -81,8 +81,7 @@ from onward.eventlog import (
     codec,
     partition_for,
 )
-from onward.projections.base import Snapshot, StoredFrontier
-from onward.projections.frontier import ToolCallRow
+from onward.projections.base import StoredFrontier
 from onward.projections.kafka import (
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
@@ -299,16 +298,10 @@ class _TimedStore(PostgresFrontierStore):
         finally:
             self.load_s += time.perf_counter() - started
 
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
+    async def write(self, *args: Any) -> None:  # the store's arguments, passed on as they are
         started = time.perf_counter()
         try:
-            await super().write(consumer, positions, snapshots, calls)
+            await super().write(*args)
         finally:
             self.write_s += time.perf_counter() - started
 

@@ -35,6 +35,10 @@ class Setup:
     schema: str
     log: KafkaEventLog
 
+    def sink(self) -> SqlProjectionSink:
+        """The kind-counting projection's sink in this test's schema."""
+        return SqlProjectionSink(self.database_url, KindCounts(), schema=self.schema)
+
     async def table(self, name: str) -> dict[str, int]:
         conn = await asyncpg.connect(
             self.database_url, server_settings={"search_path": self.schema}
@@ -61,21 +65,27 @@ async def setup(
         yield Setup(kafka_bootstrap, database_url, kafka_topic, pg_schema, log)
 
 
-async def project_everything(setup: Setup, sink: SqlProjectionSink) -> None:
-    projector = KafkaProjector(
-        setup.bootstrap, sink, topic=setup.topic, partitions=PARTITIONS, group_id=uuid.uuid4().hex
-    )
-    await projector.start()
-    try:
-        ends = {p: (await setup.log.bounds(p)).end for p in range(PARTITIONS)}
-        for _ in range(600):
-            stored = await sink.positions()
-            if all(stored.get(p, 0) >= e for p, e in ends.items()):
-                return
-            await projector.step(timeout_ms=100)
-        pytest.fail("the projector did not catch up")
-    finally:
-        await projector.close()
+async def project_everything(setup: Setup) -> None:
+    """Run the kind counts with the Kafka projector until every partition's end is stored."""
+    async with setup.sink() as sink:
+        projector = KafkaProjector(
+            setup.bootstrap,
+            sink,
+            topic=setup.topic,
+            partitions=PARTITIONS,
+            group_id=uuid.uuid4().hex,
+        )
+        await projector.start()
+        try:
+            ends = {p: (await setup.log.bounds(p)).end for p in range(PARTITIONS)}
+            for _ in range(600):
+                stored = await sink.positions()
+                if all(stored.get(p, 0) >= e for p, e in ends.items()):
+                    return
+                await projector.step(timeout_ms=100)
+            pytest.fail("the projector did not catch up")
+        finally:
+            await projector.close()
 
 
 @pytest.mark.kafka
@@ -83,8 +93,7 @@ async def test_a_user_projection_counts_what_the_log_holds(
     setup: Setup, rng: random.Random
 ) -> None:
     await append_all(setup.log, workload(rng, 30))
-    async with SqlProjectionSink(setup.database_url, KindCounts(), schema=setup.schema) as sink:
-        await project_everything(setup, sink)
+    await project_everything(setup)
     assert await setup.table("kinds") == await setup.direct_counts()
 
 
@@ -93,7 +102,7 @@ async def test_a_batch_delivered_twice_is_folded_once(setup: Setup, rng: random.
     await append_all(setup.log, workload(rng, 5))
     records = {p: await setup.log.read_partition(p, 0) for p in range(PARTITIONS)}
     ends = {p: (await setup.log.bounds(p)).end for p in range(PARTITIONS)}
-    async with SqlProjectionSink(setup.database_url, KindCounts(), schema=setup.schema) as sink:
+    async with setup.sink() as sink:
         await sink.apply(records, ends)
         await sink.apply(records, ends)
         half: dict[int, list[StoredEvent]] = {p: r[: len(r) // 2] for p, r in records.items()}
@@ -109,8 +118,7 @@ async def test_rebuilding_a_user_projection_switches_its_view(
     setup: Setup, rng: random.Random
 ) -> None:
     await append_all(setup.log, workload(rng, 20))
-    async with SqlProjectionSink(setup.database_url, KindCounts(), schema=setup.schema) as sink:
-        await project_everything(setup, sink)
+    await project_everything(setup)
     report = await rebuild_projection(
         setup.log, setup.database_url, KindCounts(), schema=setup.schema
     )

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.crash_world import TENANT, open_world, the_agent, the_provider
+from support.crash_world import TENANT, open_world, the_agent, the_runner
 
 from onward.errors import IndeterminateToolCallError
 from onward.eventlog import kind_of
 from onward.runtime.ledger import Ledger
-from onward.runtime.runner import AgentRunner
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -73,12 +72,7 @@ async def crash_then_resume(
     assert child.returncode == -signal.SIGKILL
     ledger = Ledger(config["ledger"])
     async with open_world(config) as world:
-        runner = AgentRunner(
-            provider=the_provider(config["variant"]),
-            log=world.log,
-            blobs=world.blobs,
-            worker="parent",
-        )
+        runner = the_runner(config, world, "parent")
         agent = the_agent(config)
         if config["variant"] == "approval":
             assert ledger.count("book") == 0

@@ -14,6 +14,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.history import BlobStore, PostgresBlobStore, SqliteBlobStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, Tool, tool
 
 TENANT = "acme"
@@ -66,6 +67,16 @@ def the_provider(variant: str) -> ScriptedProvider:
 class World:
     log: EventLog
     blobs: BlobStore
+
+
+def the_runner(config: dict[str, Any], world: World, worker: str, **options: Any) -> AgentRunner:
+    return AgentRunner(
+        provider=the_provider(config["variant"]),
+        log=world.log,
+        blobs=world.blobs,
+        worker=worker,
+        **options,
+    )
 
 
 @asynccontextmanager

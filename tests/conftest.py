@@ -23,6 +23,9 @@ from support.kafka import fresh_topic
 from support.pg import SchemaFactory, fresh_schema, schema_factory
 from support.redis import fresh_prefix
 
+# The shared assertions in tests/support report their operands as a test's own asserts do.
+pytest.register_assert_rewrite("support.histories")
+
 START_COMMAND = 'eval "$(scripts/services.sh up)"   # or: make test'
 SEED_VARIABLE = "ONWARD_TEST_SEED"
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from support.histories import append_all, direct_fold, run_ids_of, workload
+from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
 
 from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import Event, MemoryEventLog, RunStarted, StoredEvent
@@ -74,16 +74,11 @@ def next_offsets(batch: Mapping[int, Sequence[StoredEvent]]) -> dict[int, int]:
     return {p: events[-1].position.offset + 1 for p, events in batch.items()}
 
 
-async def assert_stored_is_the_direct_fold(
+async def assert_everything_stored_is_the_direct_fold(
     store: MemoryFrontierStore, log: MemoryEventLog, run_ids: list[str]
 ) -> None:
-    expected, expected_calls = await direct_fold(log, run_ids)
-    loaded = await store.load(run_ids)
-    assert {r: row.frontier for r, row in loaded.items()} == expected
-    stored_calls = {
-        (row.run_id, row.call_id): row for r in run_ids for row in await store.tool_calls(r)
-    }
-    assert stored_calls == expected_calls
+    """Every run and call row the log folds to is stored, and every partition's end."""
+    await assert_stored_is_the_direct_fold(store, log, run_ids)
     ends = {p: (await log.bounds(p)).end for p in range(log.partitions)}
     assert await store.positions("frontiers") == {p: e for p, e in ends.items() if e}
 
@@ -107,7 +102,7 @@ async def test_batches_are_folded_and_stored_together_once_enough_events_are_pen
     await projection.flush()
     assert projection.pending_events == 0
     assert store.writes < len(batches) / 2, "batches were not stored together"
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
 async def test_nothing_folded_is_visible_in_the_store_before_it_is_stored(
@@ -162,7 +157,7 @@ async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_
     assert projection.pending_events == 0
     assert await store.positions("frontiers") == stored_before
     await projector.catch_up()
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
 async def test_log_projector_catch_up_stores_everything_it_folded(rng: random.Random) -> None:
@@ -175,7 +170,7 @@ async def test_log_projector_catch_up_stores_everything_it_folded(rng: random.Ra
     assert projection.pending_events == 0
     assert sum((await projector.lag()).values()) == 0
     assert sum((await projector.backlog()).values()) == 0
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
 async def test_refolding_a_batch_already_stored_changes_nothing(rng: random.Random) -> None:
@@ -191,7 +186,7 @@ async def test_refolding_a_batch_already_stored_changes_nothing(rng: random.Rand
         await again.apply(batch, next_offsets(batch))
     await again.flush()
     assert again.stats.rows_written == 0
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
 async def test_write_behind_folds_the_next_batches_while_a_store_is_written(
@@ -221,7 +216,7 @@ async def test_write_behind_folds_the_next_batches_while_a_store_is_written(
         await projection.apply(batch, next_offsets(batch))
     await projection.flush()
     assert projection.pending_events == 0
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
 async def test_a_failed_write_behind_is_raised_next_and_drops_everything_unstored(
@@ -246,7 +241,7 @@ async def test_a_failed_write_behind_is_raised_next_and_drops_everything_unstore
     assert projection.pending_events == 0
     assert await store.positions("frontiers") == stored_before
     await projector.catch_up()
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
 async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_lands(
@@ -282,7 +277,7 @@ async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_
         await projection.apply(batch, next_offsets(batch))
     await projection.flush()
     assert projection.stats.refused_events == 0
-    await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids_of(steps))
 
 
 async def test_a_store_being_written_makes_progress_while_a_large_batch_is_folded() -> None:

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest_asyncio
-from support.histories import RunScript, append_all, direct_fold, run_ids_of, workload
+from support.histories import (
+    RunScript,
+    append_all,
+    assert_stored_is_the_direct_fold,
+    direct_fold,
+    run_ids_of,
+    workload,
+)
 
 from onward.eventlog import RunFinished, SqliteEventLog
 from onward.projections.projector import FrontierProjection, ProjectingEventLog
@@ -55,13 +62,7 @@ async def test_embedded_frontiers_equal_the_direct_fold(
 ) -> None:
     steps = workload(rng, 40)
     await append_all(embedded.log, steps, concurrency=8)
-    run_ids = run_ids_of(steps)
-    expected, expected_calls = await direct_fold(embedded.inner, run_ids)
-    loaded = await embedded.store.load(run_ids)
-    assert {r: row.frontier for r, row in loaded.items()} == expected
-    for run_id in run_ids:
-        rows = {(r.run_id, r.call_id): r for r in await embedded.store.tool_calls(run_id)}
-        assert rows == {k: v for k, v in expected_calls.items() if k[0] == run_id}
+    await assert_stored_is_the_direct_fold(embedded.store, embedded.inner, run_ids_of(steps))
 
 
 async def test_the_fence_rule_holds_in_embedded_mode(

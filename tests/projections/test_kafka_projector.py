@@ -11,7 +11,14 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 import pytest_asyncio
-from support.histories import RunScript, append_all, direct_fold, run_ids_of, workload
+from support.histories import (
+    RunScript,
+    append_all,
+    assert_stored_is_the_direct_fold,
+    direct_fold,
+    run_ids_of,
+    workload,
+)
 
 from onward.errors import BackendUnavailableError
 from onward.eventlog import KafkaEventLog, ToolCompleted
@@ -78,20 +85,11 @@ async def drain(
         await projector.step(timeout_ms=200)
 
 
-async def assert_matches_direct_fold(stack: Stack, run_ids: list[str]) -> None:
-    expected, expected_calls = await direct_fold(stack.log, run_ids)
-    loaded = await stack.store.load(run_ids)
-    assert {r: row.frontier for r, row in loaded.items()} == expected
-    for run_id in run_ids:
-        rows = {(r.run_id, r.call_id): r for r in await stack.store.tool_calls(run_id)}
-        assert rows == {k: v for k, v in expected_calls.items() if k[0] == run_id}
-
-
 async def test_frontiers_equal_the_direct_fold(stack: Stack, rng: random.Random) -> None:
     steps = workload(rng, 60)
     await append_all(stack.log, steps)
     await stack.fold_everything()
-    await assert_matches_direct_fold(stack, run_ids_of(steps))
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
 
 
 async def test_a_restarted_projector_carries_on_from_its_stored_offsets(
@@ -104,7 +102,7 @@ async def test_a_restarted_projector_carries_on_from_its_stored_offsets(
     again = await stack.fold_everything()
     assert folded_events == sum(len(s) for s in first)
     assert again.projection.stats.events == sum(len(s) for s in second)
-    await assert_matches_direct_fold(stack, run_ids_of(first + second))
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(first + second))
 
 
 async def test_superseded_fence_events_are_refused_counted_and_visible(
@@ -235,7 +233,7 @@ async def test_a_deferring_projector_stores_everything_once_it_has_caught_up(
         stop.set()
         await running
         await projector.close()
-    await assert_matches_direct_fold(stack, run_ids_of(steps))
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
 
 
 async def test_a_store_failing_inside_a_rebalance_is_raised_by_the_next_call(

@@ -11,25 +11,22 @@ import asyncio
 import os
 import random
 import signal
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from support.processes import spawn_support
 
 from onward.eventlog import KafkaEventLog, SqliteEventLog
 from onward.eventlog.base import EventLog
 
-CHILD = Path(__file__).with_name("append_child.py")
 KILLS = 6
 EVENTS_PER_BATCH = 40
 
 
 async def _run_and_kill(argv: list[str], rng: random.Random) -> list[str]:
     """Start the child, let it acknowledge at least one batch, SIGKILL it; return acked runs."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, str(CHILD), *argv, stdout=asyncio.subprocess.PIPE
-    )
+    child = await spawn_support("append_child", *argv, stdout=asyncio.subprocess.PIPE)
     assert child.stdout is not None
     first = (await asyncio.wait_for(child.stdout.readline(), 60)).decode().strip()
     if not first:

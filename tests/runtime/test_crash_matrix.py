@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.crash_world import TENANT, open_world, the_agent, the_runner
+from support.processes import spawn_support
 
 from onward.errors import IndeterminateToolCallError
 from onward.eventlog import kind_of
 from onward.runtime.ledger import Ledger
-
-TESTS = Path(__file__).resolve().parents[1]
 
 # (point, the call it applies to, tool variant, expected end, expected bookings)
 MATRIX: list[tuple[str, str | None, str, str, int]] = [
@@ -55,14 +52,7 @@ async def crash_then_resume(
         "call_id": call_id,
         "variant": variant,
     }
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "support.crash_child",
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
-    )
+    child = await spawn_support("crash_child", json.dumps(config), stdout=asyncio.subprocess.PIPE)
     if config["variant"] == "approval":
         assert child.stdout is not None
         line = await asyncio.wait_for(child.stdout.readline(), 60)

@@ -8,9 +8,12 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_wheel_contains_the_subpackages_and_imports_outside_the_tree(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)],

@@ -5,9 +5,9 @@ testcontainers starts the server. With neither the session stops at once and say
 no test is ever skipped for a missing server.
 
 Each test that needs one gets its own Kafka topic (``kafka_topic``), Redis key prefix
-(``redis_prefix``) and migrated PostgreSQL schema (``pg_schema``, or ``new_pg_schema`` for
-several), removed afterwards. Randomized tests draw from ``rng``: its seed is printed, and
-``ONWARD_TEST_SEED=<seed>`` replays it.
+(``redis_prefix``) and migrated PostgreSQL schema (``pg_schema``; ``empty_pg_schema`` has no
+tables yet, ``new_pg_schema`` makes several), removed afterwards. Randomized tests draw from
+``rng``: its seed is printed, and ``ONWARD_TEST_SEED=<seed>`` replays it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, contextmanager
 import pytest
 import pytest_asyncio
 from support.kafka import fresh_topic
-from support.pg import SchemaFactory, fresh_schema, schema_factory
+from support.pg import SchemaFactory, schema_factory
 from support.redis import fresh_prefix
 
 # The shared assertions in tests/support report their operands as a test's own asserts do.
@@ -118,24 +118,23 @@ async def redis_prefix(redis_url: str) -> AsyncIterator[str]:
 
 
 @pytest_asyncio.fixture
-async def pg_schema(database_url: str) -> AsyncIterator[str]:
-    """A migrated PostgreSQL schema of this test alone, dropped afterwards."""
-    async with fresh_schema(database_url) as schema:
-        yield schema
-
-
-@pytest_asyncio.fixture
-async def empty_pg_schema(database_url: str) -> AsyncIterator[str]:
-    """A PostgreSQL schema of this test alone with no tables yet, dropped afterwards."""
-    async with fresh_schema(database_url, migrated=False) as schema:
-        yield schema
-
-
-@pytest_asyncio.fixture
 async def new_pg_schema(database_url: str) -> AsyncIterator[SchemaFactory]:
-    """Awaited, makes one more migrated schema; all of them are dropped after the test."""
+    """Awaited, makes one more schema of this test (migrated unless ``migrated=False``); all
+    of them are dropped after the test."""
     async with schema_factory(database_url) as new:
         yield new
+
+
+@pytest_asyncio.fixture
+async def pg_schema(new_pg_schema: SchemaFactory) -> str:
+    """A migrated PostgreSQL schema of this test alone, dropped afterwards."""
+    return await new_pg_schema()
+
+
+@pytest_asyncio.fixture
+async def empty_pg_schema(new_pg_schema: SchemaFactory) -> str:
+    """A PostgreSQL schema of this test alone with no tables yet, dropped afterwards."""
+    return await new_pg_schema(migrated=False)
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Protocol
 
 import asyncpg
 
@@ -32,8 +33,10 @@ async def fresh_schema(database_url: str, *, migrated: bool = True) -> AsyncIter
         await conn.close()
 
 
-SchemaFactory = Callable[[], Awaitable[str]]
-"""Makes one more fresh, migrated schema each time it is awaited."""
+class SchemaFactory(Protocol):
+    """Each time it is awaited, one more fresh schema, migrated unless ``migrated`` is false."""
+
+    async def __call__(self, *, migrated: bool = True) -> str: ...
 
 
 @asynccontextmanager
@@ -41,7 +44,7 @@ async def schema_factory(database_url: str) -> AsyncIterator[SchemaFactory]:
     """Yield a maker of fresh schemas; drop every schema it made afterwards."""
     async with AsyncExitStack() as stack:
 
-        async def new() -> str:
-            return await stack.enter_async_context(fresh_schema(database_url))
+        async def new(*, migrated: bool = True) -> str:
+            return await stack.enter_async_context(fresh_schema(database_url, migrated=migrated))
 
         yield new

@@ -41,6 +41,10 @@ FRONTIER_FORMAT = 1
 """Version of the frontier payload; a store refuses payloads it does not know."""
 
 RunStatus = Literal["new", "running", "waiting", "completed", "failed", "cancelled", "continued"]
+TERMINAL_STATUSES: frozenset[RunStatus] = frozenset(
+    {"completed", "failed", "cancelled", "continued"}
+)
+"""The statuses a run never leaves: nothing more is written to it."""
 Boundary = Literal["after_model_call", "after_tool_result", "before_approval"]
 CallOutcome = Literal["completed", "error", "never_ran"]
 
@@ -73,6 +77,8 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         calls: The calls of the latest model answer, until its turn settles.
         refused: How many stored events of this run the fold refused (seq or fence rules).
         through_offset: The log offset of the last event folded, counted or refused.
+        first_offset: The log offset of the run's first counted event (``RunStarted``), so a
+            reader that needs the whole run starts there rather than at the partition's start.
     """
 
     run_id: str
@@ -102,6 +108,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     updated_at: int = 0
     partition: int = -1
     through_offset: int = -1
+    first_offset: int = -1
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -114,6 +121,16 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             if state.call_id == call_id:
                 return state
         return None
+
+    @property
+    def finished(self) -> bool:
+        """The run ended (or was carried into another run): nothing more is written to it."""
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def settled(self) -> bool:
+        """Nothing to carry on: the run finished, or it waits on a person not yet answered."""
+        return self.finished or (self.status == "waiting" and self.waiting_on is not None)
 
 
 _replace = msgspec.structs.replace
@@ -154,6 +171,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     updated_at: int
     partition: int
     through_offset: int
+    first_offset: int
     calls: dict[str, CallState]
 
     @classmethod
@@ -255,6 +273,8 @@ def _fold_events(
                     )
                     continue
             last_seq += 1
+            if last_seq == 1:
+                draft.first_offset = offset
             fence = event.fence
             if event.at > updated_at:  # noqa: PLR1730 - no call per event
                 updated_at = event.at

@@ -80,9 +80,9 @@ from onward.projections.sql import SqlProjectionSink, load_projection
 from .agent import Agent
 from .backends import Backends, open_backends
 from .leases.base import RunLease
+from .planning import ResumePlan, plan_resume
 from .providers import ModelReply, Provider
-from .resume import ResumePlan, plan_resume
-from .runner import TERMINAL, AgentRunner, RunResult, summarize
+from .runner import RunResult, summarize
 from .settings import Settings, load_settings
 
 _T = TypeVar("_T")
@@ -384,7 +384,7 @@ def _resume_would(
     frontier: Frontier, plan: ResumePlan, tools: Agent | None, lease: RunLease | None
 ) -> str:
     """What `onward run --resume` would do with the run now, in one sentence."""
-    if frontier.status in TERMINAL:
+    if frontier.finished:
         return f"nothing: the run is {frontier.status}"
     if lease is not None:
         return f"nothing while {lease.holder} holds the run (exit {EXIT_HELD})"
@@ -475,7 +475,7 @@ def run_summary(frontier: Frontier, *, lease: RunLease | None, agent: Agent | No
 
 async def _look(backends: Backends, run_id: str, tenant: str) -> tuple[Frontier, RunLease | None]:
     """The run folded from the log and who holds it; takes no lease and writes nothing."""
-    reader = AgentRunner(provider=_NoModel(), log=backends.log)
+    reader = backends.runner(_NoModel())
     frontier = await reader.inspect(run_id, tenant=tenant)
     return frontier, await backends.leases.current(run_id)
 

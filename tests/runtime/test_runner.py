@@ -28,9 +28,9 @@ from onward.eventlog import (
 )
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
-from onward.runtime.history import MemoryBlobStore
+from onward.runtime.blobs import MemoryBlobStore
+from onward.runtime.planning import ToolDisposition
 from onward.runtime.providers import ScriptedProvider, reply
-from onward.runtime.resume import ToolDisposition
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, Tool, tool
 
@@ -494,7 +494,7 @@ async def test_an_oversized_checkpoint_is_reported_and_the_run_goes_on() -> None
         async def before_model_call(self) -> None:
             return None
 
-    the_runner.observer = Watch()
+    the_runner.writer.observer = Watch()
     result = await the_runner.run(agent([fetch]), "go", tenant=TENANT, run_id="r")
     assert result.status == "completed"
     assert any(e is not None and "cap" in e for e in seen_errors)

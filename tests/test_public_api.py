@@ -70,7 +70,6 @@ def test_projections_exports() -> None:
             "LogProjector",
             "MemoryFrontierStore",
             "PostgresFrontierStore",
-            "ProjectingEventLog",
             "Projection",
             "ProjectionSink",
             "ProjectorStats",

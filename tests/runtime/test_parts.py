@@ -60,18 +60,21 @@ def test_a_part_that_is_not_a_part_is_refused_with_its_index() -> None:
 
 
 def test_the_conversation_puts_a_model_answer_back_as_the_providers_read_it() -> None:
-    envelope = {"run_id": "r", "tenant": "t", "fence": 1}
     conversation = Conversation.of(
         "be brief",
         [
-            RunStarted(seq=1, agent="a", revision="x", input={"ask": 1}, **envelope),
+            RunStarted(
+                seq=1, agent="a", revision="x", input={"ask": 1}, run_id="r", tenant="t", fence=1
+            ),
             ModelAnswered(
                 seq=2,
                 message=Message(role="assistant", content="hm"),
                 tool_calls=[CALL],
-                **envelope,
+                run_id="r",
+                tenant="t",
+                fence=1,
             ),
-            ToolCompleted(seq=3, call_id="c1", result="found", **envelope),
+            ToolCompleted(seq=3, call_id="c1", result="found", run_id="r", tenant="t", fence=1),
         ],
     )
     assert [m.role for m in conversation.messages] == ["system", "user", "assistant", "tool"]

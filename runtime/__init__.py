@@ -19,7 +19,7 @@ from .leases import (
     RunLease,
     SqliteLeaseStore,
 )
-from .manager import ExecutionManager, RunStatus
+from .manager import ExecutionManager, RunOverview
 from .openai import OpenAICompatibleProvider
 from .planning import (
     PlannedCall,
@@ -61,8 +61,8 @@ __all__ = [
     "Resumer",
     "RunLease",
     "RunObserver",
+    "RunOverview",
     "RunResult",
-    "RunStatus",
     "ScriptedProvider",
     "SqliteBlobStore",
     "SqliteLeaseStore",

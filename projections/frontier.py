@@ -68,6 +68,14 @@ class CallState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     resolved_by: str | None = None
 
 
+class RunTag(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A label a person or an application put on one event of the run (``Tagged``)."""
+
+    seq: int
+    label: str
+    tagged_seq: int
+
+
 class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything resume needs about a run, as of ``last_seq`` (and log offset ``through_offset``).
 
@@ -79,6 +87,8 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         through_offset: The log offset of the last event folded, counted or refused.
         first_offset: The log offset of the run's first counted event (``RunStarted``), so a
             reader that needs the whole run starts there rather than at the partition's start.
+        tags: Every label put on the run's events, in the order they were written; tagged
+            events survive compaction.
     """
 
     run_id: str
@@ -109,6 +119,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     partition: int = -1
     through_offset: int = -1
     first_offset: int = -1
+    tags: tuple[RunTag, ...] = ()
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -172,6 +183,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     partition: int
     through_offset: int
     first_offset: int
+    tags: tuple[RunTag, ...]
     calls: dict[str, CallState]
 
     @classmethod
@@ -390,6 +402,10 @@ def _approval_denied(d: FrontierDraft, e: ApprovalDenied) -> None:
         d.waiting_on = None
 
 
+def _tagged(d: FrontierDraft, e: Tagged) -> None:
+    d.tags = (*d.tags, RunTag(seq=e.target_seq, label=e.label, tagged_seq=e.seq))
+
+
 def _continued(d: FrontierDraft, e: RunContinued) -> None:
     d.status = "continued"
     d.continued_to = e.new_run_id
@@ -418,7 +434,7 @@ _RULES: dict[type[Event], Callable[[FrontierDraft, Any], CallState | None]] = {
     ApprovalRequested: _approval_requested,
     ApprovalGranted: _approval_granted,
     ApprovalDenied: _approval_denied,
-    Tagged: _unchanged,
+    Tagged: _tagged,
     RunContinued: _continued,
     RunFinished: _finished,
 }

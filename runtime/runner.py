@@ -40,6 +40,7 @@ from onward.eventlog.events import (
     ResumePlanned,
     RunFinished,
     RunStarted,
+    Tagged,
     ToolCall,
     ToolCompleted,
     ToolDispatched,
@@ -384,6 +385,41 @@ class AgentRunner:
                 run, ToolResolved, call_id=call_id, outcome=outcome, result=result, by=by, why=why
             )
             await self.writer.append(run, [resolved])
+
+    async def tag(
+        self, run_id: str, label: str, *, tenant: str, seq: int | None = None, by: str = "tagger"
+    ) -> int:
+        """Put a label on one of the run's events; tagged events survive compaction.
+
+        Written as a `Tagged` event under the run's lease, so a run a worker is carrying on
+        is tagged by that worker (this raises `ResumeConflictError` meanwhile).
+
+        Args:
+            seq: The event to tag; by default the run's latest boundary (its resume point).
+            by: Who tags it, as the lease store shows the holder while the tag is written.
+
+        Returns:
+            The seq that was tagged.
+
+        Raises:
+            InvalidInputError: An empty label, a seq the run does not have, or no boundary yet.
+        """
+        if not label.strip():
+            raise InvalidInputError("a tag needs a non-empty label", run_id=run_id)
+        async with self._as_person(run_id, tenant, by) as run:
+            target = run.frontier.resume_seq if seq is None else seq
+            if not 1 <= target <= run.frontier.last_seq:
+                raise InvalidInputError(
+                    f"run {run_id!r} has no event {target} to tag (its events are 1 to "
+                    f"{run.frontier.last_seq})"
+                    if seq is not None
+                    else f"run {run_id!r} has reached no boundary yet; name the seq to tag",
+                    run_id=run_id,
+                )
+            await self.writer.append(
+                run, [self.writer.event(run, Tagged, target_seq=target, label=label)]
+            )
+            return target
 
     @contextlib.asynccontextmanager
     async def _as_person(self, run_id: str, tenant: str, by: str) -> AsyncIterator[HeldRun]:

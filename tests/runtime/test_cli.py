@@ -33,6 +33,7 @@ from onward.eventlog import (
     kind_of,
 )
 from onward.eventlog.base import EventLog
+from onward.eventlog.schema import event_schema
 from onward.runtime import (
     Agent,
     AgentRunner,
@@ -432,3 +433,10 @@ def test_the_kafka_backend_without_a_database_url_exits_2() -> None:
     result = CliRunner().invoke(app, ["inspect", "run-1", "--tenant", TENANT], env=env)
     assert result.exit_code == 2
     assert "DATABASE_URL" in result.stderr
+
+
+def test_schema_command_prints_the_schema() -> None:
+    result = CliRunner().invoke(app, ["schema"])
+    assert result.exit_code == 0, result.output
+    assert result.output.encode() == event_schema()
+    assert "tool.dispatched" in result.output

@@ -26,7 +26,8 @@ def _group(name: str, help: str) -> typer.Typer:
 
 
 def _add(group: typer.Typer, name: str, command: Callable[..., None]) -> None:
-    group.command(name)(boundary(command))
+    path = f"onward {name}" if group is app else f"onward {group.info.name} {name}"
+    group.command(name)(boundary(command, name=path))
 
 
 app = _group("onward", "Onward: an event-sourced durable runtime for agent runs.")

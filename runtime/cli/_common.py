@@ -138,8 +138,8 @@ def refuse(exc: OnwardError, *, tenant: str | None) -> int:
     return exit_code(exc)
 
 
-def boundary(command: Callable[_P, None]) -> Callable[_P, None]:
-    """Wrap a command so every way it can stop becomes its documented exit code.
+def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
+    """Wrap the command ``name`` so every way it can stop becomes its documented exit code.
 
     `OnwardError` picks its code with `exit_code`; a driver exception is translated first;
     any other exception is the agent's or the model's own code failing (exit 5); Ctrl-C is 130.
@@ -164,7 +164,7 @@ def boundary(command: Callable[_P, None]) -> Callable[_P, None]:
             raise typer.Exit(EXIT_INTERRUPTED) from exc
         except Exception as exc:
             if classify(type(exc)) is not None:
-                translated = translate(exc, context=f"onward {command.__name__}")
+                translated = translate(exc, context=name)
                 raise typer.Exit(refuse(translated, tenant=None)) from exc
             error(f"{type(exc).__name__} (raised by the agent's or the model's code): {exc}")
             raise typer.Exit(EXIT_FAILED) from exc

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import textwrap
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -372,6 +373,36 @@ def test_a_bad_agent_spec_exits_2(db: Path, spec: str) -> None:
     assert result.exit_code == 2
     assert "--agent" in result.stderr
     assert not db.exists()
+
+
+@pytest.fixture
+def mine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module of the user's own in the working directory, where `onward` looks last."""
+    name = f"mine_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent(
+            """
+            from support.cli_agent import booker
+
+
+            class Broken:
+                async def complete(self, agent, messages):
+                    raise RuntimeError("the model's client has a bug")
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    return name
+
+
+def test_the_model_code_failing_exits_5_in_one_line(db: Path, mine: str) -> None:
+    run_id = start(db, crash_at="model.answered")
+    agent = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *agent)
+    assert result.exit_code == 5, result.output
+    assert "the model's client has a bug" in result.stderr
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 @pytest.mark.kafka

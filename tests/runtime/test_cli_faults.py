@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,8 +23,10 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from typer.testing import CliRunner
 
 from onward.projections.postgres import migrate
+from onward.runtime.cli import _common, app
 
 pytestmark = pytest.mark.kafka
 
@@ -180,3 +183,25 @@ async def test_the_wrong_password_is_refused_by_the_real_server(database_url: st
     # The wrong-password cases mean something only if the server checks passwords.
     with pytest.raises(asyncpg.InvalidPasswordError):
         await asyncpg.connect(_with_netloc(database_url, password="not-the-password"))
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers, like a server that hangs."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        yield server.getsockname()[1]
+
+
+def test_a_server_that_never_answers_fails_within_the_connect_timeout(
+    deployment: Deployment, silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_common, "CONNECT_TIMEOUT_S", 1.0)
+    env = deployment.env("none", 0)
+    env["KAFKA_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{silent_port}"
+    started = time.monotonic()
+    result = CliRunner().invoke(app, COMMANDS["inspect"], env=env)
+    assert result.exit_code == 5, result.output
+    assert "did not answer within 1s" in result.stderr
+    assert time.monotonic() - started < 10

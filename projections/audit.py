@@ -14,25 +14,9 @@ from typing import Any
 import msgspec
 
 from onward.errors import NothingToResumeError
+from onward.eventlog import events as ev
 from onward.eventlog.base import EventLog, RefusedEvent, SequenceGuard, StoredEvent
-from onward.eventlog.events import (
-    ApprovalDenied,
-    ApprovalGranted,
-    ApprovalRequested,
-    Event,
-    ModelAnswered,
-    ResumePlanned,
-    RunClaimed,
-    RunContinued,
-    RunFinished,
-    RunStarted,
-    Tagged,
-    ToolCompleted,
-    ToolDispatched,
-    ToolResolved,
-    TurnSettled,
-    kind_of,
-)
+from onward.eventlog.events import Event, kind_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +61,7 @@ def _ids(call_ids: Sequence[str]) -> str:
     return ", ".join(call_ids) or "none"
 
 
-def _model_answered(event: ModelAnswered) -> str:
+def _model_answered(event: ev.ModelAnswered) -> str:
     usage = f"{event.usage.input_tokens} in, {event.usage.output_tokens} out"
     if event.tool_calls:
         calls = ", ".join(f"{c.call_id} {c.tool}" for c in event.tool_calls)
@@ -85,38 +69,38 @@ def _model_answered(event: ModelAnswered) -> str:
     return f"answers {one_line(event.message.content)} ({usage})"
 
 
-def _tool_completed(event: ToolCompleted) -> str:
+def _tool_completed(event: ev.ToolCompleted) -> str:
     if event.error is not None:
         return f"{event.call_id} failed: {event.error.type} {one_line(event.error.message)}"
     return f"{event.call_id} returned {one_line(event.result)}"
 
 
-def _finished(event: RunFinished) -> str:
+def _finished(event: ev.RunFinished) -> str:
     said = event.error if event.error is not None else one_line(event.output)
     return f"{event.status}: {said}"
 
 
 # One entry per kind, as the fold has one rule per kind; a kind without one fails loudly.
 _DESCRIPTIONS: dict[type[Event], Callable[[Any], str]] = {
-    RunStarted: lambda e: f"{e.agent} {e.revision}, input {one_line(e.input)}",
-    RunClaimed: lambda e: f"claimed by {e.worker}",
-    ResumePlanned: lambda e: (
+    ev.RunStarted: lambda e: f"{e.agent} {e.revision}, input {one_line(e.input)}",
+    ev.RunClaimed: lambda e: f"claimed by {e.worker}",
+    ev.ResumePlanned: lambda e: (
         f"replayed {_ids(e.replayed)}, dispatched {_ids(e.dispatched)}, "
         f"undecided {_ids(e.undecided)}"
     ),
-    ModelAnswered: _model_answered,
-    ToolDispatched: lambda e: f"{e.call_id} {e.tool}, key {e.idempotency_key}",
-    ToolCompleted: _tool_completed,
-    ToolResolved: lambda e: f"{e.call_id} settled as {e.outcome} by {e.by}: {one_line(e.why)}",
-    TurnSettled: lambda e: (
+    ev.ModelAnswered: _model_answered,
+    ev.ToolDispatched: lambda e: f"{e.call_id} {e.tool}, key {e.idempotency_key}",
+    ev.ToolCompleted: _tool_completed,
+    ev.ToolResolved: lambda e: f"{e.call_id} settled as {e.outcome} by {e.by}: {one_line(e.why)}",
+    ev.TurnSettled: lambda e: (
         f"iteration {e.iteration} settled: {', '.join(e.call_ids) or 'no calls'}"
     ),
-    ApprovalRequested: lambda e: f"{e.request_id}: {one_line(e.prompt)}",
-    ApprovalGranted: lambda e: f"{e.request_id} approved by {e.by}",
-    ApprovalDenied: lambda e: f"{e.request_id} denied by {e.by}",
-    Tagged: lambda e: f"seq {e.target_seq} tagged {e.label}",
-    RunContinued: lambda e: f"continued as {e.new_run_id}",
-    RunFinished: _finished,
+    ev.ApprovalRequested: lambda e: f"{e.request_id}: {one_line(e.prompt)}",
+    ev.ApprovalGranted: lambda e: f"{e.request_id} approved by {e.by}",
+    ev.ApprovalDenied: lambda e: f"{e.request_id} denied by {e.by}",
+    ev.Tagged: lambda e: f"seq {e.target_seq} tagged {e.label}",
+    ev.RunContinued: lambda e: f"continued as {e.new_run_id}",
+    ev.RunFinished: _finished,
 }
 
 

@@ -24,22 +24,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from onward.errors import (
-    BackendUnavailableError,
-    ConfigurationError,
-    EventDecodeError,
-    FencedError,
-    HistoryUnavailableError,
-    IndeterminateToolCallError,
-    InvalidInputError,
-    LogTruncatedError,
-    NothingToResumeError,
-    OnwardError,
-    ResumeConflictError,
-    RevisionMismatchError,
-    classify,
-    translate,
-)
+from onward import errors
+from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.eventlog.events import Message
 from onward.projections.audit import one_line
 from onward.projections.frontier import CallState
@@ -79,19 +65,19 @@ TenantOption = Annotated[str, typer.Option("--tenant", "-t", help="The tenant th
 
 def exit_code(exc: OnwardError) -> int:
     """The documented exit code of an error, so scripts can tell outcomes apart."""
-    if isinstance(exc, NothingToResumeError):
+    if isinstance(exc, errors.NothingToResumeError):
         return EXIT_NO_RUN
     if isinstance(exc, InvalidInputError | ConfigurationError):
         return EXIT_USAGE
-    if isinstance(exc, ResumeConflictError | FencedError):
+    if isinstance(exc, errors.ResumeConflictError | errors.FencedError):
         return EXIT_HELD
     if isinstance(
         exc,
-        IndeterminateToolCallError
-        | HistoryUnavailableError
-        | RevisionMismatchError
-        | EventDecodeError
-        | LogTruncatedError,
+        errors.IndeterminateToolCallError
+        | errors.HistoryUnavailableError
+        | errors.RevisionMismatchError
+        | errors.EventDecodeError
+        | errors.LogTruncatedError,
     ):
         return EXIT_MUST_NOT_CARRY_ON
     return EXIT_FAILED
@@ -121,10 +107,10 @@ def refuse(exc: OnwardError, *, tenant: str | None) -> int:
     commands that settle it, follow the error line.
     """
     line = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, ResumeConflictError):
+    if isinstance(exc, errors.ResumeConflictError):
         line += f"; held by: {exc.holder}"
     error(line)
-    if isinstance(exc, IndeterminateToolCallError) and exc.run_id and tenant is not None:
+    if isinstance(exc, errors.IndeterminateToolCallError) and exc.run_id and tenant is not None:
         error("undecided calls; find out whether each took effect, then settle it with one of:")
         for call in exc.calls:
             if not isinstance(call, CallState):
@@ -163,8 +149,8 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
             error("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from exc
         except Exception as exc:
-            if classify(type(exc)) is not None:
-                translated = translate(exc, context=name)
+            if errors.classify(type(exc)) is not None:
+                translated = errors.translate(exc, context=name)
                 raise typer.Exit(refuse(translated, tenant=None)) from exc
             error(f"{type(exc).__name__} (raised by the agent's or the model's code): {exc}")
             raise typer.Exit(EXIT_FAILED) from exc
@@ -183,7 +169,7 @@ async def within(step: Awaitable[_T], what: str) -> _T:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             return await step
     except TimeoutError as exc:
-        raise BackendUnavailableError(
+        raise errors.BackendUnavailableError(
             f"{what} did not answer within {CONNECT_TIMEOUT_S:g}s; check that it is up and "
             "reachable"
         ) from exc

@@ -75,6 +75,7 @@ def projector_command(
     config = settings()
     database_url = config.require_database_url()
     user = load_projection(projection) if projection is not None else None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     quiet_garbage_collector()
 
     async def run() -> None:
@@ -116,9 +117,9 @@ def projector_command(
             )
             stack.push_async_callback(worker.close)
             await within(worker.start(), "Kafka")
-            # Connected: from here on a long-running process logs what it does.
+            # Connected: a failure to connect was said in one line; from here on, the client's
+            # own warnings help whoever runs a long-lived projector.
             logging.getLogger("aiokafka").setLevel(logging.NOTSET)
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
             reporter = asyncio.create_task(_report_lag(worker, stop))
             await worker.run(stop)
             await reporter

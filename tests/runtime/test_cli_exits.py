@@ -17,23 +17,7 @@ import typer
 from support.kinds import KindCounts
 from typer.testing import CliRunner, Result
 
-from onward.errors import (
-    BackendError,
-    BackendUnavailableError,
-    CheckpointFormatError,
-    ConfigurationError,
-    EventDecodeError,
-    FencedError,
-    HistoryUnavailableError,
-    IndeterminateToolCallError,
-    InvalidInputError,
-    LogTruncatedError,
-    NothingToResumeError,
-    PayloadTooLargeError,
-    ResumeConflictError,
-    RevisionMismatchError,
-    SchemaMismatchError,
-)
+from onward import errors
 from onward.runtime.cli import app
 from onward.runtime.cli._common import boundary
 from onward.runtime.cli.projections import load_projection
@@ -42,22 +26,22 @@ from onward.runtime.cli.projections import load_projection
 @pytest.mark.parametrize(
     ("raised", "code"),
     [
-        (NothingToResumeError("no run 'r'"), 1),
-        (InvalidInputError("not waiting on 'p'"), 2),
-        (ConfigurationError("DATABASE_URL is not set"), 2),
-        (SchemaMismatchError("run onward db migrate"), 2),
+        (errors.NothingToResumeError("no run 'r'"), 1),
+        (errors.InvalidInputError("not waiting on 'p'"), 2),
+        (errors.ConfigurationError("DATABASE_URL is not set"), 2),
+        (errors.SchemaMismatchError("run onward db migrate"), 2),
         (asyncpg.InvalidPasswordError("password authentication failed"), 2),
-        (ResumeConflictError("held", holder="w2"), 3),
-        (FencedError("superseded"), 3),
-        (IndeterminateToolCallError("undecided"), 4),
-        (RevisionMismatchError("another revision"), 4),
-        (HistoryUnavailableError("evicted"), 4),
-        (EventDecodeError("unreadable"), 4),
-        (CheckpointFormatError("newer"), 4),
-        (LogTruncatedError("compacted"), 4),
-        (BackendError("the log failed"), 5),
-        (BackendUnavailableError("no answer"), 5),
-        (PayloadTooLargeError("too large"), 5),
+        (errors.ResumeConflictError("held", holder="w2"), 3),
+        (errors.FencedError("superseded"), 3),
+        (errors.IndeterminateToolCallError("undecided"), 4),
+        (errors.RevisionMismatchError("another revision"), 4),
+        (errors.HistoryUnavailableError("evicted"), 4),
+        (errors.EventDecodeError("unreadable"), 4),
+        (errors.CheckpointFormatError("newer"), 4),
+        (errors.LogTruncatedError("compacted"), 4),
+        (errors.BackendError("the log failed"), 5),
+        (errors.BackendUnavailableError("no answer"), 5),
+        (errors.PayloadTooLargeError("too large"), 5),
         (asyncpg.PostgresConnectionError("gone"), 5),
         (redis_errors.ConnectionError("refused"), 5),
         (ConnectionRefusedError(111, "refused"), 5),

@@ -93,3 +93,29 @@ def test_a_bad_projection_spec_exits_2_in_one_line(spec: str) -> None:
     assert result.exit_code == 2, result.output
     assert "--projection" in result.stderr
     assert_one_line(result)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["inspect", "run-1"], "Missing option '--tenant'"),
+        (["nosuch"], "No such command 'nosuch'"),
+        (
+            ["resolve", "r", "c", "-t", "a", "--outcome", "maybe", "--by", "x", "--why", "y"],
+            "never",
+        ),
+        (["schema", "-o"], "requires an argument"),
+    ],
+)
+def test_a_usage_error_exits_2_in_one_line(args: list[str], said: str) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr
+    assert_one_line(result)
+
+
+def test_a_group_without_a_command_shows_its_help() -> None:
+    result = CliRunner().invoke(app, ["db"])
+    assert result.exit_code == 2
+    assert "migrate" in result.stdout
+    assert result.stderr == ""

@@ -31,7 +31,6 @@ from onward.projections.audit import one_line
 from onward.projections.frontier import CallState
 from onward.runtime.agent import Agent
 from onward.runtime.providers import ModelReply
-from onward.runtime.settings import Settings, load_settings
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -156,11 +155,6 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
             raise typer.Exit(EXIT_FAILED) from exc
 
     return guarded
-
-
-def settings() -> Settings:
-    """The configuration; a bad value is a `ConfigurationError` (exit 2)."""
-    return load_settings()
 
 
 async def within(step: Awaitable[_T], what: str) -> _T:

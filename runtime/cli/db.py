@@ -11,9 +11,9 @@ import asyncpg
 from onward.projections.builds import active_build
 from onward.projections.migrations import schema_version_postgres
 from onward.projections.postgres import PROJECTION, PostgresFrontierStore, migrate
-from onward.runtime.settings import Settings
+from onward.runtime.settings import Settings, load_settings
 
-from ._common import opened, out, settings, within
+from ._common import opened, out, within
 
 
 @asynccontextmanager
@@ -35,7 +35,7 @@ def migrate_command() -> None:
 
     Exit 0: the schema is current. 2: bad configuration or credentials. 5: PostgreSQL failed.
     """
-    config = settings()
+    config = load_settings()
 
     async def run() -> list[str]:
         async with _connection(config) as conn:
@@ -53,7 +53,7 @@ def verify_command() -> None:
     Exit 0: it is. 2: it is not (run `onward db migrate`), or bad configuration or credentials.
     5: PostgreSQL failed.
     """
-    config = settings()
+    config = load_settings()
 
     async def run() -> tuple[int, int | None]:
         store = PostgresFrontierStore(config.require_database_url(), schema=config.database_schema)

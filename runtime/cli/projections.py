@@ -24,9 +24,9 @@ from onward.projections.postgres import PROJECTION, PostgresFrontierStore
 from onward.projections.projector import FrontierProjection, ProjectionSink
 from onward.projections.rebuild import RebuildReport, rebuild_frontiers, rebuild_projection
 from onward.projections.sql import Projection, SqlProjectionSink, as_projection
-from onward.runtime.settings import Settings
+from onward.runtime.settings import Settings, load_settings
 
-from ._common import err, imported, opened, out, settings, within
+from ._common import err, imported, opened, out, within
 
 _log = logging.getLogger("onward.projector")
 
@@ -72,7 +72,7 @@ def projector_command(
 
     Exit 0: stopped cleanly. 2: bad configuration or --projection. 5: Kafka or PostgreSQL failed.
     """
-    config = settings()
+    config = load_settings()
     database_url = config.require_database_url()
     user = load_projection(projection) if projection is not None else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -150,7 +150,7 @@ def rebuild_command(
 
     Exit 0: rebuilt. 2: bad configuration or --projection. 5: Kafka or PostgreSQL failed.
     """
-    config = settings()
+    config = load_settings()
     database_url = config.require_database_url()
     user = None
     if name != PROJECTION:

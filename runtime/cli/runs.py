@@ -20,6 +20,7 @@ from onward.runtime.backends import Backends, open_backends
 from onward.runtime.leases.base import RunLease
 from onward.runtime.providers import Provider
 from onward.runtime.runner import AgentRunner
+from onward.runtime.settings import load_settings
 
 from ._common import (
     NoModel,
@@ -31,7 +32,6 @@ from ._common import (
     made,
     opened,
     out,
-    settings,
 )
 from .summary import audit_table, carried, run_summary
 
@@ -71,7 +71,7 @@ class Outcome(StrEnum):
 
 def with_backends(work: Callable[[Backends], Awaitable[_T]]) -> _T:
     """Run ``work`` on the configured stores, opened within a bounded connect time."""
-    config = settings()
+    config = load_settings()
 
     async def session() -> _T:
         if config.backend == "sqlite" and not config.sqlite_path.exists():

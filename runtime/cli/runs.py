@@ -73,7 +73,7 @@ def with_backends(work: Callable[[Backends], Awaitable[_T]]) -> _T:
     """Run ``work`` on the configured stores, opened within a bounded connect time."""
     config = load_settings()
 
-    async def session() -> _T:
+    async def on_stores() -> _T:
         if config.backend == "sqlite" and not config.sqlite_path.exists():
             # Every command here is about a run that exists; a mistyped path must not quietly
             # become a new, empty database.
@@ -84,7 +84,7 @@ def with_backends(work: Callable[[Backends], Awaitable[_T]]) -> _T:
         async with opened(f"the {config.backend} stores", open_backends(config)) as backends:
             return await work(backends)
 
-    return asyncio.run(session())
+    return asyncio.run(on_stores())
 
 
 def _is_agent(value: object) -> TypeGuard[Agent]:

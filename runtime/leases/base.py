@@ -7,16 +7,25 @@ not lapsed nor keep one that has. Every acquisition raises the run's fence, afte
 expiry too, and the fence never goes back; renewal keeps it. A superseded holder is refused on
 the number, not on the time: its renew and release raise `FencedError`, and whatever it writes
 to the log under the old fence is refused by every reader.
+
+The ttl check and the two refusals are defined here and shared by every backend, so a caller
+sees the same messages whichever store it runs on.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-from onward.errors import ConfigurationError
+from onward.errors import (
+    ConfigurationError,
+    FencedError,
+    InvalidInputError,
+    ResumeConflictError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +79,37 @@ class LeasePolicy:
     @property
     def ttl_s(self) -> float:
         return self.ttl.total_seconds()
+
+
+def check_ttl(ttl_s: float) -> None:
+    """Refuse a ttl that could not hold a run, before any store is asked (every backend uses it).
+
+    Raises:
+        InvalidInputError: ``ttl_s`` is not a positive, finite number of seconds.
+    """
+    if not (ttl_s > 0 and math.isfinite(ttl_s)):
+        raise InvalidInputError(f"a lease ttl must be positive, finite seconds, got {ttl_s!r}")
+
+
+def conflict_error(run_id: str, holder: str | None) -> ResumeConflictError:
+    """The refusal every backend raises when an unexpired lease is in the way.
+
+    ``holder`` is ``None`` only when the holder let go between the refusal and the look.
+    """
+    return ResumeConflictError(
+        f"run {run_id!r} is held by {holder!r}; wait for it to finish or for its lease to lapse",
+        run_id=run_id,
+        holder=holder,
+    )
+
+
+def fenced_error(lease: RunLease, why: str) -> FencedError:
+    """The refusal every backend raises to a holder whose lease is gone."""
+    return FencedError(
+        f"run {lease.run_id!r}: the lease of {lease.holder!r} under fence {lease.fence} {why}; "
+        "stop writing to the run",
+        run_id=lease.run_id,
+    )
 
 
 @runtime_checkable

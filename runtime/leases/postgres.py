@@ -22,8 +22,7 @@ import asyncpg
 from onward.errors import InvalidInputError, OnwardError, translate
 from onward.projections.migrations import open_pool, verify_postgres
 
-from .base import RunLease
-from .memory import check_ttl, conflict_error, fenced_error
+from .base import RunLease, check_ttl, conflict_error, fenced_error
 
 _T = TypeVar("_T")
 

@@ -38,8 +38,7 @@ from onward.errors import (
     translate,
 )
 
-from .base import RunLease
-from .memory import check_ttl, conflict_error, fenced_error
+from .base import RunLease, check_ttl, conflict_error, fenced_error
 
 CLEANUP_GRACE_MS = 60_000
 """How long past its expiry a lease hash is kept before Redis deletes it (tidiness only)."""

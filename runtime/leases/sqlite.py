@@ -20,8 +20,7 @@ from typing import Any, Self
 from onward.eventlog._sqlite import SqliteThread, transaction
 from onward.projections.migrations import open_sqlite, verify_sqlite
 
-from .base import RunLease
-from .memory import check_ttl, conflict_error, fenced_error
+from .base import RunLease, check_ttl, conflict_error, fenced_error
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """Seconds since the epoch by SQLite's clock; 'now' is fixed for the length of one statement."""

@@ -132,6 +132,29 @@ class LeaseStore(Protocol):
         """
         ...
 
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above``, the highest fence already in the run's log.
+
+        A store can hand out a fence at or below one the log already holds: the store was
+        wiped, Redis restarted without persistence, or the run was written before a lease store
+        was configured. Readers would then refuse the holder's writes, and the run could never
+        go on. Instead the holder raises the store's fence past the log's and carries on.
+
+        If ``lease.fence > above`` the lease is returned as it is, without asking the store.
+        Otherwise, in one atomic step and only while ``lease`` is still the live holding (same
+        holder, same fence, unexpired by the store's clock), the run's fence becomes
+        ``max(the store's fence counter, above) + 1`` and the counter is raised with it, so
+        every later acquisition goes higher still. The holder, tenant and expiry are kept (the
+        expiry is not renewed: the holder's renewal schedule stays what it was).
+
+        The old fence is superseded: renewing or releasing ``lease`` afterwards raises
+        `FencedError`, so two raises of one lease at once leave exactly one winner.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        ...
+
     async def release(self, lease: RunLease) -> None:
         """Hand a lease back so the next worker need not wait out the ttl.
 

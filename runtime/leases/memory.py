@@ -52,6 +52,17 @@ class MemoryLeaseStore:
             return None
         return held
 
+    def _holding(self, lease: RunLease) -> _Held:
+        """The live holding ``lease`` stands for.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        held = self._live(lease.run_id)
+        if held is None or (held.holder, held.fence) != (lease.holder, lease.fence):
+            raise fenced_error(lease, "expired, was released or was superseded")
+        return held
+
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
         """Take a run's lease, raising its fence.
 
@@ -75,10 +86,21 @@ class MemoryLeaseStore:
             FencedError: The lease expired, was released or was superseded.
         """
         check_ttl(ttl_s)
-        held = self._live(lease.run_id)
-        if held is None or (held.holder, held.fence) != (lease.holder, lease.fence):
-            raise fenced_error(lease, "expired, was released or was superseded")
+        held = self._holding(lease)
         held.deadline = time.monotonic() + ttl_s
+        return self._lease(lease.run_id, held)
+
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above``, keeping its expiry.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        if lease.fence > above:
+            return lease
+        held = self._holding(lease)
+        held.fence = max(self._fences.get(lease.run_id, 0), above) + 1
+        self._fences[lease.run_id] = held.fence
         return self._lease(lease.run_id, held)
 
     async def release(self, lease: RunLease) -> None:

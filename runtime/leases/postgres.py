@@ -39,6 +39,10 @@ _RENEW = (
     "updated_at = now() "
     f"WHERE run_id = $1 AND holder = $2 AND fence = $3 AND expires_at > now() {_RETURNING}"
 )
+_RAISE_FENCE = (
+    "UPDATE onward_leases SET fence = greatest(fence, $4::bigint) + 1, updated_at = now() "
+    f"WHERE run_id = $1 AND holder = $2 AND fence = $3 AND expires_at > now() {_RETURNING}"
+)
 _RELEASE = (
     "UPDATE onward_leases SET holder = NULL, expires_at = NULL, updated_at = now() "
     "WHERE run_id = $1 AND holder = $2 AND fence = $3"
@@ -195,6 +199,30 @@ class PostgresLeaseStore:
             return row
 
         row = await self._run(renew, "renewing the lease", lease.run_id)
+        if row is None:
+            raise fenced_error(lease, "expired, was released or was superseded")
+        return _lease(lease.run_id, row)
+
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above`` in one guarded ``UPDATE``, keeping its expiry.
+
+        The row's fence is the run's fence counter, so raising it raises every later
+        acquisition's too. A concurrent raise or acquisition waits on the row lock and then
+        re-checks the guard against the new fence, so at most one of them wins.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        if lease.fence > above:
+            return lease
+
+        async def raise_fence(conn: asyncpg.Connection) -> asyncpg.Record | None:
+            row: asyncpg.Record | None = await conn.fetchrow(
+                _RAISE_FENCE, lease.run_id, lease.holder, lease.fence, above
+            )
+            return row
+
+        row = await self._run(raise_fence, "raising the fence", lease.run_id)
         if row is None:
             raise fenced_error(lease, "expired, was released or was superseded")
         return _lease(lease.run_id, row)

@@ -43,7 +43,7 @@ from .base import RunLease, check_ttl, conflict_error, fenced_error
 CLEANUP_GRACE_MS = 60_000
 """How long past its expiry a lease hash is kept before Redis deletes it (tidiness only)."""
 
-_SCRIPTS = ("acquire", "renew", "release", "current")
+_SCRIPTS = ("acquire", "renew", "raise_fence", "release", "current")
 
 
 def _script_source(name: str) -> str:
@@ -167,6 +167,28 @@ class RedisLeaseStore:
         if not int(renewed):
             raise fenced_error(lease, f"is lost ({_text(value)})")
         return RunLease(lease.run_id, lease.tenant, lease.holder, lease.fence, float(value))
+
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above`` in one script, keeping its expiry.
+
+        The script sets the run's fence counter to the new fence as well, so a Redis that lost
+        its keys (a restart without persistence, an eviction, a wipe) costs nothing but this.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        if lease.fence > above:
+            return lease
+        answer = await self._script(
+            "raise_fence",
+            [self.lease_key(lease.run_id), self.fence_key(lease.run_id)],
+            [lease.holder, lease.fence, above],
+            lease.run_id,
+        )
+        if not int(answer[0]):
+            raise fenced_error(lease, f"is lost ({_text(answer[1])})")
+        _, fence, expires_at = answer
+        return RunLease(lease.run_id, lease.tenant, lease.holder, int(fence), float(expires_at))
 
     async def release(self, lease: RunLease) -> None:
         """Hand a lease back; releasing one already released or lapsed (not taken) is a no-op.

@@ -128,6 +128,28 @@ async def assert_exactly_one_acquires(stores: Sequence[LeaseStore], *, contender
     assert {r.holder for r in refusals} == {winners[0].holder}
 
 
+async def cancelled_inside(
+    held: Leaseholder, *, on_entry: Callable[[], None] = lambda: None
+) -> None:
+    """Cancel a task inside ``held``'s block and check that the cancellation comes out of it.
+
+    ``on_entry`` runs inside the block, before the cancellation.
+    """
+    entered = asyncio.Event()
+
+    async def work() -> None:
+        async with held:
+            on_entry()
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(work())
+    await asyncio.wait_for(entered.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 class WrappedLeaseStore:
     """A `LeaseStore` that hands every call to ``inner``.
 
@@ -662,18 +684,7 @@ class LeaseStoreConformance:
 
     async def test_leaseholder_releases_when_cancelled(self, store: LeaseStore) -> None:
         run_id = new_run_id()
-        entered = asyncio.Event()
-
-        async def work() -> None:
-            async with Leaseholder(store, run_id, tenant=TENANT, holder="w1"):
-                entered.set()
-                await asyncio.Event().wait()
-
-        task = asyncio.create_task(work())
-        await asyncio.wait_for(entered.wait(), 10)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancelled_inside(Leaseholder(store, run_id, tenant=TENANT, holder="w1"))
         assert (await self._take(store, run_id, "w2")).holder == "w2"
 
     async def test_leaseholder_sets_fenced_when_superseded_while_paused(

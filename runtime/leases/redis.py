@@ -1,7 +1,8 @@
 """`RedisLeaseStore`: leases in Redis (redis-py asyncio), decided by Lua scripts.
 
 Each operation is one script, so it runs atomically on the server, and each script reads the
-time with ``redis.call('TIME')``: the Redis server's clock decides expiry, never the caller's.
+time with ``redis.call('TIME')`` (``server_now`` in ``_shared.lua``, put before every script):
+the Redis server's clock decides expiry, never the caller's.
 
 Two keys per run:
 
@@ -47,7 +48,9 @@ _SCRIPTS = ("acquire", "renew", "raise_fence", "release", "current")
 
 
 def _script_source(name: str) -> str:
-    return (files("onward") / "schemas" / "redis" / f"{name}.lua").read_text()
+    """A script's text, after the functions every script shares (``_shared.lua``)."""
+    folder = files("onward") / "schemas" / "redis"
+    return (folder / "_shared.lua").read_text() + (folder / f"{name}.lua").read_text()
 
 
 def _translate(exc: BaseException, context: str, run_id: str | None) -> OnwardError:

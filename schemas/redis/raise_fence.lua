@@ -7,22 +7,13 @@
 local lease_key, fence_key = KEYS[1], KEYS[2]
 local holder, fence, above = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
-
-local current = redis.call('HMGET', lease_key, 'holder', 'fence', 'expires_at')
-if not current[1] then
-    return {0, 'released or expired'}
-end
-if current[1] ~= holder or tonumber(current[2]) ~= fence then
-    return {0, 'superseded by fence ' .. current[2] .. ' of ' .. current[1]}
-end
-if not (tonumber(current[3]) > now) then
-    return {0, 'expired'}
+local expires_at, why = held_until(lease_key, holder, fence, server_now())
+if not expires_at then
+    return {0, why}
 end
 
 local counter = tonumber(redis.call('GET', fence_key) or '0')
 local raised = string.format('%d', math.max(counter, above) + 1)
 redis.call('SET', fence_key, raised)
 redis.call('HSET', lease_key, 'fence', raised)
-return {1, raised, current[3]}
+return {1, raised, expires_at}

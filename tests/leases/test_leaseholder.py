@@ -10,7 +10,13 @@ import pytest
 from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.runtime.leases import Leaseholder, LeaseStore, MemoryLeaseStore, RunLease
 from onward.testing.eventlog import TENANT, new_run_id
-from onward.testing.leases import GatedRenewals, WrappedLeaseStore, policy, until
+from onward.testing.leases import (
+    GatedRenewals,
+    WrappedLeaseStore,
+    cancelled_inside,
+    policy,
+    until,
+)
 
 
 class FailingStore(WrappedLeaseStore):
@@ -129,19 +135,11 @@ async def test_a_failed_release_never_masks_the_blocks_error() -> None:
 
 async def test_a_failed_release_never_swallows_a_cancellation() -> None:
     store = failing()
-    entered = asyncio.Event()
 
-    async def work() -> None:
-        async with holding(store):
-            store.release_fails = True
-            entered.set()
-            await asyncio.Event().wait()
+    def fail_releases() -> None:
+        store.release_fails = True
 
-    task = asyncio.create_task(work())
-    await asyncio.wait_for(entered.wait(), 5)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancelled_inside(holding(store), on_entry=fail_releases)
 
 
 async def test_the_lease_is_not_there_before_entering() -> None:

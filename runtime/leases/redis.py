@@ -9,13 +9,17 @@ Two keys per run:
 * ``{prefix}lease:{run_id}``, a hash (``holder``, ``tenant``, ``fence``, ``expires_at`` as a
   string of seconds since the epoch by the server's clock). Its ``PEXPIRE`` is set a little past
   the ttl only so abandoned runs do not pile up; expiry is decided by ``expires_at``.
-* ``{prefix}fence:{run_id}``, the run's fence counter. It has no expiry and is only ever
-  ``INCR``-ed, so every acquisition, after a release or an expiry too, raises the fence.
+* ``{prefix}fence:{run_id}``, the run's fence counter. It has no expiry and only goes up:
+  ``INCR``-ed by every acquisition, after a release or an expiry too, and set higher by
+  ``raise_fence``.
 
-The fence is only as durable as Redis itself: run it with persistence (AOF) and with a
-``maxmemory-policy`` that never evicts keys without an expiry (``noeviction`` or a
-``volatile-*`` policy), or a restart or eviction could hand out a fence twice. The two keys of
-a run are not hash-tagged, so a script touching both needs a single-node (or single-slot)
+The counter is only as durable as Redis itself. A restart without persistence, or an eviction,
+makes Redis hand out fences the run's log already has; the holder then raises the fence above
+the log's (`RedisLeaseStore.raise_fence`), so the run goes on and the loss costs a round trip.
+Run Redis with persistence (AOF) and a ``maxmemory-policy`` that never evicts keys without an
+expiry (``noeviction`` or a ``volatile-*`` policy) all the same: a worker whose lease Redis
+forgot believes it holds the run until its next renewal. The two keys of a run are not
+hash-tagged, so a script touching both needs a single-node (or single-slot)
 deployment rather than Redis Cluster.
 """
 

@@ -44,6 +44,8 @@ POLL_S = 0.02
 """How often a test asks the store whether a lease has lapsed."""
 SKEW_S = 3600.0
 """How far the caller's clock is moved in the clock-skew tests."""
+LOG_AHEAD_BY = 41
+"""How far above a lease's fence the raise tests put the highest fence in the run's log."""
 
 
 _REAL_DATETIME = datetime.datetime
@@ -267,6 +269,19 @@ class LeaseStoreConformance:
         old = await self._lapsed(store, run_id)
         return old, await self._take(store, run_id, "w2")
 
+    async def _raised(
+        self, store: LeaseStore, run_id: str, ttl_s: float = LONG_TTL_S
+    ) -> tuple[RunLease, RunLease]:
+        """A lease of ``w1``, and that lease raised above a log ``LOG_AHEAD_BY`` fences ahead."""
+        lease = await self._take(store, run_id, "w1", ttl_s=ttl_s)
+        return lease, await store.raise_fence(lease, above=lease.fence + LOG_AHEAD_BY)
+
+    async def _handed_over(self, store: LeaseStore, run_id: str) -> tuple[RunLease, RunLease]:
+        """A lease of ``w1`` that was released, and the lease ``w2`` took after it."""
+        old = await self._take(store, run_id, "w1")
+        await store.release(old)
+        return old, await self._take(store, run_id, "w2")
+
     async def _assert_held_by(self, store: LeaseStore, run_id: str, lease: RunLease) -> None:
         current = await store.current(run_id)
         assert current is not None
@@ -334,10 +349,7 @@ class LeaseStoreConformance:
     # -- fences ------------------------------------------------------------------------------
 
     async def test_acquiring_after_a_release_raises_the_fence(self, store: LeaseStore) -> None:
-        run_id = new_run_id()
-        first = await self._take(store, run_id, "w1")
-        await store.release(first)
-        second = await self._take(store, run_id, "w2")
+        first, second = await self._handed_over(store, new_run_id())
         assert second.fence > first.fence
 
     async def test_acquiring_after_an_expiry_raises_the_fence(self, store: LeaseStore) -> None:
@@ -407,10 +419,7 @@ class LeaseStoreConformance:
             await store.release(old)
 
     async def test_superseded_by_compares_fences_of_one_run(self, store: LeaseStore) -> None:
-        run_id = new_run_id()
-        old = await self._take(store, run_id, "w1")
-        await store.release(old)
-        new = await self._take(store, run_id, "w2")
+        old, new = await self._handed_over(store, new_run_id())
         other_run = new_run_id()
         other = await self._take(store, other_run, "w3")
         while other.fence <= old.fence:
@@ -427,10 +436,8 @@ class LeaseStoreConformance:
         self, store: LeaseStore
     ) -> None:
         run_id = new_run_id()
-        lease = await self._take(store, run_id, "w1")
-        above = lease.fence + 41
-        raised = await store.raise_fence(lease, above=above)
-        assert raised.fence > above
+        lease, raised = await self._raised(store, run_id)
+        assert raised.fence > lease.fence + LOG_AHEAD_BY
         assert (raised.run_id, raised.tenant, raised.holder) == (run_id, TENANT, "w1")
         assert raised.expires_at == pytest.approx(lease.expires_at, abs=1e-3)
         await self._assert_held_by(store, run_id, raised)
@@ -439,8 +446,7 @@ class LeaseStoreConformance:
         self, store: LeaseStore
     ) -> None:
         run_id = new_run_id()
-        lease = await self._take(store, run_id, "w1")
-        raised = await store.raise_fence(lease, above=lease.fence + 41)
+        _, raised = await self._raised(store, run_id)
         await store.release(raised)
         assert (await self._take(store, run_id, "w2")).fence > raised.fence
 
@@ -448,8 +454,7 @@ class LeaseStoreConformance:
         self, store: LeaseStore
     ) -> None:
         run_id = new_run_id()
-        lease = await self._take(store, run_id, "w1", ttl_s=SHORT_TTL_S)
-        raised = await store.raise_fence(lease, above=lease.fence + 41)
+        _, raised = await self._raised(store, run_id, ttl_s=SHORT_TTL_S)
         await until_lapsed(store, run_id)
         assert (await self._take(store, run_id, "w2")).fence > raised.fence
 
@@ -466,9 +471,9 @@ class LeaseStoreConformance:
         run_id = new_run_id()
         lease = await self._lapsed(store, run_id)
         with pytest.raises(FencedError):
-            await store.raise_fence(lease, above=lease.fence + 41)
+            await store.raise_fence(lease, above=lease.fence + LOG_AHEAD_BY)
         taken = await self._take(store, run_id, "w2")
-        assert lease.fence < taken.fence <= lease.fence + 41  # the refused raise left no trace
+        assert lease.fence < taken.fence <= lease.fence + LOG_AHEAD_BY  # the raise left no trace
 
     async def test_raising_the_fence_of_a_released_lease_is_fenced(self, store: LeaseStore) -> None:
         lease = await self._take(store, new_run_id(), "w1")
@@ -482,15 +487,14 @@ class LeaseStoreConformance:
         run_id = new_run_id()
         old, new = await self._superseded(store, run_id)
         with pytest.raises(FencedError):
-            await store.raise_fence(old, above=new.fence + 41)
+            await store.raise_fence(old, above=new.fence + LOG_AHEAD_BY)
         await self._assert_held_by(store, run_id, new)
 
     async def test_after_a_raise_the_new_fence_renews_and_releases_and_the_old_is_refused(
         self, store: LeaseStore
     ) -> None:
         run_id = new_run_id()
-        lease = await self._take(store, run_id, "w1")
-        raised = await store.raise_fence(lease, above=lease.fence)
+        lease, raised = await self._raised(store, run_id)
         with pytest.raises(FencedError):
             await store.renew(lease, ttl_s=LONG_TTL_S)
         with pytest.raises(FencedError):
@@ -524,13 +528,12 @@ class LeaseStoreConformance:
         self, store: LeaseStore
     ) -> None:
         run_id = new_run_id()
-        lease = await self._take(store, run_id, "w1")
-        in_the_log = (await store.raise_fence(lease, above=lease.fence + 41)).fence
+        _, in_the_log = await self._raised(store, run_id)
         wiped = await self.wiped(store, run_id)
         low = await self._take(wiped, run_id, "w2")
-        assert low.fence <= in_the_log
-        raised = await wiped.raise_fence(low, above=in_the_log)
-        assert raised.fence >= in_the_log + 1
+        assert low.fence <= in_the_log.fence
+        raised = await wiped.raise_fence(low, above=in_the_log.fence)
+        assert raised.fence >= in_the_log.fence + 1
         await wiped.release(raised)
         assert (await self._take(wiped, run_id, "w3")).fence > raised.fence
 
@@ -538,10 +541,8 @@ class LeaseStoreConformance:
 
     async def test_release_lets_another_holder_acquire_at_once(self, store: LeaseStore) -> None:
         run_id = new_run_id()
-        lease = await self._take(store, run_id, "w1")
-        await store.release(lease)
-        taken = await self._take(store, run_id, "w2")
-        assert taken.holder == "w2"
+        _, taken = await self._handed_over(store, run_id)
+        await self._assert_held_by(store, run_id, taken)
 
     async def test_a_released_lease_cannot_be_renewed(self, store: LeaseStore) -> None:
         lease = await self._take(store, new_run_id(), "w1")
@@ -732,8 +733,8 @@ class LeaseStoreConformance:
         run_id = new_run_id()
         async with Leaseholder(store, run_id, tenant=TENANT, holder="w1") as held:
             first = held.lease
-            raised = await held.raise_fence(first.fence + 41)
-            assert raised.fence > first.fence + 41
+            raised = await held.raise_fence(first.fence + LOG_AHEAD_BY)
+            assert raised.fence > first.fence + LOG_AHEAD_BY
             assert held.lease == raised
             assert await held.raise_fence(first.fence) == raised
             assert (await held.confirm()).fence == raised.fence
@@ -751,7 +752,7 @@ class LeaseStoreConformance:
             await store.release(held.lease)
             taker = await self._take(store, run_id, "w2")
             with pytest.raises(FencedError):
-                await held.raise_fence(taker.fence + 41)
+                await held.raise_fence(taker.fence + LOG_AHEAD_BY)
             assert held.fenced.is_set()
         await self._assert_held_by(store, run_id, taker)
 
@@ -766,9 +767,7 @@ class LeaseStoreConformance:
 
     async def test_leaseholder_refuses_to_adopt_a_lost_lease(self, store: LeaseStore) -> None:
         run_id = new_run_id()
-        lease = await self._take(store, run_id, "w1")
-        await store.release(lease)
-        taker = await self._take(store, run_id, "w2")
+        lease, taker = await self._handed_over(store, run_id)
         with pytest.raises(FencedError):
             async with Leaseholder(store, run_id, tenant=TENANT, holder="w1", lease=lease):
                 pytest.fail("adopted a superseded lease")

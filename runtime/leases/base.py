@@ -8,6 +8,10 @@ expiry too, and the fence never goes back; renewal keeps it. A superseded holder
 the number, not on the time: its renew and release raise `FencedError`, and whatever it writes
 to the log under the old fence is refused by every reader.
 
+The fence never strands a run: a store that hands out a fence the run's log already has (it
+was wiped, or configured after the run was written) is told to go above the log's with
+`LeaseStore.raise_fence`, atomically and only while the caller still holds the lease.
+
 The ttl check and the two refusals are defined here and shared by every backend, so a caller
 sees the same messages whichever store it runs on.
 """

@@ -1,8 +1,13 @@
 """`LeaseStoreConformance`: the behaviour every `LeaseStore` backend must show.
 
 Subclass it once per backend and implement :meth:`LeaseStoreConformance.open_store`, which
-returns an open store. Run ids are fresh per test, so the store need not be empty. Needs pytest
-and pytest-asyncio (``asyncio_mode = "auto"``).
+returns an open store. Run ids are fresh per test, so the store need not be empty. Override
+:meth:`LeaseStoreConformance.wiped` when ``open_store`` reopens the same data rather than an
+empty store. Needs pytest and pytest-asyncio (``asyncio_mode = "auto"``).
+
+Tests that need a lease to lapse poll the store until it has (`until_lapsed`) rather than
+sleep past the ttl, and fail when it has not lapsed a bounded time after its ttl.
+`WrappedLeaseStore` is a store to subclass when a test needs one call slow, gated or failing.
 
 The suite also drives `Leaseholder` over the backend, since renewal and release on the way out
 of a block are where a backend's timing and error behaviour meet the runtime.

@@ -91,6 +91,11 @@ class SqliteEventLog:
     def partitions(self) -> int:
         return self._partitions
 
+    @property
+    def path(self) -> Path:
+        """The database file (other embedded stores, leases among them, may share it)."""
+        return self._path
+
     async def start(self) -> None:
         """Open the file, create the tables if new, and check the partition count."""
         await self._db.open(self._open)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.crash_world import TENANT, open_world, the_agent, the_runner
+from support.crash_world import TENANT, open_world, the_agent, the_runner, until_lapsed
 from support.processes import spawn_support
 
 from onward.errors import IndeterminateToolCallError
@@ -61,8 +61,12 @@ async def crash_then_resume(
     await asyncio.wait_for(child.communicate(), 60)  # drains and closes the pipe
     assert child.returncode == -signal.SIGKILL
     ledger = Ledger(config["ledger"])
-    async with open_world(config) as world:
-        runner = the_runner(config, world, "parent")
+    async with (
+        open_world(config) as world,
+        the_runner(config, world, "parent") as runner,
+    ):
+        # The killed child's lease lapses on the store's clock; only then may another worker on.
+        await until_lapsed(runner.leases, config["run_id"])
         agent = the_agent(config)
         if config["variant"] == "approval":
             assert ledger.count("book") == 0

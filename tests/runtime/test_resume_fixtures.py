@@ -14,7 +14,7 @@ from support.resume_fixtures import classification, fixture_agent
 
 from onward.eventlog import Position, StoredEvent, decode
 from onward.projections.frontier import Frontier, fold_all
-from onward.runtime.resume import plan_resume
+from onward.runtime.planning import plan_resume
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "resume"
 NAMES = sorted(p.name.removesuffix(".jsonl") for p in FIXTURES.glob("*.jsonl"))

@@ -17,7 +17,8 @@ from onward.eventlog import KafkaEventLog, ToolCall
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
 from onward.runtime.agent import Agent
-from onward.runtime.history import PostgresBlobStore
+from onward.runtime.blobs import PostgresBlobStore
+from onward.runtime.leases import PostgresLeaseStore
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
@@ -94,8 +95,9 @@ async def test_a_secret_in_tool_arguments_is_masked_everywhere_at_rest(
         KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
         PostgresFrontierStore(database_url, schema=pg_schema) as store,
         PostgresBlobStore(database_url, schema=pg_schema) as blobs,
+        PostgresLeaseStore(database_url, schema=pg_schema) as leases,
     ):
-        runner = AgentRunner(provider=provider, log=log, blobs=blobs)
+        runner = AgentRunner(provider=provider, log=log, blobs=blobs, leases=leases)
         result = await runner.run(
             agent, f"here is my key {secret}", tenant="acme", run_id="r-secret"
         )

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from onward.eventlog import Event, kind_of
-from support.crash_world import TENANT, open_world, the_agent, the_runner
+from support.crash_world import CRASHED_LEASE, TENANT, open_world, the_agent, the_runner
 
 
 class KillAt:
@@ -46,7 +46,7 @@ class KillAt:
 async def main(config: dict[str, str]) -> None:
     async with open_world(config) as world:
         observer = KillAt(config["point"], config.get("call_id") or None)
-        runner = the_runner(config, world, "child", observer=observer)
+        runner = the_runner(config, world, "child", lease_policy=CRASHED_LEASE, observer=observer)
         result = await runner.run(the_agent(config), "go", tenant=TENANT, run_id=config["run_id"])
         print(json.dumps({"status": result.status}), flush=True)
         # A run waiting on a person: this worker stays up until it is killed.

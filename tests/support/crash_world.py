@@ -6,18 +6,31 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog
 from onward.runtime.agent import Agent
-from onward.runtime.history import BlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.runtime.blobs import BlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.runtime.leases import LeasePolicy, LeaseStore, PostgresLeaseStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, Tool, tool
 
 TENANT = "acme"
+CRASHED_LEASE = LeasePolicy(ttl=timedelta(seconds=1))
+"""The lease of the worker that is killed: short, so the test waits a second, not five minutes."""
+
+
+async def until_lapsed(leases: LeaseStore, run_id: str, *, within_s: float = 30.0) -> None:
+    """Wait until nobody holds the run's lease (a killed holder's lapses on the store's clock)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while await leases.current(run_id) is not None:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"the lease on {run_id} did not lapse within {within_s}s")
+        await asyncio.sleep(0.05)
 
 
 def tools(config: dict[str, Any]) -> list[Tool]:
@@ -67,12 +80,14 @@ def the_provider(variant: str) -> ScriptedProvider:
 class World:
     log: EventLog
     blobs: BlobStore
+    leases: LeaseStore | None  # None: the embedded log's own
 
 
 def the_runner(config: dict[str, Any], world: World, worker: str, **options: Any) -> AgentRunner:
     return AgentRunner(
         provider=the_provider(config["variant"]),
         log=world.log,
+        leases=world.leases,
         blobs=world.blobs,
         worker=worker,
         **options,
@@ -83,10 +98,11 @@ def the_runner(config: dict[str, Any], world: World, worker: str, **options: Any
 async def open_world(config: dict[str, Any]) -> AsyncIterator[World]:
     if config["backend"] == "sqlite":
         async with SqliteEventLog(config["db"]) as log, SqliteBlobStore(config["db"]) as blobs:
-            yield World(log, blobs)
+            yield World(log, blobs, None)
     else:
         async with (
             KafkaEventLog(config["bootstrap"], topic=config["topic"], partitions=2) as klog,
             PostgresBlobStore(config["database_url"], schema=config["schema"]) as pblobs,
+            PostgresLeaseStore(config["database_url"], schema=config["schema"]) as pleases,
         ):
-            yield World(klog, pblobs)
+            yield World(klog, pblobs, pleases)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from onward.runtime.agent import Agent
-from onward.runtime.resume import ResumePlan
+from onward.runtime.planning import ResumePlan
 from onward.runtime.tools import tool
 
 

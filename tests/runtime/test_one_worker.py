@@ -87,6 +87,7 @@ async def config(
         await admin.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
     config: dict[str, Any],
@@ -122,6 +123,7 @@ async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
     assert (ledger.count("search"), ledger.count("book")) == (1, 1), ledger.entries()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_worker_paused_past_its_ttl_is_fenced_and_its_writes_refused(
     config: dict[str, Any],
@@ -196,6 +198,7 @@ async def wipe_leases(config: dict[str, Any]) -> None:
             await conn.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_run_whose_lease_store_was_wiped_resumes_above_every_fence_in_its_log(
     config: dict[str, Any],

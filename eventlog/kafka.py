@@ -23,14 +23,14 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from onward._storage import DRIVER_ERRORS, Resource, translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -39,7 +39,6 @@ from onward.errors import (
     OnwardError,
     PayloadTooLargeError,
     ProducerFatalError,
-    translate,
 )
 
 from . import codec
@@ -64,7 +63,7 @@ _PRODUCER_MAX_BATCH = 1_048_000
 _PRODUCER_MAX_REQUEST = 1_100_000
 
 
-class KafkaEventLog:
+class KafkaEventLog(Resource):
     """An `EventLog` on one Kafka topic.
 
     Args:
@@ -115,13 +114,6 @@ class KafkaEventLog:
         self.producer_generation = 0
         """How many producers this log has created; grows when a fatal error replaced one."""
 
-    @classmethod
-    async def open(cls, bootstrap_servers: str, **options: Any) -> KafkaEventLog:
-        """Create the log, check or create its topic, and connect."""
-        log = cls(bootstrap_servers, **options)
-        await log.start()
-        return log
-
     @property
     def partitions(self) -> int:
         return self._partitions
@@ -158,7 +150,7 @@ class KafkaEventLog:
                 fetch_max_wait_ms=100,
             )
             await self._reader.start()
-        except KafkaError as exc:
+        except DRIVER_ERRORS as exc:
             raise translate(exc, context=f"connecting to Kafka at {self._bootstrap}") from exc
         await self._new_producer()
 
@@ -205,7 +197,7 @@ class KafkaEventLog:
         )
         try:
             await producer.start()
-        except KafkaError as exc:
+        except DRIVER_ERRORS as exc:
             await producer.stop()
             raise translate(exc, context=f"starting a producer for {self._bootstrap}") from exc
         self._producer = producer
@@ -277,7 +269,7 @@ class KafkaEventLog:
             try:
                 delivery = await producer.send_batch(batch, self._topic, partition=partition)
                 metadata = await delivery
-            except KafkaError as exc:
+            except DRIVER_ERRORS as exc:
                 errors = [
                     translate(exc, context=f"appending to partition {partition}", run_id=p.run_id)
                     for p in taken
@@ -328,7 +320,7 @@ class KafkaEventLog:
             reader = self._live_reader()
             try:
                 bounds = await self._bounds(reader, tp)
-            except KafkaError as exc:
+            except DRIVER_ERRORS as exc:
                 raise translate(exc, context=f"reading partition {partition}") from exc
             low = bounds.start if start is None else start
             if low < bounds.start:
@@ -344,7 +336,7 @@ class KafkaEventLog:
                 return await self._fetch(reader, tp, low, high, run_id=run_id, limit=limit)
             except BaseException as exc:
                 self._cursor = None
-                if isinstance(exc, KafkaError):
+                if isinstance(exc, DRIVER_ERRORS):
                     raise translate(
                         exc, context=f"reading partition {partition}", run_id=run_id
                     ) from exc
@@ -410,7 +402,7 @@ class KafkaEventLog:
         async with self._reader_lock:
             try:
                 return await self._bounds(self._live_reader(), tp)
-            except KafkaError as exc:
+            except DRIVER_ERRORS as exc:
                 raise translate(exc, context=f"reading bounds of partition {partition}") from exc
 
     async def truncate_before(self, partition: int, offset: int) -> None:
@@ -423,7 +415,7 @@ class KafkaEventLog:
         tp = TopicPartition(self._topic, partition)
         try:
             await self._admin.delete_records({tp: RecordsToDelete(before_offset=offset)})
-        except KafkaError as exc:
+        except DRIVER_ERRORS as exc:
             raise translate(exc, context=f"truncating partition {partition}") from exc
 
     async def close(self) -> None:
@@ -442,22 +434,10 @@ class KafkaEventLog:
                 continue
             try:
                 await stop()
-            except KafkaError as exc:
+            except DRIVER_ERRORS as exc:
                 errors.append(exc)
         if errors:
             raise translate(errors[0], context="closing the Kafka event log") from errors[0]
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 _GROUP_COMMIT_BYTES = 900_000

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Self
 
+from onward._storage import Resource
 from onward.errors import InvalidInputError, LogTruncatedError
 
 from . import codec
@@ -28,7 +27,7 @@ from .base import (
 from .events import Event
 
 
-class MemoryEventLog:
+class MemoryEventLog(Resource):
     """An in-process `EventLog`."""
 
     def __init__(
@@ -123,17 +122,3 @@ class MemoryEventLog:
         records = self._records[partition]
         records.append((run_id, record))
         return Position(partition, self._base[partition] + len(records) - 1)
-
-    async def close(self) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

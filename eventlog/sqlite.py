@@ -13,13 +13,11 @@ import sqlite3
 from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
+from onward._storage import SqliteStore, connect, transaction
 from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError
 
 from . import codec
-from ._sqlite import SqliteThread, connect, transaction
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
@@ -34,29 +32,11 @@ from .base import (
 from .events import Event
 
 SCHEMA_VERSION = 1
-
-_DDL = """
-CREATE TABLE IF NOT EXISTS onward_log_meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS onward_log_partition (
-    partition INTEGER PRIMARY KEY,
-    start_offset INTEGER NOT NULL,
-    next_offset INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS onward_log (
-    partition INTEGER NOT NULL,
-    offset INTEGER NOT NULL,
-    run_id TEXT NOT NULL,
-    record BLOB NOT NULL,
-    PRIMARY KEY (partition, offset)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS onward_log_by_run ON onward_log (run_id, partition, offset);
-"""
+"""The layout of the log's own rows, kept in ``onward_log_meta``; the tables themselves come
+from the SQLite migrations (``schemas/sqlite/0004_eventlog.sql``)."""
 
 
-class SqliteEventLog:
+class SqliteEventLog(SqliteStore):
     """An `EventLog` in one SQLite file.
 
     Args:
@@ -65,6 +45,8 @@ class SqliteEventLog:
             with a different count is a `ConfigurationError`.
         max_batch_bytes: Largest encoded batch accepted.
     """
+
+    what = "event log"
 
     def __init__(
         self,
@@ -75,28 +57,17 @@ class SqliteEventLog:
     ) -> None:
         if partitions < 1:
             raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
-        self._path = Path(path)
+        super().__init__(path, migrate=True)
         self._partitions = partitions
         self._max_batch_bytes = max_batch_bytes
-        self._db = SqliteThread(self._path, "event log")
-
-    @classmethod
-    async def open(cls, path: str | Path, **options: int) -> SqliteEventLog:
-        """Create the log and open its file."""
-        log = cls(path, **options)
-        await log.start()
-        return log
 
     @property
     def partitions(self) -> int:
         return self._partitions
 
-    async def start(self) -> None:
-        """Open the file, create the tables if new, and check the partition count."""
-        await self._db.open(self._open)
-
     def _open(self) -> sqlite3.Connection:
-        conn = connect(self._path)
+        """Open and migrate the file, then record or check the partition count."""
+        conn = super()._open()
         try:
             self._create_or_check(conn)
         except BaseException:
@@ -106,9 +77,6 @@ class SqliteEventLog:
 
     def _create_or_check(self, conn: sqlite3.Connection) -> None:
         with transaction(conn):
-            for statement in _DDL.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
             meta = dict(conn.execute("SELECT key, value FROM onward_log_meta").fetchall())
             if not meta:
                 conn.executemany(
@@ -273,18 +241,3 @@ class SqliteEventLog:
                 (offset + 1, partition),
             )
         return Position(partition, int(offset))
-
-    async def close(self) -> None:
-        await self._db.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

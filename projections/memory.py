@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Mapping, Sequence
-from types import TracebackType
-from typing import Self
+
+from onward._storage import Resource
 
 from .base import RunSummary, Snapshot, StoredFrontier, decode_payload
 from .frontier import RunStatus, ToolCallRow
 
 
-class MemoryFrontierStore:
+class MemoryFrontierStore(Resource):
     """An in-process `FrontierStore` with the same guards as the durable ones."""
 
     def __init__(self) -> None:
@@ -77,17 +77,3 @@ class MemoryFrontierStore:
             and (statuses is None or summary.status in statuses)
         ]
         return sorted(rows, key=lambda s: s.run_id)
-
-    async def close(self) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

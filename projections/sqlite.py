@@ -14,19 +14,15 @@ slow writer never moves a row or a position back.
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 from collections.abc import Collection, Mapping, Sequence
-from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import msgspec
 
-from onward.eventlog._sqlite import SqliteThread, transaction
+from onward._storage import SqliteStore, transaction
 
 from .base import RunSummary, Snapshot, StoredFrontier, decode_payload
 from .frontier import RunStatus, ToolCallRow
-from .migrations import open_sqlite, verify_sqlite
 
 LOAD_CHUNK = 500
 """Run ids per ``IN (...)`` list: well under SQLite's bound-variable limit on any build."""
@@ -93,7 +89,7 @@ def _call_row(row: Sequence[Any]) -> ToolCallRow:
     return ToolCallRow(**dict(zip(_CALL_COLUMNS, row, strict=True)))
 
 
-class SqliteFrontierStore:
+class SqliteFrontierStore(SqliteStore):
     """A `FrontierStore` in one SQLite file, possibly the event log's own.
 
     Args:
@@ -103,46 +99,7 @@ class SqliteFrontierStore:
             that is not is refused rather than changed.
     """
 
-    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
-        self._path = Path(path)
-        self._migrate = migrate
-        self._db = SqliteThread(self._path, "frontier store")
-
-    @classmethod
-    async def open(cls, path: str | Path, **options: bool) -> SqliteFrontierStore:
-        """Create the store and open its file.
-
-        Args:
-            path: The database file.
-            **options: Keyword arguments of the constructor (``migrate``).
-
-        Raises:
-            SchemaMismatchError: The file is at another schema version.
-        """
-        store = cls(path, **options)
-        await store.start()
-        return store
-
-    async def start(self) -> None:
-        """Open the file, migrate it if configured to, and check its schema version.
-
-        Raises:
-            SchemaMismatchError: The file is at another schema version; with ``migrate=False``,
-                an unmigrated file is one too.
-        """
-        await self._db.open(self._open)
-
-    def _open(self) -> sqlite3.Connection:
-        return open_sqlite(self._path, migrate=self._migrate)
-
-    async def verify(self) -> None:
-        """Check the file is still at this code's schema version.
-
-        Raises:
-            SchemaMismatchError: Another process migrated the file to another version.
-        """
-        conn = self._db.connection()
-        await self._db.call(lambda: verify_sqlite(conn, where=str(self._path)), "verifying schema")
+    what = "frontier store"
 
     async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
         """The stored rows of the given runs, read in one query per ``LOAD_CHUNK`` ids.
@@ -264,19 +221,3 @@ class SqliteFrontierStore:
 
         rows = await self._db.call(read, "listing runs")
         return [_summary(row) for row in rows]
-
-    async def close(self) -> None:
-        """Close the connection and stop the store's thread. Idempotent."""
-        await self._db.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

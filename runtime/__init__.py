@@ -1,14 +1,14 @@
 """The runner, resume planning, leases, redaction, providers, tools and the CLI."""
 
 from .agent import Agent
-from .checkpoint import Checkpointer, CheckpointPolicy
-from .history import (
+from .blobs import (
     BlobStore,
     ClaimCheck,
     MemoryBlobStore,
     PostgresBlobStore,
     SqliteBlobStore,
 )
+from .checkpoint import Checkpointer, CheckpointPolicy
 from .leases import (
     Leaseholder,
     LeasePolicy,

@@ -29,8 +29,8 @@ from onward.eventlog.events import Event, ToolCall
 from onward.projections.sqlite import SqliteFrontierStore
 
 from .agent import Agent
+from .blobs import SqliteBlobStore
 from .checkpoint import CheckpointPolicy
-from .history import SqliteBlobStore
 from .providers import ScriptedProvider, reply
 from .runner import AgentRunner, RunResult
 from .tools import Reconciled, Tool, tool

@@ -56,8 +56,8 @@ from onward.projections.base import FrontierStore
 from onward.projections.frontier import CallState, Frontier, fold
 
 from .agent import Agent
+from .blobs import BlobStore, ClaimCheck
 from .checkpoint import Checkpointer, CheckpointPolicy
-from .history import BlobStore, ClaimCheck
 from .leases.base import LeasePolicy, LeaseStore, RunLease
 from .leases.holder import Leaseholder
 from .providers import Provider

@@ -17,9 +17,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
+from onward._storage import Resource
 from onward.errors import FencedError, InvalidInputError, ResumeConflictError
 
 from .base import RunLease
@@ -66,7 +65,7 @@ def fenced_error(lease: RunLease, why: str) -> FencedError:
     )
 
 
-class MemoryLeaseStore:
+class MemoryLeaseStore(Resource):
     """A `LeaseStore` held in a dict: nothing survives the process."""
 
     def __init__(self) -> None:
@@ -139,14 +138,3 @@ class MemoryLeaseStore:
 
     async def close(self) -> None:
         """Nothing to close; the leases stay for as long as the store object lives."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -21,21 +21,16 @@ deployment rather than Redis Cluster.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from importlib.resources import files
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import redis.asyncio as aioredis
-import redis.exceptions as redis_errors
 from redis.commands.core import AsyncScript
 
+from onward._storage import Resource, translated
 from onward.errors import (
     ConfigurationError,
     InvalidInputError,
-    OnwardError,
-    translate,
 )
 
 from .base import RunLease
@@ -51,16 +46,11 @@ def _script_source(name: str) -> str:
     return (files("onward") / "schemas" / "redis" / f"{name}.lua").read_text()
 
 
-def _translate(exc: BaseException, context: str, run_id: str | None) -> OnwardError:
-    """Driver failures become Onward errors by the rules in `onward.errors.translate`."""
-    return translate(exc, context=context, run_id=run_id)
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisLeaseStore:
+class RedisLeaseStore(Resource):
     """A `LeaseStore` in Redis.
 
     Args:
@@ -74,19 +64,6 @@ class RedisLeaseStore:
         self._max_connections = max_connections
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
-
-    @classmethod
-    async def open(
-        cls, url: str, *, prefix: str = "onward:", max_connections: int = 64
-    ) -> RedisLeaseStore:
-        """Create the store and check Redis answers.
-
-        Raises:
-            BackendUnavailableError: Redis could not be reached.
-        """
-        store = cls(url, prefix=prefix, max_connections=max_connections)
-        await store.start()
-        return store
 
     async def start(self) -> None:
         """Connect, register the scripts and check Redis answers, so a bad URL fails here."""
@@ -104,7 +81,7 @@ class RedisLeaseStore:
         self._client = client
         self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
         try:
-            async with self._translated("connecting to Redis", None):
+            with translated("connecting to Redis"):
                 await client.ping()
         except BaseException:
             await self.close()
@@ -118,13 +95,6 @@ class RedisLeaseStore:
         """The counter holding a run's last fence; it never expires."""
         return f"{self.prefix}fence:{run_id}"
 
-    @asynccontextmanager
-    async def _translated(self, context: str, run_id: str | None) -> AsyncIterator[None]:
-        try:
-            yield
-        except (redis_errors.RedisError, OSError) as exc:
-            raise _translate(exc, context, run_id) from exc
-
     async def _script(self, name: str, keys: list[str], args: list[Any], run_id: str) -> Any:
         """Run one of the store's scripts, translating driver failures."""
         if self._client is None:
@@ -132,7 +102,7 @@ class RedisLeaseStore:
                 "the Redis lease store is not open; use `await RedisLeaseStore.open(url)` or "
                 "`async with`"
             )
-        async with self._translated(f"running {name}.lua", run_id):
+        with translated(f"running {name}.lua", run_id=run_id):
             return await self._scripts[name](keys=keys, args=args)
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
@@ -198,18 +168,6 @@ class RedisLeaseStore:
         self._scripts = {}
         if client is not None:
             await client.aclose(close_connection_pool=True)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 def _ttl_ms(ttl_s: float) -> int:

@@ -28,7 +28,7 @@ from onward.eventlog import (
 )
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
-from onward.runtime.history import MemoryBlobStore
+from onward.runtime.blobs import MemoryBlobStore
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.resume import ToolDisposition
 from onward.runtime.runner import AgentRunner

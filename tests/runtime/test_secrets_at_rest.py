@@ -20,7 +20,7 @@ from onward.eventlog import KafkaEventLog, ToolCall
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
 from onward.runtime.agent import Agent
-from onward.runtime.history import PostgresBlobStore
+from onward.runtime.blobs import PostgresBlobStore
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool

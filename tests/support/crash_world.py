@@ -14,7 +14,7 @@ from typing import Any
 from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog
 from onward.runtime.agent import Agent
-from onward.runtime.history import BlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.runtime.blobs import BlobStore, PostgresBlobStore, SqliteBlobStore
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.tools import Reconciled, Tool, tool
 

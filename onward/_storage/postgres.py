@@ -12,8 +12,14 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
+from onward.errors import BackendError, BackendUnavailableError
+
 from .migrations import verify_postgres
-from .translate import translated
+from .translate import DRIVER_ERRORS, translated
+
+# What a call on a lost connection fails with: a driver error, or one a helper such as a build
+# lookup already translated.
+_FAILURES: tuple[type[BaseException], ...] = (*DRIVER_ERRORS, BackendError)
 
 APPLICATION_NAME = "onward"
 """What Onward's connections call themselves on the server (``pg_stat_activity``)."""
@@ -70,8 +76,39 @@ async def pooled(
     """
     with translated(context, run_id=run_id):
         async with pool.acquire() as conn:
-            if not transaction:
-                yield conn
-                return
-            async with conn.transaction():
-                yield conn
+            try:
+                if not transaction:
+                    yield conn
+                    return
+                async with conn.transaction():
+                    yield conn
+            except _FAILURES as exc:
+                if _lost(conn):
+                    raise connection_lost(exc, context=context, run_id=run_id) from exc
+                raise
+
+
+def _lost(conn: asyncpg.Connection) -> bool:
+    """Whether the connection is gone; a pooled one the pool already let go of counts as gone."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:  # detached from its pool because it closed
+        return True
+
+
+def connection_lost(
+    exc: BaseException, *, context: str, run_id: str | None = None
+) -> BackendUnavailableError:
+    """The error of a call whose connection the server dropped, whatever asyncpg raised for it.
+
+    A connection cut while idle in the pool is noticed only by the next call on it, and asyncpg
+    may then raise an internal client error rather than a connection error; the call is still
+    one that can simply be made again.
+    """
+    message = (
+        f"{context}: the connection to PostgreSQL was lost ({type(exc).__name__}: {exc}); "
+        "retry, the next call opens a fresh connection"
+    )
+    if run_id is not None:
+        message = f"run {run_id!r}: {message}"
+    return BackendUnavailableError(message, run_id=run_id)

@@ -15,11 +15,13 @@ from onward.errors import BackendUnavailableError, ResumeConflictError, SchemaMi
 from onward.runtime.leases import LeaseStore, PostgresLeaseStore, RunLease
 from onward.testing import LeaseStoreConformance
 from onward.testing.eventlog import TENANT, new_run_id
+from onward.testing.storage import PostgresConnectionLossConformance
 
 
-class TestPostgresLeaseStore(LeaseStoreConformance):
+class TestPostgresLeaseStore(LeaseStoreConformance, PostgresConnectionLossConformance):
     database_url: str
     stack: AsyncExitStack
+    lock_table = "onward_leases"
 
     @pytest_asyncio.fixture(autouse=True)
     async def _schema(self, database_url: str) -> AsyncIterator[None]:
@@ -31,6 +33,13 @@ class TestPostgresLeaseStore(LeaseStoreConformance):
     async def open_store(self) -> LeaseStore:
         schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
         return await PostgresLeaseStore.open(self.database_url, schema=schema)
+
+    async def open_connected_store(self) -> tuple[PostgresLeaseStore, str]:
+        schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
+        return await PostgresLeaseStore.open(self.database_url, schema=schema), schema
+
+    async def use_store(self, store: PostgresLeaseStore) -> None:
+        await store.current(new_run_id())
 
 
 async def test_stores_with_their_own_pools_let_exactly_one_acquire(database_url: str) -> None:

@@ -10,11 +10,13 @@ from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.frontier import Frontier
 from onward.projections.postgres import PostgresFrontierStore
 from onward.testing import FrontierStoreConformance
+from onward.testing.storage import PostgresConnectionLossConformance
 
 
-class TestPostgresFrontierStore(FrontierStoreConformance):
+class TestPostgresFrontierStore(FrontierStoreConformance, PostgresConnectionLossConformance):
     database_url: str
     stack: AsyncExitStack
+    lock_table = "onward_projector_positions"
 
     @pytest_asyncio.fixture(autouse=True)
     async def _schema(self, database_url: str) -> AsyncIterator[None]:
@@ -26,6 +28,13 @@ class TestPostgresFrontierStore(FrontierStoreConformance):
     async def open_store(self) -> FrontierStore:
         schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
         return await PostgresFrontierStore.open(self.database_url, schema=schema)
+
+    async def open_connected_store(self) -> tuple[PostgresFrontierStore, str]:
+        schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
+        return await PostgresFrontierStore.open(self.database_url, schema=schema), schema
+
+    async def use_store(self, store: PostgresFrontierStore) -> None:
+        await store.positions("frontiers")
 
 
 class TestPostgresFrontierStoreWithoutSynchronousCommit(TestPostgresFrontierStore):

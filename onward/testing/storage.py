@@ -1,0 +1,135 @@
+"""`PostgresConnectionLossConformance`: what every PostgreSQL-backed store does when its server
+drops a connection (a restart, a failover, ``pg_terminate_backend``).
+
+The call in progress fails with a retryable `BackendUnavailableError`, never a raw driver error,
+and the store recovers by itself: a later call runs on a fresh connection. Mix it into a store's
+test class and implement :meth:`~PostgresConnectionLossConformance.open_connected_store` and
+:meth:`~PostgresConnectionLossConformance.use_store`. Needs pytest and pytest-asyncio.
+
+A store's connections are told apart from everyone else's on a shared server by their
+``application_name``, which Onward sets to ``onward:<schema>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, ClassVar
+
+import asyncpg
+import pytest
+
+from onward.errors import BackendUnavailableError
+
+_WAIT_S = 15.0
+
+
+class PostgresConnectionLossConformance:
+    """Connection loss, mid-call and while idle. Subclass per PostgreSQL-backed store.
+
+    Attributes:
+        database_url: The server, as the store was given it (set by the subclass, e.g. in a
+            fixture).
+        lock_table: A table every :meth:`use_store` call reads or writes; the test locks it so
+            the call is still in progress when its connection is cut.
+    """
+
+    database_url: str
+    lock_table: ClassVar[str]
+
+    async def open_connected_store(self) -> tuple[Any, str]:
+        """A started store in a fresh, migrated schema, and that schema's name."""
+        raise NotImplementedError
+
+    async def use_store(self, store: Any) -> None:
+        """One call of the store's public API that touches :attr:`lock_table`."""
+        raise NotImplementedError
+
+    async def test_a_connection_cut_mid_call_fails_retryably_then_the_store_recovers(
+        self,
+    ) -> None:
+        store, schema = await self.open_connected_store()
+        admin = await asyncpg.connect(self.database_url)
+        try:
+            await self.use_store(store)
+            lock = admin.transaction()
+            await lock.start()
+            try:
+                await admin.execute(
+                    f"LOCK TABLE {schema}.{self.lock_table} IN ACCESS EXCLUSIVE MODE"
+                )
+                call = asyncio.ensure_future(self.use_store(store))
+                await _wait_until_blocked(admin, call)
+                terminated = await _terminate(admin, schema)
+            finally:
+                await lock.rollback()
+            assert terminated, "no connection of the store was found to cut"
+            with pytest.raises(BackendUnavailableError) as caught:
+                await call
+            assert caught.value.retryable
+            await self.use_store(store)
+        finally:
+            await admin.close()
+            await store.close()
+
+    async def test_connections_cut_while_idle_cost_at_most_one_retryable_call(self) -> None:
+        store, schema = await self.open_connected_store()
+        admin = await asyncpg.connect(self.database_url)
+        try:
+            await self.use_store(store)
+            assert await _terminate(admin, schema), "no connection of the store was found to cut"
+            await _wait_until_gone(admin, schema)
+            # asyncpg notices a connection cut while idle only when the next call uses it; that
+            # call may fail, retryably, and the one after it must not.
+            try:
+                await self.use_store(store)
+            except BackendUnavailableError:
+                await self.use_store(store)
+        finally:
+            await admin.close()
+            await store.close()
+
+
+def _application_name(schema: str) -> str:
+    return f"onward:{schema}"
+
+
+async def _terminate(admin: asyncpg.Connection, schema: str) -> int:
+    """Cut every connection of the store; return how many there were."""
+    rows = await admin.fetch(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = $1 AND pid <> pg_backend_pid()",
+        _application_name(schema),
+    )
+    return len(rows)
+
+
+async def _wait_until_blocked(admin: asyncpg.Connection, call: asyncio.Future[None]) -> None:
+    """Wait until a connection waits on the admin connection's lock: the call is in flight."""
+    deadline = time.monotonic() + _WAIT_S
+    while time.monotonic() < deadline:
+        if call.done():
+            await call  # raises what the call raised
+            pytest.fail("the call finished although its table was locked")
+        waiting = await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+        )
+        if waiting:
+            return
+        await asyncio.sleep(0.02)
+    call.cancel()
+    pytest.fail("the store's call never reached the locked table")
+
+
+async def _wait_until_gone(admin: asyncpg.Connection, schema: str) -> None:
+    deadline = time.monotonic() + _WAIT_S
+    while time.monotonic() < deadline:
+        left = await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            _application_name(schema),
+        )
+        if not left:
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail("the store's connections outlived pg_terminate_backend")

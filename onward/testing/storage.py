@@ -3,8 +3,11 @@ drops a connection (a restart, a failover, ``pg_terminate_backend``).
 
 The call in progress fails with a retryable `BackendUnavailableError`, never a raw driver error,
 and the store recovers by itself: a later call runs on a fresh connection. Mix it into a store's
-test class and implement :meth:`~PostgresConnectionLossConformance.open_connected_store` and
-:meth:`~PostgresConnectionLossConformance.use_store`. Needs pytest and pytest-asyncio.
+test class, set :attr:`~PostgresConnectionLossConformance.lock_table` and implement
+:meth:`~PostgresConnectionLossConformance.open_connected_store` and
+:meth:`~PostgresConnectionLossConformance.use_store`. Each test makes (and drops) its own
+migrated schema, on the server of a ``database_url`` fixture the test module provides. Needs
+pytest and pytest-asyncio.
 
 A store's connections are told apart from everyone else's on a shared server by their
 ``application_name``, which Onward sets to ``onward:<schema>``.
@@ -14,12 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
 import asyncpg
 import pytest
 
 from onward.errors import BackendUnavailableError
+from onward.projections.postgres import migrate
 
 _WAIT_S = 15.0
 
@@ -28,17 +35,14 @@ class PostgresConnectionLossConformance:
     """Connection loss, mid-call and while idle. Subclass per PostgreSQL-backed store.
 
     Attributes:
-        database_url: The server, as the store was given it (set by the subclass, e.g. in a
-            fixture).
         lock_table: A table every :meth:`use_store` call reads or writes; the test locks it so
             the call is still in progress when its connection is cut.
     """
 
-    database_url: str
     lock_table: ClassVar[str]
 
-    async def open_connected_store(self) -> tuple[Any, str]:
-        """A started store in a fresh, migrated schema, and that schema's name."""
+    async def open_connected_store(self, database_url: str, schema: str) -> Any:
+        """The store, started, on the given server and migrated schema."""
         raise NotImplementedError
 
     async def use_store(self, store: Any) -> None:
@@ -46,48 +50,73 @@ class PostgresConnectionLossConformance:
         raise NotImplementedError
 
     async def test_a_connection_cut_mid_call_fails_retryably_then_the_store_recovers(
-        self,
+        self, database_url: str
     ) -> None:
-        store, schema = await self.open_connected_store()
-        admin = await asyncpg.connect(self.database_url)
-        try:
-            await self.use_store(store)
-            lock = admin.transaction()
-            await lock.start()
+        async with _fresh_schema(database_url) as (admin, schema):
+            store = await self.open_connected_store(database_url, schema)
             try:
-                await admin.execute(
-                    f"LOCK TABLE {schema}.{self.lock_table} IN ACCESS EXCLUSIVE MODE"
-                )
-                call = asyncio.ensure_future(self.use_store(store))
-                await _wait_until_blocked(admin, call)
-                terminated = await _terminate(admin, schema)
+                await _cut_mid_call(admin, schema, self.lock_table, store, self.use_store)
             finally:
-                await lock.rollback()
-            assert terminated, "no connection of the store was found to cut"
-            with pytest.raises(BackendUnavailableError) as caught:
-                await call
-            assert caught.value.retryable
-            await self.use_store(store)
-        finally:
-            await admin.close()
-            await store.close()
+                await store.close()
 
-    async def test_connections_cut_while_idle_cost_at_most_one_retryable_call(self) -> None:
-        store, schema = await self.open_connected_store()
-        admin = await asyncpg.connect(self.database_url)
-        try:
-            await self.use_store(store)
-            assert await _terminate(admin, schema), "no connection of the store was found to cut"
-            await _wait_until_gone(admin, schema)
-            # asyncpg notices a connection cut while idle only when the next call uses it; that
-            # call may fail, retryably, and the one after it must not.
+    async def test_connections_cut_while_idle_cost_at_most_one_retryable_call(
+        self, database_url: str
+    ) -> None:
+        async with _fresh_schema(database_url) as (admin, schema):
+            store = await self.open_connected_store(database_url, schema)
             try:
                 await self.use_store(store)
-            except BackendUnavailableError:
-                await self.use_store(store)
-        finally:
-            await admin.close()
-            await store.close()
+                assert await _terminate(admin, schema), "no connection of the store to cut"
+                await _wait_until_gone(admin, schema)
+                # asyncpg notices a connection cut while idle only when the next call uses it;
+                # that call may fail, retryably, and the one after it must not.
+                try:
+                    await self.use_store(store)
+                except BackendUnavailableError:
+                    await self.use_store(store)
+            finally:
+                await store.close()
+
+
+@asynccontextmanager
+async def _fresh_schema(database_url: str) -> AsyncIterator[tuple[asyncpg.Connection, str]]:
+    """An admin connection and a new migrated schema, dropped afterwards."""
+    schema = f"loss_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f"CREATE SCHEMA {schema}")
+        await admin.execute(f"SET search_path TO {schema}")
+        await migrate(admin)
+        await admin.execute("RESET search_path")
+        yield admin, schema
+    finally:
+        await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await admin.close()
+
+
+async def _cut_mid_call(
+    admin: asyncpg.Connection,
+    schema: str,
+    table: str,
+    store: Any,
+    use: Callable[[Any], Awaitable[None]],
+) -> None:
+    """Cut the store's connections while a call waits on a lock; the call must fail retryably."""
+    await use(store)
+    lock = admin.transaction()
+    await lock.start()
+    try:
+        await admin.execute(f"LOCK TABLE {schema}.{table} IN ACCESS EXCLUSIVE MODE")
+        call = asyncio.ensure_future(use(store))
+        await _wait_until_blocked(admin, call)
+        terminated = await _terminate(admin, schema)
+    finally:
+        await lock.rollback()
+    assert terminated, "no connection of the store to cut"
+    with pytest.raises(BackendUnavailableError) as caught:
+        await call
+    assert caught.value.retryable
+    await use(store)
 
 
 def _application_name(schema: str) -> str:

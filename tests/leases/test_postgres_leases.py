@@ -34,9 +34,8 @@ class TestPostgresLeaseStore(LeaseStoreConformance, PostgresConnectionLossConfor
         schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
         return await PostgresLeaseStore.open(self.database_url, schema=schema)
 
-    async def open_connected_store(self) -> tuple[PostgresLeaseStore, str]:
-        schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
-        return await PostgresLeaseStore.open(self.database_url, schema=schema), schema
+    async def open_connected_store(self, database_url: str, schema: str) -> PostgresLeaseStore:
+        return await PostgresLeaseStore.open(database_url, schema=schema)
 
     async def use_store(self, store: PostgresLeaseStore) -> None:
         await store.current(new_run_id())

@@ -29,9 +29,8 @@ class TestPostgresFrontierStore(FrontierStoreConformance, PostgresConnectionLoss
         schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
         return await PostgresFrontierStore.open(self.database_url, schema=schema)
 
-    async def open_connected_store(self) -> tuple[PostgresFrontierStore, str]:
-        schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
-        return await PostgresFrontierStore.open(self.database_url, schema=schema), schema
+    async def open_connected_store(self, database_url: str, schema: str) -> PostgresFrontierStore:
+        return await PostgresFrontierStore.open(database_url, schema=schema)
 
     async def use_store(self, store: PostgresFrontierStore) -> None:
         await store.positions("frontiers")

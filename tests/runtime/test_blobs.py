@@ -57,20 +57,10 @@ async def test_closing_twice_is_harmless(blobs: BlobStore) -> None:
 
 
 class TestPostgresBlobStoreConnectionLoss(PostgresConnectionLossConformance):
-    database_url: str
-    stack: AsyncExitStack
     lock_table = "onward_blobs"
 
-    @pytest_asyncio.fixture(autouse=True)
-    async def _schema(self, database_url: str) -> AsyncIterator[None]:
-        self.database_url = database_url
-        async with AsyncExitStack() as stack:
-            self.stack = stack
-            yield
-
-    async def open_connected_store(self) -> tuple[PostgresBlobStore, str]:
-        schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
-        return await PostgresBlobStore.open(self.database_url, schema=schema), schema
+    async def open_connected_store(self, database_url: str, schema: str) -> PostgresBlobStore:
+        return await PostgresBlobStore.open(database_url, schema=schema)
 
     async def use_store(self, store: PostgresBlobStore) -> None:
         await store.put(b"a body")

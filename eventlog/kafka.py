@@ -30,7 +30,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from onward._storage import DRIVER_ERRORS, Resource, translate
+from onward._storage import DRIVER_ERRORS, translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -45,13 +45,12 @@ from . import codec
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
+    EventLogBackend,
     PartitionBounds,
     Position,
     StoredEvent,
     check_partition,
     check_truncation,
-    partition_for,
-    prepare_batch,
 )
 from .events import Event
 
@@ -63,7 +62,7 @@ _PRODUCER_MAX_BATCH = 1_048_000
 _PRODUCER_MAX_REQUEST = 1_100_000
 
 
-class KafkaEventLog(Resource):
+class KafkaEventLog(EventLogBackend):
     """An `EventLog` on one Kafka topic.
 
     Args:
@@ -91,16 +90,13 @@ class KafkaEventLog(Resource):
         read_timeout_s: float = 30.0,
         client_id: str = "onward",
     ) -> None:
-        if partitions < 1:
-            raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
+        super().__init__(partitions=partitions, max_batch_bytes=max_batch_bytes)
         if not bootstrap_servers:
             raise ConfigurationError("KAFKA_BOOTSTRAP_SERVERS is empty")
         self._bootstrap = bootstrap_servers
         self._topic = topic
-        self._partitions = partitions
         self._replication_factor = replication_factor
         self._create_topic = create_topic
-        self._max_batch_bytes = max_batch_bytes
         self._read_timeout_s = read_timeout_s
         self._client_id = client_id
         self._producer: AIOKafkaProducer | None = None
@@ -113,10 +109,6 @@ class KafkaEventLog(Resource):
         self._flushers: dict[int, asyncio.Task[None]] = {}
         self.producer_generation = 0
         """How many producers this log has created; grows when a fatal error replaced one."""
-
-    @property
-    def partitions(self) -> int:
-        return self._partitions
 
     @property
     def topic(self) -> str:
@@ -224,9 +216,7 @@ class KafkaEventLog(Resource):
         return self._producer
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
-        run_id, partition, encoded = prepare_batch(
-            events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
-        )
+        run_id, partition, encoded = self._prepare(events)
         self._live_producer()
         pending = _Pending(
             run_id=run_id,
@@ -293,18 +283,6 @@ class KafkaEventLog(Resource):
             for pending in taken:
                 _settle(pending, offset=offset)
                 offset += len(pending.records)
-
-    async def read_run(
-        self, run_id: str, *, start: int | None = None, end: int | None = None
-    ) -> list[StoredEvent]:
-        partition = partition_for(run_id, self._partitions)
-        return await self._read(partition, start, end, run_id=run_id, limit=None)
-
-    async def read_partition(
-        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
-    ) -> list[StoredEvent]:
-        check_partition(partition, self._partitions)
-        return await self._read(partition, start, end, run_id=None, limit=limit)
 
     async def _read(
         self,

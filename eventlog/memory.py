@@ -9,25 +9,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from onward._storage import Resource
-from onward.errors import InvalidInputError, LogTruncatedError
+from onward.errors import LogTruncatedError
 
 from . import codec
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
+    EventLogBackend,
     PartitionBounds,
     Position,
     StoredEvent,
     check_partition,
     check_truncation,
     partition_for,
-    prepare_batch,
 )
 from .events import Event
 
 
-class MemoryEventLog(Resource):
+class MemoryEventLog(EventLogBackend):
     """An in-process `EventLog`."""
 
     def __init__(
@@ -36,42 +35,21 @@ class MemoryEventLog(Resource):
         partitions: int = DEFAULT_PARTITIONS,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     ) -> None:
-        if partitions < 1:
-            raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
-        self._partitions = partitions
-        self._max_batch_bytes = max_batch_bytes
+        super().__init__(partitions=partitions, max_batch_bytes=max_batch_bytes)
         # Per partition: the offset of the first kept record, and the kept (run id, record) pairs.
         self._base = [0] * partitions
         self._records: list[list[tuple[str, bytes]]] = [[] for _ in range(partitions)]
         self._lock = asyncio.Lock()
 
-    @property
-    def partitions(self) -> int:
-        return self._partitions
-
     async def append(self, events: Sequence[Event]) -> list[Position]:
-        run_id, partition, encoded = prepare_batch(
-            events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
-        )
+        run_id, partition, encoded = self._prepare(events)
         async with self._lock:
             records = self._records[partition]
             first = self._base[partition] + len(records)
             records.extend((run_id, r) for r in encoded)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
-    async def read_run(
-        self, run_id: str, *, start: int | None = None, end: int | None = None
-    ) -> list[StoredEvent]:
-        partition = partition_for(run_id, self._partitions)
-        return self._read(partition, start, end, run_id=run_id, limit=None)
-
-    async def read_partition(
-        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
-    ) -> list[StoredEvent]:
-        check_partition(partition, self._partitions)
-        return self._read(partition, start, end, run_id=None, limit=limit)
-
-    def _read(
+    async def _read(
         self,
         partition: int,
         start: int | None,

@@ -15,19 +15,19 @@ from contextlib import closing
 from pathlib import Path
 
 from onward._storage import SqliteStore, connect, transaction
-from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError
+from onward.errors import ConfigurationError, LogTruncatedError
 
 from . import codec
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
+    EventLogBackend,
     PartitionBounds,
     Position,
     StoredEvent,
     check_partition,
     check_truncation,
     partition_for,
-    prepare_batch,
 )
 from .events import Event
 
@@ -36,7 +36,7 @@ SCHEMA_VERSION = 1
 from the SQLite migrations (``schemas/sqlite/0004_eventlog.sql``)."""
 
 
-class SqliteEventLog(SqliteStore):
+class SqliteEventLog(SqliteStore, EventLogBackend):
     """An `EventLog` in one SQLite file.
 
     Args:
@@ -55,15 +55,8 @@ class SqliteEventLog(SqliteStore):
         partitions: int = DEFAULT_PARTITIONS,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     ) -> None:
-        if partitions < 1:
-            raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
-        super().__init__(path, migrate=True)
-        self._partitions = partitions
-        self._max_batch_bytes = max_batch_bytes
-
-    @property
-    def partitions(self) -> int:
-        return self._partitions
+        EventLogBackend.__init__(self, partitions=partitions, max_batch_bytes=max_batch_bytes)
+        SqliteStore.__init__(self, path, migrate=True)
 
     def _open(self) -> sqlite3.Connection:
         """Open and migrate the file, then record or check the partition count."""
@@ -103,9 +96,7 @@ class SqliteEventLog(SqliteStore):
             )
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
-        run_id, partition, encoded = prepare_batch(
-            events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
-        )
+        run_id, partition, encoded = self._prepare(events)
         conn = self._db.connection()
 
         def write() -> int:
@@ -126,18 +117,6 @@ class SqliteEventLog(SqliteStore):
 
         first = await self._db.call(write, f"appending to partition {partition}", run_id)
         return [Position(partition, first + i) for i in range(len(encoded))]
-
-    async def read_run(
-        self, run_id: str, *, start: int | None = None, end: int | None = None
-    ) -> list[StoredEvent]:
-        partition = partition_for(run_id, self._partitions)
-        return await self._read(partition, start, end, run_id=run_id, limit=None)
-
-    async def read_partition(
-        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
-    ) -> list[StoredEvent]:
-        check_partition(partition, self._partitions)
-        return await self._read(partition, start, end, run_id=None, limit=limit)
 
     async def _read(
         self,

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from onward._storage import AsyncResource
 from onward.errors import SchemaMismatchError
 
 from .frontier import FRONTIER_FORMAT, Frontier, RunStatus, ToolCallRow
@@ -138,7 +138,7 @@ class RunSummary:
 
 
 @runtime_checkable
-class FrontierStore(Protocol):
+class FrontierStore(AsyncResource, Protocol):
     """Frontier rows, `tool_calls` rows and projector positions, written together."""
 
     async def verify(self) -> None:
@@ -182,16 +182,3 @@ class FrontierStore(Protocol):
     ) -> list[RunSummary]:
         """Summaries of runs, optionally of one tenant and some statuses, by run id."""
         ...
-
-    async def close(self) -> None:
-        """Release connections. Idempotent."""
-        ...
-
-    async def __aenter__(self) -> Self: ...
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...

@@ -19,12 +19,13 @@ from .migrations import (
 )
 from .postgres import APPLICATION_NAME, application_name, open_pool, pooled
 from .sqlite import SqliteThread, connect, split_statements, transaction
-from .stores import PostgresStore, Resource, SqliteStore
+from .stores import AsyncResource, PostgresStore, Resource, SqliteStore
 from .translate import DRIVER_ERRORS, classify, translate, translated, translating
 
 __all__ = [
     "APPLICATION_NAME",
     "DRIVER_ERRORS",
+    "AsyncResource",
     "Dialect",
     "Migration",
     "PostgresStore",

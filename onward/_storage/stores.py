@@ -1,5 +1,6 @@
 """One lifecycle for every store: ``start``/``close``, ``open`` and ``async with``.
 
+:class:`AsyncResource` is the part of every store protocol that says so, and
 :class:`Resource` is what every event log, frontier store, lease store, blob store and sink
 derives from, so opening, closing (idempotently) and the async context manager are written once.
 :class:`SqliteStore` and :class:`PostgresStore` add what the embedded and the PostgreSQL stores
@@ -13,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
 
 import asyncpg
 
@@ -24,6 +25,24 @@ from .postgres import open_pool, pooled
 from .sqlite import SqliteThread
 
 _T = TypeVar("_T")
+
+
+@runtime_checkable
+class AsyncResource(Protocol):
+    """What every store protocol includes: an idempotent close and ``async with``."""
+
+    async def close(self) -> None:
+        """Release connections, files and threads. Idempotent."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
 
 class Resource:

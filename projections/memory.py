@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection
 
-from onward._storage import Resource
-
-from .base import RunSummary, Snapshot, StoredFrontier, decode_payload
+from .base import (
+    FrontierStoreBackend,
+    FrontierWrite,
+    RunSummary,
+    StoredFrontier,
+    decode_payload,
+)
 from .frontier import RunStatus, ToolCallRow
 
 
-class MemoryFrontierStore(Resource):
+class MemoryFrontierStore(FrontierStoreBackend):
     """An in-process `FrontierStore` with the same guards as the durable ones."""
 
     def __init__(self) -> None:
@@ -38,13 +42,8 @@ class MemoryFrontierStore(Resource):
     async def get(self, run_id: str) -> StoredFrontier | None:
         return self._stored(run_id)
 
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
+    async def _write(self, batch: FrontierWrite) -> None:
+        consumer, positions, snapshots, calls = batch
         async with self._lock:
             for snap in snapshots:
                 summary = RunSummary.of(snap.frontier)

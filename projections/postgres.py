@@ -17,7 +17,7 @@ round trips does not depend on the number of runs in the batch.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable
 from importlib.resources import files
 from typing import Any
 
@@ -26,7 +26,15 @@ import asyncpg
 from onward._storage import PostgresStore, migrate_postgres, translating, verify_postgres
 from onward.errors import InvalidInputError, SchemaMismatchError
 
-from .base import BuildSwitched, RunSummary, Snapshot, StoredFrontier, decode_payload
+from .base import (
+    BuildSwitched,
+    FrontierStoreBackend,
+    FrontierWrite,
+    RunSummary,
+    Snapshot,
+    StoredFrontier,
+    decode_payload,
+)
 from .builds import (
     BuildLayout,
     active_build,
@@ -87,7 +95,7 @@ def _stored(row: asyncpg.Record) -> StoredFrontier:
     return StoredFrontier(_summary(row), frontier, row["snapshot_error"])
 
 
-class PostgresFrontierStore(PostgresStore):
+class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
     """A `FrontierStore` in PostgreSQL.
 
     Args:
@@ -162,16 +170,8 @@ class PostgresFrontierStore(PostgresStore):
             )
         return {row["run_id"]: _stored(row) for row in rows}
 
-    async def get(self, run_id: str) -> StoredFrontier | None:
-        return (await self.load([run_id])).get(run_id)
-
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
+    async def _write(self, batch: FrontierWrite) -> None:
+        consumer, positions, snapshots, calls = batch
         frontiers, tool_calls = self._tables()
         context = f"writing frontiers of consumer {consumer!r}"
         async with self._connection(context, transaction=True) as conn:

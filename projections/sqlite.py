@@ -14,14 +14,21 @@ slow writer never moves a row or a position back.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import msgspec
 
 from onward._storage import SqliteStore, transaction
 
-from .base import RunSummary, Snapshot, StoredFrontier, decode_payload
+from .base import (
+    FrontierStoreBackend,
+    FrontierWrite,
+    RunSummary,
+    Snapshot,
+    StoredFrontier,
+    decode_payload,
+)
 from .frontier import RunStatus, ToolCallRow
 
 LOAD_CHUNK = 500
@@ -89,7 +96,7 @@ def _call_row(row: Sequence[Any]) -> ToolCallRow:
     return ToolCallRow(**dict(zip(_CALL_COLUMNS, row, strict=True)))
 
 
-class SqliteFrontierStore(SqliteStore):
+class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
     """A `FrontierStore` in one SQLite file, possibly the event log's own.
 
     Args:
@@ -135,13 +142,7 @@ class SqliteFrontierStore(SqliteStore):
         row = await self._db.call(read, "reading a frontier", run_id)
         return None if row is None else _stored(row)
 
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
+    async def _write(self, batch: FrontierWrite) -> None:
         """Upsert rows and move ``consumer``'s positions forward, all in one transaction.
 
         A frontier or call row replaces the stored one only if its ``through_offset`` is later,
@@ -150,6 +151,7 @@ class SqliteFrontierStore(SqliteStore):
         Raises:
             BackendError: The write failed; nothing of it was stored.
         """
+        consumer, positions, snapshots, calls = batch
         frontier_rows = [_frontier_params(snapshot) for snapshot in snapshots]
         call_rows = [msgspec.structs.astuple(call) for call in calls]
         position_rows = [(consumer, partition, offset) for partition, offset in positions.items()]

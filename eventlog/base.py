@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 from aiokafka.partitioner import murmur2
@@ -118,6 +118,20 @@ class EventLog(AsyncResource, Protocol):
         ...
 
 
+class LogRead(NamedTuple):
+    """One read of a partition, by run or not."""
+
+    partition: int
+    start: int | None
+    """First offset; ``None`` for the partition's start."""
+    end: int | None
+    """Offset to stop before; ``None`` for the partition's end."""
+    run_id: str | None
+    """Only this run's events; ``None`` for every run's."""
+    limit: int | None
+    """Most events returned; ``None`` for no limit."""
+
+
 class EventLogBackend(Resource):
     """What the log backends share: the partition count, the batch cap, and reads by run or by
     partition routed to one :meth:`_read`.
@@ -147,25 +161,16 @@ class EventLogBackend(Resource):
         self, run_id: str, *, start: int | None = None, end: int | None = None
     ) -> list[StoredEvent]:
         partition = partition_for(run_id, self._partitions)
-        return await self._read(partition, start, end, run_id=run_id, limit=None)
+        return await self._read(LogRead(partition, start, end, run_id, None))
 
     async def read_partition(
         self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
     ) -> list[StoredEvent]:
         check_partition(partition, self._partitions)
-        return await self._read(partition, start, end, run_id=None, limit=limit)
+        return await self._read(LogRead(partition, start, end, None, limit))
 
-    async def _read(
-        self,
-        partition: int,
-        start: int | None,
-        end: int | None,
-        *,
-        run_id: str | None,
-        limit: int | None,
-    ) -> list[StoredEvent]:
-        """Events of one partition from ``start`` (its start if ``None``) up to ``end``, only
-        ``run_id``'s if given, at most ``limit``.
+    async def _read(self, request: LogRead) -> list[StoredEvent]:
+        """The events ``request`` asks for, in offset order.
 
         Raises:
             LogTruncatedError: ``start`` lies below the partition's start.

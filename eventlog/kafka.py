@@ -46,6 +46,7 @@ from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
     EventLogBackend,
+    LogRead,
     PartitionBounds,
     Position,
     StoredEvent,
@@ -114,17 +115,12 @@ class KafkaEventLog(EventLogBackend):
     def topic(self) -> str:
         return self._topic
 
-    async def start(self) -> None:
-        """Connect, create the topic if allowed and missing, and check its partition count."""
-        if self._producer is not None:
-            return
-        try:
-            await self._start()
-        except BaseException:
-            await self.close()
-            raise
+    @property
+    def is_open(self) -> bool:
+        return self._producer is not None
 
-    async def _start(self) -> None:
+    async def _connect(self) -> None:
+        """Connect, create the topic if allowed and missing, and check its partition count."""
         try:
             self._admin = AIOKafkaAdminClient(
                 bootstrap_servers=self._bootstrap, client_id=f"{self._client_id}-admin"
@@ -284,15 +280,8 @@ class KafkaEventLog(EventLogBackend):
                 _settle(pending, offset=offset)
                 offset += len(pending.records)
 
-    async def _read(
-        self,
-        partition: int,
-        start: int | None,
-        end: int | None,
-        *,
-        run_id: str | None,
-        limit: int | None,
-    ) -> list[StoredEvent]:
+    async def _read(self, request: LogRead) -> list[StoredEvent]:
+        partition, start, end, run_id, limit = request
         tp = TopicPartition(self._topic, partition)
         async with self._reader_lock:
             reader = self._live_reader()

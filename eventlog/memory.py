@@ -16,6 +16,7 @@ from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
     EventLogBackend,
+    LogRead,
     PartitionBounds,
     Position,
     StoredEvent,
@@ -49,15 +50,8 @@ class MemoryEventLog(EventLogBackend):
             records.extend((run_id, r) for r in encoded)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
-    async def _read(
-        self,
-        partition: int,
-        start: int | None,
-        end: int | None,
-        *,
-        run_id: str | None,
-        limit: int | None,
-    ) -> list[StoredEvent]:
+    async def _read(self, request: LogRead) -> list[StoredEvent]:
+        partition, start, end, run_id, limit = request
         base = self._base[partition]
         records = self._records[partition]
         start = base if start is None else start

@@ -22,6 +22,7 @@ from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
     EventLogBackend,
+    LogRead,
     PartitionBounds,
     Position,
     StoredEvent,
@@ -118,15 +119,8 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         first = await self._db.call(write, f"appending to partition {partition}", run_id)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
-    async def _read(
-        self,
-        partition: int,
-        start: int | None,
-        end: int | None,
-        *,
-        run_id: str | None,
-        limit: int | None,
-    ) -> list[StoredEvent]:
+    async def _read(self, request: LogRead) -> list[StoredEvent]:
+        partition, start, end, run_id, limit = request
         conn = self._db.connection()
 
         def read() -> tuple[int, list[tuple[int, str, bytes]]]:

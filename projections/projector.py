@@ -18,9 +18,9 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Protocol, Self
+from typing import Protocol
 
+from onward._storage import Resource
 from onward.errors import InvalidInputError
 from onward.eventlog.base import EventLog, PartitionBounds, Position, StoredEvent, partition_for
 from onward.eventlog.events import Event
@@ -422,7 +422,7 @@ class LogProjector:
             await self.flush()
 
 
-class ProjectingEventLog:
+class ProjectingEventLog(Resource):
     """Embedded mode: an `EventLog` whose appends are folded into the frontier store at once.
 
     The append is durable first; the fold follows. If the process dies in between, the next
@@ -468,14 +468,3 @@ class ProjectingEventLog:
 
     async def close(self) -> None:
         await self.inner.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -48,8 +48,9 @@ class AsyncResource(Protocol):
 class Resource:
     """What holds connections: started once, closed idempotently, used with ``async with``.
 
-    Subclasses override :meth:`start` and :meth:`close`; both default to doing nothing, for
-    stores that hold nothing (the in-memory ones).
+    Subclasses implement :attr:`is_open`, :meth:`_connect` and :meth:`close`; all default to
+    holding nothing, for the in-memory stores. :meth:`start` connects once, and closes again
+    whatever a failed connect left open.
     """
 
     @classmethod
@@ -64,8 +65,23 @@ class Resource:
         await resource.start()
         return resource
 
+    @property
+    def is_open(self) -> bool:
+        """Whether :meth:`start` connected and :meth:`close` has not been called since."""
+        return False
+
     async def start(self) -> None:
-        """Open connections. Starting a started object does nothing."""
+        """Connect. Starting a started object does nothing; a failed start leaves nothing open."""
+        if self.is_open:
+            return
+        try:
+            await self._connect()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _connect(self) -> None:
+        """Open the connections, threads or files :meth:`close` releases."""
 
     async def close(self) -> None:
         """Release connections and threads. Idempotent."""
@@ -101,7 +117,11 @@ class SqliteStore(Resource):
         self._migrate = migrate
         self._db = SqliteThread(self._path, self.what)
 
-    async def start(self) -> None:
+    @property
+    def is_open(self) -> bool:
+        return self._db.is_open
+
+    async def _connect(self) -> None:
         """Open the file, migrate it if configured to, and check its schema version.
 
         Raises:
@@ -151,23 +171,21 @@ class PostgresStore(Resource):
         self._max_size = max_size
         self._pool: asyncpg.Pool | None = None
 
-    async def start(self) -> None:
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
+    async def _connect(self) -> None:
         """Open the pool and verify the schema.
 
         Raises:
             SchemaMismatchError: The database is not at this code's schema version.
             BackendUnavailableError: PostgreSQL could not be reached.
         """
-        if self._pool is not None:
-            return
         self._pool = await open_pool(
             self._dsn, schema=self._schema, min_size=self._min_size, max_size=self._max_size
         )
-        try:
-            await self._started()
-        except BaseException:
-            await self.close()
-            raise
+        await self._started()
 
     async def _started(self) -> None:
         """What a store checks once its pool is open and its schema version verified."""

@@ -65,10 +65,12 @@ class RedisLeaseStore(Resource):
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
 
-    async def start(self) -> None:
+    @property
+    def is_open(self) -> bool:
+        return self._client is not None
+
+    async def _connect(self) -> None:
         """Connect, register the scripts and check Redis answers, so a bad URL fails here."""
-        if self._client is not None:
-            return
         try:
             # A blocking pool: a thousand runs renewing at once wait for one of a bounded set of
             # connections instead of failing with "too many connections".
@@ -80,12 +82,8 @@ class RedisLeaseStore(Resource):
             raise ConfigurationError(f"REDIS_URL {self._url!r} is not a Redis URL: {exc}") from exc
         self._client = client
         self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
-        try:
-            with translated("connecting to Redis"):
-                await client.ping()
-        except BaseException:
-            await self.close()
-            raise
+        with translated("connecting to Redis"):
+            await client.ping()
 
     def lease_key(self, run_id: str) -> str:
         """The hash holding a run's lease."""

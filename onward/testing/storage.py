@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
@@ -49,74 +49,63 @@ class PostgresConnectionLossConformance:
         """One call of the store's public API that touches :attr:`lock_table`."""
         raise NotImplementedError
 
+    @asynccontextmanager
+    async def _connected(
+        self, database_url: str
+    ) -> AsyncIterator[tuple[asyncpg.Connection, str, Any]]:
+        """An admin connection, a new migrated schema and the store on it; all gone afterwards."""
+        schema = f"loss_{uuid.uuid4().hex[:12]}"
+        admin = await asyncpg.connect(database_url)
+        await admin.execute(f"CREATE SCHEMA {schema}")
+        try:
+            migrator = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+            try:
+                await migrate(migrator)
+            finally:
+                await migrator.close()
+            store = await self.open_connected_store(database_url, schema)
+            try:
+                await self.use_store(store)
+                yield admin, schema, store
+            finally:
+                await store.close()
+        finally:
+            await admin.execute(f"DROP SCHEMA {schema} CASCADE")
+            await admin.close()
+
     async def test_a_connection_cut_mid_call_fails_retryably_then_the_store_recovers(
         self, database_url: str
     ) -> None:
-        async with _fresh_schema(database_url) as (admin, schema):
-            store = await self.open_connected_store(database_url, schema)
+        async with self._connected(database_url) as (admin, schema, store):
+            lock = admin.transaction()
+            await lock.start()
             try:
-                await _cut_mid_call(admin, schema, self.lock_table, store, self.use_store)
+                await admin.execute(
+                    f"LOCK TABLE {schema}.{self.lock_table} IN ACCESS EXCLUSIVE MODE"
+                )
+                call = asyncio.ensure_future(self.use_store(store))
+                await _wait_until_blocked(admin, call)
+                terminated = await _terminate(admin, schema)
             finally:
-                await store.close()
+                await lock.rollback()
+            assert terminated, "no connection of the store to cut"
+            with pytest.raises(BackendUnavailableError) as caught:
+                await call
+            assert caught.value.retryable
+            await self.use_store(store)
 
     async def test_connections_cut_while_idle_cost_at_most_one_retryable_call(
         self, database_url: str
     ) -> None:
-        async with _fresh_schema(database_url) as (admin, schema):
-            store = await self.open_connected_store(database_url, schema)
+        async with self._connected(database_url) as (admin, schema, store):
+            assert await _terminate(admin, schema), "no connection of the store to cut"
+            await _wait_until_gone(admin, schema)
+            # asyncpg notices a connection cut while idle only when the next call uses it; that
+            # call may fail, retryably, and the one after it must not.
             try:
                 await self.use_store(store)
-                assert await _terminate(admin, schema), "no connection of the store to cut"
-                await _wait_until_gone(admin, schema)
-                # asyncpg notices a connection cut while idle only when the next call uses it;
-                # that call may fail, retryably, and the one after it must not.
-                try:
-                    await self.use_store(store)
-                except BackendUnavailableError:
-                    await self.use_store(store)
-            finally:
-                await store.close()
-
-
-@asynccontextmanager
-async def _fresh_schema(database_url: str) -> AsyncIterator[tuple[asyncpg.Connection, str]]:
-    """An admin connection and a new migrated schema, dropped afterwards."""
-    schema = f"loss_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(database_url)
-    try:
-        await admin.execute(f"CREATE SCHEMA {schema}")
-        await admin.execute(f"SET search_path TO {schema}")
-        await migrate(admin)
-        await admin.execute("RESET search_path")
-        yield admin, schema
-    finally:
-        await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        await admin.close()
-
-
-async def _cut_mid_call(
-    admin: asyncpg.Connection,
-    schema: str,
-    table: str,
-    store: Any,
-    use: Callable[[Any], Awaitable[None]],
-) -> None:
-    """Cut the store's connections while a call waits on a lock; the call must fail retryably."""
-    await use(store)
-    lock = admin.transaction()
-    await lock.start()
-    try:
-        await admin.execute(f"LOCK TABLE {schema}.{table} IN ACCESS EXCLUSIVE MODE")
-        call = asyncio.ensure_future(use(store))
-        await _wait_until_blocked(admin, call)
-        terminated = await _terminate(admin, schema)
-    finally:
-        await lock.rollback()
-    assert terminated, "no connection of the store to cut"
-    with pytest.raises(BackendUnavailableError) as caught:
-        await call
-    assert caught.value.retryable
-    await use(store)
+            except BackendUnavailableError:
+                await self.use_store(store)
 
 
 def _application_name(schema: str) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
-from onward._storage import SqliteStore, connect, transaction
+from onward._storage import SqliteStore, connect, transaction, translated
 from onward.errors import ConfigurationError, LogTruncatedError
 
 from . import codec
@@ -202,7 +202,12 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
     def write_raw(self, run_id: str, record: bytes) -> Position:
         """Store a record as a foreign writer would, unchecked. For tests of bad input."""
         partition = partition_for(run_id, self._partitions)
-        with closing(connect(self._path)) as conn, transaction(conn):
+        context = f"{self._path}: writing a raw record"
+        with (
+            translated(context, run_id=run_id),
+            closing(connect(self._path)) as conn,
+            transaction(conn),
+        ):
             (offset,) = conn.execute(
                 "SELECT next_offset FROM onward_log_partition WHERE partition = ?", (partition,)
             ).fetchone()

@@ -17,7 +17,7 @@ from onward.errors import BackendError, BackendUnavailableError
 from .migrations import verify_postgres
 from .translate import DRIVER_ERRORS, translated
 
-# What a call on a lost connection fails with: a driver error, or one a helper such as a build
+# What a call on a lost connection fails with: a driver error, or one a function such as a build
 # lookup already translated.
 _FAILURES: tuple[type[BaseException], ...] = (*DRIVER_ERRORS, BackendError)
 

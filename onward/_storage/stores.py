@@ -23,6 +23,7 @@ from onward.errors import InvalidInputError
 from .migrations import open_sqlite, verify_postgres, verify_sqlite
 from .postgres import open_pool, pooled
 from .sqlite import SqliteThread
+from .translate import translated
 
 _T = TypeVar("_T")
 
@@ -229,4 +230,5 @@ class PostgresStore(Resource):
         """Close the pool. Idempotent."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            await pool.close()
+            with translated(f"closing the {self.what}"):
+                await pool.close()

@@ -290,7 +290,7 @@ def translating(
 ) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]:
     """Decorate a coroutine function so its driver exceptions are translated, as :func:`translated`.
 
-    For helpers that take a connection from their caller (builds, migrations) and may be called
+    For functions that take a connection from their caller (builds, migrations) and may be called
     outside any store.
     """
 

@@ -165,7 +165,8 @@ class RedisLeaseStore(Resource):
         client, self._client = self._client, None
         self._scripts = {}
         if client is not None:
-            await client.aclose(close_connection_pool=True)
+            with translated("closing the Redis connection pool"):
+                await client.aclose(close_connection_pool=True)
 
 
 def _ttl_ms(ttl_s: float) -> int:

@@ -59,6 +59,11 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         EventLogBackend.__init__(self, partitions=partitions, max_batch_bytes=max_batch_bytes)
         SqliteStore.__init__(self, path, migrate=True)
 
+    @property
+    def path(self) -> Path:
+        """The database file (other embedded stores, leases among them, may share it)."""
+        return self._path
+
     def _open(self) -> sqlite3.Connection:
         """Open and migrate the file, then record or check the partition count."""
         conn = super()._open()

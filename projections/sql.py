@@ -12,11 +12,11 @@ below them, so a batch delivered twice (after a crash or a rebalance) reaches ``
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import asyncpg
 
@@ -211,9 +211,14 @@ def load_projection(spec: str) -> Projection:
     if not module_name or not attribute:
         raise InvalidInputError(f"projection {spec!r} must look like package.module:attribute")
     try:
-        found: Any = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
+        found: object = pkgutil.resolve_name(spec)
+    except (ImportError, AttributeError, ValueError) as exc:
         raise InvalidInputError(f"cannot import projection {spec!r}: {exc}") from exc
+    return as_projection(found, spec)
+
+
+def as_projection(found: object, spec: str) -> Projection:
+    """The projection ``spec`` named, given what it resolved to: an instance or a class."""
     projection = found() if isinstance(found, type) else found
     if not isinstance(projection, Projection):
         raise InvalidInputError(f"{spec!r} is not a Projection (name, version, ddl, apply)")

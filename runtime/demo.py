@@ -18,12 +18,14 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from onward.errors import ResumeConflictError
 from onward.eventlog import SqliteEventLog
 from onward.eventlog.events import Event, ToolCall
 from onward.projections.sqlite import SqliteFrontierStore
@@ -31,12 +33,15 @@ from onward.projections.sqlite import SqliteFrontierStore
 from .agent import Agent
 from .blobs import SqliteBlobStore
 from .checkpoint import CheckpointPolicy
+from .leases.base import LeasePolicy
 from .providers import ScriptedProvider, reply
 from .runner import AgentRunner, RunResult
 from .tools import Reconciled, Tool, tool
 
 TENANT = "demo"
 RUN_ID = "run-booking-1"
+DEMO_LEASE_S = 2.0
+"""worker-1's lease ttl: short, so the demo waits two seconds for it to lapse, not five minutes."""
 
 
 class Ledger:
@@ -155,7 +160,13 @@ async def _child(workdir: Path) -> None:
         SqliteBlobStore(db) as blobs,
     ):
         runner = _runner(
-            workdir, log, store, blobs, observer=_KillAfterBooking(), worker="worker-1"
+            workdir,
+            log,
+            store,
+            blobs,
+            observer=_KillAfterBooking(),
+            worker="worker-1",
+            lease_policy=LeasePolicy(ttl=timedelta(seconds=DEMO_LEASE_S)),
         )
         await runner.run(
             booking_agent(ledger),
@@ -165,16 +176,22 @@ async def _child(workdir: Path) -> None:
         )
 
 
-async def _resume(workdir: Path) -> RunResult:
+async def _resume(workdir: Path, console: Console) -> RunResult:
     db = workdir / "onward.db"
     ledger = Ledger(workdir / "ledger.jsonl")
     async with (
         SqliteEventLog(db) as log,
         SqliteFrontierStore(db) as store,
         SqliteBlobStore(db) as blobs,
+        _runner(workdir, log, store, blobs, worker="worker-2") as runner,
     ):
-        runner = _runner(workdir, log, store, blobs, worker="worker-2")
-        return await runner.resume(booking_agent(ledger), RUN_ID, tenant=TENANT)
+        while True:
+            try:
+                return await runner.resume(booking_agent(ledger), RUN_ID, tenant=TENANT)
+            except ResumeConflictError as held:
+                # The dead worker's lease lapses on the store's clock; until then it holds.
+                console.print(f"   held by {held.holder}; waiting for its lease to lapse")
+                await asyncio.sleep(DEMO_LEASE_S / 2)
 
 
 def run_demo(workdir: Path | None = None, console: Console | None = None) -> int:
@@ -196,8 +213,10 @@ def run_demo(workdir: Path | None = None, console: Console | None = None) -> int
         f"2. worker-1 was killed with SIGKILL (exit {child.returncode}) right after the airline "
         f"booked the seat; bookings in the airline's ledger: {len(ledger.entries())}"
     )
-    console.print("3. worker-2, a new process, resumes the run from the log")
-    result = asyncio.run(_resume(directory))
+    console.print(
+        "3. worker-2, a new process, resumes the run from the log once worker-1's lease lapses"
+    )
+    result = asyncio.run(_resume(directory, console))
     table = Table(title="what resume decided, call by call")
     table.add_column("call")
     table.add_column("the log said")

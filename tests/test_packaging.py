@@ -22,11 +22,12 @@ def test_wheel_contains_the_subpackages_and_imports_outside_the_tree(tmp_path: P
     for module in (
         "eventlog/kafka.py",
         "projections/__init__.py",
-        "runtime/cli.py",
+        "runtime/cli/__init__.py",
         "schemas/sql/0001_projections.sql",
         "schemas/sql/frontiers.build.sql",
         "schemas/sqlite/0001_frontiers.sql",
         "schemas/redis/acquire.lua",
+        "schemas/redis/_shared.lua",
     ):
         assert f"onward/{module}" in names
     assert not any(n.split("/")[0] in {"eventlog", "projections", "runtime"} for n in names)

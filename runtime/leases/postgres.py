@@ -17,8 +17,7 @@ import asyncpg
 
 from onward._storage import PostgresStore
 
-from .base import RunLease
-from .memory import check_ttl, conflict_error, fenced_error
+from .base import RunLease, check_ttl, conflict_error, fenced_error
 
 _RETURNING = "RETURNING tenant, holder, fence, extract(epoch FROM expires_at)::float8 AS expires_at"
 _ACQUIRE = (
@@ -31,6 +30,10 @@ _ACQUIRE = (
 _RENEW = (
     "UPDATE onward_leases SET expires_at = now() + make_interval(secs => $4::float8), "
     "updated_at = now() "
+    f"WHERE run_id = $1 AND holder = $2 AND fence = $3 AND expires_at > now() {_RETURNING}"
+)
+_RAISE_FENCE = (
+    "UPDATE onward_leases SET fence = greatest(fence, $4::bigint) + 1, updated_at = now() "
     f"WHERE run_id = $1 AND holder = $2 AND fence = $3 AND expires_at > now() {_RETURNING}"
 )
 _RELEASE = (
@@ -118,6 +121,30 @@ class PostgresLeaseStore(PostgresStore):
             return row
 
         row = await self._run(renew, "renewing the lease", lease.run_id)
+        if row is None:
+            raise fenced_error(lease, "expired, was released or was superseded")
+        return _lease(lease.run_id, row)
+
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above`` in one guarded ``UPDATE``, keeping its expiry.
+
+        The row's fence is the run's fence counter, so raising it raises every later
+        acquisition's too. A concurrent raise or acquisition waits on the row lock and then
+        re-checks the guard against the new fence, so at most one of them wins.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        if lease.fence > above:
+            return lease
+
+        async def raise_fence(conn: asyncpg.Connection) -> asyncpg.Record | None:
+            row: asyncpg.Record | None = await conn.fetchrow(
+                _RAISE_FENCE, lease.run_id, lease.holder, lease.fence, above
+            )
+            return row
+
+        row = await self._run(raise_fence, "raising the fence", lease.run_id)
         if row is None:
             raise fenced_error(lease, "expired, was released or was superseded")
         return _lease(lease.run_id, row)

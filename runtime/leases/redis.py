@@ -1,20 +1,25 @@
 """`RedisLeaseStore`: leases in Redis (redis-py asyncio), decided by Lua scripts.
 
 Each operation is one script, so it runs atomically on the server, and each script reads the
-time with ``redis.call('TIME')``: the Redis server's clock decides expiry, never the caller's.
+time with ``redis.call('TIME')`` (``server_now`` in ``_shared.lua``, put before every script):
+the Redis server's clock decides expiry, never the caller's.
 
 Two keys per run:
 
 * ``{prefix}lease:{run_id}``, a hash (``holder``, ``tenant``, ``fence``, ``expires_at`` as a
   string of seconds since the epoch by the server's clock). Its ``PEXPIRE`` is set a little past
   the ttl only so abandoned runs do not pile up; expiry is decided by ``expires_at``.
-* ``{prefix}fence:{run_id}``, the run's fence counter. It has no expiry and is only ever
-  ``INCR``-ed, so every acquisition, after a release or an expiry too, raises the fence.
+* ``{prefix}fence:{run_id}``, the run's fence counter. It has no expiry and only goes up:
+  ``INCR``-ed by every acquisition, after a release or an expiry too, and set higher by
+  ``raise_fence``.
 
-The fence is only as durable as Redis itself: run it with persistence (AOF) and with a
-``maxmemory-policy`` that never evicts keys without an expiry (``noeviction`` or a
-``volatile-*`` policy), or a restart or eviction could hand out a fence twice. The two keys of
-a run are not hash-tagged, so a script touching both needs a single-node (or single-slot)
+The counter is only as durable as Redis itself. A restart without persistence, or an eviction,
+makes Redis hand out fences the run's log already has; the holder then raises the fence above
+the log's (`RedisLeaseStore.raise_fence`), so the run goes on and the loss costs a round trip.
+Run Redis with persistence (AOF) and a ``maxmemory-policy`` that never evicts keys without an
+expiry (``noeviction`` or a ``volatile-*`` policy) all the same: a worker whose lease Redis
+forgot believes it holds the run until its next renewal. The two keys of a run are not
+hash-tagged, so a script touching both needs a single-node (or single-slot)
 deployment rather than Redis Cluster.
 """
 
@@ -33,17 +38,18 @@ from onward.errors import (
     InvalidInputError,
 )
 
-from .base import RunLease
-from .memory import check_ttl, conflict_error, fenced_error
+from .base import RunLease, check_ttl, conflict_error, fenced_error
 
 CLEANUP_GRACE_MS = 60_000
 """How long past its expiry a lease hash is kept before Redis deletes it (tidiness only)."""
 
-_SCRIPTS = ("acquire", "renew", "release", "current")
+_SCRIPTS = ("acquire", "renew", "raise_fence", "release", "current")
 
 
 def _script_source(name: str) -> str:
-    return (files("onward") / "schemas" / "redis" / f"{name}.lua").read_text()
+    """A script's text, after the functions every script shares (``_shared.lua``)."""
+    folder = files("onward") / "schemas" / "redis"
+    return (folder / "_shared.lua").read_text() + (folder / f"{name}.lua").read_text()
 
 
 def _text(value: Any) -> str:
@@ -136,6 +142,28 @@ class RedisLeaseStore(Resource):
         if not int(renewed):
             raise fenced_error(lease, f"is lost ({_text(value)})")
         return RunLease(lease.run_id, lease.tenant, lease.holder, lease.fence, float(value))
+
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above`` in one script, keeping its expiry.
+
+        The script sets the run's fence counter to the new fence as well, so a Redis that lost
+        its keys (a restart without persistence, an eviction, a wipe) costs nothing but this.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        if lease.fence > above:
+            return lease
+        answer = await self._script(
+            "raise_fence",
+            [self.lease_key(lease.run_id), self.fence_key(lease.run_id)],
+            [lease.holder, lease.fence, above],
+            lease.run_id,
+        )
+        if not int(answer[0]):
+            raise fenced_error(lease, f"is lost ({_text(answer[1])})")
+        _, fence, expires_at = answer
+        return RunLease(lease.run_id, lease.tenant, lease.holder, int(fence), float(expires_at))
 
     async def release(self, lease: RunLease) -> None:
         """Hand a lease back; releasing one already released or lapsed (not taken) is a no-op.

@@ -16,8 +16,7 @@ from typing import Any
 
 from onward._storage import SqliteStore, transaction
 
-from .base import RunLease
-from .memory import check_ttl, conflict_error, fenced_error
+from .base import RunLease, check_ttl, conflict_error, fenced_error
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """Seconds since the epoch by SQLite's clock; 'now' is fixed for the length of one statement."""
@@ -32,6 +31,11 @@ _ACQUIRE = (
 )
 _RENEW = (
     f"UPDATE onward_leases SET expires_at = {_NOW} + ? "
+    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {_NOW} "
+    "RETURNING tenant, holder, fence, expires_at"
+)
+_RAISE_FENCE = (
+    "UPDATE onward_leases SET fence = max(fence, ?) + 1 "
     f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {_NOW} "
     "RETURNING tenant, holder, fence, expires_at"
 )
@@ -102,6 +106,30 @@ class SqliteLeaseStore(SqliteStore):
             return rows[0] if rows else None
 
         row = await self._db.call(renew, "renewing the lease", lease.run_id)
+        if row is None:
+            raise fenced_error(lease, "expired, was released or was superseded")
+        return _lease(lease.run_id, row)
+
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above`` in one transaction, keeping its expiry.
+
+        The row's fence is the run's fence counter, so raising it raises every later
+        acquisition's too.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        if lease.fence > above:
+            return lease
+        conn = self._db.connection()
+        params = (above, lease.run_id, lease.holder, lease.fence)
+
+        def raise_fence() -> Any:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                rows = conn.execute(_RAISE_FENCE, params).fetchall()
+            return rows[0] if rows else None
+
+        row = await self._db.call(raise_fence, "raising the fence", lease.run_id)
         if row is None:
             raise fenced_error(lease, "expired, was released or was superseded")
         return _lease(lease.run_id, row)

@@ -1,18 +1,39 @@
-"""Embedded mode: SQLite log and SQLite frontiers in one file, folded right after each append."""
+"""Embedded mode: SQLite log and SQLite frontiers in one file, folded right after appends.
+
+The one embedded fold is the runner's `Checkpointer`; here it folds after every batch, so each
+step's row can be checked.
+"""
 
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest_asyncio
 from support.histories import RunScript, append_all, direct_fold, run_ids_of, workload
 
-from onward.eventlog import RunFinished, SqliteEventLog
-from onward.projections.projector import FrontierProjection, ProjectingEventLog
+from onward.eventlog import Event, Position, RunFinished, SqliteEventLog
 from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime.checkpoint import Checkpointer
+
+
+class CheckpointedLog:
+    """Appends to the log, then has the checkpointer fold the batch's partition."""
+
+    def __init__(self, inner: SqliteEventLog, checkpointer: Checkpointer) -> None:
+        self.inner = inner
+        self.checkpointer = checkpointer
+        self.partitions = inner.partitions
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        positions = await self.inner.append(events)
+        await self.checkpointer.catch_up([positions[0].partition])
+        return positions
+
+    async def catch_up(self) -> int:
+        return await self.checkpointer.catch_up()
 
 
 @dataclass
@@ -20,7 +41,7 @@ class Embedded:
     path: Path
     inner: SqliteEventLog
     store: SqliteFrontierStore
-    log: ProjectingEventLog
+    log: CheckpointedLog
 
 
 @pytest_asyncio.fixture
@@ -30,9 +51,7 @@ async def embedded(tmp_path: Path) -> AsyncIterator[Embedded]:
         SqliteEventLog(path, partitions=4) as inner,
         SqliteFrontierStore(path) as store,
     ):
-        yield Embedded(
-            path, inner, store, ProjectingEventLog(inner, FrontierProjection(store, inner))
-        )
+        yield Embedded(path, inner, store, CheckpointedLog(inner, Checkpointer(store, inner)))
 
 
 async def test_the_frontier_is_current_as_soon_as_append_returns(embedded: Embedded) -> None:
@@ -50,7 +69,7 @@ async def test_the_frontier_is_current_as_soon_as_append_returns(embedded: Embed
 
 async def test_embedded_frontiers_equal_the_direct_fold(embedded: Embedded) -> None:
     steps = workload(random.Random(4), 40)
-    await append_all(embedded.log, steps, concurrency=8)
+    await append_all(embedded.log, steps, concurrency=8)  # type: ignore[arg-type]  # appends only
     run_ids = run_ids_of(steps)
     expected, expected_calls = await direct_fold(embedded.inner, run_ids)
     loaded = await embedded.store.load(run_ids)

@@ -22,7 +22,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiokafka.admin import AIOKafkaAdminClient
-from support.crash_world import TENANT, Ledger, open_world, the_agent, the_provider
+from support.crash_world import (
+    TENANT,
+    Ledger,
+    open_world,
+    the_agent,
+    the_provider,
+    until_lapsed,
+)
 from support.pg import fresh_schema
 
 from onward.errors import IndeterminateToolCallError
@@ -64,13 +71,18 @@ async def crash_then_resume(config: dict[str, Any], expected: str, bookings: int
     await asyncio.wait_for(child.communicate(), 60)  # drains and closes the pipe
     assert child.returncode == -signal.SIGKILL
     ledger = Ledger(config["ledger"])
-    async with open_world(config) as world:
-        runner = AgentRunner(
+    async with (
+        open_world(config) as world,
+        AgentRunner(
             provider=the_provider(config["variant"]),
             log=world.log,
+            leases=world.leases,
             blobs=world.blobs,
             worker="parent",
-        )
+        ) as runner,
+    ):
+        # The killed child's lease lapses on the store's clock; only then may another worker on.
+        await until_lapsed(runner.leases, config["run_id"])
         agent = the_agent(config)
         if config["variant"] == "approval":
             assert ledger.count("book") == 0

@@ -14,7 +14,7 @@ import pytest
 from onward.eventlog import Position, StoredEvent, decode
 from onward.projections.frontier import Frontier, fold_all
 from onward.runtime.agent import Agent
-from onward.runtime.resume import plan_resume
+from onward.runtime.planning import plan_resume
 from onward.runtime.tools import tool
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "resume"

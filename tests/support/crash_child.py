@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from onward.eventlog import Event, kind_of
 from onward.runtime.runner import AgentRunner
-from support.crash_world import TENANT, open_world, the_agent, the_provider
+from support.crash_world import CRASHED_LEASE, TENANT, open_world, the_agent, the_provider
 
 
 class KillAt:
@@ -49,6 +49,8 @@ async def main(config: dict[str, str]) -> None:
         runner = AgentRunner(
             provider=the_provider(config["variant"]),
             log=world.log,
+            leases=world.leases,
+            lease_policy=CRASHED_LEASE,
             blobs=world.blobs,
             worker="child",
             observer=KillAt(config["point"], config.get("call_id") or None),

@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,22 @@ from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import BlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.runtime.leases import LeasePolicy, LeaseStore, PostgresLeaseStore
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.tools import Reconciled, Tool, tool
 
 TENANT = "acme"
+CRASHED_LEASE = LeasePolicy(ttl=timedelta(seconds=1))
+"""The lease of the worker that is killed: short, so the test waits a second, not five minutes."""
+
+
+async def until_lapsed(leases: LeaseStore, run_id: str, *, within_s: float = 30.0) -> None:
+    """Wait until nobody holds the run's lease (a killed holder's lapses on the store's clock)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while await leases.current(run_id) is not None:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"the lease on {run_id} did not lapse within {within_s}s")
+        await asyncio.sleep(0.05)
 
 
 class Ledger:
@@ -89,16 +102,18 @@ def the_provider(variant: str) -> ScriptedProvider:
 class World:
     log: EventLog
     blobs: BlobStore
+    leases: LeaseStore | None  # None: the embedded log's own
 
 
 @asynccontextmanager
 async def open_world(config: dict[str, Any]) -> AsyncIterator[World]:
     if config["backend"] == "sqlite":
         async with SqliteEventLog(config["db"]) as log, SqliteBlobStore(config["db"]) as blobs:
-            yield World(log, blobs)
+            yield World(log, blobs, None)
     else:
         async with (
             KafkaEventLog(config["bootstrap"], topic=config["topic"], partitions=2) as klog,
             PostgresBlobStore(config["database_url"], schema=config["schema"]) as pblobs,
+            PostgresLeaseStore(config["database_url"], schema=config["schema"]) as pleases,
         ):
-            yield World(klog, pblobs)
+            yield World(klog, pblobs, pleases)

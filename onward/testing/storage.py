@@ -84,7 +84,7 @@ class PostgresConnectionLossConformance:
                     f"LOCK TABLE {schema}.{self.lock_table} IN ACCESS EXCLUSIVE MODE"
                 )
                 call = asyncio.ensure_future(self.use_store(store))
-                await _wait_until_blocked(admin, call)
+                await _wait_until_blocked(admin, schema, call)
                 terminated = await _terminate(admin, schema)
             finally:
                 await lock.rollback()
@@ -98,8 +98,9 @@ class PostgresConnectionLossConformance:
         self, database_url: str
     ) -> None:
         async with self._connected(database_url) as (admin, schema, store):
-            assert await _terminate(admin, schema), "no connection of the store to cut"
-            await _wait_until_gone(admin, schema)
+            cut = await _terminate(admin, schema)
+            assert cut, "no connection of the store to cut"
+            await _wait_until_gone(admin, schema, cut)
             # asyncpg notices a connection cut while idle only when the next call uses it; that
             # call may fail, retryably, and the one after it must not.
             try:
@@ -112,17 +113,29 @@ def _application_name(schema: str) -> str:
     return f"onward:{schema}"
 
 
-async def _terminate(admin: asyncpg.Connection, schema: str) -> int:
-    """Cut every connection of the store; return how many there were."""
+async def _terminate(admin: asyncpg.Connection, schema: str) -> list[int]:
+    """Cut every connection of the store; return their backend pids."""
     rows = await admin.fetch(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
         "WHERE application_name = $1 AND pid <> pg_backend_pid()",
         _application_name(schema),
     )
-    return len(rows)
+    return [int(row["pid"]) for row in rows]
 
 
-async def _wait_until_blocked(admin: asyncpg.Connection, call: asyncio.Future[None]) -> None:
+async def _activity(admin: asyncpg.Connection, schema: str) -> str:
+    """What the store's connections are doing, for a failure message."""
+    rows = await admin.fetch(
+        "SELECT pid, state, wait_event_type, wait_event, left(query, 80) AS query "
+        "FROM pg_stat_activity WHERE application_name = $1",
+        _application_name(schema),
+    )
+    return "; ".join(str(dict(row)) for row in rows) or "no connections"
+
+
+async def _wait_until_blocked(
+    admin: asyncpg.Connection, schema: str, call: asyncio.Future[None]
+) -> None:
     """Wait until a connection waits on the admin connection's lock: the call is in flight."""
     deadline = time.monotonic() + _WAIT_S
     while time.monotonic() < deadline:
@@ -137,17 +150,19 @@ async def _wait_until_blocked(admin: asyncpg.Connection, call: asyncio.Future[No
             return
         await asyncio.sleep(0.02)
     call.cancel()
-    pytest.fail("the store's call never reached the locked table")
+    pytest.fail(
+        f"the store's call never reached the locked table: {await _activity(admin, schema)}"
+    )
 
 
-async def _wait_until_gone(admin: asyncpg.Connection, schema: str) -> None:
+async def _wait_until_gone(admin: asyncpg.Connection, schema: str, pids: list[int]) -> None:
+    """Wait until the cut backends have exited."""
     deadline = time.monotonic() + _WAIT_S
     while time.monotonic() < deadline:
         left = await admin.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-            _application_name(schema),
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])", pids
         )
         if not left:
             return
         await asyncio.sleep(0.02)
-    pytest.fail("the store's connections outlived pg_terminate_backend")
+    pytest.fail(f"cut connections outlived pg_terminate_backend: {await _activity(admin, schema)}")

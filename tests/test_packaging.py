@@ -61,4 +61,4 @@ def test_wheel_contains_the_subpackages_and_imports_outside_the_tree(tmp_path: P
     )
     path, postgres_version, sqlite_version = result.stdout.split()
     assert path.startswith(str(target / "onward" / "eventlog"))
-    assert (int(postgres_version), int(sqlite_version)) == (3, 3)
+    assert (int(postgres_version), int(sqlite_version)) == (3, 4)

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.text import Text
 
 from onward import errors
+from onward._storage import classify, translate
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.eventlog.events import Message
 from onward.projections.audit import one_line
@@ -148,8 +149,8 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
             error("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from exc
         except Exception as exc:
-            if errors.classify(type(exc)) is not None:
-                translated = errors.translate(exc, context=name)
+            if classify(type(exc)) is not None:
+                translated = translate(exc, context=name)
                 raise typer.Exit(refuse(translated, tenant=None)) from exc
             error(f"{type(exc).__name__} (raised by the agent's or the model's code): {exc}")
             raise typer.Exit(EXIT_FAILED) from exc

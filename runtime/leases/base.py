@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import timedelta
-from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from onward._storage import AsyncResource
 from onward.errors import (
     ConfigurationError,
     FencedError,
@@ -117,7 +117,7 @@ def fenced_error(lease: RunLease, why: str) -> FencedError:
 
 
 @runtime_checkable
-class LeaseStore(Protocol):
+class LeaseStore(AsyncResource, Protocol):
     """Who holds which run, decided by the store's clock."""
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
@@ -170,14 +170,3 @@ class LeaseStore(Protocol):
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any."""
         ...
-
-    async def close(self) -> None: ...
-
-    async def __aenter__(self) -> Self: ...
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...

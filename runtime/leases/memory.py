@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
+
+from onward._storage import Resource
 
 from .base import RunLease, check_ttl, conflict_error, fenced_error
 
@@ -29,7 +29,7 @@ class _Held:
     deadline: float
 
 
-class MemoryLeaseStore:
+class MemoryLeaseStore(Resource):
     """A `LeaseStore` held in a dict: nothing survives the process."""
 
     def __init__(self) -> None:
@@ -124,14 +124,3 @@ class MemoryLeaseStore:
 
     async def close(self) -> None:
         """Nothing to close; the leases stay for as long as the store object lives."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

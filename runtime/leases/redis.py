@@ -26,21 +26,16 @@ deployment rather than Redis Cluster.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from importlib.resources import files
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import redis.asyncio as aioredis
-import redis.exceptions as redis_errors
 from redis.commands.core import AsyncScript
 
+from onward._storage import Resource, translated
 from onward.errors import (
     ConfigurationError,
     InvalidInputError,
-    OnwardError,
-    translate,
 )
 
 from .base import RunLease, check_ttl, conflict_error, fenced_error
@@ -57,16 +52,11 @@ def _script_source(name: str) -> str:
     return (folder / "_shared.lua").read_text() + (folder / f"{name}.lua").read_text()
 
 
-def _translate(exc: BaseException, context: str, run_id: str | None) -> OnwardError:
-    """Driver failures become Onward errors by the rules in `onward.errors.translate`."""
-    return translate(exc, context=context, run_id=run_id)
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisLeaseStore:
+class RedisLeaseStore(Resource):
     """A `LeaseStore` in Redis.
 
     Args:
@@ -81,23 +71,12 @@ class RedisLeaseStore:
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
 
-    @classmethod
-    async def open(
-        cls, url: str, *, prefix: str = "onward:", max_connections: int = 64
-    ) -> RedisLeaseStore:
-        """Create the store and check Redis answers.
+    @property
+    def is_open(self) -> bool:
+        return self._client is not None
 
-        Raises:
-            BackendUnavailableError: Redis could not be reached.
-        """
-        store = cls(url, prefix=prefix, max_connections=max_connections)
-        await store.start()
-        return store
-
-    async def start(self) -> None:
+    async def _connect(self) -> None:
         """Connect, register the scripts and check Redis answers, so a bad URL fails here."""
-        if self._client is not None:
-            return
         try:
             # A blocking pool: a thousand runs renewing at once wait for one of a bounded set of
             # connections instead of failing with "too many connections".
@@ -109,12 +88,8 @@ class RedisLeaseStore:
             raise ConfigurationError(f"REDIS_URL {self._url!r} is not a Redis URL: {exc}") from exc
         self._client = client
         self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
-        try:
-            async with self._translated("connecting to Redis", None):
-                await client.ping()
-        except BaseException:
-            await self.close()
-            raise
+        with translated("connecting to Redis"):
+            await client.ping()
 
     def lease_key(self, run_id: str) -> str:
         """The hash holding a run's lease."""
@@ -124,13 +99,6 @@ class RedisLeaseStore:
         """The counter holding a run's last fence; it never expires."""
         return f"{self.prefix}fence:{run_id}"
 
-    @asynccontextmanager
-    async def _translated(self, context: str, run_id: str | None) -> AsyncIterator[None]:
-        try:
-            yield
-        except (redis_errors.RedisError, OSError) as exc:
-            raise _translate(exc, context, run_id) from exc
-
     async def _script(self, name: str, keys: list[str], args: list[Any], run_id: str) -> Any:
         """Run one of the store's scripts, translating driver failures."""
         if self._client is None:
@@ -138,7 +106,7 @@ class RedisLeaseStore:
                 "the Redis lease store is not open; use `await RedisLeaseStore.open(url)` or "
                 "`async with`"
             )
-        async with self._translated(f"running {name}.lua", run_id):
+        with translated(f"running {name}.lua", run_id=run_id):
             return await self._scripts[name](keys=keys, args=args)
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
@@ -225,19 +193,8 @@ class RedisLeaseStore:
         client, self._client = self._client, None
         self._scripts = {}
         if client is not None:
-            await client.aclose(close_connection_pool=True)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+            with translated("closing the Redis connection pool"):
+                await client.aclose(close_connection_pool=True)
 
 
 def _ttl_ms(ttl_s: float) -> int:

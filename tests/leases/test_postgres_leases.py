@@ -13,12 +13,14 @@ from onward.runtime.leases import LeaseStore, PostgresLeaseStore
 from onward.testing import LeaseStoreConformance
 from onward.testing.eventlog import TENANT, new_run_id
 from onward.testing.leases import assert_exactly_one_acquires
+from onward.testing.storage import PostgresConnectionLossConformance
 
 
-class TestPostgresLeaseStore(LeaseStoreConformance):
+class TestPostgresLeaseStore(LeaseStoreConformance, PostgresConnectionLossConformance):
     """Every store it opens has a schema of its own, so a second one is a wiped store."""
 
     database_url: str
+    lock_table = "onward_leases"
 
     @pytest.fixture(autouse=True)
     def _server(self, database_url: str) -> None:
@@ -27,6 +29,12 @@ class TestPostgresLeaseStore(LeaseStoreConformance):
     async def open_store(self) -> LeaseStore:
         schema = await self.exit_stack.enter_async_context(fresh_schema(self.database_url))
         return await PostgresLeaseStore.open(self.database_url, schema=schema)
+
+    async def open_connected_store(self, database_url: str, schema: str) -> PostgresLeaseStore:
+        return await PostgresLeaseStore.open(database_url, schema=schema)
+
+    async def use_store(self, store: PostgresLeaseStore) -> None:
+        await store.current(new_run_id())
 
 
 async def test_stores_with_their_own_pools_let_exactly_one_acquire(database_url: str) -> None:

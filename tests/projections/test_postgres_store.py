@@ -7,11 +7,13 @@ from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.frontier import Frontier
 from onward.projections.postgres import PostgresFrontierStore
 from onward.testing import FrontierStoreConformance
+from onward.testing.storage import PostgresConnectionLossConformance
 
 
-class TestPostgresFrontierStore(FrontierStoreConformance):
+class TestPostgresFrontierStore(FrontierStoreConformance, PostgresConnectionLossConformance):
     database_url: str
     new_schema: SchemaFactory
+    lock_table = "onward_projector_positions"
 
     @pytest.fixture(autouse=True)
     def _schemas(self, database_url: str, new_pg_schema: SchemaFactory) -> None:
@@ -21,6 +23,12 @@ class TestPostgresFrontierStore(FrontierStoreConformance):
     async def open_store(self) -> FrontierStore:
         schema = await self.new_schema()
         return await PostgresFrontierStore.open(self.database_url, schema=schema)
+
+    async def open_connected_store(self, database_url: str, schema: str) -> PostgresFrontierStore:
+        return await PostgresFrontierStore.open(database_url, schema=schema)
+
+    async def use_store(self, store: PostgresFrontierStore) -> None:
+        await store.positions("frontiers")
 
 
 class TestPostgresFrontierStoreWithoutSynchronousCommit(TestPostgresFrontierStore):

@@ -29,6 +29,8 @@ test: $(STAMP) lint typecheck
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/shellcheck scripts/*.sh .ci/run
+	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy -p onward

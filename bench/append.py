@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import tempfile
 import time
 import uuid
@@ -25,8 +23,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
+from _common import (
+    add_server_options,
+    create_topic,
+    delete_topics,
+    raw_producer,
+    server_urls,
+    throwaway_name,
+    write_results,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -79,14 +84,7 @@ async def bench_log(log: EventLog, steps: list[tuple[str, int]], step: int, conc
 async def bench_raw(
     bootstrap: str, topic: str, partitions: int, steps: list[tuple[str, int]], step: int, conc: int
 ) -> float:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        enable_idempotence=True,
-        acks="all",
-        linger_ms=0,
-        max_batch_size=1_048_000,
-        max_request_size=1_100_000,
-    )
+    producer = raw_producer(bootstrap, linger_ms=0)
     await producer.start()
 
     async def append(run_id: str, first: int) -> None:
@@ -125,7 +123,7 @@ async def bench_raw(
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", default=None, help="default: $KAFKA_BOOTSTRAP_SERVERS")
+    add_server_options(parser, "bootstrap")
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--sqlite-events", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=1_000)
@@ -134,14 +132,14 @@ async def main() -> None:
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--json", type=Path, default=Path("bench/results/append.json"))
     args = parser.parse_args()
-    bootstrap = args.bootstrap or os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    server_urls(args, "bootstrap")
+    bootstrap = args.bootstrap
     console = Console()
-    topic = f"onward.bench.{uuid.uuid4().hex[:8]}"
+    topic = throwaway_name("append")
     raw_topic = f"{topic}.raw"
     results: dict[str, float] = {}
     log = await KafkaEventLog.open(bootstrap, topic=topic, partitions=args.partitions)
-    raw_log = await KafkaEventLog.open(bootstrap, topic=raw_topic, partitions=args.partitions)
-    await raw_log.close()  # only used to create the raw side's topic with the same layout
+    await create_topic(bootstrap, raw_topic, args.partitions)  # the raw side's, same layout
     try:
         warm = _steps(50, 50 * args.step * 4, args.step)
         await bench_log(log, warm, args.step, args.concurrency)
@@ -160,10 +158,7 @@ async def main() -> None:
         results["raw_aiokafka_events_per_s"] = total / raw_s
     finally:
         await log.close()
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        await admin.delete_topics([topic, raw_topic])
-        await admin.close()
+        await delete_topics(bootstrap, [topic, raw_topic], console)
     with tempfile.TemporaryDirectory() as tmp:
         async with SqliteEventLog(Path(tmp) / "bench.db", partitions=args.partitions) as sqlite:
             steps = _steps(min(args.runs, 200), args.sqlite_events, args.step)
@@ -186,18 +181,15 @@ async def main() -> None:
     )
     table.add_row("KafkaEventLog / raw", f"{results['ratio_kafka_event_log_to_raw']:.2f}")
     console.print(table)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "benchmark": "append",
-                "parameters": vars(args) | {"json": str(args.json)},
-                "results": results,
-            },
-            indent=2,
-        )
+    write_results(
+        args.json,
+        {
+            "benchmark": "append",
+            "parameters": {k: v for k, v in vars(args).items() if k != "bootstrap"}
+            | {"json": str(args.json)},
+            "results": results,
+        },
     )
-    console.print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -100,17 +100,21 @@ async def sample(
         so with the cache on it pays that server's start), and ``tools/list`` calls made.
     """
     run_id = f"run-{uuid.uuid4().hex}"
-    async with MCPToolset(declared, run_id=run_id, cache=cache) as toolset:
+    async with (
+        MCPToolset(declared, run_id=run_id, cache=cache) as toolset,
+        AgentRunner(provider=provider(), log=log, observer=FirstModelCall(die=True)) as runner,
+    ):
         agent = Agent(name="bench", instructions="i", tools=toolset.tools)
-        runner = AgentRunner(provider=provider(), log=log, observer=FirstModelCall(die=True))
         with contextlib.suppress(Died):
             await runner.run(agent, "go", tenant=TENANT, run_id=run_id)
     before = _count(listings)
     observer = FirstModelCall(die=False)
     start = time.perf_counter()
-    async with MCPToolset(declared, run_id=run_id, cache=cache) as toolset:
+    async with (
+        MCPToolset(declared, run_id=run_id, cache=cache) as toolset,
+        AgentRunner(provider=provider(), log=log, observer=observer) as runner,
+    ):
         agent = Agent(name="bench", instructions="i", tools=toolset.tools)
-        runner = AgentRunner(provider=provider(), log=log, observer=observer)
         result = await runner.resume(agent, run_id, tenant=TENANT)
         assert result.status == "completed", result
         ended = time.perf_counter()

@@ -39,7 +39,6 @@ import os
 import pstats
 import random
 import resource
-import subprocess
 import sys
 import time
 import uuid
@@ -49,8 +48,21 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from _common import (
+    add_server_options,
+    code_version,
+    create_schema,
+    create_topic,
+    delete_topics,
+    drop_schemas,
+    raw_producer,
+    server_urls,
+    text,
+    throwaway_name,
+    write_results,
+)
+from _workload import RunHistory
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
@@ -65,46 +77,28 @@ from onward.eventlog import (
     RunFinished,
     RunStarted,
     StoredEvent,
-    ToolCall,
-    ToolCompleted,
-    ToolDispatched,
-    TurnSettled,
     Usage,
     codec,
     partition_for,
 )
-from onward.projections.base import Snapshot, StoredFrontier
-from onward.projections.frontier import ToolCallRow
+from onward.projections.base import StoredFrontier
 from onward.projections.kafka import (
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
     KafkaProjector,
     quiet_garbage_collector,
 )
-from onward.projections.postgres import PostgresFrontierStore, migrate
+from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection
 from onward.projections.rebuild import rebuild_frontiers
 
 PARTITIONS = 12
 RESULT_MARK = "PROJECT-RESULT "
-WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "agents")
 SCRIPT = str(Path(__file__).resolve())
 
 
 # --------------------------------------------------------------------------------------------
 # The workload
-
-
-def _text(rng: random.Random, low: int, high: int) -> str:
-    """Some words, ``low`` to ``high`` characters long."""
-    size = rng.randint(low, high)
-    out: list[str] = []
-    length = 0
-    while length < size:
-        word = rng.choice(WORDS)
-        out.append(word)
-        length += len(word) + 1
-    return " ".join(out)[:size]
 
 
 def _lengths(rng: random.Random, runs: int, events: int) -> list[int]:
@@ -125,27 +119,12 @@ def _lengths(rng: random.Random, runs: int, events: int) -> list[int]:
     return lengths
 
 
-class _Run:
+class _Run(RunHistory):
     """One run's history of exactly ``length`` events (at least 4), produced lazily in order."""
 
     def __init__(self, rng: random.Random, run_id: str, tenant: str, length: int) -> None:
-        self.rng = rng
-        self.run_id = run_id
-        self.tenant = tenant
+        super().__init__(rng, run_id, tenant=tenant)
         self.length = length
-        self.seq = 0
-        self.at = 1_700_000_000_000_000 + rng.randint(0, 10**9)
-
-    def _env(self) -> dict[str, Any]:
-        self.seq += 1
-        self.at += self.rng.randint(200, 900_000)
-        return {
-            "run_id": self.run_id,
-            "tenant": self.tenant,
-            "seq": self.seq,
-            "fence": 1,
-            "at": self.at,
-        }
 
     def events(self) -> Iterator[Event]:
         rng = self.rng
@@ -153,7 +132,7 @@ class _Run:
             **self._env(),
             agent="booker",
             revision="r7",
-            input={"task": _text(rng, 60, 240), "user": f"u{rng.randint(1, 9999)}"},
+            input={"task": text(rng, 60, 240), "user": f"u{rng.randint(1, 9999)}"},
             options={"model": "m-large", "max_iterations": 20},
         )
         budget = self.length - 3  # started, the final answer and finished are fixed
@@ -163,47 +142,18 @@ class _Run:
         iteration = 0
         while budget >= 4:
             iteration += 1
-            width = min(rng.randint(1, 3), (budget - 2) // 2)
-            calls = [
-                ToolCall(
-                    call_id=f"c{iteration}-{n}",
-                    tool=rng.choice(["search", "book", "pay", "lookup"]),
-                    args={"q": _text(rng, 10, 90), "limit": rng.randint(1, 20)},
-                    idempotency_key=f"{self.run_id}:c{iteration}-{n}",
-                )
-                for n in range(width)
-            ]
-            yield ModelAnswered(
-                **self._env(),
-                message=Message(role="assistant", content=_text(rng, 20, 160)),
-                tool_calls=calls,
-                usage=Usage(input_tokens=rng.randint(200, 4000), output_tokens=rng.randint(5, 300)),
-            )
-            for call in calls:
-                yield ToolDispatched(
-                    **self._env(),
-                    call_id=call.call_id,
-                    tool=call.tool,
-                    idempotency_key=call.idempotency_key,
-                )
-                yield ToolCompleted(
-                    **self._env(),
-                    call_id=call.call_id,
-                    result={"ok": True, "items": _text(rng, 40, 200)},
-                )
-            yield TurnSettled(
-                **self._env(), iteration=iteration, call_ids=[c.call_id for c in calls]
-            )
-            budget -= 2 + 2 * width
+            for step in self.turn(iteration, budget):
+                budget -= len(step)
+                yield from step
         if budget == 2:
-            yield ApprovalRequested(**self._env(), request_id="a1", prompt=_text(rng, 20, 80))
+            yield ApprovalRequested(**self._env(), request_id="a1", prompt=text(rng, 20, 80))
             yield ApprovalGranted(**self._env(), request_id="a1", by="ann")
         yield ModelAnswered(
             **self._env(),
-            message=Message(role="assistant", content=_text(rng, 40, 200)),
+            message=Message(role="assistant", content=text(rng, 40, 200)),
             usage=Usage(input_tokens=rng.randint(200, 4000), output_tokens=rng.randint(5, 300)),
         )
-        yield RunFinished(**self._env(), status="completed", output=_text(rng, 10, 60))
+        yield RunFinished(**self._env(), status="completed", output=text(rng, 10, 60))
 
 
 def interleaved(rng: random.Random, runs: int, events: int) -> Iterator[tuple[int, Event]]:
@@ -236,14 +186,7 @@ async def produce(
     One record batch per partition is filled at a time and handed to that partition's sender
     task, which submits its batches in order, so each run's events keep their order.
     """
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        enable_idempotence=True,
-        acks="all",
-        linger_ms=50,
-        max_batch_size=1_048_000,
-        max_request_size=1_100_000,
-    )
+    producer = raw_producer(bootstrap, linger_ms=50)
     await producer.start()
     queues: list[asyncio.Queue[Any]] = [asyncio.Queue(maxsize=4) for _ in range(PARTITIONS)]
     deliveries: list[asyncio.Future[Any]] = []
@@ -355,16 +298,10 @@ class _TimedStore(PostgresFrontierStore):
         finally:
             self.load_s += time.perf_counter() - started
 
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
+    async def write(self, *args: Any) -> None:  # the store's arguments, passed on as they are
         started = time.perf_counter()
         try:
-            await super().write(consumer, positions, snapshots, calls)
+            await super().write(*args)
         finally:
             self.write_s += time.perf_counter() - started
 
@@ -574,29 +511,6 @@ async def run_child(
 # PostgreSQL schemas and the frontier table check
 
 
-async def create_schema(database_url: str, schemas: list[str]) -> str:
-    """A fresh, migrated schema, listed in ``schemas`` before it exists; return its name."""
-    schema = f"bench_{uuid.uuid4().hex[:12]}"
-    schemas.append(schema)
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(f"CREATE SCHEMA {schema}")
-        await conn.execute(f"SET search_path TO {schema}")
-        await migrate(conn)
-    finally:
-        await conn.close()
-    return schema
-
-
-async def drop_schemas(database_url: str, schemas: Sequence[str]) -> None:
-    conn = await asyncpg.connect(database_url)
-    try:
-        for schema in schemas:
-            await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    finally:
-        await conn.close()
-
-
 async def frontier_counts(database_url: str, schema: str) -> tuple[int, int]:
     """(rows, completed rows) in the active build's frontiers."""
     conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
@@ -616,8 +530,7 @@ async def frontier_counts(database_url: str, schema: str) -> tuple[int, int]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--bootstrap", default=None, help="default: $KAFKA_BOOTSTRAP_SERVERS")
-    parser.add_argument("--database-url", default=None, help="default: $DATABASE_URL")
+    add_server_options(parser, "bootstrap", "database_url")
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=5_000, help="projector batch_records")
@@ -663,21 +576,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _code_version() -> str:
-    """The commit the measured code is at, ``-dirty`` if the tree had changes."""
-    try:
-        done = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(SCRIPT).parent,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return done.stdout.strip()
-
-
 def _rate(events: int, seconds: float) -> float:
     return events / seconds if seconds else 0.0
 
@@ -687,7 +585,7 @@ def _mib(kib: int) -> float:
 
 
 async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    topic = f"onward.bench.proj.{uuid.uuid4().hex[:8]}"
+    topic = throwaway_name("proj")
     schemas: list[str] = []
     warnings: list[str] = []
     results: dict[str, Any] = {"topic": topic, "warnings": warnings}
@@ -697,8 +595,7 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         console.print(f"[red]{message}")
 
     try:
-        log = await KafkaEventLog.open(args.bootstrap, topic=topic, partitions=PARTITIONS)
-        await log.close()  # only creates the topic with the log's layout and settings
+        await create_topic(args.bootstrap, topic, PARTITIONS)
         console.print(f"producing {args.events:,} events over {args.runs:,} runs into {topic} ...")
         count, size, seconds = await produce(
             args.bootstrap, topic, args.runs, args.events, args.seed
@@ -729,7 +626,8 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 results[f"{name}_events_per_s"] = _rate(read, seconds)
                 console.print(f"{name}: {read:,} in {seconds:.1f}s")
 
-        schema = await create_schema(args.database_url, schemas)
+        schema = await create_schema(args.database_url, "project")
+        schemas.append(schema)
         console.print("projector fold (child process) ...")
         child = await run_child(args, topic, schema, ends, profile=False)
         fig = child.figures
@@ -803,7 +701,8 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 warn(f"rebuild: {rows:,} frontier rows, {completed:,} completed")
 
         if args.profile:
-            schema = await create_schema(args.database_url, schemas)
+            schema = await create_schema(args.database_url, "project")
+            schemas.append(schema)
             console.print("profiled projector fold (child process) ...")
             profiled = await run_child(args, topic, schema, ends, profile=True)
             results["profiled_fold_events_per_s"] = _rate(
@@ -825,7 +724,8 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 dump = args.json.with_name(f"{args.json.stem}-rebuild.prof")
                 results["rebuild_profile"] = _profile_text(profiler, args.profile_top, str(dump))
     finally:
-        await cleanup(args, topic, schemas, console)
+        await delete_topics(args.bootstrap, [topic], console)
+        await drop_schemas(args.database_url, schemas, console)
     return results
 
 
@@ -844,7 +744,8 @@ async def fold_in_a_group(
     and the rebalances as members join are inside it.
     """
     count = args.group_projectors
-    schema = await create_schema(args.database_url, schemas)
+    schema = await create_schema(args.database_url, "project")
+    schemas.append(schema)
     group = f"onward-bench-{uuid.uuid4().hex[:8]}"
     console.print(f"projector fold ({count} child processes, one group) ...")
     members = await asyncio.gather(
@@ -870,26 +771,6 @@ async def fold_in_a_group(
         "group_member_wait_for_store_s": [f["wait_in_apply_s"] for f in figures],
         "group_member_write_s": [f["write_s"] for f in figures],
     }
-
-
-async def cleanup(
-    args: argparse.Namespace, topic: str, schemas: Sequence[str], console: Console
-) -> None:
-    """Delete the topic and drop the schemas; a failure is reported, not raised."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=args.bootstrap)
-    try:
-        await admin.start()
-        try:
-            await admin.delete_topics([topic])
-        finally:
-            await admin.close()
-    except Exception as exc:
-        console.print(f"[red]could not delete topic {topic}: {exc!r}")
-    try:
-        if schemas:
-            await drop_schemas(args.database_url, schemas)
-    except Exception as exc:
-        console.print(f"[red]could not drop schemas {schemas}: {exc!r}")
 
 
 def _table(args: argparse.Namespace, results: dict[str, Any]) -> Table:
@@ -966,15 +847,14 @@ def _breakdown(results: dict[str, Any]) -> Table:
 
 def main() -> None:
     args = _parser().parse_args()
-    args.bootstrap = args.bootstrap or os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-    args.database_url = args.database_url or os.environ["DATABASE_URL"]
+    server_urls(args, "bootstrap", "database_url")
     if args.child_project:
         print(RESULT_MARK + json.dumps(asyncio.run(child_project(args))), flush=True)
         return
     if args.events < 4 * args.runs:
         raise SystemExit("--events must be at least 4 per run")
     console = Console()
-    code = _code_version()
+    code = code_version()
     console.print(f"code at {code}")
     results = asyncio.run(bench(args, console))
     console.print(_table(args, results))
@@ -992,25 +872,21 @@ def main() -> None:
             f"({results['profiled_rebuild_events_per_s']:,.0f} events/s under the profiler):"
         )
         print(results["rebuild_profile"])
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     parameters = {
         k: v
         for k, v in vars(args).items()
         if k
         not in {"child_project", "topic", "schema", "ends", "database_url", "profile_out", "group"}
     }
-    args.json.write_text(
-        json.dumps(
-            {
-                "benchmark": "project",
-                "code": code,
-                "parameters": parameters | {"json": str(args.json), "partitions": PARTITIONS},
-                "results": results,
-            },
-            indent=2,
-        )
+    write_results(
+        args.json,
+        {
+            "benchmark": "project",
+            "code": code,
+            "parameters": parameters | {"json": str(args.json), "partitions": PARTITIONS},
+            "results": results,
+        },
     )
-    console.print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

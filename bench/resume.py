@@ -54,24 +54,31 @@ import asyncio
 import contextlib
 import cProfile
 import io
-import json
 import os
 import pstats
 import random
 import statistics
-import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
-import asyncpg
-import redis.asyncio as aioredis
-from aiokafka.admin import AIOKafkaAdminClient
+from _common import (
+    add_server_options,
+    code_version,
+    create_schema,
+    delete_redis_keys,
+    delete_topics,
+    drop_schemas,
+    quantile,
+    server_urls,
+    text,
+    throwaway_name,
+    write_results,
+)
+from _workload import RunHistory
 from rich.console import Console
 from rich.table import Table
 
@@ -80,22 +87,15 @@ from onward.eventlog import (
     ApprovalRequested,
     Event,
     KafkaEventLog,
-    Message,
-    ModelAnswered,
     RunClaimed,
     RunStarted,
     SqliteEventLog,
-    ToolCall,
-    ToolCompleted,
-    ToolDispatched,
-    TurnSettled,
-    Usage,
     codec,
     partition_for,
 )
 from onward.eventlog.base import EventLog, PartitionBounds, Position, StoredEvent
 from onward.projections.kafka import KafkaProjector
-from onward.projections.postgres import PostgresFrontierStore, migrate
+from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
@@ -107,28 +107,14 @@ TENANT = "bench"
 PARTS = ("lease", "frontier", "tail", "claim", "plan")
 P50_TARGET_MS = 20.0
 RATIO_TARGET = 1.5
-WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "agents")
 AGENT = Agent(name="booker", instructions="Book the trip the user asks for.")
-SCRIPT = Path(__file__).resolve()
 
 
 # --------------------------------------------------------------------------------------------
 # The workload
 
 
-def _text(rng: random.Random, low: int, high: int) -> str:
-    """Some words, ``low`` to ``high`` characters long."""
-    size = rng.randint(low, high)
-    out: list[str] = []
-    length = 0
-    while length < size:
-        word = rng.choice(WORDS)
-        out.append(word)
-        length += len(word) + 1
-    return " ".join(out)[:size]
-
-
-class History:
+class History(RunHistory):
     """One run's history of exactly ``length`` events, the last a settled turn.
 
     Args:
@@ -141,23 +127,8 @@ class History:
     def __init__(self, rng: random.Random, length: int, *, fence: int = 1, prefix: str) -> None:
         if length < 3:
             raise ValueError(f"a resumable history needs at least 3 events, got {length}")
-        self.rng = rng
+        super().__init__(rng, f"{prefix}-{rng.getrandbits(48):012x}", tenant=TENANT, fence=fence)
         self.length = length
-        self.fence = fence
-        self.run_id = f"{prefix}-{rng.getrandbits(48):012x}"
-        self.seq = 0
-        self.at = 1_700_000_000_000_000 + rng.randint(0, 10**9)
-
-    def _env(self) -> dict[str, Any]:
-        self.seq += 1
-        self.at += self.rng.randint(200, 900_000)
-        return {
-            "run_id": self.run_id,
-            "tenant": TENANT,
-            "seq": self.seq,
-            "fence": self.fence,
-            "at": self.at,
-        }
 
     def steps(self) -> Iterator[list[Event]]:
         """The run's steps, each the batch a runner appends at once."""
@@ -167,7 +138,7 @@ class History:
                 **self._env(),
                 agent=AGENT.name,
                 revision=AGENT.revision,
-                input={"task": _text(rng, 60, 240), "user": f"u{rng.randint(1, 9999)}"},
+                input={"task": text(rng, 60, 240), "user": f"u{rng.randint(1, 9999)}"},
                 options={"model": "m-large", "max_iterations": 10**6},
             )
         ]
@@ -183,46 +154,9 @@ class History:
                 yield [ApprovalGranted(**self._env(), request_id=request, by="ann", value=True)]
                 budget -= 2
             iteration += 1
-            width = min(rng.randint(1, 3), (budget - 2) // 2)
-            calls = [
-                ToolCall(
-                    call_id=f"c{iteration}-{n}",
-                    tool=rng.choice(["search", "book", "pay", "lookup"]),
-                    args={"q": _text(rng, 10, 90), "limit": rng.randint(1, 20)},
-                    idempotency_key=f"{self.run_id}:c{iteration}-{n}",
-                )
-                for n in range(width)
-            ]
-            yield [
-                ModelAnswered(
-                    **self._env(),
-                    message=Message(role="assistant", content=_text(rng, 20, 160)),
-                    tool_calls=calls,
-                    usage=Usage(
-                        input_tokens=rng.randint(200, 4000), output_tokens=rng.randint(5, 300)
-                    ),
-                )
-            ]
-            for call in calls:
-                yield [
-                    ToolDispatched(
-                        **self._env(),
-                        call_id=call.call_id,
-                        tool=call.tool,
-                        idempotency_key=call.idempotency_key,
-                    )
-                ]
-                yield [
-                    ToolCompleted(
-                        **self._env(),
-                        call_id=call.call_id,
-                        result={"ok": True, "items": _text(rng, 40, 200)},
-                    )
-                ]
-            yield [
-                TurnSettled(**self._env(), iteration=iteration, call_ids=[c.call_id for c in calls])
-            ]
-            budget -= 2 + 2 * width
+            for step in self.turn(iteration, budget):
+                budget -= len(step)
+                yield step
 
     def appends(self, batch: int) -> Iterator[list[Event]]:
         """The steps joined into appends of about ``batch`` events (never splitting a step)."""
@@ -349,12 +283,7 @@ class TimedLog:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 
@@ -366,17 +295,6 @@ class Sample:
     timings: dict[str, float]
     tail_events: int
     settle_ms: float
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1), linearly interpolated between the closest ranks."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = q * (len(ordered) - 1)
-    low = int(index)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (index - low)
 
 
 async def resume_once(
@@ -419,17 +337,19 @@ def summarize(
     return {
         "history_events": length,
         "samples": len(samples),
-        "p50_ms": _pct(times, 0.5),
-        "p99_ms": _pct(times, 0.99),
+        "p50_ms": quantile(times, 0.5),
+        "p99_ms": quantile(times, 0.99),
         "mean_ms": statistics.fmean(times),
         "min_ms": min(times),
         "max_ms": max(times),
-        "resumer_total_p50_ms": _pct([s.timings.get("total", 0.0) for s in samples], 0.5),
-        "parts_p50_ms": {p: _pct([s.timings.get(p, 0.0) for s in samples], 0.5) for p in PARTS},
-        "parts_p99_ms": {p: _pct([s.timings.get(p, 0.0) for s in samples], 0.99) for p in PARTS},
-        "tail_events_p50": _pct([float(s.tail_events) for s in samples], 0.5),
+        "resumer_total_p50_ms": quantile([s.timings.get("total", 0.0) for s in samples], 0.5),
+        "parts_p50_ms": {p: quantile([s.timings.get(p, 0.0) for s in samples], 0.5) for p in PARTS},
+        "parts_p99_ms": {
+            p: quantile([s.timings.get(p, 0.0) for s in samples], 0.99) for p in PARTS
+        },
+        "tail_events_p50": quantile([float(s.tail_events) for s in samples], 0.5),
         "tail_events_max": max(s.tail_events for s in samples),
-        "settle_p50_ms": _pct([s.settle_ms for s in samples], 0.5),
+        "settle_p50_ms": quantile([s.settle_ms for s in samples], 0.5),
         "first_resume": {
             "ms": first.ms,
             "parts_ms": {p: first.timings.get(p, 0.0) for p in PARTS},
@@ -546,8 +466,8 @@ async def profile_run(
     return {
         "history_events": history.length,
         "resumes": args.profile_samples,
-        "log_calls_p50_ms": {name: _pct(values, 0.5) for name, values in split.items()}
-        | {"bounds alone (not part of resume)": _pct(bounds, 0.5)},
+        "log_calls_p50_ms": {name: quantile(values, 0.5) for name, values in split.items()}
+        | {"bounds alone (not part of resume)": quantile(bounds, 0.5)},
         "top_cumulative": out.getvalue(),
     }
 
@@ -556,21 +476,9 @@ async def profile_run(
 # Kafka + PostgreSQL + Redis
 
 
-async def create_schema(database_url: str) -> str:
-    schema = f"bench_resume_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(f"CREATE SCHEMA {schema}")
-        await conn.execute(f"SET search_path TO {schema}")
-        await migrate(conn)
-    finally:
-        await conn.close()
-    return schema
-
-
 async def bench_kafka(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    suffix = uuid.uuid4().hex[:8]
-    topic = f"onward.bench.resume.{suffix}"
+    topic = throwaway_name("resume")
+    suffix = topic.rsplit(".", 1)[1]
     prefix = f"onward-bench-resume-{suffix}:"
     schema: str | None = None
     log: KafkaEventLog | None = None
@@ -580,7 +488,7 @@ async def bench_kafka(args: argparse.Namespace, console: Console) -> dict[str, A
     stop = asyncio.Event()
     folding: asyncio.Task[None] | None = None
     try:
-        schema = await create_schema(args.database_url)
+        schema = await create_schema(args.database_url, "resume")
         log = await KafkaEventLog.open(args.bootstrap, topic=topic, partitions=PARTITIONS)
         leases = await RedisLeaseStore.open(args.redis_url, prefix=prefix)
         projector_store = await PostgresFrontierStore.open(args.database_url, schema=schema)
@@ -671,34 +579,9 @@ async def _cleanup_kafka(
     if log is not None:
         with contextlib.suppress(Exception):
             await log.close()
-    try:
-        admin = AIOKafkaAdminClient(bootstrap_servers=args.bootstrap)
-        await admin.start()
-        try:
-            await admin.delete_topics([topic])
-        finally:
-            await admin.close()
-    except Exception as exc:
-        console.print(f"[yellow]topic {topic} not deleted: {exc!r}")
-    if schema is not None:
-        try:
-            conn = await asyncpg.connect(args.database_url)
-            try:
-                await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-            finally:
-                await conn.close()
-        except Exception as exc:
-            console.print(f"[red]could not drop schema {schema}: {exc!r}")
-    try:
-        client = aioredis.Redis.from_url(args.redis_url)
-        try:
-            keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
-            for first in range(0, len(keys), 500):
-                await client.delete(*keys[first : first + 500])
-        finally:
-            await client.aclose()
-    except Exception as exc:
-        console.print(f"[red]could not delete Redis keys {prefix}*: {exc!r}")
+    await delete_topics(args.bootstrap, [topic], console)
+    await drop_schemas(args.database_url, [schema] if schema else [], console)
+    await delete_redis_keys(args.redis_url, prefix, console)
 
 
 # --------------------------------------------------------------------------------------------
@@ -809,25 +692,9 @@ def _targets(results: dict[str, Any]) -> dict[str, Any]:
     return checks
 
 
-def _code_version() -> str:
-    try:
-        done = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=SCRIPT.parent,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return done.stdout.strip()
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--bootstrap", default=None, help="default: $KAFKA_BOOTSTRAP_SERVERS")
-    parser.add_argument("--database-url", default=None, help="default: $DATABASE_URL")
-    parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
+    add_server_options(parser, "bootstrap", "database_url", "redis_url")
     parser.add_argument("--backends", default="kafka,sqlite", help="kafka, sqlite or both")
     parser.add_argument(
         "--lengths",
@@ -876,18 +743,12 @@ def main() -> None:
     args = _parser().parse_args()
     if min(args.lengths) < 3:
         raise SystemExit("--lengths: a resumable history needs at least 3 events")
-    args.bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
-    args.database_url = args.database_url or os.environ.get("DATABASE_URL", "")
-    args.redis_url = args.redis_url or os.environ.get("REDIS_URL", "")
-    if "kafka" in args.backends and not (args.bootstrap and args.database_url and args.redis_url):
-        raise SystemExit(
-            "the kafka backend needs KAFKA_BOOTSTRAP_SERVERS, DATABASE_URL and REDIS_URL: "
-            'eval "$(bash scripts/services.sh env)"'
-        )
+    if "kafka" in args.backends:
+        server_urls(args, "bootstrap", "database_url", "redis_url")
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
-    code = _code_version()
+    code = code_version()
     load_before = os.getloadavg()
     console.print(f"code at {code}; load average {load_before[0]:.2f} on {os.cpu_count()} CPUs")
     results = asyncio.run(bench(args, console))
@@ -918,25 +779,21 @@ def main() -> None:
     parameters = {
         k: v for k, v in vars(args).items() if k not in {"database_url", "redis_url", "bootstrap"}
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "benchmark": "resume",
-                "code": code,
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "load_average_before": load_before,
-                    "load_average_after": load_after,
-                },
-                "parameters": parameters | {"json": str(args.json), "partitions": PARTITIONS},
-                "targets": targets,
-                "results": results,
+    write_results(
+        args.json,
+        {
+            "benchmark": "resume",
+            "code": code,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "load_average_before": load_before,
+                "load_average_after": load_after,
             },
-            indent=2,
-        )
+            "parameters": parameters | {"json": str(args.json), "partitions": PARTITIONS},
+            "targets": targets,
+            "results": results,
+        },
     )
-    console.print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,16 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from _common import (
+    delete_redis_keys,
+    delete_topics,
+    quantile,
+    throwaway_database,
+    throwaway_name,
+    with_database,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_VENV = ROOT / "bench" / ".venv-peers"
@@ -121,17 +130,9 @@ def latency_summary(totals: Sequence[float], marks: Sequence[Sequence[float]], s
         "steps": steps,
         "run_seconds": list(totals),
         "per_step_ms_mean": 1_000 * statistics.fmean(totals) / steps,
-        "per_step_ms_p50": 1_000 * each[len(each) // 2] if each else None,
-        "per_step_ms_p99": 1_000 * each[min(len(each) - 1, int(len(each) * 0.99))]
-        if each
-        else None,
+        "per_step_ms_p50": 1_000 * quantile(each, 0.5, interpolate=False) if each else None,
+        "per_step_ms_p99": 1_000 * quantile(each, 0.99, interpolate=False) if each else None,
     }
-
-
-def with_database(url: str, database: str) -> str:
-    """``url`` pointing at another database on the same server."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{database}"))
 
 
 def bytes_runs(params: Params, length: int) -> int:
@@ -324,130 +325,103 @@ def topic_bytes(topic: str) -> int:
     )
 
 
-async def _drop_redis_keys(prefix: str) -> None:
-    import redis.asyncio as aioredis  # noqa: PLC0415
-
-    client = aioredis.Redis.from_url(os.environ["REDIS_URL"])
-    try:
-        keys = [k async for k in client.scan_iter(f"{prefix}*")]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
-
-
 async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) -> dict[str, Any]:
     import asyncpg  # noqa: PLC0415
-    from aiokafka.admin import AIOKafkaAdminClient  # noqa: PLC0415
 
     from onward.eventlog import KafkaEventLog  # noqa: PLC0415
     from onward.projections.kafka import KafkaProjector  # noqa: PLC0415
-    from onward.projections.postgres import PostgresFrontierStore, migrate  # noqa: PLC0415
+    from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
     from onward.projections.projector import FrontierProjection  # noqa: PLC0415
     from onward.runtime.leases import RedisLeaseStore  # noqa: PLC0415
     from onward.runtime.redaction import Redactor  # noqa: PLC0415
     from onward.runtime.runner import AgentRunner  # noqa: PLC0415
 
-    suffix = uuid.uuid4().hex[:8]
-    topic = f"onward.bench.steps.{suffix}"
+    topic = throwaway_name("steps")
+    suffix = topic.rsplit(".", 1)[1]
     lease_prefix = f"onward-bench-{suffix}:"
-    database = f"onward_bench_steps_{suffix}"
-    dsn = with_database(params.database_url, database)
-    admin_conn = await asyncpg.connect(params.database_url)
-    await admin_conn.execute(f"CREATE DATABASE {database}")
+    redis_url = os.environ["REDIS_URL"]
     log = None
     store = None
     leases = None
     projector = None
     stop = asyncio.Event()
     folding: asyncio.Task[None] | None = None
-    try:
-        conn = await asyncpg.connect(dsn)
+    async with throwaway_database(params.database_url, "steps") as (database, dsn):
         try:
-            await migrate(conn)
+            log = await KafkaEventLog.open(bootstrap, topic=topic, partitions=PARTITIONS)
+            store = await PostgresFrontierStore.open(dsn)
+            # As in production: every run is leased (Redis), renewed, and confirmed before tools.
+            leases = await RedisLeaseStore.open(redis_url, prefix=lease_prefix)
+            projector = KafkaProjector(
+                bootstrap,
+                FrontierProjection(store, log),
+                topic=topic,
+                partitions=PARTITIONS,
+                group_id=f"onward-bench-{suffix}",
+            )
+            await projector.start()
+
+            async def fold_forever() -> None:
+                while not stop.is_set():
+                    await projector.step(timeout_ms=100)
+
+            folding = asyncio.create_task(fold_forever())
+            kafka_log = log
+
+            async def settle() -> float:
+                """Wait until the projector has folded everything written so far."""
+                started = time.perf_counter()
+                ends = {p: (await kafka_log.bounds(p)).end for p in range(PARTITIONS)}
+                while True:
+                    stored = await store.positions("frontiers")
+                    if all(stored.get(p, 0) >= end for p, end in ends.items() if end > 0):
+                        return time.perf_counter() - started
+                    if folding is not None and folding.done():
+                        folding.result()
+                    await asyncio.sleep(0.05)
+
+            async def size() -> dict[str, int]:
+                pg = await asyncpg.connect(dsn)
+                try:
+                    db = int(await pg.fetchval("SELECT pg_database_size(current_database())"))
+                finally:
+                    await pg.close()
+                return {"kafka_log": topic_bytes(topic), "postgres": db}
+
+            bench = OnwardBench(
+                lambda provider: AgentRunner(
+                    provider=provider,
+                    log=kafka_log,
+                    frontiers=store,
+                    redactor=Redactor(),
+                    leases=leases,
+                ),
+                settle,
+                size,
+            )
+            return {
+                "system": "onward-kafka",
+                "guarantee": GUARANTEES["onward-kafka"],
+                "setup": f"topic {topic} ({PARTITIONS} partitions), database {database}, "
+                "projector folding concurrently in the same process, Redactor() on, Redis leases",
+                "latency": await bench.latency(params),
+                "bytes": await bench.footprint(params),
+                "concurrency": await bench.concurrency(params, profile=profile),
+            }
         finally:
-            await conn.close()
-        log = await KafkaEventLog.open(bootstrap, topic=topic, partitions=PARTITIONS)
-        store = await PostgresFrontierStore.open(dsn)
-        # As in production: every run is leased (Redis), renewed, and confirmed before tools.
-        leases = await RedisLeaseStore.open(os.environ["REDIS_URL"], prefix=lease_prefix)
-        projector = KafkaProjector(
-            bootstrap,
-            FrontierProjection(store, log),
-            topic=topic,
-            partitions=PARTITIONS,
-            group_id=f"onward-bench-{suffix}",
-        )
-        await projector.start()
-
-        async def fold_forever() -> None:
-            while not stop.is_set():
-                await projector.step(timeout_ms=100)
-
-        folding = asyncio.create_task(fold_forever())
-        kafka_log = log
-
-        async def settle() -> float:
-            """Wait until the projector has folded everything written so far."""
-            started = time.perf_counter()
-            ends = {p: (await kafka_log.bounds(p)).end for p in range(PARTITIONS)}
-            while True:
-                stored = await store.positions("frontiers")
-                if all(stored.get(p, 0) >= end for p, end in ends.items() if end > 0):
-                    return time.perf_counter() - started
-                if folding is not None and folding.done():
-                    folding.result()
-                await asyncio.sleep(0.05)
-
-        async def size() -> dict[str, int]:
-            pg = await asyncpg.connect(dsn)
-            try:
-                db = int(await pg.fetchval("SELECT pg_database_size(current_database())"))
-            finally:
-                await pg.close()
-            return {"kafka_log": topic_bytes(topic), "postgres": db}
-
-        bench = OnwardBench(
-            lambda provider: AgentRunner(
-                provider=provider,
-                log=kafka_log,
-                frontiers=store,
-                redactor=Redactor(),
-                leases=leases,
-            ),
-            settle,
-            size,
-        )
-        return {
-            "system": "onward-kafka",
-            "guarantee": GUARANTEES["onward-kafka"],
-            "setup": f"topic {topic} ({PARTITIONS} partitions), database {database}, projector "
-            "folding concurrently in the same process, Redactor() on, Redis leases",
-            "latency": await bench.latency(params),
-            "bytes": await bench.footprint(params),
-            "concurrency": await bench.concurrency(params, profile=profile),
-        }
-    finally:
-        stop.set()
-        if leases is not None:
-            await leases.close()
-            await _drop_redis_keys(lease_prefix)
-        if folding is not None:
-            await asyncio.gather(folding, return_exceptions=True)
-        if projector is not None:
-            await projector.close()
-        if log is not None:
-            await log.close()
-            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-            await admin.start()
-            try:
-                await admin.delete_topics([topic])
-            finally:
-                await admin.close()
-        if store is not None:
-            await store.close()
-        await admin_conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-        await admin_conn.close()
+            stop.set()
+            if leases is not None:
+                await leases.close()
+                await delete_redis_keys(redis_url, lease_prefix)
+            if folding is not None:
+                await asyncio.gather(folding, return_exceptions=True)
+            if projector is not None:
+                await projector.close()
+            if log is not None:
+                await log.close()
+                await delete_topics(bootstrap, [topic])
+            if store is not None:
+                await store.close()
 
 
 @contextmanager
@@ -536,7 +510,7 @@ def peer_database(url: str, name: str) -> Iterator[str]:
     """A database created for a peer and dropped afterwards; yields its URL."""
     import psycopg  # type: ignore[import-not-found]  # noqa: PLC0415
 
-    database = f"onward_bench_{name}_{uuid.uuid4().hex[:8]}"
+    database = throwaway_name(name, "_")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {database}")
     try:
@@ -575,6 +549,48 @@ async def peer_levels(
         level["mechanism"] = mechanism
         out.append(level)
     return out
+
+
+def peer_sync_figures(
+    params: Params, url: str, one: Callable[[int], float], marks: list[float]
+) -> tuple[Any, dict[str, Any]]:
+    """A peer's synchronous latency (after a warm-up run) and its bytes per step per length.
+
+    ``one(steps)`` runs one run and returns its seconds; the model call appends to ``marks``.
+    """
+    one(params.steps)
+    totals, all_marks = [], []
+    for _ in range(params.latency_runs):
+        marks.clear()
+        totals.append(one(params.steps))
+        all_marks.append(list(marks))
+    latency = latency_summary(totals, all_marks, params.steps)
+    footprint: dict[str, Any] = {}
+    for length in params.lengths:
+        count = bytes_runs(params, length)
+        before = database_size(url)
+        for _ in range(count):
+            one(length)
+        per = (database_size(url) - before) / (count * length)
+        footprint[str(length)] = {
+            "runs": count,
+            "per_step": {"postgres": per},
+            "total_per_step": per,
+        }
+    return latency, footprint
+
+
+async def peer_async_latency(
+    params: Params, one: Callable[[int], Awaitable[float]], marks: list[float]
+) -> Any:
+    """A peer's latency with its async API, after a warm-up run."""
+    await one(params.steps)
+    totals, all_marks = [], []
+    for _ in range(params.latency_runs):
+        marks.clear()
+        totals.append(await one(params.steps))
+        all_marks.append(list(marks))
+    return latency_summary(totals, all_marks, params.steps)
 
 
 def langgraph_peer(params: Params) -> dict[str, Any]:
@@ -652,25 +668,7 @@ def langgraph_peer(params: Params) -> dict[str, Any]:
                 check(graph.invoke(start(steps), config(steps), durability="sync"), steps)
                 return time.perf_counter() - started
 
-            one(params.steps)
-            totals, all_marks = [], []
-            for _ in range(params.latency_runs):
-                marks.clear()
-                totals.append(one(params.steps))
-                all_marks.append(list(marks))
-            sync_latency = latency_summary(totals, all_marks, params.steps)
-            footprint: dict[str, Any] = {}
-            for length in params.lengths:
-                count = bytes_runs(params, length)
-                before = database_size(url)
-                for _ in range(count):
-                    one(length)
-                per = (database_size(url) - before) / (count * length)
-                footprint[str(length)] = {
-                    "runs": count,
-                    "per_step": {"postgres": per},
-                    "total_per_step": per,
-                }
+            sync_latency, footprint = peer_sync_figures(params, url, one, marks)
 
         async def run_async() -> tuple[Any, list[dict[str, Any]]]:
             pool = AsyncConnectionPool(
@@ -692,13 +690,7 @@ def langgraph_peer(params: Params) -> dict[str, Any]:
                     check(out, steps)
                     return time.perf_counter() - started
 
-                await one(params.steps)
-                totals, all_marks = [], []
-                for _ in range(params.latency_runs):
-                    marks.clear()
-                    totals.append(await one(params.steps))
-                    all_marks.append(list(marks))
-                latency = latency_summary(totals, all_marks, params.steps)
+                latency = await peer_async_latency(params, one, marks)
                 levels = await peer_levels(
                     params,
                     one,
@@ -807,25 +799,7 @@ def dbos_peer(params: Params) -> dict[str, Any]:
                 check(agent_loop(steps))
                 return time.perf_counter() - started
 
-            one(params.steps)
-            totals, all_marks = [], []
-            for _ in range(params.latency_runs):
-                marks.clear()
-                totals.append(one(params.steps))
-                all_marks.append(list(marks))
-            sync_latency = latency_summary(totals, all_marks, params.steps)
-            footprint: dict[str, Any] = {}
-            for length in params.lengths:
-                count = bytes_runs(params, length)
-                before = database_size(url)
-                for _ in range(count):
-                    one(length)
-                per = (database_size(url) - before) / (count * length)
-                footprint[str(length)] = {
-                    "runs": count,
-                    "per_step": {"postgres": per},
-                    "total_per_step": per,
-                }
+            sync_latency, footprint = peer_sync_figures(params, url, one, marks)
 
             async def run_async() -> tuple[Any, list[dict[str, Any]]]:
                 # DBOS runs its database calls of async steps in the default executor: size it
@@ -839,13 +813,7 @@ def dbos_peer(params: Params) -> dict[str, Any]:
                     check(await agent_loop_async(steps))
                     return time.perf_counter() - started
 
-                await one(params.steps)
-                totals, all_marks = [], []
-                for _ in range(params.latency_runs):
-                    marks.clear()
-                    totals.append(await one(params.steps))
-                    all_marks.append(list(marks))
-                latency = latency_summary(totals, all_marks, params.steps)
+                latency = await peer_async_latency(params, one, marks)
                 levels = await peer_levels(
                     params,
                     one,
@@ -1150,20 +1118,16 @@ def main() -> None:
             results[peer] = run_peer(peer, params)
     found = ratios(results, params)
     report(results, params, found)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "benchmark": "steps",
-                "parameters": dataclasses.asdict(params) | {"database_url": "(from env)"},
-                "onward_code": code_under_test(),
-                "results": results,
-                "ratios_onward_kafka_to_peer": found,
-            },
-            indent=2,
-        )
+    write_results(
+        args.json,
+        {
+            "benchmark": "steps",
+            "parameters": dataclasses.asdict(params) | {"database_url": "(from env)"},
+            "onward_code": code_under_test(),
+            "results": results,
+            "ratios_onward_kafka_to_peer": found,
+        },
     )
-    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

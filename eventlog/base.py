@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 from aiokafka.partitioner import murmur2
 
+from onward._storage import AsyncResource, Resource
 from onward.errors import InvalidInputError, PayloadTooLargeError
 
 from . import codec
@@ -65,7 +65,7 @@ def partition_for(run_id: str, partitions: int) -> int:
 
 
 @runtime_checkable
-class EventLog(Protocol):
+class EventLog(AsyncResource, Protocol):
     """An append-only, partitioned log of run events."""
 
     @property
@@ -117,18 +117,65 @@ class EventLog(Protocol):
         """Remove every record of a partition below ``offset``. Never moves the start backwards."""
         ...
 
-    async def close(self) -> None:
-        """Release connections and files. Idempotent."""
-        ...
 
-    async def __aenter__(self) -> Self: ...
+class LogRead(NamedTuple):
+    """One read of a partition, by run or not."""
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
+    partition: int
+    start: int | None
+    """First offset; ``None`` for the partition's start."""
+    end: int | None
+    """Offset to stop before; ``None`` for the partition's end."""
+    run_id: str | None
+    """Only this run's events; ``None`` for every run's."""
+    limit: int | None
+    """Most events returned; ``None`` for no limit."""
+
+
+class EventLogBackend(Resource):
+    """What the log backends share: the partition count, the batch cap, and reads by run or by
+    partition routed to one :meth:`_read`.
+
+    Args:
+        partitions: Partition count.
+        max_batch_bytes: Largest encoded batch accepted.
+    """
+
+    def __init__(self, *, partitions: int, max_batch_bytes: int) -> None:
+        if partitions < 1:
+            raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
+        self._partitions = partitions
+        self._max_batch_bytes = max_batch_bytes
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    def _prepare(self, events: Sequence[Event]) -> tuple[str, int, list[bytes]]:
+        """Check and encode a batch: (run id, partition, encoded records)."""
+        return prepare_batch(
+            events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
+        )
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        partition = partition_for(run_id, self._partitions)
+        return await self._read(LogRead(partition, start, end, run_id, None))
+
+    async def read_partition(
+        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
+    ) -> list[StoredEvent]:
+        check_partition(partition, self._partitions)
+        return await self._read(LogRead(partition, start, end, None, limit))
+
+    async def _read(self, request: LogRead) -> list[StoredEvent]:
+        """The events ``request`` asks for, in offset order.
+
+        Raises:
+            LogTruncatedError: ``start`` lies below the partition's start.
+        """
+        raise NotImplementedError
 
 
 def prepare_batch(

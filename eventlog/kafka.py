@@ -23,14 +23,14 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from onward._storage import DRIVER_ERRORS, translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -39,20 +39,19 @@ from onward.errors import (
     OnwardError,
     PayloadTooLargeError,
     ProducerFatalError,
-    translate,
 )
 
 from . import codec
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
+    EventLogBackend,
+    LogRead,
     PartitionBounds,
     Position,
     StoredEvent,
     check_partition,
     check_truncation,
-    partition_for,
-    prepare_batch,
 )
 from .events import Event
 
@@ -64,7 +63,7 @@ _PRODUCER_MAX_BATCH = 1_048_000
 _PRODUCER_MAX_REQUEST = 1_100_000
 
 
-class KafkaEventLog:
+class KafkaEventLog(EventLogBackend):
     """An `EventLog` on one Kafka topic.
 
     Args:
@@ -92,16 +91,13 @@ class KafkaEventLog:
         read_timeout_s: float = 30.0,
         client_id: str = "onward",
     ) -> None:
-        if partitions < 1:
-            raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
+        super().__init__(partitions=partitions, max_batch_bytes=max_batch_bytes)
         if not bootstrap_servers:
             raise ConfigurationError("KAFKA_BOOTSTRAP_SERVERS is empty")
         self._bootstrap = bootstrap_servers
         self._topic = topic
-        self._partitions = partitions
         self._replication_factor = replication_factor
         self._create_topic = create_topic
-        self._max_batch_bytes = max_batch_bytes
         self._read_timeout_s = read_timeout_s
         self._client_id = client_id
         self._producer: AIOKafkaProducer | None = None
@@ -115,32 +111,16 @@ class KafkaEventLog:
         self.producer_generation = 0
         """How many producers this log has created; grows when a fatal error replaced one."""
 
-    @classmethod
-    async def open(cls, bootstrap_servers: str, **options: Any) -> KafkaEventLog:
-        """Create the log, check or create its topic, and connect."""
-        log = cls(bootstrap_servers, **options)
-        await log.start()
-        return log
-
-    @property
-    def partitions(self) -> int:
-        return self._partitions
-
     @property
     def topic(self) -> str:
         return self._topic
 
-    async def start(self) -> None:
-        """Connect, create the topic if allowed and missing, and check its partition count."""
-        if self._producer is not None:
-            return
-        try:
-            await self._start()
-        except BaseException:
-            await self.close()
-            raise
+    @property
+    def is_open(self) -> bool:
+        return self._producer is not None
 
-    async def _start(self) -> None:
+    async def _connect(self) -> None:
+        """Connect, create the topic if allowed and missing, and check its partition count."""
         try:
             self._admin = AIOKafkaAdminClient(
                 bootstrap_servers=self._bootstrap, client_id=f"{self._client_id}-admin"
@@ -158,7 +138,7 @@ class KafkaEventLog:
                 fetch_max_wait_ms=100,
             )
             await self._reader.start()
-        except KafkaError as exc:
+        except DRIVER_ERRORS as exc:
             raise translate(exc, context=f"connecting to Kafka at {self._bootstrap}") from exc
         await self._new_producer()
 
@@ -205,7 +185,7 @@ class KafkaEventLog:
         )
         try:
             await producer.start()
-        except KafkaError as exc:
+        except DRIVER_ERRORS as exc:
             await producer.stop()
             raise translate(exc, context=f"starting a producer for {self._bootstrap}") from exc
         self._producer = producer
@@ -232,9 +212,7 @@ class KafkaEventLog:
         return self._producer
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
-        run_id, partition, encoded = prepare_batch(
-            events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
-        )
+        run_id, partition, encoded = self._prepare(events)
         self._live_producer()
         pending = _Pending(
             run_id=run_id,
@@ -277,7 +255,7 @@ class KafkaEventLog:
             try:
                 delivery = await producer.send_batch(batch, self._topic, partition=partition)
                 metadata = await delivery
-            except KafkaError as exc:
+            except DRIVER_ERRORS as exc:
                 errors = [
                     translate(exc, context=f"appending to partition {partition}", run_id=p.run_id)
                     for p in taken
@@ -302,33 +280,14 @@ class KafkaEventLog:
                 _settle(pending, offset=offset)
                 offset += len(pending.records)
 
-    async def read_run(
-        self, run_id: str, *, start: int | None = None, end: int | None = None
-    ) -> list[StoredEvent]:
-        partition = partition_for(run_id, self._partitions)
-        return await self._read(partition, start, end, run_id=run_id, limit=None)
-
-    async def read_partition(
-        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
-    ) -> list[StoredEvent]:
-        check_partition(partition, self._partitions)
-        return await self._read(partition, start, end, run_id=None, limit=limit)
-
-    async def _read(
-        self,
-        partition: int,
-        start: int | None,
-        end: int | None,
-        *,
-        run_id: str | None,
-        limit: int | None,
-    ) -> list[StoredEvent]:
+    async def _read(self, request: LogRead) -> list[StoredEvent]:
+        partition, start, end, run_id, limit = request
         tp = TopicPartition(self._topic, partition)
         async with self._reader_lock:
             reader = self._live_reader()
             try:
                 bounds = await self._bounds(reader, tp)
-            except KafkaError as exc:
+            except DRIVER_ERRORS as exc:
                 raise translate(exc, context=f"reading partition {partition}") from exc
             low = bounds.start if start is None else start
             if low < bounds.start:
@@ -344,7 +303,7 @@ class KafkaEventLog:
                 return await self._fetch(reader, tp, low, high, run_id=run_id, limit=limit)
             except BaseException as exc:
                 self._cursor = None
-                if isinstance(exc, KafkaError):
+                if isinstance(exc, DRIVER_ERRORS):
                     raise translate(
                         exc, context=f"reading partition {partition}", run_id=run_id
                     ) from exc
@@ -410,7 +369,7 @@ class KafkaEventLog:
         async with self._reader_lock:
             try:
                 return await self._bounds(self._live_reader(), tp)
-            except KafkaError as exc:
+            except DRIVER_ERRORS as exc:
                 raise translate(exc, context=f"reading bounds of partition {partition}") from exc
 
     async def truncate_before(self, partition: int, offset: int) -> None:
@@ -423,7 +382,7 @@ class KafkaEventLog:
         tp = TopicPartition(self._topic, partition)
         try:
             await self._admin.delete_records({tp: RecordsToDelete(before_offset=offset)})
-        except KafkaError as exc:
+        except DRIVER_ERRORS as exc:
             raise translate(exc, context=f"truncating partition {partition}") from exc
 
     async def close(self) -> None:
@@ -442,22 +401,10 @@ class KafkaEventLog:
                 continue
             try:
                 await stop()
-            except KafkaError as exc:
+            except DRIVER_ERRORS as exc:
                 errors.append(exc)
         if errors:
             raise translate(errors[0], context="closing the Kafka event log") from errors[0]
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 _GROUP_COMMIT_BYTES = 900_000

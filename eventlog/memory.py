@@ -8,27 +8,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Self
 
-from onward.errors import InvalidInputError, LogTruncatedError
+from onward.errors import LogTruncatedError
 
 from . import codec
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
+    EventLogBackend,
+    LogRead,
     PartitionBounds,
     Position,
     StoredEvent,
     check_partition,
     check_truncation,
     partition_for,
-    prepare_batch,
 )
 from .events import Event
 
 
-class MemoryEventLog:
+class MemoryEventLog(EventLogBackend):
     """An in-process `EventLog`."""
 
     def __init__(
@@ -37,50 +36,22 @@ class MemoryEventLog:
         partitions: int = DEFAULT_PARTITIONS,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     ) -> None:
-        if partitions < 1:
-            raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
-        self._partitions = partitions
-        self._max_batch_bytes = max_batch_bytes
+        super().__init__(partitions=partitions, max_batch_bytes=max_batch_bytes)
         # Per partition: the offset of the first kept record, and the kept (run id, record) pairs.
         self._base = [0] * partitions
         self._records: list[list[tuple[str, bytes]]] = [[] for _ in range(partitions)]
         self._lock = asyncio.Lock()
 
-    @property
-    def partitions(self) -> int:
-        return self._partitions
-
     async def append(self, events: Sequence[Event]) -> list[Position]:
-        run_id, partition, encoded = prepare_batch(
-            events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
-        )
+        run_id, partition, encoded = self._prepare(events)
         async with self._lock:
             records = self._records[partition]
             first = self._base[partition] + len(records)
             records.extend((run_id, r) for r in encoded)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
-    async def read_run(
-        self, run_id: str, *, start: int | None = None, end: int | None = None
-    ) -> list[StoredEvent]:
-        partition = partition_for(run_id, self._partitions)
-        return self._read(partition, start, end, run_id=run_id, limit=None)
-
-    async def read_partition(
-        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
-    ) -> list[StoredEvent]:
-        check_partition(partition, self._partitions)
-        return self._read(partition, start, end, run_id=None, limit=limit)
-
-    def _read(
-        self,
-        partition: int,
-        start: int | None,
-        end: int | None,
-        *,
-        run_id: str | None,
-        limit: int | None,
-    ) -> list[StoredEvent]:
+    async def _read(self, request: LogRead) -> list[StoredEvent]:
+        partition, start, end, run_id, limit = request
         base = self._base[partition]
         records = self._records[partition]
         start = base if start is None else start
@@ -123,17 +94,3 @@ class MemoryEventLog:
         records = self._records[partition]
         records.append((run_id, record))
         return Position(partition, self._base[partition] + len(records) - 1)
-
-    async def close(self) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

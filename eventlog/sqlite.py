@@ -13,50 +13,31 @@ import sqlite3
 from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError
+from onward._storage import SqliteStore, connect, transaction, translated
+from onward.errors import ConfigurationError, LogTruncatedError
 
 from . import codec
-from ._sqlite import SqliteThread, connect, transaction
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
+    EventLogBackend,
+    LogRead,
     PartitionBounds,
     Position,
     StoredEvent,
     check_partition,
     check_truncation,
     partition_for,
-    prepare_batch,
 )
 from .events import Event
 
 SCHEMA_VERSION = 1
-
-_DDL = """
-CREATE TABLE IF NOT EXISTS onward_log_meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS onward_log_partition (
-    partition INTEGER PRIMARY KEY,
-    start_offset INTEGER NOT NULL,
-    next_offset INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS onward_log (
-    partition INTEGER NOT NULL,
-    offset INTEGER NOT NULL,
-    run_id TEXT NOT NULL,
-    record BLOB NOT NULL,
-    PRIMARY KEY (partition, offset)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS onward_log_by_run ON onward_log (run_id, partition, offset);
-"""
+"""The layout of the log's own rows, kept in ``onward_log_meta``; the tables themselves come
+from the SQLite migrations (``schemas/sqlite/0004_eventlog.sql``)."""
 
 
-class SqliteEventLog:
+class SqliteEventLog(SqliteStore, EventLogBackend):
     """An `EventLog` in one SQLite file.
 
     Args:
@@ -66,6 +47,8 @@ class SqliteEventLog:
         max_batch_bytes: Largest encoded batch accepted.
     """
 
+    what = "event log"
+
     def __init__(
         self,
         path: str | Path,
@@ -73,30 +56,17 @@ class SqliteEventLog:
         partitions: int = DEFAULT_PARTITIONS,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     ) -> None:
-        if partitions < 1:
-            raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
-        self._path = Path(path)
-        self._partitions = partitions
-        self._max_batch_bytes = max_batch_bytes
-        self._db = SqliteThread(self._path, "event log")
-
-    @classmethod
-    async def open(cls, path: str | Path, **options: int) -> SqliteEventLog:
-        """Create the log and open its file."""
-        log = cls(path, **options)
-        await log.start()
-        return log
+        EventLogBackend.__init__(self, partitions=partitions, max_batch_bytes=max_batch_bytes)
+        SqliteStore.__init__(self, path, migrate=True)
 
     @property
-    def partitions(self) -> int:
-        return self._partitions
-
-    async def start(self) -> None:
-        """Open the file, create the tables if new, and check the partition count."""
-        await self._db.open(self._open)
+    def path(self) -> Path:
+        """The database file (other embedded stores, leases among them, may share it)."""
+        return self._path
 
     def _open(self) -> sqlite3.Connection:
-        conn = connect(self._path)
+        """Open and migrate the file, then record or check the partition count."""
+        conn = super()._open()
         try:
             self._create_or_check(conn)
         except BaseException:
@@ -106,9 +76,6 @@ class SqliteEventLog:
 
     def _create_or_check(self, conn: sqlite3.Connection) -> None:
         with transaction(conn):
-            for statement in _DDL.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
             meta = dict(conn.execute("SELECT key, value FROM onward_log_meta").fetchall())
             if not meta:
                 conn.executemany(
@@ -135,9 +102,7 @@ class SqliteEventLog:
             )
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
-        run_id, partition, encoded = prepare_batch(
-            events, partitions=self._partitions, max_batch_bytes=self._max_batch_bytes
-        )
+        run_id, partition, encoded = self._prepare(events)
         conn = self._db.connection()
 
         def write() -> int:
@@ -159,27 +124,8 @@ class SqliteEventLog:
         first = await self._db.call(write, f"appending to partition {partition}", run_id)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
-    async def read_run(
-        self, run_id: str, *, start: int | None = None, end: int | None = None
-    ) -> list[StoredEvent]:
-        partition = partition_for(run_id, self._partitions)
-        return await self._read(partition, start, end, run_id=run_id, limit=None)
-
-    async def read_partition(
-        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
-    ) -> list[StoredEvent]:
-        check_partition(partition, self._partitions)
-        return await self._read(partition, start, end, run_id=None, limit=limit)
-
-    async def _read(
-        self,
-        partition: int,
-        start: int | None,
-        end: int | None,
-        *,
-        run_id: str | None,
-        limit: int | None,
-    ) -> list[StoredEvent]:
+    async def _read(self, request: LogRead) -> list[StoredEvent]:
+        partition, start, end, run_id, limit = request
         conn = self._db.connection()
 
         def read() -> tuple[int, list[tuple[int, str, bytes]]]:
@@ -261,7 +207,12 @@ class SqliteEventLog:
     def write_raw(self, run_id: str, record: bytes) -> Position:
         """Store a record as a foreign writer would, unchecked. For tests of bad input."""
         partition = partition_for(run_id, self._partitions)
-        with closing(connect(self._path)) as conn, transaction(conn):
+        context = f"{self._path}: writing a raw record"
+        with (
+            translated(context, run_id=run_id),
+            closing(connect(self._path)) as conn,
+            transaction(conn),
+        ):
             (offset,) = conn.execute(
                 "SELECT next_offset FROM onward_log_partition WHERE partition = ?", (partition,)
             ).fetchone()
@@ -273,18 +224,3 @@ class SqliteEventLog:
                 (offset + 1, partition),
             )
         return Position(partition, int(offset))
-
-    async def close(self) -> None:
-        await self._db.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -15,7 +15,6 @@ from .postgres import PostgresFrontierStore, migrate
 from .projector import (
     FrontierProjection,
     LogProjector,
-    ProjectingEventLog,
     ProjectionSink,
     ProjectorStats,
 )
@@ -34,7 +33,6 @@ __all__ = [
     "LogProjector",
     "MemoryFrontierStore",
     "PostgresFrontierStore",
-    "ProjectingEventLog",
     "Projection",
     "ProjectionSink",
     "ProjectorStats",

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 
+from onward._storage import AsyncResource, Resource
 from onward.errors import SchemaMismatchError
 
 from .frontier import FRONTIER_FORMAT, Frontier, RunStatus, ToolCallRow
@@ -138,7 +138,7 @@ class RunSummary:
 
 
 @runtime_checkable
-class FrontierStore(Protocol):
+class FrontierStore(AsyncResource, Protocol):
     """Frontier rows, `tool_calls` rows and projector positions, written together."""
 
     async def verify(self) -> None:
@@ -183,15 +183,35 @@ class FrontierStore(Protocol):
         """Summaries of runs, optionally of one tenant and some statuses, by run id."""
         ...
 
-    async def close(self) -> None:
-        """Release connections. Idempotent."""
-        ...
 
-    async def __aenter__(self) -> Self: ...
+class FrontierWrite(NamedTuple):
+    """What one :meth:`FrontierStore.write` stores, in one transaction."""
 
-    async def __aexit__(
+    consumer: str
+    positions: Mapping[int, int]
+    snapshots: Sequence[Snapshot]
+    calls: Sequence[ToolCallRow]
+
+
+class FrontierStoreBackend(Resource):
+    """What the frontier store backends share: :meth:`write` hands its arguments to
+    :meth:`_write` as one `FrontierWrite`, and :meth:`get` is a :meth:`load` of one run.
+    """
+
+    async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
+        raise NotImplementedError
+
+    async def get(self, run_id: str) -> StoredFrontier | None:
+        return (await self.load([run_id])).get(run_id)
+
+    async def write(
         self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
+        consumer: str,
+        positions: Mapping[int, int],
+        snapshots: Sequence[Snapshot],
+        calls: Sequence[ToolCallRow],
+    ) -> None:
+        await self._write(FrontierWrite(consumer, positions, snapshots, calls))
+
+    async def _write(self, batch: FrontierWrite) -> None:
+        raise NotImplementedError

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from onward._storage import translating
 from onward.errors import InvalidInputError
 
 
@@ -33,6 +34,7 @@ class BuildLayout:
     views: Callable[[int], Mapping[str, str]]
 
 
+@translating("reading the active build")
 async def active_build(conn: asyncpg.Connection, projection: str) -> int | None:
     """The build a projection's views point at, or ``None`` if it has none yet."""
     value = await conn.fetchval(
@@ -42,6 +44,7 @@ async def active_build(conn: asyncpg.Connection, projection: str) -> int | None:
     return int(value) if value is not None else None
 
 
+@translating("looking up a build")
 async def build_exists(conn: asyncpg.Connection, projection: str, build: int) -> bool:
     """Whether a build of a projection is registered."""
     found = await conn.fetchval(
@@ -52,6 +55,7 @@ async def build_exists(conn: asyncpg.Connection, projection: str, build: int) ->
     return found is not None
 
 
+@translating("creating a build")
 async def create_build(
     conn: asyncpg.Connection, layout: BuildLayout, *, status: str = "building"
 ) -> int:
@@ -79,6 +83,7 @@ async def create_build(
     return build
 
 
+@translating("creating the first build")
 async def ensure_active(conn: asyncpg.Connection, layout: BuildLayout) -> int | None:
     """Create and activate the first build if the projection has none; return it if created."""
     if await active_build(conn, layout.projection) is not None:
@@ -86,6 +91,7 @@ async def ensure_active(conn: asyncpg.Connection, layout: BuildLayout) -> int | 
     return await create_build(conn, layout, status="active")
 
 
+@translating("switching builds")
 async def switch_build(conn: asyncpg.Connection, layout: BuildLayout, build: int) -> int | None:
     """Make ``build`` the active one and repoint the views; return the build it replaced."""
     async with conn.transaction():
@@ -108,6 +114,7 @@ async def switch_build(conn: asyncpg.Connection, layout: BuildLayout, build: int
     return previous
 
 
+@translating("reading the active build")
 async def active_build_for_write(conn: asyncpg.Connection, projection: str) -> int | None:
     """Inside a write transaction: the active build, share-locked until the transaction ends.
 

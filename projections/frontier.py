@@ -41,6 +41,10 @@ FRONTIER_FORMAT = 1
 """Version of the frontier payload; a store refuses payloads it does not know."""
 
 RunStatus = Literal["new", "running", "waiting", "completed", "failed", "cancelled", "continued"]
+TERMINAL_STATUSES: frozenset[RunStatus] = frozenset(
+    {"completed", "failed", "cancelled", "continued"}
+)
+"""The statuses a run never leaves: nothing more is written to it."""
 Boundary = Literal["after_model_call", "after_tool_result", "before_approval"]
 CallOutcome = Literal["completed", "error", "never_ran"]
 
@@ -64,6 +68,14 @@ class CallState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     resolved_by: str | None = None
 
 
+class RunTag(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A label a person or an application put on one event of the run (``Tagged``)."""
+
+    seq: int
+    label: str
+    tagged_seq: int
+
+
 class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything resume needs about a run, as of ``last_seq`` (and log offset ``through_offset``).
 
@@ -73,6 +85,10 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         calls: The calls of the latest model answer, until its turn settles.
         refused: How many stored events of this run the fold refused (seq or fence rules).
         through_offset: The log offset of the last event folded, counted or refused.
+        first_offset: The log offset of the run's first counted event (``RunStarted``), so a
+            reader that needs the whole run starts there rather than at the partition's start.
+        tags: Every label put on the run's events, in the order they were written; tagged
+            events survive compaction.
     """
 
     run_id: str
@@ -102,6 +118,8 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     updated_at: int = 0
     partition: int = -1
     through_offset: int = -1
+    first_offset: int = -1
+    tags: tuple[RunTag, ...] = ()
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -114,6 +132,16 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             if state.call_id == call_id:
                 return state
         return None
+
+    @property
+    def finished(self) -> bool:
+        """The run ended (or was carried into another run): nothing more is written to it."""
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def settled(self) -> bool:
+        """Nothing to carry on: the run finished, or it waits on a person not yet answered."""
+        return self.finished or (self.status == "waiting" and self.waiting_on is not None)
 
 
 _replace = msgspec.structs.replace
@@ -154,6 +182,8 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     updated_at: int
     partition: int
     through_offset: int
+    first_offset: int
+    tags: tuple[RunTag, ...]
     calls: dict[str, CallState]
 
     @classmethod
@@ -255,6 +285,8 @@ def _fold_events(
                     )
                     continue
             last_seq += 1
+            if last_seq == 1:
+                draft.first_offset = offset
             fence = event.fence
             if event.at > updated_at:  # noqa: PLR1730 - no call per event
                 updated_at = event.at
@@ -370,6 +402,10 @@ def _approval_denied(d: FrontierDraft, e: ApprovalDenied) -> None:
         d.waiting_on = None
 
 
+def _tagged(d: FrontierDraft, e: Tagged) -> None:
+    d.tags = (*d.tags, RunTag(seq=e.target_seq, label=e.label, tagged_seq=e.seq))
+
+
 def _continued(d: FrontierDraft, e: RunContinued) -> None:
     d.status = "continued"
     d.continued_to = e.new_run_id
@@ -398,7 +434,7 @@ _RULES: dict[type[Event], Callable[[FrontierDraft, Any], CallState | None]] = {
     ApprovalRequested: _approval_requested,
     ApprovalGranted: _approval_granted,
     ApprovalDenied: _approval_denied,
-    Tagged: _unchanged,
+    Tagged: _tagged,
     RunContinued: _continued,
     RunFinished: _finished,
 }

@@ -21,7 +21,8 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, NoOffsetForPartitionError
 
-from onward.errors import ConfigurationError, EventDecodeError, LogTruncatedError, translate
+from onward._storage import translate
+from onward.errors import ConfigurationError, EventDecodeError, LogTruncatedError
 from onward.eventlog import codec
 from onward.eventlog.base import Position, StoredEvent
 from onward.eventlog.events import AnyEvent

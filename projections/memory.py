@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping, Sequence
-from types import TracebackType
-from typing import Self
+from collections.abc import Collection
 
-from .base import RunSummary, Snapshot, StoredFrontier, decode_payload
+from .base import (
+    FrontierStoreBackend,
+    FrontierWrite,
+    RunSummary,
+    StoredFrontier,
+    decode_payload,
+)
 from .frontier import RunStatus, ToolCallRow
 
 
-class MemoryFrontierStore:
+class MemoryFrontierStore(FrontierStoreBackend):
     """An in-process `FrontierStore` with the same guards as the durable ones."""
 
     def __init__(self) -> None:
@@ -38,13 +42,8 @@ class MemoryFrontierStore:
     async def get(self, run_id: str) -> StoredFrontier | None:
         return self._stored(run_id)
 
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
+    async def _write(self, batch: FrontierWrite) -> None:
+        consumer, positions, snapshots, calls = batch
         async with self._lock:
             for snap in snapshots:
                 summary = RunSummary.of(snap.frontier)
@@ -77,17 +76,3 @@ class MemoryFrontierStore:
             and (statuses is None or summary.status in statuses)
         ]
         return sorted(rows, key=lambda s: s.run_id)
-
-    async def close(self) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

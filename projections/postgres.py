@@ -17,16 +17,24 @@ round trips does not depend on the number of runs in the batch.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable
 from importlib.resources import files
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import asyncpg
 
+from onward._storage import PostgresStore, migrate_postgres, translating, verify_postgres
 from onward.errors import InvalidInputError, SchemaMismatchError
 
-from .base import BuildSwitched, RunSummary, Snapshot, StoredFrontier, decode_payload
+from .base import (
+    BuildSwitched,
+    FrontierStoreBackend,
+    FrontierWrite,
+    RunSummary,
+    Snapshot,
+    StoredFrontier,
+    decode_payload,
+)
 from .builds import (
     BuildLayout,
     active_build,
@@ -35,7 +43,6 @@ from .builds import (
     ensure_active,
 )
 from .frontier import RunStatus, ToolCallRow
-from .migrations import migrate_postgres, open_pool, verify_postgres
 
 PROJECTION = "frontiers"
 PROJECTION_VERSION = 1
@@ -68,6 +75,7 @@ FRONTIERS = BuildLayout(
 """The layout of the built-in frontiers projection (frontier and tool_calls tables)."""
 
 
+@translating("migrating PostgreSQL")
 async def migrate(conn: asyncpg.Connection) -> list[str]:
     """Apply pending migrations and make sure the frontiers projection has an active build."""
     applied = await migrate_postgres(conn)
@@ -87,7 +95,7 @@ def _stored(row: asyncpg.Record) -> StoredFrontier:
     return StoredFrontier(_summary(row), frontier, row["snapshot_error"])
 
 
-class PostgresFrontierStore:
+class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
     """A `FrontierStore` in PostgreSQL.
 
     Args:
@@ -104,6 +112,8 @@ class PostgresFrontierStore:
             rebuilds, whose rows can all be folded again; not for rows nothing can refold.
     """
 
+    what = "PostgreSQL frontier store"
+
     def __init__(
         self,
         dsn: str,
@@ -114,21 +124,10 @@ class PostgresFrontierStore:
         max_size: int = 10,
         synchronous_commit: bool = True,
     ) -> None:
-        self._dsn = dsn
-        self._schema = schema
+        super().__init__(dsn, schema=schema, min_size=min_size, max_size=max_size)
         self._pinned = build
         self._build: int | None = build
-        self._min_size = min_size
-        self._max_size = max_size
         self._synchronous_commit = synchronous_commit
-        self._pool: asyncpg.Pool | None = None
-
-    @classmethod
-    async def open(cls, dsn: str, **options: Any) -> PostgresFrontierStore:
-        """Create the store, connect and verify the schema."""
-        store = cls(dsn, **options)
-        await store.start()
-        return store
 
     @property
     def build(self) -> int:
@@ -137,29 +136,11 @@ class PostgresFrontierStore:
             raise InvalidInputError("the PostgreSQL frontier store is not started")
         return self._build
 
-    async def start(self) -> None:
-        """Open the pool and verify the schema."""
-        if self._pool is not None:
-            return
-        self._pool = await open_pool(
-            self._dsn, schema=self._schema, min_size=self._min_size, max_size=self._max_size
-        )
-        try:
-            await self.verify()
-        except BaseException:
-            await self.close()
-            raise
-
-    def _live_pool(self) -> asyncpg.Pool:
-        if self._pool is None:
-            raise InvalidInputError(
-                "the PostgreSQL frontier store is not open; use "
-                "`await PostgresFrontierStore.open(dsn)` or `async with`"
-            )
-        return self._pool
+    async def _started(self) -> None:
+        await self.verify()
 
     async def verify(self) -> None:
-        async with self._live_pool().acquire() as conn:
+        async with self._connection("verifying schema") as conn:
             await verify_postgres(conn)
             if self._pinned is not None:
                 if not await build_exists(conn, PROJECTION, self._pinned):
@@ -181,7 +162,7 @@ class PostgresFrontierStore:
 
     async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
         frontiers, _ = self._tables()
-        async with self._live_pool().acquire() as conn:
+        async with self._connection("loading frontiers") as conn:
             rows = await conn.fetch(
                 f"SELECT {_SUMMARY_COLUMNS}, payload, snapshot_error FROM {frontiers} "
                 "WHERE run_id = ANY($1::text[])",
@@ -189,18 +170,11 @@ class PostgresFrontierStore:
             )
         return {row["run_id"]: _stored(row) for row in rows}
 
-    async def get(self, run_id: str) -> StoredFrontier | None:
-        return (await self.load([run_id])).get(run_id)
-
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
+    async def _write(self, batch: FrontierWrite) -> None:
+        consumer, positions, snapshots, calls = batch
         frontiers, tool_calls = self._tables()
-        async with self._live_pool().acquire() as conn, conn.transaction():
+        context = f"writing frontiers of consumer {consumer!r}"
+        async with self._connection(context, transaction=True) as conn:
             if not self._synchronous_commit:
                 await conn.execute("SET LOCAL synchronous_commit = off")
             if self._pinned is None:
@@ -230,7 +204,7 @@ class PostgresFrontierStore:
                 )
 
     async def positions(self, consumer: str) -> dict[int, int]:
-        async with self._live_pool().acquire() as conn:
+        async with self._connection(f"reading the positions of consumer {consumer!r}") as conn:
             if self._pinned is None:
                 build = await active_build(conn, PROJECTION)
                 if build is not None:
@@ -243,7 +217,7 @@ class PostgresFrontierStore:
 
     async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
         _, tool_calls = self._tables()
-        async with self._live_pool().acquire() as conn:
+        async with self._connection("reading tool call rows", run_id) as conn:
             rows = await conn.fetch(
                 f"SELECT {_CALL_COLUMNS} FROM {tool_calls} WHERE run_id = $1 "
                 "ORDER BY dispatched_at NULLS LAST, call_id",
@@ -255,7 +229,7 @@ class PostgresFrontierStore:
         self, *, tenant: str | None = None, statuses: Collection[RunStatus] | None = None
     ) -> list[RunSummary]:
         frontiers, _ = self._tables()
-        async with self._live_pool().acquire() as conn:
+        async with self._connection("listing runs") as conn:
             rows = await conn.fetch(
                 f"SELECT {_SUMMARY_COLUMNS} FROM {frontiers} "
                 "WHERE ($1::text IS NULL OR tenant = $1) "
@@ -264,23 +238,6 @@ class PostgresFrontierStore:
                 list(statuses) if statuses is not None else None,
             )
         return [_summary(r) for r in rows]
-
-    async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 _FRONTIER_NAMES = (*_SUMMARY_COLUMNS.split(", "), "payload", "snapshot_error")

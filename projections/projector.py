@@ -18,11 +18,10 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Protocol, Self
+from typing import Protocol
 
 from onward.errors import InvalidInputError
-from onward.eventlog.base import EventLog, PartitionBounds, Position, StoredEvent, partition_for
+from onward.eventlog.base import EventLog, PartitionBounds, Position, StoredEvent
 from onward.eventlog.events import Event
 
 from .base import DEFAULT_MAX_BYTES, BuildSwitched, FrontierStore, Snapshot
@@ -420,62 +419,3 @@ class LogProjector:
                         await asyncio.wait_for(stop.wait(), poll_interval)
         finally:
             await self.flush()
-
-
-class ProjectingEventLog:
-    """Embedded mode: an `EventLog` whose appends are folded into the frontier store at once.
-
-    The append is durable first; the fold follows. If the process dies in between, the next
-    append (or :meth:`catch_up`) folds what was missed, from the stored position.
-    """
-
-    def __init__(self, log: EventLog, projection: FrontierProjection) -> None:
-        self.inner = log
-        self.projector = LogProjector(log, projection)
-
-    @property
-    def partitions(self) -> int:
-        return self.inner.partitions
-
-    async def append(self, events: Sequence[Event]) -> list[Position]:
-        positions = await self.inner.append(events)
-        await self.projector.catch_up([positions[0].partition])
-        return positions
-
-    async def catch_up(self) -> int:
-        """Fold whatever other processes appended, in every partition."""
-        return await self.projector.catch_up()
-
-    async def read_run(
-        self, run_id: str, *, start: int | None = None, end: int | None = None
-    ) -> list[StoredEvent]:
-        return await self.inner.read_run(run_id, start=start, end=end)
-
-    async def read_partition(
-        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
-    ) -> list[StoredEvent]:
-        return await self.inner.read_partition(partition, start, end, limit=limit)
-
-    async def bounds(self, partition: int) -> PartitionBounds:
-        return await self.inner.bounds(partition)
-
-    async def truncate_before(self, partition: int, offset: int) -> None:
-        await self.inner.truncate_before(partition, offset)
-
-    def partition_of(self, run_id: str) -> int:
-        """The partition a run's events go to."""
-        return partition_for(run_id, self.inner.partitions)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

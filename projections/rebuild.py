@@ -13,8 +13,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
-import asyncpg
-
+from onward._storage import open_pool, pooled
 from onward.eventlog.base import EventLog
 
 from .base import DEFAULT_MAX_BYTES
@@ -68,10 +67,10 @@ async def rebuild(
         batch_size: Records read per partition per step.
         on_progress: Called with (events folded so far, events to fold as last measured).
     """
-    settings = {"search_path": schema} if schema else {}
-    conn = await asyncpg.connect(database_url, server_settings=settings)
+    pool = await open_pool(database_url, schema=schema, max_size=1)
     try:
-        build = await create_build(conn, layout)
+        async with pooled(pool, f"creating a build of {layout.projection}") as conn:
+            build = await create_build(conn, layout)
         started = time.perf_counter()
         done = 0
         async with open_sink(build) as sink:
@@ -86,9 +85,10 @@ async def rebuild(
                         break
                 done += await projector.step()
         seconds = time.perf_counter() - started
-        previous = await switch_build(conn, layout, build)
+        async with pooled(pool, f"switching {layout.projection} to build {build}") as conn:
+            previous = await switch_build(conn, layout, build)
     finally:
-        await conn.close()
+        await pool.close()
     return RebuildReport(layout.projection, build, previous, done, seconds)
 
 

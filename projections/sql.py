@@ -12,15 +12,15 @@ below them, so a batch delivered twice (after a crash or a rebalance) reaches ``
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import asyncpg
 
+from onward._storage import PostgresStore
 from onward.errors import InvalidInputError, SchemaMismatchError
 from onward.eventlog.base import StoredEvent
 
@@ -32,7 +32,6 @@ from .builds import (
     build_exists,
     ensure_active,
 )
-from .migrations import open_pool, verify_postgres
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 
@@ -88,7 +87,7 @@ class SinkStats:
     skipped: int = 0
 
 
-class SqlProjectionSink:
+class SqlProjectionSink(PostgresStore):
     """Runs a user :class:`Projection` in PostgreSQL, exactly once per event.
 
     Args:
@@ -109,11 +108,9 @@ class SqlProjectionSink:
         self.projection = projection
         self.layout = layout_of(projection)
         self.stats = SinkStats()
-        self._dsn = dsn
+        super().__init__(dsn, schema=schema, max_size=4)
         self._pinned = build
         self._build = build
-        self._schema = schema
-        self._pool: asyncpg.Pool | None = None
 
     @property
     def consumer(self) -> str:
@@ -127,33 +124,22 @@ class SqlProjectionSink:
         """The table of the build this sink writes."""
         return f"{self.projection.name}_{self._build}"
 
-    async def start(self) -> None:
-        """Connect, verify the schema, and create the first build if there is none."""
-        if self._pool is not None:
-            return
-        self._pool = await open_pool(self._dsn, schema=self._schema, max_size=4)
-        try:
-            async with self._pool.acquire() as conn:
-                await self._resolve_build(conn)
-        except BaseException:
-            await self.close()
-            raise
+    async def _started(self) -> None:
+        """Create the first build if there is none, or check the pinned one exists."""
+        await self._run(self._resolve_build, f"opening projection {self.projection.name!r}")
 
     async def _resolve_build(self, conn: asyncpg.Connection) -> None:
-        await verify_postgres(conn)
         if self._pinned is None:
             await ensure_active(conn, self.layout)
             self._build = await active_build(conn, self.projection.name)
         elif not await build_exists(conn, self.projection.name, self._pinned):
             raise SchemaMismatchError(f"{self.projection.name} build {self._pinned} does not exist")
 
-    def _live(self) -> asyncpg.Pool:
-        if self._pool is None:
-            raise InvalidInputError(f"projection {self.projection.name!r} is not started")
-        return self._pool
+    def _not_open(self) -> InvalidInputError:
+        return InvalidInputError(f"projection {self.projection.name!r} is not started")
 
     async def positions(self) -> dict[int, int]:
-        async with self._live().acquire() as conn:
+        async with self._connection(f"reading positions of {self.projection.name!r}") as conn:
             if self._pinned is None:
                 self._build = await active_build(conn, self.projection.name)
             rows = await conn.fetch(
@@ -166,7 +152,8 @@ class SqlProjectionSink:
         self, records: Mapping[int, Sequence[StoredEvent]], next_offsets: Mapping[int, int]
     ) -> None:
         """Fold the part of a batch not folded before, and move the positions, atomically."""
-        async with self._live().acquire() as conn, conn.transaction():
+        context = f"applying a batch to projection {self.projection.name!r}"
+        async with self._connection(context, transaction=True) as conn:
             if self._pinned is None:
                 current = await active_build_for_write(conn, self.projection.name)
                 if current != self._build:
@@ -217,23 +204,6 @@ class SqlProjectionSink:
     def forget(self, partitions: Collection[int]) -> None:
         """Nothing is cached between batches."""
 
-    async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
 
 def load_projection(spec: str) -> Projection:
     """Import a projection from ``package.module:attribute`` (an instance or a class)."""
@@ -241,9 +211,14 @@ def load_projection(spec: str) -> Projection:
     if not module_name or not attribute:
         raise InvalidInputError(f"projection {spec!r} must look like package.module:attribute")
     try:
-        found: Any = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
+        found: object = pkgutil.resolve_name(spec)
+    except (ImportError, AttributeError, ValueError) as exc:
         raise InvalidInputError(f"cannot import projection {spec!r}: {exc}") from exc
+    return as_projection(found, spec)
+
+
+def as_projection(found: object, spec: str) -> Projection:
+    """The projection ``spec`` named, given what it resolved to: an instance or a class."""
     projection = found() if isinstance(found, type) else found
     if not isinstance(projection, Projection):
         raise InvalidInputError(f"{spec!r} is not a Projection (name, version, ddl, apply)")

@@ -14,19 +14,22 @@ slow writer never moves a row or a position back.
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
-from collections.abc import Collection, Mapping, Sequence
-from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import msgspec
 
-from onward.eventlog._sqlite import SqliteThread, transaction
+from onward._storage import SqliteStore, transaction
 
-from .base import RunSummary, Snapshot, StoredFrontier, decode_payload
+from .base import (
+    FrontierStoreBackend,
+    FrontierWrite,
+    RunSummary,
+    Snapshot,
+    StoredFrontier,
+    decode_payload,
+)
 from .frontier import RunStatus, ToolCallRow
-from .migrations import open_sqlite, verify_sqlite
 
 LOAD_CHUNK = 500
 """Run ids per ``IN (...)`` list: well under SQLite's bound-variable limit on any build."""
@@ -93,7 +96,7 @@ def _call_row(row: Sequence[Any]) -> ToolCallRow:
     return ToolCallRow(**dict(zip(_CALL_COLUMNS, row, strict=True)))
 
 
-class SqliteFrontierStore:
+class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
     """A `FrontierStore` in one SQLite file, possibly the event log's own.
 
     Args:
@@ -103,46 +106,7 @@ class SqliteFrontierStore:
             that is not is refused rather than changed.
     """
 
-    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
-        self._path = Path(path)
-        self._migrate = migrate
-        self._db = SqliteThread(self._path, "frontier store")
-
-    @classmethod
-    async def open(cls, path: str | Path, **options: bool) -> SqliteFrontierStore:
-        """Create the store and open its file.
-
-        Args:
-            path: The database file.
-            **options: Keyword arguments of the constructor (``migrate``).
-
-        Raises:
-            SchemaMismatchError: The file is at another schema version.
-        """
-        store = cls(path, **options)
-        await store.start()
-        return store
-
-    async def start(self) -> None:
-        """Open the file, migrate it if configured to, and check its schema version.
-
-        Raises:
-            SchemaMismatchError: The file is at another schema version; with ``migrate=False``,
-                an unmigrated file is one too.
-        """
-        await self._db.open(self._open)
-
-    def _open(self) -> sqlite3.Connection:
-        return open_sqlite(self._path, migrate=self._migrate)
-
-    async def verify(self) -> None:
-        """Check the file is still at this code's schema version.
-
-        Raises:
-            SchemaMismatchError: Another process migrated the file to another version.
-        """
-        conn = self._db.connection()
-        await self._db.call(lambda: verify_sqlite(conn, where=str(self._path)), "verifying schema")
+    what = "frontier store"
 
     async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
         """The stored rows of the given runs, read in one query per ``LOAD_CHUNK`` ids.
@@ -178,13 +142,7 @@ class SqliteFrontierStore:
         row = await self._db.call(read, "reading a frontier", run_id)
         return None if row is None else _stored(row)
 
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
+    async def _write(self, batch: FrontierWrite) -> None:
         """Upsert rows and move ``consumer``'s positions forward, all in one transaction.
 
         A frontier or call row replaces the stored one only if its ``through_offset`` is later,
@@ -193,6 +151,7 @@ class SqliteFrontierStore:
         Raises:
             BackendError: The write failed; nothing of it was stored.
         """
+        consumer, positions, snapshots, calls = batch
         frontier_rows = [_frontier_params(snapshot) for snapshot in snapshots]
         call_rows = [msgspec.structs.astuple(call) for call in calls]
         position_rows = [(consumer, partition, offset) for partition, offset in positions.items()]
@@ -264,19 +223,3 @@ class SqliteFrontierStore:
 
         rows = await self._db.call(read, "listing runs")
         return [_summary(row) for row in rows]
-
-    async def close(self) -> None:
-        """Close the connection and stop the store's thread. Idempotent."""
-        await self._db.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -1,14 +1,14 @@
 """The runner, resume planning, leases, redaction, providers, tools and the CLI."""
 
 from .agent import Agent
-from .checkpoint import Checkpointer, CheckpointPolicy
-from .history import (
+from .blobs import (
     BlobStore,
     ClaimCheck,
     MemoryBlobStore,
     PostgresBlobStore,
     SqliteBlobStore,
 )
+from .checkpoint import Checkpointer, CheckpointPolicy
 from .leases import (
     Leaseholder,
     LeasePolicy,
@@ -19,17 +19,17 @@ from .leases import (
     RunLease,
     SqliteLeaseStore,
 )
-from .manager import ExecutionManager, RunStatus
+from .manager import ExecutionManager, RunOverview
 from .openai import OpenAICompatibleProvider
-from .providers import ModelReply, Provider, ScriptedProvider, reply
-from .redaction import Redactor
-from .resume import (
+from .planning import (
     PlannedCall,
     ResumePlan,
     ToolDisposition,
     plan_resume,
     refuse_if_undecidable,
 )
+from .providers import ModelReply, Provider, ScriptedProvider, reply
+from .redaction import Redactor
 from .resumer import CarriedRun, Resumer
 from .runner import AgentRunner, RunObserver, RunResult
 from .tools import Reconciled, Tool, idempotency_key, tool
@@ -61,8 +61,8 @@ __all__ = [
     "Resumer",
     "RunLease",
     "RunObserver",
+    "RunOverview",
     "RunResult",
-    "RunStatus",
     "ScriptedProvider",
     "SqliteBlobStore",
     "SqliteLeaseStore",

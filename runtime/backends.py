@@ -29,7 +29,7 @@ from onward.projections.base import FrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 
-from .history import BlobStore, PostgresBlobStore, SqliteBlobStore
+from .blobs import BlobStore, PostgresBlobStore, SqliteBlobStore
 from .leases.base import LeaseStore
 from .leases.postgres import PostgresLeaseStore
 from .leases.redis import RedisLeaseStore

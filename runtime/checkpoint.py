@@ -83,6 +83,14 @@ class Checkpointer:
         self.last_error: str | None = None
         self.written = 0
 
+    async def catch_up(self, partitions: Sequence[int] | None = None) -> int:
+        """Fold whatever is in the log past the stored positions (every partition by default).
+
+        What another process appended, or what a crash left unfolded, is folded here; returns
+        how many events were read.
+        """
+        return await self._projector.catch_up(partitions)
+
     async def after_append(self, events: Sequence[Event], positions: Sequence[Position]) -> None:
         """Fold the partition of a batch just appended, if the policy wants a checkpoint here."""
         if not self.policy.wants(events):

@@ -11,56 +11,37 @@ the run finishes with exactly one booking in the ledger.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from onward.errors import ResumeConflictError
 from onward.eventlog import SqliteEventLog
 from onward.eventlog.events import Event, ToolCall
 from onward.projections.sqlite import SqliteFrontierStore
 
 from .agent import Agent
+from .blobs import SqliteBlobStore
 from .checkpoint import CheckpointPolicy
-from .history import SqliteBlobStore
+from .leases.base import LeasePolicy
+from .ledger import Ledger
 from .providers import ScriptedProvider, reply
 from .runner import AgentRunner, RunResult
 from .tools import Reconciled, Tool, tool
 
 TENANT = "demo"
 RUN_ID = "run-booking-1"
-
-
-class Ledger:
-    """The airline's own record of bookings: one JSON line per seat, keyed by idempotency key."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def entries(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-    def record(self, entry: dict[str, Any]) -> None:
-        with self.path.open("a") as out:
-            out.write(json.dumps(entry) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-
-    def find(self, key: str) -> dict[str, Any] | None:
-        for entry in self.entries():
-            if entry.get("key") == key:
-                return entry
-        return None
+DEMO_LEASE_S = 2.0
+"""worker-1's lease ttl: short, so the demo waits two seconds for it to lapse, not five minutes."""
 
 
 def booking_tools(ledger: Ledger) -> list[Tool]:
@@ -72,7 +53,7 @@ def booking_tools(ledger: Ledger) -> list[Tool]:
         return [{"flight": "ON123", "to": destination, "departs": "09:40"}]
 
     async def booking_status(key: str) -> Reconciled | None:
-        entry = ledger.find(key)
+        entry = ledger.find("book_seat", key)
         if entry is None:
             return Reconciled("never_ran")
         return Reconciled("completed", {"confirmation": entry["confirmation"]})
@@ -83,7 +64,7 @@ def booking_tools(ledger: Ledger) -> list[Tool]:
         await asyncio.sleep(0.2)  # the airline is slower than the search
         confirmation = f"CONF-{idempotency_key[-6:].upper()}"
         ledger.record(
-            {"key": idempotency_key, "flight": flight, "seat": seat, "confirmation": confirmation}
+            "book_seat", idempotency_key, flight=flight, seat=seat, confirmation=confirmation
         )
         return {"confirmation": confirmation}
 
@@ -155,7 +136,13 @@ async def _child(workdir: Path) -> None:
         SqliteBlobStore(db) as blobs,
     ):
         runner = _runner(
-            workdir, log, store, blobs, observer=_KillAfterBooking(), worker="worker-1"
+            workdir,
+            log,
+            store,
+            blobs,
+            observer=_KillAfterBooking(),
+            worker="worker-1",
+            lease_policy=LeasePolicy(ttl=timedelta(seconds=DEMO_LEASE_S)),
         )
         await runner.run(
             booking_agent(ledger),
@@ -165,16 +152,22 @@ async def _child(workdir: Path) -> None:
         )
 
 
-async def _resume(workdir: Path) -> RunResult:
+async def _resume(workdir: Path, console: Console) -> RunResult:
     db = workdir / "onward.db"
     ledger = Ledger(workdir / "ledger.jsonl")
     async with (
         SqliteEventLog(db) as log,
         SqliteFrontierStore(db) as store,
         SqliteBlobStore(db) as blobs,
+        _runner(workdir, log, store, blobs, worker="worker-2") as runner,
     ):
-        runner = _runner(workdir, log, store, blobs, worker="worker-2")
-        return await runner.resume(booking_agent(ledger), RUN_ID, tenant=TENANT)
+        while True:
+            try:
+                return await runner.resume(booking_agent(ledger), RUN_ID, tenant=TENANT)
+            except ResumeConflictError as held:
+                # The dead worker's lease lapses on the store's clock; until then it holds.
+                console.print(f"   held by {held.holder}; waiting for its lease to lapse")
+                await asyncio.sleep(DEMO_LEASE_S / 2)
 
 
 def run_demo(workdir: Path | None = None, console: Console | None = None) -> int:
@@ -196,8 +189,10 @@ def run_demo(workdir: Path | None = None, console: Console | None = None) -> int
         f"2. worker-1 was killed with SIGKILL (exit {child.returncode}) right after the airline "
         f"booked the seat; bookings in the airline's ledger: {len(ledger.entries())}"
     )
-    console.print("3. worker-2, a new process, resumes the run from the log")
-    result = asyncio.run(_resume(directory))
+    console.print(
+        "3. worker-2, a new process, resumes the run from the log once worker-1's lease lapses"
+    )
+    result = asyncio.run(_resume(directory, console))
     table = Table(title="what resume decided, call by call")
     table.add_column("call")
     table.add_column("the log said")

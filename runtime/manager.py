@@ -21,7 +21,7 @@ Attention = Literal["waiting_on_approval", "interrupted", "held"]
 
 
 @dataclass(frozen=True, slots=True)
-class RunStatus:
+class RunOverview:
     """A run's state as the stores see it.
 
     Attributes:
@@ -48,7 +48,7 @@ class ExecutionManager:
         self.frontiers = frontiers
         self.leases = leases
 
-    async def get_status(self, run_id: str) -> RunStatus:
+    async def get_status(self, run_id: str) -> RunOverview:
         """One run's status.
 
         Raises:
@@ -63,15 +63,15 @@ class ExecutionManager:
             )
         return await self._status(row.summary)
 
-    async def list_pending(self, *, tenant: str | None = None) -> list[RunStatus]:
+    async def list_pending(self, *, tenant: str | None = None) -> list[RunOverview]:
         """Runs that need someone: waiting on an approval, or running with nobody holding them."""
         rows = await self.frontiers.runs(tenant=tenant, statuses={"waiting", "running"})
         statuses = [await self._status(summary) for summary in rows]
         return [s for s in statuses if s.attention in ("waiting_on_approval", "interrupted")]
 
-    async def _status(self, summary: RunSummary) -> RunStatus:
+    async def _status(self, summary: RunSummary) -> RunOverview:
         lease = await self.leases.current(summary.run_id) if self.leases is not None else None
-        return RunStatus(summary, lease, _attention(summary, lease))
+        return RunOverview(summary, lease, _attention(summary, lease))
 
 
 def _attention(summary: RunSummary, lease: RunLease | None) -> Attention | None:
@@ -82,6 +82,6 @@ def _attention(summary: RunSummary, lease: RunLease | None) -> Attention | None:
     return None
 
 
-def pending_ids(statuses: Sequence[RunStatus]) -> list[str]:
+def pending_ids(statuses: Sequence[RunOverview]) -> list[str]:
     """The run ids of some statuses."""
     return [s.summary.run_id for s in statuses]

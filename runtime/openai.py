@@ -5,25 +5,16 @@ OpenAI itself, Azure-style gateways, vLLM, llama.cpp, Ollama and LiteLLM all ans
 vendor SDK and every failure comes out as an Onward error.
 
 Our `Message` has no field for the tool calls an assistant asked for, yet the server must see
-them again on the next turn next to the ``tool`` messages that answer them. The convention: an
-assistant message's ``content`` may be a list holding one *tool-calls part*::
-
-    Message(
-        role="assistant",
-        content=[
-            "Let me look that up.",
-            {"type": "tool_calls", "tool_calls": [
-                {"id": "call_1", "name": "search", "arguments": {"query": "onward"}},
-            ]},
-        ],
-    )
-
-:func:`assistant_message` builds that message from a reply's text and `ToolCall` list.
+them again on the next turn next to the ``tool`` messages that answer them: they travel as a
+tool-calls part of the content (`onward.runtime.parts`, the one convention the runner and every
+provider share), and go to the server in its ``tool_calls`` field. Text parts are sent as one
+string; a binary part with an image media type as an ``image_url`` data URL; other parts as given.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import math
@@ -45,6 +36,7 @@ from onward.errors import (
 from onward.eventlog.events import Message, ToolCall, Usage
 
 from .agent import Agent
+from .parts import BinaryPart, TextPart, ToolCallRef, ToolCallsPart, assistant_message, parts_of
 from .providers import ModelReply
 
 log = logging.getLogger("onward.runtime.openai")
@@ -63,30 +55,6 @@ _BACKOFF_CAP_S = 4.0
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _RESERVED_SETTINGS = frozenset({"model", "messages", "tools", "stream"})
 _ERROR_TEXT_LIMIT = 500
-
-
-def assistant_message(text: str, tool_calls: Sequence[ToolCall]) -> Message:
-    """The assistant message to put back in the conversation for a reply.
-
-    Args:
-        text: What the model said.
-        tool_calls: The calls it asked for; they travel as a tool-calls part.
-
-    Returns:
-        A plain text message when there are no calls, else a message whose content is the text
-        (if any) followed by one tool-calls part.
-    """
-    if not tool_calls:
-        return Message(role="assistant", content=text)
-    part = {
-        "type": TOOL_CALLS_PART,
-        "tool_calls": [
-            {"id": call.call_id, "name": call.tool, "arguments": dict(call.args)}
-            for call in tool_calls
-        ],
-    }
-    content: list[Any] = [text, part] if text else [part]
-    return Message(role="assistant", content=content)
 
 
 class OpenAICompatibleProvider:
@@ -367,53 +335,60 @@ def _wire_content(
     """A message's content (one string when it is all text) and its tool calls, if any."""
     if isinstance(message.content, str):
         return message.content, []
+    try:
+        parts = parts_of(message.content)
+    except msgspec.ValidationError as exc:
+        raise InvalidInputError(
+            f"message {index} ({message.role}): {exc}; it has no chat-completions form"
+        ) from exc
     texts: list[str] = []
-    parts: list[Any] = []
+    wire: list[Any] = []
     calls: list[dict[str, Any]] = []
-    for part in message.content:
-        if isinstance(part, str):
-            texts.append(part)
-            parts.append({"type": "text", "text": part})
-        elif isinstance(part, dict) and part.get("type") == TOOL_CALLS_PART:
+    for part in parts:
+        if isinstance(part, TextPart):
+            texts.append(part.text)
+            wire.append({"type": "text", "text": part.text})
+        elif isinstance(part, ToolCallsPart):
             if message.role != "assistant":
                 raise InvalidInputError(
                     f"message {index} ({message.role}): only an assistant message can carry "
                     "a tool-calls part"
                 )
-            calls.extend(_wire_tool_call(index, c) for c in part.get("tool_calls", []))
-        elif isinstance(part, dict) and isinstance(part.get("type"), str):
-            if part["type"] == "text" and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            parts.append(part)
+            calls.extend(_wire_tool_call(index, c) for c in part.tool_calls)
+        elif isinstance(part, BinaryPart):
+            wire.append(_wire_binary(index, part))
         else:
-            raise InvalidInputError(
-                f"message {index} ({message.role}): a content part of type "
-                f"{type(part).__name__} has no chat-completions form; use a string or a "
-                "dict with a 'type'"
-            )
-    return ("".join(texts) if len(texts) == len(parts) else parts), calls
+            wire.append(part)
+    return ("".join(texts) if len(texts) == len(wire) else wire), calls
 
 
-def _wire_tool_call(index: int, call: Any) -> dict[str, Any]:
+def _wire_binary(index: int, part: BinaryPart) -> dict[str, Any]:
+    """An image as a data URL; other binary parts have no chat-completions form."""
+    if not part.media_type.startswith("image/"):
+        raise InvalidInputError(
+            f"message {index}: a binary part of type {part.media_type} has no chat-completions "
+            "form; only images can be sent"
+        )
+    url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _wire_tool_call(index: int, call: ToolCallRef) -> dict[str, Any]:
     """One entry of a tool-calls part in OpenAI's ``tool_calls`` shape."""
-    if not isinstance(call, dict):
-        raise InvalidInputError(f"message {index}: a tool call must be a dict, not {call!r}")
-    call_id, name, arguments = call.get("id"), call.get("name"), call.get("arguments", {})
-    if not isinstance(call_id, str) or not isinstance(name, str):
-        raise InvalidInputError(f"message {index}: a tool call needs string 'id' and 'name'")
-    if isinstance(arguments, dict):
+    arguments = call.arguments
+    if isinstance(arguments, str):
+        encoded = arguments
+    else:
         unparsed = arguments.get(UNPARSED)
         if len(arguments) == 1 and isinstance(unparsed, str):
             encoded = unparsed
         else:
             encoded = msgspec.json.encode(arguments).decode()
-    elif isinstance(arguments, str):
-        encoded = arguments
-    else:
-        raise InvalidInputError(
-            f"message {index}: tool call {call_id!r} arguments must be a dict or a JSON string"
-        )
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": encoded}}
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": encoded},
+    }
 
 
 def _reply(body: Any) -> ModelReply:

@@ -133,7 +133,7 @@ apt_install() {
 
 pg_bindir() {  # directory holding initdb/pg_ctl/postgres, newest major first
     local d
-    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+    for d in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V -r); do
         [[ -x "$d/initdb" && -x "$d/pg_ctl" ]] && { echo "$d"; return 0; }
     done
     if command -v pg_config >/dev/null 2>&1; then
@@ -372,7 +372,9 @@ kafka_up() {
     local pidfile="$KDIR/kafka.pid" other
     # Another version of the same major, started here, holds these ports.
     for other in "$STATE_DIR"/kafka-"$KMAJOR".*/kafka.pid; do
-        [[ "$other" != "$pidfile" ]] && pid_alive "$other" kafka.Kafka || continue
+        if [[ "$other" == "$pidfile" ]] || ! pid_alive "$other" kafka.Kafka; then
+            continue
+        fi
         other=${other%/kafka.pid}
         other=${other##*/kafka-}
         die "Kafka $other is running on port $KPORT; stop it first: KAFKA_VERSION=$other $0 down kafka"
@@ -394,6 +396,7 @@ kafka_up() {
         : >"$KDIR/logs/stdout.log"
         # setsid: own session, so the broker outlives this script and its terminal.
         # The inner shell records its pid and then becomes the JVM (exec).
+        # shellcheck disable=SC2016  # $$ and $1 are the inner shell's, not expanded here
         setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$pidfile" \
             java -Xms256m -Xmx512m -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
             -Dkafka.logs.dir="$KDIR/logs" "$(kafka_log_opt)" \
@@ -597,7 +600,9 @@ redis_up() {
         mkdir -p "$REDIS_DIR"
         log "Redis: starting on 127.0.0.1:$REDIS_PORT"
         : >"$REDIS_DIR/redis.log"
-        # No persistence: the tests treat Redis as a cache.
+        # No persistence: the tests treat Redis as a cache. Errors before it daemonizes go to
+        # stdout, appended to the log it then writes itself, so show_logs shows both.
+        # shellcheck disable=SC2094  # nothing reads the log while the server starts
         if ! redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --daemonize yes \
             --pidfile "$pidfile" --logfile "$REDIS_DIR/redis.log" --dir "$REDIS_DIR" \
             --save '' --appendonly no --loglevel notice >>"$REDIS_DIR/redis.log" 2>&1; then

@@ -1,18 +1,33 @@
-"""Session fixtures: real servers, found from the environment.
+"""Fixtures for every test: real servers, fresh places on them, and replayable randomness.
 
-A URL in the environment wins. Without one, and with a Docker engine answering, testcontainers
-starts the server. With neither the session stops at once and says what to run; no test is ever
-skipped for a missing server.
+Servers: a URL in the environment wins. Without one, and with a Docker engine answering,
+testcontainers starts the server. With neither the session stops at once and says what to run;
+no test is ever skipped for a missing server.
+
+Each test that needs one gets its own Kafka topic (``kafka_topic``), Redis key prefix
+(``redis_prefix``) and migrated PostgreSQL schema (``pg_schema``; ``empty_pg_schema`` has no
+tables yet, ``new_pg_schema`` makes several), removed afterwards. Randomized tests draw from
+``rng``: its seed is printed, and ``ONWARD_TEST_SEED=<seed>`` replays it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import random
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import pytest
+import pytest_asyncio
+from support.kafka import fresh_topic
+from support.pg import SchemaFactory, schema_factory
+from support.redis import fresh_prefix
+
+# The shared assertions in tests/support report their operands as a test's own asserts do.
+pytest.register_assert_rewrite("support.histories")
 
 START_COMMAND = 'eval "$(scripts/services.sh up)"   # or: make test'
+SEED_VARIABLE = "ONWARD_TEST_SEED"
 
 
 def _docker_answers() -> bool:
@@ -33,47 +48,113 @@ def _no_server(variable: str) -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    """``host:port`` of a real Kafka broker."""
-    url = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+def _server(variable: str, container: Callable[[], AbstractContextManager[str]]) -> Iterator[str]:
+    """The URL in ``variable``; else one of a container started for the session; else exit."""
+    url = os.environ.get(variable)
     if url:
         yield url
         return
     if not _docker_answers():
-        _no_server("KAFKA_BOOTSTRAP_SERVERS")
+        _no_server(variable)
+    with container() as started:
+        yield started
+
+
+@contextmanager
+def _kafka_container() -> Iterator[str]:
     from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
 
     with KafkaContainer("confluentinc/cp-kafka:7.7.1").with_kraft() as container:
         yield container.get_bootstrap_server()
 
 
-@pytest.fixture(scope="session")
-def database_url() -> Iterator[str]:
-    """A PostgreSQL URL (``postgresql://user:password@host:port/database``)."""
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        yield url
-        return
-    if not _docker_answers():
-        _no_server("DATABASE_URL")
+@contextmanager
+def _postgres_container() -> Iterator[str]:
     from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
 
     with PostgresContainer("postgres:15", driver=None) as container:
         yield container.get_connection_url()
 
 
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """A Redis URL (``redis://host:port/db``)."""
-    url = os.environ.get("REDIS_URL")
-    if url:
-        yield url
-        return
-    if not _docker_answers():
-        _no_server("REDIS_URL")
+@contextmanager
+def _redis_container() -> Iterator[str]:
     from testcontainers.community.redis import RedisContainer  # noqa: PLC0415
 
     with RedisContainer("redis:7") as container:
         host = container.get_container_host_ip()
         yield f"redis://{host}:{container.get_exposed_port(6379)}/0"
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """``host:port`` of a real Kafka broker."""
+    yield from _server("KAFKA_BOOTSTRAP_SERVERS", _kafka_container)
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A PostgreSQL URL (``postgresql://user:password@host:port/database``)."""
+    yield from _server("DATABASE_URL", _postgres_container)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis URL (``redis://host:port/db``)."""
+    yield from _server("REDIS_URL", _redis_container)
+
+
+@pytest_asyncio.fixture
+async def kafka_topic(kafka_bootstrap: str) -> AsyncIterator[str]:
+    """A topic name of this test alone; the topic is deleted afterwards if it was created."""
+    async with fresh_topic(kafka_bootstrap) as topic:
+        yield topic
+
+
+@pytest_asyncio.fixture
+async def redis_prefix(redis_url: str) -> AsyncIterator[str]:
+    """A Redis key prefix of this test alone; its keys are deleted afterwards."""
+    async with fresh_prefix(redis_url) as prefix:
+        yield prefix
+
+
+@pytest_asyncio.fixture
+async def new_pg_schema(database_url: str) -> AsyncIterator[SchemaFactory]:
+    """Awaited, makes one more schema of this test (migrated unless ``migrated=False``); all
+    of them are dropped after the test."""
+    async with schema_factory(database_url) as new:
+        yield new
+
+
+@pytest_asyncio.fixture
+async def pg_schema(new_pg_schema: SchemaFactory) -> str:
+    """A migrated PostgreSQL schema of this test alone, dropped afterwards."""
+    return await new_pg_schema()
+
+
+@pytest_asyncio.fixture
+async def empty_pg_schema(new_pg_schema: SchemaFactory) -> str:
+    """A PostgreSQL schema of this test alone with no tables yet, dropped afterwards."""
+    return await new_pg_schema(migrated=False)
+
+
+@pytest.fixture(scope="session")
+def test_seed() -> int:
+    """The session's seed: ``ONWARD_TEST_SEED`` when set, else a fresh one."""
+    chosen = os.environ.get(SEED_VARIABLE)
+    return int(chosen) if chosen else random.SystemRandom().randrange(2**32)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    chosen = os.environ.get(SEED_VARIABLE)
+    return f"{SEED_VARIABLE}={chosen}" if chosen else f"{SEED_VARIABLE} not set: fresh seeds"
+
+
+@pytest.fixture
+def rng(test_seed: int, request: pytest.FixtureRequest) -> random.Random:
+    """This test's random source, seeded from the session seed and the test's id.
+
+    The seed is printed (pytest shows it with a failure); running the test again with
+    ``ONWARD_TEST_SEED`` set to it draws the very same numbers.
+    """
+    print(f"random seed: {SEED_VARIABLE}={test_seed} pytest '{request.node.nodeid}'")
+    return random.Random(f"{test_seed}/{request.node.nodeid}")

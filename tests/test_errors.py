@@ -11,7 +11,8 @@ import pytest
 import redis.exceptions as redis_errors
 
 import onward.errors as errors
-from onward.errors import OnwardError, classify, translate
+from onward._storage import classify, translate
+from onward.errors import OnwardError
 
 # Abstract bases the driver never raises itself; mapping them would hide new subclasses.
 _ABSTRACT = {kafka_errors.KafkaError, kafka_errors.BrokerResponseError}

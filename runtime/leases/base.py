@@ -7,16 +7,29 @@ not lapsed nor keep one that has. Every acquisition raises the run's fence, afte
 expiry too, and the fence never goes back; renewal keeps it. A superseded holder is refused on
 the number, not on the time: its renew and release raise `FencedError`, and whatever it writes
 to the log under the old fence is refused by every reader.
+
+The fence never strands a run: a store that hands out a fence the run's log already has (it
+was wiped, or configured after the run was written) is told to go above the log's with
+`LeaseStore.raise_fence`, atomically and only while the caller still holds the lease.
+
+The ttl check and the two refusals are defined here and shared by every backend, so a caller
+sees the same messages whichever store it runs on.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import timedelta
-from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from onward.errors import ConfigurationError
+from onward._storage import AsyncResource
+from onward.errors import (
+    ConfigurationError,
+    FencedError,
+    InvalidInputError,
+    ResumeConflictError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +85,39 @@ class LeasePolicy:
         return self.ttl.total_seconds()
 
 
+def check_ttl(ttl_s: float) -> None:
+    """Refuse a ttl that could not hold a run, before any store is asked (every backend uses it).
+
+    Raises:
+        InvalidInputError: ``ttl_s`` is not a positive, finite number of seconds.
+    """
+    if not (ttl_s > 0 and math.isfinite(ttl_s)):
+        raise InvalidInputError(f"a lease ttl must be positive, finite seconds, got {ttl_s!r}")
+
+
+def conflict_error(run_id: str, holder: str | None) -> ResumeConflictError:
+    """The refusal every backend raises when an unexpired lease is in the way.
+
+    ``holder`` is ``None`` only when the holder let go between the refusal and the look.
+    """
+    return ResumeConflictError(
+        f"run {run_id!r} is held by {holder!r}; wait for it to finish or for its lease to lapse",
+        run_id=run_id,
+        holder=holder,
+    )
+
+
+def fenced_error(lease: RunLease, why: str) -> FencedError:
+    """The refusal every backend raises to a holder whose lease is gone."""
+    return FencedError(
+        f"run {lease.run_id!r}: the lease of {lease.holder!r} under fence {lease.fence} {why}; "
+        "stop writing to the run",
+        run_id=lease.run_id,
+    )
+
+
 @runtime_checkable
-class LeaseStore(Protocol):
+class LeaseStore(AsyncResource, Protocol):
     """Who holds which run, decided by the store's clock."""
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
@@ -92,6 +136,29 @@ class LeaseStore(Protocol):
         """
         ...
 
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above``, the highest fence already in the run's log.
+
+        A store can hand out a fence at or below one the log already holds: the store was
+        wiped, Redis restarted without persistence, or the run was written before a lease store
+        was configured. Readers would then refuse the holder's writes, and the run could never
+        go on. Instead the holder raises the store's fence past the log's and carries on.
+
+        If ``lease.fence > above`` the lease is returned as it is, without asking the store.
+        Otherwise, in one atomic step and only while ``lease`` is still the live holding (same
+        holder, same fence, unexpired by the store's clock), the run's fence becomes
+        ``max(the store's fence counter, above) + 1`` and the counter is raised with it, so
+        every later acquisition goes higher still. The holder, tenant and expiry are kept (the
+        expiry is not renewed: the holder's renewal schedule stays what it was).
+
+        The old fence is superseded: renewing or releasing ``lease`` afterwards raises
+        `FencedError`, so two raises of one lease at once leave exactly one winner.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        ...
+
     async def release(self, lease: RunLease) -> None:
         """Hand a lease back so the next worker need not wait out the ttl.
 
@@ -103,14 +170,3 @@ class LeaseStore(Protocol):
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any."""
         ...
-
-    async def close(self) -> None: ...
-
-    async def __aenter__(self) -> Self: ...
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...

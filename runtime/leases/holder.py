@@ -6,6 +6,7 @@
         ...                      # write under held.lease.fence
         await held.check()       # raises FencedError once the lease is known to be lost
         await held.confirm()     # asks the store, right now, before an irreversible step
+        await held.raise_fence(log_fence)  # when the store's fence is not above the log's
 
 The lease is taken on entry (or, given ``lease=``, an already taken one is adopted) and renewed
 in a background task whenever less than the policy's renew margin is left. The wait is measured
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Self
 
@@ -124,11 +126,35 @@ class Leaseholder:
         await self._renew()
         return self.lease
 
+    async def raise_fence(self, above: int) -> RunLease:
+        """Lift the held lease's fence above ``above`` (the log's highest) and hold that one.
+
+        A store that forgot the run (wiped, restarted without persistence, configured after
+        the run was written) hands out a fence the log already has; this lifts it past the
+        log's so the run can go on. Serialized with the renewals, so a renewal in flight
+        finishes first and every later renewal, `check`, `confirm` and the release use the new
+        fence. The expiry is kept, so the renewal schedule does not change.
+
+        Raises:
+            FencedError: The lease is lost (``fenced`` is set as well).
+        """
+        await self.check()
+        await self._swap(lambda lease: self.store.raise_fence(lease, above=above))
+        return self.lease
+
     async def _renew(self) -> None:
         """One renewal, serialized with the others; a refusal sets ``fenced``."""
+        await self._swap(lambda lease: self.store.renew(lease, ttl_s=self.policy.ttl_s))
+
+    async def _swap(self, ask: Callable[[RunLease], Awaitable[RunLease]]) -> None:
+        """Replace the held lease by what the store answers about it, one request at a time.
+
+        The lease is read under the lock, so a request never carries a fence that another one
+        has just replaced. A refusal sets ``fenced``.
+        """
         async with self._renewing:
             try:
-                self._lease = await self.store.renew(self.lease, ttl_s=self.policy.ttl_s)
+                self._lease = await ask(self.lease)
             except FencedError:
                 self.fenced.set()
                 raise

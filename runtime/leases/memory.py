@@ -7,22 +7,16 @@ made, so it reads as seconds since the epoch and compares with other leases of t
 
 Every method decides without awaiting, so on one event loop each call is atomic; the fence
 counter of a run outlives releases and expiries and only goes up.
-
-The ttl check and the two refusals are defined here and shared by every backend, so a caller
-sees the same messages whichever store it runs on.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
-from onward.errors import FencedError, InvalidInputError, ResumeConflictError
+from onward._storage import Resource
 
-from .base import RunLease
+from .base import RunLease, check_ttl, conflict_error, fenced_error
 
 
 @dataclass(slots=True)
@@ -35,38 +29,7 @@ class _Held:
     deadline: float
 
 
-def check_ttl(ttl_s: float) -> None:
-    """Refuse a ttl that could not hold a run, before any store is asked (every backend uses it).
-
-    Raises:
-        InvalidInputError: ``ttl_s`` is not a positive, finite number of seconds.
-    """
-    if not (ttl_s > 0 and math.isfinite(ttl_s)):
-        raise InvalidInputError(f"a lease ttl must be positive, finite seconds, got {ttl_s!r}")
-
-
-def conflict_error(run_id: str, holder: str | None) -> ResumeConflictError:
-    """The refusal every backend raises when an unexpired lease is in the way.
-
-    ``holder`` is ``None`` only when the holder let go between the refusal and the look.
-    """
-    return ResumeConflictError(
-        f"run {run_id!r} is held by {holder!r}; wait for it to finish or for its lease to lapse",
-        run_id=run_id,
-        holder=holder,
-    )
-
-
-def fenced_error(lease: RunLease, why: str) -> FencedError:
-    """The refusal every backend raises to a holder whose lease is gone."""
-    return FencedError(
-        f"run {lease.run_id!r}: the lease of {lease.holder!r} under fence {lease.fence} {why}; "
-        "stop writing to the run",
-        run_id=lease.run_id,
-    )
-
-
-class MemoryLeaseStore:
+class MemoryLeaseStore(Resource):
     """A `LeaseStore` held in a dict: nothing survives the process."""
 
     def __init__(self) -> None:
@@ -87,6 +50,17 @@ class MemoryLeaseStore:
         held = self._held.get(run_id)
         if held is None or held.deadline <= time.monotonic():
             return None
+        return held
+
+    def _holding(self, lease: RunLease) -> _Held:
+        """The live holding ``lease`` stands for.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        held = self._live(lease.run_id)
+        if held is None or (held.holder, held.fence) != (lease.holder, lease.fence):
+            raise fenced_error(lease, "expired, was released or was superseded")
         return held
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
@@ -112,10 +86,21 @@ class MemoryLeaseStore:
             FencedError: The lease expired, was released or was superseded.
         """
         check_ttl(ttl_s)
-        held = self._live(lease.run_id)
-        if held is None or (held.holder, held.fence) != (lease.holder, lease.fence):
-            raise fenced_error(lease, "expired, was released or was superseded")
+        held = self._holding(lease)
         held.deadline = time.monotonic() + ttl_s
+        return self._lease(lease.run_id, held)
+
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above``, keeping its expiry.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        if lease.fence > above:
+            return lease
+        held = self._holding(lease)
+        held.fence = max(self._fences.get(lease.run_id, 0), above) + 1
+        self._fences[lease.run_id] = held.fence
         return self._lease(lease.run_id, held)
 
     async def release(self, lease: RunLease) -> None:
@@ -139,14 +124,3 @@ class MemoryLeaseStore:
 
     async def close(self) -> None:
         """Nothing to close; the leases stay for as long as the store object lives."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

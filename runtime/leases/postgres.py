@@ -13,19 +13,11 @@ release, so the fence only ever goes up.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from types import TracebackType
-from typing import Any, Self, TypeVar
-
 import asyncpg
 
-from onward.errors import InvalidInputError, OnwardError, translate
-from onward.projections.migrations import open_pool, verify_postgres
+from onward._storage import PostgresStore
 
-from .base import RunLease
-from .memory import check_ttl, conflict_error, fenced_error
-
-_T = TypeVar("_T")
+from .base import RunLease, check_ttl, conflict_error, fenced_error
 
 _RETURNING = "RETURNING tenant, holder, fence, extract(epoch FROM expires_at)::float8 AS expires_at"
 _ACQUIRE = (
@@ -38,6 +30,10 @@ _ACQUIRE = (
 _RENEW = (
     "UPDATE onward_leases SET expires_at = now() + make_interval(secs => $4::float8), "
     "updated_at = now() "
+    f"WHERE run_id = $1 AND holder = $2 AND fence = $3 AND expires_at > now() {_RETURNING}"
+)
+_RAISE_FENCE = (
+    "UPDATE onward_leases SET fence = greatest(fence, $4::bigint) + 1, updated_at = now() "
     f"WHERE run_id = $1 AND holder = $2 AND fence = $3 AND expires_at > now() {_RETURNING}"
 )
 _RELEASE = (
@@ -61,10 +57,6 @@ holder may release in between. Then the run is free and the acquisition is tried
 than refused naming nobody.
 """
 
-# What asyncpg and the socket under it raise; `onward.errors.translate` maps each to the most
-# specific Onward error.
-_DRIVER: tuple[type[BaseException], ...] = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
-
 
 def _lease(run_id: str, row: asyncpg.Record) -> RunLease:
     return RunLease(
@@ -76,12 +68,7 @@ def _lease(run_id: str, row: asyncpg.Record) -> RunLease:
     )
 
 
-def _translate(exc: BaseException, context: str, run_id: str | None) -> OnwardError:
-    """Driver failures become Onward errors by the rules in `onward.errors.translate`."""
-    return translate(exc, context=context, run_id=run_id)
-
-
-class PostgresLeaseStore:
+class PostgresLeaseStore(PostgresStore):
     """A `LeaseStore` in PostgreSQL.
 
     Args:
@@ -92,69 +79,7 @@ class PostgresLeaseStore:
         max_size: Largest pool size.
     """
 
-    def __init__(
-        self, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10
-    ) -> None:
-        self._dsn = dsn
-        self._schema = schema
-        self._min_size = min_size
-        self._max_size = max_size
-        self._pool: asyncpg.Pool | None = None
-
-    @classmethod
-    async def open(cls, dsn: str, **options: Any) -> PostgresLeaseStore:
-        """Create the store, connect and verify the schema.
-
-        Raises:
-            SchemaMismatchError: The database is not at this code's schema version.
-            BackendUnavailableError: PostgreSQL could not be reached.
-        """
-        store = cls(dsn, **options)
-        await store.start()
-        return store
-
-    async def start(self) -> None:
-        """Open the pool and verify the schema (``onward db migrate`` creates the table)."""
-        if self._pool is not None:
-            return
-        self._pool = await open_pool(
-            self._dsn, schema=self._schema, min_size=self._min_size, max_size=self._max_size
-        )
-        try:
-            await self.verify()
-        except BaseException:
-            await self.close()
-            raise
-
-    def _live_pool(self) -> asyncpg.Pool:
-        if self._pool is None:
-            raise InvalidInputError(
-                "the PostgreSQL lease store is not open; use "
-                "`await PostgresLeaseStore.open(dsn)` or `async with`"
-            )
-        return self._pool
-
-    async def _run(
-        self,
-        work: Callable[[asyncpg.Connection], Awaitable[_T]],
-        context: str,
-        run_id: str | None,
-    ) -> _T:
-        """Run ``work`` on a pooled connection, translating driver failures in one place."""
-        pool = self._live_pool()
-        try:
-            async with pool.acquire() as conn:
-                return await work(conn)
-        except _DRIVER as exc:
-            raise _translate(exc, context, run_id) from exc
-
-    async def verify(self) -> None:
-        """Check the database is at this code's schema version.
-
-        Raises:
-            SchemaMismatchError: Run ``onward db migrate`` (or upgrade Onward).
-        """
-        await self._run(verify_postgres, "verifying schema", None)
+    what = "PostgreSQL lease store"
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
         """Take a run's lease, raising its fence.
@@ -200,6 +125,30 @@ class PostgresLeaseStore:
             raise fenced_error(lease, "expired, was released or was superseded")
         return _lease(lease.run_id, row)
 
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above`` in one guarded ``UPDATE``, keeping its expiry.
+
+        The row's fence is the run's fence counter, so raising it raises every later
+        acquisition's too. A concurrent raise or acquisition waits on the row lock and then
+        re-checks the guard against the new fence, so at most one of them wins.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        if lease.fence > above:
+            return lease
+
+        async def raise_fence(conn: asyncpg.Connection) -> asyncpg.Record | None:
+            row: asyncpg.Record | None = await conn.fetchrow(
+                _RAISE_FENCE, lease.run_id, lease.holder, lease.fence, above
+            )
+            return row
+
+        row = await self._run(raise_fence, "raising the fence", lease.run_id)
+        if row is None:
+            raise fenced_error(lease, "expired, was released or was superseded")
+        return _lease(lease.run_id, row)
+
     async def release(self, lease: RunLease) -> None:
         """Hand a lease back; releasing one already released or lapsed (not taken) is a no-op.
 
@@ -226,21 +175,3 @@ class PostgresLeaseStore:
 
         row = await self._run(read, "reading the lease", run_id)
         return None if row is None else _lease(run_id, row)
-
-    async def close(self) -> None:
-        """Close the pool. Idempotent."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

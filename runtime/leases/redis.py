@@ -1,66 +1,62 @@
 """`RedisLeaseStore`: leases in Redis (redis-py asyncio), decided by Lua scripts.
 
 Each operation is one script, so it runs atomically on the server, and each script reads the
-time with ``redis.call('TIME')``: the Redis server's clock decides expiry, never the caller's.
+time with ``redis.call('TIME')`` (``server_now`` in ``_shared.lua``, put before every script):
+the Redis server's clock decides expiry, never the caller's.
 
 Two keys per run:
 
 * ``{prefix}lease:{run_id}``, a hash (``holder``, ``tenant``, ``fence``, ``expires_at`` as a
   string of seconds since the epoch by the server's clock). Its ``PEXPIRE`` is set a little past
   the ttl only so abandoned runs do not pile up; expiry is decided by ``expires_at``.
-* ``{prefix}fence:{run_id}``, the run's fence counter. It has no expiry and is only ever
-  ``INCR``-ed, so every acquisition, after a release or an expiry too, raises the fence.
+* ``{prefix}fence:{run_id}``, the run's fence counter. It has no expiry and only goes up:
+  ``INCR``-ed by every acquisition, after a release or an expiry too, and set higher by
+  ``raise_fence``.
 
-The fence is only as durable as Redis itself: run it with persistence (AOF) and with a
-``maxmemory-policy`` that never evicts keys without an expiry (``noeviction`` or a
-``volatile-*`` policy), or a restart or eviction could hand out a fence twice. The two keys of
-a run are not hash-tagged, so a script touching both needs a single-node (or single-slot)
+The counter is only as durable as Redis itself. A restart without persistence, or an eviction,
+makes Redis hand out fences the run's log already has; the holder then raises the fence above
+the log's (`RedisLeaseStore.raise_fence`), so the run goes on and the loss costs a round trip.
+Run Redis with persistence (AOF) and a ``maxmemory-policy`` that never evicts keys without an
+expiry (``noeviction`` or a ``volatile-*`` policy) all the same: a worker whose lease Redis
+forgot believes it holds the run until its next renewal. The two keys of a run are not
+hash-tagged, so a script touching both needs a single-node (or single-slot)
 deployment rather than Redis Cluster.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from importlib.resources import files
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import redis.asyncio as aioredis
-import redis.exceptions as redis_errors
 from redis.commands.core import AsyncScript
 
+from onward._storage import Resource, translated
 from onward.errors import (
     ConfigurationError,
     InvalidInputError,
-    OnwardError,
-    translate,
 )
 
-from .base import RunLease
-from .memory import check_ttl, conflict_error, fenced_error
+from .base import RunLease, check_ttl, conflict_error, fenced_error
 
 CLEANUP_GRACE_MS = 60_000
 """How long past its expiry a lease hash is kept before Redis deletes it (tidiness only)."""
 
-_SCRIPTS = ("acquire", "renew", "release", "current")
+_SCRIPTS = ("acquire", "renew", "raise_fence", "release", "current")
 
 
 def _script_source(name: str) -> str:
-    return (files("onward") / "schemas" / "redis" / f"{name}.lua").read_text()
-
-
-def _translate(exc: BaseException, context: str, run_id: str | None) -> OnwardError:
-    """Driver failures become Onward errors by the rules in `onward.errors.translate`."""
-    return translate(exc, context=context, run_id=run_id)
+    """A script's text, after the functions every script shares (``_shared.lua``)."""
+    folder = files("onward") / "schemas" / "redis"
+    return (folder / "_shared.lua").read_text() + (folder / f"{name}.lua").read_text()
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisLeaseStore:
+class RedisLeaseStore(Resource):
     """A `LeaseStore` in Redis.
 
     Args:
@@ -75,23 +71,12 @@ class RedisLeaseStore:
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
 
-    @classmethod
-    async def open(
-        cls, url: str, *, prefix: str = "onward:", max_connections: int = 64
-    ) -> RedisLeaseStore:
-        """Create the store and check Redis answers.
+    @property
+    def is_open(self) -> bool:
+        return self._client is not None
 
-        Raises:
-            BackendUnavailableError: Redis could not be reached.
-        """
-        store = cls(url, prefix=prefix, max_connections=max_connections)
-        await store.start()
-        return store
-
-    async def start(self) -> None:
+    async def _connect(self) -> None:
         """Connect, register the scripts and check Redis answers, so a bad URL fails here."""
-        if self._client is not None:
-            return
         try:
             # A blocking pool: a thousand runs renewing at once wait for one of a bounded set of
             # connections instead of failing with "too many connections".
@@ -103,12 +88,8 @@ class RedisLeaseStore:
             raise ConfigurationError(f"REDIS_URL {self._url!r} is not a Redis URL: {exc}") from exc
         self._client = client
         self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
-        try:
-            async with self._translated("connecting to Redis", None):
-                await client.ping()
-        except BaseException:
-            await self.close()
-            raise
+        with translated("connecting to Redis"):
+            await client.ping()
 
     def lease_key(self, run_id: str) -> str:
         """The hash holding a run's lease."""
@@ -118,13 +99,6 @@ class RedisLeaseStore:
         """The counter holding a run's last fence; it never expires."""
         return f"{self.prefix}fence:{run_id}"
 
-    @asynccontextmanager
-    async def _translated(self, context: str, run_id: str | None) -> AsyncIterator[None]:
-        try:
-            yield
-        except (redis_errors.RedisError, OSError) as exc:
-            raise _translate(exc, context, run_id) from exc
-
     async def _script(self, name: str, keys: list[str], args: list[Any], run_id: str) -> Any:
         """Run one of the store's scripts, translating driver failures."""
         if self._client is None:
@@ -132,7 +106,7 @@ class RedisLeaseStore:
                 "the Redis lease store is not open; use `await RedisLeaseStore.open(url)` or "
                 "`async with`"
             )
-        async with self._translated(f"running {name}.lua", run_id):
+        with translated(f"running {name}.lua", run_id=run_id):
             return await self._scripts[name](keys=keys, args=args)
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
@@ -169,6 +143,28 @@ class RedisLeaseStore:
             raise fenced_error(lease, f"is lost ({_text(value)})")
         return RunLease(lease.run_id, lease.tenant, lease.holder, lease.fence, float(value))
 
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above`` in one script, keeping its expiry.
+
+        The script sets the run's fence counter to the new fence as well, so a Redis that lost
+        its keys (a restart without persistence, an eviction, a wipe) costs nothing but this.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        if lease.fence > above:
+            return lease
+        answer = await self._script(
+            "raise_fence",
+            [self.lease_key(lease.run_id), self.fence_key(lease.run_id)],
+            [lease.holder, lease.fence, above],
+            lease.run_id,
+        )
+        if not int(answer[0]):
+            raise fenced_error(lease, f"is lost ({_text(answer[1])})")
+        _, fence, expires_at = answer
+        return RunLease(lease.run_id, lease.tenant, lease.holder, int(fence), float(expires_at))
+
     async def release(self, lease: RunLease) -> None:
         """Hand a lease back; releasing one already released or lapsed (not taken) is a no-op.
 
@@ -197,19 +193,8 @@ class RedisLeaseStore:
         client, self._client = self._client, None
         self._scripts = {}
         if client is not None:
-            await client.aclose(close_connection_pool=True)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+            with translated("closing the Redis connection pool"):
+                await client.aclose(close_connection_pool=True)
 
 
 def _ttl_ms(ttl_s: float) -> int:

@@ -12,16 +12,11 @@ and expiry become NULL), so the fence it carries only ever goes up.
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
-from onward.eventlog._sqlite import SqliteThread, transaction
-from onward.projections.migrations import open_sqlite, verify_sqlite
+from onward._storage import SqliteStore, transaction
 
-from .base import RunLease
-from .memory import check_ttl, conflict_error, fenced_error
+from .base import RunLease, check_ttl, conflict_error, fenced_error
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """Seconds since the epoch by SQLite's clock; 'now' is fixed for the length of one statement."""
@@ -36,6 +31,11 @@ _ACQUIRE = (
 )
 _RENEW = (
     f"UPDATE onward_leases SET expires_at = {_NOW} + ? "
+    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {_NOW} "
+    "RETURNING tenant, holder, fence, expires_at"
+)
+_RAISE_FENCE = (
+    "UPDATE onward_leases SET fence = max(fence, ?) + 1 "
     f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {_NOW} "
     "RETURNING tenant, holder, fence, expires_at"
 )
@@ -54,7 +54,7 @@ def _lease(run_id: str, row: Any) -> RunLease:
     return RunLease(run_id, tenant, holder, int(fence), float(expires_at))
 
 
-class SqliteLeaseStore:
+class SqliteLeaseStore(SqliteStore):
     """A `LeaseStore` in one SQLite file, possibly the event log's own.
 
     Args:
@@ -63,41 +63,7 @@ class SqliteLeaseStore:
             ``False`` the file must already be migrated, and one that is not is refused.
     """
 
-    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
-        self._path = Path(path)
-        self._migrate = migrate
-        self._db = SqliteThread(self._path, "lease store")
-
-    @classmethod
-    async def open(cls, path: str | Path, *, migrate: bool = True) -> SqliteLeaseStore:
-        """Create the store and open its file.
-
-        Raises:
-            SchemaMismatchError: The file is at another schema version.
-        """
-        store = cls(path, migrate=migrate)
-        await store.start()
-        return store
-
-    async def start(self) -> None:
-        """Open the file, migrate it if configured to, and check its schema version.
-
-        Raises:
-            SchemaMismatchError: The file is at another schema version.
-        """
-        await self._db.open(self._open)
-
-    def _open(self) -> sqlite3.Connection:
-        return open_sqlite(self._path, migrate=self._migrate)
-
-    async def verify(self) -> None:
-        """Check the file is still at this code's schema version.
-
-        Raises:
-            SchemaMismatchError: Another process migrated the file to another version.
-        """
-        conn = self._db.connection()
-        await self._db.call(lambda: verify_sqlite(conn, where=str(self._path)), "verifying schema")
+    what = "lease store"
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
         """Take a run's lease, raising its fence.
@@ -144,6 +110,30 @@ class SqliteLeaseStore:
             raise fenced_error(lease, "expired, was released or was superseded")
         return _lease(lease.run_id, row)
 
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        """Lift a held lease's fence above ``above`` in one transaction, keeping its expiry.
+
+        The row's fence is the run's fence counter, so raising it raises every later
+        acquisition's too.
+
+        Raises:
+            FencedError: The lease expired, was released or was superseded.
+        """
+        if lease.fence > above:
+            return lease
+        conn = self._db.connection()
+        params = (above, lease.run_id, lease.holder, lease.fence)
+
+        def raise_fence() -> Any:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                rows = conn.execute(_RAISE_FENCE, params).fetchall()
+            return rows[0] if rows else None
+
+        row = await self._db.call(raise_fence, "raising the fence", lease.run_id)
+        if row is None:
+            raise fenced_error(lease, "expired, was released or was superseded")
+        return _lease(lease.run_id, row)
+
     async def release(self, lease: RunLease) -> None:
         """Hand a lease back; releasing one already released or lapsed (not taken) is a no-op.
 
@@ -174,19 +164,3 @@ class SqliteLeaseStore:
 
         row = await self._db.call(read, "reading the lease", run_id)
         return None if row is None else _lease(run_id, row)
-
-    async def close(self) -> None:
-        """Close the connection and stop the store's thread. Idempotent."""
-        await self._db.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

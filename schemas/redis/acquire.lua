@@ -7,8 +7,7 @@ local lease_key, fence_key = KEYS[1], KEYS[2]
 local holder, tenant = ARGV[1], ARGV[2]
 local ttl_ms, grace_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
+local now = server_now()
 
 local current = redis.call('HMGET', lease_key, 'holder', 'expires_at')
 if current[1] and current[2] and tonumber(current[2]) > now then

@@ -3,8 +3,7 @@
 -- Returns {holder, tenant, fence, expires_at}, or an empty array when there is none.
 local lease_key = KEYS[1]
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
+local now = server_now()
 
 local current = redis.call('HMGET', lease_key, 'holder', 'tenant', 'fence', 'expires_at')
 if current[1] and current[4] and tonumber(current[4]) > now then

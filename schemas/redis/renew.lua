@@ -6,18 +6,10 @@ local lease_key = KEYS[1]
 local holder, fence = ARGV[1], tonumber(ARGV[2])
 local ttl_ms, grace_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
-
-local current = redis.call('HMGET', lease_key, 'holder', 'fence', 'expires_at')
-if not current[1] then
-    return {0, 'released or expired'}
-end
-if current[1] ~= holder or tonumber(current[2]) ~= fence then
-    return {0, 'superseded by fence ' .. current[2] .. ' of ' .. current[1]}
-end
-if not (tonumber(current[3]) > now) then
-    return {0, 'expired'}
+local now = server_now()
+local held, why = held_until(lease_key, holder, fence, now)
+if not held then
+    return {0, why}
 end
 
 local expires_at = string.format('%.6f', now + ttl_ms / 1000)

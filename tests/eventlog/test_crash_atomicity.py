@@ -11,29 +11,22 @@ import asyncio
 import os
 import random
 import signal
-import sys
-import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
-from aiokafka.admin import AIOKafkaAdminClient
+from support.processes import spawn_support
 
 from onward.eventlog import KafkaEventLog, SqliteEventLog
 from onward.eventlog.base import EventLog
 
-CHILD = Path(__file__).with_name("append_child.py")
 KILLS = 6
 EVENTS_PER_BATCH = 40
 
 
 async def _run_and_kill(argv: list[str], rng: random.Random) -> list[str]:
     """Start the child, let it acknowledge at least one batch, SIGKILL it; return acked runs."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, str(CHILD), *argv, stdout=asyncio.subprocess.PIPE
-    )
+    child = await spawn_support("append_child", *argv, stdout=asyncio.subprocess.PIPE)
     assert child.stdout is not None
     first = (await asyncio.wait_for(child.stdout.readline(), 60)).decode().strip()
     if not first:
@@ -61,15 +54,10 @@ async def _check_all_or_nothing(log: EventLog, acknowledged: list[str]) -> None:
     assert len(by_run) >= len(acknowledged)
 
 
-def _rng() -> random.Random:
-    seed = random.SystemRandom().randrange(2**32)
-    print(f"crash test seed: {seed}")
-    return random.Random(seed)
-
-
-async def test_sqlite_batch_is_all_or_nothing_under_sigkill(tmp_path: Path) -> None:
+async def test_sqlite_batch_is_all_or_nothing_under_sigkill(
+    tmp_path: Path, rng: random.Random
+) -> None:
     path = tmp_path / "events.db"
-    rng = _rng()
     acknowledged: list[str] = []
     for kill in range(KILLS):
         acknowledged += await _run_and_kill(["sqlite", str(path), f"kill{kill}"], rng)
@@ -77,23 +65,10 @@ async def test_sqlite_batch_is_all_or_nothing_under_sigkill(tmp_path: Path) -> N
         await _check_all_or_nothing(log, acknowledged)
 
 
-@pytest_asyncio.fixture
-async def kafka_topic(kafka_bootstrap: str) -> AsyncIterator[str]:
-    topic = f"onward.test.crash.{uuid.uuid4().hex[:10]}"
-    yield topic
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_topics([topic])
-    finally:
-        await admin.close()
-
-
 @pytest.mark.kafka
 async def test_kafka_batch_is_all_or_nothing_under_sigkill(
-    kafka_bootstrap: str, kafka_topic: str
+    kafka_bootstrap: str, kafka_topic: str, rng: random.Random
 ) -> None:
-    rng = _rng()
     acknowledged: list[str] = []
     for kill in range(KILLS):
         acknowledged += await _run_and_kill(

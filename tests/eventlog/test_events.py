@@ -6,7 +6,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from typer.testing import CliRunner
 
 from onward.errors import CheckpointFormatError, EventDecodeError, InvalidInputError
 from onward.eventlog import codec
@@ -34,7 +33,7 @@ from onward.eventlog.events import (
     Usage,
     kind_of,
 )
-from onward.runtime.cli import app, event_schema
+from onward.eventlog.schema import event_schema
 from onward.testing.eventlog import Envelope
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schemas" / "events.schema.json"
@@ -145,10 +144,3 @@ def test_committed_schema_matches_the_code() -> None:
         "schemas/events.schema.json is stale; regenerate it with "
         "`onward schema -o schemas/events.schema.json`"
     )
-
-
-def test_schema_command_prints_the_schema() -> None:
-    result = CliRunner().invoke(app, ["schema"])
-    assert result.exit_code == 0, result.output
-    assert result.output.encode() == event_schema()
-    assert "tool.dispatched" in result.output

@@ -6,7 +6,6 @@ import asyncio
 import json
 import shutil
 import subprocess
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -30,40 +29,34 @@ async def admin(kafka_bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
     await client.close()
 
 
-@pytest_asyncio.fixture
-async def topic(admin: AIOKafkaAdminClient) -> AsyncIterator[str]:
-    name = f"onward.test.{uuid.uuid4().hex[:12]}"
-    yield name
-    if name in await admin.list_topics():
-        await admin.delete_topics([name])
-
-
 async def test_topic_is_created_with_delete_policy_and_infinite_retention(
-    kafka_bootstrap: str, admin: AIOKafkaAdminClient, topic: str
+    kafka_bootstrap: str, admin: AIOKafkaAdminClient, kafka_topic: str
 ) -> None:
-    async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=3):
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=3):
         pass
-    (described,) = await admin.describe_topics([topic])
+    (described,) = await admin.describe_topics([kafka_topic])
     assert len(described["partitions"]) == 3
-    (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    (response,) = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, kafka_topic)]
+    )
     configs = {name: value for name, value, *_ in response.resources[0][4]}
     assert configs["cleanup.policy"] == "delete"
     assert configs["retention.ms"] == "-1"
 
 
 async def test_a_topic_with_another_partition_count_is_refused(
-    kafka_bootstrap: str, admin: AIOKafkaAdminClient, topic: str
+    kafka_bootstrap: str, admin: AIOKafkaAdminClient, kafka_topic: str
 ) -> None:
-    await admin.create_topics([NewTopic(topic, 2, 1)])
-    log = KafkaEventLog(kafka_bootstrap, topic=topic, partitions=4)
+    await admin.create_topics([NewTopic(kafka_topic, 2, 1)])
+    log = KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=4)
     with pytest.raises(ConfigurationError, match="has 2 partitions, the configuration says 4"):
         await log.start()
 
 
 async def test_a_missing_topic_is_refused_when_creation_is_off(
-    kafka_bootstrap: str, topic: str
+    kafka_bootstrap: str, kafka_topic: str
 ) -> None:
-    log = KafkaEventLog(kafka_bootstrap, topic=topic, create_topic=False)
+    log = KafkaEventLog(kafka_bootstrap, topic=kafka_topic, create_topic=False)
     with pytest.raises(ConfigurationError, match="does not exist"):
         await log.start()
 
@@ -76,14 +69,14 @@ async def test_an_unreachable_broker_is_a_retryable_unavailable_error() -> None:
 
 
 async def test_kcat_reads_json_with_run_kind_fence_and_format_headers(
-    kafka_bootstrap: str, topic: str
+    kafka_bootstrap: str, kafka_topic: str
 ) -> None:
     kcat = shutil.which("kcat")
     assert kcat, "kcat is missing; scripts/services.sh up installs it (apt-get install kcat)"
     run_id = new_run_id()
-    async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=2) as log:
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=2) as log:
         (position,) = await log.append(step_events(run_id, 1, fence=7))
-    argv = [kcat, "-b", kafka_bootstrap, "-C", "-t", topic, "-p", str(position.partition)]
+    argv = [kcat, "-b", kafka_bootstrap, "-C", "-t", kafka_topic, "-p", str(position.partition)]
     argv += ["-o", str(position.offset), "-c", "1", "-e", "-J", "-q"]
     result = await asyncio.to_thread(
         subprocess.run, argv, capture_output=True, text=True, timeout=60, check=True
@@ -107,10 +100,10 @@ async def test_kcat_reads_json_with_run_kind_fence_and_format_headers(
 
 
 async def test_producer_is_replaced_after_a_fatal_error(
-    kafka_bootstrap: str, topic: str, monkeypatch: pytest.MonkeyPatch
+    kafka_bootstrap: str, kafka_topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_id = new_run_id()
-    async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=2) as log:
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=2) as log:
         await log.append(step_events(run_id, 2))
         broken = log._producer
         assert broken is not None
@@ -130,22 +123,22 @@ async def test_producer_is_replaced_after_a_fatal_error(
 
 
 async def test_runs_land_where_the_java_partitioner_puts_their_key(
-    kafka_bootstrap: str, topic: str
+    kafka_bootstrap: str, kafka_topic: str
 ) -> None:
     # Computed with Kafka 3.9's own org.apache.kafka.common.utils.Utils.murmur2 and toPositive.
     java_partitions = {"run-1": 1, "run-2": 5, "acme/booking-42": 11, "ünï": 11, "21": 0}
     assert {k: partition_for(k, 12) for k in java_partitions} == java_partitions
-    async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=5) as log:
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=5) as log:
         for run_id in [new_run_id() for _ in range(10)]:
             (position,) = await log.append(step_events(run_id, 1))
             assert position.partition == partition_for(run_id, 5)
 
 
 async def test_concurrent_appends_to_one_partition_each_land_whole_and_in_order(
-    kafka_bootstrap: str, topic: str
+    kafka_bootstrap: str, kafka_topic: str
 ) -> None:
     runs = [new_run_id() for _ in range(200)]
-    async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=1) as log:
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=1) as log:
 
         async def run_steps(run_id: str) -> list[int]:
             offsets: list[int] = []

@@ -1,12 +1,7 @@
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-
 import pytest
-import pytest_asyncio
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 
 from onward.eventlog import KafkaEventLog, Position, partition_for
 from onward.eventlog.base import EventLog
@@ -19,19 +14,11 @@ class TestKafkaEventLog(PersistentEventLogConformance):
     bootstrap: str
     topic: str
 
-    @pytest_asyncio.fixture(autouse=True)
-    async def _fresh_topic(self, kafka_bootstrap: str) -> AsyncIterator[None]:
+    @pytest.fixture(autouse=True)
+    def _fresh_topic(self, kafka_bootstrap: str, kafka_topic: str) -> None:
         """Each test gets its own topic, deleted afterwards, so partition-level tests are exact."""
         self.bootstrap = kafka_bootstrap
-        self.topic = f"onward.test.{uuid.uuid4().hex[:12]}"
-        yield
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-        await admin.start()
-        try:
-            if self.topic in await admin.list_topics():
-                await admin.delete_topics([self.topic])
-        finally:
-            await admin.close()
+        self.topic = kafka_topic
 
     async def open_log(self) -> EventLog:
         return await KafkaEventLog.open(

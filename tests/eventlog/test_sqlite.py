@@ -6,12 +6,16 @@ import asyncio
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from onward.errors import BackendError, ConfigurationError, InvalidInputError
-from onward.eventlog import SqliteEventLog
+from onward.eventlog import SqliteEventLog, codec
+from onward.eventlog.base import partition_for
+from onward.projections.migrations import migrations
+from onward.projections.sqlite import SqliteFrontierStore
 from onward.testing.eventlog import new_run_id, seqs, step_events
 
 READ_IN_CHILD = """
@@ -80,3 +84,62 @@ async def test_a_file_that_is_not_a_database_is_refused_untouched(tmp_path: Path
     with pytest.raises(BackendError, match=r"notes\.txt"):
         await SqliteEventLog.open(path)
     assert path.read_bytes() == content
+
+
+# The event log's tables as versions before 0004_eventlog.sql created them, outside the ledger.
+_OLD_LOG_DDL = """
+CREATE TABLE onward_log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE onward_log_partition (
+    partition INTEGER PRIMARY KEY, start_offset INTEGER NOT NULL, next_offset INTEGER NOT NULL
+);
+CREATE TABLE onward_log (
+    partition INTEGER NOT NULL, offset INTEGER NOT NULL, run_id TEXT NOT NULL,
+    record BLOB NOT NULL, PRIMARY KEY (partition, offset)
+) WITHOUT ROWID;
+CREATE INDEX onward_log_by_run ON onward_log (run_id, partition, offset);
+"""
+
+
+@pytest.mark.parametrize("ledger", [False, True], ids=["log-only", "ledger-at-3"])
+async def test_a_file_written_before_the_log_joined_the_ledger_opens_and_migrates(
+    tmp_path: Path, ledger: bool
+) -> None:
+    path = tmp_path / "old.db"
+    run_id = new_run_id()
+    events = step_events(run_id, 3)
+    partition = partition_for(run_id, 4)
+    with closing(sqlite3.connect(path)) as conn:
+        conn.executescript(_OLD_LOG_DDL)
+        if ledger:
+            # What the frontier, blob and lease stores left in a shared file: versions 1 to 3.
+            for migration in migrations("sqlite")[:3]:
+                conn.executescript(migration.sql)
+            conn.execute(
+                "CREATE TABLE onward_schema_migrations (version integer PRIMARY KEY, "
+                "name text NOT NULL, applied_at text NOT NULL DEFAULT CURRENT_TIMESTAMP)"
+            )
+            conn.executemany(
+                "INSERT INTO onward_schema_migrations (version, name) VALUES (?, ?)",
+                [(m.version, m.name) for m in migrations("sqlite")[:3]],
+            )
+        conn.executemany(
+            "INSERT INTO onward_log_meta VALUES (?, ?)",
+            [("schema_version", "1"), ("partitions", "4")],
+        )
+        conn.executemany(
+            "INSERT INTO onward_log_partition VALUES (?, 0, ?)",
+            [(p, 2 if p == partition else 0) for p in range(4)],
+        )
+        conn.executemany(
+            "INSERT INTO onward_log VALUES (?, ?, ?, ?)",
+            [(partition, i, run_id, codec.encode(e)) for i, e in enumerate(events[:2])],
+        )
+        conn.commit()
+    async with SqliteEventLog(path, partitions=4) as log:
+        await log.append(events[2:])
+        assert seqs(await log.read_run(run_id)) == [1, 2, 3]
+    async with SqliteFrontierStore(path, migrate=False) as store:
+        await store.verify()
+    with closing(sqlite3.connect(path)) as conn:
+        versions = [v for (v,) in conn.execute("SELECT version FROM onward_schema_migrations")]
+    assert sorted(versions) == [m.version for m in migrations("sqlite")]

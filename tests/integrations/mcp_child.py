@@ -14,8 +14,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from integrations.mcp_world import TENANT, charging_agent, charging_provider, stdio_server
+from support.crash_world import CRASHED_LEASE
 
+from integrations.mcp_world import TENANT, charging_agent, charging_provider, stdio_server
 from onward.eventlog import Event, SqliteEventLog
 from onward.integrations.mcp import MCPToolset, SchemaCache
 from onward.runtime.runner import AgentRunner
@@ -38,10 +39,14 @@ async def main(config: dict[str, str]) -> None:
         SqliteEventLog(config["db"]) as log,
         SchemaCache.from_url(config["redis_url"], prefix=config["prefix"]) as cache,
         MCPToolset([server], run_id=config["run_id"], cache=cache) as toolset,
+        AgentRunner(
+            provider=charging_provider(),
+            log=log,
+            worker="child",
+            observer=KillAfterTool(),
+            lease_policy=CRASHED_LEASE,
+        ) as runner,
     ):
-        runner = AgentRunner(
-            provider=charging_provider(), log=log, worker="child", observer=KillAfterTool()
-        )
         await runner.run(
             charging_agent(toolset.tools), "go", tenant=TENANT, run_id=config["run_id"]
         )

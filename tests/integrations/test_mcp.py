@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from support.crash_world import until_lapsed
 
 from integrations.mcp_world import (
     TENANT,
@@ -351,8 +352,8 @@ async def test_a_run_calls_the_mcp_tool_with_its_idempotency_key(tmp_path: Path)
     async with (
         SqliteEventLog(tmp_path / "log.db") as log,
         MCPToolset([stdio_server(tmp_path)]) as toolset,
+        AgentRunner(provider=charging_provider(), log=log, worker="w") as runner,
     ):
-        runner = AgentRunner(provider=charging_provider(), log=log, worker="w")
         result = await runner.run(charging_agent(toolset.tools), "go", tenant=TENANT, run_id="r1")
         events = [s.event for s in await log.read_run("r1")]
     assert (result.status, result.output) == ("completed", "charged")
@@ -368,11 +369,10 @@ async def test_a_failing_mcp_tool_is_recorded_as_a_typed_error(tmp_path: Path) -
     async with (
         SqliteEventLog(tmp_path / "log.db") as log,
         MCPToolset([stdio_server(tmp_path)]) as toolset,
+        AgentRunner(provider=provider, log=log, worker="w") as runner,
     ):
         agent = Agent(name="a", instructions="i", tools=toolset.tools)
-        await AgentRunner(provider=provider, log=log, worker="w").run(
-            agent, "go", tenant=TENANT, run_id="r1"
-        )
+        await runner.run(agent, "go", tenant=TENANT, run_id="r1")
         (completed,) = [
             s.event for s in await log.read_run("r1") if isinstance(s.event, ToolCompleted)
         ]
@@ -386,8 +386,8 @@ async def test_an_mcp_tool_that_needs_approval_waits(tmp_path: Path) -> None:
     async with (
         SqliteEventLog(tmp_path / "log.db") as log,
         MCPToolset([server]) as toolset,
+        AgentRunner(provider=charging_provider(), log=log, worker="w") as runner,
     ):
-        runner = AgentRunner(provider=charging_provider(), log=log, worker="w")
         result = await runner.run(charging_agent(toolset.tools), "go", tenant=TENANT, run_id="r1")
     assert (result.status, result.waiting_on) == ("waiting", "c1")
     assert ledger(tmp_path) == []
@@ -403,8 +403,8 @@ async def test_a_server_down_on_resume_is_recorded_naming_it(
     async with (
         SqliteEventLog(tmp_path / "log.db") as log,
         MCPToolset([down], run_id="r1", cache=cache, connect_timeout=5) as toolset,
+        AgentRunner(provider=charging_provider(), log=log, worker="w") as runner,
     ):
-        runner = AgentRunner(provider=charging_provider(), log=log, worker="w")
         await runner.run(charging_agent(toolset.tools), "go", tenant=TENANT, run_id="r1")
         (completed,) = [
             s.event for s in await log.read_run("r1") if isinstance(s.event, ToolCompleted)
@@ -439,12 +439,13 @@ async def test_resume_after_a_sigkill_between_side_effect_and_outcome(
     async with (
         SqliteEventLog(tmp_path / "log.db") as log,
         MCPToolset([stdio_server(tmp_path)], run_id="r1", cache=cache) as toolset,
+        AgentRunner(provider=charging_provider(), log=log, worker="w") as runner,
     ):
         assert toolset.warm == ("ledger",)
-        runner = AgentRunner(provider=charging_provider(), log=log, worker="w")
+        await until_lapsed(runner.leases, "r1")  # the killed child's lease, on the store's clock
         with pytest.raises(IndeterminateToolCallError) as caught:
             await runner.resume(charging_agent(toolset.tools), "r1", tenant=TENANT)
-    assert "c1" in str(caught.value)
+    assert [c.call_id for c in caught.value.calls] == ["c1"]
     assert len(ledger(tmp_path)) == 1  # not called again
     assert listings(tmp_path) == 1  # and the resume did not list the server's tools
 

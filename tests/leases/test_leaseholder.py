@@ -4,81 +4,67 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timedelta
-from types import TracebackType
-from typing import Self
 
 import pytest
 
 from onward.errors import BackendUnavailableError, InvalidInputError
-from onward.runtime.leases import Leaseholder, LeasePolicy, MemoryLeaseStore, RunLease
+from onward.runtime.leases import Leaseholder, LeaseStore, MemoryLeaseStore, RunLease
 from onward.testing.eventlog import TENANT, new_run_id
+from onward.testing.leases import (
+    GatedRenewals,
+    WrappedLeaseStore,
+    cancelled_inside,
+    policy,
+    until,
+)
 
 
-class FailingStore:
+class FailingStore(WrappedLeaseStore):
     """A memory store whose renewals and releases can be made to fail or crash."""
 
     def __init__(self) -> None:
-        self.inner = MemoryLeaseStore()
+        super().__init__(MemoryLeaseStore())
         self.renew_fails: BaseException | None = None
         self.release_fails = False
         self.renewals = 0
-
-    async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
-        return await self.inner.acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
 
     async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
         self.renewals += 1
         if self.renew_fails is not None:
             raise self.renew_fails
-        return await self.inner.renew(lease, ttl_s=ttl_s)
+        return await super().renew(lease, ttl_s=ttl_s)
 
     async def release(self, lease: RunLease) -> None:
         if self.release_fails:
             raise BackendUnavailableError("release: the store is down", run_id=lease.run_id)
-        await self.inner.release(lease)
-
-    async def current(self, run_id: str) -> RunLease | None:
-        return await self.inner.current(run_id)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+        await super().release(lease)
 
 
-def policy(ttl_s: float, renew_within_s: float | None = None) -> LeasePolicy:
-    return LeasePolicy(
-        ttl=timedelta(seconds=ttl_s),
-        renew_within=None if renew_within_s is None else timedelta(seconds=renew_within_s),
+def holding(
+    store: LeaseStore, ttl_s: float = 30.0, renew_within_s: float | None = None
+) -> Leaseholder:
+    """A holder of a new run, ``w1``, over ``store``."""
+    return Leaseholder(
+        store, new_run_id(), tenant=TENANT, holder="w1", policy=policy(ttl_s, renew_within_s)
     )
 
 
-async def test_an_unreachable_store_is_retried_and_then_counts_as_lost() -> None:
+def failing(renew_fails: BaseException | None = None) -> FailingStore:
     store = FailingStore()
-    store.renew_fails = BackendUnavailableError("down")
-    async with Leaseholder(
-        store, new_run_id(), tenant=TENANT, holder="w1", policy=policy(0.6)
-    ) as held:
+    store.renew_fails = renew_fails
+    return store
+
+
+async def test_an_unreachable_store_is_retried_and_then_counts_as_lost() -> None:
+    store = failing(BackendUnavailableError("down"))
+    async with holding(store, 0.6) as held:
         await asyncio.wait_for(held.fenced.wait(), 5)
         assert store.renewals >= 2
 
 
 async def test_a_store_that_recovers_in_time_keeps_the_lease() -> None:
-    store = FailingStore()
-    store.renew_fails = BackendUnavailableError("down")
-    async with Leaseholder(
-        store, new_run_id(), tenant=TENANT, holder="w1", policy=policy(1.0)
-    ) as held:
+    store = failing(BackendUnavailableError("down"))
+    async with holding(store, 1.0) as held:
         await asyncio.sleep(0.5)
         store.renew_fails = None
         await asyncio.sleep(1.5)
@@ -87,39 +73,59 @@ async def test_a_store_that_recovers_in_time_keeps_the_lease() -> None:
 
 
 async def test_a_crashed_renewal_counts_as_lost(caplog: pytest.LogCaptureFixture) -> None:
-    store = FailingStore()
-    store.renew_fails = ZeroDivisionError("a bug")
     with caplog.at_level(logging.ERROR):
-        async with Leaseholder(
-            store, new_run_id(), tenant=TENANT, holder="w1", policy=policy(0.3)
-        ) as held:
+        async with holding(failing(ZeroDivisionError("a bug")), 0.3) as held:
             await asyncio.wait_for(held.fenced.wait(), 5)
     assert "renewal crashed" in caplog.text
 
 
 async def test_renewal_waits_for_the_renew_margin() -> None:
-    store = FailingStore()
-    async with Leaseholder(
-        store, new_run_id(), tenant=TENANT, holder="w1", policy=policy(1.0, renew_within_s=0.2)
-    ):
+    store = failing()
+    async with holding(store, 1.0, renew_within_s=0.2):
         await asyncio.sleep(0.5)
         assert store.renewals == 0
         await asyncio.sleep(0.6)
         assert store.renewals >= 1
 
 
+async def test_raise_fence_waits_for_a_renewal_in_flight_and_renewals_go_on_with_it() -> None:
+    # Without the two serialized, the renewal in flight would carry the old fence after the
+    # raise and be refused, or put the old lease back in place of the raised one.
+    inner = MemoryLeaseStore()
+    store = GatedRenewals(inner, asyncio.Event())
+    async with holding(store, 1.0, renew_within_s=0.9) as held:
+        first = held.lease
+        await asyncio.wait_for(store.waiting.wait(), 5)
+        raising = asyncio.create_task(held.raise_fence(first.fence + 41))
+        await asyncio.sleep(0.05)
+        assert not raising.done()
+        store.gate.set()
+        raised = await asyncio.wait_for(raising, 5)
+        assert raised.fence > first.fence + 41
+        assert held.lease == raised
+        await until(
+            lambda: held.lease.expires_at > raised.expires_at,
+            within_s=5,
+            what="a renewal under the raised fence",
+        )
+        assert held.lease.fence == raised.fence
+        assert not held.fenced.is_set()
+        assert await inner.current(held.run_id) == held.lease
+    assert await inner.current(held.run_id) is None
+
+
 async def test_a_failed_release_after_normal_exit_is_raised() -> None:
-    store = FailingStore()
+    store = failing()
     with pytest.raises(BackendUnavailableError):
-        async with Leaseholder(store, new_run_id(), tenant=TENANT, holder="w1"):
+        async with holding(store):
             store.release_fails = True
 
 
 async def test_a_failed_release_never_masks_the_blocks_error() -> None:
-    store = FailingStore()
+    store = failing()
 
     async def work() -> None:
-        async with Leaseholder(store, new_run_id(), tenant=TENANT, holder="w1"):
+        async with holding(store):
             store.release_fails = True
             raise RuntimeError("the block's own")
 
@@ -128,24 +134,16 @@ async def test_a_failed_release_never_masks_the_blocks_error() -> None:
 
 
 async def test_a_failed_release_never_swallows_a_cancellation() -> None:
-    store = FailingStore()
-    entered = asyncio.Event()
+    store = failing()
 
-    async def work() -> None:
-        async with Leaseholder(store, new_run_id(), tenant=TENANT, holder="w1"):
-            store.release_fails = True
-            entered.set()
-            await asyncio.Event().wait()
+    def fail_releases() -> None:
+        store.release_fails = True
 
-    task = asyncio.create_task(work())
-    await asyncio.wait_for(entered.wait(), 5)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancelled_inside(holding(store), on_entry=fail_releases)
 
 
 async def test_the_lease_is_not_there_before_entering() -> None:
-    held = Leaseholder(MemoryLeaseStore(), new_run_id(), tenant=TENANT, holder="w1")
+    held = holding(MemoryLeaseStore())
     with pytest.raises(InvalidInputError):
         _ = held.lease
 
@@ -159,14 +157,14 @@ async def test_a_lease_of_another_holder_cannot_be_adopted() -> None:
 
 
 async def test_entering_twice_at_once_is_refused() -> None:
-    held = Leaseholder(MemoryLeaseStore(), new_run_id(), tenant=TENANT, holder="w1")
+    held = holding(MemoryLeaseStore())
     async with held:
         with pytest.raises(InvalidInputError):
             await held.__aenter__()
 
 
 async def test_a_holder_can_be_entered_again_after_exit_with_a_new_fence() -> None:
-    held = Leaseholder(MemoryLeaseStore(), new_run_id(), tenant=TENANT, holder="w1")
+    held = holding(MemoryLeaseStore())
     async with held:
         first = held.lease.fence
     async with held:

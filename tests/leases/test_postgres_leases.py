@@ -2,56 +2,50 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import asyncpg
 import pytest
-import pytest_asyncio
 from support.pg import fresh_schema
 
-from onward.errors import BackendUnavailableError, ResumeConflictError, SchemaMismatchError
-from onward.runtime.leases import LeaseStore, PostgresLeaseStore, RunLease
+from onward.errors import BackendUnavailableError, SchemaMismatchError
+from onward.runtime.leases import LeaseStore, PostgresLeaseStore
 from onward.testing import LeaseStoreConformance
 from onward.testing.eventlog import TENANT, new_run_id
+from onward.testing.leases import assert_exactly_one_acquires
+from onward.testing.storage import PostgresConnectionLossConformance
 
 
-class TestPostgresLeaseStore(LeaseStoreConformance):
+class TestPostgresLeaseStore(LeaseStoreConformance, PostgresConnectionLossConformance):
+    """Every store it opens has a schema of its own, so a second one is a wiped store."""
+
     database_url: str
-    stack: AsyncExitStack
+    lock_table = "onward_leases"
 
-    @pytest_asyncio.fixture(autouse=True)
-    async def _schema(self, database_url: str) -> AsyncIterator[None]:
+    @pytest.fixture(autouse=True)
+    def _server(self, database_url: str) -> None:
         self.database_url = database_url
-        async with AsyncExitStack() as stack:
-            self.stack = stack
-            yield
 
     async def open_store(self) -> LeaseStore:
-        schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
+        schema = await self.exit_stack.enter_async_context(fresh_schema(self.database_url))
         return await PostgresLeaseStore.open(self.database_url, schema=schema)
+
+    async def open_connected_store(self, database_url: str, schema: str) -> PostgresLeaseStore:
+        return await PostgresLeaseStore.open(database_url, schema=schema)
+
+    async def use_store(self, store: PostgresLeaseStore) -> None:
+        await store.current(new_run_id())
 
 
 async def test_stores_with_their_own_pools_let_exactly_one_acquire(database_url: str) -> None:
-    async with fresh_schema(database_url) as schema:
+    async with fresh_schema(database_url) as schema, AsyncExitStack() as stack:
         stores = [
-            await PostgresLeaseStore.open(database_url, schema=schema, max_size=2) for _ in range(5)
-        ]
-        try:
-            run_id = new_run_id()
-            outcomes = await asyncio.gather(
-                *(
-                    stores[i % 5].acquire(run_id, tenant=TENANT, holder=f"w{i}", ttl_s=30)
-                    for i in range(20)
-                ),
-                return_exceptions=True,
+            await stack.enter_async_context(
+                PostgresLeaseStore(database_url, schema=schema, max_size=2)
             )
-        finally:
-            for store in stores:
-                await store.close()
-    assert sum(isinstance(o, RunLease) for o in outcomes) == 1
-    assert sum(isinstance(o, ResumeConflictError) for o in outcomes) == 19
+            for _ in range(5)
+        ]
+        await assert_exactly_one_acquires(stores, contenders=20)
 
 
 async def test_a_released_row_keeps_its_fence(database_url: str) -> None:

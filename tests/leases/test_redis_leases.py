@@ -17,72 +17,91 @@ from onward.testing import LeaseStoreConformance
 from onward.testing.eventlog import TENANT, new_run_id
 
 
-async def _delete_prefix(url: str, prefix: str) -> None:
-    client = aioredis.Redis.from_url(url)
+@pytest_asyncio.fixture
+async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A plain client, to look at and tamper with the keys behind a store's back."""
+    plain = aioredis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await client.delete(*keys)
+        yield plain
     finally:
-        await client.aclose()
+        await plain.aclose()
 
 
 @pytest_asyncio.fixture
-async def prefix(redis_url: str) -> AsyncIterator[str]:
+async def prefix(client: aioredis.Redis) -> AsyncIterator[str]:
     """A key prefix of this test alone; its keys are deleted afterwards."""
     chosen = f"onward-test-{uuid.uuid4().hex}:"
     yield chosen
-    await _delete_prefix(redis_url, chosen)
+    keys = [key async for key in client.scan_iter(match=f"{chosen}*")]
+    if keys:
+        await client.delete(*keys)
+
+
+@pytest_asyncio.fixture
+async def store(redis_url: str, prefix: str) -> AsyncIterator[RedisLeaseStore]:
+    async with RedisLeaseStore(redis_url, prefix=prefix) as opened:
+        yield opened
 
 
 class TestRedisLeaseStore(LeaseStoreConformance):
+    """A wiped store is this one with the run's keys deleted, as a restart without AOF does."""
+
     redis_url: str
     prefix: str
+    client: aioredis.Redis
 
     @pytest.fixture(autouse=True)
-    def _prefix(self, redis_url: str, prefix: str) -> None:
+    def _server(self, redis_url: str, prefix: str, client: aioredis.Redis) -> None:
         self.redis_url = redis_url
         self.prefix = prefix
+        self.client = client
 
     async def open_store(self) -> LeaseStore:
         return await RedisLeaseStore.open(self.redis_url, prefix=self.prefix)
 
+    async def wiped(self, store: LeaseStore, run_id: str) -> LeaseStore:
+        assert isinstance(store, RedisLeaseStore)
+        await self.client.delete(store.lease_key(run_id), store.fence_key(run_id))
+        return store
+
 
 async def test_the_fence_key_never_expires_and_the_lease_key_does(
-    redis_url: str, prefix: str
+    store: RedisLeaseStore, client: aioredis.Redis
 ) -> None:
     run_id = new_run_id()
-    async with RedisLeaseStore(redis_url, prefix=prefix) as store:
-        lease = await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
-        client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-        try:
-            assert await client.pttl(store.fence_key(run_id)) == -1
-            assert 30_000 < await client.pttl(store.lease_key(run_id)) <= 30_000 + CLEANUP_GRACE_MS
-            stored = await client.hgetall(store.lease_key(run_id))
-            await store.release(lease)
-            assert await client.exists(store.lease_key(run_id)) == 0
-            assert await client.get(store.fence_key(run_id)) == str(lease.fence)
-        finally:
-            await client.aclose()
+    lease = await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
+    assert await client.pttl(store.fence_key(run_id)) == -1
+    assert 30_000 < await client.pttl(store.lease_key(run_id)) <= 30_000 + CLEANUP_GRACE_MS
+    stored = await client.hgetall(store.lease_key(run_id))
     assert stored["holder"] == "w1"
     assert stored["tenant"] == TENANT
     assert int(stored["fence"]) == lease.fence
     assert float(stored["expires_at"]) == lease.expires_at
+    await store.release(lease)
+    assert await client.exists(store.lease_key(run_id)) == 0
+    assert await client.get(store.fence_key(run_id)) == str(lease.fence)
+
+
+async def test_a_raised_fence_is_written_to_the_counter_and_the_hash(
+    store: RedisLeaseStore, client: aioredis.Redis
+) -> None:
+    run_id = new_run_id()
+    lease = await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
+    raised = await store.raise_fence(lease, above=2**40)
+    assert raised.fence == 2**40 + 1
+    assert await client.get(store.fence_key(run_id)) == str(raised.fence)
+    assert await client.hget(store.lease_key(run_id), "fence") == str(raised.fence)
+    assert await client.pttl(store.fence_key(run_id)) == -1
 
 
 async def test_the_fence_outlives_the_cleanup_of_the_lease_hash(
-    redis_url: str, prefix: str
+    store: RedisLeaseStore, client: aioredis.Redis
 ) -> None:
     run_id = new_run_id()
-    async with RedisLeaseStore(redis_url, prefix=prefix) as store:
-        first = await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            await client.delete(store.lease_key(run_id))  # as its PEXPIRE would
-        finally:
-            await client.aclose()
-        await store.release(first)  # gone and never superseded: nothing to do
-        second = await store.acquire(run_id, tenant=TENANT, holder="w2", ttl_s=30)
+    first = await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
+    await client.delete(store.lease_key(run_id))  # as its PEXPIRE would
+    await store.release(first)  # gone and never superseded: nothing to do
+    second = await store.acquire(run_id, tenant=TENANT, holder="w2", ttl_s=30)
     assert second.fence == first.fence + 1
 
 
@@ -98,15 +117,12 @@ async def test_a_url_that_is_not_redis_is_a_configuration_error() -> None:
         await RedisLeaseStore.open("http://127.0.0.1:6379")
 
 
-async def test_a_server_error_becomes_a_backend_error(redis_url: str, prefix: str) -> None:
+async def test_a_server_error_becomes_a_backend_error(
+    store: RedisLeaseStore, client: aioredis.Redis
+) -> None:
     run_id = new_run_id()
-    async with RedisLeaseStore(redis_url, prefix=prefix) as store:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            await client.set(store.lease_key(run_id), "not a hash")
-        finally:
-            await client.aclose()
-        with pytest.raises(BackendError) as failed:
-            await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
+    await client.set(store.lease_key(run_id), "not a hash")
+    with pytest.raises(BackendError) as failed:
+        await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
     assert not isinstance(failed.value, BackendUnavailableError)
     assert isinstance(failed.value.__cause__, redis_errors.ResponseError)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-from contextlib import closing
+from contextlib import AsyncExitStack, closing
 from pathlib import Path
 
 import pytest
 
-from onward.errors import ResumeConflictError, SchemaMismatchError
-from onward.runtime.leases import LeaseStore, RunLease, SqliteLeaseStore
+from onward.errors import SchemaMismatchError
+from onward.runtime.leases import LeaseStore, SqliteLeaseStore
 from onward.testing import LeaseStoreConformance
 from onward.testing.eventlog import TENANT, new_run_id
+from onward.testing.leases import assert_exactly_one_acquires
 
 
 class TestSqliteLeaseStore(LeaseStoreConformance):
@@ -25,25 +25,20 @@ class TestSqliteLeaseStore(LeaseStoreConformance):
     async def open_store(self) -> LeaseStore:
         return await SqliteLeaseStore.open(self.path)
 
+    async def wiped(self, store: LeaseStore, run_id: str) -> LeaseStore:
+        """A store on a new file: the leases file lost, or never there when the run began."""
+        self.path = self.path.with_name("wiped.db")
+        return await super().wiped(store, run_id)
+
 
 async def test_stores_on_one_file_let_exactly_one_acquire(tmp_path: Path) -> None:
     # Each store has its own connection and thread, as separate processes would.
-    path = tmp_path / "shared.db"
-    stores = [await SqliteLeaseStore.open(path) for _ in range(8)]
-    try:
-        run_id = new_run_id()
-        outcomes = await asyncio.gather(
-            *(
-                store.acquire(run_id, tenant=TENANT, holder=f"w{i}", ttl_s=30)
-                for i, store in enumerate(stores)
-            ),
-            return_exceptions=True,
-        )
-    finally:
-        for store in stores:
-            await store.close()
-    assert sum(isinstance(o, RunLease) for o in outcomes) == 1
-    assert sum(isinstance(o, ResumeConflictError) for o in outcomes) == 7
+    async with AsyncExitStack() as stack:
+        stores = [
+            await stack.enter_async_context(SqliteLeaseStore(tmp_path / "shared.db"))
+            for _ in range(8)
+        ]
+        await assert_exactly_one_acquires(stores, contenders=8)
 
 
 async def test_the_fence_survives_reopening_the_file(tmp_path: Path) -> None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
-from support.histories import append_all, direct_fold, run_ids_of, workload
+from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
 
 from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import Event, MemoryEventLog, RunStarted, StoredEvent
-from onward.projections.base import Snapshot
-from onward.projections.frontier import ToolCallRow
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
 
@@ -39,13 +38,7 @@ class ScriptedStore(MemoryFrontierStore):
         if not gated:
             self.gate.set()
 
-    async def write(
-        self,
-        consumer: str,
-        positions: Mapping[int, int],
-        snapshots: Sequence[Snapshot],
-        calls: Sequence[ToolCallRow],
-    ) -> None:
+    async def write(self, *args: Any) -> None:  # the store's arguments, passed on as they are
         self.started += 1
         for _ in range(self.turns):
             await asyncio.sleep(0)
@@ -54,14 +47,14 @@ class ScriptedStore(MemoryFrontierStore):
             self.failures -= 1
             raise BackendUnavailableError("the store went away")
         self.writes += 1
-        await super().write(consumer, positions, snapshots, calls)
+        await super().write(*args)
 
 
 async def filled_log(
-    runs: int, seed: int, partitions: int = PARTITIONS
+    runs: int, rng: random.Random, partitions: int = PARTITIONS
 ) -> tuple[MemoryEventLog, list[str]]:
     log = MemoryEventLog(partitions=partitions)
-    steps = workload(random.Random(seed), runs)
+    steps = workload(rng, runs)
     await append_all(log, steps, concurrency=8)
     return log, run_ids_of(steps)
 
@@ -81,22 +74,19 @@ def next_offsets(batch: Mapping[int, Sequence[StoredEvent]]) -> dict[int, int]:
     return {p: events[-1].position.offset + 1 for p, events in batch.items()}
 
 
-async def assert_stored_is_the_direct_fold(
+async def assert_everything_stored_is_the_direct_fold(
     store: MemoryFrontierStore, log: MemoryEventLog, run_ids: list[str]
 ) -> None:
-    expected, expected_calls = await direct_fold(log, run_ids)
-    loaded = await store.load(run_ids)
-    assert {r: row.frontier for r, row in loaded.items()} == expected
-    stored_calls = {
-        (row.run_id, row.call_id): row for r in run_ids for row in await store.tool_calls(r)
-    }
-    assert stored_calls == expected_calls
+    """Every run and call row the log folds to is stored, and every partition's end."""
+    await assert_stored_is_the_direct_fold(store, log, run_ids)
     ends = {p: (await log.bounds(p)).end for p in range(log.partitions)}
     assert await store.positions("frontiers") == {p: e for p, e in ends.items() if e}
 
 
-async def test_batches_are_folded_and_stored_together_once_enough_events_are_pending() -> None:
-    log, run_ids = await filled_log(30, seed=1)
+async def test_batches_are_folded_and_stored_together_once_enough_events_are_pending(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled_log(30, rng)
     batches = await read_batches(log, 40)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=150, flush_interval=3600)
@@ -112,11 +102,13 @@ async def test_batches_are_folded_and_stored_together_once_enough_events_are_pen
     await projection.flush()
     assert projection.pending_events == 0
     assert store.writes < len(batches) / 2, "batches were not stored together"
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_nothing_folded_is_visible_in_the_store_before_it_is_stored() -> None:
-    log, run_ids = await filled_log(10, seed=2)
+async def test_nothing_folded_is_visible_in_the_store_before_it_is_stored(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled_log(10, rng)
     [first, *_] = await read_batches(log, 25)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
@@ -131,8 +123,8 @@ async def test_nothing_folded_is_visible_in_the_store_before_it_is_stored() -> N
     assert store.writes == 1, "a flush with nothing pending wrote"
 
 
-async def test_a_store_is_due_after_the_flush_interval() -> None:
-    log, _ = await filled_log(10, seed=3)
+async def test_a_store_is_due_after_the_flush_interval(rng: random.Random) -> None:
+    log, _ = await filled_log(10, rng)
     first, second, *_ = await read_batches(log, 10)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=0.05)
@@ -144,8 +136,10 @@ async def test_a_store_is_due_after_the_flush_interval() -> None:
     assert projection.pending_events == 0
 
 
-async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_the_store() -> None:
-    log, run_ids = await filled_log(30, seed=4)
+async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_the_store(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled_log(30, rng)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
     projector = LogProjector(log, projection, batch_size=30)
@@ -163,11 +157,11 @@ async def test_a_failed_store_drops_what_was_unstored_and_folding_restarts_from_
     assert projection.pending_events == 0
     assert await store.positions("frontiers") == stored_before
     await projector.catch_up()
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_log_projector_catch_up_stores_everything_it_folded() -> None:
-    log, run_ids = await filled_log(40, seed=5)
+async def test_log_projector_catch_up_stores_everything_it_folded(rng: random.Random) -> None:
+    log, run_ids = await filled_log(40, rng)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
     projector = LogProjector(log, projection, batch_size=20)
@@ -176,11 +170,11 @@ async def test_log_projector_catch_up_stores_everything_it_folded() -> None:
     assert projection.pending_events == 0
     assert sum((await projector.lag()).values()) == 0
     assert sum((await projector.backlog()).values()) == 0
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_refolding_a_batch_already_stored_changes_nothing() -> None:
-    log, run_ids = await filled_log(20, seed=6)
+async def test_refolding_a_batch_already_stored_changes_nothing(rng: random.Random) -> None:
+    log, run_ids = await filled_log(20, rng)
     batches = await read_batches(log, 50)
     store = ScriptedStore()
     projection = FrontierProjection(store, log, flush_events=10_000, flush_interval=3600)
@@ -192,11 +186,13 @@ async def test_refolding_a_batch_already_stored_changes_nothing() -> None:
         await again.apply(batch, next_offsets(batch))
     await again.flush()
     assert again.stats.rows_written == 0
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_write_behind_folds_the_next_batches_while_a_store_is_written() -> None:
-    log, run_ids = await filled_log(30, seed=7, partitions=1)  # every batch but the last full
+async def test_write_behind_folds_the_next_batches_while_a_store_is_written(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled_log(30, rng, partitions=1)  # every batch but the last full
     batches = await read_batches(log, 40)
     store = ScriptedStore(gated=True)
     projection = FrontierProjection(
@@ -220,11 +216,13 @@ async def test_write_behind_folds_the_next_batches_while_a_store_is_written() ->
         await projection.apply(batch, next_offsets(batch))
     await projection.flush()
     assert projection.pending_events == 0
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_a_failed_write_behind_is_raised_next_and_drops_everything_unstored() -> None:
-    log, run_ids = await filled_log(30, seed=8)
+async def test_a_failed_write_behind_is_raised_next_and_drops_everything_unstored(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled_log(30, rng)
     store = ScriptedStore()
     projection = FrontierProjection(
         store, log, flush_events=150, flush_interval=3600, write_behind=True
@@ -243,13 +241,15 @@ async def test_a_failed_write_behind_is_raised_next_and_drops_everything_unstore
     assert projection.pending_events == 0
     assert await store.positions("frontiers") == stored_before
     await projector.catch_up()
-    await assert_stored_is_the_direct_fold(store, log, run_ids)
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_lands() -> None:
+async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_lands(
+    rng: random.Random,
+) -> None:
     # Runs written step by step in turn, so that every run goes on in the next batch.
     log = MemoryEventLog(partitions=1)
-    steps = workload(random.Random(9), 6)
+    steps = workload(rng, 6, zombies=0)  # a zombie's refused events are not the point here
     by_run: dict[str, list[list[Event]]] = {}
     for step in steps:
         by_run.setdefault(step[0].run_id, []).append(step)
@@ -277,7 +277,7 @@ async def test_a_run_evicted_while_its_store_is_written_is_loaded_only_after_it_
         await projection.apply(batch, next_offsets(batch))
     await projection.flush()
     assert projection.stats.refused_events == 0
-    await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+    await assert_everything_stored_is_the_direct_fold(store, log, run_ids_of(steps))
 
 
 async def test_a_store_being_written_makes_progress_while_a_large_batch_is_folded() -> None:

@@ -165,10 +165,7 @@ def test_folding_is_pure() -> None:
     assert f == start()
 
 
-def test_every_prefix_of_a_history_folds_to_a_valid_frontier() -> None:
-    seed = random.SystemRandom().randrange(2**32)
-    print(f"prefix test seed: {seed}")
-    rng = random.Random(seed)
+def test_every_prefix_of_a_history_folds_to_a_valid_frontier(rng: random.Random) -> None:
     for _ in range(30):
         script = RunScript(rng, zombie=rng.random() < 0.5)
         events = stored([e for step in script.steps() for e in step])
@@ -184,8 +181,8 @@ def test_every_prefix_of_a_history_folds_to_a_valid_frontier() -> None:
                 incremental = fold(incremental, events[cut])
 
 
-def test_overlapping_batches_fold_nothing_twice() -> None:
-    script = RunScript(random.Random(1))
+def test_overlapping_batches_fold_nothing_twice(rng: random.Random) -> None:
+    script = RunScript(rng)
     events = stored([e for step in script.steps() for e in step])
     once: dict[tuple[str, str], ToolCallRow] = {}
     whole = fold_run(Frontier.empty(script.run_id, "acme"), events, once)

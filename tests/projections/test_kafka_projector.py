@@ -11,9 +11,14 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 import pytest_asyncio
-from aiokafka.admin import AIOKafkaAdminClient
-from support.histories import RunScript, append_all, direct_fold, run_ids_of, workload
-from support.pg import fresh_schema
+from support.histories import (
+    RunScript,
+    append_all,
+    assert_stored_is_the_direct_fold,
+    direct_fold,
+    run_ids_of,
+    workload,
+)
 
 from onward.errors import BackendUnavailableError
 from onward.eventlog import KafkaEventLog, ToolCompleted
@@ -44,22 +49,26 @@ class Stack:
             group_id=f"g-{uuid.uuid4().hex[:8]}",
         )
 
+    async def fold_everything(self, **options: object) -> KafkaProjector[FrontierProjection]:
+        """Run a new projector until it has stored every partition's end; return it closed."""
+        projector = self.projector(**options)
+        await projector.start()
+        try:
+            await drain(projector, self.log)
+        finally:
+            await projector.close()
+        return projector
+
 
 @pytest_asyncio.fixture
-async def stack(kafka_bootstrap: str, database_url: str) -> AsyncIterator[Stack]:
-    topic = f"onward.test.proj.{uuid.uuid4().hex[:10]}"
+async def stack(
+    kafka_bootstrap: str, kafka_topic: str, database_url: str, pg_schema: str
+) -> AsyncIterator[Stack]:
     async with (
-        fresh_schema(database_url) as schema,
-        KafkaEventLog(kafka_bootstrap, topic=topic, partitions=PARTITIONS) as log,
-        PostgresFrontierStore(database_url, schema=schema) as store,
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(database_url, schema=pg_schema) as store,
     ):
-        yield Stack(log, store, schema, topic, kafka_bootstrap, database_url)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_topics([topic])
-    finally:
-        await admin.close()
+        yield Stack(log, store, pg_schema, kafka_topic, kafka_bootstrap, database_url)
 
 
 async def drain(
@@ -76,59 +85,33 @@ async def drain(
         await projector.step(timeout_ms=200)
 
 
-async def assert_matches_direct_fold(stack: Stack, run_ids: list[str]) -> None:
-    expected, expected_calls = await direct_fold(stack.log, run_ids)
-    loaded = await stack.store.load(run_ids)
-    assert {r: row.frontier for r, row in loaded.items()} == expected
-    for run_id in run_ids:
-        rows = {(r.run_id, r.call_id): r for r in await stack.store.tool_calls(run_id)}
-        assert rows == {k: v for k, v in expected_calls.items() if k[0] == run_id}
-
-
-async def test_frontiers_equal_the_direct_fold(stack: Stack) -> None:
-    rng = random.Random(7)
+async def test_frontiers_equal_the_direct_fold(stack: Stack, rng: random.Random) -> None:
     steps = workload(rng, 60)
     await append_all(stack.log, steps)
-    projector = stack.projector()
-    await projector.start()
-    try:
-        await drain(projector, stack.log)
-    finally:
-        await projector.close()
-    await assert_matches_direct_fold(stack, run_ids_of(steps))
+    await stack.fold_everything()
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
 
 
-async def test_a_restarted_projector_carries_on_from_its_stored_offsets(stack: Stack) -> None:
-    rng = random.Random(11)
+async def test_a_restarted_projector_carries_on_from_its_stored_offsets(
+    stack: Stack, rng: random.Random
+) -> None:
     first, second = workload(rng, 20), workload(rng, 20)
     await append_all(stack.log, first)
-    projector = stack.projector()
-    await projector.start()
-    await drain(projector, stack.log)
-    await projector.close()
-    folded_events = projector.projection.stats.events
+    folded_events = (await stack.fold_everything()).projection.stats.events
     await append_all(stack.log, second)
-    again = stack.projector()
-    await again.start()
-    try:
-        await drain(again, stack.log)
-    finally:
-        await again.close()
+    again = await stack.fold_everything()
     assert folded_events == sum(len(s) for s in first)
     assert again.projection.stats.events == sum(len(s) for s in second)
-    await assert_matches_direct_fold(stack, run_ids_of(first + second))
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(first + second))
 
 
-async def test_superseded_fence_events_are_refused_counted_and_visible(stack: Stack) -> None:
-    script = RunScript(random.Random(3), zombie=True)
+async def test_superseded_fence_events_are_refused_counted_and_visible(
+    stack: Stack, rng: random.Random
+) -> None:
+    script = RunScript(rng, zombie=True)
     steps = script.steps()
     await append_all(stack.log, steps)
-    projector = stack.projector()
-    await projector.start()
-    try:
-        await drain(projector, stack.log)
-    finally:
-        await projector.close()
+    projector = await stack.fold_everything()
     row = await stack.store.get(script.run_id)
     assert row is not None
     assert row.frontier is not None
@@ -140,8 +123,9 @@ async def test_superseded_fence_events_are_refused_counted_and_visible(stack: St
     assert projector.projection.stats.refused_events == 1
 
 
-async def test_an_oversized_frontier_is_refused_and_the_projector_goes_on(stack: Stack) -> None:
-    rng = random.Random(5)
+async def test_an_oversized_frontier_is_refused_and_the_projector_goes_on(
+    stack: Stack, rng: random.Random
+) -> None:
     big = RunScript(rng)
     steps = big.steps()
     # A completed call with a result far over the cap, in the middle of a turn.
@@ -175,8 +159,9 @@ async def test_an_oversized_frontier_is_refused_and_the_projector_goes_on(stack:
         await projector.close()
 
 
-async def test_rebuild_while_the_projector_runs_ends_identical_and_switched(stack: Stack) -> None:
-    rng = random.Random(13)
+async def test_rebuild_while_the_projector_runs_ends_identical_and_switched(
+    stack: Stack, rng: random.Random
+) -> None:
     steps = workload(rng, 80)
     await append_all(stack.log, steps[: len(steps) // 2])
     live = stack.projector()
@@ -224,8 +209,10 @@ async def test_rebuild_while_the_projector_runs_ends_identical_and_switched(stac
         await live.close()
 
 
-async def test_a_deferring_projector_stores_everything_once_it_has_caught_up(stack: Stack) -> None:
-    steps = workload(random.Random(21), 40)
+async def test_a_deferring_projector_stores_everything_once_it_has_caught_up(
+    stack: Stack, rng: random.Random
+) -> None:
+    steps = workload(rng, 40)
     await append_all(stack.log, steps)
     projector = stack.projector(flush_events=10_000_000, flush_interval=3600)
     await projector.start()
@@ -246,13 +233,13 @@ async def test_a_deferring_projector_stores_everything_once_it_has_caught_up(sta
         stop.set()
         await running
         await projector.close()
-    await assert_matches_direct_fold(stack, run_ids_of(steps))
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
 
 
 async def test_a_store_failing_inside_a_rebalance_is_raised_by_the_next_call(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, rng: random.Random
 ) -> None:
-    await append_all(stack.log, workload(random.Random(22), 10))
+    await append_all(stack.log, workload(rng, 10))
     projector = stack.projector(flush_events=10_000_000, flush_interval=3600)
     await projector.start()
     try:

@@ -1,38 +1,41 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
-
-import pytest_asyncio
-from support.pg import fresh_schema
+import pytest
+from support.pg import SchemaFactory
 
 from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.frontier import Frontier
 from onward.projections.postgres import PostgresFrontierStore
 from onward.testing import FrontierStoreConformance
+from onward.testing.storage import PostgresConnectionLossConformance
 
 
-class TestPostgresFrontierStore(FrontierStoreConformance):
+class TestPostgresFrontierStore(FrontierStoreConformance, PostgresConnectionLossConformance):
     database_url: str
-    stack: AsyncExitStack
+    new_schema: SchemaFactory
+    lock_table = "onward_projector_positions"
 
-    @pytest_asyncio.fixture(autouse=True)
-    async def _schema(self, database_url: str) -> AsyncIterator[None]:
+    @pytest.fixture(autouse=True)
+    def _schemas(self, database_url: str, new_pg_schema: SchemaFactory) -> None:
         self.database_url = database_url
-        async with AsyncExitStack() as stack:
-            self.stack = stack
-            yield
+        self.new_schema = new_pg_schema
 
     async def open_store(self) -> FrontierStore:
-        schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
+        schema = await self.new_schema()
         return await PostgresFrontierStore.open(self.database_url, schema=schema)
+
+    async def open_connected_store(self, database_url: str, schema: str) -> PostgresFrontierStore:
+        return await PostgresFrontierStore.open(database_url, schema=schema)
+
+    async def use_store(self, store: PostgresFrontierStore) -> None:
+        await store.positions("frontiers")
 
 
 class TestPostgresFrontierStoreWithoutSynchronousCommit(TestPostgresFrontierStore):
     """The same contract for the store as projectors open it: commits not waiting for disk."""
 
     async def open_store(self) -> FrontierStore:
-        schema = await self.stack.enter_async_context(fresh_schema(self.database_url))
+        schema = await self.new_schema()
         return await PostgresFrontierStore.open(
             self.database_url, schema=schema, synchronous_commit=False, max_size=1
         )

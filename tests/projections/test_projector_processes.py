@@ -21,9 +21,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
-from aiokafka.admin import AIOKafkaAdminClient
 from support.histories import append_all, direct_fold, run_ids_of, workload
-from support.pg import fresh_schema
 
 from onward.eventlog import Event, KafkaEventLog
 from onward.projections.postgres import PostgresFrontierStore
@@ -103,14 +101,14 @@ class World:
 
 
 @pytest_asyncio.fixture
-async def world(kafka_bootstrap: str, database_url: str, tmp_path: Path) -> AsyncIterator[World]:
-    topic = f"onward.test.procs.{uuid.uuid4().hex[:10]}"
+async def world(
+    kafka_bootstrap: str, kafka_topic: str, database_url: str, pg_schema: str, tmp_path: Path
+) -> AsyncIterator[World]:
     async with (
-        fresh_schema(database_url) as schema,
-        KafkaEventLog(kafka_bootstrap, topic=topic, partitions=PARTITIONS) as log,
-        PostgresFrontierStore(database_url, schema=schema) as store,
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(database_url, schema=pg_schema) as store,
     ):
-        world = World(kafka_bootstrap, database_url, topic, schema, log, store, tmp_path)
+        world = World(kafka_bootstrap, database_url, kafka_topic, pg_schema, log, store, tmp_path)
         try:
             yield world
         finally:
@@ -118,12 +116,6 @@ async def world(kafka_bootstrap: str, database_url: str, tmp_path: Path) -> Asyn
                 if child.returncode is None:
                     child.kill()
                     await child.wait()
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_topics([topic])
-    finally:
-        await admin.close()
 
 
 async def assert_projection_is_the_direct_fold(world: World, steps: list[list[Event]]) -> None:
@@ -151,11 +143,9 @@ def big_workload(rng: random.Random, at_least: int) -> list[list[Event]]:
     return steps
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
-async def test_exactly_once_under_twenty_sigkills(world: World) -> None:
-    seed = random.SystemRandom().randrange(2**32)
-    print(f"projector crash test seed: {seed}")
-    rng = random.Random(seed)
+async def test_exactly_once_under_twenty_sigkills(world: World, rng: random.Random) -> None:
     steps = big_workload(rng, 50_000)
     writer = asyncio.create_task(append_all(world.log, steps, concurrency=48))
     kills = 0
@@ -180,9 +170,11 @@ async def test_exactly_once_under_twenty_sigkills(world: World) -> None:
     await assert_projection_is_the_direct_fold(world, steps)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
-async def test_a_surviving_member_takes_over_a_killed_members_partitions(world: World) -> None:
-    rng = random.Random(21)
+async def test_a_surviving_member_takes_over_a_killed_members_partitions(
+    world: World, rng: random.Random
+) -> None:
     steps = big_workload(rng, 6_000)
     group = f"pair-{uuid.uuid4().hex[:8]}"
     first = await world.spawn(group, "a")

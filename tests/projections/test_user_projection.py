@@ -13,10 +13,8 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 import pytest_asyncio
-from aiokafka.admin import AIOKafkaAdminClient
 from support.histories import append_all, workload
 from support.kinds import KindCounts
-from support.pg import fresh_schema
 from typer.testing import CliRunner
 
 from onward.errors import InvalidInputError
@@ -37,6 +35,10 @@ class Setup:
     schema: str
     log: KafkaEventLog
 
+    def sink(self) -> SqlProjectionSink:
+        """The kind-counting projection's sink in this test's schema."""
+        return SqlProjectionSink(self.database_url, KindCounts(), schema=self.schema)
+
     async def table(self, name: str) -> dict[str, int]:
         conn = await asyncpg.connect(
             self.database_url, server_settings={"search_path": self.schema}
@@ -56,52 +58,51 @@ class Setup:
 
 
 @pytest_asyncio.fixture
-async def setup(kafka_bootstrap: str, database_url: str) -> AsyncIterator[Setup]:
-    topic = f"onward.test.user.{uuid.uuid4().hex[:10]}"
-    async with (
-        fresh_schema(database_url) as schema,
-        KafkaEventLog(kafka_bootstrap, topic=topic, partitions=PARTITIONS) as log,
-    ):
-        yield Setup(kafka_bootstrap, database_url, topic, schema, log)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_topics([topic])
-    finally:
-        await admin.close()
+async def setup(
+    kafka_bootstrap: str, kafka_topic: str, database_url: str, pg_schema: str
+) -> AsyncIterator[Setup]:
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log:
+        yield Setup(kafka_bootstrap, database_url, kafka_topic, pg_schema, log)
 
 
-async def project_everything(setup: Setup, sink: SqlProjectionSink) -> None:
-    projector = KafkaProjector(
-        setup.bootstrap, sink, topic=setup.topic, partitions=PARTITIONS, group_id=uuid.uuid4().hex
-    )
-    await projector.start()
-    try:
-        ends = {p: (await setup.log.bounds(p)).end for p in range(PARTITIONS)}
-        for _ in range(600):
-            stored = await sink.positions()
-            if all(stored.get(p, 0) >= e for p, e in ends.items()):
-                return
-            await projector.step(timeout_ms=100)
-        pytest.fail("the projector did not catch up")
-    finally:
-        await projector.close()
+async def project_everything(setup: Setup) -> None:
+    """Run the kind counts with the Kafka projector until every partition's end is stored."""
+    async with setup.sink() as sink:
+        projector = KafkaProjector(
+            setup.bootstrap,
+            sink,
+            topic=setup.topic,
+            partitions=PARTITIONS,
+            group_id=uuid.uuid4().hex,
+        )
+        await projector.start()
+        try:
+            ends = {p: (await setup.log.bounds(p)).end for p in range(PARTITIONS)}
+            for _ in range(600):
+                stored = await sink.positions()
+                if all(stored.get(p, 0) >= e for p, e in ends.items()):
+                    return
+                await projector.step(timeout_ms=100)
+            pytest.fail("the projector did not catch up")
+        finally:
+            await projector.close()
 
 
 @pytest.mark.kafka
-async def test_a_user_projection_counts_what_the_log_holds(setup: Setup) -> None:
-    await append_all(setup.log, workload(random.Random(1), 30))
-    async with SqlProjectionSink(setup.database_url, KindCounts(), schema=setup.schema) as sink:
-        await project_everything(setup, sink)
+async def test_a_user_projection_counts_what_the_log_holds(
+    setup: Setup, rng: random.Random
+) -> None:
+    await append_all(setup.log, workload(rng, 30))
+    await project_everything(setup)
     assert await setup.table("kinds") == await setup.direct_counts()
 
 
 @pytest.mark.kafka
-async def test_a_batch_delivered_twice_is_folded_once(setup: Setup) -> None:
-    await append_all(setup.log, workload(random.Random(2), 5))
+async def test_a_batch_delivered_twice_is_folded_once(setup: Setup, rng: random.Random) -> None:
+    await append_all(setup.log, workload(rng, 5))
     records = {p: await setup.log.read_partition(p, 0) for p in range(PARTITIONS)}
     ends = {p: (await setup.log.bounds(p)).end for p in range(PARTITIONS)}
-    async with SqlProjectionSink(setup.database_url, KindCounts(), schema=setup.schema) as sink:
+    async with setup.sink() as sink:
         await sink.apply(records, ends)
         await sink.apply(records, ends)
         half: dict[int, list[StoredEvent]] = {p: r[: len(r) // 2] for p, r in records.items()}
@@ -113,10 +114,11 @@ async def test_a_batch_delivered_twice_is_folded_once(setup: Setup) -> None:
 
 
 @pytest.mark.kafka
-async def test_rebuilding_a_user_projection_switches_its_view(setup: Setup) -> None:
-    await append_all(setup.log, workload(random.Random(3), 20))
-    async with SqlProjectionSink(setup.database_url, KindCounts(), schema=setup.schema) as sink:
-        await project_everything(setup, sink)
+async def test_rebuilding_a_user_projection_switches_its_view(
+    setup: Setup, rng: random.Random
+) -> None:
+    await append_all(setup.log, workload(rng, 20))
+    await project_everything(setup)
     report = await rebuild_projection(
         setup.log, setup.database_url, KindCounts(), schema=setup.schema
     )
@@ -132,61 +134,42 @@ async def test_rebuilding_a_user_projection_switches_its_view(setup: Setup) -> N
 
 
 @pytest.mark.kafka
-def test_the_cli_rebuilds_a_user_projection(kafka_bootstrap: str, database_url: str) -> None:
-    async def prepare() -> tuple[str, str]:
-        topic = f"onward.test.cli.{uuid.uuid4().hex[:10]}"
-        schema = f"t_{uuid.uuid4().hex[:12]}"
-        conn = await asyncpg.connect(database_url)
-        try:
-            await conn.execute(f"CREATE SCHEMA {schema}")
-        finally:
-            await conn.close()
-        async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=PARTITIONS) as log:
-            await append_all(log, workload(random.Random(4), 5))
-        return topic, schema
+def test_the_cli_rebuilds_a_user_projection(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    empty_pg_schema: str,
+    rng: random.Random,
+) -> None:
+    async def fill() -> None:
+        async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log:
+            await append_all(log, workload(rng, 5))
 
-    topic, schema = asyncio.run(prepare())
+    asyncio.run(fill())
     env = {
         **os.environ,
         "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "DATABASE_URL": database_url,
-        "ONWARD_DATABASE_SCHEMA": schema,
-        "ONWARD_KAFKA_TOPIC": topic,
+        "ONWARD_DATABASE_SCHEMA": empty_pg_schema,
+        "ONWARD_KAFKA_TOPIC": kafka_topic,
         "ONWARD_PARTITIONS": str(PARTITIONS),
     }
     runner = CliRunner()
-    try:
-        migrated = runner.invoke(app, ["db", "migrate"], env=env)
-        assert migrated.exit_code == 0, migrated.output
-        result = runner.invoke(
-            app,
-            ["projections", "rebuild", "kinds", "--projection", "support.kinds:KindCounts"],
-            env=env,
-        )
-        assert result.exit_code == 0, result.output
-        assert "kinds build 1 active" in result.output
-        wrong = runner.invoke(
-            app,
-            ["projections", "rebuild", "other", "--projection", "support.kinds:KindCounts"],
-            env=env,
-        )
-        assert wrong.exit_code == 2
-    finally:
-
-        async def cleanup() -> None:
-            conn = await asyncpg.connect(database_url)
-            try:
-                await conn.execute(f"DROP SCHEMA {schema} CASCADE")
-            finally:
-                await conn.close()
-            admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-            await admin.start()
-            try:
-                await admin.delete_topics([topic])
-            finally:
-                await admin.close()
-
-        asyncio.run(cleanup())
+    migrated = runner.invoke(app, ["db", "migrate"], env=env)
+    assert migrated.exit_code == 0, migrated.output
+    result = runner.invoke(
+        app,
+        ["projections", "rebuild", "kinds", "--projection", "support.kinds:KindCounts"],
+        env=env,
+    )
+    assert result.exit_code == 0, result.output
+    assert "kinds build 1 active" in result.output
+    wrong = runner.invoke(
+        app,
+        ["projections", "rebuild", "other", "--projection", "support.kinds:KindCounts"],
+        env=env,
+    )
+    assert wrong.exit_code == 2
 
 
 def test_projection_names_must_be_plain_identifiers() -> None:

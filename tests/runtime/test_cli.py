@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import textwrap
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from onward.eventlog import (
     kind_of,
 )
 from onward.eventlog.base import EventLog
+from onward.eventlog.schema import event_schema
 from onward.runtime import (
     Agent,
     AgentRunner,
@@ -373,6 +375,36 @@ def test_a_bad_agent_spec_exits_2(db: Path, spec: str) -> None:
     assert not db.exists()
 
 
+@pytest.fixture
+def mine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module of the user's own in the working directory, where `onward` looks last."""
+    name = f"mine_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent(
+            """
+            from support.cli_agent import booker
+
+
+            class Broken:
+                async def complete(self, agent, messages):
+                    raise RuntimeError("the model's client has a bug")
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    return name
+
+
+def test_the_model_code_failing_exits_5_in_one_line(db: Path, mine: str) -> None:
+    run_id = start(db, crash_at="model.answered")
+    agent = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *agent)
+    assert result.exit_code == 5, result.output
+    assert "the model's client has a bug" in result.stderr
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 @pytest.mark.kafka
 async def test_resume_against_kafka_postgres_and_redis(
     kafka_bootstrap: str, database_url: str, redis_url: str
@@ -432,3 +464,10 @@ def test_the_kafka_backend_without_a_database_url_exits_2() -> None:
     result = CliRunner().invoke(app, ["inspect", "run-1", "--tenant", TENANT], env=env)
     assert result.exit_code == 2
     assert "DATABASE_URL" in result.stderr
+
+
+def test_schema_command_prints_the_schema() -> None:
+    result = CliRunner().invoke(app, ["schema"])
+    assert result.exit_code == 0, result.output
+    assert result.output.encode() == event_schema()
+    assert "tool.dispatched" in result.output

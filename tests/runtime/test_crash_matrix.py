@@ -11,28 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from aiokafka.admin import AIOKafkaAdminClient
-from support.crash_world import TENANT, Ledger, open_world, the_agent, the_provider
-from support.pg import fresh_schema
+from support.crash_world import TENANT, open_world, the_agent, the_runner, until_lapsed
+from support.processes import spawn_support
 
 from onward.errors import IndeterminateToolCallError
 from onward.eventlog import kind_of
-from onward.runtime.runner import AgentRunner
-
-TESTS = Path(__file__).resolve().parents[1]
+from onward.runtime.ledger import Ledger
 
 # (point, the call it applies to, tool variant, expected end, expected bookings)
-MATRIX = [
+MATRIX: list[tuple[str, str | None, str, str, int]] = [
     ("model.call", None, "plain", "completed", 1),
     ("model.answered", None, "plain", "completed", 1),
     ("tool.dispatched", None, "plain", "indeterminate", 0),
@@ -47,15 +40,19 @@ MATRIX = [
 IDS = [f"{p}-{v}" for p, _, v, _, _ in MATRIX]
 
 
-async def crash_then_resume(config: dict[str, Any], expected: str, bookings: int) -> None:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "support.crash_child",
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
-    )
+async def crash_then_resume(
+    tmp_path: Path, backend: dict[str, str], case: tuple[str, str | None, str, str, int]
+) -> None:
+    point, call_id, variant, expected, bookings = case
+    config: dict[str, Any] = {
+        **backend,
+        "ledger": str(tmp_path / "ledger.jsonl"),
+        "run_id": f"run-{uuid.uuid4().hex[:8]}",
+        "point": point,
+        "call_id": call_id,
+        "variant": variant,
+    }
+    child = await spawn_support("crash_child", json.dumps(config), stdout=asyncio.subprocess.PIPE)
     if config["variant"] == "approval":
         assert child.stdout is not None
         line = await asyncio.wait_for(child.stdout.readline(), 60)
@@ -64,13 +61,12 @@ async def crash_then_resume(config: dict[str, Any], expected: str, bookings: int
     await asyncio.wait_for(child.communicate(), 60)  # drains and closes the pipe
     assert child.returncode == -signal.SIGKILL
     ledger = Ledger(config["ledger"])
-    async with open_world(config) as world:
-        runner = AgentRunner(
-            provider=the_provider(config["variant"]),
-            log=world.log,
-            blobs=world.blobs,
-            worker="parent",
-        )
+    async with (
+        open_world(config) as world,
+        the_runner(config, world, "parent") as runner,
+    ):
+        # The killed child's lease lapses on the store's clock; only then may another worker on.
+        await until_lapsed(runner.leases, config["run_id"])
         agent = the_agent(config)
         if config["variant"] == "approval":
             assert ledger.count("book") == 0
@@ -88,59 +84,29 @@ async def crash_then_resume(config: dict[str, Any], expected: str, bookings: int
     assert "resume.planned" in kinds or config["variant"] == "approval"
 
 
-@pytest.mark.parametrize(("point", "call_id", "variant", "expected", "bookings"), MATRIX, ids=IDS)
+@pytest.mark.parametrize("case", MATRIX, ids=IDS)
 async def test_crash_matrix_on_sqlite(
-    tmp_path: Path, point: str, call_id: str | None, variant: str, expected: str, bookings: int
+    tmp_path: Path, case: tuple[str, str | None, str, str, int]
 ) -> None:
-    config = {
-        "backend": "sqlite",
-        "db": str(tmp_path / "onward.db"),
-        "ledger": str(tmp_path / "ledger.jsonl"),
-        "run_id": f"run-{uuid.uuid4().hex[:8]}",
-        "point": point,
-        "call_id": call_id,
-        "variant": variant,
-    }
-    await crash_then_resume(config, expected, bookings)
-
-
-@pytest_asyncio.fixture
-async def kafka_world(kafka_bootstrap: str, database_url: str) -> AsyncIterator[dict[str, str]]:
-    topic = f"onward.test.crash.{uuid.uuid4().hex[:10]}"
-    async with fresh_schema(database_url) as schema:
-        yield {
-            "bootstrap": kafka_bootstrap,
-            "topic": topic,
-            "database_url": database_url,
-            "schema": schema,
-        }
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        if topic in await admin.list_topics():
-            await admin.delete_topics([topic])
-    finally:
-        await admin.close()
+    backend = {"backend": "sqlite", "db": str(tmp_path / "onward.db")}
+    await crash_then_resume(tmp_path, backend, case)
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize(("point", "call_id", "variant", "expected", "bookings"), MATRIX, ids=IDS)
+@pytest.mark.parametrize("case", MATRIX, ids=IDS)
 async def test_crash_matrix_on_kafka_and_postgres(
     tmp_path: Path,
-    kafka_world: dict[str, str],
-    point: str,
-    call_id: str | None,
-    variant: str,
-    expected: str,
-    bookings: int,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
+    case: tuple[str, str | None, str, str, int],
 ) -> None:
-    config = {
+    backend = {
         "backend": "kafka",
-        **kafka_world,
-        "ledger": str(tmp_path / "ledger.jsonl"),
-        "run_id": f"run-{uuid.uuid4().hex[:8]}",
-        "point": point,
-        "call_id": call_id,
-        "variant": variant,
+        "bootstrap": kafka_bootstrap,
+        "topic": kafka_topic,
+        "database_url": database_url,
+        "schema": pg_schema,
     }
-    await crash_then_resume(config, expected, bookings)
+    await crash_then_resume(tmp_path, backend, case)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
@@ -86,6 +87,7 @@ async def config(
         await admin.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
     config: dict[str, Any],
@@ -121,6 +123,7 @@ async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
     assert (ledger.count("search"), ledger.count("book")) == (1, 1), ledger.entries()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_worker_paused_past_its_ttl_is_fenced_and_its_writes_refused(
     config: dict[str, Any],
@@ -174,3 +177,58 @@ async def test_a_worker_paused_past_its_ttl_is_fenced_and_its_writes_refused(
             zombie.send_signal(signal.SIGCONT)
             zombie.kill()
             await zombie.communicate()
+
+
+async def wipe_leases(config: dict[str, Any]) -> None:
+    """Lose every lease and fence the store had: Redis restarted without persistence, say."""
+    if config["leases"] == "redis":
+        client = aioredis.Redis.from_url(config["redis_url"])
+        try:
+            keys = [k async for k in client.scan_iter(f"{config['prefix']}*")]
+            assert keys, "the killed worker's lease should have been in Redis"
+            await client.delete(*keys)
+        finally:
+            await client.aclose()
+    else:
+        conn = await asyncpg.connect(config["database_url"])
+        try:
+            deleted = await conn.execute(f"DELETE FROM {config['schema']}.onward_leases")
+            assert deleted != "DELETE 0", "the killed worker's lease should have been stored"
+        finally:
+            await conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_run_whose_lease_store_was_wiped_resumes_above_every_fence_in_its_log(
+    config: dict[str, Any],
+) -> None:
+    first = await spawn("start", config)
+    await asyncio.wait_for(first.communicate(), 60)
+    assert first.returncode == -signal.SIGKILL
+    await wipe_leases(config)
+    worker = await spawn("resume", config)
+    try:
+        assert await read_line(worker) == "ready"
+        assert worker.stdin is not None
+        worker.stdin.write(b"go\n")
+        await worker.stdin.drain()
+        outcome = json.loads(await read_line(worker, 120))
+    finally:
+        await asyncio.wait_for(worker.communicate(), 60)
+    assert outcome["outcome"] == "carried", outcome
+    assert outcome["status"] == "completed"
+    async with open_world(config) as world:
+        stored = await world.log.read_run(config["run_id"])
+        guard = SequenceGuard()
+        admitted = guard.admit_all(stored)
+        assert not guard.refused, "the resumed run's writes were refused"
+        claim_at = next(i for i, s in enumerate(admitted) if isinstance(s.event, RunClaimed))
+        claim_fence = admitted[claim_at].event.fence
+        assert claim_fence == outcome["fence"]
+        assert all(s.event.fence < claim_fence for s in admitted[:claim_at])
+        assert {s.event.fence for s in admitted[claim_at:]} == {claim_fence}
+        later = await world.leases.acquire(config["run_id"], tenant=TENANT, holder="x", ttl_s=5)
+        assert later.fence > outcome["fence"]  # the store remembers the raised fence
+    ledger = Ledger(config["ledger"])
+    assert (ledger.count("search"), ledger.count("book")) == (1, 1), ledger.entries()

@@ -29,6 +29,7 @@ from onward.errors import (
 from onward.eventlog.events import Message, ToolCall, Usage
 from onward.runtime.agent import Agent
 from onward.runtime.openai import OpenAICompatibleProvider, assistant_message
+from onward.runtime.providers import ModelReply
 from onward.runtime.tools import tool
 
 API_KEY = "sk-test-0123456789-very-secret"
@@ -194,12 +195,18 @@ def provider_for(server: ChatServer, **options: Any) -> OpenAICompatibleProvider
     return OpenAICompatibleProvider(server.base_url, **options)
 
 
-async def test_a_text_answer_comes_back_with_its_usage(server: ChatServer) -> None:
-    server.answer(
-        Answer(body=completion("Oslo it is.", usage={"prompt_tokens": 21, "completion_tokens": 4}))
-    )
+async def reply_to(server: ChatServer, *answers: Answer) -> ModelReply:
+    """Queue ``answers`` on the server, ask a fresh provider once, return its reply."""
+    server.answer(*answers)
     async with provider_for(server) as provider:
-        reply = await provider.complete(AGENT, CONVERSATION)
+        return await provider.complete(AGENT, CONVERSATION)
+
+
+async def test_a_text_answer_comes_back_with_its_usage(server: ChatServer) -> None:
+    reply = await reply_to(
+        server,
+        Answer(body=completion("Oslo it is.", usage={"prompt_tokens": 21, "completion_tokens": 4})),
+    )
     assert reply.message == Message(role="assistant", content="Oslo it is.")
     assert reply.tool_calls == []
     assert reply.final
@@ -207,7 +214,8 @@ async def test_a_text_answer_comes_back_with_its_usage(server: ChatServer) -> No
 
 
 async def test_tool_calls_come_back_with_parsed_arguments(server: ChatServer) -> None:
-    server.answer(
+    reply = await reply_to(
+        server,
         Answer(
             body=completion(
                 None,
@@ -216,10 +224,8 @@ async def test_tool_calls_come_back_with_parsed_arguments(server: ChatServer) ->
                     function_call("call_2", "book", '{"flight": "SK123", "seat": "4A"}'),
                 ],
             )
-        )
+        ),
     )
-    async with provider_for(server) as provider:
-        reply = await provider.complete(AGENT, CONVERSATION)
     assert reply.message == Message(role="assistant", content="")
     assert reply.tool_calls == [
         ToolCall(call_id="call_1", tool="search", args={"query": "flights to Oslo"}),
@@ -356,7 +362,8 @@ async def test_assistant_message_builds_the_tool_calls_convention(server: ChatSe
 
 
 async def test_invalid_tool_arguments_are_kept_unparsed(server: ChatServer) -> None:
-    server.answer(
+    reply = await reply_to(
+        server,
         Answer(
             body=completion(
                 None,
@@ -365,10 +372,8 @@ async def test_invalid_tool_arguments_are_kept_unparsed(server: ChatServer) -> N
                     function_call("call_2", "book", '["SK1", "1A"]'),
                 ],
             )
-        )
+        ),
     )
-    async with provider_for(server) as provider:
-        reply = await provider.complete(AGENT, CONVERSATION)
     assert reply.tool_calls == [
         ToolCall(call_id="call_1", tool="search", args={"_unparsed": '{"query": "Oslo'}),
         ToolCall(call_id="call_2", tool="book", args={"_unparsed": '["SK1", "1A"]'}),
@@ -385,12 +390,11 @@ async def test_an_unparsed_call_is_sent_back_with_its_raw_arguments(server: Chat
 
 
 async def test_a_500_then_a_200_is_retried_after_a_backoff(server: ChatServer) -> None:
-    server.answer(
+    reply = await reply_to(
+        server,
         Answer(status=500, body={"error": {"message": "internal error"}}),
         Answer(body=completion("recovered")),
     )
-    async with provider_for(server) as provider:
-        reply = await provider.complete(AGENT, CONVERSATION)
     assert reply.message.content == "recovered"
     assert len(server.requests) == 2
     assert server.requests[1].at - server.requests[0].at >= 0.1
@@ -416,12 +420,11 @@ async def test_a_persistent_503_raises_backend_unavailable_after_every_attempt(
 
 
 async def test_a_429_retry_after_is_honoured_then_retried(server: ChatServer) -> None:
-    server.answer(
+    reply = await reply_to(
+        server,
         Answer(status=429, body={"error": {"message": "slow down"}}, headers={"Retry-After": "0"}),
         Answer(body=completion("ok")),
     )
-    async with provider_for(server) as provider:
-        reply = await provider.complete(AGENT, CONVERSATION)
     assert reply.message.content == "ok"
     assert len(server.requests) == 2
     # Retry-After: 0 replaces the backoff (at least 0.125 s) with no wait at all.
@@ -508,9 +511,7 @@ async def test_a_timeout_raises_backend_unavailable(server: ChatServer) -> None:
 
 
 async def test_a_dropped_connection_is_retried(server: ChatServer) -> None:
-    server.answer(Answer(drop=True), Answer(body=completion("second time")))
-    async with provider_for(server) as provider:
-        reply = await provider.complete(AGENT, CONVERSATION)
+    reply = await reply_to(server, Answer(drop=True), Answer(body=completion("second time")))
     assert reply.message.content == "second time"
     assert len(server.requests) == 2
 

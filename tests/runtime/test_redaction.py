@@ -11,6 +11,7 @@ import json
 import random
 import re
 import string
+from typing import Any
 
 import pytest
 
@@ -400,12 +401,14 @@ def test_clean_value_is_returned_as_the_same_object() -> None:
     assert Redactor().redact(value) is value
 
 
+def envelope(seq: int) -> dict[str, Any]:
+    """The envelope of the events of run-7, at ``seq``."""
+    return {"run_id": "run-7", "tenant": "acme", "seq": seq, "fence": 3}
+
+
 def test_redact_event_masks_tool_call_args_and_keeps_the_envelope() -> None:
     event = ModelAnswered(
-        run_id="run-7",
-        tenant="acme",
-        seq=12,
-        fence=3,
+        **envelope(12),
         at=1715940000000000,
         message=Message(role="assistant", content="Calling the API."),
         tool_calls=[
@@ -432,10 +435,7 @@ def test_redact_event_masks_tool_call_args_and_keeps_the_envelope() -> None:
 
 def test_redact_event_masks_a_tool_result() -> None:
     event = ToolCompleted(
-        run_id="run-7",
-        tenant="acme",
-        seq=13,
-        fence=3,
+        **envelope(13),
         call_id="call-1",
         result={"stdout": f"export OPENAI_KEY={OPENAI_LEGACY}\n", "exit": 0},
     )

@@ -10,27 +10,14 @@ import json
 from pathlib import Path
 
 import pytest
+from support.resume_fixtures import classification, fixture_agent
 
 from onward.eventlog import Position, StoredEvent, decode
 from onward.projections.frontier import Frontier, fold_all
-from onward.runtime.agent import Agent
-from onward.runtime.resume import plan_resume
-from onward.runtime.tools import tool
+from onward.runtime.planning import plan_resume
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "resume"
 NAMES = sorted(p.name.removesuffix(".jsonl") for p in FIXTURES.glob("*.jsonl"))
-
-
-def fixture_agent() -> Agent:
-    @tool(retry_safe=True)
-    async def search(query: str, *, idempotency_key: str) -> str:
-        return query
-
-    @tool
-    async def book(seat: str, *, idempotency_key: str) -> str:
-        return seat
-
-    return Agent(name="booker", instructions="", tools=[search, book])
 
 
 def test_there_are_recorded_histories() -> None:
@@ -44,9 +31,4 @@ def test_recorded_history_is_classified_as_recorded(name: str) -> None:
     frontier = fold_all(Frontier.empty(stored[0].event.run_id, stored[0].event.tenant), stored)
     plan = plan_resume(frontier, fixture_agent())
     expected = json.loads((FIXTURES / f"{name}.expected.json").read_text())
-    assert {
-        "completed": [c.call_id for c in plan.completed],
-        "to_dispatch": [c.call_id for c in plan.to_dispatch],
-        "indeterminate": [c.call_id for c in plan.indeterminate],
-        "safe": plan.safe,
-    } == expected
+    assert classification(plan) == expected

@@ -8,7 +8,6 @@ import pytest
 from support.workers import CountingLog
 
 from onward.errors import (
-    ConfigurationError,
     InvalidInputError,
     NothingToResumeError,
     ResumeConflictError,
@@ -171,11 +170,18 @@ async def test_the_manager_lists_runs_waiting_on_people_and_runs_nobody_holds() 
         await manager.get_status("missing")
 
 
-async def test_a_lease_store_behind_the_log_is_refused() -> None:
+async def test_a_lease_store_behind_the_log_raises_its_fence_above_the_logs() -> None:
     log = MemoryEventLog()
     await interrupted_run(log, MemoryLeaseStore())
-    with pytest.raises(ConfigurationError, match="share one lease store"):
-        await Resumer(log, MemoryLeaseStore()).resume(AGENT, "r", tenant=TENANT, worker="w")
+    in_log = (await Resumer(log, MemoryLeaseStore()).read("r", tenant=TENANT)).fence
+    wiped = MemoryLeaseStore()  # a store that never saw the run: it hands out fence 1
+    carried = await Resumer(log, wiped).resume(AGENT, "r", tenant=TENANT, worker="w")
+    assert carried.lease.fence > in_log
+    assert carried.frontier.fence == carried.lease.fence  # the claim is counted, not refused
+    assert carried.frontier.refused == 0
+    await wiped.release(carried.lease)
+    later = await wiped.acquire("r", tenant=TENANT, holder="w2", ttl_s=60)
+    assert later.fence > carried.lease.fence  # the store remembers the raised fence
 
 
 class RecordingLog(CountingLog):

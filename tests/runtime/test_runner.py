@@ -28,9 +28,9 @@ from onward.eventlog import (
 )
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
-from onward.runtime.history import MemoryBlobStore
+from onward.runtime.blobs import MemoryBlobStore
+from onward.runtime.planning import ToolDisposition
 from onward.runtime.providers import ScriptedProvider, reply
-from onward.runtime.resume import ToolDisposition
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, Tool, tool
 
@@ -494,7 +494,7 @@ async def test_an_oversized_checkpoint_is_reported_and_the_run_goes_on() -> None
         async def before_model_call(self) -> None:
             return None
 
-    the_runner.observer = Watch()
+    the_runner.writer.observer = Watch()
     result = await the_runner.run(agent([fetch]), "go", tenant=TENANT, run_id="r")
     assert result.status == "completed"
     assert any(e is not None and "cap" in e for e in seen_errors)
@@ -509,3 +509,23 @@ async def test_the_same_run_id_cannot_start_twice() -> None:
     await runner(log).run(agent(side.tools()), "go", tenant=TENANT, run_id="r")
     with pytest.raises(InvalidInputError, match="already exists"):
         await runner(log).run(agent(side.tools()), "go", tenant=TENANT, run_id="r")
+
+
+async def test_a_tag_lands_on_the_latest_boundary_or_the_named_seq_under_the_lease() -> None:
+    log = MemoryEventLog()
+    the_runner = runner(log)
+    agent = Agent(name="a", instructions="", tools=Side().tools())
+    await the_runner.run(agent, "go", tenant=TENANT, run_id="r")
+    frontier = await the_runner.inspect("r", tenant=TENANT)
+    assert await the_runner.tag("r", "reviewed", tenant=TENANT) == frontier.resume_seq
+    assert await the_runner.tag("r", "first", tenant=TENANT, seq=1) == 1
+    tagged = await the_runner.inspect("r", tenant=TENANT)
+    assert [(t.seq, t.label) for t in tagged.tags] == [
+        (frontier.resume_seq, "reviewed"),
+        (1, "first"),
+    ]
+    assert tagged.fence > frontier.fence  # written under a lease of its own
+    with pytest.raises(InvalidInputError, match="no event 99"):
+        await the_runner.tag("r", "late", tenant=TENANT, seq=99)
+    with pytest.raises(InvalidInputError, match="non-empty"):
+        await the_runner.tag("r", " ", tenant=TENANT)

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import random
 import string
-import uuid
 
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from support.pg import fresh_schema
 
 from onward.eventlog import KafkaEventLog, ToolCall
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
 from onward.runtime.agent import Agent
-from onward.runtime.history import PostgresBlobStore
+from onward.runtime.blobs import PostgresBlobStore
+from onward.runtime.leases import PostgresLeaseStore
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
@@ -29,10 +27,10 @@ pytestmark = pytest.mark.kafka
 PARTITIONS = 2
 
 
-def invented_key() -> str:
+def invented_key(rng: random.Random) -> str:
     """An API key of a real shape, invented here, assembled at run time."""
     alphabet = string.ascii_letters + string.digits
-    return "sk-" + "proj-" + "".join(random.SystemRandom().choice(alphabet) for _ in range(48))
+    return "sk-" + "proj-" + "".join(rng.choice(alphabet) for _ in range(48))
 
 
 async def raw_topic(bootstrap: str, topic: str) -> bytes:
@@ -78,10 +76,9 @@ def _text(value: object) -> str:
 
 
 async def test_a_secret_in_tool_arguments_is_masked_everywhere_at_rest(
-    kafka_bootstrap: str, database_url: str
+    kafka_bootstrap: str, kafka_topic: str, database_url: str, pg_schema: str, rng: random.Random
 ) -> None:
-    secret = invented_key()
-    topic = f"onward.test.secrets.{uuid.uuid4().hex[:10]}"
+    secret = invented_key(rng)
 
     @tool(requires_approval=True)
     async def configure(api_key: str, note: str, *, idempotency_key: str) -> str:
@@ -94,33 +91,25 @@ async def test_a_secret_in_tool_arguments_is_masked_everywhere_at_rest(
         args={"api_key": secret, "note": f"Authorization: Bearer {secret}"},
     )
     provider = ScriptedProvider([reply(f"using {secret}", call), reply("done")])
-    try:
-        async with (
-            fresh_schema(database_url) as schema,
-            KafkaEventLog(kafka_bootstrap, topic=topic, partitions=PARTITIONS) as log,
-            PostgresFrontierStore(database_url, schema=schema) as store,
-            PostgresBlobStore(database_url, schema=schema) as blobs,
-        ):
-            runner = AgentRunner(provider=provider, log=log, blobs=blobs)
-            result = await runner.run(
-                agent, f"here is my key {secret}", tenant="acme", run_id="r-secret"
-            )
-            assert result.status == "waiting"  # the call and its arguments sit in the frontier
-            projected = await LogProjector(log, FrontierProjection(store, log)).catch_up()
-            assert projected > 0
-            row = await store.get("r-secret")
-            assert row is not None
-            assert row.frontier is not None
-            assert row.frontier.calls[0].args["api_key"] == "[REDACTED]"
-            topic_bytes = await raw_topic(kafka_bootstrap, topic)
-            database_text = await raw_database(database_url, schema)
-    finally:
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-        await admin.start()
-        try:
-            await admin.delete_topics([topic])
-        finally:
-            await admin.close()
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(database_url, schema=pg_schema) as store,
+        PostgresBlobStore(database_url, schema=pg_schema) as blobs,
+        PostgresLeaseStore(database_url, schema=pg_schema) as leases,
+    ):
+        runner = AgentRunner(provider=provider, log=log, blobs=blobs, leases=leases)
+        result = await runner.run(
+            agent, f"here is my key {secret}", tenant="acme", run_id="r-secret"
+        )
+        assert result.status == "waiting"  # the call and its arguments sit in the frontier
+        projected = await LogProjector(log, FrontierProjection(store, log)).catch_up()
+        assert projected > 0
+        row = await store.get("r-secret")
+        assert row is not None
+        assert row.frontier is not None
+        assert row.frontier.calls[0].args["api_key"] == "[REDACTED]"
+        topic_bytes = await raw_topic(kafka_bootstrap, kafka_topic)
+        database_text = await raw_database(database_url, pg_schema)
     assert secret.encode() not in topic_bytes
     assert b"[REDACTED]" in topic_bytes
     assert secret not in database_text

@@ -16,8 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from onward.eventlog import Event, kind_of
-from onward.runtime.runner import AgentRunner
-from support.crash_world import TENANT, open_world, the_agent, the_provider
+from support.crash_world import CRASHED_LEASE, TENANT, open_world, the_agent, the_runner
 
 
 class KillAt:
@@ -46,13 +45,8 @@ class KillAt:
 
 async def main(config: dict[str, str]) -> None:
     async with open_world(config) as world:
-        runner = AgentRunner(
-            provider=the_provider(config["variant"]),
-            log=world.log,
-            blobs=world.blobs,
-            worker="child",
-            observer=KillAt(config["point"], config.get("call_id") or None),
-        )
+        observer = KillAt(config["point"], config.get("call_id") or None)
+        runner = the_runner(config, world, "child", lease_policy=CRASHED_LEASE, observer=observer)
         result = await runner.run(the_agent(config), "go", tenant=TENANT, run_id=config["run_id"])
         print(json.dumps({"status": result.status}), flush=True)
         # A run waiting on a person: this worker stays up until it is killed.

@@ -3,43 +3,34 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from datetime import timedelta
 from typing import Any
 
 from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog
 from onward.runtime.agent import Agent
-from onward.runtime.history import BlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.runtime.blobs import BlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.runtime.leases import LeasePolicy, LeaseStore, PostgresLeaseStore
+from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, Tool, tool
 
 TENANT = "acme"
+CRASHED_LEASE = LeasePolicy(ttl=timedelta(seconds=1))
+"""The lease of the worker that is killed: short, so the test waits a second, not five minutes."""
 
 
-class Ledger:
-    """The tools' own record of side effects, in a file both processes see."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-
-    def record(self, tool_name: str, key: str) -> None:
-        with self.path.open("a") as out:
-            out.write(json.dumps({"tool": tool_name, "key": key}) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-
-    def entries(self) -> list[dict[str, str]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines()]
-
-    def count(self, tool_name: str) -> int:
-        return sum(1 for e in self.entries() if e["tool"] == tool_name)
+async def until_lapsed(leases: LeaseStore, run_id: str, *, within_s: float = 30.0) -> None:
+    """Wait until nobody holds the run's lease (a killed holder's lapses on the store's clock)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while await leases.current(run_id) is not None:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"the lease on {run_id} did not lapse within {within_s}s")
+        await asyncio.sleep(0.05)
 
 
 def tools(config: dict[str, Any]) -> list[Tool]:
@@ -52,7 +43,7 @@ def tools(config: dict[str, Any]) -> list[Tool]:
         return f"flights to {query}"
 
     async def status(key: str) -> Reconciled | None:
-        done = any(e["tool"] == "book" and e["key"] == key for e in ledger.entries())
+        done = ledger.find("book", key) is not None
         return Reconciled("completed", {"seat": "3A"}) if done else Reconciled("never_ran")
 
     @tool(
@@ -89,16 +80,29 @@ def the_provider(variant: str) -> ScriptedProvider:
 class World:
     log: EventLog
     blobs: BlobStore
+    leases: LeaseStore | None  # None: the embedded log's own
+
+
+def the_runner(config: dict[str, Any], world: World, worker: str, **options: Any) -> AgentRunner:
+    return AgentRunner(
+        provider=the_provider(config["variant"]),
+        log=world.log,
+        leases=world.leases,
+        blobs=world.blobs,
+        worker=worker,
+        **options,
+    )
 
 
 @asynccontextmanager
 async def open_world(config: dict[str, Any]) -> AsyncIterator[World]:
     if config["backend"] == "sqlite":
         async with SqliteEventLog(config["db"]) as log, SqliteBlobStore(config["db"]) as blobs:
-            yield World(log, blobs)
+            yield World(log, blobs, None)
     else:
         async with (
             KafkaEventLog(config["bootstrap"], topic=config["topic"], partitions=2) as klog,
             PostgresBlobStore(config["database_url"], schema=config["schema"]) as pblobs,
+            PostgresLeaseStore(config["database_url"], schema=config["schema"]) as pleases,
         ):
-            yield World(klog, pblobs)
+            yield World(klog, pblobs, pleases)

@@ -23,6 +23,7 @@ from onward.eventlog import (
     Usage,
 )
 from onward.eventlog.base import EventLog, StoredEvent
+from onward.projections.base import FrontierStore
 from onward.projections.frontier import Frontier, ToolCallRow, fold_run
 from onward.testing.eventlog import Envelope
 
@@ -175,6 +176,19 @@ async def direct_fold(
         events = by_run[run_id]
         frontiers[run_id] = fold_run(Frontier.empty(run_id, events[0].event.tenant), events, calls)
     return frontiers, calls
+
+
+async def assert_stored_is_the_direct_fold(
+    store: FrontierStore, log: EventLog, run_ids: Sequence[str]
+) -> None:
+    """``store`` holds for ``run_ids`` exactly the frontiers and call rows the log folds to."""
+    expected, expected_calls = await direct_fold(log, run_ids)
+    loaded = await store.load(run_ids)
+    assert {r: row.frontier for r, row in loaded.items()} == expected
+    stored_calls = {
+        (row.run_id, row.call_id): row for r in run_ids for row in await store.tool_calls(r)
+    }
+    assert stored_calls == expected_calls
 
 
 def run_ids_of(steps: Sequence[list[Event]]) -> list[str]:

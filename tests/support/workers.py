@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Self
 
 from onward.errors import FencedError, ResumeConflictError
@@ -26,9 +25,25 @@ from onward.eventlog.base import EventLog, PartitionBounds
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.leases import LeasePolicy, LeaseStore, PostgresLeaseStore, RedisLeaseStore
+from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Tool, tool
+
+__all__ = [
+    "POLICY",
+    "TENANT",
+    "CountingLog",
+    "Ledger",
+    "PausingLog",
+    "World",
+    "agent",
+    "child",
+    "open_world",
+    "provider",
+    "runner",
+    "tools",
+]
 
 TENANT = "acme"
 POLICY = LeasePolicy(ttl=timedelta(seconds=3), renew_within=timedelta(seconds=1))
@@ -36,37 +51,16 @@ SLOW_TOOL_S = 2.0
 """Tools are slow, so the worker that wins a race holds the run while the others try."""
 
 
-class Ledger:
-    """Side effects, one JSON line each, in a file every process sees."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-
-    def record(self, tool_name: str, key: str) -> None:
-        with self.path.open("a") as out:
-            out.write(json.dumps({"tool": tool_name, "key": key, "pid": os.getpid()}) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-
-    def entries(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines()]
-
-    def count(self, tool_name: str) -> int:
-        return sum(1 for e in self.entries() if e["tool"] == tool_name)
-
-
 def tools(ledger: Ledger) -> list[Tool]:
     @tool
     async def search(query: str, *, idempotency_key: str) -> str:
-        ledger.record("search", idempotency_key)
+        ledger.record("search", idempotency_key, pid=os.getpid())
         await asyncio.sleep(SLOW_TOOL_S)
         return f"flights to {query}"
 
     @tool
     async def book(seat: str, *, idempotency_key: str) -> str:
-        ledger.record("book", idempotency_key)
+        ledger.record("book", idempotency_key, pid=os.getpid())
         await asyncio.sleep(SLOW_TOOL_S)
         return f"seat {seat}"
 

@@ -22,7 +22,8 @@ import redis.exceptions as redis_errors
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from onward.errors import ConfigurationError, InvalidInputError, translate
+from onward._storage import translate
+from onward.errors import ConfigurationError, InvalidInputError
 
 _log = logging.getLogger("onward.integrations.mcp")
 

@@ -10,16 +10,12 @@ run stops rather than carry on with a hole in its conversation.
 from __future__ import annotations
 
 import hashlib
-import sqlite3
-from pathlib import Path
-from types import TracebackType
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-import asyncpg
 import msgspec
 
-from onward.errors import HistoryUnavailableError, InvalidInputError
-from onward.eventlog._sqlite import SqliteThread, transaction
+from onward._storage import PostgresStore, Resource, SqliteStore, transaction
+from onward.errors import HistoryUnavailableError
 from onward.eventlog.events import (
     ApprovalRequested,
     Event,
@@ -28,7 +24,6 @@ from onward.eventlog.events import (
     ToolCompleted,
     ToolResolved,
 )
-from onward.projections.migrations import open_pool, open_sqlite
 
 DEFAULT_THRESHOLD = 256 * 1024
 _REF = "$blob"
@@ -65,7 +60,7 @@ def _missing(digest: str) -> HistoryUnavailableError:
     )
 
 
-class MemoryBlobStore:
+class MemoryBlobStore(Resource):
     """Blobs in a dict, for unit tests."""
 
     def __init__(self) -> None:
@@ -86,23 +81,17 @@ class MemoryBlobStore:
         """Drop a body, as an over-eager cleanup would."""
         self._bodies.pop(digest, None)
 
-    async def close(self) -> None:
-        return None
 
+class SqliteBlobStore(SqliteStore):
+    """Blobs in the embedded SQLite file.
 
-class SqliteBlobStore:
-    """Blobs in the embedded SQLite file."""
+    Args:
+        path: The database file; created if missing.
+        migrate: Apply the SQLite migrations when opened; with ``False`` the file must already
+            be migrated.
+    """
 
-    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
-        self._path = Path(path)
-        self._migrate = migrate
-        self._db = SqliteThread(self._path, "blob store")
-
-    async def start(self) -> None:
-        await self._db.open(self._open)
-
-    def _open(self) -> sqlite3.Connection:
-        return open_sqlite(self._path, migrate=self._migrate)
+    what = "blob store"
 
     async def put(self, body: bytes) -> str:
         digest = digest_of(body)
@@ -132,42 +121,27 @@ class SqliteBlobStore:
             raise _missing(digest)
         return body
 
-    async def close(self) -> None:
-        await self._db.close()
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
+class PostgresBlobStore(PostgresStore):
+    """Blobs in PostgreSQL (``onward_blobs``).
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+    Args:
+        dsn: ``postgresql://user:password@host:port/database``.
+        schema: The PostgreSQL schema (search path) holding Onward's tables.
+        min_size: Smallest pool size.
+        max_size: Largest pool size.
+    """
+
+    what = "PostgreSQL blob store"
+
+    def __init__(
+        self, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 4
     ) -> None:
-        await self.close()
-
-
-class PostgresBlobStore:
-    """Blobs in PostgreSQL (``onward_blobs``)."""
-
-    def __init__(self, dsn: str, *, schema: str | None = None) -> None:
-        self._dsn = dsn
-        self._schema = schema
-        self._pool: asyncpg.Pool | None = None
-
-    async def start(self) -> None:
-        if self._pool is None:
-            self._pool = await open_pool(self._dsn, schema=self._schema, max_size=4)
-
-    def _live(self) -> asyncpg.Pool:
-        if self._pool is None:
-            raise InvalidInputError("the PostgreSQL blob store is not started")
-        return self._pool
+        super().__init__(dsn, schema=schema, min_size=min_size, max_size=max_size)
 
     async def put(self, body: bytes) -> str:
         digest = digest_of(body)
-        async with self._live().acquire() as conn:
+        async with self._connection("storing a blob") as conn:
             await conn.execute(
                 "INSERT INTO onward_blobs (digest, body) VALUES ($1, $2) ON CONFLICT DO NOTHING",
                 digest,
@@ -176,28 +150,11 @@ class PostgresBlobStore:
         return digest
 
     async def get(self, digest: str) -> bytes:
-        async with self._live().acquire() as conn:
+        async with self._connection("reading a blob") as conn:
             body = await conn.fetchval("SELECT body FROM onward_blobs WHERE digest = $1", digest)
         if body is None:
             raise _missing(digest)
         return bytes(body)
-
-    async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 # The one field per kind that can be large enough to need a claim check.

@@ -1,6 +1,7 @@
 """Appends large atomic batches until killed; prints each acknowledged run id.
 
-Usage: python append_child.py sqlite PATH PREFIX | kafka BOOTSTRAP TOPIC PREFIX
+Usage: PYTHONPATH=tests python -m support.append_child sqlite PATH PREFIX
+       PYTHONPATH=tests python -m support.append_child kafka BOOTSTRAP TOPIC PREFIX
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from onward.errors import InvalidInputError, translate
+from onward.errors import InvalidInputError
+
+from .translate import translate
 
 _T = TypeVar("_T")
 
@@ -34,6 +36,32 @@ def connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def split_statements(sql: str) -> list[str]:
+    """The statements of a script, split where SQLite itself says a statement ends.
+
+    ``sqlite3.complete_statement`` knows string literals, comments and trigger bodies, so a
+    ``;`` inside one of them does not end the statement. Pieces holding only comments or
+    whitespace are dropped.
+    """
+    statements: list[str] = []
+    pending = ""
+    for piece in sql.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if _has_code(pending):
+                statements.append(pending.strip())
+            pending = ""
+    if _has_code(pending.removesuffix(";")):
+        raise ValueError(f"SQL script ends inside a statement: {pending.strip()[:80]!r}")
+    return statements
+
+
+def _has_code(sql: str) -> bool:
+    """Whether a piece of SQL holds more than comments, whitespace and semicolons."""
+    text = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+    return bool(text.replace(";", "").strip())
 
 
 @contextmanager

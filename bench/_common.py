@@ -1,0 +1,275 @@
+"""What every benchmark needs: servers from the environment, throwaway topics, schemas,
+databases and Redis keys, quantiles, a little text, and the results file.
+
+The benchmarks import this as ``_common`` (they run as ``python bench/NAME.py``). ``steps.py``
+also runs as a child process in the peers' venv, which has no Onward, aiokafka, asyncpg or redis:
+so this module imports only the standard library at the top, and each driver inside the
+function that uses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+SERVICES_HINT = 'eval "$(bash scripts/services.sh up)"'
+SERVERS = {
+    "bootstrap": ("--bootstrap", "KAFKA_BOOTSTRAP_SERVERS"),
+    "database_url": ("--database-url", "DATABASE_URL"),
+    "redis_url": ("--redis-url", "REDIS_URL"),
+}
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "agents")
+
+
+class Printer(Protocol):
+    """Where cleanup failures are reported (a rich ``Console``)."""
+
+    def print(self, *objects: Any) -> None: ...
+
+
+def _report(console: Printer | None, message: str) -> None:
+    """Say what a cleanup could not do: on ``console``, or on stderr without one."""
+    if console is None:
+        print(message, file=sys.stderr)
+    else:
+        console.print(f"[red]{message}")
+
+
+# --------------------------------------------------------------------------------------------
+# Servers
+
+
+def add_server_options(parser: argparse.ArgumentParser, *names: str) -> None:
+    """Add ``--bootstrap``, ``--database-url`` and/or ``--redis-url`` (``names`` as in SERVERS)."""
+    for name in names:
+        flag, variable = SERVERS[name]
+        parser.add_argument(flag, default=None, help=f"default: ${variable}")
+
+
+def server_urls(args: argparse.Namespace, *names: str) -> None:
+    """Fill each of ``names`` on ``args`` from its environment variable when not given.
+
+    Exits with the command that starts the servers when one is still missing.
+    """
+    missing: list[str] = []
+    for name in names:
+        variable = SERVERS[name][1]
+        setattr(args, name, getattr(args, name, None) or os.environ.get(variable, ""))
+        if not getattr(args, name):
+            missing.append(variable)
+    if missing:
+        raise SystemExit(f"{', '.join(missing)} not set; start the servers: {SERVICES_HINT}")
+
+
+def with_database(url: str, database: str) -> str:
+    """``url`` pointing at another database on the same server."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def throwaway_name(kind: str, separator: str = ".") -> str:
+    """``onward.bench.KIND.<random>`` (or joined by ``separator``): a name no other run uses."""
+    return separator.join(["onward", "bench", kind, uuid.uuid4().hex[:8]])
+
+
+# --------------------------------------------------------------------------------------------
+# Kafka
+
+
+async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` as `KafkaEventLog` lays it out (partitions, retention, policy)."""
+    from onward.eventlog import KafkaEventLog  # noqa: PLC0415
+
+    log = await KafkaEventLog.open(bootstrap, topic=topic, partitions=partitions)
+    await log.close()
+
+
+def raw_producer(bootstrap: str, *, linger_ms: int) -> Any:
+    """An (unstarted) aiokafka producer with the settings `KafkaEventLog` uses."""
+    from aiokafka import AIOKafkaProducer  # noqa: PLC0415
+
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=linger_ms,
+        max_batch_size=1_048_000,
+        max_request_size=1_100_000,
+    )
+
+
+async def delete_topics(
+    bootstrap: str, topics: Sequence[str], console: Printer | None = None
+) -> None:
+    """Delete ``topics``; a failure is reported, not raised."""
+    from aiokafka.admin import AIOKafkaAdminClient  # noqa: PLC0415
+
+    try:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics(list(topics))
+        finally:
+            await admin.close()
+    except Exception as exc:
+        _report(console, f"could not delete topics {', '.join(topics)}: {exc!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# PostgreSQL
+
+
+async def create_schema(database_url: str, kind: str) -> str:
+    """A fresh schema named ``bench_KIND_<random>``, migrated; return its name.
+
+    A schema whose migration fails is dropped again.
+    """
+    import asyncpg  # noqa: PLC0415
+
+    from onward.projections.postgres import migrate  # noqa: PLC0415
+
+    schema = f"bench_{kind}_{uuid.uuid4().hex[:10]}"
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+        try:
+            await conn.execute(f"SET search_path TO {schema}")
+            await migrate(conn)
+        except BaseException:
+            await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            raise
+    finally:
+        await conn.close()
+    return schema
+
+
+async def drop_schemas(
+    database_url: str, schemas: Sequence[str], console: Printer | None = None
+) -> None:
+    """Drop ``schemas``; a failure is reported, not raised."""
+    import asyncpg  # noqa: PLC0415
+
+    if not schemas:
+        return
+    try:
+        conn = await asyncpg.connect(database_url)
+        try:
+            for schema in schemas:
+                await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        finally:
+            await conn.close()
+    except Exception as exc:
+        _report(console, f"could not drop schemas {', '.join(schemas)}: {exc!r}")
+
+
+@asynccontextmanager
+async def throwaway_database(database_url: str, kind: str) -> AsyncIterator[tuple[str, str]]:
+    """A fresh, migrated database on the server of ``database_url``, dropped afterwards.
+
+    Yields its name and its URL.
+    """
+    import asyncpg  # noqa: PLC0415
+
+    from onward.projections.postgres import migrate  # noqa: PLC0415
+
+    database = throwaway_name(kind, "_")
+    url = with_database(database_url, database)
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f"CREATE DATABASE {database}")
+        try:
+            conn = await asyncpg.connect(url)
+            try:
+                await migrate(conn)
+            finally:
+                await conn.close()
+            yield database, url
+        finally:
+            await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Redis
+
+
+async def delete_redis_keys(redis_url: str, prefix: str, console: Printer | None = None) -> None:
+    """Delete every key under ``prefix``; a failure is reported, not raised."""
+    import redis.asyncio as aioredis  # noqa: PLC0415
+
+    try:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+            for first in range(0, len(keys), 500):
+                await client.delete(*keys[first : first + 500])
+        finally:
+            await client.aclose()
+    except Exception as exc:
+        _report(console, f"could not delete Redis keys {prefix}*: {exc!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Figures
+
+
+def quantile(values: Sequence[float], q: float, *, interpolate: bool = True) -> float:
+    """The ``q`` quantile (0..1) of ``values`` (NaN when there are none).
+
+    Interpolated linearly between the closest ranks, or (``interpolate=False``) the value at
+    rank ``min(n - 1, int(n * q))`` of the sorted values.
+    """
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    if not interpolate:
+        return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+    index = q * (len(ordered) - 1)
+    low = int(index)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (index - low)
+
+
+def text(rng: random.Random, low: int, high: int) -> str:
+    """Some words, ``low`` to ``high`` characters long."""
+    size = rng.randint(low, high)
+    out: list[str] = []
+    length = 0
+    while length < size:
+        word = rng.choice(WORDS)
+        out.append(word)
+        length += len(word) + 1
+    return " ".join(out)[:size]
+
+
+def code_version() -> str:
+    """The commit the benchmarks' checkout is at, ``-dirty`` if the tree had changes."""
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return done.stdout.strip()
+
+
+def write_results(path: Path, document: Mapping[str, Any]) -> None:
+    """Write a benchmark's results as indented JSON (creating the folder); say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2))
+    print(f"wrote {path}")

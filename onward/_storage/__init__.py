@@ -1,0 +1,53 @@
+"""The bottom layer: PostgreSQL pools, the SQLite thread, migrations, driver-error translation.
+
+Every store of `onward.eventlog`, `onward.projections` and `onward.runtime` opens its database
+through this package and derives its lifecycle from :class:`Resource`. It imports nothing of
+Onward's but `onward.errors`.
+"""
+
+from .migrations import (
+    Dialect,
+    Migration,
+    expected_version,
+    migrate_postgres,
+    migrate_sqlite,
+    migrations,
+    open_sqlite,
+    schema_version_postgres,
+    verify_postgres,
+    verify_sqlite,
+)
+from .postgres import APPLICATION_NAME, application_name, open_pool, pooled
+from .sqlite import SqliteThread, connect, split_statements, transaction
+from .stores import AsyncResource, PostgresStore, Resource, SqliteStore
+from .translate import DRIVER_ERRORS, classify, translate, translated, translating
+
+__all__ = [
+    "APPLICATION_NAME",
+    "DRIVER_ERRORS",
+    "AsyncResource",
+    "Dialect",
+    "Migration",
+    "PostgresStore",
+    "Resource",
+    "SqliteStore",
+    "SqliteThread",
+    "application_name",
+    "classify",
+    "connect",
+    "expected_version",
+    "migrate_postgres",
+    "migrate_sqlite",
+    "migrations",
+    "open_pool",
+    "open_sqlite",
+    "pooled",
+    "schema_version_postgres",
+    "split_statements",
+    "transaction",
+    "translate",
+    "translated",
+    "translating",
+    "verify_postgres",
+    "verify_sqlite",
+]

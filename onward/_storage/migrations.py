@@ -1,0 +1,182 @@
+"""Versioned SQL migrations for PostgreSQL and SQLite, applied by `onward db migrate`.
+
+The SQL lives in ``schemas/sql/NNNN_name.sql`` (PostgreSQL) and ``schemas/sqlite/NNNN_name.sql``
+(SQLite), shipped inside the package. Applied versions are recorded in
+``onward_schema_migrations``. Nothing runs at import time; stores call :func:`verify_postgres` or
+:func:`verify_sqlite` before use, which raise `SchemaMismatchError` rather than guess.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Literal
+
+import asyncpg
+
+from onward.errors import SchemaMismatchError
+
+from .sqlite import connect, split_statements, transaction
+from .translate import translating
+
+Dialect = Literal["postgres", "sqlite"]
+_FOLDER: dict[Dialect, str] = {"postgres": "sql", "sqlite": "sqlite"}
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+# Serializes concurrent `onward db migrate` runs on one database.
+_ADVISORY_LOCK = 0x6F6E77617264  # "onward"
+
+_LEDGER = """
+CREATE TABLE IF NOT EXISTS onward_schema_migrations (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    applied_at text NOT NULL DEFAULT CURRENT_TIMESTAMP
+)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One numbered SQL file."""
+
+    version: int
+    name: str
+    sql: str
+
+
+def migrations(dialect: Dialect) -> list[Migration]:
+    """Every migration of a dialect, in order."""
+    folder = files("onward") / "schemas" / _FOLDER[dialect]
+    found: list[Migration] = []
+    for entry in folder.iterdir():
+        match = _NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text()))
+    found.sort(key=lambda m: m.version)
+    return found
+
+
+def expected_version(dialect: Dialect) -> int:
+    """The schema version this code needs: its newest migration."""
+    known = migrations(dialect)
+    return known[-1].version if known else 0
+
+
+def _mismatch(where: str, found: int, expected: int) -> SchemaMismatchError:
+    if found < expected:
+        advice = "run `onward db migrate`"
+    else:
+        advice = "this code is older than the database; upgrade Onward"
+    return SchemaMismatchError(
+        f"{where}: schema version {found}, this code expects {expected}; {advice}"
+    )
+
+
+@translating("migrating PostgreSQL")
+async def migrate_postgres(conn: asyncpg.Connection) -> list[str]:
+    """Apply the PostgreSQL migrations not yet applied; return their names."""
+    applied: list[str] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _ADVISORY_LOCK)
+        await conn.execute(_LEDGER)
+        done = {
+            r["version"] for r in await conn.fetch("SELECT version FROM onward_schema_migrations")
+        }
+        _refuse_newer("PostgreSQL", done)
+        for migration in migrations("postgres"):
+            if migration.version in done:
+                continue
+            await conn.execute(migration.sql)
+            await conn.execute(
+                "INSERT INTO onward_schema_migrations (version, name) VALUES ($1, $2)",
+                migration.version,
+                migration.name,
+            )
+            applied.append(f"{migration.version:04d}_{migration.name}")
+    return applied
+
+
+@translating("reading the PostgreSQL schema version")
+async def schema_version_postgres(conn: asyncpg.Connection) -> int:
+    """The newest applied migration, or 0 on an empty database."""
+    exists = await conn.fetchval("SELECT to_regclass('onward_schema_migrations') IS NOT NULL")
+    if not exists:
+        return 0
+    return int(
+        await conn.fetchval("SELECT coalesce(max(version), 0) FROM onward_schema_migrations")
+    )
+
+
+@translating("verifying the PostgreSQL schema")
+async def verify_postgres(conn: asyncpg.Connection) -> None:
+    """Raise `SchemaMismatchError` unless the database is at this code's schema version."""
+    found = await schema_version_postgres(conn)
+    expected = expected_version("postgres")
+    if found != expected:
+        raise _mismatch("PostgreSQL", found, expected)
+
+
+def migrate_sqlite(conn: sqlite3.Connection) -> list[str]:
+    """Apply the SQLite migrations not yet applied, each in its own transaction."""
+    applied: list[str] = []
+    conn.execute(_LEDGER)
+    done = {row[0] for row in conn.execute("SELECT version FROM onward_schema_migrations")}
+    _refuse_newer("SQLite", done)
+    for migration in migrations("sqlite"):
+        with transaction(conn):
+            row = conn.execute(
+                "SELECT 1 FROM onward_schema_migrations WHERE version = ?", (migration.version,)
+            ).fetchone()
+            if row is not None:
+                continue
+            for statement in split_statements(migration.sql):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO onward_schema_migrations (version, name) VALUES (?, ?)",
+                (migration.version, migration.name),
+            )
+            applied.append(f"{migration.version:04d}_{migration.name}")
+    return applied
+
+
+def _refuse_newer(where: str, done: set[int]) -> None:
+    """A database a newer Onward migrated is left alone: older code must not add to it."""
+    dialect: Dialect = "postgres" if where == "PostgreSQL" else "sqlite"
+    expected = expected_version(dialect)
+    if done and max(done) > expected:
+        raise _mismatch(where, max(done), expected)
+
+
+def verify_sqlite(conn: sqlite3.Connection, *, where: str) -> None:
+    """Raise `SchemaMismatchError` unless the file is at this code's schema version."""
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'onward_schema_migrations'"
+    ).fetchone()
+    found = 0
+    if exists:
+        found = int(
+            conn.execute(
+                "SELECT coalesce(max(version), 0) FROM onward_schema_migrations"
+            ).fetchone()[0]
+        )
+    expected = expected_version("sqlite")
+    if found != expected:
+        raise _mismatch(where, found, expected)
+
+
+def open_sqlite(path: Path, *, migrate: bool) -> sqlite3.Connection:
+    """A connection to an embedded store's file, migrated if asked, at this code's version.
+
+    What every SQLite store (frontiers, leases, blobs) opens with; run on the store's thread.
+    """
+    conn = connect(path)
+    try:
+        if migrate:
+            migrate_sqlite(conn)
+        verify_sqlite(conn, where=str(path))
+    except BaseException:
+        conn.close()
+        raise
+    return conn

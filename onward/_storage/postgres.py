@@ -1,0 +1,114 @@
+"""PostgreSQL connection pools: opened, verified and used through one translating path.
+
+Every PostgreSQL store opens its pool with :func:`open_pool` (search path set, schema version
+verified) and runs its work through :func:`pooled`, so no asyncpg or socket exception reaches
+a caller untranslated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+
+from onward.errors import BackendError, BackendUnavailableError
+
+from .migrations import verify_postgres
+from .translate import DRIVER_ERRORS, translated
+
+# What a call on a lost connection fails with: a driver error, or one a function such as a build
+# lookup already translated.
+_FAILURES: tuple[type[BaseException], ...] = (*DRIVER_ERRORS, BackendError)
+
+APPLICATION_NAME = "onward"
+"""What Onward's connections call themselves on the server (``pg_stat_activity``)."""
+
+
+def application_name(schema: str | None) -> str:
+    """The ``application_name`` of a store's connections: ``onward``, or ``onward:<schema>``.
+
+    The schema in it lets an operator (or a test) tell apart the connections of deployments
+    sharing one server.
+    """
+    return f"{APPLICATION_NAME}:{schema}" if schema else APPLICATION_NAME
+
+
+async def open_pool(
+    dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10
+) -> asyncpg.Pool:
+    """A connection pool to a PostgreSQL store, its schema verified before anything uses it.
+
+    What every PostgreSQL store opens with: the search path set to ``schema``, driver failures
+    translated, and the pool closed again if the schema is not this code's version.
+    """
+    settings = {"application_name": application_name(schema)}
+    if schema:
+        settings["search_path"] = schema
+    with translated("connecting to PostgreSQL"):
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, server_settings=settings
+        )
+    try:
+        async with pooled(pool, "verifying schema") as conn:
+            await verify_postgres(conn)
+    except BaseException:
+        await pool.close()
+        raise
+    return pool
+
+
+@asynccontextmanager
+async def pooled(
+    pool: asyncpg.Pool, context: str, *, run_id: str | None = None, transaction: bool = False
+) -> AsyncIterator[asyncpg.Connection]:
+    """A connection from the pool, in a transaction if asked; every driver error translated.
+
+    A connection the server dropped (restart, failover, ``pg_terminate_backend``) fails the
+    call in progress with a retryable `BackendUnavailableError`; the pool discards it, so the
+    next call gets a fresh connection.
+
+    Args:
+        pool: The store's pool.
+        context: What the store is doing, in a few words, for the error message.
+        run_id: The run concerned, if any.
+        transaction: Run the block in one transaction, rolled back if it raises.
+    """
+    with translated(context, run_id=run_id):
+        async with pool.acquire() as conn:
+            try:
+                if not transaction:
+                    yield conn
+                    return
+                async with conn.transaction():
+                    yield conn
+            except _FAILURES as exc:
+                if _lost(conn):
+                    raise connection_lost(exc, context=context, run_id=run_id) from exc
+                raise
+
+
+def _lost(conn: asyncpg.Connection) -> bool:
+    """Whether the connection is gone; a pooled one the pool already let go of counts as gone."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:  # detached from its pool because it closed
+        return True
+
+
+def connection_lost(
+    exc: BaseException, *, context: str, run_id: str | None = None
+) -> BackendUnavailableError:
+    """The error of a call whose connection the server dropped, whatever asyncpg raised for it.
+
+    A connection cut while idle in the pool is noticed only by the next call on it, and asyncpg
+    may then raise an internal client error rather than a connection error; the call is still
+    one that can simply be made again.
+    """
+    message = (
+        f"{context}: the connection to PostgreSQL was lost ({type(exc).__name__}: {exc}); "
+        "retry, the next call opens a fresh connection"
+    )
+    if run_id is not None:
+        message = f"run {run_id!r}: {message}"
+    return BackendUnavailableError(message, run_id=run_id)

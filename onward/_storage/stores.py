@@ -1,0 +1,234 @@
+"""One lifecycle for every store: ``start``/``close``, ``open`` and ``async with``.
+
+:class:`AsyncResource` is the part of every store protocol that says so, and
+:class:`Resource` is what every event log, frontier store, lease store, blob store and sink
+derives from, so opening, closing (idempotently) and the async context manager are written once.
+:class:`SqliteStore` and :class:`PostgresStore` add what the embedded and the PostgreSQL stores
+share: the connection (a thread or a pool), schema verification and error translation.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
+
+import asyncpg
+
+from onward.errors import InvalidInputError
+
+from .migrations import open_sqlite, verify_postgres, verify_sqlite
+from .postgres import open_pool, pooled
+from .sqlite import SqliteThread
+from .translate import translated
+
+_T = TypeVar("_T")
+
+
+@runtime_checkable
+class AsyncResource(Protocol):
+    """What every store protocol includes: an idempotent close and ``async with``."""
+
+    async def close(self) -> None:
+        """Release connections, files and threads. Idempotent."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class Resource:
+    """What holds connections: started once, closed idempotently, used with ``async with``.
+
+    Subclasses implement :attr:`is_open`, :meth:`_connect` and :meth:`close`; all default to
+    holding nothing, for the in-memory stores. :meth:`start` connects once, and closes again
+    whatever a failed connect left open.
+    """
+
+    @classmethod
+    async def open(cls, *args: Any, **options: Any) -> Self:
+        """Create the object with the constructor's arguments and start it.
+
+        Raises:
+            SchemaMismatchError: A store's database is not at this code's schema version.
+            BackendUnavailableError: The server could not be reached.
+        """
+        resource = cls(*args, **options)
+        await resource.start()
+        return resource
+
+    @property
+    def is_open(self) -> bool:
+        """Whether :meth:`start` connected and :meth:`close` has not been called since."""
+        return False
+
+    async def start(self) -> None:
+        """Connect. Starting a started object does nothing; a failed start leaves nothing open."""
+        if self.is_open:
+            return
+        try:
+            await self._connect()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _connect(self) -> None:
+        """Open the connections, threads or files :meth:`close` releases."""
+
+    async def close(self) -> None:
+        """Release connections and threads. Idempotent."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class SqliteStore(Resource):
+    """A store in one SQLite file, used through one connection on one dedicated thread.
+
+    Args:
+        path: The database file; created if missing.
+        migrate: Apply the SQLite migrations on :meth:`start`, so embedded mode needs no setup.
+            With ``False`` the file must already be migrated (``onward db migrate``), and a file
+            that is not is refused rather than changed.
+    """
+
+    what: ClassVar[str] = "store"
+    """What the store is ("lease store"), for messages."""
+
+    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+        self._path = Path(path)
+        self._migrate = migrate
+        self._db = SqliteThread(self._path, self.what)
+
+    @property
+    def is_open(self) -> bool:
+        return self._db.is_open
+
+    async def _connect(self) -> None:
+        """Open the file, migrate it if configured to, and check its schema version.
+
+        Raises:
+            SchemaMismatchError: The file is at another schema version; with ``migrate=False``,
+                an unmigrated file is one too.
+        """
+        await self._db.open(self._open)
+
+    def _open(self) -> sqlite3.Connection:
+        """Open the connection; runs on the store's thread."""
+        return open_sqlite(self._path, migrate=self._migrate)
+
+    async def verify(self) -> None:
+        """Check the file is still at this code's schema version.
+
+        Raises:
+            SchemaMismatchError: Another process migrated the file to another version.
+        """
+        conn = self._db.connection()
+        await self._db.call(lambda: verify_sqlite(conn, where=str(self._path)), "verifying schema")
+
+    async def close(self) -> None:
+        """Close the connection and stop the store's thread. Idempotent."""
+        await self._db.close()
+
+
+class PostgresStore(Resource):
+    """A store in PostgreSQL, used through a pool whose every driver error is translated.
+
+    Args:
+        dsn: ``postgresql://user:password@host:port/database``.
+        schema: The PostgreSQL schema (search path) holding Onward's tables; ``None`` for the
+            server's default. The tables come from ``onward db migrate``.
+        min_size: Smallest pool size.
+        max_size: Largest pool size.
+    """
+
+    what: ClassVar[str] = "PostgreSQL store"
+    """What the store is ("PostgreSQL lease store"), for messages."""
+
+    def __init__(
+        self, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10
+    ) -> None:
+        self._dsn = dsn
+        self._schema = schema
+        self._min_size = min_size
+        self._max_size = max_size
+        self._pool: asyncpg.Pool | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
+    async def _connect(self) -> None:
+        """Open the pool and verify the schema.
+
+        Raises:
+            SchemaMismatchError: The database is not at this code's schema version.
+            BackendUnavailableError: PostgreSQL could not be reached.
+        """
+        self._pool = await open_pool(
+            self._dsn, schema=self._schema, min_size=self._min_size, max_size=self._max_size
+        )
+        await self._started()
+
+    async def _started(self) -> None:
+        """What a store checks once its pool is open and its schema version verified."""
+
+    def _not_open(self) -> InvalidInputError:
+        return InvalidInputError(
+            f"the {self.what} is not open; use `await {type(self).__name__}.open(...)` or "
+            "`async with`"
+        )
+
+    def _live_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise self._not_open()
+        return self._pool
+
+    def _connection(
+        self, context: str, run_id: str | None = None, *, transaction: bool = False
+    ) -> AbstractAsyncContextManager[asyncpg.Connection]:
+        """A pooled connection (in a transaction if asked) whose driver errors are translated."""
+        return pooled(self._live_pool(), context, run_id=run_id, transaction=transaction)
+
+    async def _run(
+        self,
+        work: Callable[[asyncpg.Connection], Awaitable[_T]],
+        context: str,
+        run_id: str | None = None,
+    ) -> _T:
+        """Run ``work`` on a pooled connection, translating driver failures in one place."""
+        async with self._connection(context, run_id) as conn:
+            return await work(conn)
+
+    async def verify(self) -> None:
+        """Check the database is at this code's schema version.
+
+        Raises:
+            SchemaMismatchError: Run ``onward db migrate`` (or upgrade Onward).
+        """
+        await self._run(verify_postgres, "verifying schema")
+
+    async def close(self) -> None:
+        """Close the pool. Idempotent."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with translated(f"closing the {self.what}"):
+                await pool.close()

@@ -1,0 +1,305 @@
+"""Driver exceptions into Onward errors: the one place that knows every driver's types.
+
+:func:`translate` turns an aiokafka, sqlite3, redis-py or asyncpg exception (or a socket failure
+under one) into the most specific error of `onward.errors`; :func:`classify` returns ``None`` for
+a driver exception it has no rule for, and a test enumerates every driver exception and fails on
+any such gap. :func:`translated` wraps a block of driver calls so none of their exceptions leaves
+it untranslated.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
+
+import aiokafka.errors as kafka_errors
+import asyncpg.exceptions as pg_errors
+import redis.exceptions as redis_errors
+
+from onward.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+    LogTruncatedError,
+    OnwardError,
+    PayloadTooLargeError,
+    ProducerFatalError,
+    SchemaMismatchError,
+)
+
+_KAFKA_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
+    # Checked in order: the first class the exception is an instance of wins.
+    (kafka_errors.OutOfOrderSequenceNumber, ProducerFatalError),
+    (kafka_errors.DuplicateSequenceNumber, ProducerFatalError),
+    (kafka_errors.UnknownProducerId, ProducerFatalError),
+    (kafka_errors.InvalidProducerEpoch, ProducerFatalError),
+    (kafka_errors.InvalidProducerIdMapping, ProducerFatalError),
+    (kafka_errors.ProducerFenced, ProducerFatalError),
+    (kafka_errors.MessageSizeTooLargeError, PayloadTooLargeError),
+    (kafka_errors.RecordTooLargeError, PayloadTooLargeError),
+    (kafka_errors.RecordListTooLargeError, PayloadTooLargeError),
+    (kafka_errors.OffsetOutOfRangeError, LogTruncatedError),
+    (kafka_errors.NoOffsetForPartitionError, LogTruncatedError),
+    (kafka_errors.KafkaTimeoutError, BackendUnavailableError),
+    (kafka_errors.KafkaUnavailableError, BackendUnavailableError),
+    (kafka_errors.BrokerNotAvailableError, BackendUnavailableError),
+    (kafka_errors.ReplicaNotAvailableError, BackendUnavailableError),
+    (kafka_errors.ProducerClosed, BackendUnavailableError),
+    (kafka_errors.ConsumerStoppedError, BackendUnavailableError),
+    (kafka_errors.UnrecognizedBrokerVersion, ConfigurationError),
+    (kafka_errors.IncompatibleBrokerVersion, ConfigurationError),
+    (kafka_errors.UnsupportedVersionError, ConfigurationError),
+    (kafka_errors.UnsupportedForMessageFormatError, ConfigurationError),
+    (kafka_errors.UnsupportedCodecError, ConfigurationError),
+    (kafka_errors.KafkaConfigurationError, ConfigurationError),
+    (kafka_errors.InvalidTopicError, ConfigurationError),
+    (kafka_errors.InvalidPartitionsError, ConfigurationError),
+    (kafka_errors.InvalidReplicationFactorError, ConfigurationError),
+    (kafka_errors.InvalidReplicationAssignmentError, ConfigurationError),
+    (kafka_errors.InvalidConfigurationError, ConfigurationError),
+    (kafka_errors.InvalidRequiredAcksError, ConfigurationError),
+    (kafka_errors.InvalidTransactionTimeout, ConfigurationError),
+    (kafka_errors.InvalidSessionTimeoutError, ConfigurationError),
+    (kafka_errors.InvalidGroupIdError, ConfigurationError),
+    (kafka_errors.InconsistentGroupProtocolError, ConfigurationError),
+    (kafka_errors.PolicyViolationError, ConfigurationError),
+    (kafka_errors.SecurityDisabled, ConfigurationError),
+    (kafka_errors.AuthenticationMethodNotSupported, ConfigurationError),
+    (kafka_errors.AuthenticationFailedError, ConfigurationError),
+    (kafka_errors.SaslAuthenticationFailed, ConfigurationError),
+    (kafka_errors.UnsupportedSaslMechanismError, ConfigurationError),
+    (kafka_errors.IllegalSaslStateError, ConfigurationError),
+    (kafka_errors.TopicAuthorizationFailedError, ConfigurationError),
+    (kafka_errors.GroupAuthorizationFailedError, ConfigurationError),
+    (kafka_errors.ClusterAuthorizationFailedError, ConfigurationError),
+    (kafka_errors.TransactionalIdAuthorizationFailed, ConfigurationError),
+    (kafka_errors.DelegationTokenAuthDisabled, ConfigurationError),
+    (kafka_errors.DelegationTokenNotFound, ConfigurationError),
+    (kafka_errors.DelegationTokenOwnerMismatch, ConfigurationError),
+    (kafka_errors.DelegationTokenRequestNotAllowed, ConfigurationError),
+    (kafka_errors.DelegationTokenAuthorizationFailed, ConfigurationError),
+    (kafka_errors.DelegationTokenExpired, ConfigurationError),
+    (kafka_errors.InvalidPrincipalType, ConfigurationError),
+    (kafka_errors.LogDirNotFound, ConfigurationError),
+    (kafka_errors.ListenerNotFound, ConfigurationError),
+    # Broker answers that mean "not now": leadership moves, coordinators loading, rebalances.
+    (kafka_errors.StaleControllerEpochError, BackendUnavailableError),
+    (kafka_errors.StaleLeaderEpochCodeError, BackendUnavailableError),
+    (kafka_errors.RebalanceInProgressError, BackendUnavailableError),
+    (kafka_errors.ConcurrentTransactions, BackendUnavailableError),
+    (kafka_errors.ReassignmentInProgress, BackendUnavailableError),
+    (kafka_errors.OperationNotAttempted, BackendUnavailableError),
+    (kafka_errors.FetchSessionIdNotFound, BackendUnavailableError),
+    (kafka_errors.InvalidFetchSessionEpoch, BackendUnavailableError),
+    (kafka_errors.MemberIdRequired, BackendUnavailableError),
+    # Anything the broker says is retriable, as aiokafka marks it.
+    (kafka_errors.NoBrokersAvailable, BackendUnavailableError),
+    (kafka_errors.NodeNotReadyError, BackendUnavailableError),
+    (kafka_errors.KafkaProtocolError, BackendUnavailableError),
+    (kafka_errors.Cancelled, BackendUnavailableError),
+    (kafka_errors.TooManyInFlightRequests, BackendUnavailableError),
+    (kafka_errors.StaleMetadata, BackendUnavailableError),
+    (kafka_errors.MetadataEmptyBrokerList, BackendUnavailableError),
+    (kafka_errors.KafkaConnectionError, BackendUnavailableError),
+    # Answers that mean our own client logic or the broker state is wrong: not retryable as is.
+    (kafka_errors.IllegalStateError, BackendError),
+    (kafka_errors.IllegalArgumentError, BackendError),
+    (kafka_errors.IllegalOperation, BackendError),
+    (kafka_errors.CommitFailedError, BackendError),
+    (kafka_errors.QuotaViolationError, BackendError),
+    (kafka_errors.NoError, BackendError),
+    (kafka_errors.UnknownError, BackendError),
+    (kafka_errors.CorruptRecordException, BackendError),
+    (kafka_errors.InvalidFetchRequestError, BackendError),
+    (kafka_errors.OffsetMetadataTooLargeError, BackendError),
+    (kafka_errors.NotEnoughReplicasAfterAppendError, BackendError),
+    (kafka_errors.IllegalGenerationError, BackendError),
+    (kafka_errors.UnknownMemberIdError, BackendError),
+    (kafka_errors.InvalidCommitOffsetSizeError, BackendError),
+    (kafka_errors.InvalidTimestampError, BackendError),
+    (kafka_errors.TopicAlreadyExistsError, BackendError),
+    (kafka_errors.InvalidRequestError, BackendError),
+    (kafka_errors.InvalidTxnState, BackendError),
+    (kafka_errors.TransactionCoordinatorFenced, BackendError),
+    (kafka_errors.NonEmptyGroup, BackendError),
+    (kafka_errors.GroupIdNotFound, BackendError),
+)
+
+# Retriable broker answers not named above (leader moves, coordinator loading) are matched by
+# aiokafka's own `retriable` flag, which it sets per error code.
+_SQLITE_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
+    (sqlite3.OperationalError, BackendUnavailableError),
+    (sqlite3.IntegrityError, BackendError),
+    (sqlite3.DataError, InvalidInputError),
+    (sqlite3.ProgrammingError, BackendError),
+    (sqlite3.NotSupportedError, ConfigurationError),
+    (sqlite3.InternalError, BackendError),
+    (sqlite3.DatabaseError, BackendError),
+    (sqlite3.InterfaceError, BackendError),
+    (sqlite3.Warning, BackendError),
+    (sqlite3.Error, BackendError),
+)
+
+
+_REDIS_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
+    # A refused login or command is a deployment fact; retrying will not change it.
+    (redis_errors.AuthenticationError, ConfigurationError),
+    (redis_errors.AuthenticationWrongNumberOfArgsError, ConfigurationError),
+    (redis_errors.AuthorizationError, ConfigurationError),
+    (redis_errors.NoPermissionError, ConfigurationError),
+    (redis_errors.ExternalAuthProviderError, ConfigurationError),
+    (redis_errors.ModuleError, ConfigurationError),
+    (redis_errors.ClusterCrossSlotError, ConfigurationError),
+    (redis_errors.CrossSlotTransactionError, ConfigurationError),
+    (redis_errors.IncorrectPolicyType, ConfigurationError),
+    (redis_errors.ReadOnlyError, ConfigurationError),
+    (redis_errors.MaxConnectionsError, BackendUnavailableError),
+    (redis_errors.ConnectionError, BackendUnavailableError),
+    (redis_errors.TimeoutError, BackendUnavailableError),
+    (redis_errors.BusyLoadingError, BackendUnavailableError),
+    (redis_errors.TryAgainError, BackendUnavailableError),
+    (redis_errors.ClusterDownError, BackendUnavailableError),
+    (redis_errors.MasterDownError, BackendUnavailableError),
+    (redis_errors.OutOfMemoryError, BackendUnavailableError),
+    (redis_errors.ChildDeadlockedError, BackendError),
+    (redis_errors.AskError, BackendError),
+    (redis_errors.MovedError, BackendError),
+    (redis_errors.SlotNotCoveredError, BackendUnavailableError),
+    (redis_errors.ClusterError, BackendError),
+    (redis_errors.RedisClusterException, BackendError),
+    (redis_errors.NoScriptError, BackendError),
+    (redis_errors.ExecAbortError, BackendError),
+    (redis_errors.NoSuchFieldsetError, BackendError),
+    (redis_errors.InvalidPipelineStack, BackendError),
+    (redis_errors.InvalidResponse, BackendError),
+    (redis_errors.LockNotOwnedError, BackendError),
+    (redis_errors.LockError, BackendError),
+    (redis_errors.PubSubError, BackendError),
+    (redis_errors.WatchError, BackendError),
+    (redis_errors.DataError, BackendError),
+    (redis_errors.ResponseError, BackendError),
+    (redis_errors.RedisError, BackendError),
+)
+# asyncpg names one class per SQLSTATE (hundreds); the rules go by SQLSTATE class, the most
+# specific first, and every other server error is a plain BackendError.
+_ASYNCPG_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
+    (pg_errors.InvalidPasswordError, ConfigurationError),
+    (pg_errors.InvalidAuthorizationSpecificationError, ConfigurationError),
+    (pg_errors.InsufficientPrivilegeError, ConfigurationError),
+    (pg_errors.InvalidCatalogNameError, ConfigurationError),
+    (pg_errors.UndefinedTableError, SchemaMismatchError),
+    (pg_errors.UndefinedColumnError, SchemaMismatchError),
+    (pg_errors.UndefinedFunctionError, SchemaMismatchError),
+    (pg_errors.PostgresConnectionError, BackendUnavailableError),
+    (pg_errors.CannotConnectNowError, BackendUnavailableError),
+    (pg_errors.TooManyConnectionsError, BackendUnavailableError),
+    (pg_errors.AdminShutdownError, BackendUnavailableError),
+    (pg_errors.CrashShutdownError, BackendUnavailableError),
+    (pg_errors.InsufficientResourcesError, BackendUnavailableError),
+    (pg_errors.SerializationError, BackendUnavailableError),
+    (pg_errors.DeadlockDetectedError, BackendUnavailableError),
+    (pg_errors.LockNotAvailableError, BackendUnavailableError),
+    (pg_errors.QueryCanceledError, BackendUnavailableError),
+    (pg_errors.ConnectionDoesNotExistError, BackendUnavailableError),
+    (pg_errors.InterfaceError, BackendError),
+    (pg_errors.InternalClientError, BackendError),
+    (pg_errors.PostgresError, BackendError),
+    (pg_errors.PostgresWarning, BackendError),  # notices, raised only if warnings are errors
+    # Socket-level failures reaching a server (refused, reset, unreachable, timed out).
+    (ConnectionError, BackendUnavailableError),
+    (TimeoutError, BackendUnavailableError),
+    (OSError, BackendUnavailableError),
+)
+
+
+def classify(exc_type: type[BaseException]) -> type[OnwardError] | None:
+    """The Onward error a driver exception type becomes, or ``None`` if no rule covers it."""
+    for driver_type, onward_type in _KAFKA_RULES:
+        if issubclass(exc_type, driver_type):
+            return onward_type
+    if issubclass(exc_type, kafka_errors.KafkaError) and getattr(exc_type, "retriable", False):
+        return BackendUnavailableError
+    for rules in (_SQLITE_RULES, _REDIS_RULES, _ASYNCPG_RULES):
+        for driver_type, onward_type in rules:
+            if issubclass(exc_type, driver_type):
+                return onward_type
+    return None
+
+
+def translate(exc: BaseException, *, context: str, run_id: str | None = None) -> OnwardError:
+    """Turn a driver exception into the most specific Onward error.
+
+    Args:
+        exc: The driver's exception. Raise the result ``from exc`` so the cause stays attached.
+        context: What Onward was doing, in a few words ("appending to partition 3").
+        run_id: The run concerned, if any.
+    """
+    if isinstance(exc, OnwardError):
+        return exc
+    onward_type = classify(type(exc)) or BackendError
+    if isinstance(exc, sqlite3.OperationalError) and not _sqlite_busy(exc):
+        onward_type = BackendError  # a bad statement or a broken file, not a passing contention
+    message = f"{context}: {type(exc).__name__}: {exc}"
+    if run_id is not None:
+        message = f"run {run_id!r}: {message}"
+    if onward_type is BackendUnavailableError:
+        message += " (the server did not answer; retry once it is reachable)"
+    return onward_type(message, run_id=run_id)
+
+
+def _sqlite_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    kafka_errors.KafkaError,
+    sqlite3.Error,
+    redis_errors.RedisError,
+    pg_errors.PostgresError,
+    pg_errors.InterfaceError,
+    pg_errors.InternalClientError,
+    OSError,  # sockets under every driver; ConnectionError and TimeoutError are OSErrors too
+)
+"""Every exception a driver call may raise; :func:`translated` catches these and no others."""
+
+
+@contextmanager
+def translated(context: str, *, run_id: str | None = None) -> Iterator[None]:
+    """Translate any driver exception raised in the block, ``from`` the original.
+
+    A plain context manager, so it wraps awaits as well; cancellation and Onward's own errors
+    pass through untouched.
+    """
+    try:
+        yield
+    except DRIVER_ERRORS as exc:
+        raise translate(exc, context=context, run_id=run_id) from exc
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def translating(
+    context: str,
+) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]:
+    """Decorate a coroutine function so its driver exceptions are translated, as :func:`translated`.
+
+    For functions that take a connection from their caller (builds, migrations) and may be called
+    outside any store.
+    """
+
+    def decorate(fn: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+            with translated(context):
+                return await fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,95 @@
+"""The `onward` command line: the command tree, one module per area.
+
+``runs`` (inspect, run --resume, approve, deny, resolve, replay), ``projections`` (projector,
+projections rebuild), ``db`` (migrate, verify), ``schema`` and ``demo``; ``_common`` holds the
+consoles, the exit codes and the boundary every command runs inside.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from . import db, demo, projections, runs, schema
+from ._common import EXIT_USAGE, boundary, error
+
+
+class _Root(TyperGroup):
+    """The root command: a usage error is one line on stderr, like every other failure."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        run = (args, prog_name, complete_var, False, windows_expand_args)
+        if not standalone_mode:
+            return super().main(*run, **extra)
+        try:
+            code = super().main(*run, **extra)
+        except typer.TyperException as exc:
+            # A group given no command has printed its help already (typer checks by name too).
+            if type(exc).__name__ != "NoArgsIsHelpError":
+                ctx = getattr(exc, "ctx", None)
+                message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+                where = f"; see {ctx.command_path} --help" if ctx is not None else ""
+                error(message.rstrip(".") + where)
+            sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _group(name: str, help: str, **options: Any) -> typer.Typer:
+    return typer.Typer(
+        name=name,
+        help=help,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        **options,
+    )
+
+
+def _add(group: typer.Typer, name: str, command: Callable[..., None]) -> None:
+    path = f"onward {name}" if group is app else f"onward {group.info.name} {name}"
+    group.command(name)(boundary(command, name=path))
+
+
+app = _group("onward", "Onward: an event-sourced durable runtime for agent runs.", cls=_Root)
+db_app = _group("db", "The PostgreSQL schema: migrate and verify.")
+projections_app = _group("projections", "Projections of the event log.")
+app.add_typer(db_app)
+app.add_typer(projections_app)
+
+_add(app, "inspect", runs.inspect_command)
+_add(app, "run", runs.run_command)
+_add(app, "approve", runs.approve_command)
+_add(app, "deny", runs.deny_command)
+_add(app, "resolve", runs.resolve_command)
+_add(app, "replay", runs.replay_command)
+_add(app, "projector", projections.projector_command)
+_add(projections_app, "rebuild", projections.rebuild_command)
+_add(db_app, "migrate", db.migrate_command)
+_add(db_app, "verify", db.verify_command)
+_add(app, "schema", schema.schema_command)
+_add(app, "demo", demo.demo_command)
+
+
+@app.callback()
+def _root() -> None:
+    """Onward: an event-sourced durable runtime for agent runs."""
+
+
+def main() -> None:
+    """Entry point of the `onward` console script."""
+    app()
+
+
+__all__ = ["app", "main"]

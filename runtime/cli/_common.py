@@ -1,0 +1,240 @@
+"""What every command shares: the consoles, the exit codes and the one boundary that picks them.
+
+Every command runs inside `boundary`, which turns whatever stopped it into one line on standard
+error and the documented exit code; no traceback reaches the person at the terminal. Driver
+exceptions that still reach the command line unconverted are translated here with
+`onward.errors.translate`, so they are reported like every other store failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import pkgutil
+import shlex
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from onward import errors
+from onward._storage import classify, translate
+from onward.errors import ConfigurationError, InvalidInputError, OnwardError
+from onward.eventlog.events import Message
+from onward.projections.audit import one_line
+from onward.projections.frontier import CallState
+from onward.runtime.agent import Agent
+from onward.runtime.providers import ModelReply
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+EXIT_OK = 0
+"""Done; for `run --resume`, carried on or nothing to do."""
+EXIT_NO_RUN = 1
+"""No run under that id for that tenant."""
+EXIT_USAGE = 2
+"""The command line (or the configuration) cannot be used; typer's own usage errors are 2 too."""
+EXIT_HELD = 3
+"""Another worker holds the run's lease (or took it over while this command held it)."""
+EXIT_MUST_NOT_CARRY_ON = 4
+"""The run must not be carried on as it is: a person or an upgrade has to act first."""
+EXIT_FAILED = 5
+"""A store, the model or the agent's code failed; nothing was decided about the run."""
+EXIT_INTERRUPTED = 130
+"""Stopped by Ctrl-C (SIGINT), the shell's convention."""
+
+CONNECT_TIMEOUT_S = 20.0
+"""How long opening the stores may take before a command gives up on a server that is silent."""
+
+err = Console(stderr=True)
+"""Errors and progress go to standard error."""
+out = Console(highlight=False)
+"""Results go to standard output, so they can be piped."""
+
+RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id.")]
+TenantOption = Annotated[str, typer.Option("--tenant", "-t", help="The tenant that owns the run.")]
+
+
+def exit_code(exc: OnwardError) -> int:
+    """The documented exit code of an error, so scripts can tell outcomes apart."""
+    if isinstance(exc, errors.NothingToResumeError):
+        return EXIT_NO_RUN
+    if isinstance(exc, InvalidInputError | ConfigurationError):
+        return EXIT_USAGE
+    if isinstance(exc, errors.ResumeConflictError | errors.FencedError):
+        return EXIT_HELD
+    if isinstance(
+        exc,
+        errors.IndeterminateToolCallError
+        | errors.HistoryUnavailableError
+        | errors.RevisionMismatchError
+        | errors.EventDecodeError
+        | errors.LogTruncatedError,
+    ):
+        return EXIT_MUST_NOT_CARRY_ON
+    return EXIT_FAILED
+
+
+def error(message: str) -> None:
+    """One line on stderr, never re-wrapped, so a command in it can be copied whole."""
+    err.print(Text(message, style="red"), soft_wrap=True)
+
+
+def resolve_commands(run_id: str, tenant: str, call: CallState) -> list[str]:
+    """The two `onward resolve` commands that settle an undecided call, ready to fill in."""
+    base = (
+        f"onward resolve {shlex.quote(run_id)} {shlex.quote(call.call_id)} "
+        f"--tenant {shlex.quote(tenant)}"
+    )
+    return [
+        f"{base} --outcome completed --result JSON --by NAME --why REASON",
+        f"{base} --outcome never_ran --by NAME --why REASON",
+    ]
+
+
+def refuse(exc: OnwardError, *, tenant: str | None) -> int:
+    """Say on stderr in one line why the command stopped, and pick its exit code.
+
+    Undecided calls are the one case with more to say: each call, and the `onward resolve`
+    commands that settle it, follow the error line.
+    """
+    line = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, errors.ResumeConflictError):
+        line += f"; held by: {exc.holder}"
+    error(line)
+    if isinstance(exc, errors.IndeterminateToolCallError) and exc.run_id and tenant is not None:
+        error("undecided calls; find out whether each took effect, then settle it with one of:")
+        for call in exc.calls:
+            if not isinstance(call, CallState):
+                continue
+            error(
+                f"  {call.call_id} ({call.tool}, key {call.idempotency_key or 'none'}, "
+                f"dispatched under fence {call.dispatched_fence}, args {one_line(call.args)})"
+            )
+            for command in resolve_commands(exc.run_id, tenant, call):
+                error(f"    {command}")
+    return exit_code(exc)
+
+
+def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
+    """Wrap the command ``name`` so every way it can stop becomes its documented exit code.
+
+    `OnwardError` picks its code with `exit_code`; a driver exception is translated first;
+    any other exception is the agent's or the model's own code failing (exit 5); Ctrl-C is 130.
+    Each says so in one line on standard error.
+    """
+
+    @functools.wraps(command)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        # aiokafka logs every refused connection before raising it; the error line says it once.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        tenant = kwargs.get("tenant")
+        try:
+            command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise
+        except OnwardError as exc:
+            code = refuse(exc, tenant=tenant if isinstance(tenant, str) else None)
+            raise typer.Exit(code) from exc
+        except KeyboardInterrupt as exc:
+            # A run is cancelled cleanly (its lease handed back); click would say 1, "no such run".
+            error("interrupted")
+            raise typer.Exit(EXIT_INTERRUPTED) from exc
+        except Exception as exc:
+            if classify(type(exc)) is not None:
+                translated = translate(exc, context=name)
+                raise typer.Exit(refuse(translated, tenant=None)) from exc
+            error(f"{type(exc).__name__} (raised by the agent's or the model's code): {exc}")
+            raise typer.Exit(EXIT_FAILED) from exc
+
+    return guarded
+
+
+async def within(step: Awaitable[_T], what: str) -> _T:
+    """Await one connecting step, giving up on a server that does not answer in time."""
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            return await step
+    except TimeoutError as exc:
+        raise errors.BackendUnavailableError(
+            f"{what} did not answer within {CONNECT_TIMEOUT_S:g}s; check that it is up and "
+            "reachable"
+        ) from exc
+
+
+@contextlib.asynccontextmanager
+async def opened(
+    what: str, stores: contextlib.AbstractAsyncContextManager[_T]
+) -> AsyncIterator[_T]:
+    """Enter ``stores`` with a bounded connect time, then hand them over for as long as needed."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield await within(stack.enter_async_context(stores), what)
+
+
+def imported(spec: str, option: str) -> object:
+    """What ``package.module:attribute`` names, falling back to the working directory.
+
+    The ``onward`` script does not put the working directory on ``sys.path`` the way
+    ``python -m`` does; without the fallback a user's own ``agents.py`` next to them could not
+    be named. Installed packages still win, as they do for every other import of the process.
+
+    Raises:
+        InvalidInputError: ``spec`` is malformed or names nothing importable (exit 2).
+    """
+    module_name, colon, attribute = spec.partition(":")
+    if not module_name or not colon or not attribute:
+        raise InvalidInputError(f"{option}: {spec!r} must look like package.module:attribute")
+    try:
+        try:
+            return pkgutil.resolve_name(spec)
+        except ModuleNotFoundError as exc:
+            here = os.getcwd()
+            if exc.name != module_name.partition(".")[0] or here in sys.path:
+                raise
+            sys.path.append(here)
+            return pkgutil.resolve_name(spec)
+    except Exception as exc:
+        raise InvalidInputError(
+            f"{option}: cannot import {spec!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def made(found: object, spec: str, option: str, *, is_made: Callable[[object], bool]) -> object:
+    """``found`` if it already is what the option wants, else what calling it returns."""
+    if is_made(found) or not callable(found):
+        return found
+    try:
+        return found()
+    except Exception as exc:
+        raise InvalidInputError(f"{option}: {spec} raised {type(exc).__name__}: {exc}") from exc
+
+
+def json_option(text: str | None, option: str) -> Any:
+    """Decode a JSON option before anything is opened, so bad input writes nothing."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidInputError(f"{option}: not JSON: {exc}") from exc
+
+
+class NoModel:
+    """The provider of commands that must never reach a model (inspect, approve, deny, resolve).
+
+    Those commands only read a run or append a person's answer; a model call from one of them
+    would be a bug, so it fails loudly instead of spending tokens.
+    """
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        raise ConfigurationError(
+            "this command does not call a model; carry the run on with `onward run --resume`"
+        )

@@ -1,0 +1,64 @@
+"""`onward db migrate` and `onward db verify`: the PostgreSQL schema in ``DATABASE_URL``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+
+from onward.projections.builds import active_build
+from onward.projections.migrations import schema_version_postgres
+from onward.projections.postgres import PROJECTION, PostgresFrontierStore, migrate
+from onward.runtime.settings import Settings, load_settings
+
+from ._common import opened, out, within
+
+
+@asynccontextmanager
+async def _connection(config: Settings) -> AsyncIterator[asyncpg.Connection]:
+    schema = config.database_schema
+    server_settings = {"search_path": schema} if schema else {}
+    conn = await within(
+        asyncpg.connect(config.require_database_url(), server_settings=server_settings),
+        "PostgreSQL",
+    )
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+def migrate_command() -> None:
+    """Apply pending PostgreSQL migrations (DATABASE_URL) and create the first builds.
+
+    Exit 0: the schema is current. 2: bad configuration or credentials. 5: PostgreSQL failed.
+    """
+    config = load_settings()
+
+    async def run() -> list[str]:
+        async with _connection(config) as conn:
+            return await migrate(conn)
+
+    applied = asyncio.run(run())
+    for name in applied:
+        out.print(f"applied {name}")
+    out.print("schema is current" if not applied else f"{len(applied)} step(s) applied")
+
+
+def verify_command() -> None:
+    """Check the PostgreSQL schema is the version this code expects.
+
+    Exit 0: it is. 2: it is not (run `onward db migrate`), or bad configuration or credentials.
+    5: PostgreSQL failed.
+    """
+    config = load_settings()
+
+    async def run() -> tuple[int, int | None]:
+        store = PostgresFrontierStore(config.require_database_url(), schema=config.database_schema)
+        async with opened("PostgreSQL", store), _connection(config) as conn:
+            return await schema_version_postgres(conn), await active_build(conn, PROJECTION)
+
+    version, build = asyncio.run(run())
+    out.print(f"schema version {version}, frontiers build {build}: ok")

@@ -1,0 +1,193 @@
+"""`onward projector` and `onward projections rebuild`: the log folded into PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from onward.errors import InvalidInputError
+from onward.eventlog import KafkaEventLog
+from onward.projections.kafka import (
+    DEFAULT_GROUP,
+    PROJECTOR_FLUSH_EVENTS,
+    PROJECTOR_FLUSH_INTERVAL,
+    KafkaProjector,
+    quiet_garbage_collector,
+)
+from onward.projections.postgres import PROJECTION, PostgresFrontierStore
+from onward.projections.projector import FrontierProjection, ProjectionSink
+from onward.projections.rebuild import RebuildReport, rebuild_frontiers, rebuild_projection
+from onward.projections.sql import Projection, SqlProjectionSink, as_projection
+from onward.runtime.settings import Settings, load_settings
+
+from ._common import err, imported, opened, out, within
+
+_log = logging.getLogger("onward.projector")
+
+
+def load_projection(spec: str) -> Projection:
+    """The user projection ``--projection`` names: an instance or a class."""
+    return as_projection(imported(spec, "--projection"), spec)
+
+
+def _kafka_log(config: Settings, *, create_topic: bool) -> KafkaEventLog:
+    return KafkaEventLog(
+        config.kafka_bootstrap_servers,
+        topic=config.kafka_topic,
+        partitions=config.partitions,
+        create_topic=create_topic,
+    )
+
+
+def projector_command(
+    *,
+    projection: Annotated[
+        str | None,
+        typer.Option(help="A user projection, package.module:attribute (default: frontiers)."),
+    ] = None,
+    group: Annotated[
+        str | None, typer.Option(help="Consumer group shared by all projectors of one projection.")
+    ] = None,
+    batch: Annotated[int, typer.Option(help="Most records folded per batch.")] = 5_000,
+    session_timeout_ms: Annotated[int, typer.Option(help="Group session timeout.")] = 10_000,
+    flush_events: Annotated[
+        int,
+        typer.Option(
+            help="Frontiers: while working through a backlog, store after folding this many "
+            "events (0: store every batch). A projector that has caught up stores every batch."
+        ),
+    ] = PROJECTOR_FLUSH_EVENTS,
+    flush_interval: Annotated[
+        float,
+        typer.Option(help="Frontiers: store at least this often, in seconds, while folding."),
+    ] = PROJECTOR_FLUSH_INTERVAL,
+) -> None:
+    """Fold the events topic into PostgreSQL until SIGTERM or SIGINT.
+
+    Exit 0: stopped cleanly. 2: bad configuration or --projection. 5: Kafka or PostgreSQL failed.
+    """
+    config = load_settings()
+    database_url = config.require_database_url()
+    user = load_projection(projection) if projection is not None else None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    quiet_garbage_collector()
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with contextlib.AsyncExitStack() as stack:
+            log = await stack.enter_async_context(
+                opened("Kafka", _kafka_log(config, create_topic=True))
+            )
+            sink: ProjectionSink
+            if user is None:
+                store = PostgresFrontierStore(
+                    database_url,
+                    schema=config.database_schema,
+                    synchronous_commit=False,  # every row can be folded again from the log
+                )
+                sink = FrontierProjection(
+                    await stack.enter_async_context(opened("PostgreSQL", store)),
+                    log,
+                    flush_events=flush_events,
+                    flush_interval=flush_interval,
+                    write_behind=True,
+                )
+                default_group = DEFAULT_GROUP
+            else:
+                user_sink = SqlProjectionSink(database_url, user, schema=config.database_schema)
+                sink = await stack.enter_async_context(opened("PostgreSQL", user_sink))
+                default_group = f"{DEFAULT_GROUP}-{user.name}"
+            worker = KafkaProjector(
+                config.kafka_bootstrap_servers,
+                sink,
+                topic=config.kafka_topic,
+                partitions=config.partitions,
+                group_id=group or default_group,
+                batch_records=batch,
+                session_timeout_ms=session_timeout_ms,
+            )
+            stack.push_async_callback(worker.close)
+            await within(worker.start(), "Kafka")
+            # Connected: a failure to connect was said in one line; from here on, the client's
+            # own warnings help whoever runs a long-lived projector.
+            logging.getLogger("aiokafka").setLevel(logging.NOTSET)
+            reporter = asyncio.create_task(_report_lag(worker, stop))
+            await worker.run(stop)
+            await reporter
+        err.print("projector stopped cleanly")
+
+    asyncio.run(run())
+
+
+async def _report_lag(worker: KafkaProjector[ProjectionSink], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), 10)
+        except TimeoutError:
+            lag = await worker.lag()
+            stats = getattr(worker.projection, "stats", None)
+            _log.info("lag %d records %s stats %s", sum(lag.values()), lag, stats)
+
+
+def rebuild_command(
+    name: Annotated[str, typer.Argument(help="frontiers, or the name of a user projection.")],
+    projection: Annotated[
+        str | None,
+        typer.Option(help="The user projection to rebuild, package.module:attribute."),
+    ] = None,
+    batch: Annotated[int, typer.Option(help="Records read per partition per step.")] = 5_000,
+) -> None:
+    """Fold the retained log into a new build of a projection and switch its views to it.
+
+    Exit 0: rebuilt. 2: bad configuration or --projection. 5: Kafka or PostgreSQL failed.
+    """
+    config = load_settings()
+    database_url = config.require_database_url()
+    user = None
+    if name != PROJECTION:
+        if projection is None:
+            raise InvalidInputError(f"{name!r} is not built in; pass --projection module:attr")
+        user = load_projection(projection)
+        if user.name != name:
+            raise InvalidInputError(f"{projection} is projection {user.name!r}, not {name!r}")
+
+    async def run() -> RebuildReport:
+        async with opened("Kafka", _kafka_log(config, create_topic=False)) as log:
+            with Progress(
+                TextColumn(f"rebuilding {name}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=err,
+                disable=not err.is_terminal,  # a pipe gets the result line, not a bar
+            ) as bar:
+                task = bar.add_task("fold", total=None)
+
+                def show(done: int, total: int) -> None:
+                    bar.update(task, completed=done, total=total)
+
+                schema = config.database_schema
+                if user is None:
+                    return await rebuild_frontiers(
+                        log, database_url, schema=schema, batch_size=batch, on_progress=show
+                    )
+                return await rebuild_projection(
+                    log, database_url, user, schema=schema, batch_size=batch, on_progress=show
+                )
+
+    report = asyncio.run(run())
+    out.print(
+        f"{report.projection} build {report.build} active (was {report.previous}); "
+        f"{report.events} events in {report.seconds:.1f}s ({report.events_per_second:,.0f}/s); "
+        "the old tables stay until dropped",
+        soft_wrap=True,
+    )

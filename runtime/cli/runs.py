@@ -1,0 +1,292 @@
+"""The run commands: inspect, run --resume, approve, deny, resolve, replay."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from typing import Annotated, TypeGuard, TypeVar
+
+import msgspec
+import typer
+from rich.text import Text
+
+from onward.errors import ConfigurationError, InvalidInputError
+from onward.projections.audit import AuditLine, audit_timeline
+from onward.projections.frontier import Frontier
+from onward.runtime.agent import Agent
+from onward.runtime.backends import Backends, open_backends
+from onward.runtime.leases.base import RunLease
+from onward.runtime.providers import Provider
+from onward.runtime.settings import load_settings
+
+from ._common import (
+    NoModel,
+    RunArgument,
+    TenantOption,
+    error,
+    imported,
+    json_option,
+    made,
+    opened,
+    out,
+)
+from .summary import audit_table, carried, run_summary
+
+_T = TypeVar("_T")
+
+ByOption = Annotated[str, typer.Option("--by", help="Who answers; recorded in the log.")]
+RequestArgument = Annotated[
+    str, typer.Argument(metavar="REQUEST", help="The approval request the run waits on.")
+]
+ValueOption = Annotated[
+    str | None, typer.Option("--value", metavar="JSON", help="Recorded with the answer.")
+]
+AgentOption = Annotated[
+    str,
+    typer.Option(
+        "--agent",
+        metavar="MODULE:ATTR",
+        help="The agent the run started with: an Agent, or a function returning one.",
+    ),
+]
+ProviderOption = Annotated[
+    str,
+    typer.Option(
+        "--provider",
+        metavar="MODULE:ATTR",
+        help="The model: a Provider, or a function returning one.",
+    ),
+]
+
+
+class Outcome(StrEnum):
+    """What a person found out about an undecided call."""
+
+    COMPLETED = "completed"
+    NEVER_RAN = "never_ran"
+
+
+def with_backends(work: Callable[[Backends], Awaitable[_T]]) -> _T:
+    """Run ``work`` on the configured stores, opened within a bounded connect time."""
+    config = load_settings()
+
+    async def on_stores() -> _T:
+        if config.backend == "sqlite" and not config.sqlite_path.exists():
+            # Every command here is about a run that exists; a mistyped path must not quietly
+            # become a new, empty database.
+            raise ConfigurationError(
+                f"ONWARD_SQLITE_PATH {str(config.sqlite_path)!r} does not exist; point it at "
+                "the database the runs were written to"
+            )
+        async with opened(f"the {config.backend} stores", open_backends(config)) as backends:
+            return await work(backends)
+
+    return asyncio.run(on_stores())
+
+
+def _is_agent(value: object) -> TypeGuard[Agent]:
+    return isinstance(value, Agent)
+
+
+def _is_provider(value: object) -> TypeGuard[Provider]:
+    # A provider class has a `complete` attribute too; only instances count.
+    return not isinstance(value, type) and isinstance(value, Provider)
+
+
+def load_agent(spec: str) -> Agent:
+    """The `Agent` named by ``--agent``: an instance, or a zero-argument callable returning one."""
+    agent = made(imported(spec, "--agent"), spec, "--agent", is_made=_is_agent)
+    if not _is_agent(agent):
+        raise InvalidInputError(
+            f"--agent: {spec} is a {type(agent).__name__}, not an Agent or a function returning one"
+        )
+    return agent
+
+
+def load_provider(spec: str) -> Provider:
+    """The `Provider` named by ``--provider``: an instance, or a zero-argument callable."""
+    provider = made(imported(spec, "--provider"), spec, "--provider", is_made=_is_provider)
+    if not _is_provider(provider):
+        raise InvalidInputError(
+            f"--provider: {spec} is a {type(provider).__name__}, not a Provider or a function "
+            "returning one"
+        )
+    return provider
+
+
+async def _look(backends: Backends, run_id: str, tenant: str) -> tuple[Frontier, RunLease | None]:
+    """The run folded from the log and who holds it; takes no lease and writes nothing."""
+    reader = backends.runner(NoModel())
+    frontier = await reader.inspect(run_id, tenant=tenant)
+    return frontier, await backends.leases.current(run_id)
+
+
+def _carry_on_hint(run_id: str, tenant: str) -> str:
+    return (
+        f"carry it on with onward run --resume {shlex.quote(run_id)} --tenant "
+        f"{shlex.quote(tenant)} --agent MODULE:ATTR --provider MODULE:ATTR"
+    )
+
+
+def inspect_command(run_id: RunArgument, tenant: TenantOption) -> None:
+    """Show where a run stands and what resume would do. Takes no lease, writes nothing.
+
+    Exit 0: shown. 1: no such run. 2: bad command line. 4: the run cannot be read.
+    5: a store failed.
+    """
+
+    async def work(backends: Backends) -> None:
+        frontier, lease = await _look(backends, run_id, tenant)
+        out.print(run_summary(frontier, lease=lease))
+
+    with_backends(work)
+
+
+def run_command(
+    resume: Annotated[str, typer.Option("--resume", metavar="RUN", help="The run to carry on.")],
+    tenant: TenantOption,
+    agent_spec: AgentOption,
+    provider_spec: ProviderOption,
+    worker: Annotated[
+        str | None, typer.Option(help="This worker's name (default: host and process id).")
+    ] = None,
+) -> None:
+    """Carry a run on: print its summary, take its lease, claim it, plan, and drive it.
+
+    Exit 0: carried on, or nothing to do. 1: no such run. 2: bad command line.
+    3: another worker holds it.
+    4: it must not be carried on (an undecided call, an evicted transcript, another revision,
+    an unreadable or newer record).
+    5: a store, the model or the agent's code failed.
+    """
+    agent = load_agent(agent_spec)
+    provider = load_provider(provider_spec)
+
+    async def work(backends: Backends) -> None:
+        frontier, lease = await _look(backends, resume, tenant)
+        out.print(run_summary(frontier, lease=lease, agent=agent))
+        runner = backends.runner(provider, worker=worker)
+        result = await runner.resume(agent, resume, tenant=tenant)
+        out.print(carried(result, runner.worker))
+
+    with_backends(work)
+
+
+def _answer_command(*, approve: bool, doc: str) -> Callable[..., None]:
+    """`approve` or `deny`: the same arguments, one verb apart."""
+
+    def answer(
+        run_id: RunArgument,
+        request: RequestArgument,
+        *,
+        tenant: TenantOption,
+        by: ByOption,
+        value: ValueOption = None,
+    ) -> None:
+        parsed = json_option(value, "--value")
+
+        async def work(backends: Backends) -> str:
+            runner = backends.runner(NoModel())
+            if approve:
+                await runner.approve(run_id, request, tenant=tenant, by=by, value=parsed)
+                return f"approved {request} of run {run_id} (by {by}); " + _carry_on_hint(
+                    run_id, tenant
+                )
+            await runner.deny(run_id, request, tenant=tenant, by=by, value=parsed)
+            return f"denied {request} of run {run_id} (by {by}); the run is cancelled"
+
+        out.print(Text(with_backends(work)), soft_wrap=True)
+
+    answer.__name__ = "approve" if approve else "deny"
+    answer.__doc__ = doc
+    return answer
+
+
+_ANSWER_EXITS = """
+
+    Exit 0: answered. 1: no such run. 2: bad input (not waiting on that request, invalid JSON).
+    3: another worker holds the run. 5: a store failed.
+    """
+approve_command = _answer_command(
+    approve=True,
+    doc="Answer a run's approval request with yes; a later `run --resume` carries it on."
+    + _ANSWER_EXITS,
+)
+deny_command = _answer_command(
+    approve=False,
+    doc="Answer a run's approval request with no; the run ends, cancelled." + _ANSWER_EXITS,
+)
+
+
+def resolve_command(
+    run_id: RunArgument,
+    call: Annotated[str, typer.Argument(metavar="CALL", help="The undecided call.")],
+    *,
+    tenant: TenantOption,
+    outcome: Annotated[Outcome, typer.Option(help="What you found out about the call.")],
+    by: ByOption,
+    why: Annotated[str, typer.Option(help="How you know; recorded in the log.")],
+    result: Annotated[
+        str | None,
+        typer.Option(metavar="JSON", help="The call's result, when it completed."),
+    ] = None,
+) -> None:
+    """Settle an undecided call as a person: it completed (with its result) or never ran.
+
+    Exit 0: settled. 1: no such run. 2: bad input (no such undecided call, invalid JSON).
+    3: another worker holds the run. 5: a store failed.
+    """
+    if outcome is Outcome.NEVER_RAN and result is not None:
+        raise InvalidInputError("--result: a call that never ran has no result")
+    parsed = json_option(result, "--result")
+
+    async def work(backends: Backends) -> None:
+        await backends.runner(NoModel()).resolve(
+            run_id,
+            call,
+            tenant=tenant,
+            outcome="completed" if outcome is Outcome.COMPLETED else "never_ran",
+            by=by,
+            why=why,
+            result=parsed,
+        )
+
+    with_backends(work)
+    out.print(
+        Text(
+            f"settled call {call} of run {run_id} as {outcome.value} (by {by}); "
+            + _carry_on_hint(run_id, tenant)
+        ),
+        soft_wrap=True,
+    )
+
+
+def replay_command(
+    run_id: RunArgument,
+    tenant: TenantOption,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="JSON lines, one object per event, instead of a table.")
+    ] = False,
+) -> None:
+    """The audit timeline: every stored event of a run in log order, refused ones marked.
+
+    Exit 0: shown. 1: no such run. 4: a record cannot be read. 5: a store failed.
+    """
+
+    async def work(backends: Backends) -> list[AuditLine]:
+        return await audit_timeline(backends.log, run_id, tenant=tenant)
+
+    lines = with_backends(work)
+    first = lines[0].stored
+    if first.event.seq > 1:
+        error(
+            f"run {run_id!r}: the events before seq {first.event.seq} (offset "
+            f"{first.position.offset}) were compacted away; the timeline starts there"
+        )
+    if as_json:
+        for line in lines:
+            typer.echo(msgspec.json.encode(line.as_json()).decode())
+        return
+    out.print(audit_table(run_id, tenant, lines))

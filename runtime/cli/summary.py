@@ -1,0 +1,190 @@
+"""What the run commands print: a run's summary, what a resume did, and the audit table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from onward.eventlog.events import kind_of
+from onward.projections.audit import AuditLine, describe_event, one_line
+from onward.projections.frontier import CallState, Frontier
+from onward.runtime.agent import Agent
+from onward.runtime.leases.base import RunLease
+from onward.runtime.planning import ResumePlan, plan_resume
+from onward.runtime.runner import RunResult, summarize
+
+from ._common import EXIT_HELD, EXIT_MUST_NOT_CARRY_ON
+
+
+def _when(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+
+
+def _lease_text(lease: RunLease | None) -> str:
+    if lease is None:
+        return "free: no worker holds the run"
+    return f"held by {lease.holder} under fence {lease.fence} until {_when(lease.expires_at)}"
+
+
+def _call_state(call: CallState) -> str:
+    if call.outcome is not None:
+        return call.outcome + (f" (settled by {call.resolved_by})" if call.resolved_by else "")
+    if call.dispatched_seq is None:
+        return "not dispatched"
+    return f"dispatched under fence {call.dispatched_fence}, no outcome"
+
+
+def _resume_would(
+    frontier: Frontier, plan: ResumePlan, tools: Agent | None, lease: RunLease | None
+) -> str:
+    """What `onward run --resume` would do with the run now, in one sentence."""
+    if frontier.finished:
+        return f"nothing: the run is {frontier.status}"
+    if lease is not None:
+        return f"nothing while {lease.holder} holds the run (exit {EXIT_HELD})"
+    if frontier.status == "waiting" and frontier.waiting_on is not None:
+        return (
+            f"nothing until a person answers {frontier.waiting_on} (onward approve or onward deny)"
+        )
+    if plan.safe:
+        return "claim the run under a new fence and carry on"
+    undecided = plan.indeterminate
+    if tools is None:
+        return (
+            f"claim the run and stop (exit {EXIT_MUST_NOT_CARRY_ON}) unless the agent's tools "
+            f"settle {', '.join(c.call_id for c in undecided)}; otherwise settle each with "
+            "onward resolve"
+        )
+    asked = [c.call_id for c in undecided if (t := tools.tool(c.tool)) and t.reconcile]
+    unasked = [c.call_id for c in undecided if c.call_id not in asked]
+    words = [f"ask the tools' status checks about {', '.join(asked)}"] if asked else []
+    if unasked:
+        words.append(
+            f"stop (exit {EXIT_MUST_NOT_CARRY_ON}): nothing can tell whether "
+            f"{', '.join(unasked)} ran; settle each with onward resolve"
+        )
+    return "claim the run, then " + "; then ".join(words)
+
+
+def run_summary(frontier: Frontier, *, lease: RunLease | None, agent: Agent | None = None) -> Group:
+    """What `inspect` and `run --resume` print about a run; one function, so they cannot drift.
+
+    Args:
+        frontier: The run folded from the log.
+        lease: The unexpired lease on the run, if a worker holds it.
+        agent: The agent resume will use, when known: its tools say which undecided calls are
+            retry-safe or can be asked about. Without it the plan assumes neither.
+    """
+    facts = summarize(frontier)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    for key in ("run", "tenant", "agent", "revision", "status", "iteration", "usage", "fence"):
+        grid.add_row(key, Text(str(facts[key])))
+    grid.add_row("waiting on", Text(facts["waiting_on"] or "-"))
+    grid.add_row("lease", Text(_lease_text(lease)))
+    if frontier.output is not None:
+        grid.add_row("output", Text(one_line(frontier.output, 200)))
+    if frontier.error is not None:
+        grid.add_row("error", Text(frontier.error))
+    if frontier.refused:
+        grid.add_row("refused", Text(f"{frontier.refused} event(s); last: {frontier.last_refusal}"))
+    tools = agent if agent is not None and agent.revision == frontier.revision else None
+    plan = plan_resume(frontier, tools or Agent(name=frontier.agent or "unknown", instructions=""))
+    grid.add_row("resume would", Text(_resume_would(frontier, plan, tools, lease)))
+    parts: list[RenderableType] = [grid]
+    if agent is not None and tools is None:
+        parts.append(
+            Text(
+                f"the agent given is revision {agent.revision}, the run started with "
+                f"{frontier.revision}: resume will refuse it",
+                style="yellow",
+            )
+        )
+    if plan.calls:
+        table = Table(title="calls of the turn in progress", title_justify="left")
+        for column in ("call", "tool", "state", "resume decides", "why"):
+            table.add_column(column)
+        for planned in plan.calls:
+            decides = planned.disposition.value + (
+                ", dispatched again" if planned.dispatch_again else ""
+            )
+            table.add_row(
+                Text(planned.call.call_id),
+                Text(planned.call.tool),
+                Text(_call_state(planned.call)),
+                Text(decides),
+                Text(planned.reason),
+            )
+        parts.append(table)
+        if tools is None:
+            parts.append(
+                Text(
+                    "the agent's tools are unknown here, so no call is taken as retry-safe or "
+                    "as having a status check; resume with the agent may settle some by itself"
+                )
+            )
+    return Group(*parts)
+
+
+def carried(result: RunResult, worker: str) -> Group:
+    """What a resume did: the fence it held, its plan, and where the run stands now."""
+    lines: list[RenderableType] = []
+    if result.plan is None:
+        waiting = f" on {result.waiting_on}" if result.waiting_on else ""
+        lines.append(
+            Text(f"nothing to carry on: the run is {result.status}{waiting}; nothing was written")
+        )
+    else:
+        lines.append(Text(f"carried on by {worker} under fence {result.fence}"))
+        lines.extend(Text(f"  {line}") for line in result.plan.describe())
+        if result.reconciled:
+            lines.append(
+                Text(f"  settled by the tools' status checks: {', '.join(result.reconciled)}")
+            )
+    status = f"status {result.status}, iteration {result.iteration}"
+    if result.waiting_on:
+        status += f", waiting on {result.waiting_on}"
+    lines.append(Text(status))
+    if result.output is not None:
+        lines.append(Text(f"output: {one_line(result.output, 200)}"))
+    if result.error is not None:
+        lines.append(Text(f"error: {result.error}"))
+    return Group(*lines)
+
+
+def audit_table(run_id: str, tenant: str, lines: Sequence[AuditLine]) -> Table:
+    """The audit timeline as a table: one row per stored event, refused ones marked."""
+    refused = sum(1 for line in lines if line.refused is not None)
+    table = Table(
+        title=f"run {run_id} ({tenant}): {len(lines)} events, {refused} refused",
+        title_justify="left",
+    )
+    table.add_column("offset", justify="right")
+    table.add_column("seq", justify="right")
+    table.add_column("fence", justify="right")
+    table.add_column("kind", no_wrap=True)
+    table.add_column("what", overflow="fold")
+    table.add_column("counted", no_wrap=True)
+    for line in lines:
+        event = line.stored.event
+        what = Text(describe_event(event))
+        verdict = Text("yes")
+        if line.refused is not None:
+            verdict = Text("REFUSED", style="bold red")
+            # The guard's detail starts with the run and seq, which the row already shows.
+            why = line.refused.detail.removeprefix(f"run {event.run_id!r} seq {event.seq}: ")
+            what.append(f"\n{line.refused.reason.value}: {why}", style="red")
+        table.add_row(
+            str(line.stored.position.offset),
+            str(event.seq),
+            str(event.fence),
+            kind_of(type(event)),
+            what,
+            verdict,
+        )
+    return table

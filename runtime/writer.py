@@ -1,0 +1,154 @@
+"""The write path of a held run: every append a worker makes goes through `RunWriter.append`.
+
+In this order, for one batch of one run: confirm the lease is still this worker's; number the
+events from the run's last seq; mask secrets (before anything is encoded or sized); move bodies
+too large for one record to the blob store (claim check); append, durable on return; fold the
+batch into the worker's frontier and stop with `FencedError` if the fold refused any of it
+(another worker claimed the run); keep the conversation in step; fold into the local frontier
+store where no projector does (embedded mode); tell the observer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from onward.errors import FencedError
+from onward.eventlog.base import EventLog, StoredEvent
+from onward.eventlog.events import Event
+from onward.projections.frontier import Frontier, fold_all
+
+from .agent import Agent
+from .blobs import ClaimCheck
+from .checkpoint import Checkpointer
+from .conversation import Conversation
+from .leases.holder import Leaseholder
+from .redaction import Redactor
+
+_E = TypeVar("_E", bound=Event)
+
+
+class RunObserver(Protocol):
+    """Sees a run as it goes: for streaming to applications, and for fault injection in tests."""
+
+    async def appended(self, events: Sequence[Event]) -> None:
+        """A batch is durable in the log."""
+        ...
+
+    async def tool_returned(self, call_id: str) -> None:
+        """A tool returned (its side effect is done); its `ToolCompleted` is not yet written."""
+        ...
+
+    async def before_model_call(self) -> None:
+        """The model is about to be called."""
+        ...
+
+
+@dataclass
+class HeldRun:
+    """A run this worker holds under a lease: where it stands and what the model has seen."""
+
+    agent: Agent
+    held: Leaseholder
+    frontier: Frontier
+    conversation: Conversation
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def run_id(self) -> str:
+        return self.frontier.run_id
+
+    @property
+    def tenant(self) -> str:
+        return self.frontier.tenant
+
+    @property
+    def fence(self) -> int:
+        """The fence every write of this holder carries."""
+        return self.held.lease.fence
+
+
+class RunWriter:
+    """Appends to held runs: lease check, redaction, claim check, append, fold, fence check.
+
+    Args:
+        log: Where every event goes.
+        redactor: Masks secrets before anything is encoded.
+        claim_check: Moves bodies too large for one record out of line, if configured.
+        checkpointer: Folds into the local frontier store after appends (embedded mode).
+        observer: Sees each durable batch.
+    """
+
+    def __init__(
+        self,
+        log: EventLog,
+        *,
+        redactor: Redactor,
+        claim_check: ClaimCheck | None,
+        checkpointer: Checkpointer | None,
+        observer: RunObserver | None,
+    ) -> None:
+        self.log = log
+        self.redactor = redactor
+        self.claim_check = claim_check
+        self.checkpointer = checkpointer
+        self.observer = observer
+
+    def event(self, run: HeldRun, kind: type[_E], offset: int = 0, **fields: Any) -> _E:
+        """An event of ``run`` with its envelope; ``offset`` counts within one batch."""
+        return kind(
+            run_id=run.run_id,
+            tenant=run.tenant,
+            seq=run.frontier.last_seq + 1 + offset,
+            fence=run.fence,
+            at=time.time_ns() // 1_000,
+            **fields,
+        )
+
+    async def append(self, run: HeldRun, events: Sequence[Event]) -> None:
+        """Write a batch of one run, in this run's order, and fold it into the run.
+
+        Raises:
+            FencedError: The lease is gone, or the log refused the batch because another worker
+                claimed the run; nothing more may be written.
+        """
+        async with run.lock:
+            await run.held.check()
+            base = run.frontier.last_seq + 1
+            batch = [
+                msgspec.structs.replace(e, seq=base + i) if e.seq != base + i else e
+                for i, e in enumerate(events)
+            ]
+            batch = [self.redactor.redact_event(e) for e in batch]
+            if self.claim_check is not None:
+                batch = [await self.claim_check.shrink(e) for e in batch]
+            positions = await self.log.append(batch)
+            stored = [
+                StoredEvent(p, e)  # type: ignore[arg-type]  # every Event is of AnyEvent
+                for e, p in zip(batch, positions, strict=True)
+            ]
+            frontier = fold_all(run.frontier, stored)
+            if frontier.refused > run.frontier.refused:
+                raise FencedError(
+                    f"run {run.run_id!r}: this worker's writes under fence {run.fence} were "
+                    f"refused ({frontier.last_refusal}); another worker holds the run",
+                    run_id=run.run_id,
+                )
+            run.frontier = frontier
+            for event in events:
+                run.conversation.remember(event)
+            if self.checkpointer is not None:
+                await self.checkpointer.after_append(batch, positions)
+            if self.observer is not None:
+                await self.observer.appended(batch)
+
+    async def restore(self, event: Event) -> Event:
+        """An event as it was before the claim check moved its body out of line."""
+        if self.claim_check is None:
+            return event
+        return await self.claim_check.restore(event)

@@ -1,0 +1,42 @@
+"""The audit timeline: every stored event of a run in log order, with the verdict readers reach."""
+
+from __future__ import annotations
+
+import pytest
+
+from onward.errors import NothingToResumeError
+from onward.eventlog import MemoryEventLog, RunClaimed, RunFinished, RunStarted, ToolDispatched
+from onward.projections.audit import audit_timeline, describe_event
+from onward.testing.eventlog import Envelope
+
+
+def env(seq: int, fence: int) -> Envelope:
+    return Envelope(run_id="run-1", tenant="acme", seq=seq, fence=fence, at=seq)
+
+
+async def superseded() -> MemoryEventLog:
+    """A run taken over by w2 while w1, not knowing, wrote on under the old fence."""
+    log = MemoryEventLog()
+    for event in [
+        RunStarted(**env(1, 1), agent="booker", revision="r1"),
+        RunClaimed(**env(2, 2), worker="w2"),
+        ToolDispatched(**env(3, 1), call_id="z", tool="book", idempotency_key="k"),
+        RunFinished(**env(3, 2), status="completed", output="ok"),
+    ]:
+        await log.append([event])
+    return log
+
+
+async def test_every_stored_event_is_listed_with_the_refused_one_marked() -> None:
+    lines = await audit_timeline(await superseded(), "run-1", tenant="acme")
+    verdicts = [(line.stored.event.seq, line.refused is not None) for line in lines]
+    assert verdicts == [(1, False), (2, False), (3, True), (3, False)]
+    refused = lines[2].as_json()
+    assert (refused["kind"], refused["reason"]) == ("tool.dispatched", "superseded_fence")
+    assert describe_event(lines[2].stored.event) == "z book, key k"
+
+
+@pytest.mark.parametrize(("run_id", "tenant"), [("run-2", "acme"), ("run-1", "other")])
+async def test_no_run_for_that_tenant_is_nothing_to_resume(run_id: str, tenant: str) -> None:
+    with pytest.raises(NothingToResumeError, match=run_id):
+        await audit_timeline(await superseded(), run_id, tenant=tenant)

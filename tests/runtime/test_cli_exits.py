@@ -1,0 +1,121 @@
+"""One mapping from what stopped a command to its documented exit code, in one line on stderr.
+
+The mapping is checked through a command of its own that raises each error; the run commands'
+own cases are in test_cli.py, the stores failing for real in test_cli_faults.py.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis.exceptions as redis_errors
+import typer
+from support.kinds import KindCounts
+from typer.testing import CliRunner, Result
+
+from onward import errors
+from onward.runtime.cli import app
+from onward.runtime.cli._common import boundary
+from onward.runtime.cli.projections import load_projection
+
+
+@pytest.mark.parametrize(
+    ("raised", "code"),
+    [
+        (errors.NothingToResumeError("no run 'r'"), 1),
+        (errors.InvalidInputError("not waiting on 'p'"), 2),
+        (errors.ConfigurationError("DATABASE_URL is not set"), 2),
+        (errors.SchemaMismatchError("run onward db migrate"), 2),
+        (asyncpg.InvalidPasswordError("password authentication failed"), 2),
+        (errors.ResumeConflictError("held", holder="w2"), 3),
+        (errors.FencedError("superseded"), 3),
+        (errors.IndeterminateToolCallError("undecided"), 4),
+        (errors.RevisionMismatchError("another revision"), 4),
+        (errors.HistoryUnavailableError("evicted"), 4),
+        (errors.EventDecodeError("unreadable"), 4),
+        (errors.CheckpointFormatError("newer"), 4),
+        (errors.LogTruncatedError("compacted"), 4),
+        (errors.BackendError("the log failed"), 5),
+        (errors.BackendUnavailableError("no answer"), 5),
+        (errors.PayloadTooLargeError("too large"), 5),
+        (asyncpg.PostgresConnectionError("gone"), 5),
+        (redis_errors.ConnectionError("refused"), 5),
+        (ConnectionRefusedError(111, "refused"), 5),
+        (RuntimeError("a bug in the agent's tool"), 5),
+        (KeyboardInterrupt(), 130),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else str(value),
+)
+def test_every_error_has_its_exit_code_and_one_line(raised: BaseException, code: int) -> None:
+    def fail() -> None:
+        raise raised
+
+    single = typer.Typer()
+    single.command()(boundary(fail, name="onward fail"))
+    result = CliRunner().invoke(single, [])
+    assert result.exit_code == code, result.output
+    assert_one_line(result)
+
+
+def assert_one_line(result: Result) -> None:
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module of the user's own in the working directory, as ``onward`` finds it there."""
+    name = f"mine_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent(
+            """
+            from support.kinds import KindCounts
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    return name
+
+
+def test_a_projection_is_found_in_the_working_directory(here: str) -> None:
+    assert isinstance(load_projection(f"{here}:KindCounts"), KindCounts)
+
+
+@pytest.mark.parametrize("spec", ["no-colon", "support.kinds:Nope", "support.nowhere:Kinds"])
+def test_a_bad_projection_spec_exits_2_in_one_line(spec: str) -> None:
+    env = {"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    args = ["projections", "rebuild", "kinds", "--projection", spec]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 2, result.output
+    assert "--projection" in result.stderr
+    assert_one_line(result)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["inspect", "run-1"], "Missing option '--tenant'"),
+        (["nosuch"], "No such command 'nosuch'"),
+        (
+            ["resolve", "r", "c", "-t", "a", "--outcome", "maybe", "--by", "x", "--why", "y"],
+            "never",
+        ),
+        (["schema", "-o"], "requires an argument"),
+    ],
+)
+def test_a_usage_error_exits_2_in_one_line(args: list[str], said: str) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr
+    assert_one_line(result)
+
+
+def test_a_group_without_a_command_shows_its_help() -> None:
+    result = CliRunner().invoke(app, ["db"])
+    assert result.exit_code == 2
+    assert "migrate" in result.stdout
+    assert result.stderr == ""

@@ -1,0 +1,207 @@
+"""Every command against a store that fails: the documented exit code, one line, no traceback.
+
+Each case runs ``python -m onward`` as its own process against the real servers with one of
+them made unusable: PostgreSQL on a closed port or with a wrong password, Kafka or Redis on a
+closed port. The other stores are real and ready (an existing topic, a migrated schema), so the
+failure is the one the case names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from typer.testing import CliRunner
+
+from onward.projections.postgres import migrate
+from onward.runtime.cli import _common, app
+
+pytestmark = pytest.mark.kafka
+
+TESTS = Path(__file__).resolve().parents[1]
+RUN = ["run-faults", "--tenant", "acme"]
+AGENT = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"]
+COMMANDS: dict[str, list[str]] = {
+    "db-migrate": ["db", "migrate"],
+    "db-verify": ["db", "verify"],
+    "projector": ["projector"],
+    "projections-rebuild": ["projections", "rebuild", "frontiers"],
+    "inspect": ["inspect", *RUN],
+    "replay": ["replay", *RUN],
+    "run-resume": ["run", "--resume", *RUN, *AGENT],
+    "approve": ["approve", *RUN[:1], "p", *RUN[1:], "--by", "ann"],
+}
+USES: dict[str, set[str]] = {
+    "db-migrate": {"postgres"},
+    "db-verify": {"postgres"},
+    "projector": {"kafka", "postgres"},
+    "projections-rebuild": {"kafka", "postgres"},
+    **{name: {"kafka", "postgres", "redis"} for name in ("inspect", "replay", "run-resume")},
+    "approve": {"kafka", "postgres", "redis"},
+}
+FAULTS: dict[str, tuple[str, int]] = {
+    # fault: (the store it breaks, the documented exit code)
+    "postgres-closed-port": ("postgres", 5),
+    "postgres-wrong-password": ("postgres", 2),
+    "kafka-closed-port": ("kafka", 5),
+    "redis-closed-port": ("redis", 5),
+}
+CASES = [
+    pytest.param(command, fault, id=f"{command}-{fault}")
+    for command in COMMANDS
+    for fault, (store, _) in FAULTS.items()
+    if store in USES[command]
+]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Real servers with an events topic and a migrated schema, as a deployment has them."""
+
+    kafka: str
+    database_url: str
+    redis_url: str
+    topic: str
+    schema: str
+
+    def env(self, fault: str, closed_port: int) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(TESTS),
+            "ONWARD_BACKEND": "kafka",
+            "KAFKA_BOOTSTRAP_SERVERS": self.kafka,
+            "ONWARD_KAFKA_TOPIC": self.topic,
+            "ONWARD_PARTITIONS": "1",
+            "DATABASE_URL": self.database_url,
+            "ONWARD_DATABASE_SCHEMA": self.schema,
+            "REDIS_URL": self.redis_url,
+        }
+        if fault == "postgres-closed-port":
+            env["DATABASE_URL"] = _with_netloc(self.database_url, port=closed_port)
+        elif fault == "postgres-wrong-password":
+            env["DATABASE_URL"] = _with_netloc(self.database_url, password="not-the-password")
+        elif fault == "kafka-closed-port":
+            env["KAFKA_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{closed_port}"
+        elif fault == "redis-closed-port":
+            env["REDIS_URL"] = f"redis://127.0.0.1:{closed_port}/0"
+        return env
+
+
+def _with_netloc(url: str, *, port: int | None = None, password: str | None = None) -> str:
+    parts = urlsplit(url)
+    user = parts.username or "postgres"
+    secret = password if password is not None else (parts.password or "")
+    netloc = f"{user}:{secret}@{parts.hostname}:{port or parts.port or 5432}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@pytest.fixture(scope="module")
+def closed_port() -> int:
+    """A local port nothing listens on: bound once to learn a free number, then released."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@pytest.fixture(scope="module")
+def deployment(kafka_bootstrap: str, database_url: str, redis_url: str) -> Iterator[Deployment]:
+    ready = Deployment(
+        kafka_bootstrap,
+        database_url,
+        redis_url,
+        topic=f"onward.test.faults.{uuid.uuid4().hex[:10]}",
+        schema=f"t_{uuid.uuid4().hex[:12]}",
+    )
+    asyncio.run(_prepare(ready))
+    try:
+        yield ready
+    finally:
+        asyncio.run(_clean(ready))
+
+
+async def _prepare(ready: Deployment) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=ready.kafka)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(ready.topic, 1, 1)])
+    finally:
+        await admin.close()
+    conn = await asyncpg.connect(ready.database_url)
+    try:
+        await conn.execute(f"CREATE SCHEMA {ready.schema}")
+        await conn.execute(f"SET search_path TO {ready.schema}")
+        await migrate(conn)
+    finally:
+        await conn.close()
+
+
+async def _clean(ready: Deployment) -> None:
+    conn = await asyncpg.connect(ready.database_url)
+    try:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {ready.schema} CASCADE")
+    finally:
+        await conn.close()
+    admin = AIOKafkaAdminClient(bootstrap_servers=ready.kafka)
+    await admin.start()
+    try:
+        await admin.delete_topics([ready.topic])
+    finally:
+        await admin.close()
+
+
+@pytest.mark.parametrize(("command", "fault"), CASES)
+def test_a_failing_store_exits_with_its_code_in_one_line(
+    deployment: Deployment, closed_port: int, command: str, fault: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "onward", *COMMANDS[command]],
+        env=deployment.env(fault, closed_port),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == FAULTS[fault][1], result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+async def test_the_wrong_password_is_refused_by_the_real_server(database_url: str) -> None:
+    # The wrong-password cases mean something only if the server checks passwords.
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        await asyncpg.connect(_with_netloc(database_url, password="not-the-password"))
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers, like a server that hangs."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        yield server.getsockname()[1]
+
+
+def test_a_server_that_never_answers_fails_within_the_connect_timeout(
+    deployment: Deployment, silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_common, "CONNECT_TIMEOUT_S", 1.0)
+    env = deployment.env("none", 0)
+    env["KAFKA_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{silent_port}"
+    started = time.monotonic()
+    result = CliRunner().invoke(app, COMMANDS["inspect"], env=env)
+    assert result.exit_code == 5, result.output
+    assert "did not answer within 1s" in result.stderr
+    assert time.monotonic() - started < 10

@@ -1,0 +1,103 @@
+"""The storage layer's lifecycle and translation: one start, idempotent close, no raw errors."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from onward._storage import PostgresStore, Resource, SqliteStore, translated, translating
+from onward.errors import BackendError, BackendUnavailableError, FencedError, InvalidInputError
+
+
+class _Counted(Resource):
+    """Counts connects and closes; fails its first connect when told to."""
+
+    def __init__(self, *, fail_first: bool = False) -> None:
+        self.connects = 0
+        self.closes = 0
+        self._open = False
+        self._fail_first = fail_first
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    async def _connect(self) -> None:
+        self.connects += 1
+        if self._fail_first and self.connects == 1:
+            raise BackendUnavailableError("not yet")
+        self._open = True
+
+    async def close(self) -> None:
+        self.closes += 1
+        self._open = False
+
+
+async def test_start_connects_once_and_async_with_closes() -> None:
+    async with _Counted() as resource:
+        await resource.start()
+    assert (resource.connects, resource.closes) == (1, 1)
+
+
+async def test_a_failed_start_closes_what_it_opened_and_may_be_retried() -> None:
+    resource = _Counted(fail_first=True)
+    with pytest.raises(BackendUnavailableError):
+        await resource.start()
+    assert (resource.is_open, resource.closes) == (False, 1)
+    await resource.start()
+    assert resource.is_open
+
+
+async def test_open_builds_and_starts() -> None:
+    resource = await _Counted.open(fail_first=False)
+    assert resource.is_open
+
+
+async def test_translated_turns_driver_errors_and_nothing_else() -> None:
+    with (
+        pytest.raises(BackendUnavailableError, match="reading x") as caught,
+        translated("reading x", run_id="r-1"),
+    ):
+        raise ConnectionResetError("reset")
+    assert isinstance(caught.value.__cause__, ConnectionResetError)
+    assert caught.value.run_id == "r-1"
+    fenced = FencedError("superseded")
+    with pytest.raises(FencedError) as passed, translated("writing"):
+        raise fenced
+    assert passed.value is fenced
+    with pytest.raises(asyncio.CancelledError), translated("waiting"):
+        raise asyncio.CancelledError
+
+
+async def test_translating_wraps_a_coroutine_function() -> None:
+    @translating("counting rows")
+    async def count() -> int:
+        raise asyncpg.exceptions.UniqueViolationError("dup")
+
+    with pytest.raises(BackendError, match="counting rows"):
+        await count()
+
+
+async def test_a_sqlite_store_reports_a_broken_file_as_an_onward_error(tmp_path: Path) -> None:
+    path = tmp_path / "broken.db"
+    path.write_bytes(b"not a database" * 100)
+    store = SqliteStore(path)
+    with pytest.raises(BackendError, match=r"broken\.db"):
+        await store.start()
+    assert not store.is_open
+    await store.close()
+    await store.close()
+
+
+async def test_a_postgres_store_that_cannot_connect_is_retryable_and_leaves_nothing_open() -> None:
+    store = PostgresStore("postgresql://nobody@127.0.0.1:1/none")
+    with pytest.raises(BackendUnavailableError) as caught:
+        await store.start()
+    assert caught.value.retryable
+    assert not store.is_open
+    with pytest.raises(InvalidInputError, match="not open"):
+        await store.verify()
+    await store.close()

@@ -1,0 +1,86 @@
+"""The places the shared fixtures hand out are fresh, and gone after the test."""
+
+from __future__ import annotations
+
+import random
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+from aiokafka.admin import AIOKafkaAdminClient
+from support.kafka import fresh_topic
+from support.pg import fresh_schema, schema_factory
+from support.redis import fresh_prefix
+
+from onward.eventlog import KafkaEventLog
+
+
+async def _tables(conn: asyncpg.Connection, schema: str) -> int:
+    count = await conn.fetchval(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1", schema
+    )
+    return int(count)
+
+
+async def _schema_exists(conn: asyncpg.Connection, schema: str) -> bool:
+    found = await conn.fetchval(
+        "SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1", schema
+    )
+    return bool(found)
+
+
+@pytest.mark.kafka
+async def test_a_fresh_topic_is_deleted_afterwards(kafka_bootstrap: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        async with fresh_topic(kafka_bootstrap) as topic:
+            assert topic not in await admin.list_topics()
+            async with KafkaEventLog(kafka_bootstrap, topic=topic, partitions=1):
+                pass
+            assert topic in await admin.list_topics()
+        assert topic not in await admin.list_topics()
+        async with fresh_topic(kafka_bootstrap) as never_created:
+            pass  # a topic the test never created is no error
+        assert never_created != topic
+    finally:
+        await admin.close()
+
+
+async def test_a_fresh_prefix_leaves_no_keys(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        async with fresh_prefix(redis_url) as prefix:
+            assert [k async for k in client.scan_iter(match=f"{prefix}*")] == []
+            await client.set(f"{prefix}a", "1")
+            await client.set(f"{prefix}b", "2")
+        assert [k async for k in client.scan_iter(match=f"{prefix}*")] == []
+    finally:
+        await client.aclose()
+
+
+async def test_fresh_schemas_are_migrated_or_empty_and_dropped(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with fresh_schema(database_url) as migrated:
+            assert await _tables(conn, migrated) > 0
+        async with schema_factory(database_url) as new:
+            empty = await new(migrated=False)
+            another = await new()
+            assert await _tables(conn, empty) == 0
+            assert await _tables(conn, another) > 0
+        for schema in (migrated, empty, another):
+            assert not await _schema_exists(conn, schema), schema
+    finally:
+        await conn.close()
+
+
+def test_the_random_source_prints_its_seed_and_replays_from_it(
+    capsys: pytest.CaptureFixture[str],
+    rng: random.Random,
+    test_seed: int,
+    request: pytest.FixtureRequest,
+) -> None:
+    assert f"ONWARD_TEST_SEED={test_seed} " in capsys.readouterr().out
+    replayed = random.Random(f"{test_seed}/{request.node.nodeid}")
+    assert [rng.random() for _ in range(5)] == [replayed.random() for _ in range(5)]

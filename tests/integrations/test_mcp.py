@@ -140,15 +140,18 @@ async def test_options_may_override_annotations(tmp_path: Path) -> None:
 async def test_options_for_a_tool_the_server_lacks_are_refused(tmp_path: Path) -> None:
     server = stdio_server(tmp_path, tools={"chrage": ToolOptions(requires_approval=True)})
     with pytest.raises(ConfigurationError, match="chrage"):
-        await MCPToolset([server]).open()
+        await MCPToolset.open([server])
 
 
 async def test_names_that_clash_across_servers_are_refused_unless_prefixed(
     tmp_path: Path,
 ) -> None:
     one, two = stdio_server(tmp_path, name="one"), stdio_server(tmp_path, name="two")
+    clashing = MCPToolset([one, two])
     with pytest.raises(ConfigurationError, match="'one' and 'two'"):
-        await MCPToolset([one, two]).open()
+        await clashing.start()
+    assert not clashing.is_open
+    assert not any(c.is_open for c in clashing.connections.values())  # both servers stopped
     prefixed = stdio_server(tmp_path, name="two", prefix="two_")
     async with MCPToolset([one, prefixed]) as toolset:
         assert "two_echo" in {t.name for t in toolset.tools}
@@ -172,13 +175,13 @@ async def test_streamable_http_server(tmp_path: Path, http_server: str) -> None:
 async def test_a_command_that_does_not_exist_is_a_named_error() -> None:
     server = StdioServer(name="ghost", command="/nonexistent/mcp-server")
     with pytest.raises(BackendUnavailableError, match=r"'ghost'.*nonexistent"):
-        await MCPToolset([server], connect_timeout=5).open()
+        await MCPToolset.open([server], connect_timeout=5)
 
 
 async def test_a_server_that_exits_at_start_is_a_named_error(tmp_path: Path) -> None:
     server = stdio_server(tmp_path, name="crashy", crash=True)
     with pytest.raises(BackendUnavailableError, match="MCP server 'crashy'"):
-        await MCPToolset([server], connect_timeout=5).open()
+        await MCPToolset.open([server], connect_timeout=5)
 
 
 async def test_a_server_that_never_answers_is_a_named_timeout() -> None:
@@ -186,7 +189,7 @@ async def test_a_server_that_never_answers_is_a_named_timeout() -> None:
         name="mute", command=sys.executable, args=("-c", "import time; time.sleep(60)")
     )
     with pytest.raises(BackendUnavailableError, match=r"'mute'.*no answer within 1s"):
-        await MCPToolset([server], connect_timeout=1).open()
+        await MCPToolset.open([server], connect_timeout=1)
 
 
 async def test_a_server_that_dies_mid_call_is_a_named_error_then_restarted(
@@ -200,13 +203,14 @@ async def test_a_server_that_dies_mid_call_is_a_named_error_then_restarted(
             "result": "back"
         }
         assert toolset.connections["ledger"].sessions == 2
+    assert not toolset.connections["ledger"].is_open
     assert listings(tmp_path) == 1  # the new session reported the same version
 
 
 async def test_an_http_server_that_is_down_is_a_named_error() -> None:
     url = f"http://127.0.0.1:{_free_port()}/mcp"
     with pytest.raises(BackendUnavailableError, match=f"'down' \\({url}\\)"):
-        await MCPToolset([HttpServer(name="down", url=url)], connect_timeout=5).open()
+        await MCPToolset.open([HttpServer(name="down", url=url)], connect_timeout=5)
 
 
 # -- warm restart ---------------------------------------------------------------------------------

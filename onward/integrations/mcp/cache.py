@@ -13,8 +13,7 @@ import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import msgspec
 import redis.asyncio as redis_asyncio
@@ -22,7 +21,7 @@ import redis.exceptions as redis_errors
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from onward._storage import translate
+from onward._storage import Resource, translate
 from onward.errors import ConfigurationError, InvalidInputError
 
 _log = logging.getLogger("onward.integrations.mcp")
@@ -130,7 +129,7 @@ def schema_digest(tools: Sequence[Mapping[str, Any]]) -> str:
 _decoder = msgspec.json.Decoder(ServerSchema)
 
 
-class SchemaCache:
+class SchemaCache(Resource):
     """Tool listings of a run's MCP servers in Redis, under ``{prefix}{run_id}``.
 
     Args:
@@ -157,6 +156,7 @@ class SchemaCache:
         self.prefix = prefix
         self.ttl = ttl
         self._owns_client = owns_client
+        self._closed = False
 
     @classmethod
     def from_url(
@@ -241,21 +241,18 @@ class SchemaCache:
             raise translate(exc, context=f"removing {key}", run_id=run_id) from exc
         return bool(removed)
 
-    async def aclose(self) -> None:
-        """Close the Redis client if this cache created it."""
+    @property
+    def is_open(self) -> bool:
+        """Whether `close` has not been called (the client connects on first use)."""
+        return not self._closed
+
+    async def close(self) -> None:
+        """Close the Redis client if this cache created it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         if self._owns_client:
             await self.client.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 async def forget_schemas(run_id: str, *, settings: MCPSettings | None = None) -> bool:

@@ -200,6 +200,11 @@ class Connection:
             f"MCP server {self.server.name!r} ({self.server.where}): {doing} failed{detail}"
         )
 
+    @property
+    def is_open(self) -> bool:
+        """Whether a session (and the server process or HTTP session under it) is running."""
+        return self._task is not None and not self._task.done()
+
     async def session(self) -> tuple[ClientSession, types.InitializeResult, bool]:
         """The open session, opening one if there is none; the flag says it is new.
 
@@ -282,7 +287,7 @@ class Connection:
         if (failure := _ended(task)) is not None:
             _log.debug("MCP server %r: closing: %s", self.server.name, _describe(failure))
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         """End the session and whatever it started (the server process, the HTTP session)."""
         async with self._lock:
             await self._stop_task()

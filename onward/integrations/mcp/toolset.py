@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Self, cast
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
 import pydantic
 from mcp import ClientSession, MCPError
 
+from onward._storage import Resource
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.runtime.tools import Tool
 
@@ -45,11 +45,12 @@ class MCPToolError(OnwardError):
         self.content = tuple(content)
 
 
-class MCPToolset:
+class MCPToolset(Resource):
     """The tools of some MCP servers, as `Tool`s that go through the runner like any other.
 
-    ``async with MCPToolset(servers, run_id=..., cache=...) as toolset`` lists each server's
-    tools (or reads the listings cached for that run) and builds ``toolset.tools``. Calls go
+    ``async with MCPToolset(servers, run_id=..., cache=...) as toolset`` (or
+    ``await MCPToolset.open(...)`` and `close`) lists each server's tools, or reads the listings
+    cached for that run, and builds ``toolset.tools``. Calls go
     through the same write-ahead dispatch, idempotency keys, approvals and redaction as any
     tool. Each call carries its idempotency key in the request's ``_meta`` under
     ``onward/idempotency-key`` (and as an argument, for a server with ``key_argument``).
@@ -98,10 +99,16 @@ class MCPToolset:
         self.tools: tuple[Tool, ...] = ()
         self.warm: tuple[str, ...] = ()
         self.replaced: list[str] = []
+        self._open = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def open(self) -> None:
+    @property
+    def is_open(self) -> bool:
+        """Whether the tools are built and `close` has not been called since."""
+        return self._open
+
+    async def _connect(self) -> None:
         """Read the cached schemas, list the servers that have none, build the tools.
 
         Raises:
@@ -109,35 +116,21 @@ class MCPToolset:
                 message names it.
             ConfigurationError: Tool names clash, or options name a tool a server lacks.
         """
-        try:
-            cached = await self._cached()
-            self.warm = tuple(name for name in cached if name in self.connections)
-            self.schemas.update(cached)
-            cold = [s for s in self.servers if s.name not in cached]
-            fresh = await self._list_all(cold)
-            self.schemas.update(fresh)
-            self.tools = tuple(self._build())
-        except BaseException:
-            await self.aclose()
-            raise
+        cached = await self._cached()
+        self.warm = tuple(name for name in cached if name in self.connections)
+        self.schemas.update(cached)
+        cold = [s for s in self.servers if s.name not in cached]
+        fresh = await self._list_all(cold)
+        self.schemas.update(fresh)
+        self.tools = tuple(self._build())
+        self._open = True
         if self.cache is not None and self.run_id is not None:
             await self.cache.store(self.run_id, fresh)
 
-    async def aclose(self) -> None:
-        """Close every session this toolset opened (stopping stdio servers)."""
-        await asyncio.gather(*(c.aclose() for c in self.connections.values()))
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+    async def close(self) -> None:
+        """Close every session this toolset opened (stopping stdio servers). Idempotent."""
+        self._open = False
+        await asyncio.gather(*(c.close() for c in self.connections.values()))
 
     # -- schemas -----------------------------------------------------------------------------
 

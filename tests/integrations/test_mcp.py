@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -48,14 +47,10 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-async def cache(redis_url: str) -> AsyncIterator[SchemaCache]:
-    """A schema cache under a prefix of its own; its keys are removed afterwards."""
-    prefix = f"onward-test:{uuid.uuid4().hex}:mcp:schema:"
-    async with SchemaCache.from_url(redis_url, prefix=prefix) as schemas:
+async def cache(redis_url: str, redis_prefix: str) -> AsyncIterator[SchemaCache]:
+    """A schema cache under the test's own Redis prefix (whose keys are removed afterwards)."""
+    async with SchemaCache.from_url(redis_url, prefix=f"{redis_prefix}mcp:schema:") as schemas:
         yield schemas
-        keys = [k async for k in schemas.client.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await schemas.client.delete(*keys)
 
 
 def _free_port() -> int:

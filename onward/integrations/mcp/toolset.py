@@ -50,10 +50,14 @@ class MCPToolset(Resource):
 
     ``async with MCPToolset(servers, run_id=..., cache=...) as toolset`` (or
     ``await MCPToolset.open(...)`` and `close`) lists each server's tools, or reads the listings
-    cached for that run, and builds ``toolset.tools``. Calls go
-    through the same write-ahead dispatch, idempotency keys, approvals and redaction as any
-    tool. Each call carries its idempotency key in the request's ``_meta`` under
-    ``onward/idempotency-key`` (and as an argument, for a server with ``key_argument``).
+    cached for that run, and builds ``toolset.tools``. Calls go through the same write-ahead
+    dispatch, idempotency keys, approvals and redaction as any tool. Each call carries its
+    idempotency key in the request's ``_meta`` under ``onward/idempotency-key`` (and as an
+    argument, for a server with ``key_argument``).
+
+    A call whose connection breaks after the request was sent raises
+    `BackendUnavailableError`, which the runner records as the call's error although the
+    server may have acted on it: tools with side effects should be idempotent on the key.
 
     Args:
         servers: The servers, each with a unique ``name``. Tool names must be unique across

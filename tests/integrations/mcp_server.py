@@ -94,6 +94,12 @@ def _extra() -> str:
     return "extra"
 
 
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def header(name: str, ctx: Context) -> str:
+    """The value of one HTTP request header ("" over stdio)."""
+    return (ctx.headers or {}).get(name, "")
+
+
 @server.tool()
 async def keyed(text: str, request_key: str) -> str:
     """Echo the key it was given as an argument."""

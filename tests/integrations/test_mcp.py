@@ -97,7 +97,7 @@ async def test_stdio_tools_become_onward_tools(tmp_path: Path) -> None:
     server = stdio_server(tmp_path, tools={"charge": ToolOptions(requires_approval=True)})
     async with MCPToolset([server]) as toolset:
         tools = {t.name: t for t in toolset.tools}
-        assert sorted(tools) == ["add", "charge", "die", "echo", "fail", "grow", "keyed"]
+        assert sorted(tools) == ["add", "charge", "die", "echo", "fail", "grow", "header", "keyed"]
         echo, charge = tools["echo"], tools["charge"]
         assert echo.description == "Say the text back."
         assert echo.parameters["required"] == ["text"]
@@ -161,6 +161,8 @@ async def test_streamable_http_server(tmp_path: Path, http_server: str) -> None:
         assert await charge.call({"account": "h", "cents": 1}, idempotency_key="kh") == {
             "result": "charged h 1"
         }
+        header = next(t for t in toolset.tools if t.name == "header")
+        assert await header.call({"name": "x-tenant"}, idempotency_key="k") == {"result": TENANT}
     assert ledger(tmp_path) == [{"key": "kh", "account": "h", "cents": 1}]
 
 
@@ -325,13 +327,20 @@ async def test_forget_schemas_reads_the_environment(
     assert await cache.load("r1") == {}
 
 
-def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("MCP_SCHEMA_CACHE_ENABLED", "MCP_SCHEMA_CACHE_TTL_HOURS", "REDIS_URL"):
+async def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    names = ("MCP_SCHEMA_CACHE_ENABLED", "MCP_SCHEMA_CACHE_TTL_HOURS", "MCP_SCHEMA_CACHE_PREFIX")
+    for name in (*names, "REDIS_URL"):
         monkeypatch.delenv(name, raising=False)
     assert not load_mcp_settings().cache_enabled
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
     settings = load_mcp_settings()
     assert (settings.cache_enabled, settings.schema_cache_ttl_hours) == (True, 24)
+    monkeypatch.setenv("MCP_SCHEMA_CACHE_TTL_HOURS", "1.5")
+    monkeypatch.setenv("MCP_SCHEMA_CACHE_PREFIX", "app:")
+    cache = SchemaCache.from_settings()
+    assert cache is not None
+    async with cache:
+        assert (cache.ttl, cache.key("r1")) == (timedelta(hours=1.5), "app:r1")
     monkeypatch.setenv("MCP_SCHEMA_CACHE_ENABLED", "false")
     assert SchemaCache.from_settings(load_mcp_settings()) is None
     monkeypatch.setenv("MCP_SCHEMA_CACHE_TTL_HOURS", "0")

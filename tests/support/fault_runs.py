@@ -197,6 +197,9 @@ def judge(
     lost = sum(1 for o in outcomes if not o.settled) + len(
         {r for r in completed if expected_keys([r], steps) & missing}
     )
+    seen = Counter(f for o in outcomes for f in o.failures)
+    if seen:
+        notes = f"{notes} failures {dict(sorted(seen.items()))}".strip()
     after = sorted(e["at"] for e in entries if lifted_at is not None and e["at"] >= lifted_at)
     recover_s = after[0] - lifted_at if after and lifted_at is not None else None
     verdict = Verdict(

@@ -13,10 +13,12 @@ import random
 import signal
 import sys
 import time
+from collections import Counter
 import uuid
 from datetime import timedelta
 from pathlib import Path
 
+import asyncpg
 import pytest
 from support.fault_runs import (
     Verdict,
@@ -29,12 +31,12 @@ from support.fault_runs import (
     until,
 )
 from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
-from support.pg import fresh_schema
+from support.pg import new_schema_name
 from support.private_servers import PrivatePostgres
 
 from onward.errors import BackendError
 from onward.eventlog import KafkaEventLog
-from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.postgres import PostgresFrontierStore, migrate
 from onward.projections.projector import FrontierProjection, LogProjector
 from onward.runtime.leases import LeasePolicy, PostgresLeaseStore
 from onward.runtime.ledger import Ledger
@@ -87,6 +89,20 @@ class Projector:
             await self.child.wait()
 
 
+async def migrated_schema(url: str) -> str:
+    """A migrated schema on the private cluster (thrown away with it: never dropped, since the
+    connection that made it does not survive the restart)."""
+    schema = new_schema_name()
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+        await conn.execute(f"SET search_path TO {schema}")
+        await migrate(conn)
+    finally:
+        await conn.close()
+    return schema
+
+
 async def caught_up(store: PostgresFrontierStore, log: KafkaEventLog) -> bool:
     try:
         stored = await store.positions("frontiers")
@@ -107,8 +123,8 @@ async def test_postgres_restart_under_the_projector(
     steps = workload(rng, 300)
     thirds = len(steps) // 3
     began = time.time()
+    schema = await migrated_schema(private_postgres.url)
     async with (
-        fresh_schema(private_postgres.url) as schema,
         KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
         PostgresFrontierStore(private_postgres.url, schema=schema) as store,
     ):
@@ -164,6 +180,8 @@ async def test_postgres_restart_under_the_projector(
             notes=f"(events folded; projector exits {projector.exits}, tracebacks {tracebacks})",
         )
     )
+    # A projector that loses PostgreSQL exits 5 with one line; asyncpg's pool may add one
+    # traceback of its own on the way out. More than one per exit is spam.
     assert tracebacks <= len(projector.exits), output[-5000:]
 
 
@@ -180,8 +198,8 @@ async def test_postgres_restart_under_running_workers(
     agent = step_agent(ledger, tool_s=0.3)
     run_ids = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(runs)]
     began = time.time()
+    schema = await migrated_schema(private_postgres.url)
     async with (
-        fresh_schema(private_postgres.url) as schema,
         KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
         PostgresFrontierStore(private_postgres.url, schema=schema) as frontiers,
         PostgresLeaseStore(private_postgres.url, schema=schema) as leases,
@@ -205,7 +223,7 @@ async def test_postgres_restart_under_running_workers(
             driving.cancel()
         await LogProjector(log, FrontierProjection(frontiers, log)).catch_up()
         await assert_stored_is_the_direct_fold(frontiers, log, run_ids)
-    tracebacks = sum(1 for r in caplog.records if r.exc_info)
+    tracebacks = Counter(r.name for r in caplog.records if r.exc_info)
     verdict = judge(
         "postgres: restart under workers (leases, frontiers)",
         ledger,
@@ -213,7 +231,11 @@ async def test_postgres_restart_under_running_workers(
         steps=steps_per_run,
         lifted_at=lifted,
         began_at=began,
-        notes=f"(logged tracebacks {tracebacks})",
+        notes=f"(logged tracebacks by logger {dict(tracebacks)})",
     )
     assert_sound(verdict, outcomes)
     assert all(o.status == "completed" for o in outcomes), outcomes
+    # At most one traceback per run from Onward (a lease that could not be released while the
+    # server was down) and a few of asyncpg's own: no traceback per retry.
+    onward_tracebacks = sum(n for name, n in tracebacks.items() if name.startswith("onward"))
+    assert onward_tracebacks <= runs, tracebacks

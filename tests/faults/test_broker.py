@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from support.fault_runs import (
     assert_sound,
     drive_all,
@@ -20,7 +22,7 @@ from support.fault_runs import (
     step_provider,
     until,
 )
-from support.private_servers import PrivateKafka
+from support.private_servers import PrivateKafka, running
 
 from onward.eventlog import KafkaEventLog
 from onward.runtime.leases import LeasePolicy, MemoryLeaseStore
@@ -33,6 +35,13 @@ STEPS = 4
 POLICY = LeasePolicy(ttl=timedelta(seconds=10))
 PRODUCER_REQUEST_TIMEOUT_S = 40.0
 """aiokafka's default ``request_timeout_ms``: a batch not acknowledged by then fails."""
+
+
+@pytest_asyncio.fixture
+async def private_kafka() -> AsyncIterator[PrivateKafka]:
+    """A single-node KRaft broker of this test alone."""
+    async with running(PrivateKafka()) as server:
+        yield server
 
 
 @pytest.mark.timeout(420)

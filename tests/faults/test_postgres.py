@@ -13,13 +13,15 @@ import random
 import signal
 import sys
 import time
-from collections import Counter
 import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
 import pytest
+import pytest_asyncio
 from support.fault_runs import (
     Verdict,
     assert_sound,
@@ -32,7 +34,7 @@ from support.fault_runs import (
 )
 from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
 from support.pg import new_schema_name
-from support.private_servers import PrivatePostgres
+from support.private_servers import PrivatePostgres, running
 
 from onward.errors import BackendError
 from onward.eventlog import KafkaEventLog
@@ -110,6 +112,13 @@ async def caught_up(store: PostgresFrontierStore, log: KafkaEventLog) -> bool:
         return False
     ends = [(await log.bounds(p)).end for p in range(PARTITIONS)]
     return all(stored.get(p, 0) >= end for p, end in enumerate(ends))
+
+
+@pytest_asyncio.fixture
+async def private_postgres() -> AsyncIterator[PrivatePostgres]:
+    """A PostgreSQL cluster of this test alone, with role and database ``onward``."""
+    async with running(PrivatePostgres()) as server:
+        yield server
 
 
 @pytest.mark.timeout(420)

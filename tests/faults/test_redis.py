@@ -13,13 +13,23 @@ import contextlib
 import random
 import time
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 import redis.asyncio as aioredis
-from support.fault_runs import TENANT, assert_sound, drive_all, judge, step_agent, step_provider, until
-from support.private_servers import PrivateRedis
+from support.fault_runs import (
+    TENANT,
+    assert_sound,
+    drive_all,
+    judge,
+    step_agent,
+    step_provider,
+    until,
+)
+from support.private_servers import PrivateRedis, running
 
 from onward.errors import OnwardError
 from onward.eventlog import KafkaEventLog, SequenceGuard
@@ -39,6 +49,13 @@ async def flush(url: str) -> None:
         await client.flushall()
     finally:
         await client.aclose()
+
+
+@pytest_asyncio.fixture
+async def private_redis() -> AsyncIterator[PrivateRedis]:
+    """A Redis server of this test alone, without persistence."""
+    async with running(PrivateRedis()) as server:
+        yield server
 
 
 @pytest.mark.timeout(420)

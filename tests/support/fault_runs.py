@@ -44,18 +44,26 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / ".cache" / "faults" / "results.json"
 
 
-def step_agent(ledger: Ledger, *, tool_s: float = 0.2) -> Agent:
-    """An agent whose one tool records a side effect per call, and can say whether it did."""
+def step_agent(ledger: Ledger, *, tool_s: float = 0.2, payload: int = 0) -> Agent:
+    """An agent whose one tool records a side effect per call, and can say whether it did.
+
+    Args:
+        tool_s: How long each call takes after its effect.
+        payload: Characters of padding in each result, so every step grows the log.
+    """
+
+    def result(n: int) -> dict[str, Any]:
+        return {"n": n, "pad": "x" * payload}
 
     async def status(key: str) -> Reconciled:
         found = ledger.find("step", key)
-        return Reconciled("completed", found["n"]) if found else Reconciled("never_ran")
+        return Reconciled("completed", result(found["n"])) if found else Reconciled("never_ran")
 
     @tool(reconcile=status)
-    async def step(n: int, *, idempotency_key: str) -> int:
+    async def step(n: int, *, idempotency_key: str) -> dict[str, Any]:
         ledger.record("step", idempotency_key, n=n, at=time.time())
         await asyncio.sleep(tool_s)
-        return n
+        return result(n)
 
     return Agent(name="stepper", instructions="take every step", tools=[step])
 
@@ -83,6 +91,7 @@ class Outcome:
     reason: str | None = None
     attempts: int = 0
     failures: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
     @property
     def settled(self) -> bool:
@@ -134,6 +143,7 @@ async def drive(
             return outcome
         except RETRIED as exc:
             outcome.failures.append(type(exc).__name__)
+            outcome.errors.append(str(exc))
             await asyncio.sleep(pause_s)
             continue
         outcome.status, outcome.waiting_on = result.status, result.waiting_on

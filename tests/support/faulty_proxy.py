@@ -92,15 +92,18 @@ class FaultyProxy:
         for side in link:
             side.close()
 
+    def _forwarding(self) -> bool:
+        return not self.is_cut
+
     async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 data = await source.read(CHUNK)
-                if not data or self.is_cut:
+                if not data or not self._forwarding():
                     return
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                if self.is_cut:
+                if not self._forwarding():  # cut while the chunk was held back
                     return
                 sink.write(data)
                 await sink.drain()

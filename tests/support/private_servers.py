@@ -12,10 +12,13 @@ directory; calling it twice is harmless. Every wait is bounded and fails with th
   ``pg_config --bindir``); as root the cluster runs as the ``postgres`` user, as the server
   refuses root.
 * Redis: ``redis-server`` without persistence, so a restart forgets every key.
+
+A test's fixture: ``async with running(PrivateKafka()) as broker: yield broker``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import os
@@ -27,7 +30,9 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_LIBS_VARIABLE = "ONWARD_KAFKA_LIBS"
@@ -289,7 +294,9 @@ class PrivatePostgres:
     def url(self) -> str:
         return f"postgresql://onward@127.0.0.1:{self.port}/onward"
 
-    def _run(self, *argv: str, timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    def _run(
+        self, *argv: str, timeout: float = START_TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
         command = list(argv)
         if self.user is not None:
             command = ["runuser", "-u", self.user, "--", *command]
@@ -378,3 +385,22 @@ class PrivateRedis:
     def close(self) -> None:
         self._process.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class _Server(Protocol):
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+ServerT = TypeVar("ServerT", bound=_Server)
+
+
+@contextlib.asynccontextmanager
+async def running(server: ServerT) -> AsyncIterator[ServerT]:
+    """Start ``server`` (off the event loop) and, however the block ends, close it."""
+    try:
+        await asyncio.to_thread(server.start)
+        yield server
+    finally:
+        await asyncio.to_thread(server.close)

@@ -256,3 +256,21 @@ async def until(check: Callable[[], bool], what: str, *, within_s: float = 60.0)
     while not check():
         assert time.monotonic() < deadline, f"{what} did not happen within {within_s:.0f}s"
         await asyncio.sleep(0.1)
+
+
+def table() -> str:
+    """The recorded rows as a table, in the order they were recorded."""
+    rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    header = "| fault | runs | side effects | duplicates | lost | waiting | recover s | total s |"
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in sorted(rows.values(), key=lambda r: float(r["recorded_at"])):
+        recover = "-" if row["recover_s"] is None else f"{row['recover_s']:.2f}"
+        lines.append(
+            f"| {row['fault']} | {row['runs']} | {row['side_effects']} | {row['duplicates']} "
+            f"| {row['lost']} | {row['waiting']} | {recover} | {row['total_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(f"{RESULTS.relative_to(REPO)}:\n{table()}")

@@ -34,7 +34,10 @@ RUNS = 20
 STEPS = 4
 POLICY = LeasePolicy(ttl=timedelta(seconds=10))
 PRODUCER_REQUEST_TIMEOUT_S = 40.0
-"""aiokafka's default ``request_timeout_ms``: a batch not acknowledged by then fails."""
+"""aiokafka's default ``request_timeout_ms``. An idempotent aiokafka producer never expires a
+batch while the partition has a leader (it retries until acknowledged), so a frozen broker
+makes appends wait rather than fail: runs stall, no tool runs, and they go on after SIGCONT.
+Either way (completed, or a retryable error and a resume) passes."""
 
 
 @pytest_asyncio.fixture
@@ -62,6 +65,7 @@ async def test_broker_sigkill_mid_load_then_restart(
         driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
         try:
             await until(lambda: len(ledger.entries()) >= RUNS, "the first steps")
+            down = time.time()
             await asyncio.to_thread(private_kafka.kill)
             killed_with = len(ledger.entries())
             await asyncio.sleep(5.0)
@@ -78,6 +82,7 @@ async def test_broker_sigkill_mid_load_then_restart(
         steps=STEPS,
         lifted_at=lifted,
         began_at=began,
+        down_at=down,
         notes=f"(effects before kill {killed_with}, broker boot {lifted - restart:.1f}s)",
     )
     assert_sound(verdict, outcomes)
@@ -103,6 +108,7 @@ async def test_broker_sigstop_past_the_request_timeout_then_sigcont(
         driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
         try:
             await until(lambda: len(ledger.entries()) >= RUNS, "the first steps")
+            down = time.time()
             private_kafka.pause()
             try:
                 await asyncio.sleep(PRODUCER_REQUEST_TIMEOUT_S + 5.0)
@@ -120,6 +126,7 @@ async def test_broker_sigstop_past_the_request_timeout_then_sigcont(
         steps=STEPS,
         lifted_at=lifted,
         began_at=began,
+        down_at=down,
         notes=f"(runs stopped by an error then resumed: {sum(1 for o in outcomes if o.failures)})",
     )
     assert_sound(verdict, outcomes)

@@ -65,6 +65,7 @@ async def test_latency_and_a_dropped_connection_to_the_broker(
         driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
         try:
             await until(lambda: len(ledger.entries()) >= RUNS, "the first steps")
+            down = time.time()
             if fault == "cut":
                 proxy.cut()
                 await asyncio.sleep(CUT_S)
@@ -85,6 +86,7 @@ async def test_latency_and_a_dropped_connection_to_the_broker(
         steps=STEPS,
         lifted_at=lifted if fault == "cut" else None,
         began_at=began,
+        down_at=down if fault == "cut" else None,
         notes=f"(proxy connections {proxy.connections}, reset {proxy.resets})",
     )
     assert_sound(verdict, outcomes)

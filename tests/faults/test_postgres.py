@@ -223,6 +223,7 @@ async def test_postgres_restart_under_running_workers(
         driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
         try:
             await until(lambda: len(ledger.entries()) >= runs, "the first steps")
+            down = time.time()
             await asyncio.to_thread(private_postgres.stop, "immediate")
             await asyncio.sleep(DOWN_S)
             await asyncio.to_thread(private_postgres.start)
@@ -240,6 +241,7 @@ async def test_postgres_restart_under_running_workers(
         steps=steps_per_run,
         lifted_at=lifted,
         began_at=began,
+        down_at=down,
         notes=f"(logged tracebacks by logger {dict(tracebacks)})",
     )
     assert_sound(verdict, outcomes)

@@ -128,6 +128,7 @@ async def test_sqlite_disk_full_under_an_embedded_worker(tmp_path: Path) -> None
                 driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
                 try:
                     await until(lambda: len(ledger.entries()) >= RUNS, "the first steps")
+                    down = time.time()
                     await make_full(log)
                     await asyncio.sleep(3.0)
                     with contextlib.closing(sqlite3.connect(db)) as check:
@@ -153,6 +154,7 @@ async def test_sqlite_disk_full_under_an_embedded_worker(tmp_path: Path) -> None
         steps=STEPS,
         lifted_at=lifted,
         began_at=began,
+        down_at=down,
         notes=f"({how}; 'disk is full' errors {len(full)})",
     )
     assert_sound(verdict, outcomes)

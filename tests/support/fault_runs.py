@@ -192,9 +192,14 @@ def judge(
     steps: int,
     lifted_at: float | None,
     began_at: float,
+    down_at: float | None = None,
     notes: str = "",
 ) -> Verdict:
     """Count effects, duplicates and lost runs; time the recovery; record and print the row.
+
+    With ``down_at`` (when the fault began) the row also says how many effects happened while
+    the fault lasted: a tool runs only after its dispatch is durable, so these are at most the
+    calls whose dispatch was acknowledged just before the fault.
 
     A run is lost when it neither completed nor waits on a person with a reason, or when it
     completed without every one of its effects on record.
@@ -207,6 +212,9 @@ def judge(
     lost = sum(1 for o in outcomes if not o.settled) + len(
         {r for r in completed if expected_keys([r], steps) & missing}
     )
+    if down_at is not None and lifted_at is not None:
+        during = sum(1 for e in entries if down_at <= e["at"] < lifted_at)
+        notes = f"{notes} effects during the fault {during}".strip()
     seen = Counter(f for o in outcomes for f in o.failures)
     if seen:
         notes = f"{notes} failures {dict(sorted(seen.items()))}".strip()

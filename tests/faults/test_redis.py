@@ -32,7 +32,7 @@ from support.fault_runs import (
 from support.private_servers import PrivateRedis, running
 
 from onward.errors import OnwardError
-from onward.eventlog import KafkaEventLog, SequenceGuard
+from onward.eventlog import KafkaEventLog, RunClaimed, RunStarted, SequenceGuard
 from onward.runtime.leases import LeasePolicy, RedisLeaseStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.runner import AgentRunner
@@ -114,12 +114,17 @@ async def test_redis_loses_every_lease_under_running_workers(
             done.set()
             driving.cancel()
             await asyncio.gather(*rivals, return_exceptions=True)
-        one_holder_at_a_time = []
+        # Two holders of one lease would show as two claims (a start or a resume) under one
+        # fence: a store that forgot the run handing out a fence the log already has.
+        claims_twice, refused = [], 0
         for run_id in run_ids:
+            stored = await log.read_run(run_id)
+            fences = [s.event.fence for s in stored if isinstance(s.event, RunStarted | RunClaimed)]
+            if len(fences) != len(set(fences)):
+                claims_twice.append((run_id, fences))
             guard = SequenceGuard()
-            admitted = guard.admit_all(await log.read_run(run_id))
-            fences = [s.event.fence for s in admitted]
-            one_holder_at_a_time.append(fences == sorted(fences))
+            guard.admit_all(stored)
+            refused += len(guard.refused)
     verdict = judge(
         f"redis: {'restart without persistence' if fault == 'restart' else 'FLUSHALL (key loss)'}",
         ledger,
@@ -127,8 +132,8 @@ async def test_redis_loses_every_lease_under_running_workers(
         steps=STEPS,
         lifted_at=lifted,
         began_at=began,
-        notes="(two workers racing)",
+        notes=f"(two workers racing; writes of superseded holders refused {refused})",
     )
     assert_sound(verdict, outcomes)
     assert all(o.status == "completed" for o in outcomes), outcomes
-    assert all(one_holder_at_a_time)
+    assert claims_twice == []

@@ -269,13 +269,17 @@ async def until(check: Callable[[], bool], what: str, *, within_s: float = 60.0)
 def table() -> str:
     """The recorded rows as a table, in the order they were recorded."""
     rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    header = "| fault | runs | side effects | duplicates | lost | waiting | recover s | total s |"
-    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    header = (
+        "| fault | runs | side effects | duplicates | lost | waiting | recover s | total s "
+        "| retries | notes |"
+    )
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in sorted(rows.values(), key=lambda r: float(r["recorded_at"])):
         recover = "-" if row["recover_s"] is None else f"{row['recover_s']:.2f}"
         lines.append(
             f"| {row['fault']} | {row['runs']} | {row['side_effects']} | {row['duplicates']} "
-            f"| {row['lost']} | {row['waiting']} | {recover} | {row['total_s']:.1f} |"
+            f"| {row['lost']} | {row['waiting']} | {recover} | {row['total_s']:.1f} "
+            f"| {row['retries']} | {row['notes']} |"
         )
     return "\n".join(lines)
 

@@ -12,8 +12,8 @@ import pytest
 from support.histories import RunScript, append_all, workload
 from support.poison import BAD_RECORDS, REASONS, newer_format, tolerant_direct_fold
 
-from onward.eventlog import Event, MemoryEventLog, Position, UnreadableRecord
 from onward.errors import EventDecodeError
+from onward.eventlog import Event, MemoryEventLog, Position, UnreadableRecord
 from onward.projections.base import released_mark
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.projector import DEFAULT_CONSUMER, FrontierProjection, LogProjector
@@ -145,7 +145,7 @@ async def test_a_release_once_the_record_reads_folds_the_whole_run(rng: random.R
     claim = msgspec.json.decode(newer_format(run_id, 0))
     seq = world.a_steps[-1][0].seq
     readable = msgspec.json.encode({**claim, "seq": seq, "format": 1})
-    world.log._records[0][position.offset] = (run_id, readable)  # noqa: SLF001
+    world.log._records[0][position.offset] = (run_id, readable)
     await world.store.release(DEFAULT_CONSUMER, run_id, by="ops", at=1)
 
     await projector.catch_up()

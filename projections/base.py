@@ -79,17 +79,31 @@ class BuildSwitched(Exception):  # noqa: N818 - a signal to the projector, not a
 class StoredFrontier:
     """What a store holds for one run.
 
-    ``frontier`` is ``None`` when the last snapshot was refused for size; then ``summary`` still
-    carries the scalar fields and ``snapshot_error`` says why, and a reader folds the run from
-    the log instead.
+    ``frontier`` is ``None`` when the last snapshot was refused for size, or while the run is
+    quarantined; then ``summary`` still carries the scalar fields and ``snapshot_error`` or
+    ``quarantined`` says why, and a reader folds the run from the log instead.
     """
 
     summary: RunSummary
     frontier: Frontier | None
     snapshot_error: str | None
     quarantined: str | None = None
-    """Why the run is set aside (a record of it cannot be read), until a person releases it;
-    ``None`` for a readable run. See `QuarantineEntry`."""
+    """Why the run is set aside (a record of it cannot be read), until a person releases it
+    and the projector folds it again; ``None`` for a readable run. See `QuarantineEntry`.
+    While it is set, ``frontier`` is ``None``: the row is not the run's whole story (its
+    events after the record were not folded), so a reader folds the run from the log, which
+    refuses it while the record cannot be read."""
+
+    @classmethod
+    def of(
+        cls,
+        summary: RunSummary,
+        frontier: Frontier | None,
+        snapshot_error: str | None,
+        quarantined: str | None,
+    ) -> StoredFrontier:
+        """What a store returns for a row: no frontier while the run is set aside."""
+        return cls(summary, None if quarantined else frontier, snapshot_error, quarantined)
 
 
 @dataclass(frozen=True, slots=True)

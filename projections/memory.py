@@ -39,7 +39,7 @@ class MemoryFrontierStore(FrontierStoreBackend):
             return None
         summary, payload, error = row
         frontier = decode_payload(payload, run_id=run_id) if payload is not None else None
-        return StoredFrontier(summary, frontier, error, self._marks.get(run_id))
+        return StoredFrontier.of(summary, frontier, error, self._marks.get(run_id))
 
     async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
         found = {run_id: self._stored(run_id) for run_id in run_ids}

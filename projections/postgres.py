@@ -96,7 +96,7 @@ def _summary(row: asyncpg.Record) -> RunSummary:
 def _stored(row: asyncpg.Record) -> StoredFrontier:
     payload = row["payload"]
     frontier = decode_payload(payload, run_id=row["run_id"]) if payload is not None else None
-    return StoredFrontier(_summary(row), frontier, row["snapshot_error"], row["quarantined"])
+    return StoredFrontier.of(_summary(row), frontier, row["snapshot_error"], row["quarantined"])
 
 
 _QUARANTINE_COLUMNS = (

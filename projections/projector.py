@@ -304,8 +304,10 @@ class FrontierProjection:
         if row is None:
             return FrontierDraft.of(Frontier.empty(run_id, _tenant_of(first)))
         if row.quarantined is not None:
-            self._held[run_id] = row.quarantined
-            return FrontierDraft.of(row.frontier or Frontier.empty(run_id, row.summary.tenant))
+            self._held[run_id] = row.quarantined  # until a release is folded: nothing to fold
+            draft = FrontierDraft.of(Frontier.empty(run_id, row.summary.tenant))
+            draft.partition = row.summary.partition
+            return draft
         if row.frontier is None:
             return await self._refold(run_id, first)
         return FrontierDraft.of(row.frontier)
@@ -386,6 +388,7 @@ class FrontierProjection:
         rows = await self.store.load(list(runs))
         for run_id, partition in runs.items():
             row = rows.get(run_id)
+            # A held row gives no frontier (so not its first offset either): from the start.
             start: int | None = None
             if row is not None and row.frontier is not None and row.frontier.first_offset >= 0:
                 start = row.frontier.first_offset

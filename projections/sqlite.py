@@ -126,9 +126,7 @@ def _stored(row: Sequence[Any]) -> StoredFrontier:
     summary = _summary(row)
     payload, error, quarantined = row[len(_SUMMARY_COLUMNS) :]
     frontier = decode_payload(payload, run_id=summary.run_id) if payload is not None else None
-    return StoredFrontier(
-        summary=summary, frontier=frontier, snapshot_error=error, quarantined=quarantined
-    )
+    return StoredFrontier.of(summary, frontier, error, quarantined)
 
 
 def _frontier_params(snapshot: Snapshot) -> tuple[Any, ...]:

@@ -287,6 +287,9 @@ class FrontierStoreConformance:
         assert row is not None
         assert row.quarantined == entry.mark
         assert "offset 8" in entry.mark
+        assert row.frontier is None  # not the run's whole story: readers fold the log
+        assert row.summary.through_offset == 7
+        assert (await store.load([run_id]))[run_id] == row
 
     async def test_a_readable_run_has_no_mark(self, store: FrontierStore) -> None:
         run_id = new_run_id()

@@ -80,9 +80,9 @@ async def test_a_poison_record_sets_its_run_aside_and_every_other_run_is_folded(
     row = await world.store.get(world.a.run_id)
     assert row is not None
     assert row.quarantined == entry.mark
-    assert row.frontier is not None
-    assert row.frontier.last_seq == world.events_of_a(world.a_steps[:2])
-    assert row.frontier.through_offset < position.offset
+    assert row.frontier is None
+    assert row.summary.last_seq == world.events_of_a(world.a_steps[:2])
+    assert row.summary.through_offset < position.offset
 
     stats = projection.stats
     assert stats.quarantined == 1
@@ -129,8 +129,7 @@ async def test_a_release_of_a_still_unreadable_run_holds_it_again_once(
     row = await world.store.get(world.a.run_id)
     assert row is not None
     assert row.quarantined == entry.mark
-    assert row.frontier is not None
-    assert row.frontier.last_seq == world.events_of_a(world.a_steps[:2])
+    assert row.summary.last_seq == world.events_of_a(world.a_steps[:2])
 
 
 async def test_a_release_once_the_record_reads_folds_the_whole_run(rng: random.Random) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import msgspec
 
-from onward.eventlog import EVENT_FORMAT
+from onward.eventlog import EVENT_FORMAT, Event
 from onward.eventlog.base import EventLog, StoredEvent
 from onward.projections.frontier import Frontier, ToolCallRow, fold_run
+from onward.testing.eventlog import runs_in_partition
+from support.histories import RunScript
 
 
 def not_json(run_id: str, seq: int) -> bytes:
@@ -82,3 +86,55 @@ async def tolerant_direct_fold(
         events = by_run[run_id]
         frontiers[run_id] = fold_run(Frontier.empty(run_id, events[0].event.tenant), events, calls)
     return frontiers, calls
+
+
+@dataclass
+class PoisonedPartition:
+    """Runs sharing one partition; run ``a`` gets a poison record after its first steps.
+
+    Attributes:
+        a: The run whose record cannot be read.
+        a_steps: Its steps; the poison record goes after the first ``before`` of them and
+            takes the seq the next one carries.
+        others: The other runs' steps, interleaved as concurrent runs append.
+        before: How many of ``a``'s steps precede the poison record.
+    """
+
+    a: str
+    a_steps: list[list[Event]]
+    others: list[list[Event]]
+    before: int = 2
+
+    @property
+    def other_ids(self) -> list[str]:
+        return list(dict.fromkeys(step[0].run_id for step in self.others))
+
+    @property
+    def bad_seq(self) -> int:
+        return self.a_steps[self.before][0].seq
+
+    def a_events(self, steps: slice) -> int:
+        return sum(len(step) for step in self.a_steps[steps])
+
+
+def poisoned_partition(
+    rng: random.Random, *, partition: int, partitions: int, runs: int = 100
+) -> PoisonedPartition:
+    """``runs`` runs in ``partition`` (of ``partitions``): run A and ``runs - 1`` others."""
+    ids = runs_in_partition(partition, runs, partitions)
+    scripts = []
+    for run_id in ids:
+        script = RunScript(rng)
+        script.run_id = run_id
+        scripts.append(script.steps())
+    a_steps, rest = scripts[0], scripts[1:]
+    others: list[list[Event]] = []
+    cursors = [0] * len(rest)
+    live = list(range(len(rest)))
+    while live:
+        index = rng.choice(live)
+        others.append(rest[index][cursors[index]])
+        cursors[index] += 1
+        if cursors[index] == len(rest[index]):
+            live.remove(index)
+    return PoisonedPartition(ids[0], a_steps, others)

@@ -28,7 +28,7 @@ from onward.eventlog.base import LogRecord, Position, StoredEvent
 from onward.eventlog.kafka import DEFAULT_TOPIC, record_of, topic_partition_count
 
 from .base import BuildSwitched
-from .projector import ProjectionSink
+from .projector import FrontierProjection, ProjectionSink
 
 SinkT = TypeVar("SinkT", bound=ProjectionSink)
 
@@ -155,6 +155,7 @@ class KafkaProjector(Generic[SinkT]):
         self.projection.forget([tp.partition for tp in assigned])
         stored = await self.projection.positions()
         starts = await consumer.beginning_offsets(assigned)
+        sought: dict[int, int] = {}
         for tp in assigned:
             start = int(starts[tp])
             offset = stored.get(tp.partition, start)
@@ -165,6 +166,11 @@ class KafkaProjector(Generic[SinkT]):
                     "Rebuild the projection (`onward projections rebuild`)"
                 )
             consumer.seek(tp, offset)
+            sought[tp.partition] = offset
+        if isinstance(self.projection, FrontierProjection):
+            # Its partitions now, folded up to these offsets: runs released from quarantine
+            # in them are folded again on the next pass, even if no record arrives.
+            self.projection.assigned(sought)
         log.info("assigned %s", {tp.partition: stored.get(tp.partition) for tp in assigned})
 
     async def _flush_before_rebalance(self) -> None:

@@ -496,6 +496,13 @@ class FrontierProjection:
         self._cleared = set()
         self._folded_to.clear()
 
+    def assigned(self, positions: Mapping[int, int]) -> None:
+        """These partitions are this projection's now, folded up to these offsets (a Kafka
+        projector sought to them): runs released from quarantine in them are folded again on
+        the next pass, even before a record of the partition arrives."""
+        for partition, offset in positions.items():
+            self._folded_to.setdefault(partition, offset)
+
     def forget(self, partitions: Collection[int]) -> None:
         """Drop cached frontiers of runs in these partitions; another projector owns them now.
 

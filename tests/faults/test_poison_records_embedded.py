@@ -29,7 +29,7 @@ from onward.eventlog import Event, SqliteEventLog
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.checkpoint import Checkpointer
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 PARTITIONS = 2
 SHARED = 0
 TENANT = "acme"

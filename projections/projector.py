@@ -369,6 +369,18 @@ class FrontierProjection:
             draft.partition = entry.partition
         self._dirty[draft.run_id] = draft
 
+    async def _released_runs(self) -> dict[str, int]:
+        """Released runs not folded again yet, in partitions this projection folds: their
+        partitions."""
+        runs: dict[str, int] = {}
+        for entry in await self.store.quarantined(self.consumer, states={"released"}):
+            run_id = entry.run_id
+            if run_id is None or run_id in self._cleared:
+                continue
+            if entry.partition in self._folded_to:
+                runs.setdefault(run_id, entry.partition)
+        return runs
+
     async def _refold_released(self) -> None:
         """Fold again, from their first offset, the runs a person released: those in the
         partitions this projection folds, up to where it folded them."""
@@ -376,15 +388,13 @@ class FrontierProjection:
         if now - self._releases_checked < self._release_poll or not self._folded_to:
             return
         self._releases_checked = now
-        runs: dict[str, int] = {}
-        for entry in await self.store.quarantined(self.consumer, states={"released"}):
-            if entry.run_id is not None and entry.partition in self._folded_to:
-                runs.setdefault(entry.run_id, entry.partition)
-        runs = {r: p for r, p in runs.items() if r not in self._cleared}
+        runs = await self._released_runs()
+        if not self._writing_runs.isdisjoint(runs):
+            # The store being written may clear some of them: look again once it has landed.
+            await self._written()
+            runs = await self._released_runs()
         if not runs:
             return
-        if not self._writing_runs.isdisjoint(runs):
-            await self._written()
         rows = await self.store.load(list(runs))
         for run_id, partition in runs.items():
             row = rows.get(run_id)

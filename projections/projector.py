@@ -250,7 +250,7 @@ class FrontierProjection:
     async def _fold(
         self, records: Mapping[int, Sequence[LogRecord]], next_offsets: Mapping[int, int]
     ) -> None:
-        by_run, count = self._by_run(records)
+        by_run, poisoned, count = self._by_run(records)
         cache = self._cache
         missing = [r for r in by_run if r not in cache]
         if not self._writing_runs.isdisjoint(missing):
@@ -271,7 +271,7 @@ class FrontierProjection:
             if run_id in held:
                 self.stats.quarantine_skipped += len(items)
                 continue
-            self._fold_run(draft, items)
+            self._fold_run(draft, items, readable=run_id not in poisoned)
         if not self._positions:
             self._pending_since = time.monotonic()
         self._positions.update(next_offsets)
@@ -282,9 +282,11 @@ class FrontierProjection:
 
     def _by_run(
         self, records: Mapping[int, Sequence[LogRecord]]
-    ) -> tuple[dict[str, list[LogRecord]], int]:
-        """A batch's records by run, and how many there are."""
+    ) -> tuple[dict[str, list[LogRecord]], set[str], int]:
+        """A batch's records by run, the runs with an unreadable record, and how many records
+        there are."""
         by_run: defaultdict[str, list[LogRecord]] = defaultdict(list)
+        poisoned: set[str] = set()
         count = 0
         for items in records.values():
             count += len(items)
@@ -293,9 +295,10 @@ class FrontierProjection:
                     by_run[item.event.run_id].append(item)
                 elif item.run_id is not None:
                     by_run[item.run_id].append(item)
+                    poisoned.add(item.run_id)
                 else:
                     self._hold(None, item)  # filed under no run: nothing to set aside
-        return by_run, count
+        return by_run, poisoned, count
 
     async def _draft(
         self, run_id: str, first: LogRecord, row: StoredFrontier | None
@@ -312,13 +315,16 @@ class FrontierProjection:
             return await self._refold(run_id, first)
         return FrontierDraft.of(row.frontier)
 
-    def _fold_run(self, draft: FrontierDraft, items: Sequence[LogRecord]) -> None:
+    def _fold_run(
+        self, draft: FrontierDraft, items: Sequence[LogRecord], *, readable: bool = False
+    ) -> None:
         """Fold one run's records into its draft; an unreadable one past what the draft has
-        folded sets the run aside, and the records after it are skipped."""
+        folded sets the run aside, and the records after it are skipped. ``readable`` says
+        the caller knows every record is an event (the common case: nothing is checked)."""
         events: Sequence[StoredEvent]
         bad: UnreadableRecord | None = None
-        if all(isinstance(item, StoredEvent) for item in items):
-            events = items  # type: ignore[assignment]  # checked just above: the common case
+        if readable:
+            events = items  # type: ignore[assignment]  # the caller checked: all events
         else:
             events = []
             for index, item in enumerate(items):

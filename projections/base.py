@@ -93,6 +93,9 @@ class StoredFrontier:
     While it is set, ``frontier`` is ``None``: the row is not the run's whole story (its
     events after the record were not folded), so a reader folds the run from the log, which
     refuses it while the record cannot be read."""
+    set_aside: Frontier | None = None
+    """While the run is set aside: its frontier as folded up to the unreadable record, whose
+    ``first_offset`` says where a release folds the run again from. Never a resume point."""
 
     @classmethod
     def of(
@@ -103,7 +106,9 @@ class StoredFrontier:
         quarantined: str | None,
     ) -> StoredFrontier:
         """What a store returns for a row: no frontier while the run is set aside."""
-        return cls(summary, None if quarantined else frontier, snapshot_error, quarantined)
+        if quarantined is None:
+            return cls(summary, frontier, snapshot_error)
+        return cls(summary, None, snapshot_error, quarantined, frontier)
 
 
 @dataclass(frozen=True, slots=True)

@@ -404,10 +404,9 @@ class FrontierProjection:
         rows = await self.store.load(list(runs))
         for run_id, partition in runs.items():
             row = rows.get(run_id)
-            # A held row gives no frontier (so not its first offset either): from the start.
-            start: int | None = None
-            if row is not None and row.frontier is not None and row.frontier.first_offset >= 0:
-                start = row.frontier.first_offset
+            # Where the run's first event is, as far as it was folded before it was set aside.
+            known = (row.set_aside or row.frontier) if row is not None else None
+            start = known.first_offset if known is not None and known.first_offset >= 0 else None
             end = self._folded_to[partition]
             records = await self.log.read_records(partition, start, end, run_id=run_id)
             tenant = row.summary.tenant if row is not None else ""

@@ -288,6 +288,7 @@ class FrontierStoreConformance:
         assert row.quarantined == entry.mark
         assert "offset 8" in entry.mark
         assert row.frontier is None  # not the run's whole story: readers fold the log
+        assert row.set_aside == frontier(run_id, through=7)
         assert row.summary.through_offset == 7
         assert (await store.load([run_id]))[run_id] == row
 

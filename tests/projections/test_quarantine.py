@@ -108,7 +108,7 @@ async def test_a_restarted_projector_keeps_the_run_aside(rng: random.Random) -> 
 
 
 async def test_a_release_of_a_still_unreadable_run_holds_it_again_once(
-    rng: random.Random,
+    rng: random.Random, caplog: pytest.LogCaptureFixture
 ) -> None:
     world = World(rng)
     await world.write("not-json")
@@ -119,9 +119,14 @@ async def test_a_release_of_a_still_unreadable_run_holds_it_again_once(
     row = await world.store.get(world.a.run_id)
     assert row is not None
     assert row.quarantined == released_mark("ops")
+    assert row.set_aside is not None
+    first = row.set_aside.first_offset
+    assert first >= 0
 
-    await projector.catch_up()
-    await projector.catch_up()
+    with caplog.at_level(logging.INFO, logger="onward.projector"):
+        await projector.catch_up()
+        await projector.catch_up()
+    assert f"folded again from offset {first} " in caplog.text
     assert projection.stats.released == 1
     assert projection.stats.quarantined == 2
     (entry,) = await world.store.quarantined(DEFAULT_CONSUMER)

@@ -34,6 +34,7 @@ from onward._storage import DRIVER_ERRORS, translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
+    EventDecodeError,
     InvalidInputError,
     LogTruncatedError,
     OnwardError,
@@ -47,17 +48,20 @@ from .base import (
     DEFAULT_PARTITIONS,
     EventLogBackend,
     LogRead,
+    LogRecord,
     PartitionBounds,
     Position,
     StoredEvent,
     check_partition,
     check_truncation,
+    decode_record,
 )
 from .events import Event
 
 DEFAULT_TOPIC = "onward.events"
 _log = logging.getLogger("onward.eventlog.kafka")
 _HEADER_RUN = "onward.run_id"
+_HEADER_KIND = "onward.kind"
 # Kafka's default message.max.bytes is 1048588; the batch also carries keys and headers.
 _PRODUCER_MAX_BATCH = 1_048_000
 _PRODUCER_MAX_REQUEST = 1_100_000
@@ -280,7 +284,7 @@ class KafkaEventLog(EventLogBackend):
                 _settle(pending, offset=offset)
                 offset += len(pending.records)
 
-    async def _read(self, request: LogRead) -> list[StoredEvent]:
+    async def _read_records(self, request: LogRead) -> list[LogRecord]:
         partition, start, end, run_id, limit = request
         tp = TopicPartition(self._topic, partition)
         async with self._reader_lock:
@@ -318,7 +322,7 @@ class KafkaEventLog(EventLogBackend):
         *,
         run_id: str | None,
         limit: int | None,
-    ) -> list[StoredEvent]:
+    ) -> list[LogRecord]:
         """Records ``low`` up to ``high`` of one partition, the run's only if ``run_id`` is set."""
         key = run_id.encode() if run_id is not None else None
         if reader.assignment() != {tp}:
@@ -328,7 +332,7 @@ class KafkaEventLog(EventLogBackend):
         # a partition) reuses what the reader already fetched instead of seeking back.
         if self._cursor != (tp.partition, low):
             reader.seek(tp, low)
-        out: list[StoredEvent] = []
+        out: list[LogRecord] = []
         position = low
         deadline = time.monotonic() + self._read_timeout_s
         while position < high:
@@ -347,8 +351,7 @@ class KafkaEventLog(EventLogBackend):
             for record in records:
                 if key is not None and record.key != key:
                     continue
-                event = codec.decode(record.value, run_hint=_run_of(record))
-                out.append(StoredEvent(Position(tp.partition, record.offset), event))
+                out.append(record_of(tp.partition, record))
                 if limit is not None and len(out) >= limit:
                     return out
         return out
@@ -483,13 +486,31 @@ async def topic_partition_count(admin: AIOKafkaAdminClient, topic: str) -> int |
     return len(described["partitions"])
 
 
+def record_of(partition: int, record: Any) -> LogRecord:
+    """A fetched Kafka record as an event, or, if it cannot be decoded, as an unreadable record
+    named by its key (or ``onward.run_id`` header) and ``onward.kind`` header."""
+    try:
+        return StoredEvent(Position(partition, record.offset), codec.decode(record.value))
+    except EventDecodeError:
+        return decode_record(
+            Position(partition, record.offset),
+            record.value,
+            run_hint=_run_of(record),
+            kind_hint=_header(record, _HEADER_KIND),
+        )
+
+
+def _header(record: Any, wanted: str) -> str | None:
+    for name, value in record.headers or ():
+        if name == wanted:
+            return bytes(value).decode(errors="replace")
+    return None
+
+
 def _run_of(record: Any) -> str | None:
     if record.key is not None:
         return bytes(record.key).decode(errors="replace")
-    for name, value in record.headers or ():
-        if name == _HEADER_RUN:
-            return bytes(value).decode(errors="replace")
-    return None
+    return _header(record, _HEADER_RUN)
 
 
 __all__ = ["DEFAULT_TOPIC", "KafkaEventLog"]

@@ -17,17 +17,17 @@ from pathlib import Path
 from onward._storage import SqliteStore, connect, transaction, translated
 from onward.errors import ConfigurationError, LogTruncatedError
 
-from . import codec
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
     EventLogBackend,
     LogRead,
+    LogRecord,
     PartitionBounds,
     Position,
-    StoredEvent,
     check_partition,
     check_truncation,
+    decode_record,
     partition_for,
 )
 from .events import Event
@@ -124,7 +124,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         first = await self._db.call(write, f"appending to partition {partition}", run_id)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
-    async def _read(self, request: LogRead) -> list[StoredEvent]:
+    async def _read_records(self, request: LogRead) -> list[LogRecord]:
         partition, start, end, run_id, limit = request
         conn = self._db.connection()
 
@@ -162,7 +162,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                 run_id=run_id,
             )
         return [
-            StoredEvent(Position(partition, offset), codec.decode(record, run_hint=key))
+            decode_record(Position(partition, offset), record, run_hint=key)
             for offset, key, record in rows
         ]
 

@@ -270,20 +270,27 @@ def replay_command(
         bool, typer.Option("--json", help="JSON lines, one object per event, instead of a table.")
     ] = False,
 ) -> None:
-    """The audit timeline: every stored event of a run in log order, refused ones marked.
+    """The audit timeline: every stored record of a run in log order, refused events and
+    unreadable records marked in place (with their offset and why).
 
-    Exit 0: shown. 1: no such run. 4: a record cannot be read. 5: a store failed.
+    Exit 0: shown. 1: no such run. 5: a store failed.
     """
 
     async def work(backends: Backends) -> list[AuditLine]:
         return await audit_timeline(backends.log, run_id, tenant=tenant)
 
     lines = with_backends(work)
-    first = lines[0].stored
+    first = next(line.stored for line in lines if line.stored is not None)
     if first.event.seq > 1:
         error(
             f"run {run_id!r}: the events before seq {first.event.seq} (offset "
             f"{first.position.offset}) were compacted away; the timeline starts there"
+        )
+    holes = [line.position.offset for line in lines if line.unreadable is not None]
+    if holes:
+        error(
+            f"run {run_id!r}: {len(holes)} record(s) cannot be read (offset "
+            f"{', '.join(map(str, holes))}); inspect and resume refuse the run until they can"
         )
     if as_json:
         for line in lines:

@@ -13,12 +13,13 @@ from .migrations import (
     migrate_sqlite,
     migrations,
     open_sqlite,
+    refuse_foreign_sqlite,
     schema_version_postgres,
     verify_postgres,
     verify_sqlite,
 )
 from .postgres import APPLICATION_NAME, application_name, open_pool, pooled
-from .sqlite import SqliteThread, connect, split_statements, transaction
+from .sqlite import SqliteThread, connect, connect_readonly, split_statements, transaction
 from .stores import AsyncResource, PostgresStore, Resource, SqliteStore
 from .translate import DRIVER_ERRORS, classify, translate, translated, translating
 
@@ -35,6 +36,7 @@ __all__ = [
     "application_name",
     "classify",
     "connect",
+    "connect_readonly",
     "expected_version",
     "migrate_postgres",
     "migrate_sqlite",
@@ -42,6 +44,7 @@ __all__ = [
     "open_pool",
     "open_sqlite",
     "pooled",
+    "refuse_foreign_sqlite",
     "schema_version_postgres",
     "split_statements",
     "transaction",

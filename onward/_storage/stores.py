@@ -108,14 +108,19 @@ class SqliteStore(Resource):
         migrate: Apply the SQLite migrations on :meth:`start`, so embedded mode needs no setup.
             With ``False`` the file must already be migrated (``onward db migrate``), and a file
             that is not is refused rather than changed.
+        readonly: Open the file read-only and change nothing in it (no migration, no journal
+            mode switch, no file created beside it), for commands that only read; a missing
+            file or one that is not an Onward database is a `ConfigurationError`. Every write
+            then fails.
     """
 
     what: ClassVar[str] = "store"
     """What the store is ("lease store"), for messages."""
 
-    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+    def __init__(self, path: str | Path, *, migrate: bool = True, readonly: bool = False) -> None:
         self._path = Path(path)
-        self._migrate = migrate
+        self._migrate = migrate and not readonly
+        self._readonly = readonly
         self._db = SqliteThread(self._path, self.what)
 
     @property
@@ -133,7 +138,12 @@ class SqliteStore(Resource):
 
     def _open(self) -> sqlite3.Connection:
         """Open the connection; runs on the store's thread."""
-        return open_sqlite(self._path, migrate=self._migrate)
+        return open_sqlite(self._path, migrate=self._migrate, readonly=self._readonly)
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the store was opened to read only."""
+        return self._readonly
 
     async def verify(self) -> None:
         """Check the file is still at this code's schema version.

@@ -68,8 +68,13 @@ class Outcome(StrEnum):
     NEVER_RAN = "never_ran"
 
 
-def with_backends(work: Callable[[Backends], Awaitable[_T]]) -> _T:
-    """Run ``work`` on the configured stores, opened within a bounded connect time."""
+def with_backends(work: Callable[[Backends], Awaitable[_T]], *, readonly: bool = False) -> _T:
+    """Run ``work`` on the configured stores, opened within a bounded connect time.
+
+    With ``readonly`` (the commands that only read) the stores are opened read-only
+    (`open_backends`): nothing in a SQLite file changes, and a file that is not an Onward
+    database is refused.
+    """
     config = load_settings()
 
     async def on_stores() -> _T:
@@ -80,7 +85,8 @@ def with_backends(work: Callable[[Backends], Awaitable[_T]]) -> _T:
                 f"ONWARD_SQLITE_PATH {str(config.sqlite_path)!r} does not exist; point it at "
                 "the database the runs were written to"
             )
-        async with opened(f"the {config.backend} stores", open_backends(config)) as backends:
+        stores = open_backends(config, readonly=readonly)
+        async with opened(f"the {config.backend} stores", stores) as backends:
             return await work(backends)
 
     return asyncio.run(on_stores())
@@ -133,15 +139,15 @@ def _carry_on_hint(run_id: str, tenant: str) -> str:
 def inspect_command(run_id: RunArgument, tenant: TenantOption) -> None:
     """Show where a run stands and what resume would do. Takes no lease, writes nothing.
 
-    Exit 0: shown. 1: no such run. 2: bad command line. 4: the run cannot be read.
-    5: a store failed.
+    Exit 0: shown. 1: no such run. 2: bad command line, or the SQLite file is missing or is
+    not an Onward database. 4: the run cannot be read. 5: a store failed.
     """
 
     async def work(backends: Backends) -> None:
         frontier, lease = await _look(backends, run_id, tenant)
         out.print(run_summary(frontier, lease=lease))
 
-    with_backends(work)
+    with_backends(work, readonly=True)
 
 
 def run_command(
@@ -272,13 +278,16 @@ def replay_command(
 ) -> None:
     """The audit timeline: every stored event of a run in log order, refused ones marked.
 
-    Exit 0: shown. 1: no such run. 4: a record cannot be read. 5: a store failed.
+    Takes no lease and writes nothing.
+
+    Exit 0: shown. 1: no such run. 2: bad command line, or the SQLite file is missing or is
+    not an Onward database. 4: a record cannot be read. 5: a store failed.
     """
 
     async def work(backends: Backends) -> list[AuditLine]:
         return await audit_timeline(backends.log, run_id, tenant=tenant)
 
-    lines = with_backends(work)
+    lines = with_backends(work, readonly=True)
     first = lines[0].stored
     if first.event.seq > 1:
         error(

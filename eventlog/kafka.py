@@ -30,7 +30,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from onward._storage import DRIVER_ERRORS, translate
+from onward._storage import BACKEND_TIMEOUT_S, DRIVER_ERRORS, translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -77,6 +77,10 @@ class KafkaEventLog(EventLogBackend):
         max_batch_bytes: Largest encoded batch accepted before anything is sent.
         read_timeout_s: How long a read may wait for the broker before it fails.
         client_id: Shown in broker logs.
+        request_timeout_s: How long an append, or one request of the reader or the admin
+            client, may wait for the broker (unreachable, no leader) before it fails with
+            `BackendUnavailableError`: the producer's ``request_timeout_ms``, which also bounds
+            how long a batch waits to be delivered. ``BACKEND_TIMEOUT_S`` by default.
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class KafkaEventLog(EventLogBackend):
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         read_timeout_s: float = 30.0,
         client_id: str = "onward",
+        request_timeout_s: float = BACKEND_TIMEOUT_S,
     ) -> None:
         super().__init__(partitions=partitions, max_batch_bytes=max_batch_bytes)
         if not bootstrap_servers:
@@ -100,6 +105,7 @@ class KafkaEventLog(EventLogBackend):
         self._create_topic = create_topic
         self._read_timeout_s = read_timeout_s
         self._client_id = client_id
+        self._request_timeout_ms = max(1, int(request_timeout_s * 1000))
         self._producer: AIOKafkaProducer | None = None
         self._reader: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None
@@ -123,7 +129,9 @@ class KafkaEventLog(EventLogBackend):
         """Connect, create the topic if allowed and missing, and check its partition count."""
         try:
             self._admin = AIOKafkaAdminClient(
-                bootstrap_servers=self._bootstrap, client_id=f"{self._client_id}-admin"
+                bootstrap_servers=self._bootstrap,
+                client_id=f"{self._client_id}-admin",
+                request_timeout_ms=self._request_timeout_ms,
             )
             await self._admin.start()
             await self._ensure_topic(self._admin)
@@ -136,6 +144,7 @@ class KafkaEventLog(EventLogBackend):
                 isolation_level="read_committed",
                 max_partition_fetch_bytes=8 * 1024 * 1024,
                 fetch_max_wait_ms=100,
+                request_timeout_ms=max(self._request_timeout_ms, 200),
             )
             await self._reader.start()
         except DRIVER_ERRORS as exc:
@@ -182,6 +191,7 @@ class KafkaEventLog(EventLogBackend):
             linger_ms=0,
             max_batch_size=_PRODUCER_MAX_BATCH,
             max_request_size=_PRODUCER_MAX_REQUEST,
+            request_timeout_ms=self._request_timeout_ms,
         )
         try:
             await producer.start()

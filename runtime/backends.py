@@ -126,26 +126,32 @@ async def open_backends(settings: Settings, *, readonly: bool = False) -> AsyncI
         else:
             database_url = settings.require_database_url()
             schema = settings.database_schema
+            timeout_s = settings.backend_timeout
             log = await stack.enter_async_context(
                 KafkaEventLog(
                     settings.kafka_bootstrap_servers,
                     topic=settings.kafka_topic,
                     partitions=settings.partitions,
                     create_topic=False,
+                    request_timeout_s=timeout_s,
                 )
             )
             frontiers = await stack.enter_async_context(
-                PostgresFrontierStore(database_url, schema=schema)
+                PostgresFrontierStore(database_url, schema=schema, timeout_s=timeout_s)
             )
             if settings.redis_url:
                 leases = await stack.enter_async_context(
-                    RedisLeaseStore(settings.redis_url, prefix=settings.redis_prefix)
+                    RedisLeaseStore(
+                        settings.redis_url, prefix=settings.redis_prefix, timeout_s=timeout_s
+                    )
                 )
             else:
                 leases = await stack.enter_async_context(
-                    PostgresLeaseStore(database_url, schema=schema)
+                    PostgresLeaseStore(database_url, schema=schema, timeout_s=timeout_s)
                 )
-            blobs = await stack.enter_async_context(PostgresBlobStore(database_url, schema=schema))
+            blobs = await stack.enter_async_context(
+                PostgresBlobStore(database_url, schema=schema, timeout_s=timeout_s)
+            )
         yield Backends(settings, log, frontiers, leases, blobs)
 
 

@@ -20,11 +20,12 @@ from .migrations import (
 )
 from .postgres import APPLICATION_NAME, application_name, open_pool, pooled
 from .sqlite import SqliteThread, connect, connect_readonly, split_statements, transaction
-from .stores import AsyncResource, PostgresStore, Resource, SqliteStore
+from .stores import BACKEND_TIMEOUT_S, AsyncResource, PostgresStore, Resource, SqliteStore
 from .translate import DRIVER_ERRORS, classify, translate, translated, translating
 
 __all__ = [
     "APPLICATION_NAME",
+    "BACKEND_TIMEOUT_S",
     "DRIVER_ERRORS",
     "AsyncResource",
     "Dialect",

@@ -27,6 +27,11 @@ from .translate import translated
 
 _T = TypeVar("_T")
 
+BACKEND_TIMEOUT_S = 30.0
+"""How long one call to a server (PostgreSQL, Redis, Kafka) may wait by default before it fails
+with a retryable `BackendUnavailableError`: a run stops instead of hanging on a silent server,
+and a resume once the server is back carries it on. ``ONWARD_BACKEND_TIMEOUT`` sets it."""
+
 
 @runtime_checkable
 class AsyncResource(Protocol):
@@ -168,18 +173,28 @@ class PostgresStore(Resource):
             server's default. The tables come from ``onward db migrate``.
         min_size: Smallest pool size.
         max_size: Largest pool size.
+        timeout_s: The longest a connection attempt, a wait for a pooled connection or one
+            statement may take before it fails with `BackendUnavailableError`
+            (`BACKEND_TIMEOUT_S` by default); ``None`` waits as long as the server takes.
     """
 
     what: ClassVar[str] = "PostgreSQL store"
     """What the store is ("PostgreSQL lease store"), for messages."""
 
     def __init__(
-        self, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10
+        self,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
     ) -> None:
         self._dsn = dsn
         self._schema = schema
         self._min_size = min_size
         self._max_size = max_size
+        self._timeout_s = timeout_s
         self._pool: asyncpg.Pool | None = None
 
     @property
@@ -194,7 +209,11 @@ class PostgresStore(Resource):
             BackendUnavailableError: PostgreSQL could not be reached.
         """
         self._pool = await open_pool(
-            self._dsn, schema=self._schema, min_size=self._min_size, max_size=self._max_size
+            self._dsn,
+            schema=self._schema,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            timeout_s=self._timeout_s,
         )
         await self._started()
 
@@ -216,7 +235,13 @@ class PostgresStore(Resource):
         self, context: str, run_id: str | None = None, *, transaction: bool = False
     ) -> AbstractAsyncContextManager[asyncpg.Connection]:
         """A pooled connection (in a transaction if asked) whose driver errors are translated."""
-        return pooled(self._live_pool(), context, run_id=run_id, transaction=transaction)
+        return pooled(
+            self._live_pool(),
+            context,
+            run_id=run_id,
+            transaction=transaction,
+            timeout_s=self._timeout_s,
+        )
 
     async def _run(
         self,

@@ -235,7 +235,19 @@ class KafkaEventLog(EventLogBackend):
         flusher = self._flushers.get(partition)
         if flusher is None or flusher.done():
             self._flushers[partition] = asyncio.create_task(self._flush(partition))
-        first = await pending.done
+        try:
+            # The idempotent producer retries a batch until the broker takes it, however long
+            # that is; the append waits no longer than the request timeout.
+            async with asyncio.timeout(self._request_timeout_ms / 1000):
+                first = await asyncio.shield(pending.done)
+        except TimeoutError:
+            pending.done.cancel()  # not sent yet: never sent; sent: it may still land
+            raise BackendUnavailableError(
+                f"run {run_id!r}: appending to partition {partition}: Kafka did not acknowledge "
+                f"within {self._request_timeout_ms / 1000:g}s (the batch may still land; the "
+                "log decides); resume the run once Kafka is reachable",
+                run_id=run_id,
+            ) from None
         return [Position(partition, first + i) for i in range(len(encoded))]
 
     async def _flush(self, partition: int) -> None:
@@ -258,6 +270,7 @@ class KafkaEventLog(EventLogBackend):
             while queue and size + queue[0].size <= _GROUP_COMMIT_BYTES:
                 size += queue[0].size
                 taken.append(queue.popleft())
+            taken = [p for p in taken if not p.done.done()]  # appends that gave up waiting
             batch, taken, rest = _build(producer, taken)
             queue.extendleft(reversed(rest))  # what did not fit goes first in the next batch
             if batch is None:
@@ -396,8 +409,17 @@ class KafkaEventLog(EventLogBackend):
             raise translate(exc, context=f"truncating partition {partition}") from exc
 
     async def close(self) -> None:
+        """Send what is queued, then close; a broker that does not answer delays this at most
+        twice the request timeout (what it had not acknowledged by then may still have landed).
+        """
+        bound = self._request_timeout_ms / 1000
         # Appends already queued are sent (or fail) before the producer goes away.
-        await asyncio.gather(*self._flushers.values(), return_exceptions=True)
+        flushers = list(self._flushers.values())
+        if flushers:
+            _, stuck = await asyncio.wait(flushers, timeout=bound)
+            for flusher in stuck:
+                flusher.cancel()
+            await asyncio.gather(*flushers, return_exceptions=True)
         producer, self._producer = self._producer, None
         reader, self._reader = self._reader, None
         admin, self._admin = self._admin, None
@@ -410,7 +432,11 @@ class KafkaEventLog(EventLogBackend):
             if stop is None:
                 continue
             try:
-                await stop()
+                async with asyncio.timeout(bound):
+                    await stop()
+            except TimeoutError:
+                # Its own pending batch keeps a producer flushing; it is left to the event loop.
+                _log.warning("closing the Kafka log: %s gave up after %gs", stop.__name__, bound)
             except DRIVER_ERRORS as exc:
                 errors.append(exc)
         if errors:

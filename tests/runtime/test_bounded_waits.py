@@ -53,7 +53,9 @@ class Bookings:
 
     def agent(self) -> Agent:
         async def status(key: str) -> Reconciled:
-            return Reconciled("completed", "booked") if key in self.made else Reconciled("never_ran")
+            return (
+                Reconciled("completed", "booked") if key in self.made else Reconciled("never_ran")
+            )
 
         @tool(reconcile=status)
         async def book(seat: str, *, idempotency_key: str) -> str:
@@ -109,7 +111,8 @@ def through(url: str, proxy: TcpProxy) -> str:
 
 def upstream(url: str) -> tuple[str, int]:
     parts = urlsplit(url if "//" in url else f"//{url}")
-    assert parts.hostname is not None and parts.port is not None
+    assert parts.hostname is not None
+    assert parts.port is not None
     return parts.hostname, parts.port
 
 
@@ -171,7 +174,7 @@ async def resume_when_released(
             await asyncio.sleep(0.2)
 
 
-CASES = {
+CASES: dict[str, tuple[type[Event], str]] = {
     # server cut: (the event after which it is cut, where the leases live)
     "kafka": (RunStarted, "redis"),
     "postgres": (ModelAnswered, "postgres"),
@@ -213,3 +216,39 @@ async def test_a_silent_server_stops_the_run_in_bounded_time_and_a_resume_finish
                 status = await resume_when_released(log2, leases2, bookings, run_id)
     assert status == "completed"
     assert list(bookings.made.values()) == [1]
+
+
+async def test_a_kafka_log_closes_in_bounded_time_while_the_broker_is_silent(
+    servers: Servers, kafka_through_proxies: dict[tuple[str, int], int]
+) -> None:
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    first = RunStarted(
+        run_id=run_id, tenant=TENANT, seq=1, fence=1, at=1, agent="a", revision="r1", input="go"
+    )
+    second = ModelAnswered(
+        run_id=run_id,
+        tenant=TENANT,
+        seq=2,
+        fence=1,
+        at=2,
+        message=reply("thinking").message,
+        tool_calls=[],
+    )
+    async with TcpProxy(*upstream(servers.kafka)) as proxy:
+        kafka_through_proxies[upstream(servers.kafka)] = proxy.port
+        log = KafkaEventLog(
+            f"127.0.0.1:{proxy.port}", topic=servers.topic, partitions=1, request_timeout_s=BOUND_S
+        )
+        await log.start()
+        await log.append([first])
+        await proxy.cut(silent=True)
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError, match="did not acknowledge"):
+            await log.append([second])
+        await log.close()
+        assert time.monotonic() - started < 3 * BOUND_S + 2.0
+        await proxy.restore()
+    kafka_through_proxies.clear()
+    async with KafkaEventLog(servers.kafka, topic=servers.topic, partitions=1) as reader:
+        stored = [s.event for s in await reader.read_run(run_id)]
+    assert stored[0] == first  # what was acknowledged is there; the rest may or may not be

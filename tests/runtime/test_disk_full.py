@@ -96,7 +96,7 @@ async def resume_when_free(db: Path, run_id: str, *, within_s: float) -> float:
 def intact(db: Path) -> bool:
     conn = sqlite3.connect(db)
     try:
-        return conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        return bool(conn.execute("PRAGMA integrity_check").fetchone() == ("ok",))
     finally:
         conn.close()
 

@@ -93,22 +93,22 @@ class TcpProxy:
             await server.wait_closed()
 
     async def _drop_links(self) -> None:
-        for writer in list(self._writers):
-            transport = writer.transport
-            transport.abort()
         links = list(self._links)
         for link in links:
             link.cancel()
         await asyncio.gather(*links, return_exceptions=True)
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self._writers.add(writer)  # before the link runs, so a cut now still resets it
         link = asyncio.create_task(self._link(reader, writer))
         self._links.add(link)
         link.add_done_callback(self._links.discard)
 
     async def _link(self, reader: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
-        self._writers.add(client_out)
         server_out: asyncio.StreamWriter | None = None
         try:
             await self._flowing.wait()  # a connection made during a silent cut reaches nothing

@@ -5,6 +5,7 @@ through this package and derives its lifecycle from :class:`Resource`. It import
 Onward's but `onward.errors`.
 """
 
+from .logs import DRIVER_LOGGERS, one_line_driver_logs
 from .migrations import (
     Dialect,
     Migration,
@@ -27,6 +28,7 @@ __all__ = [
     "APPLICATION_NAME",
     "BACKEND_TIMEOUT_S",
     "DRIVER_ERRORS",
+    "DRIVER_LOGGERS",
     "AsyncResource",
     "Dialect",
     "Migration",
@@ -42,6 +44,7 @@ __all__ = [
     "migrate_postgres",
     "migrate_sqlite",
     "migrations",
+    "one_line_driver_logs",
     "open_pool",
     "open_sqlite",
     "pooled",

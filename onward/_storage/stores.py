@@ -20,6 +20,7 @@ import asyncpg
 
 from onward.errors import InvalidInputError
 
+from .logs import one_line_driver_logs
 from .migrations import open_sqlite, verify_postgres, verify_sqlite
 from .postgres import open_pool, pooled
 from .sqlite import SqliteThread
@@ -80,6 +81,7 @@ class Resource:
         """Connect. Starting a started object does nothing; a failed start leaves nothing open."""
         if self.is_open:
             return
+        one_line_driver_logs()
         try:
             await self._connect()
         except BaseException:

@@ -221,9 +221,10 @@ class Leaseholder:
             except OnwardError as exc:
                 lapses = granted + ttl_s
                 if loop.time() >= lapses:
-                    logger.exception(
-                        "run %r: lease must have lapsed; the store stayed unreachable",
+                    logger.warning(
+                        "run %r: lease must have lapsed; the store stayed unreachable: %s",
                         self.run_id,
+                        exc,
                     )
                     self.fenced.set()
                     return

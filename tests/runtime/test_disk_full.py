@@ -10,7 +10,11 @@ is made to refuse writes with ``PRAGMA query_only``, a real SQLite refusal of th
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -171,3 +175,47 @@ async def test_a_background_release_stops_when_the_store_is_closed(db: Path) -> 
     await leases.close()
     assert held.releasing is not None
     await asyncio.wait_for(held.releasing, 2)
+
+
+def _private_mount() -> list[str] | None:
+    """How to run a command in a mount namespace of its own, where it may mount a tmpfs."""
+    for prefix in (["unshare", "-m"], ["unshare", "-rm"]):
+        probe = [*prefix, "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt || exit 1"]
+        try:
+            done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            return prefix
+    return None
+
+
+def test_on_a_really_full_disk_the_release_retries_and_the_run_resumes_in_seconds(
+    tmp_path: Path,
+) -> None:
+    # The same story on a real filesystem that fills up: a 2 MiB tmpfs, mounted in a private
+    # mount namespace (needs root or unprivileged user namespaces), so nothing outlives the test.
+    prefix = _private_mount()
+    if prefix is None:
+        pytest.skip("cannot mount a tmpfs in a private mount namespace here")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    tests = Path(__file__).resolve().parents[1]
+    script = (
+        f'mount -t tmpfs -o size=2m tmpfs "{mount}" && '
+        f'exec "{sys.executable}" -m support.disk_full_child "{mount}"'
+    )
+    done = subprocess.run(
+        [*prefix, "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(tests)},
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "database or disk is full" in report["failed"]
+    assert report["held_after_failure"]  # the release failed like the append
+    assert report["status"] == "completed"
+    assert report["resumed_after_s"] < 5

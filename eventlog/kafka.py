@@ -237,11 +237,11 @@ class KafkaEventLog(EventLogBackend):
             self._flushers[partition] = asyncio.create_task(self._flush(partition))
         try:
             # The idempotent producer retries a batch until the broker takes it, however long
-            # that is; the append waits no longer than the request timeout.
+            # that is; the append waits no longer than the request timeout. Giving up cancels
+            # the append's future: not sent yet, it is never sent; sent, it may still land.
             async with asyncio.timeout(self._request_timeout_ms / 1000):
-                first = await asyncio.shield(pending.done)
+                first = await pending.done
         except TimeoutError:
-            pending.done.cancel()  # not sent yet: never sent; sent: it may still land
             raise BackendUnavailableError(
                 f"run {run_id!r}: appending to partition {partition}: Kafka did not acknowledge "
                 f"within {self._request_timeout_ms / 1000:g}s (the batch may still land; the "
@@ -409,8 +409,10 @@ class KafkaEventLog(EventLogBackend):
             raise translate(exc, context=f"truncating partition {partition}") from exc
 
     async def close(self) -> None:
-        """Send what is queued, then close; a broker that does not answer delays this at most
-        twice the request timeout (what it had not acknowledged by then may still have landed).
+        """Send what is queued, then close.
+
+        A broker that does not answer delays this by a few request timeouts at most (the
+        queued appends, then each client's stop); what it had not acknowledged may have landed.
         """
         bound = self._request_timeout_ms / 1000
         # Appends already queued are sent (or fail) before the producer goes away.

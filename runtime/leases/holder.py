@@ -283,7 +283,8 @@ class Leaseholder:
         except FencedError as error:
             logger.warning("run %r: lease already lost at release: %s", self.run_id, error)
         except OnwardError as error:
-            if isinstance(error, BackendError):
+            retrying = isinstance(error, BackendError)
+            if retrying:
                 self._release_later(self.lease)
             if exc is None:
                 raise
@@ -291,7 +292,7 @@ class Leaseholder:
                 "run %r: releasing the lease failed (%s); %s",
                 self.run_id,
                 error,
-                "retrying in the background" if self.releasing else "it lapses after its ttl",
+                "retrying in the background" if retrying else "it lapses after its ttl",
             )
 
     def _release_later(self, lease: RunLease) -> None:

@@ -9,6 +9,7 @@ from .logs import DRIVER_LOGGERS, one_line_driver_logs
 from .migrations import (
     Dialect,
     Migration,
+    check_onward_sqlite,
     expected_version,
     migrate_postgres,
     migrate_sqlite,
@@ -37,6 +38,7 @@ __all__ = [
     "SqliteStore",
     "SqliteThread",
     "application_name",
+    "check_onward_sqlite",
     "classify",
     "connect",
     "connect_readonly",

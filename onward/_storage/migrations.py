@@ -185,6 +185,19 @@ def refuse_foreign_sqlite(conn: sqlite3.Connection, *, where: str) -> None:
         )
 
 
+def check_onward_sqlite(path: Path) -> None:
+    """Raise `ConfigurationError` unless ``path`` is an Onward database; change nothing in it.
+
+    For commands about runs that already exist: a file without the migration ledger holds
+    none, so it is refused rather than migrated.
+    """
+    conn = connect(path, readonly=True)
+    try:
+        refuse_foreign_sqlite(conn, where=str(path))
+    finally:
+        conn.close()
+
+
 def open_sqlite(path: Path, *, migrate: bool, readonly: bool = False) -> sqlite3.Connection:
     """A connection to an embedded store's file, migrated if asked, at this code's version.
 

@@ -12,6 +12,7 @@ import msgspec
 import typer
 from rich.text import Text
 
+from onward._storage import check_onward_sqlite
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.projections.audit import AuditLine, audit_timeline
 from onward.projections.frontier import Frontier
@@ -85,6 +86,9 @@ def with_backends(work: Callable[[Backends], Awaitable[_T]], *, readonly: bool =
                 f"ONWARD_SQLITE_PATH {str(config.sqlite_path)!r} does not exist; point it at "
                 "the database the runs were written to"
             )
+        if config.backend == "sqlite":
+            # Nor may another program's file quietly get Onward's tables: it holds no run.
+            check_onward_sqlite(config.sqlite_path)
         stores = open_backends(config, readonly=readonly)
         async with opened(f"the {config.backend} stores", stores) as backends:
             return await work(backends)

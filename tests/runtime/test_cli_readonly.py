@@ -166,3 +166,32 @@ async def test_read_only_backends_refuse_a_foreign_file(db: Path) -> None:
     with pytest.raises(ConfigurationError, match="not an Onward database"):
         async with open_backends(settings, readonly=True):
             pass
+
+
+WRITERS = {
+    "run-resume": [
+        *("run", "--resume", "run-1", "--tenant", TENANT),
+        *("--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"),
+    ],
+    "approve": ["approve", "run-1", "p", "--tenant", TENANT, "--by", "ann"],
+    "deny": ["deny", "run-1", "p", "--tenant", TENANT, "--by", "ann"],
+    "resolve": [
+        *("resolve", "run-1", "b", "--tenant", TENANT),
+        *("--outcome", "never_ran", "--by", "ann", "--why", "checked"),
+    ],
+}
+
+
+@pytest.mark.parametrize("command", list(WRITERS))
+def test_a_command_about_a_run_refuses_a_foreign_file_instead_of_migrating_it(
+    db: Path, command: str
+) -> None:
+    foreign = sqlite3.connect(db)
+    foreign.execute("CREATE TABLE recipes (name text)")
+    foreign.commit()
+    foreign.close()
+    before = fingerprint(db)
+    result = onward(db, *WRITERS[command])
+    assert result.exit_code == 2, result.output
+    assert "not an Onward database" in result.stderr
+    assert fingerprint(db) == before

@@ -24,7 +24,13 @@ from typing import Any
 
 import asyncpg
 
-from onward._storage import PostgresStore, migrate_postgres, translating, verify_postgres
+from onward._storage import (
+    BACKEND_TIMEOUT_S,
+    PostgresStore,
+    migrate_postgres,
+    translating,
+    verify_postgres,
+)
 from onward.errors import InvalidInputError, SchemaMismatchError
 
 from .base import (
@@ -126,6 +132,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
             of the server can then lose the last writes, each one's rows together with its
             positions, and the projector folds them again from the log. For projectors and
             rebuilds, whose rows can all be folded again; not for rows nothing can refold.
+        timeout_s: The longest one call may wait for PostgreSQL (`PostgresStore`).
     """
 
     what = "PostgreSQL frontier store"
@@ -139,8 +146,11 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         min_size: int = 1,
         max_size: int = 10,
         synchronous_commit: bool = True,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
     ) -> None:
-        super().__init__(dsn, schema=schema, min_size=min_size, max_size=max_size)
+        super().__init__(
+            dsn, schema=schema, min_size=min_size, max_size=max_size, timeout_s=timeout_s
+        )
         self._pinned = build
         self._build: int | None = build
         self._synchronous_commit = synchronous_commit

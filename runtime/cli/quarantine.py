@@ -37,7 +37,7 @@ _T = TypeVar("_T")
 ByOption = Annotated[str, typer.Option("--by", help="Who releases the run; recorded with it.")]
 
 
-def _store(config: Settings) -> FrontierStore:
+def _store(config: Settings, *, readonly: bool = False) -> FrontierStore:
     """The frontier store the configured projector writes its quarantine entries to."""
     if config.backend == "sqlite":
         if not config.sqlite_path.exists():
@@ -45,7 +45,7 @@ def _store(config: Settings) -> FrontierStore:
                 f"ONWARD_SQLITE_PATH {str(config.sqlite_path)!r} does not exist; point it at "
                 "the database the runs were written to"
             )
-        return SqliteFrontierStore(config.sqlite_path, migrate=False)
+        return SqliteFrontierStore(config.sqlite_path, migrate=False, readonly=readonly)
     if config.backend == "kafka":
         return PostgresFrontierStore(
             config.require_database_url(), schema=config.database_schema, max_size=1
@@ -56,9 +56,12 @@ def _store(config: Settings) -> FrontierStore:
     )
 
 
-def _with_store(config: Settings, work: Callable[[FrontierStore], Awaitable[_T]]) -> _T:
+def _with_store(
+    config: Settings, work: Callable[[FrontierStore], Awaitable[_T]], *, readonly: bool = False
+) -> _T:
     async def run() -> _T:
-        async with opened(f"the {config.backend} frontier store", _store(config)) as store:
+        store = _store(config, readonly=readonly)
+        async with opened(f"the {config.backend} frontier store", store) as store:
             return await work(store)
 
     return asyncio.run(run())
@@ -97,11 +100,15 @@ def list_command(
 ) -> None:
     """List the records the projector set aside: run, position, kind and why (never the bytes).
 
+    Takes no lease and writes nothing (SQLite is opened read-only).
+
     Exit 0: listed (none is not an error). 2: bad configuration. 5: a store failed.
     """
     config = load_settings()
     states: set[QuarantineState] | None = None if everything else {"held", "released"}
-    entries = _with_store(config, lambda store: store.quarantined(DEFAULT_CONSUMER, states=states))
+    entries = _with_store(
+        config, lambda store: store.quarantined(DEFAULT_CONSUMER, states=states), readonly=True
+    )
     if as_json:
         for entry in entries:
             typer.echo(msgspec.json.encode(dataclasses.asdict(entry)).decode())

@@ -52,7 +52,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from langgraph.types import Interrupt
 
-from onward.errors import FencedError, InvalidInputError
+from onward.errors import FencedError, InvalidInputError, OnwardError
 from onward.eventlog import (
     ApprovalGranted,
     ApprovalRequested,
@@ -89,6 +89,8 @@ class _Held:
     state: ThreadState
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     explicit: int = 0
+    stale: bool = False
+    """An append failed without saying whether it landed: fold the thread from the log again."""
 
 
 class OnwardSaver(BaseCheckpointSaver[str]):
@@ -470,7 +472,7 @@ class OnwardSaver(BaseCheckpointSaver[str]):
             except FencedError:
                 await self._drop(thread_id, held)
                 raise
-            state = held.state
+            state = await self._fresh(thread_id, held)
             fence = held.holder.lease.fence
             at = time.time_ns() // 1_000
             batch = [
@@ -486,7 +488,12 @@ class OnwardSaver(BaseCheckpointSaver[str]):
             ]
             if not batch:
                 return
-            positions = await self.log.append(batch)
+            try:
+                positions = await self.log.append(batch)
+            except BaseException:
+                # Perhaps stored, perhaps not: the log says which, under the same lease.
+                held.stale = True
+                raise
             try:
                 # Still the holder after the append: nobody claimed the thread before it, so
                 # the write counts for every reader.
@@ -494,12 +501,19 @@ class OnwardSaver(BaseCheckpointSaver[str]):
             except FencedError:
                 await self._drop(thread_id, held)
                 raise
+            except BaseException:
+                held.stale = True  # the store could not say; the graph run stops here
+                raise
             for event, position in zip(batch, positions, strict=True):
                 state.apply(StoredEvent(position, cast(Any, event)))
             if self._checkpointer is not None and any(
                 isinstance(e, ApprovalRequested | ApprovalGranted) for e in batch
             ):
-                await self._checkpointer.catch_up([positions[0].partition])
+                try:
+                    await self._checkpointer.catch_up([positions[0].partition])
+                except OnwardError as exc:
+                    # The row lags; the log has the interrupt, and the next fold catches up.
+                    logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
 
     async def _hold(self, thread_id: str) -> _Held:
         """The thread's holding, taking the lease and claiming the thread if need be."""
@@ -561,8 +575,16 @@ class OnwardSaver(BaseCheckpointSaver[str]):
         self._remember_loop()
         held = self._held.get(thread_id)
         if held is not None and not held.holder.fenced.is_set():
-            return held.state
+            async with held.lock:
+                return await self._fresh(thread_id, held)
         return await self._read(thread_id)
+
+    async def _fresh(self, thread_id: str, held: _Held) -> ThreadState:
+        """The held thread's fold, read again from the log if an append left it in doubt."""
+        if held.stale:
+            held.state = await self._read(thread_id)
+            held.stale = False
+        return held.state
 
     async def _read(self, thread_id: str) -> ThreadState:
         """Fold the thread from the log, from its first event where a frontier row says so.

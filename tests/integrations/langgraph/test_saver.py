@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, cast
 
 import pytest
 import pytest_asyncio
@@ -13,8 +13,15 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 import onward.integrations.langgraph as lg
-from onward.errors import InvalidInputError, ResumeConflictError
-from onward.eventlog import GraphCheckpointed
+from onward.errors import BackendUnavailableError, InvalidInputError, ResumeConflictError
+from onward.eventlog import (
+    Event,
+    EventLog,
+    GraphCheckpointed,
+    PartitionBounds,
+    Position,
+    StoredEvent,
+)
 from onward.integrations.langgraph import OnwardSaver
 from onward.runtime.manager import ExecutionManager
 
@@ -135,3 +142,51 @@ async def test_list_needs_a_thread(world: World) -> None:
     async with world.saver() as saver:
         with pytest.raises(InvalidInputError, match="thread_id"):
             [t async for t in saver.alist(None)]
+
+
+class AppendsThenFails:
+    """A log whose next append is stored but reported as failed, as a broken connection can."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self.fail_next = False
+
+    @property
+    def partitions(self) -> int:
+        return self.log.partitions
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        positions = await self.log.append(events)
+        if self.fail_next:
+            self.fail_next = False
+            raise BackendUnavailableError("the connection broke before the answer came")
+        return positions
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        return await self.log.read_run(run_id, start=start, end=end)
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        return await self.log.bounds(partition)
+
+
+async def test_an_append_in_doubt_is_settled_by_reading_the_log(world: World) -> None:
+    log = AppendsThenFails(world.log)
+    saver = OnwardSaver(cast(EventLog, log), world.leases, tenant=TENANT)
+    async with saver:
+        graph = steps_graph("S", saver)
+        await graph.ainvoke({"steps": []}, config("t"))
+        log.fail_next = True
+        with pytest.raises(BackendUnavailableError):
+            await graph.ainvoke({"steps": []}, config("t"))
+        out = await graph.ainvoke({"steps": []}, config("t"))
+        # The second invocation stopped at its first checkpoint, which did land; the third
+        # carries on after it with the next seq, so nothing is refused as a duplicate.
+        assert out["steps"] == ["S", "S"]
+        state = await saver.aread_thread("t")
+        assert state.refused == []
+        assert len(state.checkpoints[""]) == 7
+        mine = await saver.aget_tuple(config("t"))
+        assert mine is not None
+        assert mine.config["configurable"]["checkpoint_id"] == max(state.checkpoints[""])

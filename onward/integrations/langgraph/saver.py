@@ -382,6 +382,58 @@ class OnwardSaver(BaseCheckpointSaver[str]):
 
         await self._write(thread_id, events)
 
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint and pending write of one thread onto another.
+
+        Each checkpoint goes over with its writes as one append to the target thread, under the
+        target's lease, in the order the source saved them, so the target's values and its
+        parent chain are the source's. The source is only read.
+        """
+        source = await self._state(source_thread_id)
+        saved = sorted(
+            (
+                event
+                for checkpoints in source.checkpoints.values()
+                for event in checkpoints.values()
+            ),
+            key=lambda e: (e.checkpoint_id, e.checkpoint_ns),
+        )
+        for event in saved:
+            tasks: dict[tuple[str, str], list[GraphWrite]] = {}
+            for (task_id, idx), write in source.writes.get(
+                (event.checkpoint_ns, event.checkpoint_id), {}
+            ).items():
+                tasks.setdefault((task_id, write.task_path), []).append(
+                    GraphWrite(channel=write.channel, idx=idx, value=write.value)
+                )
+            batch: _Batch = [
+                (
+                    GraphCheckpointed,
+                    {
+                        "checkpoint_ns": event.checkpoint_ns,
+                        "checkpoint_id": event.checkpoint_id,
+                        "parent_checkpoint_id": event.parent_checkpoint_id,
+                        "checkpoint": event.checkpoint,
+                        "metadata": event.metadata,
+                        "values": event.values,
+                    },
+                ),
+                *(
+                    (
+                        GraphWritesSaved,
+                        {
+                            "checkpoint_ns": event.checkpoint_ns,
+                            "checkpoint_id": event.checkpoint_id,
+                            "task_id": task_id,
+                            "task_path": task_path,
+                            "writes": writes,
+                        },
+                    )
+                    for (task_id, task_path), writes in tasks.items()
+                ),
+            ]
+            await self._write(target_thread_id, _constant(batch))
+
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         """A monotonically increasing version: the counter, then a random tie-breaker.
 
@@ -434,6 +486,9 @@ class OnwardSaver(BaseCheckpointSaver[str]):
 
     def delete_thread(self, thread_id: str) -> None:
         self._sync(self.adelete_thread(thread_id))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._sync(self.acopy_thread(source_thread_id, target_thread_id))
 
     def _sync(self, coro: Coroutine[Any, Any, _T]) -> _T:
         loop = self._loop
@@ -653,6 +708,11 @@ class OnwardSaver(BaseCheckpointSaver[str]):
     def _remember_loop(self) -> None:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
+
+
+def _constant(batch: _Batch) -> Callable[[ThreadState], _Batch]:
+    """A batch that does not depend on the thread's state."""
+    return lambda _state: batch
 
 
 def _thread_id(config: RunnableConfig) -> str:

@@ -14,6 +14,9 @@ and appends `RunClaimed`. The lease is renewed in the background until ``release
 ``hold``'s end / ``aclose``. After each append the saver confirms the lease with the store: if
 it still holds it, nobody has claimed the thread since, so the write counts; if not, the call
 raises `FencedError` and the graph run must end (LangGraph ends it: the error propagates).
+Every later write of that thread raises `FencedError` too, rather than claim the thread again
+and carry on from a state another writer has moved past, until the thread is read afresh
+(``aget_tuple`` of its latest checkpoint, which is how a new invocation starts) or released.
 
 Reading, with read-your-writes. A thread this saver holds is served from what it folded while
 writing (the same fold a reader applies to the log). Any other thread is folded from the log,
@@ -69,7 +72,7 @@ from onward.eventlog import (
     partition_for,
 )
 from onward.projections import FrontierStore
-from onward.runtime.leases import Leaseholder, LeasePolicy, LeaseStore
+from onward.runtime.leases import Leaseholder, LeasePolicy, LeaseStore, RunLease
 
 from .thread import ThreadState
 
@@ -144,6 +147,7 @@ class OnwardSaver(BaseCheckpointSaver[str]):
 
             self._checkpointer = Checkpointer(frontiers, log)
         self._held: dict[str, _Held] = {}
+        self._lost: set[str] = set()
         self._taking: dict[str, asyncio.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -168,6 +172,7 @@ class OnwardSaver(BaseCheckpointSaver[str]):
 
     async def arelease(self, thread_id: str) -> None:
         """Hand a thread's lease back, so another process may write it without waiting."""
+        self._lost.discard(thread_id)
         held = self._held.pop(thread_id, None)
         if held is not None:
             await held.holder.__aexit__(None, None, None)
@@ -188,6 +193,13 @@ class OnwardSaver(BaseCheckpointSaver[str]):
             if held.explicit == 0 and self._held.get(thread_id) is held:
                 await self.arelease(thread_id)
 
+    def lease(self, thread_id: str) -> RunLease | None:
+        """The lease this saver holds on a thread (its fence is on every write), if any."""
+        held = self._held.get(thread_id)
+        if held is None or held.holder.fenced.is_set():
+            return None
+        return held.holder.lease
+
     def holds(self, thread_id: str) -> bool:
         """Whether this saver holds the thread's lease (and has not learnt it lost it)."""
         held = self._held.get(thread_id)
@@ -205,9 +217,13 @@ class OnwardSaver(BaseCheckpointSaver[str]):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id = _thread_id(config)
         ns: str = config["configurable"].get("checkpoint_ns", "")
-        state = await self._state(thread_id)
-        saved = state.checkpoints.get(ns, {})
         checkpoint_id = get_checkpoint_id(config)
+        state = await self._state(thread_id)
+        if checkpoint_id is None:
+            # A graph invocation starts by loading the latest checkpoint: from here on it
+            # builds on what the log says, so a saver that lost the thread may write again.
+            self._lost.discard(thread_id)
+        saved = state.checkpoints.get(ns, {})
         if checkpoint_id is None:
             if not saved:
                 return None
@@ -525,7 +541,7 @@ class OnwardSaver(BaseCheckpointSaver[str]):
             try:
                 await held.holder.check()
             except FencedError:
-                await self._drop(thread_id, held)
+                await self._drop(thread_id, held, lost=True)
                 raise
             state = await self._fresh(thread_id, held)
             fence = held.holder.lease.fence
@@ -554,7 +570,7 @@ class OnwardSaver(BaseCheckpointSaver[str]):
                 # the write counts for every reader.
                 await held.holder.confirm()
             except FencedError:
-                await self._drop(thread_id, held)
+                await self._drop(thread_id, held, lost=True)
                 raise
             except BaseException:
                 held.stale = True  # the store could not say; the graph run stops here
@@ -571,7 +587,13 @@ class OnwardSaver(BaseCheckpointSaver[str]):
                     logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
 
     async def _hold(self, thread_id: str) -> _Held:
-        """The thread's holding, taking the lease and claiming the thread if need be."""
+        """The thread's holding, taking the lease and claiming the thread if need be.
+
+        Raises:
+            FencedError: This saver lost the thread while writing it, and it has not been read
+                since: the graph run that was writing must stop, not claim the thread again
+                and carry on from a state another writer has moved past.
+        """
         self._remember_loop()
         held = self._held.get(thread_id)
         if held is not None and not held.holder.fenced.is_set():
@@ -582,7 +604,14 @@ class OnwardSaver(BaseCheckpointSaver[str]):
             if held is not None:
                 if not held.holder.fenced.is_set():
                     return held
-                await self._drop(thread_id, held)
+                await self._drop(thread_id, held, lost=True)
+            if thread_id in self._lost:
+                raise FencedError(
+                    f"run {thread_id!r}: this saver lost the thread's lease to another writer "
+                    "while a graph run was writing it; that run must stop. A new invocation, "
+                    "which reads the thread first, may write again",
+                    run_id=thread_id,
+                )
             held = await self._claim(thread_id)
             self._held[thread_id] = held
             return held
@@ -618,9 +647,12 @@ class OnwardSaver(BaseCheckpointSaver[str]):
             raise
         return _Held(holder, state)
 
-    async def _drop(self, thread_id: str, held: _Held) -> None:
+    async def _drop(self, thread_id: str, held: _Held, *, lost: bool) -> None:
+        """Stop holding a thread; ``lost``: another writer took it while this one wrote."""
         if self._held.get(thread_id) is held:
             del self._held[thread_id]
+        if lost:
+            self._lost.add(thread_id)
         await held.holder.__aexit__(None, None, None)
 
     # -- the read path ---------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.runnables import RunnableConfig
@@ -15,14 +16,24 @@ class Steps(TypedDict):
     steps: Annotated[list[str], operator.add]
 
 
-def steps_graph(who: str, checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any]:
-    """A graph whose one node appends ``who`` to ``steps``."""
+def steps_graph(
+    who: str,
+    checkpointer: BaseCheckpointSaver[Any],
+    *,
+    inside: Callable[[], Awaitable[None]] | None = None,
+) -> CompiledStateGraph[Any]:
+    """A graph whose one node appends ``who`` to ``steps``, after awaiting ``inside`` if given."""
 
     def step(state: Steps) -> dict[str, list[str]]:
         return {"steps": [who]}
 
+    async def step_inside(state: Steps) -> dict[str, list[str]]:
+        if inside is not None:
+            await inside()
+        return step(state)
+
     builder = StateGraph(Steps)
-    builder.add_node("step", step)
+    builder.add_node("step", step if inside is None else step_inside)
     builder.add_edge(START, "step")
     builder.add_edge("step", END)
     return builder.compile(checkpointer=checkpointer)

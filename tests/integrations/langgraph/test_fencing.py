@@ -22,7 +22,7 @@ from typing import Self
 
 import pytest
 
-from onward.errors import FencedError
+from onward.errors import FencedError, ResumeConflictError
 from onward.eventlog import Refusal, RunClaimed
 from onward.integrations.langgraph import OnwardSaver, ThreadState
 from onward.runtime.leases import LeasePolicy, LeaseStore, RunLease
@@ -64,10 +64,14 @@ async def _line(child: asyncio.subprocess.Process) -> str:
     return (await asyncio.wait_for(child.stdout.readline(), 30)).decode().strip()
 
 
-async def _step(child: asyncio.subprocess.Process) -> str:
+async def _send(child: asyncio.subprocess.Process, command: str) -> None:
     assert child.stdin is not None
-    child.stdin.write(b"step\n")
+    child.stdin.write(f"{command}\n".encode())
     await child.stdin.drain()
+
+
+async def _step(child: asyncio.subprocess.Process) -> str:
+    await _send(child, "step")
     return await _line(child)
 
 
@@ -81,7 +85,8 @@ async def _scenario(world: World, spec: dict[str, str]) -> None:
     thread_id = f"thread-{uuid.uuid4().hex[:8]}"
     async with worker_a(spec, thread_id) as a:
         assert await _step(a) == "ok"
-        assert await _step(a) == "ok"
+        await _send(a, "pause")
+        assert await _line(a) == "in-node"  # A is in the middle of its second graph run
         a.send_signal(signal.SIGSTOP)
         await asyncio.sleep(TTL_S + 1.0)
 
@@ -91,18 +96,20 @@ async def _scenario(world: World, spec: dict[str, str]) -> None:
             claim_b = (await saver_b.aread_thread(thread_id)).fence
 
             a.send_signal(signal.SIGCONT)
-            assert await _step(a) == "fenced"
+            assert await _line(a) == "fenced"  # its run's next write is refused
+            # A new invocation reads the thread first; B holds it, so A waits its turn.
+            assert await _step(a) == "error ResumeConflictError"
 
             await graph_b.ainvoke({"steps": []}, config(thread_id))
             # B's own view (read-your-writes) and a fresh reader's agree.
             mine = await graph_b.aget_state(config(thread_id))
-            assert mine.values["steps"] == ["A", "A", "B", "B"]
+            assert mine.values["steps"] == ["A", "B", "B"]
 
     async with world.saver(holder="reader") as reader:
         state = await reader.aread_thread(thread_id)
         latest = await reader.aget_tuple(config(thread_id))
         assert latest is not None
-        assert latest.checkpoint["channel_values"]["steps"] == ["A", "A", "B", "B"]
+        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B", "B"]
         _assert_no_fork(state)
         await _assert_late_writes_refused(world, state, thread_id, claim_b)
 
@@ -222,6 +229,15 @@ async def _takeover_unnoticed(world: World) -> None:
             with pytest.raises(FencedError):
                 await stale
             assert not saver_a.holds(thread_id)
+            # The fenced run cannot claim the thread back and carry on from its stale state...
+            head = await saver_b.aget_tuple(config(thread_id))
+            assert head is not None
+            with pytest.raises(FencedError):
+                await saver_a.aput_writes(head.config, [("steps", ["A"])], "late-task")
+            # ...while a new invocation, which reads the thread first, just waits its turn.
+            assert await saver_a.aget_tuple(config(thread_id)) == head
+            with pytest.raises(ResumeConflictError):
+                await saver_a.aput_writes(head.config, [("steps", ["A"])], "late-task")
 
             state = await saver_b.aread_thread(thread_id)
             assert state.refused

@@ -27,9 +27,22 @@ class World:
     frontiers: FrontierStore
     embedded: bool
 
-    def saver(self, *, holder: str | None = None, ttl_s: float | None = None) -> OnwardSaver:
+    def saver(
+        self,
+        *,
+        holder: str | None = None,
+        ttl_s: float | None = None,
+        renew_within_s: float | None = None,
+    ) -> OnwardSaver:
         """A saver on these stores (not yet entered)."""
-        policy = LeasePolicy(ttl=timedelta(seconds=ttl_s)) if ttl_s is not None else None
+        policy = (
+            LeasePolicy(
+                ttl=timedelta(seconds=ttl_s),
+                renew_within=timedelta(seconds=renew_within_s) if renew_within_s else None,
+            )
+            if ttl_s is not None
+            else None
+        )
         return OnwardSaver(
             self.log,
             self.leases,

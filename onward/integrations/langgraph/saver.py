@@ -384,9 +384,11 @@ class OnwardSaver(BaseCheckpointSaver[str]):
         """Forget every checkpoint and write of a thread (a `GraphThreadDeleted` event).
 
         The log is append-only: readers stop seeing the thread's past at once, and its bytes
-        go when compaction cuts the run's prefix (compaction is not built yet).
+        go when compaction cuts the run's prefix (compaction is not built yet). A thread the
+        saver did not hold is released again afterwards.
         """
-        if thread_id not in self._held:
+        held_before = thread_id in self._held
+        if not held_before:
             state = await self._read(thread_id)
             if not state.checkpoints and not state.writes:
                 return
@@ -397,6 +399,8 @@ class OnwardSaver(BaseCheckpointSaver[str]):
             return [(GraphThreadDeleted, {})]
 
         await self._write(thread_id, events)
+        if not held_before:
+            await self.arelease(thread_id)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and pending write of one thread onto another.

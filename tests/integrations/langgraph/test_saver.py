@@ -190,3 +190,15 @@ async def test_an_append_in_doubt_is_settled_by_reading_the_log(world: World) ->
         mine = await saver.aget_tuple(config("t"))
         assert mine is not None
         assert mine.config["configurable"]["checkpoint_id"] == max(state.checkpoints[""])
+
+
+async def test_a_deleted_thread_is_forgotten_and_can_start_again(world: World) -> None:
+    async with world.saver(holder="writer") as writer, world.saver(holder="janitor") as janitor:
+        await steps_graph("W", writer).ainvoke({"steps": []}, config("t"))
+        await writer.arelease("t")
+        await janitor.adelete_thread("t")
+        assert not janitor.holds("t")  # taken for the delete only
+        assert await writer.aget_tuple(config("t")) is None
+        out = await steps_graph("W", writer).ainvoke({"steps": []}, config("t"))
+        assert out["steps"] == ["W"]
+    assert (await janitor.aread_thread("t")).refused == []

@@ -63,15 +63,23 @@ async def test_conformance_on_sqlite(tmp_path: Path) -> None:
 
 
 @pytest.mark.kafka
-async def test_conformance_on_kafka_postgres_redis(
+@pytest.mark.parametrize("leases", ["redis", "postgres"])
+async def test_conformance_on_kafka_and_postgres(
     kafka_bootstrap: str,
     kafka_topic: str,
     database_url: str,
     pg_schema: str,
     redis_url: str,
     redis_prefix: str,
+    leases: str,
 ) -> None:
     async with kafka_world(
-        kafka_bootstrap, kafka_topic, database_url, pg_schema, redis_url, redis_prefix
+        kafka_bootstrap,
+        kafka_topic,
+        database_url,
+        pg_schema,
+        redis_url,
+        redis_prefix,
+        postgres_leases=leases == "postgres",
     ) as world:
         _check(await _validate(world))

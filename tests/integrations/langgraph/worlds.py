@@ -13,7 +13,13 @@ from onward.integrations.langgraph import OnwardSaver
 from onward.projections import FrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
-from onward.runtime.leases import LeasePolicy, LeaseStore, RedisLeaseStore, SqliteLeaseStore
+from onward.runtime.leases import (
+    LeasePolicy,
+    LeaseStore,
+    PostgresLeaseStore,
+    RedisLeaseStore,
+    SqliteLeaseStore,
+)
 
 TENANT = "acme"
 
@@ -66,14 +72,25 @@ async def sqlite_world(path: Path) -> AsyncIterator[World]:
 
 @asynccontextmanager
 async def kafka_world(
-    bootstrap: str, topic: str, database_url: str, schema: str, redis_url: str, prefix: str
+    bootstrap: str,
+    topic: str,
+    database_url: str,
+    schema: str,
+    redis_url: str,
+    prefix: str,
+    *,
+    postgres_leases: bool = False,
 ) -> AsyncIterator[World]:
-    """Kafka log, Redis leases, PostgreSQL frontier rows (no projector runs in these tests)."""
+    """Kafka log, Redis (or PostgreSQL) leases, PostgreSQL frontier rows (no projector runs)."""
     async with AsyncExitStack() as stack:
         log = await stack.enter_async_context(
             KafkaEventLog(bootstrap, topic=topic, partitions=2, create_topic=True)
         )
-        leases = await stack.enter_async_context(RedisLeaseStore(redis_url, prefix=prefix))
+        leases: LeaseStore = await stack.enter_async_context(
+            PostgresLeaseStore(database_url, schema=schema)
+            if postgres_leases
+            else RedisLeaseStore(redis_url, prefix=prefix)
+        )
         frontiers = await stack.enter_async_context(
             PostgresFrontierStore(database_url, schema=schema)
         )

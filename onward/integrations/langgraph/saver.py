@@ -21,7 +21,7 @@ and carry on from a state another writer has moved past, until the thread is rea
 Reading, with read-your-writes. A thread this saver holds is served from what it folded while
 writing (the same fold a reader applies to the log). Any other thread is folded from the log,
 from the run's first event where a frontier row says where that is, else from the start of its
-partition.
+partition; the fold is kept, so reading the thread again reads only the log's new tail.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import os
 import random
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from langgraph.types import Interrupt
 
-from onward.errors import FencedError, InvalidInputError, OnwardError
+from onward.errors import FencedError, InvalidInputError, LogTruncatedError, OnwardError
 from onward.eventlog import (
     ApprovalGranted,
     ApprovalRequested,
@@ -79,6 +80,9 @@ from .thread import ThreadState
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+FOLLOWED_THREADS = 1024
+"""How many threads the saver does not hold it keeps folded, so a reread reads only the tail."""
 
 _Batch = list[tuple[type[Event], dict[str, Any]]]
 """The events a write makes: each kind with its fields, the envelope to be added."""
@@ -148,6 +152,7 @@ class OnwardSaver(BaseCheckpointSaver[str]):
             self._checkpointer = Checkpointer(frontiers, log)
         self._held: dict[str, _Held] = {}
         self._lost: set[str] = set()
+        self._followed: OrderedDict[str, ThreadState] = OrderedDict()
         self._taking: dict[str, asyncio.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -622,6 +627,7 @@ class OnwardSaver(BaseCheckpointSaver[str]):
 
     async def _claim(self, thread_id: str) -> _Held:
         """Take the lease, read the thread, lift the fence above the log's, append the claim."""
+        self._followed.pop(thread_id, None)  # held from here on: its own fold serves reads
         holder = Leaseholder(
             self.leases, thread_id, tenant=self.tenant, holder=self.holder, policy=self.policy
         )
@@ -668,7 +674,32 @@ class OnwardSaver(BaseCheckpointSaver[str]):
         if held is not None and not held.holder.fenced.is_set():
             async with held.lock:
                 return await self._fresh(thread_id, held)
-        return await self._read(thread_id)
+        return await self._follow(thread_id)
+
+    async def _follow(self, thread_id: str) -> ThreadState:
+        """A thread this saver does not hold, folded to the log's end: only the new tail is
+        read when the thread was read before (the fold is incremental, refusals included).
+        """
+        state = self._followed.pop(thread_id, None)
+        start = state.next_offset if state is not None else None
+        if state is None or start is None:
+            state = await self._read(thread_id)
+        else:
+            partition = partition_for(thread_id, self.log.partitions)
+            end = (await self.log.bounds(partition)).end
+            try:
+                tail = await self.log.read_run(thread_id, start=start, end=end)
+            except LogTruncatedError:
+                state = await self._read(thread_id)
+            else:
+                for stored in tail:
+                    state.apply(stored)
+                state.next_offset = max(start, end)
+                self._check_tenant(state)
+        self._followed[thread_id] = state
+        while len(self._followed) > FOLLOWED_THREADS:
+            self._followed.popitem(last=False)
+        return state
 
     async def _fresh(self, thread_id: str, held: _Held) -> ThreadState:
         """The held thread's fold, read again from the log if an append left it in doubt."""
@@ -694,13 +725,16 @@ class OnwardSaver(BaseCheckpointSaver[str]):
         for stored in await self.log.read_run(thread_id, start=start, end=end):
             state.apply(stored)
         state.next_offset = max(state.next_offset or 0, end)
+        self._check_tenant(state)
+        return state
+
+    def _check_tenant(self, state: ThreadState) -> None:
         if state.tenant and state.tenant != self.tenant:
             raise InvalidInputError(
-                f"thread {thread_id!r} is a run of tenant {state.tenant!r}, not of "
+                f"thread {state.run_id!r} is a run of tenant {state.tenant!r}, not of "
                 f"{self.tenant!r}; use another thread id or a saver of that tenant",
-                run_id=thread_id,
+                run_id=state.run_id,
             )
-        return state
 
     def _tuple(
         self, state: ThreadState, thread_id: str, event: GraphCheckpointed

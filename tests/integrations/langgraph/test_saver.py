@@ -21,6 +21,7 @@ from onward.eventlog import (
     PartitionBounds,
     Position,
     StoredEvent,
+    partition_for,
 )
 from onward.integrations.langgraph import OnwardSaver
 from onward.runtime.manager import ExecutionManager
@@ -202,3 +203,37 @@ async def test_a_deleted_thread_is_forgotten_and_can_start_again(world: World) -
         out = await steps_graph("W", writer).ainvoke({"steps": []}, config("t"))
         assert out["steps"] == ["W"]
     assert (await janitor.aread_thread("t")).refused == []
+
+
+class RecordsReads(AppendsThenFails):
+    """A log that records where each read of a run starts."""
+
+    def __init__(self, log: EventLog) -> None:
+        super().__init__(log)
+        self.starts: list[int | None] = []
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        self.starts.append(start)
+        return await self.log.read_run(run_id, start=start, end=end)
+
+
+async def test_a_reader_rereads_only_the_tail_of_a_thread(world: World) -> None:
+    log = RecordsReads(world.log)
+    async with (
+        world.saver(holder="writer") as writer,
+        OnwardSaver(cast(EventLog, log), world.leases, tenant=TENANT) as reader,
+    ):
+        graph = steps_graph("W", writer)
+        await graph.ainvoke({"steps": []}, config("t"))
+        first = await reader.aget_tuple(config("t"))
+        end = (await world.log.bounds(partition_for("t", world.log.partitions))).end
+        await graph.ainvoke({"steps": []}, config("t"))
+        second = await reader.aget_tuple(config("t"))
+        assert first is not None
+        assert second is not None
+        assert second.checkpoint["channel_values"]["steps"] == ["W", "W"]
+        assert second.parent_config is not None
+        assert log.starts == [None, end]  # the whole run once, then only what came after
+        assert second == await writer.aget_tuple(config("t"))

@@ -71,6 +71,7 @@ from .backends import Backends
 from .conversation import Conversation
 from .leases.base import LeasePolicy
 from .leases.holder import Leaseholder
+from .manager import NEEDS_PERSON, needs_person
 from .providers import Provider
 from .requests import (
     DEFAULT_REQUESTS_TOPIC,
@@ -86,21 +87,9 @@ from .writer import HeldRun
 
 _log = logging.getLogger("onward.worker")
 
-NEEDS_PERSON = "needs-person"
-"""The label a worker tags a run with when its resume found a call it must not guess about."""
-
 DEFAULT_GROUP = "onward-workers"
 
 _PROGRESS = (ModelAnswered, ToolCompleted, ToolResolved, TurnSettled, ApprovalGranted)
-
-
-def needs_person(frontier: Frontier) -> bool:
-    """Whether a worker left the run for a person: tagged ``needs-person``, a call still open."""
-    return (
-        frontier.status == "running"
-        and any(t.label.startswith(NEEDS_PERSON) for t in frontier.tags)
-        and any(c.dispatched_seq is not None and c.outcome is None for c in frontier.calls)
-    )
 
 
 def attempts_since_progress(events: Iterable[Event]) -> int:

@@ -1,0 +1,72 @@
+"""Agents and a model for fleet tests and the fleet benchmark, named by `onward worker --agent`.
+
+Every run makes ``FLEET_STEPS`` tool calls, one per turn, then answers. Each call's side effect
+goes to the ledger ``FLEET_LEDGER`` names before the tool sleeps ``FLEET_TOOL_S`` seconds, so a
+worker killed mid-call leaves an effect without its `ToolCompleted`.
+
+``booker``'s tool has a status check (the ledger), so resume settles such a call itself;
+``charger``'s has none, so such a call is indeterminate and its run is left for a person.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+
+from onward.eventlog import Message, ToolCall
+from onward.runtime.agent import Agent
+from onward.runtime.ledger import Ledger
+from onward.runtime.providers import ModelReply, ScriptedProvider, reply
+from onward.runtime.tools import Reconciled, Tool, tool
+
+STEPS = int(os.environ.get("FLEET_STEPS", "3"))
+TOOL_S = float(os.environ.get("FLEET_TOOL_S", "0.05"))
+
+
+def _ledger() -> Ledger:
+    return Ledger(os.environ.get("FLEET_LEDGER", "fleet-ledger.jsonl"))
+
+
+async def _status(key: str) -> Reconciled | None:
+    found = _ledger().find("book", key)
+    return Reconciled("completed", {"booked": key}) if found else Reconciled("never_ran")
+
+
+def _tools() -> tuple[Tool, Tool]:
+    @tool(reconcile=_status)
+    async def book(n: int, *, idempotency_key: str) -> dict[str, object]:
+        _ledger().record("book", idempotency_key, n=n, pid=os.getpid())
+        await asyncio.sleep(TOOL_S)
+        return {"booked": idempotency_key}
+
+    @tool
+    async def charge(n: int, *, idempotency_key: str) -> dict[str, object]:
+        _ledger().record("charge", idempotency_key, n=n, pid=os.getpid())
+        await asyncio.sleep(TOOL_S)
+        return {"charged": idempotency_key}
+
+    return book, charge
+
+
+_book, _charge = _tools()
+
+agents: dict[str, Agent] = {
+    "booker": Agent(name="booker", instructions="book, step by step", tools=[_book]),
+    "charger": Agent(name="charger", instructions="charge, step by step", tools=[_charge]),
+}
+
+
+def _script(messages: Sequence[Message]) -> ModelReply:
+    turn = sum(1 for m in messages if m.role == "assistant")
+    tool_name = "book" if "book" in (messages[0].content or "") else "charge"
+    if turn >= STEPS:
+        return reply(f"done after {turn} steps")
+    return reply(
+        f"step {turn + 1}", ToolCall(call_id=f"c{turn + 1}", tool=tool_name, args={"n": turn + 1})
+    )
+
+
+def provider() -> ScriptedProvider:
+    """The model: one tool call per turn for ``FLEET_STEPS`` turns, then a final answer."""
+    return ScriptedProvider(_script)

@@ -88,6 +88,7 @@ from .writer import HeldRun
 _log = logging.getLogger("onward.worker")
 
 DEFAULT_GROUP = "onward-workers"
+_LEAVE_S = 10.0
 
 _PROGRESS = (ModelAnswered, ToolCompleted, ToolResolved, TurnSettled, ApprovalGranted)
 
@@ -520,13 +521,21 @@ class Worker:
             await self._consume(consumer, offsets, stop)
             self.drain()
             consumer.pause(*consumer.assignment())
+            _log.info("draining: %d runs in flight", self.in_flight)
             await self.drained()
-            await offsets.commit(consumer)
+            _log.info("drained; committing and leaving the group")
+            try:
+                # Bounded: a group in the middle of a rebalance may not take commits; what is
+                # not committed is delivered again to the next owner, which finds it done.
+                await asyncio.wait_for(offsets.commit(consumer), _LEAVE_S)
+            except (TimeoutError, KafkaError) as exc:
+                _log.warning("committing before leaving failed: %r", exc)
         except KafkaError as exc:
             raise translate(exc, context=f"consuming {topic}") from exc
         finally:
-            with contextlib.suppress(KafkaError):
-                await consumer.stop()
+            with contextlib.suppress(KafkaError, TimeoutError):
+                await asyncio.wait_for(consumer.stop(), _LEAVE_S)
+            _log.info("left the group")
 
     async def _consume(
         self, consumer: AIOKafkaConsumer, offsets: _Offsets, stop: asyncio.Event

@@ -6,6 +6,7 @@ worker killed mid-call leaves an effect without its `ToolCompleted`.
 
 ``booker``'s tool has a status check (the ledger), so resume settles such a call itself;
 ``charger``'s has none, so such a call is indeterminate and its run is left for a person.
+``broken``'s model always fails, so workers give up on its runs after their attempts.
 """
 
 from __future__ import annotations
@@ -54,12 +55,21 @@ _book, _charge = _tools()
 agents: dict[str, Agent] = {
     "booker": Agent(name="booker", instructions="book, step by step", tools=[_book]),
     "charger": Agent(name="charger", instructions="charge, step by step", tools=[_charge]),
+    "broken": Agent(name="broken", instructions="broken: book, step by step", tools=[_book]),
 }
 
 
-def _script(messages: Sequence[Message]) -> ModelReply:
+class ModelDownError(RuntimeError):
+    """The model failed (for ``broken`` runs, always)."""
+
+
+def script(messages: Sequence[Message]) -> ModelReply:
+    """One tool call per turn for ``FLEET_STEPS`` turns, then a final answer."""
     turn = sum(1 for m in messages if m.role == "assistant")
-    tool_name = "book" if "book" in (messages[0].content or "") else "charge"
+    instructions = str(messages[0].content)
+    if instructions.startswith("broken"):
+        raise ModelDownError("the model is down")
+    tool_name = "book" if "book" in instructions else "charge"
     if turn >= STEPS:
         return reply(f"done after {turn} steps")
     return reply(
@@ -69,4 +79,4 @@ def _script(messages: Sequence[Message]) -> ModelReply:
 
 def provider() -> ScriptedProvider:
     """The model: one tool call per turn for ``FLEET_STEPS`` turns, then a final answer."""
-    return ScriptedProvider(_script)
+    return ScriptedProvider(script)

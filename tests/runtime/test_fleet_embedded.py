@@ -1,0 +1,136 @@
+"""Embedded fleets and the worker's pieces: two `onward worker` processes on one SQLite file
+carry interrupted runs on; requests round-trip; attempts are counted from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from support.fleet import agents, script
+
+from onward.errors import InvalidInputError
+from onward.eventlog import Message, ModelAnswered, RunClaimed, TurnSettled
+from onward.runtime.backends import open_backends
+from onward.runtime.ledger import Ledger
+from onward.runtime.providers import ModelReply, ScriptedProvider
+from onward.runtime.requests import (
+    AnswerRequest,
+    StartRun,
+    TagRun,
+    decode_request,
+    encode_request,
+)
+from onward.runtime.settings import Settings
+from onward.runtime.worker import attempts_since_progress
+
+TESTS = Path(__file__).resolve().parents[1]
+TENANT = "acme"
+
+
+def test_requests_round_trip_as_tagged_json() -> None:
+    for request in (
+        StartRun(run_id="r", tenant="t", agent="booker", input={"a": 1}),
+        AnswerRequest(run_id="r", tenant="t", request_id="p", approve=True, by="ann", value=2),
+        TagRun(run_id="r", tenant="t", label="x"),
+    ):
+        assert decode_request(encode_request(request)) == request
+    assert b'"type":"start"' in encode_request(StartRun(run_id="r", tenant="t", agent="a"))
+
+
+def test_an_unknown_request_is_refused_with_the_path() -> None:
+    with pytest.raises(InvalidInputError, match="type"):
+        decode_request(b'{"type": "explode", "run_id": "r"}')
+
+
+def test_attempts_count_claims_since_the_last_progress() -> None:
+    def claimed(seq: int) -> RunClaimed:
+        return RunClaimed(run_id="r", tenant="t", seq=seq, fence=seq, worker="w")
+
+    answered = ModelAnswered(
+        run_id="r", tenant="t", seq=2, fence=1, message=Message(role="assistant")
+    )
+    settled = TurnSettled(run_id="r", tenant="t", seq=5, fence=2, iteration=1, call_ids=[])
+    assert attempts_since_progress([]) == 0
+    assert attempts_since_progress([claimed(1), answered, claimed(3), claimed(4)]) == 2
+    assert attempts_since_progress([claimed(3), settled]) == 0
+
+
+def _settings(path: Path) -> Settings:
+    return Settings.model_validate(
+        {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(path), "ONWARD_PARTITIONS": 4}
+    )
+
+
+async def _interrupted_runs(path: Path, count: int) -> list[str]:
+    """Runs whose model fails at the second turn: running, with nobody holding them."""
+
+    def flaky(messages: Sequence[Message]) -> ModelReply:
+        if sum(1 for m in messages if m.role == "assistant") == 1:
+            raise ConnectionError("the model went away")
+        return script(messages)
+
+    run_ids = []
+    async with open_backends(_settings(path)) as backends:
+        runner = backends.runner(ScriptedProvider(flaky))
+        for i in range(count):
+            name = "broken" if i == 0 else "booker"
+            run_id = f"run-{i}"
+            with pytest.raises((ConnectionError, RuntimeError)):
+                await runner.run(agents[name], f"job {i}", tenant=TENANT, run_id=run_id)
+            run_ids.append(run_id)
+    return run_ids
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_two_embedded_workers_carry_interrupted_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "fleet.db"
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("FLEET_LEDGER", str(ledger))
+    run_ids = await _interrupted_runs(path, 12)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(path),
+        "ONWARD_PARTITIONS": "4",
+        "FLEET_LEDGER": str(ledger),
+        "FLEET_STEPS": "3",
+    }
+    argv = ["-m", "onward", "worker", "--agent", "support.fleet:agents"]
+    argv += ["--provider", "support.fleet:provider", "--lease-ttl", "2", "--recheck", "0.3"]
+    argv += ["--backoff", "0.1", "--max-attempts", "2"]
+    workers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, *argv, "--name", f"e{n}", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        for n in range(2)
+    ]
+    try:
+        async with open_backends(_settings(path)) as backends:
+            for _ in range(300):
+                rows = {s.run_id: s for s in await backends.frontiers.runs(tenant=TENANT)}
+                if all(rows[r].status in ("completed", "failed") for r in run_ids):
+                    break
+                await asyncio.sleep(0.2)
+            statuses = {r: rows[r].status for r in run_ids}
+            broken = await backends.frontiers.get("run-0")
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        outputs = [await asyncio.wait_for(w.communicate(), 30) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    assert statuses == {r: "failed" if r == "run-0" else "completed" for r in run_ids}
+    assert broken is not None
+    assert broken.frontier is not None
+    assert "gave up" in (broken.frontier.error or "")
+    keys = [(e["tool"], e["key"]) for e in Ledger(ledger).entries()]
+    assert len(keys) == len(set(keys)) == 3 * (len(run_ids) - 1)

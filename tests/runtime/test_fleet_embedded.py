@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 from support.fleet import agents, script
+from typer.testing import CliRunner
 
 from onward.errors import InvalidInputError
 from onward.eventlog import Message, ModelAnswered, RunClaimed, TurnSettled
 from onward.runtime.backends import open_backends
+from onward.runtime.cli import app
+from onward.runtime.cli.worker import load_agents
 from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ModelReply, ScriptedProvider
 from onward.runtime.requests import (
@@ -114,7 +117,12 @@ async def test_two_embedded_workers_carry_interrupted_runs_on(
         )
         for n in range(2)
     ]
+    first_lines = []
+    for worker in workers:  # signal handlers are in place once a worker says it is ready
+        assert worker.stderr is not None
+        first_lines.append(await asyncio.wait_for(worker.stderr.readline(), 60))
     try:
+        assert all(b"ready" in line for line in first_lines), first_lines
         async with open_backends(_settings(path)) as backends:
             for _ in range(300):
                 rows = {s.run_id: s for s in await backends.frontiers.runs(tenant=TENANT)}
@@ -128,9 +136,33 @@ async def test_two_embedded_workers_carry_interrupted_runs_on(
             worker.send_signal(signal.SIGTERM)
         outputs = [await asyncio.wait_for(w.communicate(), 30) for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
-    assert statuses == {r: "failed" if r == "run-0" else "completed" for r in run_ids}
+    assert statuses == {r: "failed" if r == "run-0" else "completed" for r in run_ids}, outputs
     assert broken is not None
     assert broken.frontier is not None
     assert "gave up" in (broken.frontier.error or "")
     keys = [(e["tool"], e["key"]) for e in Ledger(ledger).entries()]
     assert len(keys) == len(set(keys)) == 3 * (len(run_ids) - 1)
+
+
+@pytest.mark.parametrize(
+    ("agent", "said"),
+    [
+        ("nowhere.at_all:agent", "--agent: cannot import"),
+        ("support.fleet:script", "not an Agent"),
+        ("support.fleet:TOOL_S", "not an Agent"),
+    ],
+)
+def test_a_bad_agent_exits_2_in_one_line(agent: str, said: str, tmp_path: Path) -> None:
+    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "x.db")}
+    args = ["worker", "--agent", agent, "--provider", "support.fleet:provider"]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_agents_load_by_name_from_dicts_and_pairs() -> None:
+    loaded = load_agents(["support.fleet:agents", "other=support.fleet:agents"])
+    assert set(loaded) == {"booker", "charger", "broken"}
+    with pytest.raises(InvalidInputError, match="not an Agent"):
+        load_agents(["x=support.fleet:agents"])

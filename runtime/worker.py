@@ -60,6 +60,7 @@ from onward.eventlog.events import (
     ModelAnswered,
     RunClaimed,
     RunFinished,
+    RunStarted,
     ToolCompleted,
     ToolResolved,
     TurnSettled,
@@ -115,7 +116,9 @@ class _Boundaries:
         self._worker = worker
 
     async def appended(self, events: Sequence[Event]) -> None:
-        return None
+        for event in events:
+            if isinstance(event, RunStarted):
+                self._worker._started(event.run_id)
 
     async def tool_returned(self, call_id: str) -> None:
         return None
@@ -194,6 +197,7 @@ class Worker:
         self._draining = asyncio.Event()
         self._slot = asyncio.Event()
         self._scans: set[asyncio.Task[None]] = set()
+        self._starting: dict[str, _Once] = {}
 
     @property
     def draining(self) -> bool:
@@ -212,9 +216,18 @@ class Worker:
 
     def submit(self, request: Request, done: Callable[[bool], None] | None = None) -> None:
         """Act on a request in the background; ``done(acted)`` says whether it was acted on
-        (False: left for the next owner, e.g. deferred when the worker began to drain).
+        (False: left for the next owner, e.g. deferred when the worker began to drain). A start
+        is acted on once its `RunStarted` is durable: from then on the run is recovery's.
         """
-        self._launch(request.run_id, self.handle(request), done)
+        once = _Once(done)
+        if isinstance(request, StartRun):
+            self._starting[request.run_id] = once
+        self._launch(request.run_id, self.handle(request), once)
+
+    def _started(self, run_id: str) -> None:
+        once = self._starting.pop(run_id, None)
+        if once is not None:
+            once(True)
 
     async def handle(self, request: Request) -> bool:
         """Act on one request; True once acted on (or refused for good), False to leave it."""
@@ -415,6 +428,8 @@ class Worker:
 
         def finished(t: asyncio.Task[bool]) -> None:
             self._runs.pop(key, None)
+            if self._starting.get(run_id) is done:
+                del self._starting[run_id]
             self._slot.set()
             # Cancelled (a second SIGTERM): left for the next owner. An unexpected error is
             # logged; the run, if it exists, is a recovery candidate like any other.
@@ -577,6 +592,18 @@ class Worker:
             offsets.done(tp, record.offset, acted)
 
         self.submit(request, done)
+
+
+class _Once:
+    """Calls ``done`` the first time only."""
+
+    def __init__(self, done: Callable[[bool], None] | None) -> None:
+        self._done = done
+
+    def __call__(self, acted: bool) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done(acted)
 
 
 class _Offsets:

@@ -40,6 +40,10 @@ def load_agents(specs: list[str]) -> dict[str, Agent]:
             is_made=lambda v: isinstance(v, Agent | dict),
         )
         if isinstance(found, dict):
+            if name:
+                raise InvalidInputError(
+                    f"--agent: {target} is a dict of agents, which name themselves; drop {name}="
+                )
             for key, agent in found.items():
                 if not isinstance(agent, Agent):
                     raise InvalidInputError(f"--agent: {target}[{key!r}] is not an Agent")

@@ -28,7 +28,7 @@ from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.leases import RedisLeaseStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.manager import ExecutionManager
-from onward.runtime.requests import Requests, StartRun
+from onward.runtime.requests import AnswerRequest, Requests, StartRun, TagRun
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 PARTITIONS = 6
@@ -257,3 +257,50 @@ async def _effects_at_least(world: Fleet, count: int) -> bool:
 
 async def _completed(world: Fleet, count: int) -> bool:
     return (await world.statuses())["completed"] == count
+
+
+@pytest.mark.timeout(180)
+async def test_answers_and_tags_go_through_the_requests_topic(fleet: Fleet) -> None:
+    run_ids = [f"pay-{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    async with Requests(fleet.bootstrap, fleet.requests_topic, partitions=PARTITIONS) as client:
+        await client.submit_many(
+            [StartRun(run_id=r, tenant=TENANT, agent="payer", input="pay") for r in run_ids]
+        )
+        denied, approved = run_ids[0], run_ids[1:]
+        answered: set[tuple[str, str]] = set()
+
+        async def answer_each_wait() -> bool:
+            rows = {s.run_id: s for s in await fleet.frontiers.runs(tenant=TENANT)}
+            for run_id, row in rows.items():
+                if row.status != "waiting" or row.waiting_on is None:
+                    continue
+                if (run_id, row.waiting_on) in answered:
+                    continue
+                answered.add((run_id, row.waiting_on))
+                await client.submit(
+                    AnswerRequest(
+                        run_id=run_id,
+                        tenant=TENANT,
+                        request_id=row.waiting_on,
+                        approve=run_id != denied,
+                        by="ann",
+                    )
+                )
+            done = [
+                r for r in run_ids if r in rows and rows[r].status in ("completed", "cancelled")
+            ]
+            return len(done) == len(run_ids)
+
+        await fleet.until("every payment answered", answer_each_wait, 90)
+        await client.submit(TagRun(run_id=approved[0], tenant=TENANT, label="audited", by="ann"))
+
+        async def tagged() -> bool:
+            row = await fleet.frontiers.get(approved[0])
+            return row is not None and row.frontier is not None and bool(row.frontier.tags)
+
+        await fleet.until("the tag", tagged, 30)
+    rows = {s.run_id: s for s in await fleet.frontiers.runs(tenant=TENANT)}
+    assert rows[denied].status == "cancelled"
+    assert all(rows[r].status == "completed" for r in approved)
+    assert Counter(e["tool"] for e in fleet.ledger.entries()) == {"pay": 3 * len(approved)}
+    assert not _effects_once(fleet.ledger)

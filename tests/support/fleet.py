@@ -7,6 +7,7 @@ worker killed mid-call leaves an effect without its `ToolCompleted`.
 ``booker``'s tool has a status check (the ledger), so resume settles such a call itself;
 ``charger``'s has none, so such a call is indeterminate and its run is left for a person.
 ``broken``'s model always fails, so workers give up on its runs after their attempts.
+``payer``'s tool needs a person's approval for every call.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ async def _status(key: str) -> Reconciled | None:
     return Reconciled("completed", {"booked": key}) if found else Reconciled("never_ran")
 
 
-def _tools() -> tuple[Tool, Tool]:
+def _tools() -> tuple[Tool, Tool, Tool]:
     @tool(reconcile=_status)
     async def book(n: int, *, idempotency_key: str) -> dict[str, object]:
         _ledger().record("book", idempotency_key, n=n, pid=os.getpid())
@@ -47,16 +48,27 @@ def _tools() -> tuple[Tool, Tool]:
         await asyncio.sleep(TOOL_S)
         return {"charged": idempotency_key}
 
-    return book, charge
+    @tool(requires_approval=True)
+    async def pay(n: int, *, idempotency_key: str) -> dict[str, object]:
+        _ledger().record("pay", idempotency_key, n=n, pid=os.getpid())
+        return {"paid": idempotency_key}
+
+    return book, charge, pay
 
 
-_book, _charge = _tools()
+_book, _charge, _pay = _tools()
 
 agents: dict[str, Agent] = {
     "booker": Agent(name="booker", instructions="book, step by step", tools=[_book]),
     "charger": Agent(name="charger", instructions="charge, step by step", tools=[_charge]),
     "broken": Agent(name="broken", instructions="broken: book, step by step", tools=[_book]),
+    "payer": Agent(name="payer", instructions="pay, step by step", tools=[_pay]),
 }
+
+
+def make_booker() -> Agent:
+    """A function returning an agent, as ``--agent`` accepts."""
+    return agents["booker"]
 
 
 class ModelDownError(RuntimeError):
@@ -70,6 +82,8 @@ def script(messages: Sequence[Message]) -> ModelReply:
     if instructions.startswith("broken"):
         raise ModelDownError("the model is down")
     tool_name = "book" if "book" in instructions else "charge"
+    if instructions.startswith("pay"):
+        tool_name = "pay"
     if turn >= STEPS:
         return reply(f"done after {turn} steps")
     return reply(

@@ -140,6 +140,8 @@ class WorkerStats:
     needs_person: int = 0
     gave_up: int = 0
     failures: int = 0
+    pauses: int = 0
+    peak_in_flight: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
 
 
@@ -328,6 +330,8 @@ class Worker:
                 continue
             if await self.backends.leases.current(row.run_id) is not None:
                 continue  # held: looked at again on the next pass, after its ttl
+            if self.free <= 0 or row.run_id in self._runs:
+                break  # filled (or taken) while the lease store answered
             self._launch(row.run_id, self._carry(row.run_id, row.tenant, recovery=True))
             launched += 1
         return launched
@@ -425,6 +429,7 @@ class Worker:
         task = asyncio.create_task(guarded(), name=f"run {run_id}")
         key = run_id if run_id not in self._runs else f"{run_id}#{id(task)}"
         self._runs[key] = task
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, len(self._runs))
 
         def finished(t: asyncio.Task[bool]) -> None:
             self._runs.pop(key, None)
@@ -563,6 +568,7 @@ class Worker:
             if free <= 0 and not paused:
                 consumer.pause(*assigned)
                 paused = True
+                self.stats.pauses += 1
             elif free > 0 and paused:
                 consumer.resume(*assigned)
                 paused = False

@@ -156,7 +156,8 @@ def worker_command(
             err.print(
                 f"worker {worker.name} stopped: {stats.started} started, {stats.recovered} "
                 f"carried on, {stats.stopped} stopped at a boundary, {stats.needs_person} "
-                f"left for a person, {stats.gave_up} given up"
+                f"left for a person, {stats.gave_up} given up; at most {stats.peak_in_flight} in "
+                f"flight, paused {stats.pauses} times"
             )
 
     asyncio.run(run())

@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 PARTITIONS = 6
 RUNS = int(os.environ.get("ONWARD_FLEET_TEST_RUNS", "120"))
 TENANT = "acme"
+MAX_RUNS = 12
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -73,7 +74,7 @@ class Fleet:
             "--name",
             name,
             "--max-runs",
-            "12",
+            str(MAX_RUNS),
             "--lease-ttl",
             "3",
             "--recheck",
@@ -245,6 +246,11 @@ async def test_a_sigtermed_worker_drains_and_exits_0_and_its_runs_go_on(fleet: F
     stopped = re.search(r"(\d+) stopped at a boundary", fleet.output("w1"))
     assert stopped is not None, fleet.output("w1")
     assert int(stopped.group(1)) > 0, "the drain found no run in flight"
+    # Backpressure: never more than --max-runs in flight; full, the worker paused.
+    peak = re.search(r"at most (\d+) in\s+flight, paused (\d+) times", fleet.output("w1"))
+    assert peak is not None, fleet.output("w1")
+    assert int(peak.group(1)) <= MAX_RUNS
+    assert int(peak.group(2)) > 0
     await fleet.until("every run completed", lambda: _completed(fleet, len(run_ids)), 100)
     assert not _effects_once(fleet.ledger), "side effects repeated"
     pending = await ExecutionManager(fleet.frontiers, fleet.leases).list_pending(tenant=TENANT)

@@ -330,8 +330,10 @@ class Worker:
                 continue
             if await self.backends.leases.current(row.run_id) is not None:
                 continue  # held: looked at again on the next pass, after its ttl
-            if self.free <= 0 or row.run_id in self._runs:
-                break  # filled (or taken) while the lease store answered
+            if self.free <= 0:
+                break  # filled while the lease store answered
+            if row.run_id in self._runs:
+                continue
             self._launch(row.run_id, self._carry(row.run_id, row.tenant, recovery=True))
             launched += 1
         return launched

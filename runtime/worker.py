@@ -274,7 +274,11 @@ class Worker:
             self.stats.started += 1
             self._count(result.status)
             return True
-        return False
+        # Held all this time by someone who never wrote it: a zombie lease, not a run. Dropped
+        # (logged), rather than keep this partition's later requests from being committed.
+        self.stats.failures += 1
+        _log.warning("run %s: never free to start; start request dropped", request.run_id)
+        return True
 
     async def _answer(self, request: AnswerRequest) -> bool:
         try:

@@ -310,3 +310,20 @@ async def test_answers_and_tags_go_through_the_requests_topic(fleet: Fleet) -> N
     assert all(rows[r].status == "completed" for r in approved)
     assert Counter(e["tool"] for e in fleet.ledger.entries()) == {"pay": 3 * len(approved)}
     assert not _effects_once(fleet.ledger)
+
+
+@pytest.mark.timeout(180)
+async def test_a_second_sigterm_cancels_at_once_and_nothing_runs_twice(fleet: Fleet) -> None:
+    run_ids = await fleet.submit(RUNS)
+    await fleet.until("runs under way", lambda: _effects_at_least(fleet, RUNS // 3), 60)
+    leaving = fleet.children["w1"]
+    leaving.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.05)
+    leaving.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(leaving.wait(), 30) == 0, fleet.output("w1")
+    assert "second signal" in fleet.output("w1")
+    await fleet.until(
+        "every run completed or left for a person", lambda: _settled(fleet, run_ids), 100
+    )
+    assert (await fleet.statuses())["failed"] == 0
+    assert not _effects_once(fleet.ledger), "side effects repeated"

@@ -32,7 +32,7 @@ from onward.runtime.requests import AnswerRequest, Requests, StartRun, TagRun
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 PARTITIONS = 6
-RUNS = int(os.environ.get("ONWARD_FLEET_TEST_RUNS", "120"))
+RUNS = int(os.environ.get("ONWARD_FLEET_TEST_RUNS", "300"))
 TENANT = "acme"
 MAX_RUNS = 12
 TESTS = Path(__file__).resolve().parents[1]

@@ -171,3 +171,15 @@ def test_agents_load_by_name_from_dicts_and_pairs() -> None:
     assert load_agents(["b=support.fleet:make_booker"]) == {"b": agents["booker"]}
     with pytest.raises(InvalidInputError, match="name themselves"):
         load_agents(["x=support.fleet:agents"])
+
+
+def test_a_store_that_cannot_be_reached_exits_5_in_one_line() -> None:
+    env = {
+        "ONWARD_BACKEND": "kafka",
+        "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+        "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+    }
+    args = ["worker", "--agent", "support.fleet:agents", "--provider", "support.fleet:provider"]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 5, result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

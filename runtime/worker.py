@@ -439,7 +439,7 @@ class Worker:
 
         def finished(t: asyncio.Task[bool]) -> None:
             self._runs.pop(key, None)
-            if self._starting.get(run_id) is done:
+            if done is not None and self._starting.get(run_id) is done:
                 del self._starting[run_id]
             self._slot.set()
             # Cancelled (a second SIGTERM): left for the next owner. An unexpected error is

@@ -96,8 +96,12 @@ class Checkpointer:
         if not self.policy.wants(events):
             return
         refused_before = self.projection.stats.snapshots_refused
+        partition = positions[0].partition
+        # Another process on the same file (a second worker, `onward approve`) may have
+        # appended and folded since: fold onto the stored rows, not the ones cached here.
+        self.projection.forget([partition])
         try:
-            await self._projector.catch_up([positions[0].partition])
+            await self._projector.catch_up([partition])
         except OnwardError as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("checkpoint not written, the run carries on: %s", self.last_error)

@@ -92,22 +92,7 @@ async def _interrupted_runs(path: Path, count: int) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "count",
-    [
-        1,
-        pytest.param(
-            2,
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="the inline checkpointers of two processes on one SQLite file race: "
-                "one folds the log onto a row it cached before the other's appends, and stores "
-                "a row that refused them, so the run looks stuck at an earlier seq (the log is "
-                "right). Until the checkpointer reloads rows, two embedded workers may stall",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("count", [1, 2])
 async def test_embedded_workers_carry_interrupted_runs_on(
     count: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

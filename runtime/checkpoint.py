@@ -101,6 +101,8 @@ class Checkpointer:
             return
         refused_before = self.projection.stats.snapshots_refused
         try:
+            # What another process on the same file folded since is noticed by the projector
+            # (a position it did not store), which then folds onto the stored rows.
             await self._projector.catch_up([positions[0].partition])
         except OnwardError as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"

@@ -4,6 +4,9 @@ Everything here is read from the frontier store and the lease store; nothing is 
 lease is taken. A run the frontier store calls ``running`` is *interrupted* when nobody holds its
 lease (its worker died, or the run was started without leases and its process is gone), and
 *stalled* when its lease has expired (the store's clock decided) and nobody has taken it since.
+It *needs a person* when a worker tried to carry it on and found a call that may or may not have
+run (`IndeterminateToolCallError`): the worker tagged it ``needs-person`` and left it; once the
+call is settled (`onward resolve`) it is merely interrupted, and a fleet carries it on.
 """
 
 from __future__ import annotations
@@ -14,10 +17,23 @@ from typing import Literal
 
 from onward.errors import NothingToResumeError
 from onward.projections.base import FrontierStore, RunSummary
+from onward.projections.frontier import Frontier
 
 from .leases.base import LeaseStore, RunLease
 
-Attention = Literal["waiting_on_approval", "interrupted", "held"]
+Attention = Literal["waiting_on_approval", "needs_person", "interrupted", "held"]
+
+NEEDS_PERSON = "needs-person"
+"""The label a worker tags a run with when its resume found a call it must not guess about."""
+
+
+def needs_person(frontier: Frontier) -> bool:
+    """Whether a worker left the run for a person: tagged ``needs-person``, a call still open."""
+    return (
+        frontier.status == "running"
+        and any(t.label.startswith(NEEDS_PERSON) for t in frontier.tags)
+        and any(c.dispatched_seq is not None and c.outcome is None for c in frontier.calls)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +43,10 @@ class RunOverview:
     Attributes:
         summary: The frontier row's scalar columns.
         lease: The unexpired lease, if a worker holds the run.
-        attention: ``waiting_on_approval`` (a person must answer), ``interrupted`` (running,
-            but nobody holds it: resume it), or ``held`` (a worker is on it).
+        attention: ``waiting_on_approval`` (a person must answer), ``needs_person`` (running,
+            nobody holds it, and a worker found a call it must not guess about: settle it with
+            `onward resolve`), ``interrupted`` (running, but nobody holds it: resume it), or
+            ``held`` (a worker is on it).
     """
 
     summary: RunSummary
@@ -64,14 +82,26 @@ class ExecutionManager:
         return await self._status(row.summary)
 
     async def list_pending(self, *, tenant: str | None = None) -> list[RunOverview]:
-        """Runs that need someone: waiting on an approval, or running with nobody holding them."""
+        """Runs that need someone: waiting on an approval, left by a worker for a person to
+        settle a call, or running with nobody holding them.
+        """
         rows = await self.frontiers.runs(tenant=tenant, statuses={"waiting", "running"})
         statuses = [await self._status(summary) for summary in rows]
-        return [s for s in statuses if s.attention in ("waiting_on_approval", "interrupted")]
+        return [
+            s
+            for s in statuses
+            if s.attention in ("waiting_on_approval", "needs_person", "interrupted")
+        ]
 
     async def _status(self, summary: RunSummary) -> RunOverview:
         lease = await self.leases.current(summary.run_id) if self.leases is not None else None
-        return RunOverview(summary, lease, _attention(summary, lease))
+        attention = _attention(summary, lease)
+        if attention == "interrupted":
+            # Only an unheld running run can have been left for a person: read its whole row.
+            row = await self.frontiers.get(summary.run_id)
+            if row is not None and row.frontier is not None and needs_person(row.frontier):
+                attention = "needs_person"
+        return RunOverview(summary, lease, attention)
 
 
 def _attention(summary: RunSummary, lease: RunLease | None) -> Attention | None:

@@ -1,0 +1,336 @@
+"""A fleet of `onward worker` processes: steps/s at 1, 2 and 3 workers, and recovery from a kill.
+
+For each fleet size (``--fleets``, default 1,2,3): a fresh events topic, requests topic,
+migrated PostgreSQL schema and Redis key prefix; one `onward projector` process and that many
+`onward worker` processes (``--max-runs`` each, leases in Redis with ``--lease-ttl``). Once every
+worker holds its share of the partitions, ``--runs`` start requests (``booker`` runs of
+``--steps`` steps: a scripted model call and one tool call each; the tool sleeps ``--tool-s``)
+are submitted through the requests topic at once, and the clock runs until the projector shows
+every run completed. steps/s = runs x steps / that time.
+
+Then the same load on the largest fleet, with the first worker SIGKILLed once ``--kill-at`` of
+the tool calls are done. Every run must still complete (the tool's status check settles calls
+the dead worker left undecided). For each run claimed after the kill (an orphan), the time from
+the kill to its first `RunClaimed` after it (the event's own clock) is the time until it moved
+again; p50 and p99 are reported. That time is bounded below by the group's session timeout
+(``--session-timeout-ms``: until then the dead worker keeps its partitions) and by the lease
+ttl (until then its runs stay held).
+
+    python bench/fleet.py                          # 2,000 runs; bench/results/fleet.json
+    python bench/fleet.py --runs 200 --fleets 1,3  # small
+
+The agent and model are `tests/support/fleet.py` (put on the workers' ``PYTHONPATH``). Topics,
+schemas and Redis keys are deleted at the end, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    add_server_options,
+    code_version,
+    create_schema,
+    create_topic,
+    delete_redis_keys,
+    delete_topics,
+    drop_schemas,
+    quantile,
+    server_urls,
+    throwaway_name,
+    write_results,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TENANT = "bench"
+
+
+class Fleet:
+    """One deployment's processes and stores for one measurement."""
+
+    def __init__(self, args: argparse.Namespace, workers: int, tmp: Path) -> None:
+        self.args = args
+        self.workers = workers
+        self.tmp = tmp
+        self.topic = throwaway_name("fleet")
+        self.requests = f"{self.topic}.requests"
+        self.prefix = f"{throwaway_name('fleet', ':')}:"
+        self.schema = ""
+        self.children: dict[str, asyncio.subprocess.Process] = {}
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "PYTHONPATH": str(ROOT / "tests"),
+            "ONWARD_BACKEND": "kafka",
+            "KAFKA_BOOTSTRAP_SERVERS": self.args.bootstrap,
+            "DATABASE_URL": self.args.database_url,
+            "ONWARD_DATABASE_SCHEMA": self.schema,
+            "REDIS_URL": self.args.redis_url,
+            "ONWARD_REDIS_PREFIX": self.prefix,
+            "ONWARD_KAFKA_TOPIC": self.topic,
+            "ONWARD_PARTITIONS": str(self.args.partitions),
+            "FLEET_LEDGER": str(self.tmp / "ledger.jsonl"),
+            "FLEET_STEPS": str(self.args.steps),
+            "FLEET_TOOL_S": str(self.args.tool_s),
+        }
+
+    async def spawn(self, name: str, *argv: str) -> None:
+        with (self.tmp / f"{name}.log").open("wb") as out:
+            self.children[name] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "onward", *argv, env=self.env, stdout=out, stderr=out
+            )
+
+    def output(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    async def start(self) -> None:
+        self.schema = await create_schema(self.args.database_url, "fleet")
+        await create_topic(self.args.bootstrap, self.topic, self.args.partitions)
+        await self.spawn("projector", "projector", "--session-timeout-ms", "6000")
+        for n in range(self.workers):
+            await self.spawn(
+                f"w{n}",
+                "worker",
+                "--agent",
+                "support.fleet:agents",
+                "--provider",
+                "support.fleet:provider",
+                "--requests-topic",
+                self.requests,
+                "--group",
+                f"{self.topic}.workers",
+                "--name",
+                f"w{n}",
+                "--max-runs",
+                str(self.args.max_runs),
+                "--lease-ttl",
+                str(self.args.lease_ttl),
+                "--recheck",
+                "1",
+                "--backoff",
+                "0.2",
+                "--session-timeout-ms",
+                str(self.args.session_timeout_ms),
+            )
+        deadline = time.monotonic() + 120
+        while not self._balanced():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"workers never balanced: {self._tails()}")
+            await asyncio.sleep(0.25)
+
+    def _balanced(self) -> bool:
+        latest: list[set[int]] = []
+        for n in range(self.workers):
+            found = re.findall(r"partitions assigned: \[([0-9, ]*)\]", self.output(f"w{n}"))
+            if not found or not found[-1]:
+                return False
+            latest.append({int(p) for p in found[-1].split(",")})
+        everything = set(range(self.args.partitions))
+        return sum(map(len, latest)) == len(everything) and set().union(*latest) == everything
+
+    def _tails(self) -> dict[str, str]:
+        return {n: self.output(n)[-1500:] for n in self.children}
+
+    async def stop(self) -> None:
+        for child in self.children.values():
+            if child.returncode is None:
+                child.send_signal(signal.SIGTERM)
+        for child in self.children.values():
+            try:
+                await asyncio.wait_for(child.wait(), 60)
+            except TimeoutError:
+                child.kill()
+                await child.wait()
+        await delete_topics(self.args.bootstrap, [self.topic, self.requests])
+        if self.schema:
+            await drop_schemas(self.args.database_url, [self.schema])
+        await delete_redis_keys(self.args.redis_url, self.prefix)
+
+
+async def _submit(fleet: Fleet, runs: int) -> list[str]:
+    from onward.runtime.requests import Requests, StartRun  # noqa: PLC0415
+
+    run_ids = [f"run-{uuid.uuid4().hex[:12]}" for _ in range(runs)]
+    async with Requests(
+        fleet.args.bootstrap, fleet.requests, partitions=fleet.args.partitions
+    ) as client:
+        await client.submit_many(
+            [StartRun(run_id=r, tenant=TENANT, agent="booker", input="go") for r in run_ids]
+        )
+    return run_ids
+
+
+async def _wait_completed(fleet: Fleet, frontiers: Any, runs: int, within: float) -> float:
+    deadline = time.monotonic() + within
+    while True:
+        done = len(await frontiers.runs(tenant=TENANT, statuses={"completed"}))
+        if done >= runs:
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            statuses = [s.status for s in await frontiers.runs(tenant=TENANT)]
+            counts = {s: statuses.count(s) for s in set(statuses)}
+            raise SystemExit(f"{done}/{runs} completed after {within}s: {counts}")
+        await asyncio.sleep(0.2)
+
+
+async def _until_effects(fleet: Fleet, count: int) -> None:
+    """Until the tools' ledger holds ``count`` effects (polled: it is a file other processes
+    append to).
+    """
+    while _effects(fleet) < count:  # noqa: ASYNC110 - nothing to wait on but the file
+        await asyncio.sleep(0.05)
+
+
+def _effects(fleet: Fleet) -> int:
+    path = fleet.tmp / "ledger.jsonl"
+    if not path.exists():
+        return 0
+    with path.open("rb") as ledger:
+        return sum(1 for _ in ledger)
+
+
+async def throughput(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, Any]:
+    from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
+
+    fleet = Fleet(args, workers, tmp)
+    try:
+        await fleet.start()
+        async with PostgresFrontierStore(args.database_url, schema=fleet.schema) as frontiers:
+            started = time.monotonic()
+            await _submit(fleet, args.runs)
+            ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
+        seconds = ended - started
+        steps = args.runs * args.steps
+        return {
+            "workers": workers,
+            "seconds": seconds,
+            "steps": steps,
+            "steps_per_s": steps / seconds,
+        }
+    finally:
+        await fleet.stop()
+
+
+async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, Any]:
+    from onward.eventlog import KafkaEventLog, RunClaimed  # noqa: PLC0415
+    from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
+
+    fleet = Fleet(args, workers, tmp)
+    try:
+        await fleet.start()
+        async with PostgresFrontierStore(args.database_url, schema=fleet.schema) as frontiers:
+            started = time.monotonic()
+            run_ids = await _submit(fleet, args.runs)
+            kill_at = int(args.runs * args.steps * args.kill_at)
+            await _until_effects(fleet, kill_at)
+            fleet.children["w0"].send_signal(signal.SIGKILL)
+            killed_us = time.time_ns() // 1_000
+            await fleet.children["w0"].wait()
+            ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
+        wanted = set(run_ids)
+        moved: dict[str, int] = {}
+        async with KafkaEventLog(
+            args.bootstrap, topic=fleet.topic, partitions=args.partitions, create_topic=False
+        ) as log:
+            for partition in range(args.partitions):
+                end = (await log.bounds(partition)).end
+                for stored in await log.read_partition(partition, 0, end):
+                    event = stored.event
+                    if (
+                        isinstance(event, RunClaimed)
+                        and event.run_id in wanted
+                        and event.at > killed_us
+                        and event.run_id not in moved
+                    ):
+                        moved[event.run_id] = event.at
+        waits = sorted((at - killed_us) / 1e6 for at in moved.values())
+        return {
+            "workers": workers,
+            "runs": args.runs,
+            "completed": args.runs,
+            "seconds": ended - started,
+            "orphans": len(waits),
+            "recovery_p50_s": quantile(waits, 0.5),
+            "recovery_p99_s": quantile(waits, 0.99),
+            "recovery_max_s": max(waits, default=float("nan")),
+        }
+    finally:
+        await fleet.stop()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    add_server_options(parser, "bootstrap", "database_url", "redis_url")
+    parser.add_argument("--runs", type=int, default=2_000)
+    parser.add_argument("--steps", type=int, default=10, help="tool calls per run")
+    parser.add_argument("--tool-s", type=float, default=0.01, help="each tool call's sleep")
+    parser.add_argument(
+        "--fleets",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 2, 3],
+        help="worker counts, comma-separated",
+    )
+    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument("--max-runs", type=int, default=32, help="runs in flight per worker")
+    parser.add_argument("--lease-ttl", type=float, default=3.0)
+    parser.add_argument("--session-timeout-ms", type=int, default=6_000)
+    parser.add_argument("--kill-at", type=float, default=0.4, help="share of calls done at kill")
+    parser.add_argument("--no-kill", action="store_true", help="skip the recovery measurement")
+    parser.add_argument("--timeout", type=float, default=1_800, help="seconds per measurement")
+    parser.add_argument("--json", type=Path, default=Path("bench/results/fleet.json"))
+    return parser
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    import tempfile  # noqa: PLC0415
+
+    results: dict[str, Any] = {"throughput": []}
+    for workers in args.fleets:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = await throughput(args, workers, Path(tmp))
+        print(
+            f"{workers} worker(s): {result['steps']:,} steps in {result['seconds']:.1f}s, "
+            f"{result['steps_per_s']:,.0f} steps/s"
+        )
+        results["throughput"].append(result)
+    if not args.no_kill:
+        workers = max(*args.fleets, 2)
+        with tempfile.TemporaryDirectory() as tmp:
+            result = await recovery(args, workers, Path(tmp))
+        print(
+            f"{workers} workers, one SIGKILLed: all {result['completed']} runs completed; "
+            f"{result['orphans']} orphans moved again after p50 {result['recovery_p50_s']:.2f}s, "
+            f"p99 {result['recovery_p99_s']:.2f}s (max {result['recovery_max_s']:.2f}s)"
+        )
+        results["recovery"] = result
+    return results
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    server_urls(args, "bootstrap", "database_url", "redis_url")
+    load = os.getloadavg()
+    print(f"code at {code_version()}; load average {load[0]:.2f} on {os.cpu_count()} CPUs")
+    results = asyncio.run(bench(args))
+    document = {
+        "code": code_version(),
+        "load_average": [load[0], os.getloadavg()[0]],
+        "arguments": {k: str(v) for k, v in vars(args).items() if k not in ("database_url",)},
+        **results,
+    }
+    write_results(args.json, document)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""`onward worker`: one member of a fleet that starts runs and carries dead workers' runs on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from datetime import timedelta
+from typing import Annotated
+
+import typer
+
+from onward.errors import InvalidInputError
+from onward.runtime.agent import Agent
+from onward.runtime.backends import open_backends
+from onward.runtime.leases.base import LeasePolicy
+from onward.runtime.requests import DEFAULT_REQUESTS_TOPIC
+from onward.runtime.settings import load_settings
+from onward.runtime.worker import DEFAULT_GROUP, Worker
+
+from ._common import err, imported, made, opened
+from .runs import load_provider
+
+
+def load_agents(specs: list[str]) -> dict[str, Agent]:
+    """Agents by name from ``--agent`` values.
+
+    Each value is ``module:attr`` (an Agent, a function returning one, or a dict of agents by
+    name) or ``name=module:attr`` (the agent runs record under that name).
+    """
+    agents: dict[str, Agent] = {}
+    for spec in specs:
+        name, equals, target = spec.partition("=")
+        if not equals:
+            name, target = "", spec
+        found = made(
+            imported(target, "--agent"),
+            target,
+            "--agent",
+            is_made=lambda v: isinstance(v, Agent | dict),
+        )
+        if isinstance(found, dict):
+            if name:
+                raise InvalidInputError(
+                    f"--agent: {target} is a dict of agents, which name themselves; drop {name}="
+                )
+            for key, agent in found.items():
+                if not isinstance(agent, Agent):
+                    raise InvalidInputError(f"--agent: {target}[{key!r}] is not an Agent")
+                agents[str(key)] = agent
+        elif isinstance(found, Agent):
+            agents[name or found.name] = found
+        else:
+            raise InvalidInputError(
+                f"--agent: {target} is a {type(found).__name__}, not an Agent, a dict of agents "
+                "or a function returning one"
+            )
+    if not agents:
+        raise InvalidInputError("--agent: name at least one agent")
+    return agents
+
+
+def worker_command(
+    *,
+    agent: Annotated[
+        list[str],
+        typer.Option(
+            "--agent",
+            metavar="[NAME=]MODULE:ATTR",
+            help="An agent, or a dict of agents by name; repeat for several.",
+        ),
+    ],
+    provider: Annotated[
+        str,
+        typer.Option(
+            "--provider", metavar="MODULE:ATTR", help="The model: a Provider, or a function."
+        ),
+    ],
+    max_runs: Annotated[int, typer.Option(help="Most runs in flight; beyond, pause.")] = 16,
+    max_attempts: Annotated[
+        int, typer.Option(help="Claims without progress before a run ends failed.")
+    ] = 3,
+    backoff: Annotated[
+        float, typer.Option(help="Seconds before a retry, doubled each time.")
+    ] = 1.0,
+    lease_ttl: Annotated[
+        float, typer.Option(help="Seconds a run's lease lasts; a dead worker's runs move after.")
+    ] = 30.0,
+    recheck: Annotated[
+        float, typer.Option(help="Seconds between looks for lapsed runs in owned partitions.")
+    ] = 5.0,
+    requests_topic: Annotated[
+        str, typer.Option(help="Kafka: the requests topic (created like the events topic).")
+    ] = DEFAULT_REQUESTS_TOPIC,
+    group: Annotated[str, typer.Option(help="Kafka: the fleet's consumer group.")] = DEFAULT_GROUP,
+    session_timeout_ms: Annotated[
+        int, typer.Option(help="Kafka: how long a dead worker keeps its partitions.")
+    ] = 10_000,
+    name: Annotated[
+        str | None, typer.Option(help="This worker's name in leases (default: host-pid).")
+    ] = None,
+) -> None:
+    """Start requested runs and carry on lapsed ones until SIGTERM; then drain.
+
+    SIGTERM or SIGINT: take nothing new, let every run reach its next boundary and release
+    it, exit 0. A second one cancels what is still in flight. Exit 2: bad configuration or
+    options. 5: a store failed.
+    """
+    config = load_settings()
+    agents = load_agents(agent)
+    model = load_provider(provider)
+    if lease_ttl <= 0 or recheck <= 0:
+        raise InvalidInputError("--lease-ttl and --recheck must be positive")
+    policy = LeasePolicy(ttl=timedelta(seconds=lease_ttl))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        async with opened(f"the {config.backend} stores", open_backends(config)) as backends:
+            worker = Worker(
+                backends,
+                model,
+                agents,
+                name=name,
+                max_runs=max_runs,
+                max_attempts=max_attempts,
+                backoff_s=backoff,
+                lease_policy=policy,
+                recheck_s=recheck,
+            )
+
+            def on_signal() -> None:
+                if stop.is_set():
+                    err.print("second signal: cancelling runs in flight")
+                    worker.stop_now()
+                else:
+                    err.print("draining: runs stop at their next boundary")
+                    stop.set()
+
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, on_signal)
+            if backends.embedded:
+                err.print(f"worker {worker.name} ready (embedded)")
+                await worker.serve_embedded(stop)
+            else:
+                await worker.serve_kafka(
+                    stop,
+                    bootstrap_servers=config.kafka_bootstrap_servers,
+                    topic=requests_topic,
+                    group_id=group,
+                    session_timeout_ms=session_timeout_ms,
+                    on_ready=lambda: err.print(f"worker {worker.name} ready"),
+                )
+            stats = worker.stats
+            err.print(
+                f"worker {worker.name} stopped: {stats.started} started, {stats.recovered} "
+                f"carried on, {stats.stopped} stopped at a boundary, {stats.needs_person} "
+                f"left for a person, {stats.gave_up} given up; at most {stats.peak_in_flight} in "
+                f"flight, paused {stats.pauses} times"
+            )
+
+    asyncio.run(run())

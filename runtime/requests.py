@@ -1,0 +1,197 @@
+"""What a fleet of `onward worker` processes is asked to do, and the client that asks.
+
+Requests are msgspec tagged Structs, JSON on the wire, keyed by run id on a Kafka topic
+(``onward.requests`` by default) with as many partitions as the events topic. A request for
+run R goes to partition ``partition_for(R, partitions)``, the function the event log places R
+with, so the worker that owns requests partition p owns every run of event-log partition p.
+Ownership only routes work: leases stay the arbiter of who may write to a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import msgspec
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from onward._storage import translate
+from onward.errors import ConfigurationError, InvalidInputError
+from onward.eventlog.base import partition_for
+from onward.eventlog.kafka import topic_partition_count
+
+DEFAULT_REQUESTS_TOPIC = "onward.requests"
+
+
+class StartRun(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
+    """Start run ``run_id`` of agent ``agent`` (a name the workers know) with ``input``."""
+
+    run_id: str
+    tenant: str
+    agent: str
+    input: Any = None
+
+
+class ResumeRun(msgspec.Struct, frozen=True, kw_only=True, tag="resume"):
+    """Carry run ``run_id`` on from the log (after a person answered or settled a call)."""
+
+    run_id: str
+    tenant: str
+
+
+class AnswerRequest(msgspec.Struct, frozen=True, kw_only=True, tag="answer"):
+    """Answer the person's request ``request_id`` of a waiting run; an approval carries it on."""
+
+    run_id: str
+    tenant: str
+    request_id: str
+    approve: bool
+    by: str
+    value: Any = None
+
+
+class TagRun(msgspec.Struct, frozen=True, kw_only=True, tag="tag"):
+    """Put ``label`` on one of the run's events (by default its latest boundary)."""
+
+    run_id: str
+    tenant: str
+    label: str
+    seq: int | None = None
+    by: str = "tagger"
+
+
+Request = StartRun | ResumeRun | AnswerRequest | TagRun
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Request)
+
+
+def encode_request(request: Request) -> bytes:
+    """The wire form of a request: JSON with a ``type`` tag."""
+    return _encoder.encode(request)
+
+
+def decode_request(data: bytes) -> Request:
+    """A request from its wire form.
+
+    Raises:
+        InvalidInputError: Not a request this code knows (the path to the bad value is named).
+    """
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"unreadable request: {exc}") from exc
+
+
+async def ensure_requests_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+    """Create the requests topic with ``partitions`` partitions unless it exists; check it.
+
+    Raises:
+        ConfigurationError: The topic exists with another partition count, so routing would no
+            longer follow the event log.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    try:
+        await admin.start()
+        found = await topic_partition_count(admin, topic)
+        if not found:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics([NewTopic(topic, partitions, 1)])
+            for _ in range(100):
+                found = await topic_partition_count(admin, topic)
+                if found:
+                    break
+                await asyncio.sleep(0.1)
+    except KafkaError as exc:
+        raise translate(exc, context=f"creating {topic}") from exc
+    finally:
+        await admin.close()
+    if found != partitions:
+        raise ConfigurationError(
+            f"requests topic {topic!r} has {found} partitions, the events topic {partitions}; "
+            "they must match so that a run's requests reach the worker that owns its partition"
+        )
+
+
+class Requests:
+    """Submits requests to the fleet: ``async with Requests(bootstrap, partitions=12) as r``.
+
+    Args:
+        bootstrap_servers: ``host:port[,...]``.
+        topic: The requests topic.
+        partitions: The events topic's partition count; the requests topic is created with it.
+    """
+
+    def __init__(
+        self, bootstrap_servers: str, topic: str = DEFAULT_REQUESTS_TOPIC, *, partitions: int
+    ) -> None:
+        self.topic = topic
+        self.partitions = partitions
+        self._bootstrap = bootstrap_servers
+        self._producer: AIOKafkaProducer | None = None
+
+    async def __aenter__(self) -> Self:
+        await ensure_requests_topic(self._bootstrap, self.topic, self.partitions)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+        )
+        try:
+            await producer.start()
+        except KafkaError as exc:
+            with contextlib.suppress(KafkaError):
+                await producer.stop()
+            raise translate(exc, context=f"connecting to {self.topic}") from exc
+        self._producer = producer
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(KafkaError):
+                await producer.stop()
+
+    async def submit(self, *requests: Request) -> None:
+        """Send requests, each to its run's partition; durable when this returns."""
+        await self.submit_many(requests)
+
+    async def submit_many(self, requests: Sequence[Request]) -> None:
+        """Send many requests at once; durable when this returns."""
+        if self._producer is None:
+            raise ConfigurationError("Requests is not open; use it as an async context manager")
+        try:
+            sent = [
+                await self._producer.send(
+                    self.topic,
+                    encode_request(r),
+                    key=r.run_id.encode(),
+                    partition=partition_for(r.run_id, self.partitions),
+                )
+                for r in requests
+            ]
+            await asyncio.gather(*sent)
+        except KafkaError as exc:
+            raise translate(exc, context=f"submitting to {self.topic}") from exc
+
+
+__all__ = [
+    "DEFAULT_REQUESTS_TOPIC",
+    "AnswerRequest",
+    "Request",
+    "Requests",
+    "ResumeRun",
+    "StartRun",
+    "TagRun",
+    "decode_request",
+    "encode_request",
+    "ensure_requests_topic",
+]

@@ -1,0 +1,693 @@
+"""`Worker`: one member of a fleet that carries runs on with no one watching.
+
+Routing: with Kafka, workers form a consumer group on the requests topic
+(`onward.runtime.requests`), partitioned like the event log, so the worker that owns requests
+partition p owns the runs of event-log partition p. Ownership only routes work: every write is
+made under the run's lease, so a rebalance that briefly gives a partition two owners is safe
+(the second owner's start, resume or answer gets `ResumeConflictError`; a start is deferred
+until the run exists, the rest are dropped, since whoever holds the run carries it on).
+
+Recovery: when partitions are assigned (at start, and when a dead worker's partitions move) and
+every ``recheck_s`` after, the worker lists the runs of its partitions that are ``running`` (so
+not waiting on a person) and whose lease has lapsed, and carries each on with
+`AgentRunner.resume`. A run whose lease is still held is looked at again on the next pass.
+Attempts are bounded: the claims (`RunClaimed`) the log shows since the run last made progress
+(a model answer, a tool outcome, a settled turn or an approval) count, with a backoff of
+``backoff_s * 2**(attempts - 1)`` before each retry; at ``max_attempts`` the run ends ``failed``
+with the reason, written under its lease. A plan that is not safe (`IndeterminateToolCallError`)
+is never guessed: the run is tagged ``needs-person`` and left for `onward resolve`;
+`ExecutionManager.list_pending` lists it, and once its calls are settled the next pass carries
+it on.
+
+Backpressure: at most ``max_runs`` runs in flight; while full, the worker pauses its partitions.
+Request offsets are committed only once the request was acted on, so a worker killed mid-request
+leaves it to the next owner.
+
+Draining: `drain` stops taking requests and makes every run in flight stop at its next boundary
+(before its next model call); their leases are released, so the next owner of the partition
+carries them on. `stop_now` cancels what is still in flight (a call cut off mid-way is
+indeterminate for the next owner, never repeated).
+
+Embedded (SQLite) workers have no requests topic: each owns every partition and only carries
+on runs (`serve_embedded`); start runs with `AgentRunner.run` or `Worker.handle`. Several
+workers on one file share its lease table, which decides who carries a run on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from onward._storage import translate
+from onward.errors import (
+    IndeterminateToolCallError,
+    InvalidInputError,
+    OnwardError,
+    ResumeConflictError,
+)
+from onward.eventlog.base import partition_for
+from onward.eventlog.events import (
+    ApprovalGranted,
+    Event,
+    ModelAnswered,
+    RunClaimed,
+    RunFinished,
+    RunStarted,
+    ToolCompleted,
+    ToolResolved,
+    TurnSettled,
+)
+from onward.projections.frontier import Frontier
+
+from .agent import Agent
+from .backends import Backends
+from .conversation import Conversation
+from .leases.base import LeasePolicy
+from .leases.holder import Leaseholder
+from .manager import NEEDS_PERSON, needs_person
+from .providers import Provider
+from .requests import (
+    DEFAULT_REQUESTS_TOPIC,
+    AnswerRequest,
+    Request,
+    StartRun,
+    TagRun,
+    decode_request,
+    ensure_requests_topic,
+)
+from .runner import AgentRunner
+from .writer import HeldRun
+
+_log = logging.getLogger("onward.worker")
+
+DEFAULT_GROUP = "onward-workers"
+_LEAVE_S = 10.0
+
+_PROGRESS = (ModelAnswered, ToolCompleted, ToolResolved, TurnSettled, ApprovalGranted)
+
+
+def attempts_since_progress(events: Iterable[Event]) -> int:
+    """How many claims (`RunClaimed`) the run saw since it last made progress."""
+    attempts = 0
+    for event in events:
+        if isinstance(event, RunClaimed):
+            attempts += 1
+        elif isinstance(event, _PROGRESS):
+            attempts = 0
+    return attempts
+
+
+class _Stopped(Exception):  # noqa: N818 - a signal between the observer and the worker
+    """The worker is draining: the run stops at this boundary and its lease is released."""
+
+
+class _Boundaries:
+    """The runner's observer: stops runs before their next model call once draining."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    async def appended(self, events: Sequence[Event]) -> None:
+        for event in events:
+            if isinstance(event, RunStarted):
+                self._worker._started(event.run_id)
+
+    async def tool_returned(self, call_id: str) -> None:
+        return None
+
+    async def before_model_call(self) -> None:
+        if self._worker.draining:
+            raise _Stopped
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did, for its log lines and the benchmark."""
+
+    started: int = 0
+    recovered: int = 0
+    finished: int = 0
+    stopped: int = 0
+    conflicts: int = 0
+    needs_person: int = 0
+    gave_up: int = 0
+    failures: int = 0
+    pauses: int = 0
+    peak_in_flight: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    """Carries runs on for one fleet member; see the module docstring for the whole story.
+
+    Args:
+        backends: The deployment's stores (`open_backends`).
+        provider: The model.
+        agents: The agents this worker runs, by name (`Agent.name` is what runs record).
+        name: This worker's name in leases and `RunClaimed`; default host and process.
+        max_runs: Most runs in flight at once; beyond, partitions are paused.
+        max_attempts: Claims without progress before a run ends ``failed``.
+        backoff_s: Wait before a retry, doubled per attempt.
+        lease_policy: The runs' lease ttl; a dead worker's runs move once it lapses.
+        recheck_s: How often owned partitions are looked at again for lapsed runs.
+    """
+
+    def __init__(
+        self,
+        backends: Backends,
+        provider: Provider,
+        agents: Mapping[str, Agent],
+        *,
+        name: str | None = None,
+        max_runs: int = 16,
+        max_attempts: int = 3,
+        backoff_s: float = 1.0,
+        lease_policy: LeasePolicy | None = None,
+        recheck_s: float = 5.0,
+    ) -> None:
+        if max_runs < 1 or max_attempts < 1:
+            raise InvalidInputError("max_runs and max_attempts must be at least 1")
+        self.backends = backends
+        self.agents = dict(agents)
+        self.max_runs = max_runs
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.recheck_s = recheck_s
+        self.runner = AgentRunner(
+            provider=provider,
+            log=backends.log,
+            frontiers=backends.frontiers,
+            checkpoint_inline=backends.embedded,
+            blobs=backends.blobs,
+            leases=backends.leases,
+            worker=name,
+            observer=_Boundaries(self),
+            lease_policy=lease_policy,
+        )
+        self.name = self.runner.worker
+        self.stats = WorkerStats()
+        self.owned: set[int] = set()
+        self._runs: dict[str, asyncio.Task[bool]] = {}
+        self._draining = asyncio.Event()
+        self._slot = asyncio.Event()
+        self._scans: set[asyncio.Task[None]] = set()
+        self._starting: dict[str, _Once] = {}
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._runs)
+
+    @property
+    def free(self) -> int:
+        """Runs that may still be started before the worker is full."""
+        return 0 if self.draining else self.max_runs - len(self._runs)
+
+    # -- acting on requests ------------------------------------------------------------------
+
+    def submit(self, request: Request, done: Callable[[bool], None] | None = None) -> None:
+        """Act on a request in the background; ``done(acted)`` says whether it was acted on
+        (False: left for the next owner, e.g. deferred when the worker began to drain). A start
+        is acted on once its `RunStarted` is durable: from then on the run is recovery's.
+        """
+        once = _Once(done)
+        if isinstance(request, StartRun):
+            self._starting[request.run_id] = once
+        self._launch(request.run_id, self.handle(request), once)
+
+    def _started(self, run_id: str) -> None:
+        once = self._starting.pop(run_id, None)
+        if once is not None:
+            once(True)
+
+    async def handle(self, request: Request) -> bool:
+        """Act on one request; True once acted on (or refused for good), False to leave it."""
+        try:
+            if isinstance(request, StartRun):
+                return await self._start(request)
+            if isinstance(request, AnswerRequest):
+                return await self._answer(request)
+            if isinstance(request, TagRun):
+                return await self._tag(request)
+            return await self._carry(request.run_id, request.tenant, recovery=False)
+        except _Stopped:
+            self.stats.stopped += 1
+            return True  # the run exists and its lease is released: recovery carries it on
+        except OnwardError as exc:
+            self.stats.failures += 1
+            _log.warning("%s refused for good: %s", type(request).__name__, exc)
+            return True
+
+    async def _start(self, request: StartRun) -> bool:
+        agent = self.agents.get(request.agent)
+        if agent is None:
+            _log.warning("run %s: no agent %r here; refused", request.run_id, request.agent)
+            self.stats.failures += 1
+            return True
+        for attempt in range(self.max_attempts * 10):
+            try:
+                result = await self.runner.run(
+                    agent, request.input, tenant=request.tenant, run_id=request.run_id
+                )
+            except InvalidInputError:
+                return True  # it exists already: started before, carried on by its owner
+            except ResumeConflictError:
+                # Another owner is starting or driving it (an overlapping rebalance, or a
+                # dead worker's lease not yet lapsed): wait until it exists or is free.
+                self.stats.conflicts += 1
+                if await self.backends.frontiers.get(request.run_id) is not None:
+                    return True
+                if not await self._wait(self.backoff_s * min(2**attempt, 8)):
+                    return False
+                continue
+            self.stats.started += 1
+            self._count(result.status)
+            return True
+        # Held all this time by someone who never wrote it: a zombie lease, not a run. Dropped
+        # (logged), rather than keep this partition's later requests from being committed.
+        self.stats.failures += 1
+        _log.warning("run %s: never free to start; start request dropped", request.run_id)
+        return True
+
+    async def _answer(self, request: AnswerRequest) -> bool:
+        try:
+            if request.approve:
+                await self.runner.approve(
+                    request.run_id,
+                    request.request_id,
+                    tenant=request.tenant,
+                    by=request.by,
+                    value=request.value,
+                )
+            else:
+                await self.runner.deny(
+                    request.run_id,
+                    request.request_id,
+                    tenant=request.tenant,
+                    by=request.by,
+                    value=request.value,
+                )
+                return True
+        except ResumeConflictError:
+            self.stats.conflicts += 1
+            return False if not await self._wait(self.backoff_s) else await self._answer(request)
+        return await self._carry(request.run_id, request.tenant, recovery=False)
+
+    async def _tag(self, request: TagRun) -> bool:
+        try:
+            await self.runner.tag(
+                request.run_id, request.label, tenant=request.tenant, seq=request.seq, by=request.by
+            )
+        except ResumeConflictError:
+            self.stats.conflicts += 1
+            return False if not await self._wait(self.backoff_s) else await self._tag(request)
+        return True
+
+    # -- recovery ----------------------------------------------------------------------------
+
+    async def recover(self, partitions: Collection[int]) -> int:
+        """Carry on the lapsed runs of ``partitions`` (as many as there are free slots).
+
+        Returns how many were launched; the rest are looked at again on the next pass.
+        """
+        wanted = set(partitions)
+        if not wanted or self.draining:
+            return 0
+        count = self.backends.log.partitions
+        rows = await self.backends.frontiers.runs(statuses={"running"})
+        launched = 0
+        for row in rows:
+            if self.free <= 0:
+                break
+            if row.run_id in self._runs or partition_for(row.run_id, count) not in wanted:
+                continue
+            if await self.backends.leases.current(row.run_id) is not None:
+                continue  # held: looked at again on the next pass, after its ttl
+            if self.free <= 0:
+                break  # filled while the lease store answered
+            if row.run_id in self._runs:
+                continue
+            self._launch(row.run_id, self._carry(row.run_id, row.tenant, recovery=True))
+            launched += 1
+        return launched
+
+    async def _carry(self, run_id: str, tenant: str, *, recovery: bool) -> bool:
+        """Carry a run on unless it is settled, left for a person, or out of attempts."""
+        try:
+            agent = await self._ready_to_carry(run_id, tenant)
+            if agent is None:
+                return True
+            result = await self.runner.resume(agent, run_id, tenant=tenant)
+        except ResumeConflictError:
+            self.stats.conflicts += 1
+            return True
+        except IndeterminateToolCallError as exc:
+            await self._leave_for_person(run_id, tenant, exc)
+            return True
+        if recovery:
+            self.stats.recovered += 1
+        self._count(result.status)
+        return True
+
+    async def _ready_to_carry(self, run_id: str, tenant: str) -> Agent | None:
+        """The agent to carry the run on with, after the backoff its attempts call for; None
+        if it must not be (settled, left for a person, unknown agent, or out of attempts: then
+        it is ended ``failed``).
+        """
+        frontier = await self.runner.inspect(run_id, tenant=tenant)
+        agent = self.agents.get(frontier.agent)
+        if frontier.status != "running" or needs_person(frontier):
+            return None
+        if agent is None:
+            _log.warning("run %s: no agent %r here; left alone", run_id, frontier.agent)
+            return None
+        stored = await self.backends.log.read_run(
+            run_id, start=frontier.first_offset if frontier.first_offset >= 0 else None
+        )
+        attempts = attempts_since_progress(s.event for s in stored if s.event.run_id == run_id)
+        if attempts >= self.max_attempts:
+            await self._give_up(
+                frontier, f"gave up: {attempts} attempts to carry it on made no progress"
+            )
+            return None
+        if attempts and not await self._wait(self.backoff_s * 2 ** (attempts - 1)):
+            return None
+        return agent
+
+    async def _leave_for_person(
+        self, run_id: str, tenant: str, exc: IndeterminateToolCallError
+    ) -> None:
+        self.stats.needs_person += 1
+        _log.warning("run %s needs a person: %s", run_id, exc)
+        with contextlib.suppress(ResumeConflictError):
+            await self.runner.tag(run_id, f"{NEEDS_PERSON}: indeterminate call", tenant=tenant)
+
+    async def _give_up(self, frontier: Frontier, reason: str) -> None:
+        """End the run ``failed`` with ``reason``, written under its lease."""
+        self.stats.gave_up += 1
+        _log.warning("run %s: %s", frontier.run_id, reason)
+        runner = self.runner
+        async with Leaseholder(
+            self.backends.leases,
+            frontier.run_id,
+            tenant=frontier.tenant,
+            holder=self.name,
+            policy=runner.lease_policy,
+        ) as held:
+            current = await runner.inspect(frontier.run_id, tenant=frontier.tenant)
+            if current.status != "running":
+                return
+            if held.lease.fence <= current.fence:
+                await held.raise_fence(current.fence)
+            agent = Agent(name=current.agent or "unknown", instructions="")
+            run = HeldRun(agent, held, current, Conversation(""))
+            finished = runner.writer.event(run, RunFinished, status="failed", error=reason)
+            await runner.writer.append(run, [finished])
+        self._count("failed")
+
+    # -- tasks, slots and draining -----------------------------------------------------------
+
+    def _launch(
+        self, run_id: str, work: Awaitable[bool], done: Callable[[bool], None] | None = None
+    ) -> None:
+        async def guarded() -> bool:
+            try:
+                return await work
+            except _Stopped:
+                self.stats.stopped += 1
+                return True
+            except OnwardError as exc:
+                self.stats.failures += 1
+                _log.warning("run %s: %s", run_id, exc)
+                return True
+
+        task = asyncio.create_task(guarded(), name=f"run {run_id}")
+        key = run_id if run_id not in self._runs else f"{run_id}#{id(task)}"
+        self._runs[key] = task
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, len(self._runs))
+
+        def finished(t: asyncio.Task[bool]) -> None:
+            self._runs.pop(key, None)
+            if done is not None and self._starting.get(run_id) is done:
+                del self._starting[run_id]
+            self._slot.set()
+            # Cancelled (a second SIGTERM): left for the next owner. An unexpected error is
+            # logged; the run, if it exists, is a recovery candidate like any other.
+            acted = not t.cancelled()
+            if acted and t.exception() is not None:
+                _log.error("run %s: %r", run_id, t.exception())
+            elif acted:
+                acted = t.result()
+            if done is not None:
+                done(acted)
+
+        task.add_done_callback(finished)
+
+    def _count(self, status: str) -> None:
+        if status in ("completed", "failed", "cancelled", "continued"):
+            self.stats.finished += 1
+        self.stats.statuses[status] = self.stats.statuses.get(status, 0) + 1
+
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep, unless the worker starts draining first (then False)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._draining.wait(), seconds)
+        return not self.draining
+
+    async def wait_for_slot(self, seconds: float) -> None:
+        """Until a run finishes or ``seconds`` pass."""
+        self._slot.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._slot.wait(), seconds)
+
+    def drain(self) -> None:
+        """Take nothing new; runs in flight stop at their next boundary."""
+        self._draining.set()
+
+    def stop_now(self) -> None:
+        """Cancel whatever is still in flight (a second SIGTERM)."""
+        self._draining.set()
+        for task in list(self._runs.values()):
+            task.cancel()
+
+    async def drained(self) -> None:
+        """Until no run is in flight."""
+        while self._runs:
+            await asyncio.gather(*self._runs.values(), return_exceptions=True)
+        for scan in list(self._scans):
+            scan.cancel()
+
+    def _scan(self, partitions: Collection[int]) -> None:
+        async def scan() -> None:
+            try:
+                await self.recover(partitions)
+            except OnwardError as exc:
+                _log.warning("looking for runs to carry on failed: %s", exc)
+
+        task = asyncio.create_task(scan())
+        self._scans.add(task)
+        task.add_done_callback(self._scans.discard)
+
+    # -- serving -----------------------------------------------------------------------------
+
+    async def serve_embedded(self, stop: asyncio.Event) -> None:
+        """Carry on lapsed runs of every partition until ``stop``, then drain."""
+        self.owned = set(range(self.backends.log.partitions))
+        while not stop.is_set():
+            self._scan(self.owned)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.recheck_s)
+        self.drain()
+        await self.drained()
+
+    async def serve_kafka(
+        self,
+        stop: asyncio.Event,
+        *,
+        bootstrap_servers: str,
+        topic: str = DEFAULT_REQUESTS_TOPIC,
+        group_id: str = DEFAULT_GROUP,
+        session_timeout_ms: int = 10_000,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        """Consume requests and carry on runs of the owned partitions until ``stop``; drain."""
+        await ensure_requests_topic(bootstrap_servers, topic, self.backends.log.partitions)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap_servers,
+            group_id=group_id,
+            client_id=self.name,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self.max_runs,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=min(1_000, max(100, session_timeout_ms // 3)),
+        )
+        offsets = _Offsets()
+        try:
+            await consumer.start()
+            consumer.subscribe([topic], listener=_Owner(self, consumer, offsets))
+        except KafkaError as exc:
+            with contextlib.suppress(KafkaError):
+                await consumer.stop()
+            raise translate(exc, context=f"joining {group_id} on {topic}") from exc
+        if on_ready is not None:
+            on_ready()
+        try:
+            await self._consume(consumer, offsets, stop)
+            self.drain()
+            consumer.pause(*consumer.assignment())
+            _log.info("draining: %d runs in flight", self.in_flight)
+            await self.drained()
+            _log.info("drained; committing and leaving the group")
+            try:
+                # Bounded: a group in the middle of a rebalance may not take commits; what is
+                # not committed is delivered again to the next owner, which finds it done.
+                await asyncio.wait_for(offsets.commit(consumer), _LEAVE_S)
+            except (TimeoutError, KafkaError) as exc:
+                _log.warning("committing before leaving failed: %r", exc)
+        except KafkaError as exc:
+            raise translate(exc, context=f"consuming {topic}") from exc
+        finally:
+            with contextlib.suppress(KafkaError, TimeoutError):
+                await asyncio.wait_for(consumer.stop(), _LEAVE_S)
+            _log.info("left the group")
+
+    async def _consume(
+        self, consumer: AIOKafkaConsumer, offsets: _Offsets, stop: asyncio.Event
+    ) -> None:
+        next_scan = time.monotonic() + self.recheck_s
+        paused = False
+        while not stop.is_set():
+            free = self.free
+            assigned = consumer.assignment()
+            if free <= 0 and not paused:
+                consumer.pause(*assigned)
+                paused = True
+                self.stats.pauses += 1
+            elif free > 0 and paused:
+                consumer.resume(*assigned)
+                paused = False
+            if paused:
+                await self.wait_for_slot(0.2)
+                batch: dict[TopicPartition, list[Any]] = {}
+            else:
+                batch = await consumer.getmany(timeout_ms=200, max_records=free)
+            for tp, records in batch.items():
+                for record in records:
+                    self._take(tp, record, offsets)
+            await offsets.commit(consumer)
+            if time.monotonic() >= next_scan:
+                next_scan = time.monotonic() + self.recheck_s
+                self._scan(set(self.owned))
+
+    def _take(self, tp: TopicPartition, record: Any, offsets: _Offsets) -> None:
+        offsets.taken(tp, record.offset)
+        try:
+            request = decode_request(record.value)
+        except InvalidInputError as exc:
+            _log.warning("partition %d offset %d: %s; skipped", tp.partition, record.offset, exc)
+            offsets.done(tp, record.offset, True)
+            return
+
+        def done(acted: bool) -> None:
+            offsets.done(tp, record.offset, acted)
+
+        self.submit(request, done)
+
+
+class _Once:
+    """Calls ``done`` the first time only."""
+
+    def __init__(self, done: Callable[[bool], None] | None) -> None:
+        self._done = done
+
+    def __call__(self, acted: bool) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done(acted)
+
+
+class _Offsets:
+    """Per partition: offsets taken and whether each was acted on; commits the done prefix."""
+
+    def __init__(self) -> None:
+        self._open: dict[TopicPartition, dict[int, bool]] = {}
+        self._committed: dict[TopicPartition, int] = {}
+
+    def taken(self, tp: TopicPartition, offset: int) -> None:
+        self._open.setdefault(tp, {})[offset] = False
+
+    def done(self, tp: TopicPartition, offset: int, acted: bool) -> None:
+        # Left for the next owner (not acted on): it stays open, so this worker commits
+        # nothing at or after it.
+        pending = self._open.get(tp)
+        if acted and pending is not None and offset in pending:
+            pending[offset] = True
+
+    def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        for tp in partitions:
+            self._open.pop(tp, None)
+            self._committed.pop(tp, None)
+
+    async def commit(
+        self, consumer: AIOKafkaConsumer, only: Collection[TopicPartition] | None = None
+    ) -> None:
+        commits: dict[TopicPartition, int] = {}
+        for tp, pending in self._open.items():
+            if only is not None and tp not in only:
+                continue
+            position = self._committed.get(tp)
+            for offset in sorted(pending):
+                if not pending[offset]:
+                    break
+                position = offset + 1
+                del pending[offset]
+            if position is not None and position != self._committed.get(tp):
+                commits[tp] = position
+        if commits:
+            await consumer.commit(commits)
+            self._committed.update(commits)
+
+
+class _Owner(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: Worker, consumer: AIOKafkaConsumer, offsets: _Offsets) -> None:
+        self._worker = worker
+        self._consumer = consumer
+        self._offsets = offsets
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        revoked = list(revoked)
+        try:
+            await self._offsets.commit(self._consumer, only=revoked)
+        except KafkaError as exc:  # the next owner sees those requests again: harmless
+            _log.warning("committing before a rebalance failed: %s", exc)
+        self._offsets.forget(revoked)
+        self._worker.owned -= {tp.partition for tp in revoked}
+        _log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        partitions = {tp.partition for tp in assigned}
+        self._worker.owned |= partitions
+        _log.info("partitions assigned: %s", sorted(partitions))
+        self._worker._scan(partitions)
+
+
+__all__ = [
+    "DEFAULT_GROUP",
+    "NEEDS_PERSON",
+    "Worker",
+    "WorkerStats",
+    "attempts_since_progress",
+    "needs_person",
+]

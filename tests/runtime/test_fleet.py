@@ -1,0 +1,329 @@
+"""A fleet of `onward worker` processes losing a member: nobody calls resume, nothing runs twice.
+
+Real processes against Kafka, PostgreSQL and Redis: one projector, three workers, runs
+submitted through the requests topic. Half the runs book (a tool with a status check), half
+charge (no status check), so a worker killed mid-call leaves some charges undecidable: those
+runs must be listed as needing a person, not retried. The tools' ledger says what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from support.kafka import delete_topic
+
+from onward.eventlog import KafkaEventLog
+from onward.projections.postgres import PostgresFrontierStore
+from onward.runtime.leases import RedisLeaseStore
+from onward.runtime.ledger import Ledger
+from onward.runtime.manager import ExecutionManager
+from onward.runtime.requests import AnswerRequest, Requests, StartRun, TagRun
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+PARTITIONS = 6
+RUNS = int(os.environ.get("ONWARD_FLEET_TEST_RUNS", "300"))
+TENANT = "acme"
+MAX_RUNS = 12
+TESTS = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Fleet:
+    bootstrap: str
+    env: dict[str, str]
+    requests_topic: str
+    tmp: Path
+    log: KafkaEventLog
+    frontiers: PostgresFrontierStore
+    leases: RedisLeaseStore
+    children: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.tmp / "ledger.jsonl")
+
+    async def spawn(self, name: str, *argv: str) -> None:
+        with (self.tmp / f"{name}.log").open("wb") as out:
+            self.children[name] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "onward", *argv, env=self.env, stdout=out, stderr=out
+            )
+
+    async def worker(self, name: str) -> None:
+        await self.spawn(
+            name,
+            "worker",
+            "--agent",
+            "support.fleet:agents",
+            "--provider",
+            "support.fleet:provider",
+            "--requests-topic",
+            self.requests_topic,
+            "--group",
+            f"{self.requests_topic}.workers",
+            "--name",
+            name,
+            "--max-runs",
+            str(MAX_RUNS),
+            "--lease-ttl",
+            "3",
+            "--recheck",
+            "1",
+            "--backoff",
+            "0.2",
+            "--session-timeout-ms",
+            "6000",
+        )
+
+    def output(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    async def until(self, what: str, check: Callable[[], Awaitable[bool]], within: float) -> None:
+        deadline = asyncio.get_running_loop().time() + within
+        while True:
+            if await check():
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                logs = {n: self.output(n)[-2000:] for n in self.children}
+                raise AssertionError(f"timed out waiting for {what}: {logs}")
+            await asyncio.sleep(0.25)
+
+    async def submit(self, count: int) -> list[str]:
+        run_ids = [f"run-{uuid.uuid4().hex[:10]}" for _ in range(count)]
+        async with Requests(self.bootstrap, self.requests_topic, partitions=PARTITIONS) as client:
+            await client.submit_many(
+                [
+                    StartRun(
+                        run_id=r,
+                        tenant=TENANT,
+                        agent="booker" if i % 2 else "charger",
+                        input=f"job {i}",
+                    )
+                    for i, r in enumerate(run_ids)
+                ]
+            )
+        return run_ids
+
+    async def statuses(self) -> Counter[str]:
+        return Counter(s.status for s in await self.frontiers.runs(tenant=TENANT))
+
+    async def stop_all(self) -> None:
+        for child in self.children.values():
+            if child.returncode is None:
+                child.send_signal(signal.SIGTERM)
+        for child in self.children.values():
+            try:
+                await asyncio.wait_for(child.wait(), 30)
+            except TimeoutError:
+                child.kill()
+                await child.wait()
+
+
+@pytest_asyncio.fixture
+async def fleet(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
+    redis_url: str,
+    redis_prefix: str,
+    tmp_path: Path,
+) -> AsyncIterator[Fleet]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "kafka",
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": pg_schema,
+        "REDIS_URL": redis_url,
+        "ONWARD_REDIS_PREFIX": redis_prefix,
+        "ONWARD_KAFKA_TOPIC": kafka_topic,
+        "ONWARD_PARTITIONS": str(PARTITIONS),
+        "FLEET_LEDGER": str(tmp_path / "ledger.jsonl"),
+        "FLEET_STEPS": "3",
+        "FLEET_TOOL_S": "0.1",
+    }
+    requests_topic = f"{kafka_topic}.requests"
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(database_url, schema=pg_schema) as frontiers,
+        RedisLeaseStore(redis_url, prefix=redis_prefix) as leases,
+    ):
+        world = Fleet(kafka_bootstrap, env, requests_topic, tmp_path, log, frontiers, leases)
+        try:
+            await world.spawn("projector", "projector", "--session-timeout-ms", "6000")
+            for n in range(3):
+                await world.worker(f"w{n}")
+            await world.until(
+                "three workers with partitions",
+                lambda: _all_assigned(world),
+                60,
+            )
+            yield world
+        finally:
+            await world.stop_all()
+            await delete_topic(kafka_bootstrap, requests_topic)
+
+
+async def _all_assigned(world: Fleet) -> bool:
+    """Each worker's latest assignment is its share of a three-member group."""
+    latest = []
+    for n in range(3):
+        found = re.findall(r"partitions assigned: \[([0-9, ]*)\]", world.output(f"w{n}"))
+        if not found or not found[-1]:
+            return False
+        latest.append({int(p) for p in found[-1].split(",")})
+    return sum(map(len, latest)) == PARTITIONS and set().union(*latest) == set(range(PARTITIONS))
+
+
+async def _settled(world: Fleet, run_ids: list[str]) -> bool:
+    statuses = await world.statuses()
+    if statuses["completed"] + statuses["running"] + statuses["failed"] < len(run_ids):
+        return False
+    if statuses["failed"]:
+        return True  # fail fast: the assertions below say which
+    pending = await ExecutionManager(world.frontiers, world.leases).list_pending(tenant=TENANT)
+    left = sum(1 for p in pending if p.attention == "needs_person")
+    return statuses["completed"] + left == len(run_ids)
+
+
+def _effects_once(ledger: Ledger) -> Counter[tuple[str, str]]:
+    counts = Counter((e["tool"], e["key"]) for e in ledger.entries())
+    return Counter({k: n for k, n in counts.items() if n > 1})
+
+
+@pytest.mark.timeout(180)
+async def test_a_killed_worker_s_runs_are_carried_on_by_the_others(fleet: Fleet) -> None:
+    run_ids = await fleet.submit(RUNS)
+    await fleet.until("runs under way", lambda: _effects_at_least(fleet, RUNS // 3), 60)
+    victim = fleet.children["w0"]
+    victim.send_signal(signal.SIGKILL)
+    await victim.wait()
+    await fleet.until(
+        "every run completed or left for a person", lambda: _settled(fleet, run_ids), 100
+    )
+
+    statuses = await fleet.statuses()
+    assert statuses["failed"] == 0, statuses
+    assert not _effects_once(fleet.ledger), "side effects repeated"
+    pending = await ExecutionManager(fleet.frontiers, fleet.leases).list_pending(tenant=TENANT)
+    left = {p.summary.run_id: p for p in pending if p.attention == "needs_person"}
+    rows = {s.run_id: s for s in await fleet.frontiers.runs(tenant=TENANT)}
+    assert set(rows) == set(run_ids)
+    for run_id in left:
+        assert rows[run_id].agent == "charger"  # booker's status check settles its own calls
+    # Runs the dead worker held were carried on by another: claimed after their start.
+    carried = [s for s in rows.values() if s.fence > 1]
+    assert carried, "no run was carried on"
+    assert statuses["completed"] + len(left) == len(run_ids)
+    # Left alone, a run left for a person is not claimed again: nobody guesses for it.
+    fences = {r: rows[r].fence for r in left}
+    await asyncio.sleep(2.5)
+    again = {
+        s.run_id: s.fence for s in await fleet.frontiers.runs(tenant=TENANT) if s.run_id in left
+    }
+    assert again == fences
+
+
+@pytest.mark.timeout(180)
+async def test_a_sigtermed_worker_drains_and_exits_0_and_its_runs_go_on(fleet: Fleet) -> None:
+    run_ids = await fleet.submit(RUNS)
+    await fleet.until("runs under way", lambda: _effects_at_least(fleet, RUNS // 3), 60)
+    leaving = fleet.children["w1"]
+    leaving.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(leaving.wait(), 30) == 0, fleet.output("w1")
+    stopped = re.search(r"(\d+) stopped at a boundary", fleet.output("w1"))
+    assert stopped is not None, fleet.output("w1")
+    assert int(stopped.group(1)) > 0, "the drain found no run in flight"
+    # Backpressure: never more than --max-runs in flight; full, the worker paused.
+    peak = re.search(r"at most (\d+) in\s+flight, paused (\d+) times", fleet.output("w1"))
+    assert peak is not None, fleet.output("w1")
+    assert int(peak.group(1)) <= MAX_RUNS
+    assert int(peak.group(2)) > 0
+    await fleet.until("every run completed", lambda: _completed(fleet, len(run_ids)), 100)
+    assert not _effects_once(fleet.ledger), "side effects repeated"
+    pending = await ExecutionManager(fleet.frontiers, fleet.leases).list_pending(tenant=TENANT)
+    assert pending == []
+
+
+async def _effects_at_least(world: Fleet, count: int) -> bool:
+    return len(world.ledger.entries()) >= count
+
+
+async def _completed(world: Fleet, count: int) -> bool:
+    return (await world.statuses())["completed"] == count
+
+
+@pytest.mark.timeout(180)
+async def test_answers_and_tags_go_through_the_requests_topic(fleet: Fleet) -> None:
+    run_ids = [f"pay-{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    async with Requests(fleet.bootstrap, fleet.requests_topic, partitions=PARTITIONS) as client:
+        await client.submit_many(
+            [StartRun(run_id=r, tenant=TENANT, agent="payer", input="pay") for r in run_ids]
+        )
+        denied, approved = run_ids[0], run_ids[1:]
+        answered: set[tuple[str, str]] = set()
+
+        async def answer_each_wait() -> bool:
+            rows = {s.run_id: s for s in await fleet.frontiers.runs(tenant=TENANT)}
+            for run_id, row in rows.items():
+                if row.status != "waiting" or row.waiting_on is None:
+                    continue
+                if (run_id, row.waiting_on) in answered:
+                    continue
+                answered.add((run_id, row.waiting_on))
+                await client.submit(
+                    AnswerRequest(
+                        run_id=run_id,
+                        tenant=TENANT,
+                        request_id=row.waiting_on,
+                        approve=run_id != denied,
+                        by="ann",
+                    )
+                )
+            done = [
+                r for r in run_ids if r in rows and rows[r].status in ("completed", "cancelled")
+            ]
+            return len(done) == len(run_ids)
+
+        await fleet.until("every payment answered", answer_each_wait, 90)
+        await client.submit(TagRun(run_id=approved[0], tenant=TENANT, label="audited", by="ann"))
+
+        async def tagged() -> bool:
+            row = await fleet.frontiers.get(approved[0])
+            return row is not None and row.frontier is not None and bool(row.frontier.tags)
+
+        await fleet.until("the tag", tagged, 30)
+    rows = {s.run_id: s for s in await fleet.frontiers.runs(tenant=TENANT)}
+    assert rows[denied].status == "cancelled"
+    assert all(rows[r].status == "completed" for r in approved)
+    assert Counter(e["tool"] for e in fleet.ledger.entries()) == {"pay": 3 * len(approved)}
+    assert not _effects_once(fleet.ledger)
+
+
+@pytest.mark.timeout(180)
+async def test_a_second_sigterm_cancels_at_once_and_nothing_runs_twice(fleet: Fleet) -> None:
+    run_ids = await fleet.submit(RUNS)
+    await fleet.until("runs under way", lambda: _effects_at_least(fleet, RUNS // 3), 60)
+    leaving = fleet.children["w1"]
+    leaving.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.05)
+    leaving.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(leaving.wait(), 30) == 0, fleet.output("w1")
+    assert "second signal" in fleet.output("w1")
+    await fleet.until(
+        "every run completed or left for a person", lambda: _settled(fleet, run_ids), 100
+    )
+    assert (await fleet.statuses())["failed"] == 0
+    assert not _effects_once(fleet.ledger), "side effects repeated"

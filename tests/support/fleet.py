@@ -1,0 +1,96 @@
+"""Agents and a model for fleet tests and the fleet benchmark, named by `onward worker --agent`.
+
+Every run makes ``FLEET_STEPS`` tool calls, one per turn, then answers. Each call's side effect
+goes to the ledger ``FLEET_LEDGER`` names before the tool sleeps ``FLEET_TOOL_S`` seconds, so a
+worker killed mid-call leaves an effect without its `ToolCompleted`.
+
+``booker``'s tool has a status check (the ledger), so resume settles such a call itself;
+``charger``'s has none, so such a call is indeterminate and its run is left for a person.
+``broken``'s model always fails, so workers give up on its runs after their attempts.
+``payer``'s tool needs a person's approval for every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+
+from onward.eventlog import Message, ToolCall
+from onward.runtime.agent import Agent
+from onward.runtime.ledger import Ledger
+from onward.runtime.providers import ModelReply, ScriptedProvider, reply
+from onward.runtime.tools import Reconciled, Tool, tool
+
+STEPS = int(os.environ.get("FLEET_STEPS", "3"))
+TOOL_S = float(os.environ.get("FLEET_TOOL_S", "0.05"))
+
+
+def _ledger() -> Ledger:
+    return Ledger(os.environ.get("FLEET_LEDGER", "fleet-ledger.jsonl"))
+
+
+async def _status(key: str) -> Reconciled | None:
+    found = _ledger().find("book", key)
+    return Reconciled("completed", {"booked": key}) if found else Reconciled("never_ran")
+
+
+def _tools() -> tuple[Tool, Tool, Tool]:
+    @tool(reconcile=_status)
+    async def book(n: int, *, idempotency_key: str) -> dict[str, object]:
+        _ledger().record("book", idempotency_key, n=n, pid=os.getpid())
+        await asyncio.sleep(TOOL_S)
+        return {"booked": idempotency_key}
+
+    @tool
+    async def charge(n: int, *, idempotency_key: str) -> dict[str, object]:
+        _ledger().record("charge", idempotency_key, n=n, pid=os.getpid())
+        await asyncio.sleep(TOOL_S)
+        return {"charged": idempotency_key}
+
+    @tool(requires_approval=True)
+    async def pay(n: int, *, idempotency_key: str) -> dict[str, object]:
+        _ledger().record("pay", idempotency_key, n=n, pid=os.getpid())
+        return {"paid": idempotency_key}
+
+    return book, charge, pay
+
+
+_book, _charge, _pay = _tools()
+
+agents: dict[str, Agent] = {
+    "booker": Agent(name="booker", instructions="book, step by step", tools=[_book]),
+    "charger": Agent(name="charger", instructions="charge, step by step", tools=[_charge]),
+    "broken": Agent(name="broken", instructions="broken: book, step by step", tools=[_book]),
+    "payer": Agent(name="payer", instructions="pay, step by step", tools=[_pay]),
+}
+
+
+def make_booker() -> Agent:
+    """A function returning an agent, as ``--agent`` accepts."""
+    return agents["booker"]
+
+
+class ModelDownError(RuntimeError):
+    """The model failed (for ``broken`` runs, always)."""
+
+
+def script(messages: Sequence[Message]) -> ModelReply:
+    """One tool call per turn for ``FLEET_STEPS`` turns, then a final answer."""
+    turn = sum(1 for m in messages if m.role == "assistant")
+    instructions = str(messages[0].content)
+    if instructions.startswith("broken"):
+        raise ModelDownError("the model is down")
+    tool_name = "book" if "book" in instructions else "charge"
+    if instructions.startswith("pay"):
+        tool_name = "pay"
+    if turn >= STEPS:
+        return reply(f"done after {turn} steps")
+    return reply(
+        f"step {turn + 1}", ToolCall(call_id=f"c{turn + 1}", tool=tool_name, args={"n": turn + 1})
+    )
+
+
+def provider() -> ScriptedProvider:
+    """The model: one tool call per turn for ``FLEET_STEPS`` turns, then a final answer."""
+    return ScriptedProvider(script)

@@ -9,6 +9,7 @@ like the append), and how long the resume took once the filler file was deleted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -32,13 +33,11 @@ class FillsTheDisk:
 
     async def appended(self, events: Sequence[Event]) -> None:
         if any(isinstance(e, RunStarted) for e in events):
-            with self.filler.open("wb") as out:
-                try:
-                    while True:
-                        out.write(bytes(65_536))
-                        out.flush()
-                except OSError:
-                    pass
+            # Unbuffered, so the write that finds the disk full is the one that raises (a
+            # buffered file would raise again from its close, outside the loop).
+            with self.filler.open("wb", buffering=0) as out, contextlib.suppress(OSError):
+                while True:
+                    out.write(bytes(65_536))
 
     async def tool_returned(self, call_id: str) -> None:
         return None

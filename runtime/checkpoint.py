@@ -11,6 +11,7 @@ live run: the run carries on and `Checkpointer.last_error` says what went wrong.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,6 +85,10 @@ class Checkpointer:
             store, log, max_bytes=max_bytes, release_poll=0.0, every_partition=True
         )
         self._projector = LogProjector(log, self.projection)
+        # One fold at a time: the runs of a process append concurrently, and a fold that began
+        # while another was half done could not tell its own unstored work from a position
+        # another process moved.
+        self._folding = asyncio.Lock()
         self.last_error: str | None = None
         self.written = 0
 
@@ -93,7 +98,8 @@ class Checkpointer:
         What another process appended, or what a crash left unfolded, is folded here; returns
         how many events were read.
         """
-        return await self._projector.catch_up(partitions)
+        async with self._folding:
+            return await self._projector.catch_up(partitions)
 
     async def after_append(self, events: Sequence[Event], positions: Sequence[Position]) -> None:
         """Fold the partition of a batch just appended, if the policy wants a checkpoint here."""
@@ -103,7 +109,7 @@ class Checkpointer:
         try:
             # What another process on the same file folded since is noticed by the projector
             # (a position it did not store), which then folds onto the stored rows.
-            await self._projector.catch_up([positions[0].partition])
+            await self.catch_up([positions[0].partition])
         except OnwardError as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("checkpoint not written, the run carries on: %s", self.last_error)

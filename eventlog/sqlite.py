@@ -47,6 +47,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         max_batch_bytes: Largest encoded batch accepted.
     """
 
+    embedded = True
     what = "event log"
 
     def __init__(

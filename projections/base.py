@@ -19,6 +19,7 @@ from onward._storage import AsyncResource, Resource
 from onward.errors import SchemaMismatchError
 
 from .frontier import FRONTIER_FORMAT, Frontier, RunStatus, ToolCallRow
+from .transcript import TranscriptRow
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 """Largest frontier payload a store keeps (1 MiB). Larger ones are refused, never trimmed."""
@@ -163,9 +164,20 @@ class FrontierStore(AsyncResource, Protocol):
         positions: Mapping[int, int],
         snapshots: Sequence[Snapshot],
         calls: Sequence[ToolCallRow],
+        messages: Sequence[TranscriptRow] = (),
     ) -> None:
         """In one transaction: upsert rows whose ``through_offset`` is newer than the stored one,
-        upsert call rows likewise, and move ``consumer``'s next offsets forward (never back).
+        upsert call rows likewise, append transcript rows not stored yet (a row already stored
+        under its run and seq is kept as it is), and move ``consumer``'s next offsets forward
+        (never back).
+        """
+        ...
+
+    async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
+        """The transcript rows of one run with seq at most ``through``, by seq.
+
+        The transcript is one table whatever the build: a rebuild appends the same rows
+        (derived from the same counted events) and finds them stored.
         """
         ...
 
@@ -191,6 +203,7 @@ class FrontierWrite(NamedTuple):
     positions: Mapping[int, int]
     snapshots: Sequence[Snapshot]
     calls: Sequence[ToolCallRow]
+    messages: Sequence[TranscriptRow] = ()
 
 
 class FrontierStoreBackend(Resource):
@@ -210,8 +223,9 @@ class FrontierStoreBackend(Resource):
         positions: Mapping[int, int],
         snapshots: Sequence[Snapshot],
         calls: Sequence[ToolCallRow],
+        messages: Sequence[TranscriptRow] = (),
     ) -> None:
-        await self._write(FrontierWrite(consumer, positions, snapshots, calls))
+        await self._write(FrontierWrite(consumer, positions, snapshots, calls, messages))
 
     async def _write(self, batch: FrontierWrite) -> None:
         raise NotImplementedError

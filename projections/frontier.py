@@ -37,6 +37,8 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 
+from .transcript import TranscriptRow, message_of, speaks
+
 FRONTIER_FORMAT = 1
 """Version of the frontier payload; a store refuses payloads it does not know."""
 
@@ -89,6 +91,10 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             reader that needs the whole run starts there rather than at the partition's start.
         tags: Every label put on the run's events, in the order they were written; tagged
             events survive compaction.
+        messages: How many messages the run's counted events through ``last_seq`` added to
+            its conversation: the transcript holds that many rows of the run through
+            ``last_seq`` (the handle is ``(run_id, last_seq)``; see
+            :mod:`onward.projections.transcript`).
     """
 
     run_id: str
@@ -120,6 +126,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     through_offset: int = -1
     first_offset: int = -1
     tags: tuple[RunTag, ...] = ()
+    messages: int = 0
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -184,6 +191,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     through_offset: int
     first_offset: int
     tags: tuple[RunTag, ...]
+    messages: int
     calls: dict[str, CallState]
 
     @classmethod
@@ -230,15 +238,17 @@ def fold_into(
     draft: FrontierDraft,
     stored: Iterable[StoredEvent],
     calls: dict[tuple[str, str], ToolCallRow],
+    said: list[TranscriptRow] | None = None,
 ) -> None:
     """Fold one run's events into its draft, recording the audit row of every call touched.
 
     Events at or below the draft's ``through_offset`` were folded before (an overlap after a
     restart) and are skipped. ``calls`` receives, per (run, call), the row as of the last
-    counted event about that call.
+    counted event about that call; ``said``, if given, the transcript row of every message a
+    counted event added.
     """
     touched: dict[str, tuple[CallState, int]] = {}
-    _fold_events(draft, stored, touched)
+    _fold_events(draft, stored, touched, said)
     for call_id, (state, through_offset) in touched.items():
         calls[(draft.run_id, call_id)] = _call_row(
             draft.tenant, draft.run_id, state, through_offset
@@ -249,6 +259,7 @@ def _fold_events(
     draft: FrontierDraft,
     stored: Iterable[StoredEvent],
     touched: dict[str, tuple[CallState, int]] | None,
+    said: list[TranscriptRow] | None = None,
 ) -> None:
     """The one loop every fold runs: the seq and fence rules, then the event's own rule.
 
@@ -293,12 +304,22 @@ def _fold_events(
             call = rules[type(event)](draft, event)
             if call is not None and touched is not None:
                 touched[call.call_id] = (call, through)
+            if speaks(event):
+                draft.messages += 1
+                if said is not None:
+                    said.append(_said(draft, last_seq, event))
     finally:
         draft.last_seq = last_seq
         draft.fence = fence
         draft.updated_at = updated_at
         draft.through_offset = through
         draft.partition = partition
+
+
+def _said(d: FrontierDraft, seq: int, event: Event) -> TranscriptRow:
+    message = message_of(event)
+    assert message is not None
+    return TranscriptRow(tenant=d.tenant, run_id=d.run_id, seq=seq, message=message)
 
 
 def _started(d: FrontierDraft, e: RunStarted) -> None:

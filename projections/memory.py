@@ -13,6 +13,7 @@ from .base import (
     decode_payload,
 )
 from .frontier import RunStatus, ToolCallRow
+from .transcript import TranscriptRow, decode_message
 
 
 class MemoryFrontierStore(FrontierStoreBackend):
@@ -22,6 +23,7 @@ class MemoryFrontierStore(FrontierStoreBackend):
         self._rows: dict[str, tuple[RunSummary, bytes | None, str | None]] = {}
         self._calls: dict[tuple[str, str], ToolCallRow] = {}
         self._positions: dict[tuple[str, int], int] = {}
+        self._transcript: dict[tuple[str, str, int], bytes] = {}
         self._lock = asyncio.Lock()
 
     async def verify(self) -> None:
@@ -43,7 +45,7 @@ class MemoryFrontierStore(FrontierStoreBackend):
         return self._stored(run_id)
 
     async def _write(self, batch: FrontierWrite) -> None:
-        consumer, positions, snapshots, calls = batch
+        consumer, positions, snapshots, calls, _ = batch
         async with self._lock:
             for snap in snapshots:
                 summary = RunSummary.of(snap.frontier)
@@ -58,6 +60,16 @@ class MemoryFrontierStore(FrontierStoreBackend):
             for partition, offset in positions.items():
                 key2 = (consumer, partition)
                 self._positions[key2] = max(offset, self._positions.get(key2, 0))
+            for said in batch.messages:
+                self._transcript.setdefault((said.tenant, said.run_id, said.seq), said.encoded())
+
+    async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
+        rows = [
+            TranscriptRow(tenant=t, run_id=r, seq=seq, message=decode_message(body))
+            for (t, r, seq), body in self._transcript.items()
+            if t == tenant and r == run_id and seq <= through
+        ]
+        return sorted(rows, key=lambda row: row.seq)
 
     async def positions(self, consumer: str) -> dict[int, int]:
         return {p: o for (c, p), o in self._positions.items() if c == consumer}

@@ -17,7 +17,7 @@ round trips does not depend on the number of runs in the batch.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from importlib.resources import files
 from typing import Any
 
@@ -43,6 +43,7 @@ from .builds import (
     ensure_active,
 )
 from .frontier import RunStatus, ToolCallRow
+from .transcript import TranscriptRow, decode_message
 
 PROJECTION = "frontiers"
 PROJECTION_VERSION = 1
@@ -171,7 +172,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         return {row["run_id"]: _stored(row) for row in rows}
 
     async def _write(self, batch: FrontierWrite) -> None:
-        consumer, positions, snapshots, calls = batch
+        consumer, positions, snapshots, calls, _ = batch
         frontiers, tool_calls = self._tables()
         context = f"writing frontiers of consumer {consumer!r}"
         async with self._connection(context, transaction=True) as conn:
@@ -190,6 +191,8 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                 await _stage_and_upsert(
                     conn, tool_calls, _CALL_NAMES, ("run_id", "call_id"), map(_call_row, calls)
                 )
+            if batch.messages:
+                await _append_messages(conn, batch.messages)
             if positions:
                 parts = list(positions)
                 await conn.execute(
@@ -202,6 +205,22 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                     parts,
                     [positions[p] for p in parts],
                 )
+
+    async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
+        async with self._connection("reading the transcript", run_id) as conn:
+            rows = await conn.fetch(
+                "SELECT seq, message FROM onward_transcript "
+                "WHERE tenant = $1 AND run_id = $2 AND seq <= $3 ORDER BY seq",
+                tenant,
+                run_id,
+                through,
+            )
+        return [
+            TranscriptRow(
+                tenant=tenant, run_id=run_id, seq=r["seq"], message=decode_message(r["message"])
+            )
+            for r in rows
+        ]
 
     async def positions(self, consumer: str) -> dict[int, int]:
         async with self._connection(f"reading the positions of consumer {consumer!r}") as conn:
@@ -266,6 +285,20 @@ async def _stage_and_upsert(
         f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} "
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
         f"WHERE {table}.through_offset < excluded.through_offset"
+    )
+
+
+async def _append_messages(conn: asyncpg.Connection, messages: Sequence[TranscriptRow]) -> None:
+    """Append transcript rows in one statement. The transcript is not per build: a row already
+    stored under its key came from the same counted event, and is kept."""
+    await conn.execute(
+        "INSERT INTO onward_transcript (tenant, run_id, seq, message) "
+        "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) "
+        "ON CONFLICT (tenant, run_id, seq) DO NOTHING",
+        [m.tenant for m in messages],
+        [m.run_id for m in messages],
+        [m.seq for m in messages],
+        [m.encoded() for m in messages],
     )
 
 

@@ -26,6 +26,7 @@ from onward.eventlog.events import Event
 
 from .base import DEFAULT_MAX_BYTES, BuildSwitched, FrontierStore, Snapshot
 from .frontier import Frontier, FrontierDraft, ToolCallRow, fold_all, fold_into
+from .transcript import TranscriptRow
 
 log = logging.getLogger("onward.projector")
 
@@ -139,6 +140,7 @@ class FrontierProjection:
         self._flush_interval = flush_interval
         self._dirty: dict[str, FrontierDraft] = {}
         self._calls: dict[tuple[str, str], ToolCallRow] = {}
+        self._said: list[TranscriptRow] = []
         self._positions: dict[int, int] = {}
         self._pending_events = 0
         self._pending_since = 0.0
@@ -225,7 +227,7 @@ class FrontierProjection:
                 cache.move_to_end(run_id)
             refused_before = draft.refused
             through_before = draft.through_offset
-            fold_into(draft, events, calls)
+            fold_into(draft, events, calls, self._said)
             if draft.through_offset != through_before:
                 dirty[run_id] = draft
                 self.stats.refused_events += draft.refused - refused_before
@@ -247,7 +249,8 @@ class FrontierProjection:
                 self.stats.snapshots_refused += 1
                 log.warning("run %r: snapshot refused: %s", run_id, snapshot.error)
             snapshots.append(snapshot)
-        write = self._write(self._positions, snapshots, list(self._calls.values()))
+        write = self._write(self._positions, snapshots, list(self._calls.values()), self._said)
+        self._said = []
         self._writing = asyncio.ensure_future(write)
         self._writing_events = self._pending_events
         self._writing_runs = set(self._dirty)
@@ -262,9 +265,13 @@ class FrontierProjection:
             await self._written()
 
     async def _write(
-        self, positions: dict[int, int], snapshots: list[Snapshot], calls: list[ToolCallRow]
+        self,
+        positions: dict[int, int],
+        snapshots: list[Snapshot],
+        calls: list[ToolCallRow],
+        said: list[TranscriptRow],
     ) -> int:
-        await self.store.write(self.consumer, positions, snapshots, calls)
+        await self.store.write(self.consumer, positions, snapshots, calls, said)
         return len(snapshots)
 
     async def _written(self) -> None:
@@ -295,6 +302,7 @@ class FrontierProjection:
         self._cache.clear()
         self._dirty.clear()
         self._calls.clear()
+        self._said = []
         self._positions = {}
         self._pending_events = 0
 
@@ -309,6 +317,7 @@ class FrontierProjection:
             self._dirty.pop(run_id, None)
         for key in [k for k in self._calls if k[0] not in self._cache]:
             del self._calls[key]
+        self._said = [m for m in self._said if m.run_id in self._cache]
         for partition in gone:
             self._positions.pop(partition, None)
 

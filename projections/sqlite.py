@@ -30,6 +30,7 @@ from .base import (
     decode_payload,
 )
 from .frontier import RunStatus, ToolCallRow
+from .transcript import TranscriptRow, decode_message
 
 LOAD_CHUNK = 500
 """Run ids per ``IN (...)`` list: well under SQLite's bound-variable limit on any build."""
@@ -69,6 +70,15 @@ def _guarded_upsert(table: str, columns: Sequence[str], key: Sequence[str]) -> s
 
 _UPSERT_FRONTIER = _guarded_upsert("onward_frontiers", _FRONTIER_COLUMNS, ("run_id",))
 _UPSERT_CALL = _guarded_upsert("onward_tool_calls", _CALL_COLUMNS, ("run_id", "call_id"))
+# Append-only: a row already stored under its key came from the same counted event.
+_APPEND_MESSAGE = (
+    "INSERT INTO onward_transcript (tenant, run_id, seq, message) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT(tenant, run_id, seq) DO NOTHING"
+)
+_SELECT_TRANSCRIPT = (
+    "SELECT seq, message FROM onward_transcript WHERE tenant = ? AND run_id = ? AND seq <= ? "
+    "ORDER BY seq"
+)
 
 
 def _summary(row: Sequence[Any]) -> RunSummary:
@@ -151,11 +161,12 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         Raises:
             BackendError: The write failed; nothing of it was stored.
         """
-        consumer, positions, snapshots, calls = batch
+        consumer, positions, snapshots, calls, _ = batch
+        message_rows = [(m.tenant, m.run_id, m.seq, m.encoded()) for m in batch.messages]
         frontier_rows = [_frontier_params(snapshot) for snapshot in snapshots]
         call_rows = [msgspec.structs.astuple(call) for call in calls]
         position_rows = [(consumer, partition, offset) for partition, offset in positions.items()]
-        if not (frontier_rows or call_rows or position_rows):
+        if not (frontier_rows or call_rows or position_rows or message_rows):
             return
         conn = self._db.connection()
 
@@ -167,12 +178,27 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
                     conn.executemany(_UPSERT_CALL, call_rows)
                 if position_rows:
                     conn.executemany(_UPSERT_POSITION, position_rows)
+                if message_rows:
+                    conn.executemany(_APPEND_MESSAGE, message_rows)
 
         await self._db.call(
             write,
             f"writing {len(frontier_rows)} frontiers, {len(call_rows)} call rows and "
             f"{len(position_rows)} positions of consumer {consumer!r}",
         )
+
+    async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
+        """The transcript rows of one run with seq at most ``through``, by seq."""
+        conn = self._db.connection()
+
+        def read() -> list[Any]:
+            return conn.execute(_SELECT_TRANSCRIPT, (tenant, run_id, through)).fetchall()
+
+        rows = await self._db.call(read, "reading the transcript", run_id)
+        return [
+            TranscriptRow(tenant=tenant, run_id=run_id, seq=seq, message=decode_message(body))
+            for seq, body in rows
+        ]
 
     async def positions(self, consumer: str) -> dict[int, int]:
         """The next offset per partition stored for a consumer."""

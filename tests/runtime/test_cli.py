@@ -35,6 +35,7 @@ from onward.eventlog import (
 )
 from onward.eventlog.base import EventLog
 from onward.eventlog.schema import event_schema
+from onward.projections.memory import MemoryFrontierStore
 from onward.runtime import (
     Agent,
     AgentRunner,
@@ -83,7 +84,15 @@ async def start_on(
 ) -> None:
     """Run an agent as worker w1 until it finishes, waits, or 'dies' at ``crash_at``."""
     observer = CrashAt(crash_at) if crash_at else None
-    runner = AgentRunner(provider=provider, log=log, leases=leases, worker="w1", observer=observer)
+    # The worker's own frontier store: the command under test reads the run from the log.
+    runner = AgentRunner(
+        provider=provider,
+        log=log,
+        leases=leases,
+        frontiers=MemoryFrontierStore(),
+        worker="w1",
+        observer=observer,
+    )
     with contextlib.suppress(Crash):
         await runner.run(agent, "go", tenant=TENANT, run_id=run_id)
 

@@ -273,6 +273,13 @@ class Resumer:
             tail = await self.log.read_run(run_id, start=start, end=bounds.end)
         except LogTruncatedError as exc:
             raise _hole(run_id, f"its events from offset {start} of partition {partition}") from exc
+        ahead = [s.event.seq for s in tail if s.event.seq > frontier.last_seq]
+        if ahead and min(ahead) > frontier.last_seq + 1:
+            raise _hole(
+                run_id,
+                f"seqs {frontier.last_seq + 1} to {min(ahead) - 1} (the stored history ends at "
+                f"seq {frontier.last_seq}, the log's tail starts at seq {min(ahead)})",
+            )
         return _Read(fold_all(frontier, tail), frontier, transcript, tail, bounds.end)
 
     async def _stored(self, run_id: str, tenant: str, partition: int) -> tuple[Frontier, int]:

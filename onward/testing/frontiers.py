@@ -13,7 +13,9 @@ import msgspec
 import pytest_asyncio
 
 from onward.projections.base import FrontierStore, Snapshot
+from onward.eventlog.events import Message
 from onward.projections.frontier import CallState, Frontier, ToolCallRow
+from onward.projections.transcript import TranscriptRow
 
 from .eventlog import new_run_id
 
@@ -62,6 +64,13 @@ def call_row(run_id: str, call_id: str, *, through: int, outcome: str | None) ->
         outcome=outcome,  # type: ignore[arg-type]
         latency_us=50 if outcome else None,
         through_offset=through,
+    )
+
+
+def said(run_id: str, seq: int, text: str, *, tenant: str = "acme") -> TranscriptRow:
+    """A transcript row: the message event ``seq`` of a run added."""
+    return TranscriptRow(
+        tenant=tenant, run_id=run_id, seq=seq, message=Message(role="user", content=text)
     )
 
 
@@ -257,3 +266,31 @@ class FrontierStoreConformance:
         row = await store.get(run_id)
         assert row is not None
         assert row.frontier == written
+
+    async def test_transcript_rows_read_back_by_seq_up_to_the_handle(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        rows = [said(run_id, seq, f"m{seq} ünï ✓") for seq in (1, 3, 4, 9)]
+        await store.write(CONSUMER, {1: 10}, [Snapshot.of(frontier(run_id, through=9))], [], rows)
+        assert await store.transcript(run_id, tenant="acme", through=9) == rows
+        assert await store.transcript(run_id, tenant="acme", through=4) == rows[:3]
+        assert await store.transcript(run_id, tenant="other", through=9) == []
+        assert await store.transcript(new_run_id(), tenant="acme", through=9) == []
+
+    async def test_a_transcript_row_is_stored_once_and_never_replaced(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        await store.write(CONSUMER, {}, [], [], [said(run_id, 1, "first")])
+        await store.write(CONSUMER, {}, [], [], [said(run_id, 1, "again"), said(run_id, 2, "b")])
+        got = await store.transcript(run_id, tenant="acme", through=5)
+        assert [(r.seq, r.message.content) for r in got] == [(1, "first"), (2, "b")]
+
+    async def test_transcript_rows_are_written_with_the_positions(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        await store.write("t", {2: 5}, [], [], [said(run_id, 1, "x")])
+        assert (await store.positions("t"))[2] == 5
+        assert len(await store.transcript(run_id, tenant="acme", through=1)) == 1

@@ -33,7 +33,7 @@ from onward.eventlog import (
     ToolDispatched,
     kind_of,
 )
-from onward.eventlog.base import EventLog
+from onward.eventlog.base import EventLog, partition_for
 from onward.eventlog.schema import event_schema
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime import (
@@ -412,6 +412,24 @@ def test_the_model_code_failing_exits_5_in_one_line(db: Path, mine: str) -> None
     assert "the model's client has a bug" in result.stderr
     assert "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_resume_of_a_run_whose_log_was_truncated_exits_4_without_calling_the_model(
+    db: Path, mine: str
+) -> None:
+    run_id = start(db, crash_at="turn.settled")  # the next step is a model call
+
+    async def truncate() -> None:
+        async with SqliteEventLog(db) as log:
+            partition = partition_for(run_id, log.partitions)
+            await log.truncate_before(partition, (await log.bounds(partition)).end - 1)
+
+    asyncio.run(truncate())
+    agent = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]  # Broken: exit 5
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *agent)
+    assert result.exit_code == 4, result.output
+    assert "HistoryUnavailableError" in result.stderr
+    assert run_id in result.stderr
 
 
 @pytest.mark.kafka

@@ -23,7 +23,7 @@ class MemoryFrontierStore(FrontierStoreBackend):
         self._rows: dict[str, tuple[RunSummary, bytes | None, str | None]] = {}
         self._calls: dict[tuple[str, str], ToolCallRow] = {}
         self._positions: dict[tuple[str, int], int] = {}
-        self._transcript: dict[tuple[str, str, int], bytes] = {}
+        self._transcript: dict[tuple[str, str], dict[int, bytes]] = {}
         self._lock = asyncio.Lock()
 
     async def verify(self) -> None:
@@ -61,15 +61,16 @@ class MemoryFrontierStore(FrontierStoreBackend):
                 key2 = (consumer, partition)
                 self._positions[key2] = max(offset, self._positions.get(key2, 0))
             for said in batch.messages:
-                self._transcript.setdefault((said.tenant, said.run_id, said.seq), said.encoded())
+                run = self._transcript.setdefault((said.tenant, said.run_id), {})
+                run.setdefault(said.seq, said.encoded())
 
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
-        rows = [
-            TranscriptRow(tenant=t, run_id=r, seq=seq, message=decode_message(body))
-            for (t, r, seq), body in self._transcript.items()
-            if t == tenant and r == run_id and seq <= through
+        run = self._transcript.get((tenant, run_id), {})
+        return [
+            TranscriptRow(tenant=tenant, run_id=run_id, seq=seq, message=decode_message(run[seq]))
+            for seq in sorted(run)
+            if seq <= through
         ]
-        return sorted(rows, key=lambda row: row.seq)
 
     async def positions(self, consumer: str) -> dict[int, int]:
         return {p: o for (c, p), o in self._positions.items() if c == consumer}

@@ -5,6 +5,10 @@ with positions stored under ``<consumer>@<n>``. The views ``onward_frontiers`` a
 ``onward_tool_calls`` point at the active build. A rebuild fills a new build beside the live one
 and repoints the views when it has caught up; the old tables stay until someone drops them.
 
+The transcript (``onward_transcript``) is one table for every build: a rebuild appends the rows
+its fold derives, and a row already stored under its (tenant, run, seq) came from the same
+counted event and is kept.
+
 A store either follows the active build (the default: what projectors and readers use) or is
 pinned to one build (what a rebuild writes into). A following store notices a switch inside
 its write transaction and raises :class:`BuildSwitched` instead of writing, so its projector can

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest_asyncio
 
-from onward.projections.base import FrontierStore, Snapshot
 from onward.eventlog.events import Message
+from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.frontier import CallState, Frontier, ToolCallRow
 from onward.projections.transcript import TranscriptRow
 

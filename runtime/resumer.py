@@ -257,6 +257,10 @@ class Resumer:
             frontier, start = Frontier.empty(run_id, tenant), None
         else:
             frontier, start = await self._stored(run_id, tenant, partition)
+            if whole and frontier.last_seq > 0 and frontier.messages == 0:
+                # A row written before the transcript was (every run's first event speaks):
+                # its conversation is in the log, from the run's first event on.
+                frontier, start = Frontier.empty(run_id, tenant), max(frontier.first_offset, 0)
         if timings is not None:
             timings["frontier"] = _ms(mark)
         bounds = await self.log.bounds(partition)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from support.workers import CountingLog
 
@@ -22,7 +23,7 @@ from onward.eventlog import (
 )
 from onward.eventlog.base import EventLog, SequenceGuard, partition_for
 from onward.eventlog.events import kind_of
-from onward.projections.base import FrontierStore
+from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
@@ -274,3 +275,21 @@ def test_a_kafka_runner_without_a_frontier_store_is_refused() -> None:
         AgentRunner(
             provider=ScriptedProvider([]), log=log, leases=PostgresLeaseStore("postgresql://x")
         )
+
+
+async def test_a_row_written_before_the_transcript_rebuilds_the_conversation_from_the_log() -> None:
+    log, store = _memory()
+    await crashed_run(log, frontiers=store)
+    expected = await whole_conversation(log, {"frontiers": store})
+    await LogProjector(log, FrontierProjection(store, log)).catch_up()
+    row = await store.get("r")
+    assert row is not None
+    assert row.frontier is not None
+    old = msgspec.structs.replace(row.frontier, messages=0)  # as an older Onward wrote it
+    await store.write("old", {}, [Snapshot.of(msgspec.structs.replace(old, through_offset=99))], [])
+    store._transcript.clear()  # and no transcript
+    provider = Recording(script())
+    runner = AgentRunner(provider=provider, log=log, frontiers=store)
+    result = await runner.resume(AGENT, "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert provider.calls[0] == expected

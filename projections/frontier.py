@@ -5,9 +5,11 @@ about a run. The fold applies the seq and fence rules of :func:`onward.eventlog.
 a refused event is counted on the frontier and otherwise changes nothing. Folding any prefix of
 a run's events gives a valid frontier, because every field describes "what is known so far".
 
-The frontier never carries the conversation: it holds the seq of the last resume point (the
-handle into the run's history) and the calls of the turn in progress, so its size and the cost
-of folding one event do not grow with the run's length.
+The frontier never carries the conversation: the fold hands each message a counted event adds
+to it to the transcript (:mod:`onward.projections.transcript`), and the frontier only counts
+them (``messages``, through ``last_seq``: the transcript handle), besides the seq of the last
+resume point and the calls of the turn in progress. So its size and the cost of folding one
+event do not grow with the run's length.
 """
 
 from __future__ import annotations
@@ -82,8 +84,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything resume needs about a run, as of ``last_seq`` (and log offset ``through_offset``).
 
     Attributes:
-        resume_seq: The seq of the last boundary event: the run's history through this seq is
-            the conversation a resume continues (the history handle is ``(run_id, resume_seq)``).
+        resume_seq: The seq of the last boundary event, the run's last resume point.
         calls: The calls of the latest model answer, until its turn settles.
         refused: How many stored events of this run the fold refused (seq or fence rules).
         through_offset: The log offset of the last event folded, counted or refused.

@@ -486,6 +486,49 @@ async def test_resume_against_kafka_postgres_and_redis(
             await admin.close()
 
 
+@pytest.mark.kafka
+async def test_resume_on_kafka_of_a_run_whose_partition_was_truncated_exits_4(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
+    redis_url: str,
+    redis_prefix: str,
+    mine: str,
+) -> None:
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=3) as log,
+        RedisLeaseStore(redis_url, prefix=redis_prefix) as leases,
+    ):
+        await start_on(
+            log,
+            leases,
+            run_id,
+            agent=cli_agent.booker(),
+            provider=cli_agent.booking_model(),
+            crash_at="turn.settled",  # the next step is a model call
+        )
+        partition = partition_for(run_id, log.partitions)
+        await log.truncate_before(partition, (await log.bounds(partition)).end - 1)
+    env = {
+        "ONWARD_BACKEND": "kafka",
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "ONWARD_KAFKA_TOPIC": kafka_topic,
+        "ONWARD_PARTITIONS": "3",
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": pg_schema,
+        "REDIS_URL": redis_url,
+        "ONWARD_REDIS_PREFIX": redis_prefix,
+    }
+    agent = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]  # Broken: exit 5
+    args = ["run", "--resume", run_id, "--tenant", TENANT, *agent]
+    result = await asyncio.to_thread(CliRunner().invoke, app, args, env=env)
+    assert result.exit_code == 4, result.output
+    assert "HistoryUnavailableError" in result.stderr
+    assert run_id in result.stderr
+
+
 def test_the_kafka_backend_without_a_database_url_exits_2() -> None:
     env = {"ONWARD_BACKEND": "kafka", "DATABASE_URL": None}
     result = CliRunner().invoke(app, ["inspect", "run-1", "--tenant", TENANT], env=env)

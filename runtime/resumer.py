@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -255,28 +256,29 @@ class Resumer:
         partition = partition_for(run_id, self.log.partitions)
         if self.frontiers is None:
             frontier, start = Frontier.empty(run_id, tenant), None
+            bounds = await self.log.bounds(partition)
         else:
-            frontier, start = await self._stored(run_id, tenant, partition)
+            # The row, the projector's position and the log's bounds are independent reads.
+            (frontier, start), bounds = await asyncio.gather(
+                self._stored(run_id, tenant, partition), self.log.bounds(partition)
+            )
             if whole and frontier.last_seq > 0 and frontier.messages == 0:
                 # A row written before the transcript was (every run's first event speaks):
                 # its conversation is in the log, from the run's first event on.
                 frontier, start = Frontier.empty(run_id, tenant), max(frontier.first_offset, 0)
         if timings is not None:
             timings["frontier"] = _ms(mark)
-        bounds = await self.log.bounds(partition)
         if start is not None and start < bounds.start:
             raise _hole(
                 run_id,
                 f"its events from offset {start} of partition {partition} (the log now starts "
                 f"at {bounds.start})",
             )
-        transcript: tuple[TranscriptRow, ...] = ()
-        if whole and self.frontiers is not None and frontier.messages:
-            transcript = await self._transcript(frontier)
-        try:
-            tail = await self.log.read_run(run_id, start=start, end=bounds.end)
-        except LogTruncatedError as exc:
-            raise _hole(run_id, f"its events from offset {start} of partition {partition}") from exc
+        wants_transcript = whole and self.frontiers is not None and frontier.messages > 0
+        transcript, tail = await asyncio.gather(
+            self._transcript(frontier) if wants_transcript else _nothing(),
+            self._tail(run_id, partition, start, bounds.end),
+        )
         ahead = [s.event.seq for s in tail if s.event.seq > frontier.last_seq]
         if ahead and min(ahead) > frontier.last_seq + 1:
             raise _hole(
@@ -286,6 +288,17 @@ class Resumer:
             )
         return _Read(fold_all(frontier, tail), frontier, transcript, tail, bounds.end)
 
+    async def _tail(
+        self, run_id: str, partition: int, start: int | None, end: int
+    ) -> list[StoredEvent]:
+        """The run's events from ``start`` (None: the partition's start) up to ``end``."""
+        if start is not None and start >= end:
+            return []  # the projector has folded the partition to its end: nothing to read
+        try:
+            return await self.log.read_run(run_id, start=start, end=end)
+        except LogTruncatedError as exc:
+            raise _hole(run_id, f"its events from offset {start} of partition {partition}") from exc
+
     async def _stored(self, run_id: str, tenant: str, partition: int) -> tuple[Frontier, int]:
         """Where to fold from: the run's row (or nothing), and the offset to read its tail from.
 
@@ -293,8 +306,10 @@ class Resumer:
         is folded from its partition's start, as without a store.
         """
         assert self.frontiers is not None
-        row = await self.frontiers.get(run_id)
-        folded_to = (await self.frontiers.positions(self.projector)).get(partition, 0)
+        row, positions = await asyncio.gather(
+            self.frontiers.get(run_id), self.frontiers.positions(self.projector)
+        )
+        folded_to = positions.get(partition, 0)
         if row is None:
             return Frontier.empty(run_id, tenant), folded_to
         if row.frontier is None:
@@ -320,6 +335,10 @@ class Resumer:
                 + (f"seqs {_ranges(held)})" if held else "none of them)"),
             )
         return tuple(rows)
+
+
+async def _nothing() -> tuple[TranscriptRow, ...]:
+    return ()
 
 
 def _hole(run_id: str, missing: str) -> HistoryUnavailableError:

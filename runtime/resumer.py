@@ -188,8 +188,12 @@ class Resumer:
         )
         (position,) = await self.log.append([claim])
         # Whatever a superseded writer slipped in before the claim landed is part of the run;
-        # what it writes after is refused by the fold.
-        between = await self.log.read_run(run_id, start=read_to, end=position.offset + 1)
+        # what it writes after is refused by the fold. The claim landing right where the read
+        # ended means nothing did: then the claim is all there is, and nothing is read back.
+        if position.offset == read_to:
+            between = [StoredEvent(position, claim)]
+        else:
+            between = await self.log.read_run(run_id, start=read_to, end=position.offset + 1)
         frontier = fold_all(frontier, between)
         timings["claim"] = _ms(mark)
         mark = time.perf_counter()

@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.onward-installed
 PYTEST_ARGS ?=
 
-.PHONY: test lint typecheck pytest test-kafka services services-down bench clean demo
+.PHONY: test lint typecheck pytest test-kafka test-faults services services-down bench clean demo
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# The fault suite (tests/faults) breaks servers of its own and runs in `make test-faults`.
 test: $(STAMP) lint typecheck
 	set -euo pipefail; eval "$$(bash scripts/services.sh up)"; \
-		$(PY) -m pytest $(PYTEST_ARGS)
+		$(PY) -m pytest -m "not faults" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -40,6 +41,15 @@ typecheck: $(STAMP)
 test-kafka: $(STAMP)
 	set -euo pipefail; eval "$$(bash scripts/services.sh up)"; \
 		$(PY) -m pytest -m kafka $(PYTEST_ARGS)
+
+# Fault injection: private brokers from the Kafka 3.9 jars `make test` caches (ONWARD_KAFKA_LIBS
+# names another folder), private PostgreSQL and Redis; the shared servers are never touched.
+# Prints the table of faults kept in .cache/faults/results.json.
+test-faults: $(STAMP)
+	set -euo pipefail; eval "$$(KAFKA_VERSION=3.9 bash scripts/services.sh up)"; \
+		rm -f .cache/faults/results.json; \
+		status=0; $(PY) -m pytest -m faults $(PYTEST_ARGS) || status=$$?; \
+		PYTHONPATH=tests $(PY) -m support.fault_runs; exit $$status
 
 services:
 	bash scripts/services.sh up

@@ -76,11 +76,11 @@ from onward.eventlog import (
     RunClaimed,
     RunFinished,
     RunStarted,
-    StoredEvent,
     Usage,
     codec,
     partition_for,
 )
+from onward.eventlog.base import LogRecord
 from onward.projections.base import StoredFrontier
 from onward.projections.kafka import (
     PROJECTOR_FLUSH_EVENTS,
@@ -298,10 +298,10 @@ class _TimedStore(PostgresFrontierStore):
         finally:
             self.load_s += time.perf_counter() - started
 
-    async def write(self, *args: Any) -> None:  # the store's arguments, passed on as they are
+    async def write(self, *args: Any, **options: Any) -> None:  # passed on as they are
         started = time.perf_counter()
         try:
-            await super().write(*args)
+            await super().write(*args, **options)
         finally:
             self.write_s += time.perf_counter() - started
 
@@ -315,7 +315,7 @@ class _TimedProjection(FrontierProjection):
     _applying = False
 
     async def apply(
-        self, records: Mapping[int, Sequence[StoredEvent]], next_offsets: Mapping[int, int]
+        self, records: Mapping[int, Sequence[LogRecord]], next_offsets: Mapping[int, int]
     ) -> None:
         started = time.perf_counter()
         self._applying = True

@@ -118,7 +118,7 @@ from onward.eventlog import (
     codec,
     partition_for,
 )
-from onward.eventlog.base import EventLog, PartitionBounds, Position, StoredEvent
+from onward.eventlog.base import EventLog, LogRecord, PartitionBounds, Position, StoredEvent
 from onward.projections.kafka import KafkaProjector
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
@@ -301,6 +301,17 @@ class TimedLog:
         self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
     ) -> list[StoredEvent]:
         return await self.inner.read_partition(partition, start, end, limit=limit)
+
+    async def read_records(
+        self,
+        partition: int,
+        start: int | None = None,
+        end: int | None = None,
+        *,
+        run_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[LogRecord]:
+        return await self.inner.read_records(partition, start, end, run_id=run_id, limit=limit)
 
     async def bounds(self, partition: int) -> PartitionBounds:
         return await self.inner.bounds(partition)

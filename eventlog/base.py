@@ -18,7 +18,12 @@ import msgspec
 from aiokafka.partitioner import murmur2
 
 from onward._storage import AsyncResource, Resource
-from onward.errors import InvalidInputError, PayloadTooLargeError
+from onward.errors import (
+    CheckpointFormatError,
+    EventDecodeError,
+    InvalidInputError,
+    PayloadTooLargeError,
+)
 
 from . import codec
 from .events import EVENT_FORMAT, AnyEvent, Event, RunClaimed
@@ -44,6 +49,84 @@ class StoredEvent(msgspec.Struct, frozen=True, gc=False):
 
     position: Position
     event: AnyEvent
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableRecord:
+    """A stored record that is not a readable event, in the place the log holds it.
+
+    What :meth:`EventLog.read_records` returns instead of raising, so a projector can set the
+    run aside and fold every other run, and an audit can show the hole where it is. It keeps
+    what the record was filed under and why it cannot be read, never the record's bytes (they
+    may hold secrets).
+
+    Attributes:
+        position: Where the record sits.
+        run_id: The run it was filed under (its key, a header, or its own ``run_id`` field);
+            ``None`` when nothing names one.
+        tenant: The tenant its own ``tenant`` field names, when that much can be read.
+        kind: Its kind, from the ``onward.kind`` header or its ``kind`` field, when readable.
+        error: What decoding it raised: `CheckpointFormatError` for a newer format, else
+            `EventDecodeError` (run, seq and field named).
+    """
+
+    position: Position
+    run_id: str | None
+    tenant: str | None
+    kind: str | None
+    error: EventDecodeError
+
+    @property
+    def reason(self) -> str:
+        """Why the record cannot be read, in one line."""
+        return str(self.error)
+
+    @property
+    def newer_format(self) -> bool:
+        """The record was written by a newer Onward: upgrading makes it readable."""
+        return isinstance(self.error, CheckpointFormatError)
+
+
+LogRecord = StoredEvent | UnreadableRecord
+"""One record as :meth:`EventLog.read_records` returns it: an event, or why it is not one."""
+
+
+def decode_record(
+    position: Position,
+    data: bytes | memoryview,
+    *,
+    run_hint: str | None,
+    kind_hint: str | None = None,
+) -> LogRecord:
+    """Decode one stored record, or describe it as unreadable instead of raising.
+
+    Args:
+        position: Where it sits.
+        data: Its bytes.
+        run_hint: The run it was filed under (key or header).
+        kind_hint: The kind a header names, if any.
+    """
+    try:
+        return StoredEvent(position, codec.decode(data, run_hint=run_hint))
+    except EventDecodeError as exc:
+        envelope = codec.probe(data)
+        return UnreadableRecord(
+            position=position,
+            run_id=run_hint if run_hint is not None else envelope.run_id,
+            tenant=envelope.tenant,
+            kind=kind_hint if kind_hint is not None else envelope.kind,
+            error=exc,
+        )
+
+
+def strict(records: Sequence[LogRecord]) -> list[StoredEvent]:
+    """The events of ``records``; the first unreadable one raises its decode error."""
+    out: list[StoredEvent] = []
+    for record in records:
+        if isinstance(record, UnreadableRecord):
+            raise record.error
+        out.append(record)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +192,24 @@ class EventLog(AsyncResource, Protocol):
         """
         ...
 
+    async def read_records(
+        self,
+        partition: int,
+        start: int | None = None,
+        end: int | None = None,
+        *,
+        run_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[LogRecord]:
+        """Like :meth:`read_partition` (or :meth:`read_run` with ``run_id``), except that a
+        record that cannot be decoded comes back in its place as an `UnreadableRecord`
+        instead of raising: what projectors and audits read, so one bad record stops neither.
+
+        Raises:
+            LogTruncatedError: ``start`` lies below the partition's start.
+        """
+        ...
+
     async def bounds(self, partition: int) -> PartitionBounds:
         """The partition's first readable offset and next offset to be written."""
         ...
@@ -134,7 +235,7 @@ class LogRead(NamedTuple):
 
 class EventLogBackend(Resource):
     """What the log backends share: the partition count, the batch cap, and reads by run or by
-    partition routed to one :meth:`_read`.
+    partition routed to one :meth:`_read_records`.
 
     Args:
         partitions: Partition count.
@@ -165,16 +266,28 @@ class EventLogBackend(Resource):
         self, run_id: str, *, start: int | None = None, end: int | None = None
     ) -> list[StoredEvent]:
         partition = partition_for(run_id, self._partitions)
-        return await self._read(LogRead(partition, start, end, run_id, None))
+        return strict(await self._read_records(LogRead(partition, start, end, run_id, None)))
 
     async def read_partition(
         self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
     ) -> list[StoredEvent]:
         check_partition(partition, self._partitions)
-        return await self._read(LogRead(partition, start, end, None, limit))
+        return strict(await self._read_records(LogRead(partition, start, end, None, limit)))
 
-    async def _read(self, request: LogRead) -> list[StoredEvent]:
-        """The events ``request`` asks for, in offset order.
+    async def read_records(
+        self,
+        partition: int,
+        start: int | None = None,
+        end: int | None = None,
+        *,
+        run_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[LogRecord]:
+        check_partition(partition, self._partitions)
+        return await self._read_records(LogRead(partition, start, end, run_id, limit))
+
+    async def _read_records(self, request: LogRead) -> list[LogRecord]:
+        """The records ``request`` asks for, in offset order, unreadable ones described.
 
         Raises:
             LogTruncatedError: ``start`` lies below the partition's start.

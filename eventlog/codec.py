@@ -23,12 +23,36 @@ class _Probe(msgspec.Struct):
     """The envelope fields, each optional, to describe a record that failed to decode."""
 
     run_id: object = None
+    tenant: object = None
     seq: object = None
     kind: object = None
     format: object = None
 
 
 _probe_decoder = msgspec.json.Decoder(_Probe)
+
+
+class Envelope(msgspec.Struct, frozen=True):
+    """What can be read of a record's envelope when the record itself cannot be decoded."""
+
+    run_id: str | None = None
+    tenant: str | None = None
+    kind: str | None = None
+
+
+def probe(data: bytes | memoryview) -> Envelope:
+    """The run, tenant and kind a record names, as far as they can be read; never raises."""
+    try:
+        found = _probe_decoder.decode(data)
+    except msgspec.DecodeError:
+        return Envelope()
+
+    def text(value: object) -> str | None:
+        return value if isinstance(value, str) else None
+
+    return Envelope(text(found.run_id), text(found.tenant), text(found.kind))
+
+
 _PATH = re.compile(r" - at `(\$[^`]*)`$")
 
 Header = tuple[str, bytes]

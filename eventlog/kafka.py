@@ -30,10 +30,11 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from onward._storage import DRIVER_ERRORS, translate
+from onward._storage import BACKEND_TIMEOUT_S, DRIVER_ERRORS, translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
+    EventDecodeError,
     InvalidInputError,
     LogTruncatedError,
     OnwardError,
@@ -47,17 +48,20 @@ from .base import (
     DEFAULT_PARTITIONS,
     EventLogBackend,
     LogRead,
+    LogRecord,
     PartitionBounds,
     Position,
     StoredEvent,
     check_partition,
     check_truncation,
+    decode_record,
 )
 from .events import Event
 
 DEFAULT_TOPIC = "onward.events"
 _log = logging.getLogger("onward.eventlog.kafka")
 _HEADER_RUN = "onward.run_id"
+_HEADER_KIND = "onward.kind"
 # Kafka's default message.max.bytes is 1048588; the batch also carries keys and headers.
 _PRODUCER_MAX_BATCH = 1_048_000
 _PRODUCER_MAX_REQUEST = 1_100_000
@@ -77,6 +81,10 @@ class KafkaEventLog(EventLogBackend):
         max_batch_bytes: Largest encoded batch accepted before anything is sent.
         read_timeout_s: How long a read may wait for the broker before it fails.
         client_id: Shown in broker logs.
+        request_timeout_s: How long an append, or one request of the reader or the admin
+            client, may wait for the broker (unreachable, no leader) before it fails with
+            `BackendUnavailableError`: the producer's ``request_timeout_ms``, which also bounds
+            how long a batch waits to be delivered. ``BACKEND_TIMEOUT_S`` by default.
     """
 
     def __init__(
@@ -90,6 +98,7 @@ class KafkaEventLog(EventLogBackend):
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         read_timeout_s: float = 30.0,
         client_id: str = "onward",
+        request_timeout_s: float = BACKEND_TIMEOUT_S,
     ) -> None:
         super().__init__(partitions=partitions, max_batch_bytes=max_batch_bytes)
         if not bootstrap_servers:
@@ -100,6 +109,7 @@ class KafkaEventLog(EventLogBackend):
         self._create_topic = create_topic
         self._read_timeout_s = read_timeout_s
         self._client_id = client_id
+        self._request_timeout_ms = max(1, int(request_timeout_s * 1000))
         self._producer: AIOKafkaProducer | None = None
         self._reader: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None
@@ -123,7 +133,9 @@ class KafkaEventLog(EventLogBackend):
         """Connect, create the topic if allowed and missing, and check its partition count."""
         try:
             self._admin = AIOKafkaAdminClient(
-                bootstrap_servers=self._bootstrap, client_id=f"{self._client_id}-admin"
+                bootstrap_servers=self._bootstrap,
+                client_id=f"{self._client_id}-admin",
+                request_timeout_ms=self._request_timeout_ms,
             )
             await self._admin.start()
             await self._ensure_topic(self._admin)
@@ -136,6 +148,7 @@ class KafkaEventLog(EventLogBackend):
                 isolation_level="read_committed",
                 max_partition_fetch_bytes=8 * 1024 * 1024,
                 fetch_max_wait_ms=100,
+                request_timeout_ms=max(self._request_timeout_ms, 200),
             )
             await self._reader.start()
         except DRIVER_ERRORS as exc:
@@ -182,6 +195,7 @@ class KafkaEventLog(EventLogBackend):
             linger_ms=0,
             max_batch_size=_PRODUCER_MAX_BATCH,
             max_request_size=_PRODUCER_MAX_REQUEST,
+            request_timeout_ms=self._request_timeout_ms,
         )
         try:
             await producer.start()
@@ -225,7 +239,19 @@ class KafkaEventLog(EventLogBackend):
         flusher = self._flushers.get(partition)
         if flusher is None or flusher.done():
             self._flushers[partition] = asyncio.create_task(self._flush(partition))
-        first = await pending.done
+        try:
+            # The idempotent producer retries a batch until the broker takes it, however long
+            # that is; the append waits no longer than the request timeout. Giving up cancels
+            # the append's future: not sent yet, it is never sent; sent, it may still land.
+            async with asyncio.timeout(self._request_timeout_ms / 1000):
+                first = await pending.done
+        except TimeoutError:
+            raise BackendUnavailableError(
+                f"run {run_id!r}: appending to partition {partition}: Kafka did not acknowledge "
+                f"within {self._request_timeout_ms / 1000:g}s (the batch may still land; the "
+                "log decides); resume the run once Kafka is reachable",
+                run_id=run_id,
+            ) from None
         return [Position(partition, first + i) for i in range(len(encoded))]
 
     async def _flush(self, partition: int) -> None:
@@ -248,6 +274,7 @@ class KafkaEventLog(EventLogBackend):
             while queue and size + queue[0].size <= _GROUP_COMMIT_BYTES:
                 size += queue[0].size
                 taken.append(queue.popleft())
+            taken = [p for p in taken if not p.done.done()]  # appends that gave up waiting
             batch, taken, rest = _build(producer, taken)
             queue.extendleft(reversed(rest))  # what did not fit goes first in the next batch
             if batch is None:
@@ -280,7 +307,7 @@ class KafkaEventLog(EventLogBackend):
                 _settle(pending, offset=offset)
                 offset += len(pending.records)
 
-    async def _read(self, request: LogRead) -> list[StoredEvent]:
+    async def _read_records(self, request: LogRead) -> list[LogRecord]:
         partition, start, end, run_id, limit = request
         tp = TopicPartition(self._topic, partition)
         async with self._reader_lock:
@@ -318,7 +345,7 @@ class KafkaEventLog(EventLogBackend):
         *,
         run_id: str | None,
         limit: int | None,
-    ) -> list[StoredEvent]:
+    ) -> list[LogRecord]:
         """Records ``low`` up to ``high`` of one partition, the run's only if ``run_id`` is set."""
         key = run_id.encode() if run_id is not None else None
         if reader.assignment() != {tp}:
@@ -328,7 +355,7 @@ class KafkaEventLog(EventLogBackend):
         # a partition) reuses what the reader already fetched instead of seeking back.
         if self._cursor != (tp.partition, low):
             reader.seek(tp, low)
-        out: list[StoredEvent] = []
+        out: list[LogRecord] = []
         position = low
         deadline = time.monotonic() + self._read_timeout_s
         while position < high:
@@ -347,8 +374,7 @@ class KafkaEventLog(EventLogBackend):
             for record in records:
                 if key is not None and record.key != key:
                     continue
-                event = codec.decode(record.value, run_hint=_run_of(record))
-                out.append(StoredEvent(Position(tp.partition, record.offset), event))
+                out.append(record_of(tp.partition, record))
                 if limit is not None and len(out) >= limit:
                     return out
         return out
@@ -386,8 +412,19 @@ class KafkaEventLog(EventLogBackend):
             raise translate(exc, context=f"truncating partition {partition}") from exc
 
     async def close(self) -> None:
+        """Send what is queued, then close.
+
+        A broker that does not answer delays this by a few request timeouts at most (the
+        queued appends, then each client's stop); what it had not acknowledged may have landed.
+        """
+        bound = self._request_timeout_ms / 1000
         # Appends already queued are sent (or fail) before the producer goes away.
-        await asyncio.gather(*self._flushers.values(), return_exceptions=True)
+        flushers = list(self._flushers.values())
+        if flushers:
+            _, stuck = await asyncio.wait(flushers, timeout=bound)
+            for flusher in stuck:
+                flusher.cancel()
+            await asyncio.gather(*flushers, return_exceptions=True)
         producer, self._producer = self._producer, None
         reader, self._reader = self._reader, None
         admin, self._admin = self._admin, None
@@ -400,7 +437,11 @@ class KafkaEventLog(EventLogBackend):
             if stop is None:
                 continue
             try:
-                await stop()
+                async with asyncio.timeout(bound):
+                    await stop()
+            except TimeoutError:
+                # Its own pending batch keeps a producer flushing; it is left to the event loop.
+                _log.warning("closing the Kafka log: %s gave up after %gs", stop.__name__, bound)
             except DRIVER_ERRORS as exc:
                 errors.append(exc)
         if errors:
@@ -483,13 +524,31 @@ async def topic_partition_count(admin: AIOKafkaAdminClient, topic: str) -> int |
     return len(described["partitions"])
 
 
+def record_of(partition: int, record: Any) -> LogRecord:
+    """A fetched Kafka record as an event, or, if it cannot be decoded, as an unreadable record
+    named by its key (or ``onward.run_id`` header) and ``onward.kind`` header."""
+    try:
+        return StoredEvent(Position(partition, record.offset), codec.decode(record.value))
+    except EventDecodeError:
+        return decode_record(
+            Position(partition, record.offset),
+            record.value,
+            run_hint=_run_of(record),
+            kind_hint=_header(record, _HEADER_KIND),
+        )
+
+
+def _header(record: Any, wanted: str) -> str | None:
+    for name, value in record.headers or ():
+        if name == wanted:
+            return bytes(value).decode(errors="replace")
+    return None
+
+
 def _run_of(record: Any) -> str | None:
     if record.key is not None:
         return bytes(record.key).decode(errors="replace")
-    for name, value in record.headers or ():
-        if name == _HEADER_RUN:
-            return bytes(value).decode(errors="replace")
-    return None
+    return _header(record, _HEADER_RUN)
 
 
 __all__ = ["DEFAULT_TOPIC", "KafkaEventLog"]

@@ -11,17 +11,17 @@ from collections.abc import Sequence
 
 from onward.errors import LogTruncatedError
 
-from . import codec
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
     EventLogBackend,
     LogRead,
+    LogRecord,
     PartitionBounds,
     Position,
-    StoredEvent,
     check_partition,
     check_truncation,
+    decode_record,
     partition_for,
 )
 from .events import Event
@@ -52,7 +52,7 @@ class MemoryEventLog(EventLogBackend):
             records.extend((run_id, r) for r in encoded)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
-    async def _read(self, request: LogRead) -> list[StoredEvent]:
+    async def _read_records(self, request: LogRead) -> list[LogRecord]:
         partition, start, end, run_id, limit = request
         base = self._base[partition]
         records = self._records[partition]
@@ -64,12 +64,12 @@ class MemoryEventLog(EventLogBackend):
                 run_id=run_id,
             )
         stop = base + len(records) if end is None else min(end, base + len(records))
-        out: list[StoredEvent] = []
+        out: list[LogRecord] = []
         for offset in range(start, stop):
             key, record = records[offset - base]
             if run_id is not None and key != run_id:
                 continue
-            out.append(StoredEvent(Position(partition, offset), codec.decode(record, run_hint=key)))
+            out.append(decode_record(Position(partition, offset), record, run_hint=key))
             if limit is not None and len(out) >= limit:
                 break
         return out

@@ -17,17 +17,17 @@ from pathlib import Path
 from onward._storage import SqliteStore, connect, transaction, translated
 from onward.errors import ConfigurationError, LogTruncatedError
 
-from . import codec
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
     EventLogBackend,
     LogRead,
+    LogRecord,
     PartitionBounds,
     Position,
-    StoredEvent,
     check_partition,
     check_truncation,
+    decode_record,
     partition_for,
 )
 from .events import Event
@@ -45,6 +45,11 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         partitions: Partition count. Fixed when the file is created; opening an existing file
             with a different count is a `ConfigurationError`.
         max_batch_bytes: Largest encoded batch accepted.
+        migrate: Apply the SQLite migrations when opened (the default: embedded mode needs no
+            setup). With ``False`` the file must already be migrated.
+        readonly: Open the file read-only, for commands that only read (``onward inspect``,
+            ``onward replay``): nothing is migrated, created or written, a missing file or one
+            that is not an Onward database is a `ConfigurationError`, and appends fail.
     """
 
     embedded = True
@@ -56,9 +61,12 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         *,
         partitions: int = DEFAULT_PARTITIONS,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        migrate: bool = True,
+        readonly: bool = False,
     ) -> None:
         EventLogBackend.__init__(self, partitions=partitions, max_batch_bytes=max_batch_bytes)
-        SqliteStore.__init__(self, path, migrate=True)
+        SqliteStore.__init__(self, path, migrate=migrate, readonly=readonly)
+        self._unwritten = False
 
     @property
     def path(self) -> Path:
@@ -76,9 +84,9 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         return conn
 
     def _create_or_check(self, conn: sqlite3.Connection) -> None:
-        with transaction(conn):
+        with transaction(conn, "BEGIN" if self._readonly else "BEGIN IMMEDIATE"):
             meta = dict(conn.execute("SELECT key, value FROM onward_log_meta").fetchall())
-            if not meta:
+            if not meta and not self._readonly:
                 conn.executemany(
                     "INSERT INTO onward_log_meta (key, value) VALUES (?, ?)",
                     [
@@ -90,6 +98,8 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                     "INSERT INTO onward_log_partition VALUES (?, 0, 0)",
                     [(p,) for p in range(self._partitions)],
                 )
+        # Read-only, a migrated file no log was opened on yet holds no run; it is left as it is.
+        self._unwritten = self._readonly and not meta
         if meta and int(meta["schema_version"]) != SCHEMA_VERSION:
             raise ConfigurationError(
                 f"{self._path}: event log schema version {meta['schema_version']}, this code "
@@ -125,8 +135,10 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         first = await self._db.call(write, f"appending to partition {partition}", run_id)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
-    async def _read(self, request: LogRead) -> list[StoredEvent]:
+    async def _read_records(self, request: LogRead) -> list[LogRecord]:
         partition, start, end, run_id, limit = request
+        if self._unwritten:
+            return []
         conn = self._db.connection()
 
         def read() -> tuple[int, list[tuple[int, str, bytes]]]:
@@ -163,12 +175,14 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                 run_id=run_id,
             )
         return [
-            StoredEvent(Position(partition, offset), codec.decode(record, run_hint=key))
+            decode_record(Position(partition, offset), record, run_hint=key)
             for offset, key, record in rows
         ]
 
     async def bounds(self, partition: int) -> PartitionBounds:
         check_partition(partition, self._partitions)
+        if self._unwritten:
+            return PartitionBounds(0, 0)
         conn = self._db.connection()
 
         def read() -> tuple[int, int]:

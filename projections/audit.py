@@ -1,8 +1,11 @@
-"""The audit timeline of a run: every stored event in log order, refused ones marked.
+"""The audit timeline of a run: every stored record in log order, refused ones marked.
 
 Audit teams replay what a run did call by call. The timeline is what every reader of the log
 sees: each stored event with the verdict `SequenceGuard` reaches on it, so an event written
-under a superseded fence, or a seq written twice, shows up as stored but not counted.
+under a superseded fence, or a seq written twice, shows up as stored but not counted. A record
+that cannot be read (not an event, an unknown kind, a newer format) is shown in its place with
+its offset and why, and every readable event around it is still shown: the whole truth, though
+resume and inspect refuse a run whose history has such a hole.
 """
 
 from __future__ import annotations
@@ -15,24 +18,61 @@ import msgspec
 
 from onward.errors import NothingToResumeError
 from onward.eventlog import events as ev
-from onward.eventlog.base import EventLog, RefusedEvent, SequenceGuard, StoredEvent
+from onward.eventlog.base import (
+    EventLog,
+    Position,
+    RefusedEvent,
+    SequenceGuard,
+    StoredEvent,
+    UnreadableRecord,
+    partition_for,
+)
 from onward.eventlog.events import Event, kind_of
 
 
 @dataclass(frozen=True, slots=True)
 class AuditLine:
-    """One stored event of a run as the audit timeline shows it.
+    """One stored record of a run as the audit timeline shows it.
 
     Attributes:
-        stored: The event and its position.
+        stored: The event and its position; ``None`` for an unreadable record.
         refused: Why readers do not count it, if they do not.
+        unreadable: The record that cannot be read, in its place; ``None`` for an event.
     """
 
-    stored: StoredEvent
+    stored: StoredEvent | None
     refused: RefusedEvent | None
+    unreadable: UnreadableRecord | None = None
+
+    @property
+    def position(self) -> Position:
+        """Where the record sits."""
+        if self.stored is not None:
+            return self.stored.position
+        assert self.unreadable is not None
+        return self.unreadable.position
 
     def as_json(self) -> dict[str, Any]:
-        """One JSON-lines object: the position, the verdict, and the event as stored."""
+        """One JSON-lines object: the position, the verdict, and the event as stored (for an
+        unreadable record: its kind if known and why it cannot be read, never its bytes)."""
+        if self.stored is None:
+            bad = self.unreadable
+            assert bad is not None
+            return {
+                "run_id": bad.run_id,
+                "partition": bad.position.partition,
+                "offset": bad.position.offset,
+                "seq": bad.error.seq,
+                "fence": None,
+                "kind": bad.kind,
+                "at": None,
+                "description": f"unreadable record: {bad.reason}",
+                "refused": False,
+                "unreadable": True,
+                "reason": "newer_format" if bad.newer_format else "unreadable",
+                "detail": bad.reason,
+                "event": None,
+            }
         event = self.stored.event
         return {
             "run_id": event.run_id,
@@ -44,6 +84,7 @@ class AuditLine:
             "at": event.at,
             "description": describe_event(event),
             "refused": self.refused is not None,
+            "unreadable": False,
             "reason": self.refused.reason.value if self.refused else None,
             "detail": self.refused.detail if self.refused else None,
             "event": event,
@@ -110,25 +151,31 @@ def describe_event(event: Event) -> str:
 
 
 async def audit_timeline(log: EventLog, run_id: str, *, tenant: str) -> list[AuditLine]:
-    """Every stored event of a run in log order, each with the verdict every reader reaches.
+    """Every stored record of a run in log order, each event with the verdict every reader
+    reaches, each unreadable record marked in its place.
 
-    When compaction removed the run's beginning, the first line's seq is above 1 and the
+    When compaction removed the run's beginning, the first event's seq is above 1 and the
     verdicts are reached from where the stored events start.
 
     Raises:
         NothingToResumeError: No run under that id for that tenant.
     """
-    stored = await log.read_run(run_id)
+    records = await log.read_records(partition_for(run_id, log.partitions), run_id=run_id)
+    first = next((r.event for r in records if isinstance(r, StoredEvent)), None)
     guard = SequenceGuard()
-    if stored and stored[0].event.seq > 1:
-        first = stored[0].event
+    if first is not None and first.seq > 1:
         guard = SequenceGuard(last_seq=first.seq - 1, fence=first.fence)
     lines: list[AuditLine] = []
-    for item in stored:
+    for item in records:
+        if isinstance(item, UnreadableRecord):
+            lines.append(AuditLine(None, None, item))
+            continue
         counted = guard.admit(item)
         lines.append(AuditLine(item, None if counted else guard.refused[-1]))
-    first_counted = next((line for line in lines if line.refused is None), None)
-    if first_counted is None or first_counted.stored.event.tenant != tenant:
+    first_counted = next(
+        (line.stored for line in lines if line.stored is not None and line.refused is None), None
+    )
+    if first_counted is None or first_counted.event.tenant != tenant:
         raise NothingToResumeError(
             f"no run {run_id!r} for tenant {tenant!r}; check the id and tenant", run_id=run_id
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 
@@ -80,14 +80,36 @@ class BuildSwitched(Exception):  # noqa: N818 - a signal to the projector, not a
 class StoredFrontier:
     """What a store holds for one run.
 
-    ``frontier`` is ``None`` when the last snapshot was refused for size; then ``summary`` still
-    carries the scalar fields and ``snapshot_error`` says why, and a reader folds the run from
-    the log instead.
+    ``frontier`` is ``None`` when the last snapshot was refused for size, or while the run is
+    quarantined; then ``summary`` still carries the scalar fields and ``snapshot_error`` or
+    ``quarantined`` says why, and a reader folds the run from the log instead.
     """
 
     summary: RunSummary
     frontier: Frontier | None
     snapshot_error: str | None
+    quarantined: str | None = None
+    """Why the run is set aside (a record of it cannot be read), until a person releases it
+    and the projector folds it again; ``None`` for a readable run. See `QuarantineEntry`.
+    While it is set, ``frontier`` is ``None``: the row is not the run's whole story (its
+    events after the record were not folded), so a reader folds the run from the log, which
+    refuses it while the record cannot be read."""
+    set_aside: Frontier | None = None
+    """While the run is set aside: its frontier as folded up to the unreadable record, whose
+    ``first_offset`` says where a release folds the run again from. Never a resume point."""
+
+    @classmethod
+    def of(
+        cls,
+        summary: RunSummary,
+        frontier: Frontier | None,
+        snapshot_error: str | None,
+        quarantined: str | None,
+    ) -> StoredFrontier:
+        """What a store returns for a row: no frontier while the run is set aside."""
+        if quarantined is None:
+            return cls(summary, frontier, snapshot_error)
+        return cls(summary, None, snapshot_error, quarantined, frontier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +160,56 @@ class RunSummary:
         )
 
 
+QuarantineState = Literal["held", "released", "cleared"]
+"""Where a quarantined record stands: ``held`` (its run is set aside), ``released`` (a person
+released the run; the projector has not folded it again yet), ``cleared`` (folded again)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineEntry:
+    """A record the projector could not read, and what it did about it. Never the bytes.
+
+    The projector writes one in the same transaction as the positions that move past the
+    record, marks the run's frontier row (`StoredFrontier.quarantined`), and folds nothing more
+    into that run until a person releases it (:meth:`FrontierStore.release`). The next pass of
+    the projector then folds the released run again from its first offset: if the record is
+    still unreadable the entry is ``held`` again, once, and waits for the next release.
+
+    Attributes:
+        run_id: The run the record was filed under; ``None`` when nothing names one.
+        tenant: The tenant the record names, when that much could be read.
+        partition: Where the record sits.
+        offset: Where the record sits.
+        kind: The kind its header or its ``kind`` field names, when readable.
+        reason: Why it cannot be read (the decode error: run, seq, field or format).
+        state: ``held``, ``released`` or ``cleared``.
+        quarantined_at: When it was (last) set aside, microseconds since the epoch.
+        released_by: Who released the run last.
+        released_at: When, microseconds since the epoch.
+    """
+
+    run_id: str | None
+    tenant: str | None
+    partition: int
+    offset: int
+    kind: str | None
+    reason: str
+    state: QuarantineState = "held"
+    quarantined_at: int = 0
+    released_by: str | None = None
+    released_at: int | None = None
+
+    @property
+    def mark(self) -> str:
+        """What the run's frontier row says while it is held."""
+        return f"record at partition {self.partition} offset {self.offset}: {self.reason}"
+
+
+def released_mark(by: str) -> str:
+    """What a released run's frontier row says until the projector has folded it again."""
+    return f"released by {by}; the projector folds the run again on its next pass"
+
+
 @runtime_checkable
 class FrontierStore(AsyncResource, Protocol):
     """Frontier rows, `tool_calls` rows and projector positions, written together."""
@@ -164,12 +236,39 @@ class FrontierStore(AsyncResource, Protocol):
         positions: Mapping[int, int],
         snapshots: Sequence[Snapshot],
         calls: Sequence[ToolCallRow],
+        *,
+        quarantine: Sequence[QuarantineEntry] = (),
+        cleared: Collection[str] = (),
         messages: Sequence[TranscriptRow] = (),
     ) -> None:
         """In one transaction: upsert rows whose ``through_offset`` is newer than the stored one,
-        upsert call rows likewise, append transcript rows not stored yet (a row already stored
-        under its run and seq is kept as it is), and move ``consumer``'s next offsets forward
-        (never back).
+        upsert call rows likewise, append the ``messages`` not stored yet (a transcript row
+        already stored under its run and seq is kept as it is), and move ``consumer``'s next
+        offsets forward (never back).
+
+        With them, also: mark the ``released`` entries of the ``cleared`` runs ``cleared`` and
+        clear their rows' marks (the projector folded them again), then store the
+        ``quarantine`` entries as ``held`` (one already stored at that position is held again)
+        and mark their runs' existing rows with `QuarantineEntry.mark`.
+        """
+        ...
+
+    async def quarantined(
+        self,
+        consumer: str,
+        *,
+        run_id: str | None = None,
+        states: Collection[QuarantineState] | None = None,
+    ) -> list[QuarantineEntry]:
+        """A consumer's quarantine entries, optionally of one run and some states, by position."""
+        ...
+
+    async def release(self, consumer: str, run_id: str, *, by: str, at: int) -> int:
+        """A person releases a run: in one transaction its ``held`` entries become ``released``
+        (by ``by``, at ``at`` microseconds) and its frontier row's mark says so
+        (:func:`released_mark`). The run stays set aside until the projector's next pass folds
+        it again from its first offset (``write(..., cleared=...)`` then clears the mark).
+        Returns how many entries it released: 0 when the run has none held.
         """
         ...
 
@@ -203,6 +302,10 @@ class FrontierWrite(NamedTuple):
     positions: Mapping[int, int]
     snapshots: Sequence[Snapshot]
     calls: Sequence[ToolCallRow]
+    quarantine: Sequence[QuarantineEntry] = ()
+    """Records set aside by this batch, stored ``held``; their runs' rows are marked."""
+    cleared: Collection[str] = ()
+    """Released runs folded again by this batch: their ``released`` entries become ``cleared``."""
     messages: Sequence[TranscriptRow] = ()
 
 
@@ -223,9 +326,14 @@ class FrontierStoreBackend(Resource):
         positions: Mapping[int, int],
         snapshots: Sequence[Snapshot],
         calls: Sequence[ToolCallRow],
+        *,
+        quarantine: Sequence[QuarantineEntry] = (),
+        cleared: Collection[str] = (),
         messages: Sequence[TranscriptRow] = (),
     ) -> None:
-        await self._write(FrontierWrite(consumer, positions, snapshots, calls, messages))
+        await self._write(
+            FrontierWrite(consumer, positions, snapshots, calls, quarantine, cleared, messages)
+        )
 
     async def _write(self, batch: FrontierWrite) -> None:
         raise NotImplementedError

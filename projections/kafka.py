@@ -24,12 +24,11 @@ from aiokafka.errors import KafkaError, NoOffsetForPartitionError
 from onward._storage import translate
 from onward.errors import ConfigurationError, EventDecodeError, LogTruncatedError
 from onward.eventlog import codec
-from onward.eventlog.base import Position, StoredEvent
-from onward.eventlog.events import AnyEvent
-from onward.eventlog.kafka import DEFAULT_TOPIC, topic_partition_count
+from onward.eventlog.base import LogRecord, Position, StoredEvent
+from onward.eventlog.kafka import DEFAULT_TOPIC, record_of, topic_partition_count
 
 from .base import BuildSwitched
-from .projector import ProjectionSink
+from .projector import FrontierProjection, ProjectionSink
 
 SinkT = TypeVar("SinkT", bound=ProjectionSink)
 
@@ -156,6 +155,7 @@ class KafkaProjector(Generic[SinkT]):
         self.projection.forget([tp.partition for tp in assigned])
         stored = await self.projection.positions()
         starts = await consumer.beginning_offsets(assigned)
+        sought: dict[int, int] = {}
         for tp in assigned:
             start = int(starts[tp])
             offset = stored.get(tp.partition, start)
@@ -166,6 +166,11 @@ class KafkaProjector(Generic[SinkT]):
                     "Rebuild the projection (`onward projections rebuild`)"
                 )
             consumer.seek(tp, offset)
+            sought[tp.partition] = offset
+        if isinstance(self.projection, FrontierProjection):
+            # Its partitions now, folded up to these offsets: runs released from quarantine
+            # in them are folded again on the next pass, even if no record arrives.
+            self.projection.assigned(sought)
         log.info("assigned %s", {tp.partition: stored.get(tp.partition) for tp in assigned})
 
     async def _flush_before_rebalance(self) -> None:
@@ -199,7 +204,7 @@ class KafkaProjector(Generic[SinkT]):
 
     async def _fetch(
         self, timeout_ms: int
-    ) -> tuple[dict[int, list[StoredEvent]], dict[int, int]] | None:
+    ) -> tuple[dict[int, list[LogRecord]], dict[int, int]] | None:
         """The next batch, decoded, with each partition's next offset; None if nothing came."""
         consumer = self._live()
         fetched: dict[TopicPartition, list[Any]] = {}
@@ -226,7 +231,7 @@ class KafkaProjector(Generic[SinkT]):
             return None
         except KafkaError as exc:
             raise translate(exc, context=f"consuming {self.topic}") from exc
-        records: dict[int, list[StoredEvent]] = {}
+        records: dict[int, list[LogRecord]] = {}
         next_offsets: dict[int, int] = {}
         for tp, batch in fetched.items():
             if not batch:
@@ -239,7 +244,7 @@ class KafkaProjector(Generic[SinkT]):
 
     async def _apply(
         self,
-        records: dict[int, list[StoredEvent]],
+        records: dict[int, list[LogRecord]],
         next_offsets: dict[int, int],
         *,
         store: bool = False,
@@ -320,19 +325,11 @@ class KafkaProjector(Generic[SinkT]):
                 await consumer.stop()
 
 
-def _stored_events(partition: int, batch: list[Any]) -> list[StoredEvent]:
-    """Decode fetched records; only if one fails is each decoded again, to name its run."""
+def _stored_events(partition: int, batch: list[Any]) -> list[LogRecord]:
+    """Decode fetched records; only if one fails is each looked at again, so an unreadable
+    record comes back as an `UnreadableRecord` in its place (named by its key and headers)."""
     decode = codec.decode
     try:
         return [StoredEvent(Position(partition, r.offset), decode(r.value)) for r in batch]
     except EventDecodeError:
-        return [StoredEvent(Position(partition, r.offset), _decode(r)) for r in batch]
-
-
-def _decode(record: Any) -> AnyEvent:
-    """Decode a record; only a record that fails is decoded again to name its run."""
-    try:
-        return codec.decode(record.value)
-    except EventDecodeError:
-        key = bytes(record.key).decode(errors="replace") if record.key is not None else None
-        return codec.decode(record.value, run_hint=key)
+        return [record_of(partition, r) for r in batch]

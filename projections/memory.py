@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Collection
 
 from .base import (
     FrontierStoreBackend,
     FrontierWrite,
+    QuarantineEntry,
+    QuarantineState,
     RunSummary,
     StoredFrontier,
     decode_payload,
+    released_mark,
 )
 from .frontier import RunStatus, ToolCallRow
 from .transcript import TranscriptRow, decode_message
@@ -23,6 +27,8 @@ class MemoryFrontierStore(FrontierStoreBackend):
         self._rows: dict[str, tuple[RunSummary, bytes | None, str | None]] = {}
         self._calls: dict[tuple[str, str], ToolCallRow] = {}
         self._positions: dict[tuple[str, int], int] = {}
+        self._quarantine: dict[tuple[str, int, int], QuarantineEntry] = {}
+        self._marks: dict[str, str] = {}
         self._transcript: dict[tuple[str, str], dict[int, bytes]] = {}
         self._lock = asyncio.Lock()
 
@@ -35,7 +41,7 @@ class MemoryFrontierStore(FrontierStoreBackend):
             return None
         summary, payload, error = row
         frontier = decode_payload(payload, run_id=run_id) if payload is not None else None
-        return StoredFrontier(summary, frontier, error)
+        return StoredFrontier.of(summary, frontier, error, self._marks.get(run_id))
 
     async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
         found = {run_id: self._stored(run_id) for run_id in run_ids}
@@ -45,7 +51,7 @@ class MemoryFrontierStore(FrontierStoreBackend):
         return self._stored(run_id)
 
     async def _write(self, batch: FrontierWrite) -> None:
-        consumer, positions, snapshots, calls, _ = batch
+        consumer, positions, snapshots, calls = batch[:4]
         async with self._lock:
             for snap in snapshots:
                 summary = RunSummary.of(snap.frontier)
@@ -57,6 +63,16 @@ class MemoryFrontierStore(FrontierStoreBackend):
                 existing = self._calls.get(key)
                 if existing is None or existing.through_offset < call.through_offset:
                     self._calls[key] = call
+            for (held_by, _, _), entry in list(self._quarantine.items()):
+                cleared = entry.run_id in batch.cleared and entry.state == "released"
+                if held_by == consumer and cleared:
+                    self._replace_entry(consumer, entry, state="cleared")
+            for run_id in batch.cleared:
+                self._marks.pop(run_id, None)
+            for entry in batch.quarantine:
+                self._quarantine[(consumer, entry.partition, entry.offset)] = entry
+                if entry.run_id is not None and entry.run_id in self._rows:
+                    self._marks[entry.run_id] = entry.mark
             for partition, offset in positions.items():
                 key2 = (consumer, partition)
                 self._positions[key2] = max(offset, self._positions.get(key2, 0))
@@ -71,6 +87,36 @@ class MemoryFrontierStore(FrontierStoreBackend):
             for seq in sorted(run)
             if seq <= through
         ]
+
+    def _replace_entry(self, consumer: str, entry: QuarantineEntry, **changes: object) -> None:
+        key = (consumer, entry.partition, entry.offset)
+        self._quarantine[key] = dataclasses.replace(entry, **changes)  # type: ignore[arg-type]
+
+    async def quarantined(
+        self,
+        consumer: str,
+        *,
+        run_id: str | None = None,
+        states: Collection[QuarantineState] | None = None,
+    ) -> list[QuarantineEntry]:
+        return [
+            entry
+            for (held_by, _, _), entry in sorted(self._quarantine.items(), key=lambda kv: kv[0])
+            if held_by == consumer
+            and (run_id is None or entry.run_id == run_id)
+            and (states is None or entry.state in states)
+        ]
+
+    async def release(self, consumer: str, run_id: str, *, by: str, at: int) -> int:
+        async with self._lock:
+            held = await self.quarantined(consumer, run_id=run_id, states={"held"})
+            for entry in held:
+                self._replace_entry(
+                    consumer, entry, state="released", released_by=by, released_at=at
+                )
+            if held and run_id in self._rows:
+                self._marks[run_id] = released_mark(by)
+            return len(held)
 
     async def positions(self, consumer: str) -> dict[int, int]:
         return {p: o for (c, p), o in self._positions.items() if c == consumer}

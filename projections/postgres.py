@@ -22,22 +22,32 @@ round trips does not depend on the number of runs in the batch.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import astuple
 from importlib.resources import files
 from typing import Any
 
 import asyncpg
 
-from onward._storage import PostgresStore, migrate_postgres, translating, verify_postgres
+from onward._storage import (
+    BACKEND_TIMEOUT_S,
+    PostgresStore,
+    migrate_postgres,
+    translating,
+    verify_postgres,
+)
 from onward.errors import InvalidInputError, SchemaMismatchError
 
 from .base import (
     BuildSwitched,
     FrontierStoreBackend,
     FrontierWrite,
+    QuarantineEntry,
+    QuarantineState,
     RunSummary,
     Snapshot,
     StoredFrontier,
     decode_payload,
+    released_mark,
 )
 from .builds import (
     BuildLayout,
@@ -97,7 +107,19 @@ def _summary(row: asyncpg.Record) -> RunSummary:
 def _stored(row: asyncpg.Record) -> StoredFrontier:
     payload = row["payload"]
     frontier = decode_payload(payload, run_id=row["run_id"]) if payload is not None else None
-    return StoredFrontier(_summary(row), frontier, row["snapshot_error"])
+    return StoredFrontier.of(_summary(row), frontier, row["snapshot_error"], row["quarantined"])
+
+
+_QUARANTINE_COLUMNS = (
+    "run_id, tenant, partition, log_offset, kind, reason, state, quarantined_at, released_by, "
+    "released_at"
+)
+
+
+def _entry(row: asyncpg.Record) -> QuarantineEntry:
+    values = dict(row)
+    values["offset"] = values.pop("log_offset")
+    return QuarantineEntry(**values)
 
 
 class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
@@ -115,6 +137,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
             of the server can then lose the last writes, each one's rows together with its
             positions, and the projector folds them again from the log. For projectors and
             rebuilds, whose rows can all be folded again; not for rows nothing can refold.
+        timeout_s: The longest one call may wait for PostgreSQL (`PostgresStore`).
     """
 
     what = "PostgreSQL frontier store"
@@ -128,8 +151,11 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         min_size: int = 1,
         max_size: int = 10,
         synchronous_commit: bool = True,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
     ) -> None:
-        super().__init__(dsn, schema=schema, min_size=min_size, max_size=max_size)
+        super().__init__(
+            dsn, schema=schema, min_size=min_size, max_size=max_size, timeout_s=timeout_s
+        )
         self._pinned = build
         self._build: int | None = build
         self._synchronous_commit = synchronous_commit
@@ -169,14 +195,14 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         frontiers, _ = self._tables()
         async with self._connection("loading frontiers") as conn:
             rows = await conn.fetch(
-                f"SELECT {_SUMMARY_COLUMNS}, payload, snapshot_error FROM {frontiers} "
+                f"SELECT {_SUMMARY_COLUMNS}, payload, snapshot_error, quarantined FROM {frontiers} "
                 "WHERE run_id = ANY($1::text[])",
                 list(run_ids),
             )
         return {row["run_id"]: _stored(row) for row in rows}
 
     async def _write(self, batch: FrontierWrite) -> None:
-        consumer, positions, snapshots, calls, _ = batch
+        consumer, positions, snapshots, calls = batch[:4]
         frontiers, tool_calls = self._tables()
         context = f"writing frontiers of consumer {consumer!r}"
         async with self._connection(context, transaction=True) as conn:
@@ -195,6 +221,8 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                 await _stage_and_upsert(
                     conn, tool_calls, _CALL_NAMES, ("run_id", "call_id"), map(_call_row, calls)
                 )
+            if batch.cleared or batch.quarantine:
+                await self._quarantine(conn, frontiers, self._consumer(consumer), batch)
             if batch.messages:
                 await _append_messages(conn, batch.messages)
             if positions:
@@ -209,6 +237,90 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                     parts,
                     [positions[p] for p in parts],
                 )
+
+    @staticmethod
+    async def _quarantine(
+        conn: asyncpg.Connection, frontiers: str, consumer: str, batch: FrontierWrite
+    ) -> None:
+        """Clear the released entries of runs folded again, then hold the new entries and mark
+        their runs' rows; inside the write's transaction."""
+        if batch.cleared:
+            await conn.execute(
+                "UPDATE onward_quarantine SET state = 'cleared' "
+                "WHERE consumer = $1 AND run_id = ANY($2::text[]) AND state = 'released'",
+                consumer,
+                list(batch.cleared),
+            )
+            await conn.execute(
+                f"UPDATE {frontiers} SET quarantined = NULL WHERE run_id = ANY($1::text[])",
+                list(batch.cleared),
+            )
+        if not batch.quarantine:
+            return
+        await conn.executemany(
+            f"INSERT INTO onward_quarantine (consumer, {_QUARANTINE_COLUMNS}) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
+            "ON CONFLICT (consumer, partition, log_offset) DO UPDATE SET "
+            "run_id = excluded.run_id, tenant = excluded.tenant, kind = excluded.kind, "
+            "reason = excluded.reason, state = 'held', quarantined_at = excluded.quarantined_at",
+            [(consumer, *astuple(entry)) for entry in batch.quarantine],
+        )
+        marks = [(e.run_id, e.mark) for e in batch.quarantine if e.run_id is not None]
+        if marks:
+            await conn.execute(
+                f"UPDATE {frontiers} AS f SET quarantined = t.mark "
+                "FROM unnest($1::text[], $2::text[]) AS t(run_id, mark) WHERE f.run_id = t.run_id",
+                [run for run, _ in marks],
+                [mark for _, mark in marks],
+            )
+
+    async def quarantined(
+        self,
+        consumer: str,
+        *,
+        run_id: str | None = None,
+        states: Collection[QuarantineState] | None = None,
+    ) -> list[QuarantineEntry]:
+        async with self._connection("listing quarantined records", run_id) as conn:
+            if self._pinned is None:
+                build = await active_build(conn, PROJECTION)
+                if build is not None:
+                    self._build = build
+            rows = await conn.fetch(
+                f"SELECT {_QUARANTINE_COLUMNS} FROM onward_quarantine WHERE consumer = $1 "
+                "AND ($2::text IS NULL OR run_id = $2) "
+                "AND ($3::text[] IS NULL OR state = ANY($3::text[])) "
+                "ORDER BY partition, log_offset",
+                self._consumer(consumer),
+                run_id,
+                list(states) if states is not None else None,
+            )
+        return [_entry(r) for r in rows]
+
+    async def release(self, consumer: str, run_id: str, *, by: str, at: int) -> int:
+        context = "releasing a quarantined run"
+        async with self._connection(context, run_id, transaction=True) as conn:
+            if self._pinned is None:
+                build = await active_build(conn, PROJECTION)
+                if build is not None:
+                    self._build = build
+            frontiers, _ = self._tables()
+            status = await conn.execute(
+                "UPDATE onward_quarantine SET state = 'released', released_by = $3, "
+                "released_at = $4 WHERE consumer = $1 AND run_id = $2 AND state = 'held'",
+                self._consumer(consumer),
+                run_id,
+                by,
+                at,
+            )
+            released = int(status.split()[-1])
+            if released:
+                await conn.execute(
+                    f"UPDATE {frontiers} SET quarantined = $2 WHERE run_id = $1",
+                    run_id,
+                    released_mark(by),
+                )
+        return released
 
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         async with self._connection("reading the transcript", run_id) as conn:

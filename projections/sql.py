@@ -12,6 +12,7 @@ below them, so a batch delivered twice (after a crash or a rebalance) reaches ``
 
 from __future__ import annotations
 
+import logging
 import pkgutil
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -22,7 +23,7 @@ import asyncpg
 
 from onward._storage import PostgresStore
 from onward.errors import InvalidInputError, SchemaMismatchError
-from onward.eventlog.base import StoredEvent
+from onward.eventlog.base import LogRecord, StoredEvent
 
 from .base import BuildSwitched
 from .builds import (
@@ -34,6 +35,7 @@ from .builds import (
 )
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+log = logging.getLogger("onward.projector")
 
 
 @runtime_checkable
@@ -85,6 +87,8 @@ class SinkStats:
     batches: int = 0
     events: int = 0
     skipped: int = 0
+    unreadable: int = 0
+    """Records that could not be decoded: passed over (each logged once), never applied."""
 
 
 class SqlProjectionSink(PostgresStore):
@@ -149,9 +153,14 @@ class SqlProjectionSink(PostgresStore):
         return {int(r["partition"]): int(r["next_offset"]) for r in rows}
 
     async def apply(
-        self, records: Mapping[int, Sequence[StoredEvent]], next_offsets: Mapping[int, int]
+        self, records: Mapping[int, Sequence[LogRecord]], next_offsets: Mapping[int, int]
     ) -> None:
-        """Fold the part of a batch not folded before, and move the positions, atomically."""
+        """Fold the part of a batch not folded before, and move the positions, atomically.
+
+        A record that cannot be decoded is passed over (logged, counted in
+        ``stats.unreadable``): a user projection sees events only, and one bad record never
+        stops it. The frontiers projection keeps such records in its quarantine table.
+        """
         context = f"applying a batch to projection {self.projection.name!r}"
         async with self._connection(context, transaction=True) as conn:
             if self._pinned is None:
@@ -177,12 +186,24 @@ class SqlProjectionSink(PostgresStore):
                     parts,
                 )
             }
-            fresh = [
-                event
-                for partition in sorted(records)
-                for event in records[partition]
-                if event.position.offset >= stored.get(partition, 0)
-            ]
+            fresh: list[StoredEvent] = []
+            unreadable = 0
+            for partition in sorted(records):
+                for record in records[partition]:
+                    if record.position.offset < stored.get(partition, 0):
+                        continue
+                    if isinstance(record, StoredEvent):
+                        fresh.append(record)
+                    else:
+                        unreadable += 1
+                        log.warning(
+                            "projection %r passes over the unreadable record at partition %d "
+                            "offset %d: %s",
+                            self.projection.name,
+                            partition,
+                            record.position.offset,
+                            record.reason,
+                        )
             if fresh:
                 await self.projection.apply(conn, self.table, fresh)
             await conn.execute(
@@ -196,7 +217,8 @@ class SqlProjectionSink(PostgresStore):
         total = sum(len(e) for e in records.values())
         self.stats.batches += 1
         self.stats.events += len(fresh)
-        self.stats.skipped += total - len(fresh)
+        self.stats.unreadable += unreadable
+        self.stats.skipped += total - len(fresh) - unreadable
 
     async def flush(self) -> None:
         """Nothing to do: every batch is stored as it is applied."""

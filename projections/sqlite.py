@@ -24,10 +24,13 @@ from onward._storage import SqliteStore, transaction
 from .base import (
     FrontierStoreBackend,
     FrontierWrite,
+    QuarantineEntry,
+    QuarantineState,
     RunSummary,
     Snapshot,
     StoredFrontier,
     decode_payload,
+    released_mark,
 )
 from .frontier import RunStatus, ToolCallRow
 from .transcript import TranscriptRow, decode_message
@@ -41,7 +44,7 @@ _SUMMARY_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Run
 _FRONTIER_COLUMNS = (*_SUMMARY_COLUMNS, "payload", "snapshot_error")
 _CALL_COLUMNS: tuple[str, ...] = tuple(f.name for f in msgspec.structs.fields(ToolCallRow))
 
-_SELECT_FRONTIERS = f"SELECT {', '.join(_FRONTIER_COLUMNS)} FROM onward_frontiers"
+_SELECT_FRONTIERS = f"SELECT {', '.join(_FRONTIER_COLUMNS)}, quarantined FROM onward_frontiers"
 _SELECT_SUMMARIES = f"SELECT {', '.join(_SUMMARY_COLUMNS)} FROM onward_frontiers"
 _SELECT_CALLS = (
     f"SELECT {', '.join(_CALL_COLUMNS)} FROM onward_tool_calls WHERE run_id = ? "
@@ -69,6 +72,48 @@ def _guarded_upsert(table: str, columns: Sequence[str], key: Sequence[str]) -> s
 
 
 _UPSERT_FRONTIER = _guarded_upsert("onward_frontiers", _FRONTIER_COLUMNS, ("run_id",))
+
+_QUARANTINE_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "tenant",
+    "partition",
+    "log_offset",
+    "kind",
+    "reason",
+    "state",
+    "quarantined_at",
+    "released_by",
+    "released_at",
+)
+_HOLD = (
+    f"INSERT INTO onward_quarantine (consumer, {', '.join(_QUARANTINE_COLUMNS)}) "
+    f"VALUES (?, {', '.join('?' for _ in _QUARANTINE_COLUMNS)}) "
+    "ON CONFLICT(consumer, partition, log_offset) DO UPDATE SET run_id = excluded.run_id, "
+    "tenant = excluded.tenant, kind = excluded.kind, reason = excluded.reason, state = 'held', "
+    "quarantined_at = excluded.quarantined_at"
+)
+_MARK = "UPDATE onward_frontiers SET quarantined = ? WHERE run_id = ?"
+_CLEAR = (
+    "UPDATE onward_quarantine SET state = 'cleared' "
+    "WHERE consumer = ? AND run_id = ? AND state = 'released'"
+)
+_UNMARK = "UPDATE onward_frontiers SET quarantined = NULL WHERE run_id = ?"
+
+
+def _entry_params(consumer: str, entry: QuarantineEntry) -> tuple[Any, ...]:
+    """The bound values of one quarantine row (the column ``log_offset`` holds ``offset``)."""
+    return (
+        consumer,
+        *(getattr(entry, "offset" if c == "log_offset" else c) for c in _QUARANTINE_COLUMNS),
+    )
+
+
+def _entry(row: Sequence[Any]) -> QuarantineEntry:
+    values = dict(zip(_QUARANTINE_COLUMNS, row, strict=True))
+    values["offset"] = values.pop("log_offset")
+    return QuarantineEntry(**values)
+
+
 _UPSERT_CALL = _guarded_upsert("onward_tool_calls", _CALL_COLUMNS, ("run_id", "call_id"))
 # Append-only: a row already stored under its key came from the same counted event.
 _APPEND_MESSAGE = (
@@ -89,9 +134,9 @@ def _summary(row: Sequence[Any]) -> RunSummary:
 def _stored(row: Sequence[Any]) -> StoredFrontier:
     """A stored frontier from a row of ``_SELECT_FRONTIERS``, decoding its payload if kept."""
     summary = _summary(row)
-    payload, error = row[len(_SUMMARY_COLUMNS) :]
+    payload, error, quarantined = row[len(_SUMMARY_COLUMNS) :]
     frontier = decode_payload(payload, run_id=summary.run_id) if payload is not None else None
-    return StoredFrontier(summary=summary, frontier=frontier, snapshot_error=error)
+    return StoredFrontier.of(summary, frontier, error, quarantined)
 
 
 def _frontier_params(snapshot: Snapshot) -> tuple[Any, ...]:
@@ -161,12 +206,17 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         Raises:
             BackendError: The write failed; nothing of it was stored.
         """
-        consumer, positions, snapshots, calls, _ = batch
-        message_rows = [(m.tenant, m.run_id, m.seq, m.encoded()) for m in batch.messages]
+        consumer, positions, snapshots, calls = batch[:4]
         frontier_rows = [_frontier_params(snapshot) for snapshot in snapshots]
         call_rows = [msgspec.structs.astuple(call) for call in calls]
         position_rows = [(consumer, partition, offset) for partition, offset in positions.items()]
-        if not (frontier_rows or call_rows or position_rows or message_rows):
+        clear_rows = [(consumer, run_id) for run_id in batch.cleared]
+        hold_rows = [_entry_params(consumer, entry) for entry in batch.quarantine]
+        mark_rows = [(e.mark, e.run_id) for e in batch.quarantine if e.run_id is not None]
+        message_rows = [(m.tenant, m.run_id, m.seq, m.encoded()) for m in batch.messages]
+        if not (
+            frontier_rows or call_rows or position_rows or clear_rows or hold_rows or message_rows
+        ):
             return
         conn = self._db.connection()
 
@@ -176,6 +226,12 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
                     conn.executemany(_UPSERT_FRONTIER, frontier_rows)
                 if call_rows:
                     conn.executemany(_UPSERT_CALL, call_rows)
+                if clear_rows:
+                    conn.executemany(_CLEAR, clear_rows)
+                    conn.executemany(_UNMARK, [(run_id,) for _, run_id in clear_rows])
+                if hold_rows:
+                    conn.executemany(_HOLD, hold_rows)
+                    conn.executemany(_MARK, mark_rows)
                 if position_rows:
                     conn.executemany(_UPSERT_POSITION, position_rows)
                 if message_rows:
@@ -186,6 +242,54 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
             f"writing {len(frontier_rows)} frontiers, {len(call_rows)} call rows and "
             f"{len(position_rows)} positions of consumer {consumer!r}",
         )
+
+    async def quarantined(
+        self,
+        consumer: str,
+        *,
+        run_id: str | None = None,
+        states: Collection[QuarantineState] | None = None,
+    ) -> list[QuarantineEntry]:
+        """A consumer's quarantine entries, optionally of one run and some states, by position."""
+        query = f"SELECT {', '.join(_QUARANTINE_COLUMNS)} FROM onward_quarantine WHERE consumer = ?"
+        args: list[Any] = [consumer]
+        if run_id is not None:
+            query += " AND run_id = ?"
+            args.append(run_id)
+        if states is not None:
+            wanted = list(dict.fromkeys(states))
+            if not wanted:
+                return []
+            query += f" AND state IN ({', '.join('?' for _ in wanted)})"
+            args.extend(wanted)
+        query += " ORDER BY partition, log_offset"
+        conn = self._db.connection()
+
+        def read() -> list[Any]:
+            return conn.execute(query, args).fetchall()
+
+        rows = await self._db.call(read, "listing quarantined records", run_id)
+        return [_entry(row) for row in rows]
+
+    async def release(self, consumer: str, run_id: str, *, by: str, at: int) -> int:
+        """Release a run's held entries and clear its row's mark, in one transaction."""
+        conn = self._db.connection()
+
+        def write() -> int:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                released = conn.execute(
+                    "UPDATE onward_quarantine SET state = 'released', released_by = ?, "
+                    "released_at = ? WHERE consumer = ? AND run_id = ? AND state = 'held'",
+                    (by, at, consumer, run_id),
+                ).rowcount
+                if released:
+                    conn.execute(
+                        "UPDATE onward_frontiers SET quarantined = ? WHERE run_id = ?",
+                        (released_mark(by), run_id),
+                    )
+            return int(released)
+
+        return await self._db.call(write, "releasing a quarantined run", run_id)
 
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         """The transcript rows of one run with seq at most ``through``, by seq."""

@@ -82,16 +82,24 @@ class Backends:
 
 
 @asynccontextmanager
-async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
+async def open_backends(settings: Settings, *, readonly: bool = False) -> AsyncIterator[Backends]:
     """Open the stores ``settings`` name; close them in reverse order when the block ends.
 
     With Kafka the events topic must already exist: whatever reads or carries on runs has no
     business creating one, and a mistyped ``ONWARD_KAFKA_TOPIC`` should fail here rather than
     show an empty new topic.
 
+    Args:
+        settings: Which stores, and where.
+        readonly: For commands that only read (``inspect``, ``replay``): the SQLite file is
+            opened read-only, not migrated and not changed in any way, and one that is missing
+            or is not an Onward database is refused. The server stores are never migrated
+            when opened, so nothing changes for them.
+
     Raises:
         ConfigurationError: The memory backend (nothing would outlive the process), a missing
-            ``DATABASE_URL`` for Kafka, a missing topic or one with another partition count.
+            ``DATABASE_URL`` for Kafka, a missing topic or one with another partition count;
+            read-only, a missing SQLite file or one that is not an Onward database.
         SchemaMismatchError: A database is not at this code's schema version.
         BackendUnavailableError: A server could not be reached.
     """
@@ -108,34 +116,42 @@ async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
         if settings.backend == "sqlite":
             path = settings.sqlite_path
             log = await stack.enter_async_context(
-                SqliteEventLog(path, partitions=settings.partitions)
+                SqliteEventLog(path, partitions=settings.partitions, readonly=readonly)
             )
-            frontiers = await stack.enter_async_context(SqliteFrontierStore(path))
-            leases = await stack.enter_async_context(SqliteLeaseStore(path))
-            blobs = await stack.enter_async_context(SqliteBlobStore(path))
+            frontiers = await stack.enter_async_context(
+                SqliteFrontierStore(path, readonly=readonly)
+            )
+            leases = await stack.enter_async_context(SqliteLeaseStore(path, readonly=readonly))
+            blobs = await stack.enter_async_context(SqliteBlobStore(path, readonly=readonly))
         else:
             database_url = settings.require_database_url()
             schema = settings.database_schema
+            timeout_s = settings.backend_timeout
             log = await stack.enter_async_context(
                 KafkaEventLog(
                     settings.kafka_bootstrap_servers,
                     topic=settings.kafka_topic,
                     partitions=settings.partitions,
                     create_topic=False,
+                    request_timeout_s=timeout_s,
                 )
             )
             frontiers = await stack.enter_async_context(
-                PostgresFrontierStore(database_url, schema=schema)
+                PostgresFrontierStore(database_url, schema=schema, timeout_s=timeout_s)
             )
             if settings.redis_url:
                 leases = await stack.enter_async_context(
-                    RedisLeaseStore(settings.redis_url, prefix=settings.redis_prefix)
+                    RedisLeaseStore(
+                        settings.redis_url, prefix=settings.redis_prefix, timeout_s=timeout_s
+                    )
                 )
             else:
                 leases = await stack.enter_async_context(
-                    PostgresLeaseStore(database_url, schema=schema)
+                    PostgresLeaseStore(database_url, schema=schema, timeout_s=timeout_s)
                 )
-            blobs = await stack.enter_async_context(PostgresBlobStore(database_url, schema=schema))
+            blobs = await stack.enter_async_context(
+                PostgresBlobStore(database_url, schema=schema, timeout_s=timeout_s)
+            )
         yield Backends(settings, log, frontiers, leases, blobs)
 
 

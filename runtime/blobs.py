@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from onward._storage import PostgresStore, Resource, SqliteStore, transaction
+from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, Resource, SqliteStore, transaction
 from onward.errors import HistoryUnavailableError
 from onward.eventlog.events import (
     ApprovalRequested,
@@ -130,14 +130,23 @@ class PostgresBlobStore(PostgresStore):
         schema: The PostgreSQL schema (search path) holding Onward's tables.
         min_size: Smallest pool size.
         max_size: Largest pool size.
+        timeout_s: The longest one call may wait for PostgreSQL (`PostgresStore`).
     """
 
     what = "PostgreSQL blob store"
 
     def __init__(
-        self, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 4
+        self,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        min_size: int = 1,
+        max_size: int = 4,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
     ) -> None:
-        super().__init__(dsn, schema=schema, min_size=min_size, max_size=max_size)
+        super().__init__(
+            dsn, schema=schema, min_size=min_size, max_size=max_size, timeout_s=timeout_s
+        )
 
     async def put(self, body: bytes) -> str:
         digest = digest_of(body)

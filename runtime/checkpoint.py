@@ -78,7 +78,11 @@ class Checkpointer:
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.policy = policy or CheckpointPolicy()
-        self.projection = FrontierProjection(store, log, max_bytes=max_bytes)
+        # Embedded mode folds every partition itself, so a run a person released from
+        # quarantine is folded again on the next catch-up, wherever its partition stands.
+        self.projection = FrontierProjection(
+            store, log, max_bytes=max_bytes, release_poll=0.0, every_partition=True
+        )
         self._projector = LogProjector(log, self.projection)
         self.last_error: str | None = None
         self.written = 0

@@ -306,8 +306,9 @@ class Resumer:
     async def _stored(self, run_id: str, tenant: str, partition: int) -> tuple[Frontier, int]:
         """Where to fold from: the run's row (or nothing), and the offset to read its tail from.
 
-        A row whose snapshot was refused for size has no frontier to fold on from: that run
-        is folded from its partition's start, as without a store.
+        A row with no frontier to fold on from (its snapshot was refused for size, or the run
+        is set aside in quarantine) is folded from the log: from the run's first event when the
+        row knows where that is (a set-aside frontier says), else from the partition's start.
         """
         assert self.frontiers is not None
         row, positions = await asyncio.gather(
@@ -317,7 +318,9 @@ class Resumer:
         if row is None:
             return Frontier.empty(run_id, tenant), folded_to
         if row.frontier is None:
-            return Frontier.empty(run_id, tenant), 0
+            known = row.set_aside
+            first = known.first_offset if known is not None and known.first_offset >= 0 else 0
+            return Frontier.empty(run_id, tenant), first
         return row.frontier, max(row.frontier.through_offset + 1, folded_to)
 
     async def _transcript(self, frontier: Frontier) -> tuple[TranscriptRow, ...]:

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from onward._storage import BACKEND_TIMEOUT_S
 from onward.errors import ConfigurationError
 
 
@@ -27,6 +28,9 @@ class Settings(BaseSettings):
         redis_url: Redis URL for leases and caches.
         redis_prefix: Put before every Redis key, so several deployments can share one Redis.
         sqlite_path: The embedded database file.
+        backend_timeout: Seconds one call to Kafka, PostgreSQL or Redis may wait before it
+            fails with a retryable `BackendUnavailableError` (``BACKEND_TIMEOUT_S``, 30, by
+            default): a run stops instead of hanging on a silent server.
     """
 
     model_config = SettingsConfigDict(extra="ignore", frozen=True)
@@ -44,6 +48,9 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
     redis_prefix: str = Field(default="onward:", validation_alias="ONWARD_REDIS_PREFIX")
     sqlite_path: Path = Field(default=Path("onward.db"), validation_alias="ONWARD_SQLITE_PATH")
+    backend_timeout: float = Field(
+        default=BACKEND_TIMEOUT_S, gt=0, le=3600, validation_alias="ONWARD_BACKEND_TIMEOUT"
+    )
 
     @field_validator("database_url")
     @classmethod

@@ -5,26 +5,31 @@ through this package and derives its lifecycle from :class:`Resource`. It import
 Onward's but `onward.errors`.
 """
 
+from .logs import DRIVER_LOGGERS, one_line_driver_logs
 from .migrations import (
     Dialect,
     Migration,
+    check_onward_sqlite,
     expected_version,
     migrate_postgres,
     migrate_sqlite,
     migrations,
     open_sqlite,
+    refuse_foreign_sqlite,
     schema_version_postgres,
     verify_postgres,
     verify_sqlite,
 )
 from .postgres import APPLICATION_NAME, application_name, open_pool, pooled
-from .sqlite import SqliteThread, connect, split_statements, transaction
-from .stores import AsyncResource, PostgresStore, Resource, SqliteStore
+from .sqlite import SqliteThread, connect, connect_readonly, split_statements, transaction
+from .stores import BACKEND_TIMEOUT_S, AsyncResource, PostgresStore, Resource, SqliteStore
 from .translate import DRIVER_ERRORS, classify, translate, translated, translating
 
 __all__ = [
     "APPLICATION_NAME",
+    "BACKEND_TIMEOUT_S",
     "DRIVER_ERRORS",
+    "DRIVER_LOGGERS",
     "AsyncResource",
     "Dialect",
     "Migration",
@@ -33,15 +38,19 @@ __all__ = [
     "SqliteStore",
     "SqliteThread",
     "application_name",
+    "check_onward_sqlite",
     "classify",
     "connect",
+    "connect_readonly",
     "expected_version",
     "migrate_postgres",
     "migrate_sqlite",
     "migrations",
+    "one_line_driver_logs",
     "open_pool",
     "open_sqlite",
     "pooled",
+    "refuse_foreign_sqlite",
     "schema_version_postgres",
     "split_statements",
     "transaction",

@@ -17,7 +17,7 @@ from typing import Literal
 
 import asyncpg
 
-from onward.errors import SchemaMismatchError
+from onward.errors import ConfigurationError, SchemaMismatchError
 
 from .sqlite import connect, split_statements, transaction
 from .translate import translating
@@ -166,14 +166,50 @@ def verify_sqlite(conn: sqlite3.Connection, *, where: str) -> None:
         raise _mismatch(where, found, expected)
 
 
-def open_sqlite(path: Path, *, migrate: bool) -> sqlite3.Connection:
+def refuse_foreign_sqlite(conn: sqlite3.Connection, *, where: str) -> None:
+    """Raise `ConfigurationError` unless the file is an Onward database (it has the ledger).
+
+    A file of another program, or no SQLite file at all, is named as such in one line, so a
+    mistyped ``ONWARD_SQLITE_PATH`` is not reported as an Onward schema to migrate.
+    """
+    try:
+        ledger = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'onward_schema_migrations'"
+        ).fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise ConfigurationError(f"{where}: not an Onward database ({exc})") from exc
+    if ledger is None:
+        raise ConfigurationError(
+            f"{where}: not an Onward database (no onward_schema_migrations table); point "
+            "ONWARD_SQLITE_PATH at the file the runs were written to"
+        )
+
+
+def check_onward_sqlite(path: Path) -> None:
+    """Raise `ConfigurationError` unless ``path`` is an Onward database; change nothing in it.
+
+    For commands about runs that already exist: a file without the migration ledger holds
+    none, so it is refused rather than migrated.
+    """
+    conn = connect(path, readonly=True)
+    try:
+        refuse_foreign_sqlite(conn, where=str(path))
+    finally:
+        conn.close()
+
+
+def open_sqlite(path: Path, *, migrate: bool, readonly: bool = False) -> sqlite3.Connection:
     """A connection to an embedded store's file, migrated if asked, at this code's version.
 
     What every SQLite store (frontiers, leases, blobs) opens with; run on the store's thread.
+    With ``readonly`` nothing is migrated and nothing written (:func:`connect_readonly`), and a
+    file that is not an Onward database is refused (`ConfigurationError`) rather than read.
     """
-    conn = connect(path)
+    conn = connect(path, readonly=readonly)
     try:
-        if migrate:
+        if readonly:
+            refuse_foreign_sqlite(conn, where=str(path))
+        elif migrate:
             migrate_sqlite(conn)
         verify_sqlite(conn, where=str(path))
     except BaseException:

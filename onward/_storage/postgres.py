@@ -35,22 +35,35 @@ def application_name(schema: str | None) -> str:
 
 
 async def open_pool(
-    dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10
+    dsn: str,
+    *,
+    schema: str | None = None,
+    min_size: int = 1,
+    max_size: int = 10,
+    timeout_s: float | None = None,
 ) -> asyncpg.Pool:
     """A connection pool to a PostgreSQL store, its schema verified before anything uses it.
 
     What every PostgreSQL store opens with: the search path set to ``schema``, driver failures
     translated, and the pool closed again if the schema is not this code's version.
+
+    Args:
+        timeout_s: The longest a connection attempt and each statement may take before it fails
+            (`BackendUnavailableError`); ``None``: asyncpg's 60 s to connect, statements
+            unbounded.
     """
     settings = {"application_name": application_name(schema)}
     if schema:
         settings["search_path"] = schema
+    bounds: dict[str, float] = {}
+    if timeout_s is not None:
+        bounds = {"timeout": timeout_s, "command_timeout": timeout_s}
     with translated("connecting to PostgreSQL"):
         pool = await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, server_settings=settings
+            dsn, min_size=min_size, max_size=max_size, server_settings=settings, **bounds
         )
     try:
-        async with pooled(pool, "verifying schema") as conn:
+        async with pooled(pool, "verifying schema", timeout_s=timeout_s) as conn:
             await verify_postgres(conn)
     except BaseException:
         await pool.close()
@@ -60,7 +73,12 @@ async def open_pool(
 
 @asynccontextmanager
 async def pooled(
-    pool: asyncpg.Pool, context: str, *, run_id: str | None = None, transaction: bool = False
+    pool: asyncpg.Pool,
+    context: str,
+    *,
+    run_id: str | None = None,
+    transaction: bool = False,
+    timeout_s: float | None = None,
 ) -> AsyncIterator[asyncpg.Connection]:
     """A connection from the pool, in a transaction if asked; every driver error translated.
 
@@ -73,9 +91,11 @@ async def pooled(
         context: What the store is doing, in a few words, for the error message.
         run_id: The run concerned, if any.
         transaction: Run the block in one transaction, rolled back if it raises.
+        timeout_s: The longest to wait for a connection (a pool exhausted, or a server that
+            does not answer a new connection); ``None`` waits as long as it takes.
     """
     with translated(context, run_id=run_id):
-        async with pool.acquire() as conn:
+        async with pool.acquire(timeout=timeout_s) as conn:
             try:
                 if not transaction:
                     yield conn

@@ -14,23 +14,54 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from onward.errors import InvalidInputError
+from onward.errors import ConfigurationError, InvalidInputError
 
 from .translate import translate
 
 _T = TypeVar("_T")
 
 
-def connect(path: Path) -> sqlite3.Connection:
+def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit) with the durable settings.
 
     WAL lets readers in other processes work beside a writer; ``synchronous=FULL`` makes a
     committed transaction survive power loss, which write-ahead tool dispatch relies on.
+    With ``readonly`` the connection is :func:`connect_readonly`'s.
     """
+    if readonly:
+        return connect_readonly(path)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=10000")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """A connection that cannot change the file, nor create one, nor leave files beside it.
+
+    Opened as a ``mode=ro`` URI, with no journal-mode switch and ``query_only`` on. SQLite
+    gives a read-only connection to a WAL file its ``-wal`` and ``-shm`` files, creating them
+    if missing and unable to remove them again; so when there is no ``-wal`` file (no
+    connection has the file open for writing, and none left transactions behind) the file is
+    opened ``immutable`` instead, which creates nothing. A writer that starts meanwhile is not
+    seen by this connection: a read-only command shows the file as it was when it opened it.
+
+    Raises:
+        ConfigurationError: No file at ``path``.
+    """
+    if not path.is_file():
+        raise ConfigurationError(f"{path}: no such database file")
+    uri = f"{path.absolute().as_uri()}?mode=ro"
+    if not Path(f"{path}-wal").exists():
+        uri += "&immutable=1"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA query_only=ON")
         conn.execute("PRAGMA busy_timeout=10000")
     except BaseException:
         conn.close()

@@ -20,12 +20,18 @@ import asyncpg
 
 from onward.errors import InvalidInputError
 
+from .logs import one_line_driver_logs
 from .migrations import open_sqlite, verify_postgres, verify_sqlite
 from .postgres import open_pool, pooled
 from .sqlite import SqliteThread
 from .translate import translated
 
 _T = TypeVar("_T")
+
+BACKEND_TIMEOUT_S = 30.0
+"""How long one call to a server (PostgreSQL, Redis, Kafka) may wait by default before it fails
+with a retryable `BackendUnavailableError`: a run stops instead of hanging on a silent server,
+and a resume once the server is back carries it on. ``ONWARD_BACKEND_TIMEOUT`` sets it."""
 
 
 @runtime_checkable
@@ -75,6 +81,7 @@ class Resource:
         """Connect. Starting a started object does nothing; a failed start leaves nothing open."""
         if self.is_open:
             return
+        one_line_driver_logs()
         try:
             await self._connect()
         except BaseException:
@@ -108,14 +115,19 @@ class SqliteStore(Resource):
         migrate: Apply the SQLite migrations on :meth:`start`, so embedded mode needs no setup.
             With ``False`` the file must already be migrated (``onward db migrate``), and a file
             that is not is refused rather than changed.
+        readonly: Open the file read-only and change nothing in it (no migration, no journal
+            mode switch, no file created beside it), for commands that only read; a missing
+            file or one that is not an Onward database is a `ConfigurationError`. Every write
+            then fails.
     """
 
     what: ClassVar[str] = "store"
     """What the store is ("lease store"), for messages."""
 
-    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+    def __init__(self, path: str | Path, *, migrate: bool = True, readonly: bool = False) -> None:
         self._path = Path(path)
-        self._migrate = migrate
+        self._migrate = migrate and not readonly
+        self._readonly = readonly
         self._db = SqliteThread(self._path, self.what)
 
     @property
@@ -133,7 +145,12 @@ class SqliteStore(Resource):
 
     def _open(self) -> sqlite3.Connection:
         """Open the connection; runs on the store's thread."""
-        return open_sqlite(self._path, migrate=self._migrate)
+        return open_sqlite(self._path, migrate=self._migrate, readonly=self._readonly)
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the store was opened to read only."""
+        return self._readonly
 
     async def verify(self) -> None:
         """Check the file is still at this code's schema version.
@@ -158,18 +175,28 @@ class PostgresStore(Resource):
             server's default. The tables come from ``onward db migrate``.
         min_size: Smallest pool size.
         max_size: Largest pool size.
+        timeout_s: The longest a connection attempt, a wait for a pooled connection or one
+            statement may take before it fails with `BackendUnavailableError`
+            (`BACKEND_TIMEOUT_S` by default); ``None`` waits as long as the server takes.
     """
 
     what: ClassVar[str] = "PostgreSQL store"
     """What the store is ("PostgreSQL lease store"), for messages."""
 
     def __init__(
-        self, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10
+        self,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
     ) -> None:
         self._dsn = dsn
         self._schema = schema
         self._min_size = min_size
         self._max_size = max_size
+        self._timeout_s = timeout_s
         self._pool: asyncpg.Pool | None = None
 
     @property
@@ -184,7 +211,11 @@ class PostgresStore(Resource):
             BackendUnavailableError: PostgreSQL could not be reached.
         """
         self._pool = await open_pool(
-            self._dsn, schema=self._schema, min_size=self._min_size, max_size=self._max_size
+            self._dsn,
+            schema=self._schema,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            timeout_s=self._timeout_s,
         )
         await self._started()
 
@@ -206,7 +237,13 @@ class PostgresStore(Resource):
         self, context: str, run_id: str | None = None, *, transaction: bool = False
     ) -> AbstractAsyncContextManager[asyncpg.Connection]:
         """A pooled connection (in a transaction if asked) whose driver errors are translated."""
-        return pooled(self._live_pool(), context, run_id=run_id, transaction=transaction)
+        return pooled(
+            self._live_pool(),
+            context,
+            run_id=run_id,
+            transaction=transaction,
+            timeout_s=self._timeout_s,
+        )
 
     async def _run(
         self,

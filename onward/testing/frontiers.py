@@ -13,7 +13,7 @@ import msgspec
 import pytest_asyncio
 
 from onward.eventlog.events import Message
-from onward.projections.base import FrontierStore, Snapshot
+from onward.projections.base import FrontierStore, QuarantineEntry, Snapshot, released_mark
 from onward.projections.frontier import CallState, Frontier, ToolCallRow
 from onward.projections.transcript import TranscriptRow
 
@@ -64,6 +64,19 @@ def call_row(run_id: str, call_id: str, *, through: int, outcome: str | None) ->
         outcome=outcome,  # type: ignore[arg-type]
         latency_us=50 if outcome else None,
         through_offset=through,
+    )
+
+
+def poison(run_id: str | None, *, offset: int, partition: int = 1) -> QuarantineEntry:
+    """A quarantine entry for an unreadable record of ``run_id`` at ``offset``."""
+    return QuarantineEntry(
+        run_id=run_id,
+        tenant="acme",
+        partition=partition,
+        offset=offset,
+        kind="run.exploded",
+        reason=f"run {run_id!r} seq 3: unreadable event record: Invalid value - at `$.kind`",
+        quarantined_at=1_000 + offset,
     )
 
 
@@ -267,12 +280,124 @@ class FrontierStoreConformance:
         assert row is not None
         assert row.frontier == written
 
+    # -- quarantine ------------------------------------------------------------------------
+
+    async def test_quarantine_entries_are_written_with_the_positions(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        entry = poison(run_id, offset=8)
+        await store.write(
+            CONSUMER, {1: 9}, [Snapshot.of(frontier(run_id, through=7))], [], quarantine=[entry]
+        )
+        assert await store.quarantined(CONSUMER) == [entry]
+        assert await store.positions(CONSUMER) == {1: 9}
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.quarantined == entry.mark
+        assert "offset 8" in entry.mark
+        assert row.frontier is None  # not the run's whole story: readers fold the log
+        assert row.set_aside == frontier(run_id, through=7)
+        assert row.summary.through_offset == 7
+        assert (await store.load([run_id]))[run_id] == row
+
+    async def test_a_readable_run_has_no_mark(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        await store.write(CONSUMER, {1: 2}, [Snapshot.of(frontier(run_id, through=1))], [])
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.quarantined is None
+        assert await store.quarantined(CONSUMER) == []
+
+    async def test_a_newer_snapshot_keeps_the_mark(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        entry = poison(run_id, offset=4)
+        await store.write(
+            CONSUMER, {}, [Snapshot.of(frontier(run_id, through=3))], [], quarantine=[entry]
+        )
+        await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=5))], [])
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.quarantined == entry.mark
+
+    async def test_quarantine_lists_by_run_state_and_consumer(self, store: FrontierStore) -> None:
+        a, b = new_run_id("a"), new_run_id("b")
+        entries = [poison(a, offset=3), poison(b, offset=5), poison(None, offset=6)]
+        await store.write(CONSUMER, {1: 7}, [], [], quarantine=entries)
+        assert await store.quarantined(CONSUMER, run_id=b) == [entries[1]]
+        assert await store.quarantined(CONSUMER, states={"released"}) == []
+        assert [e.offset for e in await store.quarantined(CONSUMER, states={"held"})] == [3, 5, 6]
+        assert await store.quarantined("another") == []
+
+    async def test_release_marks_entries_released_and_says_so_on_the_row(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        entry = poison(run_id, offset=8)
+        await store.write(
+            CONSUMER, {1: 9}, [Snapshot.of(frontier(run_id, through=7))], [], quarantine=[entry]
+        )
+        assert await store.release(CONSUMER, run_id, by="ops", at=5_000) == 1
+        (released,) = await store.quarantined(CONSUMER, run_id=run_id)
+        assert (released.state, released.released_by, released.released_at) == (
+            "released",
+            "ops",
+            5_000,
+        )
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.quarantined == released_mark("ops")
+        assert await store.release(CONSUMER, run_id, by="ops", at=6_000) == 0
+
+    async def test_releasing_a_run_never_held_releases_nothing(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=1))], [])
+        assert await store.release(CONSUMER, run_id, by="ops", at=1) == 0
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.quarantined is None
+
+    async def test_a_cleared_run_loses_its_mark_with_the_write(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        entry = poison(run_id, offset=8)
+        await store.write(
+            CONSUMER, {1: 9}, [Snapshot.of(frontier(run_id, through=7))], [], quarantine=[entry]
+        )
+        await store.release(CONSUMER, run_id, by="ops", at=5_000)
+        refolded = Snapshot.of(frontier(run_id, through=12, iteration=3))
+        await store.write(CONSUMER, {1: 13}, [refolded], [], cleared=[run_id])
+        (cleared,) = await store.quarantined(CONSUMER, run_id=run_id)
+        assert cleared.state == "cleared"
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.quarantined is None
+        assert row.frontier == refolded.frontier
+        assert await store.positions(CONSUMER) == {1: 13}
+
+    async def test_a_record_still_unreadable_is_held_again(self, store: FrontierStore) -> None:
+        run_id = new_run_id()
+        entry = poison(run_id, offset=8)
+        await store.write(
+            CONSUMER, {}, [Snapshot.of(frontier(run_id, through=7))], [], quarantine=[entry]
+        )
+        await store.release(CONSUMER, run_id, by="ops", at=5_000)
+        again = poison(run_id, offset=8)
+        await store.write(CONSUMER, {}, [], [], quarantine=[again], cleared=[run_id])
+        (held,) = await store.quarantined(CONSUMER, run_id=run_id)
+        assert held.state == "held"
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.quarantined == again.mark
+        assert await store.release(CONSUMER, run_id, by="ops", at=7_000) == 1
+
     async def test_transcript_rows_read_back_by_seq_up_to_the_handle(
         self, store: FrontierStore
     ) -> None:
         run_id = new_run_id()
         rows = [said(run_id, seq, f"m{seq} ünï ✓") for seq in (1, 3, 4, 9)]
-        await store.write(CONSUMER, {1: 10}, [Snapshot.of(frontier(run_id, through=9))], [], rows)
+        await store.write(
+            CONSUMER, {1: 10}, [Snapshot.of(frontier(run_id, through=9))], [], messages=rows
+        )
         assert await store.transcript(run_id, tenant="acme", through=9) == rows
         assert await store.transcript(run_id, tenant="acme", through=4) == rows[:3]
         assert await store.transcript(run_id, tenant="other", through=9) == []
@@ -282,8 +407,9 @@ class FrontierStoreConformance:
         self, store: FrontierStore
     ) -> None:
         run_id = new_run_id()
-        await store.write(CONSUMER, {}, [], [], [said(run_id, 1, "first")])
-        await store.write(CONSUMER, {}, [], [], [said(run_id, 1, "again"), said(run_id, 2, "b")])
+        await store.write(CONSUMER, {}, [], [], messages=[said(run_id, 1, "first")])
+        again = [said(run_id, 1, "again"), said(run_id, 2, "b")]
+        await store.write(CONSUMER, {}, [], [], messages=again)
         got = await store.transcript(run_id, tenant="acme", through=5)
         assert [(r.seq, r.message.content) for r in got] == [(1, "first"), (2, "b")]
 
@@ -291,6 +417,6 @@ class FrontierStoreConformance:
         self, store: FrontierStore
     ) -> None:
         run_id = new_run_id()
-        await store.write("t", {2: 5}, [], [], [said(run_id, 1, "x")])
+        await store.write("t", {2: 5}, [], [], messages=[said(run_id, 1, "x")])
         assert (await store.positions("t"))[2] == 5
         assert len(await store.transcript(run_id, tenant="acme", through=1)) == 1

@@ -1,7 +1,8 @@
 """The `onward` command line: the command tree, one module per area.
 
 ``runs`` (inspect, run --resume, approve, deny, resolve, replay), ``projections`` (projector,
-projections rebuild), ``db`` (migrate, verify), ``schema`` and ``demo``; ``_common`` holds the
+projections rebuild), ``quarantine`` (list, release), ``db`` (migrate, verify), ``schema`` and
+``demo``; ``_common`` holds the
 consoles, the exit codes and the boundary every command runs inside.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from . import db, demo, projections, runs, schema
+from . import db, demo, projections, quarantine, runs, schema
 from ._common import EXIT_USAGE, boundary, error
 
 
@@ -65,8 +66,10 @@ def _add(group: typer.Typer, name: str, command: Callable[..., None]) -> None:
 app = _group("onward", "Onward: an event-sourced durable runtime for agent runs.", cls=_Root)
 db_app = _group("db", "The PostgreSQL schema: migrate and verify.")
 projections_app = _group("projections", "Projections of the event log.")
+quarantine_app = _group("quarantine", "Runs the projector set aside: a record cannot be read.")
 app.add_typer(db_app)
 app.add_typer(projections_app)
+app.add_typer(quarantine_app)
 
 _add(app, "inspect", runs.inspect_command)
 _add(app, "run", runs.run_command)
@@ -76,6 +79,8 @@ _add(app, "resolve", runs.resolve_command)
 _add(app, "replay", runs.replay_command)
 _add(app, "projector", projections.projector_command)
 _add(projections_app, "rebuild", projections.rebuild_command)
+_add(quarantine_app, "list", quarantine.list_command)
+_add(quarantine_app, "release", quarantine.release_command)
 _add(db_app, "migrate", db.migrate_command)
 _add(db_app, "verify", db.verify_command)
 _add(app, "schema", schema.schema_command)

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.text import Text
 
 from onward import errors
-from onward._storage import classify, translate
+from onward._storage import classify, one_line_driver_logs, translate
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.eventlog.events import Message
 from onward.projections.audit import one_line
@@ -136,6 +136,7 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
     def guarded(*args: _P.args, **kwargs: _P.kwargs) -> None:
         # aiokafka logs every refused connection before raising it; the error line says it once.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        one_line_driver_logs()
         tenant = kwargs.get("tenant")
         try:
             command(*args, **kwargs)

@@ -12,6 +12,7 @@ import msgspec
 import typer
 from rich.text import Text
 
+from onward._storage import check_onward_sqlite
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.projections.audit import AuditLine, audit_timeline
 from onward.projections.frontier import Frontier
@@ -68,8 +69,13 @@ class Outcome(StrEnum):
     NEVER_RAN = "never_ran"
 
 
-def with_backends(work: Callable[[Backends], Awaitable[_T]]) -> _T:
-    """Run ``work`` on the configured stores, opened within a bounded connect time."""
+def with_backends(work: Callable[[Backends], Awaitable[_T]], *, readonly: bool = False) -> _T:
+    """Run ``work`` on the configured stores, opened within a bounded connect time.
+
+    With ``readonly`` (the commands that only read) the stores are opened read-only
+    (`open_backends`): nothing in a SQLite file changes, and a file that is not an Onward
+    database is refused.
+    """
     config = load_settings()
 
     async def on_stores() -> _T:
@@ -80,7 +86,11 @@ def with_backends(work: Callable[[Backends], Awaitable[_T]]) -> _T:
                 f"ONWARD_SQLITE_PATH {str(config.sqlite_path)!r} does not exist; point it at "
                 "the database the runs were written to"
             )
-        async with opened(f"the {config.backend} stores", open_backends(config)) as backends:
+        if config.backend == "sqlite":
+            # Nor may another program's file quietly get Onward's tables: it holds no run.
+            check_onward_sqlite(config.sqlite_path)
+        stores = open_backends(config, readonly=readonly)
+        async with opened(f"the {config.backend} stores", stores) as backends:
             return await work(backends)
 
     return asyncio.run(on_stores())
@@ -133,15 +143,15 @@ def _carry_on_hint(run_id: str, tenant: str) -> str:
 def inspect_command(run_id: RunArgument, tenant: TenantOption) -> None:
     """Show where a run stands and what resume would do. Takes no lease, writes nothing.
 
-    Exit 0: shown. 1: no such run. 2: bad command line. 4: the run cannot be read.
-    5: a store failed.
+    Exit 0: shown. 1: no such run. 2: bad command line, or the SQLite file is missing or is
+    not an Onward database. 4: the run cannot be read. 5: a store failed.
     """
 
     async def work(backends: Backends) -> None:
         frontier, lease = await _look(backends, run_id, tenant)
         out.print(run_summary(frontier, lease=lease))
 
-    with_backends(work)
+    with_backends(work, readonly=True)
 
 
 def run_command(
@@ -270,20 +280,30 @@ def replay_command(
         bool, typer.Option("--json", help="JSON lines, one object per event, instead of a table.")
     ] = False,
 ) -> None:
-    """The audit timeline: every stored event of a run in log order, refused ones marked.
+    """The audit timeline: every stored record of a run in log order, refused events and
+    unreadable records marked in place (with their offset and why).
 
-    Exit 0: shown. 1: no such run. 4: a record cannot be read. 5: a store failed.
+    Takes no lease and writes nothing.
+
+    Exit 0: shown. 1: no such run. 2: bad command line, or the SQLite file is missing or is
+    not an Onward database. 5: a store failed.
     """
 
     async def work(backends: Backends) -> list[AuditLine]:
         return await audit_timeline(backends.log, run_id, tenant=tenant)
 
-    lines = with_backends(work)
-    first = lines[0].stored
+    lines = with_backends(work, readonly=True)
+    first = next(line.stored for line in lines if line.stored is not None)
     if first.event.seq > 1:
         error(
             f"run {run_id!r}: the events before seq {first.event.seq} (offset "
             f"{first.position.offset}) were compacted away; the timeline starts there"
+        )
+    holes = [line.position.offset for line in lines if line.unreadable is not None]
+    if holes:
+        error(
+            f"run {run_id!r}: {len(holes)} record(s) cannot be read (offset "
+            f"{', '.join(map(str, holes))}); inspect and resume refuse the run until they can"
         )
     if as_json:
         for line in lines:

@@ -158,12 +158,14 @@ def carried(result: RunResult, worker: str) -> Group:
 
 
 def audit_table(run_id: str, tenant: str, lines: Sequence[AuditLine]) -> Table:
-    """The audit timeline as a table: one row per stored event, refused ones marked."""
+    """The audit timeline as a table: one row per stored record, refused and unreadable ones
+    marked."""
     refused = sum(1 for line in lines if line.refused is not None)
-    table = Table(
-        title=f"run {run_id} ({tenant}): {len(lines)} events, {refused} refused",
-        title_justify="left",
-    )
+    unreadable = sum(1 for line in lines if line.unreadable is not None)
+    title = f"run {run_id} ({tenant}): {len(lines) - unreadable} events, {refused} refused"
+    if unreadable:
+        title += f", {unreadable} unreadable record(s)"
+    table = Table(title=title, title_justify="left")
     table.add_column("offset", justify="right")
     table.add_column("seq", justify="right")
     table.add_column("fence", justify="right")
@@ -171,6 +173,18 @@ def audit_table(run_id: str, tenant: str, lines: Sequence[AuditLine]) -> Table:
     table.add_column("what", overflow="fold")
     table.add_column("counted", no_wrap=True)
     for line in lines:
+        if line.stored is None:
+            bad = line.unreadable
+            assert bad is not None
+            table.add_row(
+                str(bad.position.offset),
+                str(bad.error.seq) if bad.error.seq is not None else "?",
+                "?",
+                bad.kind or "?",
+                Text(f"unreadable record: {bad.reason}", style="red"),
+                Text("UNREADABLE", style="bold red"),
+            )
+            continue
         event = line.stored.event
         what = Text(describe_event(event))
         verdict = Text("yes")

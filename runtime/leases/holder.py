@@ -18,7 +18,12 @@ it still writes under the old fence is refused by readers anyway). If the store 
 reached, renewal is retried until the lease must have lapsed, and then ``fenced`` is set too.
 
 The lease is released on the way out of the block, whether it ends normally, with an exception
-or by cancellation, so the next worker need not wait out the ttl.
+or by cancellation, so the next worker need not wait out the ttl. A release the store fails
+(`BackendError`: the server is down, the SQLite disk is full) is tried again in the background
+every `RELEASE_RETRY_S` until it succeeds or the lease must have lapsed anyway (one ttl), so a
+worker that cannot write lets go of its run as soon as the store takes writes again. That needs
+the process, and the event loop, to live on: a process that exits at once (a command-line
+`onward run --resume`) leaves the lease to lapse after its ttl (five minutes by default).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Self
 
-from onward.errors import FencedError, InvalidInputError, OnwardError
+from onward.errors import BackendError, FencedError, InvalidInputError, OnwardError
 
 from .base import LeasePolicy, LeaseStore, RunLease
 
@@ -37,6 +42,12 @@ logger = logging.getLogger(__name__)
 
 BACKEND_RETRY_S = 1.0
 """Longest wait between renewal attempts while the store is failing (shorter near the end)."""
+
+RELEASE_RETRY_S = 0.5
+"""Wait between attempts to hand back a lease whose release failed with a store error."""
+
+_RELEASING: set[asyncio.Task[None]] = set()
+"""Background releases in flight, kept referenced until they end."""
 
 
 class Leaseholder:
@@ -55,6 +66,8 @@ class Leaseholder:
     Attributes:
         fenced: Set once the lease is known to be lost (a renewal raised `FencedError`, or the
             store stayed unreachable until the lease must have lapsed).
+        releasing: The background task retrying a release the store failed, while it runs
+            (``None`` when the release succeeded at once).
     """
 
     def __init__(
@@ -84,6 +97,7 @@ class Leaseholder:
         self._held = False
         self._renewing = asyncio.Lock()
         self._renewal: asyncio.Task[None] | None = None
+        self.releasing: asyncio.Task[None] | None = None
 
     @property
     def lease(self) -> RunLease:
@@ -207,9 +221,10 @@ class Leaseholder:
             except OnwardError as exc:
                 lapses = granted + ttl_s
                 if loop.time() >= lapses:
-                    logger.exception(
-                        "run %r: lease must have lapsed; the store stayed unreachable",
+                    logger.warning(
+                        "run %r: lease must have lapsed; the store stayed unreachable: %s",
                         self.run_id,
+                        exc,
                     )
                     self.fenced.set()
                     return
@@ -253,9 +268,10 @@ class Leaseholder:
         """Stop renewing and release the lease.
 
         A `FencedError` from the release is logged and swallowed: the lease was already lost,
-        which ``fenced`` reports. Any other release failure is raised when the block ended
-        normally, and logged when the block is already raising, so it never masks that error
-        (the lease then lapses after its ttl).
+        which ``fenced`` reports. A store error (`BackendError`) starts :attr:`releasing`, which
+        retries the release in the background for up to one ttl. Any release failure is raised
+        when the block ended normally, and logged in one line when the block is already raising,
+        so it never masks that error.
         """
         await self._stop_renewing()
         if not self._held:
@@ -266,9 +282,45 @@ class Leaseholder:
             await self.store.release(self.lease)
         except FencedError as error:
             logger.warning("run %r: lease already lost at release: %s", self.run_id, error)
-        except OnwardError:
+        except OnwardError as error:
+            retrying = isinstance(error, BackendError)
+            if retrying:
+                self._release_later(self.lease)
             if exc is None:
                 raise
-            logger.exception(
-                "run %r: releasing the lease failed; it lapses after its ttl", self.run_id
+            logger.warning(
+                "run %r: releasing the lease failed (%s); %s",
+                self.run_id,
+                error,
+                "retrying in the background" if retrying else "it lapses after its ttl",
             )
+
+    def _release_later(self, lease: RunLease) -> None:
+        """Start retrying the release of ``lease`` in the background (:attr:`releasing`)."""
+        task = asyncio.create_task(
+            self._retry_release(lease), name=f"onward-lease-release:{self.run_id}"
+        )
+        _RELEASING.add(task)
+        task.add_done_callback(_RELEASING.discard)
+        self.releasing = task
+
+    async def _retry_release(self, lease: RunLease) -> None:
+        """Release ``lease`` once the store takes writes again; give up once it must have lapsed.
+
+        Stops at the first answer that is not a store error: released, superseded (another
+        worker took the lapsed lease), or the store closed by its owner.
+        """
+        loop = asyncio.get_running_loop()
+        lapsed = loop.time() + self.policy.ttl_s
+        while loop.time() < lapsed:
+            await asyncio.sleep(min(RELEASE_RETRY_S, max(0.0, lapsed - loop.time())))
+            try:
+                await self.store.release(lease)
+            except BackendError:
+                continue
+            except OnwardError as error:
+                logger.info("run %r: lease not released in the background: %s", self.run_id, error)
+                return
+            logger.info("run %r: lease released once the store took writes again", self.run_id)
+            return
+        logger.warning("run %r: the store never took the release; the lease lapsed", self.run_id)

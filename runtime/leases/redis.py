@@ -25,6 +25,7 @@ deployment rather than Redis Cluster.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from importlib.resources import files
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from onward._storage import Resource, translated
+from onward._storage import BACKEND_TIMEOUT_S, Resource, translated
 from onward.errors import (
     ConfigurationError,
     InvalidInputError,
@@ -62,12 +63,24 @@ class RedisLeaseStore(Resource):
     Args:
         url: ``redis://host:port/db`` (or ``rediss://`` for TLS).
         prefix: Put before every key, so several deployments (or tests) can share one Redis.
+        max_connections: Largest connection pool.
+        timeout_s: The longest one call may wait for Redis (connecting, a pooled connection,
+            the answer) before it fails with `BackendUnavailableError`; ``BACKEND_TIMEOUT_S``
+            by default, ``None`` waits as long as Redis takes.
     """
 
-    def __init__(self, url: str, *, prefix: str = "onward:", max_connections: int = 64) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "onward:",
+        max_connections: int = 64,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
+    ) -> None:
         self._url = url
         self.prefix = prefix
         self._max_connections = max_connections
+        self._timeout_s = timeout_s
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
 
@@ -81,7 +94,12 @@ class RedisLeaseStore(Resource):
             # A blocking pool: a thousand runs renewing at once wait for one of a bounded set of
             # connections instead of failing with "too many connections".
             pool = aioredis.BlockingConnectionPool.from_url(
-                self._url, max_connections=self._max_connections, timeout=30, decode_responses=True
+                self._url,
+                max_connections=self._max_connections,
+                timeout=self._timeout_s,
+                socket_timeout=self._timeout_s,
+                socket_connect_timeout=self._timeout_s,
+                decode_responses=True,
             )
             client = aioredis.Redis(connection_pool=pool)
         except ValueError as exc:
@@ -89,7 +107,8 @@ class RedisLeaseStore(Resource):
         self._client = client
         self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
         with translated("connecting to Redis"):
-            await client.ping()
+            async with asyncio.timeout(self._timeout_s):
+                await client.ping()
 
     def lease_key(self, run_id: str) -> str:
         """The hash holding a run's lease."""
@@ -106,8 +125,10 @@ class RedisLeaseStore(Resource):
                 "the Redis lease store is not open; use `await RedisLeaseStore.open(url)` or "
                 "`async with`"
             )
+        # The client retries a lost connection by itself; the bound covers its retries too.
         with translated(f"running {name}.lua", run_id=run_id):
-            return await self._scripts[name](keys=keys, args=args)
+            async with asyncio.timeout(self._timeout_s):
+                return await self._scripts[name](keys=keys, args=args)
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
         """Take a run's lease, raising its fence.

@@ -21,7 +21,8 @@ CREATE TABLE onward_frontiers_{build} (
     through_offset bigint NOT NULL,
     updated_at bigint NOT NULL,
     payload bytea,
-    snapshot_error text
+    snapshot_error text,
+    quarantined text
 ) WITH (fillfactor = 70);
 CREATE INDEX onward_frontiers_{build}_by_tenant_status ON onward_frontiers_{build} (tenant, status);
 

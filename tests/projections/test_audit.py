@@ -29,10 +29,11 @@ async def superseded() -> MemoryEventLog:
 
 async def test_every_stored_event_is_listed_with_the_refused_one_marked() -> None:
     lines = await audit_timeline(await superseded(), "run-1", tenant="acme")
-    verdicts = [(line.stored.event.seq, line.refused is not None) for line in lines]
+    verdicts = [(line.stored.event.seq, line.refused is not None) for line in lines if line.stored]
     assert verdicts == [(1, False), (2, False), (3, True), (3, False)]
     refused = lines[2].as_json()
     assert (refused["kind"], refused["reason"]) == ("tool.dispatched", "superseded_fence")
+    assert lines[2].stored is not None
     assert describe_event(lines[2].stored.event) == "z book, key k"
 
 

@@ -38,7 +38,7 @@ class ScriptedStore(MemoryFrontierStore):
         if not gated:
             self.gate.set()
 
-    async def write(self, *args: Any) -> None:  # the store's arguments, passed on as they are
+    async def write(self, *args: Any, **options: Any) -> None:  # passed on as they are
         self.started += 1
         for _ in range(self.turns):
             await asyncio.sleep(0)
@@ -47,7 +47,7 @@ class ScriptedStore(MemoryFrontierStore):
             self.failures -= 1
             raise BackendUnavailableError("the store went away")
         self.writes += 1
-        await super().write(*args)
+        await super().write(*args, **options)
 
 
 async def filled_log(

@@ -1,9 +1,10 @@
 """Every command against a store that fails: the documented exit code, one line, no traceback.
 
 Each case runs ``python -m onward`` as its own process against the real servers with one of
-them made unusable: PostgreSQL on a closed port or with a wrong password, Kafka or Redis on a
-closed port. The other stores are real and ready (an existing topic, a migrated schema), so the
-failure is the one the case names.
+them made unusable: PostgreSQL on a closed port or with a wrong password, Kafka on a closed
+port, Redis on a closed port or with a user and password it does not know. The other stores
+are real and ready (an existing topic, a migrated schema), so the failure is the one the case
+names.
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ COMMANDS: dict[str, list[str]] = {
     "replay": ["replay", *RUN],
     "run-resume": ["run", "--resume", *RUN, *AGENT],
     "approve": ["approve", *RUN[:1], "p", *RUN[1:], "--by", "ann"],
+    "deny": ["deny", *RUN[:1], "p", *RUN[1:], "--by", "ann"],
+    "resolve": [
+        "resolve",
+        *RUN[:1],
+        "b",
+        *RUN[1:],
+        *("--outcome", "never_ran", "--by", "ann", "--why", "checked"),
+    ],
 }
 USES: dict[str, set[str]] = {
     "db-migrate": {"postgres"},
@@ -49,7 +58,7 @@ USES: dict[str, set[str]] = {
     "projector": {"kafka", "postgres"},
     "projections-rebuild": {"kafka", "postgres"},
     **{name: {"kafka", "postgres", "redis"} for name in ("inspect", "replay", "run-resume")},
-    "approve": {"kafka", "postgres", "redis"},
+    **{name: {"kafka", "postgres", "redis"} for name in ("approve", "deny", "resolve")},
 }
 FAULTS: dict[str, tuple[str, int]] = {
     # fault: (the store it breaks, the documented exit code)
@@ -57,6 +66,7 @@ FAULTS: dict[str, tuple[str, int]] = {
     "postgres-wrong-password": ("postgres", 2),
     "kafka-closed-port": ("kafka", 5),
     "redis-closed-port": ("redis", 5),
+    "redis-wrong-password": ("redis", 2),
 }
 CASES = [
     pytest.param(command, fault, id=f"{command}-{fault}")
@@ -96,6 +106,10 @@ class Deployment:
             env["KAFKA_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{closed_port}"
         elif fault == "redis-closed-port":
             env["REDIS_URL"] = f"redis://127.0.0.1:{closed_port}/0"
+        elif fault == "redis-wrong-password":
+            parts = urlsplit(self.redis_url)
+            netloc = f"onward-nobody:not-the-password@{parts.hostname}:{parts.port or 6379}"
+            env["REDIS_URL"] = urlunsplit(parts._replace(netloc=netloc))
         return env
 
 

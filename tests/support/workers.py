@@ -21,7 +21,7 @@ from typing import Any, Self
 
 from onward.errors import FencedError, ResumeConflictError
 from onward.eventlog import Event, KafkaEventLog, Position, StoredEvent, ToolCall, kind_of
-from onward.eventlog.base import EventLog, PartitionBounds
+from onward.eventlog.base import EventLog, LogRecord, PartitionBounds
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.leases import LeasePolicy, LeaseStore, PostgresLeaseStore, RedisLeaseStore
@@ -110,6 +110,18 @@ class CountingLog:
     ) -> list[StoredEvent]:
         self.reads += 1
         return await self.inner.read_partition(partition, start, end, limit=limit)
+
+    async def read_records(
+        self,
+        partition: int,
+        start: int | None = None,
+        end: int | None = None,
+        *,
+        run_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[LogRecord]:
+        self.reads += 1
+        return await self.inner.read_records(partition, start, end, run_id=run_id, limit=limit)
 
     async def bounds(self, partition: int) -> PartitionBounds:
         return await self.inner.bounds(partition)

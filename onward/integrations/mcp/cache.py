@@ -1,0 +1,272 @@
+"""The Redis cache of MCP tool schemas, keyed by run: what makes a resume warm.
+
+A run's first toolset lists every server's tools and stores the listings under
+``{prefix}{run_id}`` (a Redis hash, one field per server, default prefix
+``onward:mcp:schema:``) with a TTL. A resume of that run reads them back instead of calling
+``tools/list`` on each server; the agent's revision comes out the same because the tools are
+built from the same JSON either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import redis.asyncio as redis_asyncio
+import redis.exceptions as redis_errors
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from onward._storage import Resource, translate
+from onward.errors import ConfigurationError, InvalidInputError
+
+_log = logging.getLogger("onward.integrations.mcp")
+
+DEFAULT_PREFIX = "onward:mcp:schema:"
+FORMAT = 1
+
+
+class MCPSettings(BaseSettings):
+    """MCP settings read from the environment.
+
+    Attributes:
+        redis_url: ``REDIS_URL``; where the schema cache lives.
+        schema_cache_enabled: ``MCP_SCHEMA_CACHE_ENABLED``; unset means on when ``REDIS_URL``
+            is set, off otherwise. ``true`` without ``REDIS_URL`` is a `ConfigurationError`.
+        schema_cache_ttl_hours: ``MCP_SCHEMA_CACHE_TTL_HOURS`` (default 24); how long a run's
+            schemas stay cached after they were last written or read.
+        schema_cache_prefix: ``MCP_SCHEMA_CACHE_PREFIX`` (default ``onward:mcp:schema:``);
+            the run id is appended to it.
+    """
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
+    schema_cache_enabled: bool | None = Field(
+        default=None, validation_alias="MCP_SCHEMA_CACHE_ENABLED"
+    )
+    schema_cache_ttl_hours: float = Field(
+        default=24.0, gt=0, validation_alias="MCP_SCHEMA_CACHE_TTL_HOURS"
+    )
+    schema_cache_prefix: str = Field(
+        default=DEFAULT_PREFIX, min_length=1, validation_alias="MCP_SCHEMA_CACHE_PREFIX"
+    )
+
+    @property
+    def cache_enabled(self) -> bool:
+        """Whether warm restart is on: explicitly, or because ``REDIS_URL`` is set."""
+        if self.schema_cache_enabled is None:
+            return bool(self.redis_url)
+        return self.schema_cache_enabled
+
+
+def load_mcp_settings() -> MCPSettings:
+    """Read the environment; a bad value is a `ConfigurationError` naming the variable."""
+    try:
+        settings = MCPSettings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigurationError(f"invalid MCP configuration: {problems}") from exc
+    if settings.schema_cache_enabled and not settings.redis_url:
+        raise ConfigurationError(
+            "MCP_SCHEMA_CACHE_ENABLED is true but REDIS_URL is not set; set REDIS_URL or "
+            "MCP_SCHEMA_CACHE_ENABLED=false"
+        )
+    return settings
+
+
+class ServerSchema(msgspec.Struct, frozen=True, kw_only=True):
+    """One server's tool listing, as cached.
+
+    Attributes:
+        endpoint: A digest of what was connected to (command line or URL); a listing for
+            another endpoint under the same server name is not used.
+        server_name: The name the server reported at the handshake.
+        server_version: The version it reported; a new session reporting another one is checked.
+        digest: Hash of the tool list (sorted by name); the schema version compared on reconnect.
+        tools: The tools exactly as the server described them (MCP JSON, camelCase keys).
+    """
+
+    endpoint: str
+    server_name: str
+    server_version: str
+    digest: str
+    tools: tuple[dict[str, Any], ...]
+    format: int = FORMAT
+
+    @classmethod
+    def of(
+        cls,
+        tools: Sequence[Mapping[str, Any]],
+        *,
+        endpoint: str,
+        server_name: str,
+        server_version: str,
+    ) -> ServerSchema:
+        """A listing with its digest computed."""
+        ordered = tuple(sorted((dict(t) for t in tools), key=lambda t: str(t.get("name"))))
+        return cls(
+            endpoint=endpoint,
+            server_name=server_name,
+            server_version=server_version,
+            digest=schema_digest(ordered),
+            tools=ordered,
+        )
+
+
+def schema_digest(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The schema version of a tool list: a hash of its canonical JSON, in name order."""
+    ordered = sorted(tools, key=lambda t: str(t.get("name")))
+    return hashlib.sha256(msgspec.json.encode(ordered, order="sorted")).hexdigest()[:32]
+
+
+_decoder = msgspec.json.Decoder(ServerSchema)
+
+
+class SchemaCache(Resource):
+    """Tool listings of a run's MCP servers in Redis, under ``{prefix}{run_id}``.
+
+    Args:
+        client: A ``redis.asyncio.Redis``. The cache closes it only if it created it
+            (`from_url`, `from_settings`).
+        prefix: Put before the run id.
+        ttl: How long an entry lives after it was last written or read.
+
+    Reads that fail (Redis down, a corrupt entry) count as a miss: the servers are listed
+    instead, which is slower but correct. `forget` raises, since GC wants to know.
+    """
+
+    def __init__(
+        self,
+        client: redis_asyncio.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        ttl: timedelta = timedelta(hours=24),
+        owns_client: bool = False,
+    ) -> None:
+        if ttl <= timedelta(0):
+            raise InvalidInputError(f"the schema cache TTL must be positive, got {ttl}")
+        self.client = client
+        self.prefix = prefix
+        self.ttl = ttl
+        self._owns_client = owns_client
+        self._closed = False
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, prefix: str = DEFAULT_PREFIX, ttl: timedelta = timedelta(hours=24)
+    ) -> SchemaCache:
+        """A cache on its own Redis connection pool, closed with the cache."""
+        return cls(redis_asyncio.Redis.from_url(url), prefix=prefix, ttl=ttl, owns_client=True)
+
+    @classmethod
+    def from_settings(cls, settings: MCPSettings | None = None) -> SchemaCache | None:
+        """The cache the environment asks for, or ``None`` when warm restart is off."""
+        settings = settings or load_mcp_settings()
+        if not settings.cache_enabled or not settings.redis_url:
+            return None
+        return cls.from_url(
+            settings.redis_url,
+            prefix=settings.schema_cache_prefix,
+            ttl=timedelta(hours=settings.schema_cache_ttl_hours),
+        )
+
+    def key(self, run_id: str) -> str:
+        """The Redis key of a run's entry."""
+        return f"{self.prefix}{run_id}"
+
+    async def load(self, run_id: str) -> dict[str, ServerSchema]:
+        """The cached listings of a run by server name (empty on a miss); renews the TTL."""
+        key = self.key(run_id)
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hgetall(key)
+                pipe.pexpire(key, self.ttl)
+                raw, _ = await pipe.execute()
+        except (redis_errors.RedisError, OSError) as exc:
+            _log_miss(run_id, translate(exc, context=f"reading MCP schemas at {key}"))
+            return {}
+        found: dict[str, ServerSchema] = {}
+        for field, value in raw.items():
+            name = field.decode() if isinstance(field, bytes) else str(field)
+            try:
+                schema = _decoder.decode(value)
+            except msgspec.DecodeError as exc:
+                _log_miss(run_id, exc)
+                continue
+            if schema.format == FORMAT:
+                found[name] = schema
+        return found
+
+    async def store(self, run_id: str, schemas: Mapping[str, ServerSchema]) -> None:
+        """Write (or replace) the listings of some of a run's servers and renew the TTL.
+
+        A failed write is logged, not raised: the run goes on, its next resume is cold.
+        """
+        if not schemas:
+            return
+        key = self.key(run_id)
+        mapping = {name: msgspec.json.encode(schema) for name, schema in schemas.items()}
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
+                pipe.pexpire(key, self.ttl)
+                await pipe.execute()
+        except (redis_errors.RedisError, OSError) as exc:
+            _log.warning(
+                "run %r: MCP schemas not cached: %s",
+                run_id,
+                translate(exc, context=f"writing {key}"),
+            )
+
+    async def forget(self, run_id: str) -> bool:
+        """Remove a run's entry (for GC, when the run is finished or deleted).
+
+        Returns:
+            Whether there was an entry.
+
+        Raises:
+            BackendError: Redis failed (`BackendUnavailableError` if it did not answer).
+        """
+        key = self.key(run_id)
+        try:
+            removed = await self.client.delete(key)
+        except (redis_errors.RedisError, OSError) as exc:
+            raise translate(exc, context=f"removing {key}", run_id=run_id) from exc
+        return bool(removed)
+
+    @property
+    def is_open(self) -> bool:
+        """Whether `close` has not been called (the client connects on first use)."""
+        return not self._closed
+
+    async def close(self) -> None:
+        """Close the Redis client if this cache created it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            await self.client.aclose()
+
+
+async def forget_schemas(run_id: str, *, settings: MCPSettings | None = None) -> bool:
+    """GC hook: remove a run's cached MCP schemas, using the environment's settings.
+
+    Returns:
+        Whether there was an entry (``False`` too when warm restart is off).
+    """
+    cache = SchemaCache.from_settings(settings)
+    if cache is None:
+        return False
+    async with cache:
+        return await cache.forget(run_id)
+
+
+def _log_miss(run_id: str, reason: object) -> None:
+    _log.warning("run %r: MCP schema cache not used, listing the servers: %s", run_id, reason)

@@ -1,0 +1,314 @@
+"""MCP server declarations and the connection that holds one session to a server.
+
+A session lives in a task of its own: the SDK's transports are anyio task groups, which must be
+entered and left by the same task, while tool calls arrive from whichever task the runner uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import shlex
+import sys
+from asyncio import FIRST_COMPLETED
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx2
+import mcp_types as types
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from onward.errors import BackendUnavailableError, ConfigurationError
+from onward.runtime.tools import Reconcile
+
+_log = logging.getLogger("onward.integrations.mcp")
+
+_CLOSE_TIMEOUT = 10.0
+"""Seconds a session gets to shut down (the SDK's stdio shutdown bounds itself at a few)."""
+
+TransportStreams = tuple[Any, Any]
+"""The read and write streams a transport yields (the SDK's own alias is private)."""
+
+IDEMPOTENCY_META_KEY = "onward/idempotency-key"
+"""The ``_meta`` key of every ``tools/call`` that carries the call's idempotency key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOptions:
+    """What the MCP server cannot say about one of its tools; given by the user.
+
+    Attributes:
+        retry_safe: Calling it twice is harmless. ``None`` takes it from the tool's MCP
+            annotations when the server's ``trust_annotations`` is on (``readOnlyHint`` or
+            ``idempotentHint`` true), else ``False``.
+        requires_approval: A person approves each call before it is dispatched.
+        reconcile: The tool's status check for calls resume cannot decide.
+    """
+
+    retry_safe: bool | None = None
+    requires_approval: bool = False
+    reconcile: Reconcile | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Server:
+    name: str
+    tools: Mapping[str, ToolOptions] = field(default_factory=dict)
+    prefix: str = ""
+    key_argument: str | None = None
+    trust_annotations: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigurationError("an MCP server needs a name")
+
+    @property
+    def where(self) -> str:  # pragma: no cover - both kinds override it
+        """Where the server is, for messages: no arguments, query strings or credentials."""
+        raise NotImplementedError
+
+    @property
+    def endpoint(self) -> str:  # pragma: no cover - both kinds override it
+        """A digest of what is connected to; a cached listing for another endpoint is unused."""
+        raise NotImplementedError
+
+    def transport(self) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
+        raise NotImplementedError  # pragma: no cover
+
+
+@dataclass(frozen=True, kw_only=True)
+class StdioServer(_Server):
+    """An MCP server Onward starts as a subprocess and talks to over stdin/stdout.
+
+    Attributes:
+        name: Onward's name for the server: in errors, logs and the schema cache.
+        command: The executable.
+        args: Its arguments.
+        env: Extra environment variables (the SDK passes only a safe few of ours through).
+        cwd: Its working directory.
+        errlog: Where its stderr goes (default: this process's stderr).
+        tools: Options by MCP tool name (`ToolOptions`); a name the server does not have is a
+            `ConfigurationError`.
+        prefix: Put before each of its tool names, to keep names apart across servers.
+        key_argument: Also pass the idempotency key as this argument (and hide it from the
+            model's schema), for servers whose tools take the key as a parameter.
+        trust_annotations: Let ``readOnlyHint``/``idempotentHint`` make a tool `retry_safe`.
+    """
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = field(default=None, repr=False)
+    cwd: str | None = None
+    errlog: TextIO | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def where(self) -> str:
+        """The executable (its arguments may hold secrets)."""
+        return f"command {self.command}"
+
+    @property
+    def endpoint(self) -> str:
+        """A digest of the command line."""
+        return _digest(shlex.join([self.command, *self.args]))
+
+    def transport(self) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
+        parameters = StdioServerParameters(
+            command=self.command,
+            args=list(self.args),
+            env=dict(self.env) if self.env is not None else None,
+            cwd=self.cwd,
+        )
+        return stdio_client(parameters, errlog=self.errlog or sys.stderr)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpServer(_Server):
+    """An MCP server reached over streamable HTTP.
+
+    Attributes:
+        name: Onward's name for the server: in errors, logs and the schema cache.
+        url: Its endpoint (``https://host/mcp``).
+        headers: Sent with every request (authorization, for instance).
+        timeout_seconds: Connect and write timeout; reads may wait for a long tool.
+        tools: Options by MCP tool name, as for `StdioServer`.
+        prefix: Put before each of its tool names.
+        key_argument: Also pass the idempotency key as this argument.
+        trust_annotations: Let ``readOnlyHint``/``idempotentHint`` make a tool `retry_safe`.
+    """
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    timeout_seconds: float = 30.0
+
+    @property
+    def where(self) -> str:
+        """The URL without credentials, query or fragment."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+    @property
+    def endpoint(self) -> str:
+        """A digest of the URL."""
+        return _digest(self.url)
+
+    @contextlib.asynccontextmanager
+    async def transport(self) -> AsyncIterator[TransportStreams]:
+        timeout = httpx2.Timeout(self.timeout_seconds, read=300.0)
+        async with (
+            httpx2.AsyncClient(headers=dict(self.headers), timeout=timeout) as client,
+            streamable_http_client(self.url, http_client=client) as streams,
+        ):
+            yield streams
+
+
+ServerConfig = StdioServer | HttpServer
+"""A declared MCP server."""
+
+
+class Connection:
+    """One server's session, opened on demand and held by a task of its own.
+
+    Attributes:
+        sessions: How many sessions were opened (each one is a handshake).
+        tools_changed: The server said its tool list changed (``notifications/tools/
+            list_changed``) since the tools were last listed.
+    """
+
+    def __init__(self, server: ServerConfig, *, connect_timeout: float) -> None:
+        self.server = server
+        self.connect_timeout = connect_timeout
+        self.sessions = 0
+        self.tools_changed = False
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._current: tuple[ClientSession, types.InitializeResult] | None = None
+        self._ready: asyncio.Future[Any] | None = None
+
+    def unavailable(self, exc: BaseException | None, doing: str) -> BackendUnavailableError:
+        """The error naming this server, for a failure of ``doing``."""
+        detail = f": {_describe(exc)}" if exc is not None else ""
+        return BackendUnavailableError(
+            f"MCP server {self.server.name!r} ({self.server.where}): {doing} failed{detail}"
+        )
+
+    @property
+    def is_open(self) -> bool:
+        """Whether a session (and the server process or HTTP session under it) is running."""
+        return self._task is not None and not self._task.done()
+
+    async def session(self) -> tuple[ClientSession, types.InitializeResult, bool]:
+        """The open session, opening one if there is none; the flag says it is new.
+
+        Raises:
+            BackendUnavailableError: The server did not start or did not answer the handshake.
+        """
+        async with self._lock:
+            if self._current is not None and self._task is not None and not self._task.done():
+                return (*self._current, False)
+            await self._stop_task()
+            loop = asyncio.get_running_loop()
+            ready: asyncio.Future[tuple[ClientSession, types.InitializeResult]]
+            ready = self._ready = loop.create_future()
+            self._stop = asyncio.Event()
+            self._task = asyncio.create_task(
+                self._hold(ready, self._stop), name=f"mcp:{self.server.name}"
+            )
+            task = self._task
+            waiting: set[asyncio.Future[Any]] = {ready, task}
+            try:
+                await asyncio.wait(
+                    waiting, timeout=self.connect_timeout, return_when=FIRST_COMPLETED
+                )
+            except asyncio.CancelledError:
+                await self._stop_task()
+                raise
+            if ready.done() and ready.exception() is None:
+                self._current = ready.result()
+            else:
+                failure = ready.exception() if ready.done() else _ended(task)
+                timed_out = not ready.done() and not task.done()
+                await self._stop_task()
+                if timed_out:
+                    raise self.unavailable(
+                        None, f"connecting (no answer within {self.connect_timeout:g}s)"
+                    )
+                raise self.unavailable(failure, "connecting") from failure
+            self.sessions += 1
+            return (*self._current, True)
+
+    async def _hold(
+        self,
+        ready: asyncio.Future[tuple[ClientSession, types.InitializeResult]],
+        stop: asyncio.Event,
+    ) -> None:
+        try:
+            async with (
+                self.server.transport() as (read, write),
+                ClientSession(read, write, message_handler=self._notified) as session,
+            ):
+                initialized = await session.initialize()
+                ready.set_result((session, initialized))
+                await stop.wait()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller waiting on `ready`
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                _log.debug("MCP server %r: session ended: %s", self.server.name, _describe(exc))
+
+    async def _notified(self, message: types.ServerNotification | Exception) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.tools_changed = True
+
+    def drop(self) -> None:
+        """Forget a broken session; the next call opens a new one."""
+        self._current = None
+        self._stop.set()
+
+    async def _stop_task(self) -> None:
+        task, self._task, self._current = self._task, None, None
+        if task is None:
+            return
+        self._stop.set()
+        if self._ready is None or not self._ready.done():
+            task.cancel()  # still in the handshake, which the stop event cannot interrupt
+        _, pending = await asyncio.wait({task}, timeout=_CLOSE_TIMEOUT)
+        if pending:
+            task.cancel()
+            await asyncio.wait({task})
+        if (failure := _ended(task)) is not None:
+            _log.debug("MCP server %r: closing: %s", self.server.name, _describe(failure))
+
+    async def close(self) -> None:
+        """End the session and whatever it started (the server process, the HTTP session)."""
+        async with self._lock:
+            await self._stop_task()
+
+
+def _ended(task: asyncio.Task[None]) -> BaseException | None:
+    """How a finished session task ended: its exception, or ``None`` (cancelled or clean)."""
+    if not task.done() or task.cancelled():
+        return None
+    return task.exception()
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _describe(exc: BaseException | None) -> str:
+    """The innermost useful message, unwrapping the exception groups of anyio task groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if exc is None:
+        return "no detail"
+    text = str(exc) or repr(exc)
+    return f"{type(exc).__name__}: {text}"

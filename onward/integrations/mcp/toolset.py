@@ -1,0 +1,345 @@
+"""`MCPToolset`: the tools of some MCP servers as Onward tools, for one run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
+
+import anyio
+import mcp_types as types
+import pydantic
+from mcp import ClientSession, MCPError
+
+from onward._storage import Resource
+from onward.errors import ConfigurationError, InvalidInputError, OnwardError
+from onward.runtime.tools import Tool
+
+from .cache import SchemaCache, ServerSchema
+from .servers import IDEMPOTENCY_META_KEY, Connection, ServerConfig, ToolOptions
+
+_log = logging.getLogger("onward.integrations.mcp")
+
+_BROKEN = (types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
+
+
+class MCPToolError(OnwardError):
+    """An MCP tool answered with an error (``isError``, or a JSON-RPC error for the call).
+
+    The runner records it as the call's `ToolError` (type ``MCPToolError``), like any tool's
+    exception; the model sees the message.
+
+    Attributes:
+        server: Onward's name for the server.
+        tool: The MCP tool name.
+        content: The result's content blocks (MCP JSON), when there was a result.
+    """
+
+    def __init__(
+        self, message: str, *, server: str, tool: str, content: Sequence[Any] = ()
+    ) -> None:
+        super().__init__(message)
+        self.server = server
+        self.tool = tool
+        self.content = tuple(content)
+
+
+class MCPToolset(Resource):
+    """The tools of some MCP servers, as `Tool`s that go through the runner like any other.
+
+    ``async with MCPToolset(servers, run_id=..., cache=...) as toolset`` (or
+    ``await MCPToolset.open(...)`` and `close`) lists each server's tools, or reads the listings
+    cached for that run, and builds ``toolset.tools``. Calls go through the same write-ahead
+    dispatch, idempotency keys, approvals and redaction as any tool. Each call carries its
+    idempotency key in the request's ``_meta`` under ``onward/idempotency-key`` (and as an
+    argument, for a server with ``key_argument``).
+
+    A call whose connection breaks after the request was sent raises
+    `BackendUnavailableError`, which the runner records as the call's error although the
+    server may have acted on it: tools with side effects should be idempotent on the key.
+
+    Args:
+        servers: The servers, each with a unique ``name``. Tool names must be unique across
+            them (after each server's ``prefix``): a clash is a `ConfigurationError`.
+        run_id: The run these tools serve: the key of its cached schemas. Without it nothing
+            is cached.
+        cache: Where schemas are cached (`SchemaCache.from_settings` reads the environment);
+            ``None`` lists every server on every open.
+        connect_timeout: Seconds a server may take to start and answer the handshake.
+        call_timeout: Seconds a tool call may take; ``None`` waits as long as the tool does.
+
+    Attributes:
+        tools: The tools, in server order, then in the server's name order.
+        warm: Names of the servers whose schemas came from the cache (no ``tools/list``).
+        replaced: Names of the servers whose cached schemas were replaced because a new
+            session reported another version, or the server said its tools changed, and its
+            tool list differed.
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[ServerConfig],
+        *,
+        run_id: str | None = None,
+        cache: SchemaCache | None = None,
+        connect_timeout: float = 10.0,
+        call_timeout: float | None = None,
+    ) -> None:
+        names = [s.name for s in servers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigurationError(f"MCP servers named twice: {twice}")
+        if connect_timeout <= 0:
+            raise InvalidInputError(f"connect_timeout must be positive, got {connect_timeout}")
+        self.servers = tuple(servers)
+        self.run_id = run_id
+        self.cache = cache
+        self.call_timeout = call_timeout
+        self.connections = {
+            s.name: Connection(s, connect_timeout=connect_timeout) for s in self.servers
+        }
+        self.schemas: dict[str, ServerSchema] = {}
+        self.tools: tuple[Tool, ...] = ()
+        self.warm: tuple[str, ...] = ()
+        self.replaced: list[str] = []
+        self._open = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the tools are built and `close` has not been called since."""
+        return self._open
+
+    async def _connect(self) -> None:
+        """Read the cached schemas, list the servers that have none, build the tools.
+
+        Raises:
+            BackendUnavailableError: A server to list did not start or did not answer; the
+                message names it.
+            ConfigurationError: Tool names clash, or options name a tool a server lacks.
+        """
+        cached = await self._cached()
+        self.warm = tuple(name for name in cached if name in self.connections)
+        self.schemas.update(cached)
+        cold = [s for s in self.servers if s.name not in cached]
+        fresh = await self._list_all(cold)
+        self.schemas.update(fresh)
+        self.tools = tuple(self._build())
+        self._open = True
+        if self.cache is not None and self.run_id is not None:
+            await self.cache.store(self.run_id, fresh)
+
+    async def close(self) -> None:
+        """Close every session this toolset opened (stopping stdio servers). Idempotent."""
+        self._open = False
+        await asyncio.gather(*(c.close() for c in self.connections.values()))
+
+    # -- schemas -----------------------------------------------------------------------------
+
+    async def _cached(self) -> dict[str, ServerSchema]:
+        if self.cache is None or self.run_id is None:
+            return {}
+        found = await self.cache.load(self.run_id)
+        return {
+            s.name: found[s.name]
+            for s in self.servers
+            if s.name in found and found[s.name].endpoint == s.endpoint
+        }
+
+    async def _list_all(self, servers: Sequence[ServerConfig]) -> dict[str, ServerSchema]:
+        """List the servers concurrently; the first failure is raised once all have ended."""
+        listed = await asyncio.gather(
+            *(self._first_listing(s) for s in servers), return_exceptions=True
+        )
+        fresh: dict[str, ServerSchema] = {}
+        for server, outcome in zip(servers, listed, strict=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            fresh[server.name] = outcome
+        return fresh
+
+    async def _first_listing(self, server: ServerConfig) -> ServerSchema:
+        connection = self.connections[server.name]
+        session, initialized, _ = await connection.session()
+        return await self._list(connection, session, initialized)
+
+    async def _list(
+        self, connection: Connection, session: ClientSession, initialized: types.InitializeResult
+    ) -> ServerSchema:
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        try:
+            while True:
+                page = await session.list_tools(
+                    params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                )
+                tools.extend(
+                    t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools
+                )
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+        except (MCPError, pydantic.ValidationError, OSError, anyio.BrokenResourceError) as exc:
+            connection.drop()
+            raise connection.unavailable(exc, "listing tools") from exc
+        info = initialized.server_info
+        return ServerSchema.of(
+            tools,
+            endpoint=connection.server.endpoint,
+            server_name=info.name,
+            server_version=info.version,
+        )
+
+    async def _check_version(
+        self, connection: Connection, session: ClientSession, initialized: types.InitializeResult
+    ) -> None:
+        """List again when a new session reports another server version or the server said its
+        tools changed; replace the cached listing if the tools differ."""
+        server = connection.server
+        known = self.schemas[server.name]
+        info = initialized.server_info
+        changed, connection.tools_changed = connection.tools_changed, False
+        if not changed and (info.name, info.version) == (known.server_name, known.server_version):
+            return
+        fresh = await self._list(connection, session, initialized)
+        if fresh.digest != known.digest:
+            _log.warning(
+                "run %r: MCP server %r now reports %s %s with other tools (schema %s, was %s); "
+                "its cached schemas are replaced. This run keeps the tools it has; the next "
+                "resume gets the new ones.",
+                self.run_id,
+                server.name,
+                info.name,
+                info.version,
+                fresh.digest,
+                known.digest,
+            )
+            self.replaced.append(server.name)
+        self.schemas[server.name] = fresh
+        if self.cache is not None and self.run_id is not None:
+            await self.cache.store(self.run_id, {server.name: fresh})
+
+    # -- tools -------------------------------------------------------------------------------
+
+    def _build(self) -> Iterable[Tool]:
+        owners: dict[str, str] = {}
+        tools: list[Tool] = []
+        for server in self.servers:
+            schema = self.schemas[server.name]
+            names = {str(t["name"]) for t in schema.tools}
+            unknown = sorted(set(server.tools) - names)
+            if unknown:
+                raise ConfigurationError(
+                    f"MCP server {server.name!r} has no tools {unknown}, which its options "
+                    f"name; it has {sorted(names)}"
+                )
+            for raw in schema.tools:
+                made = self._tool(server, raw)
+                if made.name in owners:
+                    raise ConfigurationError(
+                        f"tool {made.name!r} is offered by MCP servers {owners[made.name]!r} "
+                        f"and {server.name!r}; give one of them a prefix"
+                    )
+                owners[made.name] = server.name
+                tools.append(made)
+        return tools
+
+    def _tool(self, server: ServerConfig, raw: Mapping[str, Any]) -> Tool:
+        mcp_name = str(raw["name"])
+        options = server.tools.get(mcp_name, ToolOptions())
+        parameters: dict[str, Any] = dict(raw.get("inputSchema") or {"type": "object"})
+        if server.key_argument is not None:
+            parameters = _without(parameters, server.key_argument)
+        retry_safe = options.retry_safe
+        if retry_safe is None:
+            hints = raw.get("annotations") or {}
+            retry_safe = server.trust_annotations and (
+                hints.get("readOnlyHint") is True or hints.get("idempotentHint") is True
+            )
+        connection = self.connections[server.name]
+
+        async def call(*, idempotency_key: str, **args: Any) -> Any:
+            return await self._call(connection, mcp_name, args, idempotency_key)
+
+        return Tool(
+            name=server.prefix + mcp_name,
+            description=str(raw.get("description") or ""),
+            parameters=parameters,
+            fn=call,
+            retry_safe=retry_safe,
+            reconcile=options.reconcile,
+            requires_approval=options.requires_approval,
+        )
+
+    async def _call(self, connection: Connection, tool: str, args: dict[str, Any], key: str) -> Any:
+        server = connection.server
+        session, initialized, new = await connection.session()
+        if new or connection.tools_changed:
+            await self._check_version(connection, session, initialized)
+        if server.key_argument is not None:
+            args[server.key_argument] = key
+        request = types.CallToolRequest(
+            params=types.CallToolRequestParams(
+                name=tool,
+                arguments=args,
+                _meta=cast(types.RequestParamsMeta, {IDEMPOTENCY_META_KEY: key}),
+            )
+        )
+        try:
+            # `send_request` rather than `call_tool`: the latter lists the tools of a session
+            # that has not listed them (to check output schemas), which a warm resume skips.
+            result = await session.send_request(
+                request, types.CallToolResult, request_read_timeout_seconds=self.call_timeout
+            )
+        except MCPError as exc:
+            if exc.code in _BROKEN:
+                connection.drop()
+                raise connection.unavailable(exc, f"calling {tool!r}") from exc
+            raise MCPToolError(
+                f"MCP tool {tool!r} of server {server.name!r} failed: {exc.message}",
+                server=server.name,
+                tool=tool,
+            ) from exc
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            connection.drop()
+            raise connection.unavailable(exc, f"calling {tool!r}") from exc
+        except pydantic.ValidationError as exc:
+            raise MCPToolError(
+                f"MCP tool {tool!r} of server {server.name!r} answered with a malformed result",
+                server=server.name,
+                tool=tool,
+            ) from exc
+        return _outcome(server.name, tool, result)
+
+
+def _outcome(server: str, tool: str, result: types.CallToolResult) -> Any:
+    """The tool's result: its structured content, else its text, else its content blocks."""
+    blocks = [b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content]
+    texts = [str(b["text"]) for b in blocks if b.get("type") == "text"]
+    if result.is_error:
+        detail = "\n".join(texts) or "no detail"
+        raise MCPToolError(
+            f"MCP tool {tool!r} of server {server!r} reported an error: {detail}",
+            server=server,
+            tool=tool,
+            content=blocks,
+        )
+    if result.structured_content is not None:
+        return result.structured_content
+    if len(texts) == len(blocks):
+        return "\n".join(texts)
+    return blocks
+
+
+def _without(schema: dict[str, Any], argument: str) -> dict[str, Any]:
+    """The schema minus one property (the runner supplies it)."""
+    trimmed = dict(schema)
+    properties = trimmed.get("properties")
+    if isinstance(properties, dict) and argument in properties:
+        trimmed["properties"] = {k: v for k, v in properties.items() if k != argument}
+    required = trimmed.get("required")
+    if isinstance(required, list) and argument in required:
+        trimmed["required"] = [r for r in required if r != argument]
+    return trimmed

@@ -1,0 +1,161 @@
+"""`onward quarantine list` and `onward quarantine release`: runs set aside by the projector.
+
+A record the projector cannot read (not JSON, an unknown kind, a newer format) never stops its
+partition: the projector stores where it is and why in the quarantine table, marks the run's
+frontier row, and skips the run until a person releases it here. Releasing marks the run's
+entries released; the projector's next pass folds the run again from its first offset (in
+embedded mode this command does it at once) and, if the record is still unreadable, holds the
+run again, once, until the next release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
+
+import msgspec
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from onward.errors import ConfigurationError, NothingToResumeError
+from onward.eventlog.sqlite import SqliteEventLog
+from onward.projections.base import FrontierStore, QuarantineEntry, QuarantineState
+from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.projector import DEFAULT_CONSUMER
+from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime.checkpoint import Checkpointer
+from onward.runtime.settings import Settings, load_settings
+
+from ._common import RunArgument, opened, out
+
+_T = TypeVar("_T")
+
+ByOption = Annotated[str, typer.Option("--by", help="Who releases the run; recorded with it.")]
+
+
+def _store(config: Settings, *, readonly: bool = False) -> FrontierStore:
+    """The frontier store the configured projector writes its quarantine entries to."""
+    if config.backend == "sqlite":
+        if not config.sqlite_path.exists():
+            raise ConfigurationError(
+                f"ONWARD_SQLITE_PATH {str(config.sqlite_path)!r} does not exist; point it at "
+                "the database the runs were written to"
+            )
+        return SqliteFrontierStore(config.sqlite_path, migrate=False, readonly=readonly)
+    if config.backend == "kafka":
+        return PostgresFrontierStore(
+            config.require_database_url(), schema=config.database_schema, max_size=1
+        )
+    raise ConfigurationError(
+        "ONWARD_BACKEND=memory keeps nothing past the process, so nothing is quarantined; use "
+        "sqlite (ONWARD_SQLITE_PATH) or kafka"
+    )
+
+
+def _with_store(
+    config: Settings, work: Callable[[FrontierStore], Awaitable[_T]], *, readonly: bool = False
+) -> _T:
+    async def run() -> _T:
+        store = _store(config, readonly=readonly)
+        async with opened(f"the {config.backend} frontier store", store) as store:
+            return await work(store)
+
+    return asyncio.run(run())
+
+
+def _table(entries: list[QuarantineEntry]) -> Table:
+    runs = len({e.run_id for e in entries})
+    table = Table(
+        title=f"{len(entries)} quarantined record(s) of {runs} run(s)", title_justify="left"
+    )
+    for column in ("run", "tenant", "partition", "offset", "kind", "state", "reason"):
+        table.add_column(column, overflow="fold")
+    for entry in entries:
+        state: str = entry.state
+        if entry.released_by is not None and entry.state != "held":
+            state += f" by {entry.released_by}"
+        table.add_row(
+            Text(entry.run_id or "-"),
+            Text(entry.tenant or "-"),
+            str(entry.partition),
+            str(entry.offset),
+            Text(entry.kind or "-"),
+            Text(state, style="red" if entry.state == "held" else ""),
+            Text(entry.reason),
+        )
+    return table
+
+
+def list_command(
+    as_json: Annotated[
+        bool, typer.Option("--json", help="JSON lines, one object per record, instead of a table.")
+    ] = False,
+    everything: Annotated[
+        bool, typer.Option("--all", help="Also the records of runs already folded again.")
+    ] = False,
+) -> None:
+    """List the records the projector set aside: run, position, kind and why (never the bytes).
+
+    Takes no lease and writes nothing (SQLite is opened read-only).
+
+    Exit 0: listed (none is not an error). 2: bad configuration. 5: a store failed.
+    """
+    config = load_settings()
+    states: set[QuarantineState] | None = None if everything else {"held", "released"}
+    entries = _with_store(
+        config, lambda store: store.quarantined(DEFAULT_CONSUMER, states=states), readonly=True
+    )
+    if as_json:
+        for entry in entries:
+            typer.echo(msgspec.json.encode(dataclasses.asdict(entry)).decode())
+        return
+    if not entries:
+        out.print("no quarantined records")
+        return
+    out.print(_table(entries))
+
+
+def release_command(run_id: RunArgument, by: ByOption) -> None:
+    """Release a quarantined run: the projector folds it again from its first offset.
+
+    If a record of it is still unreadable (no newer Onward yet), the run is held again.
+    Exit 0: released. 1: the run has no held record. 2: bad configuration. 5: a store failed.
+    """
+    config = load_settings()
+
+    async def release(store: FrontierStore) -> tuple[int, str | None]:
+        released = await store.release(DEFAULT_CONSUMER, run_id, by=by, at=time.time_ns() // 1_000)
+        if not released or config.backend != "sqlite":
+            return released, None
+        # Embedded mode has no projector process: fold the run again here and now.
+        async with SqliteEventLog(config.sqlite_path, partitions=config.partitions) as log:
+            await Checkpointer(store, log).catch_up()
+        row = await store.get(run_id)
+        return released, row.quarantined if row is not None else None
+
+    released, still = _with_store(config, release)
+    if not released:
+        raise NothingToResumeError(
+            f"run {run_id!r} has no quarantined record held; see onward quarantine list",
+            run_id=run_id,
+        )
+    if config.backend != "sqlite":
+        out.print(
+            Text(
+                f"released run {run_id} ({released} record(s), by {by}); the projector folds "
+                "it again from its first offset on its next pass, and holds it again if a "
+                "record is still unreadable"
+            ),
+            soft_wrap=True,
+        )
+    elif still is None:
+        out.print(Text(f"released run {run_id} (by {by}) and folded it again"), soft_wrap=True)
+    else:
+        out.print(
+            Text(f"released run {run_id} (by {by}); still unreadable, held again: {still}"),
+            soft_wrap=True,
+        )

@@ -1,0 +1,252 @@
+"""PostgreSQL restarted under the projector process and under running workers.
+
+The cluster is private (the shared one serves other tests); Kafka is the shared broker, on a
+topic of the test's own, since the fault here is PostgreSQL's. Afterwards every frontier must
+equal the fold computed directly from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from support.fault_runs import (
+    Verdict,
+    assert_sound,
+    drive_all,
+    judge,
+    record,
+    step_agent,
+    step_provider,
+    until,
+)
+from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
+from support.pg import new_schema_name
+from support.private_servers import PrivatePostgres, running
+
+from onward.errors import BackendError
+from onward.eventlog import KafkaEventLog
+from onward.projections.postgres import PostgresFrontierStore, migrate
+from onward.projections.projector import FrontierProjection, LogProjector
+from onward.runtime.leases import LeasePolicy, PostgresLeaseStore
+from onward.runtime.ledger import Ledger
+from onward.runtime.runner import AgentRunner
+
+pytestmark = pytest.mark.faults
+PARTITIONS = 4
+DOWN_S = 4.0
+ASSIGNED = "onward.projector assigned "
+
+
+class Projector:
+    """``python -m onward projector`` as a supervisor runs it: started again if it exits."""
+
+    def __init__(self, env: dict[str, str], tmp: Path) -> None:
+        self.env = env
+        self.tmp = tmp
+        self.child: asyncio.subprocess.Process | None = None
+        self.exits: list[int] = []
+
+    @property
+    def outputs(self) -> list[Path]:
+        return sorted(self.tmp.glob("projector-*.log"))
+
+    def text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.outputs)
+
+    async def start(self) -> None:
+        argv = ["-m", "onward", "projector", "--group", "faults", "--batch", "400"]
+        argv += ["--session-timeout-ms", "6000"]
+        with (self.tmp / f"projector-{len(self.outputs)}.log").open("wb") as out:
+            self.child = await asyncio.create_subprocess_exec(
+                sys.executable, *argv, env=self.env, stdout=out, stderr=out
+            )
+
+    async def supervise(self) -> None:
+        """Start it again if it exited (a failed projector exits; its supervisor restarts it)."""
+        if self.child is not None and self.child.returncode is not None:
+            self.exits.append(self.child.returncode)
+            await self.start()
+
+    async def stop(self) -> int:
+        assert self.child is not None
+        self.child.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.child.wait(), 60)
+
+    async def kill(self) -> None:
+        if self.child is not None and self.child.returncode is None:
+            self.child.kill()
+            await self.child.wait()
+
+
+async def migrated_schema(url: str) -> str:
+    """A migrated schema on the private cluster (thrown away with it: never dropped, since the
+    connection that made it does not survive the restart)."""
+    schema = new_schema_name()
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+        await conn.execute(f"SET search_path TO {schema}")
+        await migrate(conn)
+    finally:
+        await conn.close()
+    return schema
+
+
+async def caught_up(store: PostgresFrontierStore, log: KafkaEventLog) -> bool:
+    try:
+        stored = await store.positions("frontiers")
+    except BackendError:
+        return False
+    ends = [(await log.bounds(p)).end for p in range(PARTITIONS)]
+    return all(stored.get(p, 0) >= end for p, end in enumerate(ends))
+
+
+@pytest_asyncio.fixture
+async def private_postgres() -> AsyncIterator[PrivatePostgres]:
+    """A PostgreSQL cluster of this test alone, with role and database ``onward``."""
+    async with running(PrivatePostgres()) as server:
+        yield server
+
+
+@pytest.mark.timeout(420)
+async def test_postgres_restart_under_the_projector(
+    private_postgres: PrivatePostgres,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    rng: random.Random,
+    tmp_path: Path,
+) -> None:
+    steps = workload(rng, 300)
+    thirds = len(steps) // 3
+    began = time.time()
+    schema = await migrated_schema(private_postgres.url)
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(private_postgres.url, schema=schema) as store,
+    ):
+        env = {
+            **os.environ,
+            "ONWARD_BACKEND": "kafka",
+            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "DATABASE_URL": private_postgres.url,
+            "ONWARD_DATABASE_SCHEMA": schema,
+            "ONWARD_KAFKA_TOPIC": kafka_topic,
+            "ONWARD_PARTITIONS": str(PARTITIONS),
+        }
+        projector = Projector(env, tmp_path)
+        try:
+            await projector.start()
+            await append_all(log, steps[:thirds])
+            await until(lambda: ASSIGNED in projector.text(), "the projector's assignment")
+            deadline = time.monotonic() + 120
+            while not await caught_up(store, log):
+                assert time.monotonic() < deadline, projector.text()[-3000:]
+                await asyncio.sleep(0.2)
+
+            await asyncio.to_thread(private_postgres.stop, "immediate")
+            await append_all(log, steps[thirds : 2 * thirds])
+            await asyncio.sleep(DOWN_S)
+            await asyncio.to_thread(private_postgres.start)
+            lifted = time.time()
+            await append_all(log, steps[2 * thirds :])
+            deadline = time.monotonic() + 180
+            while not await caught_up(store, log):
+                assert time.monotonic() < deadline, projector.text()[-3000:]
+                await projector.supervise()
+                await asyncio.sleep(0.2)
+            recovered = time.time() - lifted
+            assert await projector.stop() == 0, projector.text()[-3000:]
+            await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+        finally:
+            await projector.kill()
+        output = projector.text()
+    tracebacks = output.count("Traceback")
+    events = sum(len(s) for s in steps)
+    record(
+        Verdict(
+            fault="postgres: restart under the projector",
+            runs=len(run_ids_of(steps)),
+            side_effects=events,
+            duplicates=0,
+            lost=0,
+            waiting=0,
+            recover_s=recovered,
+            total_s=time.time() - began,
+            retries=len(projector.exits),
+            notes=f"(events folded; projector exits {projector.exits}, tracebacks {tracebacks})",
+        )
+    )
+    # A projector that loses PostgreSQL exits 5 with one line; asyncpg's pool may add one
+    # traceback of its own on the way out. More than one per exit is spam.
+    assert tracebacks <= len(projector.exits), output[-5000:]
+
+
+@pytest.mark.timeout(420)
+async def test_postgres_restart_under_running_workers(
+    private_postgres: PrivatePostgres,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runs, steps_per_run = 20, 4
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    agent = step_agent(ledger, tool_s=0.3)
+    run_ids = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(runs)]
+    began = time.time()
+    schema = await migrated_schema(private_postgres.url)
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(private_postgres.url, schema=schema) as frontiers,
+        PostgresLeaseStore(private_postgres.url, schema=schema) as leases,
+    ):
+        runner = AgentRunner(
+            provider=step_provider(steps_per_run),
+            log=log,
+            leases=leases,
+            frontiers=frontiers,
+            lease_policy=LeasePolicy(ttl=timedelta(seconds=10)),
+        )
+        driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
+        try:
+            await until(lambda: len(ledger.entries()) >= runs, "the first steps")
+            down = time.time()
+            await asyncio.to_thread(private_postgres.stop, "immediate")
+            await asyncio.sleep(DOWN_S)
+            await asyncio.to_thread(private_postgres.start)
+            lifted = time.time()
+            outcomes = await asyncio.wait_for(driving, 300)
+        finally:
+            driving.cancel()
+        await LogProjector(log, FrontierProjection(frontiers, log)).catch_up()
+        await assert_stored_is_the_direct_fold(frontiers, log, run_ids)
+    tracebacks = Counter(r.name for r in caplog.records if r.exc_info)
+    verdict = judge(
+        "postgres: restart under workers (leases, frontiers)",
+        ledger,
+        outcomes,
+        steps=steps_per_run,
+        lifted_at=lifted,
+        began_at=began,
+        down_at=down,
+        notes=f"(logged tracebacks by logger {dict(tracebacks)})",
+    )
+    assert_sound(verdict, outcomes)
+    assert all(o.status == "completed" for o in outcomes), outcomes
+    # At most one traceback per run from Onward (a lease that could not be released while the
+    # server was down) and a few of asyncpg's own: no traceback per retry.
+    onward_tracebacks = sum(n for name, n in tracebacks.items() if name.startswith("onward"))
+    assert onward_tracebacks <= runs, tracebacks

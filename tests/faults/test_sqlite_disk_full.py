@@ -1,0 +1,164 @@
+"""The disk under an embedded worker's SQLite file fills up, then space is freed.
+
+The database sits on a small tmpfs of its own (``mount -t tmpfs``, which needs root or
+CAP_SYS_ADMIN); a filler file takes the rest of it. Where mounting is not allowed, the same
+fault comes from ``PRAGMA max_page_count`` on the log's connection: SQLite then answers
+``SQLITE_FULL`` ("database or disk is full") exactly as on a full disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import sqlite3
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from support.fault_runs import assert_sound, drive_all, judge, step_agent, step_provider, until
+
+from onward.eventlog import SqliteEventLog
+from onward.runtime.leases import LeasePolicy
+from onward.runtime.ledger import Ledger
+from onward.runtime.runner import AgentRunner
+
+pytestmark = pytest.mark.faults
+RUNS = 20
+STEPS = 4
+PAYLOAD = 20_000
+"""Characters per tool result: every step grows the file, so a full disk is felt at once."""
+DISK = "8m"
+FullDisk = tuple[Path, Callable[[SqliteEventLog], Awaitable[None]], Callable[[], None], str]
+"""The database's path, what fills its disk, what frees it, and how it is done."""
+
+
+def mount_tmpfs(where: Path) -> str | None:
+    """Mount a small tmpfs at ``where``; ``None`` if done, else what ``mount`` answered."""
+    where.mkdir()
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK},mode=0700", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
+
+
+def unmount(disk: Path) -> None:
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30, check=False)
+
+
+def fill(disk: Path) -> int:
+    """Write a filler file until the disk says ENOSPC; the bytes written."""
+    written = 0
+    block = b"\0" * 65536
+    with (disk / "filler").open("wb") as out:
+        try:
+            while True:
+                out.write(block)
+                out.flush()
+                written += len(block)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+    return written
+
+
+@contextlib.asynccontextmanager
+async def full_disk(tmp_path: Path) -> AsyncIterator[FullDisk]:
+    """Yield (database, fill, free, how): a tmpfs when mounting works, else a page cap."""
+    disk = tmp_path / "disk"
+    refused = await asyncio.to_thread(mount_tmpfs, disk)
+    if refused is None:
+
+        async def fill_disk(log: SqliteEventLog) -> None:
+            await asyncio.to_thread(fill, disk)
+
+        def free_disk() -> None:
+            (disk / "filler").unlink()
+
+        try:
+            yield disk / "onward.db", fill_disk, free_disk, f"tmpfs {DISK}"
+        finally:
+            await asyncio.to_thread(unmount, disk)
+        return
+
+    capped: list[sqlite3.Connection] = []
+
+    async def cap(log: SqliteEventLog) -> None:
+        conn = log._db.connection()  # the log's own connection, on its own thread
+        capped.append(conn)
+
+        def set_cap() -> None:
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {pages + 2}")
+
+        await log._db.call(set_cap, "capping the database")
+
+    def uncap() -> None:
+        for conn in capped:
+            conn.execute("PRAGMA max_page_count = 1073741823")
+
+    yield disk / "onward.db", cap, uncap, f"PRAGMA max_page_count (mount refused: {refused})"
+
+
+@pytest.mark.timeout(300)
+async def test_sqlite_disk_full_under_an_embedded_worker(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    agent = step_agent(ledger, tool_s=0.3, payload=PAYLOAD)
+    run_ids = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(RUNS)]
+    began = time.time()
+    async with full_disk(tmp_path) as (db, make_full, free, how):
+        async with SqliteEventLog(db) as log:
+            runner = AgentRunner(
+                provider=step_provider(STEPS),
+                log=log,
+                lease_policy=LeasePolicy(ttl=timedelta(seconds=5)),
+            )
+            async with runner:
+                driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
+                try:
+                    await until(lambda: len(ledger.entries()) >= RUNS, "the first steps")
+                    down = time.time()
+                    await make_full(log)
+                    await asyncio.sleep(3.0)
+                    with contextlib.closing(sqlite3.connect(db)) as check:
+                        intact = check.execute("PRAGMA integrity_check").fetchone()[0]
+                    await asyncio.to_thread(free)
+                    lifted = time.time()
+                    outcomes = await asyncio.wait_for(driving, 240)
+                finally:
+                    driving.cancel()
+        with contextlib.closing(sqlite3.connect(db)) as check:
+            intact_after = check.execute("PRAGMA integrity_check").fetchone()[0]
+    full = [
+        (kind, error)
+        for o in outcomes
+        for kind, error in zip(o.failures, o.errors, strict=False)
+        if "full" in error
+    ]
+    print(f"a full disk, as a run saw it: {full[0] if full else None}")
+    verdict = judge(
+        "sqlite: disk full, then space freed",
+        ledger,
+        outcomes,
+        steps=STEPS,
+        lifted_at=lifted,
+        began_at=began,
+        down_at=down,
+        notes=f"({how}; 'disk is full' errors {len(full)})",
+    )
+    assert_sound(verdict, outcomes)
+    assert all(o.status == "completed" for o in outcomes), outcomes
+    assert full, "no run saw the full disk"
+    assert {kind for kind, _ in full} == {"BackendError"}, full[:3]
+    assert (intact, intact_after) == ("ok", "ok")

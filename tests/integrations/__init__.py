@@ -1,0 +1,1 @@
+"""MCP integration tests and the servers they start."""

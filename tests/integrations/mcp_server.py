@@ -1,0 +1,121 @@
+"""A small MCP server for the integration tests, run as a subprocess.
+
+Usage: python -m integrations.mcp_server stdio
+       python -m integrations.mcp_server http PORT
+
+Environment:
+    MCP_TEST_LISTINGS: a file that gets one line per ``tools/list`` call (how tests count them).
+    MCP_TEST_LEDGER: a file that gets one JSON line per ``charge`` side effect.
+    MCP_TEST_VARIANT: ``v1`` (default) or ``v2``; ``v2`` reports another version and adds a tool.
+    MCP_TEST_CRASH: set to make the server exit at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+KEY = "onward/idempotency-key"
+if os.environ.get("MCP_TEST_CRASH"):
+    sys.exit("this server fails at start, on purpose")
+VARIANT = os.environ.get("MCP_TEST_VARIANT", "v1")
+
+
+class CountingServer(MCPServer):
+    """Appends a line to ``MCP_TEST_LISTINGS`` on every ``tools/list``."""
+
+    async def list_tools(self) -> Any:
+        listings = os.environ.get("MCP_TEST_LISTINGS")
+        if listings:
+            _append(Path(listings), f"{os.getpid()}")
+        return await super().list_tools()
+
+
+def _append(path: Path, line: str) -> None:
+    with path.open("a") as out:
+        out.write(line + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+server: CountingServer = CountingServer("ledger", version=f"test-{VARIANT}", log_level="ERROR")
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def echo(text: str) -> str:
+    """Say the text back."""
+    return text
+
+
+@server.tool()
+async def add(a: int, b: int) -> dict[str, int]:
+    """Add two numbers."""
+    return {"sum": a + b}
+
+
+@server.tool()
+async def fail(reason: str) -> str:
+    """Always fails, with the reason."""
+    raise ToolError(reason)
+
+
+@server.tool()
+async def charge(account: str, cents: int, ctx: Context) -> str:
+    """Charge an account; the side effect goes to the ledger under the call's key."""
+    meta = ctx.request_context.meta or {}
+    key = meta.get(KEY)
+    line = json.dumps({"key": key, "account": account, "cents": cents})
+    _append(Path(os.environ["MCP_TEST_LEDGER"]), line)
+    return f"charged {account} {cents}"
+
+
+@server.tool()
+async def die() -> str:
+    """The server process exits in the middle of the call."""
+    os._exit(1)
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Add a tool, and tell the client its tool list changed."""
+    server.add_tool(_extra, name="extra")
+    await ctx.session.send_tool_list_changed()
+    return "grown"
+
+
+def _extra() -> str:
+    return "extra"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def header(name: str, ctx: Context) -> str:
+    """The value of one HTTP request header ("" over stdio)."""
+    return (ctx.headers or {}).get(name, "")
+
+
+@server.tool()
+async def keyed(text: str, request_key: str) -> str:
+    """Echo the key it was given as an argument."""
+    return f"{text}:{request_key}"
+
+
+if VARIANT == "v2":
+
+    @server.tool()
+    async def refund(account: str) -> str:
+        """Refund an account (only in v2)."""
+        return f"refunded {account}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["http"]:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

@@ -1,0 +1,178 @@
+"""Poison records in the projector: the run is set aside, every other run is folded, a person
+releases it. In memory here; the same path runs in the Kafka projector and the embedded fold
+(tests/faults/)."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import msgspec
+import pytest
+from support.histories import RunScript, append_all, workload
+from support.poison import BAD_RECORDS, REASONS, newer_format, tolerant_direct_fold
+
+from onward.errors import EventDecodeError
+from onward.eventlog import Event, MemoryEventLog, Position, UnreadableRecord
+from onward.projections.base import released_mark
+from onward.projections.memory import MemoryFrontierStore
+from onward.projections.projector import DEFAULT_CONSUMER, FrontierProjection, LogProjector
+
+
+class World:
+    """One partition: other runs, and run A with a poison record after its first steps."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.log = MemoryEventLog(partitions=1)
+        self.store = MemoryFrontierStore()
+        self.rng = rng
+        self.a = RunScript(rng)
+        self.a_steps = self.a.steps()
+        self.others = workload(rng, 20)
+
+    def projection(self) -> FrontierProjection:
+        return FrontierProjection(self.store, self.log, release_poll=0.0, every_partition=True)
+
+    async def write(self, bad: str, *, before: int = 2, after: bool = True) -> Position:
+        half = len(self.others) // 2
+        await append_all(self.log, self.others[:half], concurrency=1)
+        for step in self.a_steps[:before]:
+            await self.log.append(step)
+        seq = self.a_steps[before][0].seq if before < len(self.a_steps) else 99
+        position = self.log.write_raw(self.a.run_id, BAD_RECORDS[bad](self.a.run_id, seq))
+        await append_all(self.log, self.others[half:], concurrency=1)
+        if after:
+            for step in self.a_steps[before:]:
+                await self.log.append(step)
+        return position
+
+    def events_of_a(self, steps: list[list[Event]]) -> int:
+        return sum(len(step) for step in steps)
+
+    def other_ids(self) -> list[str]:
+        return list(dict.fromkeys(step[0].run_id for step in self.others))
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_RECORDS))
+async def test_a_poison_record_sets_its_run_aside_and_every_other_run_is_folded(
+    bad: str, rng: random.Random, caplog: pytest.LogCaptureFixture
+) -> None:
+    world = World(rng)
+    position = await world.write(bad)
+    projection = world.projection()
+    with caplog.at_level(logging.WARNING, logger="onward.projector"):
+        await LogProjector(world.log, projection).catch_up()
+
+    expected, _ = await tolerant_direct_fold(world.log, world.other_ids())
+    loaded = await world.store.load(world.other_ids())
+    assert {r: row.frontier for r, row in loaded.items()} == expected
+    assert all(row.quarantined is None for row in loaded.values())
+
+    (entry,) = await world.store.quarantined(DEFAULT_CONSUMER)
+    assert (entry.run_id, entry.partition, entry.offset, entry.state) == (
+        world.a.run_id,
+        0,
+        position.offset,
+        "held",
+    )
+    assert REASONS[bad] in entry.reason
+    assert "hunter2" not in entry.reason
+    row = await world.store.get(world.a.run_id)
+    assert row is not None
+    assert row.quarantined == entry.mark
+    assert row.frontier is None
+    assert row.summary.last_seq == world.events_of_a(world.a_steps[:2])
+    assert row.summary.through_offset < position.offset
+
+    stats = projection.stats
+    assert stats.quarantined == 1
+    assert stats.quarantine_skipped == world.events_of_a(world.a_steps[2:])
+    (line,) = [r for r in caplog.records if "quarantined" in r.getMessage()]
+    assert f"offset {position.offset}" in line.getMessage()
+    assert line.exc_info is None
+    assert await world.store.positions(DEFAULT_CONSUMER) == {0: (await world.log.bounds(0)).end}
+
+
+async def test_a_restarted_projector_keeps_the_run_aside(rng: random.Random) -> None:
+    world = World(rng)
+    await world.write("unknown-kind", after=False)
+    await LogProjector(world.log, world.projection()).catch_up()
+    before = await world.store.get(world.a.run_id)
+    for step in world.a_steps[2:]:
+        await world.log.append(step)
+    again = world.projection()
+    await LogProjector(world.log, again).catch_up()
+    assert await world.store.get(world.a.run_id) == before
+    assert again.stats.quarantine_skipped == world.events_of_a(world.a_steps[2:])
+    assert world.a.run_id in again.held
+
+
+async def test_a_release_of_a_still_unreadable_run_holds_it_again_once(
+    rng: random.Random, caplog: pytest.LogCaptureFixture
+) -> None:
+    world = World(rng)
+    await world.write("not-json")
+    projection = world.projection()
+    projector = LogProjector(world.log, projection)
+    await projector.catch_up()
+    assert await world.store.release(DEFAULT_CONSUMER, world.a.run_id, by="ops", at=1) == 1
+    row = await world.store.get(world.a.run_id)
+    assert row is not None
+    assert row.quarantined == released_mark("ops")
+    assert row.set_aside is not None
+    first = row.set_aside.first_offset
+    assert first >= 0
+
+    with caplog.at_level(logging.INFO, logger="onward.projector"):
+        await projector.catch_up()
+        await projector.catch_up()
+    assert f"folded again from offset {first} " in caplog.text
+    assert projection.stats.released == 1
+    assert projection.stats.quarantined == 2
+    (entry,) = await world.store.quarantined(DEFAULT_CONSUMER)
+    assert entry.state == "held"
+    row = await world.store.get(world.a.run_id)
+    assert row is not None
+    assert row.quarantined == entry.mark
+    assert row.summary.last_seq == world.events_of_a(world.a_steps[:2])
+
+
+async def test_a_release_once_the_record_reads_folds_the_whole_run(rng: random.Random) -> None:
+    world = World(rng)
+    position = await world.write("newer-format", before=len(world.a_steps) - 1, after=False)
+    projection = world.projection()
+    projector = LogProjector(world.log, projection)
+    await projector.catch_up()
+    run_id = world.a.run_id
+    assert [e.state for e in await world.store.quarantined(DEFAULT_CONSUMER)] == ["held"]
+    # An upgrade: the record now reads (here: the same claim, in this code's format).
+    claim = msgspec.json.decode(newer_format(run_id, 0))
+    seq = world.a_steps[-1][0].seq
+    readable = msgspec.json.encode({**claim, "seq": seq, "format": 1})
+    world.log._records[0][position.offset] = (run_id, readable)
+    await world.store.release(DEFAULT_CONSUMER, run_id, by="ops", at=1)
+
+    await projector.catch_up()
+    (entry,) = await world.store.quarantined(DEFAULT_CONSUMER, states=None)
+    assert entry.state == "cleared"
+    row = await world.store.get(run_id)
+    assert row is not None
+    assert row.quarantined is None
+    expected, _ = await tolerant_direct_fold(world.log, [run_id])
+    assert row.frontier == expected[run_id]
+    assert row.frontier.holder == "from-the-future"
+    assert projection.held == {}
+
+
+async def test_a_record_that_names_no_run_is_listed_and_passed_over() -> None:
+    store = MemoryFrontierStore()
+    projection = FrontierProjection(store, MemoryEventLog(partitions=1))
+    nameless = UnreadableRecord(
+        Position(0, 0), None, None, None, EventDecodeError("unreadable event record: malformed")
+    )
+    await projection.apply({0: [nameless]}, {0: 1})
+    await projection.flush()
+    (entry,) = await store.quarantined(DEFAULT_CONSUMER)
+    assert (entry.run_id, entry.offset) == (None, 0)
+    assert await store.positions(DEFAULT_CONSUMER) == {0: 1}
+    assert projection.held == {}

@@ -1,0 +1,95 @@
+"""`onward quarantine list` and `onward quarantine release`, in-process, on an embedded file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from support.poison import unknown_kind
+from typer.testing import CliRunner, Result
+
+from onward.eventlog import RunStarted, SqliteEventLog
+from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime.checkpoint import Checkpointer
+from onward.runtime.cli import app
+from onward.testing.eventlog import Envelope
+
+TENANT = "acme"
+
+
+def onward(db: Path, *args: str, backend: str = "sqlite") -> Result:
+    env = {"ONWARD_BACKEND": backend, "ONWARD_SQLITE_PATH": str(db), "COLUMNS": "200"}
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def poisoned(db: Path, run_id: str) -> int:
+    """A run whose second record cannot be read, folded by the embedded checkpointer."""
+
+    async def go() -> int:
+        async with SqliteEventLog(db) as log, SqliteFrontierStore(db) as store:
+            env = Envelope(run_id=run_id, tenant=TENANT, seq=1, fence=1, at=1)
+            await log.append([RunStarted(**env, agent="booker", revision="r1")])
+            position = log.write_raw(run_id, unknown_kind(run_id, 2))
+            await Checkpointer(store, log).catch_up()
+            return position.offset
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "onward.db"
+
+
+def test_list_shows_the_held_run_its_offset_and_reason(db: Path) -> None:
+    offset = poisoned(db, "run-q")
+    result = onward(db, "quarantine", "list")
+    assert result.exit_code == 0, result.output
+    assert "run-q" in result.output
+    assert "held" in result.output
+    assert "run.exploded" in result.output
+    assert str(offset) in result.output
+
+
+def test_list_as_json_lines(db: Path) -> None:
+    offset = poisoned(db, "run-q")
+    result = onward(db, "quarantine", "list", "--json")
+    assert result.exit_code == 0, result.output
+    (entry,) = [json.loads(line) for line in result.output.splitlines()]
+    assert (entry["run_id"], entry["offset"], entry["kind"]) == ("run-q", offset, "run.exploded")
+
+
+def test_an_empty_quarantine_says_so(db: Path) -> None:
+    async def create() -> None:
+        async with SqliteFrontierStore(db):
+            pass
+
+    asyncio.run(create())
+    result = onward(db, "quarantine", "list")
+    assert result.exit_code == 0, result.output
+    assert "no quarantined records" in result.output
+
+
+def test_release_folds_again_and_a_still_unreadable_run_is_held_again(db: Path) -> None:
+    poisoned(db, "run-q")
+    result = onward(db, "quarantine", "release", "run-q", "--by", "ops")
+    assert result.exit_code == 0, result.output
+    assert "held again" in result.output
+    listed = onward(db, "quarantine", "list", "--all", "--json")
+    (entry,) = [json.loads(line) for line in listed.output.splitlines()]
+    assert (entry["state"], entry["released_by"]) == ("held", "ops")
+
+
+def test_release_of_a_run_not_held_exits_1(db: Path) -> None:
+    poisoned(db, "run-q")
+    result = onward(db, "quarantine", "release", "run-other", "--by", "ops")
+    assert result.exit_code == 1
+    assert "no quarantined record held" in result.output
+
+
+def test_the_memory_backend_is_refused_with_exit_2(db: Path) -> None:
+    result = onward(db, "quarantine", "list", backend="memory")
+    assert result.exit_code == 2
+    assert "memory" in result.output

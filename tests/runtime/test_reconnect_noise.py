@@ -1,0 +1,110 @@
+"""A server that goes away is reported in lines, never in tracebacks.
+
+`onward projector` runs as its own process with PostgreSQL behind a `TcpProxy`; the test cuts
+the proxy (PostgreSQL down: connections reset, new ones refused) while events arrive and
+restores it. The drivers' retries (asyncpg restoring its pool's connections) are logged one
+line per record, and the projector either rides the outage out or stops with exit 5 and one
+line saying why; never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from support.proxy import TcpProxy
+
+from onward.eventlog import KafkaEventLog, RunStarted
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+TESTS = Path(__file__).resolve().parents[1]
+TENANT = "acme"
+
+
+def started(run_id: str) -> RunStarted:
+    return RunStarted(
+        run_id=run_id, tenant=TENANT, seq=1, fence=1, at=1, agent="a", revision="r1", input="go"
+    )
+
+
+async def frontier_rows(database_url: str, schema: str, run_ids: list[str]) -> int:
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM onward_frontiers WHERE run_id = ANY($1::text[])", run_ids
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def until_projected(
+    database_url: str, schema: str, run_ids: list[str], within_s: float
+) -> None:
+    deadline = time.monotonic() + within_s
+    while await frontier_rows(database_url, schema, run_ids) < len(run_ids):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the projector did not fold {run_ids} within {within_s}s")
+        await asyncio.sleep(0.3)
+
+
+async def test_a_postgres_outage_under_the_projector_is_said_in_lines_not_tracebacks(
+    kafka_bootstrap: str, database_url: str, kafka_topic: str, pg_schema: str
+) -> None:
+    parts = urlsplit(database_url)
+    assert parts.hostname is not None
+    async with TcpProxy(parts.hostname, parts.port or 5432) as proxy:
+        user = parts.netloc.rsplit("@", 1)[0]
+        proxied = urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(TESTS),
+            "ONWARD_BACKEND": "kafka",
+            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "ONWARD_KAFKA_TOPIC": kafka_topic,
+            "ONWARD_PARTITIONS": "1",
+            "DATABASE_URL": proxied,
+            "ONWARD_DATABASE_SCHEMA": pg_schema,
+        }
+        async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=1) as log:
+            projector = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "onward",
+                "projector",
+                "--flush-interval",
+                "0.2",
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            try:
+                before = [f"run-{uuid.uuid4().hex[:8]}"]
+                await log.append([started(before[0])])
+                await until_projected(database_url, pg_schema, before, 30)  # running, caught up
+                await proxy.cut()
+                for _ in range(3):
+                    await log.append([started(f"run-{uuid.uuid4().hex[:8]}")])
+                    await asyncio.sleep(1)
+                await proxy.restore()
+            finally:
+                if projector.returncode is None:
+                    projector.send_signal(signal.SIGTERM)
+                stdout, stderr = await asyncio.wait_for(projector.communicate(), 60)
+    text = stderr.decode() + stdout.decode()
+    assert "Traceback" not in text, text
+    assert "Failed to restore the pool connection floor" in text  # the driver's retries...
+    assert not any(line.startswith(" ") for line in text.splitlines()), text  # ...in one line
+    assert projector.returncode in (0, 5), text
+    if projector.returncode == 5:
+        assert text.strip().splitlines()[-1].startswith("BackendUnavailableError: "), text

@@ -1,0 +1,288 @@
+"""Runs driven through a fault, the side-effect ledger that judges them, and the report row.
+
+Each run asks for ``steps`` tool calls, one per model turn, then finishes. The tool is not
+retry-safe: it records its effect in the ledger (with the wall-clock time) and its status check
+answers from the same ledger, so a resume that cannot tell whether a call ran asks the tool
+instead of calling it again. A driver carries each run to its end the way an operator's retry
+loop would: a retryable failure (`BackendError`, `FencedError`, `ResumeConflictError`) is
+followed, after a pause, by a resume; `IndeterminateToolCallError` stops the run, waiting on a
+person with the error as its reason.
+
+The verdict: every run completed or waiting on a person with a reason, every expected effect
+on record (nothing lost), none twice; the time to recover is from the moment the fault was
+lifted to the first side effect after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onward.errors import (
+    BackendError,
+    FencedError,
+    IndeterminateToolCallError,
+    InvalidInputError,
+    NothingToResumeError,
+    ResumeConflictError,
+)
+from onward.eventlog import ToolCall
+from onward.runtime.agent import Agent
+from onward.runtime.ledger import Ledger
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.runner import AgentRunner
+from onward.runtime.tools import Reconciled, idempotency_key, tool
+
+TENANT = "acme"
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / ".cache" / "faults" / "results.json"
+
+
+def step_agent(ledger: Ledger, *, tool_s: float = 0.2, payload: int = 0) -> Agent:
+    """An agent whose one tool records a side effect per call, and can say whether it did.
+
+    Args:
+        tool_s: How long each call takes after its effect.
+        payload: Characters of padding in each result, so every step grows the log.
+    """
+
+    def result(n: int) -> dict[str, Any]:
+        return {"n": n, "pad": "x" * payload}
+
+    async def status(key: str) -> Reconciled:
+        found = ledger.find("step", key)
+        return Reconciled("completed", result(found["n"])) if found else Reconciled("never_ran")
+
+    @tool(reconcile=status)
+    async def step(n: int, *, idempotency_key: str) -> dict[str, Any]:
+        ledger.record("step", idempotency_key, n=n, at=time.time())
+        await asyncio.sleep(tool_s)
+        return result(n)
+
+    return Agent(name="stepper", instructions="take every step", tools=[step])
+
+
+def step_provider(steps: int) -> ScriptedProvider:
+    """One tool call per turn, ``steps`` turns, then a final answer."""
+    turns = [
+        reply(f"step {i}", ToolCall(call_id=f"s{i}", tool="step", args={"n": i}))
+        for i in range(steps)
+    ]
+    return ScriptedProvider([*turns, reply("all steps taken")])
+
+
+def expected_keys(run_ids: list[str], steps: int) -> set[str]:
+    return {idempotency_key(run_id, f"s{i}") for run_id in run_ids for i in range(steps)}
+
+
+@dataclass
+class Outcome:
+    """How one run ended, and what it went through on the way."""
+
+    run_id: str
+    status: str | None = None
+    waiting_on: str | None = None
+    reason: str | None = None
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def settled(self) -> bool:
+        """Completed, or waiting on a person with a reason."""
+        return self.status == "completed" or (
+            self.status == "waiting" and bool(self.waiting_on or self.reason)
+        )
+
+
+RETRIED = (BackendError, FencedError, ResumeConflictError)
+
+
+async def drive(
+    runner: Callable[[], AgentRunner],
+    agent: Agent,
+    run_id: str,
+    *,
+    within_s: float = 240.0,
+    pause_s: float = 0.5,
+) -> Outcome:
+    """Start the run and carry it to its end through failures, as an operator's retry loop would.
+
+    Args:
+        runner: Gives the runner for the next attempt (the same one, or a fresh worker's).
+        within_s: Give up (the run counts as lost) after this long.
+    """
+    outcome = Outcome(run_id)
+    started = False
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        outcome.attempts += 1
+        try:
+            if started:
+                result = await runner().resume(agent, run_id, tenant=TENANT)
+            else:
+                started = True
+                result = await runner().run(agent, "go", tenant=TENANT, run_id=run_id)
+        except InvalidInputError as exc:
+            if "already exists" not in str(exc):
+                raise
+            outcome.failures.append("InvalidInputError(exists)")
+            continue
+        except NothingToResumeError:
+            outcome.failures.append("NothingToResumeError")
+            started = False
+            continue
+        except IndeterminateToolCallError as exc:
+            outcome.status, outcome.reason = "waiting", str(exc)
+            return outcome
+        except RETRIED as exc:
+            outcome.failures.append(type(exc).__name__)
+            outcome.errors.append(str(exc))
+            await asyncio.sleep(pause_s)
+            continue
+        outcome.status, outcome.waiting_on = result.status, result.waiting_on
+        if result.status in ("completed", "waiting", "failed"):
+            return outcome
+    outcome.reason = f"not settled within {within_s:.0f}s"
+    return outcome
+
+
+async def drive_all(
+    runner: Callable[[], AgentRunner], agent: Agent, run_ids: list[str], **options: Any
+) -> list[Outcome]:
+    """Drive every run at once."""
+    return list(await asyncio.gather(*(drive(runner, agent, r, **options) for r in run_ids)))
+
+
+@dataclass
+class Verdict:
+    """One row of the fault table."""
+
+    fault: str
+    runs: int
+    side_effects: int
+    duplicates: int
+    lost: int
+    waiting: int
+    recover_s: float | None
+    total_s: float
+    retries: int
+    notes: str = ""
+
+    def line(self) -> str:
+        recover = "-" if self.recover_s is None else f"{self.recover_s:.2f}"
+        return (
+            f"{self.fault:<44} runs={self.runs:<3} effects={self.side_effects:<4} "
+            f"dup={self.duplicates} lost={self.lost} waiting={self.waiting} "
+            f"recover_s={recover} total_s={self.total_s:.1f} retries={self.retries} {self.notes}"
+        )
+
+
+def judge(
+    fault: str,
+    ledger: Ledger,
+    outcomes: list[Outcome],
+    *,
+    steps: int,
+    lifted_at: float | None,
+    began_at: float,
+    down_at: float | None = None,
+    notes: str = "",
+) -> Verdict:
+    """Count effects, duplicates and lost runs; time the recovery; record and print the row.
+
+    With ``down_at`` (when the fault began) the row also says how many effects happened while
+    the fault lasted: a tool runs only after its dispatch is durable, so these are at most the
+    calls whose dispatch was acknowledged just before the fault.
+
+    A run is lost when it neither completed nor waits on a person with a reason, or when it
+    completed without every one of its effects on record.
+    """
+    entries = [e for e in ledger.entries() if e["tool"] == "step"]
+    per_key = Counter(e["key"] for e in entries)
+    duplicates = sum(n - 1 for n in per_key.values() if n > 1)
+    completed = [o.run_id for o in outcomes if o.status == "completed"]
+    missing = expected_keys(completed, steps) - set(per_key)
+    lost = sum(1 for o in outcomes if not o.settled) + len(
+        {r for r in completed if expected_keys([r], steps) & missing}
+    )
+    if down_at is not None and lifted_at is not None:
+        during = sum(1 for e in entries if down_at <= e["at"] < lifted_at)
+        notes = f"{notes} effects during the fault {during}".strip()
+    seen = Counter(f for o in outcomes for f in o.failures)
+    if seen:
+        notes = f"{notes} failures {dict(sorted(seen.items()))}".strip()
+    after = sorted(e["at"] for e in entries if lifted_at is not None and e["at"] >= lifted_at)
+    recover_s = after[0] - lifted_at if after and lifted_at is not None else None
+    verdict = Verdict(
+        fault=fault,
+        runs=len(outcomes),
+        side_effects=len(entries),
+        duplicates=duplicates,
+        lost=lost,
+        waiting=sum(1 for o in outcomes if o.status == "waiting"),
+        recover_s=recover_s,
+        total_s=time.time() - began_at,
+        retries=sum(len(o.failures) for o in outcomes),
+        notes=notes,
+    )
+    record(verdict)
+    return verdict
+
+
+def record(verdict: Verdict) -> None:
+    """Print the row and keep it in ``.cache/faults/results.json`` (one entry per fault)."""
+    print(f"\nFAULT {verdict.line()}", flush=True)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, Any] = {}
+    if RESULTS.exists():
+        try:
+            rows = json.loads(RESULTS.read_text())
+        except json.JSONDecodeError:
+            rows = {}
+    rows[verdict.fault] = {**asdict(verdict), "recorded_at": time.time()}
+    RESULTS.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
+
+
+def assert_sound(verdict: Verdict, outcomes: list[Outcome]) -> None:
+    """Nothing lost, nothing twice, every run settled."""
+    unsettled = [o for o in outcomes if not o.settled]
+    assert verdict.duplicates == 0, verdict.line()
+    assert unsettled == [], unsettled[:3]
+    assert verdict.lost == 0, verdict.line()
+
+
+async def until(check: Callable[[], bool], what: str, *, within_s: float = 60.0) -> None:
+    """Wait until ``check()`` holds; fail saying ``what`` did not happen."""
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what} did not happen within {within_s:.0f}s"
+        await asyncio.sleep(0.1)
+
+
+def table() -> str:
+    """The recorded rows as a table, in the order they were recorded."""
+    rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    header = (
+        "| fault | runs | side effects | duplicates | lost | waiting | recover s | total s "
+        "| retries | notes |"
+    )
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for row in sorted(rows.values(), key=lambda r: float(r["recorded_at"])):
+        recover = "-" if row["recover_s"] is None else f"{row['recover_s']:.2f}"
+        lines.append(
+            f"| {row['fault']} | {row['runs']} | {row['side_effects']} | {row['duplicates']} "
+            f"| {row['lost']} | {row['waiting']} | {recover} | {row['total_s']:.1f} "
+            f"| {row['retries']} | {row['notes']} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(f"{RESULTS.relative_to(REPO)}:\n{table()}")

@@ -248,7 +248,7 @@ async def test_a_store_failing_inside_a_rebalance_is_raised_by_the_next_call(
             assert asyncio.get_running_loop().time() < deadline, "nothing was folded"
             await projector.step(timeout_ms=200)
 
-        async def unavailable(*args: object) -> None:
+        async def unavailable(*args: object, **options: object) -> None:
             raise BackendUnavailableError("PostgreSQL went away")
 
         monkeypatch.setattr(projector.projection.store, "write", unavailable)

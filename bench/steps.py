@@ -597,18 +597,18 @@ def langgraph_peer(params: Params) -> dict[str, Any]:
     """LangGraph with `PostgresSaver` (sync, and `AsyncPostgresSaver` for concurrency)."""
     from importlib.metadata import version  # noqa: PLC0415
 
-    from langchain_core.messages import AIMessage, HumanMessage  # type: ignore[import-not-found]  # noqa: PLC0415
-    from langchain_core.tools import StructuredTool  # type: ignore[import-not-found]  # noqa: PLC0415
+    from langchain_core.messages import AIMessage, HumanMessage  # noqa: PLC0415
+    from langchain_core.tools import StructuredTool  # noqa: PLC0415
     from langgraph.checkpoint.postgres import PostgresSaver  # type: ignore[import-not-found]  # noqa: PLC0415
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver  # type: ignore[import-not-found]  # noqa: PLC0415
-    from langgraph.graph import END, START, MessagesState, StateGraph  # type: ignore[import-not-found]  # noqa: PLC0415
-    from langgraph.prebuilt import ToolNode  # type: ignore[import-not-found]  # noqa: PLC0415
+    from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: PLC0415
+    from langgraph.prebuilt import ToolNode  # noqa: PLC0415
     from psycopg.rows import dict_row  # type: ignore[import-not-found]  # noqa: PLC0415
     from psycopg_pool import AsyncConnectionPool  # type: ignore[import-not-found]  # noqa: PLC0415
 
     marks: list[float] = []
 
-    class LoopState(MessagesState):  # type: ignore[misc]
+    class LoopState(MessagesState):
         steps: int
 
     # Nodes take ``Any``: LangGraph resolves their hints, and this class is local.

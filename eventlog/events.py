@@ -183,6 +183,67 @@ class RunFinished(Event, frozen=True, kw_only=True, tag="run.finished"):
     error: str | None = None
 
 
+class Serialized(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A value serialized by a framework's own serializer: its type tag and its bytes.
+
+    The bytes travel as base64 in the JSON record; Onward does not interpret them.
+    """
+
+    type: str
+    data: bytes = b""
+
+
+class ChannelValue(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One graph channel's value at one version. ``value`` ``None``: the channel is empty."""
+
+    channel: str
+    version: str
+    """The version as its JSON text (``1``, ``"00…1.5"``), so int and str versions never collide."""
+    value: Serialized | None = None
+
+
+class GraphWrite(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One pending write of a graph task: the channel, its index in the task, the value."""
+
+    channel: str
+    idx: int
+    value: Serialized
+
+
+class GraphCheckpointed(Event, frozen=True, kw_only=True, tag="graph.checkpointed"):
+    """A graph framework (LangGraph) saved a checkpoint of the thread this run stands for.
+
+    ``checkpoint`` is the checkpoint without its channel values; ``values`` holds only the
+    channels whose version changed at this step, so a step's record does not grow with the
+    thread's whole state.
+    """
+
+    checkpoint_ns: str = ""
+    checkpoint_id: str
+    parent_checkpoint_id: str | None = None
+    checkpoint: Serialized
+    metadata: Serialized
+    values: list[ChannelValue] = []
+
+
+class GraphWritesSaved(Event, frozen=True, kw_only=True, tag="graph.writes"):
+    """A graph task's pending writes against one checkpoint of the thread."""
+
+    checkpoint_ns: str = ""
+    checkpoint_id: str
+    task_id: str
+    task_path: str = ""
+    writes: list[GraphWrite] = []
+
+
+class GraphThreadDeleted(Event, frozen=True, kw_only=True, tag="graph.thread_deleted"):
+    """Every checkpoint and write of the thread before this event is to be forgotten.
+
+    The log is append-only, so readers stop at nothing before it; the bytes go when
+    compaction cuts the run's prefix.
+    """
+
+
 AnyEvent = (
     RunStarted
     | RunClaimed
@@ -198,6 +259,9 @@ AnyEvent = (
     | Tagged
     | RunContinued
     | RunFinished
+    | GraphCheckpointed
+    | GraphWritesSaved
+    | GraphThreadDeleted
 )
 """The tagged union of every event kind; the type the codec decodes into."""
 
@@ -216,6 +280,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Tagged,
     RunContinued,
     RunFinished,
+    GraphCheckpointed,
+    GraphWritesSaved,
+    GraphThreadDeleted,
 )
 
 

@@ -239,20 +239,19 @@ class KafkaEventLog(EventLogBackend):
         flusher = self._flushers.get(partition)
         if flusher is None or flusher.done():
             self._flushers[partition] = asyncio.create_task(self._flush(partition))
-        try:
-            # The idempotent producer retries a batch until the broker takes it, however long
-            # that is; the append waits no longer than the request timeout. Giving up cancels
-            # the append's future: not sent yet, it is never sent; sent, it may still land.
-            async with asyncio.timeout(self._request_timeout_ms / 1000):
-                first = await pending.done
-        except TimeoutError:
-            raise BackendUnavailableError(
-                f"run {run_id!r}: appending to partition {partition}: Kafka did not acknowledge "
-                f"within {self._request_timeout_ms / 1000:g}s (the batch may still land; the "
-                "log decides); resume the run once Kafka is reachable",
-                run_id=run_id,
-            ) from None
+        # Bounded by the flusher, once per record batch rather than once per append: a batch
+        # the broker has not acknowledged within the request timeout fails every append of
+        # the partition still waiting (see `_flush`).
+        first = await pending.done
         return [Position(partition, first + i) for i in range(len(encoded))]
+
+    def _unacknowledged(self, run_id: str, partition: int) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"run {run_id!r}: appending to partition {partition}: Kafka did not acknowledge "
+            f"within {self._request_timeout_ms / 1000:g}s (the batch may still land; the log "
+            "decides); resume the run once Kafka is reachable",
+            run_id=run_id,
+        )
 
     async def _flush(self, partition: int) -> None:
         """Send what is queued for a partition, many runs' steps per record batch (group commit).
@@ -279,33 +278,51 @@ class KafkaEventLog(EventLogBackend):
             queue.extendleft(reversed(rest))  # what did not fit goes first in the next batch
             if batch is None:
                 continue
-            try:
+            await self._send(producer, batch, partition, taken)
+
+    async def _send(
+        self, producer: AIOKafkaProducer, batch: Any, partition: int, taken: list[_Pending]
+    ) -> None:
+        """Send one record batch and settle its appends with their offsets or the error."""
+        queue = self._queues[partition]
+        try:
+            # The idempotent producer retries a batch until the broker takes it, however long
+            # that is; the appends wait no longer than the request timeout.
+            async with asyncio.timeout(self._request_timeout_ms / 1000):
                 delivery = await producer.send_batch(batch, self._topic, partition=partition)
                 metadata = await delivery
-            except DRIVER_ERRORS as exc:
-                errors = [
-                    translate(exc, context=f"appending to partition {partition}", run_id=p.run_id)
-                    for p in taken
-                ]
-                if isinstance(errors[0], ProducerFatalError):
-                    # Replaced before anyone hears of it, so a retry uses a sound session. If no
-                    # new producer can be started, the log counts as closed for what is queued.
-                    try:
-                        await self._replace_producer(producer)
-                    except OnwardError as replace_error:
-                        _log.error("could not replace the Kafka producer: %s", replace_error)
-                for pending, error in zip(taken, errors, strict=True):
-                    error.__cause__ = exc
-                    _settle(pending, error=error)
-                continue
-            except BaseException:
-                for pending in taken:
-                    _settle(pending, error=None)
-                raise
-            offset = int(metadata.offset)
+        except TimeoutError:
+            # The batch may still land (the log decides); what is queued behind it is never
+            # sent, so a resume once Kafka answers again finds each step written or not.
+            waiting = [*taken, *queue]
+            queue.clear()
+            for pending in waiting:
+                _settle(pending, error=self._unacknowledged(pending.run_id, partition))
+            return
+        except DRIVER_ERRORS as exc:
+            errors = [
+                translate(exc, context=f"appending to partition {partition}", run_id=p.run_id)
+                for p in taken
+            ]
+            if isinstance(errors[0], ProducerFatalError):
+                # Replaced before anyone hears of it, so a retry uses a sound session. If no
+                # new producer can be started, the log counts as closed for what is queued.
+                try:
+                    await self._replace_producer(producer)
+                except OnwardError as replace_error:
+                    _log.error("could not replace the Kafka producer: %s", replace_error)
+            for pending, error in zip(taken, errors, strict=True):
+                error.__cause__ = exc
+                _settle(pending, error=error)
+            return
+        except BaseException:
             for pending in taken:
-                _settle(pending, offset=offset)
-                offset += len(pending.records)
+                _settle(pending, error=None)
+            raise
+        offset = int(metadata.offset)
+        for pending in taken:
+            _settle(pending, offset=offset)
+            offset += len(pending.records)
 
     async def _read_records(self, request: LogRead) -> list[LogRecord]:
         partition, start, end, run_id, limit = request
@@ -429,10 +446,10 @@ class KafkaEventLog(EventLogBackend):
         reader, self._reader = self._reader, None
         admin, self._admin = self._admin, None
         errors: list[BaseException] = []
-        for stop in (
-            producer.stop if producer else None,
-            reader.stop if reader else None,
-            admin.close if admin else None,
+        for owner, stop in (
+            (producer, producer.stop if producer else None),
+            (reader, reader.stop if reader else None),
+            (admin, admin.close if admin else None),
         ):
             if stop is None:
                 continue
@@ -440,12 +457,27 @@ class KafkaEventLog(EventLogBackend):
                 async with asyncio.timeout(bound):
                     await stop()
             except TimeoutError:
-                # Its own pending batch keeps a producer flushing; it is left to the event loop.
                 _log.warning("closing the Kafka log: %s gave up after %gs", stop.__name__, bound)
+                _drop_connections(owner)
             except DRIVER_ERRORS as exc:
                 errors.append(exc)
         if errors:
             raise translate(errors[0], context="closing the Kafka event log") from errors[0]
+
+
+def _drop_connections(client_owner: Any) -> None:
+    """Close the sockets of a client whose stop gave up on a broker that does not answer.
+
+    aiokafka keeps them open while its stop waits, and a producer's sender would open new ones
+    to retry its batch; stopping the sender and closing the sockets leaves nothing behind. The
+    client is ``client`` on a producer and ``_client`` elsewhere.
+    """
+    sender = getattr(getattr(client_owner, "_sender", None), "sender_task", None)
+    if sender is not None:
+        sender.cancel()
+    client = getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
+    for connection in list(getattr(client, "_conns", {}).values()):
+        connection.close()
 
 
 _GROUP_COMMIT_BYTES = 900_000

@@ -142,6 +142,11 @@ _DESCRIPTIONS: dict[type[Event], Callable[[Any], str]] = {
     ev.Tagged: lambda e: f"seq {e.target_seq} tagged {e.label}",
     ev.RunContinued: lambda e: f"continued as {e.new_run_id}",
     ev.RunFinished: _finished,
+    ev.GraphCheckpointed: lambda e: f"checkpoint {e.checkpoint_id} in {e.checkpoint_ns!r}",
+    ev.GraphWritesSaved: lambda e: (
+        f"{len(e.writes)} writes of task {e.task_id} on checkpoint {e.checkpoint_id}"
+    ),
+    ev.GraphThreadDeleted: lambda e: "thread deleted",
 }
 
 

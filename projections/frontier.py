@@ -25,6 +25,9 @@ from onward.eventlog.events import (
     ApprovalGranted,
     ApprovalRequested,
     Event,
+    GraphCheckpointed,
+    GraphThreadDeleted,
+    GraphWritesSaved,
     ModelAnswered,
     ResumePlanned,
     RunClaimed,
@@ -443,6 +446,14 @@ def _unchanged(d: FrontierDraft, e: Event) -> None:
     return None
 
 
+def _graph_step(d: FrontierDraft, e: Event) -> None:
+    # A graph thread (no `RunStarted`: the framework drives it, not the runner) is only ever
+    # waiting (an interrupt) or not; once its interrupt is answered it goes back to "new", so
+    # nobody mistakes a thread between invocations for an interrupted agent run.
+    if d.status == "running" and not d.agent:
+        d.status = "new"
+
+
 # Each event kind's rule edits the draft; a rule that changes a call returns its new state.
 _RULES: dict[type[Event], Callable[[FrontierDraft, Any], CallState | None]] = {
     RunStarted: _started,
@@ -459,6 +470,9 @@ _RULES: dict[type[Event], Callable[[FrontierDraft, Any], CallState | None]] = {
     Tagged: _tagged,
     RunContinued: _continued,
     RunFinished: _finished,
+    GraphCheckpointed: _graph_step,
+    GraphWritesSaved: _graph_step,
+    GraphThreadDeleted: _graph_step,
 }
 
 

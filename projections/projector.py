@@ -579,6 +579,7 @@ class LogProjector:
         self.projection = projection
         self.batch_size = batch_size
         self._folded: dict[int, int] = {}
+        self._stored_by_me: dict[int, int] = {}
 
     async def _start(
         self, partition: int, stored: Mapping[int, int]
@@ -604,6 +605,17 @@ class LogProjector:
 
     async def _step(self, partitions: Sequence[int] | None) -> int:
         stored = await self.projection.positions()
+        # Another process folding the same file (embedded mode) moved a position this one did
+        # not store: what this projector cached about that partition's runs is stale.
+        moved = [
+            p
+            for p, mine in self._stored_by_me.items()
+            if stored.get(p) != mine and p not in self._folded
+        ]
+        if moved:
+            self.projection.forget(moved)
+            for partition in moved:
+                del self._stored_by_me[partition]
         records: dict[int, list[LogRecord]] = {}
         next_offsets: dict[int, int] = {}
         for partition in partitions if partitions is not None else range(self.log.partitions):
@@ -623,6 +635,7 @@ class LogProjector:
         """Store whatever the projection folded and has not stored yet."""
         try:
             await self.projection.flush()
+            self._stored_by_me.update(self._folded)
         finally:
             self._folded.clear()
 

@@ -153,9 +153,8 @@ class AgentRunner:
     ) -> None:
         if checkpoint_inline and frontiers is None:
             raise ConfigurationError("checkpoint_inline needs a frontier store")
-        owned = False
         if leases is None:
-            leases, owned = default_leases(log)
+            leases = default_leases(log)
         if frontiers is None and not getattr(log, "embedded", False):
             raise ConfigurationError(
                 f"{type(log).__name__} needs a frontier store: without one, resume would read "
@@ -165,9 +164,6 @@ class AgentRunner:
         self.provider = provider
         self.log = log
         self.leases = leases
-        self._owned_leases = leases if owned else None
-        self._opened = not owned
-        self._opening = asyncio.Lock()
         self.frontiers = frontiers
         self.worker = worker or _default_worker()
         self.lease_policy = lease_policy or LeasePolicy()
@@ -192,23 +188,13 @@ class AgentRunner:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def _ready(self) -> None:
-        """Open the lease store the runner brought itself (embedded logs), once."""
-        if self._opened:
-            return
-        async with self._opening:
-            if not self._opened and self._owned_leases is not None:
-                await self._owned_leases.__aenter__()
-                self._opened = True
-
     async def aclose(self) -> None:
-        """Close what the runner opened itself (the embedded log's lease store). Idempotent."""
-        if self._owned_leases is not None and self._opened:
-            self._opened = False
-            await self._owned_leases.close()
+        """Nothing to close: the stores are the caller's (or the embedded log's own).
+
+        A runner can still be scoped like the stores it writes to, with ``async with``.
+        """
 
     async def __aenter__(self) -> Self:
-        await self._ready()
         return self
 
     async def __aexit__(
@@ -224,7 +210,6 @@ class AgentRunner:
         self, run_id: str, tenant: str, holder: str, lease: RunLease | None = None
     ) -> AsyncIterator[Leaseholder]:
         """Hold the run's lease for the block, renewed in the background, released after."""
-        await self._ready()
         async with Leaseholder(
             self.leases, run_id, tenant=tenant, holder=holder, policy=self.lease_policy, lease=lease
         ) as held:
@@ -283,7 +268,6 @@ class AgentRunner:
                 below what the frontier row needs, or the transcript lacks messages); the
                 model is not called.
         """
-        await self._ready()
         carried = await self.resumer.resume(
             agent, run_id, tenant=tenant, worker=self.worker, history=True
         )

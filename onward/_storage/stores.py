@@ -119,16 +119,37 @@ class SqliteStore(Resource):
             mode switch, no file created beside it), for commands that only read; a missing
             file or one that is not an Onward database is a `ConfigurationError`. Every write
             then fails.
+        sharing: Another store of the same file whose connection and thread this one uses; that
+            store opens and closes them (its migrations include this store's tables). Two
+            connections of one process would otherwise take turns at SQLite's write lock
+            through its busy handler, which sleeps.
     """
 
     what: ClassVar[str] = "store"
     """What the store is ("lease store"), for messages."""
 
-    def __init__(self, path: str | Path, *, migrate: bool = True, readonly: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        migrate: bool = True,
+        readonly: bool = False,
+        sharing: SqliteStore | None = None,
+    ) -> None:
         self._path = Path(path)
         self._migrate = migrate and not readonly
         self._readonly = readonly
-        self._db = SqliteThread(self._path, self.what)
+        self._borrowed = sharing is not None
+        self._db: SqliteThread
+        if sharing is not None:
+            if sharing._path.resolve() != self._path.resolve():
+                raise InvalidInputError(
+                    f"a store of {self._path} cannot share the connection of {sharing._path}"
+                )
+            self._readonly = sharing._readonly
+            self._db = sharing._db
+        else:
+            self._db = SqliteThread(self._path, self.what)
 
     @property
     def is_open(self) -> bool:
@@ -141,6 +162,9 @@ class SqliteStore(Resource):
             SchemaMismatchError: The file is at another schema version; with ``migrate=False``,
                 an unmigrated file is one too.
         """
+        if self._borrowed:
+            self._db.connection()  # the sharing store must be open: says how if it is not
+            return
         await self._db.open(self._open)
 
     def _open(self) -> sqlite3.Connection:
@@ -162,8 +186,9 @@ class SqliteStore(Resource):
         await self._db.call(lambda: verify_sqlite(conn, where=str(self._path)), "verifying schema")
 
     async def close(self) -> None:
-        """Close the connection and stop the store's thread. Idempotent."""
-        await self._db.close()
+        """Close the connection and stop the store's thread (unless borrowed). Idempotent."""
+        if not self._borrowed:
+            await self._db.close()
 
 
 class PostgresStore(Resource):

@@ -15,7 +15,12 @@ from onward.eventlog.events import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
+    ChannelValue,
     Event,
+    GraphCheckpointed,
+    GraphThreadDeleted,
+    GraphWrite,
+    GraphWritesSaved,
     Message,
     ModelAnswered,
     ResumePlanned,
@@ -23,6 +28,7 @@ from onward.eventlog.events import (
     RunContinued,
     RunFinished,
     RunStarted,
+    Serialized,
     Tagged,
     ToolCall,
     ToolCompleted,
@@ -59,6 +65,23 @@ ONE_OF_EACH: list[Event] = [
     Tagged(**ENV, target_seq=1, label="important"),
     RunContinued(**ENV, new_run_id="run-2"),
     RunFinished(**ENV, status="completed", output={"ok": True}),
+    GraphCheckpointed(
+        **ENV,
+        checkpoint_ns="",
+        checkpoint_id="cp-2",
+        parent_checkpoint_id="cp-1",
+        checkpoint=Serialized(type="msgpack", data=b"\x81\xa1v\x01"),
+        metadata=Serialized(type="msgpack", data=b"\x80"),
+        values=[ChannelValue(channel="a", version="1", value=None)],
+    ),
+    GraphWritesSaved(
+        **ENV,
+        checkpoint_id="cp-2",
+        task_id="t1",
+        task_path="~",
+        writes=[GraphWrite(channel="a", idx=0, value=Serialized(type="null"))],
+    ),
+    GraphThreadDeleted(**ENV),
 ]
 
 
@@ -78,6 +101,9 @@ def test_tags_are_stable() -> None:
         "Tagged": "tagged",
         "RunContinued": "run.continued",
         "RunFinished": "run.finished",
+        "GraphCheckpointed": "graph.checkpointed",
+        "GraphWritesSaved": "graph.writes",
+        "GraphThreadDeleted": "graph.thread_deleted",
     }
 
 

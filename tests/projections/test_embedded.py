@@ -127,3 +127,27 @@ async def test_catch_up_folds_what_another_process_appended(
     expected, _ = await direct_fold(embedded.inner, run_ids_of(steps))
     loaded = await embedded.store.load(run_ids_of(steps))
     assert {r: row.frontier for r, row in loaded.items()} == expected
+
+
+async def test_two_processes_checkpointing_one_file_fold_on_each_others_rows(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    """Each checkpointer caches frontiers between folds; one that sees a position it did not
+    store drops what it cached for that partition, so it never folds on a stale row."""
+    path = tmp_path / "onward.db"
+    async with (
+        SqliteEventLog(path, partitions=2) as log,
+        SqliteFrontierStore(path) as first_store,
+        SqliteFrontierStore(path) as second_store,
+    ):
+        first, second = Checkpointer(first_store, log), Checkpointer(second_store, log)
+        steps = workload(rng, 12, zombies=0)
+        for i, step in enumerate(steps):
+            positions = await log.append(step)
+            folder = first if (i // 3) % 2 == 0 else second  # the two take turns, a few each
+            await folder.catch_up([positions[0].partition])
+        await first.catch_up()
+        run_ids = run_ids_of(steps)
+        rows = await first_store.load(run_ids)
+        assert sum(row.summary.refused for row in rows.values()) == 0
+        await assert_stored_is_the_direct_fold(first_store, log, run_ids)

@@ -1,0 +1,825 @@
+"""`OnwardSaver`: LangGraph's checkpointer on Onward's log, one writer per thread.
+
+A thread is a run (``thread_id`` is the run id; the tenant is the saver's). Every ``put`` and
+``put_writes`` is an event (`GraphCheckpointed`, `GraphWritesSaved`) appended under the thread's
+lease and carrying its fence, so the rules of every other run hold: one writer at a time, and
+whatever a superseded writer appends after another one claimed the thread is refused by every
+reader (the fold and `SequenceGuard`). An ``INTERRUPT`` write is also an `ApprovalRequested`,
+so Onward's ``list_pending`` sees the thread waiting; the ``RESUME`` write that answers it is
+an `ApprovalGranted`.
+
+Writing. The first write of a thread takes its lease (or ``async with saver.hold(thread_id)``
+takes it explicitly), reads the thread, raises the store's fence above the log's if need be,
+and appends `RunClaimed`. The lease is renewed in the background until ``release`` /
+``hold``'s end / ``aclose``. After each append the saver confirms the lease with the store: if
+it still holds it, nobody has claimed the thread since, so the write counts; if not, the call
+raises `FencedError` and the graph run must end (LangGraph ends it: the error propagates).
+Every later write of that thread raises `FencedError` too, rather than claim the thread again
+and carry on from a state another writer has moved past, until the thread is read afresh
+(``aget_tuple`` of its latest checkpoint, which is how a new invocation starts) or released.
+
+Reading, with read-your-writes. A thread this saver holds is served from what it folded while
+writing (the same fold a reader applies to the log). Any other thread is folded from the log,
+from the run's first event where a frontier row says where that is, else from the start of its
+partition; the fold is kept, so reading the thread again reads only the log's new tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self, TypeVar, cast
+
+import msgspec
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
+from langgraph.types import Interrupt
+
+from onward.errors import FencedError, InvalidInputError, LogTruncatedError, OnwardError
+from onward.eventlog import (
+    ApprovalGranted,
+    ApprovalRequested,
+    ChannelValue,
+    Event,
+    EventLog,
+    GraphCheckpointed,
+    GraphThreadDeleted,
+    GraphWrite,
+    GraphWritesSaved,
+    RunClaimed,
+    Serialized,
+    StoredEvent,
+    partition_for,
+)
+from onward.projections import FrontierStore
+from onward.runtime.leases import Leaseholder, LeasePolicy, LeaseStore, RunLease
+
+from .thread import ThreadState
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+FOLLOWED_THREADS = 1024
+"""How many threads the saver does not hold it keeps folded, so a reread reads only the tail."""
+
+_Batch = list[tuple[type[Event], dict[str, Any]]]
+"""The events a write makes: each kind with its fields, the envelope to be added."""
+
+
+@dataclass(slots=True)
+class _Held:
+    """A thread this saver holds: its lease, its fold, and the lock its writes take."""
+
+    holder: Leaseholder
+    state: ThreadState
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    explicit: int = 0
+    stale: bool = False
+    """An append failed without saying whether it landed: fold the thread from the log again."""
+
+
+class OnwardSaver(BaseCheckpointSaver[str]):
+    """LangGraph's `BaseCheckpointSaver` on an Onward event log.
+
+    The async methods are the real ones. The sync ones (``put``, ``get_tuple``, ``list``, …)
+    run the async ones on the event loop the saver was opened on, and so may only be called
+    from another thread (LangGraph's sync ``invoke`` run in a worker thread, say); from the
+    loop's own thread they raise `InvalidInputError` rather than deadlock.
+
+    Args:
+        log: The event log every write is appended to.
+        leases: The lease store that decides which process writes a thread.
+        tenant: The tenant of every thread this saver writes and reads.
+        frontiers: Frontier rows, if a projector (or ``checkpoint_inline``) keeps them: they say
+            where a run's first event is, so a read starts there instead of at the partition's
+            start.
+        checkpoint_inline: Fold the frontier row right after an interrupt or its answer is
+            appended (embedded mode, where no projector runs), so ``list_pending`` sees it.
+        holder: This process's name as other writers see it in `ResumeConflictError`.
+        policy: The lease's ttl and renewal margin.
+        serde: LangGraph's serializer (its default, ``JsonPlusSerializer``, if omitted).
+    """
+
+    def __init__(
+        self,
+        log: EventLog,
+        leases: LeaseStore,
+        *,
+        tenant: str,
+        frontiers: FrontierStore | None = None,
+        checkpoint_inline: bool = False,
+        holder: str | None = None,
+        policy: LeasePolicy | None = None,
+        serde: SerializerProtocol | None = None,
+    ) -> None:
+        super().__init__(serde=serde)
+        if not tenant:
+            raise InvalidInputError("OnwardSaver needs a tenant")
+        if checkpoint_inline and frontiers is None:
+            raise InvalidInputError("checkpoint_inline needs a frontier store (frontiers=...)")
+        self.log = log
+        self.leases = leases
+        self.tenant = tenant
+        self.frontiers = frontiers
+        self.holder = holder or f"langgraph@{socket.gethostname()}:{os.getpid()}"
+        self.policy = policy or LeasePolicy()
+        self._checkpointer: Any = None
+        if checkpoint_inline and frontiers is not None:
+            from onward.runtime.checkpoint import Checkpointer  # noqa: PLC0415
+
+            self._checkpointer = Checkpointer(frontiers, log)
+        self._held: dict[str, _Held] = {}
+        self._lost: set[str] = set()
+        self._followed: OrderedDict[str, ThreadState] = OrderedDict()
+        self._taking: dict[str, asyncio.Lock] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._loop = asyncio.get_running_loop()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release every thread this saver holds. The log and stores stay open (not ours)."""
+        for thread_id in list(self._held):
+            await self.arelease(thread_id)
+
+    async def arelease(self, thread_id: str) -> None:
+        """Hand a thread's lease back, so another process may write it without waiting."""
+        self._lost.discard(thread_id)
+        held = self._held.pop(thread_id, None)
+        if held is not None:
+            await held.holder.__aexit__(None, None, None)
+
+    @asynccontextmanager
+    async def hold(self, thread_id: str) -> AsyncIterator[None]:
+        """Hold a thread's lease for a block (a graph run), releasing it at the end.
+
+        Raises:
+            ResumeConflictError: Another process holds the thread.
+        """
+        held = await self._hold(thread_id)
+        held.explicit += 1
+        try:
+            yield
+        finally:
+            held.explicit -= 1
+            if held.explicit == 0 and self._held.get(thread_id) is held:
+                await self.arelease(thread_id)
+
+    def lease(self, thread_id: str) -> RunLease | None:
+        """The lease this saver holds on a thread (its fence is on every write), if any."""
+        held = self._held.get(thread_id)
+        if held is None or held.holder.fenced.is_set():
+            return None
+        return held.holder.lease
+
+    def holds(self, thread_id: str) -> bool:
+        """Whether this saver holds the thread's lease (and has not learnt it lost it)."""
+        held = self._held.get(thread_id)
+        return held is not None and not held.holder.fenced.is_set()
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def aread_thread(self, thread_id: str) -> ThreadState:
+        """The thread folded from the log now, with what every reader refused (for audit).
+
+        Takes no lease and writes nothing.
+        """
+        return await self._read(thread_id)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread_id = _thread_id(config)
+        ns: str = config["configurable"].get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config)
+        state = await self._state(thread_id)
+        if checkpoint_id is None:
+            # A graph invocation starts by loading the latest checkpoint: from here on it
+            # builds on what the log says, so a saver that lost the thread may write again.
+            self._lost.discard(thread_id)
+        saved = state.checkpoints.get(ns, {})
+        if checkpoint_id is None:
+            if not saved:
+                return None
+            checkpoint_id = max(saved)
+        event = saved.get(checkpoint_id)
+        if event is None:
+            return None
+        return self._tuple(state, thread_id, event)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        if config is None:
+            raise InvalidInputError(
+                "OnwardSaver lists one thread at a time: pass a config with a thread_id "
+                "(listing every thread needs a projection of threads, which is not built yet)"
+            )
+        thread_id = _thread_id(config)
+        wanted_ns: str | None = config["configurable"].get("checkpoint_ns")
+        wanted_id = get_checkpoint_id(config)
+        before_id = get_checkpoint_id(before) if before else None
+        state = await self._state(thread_id)
+        found: list[tuple[str, GraphCheckpointed]] = [
+            (checkpoint_id, event)
+            for ns, saved in state.checkpoints.items()
+            if wanted_ns is None or ns == wanted_ns
+            for checkpoint_id, event in saved.items()
+        ]
+        found.sort(key=lambda item: item[0], reverse=True)
+        left = limit
+        for checkpoint_id, event in found:
+            if wanted_id and checkpoint_id != wanted_id:
+                continue
+            if before_id and checkpoint_id >= before_id:
+                continue
+            if filter:
+                metadata = self.serde.loads_typed(_typed(event.metadata))
+                if not all(metadata.get(k) == v for k, v in filter.items()):
+                    continue
+            if left is not None:
+                if left <= 0:
+                    return
+                left -= 1
+            yield self._tuple(state, thread_id, event)
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        thread_id = _thread_id(config)
+        ns: str = config["configurable"].get("checkpoint_ns", "")
+        bare: dict[str, Any] = dict(checkpoint)
+        values: dict[str, Any] = bare.pop("channel_values", {})
+        changed = [
+            ChannelValue(
+                channel=channel,
+                version=_version_key(version),
+                value=_serialized(self.serde.dumps_typed(values[channel]))
+                if channel in values
+                else None,
+            )
+            for channel, version in new_versions.items()
+        ]
+        saved: dict[str, Any] = {
+            "checkpoint_ns": ns,
+            "checkpoint_id": checkpoint["id"],
+            "parent_checkpoint_id": config["configurable"].get("checkpoint_id"),
+            "checkpoint": _serialized(self.serde.dumps_typed(bare)),
+            "metadata": _serialized(
+                self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
+            ),
+            "values": changed,
+        }
+
+        def events(state: ThreadState) -> _Batch:
+            return [(GraphCheckpointed, saved)]
+
+        await self._write(thread_id, events)
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        thread_id = _thread_id(config)
+        ns: str = config["configurable"].get("checkpoint_ns", "")
+        checkpoint_id: str = config["configurable"]["checkpoint_id"]
+        indexed = [
+            (WRITES_IDX_MAP.get(channel, idx), channel, value)
+            for idx, (channel, value) in enumerate(writes)
+        ]
+
+        def events(state: ThreadState) -> _Batch:
+            new = [
+                GraphWrite(
+                    channel=channel, idx=idx, value=_serialized(self.serde.dumps_typed(value))
+                )
+                for idx, channel, value in indexed
+                if state.is_new_write(ns, checkpoint_id, (task_id, idx))
+            ]
+            if not new:
+                return []
+            batch: _Batch = []
+            channels = {w.channel for w in new}
+            if RESUME in channels and state.waiting_on is not None:
+                batch.append((ApprovalGranted, {"request_id": state.waiting_on, "by": self.holder}))
+            batch.append(
+                (
+                    GraphWritesSaved,
+                    {
+                        "checkpoint_ns": ns,
+                        "checkpoint_id": checkpoint_id,
+                        "task_id": task_id,
+                        "task_path": task_path,
+                        "writes": new,
+                    },
+                )
+            )
+            if INTERRUPT in channels:
+                batch.append(
+                    (
+                        ApprovalRequested,
+                        {
+                            "request_id": _interrupt_id(ns, checkpoint_id, task_id, indexed),
+                            "prompt": "LangGraph interrupt",
+                            "details": {
+                                "checkpoint_ns": ns,
+                                "checkpoint_id": checkpoint_id,
+                                "task_id": task_id,
+                            },
+                        },
+                    )
+                )
+            return batch
+
+        await self._write(thread_id, events)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Forget every checkpoint and write of a thread (a `GraphThreadDeleted` event).
+
+        The log is append-only: readers stop seeing the thread's past at once, and its bytes
+        go when compaction cuts the run's prefix (compaction is not built yet). A thread the
+        saver did not hold is released again afterwards.
+        """
+        held_before = thread_id in self._held
+        if not held_before:
+            state = await self._read(thread_id)
+            if not state.checkpoints and not state.writes:
+                return
+
+        def events(state: ThreadState) -> _Batch:
+            if not state.checkpoints and not state.writes:
+                return []
+            return [(GraphThreadDeleted, {})]
+
+        await self._write(thread_id, events)
+        if not held_before:
+            await self.arelease(thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint and pending write of one thread onto another.
+
+        Each checkpoint goes over with its writes as one append to the target thread, under the
+        target's lease, in the order the source saved them, so the target's values and its
+        parent chain are the source's. The source is only read.
+        """
+        source = await self._state(source_thread_id)
+        saved = sorted(
+            (
+                event
+                for checkpoints in source.checkpoints.values()
+                for event in checkpoints.values()
+            ),
+            key=lambda e: (e.checkpoint_id, e.checkpoint_ns),
+        )
+        for event in saved:
+            tasks: dict[tuple[str, str], list[GraphWrite]] = {}
+            for (task_id, idx), write in source.writes.get(
+                (event.checkpoint_ns, event.checkpoint_id), {}
+            ).items():
+                tasks.setdefault((task_id, write.task_path), []).append(
+                    GraphWrite(channel=write.channel, idx=idx, value=write.value)
+                )
+            batch: _Batch = [
+                (
+                    GraphCheckpointed,
+                    {
+                        "checkpoint_ns": event.checkpoint_ns,
+                        "checkpoint_id": event.checkpoint_id,
+                        "parent_checkpoint_id": event.parent_checkpoint_id,
+                        "checkpoint": event.checkpoint,
+                        "metadata": event.metadata,
+                        "values": event.values,
+                    },
+                ),
+                *(
+                    (
+                        GraphWritesSaved,
+                        {
+                            "checkpoint_ns": event.checkpoint_ns,
+                            "checkpoint_id": event.checkpoint_id,
+                            "task_id": task_id,
+                            "task_path": task_path,
+                            "writes": writes,
+                        },
+                    )
+                    for (task_id, task_path), writes in tasks.items()
+                ),
+            ]
+            await self._write(target_thread_id, _constant(batch))
+
+    def get_next_version(self, current: str | int | None, channel: None) -> str:
+        """A monotonically increasing version: the counter, then a random tie-breaker.
+
+        The same scheme as LangGraph's own savers, so threads move between savers unchanged.
+        """
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(current.split(".")[0])
+        next_h = random.random()  # noqa: S311 - a tie-breaker, not a secret
+        return f"{current_v + 1:032}.{next_h:016}"
+
+    # -- sync API: the async methods on the saver's loop -----------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._sync(self.aget_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        async def collect() -> list[CheckpointTuple]:
+            return [t async for t in self.alist(config, filter=filter, before=before, limit=limit)]
+
+        yield from self._sync(collect())
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return self._sync(self.aput(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        self._sync(self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._sync(self.adelete_thread(thread_id))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._sync(self.acopy_thread(source_thread_id, target_thread_id))
+
+    def _sync(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        loop = self._loop
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop or loop.is_closed():
+            coro.close()
+            raise InvalidInputError(
+                "OnwardSaver's sync methods run its async ones on the loop it was opened on "
+                "(`async with saver:`), so call them from another thread; on that loop use "
+                "the async API (ainvoke, astream, aget_state)"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    # -- the write path --------------------------------------------------------------------
+
+    async def _write(
+        self,
+        thread_id: str,
+        build: Callable[[ThreadState], _Batch],
+    ) -> None:
+        """Append what ``build`` makes of the thread's state, under its lease, and fold it.
+
+        Raises:
+            FencedError: The lease was lost before or during the append; nothing more may be
+                written by this graph run.
+            ResumeConflictError: Another process holds the thread.
+        """
+        self._remember_loop()
+        held = await self._hold(thread_id)
+        async with held.lock:
+            try:
+                await held.holder.check()
+            except FencedError:
+                await self._drop(thread_id, held, lost=True)
+                raise
+            state = await self._fresh(thread_id, held)
+            fence = held.holder.lease.fence
+            at = time.time_ns() // 1_000
+            batch = [
+                kind(
+                    run_id=thread_id,
+                    tenant=self.tenant,
+                    seq=state.last_seq + 1 + i,
+                    fence=fence,
+                    at=at,
+                    **fields,
+                )
+                for i, (kind, fields) in enumerate(build(state))
+            ]
+            if not batch:
+                return
+            try:
+                positions = await self.log.append(batch)
+            except BaseException:
+                # Perhaps stored, perhaps not: the log says which, under the same lease.
+                held.stale = True
+                raise
+            try:
+                # Still the holder after the append: nobody claimed the thread before it, so
+                # the write counts for every reader.
+                await held.holder.confirm()
+            except FencedError:
+                await self._drop(thread_id, held, lost=True)
+                raise
+            except BaseException:
+                held.stale = True  # the store could not say; the graph run stops here
+                raise
+            for event, position in zip(batch, positions, strict=True):
+                state.apply(StoredEvent(position, cast(Any, event)))
+            if self._checkpointer is not None and any(
+                isinstance(e, ApprovalRequested | ApprovalGranted) for e in batch
+            ):
+                try:
+                    await self._checkpointer.catch_up([positions[0].partition])
+                except OnwardError as exc:
+                    # The row lags; the log has the interrupt, and the next fold catches up.
+                    logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
+
+    async def _hold(self, thread_id: str) -> _Held:
+        """The thread's holding, taking the lease and claiming the thread if need be.
+
+        Raises:
+            FencedError: This saver lost the thread while writing it, and it has not been read
+                since: the graph run that was writing must stop, not claim the thread again
+                and carry on from a state another writer has moved past.
+        """
+        self._remember_loop()
+        held = self._held.get(thread_id)
+        if held is not None and not held.holder.fenced.is_set():
+            return held
+        lock = self._taking.setdefault(thread_id, asyncio.Lock())
+        async with lock:
+            held = self._held.get(thread_id)
+            if held is not None:
+                if not held.holder.fenced.is_set():
+                    return held
+                await self._drop(thread_id, held, lost=True)
+            if thread_id in self._lost:
+                raise FencedError(
+                    f"run {thread_id!r}: this saver lost the thread's lease to another writer "
+                    "while a graph run was writing it; that run must stop. A new invocation, "
+                    "which reads the thread first, may write again",
+                    run_id=thread_id,
+                )
+            held = await self._claim(thread_id)
+            self._held[thread_id] = held
+            return held
+
+    async def _claim(self, thread_id: str) -> _Held:
+        """Take the lease, read the thread, lift the fence above the log's, append the claim."""
+        self._followed.pop(thread_id, None)  # held from here on: its own fold serves reads
+        holder = Leaseholder(
+            self.leases, thread_id, tenant=self.tenant, holder=self.holder, policy=self.policy
+        )
+        await holder.__aenter__()
+        try:
+            state = await self._read(thread_id)
+            if holder.lease.fence <= state.fence:
+                await holder.raise_fence(state.fence)
+            claim = RunClaimed(
+                run_id=thread_id,
+                tenant=self.tenant,
+                seq=state.last_seq + 1,
+                fence=holder.lease.fence,
+                at=time.time_ns() // 1_000,
+                worker=self.holder,
+            )
+            (position,) = await self.log.append([claim])
+            # Whatever a superseded writer slipped in before the claim landed is part of the
+            # thread; whatever it writes after is refused by every reader.
+            between = await self.log.read_run(
+                thread_id, start=state.next_offset, end=position.offset + 1
+            )
+            for stored in between:
+                state.apply(stored)
+        except BaseException as exc:
+            await holder.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return _Held(holder, state)
+
+    async def _drop(self, thread_id: str, held: _Held, *, lost: bool) -> None:
+        """Stop holding a thread; ``lost``: another writer took it while this one wrote."""
+        if self._held.get(thread_id) is held:
+            del self._held[thread_id]
+        if lost:
+            self._lost.add(thread_id)
+        await held.holder.__aexit__(None, None, None)
+
+    # -- the read path ---------------------------------------------------------------------
+
+    async def _state(self, thread_id: str) -> ThreadState:
+        """What this saver wrote (read-your-writes) if it holds the thread, else the log's."""
+        self._remember_loop()
+        held = self._held.get(thread_id)
+        if held is not None and not held.holder.fenced.is_set():
+            async with held.lock:
+                return await self._fresh(thread_id, held)
+        return await self._follow(thread_id)
+
+    async def _follow(self, thread_id: str) -> ThreadState:
+        """A thread this saver does not hold, folded to the log's end: only the new tail is
+        read when the thread was read before (the fold is incremental, refusals included).
+        """
+        state = self._followed.pop(thread_id, None)
+        start = state.next_offset if state is not None else None
+        if state is None or start is None:
+            state = await self._read(thread_id)
+        else:
+            partition = partition_for(thread_id, self.log.partitions)
+            end = (await self.log.bounds(partition)).end
+            try:
+                tail = await self.log.read_run(thread_id, start=start, end=end)
+            except LogTruncatedError:
+                state = await self._read(thread_id)
+            else:
+                for stored in tail:
+                    state.apply(stored)
+                state.next_offset = max(start, end)
+                self._check_tenant(state)
+        self._followed[thread_id] = state
+        while len(self._followed) > FOLLOWED_THREADS:
+            self._followed.popitem(last=False)
+        return state
+
+    async def _fresh(self, thread_id: str, held: _Held) -> ThreadState:
+        """The held thread's fold, read again from the log if an append left it in doubt."""
+        if held.stale:
+            held.state = await self._read(thread_id)
+            held.stale = False
+        return held.state
+
+    async def _read(self, thread_id: str) -> ThreadState:
+        """Fold the thread from the log, from its first event where a frontier row says so.
+
+        Raises:
+            InvalidInputError: The run under this thread id belongs to another tenant.
+        """
+        start: int | None = None
+        if self.frontiers is not None:
+            row = await self.frontiers.get(thread_id)
+            if row is not None and row.frontier is not None and row.frontier.first_offset >= 0:
+                start = row.frontier.first_offset
+        partition = partition_for(thread_id, self.log.partitions)
+        end = (await self.log.bounds(partition)).end
+        state = ThreadState(run_id=thread_id, next_offset=start)
+        for stored in await self.log.read_run(thread_id, start=start, end=end):
+            state.apply(stored)
+        state.next_offset = max(state.next_offset or 0, end)
+        self._check_tenant(state)
+        return state
+
+    def _check_tenant(self, state: ThreadState) -> None:
+        if state.tenant and state.tenant != self.tenant:
+            raise InvalidInputError(
+                f"thread {state.run_id!r} is a run of tenant {state.tenant!r}, not of "
+                f"{self.tenant!r}; use another thread id or a saver of that tenant",
+                run_id=state.run_id,
+            )
+
+    def _tuple(
+        self, state: ThreadState, thread_id: str, event: GraphCheckpointed
+    ) -> CheckpointTuple:
+        ns = event.checkpoint_ns
+        checkpoint = self.serde.loads_typed(_typed(event.checkpoint))
+        values: dict[str, Any] = {}
+        for channel, version in checkpoint["channel_versions"].items():
+            stored = state.values.get((ns, channel, _version_key(version)))
+            if stored is not None:
+                values[channel] = self.serde.loads_typed(_typed(stored))
+        checkpoint["channel_values"] = values
+        writes = state.writes.get((ns, event.checkpoint_id), {})
+        ordered = sorted(writes.items(), key=lambda kv: writes_sort_key(kv[1].task_path, *kv[0]))
+        return CheckpointTuple(
+            config={
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": event.checkpoint_id,
+                }
+            },
+            checkpoint=checkpoint,
+            metadata=self.serde.loads_typed(_typed(event.metadata)),
+            parent_config=(
+                {
+                    "configurable": {
+                        "thread_id": thread_id,
+                        "checkpoint_ns": ns,
+                        "checkpoint_id": event.parent_checkpoint_id,
+                    }
+                }
+                if event.parent_checkpoint_id
+                else None
+            ),
+            pending_writes=[
+                (w.task_id, w.channel, self.serde.loads_typed(_typed(w.value))) for _, w in ordered
+            ],
+        )
+
+    def _remember_loop(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+
+
+def _constant(batch: _Batch) -> Callable[[ThreadState], _Batch]:
+    """A batch that does not depend on the thread's state."""
+    return lambda _state: batch
+
+
+def _thread_id(config: RunnableConfig) -> str:
+    try:
+        thread_id = config["configurable"]["thread_id"]
+    except KeyError:
+        raise InvalidInputError(
+            "a LangGraph config for OnwardSaver needs configurable.thread_id"
+        ) from None
+    return str(thread_id)
+
+
+def _version_key(version: Any) -> str:
+    """A channel version as its JSON text, so versions 1 and "1" stay distinct."""
+    return msgspec.json.encode(version).decode()
+
+
+def _serialized(typed: tuple[str, bytes]) -> Serialized:
+    return Serialized(type=typed[0], data=typed[1])
+
+
+def _typed(value: Serialized) -> tuple[str, bytes]:
+    return (value.type, value.data)
+
+
+def _interrupt_id(
+    ns: str, checkpoint_id: str, task_id: str, writes: Sequence[tuple[int, str, Any]]
+) -> str:
+    """The approval request id of an interrupt: LangGraph's interrupt id where it has one."""
+    for _, channel, value in writes:
+        if channel != INTERRUPT:
+            continue
+        items = value if isinstance(value, list | tuple) else [value]
+        for item in items:
+            if isinstance(item, Interrupt) and item.id:
+                return f"langgraph:{item.id}"
+    return f"langgraph:{ns}:{checkpoint_id}:{task_id}"
+
+
+__all__ = ["OnwardSaver"]

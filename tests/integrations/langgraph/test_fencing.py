@@ -1,0 +1,269 @@
+"""langgraph#8796 as a test: a paused writer comes back after another took its thread over.
+
+Worker A (a real subprocess) writes a thread, is stopped with SIGSTOP past its lease's ttl,
+worker B takes the thread over and writes, A is thawed and writes again. A is told
+(`FencedError`), whatever A got into the log after B's claim is refused by every reader, the
+thread does not fork, and ``get_tuple`` returns B's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Self
+
+import pytest
+
+from onward.errors import FencedError, ResumeConflictError
+from onward.eventlog import Refusal, RunClaimed
+from onward.integrations.langgraph import OnwardSaver, ThreadState
+from onward.runtime.leases import LeasePolicy, LeaseStore, RunLease
+
+from .graphs import config, steps_graph
+from .worlds import TENANT, World, kafka_world, sqlite_world
+
+TESTS = Path(__file__).resolve().parents[2]
+TTL_S = 1.5
+
+
+@asynccontextmanager
+async def worker_a(
+    spec: dict[str, str], thread_id: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "integrations.langgraph.fence_child",
+        json.dumps(spec),
+        thread_id,
+        str(TTL_S),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )
+    try:
+        assert await _line(child) == "ready"
+        yield child
+    finally:
+        if child.returncode is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+        await child.wait()
+
+
+async def _line(child: asyncio.subprocess.Process) -> str:
+    assert child.stdout is not None
+    return (await asyncio.wait_for(child.stdout.readline(), 30)).decode().strip()
+
+
+async def _send(child: asyncio.subprocess.Process, command: str) -> None:
+    assert child.stdin is not None
+    child.stdin.write(f"{command}\n".encode())
+    await child.stdin.drain()
+
+
+async def _step(child: asyncio.subprocess.Process) -> str:
+    await _send(child, "step")
+    return await _line(child)
+
+
+def _assert_no_fork(state: ThreadState) -> None:
+    saved = state.checkpoints[""]
+    parents = [e.parent_checkpoint_id for e in saved.values()]
+    assert len(parents) == len(set(parents)), "two checkpoints share a parent: the thread forked"
+
+
+async def _scenario(world: World, spec: dict[str, str]) -> None:
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    async with worker_a(spec, thread_id) as a:
+        assert await _step(a) == "ok"
+        await _send(a, "pause")
+        assert await _line(a) == "in-node"  # A is in the middle of its second graph run
+        a.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(TTL_S + 1.0)
+
+        async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
+            graph_b = steps_graph("B", saver_b)
+            await graph_b.ainvoke({"steps": []}, config(thread_id))
+            claim_b = (await saver_b.aread_thread(thread_id)).fence
+
+            a.send_signal(signal.SIGCONT)
+            assert await _line(a) == "fenced"  # its run's next write is refused
+            # A new invocation reads the thread first; B holds it, so A waits its turn.
+            assert await _step(a) == "error ResumeConflictError"
+
+            await graph_b.ainvoke({"steps": []}, config(thread_id))
+            # B's own view (read-your-writes) and a fresh reader's agree.
+            mine = await graph_b.aget_state(config(thread_id))
+            assert mine.values["steps"] == ["A", "B", "B"]
+
+    async with world.saver(holder="reader") as reader:
+        state = await reader.aread_thread(thread_id)
+        latest = await reader.aget_tuple(config(thread_id))
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B", "B"]
+        _assert_no_fork(state)
+        await _assert_late_writes_refused(world, state, thread_id, claim_b)
+
+
+async def _assert_late_writes_refused(
+    world: World, state: ThreadState, thread_id: str, claim: int
+) -> None:
+    """Exactly what a lower fence appended after the claim under ``claim`` is refused."""
+    stored = await world.log.read_run(thread_id)
+    claimed_at = next(
+        s.position.offset
+        for s in stored
+        if isinstance(s.event, RunClaimed) and s.event.fence == claim
+    )
+    late = [s.position for s in stored if s.position.offset > claimed_at and s.event.fence < claim]
+    assert [r.stored.position for r in state.refused] == late
+    assert all(r.reason is Refusal.SUPERSEDED_FENCE for r in state.refused)
+
+
+@pytest.mark.slow
+async def test_paused_writer_is_fenced_on_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "onward.db"
+    async with sqlite_world(path) as world:
+        await _scenario(world, {"kind": "sqlite", "path": str(path)})
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+async def test_paused_writer_is_fenced_on_kafka_postgres_redis(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    spec = {
+        "kind": "kafka",
+        "bootstrap": kafka_bootstrap,
+        "topic": kafka_topic,
+        "database_url": database_url,
+        "schema": pg_schema,
+        "redis_url": redis_url,
+        "prefix": redis_prefix,
+    }
+    async with kafka_world(
+        kafka_bootstrap, kafka_topic, database_url, pg_schema, redis_url, redis_prefix
+    ) as world:
+        await _scenario(world, spec)
+
+
+class StalledRenewals:
+    """A lease store whose renewals wait while ``stalled``: a holder that cannot hear the store.
+
+    It stands for a writer whose process was paused: its writes go on, its renewals (and the
+    confirmation after each append) do not reach the store until it is thawed.
+    """
+
+    def __init__(self, store: LeaseStore) -> None:
+        self.store = store
+        self.thawed = asyncio.Event()
+        self.thawed.set()
+
+    async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
+        return await self.store.acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
+
+    async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
+        await self.thawed.wait()
+        return await self.store.renew(lease, ttl_s=ttl_s)
+
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        return await self.store.raise_fence(lease, above=above)
+
+    async def release(self, lease: RunLease) -> None:
+        await self.store.release(lease)
+
+    async def current(self, run_id: str) -> RunLease | None:
+        return await self.store.current(run_id)
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def _takeover_unnoticed(world: World) -> None:
+    """A's write lands after B's claim (A has not heard yet): refused, and A is told after."""
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    stalling = StalledRenewals(world.leases)
+    saver_a = OnwardSaver(
+        world.log,
+        stalling,
+        tenant=TENANT,
+        holder="worker-a",
+        policy=LeasePolicy(ttl=timedelta(seconds=TTL_S)),
+    )
+    async with saver_a:
+        graph_a = steps_graph("A", saver_a)
+        await graph_a.ainvoke({"steps": []}, config(thread_id))
+        stalling.thawed.clear()
+        await asyncio.sleep(TTL_S + 0.5)
+
+        async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
+            graph_b = steps_graph("B", saver_b)
+            await graph_b.ainvoke({"steps": []}, config(thread_id))
+            claim_b = (await saver_b.aread_thread(thread_id)).fence
+
+            stale = asyncio.create_task(graph_a.ainvoke({"steps": []}, config(thread_id)))
+            # A appends from its own stale view, then waits to confirm its lease.
+            while not (await saver_b.aread_thread(thread_id)).refused:  # noqa: ASYNC110 - the log is what we watch
+                await asyncio.sleep(0.05)
+            stalling.thawed.set()
+            with pytest.raises(FencedError):
+                await stale
+            assert not saver_a.holds(thread_id)
+            # The fenced run cannot claim the thread back and carry on from its stale state...
+            head = await saver_b.aget_tuple(config(thread_id))
+            assert head is not None
+            with pytest.raises(FencedError):
+                await saver_a.aput_writes(head.config, [("steps", ["A"])], "late-task")
+            # ...while a new invocation, which reads the thread first, just waits its turn.
+            assert await saver_a.aget_tuple(config(thread_id)) == head
+            with pytest.raises(ResumeConflictError):
+                await saver_a.aput_writes(head.config, [("steps", ["A"])], "late-task")
+
+            state = await saver_b.aread_thread(thread_id)
+            assert state.refused
+            await _assert_late_writes_refused(world, state, thread_id, claim_b)
+            _assert_no_fork(state)
+            for reader in (saver_b, saver_a):  # the writer, and the fenced one reading afresh
+                latest = await reader.aget_tuple(config(thread_id))
+                assert latest is not None
+                assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
+
+
+async def test_write_after_takeover_is_refused_on_sqlite(tmp_path: Path) -> None:
+    async with sqlite_world(tmp_path / "onward.db") as world:
+        await _takeover_unnoticed(world)
+
+
+@pytest.mark.kafka
+async def test_write_after_takeover_is_refused_on_kafka_postgres_redis(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    async with kafka_world(
+        kafka_bootstrap, kafka_topic, database_url, pg_schema, redis_url, redis_prefix
+    ) as world:
+        await _takeover_unnoticed(world)

@@ -1,0 +1,239 @@
+"""`OnwardSaver` beyond the conformance suite: leases, interrupts, reads by others, sync calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import TypedDict, cast
+
+import pytest
+import pytest_asyncio
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+import onward.integrations.langgraph as lg
+from onward.errors import BackendUnavailableError, InvalidInputError, ResumeConflictError
+from onward.eventlog import (
+    Event,
+    EventLog,
+    GraphCheckpointed,
+    PartitionBounds,
+    Position,
+    StoredEvent,
+    partition_for,
+)
+from onward.integrations.langgraph import OnwardSaver
+from onward.runtime.manager import ExecutionManager
+
+from .graphs import config, steps_graph
+from .worlds import TENANT, World, sqlite_world
+
+
+@pytest_asyncio.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    async with sqlite_world(tmp_path / "onward.db") as opened:
+        yield opened
+
+
+def test_exports() -> None:
+    assert sorted(lg.__all__) == ["OnwardSaver", "StoredWrite", "ThreadState"]
+
+
+async def test_a_reader_that_holds_nothing_sees_what_the_writer_wrote(world: World) -> None:
+    async with world.saver(holder="writer") as writer, world.saver(holder="reader") as reader:
+        await steps_graph("W", writer).ainvoke({"steps": []}, config("t"))
+        await steps_graph("W", writer).ainvoke({"steps": []}, config("t"))
+        mine = await writer.aget_tuple(config("t"))
+        theirs = await reader.aget_tuple(config("t"))
+        assert mine is not None
+        assert theirs is not None
+        assert theirs.checkpoint == mine.checkpoint
+        assert theirs.checkpoint["channel_values"]["steps"] == ["W", "W"]
+        listed = [t.config async for t in reader.alist(config("t"))]
+        assert listed == [t.config async for t in writer.alist(config("t"))]
+        assert not reader.holds("t")
+
+
+async def test_a_second_writer_waits_for_the_first_to_let_go(world: World) -> None:
+    async with world.saver(holder="first") as first, world.saver(holder="second") as second:
+        await steps_graph("1", first).ainvoke({"steps": []}, config("t"))
+        with pytest.raises(ResumeConflictError):
+            await steps_graph("2", second).ainvoke({"steps": []}, config("t"))
+        await first.arelease("t")
+        out = await steps_graph("2", second).ainvoke({"steps": []}, config("t"))
+        assert out["steps"] == ["1", "2"]
+        state = await second.aread_thread("t")
+        assert state.refused == []
+        assert state.fence > 1
+
+
+async def test_hold_takes_the_lease_for_a_block_and_hands_it_back(world: World) -> None:
+    async with world.saver() as saver:
+        async with saver.hold("t"):
+            assert saver.holds("t")
+            assert (await world.leases.current("t")) is not None
+            await steps_graph("H", saver).ainvoke({"steps": []}, config("t"))
+        assert not saver.holds("t")
+        assert (await world.leases.current("t")) is None
+
+
+class Asked(TypedDict):
+    answer: str
+
+
+def _ask(state: Asked) -> dict[str, str]:
+    return {"answer": str(interrupt("pay 3 EUR?"))}
+
+
+async def test_an_interrupt_is_pending_until_it_is_resumed(world: World) -> None:
+    builder = StateGraph(Asked)
+    builder.add_node("ask", _ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    pending = ExecutionManager(world.frontiers, world.leases)
+    async with world.saver() as saver:
+        graph = builder.compile(checkpointer=saver)
+        out = await graph.ainvoke({"answer": ""}, config("t"))
+        assert "__interrupt__" in out
+        (waiting,) = await pending.list_pending(tenant=TENANT)
+        assert waiting.summary.run_id == "t"
+        assert waiting.attention == "waiting_on_approval"
+        assert waiting.summary.waiting_on == f"langgraph:{out['__interrupt__'][0].id}"
+
+        assert await graph.ainvoke(Command(resume="yes"), config("t")) == {"answer": "yes"}
+        assert await pending.list_pending(tenant=TENANT) == []
+
+
+async def test_a_checkpoint_event_carries_only_the_channels_that_changed(world: World) -> None:
+    async with world.saver() as saver:
+        graph = steps_graph("S", saver)
+        for _ in range(3):
+            await graph.ainvoke({"steps": []}, config("t"))
+    stored = await world.log.read_run("t")
+    checkpoints = [s.event for s in stored if isinstance(s.event, GraphCheckpointed)]
+    assert len(checkpoints) == 9  # three per invocation
+    # An invocation's first checkpoint only takes its input: "steps" is not written again.
+    assert [[v.channel for v in c.values] for c in checkpoints[3::3]] == [["__start__"]] * 2
+
+
+async def test_sync_calls_run_on_the_savers_loop_from_another_thread(world: World) -> None:
+    async with world.saver() as saver:
+        graph = steps_graph("S", saver)
+        out = await asyncio.to_thread(graph.invoke, {"steps": []}, config("t"))
+        assert out["steps"] == ["S"]
+        assert await asyncio.to_thread(saver.get_tuple, config("t")) is not None
+        assert len(await asyncio.to_thread(lambda: list(saver.list(config("t"))))) == 3
+        with pytest.raises(InvalidInputError, match="another thread"):
+            saver.get_tuple(config("t"))
+
+
+async def test_a_thread_of_another_tenant_is_neither_read_nor_written(world: World) -> None:
+    async with world.saver() as saver:
+        await steps_graph("S", saver).ainvoke({"steps": []}, config("t"))
+    other = OnwardSaver(world.log, world.leases, tenant="globex")
+    async with other:
+        with pytest.raises(InvalidInputError, match="tenant"):
+            await other.aget_tuple(config("t"))
+        with pytest.raises(InvalidInputError, match="tenant"):
+            await steps_graph("G", other).ainvoke({"steps": []}, config("t"))
+
+
+async def test_list_needs_a_thread(world: World) -> None:
+    async with world.saver() as saver:
+        with pytest.raises(InvalidInputError, match="thread_id"):
+            [t async for t in saver.alist(None)]
+
+
+class AppendsThenFails:
+    """A log whose next append is stored but reported as failed, as a broken connection can."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self.fail_next = False
+
+    @property
+    def partitions(self) -> int:
+        return self.log.partitions
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        positions = await self.log.append(events)
+        if self.fail_next:
+            self.fail_next = False
+            raise BackendUnavailableError("the connection broke before the answer came")
+        return positions
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        return await self.log.read_run(run_id, start=start, end=end)
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        return await self.log.bounds(partition)
+
+
+async def test_an_append_in_doubt_is_settled_by_reading_the_log(world: World) -> None:
+    log = AppendsThenFails(world.log)
+    saver = OnwardSaver(cast(EventLog, log), world.leases, tenant=TENANT)
+    async with saver:
+        graph = steps_graph("S", saver)
+        await graph.ainvoke({"steps": []}, config("t"))
+        log.fail_next = True
+        with pytest.raises(BackendUnavailableError):
+            await graph.ainvoke({"steps": []}, config("t"))
+        out = await graph.ainvoke({"steps": []}, config("t"))
+        # The second invocation stopped at its first checkpoint, which did land; the third
+        # carries on after it with the next seq, so nothing is refused as a duplicate.
+        assert out["steps"] == ["S", "S"]
+        state = await saver.aread_thread("t")
+        assert state.refused == []
+        assert len(state.checkpoints[""]) == 7
+        mine = await saver.aget_tuple(config("t"))
+        assert mine is not None
+        assert mine.config["configurable"]["checkpoint_id"] == max(state.checkpoints[""])
+
+
+async def test_a_deleted_thread_is_forgotten_and_can_start_again(world: World) -> None:
+    async with world.saver(holder="writer") as writer, world.saver(holder="janitor") as janitor:
+        await steps_graph("W", writer).ainvoke({"steps": []}, config("t"))
+        await writer.arelease("t")
+        await janitor.adelete_thread("t")
+        assert not janitor.holds("t")  # taken for the delete only
+        assert await writer.aget_tuple(config("t")) is None
+        out = await steps_graph("W", writer).ainvoke({"steps": []}, config("t"))
+        assert out["steps"] == ["W"]
+    assert (await janitor.aread_thread("t")).refused == []
+
+
+class RecordsReads(AppendsThenFails):
+    """A log that records where each read of a run starts."""
+
+    def __init__(self, log: EventLog) -> None:
+        super().__init__(log)
+        self.starts: list[int | None] = []
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        self.starts.append(start)
+        return await self.log.read_run(run_id, start=start, end=end)
+
+
+async def test_a_reader_rereads_only_the_tail_of_a_thread(world: World) -> None:
+    log = RecordsReads(world.log)
+    async with (
+        world.saver(holder="writer") as writer,
+        OnwardSaver(cast(EventLog, log), world.leases, tenant=TENANT) as reader,
+    ):
+        graph = steps_graph("W", writer)
+        await graph.ainvoke({"steps": []}, config("t"))
+        first = await reader.aget_tuple(config("t"))
+        end = (await world.log.bounds(partition_for("t", world.log.partitions))).end
+        await graph.ainvoke({"steps": []}, config("t"))
+        second = await reader.aget_tuple(config("t"))
+        assert first is not None
+        assert second is not None
+        assert second.checkpoint["channel_values"]["steps"] == ["W", "W"]
+        assert second.parent_config is not None
+        assert log.starts == [None, end]  # the whole run once, then only what came after
+        assert second == await writer.aget_tuple(config("t"))

@@ -1,0 +1,97 @@
+"""Onward stores for the LangGraph saver's tests: embedded SQLite, and Kafka + PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from onward.eventlog import EventLog, KafkaEventLog, SqliteEventLog
+from onward.integrations.langgraph import OnwardSaver
+from onward.projections import FrontierStore
+from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime.leases import (
+    LeasePolicy,
+    LeaseStore,
+    PostgresLeaseStore,
+    RedisLeaseStore,
+    SqliteLeaseStore,
+)
+
+TENANT = "acme"
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """The stores one test writes threads to."""
+
+    log: EventLog
+    leases: LeaseStore
+    frontiers: FrontierStore
+    embedded: bool
+
+    def saver(
+        self,
+        *,
+        holder: str | None = None,
+        ttl_s: float | None = None,
+        renew_within_s: float | None = None,
+    ) -> OnwardSaver:
+        """A saver on these stores (not yet entered)."""
+        policy = (
+            LeasePolicy(
+                ttl=timedelta(seconds=ttl_s),
+                renew_within=timedelta(seconds=renew_within_s) if renew_within_s else None,
+            )
+            if ttl_s is not None
+            else None
+        )
+        return OnwardSaver(
+            self.log,
+            self.leases,
+            tenant=TENANT,
+            frontiers=self.frontiers,
+            checkpoint_inline=self.embedded,
+            holder=holder,
+            policy=policy,
+        )
+
+
+@asynccontextmanager
+async def sqlite_world(path: Path) -> AsyncIterator[World]:
+    """Log, leases and frontier rows in one SQLite file."""
+    async with AsyncExitStack() as stack:
+        log = await stack.enter_async_context(SqliteEventLog(path, partitions=4))
+        leases = await stack.enter_async_context(SqliteLeaseStore(path))
+        frontiers = await stack.enter_async_context(SqliteFrontierStore(path))
+        yield World(log, leases, frontiers, embedded=True)
+
+
+@asynccontextmanager
+async def kafka_world(
+    bootstrap: str,
+    topic: str,
+    database_url: str,
+    schema: str,
+    redis_url: str,
+    prefix: str,
+    *,
+    postgres_leases: bool = False,
+) -> AsyncIterator[World]:
+    """Kafka log, Redis (or PostgreSQL) leases, PostgreSQL frontier rows (no projector runs)."""
+    async with AsyncExitStack() as stack:
+        log = await stack.enter_async_context(
+            KafkaEventLog(bootstrap, topic=topic, partitions=2, create_topic=True)
+        )
+        leases: LeaseStore = await stack.enter_async_context(
+            PostgresLeaseStore(database_url, schema=schema)
+            if postgres_leases
+            else RedisLeaseStore(redis_url, prefix=prefix)
+        )
+        frontiers = await stack.enter_async_context(
+            PostgresFrontierStore(database_url, schema=schema)
+        )
+        yield World(log, leases, frontiers, embedded=False)

@@ -1,4 +1,27 @@
-"""Resume latency: `Resumer.resume` end to end for runs of 10, 1,000 and 100,000 events.
+"""Resume latency: `AgentRunner.resume`, approve and inspect behind other runs' traffic, and
+`Resumer.resume` by history length.
+
+The runner scenario (``--scenario runner``, the default) times what a user waits for. Two sets of
+runs of ``--turns`` settled turns each (the next step a model call), and as many runs waiting on
+an approval as samples, are started in partition 1 (which holds no other run's events) and in
+partition 0; then ``--others`` events of small other runs are written into partition 0, after the
+runs started, and folded. Each sample, on one run of each partition in turn, times:
+
+* ``AgentRunner.resume``: lease, read (frontier row, transcript, tail), claim, plan, record the
+  plan, rebuild the conversation, until the provider is first called (which ends the timing and
+  stops the run, so it can be resumed again);
+* ``Resumer.resume`` (lease, read, claim, plan, without the conversation), the lease released;
+* ``approve`` of one waiting run; ``inspect`` of the resumed run;
+
+the projector settling between them (Kafka: the `KafkaProjector` of this process; SQLite: the
+runner's inline checkpointer). Targets: ``AgentRunner.resume`` p50 under 10 ms on Kafka +
+PostgreSQL + Redis, and every op's p50 behind ``--others`` events at most 1.2x its p50 behind none,
+on both deployments. Develop with ``--others 20000``; the issue's size is 1,000,000.
+
+    python bench/resume.py --others 20000 --samples 50
+
+The lengths scenario (``--scenario lengths``) times `Resumer.resume` for runs of 10, 1,000 and
+100,000 events:
 
 One resume is what a worker does to carry on a run another worker left: take the run's lease,
 read its frontier row, read the log's tail after that row, append `RunClaimed` and read back up
@@ -39,9 +62,9 @@ The project's targets: p50 under 20 ms on Kafka + PostgreSQL, and the 100,000-ev
 1.5x the 10-event p50. Quantiles interpolate between ranks: with 100 samples, p99 lies between
 the two slowest.
 
-    python bench/resume.py                        # both backends; bench/results/resume.json
-    python bench/resume.py --backends kafka --samples 200
-    python bench/resume.py --profile              # + cProfile of resumes of the longest run
+    python bench/resume.py --scenario lengths     # both backends; bench/results/resume.json
+    python bench/resume.py --scenario lengths --backends kafka --samples 200
+    python bench/resume.py --scenario lengths --profile   # + cProfile of the longest run
 
 The topic, the PostgreSQL schema, the Redis keys and the SQLite file are deleted at the end,
 also on failure.
@@ -87,9 +110,11 @@ from onward.eventlog import (
     ApprovalRequested,
     Event,
     KafkaEventLog,
+    Message,
     RunClaimed,
     RunStarted,
     SqliteEventLog,
+    ToolCall,
     codec,
     partition_for,
 )
@@ -99,14 +124,20 @@ from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
+from onward.runtime.blobs import PostgresBlobStore, SqliteBlobStore
 from onward.runtime.leases import LeasePolicy, LeaseStore, RedisLeaseStore, SqliteLeaseStore
+from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.resumer import CarriedRun, Resumer
+from onward.runtime.runner import AgentRunner
+from onward.runtime.tools import tool
 
 PARTITIONS = 12
 TENANT = "bench"
 PARTS = ("lease", "frontier", "tail", "claim", "plan")
 P50_TARGET_MS = 20.0
 RATIO_TARGET = 1.5
+RUNNER_P50_TARGET_MS = 10.0
+RUNNER_RATIO_TARGET = 1.2
 AGENT = Agent(name="booker", instructions="Book the trip the user asks for.")
 
 
@@ -649,6 +680,343 @@ def _workload_figures(work: Workload) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# The runner scenario: what a user times (`AgentRunner.resume`, `approve`, `inspect`)
+
+
+class FirstCall(BaseException):
+    """The model was called: the resume is over (what is timed ends here)."""
+
+
+class Stopwatch:
+    """A provider that notes when it is first called and stops the run there.
+
+    Until ``armed``, it answers with a call of the ``search`` tool (building a run's history).
+    """
+
+    def __init__(self, turns: int = 0) -> None:
+        self.turns = turns
+        self.called_at = 0.0
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        if self.turns > 0:
+            self.turns -= 1
+            n = sum(m.role == "assistant" for m in messages) + 1
+            return reply(f"looking {n}", ToolCall(call_id=f"c{n}", tool="search", args={"q": n}))
+        self.called_at = time.perf_counter()
+        raise FirstCall
+
+
+@tool
+async def search(q: int, *, idempotency_key: str) -> str:
+    """A tool whose answer is a few hundred bytes."""
+    return f"result {q}: " + "lorem ipsum dolor sit amet " * 12
+
+
+@tool(requires_approval=True)
+async def pay(amount: int, *, idempotency_key: str) -> str:
+    """A tool a person approves first."""
+    return "paid"
+
+
+RUNNER_AGENT = Agent(name="booker", instructions="Book the trip.", tools=[search, pay])
+RUNNER_OPS = ("AgentRunner.resume", "Resumer.resume", "approve", "inspect")
+
+
+def run_ids_in(partition: int, partitions: int, prefix: str, n: int) -> list[str]:
+    """``n`` run ids whose partition is ``partition``."""
+    found: list[str] = []
+    k = 0
+    while len(found) < n:
+        run_id = f"{prefix}-{k}"
+        k += 1
+        if partition_for(run_id, partitions) == partition:
+            found.append(run_id)
+    return found
+
+
+async def write_others(
+    log: EventLog, partition: int, events: int, args: argparse.Namespace, prefix: str
+) -> int:
+    """Write about ``events`` events of small other runs into ``partition``; return how many."""
+    rng = random.Random(args.seed)
+    ids = iter(run_ids_in(partition, log.partitions, prefix, events // 8 + 1))
+    written = 0
+
+    async def writer() -> None:
+        nonlocal written
+        while written < events:
+            history = History(rng, rng.randint(8, 40), prefix="x")
+            history.run_id = next(ids)
+            written += history.length
+            for batch in history.appends(args.background_batch):
+                await log.append(batch)
+
+    await asyncio.gather(*(writer() for _ in range(args.concurrency)))
+    return written
+
+
+@dataclass
+class RunnerPhase:
+    """The runs one phase times: one resumable run, and waiting runs to approve (one each)."""
+
+    resumable: str
+    waiting: list[str]
+
+
+async def prepare_runner_phase(
+    runner: AgentRunner, partition: int, prefix: str, approvals: int, turns: int
+) -> RunnerPhase:
+    """A run of ``turns`` settled turns whose next step is a model call, and waiting runs."""
+    partitions = runner.log.partitions
+    resumable, *waiting = run_ids_in(partition, partitions, prefix, approvals + 1)
+    runner.provider = Stopwatch(turns)
+    with contextlib.suppress(FirstCall):
+        await runner.run(RUNNER_AGENT, {"task": "book"}, tenant=TENANT, run_id=resumable)
+    for run_id in waiting:
+        runner.provider = ScriptedProvider(
+            [reply("paying", ToolCall(call_id="p", tool="pay", args={"amount": 5}))]
+        )
+        result = await runner.run(RUNNER_AGENT, "pay", tenant=TENANT, run_id=run_id)
+        if result.status != "waiting":
+            raise RuntimeError(f"run {run_id} is {result.status}, not waiting on approval")
+    return RunnerPhase(resumable, waiting)
+
+
+async def time_runner_ops(
+    runner: AgentRunner,
+    phases: dict[str, RunnerPhase],
+    args: argparse.Namespace,
+    settle: Callable[[], Awaitable[object]],
+) -> dict[str, dict[str, list[float]]]:
+    """Each op ``--warmup`` + ``--samples`` times on each phase's runs, the phases taking turns
+    (so drift on a shared machine affects both alike); the projector settles between ops."""
+    times: dict[str, dict[str, list[float]]] = {
+        name: {op: [] for op in RUNNER_OPS} for name in phases
+    }
+    waiting = {name: iter(phase.waiting) for name, phase in phases.items()}
+    order = list(phases)
+    for n in range(args.warmup + args.samples):
+        for name in order if n % 2 else reversed(order):
+            sample = await _time_ops(runner, phases[name].resumable, next(waiting[name]), settle)
+            if n >= args.warmup:
+                for op, ms in sample.items():
+                    times[name][op].append(ms)
+    return times
+
+
+async def _time_ops(
+    runner: AgentRunner, run_id: str, request_run: str, settle: Callable[[], Awaitable[object]]
+) -> dict[str, float]:
+    sample: dict[str, float] = {}
+    watch = Stopwatch(0)
+    runner.provider = watch
+    mark = time.perf_counter()
+    with contextlib.suppress(FirstCall):
+        await runner.resume(RUNNER_AGENT, run_id, tenant=TENANT)
+    if not watch.called_at:
+        raise RuntimeError(f"resume of {run_id} did not call the model")
+    sample["AgentRunner.resume"] = (watch.called_at - mark) * 1000.0
+    await settle()
+    mark = time.perf_counter()
+    carried = await runner.resumer.resume(RUNNER_AGENT, run_id, tenant=TENANT, worker=runner.worker)
+    sample["Resumer.resume"] = (time.perf_counter() - mark) * 1000.0
+    await runner.leases.release(carried.lease)
+    await settle()
+    mark = time.perf_counter()
+    await runner.approve(request_run, "p", tenant=TENANT, by="ann")
+    sample["approve"] = (time.perf_counter() - mark) * 1000.0
+    await settle()
+    mark = time.perf_counter()
+    await runner.inspect(run_id, tenant=TENANT)
+    sample["inspect"] = (time.perf_counter() - mark) * 1000.0
+    return sample
+
+
+async def runner_scenario(
+    name: str,
+    runner: AgentRunner,
+    args: argparse.Namespace,
+    settle: Callable[[], Awaitable[object]],
+    console: Console,
+) -> dict[str, Any]:
+    """Time the ops on runs of partition 1, which holds no other run's events, and of
+    partition 0, into which ``--others`` events of other runs are written after the runs
+    started (so they lie between each run's first event and its resume)."""
+    approvals = args.warmup + args.samples
+    phases = {
+        "none": await prepare_runner_phase(runner, 1, "quiet", approvals, args.turns),
+        "others": await prepare_runner_phase(runner, 0, "busy", approvals, args.turns),
+    }
+    console.print(f"{name}: writing {args.others:,} events of other runs into partition 0 ...")
+    mark = time.perf_counter()
+    written = await write_others(runner.log, 0, args.others, args, "other")
+    write_s = time.perf_counter() - mark
+    mark = time.perf_counter()
+    await settle()
+    fold_s = time.perf_counter() - mark
+    console.print(f"{name}: {written:,} written in {write_s:.1f}s, folded {fold_s:.1f}s later")
+    console.print(f"{name}: timing, the two partitions' runs taking turns ...")
+    times = await time_runner_ops(runner, phases, args, settle)
+    rows: dict[str, dict[str, Any]] = {}
+    for op in RUNNER_OPS:
+        none, others = times["none"][op], times["others"][op]
+        rows[op] = {
+            "none": {"p50_ms": quantile(none, 0.5), "p99_ms": quantile(none, 0.99)},
+            "others": {"p50_ms": quantile(others, 0.5), "p99_ms": quantile(others, 0.99)},
+            "ratio_p50": quantile(others, 0.5) / quantile(none, 0.5),
+        }
+    return {
+        "ops": rows,
+        "other_events": written,
+        "others_write_s": write_s,
+        "others_fold_s": fold_s,
+        "turns": args.turns,
+        "samples": args.samples,
+        "all_ms": times,
+    }
+
+
+async def bench_runner_kafka(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    topic = throwaway_name("resume")
+    suffix = topic.rsplit(".", 1)[1]
+    prefix = f"onward-bench-resume-{suffix}:"
+    schema: str | None = None
+    log: KafkaEventLog | None = None
+    leases: RedisLeaseStore | None = None
+    stores: list[PostgresFrontierStore] = []
+    projector: KafkaProjector[FrontierProjection] | None = None
+    stop = asyncio.Event()
+    folding: asyncio.Task[None] | None = None
+    try:
+        schema = await create_schema(args.database_url, "resume")
+        log = await KafkaEventLog.open(args.bootstrap, topic=topic, partitions=PARTITIONS)
+        leases = await RedisLeaseStore.open(args.redis_url, prefix=prefix)
+        projector_store = await PostgresFrontierStore.open(args.database_url, schema=schema)
+        stores.append(projector_store)
+        store = await PostgresFrontierStore.open(args.database_url, schema=schema)
+        stores.append(store)
+        blobs = await PostgresBlobStore.open(args.database_url, schema=schema)
+        projection = FrontierProjection(projector_store, log)
+        projector = KafkaProjector(
+            args.bootstrap,
+            projection,
+            topic=topic,
+            partitions=PARTITIONS,
+            group_id=f"onward-bench-resume-{suffix}",
+        )
+        await projector.start()
+        folding = asyncio.create_task(projector.run(stop))
+        kafka_log = log
+
+        async def settle() -> None:
+            ends = {p: (await kafka_log.bounds(p)).end for p in (0, 1)}
+            deadline = time.monotonic() + 600.0
+            while not _reached(await projection.positions(), ends):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the projector did not catch up in 600 s")
+                if folding is not None and folding.done():
+                    folding.result()
+                    raise RuntimeError("the projector stopped")
+                await asyncio.sleep(0.002)
+
+        runner = AgentRunner(
+            provider=Stopwatch(), log=log, frontiers=store, leases=leases, blobs=blobs
+        )
+        try:
+            result = await runner_scenario("kafka", runner, args, settle, console)
+        finally:
+            await blobs.close()
+        return result | {
+            "setup": f"topic {topic} ({PARTITIONS} partitions), schema {schema}, Redis leases, "
+            "KafkaProjector running in this process; the runs and the others in partition 0"
+        }
+    finally:
+        stop.set()
+        if folding is not None:
+            with contextlib.suppress(Exception):
+                await folding
+        if projector is not None:
+            await projector.close()
+        await _cleanup_kafka(args, console, topic, schema, prefix, log, leases, stores)
+
+
+async def bench_runner_sqlite(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="onward-bench-resume-") as tmp:
+        path = Path(tmp) / "onward.db"
+        async with (
+            SqliteEventLog(path, partitions=PARTITIONS) as log,
+            SqliteFrontierStore(path) as store,
+            SqliteLeaseStore(path) as leases,
+            SqliteBlobStore(path) as blobs,
+        ):
+            runner = AgentRunner(
+                provider=Stopwatch(),
+                log=log,
+                frontiers=store,
+                checkpoint_inline=True,
+                leases=leases,
+                blobs=blobs,
+            )
+            checkpointer = runner.checkpointer
+            assert checkpointer is not None
+
+            async def settle() -> None:
+                await checkpointer.catch_up([0, 1])
+
+            result = await runner_scenario("sqlite", runner, args, settle, console)
+            return result | {
+                "setup": "SqliteEventLog + SqliteFrontierStore + SqliteLeaseStore on one file, "
+                "the runner folding inline (embedded mode)"
+            }
+
+
+def _reached(positions: dict[int, int], ends: dict[int, int]) -> bool:
+    return all(positions.get(p, 0) >= end for p, end in ends.items())
+
+
+def _runner_table(name: str, result: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"{name}: {result['samples']} samples per op, runs of {result['turns']} turns, "
+        f"0 vs {result['other_events']:,} other runs' events in the partition; ms"
+    )
+    for column in ("op", "p50 (0)", "p99 (0)", "p50 (others)", "p99 (others)", "ratio p50"):
+        table.add_column(column, justify="right")
+    for op, row in result["ops"].items():
+        table.add_row(
+            op,
+            f"{row['none']['p50_ms']:.2f}",
+            f"{row['none']['p99_ms']:.2f}",
+            f"{row['others']['p50_ms']:.2f}",
+            f"{row['others']['p99_ms']:.2f}",
+            f"{row['ratio_p50']:.2f}",
+        )
+    table.caption = (
+        "AgentRunner.resume: lease, claim, plan, conversation (frontier + transcript + tail), "
+        "until the model is called. Resumer.resume: lease, read, claim, plan (no conversation)."
+    )
+    return table
+
+
+def _runner_targets(results: dict[str, Any]) -> dict[str, Any]:
+    checks: dict[str, Any] = {}
+    kafka = results.get("kafka")
+    if kafka is not None:
+        p50 = kafka["ops"]["AgentRunner.resume"]["none"]["p50_ms"]
+        checks["kafka_runner_resume_p50_under_10ms"] = {
+            "p50_ms": p50,
+            "met": p50 < RUNNER_P50_TARGET_MS,
+        }
+    for name, result in results.items():
+        for op in ("AgentRunner.resume", "approve", "inspect"):
+            ratio = result["ops"][op]["ratio_p50"]
+            checks[f"{name}_{op}_ratio_at_most_1.2"] = {
+                "ratio": ratio,
+                "met": ratio <= RUNNER_RATIO_TARGET,
+            }
+    return checks
+
+
+# --------------------------------------------------------------------------------------------
 # Output
 
 
@@ -708,6 +1076,21 @@ def _parser() -> argparse.ArgumentParser:
     add_server_options(parser, "bootstrap", "database_url", "redis_url")
     parser.add_argument("--backends", default="kafka,sqlite", help="kafka, sqlite or both")
     parser.add_argument(
+        "--scenario",
+        choices=("runner", "lengths"),
+        default="runner",
+        help="runner: AgentRunner.resume, Resumer.resume, approve and inspect with 0 and "
+        "--others events of other runs in the run's partition; lengths: Resumer.resume by "
+        "history length (--lengths)",
+    )
+    parser.add_argument(
+        "--others",
+        type=int,
+        default=1_000_000,
+        help="runner scenario: events of other runs written into the runs' partition",
+    )
+    parser.add_argument("--turns", type=int, default=10, help="runner scenario: turns per run")
+    parser.add_argument(
         "--lengths",
         type=lambda s: [int(x) for x in s.split(",")],
         default=[10, 1_000, 100_000],
@@ -740,11 +1123,14 @@ def _parser() -> argparse.ArgumentParser:
 async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     results: dict[str, Any] = {}
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    runner = args.scenario == "runner"
     for backend in backends:
         if backend == "kafka":
-            results["kafka"] = await bench_kafka(args, console)
+            run = bench_runner_kafka if runner else bench_kafka
+            results["kafka"] = await run(args, console)
         elif backend == "sqlite":
-            results["sqlite"] = await bench_sqlite(args, console)
+            run = bench_runner_sqlite if runner else bench_sqlite
+            results["sqlite"] = await run(args, console)
         else:
             raise SystemExit(f"unknown backend {backend!r}")
     return results
@@ -766,10 +1152,13 @@ def main() -> None:
     load_after = os.getloadavg()
     names = {"kafka": "Kafka + PostgreSQL + Redis", "sqlite": "embedded SQLite"}
     for name, result in results.items():
-        console.print(_table(names[name], result, args))
-    targets = _targets(results)
+        if args.scenario == "runner":
+            console.print(_runner_table(names[name], result))
+        else:
+            console.print(_table(names[name], result, args))
+    targets = _runner_targets(results) if args.scenario == "runner" else _targets(results)
     for check, outcome in targets.items():
-        figure = outcome.get("worst_p50_ms", outcome.get("ratio"))
+        figure = outcome.get("worst_p50_ms", outcome.get("p50_ms", outcome.get("ratio")))
         verdict = "[green]met" if outcome["met"] else "[red]not met"
         console.print(f"target {check}: {figure:.2f} {verdict}")
     for name, result in results.items():

@@ -242,6 +242,10 @@ class EventLogBackend(Resource):
         max_batch_bytes: Largest encoded batch accepted.
     """
 
+    embedded = False
+    """Whether every writer of the log runs on this machine (SQLite, memory): then a runner
+    may fold a run from its partition when no frontier store is configured."""
+
     def __init__(self, *, partitions: int, max_batch_bytes: int) -> None:
         if partitions < 1:
             raise InvalidInputError(f"partitions must be at least 1, got {partitions}")

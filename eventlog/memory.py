@@ -30,6 +30,8 @@ from .events import Event
 class MemoryEventLog(EventLogBackend):
     """An in-process `EventLog`."""
 
+    embedded = True
+
     def __init__(
         self,
         *,

@@ -52,6 +52,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
             that is not an Onward database is a `ConfigurationError`, and appends fail.
     """
 
+    embedded = True
     what = "event log"
 
     def __init__(

@@ -19,6 +19,7 @@ from onward._storage import AsyncResource, Resource
 from onward.errors import SchemaMismatchError
 
 from .frontier import FRONTIER_FORMAT, Frontier, RunStatus, ToolCallRow
+from .transcript import TranscriptRow
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 """Largest frontier payload a store keeps (1 MiB). Larger ones are refused, never trimmed."""
@@ -238,9 +239,12 @@ class FrontierStore(AsyncResource, Protocol):
         *,
         quarantine: Sequence[QuarantineEntry] = (),
         cleared: Collection[str] = (),
+        messages: Sequence[TranscriptRow] = (),
     ) -> None:
         """In one transaction: upsert rows whose ``through_offset`` is newer than the stored one,
-        upsert call rows likewise, and move ``consumer``'s next offsets forward (never back).
+        upsert call rows likewise, append the ``messages`` not stored yet (a transcript row
+        already stored under its run and seq is kept as it is), and move ``consumer``'s next
+        offsets forward (never back).
 
         With them, also: mark the ``released`` entries of the ``cleared`` runs ``cleared`` and
         clear their rows' marks (the projector folded them again), then store the
@@ -265,6 +269,14 @@ class FrontierStore(AsyncResource, Protocol):
         (:func:`released_mark`). The run stays set aside until the projector's next pass folds
         it again from its first offset (``write(..., cleared=...)`` then clears the mark).
         Returns how many entries it released: 0 when the run has none held.
+        """
+        ...
+
+    async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
+        """The transcript rows of one run with seq at most ``through``, by seq.
+
+        The transcript is one table whatever the build: a rebuild appends the same rows
+        (derived from the same counted events) and finds them stored.
         """
         ...
 
@@ -294,6 +306,7 @@ class FrontierWrite(NamedTuple):
     """Records set aside by this batch, stored ``held``; their runs' rows are marked."""
     cleared: Collection[str] = ()
     """Released runs folded again by this batch: their ``released`` entries become ``cleared``."""
+    messages: Sequence[TranscriptRow] = ()
 
 
 class FrontierStoreBackend(Resource):
@@ -316,8 +329,11 @@ class FrontierStoreBackend(Resource):
         *,
         quarantine: Sequence[QuarantineEntry] = (),
         cleared: Collection[str] = (),
+        messages: Sequence[TranscriptRow] = (),
     ) -> None:
-        await self._write(FrontierWrite(consumer, positions, snapshots, calls, quarantine, cleared))
+        await self._write(
+            FrontierWrite(consumer, positions, snapshots, calls, quarantine, cleared, messages)
+        )
 
     async def _write(self, batch: FrontierWrite) -> None:
         raise NotImplementedError

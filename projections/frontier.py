@@ -5,9 +5,11 @@ about a run. The fold applies the seq and fence rules of :func:`onward.eventlog.
 a refused event is counted on the frontier and otherwise changes nothing. Folding any prefix of
 a run's events gives a valid frontier, because every field describes "what is known so far".
 
-The frontier never carries the conversation: it holds the seq of the last resume point (the
-handle into the run's history) and the calls of the turn in progress, so its size and the cost
-of folding one event do not grow with the run's length.
+The frontier never carries the conversation: the fold hands each message a counted event adds
+to it to the transcript (:mod:`onward.projections.transcript`), and the frontier only counts
+them (``messages``, through ``last_seq``: the transcript handle), besides the seq of the last
+resume point and the calls of the turn in progress. So its size and the cost of folding one
+event do not grow with the run's length.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from onward.eventlog.events import (
     ToolResolved,
     TurnSettled,
 )
+
+from .transcript import TranscriptRow, message_of, speaks
 
 FRONTIER_FORMAT = 1
 """Version of the frontier payload; a store refuses payloads it does not know."""
@@ -83,8 +87,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything resume needs about a run, as of ``last_seq`` (and log offset ``through_offset``).
 
     Attributes:
-        resume_seq: The seq of the last boundary event: the run's history through this seq is
-            the conversation a resume continues (the history handle is ``(run_id, resume_seq)``).
+        resume_seq: The seq of the last boundary event, the run's last resume point.
         calls: The calls of the latest model answer, until its turn settles.
         refused: How many stored events of this run the fold refused (seq or fence rules).
         through_offset: The log offset of the last event folded, counted or refused.
@@ -92,6 +95,10 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             reader that needs the whole run starts there rather than at the partition's start.
         tags: Every label put on the run's events, in the order they were written; tagged
             events survive compaction.
+        messages: How many messages the run's counted events through ``last_seq`` added to
+            its conversation: the transcript holds that many rows of the run through
+            ``last_seq`` (the handle is ``(run_id, last_seq)``; see
+            :mod:`onward.projections.transcript`).
     """
 
     run_id: str
@@ -123,6 +130,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     through_offset: int = -1
     first_offset: int = -1
     tags: tuple[RunTag, ...] = ()
+    messages: int = 0
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -187,6 +195,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     through_offset: int
     first_offset: int
     tags: tuple[RunTag, ...]
+    messages: int
     calls: dict[str, CallState]
 
     @classmethod
@@ -233,15 +242,17 @@ def fold_into(
     draft: FrontierDraft,
     stored: Iterable[StoredEvent],
     calls: dict[tuple[str, str], ToolCallRow],
+    said: list[TranscriptRow] | None = None,
 ) -> None:
     """Fold one run's events into its draft, recording the audit row of every call touched.
 
     Events at or below the draft's ``through_offset`` were folded before (an overlap after a
     restart) and are skipped. ``calls`` receives, per (run, call), the row as of the last
-    counted event about that call.
+    counted event about that call; ``said``, if given, the transcript row of every message a
+    counted event added.
     """
     touched: dict[str, tuple[CallState, int]] = {}
-    _fold_events(draft, stored, touched)
+    _fold_events(draft, stored, touched, said)
     for call_id, (state, through_offset) in touched.items():
         calls[(draft.run_id, call_id)] = _call_row(
             draft.tenant, draft.run_id, state, through_offset
@@ -252,6 +263,7 @@ def _fold_events(
     draft: FrontierDraft,
     stored: Iterable[StoredEvent],
     touched: dict[str, tuple[CallState, int]] | None,
+    said: list[TranscriptRow] | None = None,
 ) -> None:
     """The one loop every fold runs: the seq and fence rules, then the event's own rule.
 
@@ -296,12 +308,22 @@ def _fold_events(
             call = rules[type(event)](draft, event)
             if call is not None and touched is not None:
                 touched[call.call_id] = (call, through)
+            if speaks(event):
+                draft.messages += 1
+                if said is not None:
+                    said.append(_said(draft, last_seq, event))
     finally:
         draft.last_seq = last_seq
         draft.fence = fence
         draft.updated_at = updated_at
         draft.through_offset = through
         draft.partition = partition
+
+
+def _said(d: FrontierDraft, seq: int, event: Event) -> TranscriptRow:
+    message = message_of(event)
+    assert message is not None
+    return TranscriptRow(tenant=d.tenant, run_id=d.run_id, seq=seq, message=message)
 
 
 def _started(d: FrontierDraft, e: RunStarted) -> None:

@@ -17,6 +17,7 @@ from .base import (
     released_mark,
 )
 from .frontier import RunStatus, ToolCallRow
+from .transcript import TranscriptRow, decode_message
 
 
 class MemoryFrontierStore(FrontierStoreBackend):
@@ -28,6 +29,7 @@ class MemoryFrontierStore(FrontierStoreBackend):
         self._positions: dict[tuple[str, int], int] = {}
         self._quarantine: dict[tuple[str, int, int], QuarantineEntry] = {}
         self._marks: dict[str, str] = {}
+        self._transcript: dict[tuple[str, str], dict[int, bytes]] = {}
         self._lock = asyncio.Lock()
 
     async def verify(self) -> None:
@@ -74,6 +76,17 @@ class MemoryFrontierStore(FrontierStoreBackend):
             for partition, offset in positions.items():
                 key2 = (consumer, partition)
                 self._positions[key2] = max(offset, self._positions.get(key2, 0))
+            for said in batch.messages:
+                run = self._transcript.setdefault((said.tenant, said.run_id), {})
+                run.setdefault(said.seq, said.encoded())
+
+    async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
+        run = self._transcript.get((tenant, run_id), {})
+        return [
+            TranscriptRow(tenant=tenant, run_id=run_id, seq=seq, message=decode_message(run[seq]))
+            for seq in sorted(run)
+            if seq <= through
+        ]
 
     def _replace_entry(self, consumer: str, entry: QuarantineEntry, **changes: object) -> None:
         key = (consumer, entry.partition, entry.offset)

@@ -5,6 +5,10 @@ with positions stored under ``<consumer>@<n>``. The views ``onward_frontiers`` a
 ``onward_tool_calls`` point at the active build. A rebuild fills a new build beside the live one
 and repoints the views when it has caught up; the old tables stay until someone drops them.
 
+The transcript (``onward_transcript``) is one table for every build: a rebuild appends the rows
+its fold derives, and a row already stored under its (tenant, run, seq) came from the same
+counted event and is kept.
+
 A store either follows the active build (the default: what projectors and readers use) or is
 pinned to one build (what a rebuild writes into). A following store notices a switch inside
 its write transaction and raises :class:`BuildSwitched` instead of writing, so its projector can
@@ -17,7 +21,7 @@ round trips does not depend on the number of runs in the batch.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import astuple
 from importlib.resources import files
 from typing import Any
@@ -53,6 +57,7 @@ from .builds import (
     ensure_active,
 )
 from .frontier import RunStatus, ToolCallRow
+from .transcript import TranscriptRow, decode_message
 
 PROJECTION = "frontiers"
 PROJECTION_VERSION = 1
@@ -218,6 +223,8 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                 )
             if batch.cleared or batch.quarantine:
                 await self._quarantine(conn, frontiers, self._consumer(consumer), batch)
+            if batch.messages:
+                await _append_messages(conn, batch.messages)
             if positions:
                 parts = list(positions)
                 await conn.execute(
@@ -315,6 +322,22 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                 )
         return released
 
+    async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
+        async with self._connection("reading the transcript", run_id) as conn:
+            rows = await conn.fetch(
+                "SELECT seq, message FROM onward_transcript "
+                "WHERE tenant = $1 AND run_id = $2 AND seq <= $3 ORDER BY seq",
+                tenant,
+                run_id,
+                through,
+            )
+        return [
+            TranscriptRow(
+                tenant=tenant, run_id=run_id, seq=r["seq"], message=decode_message(r["message"])
+            )
+            for r in rows
+        ]
+
     async def positions(self, consumer: str) -> dict[int, int]:
         async with self._connection(f"reading the positions of consumer {consumer!r}") as conn:
             if self._pinned is None:
@@ -378,6 +401,20 @@ async def _stage_and_upsert(
         f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} "
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
         f"WHERE {table}.through_offset < excluded.through_offset"
+    )
+
+
+async def _append_messages(conn: asyncpg.Connection, messages: Sequence[TranscriptRow]) -> None:
+    """Append transcript rows in one statement. The transcript is not per build: a row already
+    stored under its key came from the same counted event, and is kept."""
+    await conn.execute(
+        "INSERT INTO onward_transcript (tenant, run_id, seq, message) "
+        "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) "
+        "ON CONFLICT (tenant, run_id, seq) DO NOTHING",
+        [m.tenant for m in messages],
+        [m.run_id for m in messages],
+        [m.seq for m in messages],
+        [m.encoded() for m in messages],
     )
 
 

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from onward.errors import InvalidInputError
 from onward.eventlog.base import (
@@ -46,6 +46,7 @@ from .base import (
     StoredFrontier,
 )
 from .frontier import Frontier, FrontierDraft, ToolCallRow, fold_into
+from .transcript import TranscriptRow
 
 log = logging.getLogger("onward.projector")
 
@@ -173,6 +174,7 @@ class FrontierProjection:
         self._flush_interval = flush_interval
         self._dirty: dict[str, FrontierDraft] = {}
         self._calls: dict[tuple[str, str], ToolCallRow] = {}
+        self._said: list[TranscriptRow] = []
         self._positions: dict[int, int] = {}
         self._pending_events = 0
         self._pending_since = 0.0
@@ -336,7 +338,7 @@ class FrontierProjection:
                     break
         refused_before = draft.refused
         through_before = draft.through_offset
-        fold_into(draft, events, self._calls)
+        fold_into(draft, events, self._calls, self._said)
         if draft.through_offset != through_before:
             self._dirty[draft.run_id] = draft
             self.stats.refused_events += draft.refused - refused_before
@@ -441,9 +443,11 @@ class FrontierProjection:
             self._positions,
             snapshots,
             list(self._calls.values()),
-            self._quarantine,
-            self._cleared,
+            quarantine=self._quarantine,
+            cleared=self._cleared,
+            said=self._said,
         )
+        self._said = []
         self._writing = asyncio.ensure_future(write)
         self._writing_events = self._pending_events
         self._writing_runs = set(self._dirty)
@@ -465,15 +469,19 @@ class FrontierProjection:
         positions: dict[int, int],
         snapshots: list[Snapshot],
         calls: list[ToolCallRow],
+        *,
         quarantine: list[QuarantineEntry],
         cleared: set[str],
+        said: list[TranscriptRow],
     ) -> int:
+        # Only what the batch has is passed on, so a store that predates an option still works
+        # for batches without it.
+        options: dict[str, Any] = {}
         if quarantine or cleared:
-            await self.store.write(
-                self.consumer, positions, snapshots, calls, quarantine=quarantine, cleared=cleared
-            )
-        else:
-            await self.store.write(self.consumer, positions, snapshots, calls)
+            options.update(quarantine=quarantine, cleared=cleared)
+        if said:
+            options["messages"] = said
+        await self.store.write(self.consumer, positions, snapshots, calls, **options)
         return len(snapshots)
 
     async def _written(self) -> None:
@@ -504,6 +512,7 @@ class FrontierProjection:
         self._cache.clear()
         self._dirty.clear()
         self._calls.clear()
+        self._said = []
         self._positions = {}
         self._pending_events = 0
         self._held.clear()
@@ -530,6 +539,7 @@ class FrontierProjection:
             self._held.pop(run_id, None)
         for key in [k for k in self._calls if k[0] not in self._cache]:
             del self._calls[key]
+        self._said = [m for m in self._said if m.run_id in self._cache]
         for partition in gone:
             self._positions.pop(partition, None)
             self._folded_to.pop(partition, None)

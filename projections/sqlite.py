@@ -33,6 +33,7 @@ from .base import (
     released_mark,
 )
 from .frontier import RunStatus, ToolCallRow
+from .transcript import TranscriptRow, decode_message
 
 LOAD_CHUNK = 500
 """Run ids per ``IN (...)`` list: well under SQLite's bound-variable limit on any build."""
@@ -114,6 +115,15 @@ def _entry(row: Sequence[Any]) -> QuarantineEntry:
 
 
 _UPSERT_CALL = _guarded_upsert("onward_tool_calls", _CALL_COLUMNS, ("run_id", "call_id"))
+# Append-only: a row already stored under its key came from the same counted event.
+_APPEND_MESSAGE = (
+    "INSERT INTO onward_transcript (tenant, run_id, seq, message) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT(tenant, run_id, seq) DO NOTHING"
+)
+_SELECT_TRANSCRIPT = (
+    "SELECT seq, message FROM onward_transcript WHERE tenant = ? AND run_id = ? AND seq <= ? "
+    "ORDER BY seq"
+)
 
 
 def _summary(row: Sequence[Any]) -> RunSummary:
@@ -203,7 +213,10 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         clear_rows = [(consumer, run_id) for run_id in batch.cleared]
         hold_rows = [_entry_params(consumer, entry) for entry in batch.quarantine]
         mark_rows = [(e.mark, e.run_id) for e in batch.quarantine if e.run_id is not None]
-        if not (frontier_rows or call_rows or position_rows or clear_rows or hold_rows):
+        message_rows = [(m.tenant, m.run_id, m.seq, m.encoded()) for m in batch.messages]
+        if not (
+            frontier_rows or call_rows or position_rows or clear_rows or hold_rows or message_rows
+        ):
             return
         conn = self._db.connection()
 
@@ -221,6 +234,8 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
                     conn.executemany(_MARK, mark_rows)
                 if position_rows:
                     conn.executemany(_UPSERT_POSITION, position_rows)
+                if message_rows:
+                    conn.executemany(_APPEND_MESSAGE, message_rows)
 
         await self._db.call(
             write,
@@ -275,6 +290,19 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
             return int(released)
 
         return await self._db.call(write, "releasing a quarantined run", run_id)
+
+    async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
+        """The transcript rows of one run with seq at most ``through``, by seq."""
+        conn = self._db.connection()
+
+        def read() -> list[Any]:
+            return conn.execute(_SELECT_TRANSCRIPT, (tenant, run_id, through)).fetchall()
+
+        rows = await self._db.call(read, "reading the transcript", run_id)
+        return [
+            TranscriptRow(tenant=tenant, run_id=run_id, seq=seq, message=decode_message(body))
+            for seq, body in rows
+        ]
 
     async def positions(self, consumer: str) -> dict[int, int]:
         """The next offset per partition stored for a consumer."""

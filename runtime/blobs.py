@@ -219,11 +219,19 @@ class ClaimCheck:
         return event
 
     async def _get(self, digest: str, event: Event) -> bytes:
+        return await self.body(digest, run_id=event.run_id, seq=event.seq)
+
+    async def body(self, digest: str, *, run_id: str, seq: int) -> bytes:
+        """The body a reference of event ``seq`` of a run points at.
+
+        Raises:
+            HistoryUnavailableError: Nothing is stored under it (naming the run and the seq).
+        """
         try:
             return await self.blobs.get(digest)
         except HistoryUnavailableError as exc:
             raise HistoryUnavailableError(
-                f"run {event.run_id!r} seq {event.seq}: {exc}", run_id=event.run_id
+                f"run {run_id!r} seq {seq}: {exc}", run_id=run_id
             ) from exc
 
 

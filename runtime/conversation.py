@@ -1,9 +1,10 @@
-"""The conversation a run's model sees, rebuilt from the run's counted events.
+"""The conversation a run's model sees, rebuilt from the run's transcript and counted events.
 
-The log holds every fact of a run, so the conversation is derived, never stored on its own: the
-system prompt, the run's input, each model answer (with the tool calls it asked for as a
-tool-calls part) and each call's outcome, recorded or settled. The runner keeps one in step with
-every append; resume rebuilds one from the events `Resumer` read.
+The log holds every fact of a run, so the conversation is derived, never written on its own:
+the system prompt, the run's input, each model answer (with the tool calls it asked for as a
+tool-calls part) and each call's outcome, recorded or settled (`message_of`). The runner keeps
+one in step with every append; resume rebuilds one from the run's transcript (the messages the
+projector stored, up to the frontier row's handle) and the events of the tail after it.
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ from typing import Any
 
 import msgspec
 
-from onward.eventlog.events import (
-    Event,
-    Message,
-    ModelAnswered,
-    RunStarted,
-    ToolCompleted,
-    ToolResolved,
+from onward.errors import HistoryUnavailableError
+from onward.eventlog.events import Event, Message, ModelAnswered
+from onward.projections.transcript import (
+    BLOB_REF,
+    TranscriptRow,
+    as_text,
+    is_reference,
+    message_of,
 )
 
-from .parts import assistant_message
+from .blobs import ClaimCheck
+from .parts import ToolCallsPart, parts_of
 
 
 class Conversation:
@@ -46,25 +49,50 @@ class Conversation:
 
     def remember(self, event: Event) -> None:
         """Keep the conversation in step with one more counted event of the run."""
-        if isinstance(event, RunStarted):
-            self.messages.append(Message(role="user", content=as_text(event.input)))
-        elif isinstance(event, ModelAnswered):
-            self.messages.append(assistant_message(event.message.content, event.tool_calls))
+        message = message_of(event)
+        if message is not None:
+            self.messages.append(message)
+        if isinstance(event, ModelAnswered):
             self.call_ids.update(c.call_id for c in event.tool_calls)
-        elif isinstance(event, ToolCompleted):
-            body = (
-                event.result if event.error is None else {"error": msgspec.to_builtins(event.error)}
-            )
-            self._answer(event.call_id, body)
-        elif isinstance(event, ToolResolved) and event.outcome == "completed":
-            self._answer(event.call_id, event.result)
 
-    def _answer(self, call_id: str, body: Any) -> None:
-        self.messages.append(Message(role="tool", content=as_text(body), tool_call_id=call_id))
+    def recall(self, message: Message) -> None:
+        """Add a message of the run's transcript (its bodies restored), in order."""
+        self.messages.append(message)
+        if message.role == "assistant" and isinstance(message.content, list):
+            for part in message.content:
+                if isinstance(part, dict) and part.get("type") == "tool_calls":
+                    calls = msgspec.convert(part, ToolCallsPart).tool_calls
+                    self.call_ids.update(call.id for call in calls)
 
 
-def as_text(value: Any) -> str:
-    """A value as the model reads it: strings as they are, anything else as JSON."""
-    if isinstance(value, str):
-        return value
-    return msgspec.json.encode(value).decode()
+async def restored(row: TranscriptRow, claim_check: ClaimCheck | None) -> Message:
+    """A transcript message with a claim-checked body put back, as the model saw it.
+
+    Raises:
+        HistoryUnavailableError: The body is not in the blob store, or no blob store is
+            configured to read it from.
+    """
+    message = row.message
+    content = message.content
+    if not (isinstance(content, list) and content and is_reference(content[0])):
+        return message
+    if claim_check is None:
+        raise HistoryUnavailableError(
+            f"run {row.run_id!r} seq {row.seq}: its body is in a blob store "
+            f"({content[0][BLOB_REF]}) and this runner has none; configure blobs=",
+            run_id=row.run_id,
+        )
+    body = msgspec.json.decode(
+        await claim_check.body(content[0][BLOB_REF], run_id=row.run_id, seq=row.seq)
+    )
+    if message.role != "assistant":
+        return msgspec.structs.replace(message, content=as_text(body))
+    said = msgspec.convert(body, Message).content
+    rest = content[1:]
+    if not rest:
+        return msgspec.structs.replace(message, content=said)
+    parts: list[Any] = [] if said == "" else msgspec.to_builtins(parts_of(said))
+    return msgspec.structs.replace(message, content=[*parts, *rest])
+
+
+__all__ = ["Conversation", "as_text", "restored"]

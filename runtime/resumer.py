@@ -2,11 +2,14 @@
 
 1. The lease is taken before anything about the run is read, so the worker that loses
    (`ResumeConflictError`, naming the holder) never sees the run at all.
-2. The run is read once. For a plan alone, the frontier row and the projector's position for
-   the run's partition are read, then the run's events from there to the partition's end: the
-   tail is bounded by the projector's lag, not by the run's length. When the caller also needs
-   the conversation (``history=True``), the run is read from its first event instead (the row
-   says where that is), and the frontier is folded from those same events.
+2. The run is read once: the frontier row, the projector's position for the run's partition,
+   then the run's events from there to the partition's end. The tail is bounded by the
+   projector's lag, not by the run's length nor by other runs' traffic. When the caller also
+   needs the conversation (``history=True``), the run's transcript is read up to the row's
+   handle (``last_seq``; the row counts its messages) and the tail's events follow it. A
+   history with a hole (the tail starts below the log's start, or the transcript lacks rows the
+   row counts) raises `HistoryUnavailableError`: the model never sees a conversation with a
+   hole. Without a frontier store (embedded logs only) the run is folded from its partition.
 3. If the lease store handed out a fence the log has already seen (it was wiped, or the run was
    written before it was configured), the store's fence is raised above the log's while the
    lease is held. A wiped store costs time, never the run.
@@ -18,15 +21,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from onward.errors import NothingToResumeError, RevisionMismatchError
+from onward.errors import (
+    HistoryUnavailableError,
+    LogTruncatedError,
+    NothingToResumeError,
+    RevisionMismatchError,
+)
 from onward.eventlog.base import EventLog, SequenceGuard, StoredEvent, partition_for
 from onward.eventlog.events import RunClaimed
 from onward.projections.base import FrontierStore
 from onward.projections.frontier import Frontier, fold_all
 from onward.projections.projector import DEFAULT_CONSUMER
+from onward.projections.transcript import TranscriptRow
 
 from .agent import Agent
 from .leases.base import LeasePolicy, LeaseStore, RunLease
@@ -38,8 +49,11 @@ class CarriedRun:
     """A run this worker now holds: its lease, its frontier through the claim, and the plan.
 
     Attributes:
-        events: With ``history=True``, the run's counted events through the claim, in order
-            (what the conversation is rebuilt from); otherwise empty.
+        transcript: With ``history=True``, the run's transcript through the frontier row's
+            handle, by seq; otherwise empty.
+        events: With ``history=True``, the run's counted events after the transcript, through
+            the claim, in order: with ``transcript``, what the conversation is rebuilt from;
+            otherwise empty.
         claimed: False when there was nothing to carry on (the run is settled), so nothing was
             appended.
     """
@@ -51,6 +65,7 @@ class CarriedRun:
     claimed: bool = True
     events: tuple[StoredEvent, ...] = ()
     timings_ms: dict[str, float] = field(default_factory=dict)
+    transcript: tuple[TranscriptRow, ...] = ()
 
 
 class Resumer:
@@ -59,8 +74,9 @@ class Resumer:
     Args:
         log: The event log.
         leases: Who holds which run.
-        frontiers: Frontier rows, if a projector (or the embedded checkpointer) keeps them;
-            without, a run is folded from the start of its partition.
+        frontiers: Frontier rows and transcripts, kept by a projector (or the embedded
+            checkpointer); without (embedded logs only), a run is folded from the start of its
+            partition.
         policy: The lease's ttl.
         projector: The consumer name the frontier projector stores its positions under.
     """
@@ -98,6 +114,7 @@ class Resumer:
             ResumeConflictError: Another worker holds it (before anything was read).
             NothingToResumeError: No such run for that tenant (the lease is released).
             RevisionMismatchError: ``agent`` is not the run's revision (the lease is released).
+            HistoryUnavailableError: The run's history has a hole (the lease is released).
         """
         timings: dict[str, float] = {}
         started = time.perf_counter()
@@ -123,9 +140,9 @@ class Resumer:
         Raises:
             NothingToResumeError: No such run for that tenant.
             RevisionMismatchError: ``agent`` is given and is not the run's revision.
+            HistoryUnavailableError: The tail the row needs starts below the log's start.
         """
-        frontier, _, _ = await self._read(run_id, tenant, agent, whole=False)
-        return frontier
+        return (await self._read(run_id, tenant, agent, whole=False)).frontier
 
     async def fence_above_log(self, lease: RunLease, frontier: Frontier) -> RunLease:
         """The lease, its fence raised above every fence the log holds for the run if need be."""
@@ -144,15 +161,22 @@ class Resumer:
     ) -> CarriedRun:
         run_id, tenant = lease.run_id, lease.tenant
         mark = time.perf_counter()
-        frontier, tail, read_to = await self._read(
-            run_id, tenant, agent, whole=history, timings=timings
-        )
+        read = await self._read(run_id, tenant, agent, whole=history, timings=timings)
+        frontier, transcript, tail, read_to = read.frontier, read.transcript, read.tail, read.end
         lease = await self.fence_above_log(lease, frontier)
         timings["tail"] = _ms(mark) - timings["frontier"]
         if frontier.settled:
             # Nothing to carry on: no claim, so the run's history stays as it was.
             plan = plan_resume(frontier, agent or _anonymous(frontier))
-            return CarriedRun(lease, frontier, plan, len(tail), False, _counted(tail, history))
+            return CarriedRun(
+                lease,
+                frontier,
+                plan,
+                len(tail),
+                False,
+                _counted(read.base, tail, history),
+                transcript=transcript,
+            )
         mark = time.perf_counter()
         claim = RunClaimed(
             run_id=run_id,
@@ -164,8 +188,12 @@ class Resumer:
         )
         (position,) = await self.log.append([claim])
         # Whatever a superseded writer slipped in before the claim landed is part of the run;
-        # what it writes after is refused by the fold.
-        between = await self.log.read_run(run_id, start=read_to, end=position.offset + 1)
+        # what it writes after is refused by the fold. The claim landing right where the read
+        # ended means nothing did: then the claim is all there is, and nothing is read back.
+        if position.offset == read_to:
+            between = [StoredEvent(position, claim)]
+        else:
+            between = await self.log.read_run(run_id, start=read_to, end=position.offset + 1)
         frontier = fold_all(frontier, between)
         timings["claim"] = _ms(mark)
         mark = time.perf_counter()
@@ -177,14 +205,14 @@ class Resumer:
             plan,
             len(tail) + len(between),
             True,
-            _counted([*tail, *between], history),
+            _counted(read.base, [*tail, *between], history),
             timings,
+            transcript,
         )
 
     async def exists(self, run_id: str) -> bool:
         """Whether the log holds any counted event of the run, for any tenant."""
-        frontier, _, _ = await self._fold(run_id, "", whole=False)
-        return frontier.last_seq > 0
+        return (await self._fold(run_id, "", whole=False)).frontier.last_seq > 0
 
     async def _read(
         self,
@@ -194,14 +222,16 @@ class Resumer:
         *,
         whole: bool,
         timings: dict[str, float] | None = None,
-    ) -> tuple[Frontier, list[StoredEvent], int]:
-        """The run folded to the partition's end, the events read to fold it, and that end.
+    ) -> _Read:
+        """The run folded to the partition's end, and what was read to fold it.
 
         Raises:
             NothingToResumeError: No such run for that tenant.
             RevisionMismatchError: ``agent`` is given and is not the run's revision.
+            HistoryUnavailableError: The run's history has a hole.
         """
-        frontier, tail, end = await self._fold(run_id, tenant, whole=whole, timings=timings)
+        read = await self._fold(run_id, tenant, whole=whole, timings=timings)
+        frontier, tail = read.frontier, read.tail
         owner = tail[0].event.tenant if tail else frontier.tenant
         if frontier.last_seq == 0 or owner != tenant:
             raise NothingToResumeError(
@@ -213,48 +243,149 @@ class Resumer:
                 f"passed in is {agent.revision}; resume it with the definition it started with",
                 run_id=run_id,
             )
-        return frontier, tail, end
+        return read
 
     async def _fold(
         self, run_id: str, tenant: str, *, whole: bool, timings: dict[str, float] | None = None
-    ) -> tuple[Frontier, list[StoredEvent], int]:
-        """Fold the run from where the stores allow up to the partition's end. No checks."""
+    ) -> _Read:
+        """Fold the run from where the stores allow up to the partition's end. No checks.
+
+        With a frontier store: the run's row, and the tail from the later of the row's offset
+        and the projector's position for the run's partition (every event of the run below
+        that position is in the row; the records in between belong to other runs). With
+        ``whole``, also the transcript up to the row's handle. A run with no row yet has no
+        event below the projector's position either, so its tail starts there too.
+        """
         mark = time.perf_counter()
-        frontier, start = await self._stored(run_id, tenant, whole=whole)
+        partition = partition_for(run_id, self.log.partitions)
+        if self.frontiers is None:
+            frontier, start = Frontier.empty(run_id, tenant), None
+            bounds = await self.log.bounds(partition)
+        else:
+            # The row, the projector's position and the log's bounds are independent reads.
+            (frontier, start), bounds = await asyncio.gather(
+                self._stored(run_id, tenant, partition), self.log.bounds(partition)
+            )
+            if whole and frontier.last_seq > 0 and frontier.messages == 0:
+                # A row written before the transcript was (every run's first event speaks):
+                # its conversation is in the log, from the run's first event on.
+                frontier, start = Frontier.empty(run_id, tenant), max(frontier.first_offset, 0)
         if timings is not None:
             timings["frontier"] = _ms(mark)
-        partition = partition_for(run_id, self.log.partitions)
-        end = (await self.log.bounds(partition)).end
-        tail = await self.log.read_run(run_id, start=start, end=end)
-        return fold_all(frontier, tail), tail, end
+        if start is not None and start < bounds.start:
+            raise _hole(
+                run_id,
+                f"its events from offset {start} of partition {partition} (the log now starts "
+                f"at {bounds.start})",
+            )
+        wants_transcript = whole and self.frontiers is not None and frontier.messages > 0
+        transcript, tail = await asyncio.gather(
+            self._transcript(frontier) if wants_transcript else _nothing(),
+            self._tail(run_id, partition, start, bounds.end),
+        )
+        ahead = [s.event.seq for s in tail if s.event.seq > frontier.last_seq]
+        if ahead and min(ahead) > frontier.last_seq + 1:
+            raise _hole(
+                run_id,
+                f"seqs {frontier.last_seq + 1} to {min(ahead) - 1} (the stored history ends at "
+                f"seq {frontier.last_seq}, the log's tail starts at seq {min(ahead)})",
+            )
+        return _Read(fold_all(frontier, tail), frontier, transcript, tail, bounds.end)
 
-    async def _stored(
-        self, run_id: str, tenant: str, *, whole: bool
-    ) -> tuple[Frontier, int | None]:
-        """Where to fold from: a frontier, and the offset to read the run from (None: the start).
+    async def _tail(
+        self, run_id: str, partition: int, start: int | None, end: int
+    ) -> list[StoredEvent]:
+        """The run's events from ``start`` (None: the partition's start) up to ``end``."""
+        if start is not None and start >= end:
+            return []  # the projector has folded the partition to its end: nothing to read
+        try:
+            return await self.log.read_run(run_id, start=start, end=end)
+        except LogTruncatedError as exc:
+            raise _hole(run_id, f"its events from offset {start} of partition {partition}") from exc
 
-        For the frontier alone, the tail starts at the projector's position for the run's
-        partition when that is past the row: every event of the run below it is already in the
-        row, and the records in between belong to other runs (in a busy partition, many of
-        them). For the whole run, the row only says where the run's first event is.
+    async def _stored(self, run_id: str, tenant: str, partition: int) -> tuple[Frontier, int]:
+        """Where to fold from: the run's row (or nothing), and the offset to read its tail from.
+
+        A row with no frontier to fold on from (its snapshot was refused for size, or the run
+        is set aside in quarantine) is folded from the log: from the run's first event when the
+        row knows where that is (a set-aside frontier says), else from the partition's start.
         """
-        empty = Frontier.empty(run_id, tenant)
-        if self.frontiers is None:
-            return empty, None
-        row = await self.frontiers.get(run_id)
-        if row is None or row.frontier is None:
-            return empty, None
-        if whole:
-            first = row.frontier.first_offset
-            return empty, first if first >= 0 else None
-        partition = partition_for(run_id, self.log.partitions)
-        folded_to = (await self.frontiers.positions(self.projector)).get(partition, 0)
+        assert self.frontiers is not None
+        row, positions = await asyncio.gather(
+            self.frontiers.get(run_id), self.frontiers.positions(self.projector)
+        )
+        folded_to = positions.get(partition, 0)
+        if row is None:
+            return Frontier.empty(run_id, tenant), folded_to
+        if row.frontier is None:
+            known = row.set_aside
+            first = known.first_offset if known is not None and known.first_offset >= 0 else 0
+            return Frontier.empty(run_id, tenant), first
         return row.frontier, max(row.frontier.through_offset + 1, folded_to)
 
+    async def _transcript(self, frontier: Frontier) -> tuple[TranscriptRow, ...]:
+        """The transcript up to the row's handle, every row the frontier counts, or an error.
 
-def _counted(stored: list[StoredEvent], wanted: bool) -> tuple[StoredEvent, ...]:
-    """The events of ``stored`` that count (seq and fence rules), if they are wanted."""
-    return tuple(SequenceGuard().admit_all(stored)) if wanted else ()
+        Raises:
+            HistoryUnavailableError: The transcript lacks rows the frontier counts.
+        """
+        assert self.frontiers is not None
+        rows = await self.frontiers.transcript(
+            frontier.run_id, tenant=frontier.tenant, through=frontier.last_seq
+        )
+        if len(rows) != frontier.messages:
+            held = [row.seq for row in rows]
+            raise _hole(
+                frontier.run_id,
+                f"{frontier.messages - len(rows)} of the {frontier.messages} messages of its "
+                f"transcript through seq {frontier.last_seq} (the transcript holds "
+                + (f"seqs {_ranges(held)})" if held else "none of them)"),
+            )
+        return tuple(rows)
+
+
+async def _nothing() -> tuple[TranscriptRow, ...]:
+    return ()
+
+
+def _hole(run_id: str, missing: str) -> HistoryUnavailableError:
+    return HistoryUnavailableError(
+        f"run {run_id!r}: its history has a hole, missing {missing}; the run stops rather than "
+        "go on without it: restore the missing history or settle the run by hand",
+        run_id=run_id,
+    )
+
+
+def _ranges(seqs: list[int]) -> str:
+    """Seqs as ranges: ``1-3, 7, 9-12``."""
+    spans: list[str] = []
+    first = last = seqs[0]
+    for seq in [*seqs[1:], None]:
+        if seq is not None and seq == last + 1:
+            last = seq
+            continue
+        spans.append(str(first) if first == last else f"{first}-{last}")
+        if seq is not None:
+            first = last = seq
+    return ", ".join(spans)
+
+
+class _Read(NamedTuple):
+    """One read of a run: ``base`` (the stored row, or empty) and ``tail`` folded into
+    ``frontier``; the transcript up to ``base``'s handle; the partition's end as of the read."""
+
+    frontier: Frontier
+    base: Frontier
+    transcript: tuple[TranscriptRow, ...]
+    tail: list[StoredEvent]
+    end: int
+
+
+def _counted(base: Frontier, stored: list[StoredEvent], wanted: bool) -> tuple[StoredEvent, ...]:
+    """The events of ``stored`` that count after ``base`` (seq and fence rules), if wanted."""
+    if not wanted:
+        return ()
+    return tuple(SequenceGuard(base.last_seq, base.fence).admit_all(stored))
 
 
 def _anonymous(frontier: Frontier) -> Agent:

@@ -54,7 +54,7 @@ from onward.projections.frontier import CallState, Frontier
 from .agent import Agent
 from .blobs import BlobStore, ClaimCheck
 from .checkpoint import Checkpointer, CheckpointPolicy
-from .conversation import Conversation, as_text
+from .conversation import Conversation, as_text, restored
 from .leases.base import LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
@@ -116,8 +116,11 @@ class AgentRunner:
             Embedded logs bring their own when none is named (`SqliteEventLog`: leases in the
             same file; `MemoryEventLog`: one store per log); any other log needs one every
             worker shares (`RedisLeaseStore`, `PostgresLeaseStore`).
-        frontiers: The frontier store. Resume reads the run's row and only the log after it;
-            with ``checkpoint_inline`` (embedded mode) the runner also folds into it.
+        frontiers: The frontier store. Resume, approve, deny, resolve and inspect read the run's
+            row, its transcript up to the row's handle, and only the log after it; with
+            ``checkpoint_inline`` (embedded mode) the runner also folds into it. Required for
+            any log but the embedded ones (SQLite, memory), which without one fold a run from
+            its partition.
         checkpoints: Which boundaries the inline checkpointer folds at.
         checkpoint_inline: Fold into ``frontiers`` from this process (embedded mode).
         redactor: Masks secrets before anything is encoded; ``Redactor(enabled=False)`` only
@@ -128,8 +131,9 @@ class AgentRunner:
         lease_policy: The lease's ttl and renewal margin.
 
     Raises:
-        ConfigurationError: No lease store for a log that has none of its own, or
-            ``checkpoint_inline`` without a frontier store.
+        ConfigurationError: No lease store for a log that has none of its own, no frontier
+            store for a log that is not embedded, or ``checkpoint_inline`` without a frontier
+            store.
     """
 
     def __init__(
@@ -151,6 +155,12 @@ class AgentRunner:
             raise ConfigurationError("checkpoint_inline needs a frontier store")
         if leases is None:
             leases = default_leases(log)
+        if frontiers is None and not getattr(log, "embedded", False):
+            raise ConfigurationError(
+                f"{type(log).__name__} needs a frontier store: without one, resume would read "
+                "the run's partition from its start, every other run's events included; pass "
+                "frontiers=PostgresFrontierStore(DATABASE_URL) and run the projector"
+            )
         self.provider = provider
         self.log = log
         self.leases = leases
@@ -254,15 +264,20 @@ class AgentRunner:
             RevisionMismatchError: ``agent`` is not the revision the run started with.
             IndeterminateToolCallError: A call may or may not have run; a person must settle it.
             CheckpointFormatError: The run was written by a newer Onward.
+            HistoryUnavailableError: The run's history has a hole (the log was truncated
+                below what the frontier row needs, or the transcript lacks messages); the
+                model is not called.
         """
         carried = await self.resumer.resume(
             agent, run_id, tenant=tenant, worker=self.worker, history=True
         )
         async with self._holding(run_id, tenant, self.worker, lease=carried.lease) as held:
-            events = [await self.writer.restore(s.event) for s in carried.events]
-            run = HeldRun(
-                agent, held, carried.frontier, Conversation.of(agent.instructions, events)
-            )
+            conversation = Conversation(agent.instructions)
+            for row in carried.transcript:
+                conversation.recall(await restored(row, self.writer.claim_check))
+            for stored in carried.events:
+                conversation.remember(await self.writer.restore(stored.event))
+            run = HeldRun(agent, held, carried.frontier, conversation)
             if not carried.claimed:
                 return RunResult.of(run.frontier)
             return await self._carry_on(run)

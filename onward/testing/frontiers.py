@@ -12,8 +12,10 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest_asyncio
 
+from onward.eventlog.events import Message
 from onward.projections.base import FrontierStore, QuarantineEntry, Snapshot, released_mark
 from onward.projections.frontier import CallState, Frontier, ToolCallRow
+from onward.projections.transcript import TranscriptRow
 
 from .eventlog import new_run_id
 
@@ -75,6 +77,13 @@ def poison(run_id: str | None, *, offset: int, partition: int = 1) -> Quarantine
         kind="run.exploded",
         reason=f"run {run_id!r} seq 3: unreadable event record: Invalid value - at `$.kind`",
         quarantined_at=1_000 + offset,
+    )
+
+
+def said(run_id: str, seq: int, text: str, *, tenant: str = "acme") -> TranscriptRow:
+    """A transcript row: the message event ``seq`` of a run added."""
+    return TranscriptRow(
+        tenant=tenant, run_id=run_id, seq=seq, message=Message(role="user", content=text)
     )
 
 
@@ -380,3 +389,34 @@ class FrontierStoreConformance:
         assert row is not None
         assert row.quarantined == again.mark
         assert await store.release(CONSUMER, run_id, by="ops", at=7_000) == 1
+
+    async def test_transcript_rows_read_back_by_seq_up_to_the_handle(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        rows = [said(run_id, seq, f"m{seq} ünï ✓") for seq in (1, 3, 4, 9)]
+        await store.write(
+            CONSUMER, {1: 10}, [Snapshot.of(frontier(run_id, through=9))], [], messages=rows
+        )
+        assert await store.transcript(run_id, tenant="acme", through=9) == rows
+        assert await store.transcript(run_id, tenant="acme", through=4) == rows[:3]
+        assert await store.transcript(run_id, tenant="other", through=9) == []
+        assert await store.transcript(new_run_id(), tenant="acme", through=9) == []
+
+    async def test_a_transcript_row_is_stored_once_and_never_replaced(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        await store.write(CONSUMER, {}, [], [], messages=[said(run_id, 1, "first")])
+        again = [said(run_id, 1, "again"), said(run_id, 2, "b")]
+        await store.write(CONSUMER, {}, [], [], messages=again)
+        got = await store.transcript(run_id, tenant="acme", through=5)
+        assert [(r.seq, r.message.content) for r in got] == [(1, "first"), (2, "b")]
+
+    async def test_transcript_rows_are_written_with_the_positions(
+        self, store: FrontierStore
+    ) -> None:
+        run_id = new_run_id()
+        await store.write("t", {2: 5}, [], [], messages=[said(run_id, 1, "x")])
+        assert (await store.positions("t"))[2] == 5
+        assert len(await store.transcript(run_id, tenant="acme", through=1)) == 1

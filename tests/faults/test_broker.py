@@ -25,6 +25,7 @@ from support.fault_runs import (
 from support.private_servers import PrivateKafka, running
 
 from onward.eventlog import KafkaEventLog
+from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.leases import LeasePolicy, MemoryLeaseStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.runner import AgentRunner
@@ -60,7 +61,11 @@ async def test_broker_sigkill_mid_load_then_restart(
         MemoryLeaseStore() as leases,
     ):
         runner = AgentRunner(
-            provider=step_provider(STEPS), log=log, leases=leases, lease_policy=POLICY
+            provider=step_provider(STEPS),
+            log=log,
+            leases=leases,
+            frontiers=MemoryFrontierStore(),  # no projector here: runs are read from the log
+            lease_policy=POLICY,
         )
         driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
         try:
@@ -103,7 +108,11 @@ async def test_broker_sigstop_past_the_request_timeout_then_sigcont(
         MemoryLeaseStore() as leases,
     ):
         runner = AgentRunner(
-            provider=step_provider(STEPS), log=log, leases=leases, lease_policy=POLICY
+            provider=step_provider(STEPS),
+            log=log,
+            leases=leases,
+            frontiers=MemoryFrontierStore(),  # no projector here: runs are read from the log
+            lease_policy=POLICY,
         )
         driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
         try:

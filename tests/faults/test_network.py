@@ -20,6 +20,7 @@ from support.faulty_proxy import FaultyProxy
 from support.private_servers import PrivateKafka, free_port, running
 
 from onward.eventlog import KafkaEventLog
+from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.leases import LeasePolicy, MemoryLeaseStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.runner import AgentRunner
@@ -57,6 +58,7 @@ async def test_latency_and_a_dropped_connection_to_the_broker(
         runner = AgentRunner(
             provider=step_provider(STEPS),
             log=log,
+            frontiers=MemoryFrontierStore(),  # no projector here: runs are read from the log
             leases=leases,
             lease_policy=LeasePolicy(ttl=timedelta(seconds=10)),
         )

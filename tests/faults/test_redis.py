@@ -33,6 +33,7 @@ from support.private_servers import PrivateRedis, running
 
 from onward.errors import OnwardError
 from onward.eventlog import KafkaEventLog, RunClaimed, RunStarted, SequenceGuard
+from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.leases import LeasePolicy, RedisLeaseStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.runner import AgentRunner
@@ -82,6 +83,7 @@ async def test_redis_loses_every_lease_under_running_workers(
             AgentRunner(
                 provider=step_provider(STEPS),
                 log=log,
+                frontiers=MemoryFrontierStore(),  # no projector here: read from the log
                 leases=leases,
                 lease_policy=POLICY,
                 worker=name,

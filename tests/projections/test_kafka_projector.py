@@ -248,7 +248,7 @@ async def test_a_store_failing_inside_a_rebalance_is_raised_by_the_next_call(
             assert asyncio.get_running_loop().time() < deadline, "nothing was folded"
             await projector.step(timeout_ms=200)
 
-        async def unavailable(*args: object) -> None:
+        async def unavailable(*args: object, **options: object) -> None:
             raise BackendUnavailableError("PostgreSQL went away")
 
         monkeypatch.setattr(projector.projection.store, "write", unavailable)
@@ -259,3 +259,24 @@ async def test_a_store_failing_inside_a_rebalance_is_raised_by_the_next_call(
     finally:
         await projector.close()
     assert await stack.store.positions("frontiers") == {}
+
+
+async def test_a_rebuild_fills_the_transcript_it_shares_with_every_build(
+    stack: Stack, rng: random.Random
+) -> None:
+    steps = workload(rng, 20)
+    await append_all(stack.log, steps)
+    await stack.fold_everything()
+    run_ids = run_ids_of(steps)
+    conn = await asyncpg.connect(stack.database_url, server_settings={"search_path": stack.schema})
+    try:
+        before = await conn.fetchval("SELECT count(*) FROM onward_transcript")
+        await conn.execute("DELETE FROM onward_transcript")
+        await rebuild_frontiers(stack.log, stack.database_url, schema=stack.schema)
+        assert await conn.fetchval("SELECT count(*) FROM onward_transcript") == before > 0
+    finally:
+        await conn.close()
+    expected, _ = await direct_fold(stack.log, run_ids)
+    for run_id, frontier in expected.items():
+        rows = await stack.store.transcript(run_id, tenant="acme", through=frontier.last_seq)
+        assert len(rows) == frontier.messages > 0

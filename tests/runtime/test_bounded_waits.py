@@ -25,6 +25,7 @@ from support.proxy import TcpProxy
 
 from onward.errors import BackendUnavailableError, ResumeConflictError
 from onward.eventlog import Event, KafkaEventLog, ModelAnswered, RunStarted, ToolCall
+from onward.projections.memory import MemoryFrontierStore
 from onward.runtime import (
     Agent,
     AgentRunner,
@@ -163,7 +164,10 @@ async def stores(
 async def resume_when_released(
     log: KafkaEventLog, leases: LeaseStore, bookings: Bookings, run_id: str
 ) -> str:
-    runner = AgentRunner(provider=model(), log=log, leases=leases, worker="w2")
+    # No projector runs here: a frontier store of its own, and the run is read from the log.
+    runner = AgentRunner(
+        provider=model(), log=log, leases=leases, frontiers=MemoryFrontierStore(), worker="w2"
+    )
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -202,7 +206,12 @@ async def test_a_silent_server_stops_the_run_in_bounded_time_and_a_resume_finish
             servers, kafka=urls["kafka"], leases_on=leases_on, lease_url=urls[leases_on]
         ) as (log, leases):
             runner = AgentRunner(
-                provider=model(), log=log, leases=leases, worker="w1", observer=cutter
+                provider=model(),
+                log=log,
+                leases=leases,
+                frontiers=MemoryFrontierStore(),
+                worker="w1",
+                observer=cutter,
             )
             with pytest.raises(BackendUnavailableError):
                 await runner.run(bookings.agent(), "go", tenant=TENANT, run_id=run_id)

@@ -33,8 +33,9 @@ from onward.eventlog import (
     ToolDispatched,
     kind_of,
 )
-from onward.eventlog.base import EventLog
+from onward.eventlog.base import EventLog, partition_for
 from onward.eventlog.schema import event_schema
+from onward.projections.memory import MemoryFrontierStore
 from onward.runtime import (
     Agent,
     AgentRunner,
@@ -83,7 +84,15 @@ async def start_on(
 ) -> None:
     """Run an agent as worker w1 until it finishes, waits, or 'dies' at ``crash_at``."""
     observer = CrashAt(crash_at) if crash_at else None
-    runner = AgentRunner(provider=provider, log=log, leases=leases, worker="w1", observer=observer)
+    # The worker's own frontier store: the command under test reads the run from the log.
+    runner = AgentRunner(
+        provider=provider,
+        log=log,
+        leases=leases,
+        frontiers=MemoryFrontierStore(),
+        worker="w1",
+        observer=observer,
+    )
     with contextlib.suppress(Crash):
         await runner.run(agent, "go", tenant=TENANT, run_id=run_id)
 
@@ -405,6 +414,24 @@ def test_the_model_code_failing_exits_5_in_one_line(db: Path, mine: str) -> None
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_resume_of_a_run_whose_log_was_truncated_exits_4_without_calling_the_model(
+    db: Path, mine: str
+) -> None:
+    run_id = start(db, crash_at="turn.settled")  # the next step is a model call
+
+    async def truncate() -> None:
+        async with SqliteEventLog(db) as log:
+            partition = partition_for(run_id, log.partitions)
+            await log.truncate_before(partition, (await log.bounds(partition)).end - 1)
+
+    asyncio.run(truncate())
+    agent = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]  # Broken: exit 5
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *agent)
+    assert result.exit_code == 4, result.output
+    assert "HistoryUnavailableError" in result.stderr
+    assert run_id in result.stderr
+
+
 @pytest.mark.kafka
 async def test_resume_against_kafka_postgres_and_redis(
     kafka_bootstrap: str, database_url: str, redis_url: str
@@ -457,6 +484,49 @@ async def test_resume_against_kafka_postgres_and_redis(
             await admin.delete_topics([topic])
         finally:
             await admin.close()
+
+
+@pytest.mark.kafka
+async def test_resume_on_kafka_of_a_run_whose_partition_was_truncated_exits_4(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
+    redis_url: str,
+    redis_prefix: str,
+    mine: str,
+) -> None:
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=3) as log,
+        RedisLeaseStore(redis_url, prefix=redis_prefix) as leases,
+    ):
+        await start_on(
+            log,
+            leases,
+            run_id,
+            agent=cli_agent.booker(),
+            provider=cli_agent.booking_model(),
+            crash_at="turn.settled",  # the next step is a model call
+        )
+        partition = partition_for(run_id, log.partitions)
+        await log.truncate_before(partition, (await log.bounds(partition)).end - 1)
+    env = {
+        "ONWARD_BACKEND": "kafka",
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "ONWARD_KAFKA_TOPIC": kafka_topic,
+        "ONWARD_PARTITIONS": "3",
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": pg_schema,
+        "REDIS_URL": redis_url,
+        "ONWARD_REDIS_PREFIX": redis_prefix,
+    }
+    agent = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]  # Broken: exit 5
+    args = ["run", "--resume", run_id, "--tenant", TENANT, *agent]
+    result = await asyncio.to_thread(CliRunner().invoke, app, args, env=env)
+    assert result.exit_code == 4, result.output
+    assert "HistoryUnavailableError" in result.stderr
+    assert run_id in result.stderr
 
 
 def test_the_kafka_backend_without_a_database_url_exits_2() -> None:

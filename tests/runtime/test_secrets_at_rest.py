@@ -97,7 +97,9 @@ async def test_a_secret_in_tool_arguments_is_masked_everywhere_at_rest(
         PostgresBlobStore(database_url, schema=pg_schema) as blobs,
         PostgresLeaseStore(database_url, schema=pg_schema) as leases,
     ):
-        runner = AgentRunner(provider=provider, log=log, blobs=blobs, leases=leases)
+        runner = AgentRunner(
+            provider=provider, log=log, frontiers=store, blobs=blobs, leases=leases
+        )
         result = await runner.run(
             agent, f"here is my key {secret}", tenant="acme", run_id="r-secret"
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from onward._storage import connect, expected_version, migrate_sqlite, split_statements
+from onward._storage import connect, migrate_sqlite, migrations, split_statements
 
 SCRIPT = """
 -- A comment with a ; in it.
@@ -51,5 +51,6 @@ def test_a_script_ending_inside_a_statement_is_refused() -> None:
 def test_migrating_twice_applies_nothing_the_second_time(tmp_path: Path) -> None:
     with closing(connect(tmp_path / "onward.db")) as conn:
         first = migrate_sqlite(conn)
-        assert len(first) == expected_version("sqlite")
+        # Every migration, counted by file: numbers may have gaps (parallel work reserves them).
+        assert len(first) == len(migrations("sqlite"))
         assert migrate_sqlite(conn) == []

@@ -11,6 +11,8 @@ from typing import Any
 
 from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog
+from onward.projections.base import FrontierStore
+from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import BlobStore, PostgresBlobStore, SqliteBlobStore
 from onward.runtime.leases import LeasePolicy, LeaseStore, PostgresLeaseStore
@@ -81,6 +83,7 @@ class World:
     log: EventLog
     blobs: BlobStore
     leases: LeaseStore | None  # None: the embedded log's own
+    frontiers: FrontierStore | None = None  # None: the embedded log folds a run from its partition
 
 
 def the_runner(config: dict[str, Any], world: World, worker: str, **options: Any) -> AgentRunner:
@@ -89,6 +92,7 @@ def the_runner(config: dict[str, Any], world: World, worker: str, **options: Any
         log=world.log,
         leases=world.leases,
         blobs=world.blobs,
+        frontiers=world.frontiers,
         worker=worker,
         **options,
     )
@@ -104,5 +108,6 @@ async def open_world(config: dict[str, Any]) -> AsyncIterator[World]:
             KafkaEventLog(config["bootstrap"], topic=config["topic"], partitions=2) as klog,
             PostgresBlobStore(config["database_url"], schema=config["schema"]) as pblobs,
             PostgresLeaseStore(config["database_url"], schema=config["schema"]) as pleases,
+            PostgresFrontierStore(config["database_url"], schema=config["schema"]) as store,
         ):
-            yield World(klog, pblobs, pleases)
+            yield World(klog, pblobs, pleases, store)

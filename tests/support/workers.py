@@ -92,6 +92,10 @@ class CountingLog:
     def partitions(self) -> int:
         return self.inner.partitions
 
+    @property
+    def embedded(self) -> bool:
+        return bool(getattr(self.inner, "embedded", False))
+
     async def append(self, events: Sequence[Event]) -> list[Position]:
         return await self.inner.append(events)
 

@@ -1,0 +1,116 @@
+"""A run's transcript: each message of the conversation stored once, keyed by the seq it came from.
+
+The conversation a run's model sees is derived from the run's counted events: the run's input
+(``RunStarted``), each model answer with the calls it asked for (``ModelAnswered``), and each
+call's outcome, recorded (``ToolCompleted``) or settled by a person or a status check
+(``ToolResolved`` as completed). Every other event adds nothing to it. :func:`message_of` is
+that derivation, the one the runner's `Conversation` and the projector both use.
+
+The projector (and the embedded fold) appends each message to the transcript of its store in
+the same transaction as the run's frontier row, and the frontier counts them
+(``Frontier.messages``), so the row is a handle: the transcript holds ``messages`` rows of the
+run through ``last_seq``. A reader that finds fewer has a hole in the run's history.
+
+A claim-checked body stays a reference here, as in the log: the message's content is then a
+list whose first part is the reference (``{"$blob": digest, "size": n}``), followed, for an
+assistant message, by its tool-calls part. The runtime's reader puts the body back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from onward.eventlog.events import (
+    Event,
+    Message,
+    ModelAnswered,
+    RunStarted,
+    ToolCompleted,
+    ToolResolved,
+)
+from onward.eventlog.parts import ToolCallRef, ToolCallsPart, assistant_message
+
+BLOB_REF = "$blob"
+"""The key of a claim-check reference (``{"$blob": digest, "size": n}``)."""
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Message)
+
+
+class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One message of a run's transcript, keyed by the seq of the event it came from."""
+
+    tenant: str
+    run_id: str
+    seq: int
+    message: Message
+
+    def encoded(self) -> bytes:
+        """The message as stored: msgspec JSON."""
+        return _encoder.encode(self.message)
+
+
+def decode_message(body: bytes) -> Message:
+    """A stored message."""
+    return _decoder.decode(body)
+
+
+def speaks(event: Event) -> bool:
+    """Whether a counted event adds a message to the conversation. Cheap: no message is built."""
+    kind = type(event)
+    if kind is RunStarted or kind is ModelAnswered or kind is ToolCompleted:
+        return True
+    return kind is ToolResolved and event.outcome == "completed"  # type: ignore[attr-defined]
+
+
+def message_of(event: Event) -> Message | None:
+    """The message a counted event adds to the conversation, or ``None``.
+
+    A body the claim check moved out of line stays its reference (see the module docstring).
+    """
+    if isinstance(event, RunStarted):
+        return _said("user", event.input, None)
+    if isinstance(event, ModelAnswered):
+        content = event.message.content
+        if isinstance(content, list) and len(content) == 1 and is_reference(content[0]):
+            calls = [ToolCallRef(c.call_id, c.tool, dict(c.args)) for c in event.tool_calls]
+            rest = [msgspec.to_builtins(ToolCallsPart(calls))] if calls else []
+            return Message(role="assistant", content=[content[0], *rest])
+        return assistant_message(content, event.tool_calls)
+    if isinstance(event, ToolCompleted) and event.error is not None:
+        return _said("tool", {"error": msgspec.to_builtins(event.error)}, event.call_id)
+    if isinstance(event, ToolCompleted) or (
+        isinstance(event, ToolResolved) and event.outcome == "completed"
+    ):
+        return _said("tool", event.result, event.call_id)
+    return None
+
+
+def _said(role: str, body: Any, call_id: str | None) -> Message:
+    content: str | list[Any] = [body] if is_reference(body) else as_text(body)
+    return Message(role=role, content=content, tool_call_id=call_id)
+
+
+def as_text(value: Any) -> str:
+    """A value as the model reads it: strings as they are, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    return msgspec.json.encode(value).decode()
+
+
+def is_reference(value: Any) -> bool:
+    """Whether a body is a claim-check reference."""
+    return isinstance(value, dict) and set(value) == {BLOB_REF, "size"}
+
+
+__all__ = [
+    "BLOB_REF",
+    "TranscriptRow",
+    "as_text",
+    "decode_message",
+    "is_reference",
+    "message_of",
+    "speaks",
+]

@@ -20,12 +20,12 @@ import logging
 import math
 import random
 from collections.abc import Mapping, Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import msgspec
 
+from onward._storage import Resource
 from onward.errors import (
     BackendError,
     BackendUnavailableError,
@@ -57,7 +57,7 @@ _RESERVED_SETTINGS = frozenset({"model", "messages", "tools", "stream"})
 _ERROR_TEXT_LIMIT = 500
 
 
-class OpenAICompatibleProvider:
+class OpenAICompatibleProvider(Resource):
     """A chat model behind an OpenAI-compatible chat-completions endpoint.
 
     Requests carry ``model`` (the agent's), the conversation, the agent's tools in function
@@ -145,21 +145,13 @@ class OpenAICompatibleProvider:
     def __repr__(self) -> str:
         return f"OpenAICompatibleProvider({str(self._url)!r})"
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         """Close the HTTP client if this provider created it; a shared client stays open."""
         if self._owns_client:
             await self._client.aclose()
+
+    aclose = close
+    """The name httpx gives it."""
 
     async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
         """Ask the server for the next assistant turn.

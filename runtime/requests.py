@@ -12,15 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from onward._storage import translate
+from onward._storage import Resource, translate
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.base import partition_for
 from onward.eventlog.kafka import topic_partition_count
@@ -118,7 +117,7 @@ async def ensure_requests_topic(bootstrap_servers: str, topic: str, partitions: 
         )
 
 
-class Requests:
+class Requests(Resource):
     """Submits requests to the fleet: ``async with Requests(bootstrap, partitions=12) as r``.
 
     Args:
@@ -135,7 +134,11 @@ class Requests:
         self._bootstrap = bootstrap_servers
         self._producer: AIOKafkaProducer | None = None
 
-    async def __aenter__(self) -> Self:
+    @property
+    def is_open(self) -> bool:
+        return self._producer is not None
+
+    async def _connect(self) -> None:
         await ensure_requests_topic(self._bootstrap, self.topic, self.partitions)
         producer = AIOKafkaProducer(
             bootstrap_servers=self._bootstrap, acks="all", enable_idempotence=True, linger_ms=5
@@ -147,14 +150,9 @@ class Requests:
                 await producer.stop()
             raise translate(exc, context=f"connecting to {self.topic}") from exc
         self._producer = producer
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
+        """Stop the producer. Idempotent."""
         producer, self._producer = self._producer, None
         if producer is not None:
             with contextlib.suppress(KafkaError):

@@ -25,11 +25,11 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import msgspec
 
+from onward._storage import Resource
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.base import EventLog
 from onward.eventlog.events import (
@@ -106,7 +106,7 @@ def _default_worker() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class AgentRunner:
+class AgentRunner(Resource):
     """Runs agents on any `EventLog`, each run under its lease, every fact written ahead.
 
     Args:
@@ -188,22 +188,11 @@ class AgentRunner:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         """Nothing to close: the stores are the caller's (or the embedded log's own).
 
         A runner can still be scoped like the stores it writes to, with ``async with``.
         """
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @contextlib.asynccontextmanager
     async def _holding(

@@ -27,12 +27,12 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
-from types import TracebackType
 from typing import ClassVar, Self
 
 import pytest
 import pytest_asyncio
 
+from onward._storage import Resource
 from onward.errors import FencedError, ResumeConflictError
 from onward.runtime.leases.base import LeasePolicy, LeaseStore, RunLease
 from onward.runtime.leases.holder import Leaseholder
@@ -157,7 +157,7 @@ async def cancelled_inside(
         await task
 
 
-class WrappedLeaseStore:
+class WrappedLeaseStore(Resource):
     """A `LeaseStore` that hands every call to ``inner``.
 
     Subclass it to make one call slow, gated or failing and leave the rest alone. Closing it
@@ -184,17 +184,6 @@ class WrappedLeaseStore:
 
     async def close(self) -> None:
         """The wrapped store is not this one's to close."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 class GatedRenewals(WrappedLeaseStore):

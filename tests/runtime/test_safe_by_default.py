@@ -44,7 +44,7 @@ async def test_two_processes_resuming_one_sqlite_run_with_the_readme_runner_make
         first = AgentRunner(provider=provider(), log=log, observer=_Stop())
         with pytest.raises(StopAfterFirstAnswerError):
             await first.run(agent(ledger), "go", tenant=TENANT, run_id="run-1")
-        await first.aclose()
+        await first.close()
     workers = [
         await asyncio.create_subprocess_exec(
             sys.executable,

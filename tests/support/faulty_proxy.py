@@ -18,13 +18,13 @@ import asyncio
 import contextlib
 import socket
 import struct
-from types import TracebackType
-from typing import Self
+
+from onward._storage import Resource
 
 CHUNK = 65536
 
 
-class FaultyProxy:
+class FaultyProxy(Resource):
     """Forwards ``127.0.0.1:port`` to ``upstream_host:upstream_port``, with faults on demand.
 
     Args:
@@ -44,7 +44,11 @@ class FaultyProxy:
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self) -> None:
+    @property
+    def is_open(self) -> bool:
+        return self._server is not None
+
+    async def _connect(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
         self.port = int(self._server.sockets[0].getsockname()[1])
 
@@ -119,18 +123,6 @@ class FaultyProxy:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

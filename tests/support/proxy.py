@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from types import TracebackType
-from typing import Self
+
+from onward._storage import Resource
 
 _CHUNK = 65_536
 
 
-class TcpProxy:
+class TcpProxy(Resource):
     """Forwards every connection to ``upstream_host:upstream_port`` until cut.
 
     Args:
@@ -43,16 +43,14 @@ class TcpProxy:
         self._links: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
 
-    async def __aenter__(self) -> Self:
-        await self._listen()
-        return self
+    @property
+    def is_open(self) -> bool:
+        return self._server is not None
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def _connect(self) -> None:
+        await self._listen()
+
+    async def close(self) -> None:
         await self._stop_listening()
         await self._drop_links()
 

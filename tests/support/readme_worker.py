@@ -30,7 +30,7 @@ async def main(db: str, ledger_path: str, run_id: str) -> None:
         except ResumeConflictError as exc:
             outcome = {"outcome": "conflict", "holder": exc.holder}
         finally:
-            await runner.aclose()
+            await runner.close()
         print(json.dumps(outcome), flush=True)
 
 

@@ -36,8 +36,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import msgspec
 from langchain_core.runnables import RunnableConfig
@@ -56,6 +55,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from langgraph.types import Interrupt
 
+from onward._storage import Resource
 from onward.errors import FencedError, InvalidInputError, LogTruncatedError, OnwardError
 from onward.eventlog import (
     ApprovalGranted,
@@ -100,7 +100,7 @@ class _Held:
     """An append failed without saying whether it landed: fold the thread from the log again."""
 
 
-class OnwardSaver(BaseCheckpointSaver[str]):
+class OnwardSaver(BaseCheckpointSaver[str], Resource):
     """LangGraph's `BaseCheckpointSaver` on an Onward event log.
 
     The async methods are the real ones. The sync ones (``put``, ``get_tuple``, ``list``, …)
@@ -158,22 +158,16 @@ class OnwardSaver(BaseCheckpointSaver[str]):
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
+    async def _connect(self) -> None:
+        """Remember the loop ``async with`` ran on, where the sync methods send their calls."""
         self._loop = asyncio.get_running_loop()
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         """Release every thread this saver holds. The log and stores stay open (not ours)."""
         for thread_id in list(self._held):
             await self.arelease(thread_id)
+
+    aclose = close
 
     async def arelease(self, thread_id: str) -> None:
         """Hand a thread's lease back, so another process may write it without waiting."""

@@ -580,6 +580,10 @@ class LogProjector:
         self.batch_size = batch_size
         self._folded: dict[int, int] = {}
         self._stored_by_me: dict[int, int] = {}
+        # One catch-up at a time: a process's runs append (and so catch up) concurrently, and
+        # one that began while another was half done could not tell that one's unstored folds
+        # from a position another process moved.
+        self._catching_up = asyncio.Lock()
 
     async def _start(
         self, partition: int, stored: Mapping[int, int]
@@ -641,11 +645,12 @@ class LogProjector:
 
     async def catch_up(self, partitions: Sequence[int] | None = None) -> int:
         """Fold and store until every partition's position reaches its end as of now."""
-        total = 0
-        while read := await self.step(partitions):
-            total += read
-        await self.flush()
-        return total
+        async with self._catching_up:
+            total = 0
+            while read := await self.step(partitions):
+                total += read
+            await self.flush()
+            return total
 
     async def backlog(self) -> dict[int, int]:
         """Records not yet folded, per partition (folded ones may not be stored yet)."""

@@ -11,7 +11,6 @@ live run: the run carries on and `Checkpointer.last_error` says what went wrong.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,10 +84,6 @@ class Checkpointer:
             store, log, max_bytes=max_bytes, release_poll=0.0, every_partition=True
         )
         self._projector = LogProjector(log, self.projection)
-        # One fold at a time: the runs of a process append concurrently, and a fold that began
-        # while another was half done could not tell its own unstored work from a position
-        # another process moved.
-        self._folding = asyncio.Lock()
         self.last_error: str | None = None
         self.written = 0
 
@@ -98,8 +93,7 @@ class Checkpointer:
         What another process appended, or what a crash left unfolded, is folded here; returns
         how many events were read.
         """
-        async with self._folding:
-            return await self._projector.catch_up(partitions)
+        return await self._projector.catch_up(partitions)
 
     async def after_append(self, events: Sequence[Event], positions: Sequence[Position]) -> None:
         """Fold the partition of a batch just appended, if the policy wants a checkpoint here."""

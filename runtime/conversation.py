@@ -16,6 +16,7 @@ import msgspec
 
 from onward.errors import HistoryUnavailableError
 from onward.eventlog.events import Event, Message, ModelAnswered
+from onward.eventlog.parts import ToolCallsPart, parts_of
 from onward.projections.transcript import (
     BLOB_REF,
     TranscriptRow,
@@ -25,7 +26,6 @@ from onward.projections.transcript import (
 )
 
 from .blobs import ClaimCheck
-from .parts import ToolCallsPart, parts_of
 
 
 class Conversation:

@@ -6,7 +6,7 @@ vendor SDK and every failure comes out as an Onward error.
 
 Our `Message` has no field for the tool calls an assistant asked for, yet the server must see
 them again on the next turn next to the ``tool`` messages that answer them: they travel as a
-tool-calls part of the content (`onward.runtime.parts`, the one convention the runner and every
+tool-calls part of the content (`onward.eventlog.parts`, the one convention the runner and every
 provider share), and go to the server in its ``tool_calls`` field. Text parts are sent as one
 string; a binary part with an image media type as an ``image_url`` data URL; other parts as given.
 """
@@ -34,9 +34,16 @@ from onward.errors import (
     OnwardError,
 )
 from onward.eventlog.events import Message, ToolCall, Usage
+from onward.eventlog.parts import (
+    BinaryPart,
+    TextPart,
+    ToolCallRef,
+    ToolCallsPart,
+    assistant_message,
+    parts_of,
+)
 
 from .agent import Agent
-from .parts import BinaryPart, TextPart, ToolCallRef, ToolCallsPart, assistant_message, parts_of
 from .providers import ModelReply
 
 log = logging.getLogger("onward.runtime.openai")

@@ -6,8 +6,7 @@ import msgspec
 import pytest
 
 from onward.eventlog.events import Message, ModelAnswered, RunStarted, ToolCall, ToolCompleted
-from onward.runtime.conversation import Conversation
-from onward.runtime.parts import (
+from onward.eventlog.parts import (
     BinaryPart,
     TextPart,
     ToolCallRef,
@@ -15,6 +14,7 @@ from onward.runtime.parts import (
     assistant_message,
     parts_of,
 )
+from onward.runtime.conversation import Conversation
 
 CALL = ToolCall(call_id="c1", tool="search", args={"q": "onward"})
 

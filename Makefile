@@ -42,11 +42,12 @@ test-kafka: $(STAMP)
 	set -euo pipefail; eval "$$(bash scripts/services.sh up)"; \
 		$(PY) -m pytest -m kafka $(PYTEST_ARGS)
 
-# Fault injection: private brokers from the Kafka 3.9 jars `make test` caches (ONWARD_KAFKA_LIBS
-# names another folder), private PostgreSQL and Redis; the shared servers are never touched.
-# Prints the table of faults kept in .cache/faults/results.json.
+# Fault injection: private brokers from the Kafka 3.9 jars (fetched into .cache if missing, even
+# when a broker is already answering; ONWARD_KAFKA_LIBS names another folder), private PostgreSQL
+# and Redis; the shared servers are never touched. Prints the table in .cache/faults/results.json.
 test-faults: $(STAMP)
 	set -euo pipefail; eval "$$(KAFKA_VERSION=3.9 bash scripts/services.sh up)"; \
+		export ONWARD_KAFKA_LIBS="$${ONWARD_KAFKA_LIBS:-$$(KAFKA_VERSION=3.9 bash scripts/services.sh jars)}"; \
 		rm -f .cache/faults/results.json; \
 		status=0; $(PY) -m pytest -m faults $(PYTEST_ARGS) || status=$$?; \
 		PYTHONPATH=tests $(PY) -m support.fault_runs; exit $$status

@@ -5,6 +5,7 @@
 #   scripts/services.sh env                               print `export NAME=value` lines
 #   scripts/services.sh down [kafka|postgres|redis ...]   stop what this script started
 #   scripts/services.sh status                            say what answers and what we started
+#   scripts/services.sh jars                              fetch the Kafka jars if needed, print their folder
 #
 #   eval "$(scripts/services.sh up)"    # progress goes to stderr, exports to stdout
 #
@@ -660,6 +661,14 @@ cmd_up() {
     cmd_env
 }
 
+cmd_jars() {  # fetch the selected Kafka's jars (if not cached) and print their folder
+    kafka_select
+    ensure_packages 1 0 0
+    command -v java >/dev/null 2>&1 || die "java not found"
+    kafka_fetch
+    printf '%s\n' "$KLIBS"
+}
+
 cmd_down() {
     parse_services "$@"
     ((DO_KAFKA)) && kafka_down
@@ -689,10 +698,11 @@ main() {
     case "$cmd" in
         up) cmd_up "$@" ;;
         env) cmd_env ;;
+        jars) cmd_jars ;;
         down) cmd_down "$@" ;;
         status) cmd_status ;;
         *)
-            echo "usage: $0 up|env|down [kafka|postgres|redis ...] | status" >&2
+            echo "usage: $0 up|env|down [kafka|postgres|redis ...] | jars | status" >&2
             exit 2
             ;;
     esac

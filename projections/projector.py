@@ -359,17 +359,6 @@ class FrontierProjection:
         )
         self._quarantine.append(entry)
         self.stats.quarantined += 1
-        log.warning(
-            "quarantined the record at partition %d offset %d (run %r, kind %s): %s; %s",
-            entry.partition,
-            entry.offset,
-            entry.run_id,
-            entry.kind or "unknown",
-            entry.reason,
-            "the run is set aside until `onward quarantine release` names it"
-            if draft is not None
-            else "it names no run",
-        )
         if draft is None:
             return
         self._held[draft.run_id] = entry.mark
@@ -482,6 +471,8 @@ class FrontierProjection:
         if said:
             options["messages"] = said
         await self.store.write(self.consumer, positions, snapshots, calls, **options)
+        for entry in quarantine:
+            _say_quarantined(entry)
         return len(snapshots)
 
     async def _written(self) -> None:
@@ -555,6 +546,21 @@ class FrontierProjection:
         draft = FrontierDraft.of(Frontier.empty(run_id, _tenant_of(first)))
         self._fold_run(draft, history)
         return draft
+
+
+def _say_quarantined(entry: QuarantineEntry) -> None:
+    """Logged once the entry is stored, so the line never runs ahead of the store."""
+    log.warning(
+        "quarantined the record at partition %d offset %d (run %r, kind %s): %s; %s",
+        entry.partition,
+        entry.offset,
+        entry.run_id,
+        entry.kind or "unknown",
+        entry.reason,
+        "the run is set aside until `onward quarantine release` names it"
+        if entry.run_id is not None
+        else "it names no run",
+    )
 
 
 def _tenant_of(record: LogRecord) -> str:

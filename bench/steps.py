@@ -508,7 +508,7 @@ async def onward_embedded(params: Params, *, profile: Path | None) -> dict[str, 
 @contextmanager
 def peer_database(url: str, name: str) -> Iterator[str]:
     """A database created for a peer and dropped afterwards; yields its URL."""
-    import psycopg  # type: ignore[import-not-found]  # noqa: PLC0415
+    import psycopg  # noqa: PLC0415
 
     database = throwaway_name(name, "_")
     with psycopg.connect(url, autocommit=True) as conn:
@@ -525,6 +525,7 @@ def database_size(url: str) -> int:
 
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    assert row is not None
     return int(row[0])
 
 
@@ -599,12 +600,12 @@ def langgraph_peer(params: Params) -> dict[str, Any]:
 
     from langchain_core.messages import AIMessage, HumanMessage  # noqa: PLC0415
     from langchain_core.tools import StructuredTool  # noqa: PLC0415
-    from langgraph.checkpoint.postgres import PostgresSaver  # type: ignore[import-not-found]  # noqa: PLC0415
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver  # type: ignore[import-not-found]  # noqa: PLC0415
+    from langgraph.checkpoint.postgres import PostgresSaver  # noqa: PLC0415
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver  # noqa: PLC0415
     from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: PLC0415
     from langgraph.prebuilt import ToolNode  # noqa: PLC0415
-    from psycopg.rows import dict_row  # type: ignore[import-not-found]  # noqa: PLC0415
-    from psycopg_pool import AsyncConnectionPool  # type: ignore[import-not-found]  # noqa: PLC0415
+    from psycopg.rows import dict_row  # noqa: PLC0415
+    from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
 
     marks: list[float] = []
 
@@ -671,7 +672,8 @@ def langgraph_peer(params: Params) -> dict[str, Any]:
             sync_latency, footprint = peer_sync_figures(params, url, one, marks)
 
         async def run_async() -> tuple[Any, list[dict[str, Any]]]:
-            pool = AsyncConnectionPool(
+            # Rows come back as dicts (``row_factory``), which the pool's type cannot say.
+            pool: Any = AsyncConnectionPool(
                 url,
                 min_size=params.pool_size,
                 max_size=params.pool_size,

@@ -21,9 +21,13 @@ from langgraph.checkpoint.conformance.report import CapabilityReport
 
 from .worlds import World, kafka_world, sqlite_world
 
-# What OnwardSaver implements beyond the base: copy_thread. prune and delete_for_runs wait for
-# compaction and a projection of threads. The test fails if this drifts from the class.
-IMPLEMENTED = {c.value for c in BASE_CAPABILITIES} | {Capability.COPY_THREAD.value}
+# What OnwardSaver implements beyond the base: every extended capability. The test fails if this
+# drifts from the class.
+IMPLEMENTED = {c.value for c in BASE_CAPABILITIES} | {
+    Capability.COPY_THREAD.value,
+    Capability.DELETE_FOR_RUNS.value,
+    Capability.PRUNE.value,
+}
 
 
 async def _validate(world: World) -> CapabilityReport:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TypedDict, cast
 
 import pytest
-import pytest_asyncio
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
@@ -27,13 +25,7 @@ from onward.integrations.langgraph import OnwardSaver
 from onward.runtime.manager import ExecutionManager
 
 from .graphs import config, steps_graph
-from .worlds import TENANT, World, sqlite_world
-
-
-@pytest_asyncio.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async with sqlite_world(tmp_path / "onward.db") as opened:
-        yield opened
+from .worlds import TENANT, World
 
 
 def test_exports() -> None:

@@ -29,7 +29,12 @@ from .worlds import TENANT, World
 
 
 def test_exports() -> None:
-    assert sorted(lg.__all__) == ["OnwardSaver", "StoredWrite", "ThreadState"]
+    assert sorted(lg.__all__) == [
+        "OnwardSaver",
+        "OnwardToolMiddleware",
+        "StoredWrite",
+        "ThreadState",
+    ]
 
 
 async def test_a_reader_that_holds_nothing_sees_what_the_writer_wrote(world: World) -> None:

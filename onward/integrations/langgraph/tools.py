@@ -35,8 +35,7 @@ import asyncio
 import base64
 import contextvars
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from langchain.agents.middleware import AgentMiddleware
@@ -70,8 +69,7 @@ _ERROR_MESSAGE = "ToolMessage"
 """The error type recorded for a tool that answered with an error message."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Call:
+class _Call(NamedTuple):
     """One tool call of one thread, as the middleware knows it."""
 
     thread_id: str

@@ -13,11 +13,14 @@ import os
 import signal
 import sys
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
@@ -78,14 +81,25 @@ async def _question(run: CompiledStateGraph[Any], thread_id: str) -> dict[str, A
     return value
 
 
+@pytest.fixture(params=GRAPH_KINDS)
+def kind(request: pytest.FixtureRequest) -> GraphKind:
+    """Each graph: ``create_agent``, and the hand-built ``ToolNode`` loop."""
+    value: GraphKind = request.param
+    return value
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Path:
+    """Where the tool writes one line per booking."""
+    return tmp_path / "ledger"
+
+
 # -- in one process ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", GRAPH_KINDS)
 async def test_a_call_is_recorded_before_the_tool_runs_and_its_outcome_after(
-    world: World, tmp_path: Path, kind: GraphKind
+    world: World, ledger: Path, kind: GraphKind
 ) -> None:
-    ledger = tmp_path / "ledger"
     in_log_when_called: list[list[str]] = []
 
     def book(flight: str) -> str:
@@ -139,11 +153,9 @@ async def _cancel_mid_tool(saver: OnwardSaver, kind: GraphKind, ledger: Path) ->
         await task
 
 
-@pytest.mark.parametrize("kind", GRAPH_KINDS)
 async def test_a_cancelled_call_is_put_to_a_person_and_retry_runs_it_again(
-    world: World, tmp_path: Path, kind: GraphKind
+    world: World, ledger: Path, kind: GraphKind
 ) -> None:
-    ledger = tmp_path / "ledger"
     async with world.saver() as saver:
         await _cancel_mid_tool(saver, kind, ledger)
         assert await _kinds(world, "t") == ["ToolDispatched"]
@@ -171,10 +183,7 @@ async def test_a_cancelled_call_is_put_to_a_person_and_retry_runs_it_again(
     assert state.calls[CALL_ID].outcome == "completed"
 
 
-async def test_a_failed_decision_comes_back_as_an_error_message(
-    world: World, tmp_path: Path
-) -> None:
-    ledger = tmp_path / "ledger"
+async def test_a_failed_decision_comes_back_as_an_error_message(world: World, ledger: Path) -> None:
     async with world.saver() as saver:
         await _cancel_mid_tool(saver, "agent", ledger)
         run = graph("agent", saver, model(_done()), booking_tool(ledger))
@@ -189,8 +198,7 @@ async def test_a_failed_decision_comes_back_as_an_error_message(
     assert (resolved.outcome, resolved.resolved_by) == ("error", "person")
 
 
-async def test_an_answer_that_decides_nothing_is_asked_again(world: World, tmp_path: Path) -> None:
-    ledger = tmp_path / "ledger"
+async def test_an_answer_that_decides_nothing_is_asked_again(world: World, ledger: Path) -> None:
     async with world.saver() as saver:
         await _cancel_mid_tool(saver, "agent", ledger)
         run = graph("agent", saver, model(_done()), booking_tool(ledger))
@@ -208,8 +216,7 @@ async def test_an_answer_that_decides_nothing_is_asked_again(world: World, tmp_p
     assert ledger_lines(ledger) == [FLIGHT]
 
 
-async def test_a_retry_safe_tool_runs_again_without_asking(world: World, tmp_path: Path) -> None:
-    ledger = tmp_path / "ledger"
+async def test_a_retry_safe_tool_runs_again_without_asking(world: World, ledger: Path) -> None:
     async with world.saver() as saver:
         await _cancel_mid_tool(saver, "agent", ledger)
         run = graph("agent", saver, model(_done()), booking_tool(ledger), retry_safe=["book"])
@@ -220,9 +227,8 @@ async def test_a_retry_safe_tool_runs_again_without_asking(world: World, tmp_pat
 
 
 async def test_a_tool_that_raised_is_replayed_as_its_error_not_run_again(
-    world: World, tmp_path: Path
+    world: World, ledger: Path
 ) -> None:
-    ledger = tmp_path / "ledger"
 
     def fail() -> None:
         raise RuntimeError("the airline said no")
@@ -240,10 +246,7 @@ async def test_a_tool_that_raised_is_replayed_as_its_error_not_run_again(
     assert await _kinds(world, "t") == ["ToolDispatched", "ToolCompleted"]
 
 
-async def test_a_tool_that_interrupts_runs_again_when_answered(
-    world: World, tmp_path: Path
-) -> None:
-    ledger = tmp_path / "ledger"
+async def test_a_tool_that_interrupts_runs_again_when_answered(world: World, ledger: Path) -> None:
 
     def book(flight: str) -> str:
         """Book a seat, once a person agrees."""
@@ -269,8 +272,7 @@ async def test_a_tool_that_interrupts_runs_again_when_answered(
     ]
 
 
-async def test_the_sync_api_asks_and_records_the_same_way(world: World, tmp_path: Path) -> None:
-    ledger = tmp_path / "ledger"
+async def test_the_sync_api_asks_and_records_the_same_way(world: World, ledger: Path) -> None:
     async with world.saver() as saver:
         await _cancel_mid_tool(saver, "toolnode", ledger)
         run = graph("toolnode", saver, model(_done()), booking_tool(ledger))
@@ -329,24 +331,33 @@ async def _take_over(saver: OnwardSaver, thread_id: str) -> None:
     raise AssertionError(f"the killed process's lease on {thread_id!r} never ran out")
 
 
-async def _killed_after_the_effect(
-    world: World, spec: dict[str, str], kind: GraphKind, tmp: Path
-) -> None:
-    thread_id, ledger = f"t-{uuid.uuid4().hex[:8]}", tmp / f"ledger-{kind}-effect"
-    await _killed(spec, thread_id, kind, ledger, "effect")
+@asynccontextmanager
+async def _resumed(
+    world: World, spec: dict[str, str], kind: GraphKind, ledger: Path, at: str
+) -> AsyncIterator[tuple[CompiledStateGraph[Any], RunnableConfig]]:
+    """Kill a process running the graph at ``at`` (one booking made), then hold its thread here
+    and yield the graph and the thread's config to resume it with."""
+    thread_id = f"t-{uuid.uuid4().hex[:8]}"
+    await _killed(spec, thread_id, kind, ledger, at)
     assert ledger_lines(ledger) == [FLIGHT]
     async with world.saver(holder="resumer") as saver:
         await _take_over(saver, thread_id)
-        run = graph(kind, saver, model(_done()), booking_tool(ledger))
-        await run.ainvoke(None, thread_config(thread_id))
-        question = await _question(run, thread_id)
-        assert (question["kind"], question["tool_call_id"]) == (QUESTION, CALL_ID)
-        assert ledger_lines(ledger) == [FLIGHT]  # not run again to find out
+        yield graph(kind, saver, model(_done()), booking_tool(ledger)), thread_config(thread_id)
+    assert ledger_lines(ledger) == [FLIGHT]
+
+
+async def _killed_after_the_effect(
+    world: World, spec: dict[str, str], kind: GraphKind, tmp: Path
+) -> None:
+    async with _resumed(world, spec, kind, tmp / f"ledger-{kind}-effect", "effect") as (run, cfg):
+        await run.ainvoke(None, cfg)
+        (asked,) = (await run.aget_state(cfg)).interrupts
+        assert (asked.value["kind"], asked.value["tool_call_id"]) == (QUESTION, CALL_ID)
         answer = {"decision": "completed", "result": "booked, says the airline", "by": "ops"}
-        out = await run.ainvoke(Command(resume=answer), thread_config(thread_id))
+        out = await run.ainvoke(Command(resume=answer), cfg)
     assert _tool_messages(out) == [("success", "booked, says the airline")]
     assert out["messages"][-1].content == "done"
-    assert ledger_lines(ledger) == [FLIGHT]
+    thread_id = cfg["configurable"]["thread_id"]
     assert await _kinds(world, thread_id) == ["ToolDispatched", "ToolResolved"]
     assert (await _reader(world).aread_thread(thread_id)).calls[CALL_ID].resolved_by == "ops"
 
@@ -354,22 +365,18 @@ async def _killed_after_the_effect(
 async def _killed_after_the_outcome(
     world: World, spec: dict[str, str], kind: GraphKind, tmp: Path
 ) -> None:
-    thread_id, ledger = f"t-{uuid.uuid4().hex[:8]}", tmp / f"ledger-{kind}-outcome"
-    await _killed(spec, thread_id, kind, ledger, "outcome")
-    assert ledger_lines(ledger) == [FLIGHT]
-    async with world.saver(holder="resumer") as saver:
-        await _take_over(saver, thread_id)
-        run = graph(kind, saver, model(_done()), booking_tool(ledger))
-        out = await run.ainvoke(None, thread_config(thread_id))
-        assert (await run.aget_state(thread_config(thread_id))).interrupts == ()
+    async with _resumed(world, spec, kind, tmp / f"ledger-{kind}-outcome", "outcome") as (run, cfg):
+        out = await run.ainvoke(None, cfg)
+        assert (await run.aget_state(cfg)).interrupts == ()
     assert _tool_messages(out) == [("success", f"booked {FLIGHT}")]  # as recorded
     assert out["messages"][-1].content == "done"
-    assert ledger_lines(ledger) == [FLIGHT]
-    assert await _kinds(world, thread_id) == ["ToolDispatched", "ToolCompleted"]
+    assert await _kinds(world, cfg["configurable"]["thread_id"]) == [
+        "ToolDispatched",
+        "ToolCompleted",
+    ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", GRAPH_KINDS)
 async def test_killed_mid_tool_on_sqlite(tmp_path: Path, kind: GraphKind) -> None:
     path = tmp_path / "onward.db"
     async with sqlite_world(path) as world:
@@ -379,7 +386,6 @@ async def test_killed_mid_tool_on_sqlite(tmp_path: Path, kind: GraphKind) -> Non
 
 @pytest.mark.kafka
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", GRAPH_KINDS)
 async def test_killed_mid_tool_on_kafka_postgres_redis(
     tmp_path: Path, kind: GraphKind, kafka_servers: KafkaServers
 ) -> None:

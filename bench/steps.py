@@ -508,7 +508,7 @@ async def onward_embedded(params: Params, *, profile: Path | None) -> dict[str, 
 @contextmanager
 def peer_database(url: str, name: str) -> Iterator[str]:
     """A database created for a peer and dropped afterwards; yields its URL."""
-    import psycopg  # type: ignore[import-not-found]  # noqa: PLC0415
+    import psycopg  # noqa: PLC0415
 
     database = throwaway_name(name, "_")
     with psycopg.connect(url, autocommit=True) as conn:
@@ -525,6 +525,7 @@ def database_size(url: str) -> int:
 
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    assert row is not None
     return int(row[0])
 
 
@@ -593,20 +594,16 @@ async def peer_async_latency(
     return latency_summary(totals, all_marks, params.steps)
 
 
-def langgraph_peer(params: Params) -> dict[str, Any]:
-    """LangGraph with `PostgresSaver` (sync, and `AsyncPostgresSaver` for concurrency)."""
-    from importlib.metadata import version  # noqa: PLC0415
+def langgraph_loop(marks: list[float], *, asynchronous: bool) -> Any:
+    """The graph LangGraph is measured on, not compiled: an "agent" node (the scripted model,
+    appending the time of each call to ``marks``) and a prebuilt `ToolNode`, looping.
 
-    from langchain_core.messages import AIMessage, HumanMessage  # noqa: PLC0415
+    ``asynchronous``: the agent node is a coroutine (for ``ainvoke``), else a function.
+    """
+    from langchain_core.messages import AIMessage  # noqa: PLC0415
     from langchain_core.tools import StructuredTool  # noqa: PLC0415
-    from langgraph.checkpoint.postgres import PostgresSaver  # type: ignore[import-not-found]  # noqa: PLC0415
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver  # type: ignore[import-not-found]  # noqa: PLC0415
     from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: PLC0415
     from langgraph.prebuilt import ToolNode  # noqa: PLC0415
-    from psycopg.rows import dict_row  # type: ignore[import-not-found]  # noqa: PLC0415
-    from psycopg_pool import AsyncConnectionPool  # type: ignore[import-not-found]  # noqa: PLC0415
-
-    marks: list[float] = []
 
     class LoopState(MessagesState):
         steps: int
@@ -636,14 +633,26 @@ def langgraph_peer(params: Params) -> dict[str, Any]:
     def route(state: Any) -> str:
         return "tools" if state["messages"][-1].tool_calls else END
 
-    def build(node: Callable[..., Any]) -> Any:
-        graph = StateGraph(LoopState)
-        graph.add_node("agent", node)
-        graph.add_node("tools", tools)
-        graph.add_edge(START, "agent")
-        graph.add_conditional_edges("agent", route, ["tools", END])
-        graph.add_edge("tools", "agent")
-        return graph
+    graph = StateGraph(LoopState)
+    graph.add_node("agent", answer_async if asynchronous else answer)
+    graph.add_node("tools", tools)
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", route, ["tools", END])
+    graph.add_edge("tools", "agent")
+    return graph
+
+
+def langgraph_peer(params: Params) -> dict[str, Any]:
+    """LangGraph with `PostgresSaver` (sync, and `AsyncPostgresSaver` for concurrency)."""
+    from importlib.metadata import version  # noqa: PLC0415
+
+    from langchain_core.messages import HumanMessage  # noqa: PLC0415
+    from langgraph.checkpoint.postgres import PostgresSaver  # noqa: PLC0415
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver  # noqa: PLC0415
+    from psycopg.rows import dict_row  # noqa: PLC0415
+    from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
+
+    marks: list[float] = []
 
     def config(steps: int) -> dict[str, Any]:
         return {
@@ -661,7 +670,7 @@ def langgraph_peer(params: Params) -> dict[str, Any]:
     with peer_database(params.database_url, "langgraph") as url:
         with PostgresSaver.from_conn_string(url) as saver:
             saver.setup()
-            graph = build(answer).compile(checkpointer=saver)
+            graph = langgraph_loop(marks, asynchronous=False).compile(checkpointer=saver)
 
             def one(steps: int) -> float:
                 started = time.perf_counter()
@@ -671,7 +680,8 @@ def langgraph_peer(params: Params) -> dict[str, Any]:
             sync_latency, footprint = peer_sync_figures(params, url, one, marks)
 
         async def run_async() -> tuple[Any, list[dict[str, Any]]]:
-            pool = AsyncConnectionPool(
+            # Rows come back as dicts (``row_factory``), which the pool's type cannot say.
+            pool: Any = AsyncConnectionPool(
                 url,
                 min_size=params.pool_size,
                 max_size=params.pool_size,
@@ -682,7 +692,7 @@ def langgraph_peer(params: Params) -> dict[str, Any]:
             await pool.open()
             try:
                 saver = AsyncPostgresSaver(pool)
-                graph = build(answer_async).compile(checkpointer=saver)
+                graph = langgraph_loop(marks, asynchronous=True).compile(checkpointer=saver)
 
                 async def one(steps: int) -> float:
                     started = time.perf_counter()

@@ -244,6 +244,25 @@ class GraphThreadDeleted(Event, frozen=True, kw_only=True, tag="graph.thread_del
     """
 
 
+class GraphCheckpointRef(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One checkpoint of a graph thread, by namespace and id."""
+
+    checkpoint_ns: str = ""
+    checkpoint_id: str
+
+
+class GraphCheckpointsRemoved(Event, frozen=True, kw_only=True, tag="graph.checkpoints_removed"):
+    """These checkpoints of the thread, and the pending writes against them, are gone for reads.
+
+    Written by pruning (every checkpoint but the latest per namespace) and by deleting a graph
+    framework's runs; ``why`` says which. As with a deleted thread, the bytes go when
+    compaction cuts the run's prefix.
+    """
+
+    checkpoints: list[GraphCheckpointRef] = []
+    why: str = ""
+
+
 AnyEvent = (
     RunStarted
     | RunClaimed
@@ -262,6 +281,7 @@ AnyEvent = (
     | GraphCheckpointed
     | GraphWritesSaved
     | GraphThreadDeleted
+    | GraphCheckpointsRemoved
 )
 """The tagged union of every event kind; the type the codec decodes into."""
 
@@ -283,6 +303,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     GraphCheckpointed,
     GraphWritesSaved,
     GraphThreadDeleted,
+    GraphCheckpointsRemoved,
 )
 
 

@@ -147,6 +147,9 @@ _DESCRIPTIONS: dict[type[Event], Callable[[Any], str]] = {
         f"{len(e.writes)} writes of task {e.task_id} on checkpoint {e.checkpoint_id}"
     ),
     ev.GraphThreadDeleted: lambda e: "thread deleted",
+    ev.GraphCheckpointsRemoved: lambda e: (
+        f"{len(e.checkpoints)} checkpoints removed: {one_line(e.why)}"
+    ),
 }
 
 

@@ -26,6 +26,7 @@ from onward.eventlog.events import (
     ApprovalRequested,
     Event,
     GraphCheckpointed,
+    GraphCheckpointsRemoved,
     GraphThreadDeleted,
     GraphWritesSaved,
     ModelAnswered,
@@ -356,48 +357,48 @@ def _answered(d: FrontierDraft, e: ModelAnswered) -> None:
     d.resume_seq = e.seq
 
 
-def _dispatched(d: FrontierDraft, e: ToolDispatched) -> CallState:
-    # A new dispatch supersedes whatever was settled before (a call settled as never run is
-    # dispatched for the first time): from here only its own outcome counts.
-    asked = d.calls.get(e.call_id)
-    state = d.calls[e.call_id] = CallState(
-        call_id=e.call_id,
-        tool=asked.tool if asked is not None else e.tool,
-        idempotency_key=e.idempotency_key,
-        args=asked.args if asked is not None else {},
-        requested_seq=asked.requested_seq if asked is not None else 0,
-        dispatched_seq=e.seq,
-        dispatched_fence=e.fence,
-        dispatched_at=e.at,
-    )
-    return state
-
-
-def _settle_call(
-    d: FrontierDraft, e: ToolCompleted | ToolResolved, outcome: CallOutcome, resolved_by: str | None
+def call_after(
+    before: CallState | None, e: ToolDispatched | ToolCompleted | ToolResolved
 ) -> CallState:
-    """Record a call's outcome; ``resolved_by`` None keeps whoever resolved it before."""
-    state = d.calls.get(e.call_id)
-    if state is None:
-        state = CallState(call_id=e.call_id, tool="")
-    settled = d.calls[e.call_id] = _replace(
+    """What the log says about a call after one more of its tool events.
+
+    The fold's rule for tool events, public for readers that keep calls of their own (a graph
+    thread's fold, whose calls are not bounded by turns).
+    """
+    if isinstance(e, ToolDispatched):
+        # A new dispatch supersedes whatever was settled before (a call settled as never run
+        # is dispatched for the first time): from here only its own outcome counts.
+        return CallState(
+            call_id=e.call_id,
+            tool=before.tool if before is not None else e.tool,
+            idempotency_key=e.idempotency_key,
+            args=before.args if before is not None else {},
+            requested_seq=before.requested_seq if before is not None else 0,
+            dispatched_seq=e.seq,
+            dispatched_fence=e.fence,
+            dispatched_at=e.at,
+        )
+    state = before if before is not None else CallState(call_id=e.call_id, tool="")
+    outcome: CallOutcome
+    if isinstance(e, ToolCompleted):
+        outcome, resolved_by = ("error" if e.error is not None else "completed"), None
+    else:
+        outcome, resolved_by = (e.outcome if e.error is None else "error"), e.by or "reconcile"
+    return _replace(
         state,
         outcome=outcome,
         outcome_seq=e.seq,
         completed_at=e.at,
         result=e.result,
         error=e.error,
+        # A completion keeps whoever resolved the call before.
         resolved_by=resolved_by if resolved_by is not None else state.resolved_by,
     )
-    return settled
 
 
-def _completed(d: FrontierDraft, e: ToolCompleted) -> CallState:
-    return _settle_call(d, e, "error" if e.error is not None else "completed", None)
-
-
-def _resolved(d: FrontierDraft, e: ToolResolved) -> CallState:
-    return _settle_call(d, e, e.outcome if e.error is None else "error", e.by or "reconcile")
+def _tool_event(d: FrontierDraft, e: ToolDispatched | ToolCompleted | ToolResolved) -> CallState:
+    state = d.calls[e.call_id] = call_after(d.calls.get(e.call_id), e)
+    return state
 
 
 def _settled(d: FrontierDraft, e: TurnSettled) -> None:
@@ -454,15 +455,21 @@ def _graph_step(d: FrontierDraft, e: Event) -> None:
         d.status = "new"
 
 
+def _thread_deleted(d: FrontierDraft, e: GraphThreadDeleted) -> None:
+    # The thread's past is forgotten, the tool calls it made included.
+    _graph_step(d, e)
+    d.calls = {}
+
+
 # Each event kind's rule edits the draft; a rule that changes a call returns its new state.
 _RULES: dict[type[Event], Callable[[FrontierDraft, Any], CallState | None]] = {
     RunStarted: _started,
     RunClaimed: _claimed,
     ResumePlanned: _unchanged,
     ModelAnswered: _answered,
-    ToolDispatched: _dispatched,
-    ToolCompleted: _completed,
-    ToolResolved: _resolved,
+    ToolDispatched: _tool_event,
+    ToolCompleted: _tool_event,
+    ToolResolved: _tool_event,
     TurnSettled: _settled,
     ApprovalRequested: _approval_requested,
     ApprovalGranted: _approval_granted,
@@ -472,7 +479,8 @@ _RULES: dict[type[Event], Callable[[FrontierDraft, Any], CallState | None]] = {
     RunFinished: _finished,
     GraphCheckpointed: _graph_step,
     GraphWritesSaved: _graph_step,
-    GraphThreadDeleted: _graph_step,
+    GraphThreadDeleted: _thread_deleted,
+    GraphCheckpointsRemoved: _graph_step,
 }
 
 

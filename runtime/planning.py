@@ -110,6 +110,18 @@ def plan_resume(frontier: Frontier, agent: Agent) -> ResumePlan:
 
 
 def _classify(call: CallState, agent: Agent) -> PlannedCall:
+    tool = agent.tool(call.tool)
+    return classify_call(call, retry_safe=tool is not None and tool.retry_safe)
+
+
+def classify_call(call: CallState, *, retry_safe: bool = False) -> PlannedCall:
+    """What resume does with one call, by what the log says about it (see the module's table).
+
+    Args:
+        call: The call as folded through the resuming holder's claim.
+        retry_safe: Calling its tool twice is harmless, so an undecided call is dispatched
+            again (a call dispatched without an idempotency key never is).
+    """
     if call.outcome in ("completed", "error"):
         how = f"settled by {call.resolved_by}" if call.resolved_by else "outcome recorded"
         return PlannedCall(call, ToolDisposition.COMPLETED, how)
@@ -119,14 +131,12 @@ def _classify(call: CallState, agent: Agent) -> PlannedCall:
         )
     if call.dispatched_seq is None:
         return PlannedCall(call, ToolDisposition.NEVER_RAN, "no dispatch recorded")
-    tool = agent.tool(call.tool)
     if not call.idempotency_key:
         return PlannedCall(
             call,
             ToolDisposition.INDETERMINATE,
             "dispatched without an idempotency key, no outcome recorded",
         )
-    retry_safe = tool is not None and tool.retry_safe
     return PlannedCall(
         call,
         ToolDisposition.INDETERMINATE,

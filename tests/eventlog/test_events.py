@@ -18,6 +18,8 @@ from onward.eventlog.events import (
     ChannelValue,
     Event,
     GraphCheckpointed,
+    GraphCheckpointRef,
+    GraphCheckpointsRemoved,
     GraphThreadDeleted,
     GraphWrite,
     GraphWritesSaved,
@@ -82,6 +84,11 @@ ONE_OF_EACH: list[Event] = [
         writes=[GraphWrite(channel="a", idx=0, value=Serialized(type="null"))],
     ),
     GraphThreadDeleted(**ENV),
+    GraphCheckpointsRemoved(
+        **ENV,
+        checkpoints=[GraphCheckpointRef(checkpoint_ns="child:1", checkpoint_id="cp-1")],
+        why="pruned",
+    ),
 ]
 
 
@@ -104,6 +111,7 @@ def test_tags_are_stable() -> None:
         "GraphCheckpointed": "graph.checkpointed",
         "GraphWritesSaved": "graph.writes",
         "GraphThreadDeleted": "graph.thread_deleted",
+        "GraphCheckpointsRemoved": "graph.checkpoints_removed",
     }
 
 

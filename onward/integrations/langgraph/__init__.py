@@ -1,6 +1,7 @@
-"""LangGraph's checkpointer on Onward's log: a thread is a run, one writer per thread.
+"""LangGraph's checkpointer on Onward's log: a thread is a run, one writer per thread; and
+a tool middleware that gives LangGraph tools Onward's write-ahead dispatch.
 
-Needs the ``langgraph`` package: ``pip install 'onward[langgraph]'``.
+Needs the ``langgraph`` and ``langchain`` packages: ``pip install 'onward[langgraph]'``.
 
     async with SqliteEventLog(path) as log, SqliteLeaseStore(path) as leases:
         async with OnwardSaver(log, leases, tenant="acme") as saver:
@@ -19,5 +20,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from .saver import OnwardSaver
 from .thread import StoredWrite, ThreadState
+from .tools import OnwardToolMiddleware
 
-__all__ = ["OnwardSaver", "StoredWrite", "ThreadState"]
+__all__ = ["OnwardSaver", "OnwardToolMiddleware", "StoredWrite", "ThreadState"]

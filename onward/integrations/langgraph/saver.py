@@ -27,6 +27,7 @@ partition; the fold is kept, so reading the thread again reads only the log's ne
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import random
@@ -64,6 +65,8 @@ from onward.eventlog import (
     Event,
     EventLog,
     GraphCheckpointed,
+    GraphCheckpointRef,
+    GraphCheckpointsRemoved,
     GraphThreadDeleted,
     GraphWrite,
     GraphWritesSaved,
@@ -75,6 +78,7 @@ from onward.eventlog import (
 from onward.projections import FrontierStore
 from onward.runtime.leases import Leaseholder, LeasePolicy, LeaseStore, RunLease
 
+from . import pruning
 from .thread import ThreadState
 
 logger = logging.getLogger(__name__)
@@ -401,6 +405,120 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         if not held_before:
             await self.arelease(thread_id)
 
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune threads: ``keep_latest`` keeps each namespace's latest checkpoint (see
+        :mod:`.pruning`), ``delete`` deletes the threads.
+
+        Each pruned thread gets a `GraphCheckpointsRemoved` event under its lease: readers stop
+        seeing the older checkpoints at once; compaction cuts the bytes later.
+
+        Raises:
+            InvalidInputError: An unknown strategy, a single string for ``thread_ids``, or (for
+                ``keep_latest``) a thread whose graph uses a ``DeltaChannel``: then nothing is
+                pruned.
+        """
+        if isinstance(thread_ids, str):
+            raise InvalidInputError("prune takes a sequence of thread ids, not one string")
+        if strategy not in ("keep_latest", "delete"):
+            raise InvalidInputError(
+                f"unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'"
+            )
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                await self.adelete_thread(thread_id)
+            return
+        loads = self._loads
+        for thread_id in thread_ids:
+            pruning.refuse_delta_channels(await self._state(thread_id), loads)
+        for thread_id in thread_ids:
+            await self._remove(
+                thread_id,
+                lambda state: pruning.keep_latest(state, loads),
+                why="prune keep_latest: the latest checkpoint of each namespace is kept",
+            )
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Remove every checkpoint a LangGraph run saved (``metadata["run_id"]``), with its
+        pending writes, from every thread of this saver's tenant.
+
+        Finding the threads reads the whole log once (no index of LangGraph's run ids yet);
+        each thread found gets a `GraphCheckpointsRemoved` event under its lease.
+        """
+        if isinstance(run_ids, str):
+            raise InvalidInputError("delete_for_runs takes a sequence of run ids, not one string")
+        wanted = frozenset(str(r) for r in run_ids)
+        if not wanted:
+            return
+        loads = self._loads
+        threads = await pruning.threads_of_runs(
+            self.log, tenant=self.tenant, run_ids=wanted, loads=loads
+        )
+        for thread_id in threads:
+            await self._remove(
+                thread_id,
+                lambda state: pruning.of_runs(state, wanted, loads),
+                why=f"delete_for_runs: checkpoints of LangGraph runs {', '.join(sorted(wanted))}",
+            )
+
+    async def _remove(
+        self,
+        thread_id: str,
+        choose: Callable[[ThreadState], list[GraphCheckpointRef]],
+        *,
+        why: str,
+    ) -> None:
+        """Append `GraphCheckpointsRemoved` for what ``choose`` picks from the thread, if any.
+
+        The choice is made again under the lease, on the thread as its holder has it. A thread
+        the saver did not hold is released afterwards, and not taken at all when nothing of it
+        would go.
+        """
+        held_before = thread_id in self._held
+        if not held_before and not choose(await self._read(thread_id)):
+            return
+
+        def events(state: ThreadState) -> _Batch:
+            gone = choose(state)
+            return [(GraphCheckpointsRemoved, {"checkpoints": gone, "why": why})] if gone else []
+
+        await self._write(thread_id, events)
+        if not held_before:
+            await self.arelease(thread_id)
+
+    def _loads(self, value: Serialized) -> Any:
+        return self.serde.loads_typed(_typed(value))
+
+    # -- tool calls (see .tools) -----------------------------------------------------------
+
+    async def aclaim(self, thread_id: str) -> ThreadState:
+        """Hold the thread (take its lease and claim it, unless this saver holds it already)
+        and return its fold: from here on, nobody else's write to it counts.
+
+        What is decided on this state (whether a tool call ran) is decided as its writer.
+
+        Raises:
+            ResumeConflictError: Another process holds the thread.
+            FencedError: This saver lost the thread while a graph run was writing it.
+        """
+        held = await self._hold(thread_id)
+        async with held.lock:
+            return await self._fresh(thread_id, held)
+
+    async def arecord(self, thread_id: str, kind: type[Event], **fields: Any) -> None:
+        """Append one event of the thread (its envelope filled in) under the thread's lease.
+
+        Raises:
+            FencedError: The lease was lost before or during the append.
+            ResumeConflictError: Another process holds the thread.
+        """
+        await self._write(thread_id, _constant([(kind, fields)]))
+
+    def claim(self, thread_id: str) -> ThreadState:
+        return self._sync(self.aclaim(thread_id))
+
+    def record(self, thread_id: str, kind: type[Event], **fields: Any) -> None:
+        self._sync(self.arecord(thread_id, kind, **fields))
+
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and pending write of one thread onto another.
 
@@ -509,7 +627,18 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         self._sync(self.acopy_thread(source_thread_id, target_thread_id))
 
-    def _sync(self, coro: Coroutine[Any, Any, _T]) -> _T:
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._sync(self.aprune(thread_ids, strategy=strategy))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._sync(self.adelete_for_runs(run_ids))
+
+    def _sync(
+        self, coro: Coroutine[Any, Any, _T], *, context: contextvars.Context | None = None
+    ) -> _T:
+        """Run ``coro`` on the saver's loop and wait for it; in ``context`` if given (so code
+        that reads the caller's context variables, LangGraph's ``interrupt()``, works there).
+        """
         loop = self._loop
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -522,6 +651,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 "(`async with saver:`), so call them from another thread; on that loop use "
                 "the async API (ainvoke, astream, aget_state)"
             )
+        if context is not None:
+            coro = _in_context(coro, context)
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     # -- the write path --------------------------------------------------------------------
@@ -772,6 +903,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     def _remember_loop(self) -> None:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
+
+
+async def _in_context(coro: Coroutine[Any, Any, _T], context: contextvars.Context) -> _T:
+    return await asyncio.get_running_loop().create_task(coro, context=context)
 
 
 def _constant(batch: _Batch) -> Callable[[ThreadState], _Batch]:

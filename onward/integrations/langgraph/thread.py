@@ -16,13 +16,18 @@ from onward.eventlog import (
     ApprovalGranted,
     ApprovalRequested,
     GraphCheckpointed,
+    GraphCheckpointsRemoved,
     GraphThreadDeleted,
     GraphWritesSaved,
     RefusedEvent,
     SequenceGuard,
     Serialized,
     StoredEvent,
+    ToolCompleted,
+    ToolDispatched,
+    ToolResolved,
 )
+from onward.projections.frontier import CallState, call_after
 
 WriteKey = tuple[str, int]
 """A pending write's identity within one checkpoint: task id and index."""
@@ -51,6 +56,9 @@ class ThreadState:
         values: (namespace, channel, version) to the serialized value (``None``: empty).
         writes: (namespace, checkpoint id) to its pending writes by (task id, index).
         waiting_on: The approval request an interrupt opened, until it is answered.
+        calls: Every tool call the thread recorded (`ToolDispatched`, `ToolCompleted`,
+            `ToolResolved`), by tool call id, folded as a run's calls are. A graph thread has
+            no turns to bound them, so they are kept until the thread is deleted.
         next_offset: The offset to read the run's partition from to continue this fold.
     """
 
@@ -61,6 +69,7 @@ class ThreadState:
     values: dict[tuple[str, str, str], Serialized | None] = field(default_factory=dict)
     writes: dict[tuple[str, str], dict[WriteKey, StoredWrite]] = field(default_factory=dict)
     waiting_on: str | None = None
+    calls: dict[str, CallState] = field(default_factory=dict)
     next_offset: int | None = None
 
     @property
@@ -92,10 +101,15 @@ class ThreadState:
             self._checkpointed(event)
         elif isinstance(event, GraphWritesSaved):
             self._writes(event)
+        elif isinstance(event, ToolDispatched | ToolCompleted | ToolResolved):
+            self.calls[event.call_id] = call_after(self.calls.get(event.call_id), event)
+        elif isinstance(event, GraphCheckpointsRemoved):
+            self._removed(event)
         elif isinstance(event, GraphThreadDeleted):
             self.checkpoints.clear()
             self.values.clear()
             self.writes.clear()
+            self.calls.clear()
             self.waiting_on = None
         elif isinstance(event, ApprovalRequested):
             self.waiting_on = event.request_id
@@ -111,6 +125,16 @@ class ThreadState:
         self.checkpoints.setdefault(ns, {})[event.checkpoint_id] = event
         for item in event.values:
             self.values[(ns, item.channel, item.version)] = item.value
+
+    def _removed(self, event: GraphCheckpointsRemoved) -> None:
+        # Channel values stay: a kept checkpoint may refer to a version an earlier one saved.
+        for ref in event.checkpoints:
+            saved = self.checkpoints.get(ref.checkpoint_ns)
+            if saved is not None:
+                saved.pop(ref.checkpoint_id, None)
+                if not saved:
+                    del self.checkpoints[ref.checkpoint_ns]
+            self.writes.pop((ref.checkpoint_ns, ref.checkpoint_id), None)
 
     def _writes(self, event: GraphWritesSaved) -> None:
         stored = self.writes.setdefault((event.checkpoint_ns, event.checkpoint_id), {})

@@ -12,28 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from pathlib import Path
 
 from onward.errors import FencedError, OnwardError
 
 from .graphs import config, steps_graph
-from .worlds import kafka_world, sqlite_world
+from .worlds import open_world
 
 
 async def main(world_spec: str, thread_id: str, ttl_s: float) -> None:
-    spec = json.loads(world_spec)
-    opened = (
-        sqlite_world(Path(spec["path"]))
-        if spec["kind"] == "sqlite"
-        else kafka_world(
-            spec["bootstrap"],
-            spec["topic"],
-            spec["database_url"],
-            spec["schema"],
-            spec["redis_url"],
-            spec["prefix"],
-        )
-    )
+    opened = open_world(json.loads(world_spec))
     loop = asyncio.get_running_loop()
     pausing = False
 

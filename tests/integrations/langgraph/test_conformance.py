@@ -19,11 +19,15 @@ from langgraph.checkpoint.conformance.capabilities import (
 )
 from langgraph.checkpoint.conformance.report import CapabilityReport
 
-from .worlds import World, kafka_world, sqlite_world
+from .worlds import KafkaServers, World, kafka_world, sqlite_world
 
-# What OnwardSaver implements beyond the base: copy_thread. prune and delete_for_runs wait for
-# compaction and a projection of threads. The test fails if this drifts from the class.
-IMPLEMENTED = {c.value for c in BASE_CAPABILITIES} | {Capability.COPY_THREAD.value}
+# What OnwardSaver implements beyond the base: every extended capability. The test fails if this
+# drifts from the class.
+IMPLEMENTED = {c.value for c in BASE_CAPABILITIES} | {
+    Capability.COPY_THREAD.value,
+    Capability.DELETE_FOR_RUNS.value,
+    Capability.PRUNE.value,
+}
 
 
 async def _validate(world: World) -> CapabilityReport:
@@ -64,22 +68,6 @@ async def test_conformance_on_sqlite(tmp_path: Path) -> None:
 
 @pytest.mark.kafka
 @pytest.mark.parametrize("leases", ["redis", "postgres"])
-async def test_conformance_on_kafka_and_postgres(
-    kafka_bootstrap: str,
-    kafka_topic: str,
-    database_url: str,
-    pg_schema: str,
-    redis_url: str,
-    redis_prefix: str,
-    leases: str,
-) -> None:
-    async with kafka_world(
-        kafka_bootstrap,
-        kafka_topic,
-        database_url,
-        pg_schema,
-        redis_url,
-        redis_prefix,
-        postgres_leases=leases == "postgres",
-    ) as world:
+async def test_conformance_on_kafka_and_postgres(kafka_servers: KafkaServers, leases: str) -> None:
+    async with kafka_world(*kafka_servers, postgres_leases=leases == "postgres") as world:
         _check(await _validate(world))

@@ -28,7 +28,7 @@ from onward.integrations.langgraph import OnwardSaver, ThreadState
 from onward.runtime.leases import LeasePolicy, LeaseStore, RunLease
 
 from .graphs import config, steps_graph
-from .worlds import TENANT, World, kafka_world, sqlite_world
+from .worlds import TENANT, KafkaServers, World, kafka_spec, kafka_world, sqlite_spec, sqlite_world
 
 TESTS = Path(__file__).resolve().parents[2]
 TTL_S = 1.5
@@ -133,32 +133,16 @@ async def _assert_late_writes_refused(
 async def test_paused_writer_is_fenced_on_sqlite(tmp_path: Path) -> None:
     path = tmp_path / "onward.db"
     async with sqlite_world(path) as world:
-        await _scenario(world, {"kind": "sqlite", "path": str(path)})
+        await _scenario(world, sqlite_spec(path))
 
 
 @pytest.mark.kafka
 @pytest.mark.slow
 async def test_paused_writer_is_fenced_on_kafka_postgres_redis(
-    kafka_bootstrap: str,
-    kafka_topic: str,
-    database_url: str,
-    pg_schema: str,
-    redis_url: str,
-    redis_prefix: str,
+    kafka_servers: KafkaServers,
 ) -> None:
-    spec = {
-        "kind": "kafka",
-        "bootstrap": kafka_bootstrap,
-        "topic": kafka_topic,
-        "database_url": database_url,
-        "schema": pg_schema,
-        "redis_url": redis_url,
-        "prefix": redis_prefix,
-    }
-    async with kafka_world(
-        kafka_bootstrap, kafka_topic, database_url, pg_schema, redis_url, redis_prefix
-    ) as world:
-        await _scenario(world, spec)
+    async with kafka_world(*kafka_servers) as world:
+        await _scenario(world, kafka_spec(*kafka_servers))
 
 
 class StalledRenewals:
@@ -256,14 +240,7 @@ async def test_write_after_takeover_is_refused_on_sqlite(tmp_path: Path) -> None
 
 @pytest.mark.kafka
 async def test_write_after_takeover_is_refused_on_kafka_postgres_redis(
-    kafka_bootstrap: str,
-    kafka_topic: str,
-    database_url: str,
-    pg_schema: str,
-    redis_url: str,
-    redis_prefix: str,
+    kafka_servers: KafkaServers,
 ) -> None:
-    async with kafka_world(
-        kafka_bootstrap, kafka_topic, database_url, pg_schema, redis_url, redis_prefix
-    ) as world:
+    async with kafka_world(*kafka_servers) as world:
         await _takeover_unnoticed(world)

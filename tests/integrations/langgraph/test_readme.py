@@ -1,4 +1,4 @@
-"""The README's LangGraph example runs as written and prints what the text says."""
+"""The README's LangGraph examples run as written and print what the text says."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[3] / "README.md"
 
 
-def test_readme_langgraph_example_runs(tmp_path: Path) -> None:
-    section = README.read_text().split("## LangGraph", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+def _section() -> str:
+    return README.read_text().split("## LangGraph", 1)[1].split("\n## ", 1)[0]
+
+
+def _run(block: str, tmp_path: Path) -> str:
     script = tmp_path / "example.py"
     script.write_text(block)
     result = subprocess.run(
@@ -24,6 +26,21 @@ def test_readme_langgraph_example_runs(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    printed = result.stdout.strip()
+    return result.stdout.strip()
+
+
+def test_readme_langgraph_example_runs(tmp_path: Path) -> None:
+    section = _section()
+    saver_example = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)[0]
+    printed = _run(saver_example, tmp_path)
     assert printed == "['note 1', 'note 2', 'note 3']"
     assert f"It prints `{printed}`" in section
+
+
+def test_readme_tool_middleware_example_runs(tmp_path: Path) -> None:
+    section = _section().split("### Tool calls", 1)[1]
+    (middleware_example,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    asked, answered = _run(middleware_example, tmp_path).splitlines()
+    assert asked == "book {'flight': 'LH123'} call-1"
+    assert answered == "['LH123'] Booked."
+    assert f"It prints `{asked}`, then `{answered}`" in section

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TypedDict, cast
 
 import pytest
-import pytest_asyncio
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
@@ -27,17 +25,16 @@ from onward.integrations.langgraph import OnwardSaver
 from onward.runtime.manager import ExecutionManager
 
 from .graphs import config, steps_graph
-from .worlds import TENANT, World, sqlite_world
-
-
-@pytest_asyncio.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async with sqlite_world(tmp_path / "onward.db") as opened:
-        yield opened
+from .worlds import TENANT, World
 
 
 def test_exports() -> None:
-    assert sorted(lg.__all__) == ["OnwardSaver", "StoredWrite", "ThreadState"]
+    assert sorted(lg.__all__) == [
+        "OnwardSaver",
+        "OnwardToolMiddleware",
+        "StoredWrite",
+        "ThreadState",
+    ]
 
 
 async def test_a_reader_that_holds_nothing_sees_what_the_writer_wrote(world: World) -> None:

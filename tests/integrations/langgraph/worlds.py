@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 from onward.eventlog import EventLog, KafkaEventLog, SqliteEventLog
 from onward.integrations.langgraph import OnwardSaver
@@ -95,3 +96,48 @@ async def kafka_world(
             PostgresFrontierStore(database_url, schema=schema)
         )
         yield World(log, leases, frontiers, embedded=False)
+
+
+class KafkaServers(NamedTuple):
+    """Where one test's Kafka world lives, in `kafka_world`'s argument order."""
+
+    bootstrap: str
+    topic: str
+    database_url: str
+    schema: str
+    redis_url: str
+    prefix: str
+
+
+def kafka_spec(
+    bootstrap: str, topic: str, database_url: str, schema: str, redis_url: str, prefix: str
+) -> dict[str, str]:
+    """What a child process needs to open the same Kafka world (see `open_world`)."""
+    return {
+        "kind": "kafka",
+        "bootstrap": bootstrap,
+        "topic": topic,
+        "database_url": database_url,
+        "schema": schema,
+        "redis_url": redis_url,
+        "prefix": prefix,
+    }
+
+
+def sqlite_spec(path: Path) -> dict[str, str]:
+    """What a child process needs to open the same SQLite world (see `open_world`)."""
+    return {"kind": "sqlite", "path": str(path)}
+
+
+def open_world(spec: Mapping[str, str]) -> AbstractAsyncContextManager[World]:
+    """The world a spec names: for child processes, which get it as JSON."""
+    if spec["kind"] == "sqlite":
+        return sqlite_world(Path(spec["path"]))
+    return kafka_world(
+        spec["bootstrap"],
+        spec["topic"],
+        spec["database_url"],
+        spec["schema"],
+        spec["redis_url"],
+        spec["prefix"],
+    )

@@ -1,0 +1,350 @@
+"""`OnwardSaver` against LangGraph's `AsyncPostgresSaver` on the same 400-step graph, in one run.
+
+The graph is the one ``steps.py`` measures LangGraph on (``langgraph_loop``): an "agent" node
+(a scripted model, no network) asking for one call of a no-op tool each step, a prebuilt
+`ToolNode` whose tool returns 1 KB of random hex, ``--steps`` times, then a final answer;
+``ainvoke(..., durability="sync")``, so every checkpoint is stored before the next step. Each
+saver runs a short warm-up thread, then the measured thread of ``--steps`` steps.
+
+* ``onward-kafka``: `OnwardSaver` on a fresh topic (``--partitions``), Redis leases, frontier
+  rows in a fresh PostgreSQL database (no projector runs during the thread; the saver does not
+  need one). Bytes = the topic's log segments on the broker's disk (its ``log.dirs``, asked of
+  the broker) + the growth of Onward's tables once a projector has folded the thread.
+* ``onward-sqlite``: `OnwardSaver` embedded (log, leases and frontier rows in one SQLite file,
+  ``checkpoint_inline``). Bytes = the file's growth (after a WAL checkpoint).
+* ``postgres-saver``: `AsyncPostgresSaver` (psycopg) in a fresh database on the same server.
+  Bytes = ``pg_total_relation_size`` of its tables (with indexes and TOAST), before and after.
+
+ms/step is the measured thread's time / steps; p50 and p99 are over the intervals between two
+model calls. Absolute figures depend on the machine; compare the ratios of one run.
+
+    python bench/saver.py                      # all three, 400 steps
+    python bench/saver.py --steps 50 --systems onward-sqlite,postgres-saver
+
+Writes ``bench/results/saver.json``. Topic, databases and Redis keys are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sqlite3
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    add_server_options,
+    code_version,
+    delete_redis_keys,
+    delete_topics,
+    server_urls,
+    throwaway_database,
+    throwaway_name,
+    write_results,
+)
+from rich.console import Console
+from rich.table import Table
+from steps import langgraph_loop, latency_summary
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMS = ("onward-kafka", "onward-sqlite", "postgres-saver")
+WARM_UP_STEPS = 20
+TENANT = "bench"
+POSTGRES_SAVER_TABLES = (
+    "checkpoints",
+    "checkpoint_blobs",
+    "checkpoint_writes",
+    "checkpoint_migrations",
+)
+
+Sizer = Callable[[], Awaitable[dict[str, int]]]
+"""What a system has written so far, in bytes, by where it went."""
+
+
+# -- the graph ------------------------------------------------------------------------------
+
+
+async def run_thread(graph: Any, steps: int) -> float:
+    """One thread of ``steps`` steps; its seconds."""
+    from langchain_core.messages import HumanMessage  # noqa: PLC0415
+
+    config = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 2 * steps + 10}
+    started = time.perf_counter()
+    out = await graph.ainvoke(
+        {"messages": [HumanMessage(content='{"task": "loop"}')], "steps": steps},
+        config,
+        durability="sync",
+    )
+    seconds = time.perf_counter() - started
+    if out["messages"][-1].content != "done" or len(out["messages"]) != 2 * steps + 2:
+        raise RuntimeError(f"the thread ended early: {len(out['messages'])} messages")
+    return seconds
+
+
+async def measure(
+    checkpointer: Any, steps: int, size: Sizer, settle: Callable[[], Awaitable[None]]
+) -> dict[str, Any]:
+    """Warm up, then one measured thread: its latency and the bytes it added per step."""
+    marks: list[float] = []
+    graph = langgraph_loop(marks, asynchronous=True).compile(checkpointer=checkpointer)
+    await run_thread(graph, WARM_UP_STEPS)
+    await settle()
+    before = await size()
+    marks.clear()
+    seconds = await run_thread(graph, steps)
+    await settle()
+    after = await size()
+    added = {where: after[where] - before.get(where, 0) for where in after}
+    return {
+        "latency": latency_summary([seconds], [marks], steps),
+        "bytes_per_step": {where: grown / steps for where, grown in added.items()},
+        "total_bytes_per_step": sum(added.values()) / steps,
+    }
+
+
+# -- sizes ----------------------------------------------------------------------------------
+
+
+async def relation_bytes(dsn: str, tables: tuple[str, ...] | None = None) -> int:
+    """``pg_total_relation_size`` of ``tables`` (every table of the database's ``public``
+    schema when None), indexes and TOAST included."""
+    import asyncpg  # noqa: PLC0415
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        names = (
+            list(tables)
+            if tables is not None
+            else [
+                r["tablename"]
+                for r in await conn.fetch(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                )
+            ]
+        )
+        total = await conn.fetchval(
+            "SELECT coalesce(sum(pg_total_relation_size(to_regclass(n))), 0) "
+            "FROM unnest($1::text[]) n",
+            names,
+        )
+    finally:
+        await conn.close()
+    return int(total)
+
+
+async def kafka_log_dirs(bootstrap: str) -> list[Path]:
+    """The broker's ``log.dirs`` (one broker, on this machine: the shared test servers)."""
+    from aiokafka.admin import AIOKafkaAdminClient  # noqa: PLC0415
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType  # noqa: PLC0415
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        cluster = await admin.describe_cluster()
+        (broker,) = cluster["brokers"]
+        (response,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, str(broker["node_id"]), {"log.dirs": None})]
+        )
+    finally:
+        await admin.close()
+    entries = {entry[0]: entry[1] for entry in response.resources[0][4]}
+    dirs = [Path(d) for d in str(entries["log.dirs"]).split(",")]
+    if not any(d.is_dir() for d in dirs):
+        raise SystemExit(f"the broker's log.dirs ({entries['log.dirs']}) are not on this machine")
+    return dirs
+
+
+def topic_bytes(dirs: list[Path], topic: str) -> int:
+    """Bytes of the topic's log segments (every partition) in the broker's data folders."""
+    return sum(
+        f.stat().st_size for d in dirs for p in d.glob(f"{topic}-*") for f in p.glob("*.log")
+    )
+
+
+def sqlite_bytes(path: Path) -> int:
+    """The SQLite file's size once its WAL is checkpointed into it."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path.stat().st_size
+
+
+async def nothing() -> None:
+    return None
+
+
+# -- the systems ----------------------------------------------------------------------------
+
+
+async def onward_kafka(args: argparse.Namespace) -> dict[str, Any]:
+    from onward.eventlog import KafkaEventLog  # noqa: PLC0415
+    from onward.integrations.langgraph import OnwardSaver  # noqa: PLC0415
+    from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
+    from onward.projections.projector import FrontierProjection, LogProjector  # noqa: PLC0415
+    from onward.runtime.leases import RedisLeaseStore  # noqa: PLC0415
+
+    topic = throwaway_name("saver")
+    prefix = f"onward-bench-{topic.rsplit('.', 1)[1]}:"
+    dirs = await kafka_log_dirs(args.bootstrap)
+    async with (
+        throwaway_database(args.database_url, "saver") as (database, dsn),
+        _cleanup(args, topic, prefix),
+        KafkaEventLog(
+            args.bootstrap, topic=topic, partitions=args.partitions, create_topic=True
+        ) as log,
+        RedisLeaseStore(args.redis_url, prefix=prefix) as leases,
+        PostgresFrontierStore(dsn) as frontiers,
+        OnwardSaver(log, leases, tenant=TENANT, frontiers=frontiers) as saver,
+    ):
+        projector = LogProjector(log, FrontierProjection(frontiers, log))
+
+        async def settle() -> None:
+            await projector.catch_up()
+
+        async def size() -> dict[str, int]:
+            return {
+                "kafka_log": topic_bytes(dirs, topic),
+                "postgres_projection": await relation_bytes(dsn),
+            }
+
+        figures = await measure(saver, args.steps, size, settle)
+    return {
+        "system": "onward-kafka",
+        "setup": f"OnwardSaver, topic {topic} ({args.partitions} partitions), Redis leases, "
+        f"frontier rows in database {database} (folded by a projector after each thread)",
+        **figures,
+    }
+
+
+@asynccontextmanager
+async def _cleanup(args: argparse.Namespace, topic: str, prefix: str) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await delete_topics(args.bootstrap, [topic])
+        await delete_redis_keys(args.redis_url, prefix)
+
+
+async def onward_sqlite(args: argparse.Namespace) -> dict[str, Any]:
+    from onward.eventlog import SqliteEventLog  # noqa: PLC0415
+    from onward.integrations.langgraph import OnwardSaver  # noqa: PLC0415
+    from onward.projections.sqlite import SqliteFrontierStore  # noqa: PLC0415
+    from onward.runtime.leases import SqliteLeaseStore  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "onward.db"
+        async with (
+            SqliteEventLog(path, partitions=args.partitions) as log,
+            SqliteLeaseStore(path) as leases,
+            SqliteFrontierStore(path) as frontiers,
+            OnwardSaver(
+                log, leases, tenant=TENANT, frontiers=frontiers, checkpoint_inline=True
+            ) as saver,
+        ):
+
+            async def size() -> dict[str, int]:
+                return {"sqlite_file": sqlite_bytes(path)}
+
+            figures = await measure(saver, args.steps, size, nothing)
+    return {
+        "system": "onward-sqlite",
+        "setup": "OnwardSaver embedded: log, leases and frontier rows in one SQLite file, "
+        "checkpoint_inline",
+        **figures,
+    }
+
+
+async def postgres_saver(args: argparse.Namespace) -> dict[str, Any]:
+    from importlib.metadata import version  # noqa: PLC0415
+
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver  # noqa: PLC0415
+
+    async with (
+        throwaway_database(args.database_url, "pgsaver") as (database, dsn),
+        AsyncPostgresSaver.from_conn_string(dsn) as saver,
+    ):
+        await saver.setup()
+
+        async def size() -> dict[str, int]:
+            return {"postgres": await relation_bytes(dsn, POSTGRES_SAVER_TABLES)}
+
+        figures = await measure(saver, args.steps, size, nothing)
+    return {
+        "system": "postgres-saver",
+        "setup": f"AsyncPostgresSaver (langgraph-checkpoint-postgres "
+        f"{version('langgraph-checkpoint-postgres')}) in database {database}",
+        **figures,
+    }
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = {
+    "onward-kafka": onward_kafka,
+    "onward-sqlite": onward_sqlite,
+    "postgres-saver": postgres_saver,
+}
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def report(results: list[dict[str, Any]], steps: int) -> None:
+    table = Table(title=f"LangGraph savers, one thread of {steps} steps (durability='sync')")
+    for column in ("system", "ms/step mean", "p50", "p99", "bytes/step", "where"):
+        table.add_column(column, justify="left" if column in ("system", "where") else "right")
+    for r in results:
+        lat = r["latency"]
+        table.add_row(
+            r["system"],
+            f"{lat['per_step_ms_mean']:.2f}",
+            f"{lat['per_step_ms_p50']:.2f}",
+            f"{lat['per_step_ms_p99']:.2f}",
+            f"{r['total_bytes_per_step']:,.0f}",
+            ", ".join(f"{k} {v:,.0f}" for k, v in r["bytes_per_step"].items()),
+        )
+    Console().print(table)
+    peer = next((r for r in results if r["system"] == "postgres-saver"), None)
+    if peer is None:
+        return
+    for r in results:
+        if r is peer:
+            continue
+        time_ratio = r["latency"]["per_step_ms_mean"] / peer["latency"]["per_step_ms_mean"]
+        bytes_ratio = r["total_bytes_per_step"] / peer["total_bytes_per_step"]
+        print(f"{r['system']} / postgres-saver: time {time_ratio:.2f}x, bytes {bytes_ratio:.2f}x")
+
+
+async def amain(args: argparse.Namespace) -> None:
+    results = [await RUNNERS[name](args) for name in args.systems]
+    report(results, args.steps)
+    write_results(
+        ROOT / "bench" / "results" / "saver.json",
+        {"code": code_version(), "steps": args.steps, "results": results},
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}"
+    )
+    add_server_options(parser, *("bootstrap", "database_url", "redis_url"))
+    args = parser.parse_args()
+    args.systems = [s for s in args.systems.split(",") if s]
+    unknown = [s for s in args.systems if s not in RUNNERS]
+    if unknown:
+        parser.error(f"unknown systems {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    server_urls(args, "database_url")
+    if "onward-kafka" in args.systems:
+        server_urls(args, "bootstrap", "redis_url")
+    asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""LangGraph tools with Onward's dispatch semantics: written ahead, never re-run on a guess.
+
+`OnwardToolMiddleware` wraps every tool call of a LangGraph thread (``create_agent``'s
+middleware, or ``ToolNode``'s ``wrap_tool_call``/``awrap_tool_call`` in a hand-built graph).
+A call is known by its thread (the run) and its tool call id. Before the tool runs, the
+middleware takes the thread's lease if the saver does not hold it yet (claiming the thread,
+so nobody else's later write counts) and decides from the thread's recorded events, with the
+same rules as any resumed run (:func:`onward.runtime.planning.classify_call`):
+
+- an outcome is recorded (`ToolCompleted`, or `ToolResolved` as completed): it is returned
+  as the tool's answer, and the tool is not called;
+- nothing was dispatched (or it was settled as never run): `ToolDispatched` is appended and
+  acknowledged, then the tool runs, then its outcome is appended as `ToolCompleted`;
+- it was dispatched and no outcome is recorded (the process died, or the run was cancelled,
+  while the tool ran): nobody knows whether it took effect, so it is never run again on its
+  own. The call is put to a person through LangGraph's ``interrupt()``; the answer, one of
+  ``{"decision": "completed", "result": ...}``, ``{"decision": "failed", "error": "..."}`` or
+  ``{"decision": "retry"}`` (each with optional ``"by"`` and ``"why"``), is recorded as
+  `ToolResolved` and acted on: the result is returned, the error is returned as an error
+  message, or the tool runs again.
+
+Tools named in ``retry_safe`` (reads, searches) run again when undecided. A call's
+idempotency key, ``onward.runtime.idempotency_key(thread_id, tool_call_id)``, is recorded
+with its dispatch; a tool that talks to a service which deduplicates can compute and send it.
+Tool call ids must be unique within a thread, as every major model provider's are.
+
+What is recorded as a call's outcome: a `ToolMessage`'s content (an error message's as a
+`ToolError`), or, for any other return (a ``Command``, a message with an artifact), the value
+in the saver's serializer, so it comes back exactly as the tool returned it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextvars
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, NamedTuple
+
+import msgspec
+from langchain.agents.middleware import AgentMiddleware
+from langchain_core.messages import ToolMessage
+from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Command, interrupt
+
+from onward.errors import InvalidInputError
+from onward.eventlog import ToolCompleted, ToolDispatched, ToolError, ToolResolved
+from onward.projections.frontier import CallState
+from onward.runtime.planning import PlannedCall, ToolDisposition, classify_call
+from onward.runtime.tools import idempotency_key, tool_error
+
+from .saver import OnwardSaver
+from .thread import ThreadState
+
+ToolOutput = ToolMessage | Command[Any]
+"""What a tool call comes back as in a LangGraph graph."""
+
+QUESTION = "onward.indeterminate_tool_call"
+"""The ``kind`` of the value an undecided call interrupts with."""
+
+DECISIONS = ("completed", "failed", "retry")
+"""The answers a person may give to an undecided call."""
+
+_Recorded = tuple[type[ToolCompleted] | type[ToolResolved], dict[str, Any]]
+"""An event to record: its kind and its fields."""
+
+_ERROR_MESSAGE = "ToolMessage"
+"""The error type recorded for a tool that answered with an error message."""
+
+
+class _Call(NamedTuple):
+    """One tool call of one thread, as the middleware knows it."""
+
+    thread_id: str
+    call_id: str
+    tool: str
+    args: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return idempotency_key(self.thread_id, self.call_id)
+
+
+class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
+    """Gives a LangGraph agent's tool calls Onward's write-ahead dispatch (see the module).
+
+    With ``create_agent``: ``create_agent(model, tools, middleware=[OnwardToolMiddleware(saver)],
+    checkpointer=saver)``. In a hand-built graph: ``ToolNode(tools,
+    wrap_tool_call=mw.wrap_tool_call, awrap_tool_call=mw.awrap_tool_call)``. The graph's
+    checkpointer must be the same `OnwardSaver`: the calls are events of its threads, under
+    the lease its writes take.
+
+    Args:
+        saver: The saver whose threads the calls belong to.
+        retry_safe: Names of tools that may run again when nobody knows whether they ran.
+    """
+
+    def __init__(self, saver: OnwardSaver, *, retry_safe: Collection[str] = ()) -> None:
+        super().__init__()
+        self.saver = saver
+        self.retry_safe = frozenset(retry_safe)
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolOutput]],
+    ) -> ToolOutput:
+        call = _call_of(request)
+        planned = self._plan(call, await self.saver.aclaim(call.thread_id))
+        if planned.disposition is ToolDisposition.COMPLETED:
+            return self._replay(call, planned.call)
+        if planned.disposition is ToolDisposition.INDETERMINATE and not planned.dispatch_again:
+            settled = _ask(call, planned)
+            await self.saver.arecord(call.thread_id, ToolResolved, **settled)
+            if settled["outcome"] == "completed":
+                return self._replay(call, _resolved(call, settled))
+        await self.saver.arecord(
+            call.thread_id,
+            ToolDispatched,
+            call_id=call.call_id,
+            tool=call.tool,
+            idempotency_key=call.key,
+        )
+        try:
+            output = await handler(request)
+        except BaseException as exc:
+            outcome = _unfinished(call, exc)
+            if outcome is not None:
+                await self.saver.arecord(call.thread_id, outcome[0], **outcome[1])
+            raise
+        await self.saver.arecord(call.thread_id, ToolCompleted, **self._outcome(call, output))
+        return output
+
+    def wrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], ToolOutput],
+    ) -> ToolOutput:
+        """The same, for LangGraph's sync API (``invoke``, ``stream``).
+
+        Runs :meth:`awrap_tool_call` on the saver's event loop in this call's context (so
+        ``interrupt()`` works), the tool itself in a worker thread. Like the saver's sync
+        methods, it must be called from a thread other than the saver's loop.
+        """
+        context = contextvars.copy_context()
+
+        async def run(req: ToolCallRequest) -> ToolOutput:
+            return await asyncio.to_thread(handler, req)
+
+        return self.saver._sync(self.awrap_tool_call(request, run), context=context)
+
+    # -- deciding --------------------------------------------------------------------------
+
+    def _plan(self, call: _Call, state: ThreadState) -> PlannedCall:
+        recorded = state.calls.get(call.call_id)
+        if recorded is None:
+            recorded = CallState(call_id=call.call_id, tool=call.tool)
+        elif recorded.tool and recorded.tool != call.tool:
+            raise InvalidInputError(
+                f"thread {call.thread_id!r}: tool call {call.call_id!r} is recorded as a call "
+                f"of {recorded.tool!r}, not {call.tool!r}; tool call ids must be unique within "
+                "a thread",
+                run_id=call.thread_id,
+            )
+        return classify_call(recorded, retry_safe=call.tool in self.retry_safe)
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _outcome(self, call: _Call, output: ToolOutput) -> dict[str, Any]:
+        """The fields of the `ToolCompleted` that records what the tool returned."""
+        if isinstance(output, ToolMessage) and output.artifact is None:
+            if output.status == "error" and isinstance(output.content, str):
+                error = ToolError(type=_ERROR_MESSAGE, message=output.content)
+                return {"call_id": call.call_id, "error": error}
+            if output.status != "error":
+                return {"call_id": call.call_id, "result": output.content}
+        kind, data = self.saver.serde.dumps_typed(output)
+        serialized = {"type": kind, "data": base64.b64encode(data).decode()}
+        return {"call_id": call.call_id, "result": serialized}
+
+    def _replay(self, call: _Call, recorded: CallState) -> ToolOutput:
+        """The tool's answer as recorded (by the tool, or by a person)."""
+        if recorded.error is not None:
+            error = recorded.error
+            content = error.message if error.type == _ERROR_MESSAGE else _said(error)
+            return _message(call, content, status="error")
+        result = recorded.result
+        if isinstance(result, dict):  # message content is never a mapping: serialized
+            data = base64.b64decode(result["data"])
+            output: ToolOutput = self.saver.serde.loads_typed((result["type"], data))
+            return output
+        return _message(call, result)
+
+
+def _call_of(request: ToolCallRequest) -> _Call:
+    call = request.tool_call
+    runtime = request.runtime
+    thread_id = (
+        (runtime.config or {}).get("configurable", {}).get("thread_id")
+        if runtime is not None
+        else None
+    )
+    if thread_id is None:
+        raise InvalidInputError(
+            "OnwardToolMiddleware runs tools of a graph thread: invoke the graph with "
+            "configurable.thread_id and an OnwardSaver as its checkpointer"
+        )
+    if not call.get("id"):
+        raise InvalidInputError(
+            f"thread {thread_id!r}: a call of {call['name']!r} has no tool call id; "
+            "OnwardToolMiddleware knows calls by their ids",
+            run_id=str(thread_id),
+        )
+    return _Call(str(thread_id), str(call["id"]), call["name"], dict(call.get("args") or {}))
+
+
+def _unfinished(call: _Call, exc: BaseException) -> _Recorded | None:
+    """What to record when the tool did not return: nothing when nobody knows whether it
+    took effect (cancelled, interrupted from outside), else the event that says what happened.
+    """
+    if isinstance(exc, GraphBubbleUp):
+        # The tool called interrupt(): LangGraph runs it again from its start when answered.
+        return ToolResolved, {
+            "call_id": call.call_id,
+            "outcome": "never_ran",
+            "by": "langgraph",
+            "why": "the tool stopped at interrupt(); it runs again from its start when resumed",
+        }
+    if isinstance(exc, Exception):
+        return ToolCompleted, {"call_id": call.call_id, "error": tool_error(exc)}
+    return None
+
+
+def _ask(call: _Call, planned: PlannedCall) -> dict[str, Any]:
+    """Put an undecided call to a person until the answer is one we can act on.
+
+    Returns the fields of the `ToolResolved` that records it.
+    """
+    question: dict[str, Any] = {
+        "kind": QUESTION,
+        "thread_id": call.thread_id,
+        "tool_call_id": call.call_id,
+        "tool": call.tool,
+        "args": call.args,
+        "idempotency_key": call.key,
+        "why": planned.reason,
+        "decisions": list(DECISIONS),
+    }
+    while True:
+        answer = interrupt(question)
+        try:
+            return _settlement(call, answer)
+        except InvalidInputError as exc:
+            question = {**question, "invalid_answer": str(exc)}
+
+
+def _settlement(call: _Call, answer: Any) -> dict[str, Any]:
+    """The `ToolResolved` fields a person's answer makes.
+
+    Raises:
+        InvalidInputError: The answer is not one of the three forms, naming what is wrong.
+    """
+    decision = answer.get("decision") if isinstance(answer, dict) else None
+    if decision not in DECISIONS:
+        raise InvalidInputError(
+            f"tool call {call.call_id!r} ({call.tool}) needs an answer like "
+            '{"decision": "completed", "result": ...}, {"decision": "failed", "error": "..."} '
+            f'or {{"decision": "retry"}}; got {answer!r}',
+            run_id=call.thread_id,
+        )
+    if decision == "completed" and "result" not in answer:
+        raise InvalidInputError(
+            f'tool call {call.call_id!r}: "completed" needs the "result" the tool gave',
+            run_id=call.thread_id,
+        )
+    fields: dict[str, Any] = {
+        "call_id": call.call_id,
+        "by": str(answer.get("by") or "person"),
+        "why": str(answer.get("why") or f"a person decided {decision}"),
+    }
+    if decision == "retry":
+        return {**fields, "outcome": "never_ran"}
+    if decision == "failed":
+        error = ToolError(type="SettledAsFailed", message=str(answer.get("error", "")))
+        return {**fields, "outcome": "completed", "error": error}
+    return {**fields, "outcome": "completed", "result": _content(answer["result"])}
+
+
+def _resolved(call: _Call, settled: dict[str, Any]) -> CallState:
+    return CallState(
+        call_id=call.call_id,
+        tool=call.tool,
+        outcome="error" if settled.get("error") is not None else "completed",
+        result=settled.get("result"),
+        error=settled.get("error"),
+        resolved_by=settled["by"],
+    )
+
+
+def _content(result: Any) -> str | list[Any]:
+    """A person's result as message content: text and lists as they are, the rest as JSON."""
+    if isinstance(result, str | list):
+        return result
+    return msgspec.json.encode(result).decode()
+
+
+def _said(error: ToolError) -> str:
+    return f"{error.type}: {error.message}" if error.message else error.type
+
+
+def _message(call: _Call, content: Any, *, status: str = "success") -> ToolMessage:
+    return ToolMessage(content=content, tool_call_id=call.call_id, name=call.tool, status=status)
+
+
+__all__ = ["DECISIONS", "QUESTION", "OnwardToolMiddleware"]

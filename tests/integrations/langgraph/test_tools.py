@@ -1,0 +1,395 @@
+"""`OnwardToolMiddleware`: LangGraph tool calls written ahead, replayed, or put to a person.
+
+The crash tests SIGKILL a real process running the graph (``tool_child``) right after the
+tool's side effect, or right after its outcome is recorded, and resume the thread here: the
+side effect is never repeated, and the call either comes back as recorded or as a question.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command, interrupt
+
+from onward.errors import ResumeConflictError
+from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
+from onward.integrations.langgraph import OnwardSaver
+from onward.integrations.langgraph.tools import QUESTION
+from onward.runtime import idempotency_key
+
+from .agents import (
+    CALL_ID,
+    FLIGHT,
+    GRAPH_KINDS,
+    GraphKind,
+    as_book,
+    asks_to_book,
+    booking_tool,
+    graph,
+    ledger_lines,
+    model,
+    thread_config,
+)
+from .worlds import KafkaServers, World, kafka_spec, kafka_world, sqlite_spec, sqlite_world
+
+TESTS = Path(__file__).resolve().parents[2]
+TTL_S = 1.5
+START = {"messages": [HumanMessage(content="book me a seat")]}
+
+
+def _done() -> AIMessage:
+    return AIMessage(content="done")
+
+
+async def _kinds(world: World, thread_id: str) -> list[str]:
+    """The tool events of the thread's call that every reader counts, in log order."""
+    refused = {r.stored.position for r in (await _reader(world).aread_thread(thread_id)).refused}
+    return [
+        type(s.event).__name__
+        for s in await world.log.read_run(thread_id)
+        if s.position not in refused
+        and isinstance(s.event, ToolDispatched | ToolCompleted | ToolResolved)
+        and s.event.call_id == CALL_ID
+    ]
+
+
+def _reader(world: World) -> OnwardSaver:
+    return world.saver(holder="reader")
+
+
+def _tool_messages(out: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(m.status, m.content) for m in out["messages"] if isinstance(m, ToolMessage)]
+
+
+async def _question(run: CompiledStateGraph[Any], thread_id: str) -> dict[str, Any]:
+    (asked,) = (await run.aget_state(thread_config(thread_id))).interrupts
+    value: dict[str, Any] = asked.value
+    return value
+
+
+@pytest.fixture(params=GRAPH_KINDS)
+def kind(request: pytest.FixtureRequest) -> GraphKind:
+    """Each graph: ``create_agent``, and the hand-built ``ToolNode`` loop."""
+    value: GraphKind = request.param
+    return value
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Path:
+    """Where the tool writes one line per booking."""
+    return tmp_path / "ledger"
+
+
+# -- in one process ---------------------------------------------------------------------------
+
+
+async def test_a_call_is_recorded_before_the_tool_runs_and_its_outcome_after(
+    world: World, ledger: Path, kind: GraphKind
+) -> None:
+    in_log_when_called: list[list[str]] = []
+
+    def book(flight: str) -> str:
+        raise AssertionError("the async path runs")
+
+    async def book_async(flight: str) -> str:
+        in_log_when_called.append(await _kinds(world, "t"))
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        return f"booked {flight}"
+
+    tool = as_book(book, book_async)
+    async with world.saver() as saver:
+        run = graph(kind, saver, model(asks_to_book(), _done()), tool)
+        out = await run.ainvoke(START, thread_config("t"))
+    assert _tool_messages(out) == [("success", f"booked {FLIGHT}")]
+    assert in_log_when_called == [["ToolDispatched"]]  # durable before the tool ran
+    assert await _kinds(world, "t") == ["ToolDispatched", "ToolCompleted"]
+    dispatched = next(
+        s.event for s in await world.log.read_run("t") if isinstance(s.event, ToolDispatched)
+    )
+    assert dispatched.idempotency_key == idempotency_key("t", CALL_ID)
+    assert dispatched.tool == "book"
+    assert ledger_lines(ledger) == [FLIGHT]
+
+
+def _stuck_tool(ledger: Path, started: asyncio.Event) -> BaseTool:
+    """``book`` whose side effect happens, then it hangs until cancelled."""
+
+    def book(flight: str) -> str:
+        raise AssertionError("the async path runs")
+
+    async def book_async(flight: str) -> str:
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        started.set()
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    return as_book(book, book_async)
+
+
+async def _cancel_mid_tool(saver: OnwardSaver, kind: GraphKind, ledger: Path) -> None:
+    """Run the graph until the tool has had its effect, then cancel the run."""
+    started = asyncio.Event()
+    run = graph(kind, saver, model(asks_to_book()), _stuck_tool(ledger, started))
+    task = asyncio.create_task(run.ainvoke(START, thread_config("t")))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_cancelled_call_is_put_to_a_person_and_retry_runs_it_again(
+    world: World, ledger: Path, kind: GraphKind
+) -> None:
+    async with world.saver() as saver:
+        await _cancel_mid_tool(saver, kind, ledger)
+        assert await _kinds(world, "t") == ["ToolDispatched"]
+        run = graph(kind, saver, model(_done()), booking_tool(ledger))
+        await run.ainvoke(None, thread_config("t"))
+        question = await _question(run, "t")
+        assert question["kind"] == QUESTION
+        assert question["tool_call_id"] == CALL_ID
+        assert question["tool"] == "book"
+        assert question["args"] == {"flight": FLIGHT}
+        assert question["idempotency_key"] == idempotency_key("t", CALL_ID)
+        assert ledger_lines(ledger) == [FLIGHT]  # asking ran nothing
+        out = await run.ainvoke(
+            Command(resume={"decision": "retry", "by": "ops"}), thread_config("t")
+        )
+    assert _tool_messages(out) == [("success", f"booked {FLIGHT}")]
+    assert ledger_lines(ledger) == [FLIGHT, FLIGHT]  # the person chose to book again
+    assert await _kinds(world, "t") == [
+        "ToolDispatched",
+        "ToolResolved",
+        "ToolDispatched",
+        "ToolCompleted",
+    ]
+    state = await _reader(world).aread_thread("t")
+    assert state.calls[CALL_ID].outcome == "completed"
+
+
+async def test_a_failed_decision_comes_back_as_an_error_message(world: World, ledger: Path) -> None:
+    async with world.saver() as saver:
+        await _cancel_mid_tool(saver, "agent", ledger)
+        run = graph("agent", saver, model(_done()), booking_tool(ledger))
+        await run.ainvoke(None, thread_config("t"))
+        out = await run.ainvoke(
+            Command(resume={"decision": "failed", "error": "the fare expired"}), thread_config("t")
+        )
+    assert _tool_messages(out) == [("error", "SettledAsFailed: the fare expired")]
+    assert ledger_lines(ledger) == [FLIGHT]
+    assert await _kinds(world, "t") == ["ToolDispatched", "ToolResolved"]
+    resolved = (await _reader(world).aread_thread("t")).calls[CALL_ID]
+    assert (resolved.outcome, resolved.resolved_by) == ("error", "person")
+
+
+async def test_an_answer_that_decides_nothing_is_asked_again(world: World, ledger: Path) -> None:
+    async with world.saver() as saver:
+        await _cancel_mid_tool(saver, "agent", ledger)
+        run = graph("agent", saver, model(_done()), booking_tool(ledger))
+        await run.ainvoke(None, thread_config("t"))
+        await run.ainvoke(Command(resume={"decision": "maybe"}), thread_config("t"))
+        question = await _question(run, "t")
+        assert "needs an answer like" in question["invalid_answer"]
+        assert "'maybe'" in question["invalid_answer"]
+        assert await _kinds(world, "t") == ["ToolDispatched"]
+        out = await run.ainvoke(
+            Command(resume={"decision": "completed", "result": {"seat": "12A"}}),
+            thread_config("t"),
+        )
+    assert _tool_messages(out) == [("success", '{"seat":"12A"}')]
+    assert ledger_lines(ledger) == [FLIGHT]
+
+
+async def test_a_retry_safe_tool_runs_again_without_asking(world: World, ledger: Path) -> None:
+    async with world.saver() as saver:
+        await _cancel_mid_tool(saver, "agent", ledger)
+        run = graph("agent", saver, model(_done()), booking_tool(ledger), retry_safe=["book"])
+        out = await run.ainvoke(None, thread_config("t"))
+    assert _tool_messages(out) == [("success", f"booked {FLIGHT}")]
+    assert ledger_lines(ledger) == [FLIGHT, FLIGHT]
+    assert await _kinds(world, "t") == ["ToolDispatched", "ToolDispatched", "ToolCompleted"]
+
+
+async def test_a_tool_that_raised_is_replayed_as_its_error_not_run_again(
+    world: World, ledger: Path
+) -> None:
+
+    def fail() -> None:
+        raise RuntimeError("the airline said no")
+
+    async with world.saver() as saver:
+        run = graph(
+            "toolnode", saver, model(asks_to_book()), booking_tool(ledger, after_effect=fail)
+        )
+        with pytest.raises(RuntimeError, match="the airline said no"):
+            await run.ainvoke(START, thread_config("t"))
+        again = graph("toolnode", saver, model(_done()), booking_tool(ledger))
+        out = await again.ainvoke(None, thread_config("t"))
+    assert _tool_messages(out) == [("error", "RuntimeError: the airline said no")]
+    assert ledger_lines(ledger) == [FLIGHT]
+    assert await _kinds(world, "t") == ["ToolDispatched", "ToolCompleted"]
+
+
+async def test_a_tool_that_interrupts_runs_again_when_answered(world: World, ledger: Path) -> None:
+
+    def book(flight: str) -> str:
+        """Book a seat, once a person agrees."""
+        if interrupt({"confirm": flight}) != "yes":
+            return "not booked"
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        return f"booked {flight}"
+
+    asking = as_book(book)
+    async with world.saver() as saver:
+        run = graph("agent", saver, model(asks_to_book(), _done()), asking)
+        await run.ainvoke(START, thread_config("t"))
+        assert await _question(run, "t") == {"confirm": FLIGHT}
+        out = await run.ainvoke(Command(resume="yes"), thread_config("t"))
+    assert _tool_messages(out) == [("success", f"booked {FLIGHT}")]
+    assert ledger_lines(ledger) == [FLIGHT]
+    assert await _kinds(world, "t") == [
+        "ToolDispatched",
+        "ToolResolved",
+        "ToolDispatched",
+        "ToolCompleted",
+    ]
+
+
+async def test_the_sync_api_asks_and_records_the_same_way(world: World, ledger: Path) -> None:
+    async with world.saver() as saver:
+        await _cancel_mid_tool(saver, "toolnode", ledger)
+        run = graph("toolnode", saver, model(_done()), booking_tool(ledger))
+        # LangGraph's sync API, in a thread of its own: the saver's loop is this one.
+        await asyncio.to_thread(run.invoke, None, thread_config("t"))
+        assert (await _question(run, "t"))["tool_call_id"] == CALL_ID
+        answer: Command[Any] = Command(
+            resume={"decision": "completed", "result": "booked by phone"}
+        )
+        out = await asyncio.to_thread(run.invoke, answer, thread_config("t"))
+    assert _tool_messages(out) == [("success", "booked by phone")]
+    assert ledger_lines(ledger) == [FLIGHT]
+    assert await _kinds(world, "t") == ["ToolDispatched", "ToolResolved"]
+
+
+# -- killed processes -------------------------------------------------------------------------
+
+
+async def _killed(
+    spec: dict[str, str], thread_id: str, kind: GraphKind, ledger: Path, at: str
+) -> None:
+    """Run the graph in a child process and SIGKILL it where it stops itself (``at``)."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "integrations.langgraph.tool_child",
+        json.dumps(spec),
+        thread_id,
+        kind,
+        str(ledger),
+        at,
+        str(TTL_S),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )
+    try:
+        assert child.stdout is not None
+        said = await asyncio.wait_for(child.stdout.readline(), 60)
+        assert said.decode().strip() == at
+    finally:
+        if child.returncode is None:
+            child.kill()
+        returncode = await child.wait()
+    assert returncode == -signal.SIGKILL
+
+
+async def _take_over(saver: OnwardSaver, thread_id: str) -> None:
+    """Hold the thread once the killed process's lease has run out."""
+    for _ in range(200):
+        try:
+            await saver.aclaim(thread_id)
+        except ResumeConflictError:
+            await asyncio.sleep(0.05)
+        else:
+            return
+    raise AssertionError(f"the killed process's lease on {thread_id!r} never ran out")
+
+
+@asynccontextmanager
+async def _resumed(
+    world: World, spec: dict[str, str], kind: GraphKind, ledger: Path, at: str
+) -> AsyncIterator[tuple[CompiledStateGraph[Any], RunnableConfig]]:
+    """Kill a process running the graph at ``at`` (one booking made), then hold its thread here
+    and yield the graph and the thread's config to resume it with."""
+    thread_id = f"t-{uuid.uuid4().hex[:8]}"
+    await _killed(spec, thread_id, kind, ledger, at)
+    assert ledger_lines(ledger) == [FLIGHT]
+    async with world.saver(holder="resumer") as saver:
+        await _take_over(saver, thread_id)
+        yield graph(kind, saver, model(_done()), booking_tool(ledger)), thread_config(thread_id)
+    assert ledger_lines(ledger) == [FLIGHT]
+
+
+async def _killed_after_the_effect(
+    world: World, spec: dict[str, str], kind: GraphKind, tmp: Path
+) -> None:
+    async with _resumed(world, spec, kind, tmp / f"ledger-{kind}-effect", "effect") as (run, cfg):
+        await run.ainvoke(None, cfg)
+        (asked,) = (await run.aget_state(cfg)).interrupts
+        assert (asked.value["kind"], asked.value["tool_call_id"]) == (QUESTION, CALL_ID)
+        answer = {"decision": "completed", "result": "booked, says the airline", "by": "ops"}
+        out = await run.ainvoke(Command(resume=answer), cfg)
+    assert _tool_messages(out) == [("success", "booked, says the airline")]
+    assert out["messages"][-1].content == "done"
+    thread_id = cfg["configurable"]["thread_id"]
+    assert await _kinds(world, thread_id) == ["ToolDispatched", "ToolResolved"]
+    assert (await _reader(world).aread_thread(thread_id)).calls[CALL_ID].resolved_by == "ops"
+
+
+async def _killed_after_the_outcome(
+    world: World, spec: dict[str, str], kind: GraphKind, tmp: Path
+) -> None:
+    async with _resumed(world, spec, kind, tmp / f"ledger-{kind}-outcome", "outcome") as (run, cfg):
+        out = await run.ainvoke(None, cfg)
+        assert (await run.aget_state(cfg)).interrupts == ()
+    assert _tool_messages(out) == [("success", f"booked {FLIGHT}")]  # as recorded
+    assert out["messages"][-1].content == "done"
+    assert await _kinds(world, cfg["configurable"]["thread_id"]) == [
+        "ToolDispatched",
+        "ToolCompleted",
+    ]
+
+
+@pytest.mark.slow
+async def test_killed_mid_tool_on_sqlite(tmp_path: Path, kind: GraphKind) -> None:
+    path = tmp_path / "onward.db"
+    async with sqlite_world(path) as world:
+        await _killed_after_the_effect(world, sqlite_spec(path), kind, tmp_path)
+        await _killed_after_the_outcome(world, sqlite_spec(path), kind, tmp_path)
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+async def test_killed_mid_tool_on_kafka_postgres_redis(
+    tmp_path: Path, kind: GraphKind, kafka_servers: KafkaServers
+) -> None:
+    servers = kafka_servers
+    async with kafka_world(*servers) as world:
+        await _killed_after_the_effect(world, kafka_spec(*servers), kind, tmp_path)
+        await _killed_after_the_outcome(world, kafka_spec(*servers), kind, tmp_path)

@@ -54,7 +54,6 @@ from .requests import (
     decode_request,
     ensure_requests_topic,
 )
-from .runner import AgentRunner
 
 _log = logging.getLogger("onward.worker")
 
@@ -138,16 +137,8 @@ class Worker:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.recheck_s = recheck_s
-        self.runner = AgentRunner(
-            provider=provider,
-            log=backends.log,
-            frontiers=backends.frontiers,
-            checkpoint_inline=backends.embedded,
-            blobs=backends.blobs,
-            leases=backends.leases,
-            worker=name,
-            observer=_Boundaries(self),
-            lease_policy=lease_policy,
+        self.runner = backends.runner(
+            provider, worker=name, observer=_Boundaries(self), lease_policy=lease_policy
         )
         self.name = self.runner.worker
         self.stats = WorkerStats()

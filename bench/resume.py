@@ -120,8 +120,9 @@ from onward.eventlog import (
 )
 from onward.eventlog.base import EventLog, LogRecord, PartitionBounds, Position, StoredEvent
 from onward.projections.kafka import KafkaProjector
+from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection, LogProjector
+from onward.projections.projector import FrontierProjection
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import PostgresBlobStore, SqliteBlobStore

@@ -4,6 +4,7 @@ from .base import (
     DEFAULT_MAX_BYTES,
     BuildSwitched,
     FrontierStore,
+    ProjectionSink,
     QuarantineEntry,
     RunSummary,
     Snapshot,
@@ -11,14 +12,10 @@ from .base import (
 )
 from .frontier import CallState, Frontier, ToolCallRow, fold, fold_all, fold_run
 from .kafka import KafkaProjector
+from .log_projector import LogProjector
 from .memory import MemoryFrontierStore
 from .postgres import PostgresFrontierStore, migrate
-from .projector import (
-    FrontierProjection,
-    LogProjector,
-    ProjectionSink,
-    ProjectorStats,
-)
+from .projector import FrontierProjection, ProjectorStats
 from .rebuild import RebuildReport, rebuild, rebuild_frontiers, rebuild_projection
 from .sql import Projection, SqlProjectionSink
 from .sqlite import SqliteFrontierStore

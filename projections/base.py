@@ -17,6 +17,7 @@ import msgspec
 
 from onward._storage import AsyncResource, Resource
 from onward.errors import SchemaMismatchError
+from onward.eventlog.base import LogRecord
 
 from .frontier import FRONTIER_FORMAT, Frontier, RunStatus, ToolCallRow
 from .transcript import TranscriptRow
@@ -208,6 +209,40 @@ class QuarantineEntry:
 def released_mark(by: str) -> str:
     """What a released run's frontier row says until the projector has folded it again."""
     return f"released by {by}; the projector folds the run again on its next pass"
+
+
+class ProjectionSink(Protocol):
+    """What a projector folds into: stored positions, and an atomic fold-and-advance."""
+
+    async def positions(self) -> dict[int, int]:
+        """The next offset per partition stored so far."""
+        ...
+
+    async def apply(
+        self,
+        records: Mapping[int, Sequence[LogRecord]],
+        next_offsets: Mapping[int, int],
+    ) -> None:
+        """Fold a batch; its rows and the partitions' next offsets are stored together,
+        atomically, now or at a later :meth:`flush`. An unreadable record never stops it.
+
+        Raises:
+            BuildSwitched: The sink's active build changed; nothing folded since the last
+                store was kept, and the caller seeks to :meth:`positions`.
+        """
+        ...
+
+    async def flush(self) -> None:
+        """Store whatever was folded and not stored yet.
+
+        Raises:
+            BuildSwitched: As for :meth:`apply`.
+        """
+        ...
+
+    def forget(self, partitions: Collection[int]) -> None:
+        """Drop anything cached about runs of these partitions (they were revoked)."""
+        ...
 
 
 @runtime_checkable

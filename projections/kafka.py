@@ -27,8 +27,8 @@ from onward.eventlog import codec
 from onward.eventlog.base import LogRecord, Position, StoredEvent
 from onward.eventlog.kafka import DEFAULT_TOPIC, record_of, topic_partition_count
 
-from .base import BuildSwitched
-from .projector import FrontierProjection, ProjectionSink
+from .base import BuildSwitched, ProjectionSink
+from .projector import FrontierProjection
 
 SinkT = TypeVar("SinkT", bound=ProjectionSink)
 

@@ -30,13 +30,14 @@ from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 
 from .blobs import BlobStore, PostgresBlobStore, SqliteBlobStore
-from .leases.base import LeaseStore
+from .leases.base import LeasePolicy, LeaseStore
 from .leases.postgres import PostgresLeaseStore
 from .leases.redis import RedisLeaseStore
 from .leases.sqlite import SqliteLeaseStore
 from .providers import Provider
 from .runner import AgentRunner
 from .settings import Settings
+from .writer import RunObserver
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +63,22 @@ class Backends:
         """Whether no projector keeps the frontier rows, so whoever appends folds them (SQLite)."""
         return self.settings.backend == "sqlite"
 
-    def runner(self, provider: Provider, *, worker: str | None = None) -> AgentRunner:
+    def runner(
+        self,
+        provider: Provider,
+        *,
+        worker: str | None = None,
+        observer: RunObserver | None = None,
+        lease_policy: LeasePolicy | None = None,
+    ) -> AgentRunner:
         """An `AgentRunner` on these stores, checkpointing inline when embedded.
 
         Args:
             provider: The model.
             worker: The name other workers see in `ResumeConflictError`; the default names
                 this host and process.
+            observer: Sees each append and each tool return (a fleet worker's boundaries).
+            lease_policy: The runs' lease ttl and renewal margin; the default policy if None.
         """
         return AgentRunner(
             provider=provider,
@@ -78,6 +88,8 @@ class Backends:
             blobs=self.blobs,
             leases=self.leases,
             worker=worker,
+            observer=observer,
+            lease_policy=lease_policy,
         )
 
 

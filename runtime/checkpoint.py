@@ -26,7 +26,8 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.projections.base import DEFAULT_MAX_BYTES, FrontierStore
-from onward.projections.projector import FrontierProjection, LogProjector
+from onward.projections.log_projector import LogProjector
+from onward.projections.projector import FrontierProjection
 
 log = logging.getLogger("onward.checkpoint")
 

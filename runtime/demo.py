@@ -16,7 +16,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -109,41 +110,34 @@ class _KillAfterBooking:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _runner(
-    workdir: Path,
-    log: SqliteEventLog,
-    store: SqliteFrontierStore,
-    blobs: SqliteBlobStore,
-    **kw: Any,
-) -> AgentRunner:
-    return AgentRunner(
-        provider=booking_provider(),
-        log=log,
-        frontiers=store,
-        checkpoint_inline=True,
-        checkpoints=CheckpointPolicy(),
-        blobs=blobs,
-        **kw,
-    )
-
-
-async def _child(workdir: Path) -> None:
+@asynccontextmanager
+async def _runner(workdir: Path, **kw: Any) -> AsyncIterator[AgentRunner]:
+    """A runner on the demo's SQLite file in ``workdir``; its stores close when the block ends."""
     db = workdir / "onward.db"
-    ledger = Ledger(workdir / "ledger.jsonl")
     async with (
         SqliteEventLog(db) as log,
         SqliteFrontierStore(db) as store,
         SqliteBlobStore(db) as blobs,
     ):
-        runner = _runner(
-            workdir,
-            log,
-            store,
-            blobs,
-            observer=_KillAfterBooking(),
-            worker="worker-1",
-            lease_policy=LeasePolicy(ttl=timedelta(seconds=DEMO_LEASE_S)),
+        yield AgentRunner(
+            provider=booking_provider(),
+            log=log,
+            frontiers=store,
+            checkpoint_inline=True,
+            checkpoints=CheckpointPolicy(),
+            blobs=blobs,
+            **kw,
         )
+
+
+async def _child(workdir: Path) -> None:
+    ledger = Ledger(workdir / "ledger.jsonl")
+    async with _runner(
+        workdir,
+        observer=_KillAfterBooking(),
+        worker="worker-1",
+        lease_policy=LeasePolicy(ttl=timedelta(seconds=DEMO_LEASE_S)),
+    ) as runner:
         await runner.run(
             booking_agent(ledger),
             "Book me on the morning flight to Lisbon",
@@ -153,14 +147,8 @@ async def _child(workdir: Path) -> None:
 
 
 async def _resume(workdir: Path, console: Console) -> RunResult:
-    db = workdir / "onward.db"
     ledger = Ledger(workdir / "ledger.jsonl")
-    async with (
-        SqliteEventLog(db) as log,
-        SqliteFrontierStore(db) as store,
-        SqliteBlobStore(db) as blobs,
-        _runner(workdir, log, store, blobs, worker="worker-2") as runner,
-    ):
+    async with _runner(workdir, worker="worker-2") as runner:
         while True:
             try:
                 return await runner.resume(booking_agent(ledger), RUN_ID, tenant=TENANT)

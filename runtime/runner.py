@@ -36,6 +36,7 @@ from onward.eventlog.events import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
+    Event,
     ModelAnswered,
     ResumePlanned,
     RunFinished,
@@ -324,30 +325,30 @@ class AgentRunner(Resource):
         self, run_id: str, request_id: str, *, tenant: str, by: str, value: Any = None
     ) -> None:
         """Answer a run's approval request with yes; a later resume carries the run on."""
-        async with self._as_person(run_id, tenant, by) as run:
-            _check_waiting(run.frontier, request_id)
-            granted = self.writer.event(
-                run, ApprovalGranted, request_id=request_id, by=by, value=value
-            )
-            await self.writer.append(run, [granted])
+        await self._answer(run_id, request_id, tenant=tenant, by=by, value=value, granted=True)
 
     async def deny(
         self, run_id: str, request_id: str, *, tenant: str, by: str, value: Any = None
     ) -> None:
         """Answer a run's approval request with no; the run ends, cancelled."""
+        await self._answer(run_id, request_id, tenant=tenant, by=by, value=value, granted=False)
+
+    async def _answer(
+        self, run_id: str, request_id: str, *, tenant: str, by: str, value: Any, granted: bool
+    ) -> None:
+        """Write a person's answer to the approval request the run waits on."""
         async with self._as_person(run_id, tenant, by) as run:
             _check_waiting(run.frontier, request_id)
-            denied = self.writer.event(
-                run, ApprovalDenied, request_id=request_id, by=by, value=value
-            )
-            finished = self.writer.event(
-                run,
-                RunFinished,
-                1,
-                status="cancelled",
-                error=f"approval {request_id} denied by {by}",
-            )
-            await self.writer.append(run, [denied, finished])
+            kind = ApprovalGranted if granted else ApprovalDenied
+            events: list[Event] = [
+                self.writer.event(run, kind, request_id=request_id, by=by, value=value)
+            ]
+            if not granted:
+                error = f"approval {request_id} denied by {by}"
+                events.append(
+                    self.writer.event(run, RunFinished, 1, status="cancelled", error=error)
+                )
+            await self.writer.append(run, events)
 
     async def resolve(
         self,

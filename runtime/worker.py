@@ -3,21 +3,11 @@
 Routing: with Kafka, workers form a consumer group on the requests topic
 (`onward.runtime.requests`), partitioned like the event log, so the worker that owns requests
 partition p owns the runs of event-log partition p. Ownership only routes work: every write is
-made under the run's lease, so a rebalance that briefly gives a partition two owners is safe
-(the second owner's start, resume or answer gets `ResumeConflictError`; a start is deferred
-until the run exists, the rest are dropped, since whoever holds the run carries it on).
+made under the run's lease (how each request is acted on: :mod:`onward.runtime.request_handler`).
 
-Recovery: when partitions are assigned (at start, and when a dead worker's partitions move) and
-every ``recheck_s`` after, the worker lists the runs of its partitions that are ``running`` (so
-not waiting on a person) and whose lease has lapsed, and carries each on with
-`AgentRunner.resume`. A run whose lease is still held is looked at again on the next pass.
-Attempts are bounded: the claims (`RunClaimed`) the log shows since the run last made progress
-(a model answer, a tool outcome, a settled turn or an approval) count, with a backoff of
-``backoff_s * 2**(attempts - 1)`` before each retry; at ``max_attempts`` the run ends ``failed``
-with the reason, written under its lease. A plan that is not safe (`IndeterminateToolCallError`)
-is never guessed: the run is tagged ``needs-person`` and left for `onward resolve`;
-`ExecutionManager.list_pending` lists it, and once its calls are settled the next pass carries
-it on.
+Recovery (:mod:`onward.runtime.recovery`): when partitions are assigned and every ``recheck_s``
+after, the worker carries on the runs of its partitions whose lease lapsed, with bounded
+attempts; a run whose plan is not safe is left for a person.
 
 Backpressure: at most ``max_runs`` runs in flight; while full, the worker pauses its partitions.
 Request offsets are committed only once the request was acted on, so a worker killed mid-request
@@ -47,62 +37,28 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from onward._storage import translate
-from onward.errors import (
-    IndeterminateToolCallError,
-    InvalidInputError,
-    OnwardError,
-    ResumeConflictError,
-)
-from onward.eventlog.base import partition_for
-from onward.eventlog.events import (
-    ApprovalGranted,
-    Event,
-    ModelAnswered,
-    RunClaimed,
-    RunFinished,
-    RunStarted,
-    ToolCompleted,
-    ToolResolved,
-    TurnSettled,
-)
-from onward.projections.frontier import Frontier
+from onward.errors import InvalidInputError, OnwardError
+from onward.eventlog.events import Event, RunStarted
 
 from .agent import Agent
 from .backends import Backends
-from .conversation import Conversation
 from .leases.base import LeasePolicy
-from .leases.holder import Leaseholder
 from .manager import NEEDS_PERSON, needs_person
 from .providers import Provider
+from .recovery import Recovery, attempts_since_progress
+from .request_handler import RequestHandler
 from .requests import (
     DEFAULT_REQUESTS_TOPIC,
-    AnswerRequest,
     Request,
     StartRun,
-    TagRun,
     decode_request,
     ensure_requests_topic,
 )
-from .runner import AgentRunner
-from .writer import HeldRun
 
 _log = logging.getLogger("onward.worker")
 
 DEFAULT_GROUP = "onward-workers"
 _LEAVE_S = 10.0
-
-_PROGRESS = (ModelAnswered, ToolCompleted, ToolResolved, TurnSettled, ApprovalGranted)
-
-
-def attempts_since_progress(events: Iterable[Event]) -> int:
-    """How many claims (`RunClaimed`) the run saw since it last made progress."""
-    attempts = 0
-    for event in events:
-        if isinstance(event, RunClaimed):
-            attempts += 1
-        elif isinstance(event, _PROGRESS):
-            attempts = 0
-    return attempts
 
 
 class _Stopped(Exception):  # noqa: N818 - a signal between the observer and the worker
@@ -181,16 +137,8 @@ class Worker:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.recheck_s = recheck_s
-        self.runner = AgentRunner(
-            provider=provider,
-            log=backends.log,
-            frontiers=backends.frontiers,
-            checkpoint_inline=backends.embedded,
-            blobs=backends.blobs,
-            leases=backends.leases,
-            worker=name,
-            observer=_Boundaries(self),
-            lease_policy=lease_policy,
+        self.runner = backends.runner(
+            provider, worker=name, observer=_Boundaries(self), lease_policy=lease_policy
         )
         self.name = self.runner.worker
         self.stats = WorkerStats()
@@ -200,6 +148,8 @@ class Worker:
         self._slot = asyncio.Event()
         self._scans: set[asyncio.Task[None]] = set()
         self._starting: dict[str, _Once] = {}
+        self._recovery = Recovery(self)
+        self._requests = RequestHandler(self, self._recovery)
 
     @property
     def draining(self) -> bool:
@@ -224,7 +174,7 @@ class Worker:
         once = _Once(done)
         if isinstance(request, StartRun):
             self._starting[request.run_id] = once
-        self._launch(request.run_id, self.handle(request), once)
+        self.launch(request.run_id, self.handle(request), once)
 
     def _started(self, run_id: str) -> None:
         once = self._starting.pop(run_id, None)
@@ -234,13 +184,7 @@ class Worker:
     async def handle(self, request: Request) -> bool:
         """Act on one request; True once acted on (or refused for good), False to leave it."""
         try:
-            if isinstance(request, StartRun):
-                return await self._start(request)
-            if isinstance(request, AnswerRequest):
-                return await self._answer(request)
-            if isinstance(request, TagRun):
-                return await self._tag(request)
-            return await self._carry(request.run_id, request.tenant, recovery=False)
+            return await self._requests.act(request)
         except _Stopped:
             self.stats.stopped += 1
             return True  # the run exists and its lease is released: recovery carries it on
@@ -249,178 +193,24 @@ class Worker:
             _log.warning("%s refused for good: %s", type(request).__name__, exc)
             return True
 
-    async def _start(self, request: StartRun) -> bool:
-        agent = self.agents.get(request.agent)
-        if agent is None:
-            _log.warning("run %s: no agent %r here; refused", request.run_id, request.agent)
-            self.stats.failures += 1
-            return True
-        for attempt in range(self.max_attempts * 10):
-            try:
-                result = await self.runner.run(
-                    agent, request.input, tenant=request.tenant, run_id=request.run_id
-                )
-            except InvalidInputError:
-                return True  # it exists already: started before, carried on by its owner
-            except ResumeConflictError:
-                # Another owner is starting or driving it (an overlapping rebalance, or a
-                # dead worker's lease not yet lapsed): wait until it exists or is free.
-                self.stats.conflicts += 1
-                if await self.backends.frontiers.get(request.run_id) is not None:
-                    return True
-                if not await self._wait(self.backoff_s * min(2**attempt, 8)):
-                    return False
-                continue
-            self.stats.started += 1
-            self._count(result.status)
-            return True
-        # Held all this time by someone who never wrote it: a zombie lease, not a run. Dropped
-        # (logged), rather than keep this partition's later requests from being committed.
-        self.stats.failures += 1
-        _log.warning("run %s: never free to start; start request dropped", request.run_id)
-        return True
-
-    async def _answer(self, request: AnswerRequest) -> bool:
-        try:
-            if request.approve:
-                await self.runner.approve(
-                    request.run_id,
-                    request.request_id,
-                    tenant=request.tenant,
-                    by=request.by,
-                    value=request.value,
-                )
-            else:
-                await self.runner.deny(
-                    request.run_id,
-                    request.request_id,
-                    tenant=request.tenant,
-                    by=request.by,
-                    value=request.value,
-                )
-                return True
-        except ResumeConflictError:
-            self.stats.conflicts += 1
-            return False if not await self._wait(self.backoff_s) else await self._answer(request)
-        return await self._carry(request.run_id, request.tenant, recovery=False)
-
-    async def _tag(self, request: TagRun) -> bool:
-        try:
-            await self.runner.tag(
-                request.run_id, request.label, tenant=request.tenant, seq=request.seq, by=request.by
-            )
-        except ResumeConflictError:
-            self.stats.conflicts += 1
-            return False if not await self._wait(self.backoff_s) else await self._tag(request)
-        return True
-
-    # -- recovery ----------------------------------------------------------------------------
-
     async def recover(self, partitions: Collection[int]) -> int:
         """Carry on the lapsed runs of ``partitions`` (as many as there are free slots).
 
         Returns how many were launched; the rest are looked at again on the next pass.
         """
-        wanted = set(partitions)
-        if not wanted or self.draining:
-            return 0
-        count = self.backends.log.partitions
-        rows = await self.backends.frontiers.runs(statuses={"running"})
-        launched = 0
-        for row in rows:
-            if self.free <= 0:
-                break
-            if row.run_id in self._runs or partition_for(row.run_id, count) not in wanted:
-                continue
-            if await self.backends.leases.current(row.run_id) is not None:
-                continue  # held: looked at again on the next pass, after its ttl
-            if self.free <= 0:
-                break  # filled while the lease store answered
-            if row.run_id in self._runs:
-                continue
-            self._launch(row.run_id, self._carry(row.run_id, row.tenant, recovery=True))
-            launched += 1
-        return launched
-
-    async def _carry(self, run_id: str, tenant: str, *, recovery: bool) -> bool:
-        """Carry a run on unless it is settled, left for a person, or out of attempts."""
-        try:
-            agent = await self._ready_to_carry(run_id, tenant)
-            if agent is None:
-                return True
-            result = await self.runner.resume(agent, run_id, tenant=tenant)
-        except ResumeConflictError:
-            self.stats.conflicts += 1
-            return True
-        except IndeterminateToolCallError as exc:
-            await self._leave_for_person(run_id, tenant, exc)
-            return True
-        if recovery:
-            self.stats.recovered += 1
-        self._count(result.status)
-        return True
-
-    async def _ready_to_carry(self, run_id: str, tenant: str) -> Agent | None:
-        """The agent to carry the run on with, after the backoff its attempts call for; None
-        if it must not be (settled, left for a person, unknown agent, or out of attempts: then
-        it is ended ``failed``).
-        """
-        frontier = await self.runner.inspect(run_id, tenant=tenant)
-        agent = self.agents.get(frontier.agent)
-        if frontier.status != "running" or needs_person(frontier):
-            return None
-        if agent is None:
-            _log.warning("run %s: no agent %r here; left alone", run_id, frontier.agent)
-            return None
-        stored = await self.backends.log.read_run(
-            run_id, start=frontier.first_offset if frontier.first_offset >= 0 else None
-        )
-        attempts = attempts_since_progress(s.event for s in stored if s.event.run_id == run_id)
-        if attempts >= self.max_attempts:
-            await self._give_up(
-                frontier, f"gave up: {attempts} attempts to carry it on made no progress"
-            )
-            return None
-        if attempts and not await self._wait(self.backoff_s * 2 ** (attempts - 1)):
-            return None
-        return agent
-
-    async def _leave_for_person(
-        self, run_id: str, tenant: str, exc: IndeterminateToolCallError
-    ) -> None:
-        self.stats.needs_person += 1
-        _log.warning("run %s needs a person: %s", run_id, exc)
-        with contextlib.suppress(ResumeConflictError):
-            await self.runner.tag(run_id, f"{NEEDS_PERSON}: indeterminate call", tenant=tenant)
-
-    async def _give_up(self, frontier: Frontier, reason: str) -> None:
-        """End the run ``failed`` with ``reason``, written under its lease."""
-        self.stats.gave_up += 1
-        _log.warning("run %s: %s", frontier.run_id, reason)
-        runner = self.runner
-        async with Leaseholder(
-            self.backends.leases,
-            frontier.run_id,
-            tenant=frontier.tenant,
-            holder=self.name,
-            policy=runner.lease_policy,
-        ) as held:
-            current = await runner.inspect(frontier.run_id, tenant=frontier.tenant)
-            if current.status != "running":
-                return
-            if held.lease.fence <= current.fence:
-                await held.raise_fence(current.fence)
-            agent = Agent(name=current.agent or "unknown", instructions="")
-            run = HeldRun(agent, held, current, Conversation(""))
-            finished = runner.writer.event(run, RunFinished, status="failed", error=reason)
-            await runner.writer.append(run, [finished])
-        self._count("failed")
+        return await self._recovery.recover(partitions)
 
     # -- tasks, slots and draining -----------------------------------------------------------
 
-    def _launch(
+    def carrying(self, run_id: str) -> bool:
+        """Whether a task of this worker is acting on the run now."""
+        return run_id in self._runs
+
+    def launch(
         self, run_id: str, work: Awaitable[bool], done: Callable[[bool], None] | None = None
     ) -> None:
+        """Run ``work`` in a slot; ``done(acted)`` is told whether it was acted on."""
+
         async def guarded() -> bool:
             try:
                 return await work
@@ -454,12 +244,13 @@ class Worker:
 
         task.add_done_callback(finished)
 
-    def _count(self, status: str) -> None:
+    def count(self, status: str) -> None:
+        """Count a run's status after this worker drove it."""
         if status in ("completed", "failed", "cancelled", "continued"):
             self.stats.finished += 1
         self.stats.statuses[status] = self.stats.statuses.get(status, 0) + 1
 
-    async def _wait(self, seconds: float) -> bool:
+    async def sleep(self, seconds: float) -> bool:
         """Sleep, unless the worker starts draining first (then False)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._draining.wait(), seconds)
@@ -491,7 +282,7 @@ class Worker:
     def _scan(self, partitions: Collection[int]) -> None:
         async def scan() -> None:
             try:
-                await self.recover(partitions)
+                await self._recovery.recover(partitions)
             except OnwardError as exc:
                 _log.warning("looking for runs to carry on failed: %s", exc)
 

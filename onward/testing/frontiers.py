@@ -13,7 +13,13 @@ import msgspec
 import pytest_asyncio
 
 from onward.eventlog.events import Message
-from onward.projections.base import FrontierStore, QuarantineEntry, Snapshot, released_mark
+from onward.projections.base import (
+    FrontierStore,
+    QuarantineEntry,
+    Snapshot,
+    StoredFrontier,
+    released_mark,
+)
 from onward.projections.frontier import CallState, Frontier, ToolCallRow
 from onward.projections.transcript import TranscriptRow
 
@@ -87,6 +93,24 @@ def said(run_id: str, seq: int, text: str, *, tenant: str = "acme") -> Transcrip
     )
 
 
+async def stored_row(store: FrontierStore, run_id: str) -> StoredFrontier:
+    """The run's stored row, which the test expects to be there."""
+    row = await store.get(run_id)
+    assert row is not None, f"no row for run {run_id}"
+    return row
+
+
+async def poisoned_run(store: FrontierStore) -> tuple[str, QuarantineEntry]:
+    """A new run folded through offset 7 and set aside for its record at offset 8 (partition
+    1, stored as folded through offset 9)."""
+    run_id = new_run_id()
+    entry = poison(run_id, offset=8)
+    await store.write(
+        CONSUMER, {1: 9}, [Snapshot.of(frontier(run_id, through=7))], [], quarantine=[entry]
+    )
+    return run_id, entry
+
+
 class FrontierStoreConformance:
     """The contract of `FrontierStore`. Subclass per backend; every test must pass unchanged."""
 
@@ -113,8 +137,7 @@ class FrontierStoreConformance:
         run_id = new_run_id()
         written = frontier(run_id, through=7, body="ünï ✓")
         await store.write(CONSUMER, {1: 8}, [Snapshot.of(written)], [])
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.frontier == written
         assert row.snapshot_error is None
         assert (row.summary.status, row.summary.through_offset, row.summary.fence) == (
@@ -135,8 +158,7 @@ class FrontierStoreConformance:
         run_id = new_run_id()
         await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=9, iteration=5))], [])
         await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=4, iteration=2))], [])
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.frontier is not None
         assert (row.frontier.iteration, row.summary.through_offset) == (5, 9)
 
@@ -144,8 +166,7 @@ class FrontierStoreConformance:
         run_id = new_run_id()
         await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=9, iteration=5))], [])
         await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=9, iteration=6))], [])
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.frontier is not None
         assert row.frontier.iteration == 5
 
@@ -154,8 +175,7 @@ class FrontierStoreConformance:
         await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=3))], [])
         newer = frontier(run_id, through=8, status="completed", iteration=4)
         await store.write(CONSUMER, {}, [Snapshot.of(newer)], [])
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.frontier == newer
         assert row.summary.status == "completed"
 
@@ -211,8 +231,7 @@ class FrontierStoreConformance:
         refused = Snapshot.of(big, max_bytes=1_000)
         assert refused.payload is None
         await store.write(CONSUMER, {1: 13}, [refused], [])
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.frontier is None
         assert row.snapshot_error is not None
         assert "cap" in row.snapshot_error
@@ -225,8 +244,7 @@ class FrontierStoreConformance:
         refused = Snapshot.of(frontier(run_id, through=2, body="x" * 5_000), max_bytes=1_000)
         await store.write(CONSUMER, {}, [refused], [])
         await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=3))], [])
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.frontier is not None
         assert row.snapshot_error is None
 
@@ -236,8 +254,7 @@ class FrontierStoreConformance:
         snapshot = Snapshot.of(written)
         assert snapshot.payload is not None
         await store.write(CONSUMER, {}, [snapshot], [])
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.frontier == written
 
     async def test_runs_filter_by_tenant_and_status(self, store: FrontierStore) -> None:
@@ -264,8 +281,7 @@ class FrontierStoreConformance:
         await asyncio.gather(
             *(store.write(f"w{i % 3}", {0: i}, [s], []) for i, s in enumerate(snapshots))
         )
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.frontier is not None
         assert row.frontier.iteration == 19
 
@@ -276,8 +292,7 @@ class FrontierStoreConformance:
         assert snapshot.payload is not None
         assert msgspec.json.decode(snapshot.payload)["run_id"] == run_id
         await store.write(CONSUMER, {}, [snapshot], [])
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.frontier == written
 
     # -- quarantine ------------------------------------------------------------------------
@@ -285,15 +300,10 @@ class FrontierStoreConformance:
     async def test_quarantine_entries_are_written_with_the_positions(
         self, store: FrontierStore
     ) -> None:
-        run_id = new_run_id()
-        entry = poison(run_id, offset=8)
-        await store.write(
-            CONSUMER, {1: 9}, [Snapshot.of(frontier(run_id, through=7))], [], quarantine=[entry]
-        )
+        run_id, entry = await poisoned_run(store)
         assert await store.quarantined(CONSUMER) == [entry]
         assert await store.positions(CONSUMER) == {1: 9}
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.quarantined == entry.mark
         assert "offset 8" in entry.mark
         assert row.frontier is None  # not the run's whole story: readers fold the log
@@ -304,8 +314,7 @@ class FrontierStoreConformance:
     async def test_a_readable_run_has_no_mark(self, store: FrontierStore) -> None:
         run_id = new_run_id()
         await store.write(CONSUMER, {1: 2}, [Snapshot.of(frontier(run_id, through=1))], [])
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.quarantined is None
         assert await store.quarantined(CONSUMER) == []
 
@@ -316,8 +325,7 @@ class FrontierStoreConformance:
             CONSUMER, {}, [Snapshot.of(frontier(run_id, through=3))], [], quarantine=[entry]
         )
         await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=5))], [])
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.quarantined == entry.mark
 
     async def test_quarantine_lists_by_run_state_and_consumer(self, store: FrontierStore) -> None:
@@ -332,11 +340,7 @@ class FrontierStoreConformance:
     async def test_release_marks_entries_released_and_says_so_on_the_row(
         self, store: FrontierStore
     ) -> None:
-        run_id = new_run_id()
-        entry = poison(run_id, offset=8)
-        await store.write(
-            CONSUMER, {1: 9}, [Snapshot.of(frontier(run_id, through=7))], [], quarantine=[entry]
-        )
+        run_id, _ = await poisoned_run(store)
         assert await store.release(CONSUMER, run_id, by="ops", at=5_000) == 1
         (released,) = await store.quarantined(CONSUMER, run_id=run_id)
         assert (released.state, released.released_by, released.released_at) == (
@@ -344,8 +348,7 @@ class FrontierStoreConformance:
             "ops",
             5_000,
         )
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.quarantined == released_mark("ops")
         assert await store.release(CONSUMER, run_id, by="ops", at=6_000) == 0
 
@@ -353,23 +356,17 @@ class FrontierStoreConformance:
         run_id = new_run_id()
         await store.write(CONSUMER, {}, [Snapshot.of(frontier(run_id, through=1))], [])
         assert await store.release(CONSUMER, run_id, by="ops", at=1) == 0
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.quarantined is None
 
     async def test_a_cleared_run_loses_its_mark_with_the_write(self, store: FrontierStore) -> None:
-        run_id = new_run_id()
-        entry = poison(run_id, offset=8)
-        await store.write(
-            CONSUMER, {1: 9}, [Snapshot.of(frontier(run_id, through=7))], [], quarantine=[entry]
-        )
+        run_id, _ = await poisoned_run(store)
         await store.release(CONSUMER, run_id, by="ops", at=5_000)
         refolded = Snapshot.of(frontier(run_id, through=12, iteration=3))
         await store.write(CONSUMER, {1: 13}, [refolded], [], cleared=[run_id])
         (cleared,) = await store.quarantined(CONSUMER, run_id=run_id)
         assert cleared.state == "cleared"
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.quarantined is None
         assert row.frontier == refolded.frontier
         assert await store.positions(CONSUMER) == {1: 13}
@@ -385,8 +382,7 @@ class FrontierStoreConformance:
         await store.write(CONSUMER, {}, [], [], quarantine=[again], cleared=[run_id])
         (held,) = await store.quarantined(CONSUMER, run_id=run_id)
         assert held.state == "held"
-        row = await store.get(run_id)
-        assert row is not None
+        row = await stored_row(store, run_id)
         assert row.quarantined == again.mark
         assert await store.release(CONSUMER, run_id, by="ops", at=7_000) == 1
 

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from onward.errors import InvalidInputError
 from onward.eventlog import KafkaEventLog
+from onward.projections.base import ProjectionSink
 from onward.projections.kafka import (
     DEFAULT_GROUP,
     PROJECTOR_FLUSH_EVENTS,
@@ -21,7 +22,7 @@ from onward.projections.kafka import (
     quiet_garbage_collector,
 )
 from onward.projections.postgres import PROJECTION, PostgresFrontierStore
-from onward.projections.projector import FrontierProjection, ProjectionSink
+from onward.projections.projector import FrontierProjection
 from onward.projections.rebuild import RebuildReport, rebuild_frontiers, rebuild_projection
 from onward.projections.sql import Projection, SqlProjectionSink, as_projection
 from onward.runtime.settings import Settings, load_settings

@@ -107,23 +107,13 @@ class PostgresLeaseStore(PostgresStore):
         return _lease(run_id, row)
 
     async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
-        """Extend a lease, keeping its fence.
+        """Extend a lease in one guarded ``UPDATE``, keeping its fence.
 
         Raises:
             FencedError: The lease expired, was released or was superseded.
         """
         check_ttl(ttl_s)
-
-        async def renew(conn: asyncpg.Connection) -> asyncpg.Record | None:
-            row: asyncpg.Record | None = await conn.fetchrow(
-                _RENEW, lease.run_id, lease.holder, lease.fence, ttl_s
-            )
-            return row
-
-        row = await self._run(renew, "renewing the lease", lease.run_id)
-        if row is None:
-            raise fenced_error(lease, "expired, was released or was superseded")
-        return _lease(lease.run_id, row)
+        return await self._update_held(lease, _RENEW, ttl_s, "renewing the lease")
 
     async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
         """Lift a held lease's fence above ``above`` in one guarded ``UPDATE``, keeping its expiry.
@@ -137,14 +127,21 @@ class PostgresLeaseStore(PostgresStore):
         """
         if lease.fence > above:
             return lease
+        return await self._update_held(lease, _RAISE_FENCE, above, "raising the fence")
 
-        async def raise_fence(conn: asyncpg.Connection) -> asyncpg.Record | None:
+    async def _update_held(
+        self, lease: RunLease, statement: str, value: float, what: str
+    ) -> RunLease:
+        """Run ``statement`` (guarded by run, holder and fence; ``value`` is its fourth
+        parameter) on a lease its holder still holds, and return the lease it leaves."""
+
+        async def update(conn: asyncpg.Connection) -> asyncpg.Record | None:
             row: asyncpg.Record | None = await conn.fetchrow(
-                _RAISE_FENCE, lease.run_id, lease.holder, lease.fence, above
+                statement, lease.run_id, lease.holder, lease.fence, value
             )
             return row
 
-        row = await self._run(raise_fence, "raising the fence", lease.run_id)
+        row = await self._run(update, what, lease.run_id)
         if row is None:
             raise fenced_error(lease, "expired, was released or was superseded")
         return _lease(lease.run_id, row)

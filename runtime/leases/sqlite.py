@@ -91,24 +91,13 @@ class SqliteLeaseStore(SqliteStore):
         return _lease(run_id, row)
 
     async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
-        """Extend a lease, keeping its fence.
+        """Extend a lease in one transaction, keeping its fence.
 
         Raises:
             FencedError: The lease expired, was released or was superseded.
         """
         check_ttl(ttl_s)
-        conn = self._db.connection()
-        params = (ttl_s, lease.run_id, lease.holder, lease.fence)
-
-        def renew() -> Any:
-            with transaction(conn, "BEGIN IMMEDIATE"):
-                rows = conn.execute(_RENEW, params).fetchall()
-            return rows[0] if rows else None
-
-        row = await self._db.call(renew, "renewing the lease", lease.run_id)
-        if row is None:
-            raise fenced_error(lease, "expired, was released or was superseded")
-        return _lease(lease.run_id, row)
+        return await self._update_held(lease, _RENEW, ttl_s, "renewing the lease")
 
     async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
         """Lift a held lease's fence above ``above`` in one transaction, keeping its expiry.
@@ -121,15 +110,22 @@ class SqliteLeaseStore(SqliteStore):
         """
         if lease.fence > above:
             return lease
-        conn = self._db.connection()
-        params = (above, lease.run_id, lease.holder, lease.fence)
+        return await self._update_held(lease, _RAISE_FENCE, above, "raising the fence")
 
-        def raise_fence() -> Any:
+    async def _update_held(
+        self, lease: RunLease, statement: str, value: float, what: str
+    ) -> RunLease:
+        """Run ``statement`` (``value`` first, then run, holder and fence as its guard) on a
+        lease its holder still holds, and return the lease it leaves."""
+        conn = self._db.connection()
+        params = (value, lease.run_id, lease.holder, lease.fence)
+
+        def update() -> Any:
             with transaction(conn, "BEGIN IMMEDIATE"):
-                rows = conn.execute(_RAISE_FENCE, params).fetchall()
+                rows = conn.execute(statement, params).fetchall()
             return rows[0] if rows else None
 
-        row = await self._db.call(raise_fence, "raising the fence", lease.run_id)
+        row = await self._db.call(update, what, lease.run_id)
         if row is None:
             raise fenced_error(lease, "expired, was released or was superseded")
         return _lease(lease.run_id, row)

@@ -25,7 +25,8 @@ from support.pg import fresh_schema
 from support.workers import TENANT, Ledger, agent, open_world, runner
 
 from onward.eventlog import RunClaimed, SequenceGuard
-from onward.projections.projector import FrontierProjection, LogProjector
+from onward.projections.log_projector import LogProjector
+from onward.projections.projector import FrontierProjection
 
 pytestmark = pytest.mark.kafka
 TESTS = Path(__file__).resolve().parents[1]

@@ -14,8 +14,9 @@ from onward.errors import (
     RevisionMismatchError,
 )
 from onward.eventlog import Event, MemoryEventLog, StoredEvent, ToolCall, ToolCompleted
+from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
-from onward.projections.projector import FrontierProjection, LogProjector
+from onward.projections.projector import FrontierProjection
 from onward.runtime.agent import Agent
 from onward.runtime.leases import MemoryLeaseStore
 from onward.runtime.manager import ExecutionManager, pending_ids

@@ -14,8 +14,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from onward.eventlog import KafkaEventLog, ToolCall
+from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection, LogProjector
+from onward.projections.projector import FrontierProjection
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import PostgresBlobStore
 from onward.runtime.leases import PostgresLeaseStore

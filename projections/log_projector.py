@@ -1,0 +1,136 @@
+"""`LogProjector`: the catch-up fold that reads partitions of any `EventLog`.
+
+It drives a `ProjectionSink` (usually a `FrontierProjection`) by reading the log itself: the
+embedded mode (SQLite, memory) folds right after each append, and rebuilds read any log,
+Kafka included, from its start. The Kafka consumer-group projector is
+:mod:`onward.projections.kafka`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+
+from onward.eventlog.base import EventLog, LogRecord, PartitionBounds
+
+from .base import BuildSwitched, ProjectionSink
+
+
+class LogProjector:
+    """Projects every partition of any `EventLog` by reading it, for embedded mode and rebuilds.
+
+    Args:
+        log: The log to read.
+        projection: What to fold into.
+        batch_size: Most records read per partition per pass; bounds memory.
+    """
+
+    def __init__(
+        self, log: EventLog, projection: ProjectionSink, *, batch_size: int = 5_000
+    ) -> None:
+        self.log = log
+        self.projection = projection
+        self.batch_size = batch_size
+        self._folded: dict[int, int] = {}
+        self._stored_by_me: dict[int, int] = {}
+        # One catch-up at a time: a process's runs append (and so catch up) concurrently, and
+        # one that began while another was half done could not tell that one's unstored folds
+        # from a position another process moved.
+        self._catching_up = asyncio.Lock()
+
+    async def _start(
+        self, partition: int, stored: Mapping[int, int]
+    ) -> tuple[int, PartitionBounds]:
+        bounds = await self.log.bounds(partition)
+        start = max(stored.get(partition, bounds.start), self._folded.get(partition, 0))
+        return start, bounds
+
+    async def step(self, partitions: Sequence[int] | None = None) -> int:
+        """Fold one batch from each partition that has news; return how many events it read.
+
+        The projection may keep what it folded unstored (see `FrontierProjection`); the next
+        step reads on from what was folded, and :meth:`flush` stores it.
+        """
+        try:
+            return await self._step(partitions)
+        except BuildSwitched:
+            self._folded.clear()
+            return await self._step(partitions)  # positions are re-read: the new build's
+        except BaseException:
+            self._folded.clear()  # what was folded and not stored is gone with the error
+            raise
+
+    async def _step(self, partitions: Sequence[int] | None) -> int:
+        stored = await self.projection.positions()
+        # Another process folding the same file (embedded mode) moved a position this one did
+        # not store: what this projector cached about that partition's runs is stale.
+        moved = [
+            p
+            for p, mine in self._stored_by_me.items()
+            if stored.get(p) != mine and p not in self._folded
+        ]
+        if moved:
+            self.projection.forget(moved)
+            for partition in moved:
+                del self._stored_by_me[partition]
+        records: dict[int, list[LogRecord]] = {}
+        next_offsets: dict[int, int] = {}
+        for partition in partitions if partitions is not None else range(self.log.partitions):
+            start, bounds = await self._start(partition, stored)
+            if start >= bounds.end:
+                continue
+            end = min(bounds.end, start + self.batch_size)
+            records[partition] = await self.log.read_records(partition, start, end)
+            next_offsets[partition] = end
+        if not next_offsets:
+            return 0
+        await self.projection.apply(records, next_offsets)
+        self._folded.update(next_offsets)
+        return sum(len(e) for e in records.values())
+
+    async def flush(self) -> None:
+        """Store whatever the projection folded and has not stored yet."""
+        try:
+            await self.projection.flush()
+            self._stored_by_me.update(self._folded)
+        finally:
+            self._folded.clear()
+
+    async def catch_up(self, partitions: Sequence[int] | None = None) -> int:
+        """Fold and store until every partition's position reaches its end as of now."""
+        async with self._catching_up:
+            total = 0
+            while read := await self.step(partitions):
+                total += read
+            await self.flush()
+            return total
+
+    async def backlog(self) -> dict[int, int]:
+        """Records not yet folded, per partition (folded ones may not be stored yet)."""
+        stored = await self.projection.positions()
+        backlog: dict[int, int] = {}
+        for partition in range(self.log.partitions):
+            start, bounds = await self._start(partition, stored)
+            backlog[partition] = max(0, bounds.end - start)
+        return backlog
+
+    async def lag(self) -> dict[int, int]:
+        """Records not yet stored, per partition."""
+        stored = await self.projection.positions()
+        lags: dict[int, int] = {}
+        for partition in range(self.log.partitions):
+            bounds = await self.log.bounds(partition)
+            lags[partition] = max(0, bounds.end - stored.get(partition, bounds.start))
+        return lags
+
+    async def run(self, stop: asyncio.Event, *, poll_interval: float = 0.2) -> None:
+        """Fold continuously until ``stop`` is set; what was folded is stored before it returns."""
+        try:
+            while not stop.is_set():
+                if not await self.step():
+                    await self.flush()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), poll_interval)
+        finally:
+            await self.flush()

@@ -1,0 +1,176 @@
+"""Recovery: how a `Worker` finds runs whose lease lapsed and carries them on, bounded.
+
+When partitions are assigned (at start, and when a dead worker's partitions move) and every
+``recheck_s`` after, the worker lists the runs of its partitions that are ``running`` (so not
+waiting on a person) and whose lease has lapsed, and carries each on with
+`AgentRunner.resume`. A run whose lease is still held is looked at again on the next pass.
+Attempts are bounded: the claims (`RunClaimed`) the log shows since the run last made progress
+(a model answer, a tool outcome, a settled turn or an approval) count, with a backoff of
+``backoff_s * 2**(attempts - 1)`` before each retry; at ``max_attempts`` the run ends ``failed``
+with the reason, written under its lease. A plan that is not safe (`IndeterminateToolCallError`)
+is never guessed: the run is tagged ``needs-person`` and left for `onward resolve`;
+`ExecutionManager.list_pending` lists it, and once its calls are settled the next pass carries
+it on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING
+
+from onward.errors import IndeterminateToolCallError, ResumeConflictError
+from onward.eventlog.base import partition_for
+from onward.eventlog.events import (
+    ApprovalGranted,
+    Event,
+    ModelAnswered,
+    RunClaimed,
+    RunFinished,
+    ToolCompleted,
+    ToolResolved,
+    TurnSettled,
+)
+from onward.projections.frontier import Frontier
+
+from .agent import Agent
+from .conversation import Conversation
+from .leases.holder import Leaseholder
+from .manager import NEEDS_PERSON, needs_person
+from .writer import HeldRun
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+_log = logging.getLogger("onward.worker")
+
+_PROGRESS = (ModelAnswered, ToolCompleted, ToolResolved, TurnSettled, ApprovalGranted)
+
+
+def attempts_since_progress(events: Iterable[Event]) -> int:
+    """How many claims (`RunClaimed`) the run saw since it last made progress."""
+    attempts = 0
+    for event in events:
+        if isinstance(event, RunClaimed):
+            attempts += 1
+        elif isinstance(event, _PROGRESS):
+            attempts = 0
+    return attempts
+
+
+class Recovery:
+    """A worker's recovery: carries its lapsed runs on, ends those out of attempts ``failed``,
+    and leaves the ones whose plan is not safe to a person.
+
+    Args:
+        worker: Whose runner, stores, limits, slots and counters it uses.
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    async def recover(self, partitions: Collection[int]) -> int:
+        """Carry on the lapsed runs of ``partitions`` (as many as there are free slots).
+
+        Returns how many were launched; the rest are looked at again on the next pass.
+        """
+        worker = self._worker
+        wanted = set(partitions)
+        if not wanted or worker.draining:
+            return 0
+        count = worker.backends.log.partitions
+        rows = await worker.backends.frontiers.runs(statuses={"running"})
+        launched = 0
+        for row in rows:
+            if worker.free <= 0:
+                break
+            if worker.carrying(row.run_id) or partition_for(row.run_id, count) not in wanted:
+                continue
+            if await worker.backends.leases.current(row.run_id) is not None:
+                continue  # held: looked at again on the next pass, after its ttl
+            if worker.free <= 0:
+                break  # filled while the lease store answered
+            if worker.carrying(row.run_id):
+                continue
+            worker.launch(row.run_id, self.carry(row.run_id, row.tenant, recovery=True))
+            launched += 1
+        return launched
+
+    async def carry(self, run_id: str, tenant: str, *, recovery: bool) -> bool:
+        """Carry a run on unless it is settled, left for a person, or out of attempts."""
+        worker = self._worker
+        try:
+            agent = await self._ready_to_carry(run_id, tenant)
+            if agent is None:
+                return True
+            result = await worker.runner.resume(agent, run_id, tenant=tenant)
+        except ResumeConflictError:
+            worker.stats.conflicts += 1
+            return True
+        except IndeterminateToolCallError as exc:
+            await self._leave_for_person(run_id, tenant, exc)
+            return True
+        if recovery:
+            worker.stats.recovered += 1
+        worker.count(result.status)
+        return True
+
+    async def _ready_to_carry(self, run_id: str, tenant: str) -> Agent | None:
+        """The agent to carry the run on with, after the backoff its attempts call for; None
+        if it must not be (settled, left for a person, unknown agent, or out of attempts: then
+        it is ended ``failed``).
+        """
+        worker = self._worker
+        frontier = await worker.runner.inspect(run_id, tenant=tenant)
+        agent = worker.agents.get(frontier.agent)
+        if frontier.status != "running" or needs_person(frontier):
+            return None
+        if agent is None:
+            _log.warning("run %s: no agent %r here; left alone", run_id, frontier.agent)
+            return None
+        stored = await worker.backends.log.read_run(
+            run_id, start=frontier.first_offset if frontier.first_offset >= 0 else None
+        )
+        attempts = attempts_since_progress(s.event for s in stored if s.event.run_id == run_id)
+        if attempts >= worker.max_attempts:
+            await self._give_up(
+                frontier, f"gave up: {attempts} attempts to carry it on made no progress"
+            )
+            return None
+        if attempts and not await worker.sleep(worker.backoff_s * 2 ** (attempts - 1)):
+            return None
+        return agent
+
+    async def _leave_for_person(
+        self, run_id: str, tenant: str, exc: IndeterminateToolCallError
+    ) -> None:
+        worker = self._worker
+        worker.stats.needs_person += 1
+        _log.warning("run %s needs a person: %s", run_id, exc)
+        with contextlib.suppress(ResumeConflictError):
+            await worker.runner.tag(run_id, f"{NEEDS_PERSON}: indeterminate call", tenant=tenant)
+
+    async def _give_up(self, frontier: Frontier, reason: str) -> None:
+        """End the run ``failed`` with ``reason``, written under its lease."""
+        worker = self._worker
+        worker.stats.gave_up += 1
+        _log.warning("run %s: %s", frontier.run_id, reason)
+        runner = worker.runner
+        async with Leaseholder(
+            worker.backends.leases,
+            frontier.run_id,
+            tenant=frontier.tenant,
+            holder=worker.name,
+            policy=runner.lease_policy,
+        ) as held:
+            current = await runner.inspect(frontier.run_id, tenant=frontier.tenant)
+            if current.status != "running":
+                return
+            if held.lease.fence <= current.fence:
+                await held.raise_fence(current.fence)
+            agent = Agent(name=current.agent or "unknown", instructions="")
+            run = HeldRun(agent, held, current, Conversation(""))
+            finished = runner.writer.event(run, RunFinished, status="failed", error=reason)
+            await runner.writer.append(run, [finished])
+        worker.count("failed")

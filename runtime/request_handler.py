@@ -1,0 +1,110 @@
+"""Acting on a `Worker`'s requests: start a run, answer a person's request, tag, carry on.
+
+Every write is made under the run's lease, so a rebalance that briefly gives a partition two
+owners is safe: the second owner's start, resume or answer gets `ResumeConflictError`; a start
+is deferred until the run exists, the rest are dropped, since whoever holds the run carries it
+on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from onward.errors import InvalidInputError, ResumeConflictError
+
+from .requests import AnswerRequest, Request, StartRun, TagRun
+
+if TYPE_CHECKING:
+    from .recovery import Recovery
+    from .worker import Worker
+
+_log = logging.getLogger("onward.worker")
+
+
+class RequestHandler:
+    """Acts on one request at a time for a worker (several may be in flight at once).
+
+    Args:
+        worker: Whose runner, agents, limits and counters it uses.
+        recovery: Carries a run on once a resume or an answer asks for it.
+    """
+
+    def __init__(self, worker: Worker, recovery: Recovery) -> None:
+        self._worker = worker
+        self._recovery = recovery
+
+    async def act(self, request: Request) -> bool:
+        """Act on ``request``; True once acted on (or refused for good), False to leave it."""
+        if isinstance(request, StartRun):
+            return await self._start(request)
+        if isinstance(request, AnswerRequest):
+            return await self._answer(request)
+        if isinstance(request, TagRun):
+            return await self._tag(request)
+        return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
+
+    async def _start(self, request: StartRun) -> bool:
+        worker = self._worker
+        agent = worker.agents.get(request.agent)
+        if agent is None:
+            _log.warning("run %s: no agent %r here; refused", request.run_id, request.agent)
+            worker.stats.failures += 1
+            return True
+        for attempt in range(worker.max_attempts * 10):
+            try:
+                result = await worker.runner.run(
+                    agent, request.input, tenant=request.tenant, run_id=request.run_id
+                )
+            except InvalidInputError:
+                return True  # it exists already: started before, carried on by its owner
+            except ResumeConflictError:
+                # Another owner is starting or driving it (an overlapping rebalance, or a
+                # dead worker's lease not yet lapsed): wait until it exists or is free.
+                worker.stats.conflicts += 1
+                if await worker.backends.frontiers.get(request.run_id) is not None:
+                    return True
+                if not await worker.sleep(worker.backoff_s * min(2**attempt, 8)):
+                    return False
+                continue
+            worker.stats.started += 1
+            worker.count(result.status)
+            return True
+        # Held all this time by someone who never wrote it: a zombie lease, not a run. Dropped
+        # (logged), rather than keep this partition's later requests from being committed.
+        worker.stats.failures += 1
+        _log.warning("run %s: never free to start; start request dropped", request.run_id)
+        return True
+
+    async def _answer(self, request: AnswerRequest) -> bool:
+        worker = self._worker
+        answer = worker.runner.approve if request.approve else worker.runner.deny
+        try:
+            await answer(
+                request.run_id,
+                request.request_id,
+                tenant=request.tenant,
+                by=request.by,
+                value=request.value,
+            )
+        except ResumeConflictError:
+            worker.stats.conflicts += 1
+            if not await worker.sleep(worker.backoff_s):
+                return False
+            return await self._answer(request)
+        if not request.approve:
+            return True  # denied: the run has ended, cancelled
+        return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
+
+    async def _tag(self, request: TagRun) -> bool:
+        worker = self._worker
+        try:
+            await worker.runner.tag(
+                request.run_id, request.label, tenant=request.tenant, seq=request.seq, by=request.by
+            )
+        except ResumeConflictError:
+            worker.stats.conflicts += 1
+            if not await worker.sleep(worker.backoff_s):
+                return False
+            return await self._tag(request)
+        return True

@@ -12,7 +12,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.onward-installed
 PYTEST_ARGS ?=
 
-.PHONY: test lint typecheck pytest test-kafka test-faults services services-down bench clean demo
+.PHONY: test lint typecheck pytest test-kafka test-faults test-pydantic-ai-lowest services \
+	services-down bench clean demo
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -52,6 +53,27 @@ test-faults: $(STAMP)
 		status=0; $(PY) -m pytest -m faults $(PYTEST_ARGS) || status=$$?; \
 		PYTHONPATH=tests $(PY) -m support.fault_runs; exit $$status
 
+# The pydantic-ai tests against the lowest pydantic-ai the `pydantic-ai` extra allows, in a venv
+# of their own (`make test` runs them against the newest). The Kafka ones and the external-event
+# waits (a later pydantic-ai) are left out: the embedded SQLite runs need no servers.
+PYDANTIC_AI_LOWEST := $(shell sed -n 's/^pydantic-ai = \["pydantic-ai-slim>=\([0-9.]*\),.*/\1/p' pyproject.toml)
+LOWEST_VENV := .venv-pydantic-ai-$(PYDANTIC_AI_LOWEST)
+LOWEST_STAMP := $(LOWEST_VENV)/.onward-installed
+
+$(LOWEST_STAMP): pyproject.toml
+	test -x $(LOWEST_VENV)/bin/python || $(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST_VENV)/bin/python -m pip install -q -e '.[pydantic-ai]' \
+		'pydantic-ai-slim==$(PYDANTIC_AI_LOWEST)' pytest pytest-asyncio pytest-timeout
+	touch $@
+
+test-pydantic-ai-lowest: $(LOWEST_STAMP)
+	$(LOWEST_VENV)/bin/python -c 'import importlib.metadata as m, sys; \
+		v = m.version("pydantic-ai-slim"); print("pydantic-ai-slim", v); \
+		sys.exit((v + ".0").split(".")[:3] != "$(PYDANTIC_AI_LOWEST).0.0".split(".")[:3])'
+	$(LOWEST_VENV)/bin/python -m pytest -m "not kafka" $(PYTEST_ARGS) \
+		tests/integrations/pydantic_ai --ignore=tests/integrations/pydantic_ai/test_waits.py
+
 services:
 	bash scripts/services.sh up
 
@@ -63,7 +85,7 @@ bench: $(STAMP)
 		$(PY) bench/append.py; $(PY) bench/project.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-pydantic-ai-* build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 
 # The main job: a booking run killed mid-way and resumed in another process, on embedded SQLite.
 demo: $(STAMP)

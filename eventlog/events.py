@@ -97,11 +97,17 @@ class ResumePlanned(Event, frozen=True, kw_only=True, tag="resume.planned"):
 
 
 class ModelAnswered(Event, frozen=True, kw_only=True, tag="model.answered"):
-    """The model replied. Boundary ``after_model_call``."""
+    """The model replied. Boundary ``after_model_call``.
+
+    ``response`` is the reply as the agent framework that asked for it records it (for
+    pydantic-ai, its ``ModelResponse`` in JSON form), so that framework gets the very same reply
+    back when it runs the run again after a crash; ``None`` when Onward's runner asked.
+    """
 
     message: Message
     tool_calls: list[ToolCall] = []
     usage: Usage = Usage()
+    response: Any = None
 
 
 class ToolDispatched(Event, frozen=True, kw_only=True, tag="tool.dispatched"):

@@ -184,7 +184,15 @@ class ClaimCheck:
         self.threshold = threshold
 
     async def shrink(self, event: Event) -> Event:
-        """The event with its body replaced by a reference, if the body is over the threshold."""
+        """The event with its body replaced by a reference, if the body is over the threshold.
+
+        A model answer's framework ``response`` is a second body, moved out on its own.
+        """
+        if isinstance(event, ModelAnswered) and event.response is not None:
+            response = msgspec.json.encode(event.response)
+            if len(response) > self.threshold:
+                moved = {_REF: await self.blobs.put(response), "size": len(response)}
+                event = msgspec.structs.replace(event, response=moved)
         name = _BODY_FIELDS.get(type(event))
         if name is None:
             return event
@@ -205,6 +213,9 @@ class ClaimCheck:
             return event
         value = getattr(event, name)
         if isinstance(event, ModelAnswered):
+            if _is_ref(event.response):
+                body = await self._get(event.response[_REF], event)
+                event = msgspec.structs.replace(event, response=msgspec.json.decode(body))
             content = event.message.content
             if isinstance(content, list) and len(content) == 1 and _is_ref(content[0]):
                 message = msgspec.json.decode(await self._get(content[0][_REF], event))

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from onward.errors import IndeterminateToolCallError
 from onward.projections.frontier import CallState, Frontier
@@ -86,6 +87,15 @@ class ResumePlan:
     def safe(self) -> bool:
         """Whether resume can carry on without guessing."""
         return not self.indeterminate
+
+    def recorded(self) -> dict[str, Any]:
+        """The fields of the ``ResumePlanned`` event that records this plan in the log."""
+        return {
+            "replayed": outstanding_ids(self.completed),
+            "dispatched": outstanding_ids(self.to_dispatch),
+            "undecided": outstanding_ids(self.indeterminate),
+            "reason": "; ".join(self.describe()),
+        }
 
     def describe(self) -> list[str]:
         """One line per call, for people and for the `ResumePlanned` event."""

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from onward.errors import (
     HistoryUnavailableError,
+    InvalidInputError,
     LogTruncatedError,
     NothingToResumeError,
     RevisionMismatchError,
@@ -209,6 +210,26 @@ class Resumer:
             timings,
             transcript,
         )
+
+    async def refuse_existing(self, run_id: str, lease: RunLease) -> None:
+        """Refuse to start a run under an id already in use, reading as little as possible.
+
+        A lease store that never saw the id (fence 1) has never let anyone write to it, so at
+        most the frontier row is looked at (on Kafka, reading the partition would mean every
+        other run's records since the start). A store that did see the id is not taken at its
+        word: the log is asked, from the row on.
+
+        Raises:
+            InvalidInputError: A run under that id exists; resume it instead.
+        """
+        if lease.fence == 1:
+            exists = self.frontiers is not None and await self.frontiers.get(run_id) is not None
+        else:
+            exists = await self.exists(run_id)
+        if exists:
+            raise InvalidInputError(
+                f"run {run_id!r} already exists; resume it instead", run_id=run_id
+            )
 
     async def exists(self, run_id: str) -> bool:
         """Whether the log holds any counted event of the run, for any tenant."""

@@ -59,7 +59,7 @@ from .conversation import Conversation, as_text, restored
 from .leases.base import LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
-from .planning import ResumePlan, outstanding_ids, plan_resume, refuse_if_undecidable
+from .planning import ResumePlan, plan_resume, refuse_if_undecidable
 from .providers import Provider
 from .redaction import Redactor
 from .resumer import Resumer
@@ -218,7 +218,7 @@ class AgentRunner(Resource):
         """
         run_id = run_id or f"run-{uuid.uuid4().hex}"
         async with self._holding(run_id, tenant, self.worker) as held:
-            await self._refuse_existing(run_id, held.lease)
+            await self.resumer.refuse_existing(run_id, held.lease)
             run = HeldRun(
                 agent, held, Frontier.empty(run_id, tenant), Conversation(agent.instructions)
             )
@@ -227,23 +227,6 @@ class AgentRunner(Resource):
             )
             await self.writer.append(run, [started])
             return await self._drive(run)
-
-    async def _refuse_existing(self, run_id: str, lease: RunLease) -> None:
-        """Refuse a run id already in use, reading as little as the stores allow.
-
-        A lease store that never saw the id (fence 1) has never let anyone write to it, so at
-        most the frontier row is looked at (on Kafka, reading the partition would mean every
-        other run's records since the start). A store that did see the id is not taken at its
-        word: the log is asked, from the row on.
-        """
-        if lease.fence == 1:
-            exists = self.frontiers is not None and await self.frontiers.get(run_id) is not None
-        else:
-            exists = await self.resumer.exists(run_id)
-        if exists:
-            raise InvalidInputError(
-                f"run {run_id!r} already exists; resume it instead", run_id=run_id
-            )
 
     async def resume(self, agent: Agent, run_id: str, *, tenant: str) -> RunResult:
         """Carry a run on from the log: claim it, plan its outstanding calls, drive it.
@@ -275,14 +258,7 @@ class AgentRunner(Resource):
     async def _carry_on(self, run: HeldRun) -> RunResult:
         """Plan the claimed run's outstanding calls, record the plan, and drive it on."""
         plan, reconciled = await self._plan(run)
-        planned = self.writer.event(
-            run,
-            ResumePlanned,
-            replayed=outstanding_ids(plan.completed),
-            dispatched=outstanding_ids(plan.to_dispatch),
-            undecided=outstanding_ids(plan.indeterminate),
-            reason="; ".join(plan.describe()),
-        )
+        planned = self.writer.event(run, ResumePlanned, **plan.recorded())
         await self.writer.append(run, [planned])
         refuse_if_undecidable(plan)
         result = await self._drive(run)

@@ -3,36 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
 
-from onward.eventlog import EventLog, KafkaEventLog, SqliteEventLog
+from support.stores import Stores, kafka_stores, sqlite_stores
+
 from onward.integrations.langgraph import OnwardSaver
-from onward.projections import FrontierStore
-from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.sqlite import SqliteFrontierStore
-from onward.runtime.leases import (
-    LeasePolicy,
-    LeaseStore,
-    PostgresLeaseStore,
-    RedisLeaseStore,
-    SqliteLeaseStore,
-)
+from onward.runtime.leases import LeasePolicy
 
 TENANT = "acme"
 
 
 @dataclass(frozen=True, slots=True)
-class World:
+class World(Stores):
     """The stores one test writes threads to."""
-
-    log: EventLog
-    leases: LeaseStore
-    frontiers: FrontierStore
-    embedded: bool
 
     def saver(
         self,
@@ -64,38 +51,18 @@ class World:
 @asynccontextmanager
 async def sqlite_world(path: Path) -> AsyncIterator[World]:
     """Log, leases and frontier rows in one SQLite file."""
-    async with AsyncExitStack() as stack:
-        log = await stack.enter_async_context(SqliteEventLog(path, partitions=4))
-        leases = await stack.enter_async_context(SqliteLeaseStore(path))
-        frontiers = await stack.enter_async_context(SqliteFrontierStore(path))
-        yield World(log, leases, frontiers, embedded=True)
+    async with sqlite_stores(path) as stores:
+        yield World(stores.log, stores.leases, stores.frontiers, stores.embedded)
 
 
 @asynccontextmanager
-async def kafka_world(
-    bootstrap: str,
-    topic: str,
-    database_url: str,
-    schema: str,
-    redis_url: str,
-    prefix: str,
-    *,
-    postgres_leases: bool = False,
-) -> AsyncIterator[World]:
-    """Kafka log, Redis (or PostgreSQL) leases, PostgreSQL frontier rows (no projector runs)."""
-    async with AsyncExitStack() as stack:
-        log = await stack.enter_async_context(
-            KafkaEventLog(bootstrap, topic=topic, partitions=2, create_topic=True)
-        )
-        leases: LeaseStore = await stack.enter_async_context(
-            PostgresLeaseStore(database_url, schema=schema)
-            if postgres_leases
-            else RedisLeaseStore(redis_url, prefix=prefix)
-        )
-        frontiers = await stack.enter_async_context(
-            PostgresFrontierStore(database_url, schema=schema)
-        )
-        yield World(log, leases, frontiers, embedded=False)
+async def kafka_world(*places: str, postgres_leases: bool = False) -> AsyncIterator[World]:
+    """Kafka log, Redis (or PostgreSQL) leases, PostgreSQL frontier rows (no projector runs).
+
+    ``places``: the broker, topic, database URL, schema, Redis URL and prefix (`kafka_stores`).
+    """
+    async with kafka_stores(*places, postgres_leases=postgres_leases) as stores:
+        yield World(stores.log, stores.leases, stores.frontiers, stores.embedded)
 
 
 class KafkaServers(NamedTuple):

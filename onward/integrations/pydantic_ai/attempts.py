@@ -1,0 +1,86 @@
+"""The attempts of a run's tool calls, as the log records them.
+
+pydantic-ai invokes one call once, and once more if a person approves it after it asked for
+approval; each invocation is one attempt. A ``ToolDispatched`` starts an attempt (or, for an
+attempt with no outcome yet, dispatches it again: a retry-safe tool after a crash);
+``ToolCompleted`` or ``ToolResolved`` ends it. The k-th invocation of a call in a re-executed
+run is its k-th attempt in the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
+from onward.runtime.tools import idempotency_key
+
+
+@dataclass
+class Attempt:
+    """One invocation of a call: its dispatches and how it ended.
+
+    Attributes:
+        dispatched_fence: The fence of its last ``ToolDispatched``.
+        completed: The tool's recorded outcome.
+        resolved: A person's (or a status check's) settlement of an attempt that had none.
+    """
+
+    dispatched_fence: int
+    completed: ToolCompleted | None = None
+    resolved: ToolResolved | None = None
+
+    @property
+    def open(self) -> bool:
+        """Dispatched, and nothing recorded about how it ended."""
+        return self.completed is None and self.resolved is None
+
+
+@dataclass
+class CallAttempts:
+    """Every attempt of every call of one run, by the run's call id."""
+
+    by_call: dict[str, list[Attempt]] = field(default_factory=dict)
+
+    def of(self, call_id: str) -> list[Attempt]:
+        """The attempts of one call, oldest first."""
+        return self.by_call.setdefault(call_id, [])
+
+    def learn(self, event: ToolDispatched | ToolCompleted | ToolResolved) -> None:
+        """A dispatch starts an attempt (or dispatches an open one again); an outcome ends it."""
+        attempts = self.of(event.call_id)
+        last = attempts[-1] if attempts and attempts[-1].open else None
+        if isinstance(event, ToolDispatched):
+            if last is None:
+                attempts.append(Attempt(event.fence))
+            else:
+                last.dispatched_fence = event.fence
+        elif last is not None and isinstance(event, ToolCompleted):
+            last.completed = event
+        elif last is not None and isinstance(event, ToolResolved):
+            last.resolved = event
+
+
+def undecided(run_id: str, call_id: str, tool: str, attempt: Attempt) -> dict[str, Any]:
+    """What pydantic-ai's approval request carries about a call nobody can decide."""
+    settled = attempt.resolved
+    return {
+        "onward": {
+            "run_id": run_id,
+            "call_id": call_id,
+            "tool": tool,
+            "idempotency_key": idempotency_key(run_id, call_id),
+            "dispatched_fence": attempt.dispatched_fence,
+            "reason": (
+                f"{tool} was dispatched under fence {attempt.dispatched_fence} and the run "
+                "stopped before its outcome was recorded: it may or may not have taken effect. "
+                "Approve only if it did not (it runs again, with the same idempotency key); "
+                "deny with a message saying what happened otherwise"
+            ),
+            "settled": (
+                None
+                if settled is None
+                else {"outcome": settled.outcome, "by": settled.by, "why": settled.why}
+            ),
+        }
+    }

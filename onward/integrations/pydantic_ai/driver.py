@@ -1,0 +1,416 @@
+"""Driving pydantic-ai runs as Onward runs: under the run's lease, from its journal.
+
+Starting a run takes its lease, records ``RunStarted`` and executes the agent. Resuming one
+takes the lease through the `Resumer` (which claims the run under a higher fence and plans every
+call outstanding), records the plan as ``ResumePlanned``, reads the run's counted events, and
+executes the agent again from its start against them (`RunJournal`): what happened is replayed,
+what did not happens now.
+
+An execution is one or more pydantic-ai runs. When one ends with ``DeferredToolRequests`` (calls
+that need approval, or calls Onward cannot tell ran), the Onward run waits on a person
+(``ApprovalRequested``, its details the requests). Their decision (``ApprovalGranted``, its value
+the ``DeferredToolResults``) is what the next pydantic-ai run continues with, as pydantic-ai
+continues any deferred run: the previous messages plus the results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pydantic
+from pydantic_ai.agent import AbstractAgent
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
+from pydantic_core import to_jsonable_python
+
+from onward.errors import (
+    ConfigurationError,
+    HistoryUnavailableError,
+    InvalidInputError,
+    LogTruncatedError,
+    OnwardError,
+)
+from onward.eventlog import (
+    ApprovalDenied,
+    ApprovalRequested,
+    Event,
+    ResumePlanned,
+    RunFinished,
+    RunStarted,
+    SequenceGuard,
+)
+from onward.projections.frontier import Frontier
+from onward.runtime.agent import Agent
+from onward.runtime.conversation import Conversation
+from onward.runtime.leases.base import RunLease
+from onward.runtime.leases.holder import Leaseholder
+from onward.runtime.planning import ResumePlan
+from onward.runtime.runner import AgentRunner
+from onward.runtime.writer import HeldRun
+
+from .journal import RunJournal, RunSuspended
+
+_REQUESTS = pydantic.TypeAdapter(DeferredToolRequests)
+_RESULTS = pydantic.TypeAdapter(DeferredToolResults)
+
+DECISION = "decision"
+"""The name of the waits a run opens when pydantic-ai hands back ``DeferredToolRequests``."""
+
+
+@dataclass(frozen=True, slots=True)
+class DurableRunResult:
+    """Where a run stands after it was started or resumed.
+
+    Attributes:
+        status: ``completed``, ``failed``, ``cancelled`` or ``waiting`` (on a person).
+        output: The agent's output once completed; the ``DeferredToolRequests`` to decide
+            while it waits on a decision.
+        waiting_on: The request a person answers (`OnwardDurability.decide`).
+        result: pydantic-ai's result of its last run, when one ran to its end in this process.
+        plan: What resume decided for the calls outstanding, when this came from a resume.
+    """
+
+    run_id: str
+    status: str
+    output: Any = None
+    error: str | None = None
+    waiting_on: str | None = None
+    result: Any = None
+    plan: ResumePlan | None = None
+
+    @classmethod
+    def settled(cls, frontier: Frontier) -> DurableRunResult:
+        """The result of a run there was nothing to carry on of."""
+        return cls(
+            frontier.run_id,
+            frontier.status,
+            frontier.output,
+            frontier.error,
+            frontier.waiting_on,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """What a waiting run waits for.
+
+    Attributes:
+        request_id: The approval request the answer goes to.
+        requests: The tool calls to decide, when pydantic-ai handed them back.
+        details: The request's details as recorded.
+    """
+
+    run_id: str
+    request_id: str
+    requests: DeferredToolRequests | None
+    details: Any
+
+
+class _ModelOfTheFramework:
+    """The provider slot of the runner that writes for pydantic-ai: pydantic-ai asks its model."""
+
+    async def complete(self, agent: Agent, messages: Sequence[Any]) -> Any:
+        raise RuntimeError("pydantic-ai asks its own model; this runner only records answers")
+
+
+class DurableRuns:
+    """Starts, resumes and answers pydantic-ai runs on Onward's stores.
+
+    Args:
+        runner_options: What an `AgentRunner` takes besides its provider: the log, leases,
+            frontier store, blobs, redactor, worker name, lease policy.
+        tenant: The tenant every run belongs to.
+    """
+
+    def __init__(self, *, tenant: str, **runner_options: Any) -> None:
+        self.tenant = tenant
+        try:
+            self.runner = AgentRunner(provider=_ModelOfTheFramework(), **runner_options)
+        except TypeError as exc:
+            raise ConfigurationError(f"OnwardDurability: {exc}") from exc
+
+    async def start(
+        self,
+        agent: AbstractAgent[Any, Any],
+        described: Agent,
+        user_prompt: str | None,
+        run_id: str | None,
+        options: Mapping[str, Any],
+    ) -> DurableRunResult:
+        """Record a new run and execute the agent on it."""
+        if user_prompt is not None and not isinstance(user_prompt, str):
+            raise InvalidInputError(
+                f"a durable run's prompt is text (it is recorded and fed again on resume), "
+                f"not {type(user_prompt).__name__}"
+            )
+        run_id = run_id or f"run-{uuid.uuid4().hex}"
+        async with self._holding(run_id) as held:
+            await self.runner.resumer.refuse_existing(run_id, held.lease)
+            run = HeldRun(described, held, Frontier.empty(run_id, self.tenant), Conversation(""))
+            writer = self.runner.writer
+            started = writer.event(
+                run,
+                RunStarted,
+                agent=described.name,
+                revision=described.revision,
+                input=user_prompt,
+            )
+            await writer.append(run, [started])
+            journal = RunJournal(run, writer, [started])
+            return await self._execute(agent, journal, options)
+
+    async def resume(
+        self,
+        agent: AbstractAgent[Any, Any],
+        described: Agent,
+        run_id: str,
+        options: Mapping[str, Any],
+    ) -> DurableRunResult:
+        """Claim a run, plan its outstanding calls, and execute the agent again from its start.
+
+        Raises:
+            ResumeConflictError: Another worker holds the run (nothing was read).
+            NothingToResumeError: No such run for this tenant.
+            RevisionMismatchError: The agent's tools or model are not the ones the run started with.
+            HistoryUnavailableError: The run's events are no longer all in the log.
+        """
+        carried = await self.runner.resumer.resume(
+            described, run_id, tenant=self.tenant, worker=self.runner.worker
+        )
+        async with self._holding(run_id, carried.lease) as held:
+            if not carried.claimed:
+                return DurableRunResult.settled(carried.frontier)
+            run = HeldRun(described, held, carried.frontier, Conversation(""))
+            journal = RunJournal(run, self.runner.writer, await self._events(carried.frontier))
+            await journal.append(journal.event(ResumePlanned, **carried.plan.recorded()))
+            outcome = await self._execute(agent, journal, options)
+            return dataclasses.replace(outcome, plan=carried.plan)
+
+    async def pending(self, run_id: str) -> Pending:
+        """What the run waits for.
+
+        Raises:
+            InvalidInputError: The run waits on nothing.
+        """
+        return (await self._pending(run_id))[0]
+
+    async def _pending(self, run_id: str) -> tuple[Pending, Frontier]:
+        frontier = await self.runner.inspect(run_id, tenant=self.tenant)
+        if frontier.status != "waiting" or frontier.waiting_on is None:
+            raise InvalidInputError(
+                f"run {run_id!r} is {frontier.status} and waits on nothing", run_id=run_id
+            )
+        asked = [
+            e
+            for e in await self._events(frontier)
+            if isinstance(e, ApprovalRequested) and e.request_id == frontier.waiting_on
+        ]
+        details = asked[-1].details if asked else None
+        return Pending(run_id, frontier.waiting_on, _requests_in(details), details), frontier
+
+    async def decide(self, run_id: str, results: DeferredToolResults, *, by: str) -> None:
+        """Answer a run waiting on tool calls with pydantic-ai's ``DeferredToolResults``.
+
+        Calls Onward could not tell ran are settled in the log first, as the person decided:
+        approved means it did not take effect (it runs again, with the same idempotency key),
+        denied settles it with the person's message as what the model reads.
+
+        Raises:
+            InvalidInputError: The run waits on nothing, or the results name calls it does not
+                wait on.
+        """
+        pending, frontier = await self._pending(run_id)
+        if pending.requests is not None:
+            _check_fits(pending, results)
+        for call_id, settlement in _settlements(pending, results).items():
+            call = frontier.call(call_id)
+            if call is None or call.outcome is not None:
+                continue  # settled by an earlier attempt at this decision
+            outcome, result, why = settlement
+            await self.runner.resolve(
+                run_id, call_id, tenant=self.tenant, outcome=outcome, by=by, why=why, result=result
+            )
+        await self.runner.approve(
+            run_id,
+            pending.request_id,
+            tenant=self.tenant,
+            by=by,
+            value=_RESULTS.dump_python(results, mode="json"),
+        )
+
+    async def answer(self, run_id: str, payload: Any, *, by: str) -> None:
+        """Answer the external event a run waits for with a JSON payload."""
+        pending = await self.pending(run_id)
+        await self.runner.approve(
+            run_id, pending.request_id, tenant=self.tenant, by=by, value=to_jsonable_python(payload)
+        )
+
+    # -- executing -----------------------------------------------------------------------------
+
+    async def _execute(
+        self, agent: AbstractAgent[Any, Any], journal: RunJournal, options: Mapping[str, Any]
+    ) -> DurableRunResult:
+        """Run the agent against the journal until it finishes or waits on a person."""
+        run_id = journal.run_id
+        with journal.executing():
+            try:
+                result = await agent.run(_prompt_of(journal), **options)
+                while isinstance(result.output, DeferredToolRequests):
+                    decision = await _decision(journal, result.output)
+                    result = await agent.run(
+                        message_history=result.all_messages(),
+                        deferred_tool_results=decision,
+                        **options,
+                    )
+            except RunSuspended as waiting:
+                return DurableRunResult(
+                    run_id,
+                    "waiting",
+                    _requests_in(waiting.details) or waiting.details,
+                    waiting_on=waiting.request_id,
+                )
+            except OnwardError:
+                raise
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                await journal.append(journal.event(RunFinished, status="failed", error=error))
+                raise
+        output = to_jsonable_python(result.output)
+        await journal.append(journal.event(RunFinished, status="completed", output=output))
+        return DurableRunResult(run_id, "completed", result.output, result=result)
+
+    @asynccontextmanager
+    async def _holding(
+        self, run_id: str, lease: RunLease | None = None
+    ) -> AsyncIterator[Leaseholder]:
+        runner = self.runner
+        async with Leaseholder(
+            runner.leases,
+            run_id,
+            tenant=self.tenant,
+            holder=runner.worker,
+            policy=runner.lease_policy,
+            lease=lease,
+        ) as held:
+            yield held
+
+    async def _events(self, frontier: Frontier) -> list[Event]:
+        """The run's counted events through the frontier, bodies put back.
+
+        Raises:
+            HistoryUnavailableError: Some are no longer in the log.
+        """
+        start = frontier.first_offset if frontier.first_offset >= 0 else None
+        try:
+            stored = await self.runner.log.read_run(
+                frontier.run_id, start=start, end=frontier.through_offset + 1
+            )
+        except LogTruncatedError as exc:
+            raise HistoryUnavailableError(
+                f"run {frontier.run_id!r}: its events are no longer all in the log ({exc}); a "
+                "pydantic-ai run is executed again from its start, so it cannot go on",
+                run_id=frontier.run_id,
+            ) from exc
+        counted = SequenceGuard().admit_all(stored)
+        return [await self.runner.writer.restore(s.event) for s in counted]
+
+
+async def _decision(journal: RunJournal, requests: DeferredToolRequests) -> DeferredToolResults:
+    """The recorded decision on deferred calls, or a new wait for one (the run stops)."""
+    request_id, recorded = journal.next_wait(DECISION)
+    if recorded is None:
+        details = _REQUESTS.dump_python(requests, mode="json")
+        await journal.ask(request_id, f"decide {_listed(requests)}", details)
+        raise RunSuspended(request_id, details)
+    if recorded.answer is None:
+        raise RunSuspended(request_id, recorded.asked.details)
+    if isinstance(recorded.answer, ApprovalDenied):
+        message = f"denied by {recorded.answer.by}"
+        return requests.build_results(
+            approvals={c.tool_call_id: ToolDenied(message) for c in requests.approvals},
+            calls={c.tool_call_id: {"denied": message} for c in requests.calls},
+        )
+    return _RESULTS.validate_python(recorded.answer.value)
+
+
+def _check_fits(pending: Pending, results: DeferredToolResults) -> None:
+    """Refuse a decision that names calls the run does not wait on, or leaves one undecided.
+
+    Raises:
+        InvalidInputError: Naming what does not fit.
+    """
+    assert pending.requests is not None
+    try:
+        pending.requests.build_results(approvals=results.approvals, calls=results.calls)
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        asked = {c.tool_call_id for c in (*pending.requests.approvals, *pending.requests.calls)}
+        missing = sorted(asked - set(results.approvals) - set(results.calls))
+        if not missing:
+            return
+        problem = f"it leaves {', '.join(missing)} undecided; every deferred call needs a result"
+    raise InvalidInputError(
+        f"run {pending.run_id!r}: the decision does not fit what {pending.request_id} asks: "
+        f"{problem}",
+        run_id=pending.run_id,
+    )
+
+
+def _prompt_of(journal: RunJournal) -> Any:
+    """The prompt the run was started with, fed to every execution of it.
+
+    Raises:
+        InvalidInputError: The run was not started as a pydantic-ai run.
+    """
+    first = journal.events[0] if journal.events else None
+    if not isinstance(first, RunStarted):
+        raise InvalidInputError(
+            f"run {journal.run_id!r} does not begin with RunStarted: it was not started by "
+            "OnwardDurability",
+            run_id=journal.run_id,
+        )
+    return first.input
+
+
+def _listed(requests: DeferredToolRequests) -> str:
+    calls = [*requests.approvals, *requests.calls]
+    return ", ".join(f"{c.tool_name} ({c.tool_call_id})" for c in calls)
+
+
+def _requests_in(details: Any) -> DeferredToolRequests | None:
+    """The deferred calls a wait's details hold, when it is a decision on calls."""
+    if not isinstance(details, dict) or "approvals" not in details:
+        return None
+    try:
+        return _REQUESTS.validate_python(details)
+    except pydantic.ValidationError:
+        return None
+
+
+Settlement = tuple[Literal["completed", "never_ran"], Any, str]
+
+
+def _settlements(pending: Pending, results: DeferredToolResults) -> dict[str, Settlement]:
+    """How a decision settles the calls Onward could not tell ran, by the run's call id."""
+    if pending.requests is not None:
+        metadata: Mapping[str, Any] = pending.requests.metadata
+    elif isinstance(pending.details, dict):
+        metadata = pending.details.get("undecided") or {}
+    else:
+        metadata = {}
+    settled: dict[str, Settlement] = {}
+    for model_call_id, approval in results.approvals.items():
+        onward = (metadata.get(model_call_id) or {}).get("onward")
+        if not isinstance(onward, dict) or "call_id" not in onward:
+            continue
+        if approval is True or isinstance(approval, ToolApproved):
+            settled[onward["call_id"]] = ("never_ran", None, "approved: it did not take effect")
+        else:
+            message = approval.message if isinstance(approval, ToolDenied) else "denied"
+            settled[onward["call_id"]] = ("completed", {"denied": message}, message)
+    return settled

@@ -1,0 +1,347 @@
+"""One held run's journal: what the log recorded for it, served back to a re-executed agent.
+
+A pydantic-ai run is re-executed from its start after a crash (or after a person's decision):
+the agent loop runs again and every durable unit that already happened returns what the log
+recorded instead of happening again. The journal is that record for one run this worker holds,
+and every append the run makes goes through it (and so through `RunWriter`: the lease check,
+redaction, the claim check, the fence check).
+
+- Model requests: the n-th request of the run gets the n-th `ModelAnswered` back (its
+  ``response`` is pydantic-ai's own record of the reply); past the last one, the model is asked
+  and its answer appended before pydantic-ai sees it.
+- Tool calls: Onward's write-ahead dispatch. ``ToolDispatched`` is durable before the tool runs
+  and ``ToolCompleted`` records what it returned. Each time pydantic-ai invokes one call (once,
+  and once more if a person approves it after it asked for approval) is one *attempt*; the k-th
+  invocation of a call in a re-execution is its k-th attempt in the log. An attempt with an
+  outcome is replayed. One dispatched without an outcome (the process died in between) is never
+  run again: it comes back as pydantic-ai's own approval request, unless the tool says a second
+  call is harmless (``metadata={"onward": {"retry_safe": True}}``), which is dispatched again.
+- Waits on a person: the n-th wait of the run is the n-th ``ApprovalRequested``; answered, its
+  answer is returned; not yet, the run stops (`RunSuspended`) and waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+from pydantic_ai.exceptions import ApprovalRequired
+from pydantic_ai.messages import ModelResponse
+
+from onward.eventlog import (
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
+    Message,
+    ModelAnswered,
+    ToolCall,
+    ToolCompleted,
+    ToolDispatched,
+    ToolResolved,
+    TurnSettled,
+    Usage,
+)
+from onward.runtime.tools import idempotency_key, tool_error
+from onward.runtime.writer import HeldRun, RunWriter
+
+from .attempts import CallAttempts, undecided
+
+if TYPE_CHECKING:
+    from onward.eventlog import Event
+from .compat import unit_completed
+
+_RESPONSE = pydantic.TypeAdapter(ModelResponse)
+
+_current: ContextVar[RunJournal | None] = ContextVar("onward_pydantic_ai_journal", default=None)
+_current_key: ContextVar[str | None] = ContextVar("onward_pydantic_ai_key", default=None)
+
+
+def current_journal() -> RunJournal | None:
+    """The journal of the Onward run this task is executing, if any."""
+    return _current.get()
+
+
+def current_idempotency_key() -> str | None:
+    """The idempotency key of the tool call running in this task, if one is.
+
+    A tool with side effects passes it on (as a request header, a row key) so that the system
+    it changes can tell a repeated call from a new one, the same on every attempt of the call.
+    """
+    return _current_key.get()
+
+
+class RunSuspended(Exception):  # noqa: N818 - a control signal, not a failure
+    """The run waits on a person: ``ApprovalRequested`` is in the log and nothing more happens.
+
+    Raised through the agent's run so that it stops where it waits; the driver turns it into a
+    waiting result. A re-execution after the answer gets the answer at the same place.
+    """
+
+    def __init__(self, request_id: str, details: Any = None) -> None:
+        super().__init__(f"waiting on {request_id}")
+        self.request_id = request_id
+        self.details = details
+
+
+class RecordedToolError(Exception):
+    """A tool raised when it ran, and the log says so; the re-executed run fails as it did."""
+
+
+@dataclass
+class Wait:
+    """One wait on a person: what was asked and, once there is one, the answer."""
+
+    asked: ApprovalRequested
+    answer: ApprovalGranted | ApprovalDenied | None = None
+
+
+@dataclass
+class RunJournal:
+    """The recorded units of one held run, and the appends of its re-execution.
+
+    Args:
+        run: The run as this worker holds it (lease, frontier).
+        writer: The write path every append goes through.
+        events: The run's counted events so far, in order.
+    """
+
+    run: HeldRun
+    writer: RunWriter
+    events: Sequence[Event]
+    answers: list[ModelAnswered] = field(init=False, default_factory=list)
+    attempts: CallAttempts = field(init=False, default_factory=CallAttempts)
+    waits: list[Wait] = field(init=False, default_factory=list)
+    _next_answer: int = field(init=False, default=0)
+    _next_wait: int = field(init=False, default=0)
+    _invocations: dict[str, int] = field(init=False, default_factory=dict)
+    _turn: dict[str, str] = field(init=False, default_factory=dict)
+    _used_ids: set[str] = field(init=False, default_factory=set)
+    _segments: int = field(init=False, default=0)
+    surfaced: dict[str, dict[str, Any]] = field(init=False, default_factory=dict)
+    """What each call handed back for a decision said, by pydantic-ai's call id."""
+
+    def __post_init__(self) -> None:
+        for event in self.events:
+            self._learn(event)
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def next_segment_id(self) -> str:
+        """pydantic-ai's run id for the next of its runs this execution makes: the run's id,
+        then numbered, the same on every re-execution."""
+        self._segments += 1
+        return self.run_id if self._segments == 1 else f"{self.run_id}/{self._segments}"
+
+    @contextmanager
+    def executing(self) -> Iterator[RunJournal]:
+        """Make this the journal of the units run in the block (in this task and its children)."""
+        token = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(token)
+
+    # -- model requests ----------------------------------------------------------------------
+
+    async def model_request(self, ask: Callable[[], Awaitable[object]]) -> object:
+        """The run's next model answer: the recorded one, or the model's, recorded first."""
+        if self._next_answer < len(self.answers):
+            answered = self.answers[self._next_answer]
+            self._next_answer += 1
+            self._turn = _turn_of(answered)
+            unit_completed(executed=False)
+            return answered.response
+        await self._settle_turn()
+        payload = await ask()
+        response = _RESPONSE.validate_python(payload)
+        calls = [
+            self._keyed(part.tool_call_id, part.tool_name, part.args_as_dict())
+            for part in response.tool_calls
+        ]
+        answered = self.event(
+            ModelAnswered,
+            message=Message(role="assistant", content=response.text or ""),
+            tool_calls=calls,
+            usage=Usage(
+                input_tokens=response.usage.input_tokens,
+                output_tokens=response.usage.output_tokens,
+            ),
+            response=payload,
+        )
+        await self.append(answered)
+        self._next_answer += 1
+        self._turn = _turn_of(answered)
+        unit_completed(executed=True)
+        return payload
+
+    def _keyed(self, model_call_id: str, tool: str, args: dict[str, Any]) -> ToolCall:
+        """A call with an id unique in the run (a model may reuse ids across turns) and its key."""
+        call_id = model_call_id
+        if call_id in self._used_ids:
+            call_id = f"{model_call_id}~{len(self.answers) + 1}"
+        self._used_ids.add(call_id)
+        return ToolCall(
+            call_id=call_id,
+            tool=tool,
+            args=args,
+            idempotency_key=idempotency_key(self.run_id, call_id),
+        )
+
+    async def _settle_turn(self) -> None:
+        """Close the turn in progress before the next model request (the ``after_tool_result``
+        boundary), so a resume point lies between turns."""
+        frontier = self.run.frontier
+        if frontier.calls:
+            await self.append(
+                self.event(
+                    TurnSettled,
+                    iteration=frontier.iteration,
+                    call_ids=[c.call_id for c in frontier.calls],
+                )
+            )
+
+    # -- tool calls --------------------------------------------------------------------------
+
+    async def tool_call(
+        self,
+        model_call_id: str,
+        tool: str,
+        *,
+        retry_safe: bool,
+        run: Callable[[], Awaitable[object]],
+    ) -> object:
+        """One invocation of a call: replayed, dispatched, or surfaced for a decision.
+
+        Raises:
+            ApprovalRequired: The call was dispatched before and the log does not say how it
+                ended: pydantic-ai asks a person instead of running it again.
+            RecordedToolError: The tool raised when it ran; the run fails as it did then.
+        """
+        call_id = self._turn.get(model_call_id, model_call_id)
+        attempt_no = self._invocations.get(call_id, 0)
+        self._invocations[call_id] = attempt_no + 1
+        attempts = self.attempts.of(call_id)
+        if attempt_no < len(attempts):
+            attempt = attempts[attempt_no]
+            if attempt.completed is not None:
+                unit_completed(executed=False)
+                return _replayed(attempt.completed)
+            if not attempt.open or not retry_safe:
+                metadata = undecided(self.run_id, call_id, tool, attempt)
+                self.surfaced[model_call_id] = metadata
+                raise ApprovalRequired(metadata=metadata)
+            return await self._dispatch(call_id, tool, run)
+        if attempts and attempts[-1].open:
+            # pydantic-ai runs a call again only once a person approved it: they say the
+            # attempt that may have run did not. Recorded, so attempts stay told apart.
+            await self.append(
+                self.event(
+                    ToolResolved,
+                    call_id=call_id,
+                    outcome="never_ran",
+                    by="approval",
+                    why="approved to run again",
+                )
+            )
+        return await self._dispatch(call_id, tool, run)
+
+    async def _dispatch(
+        self, call_id: str, tool: str, run: Callable[[], Awaitable[object]]
+    ) -> object:
+        key = idempotency_key(self.run_id, call_id)
+        # Write-ahead: the dispatch is durable before the tool runs, or the tool does not run.
+        await self.append(
+            self.event(ToolDispatched, call_id=call_id, tool=tool, idempotency_key=key)
+        )
+        # The last word before side effects: a holder paused past its ttl finds out here.
+        await self.run.held.confirm()
+        token = _current_key.set(key)
+        try:
+            payload = await run()
+        except Exception as exc:
+            await self.append(self.event(ToolCompleted, call_id=call_id, error=tool_error(exc)))
+            raise
+        finally:
+            _current_key.reset(token)
+        await self.append(self.event(ToolCompleted, call_id=call_id, result=payload))
+        unit_completed(executed=True)
+        return payload
+
+    # -- waits on a person -------------------------------------------------------------------
+
+    def next_wait(self, name: str) -> tuple[str, Wait | None]:
+        """The wait this point of the re-execution reached: its request id, and the recorded
+        wait (``None``: it is a new one, to be opened under that id)."""
+        index = self._next_wait
+        self._next_wait += 1
+        if index < len(self.waits):
+            recorded = self.waits[index]
+            return recorded.asked.request_id, recorded
+        return f"{name}-{index + 1}", None
+
+    async def ask(
+        self, request_id: str, prompt: str, details: Any, answer: Any = None, *, by: str = ""
+    ) -> None:
+        """Record a wait on a person, answered at once when ``answer`` is given."""
+        asked = self.event(ApprovalRequested, request_id=request_id, prompt=prompt, details=details)
+        batch: list[Event] = [asked]
+        if answer is not None:
+            batch.append(self.event(ApprovalGranted, 1, request_id=request_id, by=by, value=answer))
+        await self.append(*batch)
+
+    # -- the log -----------------------------------------------------------------------------
+
+    def event(self, kind: type[Any], offset: int = 0, **fields: Any) -> Any:
+        """An event of this run, ``offset`` places into the batch it goes out in."""
+        return self.writer.event(self.run, kind, offset, **fields)
+
+    async def append(self, *events: Event) -> None:
+        """Append a batch of this run (`RunWriter.append`) and learn from it."""
+        await self.writer.append(self.run, list(events))
+        for event in events:
+            self._learn(event)
+
+    def _learn(self, event: Event) -> None:
+        """Keep the journal in step with one more counted event of the run."""
+        if isinstance(event, ModelAnswered):
+            if self._next_answer >= len(self.answers):
+                self.answers.append(event)
+            self._used_ids.update(c.call_id for c in event.tool_calls)
+        elif isinstance(event, ToolDispatched | ToolCompleted | ToolResolved):
+            self.attempts.learn(event)
+        elif isinstance(event, ApprovalRequested):
+            self.waits.append(Wait(event))
+        elif isinstance(event, ApprovalGranted | ApprovalDenied):
+            for wait in self.waits:
+                if wait.asked.request_id == event.request_id and wait.answer is None:
+                    wait.answer = event
+
+
+def _turn_of(answered: ModelAnswered) -> dict[str, str]:
+    """pydantic-ai's call ids of an answer, to the run's (they differ when a model reused one)."""
+    response = _RESPONSE.validate_python(answered.response)
+    return {
+        part.tool_call_id: call.call_id
+        for part, call in zip(response.tool_calls, answered.tool_calls, strict=True)
+    }
+
+
+def _replayed(completed: ToolCompleted) -> object:
+    if completed.error is not None:
+        raise RecordedToolError(f"{completed.error.type}: {completed.error.message}")
+    return completed.result
+
+
+__all__ = [
+    "RecordedToolError",
+    "RunJournal",
+    "RunSuspended",
+    "current_idempotency_key",
+    "current_journal",
+]

@@ -1,0 +1,73 @@
+"""A pydantic-ai agent as Onward sees it: its name, model and tools, and so its revision.
+
+A run is pinned to the revision it started with: resuming it with an agent whose tools or model
+changed is refused (`RevisionMismatchError`), because a re-execution replays recorded answers in
+order and would pair them with the wrong calls. The description also carries each tool's
+``retry_safe`` flag (``metadata={"onward": {"retry_safe": True}}``), which resume planning reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic_ai.agent import AbstractAgent
+from pydantic_ai.models import Model
+from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
+
+from onward.runtime.agent import Agent
+from onward.runtime.tools import Tool
+
+METADATA_KEY = "onward"
+"""The key of a pydantic-ai tool's metadata that holds Onward's options for it."""
+
+
+def describe(agent: AbstractAgent[Any, Any], name: str) -> Agent:
+    """The Onward agent a pydantic-ai agent's runs are recorded under."""
+    tools: list[Tool] = []
+
+    def visit(toolset: AbstractToolset[Any]) -> None:
+        if isinstance(toolset, FunctionToolset):
+            tools.extend(_tool(t) for t in toolset.tools.values())
+        elif toolset.id is not None:
+            tools.append(_opaque(toolset))
+
+    for toolset in agent.toolsets:
+        toolset.apply(visit)
+    model = agent.model
+    return Agent(
+        name=name,
+        instructions="",
+        tools=sorted(tools, key=lambda t: t.name),
+        model=model.model_name if isinstance(model, Model) else str(model or "default"),
+        max_iterations=1_000_000,
+    )
+
+
+def retry_safe(metadata: dict[str, Any] | None) -> bool:
+    """Whether a tool's metadata says calling it twice is harmless."""
+    options = (metadata or {}).get(METADATA_KEY)
+    return isinstance(options, dict) and bool(options.get("retry_safe", False))
+
+
+async def _not_called(**_: Any) -> None:
+    raise RuntimeError("pydantic-ai calls its own tools; this one only describes a tool")
+
+
+def _tool(tool: Any) -> Tool:
+    return Tool(
+        name=tool.name,
+        description=tool.description or "",
+        parameters=tool.function_schema.json_schema,
+        fn=_not_called,
+        retry_safe=retry_safe(tool.metadata),
+    )
+
+
+def _opaque(toolset: AbstractToolset[Any]) -> Tool:
+    """A toolset whose tools are listed at run time (MCP, dynamic): its id stands for them."""
+    return Tool(
+        name=f"{type(toolset).__name__}:{toolset.id}",
+        description="",
+        parameters={},
+        fn=_not_called,
+    )

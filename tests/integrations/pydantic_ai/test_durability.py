@@ -1,0 +1,354 @@
+"""OnwardDurability in one process, on embedded SQLite: what is recorded, replayed and asked.
+
+A crash here is a `Crash` (a BaseException) raised at a point of the run; the stores stay as the
+crash left them and the run's lease is let go, so the test resumes at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import ToolCallPart
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
+from support.stores import Stores, sqlite_stores
+
+from integrations.pydantic_ai.world import (
+    TENANT,
+    Crash,
+    Faults,
+    Script,
+    booking_agent,
+    durability_on,
+)
+from onward.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    ResumeConflictError,
+    RevisionMismatchError,
+)
+from onward.eventlog import (
+    Event,
+    ModelAnswered,
+    RunFinished,
+    ToolCompleted,
+    ToolDispatched,
+    ToolResolved,
+    kind_of,
+)
+from onward.integrations.pydantic_ai import DurableRunResult, OnwardDurability
+from onward.runtime.blobs import DEFAULT_THRESHOLD, SqliteBlobStore
+from onward.runtime.ledger import Ledger
+
+RUN = "r-1"
+
+
+@pytest.fixture
+async def stores(tmp_path: Path) -> AsyncIterator[Stores]:
+    async with sqlite_stores(tmp_path / "onward.db") as opened:
+        yield opened
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(tmp_path / "ledger.jsonl")
+
+
+@pytest.fixture
+def durability(stores: Stores) -> OnwardDurability[None]:
+    return durability_on(stores, worker="here")
+
+
+async def events(stores: Stores) -> list[Event]:
+    return [stored.event for stored in await stores.log.read_run(RUN)]
+
+
+async def crash(durability: OnwardDurability[None], agent: Agent[None, object]) -> None:
+    with pytest.raises(Crash):
+        await durability.run(agent, "book seat 3A", run_id=RUN)
+
+
+async def test_a_run_is_recorded_answer_by_answer_and_call_by_call(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    result = await durability.run(booking_agent(durability, ledger), "book seat 3A", run_id=RUN)
+
+    assert result.status == "completed"
+    assert result.output == "done: seat 3A booked"
+    recorded = await events(stores)
+    assert [kind_of(type(e)) for e in recorded] == [
+        "run.started",
+        "model.answered",
+        "tool.dispatched",
+        "tool.completed",
+        "turn.settled",
+        "model.answered",
+        "run.finished",
+    ]
+    answered = recorded[1]
+    assert isinstance(answered, ModelAnswered)
+    assert answered.response["parts"][1]["tool_name"] == "book"
+    dispatched = recorded[2]
+    assert isinstance(dispatched, ToolDispatched)
+    assert dispatched.idempotency_key == answered.tool_calls[0].idempotency_key
+    assert ledger.entries() == [{"tool": "book", "key": dispatched.idempotency_key, "seat": "3A"}]
+    assert len({e.fence for e in recorded}) == 1
+
+
+async def test_recorded_answers_and_outcomes_are_replayed_not_asked_again(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    script = Script(faults=Faults({"second_answer"}))
+    await crash(durability, booking_agent(durability, ledger, script))
+    assert script.asked == 2
+
+    result = await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+    assert result.status == "completed"
+    assert script.asked == 3  # only the answer that was never recorded
+    assert len(ledger.entries()) == 1
+    assert result.plan is not None
+    assert result.plan.safe
+
+
+async def test_a_large_answer_goes_out_of_line_and_is_replayed_whole(
+    stores: Stores, ledger: Ledger, tmp_path: Path
+) -> None:
+    preamble = "booking " * (DEFAULT_THRESHOLD // 4)
+    script = Script(faults=Faults({"second_answer"}), preamble=preamble)
+    async with SqliteBlobStore(tmp_path / "onward.db") as blobs:
+        durability = durability_on(stores, worker="here", blobs=blobs)
+        await crash(durability, booking_agent(durability, ledger, script))
+        done = await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+    assert done.status == "completed"
+    assert done.result is not None
+    first_answer = done.result.all_messages()[1]
+    assert first_answer.parts[0].content == preamble
+    stored = next(e for e in await events(stores) if isinstance(e, ModelAnswered))
+    assert set(stored.response) == {"$blob", "size"}
+    assert len(ledger.entries()) == 1
+
+
+async def test_a_call_whose_outcome_was_lost_comes_back_for_approval_never_run_again(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    script = Script(faults=Faults({"after_effect"}))
+    await crash(durability, booking_agent(durability, ledger, script))
+
+    waiting = await durability.resume(booking_agent(durability, ledger, script), RUN)
+    again = await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+    assert waiting.status == again.status == "waiting"
+    assert isinstance(waiting.output, DeferredToolRequests)
+    assert [c.tool_call_id for c in waiting.output.approvals] == ["b1"]
+    assert waiting.output.metadata["b1"]["onward"]["dispatched_fence"] == 1
+    pending = await durability.pending(RUN)
+    assert pending.request_id == waiting.waiting_on
+    assert pending.requests == waiting.output
+    assert len(ledger.entries()) == 1
+
+
+async def lost_then(
+    decision: DeferredToolResults, durability: OnwardDurability[None], ledger: Ledger
+) -> DurableRunResult:
+    """Crash after the booking's side effect, resume, decide, and resume again."""
+    script = Script(faults=Faults({"after_effect"}))
+    await crash(durability, booking_agent(durability, ledger, script))
+    await durability.resume(booking_agent(durability, ledger, script), RUN)
+    await durability.decide(RUN, decision, by="alice")
+    return await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+
+async def test_approving_a_lost_call_runs_it_again_with_the_same_key(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    done = await lost_then(DeferredToolResults(approvals={"b1": True}), durability, ledger)
+
+    assert done.status == "completed"
+    assert done.output == "done: seat 3A booked"
+    first, second = ledger.entries()
+    assert first["key"] == second["key"]
+    settled = [e for e in await events(stores) if isinstance(e, ToolResolved)]
+    assert [(e.call_id, e.outcome, e.by) for e in settled] == [("b1", "never_ran", "alice")]
+
+
+async def test_denying_a_lost_call_tells_the_model_and_settles_it(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    decision = DeferredToolResults(approvals={"b1": ToolDenied("it went through")})
+    done = await lost_then(decision, durability, ledger)
+
+    assert done.output == "done: it went through"
+    assert len(ledger.entries()) == 1
+    settled = [e for e in await events(stores) if isinstance(e, ToolResolved)]
+    assert [(e.outcome, e.result, e.by) for e in settled] == [
+        ("completed", {"denied": "it went through"}, "alice")
+    ]
+
+
+async def test_a_retry_safe_tool_is_dispatched_again_without_asking(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    script = Script(faults=Faults({"after_effect"}))
+    options = {"retry_safe": True}
+    await crash(durability, booking_agent(durability, ledger, script, book_options=options))
+
+    done = await durability.resume(
+        booking_agent(durability, ledger, script, book_options=options), RUN
+    )
+
+    assert done.status == "completed"
+    assert done.plan is not None
+    assert [c.call_id for c in done.plan.to_dispatch] == ["b1"]
+    assert len(ledger.entries()) == 2
+    dispatches = [e for e in await events(stores) if isinstance(e, ToolDispatched)]
+    assert [e.fence for e in dispatches] == [1, 2]
+
+
+async def test_a_decision_must_answer_every_call_asked_and_no_other(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    calls = (
+        ToolCallPart("book", {"seat": "3A"}, tool_call_id="b1"),
+        ToolCallPart("book", {"seat": "3B"}, tool_call_id="b2"),
+    )
+    script = Script(*calls)
+    agent = booking_agent(durability, ledger, script, requires_approval=True)
+    await durability.run(agent, "book two seats", run_id=RUN)
+    written = len(await events(stores))
+
+    with pytest.raises(InvalidInputError, match="leaves b2 undecided"):
+        await durability.decide(RUN, DeferredToolResults(approvals={"b1": True}), by="alice")
+    with pytest.raises(InvalidInputError, match="b9"):
+        await durability.decide(
+            RUN, DeferredToolResults(approvals={"b1": True, "b2": True, "b9": True}), by="alice"
+        )
+
+    assert len(await events(stores)) == written
+
+
+async def test_a_tool_that_needs_approval_waits_and_runs_once_approved(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    agent = booking_agent(durability, ledger, requires_approval=True)
+
+    waiting = await durability.run(agent, "book seat 3A", run_id=RUN)
+    assert waiting.status == "waiting"
+    assert ledger.entries() == []
+
+    await durability.decide(RUN, DeferredToolResults(approvals={"b1": True}), by="alice")
+    done = await durability.resume(agent, RUN)
+
+    assert done.output == "done: seat 3A booked"
+    assert len(ledger.entries()) == 1
+
+
+async def test_a_denied_approval_never_runs_the_tool(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    agent = booking_agent(durability, ledger, requires_approval=True)
+    await durability.run(agent, "book seat 3A", run_id=RUN)
+
+    decision = DeferredToolResults(approvals={"b1": ToolDenied("not today")})
+    await durability.decide(RUN, decision, by="alice")
+    done = await durability.resume(agent, RUN)
+
+    assert done.output == "done: not today"
+    assert ledger.entries() == []
+
+
+async def test_deciding_for_a_run_that_waits_on_nothing_is_refused(
+    durability: OnwardDurability[None], ledger: Ledger
+) -> None:
+    await durability.run(booking_agent(durability, ledger), "book seat 3A", run_id=RUN)
+
+    with pytest.raises(InvalidInputError, match="completed and waits on nothing"):
+        await durability.decide(RUN, DeferredToolResults(approvals={"b1": True}), by="alice")
+
+
+async def test_a_finished_run_is_returned_as_it_stands(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    script = Script()
+    await durability.run(booking_agent(durability, ledger, script), "book seat 3A", run_id=RUN)
+    written = len(await events(stores))
+
+    again = await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+    assert again.status == "completed"
+    assert again.output == "done: seat 3A booked"
+    assert script.asked == 2
+    assert len(await events(stores)) == written
+
+
+async def test_a_tool_that_raises_fails_the_run(
+    durability: OnwardDurability[None], stores: Stores
+) -> None:
+    agent = booking_agent(durability, Ledger("/nonexistent/dir/ledger.jsonl"))
+
+    with pytest.raises(FileNotFoundError):
+        await durability.run(agent, "book seat 3A", run_id=RUN)
+
+    recorded = await events(stores)
+    completed = [e for e in recorded if isinstance(e, ToolCompleted)]
+    assert completed[0].error is not None
+    assert completed[0].error.type == "FileNotFoundError"
+    finished = recorded[-1]
+    assert isinstance(finished, RunFinished)
+    assert finished.status == "failed"
+    assert (await durability.resume(agent, RUN)).status == "failed"
+
+
+async def test_an_agent_whose_tools_changed_is_refused_on_resume(
+    durability: OnwardDurability[None], ledger: Ledger
+) -> None:
+    script = Script(faults=Faults({"after_effect"}))
+    await crash(durability, booking_agent(durability, ledger, script))
+    changed = booking_agent(durability, ledger, script)
+
+    @changed.tool_plain
+    async def cancel(seat: str) -> str:
+        return seat
+
+    with pytest.raises(RevisionMismatchError):
+        await durability.resume(changed, RUN)
+
+
+async def test_a_run_another_worker_holds_is_refused(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    script = Script(faults=Faults({"after_effect"}))
+    await crash(durability, booking_agent(durability, ledger, script))
+    await stores.leases.acquire(RUN, tenant=TENANT, holder="elsewhere", ttl_s=60)
+
+    with pytest.raises(ResumeConflictError):
+        await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+
+async def test_a_run_id_in_use_is_refused(
+    durability: OnwardDurability[None], ledger: Ledger
+) -> None:
+    agent = booking_agent(durability, ledger)
+    await durability.run(agent, "book seat 3A", run_id=RUN)
+
+    with pytest.raises(InvalidInputError, match="already exists"):
+        await durability.run(agent, "book seat 3A", run_id=RUN)
+
+
+async def test_an_agent_without_the_capability_is_refused(
+    durability: OnwardDurability[None], stores: Stores
+) -> None:
+    with pytest.raises(ConfigurationError, match="has no OnwardDurability"):
+        await durability.run(Agent("test", name="plain"), "hi", run_id=RUN)
+    assert await events(stores) == []
+
+
+async def test_a_prompt_that_is_not_text_is_refused(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    with pytest.raises(InvalidInputError, match="prompt is text"):
+        await durability.run(booking_agent(durability, ledger), ["book"], run_id=RUN)  # type: ignore[arg-type]
+    assert await events(stores) == []

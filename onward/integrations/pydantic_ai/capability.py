@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic_ai.agent import AbstractAgent, EventStreamHandler
+from pydantic_ai.capabilities.abstract import AbstractCapability, leaf_capabilities
+from pydantic_ai.capabilities.wrapper import WrapperCapability
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
     BaseDurabilityCapability,
@@ -17,7 +19,7 @@ from pydantic_ai.durable_exec import (
     RoleBasedOperationConfig,
 )
 from pydantic_ai.models import Model
-from pydantic_ai.tools import AgentDepsT, DeferredToolResults, RunContext
+from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, DeferredToolResults, RunContext
 from pydantic_ai.toolsets import ToolsetTool
 
 from onward.errors import ConfigurationError
@@ -118,7 +120,8 @@ class OnwardDurability(BaseDurabilityCapability[AgentDepsT]):
             InvalidInputError: A run under that id exists.
             ResumeConflictError: Another worker holds a run under that id.
         """
-        return await self._runs.start(agent, self._described(agent), user_prompt, run_id, options)
+        described = self._described(agent, options)
+        return await self._runs.start(agent, described, user_prompt, run_id, options)
 
     async def resume(
         self, agent: AbstractAgent[Any, Any], run_id: str, **options: Any
@@ -132,7 +135,7 @@ class OnwardDurability(BaseDurabilityCapability[AgentDepsT]):
             NothingToResumeError: No run under that id for this tenant.
             RevisionMismatchError: The agent's tools or model changed since the run started.
         """
-        return await self._runs.resume(agent, self._described(agent), run_id, options)
+        return await self._runs.resume(agent, self._described(agent, options), run_id, options)
 
     async def pending(self, run_id: str) -> Pending:
         """What a waiting run waits for: the request, and the deferred calls to decide."""
@@ -155,12 +158,22 @@ class OnwardDurability(BaseDurabilityCapability[AgentDepsT]):
         """Answer the external event a run waits for (``wait_for_external_event``)."""
         await self._runs.answer(run_id, payload, by=by)
 
-    def _described(self, agent: AbstractAgent[Any, Any]) -> Any:
+    def _described(self, agent: AbstractAgent[Any, Any], options: Mapping[str, Any]) -> Any:
         bound = type(self).from_agent(agent)
         if bound is None:
             raise ConfigurationError(
                 f"agent {agent.name!r} has no OnwardDurability among its capabilities; pass "
                 "capabilities=[durability] when building it"
+            )
+        output_spec = options.get("output_type", agent.output_type)
+        if not _hands_back_deferred(output_spec) and not _handles_deferred(agent):
+            # A call whose outcome is unknown comes back as a deferred request; an agent that
+            # cannot return one would fail the run instead of leaving it for a person.
+            raise ConfigurationError(
+                f"agent {agent.name!r}: a durable run needs DeferredToolRequests among its "
+                "output types (output_type=[str, DeferredToolRequests]) or a capability that "
+                "handles deferred calls (RequestInput), so a call that may have run is handed to "
+                "a person rather than failing the run"
             )
         return describe(agent, bound.name)
 
@@ -195,6 +208,28 @@ class OnwardDurability(BaseDurabilityCapability[AgentDepsT]):
                 model={}, event={}, capability={}, tool={}, resolve_tool=_tool_config
             ),
         )
+
+
+def _hands_back_deferred(output_spec: object) -> bool:
+    """Whether an output spec (a type, a sequence of them, or a union) has DeferredToolRequests."""
+    if output_spec is DeferredToolRequests:
+        return True
+    if isinstance(output_spec, Sequence) and not isinstance(output_spec, str):
+        return any(_hands_back_deferred(item) for item in output_spec)
+    return any(_hands_back_deferred(arg) for arg in get_args(output_spec))
+
+
+def _handles_deferred(agent: AbstractAgent[Any, Any]) -> bool:
+    """Whether one of the agent's capabilities answers deferred calls itself (``RequestInput``)."""
+    base = getattr(AbstractCapability, "handle_deferred_tool_calls", None)
+    if base is None:
+        return False  # a release without the hook: only the output type can hand a call back
+    for leaf in leaf_capabilities(agent.root_capability):
+        while isinstance(leaf, WrapperCapability):
+            leaf = leaf.wrapped  # noqa: PLW2901  # the capability a wrapper stands for
+        if getattr(type(leaf), "handle_deferred_tool_calls", base) is not base:
+            return True
+    return False
 
 
 def _tool_config(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic_ai import Agent
@@ -33,6 +34,7 @@ from onward.eventlog import (
     Event,
     ModelAnswered,
     RunFinished,
+    RunStarted,
     ToolCompleted,
     ToolDispatched,
     ToolResolved,
@@ -344,6 +346,25 @@ async def test_an_agent_without_the_capability_is_refused(
     with pytest.raises(ConfigurationError, match="has no OnwardDurability"):
         await durability.run(Agent("test", name="plain"), "hi", run_id=RUN)
     assert await events(stores) == []
+
+
+@pytest.mark.parametrize("output_type", [str, [str, int]], ids=["one type", "a list without it"])
+async def test_an_agent_that_cannot_hand_a_call_back_is_refused(
+    durability: OnwardDurability[None], stores: Stores, output_type: Any
+) -> None:
+    agent = Agent("test", name="rigid", capabilities=[durability], output_type=output_type)
+    with pytest.raises(ConfigurationError, match="DeferredToolRequests among its output types"):
+        await durability.run(agent, "hi", run_id=RUN)
+    assert await events(stores) == []
+
+
+async def test_a_run_may_allow_deferred_calls_through_its_own_output_type(
+    durability: OnwardDurability[None], stores: Stores
+) -> None:
+    agent = Agent("test", name="per-run", capabilities=[durability], output_type=str)
+    result = await durability.run(agent, "hi", run_id=RUN, output_type=[str, DeferredToolRequests])
+    assert result.status == "completed"
+    assert isinstance((await events(stores))[0], RunStarted)
 
 
 async def test_a_prompt_that_is_not_text_is_refused(

@@ -77,6 +77,15 @@ class ArchiveSink(Protocol):
         """Where the archive is, as ``onward replay`` reports it (a path, a URL)."""
         ...
 
+    async def ready(self) -> None:
+        """Check the archive can be written and its manifest read, before anything is cut.
+
+        Raises:
+            ConfigurationError: The archive cannot be written.
+            ArchiveError: The manifest cannot be read as written.
+        """
+        ...
+
     async def ranges(self, partition: int | None = None) -> list[ArchivedRange]:
         """The archived ranges, of one partition or all, by partition and start.
 
@@ -125,6 +134,25 @@ class DirectoryArchive:
     @property
     def location(self) -> str:
         return str(self.path)
+
+    async def ready(self) -> None:
+        await asyncio.to_thread(self._probe)
+        await asyncio.to_thread(self._load)
+
+    def _probe(self) -> None:
+        probe = self.path / ".onward-probe"
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            _durable_write(probe, b"")
+            probe.unlink()
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
+
+    def _unwritable(self, exc: OSError) -> ConfigurationError:
+        return ConfigurationError(
+            f"archive {self.path} cannot be written ({exc.strerror or exc}); nothing was cut. "
+            "Point --archive at a directory this process may write"
+        )
 
     async def ranges(self, partition: int | None = None) -> list[ArchivedRange]:
         manifest = await asyncio.to_thread(self._load)
@@ -217,10 +245,7 @@ class DirectoryArchive:
             )
             _durable_write(self.path / MANIFEST, msgspec.json.encode(manifest))
         except OSError as exc:
-            raise ConfigurationError(
-                f"archive {self.path} cannot be written ({exc.strerror or exc}); nothing was cut. "
-                "Point --archive at a directory this process may write"
-            ) from exc
+            raise self._unwritable(exc) from exc
         return entry
 
     def _read_file(self, entry: ArchivedRange) -> list[StoredEvent]:

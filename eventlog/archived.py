@@ -11,17 +11,9 @@ from collections.abc import Sequence
 
 from onward.errors import InvalidInputError, LogTruncatedError
 
+from . import base
 from .archive import ArchiveSink
-from .base import (
-    DEFAULT_MAX_BATCH_BYTES,
-    EventLog,
-    EventLogBackend,
-    LogRead,
-    LogRecord,
-    PartitionBounds,
-    Position,
-    check_partition,
-)
+from .base import EventLog, EventLogBackend, LogRead, LogRecord
 from .events import Event
 
 
@@ -34,21 +26,21 @@ class ArchivedEventLog(EventLogBackend):
     """
 
     def __init__(self, log: EventLog, archive: ArchiveSink) -> None:
-        super().__init__(partitions=log.partitions, max_batch_bytes=DEFAULT_MAX_BATCH_BYTES)
+        super().__init__(partitions=log.partitions, max_batch_bytes=base.DEFAULT_MAX_BATCH_BYTES)
         self.log = log
         self.archive = archive
 
-    async def append(self, events: Sequence[Event]) -> list[Position]:
+    async def append(self, events: Sequence[Event]) -> list[base.Position]:
         raise InvalidInputError("an archived log is read only; append to the live log")
 
     async def truncate_before(self, partition: int, offset: int) -> None:
         raise InvalidInputError("an archived log is read only; compaction cuts the live log")
 
-    async def bounds(self, partition: int) -> PartitionBounds:
+    async def bounds(self, partition: int) -> base.PartitionBounds:
         """The log's end, and the lowest offset from which archive and log have no gap."""
-        check_partition(partition, self._partitions)
+        base.check_partition(partition, self._partitions)
         live = await self.log.bounds(partition)
-        return PartitionBounds(await self._reach(partition, live.start), live.end)
+        return base.PartitionBounds(await self._reach(partition, live.start), live.end)
 
     async def _reach(self, partition: int, start: int) -> int:
         """How far back from ``start`` the archived ranges reach without a gap."""

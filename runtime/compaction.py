@@ -27,13 +27,21 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from onward._storage import Resource
+from onward._storage import Resource, SqliteStore
 from onward.errors import InvalidInputError, LogTruncatedError, OnwardError
 from onward.eventlog.archive import ArchiveSink
 from onward.eventlog.base import EventLog, StoredEvent, UnreadableRecord
 from onward.projections.base import FrontierStore
-from onward.projections.compaction import CompactionStore, LogCut, RetainedEvent
+from onward.projections.compaction import (
+    CompactionStore,
+    LogCut,
+    PostgresCompactionStore,
+    RetainedEvent,
+    SqliteCompactionStore,
+)
 from onward.projections.compaction.plan import PartitionScan, Retain, plan_partition
+
+from .backends import Backends
 
 log = logging.getLogger("onward.compaction")
 
@@ -210,7 +218,8 @@ class CheckpointCompactor(Resource):
             BackendError: The log or a store failed; a rerun carries on where this stopped.
         """
         if self.archive is not None:
-            await self.archive.ranges()  # a corrupt manifest stops the pass before anything
+            # An archive that cannot be written, or a corrupt manifest, stops the pass first.
+            await (self.archive.ranges() if dry_run else self.archive.ready())
         report = CompactionReport(dry_run, self.archive.location if self.archive else None)
         positions = await self.store.positions()
         for partition in range(self.log.partitions):
@@ -332,4 +341,17 @@ class CheckpointCompactor(Resource):
         return written
 
 
-__all__ = ["CheckpointCompactor", "CompactionReport", "PartitionReport"]
+def compaction_store(backends: Backends) -> CompactionStore:
+    """The compaction store of a deployment's stores (unopened): in the SQLite file, on the
+    log's own connection, or in PostgreSQL beside the frontier rows."""
+    settings = backends.settings
+    if isinstance(backends.log, SqliteStore):
+        return SqliteCompactionStore(settings.sqlite_path, sharing=backends.log)
+    return PostgresCompactionStore(
+        settings.require_database_url(),
+        schema=settings.database_schema,
+        timeout_s=settings.backend_timeout,
+    )
+
+
+__all__ = ["CheckpointCompactor", "CompactionReport", "PartitionReport", "compaction_store"]

@@ -8,6 +8,7 @@ position counts while its build is live; a retired build's positions are never r
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import asyncpg
 
@@ -15,15 +16,35 @@ from onward._storage import PostgresStore
 
 from .base import LogCut, RetainedEvent, RunTruncation
 
+# Each table's columns with their types, as `_insert` takes them.
+_RETAINED = "run_id text, seq bigint, tenant text, partition int, log_offset bigint, record bytea"
+_TRUNCATION = (
+    "run_id text, tenant text, partition int, before_seq bigint, before_offset bigint, "
+    "compacted_at bigint"
+)
+_KEEP_RETAINED = "ON CONFLICT (run_id, seq) DO NOTHING"
+_MOVE_FORWARD = (
+    "ON CONFLICT (run_id) DO UPDATE SET before_seq = excluded.before_seq, "
+    "before_offset = excluded.before_offset, compacted_at = excluded.compacted_at "
+    "WHERE onward_run_truncation.before_seq < excluded.before_seq"
+)
 
-def _cut(row: asyncpg.Record) -> LogCut:
-    return LogCut(
-        partition=row["partition"],
-        start=row["start_offset"],
-        end=row["end_offset"],
-        events=row["events"],
-        archive=row["archive"],
-        at=row["cut_at"],
+
+async def _insert(
+    conn: asyncpg.Connection,
+    table: str,
+    columns: str,
+    rows: Sequence[tuple[Any, ...]],
+    conflict: str,
+) -> None:
+    """Insert many rows in one statement: one array per column, unnested. ``columns`` names
+    each column with its type (``"run_id text, seq bigint"``)."""
+    named = [column.split() for column in columns.split(", ")]
+    arrays = ", ".join(f"${n}::{kind}[]" for n, (_, kind) in enumerate(named, 1))
+    names = ", ".join(name for name, _ in named)
+    await conn.execute(
+        f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays}) {conflict}",
+        *(list(column) for column in zip(*rows, strict=True)),
     )
 
 
@@ -35,58 +56,33 @@ class PostgresCompactionStore(PostgresStore):
     async def truncations(self, run_ids: Collection[str]) -> dict[str, RunTruncation]:
         async with self._connection("reading truncation points") as conn:
             rows = await conn.fetch(
-                "SELECT tenant, run_id, partition, before_seq, before_offset, compacted_at "
+                "SELECT tenant, run_id, partition, before_seq, before_offset, compacted_at AS at "
                 "FROM onward_run_truncation WHERE run_id = ANY($1::text[])",
                 list(run_ids),
             )
-        return {
-            r["run_id"]: RunTruncation(
-                tenant=r["tenant"],
-                run_id=r["run_id"],
-                partition=r["partition"],
-                before_seq=r["before_seq"],
-                before_offset=r["before_offset"],
-                at=r["compacted_at"],
-            )
-            for r in rows
-        }
+        return {r["run_id"]: RunTruncation(**dict(r)) for r in rows}
 
     async def truncate(
         self, truncations: Sequence[RunTruncation], retained: Sequence[RetainedEvent]
     ) -> None:
         if not truncations and not retained:
             return
+        retained_rows = [
+            (e.run_id, e.seq, e.tenant, e.partition, e.offset, e.record) for e in retained
+        ]
+        points = [
+            (t.run_id, t.tenant, t.partition, t.before_seq, t.before_offset, t.at)
+            for t in truncations
+        ]
         context = f"storing {len(truncations)} truncation points"
         async with self._connection(context, transaction=True) as conn:
-            if retained:
-                await conn.execute(
-                    "INSERT INTO onward_retained_events "
-                    "(run_id, seq, tenant, partition, log_offset, record) "
-                    "SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], "
-                    "$5::bigint[], $6::bytea[]) ON CONFLICT (run_id, seq) DO NOTHING",
-                    [e.run_id for e in retained],
-                    [e.seq for e in retained],
-                    [e.tenant for e in retained],
-                    [e.partition for e in retained],
-                    [e.offset for e in retained],
-                    [e.record for e in retained],
-                )
-            if truncations:
-                await conn.execute(
-                    "INSERT INTO onward_run_truncation "
-                    "(run_id, tenant, partition, before_seq, before_offset, compacted_at) "
-                    "SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], "
-                    "$5::bigint[], $6::bigint[]) ON CONFLICT (run_id) DO UPDATE SET "
-                    "before_seq = excluded.before_seq, before_offset = excluded.before_offset, "
-                    "compacted_at = excluded.compacted_at "
-                    "WHERE onward_run_truncation.before_seq < excluded.before_seq",
-                    [t.run_id for t in truncations],
-                    [t.tenant for t in truncations],
-                    [t.partition for t in truncations],
-                    [t.before_seq for t in truncations],
-                    [t.before_offset for t in truncations],
-                    [t.at for t in truncations],
-                )
+            # Retained events first: a point never moves past a tagged event not yet copied.
+            for table, columns, rows, conflict in (
+                ("onward_retained_events", _RETAINED, retained_rows, _KEEP_RETAINED),
+                ("onward_run_truncation", _TRUNCATION, points, _MOVE_FORWARD),
+            ):
+                if rows:
+                    await _insert(conn, table, columns, rows, conflict)
 
     async def retained(self, run_id: str) -> list[RetainedEvent]:
         async with self._connection("reading retained events", run_id) as conn:
@@ -150,9 +146,9 @@ class PostgresCompactionStore(PostgresStore):
     async def cuts(self, partition: int | None = None) -> list[LogCut]:
         async with self._connection("reading recorded cuts") as conn:
             rows = await conn.fetch(
-                "SELECT partition, start_offset, end_offset, events, archive, cut_at "
-                "FROM onward_log_cuts WHERE $1::int IS NULL OR partition = $1 "
+                'SELECT partition, start_offset AS start, end_offset AS "end", events, archive, '
+                "cut_at AS at FROM onward_log_cuts WHERE $1::int IS NULL OR partition = $1 "
                 "ORDER BY partition, start_offset",
                 partition,
             )
-        return [_cut(r) for r in rows]
+        return [LogCut(**dict(r)) for r in rows]

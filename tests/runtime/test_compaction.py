@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -24,35 +23,23 @@ from support.compaction_world import (
     log_sizes,
     refolded,
     rows,
+    sqlite_world,
 )
 
-from onward.eventlog import KafkaEventLog, SqliteEventLog, Tagged, TurnSettled
+from onward.eventlog import KafkaEventLog, Tagged, TurnSettled
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog
-from onward.projections.compaction import PostgresCompactionStore, SqliteCompactionStore
+from onward.projections.compaction import PostgresCompactionStore
 from onward.projections.frontier import Frontier, ToolCallRow
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.rebuild import rebuild_frontiers
-from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.compaction import CheckpointCompactor
-from onward.runtime.leases import RedisLeaseStore, SqliteLeaseStore
+from onward.runtime.leases import RedisLeaseStore
 
 FINISHED = ["done-0", "done-1", "done-2"]
 LIVE = "long"
 RUNS = [*FINISHED, LIVE]
-
-
-@asynccontextmanager
-async def sqlite_world(tmp_path: Path) -> AsyncIterator[World]:
-    db = tmp_path / "onward.db"
-    async with (
-        SqliteEventLog(db, partitions=1) as log,
-        SqliteFrontierStore(db) as frontiers,
-        SqliteCompactionStore(db) as store,
-        SqliteLeaseStore(db) as leases,
-    ):
-        yield World(log, frontiers, store, leases, inline=True)
 
 
 @pytest.fixture

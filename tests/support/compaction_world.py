@@ -7,20 +7,24 @@ with `AgentRunner`, folded by a `LogProjector` (inline on SQLite), and compacted
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from onward.eventlog import Message, ToolCall
+from onward.eventlog import Message, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog, SequenceGuard, partition_for
 from onward.projections.base import FrontierStore
-from onward.projections.compaction import CompactionStore
+from onward.projections.compaction import CompactionStore, SqliteCompactionStore
 from onward.projections.frontier import Frontier, ToolCallRow
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
+from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
 from onward.runtime.leases.base import LeaseStore
+from onward.runtime.leases.sqlite import SqliteLeaseStore
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
@@ -101,6 +105,19 @@ class World:
             AGENT, {"ask": run_id}, tenant=TENANT, run_id=run_id
         )
         assert result.status == "completed"
+
+
+@asynccontextmanager
+async def sqlite_world(folder: Path) -> AsyncIterator[World]:
+    """The embedded deployment, one partition, in ``folder/onward.db``."""
+    db = folder / "onward.db"
+    async with (
+        SqliteEventLog(db, partitions=1) as log,
+        SqliteFrontierStore(db) as frontiers,
+        SqliteCompactionStore(db) as store,
+        SqliteLeaseStore(db) as leases,
+    ):
+        yield World(log, frontiers, store, leases, inline=True)
 
 
 async def conversation(log: EventLog, run_id: str) -> list[Message]:

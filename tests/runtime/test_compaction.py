@@ -17,52 +17,35 @@ import pytest_asyncio
 from support.compaction_world import (
     AGENT,
     TENANT,
+    KafkaServers,
     Script,
     World,
     conversation,
+    kafka_stores,
     log_sizes,
     refolded,
     rows,
     sqlite_world,
 )
 
-from onward.eventlog import KafkaEventLog, Tagged, TurnSettled
+from onward.eventlog import Tagged, TurnSettled
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog
-from onward.projections.compaction import PostgresCompactionStore
 from onward.projections.frontier import Frontier, ToolCallRow
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.rebuild import rebuild_frontiers
 from onward.runtime.compaction import CheckpointCompactor
-from onward.runtime.leases import RedisLeaseStore
 
 FINISHED = ["done-0", "done-1", "done-2"]
 LIVE = "long"
 RUNS = [*FINISHED, LIVE]
 
 
-@pytest.fixture
-def kafka_servers(request: pytest.FixtureRequest) -> tuple[str, ...]:
-    """This test's Kafka topic, PostgreSQL schema and Redis key prefix, with the servers'."""
-    names = ("kafka_bootstrap", "kafka_topic", "database_url", "pg_schema", "redis_url")
-    return (
-        *(request.getfixturevalue(name) for name in names),
-        request.getfixturevalue("redis_prefix"),
-    )
-
-
 @pytest_asyncio.fixture
-async def kafka_world(kafka_servers: tuple[str, ...]) -> AsyncIterator[World]:
-    """Kafka + PostgreSQL + Redis on this test's own topic, schema and key prefix."""
-    bootstrap, topic, database_url, schema, redis_url, prefix = kafka_servers
-    async with (
-        KafkaEventLog(bootstrap, topic=topic, partitions=1) as log,
-        PostgresFrontierStore(database_url, schema=schema) as frontiers,
-        PostgresCompactionStore(database_url, schema=schema) as store,
-        RedisLeaseStore(redis_url, prefix=prefix) as leases,
-    ):
-        yield World(log, frontiers, store, leases, inline=False, database_url=database_url)
+async def kafka_world(kafka_servers: KafkaServers) -> AsyncIterator[World]:
+    async with kafka_stores(kafka_servers) as world:
+        yield world
 
 
 async def written(world: World) -> int:

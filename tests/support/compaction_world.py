@@ -11,19 +11,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from onward.eventlog import Message, SqliteEventLog, ToolCall
+from onward.eventlog import KafkaEventLog, Message, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog, SequenceGuard, partition_for
 from onward.projections.base import FrontierStore
-from onward.projections.compaction import CompactionStore, SqliteCompactionStore
+from onward.projections.compaction import (
+    CompactionStore,
+    PostgresCompactionStore,
+    SqliteCompactionStore,
+)
 from onward.projections.frontier import Frontier, ToolCallRow
 from onward.projections.memory import MemoryFrontierStore
+from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection, LogProjector
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
 from onward.runtime.leases.base import LeaseStore
+from onward.runtime.leases.redis import RedisLeaseStore
 from onward.runtime.leases.sqlite import SqliteLeaseStore
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
@@ -108,16 +114,40 @@ class World:
 
 
 @asynccontextmanager
-async def sqlite_world(folder: Path) -> AsyncIterator[World]:
-    """The embedded deployment, one partition, in ``folder/onward.db``."""
+async def sqlite_world(folder: Path, *, partitions: int = 1) -> AsyncIterator[World]:
+    """The embedded deployment in ``folder/onward.db``."""
     db = folder / "onward.db"
     async with (
-        SqliteEventLog(db, partitions=1) as log,
+        SqliteEventLog(db, partitions=partitions) as log,
         SqliteFrontierStore(db) as frontiers,
         SqliteCompactionStore(db) as store,
         SqliteLeaseStore(db) as leases,
     ):
         yield World(log, frontiers, store, leases, inline=True)
+
+
+class KafkaServers(NamedTuple):
+    """A test's own topic, schema and Redis key prefix, and the servers they are on."""
+
+    bootstrap: str
+    topic: str
+    database_url: str
+    schema: str
+    redis_url: str
+    redis_prefix: str
+
+
+@asynccontextmanager
+async def kafka_stores(servers: KafkaServers, *, partitions: int = 1) -> AsyncIterator[World]:
+    """Kafka + PostgreSQL + Redis on the test's own topic, schema and key prefix."""
+    url, schema = servers.database_url, servers.schema
+    async with (
+        KafkaEventLog(servers.bootstrap, topic=servers.topic, partitions=partitions) as log,
+        PostgresFrontierStore(url, schema=schema) as frontiers,
+        PostgresCompactionStore(url, schema=schema) as store,
+        RedisLeaseStore(servers.redis_url, prefix=servers.redis_prefix) as leases,
+    ):
+        yield World(log, frontiers, store, leases, inline=False, database_url=url)
 
 
 async def conversation(log: EventLog, run_id: str) -> list[Message]:

@@ -28,14 +28,17 @@ from support.compaction_world import (
     sqlite_world,
 )
 
-from onward.eventlog import Tagged, TurnSettled
+from onward.eventlog import MemoryEventLog, Tagged, TurnSettled
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog
+from onward.projections.compaction import MemoryCompactionStore
 from onward.projections.frontier import Frontier, ToolCallRow
+from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.rebuild import rebuild_frontiers
 from onward.runtime.compaction import CheckpointCompactor
+from onward.runtime.leases import MemoryLeaseStore
 
 FINISHED = ["done-0", "done-1", "done-2"]
 LIVE = "long"
@@ -159,3 +162,33 @@ async def test_kafka_compaction_keeps_what_readers_need(
 @pytest.mark.kafka
 async def test_kafka_dry_run_changes_nothing(tmp_path: Path, kafka_world: World) -> None:
     await a_dry_run_changes_nothing(kafka_world, tmp_path / "archive")
+
+
+async def test_on_a_schedule_the_first_pass_runs_at_once(tmp_path: Path) -> None:
+    """Memory stores: `run` compacts, then waits out the interval until stopped."""
+    log = MemoryEventLog(partitions=1)
+    frontiers = MemoryFrontierStore()
+    world = World(log, frontiers, MemoryCompactionStore(frontiers), MemoryLeaseStore(), False)
+    await world.finished_run("done", turns=2)
+    await world.fold()
+    stop = asyncio.Event()
+    steps: list[str] = []
+
+    async def pause(step: str, partition: int) -> None:
+        steps.append(step)
+        if step == "cut":
+            stop.set()
+
+    compactor = CheckpointCompactor(
+        log,
+        frontiers,
+        world.store,
+        archive=DirectoryArchive(tmp_path / "archive"),
+        compaction_interval_mins=60,
+        pause=pause,
+    )
+    await compactor.run(stop)
+    assert steps == ["archived", "cut"]
+    assert compactor.last_error is None
+    assert compactor.last_report is not None
+    assert compactor.last_report.events_cut == (await log.bounds(0)).start > 0

@@ -19,10 +19,10 @@ from contextlib import AbstractContextManager, contextmanager
 
 import pytest
 import pytest_asyncio
-from support.compaction_world import KafkaServers
 from support.kafka import fresh_topic
 from support.pg import SchemaFactory, schema_factory
 from support.redis import fresh_prefix
+from support.servers import KafkaServers
 
 # The shared assertions in tests/support report their operands as a test's own asserts do.
 pytest.register_assert_rewrite("support.histories")

@@ -17,7 +17,6 @@ import pytest_asyncio
 from support.compaction_world import (
     AGENT,
     TENANT,
-    KafkaServers,
     Script,
     World,
     conversation,
@@ -27,6 +26,7 @@ from support.compaction_world import (
     rows,
     sqlite_world,
 )
+from support.servers import KafkaServers
 
 from onward.eventlog import MemoryEventLog, Tagged, TurnSettled
 from onward.eventlog.archive import DirectoryArchive

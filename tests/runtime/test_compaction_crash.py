@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from support.compaction_world import (
-    KafkaServers,
     World,
     kafka_stores,
     log_sizes,
@@ -30,6 +29,7 @@ from support.compaction_world import (
     sqlite_world,
 )
 from support.processes import spawn_support
+from support.servers import KafkaServers
 
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog

@@ -17,7 +17,8 @@ from typing import Any
 
 from onward.eventlog.archive import DirectoryArchive
 from onward.runtime.compaction import CheckpointCompactor
-from support.compaction_world import KafkaServers, World, kafka_stores, sqlite_world
+from support.compaction_world import World, kafka_stores, sqlite_world
+from support.servers import KafkaServers
 
 
 def stores(config: dict[str, Any]) -> AbstractAsyncContextManager[World]:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from onward.eventlog import KafkaEventLog, Message, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog, SequenceGuard, partition_for
@@ -22,9 +22,10 @@ from onward.projections.compaction import (
     SqliteCompactionStore,
 )
 from onward.projections.frontier import Frontier, ToolCallRow
+from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection, LogProjector
+from onward.projections.projector import FrontierProjection
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
@@ -34,6 +35,7 @@ from onward.runtime.leases.sqlite import SqliteLeaseStore
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
+from support.servers import KafkaServers
 
 TENANT = "acme"
 
@@ -124,17 +126,6 @@ async def sqlite_world(folder: Path, *, partitions: int = 1) -> AsyncIterator[Wo
         SqliteLeaseStore(db) as leases,
     ):
         yield World(log, frontiers, store, leases, inline=True)
-
-
-class KafkaServers(NamedTuple):
-    """A test's own topic, schema and Redis key prefix, and the servers they are on."""
-
-    bootstrap: str
-    topic: str
-    database_url: str
-    schema: str
-    redis_url: str
-    redis_prefix: str
 
 
 @asynccontextmanager

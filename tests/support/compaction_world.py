@@ -27,25 +27,29 @@ from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection
 from onward.projections.sqlite import SqliteFrontierStore
-from onward.runtime.agent import Agent
+from onward.runtime import (
+    Agent,
+    AgentRunner,
+    LeaseStore,
+    ModelReply,
+    RedisLeaseStore,
+    ScriptedProvider,
+    SqliteLeaseStore,
+    reply,
+    tool,
+)
 from onward.runtime.conversation import Conversation
-from onward.runtime.leases.base import LeaseStore
-from onward.runtime.leases.redis import RedisLeaseStore
-from onward.runtime.leases.sqlite import SqliteLeaseStore
-from onward.runtime.providers import ModelReply, ScriptedProvider, reply
-from onward.runtime.runner import AgentRunner
-from onward.runtime.tools import tool
 from support.servers import KafkaServers
-
-TENANT = "acme"
 
 
 @tool
 async def lookup(query: str, *, idempotency_key: str) -> str:
+    """What the researcher's model asks for at every turn."""
     return f"found {query}"
 
 
 AGENT = Agent(name="researcher", instructions="look things up", tools=[lookup])
+TENANT = "acme"
 
 
 class Crash(BaseException):

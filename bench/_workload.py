@@ -1,4 +1,5 @@
-"""Realistic run histories for the benchmarks: the envelope and the model turns they share.
+"""Realistic run histories for the benchmarks: the envelope and the model turns they share, and
+the model that stops a resume at its first call (what resume timings end on).
 
 A turn is what a runner appends for one model answer: the answer with one to three tool calls,
 each call's dispatch and result, and the settled turn; a few hundred bytes per event.
@@ -7,7 +8,8 @@ each call's dispatch and result, and the settled turn; a few hundred bytes per e
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from _common import text
@@ -22,6 +24,9 @@ from onward.eventlog import (
     TurnSettled,
     Usage,
 )
+from onward.runtime.agent import Agent
+from onward.runtime.providers import ModelReply, reply
+from onward.runtime.tools import tool
 
 
 class RunHistory:
@@ -88,3 +93,32 @@ class RunHistory:
                 )
             ]
         yield [TurnSettled(**self._env(), iteration=iteration, call_ids=[c.call_id for c in calls])]
+
+
+class FirstCall(BaseException):
+    """The model was called: the resume is over (what is timed ends here)."""
+
+
+class Stopwatch:
+    """A provider that notes when it is first called and stops the run there.
+
+    Until ``armed``, it answers with a call of the ``search`` tool (building a run's history).
+    """
+
+    def __init__(self, turns: int = 0) -> None:
+        self.turns = turns
+        self.called_at = 0.0
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        if self.turns > 0:
+            self.turns -= 1
+            n = sum(m.role == "assistant" for m in messages) + 1
+            return reply(f"looking {n}", ToolCall(call_id=f"c{n}", tool="search", args={"q": n}))
+        self.called_at = time.perf_counter()
+        raise FirstCall
+
+
+@tool
+async def search(q: int, *, idempotency_key: str) -> str:
+    """A tool whose answer is a few hundred bytes."""
+    return f"result {q}: " + "lorem ipsum dolor sit amet " * 12

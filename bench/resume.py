@@ -101,7 +101,7 @@ from _common import (
     throwaway_name,
     write_results,
 )
-from _workload import RunHistory
+from _workload import FirstCall, RunHistory, Stopwatch, search
 from rich.console import Console
 from rich.table import Table
 
@@ -110,7 +110,6 @@ from onward.eventlog import (
     ApprovalRequested,
     Event,
     KafkaEventLog,
-    Message,
     RunClaimed,
     RunStarted,
     SqliteEventLog,
@@ -127,7 +126,7 @@ from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import PostgresBlobStore, SqliteBlobStore
 from onward.runtime.leases import LeasePolicy, LeaseStore, RedisLeaseStore, SqliteLeaseStore
-from onward.runtime.providers import ModelReply, ScriptedProvider, reply
+from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.resumer import CarriedRun, Resumer
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
@@ -682,35 +681,6 @@ def _workload_figures(work: Workload) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # The runner scenario: what a user times (`AgentRunner.resume`, `approve`, `inspect`)
-
-
-class FirstCall(BaseException):
-    """The model was called: the resume is over (what is timed ends here)."""
-
-
-class Stopwatch:
-    """A provider that notes when it is first called and stops the run there.
-
-    Until ``armed``, it answers with a call of the ``search`` tool (building a run's history).
-    """
-
-    def __init__(self, turns: int = 0) -> None:
-        self.turns = turns
-        self.called_at = 0.0
-
-    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
-        if self.turns > 0:
-            self.turns -= 1
-            n = sum(m.role == "assistant" for m in messages) + 1
-            return reply(f"looking {n}", ToolCall(call_id=f"c{n}", tool="search", args={"q": n}))
-        self.called_at = time.perf_counter()
-        raise FirstCall
-
-
-@tool
-async def search(q: int, *, idempotency_key: str) -> str:
-    """A tool whose answer is a few hundred bytes."""
-    return f"result {q}: " + "lorem ipsum dolor sit amet " * 12
 
 
 @tool(requires_approval=True)

@@ -18,7 +18,8 @@ Each error says what happened, to which run where one is involved, and what to d
     ├── NothingToResumeError        no run under that id
     └── BackendError                the log or a store failed (driver error attached as __cause__)
         ├── BackendUnavailableError the server could not be reached or timed out; retry later
-        └── ProducerFatalError      the Kafka producer's session is unusable; it has been replaced
+        ├── ProducerFatalError      the Kafka producer's session is unusable; it has been replaced
+        └── ArchiveError            an archive of cut log records cannot be read back as written
 
 Driver exceptions (aiokafka, sqlite3, redis-py, asyncpg) are translated into these in one place,
 the storage layer (``onward._storage``), so callers never handle a driver's type; a test
@@ -144,7 +145,14 @@ class ProducerFatalError(BackendError):
     retryable = True
 
 
+class ArchiveError(BackendError):
+    """An archive of cut log records cannot be read back as written: its manifest is not valid
+    JSON of the expected shape, or a file's size or checksum differs from the manifest's.
+    Nothing is cut while it stands; restore the archive from a copy."""
+
+
 __all__ = [
+    "ArchiveError",
     "BackendError",
     "BackendUnavailableError",
     "CheckpointFormatError",

@@ -20,6 +20,7 @@ from onward.errors import NothingToResumeError
 from onward.eventlog import events as ev
 from onward.eventlog.base import (
     EventLog,
+    LogRecord,
     Position,
     RefusedEvent,
     SequenceGuard,
@@ -43,6 +44,8 @@ class AuditLine:
     stored: StoredEvent | None
     refused: RefusedEvent | None
     unreadable: UnreadableRecord | None = None
+    retained: bool = False
+    """The event is a retained copy: compaction cut it from the log, it was tagged."""
 
     @property
     def position(self) -> Position:
@@ -84,6 +87,7 @@ class AuditLine:
             "at": event.at,
             "description": describe_event(event),
             "refused": self.refused is not None,
+            "retained": self.retained,
             "unreadable": False,
             "reason": self.refused.reason.value if self.refused else None,
             "detail": self.refused.detail if self.refused else None,
@@ -169,6 +173,14 @@ async def audit_timeline(log: EventLog, run_id: str, *, tenant: str) -> list[Aud
         NothingToResumeError: No run under that id for that tenant.
     """
     records = await log.read_records(partition_for(run_id, log.partitions), run_id=run_id)
+    lines = timeline_of(records)
+    check_owner(lines, run_id, tenant)
+    return lines
+
+
+def timeline_of(records: Sequence[LogRecord]) -> list[AuditLine]:
+    """The audit lines of one run's records, in the order given: the verdicts are reached from
+    the first event's seq on (above 1 when compaction removed the run's beginning)."""
     first = next((r.event for r in records if isinstance(r, StoredEvent)), None)
     guard = SequenceGuard()
     if first is not None and first.seq > 1:
@@ -180,6 +192,15 @@ async def audit_timeline(log: EventLog, run_id: str, *, tenant: str) -> list[Aud
             continue
         counted = guard.admit(item)
         lines.append(AuditLine(item, None if counted else guard.refused[-1]))
+    return lines
+
+
+def check_owner(lines: Sequence[AuditLine], run_id: str, tenant: str) -> None:
+    """Refuse a timeline with no counted event, or one of another tenant's run.
+
+    Raises:
+        NothingToResumeError: No run under that id for that tenant.
+    """
     first_counted = next(
         (line.stored for line in lines if line.stored is not None and line.refused is None), None
     )
@@ -187,7 +208,13 @@ async def audit_timeline(log: EventLog, run_id: str, *, tenant: str) -> list[Aud
         raise NothingToResumeError(
             f"no run {run_id!r} for tenant {tenant!r}; check the id and tenant", run_id=run_id
         )
-    return lines
 
 
-__all__ = ["AuditLine", "audit_timeline", "describe_event", "one_line"]
+__all__ = [
+    "AuditLine",
+    "audit_timeline",
+    "check_owner",
+    "describe_event",
+    "one_line",
+    "timeline_of",
+]

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from onward._storage import SqliteStore, transaction
+from onward._storage import IN_CHUNK, SqliteStore, select_in, transaction
 
 from .base import (
     FrontierStoreBackend,
@@ -35,7 +35,7 @@ from .base import (
 from .frontier import RunStatus, ToolCallRow
 from .transcript import TranscriptRow, decode_message
 
-LOAD_CHUNK = 500
+LOAD_CHUNK = IN_CHUNK
 """Run ids per ``IN (...)`` list: well under SQLite's bound-variable limit on any build."""
 
 # The scalar columns carry the names of the fields they hold, so rows map to and from the
@@ -167,7 +167,7 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         """The stored rows of the given runs, read in one query per ``LOAD_CHUNK`` ids.
 
         A projector loads a whole batch's runs at once; a round trip per run is what this
-        avoids. The chunks are read in one transaction, so they are one snapshot of the file.
+        avoids.
         """
         ids = list(dict.fromkeys(run_ids))
         if not ids:
@@ -175,14 +175,7 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         conn = self._db.connection()
 
         def read() -> list[Any]:
-            rows: list[Any] = []
-            with transaction(conn, "BEGIN"):
-                for first in range(0, len(ids), LOAD_CHUNK):
-                    chunk = ids[first : first + LOAD_CHUNK]
-                    marks = ", ".join("?" for _ in chunk)
-                    query = f"{_SELECT_FRONTIERS} WHERE run_id IN ({marks})"
-                    rows.extend(conn.execute(query, chunk).fetchall())
-            return rows
+            return select_in(conn, f"{_SELECT_FRONTIERS} WHERE run_id IN", ids)
 
         rows = await self._db.call(read, f"loading the frontiers of {len(ids)} runs")
         return {stored.summary.run_id: stored for stored in map(_stored, rows)}

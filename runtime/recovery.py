@@ -129,9 +129,10 @@ class Recovery:
         if agent is None:
             _log.warning("run %s: no agent %r here; left alone", run_id, frontier.agent)
             return None
-        stored = await worker.backends.log.read_run(
-            run_id, start=frontier.first_offset if frontier.first_offset >= 0 else None
-        )
+        # From its first event, or from the log's start once compaction cut below it.
+        log = worker.backends.log
+        kept = (await log.bounds(partition_for(run_id, log.partitions))).start
+        stored = await log.read_run(run_id, start=max(frontier.first_offset, kept))
         attempts = attempts_since_progress(s.event for s in stored if s.event.run_id == run_id)
         if attempts >= worker.max_attempts:
             await self._give_up(

@@ -22,6 +22,7 @@ import pytest_asyncio
 from support.kafka import fresh_topic
 from support.pg import SchemaFactory, schema_factory
 from support.redis import fresh_prefix
+from support.servers import KafkaServers
 
 # The shared assertions in tests/support report their operands as a test's own asserts do.
 pytest.register_assert_rewrite("support.histories")
@@ -135,6 +136,18 @@ async def pg_schema(new_pg_schema: SchemaFactory) -> str:
 async def empty_pg_schema(new_pg_schema: SchemaFactory) -> str:
     """A PostgreSQL schema of this test alone with no tables yet, dropped afterwards."""
     return await new_pg_schema(migrated=False)
+
+
+@pytest.fixture
+def kafka_servers(request: pytest.FixtureRequest) -> KafkaServers:
+    """This test's Kafka topic, PostgreSQL schema and Redis key prefix, with their servers."""
+    names = ("kafka_bootstrap", "kafka_topic", "database_url", "pg_schema", "redis_url")
+    return KafkaServers._make(
+        [
+            *(request.getfixturevalue(name) for name in names),
+            request.getfixturevalue("redis_prefix"),
+        ]
+    )
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,15 @@ from .migrations import (
     verify_sqlite,
 )
 from .postgres import APPLICATION_NAME, application_name, open_pool, pooled
-from .sqlite import SqliteThread, connect, connect_readonly, split_statements, transaction
+from .sqlite import (
+    IN_CHUNK,
+    SqliteThread,
+    connect,
+    connect_readonly,
+    select_in,
+    split_statements,
+    transaction,
+)
 from .stores import BACKEND_TIMEOUT_S, AsyncResource, PostgresStore, Resource, SqliteStore
 from .translate import DRIVER_ERRORS, classify, translate, translated, translating
 
@@ -30,6 +38,7 @@ __all__ = [
     "BACKEND_TIMEOUT_S",
     "DRIVER_ERRORS",
     "DRIVER_LOGGERS",
+    "IN_CHUNK",
     "AsyncResource",
     "Dialect",
     "Migration",
@@ -52,6 +61,7 @@ __all__ = [
     "pooled",
     "refuse_foreign_sqlite",
     "schema_version_postgres",
+    "select_in",
     "split_statements",
     "transaction",
     "translate",

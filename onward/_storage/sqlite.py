@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from onward.errors import ConfigurationError, InvalidInputError
 
@@ -110,6 +110,22 @@ def transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Ite
             conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+IN_CHUNK = 500
+"""Values per ``IN (...)`` list: well under SQLite's bound-variable limit on any build."""
+
+
+def select_in(conn: sqlite3.Connection, query: str, values: list[Any]) -> list[Any]:
+    """Rows of ``query`` (ending in ``... IN``) for every value, one ``IN`` list per
+    `IN_CHUNK` values, all read in one transaction (one snapshot of the file)."""
+    rows: list[Any] = []
+    with transaction(conn, "BEGIN"):
+        for first in range(0, len(values), IN_CHUNK):
+            chunk = values[first : first + IN_CHUNK]
+            marks = ", ".join("?" for _ in chunk)
+            rows.extend(conn.execute(f"{query} ({marks})", chunk).fetchall())
+    return rows
 
 
 class SqliteThread:

@@ -3,11 +3,13 @@
 Needs the ``dev`` extra (pytest, pytest-asyncio).
 """
 
+from .compaction import CompactionStoreConformance
 from .eventlog import EventLogConformance, PersistentEventLogConformance
 from .frontiers import FrontierStoreConformance
 from .leases import LeaseStoreConformance
 
 __all__ = [
+    "CompactionStoreConformance",
     "EventLogConformance",
     "FrontierStoreConformance",
     "LeaseStoreConformance",

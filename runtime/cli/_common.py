@@ -18,6 +18,7 @@ import pkgutil
 import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
@@ -61,6 +62,15 @@ out = Console(highlight=False)
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id.")]
 TenantOption = Annotated[str, typer.Option("--tenant", "-t", help="The tenant that owns the run.")]
+ArchiveOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--archive",
+        metavar="DIR",
+        help="The directory archive of cut log records (compact writes it, others read it).",
+        file_okay=False,
+    ),
+]
 
 
 def exit_code(exc: OnwardError) -> int:

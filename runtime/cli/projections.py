@@ -13,7 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from onward.errors import InvalidInputError
 from onward.eventlog import KafkaEventLog
+from onward.eventlog.archive import DirectoryArchive
+from onward.eventlog.archived import ArchivedEventLog
+from onward.eventlog.base import EventLog
 from onward.projections.base import ProjectionSink
+from onward.projections.compaction import PostgresCompactionStore
 from onward.projections.kafka import (
     DEFAULT_GROUP,
     PROJECTOR_FLUSH_EVENTS,
@@ -27,7 +31,7 @@ from onward.projections.rebuild import RebuildReport, rebuild_frontiers, rebuild
 from onward.projections.sql import Projection, SqlProjectionSink, as_projection
 from onward.runtime.settings import Settings, load_settings
 
-from ._common import err, imported, opened, out, within
+from ._common import ArchiveOption, err, imported, opened, out, within
 
 _log = logging.getLogger("onward.projector")
 
@@ -139,6 +143,20 @@ async def _report_lag(worker: KafkaProjector[ProjectionSink], stop: asyncio.Even
             _log.info("lag %d records %s stats %s", sum(lag.values()), lag, stats)
 
 
+async def _refuse_if_cut(config: Settings) -> None:
+    """A log compaction cut folds into runs with holes: refuse it without the archive."""
+    store = PostgresCompactionStore(config.require_database_url(), schema=config.database_schema)
+    async with opened("PostgreSQL", store):
+        cuts = await store.cuts()
+    if cuts:
+        where = sorted({c.archive for c in cuts if c.archive is not None})
+        raise InvalidInputError(
+            f"compaction cut {sum(c.events for c in cuts)} records from the log; a rebuild from "
+            "what is left would miss the start of every run it cut into. Pass --archive DIR"
+            + (f" (archived in {', '.join(where)})" if where else "")
+        )
+
+
 def rebuild_command(
     name: Annotated[str, typer.Argument(help="frontiers, or the name of a user projection.")],
     projection: Annotated[
@@ -146,10 +164,14 @@ def rebuild_command(
         typer.Option(help="The user projection to rebuild, package.module:attribute."),
     ] = None,
     batch: Annotated[int, typer.Option(help="Records read per partition per step.")] = 5_000,
+    archive: ArchiveOption = None,
 ) -> None:
     """Fold the retained log into a new build of a projection and switch its views to it.
+    With --archive, what compaction cut is read back from the archive first, so the new build
+    holds every run whole; without it, a log that was cut is refused.
 
-    Exit 0: rebuilt. 2: bad configuration or --projection. 5: Kafka or PostgreSQL failed.
+    Exit 0: rebuilt. 2: bad configuration or --projection, or the log was cut and no
+    --archive given. 5: Kafka or PostgreSQL failed, or the archive is corrupt.
     """
     config = load_settings()
     database_url = config.require_database_url()
@@ -162,7 +184,12 @@ def rebuild_command(
             raise InvalidInputError(f"{projection} is projection {user.name!r}, not {name!r}")
 
     async def run() -> RebuildReport:
-        async with opened("Kafka", _kafka_log(config, create_topic=False)) as log:
+        async with opened("Kafka", _kafka_log(config, create_topic=False)) as live:
+            log: EventLog = live
+            if archive is not None:
+                log = ArchivedEventLog(live, DirectoryArchive(archive))
+            else:
+                await _refuse_if_cut(config)
             with Progress(
                 TextColumn(f"rebuilding {name}"),
                 BarColumn(),

@@ -14,15 +14,20 @@ from rich.text import Text
 
 from onward._storage import check_onward_sqlite
 from onward.errors import ConfigurationError, InvalidInputError
+from onward.eventlog.archive import DirectoryArchive
+from onward.eventlog.archived import ArchivedEventLog
 from onward.projections.audit import AuditLine, audit_timeline
+from onward.projections.compaction.history import CompactedSpan, compacted_timeline
 from onward.projections.frontier import Frontier
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
+from onward.runtime.compaction import compaction_store
 from onward.runtime.leases.base import RunLease
 from onward.runtime.providers import Provider
 from onward.runtime.settings import load_settings
 
 from ._common import (
+    ArchiveOption,
     NoModel,
     RunArgument,
     TenantOption,
@@ -279,25 +284,34 @@ def replay_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="JSON lines, one object per event, instead of a table.")
     ] = False,
+    archive: ArchiveOption = None,
 ) -> None:
     """The audit timeline: every stored record of a run in log order, refused events and
-    unreadable records marked in place (with their offset and why).
+    unreadable records marked in place (with their offset and why). After compaction, the
+    compacted span is named with where it was archived, and tagged events retained are shown
+    in place; with --archive the whole history is read from the archive and the log.
 
     Takes no lease and writes nothing.
 
     Exit 0: shown. 1: no such run. 2: bad command line, or the SQLite file is missing or is
-    not an Onward database. 5: a store failed.
+    not an Onward database. 5: a store failed, or the archive is corrupt.
     """
 
-    async def work(backends: Backends) -> list[AuditLine]:
-        return await audit_timeline(backends.log, run_id, tenant=tenant)
+    async def work(backends: Backends) -> tuple[list[AuditLine], CompactedSpan | None]:
+        if archive is not None:
+            log = ArchivedEventLog(backends.log, DirectoryArchive(archive))
+            return await audit_timeline(log, run_id, tenant=tenant), None
+        async with compaction_store(backends) as store:
+            return await compacted_timeline(backends.log, store, run_id, tenant=tenant)
 
-    lines = with_backends(work, readonly=True)
-    first = next(line.stored for line in lines if line.stored is not None)
-    if first.event.seq > 1:
+    lines, span = with_backends(work, readonly=True)
+    if span is not None:
+        error(span.describe(run_id))
+    first = next((line.stored for line in lines if line.stored is not None), None)
+    if span is None and first is not None and first.event.seq > 1:
         error(
             f"run {run_id!r}: the events before seq {first.event.seq} (offset "
-            f"{first.position.offset}) were compacted away; the timeline starts there"
+            f"{first.position.offset}) were cut from the log; the timeline starts there"
         )
     holes = [line.position.offset for line in lines if line.unreadable is not None]
     if holes:

@@ -187,7 +187,7 @@ def audit_table(run_id: str, tenant: str, lines: Sequence[AuditLine]) -> Table:
             continue
         event = line.stored.event
         what = Text(describe_event(event))
-        verdict = Text("yes")
+        verdict = Text("retained" if line.retained else "yes")
         if line.refused is not None:
             verdict = Text("REFUSED", style="bold red")
             # The guard's detail starts with the run and seq, which the row already shows.

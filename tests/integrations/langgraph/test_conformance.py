@@ -18,8 +18,9 @@ from langgraph.checkpoint.conformance.capabilities import (
     DetectedCapabilities,
 )
 from langgraph.checkpoint.conformance.report import CapabilityReport
+from support.servers import KafkaServers
 
-from .worlds import KafkaServers, World, kafka_world, sqlite_world
+from .worlds import World, kafka_world, sqlite_world
 
 # What OnwardSaver implements beyond the base: every extended capability. The test fails if this
 # drifts from the class.

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Self
 
 import pytest
+from support.servers import KafkaServers
 
 from onward.errors import FencedError, ResumeConflictError
 from onward.eventlog import Refusal, RunClaimed
@@ -28,7 +29,7 @@ from onward.integrations.langgraph import OnwardSaver, ThreadState
 from onward.runtime.leases import LeasePolicy, LeaseStore, RunLease
 
 from .graphs import config, steps_graph
-from .worlds import TENANT, KafkaServers, World, kafka_spec, kafka_world, sqlite_spec, sqlite_world
+from .worlds import TENANT, World, kafka_spec, kafka_world, sqlite_spec, sqlite_world
 
 TESTS = Path(__file__).resolve().parents[2]
 TTL_S = 1.5

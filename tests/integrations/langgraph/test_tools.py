@@ -24,6 +24,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
+from support.servers import KafkaServers
 
 from onward.errors import ResumeConflictError
 from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
@@ -44,7 +45,7 @@ from .agents import (
     model,
     thread_config,
 )
-from .worlds import KafkaServers, World, kafka_spec, kafka_world, sqlite_spec, sqlite_world
+from .worlds import World, kafka_spec, kafka_world, sqlite_spec, sqlite_world
 
 TESTS = Path(__file__).resolve().parents[2]
 TTL_S = 1.5

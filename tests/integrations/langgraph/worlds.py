@@ -7,7 +7,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import NamedTuple
 
 from support.stores import Stores, kafka_stores, sqlite_stores
 
@@ -63,17 +62,6 @@ async def kafka_world(*places: str, postgres_leases: bool = False) -> AsyncItera
     """
     async with kafka_stores(*places, postgres_leases=postgres_leases) as stores:
         yield World(stores.log, stores.leases, stores.frontiers, stores.embedded)
-
-
-class KafkaServers(NamedTuple):
-    """Where one test's Kafka world lives, in `kafka_world`'s argument order."""
-
-    bootstrap: str
-    topic: str
-    database_url: str
-    schema: str
-    redis_url: str
-    prefix: str
 
 
 def kafka_spec(

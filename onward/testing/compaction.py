@@ -1,0 +1,112 @@
+"""`CompactionStoreConformance`: the behaviour every `CompactionStore` backend must show.
+
+Subclass it once per backend and implement :meth:`CompactionStoreConformance.open_stores`,
+which returns a fresh, migrated, empty compaction store and the frontier store whose projector
+positions it reads (the two share a database). Needs pytest and pytest-asyncio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+
+from onward.eventlog.base import Position, StoredEvent
+from onward.eventlog.events import Tagged
+from onward.projections.base import FrontierStore
+from onward.projections.compaction import CompactionStore, LogCut, RetainedEvent, RunTruncation
+
+from .eventlog import new_run_id
+
+
+def point(run_id: str, before_seq: int, *, offset: int = 0) -> RunTruncation:
+    """A truncation point of ``run_id`` (partition 1) at ``before_seq``."""
+    return RunTruncation(
+        tenant="acme",
+        run_id=run_id,
+        partition=1,
+        before_seq=before_seq,
+        before_offset=offset or 10 * before_seq,
+        at=1_000 + before_seq,
+    )
+
+
+def kept(run_id: str, seq: int, label: str = "milestone") -> RetainedEvent:
+    """A retained copy of event ``seq`` of ``run_id``, as read at offset ``10 * seq``."""
+    event = Tagged(run_id=run_id, tenant="acme", seq=seq, fence=1, target_seq=1, label=label)
+    return RetainedEvent.of(StoredEvent(Position(1, 10 * seq), event))
+
+
+class CompactionStoreConformance:
+    """The contract of `CompactionStore`. Subclass per backend; every test must pass unchanged."""
+
+    async def open_stores(self) -> tuple[CompactionStore, FrontierStore]:
+        """A fresh, migrated, empty compaction store and its frontier store."""
+        raise NotImplementedError
+
+    @pytest_asyncio.fixture
+    async def stores(self) -> AsyncIterator[tuple[CompactionStore, FrontierStore]]:
+        store, frontiers = await self.open_stores()
+        try:
+            yield store, frontiers
+        finally:
+            await store.close()
+            await frontiers.close()
+
+    async def test_a_point_reads_back_and_only_moves_forward(
+        self, stores: tuple[CompactionStore, FrontierStore]
+    ) -> None:
+        store, _ = stores
+        run_id, other = new_run_id(), new_run_id()
+        await store.truncate([point(run_id, 5)], [])
+        await store.truncate([point(run_id, 3), point(other, 2)], [])
+        assert await store.truncations([run_id, other, new_run_id()]) == {
+            run_id: point(run_id, 5),
+            other: point(other, 2),
+        }
+        await store.truncate([point(run_id, 9)], [])
+        assert (await store.truncations([run_id]))[run_id] == point(run_id, 9)
+
+    async def test_retained_events_are_stored_once_and_decode_as_read(
+        self, stores: tuple[CompactionStore, FrontierStore]
+    ) -> None:
+        store, _ = stores
+        run_id = new_run_id()
+        await store.truncate([point(run_id, 8)], [kept(run_id, 4), kept(run_id, 2)])
+        await store.truncate([], [kept(run_id, 4, label="again")])
+        found = await store.retained(run_id)
+        assert found == [kept(run_id, 2), kept(run_id, 4)]
+        assert found[1].stored() == StoredEvent(
+            Position(1, 40),
+            Tagged(run_id=run_id, tenant="acme", seq=4, fence=1, target_seq=1, label="milestone"),
+        )
+        assert await store.retained_seqs([run_id, new_run_id()]) == {run_id: {2, 4}}
+        assert await store.retained(new_run_id()) == []
+
+    async def test_positions_are_the_projectors_stored_ones(
+        self, stores: tuple[CompactionStore, FrontierStore]
+    ) -> None:
+        store, frontiers = stores
+        assert all(not p for p in (await store.positions()).values())
+        await frontiers.write("frontiers", {0: 12, 1: 7}, [], [])
+        found = await store.positions()
+        assert list(found.values()) == [{0: 12, 1: 7}]
+
+    async def test_a_cut_recorded_again_keeps_the_larger_end(
+        self, stores: tuple[CompactionStore, FrontierStore]
+    ) -> None:
+        store, _ = stores
+
+        def cut(partition: int, start: int, end: int) -> LogCut:
+            return LogCut(
+                partition=partition, start=start, end=end, events=end - start, archive="a", at=1
+            )
+
+        await store.record_cut(cut(1, 0, 50))
+        await store.record_cut(cut(1, 0, 40))
+        await store.record_cut(cut(1, 50, 90))
+        await store.record_cut(cut(0, 0, 5))
+        assert await store.cuts(1) == [cut(1, 0, 50), cut(1, 50, 90)]
+        assert await store.cuts() == [cut(0, 0, 5), cut(1, 0, 50), cut(1, 50, 90)]
+        await store.record_cut(cut(1, 0, 60))
+        assert (await store.cuts(1))[0] == cut(1, 0, 60)

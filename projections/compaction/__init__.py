@@ -1,0 +1,16 @@
+"""Compaction's stores: run truncation points, retained (tagged) events and recorded cuts."""
+
+from .base import CompactionStore, LogCut, RetainedEvent, RunTruncation
+from .memory import MemoryCompactionStore
+from .postgres import PostgresCompactionStore
+from .sqlite import SqliteCompactionStore
+
+__all__ = [
+    "CompactionStore",
+    "LogCut",
+    "MemoryCompactionStore",
+    "PostgresCompactionStore",
+    "RetainedEvent",
+    "RunTruncation",
+    "SqliteCompactionStore",
+]

@@ -1,0 +1,158 @@
+"""`SqliteCompactionStore`: compaction's rows in the embedded SQLite file.
+
+It shares the file (and, given ``sharing``, the connection and thread) of the event log and the
+frontier store, so a truncation point and the retained events land in one ``BEGIN IMMEDIATE``
+transaction, and the projectors' positions are read from the frontier store's own table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from onward._storage import SqliteStore, select_in, transaction
+
+from .base import LogCut, RetainedEvent, RunTruncation
+
+_TRUNCATE = (
+    "INSERT INTO onward_run_truncation "
+    "(run_id, tenant, partition, before_seq, before_offset, compacted_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET "
+    "before_seq = excluded.before_seq, before_offset = excluded.before_offset, "
+    "compacted_at = excluded.compacted_at "
+    "WHERE onward_run_truncation.before_seq < excluded.before_seq"
+)
+_RETAIN = (
+    "INSERT INTO onward_retained_events (run_id, seq, tenant, partition, log_offset, record) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(run_id, seq) DO NOTHING"
+)
+_CUT = (
+    "INSERT INTO onward_log_cuts (partition, start_offset, end_offset, events, archive, cut_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(partition, start_offset) DO UPDATE SET "
+    "end_offset = excluded.end_offset, events = excluded.events, archive = excluded.archive, "
+    "cut_at = excluded.cut_at WHERE onward_log_cuts.end_offset < excluded.end_offset"
+)
+
+
+class SqliteCompactionStore(SqliteStore):
+    """A `CompactionStore` in one SQLite file (see `SqliteStore` for the arguments)."""
+
+    what = "compaction store"
+
+    async def _chunked(self, query: str, run_ids: Collection[str], context: str) -> list[Any]:
+        """Rows of ``query`` (which ends in ``run_id IN``) for every run id, in one snapshot."""
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return []
+        conn = self._db.connection()
+        return await self._db.call(lambda: select_in(conn, query, ids), context)
+
+    async def truncations(self, run_ids: Collection[str]) -> dict[str, RunTruncation]:
+        rows = await self._chunked(
+            "SELECT tenant, run_id, partition, before_seq, before_offset, compacted_at "
+            "FROM onward_run_truncation WHERE run_id IN",
+            run_ids,
+            "reading truncation points",
+        )
+        return {
+            row[1]: RunTruncation(
+                tenant=row[0],
+                run_id=row[1],
+                partition=row[2],
+                before_seq=row[3],
+                before_offset=row[4],
+                at=row[5],
+            )
+            for row in rows
+        }
+
+    async def truncate(
+        self, truncations: Sequence[RunTruncation], retained: Sequence[RetainedEvent]
+    ) -> None:
+        points = [
+            (t.run_id, t.tenant, t.partition, t.before_seq, t.before_offset, t.at)
+            for t in truncations
+        ]
+        kept = [(e.run_id, e.seq, e.tenant, e.partition, e.offset, e.record) for e in retained]
+        if not points and not kept:
+            return
+        conn = self._db.connection()
+
+        def write() -> None:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                conn.executemany(_RETAIN, kept)
+                conn.executemany(_TRUNCATE, points)
+
+        await self._db.call(
+            write, f"storing {len(points)} truncation points and {len(kept)} retained events"
+        )
+
+    async def retained(self, run_id: str) -> list[RetainedEvent]:
+        conn = self._db.connection()
+
+        def read() -> list[Any]:
+            return conn.execute(
+                "SELECT tenant, run_id, seq, partition, log_offset, record "
+                "FROM onward_retained_events WHERE run_id = ? ORDER BY seq",
+                (run_id,),
+            ).fetchall()
+
+        rows = await self._db.call(read, "reading retained events", run_id)
+        return [
+            RetainedEvent(
+                tenant=r[0], run_id=r[1], seq=r[2], partition=r[3], offset=r[4], record=bytes(r[5])
+            )
+            for r in rows
+        ]
+
+    async def retained_seqs(self, run_ids: Collection[str]) -> dict[str, set[int]]:
+        rows = await self._chunked(
+            "SELECT run_id, seq FROM onward_retained_events WHERE run_id IN",
+            run_ids,
+            "reading retained seqs",
+        )
+        found: dict[str, set[int]] = {}
+        for run_id, seq in rows:
+            found.setdefault(run_id, set()).add(int(seq))
+        return found
+
+    async def positions(self) -> dict[str, dict[int, int]]:
+        conn = self._db.connection()
+
+        def read() -> list[Any]:
+            return conn.execute(
+                "SELECT consumer, partition, next_offset FROM onward_projector_positions"
+            ).fetchall()
+
+        found: dict[str, dict[int, int]] = {}
+        for consumer, partition, offset in await self._db.call(read, "reading positions"):
+            found.setdefault(consumer, {})[int(partition)] = int(offset)
+        return found
+
+    async def record_cut(self, cut: LogCut) -> None:
+        conn = self._db.connection()
+
+        def write() -> None:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                conn.execute(
+                    _CUT, (cut.partition, cut.start, cut.end, cut.events, cut.archive, cut.at)
+                )
+
+        await self._db.call(write, f"recording a cut of partition {cut.partition}")
+
+    async def cuts(self, partition: int | None = None) -> list[LogCut]:
+        conn = self._db.connection()
+
+        def read() -> list[Any]:
+            return conn.execute(
+                "SELECT partition, start_offset, end_offset, events, archive, cut_at "
+                "FROM onward_log_cuts WHERE ? IS NULL OR partition = ? "
+                "ORDER BY partition, start_offset",
+                (partition, partition),
+            ).fetchall()
+
+        rows = await self._db.call(read, "reading recorded cuts")
+        return [
+            LogCut(partition=r[0], start=r[1], end=r[2], events=r[3], archive=r[4], at=r[5])
+            for r in rows
+        ]

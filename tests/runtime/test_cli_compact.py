@@ -1,0 +1,106 @@
+"""`onward compact`, `onward replay` after compaction and `--archive`, on an embedded SQLite file.
+
+Bad input changes nothing: an archive that cannot be written (exit 2) or whose manifest is
+corrupt (exit 5) leaves the log as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from support.compaction_world import TENANT, log_sizes, sqlite_world
+from typer.testing import CliRunner, Result
+
+from onward.eventlog import SqliteEventLog, TurnSettled
+from onward.runtime.cli import app
+
+LIVE = "long"
+
+
+async def _prepare(folder: Path) -> None:
+    async with sqlite_world(folder) as world:
+        await world.finished_run("done", turns=2)
+        await world.live_run(LIVE, turns=10, done=8)
+        history = await world.log.read_run(LIVE)
+        first_settled = next(s.event.seq for s in history if isinstance(s.event, TurnSettled))
+        await world.runner(None).tag(LIVE, "first", tenant=TENANT, seq=first_settled)
+        await world.fold()
+
+
+async def _sizes(db: Path) -> list[tuple[int, int]]:
+    async with SqliteEventLog(db, partitions=1) as log:
+        return await log_sizes(log)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    asyncio.run(_prepare(tmp_path))
+    return tmp_path / "onward.db"
+
+
+def onward(db: Path, *args: str) -> Result:
+    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db), "ONWARD_PARTITIONS": "1"}
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def test_a_dry_run_says_what_it_would_cut_and_changes_nothing(db: Path, tmp_path: Path) -> None:
+    before = asyncio.run(_sizes(db))
+    archive = tmp_path / "archive"
+    result = onward(db, "compact", "--dry-run", "--archive", str(archive), "--max-checkpoints", "2")
+    assert result.exit_code == 0, result.output
+    assert "partition 0 [0, " in result.stdout
+    assert "would archive [0, " in result.stdout
+    assert asyncio.run(_sizes(db)) == before
+    assert not archive.exists()
+
+
+def test_compact_then_replay_marks_the_span_and_the_archive_shows_it_all(
+    db: Path, tmp_path: Path
+) -> None:
+    archive = tmp_path / "archive"
+    result = onward(db, "compact", "--archive", str(archive), "--max-checkpoints", "2")
+    assert result.exit_code == 0, result.output
+    assert "archived" in result.stdout
+    start = asyncio.run(_sizes(db))[0][0]
+    assert start > 0
+
+    replay = onward(db, "replay", LIVE, "--tenant", TENANT, "--json")
+    assert replay.exit_code == 0, replay.output
+    assert "were compacted" in replay.stderr
+    assert str(archive) in replay.stderr
+    shown = [json.loads(line) for line in replay.stdout.splitlines()]
+    retained = [line["seq"] for line in shown if line["retained"]]
+    assert len(retained) == 1
+    assert min(line["seq"] for line in shown if not line["retained"]) > retained[0]
+
+    whole = onward(db, "replay", LIVE, "--tenant", TENANT, "--json", "--archive", str(archive))
+    assert whole.exit_code == 0, whole.output
+    seqs = [json.loads(line)["seq"] for line in whole.stdout.splitlines()]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert min(json.loads(line)["offset"] for line in whole.stdout.splitlines()) < start
+
+
+def test_an_archive_that_cannot_be_written_cuts_nothing(db: Path, tmp_path: Path) -> None:
+    before = asyncio.run(_sizes(db))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = onward(db, "compact", "--archive", str(blocker / "archive"), "--max-checkpoints", "2")
+    assert result.exit_code == 2, result.output
+    assert "cannot be written" in result.stderr
+    assert "nothing was cut" in result.stderr
+    assert asyncio.run(_sizes(db)) == before
+
+
+def test_a_corrupt_manifest_stops_compaction_before_anything(db: Path, tmp_path: Path) -> None:
+    before = asyncio.run(_sizes(db))
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (archive / "manifest.json").write_text('{"format": 1, "ranges": [{"partition": ')
+    result = onward(db, "compact", "--archive", str(archive), "--max-checkpoints", "2")
+    assert result.exit_code == 5, result.output
+    assert "ArchiveError" in result.stderr
+    assert "manifest.json is corrupt" in result.stderr
+    assert asyncio.run(_sizes(db)) == before

@@ -1,0 +1,194 @@
+"""Compaction on the embedded SQLite deployment and on Kafka + PostgreSQL + Redis.
+
+One scenario per deployment: finished runs, then a long live run, tags on both; a pass with a
+directory archive. Tagged events survive, the live run resumes with its whole conversation,
+archive plus log folds to the frontiers and ``tool_calls`` rows of before, and the archive holds
+exactly what was cut. A dry run changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from support.compaction_world import (
+    AGENT,
+    TENANT,
+    Script,
+    World,
+    conversation,
+    kafka_stores,
+    log_sizes,
+    refolded,
+    rows,
+    sqlite_world,
+)
+from support.servers import KafkaServers
+
+from onward.eventlog import MemoryEventLog, Tagged, TurnSettled
+from onward.eventlog.archive import DirectoryArchive
+from onward.eventlog.archived import ArchivedEventLog
+from onward.eventlog.base import EventLog
+from onward.projections.compaction import MemoryCompactionStore
+from onward.projections.frontier import Frontier, ToolCallRow
+from onward.projections.memory import MemoryFrontierStore
+from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.rebuild import rebuild_frontiers
+from onward.runtime.compaction import CheckpointCompactor
+from onward.runtime.leases import MemoryLeaseStore
+
+FINISHED = ["done-0", "done-1", "done-2"]
+LIVE = "long"
+RUNS = [*FINISHED, LIVE]
+
+
+@pytest_asyncio.fixture
+async def kafka_world(kafka_servers: KafkaServers) -> AsyncIterator[World]:
+    async with kafka_stores(kafka_servers) as world:
+        yield world
+
+
+async def written(world: World) -> int:
+    """Finished runs, then a long run that died mid-way; a tag on each. Returns the seq
+    tagged on the live run (an early boundary, far below what compaction keeps)."""
+    for n, run_id in enumerate(FINISHED):
+        await world.finished_run(run_id, turns=n + 1)
+    await world.live_run(LIVE, turns=20, done=12)
+    settled = [
+        s.event.seq for s in await world.log.read_run(LIVE) if isinstance(s.event, TurnSettled)
+    ]
+    tagger = world.runner(Script(0))
+    tagged = await tagger.tag(LIVE, "milestone", tenant=TENANT, seq=settled[1])
+    await tagger.tag(FINISHED[0], "answer", tenant=TENANT)
+    await world.fold()
+    return tagged
+
+
+Rows = dict[str, tuple[Frontier | None, list[ToolCallRow]]]
+Rebuild = Callable[[EventLog], Awaitable[Rows]]
+
+
+async def compaction_keeps_what_readers_need(
+    world: World, archive_dir: Path, rebuild: Rebuild
+) -> None:
+    tagged = await written(world)
+    before = await rows(world.frontiers, RUNS)
+    expected = await conversation(world.log, LIVE)
+    archive = DirectoryArchive(archive_dir)
+    compactor = CheckpointCompactor(
+        world.log, world.frontiers, world.store, archive=archive, max_checkpoints=3
+    )
+    report = await compactor.compact()
+    (part,) = report.partitions
+    assert part.cut
+    assert part.events_cut > 0
+    assert (await world.log.bounds(0)).start == part.watermark
+    # The archive holds exactly what was cut.
+    assert sum(r.events for r in await archive.ranges()) == part.events_cut == part.archived
+    # Finished runs are compacted whole; the live one keeps its last 3 untagged boundaries.
+    points = await world.store.truncations(RUNS)
+    assert set(points) == set(RUNS)
+    live_row = before[LIVE][0]
+    assert live_row is not None
+    assert 1 < points[LIVE].before_seq < live_row.resume_seq
+    # The tagged event below the point survives the cut (the tag itself is above it).
+    kept = {r.seq: r.stored() for r in await world.store.retained(LIVE)}
+    assert set(kept) == {tagged}
+    assert isinstance(kept[tagged].event, TurnSettled)
+    assert [r.seq for r in await world.store.retained(FINISHED[0])]
+    # Of a finished run only what came after the live run's kept events is left: its tag.
+    assert [type(s.event) for s in await world.log.read_run(FINISHED[0])] == [Tagged]
+    assert not await world.log.read_run(FINISHED[1])
+    # Archive plus log folds (and rebuilds) to the rows of before; the log alone no longer can.
+    assert await refolded(ArchivedEventLog(world.log, archive), RUNS) == before
+    assert await refolded(world.log, RUNS) != before
+    assert await rebuild(ArchivedEventLog(world.log, archive)) == before
+    # The live run carries on with its whole conversation, no hole.
+    provider = Script(20)
+    result = await world.runner(provider).resume(AGENT, LIVE, tenant=TENANT)
+    assert result.status == "completed"
+    assert provider.calls[0] == expected
+
+
+async def a_dry_run_changes_nothing(world: World, archive_dir: Path) -> None:
+    await written(world)
+    sizes = await log_sizes(world.log)
+    compactor = CheckpointCompactor(
+        world.log,
+        world.frontiers,
+        world.store,
+        archive=DirectoryArchive(archive_dir),
+        max_checkpoints=3,
+    )
+    report = await compactor.dry_run()
+    assert report.events_cut > 0
+    assert not any(p.cut for p in report.partitions)
+    assert await log_sizes(world.log) == sizes
+    assert await world.store.truncations(RUNS) == {}
+    assert not await asyncio.to_thread(archive_dir.exists)
+
+
+async def test_sqlite_compaction_keeps_what_readers_need(tmp_path: Path) -> None:
+    async def rebuild(log: EventLog) -> Rows:
+        return await refolded(log, RUNS)
+
+    async with sqlite_world(tmp_path) as world:
+        await compaction_keeps_what_readers_need(world, tmp_path / "archive", rebuild)
+
+
+async def test_sqlite_dry_run_changes_nothing(tmp_path: Path) -> None:
+    async with sqlite_world(tmp_path) as world:
+        await a_dry_run_changes_nothing(world, tmp_path / "archive")
+
+
+@pytest.mark.kafka
+async def test_kafka_compaction_keeps_what_readers_need(
+    tmp_path: Path, kafka_world: World, pg_schema: str
+) -> None:
+    async def rebuild(log: EventLog) -> Rows:
+        url = kafka_world.database_url
+        report = await rebuild_frontiers(log, url, schema=pg_schema)
+        assert report.previous == 1
+        async with PostgresFrontierStore(url, schema=pg_schema) as rebuilt:
+            assert rebuilt.build == report.build
+            return await rows(rebuilt, RUNS)
+
+    await compaction_keeps_what_readers_need(kafka_world, tmp_path / "archive", rebuild)
+
+
+@pytest.mark.kafka
+async def test_kafka_dry_run_changes_nothing(tmp_path: Path, kafka_world: World) -> None:
+    await a_dry_run_changes_nothing(kafka_world, tmp_path / "archive")
+
+
+async def test_on_a_schedule_the_first_pass_runs_at_once(tmp_path: Path) -> None:
+    """Memory stores: `run` compacts, then waits out the interval until stopped."""
+    log = MemoryEventLog(partitions=1)
+    frontiers = MemoryFrontierStore()
+    world = World(log, frontiers, MemoryCompactionStore(frontiers), MemoryLeaseStore(), False)
+    await world.finished_run("done", turns=2)
+    await world.fold()
+    stop = asyncio.Event()
+    steps: list[str] = []
+
+    async def pause(step: str, partition: int) -> None:
+        steps.append(step)
+        if step == "cut":
+            stop.set()
+
+    compactor = CheckpointCompactor(
+        log,
+        frontiers,
+        world.store,
+        archive=DirectoryArchive(tmp_path / "archive"),
+        compaction_interval_mins=60,
+        pause=pause,
+    )
+    await compactor.run(stop)
+    assert steps == ["archived", "cut"]
+    assert compactor.last_error is None
+    assert compactor.last_report is not None
+    assert compactor.last_report.events_cut == (await log.bounds(0)).start > 0

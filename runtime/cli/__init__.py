@@ -1,9 +1,9 @@
 """The `onward` command line: the command tree, one module per area.
 
-``runs`` (inspect, run --resume, approve, deny, resolve, replay), ``compact``, ``projections``
-(projector, projections rebuild), ``quarantine`` (list, release), ``worker``, ``db`` (migrate,
-verify), ``schema`` and ``demo``; ``_common`` holds the consoles, the exit codes and the
-boundary every command runs inside.
+``runs`` (inspect, run --resume, approve, deny, resolve, tag, replay), ``compact``,
+``projections`` (projector, projections rebuild), ``quarantine`` (list, release), ``worker``,
+``db`` (migrate, verify), ``schema`` and ``demo``; ``_common`` holds the consoles, the exit
+codes and the boundary every command runs inside.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ _add(app, "run", runs.run_command)
 _add(app, "approve", runs.approve_command)
 _add(app, "deny", runs.deny_command)
 _add(app, "resolve", runs.resolve_command)
+_add(app, "tag", runs.tag_command)
 _add(app, "replay", runs.replay_command)
 _add(app, "compact", compact.compact_command)
 _add(app, "projector", projections.projector_command)

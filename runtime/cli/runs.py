@@ -1,4 +1,4 @@
-"""The run commands: inspect, run --resume, approve, deny, resolve, replay."""
+"""The run commands: inspect, run --resume, approve, deny, resolve, tag, replay."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from onward._storage import check_onward_sqlite
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
+from onward.eventlog.events import Tagged
 from onward.projections.audit import AuditLine, audit_timeline
 from onward.projections.compaction.history import CompactedSpan, compacted_timeline
-from onward.projections.frontier import Frontier
+from onward.projections.frontier import Frontier, RunTag
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.compaction import compaction_store
@@ -38,7 +39,7 @@ from ._common import (
     opened,
     out,
 )
-from .summary import audit_table, carried, run_summary
+from .summary import audit_table, carried, run_summary, tags_text
 
 _T = TypeVar("_T")
 
@@ -278,6 +279,36 @@ def resolve_command(
     )
 
 
+def tag_command(
+    run_id: RunArgument,
+    label: Annotated[str, typer.Argument(metavar="LABEL", help="The label, e.g. phase-1-done.")],
+    *,
+    tenant: TenantOption,
+    seq: Annotated[
+        int | None,
+        typer.Option(
+            "--seq", metavar="N", help="The event to tag (default: the run's latest boundary)."
+        ),
+    ] = None,
+    by: Annotated[
+        str, typer.Option("--by", help="Who tags it; the lease store shows it as the holder.")
+    ] = "tagger",
+) -> None:
+    """Put a label on one event of a run; tagged events survive compaction.
+
+    Written as a `Tagged` event under the run's lease.
+
+    Exit 0: tagged. 1: no such run. 2: bad input (an empty label, a seq the run does not have,
+    no boundary yet and no --seq). 3: another worker holds the run. 5: a store failed.
+    """
+
+    async def work(backends: Backends) -> int:
+        return await backends.runner(NoModel()).tag(run_id, label, tenant=tenant, seq=seq, by=by)
+
+    tagged = with_backends(work)
+    out.print(Text(f"tagged seq {tagged} of run {run_id} as {label!r}"), soft_wrap=True)
+
+
 def replay_command(
     run_id: RunArgument,
     tenant: TenantOption,
@@ -324,3 +355,14 @@ def replay_command(
             typer.echo(msgspec.json.encode(line.as_json()).decode())
         return
     out.print(audit_table(run_id, tenant, lines))
+    out.print(Text(f"tags: {tags_text(_tags(lines))}"), soft_wrap=True)
+
+
+def _tags(lines: list[AuditLine]) -> list[RunTag]:
+    """The tags the counted `Tagged` events of a timeline put on the run, in log order."""
+    tags: list[RunTag] = []
+    for line in lines:
+        event = line.stored.event if line.stored is not None else None
+        if isinstance(event, Tagged) and line.refused is None:
+            tags.append(RunTag(seq=event.target_seq, label=event.label, tagged_seq=event.seq))
+    return tags

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from onward.eventlog.events import kind_of
 from onward.projections.audit import AuditLine, describe_event, one_line
-from onward.projections.frontier import CallState, Frontier
+from onward.projections.frontier import CallState, Frontier, RunTag
 from onward.runtime.agent import Agent
 from onward.runtime.leases.base import RunLease
 from onward.runtime.planning import ResumePlan, plan_resume
@@ -70,6 +70,11 @@ def _resume_would(
     return "claim the run, then " + "; then ".join(words)
 
 
+def tags_text(tags: Sequence[RunTag]) -> str:
+    """A run's tags in one line, in the order they were written: ``seq 4 reviewed; ...``."""
+    return "; ".join(f"seq {tag.seq} {tag.label}" for tag in tags) or "-"
+
+
 def run_summary(frontier: Frontier, *, lease: RunLease | None, agent: Agent | None = None) -> Group:
     """What `inspect` and `run --resume` print about a run; one function, so they cannot drift.
 
@@ -87,6 +92,7 @@ def run_summary(frontier: Frontier, *, lease: RunLease | None, agent: Agent | No
         grid.add_row(key, Text(str(facts[key])))
     grid.add_row("waiting on", Text(facts["waiting_on"] or "-"))
     grid.add_row("lease", Text(_lease_text(lease)))
+    grid.add_row("tags", Text(tags_text(frontier.tags)))
     if frontier.output is not None:
         grid.add_row("output", Text(one_line(frontier.output, 200)))
     if frontier.error is not None:

@@ -12,11 +12,11 @@ import contextlib
 import json
 import textwrap
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from support import cli_agent
+from support.crashes import Crash, CrashAt
 from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
 
@@ -28,7 +28,6 @@ from onward.eventlog import (
     RunStarted,
     SqliteEventLog,
     ToolDispatched,
-    kind_of,
 )
 from onward.eventlog.base import EventLog, partition_for
 from onward.eventlog.schema import event_schema
@@ -45,28 +44,6 @@ from onward.testing.eventlog import Envelope
 
 TENANT = "acme"
 AGENT = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"]
-
-
-class Crash(BaseException):
-    """Stands in for the worker's process dying at a point."""
-
-
-class CrashAt:
-    """An observer that 'kills' the worker at one point of the run."""
-
-    def __init__(self, point: str) -> None:
-        self.point = point
-
-    async def appended(self, events: Sequence[Event]) -> None:
-        if any(kind_of(type(e)) == self.point for e in events):
-            raise Crash(self.point)
-
-    async def tool_returned(self, call_id: str) -> None:
-        if self.point == "tool.returned":
-            raise Crash(self.point)
-
-    async def before_model_call(self) -> None:
-        return None
 
 
 async def start_on(

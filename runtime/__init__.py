@@ -1,4 +1,4 @@
-"""The runner, resume planning, leases, redaction, providers, tools and the CLI."""
+"""The runner, resume planning, leases, garbage collection, redaction, providers, tools, the CLI."""
 
 from .agent import Agent
 from .blobs import (
@@ -9,6 +9,7 @@ from .blobs import (
     SqliteBlobStore,
 )
 from .checkpoint import Checkpointer, CheckpointPolicy
+from .gc import GarbageCollector, GcReport
 from .leases import (
     Leaseholder,
     LeasePolicy,
@@ -43,6 +44,8 @@ __all__ = [
     "Checkpointer",
     "ClaimCheck",
     "ExecutionManager",
+    "GarbageCollector",
+    "GcReport",
     "LeasePolicy",
     "LeaseStore",
     "Leaseholder",

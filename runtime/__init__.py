@@ -9,6 +9,7 @@ from .blobs import (
     SqliteBlobStore,
 )
 from .checkpoint import Checkpointer, CheckpointPolicy
+from .continuation import Continuation, ContinuationPolicy, continued
 from .gc import GarbageCollector, GcReport
 from .leases import (
     Leaseholder,
@@ -43,6 +44,8 @@ __all__ = [
     "CheckpointPolicy",
     "Checkpointer",
     "ClaimCheck",
+    "Continuation",
+    "ContinuationPolicy",
     "ExecutionManager",
     "GarbageCollector",
     "GcReport",
@@ -71,6 +74,7 @@ __all__ = [
     "SqliteLeaseStore",
     "Tool",
     "ToolDisposition",
+    "continued",
     "idempotency_key",
     "plan_resume",
     "refuse_if_undecidable",

@@ -139,6 +139,21 @@ async def _look(backends: Backends, run_id: str, tenant: str) -> tuple[Frontier,
     return frontier, await backends.leases.current(run_id)
 
 
+MAX_CHAIN = 100
+"""How far `inspect` follows a chain of continued runs either way."""
+
+
+async def _chain(backends: Backends, frontier: Frontier) -> list[Frontier]:
+    """The runs ``frontier``'s run was carried on from and into, oldest first, itself included."""
+    reader = backends.runner(NoModel())
+    chain = [frontier]
+    while (before := chain[0].continuation_of) is not None and len(chain) < MAX_CHAIN:
+        chain.insert(0, await reader.inspect(before, tenant=frontier.tenant))
+    while (after := chain[-1].continued_to) is not None and len(chain) < MAX_CHAIN:
+        chain.append(await reader.inspect(after, tenant=frontier.tenant))
+    return chain
+
+
 def _carry_on_hint(run_id: str, tenant: str) -> str:
     return (
         f"carry it on with onward run --resume {shlex.quote(run_id)} --tenant "
@@ -149,13 +164,16 @@ def _carry_on_hint(run_id: str, tenant: str) -> str:
 def inspect_command(run_id: RunArgument, tenant: TenantOption) -> None:
     """Show where a run stands and what resume would do. Takes no lease, writes nothing.
 
+    A run carried into another run (or carried on from one) shows the whole chain.
+
     Exit 0: shown. 1: no such run. 2: bad command line, or the SQLite file is missing or is
     not an Onward database. 4: the run cannot be read. 5: a store failed.
     """
 
     async def work(backends: Backends) -> None:
         frontier, lease = await _look(backends, run_id, tenant)
-        out.print(run_summary(frontier, lease=lease))
+        chain = await _chain(backends, frontier)
+        out.print(run_summary(frontier, lease=lease, chain=chain))
 
     with_backends(work, readonly=True)
 

@@ -71,14 +71,57 @@ class ToolError(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     message: str = ""
 
 
+class Grant(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A person's yes to an approval request: who said it, and the value they gave with it."""
+
+    request_id: str
+    by: str
+    value: Any = None
+
+
+class HistoryHandle(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Where one earlier run's part of a conversation is: its transcript through a seq.
+
+    ``messages`` is how many messages that run's transcript holds through ``through_seq``; a
+    reader that finds fewer has a hole in the history.
+    """
+
+    run_id: str
+    through_seq: int
+    messages: int
+
+
+class Carried(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What a run carried into a new run brings with it (`RunStarted.carried`).
+
+    Attributes:
+        history: The transcripts the conversation starts from, oldest run first; they are
+            read where they are, never copied into the new run.
+        iteration: Model calls made so far, across the chain (``max_iterations`` spans it).
+        usage: Tokens used so far, across the chain.
+        calls: The calls of the turn in progress, none dispatched yet, with their idempotency
+            keys.
+        approved: The calls a person approved that are not yet dispatched.
+        grants: Who approved each of them, and with what value.
+    """
+
+    history: list[HistoryHandle] = []
+    iteration: int = 0
+    usage: Usage = Usage()
+    calls: list[ToolCall] = []
+    approved: list[str] = []
+    grants: list[Grant] = []
+
+
 class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
-    """A run begins."""
+    """A run begins; a run carried on from another names it and brings what it carried."""
 
     agent: str
     revision: str
     input: Any = None
     options: dict[str, Any] = {}
     continuation_of: str | None = None
+    carried: Carried | None = None
 
 
 class RunClaimed(Event, frozen=True, kw_only=True, tag="run.claimed"):

@@ -25,10 +25,12 @@ from onward.eventlog.events import (
     ApprovalGranted,
     ApprovalRequested,
     Event,
+    Grant,
     GraphCheckpointed,
     GraphCheckpointsRemoved,
     GraphThreadDeleted,
     GraphWritesSaved,
+    HistoryHandle,
     ModelAnswered,
     ResumePlanned,
     RunClaimed,
@@ -36,6 +38,7 @@ from onward.eventlog.events import (
     RunFinished,
     RunStarted,
     Tagged,
+    ToolCall,
     ToolCompleted,
     ToolDispatched,
     ToolError,
@@ -100,6 +103,9 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             its conversation: the transcript holds that many rows of the run through
             ``last_seq`` (the handle is ``(run_id, last_seq)``; see
             :mod:`onward.projections.transcript`).
+        grants: Who approved each call of ``approved``, and with what value.
+        history: For a run carried on from others (``continuation_of``): the transcripts its
+            conversation starts from, oldest run first, before its own.
     """
 
     run_id: str
@@ -132,6 +138,8 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     first_offset: int = -1
     tags: tuple[RunTag, ...] = ()
     messages: int = 0
+    grants: tuple[Grant, ...] = ()
+    history: tuple[HistoryHandle, ...] = ()
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -197,6 +205,8 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     first_offset: int
     tags: tuple[RunTag, ...]
     messages: int
+    grants: tuple[Grant, ...]
+    history: tuple[HistoryHandle, ...]
     calls: dict[str, CallState]
 
     @classmethod
@@ -333,6 +343,15 @@ def _started(d: FrontierDraft, e: RunStarted) -> None:
     d.continuation_of = e.continuation_of
     d.status = "running"
     d.started_at = e.at
+    carried = e.carried
+    if carried is not None:
+        d.history = tuple(carried.history)
+        d.iteration = carried.iteration
+        d.input_tokens = carried.usage.input_tokens
+        d.output_tokens = carried.usage.output_tokens
+        d.calls = _asked(carried.calls, e.seq)
+        d.approved = tuple(carried.approved)
+        d.grants = tuple(carried.grants)
 
 
 def _claimed(d: FrontierDraft, e: RunClaimed) -> None:
@@ -343,18 +362,23 @@ def _answered(d: FrontierDraft, e: ModelAnswered) -> None:
     d.iteration += 1
     d.input_tokens += e.usage.input_tokens
     d.output_tokens += e.usage.output_tokens
-    d.calls = {
+    d.calls = _asked(e.tool_calls, e.seq)
+    d.last_boundary = "after_model_call"
+    d.resume_seq = e.seq
+
+
+def _asked(calls: Iterable[ToolCall], seq: int) -> dict[str, CallState]:
+    """The turn in progress: the calls asked for at ``seq``, none dispatched yet."""
+    return {
         c.call_id: CallState(
             call_id=c.call_id,
             tool=c.tool,
             idempotency_key=c.idempotency_key,
             args=c.args,
-            requested_seq=e.seq,
+            requested_seq=seq,
         )
-        for c in e.tool_calls
+        for c in calls
     }
-    d.last_boundary = "after_model_call"
-    d.resume_seq = e.seq
 
 
 def call_after(
@@ -404,6 +428,7 @@ def _tool_event(d: FrontierDraft, e: ToolDispatched | ToolCompleted | ToolResolv
 def _settled(d: FrontierDraft, e: TurnSettled) -> None:
     d.calls = {}
     d.approved = ()
+    d.grants = ()
     d.last_boundary = "after_tool_result"
     d.resume_seq = e.seq
 
@@ -420,6 +445,7 @@ def _approval_granted(d: FrontierDraft, e: ApprovalGranted) -> None:
         d.status = "running"
         d.waiting_on = None
         d.approved = (*d.approved, e.request_id)
+        d.grants = (*d.grants, Grant(request_id=e.request_id, by=e.by, value=e.value))
 
 
 def _approval_denied(d: FrontierDraft, e: ApprovalDenied) -> None:

@@ -1,10 +1,12 @@
 """A run's transcript: each message of the conversation stored once, keyed by the seq it came from.
 
 The conversation a run's model sees is derived from the run's counted events: the run's input
-(``RunStarted``), each model answer with the calls it asked for (``ModelAnswered``), and each
-call's outcome, recorded (``ToolCompleted``) or settled by a person or a status check
-(``ToolResolved`` as completed). Every other event adds nothing to it. :func:`message_of` is
-that derivation, the one the runner's `Conversation` and the projector both use.
+(``RunStarted``; a run carried on from another has none: its conversation starts from the
+transcripts its ``RunStarted.carried`` names), each model answer with the calls it asked for
+(``ModelAnswered``), and each call's outcome, recorded (``ToolCompleted``) or settled by a
+person or a status check (``ToolResolved`` as completed). Every other event adds nothing to it.
+:func:`message_of` is that derivation, the one the runner's `Conversation` and the projector
+both use.
 
 The projector (and the embedded fold) appends each message to the transcript of its store in
 the same transaction as the run's frontier row, and the frontier counts them
@@ -60,8 +62,11 @@ def decode_message(body: bytes) -> Message:
 def speaks(event: Event) -> bool:
     """Whether a counted event adds a message to the conversation. Cheap: no message is built."""
     kind = type(event)
-    if kind is RunStarted or kind is ModelAnswered or kind is ToolCompleted:
+    if kind is ModelAnswered or kind is ToolCompleted:
         return True
+    if kind is RunStarted:
+        # A run carried on from another starts from that run's transcript, not from an input.
+        return event.continuation_of is None  # type: ignore[attr-defined]
     return kind is ToolResolved and event.outcome == "completed"  # type: ignore[attr-defined]
 
 
@@ -71,7 +76,7 @@ def message_of(event: Event) -> Message | None:
     A body the claim check moved out of line stays its reference (see the module docstring).
     """
     if isinstance(event, RunStarted):
-        return _said("user", event.input, None)
+        return _said("user", event.input, None) if event.continuation_of is None else None
     if isinstance(event, ModelAnswered):
         content = event.message.content
         if isinstance(content, list) and len(content) == 1 and is_reference(content[0]):

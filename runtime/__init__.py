@@ -1,4 +1,4 @@
-"""The runner, resume planning, leases, redaction, providers, tools and the CLI."""
+"""The runner, resume planning, leases, garbage collection, redaction, providers, tools, the CLI."""
 
 from .agent import Agent
 from .blobs import (
@@ -9,6 +9,8 @@ from .blobs import (
     SqliteBlobStore,
 )
 from .checkpoint import Checkpointer, CheckpointPolicy
+from .continuation import Continuation, ContinuationPolicy, continued
+from .gc import GarbageCollector, GcReport
 from .leases import (
     Leaseholder,
     LeasePolicy,
@@ -42,7 +44,11 @@ __all__ = [
     "CheckpointPolicy",
     "Checkpointer",
     "ClaimCheck",
+    "Continuation",
+    "ContinuationPolicy",
     "ExecutionManager",
+    "GarbageCollector",
+    "GcReport",
     "LeasePolicy",
     "LeaseStore",
     "Leaseholder",
@@ -68,6 +74,7 @@ __all__ = [
     "SqliteLeaseStore",
     "Tool",
     "ToolDisposition",
+    "continued",
     "idempotency_key",
     "plan_resume",
     "refuse_if_undecidable",

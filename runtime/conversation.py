@@ -38,6 +38,8 @@ class Conversation:
     def __init__(self, instructions: str) -> None:
         self.messages: list[Message] = [Message(role="system", content=instructions)]
         self.call_ids: set[str] = set()
+        self._sized = 1  # messages counted in _own_bytes, or inherited, or the system prompt
+        self._own_bytes = 0
 
     @classmethod
     def of(cls, instructions: str, events: Iterable[Event]) -> Conversation:
@@ -63,6 +65,22 @@ class Conversation:
                 if isinstance(part, dict) and part.get("type") == "tool_calls":
                     calls = msgspec.convert(part, ToolCallsPart).tool_calls
                     self.call_ids.update(call.id for call in calls)
+
+    def inherit(self, message: Message) -> None:
+        """Add a message of a run this one was carried on from (its bodies restored), in order,
+        before any of this run's own."""
+        self.recall(message)
+        self._sized = len(self.messages)
+
+    def own_bytes(self) -> int:
+        """The bytes of this run's own messages, as JSON; inherited ones do not count."""
+        fresh = self.messages[self._sized :]
+        self._own_bytes += sum(len(_encoder.encode(m)) for m in fresh)
+        self._sized = len(self.messages)
+        return self._own_bytes
+
+
+_encoder = msgspec.json.Encoder()
 
 
 async def restored(row: TranscriptRow, claim_check: ClaimCheck | None) -> Message:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -34,11 +35,11 @@ from onward.errors import (
     RevisionMismatchError,
 )
 from onward.eventlog.base import EventLog, SequenceGuard, StoredEvent, partition_for
-from onward.eventlog.events import RunClaimed
+from onward.eventlog.events import Event, RunClaimed
 from onward.projections.base import FrontierStore
 from onward.projections.frontier import Frontier, fold_all
 from onward.projections.projector import DEFAULT_CONSUMER
-from onward.projections.transcript import TranscriptRow
+from onward.projections.transcript import TranscriptRow, message_of
 
 from .agent import Agent
 from .leases.base import LeasePolicy, LeaseStore, RunLease
@@ -144,6 +145,35 @@ class Resumer:
             HistoryUnavailableError: The tail the row needs starts below the log's start.
         """
         return (await self._read(run_id, tenant, agent, whole=False)).frontier
+
+    async def inherited(self, frontier: Frontier) -> list[TranscriptRow]:
+        """The messages of the runs this one was carried on from, oldest first: each one's
+        transcript up to its handle, what its row has not folded yet read from the log.
+
+        Raises:
+            HistoryUnavailableError: One of them lacks messages its handle counts.
+        """
+        rows: list[TranscriptRow] = []
+        for handle in frontier.history:
+            try:
+                read = await self._fold(handle.run_id, frontier.tenant, whole=True)
+            except HistoryUnavailableError as exc:
+                raise HistoryUnavailableError(
+                    f"run {frontier.run_id!r} was carried on from {handle.run_id!r}: {exc}",
+                    run_id=frontier.run_id,
+                ) from exc
+            tail = [s.event for s in _counted(read.base, read.tail, True)]
+            said = [*read.transcript, *_transcript_rows(tail)]
+            said = [row for row in said if row.seq <= handle.through_seq]
+            if len(said) != handle.messages:
+                raise _hole(
+                    frontier.run_id,
+                    f"{handle.messages - len(said)} of the {handle.messages} messages of run "
+                    f"{handle.run_id!r} through seq {handle.through_seq}, which it was carried on "
+                    "from",
+                )
+            rows.extend(said)
+        return rows
 
     async def fence_above_log(self, lease: RunLease, frontier: Frontier) -> RunLease:
         """The lease, its fence raised above every fence the log holds for the run if need be."""
@@ -363,6 +393,15 @@ class Resumer:
                 + (f"seqs {_ranges(held)})" if held else "none of them)"),
             )
         return tuple(rows)
+
+
+def _transcript_rows(events: Sequence[Event]) -> list[TranscriptRow]:
+    """The transcript rows the counted ``events`` add."""
+    return [
+        TranscriptRow(tenant=e.tenant, run_id=e.run_id, seq=e.seq, message=message)
+        for e in events
+        if (message := message_of(e)) is not None
+    ]
 
 
 async def _nothing() -> tuple[TranscriptRow, ...]:

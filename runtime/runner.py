@@ -23,7 +23,7 @@ import dataclasses
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,6 +55,7 @@ from onward.projections.frontier import CallState, Frontier
 from .agent import Agent
 from .blobs import BlobStore, ClaimCheck
 from .checkpoint import Checkpointer, CheckpointPolicy
+from .continuation import ContinuationPolicy, carry_if_due
 from .conversation import Conversation, as_text, restored
 from .leases.base import LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
@@ -75,6 +76,9 @@ class RunResult:
         status: ``completed``, ``failed``, ``cancelled``, ``waiting`` (on a person), or
             ``continued``.
         plan: What resume decided, when this came from a resume that carried on.
+        continued_to: The run this one was carried into (status ``continued``). `run` and
+            `resume` carry on with it, so they only return such a result when that run
+            cannot be carried on by this worker now.
     """
 
     run_id: str
@@ -87,6 +91,7 @@ class RunResult:
     waiting_on: str | None = None
     plan: ResumePlan | None = None
     reconciled: tuple[str, ...] = ()
+    continued_to: str | None = None
 
     @classmethod
     def of(cls, frontier: Frontier) -> RunResult:
@@ -100,6 +105,7 @@ class RunResult:
             iteration=frontier.iteration,
             fence=frontier.fence,
             waiting_on=frontier.waiting_on,
+            continued_to=frontier.continued_to,
         )
 
 
@@ -130,6 +136,8 @@ class AgentRunner(Resource):
         worker: This worker's name in `RunClaimed` and in the lease store.
         observer: Sees each append and each tool return.
         lease_policy: The lease's ttl and renewal margin.
+        continuation: When to carry a long run into a new run (`ContinuationPolicy`); `run`
+            and `resume` then go on with the new run and return its result.
 
     Raises:
         ConfigurationError: No lease store for a log that has none of its own, no frontier
@@ -151,6 +159,7 @@ class AgentRunner(Resource):
         worker: str | None = None,
         observer: RunObserver | None = None,
         lease_policy: LeasePolicy | None = None,
+        continuation: ContinuationPolicy | None = None,
     ) -> None:
         if checkpoint_inline and frontiers is None:
             raise ConfigurationError("checkpoint_inline needs a frontier store")
@@ -168,6 +177,7 @@ class AgentRunner(Resource):
         self.frontiers = frontiers
         self.worker = worker or _default_worker()
         self.lease_policy = lease_policy or LeasePolicy()
+        self.continuation = continuation
         self.resumer = Resumer(log, leases, frontiers, policy=self.lease_policy)
         checkpointer = (
             Checkpointer(frontiers, log, policy=checkpoints)
@@ -205,6 +215,11 @@ class AgentRunner(Resource):
         ) as held:
             yield held
 
+    def _held(
+        self, run_id: str, tenant: str
+    ) -> contextlib.AbstractAsyncContextManager[Leaseholder]:
+        return self._holding(run_id, tenant, self.worker)
+
     # -- starting and resuming ---------------------------------------------------------------
 
     async def run(
@@ -226,7 +241,8 @@ class AgentRunner(Resource):
                 run, RunStarted, agent=agent.name, revision=agent.revision, input=input
             )
             await self.writer.append(run, [started])
-            return await self._drive(run)
+            result = await self._drive(run)
+        return await self._onward(agent, result)
 
     async def resume(self, agent: Agent, run_id: str, *, tenant: str) -> RunResult:
         """Carry a run on from the log: claim it, plan its outstanding calls, drive it.
@@ -238,22 +254,30 @@ class AgentRunner(Resource):
             IndeterminateToolCallError: A call may or may not have run; a person must settle it.
             CheckpointFormatError: The run was written by a newer Onward.
             HistoryUnavailableError: The run's history has a hole (the log was truncated
-                below what the frontier row needs, or the transcript lacks messages); the
-                model is not called.
+                below what the frontier row needs, or the transcript lacks messages, its own or
+                those of a run it was carried on from); the model is not called.
         """
         carried = await self.resumer.resume(
             agent, run_id, tenant=tenant, worker=self.worker, history=True
         )
         async with self._holding(run_id, tenant, self.worker, lease=carried.lease) as held:
             conversation = Conversation(agent.instructions)
+            claim_check = self.writer.claim_check
+            for row in await self.resumer.inherited(carried.frontier):
+                conversation.inherit(await restored(row, claim_check))
             for row in carried.transcript:
-                conversation.recall(await restored(row, self.writer.claim_check))
+                conversation.recall(await restored(row, claim_check))
             for stored in carried.events:
                 conversation.remember(await self.writer.restore(stored.event))
             run = HeldRun(agent, held, carried.frontier, conversation)
-            if not carried.claimed:
-                return RunResult.of(run.frontier)
-            return await self._carry_on(run)
+            result = await self._carry_on(run) if carried.claimed else RunResult.of(run.frontier)
+        return await self._onward(agent, result)
+
+    async def _onward(self, agent: Agent, result: RunResult) -> RunResult:
+        """Go on with the run a result's run was carried into, if it was."""
+        if result.status != "continued" or result.continued_to is None:
+            return result
+        return await self.resume(agent, result.continued_to, tenant=result.tenant)
 
     async def _carry_on(self, run: HeldRun) -> RunResult:
         """Plan the claimed run's outstanding calls, record the plan, and drive it on."""
@@ -404,6 +428,10 @@ class AgentRunner(Resource):
 
     async def _drive(self, run: HeldRun) -> RunResult:
         while not run.frontier.finished and run.frontier.status != "waiting":
+            if self.continuation is not None and await carry_if_due(
+                run, self.continuation, writer=self.writer, resumer=self.resumer, holding=self._held
+            ):
+                break
             if run.frontier.calls:
                 if not await self._run_turn(run):
                     break
@@ -538,24 +566,4 @@ def _needs_dispatch(call: CallState, fence: int) -> bool:
     )
 
 
-def summarize(frontier: Frontier) -> Mapping[str, Any]:
-    """The facts `inspect` prints about a run."""
-    return {
-        "run": frontier.run_id,
-        "tenant": frontier.tenant,
-        "agent": frontier.agent,
-        "revision": frontier.revision,
-        "status": frontier.status,
-        "iteration": frontier.iteration,
-        "usage": f"{frontier.input_tokens} in, {frontier.output_tokens} out",
-        "fence": frontier.fence,
-        "waiting_on": frontier.waiting_on,
-        "outstanding": [
-            f"{c.call_id} {c.tool} "
-            + (c.outcome or ("dispatched" if c.dispatched_seq else "not dispatched"))
-            for c in frontier.calls
-        ],
-    }
-
-
-__all__ = ["AgentRunner", "RunObserver", "RunResult", "summarize"]
+__all__ = ["AgentRunner", "RunObserver", "RunResult"]

@@ -14,6 +14,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from onward._storage import BACKEND_TIMEOUT_S
 from onward.errors import ConfigurationError
 
+SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
+"""Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id."""
+
 
 class Settings(BaseSettings):
     """Where Onward's log and stores live.
@@ -28,6 +31,8 @@ class Settings(BaseSettings):
         redis_url: Redis URL for leases and caches.
         redis_prefix: Put before every Redis key, so several deployments can share one Redis.
         sqlite_path: The embedded database file.
+        schema_cache_prefix: Where the MCP schema cache keeps its entries
+            (``MCP_SCHEMA_CACHE_PREFIX``), for garbage collection.
         backend_timeout: Seconds one call to Kafka, PostgreSQL or Redis may wait before it
             fails with a retryable `BackendUnavailableError` (``BACKEND_TIMEOUT_S``, 30, by
             default): a run stops instead of hanging on a silent server.
@@ -48,6 +53,9 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
     redis_prefix: str = Field(default="onward:", validation_alias="ONWARD_REDIS_PREFIX")
     sqlite_path: Path = Field(default=Path("onward.db"), validation_alias="ONWARD_SQLITE_PATH")
+    schema_cache_prefix: str = Field(
+        default=SCHEMA_CACHE_PREFIX, min_length=1, validation_alias="MCP_SCHEMA_CACHE_PREFIX"
+    )
     backend_timeout: float = Field(
         default=BACKEND_TIMEOUT_S, gt=0, le=3600, validation_alias="ONWARD_BACKEND_TIMEOUT"
     )

@@ -1,4 +1,4 @@
-"""The bottom layer: PostgreSQL pools, the SQLite thread, migrations, driver-error translation.
+"""The bottom layer: PostgreSQL and Redis pools, the SQLite thread, migrations, driver errors.
 
 Every store of `onward.eventlog`, `onward.projections` and `onward.runtime` opens its database
 through this package and derives its lifecycle from :class:`Resource`. It imports nothing of
@@ -21,6 +21,7 @@ from .migrations import (
     verify_sqlite,
 )
 from .postgres import APPLICATION_NAME, application_name, open_pool, pooled
+from .redis import RedisStore
 from .sqlite import (
     IN_CHUNK,
     SqliteThread,
@@ -43,6 +44,7 @@ __all__ = [
     "Dialect",
     "Migration",
     "PostgresStore",
+    "RedisStore",
     "Resource",
     "SqliteStore",
     "SqliteThread",

@@ -6,6 +6,7 @@ Needs the ``dev`` extra (pytest, pytest-asyncio).
 from .compaction import CompactionStoreConformance
 from .eventlog import EventLogConformance, PersistentEventLogConformance
 from .frontiers import FrontierStoreConformance
+from .gc import RecordSweeperConformance
 from .leases import LeaseStoreConformance
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "FrontierStoreConformance",
     "LeaseStoreConformance",
     "PersistentEventLogConformance",
+    "RecordSweeperConformance",
 ]

@@ -1,9 +1,9 @@
 """The `onward` command line: the command tree, one module per area.
 
-``runs`` (inspect, run --resume, approve, deny, resolve, replay), ``compact``, ``projections``
-(projector, projections rebuild), ``quarantine`` (list, release), ``worker``, ``db`` (migrate,
-verify), ``schema`` and ``demo``; ``_common`` holds the consoles, the exit codes and the
-boundary every command runs inside.
+``runs`` (inspect, run --resume, approve, deny, resolve, tag, replay), ``compact``, ``gc``,
+``projections`` (projector, projections rebuild), ``quarantine`` (list, release), ``worker``,
+``db`` (migrate, verify), ``schema`` and ``demo``; ``_common`` holds the consoles, the exit
+codes and the boundary every command runs inside.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from . import compact, db, demo, projections, quarantine, runs, schema, worker
+from . import compact, db, demo, gc, projections, quarantine, runs, schema, worker
 from ._common import EXIT_USAGE, boundary, error
 
 
@@ -76,8 +76,10 @@ _add(app, "run", runs.run_command)
 _add(app, "approve", runs.approve_command)
 _add(app, "deny", runs.deny_command)
 _add(app, "resolve", runs.resolve_command)
+_add(app, "tag", runs.tag_command)
 _add(app, "replay", runs.replay_command)
 _add(app, "compact", compact.compact_command)
+_add(app, "gc", gc.gc_command)
 _add(app, "projector", projections.projector_command)
 _add(app, "worker", worker.worker_command)
 _add(projections_app, "rebuild", projections.rebuild_command)

@@ -1,4 +1,4 @@
-"""The run commands: inspect, run --resume, approve, deny, resolve, replay."""
+"""The run commands: inspect, run --resume, approve, deny, resolve, tag, replay."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from onward._storage import check_onward_sqlite
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
+from onward.eventlog.events import Tagged
 from onward.projections.audit import AuditLine, audit_timeline
 from onward.projections.compaction.history import CompactedSpan, compacted_timeline
-from onward.projections.frontier import Frontier
+from onward.projections.frontier import Frontier, RunTag
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.compaction import compaction_store
@@ -38,7 +39,7 @@ from ._common import (
     opened,
     out,
 )
-from .summary import audit_table, carried, run_summary
+from .summary import audit_table, carried, run_summary, tags_text
 
 _T = TypeVar("_T")
 
@@ -138,6 +139,21 @@ async def _look(backends: Backends, run_id: str, tenant: str) -> tuple[Frontier,
     return frontier, await backends.leases.current(run_id)
 
 
+MAX_CHAIN = 100
+"""How far `inspect` follows a chain of continued runs either way."""
+
+
+async def _chain(backends: Backends, frontier: Frontier) -> list[Frontier]:
+    """The runs ``frontier``'s run was carried on from and into, oldest first, itself included."""
+    reader = backends.runner(NoModel())
+    chain = [frontier]
+    while (before := chain[0].continuation_of) is not None and len(chain) < MAX_CHAIN:
+        chain.insert(0, await reader.inspect(before, tenant=frontier.tenant))
+    while (after := chain[-1].continued_to) is not None and len(chain) < MAX_CHAIN:
+        chain.append(await reader.inspect(after, tenant=frontier.tenant))
+    return chain
+
+
 def _carry_on_hint(run_id: str, tenant: str) -> str:
     return (
         f"carry it on with onward run --resume {shlex.quote(run_id)} --tenant "
@@ -148,13 +164,16 @@ def _carry_on_hint(run_id: str, tenant: str) -> str:
 def inspect_command(run_id: RunArgument, tenant: TenantOption) -> None:
     """Show where a run stands and what resume would do. Takes no lease, writes nothing.
 
+    A run carried into another run (or carried on from one) shows the whole chain.
+
     Exit 0: shown. 1: no such run. 2: bad command line, or the SQLite file is missing or is
     not an Onward database. 4: the run cannot be read. 5: a store failed.
     """
 
     async def work(backends: Backends) -> None:
         frontier, lease = await _look(backends, run_id, tenant)
-        out.print(run_summary(frontier, lease=lease))
+        chain = await _chain(backends, frontier)
+        out.print(run_summary(frontier, lease=lease, chain=chain))
 
     with_backends(work, readonly=True)
 
@@ -278,6 +297,36 @@ def resolve_command(
     )
 
 
+def tag_command(
+    run_id: RunArgument,
+    label: Annotated[str, typer.Argument(metavar="LABEL", help="The label, e.g. phase-1-done.")],
+    *,
+    tenant: TenantOption,
+    seq: Annotated[
+        int | None,
+        typer.Option(
+            "--seq", metavar="N", help="The event to tag (default: the run's latest boundary)."
+        ),
+    ] = None,
+    by: Annotated[
+        str, typer.Option("--by", help="Who tags it; the lease store shows it as the holder.")
+    ] = "tagger",
+) -> None:
+    """Put a label on one event of a run; tagged events survive compaction.
+
+    Written as a `Tagged` event under the run's lease.
+
+    Exit 0: tagged. 1: no such run. 2: bad input (an empty label, a seq the run does not have,
+    no boundary yet and no --seq). 3: another worker holds the run. 5: a store failed.
+    """
+
+    async def work(backends: Backends) -> int:
+        return await backends.runner(NoModel()).tag(run_id, label, tenant=tenant, seq=seq, by=by)
+
+    tagged = with_backends(work)
+    out.print(Text(f"tagged seq {tagged} of run {run_id} as {label!r}"), soft_wrap=True)
+
+
 def replay_command(
     run_id: RunArgument,
     tenant: TenantOption,
@@ -324,3 +373,14 @@ def replay_command(
             typer.echo(msgspec.json.encode(line.as_json()).decode())
         return
     out.print(audit_table(run_id, tenant, lines))
+    out.print(Text(f"tags: {tags_text(_tags(lines))}"), soft_wrap=True)
+
+
+def _tags(lines: list[AuditLine]) -> list[RunTag]:
+    """The tags the counted `Tagged` events of a timeline put on the run, in log order."""
+    tags: list[RunTag] = []
+    for line in lines:
+        event = line.stored.event if line.stored is not None else None
+        if isinstance(event, Tagged) and line.refused is None:
+            tags.append(RunTag(seq=event.target_seq, label=event.label, tagged_seq=event.seq))
+    return tags

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -11,11 +12,11 @@ from rich.text import Text
 
 from onward.eventlog.events import kind_of
 from onward.projections.audit import AuditLine, describe_event, one_line
-from onward.projections.frontier import CallState, Frontier
+from onward.projections.frontier import CallState, Frontier, RunTag
 from onward.runtime.agent import Agent
 from onward.runtime.leases.base import RunLease
 from onward.runtime.planning import ResumePlan, plan_resume
-from onward.runtime.runner import RunResult, summarize
+from onward.runtime.runner import RunResult
 
 from ._common import EXIT_HELD, EXIT_MUST_NOT_CARRY_ON
 
@@ -43,7 +44,8 @@ def _resume_would(
 ) -> str:
     """What `onward run --resume` would do with the run now, in one sentence."""
     if frontier.finished:
-        return f"nothing: the run is {frontier.status}"
+        instead = f"; resume {frontier.continued_to} instead" if frontier.continued_to else ""
+        return f"nothing: the run is {frontier.status}{instead}"
     if lease is not None:
         return f"nothing while {lease.holder} holds the run (exit {EXIT_HELD})"
     if frontier.status == "waiting" and frontier.waiting_on is not None:
@@ -70,7 +72,45 @@ def _resume_would(
     return "claim the run, then " + "; then ".join(words)
 
 
-def run_summary(frontier: Frontier, *, lease: RunLease | None, agent: Agent | None = None) -> Group:
+def tags_text(tags: Sequence[RunTag]) -> str:
+    """A run's tags in one line, in the order they were written: ``seq 4 reviewed; ...``."""
+    return "; ".join(f"seq {tag.seq} {tag.label}" for tag in tags) or "-"
+
+
+def summarize(frontier: Frontier) -> Mapping[str, Any]:
+    """The facts `inspect` prints about a run."""
+    return {
+        "run": frontier.run_id,
+        "tenant": frontier.tenant,
+        "agent": frontier.agent,
+        "revision": frontier.revision,
+        "status": frontier.status,
+        "iteration": frontier.iteration,
+        "usage": f"{frontier.input_tokens} in, {frontier.output_tokens} out",
+        "fence": frontier.fence,
+        "waiting_on": frontier.waiting_on,
+        "outstanding": [
+            f"{c.call_id} {c.tool} "
+            + (c.outcome or ("dispatched" if c.dispatched_seq else "not dispatched"))
+            for c in frontier.calls
+        ],
+    }
+
+
+def chain_text(chain: Sequence[Frontier], run_id: str) -> str:
+    """A chain of continued runs in one line, oldest first, this run in brackets."""
+    return " -> ".join(
+        (f"[{f.run_id}]" if f.run_id == run_id else f.run_id) + f" ({f.status})" for f in chain
+    )
+
+
+def run_summary(
+    frontier: Frontier,
+    *,
+    lease: RunLease | None,
+    agent: Agent | None = None,
+    chain: Sequence[Frontier] = (),
+) -> Group:
     """What `inspect` and `run --resume` print about a run; one function, so they cannot drift.
 
     Args:
@@ -78,6 +118,7 @@ def run_summary(frontier: Frontier, *, lease: RunLease | None, agent: Agent | No
         lease: The unexpired lease on the run, if a worker holds it.
         agent: The agent resume will use, when known: its tools say which undecided calls are
             retry-safe or can be asked about. Without it the plan assumes neither.
+        chain: The runs it was carried on from and into, oldest first, itself included.
     """
     facts = summarize(frontier)
     grid = Table.grid(padding=(0, 2))
@@ -87,6 +128,13 @@ def run_summary(frontier: Frontier, *, lease: RunLease | None, agent: Agent | No
         grid.add_row(key, Text(str(facts[key])))
     grid.add_row("waiting on", Text(facts["waiting_on"] or "-"))
     grid.add_row("lease", Text(_lease_text(lease)))
+    grid.add_row("tags", Text(tags_text(frontier.tags)))
+    if frontier.continuation_of is not None:
+        grid.add_row("continued from", Text(frontier.continuation_of))
+    if frontier.continued_to is not None:
+        grid.add_row("continued as", Text(frontier.continued_to))
+    if len(chain) > 1:
+        grid.add_row("chain", Text(chain_text(chain, frontier.run_id)))
     if frontier.output is not None:
         grid.add_row("output", Text(one_line(frontier.output, 200)))
     if frontier.error is not None:

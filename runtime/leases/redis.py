@@ -33,11 +33,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from onward._storage import BACKEND_TIMEOUT_S, Resource, translated
-from onward.errors import (
-    ConfigurationError,
-    InvalidInputError,
-)
+from onward._storage import RedisStore, translated
 
 from .base import RunLease, check_ttl, conflict_error, fenced_error
 
@@ -47,84 +43,48 @@ CLEANUP_GRACE_MS = 60_000
 _SCRIPTS = ("acquire", "renew", "raise_fence", "release", "current")
 
 
-def _script_source(name: str) -> str:
+def script_source(name: str) -> str:
     """A script's text, after the functions every script shares (``_shared.lua``)."""
     folder = files("onward") / "schemas" / "redis"
     return (folder / "_shared.lua").read_text() + (folder / f"{name}.lua").read_text()
+
+
+def lease_key(prefix: str, run_id: str) -> str:
+    """The hash holding a run's lease."""
+    return f"{prefix}lease:{run_id}"
+
+
+def fence_key(prefix: str, run_id: str) -> str:
+    """The counter holding a run's last fence; it never expires."""
+    return f"{prefix}fence:{run_id}"
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisLeaseStore(Resource):
-    """A `LeaseStore` in Redis.
+class RedisLeaseStore(RedisStore):
+    """A `LeaseStore` in Redis; opened with `RedisStore`'s arguments (url, prefix, pool size,
+    timeout)."""
 
-    Args:
-        url: ``redis://host:port/db`` (or ``rediss://`` for TLS).
-        prefix: Put before every key, so several deployments (or tests) can share one Redis.
-        max_connections: Largest connection pool.
-        timeout_s: The longest one call may wait for Redis (connecting, a pooled connection,
-            the answer) before it fails with `BackendUnavailableError`; ``BACKEND_TIMEOUT_S``
-            by default, ``None`` waits as long as Redis takes.
-    """
+    what = "Redis lease store"
+    _scripts: dict[str, AsyncScript]
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        prefix: str = "onward:",
-        max_connections: int = 64,
-        timeout_s: float | None = BACKEND_TIMEOUT_S,
-    ) -> None:
-        self._url = url
-        self.prefix = prefix
-        self._max_connections = max_connections
-        self._timeout_s = timeout_s
-        self._client: aioredis.Redis | None = None
-        self._scripts: dict[str, AsyncScript] = {}
-
-    @property
-    def is_open(self) -> bool:
-        return self._client is not None
-
-    async def _connect(self) -> None:
-        """Connect, register the scripts and check Redis answers, so a bad URL fails here."""
-        try:
-            # A blocking pool: a thousand runs renewing at once wait for one of a bounded set of
-            # connections instead of failing with "too many connections".
-            pool = aioredis.BlockingConnectionPool.from_url(
-                self._url,
-                max_connections=self._max_connections,
-                timeout=self._timeout_s,
-                socket_timeout=self._timeout_s,
-                socket_connect_timeout=self._timeout_s,
-                decode_responses=True,
-            )
-            client = aioredis.Redis(connection_pool=pool)
-        except ValueError as exc:
-            raise ConfigurationError(f"REDIS_URL {self._url!r} is not a Redis URL: {exc}") from exc
-        self._client = client
-        self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
-        with translated("connecting to Redis"):
-            async with asyncio.timeout(self._timeout_s):
-                await client.ping()
+    def _started(self, client: aioredis.Redis) -> None:
+        """Register the scripts, so a bad URL fails at start rather than at first use."""
+        self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
 
     def lease_key(self, run_id: str) -> str:
         """The hash holding a run's lease."""
-        return f"{self.prefix}lease:{run_id}"
+        return lease_key(self.prefix, run_id)
 
     def fence_key(self, run_id: str) -> str:
         """The counter holding a run's last fence; it never expires."""
-        return f"{self.prefix}fence:{run_id}"
+        return fence_key(self.prefix, run_id)
 
     async def _script(self, name: str, keys: list[str], args: list[Any], run_id: str) -> Any:
         """Run one of the store's scripts, translating driver failures."""
-        if self._client is None:
-            raise InvalidInputError(
-                "the Redis lease store is not open; use `await RedisLeaseStore.open(url)` or "
-                "`async with`"
-            )
+        self._live_client()
         # The client retries a lost connection by itself; the bound covers its retries too.
         with translated(f"running {name}.lua", run_id=run_id):
             async with asyncio.timeout(self._timeout_s):
@@ -211,11 +171,8 @@ class RedisLeaseStore(Resource):
 
     async def close(self) -> None:
         """Close the connection pool. Idempotent."""
-        client, self._client = self._client, None
         self._scripts = {}
-        if client is not None:
-            with translated("closing the Redis connection pool"):
-                await client.aclose(close_connection_pool=True)
+        await super().close()
 
 
 def _ttl_ms(ttl_s: float) -> int:

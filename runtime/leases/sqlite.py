@@ -18,25 +18,25 @@ from onward._storage import SqliteStore, transaction
 
 from .base import RunLease, check_ttl, conflict_error, fenced_error
 
-_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """Seconds since the epoch by SQLite's clock; 'now' is fixed for the length of one statement."""
 
 _ACQUIRE = (
     "INSERT INTO onward_leases (run_id, tenant, holder, fence, expires_at) "
-    f"VALUES (?, ?, ?, 1, {_NOW} + ?) "
+    f"VALUES (?, ?, ?, 1, {SQLITE_NOW} + ?) "
     "ON CONFLICT(run_id) DO UPDATE SET tenant = excluded.tenant, holder = excluded.holder, "
     "fence = onward_leases.fence + 1, expires_at = excluded.expires_at "
-    f"WHERE onward_leases.holder IS NULL OR onward_leases.expires_at <= {_NOW} "
+    f"WHERE onward_leases.holder IS NULL OR onward_leases.expires_at <= {SQLITE_NOW} "
     "RETURNING tenant, holder, fence, expires_at"
 )
 _RENEW = (
-    f"UPDATE onward_leases SET expires_at = {_NOW} + ? "
-    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {_NOW} "
+    f"UPDATE onward_leases SET expires_at = {SQLITE_NOW} + ? "
+    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {SQLITE_NOW} "
     "RETURNING tenant, holder, fence, expires_at"
 )
 _RAISE_FENCE = (
     "UPDATE onward_leases SET fence = max(fence, ?) + 1 "
-    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {_NOW} "
+    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {SQLITE_NOW} "
     "RETURNING tenant, holder, fence, expires_at"
 )
 _RELEASE = (
@@ -45,7 +45,7 @@ _RELEASE = (
 )
 _CURRENT = (
     "SELECT tenant, holder, fence, expires_at FROM onward_leases "
-    f"WHERE run_id = ? AND holder IS NOT NULL AND expires_at > {_NOW}"
+    f"WHERE run_id = ? AND holder IS NOT NULL AND expires_at > {SQLITE_NOW}"
 )
 
 

@@ -12,26 +12,22 @@ import contextlib
 import json
 import textwrap
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
-from aiokafka.admin import AIOKafkaAdminClient
 from support import cli_agent
-from support.pg import fresh_schema
+from support.crashes import Crash, CrashAt
+from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
 
 from onward.eventlog import (
     EVENT_FORMAT,
     Event,
-    KafkaEventLog,
     RunClaimed,
     RunFinished,
     RunStarted,
     SqliteEventLog,
     ToolDispatched,
-    kind_of,
 )
 from onward.eventlog.base import EventLog, partition_for
 from onward.eventlog.schema import event_schema
@@ -41,7 +37,6 @@ from onward.runtime import (
     AgentRunner,
     LeaseStore,
     Provider,
-    RedisLeaseStore,
     SqliteLeaseStore,
 )
 from onward.runtime.cli import app
@@ -49,28 +44,6 @@ from onward.testing.eventlog import Envelope
 
 TENANT = "acme"
 AGENT = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"]
-
-
-class Crash(BaseException):
-    """Stands in for the worker's process dying at a point."""
-
-
-class CrashAt:
-    """An observer that 'kills' the worker at one point of the run."""
-
-    def __init__(self, point: str) -> None:
-        self.point = point
-
-    async def appended(self, events: Sequence[Event]) -> None:
-        if any(kind_of(type(e)) == self.point for e in events):
-            raise Crash(self.point)
-
-    async def tool_returned(self, call_id: str) -> None:
-        if self.point == "tool.returned":
-            raise Crash(self.point)
-
-    async def before_model_call(self) -> None:
-        return None
 
 
 async def start_on(
@@ -432,98 +405,40 @@ def test_resume_of_a_run_whose_log_was_truncated_exits_4_without_calling_the_mod
     assert run_id in result.stderr
 
 
-@pytest.mark.kafka
-async def test_resume_against_kafka_postgres_and_redis(
-    kafka_bootstrap: str, database_url: str, redis_url: str
-) -> None:
-    topic = f"onward.test.cli.{uuid.uuid4().hex[:10]}"
-    prefix = f"onward-test-{uuid.uuid4().hex[:8]}:"
+async def crashed_on_kafka(deployment: KafkaServers, crash_at: str) -> str:
+    """A booking run on the deployment whose worker 'died' at ``crash_at``; returns its id."""
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    try:
-        async with fresh_schema(database_url) as schema:
-            async with (
-                KafkaEventLog(kafka_bootstrap, topic=topic, partitions=3) as log,
-                RedisLeaseStore(redis_url, prefix=prefix) as leases,
-            ):
-                await start_on(
-                    log,
-                    leases,
-                    run_id,
-                    agent=cli_agent.booker(),
-                    provider=cli_agent.booking_model(),
-                    crash_at="model.answered",
-                )
-            env = {
-                "ONWARD_BACKEND": "kafka",
-                "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-                "ONWARD_KAFKA_TOPIC": topic,
-                "ONWARD_PARTITIONS": "3",
-                "DATABASE_URL": database_url,
-                "ONWARD_DATABASE_SCHEMA": schema,
-                "REDIS_URL": redis_url,
-                "ONWARD_REDIS_PREFIX": prefix,
-            }
-            args = ["run", "--resume", run_id, "--tenant", TENANT, *AGENT]
-            # The command runs its own event loop, so it gets a thread of its own.
-            result = await asyncio.to_thread(CliRunner().invoke, app, args, env=env)
-            assert result.exit_code == 0, result.output
-            assert "under fence 2" in result.stdout
-            assert "status completed" in result.stdout
-            assert cli_agent.effects("book", run_id, "b") == 1
-    finally:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            keys = [k async for k in client.scan_iter(f"{prefix}*")]
-            if keys:
-                await client.delete(*keys)
-        finally:
-            await client.aclose()
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-        await admin.start()
-        try:
-            await admin.delete_topics([topic])
-        finally:
-            await admin.close()
+    async with deployment.log() as log, deployment.leases() as leases:
+        agent, model = cli_agent.booker(), cli_agent.booking_model()
+        await start_on(log, leases, run_id, agent=agent, provider=model, crash_at=crash_at)
+    return run_id
+
+
+async def onward_on(deployment: KafkaServers, *args: str) -> Result:
+    """The command line against the deployment, in a thread: it runs its own event loop."""
+    return await asyncio.to_thread(CliRunner().invoke, app, list(args), env=deployment.env())
+
+
+@pytest.mark.kafka
+async def test_resume_against_kafka_postgres_and_redis(kafka_servers: KafkaServers) -> None:
+    run_id = await crashed_on_kafka(kafka_servers, "model.answered")
+    result = await onward_on(kafka_servers, "run", "--resume", run_id, "--tenant", TENANT, *AGENT)
+    assert result.exit_code == 0, result.output
+    assert "under fence 2" in result.stdout
+    assert "status completed" in result.stdout
+    assert cli_agent.effects("book", run_id, "b") == 1
 
 
 @pytest.mark.kafka
 async def test_resume_on_kafka_of_a_run_whose_partition_was_truncated_exits_4(
-    kafka_bootstrap: str,
-    kafka_topic: str,
-    database_url: str,
-    pg_schema: str,
-    redis_url: str,
-    redis_prefix: str,
-    mine: str,
+    kafka_servers: KafkaServers, mine: str
 ) -> None:
-    run_id = f"run-{uuid.uuid4().hex[:8]}"
-    async with (
-        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=3) as log,
-        RedisLeaseStore(redis_url, prefix=redis_prefix) as leases,
-    ):
-        await start_on(
-            log,
-            leases,
-            run_id,
-            agent=cli_agent.booker(),
-            provider=cli_agent.booking_model(),
-            crash_at="turn.settled",  # the next step is a model call
-        )
+    run_id = await crashed_on_kafka(kafka_servers, "turn.settled")  # next: a model call
+    async with kafka_servers.log() as log:
         partition = partition_for(run_id, log.partitions)
         await log.truncate_before(partition, (await log.bounds(partition)).end - 1)
-    env = {
-        "ONWARD_BACKEND": "kafka",
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "ONWARD_KAFKA_TOPIC": kafka_topic,
-        "ONWARD_PARTITIONS": "3",
-        "DATABASE_URL": database_url,
-        "ONWARD_DATABASE_SCHEMA": pg_schema,
-        "REDIS_URL": redis_url,
-        "ONWARD_REDIS_PREFIX": redis_prefix,
-    }
     agent = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]  # Broken: exit 5
-    args = ["run", "--resume", run_id, "--tenant", TENANT, *agent]
-    result = await asyncio.to_thread(CliRunner().invoke, app, args, env=env)
+    result = await onward_on(kafka_servers, "run", "--resume", run_id, "--tenant", TENANT, *agent)
     assert result.exit_code == 4, result.output
     assert "HistoryUnavailableError" in result.stderr
     assert run_id in result.stderr

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from support.kafka import delete_topic
+from support.servers import KafkaServers
 
 from onward.eventlog import KafkaEventLog
 from onward.projections.postgres import PostgresFrontierStore
@@ -130,35 +131,22 @@ class Fleet:
 
 
 @pytest_asyncio.fixture
-async def fleet(
-    kafka_bootstrap: str,
-    kafka_topic: str,
-    database_url: str,
-    pg_schema: str,
-    redis_url: str,
-    redis_prefix: str,
-    tmp_path: Path,
-) -> AsyncIterator[Fleet]:
+async def fleet(kafka_servers: KafkaServers, tmp_path: Path) -> AsyncIterator[Fleet]:
+    servers = kafka_servers
+    kafka_bootstrap = servers.bootstrap
     env = {
         **os.environ,
         "PYTHONPATH": str(TESTS),
-        "ONWARD_BACKEND": "kafka",
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "DATABASE_URL": database_url,
-        "ONWARD_DATABASE_SCHEMA": pg_schema,
-        "REDIS_URL": redis_url,
-        "ONWARD_REDIS_PREFIX": redis_prefix,
-        "ONWARD_KAFKA_TOPIC": kafka_topic,
-        "ONWARD_PARTITIONS": str(PARTITIONS),
+        **servers.env(partitions=PARTITIONS),
         "FLEET_LEDGER": str(tmp_path / "ledger.jsonl"),
         "FLEET_STEPS": "3",
         "FLEET_TOOL_S": "0.1",
     }
-    requests_topic = f"{kafka_topic}.requests"
+    requests_topic = f"{servers.topic}.requests"
     async with (
-        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
-        PostgresFrontierStore(database_url, schema=pg_schema) as frontiers,
-        RedisLeaseStore(redis_url, prefix=redis_prefix) as leases,
+        servers.log(partitions=PARTITIONS) as log,
+        servers.frontiers() as frontiers,
+        servers.leases() as leases,
     ):
         world = Fleet(kafka_bootstrap, env, requests_topic, tmp_path, log, frontiers, leases)
         try:

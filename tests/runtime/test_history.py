@@ -8,11 +8,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from support.crashes import Crash, CrashAt
 from support.workers import CountingLog
 
 from onward.errors import ConfigurationError, HistoryUnavailableError
 from onward.eventlog import (
-    Event,
     KafkaEventLog,
     MemoryEventLog,
     Message,
@@ -22,7 +22,6 @@ from onward.eventlog import (
     ToolCompleted,
 )
 from onward.eventlog.base import EventLog, SequenceGuard, partition_for
-from onward.eventlog.events import kind_of
 from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
@@ -54,28 +53,6 @@ async def fetch(url: str, *, idempotency_key: str) -> str:
 AGENT = Agent(name="finder", instructions="find things", tools=[search, fetch])
 
 
-class Crash(BaseException):
-    """The worker 'dies'."""
-
-
-class CrashAfter:
-    """Dies once the ``n``-th event of kind ``kind`` is durable."""
-
-    def __init__(self, kind: str, n: int = 1) -> None:
-        self.kind, self.left = kind, n
-
-    async def appended(self, events: Sequence[Event]) -> None:
-        self.left -= sum(kind_of(type(e)) == self.kind for e in events)
-        if self.left <= 0:
-            raise Crash(self.kind)
-
-    async def tool_returned(self, call_id: str) -> None:
-        return None
-
-    async def before_model_call(self) -> None:
-        return None
-
-
 class Recording:
     """A scripted provider that keeps every conversation it was called with."""
 
@@ -101,7 +78,7 @@ async def crashed_run(log: EventLog, **options: Any) -> None:
     runner = AgentRunner(
         provider=ScriptedProvider(script()),
         log=log,
-        observer=CrashAfter("turn.settled", 2),
+        observer=CrashAt("turn.settled", n=2),
         **options,
     )
     with pytest.raises(Crash):

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from support.crashes import Crash, CrashAt
 
 from onward.errors import (
     CheckpointFormatError,
@@ -35,30 +36,6 @@ from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, Tool, tool
 
 TENANT = "acme"
-
-
-class Crash(BaseException):
-    """Stands in for the process dying at a point (the subprocess tests use SIGKILL)."""
-
-
-class CrashAt:
-    """An observer that 'dies' at one point of the run."""
-
-    def __init__(self, point: str, call_id: str | None = None) -> None:
-        self.point = point
-        self.call_id = call_id
-
-    async def appended(self, events: Sequence[Event]) -> None:
-        if any(kind_of(type(e)) == self.point for e in events):
-            raise Crash(self.point)
-
-    async def tool_returned(self, call_id: str) -> None:
-        if self.point == "tool.returned" and call_id == self.call_id:
-            raise Crash(self.point)
-
-    async def before_model_call(self) -> None:
-        if self.point == "model.call":
-            raise Crash(self.point)
 
 
 class Side:

@@ -23,10 +23,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onward._storage import Resource, translate
 from onward.errors import ConfigurationError, InvalidInputError
+from onward.runtime.settings import SCHEMA_CACHE_PREFIX
 
 _log = logging.getLogger("onward.integrations.mcp")
 
-DEFAULT_PREFIX = "onward:mcp:schema:"
+DEFAULT_PREFIX = SCHEMA_CACHE_PREFIX
 FORMAT = 1
 
 

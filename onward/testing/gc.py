@@ -1,0 +1,156 @@
+"""`RecordSweeperConformance`: the behaviour every `RecordSweeper` backend must show.
+
+Subclass it once per backend and implement :meth:`RecordSweeperConformance.open_stores`, which
+returns a frontier store, a lease store and the sweeper, open on one fresh, migrated database.
+Rows are written through the stores' own protocols, and what the sweeper removed is observed
+through them too: a lease row that is gone hands out fence 1 again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Self
+
+import msgspec
+import pytest_asyncio
+
+from onward.projections.base import FrontierStore, Snapshot
+from onward.runtime.gc.base import KINDS, RECORD_KINDS, RecordSweeper, SweepPlan
+from onward.runtime.leases.base import LeaseStore
+
+from .eventlog import new_run_id
+from .frontiers import call_row, frontier, said
+
+TENANT = "acme"
+OLD = 1_000_000
+"""When the old runs finished, in microseconds since the epoch."""
+CUTOFF = 2_000_000
+"""The ``before`` the tests ask for: old runs are before it, new ones after."""
+NEW = 3_000_000
+
+
+@dataclass
+class Stores:
+    """One database seen as a frontier store, a lease store and a sweeper."""
+
+    frontiers: FrontierStore
+    leases: LeaseStore
+    sweeper: RecordSweeper
+
+    async def seed(
+        self,
+        status: str,
+        *,
+        finished_at: int = OLD,
+        continued_to: str | None = None,
+        held: bool = False,
+    ) -> str:
+        """A run with a frontier row, two transcript rows, two call rows and a lease row."""
+        run_id = new_run_id()
+        row = msgspec.structs.replace(
+            frontier(run_id, through=5, status=status),
+            updated_at=finished_at,
+            continued_to=continued_to,
+            messages=2,
+        )
+        calls = [call_row(run_id, c, through=5, outcome="completed") for c in ("c1", "c2")]
+        messages = [said(run_id, 1, "go"), said(run_id, 3, "done")]
+        await self.frontiers.write("seed", {}, [Snapshot.of(row)], calls, messages=messages)
+        lease = await self.leases.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
+        if not held:
+            await self.leases.release(lease)
+        return run_id
+
+    async def rows(self, run_id: str) -> tuple[bool, int, int]:
+        """Whether the run has its frontier row, and how many transcript and call rows."""
+        row = await self.frontiers.get(run_id)
+        transcript = await self.frontiers.transcript(run_id, tenant=TENANT, through=99)
+        return row is not None, len(transcript), len(await self.frontiers.tool_calls(run_id))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close the three stores."""
+        for store in (self.sweeper, self.leases, self.frontiers):
+            await store.close()
+
+    async def lease_row_kept(self, run_id: str) -> bool:
+        """Whether the run's lease row is still there: a new one would start at fence 1."""
+        lease = await self.leases.acquire(run_id, tenant=TENANT, holder="probe", ttl_s=30)
+        await self.leases.release(lease)
+        return lease.fence > 1
+
+
+class RecordSweeperConformance:
+    """The contract of `RecordSweeper`. Subclass per backend; every test must pass unchanged."""
+
+    async def open_stores(self) -> Stores:
+        """A frontier store, a lease store and the sweeper, open on one migrated database."""
+        raise NotImplementedError
+
+    @pytest_asyncio.fixture
+    async def stores(self) -> AsyncIterator[Stores]:
+        async with await self.open_stores() as opened:
+            yield opened
+
+    async def test_finished_lists_the_finished_runs_before_the_cutoff(self, stores: Stores) -> None:
+        done = await stores.seed("completed")
+        failed = await stores.seed("failed")
+        continued = await stores.seed("continued", continued_to="run-next")
+        await stores.seed("completed", finished_at=NEW)
+        await stores.seed("running")
+        await stores.seed("waiting")
+        found = {r.run_id: r for r in await stores.sweeper.finished(before=CUTOFF)}
+        assert set(found) == {done, failed, continued}
+        assert found[done].finished_at == OLD
+        assert found[continued].continued
+        assert found[continued].successor == "run-next"
+        assert not found[done].continued
+
+    async def test_a_count_deletes_nothing_and_a_delete_removes_what_was_counted(
+        self, stores: Stores
+    ) -> None:
+        gone = [await stores.seed("completed"), await stores.seed("cancelled")]
+        calls_only = await stores.seed("failed")
+        kept = await stores.seed("completed")
+        plan = SweepPlan(expired=tuple(gone), calls=(*gone, calls_only))
+        counted = await stores.sweeper.sweep(plan, delete=False)
+        assert counted == {"transcript": 4, "tool_calls": 6, "lease_rows": 2, "frontiers": 2}
+        assert [await stores.rows(r) for r in gone] == [(True, 2, 2)] * 2
+        assert await stores.sweeper.sweep(plan, delete=True) == counted
+        assert [await stores.rows(r) for r in gone] == [(False, 0, 0)] * 2
+        assert not any([await stores.lease_row_kept(r) for r in gone])
+        assert await stores.rows(calls_only) == (True, 2, 0)
+        assert await stores.lease_row_kept(calls_only)
+        assert await stores.rows(kept) == (True, 2, 2)
+        assert await stores.lease_row_kept(kept)
+        assert await stores.sweeper.sweep(plan, delete=True) == dict.fromkeys(RECORD_KINDS, 0)
+
+    async def test_a_run_that_has_not_finished_is_never_touched(self, stores: Stores) -> None:
+        live = [
+            await stores.seed("running"),
+            await stores.seed("waiting"),
+            await stores.seed("new"),
+        ]
+        plan = SweepPlan(expired=tuple(live), calls=tuple(live))
+        assert await stores.sweeper.sweep(plan, delete=False) == dict.fromkeys(RECORD_KINDS, 0)
+        assert await stores.sweeper.sweep(plan, delete=True) == dict.fromkeys(RECORD_KINDS, 0)
+        assert [await stores.rows(r) for r in live] == [(True, 2, 2)] * 3
+        assert all([await stores.lease_row_kept(r) for r in live])
+
+    async def test_a_lease_somebody_holds_is_kept(self, stores: Stores) -> None:
+        run_id = await stores.seed("completed", held=True)
+        counts = await stores.sweeper.sweep(SweepPlan(expired=(run_id,)), delete=True)
+        assert counts["lease_rows"] == 0
+        assert counts["frontiers"] == 1
+        assert await stores.leases.current(run_id) is not None
+
+    async def test_every_kind_is_counted(self, stores: Stores) -> None:
+        counts = await stores.sweeper.sweep(SweepPlan(), delete=False)
+        assert tuple(counts) == RECORD_KINDS
+        assert set(RECORD_KINDS) <= set(KINDS)
+
+
+__all__ = ["RecordSweeperConformance", "Stores"]

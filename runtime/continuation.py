@@ -1,0 +1,274 @@
+"""Continuation: a long run carried into a new run, with nothing it was acting under dropped.
+
+A run's log grows with every step, and so does what a resume or an audit of it reads.
+`ContinuationPolicy(max_steps, max_history_bytes).due(frontier, ...)` says when a run has gone
+on long enough; the runner then carries it into a new run, at a point where no call of the turn
+in progress has been dispatched:
+
+1. `continued(frontier)` builds the `Continuation`: the transcript handles the new run's
+   conversation starts from (the old run's own, after those it was itself carried on from),
+   the usage and iteration count so far, the calls of the turn in progress with their
+   idempotency keys, and the approvals in force with who granted them. `Continuation.check`
+   refuses one that dropped an approval or a grant (`ConfigurationError`): the new run would
+   otherwise go on unapproved, or ask a person again for what they already allowed.
+2. Under the new run's lease: its `RunStarted` names the old run (``continuation_of``) and
+   carries the continuation (``carried``).
+3. Under the old run's lease: `RunContinued` names the new run; the old run is finished.
+4. The new run is resumed like any other: its conversation is the old transcripts, read where
+   they are (never copied into the log twice), then its own.
+
+A crash between 2 and 3 leaves the new run started and the old one running; the old run's next
+resume finds its successor (the new run's id is derived from the old one's, `successor_id`) and
+only writes step 3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+
+from onward.errors import ConfigurationError, InvalidInputError, NothingToResumeError
+from onward.eventlog.events import (
+    Carried,
+    Grant,
+    HistoryHandle,
+    RunContinued,
+    RunStarted,
+    ToolCall,
+    Usage,
+)
+from onward.projections.frontier import Frontier
+
+from .conversation import Conversation
+from .leases.holder import Leaseholder
+from .resumer import Resumer
+from .writer import HeldRun, RunWriter
+
+_SUFFIX = "~c"
+
+
+def successor_id(run_id: str) -> str:
+    """The id of the run ``run_id`` is carried into: ``r`` becomes ``r~c1``, ``r~c1`` ``r~c2``.
+
+    Derived, not drawn, so a carry interrupted by a crash finds the successor it started.
+    """
+    base, _, number = run_id.rpartition(_SUFFIX)
+    if base and number.isdigit():
+        return f"{base}{_SUFFIX}{int(number) + 1}"
+    return f"{run_id}{_SUFFIX}1"
+
+
+@dataclass(frozen=True, slots=True)
+class ContinuationPolicy:
+    """When a run should be carried into a new run.
+
+    Attributes:
+        max_steps: Carry a run on once its own log holds this many events (at least 2), and
+            it has reached a boundary of its own.
+        max_history_bytes: Carry it on once the messages of its own conversation (not those it
+            was carried on from) encode to this many bytes.
+    """
+
+    max_steps: int | None = None
+    max_history_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_steps is None and self.max_history_bytes is None:
+            raise ConfigurationError("a ContinuationPolicy needs max_steps or max_history_bytes")
+        if self.max_steps is not None and self.max_steps < 2:
+            raise ConfigurationError(f"max_steps must be at least 2, got {self.max_steps}")
+        if self.max_history_bytes is not None and self.max_history_bytes < 1:
+            raise ConfigurationError(
+                f"max_history_bytes must be positive, got {self.max_history_bytes}"
+            )
+
+    def due(self, frontier: Frontier, *, history_bytes: int = 0) -> bool:
+        """Whether the run has gone on long enough to be carried into a new run.
+
+        Args:
+            frontier: The run as it stands.
+            history_bytes: The bytes of the run's own messages (`Conversation.own_bytes`).
+        """
+        if frontier.resume_seq == 0:
+            # No boundary of its own yet: a run just carried on goes at least one step first,
+            # so a chain always moves forward.
+            return False
+        return (self.max_steps is not None and frontier.last_seq >= self.max_steps) or (
+            self.max_history_bytes is not None and history_bytes >= self.max_history_bytes
+        )
+
+    def continued(self, frontier: Frontier) -> Continuation:
+        """The continuation the runner writes; override to change what crosses over (it is
+        checked against ``frontier`` before anything is written)."""
+        return continued(frontier)
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """What crosses from a run into the run it is carried into.
+
+    Attributes:
+        run_id: The run carried on.
+        new_run_id: The run it is carried into.
+        history: The transcripts the new run's conversation starts from, oldest first.
+        iteration: Model calls so far, across the chain.
+        usage: Tokens so far, across the chain.
+        calls: The turn in progress, none of it dispatched.
+        approved: The calls a person approved, in force.
+        grants: Who approved each, and with what value.
+    """
+
+    run_id: str
+    new_run_id: str
+    history: tuple[HistoryHandle, ...]
+    iteration: int
+    usage: Usage
+    calls: tuple[ToolCall, ...] = ()
+    approved: tuple[str, ...] = ()
+    grants: tuple[Grant, ...] = ()
+
+    def check(self, frontier: Frontier) -> None:
+        """Refuse a continuation that drops an approval or a grant the run is acting under.
+
+        Raises:
+            ConfigurationError: An approval or grant in force is missing.
+        """
+        dropped = [a for a in frontier.approved if a not in self.approved]
+        dropped += [
+            f"grant of {g.request_id} by {g.by}" for g in frontier.grants if g not in self.grants
+        ]
+        if dropped:
+            raise ConfigurationError(
+                f"run {frontier.run_id!r}: the continuation into {self.new_run_id!r} drops what "
+                f"the run acts under ({', '.join(dropped)}); carry every approval and grant over",
+                run_id=frontier.run_id,
+            )
+
+    def carried(self) -> Carried:
+        """The continuation as the new run's `RunStarted` carries it."""
+        return Carried(
+            history=list(self.history),
+            iteration=self.iteration,
+            usage=self.usage,
+            calls=list(self.calls),
+            approved=list(self.approved),
+            grants=list(self.grants),
+        )
+
+
+def carriable(frontier: Frontier) -> bool:
+    """Whether the run can be carried on now: it is running and no call of the turn in
+    progress has been dispatched (an outcome cannot cross over, only a call not yet made)."""
+    return frontier.status == "running" and all(c.dispatched_seq is None for c in frontier.calls)
+
+
+def continued(frontier: Frontier, *, new_run_id: str | None = None) -> Continuation:
+    """The continuation of a run as it stands: everything in force crosses over.
+
+    Raises:
+        InvalidInputError: The run is not `carriable` now.
+    """
+    if not carriable(frontier):
+        raise InvalidInputError(
+            f"run {frontier.run_id!r} cannot be carried on now (status {frontier.status}, or a "
+            "call of its turn in progress was dispatched); carry it on at a boundary",
+            run_id=frontier.run_id,
+        )
+    own = HistoryHandle(
+        run_id=frontier.run_id, through_seq=frontier.last_seq, messages=frontier.messages
+    )
+    return Continuation(
+        run_id=frontier.run_id,
+        new_run_id=new_run_id or successor_id(frontier.run_id),
+        history=(*frontier.history, own),
+        iteration=frontier.iteration,
+        usage=Usage(input_tokens=frontier.input_tokens, output_tokens=frontier.output_tokens),
+        calls=tuple(
+            ToolCall(call_id=c.call_id, tool=c.tool, args=c.args, idempotency_key=c.idempotency_key)
+            for c in frontier.calls
+        ),
+        approved=frontier.approved,
+        grants=frontier.grants,
+    )
+
+
+Holding = Callable[[str, str], AbstractAsyncContextManager[Leaseholder]]
+"""Holds a run's lease (run id, tenant) for a block: the runner's own."""
+
+
+async def carry_if_due(
+    run: HeldRun,
+    policy: ContinuationPolicy,
+    *,
+    writer: RunWriter,
+    holding: Holding,
+    resumer: Resumer,
+) -> bool:
+    """Carry the run into a new run if it can be and ``policy`` says it is due: start the new
+    run, then end this one with `RunContinued`. Returns whether it did.
+
+    Raises:
+        ConfigurationError: The policy's continuation drops an approval or grant; nothing was
+            written.
+    """
+    frontier = run.frontier
+    if not (
+        carriable(frontier) and policy.due(frontier, history_bytes=run.conversation.own_bytes())
+    ):
+        return False
+    carry = policy.continued(frontier)
+    await start_successor(run, carry, writer=writer, holding=holding, resumer=resumer)
+    await writer.append(run, [writer.event(run, RunContinued, new_run_id=carry.new_run_id)])
+    return True
+
+
+async def start_successor(
+    run: HeldRun,
+    continuation: Continuation,
+    *,
+    writer: RunWriter,
+    holding: Holding,
+    resumer: Resumer,
+) -> None:
+    """Write the new run's `RunStarted` under its lease, unless an earlier carry did.
+
+    Raises:
+        ConfigurationError: The continuation drops an approval or grant, or the successor's id
+            is taken by a run that is not this run's continuation.
+    """
+    continuation.check(run.frontier)
+    new_id, tenant = continuation.new_run_id, run.tenant
+    async with holding(new_id, tenant) as held:
+        if held.lease.fence > 1:  # the lease store saw the id before: ask the log
+            with contextlib.suppress(NothingToResumeError):
+                found = await resumer.read(new_id, tenant=tenant)
+                if found.continuation_of != run.run_id:
+                    raise ConfigurationError(
+                        f"run {run.run_id!r} cannot be carried into {new_id!r}: that id is "
+                        "taken by another run",
+                        run_id=run.run_id,
+                    )
+                return  # started by a carry that a crash cut short
+        new = HeldRun(run.agent, held, Frontier.empty(new_id, tenant), Conversation(""))
+        started = writer.event(
+            new,
+            RunStarted,
+            agent=run.agent.name,
+            revision=run.agent.revision,
+            continuation_of=run.run_id,
+            carried=continuation.carried(),
+        )
+        await writer.append(new, [started])
+
+
+__all__ = [
+    "Continuation",
+    "ContinuationPolicy",
+    "carriable",
+    "carry_if_due",
+    "continued",
+    "start_successor",
+    "successor_id",
+]

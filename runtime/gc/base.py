@@ -1,0 +1,214 @@
+"""What garbage collection removes, and the protocols of the stores it removes it from.
+
+A run that finished long ago still has rows and keys: its frontier row and transcript, its
+`tool_calls` rows, its lease row (PostgreSQL, SQLite) or lease hash and fence counter (Redis),
+and its MCP schema cache entry. `GarbageCollector` decides which runs are past which ttl; the
+stores below count or delete what those runs left, each in its own backend module:
+
+* `RecordSweeper`: the rows of one database (frontiers, transcript, `tool_calls`, leases):
+  `PostgresRecordSweeper`, `SqliteRecordSweeper`.
+* `KeySweeper`: the Redis keys of runs: `RedisKeySweeper`.
+
+Counting and deleting run the same predicate, so a dry run's report is what a run deletes. The
+predicates re-check, in the statement that deletes, that the run's frontier row says it
+finished: a running or waiting run is never touched, whatever the plan handed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from onward._storage import AsyncResource
+from onward.projections.base import decode_payload
+from onward.projections.frontier import TERMINAL_STATUSES
+
+Kind = Literal[
+    "frontiers",
+    "transcript",
+    "tool_calls",
+    "lease_rows",
+    "redis_leases",
+    "redis_fences",
+    "schema_cache",
+]
+"""What one count of a report counts."""
+
+RECORD_KINDS: tuple[Kind, ...] = ("transcript", "tool_calls", "lease_rows", "frontiers")
+"""The rows a `RecordSweeper` removes, in the order it removes them (frontier rows last: the
+other predicates look the run up in them)."""
+KEY_KINDS: tuple[Kind, ...] = ("redis_leases", "redis_fences", "schema_cache")
+"""The keys a `KeySweeper` removes."""
+KINDS: tuple[Kind, ...] = (*RECORD_KINDS, *KEY_KINDS)
+
+_TERMINAL = ", ".join(repr(status) for status in sorted(TERMINAL_STATUSES))
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRun:
+    """A run whose frontier row says it finished, and when.
+
+    Attributes:
+        finished_at: The ``at`` of the run's last event, microseconds since the epoch.
+        continued: The run was carried into another run (status ``continued``).
+        successor: The run it was carried into, when the stored row says.
+    """
+
+    run_id: str
+    tenant: str
+    status: str
+    finished_at: int
+    continued: bool = False
+    successor: str | None = None
+
+
+def finished_run(
+    run_id: str, tenant: str, status: str, updated_at: int, payload: bytes | None
+) -> FinishedRun:
+    """A finished run from its frontier row; ``payload`` only matters for a continued run."""
+    continued = status == "continued"
+    successor = None
+    if continued and payload is not None:
+        successor = decode_payload(payload, run_id=run_id).continued_to
+    return FinishedRun(run_id, tenant, status, updated_at, continued, successor)
+
+
+FINISHED_SQL = (
+    "SELECT run_id, tenant, status, updated_at, "
+    "CASE WHEN status = 'continued' THEN payload END AS payload FROM onward_frontiers "
+    f"WHERE status IN ({_TERMINAL}) AND updated_at < {{before}} ORDER BY run_id"
+)
+"""The finished runs of a frontier table, with ``{before}`` left for the dialect's parameter."""
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPlan:
+    """Which runs lose what.
+
+    Attributes:
+        expired: Runs past the checkpoint ttl: frontier row, transcript, `tool_calls` rows and
+            lease row all go.
+        calls: Runs whose `tool_calls` rows go (past the task-result ttl; ``expired`` too).
+        keys: Runs whose Redis keys go (past the Redis key ttl; ``expired`` too).
+    """
+
+    expired: tuple[str, ...] = ()
+    calls: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GcReport:
+    """What a collection counted (dry run) or deleted, per kind.
+
+    Attributes:
+        dry_run: Nothing was deleted; the counts are what a run would delete now.
+        counts: One count per kind of `KINDS`.
+        expired: The runs whose frontier rows are past the checkpoint ttl.
+        kept: Runs past the ttl kept because a run they were carried into is still kept.
+    """
+
+    dry_run: bool
+    counts: Mapping[Kind, int] = field(default_factory=dict)
+    expired: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+
+    def count(self, kind: Kind) -> int:
+        """How many of one kind."""
+        return self.counts.get(kind, 0)
+
+    @property
+    def total(self) -> int:
+        """How many rows and keys in all."""
+        return sum(self.counts.values())
+
+
+@runtime_checkable
+class RecordSweeper(AsyncResource, Protocol):
+    """The rows finished runs leave in one database: frontiers, transcript, `tool_calls`, leases."""
+
+    async def finished(self, *, before: int) -> list[FinishedRun]:
+        """Runs whose frontier row says they finished before ``before`` (microseconds), by id."""
+        ...
+
+    async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
+        """Count (``delete=False``) or delete the rows ``plan`` names, per kind of
+        `RECORD_KINDS`; only of runs whose frontier row says they finished, and no lease row a
+        holder has now."""
+        ...
+
+
+@runtime_checkable
+class KeySweeper(AsyncResource, Protocol):
+    """The keys finished runs leave in a key-value store: lease, fence, MCP schema cache."""
+
+    async def sweep(self, run_ids: Collection[str], *, delete: bool) -> dict[Kind, int]:
+        """Count or delete the keys of ``run_ids``, per kind of `KEY_KINDS`; a lease somebody
+        holds now, and its fence, are kept."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSql:
+    """The statements of a SQL `RecordSweeper`, written once for every dialect.
+
+    Each statement takes one parameter, a list of run ids: the plan's ``expired`` runs, or its
+    ``calls`` runs for `tool_calls` rows.
+
+    Args:
+        ids: How the dialect reads that list in a statement: a subquery yielding the ids.
+        now: The server's clock in the unit of ``onward_leases.expires_at``.
+    """
+
+    ids: str
+    now: str
+
+    def predicates(self) -> dict[Kind, tuple[str, str]]:
+        """Per kind of `RECORD_KINDS`, in deletion order: the table and the rows to remove."""
+        finished = f"status IN ({_TERMINAL})"
+        done = f"FROM onward_frontiers WHERE run_id IN ({self.ids}) AND {finished}"
+        return {
+            "transcript": (
+                "onward_transcript",
+                f"(tenant, run_id) IN (SELECT tenant, run_id {done})",
+            ),
+            "tool_calls": ("onward_tool_calls", f"run_id IN (SELECT run_id {done})"),
+            "lease_rows": (
+                "onward_leases",
+                f"run_id IN (SELECT run_id {done}) "
+                f"AND (holder IS NULL OR expires_at <= {self.now})",
+            ),
+            "frontiers": ("onward_frontiers", f"run_id IN ({self.ids}) AND {finished}"),
+        }
+
+    def statements(
+        self, plan: SweepPlan, *, delete: bool
+    ) -> list[tuple[Kind, str, tuple[str, ...]]]:
+        """Per kind, in deletion order: the statement that counts or deletes it, and the run
+        ids to bind to it."""
+        verb = "DELETE FROM {table}" if delete else "SELECT count(*) FROM {table}"
+        return [
+            (
+                kind,
+                f"{verb.format(table=table)} WHERE {predicate}",
+                plan.calls if kind == "tool_calls" else plan.expired,
+            )
+            for kind, (table, predicate) in self.predicates().items()
+        ]
+
+
+__all__ = [
+    "FINISHED_SQL",
+    "KEY_KINDS",
+    "KINDS",
+    "RECORD_KINDS",
+    "FinishedRun",
+    "GcReport",
+    "KeySweeper",
+    "Kind",
+    "RecordSweeper",
+    "SweepPlan",
+    "SweepSql",
+    "finished_run",
+]

@@ -1,0 +1,160 @@
+"""`GarbageCollector`: removes what finished runs left behind, once they are old enough.
+
+Three ttls, each counted from when a run finished (the ``at`` of its last event, which its
+frontier row keeps as ``updated_at``):
+
+* ``checkpoint_ttl_days`` (30): the run's frontier row, transcript, `tool_calls` rows and lease
+  row go; its Redis keys too.
+* ``redis_key_ttl_hours`` (48): its Redis keys go: lease hash, fence counter, MCP schema cache.
+* ``task_result_ttl_days`` (7): its `tool_calls` rows go.
+
+Only runs whose frontier row says they finished (completed, failed, cancelled, continued) are
+looked at, and the stores check that again in the statement that deletes, so a running or
+waiting run never loses a row or a key. A run carried into another run (`RunContinued`) keeps
+its frontier row and transcript for as long as the run it was carried into keeps its own: the
+successor's conversation starts from the predecessor's transcript.
+
+Once a run's frontier row and lease state are gone its id is free again as far as the stores
+can tell, while its events stay in the log until compaction cuts them: do not reuse run ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
+
+from onward.errors import ConfigurationError
+
+from .base import KINDS, FinishedRun, GcReport, KeySweeper, Kind, RecordSweeper, SweepPlan
+
+_DAY_S = 86_400.0
+_HOUR_S = 3_600.0
+
+
+@dataclass
+class GarbageCollector:
+    """Counts (`dry_run`) or deletes (`run`) the rows and keys of runs finished long enough ago.
+
+    Attributes:
+        records: The database of frontier, transcript, `tool_calls` and lease rows.
+        keys: The Redis of leases, fences and the MCP schema cache, if the deployment has one.
+        checkpoint_ttl_days: After this, a finished run's frontier row, transcript, `tool_calls`
+            and lease row (and Redis keys) go.
+        redis_key_ttl_hours: After this, a finished run's Redis keys go.
+        task_result_ttl_days: After this, a finished run's `tool_calls` rows go.
+        clock: Seconds since the epoch now; tests pass one to move time without waiting.
+        batch: Runs per transaction (and per Redis pipeline).
+
+    Raises:
+        ConfigurationError: A ttl that is not positive, or a batch under 1.
+    """
+
+    records: RecordSweeper
+    keys: KeySweeper | None = None
+    _: KW_ONLY
+    checkpoint_ttl_days: float = 30
+    redis_key_ttl_hours: float = 48
+    task_result_ttl_days: float = 7
+    clock: Callable[[], float] = time.time
+    batch: int = 500
+
+    def __post_init__(self) -> None:
+        ttls = {
+            "checkpoint_ttl_days": self.checkpoint_ttl_days,
+            "redis_key_ttl_hours": self.redis_key_ttl_hours,
+            "task_result_ttl_days": self.task_result_ttl_days,
+        }
+        bad = [f"{name}={value}" for name, value in ttls.items() if not value > 0]
+        if bad:
+            raise ConfigurationError(f"garbage collection ttls must be positive: {', '.join(bad)}")
+        if self.batch < 1:
+            raise ConfigurationError(
+                f"garbage collection batch must be at least 1, got {self.batch}"
+            )
+
+    async def plan(self) -> tuple[SweepPlan, tuple[str, ...]]:
+        """Which runs lose what now, and which expired runs are kept for their successors."""
+        now_s = self.clock()
+
+        def before(ttl_s: float) -> int:
+            return int((now_s - ttl_s) * 1_000_000)
+
+        checkpoints = before(self.checkpoint_ttl_days * _DAY_S)
+        redis_keys = before(self.redis_key_ttl_hours * _HOUR_S)
+        task_results = before(self.task_result_ttl_days * _DAY_S)
+        finished = await self.records.finished(before=max(checkpoints, redis_keys, task_results))
+        expired, kept = _expired(finished, checkpoints)
+        gone = set(expired)
+
+        def also(cutoff: int) -> tuple[str, ...]:
+            # The expired runs first, in the same order: each batch then holds an expired
+            # run's tool_calls rows together with its frontier row, which the sweep deletes
+            # last and looks the run up in.
+            return expired + tuple(
+                r.run_id for r in finished if r.finished_at < cutoff and r.run_id not in gone
+            )
+
+        return SweepPlan(expired=expired, calls=also(task_results), keys=also(redis_keys)), kept
+
+    async def dry_run(self) -> GcReport:
+        """What `run` would delete now, per kind. Deletes nothing."""
+        return await self._collect(delete=False)
+
+    async def run(self) -> GcReport:
+        """Delete what finished runs left past their ttls; the report counts what went."""
+        return await self._collect(delete=True)
+
+    async def _collect(self, *, delete: bool) -> GcReport:
+        plan, kept = await self.plan()
+        counts: dict[Kind, int] = dict.fromkeys(KINDS, 0)
+        for part in _batches(plan, self.batch):
+            for kind, n in (await self.records.sweep(part, delete=delete)).items():
+                counts[kind] += n
+            if self.keys is not None and part.keys:
+                for kind, n in (await self.keys.sweep(part.keys, delete=delete)).items():
+                    counts[kind] += n
+        return GcReport(dry_run=not delete, counts=counts, expired=plan.expired, kept=kept)
+
+
+def _expired(
+    finished: Sequence[FinishedRun], before: int
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The runs past the checkpoint ttl whose rows can go, and those kept for a successor.
+
+    A continued run goes only with the run it was carried into (which goes only with its own
+    successor, and so on); one whose row does not name its successor stays.
+    """
+    candidates = {r.run_id: r for r in finished if r.finished_at < before}
+    kept: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for run in candidates.values():
+            if run.run_id in kept or not run.continued:
+                continue
+            if run.successor is None or run.successor not in candidates or run.successor in kept:
+                kept.add(run.run_id)
+                changed = True
+    return (
+        tuple(r for r in candidates if r not in kept),
+        tuple(sorted(kept)),
+    )
+
+
+def _batches(plan: SweepPlan, size: int) -> list[SweepPlan]:
+    """The plan cut into parts of at most ``size`` runs per list."""
+
+    def chunks(ids: tuple[str, ...]) -> list[tuple[str, ...]]:
+        return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+    return [
+        SweepPlan(expired=e or (), calls=c or (), keys=k or ())
+        for e, c, k in itertools.zip_longest(
+            chunks(plan.expired), chunks(plan.calls), chunks(plan.keys)
+        )
+    ]
+
+
+__all__ = ["GarbageCollector"]

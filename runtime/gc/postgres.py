@@ -1,0 +1,50 @@
+"""`PostgresRecordSweeper`: what finished runs left in PostgreSQL, counted or deleted.
+
+It works on the views of the active frontiers build (``onward_frontiers``,
+``onward_tool_calls``; PostgreSQL deletes through them), the transcript and the lease table.
+A rebuild in progress folds the log into its own build and gets those rows back until it is
+switched in; the next collection removes them again.
+"""
+
+from __future__ import annotations
+
+from onward._storage import PostgresStore
+
+from .base import FINISHED_SQL, FinishedRun, Kind, SweepPlan, SweepSql, finished_run
+
+_SQL = SweepSql(ids="SELECT unnest($1::text[])", now="now()")
+
+
+class PostgresRecordSweeper(PostgresStore):
+    """A `RecordSweeper` in PostgreSQL: frontier, transcript, `tool_calls` and lease rows.
+
+    Args:
+        dsn: ``postgresql://user:password@host:port/database``.
+        schema: The PostgreSQL schema (search path) holding Onward's tables.
+        timeout_s: The longest one call may wait for PostgreSQL (`PostgresStore`).
+    """
+
+    what = "PostgreSQL record sweeper"
+
+    async def finished(self, *, before: int) -> list[FinishedRun]:
+        async with self._connection("listing finished runs") as conn:
+            rows = await conn.fetch(FINISHED_SQL.format(before="$1"), before)
+        return [finished_run(*row) for row in rows]
+
+    async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
+        counts: dict[Kind, int] = {}
+        context = "deleting the rows of finished runs" if delete else "counting them"
+        async with self._connection(context, transaction=True) as conn:
+            if not delete:
+                # Every count sees the same snapshot, as the deletes of one transaction do.
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            for kind, statement, ids in _SQL.statements(plan, delete=delete):
+                if delete:
+                    status = await conn.execute(statement, list(ids))
+                    counts[kind] = int(status.split()[-1])
+                else:
+                    counts[kind] = int(await conn.fetchval(statement, list(ids)))
+        return counts
+
+
+__all__ = ["PostgresRecordSweeper"]

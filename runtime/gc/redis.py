@@ -1,0 +1,72 @@
+"""`RedisKeySweeper`: the Redis keys finished runs left, counted or deleted.
+
+Per run, one Lua script (``schemas/redis/gc.lua``) decides atomically, by the Redis server's
+clock: the lease hash and fence counter go unless somebody holds the lease now; the MCP schema
+cache entry goes. The keys are the ones `RedisLeaseStore` and the MCP `SchemaCache` write,
+under their prefixes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from onward._storage import BACKEND_TIMEOUT_S, RedisStore, translated
+from onward.runtime.leases.redis import fence_key, lease_key, script_source
+from onward.runtime.settings import SCHEMA_CACHE_PREFIX
+
+from .base import KEY_KINDS, Kind
+
+
+class RedisKeySweeper(RedisStore):
+    """A `KeySweeper` in Redis.
+
+    Args:
+        url: ``redis://host:port/db``.
+        prefix: The lease store's prefix (``ONWARD_REDIS_PREFIX``).
+        schema_prefix: The MCP schema cache's prefix (``MCP_SCHEMA_CACHE_PREFIX``).
+        timeout_s: The longest one call may wait for Redis.
+    """
+
+    what = "Redis key sweeper"
+    _gc: AsyncScript
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "onward:",
+        schema_prefix: str = SCHEMA_CACHE_PREFIX,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
+    ) -> None:
+        super().__init__(url, prefix=prefix, max_connections=4, timeout_s=timeout_s)
+        self.schema_prefix = schema_prefix
+
+    def _started(self, client: aioredis.Redis) -> None:
+        self._gc = client.register_script(script_source("gc"))
+
+    async def sweep(self, run_ids: Collection[str], *, delete: bool) -> dict[Kind, int]:
+        client = self._live_client()
+        counts = dict.fromkeys(KEY_KINDS, 0)
+        if not run_ids:
+            return counts
+        with translated("deleting the keys of finished runs" if delete else "counting them"):
+            async with asyncio.timeout(self._timeout_s), client.pipeline() as pipe:
+                for run_id in run_ids:
+                    keys = [
+                        lease_key(self.prefix, run_id),
+                        fence_key(self.prefix, run_id),
+                        f"{self.schema_prefix}{run_id}",
+                    ]
+                    await self._gc(keys=keys, args=["1" if delete else "0"], client=pipe)
+                answers = await pipe.execute()
+        for found in answers:
+            for kind, there in zip(KEY_KINDS, found, strict=True):
+                counts[kind] += int(there)
+        return counts
+
+
+__all__ = ["RedisKeySweeper"]

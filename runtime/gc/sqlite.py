@@ -1,0 +1,52 @@
+"""`SqliteRecordSweeper`: what finished runs left in the embedded SQLite file, counted or
+deleted in one transaction."""
+
+from __future__ import annotations
+
+import json
+
+from onward._storage import SqliteStore, transaction
+from onward.runtime.leases.sqlite import SQLITE_NOW
+
+from .base import FINISHED_SQL, FinishedRun, Kind, SweepPlan, SweepSql, finished_run
+
+_SQL = SweepSql(ids="SELECT value FROM json_each(?)", now=SQLITE_NOW)
+
+
+class SqliteRecordSweeper(SqliteStore):
+    """A `RecordSweeper` in one SQLite file: frontier, transcript, `tool_calls` and lease rows.
+
+    Args:
+        path: The database file.
+        migrate: Apply the SQLite migrations when opened (`SqliteStore`).
+        readonly: Open the file read-only, for a dry run: counting changes nothing in it.
+    """
+
+    what = "record sweeper"
+
+    async def finished(self, *, before: int) -> list[FinishedRun]:
+        conn = self._db.connection()
+        query = FINISHED_SQL.format(before="?")
+        rows = await self._db.call(
+            lambda: conn.execute(query, (before,)).fetchall(), "listing finished runs"
+        )
+        return [finished_run(*row) for row in rows]
+
+    async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
+        conn = self._db.connection()
+        statements = _SQL.statements(plan, delete=delete)
+
+        def sweep() -> dict[Kind, int]:
+            counts: dict[Kind, int] = {}
+            # A delete takes the write lock first; counts share one read snapshot.
+            with transaction(conn, "BEGIN IMMEDIATE" if delete else "BEGIN"):
+                for kind, statement, ids in statements:
+                    cursor = conn.execute(statement, (json.dumps(ids),))
+                    counts[kind] = cursor.rowcount if delete else int(cursor.fetchone()[0])
+            return counts
+
+        context = "deleting the rows of finished runs" if delete else "counting them"
+        return await self._db.call(sweep, context)
+
+
+__all__ = ["SqliteRecordSweeper"]

@@ -1,0 +1,326 @@
+"""Continuation: a long run carried into a new run keeps its conversation, usage, iteration count
+and the approvals and grants it acts under; dropping one is refused; crashes on the way lose
+nothing and repeat nothing.
+
+The scenario: a run looks two things up, asks to pay (a tool a person must approve), and waits.
+Ann approves. The run is resumed by a runner whose `ContinuationPolicy` finds it long enough:
+it is carried into ``<run>~c1``, which pays without asking again and finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import pytest_asyncio
+from support.crashes import Crash, CrashAt
+from support.servers import KafkaServers
+from typer.testing import CliRunner
+
+from onward.errors import ConfigurationError, HistoryUnavailableError, InvalidInputError
+from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall, kind_of
+from onward.eventlog.base import EventLog
+from onward.eventlog.events import ApprovalRequested, RunContinued, RunStarted, ToolDispatched
+from onward.projections.frontier import Frontier
+from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime import Agent, AgentRunner, ScriptedProvider, reply, tool
+from onward.runtime.cli import app
+from onward.runtime.continuation import (
+    Continuation,
+    ContinuationPolicy,
+    continued,
+    successor_id,
+)
+from onward.runtime.providers import ModelReply
+from onward.runtime.tools import idempotency_key
+
+TENANT = "acme"
+RUN = "r"
+NEXT = "r~c1"
+
+
+@dataclass
+class Ledger:
+    """The tools' own record of what took effect."""
+
+    effects: list[tuple[str, str]] = field(default_factory=list)
+
+    def agent(self) -> Agent:
+        @tool
+        async def lookup(what: str, *, idempotency_key: str) -> str:
+            self.effects.append(("lookup", idempotency_key))
+            return f"{what}: found"
+
+        @tool(requires_approval=True)
+        async def pay(amount: int, *, idempotency_key: str) -> str:
+            self.effects.append(("pay", idempotency_key))
+            return f"paid {amount}"
+
+        return Agent(name="payer", instructions="pay once approved", tools=[lookup, pay])
+
+    def count(self, name: str) -> int:
+        return sum(1 for tool_name, _ in self.effects if tool_name == name)
+
+
+class Recording:
+    """The scripted model, keeping every conversation it was called with.
+
+    The script answers by how many assistant messages the conversation holds, so a run carried
+    on without its history would be answered wrongly (it would look things up again).
+    """
+
+    def __init__(self) -> None:
+        self.inner = ScriptedProvider(
+            [
+                reply("", ToolCall(call_id="a", tool="lookup", args={"what": "invoice"})),
+                reply("", ToolCall(call_id="b", tool="lookup", args={"what": "account"})),
+                reply("", ToolCall(call_id="p", tool="pay", args={"amount": 10})),
+                reply("paid"),
+            ]
+        )
+        self.seen: list[list[Message]] = []
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        self.seen.append(list(messages))
+        return await self.inner.complete(agent, messages)
+
+
+@dataclass
+class World:
+    """A log and how to make runners on it (with or without a frontier store)."""
+
+    log: EventLog
+    options: dict[str, Any]
+    ledger: Ledger = field(default_factory=Ledger)
+    model: Recording = field(default_factory=Recording)
+
+    def runner(self, **options: Any) -> AgentRunner:
+        return AgentRunner(provider=self.model, log=self.log, **self.options, **options)
+
+    async def kinds(self, run_id: str) -> list[str]:
+        return [kind_of(type(s.event)) for s in await self.log.read_run(run_id)]
+
+    async def waiting_then_approved(self) -> None:
+        """The run up to Ann's approval of ``p``; 12 events, so it is long enough to carry."""
+        result = await self.runner().run(
+            self.ledger.agent(), "pay the invoice", tenant=TENANT, run_id=RUN
+        )
+        assert result.status == "waiting"
+        await self.runner().approve(RUN, "p", tenant=TENANT, by="ann", value={"limit": 10})
+
+    async def carried_until_it_dies(self, point: str) -> Agent:
+        """Approved, then resumed by a runner that carries the run on and dies at ``point``."""
+        await self.waiting_then_approved()
+        agent = self.ledger.agent()
+        crashing = self.runner(continuation=POLICY, observer=CrashAt(point))
+        with pytest.raises(Crash):
+            await crashing.resume(agent, RUN, tenant=TENANT)
+        return agent
+
+
+POLICY = ContinuationPolicy(max_steps=10)
+
+
+@pytest_asyncio.fixture(params=["memory", "sqlite"])
+async def world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[World]:
+    if request.param == "memory":
+        yield World(MemoryEventLog(), {})  # no frontier store: runs are folded from the log
+        return
+    path = tmp_path / "onward.db"
+    async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as frontiers:
+        yield World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+
+
+async def test_a_run_carried_into_a_new_run_keeps_its_approval_and_its_conversation(
+    world: World,
+) -> None:
+    await world.waiting_then_approved()
+    agent = world.ledger.agent()
+    result = await world.runner(continuation=POLICY).resume(agent, RUN, tenant=TENANT)
+
+    assert (result.run_id, result.status, result.output) == (NEXT, "completed", "paid")
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
+    assert world.ledger.count("lookup") == 2
+    old = await world.runner().inspect(RUN, tenant=TENANT)
+    new = await world.runner().inspect(NEXT, tenant=TENANT)
+    assert (old.status, old.continued_to) == ("continued", NEXT)
+    assert new.continuation_of == RUN
+    assert new.iteration == 4  # three model calls in the old run, one in the new
+    assert (new.input_tokens, new.output_tokens) == (40, 20)
+    kinds = await world.kinds(NEXT)
+    assert kind_of(ApprovalRequested) not in kinds  # not asked again
+    assert kinds[0] == kind_of(RunStarted)
+    assert (await world.kinds(RUN))[-1] == kind_of(RunContinued)
+    (started,) = [
+        s.event for s in await world.log.read_run(NEXT) if isinstance(s.event, RunStarted)
+    ]
+    assert started.carried is not None
+    assert started.carried.approved == ["p"]
+    assert [(g.request_id, g.by, g.value) for g in started.carried.grants] == [
+        ("p", "ann", {"limit": 10})
+    ]
+    assert [(h.run_id, h.through_seq) for h in started.carried.history] == [(RUN, old.last_seq - 1)]
+    # The last model call saw the old run's conversation, then the payment, and nothing twice.
+    last = world.model.seen[-1]
+    assert [m.role for m in last] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+    ]
+    assert last[1].content == "pay the invoice"
+    assert last[-1].content == "paid 10"
+
+
+async def test_a_continuation_that_drops_a_grant_is_refused_and_writes_nothing(
+    world: World,
+) -> None:
+    class Forgetful(ContinuationPolicy):
+        def continued(self, frontier: Frontier) -> Continuation:
+            return dataclasses.replace(continued(frontier), grants=())
+
+    await world.waiting_then_approved()
+    before = await world.kinds(RUN)
+    agent = world.ledger.agent()
+    with pytest.raises(ConfigurationError, match=r"drops what the run acts under.*grant of p"):
+        await world.runner(continuation=Forgetful(max_steps=10)).resume(agent, RUN, tenant=TENANT)
+    assert await world.log.read_run(NEXT) == []
+    after = await world.kinds(RUN)
+    assert kind_of(RunContinued) not in after
+    assert world.ledger.count("pay") == 0
+    assert after[: len(before)] == before
+    # Nothing was lost: a resume that carries everything over finishes the run.
+    result = await world.runner(continuation=POLICY).resume(agent, RUN, tenant=TENANT)
+    assert (result.run_id, result.status) == (NEXT, "completed")
+    assert world.ledger.count("pay") == 1
+
+
+def test_continued_refuses_to_drop_an_approval_or_a_grant() -> None:
+    frontier = Frontier(
+        run_id=RUN,
+        tenant=TENANT,
+        status="running",
+        last_seq=12,
+        approved=("p",),
+        grants=(),
+    )
+    carry = continued(frontier)
+    assert carry.approved == ("p",)
+    dropped = Continuation(
+        run_id=RUN, new_run_id=NEXT, history=carry.history, iteration=0, usage=carry.usage
+    )
+    with pytest.raises(ConfigurationError, match="drops what the run acts under \\(p\\)"):
+        dropped.check(frontier)
+    carry.check(frontier)
+
+
+async def test_resume_of_the_new_run_after_a_crash_finishes_it_with_the_whole_history(
+    world: World,
+) -> None:
+    agent = await world.carried_until_it_dies("turn.settled")  # dies in the new run, after paying
+    assert world.ledger.count("pay") == 1
+    result = await world.runner(continuation=POLICY).resume(agent, NEXT, tenant=TENANT)
+    assert (result.run_id, result.status, result.output) == (NEXT, "completed", "paid")
+    assert world.ledger.count("pay") == 1
+    assert [m.role for m in world.model.seen[-1]][:4] == ["system", "user", "assistant", "tool"]
+
+
+async def test_a_carry_cut_short_between_the_two_runs_is_finished_by_the_next_resume(
+    world: World,
+) -> None:
+    agent = await world.carried_until_it_dies("run.started")  # the new run started, the old goes on
+    assert kind_of(RunContinued) not in await world.kinds(RUN)
+    result = await world.runner(continuation=POLICY).resume(agent, RUN, tenant=TENANT)
+    assert (result.run_id, result.status) == (NEXT, "completed")
+    assert (await world.kinds(NEXT)).count(kind_of(RunStarted)) == 1
+    assert await world.log.read_run(successor_id(NEXT)) == []
+    assert world.ledger.count("pay") == 1
+
+
+def test_the_policy_says_when_and_refuses_what_cannot_work() -> None:
+    frontier = Frontier(run_id=RUN, tenant=TENANT, status="running", last_seq=9, resume_seq=8)
+    assert not ContinuationPolicy(max_steps=10).due(frontier)
+    assert ContinuationPolicy(max_steps=9).due(frontier)
+    assert ContinuationPolicy(max_history_bytes=100).due(frontier, history_bytes=100)
+    assert not ContinuationPolicy(max_history_bytes=100).due(frontier, history_bytes=99)
+    fresh = msgspec.structs.replace(frontier, resume_seq=0)  # no boundary of its own yet
+    assert not ContinuationPolicy(max_steps=2).due(fresh)
+    for bad in ({}, {"max_steps": 1}, {"max_history_bytes": 0}):
+        with pytest.raises(ConfigurationError):
+            ContinuationPolicy(**bad)
+    assert successor_id("r") == "r~c1"
+    assert successor_id("r~c1") == "r~c2"
+    assert successor_id("a~cb") == "a~cb~c1"
+    dispatched = msgspec.structs.replace(frontier, status="waiting")
+    with pytest.raises(InvalidInputError, match="cannot be carried on now"):
+        continued(dispatched)
+
+
+@pytest.mark.kafka
+async def test_continuation_on_kafka_postgres_and_redis(kafka_servers: KafkaServers) -> None:
+    d = kafka_servers
+    async with d.log() as log, d.frontiers() as frontiers, d.leases() as leases:
+        world = World(log, {"frontiers": frontiers, "leases": leases})
+        agent = await world.carried_until_it_dies("turn.settled")
+        result = await world.runner(continuation=POLICY).resume(agent, NEXT, tenant=TENANT)
+        assert (result.run_id, result.status, result.output) == (NEXT, "completed", "paid")
+        assert world.ledger.count("pay") == 1
+        dispatched = [
+            s.event for s in await log.read_run(NEXT) if isinstance(s.event, ToolDispatched)
+        ]
+        assert [(e.call_id, e.idempotency_key) for e in dispatched] == [
+            ("p", idempotency_key(RUN, "p"))
+        ]
+
+
+async def test_a_hole_in_the_history_it_was_carried_on_from_stops_the_new_run(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "onward.db"
+    async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as frontiers:
+        world = World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+        agent = await world.carried_until_it_dies("turn.settled")
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("DELETE FROM onward_transcript WHERE run_id = ? AND seq = 2", (RUN,))
+        calls = len(world.model.seen)
+        with pytest.raises(
+            HistoryUnavailableError, match=r"'r~c1' was carried on from 'r'.*1 of the 6 messages"
+        ):
+            await world.runner(continuation=POLICY).resume(agent, NEXT, tenant=TENANT)
+        assert len(world.model.seen) == calls  # the model was not called
+
+
+async def test_inspect_follows_the_chain_both_ways(tmp_path: Path) -> None:
+    path = tmp_path / "onward.db"
+    async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as frontiers:
+        world = World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+        await world.waiting_then_approved()
+        agent = world.ledger.agent()
+        await world.runner(continuation=POLICY).resume(agent, RUN, tenant=TENANT)
+    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(path)}
+
+    async def inspect(run_id: str) -> str:
+        args = ["inspect", run_id, "--tenant", TENANT]
+        # The command runs its own event loop, so it gets a thread of its own.
+        result = await asyncio.to_thread(CliRunner().invoke, app, args, env=env)
+        assert result.exit_code == 0, result.output
+        return " ".join(result.stdout.split())
+
+    old, new = await inspect(RUN), await inspect(NEXT)
+    assert "continued as r~c1" in old
+    assert "resume r~c1 instead" in old
+    assert "chain [r] (continued) -> r~c1 (completed)" in old
+    assert "continued from r" in new
+    assert "chain r (continued) -> [r~c1] (completed)" in new

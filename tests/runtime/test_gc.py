@@ -1,0 +1,328 @@
+"""Garbage collection over real runs: what a dry run counts is what a run deletes, and runs that
+are running or waiting on a person keep every row and key.
+
+Each scenario writes runs through `AgentRunner` (old ones, then new ones), moves the collector's
+clock 30 days past the moment between them, and checks the stores directly: SQLite through
+sqlite3, PostgreSQL through asyncpg, Redis through its client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import msgspec
+import pytest
+import pytest_asyncio
+from redis.asyncio import Redis
+from support import cli_agent
+from support.crashes import Crash, CrashAt
+from support.servers import KafkaServers
+from typer.testing import CliRunner
+
+from onward.errors import ConfigurationError
+from onward.eventlog import SqliteEventLog
+from onward.integrations.mcp.cache import SchemaCache, ServerSchema
+from onward.projections.base import FrontierStore, Snapshot
+from onward.projections.log_projector import LogProjector
+from onward.projections.projector import FrontierProjection
+from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime import AgentRunner
+from onward.runtime.cli import app
+from onward.runtime.gc import (
+    GarbageCollector,
+    KeySweeper,
+    PostgresRecordSweeper,
+    RecordSweeper,
+    RedisKeySweeper,
+    SqliteRecordSweeper,
+)
+from onward.runtime.gc.base import KINDS, Kind
+from onward.runtime.leases import SqliteLeaseStore
+from onward.testing.eventlog import new_run_id
+from onward.testing.gc import Stores
+
+TENANT = "acme"
+DAY_S = 86_400.0
+SQL_TABLES: dict[Kind, str] = {
+    "frontiers": "onward_frontiers",
+    "transcript": "onward_transcript",
+    "tool_calls": "onward_tool_calls",
+    "lease_rows": "onward_leases",
+}
+
+Rows = dict[Kind, Counter[str]]
+"""Per kind, how many rows or keys each run has."""
+
+
+@dataclass
+class Runs:
+    """The runs of the scenario, by what should happen to them."""
+
+    old_finished: list[str]
+    live: list[str]
+    new_finished: list[str]
+
+
+@dataclass
+class World:
+    """A deployment under test: how to make runners, collectors and snapshots of its stores."""
+
+    runner: Callable[..., AgentRunner]
+    records: RecordSweeper
+    keys: KeySweeper | None
+    snapshot: Callable[[], Awaitable[Rows]]
+    after_runs: Callable[[list[str]], Awaitable[None]]
+
+
+async def write_runs(world: World) -> tuple[Runs, float]:
+    """Old runs (two finished, one running, one waiting), then the moment, then new ones."""
+
+    async def booked() -> str:
+        run_id = new_run_id()
+        runner = world.runner(provider=cli_agent.booking_model())
+        await runner.run(cli_agent.booker(), "go", tenant=TENANT, run_id=run_id)
+        return run_id
+
+    async def waiting() -> str:
+        run_id = new_run_id()
+        runner = world.runner(provider=cli_agent.paying_model())
+        await runner.run(cli_agent.payer(), "go", tenant=TENANT, run_id=run_id)
+        return run_id
+
+    denied = await waiting()
+    await world.runner(provider=cli_agent.paying_model()).deny(denied, "p", tenant=TENANT, by="ann")
+    running = new_run_id()
+    with contextlib.suppress(Crash):
+        crashing = world.runner(
+            provider=cli_agent.booking_model(), observer=CrashAt("model.answered")
+        )
+        await crashing.run(cli_agent.booker(), "go", tenant=TENANT, run_id=running)
+    runs = Runs([await booked(), denied], [running, await waiting()], [])
+    moment = time.time()
+    runs.new_finished.append(await booked())
+    await world.after_runs([*runs.old_finished, *runs.live, *runs.new_finished])
+    return runs, moment
+
+
+async def check_collection(world: World) -> None:
+    runs, moment = await write_runs(world)
+    collector = GarbageCollector(world.records, world.keys, clock=lambda: moment + 30 * DAY_S)
+    before = await world.snapshot()
+    for run_id in (*runs.old_finished, *runs.live, *runs.new_finished):
+        assert before["frontiers"][run_id] == 1, run_id
+        assert before["transcript"][run_id] >= 1, run_id
+        assert before["lease_rows"][run_id] + before["redis_fences"][run_id] == 1, run_id
+
+    dry = await collector.dry_run()
+    assert dry.dry_run
+    assert await world.snapshot() == before, "a dry run deleted something"
+    done = await collector.run()
+    after = await world.snapshot()
+
+    assert done.counts == dry.counts
+    assert set(done.expired) == set(runs.old_finished)
+    for kind in KINDS:
+        assert before[kind].total() - after[kind].total() == done.count(kind), kind
+    for run_id in runs.live:
+        assert {k: after[k][run_id] for k in KINDS} == {k: before[k][run_id] for k in KINDS}
+    for run_id in runs.old_finished:
+        assert {k: after[k][run_id] for k in KINDS} == dict.fromkeys(KINDS, 0)
+    (new,) = runs.new_finished
+    assert after["frontiers"][new] == 1
+    assert after["transcript"][new] == before["transcript"][new]
+    assert after["lease_rows"][new] == before["lease_rows"][new]
+    assert before["tool_calls"][new] == 1
+    assert after["tool_calls"][new] == 0  # past the task-result ttl of 7 days
+    for kind in ("redis_leases", "redis_fences", "schema_cache"):
+        assert after[kind][new] == 0  # past the Redis key ttl of 48 hours
+    assert done.count("frontiers") == 2
+    assert done.count("tool_calls") == 2  # the booking of each booked run; the denied one has none
+    assert (await collector.dry_run()).total == 0
+
+
+async def sqlite_snapshot(path: Path) -> Rows:
+    def read() -> Rows:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            return {
+                kind: Counter(r for (r,) in conn.execute(f"SELECT run_id FROM {table}"))
+                for kind, table in SQL_TABLES.items()
+            } | {kind: Counter() for kind in KINDS if kind not in SQL_TABLES}
+
+    return await asyncio.to_thread(read)
+
+
+@pytest_asyncio.fixture
+async def sqlite_world(tmp_path: Path) -> AsyncIterator[World]:
+    path = tmp_path / "onward.db"
+    async with (
+        SqliteEventLog(path) as log,
+        SqliteFrontierStore(path) as frontiers,
+        SqliteRecordSweeper(path) as records,
+    ):
+        runner = functools.partial(
+            AgentRunner, log=log, frontiers=frontiers, checkpoint_inline=True
+        )
+
+        async def nothing(run_ids: list[str]) -> None:
+            return None
+
+        yield World(runner, records, None, lambda: sqlite_snapshot(path), nothing)
+
+
+async def test_gc_on_sqlite_deletes_what_the_dry_run_counted_and_spares_live_runs(
+    sqlite_world: World,
+) -> None:
+    await check_collection(sqlite_world)
+
+
+@pytest.mark.kafka
+async def test_gc_on_kafka_postgres_and_redis_deletes_what_the_dry_run_counted(
+    kafka_servers: KafkaServers,
+) -> None:
+    d = kafka_servers
+    schema_prefix = f"{d.redis_prefix}mcp:schema:"
+    async with (
+        d.log() as log,
+        d.frontiers() as frontiers,
+        d.leases() as leases,
+        PostgresRecordSweeper(d.database_url, schema=d.schema) as records,
+        RedisKeySweeper(d.redis_url, prefix=d.redis_prefix, schema_prefix=schema_prefix) as keys,
+    ):
+        client = Redis.from_url(d.redis_url, decode_responses=True)
+        conn = await asyncpg.connect(d.database_url, server_settings={"search_path": d.schema})
+        try:
+            runner = functools.partial(AgentRunner, log=log, leases=leases, frontiers=frontiers)
+            written: list[str] = []
+
+            async def project_and_cache(run_ids: list[str]) -> None:
+                written.extend(run_ids)
+                await LogProjector(log, FrontierProjection(frontiers, log)).catch_up()
+                cache = SchemaCache(client, prefix=schema_prefix)
+                listing = ServerSchema.of([], endpoint="e", server_name="s", server_version="1")
+                for run_id in run_ids:
+                    await cache.store(run_id, {"s": listing})
+
+            async def snapshot() -> Rows:
+                counts: Rows = {}
+                for kind, table in SQL_TABLES.items():
+                    rows = await conn.fetch(f"SELECT run_id FROM {table}")
+                    counts[kind] = Counter(r["run_id"] for r in rows)
+                key_of: dict[Kind, Callable[[str], str]] = {
+                    "redis_leases": leases.lease_key,
+                    "redis_fences": leases.fence_key,
+                    "schema_cache": lambda r: f"{schema_prefix}{r}",
+                }
+                for kind, key in key_of.items():
+                    counts[kind] = Counter([r for r in written if await client.exists(key(r))])
+                return counts
+
+            world = World(runner, records, keys, snapshot, project_and_cache)
+            await check_collection(world)
+        finally:
+            await conn.close()
+            await client.aclose()
+
+
+async def test_a_continued_run_is_kept_while_the_run_it_was_carried_into_is(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "onward.db"
+    async with (
+        SqliteFrontierStore(path) as frontiers,
+        SqliteLeaseStore(path) as leases,
+        SqliteRecordSweeper(path) as records,
+    ):
+        stores = Stores(frontiers, leases, records)
+        young = await stores.seed("completed", finished_at=int(50 * DAY_S * 1e6))
+        first = await stores.seed("continued", finished_at=1)
+        head = await stores.seed("continued", finished_at=2, continued_to=first)
+        old = await stores.seed("completed", finished_at=3)
+        # `first` was carried into a run that finished recently, `head` into `first`.
+        await _carry(frontiers, first, young)
+        collector = GarbageCollector(records, clock=lambda: 40 * DAY_S)
+        report = await collector.run()
+        assert report.expired == (old,)
+        assert set(report.kept) == {first, head}
+        assert await frontiers.get(first) is not None
+        assert await frontiers.get(head) is not None
+        assert await frontiers.get(old) is None
+        later = await GarbageCollector(records, clock=lambda: 90 * DAY_S).run()
+        assert set(later.expired) == {first, head, young}
+        assert later.kept == ()
+
+
+async def _carry(frontiers: FrontierStore, run_id: str, into: str) -> None:
+    """Point a seeded continued run's row at the run it was carried into."""
+    row = await frontiers.get(run_id)
+    assert row is not None
+    assert row.frontier is not None
+    carried = msgspec.structs.replace(
+        row.frontier, continued_to=into, through_offset=row.frontier.through_offset + 1
+    )
+    await frontiers.write("seed", {}, [Snapshot.of(carried)], [])
+
+
+def test_bad_ttls_are_a_configuration_error(tmp_path: Path) -> None:
+    records = SqliteRecordSweeper(tmp_path / "x.db")
+    with pytest.raises(ConfigurationError, match="checkpoint_ttl_days=0"):
+        GarbageCollector(records, checkpoint_ttl_days=0)
+    with pytest.raises(ConfigurationError, match="batch"):
+        GarbageCollector(records, batch=0)
+
+
+def test_onward_gc_counts_with_dry_run_then_deletes(tmp_path: Path) -> None:
+    path = tmp_path / "onward.db"
+
+    async def write() -> tuple[str, str]:
+        async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as frontiers:
+            done, waiting = new_run_id(), new_run_id()
+            for run_id, agent, model in [
+                (done, cli_agent.booker(), cli_agent.booking_model()),
+                (waiting, cli_agent.payer(), cli_agent.paying_model()),
+            ]:
+                runner = AgentRunner(
+                    provider=model, log=log, frontiers=frontiers, checkpoint_inline=True
+                )
+                await runner.run(agent, "go", tenant=TENANT, run_id=run_id)
+            return done, waiting
+
+    done, waiting = asyncio.run(write())
+    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(path), "REDIS_URL": None}
+    tiny = ["--checkpoint-ttl-days", "1e-12", "--json"]  # everything finished is past it
+
+    def onward(*args: str) -> dict[str, object]:
+        result = CliRunner().invoke(app, ["gc", *args], env=env)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+    dry = onward("--dry-run", *tiny)
+    assert dry["dry_run"] is True
+    counts = dry["counts"]
+    assert isinstance(counts, dict)
+    assert counts["frontiers"] == 1
+    assert counts["tool_calls"] == 1
+    assert onward("--dry-run", *tiny) == dry
+    assert onward(*tiny) == {**dry, "dry_run": False}
+    assert onward(*tiny)["counts"] == dict.fromkeys(KINDS, 0)
+    inspect = CliRunner().invoke(app, ["inspect", waiting, "--tenant", TENANT], env=env)
+    assert inspect.exit_code == 0, inspect.output
+    # Its events are still in the log (compaction cuts them, not GC), but no reader goes
+    # back past the stored positions to find them.
+    gone = CliRunner().invoke(app, ["inspect", done, "--tenant", TENANT], env=env)
+    assert gone.exit_code == 1, gone.output
+    table = CliRunner().invoke(app, ["gc", "--dry-run"], env=env)
+    assert table.exit_code == 0, table.output
+    assert "would delete 0 row(s)" in table.stdout
+    bad = CliRunner().invoke(app, ["gc", "--task-result-ttl-days", "-1"], env=env)
+    assert bad.exit_code == 2
+    assert "task_result_ttl_days=-1" in bad.stderr

@@ -1,0 +1,108 @@
+"""The record sweepers pass `RecordSweeperConformance`; the Redis key sweeper keeps held leases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from redis.asyncio import Redis
+
+from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime.gc import (
+    KeySweeper,
+    PostgresRecordSweeper,
+    RecordSweeper,
+    RedisKeySweeper,
+    SqliteRecordSweeper,
+)
+from onward.runtime.gc.base import KEY_KINDS
+from onward.runtime.leases import PostgresLeaseStore, RedisLeaseStore, SqliteLeaseStore
+from onward.testing.eventlog import TENANT, new_run_id
+from onward.testing.gc import RecordSweeperConformance, Stores
+
+
+class TestSqliteRecordSweeper(RecordSweeperConformance):
+    @pytest.fixture(autouse=True)
+    def _folder(self, tmp_path: Path) -> None:
+        self.folder = tmp_path
+
+    async def open_stores(self) -> Stores:
+        path = self.folder / "onward.db"
+        frontiers = await SqliteFrontierStore.open(path)
+        return Stores(
+            frontiers, await SqliteLeaseStore.open(path), await SqliteRecordSweeper.open(path)
+        )
+
+
+class TestPostgresRecordSweeper(RecordSweeperConformance):
+    database_url: str
+    schema: str
+
+    @pytest.fixture(autouse=True)
+    def _server(self, database_url: str, pg_schema: str) -> None:
+        self.database_url, self.schema = database_url, pg_schema
+
+    async def open_stores(self) -> Stores:
+        url, schema = self.database_url, self.schema
+        return Stores(
+            await PostgresFrontierStore.open(url, schema=schema),
+            await PostgresLeaseStore.open(url, schema=schema),
+            await PostgresRecordSweeper.open(url, schema=schema),
+        )
+
+
+@pytest_asyncio.fixture
+async def redis_stores(
+    redis_url: str, redis_prefix: str
+) -> AsyncIterator[tuple[RedisLeaseStore, RedisKeySweeper, Redis]]:
+    schemas = f"{redis_prefix}mcp:schema:"
+    async with (
+        RedisLeaseStore(redis_url, prefix=redis_prefix) as leases,
+        RedisKeySweeper(redis_url, prefix=redis_prefix, schema_prefix=schemas) as sweeper,
+    ):
+        client = Redis.from_url(redis_url, decode_responses=True)
+        try:
+            yield leases, sweeper, client
+        finally:
+            await client.aclose()
+
+
+async def test_redis_keys_of_finished_runs_are_counted_then_deleted_held_leases_kept(
+    redis_stores: tuple[RedisLeaseStore, RedisKeySweeper, Redis],
+) -> None:
+    leases, sweeper, client = redis_stores
+    released, held, untouched = new_run_id(), new_run_id(), new_run_id()
+    for run_id in (released, held, untouched):
+        lease = await leases.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
+        await client.hset(f"{sweeper.schema_prefix}{run_id}", "server", "{}")
+        if run_id != held:
+            await leases.release(lease)
+    # A lapsed lease hash that Redis has not expired yet goes too.
+    lapsed = new_run_id()
+    await leases.acquire(lapsed, tenant=TENANT, holder="w1", ttl_s=30)
+    await client.hset(leases.lease_key(lapsed), "expires_at", "1.0")
+
+    runs = [released, held, lapsed]
+    counted = await sweeper.sweep(runs, delete=False)
+    assert counted == {"redis_leases": 1, "redis_fences": 2, "schema_cache": 2}
+    assert await client.exists(leases.fence_key(released), leases.lease_key(lapsed)) == 2
+    assert await sweeper.sweep(runs, delete=True) == counted
+    for run_id in (released, lapsed):
+        assert await client.exists(leases.fence_key(run_id), leases.lease_key(run_id)) == 0
+        assert await client.exists(f"{sweeper.schema_prefix}{run_id}") == 0
+    # The held run keeps its lease and fence; only its schema cache entry went.
+    assert await leases.current(held) is not None
+    assert await client.exists(leases.fence_key(held)) == 1
+    assert await client.exists(f"{sweeper.schema_prefix}{held}") == 0
+    kept = [leases.fence_key(untouched), f"{sweeper.schema_prefix}{untouched}"]
+    assert await client.exists(*kept) == 2
+    assert await sweeper.sweep(runs, delete=True) == dict.fromkeys(KEY_KINDS, 0)
+
+
+def test_the_sweepers_satisfy_their_protocols(tmp_path: Path) -> None:
+    assert isinstance(SqliteRecordSweeper(tmp_path / "x.db"), RecordSweeper)
+    assert isinstance(PostgresRecordSweeper("postgresql://x@127.0.0.1/x"), RecordSweeper)
+    assert isinstance(RedisKeySweeper("redis://127.0.0.1:6379/0"), KeySweeper)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Protocol
 
@@ -48,3 +48,26 @@ async def schema_factory(database_url: str) -> AsyncIterator[SchemaFactory]:
             return await stack.enter_async_context(fresh_schema(database_url, migrated=migrated))
 
         yield new
+
+
+async def migrated_back(
+    database_url: str, schema: str, version: int, undo: Sequence[str], column: str
+) -> tuple[list[str], list[str]]:
+    """Take a migrated schema back to before migration ``version`` (the ``undo`` statements,
+    then its ledger row) and migrate it again: what was applied, and the tables and views
+    that then have ``column``, by name."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        for statement in undo:
+            await conn.execute(statement)
+        await conn.execute("DELETE FROM onward_schema_migrations WHERE version = $1", version)
+        applied = await migrate(conn)
+        rows = await conn.fetch(
+            "SELECT table_name FROM information_schema.columns WHERE table_schema = $1 "
+            "AND column_name = $2 ORDER BY table_name",
+            schema,
+            column,
+        )
+        return applied, [r["table_name"] for r in rows]
+    finally:
+        await conn.close()

@@ -263,6 +263,7 @@ class App(Resource):
             stream.next_offset = frontier.first_offset if frontier.first_offset >= 0 else None
             if resume_value is not None or not approve:
                 await self._answer(frontier, frontier.waiting_on, resume_value, approve, by)
+                stream.answered.add(frontier.waiting_on or "")
             elif await self._interrupted(frontier):
                 await self._submit(ResumeRun(run_id=run_id, tenant=frontier.tenant))
 

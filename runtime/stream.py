@@ -64,6 +64,8 @@ class RunStream:
         self._buffer: collections.deque[RunMessage] = collections.deque()
         self._ended = False
         self._waiting_on: str | None = None
+        self.answered: set[str] = set()
+        """Requests this stream's opener answered (maybe not in the log yet): not waits."""
 
     @property
     def waiting_on(self) -> str | None:
@@ -84,7 +86,7 @@ class RunStream:
             if await self._read():
                 quiet = 0
                 continue
-            if self._waiting_on is not None and not self._follow_waits:
+            if self._waiting_on not in (None, *self.answered) and not self._follow_waits:
                 raise StopAsyncIteration
             await self.app.quiet(self)
             await asyncio.sleep(self.app.poll_s * min(10, 2**quiet))

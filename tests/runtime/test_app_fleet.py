@@ -1,0 +1,226 @@
+"""The application API against a fleet: the app submits requests on the requests topic and
+follows its runs in the log, while ``onward worker`` processes (and a projector) do the work.
+
+Real processes on Kafka, PostgreSQL and Redis. The "hours later" story ends every process (the
+application, the worker, the projector) while the run waits on a person, and answers it from
+new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from support.kafka import delete_topic
+from support.processes import TESTS
+
+import onward
+from onward.eventlog import ApprovalGranted, KafkaEventLog, Tagged
+from onward.runtime.ledger import Ledger
+from onward.runtime.messages import RunMessage
+from onward.runtime.settings import Settings
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+PARTITIONS = 3
+
+
+@dataclass
+class Fleet:
+    """The environment every process of the fleet shares, and the processes running now."""
+
+    env: dict[str, str]
+    settings: Settings
+    tmp: Path
+    children: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.env["APP_LEDGER"])
+
+    async def start(self) -> None:
+        """A projector and one worker, the worker ready once it owns every partition."""
+        generation = len(self.children) // 2
+        await self._spawn(f"projector{generation}", "projector", "--session-timeout-ms", "6000")
+        worker = f"worker{generation}"
+        await self._spawn(
+            worker,
+            "worker",
+            "--agent",
+            "support.appapi:agents",
+            "--provider",
+            "support.appapi:provider",
+            "--requests-topic",
+            self.settings.requests_topic,
+            "--group",
+            f"{self.settings.requests_topic}.workers",
+            "--name",
+            worker,
+            "--lease-ttl",
+            "3",
+            "--recheck",
+            "1",
+            "--backoff",
+            "0.2",
+            "--session-timeout-ms",
+            "6000",
+        )
+        await until(lambda: self._owns_everything(worker), f"{worker} owning its partitions")
+
+    async def _owns_everything(self, worker: str) -> bool:
+        return f"partitions assigned: {list(range(PARTITIONS))}" in self.output(worker)
+
+    async def _spawn(self, name: str, *argv: str) -> None:
+        with (self.tmp / f"{name}.log").open("wb") as out:
+            self.children[name] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "onward", *argv, env=self.env, stdout=out, stderr=out
+            )
+
+    def output(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    async def stop(self) -> None:
+        """SIGTERM every process still running; each drains and exits 0."""
+        for name, child in self.children.items():
+            if child.returncode is None:
+                child.send_signal(signal.SIGTERM)
+                assert await asyncio.wait_for(child.wait(), 60) == 0, self.output(name)
+
+    def app(self, *argv: str) -> list[dict[str, object]]:
+        """The application as a process of its own (`support.appapi`); what it printed."""
+        done = subprocess.run(
+            [sys.executable, "-m", "support.appapi", *argv],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+async def until(check: Callable[[], Awaitable[object]], what: str) -> None:
+    """Wait until ``check()`` is truthy; fail saying ``what`` did not happen."""
+    deadline = asyncio.get_running_loop().time() + 90
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, f"{what} did not happen"
+        await asyncio.sleep(0.1)
+
+
+@pytest_asyncio.fixture
+async def fleet(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
+    redis_url: str,
+    redis_prefix: str,
+    tmp_path: Path,
+) -> AsyncIterator[Fleet]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "kafka",
+        "ONWARD_APP_MODE": "fleet",
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "ONWARD_KAFKA_TOPIC": kafka_topic,
+        "ONWARD_PARTITIONS": str(PARTITIONS),
+        "ONWARD_REQUESTS_TOPIC": f"{kafka_topic}.requests",
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": pg_schema,
+        "REDIS_URL": redis_url,
+        "ONWARD_REDIS_PREFIX": redis_prefix,
+        "APP_LEDGER": str(tmp_path / "ledger.jsonl"),
+    }
+    settings = Settings(
+        backend="kafka",
+        app_mode="fleet",
+        kafka_bootstrap_servers=kafka_bootstrap,
+        kafka_topic=kafka_topic,
+        partitions=PARTITIONS,
+        requests_topic=env["ONWARD_REQUESTS_TOPIC"],
+        database_url=database_url,
+        database_schema=pg_schema,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+    )
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS):
+        pass  # the events topic, created once, before any process opens it
+    world = Fleet(env, settings, tmp_path)
+    try:
+        await world.start()
+        yield world
+    finally:
+        await world.stop()
+        await delete_topic(kafka_bootstrap, settings.requests_topic)
+
+
+async def test_an_approval_answered_hours_later_continues_the_run_with_the_value(
+    fleet: Fleet,
+) -> None:
+    before = fleet.app("query", "payer", "later-1")
+    assert [m["type"] for m in before][-1] == "approval_request"
+    await fleet.stop()  # hours pass: no application, no worker, no projector
+    assert not fleet.ledger.path.exists()
+
+    await fleet.start()
+    seen = [str(before[-1]["seq"]), str(before[-1]["part"])]
+    after = fleet.app("resume", "later-1", json.dumps({"authorized": "hours later"}), *seen)
+    assert [m["type"] for m in after] == ["progress", "checkpoint", "text", "result"]
+    assert after[-1]["output"] == "paid"
+    effects = [(e["tool"], e["approval"]) for e in fleet.ledger.entries()]
+    assert effects == [("pay", {"authorized": "hours later"})]
+    assert fleet.app("resume", "later-1") == before + after
+    async with onward.open(fleet.settings) as app:
+        events = [s.event for s in await app.backends.log.read_run("later-1")]
+    granted = [e.value for e in events if isinstance(e, ApprovalGranted)]
+    assert granted == [{"authorized": "hours later"}]
+
+
+async def test_a_collaborative_run_pauses_at_each_checkpoint_and_a_tag_is_recorded(
+    fleet: Fleet,
+) -> None:
+    pauses: list[RunMessage] = []
+    async with onward.open(fleet.settings) as app:
+        async for message in app.query("work", {"agent": "stepper", "mode": "collaborative"}):
+            if message.waits:
+                state = await app.get_session_state(message.run_id)
+                assert state is not None
+                assert (state.status, state.waiting_on) == ("waiting", message.request_id)
+                assert fleet.ledger.count("step") == (len(pauses) + 1) // 2
+                if not pauses:
+                    await message.tag("milestone")
+                pauses.append(message)
+                await message.respond(f"note {len(pauses)}")
+            last = message
+        events = [s.event for s in await app.backends.log.read_run(last.run_id)]
+    assert [p.boundary for p in pauses] == ["after_model_call", "after_tool_result"] * 3
+    assert last.output == "notes: note 2 | note 4 | note 6"
+    tags = [(e.target_seq, e.label) for e in events if isinstance(e, Tagged)]
+    assert tags == [(pauses[0].seq, "milestone")]
+
+
+async def test_a_reader_that_stops_mid_run_later_sees_every_message_once(fleet: Fleet) -> None:
+    async with onward.open(fleet.settings) as app:
+        stream = app.query("work", {"agent": "stepper", "user": "ann"})
+        first = [await stream.__anext__() for _ in range(3)]
+
+        async def completed() -> bool:
+            state = await app.get_session_state(stream.run_id)
+            return state is not None and state.status == "completed"
+
+        await until(completed, "the run's end while nobody reads")
+        rest = await stream.collect()
+        again = await app.resume(stream.run_id).collect()
+    assert first + rest == again
+    assert [m.type for m in again][-1] == "result"
+    assert len({m.position for m in again}) == len(again)

@@ -87,6 +87,15 @@ class SessionState:
         return getattr(self, key, default)
 
 
+_FROM_FRONTIER = (
+    "run_id",
+    "tenant",
+    "agent",
+    *("iteration", "last_seq", "waiting_on", "output", "error", "tags"),
+)
+"""The `SessionState` fields that are the frontier's own."""
+
+
 class App(Resource):
     """An application's handle on Onward; see the module docstring.
 
@@ -117,20 +126,18 @@ class App(Resource):
         self.agents = _by_name(agents)
         self.provider = provider
         self.in_process = self.settings.app_mode == "in_process"
-        if self.in_process and (provider is None or not self.agents):
-            raise ConfigurationError(
-                "an in-process app runs agents itself: pass agents= and provider= (or set "
-                "ONWARD_APP_MODE=fleet to have `onward worker` processes run them)"
-            )
-        if not self.in_process and self.settings.backend != "kafka":
-            raise ConfigurationError(
-                f"ONWARD_APP_MODE=fleet needs ONWARD_BACKEND=kafka (it is "
-                f"{self.settings.backend}): a fleet takes its requests from a Kafka topic"
-            )
+        refusal = _refusal(
+            self.settings, in_process=self.in_process, ready=bool(provider and agents)
+        )
+        if refusal:
+            raise ConfigurationError(refusal)
         self.poll_s = poll_s
         self.recheck_s = recheck_s
-        self._lease_policy = lease_policy
-        self._name = name
+        self._worker_options: dict[str, Any] = {
+            "name": name,
+            "lease_policy": lease_policy,
+            "max_runs": sys.maxsize,  # an application's own runs are never held back
+        }
         self._stack: AsyncExitStack | None = None
         self._backends: Backends | None = None
         self._worker: Worker | None = None
@@ -149,14 +156,7 @@ class App(Resource):
         )
         if self.in_process:
             assert self.provider is not None
-            self._worker = Worker(
-                backends,
-                self.provider,
-                self.agents,
-                name=self._name,
-                lease_policy=self._lease_policy,
-                max_runs=sys.maxsize,
-            )
+            self._worker = Worker(backends, self.provider, self.agents, **self._worker_options)
         else:
             self._requests = await stack.enter_async_context(
                 Requests(
@@ -281,20 +281,9 @@ class App(Resource):
         lease = await self.backends.leases.current(run_id)
         if status == "running" and lease is None:
             status = "needs_person" if needs_person(frontier) else "interrupted"
-        return SessionState(
-            run_id=run_id,
-            tenant=frontier.tenant,
-            user=frontier.user_id,
-            agent=frontier.agent,
-            status=status,
-            iteration=frontier.iteration,
-            last_seq=frontier.last_seq,
-            waiting_on=frontier.waiting_on,
-            holder=lease.holder if lease is not None else None,
-            output=frontier.output,
-            error=frontier.error,
-            tags=frontier.tags,
-        )
+        same = {name: getattr(frontier, name) for name in _FROM_FRONTIER}
+        holder = lease.holder if lease is not None else None
+        return SessionState(status=status, user=frontier.user_id, holder=holder, **same)
 
     # -- what messages ask for (`Answers`) ---------------------------------------------------
 
@@ -428,6 +417,21 @@ class App(Resource):
             frontier = await self._frontier(stream.run_id, stream.tenant)
             if await self._interrupted(frontier):
                 await self._submit(ResumeRun(run_id=stream.run_id, tenant=frontier.tenant))
+
+
+def _refusal(settings: Settings, *, in_process: bool, ready: bool) -> str | None:
+    """Why an app with these settings could not work, or None."""
+    if in_process and not ready:
+        return (
+            "an in-process app runs agents itself: pass agents= and provider= (or set "
+            "ONWARD_APP_MODE=fleet to have `onward worker` processes run them)"
+        )
+    if not in_process and settings.backend != "kafka":
+        return (
+            f"ONWARD_APP_MODE=fleet needs ONWARD_BACKEND=kafka (it is {settings.backend}): "
+            "a fleet takes its requests from a Kafka topic"
+        )
+    return None
 
 
 async def _as_person(

@@ -116,16 +116,8 @@ class RunMessage:
         return self.type == "approval_request"
 
     @property
-    def is_progress(self) -> bool:
-        return self.type == "progress"
-
-    @property
     def is_result(self) -> bool:
         return self.type == "result"
-
-    @property
-    def is_error(self) -> bool:
-        return self.type == "error"
 
     @property
     def waits(self) -> bool:
@@ -204,17 +196,10 @@ class MessageMapper:
             out.append(
                 {"type": "result", "status": "continued", "metadata": {"new_run": event.new_run_id}}
             )
+        where: dict[str, Any] = {"run_id": event.run_id, "tenant": event.tenant, "seq": event.seq}
+        done: dict[str, Any] = {"iteration": self.iteration, "tools_done": self.tools_done}
         return [
-            RunMessage(
-                run_id=event.run_id,
-                tenant=event.tenant,
-                seq=event.seq,
-                part=part,
-                iteration=self.iteration,
-                tools_done=self.tools_done,
-                answers=self._answers,
-                **fields,
-            )
+            RunMessage(part=part, answers=self._answers, **where, **done, **fields)
             for part, fields in enumerate(out)
         ]
 

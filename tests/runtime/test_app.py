@@ -7,17 +7,16 @@ run waits on a person.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.appapi import agents, provider
+from support.appapi import agents, app_process, provider, until, until_completed
 from support.processes import TESTS
 
 import onward
@@ -49,14 +48,6 @@ async def app(settings: Settings, ledger: Ledger) -> AsyncIterator[onward.App]:
         yield opened
 
 
-async def until(check: Callable[[], Awaitable[object]], what: str) -> None:
-    """Wait until ``check()`` is truthy; fail saying ``what`` did not happen."""
-    deadline = asyncio.get_running_loop().time() + 60
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, f"{what} did not happen"
-        await asyncio.sleep(0.05)
-
-
 def kinds(messages: list[RunMessage]) -> list[str]:
     return [m.type for m in messages]
 
@@ -72,7 +63,7 @@ async def test_query_streams_the_run_as_it_goes(app: onward.App, ledger: Ledger)
         None,
         "after_tool_result",
     ]
-    progress = [m for m in messages if m.is_progress]
+    progress = [m for m in messages if m.type == "progress"]
     assert [(m.tools_done, m.progress_percent) for m in progress] == [(1, 4.0), (2, 8.0), (3, 12.0)]
     result = messages[-1]
     assert result.is_result
@@ -168,11 +159,7 @@ async def test_a_reader_that_stops_misses_nothing_and_sees_nothing_twice(
     stream = app.query("work", {"agent": "stepper"})
     first = [await stream.__anext__() for _ in range(3)]
 
-    async def completed() -> bool:
-        state = await app.get_session_state(stream.run_id)
-        return state is not None and state.status == "completed"
-
-    await until(completed, "the run's end while nobody reads")
+    await until_completed(app, stream.run_id)  # the run goes on while nobody reads
     rest = await stream.collect()
     everything = await app.resume(stream.run_id).collect()
     assert [m.position for m in first + rest] == [m.position for m in everything]
@@ -266,8 +253,8 @@ def test_scripts_query_and_resume_synchronously(tmp_path: Path, ledger: Ledger) 
     assert [e["approval"] for e in ledger.entries()] == [{"authorized": "script"}]
 
 
-def app_process(db: Path, ledger: Path, *argv: str) -> list[dict[str, object]]:
-    """Run the application as a process of its own; its messages, as it printed them."""
+def sqlite_app(db: Path, ledger: Path, *argv: str) -> list[dict[str, object]]:
+    """The application as a process of its own, in process on ``db``; what it printed."""
     env = {
         **os.environ,
         "PYTHONPATH": str(TESTS),
@@ -276,31 +263,22 @@ def app_process(db: Path, ledger: Path, *argv: str) -> list[dict[str, object]]:
         "ONWARD_APP_MODE": "in_process",
         "APP_LEDGER": str(ledger),
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "support.appapi", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
+    return app_process(env, *argv)
 
 
 def test_an_approval_answered_hours_later_continues_the_run_with_the_value(
     tmp_path: Path,
 ) -> None:
     db, ledger = tmp_path / "onward.db", tmp_path / "ledger.jsonl"
-    before = app_process(db, ledger, "query", "payer", "later-1")
+    before = sqlite_app(db, ledger, "query", "payer", "later-1")
     assert [m["type"] for m in before][-1] == "approval_request"
     assert not ledger.exists()  # nothing paid while the application was gone
 
     seen = [str(before[-1]["seq"]), str(before[-1]["part"])]
     value = json.dumps({"authorized": "hours later"})
-    after = app_process(db, ledger, "resume", "later-1", value, *seen)
+    after = sqlite_app(db, ledger, "resume", "later-1", value, *seen)
     assert [m["type"] for m in after] == ["progress", "checkpoint", "text", "result"]
-    assert app_process(db, ledger, "resume", "later-1") == before + after
+    assert sqlite_app(db, ledger, "resume", "later-1") == before + after
     assert after[-1]["output"] == "paid"
     effects = Ledger(ledger).entries()
     assert [(e["tool"], e["approval"]) for e in effects] == [("pay", {"authorized": "hours later"})]

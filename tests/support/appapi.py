@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import onward
@@ -74,6 +75,38 @@ def script(messages: Sequence[Message]) -> ModelReply:
 
 def provider() -> ScriptedProvider:
     return ScriptedProvider(script)
+
+
+async def until(check: Callable[[], Awaitable[object]], what: str) -> None:
+    """Wait until ``check()`` is truthy; fail saying ``what`` did not happen."""
+    deadline = asyncio.get_running_loop().time() + 90
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, f"{what} did not happen"
+        await asyncio.sleep(0.05)
+
+
+async def until_completed(app: onward.App, run_id: str) -> None:
+    """Wait until the run has completed (read through the app, from the log)."""
+
+    async def completed() -> bool:
+        state = await app.get_session_state(run_id)
+        return state is not None and state.status == "completed"
+
+    await until(completed, f"the end of {run_id}")
+
+
+def app_process(env: dict[str, str], *argv: str) -> list[dict[str, object]]:
+    """Run this module as an application process in ``env``; the messages it printed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "support.appapi", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
 
 
 def as_json(message: RunMessage) -> str:

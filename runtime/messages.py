@@ -54,6 +54,16 @@ class Answers(Protocol):
         ...
 
 
+class _Is:
+    """A message's ``is_<type>`` flag: whether its type is ``kind``."""
+
+    def __init__(self, kind: MessageType) -> None:
+        self.kind = kind
+
+    def __get__(self, message: RunMessage | None, owner: type[RunMessage]) -> bool:
+        return message is not None and message.type == self.kind
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunMessage:
     """One message of a run's stream.
@@ -102,22 +112,11 @@ class RunMessage:
         """Where the message stands in the run's stream: ``resume(..., after=position)``."""
         return (self.seq, self.part)
 
-    @property
-    def is_text(self) -> bool:
-        return self.type == "text"
-
-    @property
-    def is_checkpoint(self) -> bool:
-        return self.type == "checkpoint"
-
-    @property
-    def is_hil_request(self) -> bool:
-        """The run waits on a person's answer to this message (`respond`)."""
-        return self.type == "approval_request"
-
-    @property
-    def is_result(self) -> bool:
-        return self.type == "result"
+    is_text = _Is("text")
+    is_checkpoint = _Is("checkpoint")
+    is_hil_request = _Is("approval_request")
+    """The run waits on a person's answer to this message (`respond`)."""
+    is_result = _Is("result")
 
     @property
     def waits(self) -> bool:

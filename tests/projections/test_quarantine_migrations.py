@@ -3,11 +3,10 @@ and the `quarantined` column on frontier tables (every PostgreSQL build, and the
 
 from __future__ import annotations
 
-import sqlite3
-from contextlib import closing
 from pathlib import Path
 
-from support.pg import SchemaFactory, migrated_back
+from support.pg import SchemaFactory, migrates_again
+from support.stores import sqlite_migrated_back
 
 from onward.projections.base import Snapshot
 from onward.projections.postgres import PostgresFrontierStore
@@ -25,9 +24,7 @@ async def test_postgres_0004_adds_the_table_and_the_column_to_existing_builds(
         "ALTER TABLE onward_frontiers_1 DROP COLUMN quarantined CASCADE",
         "CREATE VIEW onward_frontiers AS SELECT * FROM onward_frontiers_1",
     ]
-    applied, tables = await migrated_back(database_url, schema, 4, undo, "quarantined")
-    assert applied == ["0004_quarantine"]
-    assert tables == ["onward_frontiers", "onward_frontiers_1"]
+    await migrates_again(database_url, schema, "0004_quarantine", undo, "quarantined")
     run_id = new_run_id()
     async with PostgresFrontierStore(database_url, schema=schema) as store:
         entry = poison(run_id, offset=4)
@@ -41,12 +38,8 @@ async def test_postgres_0004_adds_the_table_and_the_column_to_existing_builds(
 
 async def test_sqlite_0005_adds_the_table_and_the_column(tmp_path: Path) -> None:
     path = tmp_path / "onward.db"
-    async with SqliteFrontierStore(path):
-        pass
-    with closing(sqlite3.connect(path)) as conn, conn:
-        conn.execute("DROP TABLE onward_quarantine")
-        conn.execute("ALTER TABLE onward_frontiers DROP COLUMN quarantined")
-        conn.execute("DELETE FROM onward_schema_migrations WHERE version = 5")
+    undo = ["DROP TABLE onward_quarantine", "ALTER TABLE onward_frontiers DROP COLUMN quarantined"]
+    await sqlite_migrated_back(path, 5, undo)
     run_id = new_run_id()
     async with SqliteFrontierStore(path) as store:
         entry = poison(run_id, offset=4)

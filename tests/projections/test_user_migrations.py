@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import sqlite3
-from contextlib import closing
 from pathlib import Path
 
 import asyncpg
 import msgspec
-from support.pg import SchemaFactory, migrated_back
+from support.pg import SchemaFactory, migrates_again
+from support.stores import sqlite_migrated_back
 
 from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.postgres import PostgresFrontierStore
@@ -30,13 +29,9 @@ async def test_postgres_0008_adds_the_column_to_existing_builds_and_the_view(
     database_url: str, new_pg_schema: SchemaFactory
 ) -> None:
     schema = await new_pg_schema()
-    undo = [
-        "ALTER TABLE onward_frontiers_1 DROP COLUMN user_id CASCADE",
-        "CREATE VIEW onward_frontiers AS SELECT * FROM onward_frontiers_1",
-    ]
-    applied, tables = await migrated_back(database_url, schema, 8, undo, "user_id")
-    assert applied == ["0008_frontier_user"]
-    assert tables == ["onward_frontiers", "onward_frontiers_1"]
+    dropped = "ALTER TABLE onward_frontiers_1 DROP COLUMN user_id CASCADE"
+    view = "CREATE VIEW onward_frontiers AS SELECT * FROM onward_frontiers_1"
+    await migrates_again(database_url, schema, "0008_frontier_user", [dropped, view], "user_id")
     index = "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = $2"
     conn = await asyncpg.connect(database_url)
     try:
@@ -49,11 +44,10 @@ async def test_postgres_0008_adds_the_column_to_existing_builds_and_the_view(
 
 async def test_sqlite_0009_adds_the_column(tmp_path: Path) -> None:
     path = tmp_path / "onward.db"
-    async with SqliteFrontierStore(path):
-        pass
-    with closing(sqlite3.connect(path)) as conn, conn:
-        conn.execute("DROP INDEX onward_frontiers_by_user_status")
-        conn.execute("ALTER TABLE onward_frontiers DROP COLUMN user_id")
-        conn.execute("DELETE FROM onward_schema_migrations WHERE version = 9")
+    undo = [
+        "DROP INDEX onward_frontiers_by_user_status",
+        "ALTER TABLE onward_frontiers DROP COLUMN user_id",
+    ]
+    await sqlite_migrated_back(path, 9, undo)
     async with SqliteFrontierStore(path) as store:
         await _a_users_run_is_found_by_user(store)

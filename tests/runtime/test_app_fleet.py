@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +20,11 @@ import pytest_asyncio
 from support.appapi import app_process, until, until_completed
 from support.deployment import kafka_settings, process_env, worker_argv
 from support.kafka import delete_topic
+from support.processes import spawn_onward
 from support.servers import KafkaServers
 
 import onward
-from onward.eventlog import ApprovalGranted, KafkaEventLog, Tagged
+from onward.eventlog import ApprovalGranted, Tagged
 from onward.runtime.ledger import Ledger
 from onward.runtime.messages import RunMessage
 from onward.runtime.settings import Settings
@@ -60,10 +60,7 @@ class Fleet:
         return f"partitions assigned: {list(range(PARTITIONS))}" in self.output(worker)
 
     async def _spawn(self, name: str, *argv: str) -> None:
-        with (self.tmp / f"{name}.log").open("wb") as out:
-            self.children[name] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "onward", *argv, env=self.env, stdout=out, stderr=out
-            )
+        self.children[name] = await spawn_onward(self.tmp / f"{name}.log", self.env, *argv)
 
     def output(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
@@ -96,8 +93,8 @@ async def fleet(kafka_servers: KafkaServers, tmp_path: Path) -> AsyncIterator[Fl
     settings = kafka_settings(
         kafka_servers, PARTITIONS, app_mode="fleet", requests_topic=requests_topic
     )
-    kafka_bootstrap, kafka_topic = kafka_servers.bootstrap, kafka_servers.topic
-    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS):
+    kafka_bootstrap = kafka_servers.bootstrap
+    async with kafka_servers.log(partitions=PARTITIONS):
         pass  # the events topic, created once, before any process opens it
     world = Fleet(env, settings, tmp_path)
     try:

@@ -12,7 +12,6 @@ import asyncio
 import os
 import re
 import signal
-import sys
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +22,7 @@ import pytest
 import pytest_asyncio
 from support.deployment import process_env, worker_argv
 from support.kafka import delete_topic
+from support.processes import spawn_onward
 from support.servers import KafkaServers
 
 from onward.eventlog import KafkaEventLog
@@ -55,10 +55,7 @@ class Fleet:
         return Ledger(self.tmp / "ledger.jsonl")
 
     async def spawn(self, name: str, *argv: str) -> None:
-        with (self.tmp / f"{name}.log").open("wb") as out:
-            self.children[name] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "onward", *argv, env=self.env, stdout=out, stderr=out
-            )
+        self.children[name] = await spawn_onward(self.tmp / f"{name}.log", self.env, *argv)
 
     async def worker(self, name: str) -> None:
         argv = worker_argv("support.fleet", self.requests_topic, name, "--max-runs", str(MAX_RUNS))

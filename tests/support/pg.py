@@ -50,24 +50,25 @@ async def schema_factory(database_url: str) -> AsyncIterator[SchemaFactory]:
         yield new
 
 
-async def migrated_back(
-    database_url: str, schema: str, version: int, undo: Sequence[str], column: str
-) -> tuple[list[str], list[str]]:
-    """Take a migrated schema back to before migration ``version`` (the ``undo`` statements,
-    then its ledger row) and migrate it again: what was applied, and the tables and views
-    that then have ``column``, by name."""
+async def migrates_again(
+    database_url: str, schema: str, migration: str, undo: Sequence[str], column: str
+) -> None:
+    """Take a migrated schema back to before ``migration`` (``NNNN_name``: the ``undo``
+    statements, then its ledger row), migrate it again, and check that it was applied and
+    that ``column`` is back on the frontier build and its view."""
     conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
     try:
         for statement in undo:
             await conn.execute(statement)
+        version = int(migration.split("_", 1)[0])
         await conn.execute("DELETE FROM onward_schema_migrations WHERE version = $1", version)
-        applied = await migrate(conn)
+        assert await migrate(conn) == [migration]
         rows = await conn.fetch(
             "SELECT table_name FROM information_schema.columns WHERE table_schema = $1 "
             "AND column_name = $2 ORDER BY table_name",
             schema,
             column,
         )
-        return applied, [r["table_name"] for r in rows]
+        assert [r["table_name"] for r in rows] == ["onward_frontiers", "onward_frontiers_1"]
     finally:
         await conn.close()

@@ -66,14 +66,16 @@ class Fleet:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
 
     async def stop(self) -> None:
-        """SIGTERM every process still running: a worker drains and exits 0 (a projector
-        says nothing when it is ready, so one still starting may die of the signal)."""
-        for name, child in self.children.items():
-            if child.returncode is None:
-                child.send_signal(signal.SIGTERM)
-                code = await asyncio.wait_for(child.wait(), 60)
-                allowed = {0} if name.startswith("worker") else {0, -signal.SIGTERM}
-                assert code in allowed, self.output(name)
+        """SIGTERM every process still running, then wait for all: a worker drains and exits
+        0 (a projector says nothing when it is ready, so one still starting may die of the
+        signal)."""
+        running = {n: c for n, c in self.children.items() if c.returncode is None}
+        for child in running.values():
+            child.send_signal(signal.SIGTERM)
+        codes = {n: await asyncio.wait_for(c.wait(), 60) for n, c in running.items()}
+        for name, code in codes.items():
+            allowed = {0} if name.startswith("worker") else {0, -signal.SIGTERM}
+            assert code in allowed, self.output(name)
 
     def app(self, *argv: str) -> list[dict[str, object]]:
         """The application as a process of its own (`support.appapi`); what it printed."""

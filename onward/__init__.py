@@ -36,6 +36,19 @@ from onward.eventlog import (
     SqliteEventLog,
     StoredEvent,
 )
+from onward.runtime.api import (
+    get_session_state,
+    query,
+    query_sync,
+    resume,
+    resume_sync,
+)
+from onward.runtime.api import open_app as open
+from onward.runtime.app import App, SessionState
+from onward.runtime.messages import RunMessage
+from onward.runtime.options import ExecutionMode, Options
+from onward.runtime.settings import Settings
+from onward.runtime.stream import RunStream
 
 try:
     __version__ = version("onward")
@@ -44,12 +57,14 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 __all__ = [
     "EVENT_FORMAT",
+    "App",
     "BackendError",
     "BackendUnavailableError",
     "CheckpointFormatError",
     "ConfigurationError",
     "EventDecodeError",
     "EventLog",
+    "ExecutionMode",
     "FencedError",
     "HistoryUnavailableError",
     "IndeterminateToolCallError",
@@ -59,14 +74,25 @@ __all__ = [
     "MemoryEventLog",
     "NothingToResumeError",
     "OnwardError",
+    "Options",
     "PayloadTooLargeError",
     "Position",
     "ProducerFatalError",
     "ResumeConflictError",
     "RevisionMismatchError",
+    "RunMessage",
+    "RunStream",
     "SchemaMismatchError",
     "SequenceGuard",
+    "SessionState",
+    "Settings",
     "SqliteEventLog",
     "StoredEvent",
     "__version__",
+    "get_session_state",
+    "open",
+    "query",
+    "query_sync",
+    "resume",
+    "resume_sync",
 ]

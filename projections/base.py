@@ -135,6 +135,7 @@ class RunSummary:
     partition: int
     through_offset: int
     updated_at: int
+    user_id: str | None = None
 
     @classmethod
     def of(cls, f: Frontier) -> RunSummary:
@@ -158,6 +159,7 @@ class RunSummary:
             partition=f.partition,
             through_offset=f.through_offset,
             updated_at=f.updated_at,
+            user_id=f.user_id,
         )
 
 
@@ -324,9 +326,13 @@ class FrontierStore(AsyncResource, Protocol):
         ...
 
     async def runs(
-        self, *, tenant: str | None = None, statuses: Collection[RunStatus] | None = None
+        self,
+        *,
+        tenant: str | None = None,
+        statuses: Collection[RunStatus] | None = None,
+        user: str | None = None,
     ) -> list[RunSummary]:
-        """Summaries of runs, optionally of one tenant and some statuses, by run id."""
+        """Summaries of runs, optionally of one tenant, some statuses and one user, by run id."""
         ...
 
 

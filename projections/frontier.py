@@ -59,6 +59,27 @@ TERMINAL_STATUSES: frozenset[RunStatus] = frozenset(
 Boundary = Literal["after_model_call", "after_tool_result", "before_approval"]
 CallOutcome = Literal["completed", "error", "never_ran"]
 
+BOUNDARIES: tuple[Boundary, ...] = ("after_model_call", "after_tool_result", "before_approval")
+
+
+def run_options(options: dict[str, Any]) -> tuple[str | None, tuple[Boundary, ...], int | None]:
+    """The user, pauses and iteration bound a run's ``RunStarted.options`` name.
+
+    Options are read leniently (a value of the wrong type counts as absent), so a record
+    another writer filled in oddly never stops a fold.
+    """
+    user = options.get("user")
+    checkpoints = options.get("checkpoints")
+    pause_at: tuple[Boundary, ...] = ()
+    if options.get("mode") == "collaborative" and isinstance(checkpoints, list):
+        pause_at = tuple(b for b in BOUNDARIES if b in checkpoints)
+    limit = options.get("max_iterations")
+    return (
+        user if isinstance(user, str) else None,
+        pause_at,
+        limit if type(limit) is int and limit >= 1 else None,
+    )
+
 
 class CallState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What the log says about one call of the turn in progress."""
@@ -106,6 +127,12 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         grants: Who approved each call of ``approved``, and with what value.
         history: For a run carried on from others (``continuation_of``): the transcripts its
             conversation starts from, oldest run first, before its own.
+        user_id: The person the run was started for (``RunStarted.options["user"]``).
+        pause_at: The boundaries at which a collaborative run waits for a person's answer
+            before going on (``options["mode"] == "collaborative"``: the run's
+            ``options["checkpoints"]``); empty for an autonomous run.
+        max_iterations: The run's own bound on model calls (``options["max_iterations"]``);
+            ``None``: the agent's.
     """
 
     run_id: str
@@ -140,6 +167,9 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     messages: int = 0
     grants: tuple[Grant, ...] = ()
     history: tuple[HistoryHandle, ...] = ()
+    user_id: str | None = None
+    pause_at: tuple[Boundary, ...] = ()
+    max_iterations: int | None = None
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -207,6 +237,9 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     messages: int
     grants: tuple[Grant, ...]
     history: tuple[HistoryHandle, ...]
+    user_id: str | None
+    pause_at: tuple[Boundary, ...]
+    max_iterations: int | None
     calls: dict[str, CallState]
 
     @classmethod
@@ -352,6 +385,8 @@ def _started(d: FrontierDraft, e: RunStarted) -> None:
         d.calls = _asked(carried.calls, e.seq)
         d.approved = tuple(carried.approved)
         d.grants = tuple(carried.grants)
+    if e.options:
+        d.user_id, d.pause_at, d.max_iterations = run_options(e.options)
 
 
 def _claimed(d: FrontierDraft, e: RunClaimed) -> None:

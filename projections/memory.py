@@ -126,12 +126,17 @@ class MemoryFrontierStore(FrontierStoreBackend):
         return sorted(rows, key=lambda r: (r.dispatched_at is None, r.dispatched_at, r.call_id))
 
     async def runs(
-        self, *, tenant: str | None = None, statuses: Collection[RunStatus] | None = None
+        self,
+        *,
+        tenant: str | None = None,
+        statuses: Collection[RunStatus] | None = None,
+        user: str | None = None,
     ) -> list[RunSummary]:
         rows = [
             summary
             for summary, _, _ in self._rows.values()
             if (tenant is None or summary.tenant == tenant)
             and (statuses is None or summary.status in statuses)
+            and (user is None or summary.user_id == user)
         ]
         return sorted(rows, key=lambda s: s.run_id)

@@ -65,7 +65,7 @@ PROJECTION_VERSION = 1
 _SUMMARY_COLUMNS = (
     "tenant, run_id, agent, revision, status, holder, iteration, input_tokens, output_tokens, "
     "last_seq, fence, last_boundary, resume_seq, waiting_on, refused, partition, "
-    "through_offset, updated_at"
+    "through_offset, updated_at, user_id"
 )
 _CALL_COLUMNS = (
     "tenant, run_id, call_id, tool, idempotency_key, fence, dispatched_at, completed_at, "
@@ -361,16 +361,22 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         return [ToolCallRow(**dict(r)) for r in rows]
 
     async def runs(
-        self, *, tenant: str | None = None, statuses: Collection[RunStatus] | None = None
+        self,
+        *,
+        tenant: str | None = None,
+        statuses: Collection[RunStatus] | None = None,
+        user: str | None = None,
     ) -> list[RunSummary]:
         frontiers, _ = self._tables()
         async with self._connection("listing runs") as conn:
             rows = await conn.fetch(
                 f"SELECT {_SUMMARY_COLUMNS} FROM {frontiers} "
                 "WHERE ($1::text IS NULL OR tenant = $1) "
-                "AND ($2::text[] IS NULL OR status = ANY($2::text[])) ORDER BY run_id",
+                "AND ($2::text[] IS NULL OR status = ANY($2::text[])) "
+                "AND ($3::text IS NULL OR user_id = $3) ORDER BY run_id",
                 tenant,
                 list(statuses) if statuses is not None else None,
+                user,
             )
         return [_summary(r) for r in rows]
 
@@ -439,6 +445,7 @@ def _frontier_row(snapshot: Snapshot) -> tuple[Any, ...]:
         f.partition,
         f.through_offset,
         f.updated_at,
+        f.user_id,
         snapshot.payload,
         snapshot.error,
     )

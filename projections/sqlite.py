@@ -321,14 +321,19 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         return [_call_row(row) for row in rows]
 
     async def runs(
-        self, *, tenant: str | None = None, statuses: Collection[RunStatus] | None = None
+        self,
+        *,
+        tenant: str | None = None,
+        statuses: Collection[RunStatus] | None = None,
+        user: str | None = None,
     ) -> list[RunSummary]:
-        """Summaries of runs, optionally of one tenant and some statuses, by run id."""
+        """Summaries of runs, optionally of one tenant, some statuses and one user, by run id."""
         conditions: list[str] = []
         args: list[str] = []
-        if tenant is not None:
-            conditions.append("tenant = ?")
-            args.append(tenant)
+        for column, value in (("tenant", tenant), ("user_id", user)):
+            if value is not None:
+                conditions.append(f"{column} = ?")
+                args.append(value)
         if statuses is not None:
             wanted = list(dict.fromkeys(statuses))
             if not wanted:

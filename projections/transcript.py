@@ -3,8 +3,10 @@
 The conversation a run's model sees is derived from the run's counted events: the run's input
 (``RunStarted``; a run carried on from another has none: its conversation starts from the
 transcripts its ``RunStarted.carried`` names), each model answer with the calls it asked for
-(``ModelAnswered``), and each call's outcome, recorded (``ToolCompleted``) or settled by a
-person or a status check (``ToolResolved`` as completed). Every other event adds nothing to it.
+(``ModelAnswered``), each call's outcome, recorded (``ToolCompleted``) or settled by a person or
+a status check (``ToolResolved`` as completed), and a person's answer at a collaborative
+checkpoint after a settled turn (``ApprovalGranted`` of a checkpoint request, with a value: the
+model reads it as a user message before its next call). Every other event adds nothing to it.
 :func:`message_of` is that derivation, the one the runner's `Conversation` and the projector
 both use.
 
@@ -25,6 +27,7 @@ from typing import Any
 import msgspec
 
 from onward.eventlog.events import (
+    ApprovalGranted,
     Event,
     Message,
     ModelAnswered,
@@ -36,6 +39,10 @@ from onward.eventlog.parts import ToolCallRef, ToolCallsPart, assistant_message
 
 BLOB_REF = "$blob"
 """The key of a claim-check reference (``{"$blob": digest, "size": n}``)."""
+
+CHECKPOINT_REQUEST = "onward.checkpoint:"
+"""How the request id of a collaborative checkpoint starts: ``onward.checkpoint:<boundary>:<seq>``,
+the boundary a run paused at and the seq of its boundary event."""
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Message)
@@ -59,6 +66,25 @@ def decode_message(body: bytes) -> Message:
     return _decoder.decode(body)
 
 
+def checkpoint_request(boundary: str, seq: int) -> str:
+    """The request id a collaborative run waits on after the boundary event ``seq``."""
+    return f"{CHECKPOINT_REQUEST}{boundary}:{seq}"
+
+
+def checkpoint_of(request_id: str) -> tuple[str, int] | None:
+    """The boundary and seq of a checkpoint request id; ``None`` for any other request."""
+    if not request_id.startswith(CHECKPOINT_REQUEST):
+        return None
+    boundary, _, seq = request_id[len(CHECKPOINT_REQUEST) :].partition(":")
+    return (boundary, int(seq)) if seq.isdigit() else None
+
+
+def _answers_model(event: ApprovalGranted) -> bool:
+    """A checkpoint answer after a settled turn, with a value: the model reads it next."""
+    found = checkpoint_of(event.request_id) if event.value is not None else None
+    return found is not None and found[0] == "after_tool_result"
+
+
 def speaks(event: Event) -> bool:
     """Whether a counted event adds a message to the conversation. Cheap: no message is built."""
     kind = type(event)
@@ -67,6 +93,8 @@ def speaks(event: Event) -> bool:
     if kind is RunStarted:
         # A run carried on from another starts from that run's transcript, not from an input.
         return event.continuation_of is None  # type: ignore[attr-defined]
+    if kind is ApprovalGranted:
+        return _answers_model(event)  # type: ignore[arg-type]
     return kind is ToolResolved and event.outcome == "completed"  # type: ignore[attr-defined]
 
 
@@ -90,7 +118,8 @@ def message_of(event: Event) -> Message | None:
         isinstance(event, ToolResolved) and event.outcome == "completed"
     ):
         return _said("tool", event.result, event.call_id)
-    return None
+    answers = isinstance(event, ApprovalGranted) and _answers_model(event)
+    return _said("user", event.value, None) if answers else None  # type: ignore[attr-defined]
 
 
 def _said(role: str, body: Any, call_id: str | None) -> Message:
@@ -112,8 +141,11 @@ def is_reference(value: Any) -> bool:
 
 __all__ = [
     "BLOB_REF",
+    "CHECKPOINT_REQUEST",
     "TranscriptRow",
     "as_text",
+    "checkpoint_of",
+    "checkpoint_request",
     "decode_message",
     "is_reference",
     "message_of",

@@ -8,7 +8,10 @@ large for one log record. Which classes those are follows from ``ONWARD_BACKEND`
   all in the one file ``ONWARD_SQLITE_PATH``.
 * ``kafka``: `KafkaEventLog`; `PostgresFrontierStore` and `PostgresBlobStore` in
   ``DATABASE_URL``; `RedisLeaseStore` when ``REDIS_URL`` is set, else `PostgresLeaseStore`.
-* ``memory``: refused. Nothing would outlive the process, so no other process could see a run.
+* ``memory``: `MemoryEventLog` with its own leases, `MemoryFrontierStore`, `MemoryBlobStore`,
+  for an application that keeps every run inside its own process (``in_process=True``);
+  refused to everything else, since nothing would outlive the process and no other process
+  could see a run.
 
 Deciding that in one place keeps every caller on the same lease store and the same blob store,
 which resume depends on: a worker on another lease store hands out fences the log has already
@@ -24,13 +27,16 @@ from dataclasses import dataclass
 from onward.errors import ConfigurationError
 from onward.eventlog.base import EventLog
 from onward.eventlog.kafka import KafkaEventLog
+from onward.eventlog.memory import MemoryEventLog
 from onward.eventlog.sqlite import SqliteEventLog
 from onward.projections.base import FrontierStore
+from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 
-from .blobs import BlobStore, PostgresBlobStore, SqliteBlobStore
+from .blobs import BlobStore, MemoryBlobStore, PostgresBlobStore, SqliteBlobStore
 from .leases.base import LeasePolicy, LeaseStore
+from .leases.defaults import default_leases
 from .leases.postgres import PostgresLeaseStore
 from .leases.redis import RedisLeaseStore
 from .leases.sqlite import SqliteLeaseStore
@@ -60,8 +66,9 @@ class Backends:
 
     @property
     def embedded(self) -> bool:
-        """Whether no projector keeps the frontier rows, so whoever appends folds them (SQLite)."""
-        return self.settings.backend == "sqlite"
+        """Whether no projector keeps the frontier rows, so whoever appends folds them (SQLite,
+        memory)."""
+        return self.settings.backend != "kafka"
 
     def runner(
         self,
@@ -94,7 +101,9 @@ class Backends:
 
 
 @asynccontextmanager
-async def open_backends(settings: Settings, *, readonly: bool = False) -> AsyncIterator[Backends]:
+async def open_backends(
+    settings: Settings, *, readonly: bool = False, in_process: bool = False
+) -> AsyncIterator[Backends]:
     """Open the stores ``settings`` name; close them in reverse order when the block ends.
 
     With Kafka the events topic must already exist: whatever reads or carries on runs has no
@@ -107,6 +116,8 @@ async def open_backends(settings: Settings, *, readonly: bool = False) -> AsyncI
             opened read-only, not migrated and not changed in any way, and one that is missing
             or is not an Onward database is refused. The server stores are never migrated
             when opened, so nothing changes for them.
+        in_process: For an application that runs its agents in its own process: the memory
+            backend is allowed (every run ends with the process).
 
     Raises:
         ConfigurationError: The memory backend (nothing would outlive the process), a missing
@@ -115,7 +126,7 @@ async def open_backends(settings: Settings, *, readonly: bool = False) -> AsyncI
         SchemaMismatchError: A database is not at this code's schema version.
         BackendUnavailableError: A server could not be reached.
     """
-    if settings.backend == "memory":
+    if settings.backend == "memory" and not in_process:
         raise ConfigurationError(
             "ONWARD_BACKEND=memory keeps nothing past the process, so there is no run here to "
             "read or carry on; use sqlite (ONWARD_SQLITE_PATH) or kafka"
@@ -125,7 +136,12 @@ async def open_backends(settings: Settings, *, readonly: bool = False) -> AsyncI
         frontiers: FrontierStore
         leases: LeaseStore
         blobs: BlobStore
-        if settings.backend == "sqlite":
+        if settings.backend == "memory":
+            log = await stack.enter_async_context(MemoryEventLog(partitions=settings.partitions))
+            frontiers = await stack.enter_async_context(MemoryFrontierStore())
+            leases = default_leases(log)
+            blobs = await stack.enter_async_context(MemoryBlobStore())
+        elif settings.backend == "sqlite":
             path = settings.sqlite_path
             log = await stack.enter_async_context(
                 SqliteEventLog(path, partitions=settings.partitions, readonly=readonly)

@@ -81,11 +81,14 @@ class ExecutionManager:
             )
         return await self._status(row.summary)
 
-    async def list_pending(self, *, tenant: str | None = None) -> list[RunOverview]:
-        """Runs that need someone: waiting on an approval, left by a worker for a person to
-        settle a call, or running with nobody holding them.
+    async def list_pending(
+        self, *, tenant: str | None = None, user: str | None = None
+    ) -> list[RunOverview]:
+        """Runs that need someone: waiting on an approval (or, collaborative, on an answer at a
+        checkpoint), left by a worker for a person to settle a call, or running with nobody
+        holding them. ``user``: only the runs started for that person (`Options.user`).
         """
-        rows = await self.frontiers.runs(tenant=tenant, statuses={"waiting", "running"})
+        rows = await self.frontiers.runs(tenant=tenant, statuses={"waiting", "running"}, user=user)
         statuses = [await self._status(summary) for summary in rows]
         return [
             s

@@ -54,7 +54,11 @@ class RequestHandler:
         for attempt in range(worker.max_attempts * 10):
             try:
                 result = await worker.runner.run(
-                    agent, request.input, tenant=request.tenant, run_id=request.run_id
+                    agent,
+                    request.input,
+                    tenant=request.tenant,
+                    run_id=request.run_id,
+                    options=request.options,
                 )
             except InvalidInputError:
                 return True  # it exists already: started before, carried on by its owner

@@ -28,12 +28,14 @@ DEFAULT_REQUESTS_TOPIC = "onward.requests"
 
 
 class StartRun(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
-    """Start run ``run_id`` of agent ``agent`` (a name the workers know) with ``input``."""
+    """Start run ``run_id`` of agent ``agent`` (a name the workers know) with ``input``;
+    ``options`` are recorded in its `RunStarted` (`onward.runtime.options.Options.recorded`)."""
 
     run_id: str
     tenant: str
     agent: str
     input: Any = None
+    options: dict[str, Any] = {}
 
 
 class ResumeRun(msgspec.Struct, frozen=True, kw_only=True, tag="resume"):

@@ -362,9 +362,11 @@ class Resumer:
         row knows where that is (a set-aside frontier says), else from the partition's start.
         """
         assert self.frontiers is not None
-        row, positions = await asyncio.gather(
-            self.frontiers.get(run_id), self.frontiers.positions(self.projector)
-        )
+        # Positions first, then the row: a projector that stores a batch between the two reads
+        # then only makes the row newer than the position, never the position newer than the
+        # row (which would skip the events in between, or find a hole before a new run's tail).
+        positions = await self.frontiers.positions(self.projector)
+        row = await self.frontiers.get(run_id)
         folded_to = positions.get(partition, 0)
         if row is None:
             return Frontier.empty(run_id, tenant), folded_to

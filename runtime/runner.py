@@ -23,7 +23,7 @@ import dataclasses
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,7 +50,7 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.projections.base import FrontierStore
-from onward.projections.frontier import CallState, Frontier
+from onward.projections.frontier import Boundary, CallState, Frontier
 
 from .agent import Agent
 from .blobs import BlobStore, ClaimCheck
@@ -60,6 +60,7 @@ from .conversation import Conversation, as_text, restored
 from .leases.base import LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
+from .options import approval_value, pause_request, recorded_options
 from .planning import ResumePlan, plan_resume, refuse_if_undecidable
 from .providers import Provider
 from .redaction import Redactor
@@ -223,9 +224,20 @@ class AgentRunner(Resource):
     # -- starting and resuming ---------------------------------------------------------------
 
     async def run(
-        self, agent: Agent, input: Any, *, tenant: str, run_id: str | None = None
+        self,
+        agent: Agent,
+        input: Any,
+        *,
+        tenant: str,
+        run_id: str | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> RunResult:
         """Start a run and drive it until it finishes or waits on a person.
+
+        Args:
+            options: Recorded in `RunStarted` (`onward.runtime.options.Options.recorded`); the
+                fold reads ``user``, ``mode`` and ``checkpoints`` (a collaborative run waits
+                for a person at those boundaries) and ``max_iterations``.
 
         Raises:
             ResumeConflictError: Another worker holds a run under that id.
@@ -238,7 +250,12 @@ class AgentRunner(Resource):
                 agent, held, Frontier.empty(run_id, tenant), Conversation(agent.instructions)
             )
             started = self.writer.event(
-                run, RunStarted, agent=agent.name, revision=agent.revision, input=input
+                run,
+                RunStarted,
+                agent=agent.name,
+                revision=agent.revision,
+                input=input,
+                options=recorded_options(options, agent),
             )
             await self.writer.append(run, [started])
             result = await self._drive(run)
@@ -427,26 +444,33 @@ class AgentRunner(Resource):
     # -- the loop ----------------------------------------------------------------------------
 
     async def _drive(self, run: HeldRun) -> RunResult:
+        limit = run.frontier.max_iterations or run.agent.max_iterations
         while not run.frontier.finished and run.frontier.status != "waiting":
             if self.continuation is not None and await carry_if_due(
                 run, self.continuation, writer=self.writer, resumer=self.resumer, holding=self._held
             ):
                 break
             if run.frontier.calls:
-                if not await self._run_turn(run):
+                if await self._paused(run, "after_model_call") or not await self._run_turn(run):
                     break
                 continue
-            if run.frontier.iteration >= run.agent.max_iterations:
+            if run.frontier.iteration >= limit:
                 stopped = self.writer.event(
-                    run,
-                    RunFinished,
-                    status="failed",
-                    error=f"stopped after max_iterations={run.agent.max_iterations}",
+                    run, RunFinished, status="failed", error=f"stopped after max_iterations={limit}"
                 )
                 await self.writer.append(run, [stopped])
                 break
+            if await self._paused(run, "after_tool_result"):
+                break
             await self._model_step(run)
         return RunResult.of(run.frontier)
+
+    async def _paused(self, run: HeldRun, boundary: Boundary) -> bool:
+        """A collaborative run waits for a person at each boundary it pauses at (once)."""
+        asked = pause_request(run.frontier, boundary)
+        if asked is not None:
+            await self.writer.append(run, [self.writer.event(run, ApprovalRequested, **asked)])
+        return asked is not None
 
     async def _model_step(self, run: HeldRun) -> None:
         observer = self.writer.observer
@@ -524,7 +548,11 @@ class AgentRunner(Resource):
             error = ToolError(type="UnknownTool", message=f"the agent has no tool {call.tool!r}")
         else:
             try:
-                result = await tool.call(call.args, idempotency_key=call.idempotency_key)
+                result = await tool.call(
+                    call.args,
+                    idempotency_key=call.idempotency_key,
+                    approval=approval_value(run.frontier, call.call_id),
+                )
             except ToolArgumentsError as exc:
                 error = ToolError(type="InvalidArguments", message=str(exc))
             except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, not raised

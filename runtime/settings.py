@@ -36,9 +36,13 @@ class Settings(BaseSettings):
         backend_timeout: Seconds one call to Kafka, PostgreSQL or Redis may wait before it
             fails with a retryable `BackendUnavailableError` (``BACKEND_TIMEOUT_S``, 30, by
             default): a run stops instead of hanging on a silent server.
+        app_mode: Where `onward.open` runs an application's runs: ``in_process`` (its own
+            process drives them, on any backend) or ``fleet`` (Kafka: it submits requests to
+            ``onward worker`` processes and follows the runs from the log).
+        requests_topic: The fleet's requests topic.
     """
 
-    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
     backend: Literal["kafka", "sqlite", "memory"] = Field(
         default="sqlite", validation_alias="ONWARD_BACKEND"
@@ -58,6 +62,12 @@ class Settings(BaseSettings):
     )
     backend_timeout: float = Field(
         default=BACKEND_TIMEOUT_S, gt=0, le=3600, validation_alias="ONWARD_BACKEND_TIMEOUT"
+    )
+    app_mode: Literal["in_process", "fleet"] = Field(
+        default="in_process", validation_alias="ONWARD_APP_MODE"
+    )
+    requests_topic: str = Field(
+        default="onward.requests", min_length=1, validation_alias="ONWARD_REQUESTS_TOPIC"
     )
 
     @field_validator("database_url")

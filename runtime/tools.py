@@ -9,6 +9,10 @@ become its JSON schema, plus an ``idempotency_key`` keyword it receives on every
     @tool(reconcile=booking_status)
     async def book(flight: str, seat: str, *, idempotency_key: str) -> dict[str, str]: ...
 
+A tool that needs a person (``requires_approval``) may also take an ``approval`` keyword: it
+receives the value the person answered with (``approve(..., value=)``, or ``respond(value)`` of
+the application API), as recorded in the log. It is not part of the tool's schema.
+
 ``retry_safe`` tools (reads, searches) may be called again when resume cannot tell whether they
 ran. ``reconcile(key)`` asks the tool's own status endpoint whether a call with that key took
 effect; resume calls it once for an undecided call and records the answer.
@@ -29,6 +33,7 @@ from onward.errors import ConfigurationError
 from onward.eventlog.events import ToolError
 
 KEY_PARAMETER = "idempotency_key"
+APPROVAL_PARAMETER = "approval"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,8 @@ class Tool:
         retry_safe: Calling it twice is harmless (reads, searches).
         reconcile: Its status check, for calls resume cannot decide.
         requires_approval: A person approves each call before it is dispatched.
+        takes_approval: ``fn`` takes an ``approval`` keyword: the value its call was approved
+            with (``None`` when there was none).
     """
 
     name: str
@@ -64,6 +71,7 @@ class Tool:
     retry_safe: bool = False
     reconcile: Reconcile | None = field(default=None, repr=False)
     requires_approval: bool = False
+    takes_approval: bool = False
     _model: type[pydantic.BaseModel] | None = field(default=None, repr=False, compare=False)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -77,7 +85,9 @@ class Tool:
             "requires_approval": self.requires_approval,
         }
 
-    async def call(self, args: Mapping[str, Any], *, idempotency_key: str) -> Any:
+    async def call(
+        self, args: Mapping[str, Any], *, idempotency_key: str, approval: Any = None
+    ) -> Any:
         """Validate the arguments against the schema, then call the tool.
 
         Raises:
@@ -90,6 +100,8 @@ class Tool:
             except pydantic.ValidationError as exc:
                 raise ToolArgumentsError(self.name, str(exc)) from exc
             values = {k: getattr(model, k) for k in type(model).model_fields}
+        if self.takes_approval:
+            values[APPROVAL_PARAMETER] = approval
         return await self.fn(**values, idempotency_key=idempotency_key)
 
 
@@ -145,6 +157,7 @@ def tool(
             retry_safe=retry_safe,
             reconcile=reconcile,
             requires_approval=requires_approval,
+            takes_approval=APPROVAL_PARAMETER in inspect.signature(function).parameters,
             _model=model,
         )
 
@@ -161,7 +174,7 @@ def _arguments_model(function: Callable[..., Any]) -> type[pydantic.BaseModel]:
     hints = get_type_hints(function)
     fields: dict[str, Any] = {}
     for param in signature.parameters.values():
-        if param.name == KEY_PARAMETER:
+        if param.name in (KEY_PARAMETER, APPROVAL_PARAMETER):
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigurationError(f"tool {function.__name__!r}: *args/**kwargs have no schema")

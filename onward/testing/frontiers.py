@@ -275,6 +275,20 @@ class FrontierStoreConformance:
             waiting
         ]
 
+    async def test_runs_filter_by_user(self, store: FrontierStore) -> None:
+        tenant = new_run_id("tenant")
+        ann, bob, nobody = new_run_id("a"), new_run_id("b"), new_run_id("c")
+        rows = [
+            msgspec.structs.replace(frontier(ann, through=1, tenant=tenant), user_id="ann"),
+            msgspec.structs.replace(frontier(bob, through=2, tenant=tenant), user_id="bob"),
+            frontier(nobody, through=3, tenant=tenant),
+        ]
+        await store.write(CONSUMER, {}, [Snapshot.of(f) for f in rows], [])
+        listed = await store.runs(tenant=tenant, user="ann", statuses={"running"})
+        assert [(s.run_id, s.user_id) for s in listed] == [(ann, "ann")]
+        everyone = await store.runs(tenant=tenant)
+        assert {s.run_id: s.user_id for s in everyone} == {ann: "ann", bob: "bob", nobody: None}
+
     async def test_concurrent_writers_keep_the_newest(self, store: FrontierStore) -> None:
         run_id = new_run_id()
         snapshots = [Snapshot.of(frontier(run_id, through=i, iteration=i)) for i in range(20)]

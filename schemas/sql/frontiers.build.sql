@@ -22,9 +22,12 @@ CREATE TABLE onward_frontiers_{build} (
     updated_at bigint NOT NULL,
     payload bytea,
     snapshot_error text,
-    quarantined text
+    quarantined text,
+    user_id text
 ) WITH (fillfactor = 70);
 CREATE INDEX onward_frontiers_{build}_by_tenant_status ON onward_frontiers_{build} (tenant, status);
+CREATE INDEX onward_frontiers_{build}_by_user_status ON onward_frontiers_{build} (user_id, status)
+    WHERE user_id IS NOT NULL;
 
 CREATE TABLE onward_tool_calls_{build} (
     run_id text NOT NULL,

@@ -13,6 +13,7 @@ from onward.eventlog import (
     EVENT_TYPES,
     AnyEvent,
     ApprovalDenied,
+    ApprovalGranted,
     ApprovalRequested,
     Event,
     Message,
@@ -31,6 +32,8 @@ from onward.eventlog import (
 )
 from onward.projections import frontier as frontier_module
 from onward.projections.frontier import Frontier, ToolCallRow, fold, fold_all, fold_run
+from onward.projections.transcript import checkpoint_of, checkpoint_request, message_of
+from onward.runtime.options import approval_value
 from onward.testing.eventlog import Envelope
 
 
@@ -216,3 +219,79 @@ def test_call_rows_carry_latency_and_outcome(outcome: str) -> None:
         1,
         "k",
     )
+
+
+def test_run_options_give_the_user_pauses_and_bound() -> None:
+    options = {
+        "user": "ann",
+        "mode": "collaborative",
+        "checkpoints": ["after_tool_result", "after_model_call"],
+        "max_iterations": 7,
+    }
+    folded = fold_all(
+        start(), stored([RunStarted(**env(1), agent="a", revision="r1", options=options)])
+    )
+    assert folded.user_id == "ann"
+    assert folded.pause_at == ("after_model_call", "after_tool_result")
+    assert folded.max_iterations == 7
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"user": 3, "mode": "collaborative", "checkpoints": "all", "max_iterations": "7"},
+        {"mode": "autonomous", "checkpoints": ["after_tool_result"], "max_iterations": 0},
+        {"max_iterations": True, "user": None},
+    ],
+)
+def test_odd_run_options_count_as_absent(options: dict[str, object]) -> None:
+    folded = fold_all(
+        start(), stored([RunStarted(**env(1), agent="a", revision="r1", options=options)])
+    )
+    assert (folded.user_id, folded.pause_at, folded.max_iterations) == (None, (), None)
+
+
+def test_an_approval_value_reaches_the_call_it_approved_through_its_dispatch() -> None:
+    events: list[Event] = [
+        RunStarted(**env(1), agent="a", revision="r1"),
+        ModelAnswered(
+            **env(2),
+            message=Message(role="assistant"),
+            tool_calls=[ToolCall(call_id="p", tool="pay"), ToolCall(call_id="q", tool="pay")],
+        ),
+        ApprovalRequested(**env(3), request_id="p"),
+        ApprovalGranted(**env(4), request_id="p", by="ann", value={"limit": 5}),
+        ToolDispatched(**env(5), call_id="p", tool="pay", idempotency_key="k"),
+    ]
+    folded = fold_all(start(), stored(events))
+    values = [approval_value(folded, c.call_id) for c in folded.calls]
+    assert values == [{"limit": 5}, None]
+
+
+def test_a_checkpoint_answer_after_a_model_call_reaches_every_call_of_the_turn() -> None:
+    request = checkpoint_request("after_model_call", 2)
+    events: list[Event] = [
+        RunStarted(**env(1), agent="a", revision="r1"),
+        ModelAnswered(
+            **env(2),
+            message=Message(role="assistant"),
+            tool_calls=[ToolCall(call_id="p", tool="pay"), ToolCall(call_id="q", tool="pay")],
+        ),
+        ApprovalRequested(**env(3), request_id=request),
+        ApprovalGranted(**env(4), request_id=request, by="ann", value="go"),
+    ]
+    folded = fold_all(start(), stored(events))
+    assert [approval_value(folded, c.call_id) for c in folded.calls] == ["go", "go"]
+    assert folded.messages == 2  # the input and the model's answer; the model is not told
+    settled = fold_all(folded, stored([TurnSettled(**env(5), iteration=1, call_ids=["p", "q"])]))
+    assert approval_value(settled, "p") is None  # a grant lasts the turn it was given in
+
+
+def test_a_checkpoint_answer_after_a_settled_turn_is_said_to_the_model() -> None:
+    request = checkpoint_request("after_tool_result", 3)
+    granted = ApprovalGranted(**env(5), request_id=request, by="ann", value="mind the budget")
+    assert checkpoint_of(request) == ("after_tool_result", 3)
+    assert checkpoint_of("call-1") is None
+    assert message_of(granted) == Message(role="user", content="mind the budget")
+    assert message_of(msgspec.structs.replace(granted, value=None)) is None
+    assert message_of(msgspec.structs.replace(granted, request_id="call-1")) is None

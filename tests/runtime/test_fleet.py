@@ -12,7 +12,6 @@ import asyncio
 import os
 import re
 import signal
-import sys
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,7 +20,9 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from support.deployment import process_env, worker_argv
 from support.kafka import delete_topic
+from support.processes import spawn_onward
 from support.servers import KafkaServers
 
 from onward.eventlog import KafkaEventLog
@@ -36,7 +37,6 @@ PARTITIONS = 6
 RUNS = int(os.environ.get("ONWARD_FLEET_TEST_RUNS", "300"))
 TENANT = "acme"
 MAX_RUNS = 12
-TESTS = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -55,36 +55,11 @@ class Fleet:
         return Ledger(self.tmp / "ledger.jsonl")
 
     async def spawn(self, name: str, *argv: str) -> None:
-        with (self.tmp / f"{name}.log").open("wb") as out:
-            self.children[name] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "onward", *argv, env=self.env, stdout=out, stderr=out
-            )
+        self.children[name] = await spawn_onward(self.tmp / f"{name}.log", self.env, *argv)
 
     async def worker(self, name: str) -> None:
-        await self.spawn(
-            name,
-            "worker",
-            "--agent",
-            "support.fleet:agents",
-            "--provider",
-            "support.fleet:provider",
-            "--requests-topic",
-            self.requests_topic,
-            "--group",
-            f"{self.requests_topic}.workers",
-            "--name",
-            name,
-            "--max-runs",
-            str(MAX_RUNS),
-            "--lease-ttl",
-            "3",
-            "--recheck",
-            "1",
-            "--backoff",
-            "0.2",
-            "--session-timeout-ms",
-            "6000",
-        )
+        argv = worker_argv("support.fleet", self.requests_topic, name, "--max-runs", str(MAX_RUNS))
+        await self.spawn(name, *argv)
 
     def output(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
@@ -134,14 +109,13 @@ class Fleet:
 async def fleet(kafka_servers: KafkaServers, tmp_path: Path) -> AsyncIterator[Fleet]:
     servers = kafka_servers
     kafka_bootstrap = servers.bootstrap
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(TESTS),
-        **servers.env(partitions=PARTITIONS),
-        "FLEET_LEDGER": str(tmp_path / "ledger.jsonl"),
-        "FLEET_STEPS": "3",
-        "FLEET_TOOL_S": "0.1",
-    }
+    env = process_env(
+        servers,
+        PARTITIONS,
+        FLEET_LEDGER=str(tmp_path / "ledger.jsonl"),
+        FLEET_STEPS="3",
+        FLEET_TOOL_S="0.1",
+    )
     requests_topic = f"{servers.topic}.requests"
     async with (
         servers.log(partitions=PARTITIONS) as log,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from typing import cast
 
 import pytest
 from support.workers import CountingLog
@@ -14,6 +16,7 @@ from onward.errors import (
     RevisionMismatchError,
 )
 from onward.eventlog import Event, MemoryEventLog, StoredEvent, ToolCall, ToolCompleted
+from onward.projections.base import FrontierStore, StoredFrontier
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.projector import FrontierProjection
@@ -231,3 +234,35 @@ async def test_a_reused_run_id_is_refused_with_leases_too() -> None:
     reads = counting.reads
     await fresh.run(AGENT, "go", tenant=TENANT, run_id="new")
     assert counting.reads == reads  # a new id is proven new by the lease store alone
+
+
+class FoldsDuringRead:
+    """A reader's view of a store whose projector stores a batch while the reader's query for
+    a run's row is in flight: a positions query asked meanwhile sees that batch (as a query on
+    another connection would), one asked before the row sees the store as it was."""
+
+    def __init__(self, store: MemoryFrontierStore, projector: LogProjector) -> None:
+        self.store = store
+        self.projector = projector
+        self.row_asked = False
+        self.stored = asyncio.Event()
+
+    async def get(self, run_id: str) -> StoredFrontier | None:
+        self.row_asked = True
+        row = await self.store.get(run_id)
+        await self.projector.catch_up()
+        self.stored.set()
+        return row
+
+    async def positions(self, consumer: str) -> dict[int, int]:
+        if self.row_asked:
+            await self.stored.wait()
+        return await self.store.positions(consumer)
+
+
+async def test_a_projector_storing_between_the_reads_of_a_resume_loses_no_event() -> None:
+    log, leases, store = MemoryEventLog(partitions=1), MemoryLeaseStore(), MemoryFrontierStore()
+    await interrupted_run(log, leases)  # its events are in the log, none folded yet
+    view = FoldsDuringRead(store, LogProjector(log, FrontierProjection(store, log)))
+    frontier = await Resumer(log, leases, cast("FrontierStore", view)).read("r", tenant=TENANT)
+    assert (frontier.last_seq, frontier.iteration) == (2, 1)

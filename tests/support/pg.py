@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Protocol
 
@@ -48,3 +48,27 @@ async def schema_factory(database_url: str) -> AsyncIterator[SchemaFactory]:
             return await stack.enter_async_context(fresh_schema(database_url, migrated=migrated))
 
         yield new
+
+
+async def migrates_again(
+    database_url: str, schema: str, migration: str, undo: Sequence[str], column: str
+) -> None:
+    """Take a migrated schema back to before ``migration`` (``NNNN_name``: the ``undo``
+    statements, then its ledger row), migrate it again, and check that it was applied and
+    that ``column`` is back on the frontier build and its view."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        for statement in undo:
+            await conn.execute(statement)
+        version = int(migration.split("_", 1)[0])
+        await conn.execute("DELETE FROM onward_schema_migrations WHERE version = $1", version)
+        assert await migrate(conn) == [migration]
+        rows = await conn.fetch(
+            "SELECT table_name FROM information_schema.columns WHERE table_schema = $1 "
+            "AND column_name = $2 ORDER BY table_name",
+            schema,
+            column,
+        )
+        assert [r["table_name"] for r in rows] == ["onward_frontiers", "onward_frontiers_1"]
+    finally:
+        await conn.close()

@@ -17,3 +17,11 @@ async def spawn_support(module: str, *args: str, **options: Any) -> asyncio.subp
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", f"support.{module}", *args, env=env, **options
     )
+
+
+async def spawn_onward(log: Path, env: dict[str, str], *argv: str) -> asyncio.subprocess.Process:
+    """``python -m onward *argv`` in ``env``, its output (both streams) in the file ``log``."""
+    with log.open("wb") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "onward", *argv, env=env, stdout=out, stderr=out
+        )

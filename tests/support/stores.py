@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,3 +60,14 @@ async def kafka_stores(
             PostgresFrontierStore(database_url, schema=schema)
         )
         yield Stores(log, leases, frontiers, embedded=False)
+
+
+async def sqlite_migrated_back(path: Path, version: int, undo: Sequence[str]) -> None:
+    """A migrated SQLite file taken back to before migration ``version`` (the ``undo``
+    statements, then its ledger row); the next store to open it migrates it again."""
+    async with SqliteFrontierStore(path):
+        pass
+    with closing(sqlite3.connect(path)) as conn, conn:
+        for statement in undo:
+            conn.execute(statement)
+        conn.execute("DELETE FROM onward_schema_migrations WHERE version = ?", (version,))

@@ -1,0 +1,485 @@
+"""The application API: start runs, watch them as they go, answer them, find them again.
+
+``async with onward.open(settings, agents=..., provider=...) as app`` opens every store once
+(and, for a fleet, the requests producer) and closes them on exit. Where runs execute is the
+settings' ``app_mode``:
+
+* ``in_process``: the application's own process drives its runs, on any backend (SQLite,
+  memory, Kafka + PostgreSQL + Redis), through a `Worker` of its own that takes no requests
+  from Kafka. Closing the app lets every run in flight reach its next boundary and hands its
+  lease back; a later `resume` (here or in any process) carries it on.
+* ``fleet`` (Kafka): the application submits requests on the requests topic and ``onward
+  worker`` processes do the work; it needs no agents or provider of its own.
+
+Either way a stream (`RunStream`) follows the run's events in the log, so what it yields does
+not depend on who drives the run, a consumer that stops reading neither stops nor loses the run,
+and a stream opened later (`resume`) replays what was missed, from the start or after a
+message's position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from onward._storage import Resource
+from onward.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    NothingToResumeError,
+    ResumeConflictError,
+)
+from onward.eventlog.base import partition_for
+from onward.eventlog.events import (
+    Event,
+)
+from onward.projections.frontier import Frontier, RunTag
+
+from .agent import Agent
+from .backends import Backends, open_backends
+from .blobs import ClaimCheck
+from .leases.base import LeasePolicy
+from .manager import ExecutionManager, needs_person
+from .messages import RunMessage
+from .options import Options
+from .providers import Provider
+from .requests import AnswerRequest, Request, Requests, ResumeRun, StartRun, TagRun
+from .resumer import Resumer
+from .settings import Settings, load_settings
+from .stream import Position, RunStream
+from .worker import Worker
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """Where a run stands, for `get_session_state`.
+
+    Attributes:
+        status: The run's status (``running``, ``waiting``, ``completed``, ``failed``,
+            ``cancelled``, ``continued``), except a running run nobody holds, which is
+            ``interrupted`` (``resume`` carries it on), or ``needs_person`` when a worker left
+            it because a call may or may not have run (settle it with ``onward resolve``).
+        waiting_on: The request a waiting run waits on (an approval, or a collaborative pause).
+        holder: The worker that holds the run now, if any.
+    """
+
+    run_id: str
+    tenant: str
+    user: str | None
+    agent: str
+    status: str
+    iteration: int
+    last_seq: int
+    waiting_on: str | None
+    holder: str | None
+    output: Any
+    error: str | None
+    tags: tuple[RunTag, ...]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field by name, as from a mapping."""
+        return getattr(self, key, default)
+
+
+_FROM_FRONTIER = (
+    "run_id",
+    "tenant",
+    "agent",
+    *("iteration", "last_seq", "waiting_on", "output", "error", "tags"),
+)
+"""The `SessionState` fields that are the frontier's own."""
+
+
+class App(Resource):
+    """An application's handle on Onward; see the module docstring.
+
+    Args:
+        settings: Where the stores live and ``app_mode``; from the environment by default.
+        agents: In process: the agents runs may name (one agent, a list, or a dict by name).
+        provider: In process: the model.
+        poll_s: How often a stream with nothing new looks at the log again (it backs off to
+            ten times that while the run is quiet).
+        recheck_s: In process: how often a quiet stream looks whether its run was left
+            running with nobody holding it (its process died) and, if so, carries it on.
+        lease_policy: In process: the runs' lease ttl.
+        name: In process: this process's name in leases and `RunClaimed`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        agents: Agent | Sequence[Agent] | Mapping[str, Agent] | None = None,
+        provider: Provider | None = None,
+        poll_s: float = 0.05,
+        recheck_s: float = 5.0,
+        lease_policy: LeasePolicy | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.settings = settings or load_settings()
+        self.agents = _by_name(agents)
+        self.provider = provider
+        self.in_process = self.settings.app_mode == "in_process"
+        refusal = _refusal(
+            self.settings, in_process=self.in_process, ready=bool(provider and agents)
+        )
+        if refusal:
+            raise ConfigurationError(refusal)
+        self.poll_s = poll_s
+        self.recheck_s = recheck_s
+        self._worker_options: dict[str, Any] = {
+            "name": name,
+            "lease_policy": lease_policy,
+            "max_runs": sys.maxsize,  # an application's own runs are never held back
+        }
+        self._stack: AsyncExitStack | None = None
+        self._backends: Backends | None = None
+        self._worker: Worker | None = None
+        self._requests: Requests | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._backends is not None
+
+    async def _connect(self) -> None:
+        stack = self._stack = AsyncExitStack()
+        backends = await stack.enter_async_context(
+            open_backends(self.settings, in_process=self.in_process)
+        )
+        if self.in_process:
+            assert self.provider is not None
+            self._worker = Worker(backends, self.provider, self.agents, **self._worker_options)
+        else:
+            self._requests = await stack.enter_async_context(
+                Requests(
+                    self.settings.kafka_bootstrap_servers,
+                    self.settings.requests_topic,
+                    partitions=self.settings.partitions,
+                )
+            )
+        self._backends = backends
+        _opened.append(self)
+
+    async def close(self) -> None:
+        """Let runs in flight reach their next boundary and hand their leases back, then close
+        every store. Idempotent."""
+        if self in _opened:
+            _opened.remove(self)
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.drain()
+            await worker.drained()
+        stack, self._stack = self._stack, None
+        self._backends = self._requests = None
+        if stack is not None:
+            await stack.aclose()
+
+    @property
+    def backends(self) -> Backends:
+        """The open stores."""
+        if self._backends is None:
+            raise ConfigurationError("the app is not open; use `async with onward.open(...)`")
+        return self._backends
+
+    @property
+    def manager(self) -> ExecutionManager:
+        """Who is waiting: `ExecutionManager` on the app's stores."""
+        return ExecutionManager(self.backends.frontiers, self.backends.leases)
+
+    # -- starting, resuming, following -------------------------------------------------------
+
+    def query(
+        self,
+        prompt: Any,
+        options: Options | Mapping[str, Any] | None = None,
+        *,
+        follow_waits: bool = True,
+    ) -> RunStream:
+        """Start a run with ``prompt`` as its input; the stream yields its messages.
+
+        The run starts when the stream is first read. ``follow_waits``: as for `resume`.
+
+        Raises:
+            InvalidInputError: Bad options, or an agent this app does not know (in process).
+        """
+        chosen = Options.of(options)
+        agent = self._agent_name(chosen)
+        run_id = chosen.new_run_id()
+
+        async def begin(stream: RunStream) -> None:
+            if await self._resumer().exists(run_id):
+                raise InvalidInputError(
+                    f"run {run_id!r} already exists; resume it instead", run_id=run_id
+                )
+            log = self.backends.log
+            stream.next_offset = (await log.bounds(partition_for(run_id, log.partitions))).end
+            recorded = chosen.recorded()
+            start = StartRun(
+                run_id=run_id, tenant=chosen.tenant, agent=agent, input=prompt, options=recorded
+            )
+            await self._submit(start)
+
+        return RunStream(self, run_id, chosen.tenant, begin, follow_waits=follow_waits)
+
+    def resume(
+        self,
+        run_id: str,
+        resume_value: Any = None,
+        *,
+        tenant: str | None = None,
+        after: int | Position = 0,
+        approve: bool = True,
+        by: str = "app",
+        follow_waits: bool = True,
+    ) -> RunStream:
+        """Follow a run again: its messages after ``after`` (a seq, or a message's position;
+        0: from the start), then what comes.
+
+        With a ``resume_value`` the run must wait on a person: the value answers that request
+        (``approve=False`` denies it) and the run goes on. Without one, a run left running by
+        a process that died is carried on; anything else is only followed.
+
+        Args:
+            follow_waits: False ends the stream once it has caught up with a run that waits
+                on a person (what a script that cannot wait wants).
+
+        Raises:
+            NothingToResumeError: No such run (for that tenant).
+            InvalidInputError: A ``resume_value`` for a run that waits on nothing.
+        """
+        start_after: Position = after if isinstance(after, tuple) else (after, sys.maxsize)
+
+        async def begin(stream: RunStream) -> None:
+            frontier = await self._frontier(run_id, tenant)
+            stream.tenant = frontier.tenant
+            stream.next_offset = frontier.first_offset if frontier.first_offset >= 0 else None
+            if resume_value is not None or not approve:
+                await self._answer(frontier, frontier.waiting_on, resume_value, approve, by)
+                stream.answered.add(frontier.waiting_on or "")
+            elif await self._interrupted(frontier):
+                await self._submit(ResumeRun(run_id=run_id, tenant=frontier.tenant))
+
+        return RunStream(
+            self, run_id, tenant or "", begin, after=start_after, follow_waits=follow_waits
+        )
+
+    async def get_session_state(self, run_id: str) -> SessionState | None:
+        """Where the run stands now (the log's word, not a cached one); ``None``: no such run."""
+        try:
+            frontier = await self._frontier(run_id, None)
+        except NothingToResumeError:
+            return None
+        status: str = frontier.status
+        lease = await self.backends.leases.current(run_id)
+        if status == "running" and lease is None:
+            status = "needs_person" if needs_person(frontier) else "interrupted"
+        same = {name: getattr(frontier, name) for name in _FROM_FRONTIER}
+        holder = lease.holder if lease is not None else None
+        return SessionState(status=status, user=frontier.user_id, holder=holder, **same)
+
+    # -- what messages ask for (`Answers`) ---------------------------------------------------
+
+    async def answer(self, message: RunMessage, value: Any, *, approve: bool, by: str) -> None:
+        """Answer the request ``message`` waits on; recorded in the log before this returns
+        in process, submitted to the fleet before this returns otherwise."""
+        frontier = await self._frontier(message.run_id, message.tenant)
+        await self._answer(frontier, message.request_id, value, approve, by)
+
+    async def tag(self, message: RunMessage, label: str, *, by: str) -> None:
+        """Tag the event ``message`` came from (a `Tagged` event, written once no one else
+        holds the run)."""
+        if not label.strip():
+            raise InvalidInputError("a tag needs a non-empty label", run_id=message.run_id)
+        if self._worker is not None:
+            with contextlib.suppress(ResumeConflictError):  # held: tagged once it is free
+                await _as_person(
+                    self._worker.runner.tag,
+                    message.run_id,
+                    label,
+                    waiting=False,
+                    tenant=message.tenant,
+                    seq=message.seq,
+                    by=by,
+                )
+                return
+        await self._submit(
+            TagRun(
+                run_id=message.run_id, tenant=message.tenant, label=label, seq=message.seq, by=by
+            )
+        )
+
+    async def _answer(
+        self, frontier: Frontier, request_id: str | None, value: Any, approve: bool, by: str
+    ) -> None:
+        if request_id is None or frontier.waiting_on != request_id:
+            waiting = frontier.waiting_on
+            raise InvalidInputError(
+                f"run {frontier.run_id!r} is not waiting on "
+                + (repr(request_id) if request_id else "an answer")
+                + (f" (it waits on {waiting!r})" if waiting else f" (it is {frontier.status})")
+                + "; it may have been answered already",
+                run_id=frontier.run_id,
+            )
+        if self._worker is not None:
+            # Recorded before this returns, so the caller may end its process right after.
+            runner = self._worker.runner
+            answer = runner.approve if approve else runner.deny
+            await _as_person(
+                answer,
+                frontier.run_id,
+                request_id,
+                waiting=True,
+                tenant=frontier.tenant,
+                by=by,
+                value=value,
+            )
+            if approve:
+                await self._submit(ResumeRun(run_id=frontier.run_id, tenant=frontier.tenant))
+            return
+        await self._submit(
+            AnswerRequest(
+                run_id=frontier.run_id,
+                tenant=frontier.tenant,
+                request_id=request_id,
+                approve=approve,
+                by=by,
+                value=value,
+            )
+        )
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _submit(self, request: Request) -> None:
+        if self._worker is not None:
+            self._worker.submit(request)
+        elif self._requests is not None:
+            await self._requests.submit(request)
+        else:
+            raise ConfigurationError("the app is not open; use `async with onward.open(...)`")
+
+    def _resumer(self) -> Resumer:
+        backends = self.backends
+        return Resumer(backends.log, backends.leases, backends.frontiers)
+
+    async def _frontier(self, run_id: str, tenant: str | None) -> Frontier:
+        """The run as the log has it now (the row, then the log after it)."""
+        if not tenant:
+            row = await self.backends.frontiers.get(run_id)
+            if row is not None:
+                tenant = row.summary.tenant
+            else:
+                stored = await self.backends.log.read_run(run_id)
+                if not stored:
+                    raise NothingToResumeError(f"no run {run_id!r}", run_id=run_id)
+                tenant = stored[0].event.tenant
+        return await self._resumer().read(run_id, tenant=tenant)
+
+    async def _interrupted(self, frontier: Frontier) -> bool:
+        """Running, held by nobody, and not left for a person: someone should carry it on."""
+        return (
+            frontier.status == "running"
+            and not needs_person(frontier)
+            and await self.backends.leases.current(frontier.run_id) is None
+        )
+
+    def _agent_name(self, options: Options) -> str:
+        if options.agent is not None:
+            if self.in_process and options.agent not in self.agents:
+                raise InvalidInputError(
+                    f"no agent {options.agent!r} in this app; it has {sorted(self.agents)}"
+                )
+            return options.agent
+        if len(self.agents) == 1:
+            return next(iter(self.agents))
+        raise InvalidInputError(
+            "name the agent in the options (Options(agent=...))"
+            + (f"; this app has {sorted(self.agents)}" if self.agents else "")
+        )
+
+    async def restore(self, event: Event) -> Event:
+        """An event as written, its claim-checked body put back."""
+        return await ClaimCheck(self.backends.blobs).restore(event)
+
+    async def quiet(self, stream: RunStream) -> None:
+        """A stream found nothing new: in process, carry a run whose process died on."""
+        if self._worker is None or time.monotonic() - stream.nudged < self.recheck_s:
+            return
+        stream.nudged = time.monotonic()
+        with contextlib.suppress(NothingToResumeError):
+            frontier = await self._frontier(stream.run_id, stream.tenant)
+            if await self._interrupted(frontier):
+                await self._submit(ResumeRun(run_id=stream.run_id, tenant=frontier.tenant))
+
+
+def _refusal(settings: Settings, *, in_process: bool, ready: bool) -> str | None:
+    """Why an app with these settings could not work, or None."""
+    if in_process and not ready:
+        return (
+            "an in-process app runs agents itself: pass agents= and provider= (or set "
+            "ONWARD_APP_MODE=fleet to have `onward worker` processes run them)"
+        )
+    if not in_process and settings.backend != "kafka":
+        return (
+            f"ONWARD_APP_MODE=fleet needs ONWARD_BACKEND=kafka (it is {settings.backend}): "
+            "a fleet takes its requests from a Kafka topic"
+        )
+    return None
+
+
+async def _as_person(
+    write: Callable[..., Awaitable[Any]], *args: Any, waiting: bool, **kwargs: Any
+) -> Any:
+    """A person's write (answer, tag), retried for a few seconds while the run is held for a
+    moment: by another person's write, or (``waiting``: the run waits on a person) by the
+    worker that wrote the request and is handing the lease back. Otherwise a run a worker
+    holds raises `ResumeConflictError` at once."""
+    for _ in range(_PERSON_RETRIES):
+        try:
+            return await write(*args, **kwargs)
+        except ResumeConflictError as exc:
+            if not (waiting or (exc.holder or "").startswith("person:")):
+                raise
+            await asyncio.sleep(0.05)
+    return await write(*args, **kwargs)
+
+
+_PERSON_RETRIES = 100
+
+
+def _by_name(agents: Agent | Sequence[Agent] | Mapping[str, Agent] | None) -> dict[str, Agent]:
+    if agents is None:
+        return {}
+    if isinstance(agents, Agent):
+        return {agents.name: agents}
+    if isinstance(agents, Mapping):
+        return dict(agents)
+    return {agent.name: agent for agent in agents}
+
+
+_opened: list[App] = []
+"""The apps open now, in the order they were opened; the last one is the default."""
+
+
+def current_app() -> App:
+    """The app opened last and still open: the one `onward.query` and the others use.
+
+    Raises:
+        ConfigurationError: No app is open.
+    """
+    if not _opened:
+        raise ConfigurationError(
+            "no Onward app is open: wrap the code in `async with onward.open(settings, "
+            "agents=..., provider=...)` (or call app.query on one)"
+        )
+    return _opened[-1]
+
+
+__all__ = ["App", "SessionState", "current_app"]

@@ -1,0 +1,272 @@
+"""What an application sees of a run: messages derived from the run's counted events.
+
+One mapping (`MessageMapper`), fed a run's counted events in order from its first, gives the
+same messages whoever drives the run (the application's own process or a fleet of workers) and
+however often they are read again: a message's `position` (the seq of the event it came from,
+and its place among that event's messages) is stable, so a reader that stopped can go on after
+the last position it saw and get every later message once.
+
+* `ModelAnswered`: ``text`` (what the model said, if anything), and a ``checkpoint`` when it
+  asked for tools (``after_model_call``);
+* `ToolCompleted`, `ToolResolved` (completed): ``progress``;
+* `TurnSettled`: ``checkpoint`` (``after_tool_result``);
+* `ApprovalRequested`: ``checkpoint`` (``before_approval``), then ``approval_request``; for a
+  collaborative pause, one ``checkpoint`` that waits for an answer;
+* `RunFinished`: ``result`` when completed, else ``error``; `RunContinued`: ``result``.
+
+Checkpoint messages come only for the boundaries the run's checkpoint policy picks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from onward.errors import InvalidInputError
+from onward.eventlog.events import (
+    ApprovalRequested,
+    Event,
+    ModelAnswered,
+    RunContinued,
+    RunFinished,
+    RunStarted,
+    ToolCompleted,
+    ToolResolved,
+    TurnSettled,
+)
+from onward.eventlog.parts import TextPart, parts_of
+from onward.projections.frontier import BOUNDARIES, Boundary, run_options
+from onward.projections.transcript import as_text, checkpoint_of
+
+MessageType = Literal["text", "checkpoint", "approval_request", "progress", "result", "error"]
+
+
+class Answers(Protocol):
+    """Where a message's `respond` and `tag` go: the application that streamed it."""
+
+    async def answer(self, message: RunMessage, value: Any, *, approve: bool, by: str) -> None:
+        """Answer the request ``message`` waits on; the run goes on (or ends, denied)."""
+        ...
+
+    async def tag(self, message: RunMessage, label: str, *, by: str) -> None:
+        """Put ``label`` on the event ``message`` came from."""
+        ...
+
+
+class _Is:
+    """A message's ``is_<type>`` flag: whether its type is ``kind``."""
+
+    def __init__(self, kind: MessageType) -> None:
+        self.kind = kind
+
+    def __get__(self, message: RunMessage | None, owner: type[RunMessage]) -> bool:
+        return message is not None and message.type == self.kind
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunMessage:
+    """One message of a run's stream.
+
+    Attributes:
+        type: ``text``, ``checkpoint``, ``approval_request``, ``progress``, ``result`` or
+            ``error``.
+        seq: The seq of the event it came from; with ``part``, its `position`.
+        content: Text: what the model said; approval request: what is asked; result: the
+            output as text; error: why the run ended.
+        boundary: Checkpoint: which boundary (``after_model_call``, ``after_tool_result``,
+            ``before_approval``).
+        metadata: Checkpoint: ``iteration``, and for a collaborative pause ``waiting``
+            and ``after_seq`` (the seq of the boundary event it pauses after); approval request:
+            ``tool_name``, ``args``.
+        request_id: The request the run waits on (approval requests, collaborative pauses).
+        tool_name: Approval request: the tool that needs a person.
+        args: Approval request: the arguments it would be called with.
+        progress_percent: Progress: model calls made out of the run's bound, in percent.
+        iteration: Model calls made so far.
+        tools_done: Tool calls with an outcome so far.
+        output: Result: the run's final output.
+        status: Result or error: how the run ended.
+    """
+
+    type: MessageType
+    run_id: str
+    tenant: str
+    seq: int
+    part: int = 0
+    content: str = ""
+    boundary: Boundary | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    request_id: str | None = None
+    tool_name: str | None = None
+    args: Mapping[str, Any] | None = None
+    progress_percent: float | None = None
+    iteration: int = 0
+    tools_done: int = 0
+    output: Any = None
+    status: str | None = None
+    answers: Answers | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where the message stands in the run's stream: ``resume(..., after=position)``."""
+        return (self.seq, self.part)
+
+    is_text = _Is("text")
+    is_checkpoint = _Is("checkpoint")
+    is_hil_request = _Is("approval_request")
+    """The run waits on a person's answer to this message (`respond`)."""
+    is_result = _Is("result")
+
+    @property
+    def waits(self) -> bool:
+        """The run waited on an answer to this message when it was written."""
+        return self.request_id is not None
+
+    async def respond(self, value: Any = None, *, approve: bool = True, by: str = "app") -> None:
+        """Answer the approval request or collaborative checkpoint; the run goes on with
+        ``value`` (recorded in the log; a tool taking ``approval`` or the model gets it).
+        ``approve=False`` denies it: the run ends, cancelled.
+
+        Raises:
+            InvalidInputError: The message does not wait on an answer, or was answered already.
+        """
+        if self.request_id is None:
+            raise InvalidInputError(
+                f"run {self.run_id!r}: this {self.type} message (seq {self.seq}) waits on no "
+                "answer; only approval requests and collaborative checkpoints do",
+                run_id=self.run_id,
+            )
+        await self._answers().answer(self, value, approve=approve, by=by)
+
+    async def tag(self, label: str, *, by: str = "app") -> None:
+        """Tag the event this message came from (a `Tagged` event; tagged checkpoints survive
+        compaction)."""
+        await self._answers().tag(self, label, by=by)
+
+    def _answers(self) -> Answers:
+        if self.answers is None:
+            raise InvalidInputError(
+                f"run {self.run_id!r}: this message was not streamed by an application",
+                run_id=self.run_id,
+            )
+        return self.answers
+
+
+class MessageMapper:
+    """Turns one run's counted events, in order from its first, into its messages.
+
+    Args:
+        answers: Set on every message, for `RunMessage.respond` and `RunMessage.tag`.
+    """
+
+    def __init__(self, answers: Answers | None = None) -> None:
+        self._answers = answers
+        self._checkpoints: tuple[Boundary, ...] = BOUNDARIES
+        self._pause_at: tuple[Boundary, ...] = ()
+        self._max_iterations: int | None = None
+        self.iteration = 0
+        self.tools_done = 0
+
+    def messages(self, event: Event) -> list[RunMessage]:
+        """The messages of one more counted event."""
+        out: list[dict[str, Any]] = []
+        if isinstance(event, RunStarted):
+            self._started(event)
+        elif isinstance(event, ModelAnswered):
+            self.iteration += 1
+            said = _text(event.message.content)
+            if said:
+                out.append({"type": "text", "content": said})
+            if event.tool_calls:
+                out.extend(self._checkpoint("after_model_call"))
+        elif isinstance(event, ToolCompleted) or (
+            isinstance(event, ToolResolved) and event.outcome == "completed"
+        ):
+            self.tools_done += 1
+            out.append({"type": "progress", "progress_percent": self._percent()})
+        elif isinstance(event, TurnSettled):
+            out.extend(self._checkpoint("after_tool_result"))
+        elif isinstance(event, ApprovalRequested):
+            out.extend(self._asked(event))
+        elif isinstance(event, RunFinished):
+            out.append(_finished(event))
+        elif isinstance(event, RunContinued):
+            out.append(
+                {"type": "result", "status": "continued", "metadata": {"new_run": event.new_run_id}}
+            )
+        where: dict[str, Any] = {"run_id": event.run_id, "tenant": event.tenant, "seq": event.seq}
+        done: dict[str, Any] = {"iteration": self.iteration, "tools_done": self.tools_done}
+        return [
+            RunMessage(part=part, answers=self._answers, **where, **done, **fields)
+            for part, fields in enumerate(out)
+        ]
+
+    def _started(self, event: RunStarted) -> None:
+        _, self._pause_at, self._max_iterations = run_options(event.options)
+        named = event.options.get("checkpoints")
+        if isinstance(named, list):
+            self._checkpoints = tuple(b for b in BOUNDARIES if b in named)
+
+    def _percent(self) -> float | None:
+        if self._max_iterations is None:
+            return None
+        return round(min(100.0, 100.0 * self.iteration / self._max_iterations), 1)
+
+    def _checkpoint(self, boundary: Boundary) -> list[dict[str, Any]]:
+        """A checkpoint message, unless the policy skips it or a pause request will carry it."""
+        if boundary not in self._checkpoints or boundary in self._pause_at:
+            return []
+        return [
+            {"type": "checkpoint", "boundary": boundary, "metadata": {"iteration": self.iteration}}
+        ]
+
+    def _asked(self, event: ApprovalRequested) -> list[dict[str, Any]]:
+        paused = checkpoint_of(event.request_id)
+        if paused is not None:
+            boundary, after_seq = paused
+            metadata = {"iteration": self.iteration, "waiting": True, "after_seq": after_seq}
+            return [
+                {
+                    "type": "checkpoint",
+                    "boundary": boundary if boundary in BOUNDARIES else None,
+                    "metadata": metadata,
+                    "request_id": event.request_id,
+                    "content": event.prompt,
+                }
+            ]
+        details = event.details if isinstance(event.details, dict) else {}
+        tool_name = details.get("tool")
+        args = details.get("args")
+        asked = {
+            "type": "approval_request",
+            "request_id": event.request_id,
+            "content": event.prompt,
+            "tool_name": tool_name if isinstance(tool_name, str) else None,
+            "args": args if isinstance(args, dict) else None,
+            "metadata": {"tool_name": tool_name, "args": args},
+        }
+        return [*self._checkpoint("before_approval"), asked]
+
+
+def _finished(event: RunFinished) -> dict[str, Any]:
+    if event.status == "completed":
+        text = event.output if isinstance(event.output, str) else as_text(event.output)
+        return {
+            "type": "result",
+            "status": "completed",
+            "output": event.output,
+            "content": text,
+            "progress_percent": 100.0,
+        }
+    return {"type": "error", "status": event.status, "content": event.error or event.status}
+
+
+def _text(content: str | list[Any]) -> str:
+    """What a model's message says, its text parts joined."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in parts_of(content) if isinstance(part, TextPart))
+
+
+__all__ = ["Answers", "MessageMapper", "MessageType", "RunMessage"]

@@ -1,0 +1,139 @@
+"""`Options`: what an application asks of one run, and what of it the run's log records.
+
+The options that outlive the process are recorded in the run's `RunStarted` (`Options.recorded`),
+so every worker that later carries the run on reads them from the log (the fold keeps them on
+the frontier): the person the run is for, the execution mode, which boundaries are checkpoints,
+and the run's bound on model calls.
+
+Execution modes: ``autonomous`` runs go on by themselves and only stop for a tool that needs a
+person; ``collaborative`` runs also wait at every checkpoint their policy picks, until someone
+answers (`onward.runtime.messages.RunMessage.respond`). An answer at a checkpoint after a model
+call reaches that turn's tool calls (as their ``approval`` value); one after a settled turn
+reaches the model, as a user message before its next call.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from onward.errors import InvalidInputError
+from onward.projections.frontier import BOUNDARIES, Boundary, Frontier
+from onward.projections.transcript import checkpoint_of, checkpoint_request
+
+from .agent import Agent
+from .checkpoint import CheckpointPolicy
+
+
+class ExecutionMode(StrEnum):
+    """Whether a run waits for a person at its checkpoints."""
+
+    AUTONOMOUS = "autonomous"
+    COLLABORATIVE = "collaborative"
+
+
+class Options(BaseModel):
+    """What an application asks of one run (`onward.query`).
+
+    Attributes:
+        run_id: The run's id; a fresh one when not given. Use your own to find it again.
+        tenant: The tenant that owns the run.
+        user: The person the run is for: `ExecutionManager.list_pending(user=...)` finds it.
+        agent: The agent's name; may be left out when the application has exactly one.
+        checkpoints: Which boundaries are checkpoints (streamed as checkpoint messages; the
+            ones a collaborative run waits at).
+        max_iterations: Most model calls of this run; the agent's own bound when not given.
+        mode: ``autonomous`` or ``collaborative``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str | None = Field(default=None, min_length=1, max_length=200)
+    tenant: str = Field(default="default", min_length=1, max_length=200)
+    user: str | None = Field(default=None, min_length=1, max_length=200)
+    agent: str | None = Field(default=None, min_length=1)
+    checkpoints: CheckpointPolicy = CheckpointPolicy()
+    max_iterations: int | None = Field(default=None, ge=1, le=100_000)
+    mode: ExecutionMode = ExecutionMode.AUTONOMOUS
+
+    @classmethod
+    def of(cls, value: Options | Mapping[str, Any] | None) -> Options:
+        """Options from an instance, a mapping of its fields, or nothing (the defaults).
+
+        Raises:
+            InvalidInputError: A field has a value it cannot take (the field is named).
+        """
+        if isinstance(value, Options):
+            return value
+        try:
+            return cls.model_validate(dict(value or {}))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise InvalidInputError(f"invalid options: {problems}") from exc
+
+    def new_run_id(self) -> str:
+        """The run id: the one given, or a fresh one."""
+        return self.run_id or f"run-{uuid.uuid4().hex}"
+
+    def recorded(self) -> dict[str, Any]:
+        """What of these options the run's `RunStarted` records (read back by the fold)."""
+        recorded: dict[str, Any] = {
+            "mode": self.mode.value,
+            "checkpoints": [b for b in BOUNDARIES if getattr(self.checkpoints, b)],
+        }
+        if self.user is not None:
+            recorded["user"] = self.user
+        if self.max_iterations is not None:
+            recorded["max_iterations"] = self.max_iterations
+        return recorded
+
+
+def recorded_options(options: Mapping[str, Any] | None, agent: Agent) -> dict[str, Any]:
+    """A run's options as its `RunStarted` records them: given ones name the bound on model
+    calls in force (the agent's, unless they set one), so a reader of the log knows it."""
+    if not options:
+        return {}
+    return {"max_iterations": agent.max_iterations, **options}
+
+
+def approval_value(frontier: Frontier, call_id: str) -> Any:
+    """The value a call of the turn in progress was approved with: its own approval's, else
+    that of the turn's checkpoint after its model call (a collaborative pause); ``None``."""
+    for grant in reversed(frontier.grants):
+        if grant.request_id == call_id:
+            return grant.value
+    for grant in reversed(frontier.grants):
+        paused = checkpoint_of(grant.request_id)
+        if paused is not None and paused[0] == "after_model_call":
+            return grant.value
+    return None
+
+
+def pause_request(frontier: Frontier, boundary: Boundary) -> dict[str, Any] | None:
+    """The `ApprovalRequested` fields a collaborative run waits on right after ``boundary``,
+    or ``None`` when it goes on.
+
+    It waits when it pauses at that boundary and its last boundary is that one: once answered,
+    its last boundary is the request (``before_approval``), so it waits once per checkpoint,
+    also when a crash came between the boundary and the request. After a model call, only
+    until the turn's first dispatch.
+    """
+    if boundary not in frontier.pause_at or frontier.last_boundary != boundary:
+        return None
+    if any(call.dispatched_seq is not None for call in frontier.calls):
+        return None
+    seq = frontier.resume_seq
+    return {
+        "request_id": checkpoint_request(boundary, seq),
+        "prompt": f"checkpoint {boundary} at seq {seq}: go on?",
+        "details": {"checkpoint": boundary, "seq": seq},
+    }
+
+
+__all__ = ["ExecutionMode", "Options", "approval_value", "pause_request", "recorded_options"]

@@ -1,0 +1,127 @@
+"""`RunStream`: one run's messages, read from the log in order, whoever drives the run.
+
+The stream reads the run's events from the log (from the offset its opener gives it), counts
+them with the sequence guard, and maps them to messages (`MessageMapper`). Nothing about it
+keeps the run going: a stream that is not read only falls behind, and reading it later (or
+opening another one after a position) gives every message once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from onward.eventlog.base import SequenceGuard
+from onward.eventlog.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
+    Event,
+    RunContinued,
+    RunFinished,
+)
+
+from .messages import MessageMapper, RunMessage
+
+if TYPE_CHECKING:
+    from .app import App
+
+Position = tuple[int, int]
+"""A message's place in its run's stream: the seq of its event, and its part of that event."""
+
+
+class RunStream:
+    """The messages of one run, read from the log in order (an async iterator).
+
+    It keeps its place: stop reading, come back later, and it goes on from the message after
+    the last one it gave (``position``), the run having gone on meanwhile.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        run_id: str,
+        tenant: str,
+        begin: Callable[[RunStream], Awaitable[None]],
+        *,
+        after: Position = (0, -1),
+        follow_waits: bool = True,
+    ) -> None:
+        self.app = app
+        self.run_id = run_id
+        self.tenant = tenant
+        self.position: Position | None = None
+        self.next_offset: int | None = None
+        self.nudged = time.monotonic()
+        self._after = after
+        self._begin: Callable[[RunStream], Awaitable[None]] | None = begin
+        self._follow_waits = follow_waits
+        self._guard = SequenceGuard()
+        self._mapper = MessageMapper(app)
+        self._buffer: collections.deque[RunMessage] = collections.deque()
+        self._ended = False
+        self._waiting_on: str | None = None
+        self.answered: set[str] = set()
+        """Requests this stream's opener answered (maybe not in the log yet): not waits."""
+
+    @property
+    def waiting_on(self) -> str | None:
+        """The request the run waited on as of the last event read, if any."""
+        return self._waiting_on
+
+    def __aiter__(self) -> RunStream:
+        return self
+
+    async def __anext__(self) -> RunMessage:
+        if self._begin is not None:
+            begin, self._begin = self._begin, None
+            await begin(self)
+        quiet = 0
+        while not self._buffer:
+            if self._ended:
+                raise StopAsyncIteration
+            if await self._read():
+                quiet = 0
+                continue
+            if self._waiting_on not in (None, *self.answered) and not self._follow_waits:
+                raise StopAsyncIteration
+            await self.app.quiet(self)
+            await asyncio.sleep(self.app.poll_s * min(10, 2**quiet))
+            quiet += 1
+        message = self._buffer.popleft()
+        self.position = self._after = message.position
+        return message
+
+    async def _read(self) -> bool:
+        """Read what the log has of the run past ``next_offset``; whether anything was new."""
+        stored = await self.app.backends.log.read_run(self.run_id, start=self.next_offset)
+        if not stored:
+            return False
+        self.next_offset = stored[-1].position.offset + 1
+        for item in stored:
+            if self._ended or not self._guard.admit(item):
+                continue
+            event = await self.app.restore(item.event)
+            self.tenant = event.tenant
+            self._track(event)
+            self._buffer.extend(m for m in self._mapper.messages(event) if m.position > self._after)
+        return True
+
+    def _track(self, event: Event) -> None:
+        if isinstance(event, ApprovalRequested):
+            self._waiting_on = event.request_id
+        elif isinstance(event, ApprovalGranted | ApprovalDenied):
+            self._waiting_on = None
+        elif isinstance(event, RunFinished | RunContinued):
+            self._waiting_on = None
+            self._ended = True
+
+    async def collect(self) -> list[RunMessage]:
+        """Every message until the stream ends."""
+        return [message async for message in self]
+
+
+__all__ = ["Position", "RunStream"]

@@ -1,0 +1,317 @@
+"""The application API in process: query, respond, tag, resume, who is waiting, the lifespan.
+
+Runs go through `onward.open` on the embedded SQLite file and on the memory backend; the
+"hours later" story runs the application as two separate processes, the first ended while its
+run waits on a person.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from support.appapi import agents, app_process, provider, until, until_completed
+from support.processes import TESTS
+
+import onward
+from onward.errors import ConfigurationError, InvalidInputError, NothingToResumeError
+from onward.eventlog import Tagged
+from onward.runtime.ledger import Ledger
+from onward.runtime.messages import RunMessage
+from onward.runtime.providers import ModelReply, ScriptedProvider
+from onward.runtime.runner import AgentRunner
+from onward.runtime.settings import Settings
+
+COLLABORATIVE = {"agent": "stepper", "mode": "collaborative"}
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    return Settings(backend=request.param, sqlite_path=tmp_path / "onward.db")
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    return Ledger(tmp_path / "ledger.jsonl")
+
+
+@pytest_asyncio.fixture
+async def app(settings: Settings, ledger: Ledger) -> AsyncIterator[onward.App]:
+    async with onward.open(settings, agents=agents, provider=provider()) as opened:
+        yield opened
+
+
+def kinds(messages: list[RunMessage]) -> list[str]:
+    return [m.type for m in messages]
+
+
+async def test_query_streams_the_run_as_it_goes(app: onward.App, ledger: Ledger) -> None:
+    messages = await app.query("work", {"agent": "stepper", "user": "ann"}).collect()
+    per_step = ["text", "checkpoint", "progress", "checkpoint"]
+    assert kinds(messages) == per_step * 3 + ["text", "result"]
+    assert [m.position for m in messages] == sorted({m.position for m in messages})
+    assert [m.boundary for m in messages[:4]] == [
+        None,
+        "after_model_call",
+        None,
+        "after_tool_result",
+    ]
+    progress = [m for m in messages if m.type == "progress"]
+    assert [(m.tools_done, m.progress_percent) for m in progress] == [(1, 4.0), (2, 8.0), (3, 12.0)]
+    result = messages[-1]
+    assert result.is_result
+    assert result.status == "completed"
+    assert result.output == result.content == "notes: "
+    assert not any(m.waits for m in messages)
+    assert ledger.count("step") == 3
+    state = await app.get_session_state(result.run_id)
+    assert state is not None
+    assert (state.status, state.user, state.get("iteration")) == ("completed", "ann", 4)
+
+
+async def test_an_approval_is_answered_from_its_message_with_a_value(
+    app: onward.App, ledger: Ledger
+) -> None:
+    seen: list[RunMessage] = []
+    async for message in app.query("pay 5", {"agent": "payer", "run_id": "pay-1", "user": "ann"}):
+        seen.append(message)
+        if message.is_hil_request:
+            assert (message.tool_name, message.args) == ("pay", {"amount": 5})
+            waiting = await app.manager.list_pending(user="ann")
+            assert [(p.summary.run_id, p.attention) for p in waiting] == [
+                ("pay-1", "waiting_on_approval")
+            ]
+            assert await app.manager.list_pending(user="bob") == []
+            await message.respond({"authorized": True}, by="ann")
+    assert kinds(seen)[-3:] == ["checkpoint", "text", "result"]
+    assert [e["approval"] for e in ledger.entries()] == [{"authorized": True}]
+    assert seen[-1].output == "paid"
+
+
+async def test_a_collaborative_run_waits_at_each_checkpoint_until_answered(
+    app: onward.App, ledger: Ledger
+) -> None:
+    pauses: list[RunMessage] = []
+    async for message in app.query("work", COLLABORATIVE):
+        if message.is_checkpoint:
+            assert message.waits
+            state = await app.get_session_state(message.run_id)
+            assert state is not None
+            assert (state.status, state.waiting_on) == ("waiting", message.request_id)
+            assert ledger.count("step") == (len(pauses) + 1) // 2
+            pauses.append(message)
+            await message.respond(f"note {len(pauses)}")
+        last = message
+    assert [p.boundary for p in pauses] == ["after_model_call", "after_tool_result"] * 3
+    # What was said after each settled turn reached the model, in order.
+    assert last.output == "notes: note 2 | note 4 | note 6"
+
+
+async def test_a_denied_checkpoint_ends_the_run(app: onward.App) -> None:
+    async for message in app.query("work", COLLABORATIVE):
+        if message.waits:
+            await message.respond(approve=False, by="ann")
+        last = message
+    assert (last.type, last.status) == ("error", "cancelled")
+
+
+async def test_a_tag_from_a_checkpoint_is_a_tagged_event_on_its_seq(app: onward.App) -> None:
+    tagged: list[int] = []
+    async for message in app.query("work", COLLABORATIVE):
+        if message.waits:
+            if not tagged:
+                await message.tag("milestone")
+                tagged.append(message.seq)
+            await message.respond()
+        last = message
+    events = [s.event for s in await app.backends.log.read_run(last.run_id)]
+    tags = [(e.target_seq, e.label) for e in events if isinstance(e, Tagged)]
+    assert tags == [(tagged[0], "milestone")]
+
+
+async def test_a_tag_on_a_run_that_is_going_waits_for_its_lease(app: onward.App) -> None:
+    stream = app.query("work", {"agent": "stepper"})
+    async for message in stream:
+        if message.is_checkpoint and message.boundary == "after_tool_result":
+            await message.tag("first turn")
+            target = message.seq
+            break
+    assert [m.type for m in await stream.collect()][-1] == "result"
+
+    async def tags() -> list[tuple[int, str]]:
+        events = [s.event for s in await app.backends.log.read_run(stream.run_id)]
+        return [(e.target_seq, e.label) for e in events if isinstance(e, Tagged)]
+
+    await until(tags, "the tag")
+    assert await tags() == [(target, "first turn")]
+
+
+async def test_a_reader_that_stops_misses_nothing_and_sees_nothing_twice(
+    app: onward.App,
+) -> None:
+    stream = app.query("work", {"agent": "stepper"})
+    first = [await stream.__anext__() for _ in range(3)]
+
+    await until_completed(app, stream.run_id)  # the run goes on while nobody reads
+    rest = await stream.collect()
+    everything = await app.resume(stream.run_id).collect()
+    assert [m.position for m in first + rest] == [m.position for m in everything]
+    assert first + rest == everything
+    after_first = await app.resume(stream.run_id, after=first[-1].position).collect()
+    assert after_first == rest
+    after_seq = await app.resume(stream.run_id, after=first[0].seq).collect()
+    assert after_seq == [m for m in everything if m.seq > first[0].seq]
+
+
+async def test_resume_carries_on_a_run_whose_process_died(app: onward.App) -> None:
+    class ModelDownError(RuntimeError):
+        pass
+
+    def down(_messages: object) -> ModelReply:
+        raise ModelDownError("the model is down")
+
+    stepper = agents["stepper"]
+    dead = AgentRunner(
+        provider=ScriptedProvider(down),
+        log=app.backends.log,
+        frontiers=app.backends.frontiers,
+        leases=app.backends.leases,
+        checkpoint_inline=True,
+    )
+    with pytest.raises(ModelDownError):
+        await dead.run(stepper, "work", tenant="acme", run_id="left", options={"user": "ann"})
+    state = await app.get_session_state("left")
+    assert state is not None
+    assert state.status == "interrupted"
+    messages = await app.resume("left").collect()
+    assert messages[-1].is_result
+    assert messages[-1].tenant == "acme"
+
+
+async def test_bad_requests_are_refused_with_what_was_wrong(app: onward.App) -> None:
+    with pytest.raises(InvalidInputError, match="max_iterations"):
+        app.query("x", {"agent": "stepper", "max_iterations": 0})
+    with pytest.raises(InvalidInputError, match="no agent 'nobody'"):
+        app.query("x", {"agent": "nobody"})
+    with pytest.raises(InvalidInputError, match="name the agent"):
+        app.query("x")
+    with pytest.raises(NothingToResumeError):
+        await app.resume("never-started").__anext__()
+    assert await app.get_session_state("never-started") is None
+    done = await app.query("work", {"agent": "stepper", "run_id": "done"}).collect()
+    with pytest.raises(InvalidInputError, match="already exists"):
+        await app.query("again", {"agent": "stepper", "run_id": "done"}).__anext__()
+    with pytest.raises(InvalidInputError, match="not waiting on an answer"):
+        await app.resume("done", {"go": True}).__anext__()
+    with pytest.raises(InvalidInputError, match="waits on no answer"):
+        await done[0].respond("hello")
+
+
+async def test_the_module_functions_use_the_app_opened_last(
+    settings: Settings, ledger: Ledger
+) -> None:
+    with pytest.raises(ConfigurationError, match="no Onward app is open"):
+        onward.query("work", {"agent": "stepper"})
+    async with onward.open(settings, agents=agents, provider=provider()):
+        messages = await onward.query("work", {"agent": "stepper", "run_id": "m"}).collect()
+        state = await onward.get_session_state("m")
+        assert state is not None
+        assert state.status == "completed"
+        assert await onward.resume("m").collect() == messages
+    with pytest.raises(ConfigurationError):
+        onward.resume("m")
+
+
+def test_an_app_that_cannot_work_is_refused_at_once(tmp_path: Path) -> None:
+    sqlite = Settings(backend="sqlite", sqlite_path=tmp_path / "x.db")
+    with pytest.raises(ConfigurationError, match="agents= and provider="):
+        onward.App(sqlite)
+    with pytest.raises(ConfigurationError, match="needs ONWARD_BACKEND=kafka"):
+        onward.App(Settings(backend="sqlite", app_mode="fleet"))
+
+
+def test_scripts_query_and_resume_synchronously(tmp_path: Path, ledger: Ledger) -> None:
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    model = provider()
+    asked = onward.query_sync(
+        "pay 5", {"agent": "payer", "run_id": "s"}, settings=settings, agents=agents, provider=model
+    )
+    assert asked is not None
+    assert asked.is_hil_request
+    done = onward.resume_sync(
+        "s", {"authorized": "script"}, settings=settings, agents=agents, provider=model
+    )
+    assert done is not None
+    assert (done.type, done.output) == ("result", "paid")
+    assert [e["approval"] for e in ledger.entries()] == [{"authorized": "script"}]
+
+
+def sqlite_app(db: Path, ledger: Path, *argv: str) -> list[dict[str, object]]:
+    """The application as a process of its own, in process on ``db``; what it printed."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(db),
+        "ONWARD_APP_MODE": "in_process",
+        "APP_LEDGER": str(ledger),
+    }
+    return app_process(env, *argv)
+
+
+def test_an_approval_answered_hours_later_continues_the_run_with_the_value(
+    tmp_path: Path,
+) -> None:
+    db, ledger = tmp_path / "onward.db", tmp_path / "ledger.jsonl"
+    before = sqlite_app(db, ledger, "query", "payer", "later-1")
+    assert [m["type"] for m in before][-1] == "approval_request"
+    assert not ledger.exists()  # nothing paid while the application was gone
+
+    seen = [str(before[-1]["seq"]), str(before[-1]["part"])]
+    value = json.dumps({"authorized": "hours later"})
+    after = sqlite_app(db, ledger, "resume", "later-1", value, *seen)
+    assert [m["type"] for m in after] == ["progress", "checkpoint", "text", "result"]
+    assert sqlite_app(db, ledger, "resume", "later-1") == before + after
+    assert after[-1]["output"] == "paid"
+    effects = Ledger(ledger).entries()
+    assert [(e["tool"], e["approval"]) for e in effects] == [("pay", {"authorized": "hours later"})]
+
+    replay = subprocess.run(
+        [sys.executable, "-m", "onward", "replay", "later-1", "--tenant", "default", "--json"],
+        env={**os.environ, "ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    granted = [
+        json.loads(line) for line in replay.stdout.splitlines() if "approval.granted" in line
+    ]
+    assert len(granted) == 1
+    assert _value_of(granted[0]) == {"authorized": "hours later"}
+
+
+def _value_of(line: dict[str, object]) -> object:
+    """The answer's value in a replay line (the event's own fields)."""
+    event = line.get("event", line)
+    assert isinstance(event, dict)
+    return event["value"]
+
+
+def test_options_record_what_outlives_the_process() -> None:
+    recorded = onward.Options(
+        user="ann", max_iterations=3, mode=onward.ExecutionMode.COLLABORATIVE
+    ).recorded()
+    assert recorded == {
+        "mode": "collaborative",
+        "checkpoints": ["after_model_call", "after_tool_result", "before_approval"],
+        "user": "ann",
+        "max_iterations": 3,
+    }

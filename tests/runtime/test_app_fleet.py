@@ -1,0 +1,164 @@
+"""The application API against a fleet: the app submits requests on the requests topic and
+follows its runs in the log, while ``onward worker`` processes (and a projector) do the work.
+
+Real processes on Kafka, PostgreSQL and Redis. The "hours later" story ends every process (the
+application, the worker, the projector) while the run waits on a person, and answers it from
+new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from support.appapi import app_process, until, until_completed
+from support.deployment import kafka_settings, process_env, worker_argv
+from support.kafka import delete_topic
+from support.processes import spawn_onward
+from support.servers import KafkaServers
+
+import onward
+from onward.eventlog import ApprovalGranted, Tagged
+from onward.runtime.ledger import Ledger
+from onward.runtime.messages import RunMessage
+from onward.runtime.settings import Settings
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+PARTITIONS = 3
+
+
+@dataclass
+class Fleet:
+    """The environment every process of the fleet shares, and the processes running now."""
+
+    env: dict[str, str]
+    settings: Settings
+    tmp: Path
+    children: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.env["APP_LEDGER"])
+
+    async def start(self) -> None:
+        """A projector and one worker, the worker ready once it owns every partition."""
+        generation = len(self.children) // 2
+        await self._spawn(f"projector{generation}", "projector", "--session-timeout-ms", "6000")
+        worker = f"worker{generation}"
+        await self._spawn(
+            worker, *worker_argv("support.appapi", self.settings.requests_topic, worker)
+        )
+        await until(lambda: self._owns_everything(worker), f"{worker} owning its partitions")
+
+    async def _owns_everything(self, worker: str) -> bool:
+        return f"partitions assigned: {list(range(PARTITIONS))}" in self.output(worker)
+
+    async def _spawn(self, name: str, *argv: str) -> None:
+        self.children[name] = await spawn_onward(self.tmp / f"{name}.log", self.env, *argv)
+
+    def output(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    async def stop(self) -> None:
+        """SIGTERM every process still running, then wait for all: a worker drains and exits
+        0 (a projector says nothing when it is ready, so one still starting may die of the
+        signal)."""
+        running = {n: c for n, c in self.children.items() if c.returncode is None}
+        for child in running.values():
+            child.send_signal(signal.SIGTERM)
+        codes = {n: await asyncio.wait_for(c.wait(), 60) for n, c in running.items()}
+        for name, code in codes.items():
+            allowed = {0} if name.startswith("worker") else {0, -signal.SIGTERM}
+            assert code in allowed, self.output(name)
+
+    def app(self, *argv: str) -> list[dict[str, object]]:
+        """The application as a process of its own (`support.appapi`); what it printed."""
+        return app_process(self.env, *argv)
+
+
+@pytest_asyncio.fixture
+async def fleet(kafka_servers: KafkaServers, tmp_path: Path) -> AsyncIterator[Fleet]:
+    requests_topic = f"{kafka_servers.topic}.requests"
+    env = process_env(
+        kafka_servers,
+        PARTITIONS,
+        ONWARD_APP_MODE="fleet",
+        ONWARD_REQUESTS_TOPIC=requests_topic,
+        APP_LEDGER=str(tmp_path / "ledger.jsonl"),
+    )
+    settings = kafka_settings(
+        kafka_servers, PARTITIONS, app_mode="fleet", requests_topic=requests_topic
+    )
+    kafka_bootstrap = kafka_servers.bootstrap
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic, created once, before any process opens it
+    world = Fleet(env, settings, tmp_path)
+    try:
+        await world.start()
+        yield world
+    finally:
+        await world.stop()
+        await delete_topic(kafka_bootstrap, settings.requests_topic)
+
+
+async def test_an_approval_answered_hours_later_continues_the_run_with_the_value(
+    fleet: Fleet,
+) -> None:
+    before = fleet.app("query", "payer", "later-1")
+    assert [m["type"] for m in before][-1] == "approval_request"
+    await fleet.stop()  # hours pass: no application, no worker, no projector
+    assert not fleet.ledger.path.exists()
+
+    await fleet.start()
+    seen = [str(before[-1]["seq"]), str(before[-1]["part"])]
+    after = fleet.app("resume", "later-1", json.dumps({"authorized": "hours later"}), *seen)
+    assert [m["type"] for m in after] == ["progress", "checkpoint", "text", "result"]
+    assert after[-1]["output"] == "paid"
+    effects = [(e["tool"], e["approval"]) for e in fleet.ledger.entries()]
+    assert effects == [("pay", {"authorized": "hours later"})]
+    assert fleet.app("resume", "later-1") == before + after
+    async with onward.open(fleet.settings) as app:
+        events = [s.event for s in await app.backends.log.read_run("later-1")]
+    granted = [e.value for e in events if isinstance(e, ApprovalGranted)]
+    assert granted == [{"authorized": "hours later"}]
+
+
+async def test_a_collaborative_run_pauses_at_each_checkpoint_and_a_tag_is_recorded(
+    fleet: Fleet,
+) -> None:
+    pauses: list[RunMessage] = []
+    async with onward.open(fleet.settings) as app:
+        async for message in app.query("work", {"agent": "stepper", "mode": "collaborative"}):
+            if message.waits:
+                state = await app.get_session_state(message.run_id)
+                assert state is not None
+                assert (state.status, state.waiting_on) == ("waiting", message.request_id)
+                assert fleet.ledger.count("step") == (len(pauses) + 1) // 2
+                if not pauses:
+                    await message.tag("milestone")
+                pauses.append(message)
+                await message.respond(f"note {len(pauses)}")
+            last = message
+        events = [s.event for s in await app.backends.log.read_run(last.run_id)]
+    assert [p.boundary for p in pauses] == ["after_model_call", "after_tool_result"] * 3
+    assert last.output == "notes: note 2 | note 4 | note 6"
+    tags = [(e.target_seq, e.label) for e in events if isinstance(e, Tagged)]
+    assert tags == [(pauses[0].seq, "milestone")]
+
+
+async def test_a_reader_that_stops_mid_run_later_sees_every_message_once(fleet: Fleet) -> None:
+    async with onward.open(fleet.settings) as app:
+        stream = app.query("work", {"agent": "stepper", "user": "ann"})
+        first = [await stream.__anext__() for _ in range(3)]
+        await until_completed(app, stream.run_id)  # the run goes on while nobody reads
+        rest = await stream.collect()
+        again = await app.resume(stream.run_id).collect()
+    assert first + rest == again
+    assert [m.type for m in again][-1] == "result"
+    assert len({m.position for m in again}) == len(again)

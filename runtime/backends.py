@@ -26,6 +26,7 @@ from onward.eventlog.base import EventLog
 from onward.eventlog.kafka import KafkaEventLog
 from onward.eventlog.sqlite import SqliteEventLog
 from onward.projections.base import FrontierStore
+from onward.projections.compaction import CompactionStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 
@@ -70,6 +71,7 @@ class Backends:
         worker: str | None = None,
         observer: RunObserver | None = None,
         lease_policy: LeasePolicy | None = None,
+        compaction: CompactionStore | None = None,
     ) -> AgentRunner:
         """An `AgentRunner` on these stores, checkpointing inline when embedded.
 
@@ -79,6 +81,8 @@ class Backends:
                 this host and process.
             observer: Sees each append and each tool return (a fleet worker's boundaries).
             lease_policy: The runs' lease ttl and renewal margin; the default policy if None.
+            compaction: The truncation points `tag` checks against; the SQLite file's own
+                when embedded.
         """
         return AgentRunner(
             provider=provider,
@@ -90,6 +94,7 @@ class Backends:
             worker=worker,
             observer=observer,
             lease_policy=lease_policy,
+            compaction=compaction,
         )
 
 

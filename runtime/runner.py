@@ -50,6 +50,7 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.projections.base import FrontierStore
+from onward.projections.compaction import CompactionStore, embedded_compaction, refuse_compacted
 from onward.projections.frontier import CallState, Frontier
 
 from .agent import Agent
@@ -138,6 +139,9 @@ class AgentRunner(Resource):
         lease_policy: The lease's ttl and renewal margin.
         continuation: When to carry a long run into a new run (`ContinuationPolicy`); `run`
             and `resume` then go on with the new run and return its result.
+        compaction: Where compaction keeps the runs' truncation points, so `tag` refuses an
+            event compaction removed. An embedded SQLite log brings its own; without one a
+            tag is not checked against them.
 
     Raises:
         ConfigurationError: No lease store for a log that has none of its own, no frontier
@@ -160,6 +164,7 @@ class AgentRunner(Resource):
         observer: RunObserver | None = None,
         lease_policy: LeasePolicy | None = None,
         continuation: ContinuationPolicy | None = None,
+        compaction: CompactionStore | None = None,
     ) -> None:
         if checkpoint_inline and frontiers is None:
             raise ConfigurationError("checkpoint_inline needs a frontier store")
@@ -178,6 +183,7 @@ class AgentRunner(Resource):
         self.worker = worker or _default_worker()
         self.lease_policy = lease_policy or LeasePolicy()
         self.continuation = continuation
+        self.compaction = compaction or embedded_compaction(log)
         self.resumer = Resumer(log, leases, frontiers, policy=self.lease_policy)
         checkpointer = (
             Checkpointer(frontiers, log, policy=checkpoints)
@@ -391,7 +397,8 @@ class AgentRunner(Resource):
             The seq that was tagged.
 
         Raises:
-            InvalidInputError: An empty label, a seq the run does not have, or no boundary yet.
+            InvalidInputError: An empty label, a seq the run does not have, no boundary yet,
+                or a seq below the run's truncation point that compaction did not retain.
         """
         if not label.strip():
             raise InvalidInputError("a tag needs a non-empty label", run_id=run_id)
@@ -405,6 +412,8 @@ class AgentRunner(Resource):
                     else f"run {run_id!r} has reached no boundary yet; name the seq to tag",
                     run_id=run_id,
                 )
+            if self.compaction is not None:
+                await refuse_compacted(self.compaction, run_id, target)
             await self.writer.append(
                 run, [self.writer.event(run, Tagged, target_seq=target, label=label)]
             )

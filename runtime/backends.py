@@ -30,6 +30,7 @@ from onward.eventlog.kafka import KafkaEventLog
 from onward.eventlog.memory import MemoryEventLog
 from onward.eventlog.sqlite import SqliteEventLog
 from onward.projections.base import FrontierStore
+from onward.projections.compaction import CompactionStore
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
@@ -77,6 +78,7 @@ class Backends:
         worker: str | None = None,
         observer: RunObserver | None = None,
         lease_policy: LeasePolicy | None = None,
+        compaction: CompactionStore | None = None,
     ) -> AgentRunner:
         """An `AgentRunner` on these stores, checkpointing inline when embedded.
 
@@ -86,6 +88,8 @@ class Backends:
                 this host and process.
             observer: Sees each append and each tool return (a fleet worker's boundaries).
             lease_policy: The runs' lease ttl and renewal margin; the default policy if None.
+            compaction: The truncation points `tag` checks against; the SQLite file's own
+                when embedded.
         """
         return AgentRunner(
             provider=provider,
@@ -97,6 +101,7 @@ class Backends:
             worker=worker,
             observer=observer,
             lease_policy=lease_policy,
+            compaction=compaction,
         )
 
 

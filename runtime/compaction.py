@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from onward._storage import Resource, SqliteStore
+from onward._storage import Resource
 from onward.errors import InvalidInputError, LogTruncatedError, OnwardError
 from onward.eventlog.archive import ArchiveSink
 from onward.eventlog.base import EventLog, StoredEvent, UnreadableRecord
@@ -37,7 +37,7 @@ from onward.projections.compaction import (
     LogCut,
     PostgresCompactionStore,
     RetainedEvent,
-    SqliteCompactionStore,
+    embedded_compaction,
 )
 from onward.projections.compaction.plan import PartitionScan, Retain, plan_partition
 
@@ -345,8 +345,9 @@ def compaction_store(backends: Backends) -> CompactionStore:
     """The compaction store of a deployment's stores (unopened): in the SQLite file, on the
     log's own connection, or in PostgreSQL beside the frontier rows."""
     settings = backends.settings
-    if isinstance(backends.log, SqliteStore):
-        return SqliteCompactionStore(settings.sqlite_path, sharing=backends.log)
+    embedded = embedded_compaction(backends.log)
+    if embedded is not None:
+        return embedded
     return PostgresCompactionStore(
         settings.require_database_url(),
         schema=settings.database_schema,

@@ -24,7 +24,6 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -50,6 +49,7 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.projections.base import FrontierStore
+from onward.projections.compaction import CompactionStore, embedded_compaction, refuse_compacted
 from onward.projections.frontier import Boundary, CallState, Frontier
 
 from .agent import Agent
@@ -64,50 +64,10 @@ from .options import approval_value, pause_request, recorded_options
 from .planning import ResumePlan, plan_resume, refuse_if_undecidable
 from .providers import Provider
 from .redaction import Redactor
+from .result import RunResult
 from .resumer import Resumer
 from .tools import ToolArgumentsError, idempotency_key, tool_error
 from .writer import HeldRun, RunObserver, RunWriter
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """Where a run stands after `run` or `resume` returns.
-
-    Attributes:
-        status: ``completed``, ``failed``, ``cancelled``, ``waiting`` (on a person), or
-            ``continued``.
-        plan: What resume decided, when this came from a resume that carried on.
-        continued_to: The run this one was carried into (status ``continued``). `run` and
-            `resume` carry on with it, so they only return such a result when that run
-            cannot be carried on by this worker now.
-    """
-
-    run_id: str
-    tenant: str
-    status: str
-    output: Any = None
-    error: str | None = None
-    iteration: int = 0
-    fence: int = 0
-    waiting_on: str | None = None
-    plan: ResumePlan | None = None
-    reconciled: tuple[str, ...] = ()
-    continued_to: str | None = None
-
-    @classmethod
-    def of(cls, frontier: Frontier) -> RunResult:
-        """The result a frontier describes."""
-        return cls(
-            run_id=frontier.run_id,
-            tenant=frontier.tenant,
-            status=frontier.status,
-            output=frontier.output,
-            error=frontier.error,
-            iteration=frontier.iteration,
-            fence=frontier.fence,
-            waiting_on=frontier.waiting_on,
-            continued_to=frontier.continued_to,
-        )
 
 
 def _default_worker() -> str:
@@ -139,6 +99,9 @@ class AgentRunner(Resource):
         lease_policy: The lease's ttl and renewal margin.
         continuation: When to carry a long run into a new run (`ContinuationPolicy`); `run`
             and `resume` then go on with the new run and return its result.
+        compaction: Where compaction keeps the runs' truncation points, so `tag` refuses an
+            event compaction removed. An embedded SQLite log brings its own; without one a
+            tag is not checked against them.
 
     Raises:
         ConfigurationError: No lease store for a log that has none of its own, no frontier
@@ -161,6 +124,7 @@ class AgentRunner(Resource):
         observer: RunObserver | None = None,
         lease_policy: LeasePolicy | None = None,
         continuation: ContinuationPolicy | None = None,
+        compaction: CompactionStore | None = None,
     ) -> None:
         if checkpoint_inline and frontiers is None:
             raise ConfigurationError("checkpoint_inline needs a frontier store")
@@ -179,6 +143,7 @@ class AgentRunner(Resource):
         self.worker = worker or _default_worker()
         self.lease_policy = lease_policy or LeasePolicy()
         self.continuation = continuation
+        self.compaction = compaction or embedded_compaction(log)
         self.resumer = Resumer(log, leases, frontiers, policy=self.lease_policy)
         checkpointer = (
             Checkpointer(frontiers, log, policy=checkpoints)
@@ -408,7 +373,8 @@ class AgentRunner(Resource):
             The seq that was tagged.
 
         Raises:
-            InvalidInputError: An empty label, a seq the run does not have, or no boundary yet.
+            InvalidInputError: An empty label, a seq the run does not have, no boundary yet,
+                or a seq below the run's truncation point that compaction did not retain.
         """
         if not label.strip():
             raise InvalidInputError("a tag needs a non-empty label", run_id=run_id)
@@ -422,6 +388,8 @@ class AgentRunner(Resource):
                     else f"run {run_id!r} has reached no boundary yet; name the seq to tag",
                     run_id=run_id,
                 )
+            if self.compaction is not None:
+                await refuse_compacted(self.compaction, run_id, target)
             await self.writer.append(
                 run, [self.writer.event(run, Tagged, target_seq=target, label=label)]
             )

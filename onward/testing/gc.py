@@ -1,9 +1,9 @@
 """`RecordSweeperConformance`: the behaviour every `RecordSweeper` backend must show.
 
 Subclass it once per backend and implement :meth:`RecordSweeperConformance.open_stores`, which
-returns a frontier store, a lease store and the sweeper, open on one fresh, migrated database.
-Rows are written through the stores' own protocols, and what the sweeper removed is observed
-through them too: a lease row that is gone hands out fence 1 again.
+returns a frontier store, a lease store, a compaction store and the sweeper, open on one fresh,
+migrated database. Rows are written through the stores' own protocols, and what the sweeper
+removed is observed through them too: a lease row that is gone hands out fence 1 again.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from typing import Self
 import msgspec
 import pytest_asyncio
 
+from onward.eventlog import codec
 from onward.projections.base import FrontierStore, Snapshot
+from onward.projections.compaction import CompactionStore, RetainedEvent, RunTruncation
 from onward.runtime.gc.base import KINDS, RECORD_KINDS, RecordSweeper, SweepPlan
 from onward.runtime.leases.base import LeaseStore
 
-from .eventlog import new_run_id
+from .eventlog import new_run_id, step_events
 from .frontiers import call_row, frontier, said
 
 TENANT = "acme"
@@ -32,10 +34,11 @@ NEW = 3_000_000
 
 @dataclass
 class Stores:
-    """One database seen as a frontier store, a lease store and a sweeper."""
+    """One database seen as a frontier store, a lease store, a compaction store and a sweeper."""
 
     frontiers: FrontierStore
     leases: LeaseStore
+    compaction: CompactionStore
     sweeper: RecordSweeper
 
     async def seed(
@@ -46,7 +49,8 @@ class Stores:
         continued_to: str | None = None,
         held: bool = False,
     ) -> str:
-        """A run with a frontier row, two transcript rows, two call rows and a lease row."""
+        """A run with a frontier row, two transcript rows, two call rows, a lease row, and as
+        compaction leaves it a truncation point and two retained (tagged) events."""
         run_id = new_run_id()
         row = msgspec.structs.replace(
             frontier(run_id, through=5, status=status),
@@ -57,23 +61,42 @@ class Stores:
         calls = [call_row(run_id, c, through=5, outcome="completed") for c in ("c1", "c2")]
         messages = [said(run_id, 1, "go"), said(run_id, 3, "done")]
         await self.frontiers.write("seed", {}, [Snapshot.of(row)], calls, messages=messages)
+        point = RunTruncation(
+            tenant=TENANT, run_id=run_id, partition=0, before_seq=4, before_offset=3, at=1
+        )
+        tagged = [
+            RetainedEvent(
+                tenant=TENANT,
+                run_id=run_id,
+                seq=event.seq,
+                partition=0,
+                offset=event.seq - 1,
+                record=codec.encode(event),
+            )
+            for event in step_events(run_id, 2)
+        ]
+        await self.compaction.truncate([point], tagged)
         lease = await self.leases.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
         if not held:
             await self.leases.release(lease)
         return run_id
 
-    async def rows(self, run_id: str) -> tuple[bool, int, int]:
-        """Whether the run has its frontier row, and how many transcript and call rows."""
+    async def rows(self, run_id: str) -> tuple[bool, int, int, bool, int]:
+        """Whether the run has its frontier row, how many transcript and call rows, whether it
+        has a truncation point, and how many retained events."""
         row = await self.frontiers.get(run_id)
         transcript = await self.frontiers.transcript(run_id, tenant=TENANT, through=99)
-        return row is not None, len(transcript), len(await self.frontiers.tool_calls(run_id))
+        calls = await self.frontiers.tool_calls(run_id)
+        point = await self.compaction.truncations([run_id])
+        retained = await self.compaction.retained(run_id)
+        return row is not None, len(transcript), len(calls), run_id in point, len(retained)
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        """Close the three stores."""
-        for store in (self.sweeper, self.leases, self.frontiers):
+        """Close the four stores."""
+        for store in (self.sweeper, self.compaction, self.leases, self.frontiers):
             await store.close()
 
     async def lease_row_kept(self, run_id: str) -> bool:
@@ -87,7 +110,8 @@ class RecordSweeperConformance:
     """The contract of `RecordSweeper`. Subclass per backend; every test must pass unchanged."""
 
     async def open_stores(self) -> Stores:
-        """A frontier store, a lease store and the sweeper, open on one migrated database."""
+        """A frontier store, a lease store, a compaction store and the sweeper, open on one
+        migrated database."""
         raise NotImplementedError
 
     @pytest_asyncio.fixture
@@ -117,14 +141,21 @@ class RecordSweeperConformance:
         kept = await stores.seed("completed")
         plan = SweepPlan(expired=tuple(gone), calls=(*gone, calls_only))
         counted = await stores.sweeper.sweep(plan, delete=False)
-        assert counted == {"transcript": 4, "tool_calls": 6, "lease_rows": 2, "frontiers": 2}
-        assert [await stores.rows(r) for r in gone] == [(True, 2, 2)] * 2
+        assert counted == {
+            "transcript": 4,
+            "tool_calls": 6,
+            "retained_events": 4,
+            "truncations": 2,
+            "lease_rows": 2,
+            "frontiers": 2,
+        }
+        assert [await stores.rows(r) for r in gone] == [(True, 2, 2, True, 2)] * 2
         assert await stores.sweeper.sweep(plan, delete=True) == counted
-        assert [await stores.rows(r) for r in gone] == [(False, 0, 0)] * 2
+        assert [await stores.rows(r) for r in gone] == [(False, 0, 0, False, 0)] * 2
         assert not any([await stores.lease_row_kept(r) for r in gone])
-        assert await stores.rows(calls_only) == (True, 2, 0)
+        assert await stores.rows(calls_only) == (True, 2, 0, True, 2)
         assert await stores.lease_row_kept(calls_only)
-        assert await stores.rows(kept) == (True, 2, 2)
+        assert await stores.rows(kept) == (True, 2, 2, True, 2)
         assert await stores.lease_row_kept(kept)
         assert await stores.sweeper.sweep(plan, delete=True) == dict.fromkeys(RECORD_KINDS, 0)
 
@@ -137,7 +168,7 @@ class RecordSweeperConformance:
         plan = SweepPlan(expired=tuple(live), calls=tuple(live))
         assert await stores.sweeper.sweep(plan, delete=False) == dict.fromkeys(RECORD_KINDS, 0)
         assert await stores.sweeper.sweep(plan, delete=True) == dict.fromkeys(RECORD_KINDS, 0)
-        assert [await stores.rows(r) for r in live] == [(True, 2, 2)] * 3
+        assert [await stores.rows(r) for r in live] == [(True, 2, 2, True, 2)] * 3
         assert all([await stores.lease_row_kept(r) for r in live])
 
     async def test_a_lease_somebody_holds_is_kept(self, stores: Stores) -> None:

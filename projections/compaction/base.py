@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from onward._storage import AsyncResource
+from onward.errors import InvalidInputError
 from onward.eventlog import codec
 from onward.eventlog.base import Position, StoredEvent
 
@@ -135,3 +136,24 @@ class CompactionStore(AsyncResource, Protocol):
     async def cuts(self, partition: int | None = None) -> list[LogCut]:
         """The recorded cuts, of one partition or all, by partition and start."""
         ...
+
+
+async def refuse_compacted(store: CompactionStore, run_id: str, seq: int) -> None:
+    """Refuse to tag event ``seq`` of a run when compaction removed it (it lies below the run's
+    truncation point and was not retained): a tag there could never be retained, so it would
+    point at nothing. A retained event may take more tags.
+
+    Raises:
+        InvalidInputError: Naming the run, the seq and the truncation point.
+    """
+    point = (await store.truncations([run_id])).get(run_id)
+    if point is None or seq >= point.before_seq:
+        return
+    if seq in (await store.retained_seqs([run_id])).get(run_id, set()):
+        return
+    raise InvalidInputError(
+        f"run {run_id!r}: event {seq} is below its truncation point {point.before_seq} "
+        f"(compaction removed the events before seq {point.before_seq}), so a tag on it could "
+        f"never be retained; tag seq {point.before_seq} or later",
+        run_id=run_id,
+    )

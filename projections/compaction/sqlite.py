@@ -11,6 +11,8 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from onward._storage import SqliteStore, select_in, transaction
+from onward.eventlog.base import EventLog
+from onward.eventlog.sqlite import SqliteEventLog
 
 from .base import LogCut, RetainedEvent, RunTruncation
 
@@ -156,3 +158,11 @@ class SqliteCompactionStore(SqliteStore):
             LogCut(partition=r[0], start=r[1], end=r[2], events=r[3], archive=r[4], at=r[5])
             for r in rows
         ]
+
+
+def embedded_compaction(log: EventLog) -> SqliteCompactionStore | None:
+    """The compaction store of an embedded SQLite log: in its file, on its connection (open
+    and closed with it). ``None`` for any other log, whose compaction store must be named."""
+    if isinstance(log, SqliteEventLog):
+        return SqliteCompactionStore(log.path, sharing=log)
+    return None

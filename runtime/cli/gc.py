@@ -35,6 +35,8 @@ _WHAT: dict[str, str] = {
     "frontiers": "frontier rows",
     "transcript": "transcript rows",
     "tool_calls": "tool_calls rows",
+    "retained_events": "retained (tagged) events",
+    "truncations": "compaction truncation points",
     "lease_rows": "lease rows",
     "redis_leases": "Redis lease hashes",
     "redis_fences": "Redis fence counters",
@@ -46,7 +48,10 @@ DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Count what would go; delete nothing.")
 ]
 CheckpointTtlOption = Annotated[
-    float, typer.Option(help="After this, a finished run's frontier, transcript and lease rows go.")
+    float,
+    typer.Option(
+        help="After this, a finished run's frontier, transcript, compaction and lease rows go."
+    ),
 ]
 RedisKeyTtlOption = Annotated[
     float, typer.Option(help="After this, a finished run's Redis keys (lease, fence, schemas) go.")

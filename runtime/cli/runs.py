@@ -317,11 +317,14 @@ def tag_command(
     Written as a `Tagged` event under the run's lease.
 
     Exit 0: tagged. 1: no such run. 2: bad input (an empty label, a seq the run does not have,
-    no boundary yet and no --seq). 3: another worker holds the run. 5: a store failed.
+    no boundary yet and no --seq, a seq compaction removed: below the run's truncation point).
+    3: another worker holds the run. 5: a store failed.
     """
 
     async def work(backends: Backends) -> int:
-        return await backends.runner(NoModel()).tag(run_id, label, tenant=tenant, seq=seq, by=by)
+        async with compaction_store(backends) as store:
+            tagger = backends.runner(NoModel(), compaction=store)
+            return await tagger.tag(run_id, label, tenant=tenant, seq=seq, by=by)
 
     tagged = with_backends(work)
     out.print(Text(f"tagged seq {tagged} of run {run_id} as {label!r}"), soft_wrap=True)

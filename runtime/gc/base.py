@@ -1,11 +1,13 @@
 """What garbage collection removes, and the protocols of the stores it removes it from.
 
 A run that finished long ago still has rows and keys: its frontier row and transcript, its
-`tool_calls` rows, its lease row (PostgreSQL, SQLite) or lease hash and fence counter (Redis),
-and its MCP schema cache entry. `GarbageCollector` decides which runs are past which ttl; the
-stores below count or delete what those runs left, each in its own backend module:
+`tool_calls` rows, its compaction rows (truncation point, retained tagged events), its lease row
+(PostgreSQL, SQLite) or lease hash and fence counter (Redis), and its MCP schema cache entry.
+`GarbageCollector` decides which runs are past which ttl; the stores below count or delete what
+those runs left, each in its own backend module:
 
-* `RecordSweeper`: the rows of one database (frontiers, transcript, `tool_calls`, leases):
+* `RecordSweeper`: the rows of one database (frontiers, transcript, `tool_calls`, compaction's
+  truncation points and retained events, leases):
   `PostgresRecordSweeper`, `SqliteRecordSweeper`.
 * `KeySweeper`: the Redis keys of runs: `RedisKeySweeper`.
 
@@ -28,6 +30,8 @@ Kind = Literal[
     "frontiers",
     "transcript",
     "tool_calls",
+    "retained_events",
+    "truncations",
     "lease_rows",
     "redis_leases",
     "redis_fences",
@@ -35,7 +39,14 @@ Kind = Literal[
 ]
 """What one count of a report counts."""
 
-RECORD_KINDS: tuple[Kind, ...] = ("transcript", "tool_calls", "lease_rows", "frontiers")
+RECORD_KINDS: tuple[Kind, ...] = (
+    "transcript",
+    "tool_calls",
+    "retained_events",
+    "truncations",
+    "lease_rows",
+    "frontiers",
+)
 """The rows a `RecordSweeper` removes, in the order it removes them (frontier rows last: the
 other predicates look the run up in them)."""
 KEY_KINDS: tuple[Kind, ...] = ("redis_leases", "redis_fences", "schema_cache")
@@ -87,8 +98,8 @@ class SweepPlan:
     """Which runs lose what.
 
     Attributes:
-        expired: Runs past the checkpoint ttl: frontier row, transcript, `tool_calls` rows and
-            lease row all go.
+        expired: Runs past the checkpoint ttl: frontier row, transcript, `tool_calls` rows,
+            truncation point, retained events and lease row all go.
         calls: Runs whose `tool_calls` rows go (past the task-result ttl; ``expired`` too).
         keys: Runs whose Redis keys go (past the Redis key ttl; ``expired`` too).
     """
@@ -126,7 +137,8 @@ class GcReport:
 
 @runtime_checkable
 class RecordSweeper(AsyncResource, Protocol):
-    """The rows finished runs leave in one database: frontiers, transcript, `tool_calls`, leases."""
+    """The rows finished runs leave in one database: frontiers, transcript, `tool_calls`,
+    compaction's truncation points and retained events, leases."""
 
     async def finished(self, *, before: int) -> list[FinishedRun]:
         """Runs whose frontier row says they finished before ``before`` (microseconds), by id."""
@@ -174,6 +186,8 @@ class SweepSql:
                 f"(tenant, run_id) IN (SELECT tenant, run_id {done})",
             ),
             "tool_calls": ("onward_tool_calls", f"run_id IN (SELECT run_id {done})"),
+            "retained_events": ("onward_retained_events", f"run_id IN (SELECT run_id {done})"),
+            "truncations": ("onward_run_truncation", f"run_id IN (SELECT run_id {done})"),
             "lease_rows": (
                 "onward_leases",
                 f"run_id IN (SELECT run_id {done}) "

@@ -3,8 +3,8 @@
 Three ttls, each counted from when a run finished (the ``at`` of its last event, which its
 frontier row keeps as ``updated_at``):
 
-* ``checkpoint_ttl_days`` (30): the run's frontier row, transcript, `tool_calls` rows and lease
-  row go; its Redis keys too.
+* ``checkpoint_ttl_days`` (30): the run's frontier row, transcript, `tool_calls` rows, lease
+  row and compaction rows (truncation point, retained tagged events) go; its Redis keys too.
 * ``redis_key_ttl_hours`` (48): its Redis keys go: lease hash, fence counter, MCP schema cache.
 * ``task_result_ttl_days`` (7): its `tool_calls` rows go.
 
@@ -38,10 +38,10 @@ class GarbageCollector:
     """Counts (`dry_run`) or deletes (`run`) the rows and keys of runs finished long enough ago.
 
     Attributes:
-        records: The database of frontier, transcript, `tool_calls` and lease rows.
+        records: The database of frontier, transcript, `tool_calls`, compaction and lease rows.
         keys: The Redis of leases, fences and the MCP schema cache, if the deployment has one.
-        checkpoint_ttl_days: After this, a finished run's frontier row, transcript, `tool_calls`
-            and lease row (and Redis keys) go.
+        checkpoint_ttl_days: After this, a finished run's frontier row, transcript, `tool_calls`,
+            truncation point, retained events and lease row (and Redis keys) go.
         redis_key_ttl_hours: After this, a finished run's Redis keys go.
         task_result_ttl_days: After this, a finished run's `tool_calls` rows go.
         clock: Seconds since the epoch now; tests pass one to move time without waiting.

@@ -1,9 +1,10 @@
 """`PostgresRecordSweeper`: what finished runs left in PostgreSQL, counted or deleted.
 
 It works on the views of the active frontiers build (``onward_frontiers``,
-``onward_tool_calls``; PostgreSQL deletes through them), the transcript and the lease table.
-A rebuild in progress folds the log into its own build and gets those rows back until it is
-switched in; the next collection removes them again.
+``onward_tool_calls``; PostgreSQL deletes through them), the transcript, compaction's
+truncation points and retained events (not per build), and the lease table. A rebuild in
+progress folds the log into its own build and gets those rows back until it is switched in; the
+next collection removes them again.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ _SQL = SweepSql(ids="SELECT unnest($1::text[])", now="now()")
 
 
 class PostgresRecordSweeper(PostgresStore):
-    """A `RecordSweeper` in PostgreSQL: frontier, transcript, `tool_calls` and lease rows.
+    """A `RecordSweeper` in PostgreSQL: frontier, transcript, `tool_calls`, compaction and lease
+    rows.
 
     Args:
         dsn: ``postgresql://user:password@host:port/database``.

@@ -14,7 +14,8 @@ _SQL = SweepSql(ids="SELECT value FROM json_each(?)", now=SQLITE_NOW)
 
 
 class SqliteRecordSweeper(SqliteStore):
-    """A `RecordSweeper` in one SQLite file: frontier, transcript, `tool_calls` and lease rows.
+    """A `RecordSweeper` in one SQLite file: frontier, transcript, `tool_calls`, compaction
+    and lease rows.
 
     Args:
         path: The database file.

@@ -1,9 +1,10 @@
 """Garbage collection over real runs: what a dry run counts is what a run deletes, and runs that
 are running or waiting on a person keep every row and key.
 
-Each scenario writes runs through `AgentRunner` (old ones, then new ones), moves the collector's
-clock 30 days past the moment between them, and checks the stores directly: SQLite through
-sqlite3, PostgreSQL through asyncpg, Redis through its client.
+Each scenario writes runs through `AgentRunner` (old ones, tagged, then new ones), compacts them
+(`CheckpointCompactor`: truncation points, retained tagged events), moves the collector's clock
+30 days past the moment between them, and checks the stores directly: SQLite through sqlite3,
+PostgreSQL through asyncpg, Redis through its client.
 """
 
 from __future__ import annotations
@@ -33,11 +34,17 @@ from onward.errors import ConfigurationError
 from onward.eventlog import SqliteEventLog
 from onward.integrations.mcp.cache import SchemaCache, ServerSchema
 from onward.projections.base import FrontierStore, Snapshot
+from onward.projections.compaction import (
+    CompactionStore,
+    PostgresCompactionStore,
+    SqliteCompactionStore,
+)
 from onward.projections.log_projector import LogProjector
 from onward.projections.projector import FrontierProjection
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import AgentRunner
 from onward.runtime.cli import app
+from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.gc import (
     GarbageCollector,
     KeySweeper,
@@ -58,6 +65,8 @@ SQL_TABLES: dict[Kind, str] = {
     "transcript": "onward_transcript",
     "tool_calls": "onward_tool_calls",
     "lease_rows": "onward_leases",
+    "truncations": "onward_run_truncation",
+    "retained_events": "onward_retained_events",
 }
 
 Rows = dict[Kind, Counter[str]]
@@ -82,10 +91,24 @@ class World:
     keys: KeySweeper | None
     snapshot: Callable[[], Awaitable[Rows]]
     after_runs: Callable[[list[str]], Awaitable[None]]
+    compaction: CompactionStore
+    """Where `compact` puts truncation points and retained events (the records' database)."""
+
+    async def compact(self) -> None:
+        """One compaction pass keeping one untagged resume point per live run, so the live
+        runs get truncation points too."""
+        runner = self.runner(provider=cli_agent.booking_model())
+        assert runner.frontiers is not None
+        compactor = CheckpointCompactor(
+            runner.log, runner.frontiers, self.compaction, max_checkpoints=1
+        )
+        report = await compactor.compact()
+        assert sum(p.runs_compacted for p in report.partitions) > 0
 
 
 async def write_runs(world: World) -> tuple[Runs, float]:
-    """Old runs (two finished, one running, one waiting), then the moment, then new ones."""
+    """Old runs (two finished, one running, one waiting), each tagged at its first event, then
+    the moment, then new ones; then every run is compacted."""
 
     async def booked() -> str:
         run_id = new_run_id()
@@ -104,13 +127,17 @@ async def write_runs(world: World) -> tuple[Runs, float]:
     running = new_run_id()
     with contextlib.suppress(Crash):
         crashing = world.runner(
-            provider=cli_agent.booking_model(), observer=CrashAt("model.answered")
+            provider=cli_agent.booking_model(), observer=CrashAt("turn.settled")
         )
         await crashing.run(cli_agent.booker(), "go", tenant=TENANT, run_id=running)
     runs = Runs([await booked(), denied], [running, await waiting()], [])
+    tagger = world.runner(provider=cli_agent.booking_model())
+    for run_id in (*runs.old_finished, *runs.live):
+        await tagger.tag(run_id, "first", tenant=TENANT, seq=1)
     moment = time.time()
     runs.new_finished.append(await booked())
     await world.after_runs([*runs.old_finished, *runs.live, *runs.new_finished])
+    await world.compact()
     return runs, moment
 
 
@@ -122,6 +149,9 @@ async def check_collection(world: World) -> None:
         assert before["frontiers"][run_id] == 1, run_id
         assert before["transcript"][run_id] >= 1, run_id
         assert before["lease_rows"][run_id] + before["redis_fences"][run_id] == 1, run_id
+        assert before["truncations"][run_id] == 1, run_id
+    for run_id in (*runs.old_finished, *runs.live):
+        assert before["retained_events"][run_id] >= 1, run_id  # its tagged first event
 
     dry = await collector.dry_run()
     assert dry.dry_run
@@ -146,6 +176,8 @@ async def check_collection(world: World) -> None:
     for kind in ("redis_leases", "redis_fences", "schema_cache"):
         assert after[kind][new] == 0  # past the Redis key ttl of 48 hours
     assert done.count("frontiers") == 2
+    assert done.count("truncations") == 2
+    assert after["truncations"][new] == 1
     assert done.count("tool_calls") == 2  # the booking of each booked run; the denied one has none
     assert (await collector.dry_run()).total == 0
 
@@ -173,10 +205,13 @@ async def sqlite_world(tmp_path: Path) -> AsyncIterator[World]:
             AgentRunner, log=log, frontiers=frontiers, checkpoint_inline=True
         )
 
-        async def nothing(run_ids: list[str]) -> None:
-            return None
+        async def fold(run_ids: list[str]) -> None:
+            # The inline checkpointer folds at boundaries; a tag is none, and compaction only
+            # sees what is folded.
+            await LogProjector(log, FrontierProjection(frontiers, log)).catch_up()
 
-        yield World(runner, records, None, lambda: sqlite_snapshot(path), nothing)
+        compaction = SqliteCompactionStore(path, sharing=log)
+        yield World(runner, records, None, lambda: sqlite_snapshot(path), fold, compaction)
 
 
 async def test_gc_on_sqlite_deletes_what_the_dry_run_counted_and_spares_live_runs(
@@ -195,6 +230,7 @@ async def test_gc_on_kafka_postgres_and_redis_deletes_what_the_dry_run_counted(
         d.log() as log,
         d.frontiers() as frontiers,
         d.leases() as leases,
+        PostgresCompactionStore(d.database_url, schema=d.schema) as compaction,
         PostgresRecordSweeper(d.database_url, schema=d.schema) as records,
         RedisKeySweeper(d.redis_url, prefix=d.redis_prefix, schema_prefix=schema_prefix) as keys,
     ):
@@ -226,7 +262,7 @@ async def test_gc_on_kafka_postgres_and_redis_deletes_what_the_dry_run_counted(
                     counts[kind] = Counter([r for r in written if await client.exists(key(r))])
                 return counts
 
-            world = World(runner, records, keys, snapshot, project_and_cache)
+            world = World(runner, records, keys, snapshot, project_and_cache, compaction)
             await check_collection(world)
         finally:
             await conn.close()
@@ -240,9 +276,10 @@ async def test_a_continued_run_is_kept_while_the_run_it_was_carried_into_is(
     async with (
         SqliteFrontierStore(path) as frontiers,
         SqliteLeaseStore(path) as leases,
+        SqliteCompactionStore(path) as compaction,
         SqliteRecordSweeper(path) as records,
     ):
-        stores = Stores(frontiers, leases, records)
+        stores = Stores(frontiers, leases, compaction, records)
         young = await stores.seed("completed", finished_at=int(50 * DAY_S * 1e6))
         first = await stores.seed("continued", finished_at=1)
         head = await stores.seed("continued", finished_at=2, continued_to=first)

@@ -9,6 +9,7 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
+from onward.projections.compaction import PostgresCompactionStore, SqliteCompactionStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.gc import (
@@ -31,9 +32,11 @@ class TestSqliteRecordSweeper(RecordSweeperConformance):
 
     async def open_stores(self) -> Stores:
         path = self.folder / "onward.db"
-        frontiers = await SqliteFrontierStore.open(path)
         return Stores(
-            frontiers, await SqliteLeaseStore.open(path), await SqliteRecordSweeper.open(path)
+            await SqliteFrontierStore.open(path),
+            await SqliteLeaseStore.open(path),
+            await SqliteCompactionStore.open(path),
+            await SqliteRecordSweeper.open(path),
         )
 
 
@@ -50,6 +53,7 @@ class TestPostgresRecordSweeper(RecordSweeperConformance):
         return Stores(
             await PostgresFrontierStore.open(url, schema=schema),
             await PostgresLeaseStore.open(url, schema=schema),
+            await PostgresCompactionStore.open(url, schema=schema),
             await PostgresRecordSweeper.open(url, schema=schema),
         )
 

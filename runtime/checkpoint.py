@@ -11,10 +11,13 @@ live run: the run carries on and `Checkpointer.last_error` says what went wrong.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from onward._storage import SqliteStore
 from onward.errors import OnwardError
 from onward.eventlog.base import EventLog, Position
 from onward.eventlog.events import (
@@ -85,6 +88,15 @@ class Checkpointer:
             store, log, max_bytes=max_bytes, release_poll=0.0, every_partition=True
         )
         self._projector = LogProjector(log, self.projection)
+        # Other processes fold the same file (two embedded workers, a worker and `onward
+        # approve`): one catch-up at a time across them, or one could store rows folded onto
+        # a row cached before the other's write, with a position past the events it skipped.
+        self._across_processes = (
+            store.exclusive("fold")
+            if isinstance(store, SqliteStore) and not store.readonly
+            else contextlib.nullcontext()
+        )
+        self._in_process = asyncio.Lock()
         self.last_error: str | None = None
         self.written = 0
 
@@ -94,7 +106,8 @@ class Checkpointer:
         What another process appended, or what a crash left unfolded, is folded here; returns
         how many events were read.
         """
-        return await self._projector.catch_up(partitions)
+        async with self._in_process, self._across_processes:
+            return await self._projector.catch_up(partitions)
 
     async def after_append(self, events: Sequence[Event], positions: Sequence[Position]) -> None:
         """Fold the partition of a batch just appended, if the policy wants a checkpoint here."""

@@ -24,6 +24,7 @@ from .postgres import APPLICATION_NAME, application_name, open_pool, pooled
 from .redis import RedisStore
 from .sqlite import (
     IN_CHUNK,
+    FileLock,
     SqliteThread,
     connect,
     connect_readonly,
@@ -42,6 +43,7 @@ __all__ = [
     "IN_CHUNK",
     "AsyncResource",
     "Dialect",
+    "FileLock",
     "Migration",
     "PostgresStore",
     "RedisStore",

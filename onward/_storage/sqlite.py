@@ -7,7 +7,9 @@ translated into Onward's in one place.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -17,6 +19,9 @@ from typing import Any, TypeVar
 from onward.errors import ConfigurationError, InvalidInputError
 
 from .translate import translate
+
+if sys.platform != "win32":
+    import fcntl
 
 _T = TypeVar("_T")
 
@@ -126,6 +131,43 @@ def select_in(conn: sqlite3.Connection, query: str, values: list[Any]) -> list[A
             marks = ", ".join("?" for _ in chunk)
             rows.extend(conn.execute(f"{query} ({marks})", chunk).fetchall())
     return rows
+
+
+class FileLock:
+    """An exclusive lock every process on the machine sees: ``flock`` on a file beside a database.
+
+    SQLite's own lock covers one statement or transaction; this covers a read-then-write that
+    spans several (read positions, fold, store), so two processes never interleave one. It is
+    polled without blocking, so a waiter that is cancelled never leaves a thread holding it.
+    Where ``flock`` does not exist (Windows), it locks nothing.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    async def __aenter__(self) -> None:
+        if sys.platform == "win32":
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            delay = 0.001
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.02)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    async def __aexit__(self, *exc: object) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases its lock
 
 
 class SqliteThread:

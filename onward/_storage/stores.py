@@ -23,7 +23,7 @@ from onward.errors import InvalidInputError
 from .logs import one_line_driver_logs
 from .migrations import open_sqlite, verify_postgres, verify_sqlite
 from .postgres import open_pool, pooled
-from .sqlite import SqliteThread
+from .sqlite import FileLock, SqliteThread
 from .translate import translated
 
 _T = TypeVar("_T")
@@ -175,6 +175,10 @@ class SqliteStore(Resource):
     def readonly(self) -> bool:
         """Whether the store was opened to read only."""
         return self._readonly
+
+    def exclusive(self, name: str) -> FileLock:
+        """A lock named ``name`` that every process using this file sees (``FILE.name.lock``)."""
+        return FileLock(self._path.with_name(f"{self._path.name}.{name}.lock"))
 
     async def verify(self) -> None:
         """Check the file is still at this code's schema version.

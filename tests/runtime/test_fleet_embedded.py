@@ -17,10 +17,11 @@ from typer.testing import CliRunner
 
 from onward.errors import InvalidInputError
 from onward.eventlog import Message, ModelAnswered, RunClaimed, TurnSettled
-from onward.runtime.backends import open_backends
+from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app
 from onward.runtime.cli.worker import load_agents
 from onward.runtime.ledger import Ledger
+from onward.runtime.manager import ExecutionManager
 from onward.runtime.providers import ModelReply, ScriptedProvider
 from onward.runtime.requests import (
     AnswerRequest,
@@ -70,8 +71,8 @@ def _settings(path: Path) -> Settings:
     )
 
 
-async def _interrupted_runs(path: Path, count: int) -> list[str]:
-    """Runs whose model fails at the second turn: running, with nobody holding them."""
+async def _interrupted_runs(path: Path, names: Sequence[str]) -> list[str]:
+    """Runs of these agents whose model fails at the second turn: running, nobody holding them."""
 
     def flaky(messages: Sequence[Message]) -> ModelReply:
         if sum(1 for m in messages if m.role == "assistant") == 1:
@@ -81,8 +82,7 @@ async def _interrupted_runs(path: Path, count: int) -> list[str]:
     run_ids = []
     async with open_backends(_settings(path)) as backends:
         runner = backends.runner(ScriptedProvider(flaky))
-        for i in range(count):
-            name = "broken" if i == 0 else "booker"
+        for i, name in enumerate(names):
             run_id = f"run-{i}"
             with pytest.raises((ConnectionError, RuntimeError)):
                 await runner.run(agents[name], f"job {i}", tenant=TENANT, run_id=run_id)
@@ -90,16 +90,10 @@ async def _interrupted_runs(path: Path, count: int) -> list[str]:
     return run_ids
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("count", [1, 2])
-async def test_embedded_workers_carry_interrupted_runs_on(
-    count: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "fleet.db"
-    ledger = tmp_path / "ledger.jsonl"
-    monkeypatch.setenv("FLEET_LEDGER", str(ledger))
-    run_ids = await _interrupted_runs(path, 12)
+async def _start_workers(
+    path: Path, ledger: Path, count: int, *, steps: int, tool_s: float = 0.05
+) -> list[asyncio.subprocess.Process]:
+    """``count`` `onward worker` processes on one SQLite file, each ready (signals handled)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(TESTS),
@@ -107,7 +101,8 @@ async def test_embedded_workers_carry_interrupted_runs_on(
         "ONWARD_SQLITE_PATH": str(path),
         "ONWARD_PARTITIONS": "4",
         "FLEET_LEDGER": str(ledger),
-        "FLEET_STEPS": "3",
+        "FLEET_STEPS": str(steps),
+        "FLEET_TOOL_S": str(tool_s),
     }
     argv = ["-m", "onward", "worker", "--agent", "support.fleet:agents"]
     argv += ["--provider", "support.fleet:provider", "--lease-ttl", "2", "--recheck", "0.3"]
@@ -118,27 +113,58 @@ async def test_embedded_workers_carry_interrupted_runs_on(
         )
         for n in range(count)
     ]
-    first_lines = []
-    for worker in workers:  # signal handlers are in place once a worker says it is ready
+    for worker in workers:
         assert worker.stderr is not None
-        first_lines.append(await asyncio.wait_for(worker.stderr.readline(), 60))
+        first = await asyncio.wait_for(worker.stderr.readline(), 60)
+        assert b"ready" in first, first
+    return workers
+
+
+async def _stop(workers: Sequence[asyncio.subprocess.Process]) -> list[tuple[bytes, bytes]]:
+    """SIGTERM each worker still running and collect what it said."""
+    for worker in workers:
+        if worker.returncode is None:
+            worker.send_signal(signal.SIGTERM)
+    return [await asyncio.wait_for(w.communicate(), 30) for w in workers]
+
+
+async def _until_runs_rest(backends: Backends, run_ids: Sequence[str], within: float) -> None:
+    """Poll until every run completed, failed, or waits on a person (or ``within`` passes)."""
+    deadline = asyncio.get_running_loop().time() + within
+    manager = ExecutionManager(backends.frontiers, backends.leases)
+    while asyncio.get_running_loop().time() < deadline:
+        rows = {s.run_id: s for s in await backends.frontiers.runs(tenant=TENANT)}
+        pending = await manager.list_pending(tenant=TENANT)
+        for_person = {p.summary.run_id for p in pending if p.attention == "needs_person"}
+        if all(r in rows for r in run_ids) and all(
+            rows[r].status in ("completed", "failed") or r in for_person for r in run_ids
+        ):
+            return
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("count", [1, 2])
+async def test_embedded_workers_carry_interrupted_runs_on(
+    count: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "fleet.db"
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("FLEET_LEDGER", str(ledger))
+    run_ids = await _interrupted_runs(path, ["broken"] + ["booker"] * 11)
+    workers = await _start_workers(path, ledger, count, steps=3)
     try:
-        assert all(b"ready" in line for line in first_lines), first_lines
         async with open_backends(_settings(path)) as backends:
-            for _ in range(150):
-                rows = {s.run_id: s for s in await backends.frontiers.runs(tenant=TENANT)}
-                if all(rows[r].status in ("completed", "failed") for r in run_ids):
-                    break
-                await asyncio.sleep(0.2)
+            await _until_runs_rest(backends, run_ids, within=120)
+            rows = {s.run_id: s for s in await backends.frontiers.runs(tenant=TENANT)}
             statuses = {r: rows[r].status for r in run_ids}
             broken = await backends.frontiers.get("run-0")
             reader = backends.runner(ScriptedProvider(script))
             in_log = {r: (await reader.inspect(r, tenant=TENANT)).status for r in run_ids}
             leases = {r: await backends.leases.current(r) for r in run_ids}
     finally:
-        for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        outputs = [await asyncio.wait_for(w.communicate(), 30) for w in workers]
+        outputs = await _stop(workers)
     assert [w.returncode for w in workers] == [0] * count, outputs
     expected = {r: "failed" if r == "run-0" else "completed" for r in run_ids}
     assert statuses == expected, (in_log, leases, outputs)
@@ -147,6 +173,46 @@ async def test_embedded_workers_carry_interrupted_runs_on(
     assert "gave up" in (broken.frontier.error or "")
     keys = [(e["tool"], e["key"]) for e in Ledger(ledger).entries()]
     assert len(keys) == len(set(keys)) == 3 * (len(run_ids) - 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_a_killed_embedded_worker_s_runs_are_carried_on_by_the_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers on one SQLite file, one SIGKILLed mid-load: the other carries its runs on;
+    nothing happens twice; a call the kill left undecided leaves its run for a person."""
+    path = tmp_path / "fleet.db"
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("FLEET_LEDGER", str(ledger))
+    steps = 6
+    run_ids = await _interrupted_runs(path, ["booker", "booker", "charger"] * 10)
+    workers = await _start_workers(path, ledger, 2, steps=steps, tool_s=0.3)
+    try:
+        expected_effects = steps * len(run_ids)
+        for _ in range(600):
+            if len(Ledger(ledger).entries()) >= expected_effects // 3:
+                break
+            await asyncio.sleep(0.1)
+        victim = workers[0]
+        victim.send_signal(signal.SIGKILL)
+        await victim.wait()
+        async with open_backends(_settings(path)) as backends:
+            await _until_runs_rest(backends, run_ids, within=150)
+            rows = {s.run_id: s for s in await backends.frontiers.runs(tenant=TENANT)}
+            manager = ExecutionManager(backends.frontiers, backends.leases)
+            pending = await manager.list_pending(tenant=TENANT)
+    finally:
+        outputs = await _stop(workers)
+    assert workers[1].returncode == 0, outputs[1]
+    left = {p.summary.run_id for p in pending if p.attention == "needs_person"}
+    statuses = {r: rows[r].status for r in run_ids if r not in left}
+    assert statuses == dict.fromkeys(statuses, "completed"), (statuses, outputs)
+    assert all(rows[r].agent == "charger" for r in left), left  # booker settles its own calls
+    keys = [(e["tool"], e["key"]) for e in Ledger(ledger).entries()]
+    assert len(keys) == len(set(keys)), "a side effect happened twice"
+    # Each run was claimed by its first runner, then by a worker: a third claim is a carry-on.
+    assert any(rows[r].fence > 2 for r in run_ids), "no run of the dead worker was carried on"
 
 
 @pytest.mark.parametrize(

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from _common import (
     add_server_options,
@@ -49,6 +51,9 @@ from _common import (
     throwaway_name,
     write_results,
 )
+
+if TYPE_CHECKING:
+    from onward.projections.postgres import PostgresFrontierStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TENANT = "bench"
@@ -200,44 +205,49 @@ def _effects(fleet: Fleet) -> int:
         return sum(1 for _ in ledger)
 
 
-async def throughput(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def _running(
+    args: argparse.Namespace, workers: int, tmp: Path
+) -> AsyncIterator[tuple[Fleet, PostgresFrontierStore]]:
+    """A started fleet and its frontier store; the fleet is stopped and cleaned up after."""
     from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
 
     fleet = Fleet(args, workers, tmp)
     try:
         await fleet.start()
         async with PostgresFrontierStore(args.database_url, schema=fleet.schema) as frontiers:
-            started = time.monotonic()
-            await _submit(fleet, args.runs)
-            ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
-        seconds = ended - started
-        steps = args.runs * args.steps
-        return {
-            "workers": workers,
-            "seconds": seconds,
-            "steps": steps,
-            "steps_per_s": steps / seconds,
-        }
+            yield fleet, frontiers
     finally:
         await fleet.stop()
 
 
+async def throughput(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, Any]:
+    async with _running(args, workers, tmp) as (fleet, frontiers):
+        started = time.monotonic()
+        await _submit(fleet, args.runs)
+        ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
+    seconds = ended - started
+    steps = args.runs * args.steps
+    return {
+        "workers": workers,
+        "seconds": seconds,
+        "steps": steps,
+        "steps_per_s": steps / seconds,
+    }
+
+
 async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, Any]:
     from onward.eventlog import KafkaEventLog, RunClaimed  # noqa: PLC0415
-    from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
 
-    fleet = Fleet(args, workers, tmp)
-    try:
-        await fleet.start()
-        async with PostgresFrontierStore(args.database_url, schema=fleet.schema) as frontiers:
-            started = time.monotonic()
-            run_ids = await _submit(fleet, args.runs)
-            kill_at = int(args.runs * args.steps * args.kill_at)
-            await _until_effects(fleet, kill_at)
-            fleet.children["w0"].send_signal(signal.SIGKILL)
-            killed_us = time.time_ns() // 1_000
-            await fleet.children["w0"].wait()
-            ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
+    async with _running(args, workers, tmp) as (fleet, frontiers):
+        started = time.monotonic()
+        run_ids = await _submit(fleet, args.runs)
+        kill_at = int(args.runs * args.steps * args.kill_at)
+        await _until_effects(fleet, kill_at)
+        fleet.children["w0"].send_signal(signal.SIGKILL)
+        killed_us = time.time_ns() // 1_000
+        await fleet.children["w0"].wait()
+        ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
         wanted = set(run_ids)
         moved: dict[str, int] = {}
         async with KafkaEventLog(
@@ -265,8 +275,6 @@ async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[st
             "recovery_p99_s": quantile(waits, 0.99),
             "recovery_max_s": max(waits, default=float("nan")),
         }
-    finally:
-        await fleet.stop()
 
 
 def _parser() -> argparse.ArgumentParser:

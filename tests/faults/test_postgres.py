@@ -13,28 +13,26 @@ import random
 import signal
 import sys
 import time
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
 import pytest
-import pytest_asyncio
 from support.fault_runs import (
     Verdict,
-    assert_sound,
+    assert_all_completed,
     drive_all,
-    judge,
+    new_run_ids,
     record,
     step_agent,
     step_provider,
+    through_fault,
     until,
 )
 from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
 from support.pg import new_schema_name
-from support.private_servers import PrivatePostgres, running
+from support.private_servers import PrivatePostgres
 
 from onward.errors import BackendError
 from onward.eventlog import KafkaEventLog
@@ -113,13 +111,6 @@ async def caught_up(store: PostgresFrontierStore, log: KafkaEventLog) -> bool:
         return False
     ends = [(await log.bounds(p)).end for p in range(PARTITIONS)]
     return all(stored.get(p, 0) >= end for p, end in enumerate(ends))
-
-
-@pytest_asyncio.fixture
-async def private_postgres() -> AsyncIterator[PrivatePostgres]:
-    """A PostgreSQL cluster of this test alone, with role and database ``onward``."""
-    async with running(PrivatePostgres()) as server:
-        yield server
 
 
 @pytest.mark.timeout(420)
@@ -206,7 +197,7 @@ async def test_postgres_restart_under_running_workers(
     runs, steps_per_run = 20, 4
     ledger = Ledger(tmp_path / "ledger.jsonl")
     agent = step_agent(ledger, tool_s=0.3)
-    run_ids = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(runs)]
+    run_ids = new_run_ids(runs)
     began = time.time()
     schema = await migrated_schema(private_postgres.url)
     async with (
@@ -221,32 +212,24 @@ async def test_postgres_restart_under_running_workers(
             frontiers=frontiers,
             lease_policy=LeasePolicy(ttl=timedelta(seconds=10)),
         )
-        driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
-        try:
-            await until(lambda: len(ledger.entries()) >= runs, "the first steps")
-            down = time.time()
+
+        async def restart() -> None:
             await asyncio.to_thread(private_postgres.stop, "immediate")
             await asyncio.sleep(DOWN_S)
             await asyncio.to_thread(private_postgres.start)
-            lifted = time.time()
-            outcomes = await asyncio.wait_for(driving, 300)
-        finally:
-            driving.cancel()
+
+        driving = drive_all(lambda: runner, agent, run_ids)
+        window = await through_fault(driving, ledger, runs, restart, began=began, within_s=300)
         await LogProjector(log, FrontierProjection(frontiers, log)).catch_up()
         await assert_stored_is_the_direct_fold(frontiers, log, run_ids)
     tracebacks = Counter(r.name for r in caplog.records if r.exc_info)
-    verdict = judge(
+    verdict = window.judge(
         "postgres: restart under workers (leases, frontiers)",
         ledger,
-        outcomes,
         steps=steps_per_run,
-        lifted_at=lifted,
-        began_at=began,
-        down_at=down,
         notes=f"(logged tracebacks by logger {dict(tracebacks)})",
     )
-    assert_sound(verdict, outcomes)
-    assert all(o.status == "completed" for o in outcomes), outcomes
+    assert_all_completed(verdict, window.outcomes)
     # At most one traceback per run from Onward (a lease that could not be released while the
     # server was down) and a few of asyncpg's own: no traceback per retry.
     onward_tracebacks = sum(n for name, n in tracebacks.items() if name.startswith("onward"))

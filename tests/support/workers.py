@@ -150,7 +150,7 @@ class World:
 async def open_world(config: dict[str, Any]) -> AsyncIterator[World]:
     leases: LeaseStore
     if config["leases"] == "redis":
-        leases = await RedisLeaseStore.open(config["redis_url"], prefix=config["prefix"])
+        leases = await RedisLeaseStore.open(config["redis_url"], prefix=config["redis_prefix"])
     else:
         leases = await PostgresLeaseStore.open(config["database_url"], schema=config["schema"])
     try:

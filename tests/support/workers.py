@@ -82,11 +82,13 @@ def provider() -> ScriptedProvider:
 
 
 class CountingLog:
-    """An `EventLog` that counts reads, to show a loser read nothing."""
+    """An `EventLog` that counts reads, to show a loser read nothing, and remembers where each
+    read of a run started."""
 
     def __init__(self, inner: EventLog) -> None:
         self.inner = inner
         self.reads = 0
+        self.starts: list[int | None] = []
 
     @property
     def partitions(self) -> int:
@@ -103,6 +105,7 @@ class CountingLog:
         self, run_id: str, *, start: int | None = None, end: int | None = None
     ) -> list[StoredEvent]:
         self.reads += 1
+        self.starts.append(start)
         return await self.inner.read_run(run_id, start=start, end=end)
 
     async def read_partition(

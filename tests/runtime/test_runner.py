@@ -89,6 +89,15 @@ def agent(tools: list[Tool], **options: Any) -> Agent:
     return Agent(name="booker", instructions="book", tools=tools, **options)
 
 
+async def crashed(crash: CrashAt, **tool_options: bool) -> tuple[MemoryEventLog, Side, list[Tool]]:
+    """Run ``r`` of the booker crashed by ``crash``: its log, the side effects, its tools."""
+    log, side = MemoryEventLog(), Side()
+    tools = side.tools(**tool_options)
+    with pytest.raises(Crash):
+        await runner(log, observer=crash).run(agent(tools), "go", tenant=TENANT, run_id="r")
+    return log, side, tools
+
+
 async def kinds(log: MemoryEventLog, run_id: str) -> list[str]:
     return [kind_of(type(s.event)) for s in await log.read_run(run_id)]
 
@@ -211,12 +220,7 @@ async def test_a_tool_error_is_recorded_and_the_run_goes_on() -> None:
 async def test_crashes_at_unambiguous_points_resume_without_repeating(
     point: str, call_id: str | None
 ) -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools()
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt(point, call_id)).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, tools = await crashed(CrashAt(point, call_id))
     result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
     assert result.status == "completed"
     assert side.count("book") == 1
@@ -225,12 +229,7 @@ async def test_crashes_at_unambiguous_points_resume_without_repeating(
 
 
 async def test_a_call_killed_after_its_side_effect_is_indeterminate_and_refused() -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools()
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("tool.returned", "b")).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, tools = await crashed(CrashAt("tool.returned", "b"))
     with pytest.raises(IndeterminateToolCallError) as caught:
         await runner(log).resume(agent(tools), "r", tenant=TENANT)
     assert [c.call_id for c in caught.value.calls] == ["b"]
@@ -244,12 +243,7 @@ async def test_a_call_killed_after_its_side_effect_is_indeterminate_and_refused(
 
 
 async def test_a_person_settles_an_undecided_call_and_the_run_carries_on() -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools()
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("tool.returned", "b")).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, tools = await crashed(CrashAt("tool.returned", "b"))
     with pytest.raises(IndeterminateToolCallError):
         await runner(log).resume(agent(tools), "r", tenant=TENANT)
     await runner(log).resolve(
@@ -269,12 +263,7 @@ async def test_a_person_settles_an_undecided_call_and_the_run_carries_on() -> No
 
 
 async def test_a_reconciling_tool_settles_its_own_call() -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools(reconcile=True)
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("tool.returned", "b")).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, tools = await crashed(CrashAt("tool.returned", "b"), reconcile=True)
     result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
     assert result.status == "completed"
     assert side.count("book") == 1
@@ -285,12 +274,7 @@ async def test_a_reconciling_tool_settles_its_own_call() -> None:
 
 
 async def test_a_dispatch_that_never_reached_its_tool_is_reconciled_as_never_ran() -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools(reconcile=True)
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("tool.dispatched")).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, tools = await crashed(CrashAt("tool.dispatched"), reconcile=True)
     assert side.effects == []
     result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
     assert result.status == "completed"
@@ -300,12 +284,7 @@ async def test_a_dispatch_that_never_reached_its_tool_is_reconciled_as_never_ran
 
 
 async def test_a_retry_safe_call_is_dispatched_again() -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools(retry_safe_book=True)
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("tool.returned", "b")).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, tools = await crashed(CrashAt("tool.returned", "b"), retry_safe_book=True)
     result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
     assert result.status == "completed"
     assert side.count("book") == 2
@@ -353,11 +332,7 @@ async def test_deny_ends_the_run() -> None:
 
 
 async def test_resume_refuses_another_revision() -> None:
-    log, side = MemoryEventLog(), Side()
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("model.answered")).run(
-            agent(side.tools()), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, _ = await crashed(CrashAt("model.answered"))
     changed = Agent(name="booker", instructions="book, and upsell", tools=side.tools())
     with pytest.raises(RevisionMismatchError, match="revision"):
         await runner(log).resume(changed, "r", tenant=TENANT)
@@ -373,11 +348,7 @@ async def test_resume_of_nothing_or_of_another_tenant() -> None:
 
 
 async def test_resume_refuses_a_newer_event_format() -> None:
-    log, side = MemoryEventLog(), Side()
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("model.answered")).run(
-            agent(side.tools()), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, _ = await crashed(CrashAt("model.answered"))
     seq = len(await log.read_run("r")) + 1
     log.write_raw(
         "r",

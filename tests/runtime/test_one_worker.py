@@ -42,6 +42,20 @@ async def read_line(child: asyncio.subprocess.Process, within: float = 60) -> st
     return (await asyncio.wait_for(child.stdout.readline(), within)).decode().strip()
 
 
+async def start_then_die(config: dict[str, Any]) -> None:
+    """A first worker starts the run and is SIGKILLed in the middle of it."""
+    first = await spawn("start", config)
+    await asyncio.wait_for(first.communicate(), 60)
+    assert first.returncode == -signal.SIGKILL
+
+
+async def go(worker: asyncio.subprocess.Process) -> None:
+    """Tell a ready worker to resume the run."""
+    assert worker.stdin is not None
+    worker.stdin.write(b"go\n")
+    await worker.stdin.drain()
+
+
 @pytest.fixture(params=["redis", "postgres"])
 def config(
     request: pytest.FixtureRequest, kafka_servers: KafkaServers, tmp_path: Path
@@ -59,9 +73,7 @@ def config(
 async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
     config: dict[str, Any],
 ) -> None:
-    first = await spawn("start", config)
-    await asyncio.wait_for(first.communicate(), 60)
-    assert first.returncode == -signal.SIGKILL
+    await start_then_die(config)
     async with open_world(config) as world:
         # The projector has caught up, so resumers read a frontier row and a short tail.
         await LogProjector(world.log, FrontierProjection(world.frontiers, world.log)).catch_up()
@@ -71,9 +83,7 @@ async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
             assert await read_line(worker) == "ready"
         await asyncio.sleep(3.5)  # the killed worker's lease lapses (ttl 3 s, the store's clock)
         for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write(b"go\n")
-            await worker.stdin.drain()
+            await go(worker)
         outcomes = [json.loads(await read_line(worker, 120)) for worker in workers]
     finally:
         for worker in workers:
@@ -170,16 +180,12 @@ async def wipe_leases(config: dict[str, Any]) -> None:
 async def test_a_run_whose_lease_store_was_wiped_resumes_above_every_fence_in_its_log(
     config: dict[str, Any],
 ) -> None:
-    first = await spawn("start", config)
-    await asyncio.wait_for(first.communicate(), 60)
-    assert first.returncode == -signal.SIGKILL
+    await start_then_die(config)
     await wipe_leases(config)
     worker = await spawn("resume", config)
     try:
         assert await read_line(worker) == "ready"
-        assert worker.stdin is not None
-        worker.stdin.write(b"go\n")
-        await worker.stdin.drain()
+        await go(worker)
         outcome = json.loads(await read_line(worker, 120))
     finally:
         await asyncio.wait_for(worker.communicate(), 60)

@@ -129,6 +129,11 @@ class RunScript:
 def workload(rng: random.Random, runs: int, *, zombies: float = 0.1) -> list[list[Event]]:
     """Steps of many runs, interleaved the way concurrent runs append."""
     scripts = [RunScript(rng, zombie=rng.random() < zombies).steps() for _ in range(runs)]
+    return interleaved(rng, scripts)
+
+
+def interleaved(rng: random.Random, scripts: Sequence[list[list[Event]]]) -> list[list[Event]]:
+    """The steps of every script, each script's in order, the scripts taken at random."""
     order: list[list[Event]] = []
     cursors = [0] * len(scripts)
     live = list(range(len(scripts)))

@@ -12,7 +12,7 @@ from onward.eventlog import EVENT_FORMAT, Event
 from onward.eventlog.base import EventLog, StoredEvent
 from onward.projections.frontier import Frontier, ToolCallRow, fold_run
 from onward.testing.eventlog import runs_in_partition
-from support.histories import RunScript
+from support.histories import RunScript, interleaved
 
 
 def not_json(run_id: str, seq: int) -> bytes:
@@ -127,14 +127,4 @@ def poisoned_partition(
         script = RunScript(rng)
         script.run_id = run_id
         scripts.append(script.steps())
-    a_steps, rest = scripts[0], scripts[1:]
-    others: list[list[Event]] = []
-    cursors = [0] * len(rest)
-    live = list(range(len(rest)))
-    while live:
-        index = rng.choice(live)
-        others.append(rest[index][cursors[index]])
-        cursors[index] += 1
-        if cursors[index] == len(rest[index]):
-            live.remove(index)
-    return PoisonedPartition(ids[0], a_steps, others)
+    return PoisonedPartition(ids[0], scripts[0], interleaved(rng, scripts[1:]))

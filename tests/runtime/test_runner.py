@@ -98,6 +98,23 @@ async def crashed(crash: CrashAt, **tool_options: bool) -> tuple[MemoryEventLog,
     return log, side, tools
 
 
+async def crashed_after_a_large_result(
+    log: MemoryEventLog, blobs: MemoryBlobStore, fill: str
+) -> tuple[Tool, ScriptedProvider]:
+    """Run ``r`` crashed once its one call returned 600,000 ``fill`` characters."""
+
+    @tool
+    async def fetch(*, idempotency_key: str) -> str:
+        return fill * 600_000
+
+    provider = ScriptedProvider([reply("", ToolCall(call_id="f", tool="fetch")), reply("ok")])
+    with pytest.raises(Crash):
+        await runner(log, provider=provider, blobs=blobs, observer=CrashAt("turn.settled")).run(
+            agent([fetch]), "go", tenant=TENANT, run_id="r"
+        )
+    return fetch, provider
+
+
 async def kinds(log: MemoryEventLog, run_id: str) -> list[str]:
     return [kind_of(type(s.event)) for s in await log.read_run(run_id)]
 
@@ -371,16 +388,7 @@ async def test_resume_refuses_a_newer_event_format() -> None:
 
 async def test_large_results_go_out_of_line_and_come_back() -> None:
     log, blobs = MemoryEventLog(), MemoryBlobStore()
-
-    @tool
-    async def fetch(*, idempotency_key: str) -> str:
-        return "x" * 600_000
-
-    provider = ScriptedProvider([reply("", ToolCall(call_id="f", tool="fetch")), reply("ok")])
-    with pytest.raises(Crash):
-        await runner(log, provider=provider, blobs=blobs, observer=CrashAt("turn.settled")).run(
-            agent([fetch]), "go", tenant=TENANT, run_id="r"
-        )
+    fetch, _ = await crashed_after_a_large_result(log, blobs, "x")
     records = [msgspec.json.encode(s.event) for s in await log.read_run("r")]
     assert max(len(r) for r in records) < 10_000
     seen: list[int] = []
@@ -398,16 +406,7 @@ async def test_large_results_go_out_of_line_and_come_back() -> None:
 
 async def test_a_missing_blob_stops_the_resume() -> None:
     log, blobs = MemoryEventLog(), MemoryBlobStore()
-
-    @tool
-    async def fetch(*, idempotency_key: str) -> str:
-        return "y" * 600_000
-
-    provider = ScriptedProvider([reply("", ToolCall(call_id="f", tool="fetch")), reply("ok")])
-    with pytest.raises(Crash):
-        await runner(log, provider=provider, blobs=blobs, observer=CrashAt("turn.settled")).run(
-            agent([fetch]), "go", tenant=TENANT, run_id="r"
-        )
+    fetch, provider = await crashed_after_a_large_result(log, blobs, "y")
     for stored in await log.read_run("r"):
         result = msgspec.to_builtins(stored.event).get("result")
         if isinstance(result, dict) and "$blob" in result:

@@ -30,7 +30,7 @@ from onward.eventlog import (
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import MemoryBlobStore
-from onward.runtime.planning import ToolDisposition
+from onward.runtime.planning import ResumePlan, ToolDisposition
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, Tool, tool
@@ -113,6 +113,14 @@ async def crashed_after_a_large_result(
             agent([fetch]), "go", tenant=TENANT, run_id="r"
         )
     return fetch, provider
+
+
+async def resumed_to_completion(log: MemoryEventLog, tools: list[Tool]) -> ResumePlan:
+    """Resume run ``r``; it completes; what the resume decided."""
+    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert result.plan is not None
+    return result.plan
 
 
 async def kinds(log: MemoryEventLog, run_id: str) -> list[str]:
@@ -238,11 +246,9 @@ async def test_crashes_at_unambiguous_points_resume_without_repeating(
     point: str, call_id: str | None
 ) -> None:
     log, side, tools = await crashed(CrashAt(point, call_id))
-    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
-    assert result.status == "completed"
+    plan = await resumed_to_completion(log, tools)
     assert side.count("book") == 1
-    assert result.plan is not None
-    assert result.plan.safe
+    assert plan.safe
 
 
 async def test_a_call_killed_after_its_side_effect_is_indeterminate_and_refused() -> None:
@@ -281,11 +287,9 @@ async def test_a_person_settles_an_undecided_call_and_the_run_carries_on() -> No
 
 async def test_a_reconciling_tool_settles_its_own_call() -> None:
     log, side, tools = await crashed(CrashAt("tool.returned", "b"), reconcile=True)
-    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
-    assert result.status == "completed"
+    plan = await resumed_to_completion(log, tools)
     assert side.count("book") == 1
-    assert result.plan is not None
-    book = next(p for p in result.plan.calls if p.call.call_id == "b")
+    book = next(p for p in plan.calls if p.call.call_id == "b")
     assert (book.disposition, book.call.resolved_by) == (ToolDisposition.COMPLETED, "reconcile")
     assert "tool.resolved" in await kinds(log, "r")
 
@@ -293,20 +297,16 @@ async def test_a_reconciling_tool_settles_its_own_call() -> None:
 async def test_a_dispatch_that_never_reached_its_tool_is_reconciled_as_never_ran() -> None:
     log, side, tools = await crashed(CrashAt("tool.dispatched"), reconcile=True)
     assert side.effects == []
-    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
-    assert result.status == "completed"
+    plan = await resumed_to_completion(log, tools)
     assert side.count("book") == 1
-    assert result.plan is not None
-    assert {c.call_id for c in result.plan.to_dispatch} == {"s", "b"}
+    assert {c.call_id for c in plan.to_dispatch} == {"s", "b"}
 
 
 async def test_a_retry_safe_call_is_dispatched_again() -> None:
     log, side, tools = await crashed(CrashAt("tool.returned", "b"), retry_safe_book=True)
-    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
-    assert result.status == "completed"
+    plan = await resumed_to_completion(log, tools)
     assert side.count("book") == 2
-    assert result.plan is not None
-    assert [c.call_id for c in result.plan.to_dispatch] == ["b"]
+    assert [c.call_id for c in plan.to_dispatch] == ["b"]
 
 
 async def test_a_run_waits_on_approval_and_continues_after_approve() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from onward.eventlog import (
     ApprovalGranted,
@@ -175,6 +175,13 @@ async def direct_fold(
         for stored in await log.read_partition(partition, bounds.start):
             if stored.event.run_id in wanted:
                 by_run.setdefault(stored.event.run_id, []).append(stored)
+    return fold_each(by_run, run_ids)
+
+
+def fold_each(
+    by_run: Mapping[str, list[StoredEvent]], run_ids: Sequence[str]
+) -> tuple[dict[str, Frontier], dict[tuple[str, str], ToolCallRow]]:
+    """Each run's frontier folded from its events, and the call rows of them all."""
     frontiers: dict[str, Frontier] = {}
     calls: dict[tuple[str, str], ToolCallRow] = {}
     for run_id in run_ids:

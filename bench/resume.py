@@ -86,7 +86,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from _common import (
     add_server_options,
@@ -117,7 +117,7 @@ from onward.eventlog import (
     codec,
     partition_for,
 )
-from onward.eventlog.base import EventLog, LogRecord, PartitionBounds, Position, StoredEvent
+from onward.eventlog.base import EventLog, Position, StoredEvent
 from onward.projections.kafka import KafkaProjector
 from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
@@ -130,6 +130,7 @@ from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.resumer import CarriedRun, Resumer
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
+from onward.testing.eventlog import WrappedEventLog
 
 PARTITIONS = 12
 TENANT = "bench"
@@ -268,7 +269,7 @@ async def write_workload(
 # Sampling
 
 
-class TimedLog:
+class TimedLog(WrappedEventLog):
     """An `EventLog` that times each `append` and `read_run` of the log it wraps.
 
     Used only for the ``--profile`` resumes, to split the resumer's ``tail`` and ``claim`` into
@@ -276,12 +277,8 @@ class TimedLog:
     """
 
     def __init__(self, inner: EventLog) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls: list[tuple[str, float, int]] = []
-
-    @property
-    def partitions(self) -> int:
-        return self.inner.partitions
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
         mark = time.perf_counter()
@@ -296,37 +293,6 @@ class TimedLog:
         events = await self.inner.read_run(run_id, start=start, end=end)
         self.calls.append(("read_run", (time.perf_counter() - mark) * 1000.0, len(events)))
         return events
-
-    async def read_partition(
-        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
-    ) -> list[StoredEvent]:
-        return await self.inner.read_partition(partition, start, end, limit=limit)
-
-    async def read_records(
-        self,
-        partition: int,
-        start: int | None = None,
-        end: int | None = None,
-        *,
-        run_id: str | None = None,
-        limit: int | None = None,
-    ) -> list[LogRecord]:
-        return await self.inner.read_records(partition, start, end, run_id=run_id, limit=limit)
-
-    async def bounds(self, partition: int) -> PartitionBounds:
-        return await self.inner.bounds(partition)
-
-    async def truncate_before(self, partition: int, offset: int) -> None:
-        await self.inner.truncate_before(partition, offset)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
 
 @dataclass

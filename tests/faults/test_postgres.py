@@ -17,7 +17,6 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
-import asyncpg
 import pytest
 from support.fault_runs import (
     Verdict,
@@ -31,13 +30,13 @@ from support.fault_runs import (
     until,
 )
 from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
-from support.pg import new_schema_name
+from support.pg import create_schema
 from support.private_servers import PrivatePostgres
 
 from onward.errors import BackendError
 from onward.eventlog import KafkaEventLog
 from onward.projections.log_projector import LogProjector
-from onward.projections.postgres import PostgresFrontierStore, migrate
+from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection
 from onward.runtime.leases import LeasePolicy, PostgresLeaseStore
 from onward.runtime.ledger import Ledger
@@ -90,20 +89,6 @@ class Projector:
             await self.child.wait()
 
 
-async def migrated_schema(url: str) -> str:
-    """A migrated schema on the private cluster (thrown away with it: never dropped, since the
-    connection that made it does not survive the restart)."""
-    schema = new_schema_name()
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(f"CREATE SCHEMA {schema}")
-        await conn.execute(f"SET search_path TO {schema}")
-        await migrate(conn)
-    finally:
-        await conn.close()
-    return schema
-
-
 async def caught_up(store: PostgresFrontierStore, log: KafkaEventLog) -> bool:
     try:
         stored = await store.positions("frontiers")
@@ -124,7 +109,9 @@ async def test_postgres_restart_under_the_projector(
     steps = workload(rng, 300)
     thirds = len(steps) // 3
     began = time.time()
-    schema = await migrated_schema(private_postgres.url)
+    # Thrown away with the private cluster: never dropped, since no connection made before the
+    # restart survives it.
+    schema = await create_schema(private_postgres.url)
     async with (
         KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
         PostgresFrontierStore(private_postgres.url, schema=schema) as store,
@@ -199,7 +186,7 @@ async def test_postgres_restart_under_running_workers(
     agent = step_agent(ledger, tool_s=0.3)
     run_ids = new_run_ids(runs)
     began = time.time()
-    schema = await migrated_schema(private_postgres.url)
+    schema = await create_schema(private_postgres.url)  # thrown away with the cluster
     async with (
         KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
         PostgresFrontierStore(private_postgres.url, schema=schema) as frontiers,

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from support.crash_world import search_and_book
 from support.crashes import Crash, CrashAt
 
 from onward.errors import (
@@ -67,21 +68,8 @@ class Side:
         return sum(1 for name, _ in self.effects if name == tool_name)
 
 
-def two_calls() -> ScriptedProvider:
-    return ScriptedProvider(
-        [
-            reply(
-                "on it",
-                ToolCall(call_id="s", tool="search", args={"query": "LIS"}),
-                ToolCall(call_id="b", tool="book", args={"seat": "3A"}),
-            ),
-            reply("done"),
-        ]
-    )
-
-
 def runner(log: MemoryEventLog, **options: Any) -> AgentRunner:
-    options.setdefault("provider", two_calls())
+    options.setdefault("provider", search_and_book("on it", "done"))
     return AgentRunner(log=log, worker="w", **options)
 
 

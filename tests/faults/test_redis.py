@@ -21,9 +21,9 @@ from support.fault_runs import (
     TENANT,
     assert_all_completed,
     drive_all,
-    log_runner,
     new_run_ids,
     step_agent,
+    step_runner,
     through_fault,
 )
 from support.private_servers import PrivateRedis
@@ -68,7 +68,7 @@ async def test_redis_loses_every_lease_under_running_workers(
         RedisLeaseStore(private_redis.url, prefix=prefix) as leases_b,
     ):
         workers = [
-            log_runner(log, leases, STEPS, POLICY, worker=name)
+            step_runner(log, leases, STEPS, POLICY, worker=name)
             for name, leases in (("worker-a", leases_a), ("worker-b", leases_b))
         ]
         done = asyncio.Event()

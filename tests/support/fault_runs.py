@@ -36,13 +36,13 @@ from onward.errors import (
 )
 from onward.eventlog import KafkaEventLog, ToolCall
 from onward.eventlog.base import EventLog
-from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.leases import LeasePolicy, LeaseStore, MemoryLeaseStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, idempotency_key, tool
+from support.runners import log_runner
 
 TENANT = "acme"
 REPO = Path(__file__).resolve().parents[2]
@@ -87,18 +87,11 @@ def new_run_ids(runs: int) -> list[str]:
     return [f"run-{uuid.uuid4().hex[:8]}" for _ in range(runs)]
 
 
-def log_runner(
+def step_runner(
     log: EventLog, leases: LeaseStore, steps: int, policy: LeasePolicy, **options: Any
 ) -> AgentRunner:
     """A runner of ``steps``-step runs that reads runs from the log (there is no projector)."""
-    return AgentRunner(
-        provider=step_provider(steps),
-        log=log,
-        frontiers=MemoryFrontierStore(),
-        leases=leases,
-        lease_policy=policy,
-        **options,
-    )
+    return log_runner(step_provider(steps), log, leases, lease_policy=policy, **options)
 
 
 def expected_keys(run_ids: list[str], steps: int) -> set[str]:
@@ -364,7 +357,7 @@ async def kafka_runs_through(
         KafkaEventLog(bootstrap, topic="onward.faults", partitions=4) as log,
         MemoryLeaseStore() as leases,
     ):
-        runner = log_runner(log, leases, steps, LeasePolicy(ttl=timedelta(seconds=10)))
+        runner = step_runner(log, leases, steps, LeasePolicy(ttl=timedelta(seconds=10)))
         driving = drive_all(lambda: runner, agent, run_ids)
         return await through_fault(driving, ledger, runs, fault, began=began, within_s=within_s)
 

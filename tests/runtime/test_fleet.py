@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.deployment import process_env, worker_argv
+from support.deployment import balanced, process_env, worker_argv
 from support.kafka import delete_topic
-from support.processes import spawn_onward
+from support.processes import spawn_onward, stop_children
 from support.servers import KafkaServers
 
 from onward.eventlog import KafkaEventLog
@@ -94,15 +94,7 @@ class Fleet:
         return Counter(s.status for s in await self.frontiers.runs(tenant=TENANT))
 
     async def stop_all(self) -> None:
-        for child in self.children.values():
-            if child.returncode is None:
-                child.send_signal(signal.SIGTERM)
-        for child in self.children.values():
-            try:
-                await asyncio.wait_for(child.wait(), 30)
-            except TimeoutError:
-                child.kill()
-                await child.wait()
+        await stop_children(self.children.values(), within_s=30)
 
 
 @pytest_asyncio.fixture
@@ -140,13 +132,7 @@ async def fleet(kafka_servers: KafkaServers, tmp_path: Path) -> AsyncIterator[Fl
 
 async def _all_assigned(world: Fleet) -> bool:
     """Each worker's latest assignment is its share of a three-member group."""
-    latest = []
-    for n in range(3):
-        found = re.findall(r"partitions assigned: \[([0-9, ]*)\]", world.output(f"w{n}"))
-        if not found or not found[-1]:
-            return False
-        latest.append({int(p) for p in found[-1].split(",")})
-    return sum(map(len, latest)) == PARTITIONS and set().union(*latest) == set(range(PARTITIONS))
+    return balanced((world.output(f"w{n}") for n in range(3)), PARTITIONS)
 
 
 async def _settled(world: Fleet, run_ids: list[str]) -> bool:

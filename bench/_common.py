@@ -71,6 +71,11 @@ def server_urls(args: argparse.Namespace, *names: str) -> None:
         raise SystemExit(f"{', '.join(missing)} not set; start the servers: {SERVICES_HINT}")
 
 
+def whole_numbers(text: str) -> list[int]:
+    """``"1,2,3"`` as ``[1, 2, 3]``: the type of an option that takes several numbers."""
+    return [int(part) for part in text.split(",")]
+
+
 def with_database(url: str, database: str) -> str:
     """``url`` pointing at another database on the same server."""
     parts = urlsplit(url)

@@ -50,6 +50,7 @@ from _common import (
     quantile,
     server_urls,
     throwaway_name,
+    whole_numbers,
     write_results,
 )
 
@@ -254,10 +255,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=10, help="tool calls per run")
     parser.add_argument("--tool-s", type=float, default=0.01, help="each tool call's sleep")
     parser.add_argument(
-        "--fleets",
-        type=lambda s: [int(x) for x in s.split(",")],
-        default=[1, 2, 3],
-        help="worker counts, comma-separated",
+        "--fleets", type=whole_numbers, default=[1, 2, 3], help="worker counts, comma-separated"
     )
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--max-runs", type=int, default=32, help="runs in flight per worker")

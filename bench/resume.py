@@ -99,6 +99,7 @@ from _common import (
     server_urls,
     text,
     throwaway_name,
+    whole_numbers,
     write_results,
 )
 from _workload import FirstCall, RunHistory, Stopwatch, search
@@ -1003,7 +1004,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--turns", type=int, default=10, help="runner scenario: turns per run")
     parser.add_argument(
         "--lengths",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=whole_numbers,
         default=[10, 1_000, 100_000],
         help="history lengths, comma-separated",
     )

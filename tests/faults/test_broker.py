@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.fault_runs import assert_all_completed, kafka_runs_through
+from support.fault_runs import kafka_runs_through
 from support.private_servers import PrivateKafka
 
 from onward.runtime.ledger import Ledger
@@ -43,13 +43,12 @@ async def test_broker_sigkill_mid_load_then_restart(
     window = await kafka_runs_through(
         private_kafka.bootstrap, ledger, kill_then_restart, runs=RUNS, steps=STEPS, within_s=300
     )
-    verdict = window.judge(
+    verdict = window.assert_all_completed(
         "kafka: broker SIGKILL, restart after 5 s",
         ledger,
         steps=STEPS,
         notes=f"(effects before kill {killed_with}, broker boot {window.lifted - restart:.1f}s)",
     )
-    assert_all_completed(verdict, window.outcomes)
     assert verdict.side_effects == RUNS * STEPS
 
 
@@ -71,13 +70,12 @@ async def test_broker_sigstop_past_the_request_timeout_then_sigcont(
     )
     outcomes = window.outcomes
     failures = [f for o in outcomes for f in o.failures]
-    verdict = window.judge(
+    window.assert_all_completed(
         f"kafka: broker SIGSTOP {PRODUCER_REQUEST_TIMEOUT_S + 5:.0f} s, SIGCONT",
         ledger,
         steps=STEPS,
         notes=f"(runs stopped by an error then resumed: {sum(1 for o in outcomes if o.failures)})",
     )
-    assert_all_completed(verdict, outcomes)
     # An append the frozen broker never acknowledged fails after the request timeout and may
     # still land once it thaws; the holder that wrote it then learns it was superseded.
     assert set(failures) <= {

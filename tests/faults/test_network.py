@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.fault_runs import assert_all_completed, kafka_runs_through
+from support.fault_runs import kafka_runs_through
 from support.faulty_proxy import FaultyProxy
 from support.private_servers import PrivateKafka, free_port, running
 
@@ -58,7 +58,7 @@ async def test_latency_and_a_dropped_connection_to_the_broker(
         if fault == "latency"
         else f"network: connections reset, {CUT_S:.0f} s cut"
     )
-    verdict = window.judge(
+    verdict = window.assert_all_completed(
         name,
         ledger,
         steps=STEPS,
@@ -66,5 +66,4 @@ async def test_latency_and_a_dropped_connection_to_the_broker(
         lifted=fault == "cut",
         notes=f"(proxy connections {proxy.connections}, reset {proxy.resets})",
     )
-    assert_all_completed(verdict, window.outcomes)
     assert verdict.side_effects == RUNS * STEPS

@@ -275,12 +275,6 @@ def assert_sound(verdict: Verdict, outcomes: list[Outcome]) -> None:
     assert verdict.lost == 0, verdict.line()
 
 
-def assert_all_completed(verdict: Verdict, outcomes: list[Outcome]) -> None:
-    """Sound, and every run completed."""
-    assert_sound(verdict, outcomes)
-    assert all(o.status == "completed" for o in outcomes), outcomes
-
-
 @dataclass
 class Window:
     """When the runs began, when the fault came and was lifted, and how every run ended."""
@@ -290,7 +284,7 @@ class Window:
     lifted: float
     outcomes: list[Outcome]
 
-    def judge(
+    def assert_all_completed(
         self,
         fault: str,
         ledger: Ledger,
@@ -300,8 +294,9 @@ class Window:
         down: bool = True,
         lifted: bool = True,
     ) -> Verdict:
-        """`judge` these outcomes, timed from this window (``down``/``lifted``: use that time)."""
-        return judge(
+        """`judge` these outcomes, timed from this window (``down``/``lifted``: use that time),
+        then assert they are sound and every run completed; return the verdict."""
+        verdict = judge(
             fault,
             ledger,
             self.outcomes,
@@ -311,6 +306,9 @@ class Window:
             down_at=self.down if down else None,
             notes=notes,
         )
+        assert_sound(verdict, self.outcomes)
+        assert all(o.status == "completed" for o in self.outcomes), self.outcomes
+        return verdict
 
 
 async def through_fault(

@@ -71,6 +71,11 @@ def server_urls(args: argparse.Namespace, *names: str) -> None:
         raise SystemExit(f"{', '.join(missing)} not set; start the servers: {SERVICES_HINT}")
 
 
+def whole_numbers(text: str) -> list[int]:
+    """``"1,2,3"`` as ``[1, 2, 3]``: the type of an option that takes several numbers."""
+    return [int(part) for part in text.split(",")]
+
+
 def with_database(url: str, database: str) -> str:
     """``url`` pointing at another database on the same server."""
     parts = urlsplit(url)
@@ -134,22 +139,10 @@ async def create_schema(database_url: str, kind: str) -> str:
 
     A schema whose migration fails is dropped again.
     """
-    import asyncpg  # noqa: PLC0415
-
-    from onward.projections.postgres import migrate  # noqa: PLC0415
+    from onward.testing import storage  # noqa: PLC0415
 
     schema = f"bench_{kind}_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(f"CREATE SCHEMA {schema}")
-        try:
-            await conn.execute(f"SET search_path TO {schema}")
-            await migrate(conn)
-        except BaseException:
-            await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-            raise
-    finally:
-        await conn.close()
+    await storage.create_schema(database_url, schema)
     return schema
 
 

@@ -19,22 +19,25 @@ ttl (until then its runs stay held).
     python bench/fleet.py                          # 2,000 runs; bench/results/fleet.json
     python bench/fleet.py --runs 200 --fleets 1,3  # small
 
-The agent and model are `tests/support/fleet.py` (put on the workers' ``PYTHONPATH``). Topics,
-schemas and Redis keys are deleted at the end, also on failure.
+The agent and model are `tests/support/fleet.py` (put on the workers' ``PYTHONPATH``); the
+processes are started and stopped as the fleet tests do it (`tests/support/deployment.py`,
+`tests/support/processes.py`). Topics, schemas and Redis keys are deleted at the end, also on
+failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
-import re
 import signal
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from _common import (
     add_server_options,
@@ -47,10 +50,18 @@ from _common import (
     quantile,
     server_urls,
     throwaway_name,
+    whole_numbers,
     write_results,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the fleet's agents and processes: tests/support
+from support.deployment import balanced, worker_argv  # noqa: E402
+from support.processes import spawn_onward, stop_children  # noqa: E402
+
+if TYPE_CHECKING:
+    from onward.projections.postgres import PostgresFrontierStore
+
 TENANT = "bench"
 
 
@@ -86,10 +97,7 @@ class Fleet:
         }
 
     async def spawn(self, name: str, *argv: str) -> None:
-        with (self.tmp / f"{name}.log").open("wb") as out:
-            self.children[name] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "onward", *argv, env=self.env, stdout=out, stderr=out
-            )
+        self.children[name] = await spawn_onward(self.tmp / f"{name}.log", self.env, *argv)
 
     def output(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
@@ -99,59 +107,27 @@ class Fleet:
         await create_topic(self.args.bootstrap, self.topic, self.args.partitions)
         await self.spawn("projector", "projector", "--session-timeout-ms", "6000")
         for n in range(self.workers):
-            await self.spawn(
-                f"w{n}",
-                "worker",
-                "--agent",
-                "support.fleet:agents",
-                "--provider",
-                "support.fleet:provider",
-                "--requests-topic",
+            argv = worker_argv(
+                "support.fleet",
                 self.requests,
-                "--group",
-                f"{self.topic}.workers",
-                "--name",
                 f"w{n}",
-                "--max-runs",
-                str(self.args.max_runs),
-                "--lease-ttl",
-                str(self.args.lease_ttl),
-                "--recheck",
-                "1",
-                "--backoff",
-                "0.2",
-                "--session-timeout-ms",
-                str(self.args.session_timeout_ms),
+                *("--max-runs", str(self.args.max_runs)),
+                lease_ttl_s=self.args.lease_ttl,
+                session_timeout_ms=self.args.session_timeout_ms,
             )
+            await self.spawn(f"w{n}", *argv)
         deadline = time.monotonic() + 120
-        while not self._balanced():
+        workers = [f"w{n}" for n in range(self.workers)]
+        while not balanced(map(self.output, workers), self.args.partitions):
             if time.monotonic() > deadline:
                 raise SystemExit(f"workers never balanced: {self._tails()}")
             await asyncio.sleep(0.25)
-
-    def _balanced(self) -> bool:
-        latest: list[set[int]] = []
-        for n in range(self.workers):
-            found = re.findall(r"partitions assigned: \[([0-9, ]*)\]", self.output(f"w{n}"))
-            if not found or not found[-1]:
-                return False
-            latest.append({int(p) for p in found[-1].split(",")})
-        everything = set(range(self.args.partitions))
-        return sum(map(len, latest)) == len(everything) and set().union(*latest) == everything
 
     def _tails(self) -> dict[str, str]:
         return {n: self.output(n)[-1500:] for n in self.children}
 
     async def stop(self) -> None:
-        for child in self.children.values():
-            if child.returncode is None:
-                child.send_signal(signal.SIGTERM)
-        for child in self.children.values():
-            try:
-                await asyncio.wait_for(child.wait(), 60)
-            except TimeoutError:
-                child.kill()
-                await child.wait()
+        await stop_children(self.children.values(), within_s=60)
         await delete_topics(self.args.bootstrap, [self.topic, self.requests])
         if self.schema:
             await drop_schemas(self.args.database_url, [self.schema])
@@ -200,44 +176,49 @@ def _effects(fleet: Fleet) -> int:
         return sum(1 for _ in ledger)
 
 
-async def throughput(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def _running(
+    args: argparse.Namespace, workers: int, tmp: Path
+) -> AsyncIterator[tuple[Fleet, PostgresFrontierStore]]:
+    """A started fleet and its frontier store; the fleet is stopped and cleaned up after."""
     from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
 
     fleet = Fleet(args, workers, tmp)
     try:
         await fleet.start()
         async with PostgresFrontierStore(args.database_url, schema=fleet.schema) as frontiers:
-            started = time.monotonic()
-            await _submit(fleet, args.runs)
-            ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
-        seconds = ended - started
-        steps = args.runs * args.steps
-        return {
-            "workers": workers,
-            "seconds": seconds,
-            "steps": steps,
-            "steps_per_s": steps / seconds,
-        }
+            yield fleet, frontiers
     finally:
         await fleet.stop()
 
 
+async def throughput(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, Any]:
+    async with _running(args, workers, tmp) as (fleet, frontiers):
+        started = time.monotonic()
+        await _submit(fleet, args.runs)
+        ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
+    seconds = ended - started
+    steps = args.runs * args.steps
+    return {
+        "workers": workers,
+        "seconds": seconds,
+        "steps": steps,
+        "steps_per_s": steps / seconds,
+    }
+
+
 async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, Any]:
     from onward.eventlog import KafkaEventLog, RunClaimed  # noqa: PLC0415
-    from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
 
-    fleet = Fleet(args, workers, tmp)
-    try:
-        await fleet.start()
-        async with PostgresFrontierStore(args.database_url, schema=fleet.schema) as frontiers:
-            started = time.monotonic()
-            run_ids = await _submit(fleet, args.runs)
-            kill_at = int(args.runs * args.steps * args.kill_at)
-            await _until_effects(fleet, kill_at)
-            fleet.children["w0"].send_signal(signal.SIGKILL)
-            killed_us = time.time_ns() // 1_000
-            await fleet.children["w0"].wait()
-            ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
+    async with _running(args, workers, tmp) as (fleet, frontiers):
+        started = time.monotonic()
+        run_ids = await _submit(fleet, args.runs)
+        kill_at = int(args.runs * args.steps * args.kill_at)
+        await _until_effects(fleet, kill_at)
+        fleet.children["w0"].send_signal(signal.SIGKILL)
+        killed_us = time.time_ns() // 1_000
+        await fleet.children["w0"].wait()
+        ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
         wanted = set(run_ids)
         moved: dict[str, int] = {}
         async with KafkaEventLog(
@@ -265,8 +246,6 @@ async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[st
             "recovery_p99_s": quantile(waits, 0.99),
             "recovery_max_s": max(waits, default=float("nan")),
         }
-    finally:
-        await fleet.stop()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -276,10 +255,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=10, help="tool calls per run")
     parser.add_argument("--tool-s", type=float, default=0.01, help="each tool call's sleep")
     parser.add_argument(
-        "--fleets",
-        type=lambda s: [int(x) for x in s.split(",")],
-        default=[1, 2, 3],
-        help="worker counts, comma-separated",
+        "--fleets", type=whole_numbers, default=[1, 2, 3], help="worker counts, comma-separated"
     )
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--max-runs", type=int, default=32, help="runs in flight per worker")

@@ -83,10 +83,10 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from _common import (
     add_server_options,
@@ -99,6 +99,7 @@ from _common import (
     server_urls,
     text,
     throwaway_name,
+    whole_numbers,
     write_results,
 )
 from _workload import FirstCall, RunHistory, Stopwatch, search
@@ -117,7 +118,7 @@ from onward.eventlog import (
     codec,
     partition_for,
 )
-from onward.eventlog.base import EventLog, LogRecord, PartitionBounds, Position, StoredEvent
+from onward.eventlog.base import EventLog, Position, StoredEvent
 from onward.projections.kafka import KafkaProjector
 from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
@@ -130,6 +131,7 @@ from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.resumer import CarriedRun, Resumer
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
+from onward.testing.eventlog import WrappedEventLog
 
 PARTITIONS = 12
 TENANT = "bench"
@@ -268,7 +270,7 @@ async def write_workload(
 # Sampling
 
 
-class TimedLog:
+class TimedLog(WrappedEventLog):
     """An `EventLog` that times each `append` and `read_run` of the log it wraps.
 
     Used only for the ``--profile`` resumes, to split the resumer's ``tail`` and ``claim`` into
@@ -276,12 +278,8 @@ class TimedLog:
     """
 
     def __init__(self, inner: EventLog) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls: list[tuple[str, float, int]] = []
-
-    @property
-    def partitions(self) -> int:
-        return self.inner.partitions
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
         mark = time.perf_counter()
@@ -296,37 +294,6 @@ class TimedLog:
         events = await self.inner.read_run(run_id, start=start, end=end)
         self.calls.append(("read_run", (time.perf_counter() - mark) * 1000.0, len(events)))
         return events
-
-    async def read_partition(
-        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
-    ) -> list[StoredEvent]:
-        return await self.inner.read_partition(partition, start, end, limit=limit)
-
-    async def read_records(
-        self,
-        partition: int,
-        start: int | None = None,
-        end: int | None = None,
-        *,
-        run_id: str | None = None,
-        limit: int | None = None,
-    ) -> list[LogRecord]:
-        return await self.inner.read_records(partition, start, end, run_id=run_id, limit=limit)
-
-    async def bounds(self, partition: int) -> PartitionBounds:
-        return await self.inner.bounds(partition)
-
-    async def truncate_before(self, partition: int, offset: int) -> None:
-        await self.inner.truncate_before(partition, offset)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
 
 @dataclass
@@ -518,7 +485,29 @@ async def profile_run(
 # Kafka + PostgreSQL + Redis
 
 
-async def bench_kafka(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+@dataclass
+class KafkaStack:
+    """A throwaway topic, schema and Redis prefix, with a KafkaProjector folding in this process."""
+
+    topic: str
+    schema: str
+    prefix: str
+    log: KafkaEventLog
+    leases: RedisLeaseStore
+    store: PostgresFrontierStore
+    projection: FrontierProjection
+    folding: asyncio.Task[None]
+
+    def check_folding(self) -> None:
+        """Raise what stopped the projector, if it has stopped."""
+        if self.folding.done():
+            self.folding.result()
+            raise RuntimeError("the projector stopped")
+
+
+@contextlib.asynccontextmanager
+async def kafka_stack(args: argparse.Namespace, console: Console) -> AsyncIterator[KafkaStack]:
+    """Open the stack, then close everything, delete the topic, drop the schema, delete the keys."""
     topic = throwaway_name("resume")
     suffix = topic.rsplit(".", 1)[1]
     prefix = f"onward-bench-resume-{suffix}:"
@@ -547,18 +536,41 @@ async def bench_kafka(args: argparse.Namespace, console: Console) -> dict[str, A
         )
         await projector.start()
         folding = asyncio.create_task(projector.run(stop))
-        kafka_log = log
+        yield KafkaStack(topic, schema, prefix, log, leases, store, projection, folding)
+    finally:
+        stop.set()
+        if folding is not None:
+            with contextlib.suppress(Exception):
+                await folding
+        if projector is not None:
+            await projector.close()
+        for opened in stores:
+            with contextlib.suppress(Exception):
+                await opened.close()
+        if leases is not None:
+            with contextlib.suppress(Exception):
+                await leases.close()
+        if log is not None:
+            with contextlib.suppress(Exception):
+                await log.close()
+        await delete_topics(args.bootstrap, [topic], console)
+        await drop_schemas(args.database_url, [schema] if schema else [], console)
+        await delete_redis_keys(args.redis_url, prefix, console)
+
+
+async def bench_kafka(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    async with kafka_stack(args, console) as stack:
+        topic, schema, prefix = stack.topic, stack.schema, stack.prefix
+        log, leases, store, projection = stack.log, stack.leases, stack.store, stack.projection
 
         async def caught_up() -> float:
             started = time.perf_counter()
-            ends = {p: (await kafka_log.bounds(p)).end for p in range(PARTITIONS)}
+            ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
             while True:
                 stored = await projection.positions()
                 if all(stored.get(p, 0) >= end for p, end in ends.items() if end > 0):
                     return time.perf_counter() - started
-                if folding is not None and folding.done():
-                    folding.result()
-                    raise RuntimeError("the projector stopped")
+                stack.check_folding()
                 await asyncio.sleep(0.05)
 
         async def settle(carried: CarriedRun) -> None:
@@ -570,9 +582,7 @@ async def bench_kafka(args: argparse.Namespace, console: Console) -> dict[str, A
                     return
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the projector did not fold offset {through} in 30 s")
-                if folding is not None and folding.done():
-                    folding.result()
-                    raise RuntimeError("the projector stopped")
+                stack.check_folding()
                 await asyncio.sleep(0.002)
 
         console.print(f"kafka: writing the workload into {topic} (projector folding) ...")
@@ -591,39 +601,6 @@ async def bench_kafka(args: argparse.Namespace, console: Console) -> dict[str, A
             "projector_events_folded": projection.stats.events,
         }
         return result
-    finally:
-        stop.set()
-        if folding is not None:
-            with contextlib.suppress(Exception):
-                await folding
-        if projector is not None:
-            await projector.close()
-        await _cleanup_kafka(args, console, topic, schema, prefix, log, leases, stores)
-
-
-async def _cleanup_kafka(
-    args: argparse.Namespace,
-    console: Console,
-    topic: str,
-    schema: str | None,
-    prefix: str,
-    log: KafkaEventLog | None,
-    leases: RedisLeaseStore | None,
-    stores: list[PostgresFrontierStore],
-) -> None:
-    """Close everything, delete the topic, drop the schema, delete the Redis keys."""
-    for store in stores:
-        with contextlib.suppress(Exception):
-            await store.close()
-    if leases is not None:
-        with contextlib.suppress(Exception):
-            await leases.close()
-    if log is not None:
-        with contextlib.suppress(Exception):
-            await log.close()
-    await delete_topics(args.bootstrap, [topic], console)
-    await drop_schemas(args.database_url, [schema] if schema else [], console)
-    await delete_redis_keys(args.redis_url, prefix, console)
 
 
 # --------------------------------------------------------------------------------------------
@@ -848,46 +825,18 @@ async def runner_scenario(
 
 
 async def bench_runner_kafka(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    topic = throwaway_name("resume")
-    suffix = topic.rsplit(".", 1)[1]
-    prefix = f"onward-bench-resume-{suffix}:"
-    schema: str | None = None
-    log: KafkaEventLog | None = None
-    leases: RedisLeaseStore | None = None
-    stores: list[PostgresFrontierStore] = []
-    projector: KafkaProjector[FrontierProjection] | None = None
-    stop = asyncio.Event()
-    folding: asyncio.Task[None] | None = None
-    try:
-        schema = await create_schema(args.database_url, "resume")
-        log = await KafkaEventLog.open(args.bootstrap, topic=topic, partitions=PARTITIONS)
-        leases = await RedisLeaseStore.open(args.redis_url, prefix=prefix)
-        projector_store = await PostgresFrontierStore.open(args.database_url, schema=schema)
-        stores.append(projector_store)
-        store = await PostgresFrontierStore.open(args.database_url, schema=schema)
-        stores.append(store)
+    async with kafka_stack(args, console) as stack:
+        topic, schema = stack.topic, stack.schema
+        log, leases, store, projection = stack.log, stack.leases, stack.store, stack.projection
         blobs = await PostgresBlobStore.open(args.database_url, schema=schema)
-        projection = FrontierProjection(projector_store, log)
-        projector = KafkaProjector(
-            args.bootstrap,
-            projection,
-            topic=topic,
-            partitions=PARTITIONS,
-            group_id=f"onward-bench-resume-{suffix}",
-        )
-        await projector.start()
-        folding = asyncio.create_task(projector.run(stop))
-        kafka_log = log
 
         async def settle() -> None:
-            ends = {p: (await kafka_log.bounds(p)).end for p in (0, 1)}
+            ends = {p: (await log.bounds(p)).end for p in (0, 1)}
             deadline = time.monotonic() + 600.0
             while not _reached(await projection.positions(), ends):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the projector did not catch up in 600 s")
-                if folding is not None and folding.done():
-                    folding.result()
-                    raise RuntimeError("the projector stopped")
+                stack.check_folding()
                 await asyncio.sleep(0.002)
 
         runner = AgentRunner(
@@ -901,14 +850,6 @@ async def bench_runner_kafka(args: argparse.Namespace, console: Console) -> dict
             "setup": f"topic {topic} ({PARTITIONS} partitions), schema {schema}, Redis leases, "
             "KafkaProjector running in this process; the runs and the others in partition 0"
         }
-    finally:
-        stop.set()
-        if folding is not None:
-            with contextlib.suppress(Exception):
-                await folding
-        if projector is not None:
-            await projector.close()
-        await _cleanup_kafka(args, console, topic, schema, prefix, log, leases, stores)
 
 
 async def bench_runner_sqlite(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -1063,7 +1004,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--turns", type=int, default=10, help="runner scenario: turns per run")
     parser.add_argument(
         "--lengths",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=whole_numbers,
         default=[10, 1_000, 100_000],
         help="history lengths, comma-separated",
     )

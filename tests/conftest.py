@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 from support.kafka import fresh_topic
 from support.pg import SchemaFactory, schema_factory
+from support.private_servers import PrivateKafka, PrivatePostgres, PrivateRedis, running
 from support.redis import fresh_prefix
 from support.servers import KafkaServers
 
@@ -148,6 +149,28 @@ def kafka_servers(request: pytest.FixtureRequest) -> KafkaServers:
             request.getfixturevalue("redis_prefix"),
         ]
     )
+
+
+@pytest_asyncio.fixture
+async def private_kafka() -> AsyncIterator[PrivateKafka]:
+    """A single-node KRaft broker of this test alone (fault tests)."""
+    async with running(PrivateKafka()) as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def private_redis() -> AsyncIterator[PrivateRedis]:
+    """A Redis server of this test alone, without persistence (fault tests)."""
+    async with running(PrivateRedis()) as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def private_postgres() -> AsyncIterator[PrivatePostgres]:
+    """A PostgreSQL cluster of this test alone, with role and database ``onward`` (fault
+    tests)."""
+    async with running(PrivatePostgres()) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import pytest
 
 import onward
 import onward.eventlog
+import onward.integrations.mcp
 import onward.projections
 import onward.runtime
 import onward.testing
@@ -26,7 +27,15 @@ def test_exports_are_the_pinned_ones(module: str) -> None:
 
 
 def test_every_exported_name_exists() -> None:
-    for module in (onward, onward.eventlog, onward.projections, onward.runtime, onward.testing):
+    modules = (
+        onward,
+        onward.eventlog,
+        onward.integrations.mcp,
+        onward.projections,
+        onward.runtime,
+        onward.testing,
+    )
+    for module in modules:
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 

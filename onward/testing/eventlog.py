@@ -4,6 +4,9 @@ Subclass it once per backend and implement :meth:`EventLogConformance.open_log` 
 :meth:`EventLogConformance.write_raw`; persistent backends also implement
 :meth:`PersistentEventLogConformance.reopen`. A new backend is done when its subclass passes
 unchanged. Needs pytest and pytest-asyncio (``asyncio_mode = "auto"``).
+
+`WrappedEventLog` is a log to subclass when a test or a benchmark needs to count, time or hold
+up some calls to a log and leave the rest alone.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import msgspec
 import pytest
 import pytest_asyncio
 
+from onward._storage import Resource
 from onward.errors import (
     CheckpointFormatError,
     EventDecodeError,
@@ -25,7 +29,16 @@ from onward.errors import (
     PayloadTooLargeError,
 )
 from onward.eventlog import codec
-from onward.eventlog.base import EventLog, Position, Refusal, SequenceGuard, partition_for
+from onward.eventlog.base import (
+    EventLog,
+    LogRecord,
+    PartitionBounds,
+    Position,
+    Refusal,
+    SequenceGuard,
+    StoredEvent,
+    partition_for,
+)
 from onward.eventlog.events import (
     EVENT_FORMAT,
     Event,
@@ -105,6 +118,50 @@ def step_events(
 def seqs(stored: Sequence[object]) -> list[int]:
     """The seqs of stored events, in order."""
     return [s.event.seq for s in stored]  # type: ignore[attr-defined]
+
+
+class WrappedEventLog(Resource):
+    """An `EventLog` that hands every call to ``inner``.
+
+    Subclass it to count, time or hold up one call and leave the rest alone; the reads of a
+    partition take the arguments `EventLog` documents and pass them on unchanged. Closing it
+    leaves ``inner`` open: the wrapped log belongs to whoever made it.
+    """
+
+    def __init__(self, inner: EventLog) -> None:
+        self.inner = inner
+
+    @property
+    def partitions(self) -> int:
+        return self.inner.partitions
+
+    @property
+    def embedded(self) -> bool:
+        """Whether ``inner`` folds runs itself (the runner then needs no frontier store)."""
+        return bool(getattr(self.inner, "embedded", False))
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        return await self.inner.append(events)
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        return await self.inner.read_run(run_id, start=start, end=end)
+
+    async def read_partition(self, *args: Any, **options: Any) -> list[StoredEvent]:
+        return await self.inner.read_partition(*args, **options)
+
+    async def read_records(self, *args: Any, **options: Any) -> list[LogRecord]:
+        return await self.inner.read_records(*args, **options)
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        return await self.inner.bounds(partition)
+
+    async def truncate_before(self, partition: int, offset: int) -> None:
+        await self.inner.truncate_before(partition, offset)
+
+    async def close(self) -> None:
+        """The wrapped log is not this one's to close."""
 
 
 class EventLogConformance:

@@ -11,6 +11,8 @@ pytest and pytest-asyncio.
 
 A store's connections are told apart from everyone else's on a shared server by their
 ``application_name``, which Onward sets to ``onward:<schema>``.
+
+`create_schema` and `drop_schema` make and remove a schema of a test's (or a benchmark's) own.
 """
 
 from __future__ import annotations
@@ -55,14 +57,9 @@ class PostgresConnectionLossConformance:
     ) -> AsyncIterator[tuple[asyncpg.Connection, str, Any]]:
         """An admin connection, a new migrated schema and the store on it; all gone afterwards."""
         schema = f"loss_{uuid.uuid4().hex[:12]}"
+        await create_schema(database_url, schema)
         admin = await asyncpg.connect(database_url)
-        await admin.execute(f"CREATE SCHEMA {schema}")
         try:
-            migrator = await asyncpg.connect(database_url, server_settings={"search_path": schema})
-            try:
-                await migrate(migrator)
-            finally:
-                await migrator.close()
             store = await self.open_connected_store(database_url, schema)
             try:
                 await self.use_store(store)
@@ -70,8 +67,8 @@ class PostgresConnectionLossConformance:
             finally:
                 await store.close()
         finally:
-            await admin.execute(f"DROP SCHEMA {schema} CASCADE")
             await admin.close()
+            await drop_schema(database_url, schema)
 
     async def test_a_connection_cut_mid_call_fails_retryably_then_the_store_recovers(
         self, database_url: str
@@ -107,6 +104,32 @@ class PostgresConnectionLossConformance:
                 await self.use_store(store)
             except BackendUnavailableError:
                 await self.use_store(store)
+
+
+async def create_schema(database_url: str, schema: str, *, migrated: bool = True) -> None:
+    """Create ``schema`` on the server of ``database_url`` and, unless ``migrated`` is false,
+    apply Onward's migrations to it. A schema whose migration fails is dropped again."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+        if migrated:
+            try:
+                await conn.execute(f"SET search_path TO {schema}")
+                await migrate(conn)
+            except BaseException:
+                await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+                raise
+    finally:
+        await conn.close()
+
+
+async def drop_schema(database_url: str, schema: str) -> None:
+    """Drop ``schema`` and everything in it, if it exists."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    finally:
+        await conn.close()
 
 
 def _application_name(schema: str) -> str:

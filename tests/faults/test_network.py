@@ -7,23 +7,16 @@ then the partition leader it is told about) goes through the proxy.
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.fault_runs import assert_sound, drive_all, judge, step_agent, step_provider, until
+from support.fault_runs import kafka_runs_through
 from support.faulty_proxy import FaultyProxy
 from support.private_servers import PrivateKafka, free_port, running
 
-from onward.eventlog import KafkaEventLog
-from onward.projections.memory import MemoryFrontierStore
-from onward.runtime.leases import LeasePolicy, MemoryLeaseStore
 from onward.runtime.ledger import Ledger
-from onward.runtime.runner import AgentRunner
 
 pytestmark = pytest.mark.faults
 RUNS = 20
@@ -48,49 +41,29 @@ async def test_latency_and_a_dropped_connection_to_the_broker(
 ) -> None:
     broker, proxy = proxied
     ledger = Ledger(tmp_path / "ledger.jsonl")
-    agent = step_agent(ledger, tool_s=0.3)
-    run_ids = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(RUNS)]
-    began = time.time()
-    async with (
-        KafkaEventLog(broker.bootstrap, topic="onward.faults", partitions=4) as log,
-        MemoryLeaseStore() as leases,
-    ):
-        runner = AgentRunner(
-            provider=step_provider(STEPS),
-            log=log,
-            frontiers=MemoryFrontierStore(),  # no projector here: runs are read from the log
-            leases=leases,
-            lease_policy=LeasePolicy(ttl=timedelta(seconds=10)),
-        )
-        if fault == "latency":
-            proxy.delay(DELAY_MS)
-        driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
-        try:
-            await until(lambda: len(ledger.entries()) >= RUNS, "the first steps")
-            down = time.time()
-            if fault == "cut":
-                proxy.cut()
-                await asyncio.sleep(CUT_S)
-            proxy.restore()
-            lifted = time.time()
-            outcomes = await asyncio.wait_for(driving, 240)
-        finally:
-            driving.cancel()
+    if fault == "latency":
+        proxy.delay(DELAY_MS)
+
+    async def cut_then_restore() -> None:
+        if fault == "cut":
+            proxy.cut()
+            await asyncio.sleep(CUT_S)
+        proxy.restore()
+
+    window = await kafka_runs_through(
+        broker.bootstrap, ledger, cut_then_restore, runs=RUNS, steps=STEPS, within_s=240
+    )
     name = (
         f"network: {DELAY_MS} ms latency each way"
         if fault == "latency"
         else f"network: connections reset, {CUT_S:.0f} s cut"
     )
-    verdict = judge(
+    verdict = window.assert_all_completed(
         name,
         ledger,
-        outcomes,
         steps=STEPS,
-        lifted_at=lifted if fault == "cut" else None,
-        began_at=began,
-        down_at=down if fault == "cut" else None,
+        down=fault == "cut",
+        lifted=fault == "cut",
         notes=f"(proxy connections {proxy.connections}, reset {proxy.resets})",
     )
-    assert_sound(verdict, outcomes)
-    assert all(o.status == "completed" for o in outcomes), outcomes
     assert verdict.side_effects == RUNS * STEPS

@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 from support.histories import append_all
 from support.poison import (
@@ -31,9 +26,7 @@ from support.poison import (
     poisoned_partition,
     tolerant_direct_fold,
 )
-
-from onward.eventlog import KafkaEventLog
-from onward.projections.postgres import PostgresFrontierStore
+from support.projector_world import ProjectorWorld, world_fixture
 
 pytestmark = [pytest.mark.kafka, pytest.mark.faults, pytest.mark.slow]
 PARTITIONS = 2
@@ -41,40 +34,16 @@ SHARED = 1
 TENANT = "acme"
 
 
-@dataclass
-class World:
-    bootstrap: str
-    database_url: str
-    topic: str
-    schema: str
-    log: KafkaEventLog
-    store: PostgresFrontierStore
-    tmp: Path
-    children: list[asyncio.subprocess.Process] = field(default_factory=list)
-
+class World(ProjectorWorld):
     def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "ONWARD_BACKEND": "kafka",
-            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
-            "DATABASE_URL": self.database_url,
-            "ONWARD_DATABASE_SCHEMA": self.schema,
-            "ONWARD_KAFKA_TOPIC": self.topic,
-            "ONWARD_PARTITIONS": str(PARTITIONS),
-            "REDIS_URL": "",  # leases in this test's own schema
-        }
+        return {**super().env(), "REDIS_URL": ""}  # leases in this test's own schema
 
     async def spawn_projector(self) -> asyncio.subprocess.Process:
-        argv = ["-m", "onward", "projector", "--batch", "400", "--session-timeout-ms", "6000"]
-        with (self.tmp / "projector.log").open("wb") as out:
-            child = await asyncio.create_subprocess_exec(
-                sys.executable, *argv, env=self.env(), stdout=out, stderr=out
-            )
-        self.children.append(child)
-        return child
+        options = ["--batch", "400", "--session-timeout-ms", "6000"]
+        return await self.start_projector("projector", *options)
 
     def projector_output(self) -> str:
-        return (self.tmp / "projector.log").read_text(errors="replace")
+        return self.output("projector")
 
     async def wait_for_output(self, text: str, times: int, within: float) -> None:
         deadline = asyncio.get_running_loop().time() + within
@@ -109,22 +78,7 @@ class World:
             await asyncio.sleep(0.25)
 
 
-@pytest_asyncio.fixture
-async def world(
-    kafka_bootstrap: str, kafka_topic: str, database_url: str, pg_schema: str, tmp_path: Path
-) -> AsyncIterator[World]:
-    async with (
-        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
-        PostgresFrontierStore(database_url, schema=pg_schema) as store,
-    ):
-        world = World(kafka_bootstrap, database_url, kafka_topic, pg_schema, log, store, tmp_path)
-        try:
-            yield world
-        finally:
-            for child in world.children:
-                if child.returncode is None:
-                    child.kill()
-                    await child.wait()
+world = world_fixture(World, PARTITIONS)
 
 
 async def produce_raw(world: World, run_id: str, value: bytes, kind: str | None) -> int:

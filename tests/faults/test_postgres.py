@@ -13,33 +13,29 @@ import random
 import signal
 import sys
 import time
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
-import asyncpg
 import pytest
-import pytest_asyncio
 from support.fault_runs import (
     Verdict,
-    assert_sound,
     drive_all,
-    judge,
+    new_run_ids,
     record,
     step_agent,
     step_provider,
+    through_fault,
     until,
 )
 from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
-from support.pg import new_schema_name
-from support.private_servers import PrivatePostgres, running
+from support.pg import create_schema
+from support.private_servers import PrivatePostgres
 
 from onward.errors import BackendError
 from onward.eventlog import KafkaEventLog
 from onward.projections.log_projector import LogProjector
-from onward.projections.postgres import PostgresFrontierStore, migrate
+from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection
 from onward.runtime.leases import LeasePolicy, PostgresLeaseStore
 from onward.runtime.ledger import Ledger
@@ -92,20 +88,6 @@ class Projector:
             await self.child.wait()
 
 
-async def migrated_schema(url: str) -> str:
-    """A migrated schema on the private cluster (thrown away with it: never dropped, since the
-    connection that made it does not survive the restart)."""
-    schema = new_schema_name()
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(f"CREATE SCHEMA {schema}")
-        await conn.execute(f"SET search_path TO {schema}")
-        await migrate(conn)
-    finally:
-        await conn.close()
-    return schema
-
-
 async def caught_up(store: PostgresFrontierStore, log: KafkaEventLog) -> bool:
     try:
         stored = await store.positions("frontiers")
@@ -113,13 +95,6 @@ async def caught_up(store: PostgresFrontierStore, log: KafkaEventLog) -> bool:
         return False
     ends = [(await log.bounds(p)).end for p in range(PARTITIONS)]
     return all(stored.get(p, 0) >= end for p, end in enumerate(ends))
-
-
-@pytest_asyncio.fixture
-async def private_postgres() -> AsyncIterator[PrivatePostgres]:
-    """A PostgreSQL cluster of this test alone, with role and database ``onward``."""
-    async with running(PrivatePostgres()) as server:
-        yield server
 
 
 @pytest.mark.timeout(420)
@@ -133,7 +108,9 @@ async def test_postgres_restart_under_the_projector(
     steps = workload(rng, 300)
     thirds = len(steps) // 3
     began = time.time()
-    schema = await migrated_schema(private_postgres.url)
+    # Thrown away with the private cluster: never dropped, since no connection made before the
+    # restart survives it.
+    schema = await create_schema(private_postgres.url)
     async with (
         KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
         PostgresFrontierStore(private_postgres.url, schema=schema) as store,
@@ -206,9 +183,9 @@ async def test_postgres_restart_under_running_workers(
     runs, steps_per_run = 20, 4
     ledger = Ledger(tmp_path / "ledger.jsonl")
     agent = step_agent(ledger, tool_s=0.3)
-    run_ids = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(runs)]
+    run_ids = new_run_ids(runs)
     began = time.time()
-    schema = await migrated_schema(private_postgres.url)
+    schema = await create_schema(private_postgres.url)  # thrown away with the cluster
     async with (
         KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
         PostgresFrontierStore(private_postgres.url, schema=schema) as frontiers,
@@ -221,32 +198,23 @@ async def test_postgres_restart_under_running_workers(
             frontiers=frontiers,
             lease_policy=LeasePolicy(ttl=timedelta(seconds=10)),
         )
-        driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
-        try:
-            await until(lambda: len(ledger.entries()) >= runs, "the first steps")
-            down = time.time()
+
+        async def restart() -> None:
             await asyncio.to_thread(private_postgres.stop, "immediate")
             await asyncio.sleep(DOWN_S)
             await asyncio.to_thread(private_postgres.start)
-            lifted = time.time()
-            outcomes = await asyncio.wait_for(driving, 300)
-        finally:
-            driving.cancel()
+
+        driving = drive_all(lambda: runner, agent, run_ids)
+        window = await through_fault(driving, ledger, runs, restart, began=began, within_s=300)
         await LogProjector(log, FrontierProjection(frontiers, log)).catch_up()
         await assert_stored_is_the_direct_fold(frontiers, log, run_ids)
     tracebacks = Counter(r.name for r in caplog.records if r.exc_info)
-    verdict = judge(
+    window.assert_all_completed(
         "postgres: restart under workers (leases, frontiers)",
         ledger,
-        outcomes,
         steps=steps_per_run,
-        lifted_at=lifted,
-        began_at=began,
-        down_at=down,
         notes=f"(logged tracebacks by logger {dict(tracebacks)})",
     )
-    assert_sound(verdict, outcomes)
-    assert all(o.status == "completed" for o in outcomes), outcomes
     # At most one traceback per run from Onward (a lease that could not be released while the
     # server was down) and a few of asyncpg's own: no traceback per retry.
     onward_tracebacks = sum(n for name, n in tracebacks.items() if name.startswith("onward"))

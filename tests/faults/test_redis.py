@@ -12,31 +12,25 @@ import asyncio
 import contextlib
 import random
 import time
-import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
 from support.fault_runs import (
     TENANT,
-    assert_sound,
     drive_all,
-    judge,
+    new_run_ids,
     step_agent,
-    step_provider,
-    until,
+    step_runner,
+    through_fault,
 )
-from support.private_servers import PrivateRedis, running
+from support.private_servers import PrivateRedis
 
 from onward.errors import OnwardError
 from onward.eventlog import KafkaEventLog, RunClaimed, RunStarted, SequenceGuard
-from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.leases import LeasePolicy, RedisLeaseStore
 from onward.runtime.ledger import Ledger
-from onward.runtime.runner import AgentRunner
 
 pytestmark = pytest.mark.faults
 RUNS = 20
@@ -52,13 +46,6 @@ async def flush(url: str) -> None:
         await client.aclose()
 
 
-@pytest_asyncio.fixture
-async def private_redis() -> AsyncIterator[PrivateRedis]:
-    """A Redis server of this test alone, without persistence."""
-    async with running(PrivateRedis()) as server:
-        yield server
-
-
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("fault", ["restart", "flushall"])
 async def test_redis_loses_every_lease_under_running_workers(
@@ -71,7 +58,7 @@ async def test_redis_loses_every_lease_under_running_workers(
 ) -> None:
     ledger = Ledger(tmp_path / "ledger.jsonl")
     agent = step_agent(ledger, tool_s=0.5)
-    run_ids = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(RUNS)]
+    run_ids = new_run_ids(RUNS)
     prefix = "onward-faults:"
     began = time.time()
     async with (
@@ -80,14 +67,7 @@ async def test_redis_loses_every_lease_under_running_workers(
         RedisLeaseStore(private_redis.url, prefix=prefix) as leases_b,
     ):
         workers = [
-            AgentRunner(
-                provider=step_provider(STEPS),
-                log=log,
-                frontiers=MemoryFrontierStore(),  # no projector here: read from the log
-                leases=leases,
-                lease_policy=POLICY,
-                worker=name,
-            )
+            step_runner(log, leases, STEPS, POLICY, worker=name)
             for name, leases in (("worker-a", leases_a), ("worker-b", leases_b))
         ]
         done = asyncio.Event()
@@ -100,21 +80,21 @@ async def test_redis_loses_every_lease_under_running_workers(
                 await asyncio.sleep(0.05)
 
         rivals = [asyncio.create_task(rival()) for _ in range(3)]
-        driving = asyncio.create_task(
-            drive_all(lambda: rng.choice(workers), agent, run_ids, pause_s=0.3)
-        )
-        try:
-            await until(lambda: len(ledger.entries()) >= RUNS, "the first steps")
+
+        async def lose_every_lease() -> None:
             if fault == "restart":
                 await asyncio.to_thread(private_redis.kill)
                 await asyncio.to_thread(private_redis.start)
             else:
                 await flush(private_redis.url)
-            lifted = time.time()
-            outcomes = await asyncio.wait_for(driving, 300)
+
+        driving = drive_all(lambda: rng.choice(workers), agent, run_ids, pause_s=0.3)
+        try:
+            window = await through_fault(
+                driving, ledger, RUNS, lose_every_lease, began=began, within_s=300
+            )
         finally:
             done.set()
-            driving.cancel()
             await asyncio.gather(*rivals, return_exceptions=True)
         # Two holders of one lease would show as two claims (a start or a resume) under one
         # fence: a store that forgot the run handing out a fence the log already has.
@@ -127,15 +107,11 @@ async def test_redis_loses_every_lease_under_running_workers(
             guard = SequenceGuard()
             guard.admit_all(stored)
             refused += len(guard.refused)
-    verdict = judge(
+    window.assert_all_completed(
         f"redis: {'restart without persistence' if fault == 'restart' else 'FLUSHALL (key loss)'}",
         ledger,
-        outcomes,
         steps=STEPS,
-        lifted_at=lifted,
-        began_at=began,
+        down=False,
         notes=f"(two workers racing; writes of superseded holders refused {refused})",
     )
-    assert_sound(verdict, outcomes)
-    assert all(o.status == "completed" for o in outcomes), outcomes
     assert claims_twice == []

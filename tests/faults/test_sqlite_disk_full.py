@@ -14,13 +14,18 @@ import errno
 import sqlite3
 import subprocess
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from support.fault_runs import assert_sound, drive_all, judge, step_agent, step_provider, until
+from support.fault_runs import (
+    drive_all,
+    new_run_ids,
+    step_agent,
+    step_provider,
+    through_fault,
+)
 
 from onward.eventlog import SqliteEventLog
 from onward.runtime.leases import LeasePolicy
@@ -115,7 +120,7 @@ async def full_disk(tmp_path: Path) -> AsyncIterator[FullDisk]:
 async def test_sqlite_disk_full_under_an_embedded_worker(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "ledger.jsonl")
     agent = step_agent(ledger, tool_s=0.3, payload=PAYLOAD)
-    run_ids = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(RUNS)]
+    run_ids = new_run_ids(RUNS)
     began = time.time()
     async with full_disk(tmp_path) as (db, make_full, free, how):
         async with SqliteEventLog(db) as log:
@@ -124,22 +129,24 @@ async def test_sqlite_disk_full_under_an_embedded_worker(tmp_path: Path) -> None
                 log=log,
                 lease_policy=LeasePolicy(ttl=timedelta(seconds=5)),
             )
+            intact = None
+
+            async def fill_then_free() -> None:
+                nonlocal intact
+                await make_full(log)
+                await asyncio.sleep(3.0)
+                with contextlib.closing(sqlite3.connect(db)) as check:
+                    intact = check.execute("PRAGMA integrity_check").fetchone()[0]
+                await asyncio.to_thread(free)
+
             async with runner:
-                driving = asyncio.create_task(drive_all(lambda: runner, agent, run_ids))
-                try:
-                    await until(lambda: len(ledger.entries()) >= RUNS, "the first steps")
-                    down = time.time()
-                    await make_full(log)
-                    await asyncio.sleep(3.0)
-                    with contextlib.closing(sqlite3.connect(db)) as check:
-                        intact = check.execute("PRAGMA integrity_check").fetchone()[0]
-                    await asyncio.to_thread(free)
-                    lifted = time.time()
-                    outcomes = await asyncio.wait_for(driving, 240)
-                finally:
-                    driving.cancel()
+                driving = drive_all(lambda: runner, agent, run_ids)
+                window = await through_fault(
+                    driving, ledger, RUNS, fill_then_free, began=began, within_s=240
+                )
         with contextlib.closing(sqlite3.connect(db)) as check:
             intact_after = check.execute("PRAGMA integrity_check").fetchone()[0]
+    outcomes = window.outcomes
     full = [
         (kind, error)
         for o in outcomes
@@ -147,18 +154,12 @@ async def test_sqlite_disk_full_under_an_embedded_worker(tmp_path: Path) -> None
         if "full" in error
     ]
     print(f"a full disk, as a run saw it: {full[0] if full else None}")
-    verdict = judge(
+    window.assert_all_completed(
         "sqlite: disk full, then space freed",
         ledger,
-        outcomes,
         steps=STEPS,
-        lifted_at=lifted,
-        began_at=began,
-        down_at=down,
         notes=f"({how}; 'disk is full' errors {len(full)})",
     )
-    assert_sound(verdict, outcomes)
-    assert all(o.status == "completed" for o in outcomes), outcomes
     assert full, "no run saw the full disk"
     assert {kind for kind, _ in full} == {"BackendError"}, full[:3]
     assert (intact, intact_after) == ("ok", "ok")

@@ -65,16 +65,9 @@ async def test_a_released_row_keeps_its_fence(database_url: str) -> None:
     assert (row["holder"], row["fence"], row["expires_at"]) == (None, lease.fence, None)
 
 
-async def test_an_unmigrated_schema_is_refused(database_url: str) -> None:
-    conn = await asyncpg.connect(database_url)
-    schema = f"t_empty_{new_run_id().split('-')[1]}"
-    try:
-        await conn.execute(f"CREATE SCHEMA {schema}")
-        with pytest.raises(SchemaMismatchError):
-            await PostgresLeaseStore.open(database_url, schema=schema)
-    finally:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        await conn.close()
+async def test_an_unmigrated_schema_is_refused(database_url: str, empty_pg_schema: str) -> None:
+    with pytest.raises(SchemaMismatchError):
+        await PostgresLeaseStore.open(database_url, schema=empty_pg_schema)
 
 
 async def test_an_unreachable_server_is_retryable() -> None:

@@ -8,23 +8,17 @@ every `tool_calls` row must be the one the direct fold gives, once.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
 import signal
-import sys
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import asyncpg
 import pytest
-import pytest_asyncio
 from support.histories import append_all, direct_fold, run_ids_of, workload
+from support.projector_world import ProjectorWorld, world_fixture
 
-from onward.eventlog import Event, KafkaEventLog
-from onward.projections.postgres import PostgresFrontierStore
+from onward.eventlog import Event
 
 pytestmark = pytest.mark.kafka
 PARTITIONS = 4
@@ -32,38 +26,10 @@ ALL = set(range(PARTITIONS))
 ASSIGNED = "onward.projector assigned "
 
 
-@dataclass
-class World:
-    bootstrap: str
-    database_url: str
-    topic: str
-    schema: str
-    log: KafkaEventLog
-    store: PostgresFrontierStore
-    tmp: Path
-    children: list[asyncio.subprocess.Process] = field(default_factory=list)
-
+class World(ProjectorWorld):
     async def spawn(self, group: str, name: str) -> asyncio.subprocess.Process:
-        env = {
-            **os.environ,
-            "ONWARD_BACKEND": "kafka",
-            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
-            "DATABASE_URL": self.database_url,
-            "ONWARD_DATABASE_SCHEMA": self.schema,
-            "ONWARD_KAFKA_TOPIC": self.topic,
-            "ONWARD_PARTITIONS": str(PARTITIONS),
-        }
-        argv = ["-m", "onward", "projector", "--group", group, "--batch", "400"]
-        argv += ["--session-timeout-ms", "6000"]
-        with (self.tmp / f"{name}.log").open("wb") as out:
-            child = await asyncio.create_subprocess_exec(
-                sys.executable, *argv, env=env, stdout=out, stderr=out
-            )
-        self.children.append(child)
-        return child
-
-    def output(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text(errors="replace")
+        options = ["--group", group, "--batch", "400", "--session-timeout-ms", "6000"]
+        return await self.start_projector(name, *options)
 
     async def caught_up(self) -> bool:
         stored = await self.store.positions("frontiers")
@@ -100,22 +66,7 @@ class World:
             await asyncio.sleep(0.25)
 
 
-@pytest_asyncio.fixture
-async def world(
-    kafka_bootstrap: str, kafka_topic: str, database_url: str, pg_schema: str, tmp_path: Path
-) -> AsyncIterator[World]:
-    async with (
-        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
-        PostgresFrontierStore(database_url, schema=pg_schema) as store,
-    ):
-        world = World(kafka_bootstrap, database_url, kafka_topic, pg_schema, log, store, tmp_path)
-        try:
-            yield world
-        finally:
-            for child in world.children:
-                if child.returncode is None:
-                    child.kill()
-                    await child.wait()
+world = world_fixture(World, PARTITIONS)
 
 
 async def assert_projection_is_the_direct_fold(world: World, steps: list[list[Event]]) -> None:

@@ -8,11 +8,23 @@ from pathlib import Path
 from support.pg import SchemaFactory, migrates_again
 from support.stores import sqlite_migrated_back
 
-from onward.projections.base import Snapshot
+from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.testing.eventlog import new_run_id
 from onward.testing.frontiers import CONSUMER, frontier, poison
+
+
+async def assert_a_quarantined_row_round_trips(store: FrontierStore) -> None:
+    """A row written with a quarantine entry reads back with its mark (the migration is done)."""
+    run_id = new_run_id()
+    entry = poison(run_id, offset=4)
+    await store.write(
+        CONSUMER, {1: 5}, [Snapshot.of(frontier(run_id, through=3))], [], quarantine=[entry]
+    )
+    row = await store.get(run_id)
+    assert row is not None
+    assert row.quarantined == entry.mark
 
 
 async def test_postgres_0004_adds_the_table_and_the_column_to_existing_builds(
@@ -25,27 +37,13 @@ async def test_postgres_0004_adds_the_table_and_the_column_to_existing_builds(
         "CREATE VIEW onward_frontiers AS SELECT * FROM onward_frontiers_1",
     ]
     await migrates_again(database_url, schema, "0004_quarantine", undo, "quarantined")
-    run_id = new_run_id()
     async with PostgresFrontierStore(database_url, schema=schema) as store:
-        entry = poison(run_id, offset=4)
-        await store.write(
-            CONSUMER, {1: 5}, [Snapshot.of(frontier(run_id, through=3))], [], quarantine=[entry]
-        )
-        row = await store.get(run_id)
-        assert row is not None
-        assert row.quarantined == entry.mark
+        await assert_a_quarantined_row_round_trips(store)
 
 
 async def test_sqlite_0005_adds_the_table_and_the_column(tmp_path: Path) -> None:
     path = tmp_path / "onward.db"
     undo = ["DROP TABLE onward_quarantine", "ALTER TABLE onward_frontiers DROP COLUMN quarantined"]
     await sqlite_migrated_back(path, 5, undo)
-    run_id = new_run_id()
     async with SqliteFrontierStore(path) as store:
-        entry = poison(run_id, offset=4)
-        await store.write(
-            CONSUMER, {1: 5}, [Snapshot.of(frontier(run_id, through=3))], [], quarantine=[entry]
-        )
-        row = await store.get(run_id)
-        assert row is not None
-        assert row.quarantined == entry.mark
+        await assert_a_quarantined_row_round_trips(store)

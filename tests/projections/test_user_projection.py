@@ -88,12 +88,17 @@ async def project_everything(setup: Setup) -> None:
             await projector.close()
 
 
+async def project_a_workload(setup: Setup, rng: random.Random, runs: int) -> None:
+    """Append the histories of ``runs`` random runs and project all of it."""
+    await append_all(setup.log, workload(rng, runs))
+    await project_everything(setup)
+
+
 @pytest.mark.kafka
 async def test_a_user_projection_counts_what_the_log_holds(
     setup: Setup, rng: random.Random
 ) -> None:
-    await append_all(setup.log, workload(rng, 30))
-    await project_everything(setup)
+    await project_a_workload(setup, rng, 30)
     assert await setup.table("kinds") == await setup.direct_counts()
 
 
@@ -117,8 +122,7 @@ async def test_a_batch_delivered_twice_is_folded_once(setup: Setup, rng: random.
 async def test_rebuilding_a_user_projection_switches_its_view(
     setup: Setup, rng: random.Random
 ) -> None:
-    await append_all(setup.log, workload(rng, 20))
-    await project_everything(setup)
+    await project_a_workload(setup, rng, 20)
     report = await rebuild_projection(
         setup.log, setup.database_url, KindCounts(), schema=setup.schema
     )

@@ -22,13 +22,12 @@ from urllib.parse import urlsplit, urlunsplit
 import aiokafka.cluster
 import pytest
 from support.proxy import TcpProxy
+from support.runners import log_runner
 
 from onward.errors import BackendUnavailableError, ResumeConflictError
 from onward.eventlog import Event, KafkaEventLog, ModelAnswered, RunStarted, ToolCall
-from onward.projections.memory import MemoryFrontierStore
 from onward.runtime import (
     Agent,
-    AgentRunner,
     PostgresLeaseStore,
     RedisLeaseStore,
     ScriptedProvider,
@@ -164,10 +163,7 @@ async def stores(
 async def resume_when_released(
     log: KafkaEventLog, leases: LeaseStore, bookings: Bookings, run_id: str
 ) -> str:
-    # No projector runs here: a frontier store of its own, and the run is read from the log.
-    runner = AgentRunner(
-        provider=model(), log=log, leases=leases, frontiers=MemoryFrontierStore(), worker="w2"
-    )
+    runner = log_runner(model(), log, leases, worker="w2")
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -205,14 +201,7 @@ async def test_a_silent_server_stops_the_run_in_bounded_time_and_a_resume_finish
         async with stores(
             servers, kafka=urls["kafka"], leases_on=leases_on, lease_url=urls[leases_on]
         ) as (log, leases):
-            runner = AgentRunner(
-                provider=model(),
-                log=log,
-                leases=leases,
-                frontiers=MemoryFrontierStore(),
-                worker="w1",
-                observer=cutter,
-            )
+            runner = log_runner(model(), log, leases, worker="w1", observer=cutter)
             with pytest.raises(BackendUnavailableError):
                 await runner.run(bookings.agent(), "go", tenant=TENANT, run_id=run_id)
             assert cutter.at is not None

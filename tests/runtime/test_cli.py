@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from support import cli_agent
 from support.crashes import Crash, CrashAt
+from support.runners import log_runner
 from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
 
@@ -31,10 +32,8 @@ from onward.eventlog import (
 )
 from onward.eventlog.base import EventLog, partition_for
 from onward.eventlog.schema import event_schema
-from onward.projections.memory import MemoryFrontierStore
 from onward.runtime import (
     Agent,
-    AgentRunner,
     LeaseStore,
     Provider,
     SqliteLeaseStore,
@@ -57,15 +56,8 @@ async def start_on(
 ) -> None:
     """Run an agent as worker w1 until it finishes, waits, or 'dies' at ``crash_at``."""
     observer = CrashAt(crash_at) if crash_at else None
-    # The worker's own frontier store: the command under test reads the run from the log.
-    runner = AgentRunner(
-        provider=provider,
-        log=log,
-        leases=leases,
-        frontiers=MemoryFrontierStore(),
-        worker="w1",
-        observer=observer,
-    )
+    # The command under test reads the run from the log, as this worker does.
+    runner = log_runner(provider, log, leases, worker="w1", observer=observer)
     with contextlib.suppress(Crash):
         await runner.run(agent, "go", tenant=TENANT, run_id=run_id)
 

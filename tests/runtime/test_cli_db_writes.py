@@ -43,39 +43,35 @@ def tables(database_url: str, schema: str) -> set[str]:
 
 
 @pytest.fixture
-async def empty_schemas(new_pg_schema: SchemaFactory) -> tuple[str, str]:
-    """Two schemas with no tables: the one named, and a bystander."""
+async def empty_schemas(
+    new_pg_schema: SchemaFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, str]:
+    """Two schemas with no tables: the one named, and a bystander. The test runs in an empty
+    working directory (where the default backend would put ``onward.db``)."""
+    monkeypatch.chdir(tmp_path)
     return await new_pg_schema(migrated=False), await new_pg_schema(migrated=False)
 
 
 def test_verify_creates_nothing_in_an_empty_schema_nor_a_sqlite_file(
-    database_url: str,
-    empty_schemas: tuple[str, str],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    database_url: str, empty_schemas: tuple[str, str]
 ) -> None:
-    monkeypatch.chdir(tmp_path)
     named, _ = empty_schemas
     result = onward(database_url, named, "db", "verify")
     assert result.exit_code == 2, result.output
     assert "onward db migrate" in result.stderr
     assert tables(database_url, named) == set()
-    assert list(tmp_path.iterdir()) == []
+    assert list(Path.cwd().iterdir()) == []
 
 
 def test_migrate_creates_tables_in_the_named_schema_only(
-    database_url: str,
-    empty_schemas: tuple[str, str],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    database_url: str, empty_schemas: tuple[str, str]
 ) -> None:
-    monkeypatch.chdir(tmp_path)
     named, bystander = empty_schemas
     result = onward(database_url, named, "db", "migrate")
     assert result.exit_code == 0, result.output
     assert "onward_schema_migrations" in tables(database_url, named)
     assert tables(database_url, bystander) == set()
-    assert list(tmp_path.iterdir()) == []
+    assert list(Path.cwd().iterdir()) == []
     before = tables(database_url, named)
     verified = onward(database_url, named, "db", "verify")
     assert verified.exit_code == 0, verified.output

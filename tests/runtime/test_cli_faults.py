@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +23,12 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from support.kafka import delete_topic, new_topic_name
+from support.pg import create_schema
 from typer.testing import CliRunner
 
-from onward.projections.postgres import migrate
 from onward.runtime.cli import _common, app
+from onward.testing.storage import drop_schema
 
 pytestmark = pytest.mark.kafka
 
@@ -132,46 +133,21 @@ def closed_port() -> int:
 
 @pytest.fixture(scope="module")
 def deployment(kafka_bootstrap: str, database_url: str, redis_url: str) -> Iterator[Deployment]:
-    ready = Deployment(
-        kafka_bootstrap,
-        database_url,
-        redis_url,
-        topic=f"onward.test.faults.{uuid.uuid4().hex[:10]}",
-        schema=f"t_{uuid.uuid4().hex[:12]}",
-    )
-    asyncio.run(_prepare(ready))
+    schema = asyncio.run(create_schema(database_url))
+    ready = Deployment(kafka_bootstrap, database_url, redis_url, new_topic_name(), schema)
     try:
+        asyncio.run(_create_topic(ready.kafka, ready.topic))
         yield ready
     finally:
-        asyncio.run(_clean(ready))
+        asyncio.run(delete_topic(kafka_bootstrap, ready.topic))
+        asyncio.run(drop_schema(database_url, schema))
 
 
-async def _prepare(ready: Deployment) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=ready.kafka)
+async def _create_topic(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(ready.topic, 1, 1)])
-    finally:
-        await admin.close()
-    conn = await asyncpg.connect(ready.database_url)
-    try:
-        await conn.execute(f"CREATE SCHEMA {ready.schema}")
-        await conn.execute(f"SET search_path TO {ready.schema}")
-        await migrate(conn)
-    finally:
-        await conn.close()
-
-
-async def _clean(ready: Deployment) -> None:
-    conn = await asyncpg.connect(ready.database_url)
-    try:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {ready.schema} CASCADE")
-    finally:
-        await conn.close()
-    admin = AIOKafkaAdminClient(bootstrap_servers=ready.kafka)
-    await admin.start()
-    try:
-        await admin.delete_topics([ready.topic])
+        await admin.create_topics([NewTopic(topic, 1, 1)])
     finally:
         await admin.close()
 

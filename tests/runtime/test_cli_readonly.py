@@ -40,6 +40,18 @@ def fingerprint(db: Path) -> tuple[str | None, list[str]]:
     return digest, sorted(p.name for p in db.parent.iterdir())
 
 
+def assert_refused_unchanged(db: Path, command: str, *, saying: str | None = None) -> None:
+    """``command`` on ``db`` exits 2 and leaves the file as it was; with ``saying``, its error
+    is that one line."""
+    before = fingerprint(db)
+    result = onward(db, command, "run-1", "--tenant", TENANT)
+    assert result.exit_code == 2, result.output
+    if saying is not None:
+        assert saying in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert fingerprint(db) == before
+
+
 async def write_finished_run(db: Path) -> str:
     """A finished run in ``db``, written by an embedded worker that then closed the file."""
     run_id = f"run-{uuid.uuid4().hex[:8]}"
@@ -95,32 +107,19 @@ def test_a_foreign_sqlite_file_is_refused_unchanged(db: Path, command: str) -> N
     foreign.execute("INSERT INTO recipes VALUES ('soup')")
     foreign.commit()
     foreign.close()
-    before = fingerprint(db)
-    result = onward(db, command, "run-1", "--tenant", TENANT)
-    assert result.exit_code == 2, result.output
-    assert "not an Onward database" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert fingerprint(db) == before
+    assert_refused_unchanged(db, command, saying="not an Onward database")
 
 
 @pytest.mark.parametrize("command", READERS)
 def test_a_file_that_is_no_sqlite_database_is_refused_unchanged(db: Path, command: str) -> None:
     db.write_bytes(b"not a database, just some bytes\n" * 200)
-    before = fingerprint(db)
-    result = onward(db, command, "run-1", "--tenant", TENANT)
-    assert result.exit_code == 2, result.output
-    assert "not an Onward database" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert fingerprint(db) == before
+    assert_refused_unchanged(db, command, saying="not an Onward database")
 
 
 @pytest.mark.parametrize("command", READERS)
 def test_an_empty_file_is_refused_and_stays_empty(db: Path, command: str) -> None:
     db.touch()
-    before = fingerprint(db)
-    result = onward(db, command, "run-1", "--tenant", TENANT)
-    assert result.exit_code == 2, result.output
-    assert fingerprint(db) == before
+    assert_refused_unchanged(db, command)
 
 
 @pytest.mark.parametrize("command", READERS)

@@ -105,6 +105,17 @@ def intact(db: Path) -> bool:
         conn.close()
 
 
+def filling_runner(log: SqliteEventLog, leases: SqliteLeaseStore) -> AgentRunner:
+    """Worker ``w1`` on a disk that fills up once its run has started."""
+    return AgentRunner(
+        provider=model(),
+        log=log,
+        leases=leases,
+        worker="w1",
+        observer=FillsTheDisk(log, leases),
+    )
+
+
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     return tmp_path / "onward.db"
@@ -114,13 +125,7 @@ async def test_a_worker_on_a_full_disk_lets_go_once_there_is_room(db: Path) -> N
     EFFECTS.clear()
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     async with SqliteEventLog(db) as log, SqliteLeaseStore(db) as leases:
-        runner = AgentRunner(
-            provider=model(),
-            log=log,
-            leases=leases,
-            worker="w1",
-            observer=FillsTheDisk(log, leases),
-        )
+        runner = filling_runner(log, leases)
         with pytest.raises(BackendError, match="database or disk is full"):
             await runner.run(AGENT, "go", tenant=TENANT, run_id=run_id)
         assert intact(db)
@@ -136,13 +141,7 @@ async def test_a_worker_on_a_full_disk_lets_go_once_there_is_room(db: Path) -> N
 async def test_a_full_disk_loses_nothing_already_written(db: Path) -> None:
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     async with SqliteEventLog(db) as log, SqliteLeaseStore(db) as leases:
-        runner = AgentRunner(
-            provider=model(),
-            log=log,
-            leases=leases,
-            worker="w1",
-            observer=FillsTheDisk(log, leases),
-        )
+        runner = filling_runner(log, leases)
         with pytest.raises(BackendError):
             await runner.run(AGENT, "go", tenant=TENANT, run_id=run_id)
         stored = [s.event for s in await log.read_run(run_id)]

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.deployment import process_env, worker_argv
+from support.deployment import balanced, process_env, worker_argv
 from support.kafka import delete_topic
-from support.processes import spawn_onward
+from support.processes import spawn_onward, stop_children
 from support.servers import KafkaServers
 
 from onward.eventlog import KafkaEventLog
@@ -94,15 +94,7 @@ class Fleet:
         return Counter(s.status for s in await self.frontiers.runs(tenant=TENANT))
 
     async def stop_all(self) -> None:
-        for child in self.children.values():
-            if child.returncode is None:
-                child.send_signal(signal.SIGTERM)
-        for child in self.children.values():
-            try:
-                await asyncio.wait_for(child.wait(), 30)
-            except TimeoutError:
-                child.kill()
-                await child.wait()
+        await stop_children(self.children.values(), within_s=30)
 
 
 @pytest_asyncio.fixture
@@ -140,13 +132,7 @@ async def fleet(kafka_servers: KafkaServers, tmp_path: Path) -> AsyncIterator[Fl
 
 async def _all_assigned(world: Fleet) -> bool:
     """Each worker's latest assignment is its share of a three-member group."""
-    latest = []
-    for n in range(3):
-        found = re.findall(r"partitions assigned: \[([0-9, ]*)\]", world.output(f"w{n}"))
-        if not found or not found[-1]:
-            return False
-        latest.append({int(p) for p in found[-1].split(",")})
-    return sum(map(len, latest)) == PARTITIONS and set().union(*latest) == set(range(PARTITIONS))
+    return balanced((world.output(f"w{n}") for n in range(3)), PARTITIONS)
 
 
 async def _settled(world: Fleet, run_ids: list[str]) -> bool:
@@ -167,10 +153,8 @@ def _effects_once(ledger: Ledger) -> Counter[tuple[str, str]]:
 
 @pytest.mark.timeout(180)
 async def test_a_killed_worker_s_runs_are_carried_on_by_the_others(fleet: Fleet) -> None:
-    run_ids = await fleet.submit(RUNS)
-    await fleet.until("runs under way", lambda: _effects_at_least(fleet, RUNS // 3), 60)
-    victim = fleet.children["w0"]
-    victim.send_signal(signal.SIGKILL)
+    run_ids = await _under_way(fleet)
+    victim = _signal(fleet, "w0", signal.SIGKILL)
     await victim.wait()
     await fleet.until(
         "every run completed or left for a person", lambda: _settled(fleet, run_ids), 100
@@ -200,10 +184,8 @@ async def test_a_killed_worker_s_runs_are_carried_on_by_the_others(fleet: Fleet)
 
 @pytest.mark.timeout(180)
 async def test_a_sigtermed_worker_drains_and_exits_0_and_its_runs_go_on(fleet: Fleet) -> None:
-    run_ids = await fleet.submit(RUNS)
-    await fleet.until("runs under way", lambda: _effects_at_least(fleet, RUNS // 3), 60)
-    leaving = fleet.children["w1"]
-    leaving.send_signal(signal.SIGTERM)
+    run_ids = await _under_way(fleet)
+    leaving = _signal(fleet, "w1", signal.SIGTERM)
     assert await asyncio.wait_for(leaving.wait(), 30) == 0, fleet.output("w1")
     stopped = re.search(r"(\d+) stopped at a boundary", fleet.output("w1"))
     assert stopped is not None, fleet.output("w1")
@@ -217,6 +199,19 @@ async def test_a_sigtermed_worker_drains_and_exits_0_and_its_runs_go_on(fleet: F
     assert not _effects_once(fleet.ledger), "side effects repeated"
     pending = await ExecutionManager(fleet.frontiers, fleet.leases).list_pending(tenant=TENANT)
     assert pending == []
+
+
+async def _under_way(fleet: Fleet) -> list[str]:
+    """Submit ``RUNS`` runs and wait until a third of their effects are done."""
+    run_ids = await fleet.submit(RUNS)
+    await fleet.until("runs under way", lambda: _effects_at_least(fleet, RUNS // 3), 60)
+    return run_ids
+
+
+def _signal(fleet: Fleet, name: str, signum: signal.Signals) -> asyncio.subprocess.Process:
+    child = fleet.children[name]
+    child.send_signal(signum)
+    return child
 
 
 async def _effects_at_least(world: Fleet, count: int) -> bool:
@@ -276,10 +271,8 @@ async def test_answers_and_tags_go_through_the_requests_topic(fleet: Fleet) -> N
 
 @pytest.mark.timeout(180)
 async def test_a_second_sigterm_cancels_at_once_and_nothing_runs_twice(fleet: Fleet) -> None:
-    run_ids = await fleet.submit(RUNS)
-    await fleet.until("runs under way", lambda: _effects_at_least(fleet, RUNS // 3), 60)
-    leaving = fleet.children["w1"]
-    leaving.send_signal(signal.SIGTERM)
+    run_ids = await _under_way(fleet)
+    leaving = _signal(fleet, "w1", signal.SIGTERM)
     await asyncio.sleep(0.05)
     leaving.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(leaving.wait(), 30) == 0, fleet.output("w1")

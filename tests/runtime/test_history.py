@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+import pytest_asyncio
 from support.crashes import Crash, CrashAt
 from support.workers import CountingLog
 
@@ -17,7 +18,6 @@ from onward.eventlog import (
     MemoryEventLog,
     Message,
     SqliteEventLog,
-    StoredEvent,
     ToolCall,
     ToolCompleted,
 )
@@ -93,20 +93,6 @@ async def whole_conversation(log: EventLog, options: dict[str, Any]) -> list[Mes
     return Conversation.of(AGENT.instructions, events).messages
 
 
-class RecordingLog(CountingLog):
-    """Remembers where each read of a run started."""
-
-    def __init__(self, inner: EventLog) -> None:
-        super().__init__(inner)
-        self.starts: list[int | None] = []
-
-    async def read_run(
-        self, run_id: str, *, start: int | None = None, end: int | None = None
-    ) -> list[StoredEvent]:
-        self.starts.append(start)
-        return await super().read_run(run_id, start=start, end=end)
-
-
 async def test_resume_rebuilds_the_conversation_from_the_transcript(tmp_path: Path) -> None:
     db = tmp_path / "onward.db"
     async with (
@@ -139,7 +125,7 @@ async def test_resume_rebuilds_the_conversation_from_the_transcript(tmp_path: Pa
         assert "$blob" in str(transcript[-1].message.content)  # stays a reference at rest
         expected = await whole_conversation(log, options)
         provider = Recording(script())
-        recording = RecordingLog(log)
+        recording = CountingLog(log)
         runner = AgentRunner(provider=provider, log=recording, **options)
         end = (await log.bounds(0)).end
         result = await runner.resume(AGENT, "r", tenant=TENANT)
@@ -216,37 +202,42 @@ async def test_a_truncated_sqlite_log_stops_the_resume(tmp_path: Path) -> None:
         await truncated_then_resumed(log, store, blobs=blobs)
 
 
-@pytest.mark.kafka
-async def test_a_truncated_kafka_log_stops_the_resume(
+@pytest_asyncio.fixture
+async def on_kafka(
     kafka_bootstrap: str, kafka_topic: str, database_url: str, pg_schema: str
-) -> None:
+) -> AsyncIterator[tuple[KafkaEventLog, PostgresFrontierStore, PostgresLeaseStore]]:
+    """A two-partition Kafka log, with frontier rows and leases in PostgreSQL."""
     async with (
         KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=2) as log,
         PostgresFrontierStore(database_url, schema=pg_schema) as store,
         PostgresLeaseStore(database_url, schema=pg_schema) as leases,
     ):
-        await truncated_then_resumed(log, store, leases=leases)
+        yield log, store, leases
+
+
+@pytest.mark.kafka
+async def test_a_truncated_kafka_log_stops_the_resume(
+    on_kafka: tuple[KafkaEventLog, PostgresFrontierStore, PostgresLeaseStore],
+) -> None:
+    log, store, leases = on_kafka
+    await truncated_then_resumed(log, store, leases=leases)
 
 
 @pytest.mark.kafka
 async def test_a_kafka_run_resumes_from_the_transcript_after_its_events_are_truncated(
-    kafka_bootstrap: str, kafka_topic: str, database_url: str, pg_schema: str
+    on_kafka: tuple[KafkaEventLog, PostgresFrontierStore, PostgresLeaseStore],
 ) -> None:
-    async with (
-        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=2) as log,
-        PostgresFrontierStore(database_url, schema=pg_schema) as store,
-        PostgresLeaseStore(database_url, schema=pg_schema) as leases,
-    ):
-        await crashed_run(log, frontiers=store, leases=leases)
-        expected = await whole_conversation(log, {"frontiers": store, "leases": leases})
-        await LogProjector(log, FrontierProjection(store, log)).catch_up()
-        partition = partition_for("r", log.partitions)
-        await log.truncate_before(partition, (await log.bounds(partition)).end)
-        provider = Recording(script())
-        runner = AgentRunner(provider=provider, log=log, frontiers=store, leases=leases)
-        result = await runner.resume(AGENT, "r", tenant=TENANT)
-        assert result.status == "completed"
-        assert provider.calls[0] == expected
+    log, store, leases = on_kafka
+    await crashed_run(log, frontiers=store, leases=leases)
+    expected = await whole_conversation(log, {"frontiers": store, "leases": leases})
+    await LogProjector(log, FrontierProjection(store, log)).catch_up()
+    partition = partition_for("r", log.partitions)
+    await log.truncate_before(partition, (await log.bounds(partition)).end)
+    provider = Recording(script())
+    runner = AgentRunner(provider=provider, log=log, frontiers=store, leases=leases)
+    result = await runner.resume(AGENT, "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert provider.calls[0] == expected
 
 
 def test_a_kafka_runner_without_a_frontier_store_is_refused() -> None:

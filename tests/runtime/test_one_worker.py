@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
-from aiokafka.admin import AIOKafkaAdminClient
-from support.pg import fresh_schema
+from support.processes import spawn_support
+from support.servers import KafkaServers
 from support.workers import TENANT, Ledger, agent, open_world, runner
 
 from onward.eventlog import RunClaimed, SequenceGuard
@@ -29,19 +25,15 @@ from onward.projections.log_projector import LogProjector
 from onward.projections.projector import FrontierProjection
 
 pytestmark = pytest.mark.kafka
-TESTS = Path(__file__).resolve().parents[1]
 
 
 async def spawn(mode: str, config: dict[str, Any]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "support.workers",
+    return await spawn_support(
+        "workers",
         mode,
         json.dumps(config),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
     )
 
 
@@ -50,42 +42,30 @@ async def read_line(child: asyncio.subprocess.Process, within: float = 60) -> st
     return (await asyncio.wait_for(child.stdout.readline(), within)).decode().strip()
 
 
-@pytest_asyncio.fixture(params=["redis", "postgres"])
-async def config(
-    request: pytest.FixtureRequest,
-    kafka_bootstrap: str,
-    database_url: str,
-    redis_url: str,
-    tmp_path: Path,
-) -> AsyncIterator[dict[str, Any]]:
-    topic = f"onward.test.workers.{uuid.uuid4().hex[:10]}"
-    prefix = f"onward-test-{uuid.uuid4().hex[:8]}:"
-    async with fresh_schema(database_url) as schema:
-        yield {
-            "leases": request.param,
-            "bootstrap": kafka_bootstrap,
-            "topic": topic,
-            "database_url": database_url,
-            "schema": schema,
-            "redis_url": redis_url,
-            "prefix": prefix,
-            "ledger": str(tmp_path / "ledger.jsonl"),
-            "run_id": f"run-{uuid.uuid4().hex[:8]}",
-        }
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        keys = [k async for k in client.scan_iter(f"{prefix}*")]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        if topic in await admin.list_topics():
-            await admin.delete_topics([topic])
-    finally:
-        await admin.close()
+async def start_then_die(config: dict[str, Any]) -> None:
+    """A first worker starts the run and is SIGKILLed in the middle of it."""
+    first = await spawn("start", config)
+    await asyncio.wait_for(first.communicate(), 60)
+    assert first.returncode == -signal.SIGKILL
+
+
+async def go(worker: asyncio.subprocess.Process) -> None:
+    """Tell a ready worker to resume the run."""
+    assert worker.stdin is not None
+    worker.stdin.write(b"go\n")
+    await worker.stdin.drain()
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def config(
+    request: pytest.FixtureRequest, kafka_servers: KafkaServers, tmp_path: Path
+) -> dict[str, Any]:
+    return {
+        "leases": request.param,
+        **kafka_servers._asdict(),
+        "ledger": str(tmp_path / "ledger.jsonl"),
+        "run_id": f"run-{uuid.uuid4().hex[:8]}",
+    }
 
 
 @pytest.mark.slow
@@ -93,9 +73,7 @@ async def config(
 async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
     config: dict[str, Any],
 ) -> None:
-    first = await spawn("start", config)
-    await asyncio.wait_for(first.communicate(), 60)
-    assert first.returncode == -signal.SIGKILL
+    await start_then_die(config)
     async with open_world(config) as world:
         # The projector has caught up, so resumers read a frontier row and a short tail.
         await LogProjector(world.log, FrontierProjection(world.frontiers, world.log)).catch_up()
@@ -105,9 +83,7 @@ async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
             assert await read_line(worker) == "ready"
         await asyncio.sleep(3.5)  # the killed worker's lease lapses (ttl 3 s, the store's clock)
         for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write(b"go\n")
-            await worker.stdin.drain()
+            await go(worker)
         outcomes = [json.loads(await read_line(worker, 120)) for worker in workers]
     finally:
         for worker in workers:
@@ -185,7 +161,7 @@ async def wipe_leases(config: dict[str, Any]) -> None:
     if config["leases"] == "redis":
         client = aioredis.Redis.from_url(config["redis_url"])
         try:
-            keys = [k async for k in client.scan_iter(f"{config['prefix']}*")]
+            keys = [k async for k in client.scan_iter(f"{config['redis_prefix']}*")]
             assert keys, "the killed worker's lease should have been in Redis"
             await client.delete(*keys)
         finally:
@@ -204,16 +180,12 @@ async def wipe_leases(config: dict[str, Any]) -> None:
 async def test_a_run_whose_lease_store_was_wiped_resumes_above_every_fence_in_its_log(
     config: dict[str, Any],
 ) -> None:
-    first = await spawn("start", config)
-    await asyncio.wait_for(first.communicate(), 60)
-    assert first.returncode == -signal.SIGKILL
+    await start_then_die(config)
     await wipe_leases(config)
     worker = await spawn("resume", config)
     try:
         assert await read_line(worker) == "ready"
-        assert worker.stdin is not None
-        worker.stdin.write(b"go\n")
-        await worker.stdin.drain()
+        await go(worker)
         outcome = json.loads(await read_line(worker, 120))
     finally:
         await asyncio.wait_for(worker.communicate(), 60)

@@ -202,6 +202,11 @@ async def reply_to(server: ChatServer, *answers: Answer) -> ModelReply:
         return await provider.complete(AGENT, CONVERSATION)
 
 
+async def tool_calls_to(server: ChatServer, *calls: dict[str, Any]) -> ModelReply:
+    """The reply to an answer that is only these tool calls."""
+    return await reply_to(server, Answer(body=completion(None, list(calls))))
+
+
 async def test_a_text_answer_comes_back_with_its_usage(server: ChatServer) -> None:
     reply = await reply_to(
         server,
@@ -214,17 +219,10 @@ async def test_a_text_answer_comes_back_with_its_usage(server: ChatServer) -> No
 
 
 async def test_tool_calls_come_back_with_parsed_arguments(server: ChatServer) -> None:
-    reply = await reply_to(
+    reply = await tool_calls_to(
         server,
-        Answer(
-            body=completion(
-                None,
-                [
-                    function_call("call_1", "search", '{"query": "flights to Oslo"}'),
-                    function_call("call_2", "book", '{"flight": "SK123", "seat": "4A"}'),
-                ],
-            )
-        ),
+        function_call("call_1", "search", '{"query": "flights to Oslo"}'),
+        function_call("call_2", "book", '{"flight": "SK123", "seat": "4A"}'),
     )
     assert reply.message == Message(role="assistant", content="")
     assert reply.tool_calls == [
@@ -362,17 +360,10 @@ async def test_assistant_message_builds_the_tool_calls_convention(server: ChatSe
 
 
 async def test_invalid_tool_arguments_are_kept_unparsed(server: ChatServer) -> None:
-    reply = await reply_to(
+    reply = await tool_calls_to(
         server,
-        Answer(
-            body=completion(
-                None,
-                [
-                    function_call("call_1", "search", '{"query": "Oslo'),
-                    function_call("call_2", "book", '["SK1", "1A"]'),
-                ],
-            )
-        ),
+        function_call("call_1", "search", '{"query": "Oslo'),
+        function_call("call_2", "book", '["SK1", "1A"]'),
     )
     assert reply.tool_calls == [
         ToolCall(call_id="call_1", tool="search", args={"_unparsed": '{"query": "Oslo'}),

@@ -15,7 +15,7 @@ from onward.errors import (
     ResumeConflictError,
     RevisionMismatchError,
 )
-from onward.eventlog import Event, MemoryEventLog, StoredEvent, ToolCall, ToolCompleted
+from onward.eventlog import Event, MemoryEventLog, ToolCall, ToolCompleted
 from onward.projections.base import FrontierStore, StoredFrontier
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
@@ -188,20 +188,6 @@ async def test_a_lease_store_behind_the_log_raises_its_fence_above_the_logs() ->
     assert later.fence > carried.lease.fence  # the store remembers the raised fence
 
 
-class RecordingLog(CountingLog):
-    """Remembers where each read of a run started."""
-
-    def __init__(self, inner: MemoryEventLog) -> None:
-        super().__init__(inner)
-        self.starts: list[int | None] = []
-
-    async def read_run(
-        self, run_id: str, *, start: int | None = None, end: int | None = None
-    ) -> list[StoredEvent]:
-        self.starts.append(start)
-        return await super().read_run(run_id, start=start, end=end)
-
-
 async def test_the_tail_skips_other_runs_the_projector_already_folded() -> None:
     log, leases, store = MemoryEventLog(partitions=1), MemoryLeaseStore(), MemoryFrontierStore()
     await interrupted_run(log, leases)
@@ -213,7 +199,7 @@ async def test_the_tail_skips_other_runs_the_projector_already_folded() -> None:
     row = await store.get("r")
     assert row is not None
     end = (await log.bounds(0)).end
-    recording = RecordingLog(log)
+    recording = CountingLog(log)
     carried = await Resumer(recording, leases, store).resume(AGENT, "r", tenant=TENANT, worker="w")
     assert end > row.summary.through_offset + 1
     # The projector folded the partition to its end and the claim landed there: the log is

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from support.crash_world import search_and_book
 from support.crashes import Crash, CrashAt
 
 from onward.errors import (
@@ -30,7 +31,7 @@ from onward.eventlog import (
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import MemoryBlobStore
-from onward.runtime.planning import ToolDisposition
+from onward.runtime.planning import ResumePlan, ToolDisposition
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, Tool, tool
@@ -67,26 +68,47 @@ class Side:
         return sum(1 for name, _ in self.effects if name == tool_name)
 
 
-def two_calls() -> ScriptedProvider:
-    return ScriptedProvider(
-        [
-            reply(
-                "on it",
-                ToolCall(call_id="s", tool="search", args={"query": "LIS"}),
-                ToolCall(call_id="b", tool="book", args={"seat": "3A"}),
-            ),
-            reply("done"),
-        ]
-    )
-
-
 def runner(log: MemoryEventLog, **options: Any) -> AgentRunner:
-    options.setdefault("provider", two_calls())
+    options.setdefault("provider", search_and_book("on it", "done"))
     return AgentRunner(log=log, worker="w", **options)
 
 
 def agent(tools: list[Tool], **options: Any) -> Agent:
     return Agent(name="booker", instructions="book", tools=tools, **options)
+
+
+async def crashed(crash: CrashAt, **tool_options: bool) -> tuple[MemoryEventLog, Side, list[Tool]]:
+    """Run ``r`` of the booker crashed by ``crash``: its log, the side effects, its tools."""
+    log, side = MemoryEventLog(), Side()
+    tools = side.tools(**tool_options)
+    with pytest.raises(Crash):
+        await runner(log, observer=crash).run(agent(tools), "go", tenant=TENANT, run_id="r")
+    return log, side, tools
+
+
+async def crashed_after_a_large_result(
+    log: MemoryEventLog, blobs: MemoryBlobStore, fill: str
+) -> tuple[Tool, ScriptedProvider]:
+    """Run ``r`` crashed once its one call returned 600,000 ``fill`` characters."""
+
+    @tool
+    async def fetch(*, idempotency_key: str) -> str:
+        return fill * 600_000
+
+    provider = ScriptedProvider([reply("", ToolCall(call_id="f", tool="fetch")), reply("ok")])
+    with pytest.raises(Crash):
+        await runner(log, provider=provider, blobs=blobs, observer=CrashAt("turn.settled")).run(
+            agent([fetch]), "go", tenant=TENANT, run_id="r"
+        )
+    return fetch, provider
+
+
+async def resumed_to_completion(log: MemoryEventLog, tools: list[Tool]) -> ResumePlan:
+    """Resume run ``r``; it completes; what the resume decided."""
+    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert result.plan is not None
+    return result.plan
 
 
 async def kinds(log: MemoryEventLog, run_id: str) -> list[str]:
@@ -211,26 +233,14 @@ async def test_a_tool_error_is_recorded_and_the_run_goes_on() -> None:
 async def test_crashes_at_unambiguous_points_resume_without_repeating(
     point: str, call_id: str | None
 ) -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools()
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt(point, call_id)).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
-    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
-    assert result.status == "completed"
+    log, side, tools = await crashed(CrashAt(point, call_id))
+    plan = await resumed_to_completion(log, tools)
     assert side.count("book") == 1
-    assert result.plan is not None
-    assert result.plan.safe
+    assert plan.safe
 
 
 async def test_a_call_killed_after_its_side_effect_is_indeterminate_and_refused() -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools()
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("tool.returned", "b")).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, tools = await crashed(CrashAt("tool.returned", "b"))
     with pytest.raises(IndeterminateToolCallError) as caught:
         await runner(log).resume(agent(tools), "r", tenant=TENANT)
     assert [c.call_id for c in caught.value.calls] == ["b"]
@@ -244,12 +254,7 @@ async def test_a_call_killed_after_its_side_effect_is_indeterminate_and_refused(
 
 
 async def test_a_person_settles_an_undecided_call_and_the_run_carries_on() -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools()
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("tool.returned", "b")).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, tools = await crashed(CrashAt("tool.returned", "b"))
     with pytest.raises(IndeterminateToolCallError):
         await runner(log).resume(agent(tools), "r", tenant=TENANT)
     await runner(log).resolve(
@@ -269,48 +274,27 @@ async def test_a_person_settles_an_undecided_call_and_the_run_carries_on() -> No
 
 
 async def test_a_reconciling_tool_settles_its_own_call() -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools(reconcile=True)
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("tool.returned", "b")).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
-    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
-    assert result.status == "completed"
+    log, side, tools = await crashed(CrashAt("tool.returned", "b"), reconcile=True)
+    plan = await resumed_to_completion(log, tools)
     assert side.count("book") == 1
-    assert result.plan is not None
-    book = next(p for p in result.plan.calls if p.call.call_id == "b")
+    book = next(p for p in plan.calls if p.call.call_id == "b")
     assert (book.disposition, book.call.resolved_by) == (ToolDisposition.COMPLETED, "reconcile")
     assert "tool.resolved" in await kinds(log, "r")
 
 
 async def test_a_dispatch_that_never_reached_its_tool_is_reconciled_as_never_ran() -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools(reconcile=True)
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("tool.dispatched")).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, tools = await crashed(CrashAt("tool.dispatched"), reconcile=True)
     assert side.effects == []
-    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
-    assert result.status == "completed"
+    plan = await resumed_to_completion(log, tools)
     assert side.count("book") == 1
-    assert result.plan is not None
-    assert {c.call_id for c in result.plan.to_dispatch} == {"s", "b"}
+    assert {c.call_id for c in plan.to_dispatch} == {"s", "b"}
 
 
 async def test_a_retry_safe_call_is_dispatched_again() -> None:
-    log, side = MemoryEventLog(), Side()
-    tools = side.tools(retry_safe_book=True)
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("tool.returned", "b")).run(
-            agent(tools), "go", tenant=TENANT, run_id="r"
-        )
-    result = await runner(log).resume(agent(tools), "r", tenant=TENANT)
-    assert result.status == "completed"
+    log, side, tools = await crashed(CrashAt("tool.returned", "b"), retry_safe_book=True)
+    plan = await resumed_to_completion(log, tools)
     assert side.count("book") == 2
-    assert result.plan is not None
-    assert [c.call_id for c in result.plan.to_dispatch] == ["b"]
+    assert [c.call_id for c in plan.to_dispatch] == ["b"]
 
 
 async def test_a_run_waits_on_approval_and_continues_after_approve() -> None:
@@ -353,11 +337,7 @@ async def test_deny_ends_the_run() -> None:
 
 
 async def test_resume_refuses_another_revision() -> None:
-    log, side = MemoryEventLog(), Side()
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("model.answered")).run(
-            agent(side.tools()), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, _ = await crashed(CrashAt("model.answered"))
     changed = Agent(name="booker", instructions="book, and upsell", tools=side.tools())
     with pytest.raises(RevisionMismatchError, match="revision"):
         await runner(log).resume(changed, "r", tenant=TENANT)
@@ -373,11 +353,7 @@ async def test_resume_of_nothing_or_of_another_tenant() -> None:
 
 
 async def test_resume_refuses_a_newer_event_format() -> None:
-    log, side = MemoryEventLog(), Side()
-    with pytest.raises(Crash):
-        await runner(log, observer=CrashAt("model.answered")).run(
-            agent(side.tools()), "go", tenant=TENANT, run_id="r"
-        )
+    log, side, _ = await crashed(CrashAt("model.answered"))
     seq = len(await log.read_run("r")) + 1
     log.write_raw(
         "r",
@@ -400,16 +376,7 @@ async def test_resume_refuses_a_newer_event_format() -> None:
 
 async def test_large_results_go_out_of_line_and_come_back() -> None:
     log, blobs = MemoryEventLog(), MemoryBlobStore()
-
-    @tool
-    async def fetch(*, idempotency_key: str) -> str:
-        return "x" * 600_000
-
-    provider = ScriptedProvider([reply("", ToolCall(call_id="f", tool="fetch")), reply("ok")])
-    with pytest.raises(Crash):
-        await runner(log, provider=provider, blobs=blobs, observer=CrashAt("turn.settled")).run(
-            agent([fetch]), "go", tenant=TENANT, run_id="r"
-        )
+    fetch, _ = await crashed_after_a_large_result(log, blobs, "x")
     records = [msgspec.json.encode(s.event) for s in await log.read_run("r")]
     assert max(len(r) for r in records) < 10_000
     seen: list[int] = []
@@ -427,16 +394,7 @@ async def test_large_results_go_out_of_line_and_come_back() -> None:
 
 async def test_a_missing_blob_stops_the_resume() -> None:
     log, blobs = MemoryEventLog(), MemoryBlobStore()
-
-    @tool
-    async def fetch(*, idempotency_key: str) -> str:
-        return "y" * 600_000
-
-    provider = ScriptedProvider([reply("", ToolCall(call_id="f", tool="fetch")), reply("ok")])
-    with pytest.raises(Crash):
-        await runner(log, provider=provider, blobs=blobs, observer=CrashAt("turn.settled")).run(
-            agent([fetch]), "go", tenant=TENANT, run_id="r"
-        )
+    fetch, provider = await crashed_after_a_large_result(log, blobs, "y")
     for stored in await log.read_run("r"):
         result = msgspec.to_builtins(stored.event).get("result")
         if isinstance(result, dict) and "$blob" in result:

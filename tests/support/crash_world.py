@@ -65,17 +65,23 @@ def the_agent(config: dict[str, Any]) -> Agent:
     return Agent(name="booker", instructions="book one seat", tools=tools(config))
 
 
-def the_provider(variant: str) -> ScriptedProvider:
+def search_and_book(said: str, answer: str) -> ScriptedProvider:
+    """A model that says ``said`` while it asks for a search and a booking at once, then gives
+    ``answer``."""
     return ScriptedProvider(
         [
             reply(
-                "searching and booking",
+                said,
                 ToolCall(call_id="s", tool="search", args={"query": "LIS"}),
                 ToolCall(call_id="b", tool="book", args={"seat": "3A"}),
             ),
-            reply("booked"),
+            reply(answer),
         ]
     )
+
+
+def the_provider(variant: str) -> ScriptedProvider:
+    return search_and_book("searching and booking", "booked")
 
 
 @dataclass

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from onward.runtime.settings import Settings
 from support.processes import TESTS
 from support.servers import KafkaServers
+
+ASSIGNED = re.compile(r"partitions assigned: \[([0-9, ]*)\]")
+"""What a worker logs each time its group hands it partitions."""
 
 
 def process_env(servers: KafkaServers, partitions: int, **extra: str) -> dict[str, str]:
@@ -35,7 +40,14 @@ def kafka_settings(servers: KafkaServers, partitions: int, **fields: Any) -> Set
     )
 
 
-def worker_argv(module: str, requests_topic: str, name: str, *extra: str) -> list[str]:
+def worker_argv(
+    module: str,
+    requests_topic: str,
+    name: str,
+    *extra: str,
+    lease_ttl_s: float = 3,
+    session_timeout_ms: int = 6000,
+) -> list[str]:
     """``onward worker`` arguments for a test fleet: agents and provider from ``module``
     (``agents``, ``provider``), quick lease ttl, recheck, backoff and session timeout."""
     return [
@@ -50,6 +62,19 @@ def worker_argv(module: str, requests_topic: str, name: str, *extra: str) -> lis
         f"{requests_topic}.workers",
         "--name",
         name,
-        *("--lease-ttl", "3", "--recheck", "1", "--backoff", "0.2"),
-        *("--session-timeout-ms", "6000", *extra),
+        *("--lease-ttl", str(lease_ttl_s), "--recheck", "1", "--backoff", "0.2"),
+        *("--session-timeout-ms", str(session_timeout_ms), *extra),
     ]
+
+
+def balanced(outputs: Iterable[str], partitions: int) -> bool:
+    """Whether the workers whose outputs are given each hold partitions by their latest
+    assignment, and together every partition once."""
+    latest: list[set[int]] = []
+    for output in outputs:
+        found = ASSIGNED.findall(output)
+        if not found or not found[-1]:
+            return False
+        latest.append({int(p) for p in found[-1].split(",")})
+    everything = set(range(partitions))
+    return sum(map(len, latest)) == len(everything) and set().union(*latest) == everything

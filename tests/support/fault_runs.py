@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +34,15 @@ from onward.errors import (
     NothingToResumeError,
     ResumeConflictError,
 )
-from onward.eventlog import ToolCall
+from onward.eventlog import KafkaEventLog, ToolCall
+from onward.eventlog.base import EventLog
 from onward.runtime.agent import Agent
+from onward.runtime.leases import LeasePolicy, LeaseStore, MemoryLeaseStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, idempotency_key, tool
+from support.runners import log_runner
 
 TENANT = "acme"
 REPO = Path(__file__).resolve().parents[2]
@@ -75,6 +80,18 @@ def step_provider(steps: int) -> ScriptedProvider:
         for i in range(steps)
     ]
     return ScriptedProvider([*turns, reply("all steps taken")])
+
+
+def new_run_ids(runs: int) -> list[str]:
+    """``runs`` fresh run ids."""
+    return [f"run-{uuid.uuid4().hex[:8]}" for _ in range(runs)]
+
+
+def step_runner(
+    log: EventLog, leases: LeaseStore, steps: int, policy: LeasePolicy, **options: Any
+) -> AgentRunner:
+    """A runner of ``steps``-step runs that reads runs from the log (there is no projector)."""
+    return log_runner(step_provider(steps), log, leases, lease_policy=policy, **options)
 
 
 def expected_keys(run_ids: list[str], steps: int) -> set[str]:
@@ -256,6 +273,91 @@ def assert_sound(verdict: Verdict, outcomes: list[Outcome]) -> None:
     assert verdict.duplicates == 0, verdict.line()
     assert unsettled == [], unsettled[:3]
     assert verdict.lost == 0, verdict.line()
+
+
+@dataclass
+class Window:
+    """When the runs began, when the fault came and was lifted, and how every run ended."""
+
+    began: float
+    down: float
+    lifted: float
+    outcomes: list[Outcome]
+
+    def assert_all_completed(
+        self,
+        fault: str,
+        ledger: Ledger,
+        *,
+        steps: int,
+        notes: str = "",
+        down: bool = True,
+        lifted: bool = True,
+    ) -> Verdict:
+        """`judge` these outcomes, timed from this window (``down``/``lifted``: use that time),
+        then assert they are sound and every run completed; return the verdict."""
+        verdict = judge(
+            fault,
+            ledger,
+            self.outcomes,
+            steps=steps,
+            lifted_at=self.lifted if lifted else None,
+            began_at=self.began,
+            down_at=self.down if down else None,
+            notes=notes,
+        )
+        assert_sound(verdict, self.outcomes)
+        assert all(o.status == "completed" for o in self.outcomes), self.outcomes
+        return verdict
+
+
+async def through_fault(
+    driving: Coroutine[Any, Any, list[Outcome]],
+    ledger: Ledger,
+    first: int,
+    fault: Callable[[], Awaitable[object]],
+    *,
+    began: float,
+    within_s: float,
+) -> Window:
+    """Drive the runs in the background and, once ``first`` effects are on record, the fault.
+
+    The fault is down when ``fault()`` is called and lifted when it returns; then every run's
+    outcome is awaited for up to ``within_s``.
+    """
+    task = asyncio.create_task(driving)
+    try:
+        await until(lambda: len(ledger.entries()) >= first, "the first steps")
+        down = time.time()
+        await fault()
+        lifted = time.time()
+        outcomes = await asyncio.wait_for(task, within_s)
+    finally:
+        task.cancel()
+    return Window(began, down, lifted, outcomes)
+
+
+async def kafka_runs_through(
+    bootstrap: str,
+    ledger: Ledger,
+    fault: Callable[[], Awaitable[object]],
+    *,
+    runs: int,
+    steps: int,
+    within_s: float,
+) -> Window:
+    """``runs`` runs of ``steps`` steps on a topic of ``bootstrap``, leases in memory, through
+    ``fault`` (once every run has taken a step)."""
+    agent = step_agent(ledger, tool_s=0.3)
+    run_ids = new_run_ids(runs)
+    began = time.time()
+    async with (
+        KafkaEventLog(bootstrap, topic="onward.faults", partitions=4) as log,
+        MemoryLeaseStore() as leases,
+    ):
+        runner = step_runner(log, leases, steps, LeasePolicy(ttl=timedelta(seconds=10)))
+        driving = drive_all(lambda: runner, agent, run_ids)
+        return await through_fault(driving, ledger, runs, fault, began=began, within_s=within_s)
 
 
 async def until(check: Callable[[], bool], what: str, *, within_s: float = 60.0) -> None:

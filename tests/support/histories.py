@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from onward.eventlog import (
     ApprovalGranted,
@@ -129,6 +129,11 @@ class RunScript:
 def workload(rng: random.Random, runs: int, *, zombies: float = 0.1) -> list[list[Event]]:
     """Steps of many runs, interleaved the way concurrent runs append."""
     scripts = [RunScript(rng, zombie=rng.random() < zombies).steps() for _ in range(runs)]
+    return interleaved(rng, scripts)
+
+
+def interleaved(rng: random.Random, scripts: Sequence[list[list[Event]]]) -> list[list[Event]]:
+    """The steps of every script, each script's in order, the scripts taken at random."""
     order: list[list[Event]] = []
     cursors = [0] * len(scripts)
     live = list(range(len(scripts)))
@@ -170,6 +175,13 @@ async def direct_fold(
         for stored in await log.read_partition(partition, bounds.start):
             if stored.event.run_id in wanted:
                 by_run.setdefault(stored.event.run_id, []).append(stored)
+    return fold_each(by_run, run_ids)
+
+
+def fold_each(
+    by_run: Mapping[str, list[StoredEvent]], run_ids: Sequence[str]
+) -> tuple[dict[str, Frontier], dict[tuple[str, str], ToolCallRow]]:
+    """Each run's frontier folded from its events, and the call rows of them all."""
     frontiers: dict[str, Frontier] = {}
     calls: dict[tuple[str, str], ToolCallRow] = {}
     for run_id in run_ids:

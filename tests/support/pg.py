@@ -10,6 +10,8 @@ from typing import Protocol
 import asyncpg
 
 from onward.projections.postgres import migrate
+from onward.testing import storage
+from onward.testing.storage import drop_schema
 
 
 def new_schema_name() -> str:
@@ -17,20 +19,22 @@ def new_schema_name() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
 
+async def create_schema(database_url: str, *, migrated: bool = True) -> str:
+    """Create a schema no other test uses, migrated unless ``migrated`` is false; return its
+    name."""
+    schema = new_schema_name()
+    await storage.create_schema(database_url, schema, migrated=migrated)
+    return schema
+
+
 @asynccontextmanager
 async def fresh_schema(database_url: str, *, migrated: bool = True) -> AsyncIterator[str]:
     """Create a schema, migrate it (unless ``migrated`` is false), yield its name, drop it."""
-    schema = new_schema_name()
-    conn = await asyncpg.connect(database_url)
+    schema = await create_schema(database_url, migrated=migrated)
     try:
-        await conn.execute(f"CREATE SCHEMA {schema}")
-        if migrated:
-            await conn.execute(f"SET search_path TO {schema}")
-            await migrate(conn)
         yield schema
     finally:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        await conn.close()
+        await drop_schema(database_url, schema)
 
 
 class SchemaFactory(Protocol):

@@ -10,9 +10,9 @@ import msgspec
 
 from onward.eventlog import EVENT_FORMAT, Event
 from onward.eventlog.base import EventLog, StoredEvent
-from onward.projections.frontier import Frontier, ToolCallRow, fold_run
+from onward.projections.frontier import Frontier, ToolCallRow
 from onward.testing.eventlog import runs_in_partition
-from support.histories import RunScript
+from support.histories import RunScript, fold_each, interleaved
 
 
 def not_json(run_id: str, seq: int) -> bytes:
@@ -79,13 +79,7 @@ async def tolerant_direct_fold(
 ) -> tuple[dict[str, Frontier], dict[tuple[str, str], ToolCallRow]]:
     """What the runs' frontiers and call rows must be, folded straight from their readable
     events; for runs with no unreadable record that is the whole fold."""
-    by_run = await readable_events(log)
-    frontiers: dict[str, Frontier] = {}
-    calls: dict[tuple[str, str], ToolCallRow] = {}
-    for run_id in run_ids:
-        events = by_run[run_id]
-        frontiers[run_id] = fold_run(Frontier.empty(run_id, events[0].event.tenant), events, calls)
-    return frontiers, calls
+    return fold_each(await readable_events(log), run_ids)
 
 
 @dataclass
@@ -127,14 +121,4 @@ def poisoned_partition(
         script = RunScript(rng)
         script.run_id = run_id
         scripts.append(script.steps())
-    a_steps, rest = scripts[0], scripts[1:]
-    others: list[list[Event]] = []
-    cursors = [0] * len(rest)
-    live = list(range(len(rest)))
-    while live:
-        index = rng.choice(live)
-        others.append(rest[index][cursors[index]])
-        cursors[index] += 1
-        if cursors[index] == len(rest[index]):
-            live.remove(index)
-    return PoisonedPartition(ids[0], a_steps, others)
+    return PoisonedPartition(ids[0], scripts[0], interleaved(rng, scripts[1:]))

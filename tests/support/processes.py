@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,3 +27,18 @@ async def spawn_onward(log: Path, env: dict[str, str], *argv: str) -> asyncio.su
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "onward", *argv, env=env, stdout=out, stderr=out
         )
+
+
+async def stop_children(children: Iterable[asyncio.subprocess.Process], *, within_s: float) -> None:
+    """SIGTERM every child still running, wait up to ``within_s`` for each to drain and exit,
+    and kill those that do not."""
+    children = list(children)
+    for child in children:
+        if child.returncode is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            await asyncio.wait_for(child.wait(), within_s)
+        except TimeoutError:
+            child.kill()
+            await child.wait()

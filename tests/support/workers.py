@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Self
+from typing import Any
 
 from onward.errors import FencedError, ResumeConflictError
 from onward.eventlog import Event, KafkaEventLog, Position, StoredEvent, ToolCall, kind_of
-from onward.eventlog.base import EventLog, LogRecord, PartitionBounds
+from onward.eventlog.base import EventLog, LogRecord
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.leases import LeasePolicy, LeaseStore, PostgresLeaseStore, RedisLeaseStore
@@ -29,6 +29,7 @@ from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Tool, tool
+from onward.testing.eventlog import WrappedEventLog
 
 __all__ = [
     "POLICY",
@@ -81,62 +82,29 @@ def provider() -> ScriptedProvider:
     )
 
 
-class CountingLog:
-    """An `EventLog` that counts reads, to show a loser read nothing."""
+class CountingLog(WrappedEventLog):
+    """An `EventLog` that counts reads, to show a loser read nothing, and remembers where each
+    read of a run started."""
 
     def __init__(self, inner: EventLog) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.reads = 0
-
-    @property
-    def partitions(self) -> int:
-        return self.inner.partitions
-
-    @property
-    def embedded(self) -> bool:
-        return bool(getattr(self.inner, "embedded", False))
-
-    async def append(self, events: Sequence[Event]) -> list[Position]:
-        return await self.inner.append(events)
+        self.starts: list[int | None] = []
 
     async def read_run(
         self, run_id: str, *, start: int | None = None, end: int | None = None
     ) -> list[StoredEvent]:
         self.reads += 1
-        return await self.inner.read_run(run_id, start=start, end=end)
+        self.starts.append(start)
+        return await super().read_run(run_id, start=start, end=end)
 
-    async def read_partition(
-        self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
-    ) -> list[StoredEvent]:
+    async def read_partition(self, *args: Any, **options: Any) -> list[StoredEvent]:
         self.reads += 1
-        return await self.inner.read_partition(partition, start, end, limit=limit)
+        return await super().read_partition(*args, **options)
 
-    async def read_records(
-        self,
-        partition: int,
-        start: int | None = None,
-        end: int | None = None,
-        *,
-        run_id: str | None = None,
-        limit: int | None = None,
-    ) -> list[LogRecord]:
+    async def read_records(self, *args: Any, **options: Any) -> list[LogRecord]:
         self.reads += 1
-        return await self.inner.read_records(partition, start, end, run_id=run_id, limit=limit)
-
-    async def bounds(self, partition: int) -> PartitionBounds:
-        return await self.inner.bounds(partition)
-
-    async def truncate_before(self, partition: int, offset: int) -> None:
-        await self.inner.truncate_before(partition, offset)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        return await super().read_records(*args, **options)
 
 
 @dataclass
@@ -150,7 +118,7 @@ class World:
 async def open_world(config: dict[str, Any]) -> AsyncIterator[World]:
     leases: LeaseStore
     if config["leases"] == "redis":
-        leases = await RedisLeaseStore.open(config["redis_url"], prefix=config["prefix"])
+        leases = await RedisLeaseStore.open(config["redis_url"], prefix=config["redis_prefix"])
     else:
         leases = await PostgresLeaseStore.open(config["database_url"], schema=config["schema"])
     try:

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Self
 
 import pytest
 from support.servers import KafkaServers
@@ -26,7 +25,8 @@ from support.servers import KafkaServers
 from onward.errors import FencedError, ResumeConflictError
 from onward.eventlog import Refusal, RunClaimed
 from onward.integrations.langgraph import OnwardSaver, ThreadState
-from onward.runtime.leases import LeasePolicy, LeaseStore, RunLease
+from onward.runtime.leases import LeasePolicy
+from onward.testing.leases import GatedRenewals
 
 from .graphs import config, steps_graph
 from .worlds import TENANT, World, kafka_spec, kafka_world, sqlite_spec, sqlite_world
@@ -146,51 +146,16 @@ async def test_paused_writer_is_fenced_on_kafka_postgres_redis(
         await _scenario(world, kafka_spec(*kafka_servers))
 
 
-class StalledRenewals:
-    """A lease store whose renewals wait while ``stalled``: a holder that cannot hear the store.
-
-    It stands for a writer whose process was paused: its writes go on, its renewals (and the
-    confirmation after each append) do not reach the store until it is thawed.
-    """
-
-    def __init__(self, store: LeaseStore) -> None:
-        self.store = store
-        self.thawed = asyncio.Event()
-        self.thawed.set()
-
-    async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
-        return await self.store.acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
-
-    async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
-        await self.thawed.wait()
-        return await self.store.renew(lease, ttl_s=ttl_s)
-
-    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
-        return await self.store.raise_fence(lease, above=above)
-
-    async def release(self, lease: RunLease) -> None:
-        await self.store.release(lease)
-
-    async def current(self, run_id: str) -> RunLease | None:
-        return await self.store.current(run_id)
-
-    async def close(self) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
 async def _takeover_unnoticed(world: World) -> None:
     """A's write lands after B's claim (A has not heard yet): refused, and A is told after."""
     thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-    stalling = StalledRenewals(world.leases)
+    # A's renewals (and the confirmation after each append) wait while the gate is shut: a
+    # writer whose process was paused, whose writes go on but cannot hear the store.
+    thawed = asyncio.Event()
+    thawed.set()
     saver_a = OnwardSaver(
         world.log,
-        stalling,
+        GatedRenewals(world.leases, thawed),
         tenant=TENANT,
         holder="worker-a",
         policy=LeasePolicy(ttl=timedelta(seconds=TTL_S)),
@@ -198,7 +163,7 @@ async def _takeover_unnoticed(world: World) -> None:
     async with saver_a:
         graph_a = steps_graph("A", saver_a)
         await graph_a.ainvoke({"steps": []}, config(thread_id))
-        stalling.thawed.clear()
+        thawed.clear()
         await asyncio.sleep(TTL_S + 0.5)
 
         async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
@@ -210,7 +175,7 @@ async def _takeover_unnoticed(world: World) -> None:
             # A appends from its own stale view, then waits to confirm its lease.
             while not (await saver_b.aread_thread(thread_id)).refused:  # noqa: ASYNC110 - the log is what we watch
                 await asyncio.sleep(0.05)
-            stalling.thawed.set()
+            thawed.set()
             with pytest.raises(FencedError):
                 await stale
             assert not saver_a.holds(thread_id)

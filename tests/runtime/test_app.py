@@ -22,6 +22,8 @@ from support.processes import TESTS
 import onward
 from onward.errors import ConfigurationError, InvalidInputError, NothingToResumeError
 from onward.eventlog import Tagged
+from onward.eventlog.base import partition_for
+from onward.runtime.compaction import CheckpointCompactor, compaction_store
 from onward.runtime.ledger import Ledger
 from onward.runtime.messages import RunMessage
 from onward.runtime.providers import ModelReply, ScriptedProvider
@@ -134,6 +136,29 @@ async def test_a_tag_from_a_checkpoint_is_a_tagged_event_on_its_seq(app: onward.
     events = [s.event for s in await app.backends.log.read_run(last.run_id)]
     tags = [(e.target_seq, e.label) for e in events if isinstance(e, Tagged)]
     assert tags == [(tagged[0], "milestone")]
+
+
+async def test_a_tag_from_a_message_survives_compaction(tmp_path: Path, ledger: Ledger) -> None:
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        tagged: list[int] = []
+        async for message in app.query("work", COLLABORATIVE):
+            if message.waits:
+                if len(tagged) < 1:
+                    await message.tag("milestone")
+                    tagged.append(message.seq)
+                await message.respond()
+            last = message
+        log = app.backends.log
+        async with compaction_store(app.backends) as store:
+            compactor = CheckpointCompactor(log, app.backends.frontiers, store, max_checkpoints=1)
+            report = await compactor.compact()
+            retained = {e.seq: e for e in await store.retained(last.run_id)}
+        start = (await log.bounds(partition_for(last.run_id, log.partitions))).start
+        kept = {s.event.seq for s in await log.read_run(last.run_id, start=start)}
+    assert report.events_cut > 0
+    assert tagged[0] not in kept  # cut from the log ...
+    assert tagged[0] in retained  # ... and kept where compaction keeps tagged events
 
 
 async def test_a_tag_on_a_run_that_is_going_waits_for_its_lease(app: onward.App) -> None:

@@ -69,6 +69,9 @@ class Recovery:
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
+        self.owed = False
+        """The last pass stopped for want of a free slot: runs of a dead worker may be waiting,
+        and they go before new requests."""
 
     async def recover(self, partitions: Collection[int]) -> int:
         """Carry on the lapsed runs of ``partitions`` (as many as there are free slots).
@@ -82,14 +85,17 @@ class Recovery:
         count = worker.backends.log.partitions
         rows = await worker.backends.frontiers.runs(statuses={"running"})
         launched = 0
+        self.owed = False
         for row in rows:
             if worker.free <= 0:
+                self.owed = True
                 break
             if worker.carrying(row.run_id) or partition_for(row.run_id, count) not in wanted:
                 continue
             if await worker.backends.leases.current(row.run_id) is not None:
                 continue  # held: looked at again on the next pass, after its ttl
             if worker.free <= 0:
+                self.owed = True
                 break  # filled while the lease store answered
             if worker.carrying(row.run_id):
                 continue

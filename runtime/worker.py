@@ -369,7 +369,10 @@ class Worker:
             elif free > 0 and paused:
                 consumer.resume(*assigned)
                 paused = False
-            if paused:
+            if paused or self._recovery.owed:
+                # Runs carried on from a dead worker take the free slots before new requests.
+                if not paused and not self._scans:
+                    self._scan(set(self.owned))
                 await self.wait_for_slot(0.2)
                 batch: dict[TopicPartition, list[Any]] = {}
             else:

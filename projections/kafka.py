@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
@@ -22,7 +23,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, NoOffsetForPartitionError
 
 from onward._storage import translate
-from onward.errors import ConfigurationError, EventDecodeError, LogTruncatedError
+from onward.errors import (
+    ConfigurationError,
+    EventDecodeError,
+    InvalidInputError,
+    LogTruncatedError,
+)
 from onward.eventlog import codec
 from onward.eventlog.base import LogRecord, Position, StoredEvent
 from onward.eventlog.kafka import DEFAULT_TOPIC, record_of, topic_partition_count
@@ -39,8 +45,14 @@ DEFAULT_GROUP = "onward-projector"
 PROJECTOR_FLUSH_EVENTS = 50_000
 """`onward projector` stores after folding this many events while it works through a backlog..."""
 PROJECTOR_FLUSH_INTERVAL = 1.0
-"""...or after this many seconds; and whenever it has caught up."""
+"""...or after this many seconds; and whenever it has caught up (at most every
+`CAUGHT_UP_STORE_S`)."""
+CAUGHT_UP_STORE_S = 0.05
+"""A projector that has caught up stores what it folded at most this often: each store is one
+PostgreSQL transaction, so storing every small batch under a steady trickle of events cost more
+than folding them. The frontier lags the log by at most this (plus the store) for it."""
 
+_FETCH_MIN_BYTES = 256 * 1024
 _FETCH_CHUNK = 1_000  # records a batch is fetched in, with a turn of the event loop between
 
 
@@ -83,6 +95,8 @@ class KafkaProjector(Generic[SinkT]):
         group_id: Consumer group; members share the partitions.
         batch_records: Most records folded per batch; bounds memory.
         session_timeout_ms: How long a dead member keeps its partitions.
+        caught_up_store_s: Once caught up, `run` stores at most this often (seconds); 0 stores
+            every batch.
     """
 
     def __init__(
@@ -95,7 +109,12 @@ class KafkaProjector(Generic[SinkT]):
         group_id: str = DEFAULT_GROUP,
         batch_records: int = 5_000,
         session_timeout_ms: int = 10_000,
+        caught_up_store_s: float = CAUGHT_UP_STORE_S,
     ) -> None:
+        if caught_up_store_s < 0:
+            raise InvalidInputError(
+                f"caught_up_store_s must not be negative, got {caught_up_store_s}"
+            )
         self.projection = projection
         self.topic = topic
         self._bootstrap = bootstrap_servers
@@ -103,6 +122,7 @@ class KafkaProjector(Generic[SinkT]):
         self._group_id = group_id
         self._batch_records = batch_records
         self._session_timeout_ms = session_timeout_ms
+        self._caught_up_store_s = caught_up_store_s
         self._consumer: AIOKafkaConsumer | None = None
         self._failure: BaseException | None = None
 
@@ -117,6 +137,10 @@ class KafkaProjector(Generic[SinkT]):
             isolation_level="read_committed",
             max_poll_records=self._batch_records,
             max_partition_fetch_bytes=4 * 1024 * 1024,
+            # The broker answers a fetch once it has this much, or after the wait: under a
+            # steady trickle, one fetch per store instead of one per handful of records.
+            fetch_min_bytes=_FETCH_MIN_BYTES,
+            fetch_max_wait_ms=max(1, int(self._caught_up_store_s * 1000)),
             session_timeout_ms=self._session_timeout_ms,
             # A member learns of a rebalance from a heartbeat: beating every second, not every
             # third of the session, lets a joining member start folding seconds sooner.
@@ -289,14 +313,19 @@ class KafkaProjector(Generic[SinkT]):
         """Fold until ``stop`` is set; what was folded is stored before it returns.
 
         Fetching and decoding the next batch overlaps with folding and storing the previous
-        one; batches are still folded one at a time, in order. Whenever a batch is not full
-        (the projector has caught up) or nothing arrives, whatever the projection holds unstored
-        is stored.
+        one; batches are still folded one at a time, in order. Once a batch is not full (the
+        projector has caught up), whatever the projection holds unstored is stored, at most
+        every ``caught_up_store_s``; when nothing arrives, at once.
         """
         storing: asyncio.Task[int] | None = None
+        stored_at = time.monotonic()
+        unstored = False
         try:
             while not stop.is_set():
-                fetched = await self._fetch(200)
+                wait_s = 0.2
+                if unstored:  # a store is owed: wait for more records no longer than it is due
+                    wait_s = max(0.0, self._caught_up_store_s - (time.monotonic() - stored_at))
+                fetched = await self._fetch(int(wait_s * 1000))
                 if storing is not None:
                     stored, storing = await storing, None
                     if stored == 0 and fetched is not None:
@@ -307,11 +336,14 @@ class KafkaProjector(Generic[SinkT]):
                 if fetched is not None:
                     records, next_offsets = fetched
                     caught_up = sum(map(len, records.values())) < self._batch_records
-                    storing = asyncio.create_task(
-                        self._apply(records, next_offsets, store=caught_up)
-                    )
+                    due = caught_up and time.monotonic() - stored_at >= self._caught_up_store_s
+                    if due:
+                        stored_at = time.monotonic()
+                    unstored = not due
+                    storing = asyncio.create_task(self._apply(records, next_offsets, store=due))
                 else:
                     await self.flush()
+                    stored_at, unstored = time.monotonic(), False
         finally:
             if storing is not None:
                 await storing

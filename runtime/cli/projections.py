@@ -19,6 +19,7 @@ from onward.eventlog.base import EventLog
 from onward.projections.base import ProjectionSink
 from onward.projections.compaction import PostgresCompactionStore
 from onward.projections.kafka import (
+    CAUGHT_UP_STORE_S,
     DEFAULT_GROUP,
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
@@ -72,6 +73,13 @@ def projector_command(
         float,
         typer.Option(help="Frontiers: store at least this often, in seconds, while folding."),
     ] = PROJECTOR_FLUSH_INTERVAL,
+    caught_up_store_s: Annotated[
+        float,
+        typer.Option(
+            help="Once caught up, store at most this often, in seconds (0: every batch): "
+            "fewer PostgreSQL transactions for a frontier that lags the log by this much more."
+        ),
+    ] = CAUGHT_UP_STORE_S,
 ) -> None:
     """Fold the events topic into PostgreSQL until SIGTERM or SIGINT.
 
@@ -119,6 +127,7 @@ def projector_command(
                 group_id=group or default_group,
                 batch_records=batch,
                 session_timeout_ms=session_timeout_ms,
+                caught_up_store_s=caught_up_store_s,
             )
             stack.push_async_callback(worker.close)
             await within(worker.start(), "Kafka")

@@ -7,6 +7,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import pytest
@@ -20,7 +21,7 @@ from support.histories import (
     workload,
 )
 
-from onward.errors import BackendUnavailableError
+from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import KafkaEventLog, ToolCompleted
 from onward.projections.kafka import KafkaProjector
 from onward.projections.postgres import PostgresFrontierStore
@@ -234,6 +235,65 @@ async def test_a_deferring_projector_stores_everything_once_it_has_caught_up(
         await running
         await projector.close()
     await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
+
+
+async def test_a_caught_up_projector_stores_a_trickle_at_most_once_per_interval(
+    stack: Stack, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One PostgreSQL transaction per ``caught_up_store_s`` under a trickle, not one per
+    fetch; and once the trickle stops, everything is stored within that interval."""
+    steps = workload(rng, 6)
+    projector = KafkaProjector(
+        stack.bootstrap,
+        FrontierProjection(stack.store, stack.log),
+        topic=stack.topic,
+        partitions=PARTITIONS,
+        group_id=f"g-{uuid.uuid4().hex[:8]}",
+        caught_up_store_s=0.5,
+    )
+    stores = 0
+    write = stack.store.write
+
+    async def counted(*args: Any, **kwargs: Any) -> None:
+        nonlocal stores
+        stores += 1
+        await write(*args, **kwargs)
+
+    monkeypatch.setattr(stack.store, "write", counted)
+    await projector.start()
+    stop = asyncio.Event()
+    running = asyncio.create_task(projector.run(stop))
+    try:
+        started = asyncio.get_running_loop().time()
+        for step in steps:  # one run's step at a time, each its own append and fetch
+            await stack.log.append(step)
+            await asyncio.sleep(0.02)
+        trickled = asyncio.get_running_loop().time() - started
+        ends = {p: (await stack.log.bounds(p)).end for p in range(PARTITIONS)}
+        deadline = asyncio.get_running_loop().time() + 5
+        while True:
+            stored = await stack.store.positions("frontiers")
+            if all(stored.get(p, 0) >= end for p, end in ends.items()):
+                break
+            assert asyncio.get_running_loop().time() < deadline, "never stored the trickle"
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await running
+        await projector.close()
+    assert len(steps) > 40
+    assert stores <= trickled / 0.5 + 3, (stores, len(steps), trickled)
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
+
+
+async def test_a_negative_store_interval_is_refused(stack: Stack) -> None:
+    with pytest.raises(InvalidInputError, match="caught_up_store_s"):
+        KafkaProjector(
+            stack.bootstrap,
+            FrontierProjection(stack.store, stack.log),
+            topic=stack.topic,
+            caught_up_store_s=-1,
+        )
 
 
 async def test_a_store_failing_inside_a_rebalance_is_raised_by_the_next_call(

@@ -1,9 +1,17 @@
 """Recovery: how a `Worker` finds runs whose lease lapsed and carries them on, bounded.
 
 When partitions are assigned (at start, and when a dead worker's partitions move) and every
-``recheck_s`` after, the worker lists the runs of its partitions that are ``running`` (so not
-waiting on a person) and whose lease has lapsed, and carries each on with
-`AgentRunner.resume`. A run whose lease is still held is looked at again on the next pass.
+``recheck_s`` after, the worker lists the runs that are ``running`` (so not waiting on a
+person) and whose lease has lapsed, and carries each on with `AgentRunner.resume`. A run whose
+lease is still held is looked at again on the next pass.
+
+The periodic pass is not limited to the partitions the worker owns: a run of another partition
+is taken too once its last event is a lease ttl old and its lease has lapsed. A dead worker
+keeps its partitions until the group's session timeout ends (6 s at the least on a broker's
+defaults) and the group has rebalanced; its runs need not wait for that, because the lease, not
+the partition, decides who carries a run on. Two workers reaching for one run are settled by
+the lease: one carries it on, the other counts a conflict. Requests (new runs, answers) still
+go to the partition's owner.
 Attempts are bounded: the claims (`RunClaimed`) the log shows since the run last made progress
 (a model answer, a tool outcome, a settled turn or an approval) count, with a backoff of
 ``backoff_s * 2**(attempts - 1)`` before each retry; at ``max_attempts`` the run ends ``failed``
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
@@ -32,6 +41,7 @@ from onward.eventlog.events import (
     ToolResolved,
     TurnSettled,
 )
+from onward.projections.base import RunSummary
 from onward.projections.frontier import Frontier
 
 from .agent import Agent
@@ -73,24 +83,35 @@ class Recovery:
         """The last pass stopped for want of a free slot: runs of a dead worker may be waiting,
         and they go before new requests."""
 
-    async def recover(self, partitions: Collection[int]) -> int:
-        """Carry on the lapsed runs of ``partitions`` (as many as there are free slots).
+    async def recover(self, partitions: Collection[int], *, adopt: bool = False) -> int:
+        """Carry on the lapsed runs of ``partitions`` (as many as there are free slots) and,
+        with ``adopt``, after them those of every other partition that were quiet for a lease
+        ttl.
 
         Returns how many were launched; the rest are looked at again on the next pass.
         """
         worker = self._worker
         wanted = set(partitions)
-        if not wanted or worker.draining:
+        if not (wanted or adopt) or worker.draining:
             return 0
         count = worker.backends.log.partitions
         rows = await worker.backends.frontiers.runs(statuses={"running"})
+        ttl_us = int(worker.runner.lease_policy.ttl.total_seconds() * 1_000_000)
+        quiet_since = time.time_ns() // 1_000 - ttl_us
+        owned: list[RunSummary] = []
+        others: list[RunSummary] = []
+        for row in rows:
+            if partition_for(row.run_id, count) in wanted:
+                owned.append(row)
+            elif adopt and row.updated_at <= quiet_since:
+                others.append(row)
         launched = 0
         self.owed = False
-        for row in rows:
+        for row in owned + others:
             if worker.free <= 0:
                 self.owed = True
                 break
-            if worker.carrying(row.run_id) or partition_for(row.run_id, count) not in wanted:
+            if worker.carrying(row.run_id):
                 continue
             if await worker.backends.leases.current(row.run_id) is not None:
                 continue  # held: looked at again on the next pass, after its ttl

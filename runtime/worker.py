@@ -6,8 +6,10 @@ partition p owns the runs of event-log partition p. Ownership only routes work: 
 made under the run's lease (how each request is acted on: :mod:`onward.runtime.request_handler`).
 
 Recovery (:mod:`onward.runtime.recovery`): when partitions are assigned and every ``recheck_s``
-after, the worker carries on the runs of its partitions whose lease lapsed, with bounded
-attempts; a run whose plan is not safe is left for a person.
+after, the worker carries on the runs of its partitions whose lease lapsed, and every
+``recheck_s`` those of any partition that were quiet for a lease ttl (a dead worker's runs move
+once their leases lapse, not once its partitions do), with bounded attempts; a run whose plan
+is not safe is left for a person.
 
 Backpressure: at most ``max_runs`` runs in flight; while full, the worker pauses its partitions.
 Request offsets are committed only once the request was acted on, so a worker killed mid-request
@@ -193,12 +195,13 @@ class Worker:
             _log.warning("%s refused for good: %s", type(request).__name__, exc)
             return True
 
-    async def recover(self, partitions: Collection[int]) -> int:
-        """Carry on the lapsed runs of ``partitions`` (as many as there are free slots).
+    async def recover(self, partitions: Collection[int], *, adopt: bool = False) -> int:
+        """Carry on the lapsed runs of ``partitions`` (as many as there are free slots) and,
+        with ``adopt``, the quiet lapsed runs of every other partition.
 
         Returns how many were launched; the rest are looked at again on the next pass.
         """
-        return await self._recovery.recover(partitions)
+        return await self._recovery.recover(partitions, adopt=adopt)
 
     # -- tasks, slots and draining -----------------------------------------------------------
 
@@ -279,10 +282,10 @@ class Worker:
         for scan in list(self._scans):
             scan.cancel()
 
-    def _scan(self, partitions: Collection[int]) -> None:
+    def _scan(self, partitions: Collection[int], *, adopt: bool = False) -> None:
         async def scan() -> None:
             try:
-                await self._recovery.recover(partitions)
+                await self._recovery.recover(partitions, adopt=adopt)
             except OnwardError as exc:
                 _log.warning("looking for runs to carry on failed: %s", exc)
 
@@ -372,7 +375,7 @@ class Worker:
             if paused or self._recovery.owed:
                 # Runs carried on from a dead worker take the free slots before new requests.
                 if not paused and not self._scans:
-                    self._scan(set(self.owned))
+                    self._scan(set(self.owned), adopt=True)
                 await self.wait_for_slot(0.2)
                 batch: dict[TopicPartition, list[Any]] = {}
             else:
@@ -383,7 +386,7 @@ class Worker:
             await offsets.commit(consumer)
             if time.monotonic() >= next_scan:
                 next_scan = time.monotonic() + self.recheck_s
-                self._scan(set(self.owned))
+                self._scan(set(self.owned), adopt=True)
 
     def _take(self, tp: TopicPartition, record: Any, offsets: _Offsets) -> None:
         offsets.taken(tp, record.offset)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.deployment import balanced, process_env, worker_argv
+from support.deployment import assigned, balanced, process_env, worker_argv
 from support.kafka import delete_topic
 from support.processes import spawn_onward, stop_children
 from support.servers import KafkaServers
@@ -48,6 +48,7 @@ class Fleet:
     log: KafkaEventLog
     frontiers: PostgresFrontierStore
     leases: RedisLeaseStore
+    session_timeout_ms: int = 6000
     children: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
 
     @property
@@ -58,7 +59,13 @@ class Fleet:
         self.children[name] = await spawn_onward(self.tmp / f"{name}.log", self.env, *argv)
 
     async def worker(self, name: str) -> None:
-        argv = worker_argv("support.fleet", self.requests_topic, name, "--max-runs", str(MAX_RUNS))
+        argv = worker_argv(
+            "support.fleet",
+            self.requests_topic,
+            name,
+            *("--max-runs", str(MAX_RUNS)),
+            session_timeout_ms=self.session_timeout_ms,
+        )
         await self.spawn(name, *argv)
 
     def output(self, name: str) -> str:
@@ -98,7 +105,11 @@ class Fleet:
 
 
 @pytest_asyncio.fixture
-async def fleet(kafka_servers: KafkaServers, tmp_path: Path) -> AsyncIterator[Fleet]:
+async def fleet(
+    kafka_servers: KafkaServers, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Fleet]:
+    """One projector and three balanced workers; ``request.param`` (indirect) is the workers'
+    group session timeout in ms (6,000 unless a test says otherwise)."""
     servers = kafka_servers
     kafka_bootstrap = servers.bootstrap
     env = process_env(
@@ -115,6 +126,7 @@ async def fleet(kafka_servers: KafkaServers, tmp_path: Path) -> AsyncIterator[Fl
         servers.leases() as leases,
     ):
         world = Fleet(kafka_bootstrap, env, requests_topic, tmp_path, log, frontiers, leases)
+        world.session_timeout_ms = getattr(request, "param", 6000)
         try:
             await world.spawn("projector", "projector", "--session-timeout-ms", "6000")
             for n in range(3):
@@ -180,6 +192,48 @@ async def test_a_killed_worker_s_runs_are_carried_on_by_the_others(fleet: Fleet)
         s.run_id: s.fence for s in await fleet.frontiers.runs(tenant=TENANT) if s.run_id in left
     }
     assert again == fences
+
+
+_PARTITIONS_STAY_MS = 90_000
+
+
+@pytest.mark.parametrize("fleet", [_PARTITIONS_STAY_MS], indirect=True, ids=["session-90s"])
+@pytest.mark.timeout(180)
+async def test_a_dead_worker_s_runs_move_before_its_partitions_do(fleet: Fleet) -> None:
+    """With a 90 s group session timeout the dead worker keeps its partitions for the whole test;
+    the runs it was carrying are still carried on by the others, once their leases lapse."""
+    await _under_way(fleet)
+    assignments = {n: fleet.output(n).count("partitions assigned") for n in ("w1", "w2")}
+    owned = assigned(fleet.output("w0"))  # only w0 starts and carries on runs of these
+    victim = _signal(fleet, "w0", signal.SIGKILL)
+    await victim.wait()
+    # Everything w0 wrote is below these ends: once folded, its orphans are its running runs.
+    ends = {p: (await fleet.log.bounds(p)).end for p in range(PARTITIONS)}
+    await fleet.until("the projector caught up", lambda: _folded_to(fleet, ends), 30)
+    held = {
+        s.run_id
+        for s in await fleet.frontiers.runs(tenant=TENANT, statuses={"running"})
+        if s.partition in owned
+    }
+    assert held, "w0 was carrying no run"
+
+    async def moved_on() -> bool:
+        rows = {s.run_id: s for s in await fleet.frontiers.runs(tenant=TENANT) if s.run_id in held}
+        pending = await ExecutionManager(fleet.frontiers, fleet.leases).list_pending(tenant=TENANT)
+        left = {p.summary.run_id for p in pending if p.attention == "needs_person"}
+        return all(rows[r].status == "completed" or r in left for r in held)
+
+    await fleet.until("w0's runs carried on by the others", moved_on, 45)
+    # Well inside the session timeout: no partition moved, so recovery did not wait for one.
+    assert {n: fleet.output(n).count("partitions assigned") for n in assignments} == assignments
+    rows = {s.run_id: s for s in await fleet.frontiers.runs(tenant=TENANT) if s.run_id in held}
+    assert {rows[r].holder for r in held} <= {"w1", "w2"}  # each claimed by a survivor
+    assert not _effects_once(fleet.ledger), "side effects repeated"
+
+
+async def _folded_to(world: Fleet, ends: dict[int, int]) -> bool:
+    stored = await world.frontiers.positions("frontiers")
+    return all(stored.get(p, 0) >= end for p, end in ends.items())
 
 
 @pytest.mark.timeout(180)

@@ -67,14 +67,17 @@ def worker_argv(
     ]
 
 
+def assigned(output: str) -> set[int]:
+    """The partitions a worker's output says it was assigned last (none if it says nothing)."""
+    found = ASSIGNED.findall(output)
+    return {int(p) for p in found[-1].split(",")} if found and found[-1] else set()
+
+
 def balanced(outputs: Iterable[str], partitions: int) -> bool:
     """Whether the workers whose outputs are given each hold partitions by their latest
     assignment, and together every partition once."""
-    latest: list[set[int]] = []
-    for output in outputs:
-        found = ASSIGNED.findall(output)
-        if not found or not found[-1]:
-            return False
-        latest.append({int(p) for p in found[-1].split(",")})
+    latest = [assigned(output) for output in outputs]
+    if not all(latest):
+        return False
     everything = set(range(partitions))
     return sum(map(len, latest)) == len(everything) and set().union(*latest) == everything

@@ -87,7 +87,7 @@ def worker_command(
         float, typer.Option(help="Seconds a run's lease lasts; a dead worker's runs move after.")
     ] = 30.0,
     recheck: Annotated[
-        float, typer.Option(help="Seconds between looks for lapsed runs in owned partitions.")
+        float, typer.Option(help="Seconds between looks for runs whose lease lapsed.")
     ] = 5.0,
     requests_topic: Annotated[
         str, typer.Option(help="Kafka: the requests topic (created like the events topic).")

@@ -2,7 +2,9 @@
 
 Every run makes ``FLEET_STEPS`` tool calls, one per turn, then answers. Each call's side effect
 goes to the ledger ``FLEET_LEDGER`` names before the tool sleeps ``FLEET_TOOL_S`` seconds, so a
-worker killed mid-call leaves an effect without its `ToolCompleted`.
+worker killed mid-call leaves an effect without its `ToolCompleted`. The ledger is written (and
+fsynced) in a thread, as a tool's network call would leave the event loop to other runs. The
+model answers after ``FLEET_MODEL_S`` seconds (0: at once).
 
 ``booker``'s tool has a status check (the ledger), so resume settles such a call itself;
 ``charger``'s has none, so such a call is indeterminate and its run is left for a person.
@@ -24,6 +26,7 @@ from onward.runtime.tools import Reconciled, Tool, tool
 
 STEPS = int(os.environ.get("FLEET_STEPS", "3"))
 TOOL_S = float(os.environ.get("FLEET_TOOL_S", "0.05"))
+MODEL_S = float(os.environ.get("FLEET_MODEL_S", "0"))
 
 
 def _ledger() -> Ledger:
@@ -38,19 +41,19 @@ async def _status(key: str) -> Reconciled | None:
 def _tools() -> tuple[Tool, Tool, Tool]:
     @tool(reconcile=_status)
     async def book(n: int, *, idempotency_key: str) -> dict[str, object]:
-        _ledger().record("book", idempotency_key, n=n, pid=os.getpid())
+        await asyncio.to_thread(_ledger().record, "book", idempotency_key, n=n, pid=os.getpid())
         await asyncio.sleep(TOOL_S)
         return {"booked": idempotency_key}
 
     @tool
     async def charge(n: int, *, idempotency_key: str) -> dict[str, object]:
-        _ledger().record("charge", idempotency_key, n=n, pid=os.getpid())
+        await asyncio.to_thread(_ledger().record, "charge", idempotency_key, n=n, pid=os.getpid())
         await asyncio.sleep(TOOL_S)
         return {"charged": idempotency_key}
 
     @tool(requires_approval=True)
     async def pay(n: int, *, idempotency_key: str) -> dict[str, object]:
-        _ledger().record("pay", idempotency_key, n=n, pid=os.getpid())
+        await asyncio.to_thread(_ledger().record, "pay", idempotency_key, n=n, pid=os.getpid())
         return {"paid": idempotency_key}
 
     return book, charge, pay
@@ -91,6 +94,15 @@ def script(messages: Sequence[Message]) -> ModelReply:
     )
 
 
+class _Model(ScriptedProvider):
+    """The scripted model, answering after ``FLEET_MODEL_S`` seconds."""
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        if MODEL_S > 0:
+            await asyncio.sleep(MODEL_S)
+        return await super().complete(agent, messages)
+
+
 def provider() -> ScriptedProvider:
     """The model: one tool call per turn for ``FLEET_STEPS`` turns, then a final answer."""
-    return ScriptedProvider(script)
+    return _Model(script)

@@ -17,8 +17,13 @@ again; p50 and p99 are reported. That time is bounded below by the group's sessi
 (``--session-timeout-ms``: until then the dead worker keeps its partitions) and by the lease
 ttl (until then its runs stay held).
 
+Each fleet size is measured ``--repeat`` times (3; the median is the figure, the range beside
+it), each with the share of the machine's CPUs that was busy and stolen. ``--model-s`` makes
+each model call take that long, as a real model's does (0: it answers at once, so the fleet is
+bound by the CPUs of this machine, which also runs the broker, PostgreSQL and Redis).
+
     python bench/fleet.py                          # 2,000 runs; bench/results/fleet.json
-    python bench/fleet.py --runs 200 --fleets 1,3  # small
+    python bench/fleet.py --runs 200 --fleets 1,3 --repeat 1   # small
 
 The agent and model are `tests/support/fleet.py` (put on the workers' ``PYTHONPATH``); the
 processes are started and stopped as the fleet tests do it (`tests/support/deployment.py`,
@@ -95,6 +100,7 @@ class Fleet:
             "FLEET_LEDGER": str(self.tmp / "ledger.jsonl"),
             "FLEET_STEPS": str(self.args.steps),
             "FLEET_TOOL_S": str(self.args.tool_s),
+            "FLEET_MODEL_S": str(self.args.model_s),
         }
 
     async def spawn(self, name: str, *argv: str) -> None:
@@ -133,6 +139,34 @@ class Fleet:
         if self.schema:
             await drop_schemas(self.args.database_url, [self.schema])
         await delete_redis_keys(self.args.redis_url, self.prefix)
+
+
+class MachineCpu:
+    """The machine's CPU time over a measurement (``/proc/stat``): the share busy, and the share
+    stolen by the hypervisor, so a figure says whether it was bound by the CPUs."""
+
+    def __enter__(self) -> MachineCpu:
+        self._start = _cpu_times()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._end = _cpu_times()
+
+    def figures(self) -> dict[str, float]:
+        spent = [b - a for a, b in zip(self._start, self._end, strict=True)]
+        total = sum(spent) or 1
+        idle = spent[3] + spent[4]  # idle, iowait
+        steal = spent[7] if len(spent) > 7 else 0
+        return {"cpu_busy": (total - idle) / total, "cpu_steal": steal / total}
+
+
+def _cpu_times() -> list[int]:
+    """The first line of ``/proc/stat`` (zeros where there is none)."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(v) for v in stat.readline().split()[1:9]]
+    except OSError:
+        return [0] * 8
 
 
 async def _submit(fleet: Fleet, runs: int) -> list[str]:
@@ -208,10 +242,11 @@ async def _running(
 
 async def throughput(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, Any]:
     async with _running(args, workers, tmp) as (fleet, frontiers):
-        started = time.monotonic()
-        submitted_us = time.time_ns() // 1_000
-        await _submit(fleet, args.runs)
-        ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
+        with MachineCpu() as cpu:  # from the submit until the last run shows completed
+            started = time.monotonic()
+            submitted_us = time.time_ns() // 1_000
+            await _submit(fleet, args.runs)
+            ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
         rows = await frontiers.runs(tenant=TENANT, statuses={"completed"})
     seconds = ended - started
     # The workers' own time: until the last run's final event (its own clock), whatever the
@@ -225,6 +260,7 @@ async def throughput(args: argparse.Namespace, workers: int, tmp: Path) -> dict[
         "steps_per_s": steps / seconds,
         "worker_seconds": worker_seconds,
         "worker_steps_per_s": steps / worker_seconds,
+        **cpu.figures(),
     }
 
 
@@ -232,6 +268,7 @@ async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[st
     from onward.eventlog import KafkaEventLog, RunClaimed  # noqa: PLC0415
 
     async with _running(args, workers, tmp) as (fleet, frontiers):
+        cpu = MachineCpu().__enter__()
         started = time.monotonic()
         run_ids = await _submit(fleet, args.runs)
         kill_at = int(args.runs * args.steps * args.kill_at)
@@ -240,6 +277,7 @@ async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[st
         killed_us = time.time_ns() // 1_000
         await fleet.children["w0"].wait()
         ended = await _wait_completed(fleet, frontiers, args.runs, args.timeout)
+        cpu.__exit__()
         wanted = set(run_ids)
         moved: dict[str, int] = {}
         async with KafkaEventLog(
@@ -266,6 +304,7 @@ async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[st
             "recovery_p50_s": quantile(waits, 0.5),
             "recovery_p99_s": quantile(waits, 0.99),
             "recovery_max_s": max(waits, default=float("nan")),
+            **cpu.figures(),
         }
 
 
@@ -275,6 +314,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, default=2_000)
     parser.add_argument("--steps", type=int, default=10, help="tool calls per run")
     parser.add_argument("--tool-s", type=float, default=0.01, help="each tool call's sleep")
+    parser.add_argument("--model-s", type=float, default=0.0, help="each model call's sleep")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="measurements per fleet size (median reported)"
+    )
     parser.add_argument(
         "--fleets", type=whole_numbers, default=[1, 2, 3], help="worker counts, comma-separated"
     )
@@ -292,17 +335,38 @@ def _parser() -> argparse.ArgumentParser:
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile  # noqa: PLC0415
 
-    results: dict[str, Any] = {"throughput": []}
+    results: dict[str, Any] = {"throughput": [], "summary": []}
     for workers in args.fleets:
-        with tempfile.TemporaryDirectory() as tmp:
-            result = await throughput(args, workers, Path(tmp))
-        print(
-            f"{workers} worker(s): {result['steps']:,} steps in {result['seconds']:.1f}s, "
-            f"{result['steps_per_s']:,.0f} steps/s as the projector shows them; the last run "
-            f"finished after {result['worker_seconds']:.1f}s, "
-            f"{result['worker_steps_per_s']:,.0f} steps/s by the workers' clock"
+        measured = []
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory() as tmp:
+                result = await throughput(args, workers, Path(tmp))
+            print(
+                f"{workers} worker(s): {result['steps']:,} steps in {result['seconds']:.1f}s, "
+                f"{result['steps_per_s']:,.0f} steps/s as the projector shows them; the last run "
+                f"finished after {result['worker_seconds']:.1f}s, "
+                f"{result['worker_steps_per_s']:,.0f} steps/s by the workers' clock; the machine's "
+                f"CPUs {result['cpu_busy']:.0%} busy ({result['cpu_steal']:.0%} stolen)"
+            )
+            measured.append(result)
+        results["throughput"].extend(measured)
+        rates = sorted(r["steps_per_s"] for r in measured)
+        results["summary"].append(
+            {
+                "workers": workers,
+                "steps_per_s_median": quantile(rates, 0.5),
+                "steps_per_s_min": rates[0],
+                "steps_per_s_max": rates[-1],
+            }
         )
-        results["throughput"].append(result)
+    base = results["summary"][0]["steps_per_s_median"] if results["summary"] else 0
+    for row in results["summary"]:
+        row["vs_first"] = row["steps_per_s_median"] / base if base else float("nan")
+        print(
+            f"{row['workers']} worker(s): median {row['steps_per_s_median']:,.0f} steps/s "
+            f"(range {row['steps_per_s_min']:,.0f} to {row['steps_per_s_max']:,.0f}), "
+            f"{row['vs_first']:.2f}x {args.fleets[0]} worker(s)"
+        )
     if not args.no_kill:
         workers = max(*args.fleets, 2)
         with tempfile.TemporaryDirectory() as tmp:

@@ -329,7 +329,11 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
     import asyncpg  # noqa: PLC0415
 
     from onward.eventlog import KafkaEventLog  # noqa: PLC0415
-    from onward.projections.kafka import KafkaProjector  # noqa: PLC0415
+    from onward.projections.kafka import (  # noqa: PLC0415
+        PROJECTOR_FLUSH_EVENTS,
+        PROJECTOR_FLUSH_INTERVAL,
+        KafkaProjector,
+    )
     from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
     from onward.projections.projector import FrontierProjection  # noqa: PLC0415
     from onward.runtime.leases import RedisLeaseStore  # noqa: PLC0415
@@ -354,18 +358,22 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
             leases = await RedisLeaseStore.open(redis_url, prefix=lease_prefix)
             projector = KafkaProjector(
                 bootstrap,
-                FrontierProjection(store, log),
+                FrontierProjection(
+                    store,
+                    log,
+                    flush_events=PROJECTOR_FLUSH_EVENTS,
+                    flush_interval=PROJECTOR_FLUSH_INTERVAL,
+                    write_behind=True,
+                ),
                 topic=topic,
                 partitions=PARTITIONS,
                 group_id=f"onward-bench-{suffix}",
             )
             await projector.start()
 
-            async def fold_forever() -> None:
-                while not stop.is_set():
-                    await projector.step(timeout_ms=100)
-
-            folding = asyncio.create_task(fold_forever())
+            # Folding as `onward projector` does (its settings, its loop): stores batched while
+            # behind, and at most every `CAUGHT_UP_STORE_S` once caught up.
+            folding = asyncio.create_task(projector.run(stop))
             kafka_log = log
 
             async def settle() -> float:
@@ -403,7 +411,8 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
                 "system": "onward-kafka",
                 "guarantee": GUARANTEES["onward-kafka"],
                 "setup": f"topic {topic} ({PARTITIONS} partitions), database {database}, "
-                "projector folding concurrently in the same process, Redactor() on, Redis leases",
+                "projector folding concurrently in the same process (as `onward projector` "
+                "does), Redactor() on, Redis leases",
                 "latency": await bench.latency(params),
                 "bytes": await bench.footprint(params),
                 "concurrency": await bench.concurrency(params, profile=profile),

@@ -21,7 +21,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,6 +56,7 @@ from .base import (
     decode_record,
 )
 from .events import Event
+from .kafka_readers import DEFAULT_READERS, KafkaReaders
 
 DEFAULT_TOPIC = "onward.events"
 _log = logging.getLogger("onward.eventlog.kafka")
@@ -85,6 +85,8 @@ class KafkaEventLog(EventLogBackend):
             client, may wait for the broker (unreachable, no leader) before it fails with
             `BackendUnavailableError`: the producer's ``request_timeout_ms``, which also bounds
             how long a batch waits to be delivered. ``BACKEND_TIMEOUT_S`` by default.
+        readers: Most consumers reading at once (`KafkaReaders`): concurrent reads (resumes,
+            recovery) take another instead of waiting for the one reading.
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class KafkaEventLog(EventLogBackend):
         read_timeout_s: float = 30.0,
         client_id: str = "onward",
         request_timeout_s: float = BACKEND_TIMEOUT_S,
+        readers: int = DEFAULT_READERS,
     ) -> None:
         super().__init__(partitions=partitions, max_batch_bytes=max_batch_bytes)
         if not bootstrap_servers:
@@ -111,11 +114,10 @@ class KafkaEventLog(EventLogBackend):
         self._client_id = client_id
         self._request_timeout_ms = max(1, int(request_timeout_s * 1000))
         self._producer: AIOKafkaProducer | None = None
-        self._reader: AIOKafkaConsumer | None = None
+        self._readers: KafkaReaders | None = None
+        self._reader_count = readers
         self._admin: AIOKafkaAdminClient | None = None
         self._producer_lock = asyncio.Lock()
-        self._reader_lock = asyncio.Lock()
-        self._cursor: tuple[int, int] | None = None
         self._queues: dict[int, collections.deque[_Pending]] = {}
         self._flushers: dict[int, asyncio.Task[None]] = {}
         self.producer_generation = 0
@@ -139,21 +141,26 @@ class KafkaEventLog(EventLogBackend):
             )
             await self._admin.start()
             await self._ensure_topic(self._admin)
-            self._reader = AIOKafkaConsumer(
-                bootstrap_servers=self._bootstrap,
-                client_id=f"{self._client_id}-reader",
-                group_id=None,
-                enable_auto_commit=False,
-                auto_offset_reset="none",
-                isolation_level="read_committed",
-                max_partition_fetch_bytes=8 * 1024 * 1024,
-                fetch_max_wait_ms=100,
-                request_timeout_ms=max(self._request_timeout_ms, 200),
+            self._readers = KafkaReaders(
+                self._new_reader, size=self._reader_count, read_timeout_s=self._read_timeout_s
             )
-            await self._reader.start()
+            await self._readers.start()
         except DRIVER_ERRORS as exc:
             raise translate(exc, context=f"connecting to Kafka at {self._bootstrap}") from exc
         await self._new_producer()
+
+    def _new_reader(self) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            client_id=f"{self._client_id}-reader",
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="none",
+            isolation_level="read_committed",
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_wait_ms=100,
+            request_timeout_ms=max(self._request_timeout_ms, 200),
+        )
 
     async def _ensure_topic(self, admin: AIOKafkaAdminClient) -> None:
         found = await self._partition_count(admin)
@@ -327,10 +334,10 @@ class KafkaEventLog(EventLogBackend):
     async def _read_records(self, request: LogRead) -> list[LogRecord]:
         partition, start, end, run_id, limit = request
         tp = TopicPartition(self._topic, partition)
-        async with self._reader_lock:
-            reader = self._live_reader()
+        readers = self._live_readers()
+        async with readers.lent(near=(partition, start) if start is not None else None) as reader:
             try:
-                bounds = await self._bounds(reader, tp)
+                bounds = await readers.bounds(reader, tp)
             except DRIVER_ERRORS as exc:
                 raise translate(exc, context=f"reading partition {partition}") from exc
             low = bounds.start if start is None else start
@@ -344,74 +351,33 @@ class KafkaEventLog(EventLogBackend):
             if low >= high:
                 return []
             try:
-                return await self._fetch(reader, tp, low, high, run_id=run_id, limit=limit)
-            except BaseException as exc:
-                self._cursor = None
-                if isinstance(exc, DRIVER_ERRORS):
-                    raise translate(
-                        exc, context=f"reading partition {partition}", run_id=run_id
-                    ) from exc
-                raise
-
-    async def _fetch(
-        self,
-        reader: AIOKafkaConsumer,
-        tp: TopicPartition,
-        low: int,
-        high: int,
-        *,
-        run_id: str | None,
-        limit: int | None,
-    ) -> list[LogRecord]:
-        """Records ``low`` up to ``high`` of one partition, the run's only if ``run_id`` is set."""
-        key = run_id.encode() if run_id is not None else None
-        if reader.assignment() != {tp}:
-            reader.assign([tp])
-            self._cursor = None
-        # A read that starts where the previous one stopped (a projector or a rebuild walking
-        # a partition) reuses what the reader already fetched instead of seeking back.
-        if self._cursor != (tp.partition, low):
-            reader.seek(tp, low)
-        out: list[LogRecord] = []
-        position = low
-        deadline = time.monotonic() + self._read_timeout_s
-        while position < high:
-            if time.monotonic() > deadline:
-                raise BackendUnavailableError(
-                    f"partition {tp.partition}: reading offsets {low}..{high} took over "
-                    f"{self._read_timeout_s}s",
+                return await readers.read(
+                    reader,
+                    tp,
+                    low,
+                    high,
+                    key=run_id.encode() if run_id is not None else None,
+                    limit=limit,
+                    record_of=record_of,
                     run_id=run_id,
                 )
-            batches = await reader.getmany(tp, timeout_ms=200, max_records=high - position)
-            records = batches.get(tp, ())
-            if not records:
-                continue
-            position = records[-1].offset + 1
-            self._cursor = (tp.partition, position)
-            for record in records:
-                if key is not None and record.key != key:
-                    continue
-                out.append(record_of(tp.partition, record))
-                if limit is not None and len(out) >= limit:
-                    return out
-        return out
+            except DRIVER_ERRORS as exc:
+                raise translate(
+                    exc, context=f"reading partition {partition}", run_id=run_id
+                ) from exc
 
-    def _live_reader(self) -> AIOKafkaConsumer:
-        if self._reader is None:
+    def _live_readers(self) -> KafkaReaders:
+        if self._readers is None:
             raise InvalidInputError("the Kafka event log is not started")
-        return self._reader
-
-    async def _bounds(self, reader: AIOKafkaConsumer, tp: TopicPartition) -> PartitionBounds:
-        starts = await reader.beginning_offsets([tp])
-        ends = await reader.end_offsets([tp])
-        return PartitionBounds(int(starts[tp]), int(ends[tp]))
+        return self._readers
 
     async def bounds(self, partition: int) -> PartitionBounds:
         check_partition(partition, self._partitions)
         tp = TopicPartition(self._topic, partition)
-        async with self._reader_lock:
+        readers = self._live_readers()
+        async with readers.lent() as reader:
             try:
-                return await self._bounds(self._live_reader(), tp)
+                return await readers.bounds(reader, tp)
             except DRIVER_ERRORS as exc:
                 raise translate(exc, context=f"reading bounds of partition {partition}") from exc
 
@@ -443,12 +409,15 @@ class KafkaEventLog(EventLogBackend):
                 flusher.cancel()
             await asyncio.gather(*flushers, return_exceptions=True)
         producer, self._producer = self._producer, None
-        reader, self._reader = self._reader, None
+        readers, self._readers = self._readers, None
+        consumers = readers.consumers if readers is not None else []
+        if readers is not None:
+            readers.forget()
         admin, self._admin = self._admin, None
         errors: list[BaseException] = []
         for owner, stop in (
             (producer, producer.stop if producer else None),
-            (reader, reader.stop if reader else None),
+            *((consumer, consumer.stop) for consumer in consumers),
             (admin, admin.close if admin else None),
         ):
             if stop is None:

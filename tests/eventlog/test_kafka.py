@@ -16,6 +16,7 @@ from aiokafka.errors import OutOfOrderSequenceNumber
 
 from onward.errors import BackendUnavailableError, ConfigurationError, ProducerFatalError
 from onward.eventlog import KafkaEventLog, partition_for
+from onward.eventlog.kafka_readers import KafkaReaders
 from onward.testing.eventlog import new_run_id, seqs, step_events
 
 pytestmark = pytest.mark.kafka
@@ -157,3 +158,33 @@ async def test_concurrent_appends_to_one_partition_each_land_whole_and_in_order(
             stored = await log.read_run(run_id)
             assert seqs(stored) == list(range(1, 10))
             assert [s.position.offset for s in stored] == offsets
+
+
+async def test_a_read_does_not_wait_for_another_read_in_progress(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """While one consumer is lent to a read, the next read gets another, up to ``readers``;
+    past that it waits for one to come back. Reads of both runs see every event."""
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=3, readers=2) as log:
+        runs = [new_run_id() for _ in range(2)]
+        for run_id in runs:
+            await log.append(step_events(run_id, 3))
+        readers = log._live_readers()
+        async with readers.lent() as first:
+            async with asyncio.timeout(10):
+                async with readers.lent() as second:
+                    assert second is not first
+                    waiting = asyncio.create_task(_lend_and_return(readers))
+                    await asyncio.sleep(0.3)
+                    assert not waiting.done(), "a third read did not wait: past the limit"
+            await asyncio.wait_for(waiting, 10)  # the second came back: the third took it
+            assert len(readers.consumers) == 2
+            reads = await asyncio.wait_for(
+                asyncio.gather(*(log.read_run(run_id) for run_id in runs)), 10
+            )
+        assert [seqs(read) for read in reads] == [[1, 2, 3], [1, 2, 3]]
+
+
+async def _lend_and_return(readers: KafkaReaders) -> None:
+    async with readers.lent():
+        pass

@@ -1,0 +1,161 @@
+"""The consumers a `KafkaEventLog` reads with: a few, so concurrent reads do not queue.
+
+One consumer reads one partition range at a time (it is assigned the partition and sought to
+the range's start). With a single consumer, every read of a process (each resume's tail, each
+recovery pass's look at a run, each start checking that a run id is new) waited for the one
+before it, and a read that had to move the consumer to another partition could wait out a fetch
+still polling the last one. `KafkaReaders` keeps up to ``size`` consumers, starting the next one
+only when every started one is busy, and hands a read the idle consumer already positioned where
+it starts, so a projector or a rebuild walking a partition keeps reusing what was fetched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from onward.errors import BackendUnavailableError
+
+from .base import LogRecord, PartitionBounds
+
+DEFAULT_READERS = 4
+
+
+class _Reader:
+    """One consumer and where its last read stopped."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self.consumer = consumer
+        self.cursor: tuple[int, int] | None = None
+
+
+class KafkaReaders:
+    """Up to ``size`` started consumers, each lent to one read at a time.
+
+    Args:
+        new_consumer: Builds a consumer (not started) as the log configures them.
+        size: Most consumers started at once.
+        read_timeout_s: How long one read may take before it fails.
+    """
+
+    def __init__(
+        self, new_consumer: Callable[[], AIOKafkaConsumer], *, size: int, read_timeout_s: float
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"size must be at least 1, got {size}")
+        self._new_consumer = new_consumer
+        self._size = size
+        self._read_timeout_s = read_timeout_s
+        self._started: list[_Reader] = []
+        self._idle: list[_Reader] = []
+        self._starting = 0
+        self._returned = asyncio.Condition()
+
+    @property
+    def consumers(self) -> list[AIOKafkaConsumer]:
+        """Every started consumer (to stop them)."""
+        return [reader.consumer for reader in self._started]
+
+    async def start(self) -> None:
+        """Start the first consumer, so a broker that does not answer is found at once."""
+        self._idle.append(await self._start_one())
+
+    def forget(self) -> None:
+        """Drop every consumer (they are being stopped)."""
+        self._started = []
+        self._idle = []
+
+    async def _start_one(self) -> _Reader:
+        consumer = self._new_consumer()
+        await consumer.start()
+        reader = _Reader(consumer)
+        self._started.append(reader)
+        return reader
+
+    @contextlib.asynccontextmanager
+    async def lent(self, near: tuple[int, int] | None = None) -> AsyncIterator[_Reader]:
+        """An idle consumer, preferring one positioned at ``near`` (partition, offset); a new
+        one if every started one is busy and there is room; else the next one returned."""
+        reader = await self._take(near)
+        try:
+            yield reader
+        except BaseException:
+            reader.cursor = None
+            raise
+        finally:
+            async with self._returned:
+                self._idle.append(reader)
+                self._returned.notify()
+
+    async def _take(self, near: tuple[int, int] | None) -> _Reader:
+        async with self._returned:
+            while True:
+                if self._idle:
+                    for reader in self._idle:
+                        if near is not None and reader.cursor == near:
+                            self._idle.remove(reader)
+                            return reader
+                    return self._idle.pop()
+                if len(self._started) + self._starting < self._size:
+                    self._starting += 1
+                    break
+                await self._returned.wait()
+        try:
+            return await self._start_one()
+        finally:
+            self._starting -= 1
+
+    async def bounds(self, reader: _Reader, tp: TopicPartition) -> PartitionBounds:
+        """The partition's first offset and the offset after its last record."""
+        starts = await reader.consumer.beginning_offsets([tp])
+        ends = await reader.consumer.end_offsets([tp])
+        return PartitionBounds(int(starts[tp]), int(ends[tp]))
+
+    async def read(
+        self,
+        reader: _Reader,
+        tp: TopicPartition,
+        low: int,
+        high: int,
+        *,
+        key: bytes | None,
+        limit: int | None,
+        record_of: Callable[[int, object], LogRecord],
+        run_id: str | None,
+    ) -> list[LogRecord]:
+        """Records ``low`` up to ``high`` of one partition, only those keyed ``key`` if set."""
+        consumer = reader.consumer
+        if consumer.assignment() != {tp}:
+            consumer.assign([tp])
+            reader.cursor = None
+        # A read that starts where this consumer's last one stopped (a projector or a rebuild
+        # walking a partition) reuses what it already fetched instead of seeking back.
+        if reader.cursor != (tp.partition, low):
+            consumer.seek(tp, low)
+        out: list[LogRecord] = []
+        position = low
+        deadline = time.monotonic() + self._read_timeout_s
+        while position < high:
+            if time.monotonic() > deadline:
+                raise BackendUnavailableError(
+                    f"partition {tp.partition}: reading offsets {low}..{high} took over "
+                    f"{self._read_timeout_s}s",
+                    run_id=run_id,
+                )
+            batches = await consumer.getmany(tp, timeout_ms=200, max_records=high - position)
+            records = batches.get(tp, ())
+            if not records:
+                continue
+            position = records[-1].offset + 1
+            reader.cursor = (tp.partition, position)
+            for record in records:
+                if key is not None and record.key != key:
+                    continue
+                out.append(record_of(tp.partition, record))
+                if limit is not None and len(out) >= limit:
+                    return out
+        return out

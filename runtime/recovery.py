@@ -79,16 +79,20 @@ class Recovery:
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
-        self.owed = False
-        """The last pass stopped for want of a free slot: runs of a dead worker may be waiting,
-        and they go before new requests."""
+        self._lapsed: dict[str, str] = {}
+
+    @property
+    def owed(self) -> bool:
+        """The last pass found lapsed runs it had no slot for: runs of a dead worker are
+        waiting, and they go before new requests (`launch_lapsed` as slots free)."""
+        return bool(self._lapsed)
 
     async def recover(self, partitions: Collection[int], *, adopt: bool = False) -> int:
         """Carry on the lapsed runs of ``partitions`` (as many as there are free slots) and,
         with ``adopt``, after them those of every other partition that were quiet for a lease
-        ttl.
+        ttl. The rest wait for slots (`launch_lapsed`) until the next pass looks again.
 
-        Returns how many were launched; the rest are looked at again on the next pass.
+        Returns how many were launched.
         """
         worker = self._worker
         wanted = set(partitions)
@@ -101,27 +105,34 @@ class Recovery:
         owned: list[RunSummary] = []
         others: list[RunSummary] = []
         for row in rows:
+            if worker.carrying(row.run_id):
+                continue
             if partition_for(row.run_id, count) in wanted:
                 owned.append(row)
             elif adopt and row.updated_at <= quiet_since:
                 others.append(row)
-        launched = 0
-        self.owed = False
+        lapsed: dict[str, str] = {}
         for row in owned + others:
-            if worker.free <= 0:
-                self.owed = True
+            if await worker.backends.leases.current(row.run_id) is None:
+                lapsed[row.run_id] = row.tenant  # else held: looked at again after its ttl
+        self._lapsed = lapsed
+        return await self.launch_lapsed()
+
+    async def launch_lapsed(self) -> int:
+        """Launch the lapsed runs the last pass found, while there are free slots."""
+        worker = self._worker
+        launched = 0
+        while self._lapsed and worker.free > 0 and not worker.draining:
+            run_id = next(iter(self._lapsed))
+            tenant = self._lapsed.pop(run_id)
+            if worker.carrying(run_id) or await worker.backends.leases.current(run_id):
+                continue  # taken since the pass, here or by another worker
+            if worker.free <= 0:  # filled while the lease store answered
+                self._lapsed = {run_id: tenant, **self._lapsed}
                 break
-            if worker.carrying(row.run_id):
-                continue
-            if await worker.backends.leases.current(row.run_id) is not None:
-                continue  # held: looked at again on the next pass, after its ttl
-            if worker.free <= 0:
-                self.owed = True
-                break  # filled while the lease store answered
-            if worker.carrying(row.run_id):
-                continue
-            worker.launch(row.run_id, self.carry(row.run_id, row.tenant, recovery=True))
-            launched += 1
+            if not worker.carrying(run_id):
+                worker.launch(run_id, self.carry(run_id, tenant, recovery=True))
+                launched += 1
         return launched
 
     async def carry(self, run_id: str, tenant: str, *, recovery: bool) -> bool:

@@ -203,6 +203,15 @@ class Worker:
         """
         return await self._recovery.recover(partitions, adopt=adopt)
 
+    @property
+    def owes_lapsed_runs(self) -> bool:
+        """The last look found lapsed runs it had no slot for; they go before new requests."""
+        return self._recovery.owed
+
+    async def launch_lapsed(self) -> int:
+        """Give free slots to the lapsed runs the last look found; how many were launched."""
+        return await self._recovery.launch_lapsed()
+
     # -- tasks, slots and draining -----------------------------------------------------------
 
     def carrying(self, run_id: str) -> bool:
@@ -283,13 +292,23 @@ class Worker:
             scan.cancel()
 
     def _scan(self, partitions: Collection[int], *, adopt: bool = False) -> None:
-        async def scan() -> None:
-            try:
-                await self._recovery.recover(partitions, adopt=adopt)
-            except OnwardError as exc:
-                _log.warning("looking for runs to carry on failed: %s", exc)
+        """Look for lapsed runs in the background (`Recovery.recover`)."""
+        self._in_background(
+            self._recovery.recover(partitions, adopt=adopt), "looking for runs to carry on"
+        )
 
-        task = asyncio.create_task(scan())
+    def _launch_lapsed(self) -> None:
+        """Give free slots to lapsed runs the last look found, in the background."""
+        self._in_background(self.launch_lapsed(), "carrying on lapsed runs")
+
+    def _in_background(self, work: Awaitable[int], what: str) -> None:
+        async def guarded() -> None:
+            try:
+                await work
+            except OnwardError as exc:
+                _log.warning("%s failed: %s", what, exc)
+
+        task = asyncio.create_task(guarded())
         self._scans.add(task)
         task.add_done_callback(self._scans.discard)
 
@@ -372,10 +391,10 @@ class Worker:
             elif free > 0 and paused:
                 consumer.resume(*assigned)
                 paused = False
-            if paused or self._recovery.owed:
+            if paused or self.owes_lapsed_runs:
                 # Runs carried on from a dead worker take the free slots before new requests.
                 if not paused and not self._scans:
-                    self._scan(set(self.owned), adopt=True)
+                    self._launch_lapsed()
                 await self.wait_for_slot(0.2)
                 batch: dict[TopicPartition, list[Any]] = {}
             else:

@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.fleet import agents, script
@@ -31,7 +32,7 @@ from onward.runtime.requests import (
     encode_request,
 )
 from onward.runtime.settings import Settings
-from onward.runtime.worker import attempts_since_progress
+from onward.runtime.worker import Worker, attempts_since_progress
 
 TESTS = Path(__file__).resolve().parents[1]
 TENANT = "acme"
@@ -141,6 +142,42 @@ async def _until_runs_rest(backends: Backends, run_ids: Sequence[str], within: f
         ):
             return
         await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(60)
+async def test_lapsed_runs_found_without_a_slot_take_slots_as_they_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One look at the frontiers finds four lapsed runs and one slot: the other three wait,
+    the worker owes them (no new requests), and each takes the next free slot without another
+    look."""
+    path = tmp_path / "fleet.db"
+    monkeypatch.setenv("FLEET_LEDGER", str(tmp_path / "ledger.jsonl"))
+    run_ids = await _interrupted_runs(path, ["booker"] * 4)
+    async with open_backends(_settings(path)) as backends:
+        looks = 0
+        runs = backends.frontiers.runs
+
+        async def counted(**kwargs: Any) -> Any:
+            nonlocal looks
+            looks += 1
+            return await runs(**kwargs)
+
+        monkeypatch.setattr(backends.frontiers, "runs", counted)
+        worker = Worker(backends, ScriptedProvider(script), agents, max_runs=1)
+        launched = await worker.recover(range(4))
+        assert launched == 1
+        assert worker.owes_lapsed_runs
+        while launched < 4:
+            if worker.free:
+                launched += await worker.launch_lapsed()
+            else:
+                await worker.wait_for_slot(0.5)
+        await worker.drained()
+        assert looks == 1
+        rows = {s.run_id: s.status for s in await backends.frontiers.runs(tenant=TENANT)}
+        assert rows == dict.fromkeys(run_ids, "completed")
+        assert worker.stats.recovered == 4
 
 
 @pytest.mark.slow

@@ -138,9 +138,16 @@ class KafkaProjector(Generic[SinkT]):
             max_poll_records=self._batch_records,
             max_partition_fetch_bytes=4 * 1024 * 1024,
             # The broker answers a fetch once it has this much, or after the wait: under a
-            # steady trickle, one fetch per store instead of one per handful of records.
-            fetch_min_bytes=_FETCH_MIN_BYTES,
-            fetch_max_wait_ms=max(1, int(self._caught_up_store_s * 1000)),
+            # steady trickle, one fetch per store instead of one per handful of records. With
+            # no store interval, aiokafka's defaults (answer at once, idle polls every 500 ms).
+            **(
+                {
+                    "fetch_min_bytes": _FETCH_MIN_BYTES,
+                    "fetch_max_wait_ms": int(self._caught_up_store_s * 1000) or 1,
+                }
+                if self._caught_up_store_s > 0
+                else {}
+            ),
             session_timeout_ms=self._session_timeout_ms,
             # A member learns of a rebalance from a heartbeat: beating every second, not every
             # third of the session, lets a joining member start folding seconds sooner.

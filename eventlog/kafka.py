@@ -332,9 +332,18 @@ class KafkaEventLog(EventLogBackend):
             offset += len(pending.records)
 
     async def _read_records(self, request: LogRead) -> list[LogRecord]:
-        partition, start, end, run_id, limit = request
+        partition, run_id = request.partition, request.run_id
         tp = TopicPartition(self._topic, partition)
         readers = self._live_readers()
+        try:
+            return await self._read_lent(readers, request, tp)
+        except DRIVER_ERRORS as exc:  # starting another consumer failed
+            raise translate(exc, context=f"reading partition {partition}", run_id=run_id) from exc
+
+    async def _read_lent(
+        self, readers: KafkaReaders, request: LogRead, tp: TopicPartition
+    ) -> list[LogRecord]:
+        partition, start, end, run_id, limit = request
         async with readers.lent(near=(partition, start) if start is not None else None) as reader:
             try:
                 bounds = await readers.bounds(reader, tp)
@@ -375,11 +384,11 @@ class KafkaEventLog(EventLogBackend):
         check_partition(partition, self._partitions)
         tp = TopicPartition(self._topic, partition)
         readers = self._live_readers()
-        async with readers.lent() as reader:
-            try:
+        try:
+            async with readers.lent() as reader:
                 return await readers.bounds(reader, tp)
-            except DRIVER_ERRORS as exc:
-                raise translate(exc, context=f"reading bounds of partition {partition}") from exc
+        except DRIVER_ERRORS as exc:
+            raise translate(exc, context=f"reading bounds of partition {partition}") from exc
 
     async def truncate_before(self, partition: int, offset: int) -> None:
         bounds = await self.bounds(partition)

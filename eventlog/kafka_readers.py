@@ -71,7 +71,12 @@ class KafkaReaders:
 
     async def _start_one(self) -> _Reader:
         consumer = self._new_consumer()
-        await consumer.start()
+        try:
+            await consumer.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await consumer.stop()  # its sockets, if it opened any
+            raise
         reader = _Reader(consumer)
         self._started.append(reader)
         return reader

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
 import sqlite3
 import subprocess
 import time
@@ -37,13 +38,20 @@ RUNS = 20
 STEPS = 4
 PAYLOAD = 20_000
 """Characters per tool result: every step grows the file, so a full disk is felt at once."""
-DISK = "8m"
+DISK_MIB = 32
+DISK = f"{DISK_MIB}m"
+"""Room for every run's steps before the fault: a disk the runs fill themselves leaves no fault
+to time."""
 FullDisk = tuple[Path, Callable[[SqliteEventLog], Awaitable[None]], Callable[[], None], str]
 """The database's path, what fills its disk, what frees it, and how it is done."""
 
 
 def mount_tmpfs(where: Path) -> str | None:
-    """Mount a small tmpfs at ``where``; ``None`` if done, else what ``mount`` answered."""
+    """Mount a small tmpfs at ``where``; ``None`` if done, else why not.
+
+    A mount that answers 0 but is not in effect here is refused too: the filler would otherwise
+    fill the disk ``where`` is on, the machine's own.
+    """
     where.mkdir()
     try:
         done = subprocess.run(
@@ -55,7 +63,13 @@ def mount_tmpfs(where: Path) -> str | None:
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
-    return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
+    if done.returncode != 0:
+        return done.stderr.strip() or f"exit {done.returncode}"
+    disk = os.statvfs(where)
+    if not os.path.ismount(where) or disk.f_blocks * disk.f_frsize > 2 * DISK_MIB << 20:
+        unmount(where)
+        return f"mount answered 0 but {where} is not a {DISK} disk of its own"
+    return None
 
 
 def unmount(disk: Path) -> None:
@@ -63,10 +77,13 @@ def unmount(disk: Path) -> None:
 
 
 def fill(disk: Path) -> int:
-    """Write a filler file until the disk says ENOSPC; the bytes written."""
+    """Grow the filler file until the disk says ENOSPC; the bytes written.
+
+    The filler was created with the mount, so a disk already full still takes it.
+    """
     written = 0
     block = b"\0" * 65536
-    with (disk / "filler").open("wb") as out:
+    with (disk / "filler").open("ab") as out:
         try:
             while True:
                 out.write(block)
@@ -84,6 +101,7 @@ async def full_disk(tmp_path: Path) -> AsyncIterator[FullDisk]:
     disk = tmp_path / "disk"
     refused = await asyncio.to_thread(mount_tmpfs, disk)
     if refused is None:
+        (disk / "filler").touch()
 
         async def fill_disk(log: SqliteEventLog) -> None:
             await asyncio.to_thread(fill, disk)

@@ -9,6 +9,7 @@ decides the same way.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -137,11 +138,13 @@ class PartitionBounds:
     end: int
 
 
+@functools.lru_cache(maxsize=65_536)
 def partition_for(run_id: str, partitions: int) -> int:
     """The partition of a run: murmur2 of the run id, as Kafka's Java client partitions a key.
 
     Using the same function everywhere means positions from any backend, and records written by
-    other Kafka clients keyed by run id, agree about where a run lives.
+    other Kafka clients keyed by run id, agree about where a run lives. Remembered for the most
+    recent runs: murmur2 is pure Python, and every append of a run asks again.
     """
     hashed: int = murmur2(run_id.encode())
     return (hashed & 0x7FFFFFFF) % partitions

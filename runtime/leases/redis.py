@@ -83,12 +83,12 @@ class RedisLeaseStore(RedisStore):
         return fence_key(self.prefix, run_id)
 
     async def _script(self, name: str, keys: list[str], args: list[Any], run_id: str) -> Any:
-        """Run one of the store's scripts, translating driver failures."""
+        """Run one of the store's scripts (coalesced with others'), translating driver failures."""
         self._live_client()
         # The client retries a lost connection by itself; the bound covers its retries too.
         with translated(f"running {name}.lua", run_id=run_id):
             async with asyncio.timeout(self._timeout_s):
-                return await self._scripts[name](keys=keys, args=args)
+                return await self.run_script(self._scripts[name], keys, args)
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
         """Take a run's lease, raising its fence.

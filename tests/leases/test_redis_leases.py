@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -10,8 +11,13 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
-from onward.errors import BackendError, BackendUnavailableError, ConfigurationError
-from onward.runtime.leases import LeaseStore, RedisLeaseStore
+from onward.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+)
+from onward.runtime.leases import LeaseStore, RedisLeaseStore, RunLease
 from onward.runtime.leases.redis import CLEANUP_GRACE_MS
 from onward.testing import LeaseStoreConformance
 from onward.testing.eventlog import TENANT, new_run_id
@@ -126,3 +132,75 @@ async def test_a_server_error_becomes_a_backend_error(
         await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
     assert not isinstance(failed.value, BackendUnavailableError)
     assert isinstance(failed.value.__cause__, redis_errors.ResponseError)
+
+
+async def test_calls_made_together_go_to_redis_as_one_pipeline(
+    store: RedisLeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's runs ask about their leases together; each asking alone cost the client
+    a pooled connection, a timeout and a retry wrapper per call."""
+    warm = await store.acquire(new_run_id(), tenant=TENANT, holder="w0", ttl_s=30)
+    await store.current(warm.run_id)  # Redis knows both scripts from here on
+    pipelines: list[object] = []
+    real_pipeline = aioredis.Redis.pipeline
+
+    def counted(self: aioredis.Redis, *args: object, **kwargs: object) -> object:
+        pipelines.append(self)
+        return real_pipeline(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(aioredis.Redis, "pipeline", counted)
+    run_ids = [new_run_id() for _ in range(50)]
+    leases = await asyncio.gather(
+        *(store.acquire(r, tenant=TENANT, holder=f"w-{r}", ttl_s=30) for r in run_ids)
+    )
+    assert len(pipelines) == 1
+    found = await asyncio.gather(*(store.current(r) for r in run_ids))
+    assert len(pipelines) == 2
+    assert [(f.run_id, f.holder, f.fence) for f in found if f] == [
+        (lease.run_id, lease.holder, lease.fence) for lease in leases
+    ]
+
+
+async def test_a_redis_that_forgot_its_scripts_is_taught_them_again(
+    store: RedisLeaseStore, client: aioredis.Redis
+) -> None:
+    held, other = new_run_id(), new_run_id()
+    lease = await store.acquire(held, tenant=TENANT, holder="w1", ttl_s=30)
+    await client.script_flush()  # as a restart does
+    renewed, taken, found = await asyncio.gather(
+        store.renew(lease, ttl_s=30),
+        store.acquire(other, tenant=TENANT, holder="w2", ttl_s=30),
+        store.current(held),
+    )
+    assert renewed.fence == lease.fence
+    assert renewed.expires_at >= lease.expires_at
+    assert taken.holder == "w2"
+    assert found is not None
+    assert found.holder == "w1"
+
+
+async def test_a_failing_call_does_not_fail_the_calls_sent_with_it(
+    store: RedisLeaseStore, client: aioredis.Redis
+) -> None:
+    broken, fine = new_run_id(), new_run_id()
+    await client.set(store.lease_key(broken), "not a hash")
+    failed, taken = await asyncio.gather(
+        store.acquire(broken, tenant=TENANT, holder="w1", ttl_s=30),
+        store.acquire(fine, tenant=TENANT, holder="w1", ttl_s=30),
+        return_exceptions=True,
+    )
+    assert isinstance(failed, BackendError), failed
+    assert isinstance(failed.__cause__, redis_errors.ResponseError)
+    assert isinstance(taken, RunLease)
+    assert taken.run_id == fine
+
+
+async def test_calls_still_queued_when_the_store_closes_fail_rather_than_hang(
+    redis_url: str, prefix: str
+) -> None:
+    store = await RedisLeaseStore.open(redis_url, prefix=prefix)
+    calls = [asyncio.create_task(store.current(new_run_id())) for _ in range(5)]
+    await asyncio.sleep(0)  # every call is queued; none is sent yet
+    await store.close()
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
+    assert all(isinstance(o, InvalidInputError) for o in outcomes), outcomes

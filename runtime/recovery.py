@@ -23,6 +23,7 @@ it on.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
     from .worker import Worker
 
 _log = logging.getLogger("onward.worker")
+
+_LEASE_CHECKS_AT_ONCE = 256
+"""Lease checks of one look in flight together (one Redis pipeline; a bounded pool's worth)."""
 
 _PROGRESS = (ModelAnswered, ToolCompleted, ToolResolved, TurnSettled, ApprovalGranted)
 
@@ -112,9 +116,16 @@ class Recovery:
             elif adopt and row.updated_at <= quiet_since:
                 others.append(row)
         lapsed: dict[str, str] = {}
-        for row in owned + others:
-            if await worker.backends.leases.current(row.run_id) is None:
-                lapsed[row.run_id] = row.tenant  # else held: looked at again after its ttl
+        candidates = owned + others
+        for start in range(0, len(candidates), _LEASE_CHECKS_AT_ONCE):
+            chunk = candidates[start : start + _LEASE_CHECKS_AT_ONCE]
+            # Asked together: a Redis store sends them as one pipeline.
+            leases = await asyncio.gather(
+                *(worker.backends.leases.current(row.run_id) for row in chunk)
+            )
+            for row, lease in zip(chunk, leases, strict=True):
+                if lease is None:
+                    lapsed[row.run_id] = row.tenant  # else held: looked at again after its ttl
         self._lapsed = lapsed
         return await self.launch_lapsed()
 

@@ -27,10 +27,16 @@ class Ledger:
             os.fsync(out.fileno())
 
     def entries(self) -> list[dict[str, Any]]:
-        """Every recorded effect, oldest first (none when the file does not exist yet)."""
+        """Every recorded effect, oldest first (none when the file does not exist yet).
+
+        A last line without its newline is a record still being written (by another process,
+        read mid-write), not an effect on record yet.
+        """
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        text = self.path.read_text()
+        complete = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def find(self, tool: str, key: str) -> dict[str, Any] | None:
         """The first effect of ``tool`` under ``key``, or ``None`` when it never happened."""

@@ -156,8 +156,9 @@ def worker_command(
             err.print(
                 f"worker {worker.name} stopped: {stats.started} started, {stats.recovered} "
                 f"carried on, {stats.stopped} stopped at a boundary, {stats.needs_person} "
-                f"left for a person, {stats.gave_up} given up; at most {stats.peak_in_flight} in "
-                f"flight, paused {stats.pauses} times"
+                f"left for a person, {stats.gave_up} given up, {stats.conflicts} conflicts, "
+                f"{stats.failures} refused; at most {stats.peak_in_flight} in flight, paused "
+                f"{stats.pauses} times"
             )
 
     asyncio.run(run())

@@ -115,6 +115,17 @@ def worker_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     async def run() -> None:
+        try:
+            await serve()
+        finally:
+            # Drained (or failed): a signal from here on has nothing left to stop, and must not
+            # turn a clean exit into death by that signal while the stores and the loop close.
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
+
+    async def serve() -> None:
         stop = asyncio.Event()
         async with opened(f"the {config.backend} stores", open_backends(config)) as backends:
             worker = Worker(

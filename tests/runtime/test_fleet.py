@@ -203,7 +203,10 @@ _PARTITIONS_STAY_MS = 90_000
 async def test_a_dead_worker_s_runs_move_before_its_partitions_do(fleet: Fleet) -> None:
     """With a 90 s group session timeout the dead worker keeps its partitions for the whole test;
     the runs it was carrying are still carried on by the others, once their leases lapse."""
-    await _under_way(fleet)
+    run_ids = await _under_way(fleet)
+    await fleet.until(
+        "a run of w0 after its first step", lambda: _mid_way(fleet, run_ids, "w0"), 60
+    )
     assignments = {n: fleet.output(n).count("partitions assigned") for n in ("w1", "w2")}
     owned = assigned(fleet.output("w0"))  # only w0 starts and carries on runs of these
     victim = _signal(fleet, "w0", signal.SIGKILL)
@@ -242,7 +245,9 @@ async def test_a_sigtermed_worker_drains_and_exits_0_and_its_runs_go_on(fleet: F
     run_ids = await _under_way(fleet)
     # Signalled while one of its runs has boundaries ahead: runs started together move in
     # step, so a signal at a random moment can find every run past its last model call.
-    await fleet.until("a run of w1 after its first step", lambda: _mid_way(fleet, run_ids), 60)
+    await fleet.until(
+        "a run of w1 after its first step", lambda: _mid_way(fleet, run_ids, "w1"), 60
+    )
     leaving = _signal(fleet, "w1", signal.SIGTERM)
     assert await asyncio.wait_for(leaving.wait(), 30) == 0, fleet.output("w1")
     stopped = re.search(r"(\d+)\s+stopped\s+at\s+a\s+boundary", fleet.output("w1"))
@@ -274,16 +279,31 @@ def _signal(fleet: Fleet, name: str, signum: signal.Signals) -> asyncio.subproce
     return child
 
 
-async def _mid_way(world: Fleet, run_ids: list[str]) -> bool:
-    """Whether w1 made some run's first call and not yet its second (two more model calls to
-    come: the tool alone takes ``FLEET_TOOL_S``, so the drain is there before they are)."""
-    pid = world.children["w1"].pid
+async def _mid_way(world: Fleet, run_ids: list[str], name: str) -> bool:
+    """Whether worker ``name`` made some run's first call and not yet its second (two more
+    model calls to come: the tool alone takes ``FLEET_TOOL_S``, so a signal sent now arrives
+    while that run is still under way)."""
+    pid = world.children[name].pid
     made = {(e["key"], e["pid"]) for e in world.ledger.entries()}
     keys = {e for e, _ in made}
     return any(
         (idempotency_key(r, "c1"), pid) in made and idempotency_key(r, "c2") not in keys
         for r in run_ids
     )
+
+
+async def _first_call_just_made(world: Fleet, run_ids: list[str], name: str) -> None:
+    """Until worker ``name`` makes some run's first call (seen within 5 ms of its record)."""
+    pid = world.children[name].pid
+    firsts = {idempotency_key(r, "c1") for r in run_ids}
+    seen: set[str] | None = None
+    async with asyncio.timeout(60):
+        while True:
+            made = {e["key"] for e in world.ledger.entries() if e["pid"] == pid} & firsts
+            if seen is not None and made - seen:
+                return
+            seen = made
+            await asyncio.sleep(0.005)
 
 
 async def _effects_at_least(world: Fleet, count: int) -> bool:
@@ -344,8 +364,10 @@ async def test_answers_and_tags_go_through_the_requests_topic(fleet: Fleet) -> N
 @pytest.mark.timeout(180)
 async def test_a_second_sigterm_cancels_at_once_and_nothing_runs_twice(fleet: Fleet) -> None:
     run_ids = await _under_way(fleet)
+    # Both signals inside one tool call of a run (FLEET_TOOL_S): the drain is still waiting.
+    await _first_call_just_made(fleet, run_ids, "w1")
     leaving = _signal(fleet, "w1", signal.SIGTERM)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.02)
     leaving.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(leaving.wait(), 30) == 0, fleet.output("w1")
     assert "second signal" in fleet.output("w1")

@@ -79,16 +79,16 @@ def unmount(disk: Path) -> None:
 def fill(disk: Path) -> int:
     """Grow the filler file until the disk says ENOSPC; the bytes written.
 
-    The filler was created with the mount, so a disk already full still takes it.
+    The filler was created with the mount, so a disk already full still takes it. Unbuffered:
+    a buffered file keeps what a short last write left over and fails again with ENOSPC when
+    closed.
     """
     written = 0
     block = b"\0" * 65536
-    with (disk / "filler").open("ab") as out:
+    with (disk / "filler").open("ab", buffering=0) as out:
         try:
             while True:
-                out.write(block)
-                out.flush()
-                written += len(block)
+                written += out.write(block) or 0
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise

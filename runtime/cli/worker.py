@@ -119,7 +119,7 @@ def worker_command(
             await serve()
         finally:
             # Drained (or failed): a signal from here on has nothing left to stop, and must not
-            # turn a clean exit into death by that signal while the stores and the loop close.
+            # turn a clean exit into death by that signal while the loop closes.
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
@@ -172,4 +172,10 @@ def worker_command(
                 f"{stats.pauses} times"
             )
 
-    asyncio.run(run())
+    # Put back afterwards: the command also runs inside other processes (tests, embedders).
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        asyncio.run(run())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

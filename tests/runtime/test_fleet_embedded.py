@@ -284,6 +284,9 @@ def test_a_store_that_cannot_be_reached_exits_5_in_one_line() -> None:
         "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
     }
     args = ["worker", "--agent", "support.fleet:agents", "--provider", "support.fleet:provider"]
+    handlers = [signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)]
     result = CliRunner().invoke(app, args, env=env)
     assert result.exit_code == 5, result.output
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # The command ran in this process: it leaves its signal handlers as it found them.
+    assert [signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)] == handlers

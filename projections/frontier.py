@@ -133,6 +133,9 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             ``options["checkpoints"]``); empty for an autonomous run.
         max_iterations: The run's own bound on model calls (``options["max_iterations"]``);
             ``None``: the agent's.
+        replays: The run is executed again from its first event whenever it goes on
+            (``options["replays"]``, as pydantic-ai runs are), so compaction keeps all of its
+            events rather than only its resume points.
     """
 
     run_id: str
@@ -170,6 +173,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     user_id: str | None = None
     pause_at: tuple[Boundary, ...] = ()
     max_iterations: int | None = None
+    replays: bool = False
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -240,6 +244,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     user_id: str | None
     pause_at: tuple[Boundary, ...]
     max_iterations: int | None
+    replays: bool
     calls: dict[str, CallState]
 
     @classmethod
@@ -387,6 +392,7 @@ def _started(d: FrontierDraft, e: RunStarted) -> None:
         d.grants = tuple(carried.grants)
     if e.options:
         d.user_id, d.pause_at, d.max_iterations = run_options(e.options)
+        d.replays = e.options.get("replays") is True
 
 
 def _claimed(d: FrontierDraft, e: RunClaimed) -> None:

@@ -260,7 +260,7 @@ class App(Resource):
         async def begin(stream: RunStream) -> None:
             frontier = await self._frontier(run_id, tenant)
             stream.tenant = frontier.tenant
-            stream.next_offset = frontier.first_offset if frontier.first_offset >= 0 else None
+            await self._follow_from_first(stream, frontier)
             if resume_value is not None or not approve:
                 await self._answer(frontier, frontier.waiting_on, resume_value, approve, by)
                 stream.answered.add(frontier.waiting_on or "")
@@ -381,6 +381,23 @@ class App(Resource):
                     raise NothingToResumeError(f"no run {run_id!r}", run_id=run_id)
                 tenant = stored[0].event.tenant
         return await self._resumer().read(run_id, tenant=tenant)
+
+    async def _follow_from_first(self, stream: RunStream, frontier: Frontier) -> None:
+        """Start the stream at the run's first event, or, once compaction cut the log below
+        it, at the first of its events the log still holds (its messages before are gone
+        from the stream; the transcript keeps the conversation)."""
+        first = frontier.first_offset if frontier.first_offset >= 0 else None
+        log, compaction = self.backends.log, self.backends.compaction
+        if first is None or compaction is None:
+            stream.next_offset = first
+            return
+        kept_from = (await log.bounds(partition_for(frontier.run_id, log.partitions))).start
+        point = (await compaction.truncations([frontier.run_id])).get(frontier.run_id)
+        if first >= kept_from or point is None:
+            stream.next_offset = max(first, kept_from)
+            return
+        stream.next_offset = kept_from
+        stream.follow_from(point.before_seq - 1)
 
     async def _interrupted(self, frontier: Frontier) -> bool:
         """Running, held by nobody, and not left for a person: someone should carry it on."""

@@ -30,7 +30,11 @@ from onward.eventlog.kafka import KafkaEventLog
 from onward.eventlog.memory import MemoryEventLog
 from onward.eventlog.sqlite import SqliteEventLog
 from onward.projections.base import FrontierStore
-from onward.projections.compaction import CompactionStore
+from onward.projections.compaction import (
+    CompactionStore,
+    PostgresCompactionStore,
+    embedded_compaction,
+)
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
@@ -57,6 +61,8 @@ class Backends:
         frontiers: Frontier rows and projector positions.
         leases: Who holds which run; shared by every worker of the deployment.
         blobs: Bodies stored out of line (claim check).
+        compaction: Truncation points, retained events and tag pins (`CompactionStore`): in
+            the SQLite file, or beside the frontier rows in PostgreSQL; ``None`` in memory.
     """
 
     settings: Settings
@@ -64,6 +70,7 @@ class Backends:
     frontiers: FrontierStore
     leases: LeaseStore
     blobs: BlobStore
+    compaction: CompactionStore | None = None
 
     @property
     def embedded(self) -> bool:
@@ -88,8 +95,8 @@ class Backends:
                 this host and process.
             observer: Sees each append and each tool return (a fleet worker's boundaries).
             lease_policy: The runs' lease ttl and renewal margin; the default policy if None.
-            compaction: The truncation points `tag` checks against; the SQLite file's own
-                when embedded.
+            compaction: Where `tag` pins its targets and retained history is read; these
+                stores' own by default.
         """
         return AgentRunner(
             provider=provider,
@@ -101,7 +108,7 @@ class Backends:
             worker=worker,
             observer=observer,
             lease_policy=lease_policy,
-            compaction=compaction,
+            compaction=compaction or self.compaction,
         )
 
 
@@ -141,6 +148,7 @@ async def open_backends(
         frontiers: FrontierStore
         leases: LeaseStore
         blobs: BlobStore
+        compaction: CompactionStore | None = None
         if settings.backend == "memory":
             log = await stack.enter_async_context(MemoryEventLog(partitions=settings.partitions))
             frontiers = await stack.enter_async_context(MemoryFrontierStore())
@@ -156,6 +164,7 @@ async def open_backends(
             )
             leases = await stack.enter_async_context(SqliteLeaseStore(path, readonly=readonly))
             blobs = await stack.enter_async_context(SqliteBlobStore(path, readonly=readonly))
+            compaction = embedded_compaction(log)
         else:
             database_url = settings.require_database_url()
             schema = settings.database_schema
@@ -185,7 +194,10 @@ async def open_backends(
             blobs = await stack.enter_async_context(
                 PostgresBlobStore(database_url, schema=schema, timeout_s=timeout_s)
             )
-        yield Backends(settings, log, frontiers, leases, blobs)
+            compaction = await stack.enter_async_context(
+                PostgresCompactionStore(database_url, schema=schema, timeout_s=timeout_s)
+            )
+        yield Backends(settings, log, frontiers, leases, blobs, compaction)
 
 
 __all__ = ["Backends", "open_backends"]

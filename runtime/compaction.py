@@ -3,14 +3,16 @@
 A pass goes partition by partition (DESIGN §7):
 
 1. Scan the partition from its start up to where every live projector has stored its position
-   (only folded events are candidates), load the frontier rows and truncation points of the
-   runs met, and plan (:func:`~onward.projections.compaction.plan.plan_partition`).
-2. Logical: in one transaction, copy the tagged events below each run's new truncation point
-   to ``onward_retained_events`` and move the points forward. Readers treat a run's events
-   below its point as gone; its frontier row and transcript hold what resume needs.
-3. Physical: below the partition's low watermark, write every record to the archive (when one
-   is configured) and make it durable, record the cut and where it was archived, then cut
-   (Kafka DeleteRecords; SQLite deletes the rows).
+   (only folded events are candidates), load what the stores hold of the runs met, and plan
+   (:func:`~onward.projections.compaction.plan.plan_partition`). The watermark depends on
+   readers of the whole partition only: no run, waiting or not, holds it.
+2. Logical: in one transaction, copy out what each run with events below the watermark still
+   needs (its tagged events and last resume points; every event of a run read from its first
+   event) and move its truncation point past them. Tags pinned meanwhile are copied too before
+   the transaction is allowed to commit.
+3. Physical: below the watermark, write every record to the archive and make it durable,
+   record the cut and where it was archived, then cut (Kafka DeleteRecords; SQLite deletes
+   the rows). Without an archive nothing is cut unless ``no_archive=True`` says so.
 
 Every step can be repeated: a pass killed between the archive and the cut, or inside the cut,
 leaves the log whole and the archive holding a range its manifest names; the next pass finds
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from onward._storage import Resource
 from onward.errors import InvalidInputError, LogTruncatedError, OnwardError
 from onward.eventlog.archive import ArchiveSink
-from onward.eventlog.base import EventLog, StoredEvent, UnreadableRecord
+from onward.eventlog.base import EventLog, StoredEvent, UnreadableRecord, partition_for
 from onward.projections.base import FrontierStore
 from onward.projections.compaction import (
     CompactionStore,
@@ -39,7 +41,13 @@ from onward.projections.compaction import (
     RetainedEvent,
     embedded_compaction,
 )
-from onward.projections.compaction.plan import PartitionScan, Retain, plan_partition
+from onward.projections.compaction.plan import (
+    PartitionPlan,
+    PartitionScan,
+    Retain,
+    RunsMet,
+    plan_partition,
+)
 
 from .backends import Backends
 
@@ -48,10 +56,21 @@ log = logging.getLogger("onward.compaction")
 ARCHIVE_FILE_EVENTS = 100_000
 """Most records per archive file: a long range is archived as several files."""
 
+FEW_COPIES = 16
+"""Up to this many events to copy, each is read on its own; more, and their span is read."""
+
 Pause = Callable[[str, int], Awaitable[None]]
-"""Called at each step of a cut with the step's name (``archived``: the archive holds the
-range, nothing is cut yet; ``cut``: this partition is cut, the next ones not) and the
-partition. The default does nothing; a crash test stops the process there."""
+"""Called at each step of a pass with the step's name (``planned``: the partition is read and
+planned, nothing written; ``archived``: the archive holds the range, nothing is cut yet;
+``cut``: this partition is cut, the next ones not) and the partition. The default does
+nothing; a crash or race test stops the process there."""
+
+TRUNCATE_ATTEMPTS = 5
+"""How often a partition's logical step is tried while tags keep pinning events under it."""
+
+NO_ARCHIVE = "no archive (name one, or choose no_archive to cut without)"
+"""What holds every partition of a compactor with no archive that was not told to cut
+without one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +88,10 @@ class PartitionReport:
         archived: Records written to the archive by this pass (a rerun finds some archived).
         archive_start: Where this pass's archiving began (``None``: nothing to archive).
         runs_compacted: Runs whose truncation point moved forward.
-        retained: Tagged events copied out of the log.
+        retained: Events copied out of the log (tagged ones, resume points, whole runs).
         cut: Whether the cut was made.
+        bytes_cut: About how many bytes the records below the watermark take (events as
+            encoded); measured by dry runs only, ``None`` otherwise.
     """
 
     partition: int
@@ -85,6 +106,7 @@ class PartitionReport:
     runs_compacted: int
     retained: int
     cut: bool
+    bytes_cut: int | None = None
 
 
 @dataclass(slots=True)
@@ -111,6 +133,12 @@ class CompactionReport:
         """Records this pass wrote to the archive."""
         return sum(p.archived for p in self.partitions)
 
+    @property
+    def bytes_cut(self) -> int | None:
+        """About how many bytes a dry run would free; ``None`` for a pass that cut."""
+        sizes = [p.bytes_cut for p in self.partitions]
+        return None if None in sizes else sum(s for s in sizes if s is not None)
+
 
 async def _go_on(step: str, partition: int) -> None:
     return None
@@ -123,8 +151,10 @@ class CheckpointCompactor(Resource):
         log: The event log.
         frontiers: The frontier rows the runs' truncation points are decided from.
         store: Where truncation points, retained events and cuts are stored.
-        archive: Where records go before they are cut; ``None`` cuts without archiving (the
-            audit history below the cut is then gone for good).
+        archive: Where records go before they are cut. Without one nothing is cut (the runs
+            are still compacted logically) unless ``no_archive`` is set.
+        no_archive: Cut without an archive: the audit history below each cut is then gone
+            for good (what a run needs is still kept per run).
         max_checkpoints: Untagged boundaries (resume points) a live run keeps in the log;
             tagged ones are always kept.
         compaction_interval_mins: How often :meth:`start` runs a pass.
@@ -140,6 +170,7 @@ class CheckpointCompactor(Resource):
         store: CompactionStore,
         *,
         archive: ArchiveSink | None = None,
+        no_archive: bool = False,
         max_checkpoints: int = 50,
         compaction_interval_mins: float = 60.0,
         retention_mins: float = 0.0,
@@ -160,7 +191,10 @@ class CheckpointCompactor(Resource):
         self.log = log
         self.frontiers = frontiers
         self.store = store
+        if archive is not None and no_archive:
+            raise InvalidInputError("give an archive or no_archive=True, not both")
         self.archive = archive
+        self.no_archive = no_archive
         self.max_checkpoints = max_checkpoints
         self.interval_s = compaction_interval_mins * 60.0
         self.retention_us = int(retention_mins * 60e6)
@@ -209,25 +243,39 @@ class CheckpointCompactor(Resource):
         """What a pass would do: computed the same way, nothing written, archived or cut."""
         return await self.compact(dry_run=True)
 
-    async def compact(self, *, dry_run: bool = False) -> CompactionReport:
-        """One pass over every partition.
+    async def compact(
+        self, *, dry_run: bool = False, run_id: str | None = None
+    ) -> CompactionReport:
+        """One pass over every partition, or, with ``run_id``, one run compacted logically.
+
+        Args:
+            run_id: Compact only this run: its truncation point moves to its partition's
+                watermark and what it needs below is copied out; nothing is cut (the
+                physical cut is per partition, and the next full pass makes it).
 
         Raises:
             ArchiveError: The archive's manifest or a file is corrupt; nothing more is cut.
             ConfigurationError: The archive cannot be written; nothing more is cut.
             BackendError: The log or a store failed; a rerun carries on where this stopped.
         """
-        if self.archive is not None:
+        if self.archive is not None and run_id is None:
             # An archive that cannot be written, or a corrupt manifest, stops the pass first.
             await (self.archive.ranges() if dry_run else self.archive.ready())
         report = CompactionReport(dry_run, self.archive.location if self.archive else None)
         positions = await self.store.positions()
-        for partition in range(self.log.partitions):
+        partitions = (
+            range(self.log.partitions)
+            if run_id is None
+            else [partition_for(run_id, self.log.partitions)]
+        )
+        for partition in partitions:
             folded = [p[partition] for p in positions.values() if partition in p]
-            report.partitions.append(await self._partition(partition, folded, dry_run))
+            report.partitions.append(await self._partition(partition, folded, dry_run, run_id))
         return report
 
-    async def _partition(self, partition: int, folded: list[int], dry_run: bool) -> PartitionReport:
+    async def _partition(
+        self, partition: int, folded: list[int], dry_run: bool, run_id: str | None
+    ) -> PartitionReport:
         bounds = await self.log.bounds(partition)
         # No projector has folded the partition: nothing of it is a candidate yet.
         lowest = min(folded) if folded else bounds.start
@@ -237,6 +285,7 @@ class CheckpointCompactor(Resource):
             bounds.start,
             min(max(lowest, bounds.start), bounds.end),
             recent_after=now - self.retention_us if self.retention_us else None,
+            measure=dry_run,
         )
         offset = scan.start
         while offset < scan.end:
@@ -246,34 +295,44 @@ class CheckpointCompactor(Resource):
             scan.add(records)
             offset = records[-1].position.offset + 1 if records else scan.end
         runs = list(scan.runs)
-        rows, current, retained = await asyncio.gather(
-            self.frontiers.load(runs), self.store.truncations(runs), self.store.retained_seqs(runs)
+        rows, current, retained, pins, tombstones = await asyncio.gather(
+            self.frontiers.load(runs),
+            self.store.truncations(runs),
+            self.store.retained_seqs(runs),
+            self.store.pins(runs),
+            self.store.tombstones(runs),
         )
-        plan = plan_partition(
-            scan, rows, current, retained, max_checkpoints=self.max_checkpoints, now=now
-        )
-        events_cut = scan.records_below(plan.watermark)
+        met = RunsMet(rows, current, retained, pins, tombstones)
+        plan = plan_partition(scan, met, max_checkpoints=self.max_checkpoints, now=now)
+        cuts = run_id is None and (self.archive is not None or self.no_archive)
+        if run_id is not None:
+            plan = plan.only(run_id)
+        elif not cuts:
+            plan = PartitionPlan([], [], bounds.start, NO_ARCHIVE)
+        watermark = plan.watermark if cuts else bounds.start
+        events_cut = scan.records_below(watermark)
+        await self._pause("planned", partition)
+        retained_count = len(plan.retain)
         if not dry_run:
-            copies = await self._copies(partition, plan.retain)
-            await self.store.truncate(plan.truncations, copies)
+            retained_count = await self._truncate(partition, scan, plan)
         archived, archive_start = 0, None
         cut = False
-        if plan.watermark > bounds.start:
-            archive_start = await self._archive_start(partition, bounds.start, plan.watermark)
+        if watermark > bounds.start:
+            archive_start = await self._archive_start(partition, bounds.start, watermark)
             if not dry_run:
-                archived = await self._archive(partition, archive_start, plan.watermark)
+                archived = await self._archive(partition, archive_start, watermark)
                 await self._pause("archived", partition)
                 await self.store.record_cut(
                     LogCut(
                         partition=partition,
                         start=bounds.start,
-                        end=plan.watermark,
+                        end=watermark,
                         events=events_cut,
                         archive=self.archive.location if self.archive else None,
                         at=now,
                     )
                 )
-                await self.log.truncate_before(partition, plan.watermark)
+                await self.log.truncate_before(partition, watermark)
                 cut = True
                 await self._pause("cut", partition)
         return PartitionReport(
@@ -281,31 +340,86 @@ class CheckpointCompactor(Resource):
             start=bounds.start,
             end=bounds.end,
             folded=lowest,
-            watermark=plan.watermark,
+            watermark=watermark,
             held_by=plan.held_by,
             events_cut=events_cut,
             archived=archived,
             archive_start=archive_start,
             runs_compacted=len(plan.truncations),
-            retained=len(plan.retain),
+            retained=retained_count,
             cut=cut,
+            bytes_cut=scan.bytes_below(watermark),
+        )
+
+    async def _truncate(self, partition: int, scan: PartitionScan, plan: PartitionPlan) -> int:
+        """The logical step: copy out what the plan keeps and move the points, in one
+        transaction; a tag pinned while this pass ran has its event copied and the step is
+        tried again (the log still holds it: nothing is cut yet). Returns how many events
+        were copied.
+
+        Raises:
+            OnwardError: Tags kept pinning events faster than this pass copied them;
+                nothing was cut, the next pass tries again.
+        """
+        copies = await self._copies(partition, plan.retain)
+        for _ in range(TRUNCATE_ATTEMPTS):
+            missing = await self.store.truncate(
+                plan.truncations, copies, checkpoints=self.max_checkpoints
+            )
+            if not missing:
+                return len(copies)
+            extra: list[Retain] = []
+            for pin in missing:
+                run = scan.runs.get(pin.run_id)
+                offset = run.offset_of(pin.seq) if run is not None else None
+                if offset is None:
+                    raise LogTruncatedError(
+                        f"run {pin.run_id!r}: tagged seq {pin.seq} is not in partition "
+                        f"{partition} any more, so it cannot be retained; nothing was compacted",
+                        run_id=pin.run_id,
+                    )
+                extra.append(Retain(pin.run_id, pin.seq, offset, "tag"))
+            copies = [*copies, *await self._copies(partition, extra)]
+        raise OnwardError(
+            f"partition {partition}: tags kept pinning events while a pass copied them "
+            f"({TRUNCATE_ATTEMPTS} tries); nothing was cut, the next pass tries again"
         )
 
     async def _copies(self, partition: int, retain: list[Retain]) -> list[RetainedEvent]:
-        """The tagged events to retain, read back from the log where the scan saw them."""
+        """The events to retain, read back from the log where the scan saw them: one read per
+        event when they are few, else the span they lie in, read once."""
+        if not retain:
+            return []
+        wanted = {item.offset: item for item in retain}
+        found: dict[int, StoredEvent] = {}
+        if len(wanted) <= FEW_COPIES:
+            for item in retain:
+                records = await self.log.read_records(
+                    partition, item.offset, item.offset + 1, run_id=item.run_id
+                )
+                for stored in records:
+                    if isinstance(stored, StoredEvent):
+                        found[stored.position.offset] = stored
+        else:
+            offset, end = min(wanted), max(wanted) + 1
+            while offset < end:
+                records = await self.log.read_records(partition, offset, end, limit=self.scan_batch)
+                if not records:
+                    break
+                for stored in records:
+                    if stored.position.offset in wanted and isinstance(stored, StoredEvent):
+                        found[stored.position.offset] = stored
+                offset = records[-1].position.offset + 1
         copies: list[RetainedEvent] = []
-        for item in retain:
-            found = await self.log.read_records(
-                partition, item.offset, item.offset + 1, run_id=item.run_id
-            )
-            record = found[0] if found else None
-            if not isinstance(record, StoredEvent) or record.event.seq != item.seq:
+        for offset, item in wanted.items():
+            record = found.get(offset)
+            if record is None or record.event.seq != item.seq or record.event.run_id != item.run_id:
                 raise LogTruncatedError(
-                    f"run {item.run_id!r}: tagged seq {item.seq} is not at offset {item.offset} "
-                    f"of partition {partition} any more; nothing was compacted",
+                    f"run {item.run_id!r}: seq {item.seq} is not at offset {offset} of "
+                    f"partition {partition} any more; nothing was compacted",
                     run_id=item.run_id,
                 )
-            copies.append(RetainedEvent.of(record))
+            copies.append(RetainedEvent.of(record, item.kept_as))
         return copies
 
     async def _archive_start(self, partition: int, start: int, watermark: int) -> int | None:

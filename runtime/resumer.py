@@ -37,6 +37,8 @@ from onward.errors import (
 from onward.eventlog.base import EventLog, SequenceGuard, StoredEvent, partition_for
 from onward.eventlog.events import Event, RunClaimed
 from onward.projections.base import FrontierStore
+from onward.projections.compaction import CompactionStore
+from onward.projections.compaction.history import read_whole_run
 from onward.projections.frontier import Frontier, fold_all
 from onward.projections.projector import DEFAULT_CONSUMER
 from onward.projections.transcript import TranscriptRow, message_of
@@ -81,6 +83,9 @@ class Resumer:
             partition.
         policy: The lease's ttl.
         projector: The consumer name the frontier projector stores its positions under.
+        compaction: Where compaction retained what it cut of runs read from their first
+            event (a row without a frontier to resume from); without it such a run's history
+            ends where the log starts.
     """
 
     def __init__(
@@ -91,8 +96,10 @@ class Resumer:
         *,
         policy: LeasePolicy | None = None,
         projector: str = DEFAULT_CONSUMER,
+        compaction: CompactionStore | None = None,
     ) -> None:
         self.log = log
+        self.compaction = compaction
         self.projector = projector
         self.leases = leases
         self.frontiers = frontiers
@@ -323,7 +330,7 @@ class Resumer:
                 frontier, start = Frontier.empty(run_id, tenant), max(frontier.first_offset, 0)
         if timings is not None:
             timings["frontier"] = _ms(mark)
-        if start is not None and start < bounds.start:
+        if start is not None and start < bounds.start and self.compaction is None:
             raise _hole(
                 run_id,
                 f"its events from offset {start} of partition {partition} (the log now starts "
@@ -350,9 +357,11 @@ class Resumer:
         if start is not None and start >= end:
             return []  # the projector has folded the partition to its end: nothing to read
         try:
-            return await self.log.read_run(run_id, start=start, end=end)
+            return await read_whole_run(self.log, self.compaction, run_id, start=start, end=end)
         except LogTruncatedError as exc:
-            raise _hole(run_id, f"its events from offset {start} of partition {partition}") from exc
+            raise _hole(
+                run_id, f"its events from offset {start} of partition {partition} ({exc})"
+            ) from exc
 
     async def _stored(self, run_id: str, tenant: str, partition: int) -> tuple[Frontier, int]:
         """Where to fold from: the run's row (or nothing), and the offset to read its tail from.

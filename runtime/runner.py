@@ -49,7 +49,7 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.projections.base import FrontierStore
-from onward.projections.compaction import CompactionStore, embedded_compaction, refuse_compacted
+from onward.projections.compaction import CompactionStore, embedded_compaction
 from onward.projections.frontier import Boundary, CallState, Frontier
 
 from .agent import Agent
@@ -99,9 +99,12 @@ class AgentRunner(Resource):
         lease_policy: The lease's ttl and renewal margin.
         continuation: When to carry a long run into a new run (`ContinuationPolicy`); `run`
             and `resume` then go on with the new run and return its result.
-        compaction: Where compaction keeps the runs' truncation points, so `tag` refuses an
-            event compaction removed. An embedded SQLite log brings its own; without one a
-            tag is not checked against them.
+        compaction: Where compaction keeps the runs' truncation points and retained events:
+            `tag` pins its target there (so the next pass retains it, or the tag is refused
+            when compaction removed it), and a run without a frontier to resume from is read
+            from its retained events once its partition was cut. An embedded SQLite log
+            brings its own; a Kafka deployment names its `PostgresCompactionStore` (`Backends`
+            does): without one, a tag is not protected from a pass running meanwhile.
 
     Raises:
         ConfigurationError: No lease store for a log that has none of its own, no frontier
@@ -144,7 +147,9 @@ class AgentRunner(Resource):
         self.lease_policy = lease_policy or LeasePolicy()
         self.continuation = continuation
         self.compaction = compaction or embedded_compaction(log)
-        self.resumer = Resumer(log, leases, frontiers, policy=self.lease_policy)
+        self.resumer = Resumer(
+            log, leases, frontiers, policy=self.lease_policy, compaction=self.compaction
+        )
         checkpointer = (
             Checkpointer(frontiers, log, policy=checkpoints)
             if checkpoint_inline and frontiers is not None
@@ -389,7 +394,9 @@ class AgentRunner(Resource):
                     run_id=run_id,
                 )
             if self.compaction is not None:
-                await refuse_compacted(self.compaction, run_id, target)
+                # Pinned before the Tagged event is written: a pass from now on retains the
+                # target before it can cut it, and one that already did refuses the pin.
+                await self.compaction.pin(run_id, tenant, target)
             await self.writer.append(
                 run, [self.writer.event(run, Tagged, target_seq=target, label=label)]
             )

@@ -67,6 +67,10 @@ class RunStream:
         self.answered: set[str] = set()
         """Requests this stream's opener answered (maybe not in the log yet): not waits."""
 
+    def follow_from(self, last_seq: int) -> None:
+        """Count the run's events from seq ``last_seq + 1`` on: those before were compacted."""
+        self._guard = SequenceGuard(last_seq)
+
     @property
     def waiting_on(self) -> str | None:
         """The request the run waited on as of the last event read, if any."""

@@ -11,7 +11,7 @@ of every cut, and tells the compactor how far every projector has folded each pa
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -33,6 +33,9 @@ class RunTruncation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         before_offset: The log offset of the event with seq ``before_seq``: none of the run's
             events below it is needed by any reader. For a finished run, one past its last.
         at: When it was set, microseconds since the epoch.
+        whole: Every counted event of the run below ``before_seq`` is retained (kept as
+            ``history``): a reader that folds the run from its first event reads the retained
+            events, then the log. Only ever true from the run's first truncation on.
     """
 
     tenant: str
@@ -41,6 +44,12 @@ class RunTruncation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     before_seq: int
     before_offset: int
     at: int
+    whole: bool = False
+
+
+KeptAs = Literal["tag", "checkpoint", "history"]
+"""Why an event is retained: a tag points at it; it is one of a live run's last resume points
+(older ones are dropped as newer ones are kept); or its run is read from its first event."""
 
 
 class RetainedEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -49,6 +58,8 @@ class RetainedEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     Attributes:
         record: The event as the codec encodes it (msgspec JSON), so it decodes exactly as a
             record read from the log does.
+        kept_as: Why it is kept (`KeptAs`); a copy kept as ``checkpoint`` becomes ``tag`` when
+            a tag points at it, and only ``checkpoint`` copies are ever dropped.
     """
 
     tenant: str
@@ -57,9 +68,10 @@ class RetainedEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     partition: int
     offset: int
     record: bytes
+    kept_as: KeptAs = "tag"
 
     @classmethod
-    def of(cls, stored: StoredEvent) -> RetainedEvent:
+    def of(cls, stored: StoredEvent, kept_as: KeptAs = "tag") -> RetainedEvent:
         """The retained copy of an event read from the log."""
         event = stored.event
         return cls(
@@ -69,6 +81,7 @@ class RetainedEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             partition=stored.position.partition,
             offset=stored.position.offset,
             record=codec.encode(event),
+            kept_as=kept_as,
         )
 
     def stored(self) -> StoredEvent:
@@ -107,10 +120,41 @@ class CompactionStore(AsyncResource, Protocol):
         ...
 
     async def truncate(
-        self, truncations: Sequence[RunTruncation], retained: Sequence[RetainedEvent]
-    ) -> None:
-        """In one transaction: store the retained events (one already stored under its run and
-        seq is kept as it is) and move the runs' truncation points forward (never back)."""
+        self,
+        truncations: Sequence[RunTruncation],
+        retained: Sequence[RetainedEvent],
+        *,
+        checkpoints: int | None = None,
+    ) -> list[TagPin]:
+        """In one transaction, serialised with :meth:`pin`: store the retained events (one
+        already stored under its run and seq keeps its record; a ``checkpoint`` copy takes the
+        new ``kept_as``), move the runs' truncation points forward (never back), and with
+        ``checkpoints`` drop the ``checkpoint`` copies of those runs beyond their latest
+        ``checkpoints``.
+
+        Returns:
+            The pins (tags) below a new point whose event is neither retained already nor in
+            ``retained``. When there are any, nothing was written: the caller copies those
+            events from the log and calls again, so a tag is never left without its event.
+        """
+        ...
+
+    async def pin(self, run_id: str, tenant: str, seq: int) -> None:
+        """Record that a tag will point at event ``seq`` of the run, serialised with
+        :meth:`truncate`: once pinned, a pass retains the event before it can be cut.
+
+        Raises:
+            InvalidInputError: The event lies below the run's truncation point and was not
+                retained (compaction removed it; a tag on it could never be retained).
+        """
+        ...
+
+    async def pins(self, run_ids: Collection[str]) -> dict[str, set[int]]:
+        """The pinned (tagged) seqs per run, for the given runs (runs with none are absent)."""
+        ...
+
+    async def tombstones(self, run_ids: Collection[str]) -> set[str]:
+        """Which of the given runs garbage collection removed (their events are finished)."""
         ...
 
     async def retained(self, run_id: str) -> list[RetainedEvent]:
@@ -138,18 +182,25 @@ class CompactionStore(AsyncResource, Protocol):
         ...
 
 
-async def refuse_compacted(store: CompactionStore, run_id: str, seq: int) -> None:
+class TagPin(msgspec.Struct, frozen=True, gc=False):
+    """A tag's target: event ``seq`` of run ``run_id``."""
+
+    run_id: str
+    seq: int
+
+
+def refuse_compacted(
+    run_id: str, seq: int, point: RunTruncation | None, retained: Collection[int]
+) -> None:
     """Refuse to tag event ``seq`` of a run when compaction removed it (it lies below the run's
     truncation point and was not retained): a tag there could never be retained, so it would
-    point at nothing. A retained event may take more tags.
+    point at nothing. A retained event may take more tags. What every store's
+    :meth:`CompactionStore.pin` checks, under its lock.
 
     Raises:
         InvalidInputError: Naming the run, the seq and the truncation point.
     """
-    point = (await store.truncations([run_id])).get(run_id)
-    if point is None or seq >= point.before_seq:
-        return
-    if seq in (await store.retained_seqs([run_id])).get(run_id, set()):
+    if point is None or seq >= point.before_seq or seq in retained:
         return
     raise InvalidInputError(
         f"run {run_id!r}: event {seq} is below its truncation point {point.before_seq} "

@@ -1,14 +1,87 @@
-"""A run's audit timeline after compaction: what is left in the log, the retained (tagged)
-events in their places, and what was compacted away and where it was archived."""
+"""A run's history after compaction: the whole run for readers that fold it from its first
+event (the retained copies, then the log), and the audit timeline (what is left in the log,
+the retained events in their places, what was compacted away and where it was archived)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onward.errors import LogTruncatedError
 from onward.eventlog.base import EventLog, StoredEvent, partition_for
 from onward.projections.audit import AuditLine, check_owner, timeline_of
 
-from .base import CompactionStore
+from .base import CompactionStore, RunTruncation
+
+
+async def read_whole_run(
+    log: EventLog,
+    store: CompactionStore | None,
+    run_id: str,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+) -> list[StoredEvent]:
+    """The run's events from offset ``start`` (``None``: its first) up to ``end``, as if the
+    log had never been cut: what compaction retained of the run below the log's start, then
+    the log. What readers that fold or execute a run from its first event read (a LangGraph
+    thread, a pydantic-ai run, a run without a frontier to resume from).
+
+    A run with no truncation point had no event below any cut (every cut gives each run below
+    it a point first), so the log from its start holds all of it.
+
+    Raises:
+        LogTruncatedError: The log was cut below ``start`` and compaction kept only part of
+            the run there (its tags and resume points); names the archive that holds the rest.
+    """
+    if store is None:
+        return await log.read_run(run_id, start=start, end=end)
+    if start is not None:
+        try:
+            return await log.read_run(run_id, start=start, end=end)
+        except LogTruncatedError:
+            pass  # cut below start: what was retained, then the log from its start
+    partition = partition_for(run_id, log.partitions)
+    for _ in range(2):
+        bounds = await log.bounds(partition)
+        point = (await store.truncations([run_id])).get(run_id)
+        kept: list[StoredEvent] = []
+        if point is not None:
+            if not point.whole and (start is None or start < point.before_offset):
+                raise LogTruncatedError(await _gone(store, run_id, point), run_id=run_id)
+            kept = [
+                e.stored()
+                for e in await store.retained(run_id)
+                if (start is None or e.offset >= start)
+                and e.offset < bounds.start
+                and (end is None or e.offset < end)
+            ]
+        if end is not None and end <= bounds.start:
+            return kept
+        try:
+            return [*kept, *await log.read_run(run_id, start=bounds.start, end=end)]
+        except LogTruncatedError:
+            continue  # cut again between the bounds and the read: once more
+    raise LogTruncatedError(
+        f"run {run_id!r}: partition {partition} was cut twice while it was read; read it again",
+        run_id=run_id,
+    )
+
+
+async def _gone(store: CompactionStore, run_id: str, point: RunTruncation) -> str:
+    """Where a run's compacted events went, for an error."""
+    archives = sorted(
+        {c.archive for c in await store.cuts(point.partition) if c.archive is not None}
+    )
+    where = (
+        f"archived in {', '.join(archives)} (read them with --archive)"
+        if archives
+        else "cut without an archive, they are gone"
+    )
+    return (
+        f"run {run_id!r}: its events before seq {point.before_seq} (below offset "
+        f"{point.before_offset} of partition {point.partition}) were compacted: only its "
+        f"tagged events and resume points were kept; the rest are {where}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

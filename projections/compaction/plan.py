@@ -1,34 +1,39 @@
 """What one compaction pass decides for one partition, from what it read. Pure: no I/O.
 
 The compactor scans a partition from its start up to where every projector has folded it
-(`PartitionScan`), loads the frontier rows and truncation points of the runs it met, and
-`plan_partition` decides:
+(`PartitionScan`), loads the frontier rows, truncation points, retained seqs, tag pins and
+tombstones of the runs it met, and `plan_partition` decides (DESIGN §7):
 
-* per run, its truncation point: a live run keeps its last ``max_checkpoints`` untagged
-  boundaries (and every tagged one), so its point is the seq of the oldest boundary kept; a
-  finished run keeps nothing (its frontier row, transcript and ``tool_calls`` rows hold it all);
-* which tagged events below a new point must be copied out before anything is cut;
-* the partition's low watermark: the lowest offset any reader may still need. It is the
-  minimum of the projectors' positions, the first kept offset of every live run, the first
-  offset of every run that a reader folds from its first event (no stored frontier to fold on
-  from: quarantined, or a snapshot over the cap; or a graph thread, which its saver folds from
-  the log), the first unreadable record (never cut: it could not be archived as an event), and
-  the first event inside the retention window.
+* the partition's low watermark, from readers of the whole partition only: the projectors'
+  positions, the first unreadable record (never cut: it could not be archived as an event) and
+  the first event inside the retention window. No run holds it: a partition is shared by
+  thousands of runs and some always wait on a person;
+* per run with events below the watermark, its truncation point, the first of its seqs left in
+  the log, and what it keeps of the events below, copied out before the cut:
+  - a run read from its first event (no frontier to resume from: quarantined or over the
+    snapshot cap; a LangGraph thread; a pydantic-ai run, executed again from its start; a run
+    whose row is missing and was not collected) keeps all of them (``history``), and readers
+    read those copies, then the log;
+  - any other run keeps its tagged and pinned events (``tag``) and, while live, its last
+    ``max_checkpoints`` untagged resume points (``checkpoint``): its frontier row and transcript
+    hold what resume needs;
+  - a run garbage collection removed (a tombstone) keeps nothing.
 """
 
 from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
+from onward.eventlog import codec
 from onward.eventlog.base import LogRecord, UnreadableRecord, judge
 from onward.eventlog.events import ApprovalRequested, ModelAnswered, TurnSettled
 from onward.projections.base import StoredFrontier
 from onward.projections.frontier import Frontier
 
-from .base import RunTruncation
+from .base import KeptAs, RunTruncation
 
 BOUNDARIES = (ModelAnswered, TurnSettled, ApprovalRequested)
 """The events that are resume points (checkpoints): what ``max_checkpoints`` counts."""
@@ -46,6 +51,7 @@ class RunScan:
     """
 
     first_offset: int
+    tenant: str = ""
     first_seq: int = 0
     last_seq: int = 0
     fence: int = 0
@@ -74,8 +80,10 @@ class PartitionScan:
     start: int
     end: int
     recent_after: int | None = None
+    measure: bool = False
     runs: dict[str, RunScan] = field(default_factory=dict)
     offsets: array[int] = field(default_factory=lambda: array("q"))
+    sizes: array[int] = field(default_factory=lambda: array("q"))
     first_unreadable: int | None = None
     first_recent: int | None = None
 
@@ -84,6 +92,8 @@ class PartitionScan:
         for record in records:
             offset = record.position.offset
             self.offsets.append(offset)
+            if self.measure:
+                self.sizes.append(_size(record))
             if isinstance(record, UnreadableRecord):
                 if self.first_unreadable is None:
                     self.first_unreadable = offset
@@ -100,6 +110,8 @@ class PartitionScan:
             run = self.runs.get(event.run_id)
             if run is None:
                 run = self.runs[event.run_id] = RunScan(first_offset=offset)
+            if not run.tenant:
+                run.tenant = event.tenant
             if not run.first_seq:
                 # The run's first counted event here: its history may have been cut below it.
                 run.first_seq, run.last_seq, run.fence = event.seq, event.seq - 1, event.fence
@@ -115,14 +127,27 @@ class PartitionScan:
         """How many records of the range lie below ``offset``."""
         return bisect_left(self.offsets, offset)
 
+    def bytes_below(self, offset: int) -> int | None:
+        """About how many bytes the records below ``offset`` take (events as the codec encodes
+        them); ``None`` unless the scan measured."""
+        return sum(self.sizes[: self.records_below(offset)]) if self.measure else None
+
+
+def _size(record: LogRecord) -> int:
+    """An unreadable record counts nothing: no pass cuts one."""
+    if isinstance(record, UnreadableRecord):
+        return 0
+    return len(codec.encode(record.event))
+
 
 @dataclass(frozen=True, slots=True)
 class Retain:
-    """A tagged event to copy before its run's new truncation point lets it be cut."""
+    """An event to copy out of the log before the cut, and why it is kept."""
 
     run_id: str
     seq: int
     offset: int
+    kept_as: KeptAs = "tag"
 
 
 @dataclass(slots=True)
@@ -131,7 +156,7 @@ class PartitionPlan:
 
     Attributes:
         truncations: The runs whose truncation point moves forward, with the new point.
-        retain: The tagged events to copy in the same transaction.
+        retain: The events to copy in the same transaction.
         watermark: Everything below this offset may be archived and cut.
         held_by: What keeps the watermark where it is, for the report.
     """
@@ -141,24 +166,45 @@ class PartitionPlan:
     watermark: int
     held_by: str
 
+    def only(self, run_id: str) -> PartitionPlan:
+        """This plan's logical part for one run; nothing is cut (``watermark`` is kept only
+        for the report)."""
+        return PartitionPlan(
+            [t for t in self.truncations if t.run_id == run_id],
+            [r for r in self.retain if r.run_id == run_id],
+            self.watermark,
+            self.held_by,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunsMet:
+    """What the stores hold of the runs a scan met.
+
+    Attributes:
+        rows: Their stored frontier rows.
+        current: Their truncation points so far.
+        retained: Their retained seqs so far.
+        pins: The seqs tags pinned.
+        tombstones: The runs garbage collection removed.
+    """
+
+    rows: Mapping[str, StoredFrontier]
+    current: Mapping[str, RunTruncation]
+    retained: Mapping[str, set[int]]
+    pins: Mapping[str, set[int]] = field(default_factory=dict)
+    tombstones: Set[str] = frozenset()
+
 
 def plan_partition(
-    scan: PartitionScan,
-    rows: Mapping[str, StoredFrontier],
-    current: Mapping[str, RunTruncation],
-    retained: Mapping[str, set[int]],
-    *,
-    max_checkpoints: int,
-    now: int,
+    scan: PartitionScan, met: RunsMet, *, max_checkpoints: int, now: int
 ) -> PartitionPlan:
-    """Decide truncation points, retained events and the watermark of one scanned partition.
+    """Decide the watermark, truncation points and retained events of one scanned partition.
 
     Args:
         scan: The partition as read.
-        rows: The stored frontier rows of the runs met.
-        current: Their truncation points so far.
-        retained: Their retained seqs so far.
-        max_checkpoints: Untagged boundaries a live run keeps (at least 1).
+        met: What the stores hold of the runs it met.
+        max_checkpoints: Untagged resume points a live run keeps (at least 1).
         now: Microseconds since the epoch, stamped on new points.
     """
     holds: list[tuple[int, str]] = [(scan.end, "the projectors' positions")]
@@ -166,56 +212,59 @@ def plan_partition(
         holds.append((scan.first_unreadable, "an unreadable record (never cut)"))
     if scan.first_recent is not None:
         holds.append((scan.first_recent, "the retention window"))
+    watermark, held_by = min(holds)
+    watermark = max(watermark, scan.start)
     truncations: list[RunTruncation] = []
     retain: list[Retain] = []
     for run_id, run in scan.runs.items():
-        row = rows.get(run_id)
+        below = bisect_left(run.offsets, watermark)
+        if not below or run_id in met.tombstones:
+            continue
+        before_seq = run.first_seq + below
+        was = met.current.get(run_id)
+        if was is not None and was.before_seq >= before_seq:
+            continue
+        row = met.rows.get(run_id)
         frontier = row.frontier if row is not None else None
-        if frontier is None or not frontier.agent:
-            why = "is folded from its first event" if frontier else "has no frontier to resume from"
-            holds.append((run.first_offset, f"run {run_id!r} {why}"))
-            continue
-        was = current.get(run_id)
-        point = _point(run, frontier, max_checkpoints)
-        if was is not None and (point is None or point[0] <= was.before_seq):
-            point = was.before_seq, was.before_offset
-        if not frontier.finished:
-            kept_from = point[1] if point is not None else run.first_offset
-            holds.append((max(kept_from, run.first_offset), f"live run {run_id!r}"))
-        if point is None:
-            continue
-        before_seq, before_offset = point
-        if was is None or was.before_seq < before_seq:
-            truncations.append(
-                RunTruncation(
-                    tenant=frontier.tenant,
-                    run_id=run_id,
-                    partition=scan.partition,
-                    before_seq=before_seq,
-                    before_offset=before_offset,
-                    at=now,
-                )
+        whole = _read_whole(row is not None, frontier) and (was is None or was.whole)
+        truncations.append(
+            RunTruncation(
+                tenant=frontier.tenant if frontier is not None else run.tenant,
+                run_id=run_id,
+                partition=scan.partition,
+                before_seq=before_seq,
+                before_offset=run.offsets[below] if below < len(run.offsets) else watermark,
+                at=now,
+                whole=whole,
             )
-        done = retained.get(run_id, set())
-        for seq in sorted({s for t in frontier.tags for s in (t.seq, t.tagged_seq)}):
+        )
+        done = met.retained.get(run_id, set())
+        first = max(run.first_seq, was.before_seq if was is not None else 0)
+        kept: list[tuple[int, KeptAs]]
+        if whole:
+            kept = [(seq, "history") for seq in range(first, before_seq)]
+        else:
+            tagged = set(met.pins.get(run_id, ()))
+            if frontier is not None:
+                tagged.update(s for t in frontier.tags for s in (t.seq, t.tagged_seq))
+            kept = [(seq, "tag") for seq in sorted(tagged)]
+            if frontier is not None and not frontier.finished:
+                untagged = [s for s in run.boundaries if s < before_seq and s not in tagged]
+                kept += [(seq, "checkpoint") for seq in untagged[-max_checkpoints:]]
+        for seq, kept_as in kept:
             offset = run.offset_of(seq)
             if seq < before_seq and seq not in done and offset is not None:
-                retain.append(Retain(run_id, seq, offset))
-    watermark, held_by = min(holds)
-    return PartitionPlan(truncations, retain, max(watermark, scan.start), held_by)
+                retain.append(Retain(run_id, seq, offset, kept_as))
+    return PartitionPlan(truncations, retain, watermark, held_by)
 
 
-def _point(run: RunScan, frontier: Frontier, max_checkpoints: int) -> tuple[int, int] | None:
-    """A run's truncation point as (seq, offset), or ``None`` while it keeps everything.
-
-    A finished run keeps nothing; a live one its last ``max_checkpoints`` untagged boundaries.
-    """
+def _read_whole(has_row: bool, frontier: Frontier | None) -> bool:
+    """Whether a reader folds (or executes) the run from its first event, so every event of it
+    must be kept: no row (and no tombstone), no frontier to resume from, no agent of Onward's
+    own (a LangGraph thread), a run its executor replays (pydantic-ai), or a live run whose
+    row predates its transcript."""
+    if not has_row or frontier is None:
+        return True
     if frontier.finished:
-        return frontier.last_seq + 1, frontier.through_offset + 1
-    tagged = {t.seq for t in frontier.tags}
-    untagged = [seq for seq in run.boundaries if seq not in tagged]
-    if len(untagged) <= max_checkpoints:
-        return None
-    seq = untagged[-max_checkpoints]
-    offset = run.offset_of(seq)
-    return None if offset is None else (seq, offset)
+        return False
+    return not frontier.agent or frontier.replays or frontier.messages == 0

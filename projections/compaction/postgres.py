@@ -7,6 +7,7 @@ position counts while its build is live; a retired build's positions are never r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -14,20 +15,51 @@ import asyncpg
 
 from onward._storage import PostgresStore
 
-from .base import LogCut, RetainedEvent, RunTruncation
+from .base import LogCut, RetainedEvent, RunTruncation, TagPin, refuse_compacted
 
 # Each table's columns with their types, as `_insert` takes them.
-_RETAINED = "run_id text, seq bigint, tenant text, partition int, log_offset bigint, record bytea"
+_RETAINED = (
+    "run_id text, seq bigint, tenant text, partition int, log_offset bigint, record bytea, "
+    "kept_as text"
+)
 _TRUNCATION = (
     "run_id text, tenant text, partition int, before_seq bigint, before_offset bigint, "
-    "compacted_at bigint"
+    "compacted_at bigint, whole boolean"
 )
-_KEEP_RETAINED = "ON CONFLICT (run_id, seq) DO NOTHING"
+_KEEP_RETAINED = (
+    "ON CONFLICT (run_id, seq) DO UPDATE SET kept_as = excluded.kept_as "
+    "WHERE onward_retained_events.kept_as = 'checkpoint'"
+)
 _MOVE_FORWARD = (
     "ON CONFLICT (run_id) DO UPDATE SET before_seq = excluded.before_seq, "
-    "before_offset = excluded.before_offset, compacted_at = excluded.compacted_at "
-    "WHERE onward_run_truncation.before_seq < excluded.before_seq"
+    "before_offset = excluded.before_offset, compacted_at = excluded.compacted_at, "
+    "whole = excluded.whole WHERE onward_run_truncation.before_seq < excluded.before_seq"
 )
+# The pins below each run's new point whose event no copy holds ($1 run ids, $2 new points).
+_UNRETAINED_PINS = (
+    "SELECT p.run_id, p.seq FROM onward_tag_pins p "
+    "JOIN unnest($1::text[], $2::bigint[]) AS t(run_id, before_seq) USING (run_id) "
+    "WHERE p.seq < t.before_seq AND NOT EXISTS (SELECT 1 FROM onward_retained_events r "
+    "WHERE r.run_id = p.run_id AND r.seq = p.seq) ORDER BY p.run_id, p.seq"
+)
+# A run's `checkpoint` copies beyond its latest $2 ($1: the runs).
+_PRUNE_CHECKPOINTS = (
+    "DELETE FROM onward_retained_events r USING (SELECT run_id, seq, row_number() OVER "
+    "(PARTITION BY run_id ORDER BY seq DESC) AS n FROM onward_retained_events "
+    "WHERE run_id = ANY($1::text[]) AND kept_as = 'checkpoint') AS old "
+    "WHERE r.run_id = old.run_id AND r.seq = old.seq AND old.n > $2"
+)
+_TRUNCATION_COLUMNS = (
+    "tenant, run_id, partition, before_seq, before_offset, compacted_at AS at, whole"
+)
+
+
+class _PinsMissingError(Exception):
+    """Rolls a truncation back: these pins' events must be copied first."""
+
+    def __init__(self, pins: list[TagPin]) -> None:
+        super().__init__(f"{len(pins)} pinned events not retained")
+        self.pins = pins
 
 
 async def _insert(
@@ -56,38 +88,109 @@ class PostgresCompactionStore(PostgresStore):
     async def truncations(self, run_ids: Collection[str]) -> dict[str, RunTruncation]:
         async with self._connection("reading truncation points") as conn:
             rows = await conn.fetch(
-                "SELECT tenant, run_id, partition, before_seq, before_offset, compacted_at AS at "
-                "FROM onward_run_truncation WHERE run_id = ANY($1::text[])",
+                f"SELECT {_TRUNCATION_COLUMNS} FROM onward_run_truncation "
+                "WHERE run_id = ANY($1::text[])",
                 list(run_ids),
             )
         return {r["run_id"]: RunTruncation(**dict(r)) for r in rows}
 
     async def truncate(
-        self, truncations: Sequence[RunTruncation], retained: Sequence[RetainedEvent]
-    ) -> None:
+        self,
+        truncations: Sequence[RunTruncation],
+        retained: Sequence[RetainedEvent],
+        *,
+        checkpoints: int | None = None,
+    ) -> list[TagPin]:
         if not truncations and not retained:
-            return
+            return []
         retained_rows = [
-            (e.run_id, e.seq, e.tenant, e.partition, e.offset, e.record) for e in retained
+            (e.run_id, e.seq, e.tenant, e.partition, e.offset, e.record, e.kept_as)
+            for e in retained
         ]
         points = [
-            (t.run_id, t.tenant, t.partition, t.before_seq, t.before_offset, t.at)
+            (t.run_id, t.tenant, t.partition, t.before_seq, t.before_offset, t.at, t.whole)
             for t in truncations
         ]
         context = f"storing {len(truncations)} truncation points"
-        async with self._connection(context, transaction=True) as conn:
-            # Retained events first: a point never moves past a tagged event not yet copied.
-            for table, columns, rows, conflict in (
-                ("onward_retained_events", _RETAINED, retained_rows, _KEEP_RETAINED),
-                ("onward_run_truncation", _TRUNCATION, points, _MOVE_FORWARD),
-            ):
-                if rows:
-                    await _insert(conn, table, columns, rows, conflict)
+        try:
+            async with self._connection(context, transaction=True) as conn:
+                # A `pin` inserts first and then reads the point: SHARE mode waits for pins in
+                # flight to commit and holds new ones back until this transaction ends, so
+                # every tag either is seen here or sees the new point.
+                await conn.execute("LOCK TABLE onward_tag_pins IN SHARE MODE")
+                # Retained events first: a point never moves past a tagged event not copied.
+                if retained_rows:
+                    await _insert(
+                        conn, "onward_retained_events", _RETAINED, retained_rows, _KEEP_RETAINED
+                    )
+                missing = await conn.fetch(
+                    _UNRETAINED_PINS,
+                    [t.run_id for t in truncations],
+                    [t.before_seq for t in truncations],
+                )
+                if missing:
+                    pins = [TagPin(r["run_id"], int(r["seq"])) for r in missing]
+                    raise _PinsMissingError(pins)  # noqa: TRY301 - rolls the transaction back
+                if points:
+                    await _insert(conn, "onward_run_truncation", _TRUNCATION, points, _MOVE_FORWARD)
+                if checkpoints is not None and truncations:
+                    await conn.execute(
+                        _PRUNE_CHECKPOINTS, [t.run_id for t in truncations], checkpoints
+                    )
+        except _PinsMissingError as rolled_back:
+            return rolled_back.pins
+        return []
+
+    async def pin(self, run_id: str, tenant: str, seq: int) -> None:
+        async with self._connection(
+            f"pinning seq {seq} for a tag", run_id, transaction=True
+        ) as conn:
+            # The insert first: it waits for a truncation in progress (`truncate`), so the
+            # point read next is the one that truncation left.
+            await conn.execute(
+                "INSERT INTO onward_tag_pins (run_id, seq, tenant, pinned_at) "
+                "VALUES ($1, $2, $3, $4) ON CONFLICT (run_id, seq) DO NOTHING",
+                run_id,
+                seq,
+                tenant,
+                time.time_ns() // 1_000,
+            )
+            row = await conn.fetchrow(
+                f"SELECT {_TRUNCATION_COLUMNS} FROM onward_run_truncation WHERE run_id = $1",
+                run_id,
+            )
+            kept = await conn.fetch(
+                "UPDATE onward_retained_events SET kept_as = CASE kept_as WHEN 'checkpoint' "
+                "THEN 'tag' ELSE kept_as END WHERE run_id = $1 AND seq = $2 RETURNING seq",
+                run_id,
+                seq,
+            )
+            point = RunTruncation(**dict(row)) if row is not None else None
+            refuse_compacted(run_id, seq, point, [r["seq"] for r in kept])
+
+    async def pins(self, run_ids: Collection[str]) -> dict[str, set[int]]:
+        async with self._connection("reading tag pins") as conn:
+            rows = await conn.fetch(
+                "SELECT run_id, seq FROM onward_tag_pins WHERE run_id = ANY($1::text[])",
+                list(run_ids),
+            )
+        found: dict[str, set[int]] = {}
+        for r in rows:
+            found.setdefault(r["run_id"], set()).add(int(r["seq"]))
+        return found
+
+    async def tombstones(self, run_ids: Collection[str]) -> set[str]:
+        async with self._connection("reading tombstones") as conn:
+            rows = await conn.fetch(
+                "SELECT run_id FROM onward_run_tombstones WHERE run_id = ANY($1::text[])",
+                list(run_ids),
+            )
+        return {r["run_id"] for r in rows}
 
     async def retained(self, run_id: str) -> list[RetainedEvent]:
         async with self._connection("reading retained events", run_id) as conn:
             rows = await conn.fetch(
-                "SELECT tenant, run_id, seq, partition, log_offset, record "
+                "SELECT tenant, run_id, seq, partition, log_offset, record, kept_as "
                 "FROM onward_retained_events WHERE run_id = $1 ORDER BY seq",
                 run_id,
             )
@@ -99,6 +202,7 @@ class PostgresCompactionStore(PostgresStore):
                 partition=r["partition"],
                 offset=r["log_offset"],
                 record=bytes(r["record"]),
+                kept_as=r["kept_as"],
             )
             for r in rows
         ]

@@ -7,6 +7,7 @@ transaction, and the projectors' positions are read from the frontier store's ow
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -14,19 +15,32 @@ from onward._storage import SqliteStore, select_in, transaction
 from onward.eventlog.base import EventLog
 from onward.eventlog.sqlite import SqliteEventLog
 
-from .base import LogCut, RetainedEvent, RunTruncation
+from .base import LogCut, RetainedEvent, RunTruncation, TagPin, refuse_compacted
 
 _TRUNCATE = (
     "INSERT INTO onward_run_truncation "
-    "(run_id, tenant, partition, before_seq, before_offset, compacted_at) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET "
+    "(run_id, tenant, partition, before_seq, before_offset, compacted_at, whole) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET "
     "before_seq = excluded.before_seq, before_offset = excluded.before_offset, "
-    "compacted_at = excluded.compacted_at "
+    "compacted_at = excluded.compacted_at, whole = excluded.whole "
     "WHERE onward_run_truncation.before_seq < excluded.before_seq"
 )
 _RETAIN = (
-    "INSERT INTO onward_retained_events (run_id, seq, tenant, partition, log_offset, record) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(run_id, seq) DO NOTHING"
+    "INSERT INTO onward_retained_events "
+    "(run_id, seq, tenant, partition, log_offset, record, kept_as) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id, seq) DO UPDATE SET "
+    "kept_as = excluded.kept_as WHERE onward_retained_events.kept_as = 'checkpoint'"
+)
+# The pins below a run's new point (the run id and its new point bound twice each, per run).
+_UNRETAINED_PINS = (
+    "SELECT p.run_id, p.seq FROM onward_tag_pins p WHERE p.run_id = ? AND p.seq < ? "
+    "AND NOT EXISTS (SELECT 1 FROM onward_retained_events r "
+    "WHERE r.run_id = p.run_id AND r.seq = p.seq)"
+)
+_PRUNE_CHECKPOINTS = (
+    "DELETE FROM onward_retained_events WHERE run_id = ? AND kept_as = 'checkpoint' AND seq < "
+    "COALESCE((SELECT min(seq) FROM (SELECT seq FROM onward_retained_events "
+    "WHERE run_id = ? AND kept_as = 'checkpoint' ORDER BY seq DESC LIMIT ?)), 0)"
 )
 _CUT = (
     "INSERT INTO onward_log_cuts (partition, start_offset, end_offset, events, archive, cut_at) "
@@ -51,50 +65,111 @@ class SqliteCompactionStore(SqliteStore):
 
     async def truncations(self, run_ids: Collection[str]) -> dict[str, RunTruncation]:
         rows = await self._chunked(
-            "SELECT tenant, run_id, partition, before_seq, before_offset, compacted_at "
+            "SELECT tenant, run_id, partition, before_seq, before_offset, compacted_at, whole "
             "FROM onward_run_truncation WHERE run_id IN",
             run_ids,
             "reading truncation points",
         )
-        return {
-            row[1]: RunTruncation(
-                tenant=row[0],
-                run_id=row[1],
-                partition=row[2],
-                before_seq=row[3],
-                before_offset=row[4],
-                at=row[5],
-            )
-            for row in rows
-        }
+        return {row[1]: _truncation(row) for row in rows}
 
     async def truncate(
-        self, truncations: Sequence[RunTruncation], retained: Sequence[RetainedEvent]
-    ) -> None:
+        self,
+        truncations: Sequence[RunTruncation],
+        retained: Sequence[RetainedEvent],
+        *,
+        checkpoints: int | None = None,
+    ) -> list[TagPin]:
         points = [
-            (t.run_id, t.tenant, t.partition, t.before_seq, t.before_offset, t.at)
+            (t.run_id, t.tenant, t.partition, t.before_seq, t.before_offset, t.at, int(t.whole))
             for t in truncations
         ]
-        kept = [(e.run_id, e.seq, e.tenant, e.partition, e.offset, e.record) for e in retained]
+        kept = [
+            (e.run_id, e.seq, e.tenant, e.partition, e.offset, e.record, e.kept_as)
+            for e in retained
+        ]
         if not points and not kept:
-            return
+            return []
+        conn = self._db.connection()
+
+        def write() -> list[TagPin]:
+            # BEGIN IMMEDIATE takes the file's write lock: a `pin` is wholly before or after.
+            try:
+                with transaction(conn, "BEGIN IMMEDIATE"):
+                    conn.executemany(_RETAIN, kept)
+                    missing = [
+                        TagPin(run_id, seq)
+                        for t in truncations
+                        for run_id, seq in conn.execute(
+                            _UNRETAINED_PINS, (t.run_id, t.before_seq)
+                        ).fetchall()
+                    ]
+                    if missing:
+                        raise _PinsMissingError(missing)  # noqa: TRY301 - rolls it back
+                    conn.executemany(_TRUNCATE, points)
+                    if checkpoints is not None:
+                        conn.executemany(
+                            _PRUNE_CHECKPOINTS,
+                            [(t.run_id, t.run_id, checkpoints) for t in truncations],
+                        )
+            except _PinsMissingError as rolled_back:
+                return rolled_back.pins
+            return []
+
+        return await self._db.call(
+            write, f"storing {len(points)} truncation points and {len(kept)} retained events"
+        )
+
+    async def pin(self, run_id: str, tenant: str, seq: int) -> None:
         conn = self._db.connection()
 
         def write() -> None:
             with transaction(conn, "BEGIN IMMEDIATE"):
-                conn.executemany(_RETAIN, kept)
-                conn.executemany(_TRUNCATE, points)
+                row = conn.execute(
+                    "SELECT tenant, run_id, partition, before_seq, before_offset, compacted_at, "
+                    "whole FROM onward_run_truncation WHERE run_id = ?",
+                    (run_id,),
+                ).fetchone()
+                held = conn.execute(
+                    "SELECT 1 FROM onward_retained_events WHERE run_id = ? AND seq = ?",
+                    (run_id, seq),
+                ).fetchall()
+                refuse_compacted(run_id, seq, _truncation(row) if row else None, [seq] * len(held))
+                conn.execute(
+                    "INSERT INTO onward_tag_pins (run_id, seq, tenant, pinned_at) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT(run_id, seq) DO NOTHING",
+                    (run_id, seq, tenant, time.time_ns() // 1_000),
+                )
+                conn.execute(
+                    "UPDATE onward_retained_events SET kept_as = 'tag' "
+                    "WHERE run_id = ? AND seq = ? AND kept_as = 'checkpoint'",
+                    (run_id, seq),
+                )
 
-        await self._db.call(
-            write, f"storing {len(points)} truncation points and {len(kept)} retained events"
+        await self._db.call(write, f"pinning seq {seq} for a tag", run_id)
+
+    async def pins(self, run_ids: Collection[str]) -> dict[str, set[int]]:
+        rows = await self._chunked(
+            "SELECT run_id, seq FROM onward_tag_pins WHERE run_id IN", run_ids, "reading tag pins"
         )
+        found: dict[str, set[int]] = {}
+        for run_id, seq in rows:
+            found.setdefault(run_id, set()).add(int(seq))
+        return found
+
+    async def tombstones(self, run_ids: Collection[str]) -> set[str]:
+        rows = await self._chunked(
+            "SELECT run_id FROM onward_run_tombstones WHERE run_id IN",
+            run_ids,
+            "reading tombstones",
+        )
+        return {row[0] for row in rows}
 
     async def retained(self, run_id: str) -> list[RetainedEvent]:
         conn = self._db.connection()
 
         def read() -> list[Any]:
             return conn.execute(
-                "SELECT tenant, run_id, seq, partition, log_offset, record "
+                "SELECT tenant, run_id, seq, partition, log_offset, record, kept_as "
                 "FROM onward_retained_events WHERE run_id = ? ORDER BY seq",
                 (run_id,),
             ).fetchall()
@@ -102,7 +177,13 @@ class SqliteCompactionStore(SqliteStore):
         rows = await self._db.call(read, "reading retained events", run_id)
         return [
             RetainedEvent(
-                tenant=r[0], run_id=r[1], seq=r[2], partition=r[3], offset=r[4], record=bytes(r[5])
+                tenant=r[0],
+                run_id=r[1],
+                seq=r[2],
+                partition=r[3],
+                offset=r[4],
+                record=bytes(r[5]),
+                kept_as=r[6],
             )
             for r in rows
         ]
@@ -158,6 +239,26 @@ class SqliteCompactionStore(SqliteStore):
             LogCut(partition=r[0], start=r[1], end=r[2], events=r[3], archive=r[4], at=r[5])
             for r in rows
         ]
+
+
+class _PinsMissingError(Exception):
+    """Rolls a truncation back: these pins' events must be copied first."""
+
+    def __init__(self, pins: list[TagPin]) -> None:
+        super().__init__(f"{len(pins)} pinned events not retained")
+        self.pins = pins
+
+
+def _truncation(row: Sequence[Any]) -> RunTruncation:
+    return RunTruncation(
+        tenant=row[0],
+        run_id=row[1],
+        partition=row[2],
+        before_seq=row[3],
+        before_offset=row[4],
+        at=row[5],
+        whole=bool(row[6]),
+    )
 
 
 def embedded_compaction(log: EventLog) -> SqliteCompactionStore | None:

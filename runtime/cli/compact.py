@@ -15,28 +15,51 @@ from onward.runtime.compaction import (
     compaction_store,
 )
 
-from ._common import ArchiveOption, out
+from ._common import ArchiveOption, error, out
 from .runs import with_backends
 
 
 def compact_command(
+    *,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say what would be cut and archived; change nothing.")
     ] = False,
     archive: ArchiveOption = None,
+    no_archive: Annotated[
+        bool,
+        typer.Option(
+            "--no-archive",
+            help="Cut without an archive: the audit history below each cut is gone for good.",
+        ),
+    ] = False,
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run",
+            help="Compact only this run, logically (what it needs copied out); nothing is cut.",
+        ),
+    ] = None,
     max_checkpoints: Annotated[
-        int, typer.Option(help="Untagged resume points a live run keeps in the log.", min=1)
+        int,
+        typer.Option(
+            help="Untagged resume points a live run keeps when its events are cut.", min=1
+        ),
     ] = 50,
     retention_mins: Annotated[
         float, typer.Option(help="Records younger than this are never cut.", min=0)
     ] = 0.0,
 ) -> None:
-    """Compact the log: per run (tagged events retained), then cut each partition below what
-    every reader still needs, after archiving what is cut when --archive is given.
+    """Compact the log: copy out what each run still needs (tagged events, last resume points,
+    the whole of runs read from their first event), then cut each partition below what its
+    projectors have folded, after archiving what is cut. Without --archive nothing is cut
+    unless --no-archive says so.
 
     Exit 0: done (or, with --dry-run, reported). 2: bad command line, or the archive directory
     cannot be written. 5: a store failed, or the archive is corrupt; a rerun finishes the job.
     """
+    if archive is not None and no_archive:
+        error("give --archive DIR or --no-archive, not both")
+        raise typer.Exit(2)
 
     async def work(backends: Backends) -> CompactionReport:
         async with compaction_store(backends) as store:
@@ -45,27 +68,47 @@ def compact_command(
                 backends.frontiers,
                 store,
                 archive=DirectoryArchive(archive) if archive is not None else None,
+                no_archive=no_archive,
                 max_checkpoints=max_checkpoints,
                 retention_mins=retention_mins,
             )
-            return await compactor.compact(dry_run=dry_run)
+            return await compactor.compact(dry_run=dry_run, run_id=run)
 
     report = with_backends(work)
     for partition in report.partitions:
         out.print(describe(partition, report), soft_wrap=True)
+    if run is not None:
+        verb = "would compact" if report.dry_run else "compacted"
+        compacted = sum(p.runs_compacted for p in report.partitions)
+        kept = sum(p.retained for p in report.partitions)
+        out.print(
+            f"run {run!r}: {verb} logically ({compacted} truncation point moved, {kept} "
+            "events copied out); the next full pass cuts its partition",
+            soft_wrap=True,
+        )
+        return
     verb = "would cut" if report.dry_run else "cut"
     where = f", archived in {report.archive}" if report.archive else ", not archived"
-    out.print(f"{verb} {report.events_cut} records in all{where}", soft_wrap=True)
+    freed = f", about {report.bytes_cut:,} bytes" if report.bytes_cut is not None else ""
+    out.print(f"{verb} {report.events_cut} records in all{freed}{where}", soft_wrap=True)
+    if archive is None and not no_archive:
+        out.print(
+            "nothing is cut without an archive: give --archive DIR, or --no-archive to cut "
+            "without one (the audit history below each cut is then gone for good)",
+            soft_wrap=True,
+        )
 
 
 def describe(part: PartitionReport, report: CompactionReport) -> str:
     """One line per partition: what was (or would be) cut and archived, and what holds it."""
     head = f"partition {part.partition} [{part.start}, {part.end})"
-    runs = f"{part.runs_compacted} runs compacted, {part.retained} tagged events retained"
+    runs = f"{part.runs_compacted} runs compacted, {part.retained} events retained"
     if part.watermark <= part.start:
         return f"{head}: nothing to cut (held by {part.held_by}); {runs}"
     verb = "would cut" if report.dry_run else "cut"
     line = f"{head}: {verb} {part.events_cut} records [{part.start}, {part.watermark})"
+    if part.bytes_cut is not None:
+        line += f" (about {part.bytes_cut:,} bytes)"
     if report.archive is None:
         line += ", not archived"
     elif part.archive_start is None:

@@ -9,6 +9,8 @@ next collection removes them again.
 
 from __future__ import annotations
 
+import time
+
 from onward._storage import PostgresStore
 
 from .base import FINISHED_SQL, FinishedRun, Kind, SweepPlan, SweepSql, finished_run
@@ -40,6 +42,9 @@ class PostgresRecordSweeper(PostgresStore):
             if not delete:
                 # Every count sees the same snapshot, as the deletes of one transaction do.
                 await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            if delete:
+                for statement in _SQL.bookkeeping(time.time_ns() // 1_000):
+                    await conn.execute(statement, list(plan.expired))
             for kind, statement, ids in _SQL.statements(plan, delete=delete):
                 if delete:
                     status = await conn.execute(statement, list(ids))

@@ -4,6 +4,7 @@ deleted in one transaction."""
 from __future__ import annotations
 
 import json
+import time
 
 from onward._storage import SqliteStore, transaction
 from onward.runtime.leases.sqlite import SQLITE_NOW
@@ -36,11 +37,14 @@ class SqliteRecordSweeper(SqliteStore):
     async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
         conn = self._db.connection()
         statements = _SQL.statements(plan, delete=delete)
+        bookkeeping = _SQL.bookkeeping(time.time_ns() // 1_000) if delete else []
 
         def sweep() -> dict[Kind, int]:
             counts: dict[Kind, int] = {}
             # A delete takes the write lock first; counts share one read snapshot.
             with transaction(conn, "BEGIN IMMEDIATE" if delete else "BEGIN"):
+                for statement in bookkeeping:
+                    conn.execute(statement, (json.dumps(plan.expired),))
                 for kind, statement, ids in statements:
                     cursor = conn.execute(statement, (json.dumps(ids),))
                     counts[kind] = cursor.rowcount if delete else int(cursor.fetchone()[0])

@@ -1,9 +1,10 @@
 """Compaction on the embedded SQLite deployment and on Kafka + PostgreSQL + Redis.
 
 One scenario per deployment: finished runs, then a long live run, tags on both; a pass with a
-directory archive. Tagged events survive, the live run resumes with its whole conversation,
-archive plus log folds to the frontiers and ``tool_calls`` rows of before, and the archive holds
-exactly what was cut. A dry run changes nothing.
+directory archive cuts the whole partition (no run holds it). Tagged events and the live run's
+last resume points survive, the live run resumes with its whole conversation, archive plus log
+folds to the frontiers and ``tool_calls`` rows of before, and the archive holds exactly what
+was cut. A dry run changes nothing.
 """
 
 from __future__ import annotations
@@ -88,20 +89,25 @@ async def compaction_keeps_what_readers_need(
     assert (await world.log.bounds(0)).start == part.watermark
     # The archive holds exactly what was cut.
     assert sum(r.events for r in await archive.ranges()) == part.events_cut == part.archived
-    # Finished runs are compacted whole; the live one keeps its last 3 untagged boundaries.
+    # Every run had events below the watermark (the projectors' positions): every one has a
+    # point past them, the live run included; no run held the partition.
+    assert part.watermark == (await world.log.bounds(0)).end
     points = await world.store.truncations(RUNS)
     assert set(points) == set(RUNS)
     live_row = before[LIVE][0]
     assert live_row is not None
-    assert 1 < points[LIVE].before_seq < live_row.resume_seq
-    # The tagged event below the point survives the cut (the tag itself is above it).
-    kept = {r.seq: r.stored() for r in await world.store.retained(LIVE)}
-    assert set(kept) == {tagged}
-    assert isinstance(kept[tagged].event, TurnSettled)
+    assert points[LIVE].before_seq == live_row.last_seq + 1
+    assert not any(p.whole for p in points.values())
+    # The live run keeps its tagged event and its last 3 untagged resume points.
+    kept = {r.seq: r for r in await world.store.retained(LIVE)}
+    assert kept[tagged].kept_as == "tag"
+    assert isinstance(kept[tagged].stored().event, TurnSettled)
+    boundaries = sorted(seq for seq, r in kept.items() if r.kept_as == "checkpoint")
+    assert len(boundaries) == 3
+    assert boundaries[-1] == live_row.resume_seq
     assert [r.seq for r in await world.store.retained(FINISHED[0])]
-    # Of a finished run only what came after the live run's kept events is left: its tag.
-    assert [type(s.event) for s in await world.log.read_run(FINISHED[0])] == [Tagged]
-    assert not await world.log.read_run(FINISHED[1])
+    assert not await world.log.read_run(FINISHED[0])
+    assert not await world.log.read_run(LIVE)
     # Archive plus log folds (and rebuilds) to the rows of before; the log alone no longer can.
     assert await refolded(ArchivedEventLog(world.log, archive), RUNS) == before
     assert await refolded(world.log, RUNS) != before
@@ -188,7 +194,7 @@ async def test_on_a_schedule_the_first_pass_runs_at_once(tmp_path: Path) -> None
         pause=pause,
     )
     await compactor.run(stop)
-    assert steps == ["archived", "cut"]
+    assert steps == ["planned", "archived", "cut"]
     assert compactor.last_error is None
     assert compactor.last_report is not None
     assert compactor.last_report.events_cut == (await log.bounds(0)).start > 0

@@ -100,7 +100,7 @@ class World:
         runner = self.runner(provider=cli_agent.booking_model())
         assert runner.frontiers is not None
         compactor = CheckpointCompactor(
-            runner.log, runner.frontiers, self.compaction, max_checkpoints=1
+            runner.log, runner.frontiers, self.compaction, no_archive=True, max_checkpoints=1
         )
         report = await compactor.compact()
         assert sum(p.runs_compacted for p in report.partitions) > 0

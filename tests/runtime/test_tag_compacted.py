@@ -31,8 +31,9 @@ LIVE = "long"
 
 
 async def compacted(world: World) -> tuple[int, int]:
-    """A finished run and a live one, the live one's first boundary tagged, compacted keeping
-    one untagged boundary. Returns the live run's truncation point and the tagged seq."""
+    """A finished run and a live one, the live one's first boundary tagged, compacted (cut
+    without an archive) keeping one untagged boundary. Returns the live run's truncation point
+    and the tagged seq."""
     await world.finished_run(DONE, turns=2)
     await world.live_run(LIVE, turns=8, done=5)
     settled = [
@@ -40,13 +41,18 @@ async def compacted(world: World) -> tuple[int, int]:
     ]
     tagged = await world.runner(Script(0)).tag(LIVE, "first", tenant=TENANT, seq=settled[0])
     await world.fold()
-    compactor = CheckpointCompactor(world.log, world.frontiers, world.store, max_checkpoints=1)
+    compactor = CheckpointCompactor(
+        world.log, world.frontiers, world.store, no_archive=True, max_checkpoints=1
+    )
     await compactor.compact()
     await world.fold()
     points = await world.store.truncations([DONE, LIVE])
     assert set(points) == {DONE, LIVE}
     assert points[LIVE].before_seq > tagged + 1  # something untagged below the cut
-    assert {r.seq for r in await world.store.retained(LIVE)} == {tagged}
+    # The tagged event, the Tagged event itself, and the last untagged resume point.
+    kept = {r.seq: r.kept_as for r in await world.store.retained(LIVE)}
+    tag_event = points[LIVE].before_seq - 1
+    assert kept == {tagged: "tag", tag_event: "tag", settled[-1]: "checkpoint"}
     return points[LIVE].before_seq, tagged
 
 
@@ -56,7 +62,8 @@ async def tags_below_the_cut_are_refused(
     cut, tagged = await compacted(world)
     done_cut = (await world.store.truncations([DONE]))[DONE].before_seq
     written = {run_id: len(await world.log.read_run(run_id)) for run_id in (DONE, LIVE)}
-    below = cut - 1
+    retained = (await world.store.retained_seqs([LIVE]))[LIVE]
+    below = max(seq for seq in range(1, cut) if seq not in retained)
     assert below != tagged
 
     with pytest.raises(InvalidInputError) as refused:
@@ -85,14 +92,21 @@ async def tags_below_the_cut_are_refused(
     assert [(t.seq, t.label) for t in live.tags] == [(tagged, "first")]
     assert done.tags == ()
 
-    # At the point the event is still in the log; a retained event takes another tag.
-    assert await tagger.tag(LIVE, "kept", tenant=TENANT, seq=cut) == cut
+    # A retained event takes another tag; a retained resume point becomes a tagged one, so
+    # no later pass drops it with the resume points it no longer keeps.
+    before = {r.seq: r.kept_as for r in await world.store.retained(LIVE)}
+    (checkpoint,) = [seq for seq, kept_as in before.items() if kept_as == "checkpoint"]
     assert await tagger.tag(LIVE, "again", tenant=TENANT, seq=tagged) == tagged
+    assert await tagger.tag(LIVE, "kept", tenant=TENANT, seq=checkpoint) == checkpoint
     appended = [s.event for s in await world.log.read_run(LIVE)][-2:]
     assert [(e.target_seq, e.label) for e in appended if isinstance(e, Tagged)] == [
-        (cut, "kept"),
         (tagged, "again"),
+        (checkpoint, "kept"),
     ]
+    assert {r.seq: r.kept_as for r in await world.store.retained(LIVE)} == {
+        **before,
+        checkpoint: "tag",
+    }
 
 
 async def test_sqlite_refuses_a_tag_below_the_cut(tmp_path: Path) -> None:

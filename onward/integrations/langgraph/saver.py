@@ -57,7 +57,13 @@ from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from langgraph.types import Interrupt
 
 from onward._storage import Resource
-from onward.errors import FencedError, InvalidInputError, LogTruncatedError, OnwardError
+from onward.errors import (
+    FencedError,
+    HistoryUnavailableError,
+    InvalidInputError,
+    LogTruncatedError,
+    OnwardError,
+)
 from onward.eventlog import (
     ApprovalGranted,
     ApprovalRequested,
@@ -76,6 +82,8 @@ from onward.eventlog import (
     partition_for,
 )
 from onward.projections import FrontierStore
+from onward.projections.compaction import CompactionStore, embedded_compaction
+from onward.projections.compaction.history import read_whole_run
 from onward.runtime.leases import Leaseholder, LeasePolicy, LeaseStore, RunLease
 
 from . import pruning
@@ -124,6 +132,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         holder: This process's name as other writers see it in `ResumeConflictError`.
         policy: The lease's ttl and renewal margin.
         serde: LangGraph's serializer (its default, ``JsonPlusSerializer``, if omitted).
+        compaction: Where compaction keeps what it cut of the threads (every event of a
+            thread is retained before its partition is cut): a thread is read from those
+            copies, then the log. An embedded SQLite log brings its own; on Kafka, pass the
+            deployment's `PostgresCompactionStore` before compaction runs.
     """
 
     def __init__(
@@ -137,6 +149,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         holder: str | None = None,
         policy: LeasePolicy | None = None,
         serde: SerializerProtocol | None = None,
+        compaction: CompactionStore | None = None,
     ) -> None:
         super().__init__(serde=serde)
         if not tenant:
@@ -147,6 +160,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self.leases = leases
         self.tenant = tenant
         self.frontiers = frontiers
+        self.compaction = compaction or embedded_compaction(log)
         self.holder = holder or f"langgraph@{socket.gethostname()}:{os.getpid()}"
         self.policy = policy or LeasePolicy()
         self._checkpointer: Any = None
@@ -813,7 +827,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             partition = partition_for(thread_id, self.log.partitions)
             end = (await self.log.bounds(partition)).end
             try:
-                tail = await self.log.read_run(thread_id, start=start, end=end)
+                tail = await read_whole_run(
+                    self.log, self.compaction, thread_id, start=start, end=end
+                )
             except LogTruncatedError:
                 state = await self._read(thread_id)
             else:
@@ -847,7 +863,15 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         partition = partition_for(thread_id, self.log.partitions)
         end = (await self.log.bounds(partition)).end
         state = ThreadState(run_id=thread_id, next_offset=start)
-        for stored in await self.log.read_run(thread_id, start=start, end=end):
+        try:
+            stored_events = await read_whole_run(
+                self.log, self.compaction, thread_id, start=start, end=end
+            )
+        except LogTruncatedError as exc:
+            raise HistoryUnavailableError(
+                f"thread {thread_id!r} cannot be loaded: {exc}", run_id=thread_id
+            ) from exc
+        for stored in stored_events:
             state.apply(stored)
         state.next_offset = max(state.next_offset or 0, end)
         self._check_tenant(state)

@@ -43,6 +43,7 @@ from onward.eventlog import (
     RunStarted,
     SequenceGuard,
 )
+from onward.projections.compaction.history import read_whole_run
 from onward.projections.frontier import Frontier
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
@@ -158,6 +159,8 @@ class DurableRuns:
                 agent=described.name,
                 revision=described.revision,
                 input=user_prompt,
+                # Executed again from its first event on resume: compaction keeps them all.
+                options={"replays": True},
             )
             await writer.append(run, [started])
             journal = RunJournal(run, writer, [started])
@@ -306,8 +309,12 @@ class DurableRuns:
         """
         start = frontier.first_offset if frontier.first_offset >= 0 else None
         try:
-            stored = await self.runner.log.read_run(
-                frontier.run_id, start=start, end=frontier.through_offset + 1
+            stored = await read_whole_run(
+                self.runner.log,
+                self.runner.compaction,
+                frontier.run_id,
+                start=start,
+                end=frontier.through_offset + 1,
             )
         except LogTruncatedError as exc:
             raise HistoryUnavailableError(

@@ -22,6 +22,9 @@ from onward.eventlog.base import LogRecord
 from .frontier import FRONTIER_FORMAT, Frontier, RunStatus, ToolCallRow
 from .transcript import TranscriptRow
 
+DEFAULT_CONSUMER = "frontiers"
+"""The consumer name the frontier projector stores its positions under."""
+
 DEFAULT_MAX_BYTES = 1024 * 1024
 """Largest frontier payload a store keeps (1 MiB). Larger ones are refused, never trimmed."""
 

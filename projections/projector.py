@@ -24,19 +24,22 @@ from onward.errors import InvalidInputError
 from onward.eventlog.base import EventLog, LogRecord, StoredEvent, UnreadableRecord
 
 from .base import (
+    DEFAULT_CONSUMER,
     DEFAULT_MAX_BYTES,
     FrontierStore,
     QuarantineEntry,
     Snapshot,
     StoredFrontier,
 )
+from .compaction.base import CompactionStore
+from .compaction.history import read_whole_records
+from .compaction.sqlite import embedded_compaction
 from .frontier import Frontier, FrontierDraft, ToolCallRow, fold_into
 from .quarantine import Quarantine, say_quarantined
 from .transcript import TranscriptRow
 
 log = logging.getLogger("onward.projector")
 
-DEFAULT_CONSUMER = "frontiers"
 _YIELD_EVERY_RUNS = 500
 
 
@@ -92,6 +95,10 @@ class FrontierProjection:
             mode): a released run is folded again up to the stored position even in a
             partition it has not folded since it started. A Kafka projector shares partitions
             with its group, so it folds a released run once it folds its partition again.
+        compaction: Where compaction retained the events of runs it cut below, so a run
+            folded again (a refused snapshot, a release from quarantine) is folded from its
+            first event even once its partition was cut. An embedded SQLite log brings its
+            own.
     """
 
     def __init__(
@@ -107,6 +114,7 @@ class FrontierProjection:
         write_behind: bool = False,
         release_poll: float = 1.0,
         every_partition: bool = False,
+        compaction: CompactionStore | None = None,
     ) -> None:
         if cache_runs < 1:
             raise InvalidInputError(f"cache_runs must be at least 1, got {cache_runs}")
@@ -117,6 +125,7 @@ class FrontierProjection:
             )
         self.store = store
         self.log = log
+        self.compaction = compaction or embedded_compaction(log)
         self.consumer = consumer
         self.max_bytes = max_bytes
         self.stats = ProjectorStats()
@@ -324,7 +333,9 @@ class FrontierProjection:
             known = (row.set_aside or row.frontier) if row is not None else None
             start = known.first_offset if known is not None and known.first_offset >= 0 else None
             end = quarantine.folded_to[partition]
-            records = await self.log.read_records(partition, start, end, run_id=run_id)
+            records = await read_whole_records(
+                self.log, self.compaction, run_id, start=start, end=end
+            )
             tenant = row.summary.tenant if row is not None else ""
             if not tenant and records:
                 tenant = _tenant_of(records[0])
@@ -461,9 +472,7 @@ class FrontierProjection:
         (an unreadable record in it sets the run aside, as anywhere)."""
         self.stats.refolded_from_log += 1
         position = first.position
-        history = await self.log.read_records(
-            position.partition, None, position.offset, run_id=run_id
-        )
+        history = await read_whole_records(self.log, self.compaction, run_id, end=position.offset)
         draft = FrontierDraft.of(Frontier.empty(run_id, _tenant_of(first)))
         self._fold_run(draft, history)
         return draft

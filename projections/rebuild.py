@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from onward._storage import open_pool, pooled
 from onward.eventlog.base import EventLog
 
-from .base import DEFAULT_MAX_BYTES, ProjectionSink
+from .base import DEFAULT_CONSUMER, DEFAULT_MAX_BYTES, ProjectionSink
 from .builds import BuildLayout, create_build, switch_build
 from .log_projector import LogProjector
 from .postgres import FRONTIERS, PostgresFrontierStore
-from .projector import DEFAULT_CONSUMER, FrontierProjection
+from .projector import FrontierProjection
 from .sql import Projection, SqlProjectionSink, layout_of
 
 REBUILD_FLUSH_EVENTS = 200_000

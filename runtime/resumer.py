@@ -36,11 +36,10 @@ from onward.errors import (
 )
 from onward.eventlog.base import EventLog, SequenceGuard, StoredEvent, partition_for
 from onward.eventlog.events import Event, RunClaimed
-from onward.projections.base import FrontierStore
+from onward.projections.base import DEFAULT_CONSUMER, FrontierStore
 from onward.projections.compaction import CompactionStore
 from onward.projections.compaction.history import read_whole_run
 from onward.projections.frontier import Frontier, fold_all
-from onward.projections.projector import DEFAULT_CONSUMER
 from onward.projections.transcript import TranscriptRow, message_of
 
 from .agent import Agent

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onward.errors import LogTruncatedError
-from onward.eventlog.base import EventLog, StoredEvent, partition_for
+from onward.eventlog.base import EventLog, LogRecord, StoredEvent, partition_for, strict
 from onward.projections.audit import AuditLine, check_owner, timeline_of
 
 from .base import CompactionStore, RunTruncation
@@ -32,19 +32,33 @@ async def read_whole_run(
     Raises:
         LogTruncatedError: The log was cut below ``start`` and compaction kept only part of
             the run there (its tags and resume points); names the archive that holds the rest.
+        EventDecodeError: A record of the run in the log is unreadable.
     """
+    return strict(await read_whole_records(log, store, run_id, start=start, end=end))
+
+
+async def read_whole_records(
+    log: EventLog,
+    store: CompactionStore | None,
+    run_id: str,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+) -> list[LogRecord]:
+    """As :func:`read_whole_run`, with the run's unreadable records in their places (what a
+    projector folding a run again reads)."""
+    partition = partition_for(run_id, log.partitions)
     if store is None:
-        return await log.read_run(run_id, start=start, end=end)
+        return await log.read_records(partition, start, end, run_id=run_id)
     if start is not None:
         try:
-            return await log.read_run(run_id, start=start, end=end)
+            return await log.read_records(partition, start, end, run_id=run_id)
         except LogTruncatedError:
             pass  # cut below start: what was retained, then the log from its start
-    partition = partition_for(run_id, log.partitions)
     for _ in range(2):
         bounds = await log.bounds(partition)
         point = (await store.truncations([run_id])).get(run_id)
-        kept: list[StoredEvent] = []
+        kept: list[LogRecord] = []
         if point is not None:
             if not point.whole and (start is None or start < point.before_offset):
                 raise LogTruncatedError(await _gone(store, run_id, point), run_id=run_id)
@@ -58,9 +72,10 @@ async def read_whole_run(
         if end is not None and end <= bounds.start:
             return kept
         try:
-            return [*kept, *await log.read_run(run_id, start=bounds.start, end=end)]
+            rest = await log.read_records(partition, bounds.start, end, run_id=run_id)
         except LogTruncatedError:
             continue  # cut again between the bounds and the read: once more
+        return [*kept, *rest]
     raise LogTruncatedError(
         f"run {run_id!r}: partition {partition} was cut twice while it was read; read it again",
         run_id=run_id,

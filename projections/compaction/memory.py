@@ -9,8 +9,7 @@ from collections.abc import Collection, Sequence
 from msgspec.structs import replace
 
 from onward._storage import Resource
-from onward.projections.base import FrontierStore
-from onward.projections.projector import DEFAULT_CONSUMER
+from onward.projections.base import DEFAULT_CONSUMER, FrontierStore
 
 from .base import LogCut, RetainedEvent, RunTruncation, TagPin, refuse_compacted
 

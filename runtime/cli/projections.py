@@ -107,12 +107,18 @@ def projector_command(
                     schema=config.database_schema,
                     synchronous_commit=False,  # every row can be folded again from the log
                 )
+                compaction = PostgresCompactionStore(
+                    database_url,
+                    schema=config.database_schema,
+                    timeout_s=config.backend_timeout,
+                )
                 sink = FrontierProjection(
                     await stack.enter_async_context(opened("PostgreSQL", store)),
                     log,
                     flush_events=flush_events,
                     flush_interval=flush_interval,
                     write_behind=True,
+                    compaction=await stack.enter_async_context(opened("PostgreSQL", compaction)),
                 )
                 default_group = DEFAULT_GROUP
             else:

@@ -23,9 +23,13 @@ from rich.text import Text
 
 from onward.errors import ConfigurationError, NothingToResumeError
 from onward.eventlog.sqlite import SqliteEventLog
-from onward.projections.base import FrontierStore, QuarantineEntry, QuarantineState
+from onward.projections.base import (
+    DEFAULT_CONSUMER,
+    FrontierStore,
+    QuarantineEntry,
+    QuarantineState,
+)
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import DEFAULT_CONSUMER
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.settings import Settings, load_settings

@@ -29,7 +29,7 @@ from support.compaction_world import (
 )
 from support.servers import KafkaServers
 
-from onward.eventlog import MemoryEventLog, Tagged, TurnSettled
+from onward.eventlog import MemoryEventLog, TurnSettled
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog

@@ -88,6 +88,8 @@ class World:
     inline: bool
     database_url: str = ""
     """PostgreSQL, where the frontier store is there."""
+    servers: KafkaServers | None = None
+    """Kafka + PostgreSQL + Redis: the test's topic, schema and key prefix."""
 
     def runner(self, provider: Any) -> AgentRunner:
         return AgentRunner(
@@ -96,6 +98,7 @@ class World:
             frontiers=self.frontiers,
             leases=self.leases,
             checkpoint_inline=self.inline,
+            compaction=self.store,
         )
 
     async def fold(self) -> None:
@@ -142,7 +145,9 @@ async def kafka_stores(servers: KafkaServers, *, partitions: int = 1) -> AsyncIt
         PostgresCompactionStore(url, schema=schema) as store,
         RedisLeaseStore(servers.redis_url, prefix=servers.redis_prefix) as leases,
     ):
-        yield World(log, frontiers, store, leases, inline=False, database_url=url)
+        yield World(
+            log, frontiers, store, leases, inline=False, database_url=url, servers=servers
+        )
 
 
 async def conversation(log: EventLog, run_id: str) -> list[Message]:

@@ -1,7 +1,8 @@
 """`onward compact`, `onward replay` after compaction and `--archive`, on an embedded SQLite file.
 
 Bad input changes nothing: an archive that cannot be written (exit 2) or whose manifest is
-corrupt (exit 5) leaves the log as it was.
+corrupt (exit 5) leaves the log as it was, and without an archive nothing is cut unless
+--no-archive says so.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from support.compaction_world import TENANT, log_sizes, sqlite_world
 from typer.testing import CliRunner, Result
 
 from onward.eventlog import SqliteEventLog, TurnSettled
+from onward.projections.compaction import SqliteCompactionStore
 from onward.runtime.cli import app
 
 LIVE = "long"
@@ -105,3 +107,47 @@ def test_a_corrupt_manifest_stops_compaction_before_anything(db: Path, tmp_path:
     assert "ArchiveError" in result.stderr
     assert "manifest.json is corrupt" in result.stderr
     assert asyncio.run(_sizes(db)) == before
+
+
+def test_without_an_archive_nothing_is_cut_and_it_says_why(db: Path) -> None:
+    before = asyncio.run(_sizes(db))
+    result = onward(db, "compact")
+    assert result.exit_code == 0, result.output
+    assert "nothing to cut (held by no archive" in result.stdout
+    assert "give --archive DIR, or --no-archive to cut without one" in result.stdout
+    assert asyncio.run(_sizes(db)) == before
+    assert asyncio.run(_truncated(db)) == {}
+
+    both = onward(db, "compact", "--archive", str(db.parent / "archive"), "--no-archive")
+    assert both.exit_code == 2, both.output
+    assert "not both" in both.stderr
+    assert asyncio.run(_sizes(db)) == before
+
+    cut = onward(db, "compact", "--no-archive")
+    assert cut.exit_code == 0, cut.output
+    assert "not archived" in cut.stdout
+    assert asyncio.run(_sizes(db))[0][0] > 0
+
+
+def test_a_dry_run_says_how_many_bytes_a_pass_would_free(db: Path, tmp_path: Path) -> None:
+    result = onward(db, "compact", "--dry-run", "--archive", str(tmp_path / "archive"))
+    assert result.exit_code == 0, result.output
+    assert "bytes)" in result.stdout
+    assert "held at" in result.stdout
+    assert "by the projectors' positions" in result.stdout
+    assert "would cut" in result.stdout
+
+
+def test_one_run_is_compacted_logically_and_nothing_is_cut(db: Path, tmp_path: Path) -> None:
+    before = asyncio.run(_sizes(db))
+    result = onward(db, "compact", "--run", LIVE, "--archive", str(tmp_path / "archive"))
+    assert result.exit_code == 0, result.output
+    assert f"run {LIVE!r}: compacted logically (1 truncation point moved" in result.stdout
+    assert asyncio.run(_sizes(db)) == before
+    assert set(asyncio.run(_truncated(db))) == {LIVE}
+
+
+async def _truncated(db: Path) -> dict[str, int]:
+    async with SqliteCompactionStore(db) as store:
+        points = await store.truncations([LIVE, "done"])
+    return {run_id: point.before_seq for run_id, point in points.items()}

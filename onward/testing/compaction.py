@@ -9,12 +9,22 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import msgspec
+import pytest
 import pytest_asyncio
 
+from onward.errors import InvalidInputError
 from onward.eventlog.base import Position, StoredEvent
 from onward.eventlog.events import Tagged
 from onward.projections.base import FrontierStore
-from onward.projections.compaction import CompactionStore, LogCut, RetainedEvent, RunTruncation
+from onward.projections.compaction import (
+    CompactionStore,
+    KeptAs,
+    LogCut,
+    RetainedEvent,
+    RunTruncation,
+    TagPin,
+)
 
 from .eventlog import new_run_id
 
@@ -31,10 +41,12 @@ def point(run_id: str, before_seq: int, *, offset: int = 0) -> RunTruncation:
     )
 
 
-def kept(run_id: str, seq: int, label: str = "milestone") -> RetainedEvent:
+def kept(
+    run_id: str, seq: int, label: str = "milestone", *, kept_as: KeptAs = "tag"
+) -> RetainedEvent:
     """A retained copy of event ``seq`` of ``run_id``, as read at offset ``10 * seq``."""
     event = Tagged(run_id=run_id, tenant="acme", seq=seq, fence=1, target_seq=1, label=label)
-    return RetainedEvent.of(StoredEvent(Position(1, 10 * seq), event))
+    return RetainedEvent.of(StoredEvent(Position(1, 10 * seq), event), kept_as)
 
 
 class CompactionStoreConformance:
@@ -110,3 +122,64 @@ class CompactionStoreConformance:
         assert await store.cuts() == [cut(0, 0, 5), cut(1, 0, 50), cut(1, 50, 90)]
         await store.record_cut(cut(1, 0, 60))
         assert (await store.cuts(1))[0] == cut(1, 0, 60)
+
+    async def test_a_point_keeps_whether_the_run_is_retained_whole(
+        self, stores: tuple[CompactionStore, FrontierStore]
+    ) -> None:
+        store, _ = stores
+        run_id = new_run_id()
+        whole = msgspec.structs.replace(point(run_id, 4), whole=True)
+        await store.truncate([whole], [kept(run_id, n, kept_as="history") for n in (1, 2, 3)])
+        assert (await store.truncations([run_id]))[run_id] == whole
+        assert [(e.seq, e.kept_as) for e in await store.retained(run_id)] == [
+            (1, "history"),
+            (2, "history"),
+            (3, "history"),
+        ]
+
+    async def test_a_pin_is_refused_below_the_point_unless_retained(
+        self, stores: tuple[CompactionStore, FrontierStore]
+    ) -> None:
+        store, _ = stores
+        run_id = new_run_id()
+        await store.pin(run_id, "acme", 3)  # nothing compacted yet
+        await store.truncate([point(run_id, 8)], [kept(run_id, 3), kept(run_id, 5)])
+        await store.pin(run_id, "acme", 5)  # retained: may take more tags
+        await store.pin(run_id, "acme", 9)  # above the point
+        with pytest.raises(InvalidInputError, match="below its truncation point 8"):
+            await store.pin(run_id, "acme", 6)
+        assert await store.pins([run_id, new_run_id()]) == {run_id: {3, 5, 9}}
+
+    async def test_a_truncation_that_would_pass_an_unretained_pin_writes_nothing(
+        self, stores: tuple[CompactionStore, FrontierStore]
+    ) -> None:
+        store, _ = stores
+        run_id = new_run_id()
+        await store.pin(run_id, "acme", 4)
+        missing = await store.truncate([point(run_id, 6)], [kept(run_id, 2)])
+        assert missing == [TagPin(run_id, 4)]
+        assert await store.truncations([run_id]) == {}
+        assert await store.retained(run_id) == []
+        assert await store.truncate([point(run_id, 6)], [kept(run_id, 2), kept(run_id, 4)]) == []
+        assert (await store.truncations([run_id]))[run_id] == point(run_id, 6)
+        assert await store.retained_seqs([run_id]) == {run_id: {2, 4}}
+
+    async def test_only_the_latest_checkpoint_copies_are_kept_and_tags_are_never_dropped(
+        self, stores: tuple[CompactionStore, FrontierStore]
+    ) -> None:
+        store, _ = stores
+        run_id = new_run_id()
+        first = [kept(run_id, n, kept_as="checkpoint") for n in (2, 4, 6)]
+        await store.truncate([point(run_id, 7)], [kept(run_id, 1), *first], checkpoints=2)
+        assert await store.retained_seqs([run_id]) == {run_id: {1, 4, 6}}
+        await store.pin(run_id, "acme", 4)  # a tag on a kept resume point: kept for good
+        later = [kept(run_id, n, kept_as="checkpoint") for n in (8, 10)]
+        await store.truncate([point(run_id, 11)], later, checkpoints=2)
+        found = {e.seq: e.kept_as for e in await store.retained(run_id)}
+        assert found == {1: "tag", 4: "tag", 8: "checkpoint", 10: "checkpoint"}
+
+    async def test_tombstones_name_the_runs_collected(
+        self, stores: tuple[CompactionStore, FrontierStore]
+    ) -> None:
+        store, _ = stores
+        assert await store.tombstones([new_run_id()]) == set()

@@ -151,7 +151,9 @@ async def test_a_tag_from_a_message_survives_compaction(tmp_path: Path, ledger: 
             last = message
         log = app.backends.log
         async with compaction_store(app.backends) as store:
-            compactor = CheckpointCompactor(log, app.backends.frontiers, store, max_checkpoints=1)
+            compactor = CheckpointCompactor(
+                log, app.backends.frontiers, store, no_archive=True, max_checkpoints=1
+            )
             report = await compactor.compact()
             retained = {e.seq: e for e in await store.retained(last.run_id)}
         start = (await log.bounds(partition_for(last.run_id, log.partitions))).start

@@ -107,7 +107,8 @@ class CompactedSpan:
         partition: The run's partition.
         before_seq: The run's events below this seq are compacted.
         before_offset: None of the run's events below this offset is in the log for readers.
-        retained: How many of them were kept because they are tagged.
+        retained: How many of them were kept (tagged events, the last resume points, or all
+            of them when ``whole``).
         archives: Where the cuts that removed them were archived (empty: not cut yet, or cut
             without an archive).
         cut: Whether a cut of the partition has reached into the span (else the records are
@@ -120,6 +121,7 @@ class CompactedSpan:
     retained: int
     archives: tuple[str, ...]
     cut: bool
+    whole: bool = False
 
     def describe(self, run_id: str) -> str:
         """One line for a person reading the timeline."""
@@ -127,8 +129,10 @@ class CompactedSpan:
             f"run {run_id!r}: seqs 1 to {self.before_seq - 1} (below offset {self.before_offset} "
             f"of partition {self.partition}) were compacted"
         )
-        if self.retained:
-            line += f"; {self.retained} tagged event(s) retained are shown in place"
+        if self.whole:
+            line += f"; all {self.retained} were retained (the run is read from its first event)"
+        elif self.retained:
+            line += f"; {self.retained} retained (tags, last resume points) are shown in place"
         if self.archives:
             line += f"; archived in {', '.join(self.archives)} (replay --archive DIR shows them)"
         elif self.cut:
@@ -164,13 +168,26 @@ async def compacted_timeline(
     lines = sorted([*kept, *timeline_of(shown)], key=lambda line: line.position.offset)
     if point.tenant != tenant:
         check_owner([], run_id, tenant)
-    cuts = [c for c in await store.cuts(partition) if c.start < point.before_offset]
-    span = CompactedSpan(
-        partition=partition,
+    return lines, await _span(store, point, retained=len(kept))
+
+
+async def compacted_span(store: CompactionStore, run_id: str) -> CompactedSpan | None:
+    """The part of the run compaction took out of the log, and where it went; ``None`` for a
+    run never compacted."""
+    point = (await store.truncations([run_id])).get(run_id)
+    if point is None:
+        return None
+    return await _span(store, point, retained=len(await store.retained_seqs([run_id])))
+
+
+async def _span(store: CompactionStore, point: RunTruncation, *, retained: int) -> CompactedSpan:
+    cuts = [c for c in await store.cuts(point.partition) if c.start < point.before_offset]
+    return CompactedSpan(
+        partition=point.partition,
         before_seq=point.before_seq,
         before_offset=point.before_offset,
-        retained=len(kept),
+        retained=retained,
         archives=tuple(dict.fromkeys(c.archive for c in cuts if c.archive is not None)),
         cut=bool(cuts),
+        whole=point.whole,
     )
-    return lines, span

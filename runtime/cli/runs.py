@@ -18,7 +18,11 @@ from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.events import Tagged
 from onward.projections.audit import AuditLine, audit_timeline
-from onward.projections.compaction.history import CompactedSpan, compacted_timeline
+from onward.projections.compaction.history import (
+    CompactedSpan,
+    compacted_span,
+    compacted_timeline,
+)
 from onward.projections.frontier import Frontier, RunTag
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
@@ -174,6 +178,10 @@ def inspect_command(run_id: RunArgument, tenant: TenantOption) -> None:
         frontier, lease = await _look(backends, run_id, tenant)
         chain = await _chain(backends, frontier)
         out.print(run_summary(frontier, lease=lease, chain=chain))
+        if backends.compaction is not None:
+            span = await compacted_span(backends.compaction, run_id)
+            if span is not None:
+                error(span.describe(run_id))
 
     with_backends(work, readonly=True)
 

@@ -69,6 +69,11 @@ def test_compact_then_replay_marks_the_span_and_the_archive_shows_it_all(
     start = asyncio.run(_sizes(db))[0][0]
     assert start > 0
 
+    inspect = onward(db, "inspect", LIVE, "--tenant", TENANT)
+    assert inspect.exit_code == 0, inspect.output
+    assert f"run {LIVE!r}: seqs 1 to " in inspect.stderr
+    assert f"archived in {archive}" in inspect.stderr
+
     replay = onward(db, "replay", LIVE, "--tenant", TENANT, "--json")
     assert replay.exit_code == 0, replay.output
     assert "were compacted" in replay.stderr

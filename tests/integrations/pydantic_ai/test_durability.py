@@ -40,8 +40,11 @@ from onward.eventlog import (
     ToolResolved,
     kind_of,
 )
+from onward.eventlog.archive import DirectoryArchive
 from onward.integrations.pydantic_ai import DurableRunResult, OnwardDurability
+from onward.projections.compaction import embedded_compaction
 from onward.runtime.blobs import DEFAULT_THRESHOLD, SqliteBlobStore
+from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.ledger import Ledger
 
 RUN = "r-1"
@@ -373,3 +376,30 @@ async def test_a_prompt_that_is_not_text_is_refused(
     with pytest.raises(InvalidInputError, match="prompt is text"):
         await durability.run(booking_agent(durability, ledger), ["book"], run_id=RUN)  # type: ignore[arg-type]
     assert await events(stores) == []
+
+
+async def test_a_waiting_run_goes_on_after_its_partition_is_cut(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger, tmp_path: Path
+) -> None:
+    """A pydantic-ai run is executed again from its first event: compaction keeps every event
+    of it before the cut (other runs keep only what they need), so it still goes on."""
+    waiting = booking_agent(durability, ledger, requires_approval=True)
+    assert (await durability.run(waiting, "book seat 3A", run_id=RUN)).status == "waiting"
+    for n in range(10):
+        other = booking_agent(durability, ledger)
+        assert (await durability.run(other, "book seat 3A", run_id=f"other-{n}")).output
+    store = embedded_compaction(stores.log)
+    assert store is not None
+    compactor = CheckpointCompactor(
+        stores.log, stores.frontiers, store, archive=DirectoryArchive(tmp_path / "archive")
+    )
+    report = await compactor.compact()
+    assert report.partitions[0].cut
+    assert (await store.truncations([RUN]))[RUN].whole
+    assert not await stores.log.read_run(RUN)
+
+    await durability.decide(RUN, DeferredToolResults(approvals={"b1": True}), by="alice")
+    done = await durability.resume(waiting, RUN)
+
+    assert done.output == "done: seat 3A booked"
+    assert len(ledger.entries()) == 11

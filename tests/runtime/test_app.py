@@ -22,6 +22,7 @@ from support.processes import TESTS
 import onward
 from onward.errors import ConfigurationError, InvalidInputError, NothingToResumeError
 from onward.eventlog import Tagged
+from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.base import partition_for
 from onward.runtime.compaction import CheckpointCompactor, compaction_store
 from onward.runtime.ledger import Ledger
@@ -161,6 +162,36 @@ async def test_a_tag_from_a_message_survives_compaction(tmp_path: Path, ledger: 
     assert report.events_cut > 0
     assert tagged[0] not in kept  # cut from the log ...
     assert tagged[0] in retained  # ... and kept where compaction keeps tagged events
+
+
+async def test_a_waiting_run_whose_partition_was_cut_is_answered_and_followed(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    """The stream of a run compaction cut below starts at the first of its events the log
+    still holds: what the run says from there on, to its result."""
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        stream = app.query("work", COLLABORATIVE)
+        waiting = await anext(m async for m in stream if m.waits)
+        for _ in range(5):
+            await app.query("work", {"agent": "stepper"}).collect()
+        assert app.backends.compaction is not None
+        compactor = CheckpointCompactor(
+            app.backends.log,
+            app.backends.frontiers,
+            app.backends.compaction,
+            archive=DirectoryArchive(tmp_path / "archive"),
+        )
+        assert (await compactor.compact()).events_cut > 0
+        assert not await app.backends.log.read_run(stream.run_id)
+        followed: list[RunMessage] = []
+        async for message in app.resume(stream.run_id, {"go": True}):
+            followed.append(message)
+            if message.waits:
+                await message.respond()
+    assert followed[-1].is_result
+    assert followed[-1].status == "completed"
+    assert followed[0].seq > waiting.seq  # what came before the cut is not streamed again
 
 
 async def test_a_tag_on_a_run_that_is_going_waits_for_its_lease(app: onward.App) -> None:

@@ -568,6 +568,7 @@ async def soak(
                 "resume_samples_ms": resumes,
                 "waiting_resume_p50_ms": _common.quantile(answers, 0.5) if answers else None,
                 "waiting_answered": len(answers),
+                "waiting_samples_ms": answers,
                 "thread_load_p50_ms": _common.quantile(loads, 0.5) if loads else None,
                 "threads_latest": latest,
                 "thread_checkpoints": threads.puts // max(1, len(threads.ids)),
@@ -814,9 +815,9 @@ def targets(result: dict[str, Any], warmup_rounds: int) -> dict[str, Any]:
     rows = result["timeline"]
     base = rows[min(warmup_rounds, len(rows) - 1)]
     last = rows[-1]
-    # The start and the end: the resume samples of the first and of the last two rounds, so one
-    # noisy round (the machine is shared) does not decide it alone.
-    ends = min(2, len(rows) // 2) or 1
+    # The start and the end: the resume samples of the first and of the last three rounds, so
+    # one noisy round (a shared machine, the broker's retention check) does not decide it alone.
+    ends = min(3, len(rows) // 2) or 1
     first = _common.quantile([t for r in rows[:ends] for t in r["resume_samples_ms"]], 0.5)
     end = _common.quantile([t for r in rows[-ends:] for t in r["resume_samples_ms"]], 0.5)
     waiting = result["waiting"]
@@ -880,7 +881,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--probes", type=int, default=3)
     parser.add_argument("--probe-turns", type=int, default=20)
-    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument(
         "--warmup-rounds", type=int, default=1, help="rounds before the plateau's first round"

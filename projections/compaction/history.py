@@ -34,6 +34,13 @@ async def read_whole_run(
             the run there (its tags and resume points); names the archive that holds the rest.
         EventDecodeError: A record of the run in the log is unreadable.
     """
+    if store is None:
+        return await log.read_run(run_id, start=start, end=end)
+    if start is not None:
+        try:
+            return await log.read_run(run_id, start=start, end=end)
+        except LogTruncatedError:
+            pass  # cut below start: what was retained, then the log from its start
     return strict(await read_whole_records(log, store, run_id, start=start, end=end))
 
 

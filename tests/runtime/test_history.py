@@ -187,7 +187,10 @@ async def truncated_then_resumed(log: EventLog, store: FrontierStore, **options:
     await log.truncate_before(partition, end - 1)  # the run's events but its last are gone
     provider = Recording(script())
     runner = AgentRunner(provider=provider, log=log, frontiers=store, **options)
-    with pytest.raises(HistoryUnavailableError, match=r"run 'r'.*from offset 0 of partition"):
+    # Without a frontier row the run is read from the partition's start: embedded, the log's
+    # own compaction store knows of no cut, so the hole is found where the tail begins.
+    hole = r"run 'r'.*(from offset 0 of partition|missing seqs 1 to)"
+    with pytest.raises(HistoryUnavailableError, match=hole):
         await runner.resume(AGENT, "r", tenant=TENANT)
     assert provider.calls == []
 

@@ -60,6 +60,11 @@ class Snapshot:
         return cls(frontier, payload, None)
 
 
+def encode_frontier(frontier: Frontier) -> bytes:
+    """A frontier's payload, uncapped (what `Snapshot` stores when it fits)."""
+    return _encoder.encode(frontier)
+
+
 def decode_payload(payload: bytes, *, run_id: str) -> Frontier:
     """Decode a stored frontier payload, refusing one written by a newer Onward."""
     frontier = _decoder.decode(payload)

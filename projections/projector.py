@@ -20,7 +20,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onward.errors import InvalidInputError
+from onward.errors import InvalidInputError, LogTruncatedError
 from onward.eventlog.base import EventLog, LogRecord, StoredEvent, UnreadableRecord
 
 from .base import (
@@ -269,7 +269,7 @@ class FrontierProjection:
             draft.partition = row.summary.partition
             return draft
         if row.frontier is None:
-            return await self._refold(run_id, first)
+            return await self._refold(run_id, first, row)
         return FrontierDraft.of(row.frontier)
 
     def _fold_run(
@@ -280,6 +280,10 @@ class FrontierProjection:
         the caller knows every record is an event (the common case: nothing is checked)."""
         events: Sequence[StoredEvent]
         bad: UnreadableRecord | None = None
+        if items and items[0].position.offset <= draft.through_offset:
+            # A kept frontier stored ahead of a row write that then failed: what it holds
+            # already is not folded twice.
+            items = [i for i in items if i.position.offset > draft.through_offset]
         if readable:
             events = items  # type: ignore[assignment]  # the caller checked: all events
         else:
@@ -333,14 +337,26 @@ class FrontierProjection:
             known = (row.set_aside or row.frontier) if row is not None else None
             start = known.first_offset if known is not None and known.first_offset >= 0 else None
             end = quarantine.folded_to[partition]
-            records = await read_whole_records(
-                self.log, self.compaction, run_id, start=start, end=end
-            )
             tenant = row.summary.tenant if row is not None else ""
+            base = Frontier.empty(run_id, tenant)
+            try:
+                records = await read_whole_records(
+                    self.log, self.compaction, run_id, start=start, end=end
+                )
+            except LogTruncatedError:
+                if known is None:
+                    raise
+                # Compaction cut the run's first events and kept only part of them: fold on
+                # from what was folded before it was set aside (the same fold, read less).
+                base, start = known, known.through_offset + 1
+                records = await read_whole_records(
+                    self.log, self.compaction, run_id, start=start, end=end, have_seq=known.last_seq
+                )
             if not tenant and records:
                 tenant = _tenant_of(records[0])
+                base = Frontier.empty(run_id, tenant)
             quarantine.held.pop(run_id, None)
-            draft = self._cache[run_id] = FrontierDraft.of(Frontier.empty(run_id, tenant))
+            draft = self._cache[run_id] = FrontierDraft.of(base)
             self._fold_run(draft, records)
             self._dirty[run_id] = draft
             quarantine.cleared.add(run_id)
@@ -405,6 +421,11 @@ class FrontierProjection:
             options.update(quarantine=quarantine, cleared=cleared)
         if said:
             options["messages"] = said
+        refused = [s.frontier for s in snapshots if s.payload is None]
+        if refused and self.compaction is not None:
+            # Before the row and the positions: a reader that finds the row without its
+            # frontier finds this one at least as far on.
+            await self.compaction.put_snapshots(refused)
         await self.store.write(self.consumer, positions, snapshots, calls, **options)
         for entry in quarantine:
             say_quarantined(entry)
@@ -467,9 +488,17 @@ class FrontierProjection:
             self._positions.pop(partition, None)
             self.quarantine.folded_to.pop(partition, None)
 
-    async def _refold(self, run_id: str, first: LogRecord) -> FrontierDraft:
-        """A run whose snapshot was refused: fold its history from the log up to ``first``
-        (an unreadable record in it sets the run aside, as anywhere)."""
+    async def _refold(
+        self, run_id: str, first: LogRecord, row: StoredFrontier | None = None
+    ) -> FrontierDraft:
+        """A run whose snapshot was refused: on from its frontier kept uncapped in the
+        compaction store (stored before every row write, so it holds every event of the run
+        below the stored positions), or else folded from its first event up to ``first`` (an
+        unreadable record in it sets the run aside, as anywhere)."""
+        if self.compaction is not None and (row is None or row.set_aside is None):
+            kept = (await self.compaction.snapshots([run_id])).get(run_id)
+            if kept is not None:
+                return FrontierDraft.of(kept)
         self.stats.refolded_from_log += 1
         position = first.position
         history = await read_whole_records(self.log, self.compaction, run_id, end=position.offset)

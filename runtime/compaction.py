@@ -302,7 +302,9 @@ class CheckpointCompactor(Resource):
             self.store.pins(runs),
             self.store.tombstones(runs),
         )
-        met = RunsMet(rows, current, retained, pins, tombstones)
+        capped = [r for r, row in rows.items() if row.frontier is None and row.set_aside is None]
+        snapshots = await self.store.snapshots(capped) if capped else {}
+        met = RunsMet(rows, current, retained, pins, tombstones, snapshots)
         plan = plan_partition(scan, met, max_checkpoints=self.max_checkpoints, now=now)
         cuts = run_id is None and (self.archive is not None or self.no_archive)
         if run_id is not None:

@@ -365,9 +365,11 @@ class Resumer:
     async def _stored(self, run_id: str, tenant: str, partition: int) -> tuple[Frontier, int]:
         """Where to fold from: the run's row (or nothing), and the offset to read its tail from.
 
-        A row with no frontier to fold on from (its snapshot was refused for size, or the run
-        is set aside in quarantine) is folded from the log: from the run's first event when the
-        row knows where that is (a set-aside frontier says), else from the partition's start.
+        A row whose snapshot was refused for size is read on from the frontier the projector
+        kept uncapped in the compaction store. A row with no frontier to fold on from (set
+        aside in quarantine, or no compaction store) is folded from the log: from the run's
+        first event when the row knows where that is (a set-aside frontier says), else from
+        the partition's start.
         """
         assert self.frontiers is not None
         # Positions first, then the row: a projector that stores a batch between the two reads
@@ -380,6 +382,11 @@ class Resumer:
             return Frontier.empty(run_id, tenant), folded_to
         if row.frontier is None:
             known = row.set_aside
+            if known is None and self.compaction is not None:
+                # Over the row's cap: the projector kept it uncapped beside the row.
+                kept = (await self.compaction.snapshots([run_id])).get(run_id)
+                if kept is not None:
+                    return kept, max(kept.through_offset + 1, folded_to)
             first = known.first_offset if known is not None and known.first_offset >= 0 else 0
             return Frontier.empty(run_id, tenant), first
         return row.frontier, max(row.frontier.through_offset + 1, folded_to)

@@ -25,6 +25,7 @@ from onward.projections.compaction import (
     RunTruncation,
     TagPin,
 )
+from onward.projections.frontier import Frontier, RunTag
 
 from .eventlog import new_run_id
 
@@ -183,3 +184,21 @@ class CompactionStoreConformance:
     ) -> None:
         store, _ = stores
         assert await store.tombstones([new_run_id()]) == set()
+
+    async def test_a_frontier_over_the_rows_cap_is_kept_uncapped_and_only_moves_on(
+        self, stores: tuple[CompactionStore, FrontierStore]
+    ) -> None:
+        store, _ = stores
+        run_id = new_run_id()
+
+        def at(offset: int) -> Frontier:
+            tags = (RunTag(seq=1, label="x" * 2_000_000, tagged_seq=1),)
+            return Frontier(
+                run_id=run_id, tenant="acme", last_seq=offset, through_offset=offset, tags=tags
+            )
+
+        await store.put_snapshots([at(40)])
+        await store.put_snapshots([at(30)])  # an older one never replaces a newer
+        assert await store.snapshots([run_id, new_run_id()]) == {run_id: at(40)}
+        await store.put_snapshots([at(50)])
+        assert (await store.snapshots([run_id]))[run_id] == at(50)

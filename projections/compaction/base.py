@@ -19,6 +19,7 @@ from onward._storage import AsyncResource
 from onward.errors import InvalidInputError
 from onward.eventlog import codec
 from onward.eventlog.base import Position, StoredEvent
+from onward.projections.frontier import Frontier
 
 
 class RunTruncation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -155,6 +156,15 @@ class CompactionStore(AsyncResource, Protocol):
 
     async def tombstones(self, run_ids: Collection[str]) -> set[str]:
         """Which of the given runs garbage collection removed (their events are finished)."""
+        ...
+
+    async def put_snapshots(self, frontiers: Sequence[Frontier]) -> None:
+        """Store the frontiers of runs whose snapshot the frontier store refused for size,
+        uncapped; one already stored is replaced by a later one (a larger ``through_offset``)."""
+        ...
+
+    async def snapshots(self, run_ids: Collection[str]) -> dict[str, Frontier]:
+        """The stored frontiers of the given runs (runs with none are absent)."""
         ...
 
     async def retained(self, run_id: str) -> list[RetainedEvent]:

@@ -51,9 +51,15 @@ async def read_whole_records(
     *,
     start: int | None = None,
     end: int | None = None,
+    have_seq: int = 0,
 ) -> list[LogRecord]:
     """As :func:`read_whole_run`, with the run's unreadable records in their places (what a
-    projector folding a run again reads)."""
+    projector folding a run again reads).
+
+    Args:
+        have_seq: The reader already holds the run's events through this seq (a frontier it
+            folds on from): compacted events below it are not missed.
+    """
     partition = partition_for(run_id, log.partitions)
     if store is None:
         return await log.read_records(partition, start, end, run_id=run_id)
@@ -67,7 +73,8 @@ async def read_whole_records(
         point = (await store.truncations([run_id])).get(run_id)
         kept: list[LogRecord] = []
         if point is not None:
-            if not point.whole and (start is None or start < point.before_offset):
+            missed = start is None or start < point.before_offset
+            if not point.whole and missed and point.before_seq > have_seq + 1:
                 raise LogTruncatedError(await _gone(store, run_id, point), run_id=run_id)
             kept = [
                 e.stored()

@@ -10,6 +10,7 @@ from msgspec.structs import replace
 
 from onward._storage import Resource
 from onward.projections.base import DEFAULT_CONSUMER, FrontierStore
+from onward.projections.frontier import Frontier
 
 from .base import LogCut, RetainedEvent, RunTruncation, TagPin, refuse_compacted
 
@@ -31,6 +32,7 @@ class MemoryCompactionStore(Resource):
         self._retained: dict[tuple[str, int], RetainedEvent] = {}
         self._cuts: dict[tuple[int, int], LogCut] = {}
         self._pins: dict[tuple[str, int], int] = {}
+        self._snapshots: dict[str, Frontier] = {}
         self.tombstoned: set[str] = set()
         """Runs garbage collection removed (a memory deployment's collector adds them)."""
         self._lock = asyncio.Lock()
@@ -99,6 +101,15 @@ class MemoryCompactionStore(Resource):
 
     async def tombstones(self, run_ids: Collection[str]) -> set[str]:
         return self.tombstoned.intersection(run_ids)
+
+    async def put_snapshots(self, frontiers: Sequence[Frontier]) -> None:
+        for frontier in frontiers:
+            held = self._snapshots.get(frontier.run_id)
+            if held is None or held.through_offset < frontier.through_offset:
+                self._snapshots[frontier.run_id] = frontier
+
+    async def snapshots(self, run_ids: Collection[str]) -> dict[str, Frontier]:
+        return {r: self._snapshots[r] for r in run_ids if r in self._snapshots}
 
     async def retained(self, run_id: str) -> list[RetainedEvent]:
         return sorted(

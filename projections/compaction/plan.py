@@ -10,10 +10,10 @@ tombstones of the runs it met, and `plan_partition` decides (DESIGN §7):
   thousands of runs and some always wait on a person;
 * per run with events below the watermark, its truncation point, the first of its seqs left in
   the log, and what it keeps of the events below, copied out before the cut:
-  - a run read from its first event (no frontier to resume from: quarantined or over the
-    snapshot cap; a LangGraph thread; a pydantic-ai run, executed again from its start; a run
-    whose row is missing and was not collected) keeps all of them (``history``), and readers
-    read those copies, then the log;
+  - a run read from its first event (no frontier to resume from: quarantined, or over the
+    snapshot cap with no frontier kept uncapped; a LangGraph thread; a pydantic-ai run,
+    executed again from its start; a run whose row is missing and was not collected) keeps all
+    of them (``history``), and readers read those copies, then the log;
   - any other run keeps its tagged and pinned events (``tag``) and, while live, its last
     ``max_checkpoints`` untagged resume points (``checkpoint``): its frontier row and transcript
     hold what resume needs;
@@ -187,6 +187,7 @@ class RunsMet:
         retained: Their retained seqs so far.
         pins: The seqs tags pinned.
         tombstones: The runs garbage collection removed.
+        snapshots: The frontiers kept uncapped of runs whose row refused theirs for size.
     """
 
     rows: Mapping[str, StoredFrontier]
@@ -194,6 +195,7 @@ class RunsMet:
     retained: Mapping[str, set[int]]
     pins: Mapping[str, set[int]] = field(default_factory=dict)
     tombstones: Set[str] = frozenset()
+    snapshots: Mapping[str, Frontier] = field(default_factory=dict)
 
 
 def plan_partition(
@@ -226,6 +228,8 @@ def plan_partition(
             continue
         row = met.rows.get(run_id)
         frontier = row.frontier if row is not None else None
+        if frontier is None and row is not None and row.set_aside is None:
+            frontier = met.snapshots.get(run_id)  # over the row's cap, kept uncapped
         whole = _read_whole(row is not None, frontier) and (was is None or was.whole)
         truncations.append(
             RunTruncation(
@@ -260,9 +264,10 @@ def plan_partition(
 
 def _read_whole(has_row: bool, frontier: Frontier | None) -> bool:
     """Whether a reader folds (or executes) the run from its first event, so every event of it
-    must be kept: no row (and no tombstone), no frontier to resume from, no agent of Onward's
-    own (a LangGraph thread), a run its executor replays (pydantic-ai), or a live run whose
-    row predates its transcript."""
+    must be kept: no row (and no tombstone), no frontier to resume from (set aside in
+    quarantine, or over the row's cap with none kept uncapped), no agent of Onward's own (a
+    LangGraph thread), a run its executor replays (pydantic-ai), or a live run whose row
+    predates its transcript."""
     if not has_row or frontier is None:
         return True
     if frontier.finished:

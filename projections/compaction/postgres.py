@@ -14,6 +14,8 @@ from typing import Any
 import asyncpg
 
 from onward._storage import PostgresStore
+from onward.projections.base import decode_payload, encode_frontier
+from onward.projections.frontier import Frontier
 
 from .base import LogCut, RetainedEvent, RunTruncation, TagPin, refuse_compacted
 
@@ -178,6 +180,29 @@ class PostgresCompactionStore(PostgresStore):
         for r in rows:
             found.setdefault(r["run_id"], set()).add(int(r["seq"]))
         return found
+
+    async def put_snapshots(self, frontiers: Sequence[Frontier]) -> None:
+        rows = [(f.run_id, f.tenant, f.through_offset, encode_frontier(f)) for f in frontiers]
+        if not rows:
+            return
+        async with self._connection(f"storing {len(rows)} frontiers over the row's cap") as conn:
+            await _insert(
+                conn,
+                "onward_run_snapshots",
+                "run_id text, tenant text, through_offset bigint, payload bytea",
+                rows,
+                "ON CONFLICT (run_id) DO UPDATE SET through_offset = excluded.through_offset, "
+                "payload = excluded.payload "
+                "WHERE onward_run_snapshots.through_offset < excluded.through_offset",
+            )
+
+    async def snapshots(self, run_ids: Collection[str]) -> dict[str, Frontier]:
+        async with self._connection("reading frontiers over the row's cap") as conn:
+            rows = await conn.fetch(
+                "SELECT run_id, payload FROM onward_run_snapshots WHERE run_id = ANY($1::text[])",
+                list(run_ids),
+            )
+        return {r["run_id"]: decode_payload(bytes(r["payload"]), run_id=r["run_id"]) for r in rows}
 
     async def tombstones(self, run_ids: Collection[str]) -> set[str]:
         async with self._connection("reading tombstones") as conn:

@@ -14,6 +14,8 @@ from typing import Any
 from onward._storage import SqliteStore, select_in, transaction
 from onward.eventlog.base import EventLog
 from onward.eventlog.sqlite import SqliteEventLog
+from onward.projections.base import decode_payload, encode_frontier
+from onward.projections.frontier import Frontier
 
 from .base import LogCut, RetainedEvent, RunTruncation, TagPin, refuse_compacted
 
@@ -36,6 +38,12 @@ _UNRETAINED_PINS = (
     "SELECT p.run_id, p.seq FROM onward_tag_pins p WHERE p.run_id = ? AND p.seq < ? "
     "AND NOT EXISTS (SELECT 1 FROM onward_retained_events r "
     "WHERE r.run_id = p.run_id AND r.seq = p.seq)"
+)
+_SNAPSHOT = (
+    "INSERT INTO onward_run_snapshots (run_id, tenant, through_offset, payload) "
+    "VALUES (?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET "
+    "through_offset = excluded.through_offset, payload = excluded.payload "
+    "WHERE onward_run_snapshots.through_offset < excluded.through_offset"
 )
 _PRUNE_CHECKPOINTS = (
     "DELETE FROM onward_retained_events WHERE run_id = ? AND kept_as = 'checkpoint' AND seq < "
@@ -155,6 +163,26 @@ class SqliteCompactionStore(SqliteStore):
         for run_id, seq in rows:
             found.setdefault(run_id, set()).add(int(seq))
         return found
+
+    async def put_snapshots(self, frontiers: Sequence[Frontier]) -> None:
+        rows = [(f.run_id, f.tenant, f.through_offset, encode_frontier(f)) for f in frontiers]
+        if not rows:
+            return
+        conn = self._db.connection()
+
+        def write() -> None:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                conn.executemany(_SNAPSHOT, rows)
+
+        await self._db.call(write, f"storing {len(rows)} frontiers over the row's cap")
+
+    async def snapshots(self, run_ids: Collection[str]) -> dict[str, Frontier]:
+        rows = await self._chunked(
+            "SELECT run_id, payload FROM onward_run_snapshots WHERE run_id IN",
+            run_ids,
+            "reading frontiers over the row's cap",
+        )
+        return {row[0]: decode_payload(bytes(row[1]), run_id=row[0]) for row in rows}
 
     async def tombstones(self, run_ids: Collection[str]) -> set[str]:
         rows = await self._chunked(

@@ -199,12 +199,13 @@ class SweepSql:
     def bookkeeping(self, at: int) -> list[str]:
         """What a delete also does first, each statement bound to the plan's expired runs:
         a tombstone for every run it removes (so compaction knows their events finished, and
-        keeps nothing of them), and their tags' pins dropped."""
+        keeps nothing of them), and their tags' pins and uncapped frontiers dropped."""
         done = f"FROM onward_frontiers WHERE run_id IN ({self.ids}) AND status IN ({_TERMINAL})"
         return [
             "INSERT INTO onward_run_tombstones (run_id, tenant, collected_at) "
             f"SELECT run_id, tenant, {int(at)} {done} ON CONFLICT (run_id) DO NOTHING",
             f"DELETE FROM onward_tag_pins WHERE run_id IN (SELECT run_id {done})",
+            f"DELETE FROM onward_run_snapshots WHERE run_id IN (SELECT run_id {done})",
         ]
 
     def statements(

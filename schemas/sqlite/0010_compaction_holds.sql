@@ -8,6 +8,8 @@
 -- onward_tag_pins: every tag's target, written before its Tagged event under a lock the pass
 -- shares, so a pass either retains the target or the tag is refused.
 -- onward_run_tombstones: runs GC collected, so the compactor knows their events are finished.
+-- onward_run_snapshots: the frontier of a run whose snapshot was refused for size in its row,
+-- stored here uncapped, so the run is resumed and folded on from it, not from its first event.
 ALTER TABLE onward_run_truncation ADD COLUMN whole INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE onward_retained_events ADD COLUMN kept_as TEXT NOT NULL DEFAULT 'tag';
 CREATE TABLE onward_tag_pins (
@@ -21,4 +23,10 @@ CREATE TABLE onward_run_tombstones (
     run_id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
     collected_at INTEGER NOT NULL
+);
+CREATE TABLE onward_run_snapshots (
+    run_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    through_offset INTEGER NOT NULL,
+    payload BLOB NOT NULL
 );

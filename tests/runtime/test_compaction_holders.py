@@ -156,34 +156,45 @@ async def test_a_waiting_run_no_longer_holds_the_log(world: World, tmp_path: Pat
     assert [s.event.seq for s in await whole.read_run("waiting")][:3] == [1, 2, 3]
 
 
-async def test_a_frontier_over_the_cap_is_read_from_its_retained_events(
+async def test_a_frontier_over_the_cap_resumes_from_its_frontier_kept_uncapped(
     world: World, tmp_path: Path
 ) -> None:
-    """A run whose snapshot is refused for size is folded from its first event: its events
-    are retained whole before the cut, and it resumes and completes after it."""
+    """A run whose snapshot the row refuses for size, first compacted while it still fitted:
+    the projector keeps its frontier uncapped in the compaction store, so a later cut leaves
+    it resumable from there (before, it was folded from its first event, which the first cut
+    had taken), and the fold of its next events goes on from there too."""
     await world.live_run("big", turns=6, done=3)
+    await others(world, 20)
+    first = await compact(world, tmp_path / "archive")
+    assert first.partitions[0].cut
+    assert not (await world.store.truncations(["big"]))["big"].whole
     tagger = world.runner(Script(0))
     for n in range(4):  # four labels of 300 KB: a frontier over the 1 MiB cap
         await tagger.tag("big", f"{n}:" + "x" * 300_000, tenant=TENANT)
-    await others(world, 40)
+    await others(world, 20, prefix="later")
     await world.fold()
     row = await world.frontiers.get("big")
     assert row is not None
     assert row.frontier is None
-    said = await conversation(world.log, "big")
+    kept = (await world.store.snapshots(["big"]))["big"]
+    assert kept.last_seq == row.summary.last_seq
+    # What the model must be sent: the whole history, from the archive of the first cut on.
+    said = await conversation(
+        ArchivedEventLog(world.log, DirectoryArchive(tmp_path / "archive")), "big"
+    )
 
     report = await compact(world, tmp_path / "archive")
 
     assert report.partitions[0].cut
-    point = (await world.store.truncations(["big"]))["big"]
-    kept = await world.store.retained("big")
-    assert point.whole
-    assert [r.seq for r in kept] == list(range(1, point.before_seq))
-    assert {r.kept_as for r in kept} == {"history"}
+    assert not await world.log.read_run("big")
+    assert not (await world.store.truncations(["big"]))["big"].whole
     model = Script(6)
     result = await world.runner(model).resume(AGENT, "big", tenant=TENANT)
     assert result.status == "completed"
     assert model.calls[0] == said
+    await world.fold()  # a fresh projector folds the run's new events on from the kept frontier
+    after = await world.store.snapshots(["big"])
+    assert after["big"].status == "completed"
 
 
 async def test_a_collected_run_leaves_a_tombstone_and_nothing_kept(
@@ -297,6 +308,36 @@ async def test_a_quarantined_run_is_folded_again_from_its_retained_events(
     assert again is not None
     assert again.set_aside is not None
     assert again.set_aside.last_seq == counted  # folded from its first event, not the log's
+
+
+async def test_a_run_quarantined_after_its_first_cut_is_folded_on_from_where_it_was_set_aside(
+    world: World, tmp_path: Path
+) -> None:
+    """Cut once while it was healthy (its tags and resume points kept, not all of it), then
+    set aside: a release folds it on from the frontier it had when set aside."""
+    await world.live_run("sick", turns=6, done=3)
+    counted = len(await world.log.read_run("sick"))
+    await others(world, 10)
+    assert (await compact(world, tmp_path / "archive")).partitions[0].cut
+    await _poison(world, "sick", seq=counted + 1)
+    await others(world, 5, prefix="later")
+    await world.fold()
+    row = await world.frontiers.get("sick")
+    assert row is not None
+    assert row.set_aside is not None
+    assert row.set_aside.last_seq == counted
+
+    assert await world.frontiers.release(DEFAULT_CONSUMER, "sick", by="ops", at=1) == 1
+    projection = FrontierProjection(
+        world.frontiers, world.log, release_poll=0.0, every_partition=True, compaction=world.store
+    )
+    await LogProjector(world.log, projection).catch_up()
+    assert projection.stats.released == 1
+    again = await world.frontiers.get("sick")
+    assert again is not None
+    assert again.quarantined is not None  # the record is still unreadable: held again
+    assert again.set_aside is not None
+    assert again.set_aside.last_seq == counted
 
 
 async def test_without_retained_events_a_reader_is_told_where_they_went(

@@ -103,7 +103,8 @@ class World:
 
     async def fold(self) -> None:
         """Fold whatever the log holds past the stored positions."""
-        await LogProjector(self.log, FrontierProjection(self.frontiers, self.log)).catch_up()
+        projection = FrontierProjection(self.frontiers, self.log, compaction=self.store)
+        await LogProjector(self.log, projection).catch_up()
 
     async def live_run(self, run_id: str, *, turns: int, done: int) -> None:
         """A run that dies after ``done`` settled turns of ``turns``: the next step a model call."""
@@ -145,9 +146,7 @@ async def kafka_stores(servers: KafkaServers, *, partitions: int = 1) -> AsyncIt
         PostgresCompactionStore(url, schema=schema) as store,
         RedisLeaseStore(servers.redis_url, prefix=servers.redis_prefix) as leases,
     ):
-        yield World(
-            log, frontiers, store, leases, inline=False, database_url=url, servers=servers
-        )
+        yield World(log, frontiers, store, leases, inline=False, database_url=url, servers=servers)
 
 
 async def conversation(log: EventLog, run_id: str) -> list[Message]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -427,31 +428,42 @@ async def test_a_pass_retains_a_target_pinned_while_the_tag_waits(
     assert 2 in {r.seq for r in await world.store.retained("done")}
 
 
+@dataclass
+class PausedPass:
+    """A compaction pass running in the background, stopped at one of its steps until
+    `go_on` is set."""
+
+    task: asyncio.Task[CompactionReport]
+    go_on: asyncio.Event
+
+
+async def pass_stopped_at(world: World, archive: Path, step: str) -> PausedPass:
+    """Start a pass and return once it has reached ``step`` (see `Pause`)."""
+    reached, go_on = asyncio.Event(), asyncio.Event()
+
+    async def pause(at: str, partition: int) -> None:
+        if at == step:
+            reached.set()
+            await go_on.wait()
+
+    compactor = CheckpointCompactor(
+        world.log, world.frontiers, world.store, archive=DirectoryArchive(archive), pause=pause
+    )
+    task = asyncio.create_task(compactor.compact())
+    await asyncio.wait_for(reached.wait(), 10)
+    return PausedPass(task, go_on)
+
+
 async def test_a_tag_pinned_while_a_pass_plans_is_retained_before_the_cut(
     world: World, tmp_path: Path
 ) -> None:
     """The pass stops once it has planned (pins read); a whole tag runs meanwhile; the pass's
     transaction finds the new pin, copies its event and only then moves the point and cuts."""
     await a_finished_run_among_others(world)
-    planned, go_on = asyncio.Event(), asyncio.Event()
-
-    async def pause(step: str, partition: int) -> None:
-        if step == "planned":
-            planned.set()
-            await go_on.wait()
-
-    compactor = CheckpointCompactor(
-        world.log,
-        world.frontiers,
-        world.store,
-        archive=DirectoryArchive(tmp_path / "archive"),
-        pause=pause,
-    )
-    passing = asyncio.create_task(compactor.compact())
-    await asyncio.wait_for(planned.wait(), 10)
+    paused = await pass_stopped_at(world, tmp_path / "archive", "planned")
     assert await world.runner(Script(0)).tag("done", "late", tenant=TENANT, seq=2) == 2
-    go_on.set()
-    report = await passing
+    paused.go_on.set()
+    report = await paused.task
     assert report.partitions[0].cut
     assert 2 in {r.seq for r in await world.store.retained("done")}
     # Only the Tagged event, written after the pass read the partition, is left in the log.
@@ -464,26 +476,11 @@ async def test_a_tag_after_the_pass_moved_the_point_is_refused(
     """The pass stops between moving the points and the cut; a tag then is refused (its event
     is about to go and nothing kept it) and writes nothing."""
     await a_finished_run_among_others(world)
-    archived, go_on = asyncio.Event(), asyncio.Event()
-
-    async def pause(step: str, partition: int) -> None:
-        if step == "archived":
-            archived.set()
-            await go_on.wait()
-
-    compactor = CheckpointCompactor(
-        world.log,
-        world.frontiers,
-        world.store,
-        archive=DirectoryArchive(tmp_path / "archive"),
-        pause=pause,
-    )
-    passing = asyncio.create_task(compactor.compact())
-    await asyncio.wait_for(archived.wait(), 10)
+    paused = await pass_stopped_at(world, tmp_path / "archive", "archived")
     events = len(await world.log.read_run("done"))
     with pytest.raises(InvalidInputError, match="below its truncation point"):
         await world.runner(Script(0)).tag("done", "late", tenant=TENANT, seq=2)
     assert len(await world.log.read_run("done")) == events
-    go_on.set()
-    await passing
+    paused.go_on.set()
+    await paused.task
     assert 2 not in {r.seq for r in await world.store.retained("done")}

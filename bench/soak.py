@@ -29,7 +29,8 @@ Real traffic beside the long runs (each part on by default, each behind a flag):
   history (archive + log, `ArchivedEventLog`) gives, the approval's included;
 * over the snapshot cap (``--over-cap``): one of the waiting runs asks approval for a call whose
   arguments are bigger than the projector's snapshot cap (``--snapshot-cap``), so its row has no
-  frontier and compaction keeps every event of it; it is answered at the end like the others;
+  frontier; the projector keeps it uncapped in the compaction store (as ``onward projector``
+  does) and the run is compacted like any other; it is answered at the end like the others;
 * LangGraph threads (``--threads``, ``--thread-puts`` checkpoints each per round): an
   `OnwardSaver` (``compaction=`` the soak's store) writes them; each round a fresh saver loads
   each thread's latest checkpoint (``aget_tuple``, timed), which must be the last one put;
@@ -501,7 +502,10 @@ async def soak(
     deployment: Deployment, archive: Path, args: argparse.Namespace, console: Console
 ) -> dict[str, Any]:
     log = deployment.log
-    projection = FrontierProjection(deployment.frontiers, log, max_bytes=args.snapshot_cap)
+    # As `onward projector` does: a frontier over the cap is kept uncapped beside the row.
+    projection = FrontierProjection(
+        deployment.frontiers, log, max_bytes=args.snapshot_cap, compaction=deployment.store
+    )
     projector = LogProjector(log, projection)
     compactor = CheckpointCompactor(
         log,
@@ -606,6 +610,7 @@ async def soak(
             "run_id": waiting.over_cap,
             "compacted": point is not None,
             "kept_whole": point is not None and point.whole,
+            "kept_uncapped": bool(await deployment.store.snapshots([waiting.over_cap])),
             "completed_whole": not any(
                 f.startswith(f"{waiting.over_cap}:") for f in waiting.failures
             ),

@@ -240,17 +240,22 @@ async def start_successor(
     """
     continuation.check(run.frontier)
     new_id, tenant = continuation.new_run_id, run.tenant
+    taken = ConfigurationError(
+        f"run {run.run_id!r} cannot be carried into {new_id!r}: that id is taken by another run",
+        run_id=run.run_id,
+    )
     async with holding(new_id, tenant) as held:
         if held.lease.fence > 1:  # the lease store saw the id before: ask the log
             with contextlib.suppress(NothingToResumeError):
                 found = await resumer.read(new_id, tenant=tenant)
                 if found.continuation_of != run.run_id:
-                    raise ConfigurationError(
-                        f"run {run.run_id!r} cannot be carried into {new_id!r}: that id is "
-                        "taken by another run",
-                        run_id=run.run_id,
-                    )
+                    raise taken
                 return  # started by a carry that a crash cut short
+        try:
+            # Any tenant's run under the id: this tenant's RunStarted must never land in it.
+            await resumer.refuse_existing(new_id, held.lease)
+        except InvalidInputError as exc:
+            raise taken from exc
         new = HeldRun(run.agent, held, Frontier.empty(new_id, tenant), Conversation(""))
         started = writer.event(
             new,

@@ -288,9 +288,8 @@ class Resumer:
             HistoryUnavailableError: The run's history has a hole.
         """
         read = await self._fold(run_id, tenant, whole=whole, timings=timings)
-        frontier, tail = read.frontier, read.tail
-        owner = tail[0].event.tenant if tail else frontier.tenant
-        if frontier.last_seq == 0 or owner != tenant:
+        frontier = read.frontier
+        if frontier.last_seq == 0 or _owner(read) != tenant:
             raise NothingToResumeError(
                 f"no run {run_id!r} for tenant {tenant!r}; check the id and tenant", run_id=run_id
             )
@@ -463,6 +462,16 @@ def _counted(base: Frontier, stored: list[StoredEvent], wanted: bool) -> tuple[S
     if not wanted:
         return ()
     return tuple(SequenceGuard(base.last_seq, base.fence).admit_all(stored))
+
+
+def _owner(read: _Read) -> str | None:
+    """Whose run it is: the stored row's tenant, or that of the run's own first counted event.
+    Never the first record of the tail: another tenant's event appended to the run (refused by
+    the fold) must not make the run look like theirs."""
+    if read.base.last_seq > 0:
+        return read.base.tenant
+    first = next(iter(SequenceGuard().admit_all(read.tail)), None)
+    return first.event.tenant if first is not None else None
 
 
 def _anonymous(frontier: Frontier) -> Agent:

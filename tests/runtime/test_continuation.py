@@ -25,7 +25,12 @@ from support.crashes import Crash, CrashAt
 from support.servers import KafkaServers
 from typer.testing import CliRunner
 
-from onward.errors import ConfigurationError, HistoryUnavailableError, InvalidInputError
+from onward.errors import (
+    ConfigurationError,
+    HistoryUnavailableError,
+    InvalidInputError,
+    NothingToResumeError,
+)
 from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall, kind_of
 from onward.eventlog.base import EventLog
 from onward.eventlog.events import ApprovalRequested, RunContinued, RunStarted, ToolDispatched
@@ -324,3 +329,35 @@ async def test_inspect_follows_the_chain_both_ways(tmp_path: Path) -> None:
     assert "chain [r] (continued) -> r~c1 (completed)" in old
     assert "continued from r" in new
     assert "chain r (continued) -> [r~c1] (completed)" in new
+
+
+async def test_a_carry_never_lands_in_another_tenants_run(world: World) -> None:
+    """Tenant B owns a run under the id tenant A's run would be carried into: the carry is
+    refused and writes nothing into B's run, which stays B's alone (security review #1)."""
+    other = await world.runner().run(
+        world.ledger.agent(), "pay the invoice", tenant="globex", run_id=NEXT
+    )
+    assert other.status == "waiting"
+    before = await world.log.read_run(NEXT)
+    await world.waiting_then_approved()
+    with pytest.raises(ConfigurationError, match="taken by another run"):
+        await world.runner(continuation=POLICY).resume(world.ledger.agent(), RUN, tenant=TENANT)
+    assert await world.log.read_run(NEXT) == before
+    with pytest.raises(NothingToResumeError):
+        await world.runner().inspect(NEXT, tenant=TENANT)
+    assert (await world.runner().inspect(NEXT, tenant="globex")).waiting_on == "p"
+
+
+async def test_another_tenants_event_in_a_run_does_not_make_it_theirs(world: World) -> None:
+    """An event of tenant A appended into B's run (as the continuation takeover did) is refused
+    by the fold and changes nothing about whose run it is."""
+    await world.runner().run(world.ledger.agent(), "pay the invoice", tenant="globex", run_id=RUN)
+    forged = RunStarted(
+        run_id=RUN, tenant=TENANT, seq=1, fence=99, at=1, agent="payer", revision="x"
+    )
+    await world.log.append([forged])
+    with pytest.raises(NothingToResumeError):
+        await world.runner().inspect(RUN, tenant=TENANT)
+    with pytest.raises(NothingToResumeError):
+        await world.runner().approve(RUN, "p", tenant=TENANT, by="mallory")
+    assert (await world.runner().inspect(RUN, tenant="globex")).waiting_on == "p"

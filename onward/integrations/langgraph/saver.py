@@ -53,6 +53,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from langgraph.types import Interrupt
 
@@ -131,7 +132,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             appended (embedded mode, where no projector runs), so ``list_pending`` sees it.
         holder: This process's name as other writers see it in `ResumeConflictError`.
         policy: The lease's ttl and renewal margin.
-        serde: LangGraph's serializer (its default, ``JsonPlusSerializer``, if omitted).
+        serde: LangGraph's serializer. By default ``JsonPlusSerializer`` in its strict mode
+            (``allowed_msgpack_modules=None``): a record naming any other type is read as
+            its plain data and nothing it names is imported or called, since anyone who can
+            write the log could otherwise run code in every reader. LangGraph adds a compiled
+            graph's own state types (`with_allowlist`); name further types with
+            ``JsonPlusSerializer(allowed_msgpack_modules=[("my.module", "MyType")])``.
         compaction: Where compaction keeps what it cut of the threads (every event of a
             thread is retained before its partition is cut): a thread is read from those
             copies, then the log. An embedded SQLite log brings its own; on Kafka, pass the
@@ -151,7 +157,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         serde: SerializerProtocol | None = None,
         compaction: CompactionStore | None = None,
     ) -> None:
-        super().__init__(serde=serde)
+        super().__init__(serde=serde or JsonPlusSerializer(allowed_msgpack_modules=None))
         if not tenant:
             raise InvalidInputError("OnwardSaver needs a tenant")
         if checkpoint_inline and frontiers is None:

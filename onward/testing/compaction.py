@@ -179,12 +179,6 @@ class CompactionStoreConformance:
         found = {e.seq: e.kept_as for e in await store.retained(run_id)}
         assert found == {1: "tag", 4: "tag", 8: "checkpoint", 10: "checkpoint"}
 
-    async def test_tombstones_name_the_runs_collected(
-        self, stores: tuple[CompactionStore, FrontierStore]
-    ) -> None:
-        store, _ = stores
-        assert await store.tombstones([new_run_id()]) == set()
-
     async def test_a_frontier_over_the_rows_cap_is_kept_uncapped_and_only_moves_on(
         self, stores: tuple[CompactionStore, FrontierStore]
     ) -> None:

@@ -199,6 +199,15 @@ class TagPin(msgspec.Struct, frozen=True, gc=False):
     seq: int
 
 
+class UnretainedPinsError(Exception):
+    """Inside a store's `CompactionStore.truncate` only: rolls its transaction back, as these
+    pins' events must be copied first. Never leaves the store."""
+
+    def __init__(self, pins: list[TagPin]) -> None:
+        super().__init__(f"{len(pins)} pinned events not retained")
+        self.pins = pins
+
+
 def refuse_compacted(
     run_id: str, seq: int, point: RunTruncation | None, retained: Collection[int]
 ) -> None:

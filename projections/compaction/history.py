@@ -41,7 +41,7 @@ async def read_whole_run(
             return await log.read_run(run_id, start=start, end=end)
         except LogTruncatedError:
             pass  # cut below start: what was retained, then the log from its start
-    return strict(await read_whole_records(log, store, run_id, start=start, end=end))
+    return strict(await _past_the_cut(log, store, run_id, start=start, end=end, have_seq=0))
 
 
 async def read_whole_records(
@@ -68,6 +68,21 @@ async def read_whole_records(
             return await log.read_records(partition, start, end, run_id=run_id)
         except LogTruncatedError:
             pass  # cut below start: what was retained, then the log from its start
+    return await _past_the_cut(log, store, run_id, start=start, end=end, have_seq=have_seq)
+
+
+async def _past_the_cut(
+    log: EventLog,
+    store: CompactionStore,
+    run_id: str,
+    *,
+    start: int | None,
+    end: int | None,
+    have_seq: int,
+) -> list[LogRecord]:
+    """The run's records from ``start`` when the log may start above it: the retained ones
+    below the log's start, then the log's."""
+    partition = partition_for(run_id, log.partitions)
     for _ in range(2):
         bounds = await log.bounds(partition)
         point = (await store.truncations([run_id])).get(run_id)

@@ -17,7 +17,14 @@ from onward._storage import PostgresStore
 from onward.projections.base import decode_payload, encode_frontier
 from onward.projections.frontier import Frontier
 
-from .base import LogCut, RetainedEvent, RunTruncation, TagPin, refuse_compacted
+from .base import (
+    LogCut,
+    RetainedEvent,
+    RunTruncation,
+    TagPin,
+    UnretainedPinsError,
+    refuse_compacted,
+)
 
 # Each table's columns with their types, as `_insert` takes them.
 _RETAINED = (
@@ -54,14 +61,6 @@ _PRUNE_CHECKPOINTS = (
 _TRUNCATION_COLUMNS = (
     "tenant, run_id, partition, before_seq, before_offset, compacted_at AS at, whole"
 )
-
-
-class _PinsMissingError(Exception):
-    """Rolls a truncation back: these pins' events must be copied first."""
-
-    def __init__(self, pins: list[TagPin]) -> None:
-        super().__init__(f"{len(pins)} pinned events not retained")
-        self.pins = pins
 
 
 async def _insert(
@@ -132,14 +131,14 @@ class PostgresCompactionStore(PostgresStore):
                 )
                 if missing:
                     pins = [TagPin(r["run_id"], int(r["seq"])) for r in missing]
-                    raise _PinsMissingError(pins)  # noqa: TRY301 - rolls the transaction back
+                    raise UnretainedPinsError(pins)  # noqa: TRY301 - rolls the transaction back
                 if points:
                     await _insert(conn, "onward_run_truncation", _TRUNCATION, points, _MOVE_FORWARD)
                 if checkpoints is not None and truncations:
                     await conn.execute(
                         _PRUNE_CHECKPOINTS, [t.run_id for t in truncations], checkpoints
                     )
-        except _PinsMissingError as rolled_back:
+        except UnretainedPinsError as rolled_back:
             return rolled_back.pins
         return []
 

@@ -17,7 +17,14 @@ from onward.eventlog.sqlite import SqliteEventLog
 from onward.projections.base import decode_payload, encode_frontier
 from onward.projections.frontier import Frontier
 
-from .base import LogCut, RetainedEvent, RunTruncation, TagPin, refuse_compacted
+from .base import (
+    LogCut,
+    RetainedEvent,
+    RunTruncation,
+    TagPin,
+    UnretainedPinsError,
+    refuse_compacted,
+)
 
 _TRUNCATE = (
     "INSERT INTO onward_run_truncation "
@@ -112,14 +119,14 @@ class SqliteCompactionStore(SqliteStore):
                         ).fetchall()
                     ]
                     if missing:
-                        raise _PinsMissingError(missing)  # noqa: TRY301 - rolls it back
+                        raise UnretainedPinsError(missing)  # noqa: TRY301 - rolls it back
                     conn.executemany(_TRUNCATE, points)
                     if checkpoints is not None:
                         conn.executemany(
                             _PRUNE_CHECKPOINTS,
                             [(t.run_id, t.run_id, checkpoints) for t in truncations],
                         )
-            except _PinsMissingError as rolled_back:
+            except UnretainedPinsError as rolled_back:
                 return rolled_back.pins
             return []
 
@@ -267,14 +274,6 @@ class SqliteCompactionStore(SqliteStore):
             LogCut(partition=r[0], start=r[1], end=r[2], events=r[3], archive=r[4], at=r[5])
             for r in rows
         ]
-
-
-class _PinsMissingError(Exception):
-    """Rolls a truncation back: these pins' events must be copied first."""
-
-    def __init__(self, pins: list[TagPin]) -> None:
-        super().__init__(f"{len(pins)} pinned events not retained")
-        self.pins = pins
 
 
 def _truncation(row: Sequence[Any]) -> RunTruncation:

@@ -42,7 +42,7 @@ from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog, Position, SequenceGuard, partition_for
 from onward.integrations.langgraph import OnwardSaver
-from onward.projections.base import DEFAULT_CONSUMER
+from onward.projections.base import DEFAULT_CONSUMER, StoredFrontier
 from onward.projections.compaction import CompactionStore
 from onward.projections.log_projector import LogProjector
 from onward.projections.projector import FrontierProjection
@@ -270,6 +270,19 @@ async def test_a_langgraph_thread_loads_its_latest_state_after_the_cut(
             await blind.aget_tuple(generate_config("thread"))
 
 
+async def folded_after_release(world: World, run_id: str) -> StoredFrontier:
+    """Release the run from quarantine and let a projector fold it again; its row after."""
+    assert await world.frontiers.release(DEFAULT_CONSUMER, run_id, by="ops", at=1) == 1
+    projection = FrontierProjection(
+        world.frontiers, world.log, release_poll=0.0, every_partition=True, compaction=world.store
+    )
+    await LogProjector(world.log, projection).catch_up()
+    assert projection.stats.released == 1
+    row = await world.frontiers.get(run_id)
+    assert row is not None
+    return row
+
+
 async def test_a_quarantined_run_is_folded_again_from_its_retained_events(
     world: World, tmp_path: Path
 ) -> None:
@@ -298,15 +311,7 @@ async def test_a_quarantined_run_is_folded_again_from_its_retained_events(
     assert point.whole
     assert len(await world.store.retained("sick")) == counted
 
-    released = await world.frontiers.release(DEFAULT_CONSUMER, "sick", by="ops", at=1)
-    assert released == 1
-    projection = FrontierProjection(
-        world.frontiers, world.log, release_poll=0.0, every_partition=True, compaction=world.store
-    )
-    await LogProjector(world.log, projection).catch_up()
-    assert projection.stats.released == 1
-    again = await world.frontiers.get("sick")
-    assert again is not None
+    again = await folded_after_release(world, "sick")
     assert again.set_aside is not None
     assert again.set_aside.last_seq == counted  # folded from its first event, not the log's
 
@@ -328,14 +333,7 @@ async def test_a_run_quarantined_after_its_first_cut_is_folded_on_from_where_it_
     assert row.set_aside is not None
     assert row.set_aside.last_seq == counted
 
-    assert await world.frontiers.release(DEFAULT_CONSUMER, "sick", by="ops", at=1) == 1
-    projection = FrontierProjection(
-        world.frontiers, world.log, release_poll=0.0, every_partition=True, compaction=world.store
-    )
-    await LogProjector(world.log, projection).catch_up()
-    assert projection.stats.released == 1
-    again = await world.frontiers.get("sick")
-    assert again is not None
+    again = await folded_after_release(world, "sick")
     assert again.quarantined is not None  # the record is still unreadable: held again
     assert again.set_aside is not None
     assert again.set_aside.last_seq == counted

@@ -40,6 +40,11 @@ from onward.eventlog.parts import ToolCallRef, ToolCallsPart, assistant_message
 BLOB_REF = "$blob"
 """The key of a claim-check reference (``{"$blob": digest, "size": n}``)."""
 
+LITERAL = "$literal"
+"""The key a body shaped like a claim-check reference is wrapped in when written
+(``{"$literal": body}``), so that only the claim check itself ever makes a reference: a run's
+input or a tool's result that merely looks like one is never fetched from the blob store."""
+
 CHECKPOINT_REQUEST = "onward.checkpoint:"
 """How the request id of a collaborative checkpoint starts: ``onward.checkpoint:<boundary>:<seq>``,
 the boundary a run paused at and the seq of its boundary event."""
@@ -107,7 +112,9 @@ def message_of(event: Event) -> Message | None:
         return _said("user", event.input, None) if event.continuation_of is None else None
     if isinstance(event, ModelAnswered):
         content = event.message.content
-        if isinstance(content, list) and len(content) == 1 and is_reference(content[0]):
+        if isinstance(content, list) and len(content) == 1 and is_escaped(content[0]):
+            content = [content[0][LITERAL]]
+        elif isinstance(content, list) and len(content) == 1 and is_reference(content[0]):
             calls = [ToolCallRef(c.call_id, c.tool, dict(c.args)) for c in event.tool_calls]
             rest = [msgspec.to_builtins(ToolCallsPart(calls))] if calls else []
             return Message(role="assistant", content=[content[0], *rest])
@@ -123,7 +130,7 @@ def message_of(event: Event) -> Message | None:
 
 
 def _said(role: str, body: Any, call_id: str | None) -> Message:
-    content: str | list[Any] = [body] if is_reference(body) else as_text(body)
+    content: str | list[Any] = [body] if is_reference(body) else as_text(unescaped(body))
     return Message(role=role, content=content, tool_call_id=call_id)
 
 
@@ -139,15 +146,35 @@ def is_reference(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {BLOB_REF, "size"}
 
 
+def is_escaped(value: Any) -> bool:
+    """Whether a body is a value wrapped because it looked like a reference (`LITERAL`)."""
+    return isinstance(value, dict) and len(value) == 1 and LITERAL in value
+
+
+def escaped(value: Any) -> Any:
+    """A body as written: wrapped in `LITERAL` if it looks like a reference or a wrapped value
+    (so the wrapping is undone exactly once), otherwise the very same object."""
+    return {LITERAL: value} if is_reference(value) or is_escaped(value) else value
+
+
+def unescaped(value: Any) -> Any:
+    """A body as it was given, the `LITERAL` wrapping of `escaped` taken off."""
+    return value[LITERAL] if is_escaped(value) else value
+
+
 __all__ = [
     "BLOB_REF",
     "CHECKPOINT_REQUEST",
+    "LITERAL",
     "TranscriptRow",
     "as_text",
     "checkpoint_of",
     "checkpoint_request",
     "decode_message",
+    "escaped",
+    "is_escaped",
     "is_reference",
     "message_of",
     "speaks",
+    "unescaped",
 ]

@@ -5,11 +5,17 @@ An event whose body (a tool result, a model message, a run's input) is larger th
 body itself is stored once, content-addressed, in a `BlobStore` (PostgreSQL, SQLite, memory).
 Readers put it back. A reference that no longer resolves raises `HistoryUnavailableError`: the
 run stops rather than carry on with a hole in its conversation.
+
+Only the claim check makes references. A body that merely has their shape (a run input naming
+another tenant's digest, a tool result from an API that answers ``{"$blob": ..., "size": ...}``)
+is written wrapped (`escape_bodies`) and read back as the value it was: it is never fetched from
+the blob store, which is shared by every tenant and keyed by content alone.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -24,9 +30,10 @@ from onward.eventlog.events import (
     ToolCompleted,
     ToolResolved,
 )
+from onward.projections.transcript import BLOB_REF, escaped, is_reference, unescaped
 
 DEFAULT_THRESHOLD = 256 * 1024
-_REF = "$blob"
+_REF = BLOB_REF
 
 
 @runtime_checkable
@@ -207,27 +214,26 @@ class ClaimCheck:
         return msgspec.structs.replace(event, **{name: reference})
 
     async def restore(self, event: Event) -> Event:
-        """The event with a referenced body put back."""
+        """The event with a referenced body put back (and a wrapped one unwrapped)."""
         name = _BODY_FIELDS.get(type(event))
         if name is None:
             return event
         value = getattr(event, name)
         if isinstance(event, ModelAnswered):
-            if _is_ref(event.response):
+            if is_reference(event.response):
                 body = await self._get(event.response[_REF], event)
                 event = msgspec.structs.replace(event, response=msgspec.json.decode(body))
             content = event.message.content
-            if isinstance(content, list) and len(content) == 1 and _is_ref(content[0]):
+            if isinstance(content, list) and len(content) == 1 and is_reference(content[0]):
                 message = msgspec.json.decode(await self._get(content[0][_REF], event))
-                return msgspec.structs.replace(
+                event = msgspec.structs.replace(
                     event, message=msgspec.convert(message, type(event.message))
                 )
-            return event
-        if _is_ref(value):
-            return msgspec.structs.replace(
+        elif is_reference(value):
+            event = msgspec.structs.replace(
                 event, **{name: msgspec.json.decode(await self._get(value[_REF], event))}
             )
-        return event
+        return unescape_bodies(event)
 
     async def _get(self, digest: str, event: Event) -> bytes:
         return await self.body(digest, run_id=event.run_id, seq=event.seq)
@@ -246,5 +252,35 @@ class ClaimCheck:
             ) from exc
 
 
-def _is_ref(value: Any) -> bool:
-    return isinstance(value, dict) and set(value) == {_REF, "size"}
+def _with_bodies(event: Event, change: Callable[[Any], Any]) -> Event:
+    """The event with ``change`` applied to each body a reference could stand in for: the
+    body field, and of a model answer its framework response and its one content part."""
+    if isinstance(event, ModelAnswered):
+        if event.response is not None and (response := change(event.response)) is not (
+            event.response
+        ):
+            event = msgspec.structs.replace(event, response=response)
+        content = event.message.content
+        if isinstance(content, list) and len(content) == 1:
+            part = change(content[0])
+            if part is not content[0]:
+                message = msgspec.structs.replace(event.message, content=[part])
+                event = msgspec.structs.replace(event, message=message)
+        return event
+    name = _BODY_FIELDS.get(type(event))
+    if name is None:
+        return event
+    value = getattr(event, name)
+    changed = change(value)
+    return event if changed is value else msgspec.structs.replace(event, **{name: changed})
+
+
+def escape_bodies(event: Event) -> Event:
+    """The event with every body shaped like a reference wrapped, before it is written (and
+    before the claim check makes the real references); the very same event if none is."""
+    return _with_bodies(event, escaped)
+
+
+def unescape_bodies(event: Event) -> Event:
+    """The event with the wrapping of `escape_bodies` taken off, as it was given."""
+    return _with_bodies(event, unescaped)

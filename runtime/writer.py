@@ -24,7 +24,7 @@ from onward.eventlog.events import Event
 from onward.projections.frontier import Frontier, fold_all
 
 from .agent import Agent
-from .blobs import ClaimCheck
+from .blobs import ClaimCheck, escape_bodies, unescape_bodies
 from .checkpoint import Checkpointer
 from .conversation import Conversation
 from .leases.holder import Leaseholder
@@ -124,7 +124,7 @@ class RunWriter:
                 msgspec.structs.replace(e, seq=base + i) if e.seq != base + i else e
                 for i, e in enumerate(events)
             ]
-            batch = [self.redactor.redact_event(e) for e in batch]
+            batch = [escape_bodies(self.redactor.redact_event(e)) for e in batch]
             if self.claim_check is not None:
                 batch = [await self.claim_check.shrink(e) for e in batch]
             positions = await self.log.append(batch)
@@ -141,7 +141,7 @@ class RunWriter:
                 )
             run.frontier = frontier
             for event in events:
-                run.conversation.remember(event)
+                run.conversation.remember(escape_bodies(event))
             if self.checkpointer is not None:
                 await self.checkpointer.after_append(batch, positions)
             if self.observer is not None:
@@ -150,5 +150,5 @@ class RunWriter:
     async def restore(self, event: Event) -> Event:
         """An event as it was before the claim check moved its body out of line."""
         if self.claim_check is None:
-            return event
+            return unescape_bodies(event)
         return await self.claim_check.restore(event)

@@ -46,9 +46,9 @@ def resume(run_id: str, resume_value: Any = None, **options: Any) -> RunStream:
     return current_app().resume(run_id, resume_value, **options)
 
 
-async def get_session_state(run_id: str) -> SessionState | None:
+async def get_session_state(run_id: str, *, tenant: str | None = None) -> SessionState | None:
     """`App.get_session_state` on the open app."""
-    return await current_app().get_session_state(run_id)
+    return await current_app().get_session_state(run_id, tenant=tenant)
 
 
 def resume_sync(

@@ -15,6 +15,10 @@ Either way a stream (`RunStream`) follows the run's events in the log, so what i
 not depend on who drives the run, a consumer that stops reading neither stops nor loses the run,
 and a stream opened later (`resume`) replays what was missed, from the start or after a
 message's position.
+
+A run id alone never reaches a run: every read and answer is for a tenant, the call's own
+``tenant=`` or the app's (``onward.open(..., tenant=...)``, ``"default"`` unless given), and a
+run of another tenant is answered exactly as a run that does not exist.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ from .resumer import Resumer
 from .settings import Settings, load_settings
 from .stream import Position, RunStream
 from .worker import Worker
+
+DEFAULT_TENANT: str = Options.model_fields["tenant"].default
+"""The tenant of runs whose options name none, and of an app given none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,10 @@ class App(Resource):
             running with nobody holding it (its process died) and, if so, carries it on.
         lease_policy: In process: the runs' lease ttl.
         name: In process: this process's name in leases and `RunClaimed`.
+        tenant: The tenant this app acts for when a call names none: runs it starts are
+            that tenant's (unless their options name another) and it reads and answers only
+            that tenant's runs. An application serving several tenants passes ``tenant=`` on
+            each call instead.
     """
 
     def __init__(
@@ -121,7 +132,9 @@ class App(Resource):
         recheck_s: float = 5.0,
         lease_policy: LeasePolicy | None = None,
         name: str | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> None:
+        self.tenant = Options.of({"tenant": tenant}).tenant
         self.settings = settings or load_settings()
         self.agents = _by_name(agents)
         self.provider = provider
@@ -191,8 +204,8 @@ class App(Resource):
 
     @property
     def manager(self) -> ExecutionManager:
-        """Who is waiting: `ExecutionManager` on the app's stores."""
-        return ExecutionManager(self.backends.frontiers, self.backends.leases)
+        """Who is waiting: `ExecutionManager` on the app's stores, for the app's tenant."""
+        return ExecutionManager(self.backends.frontiers, self.backends.leases, tenant=self.tenant)
 
     # -- starting, resuming, following -------------------------------------------------------
 
@@ -208,9 +221,13 @@ class App(Resource):
         The run starts when the stream is first read. ``follow_waits``: as for `resume`.
 
         Raises:
-            InvalidInputError: Bad options, or an agent this app does not know (in process).
+            InvalidInputError: Bad options, or an agent this app does not know (in process);
+                reading the stream: the run id is taken (``Options.run_id`` of a run that
+                exists, or that another start took first).
         """
         chosen = Options.of(options)
+        if "tenant" not in chosen.model_fields_set:
+            chosen = chosen.model_copy(update={"tenant": self.tenant})
         agent = self._agent_name(chosen)
         run_id = chosen.new_run_id()
 
@@ -248,18 +265,20 @@ class App(Resource):
         a process that died is carried on; anything else is only followed.
 
         Args:
+            tenant: The run's tenant; the app's (``tenant=`` of `App`) when not given.
             follow_waits: False ends the stream once it has caught up with a run that waits
                 on a person (what a script that cannot wait wants).
 
         Raises:
-            NothingToResumeError: No such run (for that tenant).
+            NothingToResumeError: No such run for that tenant (another tenant's run is no
+                such run).
             InvalidInputError: A ``resume_value`` for a run that waits on nothing.
         """
         start_after: Position = after if isinstance(after, tuple) else (after, sys.maxsize)
+        owner = tenant or self.tenant
 
         async def begin(stream: RunStream) -> None:
-            frontier = await self._frontier(run_id, tenant)
-            stream.tenant = frontier.tenant
+            frontier = await self._frontier(run_id, owner)
             await self._follow_from_first(stream, frontier)
             if resume_value is not None or not approve:
                 await self._answer(frontier, frontier.waiting_on, resume_value, approve, by)
@@ -267,14 +286,15 @@ class App(Resource):
             elif await self._interrupted(frontier):
                 await self._submit(ResumeRun(run_id=run_id, tenant=frontier.tenant))
 
-        return RunStream(
-            self, run_id, tenant or "", begin, after=start_after, follow_waits=follow_waits
-        )
+        return RunStream(self, run_id, owner, begin, after=start_after, follow_waits=follow_waits)
 
-    async def get_session_state(self, run_id: str) -> SessionState | None:
-        """Where the run stands now (the log's word, not a cached one); ``None``: no such run."""
+    async def get_session_state(
+        self, run_id: str, *, tenant: str | None = None
+    ) -> SessionState | None:
+        """Where the run stands now (the log's word, not a cached one); ``None``: no such run
+        for ``tenant`` (the app's when not given)."""
         try:
-            frontier = await self._frontier(run_id, None)
+            frontier = await self._frontier(run_id, tenant or self.tenant)
         except NothingToResumeError:
             return None
         status: str = frontier.status
@@ -369,17 +389,8 @@ class App(Resource):
         backends = self.backends
         return Resumer(backends.log, backends.leases, backends.frontiers)
 
-    async def _frontier(self, run_id: str, tenant: str | None) -> Frontier:
-        """The run as the log has it now (the row, then the log after it)."""
-        if not tenant:
-            row = await self.backends.frontiers.get(run_id)
-            if row is not None:
-                tenant = row.summary.tenant
-            else:
-                stored = await self.backends.log.read_run(run_id)
-                if not stored:
-                    raise NothingToResumeError(f"no run {run_id!r}", run_id=run_id)
-                tenant = stored[0].event.tenant
+    async def _frontier(self, run_id: str, tenant: str) -> Frontier:
+        """The tenant's run as the log has it now (the row, then the log after it)."""
         return await self._resumer().read(run_id, tenant=tenant)
 
     async def _follow_from_first(self, stream: RunStream, frontier: Frontier) -> None:

@@ -60,11 +60,21 @@ class ExecutionManager:
     Args:
         frontiers: The frontier store the projector (or embedded checkpointer) keeps.
         leases: The lease store the workers share.
+        tenant: Only this tenant's runs (an application's manager, `App.manager`): another
+            tenant's run is no such run, and ``list_pending`` lists this tenant's unless told
+            another. ``None`` (an operator's manager): every tenant's.
     """
 
-    def __init__(self, frontiers: FrontierStore, leases: LeaseStore | None = None) -> None:
+    def __init__(
+        self,
+        frontiers: FrontierStore,
+        leases: LeaseStore | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> None:
         self.frontiers = frontiers
         self.leases = leases
+        self.tenant = tenant
 
     async def get_status(self, run_id: str) -> RunOverview:
         """One run's status.
@@ -73,10 +83,11 @@ class ExecutionManager:
             NothingToResumeError: The frontier store has no row for that run.
         """
         row = await self.frontiers.get(run_id)
-        if row is None:
+        if row is None or self.tenant not in (None, row.summary.tenant):
             raise NothingToResumeError(
-                f"no frontier row for run {run_id!r}; the run does not exist or the projector "
-                "has not reached it yet",
+                f"no frontier row for run {run_id!r}"
+                + (f" of tenant {self.tenant!r}" if self.tenant is not None else "")
+                + "; the run does not exist or the projector has not reached it yet",
                 run_id=run_id,
             )
         return await self._status(row.summary)
@@ -86,8 +97,11 @@ class ExecutionManager:
     ) -> list[RunOverview]:
         """Runs that need someone: waiting on an approval (or, collaborative, on an answer at a
         checkpoint), left by a worker for a person to settle a call, or running with nobody
-        holding them. ``user``: only the runs started for that person (`Options.user`).
+        holding them. ``tenant``: that tenant's runs (the manager's own when not given; every
+        tenant's for a manager of none). ``user``: only the runs started for that person
+        (`Options.user`).
         """
+        tenant = tenant or self.tenant
         rows = await self.frontiers.runs(tenant=tenant, statuses={"waiting", "running"}, user=user)
         statuses = [await self._status(summary) for summary in rows]
         return [

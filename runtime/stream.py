@@ -1,7 +1,9 @@
 """`RunStream`: one run's messages, read from the log in order, whoever drives the run.
 
 The stream reads the run's events from the log (from the offset its opener gives it), counts
-them with the sequence guard, and maps them to messages (`MessageMapper`). Nothing about it
+them with the sequence guard, and maps them to messages (`MessageMapper`). It is for one tenant
+and never adopts another's: an event of another tenant (a start that lost the race for its run
+id to another tenant's) ends it with an error that does not say whose the run is. Nothing about it
 keeps the run going: a stream that is not read only falls behind, and reading it later (or
 opening another one after a position) gives every message once, in order.
 """
@@ -14,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from onward.errors import InvalidInputError
 from onward.eventlog.base import SequenceGuard
 from onward.eventlog.events import (
     ApprovalDenied,
@@ -108,8 +111,13 @@ class RunStream:
         for item in stored:
             if self._ended or not self._guard.admit(item):
                 continue
+            if item.event.tenant != self.tenant:
+                self._ended = True
+                self._buffer.clear()
+                raise InvalidInputError(
+                    f"run {self.run_id!r} already exists; resume it instead", run_id=self.run_id
+                )
             event = await self.app.restore(item.event)
-            self.tenant = event.tenant
             self._track(event)
             self._buffer.extend(m for m in self._mapper.messages(event) if m.position > self._after)
         return True

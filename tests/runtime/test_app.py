@@ -245,10 +245,10 @@ async def test_resume_carries_on_a_run_whose_process_died(app: onward.App) -> No
     )
     with pytest.raises(ModelDownError):
         await dead.run(stepper, "work", tenant="acme", run_id="left", options={"user": "ann"})
-    state = await app.get_session_state("left")
+    state = await app.get_session_state("left", tenant="acme")
     assert state is not None
     assert state.status == "interrupted"
-    messages = await app.resume("left").collect()
+    messages = await app.resume("left", tenant="acme").collect()
     assert messages[-1].is_result
     assert messages[-1].tenant == "acme"
 

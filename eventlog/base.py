@@ -94,7 +94,7 @@ LogRecord = StoredEvent | UnreadableRecord
 
 def decode_record(
     position: Position,
-    data: bytes | memoryview,
+    data: bytes | memoryview | None,
     *,
     run_hint: str | None,
     kind_hint: str | None = None,
@@ -103,7 +103,7 @@ def decode_record(
 
     Args:
         position: Where it sits.
-        data: Its bytes.
+        data: Its bytes (``None`` for a record with no value, a Kafka tombstone).
         run_hint: The run it was filed under (key or header).
         kind_hint: The kind a header names, if any.
     """

@@ -40,11 +40,18 @@ class Envelope(msgspec.Struct, frozen=True):
     kind: str | None = None
 
 
-def probe(data: bytes | memoryview) -> Envelope:
+_UNDECODABLE = (msgspec.DecodeError, RecursionError, TypeError, ValueError, UnicodeDecodeError)
+"""What decoding a record's bytes can raise: msgspec's own errors, and Python's when a foreign
+producer wrote a null value (a tombstone) or JSON nested past the interpreter's recursion limit."""
+
+
+def probe(data: bytes | memoryview | None) -> Envelope:
     """The run, tenant and kind a record names, as far as they can be read; never raises."""
+    if data is None:
+        return Envelope()
     try:
         found = _probe_decoder.decode(data)
-    except msgspec.DecodeError:
+    except _UNDECODABLE:
         return Envelope()
 
     def text(value: object) -> str | None:
@@ -75,11 +82,12 @@ def headers(event: Event) -> list[Header]:
     ]
 
 
-def decode(data: bytes | memoryview, *, run_hint: str | None = None) -> AnyEvent:
+def decode(data: bytes | memoryview | None, *, run_hint: str | None = None) -> AnyEvent:
     """Decode one record into its event.
 
     Args:
-        data: The record's value.
+        data: The record's value; ``None`` (a Kafka tombstone) is refused like any other
+            record that is not an event.
         run_hint: The run the record was filed under (its key), named in errors when the
             record itself is too damaged to say.
 
@@ -87,13 +95,31 @@ def decode(data: bytes | memoryview, *, run_hint: str | None = None) -> AnyEvent
         CheckpointFormatError: The record was written in a format newer than :data:`EVENT_FORMAT`.
         EventDecodeError: The record is not a valid event; the message names run, seq and field.
     """
+    if data is None:
+        raise EventDecodeError(
+            f"run {run_hint!r} seq None: unreadable event record: the record has no value "
+            "(a tombstone)",
+            run_id=run_hint,
+        )
     try:
         event = _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise _describe_failure(data, exc, run_hint) from exc
+    except (RecursionError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise EventDecodeError(
+            f"run {run_hint!r} seq None: unreadable event record: {_python_failure(exc)}",
+            run_id=run_hint,
+        ) from exc
     if event.format > EVENT_FORMAT:
         raise _newer_format(event.run_id, event.seq, event.format)
     return event
+
+
+def _python_failure(exc: BaseException) -> str:
+    """One line naming why Python, rather than msgspec, refused the bytes (never the bytes)."""
+    if isinstance(exc, RecursionError):
+        return "JSON nested deeper than can be read"
+    return f"{type(exc).__name__} while decoding"
 
 
 def _newer_format(run_id: object, seq: object, fmt: object) -> CheckpointFormatError:
@@ -112,7 +138,7 @@ def _describe_failure(
 ) -> EventDecodeError:
     try:
         probe = _probe_decoder.decode(data)
-    except msgspec.DecodeError:
+    except _UNDECODABLE:
         probe = _Probe()
     run = probe.run_id if isinstance(probe.run_id, str) else run_hint
     seq = probe.seq if isinstance(probe.seq, int) and not isinstance(probe.seq, bool) else None

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from onward.errors import InvalidInputError
 from onward.projections.frontier import BOUNDARIES, Boundary, Frontier
@@ -27,6 +27,7 @@ from onward.projections.transcript import checkpoint_of, checkpoint_request
 
 from .agent import Agent
 from .checkpoint import CheckpointPolicy
+from .limits import MAX_NAME_LENGTH, check_optional_name
 
 
 class ExecutionMode(StrEnum):
@@ -48,17 +49,29 @@ class Options(BaseModel):
             ones a collaborative run waits at).
         max_iterations: Most model calls of this run; the agent's own bound when not given.
         mode: ``autonomous`` or ``collaborative``.
+
+    The names (``run_id``, ``tenant``, ``user``, ``agent``) are at most 200 characters and hold
+    no control character (`onward.runtime.limits`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    run_id: str | None = Field(default=None, min_length=1, max_length=200)
-    tenant: str = Field(default="default", min_length=1, max_length=200)
-    user: str | None = Field(default=None, min_length=1, max_length=200)
-    agent: str | None = Field(default=None, min_length=1)
+    run_id: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH)
+    tenant: str = Field(default="default", min_length=1, max_length=MAX_NAME_LENGTH)
+    user: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH)
+    agent: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH)
     checkpoints: CheckpointPolicy = CheckpointPolicy()
     max_iterations: int | None = Field(default=None, ge=1, le=100_000)
     mode: ExecutionMode = ExecutionMode.AUTONOMOUS
+
+    @field_validator("run_id", "tenant", "user", "agent")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        """No control character in a name: PostgreSQL refuses NUL, and names are printed."""
+        try:
+            return check_optional_name("the name", value)
+        except InvalidInputError as exc:
+            raise ValueError(str(exc).removeprefix("the name ")) from None
 
     @classmethod
     def of(cls, value: Options | Mapping[str, Any] | None) -> Options:
@@ -72,8 +85,9 @@ class Options(BaseModel):
         try:
             return cls.model_validate(dict(value or {}))
         except ValidationError as exc:
+            # Field names cut short: a request's options may come from anyone on the topic.
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+                f"{'.'.join(str(p)[:40] for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
             )
             raise InvalidInputError(f"invalid options: {problems}") from exc
 
@@ -100,6 +114,29 @@ def recorded_options(options: Mapping[str, Any] | None, agent: Agent) -> dict[st
     if not options:
         return {}
     return {"max_iterations": agent.max_iterations, **options}
+
+
+def checked_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Options in the form a `StartRun` request carries them (`Options.recorded`: the
+    checkpoints as a list of boundaries), validated through `Options` and given back in that
+    form; empty stays empty.
+
+    Raises:
+        InvalidInputError: A field `Options` does not take, or a value it refuses (named).
+    """
+    if not options:
+        return {}
+    fields = dict(options)
+    checkpoints = fields.get("checkpoints")
+    if isinstance(checkpoints, list):
+        unknown = [b for b in checkpoints if b not in BOUNDARIES]
+        if unknown:
+            raise InvalidInputError(
+                f"invalid options: checkpoints: {len(unknown)} of them name no boundary "
+                f"(each is one of {', '.join(BOUNDARIES)})"
+            )
+        fields["checkpoints"] = {b: b in checkpoints for b in BOUNDARIES}
+    return Options.of(fields).recorded()
 
 
 def approval_value(frontier: Frontier, call_id: str) -> Any:
@@ -136,4 +173,11 @@ def pause_request(frontier: Frontier, boundary: Boundary) -> dict[str, Any] | No
     }
 
 
-__all__ = ["ExecutionMode", "Options", "approval_value", "pause_request", "recorded_options"]
+__all__ = [
+    "ExecutionMode",
+    "Options",
+    "approval_value",
+    "checked_options",
+    "pause_request",
+    "recorded_options",
+]

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from onward.errors import InvalidInputError, ResumeConflictError
 
-from .requests import AnswerRequest, Request, StartRun, TagRun
+from .options import checked_options
+from .requests import AnswerRequest, Request, StartRun, TagRun, check_request
 
 if TYPE_CHECKING:
     from .recovery import Recovery
@@ -35,7 +36,12 @@ class RequestHandler:
         self._recovery = recovery
 
     async def act(self, request: Request) -> bool:
-        """Act on ``request``; True once acted on (or refused for good), False to leave it."""
+        """Act on ``request``; True once acted on (or refused for good), False to leave it.
+
+        Raises:
+            InvalidInputError: A field is out of bounds (`check_request`); nothing was done.
+        """
+        check_request(request)
         if isinstance(request, StartRun):
             return await self._start(request)
         if isinstance(request, AnswerRequest):
@@ -58,7 +64,7 @@ class RequestHandler:
                     request.input,
                     tenant=request.tenant,
                     run_id=request.run_id,
-                    options=request.options,
+                    options=checked_options(request.options),
                 )
             except InvalidInputError:
                 return True  # it exists already: started before, carried on by its owner

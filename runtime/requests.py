@@ -24,6 +24,9 @@ from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.base import partition_for
 from onward.eventlog.kafka import topic_partition_count
 
+from .limits import check_depth, check_label, check_name
+from .options import checked_options
+
 DEFAULT_REQUESTS_TOPIC = "onward.requests"
 
 
@@ -77,16 +80,54 @@ def encode_request(request: Request) -> bytes:
     return _encoder.encode(request)
 
 
-def decode_request(data: bytes) -> Request:
-    """A request from its wire form.
+def decode_request(data: bytes | None) -> Request:
+    """A request from its wire form, checked as every entry point checks what it is given.
+
+    Anyone who can produce to the topic can write any bytes there; whatever they are, this
+    either returns a request a worker may act on or raises `InvalidInputError`, so a worker
+    sets the record aside rather than crash on it (and crash every worker that takes the
+    partition after it).
 
     Raises:
-        InvalidInputError: Not a request this code knows (the path to the bad value is named).
+        InvalidInputError: Not a request this code knows: no value (a tombstone), not JSON,
+            JSON nested too deep to read, or a field out of bounds (`check_request`); the
+            reason is one line, naming the path to the bad value where there is one.
     """
+    if data is None:
+        raise InvalidInputError("unreadable request: the record has no value (a tombstone)")
     try:
-        return _decoder.decode(data)
+        request = _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise InvalidInputError(f"unreadable request: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidInputError("unreadable request: JSON nested deeper than can be read") from exc
+    except (TypeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidInputError(f"unreadable request: {type(exc).__name__} decoding it") from exc
+    check_request(request)
+    return request
+
+
+def check_request(request: Request) -> None:
+    """Refuse a request whose names or values are out of bounds (`onward.runtime.limits`), or
+    a start whose options `Options` does not take (`checked_options`).
+
+    Raises:
+        InvalidInputError: The first field out of bounds, named with its request's type.
+    """
+    what = type(request).__name__
+    run_id = check_name(f"{what}.run_id", request.run_id)
+    check_name(f"{what}.tenant", request.tenant, run_id=run_id)
+    if isinstance(request, StartRun):
+        check_name(f"{what}.agent", request.agent, run_id=run_id)
+        check_depth(f"{what}.input", request.input, run_id=run_id)
+        checked_options(request.options)
+    elif isinstance(request, AnswerRequest):
+        check_name(f"{what}.request_id", request.request_id, run_id=run_id)
+        check_name(f"{what}.by", request.by, run_id=run_id)
+        check_depth(f"{what}.value", request.value, run_id=run_id)
+    elif isinstance(request, TagRun):
+        check_label(f"{what}.label", request.label, run_id=run_id)
+        check_name(f"{what}.by", request.by, run_id=run_id)
 
 
 async def ensure_requests_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
@@ -191,6 +232,7 @@ __all__ = [
     "ResumeRun",
     "StartRun",
     "TagRun",
+    "check_request",
     "decode_request",
     "encode_request",
     "ensure_requests_topic",

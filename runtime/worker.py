@@ -48,6 +48,7 @@ from .leases.base import LeasePolicy
 from .manager import NEEDS_PERSON, needs_person
 from .providers import Provider
 from .recovery import Recovery, attempts_since_progress
+from .redaction import Redactor
 from .request_handler import RequestHandler
 from .requests import (
     DEFAULT_REQUESTS_TOPIC,
@@ -58,6 +59,8 @@ from .requests import (
 )
 
 _log = logging.getLogger("onward.worker")
+_redactor = Redactor()
+_LOGGED_CHARS = 300
 
 DEFAULT_GROUP = "onward-workers"
 _LEAVE_S = 10.0
@@ -88,7 +91,8 @@ class _Boundaries:
 
 @dataclass
 class WorkerStats:
-    """What a worker did, for its log lines and the benchmark."""
+    """What a worker did, for its log lines and the benchmark (``set_aside``: request records
+    that were not a request it could act on, logged with their partition and offset)."""
 
     started: int = 0
     recovered: int = 0
@@ -98,6 +102,7 @@ class WorkerStats:
     needs_person: int = 0
     gave_up: int = 0
     failures: int = 0
+    set_aside: int = 0
     pauses: int = 0
     peak_in_flight: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
@@ -192,7 +197,7 @@ class Worker:
             return True  # the run exists and its lease is released: recovery carries it on
         except OnwardError as exc:
             self.stats.failures += 1
-            _log.warning("%s refused for good: %s", type(request).__name__, exc)
+            _log.warning("%s refused for good: %s", type(request).__name__, one_line(str(exc)))
             return True
 
     async def recover(self, partitions: Collection[int], *, adopt: bool = False) -> int:
@@ -247,8 +252,11 @@ class Worker:
             # Cancelled (a second SIGTERM): left for the next owner. An unexpected error is
             # logged; the run, if it exists, is a recovery candidate like any other.
             acted = not t.cancelled()
-            if acted and t.exception() is not None:
-                _log.error("run %s: %r", run_id, t.exception())
+            error = t.exception() if acted else None
+            if error is not None:
+                # Its type and a masked line of its message: a repr would print the values
+                # the error holds (a tool's arguments, a run's input) into the worker's log.
+                _log.error("run %s: %s", run_id, described(error))
             elif acted:
                 acted = t.result()
             if done is not None:
@@ -412,7 +420,15 @@ class Worker:
         try:
             request = decode_request(record.value)
         except InvalidInputError as exc:
-            _log.warning("partition %d offset %d: %s; skipped", tp.partition, record.offset, exc)
+            # Set aside, never retried: anyone on the topic can write such a record, and one
+            # that stopped the worker would stop every worker that takes the partition next.
+            _log.warning(
+                "partition %d offset %d: set aside: %s",
+                tp.partition,
+                record.offset,
+                one_line(str(exc)),
+            )
+            self.stats.set_aside += 1
             offsets.done(tp, record.offset, True)
             return
 
@@ -420,6 +436,18 @@ class Worker:
             offsets.done(tp, record.offset, acted)
 
         self.submit(request, done)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line, masked (`Redactor`) and cut at a few hundred characters."""
+    line = " ".join(_redactor.redact_text(text[: _LOGGED_CHARS * 4]).split())
+    return line if len(line) <= _LOGGED_CHARS else line[: _LOGGED_CHARS - 1] + "…"
+
+
+def described(error: BaseException) -> str:
+    """An unexpected error for a log line: its type and one masked line of its message."""
+    message = one_line(str(error))
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 class _Once:

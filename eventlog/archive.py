@@ -11,6 +11,13 @@ manifest are each written to a temporary name, fsynced, renamed into place, and 
 fsynced: a crash leaves either the old manifest or the new one, never half of one, and a range
 is in the archive once its manifest entry is. Writing a range the manifest already holds checks
 the file and returns the entry, so a compactor rerun after a crash recognises its own work.
+
+The archive holds whole histories, so its directory is created 0700 and its files 0600 whatever
+the umask, and a temporary file is created afresh (never opened through a link planted in its
+place). A manifest is trusted no further than its directory: an entry must name the file this
+code would have written for its range, inside the archive, and a file is decompressed line by
+line with each line bounded, so a manifest pointing elsewhere or a decompression bomb is an
+`ArchiveError`, not a read of another file or an exhausted memory.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -33,6 +40,18 @@ from .base import Position, StoredEvent
 ARCHIVE_FORMAT = 1
 """Version of the manifest and of the line layout; a newer one is refused, not guessed at."""
 MANIFEST = "manifest.json"
+MAX_LINE_BYTES = 32 * 1024 * 1024
+"""The longest line a file may decompress to: far above any record a log accepts (1 MB by
+default), so only a damaged or hostile file reaches it."""
+_CHUNK_BYTES = 1024 * 1024
+DIRECTORY_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def file_name(partition: int, start: int, end: int) -> str:
+    """The name of the file holding ``[start, end)`` of a partition: the only name a manifest
+    entry may give."""
+    return f"p{partition:05d}-{start:012d}-{end:012d}.jsonl.zst"
 
 
 class ArchivedRange(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,11 +161,20 @@ class DirectoryArchive:
     def _probe(self) -> None:
         probe = self.path / ".onward-probe"
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            self._make_directory()
             _durable_write(probe, b"")
             probe.unlink()
         except OSError as exc:
             raise self._unwritable(exc) from exc
+
+    def _make_directory(self) -> None:
+        """Create the directory (and its parents) if missing; the directory itself 0700."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(mode=DIRECTORY_MODE)
+        except FileExistsError:
+            return
+        os.chmod(self.path, DIRECTORY_MODE)  # in case the umask took more than it should
 
     def _unwritable(self, exc: OSError) -> ConfigurationError:
         return ConfigurationError(
@@ -203,7 +231,29 @@ class DirectoryArchive:
                 f"archive {self.path}: manifest format {manifest.format} is newer than this code "
                 f"reads ({ARCHIVE_FORMAT}); upgrade Onward"
             )
+        for entry in manifest.ranges:
+            self._file_of(entry)
         return manifest
+
+    def _file_of(self, entry: ArchivedRange) -> Path:
+        """The path of an entry's file, refused unless it is the file this archive writes for
+        the entry's range, inside the archive: a manifest cannot make a read leave it.
+
+        Raises:
+            ArchiveError: The entry names another file (``../other/...``, an absolute path, a
+                name of another range) or one that resolves outside the archive.
+        """
+        expected = file_name(entry.partition, entry.start, entry.end)
+        path = self.path / entry.file
+        inside = path.resolve().parent == self.path.resolve()
+        if entry.file != expected or not inside:
+            raise ArchiveError(
+                f"archive {self.path}: {MANIFEST} entry for partition {entry.partition} "
+                f"[{entry.start}, {entry.end}) names file {entry.file!r}, not {expected!r} in "
+                "the archive itself; nothing is read from it until the manifest is restored "
+                "from a copy"
+            )
+        return path
 
     def _write(
         self, partition: int, start: int, end: int, records: Sequence[StoredEvent]
@@ -219,7 +269,7 @@ class DirectoryArchive:
                 f"archive {self.path}: partition {partition} [{start}, {end}) overlaps the "
                 f"archived range [{entry.start}, {entry.end})"
             )
-        name = f"p{partition:05d}-{start:012d}-{end:012d}.jsonl.zst"
+        name = file_name(partition, start, end)
         lines = b"".join(
             msgspec.json.encode(
                 _Line(s.position.offset, s.event.run_id, msgspec.Raw(codec.encode(s.event)))
@@ -229,7 +279,7 @@ class DirectoryArchive:
         )
         body = zstandard.ZstdCompressor(level=self._level).compress(lines)
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            self._make_directory()
             _durable_write(self.path / name, body)
             entry = ArchivedRange(
                 partition=partition,
@@ -249,7 +299,7 @@ class DirectoryArchive:
         return entry
 
     def _read_file(self, entry: ArchivedRange) -> list[StoredEvent]:
-        path = self.path / entry.file
+        path = self._file_of(entry)
         try:
             body = path.read_bytes()
         except OSError as exc:
@@ -262,24 +312,63 @@ class DirectoryArchive:
             )
         decoder = msgspec.json.Decoder(_Line)
         events: list[StoredEvent] = []
-        text = zstandard.ZstdDecompressor().decompress(body)
-        for raw in text.splitlines():
-            line = decoder.decode(raw)
-            event = codec.decode(line.event, run_hint=line.run_id)
-            events.append(StoredEvent(Position(entry.partition, line.offset), event))
-        if len(events) != entry.events:
+        try:
+            for raw in self._lines(entry, body):
+                if len(events) == entry.events:
+                    raise self._miscounted(entry, "more")
+                line = decoder.decode(raw)
+                event = codec.decode(line.event, run_hint=line.run_id)
+                events.append(StoredEvent(Position(entry.partition, line.offset), event))
+        except (zstandard.ZstdError, msgspec.DecodeError) as exc:
             raise ArchiveError(
-                f"archive {self.path}: {entry.file} holds {len(events)} records, the manifest "
-                f"says {entry.events}"
-            )
+                f"archive {self.path}: {entry.file} cannot be read back ({exc}); restore it "
+                "from a copy"
+            ) from exc
+        if len(events) != entry.events:
+            raise self._miscounted(entry, str(len(events)))
         return events
+
+    def _miscounted(self, entry: ArchivedRange, held: str) -> ArchiveError:
+        return ArchiveError(
+            f"archive {self.path}: {entry.file} holds {held} records, the manifest says "
+            f"{entry.events}"
+        )
+
+    def _lines(self, entry: ArchivedRange, body: bytes) -> Iterator[bytes]:
+        """The lines a file decompresses to, streamed, each at most `MAX_LINE_BYTES`: a frame
+        claiming (or holding) more is refused before it is held in memory."""
+        reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)
+        pending = bytearray()
+        while chunk := reader.read(_CHUNK_BYTES):
+            pending += chunk
+            *complete, rest = pending.split(b"\n")
+            yield from (bytes(line) for line in complete if line)
+            pending = rest
+            if len(pending) > MAX_LINE_BYTES:
+                raise ArchiveError(
+                    f"archive {self.path}: {entry.file} decompresses to a line over "
+                    f"{MAX_LINE_BYTES} bytes; no record is that long, so it is refused unread"
+                )
+        if pending:
+            yield bytes(pending)
 
 
 def _durable_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that after a crash it is either whole or absent (or the
-    old file): a temporary file, fsynced, renamed over ``path``, then the directory fsynced."""
+    old file): a temporary file, fsynced, renamed over ``path``, then the directory fsynced.
+
+    The temporary file is created 0600 and exclusively, never through a link: one left by a
+    crash (or a link planted in its place) is removed first, and a second one appearing
+    meanwhile fails the write rather than being written through.
+    """
     temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("wb") as file:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(temporary, flags, FILE_MODE)
+    except FileExistsError:
+        temporary.unlink()  # removes a link itself, never what it points at
+        fd = os.open(temporary, flags, FILE_MODE)
+    with open(fd, "wb") as file:
         file.write(data)
         file.flush()
         os.fsync(file.fileno())

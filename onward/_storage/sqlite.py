@@ -32,9 +32,13 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     WAL lets readers in other processes work beside a writer; ``synchronous=FULL`` makes a
     committed transaction survive power loss, which write-ahead tool dispatch relies on.
     With ``readonly`` the connection is :func:`connect_readonly`'s.
+
+    A missing file is created 0600 first, whatever the umask: it holds whole histories, and
+    SQLite gives its ``-wal`` and ``-shm`` files the database file's mode.
     """
     if readonly:
         return connect_readonly(path)
+    create_private(path)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
@@ -44,6 +48,29 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+PRIVATE_FILE_MODE = 0o600
+
+
+def create_private(path: Path) -> None:
+    """Create ``path`` empty and 0600 if no file is there; an existing file is left as it is.
+
+    Created exclusively and never through a link, so a link planted at ``path`` is not
+    followed to create a file elsewhere (SQLite then opens the link as it always did).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, PRIVATE_FILE_MODE)
+    except OSError:
+        # There already (left as it is), or not creatable (a missing directory, no rights):
+        # sqlite3.connect then opens it or reports why not, as it always did.
+        return
+    try:
+        if sys.platform != "win32":
+            os.fchmod(fd, PRIVATE_FILE_MODE)  # exactly 0600, even under an umask taking more
+    finally:
+        os.close(fd)
 
 
 def connect_readonly(path: Path) -> sqlite3.Connection:

@@ -95,10 +95,38 @@ class AuditLine:
         }
 
 
+_INVISIBLE = [
+    *range(0x20),  # C0: ESC starts CSI/OSC sequences, BEL ends OSC, CR and BS overwrite
+    0x7F,
+    *range(0x80, 0xA0),  # C1: 0x9B is CSI and 0x9D is OSC on terminals that read them
+    0x200E,
+    0x200F,
+    0x2028,
+    0x2029,
+    *range(0x202A, 0x202F),  # bidirectional embeddings and overrides: text shown reordered
+    *range(0x2066, 0x206A),  # bidirectional isolates
+]
+_ESCAPES = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _INVISIBLE}
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character shown as its escape (ESC as ``\\x1b``).
+
+    Run content (model output, tool results, labels, ids, tenants) is written by whoever
+    controls a model, a tool or a producer on the log; printed as it is, an ESC sequence in
+    it retitles the operator's window, clears the screen or hides text, and a newline forges
+    a line of its own. Everything a person reads that holds such content, on a terminal or in
+    a log line, goes through this. C0 and C1 controls, DEL and the Unicode line separators
+    and bidirectional overrides are escaped; backslashes are left as they are, so the result
+    is for reading, not for parsing back.
+    """
+    return text.translate(_ESCAPES)
+
+
 def one_line(value: Any, limit: int = 60) -> str:
-    """A value as one short line of text, for tables read by people."""
+    """A value as one short printable line of text, for tables read by people."""
     text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -158,8 +186,9 @@ _DESCRIPTIONS: dict[type[Event], Callable[[Any], str]] = {
 
 
 def describe_event(event: Event) -> str:
-    """A few words on what an event says, for the audit timeline."""
-    return _DESCRIPTIONS[type(event)](event)
+    """A few words on what an event says, for the audit timeline; `printable`, as every field
+    in it came from the run."""
+    return printable(_DESCRIPTIONS[type(event)](event))
 
 
 async def audit_timeline(log: EventLog, run_id: str, *, tenant: str) -> list[AuditLine]:
@@ -216,5 +245,6 @@ __all__ = [
     "check_owner",
     "describe_event",
     "one_line",
+    "printable",
     "timeline_of",
 ]

@@ -17,6 +17,7 @@ from onward.runtime.compaction import (
 
 from ._common import ArchiveOption, error, out
 from .runs import with_backends
+from .summary import shown
 
 
 def compact_command(
@@ -76,21 +77,23 @@ def compact_command(
 
     report = with_backends(work)
     for partition in report.partitions:
-        out.print(describe(partition, report), soft_wrap=True)
+        out.print(shown(describe(partition, report)), soft_wrap=True)
     if run is not None:
         verb = "would compact" if report.dry_run else "compacted"
         compacted = sum(p.runs_compacted for p in report.partitions)
         kept = sum(p.retained for p in report.partitions)
         out.print(
-            f"run {run!r}: {verb} logically ({compacted} truncation point moved, {kept} "
-            "events copied out); the next full pass cuts its partition",
+            shown(
+                f"run {run!r}: {verb} logically ({compacted} truncation point moved, {kept} "
+                "events copied out); the next full pass cuts its partition"
+            ),
             soft_wrap=True,
         )
         return
     verb = "would cut" if report.dry_run else "cut"
     where = f", archived in {report.archive}" if report.archive else ", not archived"
     freed = f", about {report.bytes_cut:,} bytes" if report.bytes_cut is not None else ""
-    out.print(f"{verb} {report.events_cut} records in all{freed}{where}", soft_wrap=True)
+    out.print(shown(f"{verb} {report.events_cut} records in all{freed}{where}"), soft_wrap=True)
     if archive is None and not no_archive:
         out.print(
             "nothing is cut without an archive: give --archive DIR, or --no-archive to cut "

@@ -19,7 +19,6 @@ from typing import Annotated, TypeVar
 import msgspec
 import typer
 from rich.table import Table
-from rich.text import Text
 
 from onward.errors import ConfigurationError, NothingToResumeError
 from onward.eventlog.sqlite import SqliteEventLog
@@ -35,6 +34,7 @@ from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.settings import Settings, load_settings
 
 from ._common import RunArgument, opened, out
+from .summary import shown
 
 _T = TypeVar("_T")
 
@@ -83,13 +83,13 @@ def _table(entries: list[QuarantineEntry]) -> Table:
         if entry.released_by is not None and entry.state != "held":
             state += f" by {entry.released_by}"
         table.add_row(
-            Text(entry.run_id or "-"),
-            Text(entry.tenant or "-"),
+            shown(entry.run_id or "-"),
+            shown(entry.tenant or "-"),
             str(entry.partition),
             str(entry.offset),
-            Text(entry.kind or "-"),
-            Text(state, style="red" if entry.state == "held" else ""),
-            Text(entry.reason),
+            shown(entry.kind or "-"),
+            shown(state, style="red" if entry.state == "held" else ""),
+            shown(entry.reason),
         )
     return table
 
@@ -149,7 +149,7 @@ def release_command(run_id: RunArgument, by: ByOption) -> None:
         )
     if config.backend != "sqlite":
         out.print(
-            Text(
+            shown(
                 f"released run {run_id} ({released} record(s), by {by}); the projector folds "
                 "it again from its first offset on its next pass, and holds it again if a "
                 "record is still unreadable"
@@ -157,9 +157,9 @@ def release_command(run_id: RunArgument, by: ByOption) -> None:
             soft_wrap=True,
         )
     elif still is None:
-        out.print(Text(f"released run {run_id} (by {by}) and folded it again"), soft_wrap=True)
+        out.print(shown(f"released run {run_id} (by {by}) and folded it again"), soft_wrap=True)
     else:
         out.print(
-            Text(f"released run {run_id} (by {by}); still unreadable, held again: {still}"),
+            shown(f"released run {run_id} (by {by}); still unreadable, held again: {still}"),
             soft_wrap=True,
         )

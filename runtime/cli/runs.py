@@ -10,14 +10,13 @@ from typing import Annotated, TypeGuard, TypeVar
 
 import msgspec
 import typer
-from rich.text import Text
 
 from onward._storage import check_onward_sqlite
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.events import Tagged
-from onward.projections.audit import AuditLine, audit_timeline
+from onward.projections.audit import AuditLine, audit_timeline, printable
 from onward.projections.compaction.history import (
     CompactedSpan,
     compacted_span,
@@ -43,7 +42,7 @@ from ._common import (
     opened,
     out,
 )
-from .summary import audit_table, carried, run_summary, tags_text
+from .summary import audit_table, carried, run_summary, shown, tags_text
 
 _T = TypeVar("_T")
 
@@ -181,7 +180,7 @@ def inspect_command(run_id: RunArgument, tenant: TenantOption) -> None:
         if backends.compaction is not None:
             span = await compacted_span(backends.compaction, run_id)
             if span is not None:
-                error(span.describe(run_id))
+                error(printable(span.describe(run_id)))
 
     with_backends(work, readonly=True)
 
@@ -239,7 +238,7 @@ def _answer_command(*, approve: bool, doc: str) -> Callable[..., None]:
             await runner.deny(run_id, request, tenant=tenant, by=by, value=parsed)
             return f"denied {request} of run {run_id} (by {by}); the run is cancelled"
 
-        out.print(Text(with_backends(work)), soft_wrap=True)
+        out.print(shown(with_backends(work)), soft_wrap=True)
 
     answer.__name__ = "approve" if approve else "deny"
     answer.__doc__ = doc
@@ -297,7 +296,7 @@ def resolve_command(
 
     with_backends(work)
     out.print(
-        Text(
+        shown(
             f"settled call {call} of run {run_id} as {outcome.value} (by {by}); "
             + _carry_on_hint(run_id, tenant)
         ),
@@ -335,7 +334,7 @@ def tag_command(
             return await tagger.tag(run_id, label, tenant=tenant, seq=seq, by=by)
 
     tagged = with_backends(work)
-    out.print(Text(f"tagged seq {tagged} of run {run_id} as {label!r}"), soft_wrap=True)
+    out.print(shown(f"tagged seq {tagged} of run {run_id} as {label!r}"), soft_wrap=True)
 
 
 def replay_command(
@@ -366,7 +365,7 @@ def replay_command(
 
     lines, span = with_backends(work, readonly=True)
     if span is not None:
-        error(span.describe(run_id))
+        error(printable(span.describe(run_id)))
     first = next((line.stored for line in lines if line.stored is not None), None)
     if span is None and first is not None and first.event.seq > 1:
         error(
@@ -384,7 +383,7 @@ def replay_command(
             typer.echo(msgspec.json.encode(line.as_json()).decode())
         return
     out.print(audit_table(run_id, tenant, lines))
-    out.print(Text(f"tags: {tags_text(_tags(lines))}"), soft_wrap=True)
+    out.print(shown(f"tags: {tags_text(_tags(lines))}"), soft_wrap=True)
 
 
 def _tags(lines: list[AuditLine]) -> list[RunTag]:

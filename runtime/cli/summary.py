@@ -1,4 +1,9 @@
-"""What the run commands print: a run's summary, what a resume did, and the audit table."""
+"""What the run commands print: a run's summary, what a resume did, and the audit table.
+
+Every string here that came from a run (ids, tenants, labels, holders, output, errors, tool
+names, refusal details) is shown through `printable`, so run content cannot send escape
+sequences to the operator's terminal.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from onward.eventlog.events import kind_of
-from onward.projections.audit import AuditLine, describe_event, one_line
+from onward.projections.audit import AuditLine, describe_event, one_line, printable
 from onward.projections.frontier import CallState, Frontier, RunTag
 from onward.runtime.agent import Agent
 from onward.runtime.leases.base import RunLease
@@ -19,6 +24,11 @@ from onward.runtime.planning import ResumePlan, plan_resume
 from onward.runtime.runner import RunResult
 
 from ._common import EXIT_HELD, EXIT_MUST_NOT_CARRY_ON
+
+
+def shown(value: object, style: str = "") -> Text:
+    """A value as text for people: `printable`, and never read as rich markup."""
+    return Text(printable(str(value)), style=style)
 
 
 def _when(seconds: float) -> str:
@@ -74,7 +84,7 @@ def _resume_would(
 
 def tags_text(tags: Sequence[RunTag]) -> str:
     """A run's tags in one line, in the order they were written: ``seq 4 reviewed; ...``."""
-    return "; ".join(f"seq {tag.seq} {tag.label}" for tag in tags) or "-"
+    return printable("; ".join(f"seq {tag.seq} {tag.label}" for tag in tags)) or "-"
 
 
 def summarize(frontier: Frontier) -> Mapping[str, Any]:
@@ -99,8 +109,10 @@ def summarize(frontier: Frontier) -> Mapping[str, Any]:
 
 def chain_text(chain: Sequence[Frontier], run_id: str) -> str:
     """A chain of continued runs in one line, oldest first, this run in brackets."""
-    return " -> ".join(
-        (f"[{f.run_id}]" if f.run_id == run_id else f.run_id) + f" ({f.status})" for f in chain
+    return printable(
+        " -> ".join(
+            (f"[{f.run_id}]" if f.run_id == run_id else f.run_id) + f" ({f.status})" for f in chain
+        )
     )
 
 
@@ -125,29 +137,31 @@ def run_summary(
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     for key in ("run", "tenant", "agent", "revision", "status", "iteration", "usage", "fence"):
-        grid.add_row(key, Text(str(facts[key])))
-    grid.add_row("waiting on", Text(facts["waiting_on"] or "-"))
-    grid.add_row("lease", Text(_lease_text(lease)))
-    grid.add_row("tags", Text(tags_text(frontier.tags)))
+        grid.add_row(key, shown(facts[key]))
+    grid.add_row("waiting on", shown(facts["waiting_on"] or "-"))
+    grid.add_row("lease", shown(_lease_text(lease)))
+    grid.add_row("tags", shown(tags_text(frontier.tags)))
     if frontier.continuation_of is not None:
-        grid.add_row("continued from", Text(frontier.continuation_of))
+        grid.add_row("continued from", shown(frontier.continuation_of))
     if frontier.continued_to is not None:
-        grid.add_row("continued as", Text(frontier.continued_to))
+        grid.add_row("continued as", shown(frontier.continued_to))
     if len(chain) > 1:
-        grid.add_row("chain", Text(chain_text(chain, frontier.run_id)))
+        grid.add_row("chain", shown(chain_text(chain, frontier.run_id)))
     if frontier.output is not None:
-        grid.add_row("output", Text(one_line(frontier.output, 200)))
+        grid.add_row("output", shown(one_line(frontier.output, 200)))
     if frontier.error is not None:
-        grid.add_row("error", Text(frontier.error))
+        grid.add_row("error", shown(frontier.error))
     if frontier.refused:
-        grid.add_row("refused", Text(f"{frontier.refused} event(s); last: {frontier.last_refusal}"))
+        grid.add_row(
+            "refused", shown(f"{frontier.refused} event(s); last: {frontier.last_refusal}")
+        )
     tools = agent if agent is not None and agent.revision == frontier.revision else None
     plan = plan_resume(frontier, tools or Agent(name=frontier.agent or "unknown", instructions=""))
-    grid.add_row("resume would", Text(_resume_would(frontier, plan, tools, lease)))
+    grid.add_row("resume would", shown(_resume_would(frontier, plan, tools, lease)))
     parts: list[RenderableType] = [grid]
     if agent is not None and tools is None:
         parts.append(
-            Text(
+            shown(
                 f"the agent given is revision {agent.revision}, the run started with "
                 f"{frontier.revision}: resume will refuse it",
                 style="yellow",
@@ -162,11 +176,11 @@ def run_summary(
                 ", dispatched again" if planned.dispatch_again else ""
             )
             table.add_row(
-                Text(planned.call.call_id),
-                Text(planned.call.tool),
-                Text(_call_state(planned.call)),
-                Text(decides),
-                Text(planned.reason),
+                shown(planned.call.call_id),
+                shown(planned.call.tool),
+                shown(_call_state(planned.call)),
+                shown(decides),
+                shown(planned.reason),
             )
         parts.append(table)
         if tools is None:
@@ -185,23 +199,23 @@ def carried(result: RunResult, worker: str) -> Group:
     if result.plan is None:
         waiting = f" on {result.waiting_on}" if result.waiting_on else ""
         lines.append(
-            Text(f"nothing to carry on: the run is {result.status}{waiting}; nothing was written")
+            shown(f"nothing to carry on: the run is {result.status}{waiting}; nothing was written")
         )
     else:
-        lines.append(Text(f"carried on by {worker} under fence {result.fence}"))
-        lines.extend(Text(f"  {line}") for line in result.plan.describe())
+        lines.append(shown(f"carried on by {worker} under fence {result.fence}"))
+        lines.extend(shown(f"  {line}") for line in result.plan.describe())
         if result.reconciled:
             lines.append(
-                Text(f"  settled by the tools' status checks: {', '.join(result.reconciled)}")
+                shown(f"  settled by the tools' status checks: {', '.join(result.reconciled)}")
             )
     status = f"status {result.status}, iteration {result.iteration}"
     if result.waiting_on:
         status += f", waiting on {result.waiting_on}"
-    lines.append(Text(status))
+    lines.append(shown(status))
     if result.output is not None:
-        lines.append(Text(f"output: {one_line(result.output, 200)}"))
+        lines.append(shown(f"output: {one_line(result.output, 200)}"))
     if result.error is not None:
-        lines.append(Text(f"error: {result.error}"))
+        lines.append(shown(f"error: {result.error}"))
     return Group(*lines)
 
 
@@ -213,7 +227,7 @@ def audit_table(run_id: str, tenant: str, lines: Sequence[AuditLine]) -> Table:
     title = f"run {run_id} ({tenant}): {len(lines) - unreadable} events, {refused} refused"
     if unreadable:
         title += f", {unreadable} unreadable record(s)"
-    table = Table(title=title, title_justify="left")
+    table = Table(title=shown(title), title_justify="left")
     table.add_column("offset", justify="right")
     table.add_column("seq", justify="right")
     table.add_column("fence", justify="right")
@@ -228,8 +242,8 @@ def audit_table(run_id: str, tenant: str, lines: Sequence[AuditLine]) -> Table:
                 str(bad.position.offset),
                 str(bad.error.seq) if bad.error.seq is not None else "?",
                 "?",
-                bad.kind or "?",
-                Text(f"unreadable record: {bad.reason}", style="red"),
+                shown(bad.kind or "?"),
+                shown(f"unreadable record: {bad.reason}", style="red"),
                 Text("UNREADABLE", style="bold red"),
             )
             continue
@@ -240,7 +254,7 @@ def audit_table(run_id: str, tenant: str, lines: Sequence[AuditLine]) -> Table:
             verdict = Text("REFUSED", style="bold red")
             # The guard's detail starts with the run and seq, which the row already shows.
             why = line.refused.detail.removeprefix(f"run {event.run_id!r} seq {event.seq}: ")
-            what.append(f"\n{line.refused.reason.value}: {why}", style="red")
+            what.append(f"\n{line.refused.reason.value}: {printable(why)}", style="red")
         table.add_row(
             str(line.stored.position.offset),
             str(event.seq),

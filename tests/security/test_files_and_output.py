@@ -1,5 +1,5 @@
-"""Files at rest: stored files are private, archive manifests stay in their archive, and
-decompression is bounded."""
+"""Files at rest and what the CLI prints: stored files are private, archive manifests stay in
+their archive, decompression is bounded, and run content cannot drive the operator's terminal."""
 
 from __future__ import annotations
 
@@ -13,12 +13,27 @@ from pathlib import Path
 import msgspec
 import pytest
 import zstandard
+from typer.testing import CliRunner, Result
 
 from onward.errors import ArchiveError
-from onward.eventlog import RunStarted, SqliteEventLog, StoredEvent
+from onward.eventlog import (
+    Event,
+    Message,
+    ModelAnswered,
+    RunClaimed,
+    RunStarted,
+    SqliteEventLog,
+    StoredEvent,
+    Tagged,
+    ToolCall,
+    ToolCompleted,
+    ToolDispatched,
+)
 from onward.eventlog.archive import MANIFEST, MAX_LINE_BYTES, DirectoryArchive
 from onward.eventlog.base import Position
-from onward.testing.eventlog import new_run_id, step_events
+from onward.projections.audit import printable
+from onward.runtime.cli import app
+from onward.testing.eventlog import Envelope, new_run_id, step_events
 
 
 @pytest.fixture
@@ -159,3 +174,74 @@ async def test_a_planted_temporary_link_is_not_written_through(tmp_path: Path) -
         MANIFEST,
         "p00000-000000000000-000000000002.jsonl.zst",
     ]
+
+
+HOSTILE = "\x1b]0;OWNED\x07\x1b[2J"
+"""Retitles the operator's window and clears the screen, printed raw."""
+
+
+def hostile_run(db: Path) -> str:
+    """A run in ``db`` whose model, tool, worker and tag wrote escape sequences."""
+    run_id = f"run-{new_run_id()}"
+    call = ToolCall(call_id="c1\x1b[8m", tool="look\x1b[1m")
+
+    def env(seq: int) -> Envelope:
+        return Envelope(run_id=run_id, tenant="acme", seq=seq, fence=1, at=seq)
+
+    history: list[Event] = [
+        RunStarted(**env(1), agent="booker\x1b[8m", revision="r1", input=f"hi{HOSTILE}"),
+        RunClaimed(**env(2), worker=f"w{HOSTILE}"),
+        ModelAnswered(**env(3), message=Message(role="assistant", content=""), tool_calls=[call]),
+        ToolDispatched(**env(4), call_id=call.call_id, tool=call.tool, idempotency_key="k"),
+        ToolCompleted(**env(5), call_id=call.call_id, result=HOSTILE),
+        Tagged(**env(6), target_seq=5, label="looked\x1b[2J\x9b31m"),
+    ]
+
+    async def write() -> None:
+        async with SqliteEventLog(db) as log:
+            await log.append(history)
+
+    asyncio.run(write())
+    return run_id
+
+
+def onward(db: Path, *args: str) -> Result:
+    """The command line against the SQLite file ``db``, as tests/runtime/test_cli.py runs it."""
+    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def test_replay_shows_escape_sequences_of_a_run_escaped(tmp_path: Path) -> None:
+    """security review #15: a tool result holding OSC and CSI sequences and a label holding ESC
+    reach `onward replay`'s table as visible escapes, never as a raw ESC byte."""
+    db = tmp_path / "onward.db"
+    run_id = hostile_run(db)
+    result = onward(db, "replay", run_id, "--tenant", "acme")
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output
+    assert "\x07" not in result.output
+    assert "\x9b" not in result.output
+    assert "\\x1b]0;OWNED\\x07" in result.stdout
+    assert "tags: seq 5 looked\\x1b[2J\\x9b31m" in result.stdout
+
+
+def test_inspect_shows_escape_sequences_of_a_run_escaped(tmp_path: Path) -> None:
+    """security review #15: `onward inspect` shows the run's agent, call, tool and tag with
+    their escapes visible and no raw ESC byte."""
+    db = tmp_path / "onward.db"
+    run_id = hostile_run(db)
+    result = onward(db, "inspect", run_id, "--tenant", "acme")
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output
+    assert "\x9b" not in result.output
+    assert "booker\\x1b[8m" in result.stdout
+    assert "c1\\x1b[8m" in result.stdout
+    assert "looked\\x1b[2J" in result.stdout
+
+
+def test_printable_escapes_every_control_and_keeps_the_rest() -> None:
+    """security review #15: the helper worker log lines can use escapes C0, DEL, C1 and
+    bidirectional overrides, and leaves ordinary text (accents, emoji) as it is."""
+    assert printable(f"é 🙂 ok{HOSTILE}\x7f\x9b\u202e\n") == (
+        "é 🙂 ok\\x1b]0;OWNED\\x07\\x1b[2J\\x7f\\x9b\\u202e\\x0a"
+    )

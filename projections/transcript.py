@@ -36,14 +36,14 @@ from onward.eventlog.events import (
     ToolResolved,
 )
 from onward.eventlog.parts import ToolCallRef, ToolCallsPart, assistant_message
-
-BLOB_REF = "$blob"
-"""The key of a claim-check reference (``{"$blob": digest, "size": n}``)."""
-
-LITERAL = "$literal"
-"""The key a body shaped like a claim-check reference is wrapped in when written
-(``{"$literal": body}``), so that only the claim check itself ever makes a reference: a run's
-input or a tool's result that merely looks like one is never fetched from the blob store."""
+from onward.eventlog.references import (
+    BLOB_REF,
+    LITERAL,
+    escaped,
+    is_escaped,
+    is_reference,
+    unescaped,
+)
 
 CHECKPOINT_REQUEST = "onward.checkpoint:"
 """How the request id of a collaborative checkpoint starts: ``onward.checkpoint:<boundary>:<seq>``,
@@ -139,27 +139,6 @@ def as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return msgspec.json.encode(value).decode()
-
-
-def is_reference(value: Any) -> bool:
-    """Whether a body is a claim-check reference."""
-    return isinstance(value, dict) and set(value) == {BLOB_REF, "size"}
-
-
-def is_escaped(value: Any) -> bool:
-    """Whether a body is a value wrapped because it looked like a reference (`LITERAL`)."""
-    return isinstance(value, dict) and len(value) == 1 and LITERAL in value
-
-
-def escaped(value: Any) -> Any:
-    """A body as written: wrapped in `LITERAL` if it looks like a reference or a wrapped value
-    (so the wrapping is undone exactly once), otherwise the very same object."""
-    return {LITERAL: value} if is_reference(value) or is_escaped(value) else value
-
-
-def unescaped(value: Any) -> Any:
-    """A body as it was given, the `LITERAL` wrapping of `escaped` taken off."""
-    return value[LITERAL] if is_escaped(value) else value
 
 
 __all__ = [

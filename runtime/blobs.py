@@ -30,7 +30,7 @@ from onward.eventlog.events import (
     ToolCompleted,
     ToolResolved,
 )
-from onward.projections.transcript import BLOB_REF, escaped, is_reference, unescaped
+from onward.eventlog.references import BLOB_REF, escaped, is_reference, unescaped
 
 DEFAULT_THRESHOLD = 256 * 1024
 _REF = BLOB_REF

@@ -8,6 +8,9 @@ Environment:
     MCP_TEST_LEDGER: a file that gets one JSON line per ``charge`` side effect.
     MCP_TEST_VARIANT: ``v1`` (default) or ``v2``; ``v2`` reports another version and adds a tool.
     MCP_TEST_CRASH: set to make the server exit at start.
+    MCP_TEST_SWITCH: a file; when it exists its text (``v2`` or ``crash``) overrides the two
+        above, so a test changes a server between sessions without changing its declaration
+        (whose environment is part of its cache endpoint).
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 KEY = "onward/idempotency-key"
-if os.environ.get("MCP_TEST_CRASH"):
+_SWITCH = Path(os.environ.get("MCP_TEST_SWITCH") or os.devnull)
+SWITCHED = _SWITCH.read_text().strip() if _SWITCH.is_file() else ""
+if os.environ.get("MCP_TEST_CRASH") or SWITCHED == "crash":
     sys.exit("this server fails at start, on purpose")
-VARIANT = os.environ.get("MCP_TEST_VARIANT", "v1")
+VARIANT = SWITCHED or os.environ.get("MCP_TEST_VARIANT", "v1")
 
 
 class CountingServer(MCPServer):

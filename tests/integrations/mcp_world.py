@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from onward.eventlog import ToolCall
 from onward.integrations.mcp import StdioServer, ToolOptions
@@ -34,6 +34,7 @@ def stdio_server(
         "MCP_TEST_LISTINGS": str(tmp / f"{name}.listings"),
         "MCP_TEST_LEDGER": str(tmp / "ledger.jsonl"),
         "MCP_TEST_VARIANT": variant,
+        "MCP_TEST_SWITCH": str(tmp / f"{name}.switch"),
     }
     if crash:
         env["MCP_TEST_CRASH"] = "1"
@@ -46,6 +47,12 @@ def stdio_server(
         tools=tools or {},
         key_argument=key_argument,
     )
+
+
+def switch(tmp: Path, to: Literal["v2", "crash"], *, name: str = "ledger") -> None:
+    """Make the server ``name`` under ``tmp`` start as ``to`` from its next session, its
+    declaration (and so its cache endpoint) unchanged: an upgrade, or a crash at start."""
+    (tmp / f"{name}.switch").write_text(to)
 
 
 def listings(tmp: Path, name: str = "ledger") -> int:

@@ -24,6 +24,7 @@ from integrations.mcp_world import (
     ledger,
     listings,
     stdio_server,
+    switch,
 )
 from onward.errors import BackendUnavailableError, ConfigurationError, IndeterminateToolCallError
 from onward.eventlog import SqliteEventLog, ToolCall, ToolCompleted
@@ -257,7 +258,8 @@ async def test_a_reconnect_reporting_other_tools_replaces_the_entry(
     before = (await cache.load("r1"))["ledger"]
 
     # The server was upgraded while the run was down: it reports v2 and one more tool.
-    upgraded = stdio_server(tmp_path, variant="v2")
+    switch(tmp_path, "v2")
+    upgraded = stdio_server(tmp_path)
     async with MCPToolset([upgraded], run_id="r1", cache=cache) as resumed:
         assert resumed.warm == ("ledger",)
         assert charging_agent(resumed.tools).revision == old  # the run keeps its tools
@@ -407,7 +409,8 @@ async def test_a_server_down_on_resume_is_recorded_naming_it(
     async with MCPToolset([stdio_server(tmp_path)], run_id="r1", cache=cache):
         pass
     # Warm: the schemas come from the cache; the server is only started at the first call.
-    down = stdio_server(tmp_path, crash=True)
+    switch(tmp_path, "crash")
+    down = stdio_server(tmp_path)
     async with (
         SqliteEventLog(tmp_path / "log.db") as log,
         MCPToolset([down], run_id="r1", cache=cache, connect_timeout=5) as toolset,

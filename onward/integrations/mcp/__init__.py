@@ -5,7 +5,7 @@ Needs the ``mcp`` package: ``pip install 'onward[mcp]'``.
     servers = [StdioServer(name="files", command="files-mcp", tools={"rm": ToolOptions(
         requires_approval=True)})]
     async with SchemaCache.from_url(redis_url) as cache, MCPToolset(
-        servers, run_id=run_id, cache=cache
+        servers, run_id=run_id, tenant="acme", cache=cache
     ) as toolset:
         agent = Agent("ops", "...", tools=toolset.tools)
         await runner.run(agent, "tidy up", tenant="acme", run_id=run_id)

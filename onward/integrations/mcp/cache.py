@@ -1,10 +1,14 @@
-"""The Redis cache of MCP tool schemas, keyed by run: what makes a resume warm.
+"""The Redis cache of MCP tool schemas, keyed by run and tenant: what makes a resume warm.
 
 A run's first toolset lists every server's tools and stores the listings under
-``{prefix}{run_id}`` (a Redis hash, one field per server, default prefix
-``onward:mcp:schema:``) with a TTL. A resume of that run reads them back instead of calling
-``tools/list`` on each server; the agent's revision comes out the same because the tools are
-built from the same JSON either way.
+``{prefix}{run_id}`` (a Redis hash, default prefix ``onward:mcp:schema:``) with a TTL, one
+field per tenant and server: ``{tenant digest}:{server name}``. A resume of that run reads
+back its own tenant's fields instead of calling ``tools/list`` on each server; the agent's
+revision comes out the same because the tools are built from the same JSON either way.
+
+The tenant is part of the entry because a run id alone is not a secret: a toolset opened by
+one tenant under another tenant's run id must not plant the listing that run's resume uses.
+The key stays the run's, so GC removes a finished run's entry, every tenant's fields with it.
 """
 
 from __future__ import annotations
@@ -86,8 +90,9 @@ class ServerSchema(msgspec.Struct, frozen=True, kw_only=True):
     """One server's tool listing, as cached.
 
     Attributes:
-        endpoint: A digest of what was connected to (command line or URL); a listing for
-            another endpoint under the same server name is not used.
+        endpoint: A digest of what was connected to (command line, environment and working
+            directory; or URL and headers); a listing for another endpoint under the same
+            server name is not used.
         server_name: The name the server reported at the handshake.
         server_version: The version it reported; a new session reporting another one is checked.
         digest: Hash of the tool list (sorted by name); the schema version compared on reconnect.
@@ -130,8 +135,17 @@ def schema_digest(tools: Sequence[Mapping[str, Any]]) -> str:
 _decoder = msgspec.json.Decoder(ServerSchema)
 
 
+def tenant_scope(tenant: str | None) -> str:
+    """The part of a field name that keeps tenants apart: a digest of the tenant (``""``
+    without one), so tenant names are not stored and no name can reach into another's."""
+    if tenant is None:
+        return ""
+    return hashlib.sha256(f"tenant\0{tenant}".encode()).hexdigest()[:32]
+
+
 class SchemaCache(Resource):
-    """Tool listings of a run's MCP servers in Redis, under ``{prefix}{run_id}``.
+    """Tool listings of a run's MCP servers in Redis, under ``{prefix}{run_id}``, one field
+    per tenant and server.
 
     Args:
         client: A ``redis.asyncio.Redis``. The cache closes it only if it created it
@@ -182,9 +196,11 @@ class SchemaCache(Resource):
         """The Redis key of a run's entry."""
         return f"{self.prefix}{run_id}"
 
-    async def load(self, run_id: str) -> dict[str, ServerSchema]:
-        """The cached listings of a run by server name (empty on a miss); renews the TTL."""
+    async def load(self, run_id: str, *, tenant: str | None = None) -> dict[str, ServerSchema]:
+        """The listings cached for a run and tenant, by server name (empty on a miss); renews
+        the TTL. Listings stored for another tenant (or for none) are never returned."""
         key = self.key(run_id)
+        scope = f"{tenant_scope(tenant)}:"
         try:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.hgetall(key)
@@ -196,6 +212,9 @@ class SchemaCache(Resource):
         found: dict[str, ServerSchema] = {}
         for field, value in raw.items():
             name = field.decode() if isinstance(field, bytes) else str(field)
+            if not name.startswith(scope):
+                continue  # another tenant's, or written before entries had tenants
+            name = name.removeprefix(scope)
             try:
                 schema = _decoder.decode(value)
             except msgspec.DecodeError as exc:
@@ -205,15 +224,21 @@ class SchemaCache(Resource):
                 found[name] = schema
         return found
 
-    async def store(self, run_id: str, schemas: Mapping[str, ServerSchema]) -> None:
-        """Write (or replace) the listings of some of a run's servers and renew the TTL.
+    async def store(
+        self, run_id: str, schemas: Mapping[str, ServerSchema], *, tenant: str | None = None
+    ) -> None:
+        """Write (or replace) the listings of some of a run's servers, for one tenant, and
+        renew the TTL.
 
         A failed write is logged, not raised: the run goes on, its next resume is cold.
         """
         if not schemas:
             return
         key = self.key(run_id)
-        mapping = {name: msgspec.json.encode(schema) for name, schema in schemas.items()}
+        scope = tenant_scope(tenant)
+        mapping = {
+            f"{scope}:{name}": msgspec.json.encode(schema) for name, schema in schemas.items()
+        }
         try:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
@@ -227,7 +252,8 @@ class SchemaCache(Resource):
             )
 
     async def forget(self, run_id: str) -> bool:
-        """Remove a run's entry (for GC, when the run is finished or deleted).
+        """Remove a run's entry, every tenant's listings in it (for GC, when the run is
+        finished or deleted).
 
         Returns:
             Whether there was an entry.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import shlex
 import sys
@@ -113,8 +114,11 @@ class StdioServer(_Server):
 
     @property
     def endpoint(self) -> str:
-        """A digest of the command line."""
-        return _digest(shlex.join([self.command, *self.args]))
+        """A digest of the command line, the extra environment and the working directory:
+        another token in ``env`` is another endpoint (and no value is stored in clear)."""
+        return _digest_of(
+            "stdio", shlex.join([self.command, *self.args]), self.cwd or "", self.env or {}
+        )
 
     def transport(self) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
         parameters = StdioServerParameters(
@@ -156,8 +160,10 @@ class HttpServer(_Server):
 
     @property
     def endpoint(self) -> str:
-        """A digest of the URL."""
-        return _digest(self.url)
+        """A digest of the URL and the headers (names case-folded): another tenant's
+        authorization on the same URL is another endpoint (and no value is stored in clear)."""
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        return _digest_of("http", self.url, "", headers)
 
     @contextlib.asynccontextmanager
     async def transport(self) -> AsyncIterator[TransportStreams]:
@@ -298,6 +304,13 @@ def _ended(task: asyncio.Task[None]) -> BaseException | None:
     if not task.done() or task.cancelled():
         return None
     return task.exception()
+
+
+def _digest_of(kind: str, target: str, cwd: str, values: Mapping[str, str]) -> str:
+    """One digest of what a server declaration connects to, its values included only as
+    digests of their own (so the canonical text hashed holds no secret either)."""
+    hidden = sorted((name, _digest(value)) for name, value in values.items())
+    return _digest(json.dumps([kind, target, cwd, hidden]))
 
 
 def _digest(text: str) -> str:

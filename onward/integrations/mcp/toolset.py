@@ -48,7 +48,7 @@ class MCPToolError(OnwardError):
 class MCPToolset(Resource):
     """The tools of some MCP servers, as `Tool`s that go through the runner like any other.
 
-    ``async with MCPToolset(servers, run_id=..., cache=...) as toolset`` (or
+    ``async with MCPToolset(servers, run_id=..., tenant=..., cache=...) as toolset`` (or
     ``await MCPToolset.open(...)`` and `close`) lists each server's tools, or reads the listings
     cached for that run, and builds ``toolset.tools``. Calls go through the same write-ahead
     dispatch, idempotency keys, approvals and redaction as any tool. Each call carries its
@@ -64,6 +64,9 @@ class MCPToolset(Resource):
             them (after each server's ``prefix``): a clash is a `ConfigurationError`.
         run_id: The run these tools serve: the key of its cached schemas. Without it nothing
             is cached.
+        tenant: The tenant the run belongs to: cached schemas are kept per tenant, so a
+            toolset opened under another tenant's run id neither reads this run's listings
+            nor plants the ones its resume uses. Give it wherever tenants share a cache.
         cache: Where schemas are cached (`SchemaCache.from_settings` reads the environment);
             ``None`` lists every server on every open.
         connect_timeout: Seconds a server may take to start and answer the handshake.
@@ -82,6 +85,7 @@ class MCPToolset(Resource):
         servers: Sequence[ServerConfig],
         *,
         run_id: str | None = None,
+        tenant: str | None = None,
         cache: SchemaCache | None = None,
         connect_timeout: float = 10.0,
         call_timeout: float | None = None,
@@ -94,6 +98,7 @@ class MCPToolset(Resource):
             raise InvalidInputError(f"connect_timeout must be positive, got {connect_timeout}")
         self.servers = tuple(servers)
         self.run_id = run_id
+        self.tenant = tenant
         self.cache = cache
         self.call_timeout = call_timeout
         self.connections = {
@@ -129,7 +134,7 @@ class MCPToolset(Resource):
         self.tools = tuple(self._build())
         self._open = True
         if self.cache is not None and self.run_id is not None:
-            await self.cache.store(self.run_id, fresh)
+            await self.cache.store(self.run_id, fresh, tenant=self.tenant)
 
     async def close(self) -> None:
         """Close every session this toolset opened (stopping stdio servers). Idempotent."""
@@ -141,7 +146,7 @@ class MCPToolset(Resource):
     async def _cached(self) -> dict[str, ServerSchema]:
         if self.cache is None or self.run_id is None:
             return {}
-        found = await self.cache.load(self.run_id)
+        found = await self.cache.load(self.run_id, tenant=self.tenant)
         return {
             s.name: found[s.name]
             for s in self.servers
@@ -219,7 +224,7 @@ class MCPToolset(Resource):
             self.replaced.append(server.name)
         self.schemas[server.name] = fresh
         if self.cache is not None and self.run_id is not None:
-            await self.cache.store(self.run_id, {server.name: fresh})
+            await self.cache.store(self.run_id, {server.name: fresh}, tenant=self.tenant)
 
     # -- tools -------------------------------------------------------------------------------
 

@@ -15,6 +15,19 @@ left exactly as they are. A pattern run over arbitrary bytes matches by accident
 binary payload is neither the original nor honestly empty: a corrupt image is worse than an
 unredacted one, which the caller can still choose not to send.
 
+Values are also masked by the name they are stored under. A dict key that names a secret
+(``password``, ``api_key``, ``*_token``, ``Authorization``, ``Cookie``...: `DEFAULT_SECRET_KEYS`,
+compared without regard to case, with ``-``, spaces and camelCase read as ``_``) has its whole
+value masked: a string becomes the mask, a number too (a numeric PIN is still a secret), and
+every string and number inside a nested dict or list under it. ``None``, booleans and binary
+values are kept. ``secret_keys`` (or ``ONWARD_REDACT_KEYS``) adds names. Dict keys are scanned
+as text as well, so a secret used as a key (``{"sk-ant-...": 1}``) is masked; two keys that
+mask to the same text are kept apart by a ``#2``, ``#3`` suffix.
+
+The walk is iterative, so a value nested thousands of levels deep is masked like any other
+instead of exhausting the interpreter's stack; a container that holds itself is not walked
+into again (no encoder could write it anyway).
+
 Masking is pattern matching, so it is best effort: a secret of a shape no pattern knows passes
 through, which is what ``extra_patterns`` is for. Where a pattern knows which part of the match
 is the secret (the password of a URL, the token after ``Bearer``, the value after ``api_key=``),
@@ -30,8 +43,10 @@ nothing to mask comes back as the very same object, so clean events cost no copi
 from __future__ import annotations
 
 import functools
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import compress, count, repeat
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -41,6 +56,48 @@ from onward.eventlog.events import Event
 
 DEFAULT_MASK: Final = "[REDACTED]"
 """What a secret is replaced with unless the redactor is given another mask."""
+
+DEFAULT_SECRET_KEYS: Final[tuple[str, ...]] = (
+    "password",
+    "passwd",
+    "pwd",
+    "passphrase",
+    "*_password",
+    "*_passwd",
+    "*_passphrase",
+    "secret",
+    "*_secret",
+    "secret_key",
+    "*_secret_key",
+    "*_secret_access_key",
+    "token",
+    "*_token",
+    "api_key",
+    "apikey",
+    "*_api_key",
+    "*_apikey",
+    "authorization",
+    "proxy_authorization",
+    "cookie",
+    "set_cookie",
+    "session",
+    "sessionid",
+    "session_id",
+    "private_key",
+    "*_private_key",
+    "credentials",
+    "*_credentials",
+)
+"""Dict keys whose whole value is masked (``*_token``: any key ending in ``_token``).
+
+Compared after normalising the key: camelCase is split (``accessToken`` is ``access_token``),
+``-``, spaces and other separators become ``_``, and case is ignored, so ``X-API-Key``,
+``client_secret``, ``Set-Cookie`` and ``refreshToken`` all match.
+"""
+
+REDACT_KEYS_VARIABLE: Final = "ONWARD_REDACT_KEYS"
+"""The environment variable whose comma-separated names a `Redactor` built without
+``secret_keys`` adds to `DEFAULT_SECRET_KEYS`."""
 
 _EventT = TypeVar("_EventT", bound=Event)
 _StructT = TypeVar("_StructT", bound=msgspec.Struct)
@@ -133,6 +190,16 @@ _TOKEN_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
         "env_token",
         r"_TOKEN(?:\\?[\"'])?[ \t]*[:=](?![=:])[ \t]*(?:" + _VALUE + ")",
     ),
+    *(
+        (
+            "url_query_secret",
+            first + r"(?:[A-Za-z0-9_.-]*[_.-])?"
+            r"(?i:token|key|api[_-]?key|sig|signature|secret|password|passwd|session|sessionid)="
+            + _NOT_A_VALUE
+            + r"""([^&#\s"'<>\\]+)""",
+        )
+        for first in (r"\?", "&")
+    ),
 )
 """Secrets recognised by their own shape, scanned as one alternation.
 
@@ -152,6 +219,29 @@ _CONTEXT_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
 
 The user name is part of the match but may itself be a token (``https://<token>:x@github.com``),
 so these run as a scan of their own and their masks are merged with the others'.
+"""
+
+_SPACED_PASSWORD_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
+    (
+        "password_spaced",
+        r"(?:MYSQL_PWD|[Pp](?i:ass(?:word|wd|phrase)))[ \t]+(?![=:])"
+        r"(?=[^\s\"']*[0-9!@#$%^&*+/~])" + _NOT_A_VALUE + r"""([^\s"'\\]{4,})""",
+    ),
+)
+_MYSQL_PASSWORD_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
+    (
+        "mysql_password_flag",
+        r"m(?:ysql(?:dump|admin|check|import|show)?|ariadb)(?![\w-])[^\n]{0,200}?"
+        r"""[ \t]-p([^\s"'\\]+)""",
+    ),
+)
+"""Secrets after a word with no separator (``PGPASSWORD value``, ``passwd value``, ``mysql
+-pPASSWORD``), each kind scanned only in text holding one of its words (`_guarded_spans`).
+
+A word after ``password``, ``passwd`` or ``PGPASSWORD`` and a space is masked only when it
+holds a digit or a symbol, so prose (``the password field``, ``set PGPASSWORD before``) stays.
+Their first letters are common ones, so a scan of their own behind a substring test keeps them
+from slowing down every other text.
 """
 
 _LABELS: Final[tuple[str, ...]] = (
@@ -191,10 +281,10 @@ _LABEL_SCAN: Final = re.compile(
     # Run over the reversed text: a separator is rare where a label's first letter is not, so
     # starting from the separator lets the engine skip to candidates in C.
     r"[:=>](?:(?<=>)=|(?<==):?|(?<=:))[ \t]*(?:[\"']\\?)?"
-    r"(?i:(noitazirohtua)|" + "|".join(_reversed_label(label) for label in _LABELS) + ")"
+    r"(?i:(noitazirohtua)|(eikooc)|" + "|".join(_reversed_label(label) for label in _LABELS) + ")"
     r"(?![\w.-]*//:)"
 )
-"""A separator, then (reversed) a label or ``Authorization`` before it.
+"""A separator, then (reversed) a label, ``Authorization`` or ``Cookie`` before it.
 
 A label that is the user name of a URL (``https://x-access-token:<token>@github.com``) is left
 to the URL pattern, which masks the password and keeps the host."""
@@ -208,6 +298,15 @@ _HEADER_VALUE: Final = re.compile(
 )
 """The credentials after ``Authorization:``. After a scheme (``Basic``, ``Bearer``) anything is
 masked; without one, a plain word (``Authorization: required``) is not a credential."""
+
+_COOKIE_VALUE: Final = re.compile(
+    r"[ \t]*(?:\\?[\"'])?" + _NOT_A_VALUE + r"""([^\s=;"'\\]+=[^\r\n"'\\]*)"""
+)
+"""The cookies after ``Cookie:`` or ``Set-Cookie:``, masked to the end of the line: every
+``name=value`` pair is a session. A value without ``=`` (``Cookie: chocolate chip``) is prose."""
+
+_HEADER_VALUES: Final = (_LABELLED_VALUE, _HEADER_VALUE, _COOKIE_VALUE)
+"""The value pattern after a label (no group), ``Authorization`` (group 1), ``Cookie`` (2)."""
 
 
 class _Scan:
@@ -250,17 +349,84 @@ def _labelled_spans(text: str, into: list[tuple[int, int]]) -> None:
     length = len(text)
     found = [(length - hit.start(), hit.lastindex) for hit in _LABEL_SCAN.finditer(text[::-1])]
     read_until = 0
-    for position, header in reversed(found):
+    for position, group in reversed(found):
         if position < read_until:
             continue
-        value = (_HEADER_VALUE if header else _LABELLED_VALUE).match(text, position)
+        value = _HEADER_VALUES[group or 0].match(text, position)
         if value is not None:
             into.append(_secret_span(value))
             read_until = value.end()
 
 
+_CAMEL_CASE: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_SEPARATORS: Final = re.compile(r"[^a-z0-9]+")
+
+
+def _normalised_key(name: str) -> str:
+    """A key as the secret names are compared with it: ``X-Api-Key`` is ``x_api_key``."""
+    return _SEPARATORS.sub("_", _CAMEL_CASE.sub("_", name).lower()).strip("_")
+
+
+def parse_secret_keys(text: str, *, source: str = REDACT_KEYS_VARIABLE) -> tuple[str, ...]:
+    """The key names of a comma-separated list (``ONWARD_REDACT_KEYS``), blanks skipped.
+
+    Raises:
+        ConfigurationError: A name has no letter or digit; the message names ``source``.
+    """
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    for name in names:
+        if not _normalised_key(name.removeprefix("*")):
+            raise ConfigurationError(
+                f"{source}: {name!r} is not a key name; give comma-separated names such as "
+                "ssn,*_pin"
+            )
+    return names
+
+
+class _SecretKeys:
+    """Which dict keys name a secret: exact names and ``*_suffix`` patterns, normalised."""
+
+    __slots__ = ("exact", "suffixes")
+
+    def __init__(self, names: Sequence[str]) -> None:
+        if isinstance(names, str):
+            raise ConfigurationError(
+                f"secret_keys must be a sequence of key names, not the single string {names!r}; "
+                f"pass ({names!r},)"
+            )
+        exact: set[str] = set()
+        suffixes: set[str] = set()
+        for name in names:
+            if not isinstance(name, str) or not _normalised_key(name.removeprefix("*")):
+                raise ConfigurationError(
+                    f"secret key name {name!r} is not a key name; pass names such as "
+                    "'ssn' or '*_pin' (any key ending in _pin)"
+                )
+            if name.startswith("*"):
+                suffixes.add("_" + _normalised_key(name[1:]))
+            else:
+                exact.add(_normalised_key(name))
+        self.exact = frozenset(exact)
+        self.suffixes = tuple(sorted(suffixes))
+
+    def match(self, key: str) -> bool:
+        """Whether ``key`` names a secret."""
+        normalised = _normalised_key(key)
+        return normalised in self.exact or normalised.endswith(self.suffixes)
+
+
 _TOKENS: Final = _Scan(_TOKEN_PATTERNS)
 _CONTEXTS: Final = _Scan(_CONTEXT_PATTERNS)
+_SPACED_PASSWORDS: Final = _Scan(_SPACED_PASSWORD_PATTERNS)
+_MYSQL_PASSWORDS: Final = _Scan(_MYSQL_PASSWORD_PATTERNS)
+
+
+def _guarded_spans(text: str, into: list[tuple[int, int]]) -> None:
+    """Append the spans of the patterns scanned only in text that holds their guard words."""
+    if "ass" in text or "ASS" in text or "PWD" in text:
+        _SPACED_PASSWORDS.spans(text, into)
+    if "mysql" in text or "mariadb" in text:
+        _MYSQL_PASSWORDS.spans(text, into)
 
 
 @functools.cache
@@ -307,21 +473,27 @@ class Redactor:
         extra_patterns: Regular expressions for secrets of shapes the built-in patterns do not
             know (an internal token format, employee ids). A match is masked whole, or only its
             group named ``secret`` when the pattern has one.
+        secret_keys: Dict key names whose whole value is masked, added to
+            `DEFAULT_SECRET_KEYS` (``"ssn"``; ``"*_pin"`` for any key ending in ``_pin``).
+            ``None`` (the default) takes them from ``ONWARD_REDACT_KEYS``, comma-separated, so
+            every redactor a runner builds by default honours the deployment's setting.
         enabled: ``False`` makes every method return its argument untouched. Only for stores
             already trusted with the secrets themselves.
         mask: What each secret is replaced with.
 
     Raises:
         ConfigurationError: An extra pattern does not compile, is a bytes pattern, or matches
-            the empty string; the message names the pattern.
+            the empty string; a secret key name (or ``ONWARD_REDACT_KEYS``) holds no letter or
+            digit. The message names the pattern or the name.
     """
 
-    __slots__ = ("_enabled", "_extras", "_mask", "_min_length")
+    __slots__ = ("_enabled", "_extras", "_key", "_mask", "_min_length", "_secret_keys")
 
     def __init__(
         self,
         *,
         extra_patterns: Sequence[str | re.Pattern[str]] = (),
+        secret_keys: Sequence[str] | None = None,
         enabled: bool = True,
         mask: str = DEFAULT_MASK,
     ) -> None:
@@ -333,9 +505,19 @@ class Redactor:
         self._extras: tuple[re.Pattern[str], ...] = tuple(
             _compile_extra(pattern) for pattern in extra_patterns
         )
+        if secret_keys is None:
+            secret_keys = parse_secret_keys(os.environ.get(REDACT_KEYS_VARIABLE, ""))
+        elif isinstance(secret_keys, str):
+            _SecretKeys(secret_keys)  # raises, naming the single string
+        self._secret_keys = _SecretKeys((*DEFAULT_SECRET_KEYS, *secret_keys))
         self._enabled = enabled
         self._mask = mask
         self._min_length = 1 if self._extras else _SHORTEST_SECRET
+        # Keys repeat across values (every result of a tool has the same ones), so what a key
+        # means is worked out once per distinct key, in a bounded cache.
+        self._key: Callable[[str], tuple[bool, str]] = functools.lru_cache(maxsize=4096)(
+            self._judge_key
+        )
 
     @property
     def enabled(self) -> bool:
@@ -359,6 +541,7 @@ class Redactor:
             _TOKENS.spans(text, spans)
             _CONTEXTS.spans(text, spans)
             _labelled_spans(text, spans)
+            _guarded_spans(text, spans)
         for pattern in self._extras:
             spans.extend(_extra_span(match) for match in pattern.finditer(text))
         if not spans:
@@ -386,12 +569,18 @@ class Redactor:
         pieces.append(text[kept_until:])
         return "".join(pieces)
 
+    def is_secret_key(self, key: str) -> bool:
+        """Whether a dict key names a secret, so that its whole value is masked."""
+        return self._key(key)[0]
+
     def redact(self, value: Any) -> Any:
         """Mask every secret in a JSON-like value.
 
-        Strings are masked; lists, tuples, sets and dict values are walked (dict keys are kept as
-        they are); msgspec Structs are walked field by field (an event's envelope is kept). Binary
-        values and every other leaf are returned untouched.
+        Strings are masked; lists, tuples, sets and dicts are walked; msgspec Structs are walked
+        field by field (an event's envelope is kept). A dict key naming a secret has its whole
+        value masked (strings and numbers, nested ones included); a dict key holding a secret is
+        masked itself. Binary values and every other leaf are returned untouched. Values nested
+        any number of levels deep are walked without recursion.
 
         Args:
             value: A string, a container of JSON-like values, a Struct, or any other leaf.
@@ -417,62 +606,166 @@ class Redactor:
         """
         if not self._enabled:
             return event
-        return self._walk_struct(event, _ENVELOPE)
+        walked: _EventT = self._walk(event)
+        return walked
 
-    def _walk(self, value: Any) -> Any:
-        """Mask the strings inside one value, whatever its type."""
-        if isinstance(value, str):
-            return self.redact_text(value)
+    def _judge_key(self, key: str) -> tuple[bool, str]:
+        """Whether ``key`` names a secret, and the key with any secret in its text masked."""
+        return self._secret_keys.match(key), self.redact_text(key)
+
+    def _walk(self, root: Any) -> Any:
+        """Mask the strings inside ``root``, walking containers with a stack of their own.
+
+        The stack is a list, so depth costs memory rather than the interpreter's stack; a
+        container already being walked further up is not walked into again.
+        """
+        redact_text = self.redact_text
+        mask = self._mask
+        frame: _Frame = _RootFrame(root)
+        stack: list[_Frame] = []
+        walking: set[int] = set()
+        while True:
+            deeper: _Frame | None = None
+            changes = frame.changes
+            for slot, child, secret in frame.children:
+                if isinstance(child, str):
+                    if secret:
+                        new = child if not child or child == mask else mask
+                    else:
+                        new = redact_text(child)
+                    if new is not child:
+                        changes[slot] = new
+                elif isinstance(child, _CONTAINERS):
+                    if id(child) not in walking:
+                        frame.slot = slot
+                        deeper = self._open(child, secret)
+                        break
+                elif secret and isinstance(child, int | float) and not isinstance(child, bool):
+                    # A numeric PIN or password is a secret too. None, booleans and binary
+                    # values are kept: they hold no secret, or one no pattern can honestly mask.
+                    changes[slot] = mask
+            if deeper is not None:
+                stack.append(frame)
+                walking.add(id(deeper.value))
+                frame = deeper
+                continue
+            result = frame.result()
+            if not stack:
+                return result
+            walking.discard(id(frame.value))
+            walked = frame.value
+            frame = stack.pop()
+            if result is not walked:
+                frame.changes[frame.slot] = result
+
+    def _open(self, value: Any, secret: bool) -> _Frame:
+        """A frame walking the children of a container or a Struct."""
         if isinstance(value, dict):
-            return self._walk_dict(value)
-        if isinstance(value, list | tuple | set | frozenset):
-            return self._walk_collection(value)
+            return _DictFrame(value, secret, self._key)
         if isinstance(value, msgspec.Struct):
-            return self._walk_struct(value, _ENVELOPE if isinstance(value, Event) else frozenset())
-        # Leaves: numbers, None, and binary values, which are never masked.
-        return value
+            names, walked = _walked_fields(type(value))
+            return _Frame(
+                value,
+                compress(zip(names, msgspec.structs.astuple(value), repeat(secret)), walked),
+            )
+        return _Frame(value, zip(count(), value, repeat(secret)))
 
-    def _walk_collection(
-        self, value: list[Any] | tuple[Any, ...] | set[Any] | frozenset[Any]
-    ) -> list[Any] | tuple[Any, ...] | set[Any] | frozenset[Any]:
-        """Walk the items; copy the collection, as its own kind, only once an item changes."""
-        copy: list[Any] | None = None
-        for index, item in enumerate(value):
-            new = self._walk(item)
-            if new is not item:
-                if copy is None:
-                    copy = list(value)
-                copy[index] = new
-        if copy is None:
+
+_CONTAINERS: Final = (dict, list, tuple, set, frozenset, msgspec.Struct)
+
+
+@functools.cache
+def _walked_fields(struct_type: type[msgspec.Struct]) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+    """A Struct type's field names, and which of them are walked: all but an event's envelope."""
+    names = _field_names(struct_type)
+    keep = _ENVELOPE if issubclass(struct_type, Event) else frozenset()
+    return names, tuple(name not in keep for name in names)
+
+
+class _Frame:
+    """One container being walked: its children still to see and what changed so far.
+
+    Children come as ``(slot, value, whether the value is a secret)``; ``slot`` is an index, a
+    dict key or a field name.
+    """
+
+    __slots__ = ("changes", "children", "slot", "value")
+
+    def __init__(self, value: Any, children: Iterator[tuple[Any, Any, bool]]) -> None:
+        self.value = value
+        self.children = children
+        self.changes: dict[Any, Any] = {}
+        self.slot: Any = None
+
+    def result(self) -> Any:
+        """The value with its changes: the very same object when nothing changed; a Struct
+        replaced field by field; a list, tuple, set or frozenset copied as its own kind."""
+        value = self.value
+        if not self.changes:
             return value
+        if isinstance(value, msgspec.Struct):
+            return msgspec.structs.replace(value, **self.changes)
+        copy = list(value)
+        for index, new in self.changes.items():
+            copy[index] = new
         if isinstance(value, list):
             return copy
-        if isinstance(value, tuple):
-            return tuple(copy)
-        return type(value)(copy)
+        return tuple(copy) if isinstance(value, tuple) else type(value)(copy)
 
-    def _walk_dict(self, value: dict[Any, Any]) -> dict[Any, Any]:
-        """Walk the values, never the keys; copy the dict only once a value changes."""
-        copy: dict[Any, Any] | None = None
+
+class _RootFrame(_Frame):
+    """The value handed to the redactor, as the one child of a frame of its own."""
+
+    __slots__ = ()
+
+    def __init__(self, root: Any) -> None:
+        super().__init__(root, iter(((0, root, False),)))
+
+    def result(self) -> Any:
+        return self.changes.get(0, self.value)
+
+
+class _DictFrame(_Frame):
+    """A dict, copied once a value changes; a key whose text holds a secret is masked, and two
+    keys masked to the same text are kept distinct by a ``#2``, ``#3`` suffix."""
+
+    __slots__ = ("renamed",)
+
+    def __init__(
+        self, value: dict[Any, Any], secret: bool, judge_key: Callable[[str], tuple[bool, str]]
+    ) -> None:
+        self.renamed: dict[str, str] = {}
+        items: list[tuple[Any, Any, bool]] = []
         for key, item in value.items():
-            new = self._walk(item)
-            if new is not item:
-                if copy is None:
-                    copy = dict(value)
-                copy[key] = new
-        return value if copy is None else copy
+            if isinstance(key, str):
+                names_secret, masked_key = judge_key(key)
+                if masked_key is not key:
+                    self.renamed[key] = masked_key
+                items.append((key, item, secret or names_secret))
+            else:
+                items.append((key, item, secret))
+        super().__init__(value, iter(items))
 
-    def _walk_struct(self, value: _StructT, keep: frozenset[str]) -> _StructT:
-        """Walk every field not in ``keep``; replace the Struct only if a field changed."""
-        changes: dict[str, Any] = {}
-        for name in _field_names(type(value)):
-            if name in keep:
-                continue
-            old = getattr(value, name)
-            new = self._walk(old)
-            if new is not old:
-                changes[name] = new
-        return msgspec.structs.replace(value, **changes) if changes else value
+    def result(self) -> Any:
+        if not self.changes and not self.renamed:
+            return self.value
+        if not self.renamed:
+            copy = dict(self.value)
+            copy.update(self.changes)
+            return copy
+        taken = {key for key in self.value if key not in self.renamed}
+        renamed: dict[Any, Any] = {}
+        for key, item in self.value.items():
+            new_key = key
+            if key in self.renamed:
+                new_key = masked = self.renamed[key]
+                number = 1
+                while new_key in taken:
+                    number += 1
+                    new_key = f"{masked}#{number}"
+                taken.add(new_key)
+            renamed[new_key] = self.changes.get(key, item)
+        return renamed
 
 
-__all__ = ["DEFAULT_MASK", "Redactor"]
+__all__ = ["DEFAULT_MASK", "DEFAULT_SECRET_KEYS", "REDACT_KEYS_VARIABLE", "Redactor"]

@@ -368,21 +368,23 @@ def test_look_alike_is_unchanged(text: str) -> None:
     assert Redactor().redact_text(text) == text
 
 
-def test_nested_values_are_masked_and_dict_keys_kept() -> None:
+def test_nested_values_are_masked_and_secret_keys_masked_whole() -> None:
     value = {
-        "headers": {"Authorization": f"Bearer {BEARER}"},
+        "headers": {"Accept": f"text/plain; Bearer {BEARER}"},
         "items": [{"note": "ok"}, ("plain", f"token {GITHUB_CLASSIC}")],
+        "Authorization": f"Bearer {BEARER}",
         GITHUB_OAUTH: 3,
     }
 
     masked = Redactor().redact(value)
 
     assert masked == {
-        "headers": {"Authorization": f"Bearer {DEFAULT_MASK}"},
+        "headers": {"Accept": f"text/plain; Bearer {DEFAULT_MASK}"},
         "items": [{"note": "ok"}, ("plain", f"token {DEFAULT_MASK}")],
-        GITHUB_OAUTH: 3,
+        "Authorization": DEFAULT_MASK,
+        DEFAULT_MASK: 3,
     }
-    assert value["headers"] == {"Authorization": f"Bearer {BEARER}"}
+    assert value["Authorization"] == f"Bearer {BEARER}"
 
 
 def test_bytes_are_left_as_the_same_object() -> None:

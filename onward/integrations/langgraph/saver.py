@@ -86,6 +86,7 @@ from onward.projections import FrontierStore
 from onward.projections.compaction import CompactionStore, embedded_compaction
 from onward.projections.compaction.history import read_whole_run
 from onward.runtime.leases import Leaseholder, LeasePolicy, LeaseStore, RunLease
+from onward.runtime.redaction import Redactor
 
 from . import pruning
 from .thread import ThreadState
@@ -142,6 +143,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             thread is retained before its partition is cut): a thread is read from those
             copies, then the log. An embedded SQLite log brings its own; on Kafka, pass the
             deployment's `PostgresCompactionStore` before compaction runs.
+        redactor: Masks secrets in every event this saver appends before it is encoded, as a
+            runner's does: the tool results and error text `OnwardToolMiddleware` records, an
+            interrupt's value and its answer. The default is `Redactor()` (with
+            ``ONWARD_REDACT_KEYS``); ``Redactor(enabled=False)`` only where every store is
+            trusted with the secrets. Graph checkpoints and writes are the serializer's bytes,
+            kept exactly as LangGraph wrote them (binary values are never masked): the state a
+            graph keeps, a tool's message among it, is stored as the graph holds it.
     """
 
     def __init__(
@@ -156,8 +164,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         policy: LeasePolicy | None = None,
         serde: SerializerProtocol | None = None,
         compaction: CompactionStore | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         super().__init__(serde=serde or JsonPlusSerializer(allowed_msgpack_modules=None))
+        self.redactor = redactor or Redactor()
         if not tenant:
             raise InvalidInputError("OnwardSaver needs a tenant")
         if checkpoint_inline and frontiers is None:
@@ -713,6 +723,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             ]
             if not batch:
                 return
+            # Masked before anything is encoded; the thread is folded from what was written.
+            batch = [self.redactor.redact_event(event) for event in batch]
             try:
                 positions = await self.log.append(batch)
             except BaseException:

@@ -26,7 +26,10 @@ Tool call ids must be unique within a thread, as every major model provider's ar
 
 What is recorded as a call's outcome: a `ToolMessage`'s content (an error message's as a
 `ToolError`), or, for any other return (a ``Command``, a message with an artifact), the value
-in the saver's serializer, so it comes back exactly as the tool returned it.
+in the saver's serializer, so it comes back exactly as the tool returned it. Every event is
+appended through the saver, whose redactor (``OnwardSaver(redactor=...)``) masks the secrets in
+a message's content and in error text first, as a runner masks its tools' results; a value in
+the serializer is its bytes (base64), stored as they are, like the graph's checkpoints.
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
     the lease its writes take.
 
     Args:
-        saver: The saver whose threads the calls belong to.
+        saver: The saver whose threads the calls belong to; its redactor masks what is
+            recorded of each call (results, error text) before it is written.
         retry_safe: Names of tools that may run again when nobody knows whether they ran.
     """
 

@@ -1,0 +1,338 @@
+"""Secrets are masked on every path: by the key they are stored under, in shapes the patterns
+used to miss, at any depth, and in settings and error messages (security review #4, #13, #18,
+#20, #23).
+
+Every secret here is invented and assembled at run time, so no literal token that looks real
+sits in the source.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import ToolCall as LangChainToolCall
+from langchain_core.messages import ToolMessage
+from langgraph.prebuilt import ToolRuntime
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from support.stores import sqlite_stores
+
+from onward.errors import ConfigurationError
+from onward.eventlog.events import ToolCall, ToolCompleted
+from onward.integrations.langgraph import OnwardSaver
+from onward.integrations.langgraph.tools import OnwardToolMiddleware
+from onward.runtime.redaction import DEFAULT_MASK, Redactor
+
+ALNUM = string.ascii_letters + string.digits
+
+
+def invented(length: int, *, seed: int) -> str:
+    """Invented characters of a secret's alphabet; the same for the same seed."""
+    rng = random.Random(seed)
+    return "".join(rng.choice(ALNUM) for _ in range(length))
+
+
+PASSWORD = "hunter2-very-secret"
+API_KEY = "sk-" + "live-" + invented(32, seed=1)
+ANTHROPIC = "sk-" + "ant-api03-" + invented(60, seed=2)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "password",
+        "Password",
+        "passwd",
+        "pwd",
+        "DB_PASSWORD",
+        "secret",
+        "client_secret",
+        "clientSecret",
+        "token",
+        "access_token",
+        "refreshToken",
+        "id-token",
+        "api_key",
+        "apiKey",
+        "X-API-Key",
+        "openai_api_key",
+        "Authorization",
+        "Proxy-Authorization",
+        "cookie",
+        "Set-Cookie",
+        "session",
+        "sessionid",
+        "private_key",
+        "credentials",
+    ],
+)
+def test_a_value_under_a_secret_key_is_masked_whole(key: str) -> None:
+    """security review #4: a plain value under a key naming a secret is no longer stored, and
+    keys that only look related (``max_tokens``, ``idempotency_key``) are left alone."""
+    ordinary = {"user": "ann", "max_tokens": 4000, "tokens": 12, "idempotency_key": "k-1"}
+
+    masked = Redactor().redact({**ordinary, key: "plainvalue42"})
+
+    assert masked == {**ordinary, key: DEFAULT_MASK}
+
+
+def test_tool_arguments_and_results_under_secret_keys_are_masked_in_events() -> None:
+    """security review #4: ``{"password": ...}`` arguments and ``{"api_key": ...}`` results."""
+    redactor = Redactor()
+    call = ToolCall(call_id="c1", tool="login", args={"user": "ann", "password": PASSWORD})
+    completed = ToolCompleted(
+        run_id="r", tenant="t", seq=4, fence=1, call_id="c1", result={"api_key": API_KEY}
+    )
+
+    assert redactor.redact(call).args == {"user": "ann", "password": DEFAULT_MASK}
+    assert redactor.redact_event(completed).result == {"api_key": DEFAULT_MASK}
+
+
+def test_everything_nested_under_a_secret_key_is_masked_and_the_shape_kept() -> None:
+    """security review #4: strings and numbers under a secret key, at any depth, are masked;
+    None, booleans and binary values are kept."""
+    value = {
+        "credentials": {"user": "ann", "pin": 4821, "factors": ["otp-991", 3.5, None, True]},
+        "blob": {"private_key": b"\x00binary"},
+        "count": 3,
+    }
+
+    masked = Redactor().redact(value)
+
+    assert masked == {
+        "credentials": {
+            "user": DEFAULT_MASK,
+            "pin": DEFAULT_MASK,
+            "factors": [DEFAULT_MASK, DEFAULT_MASK, None, True],
+        },
+        "blob": {"private_key": b"\x00binary"},
+        "count": 3,
+    }
+
+
+def test_a_secret_used_as_a_dict_key_is_masked_and_keys_stay_distinct() -> None:
+    """security review #4: keys are scanned too; two keys masked alike do not overwrite."""
+    other = "sk-" + "ant-api03-" + invented(60, seed=3)
+    value = {ANTHROPIC: 1, other: 2, DEFAULT_MASK: 0, "plain": "x"}
+
+    masked = Redactor().redact(value)
+
+    assert list(masked.values()) == [1, 2, 0, "x"]
+    assert ANTHROPIC not in str(masked)
+    assert other not in str(masked)
+    assert set(masked) == {f"{DEFAULT_MASK}#2", f"{DEFAULT_MASK}#3", DEFAULT_MASK, "plain"}
+
+
+def test_extra_secret_keys_from_the_parameter_and_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """security review #4: ``secret_keys=`` and ``ONWARD_REDACT_KEYS`` add names (``*_x`` as a
+    suffix) to the defaults, which stay."""
+    value = {"ssn": "123-45-6789", "card_pin": "4821", "password": "pw-1234567", "city": "Oslo"}
+    masked = {"ssn": DEFAULT_MASK, "card_pin": DEFAULT_MASK, "password": DEFAULT_MASK}
+
+    assert Redactor(secret_keys=["ssn", "*_pin"]).redact(value) == {**masked, "city": "Oslo"}
+    monkeypatch.setenv("ONWARD_REDACT_KEYS", " SSN , *_pin,")
+    assert Redactor().redact(value) == {**masked, "city": "Oslo"}
+
+
+@pytest.mark.parametrize("names", [["-"], "ssn"])
+def test_an_unusable_secret_key_name_is_refused_by_name(names: Any) -> None:
+    """security review #4: a name with no letter, or one string instead of a list, is a clear
+    `ConfigurationError`."""
+    with pytest.raises(ConfigurationError, match="secret"):
+        Redactor(secret_keys=names)
+
+
+def test_a_bad_name_in_onward_redact_keys_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """security review #4: the environment's names are checked as the parameter's are."""
+    monkeypatch.setenv("ONWARD_REDACT_KEYS", "ssn,*")
+
+    with pytest.raises(ConfigurationError, match="ONWARD_REDACT_KEYS"):
+        Redactor()
+
+
+def nested(depth: int, leaf: Any) -> Any:
+    """``leaf`` inside ``depth`` levels of alternating dicts and lists."""
+    value = leaf
+    for level in range(depth):
+        value = {"next": value} if level % 2 else [value]
+    return value
+
+
+def innermost(value: Any) -> Any:
+    """What ``nested`` put at the bottom."""
+    while isinstance(value, list) or (isinstance(value, dict) and "next" in value):
+        value = value["next"] if isinstance(value, dict) else value[0]
+    return value
+
+
+def test_a_value_nested_five_thousand_deep_is_masked_without_recursion_error() -> None:
+    """security review #18: the walk used to recurse twice per level and failed near 500."""
+    deep = nested(5000, {"password": PASSWORD, "note": f"key {ANTHROPIC}"})
+
+    masked = Redactor().redact(deep)
+
+    assert innermost(masked) == {"password": DEFAULT_MASK, "note": f"key {DEFAULT_MASK}"}
+
+
+def test_a_deep_clean_value_is_the_same_object_and_an_event_holding_it_too() -> None:
+    """security review #18: depth keeps the no-copy property, in a value and in an event, with
+    key-aware masking looking at every key on the way."""
+    deep = nested(5000, {"city": "Paris", "password_hint": None, "days": [1, 2]})
+    event = ToolCompleted(run_id="r", tenant="t", seq=2, fence=1, call_id="c", result=deep)
+
+    assert Redactor().redact(deep) is deep
+    assert Redactor().redact_event(event) is event
+
+
+def test_a_container_holding_itself_is_walked_once() -> None:
+    """security review #18: an iterative walk must not loop forever on a cycle."""
+    looped: list[Any] = [f"Bearer {API_KEY}99"]
+    looped.append(looped)
+
+    masked = Redactor().redact(looped)
+
+    assert masked[0] == f"Bearer {DEFAULT_MASK}"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "prose"),
+    [
+        pytest.param(
+            "GET https://api.example.com/v1/items?token=q8Zk2LmN4pRt&page=2",
+            f"GET https://api.example.com/v1/items?token={DEFAULT_MASK}&page=2",
+            "a token budget of 4000 per turn",
+            id="query-token",
+        ),
+        pytest.param(
+            "https://maps.example.com/geo?q=oslo&key=Zx81kLmQ0pWvTn3&lang=en",
+            f"https://maps.example.com/geo?q=oslo&key={DEFAULT_MASK}&lang=en",
+            "the key to success is practice; see https://example.com/search?q=keys&page=2",
+            id="query-key",
+        ),
+        pytest.param(
+            "https://acct.blob.core.windows.net/c/b.txt?sv=2022-11-02&ss=b&srt=o&sp=r"
+            "&se=2026-01-01T00:00:00Z&sig=k3J%2Bv9QeL0xY7%3D",
+            "https://acct.blob.core.windows.net/c/b.txt?sv=2022-11-02&ss=b&srt=o&sp=r"
+            f"&se=2026-01-01T00:00:00Z&sig={DEFAULT_MASK}",
+            "sign here: sig. J. Smith",
+            id="azure-sas-sig",
+        ),
+        pytest.param(
+            "Cookie: sessionid=9f8e7d6c5b4a; csrftoken=Qw3rTy",
+            f"Cookie: {DEFAULT_MASK}",
+            "Cookie: chocolate chip, please",
+            id="cookie",
+        ),
+        pytest.param(
+            "Set-Cookie: session=eyJ1c2VyIjo3fQ; Path=/; HttpOnly",
+            f"Set-Cookie: {DEFAULT_MASK}",
+            "the server sends a Set-Cookie header with the session",
+            id="set-cookie",
+        ),
+        pytest.param(
+            "PGPASSWORD s3cretPG psql -h db",
+            f"PGPASSWORD {DEFAULT_MASK} psql -h db",
+            "set PGPASSWORD before running psql",
+            id="pgpassword-spaced",
+        ),
+        pytest.param(
+            "mysql -h db.internal -u root -pS3cretMy shop",
+            f"mysql -h db.internal -u root -p{DEFAULT_MASK} shop",
+            "mysql -u root -p shop (it asks for the password)",
+            id="mysql-p",
+        ),
+        pytest.param(
+            "passwd hunter2-x",
+            f"passwd {DEFAULT_MASK}",
+            "reset your password from the settings page; the passwd file lists users",
+            id="passwd-value",
+        ),
+    ],
+)
+def test_secret_shapes_the_patterns_missed_are_masked_and_prose_stays(
+    text: str, expected: str, prose: str
+) -> None:
+    """security review #20: query tokens and keys, SAS signatures, cookies, ``PGPASSWORD
+    value``, ``mysql -p`` and ``passwd value`` were stored in clear; prose near each shape
+    must stay as it is."""
+    redactor = Redactor()
+
+    assert redactor.redact_text(text) == expected
+    assert redactor.redact_text(prose) == prose
+
+
+def sqlite_file_bytes(path: Path) -> bytes:
+    """Every byte of a SQLite database, its -wal and -shm files included."""
+    return b"".join(file.read_bytes() for file in path.parent.glob(f"{path.name}*"))
+
+
+def tool_request(thread_id: str, call_id: str, args: dict[str, Any]) -> ToolCallRequest:
+    """The request LangGraph's ToolNode hands the middleware for one call of ``login``."""
+    runtime: ToolRuntime[None, dict[Any, Any]] = ToolRuntime(
+        state={},
+        context=None,
+        config={"configurable": {"thread_id": thread_id}},
+        stream_writer=lambda _chunk: None,
+        tool_call_id=call_id,
+        store=None,
+    )
+    call: LangChainToolCall = {"name": "login", "args": args, "id": call_id, "type": "tool_call"}
+    return ToolCallRequest(tool_call=call, tool=None, state={}, runtime=runtime)
+
+
+async def test_langgraph_tool_results_and_errors_are_masked_in_the_sqlite_file(
+    tmp_path: Path,
+) -> None:
+    """security review #9(b): `OnwardToolMiddleware` wrote results and error text through the
+    saver unmasked; a tool's ``{"api_key": ...}`` and an error quoting a password were in the
+    SQLite file in clear."""
+    path = tmp_path / "onward.db"
+    error_text = f"login refused for ann with PGPASSWORD={PASSWORD}"
+
+    async def returns_a_key(request: ToolCallRequest) -> ToolMessage:
+        # What ToolNode makes of a tool returning a dict: its JSON as the message content.
+        return ToolMessage(content=json.dumps({"api_key": API_KEY}), tool_call_id="call-1")
+
+    async def fails(request: ToolCallRequest) -> ToolMessage:
+        raise RuntimeError(error_text)
+
+    async with sqlite_stores(path) as stores:
+        saver = OnwardSaver(stores.log, stores.leases, tenant="acme")
+        async with saver:
+            middleware = OnwardToolMiddleware(saver)
+            args = {"user": "ann", "password": PASSWORD}
+            await middleware.awrap_tool_call(tool_request("t-1", "call-1", args), returns_a_key)
+            with pytest.raises(RuntimeError):
+                await middleware.awrap_tool_call(tool_request("t-1", "call-2", args), fails)
+        events = [stored.event for stored in await stores.log.read_run("t-1")]
+
+    completed = [event for event in events if isinstance(event, ToolCompleted)]
+    assert [event.call_id for event in completed] == ["call-1", "call-2"]
+    assert completed[0].result == json.dumps({"api_key": DEFAULT_MASK})
+    assert completed[1].error is not None
+    assert DEFAULT_MASK in completed[1].error.message
+    stored_bytes = sqlite_file_bytes(path)
+    assert API_KEY.encode() not in stored_bytes
+    assert PASSWORD.encode() not in stored_bytes
+
+
+async def test_a_saver_with_redaction_off_keeps_the_value(tmp_path: Path) -> None:
+    """security review #9(b): ``Redactor(enabled=False)`` turns the saver's masking off."""
+    async with sqlite_stores(tmp_path / "onward.db") as stores:
+        saver = OnwardSaver(
+            stores.log, stores.leases, tenant="acme", redactor=Redactor(enabled=False)
+        )
+        async with saver:
+            await saver.arecord("t-2", ToolCompleted, call_id="c", result={"api_key": API_KEY})
+        events = [stored.event for stored in await stores.log.read_run("t-2")]
+
+    (completed,) = [event for event in events if isinstance(event, ToolCompleted)]
+    assert completed.result == {"api_key": API_KEY}

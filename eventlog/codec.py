@@ -69,6 +69,14 @@ def encode(event: Event) -> bytes:
     """Encode one event as JSON bytes."""
     if not isinstance(event, Event) or type(event) is Event:
         raise InvalidInputError(f"expected an event of a known kind, got {type(event).__name__}")
+    field = name_with_nul(event)
+    if field is not None:
+        # What no reader would take is not written: refused here rather than set aside later.
+        raise InvalidInputError(
+            f"run {event.run_id!r} seq {event.seq}: {field} holds a NUL character; names "
+            "take printable text only",
+            run_id=None if "\x00" in event.run_id else event.run_id,
+        )
     return _encoder.encode(event)
 
 
@@ -112,7 +120,56 @@ def decode(data: bytes | memoryview | None, *, run_hint: str | None = None) -> A
         ) from exc
     if event.format > EVENT_FORMAT:
         raise _newer_format(event.run_id, event.seq, event.format)
+    field = name_with_nul(event)
+    if field is not None:
+        raise EventDecodeError(
+            f"run {event.run_id!r} seq {event.seq}: unreadable event record: {field} holds a "
+            "NUL character, which no Onward writes and PostgreSQL cannot store",
+            run_id=None if "\x00" in event.run_id else event.run_id,
+            seq=event.seq,
+            field=field,
+        )
     return event
+
+
+_NAME_FIELDS = (
+    "run_id",
+    "tenant",
+    "agent",
+    "revision",
+    "continuation_of",
+    "worker",
+    "call_id",
+    "tool",
+    "idempotency_key",
+    "request_id",
+)
+"""The fields whose values stores keep as names (``text`` columns: run, tenant, agent, holder,
+call, tool, what a run waits on); a NUL in one of them cannot be stored by PostgreSQL."""
+
+
+def name_with_nul(event: Event) -> str | None:
+    """The path of the first name of ``event`` holding a NUL character, else ``None``.
+
+    Free-form values (inputs, results, messages, errors) may hold NUL: they are stored as
+    bytes. Names may not: every store keeps them as text, and PostgreSQL refuses NUL in text.
+    """
+    for name in _NAME_FIELDS:
+        value = getattr(event, name, None)
+        if isinstance(value, str) and "\x00" in value:
+            return f"$.{name}"
+    user = (
+        options.get("user")
+        if isinstance(options := getattr(event, "options", None), dict)
+        else None
+    )
+    if isinstance(user, str) and "\x00" in user:
+        return "$.options.user"
+    for index, call in enumerate(getattr(event, "tool_calls", ())):
+        for name in ("call_id", "tool", "idempotency_key"):
+            if "\x00" in getattr(call, name):
+                return f"$.tool_calls[{index}].{name}"
+    return None
 
 
 def _python_failure(exc: BaseException) -> str:

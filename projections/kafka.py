@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import time
@@ -371,4 +372,21 @@ def _stored_events(partition: int, batch: list[Any]) -> list[LogRecord]:
     try:
         return [StoredEvent(Position(partition, r.offset), decode(r.value)) for r in batch]
     except EventDecodeError:
-        return [record_of(partition, r) for r in batch]
+        return [_storable(record_of(partition, r)) for r in batch]
+
+
+def _storable(record: LogRecord) -> LogRecord:
+    """An unreadable record as a store can file it: a run id, tenant or kind read from the
+    record's key or headers that holds a NUL (which PostgreSQL refuses in text) is dropped,
+    so the record is listed under no run rather than fail every write of its batch."""
+    if isinstance(record, StoredEvent):
+        return record
+    names = (record.run_id, record.tenant, record.kind)
+    if not any(name is not None and "\x00" in name for name in names):
+        return record
+    return dataclasses.replace(
+        record,
+        run_id=None if record.run_id is None or "\x00" in record.run_id else record.run_id,
+        tenant=None if record.tenant is None or "\x00" in record.tenant else record.tenant,
+        kind=None if record.kind is None or "\x00" in record.kind else record.kind,
+    )

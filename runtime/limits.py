@@ -8,7 +8,8 @@ written, with an error naming the field:
   `MAX_NAME_LENGTH` characters and hold no control character (C0, DEL): PostgreSQL refuses NUL
   in ``text`` columns, and a name is printed on one line in logs and on terminals.
 * Labels (tags) are at most `MAX_LABEL_LENGTH` characters, one line, no control character but
-  tab. A run holds at most `MAX_TAGS_PER_RUN` tags: every tag is kept on the run's frontier.
+  tab; a person's note (``why``) at most `MAX_NOTE_LENGTH`, tabs and newlines allowed. A run
+  holds at most `MAX_TAGS_PER_RUN` tags: every tag is kept on the run's frontier.
 * Values (run input, approval answers, tool results, a model's tool arguments) are nested at
   most `MAX_DEPTH` levels of lists and objects: deeper JSON cannot be read back by every
   reader (Python's recursion limit is about 1,000 frames, and each level costs several).
@@ -30,6 +31,9 @@ MAX_NAME_LENGTH = 200
 MAX_LABEL_LENGTH = 200
 """Longest tag label."""
 
+MAX_NOTE_LENGTH = 10_000
+"""Longest note a person leaves (why a call was resolved the way it was)."""
+
 MAX_TAGS_PER_RUN = 1_000
 """Most tags one run holds; a tag past it is refused (`InvalidInputError`)."""
 
@@ -42,6 +46,7 @@ MAX_TOOL_CALLS_PER_TURN = 64
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_BUT_TAB = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def check_name(field: str, value: object, *, run_id: str | None = None) -> str:
@@ -65,6 +70,16 @@ def check_label(field: str, value: object, *, run_id: str | None = None) -> str:
     if not text.strip():
         raise InvalidInputError(f"{field} must not be blank", run_id=run_id)
     return text
+
+
+def check_note(field: str, value: object, *, run_id: str | None = None) -> str:
+    """``value`` if it is free text a person may leave (tabs and newlines allowed, no other
+    control character, at most `MAX_NOTE_LENGTH` characters), else `InvalidInputError`.
+
+    Raises:
+        InvalidInputError: Not a string, empty, too long, or holding a control character.
+    """
+    return _check_text(field, value, MAX_NOTE_LENGTH, _CONTROL_BUT_LINES, run_id)
 
 
 def check_optional_name(field: str, value: object, *, run_id: str | None = None) -> str | None:
@@ -139,11 +154,13 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_LABEL_LENGTH",
     "MAX_NAME_LENGTH",
+    "MAX_NOTE_LENGTH",
     "MAX_TAGS_PER_RUN",
     "MAX_TOOL_CALLS_PER_TURN",
     "check_depth",
     "check_label",
     "check_name",
+    "check_note",
     "check_optional_name",
     "depth_of",
     "too_deep",

@@ -60,6 +60,13 @@ from .conversation import Conversation, as_text, restored
 from .leases.base import LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
+from .limits import (
+    check_depth,
+    check_label,
+    check_name,
+    check_note,
+    check_optional_name,
+)
 from .options import approval_value, pause_request, recorded_options
 from .planning import ResumePlan, plan_resume, refuse_if_undecidable
 from .providers import Provider
@@ -211,9 +218,16 @@ class AgentRunner(Resource):
 
         Raises:
             ResumeConflictError: Another worker holds a run under that id.
-            InvalidInputError: A run under that id already exists; resume it instead.
+            InvalidInputError: A run under that id already exists (or is another tenant's), or
+                a name or value is out of bounds (`onward.runtime.limits`; the field is named);
+                nothing was written.
         """
-        run_id = run_id or f"run-{uuid.uuid4().hex}"
+        run_id = check_name("run_id", run_id) if run_id is not None else f"run-{uuid.uuid4().hex}"
+        check_name("tenant", tenant, run_id=run_id)
+        check_name("agent.name", agent.name, run_id=run_id)
+        check_depth("input", input, run_id=run_id)
+        if options:
+            check_optional_name("options.user", options.get("user"), run_id=run_id)
         async with self._holding(run_id, tenant, self.worker) as held:
             await self.resumer.refuse_existing(run_id, held.lease)
             run = HeldRun(
@@ -243,7 +257,9 @@ class AgentRunner(Resource):
             HistoryUnavailableError: The run's history has a hole (the log was truncated
                 below what the frontier row needs, or the transcript lacks messages, its own or
                 those of a run it was carried on from); the model is not called.
+            InvalidInputError: The run id or tenant is out of bounds (`onward.runtime.limits`).
         """
+        _check_run(run_id, tenant)
         carried = await self.resumer.resume(
             agent, run_id, tenant=tenant, worker=self.worker, history=True
         )
@@ -304,6 +320,7 @@ class AgentRunner(Resource):
 
     async def inspect(self, run_id: str, *, tenant: str) -> Frontier:
         """The run's frontier as the log has it now. Takes no lease and writes nothing."""
+        _check_run(run_id, tenant)
         return await self.resumer.read(run_id, tenant=tenant)
 
     # -- what people do ----------------------------------------------------------------------
@@ -324,6 +341,8 @@ class AgentRunner(Resource):
         self, run_id: str, request_id: str, *, tenant: str, by: str, value: Any, granted: bool
     ) -> None:
         """Write a person's answer to the approval request the run waits on."""
+        check_name("request_id", request_id, run_id=run_id)
+        check_depth("value", value, run_id=run_id)
         async with self._as_person(run_id, tenant, by) as run:
             _check_waiting(run.frontier, request_id)
             kind = ApprovalGranted if granted else ApprovalDenied
@@ -349,6 +368,10 @@ class AgentRunner(Resource):
         result: Any = None,
     ) -> None:
         """Settle an undecided call as a person: it completed (with its result) or never ran."""
+        check_name("call_id", call_id, run_id=run_id)
+        if why:
+            check_note("why", why, run_id=run_id)
+        check_depth("result", result, run_id=run_id)
         async with self._as_person(run_id, tenant, by) as run:
             call = run.frontier.call(call_id)
             if call is None or call.outcome is not None:
@@ -378,11 +401,13 @@ class AgentRunner(Resource):
             The seq that was tagged.
 
         Raises:
-            InvalidInputError: An empty label, a seq the run does not have, no boundary yet,
-                or a seq below the run's truncation point that compaction did not retain.
+            InvalidInputError: An empty label, one out of bounds (`onward.runtime.limits`), a
+                seq the run does not have, no boundary yet, or a seq below the run's truncation
+                point that compaction did not retain.
         """
-        if not label.strip():
+        if isinstance(label, str) and not label.strip():
             raise InvalidInputError("a tag needs a non-empty label", run_id=run_id)
+        check_label("label", label, run_id=run_id)
         async with self._as_person(run_id, tenant, by) as run:
             target = run.frontier.resume_seq if seq is None else seq
             if not 1 <= target <= run.frontier.last_seq:
@@ -409,6 +434,8 @@ class AgentRunner(Resource):
         Two people answering one request cannot both win: the second waits for or is refused
         the lease, and then finds the request already answered.
         """
+        _check_run(run_id, tenant)
+        check_name("by", by, run_id=run_id)
         async with self._holding(run_id, tenant, f"person:{by}") as held:
             frontier = await self.resumer.read(run_id, tenant=tenant)
             if held.lease.fence <= frontier.fence:
@@ -549,6 +576,12 @@ def _keyed(run: HeldRun, call: ToolCall) -> ToolCall:
     return msgspec.structs.replace(
         call, call_id=call_id, idempotency_key=idempotency_key(run.run_id, call_id)
     )
+
+
+def _check_run(run_id: str, tenant: str) -> None:
+    """Refuse a run id or tenant out of bounds before anything is read or held."""
+    check_name("run_id", run_id)
+    check_name("tenant", tenant, run_id=run_id)
 
 
 def _check_waiting(frontier: Frontier, request_id: str) -> None:

@@ -128,6 +128,7 @@ async def test_poison_requests_are_set_aside_and_the_next_start_runs(
                 group_id=group,
                 session_timeout_ms=6000,
                 on_ready=ready.set,
+                accept_unsigned=True,
             )
         )
         try:
@@ -237,6 +238,58 @@ async def test_a_null_or_deeply_nested_event_record_quarantines_its_run(
     (entry,) = await stack.store.quarantined(DEFAULT_CONSUMER)
     assert (entry.run_id, entry.partition, entry.offset) == (poisoned.run_id, partition, offset)
     assert "\n" not in entry.reason
+    folded = await stack.store.get(other.run_id)
+    assert folded is not None
+    assert folded.frontier is not None
+    assert folded.frontier.finished
+
+
+def raw_event(run_id: str, seq: int, kind: str, **fields: object) -> bytes:
+    """An event's bytes as a foreign producer writes them, past the codec's own checks."""
+    envelope = {"run_id": run_id, "tenant": "acme", "seq": seq, "fence": 1, "at": 1}
+    return msgspec.json.encode({"kind": kind, **envelope, **fields})
+
+
+async def test_a_nul_in_a_stored_name_quarantines_its_run_not_the_partition(
+    stack: Stack, rng: random.Random
+) -> None:
+    """security review #12: an event naming a call with a NUL (which PostgreSQL refuses in a
+    text column), written past Onward's own checks, sets its run aside in quarantine; a record
+    keyed by a run id holding a NUL is listed under no run; the projector stores every other
+    run instead of failing the same batch forever."""
+    poisoned, other = RunScript(rng), RunScript(rng)
+    await stack.log.append(poisoned.steps()[0])
+    partition = partition_for(poisoned.run_id, PARTITIONS)
+    offset = await produce(
+        stack.bootstrap,
+        stack.topic,
+        partition,
+        poisoned.run_id,
+        raw_event(
+            poisoned.run_id, 2, "tool.dispatched", call_id="c\x00", tool="t", idempotency_key="k"
+        ),
+    )
+    nul_run = "nul\x00run"
+    nul_offset = await produce(
+        stack.bootstrap,
+        stack.topic,
+        partition,
+        nul_run,
+        raw_event(nul_run, 1, "run.started", agent="a", revision="r"),
+    )
+    for step in other.steps():
+        await stack.log.append(step)
+
+    await fold_to_the_end(stack)
+
+    row = await stack.store.get(poisoned.run_id)
+    assert row is not None
+    assert row.quarantined is not None
+    entries = {e.offset: e for e in await stack.store.quarantined(DEFAULT_CONSUMER)}
+    assert entries[offset].run_id == poisoned.run_id
+    assert "NUL" in entries[offset].reason
+    assert "$.call_id" in entries[offset].reason
+    assert entries[nul_offset].run_id is None
     folded = await stack.store.get(other.run_id)
     assert folded is not None
     assert folded.frontier is not None

@@ -184,7 +184,9 @@ async def open_backends(
             if settings.redis_url:
                 leases = await stack.enter_async_context(
                     RedisLeaseStore(
-                        settings.redis_url, prefix=settings.redis_prefix, timeout_s=timeout_s
+                        settings.require_redis_url(),
+                        prefix=settings.redis_prefix,
+                        timeout_s=timeout_s,
                     )
                 )
             else:

@@ -7,15 +7,37 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from onward._storage import BACKEND_TIMEOUT_S
+from onward._storage import BACKEND_TIMEOUT_S, masked_url
 from onward.errors import ConfigurationError
+
+from .redaction import parse_secret_keys
 
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
 """Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id."""
+
+
+class SecretUrl(SecretStr):
+    """A server URL whose password is never shown: ``repr``, ``str`` and ``model_dump`` show it
+    with ``***`` for the password (``redis://onward:***@cache:6379/0``), so settings can be
+    printed and logged; `get_secret_value` gives the URL itself, for the client only."""
+
+    def _display(self) -> str:
+        return masked_url(self.get_secret_value())
+
+
+def _port_problem(url: str) -> str | None:
+    """Why the port of ``url`` is unusable, or None: said here rather than by the driver, which
+    would blame whatever called it."""
+    try:
+        urlsplit(url).port  # noqa: B018 - parsing the port is the check
+    except ValueError:
+        return f"{masked_url(url)} has a port that is not a number from 0 to 65535"
+    return None
 
 
 class Settings(BaseSettings):
@@ -26,9 +48,11 @@ class Settings(BaseSettings):
         kafka_bootstrap_servers: ``host:port[,...]`` of the Kafka brokers.
         kafka_topic: The events topic.
         partitions: Partition count of the events topic (fixed once created).
-        database_url: PostgreSQL URL for frontiers and projector positions.
+        database_url: PostgreSQL URL for frontiers and projector positions; its password is
+            never shown (`SecretUrl`): `require_database_url` gives the URL itself.
         database_schema: PostgreSQL schema holding Onward's tables (default: the search path).
-        redis_url: Redis URL for leases and caches.
+        redis_url: Redis URL for leases and caches, shown without its password as
+            ``database_url`` is (`require_redis_url`); an empty ``REDIS_URL`` is no Redis.
         redis_prefix: Put before every Redis key, so several deployments can share one Redis.
         sqlite_path: The embedded database file.
         schema_cache_prefix: Where the MCP schema cache keeps its entries
@@ -40,9 +64,15 @@ class Settings(BaseSettings):
             process drives them, on any backend) or ``fleet`` (Kafka: it submits requests to
             ``onward worker`` processes and follows the runs from the log).
         requests_topic: The fleet's requests topic.
+        redact_keys: Dict key names whose values are masked on top of the default ones
+            (``ONWARD_REDACT_KEYS``, comma-separated; ``*_pin`` for any key ending in ``_pin``).
+            Every `Redactor` built without ``secret_keys`` reads the variable itself; it is
+            checked here so that a bad name fails at start.
     """
 
-    model_config = SettingsConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+    model_config = SettingsConfigDict(
+        extra="ignore", frozen=True, populate_by_name=True, hide_input_in_errors=True
+    )
 
     backend: Literal["kafka", "sqlite", "memory"] = Field(
         default="sqlite", validation_alias="ONWARD_BACKEND"
@@ -52,9 +82,9 @@ class Settings(BaseSettings):
     )
     kafka_topic: str = Field(default="onward.events", validation_alias="ONWARD_KAFKA_TOPIC")
     partitions: int = Field(default=12, ge=1, le=10_000, validation_alias="ONWARD_PARTITIONS")
-    database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
+    database_url: SecretUrl | None = Field(default=None, validation_alias="DATABASE_URL")
     database_schema: str | None = Field(default=None, validation_alias="ONWARD_DATABASE_SCHEMA")
-    redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
+    redis_url: SecretUrl | None = Field(default=None, validation_alias="REDIS_URL")
     redis_prefix: str = Field(default="onward:", validation_alias="ONWARD_REDIS_PREFIX")
     sqlite_path: Path = Field(default=Path("onward.db"), validation_alias="ONWARD_SQLITE_PATH")
     schema_cache_prefix: str = Field(
@@ -69,19 +99,53 @@ class Settings(BaseSettings):
     requests_topic: str = Field(
         default="onward.requests", min_length=1, validation_alias="ONWARD_REQUESTS_TOPIC"
     )
+    redact_keys: str = Field(default="", validation_alias="ONWARD_REDACT_KEYS")
 
     @field_validator("database_url")
     @classmethod
-    def _postgres_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("postgresql://", "postgres://")):
-            raise ValueError("must start with postgresql://")
+    def _postgres_url(cls, value: SecretUrl | None) -> SecretUrl | None:
+        if value is None:
+            return None
+        url = value.get_secret_value()
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"{masked_url(url)} must start with postgresql://")
+        problem = _port_problem(url)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: SecretUrl | None) -> SecretUrl | None:
+        if value is None or not value.get_secret_value():
+            return None
+        url = value.get_secret_value()
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"{masked_url(url)} must start with redis://, rediss:// or unix://")
+        problem = _port_problem(url)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("redact_keys")
+    @classmethod
+    def _redact_keys(cls, value: str) -> str:
+        parse_secret_keys(value)
         return value
 
     def require_database_url(self) -> str:
-        """The PostgreSQL URL, or a clear error saying which variable to set."""
+        """The PostgreSQL URL, password included (for the driver only), or a clear error saying
+        which variable to set."""
         if not self.database_url:
             raise ConfigurationError("DATABASE_URL is not set; it must name a PostgreSQL database")
-        return self.database_url
+        return self.database_url.get_secret_value()
+
+    def require_redis_url(self) -> str:
+        """The Redis URL, password included (for the client only), or a clear error saying
+        which variable to set."""
+        if not self.redis_url:
+            raise ConfigurationError("REDIS_URL is not set; it must name a Redis server")
+        return self.redis_url.get_secret_value()
 
 
 def load_settings() -> Settings:

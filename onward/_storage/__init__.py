@@ -34,6 +34,7 @@ from .sqlite import (
 )
 from .stores import BACKEND_TIMEOUT_S, AsyncResource, PostgresStore, Resource, SqliteStore
 from .translate import DRIVER_ERRORS, classify, translate, translated, translating
+from .urls import masked_url, without_passwords
 
 __all__ = [
     "APPLICATION_NAME",
@@ -56,6 +57,7 @@ __all__ = [
     "connect",
     "connect_readonly",
     "expected_version",
+    "masked_url",
     "migrate_postgres",
     "migrate_sqlite",
     "migrations",
@@ -73,4 +75,5 @@ __all__ = [
     "translating",
     "verify_postgres",
     "verify_sqlite",
+    "without_passwords",
 ]

@@ -12,10 +12,11 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from onward.errors import BackendError, BackendUnavailableError
+from onward.errors import BackendError, BackendUnavailableError, ConfigurationError
 
 from .migrations import verify_postgres
 from .translate import DRIVER_ERRORS, translated
+from .urls import masked_url, without_passwords
 
 # What a call on a lost connection fails with: a driver error, or one a function such as a build
 # lookup already translated.
@@ -59,9 +60,18 @@ async def open_pool(
     if timeout_s is not None:
         bounds = {"timeout": timeout_s, "command_timeout": timeout_s}
     with translated("connecting to PostgreSQL"):
-        pool = await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, server_settings=settings, **bounds
-        )
+        try:
+            pool = await asyncpg.create_pool(
+                dsn, min_size=min_size, max_size=max_size, server_settings=settings, **bounds
+            )
+        except ValueError as exc:
+            # asyncpg's DSN parser raises a bare ValueError (a port that is not a number); the
+            # URL is shown without its password, and the driver's exception is not chained, as
+            # its text may hold the URL as it was given.
+            raise ConfigurationError(
+                f"DATABASE_URL {masked_url(dsn)} is not a usable PostgreSQL URL: "
+                f"{without_passwords(str(exc), dsn)}"
+            ) from None
     try:
         async with pooled(pool, "verifying schema", timeout_s=timeout_s) as conn:
             await verify_postgres(conn)

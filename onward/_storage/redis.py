@@ -24,6 +24,7 @@ from onward.errors import ConfigurationError, InvalidInputError
 
 from .stores import BACKEND_TIMEOUT_S, Resource
 from .translate import translated
+from .urls import masked_url, without_passwords
 
 
 class RedisStore(Resource):
@@ -76,7 +77,12 @@ class RedisStore(Resource):
             )
             client = aioredis.Redis(connection_pool=pool)
         except ValueError as exc:
-            raise ConfigurationError(f"REDIS_URL {self._url!r} is not a Redis URL: {exc}") from exc
+            # The URL is shown, for the operator to find the mistake, without its password; the
+            # driver's exception is not chained, as its text may hold the URL as it was given.
+            raise ConfigurationError(
+                f"REDIS_URL {masked_url(self._url)} is not a Redis URL: "
+                f"{without_passwords(str(exc), self._url)}"
+            ) from None
         self._client = client
         self._started(client)
         with translated("connecting to Redis"):

@@ -89,7 +89,7 @@ def _keys(config: Settings) -> KeySweeper | None:
     if not config.redis_url:
         return None
     return RedisKeySweeper(
-        config.redis_url,
+        config.require_redis_url(),
         prefix=config.redis_prefix,
         schema_prefix=config.schema_cache_prefix,
         timeout_s=config.backend_timeout,

@@ -20,12 +20,17 @@ from langchain_core.messages import ToolMessage
 from langgraph.prebuilt import ToolRuntime
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from support.stores import sqlite_stores
+from typer.testing import CliRunner
 
 from onward.errors import ConfigurationError
 from onward.eventlog.events import ToolCall, ToolCompleted
 from onward.integrations.langgraph import OnwardSaver
 from onward.integrations.langgraph.tools import OnwardToolMiddleware
+from onward.projections.postgres import PostgresFrontierStore
+from onward.runtime.cli import app as cli_app
+from onward.runtime.leases import RedisLeaseStore
 from onward.runtime.redaction import DEFAULT_MASK, Redactor
+from onward.runtime.settings import load_settings
 
 ALNUM = string.ascii_letters + string.digits
 
@@ -336,3 +341,78 @@ async def test_a_saver_with_redaction_off_keeps_the_value(tmp_path: Path) -> Non
 
     (completed,) = [event for event in events if isinstance(event, ToolCompleted)]
     assert completed.result == {"api_key": API_KEY}
+
+
+PG_PASSWORD = "PG-" + invented(16, seed=4)
+REDIS_PASSWORD = "R3D1S-" + invented(16, seed=5)
+
+
+def test_settings_never_show_the_database_or_redis_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """security review #13: ``repr(settings)`` and ``model_dump()`` held both passwords."""
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://onward:{PG_PASSWORD}@db:5432/onward")
+    monkeypatch.setenv("REDIS_URL", f"rediss://onward:{REDIS_PASSWORD}@cache:6380/0")
+
+    settings = load_settings()
+
+    shown = [repr(settings), str(settings), str(settings.model_dump())]
+    shown.append(settings.model_dump_json())
+    for text in shown:
+        assert PG_PASSWORD not in text
+        assert REDIS_PASSWORD not in text
+    assert "postgresql://onward:***@db:5432/onward" in repr(settings)
+    assert settings.require_database_url().endswith(f":{PG_PASSWORD}@db:5432/onward")
+    assert settings.require_redis_url() == f"rediss://onward:{REDIS_PASSWORD}@cache:6380/0"
+
+
+@pytest.mark.parametrize(
+    ("variable", "url"),
+    [
+        ("REDIS_URL", f"rediss//onward:{REDIS_PASSWORD}@cache:6380/0"),
+        ("REDIS_URL", f"redis://onward:{REDIS_PASSWORD}@cache:63x0/0"),
+        ("DATABASE_URL", f"postgresql://onward:{PG_PASSWORD}@db:54x2/onward"),
+    ],
+    ids=["redis-no-scheme", "redis-bad-port", "database-bad-port"],
+)
+def test_a_malformed_url_is_a_configuration_error_without_its_password(
+    tmp_path: Path, variable: str, url: str
+) -> None:
+    """security review #13: ``onward gc --dry-run`` printed a malformed REDIS_URL with its
+    password, and a bad DATABASE_URL port was blamed on the agent's code (exit 5)."""
+    env = {"ONWARD_BACKEND": "kafka", "REDIS_URL": None, "DATABASE_URL": None, variable: url}
+    env["ONWARD_SQLITE_PATH"] = str(tmp_path / "onward.db")
+
+    result = CliRunner().invoke(cli_app, ["gc", "--dry-run"], env=env)
+
+    assert result.exit_code == 2, result.output
+    assert variable in result.stderr
+    assert "***" in result.stderr
+    assert REDIS_PASSWORD not in result.output
+    assert PG_PASSWORD not in result.output
+
+
+async def test_a_redis_store_given_a_malformed_url_names_it_without_its_password() -> None:
+    """security review #13: `RedisStore._connect` put the URL, password and all, in its
+    `ConfigurationError`."""
+    url = f"rediss//onward:{REDIS_PASSWORD}@cache:6380/0"
+
+    with pytest.raises(ConfigurationError) as raised:
+        await RedisLeaseStore.open(url)
+
+    assert "REDIS_URL rediss//onward:***@cache:6380/0" in str(raised.value)
+    assert REDIS_PASSWORD not in str(raised.value)
+    assert raised.value.__cause__ is None
+
+
+async def test_a_postgresql_store_given_a_bad_port_names_database_url_without_the_password() -> (
+    None
+):
+    """security review #13: asyncpg's DSN parser raised a bare ValueError for a bad port."""
+    dsn = f"postgresql://onward:{PG_PASSWORD}@127.0.0.1:54x2/onward"
+
+    with pytest.raises(ConfigurationError) as raised:
+        await PostgresFrontierStore.open(dsn)
+
+    assert "DATABASE_URL postgresql://onward:***@127.0.0.1:54x2/onward" in str(raised.value)
+    assert PG_PASSWORD not in str(raised.value)

@@ -255,6 +255,9 @@ class Resumer:
         other run's records since the start). A store that did see the id is not taken at its
         word: the log is asked, from the row on.
 
+        The refusal reads the same whether the run is the caller's tenant's or another's, so
+        it never tells another tenant that the run is there.
+
         Raises:
             InvalidInputError: A run under that id exists; resume it instead.
         """
@@ -264,7 +267,9 @@ class Resumer:
             exists = await self.exists(run_id)
         if exists:
             raise InvalidInputError(
-                f"run {run_id!r} already exists; resume it instead", run_id=run_id
+                f"run {run_id!r} cannot be started for tenant {lease.tenant!r}: it already "
+                "exists or is not permitted; if it is this tenant's, resume it instead",
+                run_id=run_id,
             )
 
     async def exists(self, run_id: str) -> bool:

@@ -61,6 +61,7 @@ from .leases.base import LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
 from .limits import (
+    MAX_TAGS_PER_RUN,
     check_depth,
     check_label,
     check_name,
@@ -402,13 +403,20 @@ class AgentRunner(Resource):
 
         Raises:
             InvalidInputError: An empty label, one out of bounds (`onward.runtime.limits`), a
-                seq the run does not have, no boundary yet, or a seq below the run's truncation
-                point that compaction did not retain.
+                seq the run does not have, no boundary yet, a run that already holds
+                `MAX_TAGS_PER_RUN` tags, or a seq below the run's truncation point that
+                compaction did not retain.
         """
         if isinstance(label, str) and not label.strip():
             raise InvalidInputError("a tag needs a non-empty label", run_id=run_id)
         check_label("label", label, run_id=run_id)
         async with self._as_person(run_id, tenant, by) as run:
+            if len(run.frontier.tags) >= MAX_TAGS_PER_RUN:
+                raise InvalidInputError(
+                    f"run {run_id!r} already holds {len(run.frontier.tags)} tags, the most one "
+                    "run may hold; tag a run's events sparingly (tags are kept on its frontier)",
+                    run_id=run_id,
+                )
             target = run.frontier.resume_seq if seq is None else seq
             if not 1 <= target <= run.frontier.last_seq:
                 raise InvalidInputError(
@@ -429,13 +437,18 @@ class AgentRunner(Resource):
 
     @contextlib.asynccontextmanager
     async def _as_person(self, run_id: str, tenant: str, by: str) -> AsyncIterator[HeldRun]:
-        """A person's append: take the lease (a waiting run has no holder), read, write, release.
+        """A person's append: read, take the lease (a waiting run has no holder), read again,
+        write, release.
 
+        The first read, before the lease, refuses a run that does not exist or is another
+        tenant's (`NothingToResumeError`) without leaving lease state behind (a lease store
+        keeps a run's fence for good) and without holding another tenant's run even briefly.
         Two people answering one request cannot both win: the second waits for or is refused
         the lease, and then finds the request already answered.
         """
         _check_run(run_id, tenant)
         check_name("by", by, run_id=run_id)
+        await self.resumer.read(run_id, tenant=tenant)
         async with self._holding(run_id, tenant, f"person:{by}") as held:
             frontier = await self.resumer.read(run_id, tenant=tenant)
             if held.lease.fence <= frontier.fence:

@@ -95,11 +95,22 @@ def check_ttl(ttl_s: float) -> None:
         raise InvalidInputError(f"a lease ttl must be positive, finite seconds, got {ttl_s!r}")
 
 
-def conflict_error(run_id: str, holder: str | None) -> ResumeConflictError:
+def conflict_error(
+    run_id: str, holder: str | None, *, holder_tenant: str | None, tenant: str
+) -> ResumeConflictError:
     """The refusal every backend raises when an unexpired lease is in the way.
 
+    The holder (a worker's host and process, or ``person:<who>``, often an email address) is
+    named only to the tenant whose lease it is: to anyone else the refusal says neither who
+    holds the run nor that it is held for sure, only that it is not theirs to take now.
     ``holder`` is ``None`` only when the holder let go between the refusal and the look.
     """
+    if holder_tenant != tenant:
+        return ResumeConflictError(
+            f"run {run_id!r} cannot be taken by tenant {tenant!r} now: it is held, or it is not "
+            "this tenant's",
+            run_id=run_id,
+        )
     return ResumeConflictError(
         f"run {run_id!r} is held by {holder!r}; wait for it to finish or for its lease to lapse",
         run_id=run_id,

@@ -72,7 +72,9 @@ class MemoryLeaseStore(Resource):
         check_ttl(ttl_s)
         current = self._live(run_id)
         if current is not None:
-            raise conflict_error(run_id, current.holder)
+            raise conflict_error(
+                run_id, current.holder, holder_tenant=current.tenant, tenant=tenant
+            )
         fence = self._fences.get(run_id, 0) + 1
         self._fences[run_id] = fence
         held = _Held(tenant, holder, fence, time.monotonic() + ttl_s)

@@ -96,14 +96,15 @@ class RedisLeaseStore(RedisStore):
             ResumeConflictError: Another holder, or this same one, has an unexpired lease.
         """
         check_ttl(ttl_s)
-        taken, value, expires_at = await self._script(
+        taken, value, expires_at, *held_for = await self._script(
             "acquire",
             [self.lease_key(run_id), self.fence_key(run_id)],
             [holder, tenant, _ttl_ms(ttl_s), CLEANUP_GRACE_MS],
             run_id,
         )
         if not int(taken):
-            raise conflict_error(run_id, _text(value))
+            holder_tenant = _text(held_for[0]) if held_for and held_for[0] else None
+            raise conflict_error(run_id, _text(value), holder_tenant=holder_tenant, tenant=tenant)
         return RunLease(run_id, tenant, holder, int(value), float(expires_at))
 
     async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:

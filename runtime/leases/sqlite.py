@@ -74,20 +74,20 @@ class SqliteLeaseStore(SqliteStore):
         check_ttl(ttl_s)
         conn = self._db.connection()
 
-        def acquire() -> tuple[Any, str | None]:
+        def acquire() -> tuple[Any, Any]:
             # fetchall: a RETURNING statement must run to its end before the COMMIT.
             with transaction(conn, "BEGIN IMMEDIATE"):
                 rows = conn.execute(_ACQUIRE, (run_id, tenant, holder, ttl_s)).fetchall()
                 if rows:
                     return rows[0], None
                 current = conn.execute(
-                    "SELECT holder FROM onward_leases WHERE run_id = ?", (run_id,)
+                    "SELECT holder, tenant FROM onward_leases WHERE run_id = ?", (run_id,)
                 ).fetchone()
-                return None, current[0]
+                return None, current
 
-        row, current_holder = await self._db.call(acquire, "acquiring the lease", run_id)
+        row, current = await self._db.call(acquire, "acquiring the lease", run_id)
         if row is None:
-            raise conflict_error(run_id, current_holder)
+            raise conflict_error(run_id, current[0], holder_tenant=current[1], tenant=tenant)
         return _lease(run_id, row)
 
     async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:

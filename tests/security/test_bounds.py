@@ -4,15 +4,32 @@ no lease state behind, and refusals that tell another tenant nothing about a run
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, closing
+from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from support.pg import fresh_schema
+from support.redis import fresh_prefix
 
-from onward.errors import InvalidInputError
-from onward.eventlog import MemoryEventLog, ToolCall
+from onward.errors import InvalidInputError, NothingToResumeError, ResumeConflictError
+from onward.eventlog import MemoryEventLog, SqliteEventLog, ToolCall
 from onward.projections.memory import MemoryFrontierStore
+from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
+from onward.runtime.leases import (
+    LeaseStore,
+    MemoryLeaseStore,
+    PostgresLeaseStore,
+    RedisLeaseStore,
+    SqliteLeaseStore,
+)
+from onward.runtime.limits import MAX_TAGS_PER_RUN
 from onward.runtime.options import Options
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.requests import AnswerRequest, StartRun, TagRun, decode_request, encode_request
@@ -163,3 +180,174 @@ def test_requests_out_of_bounds_are_refused_when_decoded(request_: Any, named: s
     of the runner, and refused naming the field."""
     with pytest.raises(InvalidInputError, match=named):
         decode_request(encode_request(request_))
+
+
+async def test_a_run_holds_at_most_its_cap_of_tags() -> None:
+    """security review #10: tags per run are capped (MAX_TAGS_PER_RUN): the one past the cap
+    is refused and not written, so a flood of tags cannot push a frontier over its size cap."""
+    runner = memory_runner()
+    run = await waiting_run(runner)
+    for n in range(MAX_TAGS_PER_RUN):
+        await runner.tag(run, f"t{n}", tenant=TENANT, seq=1)
+    before = await log_size(runner)
+    with pytest.raises(InvalidInputError, match="tags"):
+        await runner.tag(run, "one too many", tenant=TENANT, seq=1)
+    assert await log_size(runner) == before
+    assert len((await runner.inspect(run, tenant=TENANT)).tags) == MAX_TAGS_PER_RUN
+
+
+# -- refused requests leave no lease state (#10, #19) -------------------------------------------
+
+
+class LeaseWorld:
+    """A runner on one lease backend, and a count of the lease state the store keeps."""
+
+    def __init__(self, runner: AgentRunner, count: Callable[[], Awaitable[int]]) -> None:
+        self.runner = runner
+        self.count = count
+
+
+@pytest_asyncio.fixture(params=["sqlite", "postgres", "redis"])
+async def lease_world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LeaseWorld]:
+    async with AsyncExitStack() as stack:
+        if request.param == "sqlite":
+            path = tmp_path / "onward.db"
+            log = await stack.enter_async_context(SqliteEventLog(path, partitions=2))
+            frontiers = await stack.enter_async_context(SqliteFrontierStore(path))
+            runner = AgentRunner(
+                provider=paying_model(), log=log, frontiers=frontiers, checkpoint_inline=True
+            )
+
+            async def count() -> int:
+                with closing(sqlite3.connect(path)) as conn:
+                    return int(conn.execute("SELECT count(*) FROM onward_leases").fetchone()[0])
+
+            yield LeaseWorld(runner, count)
+            return
+        leases: LeaseStore
+        if request.param == "postgres":
+            database_url: str = request.getfixturevalue("database_url")
+            schema = await stack.enter_async_context(fresh_schema(database_url))
+            leases = await stack.enter_async_context(
+                PostgresLeaseStore(database_url, schema=schema)
+            )
+
+            async def count() -> int:
+                conn = await asyncpg.connect(database_url)
+                try:
+                    return int(
+                        await conn.fetchval(f'SELECT count(*) FROM "{schema}".onward_leases')
+                    )
+                finally:
+                    await conn.close()
+
+        else:
+            redis_url: str = request.getfixturevalue("redis_url")
+            prefix = await stack.enter_async_context(fresh_prefix(redis_url))
+            leases = await stack.enter_async_context(RedisLeaseStore(redis_url, prefix=prefix))
+
+            async def count() -> int:
+                client = aioredis.from_url(redis_url)
+                try:
+                    return len([k async for k in client.scan_iter(f"{prefix}*")])
+                finally:
+                    await client.aclose()
+
+        runner = AgentRunner(
+            provider=paying_model(),
+            log=MemoryEventLog(partitions=2),
+            leases=leases,
+            frontiers=MemoryFrontierStore(),
+            checkpoint_inline=True,
+        )
+        yield LeaseWorld(runner, count)
+
+
+async def test_refused_answers_and_tags_for_unknown_runs_leave_no_lease_state(
+    lease_world: LeaseWorld,
+) -> None:
+    """security review #10: 2,000 approves, denies and tags for runs that do not exist are
+    refused before any lease is taken, so they leave no row in onward_leases (SQLite,
+    PostgreSQL) and no fence: key in Redis."""
+    runner = lease_world.runner
+    for n in range(2_000):
+        attempt = (
+            runner.approve(f"nope-{n}", "c1", tenant=TENANT, by="ann")
+            if n % 3 == 0
+            else runner.deny(f"nope-{n}", "c1", tenant=TENANT, by="ann")
+            if n % 3 == 1
+            else runner.tag(f"nope-{n}", "label", tenant=TENANT)
+        )
+        with pytest.raises(NothingToResumeError):
+            await attempt
+    assert await lease_world.count() == 0
+
+
+async def test_another_tenants_answers_never_take_the_runs_lease(
+    lease_world: LeaseWorld,
+) -> None:
+    """security review #19: another tenant's answers to a run are refused before its lease is
+    taken: they neither hold the run, even briefly, nor raise its fence."""
+    runner = lease_world.runner
+    run = await waiting_run(runner)
+    state = await lease_world.count()
+    fence = (await runner.inspect(run, tenant=TENANT)).fence
+    for _ in range(50):
+        with pytest.raises(NothingToResumeError):
+            await runner.approve(run, "c1", tenant="evil", by="mallory")
+    assert await lease_world.count() == state
+    await runner.approve(run, "c1", tenant=TENANT, by="ann")
+    assert (await runner.inspect(run, tenant=TENANT)).fence == fence + 1
+
+
+@pytest_asyncio.fixture(params=["memory", "sqlite", "postgres", "redis"])
+async def lease_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LeaseStore]:
+    store: LeaseStore
+    async with AsyncExitStack() as stack:
+        if request.param == "memory":
+            store = MemoryLeaseStore()
+        elif request.param == "sqlite":
+            store = SqliteLeaseStore(tmp_path / "leases.db")
+        elif request.param == "postgres":
+            database_url: str = request.getfixturevalue("database_url")
+            schema = await stack.enter_async_context(fresh_schema(database_url))
+            store = PostgresLeaseStore(database_url, schema=schema)
+        else:
+            redis_url: str = request.getfixturevalue("redis_url")
+            prefix = await stack.enter_async_context(fresh_prefix(redis_url))
+            store = RedisLeaseStore(redis_url, prefix=prefix)
+        async with store:
+            yield store
+
+
+async def test_a_conflict_names_the_holder_to_the_runs_own_tenant_only(
+    lease_store: LeaseStore,
+) -> None:
+    """security review #19: `ResumeConflictError` names the holder (here a person's email) to
+    the run's own tenant; another tenant learns neither the holder nor that the run is held
+    for sure."""
+    holder = "person:alice@acme.example"
+    await lease_store.acquire("r1", tenant=TENANT, holder=holder, ttl_s=30)
+    with pytest.raises(ResumeConflictError) as other:
+        await lease_store.acquire("r1", tenant="evil", holder="w-evil", ttl_s=30)
+    assert other.value.holder is None
+    assert "alice" not in str(other.value)
+    assert "not this tenant's" in str(other.value)
+    with pytest.raises(ResumeConflictError) as own:
+        await lease_store.acquire("r1", tenant=TENANT, holder="w2", ttl_s=30)
+    assert own.value.holder == holder
+    assert holder in str(own.value)
+
+
+async def test_starting_another_tenants_run_id_reads_like_not_permitted() -> None:
+    """security review #19: starting a run under an id another tenant's run holds is refused
+    with the words its own tenant gets, "already exists or is not permitted", so the refusal
+    does not confirm that the id is another tenant's run."""
+    runner = memory_runner()
+    run = await waiting_run(runner)
+    with pytest.raises(InvalidInputError) as theirs:
+        await runner.run(payer(), "go", tenant="evil", run_id=run)
+    with pytest.raises(InvalidInputError) as ours:
+        await runner.run(payer(), "go", tenant=TENANT, run_id=run)
+    assert "already exists or is not permitted" in str(theirs.value)
+    assert str(theirs.value).replace("'evil'", "'acme'") == str(ours.value)

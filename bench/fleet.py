@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import sys
 import time
@@ -69,6 +70,8 @@ if TYPE_CHECKING:
     from onward.projections.postgres import PostgresFrontierStore
 
 TENANT = "bench"
+REQUEST_KEY = secrets.token_hex(32)
+"""This run's request key: the bench signs its requests with it and its workers check them."""
 
 
 class Fleet:
@@ -97,6 +100,7 @@ class Fleet:
             "ONWARD_REDIS_PREFIX": self.prefix,
             "ONWARD_KAFKA_TOPIC": self.topic,
             "ONWARD_PARTITIONS": str(self.args.partitions),
+            "ONWARD_REQUEST_KEY": REQUEST_KEY,
             "FLEET_LEDGER": str(self.tmp / "ledger.jsonl"),
             "FLEET_STEPS": str(self.args.steps),
             "FLEET_TOOL_S": str(self.args.tool_s),
@@ -171,10 +175,14 @@ def _cpu_times() -> list[int]:
 
 async def _submit(fleet: Fleet, runs: int) -> list[str]:
     from onward.runtime.requests import Requests, StartRun  # noqa: PLC0415
+    from onward.runtime.signing import RequestSigner  # noqa: PLC0415
 
     run_ids = [f"run-{uuid.uuid4().hex[:12]}" for _ in range(runs)]
     async with Requests(
-        fleet.args.bootstrap, fleet.requests, partitions=fleet.args.partitions
+        fleet.args.bootstrap,
+        fleet.requests,
+        partitions=fleet.args.partitions,
+        signer=RequestSigner(REQUEST_KEY),
     ) as client:
         await client.submit_many(
             [StartRun(run_id=r, tenant=TENANT, agent="booker", input="go") for r in run_ids]

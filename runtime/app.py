@@ -176,6 +176,7 @@ class App(Resource):
                     self.settings.kafka_bootstrap_servers,
                     self.settings.requests_topic,
                     partitions=self.settings.partitions,
+                    signer=self.settings.request_signer(),
                 )
             )
         self._backends = backends
@@ -458,6 +459,12 @@ def _refusal(settings: Settings, *, in_process: bool, ready: bool) -> str | None
         return (
             f"ONWARD_APP_MODE=fleet needs ONWARD_BACKEND=kafka (it is {settings.backend}): "
             "a fleet takes its requests from a Kafka topic"
+        )
+    if not in_process and settings.request_key is None and not settings.accept_unsigned_requests:
+        return (
+            "ONWARD_APP_MODE=fleet needs ONWARD_REQUEST_KEY, the key the workers check requests "
+            "with (or ONWARD_ACCEPT_UNSIGNED_REQUESTS=true where the workers accept unsigned "
+            "ones)"
         )
     return None
 

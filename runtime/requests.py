@@ -26,6 +26,7 @@ from onward.eventlog.kafka import topic_partition_count
 
 from .limits import check_depth, check_label, check_name
 from .options import checked_options
+from .signing import SIGNATURE_HEADER, RequestSigner
 
 DEFAULT_REQUESTS_TOPIC = "onward.requests"
 
@@ -167,13 +168,21 @@ class Requests(Resource):
         bootstrap_servers: ``host:port[,...]``.
         topic: The requests topic.
         partitions: The events topic's partition count; the requests topic is created with it.
+        signer: Signs each request (`onward.runtime.signing`); workers set aside requests
+            that are unsigned unless they were started to accept them.
     """
 
     def __init__(
-        self, bootstrap_servers: str, topic: str = DEFAULT_REQUESTS_TOPIC, *, partitions: int
+        self,
+        bootstrap_servers: str,
+        topic: str = DEFAULT_REQUESTS_TOPIC,
+        *,
+        partitions: int,
+        signer: RequestSigner | None = None,
     ) -> None:
         self.topic = topic
         self.partitions = partitions
+        self.signer = signer
         self._bootstrap = bootstrap_servers
         self._producer: AIOKafkaProducer | None = None
 
@@ -210,15 +219,21 @@ class Requests(Resource):
         if self._producer is None:
             raise ConfigurationError("Requests is not open; use it as an async context manager")
         try:
-            sent = [
-                await self._producer.send(
-                    self.topic,
-                    encode_request(r),
-                    key=r.run_id.encode(),
-                    partition=partition_for(r.run_id, self.partitions),
+            sent = []
+            for request in requests:
+                key, value = request.run_id.encode(), encode_request(request)
+                headers = (
+                    [(SIGNATURE_HEADER, self.signer.sign(key, value))] if self.signer else None
                 )
-                for r in requests
-            ]
+                sent.append(
+                    await self._producer.send(
+                        self.topic,
+                        value,
+                        key=key,
+                        partition=partition_for(request.run_id, self.partitions),
+                        headers=headers,
+                    )
+                )
             await asyncio.gather(*sent)
         except KafkaError as exc:
             raise translate(exc, context=f"submitting to {self.topic}") from exc

@@ -16,6 +16,7 @@ from onward._storage import BACKEND_TIMEOUT_S, masked_url
 from onward.errors import ConfigurationError
 
 from .redaction import parse_secret_keys
+from .signing import RequestSigner
 
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
 """Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id."""
@@ -68,6 +69,13 @@ class Settings(BaseSettings):
             (``ONWARD_REDACT_KEYS``, comma-separated; ``*_pin`` for any key ending in ``_pin``).
             Every `Redactor` built without ``secret_keys`` reads the variable itself; it is
             checked here so that a bad name fails at start.
+        request_key: The key that signs the fleet's requests (``ONWARD_REQUEST_KEY``, at least
+            32 characters; several, comma-separated, while rotating: the first signs). The
+            applications that submit and the workers that act share it
+            (`onward.runtime.signing`).
+        accept_unsigned_requests: Workers act on requests without a signature
+            (``ONWARD_ACCEPT_UNSIGNED_REQUESTS``): anyone who can write the requests topic
+            may then start, answer and tag any tenant's runs.
     """
 
     model_config = SettingsConfigDict(
@@ -98,6 +106,10 @@ class Settings(BaseSettings):
     )
     requests_topic: str = Field(
         default="onward.requests", min_length=1, validation_alias="ONWARD_REQUESTS_TOPIC"
+    )
+    request_key: SecretStr | None = Field(default=None, validation_alias="ONWARD_REQUEST_KEY")
+    accept_unsigned_requests: bool = Field(
+        default=False, validation_alias="ONWARD_ACCEPT_UNSIGNED_REQUESTS"
     )
     redact_keys: str = Field(default="", validation_alias="ONWARD_REDACT_KEYS")
 
@@ -132,6 +144,16 @@ class Settings(BaseSettings):
     def _redact_keys(cls, value: str) -> str:
         parse_secret_keys(value)
         return value
+
+    def request_signer(self) -> RequestSigner | None:
+        """The signer ``request_key`` makes, or ``None`` when it is not set.
+
+        Raises:
+            ConfigurationError: A key shorter than the shortest accepted.
+        """
+        if self.request_key is None:
+            return None
+        return RequestSigner(self.request_key.get_secret_value())
 
     def require_database_url(self) -> str:
         """The PostgreSQL URL, password included (for the driver only), or a clear error saying

@@ -39,7 +39,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from onward._storage import translate
-from onward.errors import InvalidInputError, OnwardError
+from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.eventlog.events import Event, RunStarted
 
 from .agent import Agent
@@ -57,6 +57,7 @@ from .requests import (
     decode_request,
     ensure_requests_topic,
 )
+from .signing import SIGNATURE_HEADER, RequestSigner
 
 _log = logging.getLogger("onward.worker")
 _redactor = Redactor()
@@ -149,6 +150,8 @@ class Worker:
         )
         self.name = self.runner.worker
         self.stats = WorkerStats()
+        self._signer: RequestSigner | None = None
+        self._accept_unsigned = False
         self.owned: set[int] = set()
         self._runs: dict[str, asyncio.Task[bool]] = {}
         self._draining = asyncio.Event()
@@ -341,8 +344,29 @@ class Worker:
         group_id: str = DEFAULT_GROUP,
         session_timeout_ms: int = 10_000,
         on_ready: Callable[[], None] | None = None,
+        signer: RequestSigner | None = None,
+        accept_unsigned: bool = False,
     ) -> None:
-        """Consume requests and carry on runs of the owned partitions until ``stop``; drain."""
+        """Consume requests and carry on runs of the owned partitions until ``stop``; drain.
+
+        Args:
+            signer: Checks each request's signature (`onward.runtime.signing`): one that is
+                missing or does not check is set aside with the reason.
+            accept_unsigned: Act on requests that carry no signature: anyone who can write
+                the topic may then start, answer and tag runs. Only for a topic nobody else
+                can write (or while rolling keys out: signed requests are still checked).
+
+        Raises:
+            ConfigurationError: Neither a signer nor ``accept_unsigned``.
+        """
+        if signer is None and not accept_unsigned:
+            raise ConfigurationError(
+                "the worker has no request key: set ONWARD_REQUEST_KEY (the same on the "
+                "applications that submit; `openssl rand -hex 32` makes one), or accept "
+                "unsigned requests from anyone who can write the topic "
+                "(--accept-unsigned-requests)"
+            )
+        self._signer, self._accept_unsigned = signer, accept_unsigned
         await ensure_requests_topic(bootstrap_servers, topic, self.backends.log.partitions)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap_servers,
@@ -418,6 +442,7 @@ class Worker:
     def _take(self, tp: TopicPartition, record: Any, offsets: _Offsets) -> None:
         offsets.taken(tp, record.offset)
         try:
+            self._check_signature(record)
             request = decode_request(record.value)
         except InvalidInputError as exc:
             # Set aside, never retried: anyone on the topic can write such a record, and one
@@ -436,6 +461,18 @@ class Worker:
             offsets.done(tp, record.offset, acted)
 
         self.submit(request, done)
+
+    def _check_signature(self, record: Any) -> None:
+        """Raises `InvalidInputError` with the reason when the record's signature does not
+        check (an unsigned one passes only when unsigned requests are accepted)."""
+        headers = record.headers or ()
+        if self._signer is None or (
+            self._accept_unsigned and all(k != SIGNATURE_HEADER for k, _ in headers)
+        ):
+            return
+        refusal = self._signer.refusal(record.key, record.value, headers)
+        if refusal is not None:
+            raise InvalidInputError(f"request not acted on: {refusal}")
 
 
 def one_line(text: str) -> str:

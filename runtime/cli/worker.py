@@ -99,6 +99,14 @@ def worker_command(
     name: Annotated[
         str | None, typer.Option(help="This worker's name in leases (default: host-pid).")
     ] = None,
+    accept_unsigned_requests: Annotated[
+        bool,
+        typer.Option(
+            "--accept-unsigned-requests",
+            help="Kafka: act on requests without a signature (ONWARD_REQUEST_KEY), so anyone "
+            "who can write the requests topic may start, answer and tag any tenant's runs.",
+        ),
+    ] = False,
 ) -> None:
     """Start requested runs and carry on lapsed ones until SIGTERM; then drain.
 
@@ -107,6 +115,8 @@ def worker_command(
     options. 5: a store failed.
     """
     config = load_settings()
+    signer = config.request_signer()
+    accept_unsigned = accept_unsigned_requests or config.accept_unsigned_requests
     agents = load_agents(agent)
     model = load_provider(provider)
     if lease_ttl <= 0 or recheck <= 0:
@@ -162,6 +172,8 @@ def worker_command(
                     group_id=group,
                     session_timeout_ms=session_timeout_ms,
                     on_ready=lambda: err.print(f"worker {worker.name} ready"),
+                    signer=signer,
+                    accept_unsigned=accept_unsigned,
                 )
             stats = worker.stats
             err.print(

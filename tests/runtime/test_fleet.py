@@ -23,7 +23,7 @@ import pytest_asyncio
 from support.deployment import assigned, balanced, process_env, worker_argv
 from support.kafka import delete_topic
 from support.processes import spawn_onward, stop_children
-from support.servers import KafkaServers
+from support.servers import REQUEST_KEY, KafkaServers
 
 from onward.eventlog import KafkaEventLog
 from onward.projections.postgres import PostgresFrontierStore
@@ -31,10 +31,12 @@ from onward.runtime.leases import RedisLeaseStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.manager import ExecutionManager
 from onward.runtime.requests import AnswerRequest, Requests, StartRun, TagRun
+from onward.runtime.signing import RequestSigner
 from onward.runtime.tools import idempotency_key
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 PARTITIONS = 6
+SIGNER = RequestSigner(REQUEST_KEY)
 RUNS = int(os.environ.get("ONWARD_FLEET_TEST_RUNS", "300"))
 TENANT = "acme"
 MAX_RUNS = 12
@@ -84,7 +86,9 @@ class Fleet:
 
     async def submit(self, count: int) -> list[str]:
         run_ids = [f"run-{uuid.uuid4().hex[:10]}" for _ in range(count)]
-        async with Requests(self.bootstrap, self.requests_topic, partitions=PARTITIONS) as client:
+        async with Requests(
+            self.bootstrap, self.requests_topic, partitions=PARTITIONS, signer=SIGNER
+        ) as client:
             await client.submit_many(
                 [
                     StartRun(
@@ -317,7 +321,9 @@ async def _completed(world: Fleet, count: int) -> bool:
 @pytest.mark.timeout(180)
 async def test_answers_and_tags_go_through_the_requests_topic(fleet: Fleet) -> None:
     run_ids = [f"pay-{uuid.uuid4().hex[:8]}" for _ in range(4)]
-    async with Requests(fleet.bootstrap, fleet.requests_topic, partitions=PARTITIONS) as client:
+    async with Requests(
+        fleet.bootstrap, fleet.requests_topic, partitions=PARTITIONS, signer=SIGNER
+    ) as client:
         await client.submit_many(
             [StartRun(run_id=r, tenant=TENANT, agent="payer", input="pay") for r in run_ids]
         )

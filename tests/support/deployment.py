@@ -9,7 +9,7 @@ from typing import Any
 
 from onward.runtime.settings import Settings
 from support.processes import TESTS
-from support.servers import KafkaServers
+from support.servers import REQUEST_KEY, KafkaServers
 
 ASSIGNED = re.compile(r"partitions assigned: \[([0-9, ]*)\]")
 """What a worker logs each time its group hands it partitions."""
@@ -36,7 +36,7 @@ def kafka_settings(servers: KafkaServers, partitions: int, **fields: Any) -> Set
         database_schema=servers.schema,
         redis_url=servers.redis_url,
         redis_prefix=servers.redis_prefix,
-        **fields,
+        **{"request_key": REQUEST_KEY, **fields},
     )
 
 

@@ -7,6 +7,10 @@ from typing import NamedTuple
 from onward.eventlog import KafkaEventLog
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime import RedisLeaseStore
+from onward.runtime.signing import RequestSigner
+
+REQUEST_KEY = "test-request-key-" + "k" * 32
+"""The key a test stack's applications sign requests with and its workers check them with."""
 
 
 class KafkaServers(NamedTuple):
@@ -31,7 +35,12 @@ class KafkaServers(NamedTuple):
             "ONWARD_DATABASE_SCHEMA": self.schema,
             "REDIS_URL": self.redis_url,
             "ONWARD_REDIS_PREFIX": self.redis_prefix,
+            "ONWARD_REQUEST_KEY": REQUEST_KEY,
         }
+
+    def signer(self) -> RequestSigner:
+        """Signs requests as this stack's workers check them."""
+        return RequestSigner(REQUEST_KEY)
 
     def log(self, *, partitions: int = 3) -> KafkaEventLog:
         """The events topic (created if missing), to be opened with ``async with``."""

@@ -62,6 +62,10 @@ from .transcript import TranscriptRow, decode_message
 PROJECTION = "frontiers"
 PROJECTION_VERSION = 1
 
+BUILT_IN_PROJECTIONS: frozenset[str] = frozenset({PROJECTION})
+"""The keys of Onward's own projections in the build registry, refused as user projection
+names: a user projection sharing one would retire the built-in build when rebuilt."""
+
 _SUMMARY_COLUMNS = (
     "tenant, run_id, agent, revision, status, holder, iteration, input_tokens, output_tokens, "
     "last_seq, fence, last_boundary, resume_seq, waiting_on, refused, partition, "

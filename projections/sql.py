@@ -33,6 +33,7 @@ from .builds import (
     build_exists,
     ensure_active,
 )
+from .postgres import BUILT_IN_PROJECTIONS
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 log = logging.getLogger("onward.projector")
@@ -43,7 +44,9 @@ class Projection(Protocol):
     """A user projection of the event log into one PostgreSQL table.
 
     Attributes:
-        name: Lower-case identifier; also the name of the view on the active build.
+        name: Lower-case identifier; also the name of the view on the active build. Names
+            starting with ``onward`` and those of Onward's own projections (``frontiers``) are
+            refused.
         version: Bump it when the fold changes; rebuild to apply it to history.
     """
 
@@ -72,6 +75,11 @@ def layout_of(projection: Projection) -> BuildLayout:
             "digits, underscores) not starting with 'onward'"
         )
     name = projection.name
+    if name in BUILT_IN_PROJECTIONS:
+        raise InvalidInputError(
+            f"projection name {name!r} is reserved: Onward's own {name} projection is kept "
+            "under it, and a rebuild would retire that build; choose another name"
+        )
     return BuildLayout(
         projection=name,
         version=projection.version,

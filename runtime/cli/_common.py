@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import json
 import logging
-import os
 import pkgutil
 import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
@@ -191,31 +192,60 @@ async def opened(
 
 
 def imported(spec: str, option: str) -> object:
-    """What ``package.module:attribute`` names, falling back to the working directory.
+    """What ``package.module:attribute`` or ``path/to/file.py:attribute`` names.
 
-    The ``onward`` script does not put the working directory on ``sys.path`` the way
-    ``python -m`` does; without the fallback a user's own ``agents.py`` next to them could not
-    be named. Installed packages still win, as they do for every other import of the process.
+    A module name is looked up on the import path only. The working directory is not searched
+    for it: a name such as ``agents`` would otherwise import whatever ``agents.py`` lies in the
+    directory the command happens to run in. A file of one's own is named as a file
+    (``agents.py:booker``, ``./app/agents.py:booker``); its directory is then put on the import
+    path, so that it can import the modules next to it, as ``python agents.py`` would.
 
     Raises:
         InvalidInputError: ``spec`` is malformed or names nothing importable (exit 2).
     """
-    module_name, colon, attribute = spec.partition(":")
+    module_name, colon, attribute = spec.rpartition(":")
     if not module_name or not colon or not attribute:
-        raise InvalidInputError(f"{option}: {spec!r} must look like package.module:attribute")
-    try:
-        try:
-            return pkgutil.resolve_name(spec)
-        except ModuleNotFoundError as exc:
-            here = os.getcwd()
-            if exc.name != module_name.partition(".")[0] or here in sys.path:
-                raise
-            sys.path.append(here)
-            return pkgutil.resolve_name(spec)
-    except Exception as exc:
         raise InvalidInputError(
-            f"{option}: cannot import {spec!r}: {type(exc).__name__}: {exc}"
+            f"{option}: {spec!r} must look like package.module:attribute or file.py:attribute"
+        )
+    try:
+        if module_name.endswith(".py"):
+            return functools.reduce(getattr, attribute.split("."), _module_file(module_name))
+        return pkgutil.resolve_name(spec)
+    except Exception as exc:
+        hint = ""
+        top = module_name.partition(".")[0]
+        if isinstance(exc, ModuleNotFoundError) and exc.name == top and Path(f"{top}.py").is_file():
+            hint = (
+                f" (the working directory is not searched; to use ./{top}.py, name the file: "
+                f"{top}.py:{attribute})"
+            )
+        raise InvalidInputError(
+            f"{option}: cannot import {spec!r}: {type(exc).__name__}: {exc}{hint}"
         ) from exc
+
+
+def _module_file(path_text: str) -> ModuleType:
+    """The module in the file ``path_text``, loaded once under its file name's stem."""
+    path = Path(path_text).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path_text}")
+    loaded = sys.modules.get(path.stem)
+    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+        return loaded
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path_text} cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    sys.modules[path.stem] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[path.stem]
+        raise
+    return module
 
 
 def made(found: object, spec: str, option: str, *, is_made: Callable[[object], bool]) -> object:

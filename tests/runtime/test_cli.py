@@ -351,7 +351,8 @@ def test_a_bad_agent_spec_exits_2(db: Path, spec: str) -> None:
 
 @pytest.fixture
 def mine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A module of the user's own in the working directory, where `onward` looks last."""
+    """A module of the user's own in the working directory, named as its file (``mine.py``):
+    `onward` does not search the working directory for a bare module name."""
     name = f"mine_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{name}.py").write_text(
         textwrap.dedent(
@@ -366,7 +367,7 @@ def mine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         )
     )
     monkeypatch.chdir(tmp_path)
-    return name
+    return f"{name}.py"
 
 
 def test_the_model_code_failing_exits_5_in_one_line(db: Path, mine: str) -> None:

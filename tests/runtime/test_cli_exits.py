@@ -68,7 +68,8 @@ def assert_one_line(result: Result) -> None:
 
 @pytest.fixture
 def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A module of the user's own in the working directory, as ``onward`` finds it there."""
+    """A module of the user's own in the working directory, named as its file (``mine.py``):
+    `onward` does not search the working directory for a bare module name."""
     name = f"mine_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{name}.py").write_text(
         textwrap.dedent(
@@ -78,7 +79,7 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         )
     )
     monkeypatch.chdir(tmp_path)
-    return name
+    return f"{name}.py"
 
 
 def test_a_projection_is_found_in_the_working_directory(here: str) -> None:

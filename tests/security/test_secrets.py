@@ -22,12 +22,14 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from support.stores import sqlite_stores
 from typer.testing import CliRunner
 
-from onward.errors import ConfigurationError
+from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.events import ToolCall, ToolCompleted
 from onward.integrations.langgraph import OnwardSaver
 from onward.integrations.langgraph.tools import OnwardToolMiddleware
 from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.sql import SqlProjectionSink
 from onward.runtime.cli import app as cli_app
+from onward.runtime.cli._common import imported
 from onward.runtime.leases import RedisLeaseStore
 from onward.runtime.redaction import DEFAULT_MASK, Redactor
 from onward.runtime.settings import load_settings
@@ -416,3 +418,57 @@ async def test_a_postgresql_store_given_a_bad_port_names_database_url_without_th
 
     assert "DATABASE_URL postgresql://onward:***@127.0.0.1:54x2/onward" in str(raised.value)
     assert PG_PASSWORD not in str(raised.value)
+
+
+@pytest.fixture
+def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    """A module in the working directory that leaves a mark when imported, as a file planted
+    in an untrusted directory would; its name and the mark's path."""
+    name = f"planted_{invented(8, seed=6).lower()}"
+    mark = tmp_path / "imported"
+    (tmp_path / f"{name}.py").write_text(
+        f"from pathlib import Path\nPath({str(mark)!r}).touch()\nagent = 'mine'\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    return name, mark
+
+
+def test_a_bare_module_name_is_not_imported_from_the_working_directory(
+    planted: tuple[str, Path],
+) -> None:
+    """security review #23: ``--agent foo:bar`` imported ``./foo.py`` from whatever directory
+    the command ran in; now the error says how to name the file instead."""
+    name, mark = planted
+
+    with pytest.raises(InvalidInputError, match=rf"{name}\.py:agent"):
+        imported(f"{name}:agent", "--agent")
+
+    assert not mark.exists()
+
+
+def test_a_module_file_named_explicitly_is_imported(planted: tuple[str, Path]) -> None:
+    """security review #23: the explicit way, ``file.py:attribute``, still finds it."""
+    name, mark = planted
+
+    assert imported(f"{name}.py:agent", "--agent") == "mine"
+    assert mark.exists()
+
+
+class FrontiersLookalike:
+    """A user projection that takes the name of Onward's own."""
+
+    name = "frontiers"
+    version = 1
+
+    def ddl(self, table: str) -> str:
+        return f"CREATE TABLE {table} (run_id text PRIMARY KEY)"
+
+    async def apply(self, conn: Any, table: str, events: Any) -> None:
+        """Nothing to fold."""
+
+
+def test_a_user_projection_named_after_a_built_in_one_is_refused() -> None:
+    """security review #23: a user projection named ``frontiers`` shared the built-in one's
+    build registry, and rebuilding it retired the frontiers build."""
+    with pytest.raises(InvalidInputError, match="'frontiers' is reserved"):
+        SqlProjectionSink("postgresql://nobody@127.0.0.1:1/none", FrontiersLookalike())

@@ -48,6 +48,10 @@ class Options(BaseModel):
         checkpoints: Which boundaries are checkpoints (streamed as checkpoint messages; the
             ones a collaborative run waits at).
         max_iterations: Most model calls of this run; the agent's own bound when not given.
+            The agent's ``max_iterations`` is a ceiling: a run's bound is the lower of the two
+            (`recorded_options`), so whoever starts a run can lower it, never raise it. An
+            agent that lets its callers choose up to N opts in by setting its own
+            ``max_iterations`` to N.
         mode: ``autonomous`` or ``collaborative``.
 
     The names (``run_id``, ``tenant``, ``user``, ``agent``) are at most 200 characters and hold
@@ -110,10 +114,16 @@ class Options(BaseModel):
 
 def recorded_options(options: Mapping[str, Any] | None, agent: Agent) -> dict[str, Any]:
     """A run's options as its `RunStarted` records them: given ones name the bound on model
-    calls in force (the agent's, unless they set one), so a reader of the log knows it."""
+    calls in force, so a reader of the log knows it. That bound is the lower of the options'
+    and the agent's own: the agent's ``max_iterations`` is a ceiling no caller raises (an
+    agent opts in to higher bounds by raising its own)."""
     if not options:
         return {}
-    return {"max_iterations": agent.max_iterations, **options}
+    asked = options.get("max_iterations")
+    limit = agent.max_iterations
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 1:
+        limit = min(asked, limit)
+    return {**options, "max_iterations": limit}
 
 
 def checked_options(options: Mapping[str, Any]) -> dict[str, Any]:

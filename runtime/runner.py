@@ -62,6 +62,7 @@ from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
 from .limits import (
     MAX_TAGS_PER_RUN,
+    MAX_TOOL_CALLS_PER_TURN,
     check_depth,
     check_label,
     check_name,
@@ -113,6 +114,10 @@ class AgentRunner(Resource):
             from its retained events once its partition was cut. An embedded SQLite log
             brings its own; a Kafka deployment names its `PostgresCompactionStore` (`Backends`
             does): without one, a tag is not protected from a pass running meanwhile.
+        max_tool_calls_per_turn: Most tool calls one model answer may ask for (64 by default,
+            `onward.runtime.limits.MAX_TOOL_CALLS_PER_TURN`): an answer asking for more ends
+            the run ``failed`` with the count in its error, and none of its calls is recorded
+            or run (every call of an answer goes into one log record, which has a size cap).
 
     Raises:
         ConfigurationError: No lease store for a log that has none of its own, no frontier
@@ -136,7 +141,12 @@ class AgentRunner(Resource):
         lease_policy: LeasePolicy | None = None,
         continuation: ContinuationPolicy | None = None,
         compaction: CompactionStore | None = None,
+        max_tool_calls_per_turn: int = MAX_TOOL_CALLS_PER_TURN,
     ) -> None:
+        if max_tool_calls_per_turn < 1:
+            raise ConfigurationError(
+                f"max_tool_calls_per_turn must be at least 1, got {max_tool_calls_per_turn}"
+            )
         if checkpoint_inline and frontiers is None:
             raise ConfigurationError("checkpoint_inline needs a frontier store")
         if leases is None:
@@ -154,6 +164,7 @@ class AgentRunner(Resource):
         self.worker = worker or _default_worker()
         self.lease_policy = lease_policy or LeasePolicy()
         self.continuation = continuation
+        self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.compaction = compaction or embedded_compaction(log)
         self.resumer = Resumer(
             log, leases, frontiers, policy=self.lease_policy, compaction=self.compaction
@@ -459,7 +470,9 @@ class AgentRunner(Resource):
     # -- the loop ----------------------------------------------------------------------------
 
     async def _drive(self, run: HeldRun) -> RunResult:
-        limit = run.frontier.max_iterations or run.agent.max_iterations
+        # The agent's bound is a ceiling: a run's options may lower it, never raise it.
+        ceiling = run.agent.max_iterations
+        limit = min(run.frontier.max_iterations or ceiling, ceiling)
         while not run.frontier.finished and run.frontier.status != "waiting":
             if self.continuation is not None and await carry_if_due(
                 run, self.continuation, writer=self.writer, resumer=self.resumer, holding=self._held
@@ -492,6 +505,18 @@ class AgentRunner(Resource):
         if observer is not None:
             await observer.before_model_call()
         reply = await self.provider.complete(run.agent, list(run.conversation.messages))
+        asked = len(reply.tool_calls)
+        if asked > self.max_tool_calls_per_turn:
+            answered = self.writer.event(
+                run, ModelAnswered, message=reply.message, tool_calls=[], usage=reply.usage
+            )
+            error = (
+                f"the model asked for {asked} tool calls in one answer, over "
+                f"max_tool_calls_per_turn={self.max_tool_calls_per_turn}; none of them was run"
+            )
+            failed = self.writer.event(run, RunFinished, 1, status="failed", error=error)
+            await self.writer.append(run, [answered, failed])
+            return
         calls = [_keyed(run, call) for call in reply.tool_calls]
         answered = self.writer.event(
             run, ModelAnswered, message=reply.message, tool_calls=calls, usage=reply.usage

@@ -5,7 +5,7 @@ no lease state behind, and refusals that tell another tenant nothing about a run
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, closing
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,19 @@ from support.pg import fresh_schema
 from support.redis import fresh_prefix
 
 from onward.errors import InvalidInputError, NothingToResumeError, ResumeConflictError
-from onward.eventlog import MemoryEventLog, SqliteEventLog, ToolCall
+from onward.eventlog import (
+    MemoryEventLog,
+    Message,
+    RunStarted,
+    SqliteEventLog,
+    ToolCall,
+    ToolDispatched,
+)
+from onward.eventlog.base import partition_for
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
+from onward.runtime.backends import open_backends
 from onward.runtime.leases import (
     LeaseStore,
     MemoryLeaseStore,
@@ -29,12 +38,14 @@ from onward.runtime.leases import (
     RedisLeaseStore,
     SqliteLeaseStore,
 )
-from onward.runtime.limits import MAX_TAGS_PER_RUN
+from onward.runtime.limits import MAX_TAGS_PER_RUN, MAX_TOOL_CALLS_PER_TURN
 from onward.runtime.options import Options
-from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.requests import AnswerRequest, StartRun, TagRun, decode_request, encode_request
 from onward.runtime.runner import AgentRunner
+from onward.runtime.settings import Settings
 from onward.runtime.tools import tool
+from onward.runtime.worker import Worker
 
 TENANT = "acme"
 LONG = "x" * 201
@@ -351,3 +362,84 @@ async def test_starting_another_tenants_run_id_reads_like_not_permitted() -> Non
         await runner.run(payer(), "go", tenant=TENANT, run_id=run)
     assert "already exists or is not permitted" in str(theirs.value)
     assert str(theirs.value).replace("'evil'", "'acme'") == str(ours.value)
+
+
+# -- limits on what a run may cost (#17) ---------------------------------------------------------
+
+
+def always_calling(calls_per_answer: int) -> ScriptedProvider:
+    """A model that asks for ``calls_per_answer`` calls of ``note`` in every answer, forever."""
+
+    def script(messages: Sequence[Message]) -> ModelReply:
+        turn = sum(1 for m in messages if m.role == "assistant")
+        calls = [
+            ToolCall(call_id=f"t{turn}-{n}", tool="note", args={"n": n})
+            for n in range(calls_per_answer)
+        ]
+        return reply(f"turn {turn}", *calls)
+
+    return ScriptedProvider(script)
+
+
+@tool
+async def note(n: int, *, idempotency_key: str) -> int:
+    return n
+
+
+def noter(max_iterations: int = 25) -> Agent:
+    return Agent(name="noter", instructions="note", tools=[note], max_iterations=max_iterations)
+
+
+async def test_options_lower_the_agents_iteration_bound_but_never_raise_it() -> None:
+    """security review #17: a run's max_iterations above the agent's own bound runs with the
+    agent's bound (recorded so in RunStarted); the agent's max_iterations is the ceiling."""
+    log = MemoryEventLog(partitions=2)
+    runner = AgentRunner(provider=always_calling(1), log=log)
+    result = await runner.run(
+        noter(max_iterations=2), "go", tenant=TENANT, run_id="r", options={"max_iterations": 5}
+    )
+    assert result.status == "failed"
+    assert result.error is not None
+    assert "max_iterations=2" in result.error
+    (started,) = [s.event for s in await log.read_run("r") if isinstance(s.event, RunStarted)]
+    assert started.options["max_iterations"] == 2
+    lowered = await runner.run(
+        noter(max_iterations=5), "go", tenant=TENANT, run_id="r2", options={"max_iterations": 1}
+    )
+    assert lowered.error is not None
+    assert "max_iterations=1" in lowered.error
+
+
+async def test_an_answer_over_the_tool_call_cap_fails_the_run_and_runs_no_call() -> None:
+    """security review #17: a model answer asking for more calls than max_tool_calls_per_turn
+    (64 by default) ends the run failed with the count in its error; no call is dispatched."""
+    log = MemoryEventLog(partitions=2)
+    runner = AgentRunner(provider=always_calling(MAX_TOOL_CALLS_PER_TURN + 1), log=log)
+    result = await runner.run(noter(), "go", tenant=TENANT, run_id="r")
+    assert result.status == "failed"
+    assert result.error is not None
+    assert f"{MAX_TOOL_CALLS_PER_TURN + 1} tool calls" in result.error
+    assert f"max_tool_calls_per_turn={MAX_TOOL_CALLS_PER_TURN}" in result.error
+    kinds = [type(s.event) for s in await log.read_run("r")]
+    assert ToolDispatched not in kinds
+    capped = AgentRunner(provider=always_calling(3), log=log, max_tool_calls_per_turn=2)
+    assert (await capped.run(noter(), "go", tenant=TENANT, run_id="r2")).status == "failed"
+
+
+async def test_a_worker_sets_aside_a_start_whose_options_options_refuses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """security review #17: the worker validates StartRun.options through `Options`: a start
+    with options it refuses is not acted on (no run), and its reason is logged."""
+    settings = Settings.model_validate(
+        {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "o.db")}
+    )
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, always_calling(0), {"noter": noter()})
+        for options in ({"max_iterations": 0}, {"mode": "sideways"}, {"replays": True}):
+            request = StartRun(run_id="r", tenant=TENANT, agent="noter", options=options)
+            assert await worker.handle(request)
+        assert worker.stats.failures == 3
+        assert caplog.text.count("StartRun refused for good: invalid options") == 3
+        assert worker.stats.started == 0
+        assert (await backends.log.bounds(partition_for("r", backends.log.partitions))).end == 0

@@ -1,28 +1,32 @@
-"""A secret passed in a tool argument reaches neither the Kafka topic nor PostgreSQL.
+"""A secret passed in a tool argument or returned by a tool reaches no store at rest.
 
-Both are read directly, as an attacker with a copy of the topic or the database would: raw
-record bytes (values, keys and headers) and every column of every Onward table.
+Each store is read directly, as an attacker with a copy of it would: the SQLite file's bytes,
+the Kafka topic's raw record bytes (values, keys and headers), and every column and every row
+(as text) of every Onward table in PostgreSQL.
 """
 
 from __future__ import annotations
 
 import random
 import string
+from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from onward.eventlog import KafkaEventLog, ToolCall
+from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
 from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.projector import FrontierProjection
+from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import PostgresBlobStore
 from onward.runtime.leases import PostgresLeaseStore
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
-from onward.runtime.tools import tool
+from onward.runtime.tools import Tool, tool
 
 pytestmark = pytest.mark.kafka
 PARTITIONS = 2
@@ -63,8 +67,10 @@ async def raw_database(database_url: str, schema: str) -> str:
         )
         dumps: list[str] = []
         for row in tables:
-            for record in await conn.fetch(f'SELECT * FROM "{row["table_name"]}"'):
+            table = row["table_name"]
+            for record in await conn.fetch(f'SELECT * FROM "{table}"'):
                 dumps.extend(_text(value) for value in record.values())
+            dumps.extend(r[0] for r in await conn.fetch(f'SELECT t::text FROM "{table}" t'))
         return "\n".join(dumps)
     finally:
         await conn.close()
@@ -117,3 +123,77 @@ async def test_a_secret_in_tool_arguments_is_masked_everywhere_at_rest(
     assert b"[REDACTED]" in topic_bytes
     assert secret not in database_text
     assert "[REDACTED]" in database_text
+
+
+PASSWORD = "hunter2-very-secret"
+
+
+def login_tool(api_key: str) -> Tool:
+    """A tool taking a password and returning an API key, as a login to some service would."""
+
+    @tool
+    async def login(user: str, password: str, *, idempotency_key: str) -> dict[str, Any]:
+        return {"user": user, "api_key": api_key}
+
+    return login
+
+
+def login_script() -> ScriptedProvider:
+    """A model that logs ann in, then says it is done."""
+    args = {"user": "ann", "password": PASSWORD}
+    return ScriptedProvider(
+        [reply("", ToolCall(call_id="c1", tool="login", args=args)), reply("ok")]
+    )
+
+
+async def test_a_password_argument_and_an_api_key_result_are_masked_in_the_sqlite_file(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    """security review #4: structured secrets (by their keys) were stored in clear."""
+    api_key = invented_key(rng)
+    path = tmp_path / "onward.db"
+    agent = Agent(name="ops", instructions="log in", tools=[login_tool(api_key)])
+    async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as store:
+        runner = AgentRunner(
+            provider=login_script(), log=log, frontiers=store, checkpoint_inline=True
+        )
+        result = await runner.run(agent, "log ann in", tenant="acme", run_id="r-login")
+        assert result.status == "completed"
+    stored = sqlite_bytes(path)
+    assert PASSWORD.encode() not in stored
+    assert api_key.encode() not in stored
+    assert b"[REDACTED]" in stored
+
+
+def sqlite_bytes(path: Path) -> bytes:
+    """Every byte of a SQLite database, its -wal and -shm files included."""
+    return b"".join(file.read_bytes() for file in path.parent.glob(f"{path.name}*"))
+
+
+async def test_a_password_argument_and_an_api_key_result_reach_neither_kafka_nor_postgresql(
+    kafka_bootstrap: str, kafka_topic: str, database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    """security review #4: on the Kafka deployment, the events topic and every PostgreSQL
+    table held the password argument and the API key result in clear."""
+    api_key = invented_key(rng)
+    agent = Agent(name="ops", instructions="log in", tools=[login_tool(api_key)])
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(database_url, schema=pg_schema) as store,
+        PostgresBlobStore(database_url, schema=pg_schema) as blobs,
+        PostgresLeaseStore(database_url, schema=pg_schema) as leases,
+    ):
+        runner = AgentRunner(
+            provider=login_script(), log=log, frontiers=store, blobs=blobs, leases=leases
+        )
+        result = await runner.run(agent, "log ann in", tenant="acme", run_id="r-login")
+        assert result.status == "completed"
+        assert await LogProjector(log, FrontierProjection(store, log)).catch_up() > 0
+        topic_bytes = await raw_topic(kafka_bootstrap, kafka_topic)
+        database_text = await raw_database(database_url, pg_schema)
+    assert b"r-login" in topic_bytes
+    assert PASSWORD.encode() not in topic_bytes
+    assert api_key.encode() not in topic_bytes
+    assert "r-login" in database_text
+    assert PASSWORD not in database_text
+    assert api_key not in database_text

@@ -44,6 +44,7 @@ from onward.eventlog.parts import (
 )
 
 from .agent import Agent
+from .limits import MAX_DEPTH, too_deep
 from .providers import ModelReply
 
 log = logging.getLogger("onward.runtime.openai")
@@ -53,6 +54,8 @@ TOOL_CALLS_PART = "tool_calls"
 
 UNPARSED = "_unparsed"
 """The single argument a tool call gets when the model's arguments are not a JSON object."""
+
+_TOO_DEEP = f"(arguments nested more than {MAX_DEPTH} levels deep; not kept)"
 
 RETRY_AFTER_CAP_S = 10.0
 """The longest a server's ``Retry-After`` makes us wait before the next attempt."""
@@ -283,7 +286,7 @@ class OpenAICompatibleProvider(Resource):
     def _parse(self, response: httpx.Response) -> ModelReply:
         try:
             body = response.json()
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested past the limit
             raise BackendError(
                 self._redact(
                     f"POST {self._url} answered {response.status_code} with a body that is not "
@@ -431,19 +434,21 @@ def _tool_call(index: int, raw: Any) -> ToolCall:
 
 
 def _arguments(function: dict[str, Any]) -> dict[str, Any]:
-    """The call's arguments as a dict; anything that is not a JSON object is kept raw."""
+    """The call's arguments as a dict; anything that is not a JSON object is kept raw, and so
+    is an object nested more than `MAX_DEPTH` levels deep (as text: parsed, it could not be
+    masked, stored or read back by every reader)."""
     raw = function.get("arguments")
     if isinstance(raw, dict):
-        return raw
+        return raw if not too_deep(raw) else {UNPARSED: _TOO_DEEP}
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}
     if not isinstance(raw, str):
-        return {UNPARSED: json.dumps(raw)}
+        return {UNPARSED: json.dumps(raw)} if not too_deep(raw) else {UNPARSED: _TOO_DEEP}
     try:
         parsed = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {UNPARSED: raw}
-    return parsed if isinstance(parsed, dict) else {UNPARSED: raw}
+    return parsed if isinstance(parsed, dict) and not too_deep(parsed) else {UNPARSED: raw}
 
 
 def _usage(raw: Any) -> Usage:
@@ -486,7 +491,7 @@ def _server_message(response: httpx.Response) -> str:
     """The error text a server put in its answer (OpenAI, FastAPI and plain-text shapes)."""
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     if isinstance(body, dict):
         error = body.get("error")

@@ -61,6 +61,8 @@ from .leases.base import LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
 from .limits import (
+    MAX_DEPTH,
+    MAX_NAME_LENGTH,
     MAX_TAGS_PER_RUN,
     MAX_TOOL_CALLS_PER_TURN,
     check_depth,
@@ -68,6 +70,7 @@ from .limits import (
     check_name,
     check_note,
     check_optional_name,
+    too_deep,
 )
 from .options import approval_value, pause_request, recorded_options
 from .planning import ResumePlan, plan_resume, refuse_if_undecidable
@@ -517,7 +520,7 @@ class AgentRunner(Resource):
             failed = self.writer.event(run, RunFinished, 1, status="failed", error=error)
             await self.writer.append(run, [answered, failed])
             return
-        calls = [_keyed(run, call) for call in reply.tool_calls]
+        calls = [_keyed(run, call, index) for index, call in enumerate(reply.tool_calls)]
         answered = self.writer.event(
             run, ModelAnswered, message=reply.message, tool_calls=calls, usage=reply.usage
         )
@@ -586,6 +589,12 @@ class AgentRunner(Resource):
         error: ToolError | None = None
         if tool is None:
             error = ToolError(type="UnknownTool", message=f"the agent has no tool {call.tool!r}")
+        elif TOO_DEEP_ARGUMENTS in call.args:
+            error = ToolError(
+                type="PayloadTooDeep",
+                message=f"the model's arguments nest more than {MAX_DEPTH} levels deep; "
+                f"{call.tool} was not called",
+            )
         else:
             try:
                 result = await tool.call(
@@ -597,6 +606,17 @@ class AgentRunner(Resource):
                 error = ToolError(type="InvalidArguments", message=str(exc))
             except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, not raised
                 error = tool_error(exc)
+            if too_deep(result):
+                # Recorded as the call's outcome, so the run goes on: a value this deep could
+                # not be masked, stored or read back by every reader.
+                result, error = (
+                    None,
+                    ToolError(
+                        type="PayloadTooDeep",
+                        message=f"{call.tool} returned a value nested more than {MAX_DEPTH} levels "
+                        "deep; it was not recorded",
+                    ),
+                )
         if self.writer.observer is not None:
             await self.writer.observer.tool_returned(call.call_id)
         completed = self.writer.event(
@@ -605,15 +625,57 @@ class AgentRunner(Resource):
         await self.writer.append(run, [completed])
 
 
-def _keyed(run: HeldRun, call: ToolCall) -> ToolCall:
-    """A model's call with a call id unique in the run and the idempotency key derived from it."""
-    call_id = call.call_id or f"call-{run.frontier.iteration + 1}"
+TOO_DEEP_ARGUMENTS = "onward.too_deep"
+"""The one key of the arguments recorded for a call whose own nest more than `MAX_DEPTH` levels
+deep: the tool is not called, the call's outcome is a ``PayloadTooDeep`` error."""
+
+RESERVED_PREFIX = "onward."
+"""Ids Onward gives its own requests start with it (``onward.checkpoint:...``), so a model's
+call id never does: one that would is rewritten."""
+
+
+def _keyed(run: HeldRun, call: ToolCall, index: int) -> ToolCall:
+    """A model's call with a call id unique in the run and the idempotency key derived from it.
+
+    The model's text may choose call ids (some providers let it), so a call id is the model's
+    own only while it is a plain name outside Onward's namespace: one that starts with
+    ``onward.`` (it could equal a checkpoint's request id, and so count as approved when a
+    person answers the checkpoint), is too long or holds a control character is rewritten to
+    ``call-<iteration>-<n>``. A tool name that is not a plain name is recorded escaped (no
+    tool has that name: the call ends ``UnknownTool``), and arguments nested too deep are not
+    recorded (`TOO_DEEP_ARGUMENTS`).
+    """
+    iteration = run.frontier.iteration + 1
+    call_id = call.call_id or f"call-{iteration}"
+    if call_id.startswith(RESERVED_PREFIX) or not _plain_name(call_id):
+        call_id = f"call-{iteration}-{index + 1}"
     if call_id in run.conversation.call_ids:
-        call_id = f"{call_id}~{run.frontier.iteration + 1}"
+        call_id = f"{call_id}~{iteration}"
     run.conversation.call_ids.add(call_id)
+    tool = call.tool if _plain_name(call.tool) else _escaped(call.tool)
+    args = call.args
+    if too_deep(args):
+        args = {TOO_DEEP_ARGUMENTS: f"nested more than {MAX_DEPTH} levels deep; not recorded"}
     return msgspec.structs.replace(
-        call, call_id=call_id, idempotency_key=idempotency_key(run.run_id, call_id)
+        call,
+        call_id=call_id,
+        tool=tool,
+        args=args,
+        idempotency_key=idempotency_key(run.run_id, call_id),
     )
+
+
+def _plain_name(name: str) -> bool:
+    try:
+        check_name("name", name)
+    except InvalidInputError:
+        return False
+    return True
+
+
+def _escaped(name: str) -> str:
+    """A name with its control characters escaped, cut to fit (``a\\x00b``)."""
+    return name.encode("unicode_escape").decode("ascii")[:MAX_NAME_LENGTH] or "(empty)"
 
 
 def _check_run(run_id: str, tenant: str) -> None:

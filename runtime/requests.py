@@ -26,9 +26,15 @@ from onward.eventlog.kafka import topic_partition_count
 
 from .limits import check_depth, check_label, check_name
 from .options import checked_options
+from .redaction import Redactor
 from .signing import SIGNATURE_HEADER, RequestSigner
 
 DEFAULT_REQUESTS_TOPIC = "onward.requests"
+
+REQUESTS_RETENTION_MS = 7 * 24 * 60 * 60 * 1000
+"""How long the broker keeps a request (``retention.ms`` of a topic `ensure_requests_topic`
+creates): 7 days. A request is acted on within seconds; what it carries (a run's input, a
+person's answer) is kept for good in the event log, so the requests topic need not keep it."""
 
 
 class StartRun(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
@@ -134,6 +140,9 @@ def check_request(request: Request) -> None:
 async def ensure_requests_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
     """Create the requests topic with ``partitions`` partitions unless it exists; check it.
 
+    A topic it creates keeps records for `REQUESTS_RETENTION_MS` (7 days); an existing topic's
+    retention is left as its operator set it.
+
     Raises:
         ConfigurationError: The topic exists with another partition count, so routing would no
             longer follow the event log.
@@ -144,7 +153,16 @@ async def ensure_requests_topic(bootstrap_servers: str, topic: str, partitions: 
         found = await topic_partition_count(admin, topic)
         if not found:
             with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics([NewTopic(topic, partitions, 1)])
+                await admin.create_topics(
+                    [
+                        NewTopic(
+                            topic,
+                            partitions,
+                            1,
+                            topic_configs={"retention.ms": str(REQUESTS_RETENTION_MS)},
+                        )
+                    ]
+                )
             for _ in range(100):
                 found = await topic_partition_count(admin, topic)
                 if found:
@@ -170,6 +188,8 @@ class Requests(Resource):
         partitions: The events topic's partition count; the requests topic is created with it.
         signer: Signs each request (`onward.runtime.signing`); workers set aside requests
             that are unsigned unless they were started to accept them.
+        redactor: Masks the values a request carries before it is sent (the default
+            `Redactor`; ``Redactor(enabled=False)`` only where the topic is trusted).
     """
 
     def __init__(
@@ -179,10 +199,12 @@ class Requests(Resource):
         *,
         partitions: int,
         signer: RequestSigner | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.topic = topic
         self.partitions = partitions
         self.signer = signer
+        self._redactor = redactor or Redactor()
         self._bootstrap = bootstrap_servers
         self._producer: AIOKafkaProducer | None = None
 
@@ -210,18 +232,34 @@ class Requests(Resource):
             with contextlib.suppress(KafkaError):
                 await producer.stop()
 
+    def _masked(self, request: Request) -> Request:
+        """The request with the values it carries masked (names are left as they are)."""
+        redact = self._redactor.redact
+        if isinstance(request, StartRun):
+            return msgspec.structs.replace(
+                request, input=redact(request.input), options=redact(request.options)
+            )
+        if isinstance(request, AnswerRequest):
+            return msgspec.structs.replace(request, value=redact(request.value))
+        return request
+
     async def submit(self, *requests: Request) -> None:
         """Send requests, each to its run's partition; durable when this returns."""
         await self.submit_many(requests)
 
     async def submit_many(self, requests: Sequence[Request]) -> None:
-        """Send many requests at once; durable when this returns."""
+        """Send many requests at once; durable when this returns.
+
+        A start's input and options and an answer's value are masked (`Redactor`) before they
+        are sent: the broker keeps the topic's records, and they would otherwise hold what the
+        event log only ever holds masked.
+        """
         if self._producer is None:
             raise ConfigurationError("Requests is not open; use it as an async context manager")
         try:
             sent = []
             for request in requests:
-                key, value = request.run_id.encode(), encode_request(request)
+                key, value = request.run_id.encode(), encode_request(self._masked(request))
                 headers = (
                     [(SIGNATURE_HEADER, self.signer.sign(key, value))] if self.signer else None
                 )
@@ -241,6 +279,7 @@ class Requests(Resource):
 
 __all__ = [
     "DEFAULT_REQUESTS_TOPIC",
+    "REQUESTS_RETENTION_MS",
     "AnswerRequest",
     "Request",
     "Requests",

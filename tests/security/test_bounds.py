@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, closing
 from pathlib import Path
@@ -16,6 +17,10 @@ import asyncpg
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from support.kafka import delete_topic
 from support.pg import fresh_schema
 from support.redis import fresh_prefix
 
@@ -47,7 +52,14 @@ from onward.runtime.limits import MAX_DEPTH, MAX_TAGS_PER_RUN, MAX_TOOL_CALLS_PE
 from onward.runtime.openai import UNPARSED, OpenAICompatibleProvider
 from onward.runtime.options import ExecutionMode, Options
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
-from onward.runtime.requests import AnswerRequest, StartRun, TagRun, decode_request, encode_request
+from onward.runtime.requests import (
+    AnswerRequest,
+    Requests,
+    StartRun,
+    TagRun,
+    decode_request,
+    encode_request,
+)
 from onward.runtime.runner import TOO_DEEP_ARGUMENTS, AgentRunner
 from onward.runtime.settings import Settings
 from onward.runtime.tools import tool
@@ -654,3 +666,63 @@ async def test_model_call_ids_out_of_bounds_are_rewritten(call_id: str) -> None:
     assert errors["call-1-1"] is None
     assert errors["ok"] is not None
     assert errors["ok"].type == "UnknownTool"
+
+
+# -- the requests topic (#9a) ---------------------------------------------------------------------
+
+SECRET = "Bearer abcdefghijklmnopqrstuvwxyz0123"
+
+
+async def test_requests_reach_the_topic_masked_and_the_topic_keeps_them_seven_days(
+    kafka_bootstrap: str,
+) -> None:
+    """security review #9(a): `Requests.submit` masks a start's input and options and an
+    answer's value before they are sent, so the raw bytes of the requests topic hold no
+    secret of a known shape; the topic it creates keeps records for 7 days, not forever."""
+    topic = f"onward.test.requests.{uuid.uuid4().hex[:12]}"
+    try:
+        async with Requests(kafka_bootstrap, topic, partitions=2) as requests:
+            await requests.submit(
+                StartRun(
+                    run_id="r",
+                    tenant=TENANT,
+                    agent="payer",
+                    input={"note": f"call with {SECRET}"},
+                    options={"user": "ann", "note": f"Authorization: {SECRET}"},
+                ),
+                AnswerRequest(
+                    run_id="r",
+                    tenant=TENANT,
+                    request_id="c1",
+                    approve=True,
+                    by="ann",
+                    value=f"use {SECRET}",
+                ),
+            )
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        try:
+            values: list[bytes] = []
+            deadline = asyncio.get_running_loop().time() + 30
+            while len(values) < 2 and asyncio.get_running_loop().time() < deadline:
+                batch = await consumer.getmany(timeout_ms=500)
+                values.extend(r.value for records in batch.values() for r in records)
+        finally:
+            await consumer.stop()
+        assert len(values) == 2
+        assert all(b"abcdefghijklmnopqrstuvwxyz0123" not in value for value in values)
+        assert b'"user":"ann"' in values[0]
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            (described,) = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic)]
+            )
+        finally:
+            await admin.close()
+        configs = {entry[0]: entry[1] for entry in described.resources[0][4]}
+        assert configs["retention.ms"] == str(7 * 24 * 60 * 60 * 1000)
+    finally:
+        await delete_topic(kafka_bootstrap, topic)

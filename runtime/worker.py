@@ -482,8 +482,13 @@ def one_line(text: str) -> str:
 
 
 def described(error: BaseException) -> str:
-    """An unexpected error for a log line: its type and one masked line of its message."""
-    message = one_line(str(error))
+    """An unexpected error for a log line: its type and one masked line of its message.
+
+    The message is the error's first argument when that is text, never the other arguments
+    (an error raised with the values it failed on would print them) nor a repr.
+    """
+    first = error.args[0] if error.args else None
+    message = one_line(first) if isinstance(first, str) else ""
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 

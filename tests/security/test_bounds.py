@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -726,3 +727,34 @@ async def test_requests_reach_the_topic_masked_and_the_topic_keeps_them_seven_da
         assert configs["retention.ms"] == str(7 * 24 * 60 * 60 * 1000)
     finally:
         await delete_topic(kafka_bootstrap, topic)
+
+
+class FailingModel(ScriptedProvider):
+    """A model whose client raises an unexpected error carrying a secret and a value."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        raise RuntimeError(f"upstream said {SECRET}", {"card": "4111 1111 1111 1111"})
+
+
+async def test_an_unexpected_worker_error_is_logged_as_its_type_and_a_masked_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """security review #9(c): an unexpected error out of a run a worker drives is logged as
+    its type and one masked line of its message, not its repr with the values it holds."""
+    settings = Settings.model_validate(
+        {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "w.db")}
+    )
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, FailingModel(), {"noter": noter()})
+        acted: list[bool] = []
+        with caplog.at_level(logging.ERROR, logger="onward.worker"):
+            worker.submit(StartRun(run_id="r", tenant=TENANT, agent="noter"), acted.append)
+            await worker.drained()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.startswith("run r: RuntimeError: upstream said")
+    assert "abcdefghijklmnopqrstuvwxyz0123" not in line
+    assert "4111" not in line
+    assert "\n" not in line

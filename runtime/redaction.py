@@ -24,8 +24,9 @@ values are kept. ``secret_keys`` (or ``ONWARD_REDACT_KEYS``) adds names. Dict ke
 as text as well, so a secret used as a key (``{"sk-ant-...": 1}``) is masked; two keys that
 mask to the same text are kept apart by a ``#2``, ``#3`` suffix.
 
-The walk is iterative, so a value nested thousands of levels deep is masked like any other
-instead of exhausting the interpreter's stack; a container that holds itself is not walked
+Values nested thousands of levels deep are masked like any other: the walk recurses only over
+the first levels (where values live, and where recursion is fastest), then goes on with a stack
+of its own instead of exhausting the interpreter's; a container that holds itself is not walked
 into again (no encoder could write it anyway).
 
 Masking is pattern matching, so it is best effort: a secret of a shape no pattern knows passes
@@ -46,7 +47,8 @@ import functools
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
-from itertools import compress, count, repeat
+from itertools import count, repeat
+from operator import is_not
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -190,16 +192,6 @@ _TOKEN_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
         "env_token",
         r"_TOKEN(?:\\?[\"'])?[ \t]*[:=](?![=:])[ \t]*(?:" + _VALUE + ")",
     ),
-    *(
-        (
-            "url_query_secret",
-            first + r"(?:[A-Za-z0-9_.-]*[_.-])?"
-            r"(?i:token|key|api[_-]?key|sig|signature|secret|password|passwd|session|sessionid)="
-            + _NOT_A_VALUE
-            + r"""([^&#\s"'<>\\]+)""",
-        )
-        for first in (r"\?", "&")
-    ),
 )
 """Secrets recognised by their own shape, scanned as one alternation.
 
@@ -236,7 +228,8 @@ _MYSQL_PASSWORD_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
     ),
 )
 """Secrets after a word with no separator (``PGPASSWORD value``, ``passwd value``, ``mysql
--pPASSWORD``), each kind scanned only in text holding one of its words (`_guarded_spans`).
+-pPASSWORD``), each kind scanned only in text holding one of its words (``ass``, ``PWD``;
+``mysql``, ``mariadb``).
 
 A word after ``password``, ``passwd`` or ``PGPASSWORD`` and a space is masked only when it
 holds a digit or a symbol, so prose (``the password field``, ``set PGPASSWORD before``) stays.
@@ -277,14 +270,28 @@ def _reversed_label(label: str) -> str:
     return "[_-]?".join(word[::-1] for word in reversed(label.split("_")))
 
 
+_QUERY_NAMES: Final = ("key", "apikey", "api_key", "api-key", "sig", "session")
+"""URL query parameters whose value is a secret (``?key=``, an Azure SAS's ``&sig=``)."""
+
+_QUERY_NAME_ENDINGS: Final = ("token", "signature", "secret", "sessionid")
+"""URL query parameters whose value is a secret, alone or after a prefix
+(``?token=``, ``&X-Amz-Security-Token=``, ``&X-Amz-Signature=``, ``&client_secret=``)."""
+
 _LABEL_SCAN: Final = re.compile(
     # Run over the reversed text: a separator is rare where a label's first letter is not, so
     # starting from the separator lets the engine skip to candidates in C.
     r"[:=>](?:(?<=>)=|(?<==):?|(?<=:))[ \t]*(?:[\"']\\?)?"
-    r"(?i:(noitazirohtua)|(eikooc)|" + "|".join(_reversed_label(label) for label in _LABELS) + ")"
+    r"(?i:(noitazirohtua)|(eikooc)|"
+    + "|".join(_reversed_label(label) for label in _LABELS)
+    + r"|(?<==)(?:"
+    + "|".join(re.escape(name[::-1]) for name in _QUERY_NAMES)
+    + r")[?&]|(?<==)(?:"
+    + "|".join(name[::-1] for name in _QUERY_NAME_ENDINGS)
+    + r")(?:[_.-][A-Za-z0-9_.-]*)?[?&])"
     r"(?![\w.-]*//:)"
 )
-"""A separator, then (reversed) a label, ``Authorization`` or ``Cookie`` before it.
+"""A separator, then (reversed) a label, ``Authorization``, ``Cookie`` or a URL query
+parameter naming a secret (right after ``?`` or ``&``) before it.
 
 A label that is the user name of a URL (``https://x-access-token:<token>@github.com``) is left
 to the URL pattern, which masks the password and keeps the host."""
@@ -421,14 +428,6 @@ _SPACED_PASSWORDS: Final = _Scan(_SPACED_PASSWORD_PATTERNS)
 _MYSQL_PASSWORDS: Final = _Scan(_MYSQL_PASSWORD_PATTERNS)
 
 
-def _guarded_spans(text: str, into: list[tuple[int, int]]) -> None:
-    """Append the spans of the patterns scanned only in text that holds their guard words."""
-    if "ass" in text or "ASS" in text or "PWD" in text:
-        _SPACED_PASSWORDS.spans(text, into)
-    if "mysql" in text or "mariadb" in text:
-        _MYSQL_PASSWORDS.spans(text, into)
-
-
 @functools.cache
 def _field_names(struct_type: type[msgspec.Struct]) -> tuple[str, ...]:
     """The field names of a Struct type, looked up once per type."""
@@ -487,7 +486,15 @@ class Redactor:
             digit. The message names the pattern or the name.
     """
 
-    __slots__ = ("_enabled", "_extras", "_key", "_mask", "_min_length", "_secret_keys")
+    __slots__ = (
+        "_enabled",
+        "_extras",
+        "_mask",
+        "_masked_key",
+        "_min_length",
+        "_names_secret",
+        "_secret_keys",
+    )
 
     def __init__(
         self,
@@ -514,9 +521,12 @@ class Redactor:
         self._mask = mask
         self._min_length = 1 if self._extras else _SHORTEST_SECRET
         # Keys repeat across values (every result of a tool has the same ones), so what a key
-        # means is worked out once per distinct key, in a bounded cache.
-        self._key: Callable[[str], tuple[bool, str]] = functools.lru_cache(maxsize=4096)(
-            self._judge_key
+        # means is worked out once per distinct key, in bounded caches.
+        self._names_secret: Callable[[Any], bool] = functools.lru_cache(maxsize=4096)(
+            self._judge_key_name
+        )
+        self._masked_key: Callable[[Any], Any] = functools.lru_cache(maxsize=4096)(
+            self._judge_key_text
         )
 
     @property
@@ -541,7 +551,11 @@ class Redactor:
             _TOKENS.spans(text, spans)
             _CONTEXTS.spans(text, spans)
             _labelled_spans(text, spans)
-            _guarded_spans(text, spans)
+            # Scanned only in text holding their words: their first letters are common ones.
+            if "ass" in text or "ASS" in text or "PWD" in text:
+                _SPACED_PASSWORDS.spans(text, spans)
+            if "mysql" in text or "mariadb" in text:
+                _MYSQL_PASSWORDS.spans(text, spans)
         for pattern in self._extras:
             spans.extend(_extra_span(match) for match in pattern.finditer(text))
         if not spans:
@@ -571,7 +585,7 @@ class Redactor:
 
     def is_secret_key(self, key: str) -> bool:
         """Whether a dict key names a secret, so that its whole value is masked."""
-        return self._key(key)[0]
+        return self._names_secret(key)
 
     def redact(self, value: Any) -> Any:
         """Mask every secret in a JSON-like value.
@@ -609,41 +623,90 @@ class Redactor:
         walked: _EventT = self._walk(event)
         return walked
 
-    def _judge_key(self, key: str) -> tuple[bool, str]:
-        """Whether ``key`` names a secret, and the key with any secret in its text masked."""
-        return self._secret_keys.match(key), self.redact_text(key)
+    def _judge_key_name(self, key: Any) -> bool:
+        """Whether a dict key names a secret (only a string can)."""
+        return isinstance(key, str) and self._secret_keys.match(key)
 
-    def _walk(self, root: Any) -> Any:
-        """Mask the strings inside ``root``, walking containers with a stack of their own.
+    def _judge_key_text(self, key: Any) -> Any:
+        """A dict key with any secret in its text masked; the same object if it holds none."""
+        return self.redact_text(key) if isinstance(key, str) else key
 
-        The stack is a list, so depth costs memory rather than the interpreter's stack; a
-        container already being walked further up is not walked into again.
+    def _leaf(self, value: Any, secret: bool) -> Any:
+        """A value that is no container, masked: its secrets, or all of it under a secret key."""
+        if isinstance(value, str):
+            if secret:
+                return value if not value or value == self._mask else self._mask
+            return self.redact_text(value)
+        if secret and isinstance(value, int | float) and not isinstance(value, bool):
+            # A numeric PIN or password is a secret too. None, booleans and binary values are
+            # kept: they hold no secret, or one no pattern can honestly mask.
+            return self._mask
+        return value
+
+    def _walk(self, value: Any, secret: bool = False, depth: int = 0) -> Any:
+        """Mask the strings inside ``value``, recursing while it is shallow (as fast as a walk
+        goes); past `_RECURSION_DEPTH` levels `_walk_deep` takes the rest, with its own stack.
+
+        ``secret``: the value is under a key naming a secret, so all of it is masked.
         """
-        redact_text = self.redact_text
-        mask = self._mask
-        frame: _Frame = _RootFrame(root)
+        if isinstance(value, str) and not secret:
+            return self.redact_text(value)  # the most common value of all, without a call more
+        if not isinstance(value, _CONTAINERS):
+            return self._leaf(value, secret)
+        if depth >= _RECURSION_DEPTH:
+            return self._walk_deep(value, secret)
+        depth += 1
+        changes: dict[Any, Any] = {}
+        if isinstance(value, dict):
+            renamed = self._renamed_keys(value)
+            names_secret = self._names_secret
+            for key, item in value.items():
+                new = self._walk(item, secret or names_secret(key), depth)
+                if new is not item:
+                    changes[key] = new
+            return _rebuilt_dict(value, changes, renamed)
+        if isinstance(value, msgspec.Struct):
+            for name in _walked_names(type(value)):
+                old = getattr(value, name)
+                new = self._walk(old, secret, depth)
+                if new is not old:
+                    changes[name] = new
+            return _rebuilt(value, changes)
+        for index, item in enumerate(value):
+            new = self._walk(item, secret, depth)
+            if new is not item:
+                changes[index] = new
+        return _rebuilt(value, changes)
+
+    def _renamed_keys(self, value: dict[Any, Any]) -> dict[Any, Any]:
+        """The keys of ``value`` whose text holds a secret, each with its masked text."""
+        keys = value.keys()
+        masked_key = self._masked_key
+        if not any(map(is_not, map(masked_key, keys), keys)):
+            return {}
+        return {key: masked_key(key) for key in keys if masked_key(key) is not key}
+
+    def _walk_deep(self, root: Any, secret: bool) -> Any:
+        """Walk a deep container with a stack of frames (a list) instead of recursion.
+
+        A container already being walked further up is not walked into again, so a value
+        holding itself ends instead of growing the stack for ever.
+        """
+        frame = self._open(root, secret)
         stack: list[_Frame] = []
-        walking: set[int] = set()
+        walking = {id(root)}
         while True:
             deeper: _Frame | None = None
-            changes = frame.changes
-            for slot, child, secret in frame.children:
-                if isinstance(child, str):
-                    if secret:
-                        new = child if not child or child == mask else mask
-                    else:
-                        new = redact_text(child)
-                    if new is not child:
-                        changes[slot] = new
-                elif isinstance(child, _CONTAINERS):
+            for slot, child, child_secret in frame.children:
+                if isinstance(child, _CONTAINERS):
                     if id(child) not in walking:
                         frame.slot = slot
-                        deeper = self._open(child, secret)
+                        deeper = self._open(child, child_secret)
                         break
-                elif secret and isinstance(child, int | float) and not isinstance(child, bool):
-                    # A numeric PIN or password is a secret too. None, booleans and binary
-                    # values are kept: they hold no secret, or one no pattern can honestly mask.
-                    changes[slot] = mask
+                    continue
+                new = self._leaf(child, child_secret)
+                if new is not child:
+                    frame.changes[slot] = new
             if deeper is not None:
                 stack.append(frame)
                 walking.add(id(deeper.value))
@@ -653,119 +716,107 @@ class Redactor:
             if not stack:
                 return result
             walking.discard(id(frame.value))
-            walked = frame.value
+            walked_value = frame.value
             frame = stack.pop()
-            if result is not walked:
+            if result is not walked_value:
                 frame.changes[frame.slot] = result
 
     def _open(self, value: Any, secret: bool) -> _Frame:
-        """A frame walking the children of a container or a Struct."""
+        """A frame walking the children of a container or a Struct, as `_walk` does."""
         if isinstance(value, dict):
-            return _DictFrame(value, secret, self._key)
+            keys = value.keys()
+            secrets = repeat(True) if secret else map(self._names_secret, keys)
+            children = zip(keys, value.values(), secrets, strict=False)
+            return _Frame(value, children, renamed=self._renamed_keys(value))
         if isinstance(value, msgspec.Struct):
-            names, walked = _walked_fields(type(value))
-            return _Frame(
-                value,
-                compress(zip(names, msgspec.structs.astuple(value), repeat(secret)), walked),
-            )
+            names = _walked_names(type(value))
+            return _Frame(value, ((name, getattr(value, name), secret) for name in names))
         return _Frame(value, zip(count(), value, repeat(secret)))
 
 
 _CONTAINERS: Final = (dict, list, tuple, set, frozenset, msgspec.Struct)
 
+_RECURSION_DEPTH: Final = 64
+"""How deep `Redactor._walk` recurses before `Redactor._walk_deep` takes over: deeper than
+the values events hold, and far below the interpreter's recursion limit."""
+
 
 @functools.cache
-def _walked_fields(struct_type: type[msgspec.Struct]) -> tuple[tuple[str, ...], tuple[bool, ...]]:
-    """A Struct type's field names, and which of them are walked: all but an event's envelope."""
-    names = _field_names(struct_type)
+def _walked_names(struct_type: type[msgspec.Struct]) -> tuple[str, ...]:
+    """The fields of a Struct type that are walked: all but an event's envelope."""
     keep = _ENVELOPE if issubclass(struct_type, Event) else frozenset()
-    return names, tuple(name not in keep for name in names)
+    return tuple(name for name in _field_names(struct_type) if name not in keep)
+
+
+def _rebuilt(value: Any, changes: dict[Any, Any]) -> Any:
+    """A Struct, list, tuple, set or frozenset with ``changes`` (by field or index): the very
+    same object when there are none, else a Struct replaced field by field or a collection
+    copied as its own kind."""
+    if not changes:
+        return value
+    if isinstance(value, msgspec.Struct):
+        return msgspec.structs.replace(value, **changes)
+    copy = list(value)
+    for index, new in changes.items():
+        copy[index] = new
+    if isinstance(value, list):
+        return copy
+    return tuple(copy) if isinstance(value, tuple) else type(value)(copy)
+
+
+def _rebuilt_dict(value: dict[Any, Any], changes: dict[Any, Any], renamed: dict[Any, Any]) -> Any:
+    """A dict with ``changes`` (by key) and its ``renamed`` keys masked; the very same object
+    when there are neither. Two keys masked to the same text are kept distinct by a ``#2``,
+    ``#3`` suffix, so no value is lost."""
+    if not renamed:
+        if not changes:
+            return value
+        copy = dict(value)
+        copy.update(changes)
+        return copy
+    taken = {key for key in value if key not in renamed}
+    rebuilt: dict[Any, Any] = {}
+    for key, item in value.items():
+        new_key = key
+        if key in renamed:
+            new_key = masked = renamed[key]
+            number = 1
+            while new_key in taken:
+                number += 1
+                new_key = f"{masked}#{number}"
+            taken.add(new_key)
+        rebuilt[new_key] = changes.get(key, item)
+    return rebuilt
 
 
 class _Frame:
-    """One container being walked: its children still to see and what changed so far.
+    """One container `Redactor._walk_deep` is walking: its children still to see and what
+    changed so far.
 
     Children come as ``(slot, value, whether the value is a secret)``; ``slot`` is an index, a
-    dict key or a field name.
+    dict key or a field name. ``renamed``: a dict's keys whose text was masked.
     """
 
-    __slots__ = ("changes", "children", "slot", "value")
+    __slots__ = ("changes", "children", "renamed", "slot", "value")
 
-    def __init__(self, value: Any, children: Iterator[tuple[Any, Any, bool]]) -> None:
+    def __init__(
+        self,
+        value: Any,
+        children: Iterator[tuple[Any, Any, bool]],
+        *,
+        renamed: dict[Any, Any] | None = None,
+    ) -> None:
         self.value = value
         self.children = children
+        self.renamed = renamed
         self.changes: dict[Any, Any] = {}
         self.slot: Any = None
 
     def result(self) -> Any:
-        """The value with its changes: the very same object when nothing changed; a Struct
-        replaced field by field; a list, tuple, set or frozenset copied as its own kind."""
-        value = self.value
-        if not self.changes:
-            return value
-        if isinstance(value, msgspec.Struct):
-            return msgspec.structs.replace(value, **self.changes)
-        copy = list(value)
-        for index, new in self.changes.items():
-            copy[index] = new
-        if isinstance(value, list):
-            return copy
-        return tuple(copy) if isinstance(value, tuple) else type(value)(copy)
-
-
-class _RootFrame(_Frame):
-    """The value handed to the redactor, as the one child of a frame of its own."""
-
-    __slots__ = ()
-
-    def __init__(self, root: Any) -> None:
-        super().__init__(root, iter(((0, root, False),)))
-
-    def result(self) -> Any:
-        return self.changes.get(0, self.value)
-
-
-class _DictFrame(_Frame):
-    """A dict, copied once a value changes; a key whose text holds a secret is masked, and two
-    keys masked to the same text are kept distinct by a ``#2``, ``#3`` suffix."""
-
-    __slots__ = ("renamed",)
-
-    def __init__(
-        self, value: dict[Any, Any], secret: bool, judge_key: Callable[[str], tuple[bool, str]]
-    ) -> None:
-        self.renamed: dict[str, str] = {}
-        items: list[tuple[Any, Any, bool]] = []
-        for key, item in value.items():
-            if isinstance(key, str):
-                names_secret, masked_key = judge_key(key)
-                if masked_key is not key:
-                    self.renamed[key] = masked_key
-                items.append((key, item, secret or names_secret))
-            else:
-                items.append((key, item, secret))
-        super().__init__(value, iter(items))
-
-    def result(self) -> Any:
-        if not self.changes and not self.renamed:
-            return self.value
-        if not self.renamed:
-            copy = dict(self.value)
-            copy.update(self.changes)
-            return copy
-        taken = {key for key in self.value if key not in self.renamed}
-        renamed: dict[Any, Any] = {}
-        for key, item in self.value.items():
-            new_key = key
-            if key in self.renamed:
-                new_key = masked = self.renamed[key]
-                number = 1
-                while new_key in taken:
-                    number += 1
-                    new_key = f"{masked}#{number}"
-                taken.add(new_key)
-            renamed[new_key] = self.changes.get(key, item)
-        return renamed
+        """The container with its changes, as `Redactor._walk` builds it."""
+        if self.renamed is not None:
+            return _rebuilt_dict(self.value, self.changes, self.renamed)
+        return _rebuilt(self.value, self.changes)
 
 
 __all__ = ["DEFAULT_MASK", "DEFAULT_SECRET_KEYS", "REDACT_KEYS_VARIABLE", "Redactor"]

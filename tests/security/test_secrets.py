@@ -199,14 +199,24 @@ def test_a_deep_clean_value_is_the_same_object_and_an_event_holding_it_too() -> 
     assert Redactor().redact_event(event) is event
 
 
-def test_a_container_holding_itself_is_walked_once() -> None:
-    """security review #18: an iterative walk must not loop forever on a cycle."""
+def test_a_container_holding_itself_does_not_loop_for_ever() -> None:
+    """security review #18: a walk without recursion must still end on a cycle."""
     looped: list[Any] = [f"Bearer {API_KEY}99"]
     looped.append(looped)
 
     masked = Redactor().redact(looped)
 
     assert masked[0] == f"Bearer {DEFAULT_MASK}"
+
+
+def test_a_secret_key_masks_everything_under_it_at_any_depth() -> None:
+    """security review #4 and #18: a secret key's masking reaches values hundreds of levels
+    below it, past the depth where the walk stops recursing."""
+    value = {"credentials": nested(300, {"note": "plain words", "pin": 4821})}
+
+    masked = Redactor().redact(value)
+
+    assert innermost(masked["credentials"]) == {"note": DEFAULT_MASK, "pin": DEFAULT_MASK}
 
 
 @pytest.mark.parametrize(

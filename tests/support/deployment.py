@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from onward.runtime.settings import Settings
+from onward.runtime.settings import SecretUrl, Settings
 from support.processes import TESTS
 from support.servers import REQUEST_KEY, KafkaServers
 
@@ -32,9 +32,9 @@ def kafka_settings(servers: KafkaServers, partitions: int, **fields: Any) -> Set
         kafka_bootstrap_servers=servers.bootstrap,
         kafka_topic=servers.topic,
         partitions=partitions,
-        database_url=servers.database_url,
+        database_url=SecretUrl(servers.database_url),
         database_schema=servers.schema,
-        redis_url=servers.redis_url,
+        redis_url=SecretUrl(servers.redis_url),
         redis_prefix=servers.redis_prefix,
         **{"request_key": REQUEST_KEY, **fields},
     )

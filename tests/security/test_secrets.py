@@ -26,6 +26,7 @@ from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.events import ToolCall, ToolCompleted
 from onward.integrations.langgraph import OnwardSaver
 from onward.integrations.langgraph.tools import OnwardToolMiddleware
+from onward.integrations.mcp.cache import load_mcp_settings
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sql import SqlProjectionSink
 from onward.runtime.cli import app as cli_app
@@ -376,6 +377,18 @@ def test_settings_never_show_the_database_or_redis_password(
     assert "postgresql://onward:***@db:5432/onward" in repr(settings)
     assert settings.require_database_url().endswith(f":{PG_PASSWORD}@db:5432/onward")
     assert settings.require_redis_url() == f"rediss://onward:{REDIS_PASSWORD}@cache:6380/0"
+
+
+def test_mcp_settings_never_show_the_redis_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    """security review #13: the MCP schema cache's settings read the same REDIS_URL and showed
+    its password in their repr."""
+    monkeypatch.setenv("REDIS_URL", f"redis://onward:{REDIS_PASSWORD}@cache:6379/0")
+
+    settings = load_mcp_settings()
+
+    assert REDIS_PASSWORD not in repr(settings)
+    assert REDIS_PASSWORD not in str(settings.model_dump())
+    assert settings.cache_enabled
 
 
 @pytest.mark.parametrize(

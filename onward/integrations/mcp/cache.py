@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onward._storage import Resource, translate
 from onward.errors import ConfigurationError, InvalidInputError
-from onward.runtime.settings import SCHEMA_CACHE_PREFIX
+from onward.runtime.settings import SCHEMA_CACHE_PREFIX, SecretUrl
 
 _log = logging.getLogger("onward.integrations.mcp")
 
@@ -39,7 +39,8 @@ class MCPSettings(BaseSettings):
     """MCP settings read from the environment.
 
     Attributes:
-        redis_url: ``REDIS_URL``; where the schema cache lives.
+        redis_url: ``REDIS_URL``; where the schema cache lives (shown without its password, as
+            `onward.runtime.settings.Settings` shows it).
         schema_cache_enabled: ``MCP_SCHEMA_CACHE_ENABLED``; unset means on when ``REDIS_URL``
             is set, off otherwise. ``true`` without ``REDIS_URL`` is a `ConfigurationError`.
         schema_cache_ttl_hours: ``MCP_SCHEMA_CACHE_TTL_HOURS`` (default 24); how long a run's
@@ -48,9 +49,9 @@ class MCPSettings(BaseSettings):
             the run id is appended to it.
     """
 
-    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(extra="ignore", frozen=True, hide_input_in_errors=True)
 
-    redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
+    redis_url: SecretUrl | None = Field(default=None, validation_alias="REDIS_URL")
     schema_cache_enabled: bool | None = Field(
         default=None, validation_alias="MCP_SCHEMA_CACHE_ENABLED"
     )
@@ -187,7 +188,7 @@ class SchemaCache(Resource):
         if not settings.cache_enabled or not settings.redis_url:
             return None
         return cls.from_url(
-            settings.redis_url,
+            settings.redis_url.get_secret_value(),
             prefix=settings.schema_cache_prefix,
             ttl=timedelta(hours=settings.schema_cache_ttl_hours),
         )

@@ -136,6 +136,10 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         replays: The run is executed again from its first event whenever it goes on
             (``options["replays"]``, as pydantic-ai runs are), so compaction keeps all of its
             events rather than only its resume points.
+        attempts: The claims (`RunClaimed`) counted since the run last made progress (a model
+            answer, a tool outcome, a settled turn or an approval): how often a worker took it
+            up and got nowhere. A worker's recovery bounds its attempts by it without reading
+            the run again. A row stored before this field counts from its own offset on.
     """
 
     run_id: str
@@ -174,6 +178,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     pause_at: tuple[Boundary, ...] = ()
     max_iterations: int | None = None
     replays: bool = False
+    attempts: int = 0
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -245,6 +250,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     pause_at: tuple[Boundary, ...]
     max_iterations: int | None
     replays: bool
+    attempts: int
     calls: dict[str, CallState]
 
     @classmethod
@@ -397,9 +403,11 @@ def _started(d: FrontierDraft, e: RunStarted) -> None:
 
 def _claimed(d: FrontierDraft, e: RunClaimed) -> None:
     d.holder = e.worker
+    d.attempts += 1
 
 
 def _answered(d: FrontierDraft, e: ModelAnswered) -> None:
+    d.attempts = 0
     d.iteration += 1
     d.input_tokens += e.usage.input_tokens
     d.output_tokens += e.usage.output_tokens
@@ -462,11 +470,14 @@ def call_after(
 
 
 def _tool_event(d: FrontierDraft, e: ToolDispatched | ToolCompleted | ToolResolved) -> CallState:
+    if not isinstance(e, ToolDispatched):
+        d.attempts = 0  # an outcome is progress; a dispatch alone is not
     state = d.calls[e.call_id] = call_after(d.calls.get(e.call_id), e)
     return state
 
 
 def _settled(d: FrontierDraft, e: TurnSettled) -> None:
+    d.attempts = 0
     d.calls = {}
     d.approved = ()
     d.grants = ()
@@ -482,6 +493,7 @@ def _approval_requested(d: FrontierDraft, e: ApprovalRequested) -> None:
 
 
 def _approval_granted(d: FrontierDraft, e: ApprovalGranted) -> None:
+    d.attempts = 0
     if d.waiting_on == e.request_id:
         d.status = "running"
         d.waiting_on = None

@@ -13,7 +13,8 @@ the partition, decides who carries a run on. Two workers reaching for one run ar
 the lease: one carries it on, the other counts a conflict. Requests (new runs, answers) still
 go to the partition's owner.
 Attempts are bounded: the claims (`RunClaimed`) the log shows since the run last made progress
-(a model answer, a tool outcome, a settled turn or an approval) count, with a backoff of
+(a model answer, a tool outcome, a settled turn or an approval) count (the fold keeps the
+count, `Frontier.attempts`, so it costs no read of the run), with a backoff of
 ``backoff_s * 2**(attempts - 1)`` before each retry; at ``max_attempts`` the run ends ``failed``
 with the reason, written under its lease. A plan that is not safe (`IndeterminateToolCallError`)
 is never guessed: the run is tagged ``needs-person`` and left for `onward resolve`;
@@ -178,11 +179,9 @@ class Recovery:
         if agent is None:
             _log.warning("run %s: no agent %r here; left alone", run_id, frontier.agent)
             return None
-        # From its first event, or from the log's start once compaction cut below it.
-        log = worker.backends.log
-        kept = (await log.bounds(partition_for(run_id, log.partitions))).start
-        stored = await log.read_run(run_id, start=max(frontier.first_offset, kept))
-        attempts = attempts_since_progress(s.event for s in stored if s.event.run_id == run_id)
+        # Counted by the fold (`Frontier.attempts`): the run is not read again from its first
+        # event for every request to carry it on.
+        attempts = frontier.attempts
         if attempts >= worker.max_attempts:
             await self._give_up(
                 frontier, f"gave up: {attempts} attempts to carry it on made no progress"

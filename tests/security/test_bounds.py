@@ -5,6 +5,7 @@ no lease state behind, and refusals that tell another tenant nothing about a run
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -24,8 +25,14 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from support.kafka import delete_topic
 from support.pg import fresh_schema
 from support.redis import fresh_prefix
+from support.workers import CountingLog
 
-from onward.errors import InvalidInputError, NothingToResumeError, ResumeConflictError
+from onward.errors import (
+    BackendUnavailableError,
+    InvalidInputError,
+    NothingToResumeError,
+    ResumeConflictError,
+)
 from onward.eventlog import (
     MemoryEventLog,
     Message,
@@ -56,6 +63,7 @@ from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.requests import (
     AnswerRequest,
     Requests,
+    ResumeRun,
     StartRun,
     TagRun,
     decode_request,
@@ -758,3 +766,50 @@ async def test_an_unexpected_worker_error_is_logged_as_its_type_and_a_masked_lin
     assert "abcdefghijklmnopqrstuvwxyz0123" not in line
     assert "4111" not in line
     assert "\n" not in line
+
+
+# -- recovery reads (#11) ----------------------------------------------------------------------
+
+
+class ModelDownError(BackendUnavailableError):
+    """The model failed (a backend error, so the worker logs it and goes on)."""
+
+
+def down_after_first_answer() -> ScriptedProvider:
+    """A model that asks for one ``note`` call, then is down for good."""
+
+    def script(messages: Sequence[Message]) -> ModelReply:
+        if any(m.role == "assistant" for m in messages):
+            raise ModelDownError("the model is down")
+        return reply("noting", ToolCall(call_id="n1", tool="note", args={"n": 1}))
+
+    return ScriptedProvider(script)
+
+
+async def test_resume_requests_for_an_old_run_never_reread_it_from_its_first_event(
+    tmp_path: Path,
+) -> None:
+    """security review #11 (recovery): each ResumeRun for a run that lapsed counts its
+    attempts from the fold (`Frontier.attempts`), not by reading the run from its first
+    offset: through a wrapper of the real log, no read starts at the run's first event, and
+    the attempts still end the run failed at max_attempts."""
+    settings = Settings.model_validate(
+        {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "r.db")}
+    )
+    async with open_backends(settings) as opened:
+        log = CountingLog(opened.log)
+        backends = dataclasses.replace(opened, log=log)
+        worker = Worker(
+            backends, down_after_first_answer(), {"noter": noter()}, max_attempts=4, backoff_s=0
+        )
+        assert await worker.handle(StartRun(run_id="old", tenant=TENANT, agent="noter"))
+        first = (await worker.runner.inspect("old", tenant=TENANT)).first_offset
+        assert (await worker.runner.inspect("old", tenant=TENANT)).status == "running"
+        log.starts.clear()
+        for _ in range(6):
+            assert await worker.handle(ResumeRun(run_id="old", tenant=TENANT))
+        assert all(start is not None and start > first for start in log.starts), log.starts
+        frontier = await worker.runner.inspect("old", tenant=TENANT)
+        assert frontier.status == "failed"
+        assert frontier.error is not None
+        assert "4 attempts" in frontier.error

@@ -30,7 +30,7 @@ from onward import errors
 from onward._storage import classify, one_line_driver_logs, translate
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.eventlog.events import Message
-from onward.projections.audit import one_line
+from onward.projections.audit import one_line, printable
 from onward.projections.frontier import CallState
 from onward.runtime.agent import Agent
 from onward.runtime.providers import ModelReply
@@ -95,8 +95,9 @@ def exit_code(exc: OnwardError) -> int:
 
 
 def error(message: str) -> None:
-    """One line on stderr, never re-wrapped, so a command in it can be copied whole."""
-    err.print(Text(message, style="red"), soft_wrap=True)
+    """One line on stderr, never re-wrapped, so a command in it can be copied whole; control
+    characters a run's content put in it (a holder's name, a call id) are shown escaped."""
+    err.print(Text(printable(message), style="red"), soft_wrap=True)
 
 
 def resolve_commands(run_id: str, tenant: str, call: CallState) -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 import zstandard
 from typer.testing import CliRunner, Result
 
-from onward.errors import ArchiveError
+from onward.errors import ArchiveError, ResumeConflictError
 from onward.eventlog import (
     Event,
     Message,
@@ -33,6 +33,7 @@ from onward.eventlog.archive import MANIFEST, MAX_LINE_BYTES, DirectoryArchive
 from onward.eventlog.base import Position
 from onward.projections.audit import printable
 from onward.runtime.cli import app
+from onward.runtime.cli._common import refuse
 from onward.testing.eventlog import Envelope, new_run_id, step_events
 
 
@@ -245,3 +246,16 @@ def test_printable_escapes_every_control_and_keeps_the_rest() -> None:
     assert printable(f"é 🙂 ok{HOSTILE}\x7f\x9b\u202e\n") == (
         "é 🙂 ok\\x1b]0;OWNED\\x07\\x1b[2J\\x7f\\x9b\\u202e\\x0a"
     )
+
+
+def test_a_refusal_naming_run_content_prints_it_escaped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """security review #15: the CLI's error line shows the holder a conflict names (a worker
+    name anyone can choose) with its escapes visible, never as a raw ESC byte."""
+    conflict = ResumeConflictError("run r is held", run_id="r", holder=f"w{HOSTILE}")
+    refuse(conflict, tenant="acme")
+    printed = capsys.readouterr().err
+    assert "\x1b" not in printed
+    assert "\x07" not in printed
+    assert "held by: w\\x1b]0;OWNED\\x07" in printed

@@ -7,6 +7,7 @@ fails it is probed again to name the run, the seq and the field in the error.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import msgspec
@@ -69,7 +70,8 @@ def encode(event: Event) -> bytes:
     """Encode one event as JSON bytes."""
     if not isinstance(event, Event) or type(event) is Event:
         raise InvalidInputError(f"expected an event of a known kind, got {type(event).__name__}")
-    field = name_with_nul(event)
+    data = _encoder.encode(event)
+    field = name_with_nul(event) if _ESCAPED_NUL in data else None
     if field is not None:
         # What no reader would take is not written: refused here rather than set aside later.
         raise InvalidInputError(
@@ -77,7 +79,7 @@ def encode(event: Event) -> bytes:
             "take printable text only",
             run_id=None if "\x00" in event.run_id else event.run_id,
         )
-    return _encoder.encode(event)
+    return data
 
 
 def headers(event: Event) -> list[Header]:
@@ -120,7 +122,9 @@ def decode(data: bytes | memoryview | None, *, run_hint: str | None = None) -> A
         ) from exc
     if event.format > EVENT_FORMAT:
         raise _newer_format(event.run_id, event.seq, event.format)
-    field = name_with_nul(event)
+    # JSON holds a NUL only escaped, so the names are looked at only when the bytes hold one.
+    held = data if isinstance(data, bytes) else bytes(data)
+    field = name_with_nul(event) if _ESCAPED_NUL in held else None
     if field is not None:
         raise EventDecodeError(
             f"run {event.run_id!r} seq {event.seq}: unreadable event record: {field} holds a "
@@ -131,6 +135,9 @@ def decode(data: bytes | memoryview | None, *, run_hint: str | None = None) -> A
         )
     return event
 
+
+_ESCAPED_NUL = b"\\u0000"
+"""A NUL inside a JSON string: JSON holds control characters escaped only."""
 
 _NAME_FIELDS = (
     "run_id",
@@ -148,14 +155,21 @@ _NAME_FIELDS = (
 call, tool, what a run waits on); a NUL in one of them cannot be stored by PostgreSQL."""
 
 
+@functools.cache
+def _names_of(kind: type[Event]) -> tuple[str, ...]:
+    """The name fields an event kind has (looked up once per kind, not per event)."""
+    fields = {field.name for field in msgspec.structs.fields(kind)}
+    return tuple(name for name in _NAME_FIELDS if name in fields)
+
+
 def name_with_nul(event: Event) -> str | None:
     """The path of the first name of ``event`` holding a NUL character, else ``None``.
 
     Free-form values (inputs, results, messages, errors) may hold NUL: they are stored as
     bytes. Names may not: every store keeps them as text, and PostgreSQL refuses NUL in text.
     """
-    for name in _NAME_FIELDS:
-        value = getattr(event, name, None)
+    for name in _names_of(type(event)):
+        value = getattr(event, name)
         if isinstance(value, str) and "\x00" in value:
             return f"$.{name}"
     user = (

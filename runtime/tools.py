@@ -29,8 +29,10 @@ from typing import Any, Literal, get_type_hints, overload
 import msgspec
 import pydantic
 
-from onward.errors import ConfigurationError
+from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.events import ToolError
+
+from .limits import check_name
 
 KEY_PARAMETER = "idempotency_key"
 APPROVAL_PARAMETER = "approval"
@@ -73,6 +75,13 @@ class Tool:
     requires_approval: bool = False
     takes_approval: bool = False
     _model: type[pydantic.BaseModel] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A tool's name is recorded with every call to it, in text columns and log lines.
+        try:
+            check_name("tool name", self.name)
+        except InvalidInputError as exc:
+            raise ConfigurationError(f"tool {self.name[:40]!r}: {exc}") from None
 
     def fingerprint(self) -> dict[str, Any]:
         """What of the tool the agent's revision covers."""

@@ -29,6 +29,7 @@ from support.workers import CountingLog
 
 from onward.errors import (
     BackendUnavailableError,
+    ConfigurationError,
     InvalidInputError,
     NothingToResumeError,
     ResumeConflictError,
@@ -813,3 +814,15 @@ async def test_resume_requests_for_an_old_run_never_reread_it_from_its_first_eve
         assert frontier.status == "failed"
         assert frontier.error is not None
         assert "4 attempts" in frontier.error
+
+
+@pytest.mark.parametrize("name", ["pay\x00", "pay\nnow", "p" * 201])
+def test_a_tool_whose_name_is_not_a_plain_name_is_refused_when_defined(name: str) -> None:
+    """security review #12: a tool's name is recorded with every call to it, so one with a
+    control character or over 200 characters is refused when the tool is defined."""
+
+    async def act(*, idempotency_key: str) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match="tool name"):
+        tool(name=name)(act)

@@ -169,9 +169,25 @@ async def test_a_frontier_over_the_cap_resumes_from_its_frontier_kept_uncapped(
     first = await compact(world, tmp_path / "archive")
     assert first.partitions[0].cut
     assert not (await world.store.truncations(["big"]))["big"].whole
-    tagger = world.runner(Script(0))
-    for n in range(4):  # four labels of 300 KB: a frontier over the 1 MiB cap
-        await tagger.tag("big", f"{n}:" + "x" * 300_000, tenant=TENANT)
+    # Four labels of 300 KB, a frontier over the 1 MiB cap: written to the log as an older
+    # Onward or another writer could have (the runner now caps a label at 200 characters),
+    # each target pinned first as `tag` does.
+    before = await world.runner(Script(0)).inspect("big", tenant=TENANT)
+    for n in range(4):
+        await world.store.pin("big", TENANT, before.resume_seq)
+        label = f"{n}:" + "x" * 300_000
+        await world.log.append(
+            [
+                Tagged(
+                    run_id="big",
+                    tenant=TENANT,
+                    seq=before.last_seq + 1 + n,
+                    fence=before.fence,
+                    target_seq=before.resume_seq,
+                    label=label,
+                )
+            ]
+        )
     await others(world, 20, prefix="later")
     await world.fold()
     row = await world.frontiers.get("big")

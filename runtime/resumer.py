@@ -266,11 +266,18 @@ class Resumer:
         else:
             exists = await self.exists(run_id)
         if exists:
-            raise InvalidInputError(
-                f"run {run_id!r} cannot be started for tenant {lease.tenant!r}: it already "
-                "exists or is not permitted; if it is this tenant's, resume it instead",
-                run_id=run_id,
-            )
+            raise _taken(run_id, lease.tenant)
+
+    async def refuse_stored(self, run_id: str, tenant: str) -> None:
+        """Refuse to start a run under an id its frontier row already holds, before any lease
+        is taken: a start under another tenant's id then never holds that run, even briefly.
+        A run too new to have a row is left to `refuse_existing`, under the lease.
+
+        Raises:
+            InvalidInputError: A run under that id exists; resume it instead.
+        """
+        if self.frontiers is not None and await self.frontiers.get(run_id) is not None:
+            raise _taken(run_id, tenant)
 
     async def exists(self, run_id: str) -> bool:
         """Whether the log holds any counted event of the run, for any tenant."""
@@ -427,6 +434,15 @@ def _transcript_rows(events: Sequence[Event]) -> list[TranscriptRow]:
 
 async def _nothing() -> tuple[TranscriptRow, ...]:
     return ()
+
+
+def _taken(run_id: str, tenant: str) -> InvalidInputError:
+    """The refusal of a start under an id in use, worded alike for every tenant."""
+    return InvalidInputError(
+        f"run {run_id!r} cannot be started for tenant {tenant!r}: it already exists or is not "
+        "permitted; if it is this tenant's, resume it instead",
+        run_id=run_id,
+    )
 
 
 def _hole(run_id: str, missing: str) -> HistoryUnavailableError:

@@ -243,6 +243,7 @@ class AgentRunner(Resource):
         check_depth("input", input, run_id=run_id)
         if options:
             check_optional_name("options.user", options.get("user"), run_id=run_id)
+        await self.resumer.refuse_stored(run_id, tenant)
         async with self._holding(run_id, tenant, self.worker) as held:
             await self.resumer.refuse_existing(run_id, held.lease)
             run = HeldRun(
@@ -609,13 +610,11 @@ class AgentRunner(Resource):
             if too_deep(result):
                 # Recorded as the call's outcome, so the run goes on: a value this deep could
                 # not be masked, stored or read back by every reader.
-                result, error = (
-                    None,
-                    ToolError(
-                        type="PayloadTooDeep",
-                        message=f"{call.tool} returned a value nested more than {MAX_DEPTH} levels "
-                        "deep; it was not recorded",
-                    ),
+                result = None
+                error = ToolError(
+                    type="PayloadTooDeep",
+                    message=f"{call.tool} returned a value nested more than {MAX_DEPTH} levels "
+                    "deep; it was not recorded",
                 )
         if self.writer.observer is not None:
             await self.writer.observer.tool_returned(call.call_id)

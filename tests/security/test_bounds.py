@@ -339,6 +339,28 @@ async def test_another_tenants_answers_never_take_the_runs_lease(
     assert (await runner.inspect(run, tenant=TENANT)).fence == fence + 1
 
 
+async def test_another_tenants_starts_under_a_runs_id_never_take_its_lease(
+    lease_world: LeaseWorld,
+) -> None:
+    """security review #19: a start under an id whose run is stored is refused before the
+    lease is taken, so another tenant's flood of starts neither holds the run nor raises its
+    fence (its resumes are not delayed), and the refusal reads "already exists or is not
+    permitted"."""
+    runner = lease_world.runner
+
+    async def next_fence() -> int:
+        lease = await runner.leases.acquire("r1", tenant=TENANT, holder="probe", ttl_s=30)
+        await runner.leases.release(lease)
+        return lease.fence
+
+    run = await waiting_run(runner)
+    before = await next_fence()
+    for _ in range(50):
+        with pytest.raises(InvalidInputError, match="already exists or is not permitted"):
+            await runner.run(payer(), "go", tenant="evil", run_id=run)
+    assert await next_fence() == before + 1
+
+
 @pytest_asyncio.fixture(params=["memory", "sqlite", "postgres", "redis"])
 async def lease_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LeaseStore]:
     store: LeaseStore

@@ -41,6 +41,7 @@ from aiokafka.errors import KafkaError
 from onward._storage import translate
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.eventlog.events import Event, RunStarted
+from onward.projections.audit import printable
 
 from .agent import Agent
 from .backends import Backends
@@ -239,7 +240,7 @@ class Worker:
                 return True
             except OnwardError as exc:
                 self.stats.failures += 1
-                _log.warning("run %s: %s", run_id, exc)
+                _log.warning("run %s: %s", printable(run_id), one_line(str(exc)))
                 return True
 
         task = asyncio.create_task(guarded(), name=f"run {run_id}")
@@ -259,7 +260,7 @@ class Worker:
             if error is not None:
                 # Its type and a masked line of its message: a repr would print the values
                 # the error holds (a tool's arguments, a run's input) into the worker's log.
-                _log.error("run %s: %s", run_id, described(error))
+                _log.error("run %s: %s", printable(run_id), described(error))
             elif acted:
                 acted = t.result()
             if done is not None:
@@ -317,7 +318,7 @@ class Worker:
             try:
                 await work
             except OnwardError as exc:
-                _log.warning("%s failed: %s", what, exc)
+                _log.warning("%s failed: %s", what, one_line(str(exc)))
 
         task = asyncio.create_task(guarded())
         self._scans.add(task)
@@ -476,8 +477,10 @@ class Worker:
 
 
 def one_line(text: str) -> str:
-    """``text`` on one line, masked (`Redactor`) and cut at a few hundred characters."""
-    line = " ".join(_redactor.redact_text(text[: _LOGGED_CHARS * 4]).split())
+    """``text`` on one line, masked (`Redactor`), its control characters shown escaped (an
+    ESC in a run's content must not reach an operator's terminal through the log), and cut at
+    a few hundred characters."""
+    line = printable(" ".join(_redactor.redact_text(text[: _LOGGED_CHARS * 4]).split()))
     return line if len(line) <= _LOGGED_CHARS else line[: _LOGGED_CHARS - 1] + "…"
 
 

@@ -767,14 +767,17 @@ class FailingModel(ScriptedProvider):
         super().__init__([])
 
     async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
-        raise RuntimeError(f"upstream said {SECRET}", {"card": "4111 1111 1111 1111"})
+        raise RuntimeError(
+            f"upstream said {SECRET} \x1b]0;OWNED\x07", {"card": "4111 1111 1111 1111"}
+        )
 
 
 async def test_an_unexpected_worker_error_is_logged_as_its_type_and_a_masked_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """security review #9(c): an unexpected error out of a run a worker drives is logged as
-    its type and one masked line of its message, not its repr with the values it holds."""
+    """security review #9(c), #15: an unexpected error out of a run a worker drives is logged
+    as its type and one masked line of its message, not its repr with the values it holds, and
+    its control characters are shown escaped."""
     settings = Settings.model_validate(
         {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "w.db")}
     )
@@ -789,6 +792,8 @@ async def test_an_unexpected_worker_error_is_logged_as_its_type_and_a_masked_lin
     assert "abcdefghijklmnopqrstuvwxyz0123" not in line
     assert "4111" not in line
     assert "\n" not in line
+    assert "\x1b" not in line
+    assert "\\x1b]0;OWNED\\x07" in line
 
 
 # -- recovery reads (#11) ----------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from support.readme import README, run_block
+from support.readme import README, run_block, section
 
 
 def test_readme_python_blocks_run(tmp_path: Path) -> None:
@@ -15,3 +15,19 @@ def test_readme_python_blocks_run(tmp_path: Path) -> None:
     assert "['RunStarted', 'RunClaimed']" in outputs[0]
     assert outputs[1].strip() == "completed booked 1"
     assert outputs[2].strip() == "held by w1"
+
+
+def test_every_test_the_security_table_names_exists() -> None:
+    """The Security section's table points at the test that guards each finding: each one it
+    names is a test function in the file it names, and every finding has one."""
+    rows = [line for line in section("Security").splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [int(row.split("|")[1]) for row in rows] == list(range(1, 24))
+    root = README.parent
+    for row in rows:
+        named = re.findall(r"`((?:tests/[\w/]+\.py)?)::(\w+)`", row.split("|")[4])
+        assert named, row
+        path = ""
+        for file, name in named:
+            path = file or path
+            source = (root / path).read_text()
+            assert re.search(rf"^(async )?def {name}\(", source, re.MULTILINE), (path, name)

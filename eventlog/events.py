@@ -154,11 +154,16 @@ class ModelAnswered(Event, frozen=True, kw_only=True, tag="model.answered"):
 
 
 class ToolDispatched(Event, frozen=True, kw_only=True, tag="tool.dispatched"):
-    """Written, and acknowledged by the log, before the tool is called."""
+    """Written, and acknowledged by the log, before the tool is called.
+
+    ``deadline`` (microseconds since the epoch, as ``at``): when the call is cut off, for a
+    tool with a ``max_call_s``; a status check is asked about the call only after it.
+    """
 
     call_id: str
     tool: str
     idempotency_key: str
+    deadline: int | None = None
 
 
 class ToolCompleted(Event, frozen=True, kw_only=True, tag="tool.completed"):

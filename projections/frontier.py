@@ -92,6 +92,7 @@ class CallState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     dispatched_seq: int | None = None
     dispatched_fence: int | None = None
     dispatched_at: int | None = None
+    deadline: int | None = None
     outcome: CallOutcome | None = None
     outcome_seq: int | None = None
     completed_at: int | None = None
@@ -450,6 +451,7 @@ def call_after(
             dispatched_seq=e.seq,
             dispatched_fence=e.fence,
             dispatched_at=e.at,
+            deadline=e.deadline,
         )
     state = before if before is not None else CallState(call_id=e.call_id, tool="")
     outcome: CallOutcome

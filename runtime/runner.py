@@ -20,16 +20,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import socket
+import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import msgspec
 
 from onward._storage import Resource
-from onward.errors import ConfigurationError, InvalidInputError
+from onward.errors import ConfigurationError, IndeterminateToolCallError, InvalidInputError
 from onward.eventlog.base import EventLog
 from onward.eventlog.events import (
     ApprovalDenied,
@@ -78,8 +81,10 @@ from .providers import Provider
 from .redaction import Redactor
 from .result import RunResult
 from .resumer import Resumer
-from .tools import ToolArgumentsError, idempotency_key, tool_error
+from .tools import Reconciled, Tool, ToolArgumentsError, idempotency_key, tool_error
 from .writer import HeldRun, RunObserver, RunWriter
+
+_log = logging.getLogger("onward.runner")
 
 
 def _default_worker() -> str:
@@ -243,6 +248,7 @@ class AgentRunner(Resource):
         check_depth("input", input, run_id=run_id)
         if options:
             check_optional_name("options.user", options.get("user"), run_id=run_id)
+        self._check_call_bounds(agent)
         await self.resumer.refuse_stored(run_id, tenant)
         async with self._holding(run_id, tenant, self.worker) as held:
             await self.resumer.refuse_existing(run_id, held.lease)
@@ -276,6 +282,7 @@ class AgentRunner(Resource):
             InvalidInputError: The run id or tenant is out of bounds (`onward.runtime.limits`).
         """
         _check_run(run_id, tenant)
+        self._check_call_bounds(agent)
         carried = await self.resumer.resume(
             agent, run_id, tenant=tenant, worker=self.worker, history=True
         )
@@ -307,8 +314,29 @@ class AgentRunner(Resource):
         result = await self._drive(run)
         return dataclasses.replace(result, plan=plan, reconciled=tuple(reconciled))
 
+    def _check_call_bounds(self, agent: Agent) -> None:
+        """Refuse an agent with a tool whose calls could outlast the lease they start under.
+
+        Raises:
+            ConfigurationError: A tool's ``max_call_s`` plus the renewal margin is over the
+                lease ttl (the tool and both figures are named).
+        """
+        ttl = self.lease_policy.ttl_s
+        margin = self.lease_policy.renew_margin.total_seconds()
+        for tool in agent.tools:
+            if tool.max_call_s is not None and tool.max_call_s + margin > ttl:
+                raise ConfigurationError(
+                    f"agent {agent.name!r}: tool {tool.name!r} may take {tool.max_call_s:g}s "
+                    f"(max_call_s), which with the lease's renewal margin of {margin:g}s is over "
+                    f"its ttl of {ttl:g}s: a call could outlast the lease it started under. "
+                    "Raise the lease ttl or lower max_call_s"
+                )
+
     async def _plan(self, run: HeldRun) -> tuple[ResumePlan, list[str]]:
         """Plan, asking each undecided call's tool once (`reconcile`) and recording its answer.
+
+        A call dispatched with a deadline is asked about only after it: until then the
+        holder that was paused mid-call may still make it take effect.
 
         Returns the plan and the calls the tools' status checks settled.
         """
@@ -318,21 +346,26 @@ class AgentRunner(Resource):
             tool = run.agent.tool(call.tool)
             if tool is None or tool.reconcile is None:
                 continue
+            await _after_deadline(run, call)
+            await run.held.check()
             answer = await tool.reconcile(call.idempotency_key)
             if answer is None:
                 continue
-            resolved = self.writer.event(
-                run,
-                ToolResolved,
-                call_id=call.call_id,
-                outcome=answer.outcome,
-                result=answer.result,
-                by="reconcile",
-                why=f"{call.tool}'s status check answered {answer.outcome}",
-            )
-            await self.writer.append(run, [resolved])
+            await self._record_reconciled(run, call, answer)
             reconciled.append(call.call_id)
         return plan_resume(run.frontier, run.agent), reconciled
+
+    async def _record_reconciled(self, run: HeldRun, call: CallState, answer: Reconciled) -> None:
+        resolved = self.writer.event(
+            run,
+            ToolResolved,
+            call_id=call.call_id,
+            outcome=answer.outcome,
+            result=answer.result,
+            by="reconcile",
+            why=f"{call.tool}'s status check answered {answer.outcome}",
+        )
+        await self.writer.append(run, [resolved])
 
     async def inspect(self, run_id: str, *, tenant: str) -> Frontier:
         """The run's frontier as the log has it now. Takes no lease and writes nothing."""
@@ -557,24 +590,38 @@ class AgentRunner(Resource):
                 await self.writer.append(run, [asked])
                 return False
         if pending:
+            dispatches = [
+                self.writer.event(
+                    run,
+                    ToolDispatched,
+                    i,
+                    call_id=c.call_id,
+                    tool=c.tool,
+                    idempotency_key=c.idempotency_key,
+                    deadline=_deadline(run, c),
+                )
+                for i, c in enumerate(pending)
+            ]
             # Write-ahead: every dispatch of the turn is durable before any tool is called.
-            await self.writer.append(
-                run,
-                [
-                    self.writer.event(
-                        run,
-                        ToolDispatched,
-                        i,
-                        call_id=c.call_id,
-                        tool=c.tool,
-                        idempotency_key=c.idempotency_key,
-                    )
-                    for i, c in enumerate(pending)
-                ],
-            )
+            await self.writer.append(run, dispatches)
             # The last word before side effects: a holder paused past its ttl finds out here.
+            # Renewed after the deadlines were set, the lease outlasts each of them (the ttl
+            # is over every max_call_s: `_check_call_bounds`).
             await run.held.confirm()
-            await asyncio.gather(*(self._call_tool(run, c) for c in pending))
+            deadlines = {d.call_id: d.deadline for d in dispatches}
+            cut = await asyncio.gather(
+                *(self._call_tool(run, c, deadlines[c.call_id]) for c in pending)
+            )
+            undecided = [call for call in cut if call is not None]
+            if undecided:
+                raise IndeterminateToolCallError(
+                    f"run {run.run_id!r}: cut off at their deadline, these calls may or may not "
+                    f"have taken effect and their tools have no status check that answered: "
+                    + ", ".join(f"{c.call_id} ({c.tool})" for c in undecided)
+                    + ". Settle each with `onward resolve` (completed or never ran)",
+                    run_id=run.run_id,
+                    calls=tuple(undecided),
+                )
         settled = self.writer.event(
             run,
             TurnSettled,
@@ -584,7 +631,11 @@ class AgentRunner(Resource):
         await self.writer.append(run, [settled])
         return True
 
-    async def _call_tool(self, run: HeldRun, call: CallState) -> None:
+    async def _call_tool(
+        self, run: HeldRun, call: CallState, deadline: int | None = None
+    ) -> CallState | None:
+        """Call the tool and record its outcome; the call, if it was cut off at its deadline
+        and its status check could not say whether it took effect (nothing is recorded)."""
         tool = run.agent.tool(call.tool)
         result: Any = None
         error: ToolError | None = None
@@ -597,12 +648,21 @@ class AgentRunner(Resource):
                 f"{call.tool} was not called",
             )
         else:
+            lease = run.held.lease
+            calling = tool.call(
+                call.args,
+                idempotency_key=call.idempotency_key,
+                approval=approval_value(run.frontier, call.call_id),
+                fence=lease.fence,
+                lease_expires_at=lease.expires_at,
+            )
             try:
-                result = await tool.call(
-                    call.args,
-                    idempotency_key=call.idempotency_key,
-                    approval=approval_value(run.frontier, call.call_id),
-                )
+                result = await _within(calling, deadline)
+            except _DeadlinePassedError:
+                verdict = await self._cut_off(run, call, tool)
+                if not isinstance(verdict, ToolError):
+                    return verdict
+                error = verdict
             except ToolArgumentsError as exc:
                 error = ToolError(type="InvalidArguments", message=str(exc))
             except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, not raised
@@ -622,6 +682,37 @@ class AgentRunner(Resource):
             run, ToolCompleted, call_id=call.call_id, result=result, error=error
         )
         await self.writer.append(run, [completed])
+        return None
+
+    async def _cut_off(
+        self, run: HeldRun, call: CallState, tool: Tool
+    ) -> ToolError | CallState | None:
+        """What a call cut off at its deadline comes to, now that it is over.
+
+        Returns the error to record when it did not take effect (a retry-safe tool, or its
+        status check says so: the model may ask again); ``None`` when its status check says it
+        did (recorded here, with its result); the call itself when nobody can say.
+        """
+        _log.warning(
+            "run %s: %s (%s) cut off at its deadline (max_call_s=%s)",
+            run.run_id,
+            call.call_id,
+            call.tool,
+            tool.max_call_s,
+        )
+        took = f"{call.tool} took longer than its max_call_s of {tool.max_call_s:g}s"
+        if tool.retry_safe:
+            return ToolError(type="DeadlineExceeded", message=f"{took}; it was cut off")
+        answer = await tool.reconcile(call.idempotency_key) if tool.reconcile else None
+        if answer is None:
+            return call
+        if answer.outcome == "never_ran":
+            return ToolError(
+                type="DeadlineExceeded",
+                message=f"{took}; it was cut off and its status check says it did not take effect",
+            )
+        await self._record_reconciled(run, call, answer)
+        return None
 
 
 TOO_DEEP_ARGUMENTS = "onward.too_deep"
@@ -675,6 +766,57 @@ def _plain_name(name: str) -> bool:
 def _escaped(name: str) -> str:
     """A name with its control characters escaped, cut to fit (``a\\x00b``)."""
     return name.encode("unicode_escape").decode("ascii")[:MAX_NAME_LENGTH] or "(empty)"
+
+
+class _DeadlinePassedError(Exception):
+    """A tool call was cut off at its deadline."""
+
+
+async def _within(calling: Coroutine[Any, Any, Any], deadline: int | None) -> Any:
+    """Await a tool call, cut off at ``deadline`` (microseconds since the epoch) if it has one.
+
+    The deadline is turned into the event loop's clock once, so a process paused past it
+    (SIGSTOP, a long GC) finds the timer expired as soon as it runs again: the call is
+    cancelled at its next await instead of going on to its effect.
+    """
+    if deadline is None:
+        return await calling
+    left = deadline / 1_000_000 - time.time()
+    try:
+        async with asyncio.timeout(max(left, 0)):
+            return await calling
+    except TimeoutError as exc:
+        raise _DeadlinePassedError from exc
+
+
+def _deadline(run: HeldRun, call: CallState) -> int | None:
+    """When a call of a tool with ``max_call_s`` is cut off, in microseconds since the epoch."""
+    tool = run.agent.tool(call.tool)
+    if tool is None or tool.max_call_s is None:
+        return None
+    return time.time_ns() // 1_000 + int(tool.max_call_s * 1_000_000)
+
+
+async def _after_deadline(run: HeldRun, call: CallState) -> None:
+    """Wait, saying until when, for a call's recorded deadline to pass: the holder it was
+    dispatched under may be paused mid-call and could still make it take effect until then."""
+    if call.deadline is None:
+        return
+    left = call.deadline / 1_000_000 - time.time()
+    if left <= 0:
+        return
+    until = datetime.fromtimestamp(call.deadline / 1_000_000, UTC).isoformat(timespec="seconds")
+    _log.warning(
+        "run %s: waiting %.1fs, until %s, for the deadline of %s (%s) dispatched under fence "
+        "%s before asking its status check",
+        run.run_id,
+        left,
+        until,
+        call.call_id,
+        call.tool,
+        call.dispatched_fence,
+    )
+    await asyncio.sleep(left)
 
 
 def _check_run(run_id: str, tenant: str) -> None:

@@ -16,6 +16,15 @@ the application API), as recorded in the log. It is not part of the tool's schem
 ``retry_safe`` tools (reads, searches) may be called again when resume cannot tell whether they
 ran. ``reconcile(key)`` asks the tool's own status endpoint whether a call with that key took
 effect; resume calls it once for an undecided call and records the answer.
+
+A tool may also take ``fence`` (the fencing token its call was dispatched under: it rises with
+every claim of the run) and ``lease_expires_at`` (when the lease it was called under lapses,
+seconds since the epoch, the lease store's clock). An external system that remembers the
+highest fence it has seen for a key and refuses a call with a lower one cannot be reached by a
+worker that was paused past its lease and carries on afterwards: the one rule no lease can
+enforce from this side. ``max_call_s`` bounds a call: it starts only under a lease that lasts
+longer, is cut off at its deadline (recorded with the dispatch), and a status check is asked
+about it only once that deadline has passed.
 """
 
 from __future__ import annotations
@@ -36,6 +45,10 @@ from .limits import check_name
 
 KEY_PARAMETER = "idempotency_key"
 APPROVAL_PARAMETER = "approval"
+FENCE_PARAMETER = "fence"
+LEASE_EXPIRY_PARAMETER = "lease_expires_at"
+_PASSED_BY_ONWARD = (KEY_PARAMETER, APPROVAL_PARAMETER, FENCE_PARAMETER, LEASE_EXPIRY_PARAMETER)
+"""Keywords Onward passes itself: not part of a tool's schema."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +77,11 @@ class Tool:
         requires_approval: A person approves each call before it is dispatched.
         takes_approval: ``fn`` takes an ``approval`` keyword: the value its call was approved
             with (``None`` when there was none).
+        max_call_s: The longest one call may take: it is started only under a lease that
+            lasts longer, cut off at its deadline, and asked about by its status check only
+            after that deadline (``None``: unbounded).
+        takes_fence: ``fn`` takes a ``fence`` keyword: the fencing token of its call.
+        takes_lease_expiry: ``fn`` takes a ``lease_expires_at`` keyword.
     """
 
     name: str
@@ -74,9 +92,17 @@ class Tool:
     reconcile: Reconcile | None = field(default=None, repr=False)
     requires_approval: bool = False
     takes_approval: bool = False
+    max_call_s: float | None = None
+    takes_fence: bool = False
+    takes_lease_expiry: bool = False
     _model: type[pydantic.BaseModel] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.max_call_s is not None and not 0 < self.max_call_s <= MAX_CALL_S:
+            raise ConfigurationError(
+                f"tool {self.name[:40]!r}: max_call_s must be more than 0 and at most "
+                f"{MAX_CALL_S:g} seconds, got {self.max_call_s!r}"
+            )
         # A tool's name is recorded with every call to it, in text columns and log lines.
         try:
             check_name("tool name", self.name)
@@ -92,10 +118,16 @@ class Tool:
             "retry_safe": self.retry_safe,
             "reconciles": self.reconcile is not None,
             "requires_approval": self.requires_approval,
-        }
+        } | ({"max_call_s": self.max_call_s} if self.max_call_s is not None else {})
 
     async def call(
-        self, args: Mapping[str, Any], *, idempotency_key: str, approval: Any = None
+        self,
+        args: Mapping[str, Any],
+        *,
+        idempotency_key: str,
+        approval: Any = None,
+        fence: int | None = None,
+        lease_expires_at: float | None = None,
     ) -> Any:
         """Validate the arguments against the schema, then call the tool.
 
@@ -111,6 +143,10 @@ class Tool:
             values = {k: getattr(model, k) for k in type(model).model_fields}
         if self.takes_approval:
             values[APPROVAL_PARAMETER] = approval
+        if self.takes_fence:
+            values[FENCE_PARAMETER] = fence
+        if self.takes_lease_expiry:
+            values[LEASE_EXPIRY_PARAMETER] = lease_expires_at
         return await self.fn(**values, idempotency_key=idempotency_key)
 
 
@@ -120,6 +156,10 @@ class ToolArgumentsError(Exception):
     def __init__(self, tool: str, detail: str) -> None:
         super().__init__(f"arguments for {tool!r} do not fit its schema: {detail}")
         self.tool = tool
+
+
+MAX_CALL_S = 24 * 3600.0
+"""The longest ``max_call_s`` a tool may declare: a day."""
 
 
 def tool_error(exc: BaseException) -> ToolError:
@@ -139,6 +179,7 @@ def tool(
     retry_safe: bool = False,
     reconcile: Reconcile | None = None,
     requires_approval: bool = False,
+    max_call_s: float | None = None,
 ) -> Callable[[Callable[..., Awaitable[Any]]], Tool]: ...
 
 
@@ -151,6 +192,7 @@ def tool(
     retry_safe: bool = False,
     reconcile: Reconcile | None = None,
     requires_approval: bool = False,
+    max_call_s: float | None = None,
 ) -> Tool | Callable[[Callable[..., Awaitable[Any]]], Tool]:
     """Make a `Tool` from an async function; its schema comes from the type hints."""
 
@@ -158,6 +200,7 @@ def tool(
         if not inspect.iscoroutinefunction(function):
             raise ConfigurationError(f"tool {function.__name__!r} must be an async function")
         model = _arguments_model(function)
+        parameters = inspect.signature(function).parameters
         return Tool(
             name=name or function.__name__,
             description=description or inspect.getdoc(function) or "",
@@ -166,7 +209,10 @@ def tool(
             retry_safe=retry_safe,
             reconcile=reconcile,
             requires_approval=requires_approval,
-            takes_approval=APPROVAL_PARAMETER in inspect.signature(function).parameters,
+            takes_approval=APPROVAL_PARAMETER in parameters,
+            max_call_s=max_call_s,
+            takes_fence=FENCE_PARAMETER in parameters,
+            takes_lease_expiry=LEASE_EXPIRY_PARAMETER in parameters,
             _model=model,
         )
 
@@ -183,7 +229,7 @@ def _arguments_model(function: Callable[..., Any]) -> type[pydantic.BaseModel]:
     hints = get_type_hints(function)
     fields: dict[str, Any] = {}
     for param in signature.parameters.values():
-        if param.name in (KEY_PARAMETER, APPROVAL_PARAMETER):
+        if param.name in _PASSED_BY_ONWARD:
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigurationError(f"tool {function.__name__!r}: *args/**kwargs have no schema")

@@ -1,0 +1,149 @@
+"""An external system, and the agents that call it, for the paused-worker tests.
+
+`ExternalSystem` is a booking service kept in a JSON file (so a child process and the test share
+it) with one of three behaviours a real service may have:
+
+* ``fences``: it remembers the highest fencing token seen for each key and refuses a call with
+  a lower one (the fencing-token rule);
+* ``dedupe``: a second call with a key it has seen returns the first call's answer, no effect;
+* ``plain``: every call takes effect.
+
+Its status check (`status`) answers whether a call with a key took effect. The agent's ``book``
+tool marks ``entered`` in the file when it starts; with ``hold`` it then blocks the thread (no
+await: nothing in its process can stop it) until the file says ``go``, so the test can pause the
+process there and let it carry on later; with ``max_call_s`` it awaits ``ASYNC_WAIT_S`` first,
+which a paused process finds past its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from onward.eventlog import ToolCall
+from onward.runtime.agent import Agent
+from onward.runtime.leases.base import LeasePolicy
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.tools import Reconciled, Tool, tool
+
+Behaviour = Literal["fences", "dedupe", "plain"]
+TENANT = "acme"
+TTL_S = 3.0
+"""The paused worker's lease: short, so the test waits little for it to lapse."""
+POLICY = LeasePolicy(ttl=timedelta(seconds=TTL_S))
+MAX_CALL_S = 0.5
+ASYNC_WAIT_S = 0.4
+"""What the ``max_call_s`` tool awaits before its effect: inside its deadline unless paused."""
+
+
+class ExternalSystem:
+    """The booking service, in ``path`` (see the module docstring)."""
+
+    def __init__(self, path: Path, behaviour: Behaviour) -> None:
+        self.path = path
+        self.behaviour = behaviour
+
+    @contextlib.contextmanager
+    def _state(self) -> Iterator[dict[str, Any]]:
+        with open(self.path.with_suffix(".lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state: dict[str, Any] = (
+                json.loads(self.path.read_text())
+                if self.path.exists()
+                else {"effects": [], "fences": {}, "refused": [], "entered": [], "go": False}
+            )
+            yield state
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, self.path)
+
+    def read(self) -> dict[str, Any]:
+        with self._state() as state:
+            return dict(state)
+
+    def mark(self, field: str, value: Any) -> None:
+        with self._state() as state:
+            if isinstance(state.get(field), list):
+                state[field].append(value)
+            else:
+                state[field] = value
+
+    def book(self, key: str, fence: int | None, seat: str) -> str:
+        """Take effect, or refuse, as this system's behaviour says."""
+        with self._state() as state:
+            seen = state["fences"].get(key, 0)
+            refused = self.behaviour == "fences" and (fence is None or fence < seen)
+            answer = self._book(state, key, fence, seat, refused)
+        if refused:
+            raise RuntimeError(f"fence {fence} is older than {seen} for {key}")
+        return answer
+
+    def _book(
+        self, state: dict[str, Any], key: str, fence: int | None, seat: str, refused: bool
+    ) -> str:
+        if refused:
+            state["refused"].append({"key": key, "fence": fence})
+            return ""
+        if self.behaviour == "fences":
+            state["fences"][key] = fence
+        if self.behaviour == "dedupe":
+            for effect in state["effects"]:
+                if effect["key"] == key:
+                    return str(effect["answer"])
+        answer = f"seat {seat} booked"
+        state["effects"].append({"key": key, "fence": fence, "pid": os.getpid(), "answer": answer})
+        return answer
+
+    def status(self, key: str) -> Reconciled:
+        with self._state() as state:
+            for effect in state["effects"]:
+                if effect["key"] == key:
+                    return Reconciled("completed", effect["answer"])
+            # Asked about a call: a system that fences remembers it cannot take an older one.
+            return Reconciled("never_ran")
+
+    def effects(self) -> list[dict[str, Any]]:
+        return list(self.read()["effects"])
+
+
+def booking_tool(system: ExternalSystem, *, checked: bool, hold: bool, bounded: bool) -> Tool:
+    """The ``book`` tool: status-checked or plain, holding at ``go`` or awaiting first."""
+
+    async def status(key: str) -> Reconciled:
+        return system.status(key)
+
+    async def book(seat: str, *, idempotency_key: str, fence: int) -> str:
+        system.mark("entered", {"pid": os.getpid(), "fence": fence})
+        if hold:
+            while not system.read()["go"]:
+                # Blocks the thread on purpose: nothing in this process runs meanwhile.
+                time.sleep(0.01)  # noqa: ASYNC251
+        if bounded:
+            await asyncio.sleep(ASYNC_WAIT_S)
+        return system.book(idempotency_key, fence, seat)
+
+    return tool(reconcile=status if checked else None, max_call_s=MAX_CALL_S if bounded else None)(
+        book
+    )
+
+
+def booking_agent(system: ExternalSystem, *, checked: bool, hold: bool, bounded: bool) -> Agent:
+    return Agent(
+        name="booker",
+        instructions="book the seat",
+        tools=[booking_tool(system, checked=checked, hold=hold, bounded=bounded)],
+    )
+
+
+def booking_model() -> ScriptedProvider:
+    return ScriptedProvider(
+        [reply("", ToolCall(call_id="b", tool="book", args={"seat": "3A"})), reply("booked")]
+    )

@@ -22,6 +22,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.leases.base import RunLease
 from onward.runtime.planning import ResumePlan, plan_resume
 from onward.runtime.runner import RunResult
+from onward.runtime.tools import Tool
 
 from ._common import EXIT_HELD, EXIT_MUST_NOT_CARRY_ON
 
@@ -46,7 +47,37 @@ def _call_state(call: CallState) -> str:
         return call.outcome + (f" (settled by {call.resolved_by})" if call.resolved_by else "")
     if call.dispatched_seq is None:
         return "not dispatched"
-    return f"dispatched under fence {call.dispatched_fence}, no outcome"
+    deadline = f", cut off at {_when(call.deadline / 1_000_000)}" if call.deadline else ""
+    return f"dispatched under fence {call.dispatched_fence}{deadline}, no outcome"
+
+
+def guarantee(tool: Tool | None) -> str:
+    """What keeps a call of ``tool`` from taking effect twice by accident, and the one
+    condition that depends on (README: "What each kind of tool is promised")."""
+    if tool is None:
+        return "unknown tool: never called again"
+    if tool.retry_safe:
+        return "retry-safe: may be called again, harmless by its own definition"
+    if tool.reconcile is not None:
+        bounded = (
+            f", or its effect comes after an await within max_call_s={tool.max_call_s:g}s"
+            if tool.max_call_s is not None
+            else ""
+        )
+        return (
+            "status-checked: takes effect once if its system refuses calls with an older fence "
+            f"or deduplicates on the idempotency key{bounded}"
+        )
+    return "plain: never called again; a call nobody can decide waits for a person"
+
+
+GUARANTEES = (
+    "what keeps a call from taking effect twice: a plain tool's call is never made again (one "
+    "nobody can decide waits for a person); a status-checked tool's call once its system "
+    "refuses calls with an older fence or deduplicates on the idempotency key; a retry-safe "
+    "tool's may be made again, harmlessly"
+)
+"""`inspect`'s footnote when the agent's tools are not known."""
 
 
 def _resume_would(
@@ -168,29 +199,41 @@ def run_summary(
             )
         )
     if plan.calls:
-        table = Table(title="calls of the turn in progress", title_justify="left")
-        for column in ("call", "tool", "state", "resume decides", "why"):
-            table.add_column(column)
-        for planned in plan.calls:
-            decides = planned.disposition.value + (
-                ", dispatched again" if planned.dispatch_again else ""
-            )
-            table.add_row(
-                shown(planned.call.call_id),
-                shown(planned.call.tool),
-                shown(_call_state(planned.call)),
-                shown(decides),
-                shown(planned.reason),
-            )
-        parts.append(table)
-        if tools is None:
-            parts.append(
-                Text(
-                    "the agent's tools are unknown here, so no call is taken as retry-safe or "
-                    "as having a status check; resume with the agent may settle some by itself"
-                )
-            )
+        parts.extend(_calls(plan, tools))
     return Group(*parts)
+
+
+def _calls(plan: ResumePlan, tools: Agent | None) -> list[RenderableType]:
+    """The table of the turn's calls, what resume decides for each and (tools known) what
+    keeps each from taking effect twice; the footnotes when the tools are not known."""
+    table = Table(title="calls of the turn in progress", title_justify="left")
+    columns = ["call", "tool", "state", "resume decides", "why"]
+    for column in [*columns, *(["guarantee"] if tools is not None else [])]:
+        table.add_column(column)
+    for planned in plan.calls:
+        decides = planned.disposition.value + (
+            ", dispatched again" if planned.dispatch_again else ""
+        )
+        cells = [
+            shown(planned.call.call_id),
+            shown(planned.call.tool),
+            shown(_call_state(planned.call)),
+            shown(decides),
+            shown(planned.reason),
+        ]
+        if tools is not None:
+            cells.append(shown(guarantee(tools.tool(planned.call.tool))))
+        table.add_row(*cells)
+    parts: list[RenderableType] = [table]
+    if tools is None:
+        parts.append(
+            Text(
+                "the agent's tools are unknown here, so no call is taken as retry-safe or "
+                "as having a status check; resume with the agent may settle some by itself"
+            )
+        )
+        parts.append(Text(GUARANTEES))
+    return parts
 
 
 def carried(result: RunResult, worker: str) -> Group:

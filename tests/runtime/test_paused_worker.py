@@ -11,6 +11,7 @@ SQLite file and on Kafka + PostgreSQL + Redis.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import signal
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from rich.console import Console
 from support.crashes import Crash, CrashAt
 from support.deployment import kafka_settings, process_env
 from support.paused_world import (
@@ -43,6 +45,7 @@ from onward.errors import ConfigurationError, IndeterminateToolCallError
 from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
+from onward.runtime.cli.summary import run_summary
 from onward.runtime.leases.base import LeasePolicy
 from onward.runtime.providers import ScriptedProvider
 from onward.runtime.settings import Settings
@@ -343,3 +346,40 @@ async def test_a_status_check_is_asked_only_after_the_calls_deadline(
     assert when >= deadline / 1_000_000
     assert "waiting" in caplog.text
     assert "for the deadline of b (book)" in caplog.text
+
+
+async def test_inspect_says_what_keeps_each_undecided_call_from_taking_effect_twice(
+    embedded: Backends,
+) -> None:
+    """The summary `onward inspect` and `onward run --resume` print names each call's kind of
+    tool with the one condition its guarantee depends on, and a bounded call's deadline."""
+
+    async def status(key: str) -> Reconciled | None:
+        return None
+
+    @tool(max_call_s=1, reconcile=status)
+    async def book(seat: str, *, idempotency_key: str) -> str:
+        return "unused"
+
+    agent = Agent(name="booker", instructions="book", tools=[book])
+    crashing = embedded.runner(
+        booking_model(),
+        lease_policy=LeasePolicy(ttl=timedelta(seconds=6)),
+        observer=CrashAt("tool.dispatched"),
+    )
+    with pytest.raises(Crash):
+        await crashing.run(agent, "go", tenant=TENANT, run_id="r")
+    frontier = await sqlite_runner(embedded, booking_model()).inspect("r", tenant=TENANT)
+
+    def printed(**known: Any) -> str:
+        console = Console(width=400, record=True, file=io.StringIO())
+        console.print(run_summary(frontier, lease=None, **known))
+        return " ".join(console.export_text().split())
+
+    with_tools = printed(agent=agent)
+    assert "status-checked: takes effect once if its system refuses calls with an older fence" in (
+        with_tools
+    )
+    assert "within max_call_s=1s" in with_tools
+    assert "cut off at " in with_tools
+    assert "a plain tool's call is never made again" in printed()

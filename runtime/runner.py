@@ -248,7 +248,7 @@ class AgentRunner(Resource):
         check_depth("input", input, run_id=run_id)
         if options:
             check_optional_name("options.user", options.get("user"), run_id=run_id)
-        self._check_call_bounds(agent)
+        self.check_call_bounds(agent)
         await self.resumer.refuse_stored(run_id, tenant)
         async with self._holding(run_id, tenant, self.worker) as held:
             await self.resumer.refuse_existing(run_id, held.lease)
@@ -282,7 +282,7 @@ class AgentRunner(Resource):
             InvalidInputError: The run id or tenant is out of bounds (`onward.runtime.limits`).
         """
         _check_run(run_id, tenant)
-        self._check_call_bounds(agent)
+        self.check_call_bounds(agent)
         carried = await self.resumer.resume(
             agent, run_id, tenant=tenant, worker=self.worker, history=True
         )
@@ -314,7 +314,7 @@ class AgentRunner(Resource):
         result = await self._drive(run)
         return dataclasses.replace(result, plan=plan, reconciled=tuple(reconciled))
 
-    def _check_call_bounds(self, agent: Agent) -> None:
+    def check_call_bounds(self, agent: Agent) -> None:
         """Refuse an agent with a tool whose calls could outlast the lease they start under.
 
         Raises:
@@ -606,7 +606,7 @@ class AgentRunner(Resource):
             await self.writer.append(run, dispatches)
             # The last word before side effects: a holder paused past its ttl finds out here.
             # Renewed after the deadlines were set, the lease outlasts each of them (the ttl
-            # is over every max_call_s: `_check_call_bounds`).
+            # is over every max_call_s: `check_call_bounds`).
             await run.held.confirm()
             deadlines = {d.call_id: d.deadline for d in dispatches}
             cut = await asyncio.gather(

@@ -149,6 +149,8 @@ class Worker:
         self.runner = backends.runner(
             provider, worker=name, observer=_Boundaries(self), lease_policy=lease_policy
         )
+        for agent in self.agents.values():
+            self.runner.check_call_bounds(agent)  # refused at start, not on every run
         self.name = self.runner.worker
         self.stats = WorkerStats()
         self._signer: RequestSigner | None = None

@@ -50,6 +50,7 @@ from onward.runtime.leases.base import LeasePolicy
 from onward.runtime.providers import ScriptedProvider
 from onward.runtime.settings import Settings
 from onward.runtime.tools import Reconciled, tool
+from onward.runtime.worker import Worker
 
 PARTITIONS = 2
 
@@ -383,3 +384,20 @@ async def test_inspect_says_what_keeps_each_undecided_call_from_taking_effect_tw
     assert "within max_call_s=1s" in with_tools
     assert "cut off at " in with_tools
     assert "a plain tool's call is never made again" in printed()
+
+
+async def test_a_worker_refuses_at_start_a_tool_that_may_outlast_its_lease(
+    embedded: Backends,
+) -> None:
+    """`onward worker --lease-ttl` shorter than a tool's max_call_s plus the renewal margin:
+    the worker does not start, rather than refuse every run of that agent."""
+
+    @tool(max_call_s=25)
+    async def book(seat: str, *, idempotency_key: str) -> str:
+        return "ok"
+
+    agents = {"booker": Agent(name="booker", instructions="book", tools=[book])}
+    with pytest.raises(ConfigurationError, match="max_call_s"):
+        Worker(
+            embedded, booking_model(), agents, lease_policy=LeasePolicy(ttl=timedelta(seconds=30))
+        )

@@ -6,6 +6,7 @@ Usage: python -m integrations.mcp_server stdio
 Environment:
     MCP_TEST_LISTINGS: a file that gets one line per ``tools/list`` call (how tests count them).
     MCP_TEST_LEDGER: a file that gets one JSON line per ``charge`` side effect.
+    MCP_TEST_META: a file that gets the ``_meta`` of each ``charge`` call, one JSON line each.
     MCP_TEST_VARIANT: ``v1`` (default) or ``v2``; ``v2`` reports another version and adds a tool.
     MCP_TEST_CRASH: set to make the server exit at start.
     MCP_TEST_SWITCH: a file; when it exists its text (``v2`` or ``crash``) overrides the two
@@ -78,6 +79,9 @@ async def charge(account: str, cents: int, ctx: Context) -> str:
     key = meta.get(KEY)
     line = json.dumps({"key": key, "account": account, "cents": cents})
     _append(Path(os.environ["MCP_TEST_LEDGER"]), line)
+    metas = os.environ.get("MCP_TEST_META")
+    if metas:
+        _append(Path(metas), json.dumps(meta))
     return f"charged {account} {cents}"
 
 
@@ -109,6 +113,12 @@ async def header(name: str, ctx: Context) -> str:
 async def keyed(text: str, request_key: str) -> str:
     """Echo the key it was given as an argument."""
     return f"{text}:{request_key}"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def fenced(fence: str) -> str:
+    """An argument of its own named like Onward's fence keyword: say it back."""
+    return fence
 
 
 if VARIANT == "v2":

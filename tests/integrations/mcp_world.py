@@ -33,6 +33,7 @@ def stdio_server(
         "PYTHONPATH": str(TESTS),
         "MCP_TEST_LISTINGS": str(tmp / f"{name}.listings"),
         "MCP_TEST_LEDGER": str(tmp / "ledger.jsonl"),
+        "MCP_TEST_META": str(tmp / "meta.jsonl"),
         "MCP_TEST_VARIANT": variant,
         "MCP_TEST_SWITCH": str(tmp / f"{name}.switch"),
     }
@@ -64,6 +65,14 @@ def listings(tmp: Path, name: str = "ledger") -> int:
 def ledger(tmp: Path) -> list[dict[str, Any]]:
     """The side effects of ``charge``, one per call that reached the server."""
     path = tmp / "ledger.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def metas(tmp: Path) -> list[dict[str, Any]]:
+    """The ``_meta`` of each ``charge`` call the server received, in order."""
+    path = tmp / "meta.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]

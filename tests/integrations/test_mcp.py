@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -23,12 +24,16 @@ from integrations.mcp_world import (
     charging_provider,
     ledger,
     listings,
+    metas,
     stdio_server,
     switch,
 )
 from onward.errors import BackendUnavailableError, ConfigurationError, IndeterminateToolCallError
-from onward.eventlog import SqliteEventLog, ToolCall, ToolCompleted
+from onward.eventlog import SqliteEventLog, ToolCall, ToolCompleted, ToolDispatched
 from onward.integrations.mcp import (
+    FENCE_META_KEY,
+    IDEMPOTENCY_META_KEY,
+    LEASE_EXPIRY_META_KEY,
     HttpServer,
     MCPSettings,
     MCPToolError,
@@ -98,7 +103,17 @@ async def test_stdio_tools_become_onward_tools(tmp_path: Path) -> None:
     server = stdio_server(tmp_path, tools={"charge": ToolOptions(requires_approval=True)})
     async with MCPToolset([server]) as toolset:
         tools = {t.name: t for t in toolset.tools}
-        assert sorted(tools) == ["add", "charge", "die", "echo", "fail", "grow", "header", "keyed"]
+        assert sorted(tools) == [
+            "add",
+            "charge",
+            "die",
+            "echo",
+            "fail",
+            "fenced",
+            "grow",
+            "header",
+            "keyed",
+        ]
         echo, charge = tools["echo"], tools["charge"]
         assert echo.description == "Say the text back."
         assert echo.parameters["required"] == ["text"]
@@ -370,6 +385,44 @@ async def test_a_run_calls_the_mcp_tool_with_its_idempotency_key(tmp_path: Path)
     assert ledger(tmp_path) == [{"key": idempotency_key("r1", "c1"), "account": "a1", "cents": 500}]
     (completed,) = [e for e in events if isinstance(e, ToolCompleted)]
     assert (completed.result, completed.error) == ({"result": "charged a1 500"}, None)
+
+
+async def test_a_run_sends_the_fence_and_lease_expiry_of_its_dispatch_in_meta(
+    tmp_path: Path,
+) -> None:
+    """The server sees the fence the call was dispatched under, so it can refuse older ones."""
+    async with (
+        SqliteEventLog(tmp_path / "log.db") as log,
+        MCPToolset([stdio_server(tmp_path)]) as toolset,
+        AgentRunner(provider=charging_provider(), log=log, worker="w") as runner,
+    ):
+        for _ in range(2):  # earlier claims of the run raise its fence above the first
+            await runner.leases.release(
+                await runner.leases.acquire("r1", tenant=TENANT, holder="x", ttl_s=30)
+            )
+        before = time.time()
+        await runner.run(charging_agent(toolset.tools), "go", tenant=TENANT, run_id="r1")
+        (dispatched,) = [
+            s.event for s in await log.read_run("r1") if isinstance(s.event, ToolDispatched)
+        ]
+    (meta,) = metas(tmp_path)
+    assert dispatched.fence == 3
+    assert meta[FENCE_META_KEY] == dispatched.fence
+    assert meta[IDEMPOTENCY_META_KEY] == idempotency_key("r1", "c1")
+    ttl = runner.lease_policy.ttl_s
+    assert before + ttl - 1 < meta[LEASE_EXPIRY_META_KEY] < time.time() + ttl + 1
+
+
+async def test_an_argument_named_fence_stays_the_models(tmp_path: Path) -> None:
+    """A server's own ``fence`` argument is not replaced by the lease's (nor sent in ``_meta``)."""
+    async with MCPToolset([stdio_server(tmp_path)]) as toolset:
+        fenced = next(t for t in toolset.tools if t.name == "fenced")
+        assert "fence" in fenced.parameters["properties"]
+        assert (fenced.takes_fence, fenced.takes_lease_expiry) == (False, True)
+        answer = await fenced.call(
+            {"fence": "north"}, idempotency_key="k", fence=7, lease_expires_at=1.5
+        )
+    assert answer == {"result": "north"}
 
 
 async def test_a_failing_mcp_tool_is_recorded_as_a_typed_error(tmp_path: Path) -> None:

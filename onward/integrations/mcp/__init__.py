@@ -30,7 +30,9 @@ from .cache import (
     schema_digest,
 )
 from .servers import (
+    FENCE_META_KEY,
     IDEMPOTENCY_META_KEY,
+    LEASE_EXPIRY_META_KEY,
     HttpServer,
     ServerConfig,
     StdioServer,
@@ -40,7 +42,9 @@ from .toolset import MCPToolError, MCPToolset
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "FENCE_META_KEY",
     "IDEMPOTENCY_META_KEY",
+    "LEASE_EXPIRY_META_KEY",
     "HttpServer",
     "MCPSettings",
     "MCPToolError",

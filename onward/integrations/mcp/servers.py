@@ -38,6 +38,12 @@ TransportStreams = tuple[Any, Any]
 IDEMPOTENCY_META_KEY = "onward/idempotency-key"
 """The ``_meta`` key of every ``tools/call`` that carries the call's idempotency key."""
 
+FENCE_META_KEY = "onward/fence"
+"""The ``_meta`` key that carries the fencing token (an integer) the call was dispatched under."""
+
+LEASE_EXPIRY_META_KEY = "onward/lease-expires-at"
+"""The ``_meta`` key that carries when the call's lease lapses (seconds since the epoch)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ToolOptions:

@@ -14,14 +14,24 @@ from mcp import ClientSession, MCPError
 
 from onward._storage import Resource
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
-from onward.runtime.tools import Tool
+from onward.runtime.tools import FENCE_PARAMETER, LEASE_EXPIRY_PARAMETER, Tool
 
 from .cache import SchemaCache, ServerSchema
-from .servers import IDEMPOTENCY_META_KEY, Connection, ServerConfig, ToolOptions
+from .servers import (
+    FENCE_META_KEY,
+    IDEMPOTENCY_META_KEY,
+    LEASE_EXPIRY_META_KEY,
+    Connection,
+    ServerConfig,
+    ToolOptions,
+)
 
 _log = logging.getLogger("onward.integrations.mcp")
 
 _BROKEN = (types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
+
+_LEASE_META = {FENCE_PARAMETER: FENCE_META_KEY, LEASE_EXPIRY_PARAMETER: LEASE_EXPIRY_META_KEY}
+"""The keywords `Tool.call` passes for the call's lease, and their ``_meta`` keys."""
 
 
 class MCPToolError(OnwardError):
@@ -53,7 +63,14 @@ class MCPToolset(Resource):
     cached for that run, and builds ``toolset.tools``. Calls go through the same write-ahead
     dispatch, idempotency keys, approvals and redaction as any tool. Each call carries its
     idempotency key in the request's ``_meta`` under ``onward/idempotency-key`` (and as an
-    argument, for a server with ``key_argument``).
+    argument, for a server with ``key_argument``). Beside it, ``onward/fence`` carries the
+    fencing token of the lease the call was dispatched under (an integer that rises with every
+    claim of the run) and ``onward/lease-expires-at`` when that lease lapses (seconds since the
+    epoch, the lease store's clock). A server that remembers the highest fence it has seen for
+    a key and refuses a call with a lower one cannot be reached by a worker that was paused past
+    its lease and carried on afterwards. A tool whose input schema has an argument named
+    ``fence`` or ``lease_expires_at`` keeps it for the model: that value is not sent in
+    ``_meta``.
 
     A call whose connection breaks after the request was sent raises
     `BackendUnavailableError`, which the runner records as the call's error although the
@@ -264,9 +281,18 @@ class MCPToolset(Resource):
                 hints.get("readOnlyHint") is True or hints.get("idempotentHint") is True
             )
         connection = self.connections[server.name]
+        # An argument of the server's own with one of these names stays the model's: Onward's
+        # value would replace it in `Tool.call`.
+        declared = parameters.get("properties")
+        declared = declared if isinstance(declared, dict) else {}
 
         async def call(*, idempotency_key: str, **args: Any) -> Any:
-            return await self._call(connection, mcp_name, args, idempotency_key)
+            lease = {
+                meta: args.pop(name)
+                for name, meta in _LEASE_META.items()
+                if name not in declared and name in args
+            }
+            return await self._call(connection, mcp_name, args, idempotency_key, lease)
 
         return Tool(
             name=server.prefix + mcp_name,
@@ -276,9 +302,18 @@ class MCPToolset(Resource):
             retry_safe=retry_safe,
             reconcile=options.reconcile,
             requires_approval=options.requires_approval,
+            takes_fence=FENCE_PARAMETER not in declared,
+            takes_lease_expiry=LEASE_EXPIRY_PARAMETER not in declared,
         )
 
-    async def _call(self, connection: Connection, tool: str, args: dict[str, Any], key: str) -> Any:
+    async def _call(
+        self,
+        connection: Connection,
+        tool: str,
+        args: dict[str, Any],
+        key: str,
+        lease: Mapping[str, int | float | None],
+    ) -> Any:
         server = connection.server
         session, initialized, new = await connection.session()
         if new or connection.tools_changed:
@@ -289,7 +324,11 @@ class MCPToolset(Resource):
             params=types.CallToolRequestParams(
                 name=tool,
                 arguments=args,
-                _meta=cast(types.RequestParamsMeta, {IDEMPOTENCY_META_KEY: key}),
+                _meta=cast(
+                    types.RequestParamsMeta,
+                    {IDEMPOTENCY_META_KEY: key}
+                    | {meta: value for meta, value in lease.items() if value is not None},
+                ),
             )
         )
         try:

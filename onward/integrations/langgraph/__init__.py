@@ -20,6 +20,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from .saver import OnwardSaver
 from .thread import StoredWrite, ThreadState
-from .tools import OnwardToolMiddleware
+from .tools import OnwardToolMiddleware, current_fence, current_lease_expires_at
 
-__all__ = ["OnwardSaver", "OnwardToolMiddleware", "StoredWrite", "ThreadState"]
+__all__ = [
+    "OnwardSaver",
+    "OnwardToolMiddleware",
+    "StoredWrite",
+    "ThreadState",
+    "current_fence",
+    "current_lease_expires_at",
+]

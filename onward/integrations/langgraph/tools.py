@@ -24,6 +24,15 @@ idempotency key, ``onward.runtime.idempotency_key(thread_id, tool_call_id)``, is
 with its dispatch; a tool that talks to a service which deduplicates can compute and send it.
 Tool call ids must be unique within a thread, as every major model provider's are.
 
+While a tool runs, `current_fence` is the fencing token of the thread's lease its call was
+dispatched under (the ``fence`` of its `ToolDispatched`: it rises with every claim of the
+thread) and `current_lease_expires_at` when that lease lapses (seconds since the epoch, the
+lease store's clock), as an Onward tool's ``fence`` and ``lease_expires_at`` keywords are. A
+service that remembers the highest fence it has seen for a key and refuses a call with a lower
+one cannot be reached by a process that was paused past its lease and carried on afterwards.
+Both are context variables: they reach a sync tool run in a worker thread too, and are
+``None`` outside a call.
+
 What is recorded as a call's outcome: a `ToolMessage`'s content (an error message's as a
 `ToolError`), or, for any other return (a ``Command``, a message with an artifact), the value
 in the saver's serializer, so it comes back exactly as the tool returned it. Every event is
@@ -47,9 +56,10 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
-from onward.errors import InvalidInputError
+from onward.errors import FencedError, InvalidInputError
 from onward.eventlog import ToolCompleted, ToolDispatched, ToolError, ToolResolved
 from onward.projections.frontier import CallState
+from onward.runtime.leases import RunLease
 from onward.runtime.planning import PlannedCall, ToolDisposition, classify_call
 from onward.runtime.tools import idempotency_key, tool_error
 
@@ -70,6 +80,27 @@ _Recorded = tuple[type[ToolCompleted] | type[ToolResolved], dict[str, Any]]
 
 _ERROR_MESSAGE = "ToolMessage"
 """The error type recorded for a tool that answered with an error message."""
+
+_call_lease: contextvars.ContextVar[RunLease | None] = contextvars.ContextVar(
+    "onward_langgraph_call_lease", default=None
+)
+
+
+def current_fence() -> int | None:
+    """The fencing token the tool call running in this context was dispatched under, if one is.
+
+    A tool with side effects sends it with its idempotency key, so that a system which refuses
+    a lower fence than the highest it has seen for the key is safe from a paused process.
+    """
+    lease = _call_lease.get()
+    return None if lease is None else lease.fence
+
+
+def current_lease_expires_at() -> float | None:
+    """When the lease of the tool call running in this context lapses (seconds since the
+    epoch, the lease store's clock), if one is running: a call that would outlast it can stop."""
+    lease = _call_lease.get()
+    return None if lease is None else lease.expires_at
 
 
 class _Call(NamedTuple):
@@ -126,6 +157,15 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
             tool=call.tool,
             idempotency_key=call.key,
         )
+        # Confirmed by the dispatch's append: the fence that append carries.
+        lease = self.saver.lease(call.thread_id)
+        if lease is None:
+            raise FencedError(
+                f"thread {call.thread_id!r}: the lease was lost once {call.call_id!r} "
+                f"({call.tool}) was dispatched; the tool was not called",
+                run_id=call.thread_id,
+            )
+        token = _call_lease.set(lease)
         try:
             output = await handler(request)
         except BaseException as exc:
@@ -133,6 +173,8 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
             if outcome is not None:
                 await self.saver.arecord(call.thread_id, outcome[0], **outcome[1])
             raise
+        finally:
+            _call_lease.reset(token)
         await self.saver.arecord(call.thread_id, ToolCompleted, **self._outcome(call, output))
         return output
 
@@ -317,4 +359,10 @@ def _message(call: _Call, content: Any, *, status: str = "success") -> ToolMessa
     return ToolMessage(content=content, tool_call_id=call.call_id, name=call.tool, status=status)
 
 
-__all__ = ["DECISIONS", "QUESTION", "OnwardToolMiddleware"]
+__all__ = [
+    "DECISIONS",
+    "QUESTION",
+    "OnwardToolMiddleware",
+    "current_fence",
+    "current_lease_expires_at",
+]

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,9 +29,10 @@ from support.servers import KafkaServers
 
 from onward.errors import ResumeConflictError
 from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
-from onward.integrations.langgraph import OnwardSaver
+from onward.integrations.langgraph import OnwardSaver, current_fence, current_lease_expires_at
 from onward.integrations.langgraph.tools import QUESTION
 from onward.runtime import idempotency_key
+from onward.runtime.leases import LeasePolicy
 
 from .agents import (
     CALL_ID,
@@ -125,6 +127,58 @@ async def test_a_call_is_recorded_before_the_tool_runs_and_its_outcome_after(
     assert dispatched.idempotency_key == idempotency_key("t", CALL_ID)
     assert dispatched.tool == "book"
     assert ledger_lines(ledger) == [FLIGHT]
+
+
+async def _dispatched_fences(world: World, thread_id: str) -> list[int]:
+    return [
+        s.event.fence
+        for s in await world.log.read_run(thread_id)
+        if isinstance(s.event, ToolDispatched)
+    ]
+
+
+async def test_a_tool_reads_the_fence_and_lease_expiry_of_its_dispatch(
+    world: World, kind: GraphKind
+) -> None:
+    """The fence is the one recorded with the call's dispatch, so a service can fence on it."""
+    seen: list[tuple[int | None, float | None]] = []
+
+    def book(flight: str) -> str:
+        raise AssertionError("the async path runs")
+
+    async def book_async(flight: str) -> str:
+        seen.append((current_fence(), current_lease_expires_at()))
+        return f"booked {flight}"
+
+    async with world.saver() as saver:
+        async with saver.hold("t"):  # an earlier claim: the graph's is a higher fence
+            pass
+        before = time.time()
+        run = graph(kind, saver, model(asks_to_book(), _done()), as_book(book, book_async))
+        await run.ainvoke(START, thread_config("t"))
+    ((fence, expires),) = seen
+    assert await _dispatched_fences(world, "t") == [2]
+    assert fence == 2
+    ttl = LeasePolicy().ttl_s
+    assert expires is not None
+    assert before + ttl - 1 < expires < time.time() + ttl + 1
+    assert (current_fence(), current_lease_expires_at()) == (None, None)  # outside a call
+
+
+async def test_a_sync_tool_in_a_worker_thread_reads_the_fence(
+    world: World, kind: GraphKind
+) -> None:
+    seen: list[int | None] = []
+
+    def book(flight: str) -> str:
+        seen.append(current_fence())
+        return f"booked {flight}"
+
+    async with world.saver() as saver:
+        run = graph(kind, saver, model(asks_to_book(), _done()), as_book(book))
+        # LangGraph's sync API, in a thread of its own: the saver's loop is this one.
+        await asyncio.to_thread(run.invoke, START, thread_config("t"))
+    assert seen == await _dispatched_fences(world, "t") == [1]
 
 
 def _stuck_tool(ledger: Path, started: asyncio.Event) -> BaseTool:

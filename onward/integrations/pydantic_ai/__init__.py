@@ -19,7 +19,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from .capability import OnwardDurability
 from .driver import DurableRunResult, Pending
-from .journal import RecordedToolError, current_idempotency_key
+from .journal import (
+    RecordedToolError,
+    current_fence,
+    current_idempotency_key,
+    current_lease_expires_at,
+)
 from .waiter import OnwardWaiter
 
 __all__ = [
@@ -28,5 +33,7 @@ __all__ = [
     "OnwardWaiter",
     "Pending",
     "RecordedToolError",
+    "current_fence",
     "current_idempotency_key",
+    "current_lease_expires_at",
 ]

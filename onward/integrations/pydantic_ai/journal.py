@@ -45,6 +45,7 @@ from onward.eventlog import (
     TurnSettled,
     Usage,
 )
+from onward.runtime.leases import RunLease
 from onward.runtime.tools import idempotency_key, tool_error
 from onward.runtime.writer import HeldRun, RunWriter
 
@@ -58,6 +59,7 @@ _RESPONSE = pydantic.TypeAdapter(ModelResponse)
 
 _current: ContextVar[RunJournal | None] = ContextVar("onward_pydantic_ai_journal", default=None)
 _current_key: ContextVar[str | None] = ContextVar("onward_pydantic_ai_key", default=None)
+_current_lease: ContextVar[RunLease | None] = ContextVar("onward_pydantic_ai_lease", default=None)
 
 
 def current_journal() -> RunJournal | None:
@@ -72,6 +74,24 @@ def current_idempotency_key() -> str | None:
     it changes can tell a repeated call from a new one, the same on every attempt of the call.
     """
     return _current_key.get()
+
+
+def current_fence() -> int | None:
+    """The fencing token the tool call running in this task was dispatched under, if one is.
+
+    It rises with every claim of the run. A tool with side effects sends it with its key, so
+    that a system which refuses a lower fence than the highest it has seen for the key cannot
+    be reached by a worker that was paused past its lease and carried on afterwards.
+    """
+    lease = _current_lease.get()
+    return None if lease is None else lease.fence
+
+
+def current_lease_expires_at() -> float | None:
+    """When the lease of the tool call running in this task lapses (seconds since the epoch,
+    the lease store's clock), if one is running: a call that would outlast it can stop."""
+    lease = _current_lease.get()
+    return None if lease is None else lease.expires_at
 
 
 class RunSuspended(Exception):  # noqa: N818 - a control signal, not a failure
@@ -262,12 +282,14 @@ class RunJournal:
         # The last word before side effects: a holder paused past its ttl finds out here.
         await self.run.held.confirm()
         token = _current_key.set(key)
+        leased = _current_lease.set(self.run.held.lease)
         try:
             payload = await run()
         except Exception as exc:
             await self.append(self.event(ToolCompleted, call_id=call_id, error=tool_error(exc)))
             raise
         finally:
+            _current_lease.reset(leased)
             _current_key.reset(token)
         await self.append(self.event(ToolCompleted, call_id=call_id, result=payload))
         unit_completed(executed=True)
@@ -342,6 +364,8 @@ __all__ = [
     "RecordedToolError",
     "RunJournal",
     "RunSuspended",
+    "current_fence",
     "current_idempotency_key",
     "current_journal",
+    "current_lease_expires_at",
 ]

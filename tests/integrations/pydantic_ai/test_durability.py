@@ -6,6 +6,7 @@ crash left them and the run's lease is let go, so the test resumes at once.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,16 @@ from onward.eventlog import (
     kind_of,
 )
 from onward.eventlog.archive import DirectoryArchive
-from onward.integrations.pydantic_ai import DurableRunResult, OnwardDurability
+from onward.integrations.pydantic_ai import (
+    DurableRunResult,
+    OnwardDurability,
+    current_fence,
+    current_lease_expires_at,
+)
 from onward.projections.compaction import embedded_compaction
 from onward.runtime.blobs import DEFAULT_THRESHOLD, SqliteBlobStore
 from onward.runtime.compaction import CheckpointCompactor
+from onward.runtime.leases import LeasePolicy
 from onward.runtime.ledger import Ledger
 
 RUN = "r-1"
@@ -178,6 +185,29 @@ async def test_approving_a_lost_call_runs_it_again_with_the_same_key(
     assert first["key"] == second["key"]
     settled = [e for e in await events(stores) if isinstance(e, ToolResolved)]
     assert [(e.call_id, e.outcome, e.by) for e in settled] == [("b1", "never_ran", "alice")]
+
+
+async def test_each_attempt_of_a_call_reads_the_fence_it_was_dispatched_under(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """The attempt run again after a resume reads the resume's higher fence, as recorded."""
+    seen: list[tuple[int | None, float | None]] = []
+    script = Script(faults=Faults({"after_effect"}))
+    await crash(durability, booking_agent(durability, ledger, script, leases_seen=seen))
+    await durability.resume(booking_agent(durability, ledger, script, leases_seen=seen), RUN)
+    await durability.decide(RUN, DeferredToolResults(approvals={"b1": True}), by="alice")
+    before = time.time()
+    done = await durability.resume(booking_agent(durability, ledger, script, leases_seen=seen), RUN)
+
+    assert done.status == "completed"
+    dispatched = [e.fence for e in await events(stores) if isinstance(e, ToolDispatched)]
+    assert [fence for fence, _ in seen] == dispatched
+    assert dispatched[0] < dispatched[1]  # claimed again (resumes, the decision) in between
+    expires = seen[-1][1]
+    ttl = LeasePolicy().ttl_s
+    assert expires is not None
+    assert before + ttl - 1 < expires < time.time() + ttl + 1
+    assert (current_fence(), current_lease_expires_at()) == (None, None)  # outside a call
 
 
 async def test_denying_a_lost_call_tells_the_model_and_settles_it(

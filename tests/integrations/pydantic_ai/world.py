@@ -31,7 +31,12 @@ from pydantic_ai.tools import DeferredToolRequests
 from support.crash_world import CRASHED_LEASE
 from support.stores import Stores, kafka_stores, sqlite_stores
 
-from onward.integrations.pydantic_ai import OnwardDurability, current_idempotency_key
+from onward.integrations.pydantic_ai import (
+    OnwardDurability,
+    current_fence,
+    current_idempotency_key,
+    current_lease_expires_at,
+)
 from onward.runtime.ledger import Ledger
 
 TENANT = "acme"
@@ -87,8 +92,12 @@ def booking_agent(
     *,
     book_options: dict[str, Any] | None = None,
     requires_approval: bool = False,
+    leases_seen: list[tuple[int | None, float | None]] | None = None,
 ) -> Agent[None, str | DeferredToolRequests]:
-    """The agent under test: one tool with a side effect, the durability capability."""
+    """The agent under test: one tool with a side effect, the durability capability.
+
+    ``leases_seen`` gets the fence and lease expiry each call of the tool read.
+    """
     script = script or Script()
     model = FunctionModel(script.answer)
     agent: Agent[None, str | DeferredToolRequests] = Agent(
@@ -104,6 +113,8 @@ def booking_agent(
     )
     async def book(seat: str) -> str:
         """Book a seat."""
+        if leases_seen is not None:
+            leases_seen.append((current_fence(), current_lease_expires_at()))
         ledger.record("book", current_idempotency_key() or "", seat=seat)
         script.faults.reach("after_effect")
         return f"seat {seat} booked"

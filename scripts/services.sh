@@ -357,8 +357,12 @@ kafka_java() {  # run a class from the broker's classpath with its log config
 kafka_format() {
     [[ -f "$KDIR/data/meta.properties" ]] && return 0
     local uuid
-    # A cluster id is 16 random bytes in URL-safe base64 without padding.
-    uuid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+    # A cluster id is 16 random bytes in URL-safe base64 without padding. One that
+    # starts with '-' would be read by StorageTool as an option: draw again.
+    uuid=-
+    while [[ "$uuid" == -* ]]; do
+        uuid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+    done
     log "Kafka $KV: formatting storage (cluster id $uuid)"
     # Static quorum (controller.quorum.voters): plain `format` works for 3.9
     # and 4.x alike; 4.x would want --standalone only for a dynamic quorum.

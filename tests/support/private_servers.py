@@ -201,10 +201,11 @@ class PrivateKafka:
                 ]
             )
         )
-        cluster = uuid.uuid4().bytes
         import base64  # noqa: PLC0415
 
-        cluster_id = base64.urlsafe_b64encode(cluster).decode().rstrip("=")
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # StorageTool would read it as an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         formatted = subprocess.run(
             self._java(
                 "kafka.tools.StorageTool",

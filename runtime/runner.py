@@ -348,7 +348,7 @@ class AgentRunner(Resource):
                 continue
             await _after_deadline(run, call)
             await run.held.check()
-            answer = await tool.reconcile(call.idempotency_key)
+            answer = await tool.check_status(call.idempotency_key, fence=run.fence)
             if answer is None:
                 continue
             await self._record_reconciled(run, call, answer)
@@ -703,7 +703,7 @@ class AgentRunner(Resource):
         took = f"{call.tool} took longer than its max_call_s of {tool.max_call_s:g}s"
         if tool.retry_safe:
             return ToolError(type="DeadlineExceeded", message=f"{took}; it was cut off")
-        answer = await tool.reconcile(call.idempotency_key) if tool.reconcile else None
+        answer = await tool.check_status(call.idempotency_key, fence=run.fence)
         if answer is None:
             return call
         if answer.outcome == "never_ran":

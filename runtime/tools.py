@@ -19,9 +19,12 @@ effect; resume calls it once for an undecided call and records the answer.
 
 A tool may also take ``fence`` (the fencing token its call was dispatched under: it rises with
 every claim of the run) and ``lease_expires_at`` (when the lease it was called under lapses,
-seconds since the epoch, the lease store's clock). An external system that remembers the
-highest fence it has seen for a key and refuses a call with a lower one cannot be reached by a
-worker that was paused past its lease and carries on afterwards: the one rule no lease can
+seconds since the epoch, the lease store's clock), and its status check may take ``fence``
+too: the fence of the worker asking, which has taken the run over. An external system that
+remembers the highest fence it has seen for a key, from calls and from status checks alike,
+and refuses a call with a lower one cannot be reached by a worker that was paused past its
+lease and carries on afterwards: the status check raises the bar before it answers "never
+ran", so the late call is refused whichever arrives first. That is the one rule no lease can
 enforce from this side. ``max_call_s`` bounds a call: it starts only under a lease that lasts
 longer, is cut off at its deadline (recorded with the dispatch), and a status check is asked
 about it only once that deadline has passed.
@@ -59,8 +62,9 @@ class Reconciled:
     result: Any = None
 
 
-Reconcile = Callable[[str], Awaitable[Reconciled | None]]
-"""``reconcile(key)``: the tool's answer about the call with that key, or ``None`` if unknown."""
+Reconcile = Callable[..., Awaitable[Reconciled | None]]
+"""``reconcile(key)`` (or ``reconcile(key, *, fence)``): the tool's answer about the call with
+that key, or ``None`` if unknown; ``fence`` is the asking holder's (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,15 @@ class Tool:
             "reconciles": self.reconcile is not None,
             "requires_approval": self.requires_approval,
         } | ({"max_call_s": self.max_call_s} if self.max_call_s is not None else {})
+
+    async def check_status(self, key: str, *, fence: int) -> Reconciled | None:
+        """Ask the tool's status check about the call with ``key``, passing the asking
+        holder's ``fence`` when it takes one; ``None`` without a status check or an answer."""
+        if self.reconcile is None:
+            return None
+        if FENCE_PARAMETER in inspect.signature(self.reconcile).parameters:
+            return await self.reconcile(key, fence=fence)
+        return await self.reconcile(key)
 
     async def call(
         self,

@@ -66,7 +66,8 @@ def guarantee(tool: Tool | None) -> str:
         )
         return (
             "status-checked: takes effect once if its system refuses calls with an older fence "
-            f"or deduplicates on the idempotency key{bounded}"
+            "than it has seen, its status check's included, or deduplicates on the idempotency "
+            f"key{bounded}"
         )
     return "plain: never called again; a call nobody can decide waits for a person"
 
@@ -74,7 +75,8 @@ def guarantee(tool: Tool | None) -> str:
 GUARANTEES = (
     "what keeps a call from taking effect twice: a plain tool's call is never made again (one "
     "nobody can decide waits for a person); a status-checked tool's call once its system "
-    "refuses calls with an older fence or deduplicates on the idempotency key; a retry-safe "
+    "refuses calls with an older fence than it has seen (its status check's included) or "
+    "deduplicates on the idempotency key; a retry-safe "
     "tool's may be made again, harmlessly"
 )
 """`inspect`'s footnote when the agent's tools are not known."""

@@ -106,8 +106,11 @@ async def paused_then_resumed(
     *,
     checked: bool,
     bounded: bool = False,
+    late_first: bool = False,
 ) -> Story:
-    """The story of the module docstring."""
+    """The story of the module docstring. ``late_first``: the paused worker is continued
+    once the second worker has asked the status check and entered the tool, and its late
+    call reaches the system before the second worker's."""
     system = ExternalSystem(tmp_path / "system.json", behaviour)
     run_id = f"seat-{uuid.uuid4().hex[:8]}"
     config = {
@@ -126,11 +129,18 @@ async def paused_then_resumed(
         child.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         await asyncio.sleep(max(0.0, stopped_at + TTL_S + 0.5 - time.monotonic()))
-        agent = booking_agent(system, checked=checked, hold=False, bounded=bounded)
+        agent = booking_agent(
+            system, checked=checked, hold=False, bounded=bounded, second=late_first
+        )
         runner = backends.runner(booking_model(), worker="second", lease_policy=POLICY)
+        resuming = asyncio.create_task(runner.resume(agent, run_id, tenant=TENANT))
+        if late_first:
+            await until(lambda: len(system.read()["entered"]) > 1, "the second worker's call")
+            system.mark("go", True)
+            child.send_signal(signal.SIGCONT)
         resumed: Exception | str
         try:
-            resumed = (await runner.resume(agent, run_id, tenant=TENANT)).status
+            resumed = (await resuming).status
         except IndeterminateToolCallError as exc:
             resumed = exc
         system.mark("go", True)
@@ -155,6 +165,22 @@ async def test_a_status_checked_tool_whose_system_refuses_older_fences_takes_eff
     assert [e["fence"] for e in story.system.effects()] == [2]
     assert [r["fence"] for r in story.system.read()["refused"]] == [1]
     assert story.paused == {"error": "FencedError"}
+
+
+@pytest.mark.timeout(120)
+async def test_a_late_call_that_arrives_before_the_second_workers_is_refused_too(
+    tmp_path: Path, deployment: tuple[Settings, dict[str, str]], backends: Backends
+) -> None:
+    """The paused worker is continued between the second worker's status check and its call,
+    and its call under fence 1 reaches the system first: the status check, asked with fence
+    2, raised the system's bar for the key before it answered "never ran", so the late call
+    is refused and the second worker's is the one effect."""
+    story = await paused_then_resumed(
+        tmp_path, deployment[1], backends, "fences", checked=True, late_first=True
+    )
+    assert story.resumed == "completed"
+    assert [e["fence"] for e in story.system.effects()] == [2]
+    assert [r["fence"] for r in story.system.read()["refused"]] == [1]
 
 
 @pytest.mark.timeout(120)

@@ -8,7 +8,8 @@ it) with one of three behaviours a real service may have:
 * ``dedupe``: a second call with a key it has seen returns the first call's answer, no effect;
 * ``plain``: every call takes effect.
 
-Its status check (`status`) answers whether a call with a key took effect. The agent's ``book``
+Its status check (`status`) answers whether a call with a key took effect; a system that fences
+takes the asker's fence as the highest seen for the key before answering. The agent's ``book``
 tool marks ``entered`` in the file when it starts; with ``hold`` it then blocks the thread (no
 await: nothing in its process can stop it) until the file says ``go``, so the test can pause the
 process there and let it carry on later; with ``max_call_s`` it awaits ``ASYNC_WAIT_S`` first,
@@ -90,7 +91,7 @@ class ExternalSystem:
         self, state: dict[str, Any], key: str, fence: int | None, seat: str, refused: bool
     ) -> str:
         if refused:
-            state["refused"].append({"key": key, "fence": fence})
+            state["refused"].append({"key": key, "fence": fence, "pid": os.getpid()})
             return ""
         if self.behaviour == "fences":
             state["fences"][key] = fence
@@ -102,23 +103,31 @@ class ExternalSystem:
         state["effects"].append({"key": key, "fence": fence, "pid": os.getpid(), "answer": answer})
         return answer
 
-    def status(self, key: str) -> Reconciled:
+    def status(self, key: str, fence: int | None = None) -> Reconciled:
+        """Whether a call with ``key`` took effect. A system that fences takes the asker's
+        ``fence`` as the highest seen for the key before it answers, so a call with an older
+        one that arrives afterwards is refused."""
         with self._state() as state:
             for effect in state["effects"]:
                 if effect["key"] == key:
                     return Reconciled("completed", effect["answer"])
-            # Asked about a call: a system that fences remembers it cannot take an older one.
+            if self.behaviour == "fences" and fence is not None:
+                state["fences"][key] = max(fence, state["fences"].get(key, 0))
             return Reconciled("never_ran")
 
     def effects(self) -> list[dict[str, Any]]:
         return list(self.read()["effects"])
 
 
-def booking_tool(system: ExternalSystem, *, checked: bool, hold: bool, bounded: bool) -> Tool:
-    """The ``book`` tool: status-checked or plain, holding at ``go`` or awaiting first."""
+def booking_tool(
+    system: ExternalSystem, *, checked: bool, hold: bool, bounded: bool, second: bool = False
+) -> Tool:
+    """The ``book`` tool: status-checked or plain, holding at ``go`` or awaiting first;
+    ``second``: its call reaches the system only after another process's call did (the
+    paused worker's late call arrives first)."""
 
-    async def status(key: str) -> Reconciled:
-        return system.status(key)
+    async def status(key: str, *, fence: int) -> Reconciled:
+        return system.status(key, fence)
 
     async def book(seat: str, *, idempotency_key: str, fence: int) -> str:
         system.mark("entered", {"pid": os.getpid(), "fence": fence})
@@ -128,6 +137,8 @@ def booking_tool(system: ExternalSystem, *, checked: bool, hold: bool, bounded: 
                 time.sleep(0.01)  # noqa: ASYNC251
         if bounded:
             await asyncio.sleep(ASYNC_WAIT_S)
+        while second and not _reached_by_another(system.read()):  # noqa: ASYNC110 - another process's file
+            await asyncio.sleep(0.01)
         return system.book(idempotency_key, fence, seat)
 
     return tool(reconcile=status if checked else None, max_call_s=MAX_CALL_S if bounded else None)(
@@ -135,11 +146,18 @@ def booking_tool(system: ExternalSystem, *, checked: bool, hold: bool, bounded: 
     )
 
 
-def booking_agent(system: ExternalSystem, *, checked: bool, hold: bool, bounded: bool) -> Agent:
+def _reached_by_another(state: dict[str, Any]) -> bool:
+    """Whether a call from another process reached the system (took effect or was refused)."""
+    return any(e["pid"] != os.getpid() for e in [*state["effects"], *state["refused"]])
+
+
+def booking_agent(
+    system: ExternalSystem, *, checked: bool, hold: bool, bounded: bool, second: bool = False
+) -> Agent:
     return Agent(
         name="booker",
         instructions="book the seat",
-        tools=[booking_tool(system, checked=checked, hold=hold, bounded=bounded)],
+        tools=[booking_tool(system, checked=checked, hold=hold, bounded=bounded, second=second)],
     )
 
 

@@ -1,0 +1,71 @@
+"""Agents for the fleet test with random pauses and kills, named by `onward worker --agent`.
+
+Both agents' tools call an `ExternalSystem` (a JSON file under ``FLEET_SYSTEMS`` with a lock,
+shared by every worker process) that records each effect with its idempotency key and fence,
+so an effect taken twice shows as two entries under one key:
+
+* ``booker``: ``book`` has a status check, asked with the asking worker's fence, and its
+  system (``bookings``) refuses a fence older than one it has seen for the key, from a call or
+  a status check;
+* ``charger``: ``charge`` is plain, and so is its system (``charges``): every call takes effect.
+
+Each call waits ``FLEET_TOOL_S`` on its way to the system and again on its way back, so a worker
+stopped mid-call may be stopped before or after the effect. The system is called in a thread:
+a worker stopped while holding the file's lock stalls the others' calls, not their event loops
+(their leases are renewed meanwhile). The model is `support.fleet`'s: ``FLEET_STEPS`` calls,
+one a turn, then an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from onward.runtime.agent import Agent
+from onward.runtime.tools import Reconciled, Tool, tool
+from support.fleet import TOOL_S, provider
+from support.paused_world import Behaviour, ExternalSystem
+
+__all__ = ["BOOKINGS", "CHARGES", "agents", "provider", "system"]
+
+BOOKINGS = "bookings"
+CHARGES = "charges"
+_BEHAVIOURS: dict[str, Behaviour] = {BOOKINGS: "fences", CHARGES: "plain"}
+
+
+def system(name: str, directory: Path | None = None) -> ExternalSystem:
+    """The external system ``name`` (`BOOKINGS` or `CHARGES`) in ``directory`` (by default
+    ``FLEET_SYSTEMS``)."""
+    where = directory if directory is not None else Path(os.environ["FLEET_SYSTEMS"])
+    return ExternalSystem(where / f"{name}.json", _BEHAVIOURS[name])
+
+
+async def _booked(key: str, *, fence: int) -> Reconciled:
+    return await asyncio.to_thread(system(BOOKINGS).status, key, fence)
+
+
+def _tools() -> tuple[Tool, Tool]:
+    @tool(reconcile=_booked)
+    async def book(n: int, *, idempotency_key: str, fence: int) -> str:
+        await asyncio.sleep(TOOL_S)
+        answer = await asyncio.to_thread(system(BOOKINGS).book, idempotency_key, fence, str(n))
+        await asyncio.sleep(TOOL_S)
+        return answer
+
+    @tool
+    async def charge(n: int, *, idempotency_key: str, fence: int) -> str:
+        await asyncio.sleep(TOOL_S)
+        answer = await asyncio.to_thread(system(CHARGES).book, idempotency_key, fence, str(n))
+        await asyncio.sleep(TOOL_S)
+        return answer
+
+    return book, charge
+
+
+_book, _charge = _tools()
+
+agents: dict[str, Agent] = {
+    "booker": Agent(name="booker", instructions="book, step by step", tools=[_book]),
+    "charger": Agent(name="charger", instructions="charge, step by step", tools=[_charge]),
+}

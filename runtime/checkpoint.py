@@ -21,11 +21,15 @@ from onward._storage import SqliteStore
 from onward.errors import OnwardError
 from onward.eventlog.base import EventLog, Position
 from onward.eventlog.events import (
+    ApprovalDenied,
+    ApprovalGranted,
     ApprovalRequested,
     Event,
     ModelAnswered,
     RunContinued,
     RunFinished,
+    Tagged,
+    ToolResolved,
     TurnSettled,
 )
 from onward.projections.base import DEFAULT_MAX_BYTES, FrontierStore
@@ -33,6 +37,17 @@ from onward.projections.log_projector import LogProjector
 from onward.projections.projector import FrontierProjection
 
 log = logging.getLogger("onward.checkpoint")
+
+_ALWAYS_FOLDED = (
+    RunFinished,
+    RunContinued,
+    ApprovalGranted,
+    ApprovalDenied,
+    ToolResolved,
+    Tagged,
+)
+"""Events folded into the row as soon as they are appended: the run's end, and a person's word
+(from `onward approve`, `deny`, `resolve` or `tag` in another process, often)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +65,11 @@ class CheckpointPolicy:
     before_approval: bool = True
 
     def wants(self, events: Sequence[Event]) -> bool:
-        """Whether a batch ends at a boundary this policy checkpoints (or ends the run)."""
+        """Whether a batch ends at a boundary this policy checkpoints, ends the run, or is a
+        person's word (an answer, a settled call, a tag): what a worker and `list_pending`
+        read from the row must show it at once, whatever the policy."""
         for event in events:
-            if isinstance(event, RunFinished | RunContinued):
+            if isinstance(event, _ALWAYS_FOLDED):
                 return True
             if isinstance(event, ModelAnswered) and self.after_model_call:
                 return True

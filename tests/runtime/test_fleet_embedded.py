@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import cli_agent
 from support.fleet import agents, script
 from typer.testing import CliRunner
 
@@ -290,3 +291,52 @@ def test_a_store_that_cannot_be_reached_exits_5_in_one_line() -> None:
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     # The command ran in this process: it leaves its signal handlers as it found them.
     assert [signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)] == handlers
+
+
+@pytest.mark.timeout(90)
+async def test_a_run_approved_with_the_cli_is_carried_on_by_a_running_embedded_worker(
+    tmp_path: Path,
+) -> None:
+    """`onward approve` in one process, `onward worker` in another, one SQLite file: the
+    answer is folded into the run's row at once, so `list_pending` no longer shows it waiting
+    and the worker, which finds runs by their rows, carries it on to the end."""
+    path = tmp_path / "fleet.db"
+    async with open_backends(_settings(path)) as backends:
+        runner = backends.runner(cli_agent.paying_model())
+        waiting = await runner.run(cli_agent.payer(), "go", tenant=TENANT, run_id="pay-1")
+        assert waiting.status == "waiting"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(path),
+        "ONWARD_PARTITIONS": "4",
+    }
+    argv = ["-m", "onward", "worker", "--agent", "support.cli_agent:payer"]
+    argv += ["--provider", "support.cli_agent:paying_model", "--recheck", "0.3"]
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        assert worker.stderr is not None
+        assert b"ready" in await asyncio.wait_for(worker.stderr.readline(), 60)
+        approve = ["-m", "onward", "approve", "pay-1", "p", "--tenant", TENANT, "--by", "ann"]
+        approved = await asyncio.create_subprocess_exec(
+            sys.executable, *approve, env=env, stderr=asyncio.subprocess.PIPE
+        )
+        _, said = await asyncio.wait_for(approved.communicate(), 60)
+        assert approved.returncode == 0, said
+        async with open_backends(_settings(path)) as backends:
+            manager = ExecutionManager(backends.frontiers, backends.leases)
+            pending = await manager.list_pending(tenant=TENANT)
+            assert [p.attention for p in pending] in ([], ["interrupted"], ["held"])
+            status = None
+            for _ in range(300):
+                row = await backends.frontiers.get("pay-1")
+                status = row.summary.status if row is not None else None
+                if status == "completed":
+                    break
+                await asyncio.sleep(0.1)
+            assert status == "completed"
+    finally:
+        await _stop([worker])

@@ -16,6 +16,7 @@ Each error says what happened, to which run where one is involved, and what to d
     ├── FencedError                 a write from a superseded fence
     ├── HistoryUnavailableError     a transcript handle no longer resolves
     ├── NothingToResumeError        no run under that id
+    ├── RunTimeoutError             a stream saw nothing new for its caller's timeout=
     └── BackendError                the log or a store failed (driver error attached as __cause__)
         ├── BackendUnavailableError the server could not be reached or timed out; retry later
         ├── ProducerFatalError      the Kafka producer's session is unusable; it has been replaced
@@ -125,6 +126,11 @@ class NothingToResumeError(OnwardError):
     """No run exists under the given id."""
 
 
+class RunTimeoutError(OnwardError, TimeoutError):
+    """A stream of a run saw nothing new for as long as its caller allowed (``timeout=``); the
+    message says who holds the run and until when, if anyone does. The run itself goes on."""
+
+
 class BackendError(OnwardError):
     """The log or a store failed. The driver's exception is attached as ``__cause__``."""
 
@@ -169,5 +175,6 @@ __all__ = [
     "ProducerFatalError",
     "ResumeConflictError",
     "RevisionMismatchError",
+    "RunTimeoutError",
     "SchemaMismatchError",
 ]

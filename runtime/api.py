@@ -36,9 +36,14 @@ def open_app(
     return App(settings, agents=agents, provider=provider, **options)
 
 
-def query(prompt: Any, options: Options | Mapping[str, Any] | None = None) -> RunStream:
+def query(
+    prompt: Any,
+    options: Options | Mapping[str, Any] | None = None,
+    *,
+    timeout: float | None = None,
+) -> RunStream:
     """`App.query` on the open app."""
-    return current_app().query(prompt, options)
+    return current_app().query(prompt, options, timeout=timeout)
 
 
 def resume(run_id: str, resume_value: Any = None, **options: Any) -> RunStream:
@@ -82,12 +87,18 @@ def query_sync(
     settings: Settings | None = None,
     agents: Agent | Sequence[Agent] | Mapping[str, Agent] | None = None,
     provider: Provider | None = None,
+    timeout: float | None = None,
 ) -> RunMessage | None:
-    """For scripts: start a run and return its last message once it ends or waits on a
-    person. Opens its own app and closes it before returning (see `resume_sync`)."""
+    """For scripts: start a run and return its last message once it ends, waits on a person
+    or needs one to settle a call (a ``needs_person`` message). Opens its own app and closes
+    it before returning (see `resume_sync`).
+
+    Raises:
+        RunTimeoutError: Nothing new for ``timeout`` seconds.
+    """
 
     async def work(app: App) -> list[RunMessage]:
-        return await app.query(prompt, options, follow_waits=False).collect()
+        return await app.query(prompt, options, follow_waits=False, timeout=timeout).collect()
 
     return _sync(work, settings, agents, provider)
 

@@ -216,10 +216,12 @@ class App(Resource):
         options: Options | Mapping[str, Any] | None = None,
         *,
         follow_waits: bool = True,
+        timeout: float | None = None,
     ) -> RunStream:
         """Start a run with ``prompt`` as its input; the stream yields its messages.
 
-        The run starts when the stream is first read. ``follow_waits``: as for `resume`.
+        The run starts when the stream is first read. ``follow_waits`` and ``timeout``: as
+        for `resume`.
 
         Raises:
             InvalidInputError: Bad options, or an agent this app does not know (in process);
@@ -245,7 +247,9 @@ class App(Resource):
             )
             await self._submit(start)
 
-        return RunStream(self, run_id, chosen.tenant, begin, follow_waits=follow_waits)
+        return RunStream(
+            self, run_id, chosen.tenant, begin, follow_waits=follow_waits, timeout=timeout
+        )
 
     def resume(
         self,
@@ -257,6 +261,7 @@ class App(Resource):
         approve: bool = True,
         by: str = "app",
         follow_waits: bool = True,
+        timeout: float | None = None,
     ) -> RunStream:
         """Follow a run again: its messages after ``after`` (a seq, or a message's position;
         0: from the start), then what comes.
@@ -269,6 +274,11 @@ class App(Resource):
             tenant: The run's tenant; the app's (``tenant=`` of `App`) when not given.
             follow_waits: False ends the stream once it has caught up with a run that waits
                 on a person (what a script that cannot wait wants).
+            timeout: Seconds the stream may see nothing new before it raises
+                `RunTimeoutError` (saying who holds the run, and until when); ``None``: no
+                bound. Whatever the bound, a stream ends with a ``needs_person`` message once a
+                worker left the run for a person to settle a call, and says once (log
+                ``onward.app``) who holds the run while it waits on another process.
 
         Raises:
             NothingToResumeError: No such run for that tenant (another tenant's run is no
@@ -287,7 +297,15 @@ class App(Resource):
             elif await self._interrupted(frontier):
                 await self._submit(ResumeRun(run_id=run_id, tenant=frontier.tenant))
 
-        return RunStream(self, run_id, owner, begin, after=start_after, follow_waits=follow_waits)
+        return RunStream(
+            self,
+            run_id,
+            owner,
+            begin,
+            after=start_after,
+            follow_waits=follow_waits,
+            timeout=timeout,
+        )
 
     async def get_session_state(
         self, run_id: str, *, tenant: str | None = None

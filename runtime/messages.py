@@ -12,7 +12,9 @@ the last position it saw and get every later message once.
 * `TurnSettled`: ``checkpoint`` (``after_tool_result``);
 * `ApprovalRequested`: ``checkpoint`` (``before_approval``), then ``approval_request``; for a
   collaborative pause, one ``checkpoint`` that waits for an answer;
-* `RunFinished`: ``result`` when completed, else ``error``; `RunContinued`: ``result``.
+* `RunFinished`: ``result`` when completed, else ``error``; `RunContinued`: ``result``;
+* `Tagged` ``needs-person``, while a call it names is still undecided: ``needs_person`` (the
+  calls nobody can decide, and the command that settles each), once the reader has caught up.
 
 Checkpoint messages come only for the boundaries the run's checkpoint policy picks.
 """
@@ -31,7 +33,9 @@ from onward.eventlog.events import (
     RunContinued,
     RunFinished,
     RunStarted,
+    Tagged,
     ToolCompleted,
+    ToolDispatched,
     ToolResolved,
     TurnSettled,
 )
@@ -39,7 +43,11 @@ from onward.eventlog.parts import TextPart, parts_of
 from onward.projections.frontier import BOUNDARIES, Boundary, run_options
 from onward.projections.transcript import as_text, checkpoint_of
 
-MessageType = Literal["text", "checkpoint", "approval_request", "progress", "result", "error"]
+from .manager import NEEDS_PERSON
+
+MessageType = Literal[
+    "text", "checkpoint", "approval_request", "progress", "result", "error", "needs_person"
+]
 
 
 class Answers(Protocol):
@@ -69,8 +77,9 @@ class RunMessage:
     """One message of a run's stream.
 
     Attributes:
-        type: ``text``, ``checkpoint``, ``approval_request``, ``progress``, ``result`` or
-            ``error``.
+        type: ``text``, ``checkpoint``, ``approval_request``, ``progress``, ``result``,
+            ``error``, or ``needs_person`` (a call nobody can decide waits for a person to
+            settle it: ``content`` names each and the command that settles it).
         seq: The seq of the event it came from; with ``part``, its `position`.
         content: Text: what the model said; approval request: what is asked; result: the
             output as text; error: why the run ended.
@@ -167,10 +176,14 @@ class MessageMapper:
         self._max_iterations: int | None = None
         self.iteration = 0
         self.tools_done = 0
+        self._open_calls: dict[str, str] = {}
+        self._left_for_person: Tagged | None = None
+        """The run's latest ``needs-person`` tag while a call is still undecided."""
 
     def messages(self, event: Event) -> list[RunMessage]:
         """The messages of one more counted event."""
         out: list[dict[str, Any]] = []
+        self._follow_calls(event)
         if isinstance(event, RunStarted):
             self._started(event)
         elif isinstance(event, ModelAnswered):
@@ -201,6 +214,45 @@ class MessageMapper:
             RunMessage(part=part, answers=self._answers, **where, **done, **fields)
             for part, fields in enumerate(out)
         ]
+
+    def _follow_calls(self, event: Event) -> None:
+        """Keep the calls dispatched without an outcome, and whether a worker left the run
+        for a person over them."""
+        if isinstance(event, ToolDispatched):
+            self._open_calls[event.call_id] = event.tool
+        elif isinstance(event, ToolCompleted | ToolResolved):
+            self._open_calls.pop(event.call_id, None)
+        elif isinstance(event, TurnSettled | RunFinished | RunContinued):
+            self._open_calls.clear()
+        elif isinstance(event, Tagged) and event.label.startswith(NEEDS_PERSON):
+            self._left_for_person = event
+        if not self._open_calls:
+            self._left_for_person = None
+
+    def left_for_person(self) -> RunMessage | None:
+        """A ``needs_person`` message if, as of the events read so far, a worker left the run
+        for a person over calls still undecided; ``None`` otherwise."""
+        tag = self._left_for_person
+        if tag is None:
+            return None
+        settle = [
+            f"{call_id} ({tool}): onward resolve {tag.run_id} {call_id} --tenant {tag.tenant} "
+            "--outcome completed|never_ran --by NAME --why REASON"
+            for call_id, tool in self._open_calls.items()
+        ]
+        return RunMessage(
+            type="needs_person",
+            run_id=tag.run_id,
+            tenant=tag.tenant,
+            seq=tag.seq,
+            status="needs_person",
+            content="a worker cannot tell whether these calls took effect; find out, then "
+            "settle each: " + "; ".join(settle),
+            metadata={"calls": dict(self._open_calls)},
+            iteration=self.iteration,
+            tools_done=self.tools_done,
+            answers=self._answers,
+        )
 
     def _started(self, event: RunStarted) -> None:
         _, self._pause_at, self._max_iterations = run_options(event.options)

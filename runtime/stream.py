@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from onward.errors import InvalidInputError
+from onward.errors import InvalidInputError, RunTimeoutError
 from onward.eventlog.base import SequenceGuard
 from onward.eventlog.events import (
     ApprovalDenied,
@@ -28,6 +30,8 @@ from onward.eventlog.events import (
 )
 
 from .messages import MessageMapper, RunMessage
+
+_log = logging.getLogger("onward.app")
 
 if TYPE_CHECKING:
     from .app import App
@@ -52,6 +56,7 @@ class RunStream:
         *,
         after: Position = (0, -1),
         follow_waits: bool = True,
+        timeout: float | None = None,
     ) -> None:
         self.app = app
         self.run_id = run_id
@@ -67,6 +72,8 @@ class RunStream:
         self._buffer: collections.deque[RunMessage] = collections.deque()
         self._ended = False
         self._waiting_on: str | None = None
+        self._timeout = timeout
+        self._said_held = False
         self.answered: set[str] = set()
         """Requests this stream's opener answered (maybe not in the log yet): not waits."""
 
@@ -87,15 +94,21 @@ class RunStream:
             begin, self._begin = self._begin, None
             await begin(self)
         quiet = 0
+        since = time.monotonic()
         while not self._buffer:
             if self._ended:
                 raise StopAsyncIteration
             if await self._read():
-                quiet = 0
+                quiet, since = 0, time.monotonic()
+                continue
+            if self._caught_up_with_a_person_needed():
                 continue
             if self._waiting_on not in (None, *self.answered) and not self._follow_waits:
                 raise StopAsyncIteration
+            if self._timeout is not None and time.monotonic() - since >= self._timeout:
+                raise RunTimeoutError(await self._stalled(self._timeout), run_id=self.run_id)
             await self.app.quiet(self)
+            await self._say_who_holds()
             await asyncio.sleep(self.app.poll_s * min(10, 2**quiet))
             quiet += 1
         message = self._buffer.popleft()
@@ -121,6 +134,43 @@ class RunStream:
             self._track(event)
             self._buffer.extend(m for m in self._mapper.messages(event) if m.position > self._after)
         return True
+
+    def _caught_up_with_a_person_needed(self) -> bool:
+        """Caught up, and a worker left the run for a person over calls still undecided: the
+        stream ends with a ``needs_person`` message (nothing else would come)."""
+        message = self._mapper.left_for_person()
+        if message is None:
+            return False
+        if message.position > self._after:
+            self._buffer.append(message)
+        self._ended = True  # given before, to this reader or an earlier one: nothing comes
+        return True
+
+    async def _say_who_holds(self) -> None:
+        """Once, while the stream waits and another process holds the run: who, and until
+        when (a holder that died keeps it until then)."""
+        if self._said_held or self._waiting_on is not None:
+            return
+        lease = await self.app.backends.leases.current(self.run_id)
+        if lease is None or lease.tenant != self.tenant:
+            return
+        self._said_held = True
+        until = datetime.fromtimestamp(lease.expires_at, UTC).isoformat(timespec="seconds")
+        _log.info(
+            "run %s: waiting; held by %s under fence %s until %s unless renewed",
+            self.run_id,
+            lease.holder,
+            lease.fence,
+            until,
+        )
+
+    async def _stalled(self, waited: float) -> str:
+        lease = await self.app.backends.leases.current(self.run_id)
+        held = ""
+        if lease is not None and lease.tenant == self.tenant:
+            until = datetime.fromtimestamp(lease.expires_at, UTC).isoformat(timespec="seconds")
+            held = f"; held by {lease.holder} under fence {lease.fence} until {until}"
+        return f"run {self.run_id!r}: nothing new for {waited:g}s{held}"
 
     def _track(self, event: Event) -> None:
         if isinstance(event, ApprovalRequested):

@@ -6,10 +6,18 @@ A bad value is a `ConfigurationError` naming the variable at start, not a failur
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onward._storage import BACKEND_TIMEOUT_S, masked_url
@@ -41,6 +49,37 @@ def _port_problem(url: str) -> str | None:
     return None
 
 
+def _postgres_problem(url: str) -> str | None:
+    """Why ``url`` cannot name the PostgreSQL database, or None."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return f"{masked_url(url)} must start with postgresql://"
+    return _port_problem(url)
+
+
+def _one_line(exc: ValidationError) -> str:
+    """Every problem of ``exc`` in one line, each naming its environment variable and field.
+
+    pydantic names a problem by what it was given: the variable (``ONWARD_BACKEND``) when it
+    came from the environment, the field (``backend``) when from Python; both are named, so the
+    line is the same whichever way the value came.
+    """
+    aliases = {
+        name: str(field.validation_alias)
+        for name, field in Settings.model_fields.items()
+        if field.validation_alias
+    }
+    fields = {alias: name for name, alias in aliases.items()}
+    problems = []
+    for problem in exc.errors():
+        where = ".".join(str(part) for part in problem["loc"])
+        field = fields.get(where, where)
+        if field in aliases:
+            where = f"{aliases[field]} ({field})"
+        message = str(problem["msg"]).removeprefix("Value error, ")
+        problems.append(f"{where or 'settings'}: {message}")
+    return "invalid configuration: " + "; ".join(problems)
+
+
 class Settings(BaseSettings):
     """Where Onward's log and stores live.
 
@@ -50,7 +89,9 @@ class Settings(BaseSettings):
         kafka_topic: The events topic.
         partitions: Partition count of the events topic (fixed once created).
         database_url: PostgreSQL URL for frontiers and projector positions; its password is
-            never shown (`SecretUrl`): `require_database_url` gives the URL itself.
+            never shown (`SecretUrl`): `require_database_url` gives the URL itself. Checked
+            only with the ``kafka`` backend, which uses it: a ``DATABASE_URL`` of another
+            program (``sqlite:///app.db``) does not stop the embedded backend.
         database_schema: PostgreSQL schema holding Onward's tables (default: the search path).
         redis_url: Redis URL for leases and caches, shown without its password as
             ``database_url`` is (`require_redis_url`); an empty ``REDIS_URL`` is no Redis.
@@ -76,6 +117,10 @@ class Settings(BaseSettings):
         accept_unsigned_requests: Workers act on requests without a signature
             (``ONWARD_ACCEPT_UNSIGNED_REQUESTS``): anyone who can write the requests topic
             may then start, answer and tag any tenant's runs.
+
+    Raises:
+        ConfigurationError: A value is unusable, built from Python or read from the
+            environment alike; the message is the one line the command line prints.
     """
 
     model_config = SettingsConfigDict(
@@ -113,17 +158,25 @@ class Settings(BaseSettings):
     )
     redact_keys: str = Field(default="", validation_alias="ONWARD_REDACT_KEYS")
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _configuration_error(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """Every way of building settings fails with Onward's own error, never pydantic's."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise ConfigurationError(_one_line(exc)) from exc
+
     @field_validator("database_url")
     @classmethod
-    def _postgres_url(cls, value: SecretUrl | None) -> SecretUrl | None:
-        if value is None:
-            return None
-        url = value.get_secret_value()
-        if not url.startswith(("postgresql://", "postgres://")):
-            raise ValueError(f"{masked_url(url)} must start with postgresql://")
-        problem = _port_problem(url)
+    def _postgres_url(cls, value: SecretUrl | None, info: ValidationInfo) -> SecretUrl | None:
+        # Only the kafka backend uses it; a web developer's DATABASE_URL=sqlite:///app.db
+        # must not stop the embedded one (`require_database_url` checks it on use).
+        if value is None or info.data.get("backend") != "kafka":
+            return value
+        problem = _postgres_problem(value.get_secret_value())
         if problem:
-            raise ValueError(problem)
+            raise ValueError(f"{problem} (the kafka backend keeps its stores in PostgreSQL)")
         return value
 
     @field_validator("redis_url")
@@ -160,7 +213,11 @@ class Settings(BaseSettings):
         which variable to set."""
         if not self.database_url:
             raise ConfigurationError("DATABASE_URL is not set; it must name a PostgreSQL database")
-        return self.database_url.get_secret_value()
+        url = self.database_url.get_secret_value()
+        problem = _postgres_problem(url)
+        if problem:
+            raise ConfigurationError(f"DATABASE_URL: {problem}")
+        return url
 
     def require_redis_url(self) -> str:
         """The Redis URL, password included (for the client only), or a clear error saying
@@ -171,11 +228,9 @@ class Settings(BaseSettings):
 
 
 def load_settings() -> Settings:
-    """Read the environment, turning validation failures into `ConfigurationError`."""
-    try:
-        return Settings()
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ConfigurationError(f"invalid configuration: {problems}") from exc
+    """Read the environment.
+
+    Raises:
+        ConfigurationError: A value is unusable (`Settings` says which, in one line).
+    """
+    return Settings()

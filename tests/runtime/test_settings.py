@@ -1,0 +1,46 @@
+"""Settings check only what the chosen backend uses, and fail from Python with the one line the
+command line prints."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from onward import Settings
+from onward.errors import ConfigurationError
+from onward.runtime.cli import app
+
+
+def test_a_bad_value_given_in_python_is_a_configuration_error_in_one_line() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Settings(backend="bogus")  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        "invalid configuration: ONWARD_BACKEND (backend): Input should be 'kafka', 'sqlite' "
+        "or 'memory'"
+    )
+
+
+def test_python_and_the_command_line_say_the_same_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONWARD_PARTITIONS", "0")
+    with pytest.raises(ConfigurationError) as caught:
+        Settings()
+    result = CliRunner().invoke(app, ["inspect", "run-1", "--tenant", "acme"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"ConfigurationError: {caught.value}"
+    assert "ONWARD_PARTITIONS" in result.stderr
+
+
+def test_a_sqlite_database_url_does_not_stop_the_embedded_backend() -> None:
+    settings = Settings(backend="sqlite", database_url="sqlite:///app.db")  # type: ignore[arg-type]
+    assert settings.backend == "sqlite"
+
+
+def test_the_kafka_backend_refuses_a_database_url_that_is_not_postgresql() -> None:
+    with pytest.raises(ConfigurationError, match=r"DATABASE_URL \(database_url\): sqlite:///"):
+        Settings(backend="kafka", database_url="sqlite:///app.db")  # type: ignore[arg-type]
+
+
+def test_using_a_database_url_that_is_not_postgresql_names_it() -> None:
+    settings = Settings(backend="sqlite", database_url="sqlite:///app.db")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"DATABASE_URL: sqlite:///app\.db must start"):
+        settings.require_database_url()

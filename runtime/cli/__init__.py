@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
 from . import compact, db, demo, gc, projections, quarantine, runs, schema, worker
-from ._common import EXIT_USAGE, boundary, error
+from ._common import EXIT_OK, EXIT_USAGE, boundary, error
 
 
 class _Root(TyperGroup):
@@ -91,8 +92,26 @@ _add(app, "schema", schema.schema_command)
 _add(app, "demo", demo.demo_command)
 
 
+def _version(shown: bool) -> None:
+    """``--version``: print the installed version and stop, before any command is looked at."""
+    if shown:
+        try:
+            installed = version("onward")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            installed = "unknown (not installed)"
+        typer.echo(f"onward {installed}")
+        raise typer.Exit(EXIT_OK)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     """Onward: an event-sourced durable runtime for agent runs."""
 
 

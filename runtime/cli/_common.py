@@ -3,7 +3,9 @@
 Every command runs inside `boundary`, which turns whatever stopped it into one line on standard
 error and the documented exit code; no traceback reaches the person at the terminal. Driver
 exceptions that still reach the command line unconverted are translated here with
-`onward.errors.translate`, so they are reported like every other store failure.
+`onward.errors.translate`, so they are reported like every other store failure. Standard
+output closed by its reader (``onward replay RUN --json | head -1``) is a normal end, exit 0:
+results are written through `out` and `echo`, which tell that apart from a server's socket.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import pkgutil
 import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import IO, Annotated, Any, ParamSpec, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -56,10 +59,58 @@ EXIT_INTERRUPTED = 130
 CONNECT_TIMEOUT_S = 20.0
 """How long opening the stores may take before a command gives up on a server that is silent."""
 
+
+class OutputClosedError(Exception):
+    """Standard output's reader went away (``| head -1``): the command stops, exit 0.
+
+    Not an `OSError`, so the boundary cannot take it for a server that did not answer.
+    """
+
+
+class _Stdout:
+    """Standard output as it is now (a test runner swaps it), a closed pipe raising
+    `OutputClosedError` instead of `BrokenPipeError`."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stdout.write(text)
+        except BrokenPipeError as exc:
+            raise OutputClosedError from exc
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError as exc:
+            raise OutputClosedError from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sys.stdout, name)
+
+
+_stdout = cast(IO[str], _Stdout())
 err = Console(stderr=True)
 """Errors and progress go to standard error."""
-out = Console(highlight=False)
+out = Console(file=_stdout, highlight=False)
 """Results go to standard output, so they can be piped."""
+
+
+def echo(text: str, *, nl: bool = True) -> None:
+    """Write ``text`` to standard output as it is (a JSON line, the schema), never re-wrapped."""
+    _stdout.write(text + ("\n" if nl else ""))
+    _stdout.flush()
+
+
+def _discard_stdout() -> None:
+    """Point standard output at the null device, so the interpreter's last flush of what is
+    still buffered does not fail again on the closed pipe and print a warning."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return  # not a file descriptor (a test runner's buffer): nothing is flushed at exit
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
+
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id.")]
 TenantOption = Annotated[str, typer.Option("--tenant", "-t", help="The tenant that owns the run.")]
@@ -141,7 +192,8 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
 
     `OnwardError` picks its code with `exit_code`; a driver exception is translated first;
     any other exception is the agent's or the model's own code failing (exit 5); Ctrl-C is 130.
-    Each says so in one line on standard error.
+    Each says so in one line on standard error. Standard output closed by its reader ends the
+    command quietly, exit 0, as it does for ``cat`` or ``grep``.
     """
 
     @functools.wraps(command)
@@ -154,6 +206,9 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
             command(*args, **kwargs)
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
+        except OutputClosedError as exc:
+            _discard_stdout()
+            raise typer.Exit(EXIT_OK) from exc
         except OnwardError as exc:
             code = refuse(exc, tenant=tenant if isinstance(tenant, str) else None)
             raise typer.Exit(code) from exc
@@ -260,13 +315,29 @@ def made(found: object, spec: str, option: str, *, is_made: Callable[[object], b
 
 
 def json_option(text: str | None, option: str) -> Any:
-    """Decode a JSON option before anything is opened, so bad input writes nothing."""
+    """Decode a JSON option before anything is opened, so bad input writes nothing.
+
+    ``@PATH`` reads the JSON from the file ``PATH`` and ``-`` from standard input, for values
+    too long for a command line ("Argument list too long") or made by another program.
+    """
     if text is None:
         return None
+    where = ""
+    if text == "-":
+        where, text = " (standard input)", sys.stdin.read()
+    elif text.startswith("@"):
+        path = text[1:]
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidInputError(
+                f"{option}: cannot read {path!r}: {getattr(exc, 'strerror', None) or exc}"
+            ) from exc
+        where = f" (file {path!r})"
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise InvalidInputError(f"{option}: not JSON: {exc}") from exc
+        raise InvalidInputError(f"{option}: not JSON{where}: {exc}") from exc
 
 
 class NoModel:

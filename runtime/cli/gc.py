@@ -29,7 +29,7 @@ from onward.runtime.gc import (
 )
 from onward.runtime.settings import Settings, load_settings
 
-from ._common import out, within
+from ._common import echo, out, within
 
 _WHAT: dict[str, str] = {
     "frontiers": "frontier rows",
@@ -142,6 +142,6 @@ def gc_command(
     report = asyncio.run(collect())
     if as_json:
         summary = {"dry_run": report.dry_run, "counts": dict(report.counts), "kept": report.kept}
-        typer.echo(msgspec.json.encode(summary).decode())
+        echo(msgspec.json.encode(summary).decode())
         return
     out.print(_table(report))

@@ -33,7 +33,7 @@ from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.settings import Settings, load_settings
 
-from ._common import RunArgument, opened, out
+from ._common import RunArgument, echo, opened, out
 from .summary import shown
 
 _T = TypeVar("_T")
@@ -115,7 +115,7 @@ def list_command(
     )
     if as_json:
         for entry in entries:
-            typer.echo(msgspec.json.encode(dataclasses.asdict(entry)).decode())
+            echo(msgspec.json.encode(dataclasses.asdict(entry)).decode())
         return
     if not entries:
         out.print("no quarantined records")

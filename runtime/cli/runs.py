@@ -35,6 +35,7 @@ from ._common import (
     NoModel,
     RunArgument,
     TenantOption,
+    echo,
     error,
     imported,
     json_option,
@@ -42,7 +43,7 @@ from ._common import (
     opened,
     out,
 )
-from .summary import audit_table, carried, run_summary, shown, tags_text
+from .summary import audit_table, carried, run_facts, run_summary, shown, tags_text
 
 _T = TypeVar("_T")
 
@@ -51,7 +52,12 @@ RequestArgument = Annotated[
     str, typer.Argument(metavar="REQUEST", help="The approval request the run waits on.")
 ]
 ValueOption = Annotated[
-    str | None, typer.Option("--value", metavar="JSON", help="Recorded with the answer.")
+    str | None,
+    typer.Option(
+        "--value",
+        metavar="JSON",
+        help="Recorded with the answer: JSON, @FILE to read it from a file, - from stdin.",
+    ),
 ]
 AgentOption = Annotated[
     str,
@@ -164,7 +170,13 @@ def _carry_on_hint(run_id: str, tenant: str) -> str:
     )
 
 
-def inspect_command(run_id: RunArgument, tenant: TenantOption) -> None:
+def inspect_command(
+    run_id: RunArgument,
+    tenant: TenantOption,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object with the same facts, not a table.")
+    ] = False,
+) -> None:
     """Show where a run stands and what resume would do. Takes no lease, writes nothing.
 
     A run carried into another run (or carried on from one) shows the whole chain.
@@ -176,7 +188,10 @@ def inspect_command(run_id: RunArgument, tenant: TenantOption) -> None:
     async def work(backends: Backends) -> None:
         frontier, lease = await _look(backends, run_id, tenant)
         chain = await _chain(backends, frontier)
-        out.print(run_summary(frontier, lease=lease, chain=chain))
+        if as_json:
+            echo(msgspec.json.encode(run_facts(frontier, lease=lease, chain=chain)).decode())
+        else:
+            out.print(run_summary(frontier, lease=lease, chain=chain))
         if backends.compaction is not None:
             span = await compacted_span(backends.compaction, run_id)
             if span is not None:
@@ -271,7 +286,10 @@ def resolve_command(
     why: Annotated[str, typer.Option(help="How you know; recorded in the log.")],
     result: Annotated[
         str | None,
-        typer.Option(metavar="JSON", help="The call's result, when it completed."),
+        typer.Option(
+            metavar="JSON",
+            help="The call's result, when it completed: JSON, @FILE from a file, - from stdin.",
+        ),
     ] = None,
 ) -> None:
     """Settle an undecided call as a person: it completed (with its result) or never ran.
@@ -380,7 +398,7 @@ def replay_command(
         )
     if as_json:
         for line in lines:
-            typer.echo(msgspec.json.encode(line.as_json()).decode())
+            echo(msgspec.json.encode(line.as_json()).decode())
         return
     out.print(audit_table(run_id, tenant, lines))
     out.print(shown(f"tags: {tags_text(_tags(lines))}"), soft_wrap=True)

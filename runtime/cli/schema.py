@@ -9,6 +9,8 @@ import typer
 
 from onward.eventlog.schema import event_schema
 
+from ._common import echo
+
 
 def schema_command(
     output: Annotated[
@@ -19,6 +21,6 @@ def schema_command(
     """Print the JSON Schema of the events (committed as schemas/events.schema.json)."""
     text = event_schema()
     if output is None:
-        typer.echo(text.decode(), nl=False)
+        echo(text.decode(), nl=False)
     else:
         output.write_bytes(text)

@@ -36,6 +36,28 @@ def _when(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
 
+def event_time(at: int, *, day: str | None) -> tuple[str | None, str]:
+    """An event's ``at`` (microseconds since the epoch) in UTC, as the replay table shows it
+    under the event's kind: the time to the millisecond, with the date above it only when it is
+    not ``day`` (the row above's), so a narrow terminal keeps its width for what happened.
+
+    Returns:
+        The event's date (``day`` for an event written without a time, shown ``-``) and the text.
+    """
+    if at <= 0:
+        return day, "-"
+    when = datetime.fromtimestamp(at / 1_000_000, UTC)
+    date, clock = when.strftime("%Y-%m-%d"), when.strftime("%H:%M:%S.%f")[:-3]
+    return date, clock if date == day else f"{date}\n{clock}"
+
+
+def _iso(at: int) -> str | None:
+    """An ``at`` in ISO 8601 (UTC, to the microsecond) for JSON; ``None`` when unknown."""
+    if at <= 0:
+        return None
+    return datetime.fromtimestamp(at / 1_000_000, UTC).isoformat()
+
+
 def _lease_text(lease: RunLease | None) -> str:
     if lease is None:
         return "free: no worker holds the run"
@@ -149,6 +171,62 @@ def chain_text(chain: Sequence[Frontier], run_id: str) -> str:
     )
 
 
+def _plan(frontier: Frontier, agent: Agent | None) -> tuple[Agent | None, ResumePlan]:
+    """The agent's tools when they are the run's revision, and resume's plan with them."""
+    tools = agent if agent is not None and agent.revision == frontier.revision else None
+    plan = plan_resume(frontier, tools or Agent(name=frontier.agent or "unknown", instructions=""))
+    return tools, plan
+
+
+def run_facts(
+    frontier: Frontier, *, lease: RunLease | None, chain: Sequence[Frontier] = ()
+) -> dict[str, Any]:
+    """What `inspect --json` prints: the facts of `run_summary`, as data rather than text.
+
+    Times are UTC ISO 8601; run content is given as it is (JSON escapes what a terminal must not
+    see).
+    """
+    tools, plan = _plan(frontier, None)
+    return {
+        "run": frontier.run_id,
+        "tenant": frontier.tenant,
+        "agent": frontier.agent,
+        "revision": frontier.revision,
+        "status": frontier.status,
+        "iteration": frontier.iteration,
+        "usage": {"input_tokens": frontier.input_tokens, "output_tokens": frontier.output_tokens},
+        "fence": frontier.fence,
+        "waiting_on": frontier.waiting_on,
+        "lease": None
+        if lease is None
+        else {"holder": lease.holder, "fence": lease.fence, "expires_at": _when(lease.expires_at)},
+        "tags": [
+            {"seq": t.seq, "label": t.label, "tagged_seq": t.tagged_seq} for t in frontier.tags
+        ],
+        "continuation_of": frontier.continuation_of,
+        "continued_to": frontier.continued_to,
+        "chain": [{"run": f.run_id, "status": f.status} for f in chain],
+        "output": frontier.output,
+        "error": frontier.error,
+        "refused": frontier.refused,
+        "last_refusal": frontier.last_refusal,
+        "started_at": _iso(frontier.started_at),
+        "updated_at": _iso(frontier.updated_at),
+        "resume_would": _resume_would(frontier, plan, tools, lease),
+        "calls": [
+            {
+                "call": planned.call.call_id,
+                "tool": planned.call.tool,
+                "state": _call_state(planned.call),
+                "resume_decides": planned.disposition.value,
+                "dispatched_again": planned.dispatch_again,
+                "why": planned.reason,
+            }
+            for planned in plan.calls
+        ],
+    }
+
+
 def run_summary(
     frontier: Frontier,
     *,
@@ -188,8 +266,7 @@ def run_summary(
         grid.add_row(
             "refused", shown(f"{frontier.refused} event(s); last: {frontier.last_refusal}")
         )
-    tools = agent if agent is not None and agent.revision == frontier.revision else None
-    plan = plan_resume(frontier, tools or Agent(name=frontier.agent or "unknown", instructions=""))
+    tools, plan = _plan(frontier, agent)
     grid.add_row("resume would", shown(_resume_would(frontier, plan, tools, lease)))
     parts: list[RenderableType] = [grid]
     if agent is not None and tools is None:
@@ -276,9 +353,10 @@ def audit_table(run_id: str, tenant: str, lines: Sequence[AuditLine]) -> Table:
     table.add_column("offset", justify="right")
     table.add_column("seq", justify="right")
     table.add_column("fence", justify="right")
-    table.add_column("kind", no_wrap=True)
+    table.add_column("kind, UTC time", no_wrap=True)
     table.add_column("what", overflow="fold")
     table.add_column("counted", no_wrap=True)
+    day: str | None = None
     for line in lines:
         if line.stored is None:
             bad = line.unreadable
@@ -300,11 +378,12 @@ def audit_table(run_id: str, tenant: str, lines: Sequence[AuditLine]) -> Table:
             # The guard's detail starts with the run and seq, which the row already shows.
             why = line.refused.detail.removeprefix(f"run {event.run_id!r} seq {event.seq}: ")
             what.append(f"\n{line.refused.reason.value}: {printable(why)}", style="red")
+        day, time = event_time(event.at, day=day)
         table.add_row(
             str(line.stored.position.offset),
             str(event.seq),
             str(event.fence),
-            kind_of(type(event)),
+            Text(kind_of(type(event))).append(f"\n{time}", style="dim"),
             what,
             verdict,
         )

@@ -16,10 +16,12 @@ Attempts are bounded: the claims (`RunClaimed`) the log shows since the run last
 (a model answer, a tool outcome, a settled turn or an approval) count (the fold keeps the
 count, `Frontier.attempts`, so it costs no read of the run), with a backoff of
 ``backoff_s * 2**(attempts - 1)`` before each retry; at ``max_attempts`` the run ends ``failed``
-with the reason, written under its lease. A plan that is not safe (`IndeterminateToolCallError`)
-is never guessed: the run is tagged ``needs-person`` and left for `onward resolve`;
-`ExecutionManager.list_pending` lists it, and once its calls are settled the next pass carries
-it on.
+with the reason and the last cause (the type and one masked line of the error the last
+attempt failed with), written under its lease: the attempt that uses up the last one ends the
+run at once, so the worker that saw the cause is the one that records it. A plan that is not
+safe (`IndeterminateToolCallError`) is never guessed: the run is tagged ``needs-person`` and
+left for `onward resolve`; `ExecutionManager.list_pending` lists it, and once its calls are
+settled the next pass carries it on.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
-from onward.errors import IndeterminateToolCallError, ResumeConflictError
+from onward.errors import IndeterminateToolCallError, OnwardError, ResumeConflictError
 from onward.eventlog.base import partition_for
 from onward.eventlog.events import (
     ApprovalGranted,
@@ -43,6 +45,7 @@ from onward.eventlog.events import (
     ToolResolved,
     TurnSettled,
 )
+from onward.projections.audit import printable
 from onward.projections.base import RunSummary
 from onward.projections.frontier import Frontier
 
@@ -50,6 +53,7 @@ from .agent import Agent
 from .conversation import Conversation
 from .leases.holder import Leaseholder
 from .manager import NEEDS_PERSON, needs_person
+from .redaction import Redactor
 from .writer import HeldRun
 
 if TYPE_CHECKING:
@@ -59,6 +63,11 @@ _log = logging.getLogger("onward.worker")
 
 _LEASE_CHECKS_AT_ONCE = 256
 """Lease checks of one look in flight together (one Redis pipeline; a bounded pool's worth)."""
+
+_redactor = Redactor()
+_LOGGED_CHARS = 300
+_CAUSES_KEPT = 1024
+"""Last causes a worker keeps for runs it saw fail and could not end at once (oldest go)."""
 
 _PROGRESS = (ModelAnswered, ToolCompleted, ToolResolved, TurnSettled, ApprovalGranted)
 
@@ -74,6 +83,31 @@ def attempts_since_progress(events: Iterable[Event]) -> int:
     return attempts
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line, masked (`Redactor`), its control characters shown escaped (an
+    ESC in a run's content must not reach an operator's terminal through the log), and cut at
+    a few hundred characters."""
+    line = printable(" ".join(_redactor.redact_text(text[: _LOGGED_CHARS * 4]).split()))
+    return line if len(line) <= _LOGGED_CHARS else line[: _LOGGED_CHARS - 1] + "…"
+
+
+def described(error: BaseException) -> str:
+    """An unexpected error for a log line: its type and one masked line of its message.
+
+    The message is the error's first argument when that is text, never the other arguments
+    (an error raised with the values it failed on would print them) nor a repr.
+    """
+    first = error.args[0] if error.args else None
+    message = one_line(first) if isinstance(first, str) else ""
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def gave_up(attempts: int, cause: str | None) -> str:
+    """The error a run out of attempts ends with: the count and, if known, the last cause."""
+    reason = f"gave up: {attempts} attempts to carry it on made no progress"
+    return f"{reason}; the last one failed with {cause}" if cause else reason
+
+
 class Recovery:
     """A worker's recovery: carries its lapsed runs on, ends those out of attempts ``failed``,
     and leaves the ones whose plan is not safe to a person.
@@ -85,6 +119,7 @@ class Recovery:
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
         self._lapsed: dict[str, str] = {}
+        self._causes: dict[str, str] = {}
 
     @property
     def owed(self) -> bool:
@@ -161,6 +196,11 @@ class Recovery:
         except IndeterminateToolCallError as exc:
             await self._leave_for_person(run_id, tenant, exc)
             return True
+        except Exception as exc:
+            if not worker.draining:  # draining stops runs on purpose: no failed attempt
+                await self._failed_attempt(run_id, tenant, exc)
+            raise
+        self._causes.pop(run_id, None)
         if recovery:
             worker.stats.recovered += 1
         worker.count(result.status)
@@ -183,13 +223,31 @@ class Recovery:
         # event for every request to carry it on.
         attempts = frontier.attempts
         if attempts >= worker.max_attempts:
-            await self._give_up(
-                frontier, f"gave up: {attempts} attempts to carry it on made no progress"
-            )
+            await self._give_up(frontier, gave_up(attempts, self._causes.get(run_id)))
             return None
         if attempts and not await worker.sleep(worker.backoff_s * 2 ** (attempts - 1)):
             return None
         return agent
+
+    async def _failed_attempt(self, run_id: str, tenant: str, exc: Exception) -> None:
+        """Keep the cause an attempt failed with and, if that attempt was the last one the
+        run had, end it ``failed`` now with the cause: another worker giving up later on would
+        not know it (the cause is only in this process until it is written)."""
+        cause = described(exc)
+        self._causes.pop(run_id, None)
+        self._causes[run_id] = cause
+        while len(self._causes) > _CAUSES_KEPT:
+            del self._causes[next(iter(self._causes))]
+        try:
+            frontier = await self._worker.runner.inspect(run_id, tenant=tenant)
+            if (
+                frontier.status == "running"
+                and not needs_person(frontier)
+                and frontier.attempts >= self._worker.max_attempts
+            ):
+                await self._give_up(frontier, gave_up(frontier.attempts, cause))
+        except OnwardError as nested:  # the next look gives up, with the cause kept here
+            _log.warning("run %s: not ended yet: %s", printable(run_id), one_line(str(nested)))
 
     async def _leave_for_person(
         self, run_id: str, tenant: str, exc: IndeterminateToolCallError
@@ -203,6 +261,7 @@ class Recovery:
     async def _give_up(self, frontier: Frontier, reason: str) -> None:
         """End the run ``failed`` with ``reason``, written under its lease."""
         worker = self._worker
+        self._causes.pop(frontier.run_id, None)
         worker.stats.gave_up += 1
         _log.warning("run %s: %s", frontier.run_id, reason)
         runner = worker.runner

@@ -48,8 +48,7 @@ from .backends import Backends
 from .leases.base import LeasePolicy
 from .manager import NEEDS_PERSON, needs_person
 from .providers import Provider
-from .recovery import Recovery, attempts_since_progress
-from .redaction import Redactor
+from .recovery import Recovery, attempts_since_progress, described, one_line
 from .request_handler import RequestHandler
 from .requests import (
     DEFAULT_REQUESTS_TOPIC,
@@ -61,8 +60,6 @@ from .requests import (
 from .signing import SIGNATURE_HEADER, RequestSigner
 
 _log = logging.getLogger("onward.worker")
-_redactor = Redactor()
-_LOGGED_CHARS = 300
 
 DEFAULT_GROUP = "onward-workers"
 _LEAVE_S = 10.0
@@ -476,25 +473,6 @@ class Worker:
         refusal = self._signer.refusal(record.key, record.value, headers)
         if refusal is not None:
             raise InvalidInputError(f"request not acted on: {refusal}")
-
-
-def one_line(text: str) -> str:
-    """``text`` on one line, masked (`Redactor`), its control characters shown escaped (an
-    ESC in a run's content must not reach an operator's terminal through the log), and cut at
-    a few hundred characters."""
-    line = printable(" ".join(_redactor.redact_text(text[: _LOGGED_CHARS * 4]).split()))
-    return line if len(line) <= _LOGGED_CHARS else line[: _LOGGED_CHARS - 1] + "…"
-
-
-def described(error: BaseException) -> str:
-    """An unexpected error for a log line: its type and one masked line of its message.
-
-    The message is the error's first argument when that is text, never the other arguments
-    (an error raised with the values it failed on would print them) nor a repr.
-    """
-    first = error.args[0] if error.args else None
-    message = one_line(first) if isinstance(first, str) else ""
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 class _Once:

@@ -8,7 +8,9 @@ fails it is probed again to name the run, the seq and the field in the error.
 from __future__ import annotations
 
 import functools
+import math
 import re
+from typing import Any
 
 import msgspec
 
@@ -67,10 +69,24 @@ Header = tuple[str, bytes]
 
 
 def encode(event: Event) -> bytes:
-    """Encode one event as JSON bytes."""
+    """Encode one event as JSON bytes.
+
+    Raises:
+        InvalidInputError: Not an event of a known kind, a name holding a NUL, or a value
+            JSON has no form for (run, seq and the path to it named: `unencodable`).
+    """
     if not isinstance(event, Event) or type(event) is Event:
         raise InvalidInputError(f"expected an event of a known kind, got {type(event).__name__}")
-    data = _encoder.encode(event)
+    try:
+        data = _encoder.encode(event)
+    except (TypeError, ValueError, OverflowError) as exc:
+        # A value no reader could take back (an object JSON has no form for) is named, with
+        # the run and seq, rather than surfacing as the encoder's own error.
+        raise InvalidInputError(
+            f"run {event.run_id!r} seq {event.seq}: {kind_of(type(event))} cannot be written: "
+            f"{unencodable(msgspec.structs.asdict(event)) or type(exc).__name__}",
+            run_id=event.run_id,
+        ) from exc
     field = name_with_nul(event) if _ESCAPED_NUL in data else None
     if field is not None:
         # What no reader would take is not written: refused here rather than set aside later.
@@ -80,6 +96,64 @@ def encode(event: Event) -> bytes:
             run_id=None if "\x00" in event.run_id else event.run_id,
         )
     return data
+
+
+def unencodable(value: Any) -> str | None:
+    """Why ``value`` cannot be written as a field of an event, naming the path to the first
+    value at fault (``$.rows[2]``), or ``None`` when it can.
+
+    Refused: what JSON has no form for (an object of a class msgspec does not encode, a dict
+    key that is neither text nor a number) and non-finite floats (``nan``, ``inf``), which the
+    encoder would otherwise write as ``null``, silently changing the value. Dates, UUIDs,
+    decimals, sets, dataclasses and Structs are written as msgspec writes them.
+    """
+    try:
+        data = _encoder.encode(value)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    else:
+        if b"null" not in data:  # a non-finite float is encoded as null, so there is none
+            return None
+    return _fault(value, "$")
+
+
+def _fault(value: Any, path: str) -> str | None:
+    """The first value at fault under ``value`` (at ``path``); ``None`` if there is none."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} at `{path}` is not a finite number"
+    if isinstance(value, dict):
+        return _fault_in_dict(value, path)
+    if isinstance(value, list | tuple | set | frozenset):
+        return next(
+            (f for i, item in enumerate(value) if (f := _fault(item, f"{path}[{i}]"))), None
+        )
+    if value is None or isinstance(value, str | int | bytes | bytearray):
+        return None if _encodes(value) else f"the {type(value).__name__} at `{path}` (not UTF-8)"
+    try:
+        builtins = msgspec.to_builtins(value)
+    except (TypeError, ValueError, OverflowError):
+        return f"an object of type {type(value).__name__} at `{path}`, which JSON has no form for"
+    return None if builtins is value else _fault(builtins, path)
+
+
+def _fault_in_dict(value: dict[Any, Any], path: str) -> str | None:
+    for key, item in value.items():
+        if not isinstance(key, str | int | float) or isinstance(key, bool):
+            return f"a key of type {type(key).__name__} at `{path}` (keys are text)"
+        if isinstance(key, float) and not math.isfinite(key):
+            return f"the key {key!r} at `{path}` is not a finite number"
+        found = _fault(item, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key!r}]")
+        if found is not None:
+            return found
+    return None
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        _encoder.encode(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
 
 
 def headers(event: Event) -> list[Header]:

@@ -34,6 +34,7 @@ import msgspec
 from onward._storage import Resource
 from onward.errors import ConfigurationError, IndeterminateToolCallError, InvalidInputError
 from onward.eventlog.base import EventLog
+from onward.eventlog.codec import unencodable
 from onward.eventlog.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -246,6 +247,7 @@ class AgentRunner(Resource):
         check_name("tenant", tenant, run_id=run_id)
         check_name("agent.name", agent.name, run_id=run_id)
         check_depth("input", input, run_id=run_id)
+        _check_encodable("input", input, run_id)
         if options:
             check_optional_name("options.user", options.get("user"), run_id=run_id)
         self.check_call_bounds(agent)
@@ -392,6 +394,7 @@ class AgentRunner(Resource):
         """Write a person's answer to the approval request the run waits on."""
         check_name("request_id", request_id, run_id=run_id)
         check_depth("value", value, run_id=run_id)
+        _check_encodable("value", value, run_id)
         async with self._as_person(run_id, tenant, by) as run:
             _check_waiting(run.frontier, request_id)
             kind = ApprovalGranted if granted else ApprovalDenied
@@ -421,6 +424,7 @@ class AgentRunner(Resource):
         if why:
             check_note("why", why, run_id=run_id)
         check_depth("result", result, run_id=run_id)
+        _check_encodable("result", result, run_id)
         async with self._as_person(run_id, tenant, by) as run:
             call = run.frontier.call(call_id)
             if call is None or call.outcome is not None:
@@ -676,6 +680,15 @@ class AgentRunner(Resource):
                     message=f"{call.tool} returned a value nested more than {MAX_DEPTH} levels "
                     "deep; it was not recorded",
                 )
+            elif error is None and (fault := unencodable(result)) is not None:
+                # The tool returned, so its effect is done: the refusal is its outcome, and
+                # the model is told why, rather than the call left undecided for a person.
+                result = None
+                error = ToolError(
+                    type="UnencodableResult",
+                    message=f"{call.tool} returned a value that cannot be recorded: {fault}; "
+                    "return JSON values (text, numbers, lists, dicts) or convert it first",
+                )
         if self.writer.observer is not None:
             await self.writer.observer.tool_returned(call.call_id)
         completed = self.writer.event(
@@ -817,6 +830,17 @@ async def _after_deadline(run: HeldRun, call: CallState) -> None:
         call.dispatched_fence,
     )
     await asyncio.sleep(left)
+
+
+def _check_encodable(field: str, value: Any, run_id: str) -> None:
+    """Refuse a value that could not be written as it is (``nan`` would become ``null``).
+
+    Raises:
+        InvalidInputError: Naming the field and the path to the value at fault.
+    """
+    fault = unencodable(value)
+    if fault is not None:
+        raise InvalidInputError(f"{field} cannot be recorded: {fault}", run_id=run_id)
 
 
 def _check_run(run_id: str, tenant: str) -> None:

@@ -1,19 +1,24 @@
 """Causes are facts (issue 19, item 4): a run out of attempts ends with the error its last
-attempt failed with."""
+attempt failed with, and a tool result that cannot be recorded is the call's typed error."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
 import pytest_asyncio
 
-from onward.eventlog import Message
+from onward.errors import InvalidInputError
+from onward.eventlog import Message, RunStarted, ToolCall, ToolCompleted
+from onward.eventlog.codec import encode
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
-from onward.runtime.providers import ModelReply, ScriptedProvider
+from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.requests import ResumeRun, StartRun
 from onward.runtime.settings import Settings
+from onward.runtime.tools import tool
 from onward.runtime.worker import Worker
 
 TENANT = "acme"
@@ -64,3 +69,114 @@ async def test_a_run_out_of_attempts_records_its_last_cause_masked(
     assert getattr(finished, "error", None) == frontier.error
     assert worker.stats.gave_up == 1
 
+
+class Receipt:
+    """What a client library returns: an object JSON has no form for."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+
+RETURNED: dict[str, Any] = {
+    "receipt": Receipt(7),
+    "rows": {"rows": [1.5, 2.5, float("nan")]},
+    "total": {"total": float("inf")},
+}
+
+
+@tool
+async def fetch(what: str, *, idempotency_key: str) -> Any:
+    return RETURNED[what]
+
+
+@tool(requires_approval=True)
+async def pay(amount: int, *, idempotency_key: str) -> int:
+    return amount
+
+
+def calling(tool_name: str, args: dict[str, Any]) -> ScriptedProvider:
+    """A model that calls one tool once, then answers with the text of what it saw."""
+
+    def script(messages: Sequence[Message]) -> ModelReply:
+        if any(m.role == "tool" for m in messages):
+            return reply(f"saw: {messages[-1].content}")
+        return reply("calling", ToolCall(call_id="c1", tool=tool_name, args=args))
+
+    return ScriptedProvider(script)
+
+
+AGENT = Agent(name="clerk", instructions="c", tools=[fetch, pay])
+
+
+@pytest.mark.parametrize(
+    ("what", "said"),
+    [
+        ("receipt", "an object of type Receipt at `$`"),
+        ("rows", "nan at `$.rows[2]` is not a finite number"),
+        ("total", "inf at `$.total` is not a finite number"),
+    ],
+)
+async def test_a_tool_result_that_cannot_be_recorded_is_the_call_s_typed_error(
+    backends: Backends, what: str, said: str
+) -> None:
+    """The tool returned, so the call is settled: its outcome is an ``UnencodableResult``
+    error naming the path, the model is told, and the run goes on to complete, rather than
+    the call left undecided for a person (or ``nan`` stored as ``null``)."""
+    runner = backends.runner(calling("fetch", {"what": what}))
+    result = await runner.run(AGENT, "go", tenant=TENANT, run_id="r")
+    assert result.status == "completed", result.error
+    (completed,) = [
+        s.event for s in await backends.log.read_run("r") if isinstance(s.event, ToolCompleted)
+    ]
+    assert completed.result is None
+    assert completed.error is not None
+    assert completed.error.type == "UnencodableResult"
+    assert said in completed.error.message
+    assert said in str(result.output)
+
+
+async def test_a_run_input_with_a_non_finite_float_is_refused_before_anything_is_written(
+    backends: Backends,
+) -> None:
+    """Stored as ``null``, the input would not be what the caller gave: refused, named by its
+    path, with no event and no lease left behind."""
+    runner = backends.runner(calling("fetch", {"what": "rows"}))
+    with pytest.raises(InvalidInputError, match=r"input cannot be recorded: nan at `\$.rows\[2\]`"):
+        await runner.run(AGENT, {"rows": [1, 2, float("nan")]}, tenant=TENANT, run_id="r")
+    assert await backends.log.read_run("r") == []
+    assert await backends.leases.current("r") is None
+
+
+async def test_an_approval_value_with_a_non_finite_float_is_refused_and_the_run_waits(
+    backends: Backends,
+) -> None:
+    """A person's answer holding ``-inf`` is refused before it is written: the run still
+    waits on the request, for an answer that can be kept as given."""
+    runner = backends.runner(calling("pay", {"amount": 5}))
+    waiting = await runner.run(AGENT, "go", tenant=TENANT, run_id="r")
+    assert waiting.status == "waiting"
+    before = len(await backends.log.read_run("r"))
+    with pytest.raises(InvalidInputError, match=r"value cannot be recorded: -inf at `\$.limit`"):
+        await runner.approve("r", "c1", tenant=TENANT, by="ann", value={"limit": float("-inf")})
+    assert len(await backends.log.read_run("r")) == before
+    assert (await runner.inspect("r", tenant=TENANT)).waiting_on == "c1"
+
+
+def test_an_event_that_cannot_be_encoded_is_refused_naming_run_seq_and_path() -> None:
+    """The codec's last word for what got past the entry points: the run, the seq and the
+    path, not the encoder's bare ``TypeError``."""
+    started = RunStarted(
+        run_id="r",
+        tenant=TENANT,
+        seq=1,
+        fence=1,
+        at=1,
+        agent="a",
+        revision="1",
+        input={"r": [Receipt(1)]},
+    )
+    with pytest.raises(
+        InvalidInputError,
+        match=r"run 'r' seq 1: run.started cannot be written: .*`\$.input.r\[0\]`",
+    ):
+        encode(started)

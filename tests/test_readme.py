@@ -5,16 +5,27 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+from support.chat_completions import chat_completions_server
 from support.readme import README, run_block, section
 
 
-def test_readme_python_blocks_run(tmp_path: Path) -> None:
+def test_readme_python_blocks_run_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every example runs as written, and again in the same directory with the same output
+    (an example that leaves state behind for its second run is a defect). The quickstart's
+    model is a local OpenAI-compatible server."""
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     assert blocks, "the README has no Python example"
-    outputs = [run_block(block, tmp_path, f"block{i}.py") for i, block in enumerate(blocks)]
-    assert "['RunStarted', 'RunClaimed']" in outputs[0]
-    assert outputs[1].strip() == "completed booked 1"
-    assert outputs[2].strip() == "held by w1"
+    with chat_completions_server() as base_url:
+        monkeypatch.setenv("OPENAI_BASE_URL", base_url)
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        outputs = [run_block(block, tmp_path, f"block{i}.py") for i, block in enumerate(blocks)]
+        again = [run_block(block, tmp_path, f"block{i}.py") for i, block in enumerate(blocks)]
+    assert again == outputs
+    assert outputs[0].splitlines()[-1] == "result The answer is 5."
+    assert "['RunStarted', 'RunClaimed']" in outputs[1]
+    assert outputs[2].strip() == "completed booked 1"
+    assert outputs[3].strip() == "held by w1"
 
 
 def test_every_test_the_security_table_names_exists() -> None:

@@ -113,7 +113,10 @@ def _discard_stdout() -> None:
 
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id.")]
-TenantOption = Annotated[str, typer.Option("--tenant", "-t", help="The tenant that owns the run.")]
+TenantOption = Annotated[
+    str,
+    typer.Option("--tenant", "-t", help="The tenant that owns the run.", show_default=True),
+]
 ArchiveOption = Annotated[
     Path | None,
     typer.Option(

@@ -24,6 +24,7 @@ from onward.projections.compaction.history import (
 )
 from onward.projections.frontier import Frontier, RunTag
 from onward.runtime.agent import Agent
+from onward.runtime.app import DEFAULT_TENANT
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.compaction import compaction_store
 from onward.runtime.leases.base import RunLease
@@ -172,7 +173,7 @@ def _carry_on_hint(run_id: str, tenant: str) -> str:
 
 def inspect_command(
     run_id: RunArgument,
-    tenant: TenantOption,
+    tenant: TenantOption = DEFAULT_TENANT,
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object with the same facts, not a table.")
     ] = False,
@@ -202,7 +203,8 @@ def inspect_command(
 
 def run_command(
     resume: Annotated[str, typer.Option("--resume", metavar="RUN", help="The run to carry on.")],
-    tenant: TenantOption,
+    *,
+    tenant: TenantOption = DEFAULT_TENANT,
     agent_spec: AgentOption,
     provider_spec: ProviderOption,
     worker: Annotated[
@@ -237,7 +239,7 @@ def _answer_command(*, approve: bool, doc: str) -> Callable[..., None]:
         run_id: RunArgument,
         request: RequestArgument,
         *,
-        tenant: TenantOption,
+        tenant: TenantOption = DEFAULT_TENANT,
         by: ByOption,
         value: ValueOption = None,
     ) -> None:
@@ -280,7 +282,7 @@ def resolve_command(
     run_id: RunArgument,
     call: Annotated[str, typer.Argument(metavar="CALL", help="The undecided call.")],
     *,
-    tenant: TenantOption,
+    tenant: TenantOption = DEFAULT_TENANT,
     outcome: Annotated[Outcome, typer.Option(help="What you found out about the call.")],
     by: ByOption,
     why: Annotated[str, typer.Option(help="How you know; recorded in the log.")],
@@ -326,7 +328,7 @@ def tag_command(
     run_id: RunArgument,
     label: Annotated[str, typer.Argument(metavar="LABEL", help="The label, e.g. phase-1-done.")],
     *,
-    tenant: TenantOption,
+    tenant: TenantOption = DEFAULT_TENANT,
     seq: Annotated[
         int | None,
         typer.Option(
@@ -357,7 +359,7 @@ def tag_command(
 
 def replay_command(
     run_id: RunArgument,
-    tenant: TenantOption,
+    tenant: TenantOption = DEFAULT_TENANT,
     as_json: Annotated[
         bool, typer.Option("--json", help="JSON lines, one object per event, instead of a table.")
     ] = False,

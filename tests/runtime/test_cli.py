@@ -53,13 +53,14 @@ async def start_on(
     agent: Agent,
     provider: Provider,
     crash_at: str | None,
+    tenant: str = TENANT,
 ) -> None:
     """Run an agent as worker w1 until it finishes, waits, or 'dies' at ``crash_at``."""
     observer = CrashAt(crash_at) if crash_at else None
     # The command under test reads the run from the log, as this worker does.
     runner = log_runner(provider, log, leases, worker="w1", observer=observer)
     with contextlib.suppress(Crash):
-        await runner.run(agent, "go", tenant=TENANT, run_id=run_id)
+        await runner.run(agent, "go", tenant=tenant, run_id=run_id)
 
 
 def start(
@@ -449,3 +450,28 @@ def test_schema_command_prints_the_schema() -> None:
     assert result.exit_code == 0, result.output
     assert result.output.encode() == event_schema()
     assert "tool.dispatched" in result.output
+
+
+def test_a_command_without_tenant_acts_for_the_default_tenant(db: Path) -> None:
+    """Like the application, the command line's tenant is ``default`` unless one is named;
+    another tenant's run is still no such run."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+
+    async def go() -> None:
+        async with SqliteEventLog(db) as log, SqliteLeaseStore(db) as leases:
+            await start_on(
+                log,
+                leases,
+                run_id,
+                agent=cli_agent.payer(),
+                provider=cli_agent.paying_model(),
+                crash_at=None,
+                tenant="default",
+            )
+
+    asyncio.run(go())
+    shown = onward(db, "inspect", run_id)
+    assert shown.exit_code == 0, shown.output
+    assert "waiting" in shown.stdout
+    assert onward(db, "approve", run_id, "p", "--by", "ann").exit_code == 0
+    assert onward(db, "inspect", run_id, "--tenant", "acme").exit_code == 1

@@ -99,7 +99,7 @@ def test_a_bad_projection_spec_exits_2_in_one_line(spec: str) -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["inspect", "run-1"], "Missing option '--tenant'"),
+        (["approve", "run-1"], "Missing argument 'REQUEST'"),
         (["nosuch"], "No such command 'nosuch'"),
         (
             ["resolve", "r", "c", "-t", "a", "--outcome", "maybe", "--by", "x", "--why", "y"],

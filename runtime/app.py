@@ -456,8 +456,15 @@ class App(Resource):
         return await ClaimCheck(self.backends.blobs).restore(event)
 
     async def quiet(self, stream: RunStream) -> None:
-        """A stream found nothing new: in process, carry a run whose process died on."""
-        if self._worker is None or time.monotonic() - stream.nudged < self.recheck_s:
+        """A stream found nothing new: in process, end it if the worker refused to start its
+        run, and carry a run whose process died on."""
+        if self._worker is None:
+            return
+        cause = self._worker.refused_start(stream.run_id)
+        if cause is not None:
+            stream.refused(cause)
+            return
+        if time.monotonic() - stream.nudged < self.recheck_s:
             return
         stream.nudged = time.monotonic()
         with contextlib.suppress(NothingToResumeError):

@@ -67,7 +67,9 @@ class RequestHandler:
                     options=checked_options(request.options),
                 )
             except InvalidInputError:
-                return True  # it exists already: started before, carried on by its owner
+                if await worker.runner.resumer.exists(request.run_id):
+                    return True  # it exists already: started before, carried on by its owner
+                raise  # a value it cannot take: refused for good, and said so (`Worker.handle`)
             except ResumeConflictError:
                 # Another owner is starting or driving it (an overlapping rebalance, or a
                 # dead worker's lease not yet lapsed): wait until it exists or is free.

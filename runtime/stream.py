@@ -135,6 +135,21 @@ class RunStream:
             self._buffer.extend(m for m in self._mapper.messages(event) if m.position > self._after)
         return True
 
+    def refused(self, cause: str) -> None:
+        """End the stream with an ``error`` message: its run was refused for good before it
+        started (nothing of it is in the log)."""
+        self._buffer.append(
+            RunMessage(
+                type="error",
+                run_id=self.run_id,
+                tenant=self.tenant,
+                seq=0,
+                status="refused",
+                content=f"the run could not be started: {cause}",
+            )
+        )
+        self._ended = True
+
     def _caught_up_with_a_person_needed(self) -> bool:
         """Caught up, and a worker left the run for a person over calls still undecided: the
         stream ends with a ``needs_person`` message (nothing else would come)."""

@@ -61,6 +61,9 @@ from .signing import SIGNATURE_HEADER, RequestSigner
 
 _log = logging.getLogger("onward.worker")
 
+_REFUSALS_KEPT = 1024
+"""Refused starts remembered for the streams that wait on them (oldest forgotten first)."""
+
 DEFAULT_GROUP = "onward-workers"
 _LEAVE_S = 10.0
 
@@ -150,6 +153,7 @@ class Worker:
             self.runner.check_call_bounds(agent)  # refused at start, not on every run
         self.name = self.runner.worker
         self.stats = WorkerStats()
+        self._refused_starts: dict[str, str] = {}
         self._signer: RequestSigner | None = None
         self._accept_unsigned = False
         self.owned: set[int] = set()
@@ -201,7 +205,16 @@ class Worker:
         except OnwardError as exc:
             self.stats.failures += 1
             _log.warning("%s refused for good: %s", type(request).__name__, one_line(str(exc)))
+            if isinstance(request, StartRun):
+                self._refused_starts[request.run_id] = described(exc)
+                while len(self._refused_starts) > _REFUSALS_KEPT:
+                    del self._refused_starts[next(iter(self._refused_starts))]
             return True
+
+    def refused_start(self, run_id: str) -> str | None:
+        """Why this worker refused to start ``run_id`` for good (once), if it did: for the
+        application's stream of it, which would otherwise wait for a run that never comes."""
+        return self._refused_starts.pop(run_id, None)
 
     async def recover(self, partitions: Collection[int], *, adopt: bool = False) -> int:
         """Carry on the lapsed runs of ``partitions`` (as many as there are free slots) and,

@@ -132,3 +132,15 @@ def test_query_sync_returns_the_needs_person_message(tmp_path: Path) -> None:
     assert time.monotonic() - started < 4
     assert last is not None
     assert last.type == "needs_person"
+
+
+async def test_a_stream_whose_start_is_refused_ends_with_the_cause(app: onward.App) -> None:
+    """The worker refuses the start for good (a value no store can keep); the stream had
+    waited for ever for a run that never came."""
+    started = time.monotonic()
+    messages = await asyncio.wait_for(app.query({"ratio": float("nan")}).collect(), 10)
+    assert time.monotonic() - started < 2
+    (refused,) = messages
+    assert (refused.type, refused.status) == ("error", "refused")
+    assert "the run could not be started: InvalidInputError" in refused.content
+    assert "nan" in refused.content

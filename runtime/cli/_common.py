@@ -19,8 +19,9 @@ import logging
 import os
 import pkgutil
 import shlex
+import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Annotated, Any, ParamSpec, TypeVar, cast
@@ -54,6 +55,14 @@ EXIT_MUST_NOT_CARRY_ON = 4
 EXIT_FAILED = 5
 """A store, the model or the agent's code failed; nothing was decided about the run."""
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
+class TerminatedError(Exception):
+    """The command was sent SIGTERM (``timeout``, systemd, Docker, Kubernetes): it stopped as
+    on Ctrl-C, its run's lease handed back."""
+
+
 """Stopped by Ctrl-C (SIGINT), the shell's convention."""
 
 CONNECT_TIMEOUT_S = 20.0
@@ -219,6 +228,9 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
             # A run is cancelled cleanly (its lease handed back); click would say 1, "no such run".
             error("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from exc
+        except TerminatedError as exc:
+            error("terminated: the run's lease was handed back")
+            raise typer.Exit(EXIT_TERMINATED) from exc
         except Exception as exc:
             if classify(type(exc)) is not None:
                 translated = translate(exc, context=name)
@@ -227,6 +239,40 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
             raise typer.Exit(EXIT_FAILED) from exc
 
     return guarded
+
+
+def run_until_terminated(main: Coroutine[Any, Any, _T]) -> _T:
+    """``asyncio.run(main)``, with SIGTERM handled as Ctrl-C is: the work is cancelled, so a
+    run it holds hands its lease back on the way out instead of staying locked for the ttl.
+
+    Raises:
+        TerminatedError: SIGTERM arrived (exit 143 at the command boundary).
+    """
+    terminated = False
+
+    async def cancellable() -> _T:
+        nonlocal terminated
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_sigterm() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        try:
+            return await main
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        return asyncio.run(cancellable())
+    except asyncio.CancelledError as exc:
+        if terminated:
+            raise TerminatedError from exc
+        raise
 
 
 async def within(step: Awaitable[_T], what: str) -> _T:

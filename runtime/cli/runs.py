@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shlex
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
@@ -43,6 +42,7 @@ from ._common import (
     made,
     opened,
     out,
+    run_until_terminated,
 )
 from .summary import audit_table, carried, run_facts, run_summary, shown, tags_text
 
@@ -109,7 +109,7 @@ def with_backends(work: Callable[[Backends], Awaitable[_T]], *, readonly: bool =
         async with opened(f"the {config.backend} stores", stores) as backends:
             return await work(backends)
 
-    return asyncio.run(on_stores())
+    return run_until_terminated(on_stores())
 
 
 def _is_agent(value: object) -> TypeGuard[Agent]:

@@ -10,13 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 from support import cli_agent
 from support.crashes import Crash, CrashAt
+from support.processes import TESTS
 from support.runners import log_runner
 from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
@@ -475,3 +481,43 @@ def test_a_command_without_tenant_acts_for_the_default_tenant(db: Path) -> None:
     assert "waiting" in shown.stdout
     assert onward(db, "approve", run_id, "p", "--by", "ann").exit_code == 0
     assert onward(db, "inspect", run_id, "--tenant", "acme").exit_code == 1
+
+
+def test_sigterm_to_run_resume_mid_tool_hands_the_lease_back(db: Path, tmp_path: Path) -> None:
+    """SIGTERM (what timeout, systemd, Docker and Kubernetes send) stops `onward run --resume`
+    as Ctrl-C does: exit 143, and the run's lease is handed back at once instead of locking
+    the run for the lease's ttl (five minutes)."""
+    run_id = start(
+        db, agent=cli_agent.slow_booker(), provider=cli_agent.booking_model(), crash_at="model.call"
+    )
+    entered = tmp_path / "entered"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(db),
+        "CLI_AGENT_ENTERED": str(entered),
+    }
+    model = ["--agent", "support.cli_agent:slow_booker"]
+    model += ["--provider", "support.cli_agent:booking_model"]
+    resuming = subprocess.Popen(
+        [sys.executable, "-m", "onward", "run", "--resume", run_id, "--tenant", TENANT, *model],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not entered.exists():
+        assert resuming.poll() is None, resuming.communicate()
+        assert time.monotonic() < deadline, "the tool was never entered"
+        time.sleep(0.05)
+    resuming.send_signal(signal.SIGTERM)
+    _, said = resuming.communicate(timeout=30)
+    assert resuming.returncode == 143, said
+    assert "terminated" in said
+
+    async def lease() -> object:
+        async with SqliteLeaseStore(db) as leases:
+            return await leases.current(run_id)
+
+    assert asyncio.run(lease()) is None

@@ -7,6 +7,10 @@ really ran, whatever the log says.
 
 from __future__ import annotations
 
+import asyncio
+import os
+from pathlib import Path
+
 from onward.eventlog import ToolCall
 from onward.runtime import Agent, ScriptedProvider, idempotency_key, reply, tool
 
@@ -26,6 +30,19 @@ async def pay(amount: int, *, idempotency_key: str) -> str:
     """Pay: a person approves every call first."""
     EFFECTS.append(("pay", idempotency_key))
     return f"paid {amount}"
+
+
+@tool(name="book")
+async def slow_book(seat: str, *, idempotency_key: str) -> dict[str, str]:
+    """Book a seat, slowly: marks ``CLI_AGENT_ENTERED`` (a file) once it is in the call."""
+    Path(os.environ["CLI_AGENT_ENTERED"]).write_text(idempotency_key)  # noqa: ASYNC240
+    await asyncio.sleep(60)
+    return {"seat": seat}
+
+
+def slow_booker() -> Agent:
+    """Books one seat with a call that takes a minute."""
+    return Agent(name="slow-booker", instructions="book the seat asked for", tools=[slow_book])
 
 
 def booker() -> Agent:

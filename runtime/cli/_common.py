@@ -21,6 +21,7 @@ import pkgutil
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -261,6 +262,8 @@ def run_until_terminated(main: Coroutine[Any, Any, _T]) -> _T:
             terminated = True
             task.cancel()
 
+        if threading.current_thread() is not threading.main_thread():
+            return await main  # signals reach the main thread only (a command run by a test)
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
         try:
             return await main

@@ -22,6 +22,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from onward._storage import Resource, translate
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.base import partition_for
+from onward.eventlog.codec import unencodable
 from onward.eventlog.kafka import topic_partition_count
 
 from .limits import check_depth, check_label, check_name
@@ -127,14 +128,23 @@ def check_request(request: Request) -> None:
     if isinstance(request, StartRun):
         check_name(f"{what}.agent", request.agent, run_id=run_id)
         check_depth(f"{what}.input", request.input, run_id=run_id)
+        _check_encodable(f"{what}.input", request.input, run_id)
         checked_options(request.options)
     elif isinstance(request, AnswerRequest):
         check_name(f"{what}.request_id", request.request_id, run_id=run_id)
         check_name(f"{what}.by", request.by, run_id=run_id)
         check_depth(f"{what}.value", request.value, run_id=run_id)
+        _check_encodable(f"{what}.value", request.value, run_id)
     elif isinstance(request, TagRun):
         check_label(f"{what}.label", request.label, run_id=run_id)
         check_name(f"{what}.by", request.by, run_id=run_id)
+
+
+def _check_encodable(field: str, value: Any, run_id: str) -> None:
+    """Refuse a value JSON would change (``nan`` becomes ``null``) or cannot hold."""
+    fault = unencodable(value)
+    if fault is not None:
+        raise InvalidInputError(f"{field} cannot be sent: {fault}", run_id=run_id)
 
 
 async def ensure_requests_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
@@ -253,7 +263,13 @@ class Requests(Resource):
         A start's input and options and an answer's value are masked (`Redactor`) before they
         are sent: the broker keeps the topic's records, and they would otherwise hold what the
         event log only ever holds masked.
+
+        Raises:
+            InvalidInputError: A request a worker would refuse (`check_request`), named with its
+                field; nothing was sent.
         """
+        for request in requests:
+            check_request(request)
         if self._producer is None:
             raise ConfigurationError("Requests is not open; use it as an async context manager")
         try:

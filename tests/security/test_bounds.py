@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -67,6 +68,7 @@ from onward.runtime.requests import (
     ResumeRun,
     StartRun,
     TagRun,
+    check_request,
     decode_request,
     encode_request,
 )
@@ -720,7 +722,7 @@ async def test_requests_reach_the_topic_masked_and_the_topic_keeps_them_seven_da
                     tenant=TENANT,
                     agent="payer",
                     input={"note": f"call with {SECRET}"},
-                    options={"user": "ann", "note": f"Authorization: {SECRET}"},
+                    options={"user": f"Authorization: {SECRET}"},
                 ),
                 AnswerRequest(
                     run_id="r",
@@ -745,7 +747,7 @@ async def test_requests_reach_the_topic_masked_and_the_topic_keeps_them_seven_da
             await consumer.stop()
         assert len(values) == 2
         assert all(b"abcdefghijklmnopqrstuvwxyz0123" not in value for value in values)
-        assert b'"user":"ann"' in values[0]
+        assert b'"user":"Authorization: Bearer [REDACTED]"' in values[0]
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
         await admin.start()
         try:
@@ -853,3 +855,17 @@ def test_a_tool_whose_name_is_not_a_plain_name_is_refused_when_defined(name: str
 
     with pytest.raises(ConfigurationError, match="tool name"):
         tool(name=name)(act)
+
+
+async def test_a_request_holding_a_value_json_would_change_is_refused_before_it_is_sent() -> None:
+    """A fleet request's ``nan`` had reached the topic as ``null``: refused at submit, with
+    the path, before the producer is even needed; a worker refuses it too."""
+    client = Requests("127.0.0.1:1", partitions=1)
+    start = StartRun(run_id="r", tenant=TENANT, agent="noter", input={"rows": [1.0, math.nan]})
+    with pytest.raises(InvalidInputError, match=r"StartRun.input cannot be sent: .*\$\.rows\[1\]"):
+        await client.submit(start)
+    answer = AnswerRequest(
+        run_id="r", tenant=TENANT, request_id="p", approve=True, by="ann", value=math.inf
+    )
+    with pytest.raises(InvalidInputError, match=r"AnswerRequest\.value"):
+        check_request(answer)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -201,6 +202,14 @@ def run_demo(workdir: Path | None = None, console: Console | None = None) -> int
     console.print(f"[{colour}]bookings in the airline's ledger: {bookings}[/{colour}]")
     if own_dir:
         console.print(f"(files kept in {directory})")
+    database = shlex.quote(str(directory / "onward.db"))
+    console.print(f"5. look at what it did (run {RUN_ID}, tenant {TENANT}):")
+    for command in ("inspect", "replay"):
+        console.print(
+            f"   ONWARD_SQLITE_PATH={database} onward {command} {RUN_ID} --tenant {TENANT}",
+            soft_wrap=True,
+            highlight=False,
+        )
     return bookings
 
 

@@ -34,6 +34,8 @@ def test_exports() -> None:
         "OnwardToolMiddleware",
         "StoredWrite",
         "ThreadState",
+        "current_fence",
+        "current_lease_expires_at",
     ]
 
 

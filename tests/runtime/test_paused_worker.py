@@ -136,14 +136,14 @@ async def paused_then_resumed(
         resuming = asyncio.create_task(runner.resume(agent, run_id, tenant=TENANT))
         if late_first:
             await until(lambda: len(system.read()["entered"]) > 1, "the second worker's call")
-            system.mark("go", True)
+            system.let_go()
             child.send_signal(signal.SIGCONT)
         resumed: Exception | str
         try:
             resumed = (await resuming).status
         except IndeterminateToolCallError as exc:
             resumed = exc
-        system.mark("go", True)
+        system.let_go()
         child.send_signal(signal.SIGCONT)
         out, _ = await asyncio.wait_for(child.communicate(), 60)
     finally:

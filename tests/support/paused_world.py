@@ -11,7 +11,8 @@ it) with one of three behaviours a real service may have:
 Its status check (`status`) answers whether a call with a key took effect; a system that fences
 takes the asker's fence as the highest seen for the key before answering. The agent's ``book``
 tool marks ``entered`` in the file when it starts; with ``hold`` it then blocks the thread (no
-await: nothing in its process can stop it) until the file says ``go``, so the test can pause the
+await: nothing in its process can stop it) until a ``.go`` file beside it exists (looked at
+without the file's lock, which a stopped process must never hold), so the test can pause the
 process there and let it carry on later; with ``max_call_s`` it awaits ``ASYNC_WAIT_S`` first,
 which a paused process finds past its deadline.
 """
@@ -55,16 +56,24 @@ class ExternalSystem:
     @contextlib.contextmanager
     def _state(self) -> Iterator[dict[str, Any]]:
         with open(self.path.with_suffix(".lock"), "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            _lock(lock.fileno(), self.path)
             state: dict[str, Any] = (
                 json.loads(self.path.read_text())
                 if self.path.exists()
-                else {"effects": [], "fences": {}, "refused": [], "entered": [], "go": False}
+                else {"effects": [], "fences": {}, "refused": [], "entered": []}
             )
             yield state
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(state))
             os.replace(tmp, self.path)
+
+    def let_go(self) -> None:
+        """Let a holding call go on (`booking_tool` with ``hold``)."""
+        self.path.with_suffix(".go").touch()
+
+    def gone(self) -> bool:
+        """Whether holding calls may go on; reads no state, so it takes no lock."""
+        return self.path.with_suffix(".go").exists()
 
     def read(self) -> dict[str, Any]:
         with self._state() as state:
@@ -119,6 +128,25 @@ class ExternalSystem:
         return list(self.read()["effects"])
 
 
+LOCK_WAIT_S = 30.0
+"""The longest a caller waits for the system's lock: a stopped process holding it must fail the
+test, not hang it."""
+
+
+def _lock(fd: int, path: Path) -> None:
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{path}: its lock was held for {LOCK_WAIT_S:g}s (by a stopped process?)"
+                ) from None
+            time.sleep(0.005)
+
+
 def booking_tool(
     system: ExternalSystem, *, checked: bool, hold: bool, bounded: bool, second: bool = False
 ) -> Tool:
@@ -132,7 +160,7 @@ def booking_tool(
     async def book(seat: str, *, idempotency_key: str, fence: int) -> str:
         system.mark("entered", {"pid": os.getpid(), "fence": fence})
         if hold:
-            while not system.read()["go"]:
+            while not system.gone():
                 # Blocks the thread on purpose: nothing in this process runs meanwhile.
                 time.sleep(0.01)  # noqa: ASYNC251
         if bounded:

@@ -5,7 +5,7 @@ process resumes the run as a second worker; then the first is continued. What ke
 call from taking effect twice is what each kind of tool depends on: an external system that
 refuses older fences or deduplicates on the key (status-checked tools), a person (plain tools),
 or the call's deadline (``max_call_s``, whose effect comes after an await). On the embedded
-SQLite file (the fleet test pauses `onward worker` processes on Kafka + PostgreSQL + Redis).
+SQLite file and on Kafka + PostgreSQL + Redis.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import pytest
 import pytest_asyncio
 from rich.console import Console
 from support.crashes import Crash, CrashAt
+from support.deployment import kafka_settings, process_env
 from support.paused_world import (
     MAX_CALL_S,
     POLICY,
@@ -38,6 +39,7 @@ from support.paused_world import (
     booking_model,
 )
 from support.processes import spawn_support
+from support.servers import KafkaServers
 
 from onward.errors import ConfigurationError, IndeterminateToolCallError
 from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
@@ -53,21 +55,28 @@ from onward.runtime.worker import Worker
 PARTITIONS = 2
 
 
-@pytest.fixture
-def deployment(tmp_path: Path) -> tuple[Settings, dict[str, str]]:
-    """The settings this process opens, and the environment the paused child opens them from.
-
-    The embedded SQLite file: on Kafka + PostgreSQL + Redis the same pauses are the fleet
-    test's (tests/runtime/test_fleet_pauses.py), with `onward worker` processes.
-    """
-    db = tmp_path / "onward.db"
-    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
-    return Settings(backend="sqlite", sqlite_path=db), env
+@pytest.fixture(params=["sqlite", pytest.param("kafka", marks=pytest.mark.kafka)])
+def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Settings, dict[str, str]]:
+    """The settings this process opens, and the environment the paused child opens them from."""
+    if request.param == "sqlite":
+        db = tmp_path / "onward.db"
+        env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+        return Settings(backend="sqlite", sqlite_path=db), env
+    servers: KafkaServers = request.getfixturevalue("kafka_servers")
+    return kafka_settings(servers, PARTITIONS), process_env(servers, PARTITIONS)
 
 
 @pytest_asyncio.fixture
 async def backends(deployment: tuple[Settings, dict[str, str]]) -> AsyncIterator[Backends]:
-    async with open_backends(deployment[0]) as opened:
+    settings, _ = deployment
+    if settings.backend == "kafka":
+        from onward.eventlog import KafkaEventLog  # noqa: PLC0415
+
+        async with KafkaEventLog(
+            settings.kafka_bootstrap_servers, topic=settings.kafka_topic, partitions=PARTITIONS
+        ):
+            pass  # the events topic exists before the child and this process open it
+    async with open_backends(settings) as opened:
         yield opened
 
 

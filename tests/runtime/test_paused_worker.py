@@ -337,6 +337,17 @@ async def test_a_call_cut_off_that_nothing_can_decide_is_left_for_a_person(
     assert len(calls) == 1
 
 
+async def dispatched_then_died(embedded: Backends, agent: Agent, run_id: str) -> None:
+    """A run whose process died right after its call's dispatch was written (lease 6 s)."""
+    crashing = embedded.runner(
+        booking_model(),
+        lease_policy=LeasePolicy(ttl=timedelta(seconds=6)),
+        observer=CrashAt("tool.dispatched"),
+    )
+    with pytest.raises(Crash):
+        await crashing.run(agent, "go", tenant=TENANT, run_id=run_id)
+
+
 async def test_a_status_check_is_asked_only_after_the_calls_deadline(
     embedded: Backends, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -353,13 +364,7 @@ async def test_a_status_check_is_asked_only_after_the_calls_deadline(
         return "unused"
 
     agent = Agent(name="booker", instructions="book", tools=[book])
-    crashing = embedded.runner(
-        booking_model(),
-        lease_policy=LeasePolicy(ttl=timedelta(seconds=6)),
-        observer=CrashAt("tool.dispatched"),
-    )
-    with pytest.raises(Crash):
-        await crashing.run(agent, "go", tenant=TENANT, run_id="r")
+    await dispatched_then_died(embedded, agent, "r")
     (dispatched,) = [
         s.event for s in await embedded.log.read_run("r") if isinstance(s.event, ToolDispatched)
     ]
@@ -389,13 +394,7 @@ async def test_inspect_says_what_keeps_each_undecided_call_from_taking_effect_tw
         return "unused"
 
     agent = Agent(name="booker", instructions="book", tools=[book])
-    crashing = embedded.runner(
-        booking_model(),
-        lease_policy=LeasePolicy(ttl=timedelta(seconds=6)),
-        observer=CrashAt("tool.dispatched"),
-    )
-    with pytest.raises(Crash):
-        await crashing.run(agent, "go", tenant=TENANT, run_id="r")
+    await dispatched_then_died(embedded, agent, "r")
     frontier = await sqlite_runner(embedded, booking_model()).inspect("r", tenant=TENANT)
 
     def printed(**known: Any) -> str:

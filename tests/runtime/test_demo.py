@@ -8,17 +8,22 @@ import sys
 from pathlib import Path
 
 
-def test_the_demo_prints_the_plan_and_ends_with_one_booking(tmp_path: Path) -> None:
+def demo(where: Path) -> str:
+    """`onward demo --dir where` as a user runs it (a wide terminal); what it printed."""
     result = subprocess.run(
-        [sys.executable, "-m", "onward", "demo", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "onward", "demo", "--dir", str(where)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "300"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
+    return result.stdout
+
+
+def test_the_demo_prints_the_plan_and_ends_with_one_booking(tmp_path: Path) -> None:
+    out = demo(tmp_path)
     assert "killed with SIGKILL (exit -9)" in out
     assert "replayed the recorded result" in out
     assert "indeterminate" in out
@@ -30,16 +35,7 @@ def test_the_demo_prints_the_plan_and_ends_with_one_booking(tmp_path: Path) -> N
 
 def test_the_demo_prints_commands_that_show_what_it_did(tmp_path: Path) -> None:
     """The demo ends with the commands to look at its run; each works as printed."""
-    result = subprocess.run(
-        [sys.executable, "-m", "onward", "demo", "--dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "300"},
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    commands = [line.split()[1:] for line in result.stdout.splitlines() if "onward " in line]
+    commands = [line.split()[1:] for line in demo(tmp_path).splitlines() if "onward " in line]
     assert [c[:2] for c in commands] == [["onward", "inspect"], ["onward", "replay"]]
     for command in commands:
         shown = subprocess.run(

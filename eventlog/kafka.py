@@ -27,7 +27,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from onward._storage import BACKEND_TIMEOUT_S, DRIVER_ERRORS, translate
 from onward.errors import (
@@ -292,6 +292,7 @@ class KafkaEventLog(EventLogBackend):
     ) -> None:
         """Send one record batch and settle its appends with their offsets or the error."""
         queue = self._queues[partition]
+        delivery: asyncio.Future[Any] | None = None
         try:
             # The idempotent producer retries a batch until the broker takes it, however long
             # that is; the appends wait no longer than the request timeout.
@@ -299,6 +300,8 @@ class KafkaEventLog(EventLogBackend):
                 delivery = await producer.send_batch(batch, self._topic, partition=partition)
                 metadata = await delivery
         except TimeoutError:
+            if delivery is not None:  # its outcome, whenever it comes, is no longer awaited
+                delivery.add_done_callback(_outcome_dropped)
             # The batch may still land (the log decides); what is queued behind it is never
             # sent, so a resume once Kafka answers again finds each step written or not.
             waiting = [*taken, *queue]
@@ -443,17 +446,34 @@ class KafkaEventLog(EventLogBackend):
             raise translate(errors[0], context="closing the Kafka event log") from errors[0]
 
 
+def _outcome_dropped(delivery: asyncio.Future[Any]) -> None:
+    """Take a given-up batch's outcome, so asyncio does not warn that nobody read it."""
+    if not delivery.cancelled():
+        delivery.exception()
+
+
 def _drop_connections(client_owner: Any) -> None:
     """Close the sockets of a client whose stop gave up on a broker that does not answer.
 
-    aiokafka keeps them open while its stop waits, and a producer's sender would open new ones
-    to retry its batch; stopping the sender and closing the sockets leaves nothing behind. The
-    client is ``client`` on a producer and ``_client`` elsewhere.
+    aiokafka keeps them open while its stop waits, a producer's sender would open new ones to
+    retry its batch, and the client's metadata task (its stop cut off before it got there)
+    would go on refreshing the metadata every few minutes for as long as the event loop lives,
+    opening a connection each time; stopping both and closing the sockets leaves nothing
+    behind. The client is ``client`` on a producer and ``_client`` elsewhere.
     """
-    sender = getattr(getattr(client_owner, "_sender", None), "sender_task", None)
-    if sender is not None:
-        sender.cancel()
     client = getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
+    for task in (
+        getattr(getattr(client_owner, "_sender", None), "sender_task", None),
+        getattr(client, "_sync_task", None),
+    ):
+        if task is not None:
+            task.cancel()
+    # Whatever waits on the metadata refresh just cancelled (a produce request about to retry)
+    # is told it will not come, so it ends rather than wait for ever.
+    refresh = getattr(client, "_md_update_fut", None)
+    if isinstance(refresh, asyncio.Future) and not refresh.done():
+        refresh.set_exception(KafkaConnectionError("the Kafka event log was closed"))
+        refresh.exception()  # told to its waiters; nobody else is to be warned about it
     for connection in list(getattr(client, "_conns", {}).values()):
         connection.close()
 

@@ -107,11 +107,25 @@ class IndeterminateToolCallError(OnwardError):
 
 
 class ResumeConflictError(OnwardError):
-    """Another worker holds the run's lease."""
+    """Another worker holds the run's lease.
 
-    def __init__(self, message: str, *, run_id: str | None = None, holder: str | None = None):
+    Attributes:
+        holder: Who holds it, told only to the lease's own tenant.
+        expires_at: When its lease lapses unless renewed (seconds since the epoch, the lease
+            store's clock), told only to the lease's own tenant.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        holder: str | None = None,
+        expires_at: float | None = None,
+    ):
         super().__init__(message, run_id=run_id)
         self.holder = holder
+        self.expires_at = expires_at
 
 
 class FencedError(OnwardError):

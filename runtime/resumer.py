@@ -44,6 +44,7 @@ from onward.projections.transcript import TranscriptRow, message_of
 
 from .agent import Agent
 from .leases.base import LeasePolicy, LeaseStore, RunLease
+from .leases.presence import acquire_run
 from .planning import ResumePlan, plan_resume
 
 
@@ -126,8 +127,8 @@ class Resumer:
         """
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        lease = await self.leases.acquire(
-            run_id, tenant=tenant, holder=worker, ttl_s=self.policy.ttl_s
+        lease = await acquire_run(
+            self.leases, run_id, tenant=tenant, holder=worker, ttl_s=self.policy.ttl_s
         )
         timings["lease"] = _ms(started)
         try:

@@ -21,8 +21,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Mapping
@@ -64,6 +62,7 @@ from .conversation import Conversation, as_text, restored
 from .leases.base import LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
+from .leases.presence import default_holder
 from .limits import (
     MAX_DEPTH,
     MAX_NAME_LENGTH,
@@ -86,10 +85,6 @@ from .tools import Reconciled, Tool, ToolArgumentsError, idempotency_key, tool_e
 from .writer import HeldRun, RunObserver, RunWriter
 
 _log = logging.getLogger("onward.runner")
-
-
-def _default_worker() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class AgentRunner(Resource):
@@ -170,7 +165,7 @@ class AgentRunner(Resource):
         self.log = log
         self.leases = leases
         self.frontiers = frontiers
-        self.worker = worker or _default_worker()
+        self.worker = worker or default_holder()
         self.lease_policy = lease_policy or LeasePolicy()
         self.continuation = continuation
         self.max_tool_calls_per_turn = max_tool_calls_per_turn

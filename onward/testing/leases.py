@@ -302,11 +302,15 @@ class LeaseStoreConformance:
         self, store: LeaseStore
     ) -> None:
         run_id = new_run_id()
-        await self._take(store, run_id, "w1")
+        lease = await self._take(store, run_id, "w1")
         with pytest.raises(ResumeConflictError) as refused:
             await self._take(store, run_id, "w2")
         assert refused.value.holder == "w1"
         assert refused.value.run_id == run_id
+        # When the holder's lease lapses unless renewed, so a caller can say how long to wait.
+        assert refused.value.expires_at is not None
+        assert abs(refused.value.expires_at - lease.expires_at) < 0.01
+        assert " until " in str(refused.value)
 
     async def test_the_same_holder_acquiring_again_is_refused_too(self, store: LeaseStore) -> None:
         # No silent re-entry: a second acquisition by the same name is most likely a second

@@ -182,10 +182,7 @@ def refuse(exc: OnwardError, *, tenant: str | None) -> int:
     Undecided calls are the one case with more to say: each call, and the `onward resolve`
     commands that settle it, follow the error line.
     """
-    line = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, errors.ResumeConflictError):
-        line += f"; held by: {exc.holder}"
-    error(line)
+    error(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, errors.IndeterminateToolCallError) and exc.run_id and tenant is not None:
         error("undecided calls; find out whether each took effect, then settle it with one of:")
         for call in exc.calls:

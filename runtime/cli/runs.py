@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
 import shlex
+import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, TypeGuard, TypeVar
 
@@ -11,7 +15,7 @@ import msgspec
 import typer
 
 from onward._storage import check_onward_sqlite
-from onward.errors import ConfigurationError, InvalidInputError
+from onward.errors import ConfigurationError, InvalidInputError, ResumeConflictError
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.events import Tagged
@@ -26,7 +30,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.app import DEFAULT_TENANT
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.compaction import compaction_store
-from onward.runtime.leases.base import RunLease
+from onward.runtime.leases.base import LeasePolicy, RunLease
 from onward.runtime.providers import Provider
 from onward.runtime.settings import load_settings
 
@@ -44,6 +48,7 @@ from ._common import (
     out,
     run_until_terminated,
 )
+from .progress import TurnLines
 from .summary import audit_table, carried, run_facts, run_summary, shown, tags_text
 
 _T = TypeVar("_T")
@@ -201,6 +206,10 @@ def inspect_command(
     with_backends(work, readonly=True)
 
 
+WAIT_RECHECK_S = 1.0
+"""How often `run --resume --wait` asks again for a held run."""
+
+
 def run_command(
     resume: Annotated[str, typer.Option("--resume", metavar="RUN", help="The run to carry on.")],
     *,
@@ -210,8 +219,28 @@ def run_command(
     worker: Annotated[
         str | None, typer.Option(help="This worker's name (default: host and process id).")
     ] = None,
+    lease_ttl: Annotated[
+        float,
+        typer.Option(
+            help="Seconds the run's lease lasts unless renewed: how long the run stays held if "
+            "this process dies where no process of this host can tell (its host is lost)."
+        ),
+    ] = LeasePolicy().ttl_s,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="If another worker holds the run, wait for its lease to end (saying who holds "
+            "it and until when) and then carry it on.",
+        ),
+    ] = False,
 ) -> None:
-    """Carry a run on: print its summary, take its lease, claim it, plan, and drive it.
+    """Carry a run on: print its summary, take its lease, claim it, plan, and drive it,
+    saying on stderr how each turn went as it settles.
+
+    A run held by a process of this host that has ended (killed, crashed) is taken at once;
+    one held by a live worker or another host's is refused with when its lease lapses, or with
+    --wait waited for.
 
     Exit 0: carried on, or nothing to do. 1: no such run. 2: bad command line.
     3: another worker holds it.
@@ -219,17 +248,39 @@ def run_command(
     an unreadable or newer record).
     5: a store, the model or the agent's code failed.
     """
+    if not (lease_ttl > 0 and math.isfinite(lease_ttl)):
+        raise InvalidInputError(f"--lease-ttl must be positive seconds, got {lease_ttl}")
+    policy = LeasePolicy(ttl=timedelta(seconds=lease_ttl))
     agent = load_agent(agent_spec)
     provider = load_provider(provider_spec)
 
     async def work(backends: Backends) -> None:
         frontier, lease = await _look(backends, resume, tenant)
         out.print(run_summary(frontier, lease=lease, agent=agent))
-        runner = backends.runner(provider, worker=worker)
-        result = await runner.resume(agent, resume, tenant=tenant)
+        runner = backends.runner(provider, worker=worker, lease_policy=policy, observer=TurnLines())
+        said: tuple[str | None, float | None] | None = None
+        while True:
+            try:
+                result = await runner.resume(agent, resume, tenant=tenant)
+                break
+            except ResumeConflictError as held:
+                if not wait:
+                    raise
+                if said != (held.holder, held.expires_at):
+                    said = (held.holder, held.expires_at)
+                    error(f"waiting: {held}")
+                await asyncio.sleep(_recheck_in(held.expires_at))
         out.print(carried(result, runner.worker))
 
     with_backends(work)
+
+
+def _recheck_in(expires_at: float | None) -> float:
+    """How long to wait before asking for a held run again: until its lease lapses, at most
+    `WAIT_RECHECK_S` (the holder may let go sooner)."""
+    if expires_at is None:
+        return WAIT_RECHECK_S
+    return min(max(expires_at - time.time(), 0.05), WAIT_RECHECK_S)
 
 
 def _answer_command(*, approve: bool, doc: str) -> Callable[..., None]:

@@ -19,8 +19,9 @@ sees the same messages whichever store it runs on.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from onward._storage import AsyncResource
@@ -96,14 +97,20 @@ def check_ttl(ttl_s: float) -> None:
 
 
 def conflict_error(
-    run_id: str, holder: str | None, *, holder_tenant: str | None, tenant: str
+    run_id: str,
+    holder: str | None,
+    *,
+    holder_tenant: str | None,
+    tenant: str,
+    expires_at: float | None = None,
 ) -> ResumeConflictError:
     """The refusal every backend raises when an unexpired lease is in the way.
 
-    The holder (a worker's host and process, or ``person:<who>``, often an email address) is
-    named only to the tenant whose lease it is: to anyone else the refusal says neither who
-    holds the run nor that it is held for sure, only that it is not theirs to take now.
-    ``holder`` is ``None`` only when the holder let go between the refusal and the look.
+    The holder (a worker's host and process, or ``person:<who>``, often an email address) and
+    when its lease lapses unless renewed are told only to the tenant whose lease it is: to
+    anyone else the refusal says neither who holds the run nor that it is held for sure, only
+    that it is not theirs to take now. ``holder`` is ``None`` only when the holder let go
+    between the refusal and the look.
     """
     if holder_tenant != tenant:
         return ResumeConflictError(
@@ -111,11 +118,25 @@ def conflict_error(
             "this tenant's",
             run_id=run_id,
         )
+    until = "" if expires_at is None else f" until {lapse_text(expires_at)}"
     return ResumeConflictError(
-        f"run {run_id!r} is held by {holder!r}; wait for it to finish or for its lease to lapse",
+        f"run {run_id!r} is held by {holder!r}{until}; wait for it to finish or for its lease "
+        "to lapse",
         run_id=run_id,
         holder=holder,
+        expires_at=expires_at,
     )
+
+
+def lapse_text(expires_at: float) -> str:
+    """When a lease lapses, as an operator reads it: the UTC time and how far off it is."""
+    moment = datetime.fromtimestamp(expires_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    left = expires_at - time.time()
+    if left <= 0:
+        return f"{moment} (now)"
+    if left < 90:
+        return f"{moment} (in {math.ceil(left)} s, unless its holder renews it)"
+    return f"{moment} (in {math.ceil(left / 60)} min, unless its holder renews it)"
 
 
 def fenced_error(lease: RunLease, why: str) -> FencedError:

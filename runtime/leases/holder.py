@@ -37,6 +37,7 @@ from typing import Self
 from onward.errors import BackendError, FencedError, InvalidInputError, OnwardError
 
 from .base import LeasePolicy, LeaseStore, RunLease
+from .presence import acquire_run
 
 logger = logging.getLogger(__name__)
 
@@ -190,8 +191,12 @@ class Leaseholder:
         if self._adopt:
             await self._renew()
         else:
-            self._lease = await self.store.acquire(
-                self.run_id, tenant=self.tenant, holder=self.holder, ttl_s=self.policy.ttl_s
+            self._lease = await acquire_run(
+                self.store,
+                self.run_id,
+                tenant=self.tenant,
+                holder=self.holder,
+                ttl_s=self.policy.ttl_s,
             )
         self._held = True
         self._renewal = asyncio.create_task(

@@ -73,7 +73,11 @@ class MemoryLeaseStore(Resource):
         current = self._live(run_id)
         if current is not None:
             raise conflict_error(
-                run_id, current.holder, holder_tenant=current.tenant, tenant=tenant
+                run_id,
+                current.holder,
+                holder_tenant=current.tenant,
+                tenant=tenant,
+                expires_at=current.deadline + self._epoch_offset,
             )
         fence = self._fences.get(run_id, 0) + 1
         self._fences[run_id] = fence

@@ -45,7 +45,8 @@ _CURRENT = (
     "FROM onward_leases WHERE run_id = $1 AND holder IS NOT NULL AND expires_at > now()"
 )
 _ROW = (
-    "SELECT holder, tenant, fence, holder IS NOT NULL AND expires_at > now() AS held "
+    "SELECT holder, tenant, fence, holder IS NOT NULL AND expires_at > now() AS held, "
+    "extract(epoch FROM expires_at)::float8 AS expires_at "
     "FROM onward_leases WHERE run_id = $1"
 )
 
@@ -91,22 +92,27 @@ class PostgresLeaseStore(PostgresStore):
 
         async def acquire(
             conn: asyncpg.Connection,
-        ) -> tuple[asyncpg.Record | None, tuple[str | None, str | None] | None]:
-            in_the_way: tuple[str | None, str | None] | None = None
+        ) -> tuple[asyncpg.Record | None, asyncpg.Record | None]:
+            in_the_way: asyncpg.Record | None = None
             for _ in range(ACQUIRE_ATTEMPTS):
                 row = await conn.fetchrow(_ACQUIRE, run_id, tenant, holder, ttl_s)
                 if row is not None:
                     return row, None
                 current = await conn.fetchrow(_ROW, run_id)
-                in_the_way = None if current is None else (current["holder"], current["tenant"])
+                in_the_way = current
                 if current is not None and current["held"]:
                     break
             return None, in_the_way
 
         row, in_the_way = await self._run(acquire, "acquiring the lease", run_id)
         if row is None:
-            holder_in_the_way, its_tenant = in_the_way or (None, None)
-            raise conflict_error(run_id, holder_in_the_way, holder_tenant=its_tenant, tenant=tenant)
+            raise conflict_error(
+                run_id,
+                None if in_the_way is None else in_the_way["holder"],
+                holder_tenant=None if in_the_way is None else in_the_way["tenant"],
+                tenant=tenant,
+                expires_at=None if in_the_way is None else in_the_way["expires_at"],
+            )
         return _lease(run_id, row)
 
     async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:

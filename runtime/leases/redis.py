@@ -104,7 +104,13 @@ class RedisLeaseStore(RedisStore):
         )
         if not int(taken):
             holder_tenant = _text(held_for[0]) if held_for and held_for[0] else None
-            raise conflict_error(run_id, _text(value), holder_tenant=holder_tenant, tenant=tenant)
+            raise conflict_error(
+                run_id,
+                _text(value),
+                holder_tenant=holder_tenant,
+                tenant=tenant,
+                expires_at=float(expires_at),
+            )
         return RunLease(run_id, tenant, holder, int(value), float(expires_at))
 
     async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:

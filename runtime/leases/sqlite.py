@@ -81,13 +81,20 @@ class SqliteLeaseStore(SqliteStore):
                 if rows:
                     return rows[0], None
                 current = conn.execute(
-                    "SELECT holder, tenant FROM onward_leases WHERE run_id = ?", (run_id,)
+                    "SELECT holder, tenant, expires_at FROM onward_leases WHERE run_id = ?",
+                    (run_id,),
                 ).fetchone()
                 return None, current
 
         row, current = await self._db.call(acquire, "acquiring the lease", run_id)
         if row is None:
-            raise conflict_error(run_id, current[0], holder_tenant=current[1], tenant=tenant)
+            raise conflict_error(
+                run_id,
+                current[0],
+                holder_tenant=current[1],
+                tenant=tenant,
+                expires_at=None if current[2] is None else float(current[2]),
+            )
         return _lease(run_id, row)
 
     async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:

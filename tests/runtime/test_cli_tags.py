@@ -121,7 +121,7 @@ def test_tagging_a_run_another_worker_holds_exits_3(db: Path) -> None:
     asyncio.run(hold())
     result = onward(db, "tag", run_id, "x", "--tenant", TENANT)
     assert result.exit_code == 3, result.output
-    assert "held by: other-worker" in result.stderr
+    assert "is held by 'other-worker' until " in result.stderr
 
 
 @pytest.mark.kafka

@@ -394,7 +394,9 @@ async def test_a_conflict_names_the_holder_to_the_runs_own_tenant_only(
     with pytest.raises(ResumeConflictError) as other:
         await lease_store.acquire("r1", tenant="evil", holder="w-evil", ttl_s=30)
     assert other.value.holder is None
+    assert other.value.expires_at is None
     assert "alice" not in str(other.value)
+    assert " until " not in str(other.value)
     assert "not this tenant's" in str(other.value)
     with pytest.raises(ResumeConflictError) as own:
         await lease_store.acquire("r1", tenant=TENANT, holder="w2", ttl_s=30)

@@ -253,9 +253,9 @@ def test_a_refusal_naming_run_content_prints_it_escaped(
 ) -> None:
     """security review #15: the CLI's error line shows the holder a conflict names (a worker
     name anyone can choose) with its escapes visible, never as a raw ESC byte."""
-    conflict = ResumeConflictError("run r is held", run_id="r", holder=f"w{HOSTILE}")
+    conflict = ResumeConflictError(f"run r is held by w{HOSTILE}", run_id="r", holder=f"w{HOSTILE}")
     refuse(conflict, tenant="acme")
     printed = capsys.readouterr().err
     assert "\x1b" not in printed
     assert "\x07" not in printed
-    assert "held by: w\\x1b]0;OWNED\\x07" in printed
+    assert "held by w\\x1b]0;OWNED\\x07\\x1b[2J" in printed

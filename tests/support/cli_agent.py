@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from onward.eventlog import ToolCall
-from onward.runtime import Agent, ScriptedProvider, idempotency_key, reply, tool
+from onward.eventlog.events import Message
+from onward.runtime import Agent, ModelReply, ScriptedProvider, idempotency_key, reply, tool
 
 EFFECTS: list[tuple[str, str]] = []
 """(tool, idempotency key) of every call that took effect in this process."""
@@ -72,6 +74,21 @@ def paying_model() -> ScriptedProvider:
     return ScriptedProvider(
         [reply("", ToolCall(call_id="p", tool="pay", args={"amount": 10})), reply("paid")]
     )
+
+
+class StallingModel:
+    """A model that never answers: marks ``CLI_AGENT_ENTERED`` (a file) once it is asked, then
+    waits a minute, so a test can kill the process holding the run while it waits."""
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        Path(os.environ["CLI_AGENT_ENTERED"]).write_text(agent.name)  # noqa: ASYNC240
+        await asyncio.sleep(60)
+        raise AssertionError("the stalling model was meant to be killed while it waited")
+
+
+def stalling_model() -> StallingModel:
+    """A model the process holding the run is killed in."""
+    return StallingModel()
 
 
 not_an_agent = 42

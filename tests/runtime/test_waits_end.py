@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from support.crashes import Crash, CrashAt
+from support.deployment import kafka_settings
+from support.servers import KafkaServers
 
 import onward
 from onward.errors import RunTimeoutError
@@ -43,15 +46,26 @@ def model() -> ScriptedProvider:
     )
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+PARTITIONS = 3
+
+
+@pytest.fixture(params=["sqlite", "memory", "kafka"])
 def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    """The embedded file, memory, or a Kafka + PostgreSQL + Redis deployment of this test."""
+    if request.param == "kafka":
+        return kafka_settings(request.getfixturevalue("kafka_servers"), PARTITIONS)
     return Settings(backend=request.param, sqlite_path=tmp_path / "onward.db")
 
 
 @pytest_asyncio.fixture
-async def app(settings: Settings) -> AsyncIterator[onward.App]:
-    async with onward.open(settings, agents=[AGENT], provider=model(), recheck_s=0.2) as opened:
-        yield opened
+async def app(settings: Settings, request: pytest.FixtureRequest) -> AsyncIterator[onward.App]:
+    async with AsyncExitStack() as stack:
+        if settings.backend == "kafka":  # the events topic, made as a deployment makes it
+            servers: KafkaServers = request.getfixturevalue("kafka_servers")
+            await stack.enter_async_context(servers.log(partitions=PARTITIONS))
+        yield await stack.enter_async_context(
+            onward.open(settings, agents=[AGENT], provider=model(), recheck_s=0.2)
+        )
 
 
 async def left_mid_call(app: onward.App, run_id: str) -> None:

@@ -87,6 +87,11 @@ from .writer import HeldRun, RunObserver, RunWriter
 _log = logging.getLogger("onward.runner")
 
 
+def new_run_id() -> str:
+    """A fresh run id, for a run started without one."""
+    return f"run-{uuid.uuid4().hex}"
+
+
 class AgentRunner(Resource):
     """Runs agents on any `EventLog`, each run under its lease, every fact written ahead.
 
@@ -238,7 +243,7 @@ class AgentRunner(Resource):
                 a name or value is out of bounds (`onward.runtime.limits`; the field is named);
                 nothing was written.
         """
-        run_id = check_name("run_id", run_id) if run_id is not None else f"run-{uuid.uuid4().hex}"
+        run_id = check_name("run_id", run_id) if run_id is not None else new_run_id()
         check_name("tenant", tenant, run_id=run_id)
         check_name("agent.name", agent.name, run_id=run_id)
         check_depth("input", input, run_id=run_id)

@@ -1,6 +1,6 @@
 """The `onward` command line: the command tree, one module per area.
 
-``runs`` (inspect, run --resume, approve, deny, resolve, tag, replay), ``compact``, ``gc``,
+``runs`` (inspect, start, run --resume, approve, deny, resolve, tag, replay), ``compact``, ``gc``,
 ``projections`` (projector, projections rebuild), ``quarantine`` (list, release), ``worker``,
 ``db`` (migrate, verify), ``schema`` and ``demo``; ``_common`` holds the consoles, the exit
 codes and the boundary every command runs inside.
@@ -73,6 +73,7 @@ app.add_typer(projections_app)
 app.add_typer(quarantine_app)
 
 _add(app, "inspect", runs.inspect_command)
+_add(app, "start", runs.start_command)
 _add(app, "run", runs.run_command)
 _add(app, "approve", runs.approve_command)
 _add(app, "deny", runs.deny_command)

@@ -363,6 +363,12 @@ def made(found: object, spec: str, option: str, *, is_made: Callable[[object], b
         raise InvalidInputError(f"{option}: {spec} raised {type(exc).__name__}: {exc}") from exc
 
 
+def text_option(text: str, option: str) -> str:
+    """An option's text as given, or read from the file ``@PATH`` or from standard input
+    (``-``), for text too long for a command line ("Argument list too long")."""
+    return _read_option(text, option)[0]
+
+
 def json_option(text: str | None, option: str) -> Any:
     """Decode a JSON option before anything is opened, so bad input writes nothing.
 
@@ -371,22 +377,26 @@ def json_option(text: str | None, option: str) -> Any:
     """
     if text is None:
         return None
-    where = ""
-    if text == "-":
-        where, text = " (standard input)", sys.stdin.read()
-    elif text.startswith("@"):
-        path = text[1:]
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidInputError(
-                f"{option}: cannot read {path!r}: {getattr(exc, 'strerror', None) or exc}"
-            ) from exc
-        where = f" (file {path!r})"
+    text, where = _read_option(text, option)
     try:
         return json.loads(text)
     except ValueError as exc:
         raise InvalidInputError(f"{option}: not JSON{where}: {exc}") from exc
+
+
+def _read_option(text: str, option: str) -> tuple[str, str]:
+    """The text an option stands for, and where it was read from (for error messages)."""
+    if text == "-":
+        return sys.stdin.read(), " (standard input)"
+    if not text.startswith("@"):
+        return text, ""
+    path = text[1:]
+    try:
+        return Path(path).read_text(encoding="utf-8"), f" (file {path!r})"
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(
+            f"{option}: cannot read {path!r}: {getattr(exc, 'strerror', None) or exc}"
+        ) from exc
 
 
 class NoModel:

@@ -31,7 +31,9 @@ from onward.runtime.app import DEFAULT_TENANT
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.compaction import compaction_store
 from onward.runtime.leases.base import LeasePolicy, RunLease
+from onward.runtime.limits import check_name
 from onward.runtime.providers import Provider
+from onward.runtime.runner import new_run_id
 from onward.runtime.settings import load_settings
 
 from ._common import (
@@ -47,9 +49,10 @@ from ._common import (
     opened,
     out,
     run_until_terminated,
+    text_option,
 )
 from .progress import TurnLines
-from .summary import audit_table, carried, run_facts, run_summary, shown, tags_text
+from .summary import audit_table, carried, outcome, run_facts, run_summary, shown, tags_text
 
 _T = TypeVar("_T")
 
@@ -90,24 +93,27 @@ class Outcome(StrEnum):
     NEVER_RAN = "never_ran"
 
 
-def with_backends(work: Callable[[Backends], Awaitable[_T]], *, readonly: bool = False) -> _T:
+def with_backends(
+    work: Callable[[Backends], Awaitable[_T]], *, readonly: bool = False, creates: bool = False
+) -> _T:
     """Run ``work`` on the configured stores, opened within a bounded connect time.
 
     With ``readonly`` (the commands that only read) the stores are opened read-only
     (`open_backends`): nothing in a SQLite file changes, and a file that is not an Onward
-    database is refused.
+    database is refused. With ``creates`` (a command that starts a run) a SQLite file that is
+    not there yet is made.
     """
     config = load_settings()
 
     async def on_stores() -> _T:
-        if config.backend == "sqlite" and not config.sqlite_path.exists():
+        if config.backend == "sqlite" and not creates and not config.sqlite_path.exists():
             # Every command here is about a run that exists; a mistyped path must not quietly
             # become a new, empty database.
             raise ConfigurationError(
                 f"ONWARD_SQLITE_PATH {str(config.sqlite_path)!r} does not exist; point it at "
                 "the database the runs were written to"
             )
-        if config.backend == "sqlite":
+        if config.backend == "sqlite" and config.sqlite_path.exists():
             # Nor may another program's file quietly get Onward's tables: it holds no run.
             check_onward_sqlite(config.sqlite_path)
         stores = open_backends(config, readonly=readonly)
@@ -209,6 +215,74 @@ def inspect_command(
 WAIT_RECHECK_S = 1.0
 """How often `run --resume --wait` asks again for a held run."""
 
+DEFAULT_LEASE_TTL_S = LeasePolicy().ttl_s
+"""The lease ttl of a run the command line drives, as a runner's by default."""
+
+WorkerOption = Annotated[
+    str | None, typer.Option(help="This worker's name (default: host and process id).")
+]
+LeaseTtlOption = Annotated[
+    float,
+    typer.Option(
+        help="Seconds the run's lease lasts unless renewed: how long the run stays held if "
+        "this process dies where no process of this host can tell (its host is lost)."
+    ),
+]
+
+
+def lease_policy(lease_ttl: float) -> LeasePolicy:
+    """The policy of ``--lease-ttl``, refused before anything is opened if it cannot hold."""
+    if not (lease_ttl > 0 and math.isfinite(lease_ttl)):
+        raise InvalidInputError(f"--lease-ttl must be positive seconds, got {lease_ttl}")
+    return LeasePolicy(ttl=timedelta(seconds=lease_ttl))
+
+
+def start_command(
+    prompt: Annotated[
+        str,
+        typer.Argument(
+            metavar="PROMPT",
+            help="The run's input, as text; @FILE reads it from a file, - from stdin.",
+        ),
+    ],
+    *,
+    tenant: TenantOption = DEFAULT_TENANT,
+    agent_spec: AgentOption,
+    provider_spec: ProviderOption,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="The new run's id (default: a fresh one).")
+    ] = None,
+    worker: WorkerOption = None,
+    lease_ttl: LeaseTtlOption = DEFAULT_LEASE_TTL_S,
+) -> None:
+    """Start a run of the agent with PROMPT as its input and drive it until it ends or waits
+    on a person, saying on stderr how each turn went as it settles.
+
+    The run's id is printed first, with the command that carries it on if this one stops.
+
+    Exit 0: the run ended or waits on a person (its status is printed). 2: bad command line, or
+    a run under that id exists. 3: another worker holds that id. 5: a store, the model or the
+    agent's code failed; the run is kept, `onward run --resume` carries it on.
+    """
+    policy = lease_policy(lease_ttl)
+    text = text_option(prompt, "PROMPT")
+    agent = load_agent(agent_spec)
+    provider = load_provider(provider_spec)
+    new_id = check_name("--run-id", run_id) if run_id is not None else new_run_id()
+
+    async def work(backends: Backends) -> None:
+        runner = backends.runner(provider, worker=worker, lease_policy=policy, observer=TurnLines())
+        where = ["--tenant", tenant, "--agent", agent_spec, "--provider", provider_spec]
+        carry_on = shlex.join(["onward", "run", "--resume", new_id, *where])
+        out.print(
+            shown(f"started run {new_id} (tenant {tenant}); if this stops: {carry_on}"),
+            soft_wrap=True,
+        )
+        result = await runner.run(agent, text, tenant=tenant, run_id=new_id)
+        out.print(outcome(result))
+
+    with_backends(work, creates=True)
+
 
 def run_command(
     resume: Annotated[str, typer.Option("--resume", metavar="RUN", help="The run to carry on.")],
@@ -216,16 +290,8 @@ def run_command(
     tenant: TenantOption = DEFAULT_TENANT,
     agent_spec: AgentOption,
     provider_spec: ProviderOption,
-    worker: Annotated[
-        str | None, typer.Option(help="This worker's name (default: host and process id).")
-    ] = None,
-    lease_ttl: Annotated[
-        float,
-        typer.Option(
-            help="Seconds the run's lease lasts unless renewed: how long the run stays held if "
-            "this process dies where no process of this host can tell (its host is lost)."
-        ),
-    ] = LeasePolicy().ttl_s,
+    worker: WorkerOption = None,
+    lease_ttl: LeaseTtlOption = DEFAULT_LEASE_TTL_S,
     wait: Annotated[
         bool,
         typer.Option(
@@ -248,9 +314,7 @@ def run_command(
     an unreadable or newer record).
     5: a store, the model or the agent's code failed.
     """
-    if not (lease_ttl > 0 and math.isfinite(lease_ttl)):
-        raise InvalidInputError(f"--lease-ttl must be positive seconds, got {lease_ttl}")
-    policy = LeasePolicy(ttl=timedelta(seconds=lease_ttl))
+    policy = lease_policy(lease_ttl)
     agent = load_agent(agent_spec)
     provider = load_provider(provider_spec)
 

@@ -330,10 +330,16 @@ def carried(result: RunResult, worker: str) -> Group:
             lines.append(
                 shown(f"  settled by the tools' status checks: {', '.join(result.reconciled)}")
             )
+    lines.append(outcome(result))
+    return Group(*lines)
+
+
+def outcome(result: RunResult) -> Group:
+    """Where a run stands after this command drove it: status, and its output or error."""
     status = f"status {result.status}, iteration {result.iteration}"
     if result.waiting_on:
         status += f", waiting on {result.waiting_on}"
-    lines.append(shown(status))
+    lines = [shown(status)]
     if result.output is not None:
         lines.append(shown(f"output: {one_line(result.output, 200)}"))
     if result.error is not None:

@@ -624,3 +624,49 @@ def test_a_lease_ttl_that_is_not_positive_is_refused(db: Path) -> None:
     result = onward(db, "run", "--resume", run_id, *AGENT, "--lease-ttl", "0")
     assert result.exit_code == 2
     assert "--lease-ttl must be positive seconds, got 0.0" in result.stderr
+
+
+def started_with(db: Path, run_id: str) -> object:
+    """The input a run's first event records, as `onward replay --json` shows it."""
+    first = json.loads(onward(db, "replay", run_id, "--json").stdout.splitlines()[0])
+    assert first["kind"] == "run.started"
+    return first["event"]["input"]
+
+
+def test_start_makes_the_database_runs_the_agent_and_prints_how_to_carry_it_on(db: Path) -> None:
+    result = onward(db, "start", "book 3A", "--run-id", "s-1", *AGENT)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == (
+        "started run s-1 (tenant default); if this stops: onward run --resume s-1 --tenant "
+        "default --agent support.cli_agent:booker --provider support.cli_agent:booking_model"
+    )
+    assert "status completed, iteration 2" in result.stdout
+    assert "output: booked" in result.stdout
+    assert cli_agent.effects("book", "s-1", "b") == 1
+    assert started_with(db, "s-1") == "book 3A"
+
+    again = onward(db, "start", "book 3A", "--run-id", "s-1", *AGENT)
+    assert again.exit_code == 2, again.output
+    assert "already exists" in again.stderr
+    assert cli_agent.effects("book", "s-1", "b") == 1
+
+
+def test_start_reads_its_prompt_from_a_file_and_picks_a_fresh_id(db: Path, tmp_path: Path) -> None:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("book 3A " * 1_000)
+    first = onward(db, "start", f"@{prompt}", *AGENT)
+    second = onward(db, "start", f"@{prompt}", *AGENT)
+    assert (first.exit_code, second.exit_code) == (0, 0), first.output + second.output
+    ids = [r.stdout.split()[2] for r in (first, second)]
+    assert ids[0] != ids[1]
+    assert started_with(db, ids[0]) == "book 3A " * 1_000
+
+
+def test_start_whose_model_fails_keeps_the_run_to_carry_on(db: Path, mine: str) -> None:
+    broken = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]
+    failed = onward(db, "start", "book 3A", "--run-id", "s-2", *broken)
+    assert failed.exit_code == 5, failed.output
+    assert "the model's client has a bug" in failed.stderr
+    carried = onward(db, "run", "--resume", "s-2", *AGENT)
+    assert carried.exit_code == 0, carried.output
+    assert "status completed" in carried.stdout

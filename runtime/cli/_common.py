@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Annotated, Any, ParamSpec, TypeVar, cast
 
+import msgspec
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -108,6 +109,16 @@ def echo(text: str, *, nl: bool = True) -> None:
     """Write ``text`` to standard output as it is (a JSON line, the schema), never re-wrapped."""
     _stdout.write(text + ("\n" if nl else ""))
     _stdout.flush()
+
+
+def echo_json(value: Any) -> None:
+    """One JSON object on one line of standard output: what ``--json`` prints."""
+    echo(msgspec.json.encode(value).decode())
+
+
+JsonResultOption = Annotated[
+    bool, typer.Option("--json", help="Print the result as one JSON object instead of text.")
+]
 
 
 def _discard_stdout() -> None:

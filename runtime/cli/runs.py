@@ -38,10 +38,12 @@ from onward.runtime.settings import load_settings
 
 from ._common import (
     ArchiveOption,
+    JsonResultOption,
     NoModel,
     RunArgument,
     TenantOption,
     echo,
+    echo_json,
     error,
     imported,
     json_option,
@@ -52,7 +54,16 @@ from ._common import (
     text_option,
 )
 from .progress import TurnLines
-from .summary import audit_table, carried, outcome, run_facts, run_summary, shown, tags_text
+from .summary import (
+    audit_table,
+    carried,
+    outcome,
+    result_facts,
+    run_facts,
+    run_summary,
+    shown,
+    tags_text,
+)
 
 _T = TypeVar("_T")
 
@@ -254,6 +265,7 @@ def start_command(
     ] = None,
     worker: WorkerOption = None,
     lease_ttl: LeaseTtlOption = DEFAULT_LEASE_TTL_S,
+    as_json: JsonResultOption = False,
 ) -> None:
     """Start a run of the agent with PROMPT as its input and drive it until it ends or waits
     on a person, saying on stderr how each turn went as it settles.
@@ -274,12 +286,16 @@ def start_command(
         runner = backends.runner(provider, worker=worker, lease_policy=policy, observer=TurnLines())
         where = ["--tenant", tenant, "--agent", agent_spec, "--provider", provider_spec]
         carry_on = shlex.join(["onward", "run", "--resume", new_id, *where])
-        out.print(
-            shown(f"started run {new_id} (tenant {tenant}); if this stops: {carry_on}"),
-            soft_wrap=True,
-        )
+        if not as_json:
+            out.print(
+                shown(f"started run {new_id} (tenant {tenant}); if this stops: {carry_on}"),
+                soft_wrap=True,
+            )
         result = await runner.run(agent, text, tenant=tenant, run_id=new_id)
-        out.print(outcome(result))
+        if as_json:
+            echo_json(result_facts(result, worker=runner.worker))
+        else:
+            out.print(outcome(result))
 
     with_backends(work, creates=True)
 
@@ -300,6 +316,7 @@ def run_command(
             "it and until when) and then carry it on.",
         ),
     ] = False,
+    as_json: JsonResultOption = False,
 ) -> None:
     """Carry a run on: print its summary, take its lease, claim it, plan, and drive it,
     saying on stderr how each turn went as it settles.
@@ -320,7 +337,8 @@ def run_command(
 
     async def work(backends: Backends) -> None:
         frontier, lease = await _look(backends, resume, tenant)
-        out.print(run_summary(frontier, lease=lease, agent=agent))
+        if not as_json:
+            out.print(run_summary(frontier, lease=lease, agent=agent))
         runner = backends.runner(provider, worker=worker, lease_policy=policy, observer=TurnLines())
         said: tuple[str | None, float | None] | None = None
         while True:
@@ -334,7 +352,10 @@ def run_command(
                     said = (held.holder, held.expires_at)
                     error(f"waiting: {held}")
                 await asyncio.sleep(_recheck_in(held.expires_at))
-        out.print(carried(result, runner.worker))
+        if as_json:
+            echo_json(result_facts(result, worker=runner.worker))
+        else:
+            out.print(carried(result, runner.worker))
 
     with_backends(work)
 
@@ -357,20 +378,25 @@ def _answer_command(*, approve: bool, doc: str) -> Callable[..., None]:
         tenant: TenantOption = DEFAULT_TENANT,
         by: ByOption,
         value: ValueOption = None,
+        as_json: JsonResultOption = False,
     ) -> None:
         parsed = json_option(value, "--value")
 
-        async def work(backends: Backends) -> str:
+        async def work(backends: Backends) -> None:
             runner = backends.runner(NoModel())
             if approve:
                 await runner.approve(run_id, request, tenant=tenant, by=by, value=parsed)
-                return f"approved {request} of run {run_id} (by {by}); " + _carry_on_hint(
-                    run_id, tenant
-                )
-            await runner.deny(run_id, request, tenant=tenant, by=by, value=parsed)
-            return f"denied {request} of run {run_id} (by {by}); the run is cancelled"
+            else:
+                await runner.deny(run_id, request, tenant=tenant, by=by, value=parsed)
 
-        out.print(shown(with_backends(work)), soft_wrap=True)
+        with_backends(work)
+        verdict = "approved" if approve else "denied"
+        if as_json:
+            answered = {"run": run_id, "tenant": tenant, "request": request, "answer": verdict}
+            echo_json({**answered, "by": by})
+            return
+        then = _carry_on_hint(run_id, tenant) if approve else "the run is cancelled"
+        out.print(shown(f"{verdict} {request} of run {run_id} (by {by}); {then}"), soft_wrap=True)
 
     answer.__name__ = "approve" if approve else "deny"
     answer.__doc__ = doc
@@ -408,6 +434,7 @@ def resolve_command(
             help="The call's result, when it completed: JSON, @FILE from a file, - from stdin.",
         ),
     ] = None,
+    as_json: JsonResultOption = False,
 ) -> None:
     """Settle an undecided call as a person: it completed (with its result) or never ran.
 
@@ -430,6 +457,10 @@ def resolve_command(
         )
 
     with_backends(work)
+    if as_json:
+        settled = {"run": run_id, "tenant": tenant, "call": call, "outcome": outcome.value}
+        echo_json({**settled, "by": by})
+        return
     out.print(
         shown(
             f"settled call {call} of run {run_id} as {outcome.value} (by {by}); "
@@ -453,6 +484,7 @@ def tag_command(
     by: Annotated[
         str, typer.Option("--by", help="Who tags it; the lease store shows it as the holder.")
     ] = "tagger",
+    as_json: JsonResultOption = False,
 ) -> None:
     """Put a label on one event of a run; tagged events survive compaction.
 
@@ -469,6 +501,9 @@ def tag_command(
             return await tagger.tag(run_id, label, tenant=tenant, seq=seq, by=by)
 
     tagged = with_backends(work)
+    if as_json:
+        echo_json({"run": run_id, "tenant": tenant, "seq": tagged, "label": label, "by": by})
+        return
     out.print(shown(f"tagged seq {tagged} of run {run_id} as {label!r}"), soft_wrap=True)
 
 

@@ -334,6 +334,25 @@ def carried(result: RunResult, worker: str) -> Group:
     return Group(*lines)
 
 
+def result_facts(result: RunResult, *, worker: str) -> dict[str, Any]:
+    """What `start --json` and `run --resume --json` print: where the run stands now, and
+    what this command did (the fence it held, its plan), as data."""
+    return {
+        "run": result.run_id,
+        "tenant": result.tenant,
+        "status": result.status,
+        "iteration": result.iteration,
+        "waiting_on": result.waiting_on,
+        "output": result.output,
+        "error": result.error,
+        "continued_to": result.continued_to,
+        "worker": worker,
+        "fence": result.fence,
+        "plan": None if result.plan is None else result.plan.describe(),
+        "reconciled": list(result.reconciled),
+    }
+
+
 def outcome(result: RunResult) -> Group:
     """Where a run stands after this command drove it: status, and its output or error."""
     status = f"status {result.status}, iteration {result.iteration}"

@@ -52,6 +52,7 @@ from onward.testing.eventlog import Envelope
 
 TENANT = "acme"
 AGENT = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"]
+PAYING = ["--agent", "support.cli_agent:payer", "--provider", "support.cli_agent:paying_model"]
 
 
 async def start_on(
@@ -670,3 +671,59 @@ def test_start_whose_model_fails_keeps_the_run_to_carry_on(db: Path, mine: str) 
     carried = onward(db, "run", "--resume", "s-2", *AGENT)
     assert carried.exit_code == 0, carried.output
     assert "status completed" in carried.stdout
+
+
+def one_object(result: Result) -> dict[str, object]:
+    """The single JSON object a command's ``--json`` prints, and nothing else on stdout."""
+    assert result.exit_code == 0, result.output
+    (line,) = result.stdout.splitlines()
+    decoded = json.loads(line)
+    assert isinstance(decoded, dict)
+    return decoded
+
+
+def test_every_command_that_changes_a_run_prints_its_result_as_json(db: Path) -> None:
+    started = one_object(onward(db, "start", "pay 10", "--run-id", "j-1", "--json", *PAYING))
+    assert started["run"] == "j-1"
+    assert started["status"] == "waiting"
+    assert started["waiting_on"] == "p"
+    approved = one_object(onward(db, "approve", "j-1", "p", "--by", "ann", "--json"))
+    assert approved == {
+        "run": "j-1",
+        "tenant": "default",
+        "request": "p",
+        "answer": "approved",
+        "by": "ann",
+    }
+    carried = one_object(onward(db, "run", "--resume", "j-1", "--json", *PAYING))
+    assert (carried["status"], carried["output"], carried["fence"]) == ("completed", "paid", 3)
+    assert carried["plan"]
+    tagged = one_object(onward(db, "tag", "j-1", "done", "--json"))
+    assert (tagged["label"], tagged["by"]) == ("done", "tagger")
+    assert isinstance(tagged["seq"], int)
+
+    run_id = start(db, crash_at="tool.returned")
+    settled = one_object(
+        onward(
+            db,
+            "resolve",
+            run_id,
+            "b",
+            "--tenant",
+            TENANT,
+            "--outcome",
+            "never_ran",
+            "--by",
+            "ops",
+            "--why",
+            "the airline has no booking",
+            "--json",
+        )
+    )
+    assert settled["outcome"] == "never_ran"
+
+    denied_id = waiting_run(db)
+    denied = one_object(
+        onward(db, "deny", denied_id, "p", "--tenant", TENANT, "--by", "bo", "--json")
+    )
+    assert denied["answer"] == "denied"

@@ -17,7 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import compact, db, demo, gc, projections, quarantine, runs, schema, worker
-from ._common import EXIT_OK, EXIT_USAGE, boundary, error
+from ._common import EXIT_OK, EXIT_USAGE, boundary, debugging, error
 
 
 class _Root(TyperGroup):
@@ -112,8 +112,15 @@ def _root(
             "--version", callback=_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug", help="Print the traceback of an error raised by the agent's or model's code."
+        ),
+    ] = False,
 ) -> None:
     """Onward: an event-sourced durable runtime for agent runs."""
+    debugging.on = debug
 
 
 def main() -> None:

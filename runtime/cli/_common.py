@@ -22,7 +22,9 @@ import shlex
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Annotated, Any, ParamSpec, TypeVar, cast
@@ -208,11 +210,22 @@ def refuse(exc: OnwardError, *, tenant: str | None) -> int:
     return exit_code(exc)
 
 
+@dataclass
+class _Debugging:
+    """Whether ``onward --debug`` was given: set by the root command for the command it runs."""
+
+    on: bool = False
+
+
+debugging = _Debugging()
+
+
 def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
     """Wrap the command ``name`` so every way it can stop becomes its documented exit code.
 
     `OnwardError` picks its code with `exit_code`; a driver exception is translated first;
-    any other exception is the agent's or the model's own code failing (exit 5); Ctrl-C is 130.
+    any other exception is the agent's or the model's own code failing (exit 5, with its
+    traceback first under ``onward --debug``); Ctrl-C is 130.
     Each says so in one line on standard error. Standard output closed by its reader ends the
     command quietly, exit 0, as it does for ``cat`` or ``grep``.
     """
@@ -244,6 +257,9 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
             if classify(type(exc)) is not None:
                 translated = translate(exc, context=name)
                 raise typer.Exit(refuse(translated, tenant=None)) from exc
+            if debugging.on:
+                for line in "".join(traceback.format_exception(exc)).splitlines():
+                    err.print(Text(printable(line)), soft_wrap=True)
             error(f"{type(exc).__name__} (raised by the agent's or the model's code): {exc}")
             raise typer.Exit(EXIT_FAILED) from exc
 

@@ -727,3 +727,15 @@ def test_every_command_that_changes_a_run_prints_its_result_as_json(db: Path) ->
         onward(db, "deny", denied_id, "p", "--tenant", TENANT, "--by", "bo", "--json")
     )
     assert denied["answer"] == "denied"
+
+
+def test_debug_prints_the_traceback_of_the_users_own_code(db: Path, mine: str) -> None:
+    run_id = start(db, crash_at="model.answered")
+    agent = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]
+    plain = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *agent)
+    assert "Traceback" not in plain.stderr
+    debugged = onward(db, "--debug", "run", "--resume", run_id, "--tenant", TENANT, *agent)
+    assert debugged.exit_code == 5, debugged.output
+    assert "Traceback (most recent call last):" in debugged.stderr
+    assert f'{mine.removesuffix(".py")}.py", line 7, in complete' in debugged.stderr
+    assert debugged.stderr.rstrip().endswith("the model's client has a bug")

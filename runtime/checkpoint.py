@@ -28,6 +28,7 @@ from onward.eventlog.events import (
     ModelAnswered,
     RunContinued,
     RunFinished,
+    RunStarted,
     Tagged,
     ToolResolved,
     TurnSettled,
@@ -39,6 +40,7 @@ from onward.projections.projector import FrontierProjection
 log = logging.getLogger("onward.checkpoint")
 
 _ALWAYS_FOLDED = (
+    RunStarted,
     RunFinished,
     RunContinued,
     ApprovalGranted,
@@ -46,8 +48,9 @@ _ALWAYS_FOLDED = (
     ToolResolved,
     Tagged,
 )
-"""Events folded into the row as soon as they are appended: the run's end, and a person's word
-(from `onward approve`, `deny`, `resolve` or `tag` in another process, often)."""
+"""Events folded into the row as soon as they are appended: the run's start (a run whose process
+died before its first boundary must have a row, or no worker ever finds it), its end, and a
+person's word (from `onward approve`, `deny`, `resolve` or `tag` in another process, often)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +68,8 @@ class CheckpointPolicy:
     before_approval: bool = True
 
     def wants(self, events: Sequence[Event]) -> bool:
-        """Whether a batch ends at a boundary this policy checkpoints, ends the run, or is a
-        person's word (an answer, a settled call, a tag): what a worker and `list_pending`
+        """Whether a batch ends at a boundary this policy checkpoints, starts or ends the run, or
+        is a person's word (an answer, a settled call, a tag): what a worker and `list_pending`
         read from the row must show it at once, whatever the policy."""
         for event in events:
             if isinstance(event, _ALWAYS_FOLDED):

@@ -340,3 +340,49 @@ async def test_a_run_approved_with_the_cli_is_carried_on_by_a_running_embedded_w
             assert status == "completed"
     finally:
         await _stop([worker])
+
+
+async def test_a_run_whose_first_model_call_failed_is_found_and_carried_on_by_a_worker(
+    tmp_path: Path,
+) -> None:
+    """A run that never reached its first boundary (the model failed on its first call) has a
+    row at once, so a running `onward worker`, which finds runs by their rows, carries it on;
+    before, the row came only at the first model answer and the run was never found."""
+    path = tmp_path / "fleet.db"
+
+    def down(messages: Sequence[Message]) -> ModelReply:
+        raise ConnectionError("the model is down")
+
+    async with open_backends(_settings(path)) as backends:
+        runner = backends.runner(ScriptedProvider(down))
+        with pytest.raises(ConnectionError):
+            await runner.run(cli_agent.booker(), "book 3A", tenant=TENANT, run_id="first-1")
+        row = await backends.frontiers.get("first-1")
+        assert row is not None
+        assert row.summary.status == "running"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(path),
+        "ONWARD_PARTITIONS": "4",
+    }
+    argv = ["-m", "onward", "worker", "--agent", "support.cli_agent:booker"]
+    argv += ["--provider", "support.cli_agent:booking_model", "--recheck", "0.3"]
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        assert worker.stderr is not None
+        assert b"ready" in await asyncio.wait_for(worker.stderr.readline(), 60)
+        async with open_backends(_settings(path)) as backends:
+            status = None
+            for _ in range(300):
+                row = await backends.frontiers.get("first-1")
+                status = row.summary.status if row is not None else None
+                if status == "completed":
+                    break
+                await asyncio.sleep(0.1)
+            assert status == "completed"
+    finally:
+        await _stop([worker])

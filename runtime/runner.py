@@ -358,12 +358,28 @@ class AgentRunner(Resource):
         return plan_resume(run.frontier, run.agent), reconciled
 
     async def _record_reconciled(self, run: HeldRun, call: CallState, answer: Reconciled) -> None:
+        """Record a status check's answer; a result no store can keep is the call's typed
+        error (the call did complete, so the run goes on), never a write that fails the run."""
+        result, error = answer.result, None
+        fault = (
+            f"nested more than {MAX_DEPTH} levels deep" if too_deep(result) else unencodable(result)
+        )
+        if fault is not None:
+            result, error = (
+                None,
+                ToolError(
+                    type="UnencodableResult",
+                    message=f"{call.tool}'s status check answered completed with a result that "
+                    f"cannot be recorded: {fault}",
+                ),
+            )
         resolved = self.writer.event(
             run,
             ToolResolved,
             call_id=call.call_id,
             outcome=answer.outcome,
-            result=answer.result,
+            result=result,
+            error=error,
             by="reconcile",
             why=f"{call.tool}'s status check answered {answer.outcome}",
         )

@@ -9,16 +9,17 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from support.crashes import Crash, CrashAt
 
 from onward.errors import InvalidInputError
-from onward.eventlog import Message, RunStarted, ToolCall, ToolCompleted
+from onward.eventlog import Message, RunStarted, ToolCall, ToolCompleted, ToolResolved
 from onward.eventlog.codec import encode
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.requests import ResumeRun, StartRun
 from onward.runtime.settings import Settings
-from onward.runtime.tools import tool
+from onward.runtime.tools import Reconciled, tool
 from onward.runtime.worker import Worker
 
 TENANT = "acme"
@@ -180,3 +181,37 @@ def test_an_event_that_cannot_be_encoded_is_refused_naming_run_seq_and_path() ->
         match=r"run 'r' seq 1: run.started cannot be written: .*`\$.input.r\[0\]`",
     ):
         encode(started)
+
+
+async def _whats_booked(key: str) -> Reconciled:
+    """A status check that says the call completed, with a result no store can keep."""
+    return Reconciled("completed", RETURNED["receipt"])
+
+
+@tool(reconcile=_whats_booked)
+async def book(seat: str, *, idempotency_key: str) -> str:
+    return f"booked {seat}"
+
+
+async def test_a_status_check_answer_that_cannot_be_recorded_is_the_call_s_typed_error(
+    backends: Backends,
+) -> None:
+    """The status check says the call completed, so it did: a result that cannot be recorded
+    becomes the call's ``UnencodableResult`` error and the run goes on, rather than the
+    resume failing on the write every time it is tried."""
+    agent = Agent(name="booker", instructions="b", tools=[book])
+    dying = backends.runner(calling("book", {"seat": "3A"}), observer=CrashAt("tool.dispatched"))
+    with pytest.raises(Crash):
+        await dying.run(agent, "go", tenant=TENANT, run_id="r2")
+    result = await backends.runner(calling("book", {"seat": "3A"})).resume(
+        agent, "r2", tenant=TENANT
+    )
+    assert result.status == "completed", result.error
+    assert result.reconciled == ("c1",)
+    (resolved,) = [
+        s.event for s in await backends.log.read_run("r2") if isinstance(s.event, ToolResolved)
+    ]
+    assert (resolved.outcome, resolved.result) == ("completed", None)
+    assert resolved.error is not None
+    assert resolved.error.type == "UnencodableResult"
+    assert "an object of type Receipt at `$`" in resolved.error.message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
@@ -15,7 +16,7 @@ from onward.runtime.compaction import (
     compaction_store,
 )
 
-from ._common import ArchiveOption, error, out
+from ._common import ArchiveOption, JsonResultOption, echo_json, error, out
 from .runs import with_backends
 from .summary import shown
 
@@ -49,6 +50,7 @@ def compact_command(
     retention_mins: Annotated[
         float, typer.Option(help="Records younger than this are never cut.", min=0)
     ] = 0.0,
+    as_json: JsonResultOption = False,
 ) -> None:
     """Compact the log: copy out what each run still needs (tagged events, last resume points,
     the whole of runs read from their first event), then cut each partition below what its
@@ -76,6 +78,9 @@ def compact_command(
             return await compactor.compact(dry_run=dry_run, run_id=run)
 
     report = with_backends(work)
+    if as_json:
+        echo_json({**dataclasses.asdict(report), "events_cut": report.events_cut})
+        return
     for partition in report.partitions:
         out.print(shown(describe(partition, report)), soft_wrap=True)
     if run is not None:

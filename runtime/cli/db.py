@@ -13,7 +13,7 @@ from onward.projections.migrations import schema_version_postgres
 from onward.projections.postgres import PROJECTION, PostgresFrontierStore, migrate
 from onward.runtime.settings import Settings, load_settings
 
-from ._common import opened, out, within
+from ._common import JsonResultOption, echo_json, opened, out, within
 
 
 @asynccontextmanager
@@ -30,7 +30,7 @@ async def _connection(config: Settings) -> AsyncIterator[asyncpg.Connection]:
         await conn.close()
 
 
-def migrate_command() -> None:
+def migrate_command(as_json: JsonResultOption = False) -> None:
     """Apply pending PostgreSQL migrations (DATABASE_URL) and create the first builds.
 
     Exit 0: the schema is current. 2: bad configuration or credentials. 5: PostgreSQL failed.
@@ -42,12 +42,15 @@ def migrate_command() -> None:
             return await migrate(conn)
 
     applied = asyncio.run(run())
+    if as_json:
+        echo_json({"applied": applied, "current": True})
+        return
     for name in applied:
         out.print(f"applied {name}")
     out.print("schema is current" if not applied else f"{len(applied)} step(s) applied")
 
 
-def verify_command() -> None:
+def verify_command(as_json: JsonResultOption = False) -> None:
     """Check the PostgreSQL schema is the version this code expects.
 
     Exit 0: it is. 2: it is not (run `onward db migrate`), or bad configuration or credentials.
@@ -61,4 +64,7 @@ def verify_command() -> None:
             return await schema_version_postgres(conn), await active_build(conn, PROJECTION)
 
     version, build = asyncio.run(run())
+    if as_json:
+        echo_json({"schema_version": version, "frontiers_build": build, "ok": True})
+        return
     out.print(f"schema version {version}, frontiers build {build}: ok")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from typing import Annotated
@@ -32,7 +33,16 @@ from onward.projections.rebuild import RebuildReport, rebuild_frontiers, rebuild
 from onward.projections.sql import Projection, SqlProjectionSink, as_projection
 from onward.runtime.settings import Settings, load_settings
 
-from ._common import ArchiveOption, err, imported, opened, out, within
+from ._common import (
+    ArchiveOption,
+    JsonResultOption,
+    echo_json,
+    err,
+    imported,
+    opened,
+    out,
+    within,
+)
 
 _log = logging.getLogger("onward.projector")
 
@@ -180,6 +190,7 @@ def rebuild_command(
     ] = None,
     batch: Annotated[int, typer.Option(help="Records read per partition per step.")] = 5_000,
     archive: ArchiveOption = None,
+    as_json: JsonResultOption = False,
 ) -> None:
     """Fold the retained log into a new build of a projection and switch its views to it.
     With --archive, what compaction cut is read back from the archive first, so the new build
@@ -228,6 +239,9 @@ def rebuild_command(
                 )
 
     report = asyncio.run(run())
+    if as_json:
+        echo_json({**dataclasses.asdict(report), "events_per_second": report.events_per_second})
+        return
     out.print(
         f"{report.projection} build {report.build} active (was {report.previous}); "
         f"{report.events} events in {report.seconds:.1f}s ({report.events_per_second:,.0f}/s); "

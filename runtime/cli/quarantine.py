@@ -33,7 +33,7 @@ from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.settings import Settings, load_settings
 
-from ._common import RunArgument, echo, opened, out
+from ._common import JsonResultOption, RunArgument, echo, echo_json, opened, out
 from .summary import shown
 
 _T = TypeVar("_T")
@@ -123,7 +123,7 @@ def list_command(
     out.print(_table(entries))
 
 
-def release_command(run_id: RunArgument, by: ByOption) -> None:
+def release_command(run_id: RunArgument, by: ByOption, as_json: JsonResultOption = False) -> None:
     """Release a quarantined run: the projector folds it again from its first offset.
 
     If a record of it is still unreadable (no newer Onward yet), the run is held again.
@@ -147,7 +147,10 @@ def release_command(run_id: RunArgument, by: ByOption) -> None:
             f"run {run_id!r} has no quarantined record held; see onward quarantine list",
             run_id=run_id,
         )
-    if config.backend != "sqlite":
+    if as_json:
+        folded = config.backend == "sqlite"
+        echo_json({"run": run_id, "released": released, "by": by, "folded": folded, "held": still})
+    elif config.backend != "sqlite":
         out.print(
             shown(
                 f"released run {run_id} ({released} record(s), by {by}); the projector folds "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import uuid
@@ -168,6 +169,14 @@ def test_the_cli_rebuilds_a_user_projection(
     )
     assert result.exit_code == 0, result.output
     assert "kinds build 1 active" in result.output
+    again = runner.invoke(
+        app,
+        ["projections", "rebuild", "kinds", "--projection", "support.kinds:KindCounts", "--json"],
+        env=env,
+    )
+    assert again.exit_code == 0, again.output
+    report = json.loads(again.stdout)
+    assert (report["projection"], report["build"], report["previous"]) == ("kinds", 2, 1)
     wrong = runner.invoke(
         app,
         ["projections", "rebuild", "other", "--projection", "support.kinds:KindCounts"],

@@ -63,6 +63,11 @@ def test_compact_then_replay_marks_the_span_and_the_archive_shows_it_all(
     db: Path, tmp_path: Path
 ) -> None:
     archive = tmp_path / "archive"
+    dry = onward(db, "compact", "--dry-run", "--archive", str(archive), "--json")
+    assert dry.exit_code == 0, dry.output
+    planned = json.loads(dry.stdout)
+    assert planned["dry_run"] is True
+    assert planned["events_cut"] == sum(p["events_cut"] for p in planned["partitions"]) > 0
     result = onward(db, "compact", "--archive", str(archive), "--max-checkpoints", "2")
     assert result.exit_code == 0, result.output
     assert "archived" in result.stdout

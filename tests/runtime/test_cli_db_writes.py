@@ -8,6 +8,7 @@ backend names one, ``onward.db``, in the working directory) nor touch another sc
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -76,3 +77,8 @@ def test_migrate_creates_tables_in_the_named_schema_only(
     verified = onward(database_url, named, "db", "verify")
     assert verified.exit_code == 0, verified.output
     assert tables(database_url, named) == before
+    as_json = json.loads(onward(database_url, named, "db", "verify", "--json").stdout)
+    assert as_json["ok"] is True
+    assert as_json["frontiers_build"] == 1
+    again = json.loads(onward(database_url, named, "db", "migrate", "--json").stdout)
+    assert again == {"applied": [], "current": True}

@@ -69,6 +69,9 @@ class ArchivedEventLog(EventLogBackend):
                 f"{live.start}) nor in archive {self.archive.location} (it reaches back to "
                 f"{reach})",
                 run_id=run_id,
+                partition=partition,
+                offset=low,
+                start=reach,
             )
         out: list[LogRecord] = []
         if low < live.start:

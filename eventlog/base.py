@@ -346,6 +346,8 @@ def prepare_batch(
             f"run {run_id!r}: batch of {len(events)} events encodes to {total} bytes, over the "
             f"log's limit of {max_batch_bytes}; store large bodies out of line",
             run_id=run_id,
+            size=total,
+            limit=max_batch_bytes,
         )
     return run_id, partition_for(run_id, partitions), encoded
 

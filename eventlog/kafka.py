@@ -358,6 +358,9 @@ class KafkaEventLog(EventLogBackend):
                     f"partition {partition}: offset {low} was truncated; the partition starts "
                     f"at {bounds.start}",
                     run_id=run_id,
+                    partition=partition,
+                    offset=low,
+                    start=bounds.start,
                 )
             high = bounds.end if end is None else min(end, bounds.end)
             if low >= high:
@@ -534,10 +537,14 @@ def _build(producer: Any, taken: list[_Pending]) -> tuple[Any, list[_Pending], l
             if _fill(batch, pending):
                 continue
             if index == 0:
+                size = sum(len(record) for record in pending.records)
                 too_large = PayloadTooLargeError(
-                    f"run {pending.run_id!r}: batch of {len(pending.records)} events does not "
-                    "fit one Kafka record batch",
+                    f"run {pending.run_id!r}: batch of {len(pending.records)} events "
+                    f"({size} bytes) does not fit one Kafka record batch (at most "
+                    f"{_PRODUCER_MAX_BATCH} bytes with its headers)",
                     run_id=pending.run_id,
+                    size=size,
+                    limit=_PRODUCER_MAX_BATCH,
                 )
                 _settle(pending, error=too_large)
                 return None, [], taken[1:]

@@ -62,6 +62,9 @@ class MemoryEventLog(EventLogBackend):
                 f"partition {partition}: offset {start} was truncated; the partition starts at "
                 f"{base}",
                 run_id=run_id,
+                partition=partition,
+                offset=start,
+                start=base,
             )
         stop = base + len(records) if end is None else min(end, base + len(records))
         out: list[LogRecord] = []

@@ -173,6 +173,9 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                 f"partition {partition}: offset {start} was truncated; the partition starts at "
                 f"{first}",
                 run_id=run_id,
+                partition=partition,
+                offset=start,
+                start=first,
             )
         return [
             decode_record(Position(partition, offset), record, run_hint=key)

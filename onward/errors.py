@@ -29,7 +29,11 @@ enumerates every driver exception and fails on one without a rule.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # For the annotation only: every layer imports this module, so it imports none at runtime.
+    from onward.projections.frontier import CallState
 
 
 class OnwardError(Exception):
@@ -85,11 +89,49 @@ class CheckpointFormatError(EventDecodeError):
 
 
 class PayloadTooLargeError(OnwardError):
-    """An event or batch is larger than the log accepts."""
+    """An event or batch is larger than the log accepts.
+
+    Attributes:
+        size: How large it is, in bytes, when that was measured, else ``None``.
+        limit: The most the log accepts, in bytes, when known, else ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        size: int | None = None,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id)
+        self.size = size
+        self.limit = limit
 
 
 class LogTruncatedError(OnwardError):
-    """A read asked for offsets below the partition's start (compacted away)."""
+    """A read asked for offsets below the partition's start (compacted away).
+
+    Attributes:
+        partition: The partition read, when one is involved, else ``None``.
+        offset: The offset asked for, else ``None``.
+        start: Where the partition's records begin now (for a read through an archive: as far
+            back as the archive reaches), else ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+        start: int | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id)
+        self.partition = partition
+        self.offset = offset
+        self.start = start
 
 
 class RevisionMismatchError(OnwardError):
@@ -97,11 +139,21 @@ class RevisionMismatchError(OnwardError):
 
 
 class IndeterminateToolCallError(OnwardError):
-    """Resume cannot decide whether calls ran. Never retryable: a person must settle them."""
+    """Resume cannot decide whether calls ran. Never retryable: a person must settle them.
+
+    Attributes:
+        calls: The undecided calls, each with its tool, idempotency key and dispatch fence.
+    """
 
     retryable = False
 
-    def __init__(self, message: str, *, run_id: str | None = None, calls: tuple[Any, ...] = ()):
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        calls: tuple[CallState, ...] = (),
+    ) -> None:
         super().__init__(message, run_id=run_id)
         self.calls = calls
 
@@ -129,7 +181,24 @@ class ResumeConflictError(OnwardError):
 
 
 class FencedError(OnwardError):
-    """A write was attempted under a fence that a newer claim superseded."""
+    """A write was attempted under a fence that a newer claim superseded.
+
+    Attributes:
+        fence: The superseded fence the refused writer held, when known, else ``None``.
+        holder: Who held the lease under that fence, when known, else ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        fence: int | None = None,
+        holder: str | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id)
+        self.fence = fence
+        self.holder = holder
 
 
 class HistoryUnavailableError(OnwardError):

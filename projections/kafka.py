@@ -195,7 +195,10 @@ class KafkaProjector(Generic[SinkT]):
                 raise LogTruncatedError(
                     f"partition {tp.partition}: the projector's stored offset {offset} is below "
                     f"the partition's start {start}; records it never folded were deleted. "
-                    "Rebuild the projection (`onward projections rebuild`)"
+                    "Rebuild the projection (`onward projections rebuild`)",
+                    partition=tp.partition,
+                    offset=offset,
+                    start=start,
                 )
             consumer.seek(tp, offset)
             sought[tp.partition] = offset

@@ -379,6 +379,7 @@ class CheckpointCompactor(Resource):
                         f"run {pin.run_id!r}: tagged seq {pin.seq} is not in partition "
                         f"{partition} any more, so it cannot be retained; nothing was compacted",
                         run_id=pin.run_id,
+                        partition=partition,
                     )
                 extra.append(Retain(pin.run_id, pin.seq, offset, "tag"))
             copies = [*copies, *await self._copies(partition, extra)]
@@ -420,6 +421,8 @@ class CheckpointCompactor(Resource):
                     f"run {item.run_id!r}: seq {item.seq} is not at offset {offset} of "
                     f"partition {partition} any more; nothing was compacted",
                     run_id=item.run_id,
+                    partition=partition,
+                    offset=offset,
                 )
             copies.append(RetainedEvent.of(record, item.kept_as))
         return copies

@@ -138,6 +138,8 @@ class RunWriter:
                     f"run {run.run_id!r}: this worker's writes under fence {run.fence} were "
                     f"refused ({frontier.last_refusal}); another worker holds the run",
                     run_id=run.run_id,
+                    fence=run.fence,
+                    holder=run.held.holder,
                 )
             run.frontier = frontier
             for event in events:

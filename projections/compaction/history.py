@@ -90,7 +90,13 @@ async def _past_the_cut(
         if point is not None:
             missed = start is None or start < point.before_offset
             if not point.whole and missed and point.before_seq > have_seq + 1:
-                raise LogTruncatedError(await _gone(store, run_id, point), run_id=run_id)
+                raise LogTruncatedError(
+                    await _gone(store, run_id, point),
+                    run_id=run_id,
+                    partition=partition,
+                    offset=start,
+                    start=bounds.start,
+                )
             kept = [
                 e.stored()
                 for e in await store.retained(run_id)
@@ -108,6 +114,9 @@ async def _past_the_cut(
     raise LogTruncatedError(
         f"run {run_id!r}: partition {partition} was cut twice while it was read; read it again",
         run_id=run_id,
+        partition=partition,
+        offset=start,
+        start=bounds.start,
     )
 
 

@@ -145,6 +145,8 @@ def fenced_error(lease: RunLease, why: str) -> FencedError:
         f"run {lease.run_id!r}: the lease of {lease.holder!r} under fence {lease.fence} {why}; "
         "stop writing to the run",
         run_id=lease.run_id,
+        fence=lease.fence,
+        holder=lease.holder,
     )
 
 

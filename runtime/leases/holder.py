@@ -125,6 +125,8 @@ class Leaseholder:
                 f"run {self.run_id!r}: the lease of {self.holder!r} under fence "
                 f"{self.lease.fence} is lost; stop writing to the run",
                 run_id=self.run_id,
+                fence=self.lease.fence,
+                holder=self.holder,
             )
 
     async def confirm(self) -> RunLease:

@@ -777,6 +777,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     "while a graph run was writing it; that run must stop. A new invocation, "
                     "which reads the thread first, may write again",
                     run_id=thread_id,
+                    holder=self.holder,
                 )
             held = await self._claim(thread_id)
             self._held[thread_id] = held

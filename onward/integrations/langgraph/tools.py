@@ -164,6 +164,7 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
                 f"thread {call.thread_id!r}: the lease was lost once {call.call_id!r} "
                 f"({call.tool}) was dispatched; the tool was not called",
                 run_id=call.thread_id,
+                holder=self.saver.holder,
             )
         token = _call_lease.set(lease)
         try:

@@ -199,8 +199,6 @@ def refuse(exc: OnwardError, *, tenant: str | None) -> int:
     if isinstance(exc, errors.IndeterminateToolCallError) and exc.run_id and tenant is not None:
         error("undecided calls; find out whether each took effect, then settle it with one of:")
         for call in exc.calls:
-            if not isinstance(call, CallState):
-                continue
             error(
                 f"  {call.call_id} ({call.tool}, key {call.idempotency_key or 'none'}, "
                 f"dispatched under fence {call.dispatched_fence}, args {one_line(call.args)})"

@@ -82,6 +82,7 @@ from onward.eventlog import (
 )
 from onward.eventlog.base import LogRecord
 from onward.projections.base import StoredFrontier
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import (
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
@@ -89,7 +90,6 @@ from onward.projections.kafka import (
     quiet_garbage_collector,
 )
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.projections.rebuild import rebuild_frontiers
 
 PARTITIONS = 12

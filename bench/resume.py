@@ -119,10 +119,10 @@ from onward.eventlog import (
     partition_for,
 )
 from onward.eventlog.base import EventLog, Position, StoredEvent
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import KafkaProjector
 from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import PostgresBlobStore, SqliteBlobStore

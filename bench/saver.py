@@ -184,9 +184,9 @@ async def nothing() -> None:
 async def onward_kafka(args: argparse.Namespace) -> dict[str, Any]:
     from onward.eventlog import KafkaEventLog  # noqa: PLC0415
     from onward.integrations.langgraph import OnwardSaver  # noqa: PLC0415
+    from onward.projections.frontier_projection import FrontierProjection  # noqa: PLC0415
     from onward.projections.log_projector import LogProjector  # noqa: PLC0415
     from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
-    from onward.projections.projector import FrontierProjection  # noqa: PLC0415
     from onward.runtime.leases import RedisLeaseStore  # noqa: PLC0415
 
     topic = throwaway_name("saver")

@@ -95,9 +95,9 @@ from onward.projections.compaction import (
     PostgresCompactionStore,
     SqliteCompactionStore,
 )
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import Agent, AgentRunner, RedisLeaseStore, SqliteLeaseStore
 from onward.runtime.compaction import CheckpointCompactor

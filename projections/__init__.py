@@ -11,11 +11,11 @@ from .base import (
     StoredFrontier,
 )
 from .frontier import CallState, Frontier, ToolCallRow, fold, fold_all, fold_run
+from .frontier_projection import FrontierProjection, ProjectorStats
 from .kafka import KafkaProjector
 from .log_projector import LogProjector
 from .memory import MemoryFrontierStore
 from .postgres import PostgresFrontierStore, migrate
-from .projector import FrontierProjection, ProjectorStats
 from .rebuild import RebuildReport, rebuild, rebuild_frontiers, rebuild_projection
 from .sql import Projection, SqlProjectionSink
 from .sqlite import SqliteFrontierStore

@@ -35,7 +35,7 @@ from onward.eventlog.base import LogRecord, Position, StoredEvent
 from onward.eventlog.kafka import DEFAULT_TOPIC, record_of, topic_partition_count
 
 from .base import BuildSwitched, ProjectionSink
-from .projector import FrontierProjection
+from .frontier_projection import FrontierProjection
 
 SinkT = TypeVar("SinkT", bound=ProjectionSink)
 

@@ -18,9 +18,9 @@ from onward.eventlog.base import EventLog
 
 from .base import DEFAULT_CONSUMER, DEFAULT_MAX_BYTES, ProjectionSink
 from .builds import BuildLayout, create_build, switch_build
+from .frontier_projection import FrontierProjection
 from .log_projector import LogProjector
 from .postgres import FRONTIERS, PostgresFrontierStore
-from .projector import FrontierProjection
 from .sql import Projection, SqlProjectionSink, layout_of
 
 REBUILD_FLUSH_EVENTS = 200_000

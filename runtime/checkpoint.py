@@ -34,8 +34,8 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.projections.base import DEFAULT_MAX_BYTES, FrontierStore
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
-from onward.projections.projector import FrontierProjection
 
 log = logging.getLogger("onward.checkpoint")
 

@@ -19,6 +19,7 @@ from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog
 from onward.projections.base import ProjectionSink
 from onward.projections.compaction import PostgresCompactionStore
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import (
     CAUGHT_UP_STORE_S,
     DEFAULT_GROUP,
@@ -28,7 +29,6 @@ from onward.projections.kafka import (
     quiet_garbage_collector,
 )
 from onward.projections.postgres import PROJECTION, PostgresFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.projections.rebuild import RebuildReport, rebuild_frontiers, rebuild_projection
 from onward.projections.sql import Projection, SqlProjectionSink, as_projection
 from onward.runtime.settings import Settings, load_settings

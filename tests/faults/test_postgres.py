@@ -34,9 +34,9 @@ from support.private_servers import PrivatePostgres
 
 from onward.errors import BackendError
 from onward.eventlog import KafkaEventLog
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.runtime.leases import LeasePolicy, PostgresLeaseStore
 from onward.runtime.ledger import Ledger
 from onward.runtime.runner import AgentRunner

@@ -17,9 +17,9 @@ from support.histories import append_all, assert_stored_is_the_direct_fold, run_
 
 from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import Event, MemoryEventLog, RunStarted, StoredEvent
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
-from onward.projections.projector import FrontierProjection
 
 PARTITIONS = 4
 

@@ -23,9 +23,9 @@ from support.histories import (
 
 from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import KafkaEventLog, ToolCompleted
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import KafkaProjector
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.projections.rebuild import rebuild_frontiers
 
 pytestmark = pytest.mark.kafka

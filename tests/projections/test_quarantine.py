@@ -15,9 +15,9 @@ from support.poison import BAD_RECORDS, REASONS, newer_format, tolerant_direct_f
 from onward.errors import EventDecodeError
 from onward.eventlog import Event, MemoryEventLog, Position, UnreadableRecord
 from onward.projections.base import DEFAULT_CONSUMER, released_mark
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
-from onward.projections.projector import FrontierProjection
 
 
 class World:

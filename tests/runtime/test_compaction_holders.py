@@ -44,8 +44,8 @@ from onward.eventlog.base import EventLog, Position, SequenceGuard, partition_fo
 from onward.integrations.langgraph import OnwardSaver
 from onward.projections.base import DEFAULT_CONSUMER, StoredFrontier
 from onward.projections.compaction import CompactionStore
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
-from onward.projections.projector import FrontierProjection
 from onward.runtime import Agent, ModelReply, ScriptedProvider, reply, tool
 from onward.runtime.compaction import CheckpointCompactor, CompactionReport
 from onward.runtime.conversation import Conversation

@@ -39,8 +39,8 @@ from onward.projections.compaction import (
     PostgresCompactionStore,
     SqliteCompactionStore,
 )
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
-from onward.projections.projector import FrontierProjection
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import AgentRunner
 from onward.runtime.cli import app

@@ -23,10 +23,10 @@ from onward.eventlog import (
 )
 from onward.eventlog.base import EventLog, SequenceGuard, partition_for
 from onward.projections.base import FrontierStore, Snapshot
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import SqliteBlobStore

@@ -21,8 +21,8 @@ from support.servers import KafkaServers
 from support.workers import TENANT, Ledger, agent, open_world, runner
 
 from onward.eventlog import RunClaimed, SequenceGuard
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
-from onward.projections.projector import FrontierProjection
 
 pytestmark = pytest.mark.kafka
 

@@ -17,9 +17,9 @@ from onward.errors import (
 )
 from onward.eventlog import Event, MemoryEventLog, ToolCall, ToolCompleted
 from onward.projections.base import FrontierStore, StoredFrontier
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.runtime.agent import Agent
 from onward.runtime.leases import MemoryLeaseStore
 from onward.runtime.manager import ExecutionManager, pending_ids

@@ -17,9 +17,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import PostgresBlobStore

@@ -25,9 +25,9 @@ from support.servers import KafkaServers
 from onward.eventlog import KafkaEventLog, RunFinished
 from onward.eventlog.base import partition_for
 from onward.projections.base import DEFAULT_CONSUMER
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import KafkaProjector
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.runtime.agent import Agent
 from onward.runtime.backends import open_backends
 from onward.runtime.providers import ScriptedProvider, reply

@@ -22,10 +22,10 @@ from onward.projections.compaction import (
     SqliteCompactionStore,
 )
 from onward.projections.frontier import Frontier, ToolCallRow
+from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.projector import FrontierProjection
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import (
     Agent,

@@ -3,6 +3,7 @@
 Needs the ``dev`` extra (pytest, pytest-asyncio).
 """
 
+from .blobs import BlobStoreConformance
 from .compaction import CompactionStoreConformance
 from .eventlog import EventLogConformance, PersistentEventLogConformance
 from .frontiers import FrontierStoreConformance
@@ -10,6 +11,7 @@ from .gc import RecordSweeperConformance
 from .leases import LeaseStoreConformance
 
 __all__ = [
+    "BlobStoreConformance",
     "CompactionStoreConformance",
     "EventLogConformance",
     "FrontierStoreConformance",

@@ -1,59 +1,54 @@
-"""Blob stores: a body stored once by digest, a missing one refused, connection loss survived."""
+"""Blob stores: `BlobStoreConformance` on memory, SQLite and PostgreSQL, and connection loss."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from support.pg import fresh_schema
 
-from onward.errors import HistoryUnavailableError
-from onward.runtime.blobs import (
-    BlobStore,
-    MemoryBlobStore,
-    PostgresBlobStore,
-    SqliteBlobStore,
-    digest_of,
-)
+from onward.runtime.blobs import BlobStore, MemoryBlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.testing import BlobStoreConformance
 from onward.testing.storage import PostgresConnectionLossConformance
 
 
-@pytest_asyncio.fixture(params=["memory", "sqlite", "postgres"])
-async def blobs(
-    request: pytest.FixtureRequest, tmp_path: Path, database_url: str
-) -> AsyncIterator[BlobStore]:
-    async with AsyncExitStack() as stack:
-        store: BlobStore
-        if request.param == "memory":
-            store = MemoryBlobStore()
-        elif request.param == "sqlite":
-            store = await stack.enter_async_context(SqliteBlobStore(tmp_path / "blobs.db"))
-        else:
-            schema = await stack.enter_async_context(fresh_schema(database_url))
-            store = await stack.enter_async_context(PostgresBlobStore(database_url, schema=schema))
-        yield store
-        await store.close()
+class TestMemoryBlobStore(BlobStoreConformance):
+    async def open_store(self) -> BlobStore:
+        return MemoryBlobStore()
 
 
-async def test_a_body_is_stored_once_under_its_digest(blobs: BlobStore) -> None:
-    body = b'{"rows": 1}' * 100
-    digest = await blobs.put(body)
-    assert digest == digest_of(body)
-    assert await blobs.put(body) == digest
-    assert await blobs.get(digest) == body
+class TestSqliteBlobStore(BlobStoreConformance):
+    """Every store of a test is on one file, as every process of a deployment is."""
+
+    path: Path
+
+    @pytest.fixture(autouse=True)
+    def _file(self, tmp_path: Path) -> None:
+        self.path = tmp_path / "blobs.db"
+
+    async def open_store(self) -> BlobStore:
+        return await SqliteBlobStore.open(self.path)
+
+    async def open_another(self, store: BlobStore) -> BlobStore:
+        return await SqliteBlobStore.open(self.path)
 
 
-async def test_a_missing_body_is_history_unavailable(blobs: BlobStore) -> None:
-    with pytest.raises(HistoryUnavailableError, match="not in the blob store"):
-        await blobs.get(digest_of(b"never stored"))
+class TestPostgresBlobStore(BlobStoreConformance):
+    """Every store of a test is on one schema of its own, as every worker of a deployment."""
 
+    database_url: str
+    schema: str
 
-async def test_closing_twice_is_harmless(blobs: BlobStore) -> None:
-    await blobs.close()
-    await blobs.close()
+    @pytest.fixture(autouse=True)
+    def _server(self, database_url: str) -> None:
+        self.database_url = database_url
+
+    async def open_store(self) -> BlobStore:
+        self.schema = await self.exit_stack.enter_async_context(fresh_schema(self.database_url))
+        return await PostgresBlobStore.open(self.database_url, schema=self.schema)
+
+    async def open_another(self, store: BlobStore) -> BlobStore:
+        return await PostgresBlobStore.open(self.database_url, schema=self.schema)
 
 
 class TestPostgresBlobStoreConnectionLoss(PostgresConnectionLossConformance):

@@ -16,8 +16,8 @@ from .kafka import KafkaProjector
 from .log_projector import LogProjector
 from .memory import MemoryFrontierStore
 from .postgres import PostgresFrontierStore, migrate
+from .postgres_sql import Projection, SqlProjectionSink
 from .rebuild import RebuildReport, rebuild, rebuild_frontiers, rebuild_projection
-from .sql import Projection, SqlProjectionSink
 from .sqlite import SqliteFrontierStore
 
 __all__ = [

@@ -21,7 +21,7 @@ from .builds import BuildLayout, create_build, switch_build
 from .frontier_projection import FrontierProjection
 from .log_projector import LogProjector
 from .postgres import FRONTIERS, PostgresFrontierStore
-from .sql import Projection, SqlProjectionSink, layout_of
+from .postgres_sql import Projection, SqlProjectionSink, layout_of
 
 REBUILD_FLUSH_EVENTS = 200_000
 """A frontier rebuild stores after folding this many events (each run once per store)..."""

@@ -29,8 +29,8 @@ from onward.projections.kafka import (
     quiet_garbage_collector,
 )
 from onward.projections.postgres import PROJECTION, PostgresFrontierStore
+from onward.projections.postgres_sql import Projection, SqlProjectionSink, as_projection
 from onward.projections.rebuild import RebuildReport, rebuild_frontiers, rebuild_projection
-from onward.projections.sql import Projection, SqlProjectionSink, as_projection
 from onward.runtime.settings import Settings, load_settings
 
 from ._common import (

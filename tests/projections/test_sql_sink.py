@@ -7,7 +7,7 @@ from support.kinds import KindCounts
 from support.pg import fresh_schema
 
 from onward.errors import InvalidInputError
-from onward.projections.sql import SqlProjectionSink
+from onward.projections.postgres_sql import SqlProjectionSink
 from onward.testing.storage import PostgresConnectionLossConformance
 
 

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from onward.errors import InvalidInputError
 from onward.eventlog import KafkaEventLog, StoredEvent, kind_of
 from onward.projections.kafka import KafkaProjector
+from onward.projections.postgres_sql import SqlProjectionSink, layout_of, load_projection
 from onward.projections.rebuild import rebuild_projection
-from onward.projections.sql import SqlProjectionSink, layout_of, load_projection
 from onward.runtime.cli import app
 
 PARTITIONS = 3

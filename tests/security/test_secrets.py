@@ -28,7 +28,7 @@ from onward.integrations.langgraph import OnwardSaver
 from onward.integrations.langgraph.tools import OnwardToolMiddleware
 from onward.integrations.mcp.cache import load_mcp_settings
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.sql import SqlProjectionSink
+from onward.projections.postgres_sql import SqlProjectionSink
 from onward.runtime.cli import app as cli_app
 from onward.runtime.cli._common import imported
 from onward.runtime.leases import RedisLeaseStore

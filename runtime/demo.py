@@ -34,8 +34,8 @@ from onward.projections.sqlite import SqliteFrontierStore
 from .agent import Agent
 from .blobs import SqliteBlobStore
 from .checkpoint import CheckpointPolicy
+from .demo_ledger import Ledger
 from .leases.base import LeasePolicy
-from .ledger import Ledger
 from .providers import ScriptedProvider, reply
 from .runner import AgentRunner, RunResult
 from .tools import Reconciled, Tool, tool

@@ -13,7 +13,7 @@ import pytest
 from support.fault_runs import kafka_runs_through
 from support.private_servers import PrivateKafka
 
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 
 pytestmark = pytest.mark.faults
 RUNS = 20

@@ -16,7 +16,7 @@ from support.fault_runs import kafka_runs_through
 from support.faulty_proxy import FaultyProxy
 from support.private_servers import PrivateKafka, free_port, running
 
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 
 pytestmark = pytest.mark.faults
 RUNS = 20

@@ -37,8 +37,8 @@ from onward.eventlog import KafkaEventLog
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy, PostgresLeaseStore
-from onward.runtime.ledger import Ledger
 from onward.runtime.runner import AgentRunner
 
 pytestmark = pytest.mark.faults

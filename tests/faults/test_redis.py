@@ -29,8 +29,8 @@ from support.private_servers import PrivateRedis
 
 from onward.errors import OnwardError
 from onward.eventlog import KafkaEventLog, RunClaimed, RunStarted, SequenceGuard
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy, RedisLeaseStore
-from onward.runtime.ledger import Ledger
 
 pytestmark = pytest.mark.faults
 RUNS = 20

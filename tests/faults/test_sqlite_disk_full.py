@@ -29,8 +29,8 @@ from support.fault_runs import (
 )
 
 from onward.eventlog import SqliteEventLog
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy
-from onward.runtime.ledger import Ledger
 from onward.runtime.runner import AgentRunner
 
 pytestmark = pytest.mark.faults

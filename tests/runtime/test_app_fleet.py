@@ -25,7 +25,7 @@ from support.servers import KafkaServers
 
 import onward
 from onward.eventlog import ApprovalGranted, Tagged
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.messages import RunMessage
 from onward.runtime.settings import Settings
 

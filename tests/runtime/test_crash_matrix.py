@@ -22,7 +22,7 @@ from support.processes import spawn_support
 
 from onward.errors import IndeterminateToolCallError
 from onward.eventlog import kind_of
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 
 # (point, the call it applies to, tool variant, expected end, expected bookings)
 MATRIX: list[tuple[str, str | None, str, str, int]] = [

@@ -27,8 +27,8 @@ from support.servers import REQUEST_KEY, KafkaServers
 
 from onward.eventlog import KafkaEventLog
 from onward.projections.postgres import PostgresFrontierStore
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import RedisLeaseStore
-from onward.runtime.ledger import Ledger
 from onward.runtime.manager import ExecutionManager
 from onward.runtime.requests import AnswerRequest, Requests, StartRun, TagRun
 from onward.runtime.signing import RequestSigner

@@ -22,7 +22,7 @@ from onward.eventlog import Message, ModelAnswered, RunClaimed, TurnSettled
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app
 from onward.runtime.cli.worker import load_agents
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.manager import ExecutionManager
 from onward.runtime.providers import ModelReply, ScriptedProvider
 from onward.runtime.requests import (

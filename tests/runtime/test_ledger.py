@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 
 
 def test_a_line_still_being_written_is_not_on_record_yet(tmp_path: Path) -> None:

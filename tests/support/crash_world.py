@@ -15,8 +15,8 @@ from onward.projections.base import FrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import BlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy, LeaseStore, PostgresLeaseStore
-from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, Tool, tool

@@ -37,8 +37,8 @@ from onward.errors import (
 from onward.eventlog import KafkaEventLog, ToolCall
 from onward.eventlog.base import EventLog
 from onward.runtime.agent import Agent
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy, LeaseStore, MemoryLeaseStore
-from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, idempotency_key, tool

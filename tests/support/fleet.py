@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from onward.eventlog import Message, ToolCall
 from onward.runtime.agent import Agent
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.tools import Reconciled, Tool, tool
 

@@ -24,8 +24,8 @@ from onward.eventlog import Event, KafkaEventLog, Position, StoredEvent, ToolCal
 from onward.eventlog.base import EventLog, LogRecord
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.agent import Agent
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy, LeaseStore, PostgresLeaseStore, RedisLeaseStore
-from onward.runtime.ledger import Ledger
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Tool, tool

@@ -16,7 +16,7 @@ from integrations.pydantic_ai.world import (
     durability_on,
     open_stores,
 )
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 
 
 async def main(config: dict[str, str]) -> None:

@@ -20,7 +20,7 @@ from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDen
 from support.crash_world import until_lapsed
 
 from integrations.pydantic_ai.world import MARKER, PAUSE, booking_agent, durability_on, open_stores
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 
 TESTS = Path(__file__).resolve().parents[2]
 Scenario = Callable[[dict[str, str], Path], Awaitable[None]]

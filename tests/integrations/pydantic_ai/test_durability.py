@@ -51,8 +51,8 @@ from onward.integrations.pydantic_ai import (
 from onward.projections.compaction import embedded_compaction
 from onward.runtime.blobs import DEFAULT_THRESHOLD, SqliteBlobStore
 from onward.runtime.compaction import CheckpointCompactor
+from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy
-from onward.runtime.ledger import Ledger
 
 RUN = "r-1"
 

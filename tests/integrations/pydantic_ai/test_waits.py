@@ -20,7 +20,7 @@ from support.stores import Stores, sqlite_stores
 from integrations.pydantic_ai.world import Crash, Faults, Script, durability_on
 from onward.eventlog import ApprovalGranted, ApprovalRequested
 from onward.integrations.pydantic_ai import OnwardDurability, current_idempotency_key
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 
 RUN = "r-wait"
 

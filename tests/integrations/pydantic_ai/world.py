@@ -37,7 +37,7 @@ from onward.integrations.pydantic_ai import (
     current_idempotency_key,
     current_lease_expires_at,
 )
-from onward.runtime.ledger import Ledger
+from onward.runtime.demo_ledger import Ledger
 
 TENANT = "acme"
 PAUSE = "ONWARD_PYDAI_PAUSE"

@@ -1,8 +1,10 @@
-"""A tool's own record of its side effects: one JSON line per effect, in a file.
+"""The booking demo's record of its tool's side effects: one JSON line per effect, in a file.
 
-The booking demo's tool writes here and its status check reads here; the crash tests count the
-lines to prove that no side effect happened twice. A file, fsynced on every line, so a process
-killed with SIGKILL right after a tool returned leaves the effect on record for the next process.
+Not part of the runtime: it stands for the system a real tool acts on, which keeps its own
+record. The demo's booking tool writes here and its status check reads here; the crash tests
+count the lines to prove that no side effect happened twice. A file, fsynced on every line, so
+a process killed with SIGKILL right after a tool returned leaves the effect on record for the
+next process.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 Needs the ``dev`` extra (pytest, pytest-asyncio).
 """
 
+from .archive import ArchiveSinkConformance
 from .blobs import BlobStoreConformance
 from .compaction import CompactionStoreConformance
 from .eventlog import EventLogConformance, PersistentEventLogConformance
@@ -11,6 +12,7 @@ from .gc import RecordSweeperConformance
 from .leases import LeaseStoreConformance
 
 __all__ = [
+    "ArchiveSinkConformance",
     "BlobStoreConformance",
     "CompactionStoreConformance",
     "EventLogConformance",

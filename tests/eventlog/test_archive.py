@@ -1,56 +1,114 @@
-"""`DirectoryArchive`: ranges written durably, recognised when written again, checked on read."""
+"""`DirectoryArchive`: `ArchiveSinkConformance`, and what only a directory of files has."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from onward.errors import ArchiveError, InvalidInputError
-from onward.eventlog import RunStarted, StoredEvent
-from onward.eventlog.archive import DirectoryArchive
-from onward.eventlog.base import Position
+from onward.errors import ArchiveError
+from onward.eventlog.archive import (
+    ARCHIVE_FORMAT,
+    MANIFEST,
+    ArchivedRange,
+    ArchiveSink,
+    DirectoryArchive,
+)
+from onward.testing import ArchiveSinkConformance
+from onward.testing.archive import records
 
 
-def events(partition: int, start: int, end: int) -> list[StoredEvent]:
-    return [
-        StoredEvent(
-            Position(partition, offset),
-            RunStarted(run_id=f"r{offset}", tenant="acme", seq=1, fence=1, agent="a", revision="1"),
+def _directory(archive: ArchiveSink) -> Path:
+    assert isinstance(archive, DirectoryArchive)
+    return archive.path
+
+
+def _rewrite_manifest(
+    archive: ArchiveSink, change: dict[str, object], entry: ArchivedRange | None = None
+) -> None:
+    """Change top-level fields of the manifest, or with ``entry`` the fields of its range."""
+    path = _directory(archive) / MANIFEST
+    manifest = msgspec.json.decode(path.read_bytes())
+    if entry is None:
+        manifest.update(change)
+    else:
+        (found,) = (
+            r
+            for r in manifest["ranges"]
+            if (r["partition"], r["start"], r["end"]) == (entry.partition, entry.start, entry.end)
         )
-        for offset in range(start, end)
-    ]
+        found.update(change)
+    path.write_bytes(msgspec.json.encode(manifest))
 
 
-async def test_a_range_reads_back_and_writing_it_again_changes_nothing(tmp_path: Path) -> None:
-    archive = DirectoryArchive(tmp_path / "archive")
-    first = await archive.write(2, 0, 10, events(2, 0, 10))
-    manifest = (tmp_path / "archive" / "manifest.json").read_bytes()
-    assert await archive.write(2, 0, 10, events(2, 0, 10)) == first
-    assert (tmp_path / "archive" / "manifest.json").read_bytes() == manifest
-    assert await DirectoryArchive(tmp_path / "archive").read(2, 3, 6) == events(2, 3, 6)
-    assert [(r.start, r.end, r.events) for r in await archive.ranges(2)] == [(0, 10, 10)]
+class TestDirectoryArchive(ArchiveSinkConformance):
+    folder: Path
 
+    @pytest.fixture(autouse=True)
+    def _folder(self, tmp_path: Path) -> None:
+        self.folder = tmp_path
 
-async def test_ranges_that_overlap_or_records_outside_are_refused(tmp_path: Path) -> None:
-    archive = DirectoryArchive(tmp_path)
-    await archive.write(0, 0, 10, events(0, 0, 10))
-    with pytest.raises(InvalidInputError, match=r"\[5, 15\) overlaps the archived range \[0, 10\)"):
-        await archive.write(0, 5, 15, events(0, 5, 15))
-    with pytest.raises(InvalidInputError, match="offset 20 lies outside it"):
-        await archive.write(0, 10, 20, events(0, 10, 21))
-    assert [(r.start, r.end) for r in await archive.ranges()] == [(0, 10)]
+    async def open_archive(self) -> ArchiveSink:
+        return DirectoryArchive(self.folder / "archive")
 
+    async def reopen(self, archive: ArchiveSink) -> ArchiveSink:
+        return DirectoryArchive(_directory(archive))
 
-async def test_a_file_that_fails_its_checksum_is_an_archive_error(tmp_path: Path) -> None:
-    archive = DirectoryArchive(tmp_path)
-    entry = await archive.write(0, 0, 4, events(0, 0, 4))
-    path = tmp_path / entry.file
-    body = bytearray(await asyncio.to_thread(path.read_bytes))
-    body[-1] ^= 0xFF
-    await asyncio.to_thread(path.write_bytes, bytes(body))
-    with pytest.raises(ArchiveError, match=f"{entry.file} has {entry.size} bytes with SHA-256"):
-        await DirectoryArchive(tmp_path).read(0, 0, 4)
-    with pytest.raises(ArchiveError):
-        await archive.write(0, 0, 4, events(0, 0, 4))
+    async def open_unwritable(self) -> ArchiveSink:
+        in_the_way = self.folder / "a-file"
+        in_the_way.write_bytes(b"")
+        return DirectoryArchive(in_the_way / "archive")
+
+    async def damage_manifest(self, archive: ArchiveSink) -> None:
+        (_directory(archive) / MANIFEST).write_bytes(b'{"format": 1, "ranges": [')
+
+    async def mark_manifest_newer(self, archive: ArchiveSink) -> None:
+        _rewrite_manifest(archive, {"format": ARCHIVE_FORMAT + 1})
+
+    async def damage_range(self, archive: ArchiveSink, entry: ArchivedRange) -> None:
+        path = _directory(archive) / entry.file
+        body = bytearray(path.read_bytes())
+        body[-1] ^= 0xFF
+        path.write_bytes(bytes(body))
+
+    async def point_entry_at(self, archive: ArchiveSink, entry: ArchivedRange, file: str) -> None:
+        _rewrite_manifest(archive, {"file": file}, entry)
+
+    async def names_outside(self, archive: ArchiveSink, entry: ArchivedRange) -> list[str]:
+        directory = _directory(archive)
+        elsewhere = directory.parent / "elsewhere"
+        elsewhere.mkdir(exist_ok=True)
+        copy = elsewhere / entry.file
+        shutil.copyfile(directory / entry.file, copy)
+        return [f"../elsewhere/{entry.file}", str(copy), str(copy.resolve())]
+
+    async def test_a_rerun_leaves_the_manifest_byte_for_byte(self, archive: ArchiveSink) -> None:
+        written = records(2, range(10))
+        await archive.write(2, 0, 10, written)
+        manifest = (_directory(archive) / MANIFEST).read_bytes()
+        await DirectoryArchive(_directory(archive)).write(2, 0, 10, written)
+        assert (_directory(archive) / MANIFEST).read_bytes() == manifest
+
+    async def test_a_range_file_that_is_a_link_out_of_the_archive_is_refused(
+        self, archive: ArchiveSink
+    ) -> None:
+        """The entry names the very file this archive writes for its range, but that file is
+        a link to a copy outside: the manifest is right and the read still must not leave."""
+        entry = await archive.write(0, 0, 4, records(0, range(4)))
+        directory = _directory(archive)
+        outside = directory.parent / "outside.jsonl.zst"
+        (directory / entry.file).rename(outside)
+        (directory / entry.file).symlink_to(outside)
+        with pytest.raises(ArchiveError, match="names file"):
+            await DirectoryArchive(directory).read(0, 0, 4)
+
+    async def test_a_file_gone_from_the_archive_is_an_archive_error(
+        self, archive: ArchiveSink
+    ) -> None:
+        entry = await archive.write(0, 0, 4, records(0, range(4)))
+        await asyncio.to_thread((_directory(archive) / entry.file).unlink)
+        with pytest.raises(ArchiveError, match=f"cannot read {entry.file}"):
+            await DirectoryArchive(_directory(archive)).read(0, 0, 4)

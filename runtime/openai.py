@@ -20,7 +20,7 @@ import logging
 import math
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import msgspec
@@ -96,7 +96,8 @@ class OpenAICompatibleProvider(Resource):
           ``max_retries`` times with a small exponential backoff, or after the server's
           ``Retry-After`` seconds (at most 10 s); then `BackendUnavailableError`.
         * Any other 4xx (and a 3xx) raises `ConfigurationError` with the server's message.
-        * A successful answer that is not a chat completion raises `BackendError`.
+        * A successful answer that is not a chat completion raises `BackendError`, naming the
+          path of what is wrong in it (``$.choices[0].message.content``).
 
     Use it as an async context manager, or call :meth:`aclose`; a client passed in is left open
     for its owner to close.
@@ -285,23 +286,22 @@ class OpenAICompatibleProvider(Resource):
 
     def _parse(self, response: httpx.Response) -> ModelReply:
         try:
-            body = response.json()
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested past the limit
-            raise BackendError(
-                self._redact(
-                    f"POST {self._url} answered {response.status_code} with a body that is not "
-                    f"JSON: {response.text[:_ERROR_TEXT_LIMIT]!r}"
-                )
-            ) from exc
-        try:
-            return _reply(body)
-        except _ShapeError as exc:
+            completion = msgspec.json.decode(response.content, type=_Completion)
+        except msgspec.ValidationError as exc:
             raise BackendError(
                 self._redact(
                     f"POST {self._url} answered {response.status_code} with a body that is not "
                     f"a chat completion: {exc}"
                 )
             ) from None
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
+            raise BackendError(
+                self._redact(
+                    f"POST {self._url} answered {response.status_code} with a body that is not "
+                    f"JSON: {response.text[:_ERROR_TEXT_LIMIT]!r}"
+                )
+            ) from exc
+        return _reply(completion)
 
     def _redact(self, text: str) -> str:
         if self._api_key is None:
@@ -309,8 +309,41 @@ class OpenAICompatibleProvider(Resource):
         return text.replace(self._api_key, "***")
 
 
-class _ShapeError(Exception):
-    """What a successful answer lacks to be a chat completion."""
+class _Function(msgspec.Struct):
+    """The function a tool call names. Its ``arguments`` are kept as sent (a JSON string, or
+    any JSON value from some servers): `_arguments` reads them, keeping what does not parse
+    for the tool to refuse, so one bad generation does not fail the whole answer."""
+
+    name: str
+    arguments: msgspec.Raw = msgspec.Raw()
+
+
+class _ToolCall(msgspec.Struct):
+    """One entry of ``message.tool_calls``."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1)]
+    function: _Function
+
+
+class _Message(msgspec.Struct):
+    """A choice's message: ``content`` may be null (a turn of only tool calls)."""
+
+    content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(msgspec.Struct):
+    """One choice of a chat completion."""
+
+    message: _Message
+
+
+class _Completion(msgspec.Struct):
+    """The parts of a chat completion Onward reads; other fields are ignored. ``usage`` is left
+    undecoded: servers omit or shape it loosely, and token counts never fail an answer."""
+
+    choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
+    usage: Any = None
 
 
 def _wire_message(index: int, message: Message) -> dict[str, Any]:
@@ -393,51 +426,24 @@ def _wire_tool_call(index: int, call: ToolCallRef) -> dict[str, Any]:
     }
 
 
-def _reply(body: Any) -> ModelReply:
+def _reply(completion: _Completion) -> ModelReply:
     """The first choice of a chat completion as our reply."""
-    if not isinstance(body, dict):
-        raise _ShapeError(f"expected a JSON object, got {type(body).__name__}")
-    choices = body.get("choices")
-    if not isinstance(choices, list) or not choices:
-        raise _ShapeError("'choices' is missing or empty")
-    choice = choices[0]
-    message = choice.get("message") if isinstance(choice, dict) else None
-    if not isinstance(message, dict):
-        raise _ShapeError("'choices[0].message' is missing")
-    content = message.get("content")
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        raise _ShapeError(f"'choices[0].message.content' is a {type(content).__name__}")
-    raw_calls = message.get("tool_calls") or []
-    if not isinstance(raw_calls, list):
-        raise _ShapeError("'choices[0].message.tool_calls' is not a list")
-    calls = [_tool_call(i, raw) for i, raw in enumerate(raw_calls)]
+    message = completion.choices[0].message
     return ModelReply(
-        message=Message(role="assistant", content=content),
-        tool_calls=calls,
-        usage=_usage(body.get("usage")),
+        message=Message(role="assistant", content=message.content or ""),
+        tool_calls=[
+            ToolCall(call_id=c.id, tool=c.function.name, args=_arguments(c.function.arguments))
+            for c in message.tool_calls or []
+        ],
+        usage=_usage(completion.usage),
     )
 
 
-def _tool_call(index: int, raw: Any) -> ToolCall:
-    where = f"choices[0].message.tool_calls[{index}]"
-    if not isinstance(raw, dict):
-        raise _ShapeError(f"'{where}' is not an object")
-    call_id = raw.get("id")
-    function = raw.get("function")
-    if not isinstance(call_id, str) or not call_id:
-        raise _ShapeError(f"'{where}.id' is missing")
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise _ShapeError(f"'{where}.function.name' is missing")
-    return ToolCall(call_id=call_id, tool=function["name"], args=_arguments(function))
-
-
-def _arguments(function: dict[str, Any]) -> dict[str, Any]:
+def _arguments(sent: msgspec.Raw) -> dict[str, Any]:
     """The call's arguments as a dict; anything that is not a JSON object is kept raw, and so
     is an object nested more than `MAX_DEPTH` levels deep (as text: parsed, it could not be
     masked, stored or read back by every reader)."""
-    raw = function.get("arguments")
+    raw = msgspec.json.decode(sent) if sent else None
     if isinstance(raw, dict):
         return raw if not too_deep(raw) else {UNPARSED: _TOO_DEEP}
     if raw is None or (isinstance(raw, str) and not raw.strip()):

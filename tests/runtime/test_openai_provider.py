@@ -457,26 +457,92 @@ async def test_other_4xx_raise_configuration_error_without_retrying(
     assert len(server.requests) == 1
 
 
+def _with_message(**message: Any) -> dict[str, Any]:
+    """A chat-completions body whose first choice's message is ``message``."""
+    return {"choices": [{"index": 0, "message": message}]}
+
+
 @pytest.mark.parametrize(
-    ("body", "missing"),
+    ("body", "wrong"),
     [
-        ({"object": "chat.completion"}, "'choices'"),
-        ({"choices": []}, "'choices'"),
-        ({"choices": [{"index": 0}]}, "'choices[0].message'"),
-        (completion(None, [{"type": "function", "function": {"name": "x"}}]), ".id'"),
+        ({"object": "chat.completion"}, "missing required field `choices`"),
+        ([completion("ok")], "Expected `object`, got `array`"),
+        ({"choices": []}, "length >= 1 - at `$.choices`"),
+        ({"choices": [{"index": 0}]}, "field `message` - at `$.choices[0]`"),
+        ({"choices": ["hello"]}, "got `str` - at `$.choices[0]`"),
+        (_with_message(content=42), "got `int` - at `$.choices[0].message.content`"),
+        (_with_message(content=["a"]), "got `array` - at `$.choices[0].message.content`"),
+        (_with_message(tool_calls={"id": "c"}), "at `$.choices[0].message.tool_calls`"),
+        (
+            completion(None, [{"type": "function", "function": {"name": "x"}}]),
+            "field `id` - at `$.choices[0].message.tool_calls[0]`",
+        ),
+        (
+            completion(None, [function_call("call_1", "search", "{}"), {"id": "", "function": {}}]),
+            "length >= 1 - at `$.choices[0].message.tool_calls[1].id`",
+        ),
+        (
+            completion(None, [{"id": "call_1", "function": {"arguments": "{}"}}]),
+            "field `name` - at `$.choices[0].message.tool_calls[0].function`",
+        ),
         (b"<html>gateway</html>", "not JSON"),
     ],
+    ids=[
+        "no-choices",
+        "not-an-object",
+        "empty-choices",
+        "no-message",
+        "choice-not-an-object",
+        "content-a-number",
+        "content-a-list",
+        "tool-calls-not-a-list",
+        "call-without-id",
+        "call-with-empty-id",
+        "function-without-name",
+        "not-json",
+    ],
 )
-async def test_a_malformed_200_raises_backend_error(
-    server: ChatServer, body: Any, missing: str
+async def test_a_malformed_200_raises_backend_error_naming_the_path(
+    server: ChatServer, body: Any, wrong: str
 ) -> None:
     server.answer(Answer(body=body))
     async with provider_for(server) as provider:
         with pytest.raises(BackendError) as caught:
             await provider.complete(AGENT, CONVERSATION)
     assert type(caught.value) is BackendError
-    assert missing in str(caught.value)
+    assert wrong in str(caught.value)
+    assert "not a chat completion" in str(caught.value) or wrong == "not JSON"
     assert len(server.requests) == 1
+
+
+async def test_loose_but_valid_answers_are_read(server: ChatServer) -> None:
+    """Null content and tool calls, no usage, unknown fields, and arguments sent as a JSON
+    value rather than a string (as some servers do) all make a reply."""
+    loose = _with_message(role="assistant", content=None, tool_calls=None, refusal=None)
+    reply = await reply_to(server, Answer(body={**loose, "system_fingerprint": "x"}))
+    assert reply == ModelReply(message=Message(role="assistant", content=""), usage=Usage())
+    as_values = [
+        {"id": "call_1", "function": {"name": "search", "arguments": {"query": "Oslo"}}},
+        {"id": "call_2", "function": {"name": "search", "arguments": None}},
+        {"id": "call_3", "function": {"name": "search"}},
+        {"id": "call_4", "function": {"name": "book", "arguments": ["SK1", "1A"]}},
+    ]
+    reply = await reply_to(
+        server,
+        Answer(
+            body={
+                **completion(None, as_values),
+                "usage": {"prompt_tokens": "many", "completion_tokens": 3},
+            }
+        ),
+    )
+    assert reply.tool_calls == [
+        ToolCall(call_id="call_1", tool="search", args={"query": "Oslo"}),
+        ToolCall(call_id="call_2", tool="search", args={}),
+        ToolCall(call_id="call_3", tool="search", args={}),
+        ToolCall(call_id="call_4", tool="book", args={"_unparsed": '["SK1", "1A"]'}),
+    ]
+    assert reply.usage == Usage(input_tokens=0, output_tokens=3)
 
 
 async def test_connection_refused_raises_backend_unavailable() -> None:

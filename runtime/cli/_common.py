@@ -260,6 +260,8 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
                     err.print(Text(printable(line)), soft_wrap=True)
             error(f"{type(exc).__name__} (raised by the agent's or the model's code): {exc}")
             raise typer.Exit(EXIT_FAILED) from exc
+        finally:
+            debugging.on = False  # for this command only; the next one says again
 
     return guarded
 

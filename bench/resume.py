@@ -1,5 +1,5 @@
 """Resume latency: `AgentRunner.resume`, approve and inspect behind other runs' traffic, and
-`Resumer.resume` by history length.
+`Resumer.claim` by history length.
 
 The runner scenario (``--scenario runner``, the default) times what a user waits for. Two sets of
 runs of ``--turns`` settled turns each (the next step a model call), and as many runs waiting on
@@ -10,7 +10,7 @@ runs started, and folded. Each sample, on one run of each partition in turn, tim
 * ``AgentRunner.resume``: lease, read (frontier row, transcript, tail), claim, plan, record the
   plan, rebuild the conversation, until the provider is first called (which ends the timing and
   stops the run, so it can be resumed again);
-* ``Resumer.resume`` (lease, read, claim, plan, without the conversation), the lease released;
+* ``Resumer.claim`` (lease, read, claim, plan, without the conversation), the lease released;
 * ``approve`` of one waiting run; ``inspect`` of the resumed run;
 
 the projector settling between them (Kafka: the `KafkaProjector` of this process; SQLite: the
@@ -20,13 +20,14 @@ on both deployments. Develop with ``--others 20000``; the issue's size is 1,000,
 
     python bench/resume.py --others 20000 --samples 50
 
-The lengths scenario (``--scenario lengths``) times `Resumer.resume` for runs of 10, 1,000 and
+The lengths scenario (``--scenario lengths``) times `Resumer.claim` for runs of 10, 1,000 and
 100,000 events:
 
 One resume is what a worker does to carry on a run another worker left: take the run's lease,
 read its frontier row, read the log's tail after that row, append `RunClaimed` and read back up
-to it, and plan (`Resumer.resume`; its ``timings_ms`` give lease / frontier / tail / claim /
-plan). Measured on two deployments, each with the same workload:
+to it, and plan (`Resumer.claim`; its ``timings_ms`` give lease / frontier / tail / claim /
+plan; the lease is taken with a `Leaseholder` first, as the runner does). Measured on two
+deployments, each with the same workload:
 
 * Kafka + PostgreSQL: `KafkaEventLog` on a fresh 12-partition topic, `PostgresFrontierStore`
   in a fresh migrated schema, `RedisLeaseStore` under a unique key prefix, and a
@@ -46,15 +47,14 @@ measured runs share their partitions with other runs' events, also after their l
 crashed run's partition does.
 
 Once the projector has caught up, each run is resumed ``--warmup`` + ``--samples`` times. Each
-sample times ``resumer.resume(...)`` from the caller's side, then releases the lease (not timed)
-and, unless ``--no-settle``, waits for the projector to fold the `RunClaimed` that resume
-appended (polling the run's frontier row; with SQLite, ``catch_up()``), so every sample starts
-from a current frontier row and a tail holding only its own claim. Every sample appends one
-`RunClaimed`, so a run's history grows by one event per sample. The first resume of each run
-(the first warm-up) is reported on its own: its tail read is the one that walks past other runs'
-events written after the run's last event. Samples go round-robin over the runs (one resume of
-each in turn), so drift on the machine affects every length alike; ``--sequential`` does one run
-at a time.
+sample times taking the lease and ``resumer.claim(...)`` from the caller's side, then releases the
+lease (not timed) and, unless ``--no-settle``, waits for the projector to fold the `RunClaimed`
+that resume appended (polling the run's frontier row; with SQLite, ``catch_up()``), so every sample
+starts from a current frontier row and a tail holding only its own claim. Every sample appends one
+`RunClaimed`, so a run's history grows by one event per sample. The first resume of each run (the
+first warm-up) is reported on its own: its tail read is the one that walks past other runs' events
+written after the run's last event. Samples go round-robin over the runs (one resume of each in
+turn), so drift on the machine affects every length alike; ``--sequential`` does one run at a time.
 
 Absolute figures depend on the machine (and on whatever else runs on it: the load average is
 recorded); the ratio of the longest history's p50 to the shortest's is the figure to compare.
@@ -126,7 +126,13 @@ from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import PostgresBlobStore, SqliteBlobStore
-from onward.runtime.leases import LeasePolicy, LeaseStore, RedisLeaseStore, SqliteLeaseStore
+from onward.runtime.leases import (
+    Leaseholder,
+    LeasePolicy,
+    LeaseStore,
+    RedisLeaseStore,
+    SqliteLeaseStore,
+)
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.resumer import CarriedRun, Resumer
 from onward.runtime.runner import AgentRunner
@@ -315,15 +321,20 @@ async def resume_once(
     settle: Callable[[CarriedRun], Awaitable[None]] | None,
     profiler: cProfile.Profile | None = None,
 ) -> Sample:
-    """Resume ``history``'s run once (timed), then release the lease and settle (not timed)."""
+    """Resume ``history``'s run once (timed: take the lease, then read, claim and plan under
+    it, as `AgentRunner.resume` does), then release the lease and settle (not timed)."""
     if profiler is not None:
         profiler.enable()
     mark = time.perf_counter()
-    carried = await resumer.resume(AGENT, history.run_id, tenant=TENANT, worker=worker)
-    ms = (time.perf_counter() - mark) * 1000.0
-    if profiler is not None:
-        profiler.disable()
-    await leases.release(carried.lease)
+    async with Leaseholder(
+        leases, history.run_id, tenant=TENANT, holder=worker, policy=resumer.policy
+    ) as held:
+        lease_ms = (time.perf_counter() - mark) * 1000.0
+        carried = await resumer.claim(AGENT, held, worker=worker)
+        ms = (time.perf_counter() - mark) * 1000.0
+        if profiler is not None:
+            profiler.disable()
+    carried.timings_ms["lease"] = lease_ms
     if not carried.claimed:
         raise RuntimeError(
             f"run {history.run_id} was not claimed (status {carried.frontier.status}); "
@@ -667,7 +678,7 @@ async def pay(amount: int, *, idempotency_key: str) -> str:
 
 
 RUNNER_AGENT = Agent(name="booker", instructions="Book the trip.", tools=[search, pay])
-RUNNER_OPS = ("AgentRunner.resume", "Resumer.resume", "approve", "inspect")
+RUNNER_OPS = ("AgentRunner.resume", "Resumer.claim", "approve", "inspect")
 
 
 def run_ids_in(partition: int, partitions: int, prefix: str, n: int) -> list[str]:
@@ -766,9 +777,11 @@ async def _time_ops(
     sample["AgentRunner.resume"] = (watch.called_at - mark) * 1000.0
     await settle()
     mark = time.perf_counter()
-    carried = await runner.resumer.resume(RUNNER_AGENT, run_id, tenant=TENANT, worker=runner.worker)
-    sample["Resumer.resume"] = (time.perf_counter() - mark) * 1000.0
-    await runner.leases.release(carried.lease)
+    async with Leaseholder(
+        runner.leases, run_id, tenant=TENANT, holder=runner.worker, policy=runner.lease_policy
+    ) as held:
+        await runner.resumer.claim(RUNNER_AGENT, held, worker=runner.worker)
+        sample["Resumer.claim"] = (time.perf_counter() - mark) * 1000.0
     await settle()
     mark = time.perf_counter()
     await runner.approve(request_run, "p", tenant=TENANT, by="ann")
@@ -904,7 +917,7 @@ def _runner_table(name: str, result: dict[str, Any]) -> Table:
         )
     table.caption = (
         "AgentRunner.resume: lease, claim, plan, conversation (frontier + transcript + tail), "
-        "until the model is called. Resumer.resume: lease, read, claim, plan (no conversation)."
+        "until the model is called. Resumer.claim: lease, read, claim, plan (no conversation)."
     )
     return table
 
@@ -991,8 +1004,8 @@ def _parser() -> argparse.ArgumentParser:
         "--scenario",
         choices=("runner", "lengths"),
         default="runner",
-        help="runner: AgentRunner.resume, Resumer.resume, approve and inspect with 0 and "
-        "--others events of other runs in the run's partition; lengths: Resumer.resume by "
+        help="runner: AgentRunner.resume, Resumer.claim, approve and inspect with 0 and "
+        "--others events of other runs in the run's partition; lengths: Resumer.claim by "
         "history length (--lengths)",
     )
     parser.add_argument(

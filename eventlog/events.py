@@ -8,7 +8,8 @@ decode so an older reader can read a newer minor addition.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import time
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -359,6 +360,23 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     GraphThreadDeleted,
     GraphCheckpointsRemoved,
 )
+
+
+_Stamped = TypeVar("_Stamped", bound=Event)
+
+
+def now_us() -> int:
+    """The time an event is stamped with: microseconds since the epoch, this host's clock."""
+    return time.time_ns() // 1_000
+
+
+def stamped(
+    kind: type[_Stamped], *, run_id: str, tenant: str, seq: int, fence: int, **fields: Any
+) -> _Stamped:
+    """An event with its envelope: whose run it is, its place in the run (``seq``), the fence
+    it is written under, and the time now. The one place an envelope is made, so every writer
+    (the runner, a claim, the LangGraph saver) stamps events alike."""
+    return kind(run_id=run_id, tenant=tenant, seq=seq, fence=fence, at=now_us(), **fields)
 
 
 def kind_of(event_type: type[Event]) -> str:

@@ -275,8 +275,7 @@ class Recovery:
             current = await runner.inspect(frontier.run_id, tenant=frontier.tenant)
             if current.status != "running":
                 return
-            if held.lease.fence <= current.fence:
-                await held.raise_fence(current.fence)
+            await held.raise_fence(current.fence)
             agent = Agent(name=current.agent or "unknown", instructions="")
             run = HeldRun(agent, held, current, Conversation(""))
             finished = runner.writer.event(run, RunFinished, status="failed", error=reason)

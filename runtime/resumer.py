@@ -1,7 +1,8 @@
-"""`Resumer`: take the lease, read the run, claim it in the log, plan. In that order.
+"""`Resumer`: read a held run, claim it in the log, plan. In that order.
 
-1. The lease is taken before anything about the run is read, so the worker that loses
-   (`ResumeConflictError`, naming the holder) never sees the run at all.
+1. The lease is taken (by the caller, with a `Leaseholder`, which renews it from then on) before
+   anything about the run is read, so the worker that loses (`ResumeConflictError`, naming the
+   holder) never sees the run at all.
 2. The run is read once: the frontier row, the projector's position for the run's partition,
    then the run's events from there to the partition's end. The tail is bounded by the
    projector's lag, not by the run's length nor by other runs' traffic. When the caller also
@@ -35,7 +36,7 @@ from onward.errors import (
     RevisionMismatchError,
 )
 from onward.eventlog.base import EventLog, SequenceGuard, StoredEvent, partition_for
-from onward.eventlog.events import Event, RunClaimed
+from onward.eventlog.events import Event, RunClaimed, stamped
 from onward.projections.base import DEFAULT_CONSUMER, FrontierStore
 from onward.projections.compaction import CompactionStore
 from onward.projections.compaction.history import read_whole_run
@@ -44,7 +45,7 @@ from onward.projections.transcript import TranscriptRow, message_of
 
 from .agent import Agent
 from .leases.base import LeasePolicy, LeaseStore, RunLease
-from .leases.presence import acquire_run
+from .leases.holder import Leaseholder
 from .planning import ResumePlan, plan_resume
 
 
@@ -105,39 +106,28 @@ class Resumer:
         self.frontiers = frontiers
         self.policy = policy or LeasePolicy()
 
-    async def resume(
-        self,
-        agent: Agent | None,
-        run_id: str,
-        *,
-        tenant: str,
-        worker: str,
-        history: bool = False,
+    async def claim(
+        self, agent: Agent | None, held: Leaseholder, *, worker: str, history: bool = False
     ) -> CarriedRun:
-        """Hold the run and return what resume must do with it.
+        """Read the held run once, lift the lease's fence above the log's, claim the run in the
+        log, and plan: what resume must do with it.
+
+        The lease is the caller's, taken (and renewed) before this is called, so nothing about
+        the run is read by a worker that does not hold it, and the lease outlasts the read and
+        the claim however long they take. Releasing it is the caller's too.
 
         Args:
             history: Also return the run's counted events (to rebuild its conversation).
 
         Raises:
-            ResumeConflictError: Another worker holds it (before anything was read).
-            NothingToResumeError: No such run for that tenant (the lease is released).
-            RevisionMismatchError: ``agent`` is not the run's revision (the lease is released).
-            HistoryUnavailableError: The run's history has a hole (the lease is released).
+            NothingToResumeError: No such run for that tenant.
+            RevisionMismatchError: ``agent`` is not the run's revision.
+            HistoryUnavailableError: The run's history has a hole.
+            FencedError: The lease was lost before the claim.
         """
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        lease = await acquire_run(
-            self.leases, run_id, tenant=tenant, holder=worker, ttl_s=self.policy.ttl_s
-        )
-        timings["lease"] = _ms(started)
-        try:
-            carried = await self._carry(
-                agent, lease, worker=worker, history=history, timings=timings
-            )
-        except BaseException:
-            await self.leases.release(lease)
-            raise
+        carried = await self._carry(agent, held, worker=worker, history=history, timings=timings)
         timings["total"] = _ms(started)
         return carried
 
@@ -182,26 +172,20 @@ class Resumer:
             rows.extend(said)
         return rows
 
-    async def fence_above_log(self, lease: RunLease, frontier: Frontier) -> RunLease:
-        """The lease, its fence raised above every fence the log holds for the run if need be."""
-        if lease.fence > frontier.fence:
-            return lease
-        return await self.leases.raise_fence(lease, above=frontier.fence)
-
     async def _carry(
         self,
         agent: Agent | None,
-        lease: RunLease,
+        held: Leaseholder,
         *,
         worker: str,
         history: bool,
         timings: dict[str, float],
     ) -> CarriedRun:
-        run_id, tenant = lease.run_id, lease.tenant
+        run_id, tenant = held.run_id, held.tenant
         mark = time.perf_counter()
         read = await self._read(run_id, tenant, agent, whole=history, timings=timings)
         frontier, transcript, tail, read_to = read.frontier, read.transcript, read.tail, read.end
-        lease = await self.fence_above_log(lease, frontier)
+        lease = await held.raise_fence(frontier.fence)
         timings["tail"] = _ms(mark) - timings["frontier"]
         if frontier.settled:
             # Nothing to carry on: no claim, so the run's history stays as it was.
@@ -216,12 +200,13 @@ class Resumer:
                 transcript=transcript,
             )
         mark = time.perf_counter()
-        claim = RunClaimed(
+        await held.check()
+        claim = stamped(
+            RunClaimed,
             run_id=run_id,
             tenant=tenant,
             seq=frontier.last_seq + 1,
             fence=lease.fence,
-            at=time.time_ns() // 1_000,
             worker=worker,
         )
         (position,) = await self.log.append([claim])

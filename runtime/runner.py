@@ -59,7 +59,7 @@ from .blobs import BlobStore, ClaimCheck
 from .checkpoint import Checkpointer, CheckpointPolicy
 from .continuation import ContinuationPolicy, carry_if_due
 from .conversation import Conversation, as_text, restored
-from .leases.base import LeasePolicy, LeaseStore, RunLease
+from .leases.base import LeasePolicy, LeaseStore
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
 from .leases.presence import default_holder
@@ -205,12 +205,12 @@ class AgentRunner(Resource):
         """
 
     @contextlib.asynccontextmanager
-    async def _holding(
-        self, run_id: str, tenant: str, holder: str, lease: RunLease | None = None
-    ) -> AsyncIterator[Leaseholder]:
-        """Hold the run's lease for the block, renewed in the background, released after."""
+    async def _holding(self, run_id: str, tenant: str, holder: str) -> AsyncIterator[Leaseholder]:
+        """Hold the run's lease for the block, renewed in the background, released after: the
+        one way the runner holds a run (start, resume, a person's answer), always entered
+        before anything about the run is read."""
         async with Leaseholder(
-            self.leases, run_id, tenant=tenant, holder=holder, policy=self.lease_policy, lease=lease
+            self.leases, run_id, tenant=tenant, holder=holder, policy=self.lease_policy
         ) as held:
             yield held
 
@@ -285,10 +285,8 @@ class AgentRunner(Resource):
         """
         _check_run(run_id, tenant)
         self.check_call_bounds(agent)
-        carried = await self.resumer.resume(
-            agent, run_id, tenant=tenant, worker=self.worker, history=True
-        )
-        async with self._holding(run_id, tenant, self.worker, lease=carried.lease) as held:
+        async with self._holding(run_id, tenant, self.worker) as held:
+            carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)
             conversation = Conversation(agent.instructions)
             claim_check = self.writer.claim_check
             for row in await self.resumer.inherited(carried.frontier):
@@ -519,8 +517,7 @@ class AgentRunner(Resource):
         await self.resumer.read(run_id, tenant=tenant)
         async with self._holding(run_id, tenant, f"person:{by}") as held:
             frontier = await self.resumer.read(run_id, tenant=tenant)
-            if held.lease.fence <= frontier.fence:
-                await held.raise_fence(frontier.fence)
+            await held.raise_fence(frontier.fence)
             agent = Agent(name=frontier.agent or "unknown", instructions="")
             yield HeldRun(agent, held, frontier, Conversation(""))
 

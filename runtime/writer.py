@@ -11,7 +11,6 @@ store where no projector does (embedded mode); tell the observer.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -20,7 +19,7 @@ import msgspec
 
 from onward.errors import FencedError
 from onward.eventlog.base import EventLog, StoredEvent
-from onward.eventlog.events import Event
+from onward.eventlog.events import Event, stamped
 from onward.projections.frontier import Frontier, fold_all
 
 from .agent import Agent
@@ -101,12 +100,12 @@ class RunWriter:
 
     def event(self, run: HeldRun, kind: type[_E], offset: int = 0, **fields: Any) -> _E:
         """An event of ``run`` with its envelope; ``offset`` counts within one batch."""
-        return kind(
+        return stamped(
+            kind,
             run_id=run.run_id,
             tenant=run.tenant,
             seq=run.frontier.last_seq + 1 + offset,
             fence=run.fence,
-            at=time.time_ns() // 1_000,
             **fields,
         )
 

@@ -144,18 +144,22 @@ class Leaseholder:
         return self.lease
 
     async def raise_fence(self, above: int) -> RunLease:
-        """Lift the held lease's fence above ``above`` (the log's highest) and hold that one.
+        """Make the held lease's fence higher than ``above`` (the log's highest), lifting it
+        only if it is not already; the one way a holder lifts its fence.
 
         A store that forgot the run (wiped, restarted without persistence, configured after
         the run was written) hands out a fence the log already has; this lifts it past the
         log's so the run can go on. Serialized with the renewals, so a renewal in flight
         finishes first and every later renewal, `check`, `confirm` and the release use the new
-        fence. The expiry is kept, so the renewal schedule does not change.
+        fence. The expiry is kept, so the renewal schedule does not change. A fence already
+        above costs nothing: the store is not asked.
 
         Raises:
             FencedError: The lease is lost (``fenced`` is set as well).
         """
         await self.check()
+        if self.lease.fence > above:
+            return self.lease
         await self._swap(lambda lease: self.store.raise_fence(lease, above=above))
         return self.lease
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
 import pytest
@@ -21,10 +22,10 @@ from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
-from onward.runtime.leases import MemoryLeaseStore
+from onward.runtime.leases import Leaseholder, MemoryLeaseStore
 from onward.runtime.manager import ExecutionManager, pending_ids
 from onward.runtime.providers import ScriptedProvider, reply
-from onward.runtime.resumer import Resumer
+from onward.runtime.resumer import CarriedRun, Resumer
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
 
@@ -74,13 +75,30 @@ async def interrupted_run(log: MemoryEventLog, leases: MemoryLeaseStore, run_id:
         ).run(AGENT, "go", tenant=TENANT, run_id=run_id)
 
 
+@contextlib.asynccontextmanager
+async def claiming(
+    resumer: Resumer, agent: Agent, run_id: str, *, worker: str
+) -> AsyncIterator[CarriedRun]:
+    """Claim a run as resume does: hold its lease first, then read and claim under it."""
+    async with Leaseholder(
+        resumer.leases, run_id, tenant=TENANT, holder=worker, policy=resumer.policy
+    ) as held:
+        yield await resumer.claim(agent, held, worker=worker)
+
+
+async def claimed(resumer: Resumer, agent: Agent, run_id: str, *, worker: str) -> CarriedRun:
+    """What a claim found; the lease is handed back after."""
+    async with claiming(resumer, agent, run_id, worker=worker) as carried:
+        return carried
+
+
 async def test_the_loser_of_a_resume_reads_nothing() -> None:
     log, leases = MemoryEventLog(), MemoryLeaseStore()
     await interrupted_run(log, leases)
-    winner = await Resumer(log, leases).resume(AGENT, "r", tenant=TENANT, worker="w1")
-    counting = CountingLog(log)
-    with pytest.raises(ResumeConflictError) as caught:
-        await Resumer(counting, leases).resume(AGENT, "r", tenant=TENANT, worker="w2")
+    async with claiming(Resumer(log, leases), AGENT, "r", worker="w1") as winner:
+        counting = CountingLog(log)
+        with pytest.raises(ResumeConflictError) as caught:
+            await claimed(Resumer(counting, leases), AGENT, "r", worker="w2")
     assert caught.value.holder == "w1"
     assert counting.reads == 0
     assert winner.claimed
@@ -91,10 +109,10 @@ async def test_the_tail_is_read_from_the_frontier_rows_position() -> None:
     log, leases, store = MemoryEventLog(), MemoryLeaseStore(), MemoryFrontierStore()
     await interrupted_run(log, leases)
     await LogProjector(log, FrontierProjection(store, log)).catch_up()
-    carried = await Resumer(log, leases, store).resume(AGENT, "r", tenant=TENANT, worker="w")
+    carried = await claimed(Resumer(log, leases, store), AGENT, "r", worker="w")
     assert carried.tail_events == 1  # only the claim itself
     assert [c.call_id for c in carried.plan.to_dispatch] == ["s"]
-    assert set(carried.timings_ms) >= {"lease", "frontier", "tail", "claim", "plan", "total"}
+    assert set(carried.timings_ms) >= {"frontier", "tail", "claim", "plan", "total"}
 
 
 async def test_a_superseded_writer_slipping_in_before_the_claim_is_folded() -> None:
@@ -115,7 +133,7 @@ async def test_a_superseded_writer_slipping_in_before_the_claim_is_folded() -> N
             )
         ]
     )
-    carried = await Resumer(log, leases).resume(AGENT, "r", tenant=TENANT, worker="new")
+    carried = await claimed(Resumer(log, leases), AGENT, "r", worker="new")
     assert [c.call_id for c in carried.plan.completed] == ["s"]
     assert carried.frontier.fence == carried.lease.fence == 2
 
@@ -123,12 +141,12 @@ async def test_a_superseded_writer_slipping_in_before_the_claim_is_folded() -> N
 async def test_nothing_to_resume_and_a_wrong_revision_give_the_lease_back() -> None:
     log, leases = MemoryEventLog(), MemoryLeaseStore()
     with pytest.raises(NothingToResumeError):
-        await Resumer(log, leases).resume(AGENT, "nope", tenant=TENANT, worker="w")
+        await claimed(Resumer(log, leases), AGENT, "nope", worker="w")
     assert await leases.current("nope") is None
     await interrupted_run(log, leases)
     other = Agent(name="a", instructions="changed", tools=[search, pay])
     with pytest.raises(RevisionMismatchError):
-        await Resumer(log, leases).resume(other, "r", tenant=TENANT, worker="w")
+        await claimed(Resumer(log, leases), other, "r", worker="w")
     assert await leases.current("r") is None
 
 
@@ -138,7 +156,7 @@ async def test_a_finished_run_is_not_claimed() -> None:
         AGENT, "go", tenant=TENANT, run_id="r"
     )
     before = len(await log.read_run("r"))
-    carried = await Resumer(log, leases).resume(AGENT, "r", tenant=TENANT, worker="w")
+    carried = await claimed(Resumer(log, leases), AGENT, "r", worker="w")
     assert not carried.claimed
     assert len(await log.read_run("r")) == before
 
@@ -179,11 +197,10 @@ async def test_a_lease_store_behind_the_log_raises_its_fence_above_the_logs() ->
     await interrupted_run(log, MemoryLeaseStore())
     in_log = (await Resumer(log, MemoryLeaseStore()).read("r", tenant=TENANT)).fence
     wiped = MemoryLeaseStore()  # a store that never saw the run: it hands out fence 1
-    carried = await Resumer(log, wiped).resume(AGENT, "r", tenant=TENANT, worker="w")
+    carried = await claimed(Resumer(log, wiped), AGENT, "r", worker="w")
     assert carried.lease.fence > in_log
     assert carried.frontier.fence == carried.lease.fence  # the claim is counted, not refused
     assert carried.frontier.refused == 0
-    await wiped.release(carried.lease)
     later = await wiped.acquire("r", tenant=TENANT, holder="w2", ttl_s=60)
     assert later.fence > carried.lease.fence  # the store remembers the raised fence
 
@@ -200,7 +217,7 @@ async def test_the_tail_skips_other_runs_the_projector_already_folded() -> None:
     assert row is not None
     end = (await log.bounds(0)).end
     recording = CountingLog(log)
-    carried = await Resumer(recording, leases, store).resume(AGENT, "r", tenant=TENANT, worker="w")
+    carried = await claimed(Resumer(recording, leases, store), AGENT, "r", worker="w")
     assert end > row.summary.through_offset + 1
     # The projector folded the partition to its end and the claim landed there: the log is
     # not read at all.

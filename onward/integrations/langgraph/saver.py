@@ -32,7 +32,6 @@ import logging
 import os
 import random
 import socket
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -82,6 +81,7 @@ from onward.eventlog import (
     StoredEvent,
     partition_for,
 )
+from onward.eventlog.events import stamped
 from onward.projections import FrontierStore
 from onward.projections.compaction import CompactionStore, embedded_compaction
 from onward.projections.compaction.history import read_whole_run
@@ -709,14 +709,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 raise
             state = await self._fresh(thread_id, held)
             fence = held.holder.lease.fence
-            at = time.time_ns() // 1_000
             batch = [
-                kind(
+                stamped(
+                    kind,
                     run_id=thread_id,
                     tenant=self.tenant,
                     seq=state.last_seq + 1 + i,
                     fence=fence,
-                    at=at,
                     **fields,
                 )
                 for i, (kind, fields) in enumerate(build(state))
@@ -792,14 +791,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         await holder.__aenter__()
         try:
             state = await self._read(thread_id)
-            if holder.lease.fence <= state.fence:
-                await holder.raise_fence(state.fence)
-            claim = RunClaimed(
+            await holder.raise_fence(state.fence)
+            claim = stamped(
+                RunClaimed,
                 run_id=thread_id,
                 tenant=self.tenant,
                 seq=state.last_seq + 1,
                 fence=holder.lease.fence,
-                at=time.time_ns() // 1_000,
                 worker=self.holder,
             )
             (position,) = await self.log.append([claim])

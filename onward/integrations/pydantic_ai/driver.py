@@ -47,7 +47,6 @@ from onward.projections.compaction.history import read_whole_run
 from onward.projections.frontier import Frontier
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
-from onward.runtime.leases.base import RunLease
 from onward.runtime.leases.holder import Leaseholder
 from onward.runtime.planning import ResumePlan
 from onward.runtime.runner import AgentRunner
@@ -181,10 +180,8 @@ class DurableRuns:
             RevisionMismatchError: The agent's tools or model are not the ones the run started with.
             HistoryUnavailableError: The run's events are no longer all in the log.
         """
-        carried = await self.runner.resumer.resume(
-            described, run_id, tenant=self.tenant, worker=self.runner.worker
-        )
-        async with self._holding(run_id, carried.lease) as held:
+        async with self._holding(run_id) as held:
+            carried = await self.runner.resumer.claim(described, held, worker=self.runner.worker)
             if not carried.claimed:
                 return DurableRunResult.settled(carried.frontier)
             run = HeldRun(described, held, carried.frontier, Conversation(""))
@@ -287,9 +284,7 @@ class DurableRuns:
         return DurableRunResult(run_id, "completed", result.output, result=result)
 
     @asynccontextmanager
-    async def _holding(
-        self, run_id: str, lease: RunLease | None = None
-    ) -> AsyncIterator[Leaseholder]:
+    async def _holding(self, run_id: str) -> AsyncIterator[Leaseholder]:
         runner = self.runner
         async with Leaseholder(
             runner.leases,
@@ -297,7 +292,6 @@ class DurableRuns:
             tenant=self.tenant,
             holder=runner.worker,
             policy=runner.lease_policy,
-            lease=lease,
         ) as held:
             yield held
 

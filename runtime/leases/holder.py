@@ -99,6 +99,8 @@ class Leaseholder:
         self._renewing = asyncio.Lock()
         self._renewal: asyncio.Task[None] | None = None
         self.releasing: asyncio.Task[None] | None = None
+        self._answered: float | None = None
+        self._ttl_s = self.policy.ttl_s
 
     @property
     def lease(self) -> RunLease:
@@ -114,12 +116,19 @@ class Leaseholder:
     async def check(self) -> None:
         """Raise if the lease is known to be lost, so work stops before its next write.
 
-        This asks nothing of the store; it reads what the renewals found. Use :meth:`confirm`
-        where a stale answer would be costly.
+        This asks nothing of the store; it reads what the renewals found, and this process's
+        own clock: a lease whose last grant was answered more than a ttl ago has lapsed for
+        certain (the store granted it before the answer came), so a holder that was paused
+        past its ttl (SIGSTOP, a long GC, a suspended VM) stops at its next write even before
+        its renewal task has run again. Use :meth:`confirm` where a stale answer would be
+        costly.
 
         Raises:
-            FencedError: ``fenced`` is set.
+            FencedError: ``fenced`` is set, or the lease has lapsed by this process's clock.
         """
+        answered = self._answered
+        if answered is not None and asyncio.get_running_loop().time() > answered + self._ttl_s:
+            self.fenced.set()
         if self.fenced.is_set():
             raise FencedError(
                 f"run {self.run_id!r}: the lease of {self.holder!r} under fence "
@@ -160,25 +169,30 @@ class Leaseholder:
         await self.check()
         if self.lease.fence > above:
             return self.lease
-        await self._swap(lambda lease: self.store.raise_fence(lease, above=above))
+        await self._swap(lambda lease: self.store.raise_fence(lease, above=above), renews=False)
         return self.lease
 
     async def _renew(self) -> None:
         """One renewal, serialized with the others; a refusal sets ``fenced``."""
-        await self._swap(lambda lease: self.store.renew(lease, ttl_s=self.policy.ttl_s))
+        ttl_s = self.policy.ttl_s
+        await self._swap(lambda lease: self.store.renew(lease, ttl_s=ttl_s), renews=True)
 
-    async def _swap(self, ask: Callable[[RunLease], Awaitable[RunLease]]) -> None:
+    async def _swap(self, ask: Callable[[RunLease], Awaitable[RunLease]], *, renews: bool) -> None:
         """Replace the held lease by what the store answers about it, one request at a time.
 
         The lease is read under the lock, so a request never carries a fence that another one
-        has just replaced. A refusal sets ``fenced``.
+        has just replaced. A refusal sets ``fenced``. ``renews``: the answer extends the lease
+        by a ttl from now (a renewal), which `check` counts from.
         """
         async with self._renewing:
             try:
-                self._lease = await ask(self.lease)
+                granted = await ask(self.lease)
             except FencedError:
                 self.fenced.set()
                 raise
+            if renews:  # a raised fence keeps the expiry, so it proves nothing new
+                self._answered = asyncio.get_running_loop().time()
+            self._lease = granted
 
     async def __aenter__(self) -> Self:
         """Take (or adopt and renew) the lease and start renewing it.
@@ -204,6 +218,7 @@ class Leaseholder:
                 holder=self.holder,
                 ttl_s=self.policy.ttl_s,
             )
+            self._answered = loop.time()
         self._held = True
         self._renewal = asyncio.create_task(
             self._keep(requested), name=f"onward-lease-renewal:{self.run_id}"

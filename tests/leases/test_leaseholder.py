@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
-from onward.errors import BackendUnavailableError, InvalidInputError
+from onward.errors import BackendUnavailableError, FencedError, InvalidInputError
 from onward.runtime.leases import Leaseholder, LeaseStore, MemoryLeaseStore, RunLease
 from onward.testing.eventlog import TENANT, new_run_id
 from onward.testing.leases import (
@@ -169,3 +170,32 @@ async def test_a_holder_can_be_entered_again_after_exit_with_a_new_fence() -> No
         first = held.lease.fence
     async with held:
         assert held.lease.fence > first
+
+
+async def test_a_holder_paused_past_its_ttl_stops_at_its_next_check_before_any_renewal() -> None:
+    """The event loop held for longer than the ttl (a long GC, SIGSTOP, a suspended VM): the
+    renewal task has had no chance to run, yet the next `check` raises, counted on this
+    process's own clock from the store's last answer, so no write goes out under a lease
+    that has lapsed for certain."""
+    store = failing()
+    async with holding(store, 0.3) as held:
+        await held.check()
+        renewals = store.renewals
+        time.sleep(0.4)  # noqa: ASYNC251 - the loop itself is what is paused
+        with pytest.raises(FencedError, match="is lost"):
+            await held.check()
+        assert store.renewals == renewals  # told by its own clock, not by the store
+        assert held.fenced.is_set()
+
+
+async def test_a_raised_fence_does_not_count_as_a_renewal_for_the_local_check() -> None:
+    """Lifting the fence keeps the expiry, so it must not move the instant `check` counts a
+    ttl from: a holder that only raised its fence lapses a ttl after its last grant."""
+    store = failing(BackendUnavailableError("renewals fail"))
+    async with holding(store, 0.4) as held:
+        granted = held.lease
+        time.sleep(0.2)  # noqa: ASYNC251
+        await held.raise_fence(granted.fence + 5)
+        time.sleep(0.25)  # noqa: ASYNC251
+        with pytest.raises(FencedError):
+            await held.check()

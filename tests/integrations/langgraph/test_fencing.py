@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -23,9 +23,10 @@ import pytest
 from support.servers import KafkaServers
 
 from onward.errors import FencedError, ResumeConflictError
-from onward.eventlog import Refusal, RunClaimed
+from onward.eventlog import Event, EventLog, Position, Refusal, RunClaimed
 from onward.integrations.langgraph import OnwardSaver, ThreadState
 from onward.runtime.leases import LeasePolicy
+from onward.testing.eventlog import WrappedEventLog
 from onward.testing.leases import GatedRenewals
 
 from .graphs import config, steps_graph
@@ -146,15 +147,42 @@ async def test_paused_writer_is_fenced_on_kafka_postgres_redis(
         await _scenario(world, kafka_spec(*kafka_servers))
 
 
+class HeldAppends(WrappedEventLog):
+    """A log whose appends wait while ``sending`` is clear: a write already on its way (its
+    lease checked, still within its ttl) that lands late.
+
+    Attributes:
+        waiting: Set once an append is waiting.
+    """
+
+    def __init__(self, inner: EventLog, sending: asyncio.Event) -> None:
+        super().__init__(inner)
+        self.sending = sending
+        self.waiting = asyncio.Event()
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        if not self.sending.is_set():
+            self.waiting.set()
+            await self.sending.wait()
+        return await super().append(events)
+
+
 async def _takeover_unnoticed(world: World) -> None:
-    """A's write lands after B's claim (A has not heard yet): refused, and A is told after."""
+    """A's write lands after B's claim (A has not heard yet): refused, and A is told after.
+
+    A checks its lease (still within its ttl) and sends a write that is held up in flight
+    until its lease has lapsed and B has claimed the thread: the one way a lower fence still
+    reaches the log once a holder stops itself at the first write past its ttl."""
     thread_id = f"thread-{uuid.uuid4().hex[:8]}"
     # A's renewals (and the confirmation after each append) wait while the gate is shut: a
     # writer whose process was paused, whose writes go on but cannot hear the store.
     thawed = asyncio.Event()
     thawed.set()
+    sending = asyncio.Event()
+    sending.set()
+    log_a = HeldAppends(world.log, sending)
     saver_a = OnwardSaver(
-        world.log,
+        log_a,
         GatedRenewals(world.leases, thawed),
         tenant=TENANT,
         holder="worker-a",
@@ -164,6 +192,9 @@ async def _takeover_unnoticed(world: World) -> None:
         graph_a = steps_graph("A", saver_a)
         await graph_a.ainvoke({"steps": []}, config(thread_id))
         thawed.clear()
+        sending.clear()
+        stale = asyncio.create_task(graph_a.ainvoke({"steps": []}, config(thread_id)))
+        await asyncio.wait_for(log_a.waiting.wait(), 10)  # A's write is on its way
         await asyncio.sleep(TTL_S + 0.5)
 
         async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
@@ -171,8 +202,7 @@ async def _takeover_unnoticed(world: World) -> None:
             await graph_b.ainvoke({"steps": []}, config(thread_id))
             claim_b = (await saver_b.aread_thread(thread_id)).fence
 
-            stale = asyncio.create_task(graph_a.ainvoke({"steps": []}, config(thread_id)))
-            # A appends from its own stale view, then waits to confirm its lease.
+            sending.set()  # A's write lands, after B's claim
             while not (await saver_b.aread_thread(thread_id)).refused:  # noqa: ASYNC110 - the log is what we watch
                 await asyncio.sleep(0.05)
             thawed.set()

@@ -19,8 +19,8 @@ from ._common import err
 
 
 class TurnLines:
-    """A `RunObserver` printing a line when a turn settles, an approval is asked for or the run
-    ends, each with the seconds since the command began carrying the run on."""
+    """A `RunObserver` printing a line when a resume has planned, a turn settles, an approval
+    is asked for or the run ends, each with the seconds since the command began."""
 
     def __init__(self) -> None:
         self._started = time.monotonic()
@@ -44,7 +44,9 @@ class TurnLines:
                 for call_id in event.call_ids
             )
             return f"turn {event.iteration}: {calls or 'no calls'}"
-        if isinstance(event, ev.ApprovalRequested | ev.RunFinished | ev.RunContinued):
+        if isinstance(
+            event, ev.ResumePlanned | ev.ApprovalRequested | ev.RunFinished | ev.RunContinued
+        ):
             return f"{ev.kind_of(type(event))}: {describe_event(event)}"
         return None
 

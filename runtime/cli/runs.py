@@ -318,8 +318,8 @@ def run_command(
     ] = False,
     as_json: JsonResultOption = False,
 ) -> None:
-    """Carry a run on: print its summary, take its lease, claim it, plan, and drive it,
-    saying on stderr how each turn went as it settles.
+    """Carry a run on: take its lease, read it once under the lease, claim it, plan, and
+    drive it, saying on stderr what the plan is and how each turn went as it settles.
 
     A run held by a process of this host that has ended (killed, crashed) is taken at once;
     one held by a live worker or another host's is refused with when its lease lapses, or with
@@ -336,9 +336,6 @@ def run_command(
     provider = load_provider(provider_spec)
 
     async def work(backends: Backends) -> None:
-        frontier, lease = await _look(backends, resume, tenant)
-        if not as_json:
-            out.print(run_summary(frontier, lease=lease, agent=agent))
         runner = backends.runner(provider, worker=worker, lease_policy=policy, observer=TurnLines())
         said: tuple[str | None, float | None] | None = None
         while True:

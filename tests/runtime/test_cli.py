@@ -174,7 +174,11 @@ def test_resume_carries_an_interrupted_run_to_completion(db: Path) -> None:
     assert "status completed" in result.stdout
     assert cli_agent.effects("book", run_id, "b") == 1
     progress = [line.split("] ", 1)[1] for line in result.stderr.splitlines()]
-    assert progress == ["turn 1: book returned", "run.finished: completed: booked"]
+    assert progress == [
+        "resume.planned: replayed none, dispatched b, undecided none",
+        "turn 1: book returned",
+        "run.finished: completed: booked",
+    ]
 
 
 def test_resume_with_an_undecidable_call_exits_4_naming_it(db: Path) -> None:

@@ -22,12 +22,13 @@ from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
-from onward.runtime.leases import Leaseholder, MemoryLeaseStore
+from onward.runtime.leases import Leaseholder, MemoryLeaseStore, RunLease
 from onward.runtime.manager import ExecutionManager, pending_ids
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.resumer import CarriedRun, Resumer
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
+from onward.testing.leases import WrappedLeaseStore
 
 TENANT = "acme"
 
@@ -269,3 +270,30 @@ async def test_a_projector_storing_between_the_reads_of_a_resume_loses_no_event(
     view = FoldsDuringRead(store, LogProjector(log, FrontierProjection(store, log)))
     frontier = await Resumer(log, leases, cast("FrontierStore", view)).read("r", tenant=TENANT)
     assert (frontier.last_seq, frontier.iteration) == (2, 1)
+
+
+class LeaseFirst(WrappedLeaseStore):
+    """A lease store that notes how many reads of the log came before each acquisition."""
+
+    def __init__(self, inner: MemoryLeaseStore, log: CountingLog) -> None:
+        super().__init__(inner)
+        self.log = log
+        self.reads_before: list[int] = []
+
+    async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
+        self.reads_before.append(self.log.reads)
+        return await super().acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
+
+
+async def test_agent_runner_resume_reads_the_run_once_and_only_under_its_lease() -> None:
+    """The public entry point: the lease comes first, then one read of the run (its row, here
+    none yet, and one tail read); the claim landing right after the tail is not read back."""
+    log, store = MemoryEventLog(), MemoryFrontierStore()
+    await interrupted_run(log, MemoryLeaseStore())
+    counting = CountingLog(log)
+    leases = LeaseFirst(MemoryLeaseStore(), counting)
+    runner = AgentRunner(provider=provider(), log=counting, leases=leases, frontiers=store)
+    result = await runner.resume(AGENT, "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert leases.reads_before == [0]
+    assert counting.reads == 1

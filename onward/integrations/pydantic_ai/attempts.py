@@ -4,7 +4,8 @@ pydantic-ai invokes one call once, and once more if a person approves it after i
 approval; each invocation is one attempt. A ``ToolDispatched`` starts an attempt (or, for an
 attempt with no outcome yet, dispatches it again: a retry-safe tool after a crash);
 ``ToolCompleted`` or ``ToolResolved`` ends it. The k-th invocation of a call in a re-executed
-run is its k-th attempt in the log.
+run is its k-th attempt in the log. An attempt keeps the idempotency key it was dispatched
+with: that is the key a person deciding on it is shown.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
-from onward.runtime.tools import idempotency_key
 
 
 @dataclass
@@ -22,11 +22,13 @@ class Attempt:
 
     Attributes:
         dispatched_fence: The fence of its last ``ToolDispatched``.
+        idempotency_key: The key its last ``ToolDispatched`` went out with.
         completed: The tool's recorded outcome.
         resolved: A person's (or a status check's) settlement of an attempt that had none.
     """
 
     dispatched_fence: int
+    idempotency_key: str
     completed: ToolCompleted | None = None
     resolved: ToolResolved | None = None
 
@@ -52,9 +54,10 @@ class CallAttempts:
         last = attempts[-1] if attempts and attempts[-1].open else None
         if isinstance(event, ToolDispatched):
             if last is None:
-                attempts.append(Attempt(event.fence))
+                attempts.append(Attempt(event.fence, event.idempotency_key))
             else:
                 last.dispatched_fence = event.fence
+                last.idempotency_key = event.idempotency_key
         elif last is not None and isinstance(event, ToolCompleted):
             last.completed = event
         elif last is not None and isinstance(event, ToolResolved):
@@ -69,7 +72,7 @@ def undecided(run_id: str, call_id: str, tool: str, attempt: Attempt) -> dict[st
             "run_id": run_id,
             "call_id": call_id,
             "tool": tool,
-            "idempotency_key": idempotency_key(run_id, call_id),
+            "idempotency_key": attempt.idempotency_key,
             "dispatched_fence": attempt.dispatched_fence,
             "reason": (
                 f"{tool} was dispatched under fence {attempt.dispatched_fence} and the run "

@@ -16,6 +16,9 @@ redaction, the claim check, the fence check).
   outcome is replayed. One dispatched without an outcome (the process died in between) is never
   run again: it comes back as pydantic-ai's own approval request, unless the tool says a second
   call is harmless (``metadata={"onward": {"retry_safe": True}}``), which is dispatched again.
+  Every dispatch carries the idempotency key the log recorded for the call, never one derived
+  again: only a call the model asks for now gets a key derived now, so the system a tool changes
+  sees one key per call whichever Onward release resumes the run.
 - Waits on a person: the n-th wait of the run is the n-th ``ApprovalRequested``; answered, its
   answer is returned; not yet, the run stops (`RunSuspended`) and waits.
 """
@@ -140,6 +143,8 @@ class RunJournal:
     _invocations: dict[str, int] = field(init=False, default_factory=dict)
     _turn: dict[str, str] = field(init=False, default_factory=dict)
     _used_ids: set[str] = field(init=False, default_factory=set)
+    _keys: dict[str, str] = field(init=False, default_factory=dict)
+    """The idempotency key recorded for each call, by the run's call id."""
     _segments: int = field(init=False, default=0)
     surfaced: dict[str, dict[str, Any]] = field(init=False, default_factory=dict)
     """What each call handed back for a decision said, by pydantic-ai's call id."""
@@ -274,7 +279,7 @@ class RunJournal:
     async def _dispatch(
         self, call_id: str, tool: str, run: Callable[[], Awaitable[object]]
     ) -> object:
-        key = idempotency_key(self.run_id, call_id)
+        key = self._key_of(call_id)
         # Write-ahead: the dispatch is durable before the tool runs, or the tool does not run.
         await self.append(
             self.event(ToolDispatched, call_id=call_id, tool=tool, idempotency_key=key)
@@ -294,6 +299,13 @@ class RunJournal:
         await self.append(self.event(ToolCompleted, call_id=call_id, result=payload))
         unit_completed(executed=True)
         return payload
+
+    def _key_of(self, call_id: str) -> str:
+        """The idempotency key the log holds for a call (the one it was last dispatched with,
+        else the one recorded with the model's answer), derived only for a call it lacks: a
+        change in how keys are derived must not give a recorded call a new one."""
+        recorded = self._keys.get(call_id)
+        return recorded if recorded is not None else idempotency_key(self.run_id, call_id)
 
     # -- waits on a person -------------------------------------------------------------------
 
@@ -335,7 +347,12 @@ class RunJournal:
             if self._next_answer >= len(self.answers):
                 self.answers.append(event)
             self._used_ids.update(c.call_id for c in event.tool_calls)
+            self._keys.update(
+                (c.call_id, c.idempotency_key) for c in event.tool_calls if c.idempotency_key
+            )
         elif isinstance(event, ToolDispatched | ToolCompleted | ToolResolved):
+            if isinstance(event, ToolDispatched) and event.idempotency_key:
+                self._keys[event.call_id] = event.idempotency_key
             self.attempts.learn(event)
         elif isinstance(event, ApprovalRequested):
             self.waits.append(Wait(event))

@@ -174,7 +174,7 @@ def _cpu_times() -> list[int]:
 
 
 async def _submit(fleet: Fleet, runs: int) -> list[str]:
-    from onward.runtime.requests import Requests, StartRun  # noqa: PLC0415
+    from onward.runtime.fleet.requests import Requests, StartRun  # noqa: PLC0415
     from onward.runtime.signing import RequestSigner  # noqa: PLC0415
 
     run_ids = [f"run-{uuid.uuid4().hex[:12]}" for _ in range(runs)]

@@ -36,19 +36,19 @@ from onward.eventlog import (
     SqliteEventLog,
     StoredEvent,
 )
-from onward.runtime.api import (
+from onward.runtime.application.api import (
     get_session_state,
     query,
     query_sync,
     resume,
     resume_sync,
 )
-from onward.runtime.api import open_app as open
-from onward.runtime.app import App, SessionState
-from onward.runtime.messages import RunMessage
+from onward.runtime.application.api import open_app as open
+from onward.runtime.application.app import App, SessionState
+from onward.runtime.application.messages import RunMessage
+from onward.runtime.application.stream import RunStream
 from onward.runtime.options import ExecutionMode, Options
 from onward.runtime.settings import Settings
-from onward.runtime.stream import RunStream
 
 try:
     __version__ = version("onward")

@@ -7,9 +7,9 @@ and the run's bound on model calls.
 
 Execution modes: ``autonomous`` runs go on by themselves and only stop for a tool that needs a
 person; ``collaborative`` runs also wait at every checkpoint their policy picks, until someone
-answers (`onward.runtime.messages.RunMessage.respond`). An answer at a checkpoint after a model
-call reaches that turn's tool calls (as their ``approval`` value); one after a settled turn
-reaches the model, as a user message before its next call.
+answers (`onward.runtime.application.messages.RunMessage.respond`). An answer at a checkpoint
+after a model call reaches that turn's tool calls (as their ``approval`` value); one after a
+settled turn reaches the model, as a user message before its next call.
 """
 
 from __future__ import annotations

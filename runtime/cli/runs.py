@@ -27,7 +27,7 @@ from onward.projections.compaction.history import (
 )
 from onward.projections.frontier import Frontier, RunTag
 from onward.runtime.agent import Agent
-from onward.runtime.app import DEFAULT_TENANT
+from onward.runtime.application.app import DEFAULT_TENANT
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.compaction import compaction_store
 from onward.runtime.leases.base import LeasePolicy, RunLease

@@ -13,10 +13,10 @@ import typer
 from onward.errors import InvalidInputError
 from onward.runtime.agent import Agent
 from onward.runtime.backends import open_backends
+from onward.runtime.fleet.requests import DEFAULT_REQUESTS_TOPIC
+from onward.runtime.fleet.worker import DEFAULT_GROUP, Worker
 from onward.runtime.leases.base import LeasePolicy
-from onward.runtime.requests import DEFAULT_REQUESTS_TOPIC
 from onward.runtime.settings import load_settings
-from onward.runtime.worker import DEFAULT_GROUP, Worker
 
 from ._common import err, imported, made, opened
 from .runs import load_provider

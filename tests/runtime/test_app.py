@@ -24,9 +24,9 @@ from onward.errors import ConfigurationError, InvalidInputError, NothingToResume
 from onward.eventlog import Tagged
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.base import partition_for
+from onward.runtime.application.messages import RunMessage
 from onward.runtime.compaction import CheckpointCompactor, compaction_store
 from onward.runtime.demo_ledger import Ledger
-from onward.runtime.messages import RunMessage
 from onward.runtime.providers import ModelReply, ScriptedProvider
 from onward.runtime.runner import AgentRunner
 from onward.runtime.settings import Settings

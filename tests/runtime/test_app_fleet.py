@@ -25,8 +25,8 @@ from support.servers import KafkaServers
 
 import onward
 from onward.eventlog import ApprovalGranted, Tagged
+from onward.runtime.application.messages import RunMessage
 from onward.runtime.demo_ledger import Ledger
-from onward.runtime.messages import RunMessage
 from onward.runtime.settings import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

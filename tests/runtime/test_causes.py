@@ -16,11 +16,11 @@ from onward.eventlog import Message, RunStarted, ToolCall, ToolCompleted, ToolRe
 from onward.eventlog.codec import encode
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
+from onward.runtime.fleet.requests import ResumeRun, StartRun
+from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
-from onward.runtime.requests import ResumeRun, StartRun
 from onward.runtime.settings import Settings
 from onward.runtime.tools import Reconciled, tool
-from onward.runtime.worker import Worker
 
 TENANT = "acme"
 SECRET = "Bearer abcdefghijklmnopqrstuvwxyz0123"

@@ -28,9 +28,9 @@ from support.servers import REQUEST_KEY, KafkaServers
 from onward.eventlog import KafkaEventLog
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.demo_ledger import Ledger
+from onward.runtime.fleet.requests import AnswerRequest, Requests, StartRun, TagRun
 from onward.runtime.leases import RedisLeaseStore
 from onward.runtime.manager import ExecutionManager
-from onward.runtime.requests import AnswerRequest, Requests, StartRun, TagRun
 from onward.runtime.signing import RequestSigner
 from onward.runtime.tools import idempotency_key
 

@@ -23,17 +23,17 @@ from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app
 from onward.runtime.cli.worker import load_agents
 from onward.runtime.demo_ledger import Ledger
-from onward.runtime.manager import ExecutionManager
-from onward.runtime.providers import ModelReply, ScriptedProvider
-from onward.runtime.requests import (
+from onward.runtime.fleet.requests import (
     AnswerRequest,
     StartRun,
     TagRun,
     decode_request,
     encode_request,
 )
+from onward.runtime.fleet.worker import Worker, attempts_since_progress
+from onward.runtime.manager import ExecutionManager
+from onward.runtime.providers import ModelReply, ScriptedProvider
 from onward.runtime.settings import Settings
-from onward.runtime.worker import Worker, attempts_since_progress
 
 TESTS = Path(__file__).resolve().parents[1]
 TENANT = "acme"

@@ -35,9 +35,9 @@ from support.servers import REQUEST_KEY, KafkaServers
 from onward.eventlog import KafkaEventLog, kind_of
 from onward.projections.base import RunSummary
 from onward.projections.postgres import PostgresFrontierStore
+from onward.runtime.fleet.requests import Requests, StartRun
 from onward.runtime.leases import RedisLeaseStore
 from onward.runtime.manager import ExecutionManager
-from onward.runtime.requests import Requests, StartRun
 from onward.runtime.signing import RequestSigner
 from onward.runtime.tools import idempotency_key
 

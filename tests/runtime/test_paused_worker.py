@@ -46,11 +46,11 @@ from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli.summary import run_summary
+from onward.runtime.fleet.worker import Worker
 from onward.runtime.leases.base import LeasePolicy
 from onward.runtime.providers import ScriptedProvider
 from onward.runtime.settings import Settings
 from onward.runtime.tools import Reconciled, tool
-from onward.runtime.worker import Worker
 
 PARTITIONS = 2
 

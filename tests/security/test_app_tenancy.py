@@ -18,7 +18,7 @@ from support.appapi import agents, provider
 
 import onward
 from onward.errors import InvalidInputError, NothingToResumeError
-from onward.runtime.messages import RunMessage
+from onward.runtime.application.messages import RunMessage
 from onward.runtime.settings import Settings
 
 

@@ -51,6 +51,17 @@ from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.backends import open_backends
 from onward.runtime.checkpoint import CheckpointPolicy
+from onward.runtime.fleet.requests import (
+    AnswerRequest,
+    Requests,
+    ResumeRun,
+    StartRun,
+    TagRun,
+    check_request,
+    decode_request,
+    encode_request,
+)
+from onward.runtime.fleet.worker import Worker
 from onward.runtime.leases import (
     LeaseStore,
     MemoryLeaseStore,
@@ -62,20 +73,9 @@ from onward.runtime.limits import MAX_DEPTH, MAX_TAGS_PER_RUN, MAX_TOOL_CALLS_PE
 from onward.runtime.openai import UNPARSED, OpenAICompatibleProvider
 from onward.runtime.options import ExecutionMode, Options
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
-from onward.runtime.requests import (
-    AnswerRequest,
-    Requests,
-    ResumeRun,
-    StartRun,
-    TagRun,
-    check_request,
-    decode_request,
-    encode_request,
-)
 from onward.runtime.runner import TOO_DEEP_ARGUMENTS, AgentRunner
 from onward.runtime.settings import Settings
 from onward.runtime.tools import tool
-from onward.runtime.worker import Worker
 
 TENANT = "acme"
 LONG = "x" * 201

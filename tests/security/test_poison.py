@@ -30,9 +30,9 @@ from onward.projections.kafka import KafkaProjector
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.backends import open_backends
+from onward.runtime.fleet.requests import Requests, StartRun
+from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ScriptedProvider, reply
-from onward.runtime.requests import Requests, StartRun
-from onward.runtime.worker import Worker
 
 pytestmark = pytest.mark.kafka
 PARTITIONS = 2

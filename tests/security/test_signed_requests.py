@@ -23,11 +23,11 @@ from onward.eventlog import ApprovalGranted, ApprovalRequested, RunFinished, Too
 from onward.eventlog.base import partition_for
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
+from onward.runtime.fleet.requests import AnswerRequest, Requests, StartRun, encode_request
+from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ScriptedProvider, reply
-from onward.runtime.requests import AnswerRequest, Requests, StartRun, encode_request
 from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
 from onward.runtime.tools import tool
-from onward.runtime.worker import Worker
 
 pytestmark = pytest.mark.kafka
 PARTITIONS = 2

@@ -25,8 +25,8 @@ from typing import Any
 import onward
 from onward.eventlog import Message, ToolCall
 from onward.runtime.agent import Agent
+from onward.runtime.application.messages import RunMessage
 from onward.runtime.demo_ledger import Ledger
-from onward.runtime.messages import RunMessage
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.tools import tool
 

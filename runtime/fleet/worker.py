@@ -1,15 +1,16 @@
 """`Worker`: one member of a fleet that carries runs on with no one watching.
 
 Routing: with Kafka, workers form a consumer group on the requests topic
-(`onward.runtime.requests`), partitioned like the event log, so the worker that owns requests
-partition p owns the runs of event-log partition p. Ownership only routes work: every write is
-made under the run's lease (how each request is acted on: :mod:`onward.runtime.request_handler`).
+(`onward.runtime.fleet.requests`), partitioned like the event log, so the worker that owns
+requests partition p owns the runs of event-log partition p. Ownership only routes work: every
+write is made under the run's lease (how each request is acted on:
+:mod:`onward.runtime.fleet.requests_handling`).
 
-Recovery (:mod:`onward.runtime.recovery`): when partitions are assigned and every ``recheck_s``
-after, the worker carries on the runs of its partitions whose lease lapsed, and every
-``recheck_s`` those of any partition that were quiet for a lease ttl (a dead worker's runs move
-once their leases lapse, not once its partitions do), with bounded attempts; a run whose plan
-is not safe is left for a person.
+Recovery (:mod:`onward.runtime.fleet.recovery`): when partitions are assigned and every
+``recheck_s`` after, the worker carries on the runs of its partitions whose lease lapsed, and
+every ``recheck_s`` those of any partition that were quiet for a lease ttl (a dead worker's
+runs move once their leases lapse, not once its partitions do), with bounded attempts; a run
+whose plan is not safe is left for a person.
 
 Backpressure: at most ``max_runs`` runs in flight; while full, the worker pauses its partitions.
 Request offsets are committed only once the request was acted on, so a worker killed mid-request
@@ -32,7 +33,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -42,14 +42,15 @@ from onward._storage import translate
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.eventlog.events import Event, RunStarted
 from onward.projections.audit import printable
+from onward.runtime.agent import Agent
+from onward.runtime.backends import Backends
+from onward.runtime.leases.base import LeasePolicy
+from onward.runtime.manager import NEEDS_PERSON, needs_person
+from onward.runtime.providers import Provider
+from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
 
-from .agent import Agent
-from .backends import Backends
-from .leases.base import LeasePolicy
-from .manager import NEEDS_PERSON, needs_person
-from .providers import Provider
+from .member import WorkerStats
 from .recovery import Recovery, attempts_since_progress, described, one_line
-from .request_handler import RequestHandler
 from .requests import (
     DEFAULT_REQUESTS_TOPIC,
     Request,
@@ -57,7 +58,7 @@ from .requests import (
     decode_request,
     ensure_requests_topic,
 )
-from .signing import SIGNATURE_HEADER, RequestSigner
+from .requests_handling import RequestHandler
 
 _log = logging.getLogger("onward.worker")
 
@@ -89,25 +90,6 @@ class _Boundaries:
     async def before_model_call(self) -> None:
         if self._worker.draining:
             raise _Stopped
-
-
-@dataclass
-class WorkerStats:
-    """What a worker did, for its log lines and the benchmark (``set_aside``: request records
-    that were not a request it could act on, logged with their partition and offset)."""
-
-    started: int = 0
-    recovered: int = 0
-    finished: int = 0
-    stopped: int = 0
-    conflicts: int = 0
-    needs_person: int = 0
-    gave_up: int = 0
-    failures: int = 0
-    set_aside: int = 0
-    pauses: int = 0
-    peak_in_flight: int = 0
-    statuses: dict[str, int] = field(default_factory=dict)
 
 
 class Worker:

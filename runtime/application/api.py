@@ -11,13 +11,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from onward.errors import InvalidInputError
+from onward.runtime.agent import Agent
+from onward.runtime.options import Options
+from onward.runtime.providers import Provider
+from onward.runtime.settings import Settings
 
-from .agent import Agent
 from .app import App, SessionState, current_app
 from .messages import RunMessage
-from .options import Options
-from .providers import Provider
-from .settings import Settings
 from .stream import RunStream
 
 

@@ -31,7 +31,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING
 
 from onward.errors import IndeterminateToolCallError, OnwardError, ResumeConflictError
 from onward.eventlog.base import partition_for
@@ -48,16 +47,14 @@ from onward.eventlog.events import (
 from onward.projections.audit import printable
 from onward.projections.base import RunSummary
 from onward.projections.frontier import Frontier
+from onward.runtime.agent import Agent
+from onward.runtime.conversation import Conversation
+from onward.runtime.leases.holder import Leaseholder
+from onward.runtime.manager import NEEDS_PERSON, needs_person
+from onward.runtime.redaction import Redactor
+from onward.runtime.writer import HeldRun
 
-from .agent import Agent
-from .conversation import Conversation
-from .leases.holder import Leaseholder
-from .manager import NEEDS_PERSON, needs_person
-from .redaction import Redactor
-from .writer import HeldRun
-
-if TYPE_CHECKING:
-    from .worker import Worker
+from .member import FleetMember
 
 _log = logging.getLogger("onward.worker")
 
@@ -116,7 +113,7 @@ class Recovery:
         worker: Whose runner, stores, limits, slots and counters it uses.
     """
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: FleetMember) -> None:
         self._worker = worker
         self._lapsed: dict[str, str] = {}
         self._causes: dict[str, str] = {}

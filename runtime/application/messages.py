@@ -42,8 +42,7 @@ from onward.eventlog.events import (
 from onward.eventlog.parts import TextPart, parts_of
 from onward.projections.frontier import BOUNDARIES, Boundary, run_options
 from onward.projections.transcript import as_text, checkpoint_of
-
-from .manager import NEEDS_PERSON
+from onward.runtime.manager import NEEDS_PERSON
 
 MessageType = Literal[
     "text", "checkpoint", "approval_request", "progress", "result", "error", "needs_person"

@@ -44,20 +44,27 @@ from onward.eventlog.events import (
     Event,
 )
 from onward.projections.frontier import Frontier, RunTag
+from onward.runtime.agent import Agent
+from onward.runtime.backends import Backends, open_backends
+from onward.runtime.blobs import ClaimCheck
+from onward.runtime.fleet.requests import (
+    AnswerRequest,
+    Request,
+    Requests,
+    ResumeRun,
+    StartRun,
+    TagRun,
+)
+from onward.runtime.fleet.worker import Worker
+from onward.runtime.leases.base import LeasePolicy
+from onward.runtime.manager import ExecutionManager, needs_person
+from onward.runtime.options import Options
+from onward.runtime.providers import Provider
+from onward.runtime.resumer import Resumer
+from onward.runtime.settings import Settings, load_settings
 
-from .agent import Agent
-from .backends import Backends, open_backends
-from .blobs import ClaimCheck
-from .leases.base import LeasePolicy
-from .manager import ExecutionManager, needs_person
 from .messages import RunMessage
-from .options import Options
-from .providers import Provider
-from .requests import AnswerRequest, Request, Requests, ResumeRun, StartRun, TagRun
-from .resumer import Resumer
-from .settings import Settings, load_settings
 from .stream import Position, RunStream
-from .worker import Worker
 
 DEFAULT_TENANT: str = Options.model_fields["tenant"].default
 """The tenant of runs whose options name none, and of an app given none."""

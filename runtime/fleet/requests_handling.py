@@ -9,16 +9,13 @@ on.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from onward.errors import InvalidInputError, ResumeConflictError
+from onward.runtime.options import checked_options
 
-from .options import checked_options
+from .member import FleetMember
+from .recovery import Recovery
 from .requests import AnswerRequest, Request, StartRun, TagRun, check_request
-
-if TYPE_CHECKING:
-    from .recovery import Recovery
-    from .worker import Worker
 
 _log = logging.getLogger("onward.worker")
 
@@ -31,7 +28,7 @@ class RequestHandler:
         recovery: Carries a run on once a resume or an answer asks for it.
     """
 
-    def __init__(self, worker: Worker, recovery: Recovery) -> None:
+    def __init__(self, worker: FleetMember, recovery: Recovery) -> None:
         self._worker = worker
         self._recovery = recovery
 

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from onward.errors import InvalidInputError, RunTimeoutError
 from onward.eventlog.base import SequenceGuard
@@ -28,13 +28,36 @@ from onward.eventlog.events import (
     RunContinued,
     RunFinished,
 )
+from onward.runtime.backends import Backends
 
-from .messages import MessageMapper, RunMessage
+from .messages import Answers, MessageMapper, RunMessage
 
 _log = logging.getLogger("onward.app")
 
-if TYPE_CHECKING:
-    from .app import App
+
+class StreamSource(Answers, Protocol):
+    """What a stream needs from the application that opened it (`App` is one): where the
+    log and leases are, how often to look again, how to put bodies back, what to do when
+    nothing comes, and where a message's answers go."""
+
+    @property
+    def backends(self) -> Backends:
+        """The stores the run is read from."""
+        ...
+
+    @property
+    def poll_s(self) -> float:
+        """How often a stream with nothing new looks at the log again."""
+        ...
+
+    async def restore(self, event: Event) -> Event:
+        """The event with every body the claim check moved out of line put back."""
+        ...
+
+    async def quiet(self, stream: RunStream) -> None:
+        """Called when a stream found nothing new: nudge the run on, or end the stream."""
+        ...
+
 
 Position = tuple[int, int]
 """A message's place in its run's stream: the seq of its event, and its part of that event."""
@@ -49,7 +72,7 @@ class RunStream:
 
     def __init__(
         self,
-        app: App,
+        app: StreamSource,
         run_id: str,
         tenant: str,
         begin: Callable[[RunStream], Awaitable[None]],
@@ -201,4 +224,4 @@ class RunStream:
         return [message async for message in self]
 
 
-__all__ = ["Position", "RunStream"]
+__all__ = ["Position", "RunStream", "StreamSource"]

@@ -1,0 +1,308 @@
+"""What a fleet of `onward worker` processes is asked to do, and the client that asks.
+
+Requests are msgspec tagged Structs, JSON on the wire, keyed by run id on a Kafka topic
+(``onward.requests`` by default) with as many partitions as the events topic. A request for
+run R goes to partition ``partition_for(R, partitions)``, the function the event log places R
+with, so the worker that owns requests partition p owns every run of event-log partition p.
+Ownership only routes work: leases stay the arbiter of who may write to a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from onward._storage import Resource, translate
+from onward.errors import ConfigurationError, InvalidInputError
+from onward.eventlog.base import partition_for
+from onward.eventlog.codec import unencodable
+from onward.eventlog.kafka import topic_partition_count
+from onward.runtime.limits import check_depth, check_label, check_name
+from onward.runtime.options import checked_options
+from onward.runtime.redaction import Redactor
+from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
+
+DEFAULT_REQUESTS_TOPIC = "onward.requests"
+
+REQUESTS_RETENTION_MS = 7 * 24 * 60 * 60 * 1000
+"""How long the broker keeps a request (``retention.ms`` of a topic `ensure_requests_topic`
+creates): 7 days. A request is acted on within seconds; what it carries (a run's input, a
+person's answer) is kept for good in the event log, so the requests topic need not keep it."""
+
+
+class StartRun(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
+    """Start run ``run_id`` of agent ``agent`` (a name the workers know) with ``input``;
+    ``options`` are recorded in its `RunStarted` (`onward.runtime.options.Options.recorded`)."""
+
+    run_id: str
+    tenant: str
+    agent: str
+    input: Any = None
+    options: dict[str, Any] = {}
+
+
+class ResumeRun(msgspec.Struct, frozen=True, kw_only=True, tag="resume"):
+    """Carry run ``run_id`` on from the log (after a person answered or settled a call)."""
+
+    run_id: str
+    tenant: str
+
+
+class AnswerRequest(msgspec.Struct, frozen=True, kw_only=True, tag="answer"):
+    """Answer the person's request ``request_id`` of a waiting run; an approval carries it on."""
+
+    run_id: str
+    tenant: str
+    request_id: str
+    approve: bool
+    by: str
+    value: Any = None
+
+
+class TagRun(msgspec.Struct, frozen=True, kw_only=True, tag="tag"):
+    """Put ``label`` on one of the run's events (by default its latest boundary)."""
+
+    run_id: str
+    tenant: str
+    label: str
+    seq: int | None = None
+    by: str = "tagger"
+
+
+Request = StartRun | ResumeRun | AnswerRequest | TagRun
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Request)
+
+
+def encode_request(request: Request) -> bytes:
+    """The wire form of a request: JSON with a ``type`` tag."""
+    return _encoder.encode(request)
+
+
+def decode_request(data: bytes | None) -> Request:
+    """A request from its wire form, checked as every entry point checks what it is given.
+
+    Anyone who can produce to the topic can write any bytes there; whatever they are, this
+    either returns a request a worker may act on or raises `InvalidInputError`, so a worker
+    sets the record aside rather than crash on it (and crash every worker that takes the
+    partition after it).
+
+    Raises:
+        InvalidInputError: Not a request this code knows: no value (a tombstone), not JSON,
+            JSON nested too deep to read, or a field out of bounds (`check_request`); the
+            reason is one line, naming the path to the bad value where there is one.
+    """
+    if data is None:
+        raise InvalidInputError("unreadable request: the record has no value (a tombstone)")
+    try:
+        request = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"unreadable request: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidInputError("unreadable request: JSON nested deeper than can be read") from exc
+    except (TypeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidInputError(f"unreadable request: {type(exc).__name__} decoding it") from exc
+    check_request(request)
+    return request
+
+
+def check_request(request: Request) -> None:
+    """Refuse a request whose names or values are out of bounds (`onward.runtime.limits`), or
+    a start whose options `Options` does not take (`checked_options`).
+
+    Raises:
+        InvalidInputError: The first field out of bounds, named with its request's type.
+    """
+    what = type(request).__name__
+    run_id = check_name(f"{what}.run_id", request.run_id)
+    check_name(f"{what}.tenant", request.tenant, run_id=run_id)
+    if isinstance(request, StartRun):
+        check_name(f"{what}.agent", request.agent, run_id=run_id)
+        check_depth(f"{what}.input", request.input, run_id=run_id)
+        _check_encodable(f"{what}.input", request.input, run_id)
+        checked_options(request.options)
+    elif isinstance(request, AnswerRequest):
+        check_name(f"{what}.request_id", request.request_id, run_id=run_id)
+        check_name(f"{what}.by", request.by, run_id=run_id)
+        check_depth(f"{what}.value", request.value, run_id=run_id)
+        _check_encodable(f"{what}.value", request.value, run_id)
+    elif isinstance(request, TagRun):
+        check_label(f"{what}.label", request.label, run_id=run_id)
+        check_name(f"{what}.by", request.by, run_id=run_id)
+
+
+def _check_encodable(field: str, value: Any, run_id: str) -> None:
+    """Refuse a value JSON would change (``nan`` becomes ``null``) or cannot hold."""
+    fault = unencodable(value)
+    if fault is not None:
+        raise InvalidInputError(f"{field} cannot be sent: {fault}", run_id=run_id)
+
+
+async def ensure_requests_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+    """Create the requests topic with ``partitions`` partitions unless it exists; check it.
+
+    A topic it creates keeps records for `REQUESTS_RETENTION_MS` (7 days); an existing topic's
+    retention is left as its operator set it.
+
+    Raises:
+        ConfigurationError: The topic exists with another partition count, so routing would no
+            longer follow the event log.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    try:
+        await admin.start()
+        found = await topic_partition_count(admin, topic)
+        if not found:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(
+                    [
+                        NewTopic(
+                            topic,
+                            partitions,
+                            1,
+                            topic_configs={"retention.ms": str(REQUESTS_RETENTION_MS)},
+                        )
+                    ]
+                )
+            for _ in range(100):
+                found = await topic_partition_count(admin, topic)
+                if found:
+                    break
+                await asyncio.sleep(0.1)
+    except KafkaError as exc:
+        raise translate(exc, context=f"creating {topic}") from exc
+    finally:
+        await admin.close()
+    if found != partitions:
+        raise ConfigurationError(
+            f"requests topic {topic!r} has {found} partitions, the events topic {partitions}; "
+            "they must match so that a run's requests reach the worker that owns its partition"
+        )
+
+
+class Requests(Resource):
+    """Submits requests to the fleet: ``async with Requests(bootstrap, partitions=12) as r``.
+
+    Args:
+        bootstrap_servers: ``host:port[,...]``.
+        topic: The requests topic.
+        partitions: The events topic's partition count; the requests topic is created with it.
+        signer: Signs each request (`onward.runtime.signing`); workers set aside requests
+            that are unsigned unless they were started to accept them.
+        redactor: Masks the values a request carries before it is sent (the default
+            `Redactor`; ``Redactor(enabled=False)`` only where the topic is trusted).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str = DEFAULT_REQUESTS_TOPIC,
+        *,
+        partitions: int,
+        signer: RequestSigner | None = None,
+        redactor: Redactor | None = None,
+    ) -> None:
+        self.topic = topic
+        self.partitions = partitions
+        self.signer = signer
+        self._redactor = redactor or Redactor()
+        self._bootstrap = bootstrap_servers
+        self._producer: AIOKafkaProducer | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._producer is not None
+
+    async def _connect(self) -> None:
+        await ensure_requests_topic(self._bootstrap, self.topic, self.partitions)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+        )
+        try:
+            await producer.start()
+        except KafkaError as exc:
+            with contextlib.suppress(KafkaError):
+                await producer.stop()
+            raise translate(exc, context=f"connecting to {self.topic}") from exc
+        self._producer = producer
+
+    async def close(self) -> None:
+        """Stop the producer. Idempotent."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(KafkaError):
+                await producer.stop()
+
+    def _masked(self, request: Request) -> Request:
+        """The request with the values it carries masked (names are left as they are)."""
+        redact = self._redactor.redact
+        if isinstance(request, StartRun):
+            return msgspec.structs.replace(
+                request, input=redact(request.input), options=redact(request.options)
+            )
+        if isinstance(request, AnswerRequest):
+            return msgspec.structs.replace(request, value=redact(request.value))
+        return request
+
+    async def submit(self, *requests: Request) -> None:
+        """Send requests, each to its run's partition; durable when this returns."""
+        await self.submit_many(requests)
+
+    async def submit_many(self, requests: Sequence[Request]) -> None:
+        """Send many requests at once; durable when this returns.
+
+        A start's input and options and an answer's value are masked (`Redactor`) before they
+        are sent: the broker keeps the topic's records, and they would otherwise hold what the
+        event log only ever holds masked.
+
+        Raises:
+            InvalidInputError: A request a worker would refuse (`check_request`), named with its
+                field; nothing was sent.
+        """
+        for request in requests:
+            check_request(request)
+        if self._producer is None:
+            raise ConfigurationError("Requests is not open; use it as an async context manager")
+        try:
+            sent = []
+            for request in requests:
+                key, value = request.run_id.encode(), encode_request(self._masked(request))
+                headers = (
+                    [(SIGNATURE_HEADER, self.signer.sign(key, value))] if self.signer else None
+                )
+                sent.append(
+                    await self._producer.send(
+                        self.topic,
+                        value,
+                        key=key,
+                        partition=partition_for(request.run_id, self.partitions),
+                        headers=headers,
+                    )
+                )
+            await asyncio.gather(*sent)
+        except KafkaError as exc:
+            raise translate(exc, context=f"submitting to {self.topic}") from exc
+
+
+__all__ = [
+    "DEFAULT_REQUESTS_TOPIC",
+    "REQUESTS_RETENTION_MS",
+    "AnswerRequest",
+    "Request",
+    "Requests",
+    "ResumeRun",
+    "StartRun",
+    "TagRun",
+    "check_request",
+    "decode_request",
+    "encode_request",
+    "ensure_requests_topic",
+]

@@ -20,7 +20,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from .saver import OnwardSaver
 from .thread import StoredWrite, ThreadState
-from .tools import OnwardToolMiddleware, current_fence, current_lease_expires_at
+from .tools import (
+    OnwardToolMiddleware,
+    current_fence,
+    current_idempotency_key,
+    current_lease_expires_at,
+)
 
 __all__ = [
     "OnwardSaver",
@@ -28,5 +33,6 @@ __all__ = [
     "StoredWrite",
     "ThreadState",
     "current_fence",
+    "current_idempotency_key",
     "current_lease_expires_at",
 ]

@@ -20,9 +20,13 @@ same rules as any resumed run (:func:`onward.runtime.planning.classify_call`):
   message, or the tool runs again.
 
 Tools named in ``retry_safe`` (reads, searches) run again when undecided. A call's
-idempotency key, ``onward.runtime.idempotency_key(thread_id, tool_call_id)``, is recorded
-with its dispatch; a tool that talks to a service which deduplicates can compute and send it.
-Tool call ids must be unique within a thread, as every major model provider's are.
+idempotency key is derived once, ``onward.runtime.idempotency_key(thread_id, tool_call_id)``,
+when the thread's log has never seen the call, and recorded with its dispatch; every later
+dispatch of the call (a retry-safe call run again, one a person sent to run again) carries the
+recorded key, never a recomputed one, so a service that deduplicates by it still does after
+the derivation changes. While the tool runs, `current_idempotency_key` is that key, for the
+tool to send on. Tool call ids must be unique within a thread, as every major model
+provider's are.
 
 While a tool runs, `current_fence` is the fencing token of the thread's lease its call was
 dispatched under (the ``fence`` of its `ToolDispatched`: it rises with every claim of the
@@ -30,8 +34,8 @@ thread) and `current_lease_expires_at` when that lease lapses (seconds since the
 lease store's clock), as an Onward tool's ``fence`` and ``lease_expires_at`` keywords are. A
 service that remembers the highest fence it has seen for a key and refuses a call with a lower
 one cannot be reached by a process that was paused past its lease and carried on afterwards.
-Both are context variables: they reach a sync tool run in a worker thread too, and are
-``None`` outside a call.
+All three are context variables: they reach a sync tool run in a worker thread too, and
+are ``None`` outside a call.
 
 What is recorded as a call's outcome: a `ToolMessage`'s content (an error message's as a
 `ToolError`), or, for any other return (a ``Command``, a message with an artifact), the value
@@ -81,9 +85,28 @@ _Recorded = tuple[type[ToolCompleted] | type[ToolResolved], dict[str, Any]]
 _ERROR_MESSAGE = "ToolMessage"
 """The error type recorded for a tool that answered with an error message."""
 
-_call_lease: contextvars.ContextVar[RunLease | None] = contextvars.ContextVar(
-    "onward_langgraph_call_lease", default=None
+
+class _Dispatched(NamedTuple):
+    """The tool call running in this context: the key and the lease it was dispatched with."""
+
+    key: str
+    lease: RunLease
+
+
+_running: contextvars.ContextVar[_Dispatched | None] = contextvars.ContextVar(
+    "onward_langgraph_running_call", default=None
 )
+
+
+def current_idempotency_key() -> str | None:
+    """The idempotency key of the tool call running in this context, if one is.
+
+    It is the key recorded with the call's dispatch, the same on every attempt of the call: a
+    tool with side effects sends it on (a request header, a row key) so that the system it
+    changes can tell a repeated call from a new one.
+    """
+    running = _running.get()
+    return None if running is None else running.key
 
 
 def current_fence() -> int | None:
@@ -92,15 +115,15 @@ def current_fence() -> int | None:
     A tool with side effects sends it with its idempotency key, so that a system which refuses
     a lower fence than the highest it has seen for the key is safe from a paused process.
     """
-    lease = _call_lease.get()
-    return None if lease is None else lease.fence
+    running = _running.get()
+    return None if running is None else running.lease.fence
 
 
 def current_lease_expires_at() -> float | None:
     """When the lease of the tool call running in this context lapses (seconds since the
     epoch, the lease store's clock), if one is running: a call that would outlast it can stop."""
-    lease = _call_lease.get()
-    return None if lease is None else lease.expires_at
+    running = _running.get()
+    return None if running is None else running.lease.expires_at
 
 
 class _Call(NamedTuple):
@@ -110,10 +133,6 @@ class _Call(NamedTuple):
     call_id: str
     tool: str
     args: dict[str, Any]
-
-    @property
-    def key(self) -> str:
-        return idempotency_key(self.thread_id, self.call_id)
 
 
 class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
@@ -145,8 +164,9 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
         planned = self._plan(call, await self.saver.aclaim(call.thread_id))
         if planned.disposition is ToolDisposition.COMPLETED:
             return self._replay(call, planned.call)
+        key = _dispatch_key(call, planned.call)
         if planned.disposition is ToolDisposition.INDETERMINATE and not planned.dispatch_again:
-            settled = _ask(call, planned)
+            settled = _ask(call, planned, key)
             await self.saver.arecord(call.thread_id, ToolResolved, **settled)
             if settled["outcome"] == "completed":
                 return self._replay(call, _resolved(call, settled))
@@ -155,7 +175,7 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
             ToolDispatched,
             call_id=call.call_id,
             tool=call.tool,
-            idempotency_key=call.key,
+            idempotency_key=key,
         )
         # Confirmed by the dispatch's append: the fence that append carries.
         lease = self.saver.lease(call.thread_id)
@@ -166,7 +186,7 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
                 run_id=call.thread_id,
                 holder=self.saver.holder,
             )
-        token = _call_lease.set(lease)
+        token = _running.set(_Dispatched(key, lease))
         try:
             output = await handler(request)
         except BaseException as exc:
@@ -175,7 +195,7 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
                 await self.saver.arecord(call.thread_id, outcome[0], **outcome[1])
             raise
         finally:
-            _call_lease.reset(token)
+            _running.reset(token)
         await self.saver.arecord(call.thread_id, ToolCompleted, **self._outcome(call, output))
         return output
 
@@ -240,6 +260,15 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
         return _message(call, result)
 
 
+def _dispatch_key(call: _Call, recorded: CallState) -> str:
+    """The idempotency key to dispatch the call with: the one its log records, if any.
+
+    Only a call the thread's log has never dispatched with a key gets one derived now, so the
+    derivation is never part of what a deduplicating service sees of an old call.
+    """
+    return recorded.idempotency_key or idempotency_key(call.thread_id, call.call_id)
+
+
 def _call_of(request: ToolCallRequest) -> _Call:
     call = request.tool_call
     runtime = request.runtime
@@ -279,10 +308,11 @@ def _unfinished(call: _Call, exc: BaseException) -> _Recorded | None:
     return None
 
 
-def _ask(call: _Call, planned: PlannedCall) -> dict[str, Any]:
+def _ask(call: _Call, planned: PlannedCall, key: str) -> dict[str, Any]:
     """Put an undecided call to a person until the answer is one we can act on.
 
-    Returns the fields of the `ToolResolved` that records it.
+    ``key`` is the idempotency key the call was dispatched with, for the person to look it up
+    in the service it called. Returns the fields of the `ToolResolved` that records it.
     """
     question: dict[str, Any] = {
         "kind": QUESTION,
@@ -290,7 +320,7 @@ def _ask(call: _Call, planned: PlannedCall) -> dict[str, Any]:
         "tool_call_id": call.call_id,
         "tool": call.tool,
         "args": call.args,
-        "idempotency_key": call.key,
+        "idempotency_key": key,
         "why": planned.reason,
         "decisions": list(DECISIONS),
     }
@@ -365,5 +395,6 @@ __all__ = [
     "QUESTION",
     "OnwardToolMiddleware",
     "current_fence",
+    "current_idempotency_key",
     "current_lease_expires_at",
 ]

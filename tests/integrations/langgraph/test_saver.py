@@ -35,6 +35,7 @@ def test_exports() -> None:
         "StoredWrite",
         "ThreadState",
         "current_fence",
+        "current_idempotency_key",
         "current_lease_expires_at",
     ]
 

@@ -29,7 +29,13 @@ from support.servers import KafkaServers
 
 from onward.errors import ResumeConflictError
 from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
-from onward.integrations.langgraph import OnwardSaver, current_fence, current_lease_expires_at
+from onward.integrations.langgraph import (
+    OnwardSaver,
+    current_fence,
+    current_idempotency_key,
+    current_lease_expires_at,
+)
+from onward.integrations.langgraph import tools as middleware
 from onward.integrations.langgraph.tools import QUESTION
 from onward.runtime import idempotency_key
 from onward.runtime.leases import LeasePolicy
@@ -129,6 +135,16 @@ async def test_a_call_is_recorded_before_the_tool_runs_and_its_outcome_after(
     assert ledger_lines(ledger) == [FLIGHT]
 
 
+async def _dispatched_keys(world: World, thread_id: str) -> list[tuple[str, str]]:
+    """Each counted dispatch of the thread, as its call id and the key it was recorded with."""
+    refused = {r.stored.position for r in (await _reader(world).aread_thread(thread_id)).refused}
+    return [
+        (s.event.call_id, s.event.idempotency_key)
+        for s in await world.log.read_run(thread_id)
+        if isinstance(s.event, ToolDispatched) and s.position not in refused
+    ]
+
+
 async def _dispatched_fences(world: World, thread_id: str) -> list[int]:
     return [
         s.event.fence
@@ -137,17 +153,18 @@ async def _dispatched_fences(world: World, thread_id: str) -> list[int]:
     ]
 
 
-async def test_a_tool_reads_the_fence_and_lease_expiry_of_its_dispatch(
+async def test_a_tool_reads_the_key_fence_and_lease_expiry_of_its_dispatch(
     world: World, kind: GraphKind
 ) -> None:
-    """The fence is the one recorded with the call's dispatch, so a service can fence on it."""
-    seen: list[tuple[int | None, float | None]] = []
+    """The key and fence are the ones recorded with the call's dispatch, so a service can
+    deduplicate and fence on them."""
+    seen: list[tuple[str | None, int | None, float | None]] = []
 
     def book(flight: str) -> str:
         raise AssertionError("the async path runs")
 
     async def book_async(flight: str) -> str:
-        seen.append((current_fence(), current_lease_expires_at()))
+        seen.append((current_idempotency_key(), current_fence(), current_lease_expires_at()))
         return f"booked {flight}"
 
     async with world.saver() as saver:
@@ -156,29 +173,35 @@ async def test_a_tool_reads_the_fence_and_lease_expiry_of_its_dispatch(
         before = time.time()
         run = graph(kind, saver, model(asks_to_book(), _done()), as_book(book, book_async))
         await run.ainvoke(START, thread_config("t"))
-    ((fence, expires),) = seen
+    ((key, fence, expires),) = seen
+    assert await _dispatched_keys(world, "t") == [(CALL_ID, idempotency_key("t", CALL_ID))]
+    assert key == idempotency_key("t", CALL_ID)
     assert await _dispatched_fences(world, "t") == [2]
     assert fence == 2
     ttl = LeasePolicy().ttl_s
     assert expires is not None
     assert before + ttl - 1 < expires < time.time() + ttl + 1
-    assert (current_fence(), current_lease_expires_at()) == (None, None)  # outside a call
+    outside_a_call = (current_idempotency_key(), current_fence(), current_lease_expires_at())
+    assert outside_a_call == (None, None, None)
 
 
-async def test_a_sync_tool_in_a_worker_thread_reads_the_fence(
+async def test_a_sync_tool_in_a_worker_thread_reads_the_key_and_fence(
     world: World, kind: GraphKind
 ) -> None:
-    seen: list[int | None] = []
+    keys: list[str | None] = []
+    fences: list[int | None] = []
 
     def book(flight: str) -> str:
-        seen.append(current_fence())
+        keys.append(current_idempotency_key())
+        fences.append(current_fence())
         return f"booked {flight}"
 
     async with world.saver() as saver:
         run = graph(kind, saver, model(asks_to_book(), _done()), as_book(book))
         # LangGraph's sync API, in a thread of its own: the saver's loop is this one.
         await asyncio.to_thread(run.invoke, START, thread_config("t"))
-    assert seen == await _dispatched_fences(world, "t") == [1]
+    assert fences == await _dispatched_fences(world, "t") == [1]
+    assert keys == [idempotency_key("t", CALL_ID)]
 
 
 def _stuck_tool(ledger: Path, started: asyncio.Event) -> BaseTool:
@@ -448,3 +471,130 @@ async def test_killed_mid_tool_on_kafka_postgres_redis(
     async with kafka_world(*servers) as world:
         await _killed_after_the_effect(world, kafka_spec(*servers), kind, tmp_path)
         await _killed_after_the_outcome(world, kafka_spec(*servers), kind, tmp_path)
+
+
+# -- the recorded key -------------------------------------------------------------------------
+#
+# A call the log knows is dispatched again with the key recorded for it, whatever the
+# derivation says now: the tests change it (for calls the log has never seen) before resuming.
+
+NEXT_CALL_ID = "call-2"
+
+
+def _new_derivation(run_id: str, call_id: str) -> str:
+    return f"new-{call_id}"
+
+
+def _asks_to_book_again() -> AIMessage:
+    """The model's answer once the first booking is made: another call of ``book``."""
+    call = {"name": "book", "args": {"flight": FLIGHT}, "id": NEXT_CALL_ID}
+    return AIMessage(content="", tool_calls=[call])
+
+
+def _key_reporting_tool(ledger: Path, keys: list[str | None]) -> BaseTool:
+    """``book`` that notes the idempotency key it is called with, then books."""
+
+    def book(flight: str) -> str:
+        keys.append(current_idempotency_key())
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        return f"booked {flight}"
+
+    async def book_async(flight: str) -> str:
+        return book(flight)
+
+    return as_book(book, book_async)
+
+
+async def _retry_safe_call_dispatched_again_after_a_kill(
+    world: World,
+    spec: dict[str, str],
+    kind: GraphKind,
+    tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ledger = tmp / f"ledger-{kind}-key"
+    thread_id = f"t-{uuid.uuid4().hex[:8]}"
+    await _killed(spec, thread_id, kind, ledger, "effect")
+    recorded = idempotency_key(thread_id, CALL_ID)
+    assert await _dispatched_keys(world, thread_id) == [(CALL_ID, recorded)]
+    monkeypatch.setattr(middleware, "idempotency_key", _new_derivation)
+    keys: list[str | None] = []
+    async with world.saver(holder="resumer") as saver:
+        await _take_over(saver, thread_id)
+        tool = _key_reporting_tool(ledger, keys)
+        chat = model(_asks_to_book_again(), _done())
+        run = graph(kind, saver, chat, tool, retry_safe=["book"])
+        out = await run.ainvoke(None, thread_config(thread_id))
+    assert out["messages"][-1].content == "done"
+    assert keys == [recorded, f"new-{NEXT_CALL_ID}"]
+    assert await _dispatched_keys(world, thread_id) == [
+        (CALL_ID, recorded),
+        (CALL_ID, recorded),  # dispatched again: the key the killed process recorded
+        (NEXT_CALL_ID, f"new-{NEXT_CALL_ID}"),  # a call the log never saw: derived now
+    ]
+    assert ledger_lines(ledger) == [FLIGHT, FLIGHT, FLIGHT]
+
+
+@pytest.mark.slow
+async def test_a_retry_safe_call_run_again_after_a_kill_sends_its_recorded_key_on_sqlite(
+    tmp_path: Path, kind: GraphKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "onward.db"
+    async with sqlite_world(path) as world:
+        await _retry_safe_call_dispatched_again_after_a_kill(
+            world, sqlite_spec(path), kind, tmp_path, monkeypatch
+        )
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+async def test_a_retry_safe_call_run_again_after_a_kill_sends_its_recorded_key_on_kafka(
+    tmp_path: Path,
+    kind: GraphKind,
+    kafka_servers: KafkaServers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with kafka_world(*kafka_servers) as world:
+        await _retry_safe_call_dispatched_again_after_a_kill(
+            world, kafka_spec(*kafka_servers), kind, tmp_path, monkeypatch
+        )
+
+
+async def _call_a_person_sends_again(
+    world: World, kind: GraphKind, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with world.saver() as saver:
+        await _cancel_mid_tool(saver, kind, ledger)
+    recorded = idempotency_key("t", CALL_ID)
+    monkeypatch.setattr(middleware, "idempotency_key", _new_derivation)
+    keys: list[str | None] = []
+    async with world.saver(holder="resumer") as saver:
+        chat = model(_asks_to_book_again(), _done())
+        run = graph(kind, saver, chat, _key_reporting_tool(ledger, keys))
+        await run.ainvoke(None, thread_config("t"))
+        question = await _question(run, "t")
+        assert question["idempotency_key"] == recorded  # the key the service saw
+        out = await run.ainvoke(Command(resume={"decision": "retry"}), thread_config("t"))
+    assert out["messages"][-1].content == "done"
+    assert keys == [recorded, f"new-{NEXT_CALL_ID}"]
+    assert await _dispatched_keys(world, "t") == [
+        (CALL_ID, recorded),
+        (CALL_ID, recorded),
+        (NEXT_CALL_ID, f"new-{NEXT_CALL_ID}"),
+    ]
+    assert ledger_lines(ledger) == [FLIGHT, FLIGHT, FLIGHT]
+
+
+async def test_a_call_a_person_sends_again_carries_its_recorded_key_on_sqlite(
+    world: World, ledger: Path, kind: GraphKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _call_a_person_sends_again(world, kind, ledger, monkeypatch)
+
+
+@pytest.mark.kafka
+async def test_a_call_a_person_sends_again_carries_its_recorded_key_on_kafka(
+    ledger: Path, kind: GraphKind, kafka_servers: KafkaServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with kafka_world(*kafka_servers) as world:
+        await _call_a_person_sends_again(world, kind, ledger, monkeypatch)

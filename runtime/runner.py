@@ -59,6 +59,7 @@ from .blobs import BlobStore, ClaimCheck
 from .checkpoint import Checkpointer, CheckpointPolicy
 from .continuation import ContinuationPolicy, carry_if_due
 from .conversation import Conversation, as_text, restored
+from .dispatch import write_ahead
 from .leases.base import LeasePolicy, LeaseStore
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
@@ -619,12 +620,10 @@ class AgentRunner(Resource):
                 )
                 for i, c in enumerate(pending)
             ]
-            # Write-ahead: every dispatch of the turn is durable before any tool is called.
-            await self.writer.append(run, dispatches)
-            # The last word before side effects: a holder paused past its ttl finds out here.
-            # Renewed after the deadlines were set, the lease outlasts each of them (the ttl
-            # is over every max_call_s: `check_call_bounds`).
-            await run.held.confirm()
+            # Every dispatch of the turn is durable before any tool is called, and the lease,
+            # renewed after the deadlines were set, outlasts each of them (the ttl is over every
+            # max_call_s: `check_call_bounds`).
+            await write_ahead(lambda: self.writer.append(run, dispatches), run.held.confirm)
             deadlines = {d.call_id: d.deadline for d in dispatches}
             cut = await asyncio.gather(
                 *(self._call_tool(run, c, deadlines[c.call_id]) for c in pending)

@@ -63,6 +63,7 @@ from langgraph.types import Command, interrupt
 from onward.errors import FencedError, InvalidInputError
 from onward.eventlog import ToolCompleted, ToolDispatched, ToolError, ToolResolved
 from onward.projections.frontier import CallState
+from onward.runtime.dispatch import write_ahead
 from onward.runtime.leases import RunLease
 from onward.runtime.planning import PlannedCall, ToolDisposition, classify_call
 from onward.runtime.tools import idempotency_key, tool_error
@@ -170,22 +171,23 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
             await self.saver.arecord(call.thread_id, ToolResolved, **settled)
             if settled["outcome"] == "completed":
                 return self._replay(call, _resolved(call, settled))
-        await self.saver.arecord(
-            call.thread_id,
-            ToolDispatched,
-            call_id=call.call_id,
-            tool=call.tool,
-            idempotency_key=key,
+
+        async def confirmed() -> RunLease:
+            # The saver confirms the lease after each append: the fence that append carried.
+            lease = self.saver.lease(call.thread_id)
+            if lease is None:
+                raise FencedError(
+                    f"thread {call.thread_id!r}: the lease was lost once {call.call_id!r} "
+                    f"({call.tool}) was dispatched; the tool was not called",
+                    run_id=call.thread_id,
+                    holder=self.saver.holder,
+                )
+            return lease
+
+        dispatched = {"call_id": call.call_id, "tool": call.tool, "idempotency_key": key}
+        lease = await write_ahead(
+            lambda: self.saver.arecord(call.thread_id, ToolDispatched, **dispatched), confirmed
         )
-        # Confirmed by the dispatch's append: the fence that append carries.
-        lease = self.saver.lease(call.thread_id)
-        if lease is None:
-            raise FencedError(
-                f"thread {call.thread_id!r}: the lease was lost once {call.call_id!r} "
-                f"({call.tool}) was dispatched; the tool was not called",
-                run_id=call.thread_id,
-                holder=self.saver.holder,
-            )
         token = _running.set(_Dispatched(key, lease))
         try:
             output = await handler(request)

@@ -48,6 +48,7 @@ from onward.eventlog import (
     TurnSettled,
     Usage,
 )
+from onward.runtime.dispatch import write_ahead
 from onward.runtime.leases import RunLease
 from onward.runtime.tools import idempotency_key, tool_error
 from onward.runtime.writer import HeldRun, RunWriter
@@ -280,14 +281,10 @@ class RunJournal:
         self, call_id: str, tool: str, run: Callable[[], Awaitable[object]]
     ) -> object:
         key = self._key_of(call_id)
-        # Write-ahead: the dispatch is durable before the tool runs, or the tool does not run.
-        await self.append(
-            self.event(ToolDispatched, call_id=call_id, tool=tool, idempotency_key=key)
-        )
-        # The last word before side effects: a holder paused past its ttl finds out here.
-        await self.run.held.confirm()
+        dispatched = self.event(ToolDispatched, call_id=call_id, tool=tool, idempotency_key=key)
+        lease = await write_ahead(lambda: self.append(dispatched), self.run.held.confirm)
         token = _current_key.set(key)
-        leased = _current_lease.set(self.run.held.lease)
+        leased = _current_lease.set(lease)
         try:
             payload = await run()
         except Exception as exc:

@@ -1,0 +1,33 @@
+"""The write-ahead dispatch: the one order every tool call Onward makes goes through.
+
+1. Its ``ToolDispatched`` (with the key the log records for the call) is durable in the log.
+2. The lease is confirmed with the store: the last word before a side effect, so a holder that
+   was paused past its ttl finds out here rather than after calling.
+3. The tool is called under the confirmed lease (its fence and expiry are what the tool sees).
+4. Its outcome is appended.
+
+Steps 3 and 4 are the caller's (the runner calls the tool itself; the integrations hand the call
+to their framework), so this module holds steps 1 and 2, used by `AgentRunner`, the pydantic-ai
+journal and the LangGraph tool middleware alike. If step 1 fails the tool is never called; if the
+process dies after it, resume finds the dispatch without an outcome and decides by the tool's
+kind (retry-safe, status-checked, or a person).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from .leases.base import RunLease
+
+
+async def write_ahead(
+    append_dispatch: Callable[[], Awaitable[object]],
+    confirm: Callable[[], Awaitable[RunLease]],
+) -> RunLease:
+    """Make the dispatch durable, then confirm the lease; return the lease the call runs under.
+
+    Raises:
+        FencedError: The lease was lost; the tool must not be called.
+    """
+    await append_dispatch()
+    return await confirm()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from onward.errors import InvalidInputError, ResumeConflictError
+from onward.errors import FencedError, InvalidInputError, ResumeConflictError
 from onward.runtime.options import checked_options
 
 from .member import FleetMember
@@ -67,11 +67,13 @@ class RequestHandler:
                 if await worker.runner.resumer.exists(request.run_id):
                     return True  # it exists already: started before, carried on by its owner
                 raise  # a value it cannot take: refused for good, and said so (`Worker.handle`)
-            except ResumeConflictError:
-                # Another owner is starting or driving it (an overlapping rebalance, or a
-                # dead worker's lease not yet lapsed): wait until it exists or is free.
+            except (ResumeConflictError, FencedError) as held:
+                # Another owner is starting or driving it (an overlapping rebalance, or a dead
+                # worker's lease not yet lapsed), or this worker lost the lease while starting
+                # (paused past its ttl): once the run exists it is its holder's or recovery's;
+                # until then the start is tried again, never dropped as refused for good.
                 worker.stats.conflicts += 1
-                if await worker.backends.frontiers.get(request.run_id) is not None:
+                if await self._started(request.run_id, lost=isinstance(held, FencedError)):
                     return True
                 if not await worker.sleep(worker.backoff_s * min(2**attempt, 8)):
                     return False
@@ -85,6 +87,13 @@ class RequestHandler:
         _log.warning("run %s: never free to start; start request dropped", request.run_id)
         return True
 
+    async def _started(self, run_id: str, *, lost: bool) -> bool:
+        """Whether the run exists: by its row while another holds it (cheap), by the log once
+        this worker lost the lease mid-start (its `RunStarted` may be newer than any row)."""
+        if lost:
+            return await self._worker.runner.resumer.exists(run_id)
+        return await self._worker.backends.frontiers.get(run_id) is not None
+
     async def _answer(self, request: AnswerRequest) -> bool:
         worker = self._worker
         answer = worker.runner.approve if request.approve else worker.runner.deny
@@ -96,7 +105,9 @@ class RequestHandler:
                 by=request.by,
                 value=request.value,
             )
-        except ResumeConflictError:
+        except (ResumeConflictError, FencedError):
+            # Held by another, or this worker lost the lease while answering: ask again (an
+            # answer that did land makes the next one a refusal, logged, not a second answer).
             worker.stats.conflicts += 1
             if not await worker.sleep(worker.backoff_s):
                 return False
@@ -111,7 +122,7 @@ class RequestHandler:
             await worker.runner.tag(
                 request.run_id, request.label, tenant=request.tenant, seq=request.seq, by=request.by
             )
-        except ResumeConflictError:
+        except (ResumeConflictError, FencedError):
             worker.stats.conflicts += 1
             if not await worker.sleep(worker.backoff_s):
                 return False

@@ -497,14 +497,11 @@ def test_a_command_without_tenant_acts_for_the_default_tenant(db: Path) -> None:
     assert onward(db, "inspect", run_id, "--tenant", "acme").exit_code == 1
 
 
-def test_sigterm_to_run_resume_mid_tool_hands_the_lease_back(db: Path, tmp_path: Path) -> None:
-    """SIGTERM (what timeout, systemd, Docker and Kubernetes send) stops `onward run --resume`
-    as Ctrl-C does: exit 143, and the run's lease is handed back at once instead of locking
-    the run for the lease's ttl (five minutes)."""
-    run_id = start(
-        db, agent=cli_agent.slow_booker(), provider=cli_agent.booking_model(), crash_at="model.call"
-    )
-    entered = tmp_path / "entered"
+def resume_in_a_process(
+    db: Path, entered: Path, run_id: str, model: list[str], *options: str
+) -> subprocess.Popen[str]:
+    """`onward run --resume` in a process of its own, once its tool or model marks ``entered``
+    (a file): the moment to signal it."""
     env = {
         **os.environ,
         "PYTHONPATH": str(TESTS),
@@ -512,19 +509,32 @@ def test_sigterm_to_run_resume_mid_tool_hands_the_lease_back(db: Path, tmp_path:
         "ONWARD_SQLITE_PATH": str(db),
         "CLI_AGENT_ENTERED": str(entered),
     }
-    model = ["--agent", "support.cli_agent:slow_booker"]
-    model += ["--provider", "support.cli_agent:booking_model"]
+    command = [sys.executable, "-m", "onward", "run", "--resume", run_id, "--tenant", TENANT]
     resuming = subprocess.Popen(
-        [sys.executable, "-m", "onward", "run", "--resume", run_id, "--tenant", TENANT, *model],
+        [*command, *model, *options],
         env=env,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
     deadline = time.monotonic() + 60
     while not entered.exists():
         assert resuming.poll() is None, resuming.communicate()
-        assert time.monotonic() < deadline, "the tool was never entered"
+        assert time.monotonic() < deadline, f"{' '.join(model)} was never entered"
         time.sleep(0.05)
+    return resuming
+
+
+def test_sigterm_to_run_resume_mid_tool_hands_the_lease_back(db: Path, tmp_path: Path) -> None:
+    """SIGTERM (what timeout, systemd, Docker and Kubernetes send) stops `onward run --resume`
+    as Ctrl-C does: exit 143, and the run's lease is handed back at once instead of locking
+    the run for the lease's ttl (five minutes)."""
+    run_id = start(
+        db, agent=cli_agent.slow_booker(), provider=cli_agent.booking_model(), crash_at="model.call"
+    )
+    model = ["--agent", "support.cli_agent:slow_booker"]
+    model += ["--provider", "support.cli_agent:booking_model"]
+    resuming = resume_in_a_process(db, tmp_path / "entered", run_id, model)
     resuming.send_signal(signal.SIGTERM)
     _, said = resuming.communicate(timeout=30)
     assert resuming.returncode == 143, said
@@ -561,29 +571,9 @@ def holders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def killed_while_asking_the_model(db: Path, tmp_path: Path, run_id: str, *options: str) -> None:
     """Run `onward run --resume` in a process of its own until it waits on the model, then
     SIGKILL it: the run is left held by a process that can never hand it back."""
-    entered = tmp_path / "entered"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(TESTS),
-        "ONWARD_BACKEND": "sqlite",
-        "ONWARD_SQLITE_PATH": str(db),
-        "CLI_AGENT_ENTERED": str(entered),
-    }
     model = ["--agent", "support.cli_agent:booker"]
     model += ["--provider", "support.cli_agent:stalling_model"]
-    command = [sys.executable, "-m", "onward", "run", "--resume", run_id, "--tenant", TENANT]
-    holding = subprocess.Popen(
-        [*command, *model, *options],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not entered.exists():
-        assert holding.poll() is None, holding.communicate()
-        assert time.monotonic() < deadline, "the model was never asked"
-        time.sleep(0.05)
+    holding = resume_in_a_process(db, tmp_path / "entered", run_id, model, *options)
     holding.send_signal(signal.SIGKILL)
     holding.communicate(timeout=30)
 

@@ -294,6 +294,44 @@ def test_a_store_that_cannot_be_reached_exits_5_in_one_line() -> None:
 
 
 @pytest.mark.timeout(90)
+def _embedded_env(path: Path) -> dict[str, str]:
+    """The environment of an `onward` process on the SQLite file ``path``."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(path),
+        "ONWARD_PARTITIONS": "4",
+    }
+
+
+async def _ready_worker(
+    env: dict[str, str], agent: str, provider: str
+) -> asyncio.subprocess.Process:
+    """An `onward worker` of ``support.cli_agent``'s agent and provider, once it says ready."""
+    argv = ["-m", "onward", "worker", "--agent", f"support.cli_agent:{agent}"]
+    argv += ["--provider", f"support.cli_agent:{provider}", "--recheck", "0.3"]
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    assert worker.stderr is not None
+    assert b"ready" in await asyncio.wait_for(worker.stderr.readline(), 60)
+    return worker
+
+
+async def _status_once_settled(path: Path, run_id: str, within_s: float = 30) -> str | None:
+    """The run's status from its row, polled until it is completed (or ``within_s`` passes)."""
+    status = None
+    async with open_backends(_settings(path)) as backends:
+        for _ in range(int(within_s * 10)):
+            row = await backends.frontiers.get(run_id)
+            status = row.summary.status if row is not None else None
+            if status == "completed":
+                break
+            await asyncio.sleep(0.1)
+    return status
+
+
 async def test_a_run_approved_with_the_cli_is_carried_on_by_a_running_embedded_worker(
     tmp_path: Path,
 ) -> None:
@@ -305,21 +343,9 @@ async def test_a_run_approved_with_the_cli_is_carried_on_by_a_running_embedded_w
         runner = backends.runner(cli_agent.paying_model())
         waiting = await runner.run(cli_agent.payer(), "go", tenant=TENANT, run_id="pay-1")
         assert waiting.status == "waiting"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(TESTS),
-        "ONWARD_BACKEND": "sqlite",
-        "ONWARD_SQLITE_PATH": str(path),
-        "ONWARD_PARTITIONS": "4",
-    }
-    argv = ["-m", "onward", "worker", "--agent", "support.cli_agent:payer"]
-    argv += ["--provider", "support.cli_agent:paying_model", "--recheck", "0.3"]
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, *argv, env=env, stderr=asyncio.subprocess.PIPE
-    )
+    env = _embedded_env(path)
+    worker = await _ready_worker(env, "payer", "paying_model")
     try:
-        assert worker.stderr is not None
-        assert b"ready" in await asyncio.wait_for(worker.stderr.readline(), 60)
         approve = ["-m", "onward", "approve", "pay-1", "p", "--tenant", TENANT, "--by", "ann"]
         approved = await asyncio.create_subprocess_exec(
             sys.executable, *approve, env=env, stderr=asyncio.subprocess.PIPE
@@ -330,14 +356,7 @@ async def test_a_run_approved_with_the_cli_is_carried_on_by_a_running_embedded_w
             manager = ExecutionManager(backends.frontiers, backends.leases)
             pending = await manager.list_pending(tenant=TENANT)
             assert [p.attention for p in pending] in ([], ["interrupted"], ["held"])
-            status = None
-            for _ in range(300):
-                row = await backends.frontiers.get("pay-1")
-                status = row.summary.status if row is not None else None
-                if status == "completed":
-                    break
-                await asyncio.sleep(0.1)
-            assert status == "completed"
+        assert await _status_once_settled(path, "pay-1") == "completed"
     finally:
         await _stop([worker])
 
@@ -360,29 +379,8 @@ async def test_a_run_whose_first_model_call_failed_is_found_and_carried_on_by_a_
         row = await backends.frontiers.get("first-1")
         assert row is not None
         assert row.summary.status == "running"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(TESTS),
-        "ONWARD_BACKEND": "sqlite",
-        "ONWARD_SQLITE_PATH": str(path),
-        "ONWARD_PARTITIONS": "4",
-    }
-    argv = ["-m", "onward", "worker", "--agent", "support.cli_agent:booker"]
-    argv += ["--provider", "support.cli_agent:booking_model", "--recheck", "0.3"]
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, *argv, env=env, stderr=asyncio.subprocess.PIPE
-    )
+    worker = await _ready_worker(_embedded_env(path), "booker", "booking_model")
     try:
-        assert worker.stderr is not None
-        assert b"ready" in await asyncio.wait_for(worker.stderr.readline(), 60)
-        async with open_backends(_settings(path)) as backends:
-            status = None
-            for _ in range(300):
-                row = await backends.frontiers.get("first-1")
-                status = row.summary.status if row is not None else None
-                if status == "completed":
-                    break
-                await asyncio.sleep(0.1)
-            assert status == "completed"
+        assert await _status_once_settled(path, "first-1") == "completed"
     finally:
         await _stop([worker])

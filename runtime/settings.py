@@ -20,7 +20,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from onward._storage import BACKEND_TIMEOUT_S, masked_url
+from onward._storage import BACKEND_TIMEOUT_S, KafkaConnection, masked_url
 from onward.errors import ConfigurationError
 
 from .redaction import parse_secret_keys
@@ -87,6 +87,12 @@ class Settings(BaseSettings):
         backend: ``sqlite`` (embedded, the default), ``kafka`` (Kafka + PostgreSQL) or ``memory``.
         kafka_bootstrap_servers: ``host:port[,...]`` of the Kafka brokers.
         kafka_topic: The events topic.
+        kafka_client_id: Shown in broker logs (``KAFKA_CLIENT_ID``, ``onward`` by default).
+        kafka_security_protocol: ``PLAINTEXT`` (the default), ``SSL``, ``SASL_PLAINTEXT`` or
+            ``SASL_SSL`` (``KAFKA_SECURITY_PROTOCOL``); the other ``KAFKA_SASL_*`` and
+            ``KAFKA_SSL_*`` variables keep the names of Kafka's own clients' properties, and
+            the passwords are `SecretStr`. Checked with the ``kafka`` backend, which uses
+            them (`kafka_connection`).
         partitions: Partition count of the events topic (fixed once created).
         database_url: PostgreSQL URL for frontiers and projector positions; its password is
             never shown (`SecretUrl`): `require_database_url` gives the URL itself. Checked
@@ -134,6 +140,29 @@ class Settings(BaseSettings):
         default="127.0.0.1:9092", validation_alias="KAFKA_BOOTSTRAP_SERVERS"
     )
     kafka_topic: str = Field(default="onward.events", validation_alias="ONWARD_KAFKA_TOPIC")
+    kafka_client_id: str = Field(default="onward", min_length=1, validation_alias="KAFKA_CLIENT_ID")
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", validation_alias="KAFKA_SECURITY_PROTOCOL"
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        default=None, validation_alias="KAFKA_SASL_MECHANISM"
+    )
+    kafka_sasl_username: str | None = Field(default=None, validation_alias="KAFKA_SASL_USERNAME")
+    kafka_sasl_password: SecretStr | None = Field(
+        default=None, validation_alias="KAFKA_SASL_PASSWORD"
+    )
+    kafka_ssl_ca_location: str | None = Field(
+        default=None, validation_alias="KAFKA_SSL_CA_LOCATION"
+    )
+    kafka_ssl_certificate_location: str | None = Field(
+        default=None, validation_alias="KAFKA_SSL_CERTIFICATE_LOCATION"
+    )
+    kafka_ssl_key_location: str | None = Field(
+        default=None, validation_alias="KAFKA_SSL_KEY_LOCATION"
+    )
+    kafka_ssl_key_password: SecretStr | None = Field(
+        default=None, validation_alias="KAFKA_SSL_KEY_PASSWORD"
+    )
     partitions: int = Field(default=12, ge=1, le=10_000, validation_alias="ONWARD_PARTITIONS")
     database_url: SecretUrl | None = Field(default=None, validation_alias="DATABASE_URL")
     database_schema: str | None = Field(default=None, validation_alias="ONWARD_DATABASE_SCHEMA")
@@ -166,6 +195,38 @@ class Settings(BaseSettings):
             return handler(data)
         except ValidationError as exc:
             raise ConfigurationError(_one_line(exc)) from exc
+
+    @field_validator(
+        "kafka_sasl_mechanism",
+        "kafka_sasl_username",
+        "kafka_sasl_password",
+        "kafka_ssl_ca_location",
+        "kafka_ssl_certificate_location",
+        "kafka_ssl_key_location",
+        "kafka_ssl_key_password",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # ``KAFKA_SASL_MECHANISM=`` in an env file means "not set", as it does for Kafka's clients.
+        return None if value == "" else value
+
+    @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
+    @classmethod
+    def _upper_case(cls, value: Any) -> Any:
+        # Kafka's clients take ``sasl_ssl`` as well as ``SASL_SSL``.
+        return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _kafka_connection_usable(self) -> Settings:
+        # Only the kafka backend connects; the connection's own checks (credentials complete,
+        # TLS files readable) run here so a bad one fails at start, naming the variable.
+        if self.backend == "kafka":
+            try:
+                self.kafka_connection()
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"invalid configuration: {exc}") from None
+        return self
 
     @field_validator("database_url")
     @classmethod
@@ -208,6 +269,29 @@ class Settings(BaseSettings):
             return None
         return RequestSigner(self.request_key.get_secret_value())
 
+    def kafka_connection(self, client_id: str | None = None) -> KafkaConnection:
+        """How every Kafka client of this deployment connects: the bootstrap servers, the
+        client id (``client_id`` in place of ``KAFKA_CLIENT_ID``), ``backend_timeout`` as the
+        request timeout, TLS and SASL.
+
+        Raises:
+            ConfigurationError: The security settings are incomplete or name unreadable files
+                (one line naming the variable; never the passwords).
+        """
+        return KafkaConnection(
+            self.kafka_bootstrap_servers,
+            client_id=client_id or self.kafka_client_id,
+            request_timeout_s=self.backend_timeout,
+            security_protocol=self.kafka_security_protocol,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username,
+            sasl_password=_secret(self.kafka_sasl_password),
+            ssl_ca_location=self.kafka_ssl_ca_location,
+            ssl_certificate_location=self.kafka_ssl_certificate_location,
+            ssl_key_location=self.kafka_ssl_key_location,
+            ssl_key_password=_secret(self.kafka_ssl_key_password),
+        )
+
     def require_database_url(self) -> str:
         """The PostgreSQL URL, password included (for the driver only), or a clear error saying
         which variable to set."""
@@ -225,6 +309,10 @@ class Settings(BaseSettings):
         if not self.redis_url:
             raise ConfigurationError("REDIS_URL is not set; it must name a Redis server")
         return self.redis_url.get_secret_value()
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
 
 
 def load_settings() -> Settings:

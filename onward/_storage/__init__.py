@@ -1,10 +1,12 @@
-"""The bottom layer: PostgreSQL and Redis pools, the SQLite thread, migrations, driver errors.
+"""The bottom layer: Kafka clients, PostgreSQL and Redis pools, the SQLite thread, migrations,
+driver errors.
 
 Every store of `onward.eventlog`, `onward.projections` and `onward.runtime` opens its database
 through this package and derives its lifecycle from :class:`Resource`. It imports nothing of
 Onward's but `onward.errors`.
 """
 
+from .kafka import SASL_MECHANISMS, SECURITY_PROTOCOLS, KafkaConnection
 from .logs import DRIVER_LOGGERS, one_line_driver_logs
 from .migrations import (
     Dialect,
@@ -42,9 +44,12 @@ __all__ = [
     "DRIVER_ERRORS",
     "DRIVER_LOGGERS",
     "IN_CHUNK",
+    "SASL_MECHANISMS",
+    "SECURITY_PROTOCOLS",
     "AsyncResource",
     "Dialect",
     "FileLock",
+    "KafkaConnection",
     "Migration",
     "PostgresStore",
     "RedisStore",

@@ -1,0 +1,396 @@
+"""`KafkaConnection`: the one place Kafka settings become aiokafka clients.
+
+Every producer, consumer and admin client of Onward is made by `KafkaConnection.producer`,
+`KafkaConnection.consumer` or `KafkaConnection.admin`, so the bootstrap servers, the client id,
+the request timeout and the security settings (TLS, SASL) are applied the same way everywhere.
+The settings keep the names Kafka's own non-Java clients use (``security.protocol`` is
+``KAFKA_SECURITY_PROTOCOL``), and every error names the variable to change.
+
+aiokafka says only "Unable to bootstrap" whatever went wrong; `KafkaConnection.start` starts a
+client and, when the bootstrap fails, connects once more by hand to learn why: a refused
+password, a broker certificate the CA did not sign and a plaintext client at a TLS port are
+deployment facts (`ConfigurationError`), anything else stays an outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ssl
+from typing import Any, Literal, Protocol, get_args
+
+import aiokafka.errors as kafka_errors
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.conn import create_conn
+from aiokafka.helpers import create_ssl_context
+
+from onward.errors import ConfigurationError
+
+from .stores import BACKEND_TIMEOUT_S
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+SECURITY_PROTOCOLS: tuple[str, ...] = get_args(SecurityProtocol)
+SASL_MECHANISMS: tuple[str, ...] = get_args(SaslMechanism)
+
+_PROBE_S = 3.0
+"""Most a diagnosis of a failed bootstrap may take, per broker address (capped by the
+request timeout): it runs only after the bootstrap already failed."""
+
+_GROUP_MARGIN_MS = 5_000
+"""How much longer than the rebalance timeout a group member's requests may wait: the broker
+holds a JoinGroup until every member joined or the rebalance timeout passed."""
+
+
+class _Startable(Protocol):
+    async def start(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class KafkaConnection:
+    """Where the Kafka brokers are and how to reach them; makes every client Onward uses.
+
+    Built by `onward.runtime.settings.Settings.kafka_connection` from the ``KAFKA_*``
+    variables, or directly. The passwords are kept out of ``repr``, ``str`` and every error.
+
+    Args:
+        bootstrap_servers: ``host:port[,host:port...]`` (``KAFKA_BOOTSTRAP_SERVERS``).
+        client_id: Shown in broker logs (``KAFKA_CLIENT_ID``); clients add their role.
+        request_timeout_s: How long one request may wait for a broker before it fails; every
+            client made here gets it (``ONWARD_BACKEND_TIMEOUT``).
+        security_protocol: ``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``
+            (``KAFKA_SECURITY_PROTOCOL``).
+        sasl_mechanism: ``PLAIN``, ``SCRAM-SHA-256`` or ``SCRAM-SHA-512``
+            (``KAFKA_SASL_MECHANISM``); required with the ``SASL_*`` protocols.
+        sasl_username: ``KAFKA_SASL_USERNAME``.
+        sasl_password: ``KAFKA_SASL_PASSWORD``; never shown.
+        ssl_ca_location: PEM file of the CA that signed the brokers' certificates
+            (``KAFKA_SSL_CA_LOCATION``); the system's CAs when unset.
+        ssl_certificate_location: PEM client certificate, for brokers that require one
+            (``KAFKA_SSL_CERTIFICATE_LOCATION``).
+        ssl_key_location: PEM private key of that certificate (``KAFKA_SSL_KEY_LOCATION``).
+        ssl_key_password: Password of that key (``KAFKA_SSL_KEY_PASSWORD``); never shown.
+
+    Raises:
+        ConfigurationError: A setting is unusable (a SASL protocol without credentials, TLS
+            files that are missing or unreadable); the message names the variable.
+    """
+
+    bootstrap_servers: str
+    client_id: str = "onward"
+    request_timeout_s: float = BACKEND_TIMEOUT_S
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = dataclasses.field(default=None, compare=False)
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: str | None = dataclasses.field(default=None, compare=False)
+    ssl_context: ssl.SSLContext | None = dataclasses.field(init=False, default=None, compare=False)
+    """Built once from the ``ssl_*`` files when the protocol uses TLS; shared by every client."""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers or not self.bootstrap_servers.strip():
+            raise ConfigurationError("KAFKA_BOOTSTRAP_SERVERS is empty")
+        if not self.client_id:
+            raise ConfigurationError("KAFKA_CLIENT_ID is empty")
+        if not self.request_timeout_s > 0:
+            raise ConfigurationError(
+                f"the Kafka request timeout must be positive, got {self.request_timeout_s}"
+            )
+        if self.security_protocol not in SECURITY_PROTOCOLS:
+            raise ConfigurationError(
+                f"KAFKA_SECURITY_PROTOCOL is {self.security_protocol!r}; it must be one of "
+                + ", ".join(SECURITY_PROTOCOLS)
+            )
+        self._check_sasl()
+        self._check_ssl()
+        if self.uses_tls:
+            object.__setattr__(self, "ssl_context", self._build_ssl_context())
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol.endswith("SSL")
+
+    def _check_sasl(self) -> None:
+        given = {
+            "KAFKA_SASL_MECHANISM": self.sasl_mechanism,
+            "KAFKA_SASL_USERNAME": self.sasl_username,
+            "KAFKA_SASL_PASSWORD": self.sasl_password,
+        }
+        if not self.uses_sasl:
+            stray = [name for name, value in given.items() if value]
+            if stray:
+                raise ConfigurationError(
+                    f"{', '.join(stray)} set but KAFKA_SECURITY_PROTOCOL is "
+                    f"{self.security_protocol}, which does not use SASL (SASL_SSL or "
+                    "SASL_PLAINTEXT does)"
+                )
+            return
+        missing = [name for name, value in given.items() if not value]
+        if missing:
+            raise ConfigurationError(
+                f"KAFKA_SECURITY_PROTOCOL is {self.security_protocol}, which needs "
+                f"{', '.join(missing)}"
+            )
+        if self.sasl_mechanism not in SASL_MECHANISMS:
+            raise ConfigurationError(
+                f"KAFKA_SASL_MECHANISM is {self.sasl_mechanism!r}; it must be one of "
+                + ", ".join(SASL_MECHANISMS)
+            )
+
+    def _ssl_files(self) -> dict[str, str | None]:
+        return {
+            "KAFKA_SSL_CA_LOCATION": self.ssl_ca_location,
+            "KAFKA_SSL_CERTIFICATE_LOCATION": self.ssl_certificate_location,
+            "KAFKA_SSL_KEY_LOCATION": self.ssl_key_location,
+        }
+
+    def _check_ssl(self) -> None:
+        given = {**self._ssl_files(), "KAFKA_SSL_KEY_PASSWORD": self.ssl_key_password}
+        if not self.uses_tls:
+            stray = [name for name, value in given.items() if value]
+            if stray:
+                raise ConfigurationError(
+                    f"{', '.join(stray)} set but KAFKA_SECURITY_PROTOCOL is "
+                    f"{self.security_protocol}, which does not use TLS (SSL or SASL_SSL does)"
+                )
+            return
+        if self.ssl_key_location and not self.ssl_certificate_location:
+            raise ConfigurationError(
+                "KAFKA_SSL_KEY_LOCATION is set without KAFKA_SSL_CERTIFICATE_LOCATION"
+            )
+        if self.ssl_key_password and not (self.ssl_key_location or self.ssl_certificate_location):
+            raise ConfigurationError("KAFKA_SSL_KEY_PASSWORD is set without KAFKA_SSL_KEY_LOCATION")
+        for name, location in self._ssl_files().items():
+            if not location:
+                continue
+            try:
+                with open(location, "rb") as file:
+                    file.read(1)
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"{name}: cannot read {location}: {exc.strerror or exc}"
+                ) from None
+
+    def _build_ssl_context(self) -> ssl.SSLContext:
+        try:
+            context: ssl.SSLContext = create_ssl_context(cafile=self.ssl_ca_location)
+        except ssl.SSLError as exc:
+            raise ConfigurationError(
+                f"KAFKA_SSL_CA_LOCATION: {self.ssl_ca_location} holds no usable PEM "
+                f"certificate ({exc.reason or exc})"
+            ) from None
+        if self.ssl_certificate_location:
+            try:
+                context.load_cert_chain(
+                    self.ssl_certificate_location,
+                    self.ssl_key_location,
+                    password=self.ssl_key_password,
+                )
+            except ssl.SSLError as exc:
+                names = "KAFKA_SSL_CERTIFICATE_LOCATION, KAFKA_SSL_KEY_LOCATION"
+                if self.ssl_key_password:
+                    names += " or KAFKA_SSL_KEY_PASSWORD"
+                raise ConfigurationError(
+                    f"{names}: the client certificate and key cannot be loaded "
+                    f"({exc.reason or 'wrong key, key password or PEM'})"
+                ) from None
+        return context
+
+    def __repr__(self) -> str:
+        shown = [
+            f"bootstrap_servers={self.bootstrap_servers!r}",
+            f"client_id={self.client_id!r}",
+            f"request_timeout_s={self.request_timeout_s!r}",
+            f"security_protocol={self.security_protocol!r}",
+        ]
+        if self.uses_sasl:
+            shown += [
+                f"sasl_mechanism={self.sasl_mechanism!r}",
+                f"sasl_username={self.sasl_username!r}",
+                "sasl_password='**********'",
+            ]
+        for name in ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"):
+            if getattr(self, name):
+                shown.append(f"{name}={getattr(self, name)!r}")
+        if self.ssl_key_password:
+            shown.append("ssl_key_password='**********'")
+        return f"KafkaConnection({', '.join(shown)})"
+
+    __str__ = __repr__
+
+    @property
+    def request_timeout_ms(self) -> int:
+        return max(1, int(self.request_timeout_s * 1000))
+
+    def _options(self, role: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        """What every client gets, under ``options`` (which win where they say otherwise)."""
+        made: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": f"{self.client_id}-{role}" if role else self.client_id,
+            "request_timeout_ms": self.request_timeout_ms,
+            "security_protocol": self.security_protocol,
+        }
+        if self.ssl_context is not None:
+            made["ssl_context"] = self.ssl_context
+        if self.uses_sasl:
+            made.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        made.update(options)
+        return made
+
+    def producer(self, *, role: str | None = "producer", **options: Any) -> AIOKafkaProducer:
+        """An `AIOKafkaProducer` (not started) with this connection's settings and
+        ``options``; its client id is ``client_id-role``."""
+        return AIOKafkaProducer(**self._options(role, options))
+
+    def consumer(
+        self, *topics: str, role: str | None = "consumer", **options: Any
+    ) -> AIOKafkaConsumer:
+        """An `AIOKafkaConsumer` (not started) with this connection's settings and ``options``.
+
+        A group member's requests may wait at least the rebalance timeout (plus a margin):
+        the broker holds its JoinGroup that long while the group re-forms, and failing it
+        sooner would only make the member join again.
+        """
+        made = self._options(role, options)
+        if made.get("group_id") is not None and "request_timeout_ms" not in options:
+            rebalance = options.get("rebalance_timeout_ms") or options.get(
+                "session_timeout_ms", 10_000
+            )
+            made["request_timeout_ms"] = max(
+                made["request_timeout_ms"], int(rebalance) + _GROUP_MARGIN_MS
+            )
+        return AIOKafkaConsumer(*topics, **made)
+
+    def admin(self, *, role: str | None = "admin", **options: Any) -> AIOKafkaAdminClient:
+        """An `AIOKafkaAdminClient` (not started) with this connection's settings and
+        ``options``."""
+        return AIOKafkaAdminClient(**self._options(role, options))
+
+    async def start(self, client: _Startable) -> None:
+        """Start ``client``; when it cannot bootstrap, say why if a setting is the reason.
+
+        Raises:
+            ConfigurationError: The brokers refused the SASL credentials, their certificate
+                is not signed by the configured CA, or they expect TLS from a plaintext
+                client: one line naming the variable.
+            KafkaError: Any other failure, as the client raised it (an outage: the caller
+                translates it to `BackendUnavailableError`).
+        """
+        try:
+            await client.start()
+        except kafka_errors.KafkaConnectionError as exc:
+            problem = await self.diagnose()
+            if problem is not None:
+                raise ConfigurationError(problem) from exc
+            raise
+
+    async def diagnose(self) -> str | None:
+        """Why this connection's settings cannot reach the brokers, or ``None`` when the
+        settings are not the reason (a broker down, a network cut).
+
+        Connects to each bootstrap address once, in bounded time, doing what a client does
+        (TLS, the version lookup, the SASL exchange), and names the setting that made it fail.
+        """
+        timeout_s = min(_PROBE_S, self.request_timeout_s)
+        for host, port in _addresses(self.bootstrap_servers):
+            problem = await self._diagnose_address(host, port, timeout_s)
+            if problem is not None:
+                return problem
+        return None
+
+    async def _diagnose_address(self, host: str, port: int, timeout_s: float) -> str | None:
+        where = f"{host}:{port}"
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(
+                    host,
+                    port,
+                    client_id=self.client_id,
+                    request_timeout_ms=int(timeout_s * 1000),
+                    ssl_context=self.ssl_context,
+                    security_protocol=self.security_protocol,
+                    sasl_mechanism=self.sasl_mechanism or "PLAIN",
+                    sasl_plain_username=self.sasl_username,
+                    sasl_plain_password=self.sasl_password,
+                ),
+                timeout_s,
+            )
+        except (
+            kafka_errors.SaslAuthenticationFailed,
+            kafka_errors.AuthenticationFailedError,
+            kafka_errors.IllegalSaslStateError,
+        ):
+            return (
+                f"Kafka at {where} refused KAFKA_SASL_USERNAME {self.sasl_username!r} with "
+                f"KAFKA_SASL_PASSWORD over {self.sasl_mechanism} (an unknown user or a wrong "
+                "password)"
+            )
+        except (
+            kafka_errors.UnsupportedSaslMechanismError,
+            kafka_errors.AuthenticationMethodNotSupported,
+        ):
+            return f"Kafka at {where} does not accept KAFKA_SASL_MECHANISM {self.sasl_mechanism}"
+        except ssl.SSLCertVerificationError as exc:
+            return (
+                f"Kafka at {where}: the broker's certificate does not verify against "
+                f"KAFKA_SSL_CA_LOCATION ({self.ssl_ca_location or 'the system CAs'}): "
+                f"{exc.verify_message or exc.reason}"
+            )
+        except (OSError, TimeoutError, kafka_errors.KafkaError):
+            if not self.uses_tls and await _speaks_tls(host, port, timeout_s):
+                return (
+                    f"KAFKA_SECURITY_PROTOCOL is {self.security_protocol} but Kafka at {where} "
+                    f"expects TLS (use {'SASL_SSL' if self.uses_sasl else 'SSL'})"
+                )
+            return None
+        conn.close()
+        return None
+
+
+def _addresses(bootstrap_servers: str) -> list[tuple[str, int]]:
+    """The ``(host, port)`` pairs of a bootstrap list; port 9092 where none is given."""
+    found = []
+    for listed in bootstrap_servers.split(","):
+        server = listed.strip()
+        if not server:
+            continue
+        host, sep, port = server.rpartition(":")
+        if not sep or not port.isdigit():
+            host, port = server, "9092"
+        found.append((host.strip("[]"), int(port)))
+    return found
+
+
+async def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
+    """Whether ``host:port`` answers a TLS ClientHello with a handshake (any certificate).
+
+    A plaintext Kafka listener reads the hello as a malformed request and drops the
+    connection, so only a TLS listener completes the handshake.
+    """
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=context, server_hostname=host), timeout_s
+        )
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError, TimeoutError):
+        await asyncio.wait_for(writer.wait_closed(), timeout_s)
+    return True

@@ -339,8 +339,19 @@ class FrontierStore(AsyncResource, Protocol):
         tenant: str | None = None,
         statuses: Collection[RunStatus] | None = None,
         user: str | None = None,
+        agent: str | None = None,
+        updated_before: int | None = None,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[RunSummary]:
-        """Summaries of runs, optionally of one tenant, some statuses and one user, by run id."""
+        """Summaries of runs by run id, optionally of one tenant, some statuses, one user and
+        one agent, and only those last updated before ``updated_before`` (microseconds since
+        the epoch).
+
+        A page at a time: ``after`` keeps the runs whose id sorts after it (the last id of the
+        page before: a keyset cursor, so a run written between two pages is neither repeated
+        nor skipped for the others), ``limit`` keeps that many at most.
+        """
         ...
 
 

@@ -131,6 +131,10 @@ class MemoryFrontierStore(FrontierStoreBackend):
         tenant: str | None = None,
         statuses: Collection[RunStatus] | None = None,
         user: str | None = None,
+        agent: str | None = None,
+        updated_before: int | None = None,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[RunSummary]:
         rows = [
             summary
@@ -138,5 +142,8 @@ class MemoryFrontierStore(FrontierStoreBackend):
             if (tenant is None or summary.tenant == tenant)
             and (statuses is None or summary.status in statuses)
             and (user is None or summary.user_id == user)
+            and (agent is None or summary.agent == agent)
+            and (updated_before is None or summary.updated_at < updated_before)
+            and (after is None or summary.run_id > after)
         ]
-        return sorted(rows, key=lambda s: s.run_id)
+        return sorted(rows, key=lambda s: s.run_id)[:limit]

@@ -370,18 +370,36 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         tenant: str | None = None,
         statuses: Collection[RunStatus] | None = None,
         user: str | None = None,
+        agent: str | None = None,
+        updated_before: int | None = None,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[RunSummary]:
         frontiers, _ = self._tables()
+        # Only the conditions given are in the statement, so the planner picks an index for
+        # them (an `$1 IS NULL OR ...` form would have it plan for every case at once).
+        conditions: list[str] = []
+        args: list[Any] = []
+        for condition, value in (
+            ("tenant = ${}", tenant),
+            ("status = ANY(${}::text[])", list(statuses) if statuses is not None else None),
+            ("user_id = ${}", user),
+            ("agent = ${}", agent),
+            ("updated_at < ${}", updated_before),
+            ("run_id > ${}", after),
+        ):
+            if value is not None:
+                args.append(value)
+                conditions.append(condition.format(len(args)))
+        query = f"SELECT {_SUMMARY_COLUMNS} FROM {frontiers}"
+        if conditions:
+            query += " WHERE " + " AND ".join(conditions)
+        query += " ORDER BY run_id"
+        if limit is not None:
+            args.append(limit)
+            query += f" LIMIT ${len(args)}"
         async with self._connection("listing runs") as conn:
-            rows = await conn.fetch(
-                f"SELECT {_SUMMARY_COLUMNS} FROM {frontiers} "
-                "WHERE ($1::text IS NULL OR tenant = $1) "
-                "AND ($2::text[] IS NULL OR status = ANY($2::text[])) "
-                "AND ($3::text IS NULL OR user_id = $3) ORDER BY run_id",
-                tenant,
-                list(statuses) if statuses is not None else None,
-                user,
-            )
+            rows = await conn.fetch(query, *args)
         return [_summary(r) for r in rows]
 
 

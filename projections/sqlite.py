@@ -326,13 +326,23 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         tenant: str | None = None,
         statuses: Collection[RunStatus] | None = None,
         user: str | None = None,
+        agent: str | None = None,
+        updated_before: int | None = None,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[RunSummary]:
-        """Summaries of runs, optionally of one tenant, some statuses and one user, by run id."""
+        """Summaries of runs, filtered and a page at a time (`FrontierStore.runs`), by run id."""
         conditions: list[str] = []
-        args: list[str] = []
-        for column, value in (("tenant", tenant), ("user_id", user)):
+        args: list[str | int] = []
+        for condition, value in (
+            ("tenant = ?", tenant),
+            ("user_id = ?", user),
+            ("agent = ?", agent),
+            ("updated_at < ?", updated_before),
+            ("run_id > ?", after),
+        ):
             if value is not None:
-                conditions.append(f"{column} = ?")
+                conditions.append(condition)
                 args.append(value)
         if statuses is not None:
             wanted = list(dict.fromkeys(statuses))
@@ -344,6 +354,9 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         if conditions:
             query += " WHERE " + " AND ".join(conditions)
         query += " ORDER BY run_id"
+        if limit is not None:
+            query += " LIMIT ?"
+            args.append(limit)
         conn = self._db.connection()
 
         def read() -> list[Any]:

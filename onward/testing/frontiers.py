@@ -289,6 +289,45 @@ class FrontierStoreConformance:
         everyone = await store.runs(tenant=tenant)
         assert {s.run_id: s.user_id for s in everyone} == {ann: "ann", bob: "bob", nobody: None}
 
+    async def test_runs_filter_by_agent_and_last_update(self, store: FrontierStore) -> None:
+        tenant = new_run_id("tenant")
+        old, recent, other_agent = new_run_id("a"), new_run_id("b"), new_run_id("c")
+        rows = [
+            frontier(old, through=1, tenant=tenant),
+            frontier(recent, through=50, tenant=tenant),
+            msgspec.structs.replace(frontier(other_agent, through=2, tenant=tenant), agent="x"),
+        ]
+        await store.write(CONSUMER, {}, [Snapshot.of(f) for f in rows], [])
+        booker = await store.runs(tenant=tenant, agent="booker")
+        assert [s.run_id for s in booker] == sorted([old, recent])
+        # `frontier` puts updated_at at 1000 + through: only the first is before 1010.
+        stale = await store.runs(tenant=tenant, agent="booker", updated_before=1010)
+        assert [s.run_id for s in stale] == [old]
+
+    async def test_runs_pages_by_run_id_return_every_run_once(self, store: FrontierStore) -> None:
+        tenant = new_run_id("tenant")
+        ids = [new_run_id(f"r{i}") for i in range(7)]
+        statuses = ["waiting", "completed", "failed", "running"]
+        rows = [
+            frontier(run_id, through=i, tenant=tenant, status=statuses[i % 4])
+            for i, run_id in enumerate(ids)
+        ]
+        await store.write(CONSUMER, {}, [Snapshot.of(f) for f in rows], [])
+        pages: list[list[str]] = []
+        after: str | None = None
+        while True:
+            page = await store.runs(tenant=tenant, after=after, limit=3)
+            if not page:
+                break
+            pages.append([s.run_id for s in page])
+            after = page[-1].run_id
+        assert [len(p) for p in pages] == [3, 3, 1]
+        assert [run_id for page in pages for run_id in page] == sorted(ids)
+        waiting = await store.runs(tenant=tenant, statuses={"waiting"}, limit=1)
+        assert [s.run_id for s in waiting] == [min(ids[0], ids[4])]
+        rest = await store.runs(tenant=tenant, statuses={"waiting"}, after=waiting[0].run_id)
+        assert [s.run_id for s in rest] == [max(ids[0], ids[4])]
+
     async def test_concurrent_writers_keep_the_newest(self, store: FrontierStore) -> None:
         run_id = new_run_id()
         snapshots = [Snapshot.of(frontier(run_id, through=i, iteration=i)) for i in range(20)]

@@ -1,9 +1,9 @@
 """The `onward` command line: the command tree, one module per area.
 
-``runs`` (inspect, start, run --resume, approve, deny, resolve, tag, replay), ``compact``, ``gc``,
-``projections`` (projector, projections rebuild), ``quarantine`` (list, release), ``worker``,
-``db`` (migrate, verify), ``schema`` and ``demo``; ``_common`` holds the consoles, the exit
-codes and the boundary every command runs inside.
+``listing`` (runs), ``runs`` (inspect, start, run --resume, approve, deny, resolve, tag,
+replay), ``compact``, ``gc``, ``projections`` (projector, projections rebuild), ``quarantine``
+(list, release), ``worker``, ``db`` (migrate, verify), ``schema`` and ``demo``; ``_common`` holds
+the consoles, the exit codes and the boundary every command runs inside.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from . import compact, db, demo, gc, projections, quarantine, runs, schema, worker
+from . import compact, db, demo, gc, listing, projections, quarantine, runs, schema, worker
 from ._common import EXIT_OK, EXIT_USAGE, boundary, debugging, error
 
 
@@ -72,6 +72,7 @@ app.add_typer(db_app)
 app.add_typer(projections_app)
 app.add_typer(quarantine_app)
 
+_add(app, "runs", listing.runs_command)
 _add(app, "inspect", runs.inspect_command)
 _add(app, "start", runs.start_command)
 _add(app, "run", runs.run_command)

@@ -28,6 +28,7 @@ CREATE TABLE onward_frontiers_{build} (
 CREATE INDEX onward_frontiers_{build}_by_tenant_status ON onward_frontiers_{build} (tenant, status);
 CREATE INDEX onward_frontiers_{build}_by_user_status ON onward_frontiers_{build} (user_id, status)
     WHERE user_id IS NOT NULL;
+CREATE INDEX onward_frontiers_{build}_by_status_run ON onward_frontiers_{build} (status, run_id);
 
 CREATE TABLE onward_tool_calls_{build} (
     run_id text NOT NULL,

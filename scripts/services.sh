@@ -14,12 +14,22 @@
 #   .cache/services/kafka-<version>/     server.properties, log config, data/, logs/, kafka.pid
 #   .cache/services/postgres/            private PostgreSQL cluster (data/, run/ socket dir, log)
 #   .cache/services/redis/               redis.pid, redis.log
+#   .cache/services/tls/                 test CA (ca.pem) and the servers' certificate and key
 #
 # KAFKA_VERSION selects the broker: unset, "3" or "3.9" -> the pinned 3.9.x;
 # "4" -> the pinned 4.x; an explicit "X.Y.Z" (3.x or 4.x) is used as given.
 # Each major has its own ports and data dir, so a 3.x and a 4.x broker can run
 # side by side: 3.x on 127.0.0.1:9092 (controller 19093), 4.x on 127.0.0.1:9192
 # (controller 19193).
+#
+# Beside the plain listeners every server also has a secured one, for the
+# tests of Onward against secured clusters (test-only secrets, fixed here):
+#   Kafka      SASL_SSL on 127.0.0.1:9094 (3.x) / 127.0.0.1:9194 (4.x); PLAIN,
+#              SCRAM-SHA-256 and SCRAM-SHA-512 for user onward
+#   PostgreSQL ssl=on; role onward_tls may reach database onward over TLS only
+#   Redis      tls-port 6380 (no client certificates)
+# All server certificates are signed by one test CA made with openssl at first
+# start; `env` prints it as ONWARD_TEST_TLS_CA with the secured URLs.
 #
 # Anything missing (kcat, redis-server, PostgreSQL, Java, Maven) is installed
 # with apt-get, so this works on a fresh Debian/Ubuntu machine when run as root.
@@ -38,6 +48,13 @@ PG_PORT=5432
 REDIS_PORT=6379
 DATABASE_URL="postgresql://onward:onward@127.0.0.1:${PG_PORT}/onward"
 REDIS_URL="redis://127.0.0.1:${REDIS_PORT}/0"
+REDIS_TLS_PORT=6380
+# Test-only credentials of the secured listeners.
+KAFKA_SASL_USERNAME=onward
+KAFKA_SASL_PASSWORD=onward-sasl-test
+PG_TLS_ROLE=onward_tls
+PG_TLS_PASSWORD=onward-tls-test
+TLS_KEYSTORE_PASSWORD=onward-test-keystore
 
 KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-180}
 PG_START_TIMEOUT=${PG_START_TIMEOUT:-90}
@@ -48,6 +65,15 @@ SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd -P)
 CACHE_DIR="$REPO_ROOT/.cache"
 STATE_DIR="$CACHE_DIR/services"
+
+TLS_DIR="$STATE_DIR/tls"
+TLS_CA="$TLS_DIR/ca.pem"
+TLS_CERT="$TLS_DIR/server.pem"
+TLS_KEY="$TLS_DIR/server.key"
+TLS_P12="$TLS_DIR/server.p12"
+# verify-full: the client checks the certificate's chain and its name (localhost).
+DATABASE_TLS_URL="postgresql://$PG_TLS_ROLE:$PG_TLS_PASSWORD@localhost:$PG_PORT/onward?sslmode=verify-full&sslrootcert=$TLS_CA"
+REDIS_TLS_URL="rediss://localhost:$REDIS_TLS_PORT/0"
 
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -185,10 +211,67 @@ ensure_packages() {
     fi
 }
 
+
+# ---------------------------------------------------------------------------
+# Test CA and server certificate (one for every server: they all run on this host)
+# ---------------------------------------------------------------------------
+tls_valid() {  # the CA and server certificate exist, are valid for another day, and match
+    [[ -s "$TLS_CA" && -s "$TLS_CERT" && -s "$TLS_KEY" && -s "$TLS_P12" ]] || return 1
+    openssl x509 -checkend 86400 -noout -in "$TLS_CA" >/dev/null 2>&1 || return 1
+    openssl x509 -checkend 86400 -noout -in "$TLS_CERT" >/dev/null 2>&1 || return 1
+    openssl verify -CAfile "$TLS_CA" "$TLS_CERT" >/dev/null 2>&1
+}
+
+tls_ensure() {
+    tls_valid && return 0
+    log "TLS: making a test CA and server certificate in ${TLS_DIR#"$REPO_ROOT"/}"
+    mkdir -p "$TLS_DIR"
+    chmod 755 "$TLS_DIR"
+    local tmp="$TLS_DIR/new" tlslog="$TLS_DIR/openssl.log"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    cat >"$tmp/server.ext" <<'EOF'
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:localhost, IP:127.0.0.1
+EOF
+    if ! {
+        openssl req -x509 -new -newkey rsa:2048 -nodes -sha256 -days 3650 \
+            -subj "/CN=Onward test CA" -keyout "$tmp/ca.key" -out "$tmp/ca.pem" \
+            -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" &&
+            openssl req -new -newkey rsa:2048 -nodes -sha256 -subj "/CN=localhost" \
+                -keyout "$tmp/server.key" -out "$tmp/server.csr" &&
+            openssl x509 -req -sha256 -days 825 -in "$tmp/server.csr" -CA "$tmp/ca.pem" \
+                -CAkey "$tmp/ca.key" -CAcreateserial -extfile "$tmp/server.ext" -out "$tmp/server.pem" &&
+            openssl pkcs12 -export -in "$tmp/server.pem" -inkey "$tmp/server.key" -name server \
+                -passout "pass:$TLS_KEYSTORE_PASSWORD" -out "$tmp/server.p12"
+    } >"$tlslog" 2>&1; then
+        show_logs "$tlslog"
+        die "TLS: openssl could not make the test certificates"
+    fi
+    # PostgreSQL (run as the postgres user) gets its own copy of the key; see pg_tls.
+    chmod 644 "$tmp"/*
+    chmod 600 "$tmp/ca.key" "$tmp/server.key" "$tmp/server.p12"
+    mv -f "$tmp/ca.key" "$tmp/ca.pem" "$tmp/server.key" "$tmp/server.pem" "$tmp/server.p12" "$TLS_DIR/"
+    rm -rf "$tmp"
+}
+
+tls_fingerprint() {  # identifies the server certificate in the servers' configs
+    openssl x509 -noout -fingerprint -sha256 -in "$TLS_CERT" | cut -d= -f2 | tr -d ':'
+}
+
+# tls_answers PORT: a TLS server on 127.0.0.1:PORT presents a certificate the test CA verifies
+tls_answers() {
+    port_open "$1" || return 1
+    timeout 10 openssl s_client -connect "127.0.0.1:$1" -servername localhost -verify_return_error \
+        -CAfile "$TLS_CA" -verify_ip 127.0.0.1 </dev/null >/dev/null 2>&1
+}
+
 # ---------------------------------------------------------------------------
 # Kafka
 # ---------------------------------------------------------------------------
-kafka_select() {  # sets KV (version), KMAJOR, KPORT, KCTRL_PORT, KDIR, KLIBS
+kafka_select() {  # sets KV (version), KMAJOR, KPORT, KSASL_PORT, KCTRL_PORT, KDIR, KLIBS
     local req=${KAFKA_VERSION:-}
     case "$req" in
         "" | 3 | 3.9) KV=$KAFKA3_PINNED ;;
@@ -199,14 +282,15 @@ kafka_select() {  # sets KV (version), KMAJOR, KPORT, KCTRL_PORT, KDIR, KLIBS
     [[ "$KV" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "KAFKA_VERSION='$req' not understood"
     KMAJOR=${KV%%.*}
     case "$KMAJOR" in
-        3) KPORT=9092 KCTRL_PORT=19093 ;;
-        4) KPORT=9192 KCTRL_PORT=19193 ;;
+        3) KPORT=9092 KSASL_PORT=9094 KCTRL_PORT=19093 ;;
+        4) KPORT=9192 KSASL_PORT=9194 KCTRL_PORT=19193 ;;
     esac
     KDIR="$STATE_DIR/kafka-$KV"
     KLIBS="$CACHE_DIR/kafka/$KV/libs"
 }
 
 kafka_bootstrap() { echo "127.0.0.1:$KPORT"; }
+kafka_sasl_bootstrap() { echo "127.0.0.1:$KSASL_PORT"; }
 
 kafka_ready() {  # the broker answers a metadata request
     port_open "$KPORT" || return 1
@@ -266,17 +350,30 @@ EOF
     touch "$home/.complete"
 }
 
-kafka_write_config() {
-    mkdir -p "$KDIR/data" "$KDIR/logs"
-    cat >"$KDIR/server.properties" <<EOF
+# The broker's server.properties, as this script wants it now. A running broker
+# whose file differs (an older script, a new certificate) is restarted with it.
+kafka_config() {
+    cat <<EOF
 # Written by scripts/services.sh on every start; edit the script, not this file.
+# Server certificate (SHA-256): $(tls_fingerprint)
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KCTRL_PORT
-listeners=PLAINTEXT://127.0.0.1:$KPORT,CONTROLLER://127.0.0.1:$KCTRL_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KPORT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=PLAINTEXT://127.0.0.1:$KPORT,CONTROLLER://127.0.0.1:$KCTRL_PORT,SASL_SSL://127.0.0.1:$KSASL_PORT
+# Each client listener advertises itself: a client that bootstraps on the
+# SASL_SSL listener only ever sees SASL_SSL.
+advertised.listeners=PLAINTEXT://127.0.0.1:$KPORT,SASL_SSL://127.0.0.1:$KSASL_PORT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
 inter.broker.listener.name=PLAINTEXT
+sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+listener.name.sasl_ssl.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$KAFKA_SASL_USERNAME="$KAFKA_SASL_PASSWORD";
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.ssl.keystore.type=PKCS12
+listener.name.sasl_ssl.ssl.keystore.location=$TLS_P12
+listener.name.sasl_ssl.ssl.keystore.password=$TLS_KEYSTORE_PASSWORD
+listener.name.sasl_ssl.ssl.key.password=$TLS_KEYSTORE_PASSWORD
 controller.listener.names=CONTROLLER
 log.dirs=$KDIR/data
 num.partitions=1
@@ -301,6 +398,15 @@ log.retention.check.interval.ms=30000
 # its loop has closed, and the suite, now past ten minutes, failed at its end on that warning.
 connections.max.idle.ms=3600000
 EOF
+}
+
+kafka_config_current() {  # the broker's config file says what kafka_config says
+    [[ -f "$KDIR/server.properties" ]] && [[ "$(cat "$KDIR/server.properties")" == "$(kafka_config)" ]]
+}
+
+kafka_write_config() {
+    mkdir -p "$KDIR/data" "$KDIR/logs"
+    kafka_config >"$KDIR/server.properties"
     if ((KMAJOR == 3)); then
         cat >"$KDIR/log4j.properties" <<'EOF'
 log4j.rootLogger=INFO, file
@@ -368,9 +474,14 @@ kafka_format() {
         uuid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
     done
     log "Kafka $KV: formatting storage (cluster id $uuid)"
+    rm -f "$KDIR/scram.done"
     # Static quorum (controller.quorum.voters): plain `format` works for 3.9
     # and 4.x alike; 4.x would want --standalone only for a dynamic quorum.
+    # The SASL user's SCRAM credentials go into the new metadata log right away
+    # (a data dir formatted before they existed gets them from kafka_scram_ensure).
     if ! kafka_java kafka.tools.StorageTool format -t "$uuid" -c "$KDIR/server.properties" \
+        --add-scram "SCRAM-SHA-256=[name=$KAFKA_SASL_USERNAME,password=$KAFKA_SASL_PASSWORD]" \
+        --add-scram "SCRAM-SHA-512=[name=$KAFKA_SASL_USERNAME,password=$KAFKA_SASL_PASSWORD]" \
         >"$KDIR/logs/format.log" 2>&1; then
         show_logs "$KDIR/logs/format.log"
         rm -f "$KDIR/data/meta.properties"
@@ -378,8 +489,64 @@ kafka_format() {
     fi
 }
 
+# kafka_sasl_ok MECHANISM: the SASL_SSL listener verifies with the test CA and
+# lets the test user in with MECHANISM.
+kafka_sasl_ok() {
+    port_open "$KSASL_PORT" || return 1
+    timeout 15 kcat -b "$(kafka_sasl_bootstrap)" -L -m 5 -X security.protocol=SASL_SSL \
+        -X "sasl.mechanisms=$1" -X "sasl.username=$KAFKA_SASL_USERNAME" \
+        -X "sasl.password=$KAFKA_SASL_PASSWORD" -X "ssl.ca.location=$TLS_CA" >/dev/null 2>&1
+}
+
+# The SCRAM credentials of the test user. A data dir formatted with --add-scram
+# has them; one formatted before this script added them (the same data kept
+# across script versions) gets them here through Kafka's ConfigCommand over the
+# plain listener: it describes the user and sets (again, idempotently) what is
+# missing, one mechanism per request as the broker requires. The check is not a
+# SCRAM login with kcat because librdkafka before 2.6.1 fails SCRAM against
+# Kafka 4.x brokers. scram.done (removed by a new format) skips the JVM runs.
+kafka_scram_ensure() {
+    local done_file="$KDIR/scram.done" cls=kafka.admin.ConfigCommand described mech
+    [[ -f "$done_file" && "$done_file" -nt "$KDIR/data/meta.properties" ]] && return 0
+    unzip -l "$KLIBS/kafka_2.13-$KV.jar" kafka/admin/ConfigCommand.class >/dev/null 2>&1 \
+        || cls=org.apache.kafka.tools.ConfigCommand
+    described=$(kafka_java "$cls" --bootstrap-server "$(kafka_bootstrap)" --describe \
+        --entity-type users --entity-name "$KAFKA_SASL_USERNAME" 2>&1) || {
+        printf '%s\n' "$described" | tail -n 20 >&2
+        die "Kafka $KV: describing user $KAFKA_SASL_USERNAME failed"
+    }
+    for mech in SCRAM-SHA-256 SCRAM-SHA-512; do
+        [[ "$described" == *"$mech="* ]] && continue
+        log "Kafka $KV: creating the $mech credentials of user $KAFKA_SASL_USERNAME"
+        if ! kafka_java "$cls" --bootstrap-server "$(kafka_bootstrap)" --alter \
+            --entity-type users --entity-name "$KAFKA_SASL_USERNAME" \
+            --add-config "$mech=[password=$KAFKA_SASL_PASSWORD]" >"$KDIR/logs/scram.log" 2>&1; then
+            show_logs "$KDIR/logs/scram.log"
+            die "Kafka $KV: creating the $mech credentials failed"
+        fi
+    done
+    touch "$done_file"
+}
+
+# The SASL_SSL listener answers for every mechanism (waits out a fresh start).
+kafka_secure_up() {
+    kafka_scram_ensure
+    local mech deadline=$((SECONDS + 60))
+    local mechs=(PLAIN SCRAM-SHA-256 SCRAM-SHA-512)
+    # kcat's librdkafka (before 2.6.1) cannot log in with SCRAM to a 4.x broker.
+    ((KMAJOR >= 4)) && mechs=(PLAIN)
+    for mech in "${mechs[@]}"; do
+        until kafka_sasl_ok "$mech"; do
+            ((SECONDS < deadline)) || die "Kafka $KV: SASL_SSL listener $(kafka_sasl_bootstrap) refuses $mech for user $KAFKA_SASL_USERNAME"
+            sleep 1
+        done
+    done
+    log "Kafka $KV: SASL_SSL listener answering on $(kafka_sasl_bootstrap)"
+}
+
 kafka_up() {
     kafka_select
+    tls_ensure
     local pidfile="$KDIR/kafka.pid" other
     # Another version of the same major, started here, holds these ports.
     for other in "$STATE_DIR"/kafka-"$KMAJOR".*/kafka.pid; do
@@ -391,8 +558,17 @@ kafka_up() {
         die "Kafka $other is running on port $KPORT; stop it first: KAFKA_VERSION=$other $0 down kafka"
     done
     if kafka_ready; then
-        log "Kafka $KV: answering on $(kafka_bootstrap)"
-        return 0
+        if ! pid_alive "$pidfile" kafka.Kafka; then
+            log "Kafka $KV: answering on $(kafka_bootstrap), but not started by this script: its secured listener is not managed here"
+            return 0
+        fi
+        if kafka_config_current; then
+            log "Kafka $KV: answering on $(kafka_bootstrap)"
+            kafka_secure_up
+            return 0
+        fi
+        log "Kafka $KV: the running broker's config is not the current one (e.g. no SASL_SSL listener): restarting it"
+        stop_pid "$pidfile" kafka.Kafka "Kafka $KV"
     fi
     if ! pid_alive "$pidfile" kafka.Kafka; then
         rm -f "$pidfile"
@@ -434,6 +610,7 @@ kafka_up() {
         sleep 0.5
     done
     log "Kafka $KV: answering on $(kafka_bootstrap)"
+    kafka_secure_up
 }
 
 kafka_down() {
@@ -643,6 +820,13 @@ cmd_env() {
     printf 'export KAFKA_VERSION=%s\n' "$KV"
     printf 'export DATABASE_URL=%s\n' "$DATABASE_URL"
     printf 'export REDIS_URL=%s\n' "$REDIS_URL"
+    printf 'export ONWARD_TEST_TLS_CA=%s\n' "$TLS_CA"
+    printf 'export KAFKA_SASL_SSL_BOOTSTRAP_SERVERS=%s\n' "$(kafka_sasl_bootstrap)"
+    printf 'export ONWARD_TEST_KAFKA_SASL_USERNAME=%s\n' "$KAFKA_SASL_USERNAME"
+    printf 'export ONWARD_TEST_KAFKA_SASL_PASSWORD=%s\n' "$KAFKA_SASL_PASSWORD"
+    # Quoted: the URL's '&' would end the command in a shell.
+    printf "export DATABASE_TLS_URL='%s'\n" "$DATABASE_TLS_URL"
+    printf 'export REDIS_TLS_URL=%s\n' "$REDIS_TLS_URL"
 }
 
 # parse_services ARGS...: sets DO_KAFKA, DO_PG, DO_REDIS (default: all three)

@@ -686,9 +686,79 @@ WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'onward')
 EOF
 }
 
+pg_tls_url_ok() {  # the TLS-only role logs in over TLS, verifying the server with the test CA
+    PGCONNECT_TIMEOUT=3 psql "$DATABASE_TLS_URL" -X -A -t -q -c 'select 1' >/dev/null 2>&1
+}
+
+pg_sql() {  # run SQL from stdin as the superuser over the private socket; print the rows
+    psql -X -q -A -t -v ON_ERROR_STOP=1 -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres "$@"
+}
+
+# ssl=on with the test certificate, and role onward_tls that may reach database
+# onward over TLS only. A running server is reloaded, not restarted (ssl and
+# pg_hba.conf are both reloadable), and only when something changed.
+PG_HBA_MARK="# onward_tls: TLS only (scripts/services.sh)"
+pg_tls() {
+    tls_ensure
+    local changed=0 f
+    for f in crt key; do
+        local src=$TLS_CERT
+        [[ $f == key ]] && src=$TLS_KEY
+        cmp -s "$src" "$PG_DATA/server.$f" && continue
+        # The server wants its key private and its own (it runs as $PG_OS_USER).
+        install -m 600 "$src" "$PG_DATA/server.$f"
+        [[ $EUID -eq 0 ]] && chown "$PG_OS_USER": "$PG_DATA/server.$f"
+        changed=1
+    done
+    if ! grep -qxF "$PG_HBA_MARK" "$PG_DATA/pg_hba.conf"; then
+        # First match wins, so these go before initdb's "host all all" lines. Written in place
+        # (not replaced) so the file keeps its owner.
+        local hba
+        hba=$(cat "$PG_DATA/pg_hba.conf")
+        cat >"$PG_DATA/pg_hba.conf" <<EOF
+$PG_HBA_MARK
+hostssl   onward  $PG_TLS_ROLE  127.0.0.1/32  scram-sha-256
+hostssl   onward  $PG_TLS_ROLE  ::1/128       scram-sha-256
+hostnossl all     $PG_TLS_ROLE  all           reject
+host      all     $PG_TLS_ROLE  all           reject
+
+$hba
+EOF
+        changed=1
+    fi
+    [[ "$(pg_sql -c 'SHOW ssl')" == on ]] || { pg_sql -c 'ALTER SYSTEM SET ssl = on' >/dev/null; changed=1; }
+    pg_sql >/dev/null <<EOF
+DO \$\$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_TLS_ROLE') THEN
+    CREATE ROLE $PG_TLS_ROLE LOGIN PASSWORD '$PG_TLS_PASSWORD';
+  END IF;
+END
+\$\$;
+GRANT CREATE ON DATABASE onward TO $PG_TLS_ROLE;
+EOF
+    if ((changed)); then
+        log "PostgreSQL: reloading with ssl=on and the TLS-only role $PG_TLS_ROLE"
+        pg_sql -c 'SELECT pg_reload_conf()' >/dev/null
+        local deadline=$((SECONDS + 15))
+        until pg_tls_url_ok; do
+            ((SECONDS < deadline)) || { show_logs "$PG_LOG"; die "PostgreSQL: $DATABASE_TLS_URL does not answer after the reload"; }
+            sleep 0.3
+        done
+    fi
+    pg_tls_url_ok || { show_logs "$PG_LOG"; die "PostgreSQL: $DATABASE_TLS_URL does not answer"; }
+    log "PostgreSQL: TLS answering on 127.0.0.1:$PG_PORT for role $PG_TLS_ROLE"
+}
+
 pg_up() {
     if pg_url_ok; then
         log "PostgreSQL: answering on 127.0.0.1:$PG_PORT"
+        pg_select
+        if pg_ours_running; then
+            pg_tls
+        else
+            log "PostgreSQL: not started by this script: its TLS setup is not managed here"
+        fi
         return 0
     fi
     pg_select
@@ -751,6 +821,7 @@ EOF
     pg_bootstrap_roles || { show_logs "$PG_LOG"; die "PostgreSQL: creating role/database onward failed"; }
     pg_url_ok || { show_logs "$PG_LOG"; die "PostgreSQL: $DATABASE_URL does not answer"; }
     log "PostgreSQL: answering on 127.0.0.1:$PG_PORT"
+    pg_tls
 }
 
 pg_down() {
@@ -776,9 +847,33 @@ redis_ready() {
     [[ "$(timeout 5 redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" == PONG ]]
 }
 
+# tls-port 6380 beside the plain port, set on the running server (Redis 7 takes
+# tls-port and the certificate files at run time, so no restart and no data lost).
+redis_tls() {
+    tls_ensure
+    tls_answers "$REDIS_TLS_PORT" && return 0
+    log "Redis: adding tls-port $REDIS_TLS_PORT"
+    local reply
+    reply=$(timeout 10 redis-cli -h 127.0.0.1 -p "$REDIS_PORT" CONFIG SET \
+        tls-cert-file "$TLS_CERT" tls-key-file "$TLS_KEY" tls-ca-cert-file "$TLS_CA" \
+        tls-auth-clients no tls-port "$REDIS_TLS_PORT" 2>&1) || true
+    [[ "$reply" == OK ]] || die "Redis: could not enable TLS (is redis-server built with TLS?): $reply"
+    local deadline=$((SECONDS + REDIS_START_TIMEOUT))
+    until tls_answers "$REDIS_TLS_PORT"; do
+        ((SECONDS < deadline)) || die "Redis: no TLS answer on 127.0.0.1:$REDIS_TLS_PORT"
+        sleep 0.2
+    done
+    log "Redis: TLS answering on 127.0.0.1:$REDIS_TLS_PORT"
+}
+
 redis_up() {
     if redis_ready; then
         log "Redis: answering on 127.0.0.1:$REDIS_PORT"
+        if pid_alive "$REDIS_DIR/redis.pid" redis-server; then
+            redis_tls
+        else
+            log "Redis: not started by this script: its TLS port is not managed here"
+        fi
         return 0
     fi
     local pidfile="$REDIS_DIR/redis.pid"
@@ -807,6 +902,7 @@ redis_up() {
         sleep 0.2
     done
     log "Redis: answering on 127.0.0.1:$REDIS_PORT"
+    redis_tls
 }
 
 redis_down() {
@@ -863,7 +959,7 @@ cmd_jars() {  # fetch the selected Kafka's jars (if not cached) and print their 
     printf '%s\n' "$KLIBS"
 }
 
-cmd_down() {
+cmd_down() {  # the secured listeners belong to the same servers and stop with them
     parse_services "$@"
     ((DO_KAFKA)) && kafka_down
     ((DO_PG)) && pg_down
@@ -877,13 +973,21 @@ cmd_status() {
     if command -v kcat >/dev/null 2>&1 && kafka_ready; then s=up; else s=down; fi
     pid_alive "$KDIR/kafka.pid" kafka.Kafka && s="$s (started here, pid $(cat "$KDIR/kafka.pid"))"
     echo "kafka $KV $(kafka_bootstrap): $s"
+    if [[ -s "$TLS_CA" ]] && command -v kcat >/dev/null 2>&1 && kafka_sasl_ok PLAIN; then s=up; else s=down; fi
+    echo "kafka $KV SASL_SSL $(kafka_sasl_bootstrap): $s"
     if command -v psql >/dev/null 2>&1 && pg_url_ok; then s=up; else s=down; fi
     pg_select
     pg_ours_running && s="$s (started here, data in $PG_DATA)"
     echo "postgres 127.0.0.1:$PG_PORT: $s"
+    if [[ -s "$TLS_CA" ]] && command -v psql >/dev/null 2>&1 && pg_tls_url_ok; then s=up; else s=down; fi
+    echo "postgres TLS (role $PG_TLS_ROLE) localhost:$PG_PORT: $s"
     if redis_ready; then s=up; else s=down; fi
     pid_alive "$REDIS_DIR/redis.pid" redis-server && s="$s (started here, pid $(cat "$REDIS_DIR/redis.pid"))"
     echo "redis 127.0.0.1:$REDIS_PORT: $s"
+    if [[ -s "$TLS_CA" ]] && tls_answers "$REDIS_TLS_PORT"; then s=up; else s=down; fi
+    echo "redis TLS 127.0.0.1:$REDIS_TLS_PORT: $s"
+    if tls_valid; then s="valid until $(openssl x509 -noout -enddate -in "$TLS_CERT" | cut -d= -f2)"; else s="missing or expiring (made again at the next up)"; fi
+    echo "test CA $TLS_CA: $s"
 }
 
 main() {

@@ -94,7 +94,8 @@ class Backends:
             worker: The name other workers see in `ResumeConflictError`; the default names
                 this host and process.
             observer: Sees each append and each tool return (a fleet worker's boundaries).
-            lease_policy: The runs' lease ttl and renewal margin; the default policy if None.
+            lease_policy: The runs' lease ttl and renewal margin; if None, the settings'
+                (``ONWARD_LEASE_TTL``).
             compaction: Where `tag` pins its targets and retained history is read; these
                 stores' own by default.
         """
@@ -107,7 +108,7 @@ class Backends:
             leases=self.leases,
             worker=worker,
             observer=observer,
-            lease_policy=lease_policy,
+            lease_policy=lease_policy or self.settings.lease_policy(),
             compaction=compaction or self.compaction,
         )
 

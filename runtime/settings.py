@@ -5,6 +5,7 @@ A bad value is a `ConfigurationError` naming the variable at start, not a failur
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -23,6 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from onward._storage import BACKEND_TIMEOUT_S, KafkaConnection, masked_url
 from onward.errors import ConfigurationError
 
+from .leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy
 from .redaction import parse_secret_keys
 from .signing import RequestSigner
 
@@ -123,6 +125,10 @@ class Settings(BaseSettings):
         accept_unsigned_requests: Workers act on requests without a signature
             (``ONWARD_ACCEPT_UNSIGNED_REQUESTS``): anyone who can write the requests topic
             may then start, answer and tag any tenant's runs.
+        lease_ttl: Seconds a run's lease lasts unless renewed (``ONWARD_LEASE_TTL``;
+            `DEFAULT_LEASE_TTL_S` says why a minute): how long a run whose holder was lost stays
+            held. ``onward worker``, ``onward start``, ``onward run --resume`` and every runner
+            `Backends.runner` makes use it; ``--lease-ttl`` on a command overrides it.
 
     Raises:
         ConfigurationError: A value is unusable, built from Python or read from the
@@ -186,6 +192,9 @@ class Settings(BaseSettings):
         default=False, validation_alias="ONWARD_ACCEPT_UNSIGNED_REQUESTS"
     )
     redact_keys: str = Field(default="", validation_alias="ONWARD_REDACT_KEYS")
+    lease_ttl: float = Field(
+        default=DEFAULT_LEASE_TTL_S, gt=0, le=86_400, validation_alias="ONWARD_LEASE_TTL"
+    )
 
     @model_validator(mode="wrap")
     @classmethod
@@ -291,6 +300,10 @@ class Settings(BaseSettings):
             ssl_key_location=self.kafka_ssl_key_location,
             ssl_key_password=_secret(self.kafka_ssl_key_password),
         )
+
+    def lease_policy(self) -> LeasePolicy:
+        """The lease policy of ``lease_ttl``."""
+        return LeasePolicy(ttl=timedelta(seconds=self.lease_ttl))
 
     def require_database_url(self) -> str:
         """The PostgreSQL URL, password included (for the driver only), or a clear error saying

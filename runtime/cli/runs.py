@@ -30,7 +30,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.application.app import DEFAULT_TENANT
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.compaction import compaction_store
-from onward.runtime.leases.base import LeasePolicy, RunLease
+from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy, RunLease
 from onward.runtime.limits import check_name
 from onward.runtime.providers import Provider
 from onward.runtime.runner import new_run_id
@@ -226,23 +226,25 @@ def inspect_command(
 WAIT_RECHECK_S = 1.0
 """How often `run --resume --wait` asks again for a held run."""
 
-DEFAULT_LEASE_TTL_S = LeasePolicy().ttl_s
-"""The lease ttl of a run the command line drives, as a runner's by default."""
-
 WorkerOption = Annotated[
     str | None, typer.Option(help="This worker's name (default: host and process id).")
 ]
 LeaseTtlOption = Annotated[
-    float,
+    float | None,
     typer.Option(
         help="Seconds the run's lease lasts unless renewed: how long the run stays held if "
-        "this process dies where no process of this host can tell (its host is lost)."
+        "this process dies where no process of this host can tell (its host is lost). "
+        f"Default: ONWARD_LEASE_TTL, else {DEFAULT_LEASE_TTL_S:g}.",
+        show_default=False,
     ),
 ]
 
 
-def lease_policy(lease_ttl: float) -> LeasePolicy:
-    """The policy of ``--lease-ttl``, refused before anything is opened if it cannot hold."""
+def lease_policy(lease_ttl: float | None) -> LeasePolicy:
+    """The policy of ``--lease-ttl``, else the settings' (``ONWARD_LEASE_TTL``); refused
+    before anything is opened if it cannot hold."""
+    if lease_ttl is None:
+        return load_settings().lease_policy()
     if not (lease_ttl > 0 and math.isfinite(lease_ttl)):
         raise InvalidInputError(f"--lease-ttl must be positive seconds, got {lease_ttl}")
     return LeasePolicy(ttl=timedelta(seconds=lease_ttl))
@@ -264,7 +266,7 @@ def start_command(
         str | None, typer.Option("--run-id", help="The new run's id (default: a fresh one).")
     ] = None,
     worker: WorkerOption = None,
-    lease_ttl: LeaseTtlOption = DEFAULT_LEASE_TTL_S,
+    lease_ttl: LeaseTtlOption = None,
     as_json: JsonResultOption = False,
 ) -> None:
     """Start a run of the agent with PROMPT as its input and drive it until it ends or waits
@@ -307,7 +309,7 @@ def run_command(
     agent_spec: AgentOption,
     provider_spec: ProviderOption,
     worker: WorkerOption = None,
-    lease_ttl: LeaseTtlOption = DEFAULT_LEASE_TTL_S,
+    lease_ttl: LeaseTtlOption = None,
     wait: Annotated[
         bool,
         typer.Option(

@@ -15,7 +15,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.backends import open_backends
 from onward.runtime.fleet.requests import DEFAULT_REQUESTS_TOPIC
 from onward.runtime.fleet.worker import DEFAULT_GROUP, Worker
-from onward.runtime.leases.base import LeasePolicy
+from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy
 from onward.runtime.settings import load_settings
 
 from ._common import err, imported, made, opened
@@ -84,8 +84,13 @@ def worker_command(
         float, typer.Option(help="Seconds before a retry, doubled each time.")
     ] = 1.0,
     lease_ttl: Annotated[
-        float, typer.Option(help="Seconds a run's lease lasts; a dead worker's runs move after.")
-    ] = 30.0,
+        float | None,
+        typer.Option(
+            help="Seconds a run's lease lasts; a dead worker's runs move after. Default: "
+            f"ONWARD_LEASE_TTL, else {DEFAULT_LEASE_TTL_S:g}.",
+            show_default=False,
+        ),
+    ] = None,
     recheck: Annotated[
         float, typer.Option(help="Seconds between looks for runs whose lease lapsed.")
     ] = 5.0,
@@ -119,9 +124,13 @@ def worker_command(
     accept_unsigned = accept_unsigned_requests or config.accept_unsigned_requests
     agents = load_agents(agent)
     model = load_provider(provider)
-    if lease_ttl <= 0 or recheck <= 0:
+    if (lease_ttl is not None and lease_ttl <= 0) or recheck <= 0:
         raise InvalidInputError("--lease-ttl and --recheck must be positive")
-    policy = LeasePolicy(ttl=timedelta(seconds=lease_ttl))
+    policy = (
+        config.lease_policy()
+        if lease_ttl is None
+        else LeasePolicy(ttl=timedelta(seconds=lease_ttl))
+    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     async def run() -> None:

@@ -56,16 +56,30 @@ class RunLease:
         return other.run_id == self.run_id and other.fence > self.fence
 
 
+DEFAULT_LEASE_TTL_S = 60.0
+"""How long a run's lease lasts unless renewed, by default (``ONWARD_LEASE_TTL``, ``--lease-ttl``).
+
+The ttl is how long a run stays held after its holder is gone without a word: a run held by a
+process of this host that has ended is taken at once (its presence lock is free,
+`onward.runtime.leases.presence`), but one whose host was lost, or whose worker is paused,
+blocks resume until its lease lapses. A paused worker learns it lost the lease at its next write
+(its own clock, `Leaseholder.check`), so a short ttl costs it nothing in safety. A minute keeps a
+lost host's runs waiting at most that long, renews every 20 s (two thirds of the ttl are the
+renewal margin), and still lets a tool declare up to 20 s of ``max_call_s``.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class LeasePolicy:
     """How long a lease lasts and when its holder renews it.
 
     Attributes:
-        ttl: How long an acquisition or renewal holds the run.
+        ttl: How long an acquisition or renewal holds the run (`DEFAULT_LEASE_TTL_S`; a
+            command or `Backends.runner` takes ``ONWARD_LEASE_TTL`` through `Settings`).
         renew_within: Renew when less than this is left.
     """
 
-    ttl: timedelta = timedelta(minutes=5)
+    ttl: timedelta = timedelta(seconds=DEFAULT_LEASE_TTL_S)
     renew_within: timedelta | None = None
 
     def __post_init__(self) -> None:

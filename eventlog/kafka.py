@@ -29,7 +29,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
-from onward._storage import BACKEND_TIMEOUT_S, DRIVER_ERRORS, translate
+from onward._storage import DRIVER_ERRORS, KafkaConnection, kafka_connection, translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -71,7 +71,8 @@ class KafkaEventLog(EventLogBackend):
     """An `EventLog` on one Kafka topic.
 
     Args:
-        bootstrap_servers: ``host:port[,host:port...]``.
+        bootstrap_servers: ``host:port[,host:port...]``, or a `KafkaConnection` (TLS, SASL;
+            `Settings.kafka_connection` makes one from the environment).
         topic: The events topic.
         partitions: The partition count. Created with it if the topic is missing; if the topic
             exists with another count, `start` raises `ConfigurationError`.
@@ -80,18 +81,19 @@ class KafkaEventLog(EventLogBackend):
             ``retention.ms=-1``: compaction, not time, removes events).
         max_batch_bytes: Largest encoded batch accepted before anything is sent.
         read_timeout_s: How long a read may wait for the broker before it fails.
-        client_id: Shown in broker logs.
+        client_id: Shown in broker logs (the connection's by default; ``onward`` for a string).
         request_timeout_s: How long an append, or one request of the reader or the admin
             client, may wait for the broker (unreachable, no leader) before it fails with
             `BackendUnavailableError`: the producer's ``request_timeout_ms``, which also bounds
-            how long a batch waits to be delivered. ``BACKEND_TIMEOUT_S`` by default.
+            how long a batch waits to be delivered. The connection's by default
+            (``BACKEND_TIMEOUT_S`` for a string).
         readers: Most consumers reading at once (`KafkaReaders`): concurrent reads (resumes,
             recovery) take another instead of waiting for the one reading.
     """
 
     def __init__(
         self,
-        bootstrap_servers: str,
+        bootstrap_servers: str | KafkaConnection,
         *,
         topic: str = DEFAULT_TOPIC,
         partitions: int = DEFAULT_PARTITIONS,
@@ -99,20 +101,20 @@ class KafkaEventLog(EventLogBackend):
         create_topic: bool = True,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         read_timeout_s: float = 30.0,
-        client_id: str = "onward",
-        request_timeout_s: float = BACKEND_TIMEOUT_S,
+        client_id: str | None = None,
+        request_timeout_s: float | None = None,
         readers: int = DEFAULT_READERS,
     ) -> None:
         super().__init__(partitions=partitions, max_batch_bytes=max_batch_bytes)
-        if not bootstrap_servers:
-            raise ConfigurationError("KAFKA_BOOTSTRAP_SERVERS is empty")
-        self._bootstrap = bootstrap_servers
+        self._connection = kafka_connection(
+            bootstrap_servers, client_id=client_id, request_timeout_s=request_timeout_s
+        )
+        self._bootstrap = self._connection.bootstrap_servers
         self._topic = topic
         self._replication_factor = replication_factor
         self._create_topic = create_topic
         self._read_timeout_s = read_timeout_s
-        self._client_id = client_id
-        self._request_timeout_ms = max(1, int(request_timeout_s * 1000))
+        self._request_timeout_ms = self._connection.request_timeout_ms
         self._producer: AIOKafkaProducer | None = None
         self._readers: KafkaReaders | None = None
         self._reader_count = readers
@@ -128,18 +130,19 @@ class KafkaEventLog(EventLogBackend):
         return self._topic
 
     @property
+    def connection(self) -> KafkaConnection:
+        """How this log reaches its brokers (servers, client id, timeout, TLS, SASL)."""
+        return self._connection
+
+    @property
     def is_open(self) -> bool:
         return self._producer is not None
 
     async def _connect(self) -> None:
         """Connect, create the topic if allowed and missing, and check its partition count."""
         try:
-            self._admin = AIOKafkaAdminClient(
-                bootstrap_servers=self._bootstrap,
-                client_id=f"{self._client_id}-admin",
-                request_timeout_ms=self._request_timeout_ms,
-            )
-            await self._admin.start()
+            self._admin = self._connection.admin()
+            await self._connection.start(self._admin)
             await self._ensure_topic(self._admin)
             self._readers = KafkaReaders(
                 self._new_reader, size=self._reader_count, read_timeout_s=self._read_timeout_s
@@ -150,9 +153,8 @@ class KafkaEventLog(EventLogBackend):
         await self._new_producer()
 
     def _new_reader(self) -> AIOKafkaConsumer:
-        return AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap,
-            client_id=f"{self._client_id}-reader",
+        return self._connection.consumer(
+            role="reader",
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="none",
@@ -194,18 +196,15 @@ class KafkaEventLog(EventLogBackend):
         return await topic_partition_count(admin, self._topic)
 
     async def _new_producer(self) -> None:
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self._bootstrap,
-            client_id=f"{self._client_id}-producer",
+        producer = self._connection.producer(
             enable_idempotence=True,
             acks="all",
             linger_ms=0,
             max_batch_size=_PRODUCER_MAX_BATCH,
             max_request_size=_PRODUCER_MAX_REQUEST,
-            request_timeout_ms=self._request_timeout_ms,
         )
         try:
-            await producer.start()
+            await self._connection.start(producer)
         except DRIVER_ERRORS as exc:
             await producer.stop()
             raise translate(exc, context=f"starting a producer for {self._bootstrap}") from exc

@@ -20,10 +20,9 @@ from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, NoOffsetForPartitionError
 
-from onward._storage import translate
+from onward._storage import KafkaConnection, kafka_connection, translate
 from onward.errors import (
     ConfigurationError,
     EventDecodeError,
@@ -89,7 +88,8 @@ class KafkaProjector(Generic[SinkT]):
     """Folds the events topic into a store, as one member of a consumer group.
 
     Args:
-        bootstrap_servers: ``host:port[,...]``.
+        bootstrap_servers: ``host:port[,...]``, or a `KafkaConnection` (TLS, SASL, client id,
+            request timeout; `Settings.kafka_connection` makes one from the environment).
         projection: The fold and the store it writes.
         topic: The events topic.
         partitions: The partition count the topic must have.
@@ -102,7 +102,7 @@ class KafkaProjector(Generic[SinkT]):
 
     def __init__(
         self,
-        bootstrap_servers: str,
+        bootstrap_servers: str | KafkaConnection,
         projection: SinkT,
         *,
         topic: str = DEFAULT_TOPIC,
@@ -118,7 +118,7 @@ class KafkaProjector(Generic[SinkT]):
             )
         self.projection = projection
         self.topic = topic
-        self._bootstrap = bootstrap_servers
+        self._connection = kafka_connection(bootstrap_servers)
         self._partitions = partitions
         self._group_id = group_id
         self._batch_records = batch_records
@@ -129,10 +129,9 @@ class KafkaProjector(Generic[SinkT]):
 
     async def start(self) -> None:
         """Join the group; partitions are sought to their stored offsets as they are assigned."""
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap,
+        consumer = self._connection.consumer(
+            role="projector",
             group_id=self._group_id,
-            client_id=f"{self._group_id}-member",
             enable_auto_commit=False,
             auto_offset_reset="none",
             isolation_level="read_committed",
@@ -154,14 +153,14 @@ class KafkaProjector(Generic[SinkT]):
             # third of the session, lets a joining member start folding seconds sooner.
             heartbeat_interval_ms=min(1_000, max(100, self._session_timeout_ms // 3)),
         )
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
+        admin = self._connection.admin(role="projector-admin")
         try:
-            await admin.start()
             try:
+                await self._connection.start(admin)
                 self._check_topic(await topic_partition_count(admin, self.topic))
             finally:
                 await admin.close()
-            await consumer.start()
+            await self._connection.start(consumer)
             consumer.subscribe([self.topic], listener=_Seeker(self))
         except BaseException:
             with contextlib.suppress(KafkaError):

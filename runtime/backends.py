@@ -172,11 +172,10 @@ async def open_backends(
             timeout_s = settings.backend_timeout
             log = await stack.enter_async_context(
                 KafkaEventLog(
-                    settings.kafka_bootstrap_servers,
+                    settings.kafka_connection(),
                     topic=settings.kafka_topic,
                     partitions=settings.partitions,
                     create_topic=False,
-                    request_timeout_s=timeout_s,
                 )
             )
             frontiers = await stack.enter_async_context(

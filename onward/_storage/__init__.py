@@ -6,7 +6,7 @@ through this package and derives its lifecycle from :class:`Resource`. It import
 Onward's but `onward.errors`.
 """
 
-from .kafka import SASL_MECHANISMS, SECURITY_PROTOCOLS, KafkaConnection
+from .kafka import SASL_MECHANISMS, SECURITY_PROTOCOLS, KafkaConnection, kafka_connection
 from .logs import DRIVER_LOGGERS, one_line_driver_logs
 from .migrations import (
     Dialect,
@@ -62,6 +62,7 @@ __all__ = [
     "connect",
     "connect_readonly",
     "expected_version",
+    "kafka_connection",
     "masked_url",
     "migrate_postgres",
     "migrate_sqlite",

@@ -49,6 +49,14 @@ class _Startable(Protocol):
     async def start(self) -> None: ...
 
 
+async def _stop(client: _Startable) -> None:
+    """Stop a producer or consumer (``stop``) or an admin client (``close``); both idempotent."""
+    stop = getattr(client, "stop", None) or getattr(client, "close", None)
+    if stop is not None:
+        with contextlib.suppress(kafka_errors.KafkaError, OSError):
+            await stop()
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class KafkaConnection:
     """Where the Kafka brokers are and how to reach them; makes every client Onward uses.
@@ -286,7 +294,7 @@ class KafkaConnection:
         Raises:
             ConfigurationError: The brokers refused the SASL credentials, their certificate
                 is not signed by the configured CA, or they expect TLS from a plaintext
-                client: one line naming the variable.
+                client: one line naming the variable. ``client`` is stopped.
             KafkaError: Any other failure, as the client raised it (an outage: the caller
                 translates it to `BackendUnavailableError`).
         """
@@ -294,9 +302,10 @@ class KafkaConnection:
             await client.start()
         except kafka_errors.KafkaConnectionError as exc:
             problem = await self.diagnose()
-            if problem is not None:
-                raise ConfigurationError(problem) from exc
-            raise
+            if problem is None:
+                raise
+            await _stop(client)
+            raise ConfigurationError(problem) from exc
 
     async def diagnose(self) -> str | None:
         """Why this connection's settings cannot reach the brokers, or ``None`` when the
@@ -351,14 +360,45 @@ class KafkaConnection:
                 f"{exc.verify_message or exc.reason}"
             )
         except (OSError, TimeoutError, kafka_errors.KafkaError):
-            if not self.uses_tls and await _speaks_tls(host, port, timeout_s):
-                return (
-                    f"KAFKA_SECURITY_PROTOCOL is {self.security_protocol} but Kafka at {where} "
-                    f"expects TLS (use {'SASL_SSL' if self.uses_sasl else 'SSL'})"
-                )
-            return None
+            return await self._protocol_mismatch(host, port, timeout_s)
         conn.close()
         return None
+
+    async def _protocol_mismatch(self, host: str, port: int, timeout_s: float) -> str | None:
+        """Whether ``host:port`` speaks TLS where the protocol says plaintext, or the reverse."""
+        answer = await _tls_answer(host, port, timeout_s)
+        said = f"KAFKA_SECURITY_PROTOCOL is {self.security_protocol} but Kafka at {host}:{port}"
+        if answer == "tls" and not self.uses_tls:
+            return f"{said} expects TLS ({'SASL_SSL' if self.uses_sasl else 'SSL or SASL_SSL'})"
+        if answer == "plain" and self.uses_tls:
+            return f"{said} does not speak TLS (a PLAINTEXT or SASL_PLAINTEXT listener)"
+        return None
+
+
+def kafka_connection(
+    servers: str | KafkaConnection,
+    *,
+    client_id: str | None = None,
+    request_timeout_s: float | None = None,
+) -> KafkaConnection:
+    """``servers`` as a `KafkaConnection`: a bootstrap string gets a plaintext one; a connection
+    is kept, with ``client_id`` and ``request_timeout_s`` put in where they are given.
+
+    Lets every Kafka class take either, so ``KafkaEventLog("127.0.0.1:9092")`` still works and
+    a secured deployment passes `Settings.kafka_connection()` in its place.
+    """
+    if isinstance(servers, KafkaConnection):
+        changes: dict[str, Any] = {}
+        if client_id is not None and client_id != servers.client_id:
+            changes["client_id"] = client_id
+        if request_timeout_s is not None and request_timeout_s != servers.request_timeout_s:
+            changes["request_timeout_s"] = request_timeout_s
+        return dataclasses.replace(servers, **changes) if changes else servers
+    return KafkaConnection(
+        servers,
+        client_id=client_id or "onward",
+        request_timeout_s=BACKEND_TIMEOUT_S if request_timeout_s is None else request_timeout_s,
+    )
 
 
 def _addresses(bootstrap_servers: str) -> list[tuple[str, int]]:
@@ -375,12 +415,21 @@ def _addresses(bootstrap_servers: str) -> list[tuple[str, int]]:
     return found
 
 
-async def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
-    """Whether ``host:port`` answers a TLS ClientHello with a handshake (any certificate).
+async def _tls_answer(host: str, port: int, timeout_s: float) -> Literal["tls", "plain"] | None:
+    """How ``host:port`` answers a TLS ClientHello: ``"tls"`` (a handshake, any certificate),
+    ``"plain"`` (it took the connection and dropped the hello) or ``None`` (no connection, or
+    no answer in ``timeout_s``: nothing to tell from).
 
-    A plaintext Kafka listener reads the hello as a malformed request and drops the
+    A plaintext Kafka listener reads the hello as a malformed request and closes the
     connection, so only a TLS listener completes the handshake.
     """
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except (OSError, TimeoutError):
+        return None
+    writer.close()
+    with contextlib.suppress(OSError, TimeoutError):
+        await asyncio.wait_for(writer.wait_closed(), timeout_s)
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -388,9 +437,13 @@ async def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
         _, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=context, server_hostname=host), timeout_s
         )
-    except (OSError, TimeoutError):
-        return False
+    except TimeoutError:
+        return None
+    except (ssl.SSLError, ConnectionError):
+        return "plain"
+    except OSError:
+        return None
     writer.close()
     with contextlib.suppress(OSError, TimeoutError):
         await asyncio.wait_for(writer.wait_closed(), timeout_s)
-    return True
+    return "tls"

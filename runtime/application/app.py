@@ -180,7 +180,7 @@ class App(Resource):
         else:
             self._requests = await stack.enter_async_context(
                 Requests(
-                    self.settings.kafka_bootstrap_servers,
+                    self.settings.kafka_connection(),
                     self.settings.requests_topic,
                     partitions=self.settings.partitions,
                     signer=self.settings.request_signer(),

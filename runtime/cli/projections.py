@@ -54,7 +54,7 @@ def load_projection(spec: str) -> Projection:
 
 def _kafka_log(config: Settings, *, create_topic: bool) -> KafkaEventLog:
     return KafkaEventLog(
-        config.kafka_bootstrap_servers,
+        config.kafka_connection(),
         topic=config.kafka_topic,
         partitions=config.partitions,
         create_topic=create_topic,
@@ -136,7 +136,7 @@ def projector_command(
                 sink = await stack.enter_async_context(opened("PostgreSQL", user_sink))
                 default_group = f"{DEFAULT_GROUP}-{user.name}"
             worker = KafkaProjector(
-                config.kafka_bootstrap_servers,
+                config.kafka_connection(),
                 sink,
                 topic=config.kafka_topic,
                 partitions=config.partitions,

@@ -176,7 +176,7 @@ def worker_command(
             else:
                 await worker.serve_kafka(
                     stop,
-                    bootstrap_servers=config.kafka_bootstrap_servers,
+                    bootstrap_servers=config.kafka_connection(),
                     topic=requests_topic,
                     group_id=group,
                     session_timeout_ms=session_timeout_ms,

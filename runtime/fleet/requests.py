@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from onward._storage import Resource, translate
+from onward._storage import KafkaConnection, Resource, kafka_connection, translate
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.base import partition_for
 from onward.eventlog.codec import unencodable
@@ -146,7 +146,9 @@ def _check_encodable(field: str, value: Any, run_id: str) -> None:
         raise InvalidInputError(f"{field} cannot be sent: {fault}", run_id=run_id)
 
 
-async def ensure_requests_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+async def ensure_requests_topic(
+    bootstrap_servers: str | KafkaConnection, topic: str, partitions: int
+) -> None:
     """Create the requests topic with ``partitions`` partitions unless it exists; check it.
 
     A topic it creates keeps records for `REQUESTS_RETENTION_MS` (7 days); an existing topic's
@@ -156,9 +158,10 @@ async def ensure_requests_topic(bootstrap_servers: str, topic: str, partitions: 
         ConfigurationError: The topic exists with another partition count, so routing would no
             longer follow the event log.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    connection = kafka_connection(bootstrap_servers)
+    admin = connection.admin(role="requests-admin")
     try:
-        await admin.start()
+        await connection.start(admin)
         found = await topic_partition_count(admin, topic)
         if not found:
             with contextlib.suppress(TopicAlreadyExistsError):
@@ -192,7 +195,8 @@ class Requests(Resource):
     """Submits requests to the fleet: ``async with Requests(bootstrap, partitions=12) as r``.
 
     Args:
-        bootstrap_servers: ``host:port[,...]``.
+        bootstrap_servers: ``host:port[,...]``, or a `KafkaConnection` (TLS, SASL; from
+            `Settings.kafka_connection`).
         topic: The requests topic.
         partitions: The events topic's partition count; the requests topic is created with it.
         signer: Signs each request (`onward.runtime.signing`); workers set aside requests
@@ -203,7 +207,7 @@ class Requests(Resource):
 
     def __init__(
         self,
-        bootstrap_servers: str,
+        bootstrap_servers: str | KafkaConnection,
         topic: str = DEFAULT_REQUESTS_TOPIC,
         *,
         partitions: int,
@@ -214,7 +218,7 @@ class Requests(Resource):
         self.partitions = partitions
         self.signer = signer
         self._redactor = redactor or Redactor()
-        self._bootstrap = bootstrap_servers
+        self._connection = kafka_connection(bootstrap_servers)
         self._producer: AIOKafkaProducer | None = None
 
     @property
@@ -222,12 +226,12 @@ class Requests(Resource):
         return self._producer is not None
 
     async def _connect(self) -> None:
-        await ensure_requests_topic(self._bootstrap, self.topic, self.partitions)
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self._bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+        await ensure_requests_topic(self._connection, self.topic, self.partitions)
+        producer = self._connection.producer(
+            role="requests", acks="all", enable_idempotence=True, linger_ms=5
         )
         try:
-            await producer.start()
+            await self._connection.start(producer)
         except KafkaError as exc:
             with contextlib.suppress(KafkaError):
                 await producer.stop()

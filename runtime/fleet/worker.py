@@ -38,7 +38,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from onward._storage import translate
+from onward._storage import KafkaConnection, kafka_connection, translate
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.eventlog.events import Event, RunStarted
 from onward.projections.audit import printable
@@ -334,7 +334,7 @@ class Worker:
         self,
         stop: asyncio.Event,
         *,
-        bootstrap_servers: str,
+        bootstrap_servers: str | KafkaConnection,
         topic: str = DEFAULT_REQUESTS_TOPIC,
         group_id: str = DEFAULT_GROUP,
         session_timeout_ms: int = 10_000,
@@ -345,6 +345,8 @@ class Worker:
         """Consume requests and carry on runs of the owned partitions until ``stop``; drain.
 
         Args:
+            bootstrap_servers: ``host:port[,...]``, or a `KafkaConnection` (TLS, SASL; from
+                `Settings.kafka_connection`).
             signer: Checks each request's signature (`onward.runtime.signing`): one that is
                 missing or does not check is set aside with the reason.
             accept_unsigned: Act on requests that carry no signature: anyone who can write
@@ -362,11 +364,11 @@ class Worker:
                 "(--accept-unsigned-requests)"
             )
         self._signer, self._accept_unsigned = signer, accept_unsigned
-        await ensure_requests_topic(bootstrap_servers, topic, self.backends.log.partitions)
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap_servers,
+        connection = kafka_connection(bootstrap_servers)
+        await ensure_requests_topic(connection, topic, self.backends.log.partitions)
+        consumer = connection.consumer(
+            role=self.name,
             group_id=group_id,
-            client_id=self.name,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=self.max_runs,
@@ -375,7 +377,7 @@ class Worker:
         )
         offsets = _Offsets()
         try:
-            await consumer.start()
+            await connection.start(consumer)
             consumer.subscribe([topic], listener=_Owner(self, consumer, offsets))
         except KafkaError as exc:
             with contextlib.suppress(KafkaError):

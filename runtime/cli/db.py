@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
+from onward.errors import ConfigurationError
 from onward.projections.builds import active_build
 from onward.projections.migrations import schema_version_postgres
 from onward.projections.postgres import PROJECTION, PostgresFrontierStore, migrate
@@ -30,8 +31,41 @@ async def _connection(config: Settings) -> AsyncIterator[asyncpg.Connection]:
         await conn.close()
 
 
+def quoted(identifier: str) -> str:
+    """``identifier`` as a quoted SQL identifier: any name is taken as it is written."""
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+async def _create_schema(conn: asyncpg.Connection, schema: str | None) -> bool:
+    """Create ``ONWARD_DATABASE_SCHEMA`` if it does not exist yet; whether it was created.
+
+    Existence is asked first: ``CREATE SCHEMA IF NOT EXISTS`` needs the right to create in the
+    database even when the schema is there, and a role migrating into a schema made for it
+    need not have that right.
+
+    Raises:
+        ConfigurationError: The schema is missing and this role may not create it (exit 2);
+            the message is the statement a superuser runs.
+    """
+    if not schema:
+        return False
+    if await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema):
+        return False
+    try:
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}")
+    except asyncpg.InsufficientPrivilegeError as exc:
+        role = await conn.fetchval("SELECT current_user")
+        raise ConfigurationError(
+            f"ONWARD_DATABASE_SCHEMA: schema {quoted(schema)} does not exist and role "
+            f"{quoted(role)} may not create it; as a superuser run: CREATE SCHEMA "
+            f"{quoted(schema)} AUTHORIZATION {quoted(role)};"
+        ) from exc
+    return True
+
+
 def migrate_command(as_json: JsonResultOption = False) -> None:
-    """Apply pending PostgreSQL migrations (DATABASE_URL) and create the first builds.
+    """Apply pending PostgreSQL migrations (DATABASE_URL) and create the first builds, in
+    ONWARD_DATABASE_SCHEMA if set (created if it does not exist).
 
     Exit 0: the schema is current. 2: bad configuration or credentials. 5: PostgreSQL failed.
     """
@@ -39,7 +73,12 @@ def migrate_command(as_json: JsonResultOption = False) -> None:
 
     async def run() -> list[str]:
         async with _connection(config) as conn:
-            return await migrate(conn)
+            schema = config.database_schema
+            created = await _create_schema(conn, schema)
+            applied = await migrate(conn)
+            if created and schema is not None:
+                applied.insert(0, f"schema {quoted(schema)}")
+            return applied
 
     applied = asyncio.run(run())
     if as_json:

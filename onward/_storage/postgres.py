@@ -7,6 +7,7 @@ a caller untranslated.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -64,6 +65,8 @@ async def open_pool(
             pool = await asyncpg.create_pool(
                 dsn, min_size=min_size, max_size=max_size, server_settings=settings, **bounds
             )
+        except ssl.SSLCertVerificationError:
+            raise  # a ValueError too, but no fault of the URL's form: `translated` names sslrootcert
         except ValueError as exc:
             # asyncpg's DSN parser raises a bare ValueError (a port that is not a number); the
             # URL is shown without its password, and the driver's exception is not chained, as

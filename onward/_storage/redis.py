@@ -18,12 +18,13 @@ from typing import Any, ClassVar
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from onward.errors import ConfigurationError, InvalidInputError
 
 from .stores import BACKEND_TIMEOUT_S, Resource
-from .translate import translated
+from .translate import redis_plaintext_refused, translated
 from .urls import masked_url, without_passwords
 
 
@@ -34,7 +35,9 @@ class RedisStore(Resource):
     instead of failing with "too many connections".
 
     Args:
-        url: ``redis://host:port/db`` (or ``rediss://`` for TLS).
+        url: ``redis://host:port/db`` (or ``rediss://`` for TLS; a CA of your own as
+            ``rediss://host:port/db?ssl_ca_certs=/path/to/ca.pem``, which redis-py reads from
+            the URL).
         prefix: Put before every key, so several deployments (or tests) can share one Redis.
         max_connections: Largest connection pool.
         timeout_s: The longest one call may wait for Redis (connecting, a pooled connection,
@@ -86,8 +89,16 @@ class RedisStore(Resource):
         self._client = client
         self._started(client)
         with translated("connecting to Redis"):
-            async with asyncio.timeout(self._timeout_s):
-                await client.ping()
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    await client.ping()
+            except RedisConnectionError as exc:
+                plaintext = redis_plaintext_refused(exc, self._url)
+                if plaintext is None:
+                    raise
+                raise ConfigurationError(
+                    f"connecting to Redis at {masked_url(self._url)}: {plaintext}"
+                ) from exc
 
     def _started(self, client: aioredis.Redis) -> None:
         """What a store sets up on its new client (its scripts) before the first call."""

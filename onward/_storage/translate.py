@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
@@ -244,11 +245,62 @@ def translate(exc: BaseException, *, context: str, run_id: str | None = None) ->
     if isinstance(exc, sqlite3.OperationalError) and not _sqlite_busy(exc):
         onward_type = BackendError  # a bad statement or a broken file, not a passing contention
     message = f"{context}: {type(exc).__name__}: {exc}"
+    setting = refused_setting(exc)
+    if setting is not None:
+        onward_type = ConfigurationError
+        message += f"; {setting}"
     if run_id is not None:
         message = f"run {run_id!r}: {message}"
     if onward_type is BackendUnavailableError:
         message += " (the server did not answer; retry once it is reachable)"
     return onward_type(message, run_id=run_id)
+
+
+_TLS_UNVERIFIED = "CERTIFICATE_VERIFY_FAILED"
+"""OpenSSL's reason for a server certificate the client's CA did not sign (or a wrong name)."""
+
+
+def refused_setting(exc: BaseException) -> str | None:
+    """For a connection a server or TLS refused for good, which setting to change; else ``None``.
+
+    A wrong password, a CA that did not sign the server's certificate or a plaintext login a
+    server takes over TLS only will fail the same way however often it is retried, so each is
+    a `ConfigurationError` naming the setting.
+    """
+    if isinstance(exc, pg_errors.InvalidPasswordError):
+        return "check the user and password in DATABASE_URL"
+    if isinstance(exc, pg_errors.InvalidAuthorizationSpecificationError) and (
+        "no encryption" in str(exc)
+    ):
+        return "the server lets this user in over TLS only: set sslmode=verify-full in DATABASE_URL"
+    if isinstance(exc, ssl.SSLCertVerificationError):  # asyncpg raises it as it is
+        return (
+            "the server's TLS certificate was not accepted: set sslrootcert in DATABASE_URL to "
+            "the CA file that signed it"
+        )
+    if isinstance(exc, redis_errors.ConnectionError) and _TLS_UNVERIFIED in str(exc):
+        return (
+            "the server's TLS certificate was not accepted: give the CA file that signed it as "
+            "ssl_ca_certs in REDIS_URL (rediss://host:port/db?ssl_ca_certs=/path/to/ca.pem)"
+        )
+    return None
+
+
+def redis_plaintext_refused(exc: BaseException, url: str) -> str | None:
+    """For a ``redis://`` client whose first command a TLS-only port cut off, what to change.
+
+    A TLS port reads the command as a broken handshake and drops the connection; a server that
+    is down refuses the connection instead, so that stays `BackendUnavailableError`.
+    """
+    text = str(exc)
+    if not url.startswith("redis://") or not isinstance(exc, redis_errors.ConnectionError):
+        return None
+    if "reset by peer" in text or "closed by server" in text:
+        return (
+            "Redis dropped the connection at the first command, as a TLS-only port does: if the "
+            "server takes TLS, use rediss:// in REDIS_URL"
+        )
+    return None
 
 
 def _sqlite_busy(exc: sqlite3.OperationalError) -> bool:

@@ -1,0 +1,327 @@
+"""Onward's PostgreSQL and Redis stores on servers that take TLS, as managed ones do.
+
+The test PostgreSQL runs with ``ssl=on`` and lets the role of ``DATABASE_TLS_URL`` in over TLS
+only (``sslmode=verify-full``, ``sslrootcert`` the test CA); the test Redis has a TLS port
+(``REDIS_TLS_URL``, ``rediss://``), whose CA reaches redis-py as ``ssl_ca_certs`` in the URL.
+Both certificates are signed by ``ONWARD_TEST_TLS_CA``. The frontier and lease contracts run
+over TLS, and each TLS setting an operator gets wrong (the password, the CA, a plaintext client
+at a TLS-only server) stops ``onward start`` with exit 2 and one line naming the setting,
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import asyncpg
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from support.pg import SchemaFactory, schema_factory
+from support.processes import TESTS
+from support.servers import KafkaServers
+
+from onward.projections.base import FrontierStore
+from onward.projections.postgres import PostgresFrontierStore
+from onward.runtime.leases import LeaseStore, RedisLeaseStore
+from onward.testing import FrontierStoreConformance, LeaseStoreConformance
+from onward.testing.eventlog import TENANT, new_run_id
+
+SECURED = ("DATABASE_TLS_URL", "REDIS_TLS_URL", "ONWARD_TEST_TLS_CA")
+PARTITIONS = 3
+AGENT = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"]
+WRONG_PASSWORD = "not-the-tls-password"
+
+
+@dataclass(frozen=True)
+class SecuredServers:
+    """The TLS endpoints `scripts/services.sh` starts, and the CA that signed them."""
+
+    database_url: str
+    redis_tls_url: str
+    ca: str
+
+    @property
+    def redis_url(self) -> str:
+        """``REDIS_TLS_URL`` with the test CA, as a deployment on a private CA writes it."""
+        return with_ca(self.redis_tls_url, self.ca)
+
+    @property
+    def database_password(self) -> str:
+        password = _dsn_password(self.database_url)
+        assert password, "DATABASE_TLS_URL carries no password"
+        return password
+
+
+def with_ca(redis_url: str, ca: str) -> str:
+    """``redis_url`` naming ``ca`` as the file of the CA that signs the server's certificate."""
+    joiner = "&" if "?" in redis_url else "?"
+    return f"{redis_url}{joiner}ssl_ca_certs={quote(ca, safe='/')}"
+
+
+def _dsn_password(url: str) -> str:
+    userinfo = url.split("//", 1)[1].rsplit("@", 1)[0]
+    return userinfo.split(":", 1)[1] if ":" in userinfo else ""
+
+
+@pytest.fixture(scope="session")
+def secured() -> SecuredServers:
+    """The secured servers; a missing variable is a failure, not a skip."""
+    missing = [name for name in SECURED if not os.environ.get(name)]
+    if missing:
+        pytest.fail(
+            f"{', '.join(missing)} not set: the TLS servers are part of the test servers "
+            '(eval "$(bash scripts/services.sh up)")'
+        )
+    return SecuredServers(*(os.environ[name] for name in SECURED))
+
+
+@pytest.fixture(scope="module")
+def foreign_ca(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A CA that signed nothing the test servers present."""
+    where = tmp_path_factory.mktemp("foreign-ca")
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=Not the Onward test CA"),
+            *("-keyout", str(where / "ca.key"), "-out", str(where / "ca.pem")),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return str(where / "ca.pem")
+
+
+@pytest_asyncio.fixture
+async def new_tls_schema(secured: SecuredServers) -> AsyncIterator[SchemaFactory]:
+    """Fresh schemas made (and dropped) by the TLS-only role, over TLS."""
+    async with schema_factory(secured.database_url) as new:
+        yield new
+
+
+class TestPostgresFrontierStoreOverTls(FrontierStoreConformance):
+    """The frontier store's whole contract, on connections the server takes over TLS only."""
+
+    new_schema: SchemaFactory
+    database_url: str
+
+    @pytest.fixture(autouse=True)
+    def _schemas(self, secured: SecuredServers, new_tls_schema: SchemaFactory) -> None:
+        self.database_url = secured.database_url
+        self.new_schema = new_tls_schema
+
+    async def open_store(self) -> FrontierStore:
+        schema = await self.new_schema()
+        return await PostgresFrontierStore.open(self.database_url, schema=schema)
+
+
+async def test_the_stores_connections_are_encrypted(
+    secured: SecuredServers, new_tls_schema: SchemaFactory
+) -> None:
+    schema = await new_tls_schema()
+    async with PostgresFrontierStore(secured.database_url, schema=schema) as store:
+        await store.positions("frontiers")
+        conn = await asyncpg.connect(secured.database_url)
+        try:
+            rows = await conn.fetch(
+                "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) "
+                "WHERE a.application_name = $1",
+                f"onward:{schema}",
+            )
+        finally:
+            await conn.close()
+    assert rows, "the store has no connection on the server"
+    assert all(row["ssl"] for row in rows)
+
+
+class TestRedisLeaseStoreOverTls(LeaseStoreConformance):
+    """The lease store's whole contract over ``rediss://``; a wiped store is this one with the
+    run's keys deleted."""
+
+    redis_url: str
+    prefix: str
+    client: aioredis.Redis
+
+    @pytest_asyncio.fixture(autouse=True)
+    async def _server(self, secured: SecuredServers) -> AsyncIterator[None]:
+        self.redis_url = secured.redis_url
+        self.prefix = f"onward-test-{uuid.uuid4().hex}:"
+        self.client = aioredis.Redis.from_url(self.redis_url, decode_responses=True)
+        try:
+            yield
+            keys = [key async for key in self.client.scan_iter(match=f"{self.prefix}*")]
+            if keys:
+                await self.client.delete(*keys)
+        finally:
+            await self.client.aclose()
+
+    async def open_store(self) -> LeaseStore:
+        return await RedisLeaseStore.open(self.redis_url, prefix=self.prefix)
+
+    async def wiped(self, store: LeaseStore, run_id: str) -> LeaseStore:
+        assert isinstance(store, RedisLeaseStore)
+        await self.client.delete(store.lease_key(run_id), store.fence_key(run_id))
+        return store
+
+
+async def test_a_lease_taken_over_tls_is_on_the_server(secured: SecuredServers) -> None:
+    prefix = f"onward-test-{uuid.uuid4().hex}:"
+    run_id = new_run_id()
+    async with RedisLeaseStore(secured.redis_url, prefix=prefix) as store:
+        lease = await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
+        client = aioredis.Redis.from_url(secured.redis_url, decode_responses=True)
+        try:
+            assert await client.hget(store.lease_key(run_id), "holder") == "w1"
+            await store.release(lease)
+            await client.delete(store.fence_key(run_id))
+        finally:
+            await client.aclose()
+
+
+def run_onward(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """``onward *argv`` in ``env``, to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "onward", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A deployment whose PostgreSQL and Redis take TLS (Kafka plain: its own tests secure it)."""
+
+    env: dict[str, str]
+    servers: KafkaServers
+
+    def onward(self, *argv: str, **changes: str) -> subprocess.CompletedProcess[str]:
+        return run_onward({**self.env, **changes}, *argv)
+
+    async def ends(self) -> dict[int, int]:
+        async with self.servers.log(partitions=PARTITIONS) as log:
+            return {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
+
+
+@pytest_asyncio.fixture
+async def deployment(
+    secured: SecuredServers, kafka_servers: KafkaServers, new_tls_schema: SchemaFactory
+) -> AsyncIterator[Deployment]:
+    schema = await new_tls_schema()
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic exists, as in a deployment
+    yield Deployment(
+        {
+            **os.environ,
+            "PYTHONPATH": str(TESTS),
+            **kafka_servers.env(partitions=PARTITIONS),
+            "DATABASE_URL": secured.database_url,
+            "ONWARD_DATABASE_SCHEMA": schema,
+            "REDIS_URL": secured.redis_url,
+        },
+        kafka_servers,
+    )
+
+
+def _bad_settings(
+    secured: SecuredServers, foreign_ca: str
+) -> dict[str, tuple[str, str, list[str]]]:
+    """Per case: the variable changed, its wrong value, and what the one line must name."""
+    password = quote(secured.database_password, safe="")
+    return {
+        "postgres-wrong-password": (
+            "DATABASE_URL",
+            secured.database_url.replace(f":{password}@", f":{WRONG_PASSWORD}@", 1),
+            ["DATABASE_URL", "password"],
+        ),
+        "postgres-unknown-ca": (
+            "DATABASE_URL",
+            secured.database_url.replace(secured.ca, foreign_ca),
+            ["DATABASE_URL", "sslrootcert"],
+        ),
+        "postgres-plaintext": (
+            "DATABASE_URL",
+            secured.database_url.replace("sslmode=verify-full", "sslmode=disable"),
+            ["DATABASE_URL", "sslmode"],
+        ),
+        "redis-unknown-ca": (
+            "REDIS_URL",
+            with_ca(secured.redis_tls_url, foreign_ca),
+            ["REDIS_URL", "ssl_ca_certs"],
+        ),
+        "redis-plaintext": (
+            "REDIS_URL",
+            secured.redis_tls_url.replace("rediss://", "redis://", 1),
+            ["REDIS_URL", "rediss://"],
+        ),
+    }
+
+
+BAD_CASES = [
+    "postgres-wrong-password",
+    "postgres-unknown-ca",
+    "postgres-plaintext",
+    "redis-unknown-ca",
+    "redis-plaintext",
+]
+
+
+async def test_a_run_starts_over_tls(deployment: Deployment) -> None:
+    # What the bad settings below must not do: this command appends to the events topic.
+    before = await deployment.ends()
+    result = deployment.onward("start", "book 3A", "--tenant", "acme", *AGENT)
+    assert result.returncode == 0, result.stderr
+    assert sum((await deployment.ends()).values()) > sum(before.values())
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+async def test_a_wrong_tls_setting_is_named_in_one_line_and_nothing_is_written(
+    deployment: Deployment, secured: SecuredServers, foreign_ca: str, case: str
+) -> None:
+    variable, value, named = _bad_settings(secured, foreign_ca)[case]
+    assert value != deployment.env[variable]
+    before = await deployment.ends()
+    result = deployment.onward("start", "book 3A", "--tenant", "acme", *AGENT, **{variable: value})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for name in named:
+        assert name in lines[0], lines[0]
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output
+    assert secured.database_password not in output
+    assert WRONG_PASSWORD not in output
+    assert await deployment.ends() == before
+
+
+async def test_migrate_refused_over_plaintext_creates_nothing(
+    secured: SecuredServers, new_tls_schema: SchemaFactory
+) -> None:
+    schema = await new_tls_schema(migrated=False)
+    plaintext = secured.database_url.replace("sslmode=verify-full", "sslmode=disable")
+    env = {
+        **os.environ,
+        "ONWARD_BACKEND": "kafka",
+        "DATABASE_URL": plaintext,
+        "ONWARD_DATABASE_SCHEMA": schema,
+    }
+    result = run_onward(env, "db", "migrate")
+    assert result.returncode == 2, result.stderr
+    assert "sslmode" in result.stderr
+    assert secured.database_password not in result.stdout + result.stderr
+    conn = await asyncpg.connect(secured.database_url)
+    try:
+        tables = await conn.fetchval(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1", schema
+        )
+    finally:
+        await conn.close()
+    assert tables == 0

@@ -50,6 +50,7 @@ from onward.projections.compaction.plan import (
 )
 
 from .backends import Backends
+from .observability.metrics import COUNTS
 
 log = logging.getLogger("onward.compaction")
 
@@ -285,7 +286,8 @@ class CheckpointCompactor(Resource):
             bounds.start,
             min(max(lowest, bounds.start), bounds.end),
             recent_after=now - self.retention_us if self.retention_us else None,
-            measure=dry_run,
+            # A dry run reports the bytes; a pass that may cut counts them (metrics).
+            measure=dry_run or (run_id is None and (self.archive is not None or self.no_archive)),
         )
         offset = scan.start
         while offset < scan.end:
@@ -336,6 +338,8 @@ class CheckpointCompactor(Resource):
                 )
                 await self.log.truncate_before(partition, watermark)
                 cut = True
+                COUNTS.compaction_events_cut += events_cut
+                COUNTS.compaction_bytes_cut += scan.bytes_below(watermark) or 0
                 await self._pause("cut", partition)
         return PartitionReport(
             partition=partition,
@@ -350,7 +354,7 @@ class CheckpointCompactor(Resource):
             runs_compacted=len(plan.truncations),
             retained=retained_count,
             cut=cut,
-            bytes_cut=scan.bytes_below(watermark),
+            bytes_cut=scan.bytes_below(watermark) if dry_run else None,
         )
 
     async def _truncate(self, partition: int, scan: PartitionScan, plan: PartitionPlan) -> int:

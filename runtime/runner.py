@@ -76,6 +76,7 @@ from .limits import (
     check_optional_name,
     too_deep,
 )
+from .observability import observe
 from .options import approval_value, pause_request, recorded_options
 from .planning import ResumePlan, plan_resume, refuse_if_undecidable
 from .providers import Provider
@@ -534,7 +535,11 @@ class AgentRunner(Resource):
             ):
                 break
             if run.frontier.calls:
-                if await self._paused(run, "after_model_call") or not await self._run_turn(run):
+                if await self._paused(run, "after_model_call"):
+                    break
+                with observe.run_step("tools", run.run_id, run.fence):
+                    settled = await self._run_turn(run)
+                if not settled:
                     break
                 continue
             if run.frontier.iteration >= limit:
@@ -545,7 +550,8 @@ class AgentRunner(Resource):
                 break
             if await self._paused(run, "after_tool_result"):
                 break
-            await self._model_step(run)
+            with observe.run_step("model", run.run_id, run.fence):
+                await self._model_step(run)
         return RunResult.of(run.frontier)
 
     async def _paused(self, run: HeldRun, boundary: Boundary) -> bool:
@@ -626,7 +632,7 @@ class AgentRunner(Resource):
             await write_ahead(lambda: self.writer.append(run, dispatches), run.held.confirm)
             deadlines = {d.call_id: d.deadline for d in dispatches}
             cut = await asyncio.gather(
-                *(self._call_tool(run, c, deadlines[c.call_id]) for c in pending)
+                *(self._observed_call(run, c, deadlines[c.call_id]) for c in pending)
             )
             undecided = [call for call in cut if call is not None]
             if undecided:
@@ -646,6 +652,15 @@ class AgentRunner(Resource):
         )
         await self.writer.append(run, [settled])
         return True
+
+    async def _observed_call(
+        self, run: HeldRun, call: CallState, deadline: int | None
+    ) -> CallState | None:
+        """`_call_tool`, counted and traced by how the call ended."""
+        with observe.tool_call(run.run_id, run.fence, call.call_id, call.tool) as end:
+            undecided = await self._call_tool(run, call, deadline)
+            end.disposition = _disposition(run, call.call_id, undecided)
+            return undecided
 
     async def _call_tool(
         self, run: HeldRun, call: CallState, deadline: int | None = None
@@ -747,6 +762,18 @@ deep: the tool is not called, the call's outcome is a ``PayloadTooDeep`` error."
 RESERVED_PREFIX = "onward."
 """Ids Onward gives its own requests start with it (``onward.checkpoint:...``), so a model's
 call id never does: one that would is rewritten."""
+
+
+def _disposition(run: HeldRun, call_id: str, undecided: CallState | None) -> str:
+    """How a call the runner just made ended, from what its outcome folded into the run."""
+    if undecided is not None:
+        return "indeterminate"
+    state = next((c for c in run.frontier.calls if c.call_id == call_id), None)
+    if state is None or state.outcome is None:
+        return "interrupted"
+    if state.resolved_by == "reconcile" and state.outcome == "completed":
+        return "reconciled"
+    return "completed" if state.outcome == "completed" else "error"
 
 
 def _keyed(run: HeldRun, call: ToolCall, index: int) -> ToolCall:

@@ -27,6 +27,7 @@ from .blobs import ClaimCheck, escape_bodies, unescape_bodies
 from .checkpoint import Checkpointer
 from .conversation import Conversation
 from .leases.holder import Leaseholder
+from .observability.metrics import COUNTS
 from .redaction import Redactor
 
 _E = TypeVar("_E", bound=Event)
@@ -117,7 +118,11 @@ class RunWriter:
                 claimed the run; nothing more may be written.
         """
         async with run.lock:
-            await run.held.check()
+            try:
+                await run.held.check()
+            except FencedError:
+                COUNTS.fenced_writes_refused += 1
+                raise
             base = run.frontier.last_seq + 1
             batch = [
                 msgspec.structs.replace(e, seq=base + i) if e.seq != base + i else e
@@ -133,6 +138,7 @@ class RunWriter:
             ]
             frontier = fold_all(run.frontier, stored)
             if frontier.refused > run.frontier.refused:
+                COUNTS.fenced_writes_refused += 1
                 raise FencedError(
                     f"run {run.run_id!r}: this worker's writes under fence {run.fence} were "
                     f"refused ({frontier.last_refusal}); another worker holds the run",

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from onward.errors import FencedError, ResumeConflictError
+from onward.runtime.observability.metrics import COUNTS
 
 from .base import LeaseStore, RunLease
 
@@ -196,9 +197,10 @@ async def acquire_run(
     """
     claim(holder)
     try:
-        return await store.acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
+        lease = await store.acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
     except ResumeConflictError as refused:
         if refused.holder is None or not is_gone(refused.holder):
+            COUNTS.lease_conflicts += 1
             raise
         dead = await store.current(run_id)
         if dead is not None and dead.holder == refused.holder and dead.tenant == tenant:
@@ -210,4 +212,10 @@ async def acquire_run(
                 dead.holder,
                 dead.fence,
             )
-        return await store.acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
+        try:
+            lease = await store.acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
+        except ResumeConflictError:
+            COUNTS.lease_conflicts += 1
+            raise
+    COUNTS.lease_claims += 1
+    return lease

@@ -1,0 +1,174 @@
+"""`/metrics`, `/healthz` and `/readyz` over a minimal HTTP/1.1 server on the process's loop.
+
+Served from the same event loop as the work, so `/healthz` answering is itself the proof that
+the loop is not stuck. `/readyz` asks the process (its stores, its lag, its group) within a
+short bound and answers 200, or 503 with one line saying why not. One request per connection;
+no web framework, since three fixed routes need none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Self
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+Readiness = Callable[[], Awaitable[str | None]]
+"""Answers ``None`` when the process is ready, else one line saying why it is not."""
+
+Refresh = Callable[[], Awaitable[None]]
+"""Brings measured values (a projector's lag) up to date before a scrape."""
+
+READY_WITHIN_S = 5.0
+"""Longest a readiness check may take."""
+
+REFRESH_WITHIN_S = 2.0
+"""Longest the refresh before a scrape may take; past it, the last values are served."""
+
+PROBE_WITHIN_S = 1.0
+"""Longest one store may take to answer a readiness probe (`probe`)."""
+
+_REQUEST_WITHIN_S = 5.0
+_MAX_HEADER_BYTES = 16 * 1024
+
+_log = logging.getLogger("onward.metrics")
+
+
+class HealthServer:
+    """Serves a registry's metrics, health and readiness on ``host:port`` (0: a free port).
+
+    Args:
+        registry: What `/metrics` exposes.
+        ready: The readiness check behind `/readyz`.
+        refresh: Run (bounded) before `/metrics` is generated.
+        host: The address to bind.
+        port: The port; 0 picks a free one (read :attr:`port` after start).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        ready: Readiness,
+        refresh: Refresh | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self._ready = ready
+        self._refresh = refresh
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        """Where it serves, for the line the command prints."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind and start serving; :attr:`port` is the bound port after."""
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        """Stop serving and close the listening socket."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), _REQUEST_WITHIN_S)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _REQUEST_WITHIN_S)
+            status, content_type, body = await self._answer(head)
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            status, content_type, body = 400, "text/plain; charset=utf-8", b"bad request\n"
+        except ConnectionError:
+            writer.close()
+            return
+        reply = (
+            f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+            f"Content-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode()
+        try:
+            writer.write(reply + body)
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, head: bytes) -> tuple[int, str, bytes]:
+        text = "text/plain; charset=utf-8"
+        if len(head) > _MAX_HEADER_BYTES:
+            return 400, text, b"request too large\n"
+        method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+        path = rest.split(" ", 1)[0].split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            return 405, text, b"only GET\n"
+        if path == "/healthz":
+            return 200, text, b"ok\n"
+        if path == "/readyz":
+            why = await self._readiness()
+            return (200, text, b"ready\n") if why is None else (503, text, f"{why}\n".encode())
+        if path == "/metrics":
+            if self._refresh is not None:
+                try:
+                    await asyncio.wait_for(self._refresh(), REFRESH_WITHIN_S)
+                except Exception as exc:  # noqa: BLE001 - the last values are served instead
+                    _log.debug("refreshing metrics before a scrape failed: %r", exc)
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        return 404, text, b"not found: /metrics, /healthz, /readyz\n"
+
+    async def _readiness(self) -> str | None:
+        try:
+            return await asyncio.wait_for(self._ready(), READY_WITHIN_S)
+        except TimeoutError:
+            return f"not ready: no answer within {READY_WITHIN_S:g}s"
+        except Exception as exc:  # noqa: BLE001 - any failure is a reason not to be ready
+            return f"not ready: {type(exc).__name__}: {exc}".splitlines()[0]
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
+
+
+async def probe(
+    name: str, check: Awaitable[object], within_s: float = PROBE_WITHIN_S
+) -> str | None:
+    """``None`` if ``check`` answers within ``within_s``, else one line naming ``name``."""
+    try:
+        await asyncio.wait_for(check, within_s)
+    except TimeoutError:
+        return f"{name} did not answer within {within_s:g}s"
+    except Exception as exc:  # noqa: BLE001 - any failure means the store is not reachable
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"{name} unreachable: {first}"
+    return None

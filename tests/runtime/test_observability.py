@@ -1,0 +1,291 @@
+"""Metrics, health and readiness, and OpenTelemetry spans, in one process.
+
+The runner counts what it did (steps, tool calls by how they ended, leases, fenced writes) and
+the process's registry exposes it; a span per run step and per tool call goes to whatever
+tracer provider the application set, and nothing happens without `opentelemetry-api`. The
+processes (`onward worker`, `onward projector` with ``--metrics-port``) are tested in
+``test_observability_processes.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from onward.errors import FencedError, IndeterminateToolCallError, ResumeConflictError
+from onward.eventlog import MemoryEventLog, ToolCall
+from onward.runtime.agent import Agent
+from onward.runtime.leases import LeasePolicy
+from onward.runtime.leases.holder import Leaseholder
+from onward.runtime.leases.memory import MemoryLeaseStore
+from onward.runtime.observability import (
+    COUNTS,
+    HealthServer,
+    process_registry,
+    server,
+    use_tracer_provider,
+)
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.runner import AgentRunner
+from onward.runtime.tools import Reconciled, tool
+
+TENANT = "tenant-that-never-shows"
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scraped() -> Samples:
+    """Every sample of the process's registry, by name and labels."""
+    text = generate_latest(process_registry()).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Spans of this test, through a provider of its own (the global one is left alone)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    use_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        use_tracer_provider(None)
+        provider.shutdown()
+
+
+def two_calls_agent() -> tuple[Agent, ScriptedProvider]:
+    """One turn: a call that returns and one that fails; then the answer."""
+
+    @tool
+    async def look(*, idempotency_key: str) -> str:
+        return "found"
+
+    @tool
+    async def book(*, idempotency_key: str) -> str:
+        raise RuntimeError("sold out")
+
+    model = ScriptedProvider(
+        [
+            reply("", ToolCall(call_id="a", tool="look"), ToolCall(call_id="b", tool="book")),
+            reply("done"),
+        ]
+    )
+    return Agent(name="booker", instructions="book", tools=[look, book]), model
+
+
+async def test_a_run_counts_its_steps_tool_calls_and_lease() -> None:
+    agent, model = two_calls_agent()
+    before = scraped()
+    result = await AgentRunner(provider=model, log=MemoryEventLog(), worker="w").run(
+        agent, "go", tenant=TENANT
+    )
+    assert result.status == "completed"
+    after = scraped()
+    assert moved(before, after, "onward_run_steps_total", step="model") == 2
+    assert moved(before, after, "onward_run_steps_total", step="tools") == 1
+    assert moved(before, after, "onward_run_step_duration_seconds_count", step="model") == 2
+    assert moved(before, after, "onward_tool_calls_total", disposition="completed") == 1
+    assert moved(before, after, "onward_tool_calls_total", disposition="error") == 1
+    assert moved(before, after, "onward_tool_call_duration_seconds_count") == 2
+    assert moved(before, after, "onward_lease_claims_total") == 1
+    assert not any(TENANT in "".join(v for _, v in labels) for _, labels in after)
+
+
+async def test_calls_cut_off_at_their_deadline_count_as_reconciled_or_indeterminate() -> None:
+    async def took_effect(key: str) -> Reconciled:
+        return Reconciled("completed", {"booked": key})
+
+    @tool(max_call_s=0.05, reconcile=took_effect)
+    async def book(*, idempotency_key: str) -> str:
+        await asyncio.sleep(1)
+        return "late"
+
+    @tool(max_call_s=0.05)
+    async def charge(*, idempotency_key: str) -> str:
+        await asyncio.sleep(1)
+        return "late"
+
+    before = scraped()
+    for name, tools in (("booker", [book]), ("charger", [charge])):
+        call = ToolCall(call_id="c", tool=tools[0].name)
+        model = ScriptedProvider([reply("", call), reply("done")])
+        runner = AgentRunner(provider=model, log=MemoryEventLog(), worker="w")
+        agent = Agent(name=name, instructions=name, tools=tools)
+        if name == "charger":
+            with pytest.raises(IndeterminateToolCallError):
+                await runner.run(agent, "go", tenant=TENANT)
+        else:
+            assert (await runner.run(agent, "go", tenant=TENANT)).status == "completed"
+    after = scraped()
+    assert moved(before, after, "onward_tool_calls_total", disposition="reconciled") == 1
+    assert moved(before, after, "onward_tool_calls_total", disposition="indeterminate") == 1
+
+
+async def test_a_lease_taken_by_another_counts_a_conflict() -> None:
+    store = MemoryLeaseStore()
+    conflicts = COUNTS.lease_conflicts
+    async with Leaseholder(store, "r", tenant=TENANT, holder="a"):
+        with pytest.raises(ResumeConflictError):
+            async with Leaseholder(store, "r", tenant=TENANT, holder="b"):
+                pass
+    assert COUNTS.lease_conflicts == conflicts + 1
+
+
+async def test_a_write_after_the_lease_was_taken_over_counts_as_refused() -> None:
+    """Another holder takes the run while its tool runs: the outcome's write is refused, and
+    the call counts as interrupted."""
+    log = MemoryEventLog()
+    runner: AgentRunner | None = None
+
+    @tool
+    async def slow(*, idempotency_key: str) -> str:
+        assert runner is not None
+        held = await runner.leases.current("r")
+        assert held is not None
+        await runner.leases.release(held)
+        await runner.leases.acquire("r", tenant=TENANT, holder="thief", ttl_s=60)
+        await asyncio.sleep(0.6)  # the holder's renewal is refused meanwhile
+        return "done"
+
+    model = ScriptedProvider([reply("", ToolCall(call_id="c", tool="slow")), reply("done")])
+    policy = LeasePolicy(ttl=timedelta(seconds=0.4), renew_within=timedelta(seconds=0.2))
+    runner = AgentRunner(provider=model, log=log, worker="w", lease_policy=policy)
+    refused = COUNTS.fenced_writes_refused
+    interrupted = COUNTS.tool_calls["interrupted"]
+    with pytest.raises(FencedError):
+        await runner.run(
+            Agent(name="a", instructions="a", tools=[slow]), "go", tenant=TENANT, run_id="r"
+        )
+    assert COUNTS.fenced_writes_refused == refused + 1
+    assert COUNTS.tool_calls["interrupted"] == interrupted + 1
+
+
+async def test_one_span_per_step_and_per_tool_call_with_ids_only(
+    spans: InMemorySpanExporter,
+) -> None:
+    agent, model = two_calls_agent()
+    log = MemoryEventLog()
+    await AgentRunner(provider=model, log=log, worker="w").run(
+        agent, "go", tenant=TENANT, run_id="r1"
+    )
+    fence = (await log.read_run("r1"))[-1].event.fence
+    finished = spans.get_finished_spans()
+    steps = sorted((s for s in finished if s.name == "onward.run.step"), key=_start)
+    calls = sorted((s for s in finished if s.name == "onward.tool_call"), key=_start)
+    assert [_attrs(s)["onward.step"] for s in steps] == ["model", "tools", "model"]
+    assert {(_attrs(s)["onward.tool"], _attrs(s)["onward.disposition"]) for s in calls} == {
+        ("look", "completed"),
+        ("book", "error"),
+    }
+    for span in [*steps, *calls]:
+        assert _attrs(span)["onward.run_id"] == "r1"
+        assert _attrs(span)["onward.fence"] == fence
+        assert TENANT not in repr(dict(_attrs(span)))
+    turn = steps[1]
+    for call in calls:
+        assert call.parent is not None
+        assert turn.context is not None
+        assert call.parent.span_id == turn.context.span_id
+
+
+def _start(span: ReadableSpan) -> int:
+    return span.start_time or 0
+
+
+def _attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def test_without_opentelemetry_nothing_is_traced_and_runs_go_on() -> None:
+    """`opentelemetry` cannot be imported (the ``otel`` extra is not installed)."""
+    script = textwrap.dedent(
+        """
+        import asyncio, sys
+        sys.modules["opentelemetry"] = None  # import fails, as when it is not installed
+        from onward.eventlog import MemoryEventLog
+        from onward.runtime.agent import Agent
+        from onward.runtime.observability import COUNTS, tracing
+        from onward.runtime.providers import ScriptedProvider, reply
+        from onward.runtime.runner import AgentRunner
+
+        assert tracing._tracer is None
+        runner = AgentRunner(provider=ScriptedProvider([reply("hi")]), log=MemoryEventLog())
+        result = asyncio.run(runner.run(Agent(name="a", instructions="a"), "go", tenant="t"))
+        print(result.status, COUNTS.steps["model"])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["completed", "1"]
+
+
+async def test_the_server_answers_metrics_health_and_readiness(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    why: list[str | None] = [None]
+    hang = asyncio.Event()
+
+    async def ready() -> str | None:
+        if why[0] == "hang":
+            await hang.wait()
+        return why[0]
+
+    async with (
+        HealthServer(process_registry(), ready=ready, port=0) as health,
+        httpx.AsyncClient(base_url=health.url) as http,
+    ):
+        assert health.port > 0
+        answer = await http.get("/healthz")
+        assert (answer.status_code, answer.text) == (200, "ok\n")
+        assert (await http.get("/readyz")).status_code == 200
+        why[0] = "PostgreSQL unreachable: connection refused"
+        answer = await http.get("/readyz")
+        assert (answer.status_code, answer.text) == (503, f"{why[0]}\n")
+        monkeypatch.setattr(server, "READY_WITHIN_S", 0.1)
+        why[0] = "hang"
+        answer = await http.get("/readyz")
+        assert answer.status_code == 503
+        assert answer.text.startswith("not ready: no answer within")
+        assert (await http.get("/healthz")).status_code == 200
+        answer = await http.get("/metrics")
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/plain; version=")
+        names = {f.name for f in text_string_to_metric_families(answer.text)}
+        assert {"onward_run_steps", "onward_tool_calls", "onward_lease_claims"} <= names
+        assert (await http.get("/other")).status_code == 404
+        assert (await http.post("/metrics")).status_code == 405
+        port = health.port
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient() as http:
+            await http.get(f"http://127.0.0.1:{port}/healthz")

@@ -43,6 +43,7 @@ from ._common import (
     out,
     within,
 )
+from ._health import MetricsHostOption, MetricsPortOption, ProjectorHealth, metrics_served
 
 _log = logging.getLogger("onward.projector")
 
@@ -90,6 +91,15 @@ def projector_command(
             "fewer PostgreSQL transactions for a frontier that lags the log by this much more."
         ),
     ] = CAUGHT_UP_STORE_S,
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = "127.0.0.1",
+    ready_max_lag: Annotated[
+        int,
+        typer.Option(
+            help="/readyz: ready only while no partition is more events behind than this.",
+            min=0,
+        ),
+    ] = 1_000,
 ) -> None:
     """Fold the events topic into PostgreSQL until SIGTERM or SIGINT.
 
@@ -150,6 +160,16 @@ def projector_command(
             # Connected: a failure to connect was said in one line; from here on, the client's
             # own warnings help whoever runs a long-lived projector.
             logging.getLogger("aiokafka").setLevel(logging.NOTSET)
+            health = ProjectorHealth(worker, ready_max_lag)
+            await stack.enter_async_context(
+                metrics_served(
+                    metrics_port,
+                    metrics_host,
+                    ready=health.ready,
+                    refresh=health.refresh,
+                    collectors=[health.collector()],
+                )
+            )
             reporter = asyncio.create_task(_report_lag(worker, stop))
             await worker.run(stop)
             await reporter

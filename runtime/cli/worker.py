@@ -16,9 +16,11 @@ from onward.runtime.backends import open_backends
 from onward.runtime.fleet.requests import DEFAULT_REQUESTS_TOPIC
 from onward.runtime.fleet.worker import DEFAULT_GROUP, Worker
 from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy
+from onward.runtime.observability import WorkerCollector
 from onward.runtime.settings import load_settings
 
 from ._common import err, imported, made, opened
+from ._health import MetricsHostOption, MetricsPortOption, metrics_served, stores_reachable
 from .runs import load_provider
 
 
@@ -112,6 +114,8 @@ def worker_command(
             "who can write the requests topic may start, answer and tag any tenant's runs.",
         ),
     ] = False,
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = "127.0.0.1",
 ) -> None:
     """Start requested runs and carry on lapsed ones until SIGTERM; then drain.
 
@@ -170,20 +174,32 @@ def worker_command(
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, on_signal)
-            if backends.embedded:
-                err.print(f"worker {worker.name} ready (embedded)")
-                await worker.serve_embedded(stop)
-            else:
-                await worker.serve_kafka(
-                    stop,
-                    bootstrap_servers=config.kafka_connection(),
-                    topic=requests_topic,
-                    group_id=group,
-                    session_timeout_ms=session_timeout_ms,
-                    on_ready=lambda: err.print(f"worker {worker.name} ready"),
-                    signer=signer,
-                    accept_unsigned=accept_unsigned,
-                )
+
+            async def ready() -> str | None:
+                if worker.draining:
+                    return "draining: taking no new work"
+                if not backends.embedded and not worker.joined:
+                    return "not in the fleet's consumer group yet (or rebalancing)"
+                return await stores_reachable(backends)
+
+            collector = WorkerCollector(worker, lambda: worker.stats)
+            async with metrics_served(
+                metrics_port, metrics_host, ready=ready, collectors=[collector]
+            ):
+                if backends.embedded:
+                    err.print(f"worker {worker.name} ready (embedded)")
+                    await worker.serve_embedded(stop)
+                else:
+                    await worker.serve_kafka(
+                        stop,
+                        bootstrap_servers=config.kafka_connection(),
+                        topic=requests_topic,
+                        group_id=group,
+                        session_timeout_ms=session_timeout_ms,
+                        on_ready=lambda: err.print(f"worker {worker.name} ready"),
+                        signer=signer,
+                        accept_unsigned=accept_unsigned,
+                    )
             stats = worker.stats
             err.print(
                 f"worker {worker.name} stopped: {stats.started} started, {stats.recovered} "

@@ -139,6 +139,8 @@ class Worker:
         self._signer: RequestSigner | None = None
         self._accept_unsigned = False
         self.owned: set[int] = set()
+        self.joined = False
+        """In its consumer group with an assignment (possibly empty); not while rebalancing."""
         self._runs: dict[str, asyncio.Task[bool]] = {}
         self._draining = asyncio.Event()
         self._slot = asyncio.Event()
@@ -540,11 +542,13 @@ class _Owner(ConsumerRebalanceListener):  # type: ignore[misc]
             _log.warning("committing before a rebalance failed: %s", exc)
         self._offsets.forget(revoked)
         self._worker.owned -= {tp.partition for tp in revoked}
+        self._worker.joined = False
         _log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         partitions = {tp.partition for tp in assigned}
         self._worker.owned |= partitions
+        self._worker.joined = True
         _log.info("partitions assigned: %s", sorted(partitions))
         self._worker._scan(partitions)
 

@@ -1,0 +1,146 @@
+"""`--metrics-port` and `--metrics-host` of `onward worker` and `onward projector`: the
+metrics, health and readiness server for as long as the command runs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Annotated
+
+import typer
+from prometheus_client.registry import Collector
+
+from onward.errors import InvalidInputError
+from onward.projections.base import ProjectionSink
+from onward.projections.kafka import KafkaProjector
+from onward.runtime.backends import Backends
+from onward.runtime.observability import (
+    HealthServer,
+    ProjectorCollector,
+    Readiness,
+    Refresh,
+    probe,
+    process_registry,
+)
+
+from ._common import err
+
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        help="Serve /metrics (Prometheus), /healthz and /readyz on this port (0: a free "
+        "port, printed); without it, nothing is served.",
+        min=0,
+        max=65535,
+    ),
+]
+MetricsHostOption = Annotated[
+    str, typer.Option("--metrics-host", help="The address the metrics server binds.")
+]
+
+PROBE_RUN = "onward.readiness-probe"
+"""The run id readiness asks the lease store about (it never holds a lease)."""
+PROBE_CONSUMER = "onward.readiness-probe"
+"""The consumer readiness reads the frontier store's positions of (it never stores any)."""
+
+
+async def stores_reachable(backends: Backends) -> str | None:
+    """``None`` if the log, the frontier store and the lease store each answer a read within
+    the readiness bound; else one line naming the first that did not."""
+    checks: tuple[tuple[str, Callable[[], Awaitable[object]]], ...] = (
+        (f"the event log ({backends.settings.backend})", lambda: backends.log.bounds(0)),
+        ("the frontier store", lambda: backends.frontiers.positions(PROBE_CONSUMER)),
+        ("the lease store", lambda: backends.leases.current(PROBE_RUN)),
+    )
+    for name, check in checks:
+        why = await probe(name, check())
+        if why is not None:
+            return why
+    return None
+
+
+@contextlib.asynccontextmanager
+async def metrics_served(
+    port: int | None,
+    host: str,
+    *,
+    ready: Readiness,
+    refresh: Refresh | None = None,
+    collectors: Sequence[Collector] = (),
+) -> AsyncIterator[HealthServer | None]:
+    """Serve metrics, health and readiness while the block runs (nothing if ``port`` is None).
+
+    Prints one line saying where it serves. The collectors are added to the process's
+    registry for the block only.
+
+    Raises:
+        InvalidInputError: The address cannot be bound.
+    """
+    if port is None:
+        yield None
+        return
+    registry = process_registry()
+    for collector in collectors:
+        registry.register(collector)
+    server = HealthServer(registry, ready=ready, refresh=refresh, host=host, port=port)
+    try:
+        try:
+            await server.start()
+        except OSError as exc:
+            raise InvalidInputError(
+                f"--metrics-port: cannot serve on {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+        err.print(
+            f"metrics on {server.url}/metrics, health on /healthz, readiness on /readyz",
+            soft_wrap=True,
+        )
+        yield server
+    finally:
+        await server.close()
+        for collector in collectors:
+            registry.unregister(collector)
+
+
+class ProjectorHealth:
+    """The projector's lag as last measured, its readiness, and the refresh before a scrape.
+
+    Args:
+        projector: The running projector.
+        max_lag: Ready only while no assigned partition is more events behind than this.
+    """
+
+    def __init__(self, projector: KafkaProjector[ProjectionSink], max_lag: int) -> None:
+        self.projector = projector
+        self.max_lag = max_lag
+        self.lag: dict[int, int] = {}
+
+    def collector(self) -> ProjectorCollector:
+        """The lag and the projection's counters, for the registry."""
+        return ProjectorCollector(
+            self.lag, lambda: getattr(self.projector.projection, "stats", None)
+        )
+
+    async def refresh(self) -> None:
+        """Measure the lag of every assigned partition (PostgreSQL and Kafka are asked)."""
+        measured = await self.projector.lag()
+        self.lag.clear()
+        self.lag.update(measured)
+
+    async def ready(self) -> str | None:
+        """PostgreSQL and Kafka answer, and the lag is under the bound."""
+        why = await probe("PostgreSQL", self.projector.projection.positions())
+        if why is not None:
+            return why
+        why = await probe("Kafka", self.refresh())
+        if why is not None:
+            return why
+        if not self.lag:
+            return None  # no partition assigned (yet, or more projectors than partitions)
+        partition, behind = max(self.lag.items(), key=lambda item: item[1])
+        if behind > self.max_lag:
+            return (
+                f"partition {partition} is {behind} events behind, over --ready-max-lag "
+                f"{self.max_lag}"
+            )
+        return None

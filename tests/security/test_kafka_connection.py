@@ -1,0 +1,231 @@
+"""`KafkaConnection` and the ``KAFKA_*`` settings, without a broker: what each client is given,
+which setting each refusal names, and that the passwords are never shown.
+
+The same settings against the real SASL_SSL listener: ``test_secured_kafka.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onward._storage import KafkaConnection, kafka_connection
+from onward.errors import ConfigurationError
+from onward.eventlog import KafkaEventLog
+from onward.runtime.settings import Settings
+
+SASL_PASSWORD = "sasl-secret-1f3a"
+KEY_PASSWORD = "key-secret-9c2e"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A CA file, and a client certificate with its key encrypted by `KEY_PASSWORD`."""
+    where = tmp_path_factory.mktemp("pki")
+
+    def openssl(*argv: str) -> None:
+        subprocess.run(["openssl", *argv], check=True, capture_output=True)
+
+    openssl(
+        *("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test CA"),
+        *("-keyout", str(where / "ca.key"), "-out", str(where / "ca.pem")),
+    )
+    openssl(
+        *("req", "-x509", "-newkey", "rsa:2048", "-days", "1", "-subj", "/CN=client"),
+        *("-passout", f"pass:{KEY_PASSWORD}"),
+        *("-keyout", str(where / "client.key"), "-out", str(where / "client.pem")),
+    )
+    (where / "not-pem.txt").write_text("not a certificate\n")
+    return {name: str(where / name) for name in ("ca.pem", "client.pem", "client.key")} | {
+        "not-pem": str(where / "not-pem.txt")
+    }
+
+
+def sasl_ssl(pki: dict[str, str], **changes: Any) -> KafkaConnection:
+    fields: dict[str, Any] = {
+        "bootstrap_servers": "broker-1:9096,broker-2:9096",
+        "client_id": "billing",
+        "request_timeout_s": 7.0,
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_username": "onward",
+        "sasl_password": SASL_PASSWORD,
+        "ssl_ca_location": pki["ca.pem"],
+        "ssl_certificate_location": pki["client.pem"],
+        "ssl_key_location": pki["client.key"],
+        "ssl_key_password": KEY_PASSWORD,
+    }
+    return KafkaConnection(**(fields | changes))
+
+
+def kafka_environment(pki: dict[str, str]) -> dict[str, str]:
+    return {
+        "ONWARD_BACKEND": "kafka",
+        "KAFKA_BOOTSTRAP_SERVERS": "broker-1:9096",
+        "KAFKA_CLIENT_ID": "billing",
+        "KAFKA_SECURITY_PROTOCOL": "sasl_ssl",
+        "KAFKA_SASL_MECHANISM": "SCRAM-SHA-256",
+        "KAFKA_SASL_USERNAME": "onward",
+        "KAFKA_SASL_PASSWORD": SASL_PASSWORD,
+        "KAFKA_SSL_CA_LOCATION": pki["ca.pem"],
+        "KAFKA_SSL_CERTIFICATE_LOCATION": pki["client.pem"],
+        "KAFKA_SSL_KEY_LOCATION": pki["client.key"],
+        "KAFKA_SSL_KEY_PASSWORD": KEY_PASSWORD,
+        "ONWARD_BACKEND_TIMEOUT": "7",
+    }
+
+
+@pytest.fixture
+def environment(monkeypatch: pytest.MonkeyPatch, pki: dict[str, str]) -> dict[str, str]:
+    env = kafka_environment(pki)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+def test_settings_read_every_kafka_variable(environment: dict[str, str]) -> None:
+    connection = Settings().kafka_connection()
+    assert connection.bootstrap_servers == "broker-1:9096"
+    assert connection.client_id == "billing"
+    assert connection.request_timeout_s == 7.0
+    assert connection.security_protocol == "SASL_SSL"  # upper-cased, as Kafka's clients take it
+    assert connection.sasl_mechanism == "SCRAM-SHA-256"
+    assert connection.sasl_username == "onward"
+    assert connection.sasl_password == SASL_PASSWORD
+    assert connection.ssl_ca_location == environment["KAFKA_SSL_CA_LOCATION"]
+    assert connection.ssl_key_password == KEY_PASSWORD
+    assert connection.ssl_context is not None
+    assert Settings().kafka_connection(client_id="onward-gc").client_id == "onward-gc"
+
+
+def test_the_passwords_are_never_shown(environment: dict[str, str], pki: dict[str, str]) -> None:
+    settings = Settings()
+    connection = settings.kafka_connection()
+    shown = [
+        repr(settings),
+        str(settings),
+        str(settings.model_dump()),
+        settings.model_dump_json(),
+        repr(connection),
+        str(connection),
+    ]
+    for text in shown:
+        assert SASL_PASSWORD not in text
+        assert KEY_PASSWORD not in text
+    assert "sasl_username='onward'" in repr(connection)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"KAFKA_SASL_USERNAME": None}, "KAFKA_SASL_USERNAME"),
+        ({"KAFKA_SASL_MECHANISM": ""}, "KAFKA_SASL_MECHANISM"),
+        ({"KAFKA_SASL_MECHANISM": "GSSAPI"}, "KAFKA_SASL_MECHANISM"),
+        ({"KAFKA_SECURITY_PROTOCOL": "TLS"}, "KAFKA_SECURITY_PROTOCOL"),
+        ({"KAFKA_SECURITY_PROTOCOL": "PLAINTEXT"}, "KAFKA_SASL_PASSWORD"),
+        ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}, "KAFKA_SSL_CA_LOCATION"),
+        ({"KAFKA_SSL_CA_LOCATION": "/nowhere/ca.pem"}, "KAFKA_SSL_CA_LOCATION"),
+        ({"KAFKA_SSL_CA_LOCATION": "not-pem"}, "KAFKA_SSL_CA_LOCATION"),
+        ({"KAFKA_SSL_KEY_LOCATION": "/nowhere/client.key"}, "KAFKA_SSL_KEY_LOCATION"),
+        ({"KAFKA_SSL_KEY_PASSWORD": "not-the-key-password"}, "KAFKA_SSL_KEY_PASSWORD"),
+        ({"KAFKA_SSL_CERTIFICATE_LOCATION": None}, "KAFKA_SSL_CERTIFICATE_LOCATION"),
+    ],
+)
+def test_a_bad_setting_is_named_in_one_line_without_the_passwords(
+    monkeypatch: pytest.MonkeyPatch,
+    pki: dict[str, str],
+    changes: dict[str, str | None],
+    named: str,
+) -> None:
+    env = kafka_environment(pki)
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name)
+        else:
+            env[name] = pki.get(value, value)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as refused:
+        Settings()
+    message = str(refused.value)
+    assert named in message
+    assert "\n" not in message
+    for secret in (SASL_PASSWORD, KEY_PASSWORD, "not-the-key-password"):
+        assert secret not in message
+        assert secret not in repr(refused.value)
+
+
+def test_the_embedded_backend_does_not_check_kafka_security(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Another program's KAFKA_* variables must not stop a sqlite deployment.
+    monkeypatch.setenv("KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    assert Settings(backend="sqlite").kafka_security_protocol == "SASL_SSL"
+    with pytest.raises(ConfigurationError, match="KAFKA_SASL_MECHANISM"):
+        Settings(backend="sqlite").kafka_connection()
+
+
+async def test_every_client_gets_the_servers_the_timeout_and_the_security(
+    pki: dict[str, str],
+) -> None:
+    connection = sasl_ssl(pki)
+    producer = connection.producer(acks="all")
+    consumer = connection.consumer(role="reader", group_id=None)
+    admin = connection.admin()
+    try:
+        for client, client_id in (
+            (producer.client, "billing-producer"),
+            (consumer._client, "billing-reader"),
+            (admin._client, "billing-admin"),
+        ):
+            assert client._bootstrap_servers == "broker-1:9096,broker-2:9096"
+            assert client._client_id == client_id
+            assert client._request_timeout_ms == 7_000
+            assert client._security_protocol == "SASL_SSL"
+            assert client._ssl_context is connection.ssl_context
+            assert client._sasl_mechanism == "SCRAM-SHA-512"
+            assert client._sasl_plain_username == "onward"
+            assert client._sasl_plain_password == SASL_PASSWORD
+    finally:
+        await producer.stop()
+        await consumer.stop()
+        await admin.close()
+
+
+async def test_a_group_member_waits_out_a_rebalance_before_its_requests_time_out(
+    pki: dict[str, str],
+) -> None:
+    # The broker holds a JoinGroup for up to the rebalance timeout; timing it out sooner would
+    # only make the member join again.
+    quick = sasl_ssl(pki, request_timeout_s=1.0)
+    member = quick.consumer(group_id="g", session_timeout_ms=10_000)
+    reader = quick.consumer(group_id=None)
+    try:
+        assert member._client._request_timeout_ms == 15_000
+        assert reader._client._request_timeout_ms == 1_000
+    finally:
+        await member.stop()
+        await reader.stop()
+
+
+async def test_a_bootstrap_string_still_makes_a_plaintext_log(pki: dict[str, str]) -> None:
+    log = KafkaEventLog("127.0.0.1:9092", client_id="mine", request_timeout_s=3)
+    assert log.connection == KafkaConnection("127.0.0.1:9092", "mine", 3.0)
+    secured = sasl_ssl(pki)
+    assert KafkaEventLog(secured).connection is secured
+    assert KafkaEventLog(secured, request_timeout_s=2).connection.request_timeout_s == 2
+    assert kafka_connection(secured, client_id="other").sasl_password == SASL_PASSWORD
+
+
+def test_an_empty_bootstrap_list_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="KAFKA_BOOTSTRAP_SERVERS is empty"):
+        KafkaEventLog("")
+
+
+def test_files_are_checked_when_the_connection_is_made(tmp_path: Path) -> None:
+    missing = tmp_path / "ca.pem"
+    with pytest.raises(ConfigurationError, match=f"KAFKA_SSL_CA_LOCATION: cannot read {missing}"):
+        KafkaConnection("b:9093", security_protocol="SSL", ssl_ca_location=str(missing))

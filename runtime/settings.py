@@ -107,6 +107,11 @@ class Settings(BaseSettings):
         sqlite_path: The embedded database file.
         schema_cache_prefix: Where the MCP schema cache keeps its entries
             (``MCP_SCHEMA_CACHE_PREFIX``), for garbage collection.
+        schema_cache_enabled: Whether the MCP schema cache is on (``MCP_SCHEMA_CACHE_ENABLED``;
+            unset: on when ``REDIS_URL`` is set). `onward.integrations.mcp.MCPSettings` is
+            built from these settings.
+        schema_cache_ttl_hours: How long a run's cached MCP schemas live after they were last
+            written or read (``MCP_SCHEMA_CACHE_TTL_HOURS``).
         backend_timeout: Seconds one call to Kafka, PostgreSQL or Redis may wait before it
             fails with a retryable `BackendUnavailableError` (``BACKEND_TIMEOUT_S``, 30, by
             default): a run stops instead of hanging on a silent server.
@@ -177,6 +182,12 @@ class Settings(BaseSettings):
     sqlite_path: Path = Field(default=Path("onward.db"), validation_alias="ONWARD_SQLITE_PATH")
     schema_cache_prefix: str = Field(
         default=SCHEMA_CACHE_PREFIX, min_length=1, validation_alias="MCP_SCHEMA_CACHE_PREFIX"
+    )
+    schema_cache_enabled: bool | None = Field(
+        default=None, validation_alias="MCP_SCHEMA_CACHE_ENABLED"
+    )
+    schema_cache_ttl_hours: float = Field(
+        default=24.0, gt=0, validation_alias="MCP_SCHEMA_CACHE_TTL_HOURS"
     )
     backend_timeout: float = Field(
         default=BACKEND_TIMEOUT_S, gt=0, le=3600, validation_alias="ONWARD_BACKEND_TIMEOUT"

@@ -22,12 +22,11 @@ from typing import Any
 import msgspec
 import redis.asyncio as redis_asyncio
 import redis.exceptions as redis_errors
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from onward._storage import Resource, translate
 from onward.errors import ConfigurationError, InvalidInputError
-from onward.runtime.settings import SCHEMA_CACHE_PREFIX, SecretUrl
+from onward.runtime.settings import SCHEMA_CACHE_PREFIX, SecretUrl, Settings, load_settings
 
 _log = logging.getLogger("onward.integrations.mcp")
 
@@ -35,8 +34,9 @@ DEFAULT_PREFIX = SCHEMA_CACHE_PREFIX
 FORMAT = 1
 
 
-class MCPSettings(BaseSettings):
-    """MCP settings read from the environment.
+class MCPSettings(BaseModel):
+    """The MCP settings, a part of `onward.runtime.settings.Settings` (the one loader of the
+    environment): `load_mcp_settings` builds them from it.
 
     Attributes:
         redis_url: ``REDIS_URL``; where the schema cache lives (shown without its password, as
@@ -49,7 +49,9 @@ class MCPSettings(BaseSettings):
             the run id is appended to it.
     """
 
-    model_config = SettingsConfigDict(extra="ignore", frozen=True, hide_input_in_errors=True)
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, populate_by_name=True, hide_input_in_errors=True
+    )
 
     redis_url: SecretUrl | None = Field(default=None, validation_alias="REDIS_URL")
     schema_cache_enabled: bool | None = Field(
@@ -62,6 +64,16 @@ class MCPSettings(BaseSettings):
         default=DEFAULT_PREFIX, min_length=1, validation_alias="MCP_SCHEMA_CACHE_PREFIX"
     )
 
+    @classmethod
+    def of(cls, settings: Settings) -> MCPSettings:
+        """The MCP part of ``settings``."""
+        return cls(
+            redis_url=settings.redis_url,
+            schema_cache_enabled=settings.schema_cache_enabled,
+            schema_cache_ttl_hours=settings.schema_cache_ttl_hours,
+            schema_cache_prefix=settings.schema_cache_prefix,
+        )
+
     @property
     def cache_enabled(self) -> bool:
         """Whether warm restart is on: explicitly, or because ``REDIS_URL`` is set."""
@@ -71,14 +83,9 @@ class MCPSettings(BaseSettings):
 
 
 def load_mcp_settings() -> MCPSettings:
-    """Read the environment; a bad value is a `ConfigurationError` naming the variable."""
-    try:
-        settings = MCPSettings()
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ConfigurationError(f"invalid MCP configuration: {problems}") from exc
+    """Read the environment (`load_settings`, the one loader); a bad value is a
+    `ConfigurationError` naming the variable."""
+    settings = MCPSettings.of(load_settings())
     if settings.schema_cache_enabled and not settings.redis_url:
         raise ConfigurationError(
             "MCP_SCHEMA_CACHE_ENABLED is true but REDIS_URL is not set; set REDIS_URL or "

@@ -1,0 +1,33 @@
+"""The MCP settings come from the one settings loader: `Settings` reads and checks
+``MCP_SCHEMA_CACHE_*`` with every other variable, and `MCPSettings` is its MCP part."""
+
+from __future__ import annotations
+
+import pytest
+
+from onward.errors import ConfigurationError
+from onward.integrations.mcp import MCPSettings, load_mcp_settings
+from onward.runtime.settings import Settings, load_settings
+
+
+def test_the_mcp_part_of_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://onward:secret@cache:6379/0")
+    monkeypatch.setenv("MCP_SCHEMA_CACHE_TTL_HOURS", "2")
+    monkeypatch.setenv("MCP_SCHEMA_CACHE_PREFIX", "app:")
+    settings = load_settings()
+    assert (settings.schema_cache_ttl_hours, settings.schema_cache_enabled) == (2, None)
+    assert load_mcp_settings() == MCPSettings.of(settings)
+    assert MCPSettings.of(settings).schema_cache_prefix == "app:"
+    assert "secret" not in repr(MCPSettings.of(settings))
+
+
+def test_a_bad_mcp_value_stops_every_command_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read in one place, an MCP variable is checked when anything loads the settings."""
+    monkeypatch.setenv("MCP_SCHEMA_CACHE_ENABLED", "perhaps")
+    with pytest.raises(ConfigurationError) as raised:
+        Settings()
+    message = str(raised.value)
+    assert "MCP_SCHEMA_CACHE_ENABLED (schema_cache_enabled)" in message
+    assert "\n" not in message
+    with pytest.raises(ConfigurationError, match="MCP_SCHEMA_CACHE_ENABLED"):
+        load_mcp_settings()

@@ -311,15 +311,18 @@ class KafkaConnection:
         """Why this connection's settings cannot reach the brokers, or ``None`` when the
         settings are not the reason (a broker down, a network cut).
 
-        Connects to each bootstrap address once, in bounded time, doing what a client does
-        (TLS, the version lookup, the SASL exchange), and names the setting that made it fail.
+        Connects to every bootstrap address once, at the same time and in bounded time, doing
+        what a client does (TLS, the version lookup, the SASL exchange), and names the setting
+        that made it fail.
         """
         timeout_s = min(_PROBE_S, self.request_timeout_s)
-        for host, port in _addresses(self.bootstrap_servers):
-            problem = await self._diagnose_address(host, port, timeout_s)
-            if problem is not None:
-                return problem
-        return None
+        problems = await asyncio.gather(
+            *(
+                self._diagnose_address(host, port, timeout_s)
+                for host, port in _addresses(self.bootstrap_servers)
+            )
+        )
+        return next((problem for problem in problems if problem is not None), None)
 
     async def _diagnose_address(self, host: str, port: int, timeout_s: float) -> str | None:
         where = f"{host}:{port}"

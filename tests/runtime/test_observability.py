@@ -15,6 +15,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,10 +25,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.compaction_world import sqlite_world
 
 from onward.errors import FencedError, IndeterminateToolCallError, ResumeConflictError
 from onward.eventlog import MemoryEventLog, ToolCall
 from onward.runtime.agent import Agent
+from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.leases import LeasePolicy
 from onward.runtime.leases.holder import Leaseholder
 from onward.runtime.leases.memory import MemoryLeaseStore
@@ -289,3 +292,21 @@ async def test_the_server_answers_metrics_health_and_readiness(
     with pytest.raises(httpx.ConnectError):
         async with httpx.AsyncClient() as http:
             await http.get(f"http://127.0.0.1:{port}/healthz")
+
+
+async def test_a_compaction_pass_that_cuts_counts_the_records_and_bytes(tmp_path: Path) -> None:
+    """What a dry run says it would cut is what the pass that cuts counts."""
+    async with sqlite_world(tmp_path) as world:
+        await world.finished_run("done-0", turns=2)
+        await world.finished_run("done-1", turns=3)
+        await world.fold()
+        compactor = CheckpointCompactor(world.log, world.frontiers, world.store, no_archive=True)
+        planned = await compactor.dry_run()
+        assert planned.events_cut > 0
+        assert planned.bytes_cut
+        events, size = COUNTS.compaction_events_cut, COUNTS.compaction_bytes_cut
+        report = await compactor.compact()
+        assert report.events_cut == planned.events_cut
+        assert report.bytes_cut is None  # the report of a pass that cut still says nothing
+        assert COUNTS.compaction_events_cut == events + planned.events_cut
+        assert COUNTS.compaction_bytes_cut == size + planned.bytes_cut

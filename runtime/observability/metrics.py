@@ -38,7 +38,8 @@ TOOL_CALL_DISPOSITIONS = ("completed", "error", "reconciled", "indeterminate", "
 stopped by something outside it (``interrupted``: a lost lease, a cancelled task)."""
 
 RUN_STEPS = ("model", "tools")
-"""A step of a run: one model call (``model``), or one turn of tool calls settled (``tools``)."""
+"""A step of a run: one model call (``model``), or one turn of tool calls (``tools``: its
+calls dispatched and settled, or the turn stopped to ask for an approval)."""
 
 
 @dataclass(slots=True)
@@ -110,7 +111,7 @@ class _RuntimeCollector(Collector):
         counts = COUNTS
         steps = CounterMetricFamily(
             "onward_run_steps",
-            "Run steps taken: model calls and settled tool turns.",
+            "Run steps taken: model calls and turns of tool calls.",
             labels=["step"],
         )
         step_seconds = HistogramMetricFamily(

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from support.readme import run_example
 from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
 
@@ -151,3 +152,12 @@ def test_a_bad_option_is_one_line_naming_it(tmp_path: Path, args: list[str], sai
     assert said in result.stderr
     assert len(result.stderr.splitlines()) == 1
     assert not (tmp_path / "none.db").exists()
+
+
+def test_the_readme_example_lists_the_waiting_runs(tmp_path: Path) -> None:
+    _, printed = run_example("Command line", tmp_path)
+    assert printed.splitlines() == [
+        "[('ticket-1', 'waiting', 'support')] {'next': 'ticket-1'}",
+        "[('ticket-2', 'waiting')]",
+        "ticket-2 waiting r",
+    ]

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import random
 import time
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
@@ -24,6 +25,7 @@ from aiokafka.errors import KafkaError, NoOffsetForPartitionError
 
 from onward._storage import KafkaConnection, kafka_connection, translate
 from onward.errors import (
+    BackendUnavailableError,
     ConfigurationError,
     EventDecodeError,
     InvalidInputError,
@@ -51,6 +53,12 @@ CAUGHT_UP_STORE_S = 0.05
 """A projector that has caught up stores what it folded at most this often: each store is one
 PostgreSQL transaction, so storing every small batch under a steady trickle of events cost more
 than folding them. The frontier lags the log by at most this (plus the store) for it."""
+
+STORE_RETRY_FIRST_S = 0.5
+"""A projector that lost a store tries it again after about this long, then twice as long each
+time..."""
+STORE_RETRY_MAX_S = 10.0
+"""...up to this: once the store is back, the projector notices within this long."""
 
 _FETCH_MIN_BYTES = 256 * 1024
 _FETCH_CHUNK = 1_000  # records a batch is fetched in, with a turn of the event loop between
@@ -81,7 +89,12 @@ class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("partitions revoked: %s", partitions)
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        await self._projector._seek_to_stored(list(assigned))
+        try:
+            await self._projector._seek_to_stored(list(assigned))
+        except Exception as exc:  # noqa: BLE001 - kept, and raised from the projector's next call
+            # Raised here, the client would log it and fetch from nowhere; the projector's
+            # next call raises it instead (a store that went away is ridden out there).
+            self._projector._failure = exc
 
 
 class KafkaProjector(Generic[SinkT]):
@@ -98,6 +111,9 @@ class KafkaProjector(Generic[SinkT]):
         session_timeout_ms: How long a dead member keeps its partitions.
         caught_up_store_s: Once caught up, `run` stores at most this often (seconds); 0 stores
             every batch.
+        store_loss_limit_s: How long `run` rides out a store (PostgreSQL or Kafka) that stopped
+            answering before it gives up and raises `BackendUnavailableError`; ``None`` (the
+            default) waits for as long as the outage lasts.
     """
 
     def __init__(
@@ -111,6 +127,7 @@ class KafkaProjector(Generic[SinkT]):
         batch_records: int = 5_000,
         session_timeout_ms: int = 10_000,
         caught_up_store_s: float = CAUGHT_UP_STORE_S,
+        store_loss_limit_s: float | None = None,
     ) -> None:
         if caught_up_store_s < 0:
             raise InvalidInputError(
@@ -124,6 +141,11 @@ class KafkaProjector(Generic[SinkT]):
         self._batch_records = batch_records
         self._session_timeout_ms = session_timeout_ms
         self._caught_up_store_s = caught_up_store_s
+        if store_loss_limit_s is not None and store_loss_limit_s < 0:
+            raise InvalidInputError(
+                f"store_loss_limit_s must not be negative, got {store_loss_limit_s}"
+            )
+        self._store_loss_limit_s = store_loss_limit_s
         self._consumer: AIOKafkaConsumer | None = None
         self._failure: BaseException | None = None
 
@@ -326,7 +348,49 @@ class KafkaProjector(Generic[SinkT]):
         one; batches are still folded one at a time, in order. Once a batch is not full (the
         projector has caught up), whatever the projection holds unstored is stored, at most
         every ``caught_up_store_s``; when nothing arrives, at once.
+
+        A store that stops answering (`BackendUnavailableError`: PostgreSQL restarted or
+        unreachable, Kafka gone) is waited out: the projector tries again with capped,
+        jittered exponential backoff and logs one line when the store is lost and one when it
+        is back. What was folded and not stored is dropped, and every partition is sought to
+        the positions stored with the rows, so nothing is folded twice and nothing is lost.
+        ``stop`` set during the outage returns at once (nothing unstored is lost either).
+
+        Raises:
+            BackendUnavailableError: The store stayed unavailable longer than
+                ``store_loss_limit_s``.
         """
+        outage: _Outage | None = None
+        while True:
+            try:
+                if outage is not None:
+                    await self._recover()
+                    outage.ended()
+                    outage = None
+                await self._fold_until(stop)
+            except BackendUnavailableError as exc:
+                if outage is None:
+                    outage = _Outage(exc)
+                outage.give_up_if_over(self._store_loss_limit_s, exc)
+                if await _stopped_within(stop, outage.next_delay(self._store_loss_limit_s)):
+                    log.info("stopped while the store was unavailable; nothing unstored is lost")
+                    return
+            else:
+                return
+
+    async def _recover(self) -> None:
+        """Resume after a store failure: once the store answers, store whatever is folded
+        (consistent with the stored positions: a failed write dropped everything after it)
+        and seek every assigned partition to its stored position."""
+        failure, self._failure = self._failure, None
+        if failure is not None and not isinstance(failure, BackendUnavailableError):
+            raise failure
+        consumer = self._live()
+        await self.projection.positions()  # the store answers before anything is sought
+        await self._seek_to_stored(list(consumer.assignment()))
+
+    async def _fold_until(self, stop: asyncio.Event) -> None:
+        """The fold of `run`, until ``stop`` or a failure."""
         storing: asyncio.Task[int] | None = None
         stored_at = time.monotonic()
         unstored = False
@@ -365,6 +429,52 @@ class KafkaProjector(Generic[SinkT]):
         if consumer is not None:
             with contextlib.suppress(KafkaError):
                 await consumer.stop()
+
+
+class _Outage:
+    """A store that stopped answering: since when, and how long to wait before trying again.
+
+    It says so once when it begins and once when it ends, not at every attempt.
+    """
+
+    def __init__(self, first: BackendUnavailableError) -> None:
+        self.since = time.time()
+        self._began = time.monotonic()
+        self._attempts = 0
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since))
+        log.warning("store unavailable since %s: %s; retrying", when, first)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._began
+
+    def give_up_if_over(self, limit_s: float | None, last: BackendUnavailableError) -> None:
+        """Raise ``last`` once the outage has lasted ``limit_s``."""
+        if limit_s is not None and self.elapsed() >= limit_s:
+            raise BackendUnavailableError(
+                f"the store has been unavailable for {self.elapsed():.0f}s, longer than the "
+                f"projector waits ({limit_s:g}s): {last}"
+            ) from last
+
+    def next_delay(self, limit_s: float | None) -> float:
+        """Seconds until the next attempt: doubling from `STORE_RETRY_FIRST_S` up to
+        `STORE_RETRY_MAX_S`, jittered so projectors that lost one server do not come back in
+        step, and never past ``limit_s`` (the last attempt is made when it is reached)."""
+        ceiling = min(STORE_RETRY_MAX_S, STORE_RETRY_FIRST_S * 2**self._attempts)
+        self._attempts += 1
+        delay = random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not a secret
+        if limit_s is not None:
+            delay = min(delay, max(0.0, limit_s - self.elapsed()))
+        return delay
+
+    def ended(self) -> None:
+        log.info("store back after %.0fs", self.elapsed())
+
+
+async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait ``seconds`` or until ``stop`` is set; whether it was set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
 
 
 def _stored_events(partition: int, batch: list[Any]) -> list[LogRecord]:

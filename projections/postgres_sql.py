@@ -21,7 +21,7 @@ from typing import Protocol, runtime_checkable
 
 import asyncpg
 
-from onward._storage import PostgresStore
+from onward._storage import BACKEND_TIMEOUT_S, PostgresStore
 from onward.errors import InvalidInputError, SchemaMismatchError
 from onward.eventlog.base import LogRecord, StoredEvent
 
@@ -107,6 +107,8 @@ class SqlProjectionSink(PostgresStore):
         projection: The projection.
         build: Pin to one build (rebuilds do); ``None`` follows the active build.
         schema: PostgreSQL schema of Onward's tables.
+        timeout_s: The longest a connection attempt or one statement may take
+            (`PostgresStore`).
     """
 
     def __init__(
@@ -116,11 +118,12 @@ class SqlProjectionSink(PostgresStore):
         *,
         build: int | None = None,
         schema: str | None = None,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
     ) -> None:
         self.projection = projection
         self.layout = layout_of(projection)
         self.stats = SinkStats()
-        super().__init__(dsn, schema=schema, max_size=4)
+        super().__init__(dsn, schema=schema, max_size=4, timeout_s=timeout_s)
         self._pinned = build
         self._build = build
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
-from onward._storage import open_pool, pooled
+from onward._storage import BACKEND_TIMEOUT_S, open_pool, pooled
 from onward.eventlog.base import EventLog
 
 from .base import DEFAULT_CONSUMER, DEFAULT_MAX_BYTES, ProjectionSink
@@ -56,6 +56,7 @@ async def rebuild(
     schema: str | None = None,
     batch_size: int = 5_000,
     on_progress: Progress | None = None,
+    timeout_s: float | None = BACKEND_TIMEOUT_S,
 ) -> RebuildReport:
     """Fold the whole retained log into a new build of a projection and switch its views.
 
@@ -67,10 +68,13 @@ async def rebuild(
         schema: PostgreSQL schema of Onward's tables.
         batch_size: Records read per partition per step.
         on_progress: Called with (events folded so far, events to fold as last measured).
+        timeout_s: The longest a PostgreSQL connection attempt or statement may take
+            (``None``: as long as the server takes); `open_sink` applies it to its own store.
     """
-    pool = await open_pool(database_url, schema=schema, max_size=1)
+    pool = await open_pool(database_url, schema=schema, max_size=1, timeout_s=timeout_s)
     try:
-        async with pooled(pool, f"creating a build of {layout.projection}") as conn:
+        context = f"creating a build of {layout.projection}"
+        async with pooled(pool, context, timeout_s=timeout_s) as conn:
             build = await create_build(conn, layout)
         started = time.perf_counter()
         done = 0
@@ -86,7 +90,8 @@ async def rebuild(
                         break
                 done += await projector.step()
         seconds = time.perf_counter() - started
-        async with pooled(pool, f"switching {layout.projection} to build {build}") as conn:
+        context = f"switching {layout.projection} to build {build}"
+        async with pooled(pool, context, timeout_s=timeout_s) as conn:
             previous = await switch_build(conn, layout, build)
     finally:
         await pool.close()
@@ -101,13 +106,18 @@ async def rebuild_frontiers(
     batch_size: int = 5_000,
     max_bytes: int = DEFAULT_MAX_BYTES,
     on_progress: Progress | None = None,
+    timeout_s: float | None = BACKEND_TIMEOUT_S,
 ) -> RebuildReport:
     """Rebuild the built-in frontiers projection (frontiers and tool_calls)."""
 
     class _FrontierSink:
         def __init__(self, build: int) -> None:
             self.store = PostgresFrontierStore(
-                database_url, build=build, schema=schema, synchronous_commit=False
+                database_url,
+                build=build,
+                schema=schema,
+                synchronous_commit=False,
+                timeout_s=timeout_s,
             )
 
         async def __aenter__(self) -> ProjectionSink:
@@ -133,6 +143,7 @@ async def rebuild_frontiers(
         schema=schema,
         batch_size=batch_size,
         on_progress=on_progress,
+        timeout_s=timeout_s,
     )
 
 
@@ -144,6 +155,7 @@ async def rebuild_projection(
     schema: str | None = None,
     batch_size: int = 5_000,
     on_progress: Progress | None = None,
+    timeout_s: float | None = BACKEND_TIMEOUT_S,
 ) -> RebuildReport:
     """Rebuild a user projection."""
     return await rebuild(
@@ -151,9 +163,10 @@ async def rebuild_projection(
         database_url,
         layout=layout_of(projection),
         open_sink=lambda build: SqlProjectionSink(
-            database_url, projection, build=build, schema=schema
+            database_url, projection, build=build, schema=schema, timeout_s=timeout_s
         ),
         schema=schema,
         batch_size=batch_size,
         on_progress=on_progress,
+        timeout_s=timeout_s,
     )

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from onward.errors import InvalidInputError
+from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import KafkaEventLog
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
@@ -91,6 +91,16 @@ def projector_command(
             "fewer PostgreSQL transactions for a frontier that lags the log by this much more."
         ),
     ] = CAUGHT_UP_STORE_S,
+    exit_on_store_loss: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SECONDS",
+            min=0,
+            help="Exit 5 once PostgreSQL or Kafka has been unavailable this long (for a "
+            "supervisor that restarts it). Default: wait and reconnect for as long as the outage "
+            "lasts, saying so once when the store is lost and once when it is back.",
+        ),
+    ] = None,
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "127.0.0.1",
     ready_max_lag: Annotated[
@@ -103,7 +113,12 @@ def projector_command(
 ) -> None:
     """Fold the events topic into PostgreSQL until SIGTERM or SIGINT.
 
-    Exit 0: stopped cleanly. 2: bad configuration or --projection. 5: Kafka or PostgreSQL failed.
+    A store lost while folding is waited out (reconnecting with backoff) unless
+    --exit-on-store-loss says otherwise; a store not reached at start is not (exit 5): that is
+    a wrong address or a server that is not up, which waiting does not fix.
+
+    Exit 0: stopped cleanly. 2: bad configuration or --projection. 5: Kafka or PostgreSQL failed
+    at start, or stayed unavailable longer than --exit-on-store-loss.
     """
     config = load_settings()
     database_url = config.require_database_url()
@@ -126,6 +141,7 @@ def projector_command(
                     database_url,
                     schema=config.database_schema,
                     synchronous_commit=False,  # every row can be folded again from the log
+                    timeout_s=config.backend_timeout,
                 )
                 compaction = PostgresCompactionStore(
                     database_url,
@@ -142,7 +158,12 @@ def projector_command(
                 )
                 default_group = DEFAULT_GROUP
             else:
-                user_sink = SqlProjectionSink(database_url, user, schema=config.database_schema)
+                user_sink = SqlProjectionSink(
+                    database_url,
+                    user,
+                    schema=config.database_schema,
+                    timeout_s=config.backend_timeout,
+                )
                 sink = await stack.enter_async_context(opened("PostgreSQL", user_sink))
                 default_group = f"{DEFAULT_GROUP}-{user.name}"
             worker = KafkaProjector(
@@ -154,12 +175,16 @@ def projector_command(
                 batch_records=batch,
                 session_timeout_ms=session_timeout_ms,
                 caught_up_store_s=caught_up_store_s,
+                store_loss_limit_s=exit_on_store_loss,
             )
             stack.push_async_callback(worker.close)
             await within(worker.start(), "Kafka")
             # Connected: a failure to connect was said in one line; from here on, the client's
             # own warnings help whoever runs a long-lived projector.
             logging.getLogger("aiokafka").setLevel(logging.NOTSET)
+            # PostgreSQL lost from here on is said once when lost and once when back (the
+            # projector's lines); the pool's own attempts to reconnect would repeat it.
+            logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
             health = ProjectorHealth(worker, ready_max_lag)
             await stack.enter_async_context(
                 metrics_served(
@@ -183,14 +208,21 @@ async def _report_lag(worker: KafkaProjector[ProjectionSink], stop: asyncio.Even
         try:
             await asyncio.wait_for(stop.wait(), 10)
         except TimeoutError:
-            lag = await worker.lag()
+            try:
+                lag = await worker.lag()
+            except BackendUnavailableError:
+                continue  # the projector says when the store is lost and when it is back
             stats = getattr(worker.projection, "stats", None)
             _log.info("lag %d records %s stats %s", sum(lag.values()), lag, stats)
 
 
 async def _refuse_if_cut(config: Settings) -> None:
     """A log compaction cut folds into runs with holes: refuse it without the archive."""
-    store = PostgresCompactionStore(config.require_database_url(), schema=config.database_schema)
+    store = PostgresCompactionStore(
+        config.require_database_url(),
+        schema=config.database_schema,
+        timeout_s=config.backend_timeout,
+    )
     async with opened("PostgreSQL", store):
         cuts = await store.cuts()
     if cuts:
@@ -249,13 +281,24 @@ def rebuild_command(
                 def show(done: int, total: int) -> None:
                     bar.update(task, completed=done, total=total)
 
-                schema = config.database_schema
+                schema, timeout_s = config.database_schema, config.backend_timeout
                 if user is None:
                     return await rebuild_frontiers(
-                        log, database_url, schema=schema, batch_size=batch, on_progress=show
+                        log,
+                        database_url,
+                        schema=schema,
+                        batch_size=batch,
+                        on_progress=show,
+                        timeout_s=timeout_s,
                     )
                 return await rebuild_projection(
-                    log, database_url, user, schema=schema, batch_size=batch, on_progress=show
+                    log,
+                    database_url,
+                    user,
+                    schema=schema,
+                    batch_size=batch,
+                    on_progress=show,
+                    timeout_s=timeout_s,
                 )
 
     report = asyncio.run(run())

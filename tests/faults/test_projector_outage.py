@@ -1,0 +1,193 @@
+"""`onward projector` when PostgreSQL goes away under it: it waits and carries on by default,
+and exits 5 after ``--exit-on-store-loss SECONDS``.
+
+The cluster is private (stopping the shared one would break every other test); Kafka is the
+shared broker, on a topic of the test's own. Events are appended before, during and after the
+outage, and afterwards every frontier must equal the fold computed directly from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from support.fault_runs import until
+from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
+from support.pg import create_schema
+from support.private_servers import PrivatePostgres
+
+from onward.errors import BackendError
+from onward.eventlog import KafkaEventLog
+from onward.projections.postgres import PostgresFrontierStore
+
+pytestmark = pytest.mark.faults
+PARTITIONS = 4
+DOWN_S = 60.0
+LOST = "store unavailable since"
+BACK = "store back after"
+ASSIGNED = "onward.projector assigned "
+
+
+class Projector:
+    """``python -m onward projector`` in a process of its own, its output in a file."""
+
+    def __init__(self, env: dict[str, str], output: Path, *options: str) -> None:
+        self.env = env
+        self.output = output
+        self.options = options
+        self.child: asyncio.subprocess.Process | None = None
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+    def lines(self, containing: str) -> list[str]:
+        return [line for line in self.text().splitlines() if containing in line]
+
+    async def start(self) -> None:
+        argv = ["-m", "onward", "projector", "--group", "outage", "--batch", "400"]
+        with self.output.open("wb") as out:
+            self.child = await asyncio.create_subprocess_exec(
+                sys.executable, *argv, *self.options, env=self.env, stdout=out, stderr=out
+            )
+
+    @property
+    def running(self) -> bool:
+        return self.child is not None and self.child.returncode is None
+
+    async def stop(self) -> int:
+        assert self.child is not None
+        self.child.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.child.wait(), 60)
+
+    async def kill(self) -> None:
+        if self.child is not None and self.child.returncode is None:
+            self.child.kill()
+            await self.child.wait()
+
+
+def projector_env(database_url: str, schema: str, kafka: str, topic: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "ONWARD_BACKEND": "kafka",
+        "KAFKA_BOOTSTRAP_SERVERS": kafka,
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": schema,
+        "ONWARD_KAFKA_TOPIC": topic,
+        "ONWARD_PARTITIONS": str(PARTITIONS),
+    }
+
+
+async def caught_up(store: PostgresFrontierStore, log: KafkaEventLog) -> bool:
+    try:
+        stored = await store.positions("frontiers")
+    except BackendError:
+        return False
+    ends = [(await log.bounds(p)).end for p in range(PARTITIONS)]
+    return all(stored.get(p, 0) >= end for p, end in enumerate(ends))
+
+
+async def until_caught_up(
+    store: PostgresFrontierStore, log: KafkaEventLog, projector: Projector, within_s: float
+) -> None:
+    deadline = time.monotonic() + within_s
+    while not await caught_up(store, log):
+        assert time.monotonic() < deadline, projector.text()[-3000:]
+        assert projector.running, projector.text()[-3000:]
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(420)
+async def test_the_projector_rides_out_a_postgres_outage(
+    private_postgres: PrivatePostgres,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    rng: random.Random,
+    tmp_path: Path,
+) -> None:
+    steps = workload(rng, 300)
+    thirds = len(steps) // 3
+    # Thrown away with the private cluster.
+    schema = await create_schema(private_postgres.url)
+    env = projector_env(private_postgres.url, schema, kafka_bootstrap, kafka_topic)
+    projector = Projector(env, tmp_path / "projector.log")
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(private_postgres.url, schema=schema) as store,
+    ):
+        try:
+            await projector.start()
+            await append_all(log, steps[:thirds])
+            await until(lambda: ASSIGNED in projector.text(), "the projector's assignment")
+            await until_caught_up(store, log, projector, within_s=120)
+
+            await asyncio.to_thread(private_postgres.stop, "immediate")
+            down_since = time.monotonic()
+            await append_all(log, steps[thirds : 2 * thirds])  # to fold while the store is away
+            await until(lambda: bool(projector.lines(LOST)), "the store-lost line", within_s=30)
+            while time.monotonic() - down_since < DOWN_S:
+                assert projector.running, projector.text()[-3000:]
+                await asyncio.sleep(1)
+            await asyncio.to_thread(private_postgres.start)
+
+            await append_all(log, steps[2 * thirds :])
+            await until_caught_up(store, log, projector, within_s=120)
+            assert await projector.stop() == 0, projector.text()[-3000:]
+            await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+        finally:
+            await projector.kill()
+    output = projector.text()
+    assert len(projector.lines(LOST)) == 1, output[-5000:]
+    assert len(projector.lines(BACK)) == 1, output[-5000:]
+    assert "Traceback" not in output, output[-5000:]
+
+
+@pytest.mark.timeout(300)
+async def test_exit_on_store_loss_exits_5_once_the_store_was_away_that_long(
+    private_postgres: PrivatePostgres,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    rng: random.Random,
+    tmp_path: Path,
+) -> None:
+    bound_s = 2.0
+    steps = workload(rng, 60)
+    half = len(steps) // 2
+    schema = await create_schema(private_postgres.url)
+    env = projector_env(private_postgres.url, schema, kafka_bootstrap, kafka_topic)
+    projector = Projector(env, tmp_path / "projector.log", "--exit-on-store-loss", f"{bound_s:g}")
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(private_postgres.url, schema=schema) as store,
+    ):
+        try:
+            await projector.start()
+            await append_all(log, steps[:half])
+            await until(lambda: ASSIGNED in projector.text(), "the projector's assignment")
+            await until_caught_up(store, log, projector, within_s=120)
+
+            await asyncio.to_thread(private_postgres.stop, "immediate")
+            stopped = time.monotonic()
+            await append_all(log, steps[half:])  # the projector meets the outage storing these
+            assert projector.child is not None
+            code = await asyncio.wait_for(projector.child.wait(), bound_s + 30)
+            exited = time.monotonic()
+            exited_at = time.time()
+        finally:
+            await projector.kill()
+    output = projector.text()
+    assert code == 5, output[-3000:]
+    # Within the bound plus a little: the store is met at the next write (at once here) and
+    # given up on once the bound has passed since.
+    assert exited - stopped < bound_s + 3, output[-3000:]
+    (lost,) = projector.lines(LOST)
+    lost_at = datetime.strptime(lost[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    assert exited_at - lost_at >= bound_s - 0.1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert output.strip().splitlines()[-1].startswith("BackendUnavailableError: "), output

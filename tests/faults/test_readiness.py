@@ -63,12 +63,7 @@ async def test_a_worker_is_not_ready_while_postgres_is_stopped_and_ready_after(
         pass  # the events topic, made as a deployment makes it before its workers start
     worker = await spawn_onward(output, env, *argv)
     try:
-        deadline = asyncio.get_running_loop().time() + 60
-        while not (found := SERVING.search(output.read_text(errors="replace"))):
-            assert worker.returncode is None, output.read_text(errors="replace")
-            assert asyncio.get_running_loop().time() < deadline, output.read_text()
-            await asyncio.sleep(0.2)
-        url = found.group(1)
+        url = await serving(worker, output)
         assert await until_answer(f"{url}/readyz", 200, 60) == "ready\n"
 
         await asyncio.to_thread(private_postgres.stop, "immediate")
@@ -84,3 +79,46 @@ async def test_a_worker_is_not_ready_while_postgres_is_stopped_and_ready_after(
         await stop_children([worker], within_s=30)
         await delete_topic(kafka_servers.bootstrap, requests_topic)
     assert worker.returncode == 0, output.read_text(errors="replace")
+
+
+async def test_a_projector_is_not_ready_while_postgres_is_stopped_and_ready_after(
+    private_postgres: PrivatePostgres, kafka_servers: KafkaServers, tmp_path: Path
+) -> None:
+    """The projector waits the outage out (it does not exit); readiness says why meanwhile."""
+    schema = await create_schema(private_postgres.url)  # thrown away with the cluster
+    env = process_env(
+        kafka_servers, PARTITIONS, DATABASE_URL=private_postgres.url, ONWARD_DATABASE_SCHEMA=schema
+    )
+    output = tmp_path / "projector.log"
+    argv = ["projector", "--session-timeout-ms", "6000", "--metrics-port", "0"]
+    projector = await spawn_onward(output, env, *argv)
+    try:
+        url = await serving(projector, output)
+        assert await until_answer(f"{url}/readyz", 200, 60) == "ready\n"
+
+        await asyncio.to_thread(private_postgres.stop, "immediate")
+        reason = await until_answer(f"{url}/readyz", 503, 30)
+        assert reason.startswith("PostgreSQL"), reason
+        assert reason.count("\n") == 1, reason
+        assert await get(f"{url}/healthz") == (200, "ok\n")
+
+        await asyncio.to_thread(private_postgres.start)
+        assert await until_answer(f"{url}/readyz", 200, 60) == "ready\n"
+        assert projector.returncode is None
+    finally:
+        await stop_children([projector], within_s=30)
+    assert projector.returncode == 0, output.read_text(errors="replace")
+
+
+async def serving(child: asyncio.subprocess.Process, output: Path) -> str:
+    """Where ``child`` serves metrics, once it says so."""
+    deadline = asyncio.get_running_loop().time() + 60
+    while not (found := SERVING.search(said(output))):
+        assert child.returncode is None, said(output)
+        assert asyncio.get_running_loop().time() < deadline, said(output)
+        await asyncio.sleep(0.2)
+    return found.group(1)
+
+
+def said(output: Path) -> str:
+    return output.read_text(errors="replace")

@@ -98,6 +98,7 @@ class HealthServer:
         await self.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = b""
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _REQUEST_WITHIN_S)
             status, content_type, body = await self._answer(head)
@@ -112,6 +113,8 @@ class HealthServer:
             f"Content-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n"
         ).encode()
+        if head.startswith(b"HEAD "):
+            body = b""  # the length says what GET would send; the body is not sent
         try:
             writer.write(reply + body)
             await writer.drain()

@@ -10,6 +10,7 @@ processes (`onward worker`, `onward projector` with ``--metrics-port``) are test
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,10 +27,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.compaction_world import sqlite_world
+from typer.testing import CliRunner
 
 from onward.errors import FencedError, IndeterminateToolCallError, ResumeConflictError
 from onward.eventlog import MemoryEventLog, ToolCall
 from onward.runtime.agent import Agent
+from onward.runtime.cli import app
 from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.leases import LeasePolicy
 from onward.runtime.leases.holder import Leaseholder
@@ -286,6 +289,10 @@ async def test_the_server_answers_metrics_health_and_readiness(
         assert answer.headers["content-type"].startswith("text/plain; version=")
         names = {f.name for f in text_string_to_metric_families(answer.text)}
         assert {"onward_run_steps", "onward_tool_calls", "onward_lease_claims"} <= names
+        head = await http.head("/metrics")
+        assert head.status_code == 200
+        assert head.content == b""
+        assert int(head.headers["content-length"]) > 0
         assert (await http.get("/other")).status_code == 404
         assert (await http.post("/metrics")).status_code == 405
         port = health.port
@@ -310,3 +317,16 @@ async def test_a_compaction_pass_that_cuts_counts_the_records_and_bytes(tmp_path
         assert report.bytes_cut is None  # the report of a pass that cut still says nothing
         assert COUNTS.compaction_events_cut == events + planned.events_cut
         assert COUNTS.compaction_bytes_cut == size + planned.bytes_cut
+
+
+def test_a_metrics_port_in_use_exits_2_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "x.db")}
+        args = ["worker", "--agent", "support.fleet:agents", "--provider", "support.fleet:provider"]
+        result = CliRunner().invoke(app, [*args, "--metrics-port", str(port)], env=env)
+    assert result.exit_code == 2, result.output
+    assert f"--metrics-port: cannot serve on 127.0.0.1:{port}" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

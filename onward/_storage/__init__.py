@@ -22,7 +22,7 @@ from .migrations import (
     verify_postgres,
     verify_sqlite,
 )
-from .postgres import APPLICATION_NAME, application_name, open_pool, pooled
+from .postgres import APPLICATION_NAME, application_name, connected, open_pool, pooled
 from .redis import RedisStore
 from .sqlite import (
     IN_CHUNK,
@@ -61,6 +61,7 @@ __all__ = [
     "classify",
     "connect",
     "connect_readonly",
+    "connected",
     "expected_version",
     "kafka_connection",
     "masked_url",

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import ssl
+import time
 from typing import Any, Literal, Protocol, get_args
 
 import aiokafka.errors as kafka_errors
@@ -298,9 +299,15 @@ class KafkaConnection:
             KafkaError: Any other failure, as the client raised it (an outage: the caller
                 translates it to `BackendUnavailableError`).
         """
+        began = time.monotonic()
         try:
             await client.start()
         except kafka_errors.KafkaConnectionError as exc:
+            if time.monotonic() - began >= self.request_timeout_s:
+                # The brokers let a whole request timeout pass without a word: no setting is to
+                # blame (a refused password, an unknown CA or a TLS mismatch fails at once), and
+                # a diagnosis would wait as long again (ONWARD_BACKEND_TIMEOUT is the bound).
+                raise
             problem = await self.diagnose()
             if problem is None:
                 raise

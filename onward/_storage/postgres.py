@@ -8,8 +8,9 @@ a caller untranslated.
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import asyncpg
 
@@ -54,27 +55,10 @@ async def open_pool(
             (`BackendUnavailableError`); ``None``: asyncpg's 60 s to connect, statements
             unbounded.
     """
-    settings = {"application_name": application_name(schema)}
-    if schema:
-        settings["search_path"] = schema
-    bounds: dict[str, float] = {}
-    if timeout_s is not None:
-        bounds = {"timeout": timeout_s, "command_timeout": timeout_s}
-    with translated("connecting to PostgreSQL"):
-        try:
-            pool = await asyncpg.create_pool(
-                dsn, min_size=min_size, max_size=max_size, server_settings=settings, **bounds
-            )
-        except ssl.SSLCertVerificationError:
-            raise  # a ValueError too, but no fault of the URL's form: `translated` names sslrootcert
-        except ValueError as exc:
-            # asyncpg's DSN parser raises a bare ValueError (a port that is not a number); the
-            # URL is shown without its password, and the driver's exception is not chained, as
-            # its text may hold the URL as it was given.
-            raise ConfigurationError(
-                f"DATABASE_URL {masked_url(dsn)} is not a usable PostgreSQL URL: "
-                f"{without_passwords(str(exc), dsn)}"
-            ) from None
+    with translated("connecting to PostgreSQL"), _usable_url(dsn):
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, **_connect_options(schema, timeout_s)
+        )
     try:
         async with pooled(pool, "verifying schema", timeout_s=timeout_s) as conn:
             await verify_postgres(conn)
@@ -82,6 +66,65 @@ async def open_pool(
         await pool.close()
         raise
     return pool
+
+
+@asynccontextmanager
+async def connected(
+    dsn: str,
+    *,
+    schema: str | None = None,
+    timeout_s: float | None = None,
+    statements_bounded: bool = True,
+) -> AsyncIterator[asyncpg.Connection]:
+    """One connection, outside any pool, for a command that runs a few statements of its own
+    (``onward db migrate``): the server settings, the time bounds and the error translation of
+    `open_pool`, but the schema version is not verified (migrations run on an old one).
+
+    Args:
+        timeout_s: The longest connecting and each statement may take before it fails
+            (`BackendUnavailableError`); ``None``: asyncpg's 60 s to connect, statements
+            unbounded.
+        statements_bounded: Whether ``timeout_s`` bounds statements too; ``False`` for work
+            that may rightly take long (a migration building an index on a large table).
+    """
+    options = _connect_options(schema, timeout_s)
+    if not statements_bounded:
+        options.pop("command_timeout", None)
+    with translated("connecting to PostgreSQL"), _usable_url(dsn):
+        conn = await asyncpg.connect(dsn, **options)
+    try:
+        with translated("PostgreSQL"):
+            yield conn
+    finally:
+        with translated("closing a PostgreSQL connection"):
+            await conn.close(timeout=timeout_s)
+
+
+def _connect_options(schema: str | None, timeout_s: float | None) -> dict[str, Any]:
+    """What every connection is opened with: its name and search path, and its time bounds."""
+    settings = {"application_name": application_name(schema)}
+    if schema:
+        settings["search_path"] = schema
+    options: dict[str, Any] = {"server_settings": settings}
+    if timeout_s is not None:
+        options.update(timeout=timeout_s, command_timeout=timeout_s)
+    return options
+
+
+@contextmanager
+def _usable_url(dsn: str) -> Iterator[None]:
+    """asyncpg's DSN parser raises a bare ValueError (a port that is not a number): say which
+    setting is wrong. The URL is shown without its password, and the driver's exception is not
+    chained, as its text may hold the URL as it was given."""
+    try:
+        yield
+    except ssl.SSLCertVerificationError:
+        raise  # a ValueError too, but no fault of the URL's form: `translated` names sslrootcert
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"DATABASE_URL {masked_url(dsn)} is not a usable PostgreSQL URL: "
+            f"{without_passwords(str(exc), dsn)}"
+        ) from None
 
 
 @asynccontextmanager

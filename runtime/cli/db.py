@@ -8,27 +8,29 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
+from onward._storage import connected
 from onward.errors import ConfigurationError
 from onward.projections.builds import active_build
 from onward.projections.migrations import schema_version_postgres
 from onward.projections.postgres import PROJECTION, PostgresFrontierStore, migrate
 from onward.runtime.settings import Settings, load_settings
 
-from ._common import JsonResultOption, echo_json, opened, out, within
+from ._common import JsonResultOption, echo_json, opened, out
 
 
 @asynccontextmanager
-async def _connection(config: Settings) -> AsyncIterator[asyncpg.Connection]:
-    schema = config.database_schema
-    server_settings = {"search_path": schema} if schema else {}
-    conn = await within(
-        asyncpg.connect(config.require_database_url(), server_settings=server_settings),
-        "PostgreSQL",
-    )
-    try:
+async def _connection(
+    config: Settings, *, statements_bounded: bool = True
+) -> AsyncIterator[asyncpg.Connection]:
+    """One connection to ``DATABASE_URL`` in the configured schema: connecting (and each
+    statement, if ``statements_bounded``) gives up after ``ONWARD_BACKEND_TIMEOUT``."""
+    async with connected(
+        config.require_database_url(),
+        schema=config.database_schema,
+        timeout_s=config.backend_timeout,
+        statements_bounded=statements_bounded,
+    ) as conn:
         yield conn
-    finally:
-        await conn.close()
 
 
 def quoted(identifier: str) -> str:
@@ -72,7 +74,8 @@ def migrate_command(as_json: JsonResultOption = False) -> None:
     config = load_settings()
 
     async def run() -> list[str]:
-        async with _connection(config) as conn:
+        # A migration may build an index on a large table: only connecting is bounded.
+        async with _connection(config, statements_bounded=False) as conn:
             schema = config.database_schema
             created = await _create_schema(conn, schema)
             applied = await migrate(conn)
@@ -98,7 +101,11 @@ def verify_command(as_json: JsonResultOption = False) -> None:
     config = load_settings()
 
     async def run() -> tuple[int, int | None]:
-        store = PostgresFrontierStore(config.require_database_url(), schema=config.database_schema)
+        store = PostgresFrontierStore(
+            config.require_database_url(),
+            schema=config.database_schema,
+            timeout_s=config.backend_timeout,
+        )
         async with opened("PostgreSQL", store), _connection(config) as conn:
             return await schema_version_postgres(conn), await active_build(conn, PROJECTION)
 

@@ -52,7 +52,10 @@ def _store(config: Settings, *, readonly: bool = False) -> FrontierStore:
         return SqliteFrontierStore(config.sqlite_path, migrate=False, readonly=readonly)
     if config.backend == "kafka":
         return PostgresFrontierStore(
-            config.require_database_url(), schema=config.database_schema, max_size=1
+            config.require_database_url(),
+            schema=config.database_schema,
+            max_size=1,
+            timeout_s=config.backend_timeout,
         )
     raise ConfigurationError(
         "ONWARD_BACKEND=memory keeps nothing past the process, so nothing is quarantined; use "

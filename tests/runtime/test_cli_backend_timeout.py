@@ -1,0 +1,197 @@
+"""Every command gives up on a server that never answers within ``ONWARD_BACKEND_TIMEOUT``.
+
+The commands are read from the command tree, so a new one is covered as soon as it exists
+(with no arguments unless `ARGUMENTS` gives some, using every store unless `USES` says less).
+Each runs as ``python -m onward`` against real, ready servers but one: that one is a socket
+that accepts connections and never says a word, like a server that hangs. With the timeout at
+one second each command must stop within that second plus one (plus starting Python), exit 5,
+in one line naming what did not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import typer
+from support.kafka import delete_topic, new_topic_name
+from support.pg import create_schema
+from typer.core import TyperGroup
+
+from onward._storage import KafkaConnection
+from onward.runtime.cli import app
+from onward.testing.storage import drop_schema
+
+pytestmark = pytest.mark.kafka
+
+TIMEOUT_S = 1
+TESTS = Path(__file__).resolve().parents[1]
+RUN = ["timeout-run", "--tenant", "acme"]
+AGENT = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"]
+ARGUMENTS: dict[str, list[str]] = {
+    # What a command needs to get as far as its stores; every other command is run bare.
+    "inspect": RUN,
+    "start": ["book a flight", "--tenant", "acme", *AGENT],
+    "run": ["--resume", *RUN, *AGENT],
+    "approve": [RUN[0], "p", *RUN[1:], "--by", "ann"],
+    "deny": [RUN[0], "p", *RUN[1:], "--by", "ann"],
+    "resolve": [RUN[0], "b", *RUN[1:], "--outcome", "never_ran", "--by", "ann", "--why", "x"],
+    "tag": [RUN[0], "phase-1", *RUN[1:]],
+    "replay": RUN,
+    "compact": ["--dry-run"],
+    "gc": ["--dry-run"],
+    "worker": AGENT,
+    "projections rebuild": ["frontiers"],
+    "quarantine release": [RUN[0], "--by", "ann"],
+}
+STORES = ("postgres", "kafka", "redis")
+USES: dict[str, set[str]] = {
+    # The stores a command opens, where it is not all three.
+    "gc": {"postgres", "redis"},
+    "projector": {"postgres", "kafka"},
+    "projections rebuild": {"postgres", "kafka"},
+    "quarantine list": {"postgres"},
+    "quarantine release": {"postgres"},
+    "db migrate": {"postgres"},
+    "db verify": {"postgres"},
+    "runs": {"postgres"},
+}
+NO_STORE = {"schema", "demo"}
+"""Commands that open no server: the events' JSON Schema, and the demo's own SQLite files."""
+NAMES = {"postgres": "PostgreSQL", "kafka": "Kafka", "redis": "Redis"}
+
+
+def commands(group: TyperGroup, prefix: str = "") -> Iterator[str]:
+    """Every command of the tree under ``group``, as typed after ``onward``."""
+    for name, command in group.commands.items():
+        if command.hidden:
+            continue
+        path = f"{prefix}{name}"
+        if isinstance(command, TyperGroup):
+            yield from commands(command, f"{path} ")
+        else:
+            yield path
+
+
+TREE = sorted(commands(typer.main.get_group(app)))
+CASES = [
+    pytest.param(command, store, id=f"{command.replace(' ', '-')}-{store}")
+    for command in TREE
+    if command not in NO_STORE
+    for store in STORES
+    if store in USES.get(command, set(STORES))
+]
+
+
+def test_the_tables_name_commands_that_exist() -> None:
+    # A command renamed or removed must not leave the tables testing nothing.
+    assert set(ARGUMENTS) | set(USES) | NO_STORE <= set(TREE)
+    assert {"db migrate", "projector", "projections rebuild", "quarantine list"} <= set(TREE)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Real servers with an events topic and a migrated schema, as a deployment has them."""
+
+    kafka: str
+    database_url: str
+    redis_url: str
+    topic: str
+    schema: str
+
+    def env(self, silent: str, port: int) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(TESTS),
+            "ONWARD_BACKEND": "kafka",
+            "ONWARD_BACKEND_TIMEOUT": str(TIMEOUT_S),
+            "KAFKA_BOOTSTRAP_SERVERS": self.kafka,
+            "ONWARD_KAFKA_TOPIC": self.topic,
+            "ONWARD_PARTITIONS": "1",
+            "DATABASE_URL": self.database_url,
+            "ONWARD_DATABASE_SCHEMA": self.schema,
+            "REDIS_URL": self.redis_url,
+        }
+        if silent == "postgres":
+            parts = urlsplit(self.database_url)
+            netloc = parts.netloc.rpartition("@")[0] + f"@127.0.0.1:{port}"
+            env["DATABASE_URL"] = urlunsplit(parts._replace(netloc=netloc))
+        elif silent == "kafka":
+            env["KAFKA_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{port}"
+        else:
+            env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+        return env
+
+
+@pytest.fixture(scope="module")
+def deployment(kafka_bootstrap: str, database_url: str, redis_url: str) -> Iterator[Deployment]:
+    schema = asyncio.run(create_schema(database_url))
+    ready = Deployment(kafka_bootstrap, database_url, redis_url, new_topic_name(), schema)
+    try:
+        asyncio.run(_create_topic(ready.kafka, ready.topic))
+        yield ready
+    finally:
+        asyncio.run(delete_topic(kafka_bootstrap, ready.topic))
+        asyncio.run(drop_schema(database_url, schema))
+
+
+async def _create_topic(bootstrap: str, topic: str) -> None:
+    from aiokafka.admin import NewTopic  # noqa: PLC0415 - only the fixture makes topics
+
+    admin = KafkaConnection(bootstrap).admin()
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="module")
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers, like a server that hangs."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(128)
+        yield server.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def python_start_s() -> float:
+    """How long ``python -m onward`` takes to start and stop, doing nothing."""
+    times = []
+    for _ in range(3):
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-m", "onward", "--version"], check=True, timeout=60)
+        times.append(time.monotonic() - started)
+    return max(times)
+
+
+@pytest.mark.parametrize(("command", "silent"), CASES)
+def test_a_silent_server_is_given_up_on_within_the_backend_timeout(
+    deployment: Deployment, silent_port: int, python_start_s: float, command: str, silent: str
+) -> None:
+    argv = [*command.split(), *ARGUMENTS.get(command, [])]
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "onward", *argv],
+        env=deployment.env(silent, silent_port),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    took = time.monotonic() - started
+    assert result.returncode == 5, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert NAMES[silent] in lines[0], result.stderr
+    assert took <= TIMEOUT_S + 1 + python_start_s, f"{took:.1f}s: {result.stderr}"

@@ -332,12 +332,19 @@ class KafkaProjector(Generic[SinkT]):
         await self._seek_to_stored(list(self._live().assignment()))
 
     async def lag(self) -> dict[int, int]:
-        """Records not yet stored, per assigned partition."""
+        """Records not yet stored, per assigned partition.
+
+        Raises:
+            BackendUnavailableError: Kafka or the store did not answer.
+        """
         consumer = self._live()
         assigned = list(consumer.assignment())
         if not assigned:
             return {}
-        ends = await consumer.end_offsets(assigned)
+        try:
+            ends = await consumer.end_offsets(assigned)
+        except KafkaError as exc:
+            raise translate(exc, context=f"reading the ends of {self.topic}") from exc
         stored = await self.projection.positions()
         return {tp.partition: max(0, ends[tp] - stored.get(tp.partition, 0)) for tp in assigned}
 

@@ -167,8 +167,8 @@ async def test_postgres_restart_under_the_projector(
             notes=f"(events folded; projector exits {projector.exits}, tracebacks {tracebacks})",
         )
     )
-    # A projector that loses PostgreSQL exits 5 with one line; asyncpg's pool may add one
-    # traceback of its own on the way out. More than one per exit is spam.
+    # The projector rides the restart out (test_projector_outage); were it to exit, asyncpg's
+    # pool could add one traceback of its own on the way out. More than one per exit is spam.
     assert tracebacks <= len(projector.exits), output[-5000:]
 
 

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import signal
+import time
 from typing import Annotated
 
 import typer
@@ -96,8 +97,8 @@ def projector_command(
         typer.Option(
             metavar="SECONDS",
             min=0,
-            help="Exit 5 once PostgreSQL or Kafka has been unavailable this long (for a "
-            "supervisor that restarts it). Default: wait and reconnect for as long as the outage "
+            help="Exit 5 once PostgreSQL (or a Kafka request) has failed for this long, for a "
+            "supervisor that restarts it. Default: wait and reconnect for as long as the outage "
             "lasts, saying so once when the store is lost and once when it is back.",
         ),
     ] = None,
@@ -113,12 +114,12 @@ def projector_command(
 ) -> None:
     """Fold the events topic into PostgreSQL until SIGTERM or SIGINT.
 
-    A store lost while folding is waited out (reconnecting with backoff) unless
-    --exit-on-store-loss says otherwise; a store not reached at start is not (exit 5): that is
-    a wrong address or a server that is not up, which waiting does not fix.
+    A store lost while folding is waited out, reconnecting with backoff,
+    unless --exit-on-store-loss is given. A store not reached at start is not:
+    exit 5, as a wrong address or a server that is not up is no outage.
 
-    Exit 0: stopped cleanly. 2: bad configuration or --projection. 5: Kafka or PostgreSQL failed
-    at start, or stayed unavailable longer than --exit-on-store-loss.
+    Exit 0: stopped cleanly. 2: bad configuration or --projection.
+    5: Kafka or PostgreSQL failed at start, or longer than --exit-on-store-loss.
     """
     config = load_settings()
     database_url = config.require_database_url()
@@ -180,8 +181,10 @@ def projector_command(
             stack.push_async_callback(worker.close)
             await within(worker.start(), "Kafka")
             # Connected: a failure to connect was said in one line; from here on, the client's
-            # own warnings help whoever runs a long-lived projector.
+            # own warnings help whoever runs a long-lived projector, each once in a while.
             logging.getLogger("aiokafka").setLevel(logging.NOTSET)
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(_Repeats("aiokafka"))
             # PostgreSQL lost from here on is said once when lost and once when back (the
             # projector's lines); the pool's own attempts to reconnect would repeat it.
             logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
@@ -201,6 +204,31 @@ def projector_command(
         err.print("projector stopped cleanly")
 
     asyncio.run(run())
+
+
+class _Repeats(logging.Filter):
+    """Passes each warning or error of the loggers under ``prefix`` once per ``every_s``
+    seconds (everything else as it comes).
+
+    A broker that is down makes aiokafka log the same few failures at every reconnect attempt,
+    dozens of times a second; each still shows when it first happens, and again while it lasts.
+    """
+
+    def __init__(self, prefix: str, every_s: float = 300.0) -> None:
+        super().__init__()
+        self._prefix = prefix
+        self._every_s = every_s
+        self._shown: dict[tuple[str, str], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not record.name.startswith(self._prefix):
+            return True
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        if now - self._shown.get(key, -self._every_s) < self._every_s:
+            return False
+        self._shown[key] = now
+        return True
 
 
 async def _report_lag(worker: KafkaProjector[ProjectionSink], stop: asyncio.Event) -> None:

@@ -1,9 +1,10 @@
-"""`onward projector` when PostgreSQL goes away under it: it waits and carries on by default,
-and exits 5 after ``--exit-on-store-loss SECONDS``.
+"""`onward projector` when PostgreSQL or Kafka goes away under it: it waits and carries on by
+default, and exits 5 after ``--exit-on-store-loss SECONDS``.
 
-The cluster is private (stopping the shared one would break every other test); Kafka is the
-shared broker, on a topic of the test's own. Events are appended before, during and after the
-outage, and afterwards every frontier must equal the fold computed directly from the log.
+The server that goes away is private (stopping a shared one would break every other test); the
+other is the shared one, with a topic or schema of the test's own. Events are appended before,
+during (PostgreSQL) and after the outage, and afterwards every frontier must equal the fold
+computed directly from the log.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 import pytest
 from support.fault_runs import until
 from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
-from support.pg import create_schema
-from support.private_servers import PrivatePostgres
+from support.pg import create_schema, fresh_schema
+from support.private_servers import PrivateKafka, PrivatePostgres
 
 from onward.errors import BackendError
 from onward.eventlog import KafkaEventLog
@@ -191,3 +192,49 @@ async def test_exit_on_store_loss_exits_5_once_the_store_was_away_that_long(
     assert exited_at - lost_at >= bound_s - 0.1, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     assert output.strip().splitlines()[-1].startswith("BackendUnavailableError: "), output
+
+
+@pytest.mark.timeout(420)
+async def test_the_projector_rides_out_a_kafka_outage(
+    private_kafka: PrivateKafka,
+    database_url: str,
+    rng: random.Random,
+    tmp_path: Path,
+) -> None:
+    steps = workload(rng, 200)
+    half = len(steps) // 2
+    topic = "onward.outage"
+    async with fresh_schema(database_url) as schema:
+        env = projector_env(database_url, schema, private_kafka.bootstrap, topic)
+        projector = Projector(env, tmp_path / "projector.log")
+        try:
+            async with (
+                KafkaEventLog(private_kafka.bootstrap, topic=topic, partitions=PARTITIONS) as log,
+                PostgresFrontierStore(database_url, schema=schema) as store,
+            ):
+                await projector.start()
+                await append_all(log, steps[:half])
+                await until(lambda: ASSIGNED in projector.text(), "the projector's assignment")
+                await until_caught_up(store, log, projector, within_s=120)
+            await asyncio.to_thread(private_kafka.kill)
+            down_since = time.monotonic()
+            while time.monotonic() - down_since < DOWN_S / 2:
+                assert projector.running, projector.text()[-3000:]
+                await asyncio.sleep(1)
+            await asyncio.to_thread(private_kafka.start)
+            async with (
+                KafkaEventLog(private_kafka.bootstrap, topic=topic, partitions=PARTITIONS) as log,
+                PostgresFrontierStore(database_url, schema=schema) as store,
+            ):
+                await append_all(log, steps[half:])
+                await until_caught_up(store, log, projector, within_s=180)
+                assert await projector.stop() == 0, projector.text()[-3000:]
+                await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+        finally:
+            await projector.kill()
+    output = projector.text()
+    assert "Traceback" not in output, output[-5000:]
+    assert len(projector.lines(LOST)) == len(projector.lines(BACK)) <= 1, output[-5000:]
+    # The client logs each failure at every reconnect attempt, many a second: shown once each.
+    client_lines = projector.lines(" aiokafka")
+    assert len(client_lines) < 60, "\n".join(client_lines[-100:])

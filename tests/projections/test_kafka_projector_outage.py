@@ -157,3 +157,44 @@ async def test_run_gives_up_once_the_store_was_lost_for_the_limit(
                 running.cancel()
             await projector.close()
     assert limit_s <= took < limit_s + 3
+
+
+async def test_run_stopped_while_the_store_is_lost_returns_at_once(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
+    proxy: FaultyProxy,
+    rng: random.Random,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="onward.projector")
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(through(database_url, proxy), schema=pg_schema, timeout_s=2) as store,
+    ):
+        projector = KafkaProjector(
+            kafka_bootstrap,
+            FrontierProjection(store, log),
+            topic=kafka_topic,
+            partitions=PARTITIONS,
+            group_id=f"g-{uuid.uuid4().hex[:8]}",
+        )
+        stop = asyncio.Event()
+        await projector.start()
+        running = asyncio.create_task(projector.run(stop))
+        try:
+            proxy.cut()
+            await append_all(log, workload(rng, 10))
+            deadline = time.monotonic() + 30
+            while not said(caplog, LOST):
+                assert time.monotonic() < deadline, "the store's loss was not noticed"
+                await asyncio.sleep(0.1)
+            stop.set()
+            stopped = time.monotonic()
+            await asyncio.wait_for(running, 10)  # no error: nothing unstored is lost
+            assert time.monotonic() - stopped < 2.5  # a store attempt in flight, at most
+        finally:
+            if not running.done():
+                running.cancel()
+            await projector.close()

@@ -164,22 +164,22 @@ def silent_port() -> Iterator[int]:
         yield server.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
 def python_start_s() -> float:
-    """How long ``python -m onward`` takes to start and stop, doing nothing."""
-    times = []
-    for _ in range(3):
-        started = time.monotonic()
-        subprocess.run([sys.executable, "-m", "onward", "--version"], check=True, timeout=60)
-        times.append(time.monotonic() - started)
-    return max(times)
+    """How long ``python -m onward`` takes to start and stop, doing nothing, right now (the
+    machine's load changes it)."""
+    started = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-m", "onward", "--version"], check=True, timeout=60, capture_output=True
+    )
+    return time.monotonic() - started
 
 
 @pytest.mark.parametrize(("command", "silent"), CASES)
 def test_a_silent_server_is_given_up_on_within_the_backend_timeout(
-    deployment: Deployment, silent_port: int, python_start_s: float, command: str, silent: str
+    deployment: Deployment, silent_port: int, command: str, silent: str
 ) -> None:
     argv = [*command.split(), *ARGUMENTS.get(command, [])]
+    start_s = python_start_s()
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "onward", *argv],
@@ -194,4 +194,4 @@ def test_a_silent_server_is_given_up_on_within_the_backend_timeout(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert NAMES[silent] in lines[0], result.stderr
-    assert took <= TIMEOUT_S + 1 + python_start_s, f"{took:.1f}s: {result.stderr}"
+    assert took <= TIMEOUT_S + 1 + start_s, f"{took:.1f}s (start {start_s:.1f}s): {result.stderr}"

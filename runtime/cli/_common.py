@@ -42,6 +42,7 @@ from onward.projections.audit import one_line, printable
 from onward.projections.frontier import CallState
 from onward.runtime.agent import Agent
 from onward.runtime.providers import ModelReply
+from onward.runtime.settings import load_settings
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -59,6 +60,7 @@ EXIT_MUST_NOT_CARRY_ON = 4
 EXIT_FAILED = 5
 """A store, the model or the agent's code failed; nothing was decided about the run."""
 EXIT_INTERRUPTED = 130
+"""Stopped by Ctrl-C (SIGINT), the shell's convention."""
 EXIT_TERMINATED = 143
 
 
@@ -67,10 +69,9 @@ class TerminatedError(Exception):
     on Ctrl-C, its run's lease handed back."""
 
 
-"""Stopped by Ctrl-C (SIGINT), the shell's convention."""
-
 CONNECT_TIMEOUT_S = 20.0
-"""How long opening the stores may take before a command gives up on a server that is silent."""
+"""How long opening the stores may take, at least, before a command gives up on a server that
+is silent; an ``ONWARD_BACKEND_TIMEOUT`` above it is waited instead (`connect_timeout_s`)."""
 
 
 class OutputClosedError(Exception):
@@ -302,15 +303,27 @@ def run_until_terminated(main: Coroutine[Any, Any, _T]) -> _T:
         raise
 
 
+def connect_timeout_s() -> float:
+    """How long opening the stores may take: `CONNECT_TIMEOUT_S`, or the configured backend
+    timeout when that is longer (a slow network given a minute is not cut off at twenty
+    seconds); the settings are checked before any store is opened, so reading them here cannot
+    fail on a bad value first."""
+    try:
+        configured = load_settings().backend_timeout
+    except ConfigurationError:
+        configured = 0.0
+    return max(CONNECT_TIMEOUT_S, configured)
+
+
 async def within(step: Awaitable[_T], what: str) -> _T:
     """Await one connecting step, giving up on a server that does not answer in time."""
+    bound = connect_timeout_s()
     try:
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+        async with asyncio.timeout(bound):
             return await step
     except TimeoutError as exc:
         raise errors.BackendUnavailableError(
-            f"{what} did not answer within {CONNECT_TIMEOUT_S:g}s; check that it is up and "
-            "reachable"
+            f"{what} did not answer within {bound:g}s; check that it is up and reachable"
         ) from exc
 
 

@@ -28,7 +28,7 @@ from support.pg import create_schema
 from typer.core import TyperGroup
 
 from onward._storage import KafkaConnection
-from onward.runtime.cli import app
+from onward.runtime.cli import _common, app
 from onward.testing.storage import drop_schema
 
 pytestmark = pytest.mark.kafka
@@ -195,3 +195,12 @@ def test_a_silent_server_is_given_up_on_within_the_backend_timeout(
     assert len(lines) == 1, result.stderr
     assert NAMES[silent] in lines[0], result.stderr
     assert took <= TIMEOUT_S + 1 + start_s, f"{took:.1f}s (start {start_s:.1f}s): {result.stderr}"
+
+
+@pytest.mark.parametrize(("configured", "waited"), [("5", 20.0), ("45", 45.0)])
+def test_opening_the_stores_waits_the_configured_timeout_when_it_is_the_longer(
+    configured: str, waited: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slow network given ONWARD_BACKEND_TIMEOUT=45 must not be cut off by the 20 s floor.
+    monkeypatch.setenv("ONWARD_BACKEND_TIMEOUT", configured)
+    assert _common.connect_timeout_s() == waited

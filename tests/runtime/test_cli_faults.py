@@ -190,6 +190,7 @@ def test_a_server_that_never_answers_fails_within_the_connect_timeout(
     monkeypatch.setattr(_common, "CONNECT_TIMEOUT_S", 1.0)
     env = deployment.env("none", 0)
     env["KAFKA_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{silent_port}"
+    env["ONWARD_BACKEND_TIMEOUT"] = "1"  # or opening would wait the configured 30 s
     started = time.monotonic()
     result = CliRunner().invoke(app, COMMANDS["inspect"], env=env)
     assert result.exit_code == 5, result.output

@@ -11,11 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from onward._storage import SqliteStore
 from onward.errors import BackendError, ConfigurationError, InvalidInputError
 from onward.eventlog import SqliteEventLog, codec
 from onward.eventlog.base import partition_for
+from onward.projections.compaction import SqliteCompactionStore
 from onward.projections.migrations import migrations
 from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime.blobs import SqliteBlobStore
+from onward.runtime.leases import SqliteLeaseStore
 from onward.testing.eventlog import new_run_id, seqs, step_events
 
 READ_IN_CHILD = """
@@ -69,6 +73,25 @@ async def test_the_file_is_in_wal_mode(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     finally:
         conn.close()
+
+
+async def test_every_store_of_the_file_commits_with_synchronous_full(tmp_path: Path) -> None:
+    """Each store's own connection (the one its writes go through) syncs every commit to disk
+    (``PRAGMA synchronous`` 2 is FULL): a weaker setting could lose a committed dispatch on
+    power loss, which no client-kill test would notice."""
+    path = tmp_path / "onward.db"
+    async with (
+        SqliteEventLog(path) as log,
+        SqliteFrontierStore(path) as frontiers,
+        SqliteLeaseStore(path) as leases,
+        SqliteBlobStore(path) as blobs,
+        SqliteCompactionStore(path, sharing=log) as compaction,
+    ):
+        stores: list[SqliteStore] = [log, frontiers, leases, blobs, compaction]
+        for store in stores:
+            conn = store._db.connection()
+            assert conn.execute("PRAGMA synchronous").fetchone() == (2,), type(store).__name__
+            assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",), type(store).__name__
 
 
 async def test_using_a_log_that_was_never_opened_is_a_clear_error(tmp_path: Path) -> None:

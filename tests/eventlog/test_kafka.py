@@ -100,6 +100,28 @@ async def test_kcat_reads_json_with_run_kind_fence_and_format_headers(
     )
 
 
+async def test_the_producer_waits_for_every_in_sync_replica_and_is_idempotent(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """The producer appends go through and its replacement after a fatal error both ask for
+    ``acks=all`` (-1 on the wire: every in-sync replica has the batch before the broker
+    answers) and hold a producer id the broker assigned (idempotence: a retried batch is
+    written once). Either setting dropped would pass every test that kills clients, not
+    brokers."""
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=2) as log:
+        await log.append(step_events(new_run_id(), 1))
+        first = log._producer
+        assert first is not None
+        await log._replace_producer(first)
+        await log.append(step_events(new_run_id(), 1))
+        for producer in (first, log._producer):
+            assert producer is not None
+            assert producer._sender._acks == -1
+            assert producer._txn_manager is not None
+            assert producer._txn_manager.has_pid()
+        assert log._producer is not first
+
+
 async def test_producer_is_replaced_after_a_fatal_error(
     kafka_bootstrap: str, kafka_topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,4 +1,9 @@
-"""Appends large atomic batches until killed; prints each acknowledged run id.
+"""Appends large atomic batches until killed, saying on stdout where it is.
+
+Each append is framed by two lines: ``appending RUN`` once the batch is built, right before the
+append, and ``appended RUN`` once it returned. Both are flushed at once, so when the process
+dies the last line it wrote says whether it died inside an append (an ``appending`` line with
+no ``appended`` after it) and which run that append was for.
 
 Usage: PYTHONPATH=tests python -m support.append_child sqlite PATH PREFIX
        PYTHONPATH=tests python -m support.append_child kafka BOOTSTRAP TOPIC PREFIX
@@ -15,6 +20,8 @@ from onward.eventlog.base import EventLog
 EVENTS_PER_BATCH = 40
 BODY = "x" * 20_000
 PARTITIONS = 4
+APPENDING = "appending"
+APPENDED = "appended"
 
 
 async def main(argv: list[str]) -> None:
@@ -31,8 +38,9 @@ async def main(argv: list[str]) -> None:
             ToolCompleted(run_id=run_id, tenant="t", seq=seq, fence=1, call_id="c", result=BODY)
             for seq in range(1, EVENTS_PER_BATCH + 1)
         ]
+        print(APPENDING, run_id, flush=True)
         await log.append(batch)
-        print(run_id, flush=True)
+        print(APPENDED, run_id, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,122 @@
+"""Ctrl-C to `onward run --resume`: a real SIGINT to the process, not an exception raised in a
+test. The command exits 130 in one line and hands the run's lease back on the way out, so
+another worker, on this host or another, carries the run on at once instead of after the ttl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from support import cli_agent
+from support.crashes import Crash, CrashAt
+from support.processes import TESTS
+from support.runners import log_runner
+from typer.testing import CliRunner
+
+from onward.eventlog import SqliteEventLog
+from onward.runtime import Agent, RunLease, SqliteLeaseStore
+from onward.runtime.cli import app
+from onward.runtime.leases.presence import HOLDERS_DIR_ENV
+
+TENANT = "acme"
+TTL_S = 300
+"""The interrupted holder's lease: a run left held would stay locked for five minutes."""
+
+
+def left_before_the_model(db: Path, agent: Agent) -> str:
+    """A run of ``agent`` whose worker died right before asking the model; returns its id."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+
+    async def go() -> None:
+        async with SqliteEventLog(db) as log, SqliteLeaseStore(db) as leases:
+            runner = log_runner(
+                cli_agent.booking_model(), log, leases, worker="w1", observer=CrashAt("model.call")
+            )
+            with contextlib.suppress(Crash):
+                await runner.run(agent, "go", tenant=TENANT, run_id=run_id)
+
+    asyncio.run(go())
+    return run_id
+
+
+def ctrl_c_default() -> None:
+    """In the child: SIGINT as a terminal's foreground job has it (a shell that runs the tests
+    in the background may have it ignored, and the child would inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def current_lease(db: Path, run_id: str) -> RunLease | None:
+    async def read() -> RunLease | None:
+        async with SqliteLeaseStore(db) as leases:
+            return await leases.current(run_id)
+
+    return asyncio.run(read())
+
+
+@pytest.mark.parametrize(
+    ("agent", "provider"),
+    [("booker", "stalling_model"), ("slow_booker", "booking_model")],
+    ids=["asking-the-model", "in-a-tool-call"],
+)
+def test_sigint_to_run_resume_exits_130_and_hands_the_lease_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent: str, provider: str
+) -> None:
+    db, entered = tmp_path / "onward.db", tmp_path / "entered"
+    # This test's presence locks alone: no other process may look like this run's holder.
+    monkeypatch.setenv(HOLDERS_DIR_ENV, str(tmp_path / "holders"))
+    run_id = left_before_the_model(db, getattr(cli_agent, agent)())
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(db),
+        "CLI_AGENT_ENTERED": str(entered),
+    }
+    command = [sys.executable, "-m", "onward", "run", "--resume", run_id, "--tenant", TENANT]
+    command += ["--agent", f"support.cli_agent:{agent}"]
+    command += ["--provider", f"support.cli_agent:{provider}"]
+    command += ["--worker", "interrupted-1", "--lease-ttl", str(TTL_S)]
+    resuming = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
+    )
+    deadline = time.monotonic() + 60
+    while not entered.exists():
+        assert resuming.poll() is None, resuming.communicate()
+        assert time.monotonic() < deadline, "the command never reached the model or the tool"
+        time.sleep(0.05)
+    held = current_lease(db, run_id)
+    assert held is not None
+    assert held.holder == "interrupted-1"  # the signal lands while the command holds the run
+
+    resuming.send_signal(signal.SIGINT)
+    _, said = resuming.communicate(timeout=30)
+    assert resuming.returncode == 130, said
+    assert said.strip().splitlines()[-1] == "interrupted", said
+    assert "Traceback" not in said
+    assert current_lease(db, run_id) is None
+
+    if agent == "booker":
+        # Nothing was called yet, so a worker that could never prove the holder gone (it
+        # names another) carries the run on at once: the lease is free, not lapsing.
+        again = ["run", "--resume", run_id, "--tenant", TENANT, "--worker", "elsewhere-2"]
+        again += ["--agent", "support.cli_agent:booker"]
+        again += ["--provider", "support.cli_agent:booking_model"]
+        env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+        carried = CliRunner().invoke(app, again, env=env)
+        assert carried.exit_code == 0, carried.output
+        assert "status completed" in carried.stdout
+        assert cli_agent.effects("book", run_id, "b") == 1

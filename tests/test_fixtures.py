@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -11,8 +15,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 from support.kafka import fresh_topic
 from support.pg import fresh_schema, schema_factory
 from support.redis import fresh_prefix
+from support.replay_probe import OUT_VARIABLE
 
 from onward.eventlog import KafkaEventLog
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO / "tests" / "support" / "replay_probe.py"
 
 
 async def _tables(conn: asyncpg.Connection, schema: str) -> int:
@@ -75,12 +83,42 @@ async def test_fresh_schemas_are_migrated_or_empty_and_dropped(database_url: str
         await conn.close()
 
 
-def test_the_random_source_prints_its_seed_and_replays_from_it(
-    capsys: pytest.CaptureFixture[str],
-    rng: random.Random,
-    test_seed: int,
-    request: pytest.FixtureRequest,
+def test_the_random_source_prints_its_seed(
+    capsys: pytest.CaptureFixture[str], rng: random.Random, test_seed: int
 ) -> None:
     assert f"ONWARD_TEST_SEED={test_seed} " in capsys.readouterr().out
-    replayed = random.Random(f"{test_seed}/{request.node.nodeid}")
-    assert [rng.random() for _ in range(5)] == [replayed.random() for _ in range(5)]
+
+
+def _history(seed: int, out: Path) -> subprocess.Popen[bytes]:
+    """The replay probe in a fresh pytest process (a hash seed of its own), seeded with ``seed``."""
+    env = {**os.environ, "ONWARD_TEST_SEED": str(seed), OUT_VARIABLE: str(out)}
+    env.pop("PYTHONHASHSEED", None)
+    argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", str(PROBE)]
+    return subprocess.Popen(
+        [sys.executable, *argv], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+
+
+@pytest.mark.slow
+def test_the_printed_seed_replays_a_workload_byte_for_byte(
+    rng: random.Random, tmp_path: Path
+) -> None:
+    """README: the printed seed replays a test exactly. Two processes given the same seed append
+    the same history (run ids, so partitions, batches, interleaving), byte for byte; another
+    seed appends another."""
+    seed = rng.randrange(2**32)
+    outs = [tmp_path / "first", tmp_path / "again", tmp_path / "other"]
+    children = [_history(s, o) for s, o in zip((seed, seed, seed + 1), outs, strict=True)]
+    try:
+        for child in children:
+            output, _ = child.communicate(timeout=120)
+            assert child.returncode == 0, output.decode(errors="replace")[-3000:]
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+                child.communicate()
+    first, again, other = (o.read_bytes() for o in outs)
+    assert first.count(b"\n") > 100
+    assert first == again
+    assert first != other

@@ -206,7 +206,7 @@ async def test_worker_and_projector_metrics_move_with_the_work_done(
 
 
 async def test_the_lag_gauge_shows_a_backlog_and_readiness_waits_for_it(
-    deployment: Deployment,
+    deployment: Deployment, rng: random.Random
 ) -> None:
     """A projector stopped (SIGSTOP) while events are written: once it goes on, the gauge
     says how far behind it is, /readyz is 503 while that is over --ready-max-lag, and both
@@ -220,7 +220,7 @@ async def test_the_lag_gauge_shows_a_backlog_and_readiness_waits_for_it(
     child = deployment.children["projector"]
     child.send_signal(signal.SIGSTOP)
     try:
-        steps = workload(random.Random(21), 300)
+        steps = workload(rng, 300)
         await append_all(deployment.log, steps)
     finally:
         child.send_signal(signal.SIGCONT)

@@ -13,7 +13,9 @@ from support.readme import README, run_block, section
 def test_readme_python_blocks_run_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every example runs as written, and again in the same directory with the same output
     (an example that leaves state behind for its second run is a defect). The quickstart's
-    model is a local OpenAI-compatible server."""
+    model is a local OpenAI-compatible server. What an example prints is checked too (the
+    examples with a section of their own have their own tests): an application example that
+    stopped asking for approval or found no state would still exit 0."""
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     assert blocks, "the README has no Python example"
     with chat_completions_server() as base_url:
@@ -26,6 +28,17 @@ def test_readme_python_blocks_run_twice(tmp_path: Path, monkeypatch: pytest.Monk
     assert "['RunStarted', 'RunClaimed']" in outputs[1]
     assert outputs[2].strip() == "completed booked 1"
     assert outputs[3].strip() == "held by w1"
+    printed = dict(zip(blocks, outputs, strict=True))
+    application, fastapi = (printed[block] for block in python_blocks("The application API"))
+    assert application.splitlines() == ["asked: refund {'amount': 30}", "result: done", "completed"]
+    assert fastapi.strip() == "['text', 'result']"
+    (compaction,) = (printed[block] for block in python_blocks("Compaction"))
+    assert compaction.strip() == "would cut 0"
+
+
+def python_blocks(title: str) -> list[str]:
+    """The Python examples of the README's section ``title``, in order."""
+    return re.findall(r"```python\n(.*?)```", section(title), flags=re.DOTALL)
 
 
 def test_every_test_the_security_table_names_exists() -> None:

@@ -67,11 +67,36 @@ def test_a_tool_must_be_async() -> None:
 
 
 def test_keys_are_stable_per_run_and_call() -> None:
-    assert idempotency_key("r1", "c1") == idempotency_key("r1", "c1")
+    """Golden values: a call left undecided before an upgrade keeps its key after it, so a
+    changed formula (which would make a tool see a new key for an old call and do it twice)
+    fails here. The separator keeps ``("r1:c", "1")`` and ``("r1", "c:1")`` apart."""
+    assert idempotency_key("r1", "c1") == "onward-d1f8c9b7b7de3b1465fd389278ae1b17"
+    assert idempotency_key("r1:c", "1") == "onward-939a6f7a2f174629519cb01c24935466"
+    assert idempotency_key("r1", "c:1") == "onward-b4db96fd0dcd9eb99ebe2af46eae9879"
     assert (
         len({idempotency_key("r1", "c1"), idempotency_key("r1", "c2"), idempotency_key("r2", "c1")})
         == 3
     )
+
+
+async def test_the_key_a_tool_receives_is_the_golden_one() -> None:
+    """The runner hands the tool the key of the documented format for its run and call, on
+    the first attempt: pinning the function alone would miss a runner that derived its own."""
+    seen: list[str] = []
+
+    @tool
+    async def book(seat: str, *, idempotency_key: str) -> str:
+        seen.append(idempotency_key)
+        return seat
+
+    agent = Agent(name="booker", instructions="", tools=[book])
+    provider = ScriptedProvider(
+        [reply("", ToolCall(call_id="b", tool="book", args={"seat": "3A"})), reply("booked")]
+    )
+    runner = AgentRunner(provider=provider, log=MemoryEventLog())
+    result = await runner.run(agent, "book", tenant="acme", run_id="run-1")
+    assert result.status == "completed"
+    assert seen == ["onward-1a0d7c2f2719e52b34d0f742f5ffa414"]
 
 
 def test_the_revision_changes_with_instructions_tools_and_settings() -> None:

@@ -16,6 +16,7 @@ from support.histories import (
     RunScript,
     append_all,
     assert_stored_is_the_direct_fold,
+    assert_stored_is_what_the_scripts_wrote,
     direct_fold,
     run_ids_of,
     workload,
@@ -82,6 +83,7 @@ async def test_embedded_frontiers_equal_the_direct_fold(
     steps = workload(rng, 40)
     await append_all(embedded.log, steps, concurrency=8)  # type: ignore[arg-type]  # appends only
     await assert_stored_is_the_direct_fold(embedded.store, embedded.inner, run_ids_of(steps))
+    await assert_stored_is_what_the_scripts_wrote(embedded.store, steps)
 
 
 async def test_the_fence_rule_holds_in_embedded_mode(

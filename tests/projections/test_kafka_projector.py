@@ -16,6 +16,7 @@ from support.histories import (
     RunScript,
     append_all,
     assert_stored_is_the_direct_fold,
+    assert_stored_is_what_the_scripts_wrote,
     direct_fold,
     run_ids_of,
     workload,
@@ -91,6 +92,7 @@ async def test_frontiers_equal_the_direct_fold(stack: Stack, rng: random.Random)
     await append_all(stack.log, steps)
     await stack.fold_everything()
     await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
+    await assert_stored_is_what_the_scripts_wrote(stack.store, steps)
 
 
 async def test_a_restarted_projector_carries_on_from_its_stored_offsets(

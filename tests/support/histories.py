@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from onward.eventlog import (
     ApprovalGranted,
@@ -207,3 +208,99 @@ async def assert_stored_is_the_direct_fold(
 def run_ids_of(steps: Sequence[list[Event]]) -> list[str]:
     """Every run id in a workload, once, in first-seen order."""
     return list(dict.fromkeys(step[0].run_id for step in steps))
+
+
+@dataclass(frozen=True)
+class ScriptFacts:
+    """What a run's script wrote, counted from its batches by rules of its own (not
+    `fold_run`): the oracle a wrong fold rule cannot also bend."""
+
+    events: int
+    """Every event written, refused ones included."""
+    turns: int
+    """Turns settled: the iteration the run ends on."""
+    input_tokens: int
+    refused: int
+    """Events written under a fence lower than one the run already had (a zombie's)."""
+    finished: bool
+
+
+def script_facts(steps: Sequence[list[Event]]) -> dict[str, ScriptFacts]:
+    """Each run's `ScriptFacts`, from the steps a `RunScript` or `workload` made."""
+    counts: dict[str, list[int]] = {}
+    highest: dict[str, int] = {}
+    finished: set[str] = set()
+    for step in steps:
+        for event in step:
+            tally = counts.setdefault(event.run_id, [0, 0, 0, 0])
+            tally[0] += 1
+            if event.fence < highest.get(event.run_id, 0):
+                tally[3] += 1
+                continue
+            highest[event.run_id] = event.fence
+            if isinstance(event, TurnSettled):
+                tally[1] += 1
+            elif isinstance(event, ModelAnswered):
+                tally[2] += event.usage.input_tokens
+            elif isinstance(event, RunFinished) and event.status == "completed":
+                finished.add(event.run_id)
+    return {
+        run_id: ScriptFacts(events, turns, tokens, refused, run_id in finished)
+        for run_id, (events, turns, tokens, refused) in counts.items()
+    }
+
+
+@dataclass(frozen=True)
+class Tally:
+    """How the stored frontiers compare with what the scripts wrote."""
+
+    runs: int
+    folded: int
+    """Events the stored rows account for: each counted event is one seq, plus the refused."""
+    duplicates: int
+    """Runs whose row counts more than the script wrote (an event folded twice)."""
+    lost: int
+    """Runs with no row, or a row counting less than the script wrote (an event never folded)."""
+    waiting: int
+    """Runs the script finished that the row does not show completed."""
+    wrong: list[str]
+    """One line per run that differs, for the failure message."""
+
+
+async def tally_against_scripts(store: FrontierStore, steps: Sequence[list[Event]]) -> Tally:
+    """Measure the stored frontiers against `script_facts`: folded, duplicated, lost, waiting."""
+    facts = script_facts(steps)
+    loaded = await store.load(list(facts))
+    folded = duplicates = lost = waiting = 0
+    wrong: list[str] = []
+    for run_id, fact in facts.items():
+        row = loaded.get(run_id)
+        got = None if row is None else row.frontier
+        if got is None:
+            lost += 1
+            wrong.append(f"{run_id}: no frontier stored ({row})")
+            continue
+        counted = (got.last_seq + got.refused, got.iteration, got.input_tokens, got.refused)
+        want = (fact.events, fact.turns, fact.input_tokens, fact.refused)
+        folded += counted[0]
+        if counted != want:
+            wrong.append(f"{run_id}: (events, turns, tokens, refused) {counted}, wrote {want}")
+        if any(g > w for g, w in zip(counted, want, strict=True)):
+            duplicates += 1
+        elif counted != want:
+            lost += 1
+        if fact.finished and got.status != "completed":
+            waiting += 1
+            wrong.append(f"{run_id}: {got.status}, the script finished it")
+    return Tally(len(facts), folded, duplicates, lost, waiting, wrong)
+
+
+async def assert_stored_is_what_the_scripts_wrote(
+    store: FrontierStore, steps: Sequence[list[Event]]
+) -> Tally:
+    """Every run's row counts exactly what its script wrote: every event once (seqs plus
+    refused), its settled turns, its tokens, its zombie's refused writes, and completed."""
+    tally = await tally_against_scripts(store, steps)
+    assert tally.wrong == [], tally.wrong[:5]
+    assert tally.folded == sum(len(step) for step in steps)
+    return tally

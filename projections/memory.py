@@ -51,10 +51,18 @@ class MemoryFrontierStore(FrontierStoreBackend):
         return self._stored(run_id)
 
     async def _write(self, batch: FrontierWrite) -> None:
-        consumer, positions, snapshots, calls = batch[:4]
+        """Read the whole batch before changing anything, so a batch that fails partway (an
+        item that cannot be read) stores none of it, as a durable store's rolled-back
+        transaction does."""
+        consumer = batch.consumer
+        rows = [(RunSummary.of(snap.frontier), snap) for snap in batch.snapshots]
+        calls = list(batch.calls)
+        cleared = list(batch.cleared)
+        quarantine = [(entry, entry.mark) for entry in batch.quarantine]
+        positions = list(batch.positions.items())
+        messages = [(said.tenant, said.run_id, said.seq, said.encoded()) for said in batch.messages]
         async with self._lock:
-            for snap in snapshots:
-                summary = RunSummary.of(snap.frontier)
+            for summary, snap in rows:
                 current = self._rows.get(summary.run_id)
                 if current is None or current[0].through_offset < summary.through_offset:
                     self._rows[summary.run_id] = (summary, snap.payload, snap.error)
@@ -64,21 +72,20 @@ class MemoryFrontierStore(FrontierStoreBackend):
                 if existing is None or existing.through_offset < call.through_offset:
                     self._calls[key] = call
             for (held_by, _, _), entry in list(self._quarantine.items()):
-                cleared = entry.run_id in batch.cleared and entry.state == "released"
-                if held_by == consumer and cleared:
+                released = entry.run_id in cleared and entry.state == "released"
+                if held_by == consumer and released:
                     self._replace_entry(consumer, entry, state="cleared")
-            for run_id in batch.cleared:
+            for run_id in cleared:
                 self._marks.pop(run_id, None)
-            for entry in batch.quarantine:
+            for entry, mark in quarantine:
                 self._quarantine[(consumer, entry.partition, entry.offset)] = entry
                 if entry.run_id is not None and entry.run_id in self._rows:
-                    self._marks[entry.run_id] = entry.mark
-            for partition, offset in positions.items():
+                    self._marks[entry.run_id] = mark
+            for partition, offset in positions:
                 key2 = (consumer, partition)
                 self._positions[key2] = max(offset, self._positions.get(key2, 0))
-            for said in batch.messages:
-                run = self._transcript.setdefault((said.tenant, said.run_id), {})
-                run.setdefault(said.seq, said.encoded())
+            for tenant, run_id, seq, encoded in messages:
+                self._transcript.setdefault((tenant, run_id), {}).setdefault(seq, encoded)
 
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         run = self._transcript.get((tenant, run_id), {})

@@ -7,14 +7,17 @@ returns a fresh, migrated, empty store. Needs pytest and pytest-asyncio.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import TypeVar
 
 import msgspec
+import pytest
 import pytest_asyncio
 
 from onward.eventlog.events import Message
 from onward.projections.base import (
     FrontierStore,
+    FrontierWrite,
     QuarantineEntry,
     Snapshot,
     StoredFrontier,
@@ -111,6 +114,86 @@ async def poisoned_run(store: FrontierStore) -> tuple[str, QuarantineEntry]:
     return run_id, entry
 
 
+class UnreadableItemError(Exception):
+    """Raised by a batch's poisoned item when the store reads it: the write fails partway."""
+
+
+_Item = TypeVar("_Item")
+
+
+class BreaksAt(list[_Item]):
+    """The items of a batch, the one at ``at`` unreadable: a store that reads them in order
+    has read (and possibly written) the ones before it when the write fails."""
+
+    def __init__(self, items: Sequence[_Item], *, at: int) -> None:
+        super().__init__(items)
+        self._at = at
+
+    def __iter__(self) -> Iterator[_Item]:
+        for index, item in enumerate(super().__iter__()):
+            if index == self._at:
+                raise UnreadableItemError(f"item {index} of the batch cannot be read")
+            yield item
+
+
+class PositionsBreakAt(Mapping[int, int]):
+    """Positions whose offset for ``partition`` cannot be read (the others can)."""
+
+    def __init__(self, offsets: Mapping[int, int], *, partition: int) -> None:
+        self._offsets = dict(offsets)
+        self._partition = partition
+
+    def __getitem__(self, partition: int) -> int:
+        if partition == self._partition:
+            raise UnreadableItemError(f"the offset of partition {partition} cannot be read")
+        return self._offsets[partition]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._offsets)
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+
+def _breaking_calls(batch: FrontierWrite) -> FrontierWrite:
+    return batch._replace(calls=BreaksAt(batch.calls, at=1))
+
+
+def _breaking_quarantine(batch: FrontierWrite) -> FrontierWrite:
+    return batch._replace(quarantine=BreaksAt(batch.quarantine, at=1))
+
+
+def _breaking_messages(batch: FrontierWrite) -> FrontierWrite:
+    return batch._replace(messages=BreaksAt(batch.messages, at=1))
+
+
+def _breaking_positions(batch: FrontierWrite) -> FrontierWrite:
+    return batch._replace(positions=PositionsBreakAt(batch.positions, partition=2))
+
+
+BREAKING_ITEMS: dict[str, Callable[[FrontierWrite], FrontierWrite]] = {
+    "call-row": _breaking_calls,
+    "quarantine-entry": _breaking_quarantine,
+    "transcript-row": _breaking_messages,
+    "position": _breaking_positions,
+}
+"""Where a write fails partway: after frontier rows (a call row), after rows and calls (a
+quarantine entry or a transcript row), after everything but the positions (a position)."""
+
+
+async def write_batch(store: FrontierStore, batch: FrontierWrite) -> None:
+    """Hand one `FrontierWrite` to :meth:`FrontierStore.write`."""
+    await store.write(
+        batch.consumer,
+        batch.positions,
+        batch.snapshots,
+        batch.calls,
+        quarantine=batch.quarantine,
+        cleared=batch.cleared,
+        messages=batch.messages,
+    )
+
+
 class FrontierStoreConformance:
     """The contract of `FrontierStore`. Subclass per backend; every test must pass unchanged."""
 
@@ -202,6 +285,53 @@ class FrontierStoreConformance:
             for row, snap in zip((loaded[r] for r in runs), snapshots, strict=True)
         )
         assert await store.positions(CONSUMER) == {1: 300}
+
+    @pytest.mark.parametrize("breaking", list(BREAKING_ITEMS.values()), ids=list(BREAKING_ITEMS))
+    async def test_a_write_that_fails_partway_stores_none_of_it(
+        self, store: FrontierStore, breaking: Callable[[FrontierWrite], FrontierWrite]
+    ) -> None:
+        """Exactly once rests on this: rows and positions commit together or not at all. A
+        store whose positions moved without the rows (or the rows without the positions)
+        would skip a batch or fold it onto rows that already hold it."""
+        run_id, fresh = new_run_id(), new_run_id()
+        before = frontier(run_id, through=3, iteration=1)
+        first_call = call_row(run_id, "c1", through=3, outcome=None)
+        first_said = said(run_id, 1, "before")
+        await store.write(
+            CONSUMER, {1: 4}, [Snapshot.of(before)], [first_call], messages=[first_said]
+        )
+        batch = FrontierWrite(
+            CONSUMER,
+            {1: 10, 2: 10},
+            [
+                Snapshot.of(frontier(run_id, through=9, iteration=7)),
+                Snapshot.of(frontier(fresh, through=8)),
+            ],
+            [
+                call_row(run_id, "c1", through=9, outcome="completed"),
+                call_row(run_id, "c2", through=9, outcome="completed"),
+                call_row(fresh, "c1", through=8, outcome=None),
+            ],
+            quarantine=[poison(run_id, offset=10, partition=2), poison(None, offset=11)],
+            messages=[said(run_id, 2, "after"), said(run_id, 3, "later"), said(fresh, 1, "x")],
+        )
+        with pytest.raises(UnreadableItemError):
+            await write_batch(store, breaking(batch))
+        row = await stored_row(store, run_id)
+        assert (row.frontier, row.quarantined) == (before, None)
+        assert await store.get(fresh) is None
+        assert await store.tool_calls(run_id) == [first_call]
+        assert await store.tool_calls(fresh) == []
+        assert await store.transcript(run_id, tenant="acme", through=99) == [first_said]
+        assert await store.transcript(fresh, tenant="acme", through=99) == []
+        assert await store.quarantined(CONSUMER) == []
+        assert await store.positions(CONSUMER) == {1: 4}
+        # The same batch, readable, is stored whole: the failure was the unreadable item's.
+        await write_batch(store, batch)
+        assert (await stored_row(store, run_id)).summary.iteration == 7
+        assert await store.get(fresh) is not None
+        assert await store.positions(CONSUMER) == {1: 10, 2: 10}
+        assert len(await store.quarantined(CONSUMER)) == 2
 
     async def test_call_rows_are_upserted_by_run_and_call(self, store: FrontierStore) -> None:
         run_id = new_run_id()

@@ -91,9 +91,14 @@ async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
                 await asyncio.wait_for(worker.communicate(), 60)
     carried = [o for o in outcomes if o["outcome"] == "carried"]
     conflicts = [o for o in outcomes if o["outcome"] == "conflict"]
+    # A loser that only got to try once the winner had finished and released the run finds
+    # it finished (it claims nothing and plans nothing): a slow host, not a second carrier.
+    finished = [o for o in outcomes if o["outcome"] == "found it finished"]
     assert len(carried) == 1, outcomes
     assert carried[0]["status"] == "completed"
-    assert len(conflicts) == 19
+    assert len(conflicts) + len(finished) == 19, outcomes
+    assert conflicts, "no worker raced the winner: " + json.dumps(outcomes)
+    assert all(o["status"] == "completed" for o in finished), outcomes
     assert all(o["holder"] and o["holder"].startswith("resume-") for o in conflicts)
     assert all(o["reads"] == 0 for o in conflicts), "a loser read the run"
     ledger = Ledger(config["ledger"])

@@ -1,0 +1,122 @@
+"""A PostgreSQL server that stops answering stops every store's call in bounded time: the
+frontier store (frontiers, the transcript, positions, a projector's write) and the blob store,
+not only the lease store the run tests cut.
+
+Each store is opened through a `TcpProxy` with ``timeout_s`` of one second and answers a first
+call; then the proxy goes silent (connections stay open, nothing comes back, new ones are
+accepted and never answered: a partition or a hung server, which only a timeout ends). The
+next call must raise the retryable `BackendUnavailableError` within the bound on the pooled
+connection it has, and so must the call after it; opening a store against the silent server
+must too. Once the proxy is restored, the same store answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from support.proxy import TcpProxy
+
+from onward.errors import BackendUnavailableError
+from onward.projections.postgres import PostgresFrontierStore
+from onward.runtime.blobs import PostgresBlobStore, digest_of
+
+BOUND_S = 1.0
+"""Every store's ``timeout_s`` here."""
+GIVES_UP_WITHIN_S = 2 * BOUND_S + 1.5
+"""A wait for a connection and one statement (a fresh connection's, or the pooled one's), and
+room for a loaded machine; the default bound is thirty times longer."""
+BODY = b"a body kept out of the log"
+
+Store = PostgresFrontierStore | PostgresBlobStore
+Call = Callable[[Any], Awaitable[object]]
+
+CALLS: dict[str, tuple[type[Store], Call]] = {
+    "frontiers": (PostgresFrontierStore, lambda s: s.load(["run-1"])),
+    "transcript": (
+        PostgresFrontierStore,
+        lambda s: s.transcript("run-1", tenant="acme", through=10),
+    ),
+    "positions": (PostgresFrontierStore, lambda s: s.positions("projector")),
+    "tool calls": (PostgresFrontierStore, lambda s: s.tool_calls("run-1")),
+    "write": (PostgresFrontierStore, lambda s: s.write("projector", {0: 1}, [], [])),
+    "blob put": (PostgresBlobStore, lambda s: s.put(BODY)),
+    "blob get": (PostgresBlobStore, lambda s: s.get(digest_of(BODY))),
+}
+
+
+def through(url: str, proxy: TcpProxy) -> str:
+    """``url`` with its host and port replaced by the proxy's."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rsplit("@", 1)
+    address = f"{proxy.host}:{proxy.port}"
+    netloc = f"{credentials[0]}@{address}" if len(credentials) > 1 else address
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def upstream(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    return parts.hostname, parts.port
+
+
+async def gives_up_in_bounded_time(call: Awaitable[object]) -> float:
+    """How long ``call`` took to fail with `BackendUnavailableError` (a call still waiting
+    long after the bound fails the test instead of hanging it)."""
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError):
+        await asyncio.wait_for(call, 10 * GIVES_UP_WITHIN_S)
+    return time.monotonic() - started
+
+
+async def answers_again(call: Call, store: Store) -> None:
+    """The same store answers once the server does: at once, or after one call that finds a
+    connection the restore reset (what that error tells the caller to do: retry)."""
+    try:
+        await call(store)
+        return
+    except BackendUnavailableError as lost:
+        said = str(lost)
+    if "was lost" not in said:
+        pytest.fail(f"not a reset connection: {said}")
+    await call(store)
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+async def test_a_call_to_a_silent_postgres_fails_retryably_within_the_bound(
+    database_url: str, pg_schema: str, name: str
+) -> None:
+    kind, call = CALLS[name]
+    async with TcpProxy(*upstream(database_url)) as proxy:
+        store = kind(through(database_url, proxy), schema=pg_schema, timeout_s=BOUND_S)
+        async with store:
+            if isinstance(store, PostgresBlobStore):
+                await store.put(BODY)  # the body "blob get" reads
+            await call(store)  # answered while the server answers
+            await proxy.cut(silent=True)
+            # On the pooled connection: the statement's bound ends it.
+            took = await gives_up_in_bounded_time(call(store))
+            assert BOUND_S * 0.9 <= took < GIVES_UP_WITHIN_S, f"{name}: {took:.1f} s"
+            # And the call after it, whichever connection the pool gives it.
+            took = await gives_up_in_bounded_time(call(store))
+            assert BOUND_S * 0.9 <= took < GIVES_UP_WITHIN_S, f"{name} again: {took:.1f} s"
+            await proxy.restore()
+            await answers_again(call, store)
+
+
+@pytest.mark.parametrize("kind", [PostgresFrontierStore, PostgresBlobStore])
+async def test_opening_a_store_on_a_silent_postgres_fails_retryably_within_the_bound(
+    database_url: str, pg_schema: str, kind: type[Store]
+) -> None:
+    async with TcpProxy(*upstream(database_url)) as proxy:
+        await proxy.cut(silent=True)
+        store = kind(through(database_url, proxy), schema=pg_schema, timeout_s=BOUND_S)
+        took = await gives_up_in_bounded_time(store.start())
+        assert took < GIVES_UP_WITHIN_S, f"opening gave up after {took:.1f} s"
+        assert not store.is_open
+        await proxy.restore()

@@ -210,6 +210,7 @@ _ASYNCPG_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
     (pg_errors.InternalClientError, BackendError),
     (pg_errors.PostgresError, BackendError),
     (pg_errors.PostgresWarning, BackendError),  # notices, raised only if warnings are errors
+    (pg_errors.InterfaceWarning, BackendError),  # the client's own, likewise
     # Socket-level failures reaching a server (refused, reset, unreachable, timed out).
     (ConnectionError, BackendUnavailableError),
     (TimeoutError, BackendUnavailableError),

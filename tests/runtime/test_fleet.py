@@ -163,7 +163,8 @@ async def _settled(world: Fleet, run_ids: list[str]) -> bool:
     return statuses["completed"] + left == len(run_ids)
 
 
-def _effects_once(ledger: Ledger) -> Counter[tuple[str, str]]:
+def _repeated_effects(ledger: Ledger) -> Counter[tuple[str, str]]:
+    """The side effects done more than once, each with how many times (none, if all is well)."""
     counts = Counter((e["tool"], e["key"]) for e in ledger.entries())
     return Counter({k: n for k, n in counts.items() if n > 1})
 
@@ -179,7 +180,7 @@ async def test_a_killed_worker_s_runs_are_carried_on_by_the_others(fleet: Fleet)
 
     statuses = await fleet.statuses()
     assert statuses["failed"] == 0, statuses
-    assert not _effects_once(fleet.ledger), "side effects repeated"
+    assert not _repeated_effects(fleet.ledger), "side effects repeated"
     pending = await ExecutionManager(fleet.frontiers, fleet.leases).list_pending(tenant=TENANT)
     left = {p.summary.run_id: p for p in pending if p.attention == "needs_person"}
     rows = {s.run_id: s for s in await fleet.frontiers.runs(tenant=TENANT)}
@@ -236,7 +237,7 @@ async def test_a_dead_worker_s_runs_move_before_its_partitions_do(fleet: Fleet) 
     assert {n: fleet.output(n).count("partitions assigned") for n in assignments} == assignments
     rows = {s.run_id: s for s in await fleet.frontiers.runs(tenant=TENANT) if s.run_id in held}
     assert {rows[r].holder for r in held} <= {"w1", "w2"}  # each claimed by a survivor
-    assert not _effects_once(fleet.ledger), "side effects repeated"
+    assert not _repeated_effects(fleet.ledger), "side effects repeated"
 
 
 async def _folded_to(world: Fleet, ends: dict[int, int]) -> bool:
@@ -265,7 +266,7 @@ async def test_a_sigtermed_worker_drains_and_exits_0_and_its_runs_go_on(fleet: F
     assert int(peak.group(1)) <= MAX_RUNS
     assert int(peak.group(2)) > 0
     await fleet.until("every run completed", lambda: _completed(fleet, len(run_ids)), 100)
-    assert not _effects_once(fleet.ledger), "side effects repeated"
+    assert not _repeated_effects(fleet.ledger), "side effects repeated"
     pending = await ExecutionManager(fleet.frontiers, fleet.leases).list_pending(tenant=TENANT)
     assert pending == []
 
@@ -364,7 +365,7 @@ async def test_answers_and_tags_go_through_the_requests_topic(fleet: Fleet) -> N
     assert rows[denied].status == "cancelled"
     assert all(rows[r].status == "completed" for r in approved)
     assert Counter(e["tool"] for e in fleet.ledger.entries()) == {"pay": 3 * len(approved)}
-    assert not _effects_once(fleet.ledger)
+    assert not _repeated_effects(fleet.ledger)
 
 
 @pytest.mark.timeout(180)
@@ -381,4 +382,4 @@ async def test_a_second_sigterm_cancels_at_once_and_nothing_runs_twice(fleet: Fl
         "every run completed or left for a person", lambda: _settled(fleet, run_ids), 100
     )
     assert (await fleet.statuses())["failed"] == 0
-    assert not _effects_once(fleet.ledger), "side effects repeated"
+    assert not _repeated_effects(fleet.ledger), "side effects repeated"

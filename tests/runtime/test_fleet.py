@@ -9,6 +9,7 @@ runs must be listed as needing a person, not retried. The tools' ledger says wha
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -121,6 +122,7 @@ async def fleet(
         servers,
         PARTITIONS,
         FLEET_LEDGER=str(tmp_path / "ledger.jsonl"),
+        FLEET_SPANS=str(tmp_path / "spans.jsonl"),
         FLEET_STEPS="3",
         FLEET_TOOL_S="0.1",
     )
@@ -167,6 +169,21 @@ def _repeated_effects(ledger: Ledger) -> Counter[tuple[str, str]]:
     """The side effects done more than once, each with how many times (none, if all is well)."""
     counts = Counter((e["tool"], e["key"]) for e in ledger.entries())
     return Counter({k: n for k, n in counts.items() if n > 1})
+
+
+def _most_calls_at_once(spans: Path, pid: int) -> int:
+    """The most tool calls the process ``pid`` had under way at one moment, from the spans the
+    tools wrote: a run makes one call at a time, so each was a different run in flight."""
+    moments: list[tuple[float, int]] = []
+    for line in spans.read_text().splitlines():
+        span = json.loads(line)
+        if span["pid"] == pid:
+            moments += [(span["began"], 1), (span["ended"], -1)]
+    most = under_way = 0
+    for _, change in sorted(moments):  # at one instant an end (-1) sorts before a start
+        under_way += change
+        most = max(most, under_way)
+    return most
 
 
 @pytest.mark.timeout(180)
@@ -265,6 +282,10 @@ async def test_a_sigtermed_worker_drains_and_exits_0_and_its_runs_go_on(fleet: F
     assert peak is not None, fleet.output("w1")
     assert int(peak.group(1)) <= MAX_RUNS
     assert int(peak.group(2)) > 0
+    # The same bound counted by the tools, not by the worker: w1 was given about a third of
+    # the runs at once, so without the bound it would have had far more calls under way.
+    most = _most_calls_at_once(fleet.tmp / "spans.jsonl", fleet.children["w1"].pid)
+    assert 1 < most <= MAX_RUNS, most
     await fleet.until("every run completed", lambda: _completed(fleet, len(run_ids)), 100)
     assert not _repeated_effects(fleet.ledger), "side effects repeated"
     pending = await ExecutionManager(fleet.frontiers, fleet.leases).list_pending(tenant=TENANT)

@@ -10,13 +10,20 @@ model answers after ``FLEET_MODEL_S`` seconds (0: at once).
 ``charger``'s has none, so such a call is indeterminate and its run is left for a person.
 ``broken``'s model always fails, so workers give up on its runs after their attempts.
 ``payer``'s tool needs a person's approval for every call.
+
+With ``FLEET_SPANS`` set, ``book`` and ``charge`` also append each call's span (the worker's
+pid, when the call began and ended) to that file: the tests count from it how many runs a
+worker had in flight, rather than taking the worker's word for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 from onward.eventlog import Message, ToolCall
 from onward.runtime.agent import Agent
@@ -38,17 +45,40 @@ async def _status(key: str) -> Reconciled | None:
     return Reconciled("completed", {"booked": key}) if found else Reconciled("never_ran")
 
 
+@asynccontextmanager
+async def _span() -> AsyncIterator[None]:
+    """Append the call's span to ``FLEET_SPANS`` (if set) once it ends, however it ends: one
+    short line in append mode, so the lines of concurrent calls and processes never mix."""
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        spans = os.environ.get("FLEET_SPANS")
+        if spans:
+            _append(spans, {"pid": os.getpid(), "began": began, "ended": time.monotonic()})
+
+
+def _append(path: str, span: dict[str, float]) -> None:
+    """Written at once, not in a thread: a call being cancelled still records its span."""
+    with open(path, "a") as file:
+        file.write(json.dumps(span) + "\n")
+
+
 def _tools() -> tuple[Tool, Tool, Tool]:
     @tool(reconcile=_status)
     async def book(n: int, *, idempotency_key: str) -> dict[str, object]:
-        await asyncio.to_thread(_ledger().record, "book", idempotency_key, n=n, pid=os.getpid())
-        await asyncio.sleep(TOOL_S)
+        async with _span():
+            record = _ledger().record
+            await asyncio.to_thread(record, "book", idempotency_key, n=n, pid=os.getpid())
+            await asyncio.sleep(TOOL_S)
         return {"booked": idempotency_key}
 
     @tool
     async def charge(n: int, *, idempotency_key: str) -> dict[str, object]:
-        await asyncio.to_thread(_ledger().record, "charge", idempotency_key, n=n, pid=os.getpid())
-        await asyncio.sleep(TOOL_S)
+        async with _span():
+            record = _ledger().record
+            await asyncio.to_thread(record, "charge", idempotency_key, n=n, pid=os.getpid())
+            await asyncio.sleep(TOOL_S)
         return {"charged": idempotency_key}
 
     @tool(requires_approval=True)

@@ -6,6 +6,7 @@ Each run takes several tool steps; the ledger the tool writes says what really h
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from support.fault_runs import kafka_runs_through
 from support.private_servers import PrivateKafka
 
 from onward.runtime.demo_ledger import Ledger
+from onward.runtime.leases import PostgresLeaseStore, RedisLeaseStore
 
 pytestmark = pytest.mark.faults
 RUNS = 20
@@ -27,7 +29,13 @@ then fenced. No tool runs while the broker is frozen."""
 
 @pytest.mark.timeout(420)
 async def test_broker_sigkill_mid_load_then_restart(
-    private_kafka: PrivateKafka, tmp_path: Path
+    private_kafka: PrivateKafka,
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    pg_schema: str,
+    rng: random.Random,
+    tmp_path: Path,
 ) -> None:
     ledger = Ledger(tmp_path / "ledger.jsonl")
     killed_with, restart = 0, 0.0
@@ -40,21 +48,38 @@ async def test_broker_sigkill_mid_load_then_restart(
         restart = time.time()
         await asyncio.to_thread(private_kafka.start)
 
-    window = await kafka_runs_through(
-        private_kafka.bootstrap, ledger, kill_then_restart, runs=RUNS, steps=STEPS, within_s=300
-    )
+    async with RedisLeaseStore(redis_url, prefix=redis_prefix) as leases:
+        window = await kafka_runs_through(
+            private_kafka.bootstrap,
+            ledger,
+            kill_then_restart,
+            leases=leases,
+            database_url=database_url,
+            schema=pg_schema,
+            rng=rng,
+            runs=RUNS,
+            steps=STEPS,
+            within_s=300,
+        )
     verdict = window.assert_all_completed(
         "kafka: broker SIGKILL, restart after 5 s",
         ledger,
         steps=STEPS,
-        notes=f"(effects before kill {killed_with}, broker boot {window.lifted - restart:.1f}s)",
+        notes=(
+            f"(Redis leases, PostgreSQL frontiers; effects before kill {killed_with}, broker boot "
+            f"{window.lifted - restart:.1f}s, projector restarts {window.projector_restarts})"
+        ),
     )
     assert verdict.side_effects == RUNS * STEPS
 
 
 @pytest.mark.timeout(420)
 async def test_broker_sigstop_past_the_request_timeout_then_sigcont(
-    private_kafka: PrivateKafka, tmp_path: Path
+    private_kafka: PrivateKafka,
+    database_url: str,
+    pg_schema: str,
+    rng: random.Random,
+    tmp_path: Path,
 ) -> None:
     ledger = Ledger(tmp_path / "ledger.jsonl")
 
@@ -65,16 +90,30 @@ async def test_broker_sigstop_past_the_request_timeout_then_sigcont(
         finally:
             private_kafka.resume()
 
-    window = await kafka_runs_through(
-        private_kafka.bootstrap, ledger, stop_then_continue, runs=RUNS, steps=STEPS, within_s=300
-    )
+    async with PostgresLeaseStore(database_url, schema=pg_schema) as leases:
+        window = await kafka_runs_through(
+            private_kafka.bootstrap,
+            ledger,
+            stop_then_continue,
+            leases=leases,
+            database_url=database_url,
+            schema=pg_schema,
+            rng=rng,
+            runs=RUNS,
+            steps=STEPS,
+            within_s=300,
+        )
     outcomes = window.outcomes
     failures = [f for o in outcomes for f in o.failures]
     window.assert_all_completed(
         f"kafka: broker SIGSTOP {PRODUCER_REQUEST_TIMEOUT_S + 5:.0f} s, SIGCONT",
         ledger,
         steps=STEPS,
-        notes=f"(runs stopped by an error then resumed: {sum(1 for o in outcomes if o.failures)})",
+        notes=(
+            "(PostgreSQL leases and frontiers; runs stopped by an error then resumed: "
+            f"{sum(1 for o in outcomes if o.failures)}, projector restarts "
+            f"{window.projector_restarts})"
+        ),
     )
     # An append the frozen broker never acknowledged fails after the request timeout and may
     # still land once it thaws; the holder that wrote it then learns it was superseded.

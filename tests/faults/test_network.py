@@ -7,6 +7,7 @@ then the partition leader it is told about) goes through the proxy.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from support.faulty_proxy import FaultyProxy
 from support.private_servers import PrivateKafka, free_port, running
 
 from onward.runtime.demo_ledger import Ledger
+from onward.runtime.leases import RedisLeaseStore
 
 pytestmark = pytest.mark.faults
 RUNS = 20
@@ -37,7 +39,14 @@ async def proxied() -> AsyncIterator[tuple[PrivateKafka, FaultyProxy]]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("fault", ["latency", "cut"])
 async def test_latency_and_a_dropped_connection_to_the_broker(
-    fault: str, proxied: tuple[PrivateKafka, FaultyProxy], tmp_path: Path
+    fault: str,
+    proxied: tuple[PrivateKafka, FaultyProxy],
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    pg_schema: str,
+    rng: random.Random,
+    tmp_path: Path,
 ) -> None:
     broker, proxy = proxied
     ledger = Ledger(tmp_path / "ledger.jsonl")
@@ -50,9 +59,19 @@ async def test_latency_and_a_dropped_connection_to_the_broker(
             await asyncio.sleep(CUT_S)
         proxy.restore()
 
-    window = await kafka_runs_through(
-        broker.bootstrap, ledger, cut_then_restore, runs=RUNS, steps=STEPS, within_s=240
-    )
+    async with RedisLeaseStore(redis_url, prefix=redis_prefix) as leases:
+        window = await kafka_runs_through(
+            broker.bootstrap,
+            ledger,
+            cut_then_restore,
+            leases=leases,
+            database_url=database_url,
+            schema=pg_schema,
+            rng=rng,
+            runs=RUNS,
+            steps=STEPS,
+            within_s=240,
+        )
     name = (
         f"network: {DELAY_MS} ms latency each way"
         if fault == "latency"
@@ -64,6 +83,9 @@ async def test_latency_and_a_dropped_connection_to_the_broker(
         steps=STEPS,
         down=fault == "cut",
         lifted=fault == "cut",
-        notes=f"(proxy connections {proxy.connections}, reset {proxy.resets})",
+        notes=(
+            f"(Redis leases, PostgreSQL frontiers; proxy connections {proxy.connections}, reset "
+            f"{proxy.resets}, projector restarts {window.projector_restarts})"
+        ),
     )
     assert verdict.side_effects == RUNS * STEPS

@@ -28,7 +28,14 @@ from support.fault_runs import (
     through_fault,
     until,
 )
-from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
+from support.histories import (
+    append_all,
+    assert_stored_is_the_direct_fold,
+    assert_stored_is_what_the_scripts_wrote,
+    run_ids_of,
+    tally_against_scripts,
+    workload,
+)
 from support.pg import create_schema
 from support.private_servers import PrivatePostgres
 
@@ -41,7 +48,7 @@ from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy, PostgresLeaseStore
 from onward.runtime.runner import AgentRunner
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.kafka]
 PARTITIONS = 4
 DOWN_S = 4.0
 ASSIGNED = "onward.projector assigned "
@@ -147,26 +154,33 @@ async def test_postgres_restart_under_the_projector(
                 await asyncio.sleep(0.2)
             recovered = time.time() - lifted
             assert await projector.stop() == 0, projector.text()[-3000:]
+            tally = await tally_against_scripts(store, steps)
+            # Measured, and recorded before anything is asserted, so a failing run shows too:
+            # side effects here are the events the stored rows account for; a duplicate is a
+            # run whose row counts more than its script wrote, a lost run one that counts less.
+            record(
+                Verdict(
+                    fault="postgres: restart under the projector",
+                    runs=tally.runs,
+                    side_effects=tally.folded,
+                    duplicates=tally.duplicates,
+                    lost=tally.lost,
+                    waiting=tally.waiting,
+                    recover_s=recovered,
+                    total_s=time.time() - began,
+                    retries=len(projector.exits),
+                    notes=(
+                        f"(events folded, of {sum(len(s) for s in steps)} written; projector "
+                        f"exits {projector.exits})"
+                    ),
+                )
+            )
             await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+            await assert_stored_is_what_the_scripts_wrote(store, steps)
         finally:
             await projector.kill()
         output = projector.text()
     tracebacks = output.count("Traceback")
-    events = sum(len(s) for s in steps)
-    record(
-        Verdict(
-            fault="postgres: restart under the projector",
-            runs=len(run_ids_of(steps)),
-            side_effects=events,
-            duplicates=0,
-            lost=0,
-            waiting=0,
-            recover_s=recovered,
-            total_s=time.time() - began,
-            retries=len(projector.exits),
-            notes=f"(events folded; projector exits {projector.exits}, tracebacks {tracebacks})",
-        )
-    )
     # The projector rides the restart out (test_projector_outage); were it to exit, asyncpg's
     # pool could add one traceback of its own on the way out. More than one per exit is spam.
     assert tracebacks <= len(projector.exits), output[-5000:]
@@ -177,13 +191,14 @@ async def test_postgres_restart_under_running_workers(
     private_postgres: PrivatePostgres,
     kafka_bootstrap: str,
     kafka_topic: str,
+    rng: random.Random,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     runs, steps_per_run = 20, 4
     ledger = Ledger(tmp_path / "ledger.jsonl")
     agent = step_agent(ledger, tool_s=0.3)
-    run_ids = new_run_ids(runs)
+    run_ids = new_run_ids(rng, runs)
     began = time.time()
     schema = await create_schema(private_postgres.url)  # thrown away with the cluster
     async with (

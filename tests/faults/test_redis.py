@@ -19,20 +19,23 @@ import pytest
 import redis.asyncio as aioredis
 from support.fault_runs import (
     TENANT,
+    Folding,
     drive_all,
     new_run_ids,
     step_agent,
     step_runner,
     through_fault,
 )
+from support.histories import assert_stored_is_the_direct_fold
 from support.private_servers import PrivateRedis
 
 from onward.errors import OnwardError
 from onward.eventlog import KafkaEventLog, RunClaimed, RunStarted, SequenceGuard
+from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy, RedisLeaseStore
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.kafka]
 RUNS = 20
 STEPS = 6
 POLICY = LeasePolicy(ttl=timedelta(seconds=4))
@@ -53,21 +56,25 @@ async def test_redis_loses_every_lease_under_running_workers(
     private_redis: PrivateRedis,
     kafka_bootstrap: str,
     kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
     rng: random.Random,
     tmp_path: Path,
 ) -> None:
     ledger = Ledger(tmp_path / "ledger.jsonl")
     agent = step_agent(ledger, tool_s=0.5)
-    run_ids = new_run_ids(RUNS)
+    run_ids = new_run_ids(rng, RUNS)
     prefix = "onward-faults:"
     began = time.time()
     async with (
         KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=4) as log,
         RedisLeaseStore(private_redis.url, prefix=prefix) as leases_a,
         RedisLeaseStore(private_redis.url, prefix=prefix) as leases_b,
+        PostgresFrontierStore(database_url, schema=pg_schema) as frontiers,
+        Folding(kafka_bootstrap, log, frontiers) as folding,
     ):
         workers = [
-            step_runner(log, leases, STEPS, POLICY, worker=name)
+            step_runner(log, leases, frontiers, STEPS, POLICY, worker=name)
             for name, leases in (("worker-a", leases_a), ("worker-b", leases_b))
         ]
         done = asyncio.Event()
@@ -96,6 +103,8 @@ async def test_redis_loses_every_lease_under_running_workers(
         finally:
             done.set()
             await asyncio.gather(*rivals, return_exceptions=True)
+        await folding.caught_up()
+        await assert_stored_is_the_direct_fold(frontiers, log, run_ids)
         # Two holders of one lease would show as two claims (a start or a resume) under one
         # fence: a store that forgot the run handing out a fence the log already has.
         claims_twice, refused = [], 0
@@ -112,6 +121,9 @@ async def test_redis_loses_every_lease_under_running_workers(
         ledger,
         steps=STEPS,
         down=False,
-        notes=f"(two workers racing; writes of superseded holders refused {refused})",
+        notes=(
+            f"(two workers racing, PostgreSQL frontiers; writes of superseded holders refused "
+            f"{refused}, projector restarts {folding.restarts})"
+        ),
     )
     assert claims_twice == []

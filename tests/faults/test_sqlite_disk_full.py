@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import random
 import sqlite3
 import subprocess
 import time
@@ -135,10 +136,12 @@ async def full_disk(tmp_path: Path) -> AsyncIterator[FullDisk]:
 
 
 @pytest.mark.timeout(300)
-async def test_sqlite_disk_full_under_an_embedded_worker(tmp_path: Path) -> None:
+async def test_sqlite_disk_full_under_an_embedded_worker(
+    tmp_path: Path, rng: random.Random
+) -> None:
     ledger = Ledger(tmp_path / "ledger.jsonl")
     agent = step_agent(ledger, tool_s=0.3, payload=PAYLOAD)
-    run_ids = new_run_ids(RUNS)
+    run_ids = new_run_ids(rng, RUNS)
     began = time.time()
     async with full_disk(tmp_path) as (db, make_full, free, how):
         async with SqliteEventLog(db) as log:

@@ -16,7 +16,9 @@ lifted to the first side effect after it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import random
 import time
 import uuid
 from collections import Counter
@@ -32,17 +34,22 @@ from onward.errors import (
     IndeterminateToolCallError,
     InvalidInputError,
     NothingToResumeError,
+    OnwardError,
     ResumeConflictError,
 )
 from onward.eventlog import KafkaEventLog, ToolCall
 from onward.eventlog.base import EventLog
+from onward.projections.base import FrontierStore
+from onward.projections.frontier_projection import FrontierProjection
+from onward.projections.kafka import KafkaProjector
+from onward.projections.postgres import PROJECTION, PostgresFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.demo_ledger import Ledger
-from onward.runtime.leases import LeasePolicy, LeaseStore, MemoryLeaseStore
+from onward.runtime.leases import LeasePolicy, LeaseStore
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, idempotency_key, tool
-from support.runners import log_runner
+from support.histories import assert_stored_is_the_direct_fold
 
 TENANT = "acme"
 REPO = Path(__file__).resolve().parents[2]
@@ -82,16 +89,91 @@ def step_provider(steps: int) -> ScriptedProvider:
     return ScriptedProvider([*turns, reply("all steps taken")])
 
 
-def new_run_ids(runs: int) -> list[str]:
-    """``runs`` fresh run ids."""
-    return [f"run-{uuid.uuid4().hex[:8]}" for _ in range(runs)]
+def new_run_ids(rng: random.Random, runs: int) -> list[str]:
+    """``runs`` fresh run ids, from the test's seeded source (so the seed replays their
+    partitions)."""
+    return [f"run-{rng.getrandbits(48):012x}" for _ in range(runs)]
 
 
 def step_runner(
-    log: EventLog, leases: LeaseStore, steps: int, policy: LeasePolicy, **options: Any
+    log: EventLog,
+    leases: LeaseStore,
+    frontiers: FrontierStore,
+    steps: int,
+    policy: LeasePolicy,
+    **options: Any,
 ) -> AgentRunner:
-    """A runner of ``steps``-step runs that reads runs from the log (there is no projector)."""
-    return log_runner(step_provider(steps), log, leases, lease_policy=policy, **options)
+    """A runner of ``steps``-step runs that resumes from ``frontiers`` (row, then the log's
+    tail), as a deployment's workers do."""
+    return AgentRunner(
+        provider=step_provider(steps),
+        log=log,
+        leases=leases,
+        frontiers=frontiers,
+        lease_policy=policy,
+        **options,
+    )
+
+
+class Folding:
+    """A `KafkaProjector` folding the log into the PostgreSQL frontier store while the runs go,
+    as a deployment's projector does; started again should it fail (its supervisor would).
+
+    Use ``async with``; `caught_up` waits until every partition's end is stored.
+    """
+
+    def __init__(self, bootstrap: str, log: KafkaEventLog, store: PostgresFrontierStore) -> None:
+        self.bootstrap = bootstrap
+        self.log = log
+        self.store = store
+        self.group = f"faults-{uuid.uuid4().hex[:8]}"
+        self.restarts: list[str] = []
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Folding:
+        self._task = asyncio.create_task(self._supervise())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.wait_for(self._task, 60)
+
+    async def _supervise(self) -> None:
+        while not self._stop.is_set():
+            projector = KafkaProjector(
+                self.bootstrap,
+                FrontierProjection(self.store, self.log),
+                topic=self.log.topic,
+                partitions=self.log.partitions,
+                group_id=self.group,
+                session_timeout_ms=6000,
+            )
+            try:
+                await projector.start()
+                await projector.run(self._stop)
+            except OnwardError as exc:
+                self.restarts.append(type(exc).__name__)
+                await asyncio.sleep(1.0)
+            finally:
+                await projector.close()
+
+    async def caught_up(self, *, within_s: float = 120.0) -> None:
+        """Wait until the store holds every partition's end; fail if the projector died."""
+        deadline = time.monotonic() + within_s
+        while True:
+            assert self._task is not None
+            assert not self._task.done(), self._task
+            ends: list[int] = []
+            # Either store may still be coming back from the fault: ask again until the deadline.
+            with contextlib.suppress(BackendError):
+                ends = [(await self.log.bounds(p)).end for p in range(self.log.partitions)]
+                stored = await self.store.positions(PROJECTION)
+                if all(stored.get(p, 0) >= end for p, end in enumerate(ends)):
+                    return
+            assert time.monotonic() < deadline, f"not folded within {within_s:.0f}s: {ends}"
+            await asyncio.sleep(0.2)
 
 
 def expected_keys(run_ids: list[str], steps: int) -> set[str]:
@@ -283,6 +365,7 @@ class Window:
     down: float
     lifted: float
     outcomes: list[Outcome]
+    projector_restarts: list[str] = field(default_factory=list)
 
     def assert_all_completed(
         self,
@@ -342,22 +425,41 @@ async def kafka_runs_through(
     ledger: Ledger,
     fault: Callable[[], Awaitable[object]],
     *,
+    leases: LeaseStore,
+    database_url: str,
+    schema: str,
+    rng: random.Random,
     runs: int,
     steps: int,
     within_s: float,
 ) -> Window:
-    """``runs`` runs of ``steps`` steps on a topic of ``bootstrap``, leases in memory, through
-    ``fault`` (once every run has taken a step)."""
+    """``runs`` runs of ``steps`` steps on a topic of ``bootstrap`` through ``fault`` (once
+    every run has taken a step), set up as in production: ``leases`` (Redis or PostgreSQL),
+    frontiers in PostgreSQL (``schema``, migrated) folded by a projector all along.
+
+    Once every run has ended, the projector must have folded the whole log, and the stored
+    frontiers must be the fold straight from the log; the window's ``projector_restarts`` says
+    how often the projector failed and was started again.
+    """
     agent = step_agent(ledger, tool_s=0.3)
-    run_ids = new_run_ids(runs)
+    run_ids = new_run_ids(rng, runs)
     began = time.time()
     async with (
         KafkaEventLog(bootstrap, topic="onward.faults", partitions=4) as log,
-        MemoryLeaseStore() as leases,
+        PostgresFrontierStore(database_url, schema=schema) as frontiers,
     ):
-        runner = step_runner(log, leases, steps, LeasePolicy(ttl=timedelta(seconds=10)))
-        driving = drive_all(lambda: runner, agent, run_ids)
-        return await through_fault(driving, ledger, runs, fault, began=began, within_s=within_s)
+        async with Folding(bootstrap, log, frontiers) as folding:
+            runner = step_runner(
+                log, leases, frontiers, steps, LeasePolicy(ttl=timedelta(seconds=10))
+            )
+            driving = drive_all(lambda: runner, agent, run_ids)
+            window = await through_fault(
+                driving, ledger, runs, fault, began=began, within_s=within_s
+            )
+            await folding.caught_up()
+        await assert_stored_is_the_direct_fold(frontiers, log, run_ids)
+    window.projector_restarts = folding.restarts
+    return window
 
 
 async def until(check: Callable[[], bool], what: str, *, within_s: float = 60.0) -> None:

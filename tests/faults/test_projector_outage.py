@@ -105,6 +105,7 @@ async def until_caught_up(
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.kafka
 async def test_the_projector_rides_out_a_postgres_outage(
     private_postgres: PrivatePostgres,
     kafka_bootstrap: str,
@@ -150,6 +151,7 @@ async def test_the_projector_rides_out_a_postgres_outage(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.kafka
 async def test_exit_on_store_loss_exits_5_once_the_store_was_away_that_long(
     private_postgres: PrivatePostgres,
     kafka_bootstrap: str,

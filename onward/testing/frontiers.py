@@ -290,9 +290,9 @@ class FrontierStoreConformance:
     async def test_a_write_that_fails_partway_stores_none_of_it(
         self, store: FrontierStore, breaking: Callable[[FrontierWrite], FrontierWrite]
     ) -> None:
-        """Exactly once rests on this: rows and positions commit together or not at all. A
-        store whose positions moved without the rows (or the rows without the positions)
-        would skip a batch or fold it onto rows that already hold it."""
+        """Exactly once rests on this: rows and positions commit together or not at all.
+        Positions moved without their rows make the projector resume past a batch it never
+        stored; rows kept without their positions are a part of a batch no fold produced."""
         run_id, fresh = new_run_id(), new_run_id()
         before = frontier(run_id, through=3, iteration=1)
         first_call = call_row(run_id, "c1", through=3, outcome=None)
@@ -315,17 +315,35 @@ class FrontierStoreConformance:
             quarantine=[poison(run_id, offset=10, partition=2), poison(None, offset=11)],
             messages=[said(run_id, 2, "after"), said(run_id, 3, "later"), said(fresh, 1, "x")],
         )
+
+        async def stored() -> dict[str, object]:
+            row = await store.get(run_id)
+            return {
+                "row": None if row is None else (row.frontier, row.quarantined),
+                "fresh row": await store.get(fresh),
+                "calls": [*await store.tool_calls(run_id), *await store.tool_calls(fresh)],
+                "transcript": [
+                    *await store.transcript(run_id, tenant="acme", through=99),
+                    *await store.transcript(fresh, tenant="acme", through=99),
+                ],
+                "quarantine": await store.quarantined(CONSUMER),
+                "positions": await store.positions(CONSUMER),
+            }
+
+        before_failure = await stored()
+        assert before_failure == {
+            "row": (before, None),
+            "fresh row": None,
+            "calls": [first_call],
+            "transcript": [first_said],
+            "quarantine": [],
+            "positions": {1: 4},
+        }
         with pytest.raises(UnreadableItemError):
             await write_batch(store, breaking(batch))
-        row = await stored_row(store, run_id)
-        assert (row.frontier, row.quarantined) == (before, None)
-        assert await store.get(fresh) is None
-        assert await store.tool_calls(run_id) == [first_call]
-        assert await store.tool_calls(fresh) == []
-        assert await store.transcript(run_id, tenant="acme", through=99) == [first_said]
-        assert await store.transcript(fresh, tenant="acme", through=99) == []
-        assert await store.quarantined(CONSUMER) == []
-        assert await store.positions(CONSUMER) == {1: 4}
+        after_failure = await stored()
+        changed = [part for part, value in after_failure.items() if value != before_failure[part]]
+        assert not changed, f"the failed write stored part of itself; changed: {changed}"
         # The same batch, readable, is stored whole: the failure was the unreadable item's.
         await write_batch(store, batch)
         assert (await stored_row(store, run_id)).summary.iteration == 7

@@ -7,24 +7,34 @@ call; then the proxy goes silent (connections stay open, nothing comes back, new
 accepted and never answered: a partition or a hung server, which only a timeout ends). The
 next call must raise the retryable `BackendUnavailableError` within the bound on the pooled
 connection it has, and so must the call after it; opening a store against the silent server
-must too. Once the proxy is restored, the same store answers again.
+must too. Once the proxy is restored, the same store answers again. And a run carried on while
+one of the two is silent stops in bounded time, hands its lease back, and finishes afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from support import cli_agent
+from support.crashes import Crash, CrashAt
 from support.proxy import TcpProxy
 
 from onward.errors import BackendUnavailableError
+from onward.eventlog import RunStarted, SqliteEventLog
 from onward.projections.postgres import PostgresFrontierStore
-from onward.runtime.blobs import PostgresBlobStore, digest_of
+from onward.runtime import AgentRunner, SqliteLeaseStore
+from onward.runtime.blobs import DEFAULT_THRESHOLD, PostgresBlobStore, digest_of
 
+TENANT = "acme"
 BOUND_S = 1.0
 """Every store's ``timeout_s`` here."""
 GIVES_UP_WITHIN_S = 2 * BOUND_S + 1.5
@@ -39,7 +49,7 @@ CALLS: dict[str, tuple[type[Store], Call]] = {
     "frontiers": (PostgresFrontierStore, lambda s: s.load(["run-1"])),
     "transcript": (
         PostgresFrontierStore,
-        lambda s: s.transcript("run-1", tenant="acme", through=10),
+        lambda s: s.transcript("run-1", tenant=TENANT, through=10),
     ),
     "positions": (PostgresFrontierStore, lambda s: s.positions("projector")),
     "tool calls": (PostgresFrontierStore, lambda s: s.tool_calls("run-1")),
@@ -120,3 +130,68 @@ async def test_opening_a_store_on_a_silent_postgres_fails_retryably_within_the_b
         assert took < GIVES_UP_WITHIN_S, f"opening gave up after {took:.1f} s"
         assert not store.is_open
         await proxy.restore()
+
+
+# A run carried on while PostgreSQL is silent: the resume's first read of the run (its frontier
+# row), or of a body its history keeps in the blob store, fails within the bound, the run's
+# lease is handed back, and once the server answers a resume finishes the run with its booking
+# made once. The log and the leases are in SQLite, so only the store under test is cut.
+
+INPUT = "book 3A " + "x" * (DEFAULT_THRESHOLD + 1)
+"""A run input over the claim-check threshold: its body is kept in the blob store."""
+STOPS_WITHIN_S = GIVES_UP_WITHIN_S + 1.0
+"""The failing call's bound, and the claim and release around it."""
+
+
+@pytest.mark.parametrize("silent", ["frontiers", "blobs"])
+async def test_a_resume_while_postgres_is_silent_stops_in_bounded_time_and_finishes_after(
+    database_url: str, pg_schema: str, tmp_path: Path, silent: str
+) -> None:
+    db = tmp_path / "onward.db"
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    async with AsyncExitStack() as stack:
+        proxy = await stack.enter_async_context(TcpProxy(*upstream(database_url)))
+        urls = {"frontiers": database_url, "blobs": database_url}
+        urls[silent] = through(database_url, proxy)
+        log = await stack.enter_async_context(SqliteEventLog(db))
+        leases = await stack.enter_async_context(SqliteLeaseStore(db))
+        frontiers = await stack.enter_async_context(
+            PostgresFrontierStore(urls["frontiers"], schema=pg_schema, timeout_s=BOUND_S)
+        )
+        blobs = await stack.enter_async_context(
+            PostgresBlobStore(urls["blobs"], schema=pg_schema, timeout_s=BOUND_S)
+        )
+
+        def runner(worker: str, observer: CrashAt | None = None) -> AgentRunner:
+            return AgentRunner(
+                provider=cli_agent.booking_model(),
+                log=log,
+                leases=leases,
+                frontiers=frontiers,
+                blobs=blobs,
+                worker=worker,
+                observer=observer,
+            )
+
+        with contextlib.suppress(Crash):
+            await runner("w1", CrashAt("model.call")).run(
+                cli_agent.booker(), INPUT, tenant=TENANT, run_id=run_id
+            )
+        [first] = [s.event for s in await log.read_run(run_id)][:1]
+        assert isinstance(first, RunStarted)
+        assert first.input != INPUT  # the log holds a reference; the body is in the blob store
+        await proxy.cut(silent=True)
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError):
+            await asyncio.wait_for(
+                runner("w2").resume(cli_agent.booker(), run_id, tenant=TENANT),
+                10 * STOPS_WITHIN_S,
+            )
+        took = time.monotonic() - started
+        assert BOUND_S * 0.9 <= took < STOPS_WITHIN_S, f"the resume stopped after {took:.1f} s"
+        assert await leases.current(run_id) is None  # handed back, not held for its ttl
+
+        await proxy.restore()
+        result = await runner("w3").resume(cli_agent.booker(), run_id, tenant=TENANT)
+    assert result.status == "completed"
+    assert cli_agent.effects("book", run_id, "b") == 1

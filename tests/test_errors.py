@@ -468,6 +468,7 @@ def test_errors_made_without_their_facts_still_work() -> None:
     assert translated.offset is None
 
 
+@pytest.mark.kafka
 async def test_kafka_names_the_size_of_a_step_over_a_record_batch_and_a_truncated_read(
     kafka_bootstrap: str, kafka_topic: str
 ) -> None:

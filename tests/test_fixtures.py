@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient
 from support.kafka import fresh_topic
+from support.marker_probe import OUT_VARIABLE as MARKER_OUT_VARIABLE
 from support.pg import fresh_schema, schema_factory
 from support.redis import fresh_prefix
 from support.replay_probe import OUT_VARIABLE
@@ -122,3 +123,18 @@ def test_the_printed_seed_replays_a_workload_byte_for_byte(
     assert first.count(b"\n") > 100
     assert first == again
     assert first != other
+
+
+@pytest.mark.slow
+def test_every_test_on_the_shared_broker_carries_the_kafka_marker(tmp_path: Path) -> None:
+    """`make test-kafka` selects ``-m kafka`` to run the Kafka tests against the other broker
+    version; a test that takes the shared broker without the marker is silently left out."""
+    out = tmp_path / "unmarked"
+    env = {**os.environ, MARKER_OUT_VARIABLE: str(out), "PYTHONPATH": str(REPO / "tests")}
+    argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only"]
+    argv += ["-p", "support.marker_probe", str(REPO / "tests")]
+    done = subprocess.run(
+        [sys.executable, *argv], cwd=REPO, env=env, capture_output=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout.decode(errors="replace")[-3000:]
+    assert out.read_text().splitlines() == []

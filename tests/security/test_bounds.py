@@ -709,6 +709,7 @@ async def test_model_call_ids_out_of_bounds_are_rewritten(call_id: str) -> None:
 SECRET = "Bearer abcdefghijklmnopqrstuvwxyz0123"
 
 
+@pytest.mark.kafka
 async def test_requests_reach_the_topic_masked_and_the_topic_keeps_them_seven_days(
     kafka_bootstrap: str,
 ) -> None:

@@ -274,6 +274,7 @@ BAD_CASES = [
 ]
 
 
+@pytest.mark.kafka
 async def test_a_run_starts_over_tls(deployment: Deployment) -> None:
     # What the bad settings below must not do: this command appends to the events topic.
     before = await deployment.ends()
@@ -283,6 +284,7 @@ async def test_a_run_starts_over_tls(deployment: Deployment) -> None:
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
+@pytest.mark.kafka
 async def test_a_wrong_tls_setting_is_named_in_one_line_and_nothing_is_written(
     deployment: Deployment, secured: SecuredServers, foreign_ca: str, case: str
 ) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from support.fault_runs import (
+    Folding,
     Verdict,
     drive_all,
     new_run_ids,
@@ -41,8 +42,6 @@ from support.private_servers import PrivatePostgres
 
 from onward.errors import BackendError
 from onward.eventlog import KafkaEventLog
-from onward.projections.frontier_projection import FrontierProjection
-from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy, PostgresLeaseStore
@@ -205,6 +204,7 @@ async def test_postgres_restart_under_running_workers(
         KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
         PostgresFrontierStore(private_postgres.url, schema=schema) as frontiers,
         PostgresLeaseStore(private_postgres.url, schema=schema) as leases,
+        Folding(kafka_bootstrap, log, frontiers) as folding,
     ):
         runner = AgentRunner(
             provider=step_provider(steps_per_run),
@@ -221,14 +221,17 @@ async def test_postgres_restart_under_running_workers(
 
         driving = drive_all(lambda: runner, agent, run_ids)
         window = await through_fault(driving, ledger, runs, restart, began=began, within_s=300)
-        await LogProjector(log, FrontierProjection(frontiers, log)).catch_up()
+        await folding.caught_up()
         await assert_stored_is_the_direct_fold(frontiers, log, run_ids)
     tracebacks = Counter(r.name for r in caplog.records if r.exc_info)
     window.assert_all_completed(
         "postgres: restart under workers (leases, frontiers)",
         ledger,
         steps=steps_per_run,
-        notes=f"(logged tracebacks by logger {dict(tracebacks)})",
+        notes=(
+            f"(a projector folding all along, restarts {folding.restarts}; logged tracebacks by "
+            f"logger {dict(tracebacks)})"
+        ),
     )
     # At most one traceback per run from Onward (a lease that could not be released while the
     # server was down) and a few of asyncpg's own: no traceback per retry.

@@ -9,6 +9,10 @@ charge (a plain tool). What keeps a paused worker's call from taking effect twic
 system's fence rule for bookings, a person for charges (the next worker finds the call
 undecided and leaves the run tagged needs-person). Both systems record every effect with its
 key and fence, so an effect taken twice shows. The chaos draws from the seeded ``rng``.
+
+A kill waits (a few seconds at most) for the worker's word that a call set out, and the test
+fails unless some kill found a call on its way: a kill between calls would say nothing about
+a call cut off halfway.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from support.deployment import balanced, process_env, worker_argv
-from support.fleet_pauses import BOOKINGS, CHARGES, system
+from support.fleet_pauses import BOOKINGS, CHARGES, on_their_way, system
 from support.kafka import delete_topic
 from support.processes import spawn_onward, stop_children
 from support.servers import REQUEST_KEY, KafkaServers
@@ -66,6 +70,8 @@ class Chaos:
 
     pauses: int = 0
     kills: int = 0
+    landed: int = 0
+    """Kills that found the worker with a call on its way (set out, not back)."""
     actions: list[str] = field(default_factory=list)
 
 
@@ -212,8 +218,16 @@ async def chaos(world: PausedFleet, rng: random.Random, until: float, done: Chao
 
     async def kill(name: str) -> None:
         child = world.children[name]
+        # On the worker's word that a call set out (if one does within 5 s): a kill with no
+        # call on its way tests nothing about calls.
+        for _ in range(50):
+            if on_their_way(world.tmp, child.pid):
+                break
+            await asyncio.sleep(0.1)
         child.send_signal(signal.SIGKILL)
         await child.wait()
+        if on_their_way(world.tmp, child.pid):
+            done.landed += 1
         world.workers.remove(name)
         busy.discard(name)
         await world.worker()
@@ -281,7 +295,8 @@ async def test_paused_and_killed_workers_never_take_an_effect_twice(
     bookings = system(BOOKINGS, fleet.tmp).read()
     charges = system(CHARGES, fleet.tmp)
     report = (
-        f"{len(runs)} runs ({dict(statuses)}), {done.pauses} pauses, {done.kills} kills, "
+        f"{len(runs)} runs ({dict(statuses)}), {done.pauses} pauses, {done.kills} kills "
+        f"({done.landed} with a call on its way), "
         f"{len(left)} left for a person, {len(bookings['refused'])} stale bookings refused, "
         f"{sum(1 for s in rows.values() if s.fence > 1)} runs carried on; "
         f"chaos: {done.actions}"
@@ -289,6 +304,7 @@ async def test_paused_and_killed_workers_never_take_an_effect_twice(
     print(report)
     assert done.pauses, report
     assert done.kills, report
+    assert done.landed, f"no kill found a call on its way: {report}"
     assert set(rows) == set(runs), f"runs missing: {set(runs) - set(rows)}; {report}"
     doubled = await twice(fleet, BOOKINGS, runs)
     assert not doubled, f"bookings taken twice: {doubled}; {report}"

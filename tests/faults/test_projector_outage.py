@@ -20,7 +20,13 @@ from pathlib import Path
 
 import pytest
 from support.fault_runs import until
-from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
+from support.histories import (
+    append_all,
+    assert_stored_is_the_direct_fold,
+    assert_stored_is_what_the_scripts_wrote,
+    run_ids_of,
+    workload,
+)
 from support.pg import create_schema, fresh_schema
 from support.private_servers import PrivateKafka, PrivatePostgres
 
@@ -142,6 +148,7 @@ async def test_the_projector_rides_out_a_postgres_outage(
             await until_caught_up(store, log, projector, within_s=120)
             assert await projector.stop() == 0, projector.text()[-3000:]
             await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+            await assert_stored_is_what_the_scripts_wrote(store, steps)
         finally:
             await projector.kill()
     output = projector.text()
@@ -232,6 +239,7 @@ async def test_the_projector_rides_out_a_kafka_outage(
                 await until_caught_up(store, log, projector, within_s=180)
                 assert await projector.stop() == 0, projector.text()[-3000:]
                 await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+                await assert_stored_is_what_the_scripts_wrote(store, steps)
         finally:
             await projector.kill()
     output = projector.text()

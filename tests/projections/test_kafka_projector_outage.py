@@ -19,7 +19,13 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import pytest_asyncio
 from support.faulty_proxy import FaultyProxy
-from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
+from support.histories import (
+    append_all,
+    assert_stored_is_the_direct_fold,
+    assert_stored_is_what_the_scripts_wrote,
+    run_ids_of,
+    workload,
+)
 
 from onward.errors import BackendUnavailableError
 from onward.eventlog import KafkaEventLog
@@ -117,6 +123,7 @@ async def test_run_waits_for_a_lost_store_and_folds_on_exactly_once(
                 running.cancel()
             await projector.close()
         await assert_stored_is_the_direct_fold(direct, log, run_ids_of(steps))
+        await assert_stored_is_what_the_scripts_wrote(direct, steps)
     assert said(caplog, LOST) == 1
     assert said(caplog, BACK) == 1
 

@@ -1,9 +1,9 @@
 """`RedisFrontierStore`: frontier rows, call rows, transcripts and projector positions in Redis.
 
-For a deployment that already runs Redis and wants its frontiers there: one key per run, reads
-of a run's row in one round trip, no SQL. It holds every run in memory, so it suits deployments
-whose runs are reaped (``onward gc``) rather than kept for years, and it has no SQL sinks
-(`SqlProjectionSink`) and no ad-hoc queries: listing runs filters one tenant's index of run ids.
+For a deployment that already runs Redis and wants its frontiers there: one key per run, a
+run's row one round trip away, no SQL. It holds every run in memory (nothing reaps finished
+runs' keys yet), and it has no SQL sinks (`SqlProjectionSink`) and no ad-hoc queries: listing
+runs filters one tenant's index of run ids.
 
 A write is one Lua script (``schemas/redis/frontier_write.lua``), which Redis runs atomically:
 rows, call rows, quarantine entries, transcript rows and the consumer's positions change
@@ -13,12 +13,12 @@ A Lua script is not rolled back if it fails halfway, so everything that could fa
 before the call: the batch is read whole and every value is checked against
 ``max_value_bytes``; the script only compares and stores strings.
 
-Exactly once then rests on Redis keeping what it acknowledged: run it with AOF
-(``appendonly yes``; ``appendfsync always`` to lose nothing on a power cut, ``everysec`` to
-lose up to a second, which the projector folds again only if the positions were lost with the
-rows, as they are, being in the same script) and a ``maxmemory-policy`` that never evicts
-(``noeviction``): an evicted row is a run whose frontier is gone while its positions say it
-was stored. Keys of many runs are touched by one script, so a single node (not Redis Cluster).
+Exactly once then rests on Redis keeping what it acknowledged. Run it with AOF
+(``appendonly yes``): a restart that loses the last writes loses each one's positions with its
+rows, and the projector folds them again from the log. Never let it evict
+(``maxmemory-policy noeviction``): an evicted row is a run whose frontier is gone while the
+positions say it was stored. One script touches many runs' keys, so a single node, not Redis
+Cluster.
 
 Keys, under the store's prefix:
 

@@ -144,6 +144,11 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         self._write_script = client.register_script(_script_source("frontier_write"))
         self._release_script = client.register_script(_script_source("frontier_release"))
 
+    async def _connect(self) -> None:
+        """Connect, then refuse keys of a newer layout at start rather than at first use."""
+        await super()._connect()
+        await self.verify()
+
     def _key(self, kind: str, name: str) -> str:
         return f"{self.prefix}{kind}:{name}"
 

@@ -106,6 +106,8 @@ async def test_keys_written_by_a_newer_layout_are_refused(
             await client.aclose()
         with pytest.raises(SchemaMismatchError, match="format 2"):
             await store.verify()
+    with pytest.raises(SchemaMismatchError, match="upgrade Onward"):
+        await RedisFrontierStore.open(redis_url, prefix=redis_prefix)
 
 
 async def test_every_key_is_under_the_prefix(redis_url: str, redis_prefix: str) -> None:

@@ -6,8 +6,10 @@ large for one log record. Which classes those are follows from ``ONWARD_BACKEND`
 
 * ``sqlite``: `SqliteEventLog`, `SqliteFrontierStore`, `SqliteLeaseStore` and `SqliteBlobStore`,
   all in the one file ``ONWARD_SQLITE_PATH``.
-* ``kafka``: `KafkaEventLog`; `PostgresFrontierStore` and `PostgresBlobStore` in
-  ``DATABASE_URL``; `RedisLeaseStore` when ``REDIS_URL`` is set, else `PostgresLeaseStore`.
+* ``kafka``: `KafkaEventLog`; `PostgresBlobStore` in ``DATABASE_URL``; `PostgresFrontierStore`
+  there too, or `RedisFrontierStore` with ``ONWARD_FRONTIER_STORE=redis``
+  (`kafka_frontier_store`); `RedisLeaseStore` when ``REDIS_URL`` is set, else
+  `PostgresLeaseStore`.
 * ``memory``: `MemoryEventLog` with its own leases, `MemoryFrontierStore`, `MemoryBlobStore`,
   for an application that keeps every run inside its own process (``in_process=True``);
   refused to everything else, since nothing would outlive the process and no other process
@@ -37,6 +39,7 @@ from onward.projections.compaction import (
 )
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.redis import RedisFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 
 from .blobs import BlobStore, MemoryBlobStore, PostgresBlobStore, SqliteBlobStore
@@ -113,6 +116,34 @@ class Backends:
         )
 
 
+def kafka_frontier_store(
+    settings: Settings, *, projector: bool = False, pool_size: int | None = None
+) -> FrontierStore:
+    """The ``kafka`` backend's frontier store (``ONWARD_FRONTIER_STORE``), not opened yet.
+
+    Args:
+        settings: Which store, and where.
+        projector: For the projector, every one of whose rows can be folded again from the
+            log: the PostgreSQL store then commits without waiting for its WAL to reach disk.
+        pool_size: Largest connection pool; the store's default if ``None``.
+    """
+    timeout_s = settings.backend_timeout
+    if settings.frontier_store == "redis":
+        return RedisFrontierStore(
+            settings.require_redis_url(),
+            prefix=settings.redis_prefix,
+            timeout_s=timeout_s,
+            **({} if pool_size is None else {"max_connections": pool_size}),
+        )
+    return PostgresFrontierStore(
+        settings.require_database_url(),
+        schema=settings.database_schema,
+        synchronous_commit=not projector,
+        timeout_s=timeout_s,
+        **({} if pool_size is None else {"max_size": pool_size}),
+    )
+
+
 @asynccontextmanager
 async def open_backends(
     settings: Settings, *, readonly: bool = False, in_process: bool = False
@@ -178,9 +209,7 @@ async def open_backends(
                     create_topic=False,
                 )
             )
-            frontiers = await stack.enter_async_context(
-                PostgresFrontierStore(database_url, schema=schema, timeout_s=timeout_s)
-            )
+            frontiers = await stack.enter_async_context(kafka_frontier_store(settings))
             if settings.redis_url:
                 leases = await stack.enter_async_context(
                     RedisLeaseStore(
@@ -202,4 +231,4 @@ async def open_backends(
         yield Backends(settings, log, frontiers, leases, blobs, compaction)
 
 
-__all__ = ["Backends", "open_backends"]
+__all__ = ["Backends", "kafka_frontier_store", "open_backends"]

@@ -104,6 +104,10 @@ class Settings(BaseSettings):
         redis_url: Redis URL for leases and caches, shown without its password as
             ``database_url`` is (`require_redis_url`); an empty ``REDIS_URL`` is no Redis.
         redis_prefix: Put before every Redis key, so several deployments can share one Redis.
+        frontier_store: Where the ``kafka`` backend's projector keeps frontier rows and its
+            positions (``ONWARD_FRONTIER_STORE``): ``postgres`` (the default, ``DATABASE_URL``)
+            or ``redis`` (`RedisFrontierStore` in ``REDIS_URL``, under ``redis_prefix``). The
+            embedded backends keep theirs beside their log, so ``redis`` needs ``kafka``.
         sqlite_path: The embedded database file.
         schema_cache_prefix: Where the MCP schema cache keeps its entries
             (``MCP_SCHEMA_CACHE_PREFIX``), for garbage collection.
@@ -179,6 +183,9 @@ class Settings(BaseSettings):
     database_schema: str | None = Field(default=None, validation_alias="ONWARD_DATABASE_SCHEMA")
     redis_url: SecretUrl | None = Field(default=None, validation_alias="REDIS_URL")
     redis_prefix: str = Field(default="onward:", validation_alias="ONWARD_REDIS_PREFIX")
+    frontier_store: Literal["postgres", "redis"] = Field(
+        default="postgres", validation_alias="ONWARD_FRONTIER_STORE"
+    )
     sqlite_path: Path = Field(default=Path("onward.db"), validation_alias="ONWARD_SQLITE_PATH")
     schema_cache_prefix: str = Field(
         default=SCHEMA_CACHE_PREFIX, min_length=1, validation_alias="MCP_SCHEMA_CACHE_PREFIX"
@@ -246,6 +253,21 @@ class Settings(BaseSettings):
                 self.kafka_connection()
             except ConfigurationError as exc:
                 raise ConfigurationError(f"invalid configuration: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _frontier_store_usable(self) -> Settings:
+        if self.frontier_store != "redis":
+            return self
+        if self.backend != "kafka":
+            raise ConfigurationError(
+                f"invalid configuration: ONWARD_FRONTIER_STORE=redis needs ONWARD_BACKEND=kafka; "
+                f"the {self.backend} backend keeps its frontiers beside its log"
+            )
+        if not self.redis_url:
+            raise ConfigurationError(
+                "invalid configuration: ONWARD_FRONTIER_STORE=redis needs REDIS_URL"
+            )
         return self
 
     @field_validator("database_url")

@@ -21,8 +21,8 @@ from onward._storage import check_onward_sqlite
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.projections.base import FrontierStore, RunSummary
 from onward.projections.frontier import RunStatus
-from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime.backends import kafka_frontier_store
 from onward.runtime.settings import Settings, load_settings
 
 from ._common import echo_json, err, opened, out, run_until_terminated
@@ -73,11 +73,7 @@ def frontier_store(config: Settings) -> FrontierStore:
             that is missing or is not an Onward database, or no ``DATABASE_URL`` for Kafka.
     """
     if config.backend == "kafka":
-        return PostgresFrontierStore(
-            config.require_database_url(),
-            schema=config.database_schema,
-            timeout_s=config.backend_timeout,
-        )
+        return kafka_frontier_store(config)
     if config.backend == "sqlite":
         path = config.sqlite_path
         if not path.exists():

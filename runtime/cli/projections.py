@@ -29,9 +29,10 @@ from onward.projections.kafka import (
     KafkaProjector,
     quiet_garbage_collector,
 )
-from onward.projections.postgres import PROJECTION, PostgresFrontierStore
+from onward.projections.postgres import PROJECTION
 from onward.projections.postgres_sql import Projection, SqlProjectionSink, as_projection
 from onward.projections.rebuild import RebuildReport, rebuild_frontiers, rebuild_projection
+from onward.runtime.backends import kafka_frontier_store
 from onward.runtime.settings import Settings, load_settings
 
 from ._common import (
@@ -138,19 +139,15 @@ def projector_command(
             )
             sink: ProjectionSink
             if user is None:
-                store = PostgresFrontierStore(
-                    database_url,
-                    schema=config.database_schema,
-                    synchronous_commit=False,  # every row can be folded again from the log
-                    timeout_s=config.backend_timeout,
-                )
+                store = kafka_frontier_store(config, projector=True)
                 compaction = PostgresCompactionStore(
                     database_url,
                     schema=config.database_schema,
                     timeout_s=config.backend_timeout,
                 )
+                store_server = "Redis" if config.frontier_store == "redis" else "PostgreSQL"
                 sink = FrontierProjection(
-                    await stack.enter_async_context(opened("PostgreSQL", store)),
+                    await stack.enter_async_context(opened(store_server, store)),
                     log,
                     flush_events=flush_events,
                     flush_interval=flush_interval,

@@ -28,8 +28,8 @@ from onward.projections.base import (
     QuarantineEntry,
     QuarantineState,
 )
-from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime.backends import kafka_frontier_store
 from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.settings import Settings, load_settings
 
@@ -51,12 +51,7 @@ def _store(config: Settings, *, readonly: bool = False) -> FrontierStore:
             )
         return SqliteFrontierStore(config.sqlite_path, migrate=False, readonly=readonly)
     if config.backend == "kafka":
-        return PostgresFrontierStore(
-            config.require_database_url(),
-            schema=config.database_schema,
-            max_size=1,
-            timeout_s=config.backend_timeout,
-        )
+        return kafka_frontier_store(config, pool_size=1)
     raise ConfigurationError(
         "ONWARD_BACKEND=memory keeps nothing past the process, so nothing is quarantined; use "
         "sqlite (ONWARD_SQLITE_PATH) or kafka"

@@ -29,6 +29,7 @@ from support.servers import KafkaServers
 
 from onward.projections.base import FrontierStore
 from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.redis import RedisFrontierStore
 from onward.runtime.leases import LeaseStore, RedisLeaseStore
 from onward.testing import FrontierStoreConformance, LeaseStoreConformance
 from onward.testing.eventlog import TENANT, new_run_id
@@ -168,6 +169,31 @@ class TestRedisLeaseStoreOverTls(LeaseStoreConformance):
         assert isinstance(store, RedisLeaseStore)
         await self.client.delete(store.lease_key(run_id), store.fence_key(run_id))
         return store
+
+
+class TestRedisFrontierStoreOverTls(FrontierStoreConformance):
+    """The frontier store's whole contract over ``rediss://``."""
+
+    redis_url: str
+    prefixes: list[str]
+
+    @pytest_asyncio.fixture(autouse=True)
+    async def _server(self, secured: SecuredServers) -> AsyncIterator[None]:
+        self.redis_url = secured.redis_url
+        self.prefixes = []
+        yield
+        client = aioredis.Redis.from_url(self.redis_url, decode_responses=True)
+        try:
+            for prefix in self.prefixes:
+                keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+                if keys:
+                    await client.delete(*keys)
+        finally:
+            await client.aclose()
+
+    async def open_store(self) -> FrontierStore:
+        self.prefixes.append(f"onward-test-{uuid.uuid4().hex}:")
+        return await RedisFrontierStore.open(self.redis_url, prefix=self.prefixes[-1])
 
 
 async def test_a_lease_taken_over_tls_is_on_the_server(secured: SecuredServers) -> None:

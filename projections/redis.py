@@ -1,0 +1,389 @@
+"""`RedisFrontierStore`: frontier rows, call rows, transcripts and projector positions in Redis.
+
+For a deployment that already runs Redis and wants its frontiers there: one key per run, a
+run's row one round trip away, no SQL. It holds every run in memory (nothing reaps finished
+runs' keys yet), and it has no SQL sinks (`SqlProjectionSink`) and no ad-hoc queries: listing
+runs filters one tenant's index of run ids.
+
+A write is one Lua script (``schemas/redis/frontier_write.lua``), which Redis runs atomically:
+rows, call rows, quarantine entries, transcript rows and the consumer's positions change
+together, as the PostgreSQL store's transaction changes them, and every row is guarded by
+``through_offset`` (positions by the next offset), so a batch folded twice changes nothing.
+A Lua script is not rolled back if it fails halfway, so everything that could fail is done
+before the call: the batch is read whole and every value is checked against
+``max_value_bytes``; the script only compares and stores strings.
+
+Exactly once then rests on Redis keeping what it acknowledged. Run it with AOF
+(``appendonly yes``): a restart that loses the last writes loses each one's positions with its
+rows, and the projector folds them again from the log. Never let it evict
+(``maxmemory-policy noeviction``): an evicted row is a run whose frontier is gone while the
+positions say it was stored. One script touches many runs' keys, so a single node, not Redis
+Cluster.
+
+Keys, under the store's prefix:
+
+* ``frontier:<run>``: a hash (``through``, ``summary``, ``payload``, ``error``,
+  ``quarantined``), the run's one key.
+* ``runs`` and ``runs-of:<tenant>``: sorted sets of run ids (all scores 0, read by
+  ``ZRANGEBYLEX``), the keyset that `RedisFrontierStore.runs` pages through.
+* ``calls:<run>``: a hash of the run's call rows (``c:<call>``) and their offsets (``t:<call>``).
+* ``transcript:<len(tenant)>:<tenant>:<run>``: a hash from seq to message.
+* ``positions:<consumer>``: a hash from partition to next offset.
+* ``quarantine:<consumer>``: a set of ``<partition>:<offset>``, each a hash
+  ``quarantine:<consumer>:<partition>:<offset>`` (``entry``, ``state``, ``run_id``, ...).
+* ``frontier-format``: the frontier row format the keys were written in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Sequence
+from importlib.resources import files
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from onward._storage import BACKEND_TIMEOUT_S, RedisStore, translated
+from onward.errors import PayloadTooLargeError, SchemaMismatchError
+
+from .base import (
+    FrontierStoreBackend,
+    FrontierWrite,
+    QuarantineEntry,
+    QuarantineState,
+    RunSummary,
+    StoredFrontier,
+    decode_payload,
+    released_mark,
+)
+from .frontier import RunStatus, ToolCallRow
+from .transcript import TranscriptRow, decode_message
+
+STORE_FORMAT = 1
+"""The layout of the keys this code writes (``frontier-format``); a newer one is refused."""
+
+DEFAULT_MAX_VALUE_BYTES = 8 * 1024 * 1024
+"""Largest single value (a frontier payload, a call row, a transcript message) a write sends:
+8 MiB, well above the frontier snapshot cap (`DEFAULT_MAX_BYTES`), well below Redis's own
+512 MB bound on a string."""
+
+LIST_CHUNK = 256
+"""Run ids `RedisFrontierStore.runs` reads from an index per round trip while it filters."""
+
+_summary_decoder = msgspec.json.Decoder(RunSummary)
+_call_decoder = msgspec.json.Decoder(ToolCallRow)
+
+
+class _HeldEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """The parts of a quarantine entry set when it is held; the state and who released it
+    are fields of their own, which the release script sets."""
+
+    run_id: str | None
+    tenant: str | None
+    partition: int
+    offset: int
+    kind: str | None
+    reason: str
+    quarantined_at: int
+
+
+_held_decoder = msgspec.json.Decoder(_HeldEntry)
+
+
+def _script_source(name: str) -> str:
+    return (files("onward") / "schemas" / "redis" / f"{name}.lua").read_text()
+
+
+def _transcript_key(prefix: str, tenant: str, run_id: str) -> str:
+    """The hash of one run's transcript; the tenant's length keeps ``a:b`` + ``c`` apart from
+    ``a`` + ``b:c``."""
+    return f"{prefix}transcript:{len(tenant)}:{tenant}:{run_id}"
+
+
+def _text(value: str | None) -> str:
+    return "" if value is None else value
+
+
+def _str(value: bytes | str) -> str:
+    """A value Redis answered (the client decodes answers, though its types do not say so)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisFrontierStore(RedisStore, FrontierStoreBackend):
+    """A `FrontierStore` in Redis.
+
+    Args:
+        url: ``redis://host:port/db`` (or ``rediss://``).
+        prefix: Put before every key (``ONWARD_REDIS_PREFIX``).
+        max_value_bytes: Largest single value a write sends; a larger one fails the write
+            with `PayloadTooLargeError` before anything reaches Redis. Keep it above the
+            snapshot cap, or a projector meets a frontier it can neither store nor skip.
+        max_connections: Largest connection pool.
+        timeout_s: The longest one call may wait for Redis.
+    """
+
+    what = "Redis frontier store"
+    _write_script: AsyncScript
+    _release_script: AsyncScript
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "onward:",
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        max_connections: int = 64,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
+    ) -> None:
+        super().__init__(url, prefix=prefix, max_connections=max_connections, timeout_s=timeout_s)
+        self.max_value_bytes = max_value_bytes
+
+    def _started(self, client: aioredis.Redis) -> None:
+        self._write_script = client.register_script(_script_source("frontier_write"))
+        self._release_script = client.register_script(_script_source("frontier_release"))
+
+    async def _connect(self) -> None:
+        """Connect, then refuse keys of a newer layout at start rather than at first use."""
+        await super()._connect()
+        await self.verify()
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}{kind}:{name}"
+
+    async def verify(self) -> None:
+        """Refuse keys written in a newer layout than this code reads."""
+        client = self._live_client()
+        with translated("reading the Redis frontier format"):
+            async with asyncio.timeout(self._timeout_s):
+                found = await client.get(f"{self.prefix}frontier-format")
+        if found is not None and int(found) > STORE_FORMAT:
+            raise SchemaMismatchError(
+                f"the Redis frontier keys under {self.prefix!r} are in format {int(found)}, newer "
+                f"than this code reads ({STORE_FORMAT}); upgrade Onward"
+            )
+
+    async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return {}
+        client = self._live_client()
+        with translated(f"loading the frontiers of {len(ids)} runs"):
+            async with asyncio.timeout(self._timeout_s), client.pipeline(False) as pipe:
+                for run_id in ids:
+                    pipe.hmget(
+                        self._key("frontier", run_id), "summary", "payload", "error", "quarantined"
+                    )
+                answers = await pipe.execute()
+        found: dict[str, StoredFrontier] = {}
+        for run_id, (summary, payload, error, quarantined) in zip(ids, answers, strict=True):
+            if summary is None:
+                continue
+            frontier = None if payload is None else decode_payload(payload.encode(), run_id=run_id)
+            found[run_id] = StoredFrontier.of(
+                _summary_decoder.decode(summary), frontier, error, quarantined
+            )
+        return found
+
+    def _checked(self, what: str, value: bytes, run_id: str | None) -> bytes:
+        """``value``, or `PayloadTooLargeError` if it is over ``max_value_bytes``."""
+        if len(value) > self.max_value_bytes:
+            raise PayloadTooLargeError(
+                f"{what} of {len(value)} bytes is over the Redis frontier store's "
+                f"max_value_bytes of {self.max_value_bytes}; nothing of the batch was written",
+                run_id=run_id,
+                size=len(value),
+                limit=self.max_value_bytes,
+            )
+        return value
+
+    def _arguments(self, batch: FrontierWrite) -> list[Any]:
+        """The write script's arguments: the whole batch read and checked, so nothing can fail
+        once the script has started writing."""
+        rows: list[Any] = []
+        for snap in batch.snapshots:
+            f = snap.frontier
+            payload = b"" if snap.payload is None else snap.payload
+            rows += [
+                f.run_id,
+                f.tenant,
+                f.through_offset,
+                msgspec.json.encode(RunSummary.of(f)),
+                self._checked(f"the frontier of run {f.run_id!r}", payload, f.run_id),
+                _text(snap.error),
+            ]
+        calls: list[Any] = []
+        for call in batch.calls:
+            row = msgspec.json.encode(call)
+            what = f"the call row {call.call_id!r}"
+            calls += [call.run_id, call.call_id, call.through_offset]
+            calls.append(self._checked(what, row, call.run_id))
+        cleared = list(batch.cleared)
+        held: list[Any] = []
+        for entry in batch.quarantine:
+            stored = _HeldEntry(
+                run_id=entry.run_id,
+                tenant=entry.tenant,
+                partition=entry.partition,
+                offset=entry.offset,
+                kind=entry.kind,
+                reason=entry.reason,
+                quarantined_at=entry.quarantined_at,
+            )
+            held += [f"{entry.partition}:{entry.offset}", _text(entry.run_id)]
+            held += [msgspec.json.encode(stored), entry.mark]
+        said: list[Any] = []
+        for message in batch.messages:
+            body = self._checked(
+                f"the transcript message at seq {message.seq}", message.encoded(), message.run_id
+            )
+            said += [_transcript_key(self.prefix, message.tenant, message.run_id), message.seq]
+            said.append(body)
+        positions: list[Any] = []
+        for partition, offset in batch.positions.items():
+            positions += [partition, offset]
+        counts = [
+            len(batch.snapshots),
+            len(batch.calls),
+            len(cleared),
+            len(batch.quarantine),
+            len(batch.messages),
+            len(positions) // 2,
+        ]
+        head = [self.prefix, batch.consumer, STORE_FORMAT, *counts]
+        return [*head, *rows, *calls, *cleared, *held, *said, *positions]
+
+    async def _write(self, batch: FrontierWrite) -> None:
+        arguments = self._arguments(batch)
+        with translated(f"writing frontiers of consumer {batch.consumer!r}"):
+            async with asyncio.timeout(self._timeout_s):
+                await self.run_script(self._write_script, [], arguments)
+
+    async def quarantined(
+        self,
+        consumer: str,
+        *,
+        run_id: str | None = None,
+        states: Collection[QuarantineState] | None = None,
+    ) -> list[QuarantineEntry]:
+        client = self._live_client()
+        held_under = self._key("quarantine", consumer)
+        with translated("listing quarantined records", run_id=run_id):
+            async with asyncio.timeout(self._timeout_s):
+                positions = sorted(map(_str, await client.smembers(held_under)))
+                async with client.pipeline(False) as pipe:
+                    for position in positions:
+                        pipe.hgetall(f"{held_under}:{position}")
+                    answers = await pipe.execute()
+        entries = [_entry(fields) for fields in answers if fields]
+        return sorted(
+            (
+                e
+                for e in entries
+                if (run_id is None or e.run_id == run_id) and (states is None or e.state in states)
+            ),
+            key=lambda e: (e.partition, e.offset),
+        )
+
+    async def release(self, consumer: str, run_id: str, *, by: str, at: int) -> int:
+        arguments = [self.prefix, consumer, run_id, by, at, released_mark(by)]
+        with translated("releasing a quarantined run", run_id=run_id):
+            async with asyncio.timeout(self._timeout_s):
+                return int(await self.run_script(self._release_script, [], arguments))
+
+    async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
+        client = self._live_client()
+        with translated("reading the transcript", run_id=run_id):
+            async with asyncio.timeout(self._timeout_s):
+                stored = await client.hgetall(_transcript_key(self.prefix, tenant, run_id))
+        rows = sorted((int(seq), _str(body)) for seq, body in stored.items())
+        return [
+            TranscriptRow(
+                tenant=tenant, run_id=run_id, seq=seq, message=decode_message(body.encode())
+            )
+            for seq, body in rows
+            if seq <= through
+        ]
+
+    async def positions(self, consumer: str) -> dict[int, int]:
+        client = self._live_client()
+        with translated(f"reading the positions of consumer {consumer!r}"):
+            async with asyncio.timeout(self._timeout_s):
+                stored = await client.hgetall(self._key("positions", consumer))
+        return {int(partition): int(offset) for partition, offset in stored.items()}
+
+    async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
+        client = self._live_client()
+        with translated("reading tool call rows", run_id=run_id):
+            async with asyncio.timeout(self._timeout_s):
+                stored = await client.hgetall(self._key("calls", run_id))
+        rows = [_call_decoder.decode(v) for k, v in stored.items() if _str(k).startswith("c:")]
+        return sorted(rows, key=lambda r: (r.dispatched_at is None, r.dispatched_at, r.call_id))
+
+    async def runs(
+        self,
+        *,
+        tenant: str | None = None,
+        statuses: Collection[RunStatus] | None = None,
+        user: str | None = None,
+        agent: str | None = None,
+        updated_before: int | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunSummary]:
+        """Pages through the tenant's index of run ids (or every run's) in id order, reading
+        `LIST_CHUNK` summaries a round trip and keeping those that pass the filters."""
+        client = self._live_client()
+        index = self._key("runs-of", tenant) if tenant is not None else f"{self.prefix}runs"
+        kept: list[RunSummary] = []
+        start = "-" if after is None else f"({after}"
+        with translated("listing runs"):
+            while limit is None or len(kept) < limit:
+                async with asyncio.timeout(self._timeout_s):
+                    ids = [
+                        _str(i)
+                        for i in await client.zrangebylex(
+                            index, start, "+", start=0, num=LIST_CHUNK
+                        )
+                    ]
+                    if not ids:
+                        break
+                    summaries = await self._summaries(client, ids)
+                kept += [
+                    s
+                    for s in summaries
+                    if (statuses is None or s.status in statuses)
+                    and (user is None or s.user_id == user)
+                    and (agent is None or s.agent == agent)
+                    and (updated_before is None or s.updated_at < updated_before)
+                ]
+                start = f"({ids[-1]}"
+        return kept[:limit]
+
+    async def _summaries(self, client: aioredis.Redis, run_ids: Sequence[str]) -> list[RunSummary]:
+        async with client.pipeline(False) as pipe:
+            for run_id in run_ids:
+                pipe.hget(self._key("frontier", run_id), "summary")
+            answers = await pipe.execute()
+        return [_summary_decoder.decode(a) for a in answers if a is not None]
+
+
+def _entry(fields: dict[str, str]) -> QuarantineEntry:
+    held = _held_decoder.decode(fields["entry"])
+    released_at = fields.get("released_at")
+    return QuarantineEntry(
+        run_id=held.run_id,
+        tenant=held.tenant,
+        partition=held.partition,
+        offset=held.offset,
+        kind=held.kind,
+        reason=held.reason,
+        state=fields["state"],  # type: ignore[arg-type]
+        quarantined_at=held.quarantined_at,
+        released_by=fields.get("released_by"),
+        released_at=None if released_at is None else int(released_at),
+    )
+
+
+__all__ = ["DEFAULT_MAX_VALUE_BYTES", "RedisFrontierStore"]

@@ -1,0 +1,106 @@
+-- One batch of a frontier projection, applied whole: rows, call rows, quarantine, transcript
+-- and the consumer's positions change together, as one transaction would change them.
+-- Nothing here can fail once it starts writing: the caller checked every value, and every
+-- argument is a string this script only compares, stores or turns into a number.
+-- ARGV[1] the key prefix, ARGV[2] the consumer, ARGV[3] the format this code writes,
+-- ARGV[4..9] how many rows, call rows, cleared runs, quarantine entries, transcript rows and
+-- positions follow, then each in that order (see RedisFrontierStore._arguments).
+local prefix, consumer, format = ARGV[1], ARGV[2], ARGV[3]
+local counts = {}
+for n = 4, 9 do
+    counts[#counts + 1] = tonumber(ARGV[n])
+end
+local rows, calls, cleared, held, said, positions = unpack(counts)
+local at = 10
+
+local function frontier_key(run_id)
+    return prefix .. 'frontier:' .. run_id
+end
+
+local function newer(stored, through)
+    return (not stored) or tonumber(stored) < tonumber(through)
+end
+
+redis.call('SET', prefix .. 'frontier-format', format, 'NX')
+
+for _ = 1, rows do
+    local run_id, tenant, through = ARGV[at], ARGV[at + 1], ARGV[at + 2]
+    local summary, payload, refused = ARGV[at + 3], ARGV[at + 4], ARGV[at + 5]
+    at = at + 6
+    local key = frontier_key(run_id)
+    local stored = redis.call('HGET', key, 'through')
+    if not stored then
+        redis.call('ZADD', prefix .. 'runs', 0, run_id)
+        redis.call('ZADD', prefix .. 'runs-of:' .. tenant, 0, run_id)
+    end
+    if newer(stored, through) then
+        redis.call('HSET', key, 'through', through, 'summary', summary)
+        if payload == '' then
+            redis.call('HDEL', key, 'payload')
+        else
+            redis.call('HSET', key, 'payload', payload)
+        end
+        if refused == '' then
+            redis.call('HDEL', key, 'error')
+        else
+            redis.call('HSET', key, 'error', refused)
+        end
+    end
+end
+
+for _ = 1, calls do
+    local run_id, call_id, through, row = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+    at = at + 4
+    local key = prefix .. 'calls:' .. run_id
+    if newer(redis.call('HGET', key, 't:' .. call_id), through) then
+        redis.call('HSET', key, 't:' .. call_id, through, 'c:' .. call_id, row)
+    end
+end
+
+local quarantine = prefix .. 'quarantine:' .. consumer
+if cleared > 0 then
+    local runs = {}
+    for _ = 1, cleared do
+        runs[ARGV[at]] = true
+        redis.call('HDEL', frontier_key(ARGV[at]), 'quarantined')
+        at = at + 1
+    end
+    for _, position in ipairs(redis.call('SMEMBERS', quarantine)) do
+        local entry_key = quarantine .. ':' .. position
+        local entry = redis.call('HMGET', entry_key, 'run_id', 'state')
+        if entry[1] and runs[entry[1]] and entry[2] == 'released' then
+            redis.call('HSET', entry_key, 'state', 'cleared')
+        end
+    end
+end
+
+for _ = 1, held do
+    local position, run_id, entry, mark = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+    at = at + 4
+    local entry_key = quarantine .. ':' .. position
+    redis.call('SADD', quarantine, position)
+    redis.call('HSET', entry_key, 'entry', entry, 'state', 'held')
+    if run_id == '' then
+        redis.call('HDEL', entry_key, 'run_id')
+    else
+        redis.call('HSET', entry_key, 'run_id', run_id)
+        if redis.call('EXISTS', frontier_key(run_id)) == 1 then
+            redis.call('HSET', frontier_key(run_id), 'quarantined', mark)
+        end
+    end
+end
+
+for _ = 1, said do
+    redis.call('HSETNX', ARGV[at], ARGV[at + 1], ARGV[at + 2])
+    at = at + 3
+end
+
+local positions_key = prefix .. 'positions:' .. consumer
+for _ = 1, positions do
+    local partition, offset = ARGV[at], ARGV[at + 1]
+    at = at + 2
+    if newer(redis.call('HGET', positions_key, partition), offset) then
+        redis.call('HSET', positions_key, partition, offset)
+    end
+end
+return 1

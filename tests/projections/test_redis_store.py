@@ -1,0 +1,164 @@
+"""`RedisFrontierStore` against a real Redis: the conformance suite, the value bound, the key
+layout's format, and a Kafka projector folding into it."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from support.histories import (
+    append_all,
+    assert_stored_is_the_direct_fold,
+    assert_stored_is_what_the_scripts_wrote,
+    run_ids_of,
+    workload,
+)
+from support.redis import delete_prefix
+
+from onward.errors import PayloadTooLargeError, SchemaMismatchError
+from onward.eventlog import KafkaEventLog
+from onward.projections.base import FrontierStore, Snapshot
+from onward.projections.frontier_projection import FrontierProjection
+from onward.projections.kafka import KafkaProjector
+from onward.projections.redis import RedisFrontierStore
+from onward.testing import FrontierStoreConformance
+from onward.testing.eventlog import new_run_id
+from onward.testing.frontiers import CONSUMER, call_row, frontier, said
+
+PARTITIONS = 4
+
+
+class TestRedisFrontierStore(FrontierStoreConformance):
+    redis_url: str
+    prefixes: list[str]
+
+    @pytest_asyncio.fixture(autouse=True)
+    async def _prefixes(self, redis_url: str) -> AsyncIterator[None]:
+        self.redis_url = redis_url
+        self.prefixes = []
+        yield
+        for prefix in self.prefixes:
+            await delete_prefix(redis_url, prefix)
+
+    async def open_store(self) -> FrontierStore:
+        prefix = f"onward-test-{uuid.uuid4().hex}:"
+        self.prefixes.append(prefix)
+        return await RedisFrontierStore.open(self.redis_url, prefix=prefix)
+
+
+@pytest_asyncio.fixture
+async def small_store(redis_url: str, redis_prefix: str) -> AsyncIterator[RedisFrontierStore]:
+    async with RedisFrontierStore(redis_url, prefix=redis_prefix, max_value_bytes=4_000) as store:
+        yield store
+
+
+async def test_an_oversized_frontier_is_refused_before_anything_is_written(
+    small_store: RedisFrontierStore,
+) -> None:
+    small, big = new_run_id(), new_run_id()
+    batch = [
+        Snapshot.of(frontier(small, through=1)),
+        Snapshot.of(frontier(big, through=2, body="x" * 5_000)),
+    ]
+    with pytest.raises(PayloadTooLargeError) as refused:
+        await small_store.write(
+            CONSUMER, {1: 3}, batch, [call_row(small, "c1", through=1, outcome=None)]
+        )
+    assert (refused.value.size, refused.value.limit, refused.value.run_id) == (
+        len(batch[1].payload or b""),
+        4_000,
+        big,
+    )
+    assert "max_value_bytes of 4000" in str(refused.value)
+    assert await small_store.load([small, big]) == {}
+    assert await small_store.tool_calls(small) == []
+    assert await small_store.positions(CONSUMER) == {}
+
+
+async def test_an_oversized_transcript_message_is_refused_before_anything_is_written(
+    small_store: RedisFrontierStore,
+) -> None:
+    run_id = new_run_id()
+    messages = [said(run_id, 1, "short"), said(run_id, 2, "y" * 5_000)]
+    with pytest.raises(PayloadTooLargeError, match="seq 2"):
+        await small_store.write(
+            CONSUMER, {0: 9}, [Snapshot.of(frontier(run_id, through=8))], [], messages=messages
+        )
+    assert await small_store.get(run_id) is None
+    assert await small_store.transcript(run_id, tenant="acme", through=9) == []
+    assert await small_store.positions(CONSUMER) == {}
+
+
+async def test_keys_written_by_a_newer_layout_are_refused(
+    redis_url: str, redis_prefix: str
+) -> None:
+    async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:
+        await store.write(CONSUMER, {0: 1}, [Snapshot.of(frontier(new_run_id(), through=0))], [])
+        await store.verify()
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await client.set(f"{redis_prefix}frontier-format", "2")
+        finally:
+            await client.aclose()
+        with pytest.raises(SchemaMismatchError, match="format 2"):
+            await store.verify()
+    with pytest.raises(SchemaMismatchError, match="upgrade Onward"):
+        await RedisFrontierStore.open(redis_url, prefix=redis_prefix)
+
+
+async def test_every_key_is_under_the_prefix(redis_url: str, redis_prefix: str) -> None:
+    run_id = new_run_id()
+    async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:
+        await store.write(
+            CONSUMER,
+            {0: 4},
+            [Snapshot.of(frontier(run_id, through=3))],
+            [call_row(run_id, "c1", through=3, outcome=None)],
+            messages=[said(run_id, 1, "hi")],
+        )
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        keys = {key async for key in client.scan_iter(match=f"*{run_id}*")}
+    finally:
+        await client.aclose()
+    assert keys
+    assert all(key.startswith(redis_prefix) for key in keys)
+    assert f"{redis_prefix}frontier:{run_id}" in keys
+
+
+@pytest.mark.kafka
+async def test_a_kafka_projector_folds_into_redis_as_the_direct_fold(
+    kafka_bootstrap: str, kafka_topic: str, redis_url: str, redis_prefix: str, rng: random.Random
+) -> None:
+    async with (
+        KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log,
+        RedisFrontierStore(redis_url, prefix=redis_prefix) as store,
+    ):
+        steps = workload(rng, 40)
+        await append_all(log, steps)
+        projector = KafkaProjector(
+            kafka_bootstrap,
+            FrontierProjection(store, log),
+            topic=kafka_topic,
+            partitions=PARTITIONS,
+            group_id=f"g-{uuid.uuid4().hex[:8]}",
+        )
+        await projector.start()
+        try:
+            ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
+            for _ in range(300):
+                stored = await projector.projection.positions()
+                if all(stored.get(p, 0) >= end for p, end in ends.items()):
+                    break
+                await projector.step(timeout_ms=200)
+            else:
+                pytest.fail(f"the projector is stuck at {stored}, ends {ends}")
+        finally:
+            await projector.close()
+        await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+        await assert_stored_is_what_the_scripts_wrote(store, steps)
+        assert {s.run_id for s in await store.runs()} == set(run_ids_of(steps))

@@ -16,6 +16,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
+from support.servers import KafkaServers
 
 from onward.errors import CheckpointFormatError, InvalidInputError
 from onward.eventlog import (
@@ -30,7 +31,7 @@ from onward.eventlog import (
 from onward.integrations.langgraph import OnwardSaver
 
 from .graphs import config
-from .worlds import TENANT, World
+from .worlds import TENANT, World, kafka_world
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "langgraph"
 
@@ -89,6 +90,18 @@ async def saved_values(world: World, thread_id: str, channel: str) -> list[Chann
 async def test_a_growing_list_is_saved_as_its_appends_and_read_as_a_whole_saver_reads_it(
     world: World,
 ) -> None:
+    await appends_round_trip(world)
+
+
+@pytest.mark.kafka
+async def test_appends_round_trip_on_kafka(kafka_servers: KafkaServers) -> None:
+    async with kafka_world(*kafka_servers) as world:
+        await appends_round_trip(world)
+
+
+async def appends_round_trip(world: World) -> None:
+    """Five invocations saved by one saver, read by another and by the writer, against the
+    values LangGraph's in-memory saver holds for the same invocations."""
     reference = InMemorySaver()
     async with saver_of(world) as writer, saver_of(world) as reader:
         for who in "ABCDE":

@@ -254,6 +254,16 @@ async def test_pruned_and_copied_threads_keep_what_their_appends_extend(world: W
         assert len(await listed_values(reader, "copy")) == 1
     copied = await saved_values(world, "copy", "steps")
     assert [(item.base, len(item.items or [])) for item in copied] == [(None, 8)]
+    async with saver_of(world) as writer, saver_of(world) as reader:
+        for thread_id in ("t", "copy"):
+            # Both carry on by appends: to a version a pruned checkpoint saved, and to the copy.
+            out = await turns_graph("E", writer).ainvoke({"steps": []}, config(thread_id))
+            assert out["steps"] == twice("ABCDE")
+            latest = await reader.aget_tuple(config(thread_id))
+            assert latest is not None
+            assert latest.checkpoint["channel_values"] == out
+            last = (await saved_values(world, thread_id, "steps"))[-1]
+            assert (last.base is not None, len(last.items or [])) == (True, 2)
 
 
 def test_graph_checkpoints_are_written_in_format_2_and_a_newer_one_is_refused() -> None:

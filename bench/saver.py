@@ -1,10 +1,17 @@
-"""`OnwardSaver` against LangGraph's `AsyncPostgresSaver` on the same 400-step graph, in one run.
+"""`OnwardSaver` against LangGraph's `AsyncPostgresSaver` on the same graph, one thread per
+length (100, 400 and 2,000 steps by default), in one run.
 
 The graph is the one ``steps.py`` measures LangGraph on (``langgraph_loop``): an "agent" node
 (a scripted model, no network) asking for one call of a no-op tool each step, a prebuilt
 `ToolNode` whose tool returns 1 KB of random hex, ``--steps`` times, then a final answer;
 ``ainvoke(..., durability="sync")``, so every checkpoint is stored before the next step. Each
-saver runs a short warm-up thread, then the measured thread of ``--steps`` steps.
+saver runs a short warm-up thread, then one measured thread per length. `AsyncPostgresSaver`
+runs only the lengths up to ``--peer-max-steps`` (it stores the whole conversation at every
+step: 2,000 steps would be gigabytes).
+
+After each thread, ``aget_tuple`` of its latest checkpoint is timed twice over: on the saver
+that wrote it (the median of ``--reads`` reads) and on a saver opened afresh on the same
+stores (its first read, which folds or queries the thread from storage).
 
 * ``onward-kafka``: `OnwardSaver` on a fresh topic (``--partitions``), Redis leases, frontier
   rows in a fresh PostgreSQL database (no projector runs during the thread; the saver does not
@@ -18,7 +25,7 @@ saver runs a short warm-up thread, then the measured thread of ``--steps`` steps
 ms/step is the measured thread's time / steps; p50 and p99 are over the intervals between two
 model calls. Absolute figures depend on the machine; compare the ratios of one run.
 
-    python bench/saver.py                      # all three, 400 steps
+    python bench/saver.py                      # all three, 100, 400 and 2,000 steps
     python bench/saver.py --steps 50 --systems onward-sqlite,postgres-saver
 
 Writes ``bench/results/saver.json``. Topic, databases and Redis keys are removed afterwards.
@@ -30,11 +37,12 @@ import argparse
 import asyncio
 import contextlib
 import sqlite3
+import statistics
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +63,7 @@ from steps import langgraph_loop, latency_summary
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("onward-kafka", "onward-sqlite", "postgres-saver")
 WARM_UP_STEPS = 20
+LENGTHS = (100, 400, 2_000)
 TENANT = "bench"
 POSTGRES_SAVER_TABLES = (
     "checkpoints",
@@ -66,12 +75,15 @@ POSTGRES_SAVER_TABLES = (
 Sizer = Callable[[], Awaitable[dict[str, int]]]
 """What a system has written so far, in bytes, by where it went."""
 
+Reopen = Callable[[], AbstractAsyncContextManager[Any]]
+"""A new checkpointer on the same stores, as another process would open it."""
+
 
 # -- the graph ------------------------------------------------------------------------------
 
 
-async def run_thread(graph: Any, steps: int) -> float:
-    """One thread of ``steps`` steps; its seconds."""
+async def run_thread(graph: Any, steps: int) -> tuple[float, dict[str, Any]]:
+    """One thread of ``steps`` steps; its seconds and its config."""
     from langchain_core.messages import HumanMessage  # noqa: PLC0415
 
     config = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 2 * steps + 10}
@@ -84,28 +96,56 @@ async def run_thread(graph: Any, steps: int) -> float:
     seconds = time.perf_counter() - started
     if out["messages"][-1].content != "done" or len(out["messages"]) != 2 * steps + 2:
         raise RuntimeError(f"the thread ended early: {len(out['messages'])} messages")
-    return seconds
+    return seconds, config
+
+
+async def read_latest(checkpointer: Any, config: dict[str, Any], steps: int) -> float:
+    """``aget_tuple`` of the thread's latest checkpoint, checked whole; its milliseconds."""
+    latest = {"configurable": {"thread_id": config["configurable"]["thread_id"]}}
+    started = time.perf_counter()
+    found = await checkpointer.aget_tuple(latest)
+    ms = 1_000 * (time.perf_counter() - started)
+    if found is None or len(found.checkpoint["channel_values"]["messages"]) != 2 * steps + 2:
+        raise RuntimeError("aget_tuple did not return the thread's whole conversation")
+    return ms
 
 
 async def measure(
-    checkpointer: Any, steps: int, size: Sizer, settle: Callable[[], Awaitable[None]]
+    checkpointer: Any,
+    args: argparse.Namespace,
+    size: Sizer,
+    settle: Callable[[], Awaitable[None]],
+    reopen: Reopen,
+    *,
+    lengths: list[int],
 ) -> dict[str, Any]:
-    """Warm up, then one measured thread: its latency and the bytes it added per step."""
+    """Warm up, then one measured thread per length: its latency, the bytes it added per
+    step, and how long reading its latest checkpoint takes."""
     marks: list[float] = []
     graph = langgraph_loop(marks, asynchronous=True).compile(checkpointer=checkpointer)
     await run_thread(graph, WARM_UP_STEPS)
     await settle()
-    before = await size()
-    marks.clear()
-    seconds = await run_thread(graph, steps)
-    await settle()
-    after = await size()
-    added = {where: after[where] - before.get(where, 0) for where in after}
-    return {
-        "latency": latency_summary([seconds], [marks], steps),
-        "bytes_per_step": {where: grown / steps for where, grown in added.items()},
-        "total_bytes_per_step": sum(added.values()) / steps,
-    }
+    figures: dict[str, Any] = {}
+    for steps in lengths:
+        before = await size()
+        marks.clear()
+        seconds, config = await run_thread(graph, steps)
+        await settle()
+        after = await size()
+        added = {where: after[where] - before.get(where, 0) for where in after}
+        writer_reads = [await read_latest(checkpointer, config, steps) for _ in range(args.reads)]
+        async with reopen() as fresh:
+            fresh_first = await read_latest(fresh, config, steps)
+        figures[str(steps)] = {
+            "latency": latency_summary([seconds], [marks], steps),
+            "bytes_per_step": {where: grown / steps for where, grown in added.items()},
+            "total_bytes_per_step": sum(added.values()) / steps,
+            "get_tuple_ms": {
+                "writer_p50": statistics.median(writer_reads),
+                "fresh_first": fresh_first,
+            },
+        }
+    return {"lengths": figures}
 
 
 # -- sizes ----------------------------------------------------------------------------------
@@ -213,7 +253,10 @@ async def onward_kafka(args: argparse.Namespace) -> dict[str, Any]:
                 "postgres_projection": await relation_bytes(dsn),
             }
 
-        figures = await measure(saver, args.steps, size, settle)
+        def reopen() -> OnwardSaver:
+            return OnwardSaver(log, leases, tenant=TENANT, frontiers=frontiers)
+
+        figures = await measure(saver, args, size, settle, reopen, lengths=args.steps)
     return {
         "system": "onward-kafka",
         "setup": f"OnwardSaver, topic {topic} ({args.partitions} partitions), Redis leases, "
@@ -251,7 +294,10 @@ async def onward_sqlite(args: argparse.Namespace) -> dict[str, Any]:
             async def size() -> dict[str, int]:
                 return {"sqlite_file": sqlite_bytes(path)}
 
-            figures = await measure(saver, args.steps, size, nothing)
+            def reopen() -> OnwardSaver:
+                return OnwardSaver(log, leases, tenant=TENANT, frontiers=frontiers)
+
+            figures = await measure(saver, args, size, nothing, reopen, lengths=args.steps)
     return {
         "system": "onward-sqlite",
         "setup": "OnwardSaver embedded: log, leases and frontier rows in one SQLite file, "
@@ -274,7 +320,11 @@ async def postgres_saver(args: argparse.Namespace) -> dict[str, Any]:
         async def size() -> dict[str, int]:
             return {"postgres": await relation_bytes(dsn, POSTGRES_SAVER_TABLES)}
 
-        figures = await measure(saver, args.steps, size, nothing)
+        def reopen() -> AbstractAsyncContextManager[Any]:
+            return AsyncPostgresSaver.from_conn_string(dsn)
+
+        lengths = [n for n in args.steps if n <= args.peer_max_steps]
+        figures = await measure(saver, args, size, nothing, reopen, lengths=lengths)
     return {
         "system": "postgres-saver",
         "setup": f"AsyncPostgresSaver (langgraph-checkpoint-postgres "
@@ -293,35 +343,59 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = 
 # -- report ---------------------------------------------------------------------------------
 
 
-def report(results: list[dict[str, Any]], steps: int) -> None:
-    table = Table(title=f"LangGraph savers, one thread of {steps} steps (durability='sync')")
-    for column in ("system", "ms/step mean", "p50", "p99", "bytes/step", "where"):
+def report(results: list[dict[str, Any]]) -> None:
+    table = Table(title="LangGraph savers, one thread per length (durability='sync')")
+    columns = ("system", "steps", "ms/step mean", "p50", "p99", "bytes/step", "where")
+    for column in (*columns, "get_tuple ms (writer)", "get_tuple ms (fresh)"):
         table.add_column(column, justify="left" if column in ("system", "where") else "right")
     for r in results:
-        lat = r["latency"]
-        table.add_row(
-            r["system"],
-            f"{lat['per_step_ms_mean']:.2f}",
-            f"{lat['per_step_ms_p50']:.2f}",
-            f"{lat['per_step_ms_p99']:.2f}",
-            f"{r['total_bytes_per_step']:,.0f}",
-            ", ".join(f"{k} {v:,.0f}" for k, v in r["bytes_per_step"].items()),
-        )
+        for steps, f in r["lengths"].items():
+            lat = f["latency"]
+            table.add_row(
+                r["system"],
+                steps,
+                f"{lat['per_step_ms_mean']:.2f}",
+                f"{lat['per_step_ms_p50']:.2f}",
+                f"{lat['per_step_ms_p99']:.2f}",
+                f"{f['total_bytes_per_step']:,.0f}",
+                ", ".join(f"{k} {v:,.0f}" for k, v in f["bytes_per_step"].items()),
+                f"{f['get_tuple_ms']['writer_p50']:.2f}",
+                f"{f['get_tuple_ms']['fresh_first']:.2f}",
+            )
     Console().print(table)
     peer = next((r for r in results if r["system"] == "postgres-saver"), None)
-    if peer is None:
-        return
     for r in results:
         if r is peer:
             continue
-        time_ratio = r["latency"]["per_step_ms_mean"] / peer["latency"]["per_step_ms_mean"]
-        bytes_ratio = r["total_bytes_per_step"] / peer["total_bytes_per_step"]
-        print(f"{r['system']} / postgres-saver: time {time_ratio:.2f}x, bytes {bytes_ratio:.2f}x")
+        lengths = r["lengths"]
+        shortest, longest = lengths[min(lengths, key=int)], lengths[max(lengths, key=int)]
+        if shortest is not longest:
+            growth = longest["total_bytes_per_step"] / shortest["total_bytes_per_step"]
+            print(
+                f"{r['system']}: {max(lengths, key=int)} steps / {min(lengths, key=int)} steps: "
+                f"bytes/step {growth:.2f}x, "
+                f"get_tuple (writer) {_ratio(longest, shortest, 'writer_p50'):.2f}x, "
+                f"get_tuple (fresh) {_ratio(longest, shortest, 'fresh_first'):.2f}x"
+            )
+        for steps, theirs in (peer or {}).get("lengths", {}).items():
+            ours = lengths.get(steps)
+            if ours is None:
+                continue
+            time_ratio = ours["latency"]["per_step_ms_mean"] / theirs["latency"]["per_step_ms_mean"]
+            bytes_ratio = ours["total_bytes_per_step"] / theirs["total_bytes_per_step"]
+            print(
+                f"{r['system']} / postgres-saver at {steps} steps: time {time_ratio:.2f}x, "
+                f"bytes {bytes_ratio:.3f}x"
+            )
+
+
+def _ratio(longer: dict[str, Any], shorter: dict[str, Any], read: str) -> float:
+    return float(longer["get_tuple_ms"][read] / shorter["get_tuple_ms"][read])
 
 
 async def amain(args: argparse.Namespace) -> None:
     results = [await RUNNERS[name](args) for name in args.systems]
-    report(results, args.steps)
+    report(results)
     write_results(
         ROOT / "bench" / "results" / "saver.json",
         {"code": code_version(), "steps": args.steps, "results": results},
@@ -330,7 +404,20 @@ async def amain(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument(
+        "--steps",
+        default=",".join(str(n) for n in LENGTHS),
+        help="comma-separated thread lengths, one measured thread each",
+    )
+    parser.add_argument(
+        "--peer-max-steps",
+        type=int,
+        default=400,
+        help="the longest thread AsyncPostgresSaver runs (it stores every step whole)",
+    )
+    parser.add_argument(
+        "--reads", type=int, default=20, help="aget_tuple reads timed on the writing saver"
+    )
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument(
         "--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}"
@@ -338,6 +425,12 @@ def main() -> None:
     add_server_options(parser, *("bootstrap", "database_url", "redis_url"))
     args = parser.parse_args()
     args.systems = [s for s in args.systems.split(",") if s]
+    try:
+        args.steps = sorted({int(n) for n in args.steps.split(",") if n})
+    except ValueError:
+        parser.error(f"--steps takes comma-separated numbers, got {args.steps!r}")
+    if not args.steps or min(args.steps) < 1:
+        parser.error("--steps needs at least one length of at least 1")
     unknown = [s for s in args.systems if s not in RUNNERS]
     if unknown:
         parser.error(f"unknown systems {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")

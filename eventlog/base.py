@@ -27,7 +27,7 @@ from onward.errors import (
 )
 
 from . import codec
-from .events import EVENT_FORMAT, AnyEvent, Event, RunClaimed
+from .events import AnyEvent, Event, RunClaimed, format_of
 
 DEFAULT_PARTITIONS = 12
 DEFAULT_MAX_BATCH_BYTES = 1_000_000
@@ -333,9 +333,10 @@ def prepare_batch(
             )
         if event.fence < 0:
             raise InvalidInputError(f"run {run_id!r} seq {event.seq}: fence must be >= 0")
-        if event.format != EVENT_FORMAT:
+        written = format_of(type(event).__struct_config__.tag)
+        if event.format != written:
             raise InvalidInputError(
-                f"run {run_id!r} seq {event.seq}: this code writes event format {EVENT_FORMAT}, "
+                f"run {run_id!r} seq {event.seq}: this code writes event format {written}, "
                 f"the event says {event.format}"
             )
         record = codec.encode(event)

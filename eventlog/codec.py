@@ -16,7 +16,7 @@ import msgspec
 
 from onward.errors import CheckpointFormatError, EventDecodeError, InvalidInputError
 
-from .events import EVENT_FORMAT, AnyEvent, Event, kind_of
+from .events import EVENT_FORMAT, AnyEvent, Event, format_of, kind_of
 
 _encoder = msgspec.json.Encoder()
 _decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
@@ -194,8 +194,9 @@ def decode(data: bytes | memoryview | None, *, run_hint: str | None = None) -> A
             f"run {run_hint!r} seq None: unreadable event record: {_python_failure(exc)}",
             run_id=run_hint,
         ) from exc
-    if event.format > EVENT_FORMAT:
-        raise _newer_format(event.run_id, event.seq, event.format)
+    newest = format_of(type(event).__struct_config__.tag)
+    if event.format > newest:
+        raise _newer_format(event.run_id, event.seq, event.format, newest)
     # JSON holds a NUL only escaped, so the names are looked at only when the bytes hold one.
     held = data if isinstance(data, bytes) else bytes(data)
     field = name_with_nul(event) if _ESCAPED_NUL in held else None
@@ -267,11 +268,13 @@ def _python_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__} while decoding"
 
 
-def _newer_format(run_id: object, seq: object, fmt: object) -> CheckpointFormatError:
+def _newer_format(
+    run_id: object, seq: object, fmt: object, newest: int = EVENT_FORMAT
+) -> CheckpointFormatError:
     run = run_id if isinstance(run_id, str) else None
     return CheckpointFormatError(
         f"run {run!r} seq {seq}: event format {fmt} is newer than this code reads "
-        f"({EVENT_FORMAT}); upgrade Onward before reading or resuming this run",
+        f"({newest}); upgrade Onward before reading or resuming this run",
         run_id=run,
         seq=seq if isinstance(seq, int) else None,
         field="$.format",
@@ -287,8 +290,9 @@ def _describe_failure(
         probe = _Probe()
     run = probe.run_id if isinstance(probe.run_id, str) else run_hint
     seq = probe.seq if isinstance(probe.seq, int) and not isinstance(probe.seq, bool) else None
-    if isinstance(probe.format, int) and probe.format > EVENT_FORMAT:
-        return _newer_format(run, seq, probe.format)
+    newest = format_of(probe.kind)
+    if isinstance(probe.format, int) and probe.format > newest:
+        return _newer_format(run, seq, probe.format, newest)
     reason = str(exc)
     match = _PATH.search(reason)
     field = match.group(1) if match else None

@@ -14,7 +14,8 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 EVENT_FORMAT = 1
-"""The event format this code writes and the newest it can read."""
+"""The event format this code writes and the newest it can read, for every kind but those
+:data:`LATER_FORMATS` names."""
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", gc=False):
@@ -249,12 +250,23 @@ class Serialized(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class ChannelValue(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One graph channel's value at one version. ``value`` ``None``: the channel is empty."""
+    """One graph channel's value at one version. ``value`` ``None`` and no ``items``: the
+    channel is empty.
+
+    A list value is stored item by item in ``items`` (format 2 of `GraphCheckpointed`): the
+    whole list when ``base`` is ``None``, else only the items appended to the value of the
+    channel's version ``base``, so a list that grows by a few items a step (a conversation)
+    stores each item once, not the whole list again at every step.
+    """
 
     channel: str
     version: str
     """The version as its JSON text (``1``, ``"00…1.5"``), so int and str versions never collide."""
     value: Serialized | None = None
+    items: list[Serialized] | None = None
+    """A list value's items, each serialized on its own (format 2); ``None``: see ``value``."""
+    base: str | None = None
+    """The version (of the same channel and namespace) whose list ``items`` extend."""
 
 
 class GraphWrite(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -270,9 +282,13 @@ class GraphCheckpointed(Event, frozen=True, kw_only=True, tag="graph.checkpointe
 
     ``checkpoint`` is the checkpoint without its channel values; ``values`` holds only the
     channels whose version changed at this step, so a step's record does not grow with the
-    thread's whole state.
+    thread's whole state, and a list channel that grew only by appends holds only the new
+    items (format 2). Format 1 records hold every changed value whole; they read as before.
+    Format 2 records are refused by a reader that only knows format 1 (it would take an
+    append for the whole list).
     """
 
+    format: int = 2
     checkpoint_ns: str = ""
     checkpoint_id: str
     parent_checkpoint_id: str | None = None
@@ -360,6 +376,17 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     GraphThreadDeleted,
     GraphCheckpointsRemoved,
 )
+
+
+LATER_FORMATS: dict[str, int] = {"graph.checkpointed": 2}
+"""Kinds (by tag) this code writes in a format after :data:`EVENT_FORMAT`: a kind's format is
+raised alone when only its layout changed, so a reader that knows only the older one refuses
+records of that kind ("upgrade Onward") and still reads every other."""
+
+
+def format_of(kind: object) -> int:
+    """The format this code writes a kind (its tag) in, the newest of it that it reads."""
+    return LATER_FORMATS.get(kind, EVENT_FORMAT) if isinstance(kind, str) else EVENT_FORMAT
 
 
 _Stamped = TypeVar("_Stamped", bound=Event)

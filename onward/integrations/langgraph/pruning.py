@@ -8,6 +8,11 @@ the run's prefix. The choices here read a thread's fold and decide; they write n
 a subgraph call (a namespace with a task id after ``:``) go with the root checkpoint the call
 started from when that one is saved and is not the root's latest. A thread whose graph uses a
 ``DeltaChannel`` is refused: its latest values are rebuilt from older checkpoints' writes.
+
+The saver's own appends (a list saved as the items it added to an earlier version) need no
+such refusal: removing a checkpoint removes it and its writes from reads, never the values it
+saved, so a kept checkpoint's list still reaches the versions it extends. Whatever one day
+drops the bytes of removed checkpoints must keep the records that hold those versions.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ from onward.runtime.leases import Leaseholder, LeasePolicy, LeaseStore, RunLease
 from onward.runtime.redaction import Redactor
 
 from . import pruning
-from .thread import ThreadState
+from .thread import SNAPSHOT_EVERY, ChannelNode, ThreadState
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +150,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             trusted with the secrets. Graph checkpoints and writes are the serializer's bytes,
             kept exactly as LangGraph wrote them (binary values are never masked): the state a
             graph keeps, a tool's message among it, is stored as the graph holds it.
+        snapshot_every: A list channel (a conversation's messages) whose new value extends its
+            previous one is stored as the appended items only; reading a version rebuilds the
+            list from those appends, and the fold holds the list whole again every this many
+            appends, so reading any checkpoint walks at most this many appends per channel.
+            Nothing is stored twice for it: every reader folds a thread from its first event,
+            so the appends are all in memory already.
     """
 
     def __init__(
@@ -165,8 +171,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         serde: SerializerProtocol | None = None,
         compaction: CompactionStore | None = None,
         redactor: Redactor | None = None,
+        snapshot_every: int = SNAPSHOT_EVERY,
     ) -> None:
         super().__init__(serde=serde or JsonPlusSerializer(allowed_msgpack_modules=None))
+        if snapshot_every < 1:
+            raise InvalidInputError(f"snapshot_every must be at least 1, got {snapshot_every}")
+        self.snapshot_every = snapshot_every
         self.redactor = redactor or Redactor()
         if not tenant:
             raise InvalidInputError("OnwardSaver needs a tenant")
@@ -320,16 +330,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         ns: str = config["configurable"].get("checkpoint_ns", "")
         bare: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = bare.pop("channel_values", {})
-        changed = [
-            ChannelValue(
-                channel=channel,
-                version=_version_key(version),
-                value=_serialized(self.serde.dumps_typed(values[channel]))
-                if channel in values
-                else None,
-            )
-            for channel, version in new_versions.items()
-        ]
+        # Serialized here, outside the thread's lock; whether a list extends the version
+        # before it is decided under the lock, on the thread as its writer holds it.
+        serialized = {
+            channel: self._serialize_channel(values[channel])
+            for channel in new_versions
+            if channel in values
+        }
         saved: dict[str, Any] = {
             "checkpoint_ns": ns,
             "checkpoint_id": checkpoint["id"],
@@ -338,11 +345,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             "metadata": _serialized(
                 self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
             ),
-            "values": changed,
         }
 
         def events(state: ThreadState) -> _Batch:
-            return [(GraphCheckpointed, saved)]
+            changed = [
+                _saved_value(state, ns, channel, _version_key(version), serialized.get(channel))
+                for channel, version in new_versions.items()
+            ]
+            return [(GraphCheckpointed, {**saved, "values": changed})]
 
         await self._write(thread_id, events)
         return {
@@ -518,6 +528,43 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     def _loads(self, value: Serialized) -> Any:
         return self.serde.loads_typed(_typed(value))
 
+    def _serialize_channel(self, value: Any) -> Serialized | list[Serialized]:
+        """A channel's value serialized: a list item by item (so a later version can be
+        stored as what it appends), anything else whole. Only exact lists: a subclass would
+        come back as a plain list."""
+        if type(value) is list:
+            return [_serialized(self.serde.dumps_typed(item)) for item in value]
+        return _serialized(self.serde.dumps_typed(value))
+
+    def _copied_values(
+        self, source: ThreadState, event: GraphCheckpointed, copied: set[tuple[str, str, str]]
+    ) -> list[ChannelValue]:
+        """The values a copy of ``event`` saves: its own (an append whose base was not copied
+        goes whole), then every version its checkpoint refers to that no copied checkpoint
+        saved, whole. ``copied`` collects what the copy has saved so far."""
+        ns = event.checkpoint_ns
+        out: list[ChannelValue] = []
+        for item in event.values:
+            key = (ns, item.channel, item.version)
+            node = source.values.get(key)
+            extends_copied = item.base is None or (ns, item.channel, item.base) in copied
+            out.append(item if extends_copied or node is None else _whole(*key[1:], node))
+            copied.add(key)
+        versions: dict[str, Any] = self._loads(event.checkpoint).get("channel_versions", {})
+        for channel, version in versions.items():
+            key = (ns, channel, _version_key(version))
+            node = source.values.get(key)
+            if key not in copied and node is not None:
+                out.append(_whole(channel, key[2], node))
+                copied.add(key)
+        return out
+
+    def _rebuilt(self, node: ChannelNode) -> Any:
+        """A stored channel version back as its value (a list rebuilt from its appends)."""
+        if node.listed:
+            return [self._loads(item) for item in node.all_items()]
+        return None if node.value is None else self._loads(node.value)
+
     # -- tool calls (see .tools) -----------------------------------------------------------
 
     async def aclaim(self, thread_id: str) -> ThreadState:
@@ -554,7 +601,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
 
         Each checkpoint goes over with its writes as one append to the target thread, under the
         target's lease, in the order the source saved them, so the target's values and its
-        parent chain are the source's. The source is only read.
+        parent chain are the source's. A value a copied checkpoint needs that no copied
+        checkpoint saved (a pruned one did), or the base an append extends, goes over whole
+        with the first checkpoint that needs it. The source is only read.
         """
         source = await self._state(source_thread_id)
         saved = sorted(
@@ -565,7 +614,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             ),
             key=lambda e: (e.checkpoint_id, e.checkpoint_ns),
         )
+        copied: set[tuple[str, str, str]] = set()
         for event in saved:
+            values = self._copied_values(source, event, copied)
             tasks: dict[tuple[str, str], list[GraphWrite]] = {}
             for (task_id, idx), write in source.writes.get(
                 (event.checkpoint_ns, event.checkpoint_id), {}
@@ -582,7 +633,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                         "parent_checkpoint_id": event.parent_checkpoint_id,
                         "checkpoint": event.checkpoint,
                         "metadata": event.metadata,
-                        "values": event.values,
+                        "values": values,
                     },
                 ),
                 *(
@@ -879,7 +930,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 start = row.frontier.first_offset
         partition = partition_for(thread_id, self.log.partitions)
         end = (await self.log.bounds(partition)).end
-        state = ThreadState(run_id=thread_id, next_offset=start)
+        state = ThreadState(run_id=thread_id, next_offset=start, snapshot_every=self.snapshot_every)
         try:
             stored_events = await read_whole_run(
                 self.log, self.compaction, thread_id, start=start, end=end
@@ -910,8 +961,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         values: dict[str, Any] = {}
         for channel, version in checkpoint["channel_versions"].items():
             stored = state.values.get((ns, channel, _version_key(version)))
-            if stored is not None:
-                values[channel] = self.serde.loads_typed(_typed(stored))
+            if stored is not None and (stored.listed or stored.value is not None):
+                values[channel] = self._rebuilt(stored)
         checkpoint["channel_values"] = values
         writes = state.writes.get((ns, event.checkpoint_id), {})
         ordered = sorted(writes.items(), key=lambda kv: writes_sort_key(kv[1].task_path, *kv[0]))
@@ -968,6 +1019,40 @@ def _thread_id(config: RunnableConfig) -> str:
 def _version_key(version: Any) -> str:
     """A channel version as its JSON text, so versions 1 and "1" stay distinct."""
     return msgspec.json.encode(version).decode()
+
+
+def _saved_value(
+    state: ThreadState,
+    ns: str,
+    channel: str,
+    version: str,
+    serialized: Serialized | list[Serialized] | None,
+) -> ChannelValue:
+    """How a changed channel is saved: a list that extends the channel's last saved version
+    (the same serialized items first) as the items it appends, with that version as its base;
+    any other value whole. Items are compared by their serialized bytes, so an item changed
+    in place is seen as a change and the list is saved whole."""
+    if serialized is None or isinstance(serialized, Serialized):
+        return ChannelValue(channel=channel, version=version, value=serialized)
+    base = state.latest.get((ns, channel))
+    if base is not None and base != version:
+        before = state.list_items(ns, channel, base)
+        if (
+            before is not None
+            and len(before) <= len(serialized)
+            and serialized[: len(before)] == before
+        ):
+            return ChannelValue(
+                channel=channel, version=version, items=serialized[len(before) :], base=base
+            )
+    return ChannelValue(channel=channel, version=version, items=serialized)
+
+
+def _whole(channel: str, version: str, node: ChannelNode) -> ChannelValue:
+    """A stored channel version saved again whole (a list as all its items)."""
+    if node.listed:
+        return ChannelValue(channel=channel, version=version, items=node.all_items())
+    return ChannelValue(channel=channel, version=version, value=node.value)
 
 
 def _serialized(typed: tuple[str, bytes]) -> Serialized:

@@ -15,6 +15,7 @@ from onward.eventlog import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
+    ChannelValue,
     GraphCheckpointed,
     GraphCheckpointsRemoved,
     GraphThreadDeleted,
@@ -31,6 +32,41 @@ from onward.projections.frontier import CallState, call_after
 
 WriteKey = tuple[str, int]
 """A pending write's identity within one checkpoint: task id and index."""
+
+SNAPSHOT_EVERY = 50
+"""After how many appends in a row the fold holds a channel's list whole again (see
+`ChannelNode`), so rebuilding any version walks at most this many appends."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelNode:
+    """One version of a channel as the fold holds it.
+
+    A value stored whole (format 1, or anything but a list) is ``value``. A list stored item by
+    item holds ``items``: all of them, or (``base`` set) those appended to the list of the
+    version ``base`` holds. Every `snapshot_every` appends in a row the fold keeps the list's
+    whole run of items at the node (references to the same stored items, no bytes copied), so
+    a read walks at most that many appends back.
+    """
+
+    value: Serialized | None = None
+    items: tuple[Serialized, ...] = ()
+    base: ChannelNode | None = None
+    listed: bool = False
+    depth: int = 0
+    """How many appends a read walks from here to the node holding the list's first items."""
+
+    def all_items(self) -> list[Serialized]:
+        """Every item of the list this version holds, in order."""
+        segments: list[tuple[Serialized, ...]] = []
+        node: ChannelNode | None = self
+        while node is not None:
+            segments.append(node.items)
+            node = node.base
+        out: list[Serialized] = []
+        for segment in reversed(segments):
+            out.extend(segment)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +89,12 @@ class ThreadState:
         guard: The seq and fence rules applied so far; ``guard.refused`` lists what a
             superseded writer wrote after another one claimed the thread.
         checkpoints: Namespace, then checkpoint id, to the event that saved it.
-        values: (namespace, channel, version) to the serialized value (``None``: empty).
+        values: (namespace, channel, version) to its value as stored (`ChannelNode`); kept
+            when checkpoints are removed, since a kept checkpoint's version may refer to
+            (or extend) one an earlier checkpoint saved.
+        latest: (namespace, channel) to the version last saved, which a list's next version
+            may extend.
+        snapshot_every: At most how many appends a read walks back (see `ChannelNode`).
         writes: (namespace, checkpoint id) to its pending writes by (task id, index).
         waiting_on: The approval request an interrupt opened, until it is answered.
         calls: Every tool call the thread recorded (`ToolDispatched`, `ToolCompleted`,
@@ -66,7 +107,9 @@ class ThreadState:
     tenant: str = ""
     guard: SequenceGuard = field(default_factory=SequenceGuard)
     checkpoints: dict[str, dict[str, GraphCheckpointed]] = field(default_factory=dict)
-    values: dict[tuple[str, str, str], Serialized | None] = field(default_factory=dict)
+    values: dict[tuple[str, str, str], ChannelNode] = field(default_factory=dict)
+    latest: dict[tuple[str, str], str] = field(default_factory=dict)
+    snapshot_every: int = SNAPSHOT_EVERY
     writes: dict[tuple[str, str], dict[WriteKey, StoredWrite]] = field(default_factory=dict)
     waiting_on: str | None = None
     calls: dict[str, CallState] = field(default_factory=dict)
@@ -108,6 +151,7 @@ class ThreadState:
         elif isinstance(event, GraphThreadDeleted):
             self.checkpoints.clear()
             self.values.clear()
+            self.latest.clear()
             self.writes.clear()
             self.calls.clear()
             self.waiting_on = None
@@ -124,7 +168,29 @@ class ThreadState:
         ns = event.checkpoint_ns
         self.checkpoints.setdefault(ns, {})[event.checkpoint_id] = event
         for item in event.values:
-            self.values[(ns, item.channel, item.version)] = item.value
+            node = self._node(ns, item)
+            if node is not None:
+                self.values[(ns, item.channel, item.version)] = node
+                self.latest[(ns, item.channel)] = item.version
+
+    def _node(self, ns: str, item: ChannelValue) -> ChannelNode | None:
+        """The fold's node of a saved channel value; ``None`` for an append to a version the
+        thread does not hold (no writer makes one: it extends only what its fold holds)."""
+        if item.items is None:
+            return ChannelNode(value=item.value)
+        if item.base is None:
+            return ChannelNode(items=tuple(item.items), listed=True)
+        base = self.values.get((ns, item.channel, item.base))
+        if base is None or not base.listed:
+            return None
+        if base.depth + 1 >= self.snapshot_every:
+            return ChannelNode(items=(*base.all_items(), *item.items), listed=True)
+        return ChannelNode(items=tuple(item.items), base=base, listed=True, depth=base.depth + 1)
+
+    def list_items(self, ns: str, channel: str, version: str) -> list[Serialized] | None:
+        """The items of a list version stored item by item; ``None`` if it is not one."""
+        node = self.values.get((ns, channel, version))
+        return node.all_items() if node is not None and node.listed else None
 
     def _removed(self, event: GraphCheckpointsRemoved) -> None:
         # Channel values stay: a kept checkpoint may refer to a version an earlier one saved.
@@ -151,4 +217,4 @@ class ThreadState:
         return key[1] < 0 or key not in self.writes.get((ns, checkpoint_id), {})
 
 
-__all__ = ["StoredWrite", "ThreadState"]
+__all__ = ["SNAPSHOT_EVERY", "ChannelNode", "StoredWrite", "ThreadState"]

@@ -72,7 +72,7 @@ def _records(config: Settings, *, readonly: bool) -> RecordSweeper:
             )
         check_onward_sqlite(path)
         return SqliteRecordSweeper(path, migrate=False, readonly=readonly)
-    if config.backend == "kafka":
+    if config.backend in ("kafka", "postgres"):
         return PostgresRecordSweeper(
             config.require_database_url(),
             schema=config.database_schema,

@@ -2,7 +2,8 @@
 
 The README's first-run flow on a fresh schema: `onward db migrate`, `onward start` in a process
 of its own SIGKILLed in the middle of a tool call, `onward run --resume` carrying the run on,
-then the commands that read and tidy (`runs`, `inspect`, `replay`, `compact`, `gc`). Side
+then the commands that read and tidy (`runs`, `inspect`, `replay`, `compact`, `gc`,
+`quarantine`). Side
 effects go to a file ledger every process writes, so a call made twice would show.
 """
 
@@ -18,15 +19,18 @@ import time
 from pathlib import Path
 
 import pytest
+from support.poison import unknown_kind
 from support.processes import TESTS
 from typer.testing import CliRunner, Result
 
-from onward.eventlog import PostgresEventLog, partition_for
+from onward.eventlog import PostgresEventLog, RunStarted, partition_for
 from onward.runtime.backends import open_backends
+from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.cli import app
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases.presence import HOLDERS_DIR_ENV
 from onward.runtime.settings import Settings
+from onward.testing.eventlog import Envelope
 
 STEPS = 6
 AGENT = ["--agent", "support.fleet:make_booker", "--provider", "support.fleet:provider"]
@@ -156,3 +160,35 @@ def test_a_database_url_that_is_not_postgresql_is_refused_naming_the_backend() -
     result = CliRunner().invoke(app, ["inspect", "run-1"], env=env)
     assert result.exit_code == 2
     assert "postgres backend keeps its stores in PostgreSQL" in result.stderr
+
+
+def test_a_poisoned_run_is_held_listed_and_folded_again_on_release(env: dict[str, str]) -> None:
+    """No projector process runs on PostgreSQL alone: the inline fold sets an unreadable run
+    aside, and `onward quarantine release` folds it again at once, as on SQLite."""
+    assert onward(env, "db", "migrate").exit_code == 0
+    settings = Settings.model_validate(env)
+    run_id = "run-q"
+
+    async def poison() -> int:
+        async with open_backends(settings) as backends:
+            log = backends.log
+            assert isinstance(log, PostgresEventLog)
+            first = Envelope(run_id=run_id, tenant="default", seq=1, fence=1, at=1)
+            await log.append([RunStarted(**first, agent="booker", revision="r1")])
+            position = await log.write_raw(run_id, unknown_kind(run_id, 2))
+            await Checkpointer(backends.frontiers, log).catch_up()
+            return position.offset
+
+    offset = asyncio.run(poison())
+    listed = onward(env, "quarantine", "list", "--json")
+    assert listed.exit_code == 0, listed.output
+    (entry,) = [json.loads(line) for line in listed.output.splitlines()]
+    assert (entry["run_id"], entry["offset"], entry["kind"]) == (run_id, offset, "run.exploded")
+
+    released = onward(env, "quarantine", "release", run_id, "--by", "ops", "--json")
+    assert released.exit_code == 0, released.output
+    said = json.loads(released.output)
+    assert (said["folded"], said["held"] is not None) == (True, True)  # still unreadable
+    again = onward(env, "quarantine", "list", "--all", "--json")
+    (entry,) = [json.loads(line) for line in again.output.splitlines()]
+    assert (entry["state"], entry["released_by"]) == ("held", "ops")

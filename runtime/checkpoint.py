@@ -111,13 +111,13 @@ class Checkpointer:
         # Other processes fold the same file or schema (two embedded workers, a worker and `onward
         # approve`): one catch-up at a time across them, or one could store rows folded onto
         # a row cached before the other's write, with a position past the events it skipped.
-        self._across_processes: contextlib.AbstractAsyncContextManager[None] = (
-            store.exclusive("fold")
-            if isinstance(store, SqliteStore) and not store.readonly
-            else store.exclusive("fold")
-            if isinstance(store, PostgresStore)
-            else contextlib.nullcontext()
-        )
+        self._across_processes: contextlib.AbstractAsyncContextManager[None]
+        if isinstance(store, SqliteStore) and not store.readonly:
+            self._across_processes = store.exclusive("fold")  # a lock file beside it
+        elif isinstance(store, PostgresStore):
+            self._across_processes = store.exclusive("fold")  # an advisory lock
+        else:
+            self._across_processes = contextlib.nullcontext()
         self._in_process = asyncio.Lock()
         self.last_error: str | None = None
         self.written = 0

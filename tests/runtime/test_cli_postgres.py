@@ -192,3 +192,24 @@ def test_a_poisoned_run_is_held_listed_and_folded_again_on_release(env: dict[str
     again = onward(env, "quarantine", "list", "--all", "--json")
     (entry,) = [json.loads(line) for line in again.output.splitlines()]
     assert (entry["state"], entry["released_by"]) == ("held", "ops")
+
+
+def test_frontiers_rebuild_from_the_postgresql_log_and_no_projector_is_needed(
+    env: dict[str, str],
+) -> None:
+    assert onward(env, "db", "migrate").exit_code == 0
+    started = onward(env, "start", "book", "--run-id", RUN_ID, *AGENT)
+    assert started.exit_code == 0, started.output
+
+    rebuilt = onward(env, "projections", "rebuild", "frontiers", "--json")
+    assert rebuilt.exit_code == 0, rebuilt.output
+    report = json.loads(rebuilt.stdout)
+    assert (report["build"], report["previous"]) == (2, 1)
+    assert report["events"] > 0
+    shown = onward(env, "inspect", RUN_ID)
+    assert shown.exit_code == 0, shown.output
+    assert "completed" in shown.stdout
+
+    projector = onward(env, "projector")
+    assert projector.exit_code == 2
+    assert "folds the runs it appends inline" in projector.stderr

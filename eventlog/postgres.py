@@ -9,7 +9,7 @@ A batch is one transaction, so a process killed mid-append leaves it whole or ab
 returned append has reached PostgreSQL's WAL on disk (``synchronous_commit`` as the server has
 it; ``on`` by default).
 
-The tables come from ``onward db migrate`` (``schemas/sql/0011_eventlog.sql``); the first log
+The tables come from ``onward db migrate`` (``schemas/sql/0013_eventlog.sql``); the first log
 opened on a schema records its partition count there, and every later one must agree.
 """
 

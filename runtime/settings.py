@@ -90,6 +90,9 @@ class Settings(BaseSettings):
         kafka_bootstrap_servers: ``host:port[,...]`` of the Kafka brokers.
         kafka_topic: The events topic.
         kafka_client_id: Shown in broker logs (``KAFKA_CLIENT_ID``, ``onward`` by default).
+        kafka_compression_type: How producers compress record batches
+            (``KAFKA_COMPRESSION_TYPE``): ``zstd`` by default, ``lz4``, ``gzip``, ``snappy``
+            or ``none``.
         kafka_security_protocol: ``PLAINTEXT`` (the default), ``SSL``, ``SASL_PLAINTEXT`` or
             ``SASL_SSL`` (``KAFKA_SECURITY_PROTOCOL``); the other ``KAFKA_SASL_*`` and
             ``KAFKA_SSL_*`` variables keep the names of Kafka's own clients' properties, and
@@ -156,6 +159,9 @@ class Settings(BaseSettings):
     )
     kafka_topic: str = Field(default="onward.events", validation_alias="ONWARD_KAFKA_TOPIC")
     kafka_client_id: str = Field(default="onward", min_length=1, validation_alias="KAFKA_CLIENT_ID")
+    kafka_compression_type: Literal["zstd", "lz4", "gzip", "snappy", "none"] = Field(
+        default="zstd", validation_alias="KAFKA_COMPRESSION_TYPE"
+    )
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT", validation_alias="KAFKA_SECURITY_PROTOCOL"
     )
@@ -332,6 +338,7 @@ class Settings(BaseSettings):
             ssl_certificate_location=self.kafka_ssl_certificate_location,
             ssl_key_location=self.kafka_ssl_key_location,
             ssl_key_password=_secret(self.kafka_ssl_key_password),
+            compression_type=self.kafka_compression_type,
         )
 
     def lease_policy(self) -> LeasePolicy:

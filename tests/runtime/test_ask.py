@@ -19,6 +19,7 @@ import pytest
 from support.ask_world import refund_agent, refund_provider
 from support.crash_world import TENANT, open_world, until_lapsed
 from support.processes import spawn_support
+from support.readme import run_example
 
 import onward
 from onward.errors import ConfigurationError, InvalidInputError
@@ -185,6 +186,16 @@ async def test_a_tool_that_swallows_the_stop_still_stops_at_its_question(tmp_pat
         await runner.approve("q", FIRST, tenant=TENANT, by="ann", value="yes")
         assert (await runner.resume(agent, "q", tenant=TENANT)).status == "completed"
     assert effects == ["guessed", "yes"]
+
+
+def test_the_readme_example_refuses_a_bad_answer_and_refunds_once(tmp_path: Path) -> None:
+    printed = [run_example("Asking a person from a tool", tmp_path)[1] for _ in range(2)]
+    assert printed[0] == printed[1]
+    assert printed[0].splitlines() == [
+        "asked: refund how much for A-1? {'type': 'integer'}",
+        "refused: not an integer; the run still waits",
+        "result: done [30]",
+    ]
 
 
 def test_ask_outside_a_tool_and_a_bad_schema_are_configuration_errors() -> None:

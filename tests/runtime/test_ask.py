@@ -164,6 +164,49 @@ async def test_a_denied_question_ends_the_run_and_its_code_goes_no_further(
     assert entries(ledger, "answered") == []
 
 
+async def test_calls_that_ask_at_once_are_all_stopped_and_asked_one_at_a_time(
+    tmp_path: Path,
+) -> None:
+    effects: list[tuple[str, Any]] = []
+
+    @tool
+    async def pick(what: str, *, idempotency_key: str) -> Any:
+        schema = {"type": "string", "enum": ["red", "blue"]} if what == "colour" else None
+        answer = ask(f"which {what}?", schema=schema)
+        effects.append((what, answer))
+        return answer
+
+    agent = Agent(name="picker", instructions="", tools=[pick])
+    provider = ScriptedProvider(
+        [
+            reply(
+                "",
+                ToolCall(call_id="a", tool="pick", args={"what": "colour"}),
+                ToolCall(call_id="b", tool="pick", args={"what": "size"}),
+            ),
+            reply("done"),
+        ]
+    )
+    async with SqliteEventLog(tmp_path / "onward.db") as log:
+        runner = AgentRunner(provider=provider, log=log, worker="w")
+        first = await runner.run(agent, "go", tenant=TENANT, run_id="q")
+        assert first.waiting_on == ask_request("a", 0)
+        frontier = await runner.inspect("q", tenant=TENANT)
+        assert [c.asked_seq for c in frontier.calls] == [frontier.resume_seq] * 2
+        with pytest.raises(InvalidInputError, match="is not one of"):
+            await runner.approve("q", ask_request("a", 0), tenant=TENANT, by="ann", value="green")
+        await runner.approve("q", ask_request("a", 0), tenant=TENANT, by="ann", value="red")
+        second = await runner.resume(agent, "q", tenant=TENANT)
+        assert second.waiting_on == ask_request("b", 0)
+        await runner.approve("q", ask_request("b", 0), tenant=TENANT, by="ann", value={"cm": 3})
+        done = await runner.resume(agent, "q", tenant=TENANT)
+        assert done.status == "completed"
+        assert done.plan is not None
+        assert [c.call_id for c in done.plan.completed] == ["a"]
+        assert [c.call_id for c in done.plan.to_dispatch] == ["b"]
+    assert effects == [("colour", "red"), ("size", {"cm": 3})]
+
+
 async def test_a_tool_that_swallows_the_stop_still_stops_at_its_question(tmp_path: Path) -> None:
     effects: list[str] = []
 

@@ -204,14 +204,16 @@ class Asked(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     Attributes:
         call_id: The call of the turn in progress that asked.
         index: The question's place among that call's questions.
-        schema: The JSON Schema an answer must fit; ``None``: any JSON value.
+        schema: The JSON Schema an answer must fit, as JSON text; ``None``: any JSON value.
+            Text, not a JSON object, so that the redactor, which masks every value under a key
+            that names a secret, leaves a schema that describes a ``password`` whole.
         suspended: Every call of the turn that stopped at a question of its own, this one
             first: each runs again once the run goes on (the others ask theirs then).
     """
 
     call_id: str
     index: int = 0
-    schema: dict[str, Any] | None = None
+    schema: str | None = None
     suspended: list[str] = []
 
 

@@ -144,9 +144,9 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             answer, a tool outcome, a settled turn or an approval): how often a worker took it
             up and got nowhere. A worker's recovery bounds its attempts by it without reading
             the run again. A row stored before this field counts from its own offset on.
-        answer_schema: The JSON Schema the answer to the question the run waits on must fit,
-            when a tool's code asked it with one (`ApprovalRequested.asked`); ``None``
-            otherwise.
+        answer_schema: The JSON Schema (as JSON text) the answer to the question the run
+            waits on must fit, when a tool's code asked it with one
+            (`ApprovalRequested.asked`); ``None`` otherwise.
     """
 
     run_id: str
@@ -186,7 +186,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     max_iterations: int | None = None
     replays: bool = False
     attempts: int = 0
-    answer_schema: dict[str, Any] | None = None
+    answer_schema: str | None = None
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -259,7 +259,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     max_iterations: int | None
     replays: bool
     attempts: int
-    answer_schema: dict[str, Any] | None
+    answer_schema: str | None
     calls: dict[str, CallState]
 
     @classmethod

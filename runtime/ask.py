@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -62,13 +63,14 @@ class Question:
         call_id: The call that asked.
         index: Its place among the call's questions, from 0.
         text: What is asked.
-        schema: The JSON Schema an answer must fit, or ``None``.
+        schema: The JSON Schema an answer must fit, as JSON text (as `Asked` records it), or
+            ``None``.
     """
 
     call_id: str
     index: int
     text: str
-    schema: dict[str, Any] | None
+    schema: str | None
 
     @property
     def request_id(self) -> str:
@@ -99,7 +101,7 @@ class Asking:
     asked: int = 0
     question: Question | None = field(default=None)
 
-    def next(self, text: str, schema: dict[str, Any] | None) -> Any:
+    def next(self, text: str, schema: str | None) -> Any:
         """The recorded answer to the call's next question, else `QuestionAsked`."""
         index = self.asked
         self.asked += 1
@@ -153,7 +155,7 @@ def ask(question: str, *, schema: Any = None) -> Any:
         )
     text = check_note("question", question)
     recorded, adapter = json_schema_of(schema)
-    answer = scope.next(text, recorded)
+    answer = scope.next(text, None if recorded is None else json.dumps(recorded))
     if adapter is None:
         return answer
     try:
@@ -179,6 +181,10 @@ def json_schema_of(
     adapter: pydantic.TypeAdapter[Any] | None = None
     if isinstance(schema, Mapping):
         recorded = dict(schema)
+        try:
+            json.dumps(recorded, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"ask(schema=...) is not a JSON object: {exc}") from exc
     else:
         try:
             adapter = pydantic.TypeAdapter(schema)
@@ -196,10 +202,19 @@ def json_schema_of(
     return recorded, adapter
 
 
-def check_answer(
-    schema: dict[str, Any] | None, value: Any, *, run_id: str, request_id: str
-) -> None:
-    """Refuse an answer that does not fit the question's recorded JSON Schema.
+def recorded_schema(text: str | None) -> Any:
+    """A question's recorded JSON Schema as a JSON value (``None`` without one); the text as
+    it is when it is not JSON (written by another writer)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str) -> None:
+    """Refuse an answer that does not fit the question's recorded JSON Schema (JSON text).
 
     Raises:
         InvalidInputError: Naming each place in the answer that does not fit (at most five);
@@ -208,10 +223,11 @@ def check_answer(
     if schema is None:
         return
     try:
+        schema = json.loads(schema)
         jsonschema.Draft202012Validator.check_schema(schema)
         validator = jsonschema.Draft202012Validator(schema)
         faults = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.path)))
-    except (jsonschema.SchemaError, referencing.exceptions.Unresolvable) as exc:
+    except (ValueError, jsonschema.SchemaError, referencing.exceptions.Unresolvable) as exc:
         # Recorded by another writer: no answer can be checked against it.
         raise InvalidInputError(
             f"run {run_id!r}: the question {request_id!r} has a schema no answer can be "
@@ -241,4 +257,4 @@ def ask_request(call_id: str, index: int) -> str:
     return f"{ASK_REQUEST}{index}:#{digest}"
 
 
-__all__ = ["Question", "ask", "check_answer"]
+__all__ = ["Question", "ask", "check_answer", "recorded_schema"]

@@ -44,6 +44,7 @@ from onward.eventlog.events import (
 from onward.eventlog.parts import TextPart, parts_of
 from onward.projections.frontier import BOUNDARIES, Boundary, run_options
 from onward.projections.transcript import as_text, checkpoint_of
+from onward.runtime.ask import recorded_schema
 from onward.runtime.manager import NEEDS_PERSON
 
 MessageType = Literal[
@@ -295,7 +296,7 @@ class MessageMapper:
         shown: dict[str, Any] = {"tool_name": tool_name, "args": args}
         if event.asked is not None:
             # A tool's code asked (`ask`): the question, and what an answer must fit.
-            shown |= {"question": event.prompt, "schema": event.asked.schema}
+            shown |= {"question": event.prompt, "schema": recorded_schema(event.asked.schema)}
         asked = {
             "type": "approval_request",
             "request_id": event.request_id,

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from pydantic import BaseModel
 from support.ask_world import refund_agent, refund_provider
 from support.crash_world import TENANT, open_world, until_lapsed
 from support.processes import spawn_support
@@ -55,7 +56,7 @@ async def test_the_answer_is_asks_return_value_and_the_code_after_it_runs_once(
         waiting = await runner.run(agent, "refund A-1", tenant=TENANT, run_id="q")
         assert (waiting.status, waiting.waiting_on) == ("waiting", FIRST)
         frontier = await runner.inspect("q", tenant=TENANT)
-        assert frontier.answer_schema == {"type": "integer"}
+        assert frontier.answer_schema == '{"type": "integer"}'
         (call,) = frontier.calls
         assert (call.outcome, call.asked_seq) == (None, frontier.resume_seq)
         assert entries(ledger, "answered") == []
@@ -72,7 +73,7 @@ async def test_the_answer_is_asks_return_value_and_the_code_after_it_runs_once(
         asked = [s.event for s in await log.read_run("q") if isinstance(s.event, ApprovalRequested)]
         assert [(a.request_id, a.prompt) for a in asked] == [(FIRST, "refund how much for A-1?")]
         assert asked[0].asked == Asked(
-            call_id="r", index=0, schema={"type": "integer"}, suspended=["r"]
+            call_id="r", index=0, schema='{"type": "integer"}', suspended=["r"]
         )
 
 
@@ -88,7 +89,7 @@ async def test_questions_are_answered_in_the_order_the_code_asks_them(
         assert (second.status, second.waiting_on) == ("waiting", SECOND)
         schema = (await runner.inspect("q", tenant=TENANT)).answer_schema
         assert schema is not None
-        assert schema["required"] == ["by", "ticket"]
+        assert json.loads(schema)["required"] == ["by", "ticket"]
 
         with pytest.raises(InvalidInputError, match=r"does not fit its schema \(ticket: "):
             await runner.approve(
@@ -241,6 +242,38 @@ def test_the_readme_example_refuses_a_bad_answer_and_refunds_once(tmp_path: Path
     ]
 
 
+async def test_a_schema_that_names_a_secret_survives_the_redactor(tmp_path: Path) -> None:
+    """The redactor masks every value under a key naming a secret; a schema is recorded as
+    text, so one describing a ``password`` field still checks answers."""
+
+    class Login(BaseModel):
+        user: str
+        password: str
+
+    got: list[Login] = []
+
+    @tool
+    async def log_in(*, idempotency_key: str) -> str:
+        got.append(ask("log in as?", schema=Login))
+        return "in"
+
+    agent = Agent(name="login", instructions="", tools=[log_in])
+    provider = ScriptedProvider([reply("", ToolCall(call_id="r", tool="log_in")), reply("done")])
+    async with SqliteEventLog(tmp_path / "onward.db") as log:
+        runner = AgentRunner(provider=provider, log=log, worker="w")
+        await runner.run(agent, "go", tenant=TENANT, run_id="q")
+        schema = (await runner.inspect("q", tenant=TENANT)).answer_schema
+        assert schema is not None
+        assert json.loads(schema)["properties"]["password"]["type"] == "string"
+        with pytest.raises(InvalidInputError, match="'password' is a required property"):
+            await runner.approve("q", FIRST, tenant=TENANT, by="ann", value={"user": "ann"})
+        answer = {"user": "ann", "password": "hunter2"}
+        await runner.approve("q", FIRST, tenant=TENANT, by="ann", value=answer)
+        assert (await runner.resume(agent, "q", tenant=TENANT)).status == "completed"
+    # The answer itself is a value in the log like any other: its secret was masked there.
+    assert [(g.user, g.password) for g in got] == [("ann", "[REDACTED]")]
+
+
 def test_ask_outside_a_tool_and_a_bad_schema_are_configuration_errors() -> None:
     with pytest.raises(ConfigurationError, match="from the code of a tool"):
         ask("anyone?")
@@ -254,7 +287,7 @@ def test_the_question_round_trips_and_older_records_read_without_it() -> None:
         **env,
         request_id=FIRST,
         prompt="how much?",
-        asked=Asked(call_id="r", index=0, schema={"type": "integer"}, suspended=["r", "s"]),
+        asked=Asked(call_id="r", index=0, schema='{"type": "integer"}', suspended=["r", "s"]),
     )
     assert codec.decode(codec.encode(event)) == event
     older = msgspec.json.encode({"kind": "approval.requested", **env, "request_id": "a1"})

@@ -150,8 +150,9 @@ def ask(question: str, *, schema: Any = None) -> Any:
     scope = _asking.get()
     if scope is None:
         raise ConfigurationError(
-            "ask() is called from the code of a tool while Onward runs it (the tool's call is "
-            "what stops and runs again once a person answers)"
+            "ask() is called from the code of a tool while Onward's runner runs it (the tool's "
+            "call is what stops and runs again once a person answers); a LangGraph graph asks "
+            "with interrupt(), a pydantic-ai agent with its own waits (wait_for_external_event)"
         )
     text = check_note("question", question)
     recorded, adapter = json_schema_of(schema)

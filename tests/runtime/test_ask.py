@@ -19,8 +19,10 @@ import pytest
 from pydantic import BaseModel
 from support.ask_world import refund_agent, refund_provider
 from support.crash_world import TENANT, open_world, until_lapsed
+from support.deployment import kafka_settings
 from support.processes import spawn_support
 from support.readme import run_example
+from support.servers import KafkaServers
 
 import onward
 from onward.errors import ConfigurationError, InvalidInputError
@@ -151,6 +153,30 @@ async def test_the_application_streams_the_question_and_respond_answers_it(
         "result",
     ]
     assert seen[-1].output == "done"
+    assert [e["amount"] for e in entries(ledger, "refund")] == [60]
+
+
+@pytest.mark.kafka
+async def test_the_application_on_kafka_streams_the_question_and_respond_answers_it(
+    kafka_servers: KafkaServers, ledger: Ledger
+) -> None:
+    async with kafka_servers.log(partitions=3):
+        pass  # the events topic, created once, as a deployment creates it
+    settings = kafka_settings(kafka_servers, 3)
+    agent = refund_agent(ledger)
+    asked: list[onward.RunMessage] = []
+    async with onward.open(settings, agents=agent, provider=refund_provider()) as app:
+        async for message in app.query("refund A-1", {"run_id": "q"}):
+            if message.is_hil_request:
+                asked.append(message)
+                assert ledger.count("answered") == 0
+                with pytest.raises(InvalidInputError, match="does not fit its schema"):
+                    await message.respond({"amount": 60})
+                await message.respond(60, by="ann")
+            last = message
+    assert [(m.content, m.request_id) for m in asked] == [("refund how much for A-1?", FIRST)]
+    assert (last.type, last.output) == ("result", "done")
+    assert [e["amount"] for e in entries(ledger, "answered")] == [60]
     assert [e["amount"] for e in entries(ledger, "refund")] == [60]
 
 

@@ -3,7 +3,9 @@
 One iteration: call the model and append `ModelAnswered`; append `ToolDispatched` for every
 call of the answer as one batch, acknowledged by the log before any tool runs; run the tools
 (concurrently), appending each `ToolCompleted` as it returns; append `TurnSettled`. A call whose
-tool needs a person appends `ApprovalRequested` first and the run stops, waiting.
+tool needs a person appends `ApprovalRequested` first and the run stops, waiting; so does a call
+whose code asks a person a question (`onward.runtime.ask`), with the question, once it stopped
+there.
 
 If `ToolDispatched` cannot be written the tool is not called. If the process dies anywhere,
 `resume` takes the run's lease, reads the run once and claims it under the lease's fence

@@ -30,6 +30,7 @@ from onward.eventlog import ApprovalRequested, Asked, SqliteEventLog, ToolCall, 
 from onward.runtime.agent import Agent
 from onward.runtime.ask import ask, ask_request, json_schema_of
 from onward.runtime.demo_ledger import Ledger
+from onward.runtime.observability import COUNTS
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.settings import Settings
@@ -55,8 +56,10 @@ async def test_the_answer_is_asks_return_value_and_the_code_after_it_runs_once(
     async with SqliteEventLog(tmp_path / "onward.db") as log:
         runner = AgentRunner(provider=refund_provider(), log=log, worker="w")
         agent = refund_agent(ledger)
+        asked_before = COUNTS.tool_calls["asked"]
         waiting = await runner.run(agent, "refund A-1", tenant=TENANT, run_id="q")
         assert (waiting.status, waiting.waiting_on) == ("waiting", FIRST)
+        assert COUNTS.tool_calls["asked"] == asked_before + 1
         frontier = await runner.inspect("q", tenant=TENANT)
         assert frontier.answer_schema == '{"type": "integer"}'
         (call,) = frontier.calls

@@ -23,12 +23,14 @@ from support.deployment import kafka_settings
 from support.processes import spawn_support
 from support.readme import run_example
 from support.servers import KafkaServers
+from typer.testing import CliRunner, Result
 
 import onward
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog import ApprovalRequested, Asked, SqliteEventLog, ToolCall, codec, kind_of
 from onward.runtime.agent import Agent
 from onward.runtime.ask import ask, ask_request, json_schema_of
+from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.observability import COUNTS
 from onward.runtime.providers import ScriptedProvider, reply
@@ -181,6 +183,31 @@ async def test_the_application_on_kafka_streams_the_question_and_respond_answers
     assert (last.type, last.output) == ("result", "done")
     assert [e["amount"] for e in entries(ledger, "answered")] == [60]
     assert [e["amount"] for e in entries(ledger, "refund")] == [60]
+
+
+async def test_onward_approve_refuses_a_bad_answer_with_exit_2_and_takes_a_good_one(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    db = tmp_path / "onward.db"
+    agent = refund_agent(ledger)
+    async with SqliteEventLog(db) as log:
+        runner = AgentRunner(provider=refund_provider(), log=log, worker="w")
+        await runner.run(agent, "refund A-1", tenant=TENANT, run_id="q")
+
+    def approve(value: str) -> Result:
+        env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+        argv = ["approve", "q", FIRST, "--tenant", TENANT, "--by", "ann", "--value", value]
+        return CliRunner().invoke(cli, argv, env=env)
+
+    refused = await asyncio.to_thread(approve, '"forty"')
+    assert refused.exit_code == 2, refused.output
+    assert "does not fit its schema" in refused.stderr
+    approved = await asyncio.to_thread(approve, "40")
+    assert approved.exit_code == 0, approved.output
+    async with SqliteEventLog(db) as log:
+        runner = AgentRunner(provider=refund_provider(), log=log, worker="w")
+        assert (await runner.resume(agent, "q", tenant=TENANT)).status == "completed"
+    assert [e["amount"] for e in entries(ledger, "refund")] == [40]
 
 
 async def test_a_denied_question_ends_the_run_and_its_code_goes_no_further(

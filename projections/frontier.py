@@ -99,6 +99,9 @@ class CallState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     result: Any = None
     error: ToolError | None = None
     resolved_by: str | None = None
+    asked_seq: int | None = None
+    """The seq of the question (`ApprovalRequested.asked`) its code stopped at, since its
+    latest dispatch: it did nothing after it, so it runs again once the run goes on."""
 
 
 class RunTag(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -141,6 +144,9 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             answer, a tool outcome, a settled turn or an approval): how often a worker took it
             up and got nowhere. A worker's recovery bounds its attempts by it without reading
             the run again. A row stored before this field counts from its own offset on.
+        answer_schema: The JSON Schema (as JSON text) the answer to the question the run
+            waits on must fit, when a tool's code asked it with one
+            (`ApprovalRequested.asked`); ``None`` otherwise.
     """
 
     run_id: str
@@ -180,6 +186,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     max_iterations: int | None = None
     replays: bool = False
     attempts: int = 0
+    answer_schema: str | None = None
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -252,6 +259,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     max_iterations: int | None
     replays: bool
     attempts: int
+    answer_schema: str | None
     calls: dict[str, CallState]
 
     @classmethod
@@ -492,6 +500,14 @@ def _approval_requested(d: FrontierDraft, e: ApprovalRequested) -> None:
     d.waiting_on = e.request_id
     d.last_boundary = "before_approval"
     d.resume_seq = e.seq
+    asked = e.asked
+    d.answer_schema = asked.schema if asked is not None else None
+    if asked is not None:
+        # Only a call dispatched and still without an outcome can have stopped at a question.
+        for call_id in asked.suspended:
+            state = d.calls.get(call_id)
+            if state is not None and state.dispatched_seq is not None and state.outcome is None:
+                d.calls[call_id] = _replace(state, asked_seq=e.seq)
 
 
 def _approval_granted(d: FrontierDraft, e: ApprovalGranted) -> None:
@@ -499,6 +515,7 @@ def _approval_granted(d: FrontierDraft, e: ApprovalGranted) -> None:
     if d.waiting_on == e.request_id:
         d.status = "running"
         d.waiting_on = None
+        d.answer_schema = None
         d.approved = (*d.approved, e.request_id)
         d.grants = (*d.grants, Grant(request_id=e.request_id, by=e.by, value=e.value))
 
@@ -507,6 +524,7 @@ def _approval_denied(d: FrontierDraft, e: ApprovalDenied) -> None:
     if d.waiting_on == e.request_id:
         d.status = "running"
         d.waiting_on = None
+        d.answer_schema = None
 
 
 def _tagged(d: FrontierDraft, e: Tagged) -> None:

@@ -1,6 +1,7 @@
 """The runner, resume planning, leases, garbage collection, redaction, providers, tools, the CLI."""
 
 from .agent import Agent
+from .ask import ask
 from .blobs import (
     BlobStore,
     ClaimCheck,
@@ -74,6 +75,7 @@ __all__ = [
     "SqliteLeaseStore",
     "Tool",
     "ToolDisposition",
+    "ask",
     "continued",
     "idempotency_key",
     "plan_resume",

@@ -10,8 +10,10 @@ the last position it saw and get every later message once.
   asked for tools (``after_model_call``);
 * `ToolCompleted`, `ToolResolved` (completed): ``progress``;
 * `TurnSettled`: ``checkpoint`` (``after_tool_result``);
-* `ApprovalRequested`: ``checkpoint`` (``before_approval``), then ``approval_request``; for a
-  collaborative pause, one ``checkpoint`` that waits for an answer;
+* `ApprovalRequested`: ``checkpoint`` (``before_approval``), then ``approval_request`` (a
+  tool's approval, or a question its code asked: ``metadata["question"]`` and
+  ``metadata["schema"]``); for a collaborative pause, one ``checkpoint`` that waits for an
+  answer;
 * `RunFinished`: ``result`` when completed, else ``error``; `RunContinued`: ``result``;
 * `Tagged` ``needs-person``, while a call it names is still undecided: ``needs_person`` (the
   calls nobody can decide, and the command that settles each), once the reader has caught up.
@@ -42,6 +44,7 @@ from onward.eventlog.events import (
 from onward.eventlog.parts import TextPart, parts_of
 from onward.projections.frontier import BOUNDARIES, Boundary, run_options
 from onward.projections.transcript import as_text, checkpoint_of
+from onward.runtime.ask import recorded_schema
 from onward.runtime.manager import NEEDS_PERSON
 
 MessageType = Literal[
@@ -86,7 +89,8 @@ class RunMessage:
             ``before_approval``).
         metadata: Checkpoint: ``iteration``, and for a collaborative pause ``waiting``
             and ``after_seq`` (the seq of the boundary event it pauses after); approval request:
-            ``tool_name``, ``args``.
+            ``tool_name``, ``args``, and for a question a tool's code asked (`ask`)
+            ``question`` and ``schema`` (the JSON Schema an answer must fit, or ``None``).
         request_id: The request the run waits on (approval requests, collaborative pauses).
         tool_name: Approval request: the tool that needs a person.
         args: Approval request: the arguments it would be called with.
@@ -289,13 +293,17 @@ class MessageMapper:
         details = event.details if isinstance(event.details, dict) else {}
         tool_name = details.get("tool")
         args = details.get("args")
+        shown: dict[str, Any] = {"tool_name": tool_name, "args": args}
+        if event.asked is not None:
+            # A tool's code asked (`ask`): the question, and what an answer must fit.
+            shown |= {"question": event.prompt, "schema": recorded_schema(event.asked.schema)}
         asked = {
             "type": "approval_request",
             "request_id": event.request_id,
             "content": event.prompt,
             "tool_name": tool_name if isinstance(tool_name, str) else None,
             "args": args if isinstance(args, dict) else None,
-            "metadata": {"tool_name": tool_name, "args": args},
+            "metadata": shown,
         }
         return [*self._checkpoint("before_approval"), asked]
 

@@ -16,7 +16,8 @@ the last position it saw and get every later message once.
 * `Tagged` ``needs-person``, while a call it names is still undecided: ``needs_person`` (the
   calls nobody can decide, and the command that settles each), once the reader has caught up.
 
-Checkpoint messages come only for the boundaries the run's checkpoint policy picks.
+Checkpoint messages come only for the boundaries the run's checkpoint policy picks, in the steps
+its ``checkpoint_frequency`` picks (`onward.projections.frontier.counts_at`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.eventlog.parts import TextPart, parts_of
-from onward.projections.frontier import BOUNDARIES, Boundary, run_options
+from onward.projections.frontier import (
+    BOUNDARIES,
+    Boundary,
+    checkpoint_frequency,
+    counts_at,
+    run_options,
+)
 from onward.projections.transcript import as_text, checkpoint_of
 from onward.runtime.manager import NEEDS_PERSON
 
@@ -175,6 +182,7 @@ class MessageMapper:
         self._answers = answers
         self._checkpoints: tuple[Boundary, ...] = BOUNDARIES
         self._pause_at: tuple[Boundary, ...] = ()
+        self._every = 1
         self._max_iterations: int | None = None
         self.iteration = 0
         self.tools_done = 0
@@ -271,6 +279,7 @@ class MessageMapper:
             self.input_tokens = event.carried.usage.input_tokens
             self.output_tokens = event.carried.usage.output_tokens
         _, self._pause_at, self._max_iterations = run_options(event.options)
+        self._every = checkpoint_frequency(event.options)
         named = event.options.get("checkpoints")
         if isinstance(named, list):
             self._checkpoints = tuple(b for b in BOUNDARIES if b in named)
@@ -283,6 +292,8 @@ class MessageMapper:
     def _checkpoint(self, boundary: Boundary, seq: int) -> list[dict[str, Any]]:
         """A checkpoint message, unless the policy skips it or a pause request will carry it."""
         if boundary not in self._checkpoints or boundary in self._pause_at:
+            return []
+        if not counts_at(boundary, self.iteration, self._every):
             return []
         metadata = self.checkpoint_data(boundary, seq)
         return [{"type": "checkpoint", "boundary": boundary, "metadata": metadata}]

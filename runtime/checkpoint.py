@@ -34,7 +34,7 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.projections.base import DEFAULT_MAX_BYTES, FrontierStore
-from onward.projections.frontier import Boundary, counts_at
+from onward.projections.frontier import counts_at
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 
@@ -100,12 +100,6 @@ class CheckpointPolicy:
 
     def __post_init__(self) -> None:
         check_frequency(self.checkpoint_frequency)
-
-    def counts(self, boundary: Boundary, step: int) -> bool:
-        """Whether a boundary of step ``step`` is a checkpoint of this policy."""
-        return getattr(self, boundary) is True and counts_at(
-            boundary, step, self.checkpoint_frequency
-        )
 
     def wants(self, events: Sequence[Event], *, step: int | None = None) -> bool:
         """Whether a batch ends at a boundary this policy checkpoints, starts or ends the run, or

@@ -81,6 +81,24 @@ def run_options(options: dict[str, Any]) -> tuple[str | None, tuple[Boundary, ..
     )
 
 
+def checkpoint_frequency(options: dict[str, Any]) -> int:
+    """Every how many steps a run's checkpoints come (``options["checkpoint_frequency"]``; 1,
+    every step, when absent or not a whole number of at least 1: read leniently, as
+    `run_options` reads)."""
+    every = options.get("checkpoint_frequency")
+    return every if type(every) is int and every >= 1 else 1
+
+
+def counts_at(boundary: Boundary, step: int, every: int) -> bool:
+    """Whether a boundary of step ``step`` (the model call it follows or settles, counted from
+    the run's first, across a chain of continued runs) is a checkpoint when checkpoints come
+    every ``every`` steps: ``after_model_call`` and ``after_tool_result`` only in steps
+    ``every``, ``2 * every``, ...; ``before_approval`` in every step, since the run then waits
+    on a person, who must find it wherever it stopped. Decided by the run's own events, so the
+    worker that resumes a run picks the same checkpoints as the one that started it."""
+    return boundary == "before_approval" or every <= 1 or step % every == 0
+
+
 class CallState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What the log says about one call of the turn in progress."""
 
@@ -137,6 +155,9 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             ``options["checkpoints"]``); empty for an autonomous run.
         max_iterations: The run's own bound on model calls (``options["max_iterations"]``);
             ``None``: the agent's.
+        checkpoint_frequency: Every how many steps the run's checkpoints come
+            (``options["checkpoint_frequency"]``, `counts_at`): where a collaborative run
+            pauses, and which checkpoint messages its stream shows.
         replays: The run is executed again from its first event whenever it goes on
             (``options["replays"]``, as pydantic-ai runs are), so compaction keeps all of its
             events rather than only its resume points.
@@ -187,6 +208,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     replays: bool = False
     attempts: int = 0
     answer_schema: str | None = None
+    checkpoint_frequency: int = 1
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -260,6 +282,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     replays: bool
     attempts: int
     answer_schema: str | None
+    checkpoint_frequency: int
     calls: dict[str, CallState]
 
     @classmethod
@@ -408,6 +431,7 @@ def _started(d: FrontierDraft, e: RunStarted) -> None:
     if e.options:
         d.user_id, d.pause_at, d.max_iterations = run_options(e.options)
         d.replays = e.options.get("replays") is True
+        d.checkpoint_frequency = checkpoint_frequency(e.options)
 
 
 def _claimed(d: FrontierDraft, e: RunClaimed) -> None:

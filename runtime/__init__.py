@@ -10,7 +10,7 @@ from .blobs import (
     SqliteBlobStore,
 )
 from .checkpoint import Checkpointer, CheckpointPolicy
-from .continuation import Continuation, ContinuationPolicy, continued
+from .continuation import DEFAULT_CONTINUATION, Continuation, ContinuationPolicy, continued
 from .gc import GarbageCollector, GcReport
 from .leases import (
     Leaseholder,
@@ -38,6 +38,7 @@ from .runner import AgentRunner, RunObserver, RunResult
 from .tools import Reconciled, Tool, idempotency_key, tool
 
 __all__ = [
+    "DEFAULT_CONTINUATION",
     "Agent",
     "AgentRunner",
     "BlobStore",

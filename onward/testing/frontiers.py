@@ -15,6 +15,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
+from onward.errors import CheckpointFormatError, SchemaMismatchError
 from onward.eventlog.events import Message
 from onward.projections.base import (
     FrontierStore,
@@ -24,7 +25,7 @@ from onward.projections.base import (
     StoredFrontier,
     released_mark,
 )
-from onward.projections.frontier import CallState, Frontier, ToolCallRow
+from onward.projections.frontier import FRONTIER_FORMAT, CallState, Frontier, ToolCallRow
 from onward.projections.transcript import TranscriptRow
 
 from .eventlog import new_run_id
@@ -229,6 +230,18 @@ class FrontierStoreConformance:
             7,
             2,
         )
+
+    async def test_a_row_of_a_newer_format_is_refused_as_one(self, store: FrontierStore) -> None:
+        # A newer Onward wrote it: the run is left for a worker on that version (exit 4 on the
+        # command line), not mistaken for a database schema to migrate (exit 2).
+        run_id = new_run_id()
+        newer = msgspec.structs.replace(frontier(run_id, through=3), format=FRONTIER_FORMAT + 1)
+        await store.write(CONSUMER, {1: 4}, [Snapshot.of(newer)], [])
+        for read in (store.get(run_id), store.load([run_id])):
+            with pytest.raises(CheckpointFormatError, match="format 2 is newer") as caught:
+                await read
+            assert not isinstance(caught.value, SchemaMismatchError)
+            assert (caught.value.run_id, caught.value.field) == (run_id, "$.format")
 
     async def test_load_returns_only_runs_that_have_rows(self, store: FrontierStore) -> None:
         a, b = new_run_id(), new_run_id()

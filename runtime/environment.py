@@ -3,8 +3,10 @@
 ``ENVIRONMENT`` says whose process this is: ``dev`` (the default) or ``prod``. Production
 refuses what only a developer should choose, each at start with one line naming the setting:
 the memory backend (every run is lost with the process) and disabled redaction (secrets reach
-durable stores in clear). Any other value is refused rather than read as one of the two, since
-a misspelt ``prod`` must not quietly turn those refusals off.
+durable stores in clear). The name is a common one, set for other tools too, so the usual
+spellings are read (``staging`` as ``prod``: it stands in for production; ``test``, ``ci`` and
+``local`` as ``dev``); any other value is refused rather than read as one of the two, since a
+misspelt ``prod`` must not quietly turn those refusals off.
 
 ``CHECKPOINTER_BACKEND`` is another name for ``ONWARD_BACKEND``, so a deployment configured
 for a kit that names its backends ``session_service``, ``postgres`` and ``memory`` keeps its
@@ -26,8 +28,14 @@ Environment = Literal["dev", "prod"]
 _ENVIRONMENTS: Mapping[str, Environment] = {
     "dev": "dev",
     "development": "dev",
+    "local": "dev",
+    "test": "dev",
+    "testing": "dev",
+    "ci": "dev",
     "prod": "prod",
     "production": "prod",
+    "staging": "prod",
+    "stage": "prod",
 }
 
 CHECKPOINTER_BACKENDS: Mapping[str, str] = {
@@ -43,15 +51,17 @@ their names; Onward's own names are taken as they are."""
 
 
 def parse_environment(value: str) -> Environment:
-    """``dev`` or ``prod`` from a value of ``ENVIRONMENT`` (``development`` and
-    ``production`` too, in any case).
+    """``dev`` or ``prod`` from a value of ``ENVIRONMENT``, in any case (`_ENVIRONMENTS`).
 
     Raises:
         ValueError: Any other value (`Settings` turns it into its one-line error).
     """
     environment = _ENVIRONMENTS.get(value.strip().lower())
     if environment is None:
-        raise ValueError(f"must be dev or prod (development, production), got {value[:40]!r}")
+        raise ValueError(
+            f"must be dev or prod (or {', '.join(sorted(set(_ENVIRONMENTS) - {'dev', 'prod'}))}), "
+            f"got {value[:40]!r}"
+        )
     return environment
 
 

@@ -48,15 +48,25 @@ def test_prod_refuses_the_memory_backend_naming_the_setting(
 
 
 def test_an_unknown_environment_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ENVIRONMENT", "staging")
+    monkeypatch.setenv("ENVIRONMENT", "prdo")
     with pytest.raises(ConfigurationError) as caught:
         Settings()
     assert one_line(caught) == (
-        "invalid configuration: ENVIRONMENT (environment): must be dev or prod (development, "
-        "production), got 'staging'"
+        "invalid configuration: ENVIRONMENT (environment): must be dev or prod (or ci, "
+        "development, local, production, stage, staging, test, testing), got 'prdo'"
     )
     with pytest.raises(ConfigurationError, match="ENVIRONMENT: must be dev or prod"):
         Redactor(enabled=False)
+
+
+@pytest.mark.parametrize(("value", "strict"), [("staging", True), ("test", False), ("CI", False)])
+def test_the_usual_names_of_other_environments_are_read(
+    monkeypatch: pytest.MonkeyPatch, value: str, strict: bool
+) -> None:
+    """``ENVIRONMENT`` is often set for other tools; its common values must not stop Onward,
+    and a staging deployment is held to production's refusals."""
+    monkeypatch.setenv("ENVIRONMENT", value)
+    assert Settings().environment == ("prod" if strict else "dev")
 
 
 def test_prod_refuses_disabled_redaction(monkeypatch: pytest.MonkeyPatch) -> None:

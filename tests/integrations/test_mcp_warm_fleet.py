@@ -75,6 +75,30 @@ async def test_without_warm_restart_every_binding_lists(
     assert listings(tmp_path) == 2
 
 
+def test_a_toolset_declared_at_import_serves_one_event_loop_after_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As with `onward.query_sync`, each call its own ``asyncio.run``: runs that wait on one
+    another for the shared session in one loop leave nothing bound to it for the next."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    agent = Agent(name="adder", instructions="add", toolsets=[MCPToolset([stdio_server(tmp_path)])])
+
+    async def run(n: int) -> Any:
+        async with agent_for_run(agent, f"r{n}", tenant=TENANT, settings=_settings()) as bound:
+            add = bound.tool("add")
+            assert add is not None
+            return await add.call({"a": n, "b": 1}, idempotency_key=f"k{n}")
+
+    async def runs() -> list[Any]:
+        try:
+            return await asyncio.gather(*(run(n) for n in range(3)))
+        finally:
+            await close_toolsets([agent])
+
+    for _ in range(2):
+        assert asyncio.run(runs()) == [{"sum": 1}, {"sum": 2}, {"sum": 3}]
+
+
 async def test_a_runner_refuses_an_agent_whose_toolsets_are_not_bound(tmp_path: Path) -> None:
     agent = Agent(name="biller", instructions="charge", toolsets=[MCPToolset([])])
     async with AgentRunner(provider=ScriptedProvider([reply("hi")]), log=MemoryEventLog()) as r:

@@ -88,6 +88,7 @@ from .redaction import Redactor
 from .result import RunResult
 from .resumer import Resumer
 from .tools import Reconciled, Tool, ToolArgumentsError, idempotency_key, tool_error
+from .toolsets import refuse_unbound
 from .writer import HeldRun, RunObserver, RunWriter
 
 _log = logging.getLogger("onward.runner")
@@ -256,6 +257,7 @@ class AgentRunner(Resource):
         _check_encodable("input", input, run_id)
         if options:
             check_optional_name("options.user", options.get("user"), run_id=run_id)
+        refuse_unbound(agent)
         self.check_call_bounds(agent)
         await self.resumer.refuse_stored(run_id, tenant)
         async with self._holding(run_id, tenant, self.worker) as held:
@@ -290,6 +292,7 @@ class AgentRunner(Resource):
             InvalidInputError: The run id or tenant is out of bounds (`onward.runtime.limits`).
         """
         _check_run(run_id, tenant)
+        refuse_unbound(agent)
         self.check_call_bounds(agent)
         async with self._holding(run_id, tenant, self.worker) as held:
             carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)

@@ -186,7 +186,8 @@ class Recovery:
             agent = await self._ready_to_carry(run_id, tenant)
             if agent is None:
                 return True
-            result = await worker.runner.resume(agent, run_id, tenant=tenant)
+            async with worker.for_run(agent, run_id, tenant) as bound:
+                result = await worker.runner.resume(bound, run_id, tenant=tenant)
         except ResumeConflictError:
             worker.stats.conflicts += 1
             return True

@@ -56,13 +56,14 @@ class RequestHandler:
             return True
         for attempt in range(worker.max_attempts * 10):
             try:
-                result = await worker.runner.run(
-                    agent,
-                    request.input,
-                    tenant=request.tenant,
-                    run_id=request.run_id,
-                    options=checked_options(request.options),
-                )
+                async with worker.for_run(agent, request.run_id, request.tenant) as bound:
+                    result = await worker.runner.run(
+                        bound,
+                        request.input,
+                        tenant=request.tenant,
+                        run_id=request.run_id,
+                        options=checked_options(request.options),
+                    )
             except InvalidInputError:
                 if await worker.runner.resumer.exists(request.run_id):
                     return True  # it exists already: started before, carried on by its owner

@@ -27,6 +27,7 @@ from onward.errors import ConfigurationError
 from .leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy
 from .redaction import parse_secret_keys
 from .signing import RequestSigner
+from .spend.base import PriceTable
 
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
 """Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id."""
@@ -138,6 +139,9 @@ class Settings(BaseSettings):
             `DEFAULT_LEASE_TTL_S` says why a minute): how long a run whose holder was lost stays
             held. ``onward worker``, ``onward start``, ``onward run --resume`` and every runner
             `Backends.runner` makes use it; ``--lease-ttl`` on a command overrides it.
+        model_prices: Micros per input and output token, per model (``ONWARD_MODEL_PRICES``:
+            ``MODEL=INPUT/OUTPUT`` pairs, comma-separated, ``gpt-4o=2.5/10``), for the cost of
+            each model call (`price_table`); a model not named costs 0.
 
     Raises:
         ConfigurationError: A value is unusable, built from Python or read from the
@@ -213,6 +217,7 @@ class Settings(BaseSettings):
     lease_ttl: float = Field(
         default=DEFAULT_LEASE_TTL_S, gt=0, le=86_400, validation_alias="ONWARD_LEASE_TTL"
     )
+    model_prices: str = Field(default="", validation_alias="ONWARD_MODEL_PRICES")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -300,6 +305,19 @@ class Settings(BaseSettings):
     def _redact_keys(cls, value: str) -> str:
         parse_secret_keys(value)
         return value
+
+    @field_validator("model_prices")
+    @classmethod
+    def _model_prices(cls, value: str) -> str:
+        try:
+            PriceTable.parse(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc).removeprefix("ONWARD_MODEL_PRICES: ")) from None
+        return value
+
+    def price_table(self) -> PriceTable:
+        """The prices of ``model_prices``."""
+        return PriceTable.parse(self.model_prices)
 
     def request_signer(self) -> RequestSigner | None:
         """The signer ``request_key`` makes, or ``None`` when it is not set.

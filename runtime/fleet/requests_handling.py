@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import logging
 
-from onward.errors import FencedError, InvalidInputError, ResumeConflictError
+from onward.errors import (
+    BudgetExceededError,
+    FencedError,
+    InvalidInputError,
+    ResumeConflictError,
+)
 from onward.runtime.options import checked_options
 
 from .member import FleetMember
@@ -63,10 +68,15 @@ class RequestHandler:
                     run_id=request.run_id,
                     options=checked_options(request.options),
                 )
+                status = result.status
             except InvalidInputError:
                 if await worker.runner.resumer.exists(request.run_id):
                     return True  # it exists already: started before, carried on by its owner
                 raise  # a value it cannot take: refused for good, and said so (`Worker.handle`)
+            except BudgetExceededError as exc:
+                # Started, and ended failed before a call over its budget: not a refusal.
+                _log.warning("run %s: %s", request.run_id, exc)
+                status = "failed"
             except (ResumeConflictError, FencedError) as held:
                 # Another owner is starting or driving it (an overlapping rebalance, or a dead
                 # worker's lease not yet lapsed), or this worker lost the lease while starting
@@ -79,7 +89,7 @@ class RequestHandler:
                     return False
                 continue
             worker.stats.started += 1
-            worker.count(result.status)
+            worker.count(status)
             return True
         # Held all this time by someone who never wrote it: a zombie lease, not a run. Dropped
         # (logged), rather than keep this partition's later requests from being committed.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.crashes import Crash
+from support.crashes import Crash, CrashAt
 from support.readme import run_example
 from support.spend import (
     CALL_MICROS,
@@ -32,6 +32,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app as cli
 from onward.runtime.continuation import ContinuationPolicy
+from onward.runtime.fleet.worker import Worker
 from onward.runtime.options import Options
 from onward.runtime.providers import reply
 from onward.runtime.runner import AgentRunner
@@ -153,6 +154,39 @@ def test_the_estimate_grows_with_the_conversation_and_never_falls_below_the_mean
     assert estimate_usage(agent, short, spent) == onward.eventlog.events.Usage(
         input_tokens=1000, output_tokens=100
     )
+
+
+async def test_a_runs_own_budget_holds_when_another_worker_carries_it_on(
+    sqlite: Backends,
+) -> None:
+    # The budget is the run's options' alone, so the resuming worker reads it from the log.
+    options = Options(budget_micros=3000).recorded()
+    provider = steps()
+    crashing = sqlite.runner(provider, worker="w1", observer=CrashAt("turn.settled"))
+    with pytest.raises(Crash):
+        await crashing.run(stepper(), "go", tenant=TENANT, run_id="carried", options=options)
+    assert provider.calls == 1
+    with pytest.raises(BudgetExceededError) as caught:
+        await sqlite.runner(provider, worker="w2").resume(stepper(), "carried", tenant=TENANT)
+    assert provider.calls == 1  # 2000 spent; another 2000 would pass 3000
+    assert (caught.value.budget_micros, caught.value.spent_micros) == (3000, CALL_MICROS)
+
+
+async def test_a_worker_that_finds_a_run_over_its_budget_counts_it_failed(
+    sqlite: Backends,
+) -> None:
+    options = Options(budget_micros=3000).recorded()
+    provider = steps()
+    crashing = sqlite.runner(provider, worker="w1", observer=CrashAt("turn.settled"))
+    with pytest.raises(Crash):
+        await crashing.run(stepper(), "go", tenant=TENANT, run_id="lapsed", options=options)
+    worker = Worker(sqlite, provider, {"stepper": stepper()}, name="w2")
+    assert await worker.recover(range(sqlite.log.partitions)) == 1
+    await worker.drained()
+    assert provider.calls == 1
+    assert (worker.stats.statuses, worker.stats.failures) == ({"failed": 1}, 0)
+    frontier = await sqlite.runner(provider).inspect("lapsed", tenant=TENANT)
+    assert frontier.status == "failed"
 
 
 # -- refusals --------------------------------------------------------------------------------

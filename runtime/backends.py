@@ -208,7 +208,12 @@ async def open_backends(
             leases = await stack.enter_async_context(SqliteLeaseStore(path, readonly=readonly))
             blobs = await stack.enter_async_context(SqliteBlobStore(path, readonly=readonly))
             compaction = embedded_compaction(log)
-            spend = await stack.enter_async_context(SqliteSpendLedger(path, readonly=readonly))
+            # On the log's own connection, as the log's leases are: a second connection would
+            # take turns with the log's appends at SQLite's write lock at every model call.
+            shared = log if isinstance(log, SqliteEventLog) else None
+            spend = await stack.enter_async_context(
+                SqliteSpendLedger(path, readonly=readonly, sharing=shared)
+            )
         else:
             database_url = settings.require_database_url()
             schema = settings.database_schema

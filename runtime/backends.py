@@ -194,9 +194,9 @@ async def open_backends(
         if settings.backend == "memory":
             log = await stack.enter_async_context(MemoryEventLog(partitions=settings.partitions))
             frontiers = await stack.enter_async_context(MemoryFrontierStore())
+            spend = await stack.enter_async_context(MemorySpendLedger())
             leases = default_leases(log)
             blobs = await stack.enter_async_context(MemoryBlobStore())
-            spend = await stack.enter_async_context(MemorySpendLedger())
         elif settings.backend == "sqlite":
             path = settings.sqlite_path
             log = await stack.enter_async_context(

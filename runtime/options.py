@@ -111,13 +111,13 @@ class Options(BaseModel):
             "mode": self.mode.value,
             "checkpoints": [b for b in BOUNDARIES if getattr(self.checkpoints, b)],
         }
+        for budget in ("budget_micros", "tenant_budget_micros"):
+            if getattr(self, budget) is not None:
+                recorded[budget] = getattr(self, budget)
         if self.user is not None:
             recorded["user"] = self.user
         if self.max_iterations is not None:
             recorded["max_iterations"] = self.max_iterations
-        for budget in ("budget_micros", "tenant_budget_micros"):
-            if getattr(self, budget) is not None:
-                recorded[budget] = getattr(self, budget)
         return recorded
 
 

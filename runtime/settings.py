@@ -128,6 +128,9 @@ class Settings(BaseSettings):
             (``ONWARD_REDACT_KEYS``, comma-separated; ``*_pin`` for any key ending in ``_pin``).
             Every `Redactor` built without ``secret_keys`` reads the variable itself; it is
             checked here so that a bad name fails at start.
+        model_prices: Micros per input and output token, per model (``ONWARD_MODEL_PRICES``:
+            ``MODEL=INPUT/OUTPUT`` pairs, comma-separated, ``gpt-4o=2.5/10``), for the cost of
+            each model call (`price_table`); a model not named costs 0.
         request_key: The key that signs the fleet's requests (``ONWARD_REQUEST_KEY``, at least
             32 characters; several, comma-separated, while rotating: the first signs). The
             applications that submit and the workers that act share it
@@ -139,9 +142,6 @@ class Settings(BaseSettings):
             `DEFAULT_LEASE_TTL_S` says why a minute): how long a run whose holder was lost stays
             held. ``onward worker``, ``onward start``, ``onward run --resume`` and every runner
             `Backends.runner` makes use it; ``--lease-ttl`` on a command overrides it.
-        model_prices: Micros per input and output token, per model (``ONWARD_MODEL_PRICES``:
-            ``MODEL=INPUT/OUTPUT`` pairs, comma-separated, ``gpt-4o=2.5/10``), for the cost of
-            each model call (`price_table`); a model not named costs 0.
 
     Raises:
         ConfigurationError: A value is unusable, built from Python or read from the
@@ -214,10 +214,10 @@ class Settings(BaseSettings):
         default=False, validation_alias="ONWARD_ACCEPT_UNSIGNED_REQUESTS"
     )
     redact_keys: str = Field(default="", validation_alias="ONWARD_REDACT_KEYS")
+    model_prices: str = Field(default="", validation_alias="ONWARD_MODEL_PRICES")
     lease_ttl: float = Field(
         default=DEFAULT_LEASE_TTL_S, gt=0, le=86_400, validation_alias="ONWARD_LEASE_TTL"
     )
-    model_prices: str = Field(default="", validation_alias="ONWARD_MODEL_PRICES")
 
     @model_validator(mode="wrap")
     @classmethod

@@ -86,8 +86,7 @@ class RunMessage:
             ``before_approval``).
         metadata: Checkpoint: ``iteration``, and for a collaborative pause ``waiting``
             and ``after_seq`` (the seq of the boundary event it pauses after); approval request:
-            ``tool_name``, ``args``; result or error (streamed by an application with a spend
-            ledger): ``spend_micros``, what the run's model calls cost.
+            ``tool_name``, ``args``.
         request_id: The request the run waits on (approval requests, collaborative pauses).
         tool_name: Approval request: the tool that needs a person.
         args: Approval request: the arguments it would be called with.

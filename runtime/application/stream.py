@@ -68,7 +68,9 @@ class RunStream:
     """The messages of one run, read from the log in order (an async iterator).
 
     It keeps its place: stop reading, come back later, and it goes on from the message after
-    the last one it gave (``position``), the run having gone on meanwhile.
+    the last one it gave (``position``), the run having gone on meanwhile. Its ``result`` or
+    ``error`` message says what the run's model calls cost, in ``metadata["spend_micros"]``,
+    as the application's spend ledger has it.
     """
 
     def __init__(

@@ -134,6 +134,36 @@ async def delete_topics(
 # PostgreSQL
 
 
+async def kafka_log_dirs(bootstrap: str) -> list[Path]:
+    """The broker's ``log.dirs``, asked of the broker (one broker, on this machine): wherever
+    its data lives, whichever checkout started it."""
+    from aiokafka.admin import AIOKafkaAdminClient  # noqa: PLC0415
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType  # noqa: PLC0415
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        cluster = await admin.describe_cluster()
+        (broker,) = cluster["brokers"]
+        (response,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, str(broker["node_id"]), {"log.dirs": None})]
+        )
+    finally:
+        await admin.close()
+    entries = {entry[0]: entry[1] for entry in response.resources[0][4]}
+    dirs = [Path(d) for d in str(entries["log.dirs"]).split(",")]
+    if not any(d.is_dir() for d in dirs):
+        raise SystemExit(f"the broker's log.dirs ({entries['log.dirs']}) are not on this machine")
+    return dirs
+
+
+def topic_bytes(dirs: list[Path], topic: str) -> int:
+    """Bytes of the topic's log segments (every partition) in the broker's data folders."""
+    return sum(
+        f.stat().st_size for d in dirs for p in d.glob(f"{topic}-*") for f in p.glob("*.log")
+    )
+
+
 async def create_schema(database_url: str, kind: str) -> str:
     """A fresh schema named ``bench_KIND_<random>``, migrated; return its name.
 

@@ -62,9 +62,11 @@ from typing import Any
 from _common import (
     delete_redis_keys,
     delete_topics,
+    kafka_log_dirs,
     quantile,
     throwaway_database,
     throwaway_name,
+    topic_bytes,
     with_database,
     write_results,
 )
@@ -73,7 +75,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PEER_VENV = ROOT / "bench" / ".venv-peers"
 PEER_REQUIREMENTS = ROOT / "bench" / "requirements-peers.txt"
 PEER_STAMP = PEER_VENV / ".requirements.sha256"
-KAFKA_DATA = ROOT / ".cache" / "services"
 PARTITIONS = 12
 RESULT_CHARS = 1_000
 TARGET_CONCURRENCY = 1_000
@@ -316,15 +317,6 @@ def _stop_profile(profiler: Any, path: Path) -> None:
     print(text.getvalue())
 
 
-def topic_bytes(topic: str) -> int:
-    """Bytes of the topic's log segments on the local broker's disk (all partitions)."""
-    return sum(
-        f.stat().st_size
-        for d in KAFKA_DATA.glob(f"kafka-*/data/{topic}-*")
-        for f in d.glob("*.log")
-    )
-
-
 async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) -> dict[str, Any]:
     import asyncpg  # noqa: PLC0415
 
@@ -341,6 +333,7 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
     from onward.runtime.runner import AgentRunner  # noqa: PLC0415
 
     topic = throwaway_name("steps")
+    log_dirs = await kafka_log_dirs(bootstrap)
     suffix = topic.rsplit(".", 1)[1]
     lease_prefix = f"onward-bench-{suffix}:"
     redis_url = os.environ["REDIS_URL"]
@@ -394,7 +387,7 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
                     db = int(await pg.fetchval("SELECT pg_database_size(current_database())"))
                 finally:
                     await pg.close()
-                return {"kafka_log": topic_bytes(topic), "postgres": db}
+                return {"kafka_log": topic_bytes(log_dirs, topic), "postgres": db}
 
             bench = OnwardBench(
                 lambda provider: AgentRunner(

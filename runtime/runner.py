@@ -3,7 +3,9 @@
 One iteration: call the model and append `ModelAnswered`; append `ToolDispatched` for every
 call of the answer as one batch, acknowledged by the log before any tool runs; run the tools
 (concurrently), appending each `ToolCompleted` as it returns; append `TurnSettled`. A call whose
-tool needs a person appends `ApprovalRequested` first and the run stops, waiting.
+tool needs a person appends `ApprovalRequested` first and the run stops, waiting; so does a call
+whose code asks a person a question (`onward.runtime.ask`), with the question, once it stopped
+there.
 
 If `ToolDispatched` cannot be written the tool is not called. If the process dies anywhere,
 `resume` takes the run's lease, reads the run once and claims it under the lease's fence
@@ -37,6 +39,7 @@ from onward.eventlog.events import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
+    Asked,
     Event,
     ModelAnswered,
     ResumePlanned,
@@ -55,6 +58,7 @@ from onward.projections.compaction import CompactionStore, embedded_compaction
 from onward.projections.frontier import Boundary, CallState, Frontier, run_budgets
 
 from .agent import Agent
+from .ask import Asking, Question, QuestionAsked, check_answer
 from .blobs import BlobStore, ClaimCheck
 from .checkpoint import Checkpointer, CheckpointPolicy
 from .continuation import ContinuationPolicy, carry_if_due
@@ -483,7 +487,13 @@ class AgentRunner(Resource):
     async def approve(
         self, run_id: str, request_id: str, *, tenant: str, by: str, value: Any = None
     ) -> None:
-        """Answer a run's approval request with yes; a later resume carries the run on."""
+        """Answer a run's approval request with yes; a later resume carries the run on.
+
+        Raises:
+            InvalidInputError: The run does not wait on ``request_id``, or ``value`` does not
+                fit the schema its question was asked with (`onward.runtime.ask`); nothing
+                was written and the run still waits.
+        """
         await self._answer(run_id, request_id, tenant=tenant, by=by, value=value, granted=True)
 
     async def deny(
@@ -501,6 +511,10 @@ class AgentRunner(Resource):
         _check_encodable("value", value, run_id)
         async with self._as_person(run_id, tenant, by) as run:
             _check_waiting(run.frontier, request_id)
+            if granted:
+                check_answer(
+                    run.frontier.answer_schema, value, run_id=run_id, request_id=request_id
+                )
             kind = ApprovalGranted if granted else ApprovalDenied
             events: list[Event] = [
                 self.writer.event(run, kind, request_id=request_id, by=by, value=value)
@@ -722,10 +736,13 @@ class AgentRunner(Resource):
             # max_call_s: `check_call_bounds`).
             await write_ahead(lambda: self.writer.append(run, dispatches), run.held.confirm)
             deadlines = {d.call_id: d.deadline for d in dispatches}
-            cut = await asyncio.gather(
+            ended = await asyncio.gather(
                 *(self._observed_call(run, c, deadlines[c.call_id]) for c in pending)
             )
-            undecided = [call for call in cut if call is not None]
+            undecided = [call for call in ended if isinstance(call, CallState)]
+            questions = [q for q in ended if isinstance(q, Question)]
+            if questions:
+                await self._ask(run, questions)
             if undecided:
                 raise IndeterminateToolCallError(
                     f"run {run.run_id!r}: cut off at their deadline, these calls may or may not "
@@ -735,6 +752,8 @@ class AgentRunner(Resource):
                     run_id=run.run_id,
                     calls=tuple(undecided),
                 )
+            if questions:
+                return False
         settled = self.writer.event(
             run,
             TurnSettled,
@@ -744,20 +763,51 @@ class AgentRunner(Resource):
         await self.writer.append(run, [settled])
         return True
 
+    async def _ask(self, run: HeldRun, questions: list[Question]) -> None:
+        """Record the first question the turn's calls stopped at; the run waits on it.
+
+        Every call that stopped at a question is named in it, so each runs again once the run
+        goes on (the others ask theirs again then, one at a time).
+        """
+        first = questions[0]
+        call = run.frontier.call(first.call_id)
+        asked = self.writer.event(
+            run,
+            ApprovalRequested,
+            request_id=first.request_id,
+            prompt=first.text,
+            details={
+                "tool": call.tool if call is not None else "",
+                "args": call.args if call is not None else {},
+                "question": first.text,
+            },
+            asked=Asked(
+                call_id=first.call_id,
+                index=first.index,
+                schema=first.schema,
+                suspended=[q.call_id for q in questions],
+            ),
+        )
+        await self.writer.append(run, [asked])
+
     async def _observed_call(
         self, run: HeldRun, call: CallState, deadline: int | None
-    ) -> CallState | None:
+    ) -> CallState | Question | None:
         """`_call_tool`, counted and traced by how the call ended."""
         with observe.tool_call(run.run_id, run.fence, call.call_id, call.tool) as end:
-            undecided = await self._call_tool(run, call, deadline)
-            end.disposition = _disposition(run, call.call_id, undecided)
-            return undecided
+            ended = await self._call_tool(run, call, deadline)
+            end.disposition = (
+                "asked" if isinstance(ended, Question) else _disposition(run, call.call_id, ended)
+            )
+            return ended
 
     async def _call_tool(
         self, run: HeldRun, call: CallState, deadline: int | None = None
-    ) -> CallState | None:
+    ) -> CallState | Question | None:
         """Call the tool and record its outcome; the call, if it was cut off at its deadline
-        and its status check could not say whether it took effect (nothing is recorded)."""
+        and its status check could not say whether it took effect (nothing is recorded); the
+        question its code stopped at (`ask`), if it asked one nobody answered yet (nothing is
+        recorded: the turn's questions are, by `_ask`)."""
         tool = run.agent.tool(call.tool)
         result: Any = None
         error: ToolError | None = None
@@ -778,8 +828,12 @@ class AgentRunner(Resource):
                 fence=lease.fence,
                 lease_expires_at=lease.expires_at,
             )
+            scope = Asking.of(call.call_id, run.frontier.grants)
             try:
-                result = await _within(calling, deadline)
+                with scope.active():
+                    result = await _within(calling, deadline)
+            except QuestionAsked as stopped:
+                return stopped.question
             except _DeadlinePassedError:
                 verdict = await self._cut_off(run, call, tool)
                 if not isinstance(verdict, ToolError):
@@ -789,6 +843,9 @@ class AgentRunner(Resource):
                 error = ToolError(type="InvalidArguments", message=str(exc))
             except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, not raised
                 error = tool_error(exc)
+            if scope.question is not None:
+                # Its code caught the stop and went on: it still stopped at its question.
+                return scope.question
             if too_deep(result):
                 # Recorded as the call's outcome, so the run goes on: a value this deep could
                 # not be masked, stored or read back by every reader.

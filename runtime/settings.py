@@ -5,6 +5,7 @@ A bad value is a `ConfigurationError` naming the variable at start, not a failur
 
 from __future__ import annotations
 
+import typing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from onward._storage import BACKEND_TIMEOUT_S, KafkaConnection, masked_url
 from onward.errors import ConfigurationError
 
+from .environment import (
+    Environment,
+    parse_environment,
+    refuse_memory_backend,
+    with_checkpointer_backend,
+)
 from .leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy
 from .redaction import parse_secret_keys
 from .signing import RequestSigner
@@ -91,6 +98,9 @@ class Settings(BaseSettings):
         kafka_bootstrap_servers: ``host:port[,...]`` of the Kafka brokers.
         kafka_topic: The events topic.
         kafka_client_id: Shown in broker logs (``KAFKA_CLIENT_ID``, ``onward`` by default).
+        kafka_compression_type: How producers compress record batches
+            (``KAFKA_COMPRESSION_TYPE``): ``zstd`` by default, ``lz4``, ``gzip``, ``snappy``
+            or ``none``.
         kafka_security_protocol: ``PLAINTEXT`` (the default), ``SSL``, ``SASL_PLAINTEXT`` or
             ``SASL_SSL`` (``KAFKA_SECURITY_PROTOCOL``); the other ``KAFKA_SASL_*`` and
             ``KAFKA_SSL_*`` variables keep the names of Kafka's own clients' properties, and
@@ -142,6 +152,11 @@ class Settings(BaseSettings):
             `DEFAULT_LEASE_TTL_S` says why a minute): how long a run whose holder was lost stays
             held. ``onward worker``, ``onward start``, ``onward run --resume`` and every runner
             `Backends.runner` makes use it; ``--lease-ttl`` on a command overrides it.
+        environment: ``dev`` (the default) or ``prod`` (``ENVIRONMENT``): production refuses
+            the memory backend and ``Redactor(enabled=False)`` (`onward.runtime.environment`).
+        checkpointer_backend: ``CHECKPOINTER_BACKEND``, another name for ``ONWARD_BACKEND``:
+            ``session_service`` is ``kafka``; ``postgres``, ``memory`` and Onward's own names
+            are themselves. Set with ``ONWARD_BACKEND`` to another backend, it is refused.
 
     Raises:
         ConfigurationError: A value is unusable, built from Python or read from the
@@ -160,6 +175,9 @@ class Settings(BaseSettings):
     )
     kafka_topic: str = Field(default="onward.events", validation_alias="ONWARD_KAFKA_TOPIC")
     kafka_client_id: str = Field(default="onward", min_length=1, validation_alias="KAFKA_CLIENT_ID")
+    kafka_compression_type: Literal["zstd", "lz4", "gzip", "snappy", "none"] = Field(
+        default="zstd", validation_alias="KAFKA_COMPRESSION_TYPE"
+    )
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT", validation_alias="KAFKA_SECURITY_PROTOCOL"
     )
@@ -218,6 +236,8 @@ class Settings(BaseSettings):
     lease_ttl: float = Field(
         default=DEFAULT_LEASE_TTL_S, gt=0, le=86_400, validation_alias="ONWARD_LEASE_TTL"
     )
+    environment: Environment = Field(default="dev", validation_alias="ENVIRONMENT")
+    checkpointer_backend: str | None = Field(default=None, validation_alias="CHECKPOINTER_BACKEND")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -227,6 +247,22 @@ class Settings(BaseSettings):
             return handler(data)
         except ValidationError as exc:
             raise ConfigurationError(_one_line(exc)) from exc
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpointer_backend(cls, data: Any) -> Any:
+        backends = typing.get_args(cls.model_fields["backend"].annotation)
+        return with_checkpointer_backend(data, backends)
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _environment(cls, value: Any) -> Any:
+        return parse_environment(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _fit_for_environment(self) -> Settings:
+        refuse_memory_backend(self.environment, self.backend)
+        return self
 
     @field_validator(
         "kafka_sasl_mechanism",
@@ -350,6 +386,7 @@ class Settings(BaseSettings):
             ssl_certificate_location=self.kafka_ssl_certificate_location,
             ssl_key_location=self.kafka_ssl_key_location,
             ssl_key_password=_secret(self.kafka_ssl_key_password),
+            compression_type=self.kafka_compression_type,
         )
 
     def lease_policy(self) -> LeasePolicy:

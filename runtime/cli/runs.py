@@ -33,7 +33,7 @@ from onward.runtime.compaction import compaction_store
 from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy, RunLease
 from onward.runtime.limits import check_name
 from onward.runtime.providers import Provider
-from onward.runtime.runner import new_run_id
+from onward.runtime.runner import AgentRunner, new_run_id
 from onward.runtime.settings import load_settings
 
 from ._common import (
@@ -177,7 +177,11 @@ MAX_CHAIN = 100
 
 async def _chain(backends: Backends, frontier: Frontier) -> list[Frontier]:
     """The runs ``frontier``'s run was carried on from and into, oldest first, itself included."""
-    reader = backends.runner(NoModel())
+    return await chain_of(backends.runner(NoModel()), frontier)
+
+
+async def chain_of(reader: AgentRunner, frontier: Frontier) -> list[Frontier]:
+    """`_chain`, read through ``reader`` (a product's runner, `frontier_main`)."""
     chain = [frontier]
     while (before := chain[0].continuation_of) is not None and len(chain) < MAX_CHAIN:
         chain.insert(0, await reader.inspect(before, tenant=frontier.tenant))

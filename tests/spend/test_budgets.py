@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,11 @@ from typer.testing import CliRunner
 
 import onward
 from onward.errors import BudgetExceededError, ConfigurationError
-from onward.eventlog import Event, MemoryEventLog, ModelAnswered, Position
+from onward.eventlog import Event, MemoryEventLog, ModelAnswered, Position, SqliteEventLog
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app as cli
+from onward.runtime.cli import frontier_main
 from onward.runtime.continuation import ContinuationPolicy
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.options import Options
@@ -42,6 +44,7 @@ from onward.runtime.spend import (
     MemorySpendLedger,
     PriceTable,
     Spend,
+    SqliteSpendLedger,
     estimate_usage,
 )
 
@@ -349,6 +352,32 @@ def test_the_model_name_of_the_helpers_is_priced() -> None:
         .cost(MODEL, reply("", input_tokens=IN, output_tokens=OUT).usage)
         == CALL_MICROS
     )
+
+
+def test_a_products_own_inspect_prints_its_runners_spend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "product.db"
+
+    @asynccontextmanager
+    async def opened() -> AsyncIterator[AgentRunner]:
+        async with SqliteEventLog(db) as log, SqliteSpendLedger(db, sharing=log) as spend:
+            yield AgentRunner(
+                provider=steps(finish_after=2),
+                log=log,
+                worker="oncall",
+                spend=spend,
+                prices=PriceTable({MODEL: (1, 5)}),
+            )
+
+    async def run() -> None:
+        async with opened() as runner:
+            await runner.run(stepper(), "go", tenant=TENANT, run_id="product-run")
+
+    asyncio.run(run())
+    assert frontier_main(["product-run", "--tenant", TENANT], runner=opened) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "spend 4000 micros (2 calls)" in [" ".join(line.split()) for line in printed]
 
 
 def test_the_readme_example_stops_before_the_third_call(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from onward.errors import (
     ResumeConflictError,
 )
 from onward.runtime.options import checked_options
+from onward.runtime.result import RunResult
 
 from .member import FleetMember
 from .recovery import Recovery
@@ -68,7 +69,6 @@ class RequestHandler:
                     run_id=request.run_id,
                     options=checked_options(request.options),
                 )
-                status = result.status
             except InvalidInputError:
                 if await worker.runner.resumer.exists(request.run_id):
                     return True  # it exists already: started before, carried on by its owner
@@ -76,7 +76,9 @@ class RequestHandler:
             except BudgetExceededError as exc:
                 # Started, and ended failed before a call over its budget: not a refusal.
                 _log.warning("run %s: %s", request.run_id, exc)
-                status = "failed"
+                result = RunResult(
+                    run_id=request.run_id, tenant=request.tenant, status="failed", error=str(exc)
+                )
             except (ResumeConflictError, FencedError) as held:
                 # Another owner is starting or driving it (an overlapping rebalance, or a dead
                 # worker's lease not yet lapsed), or this worker lost the lease while starting
@@ -89,7 +91,7 @@ class RequestHandler:
                     return False
                 continue
             worker.stats.started += 1
-            worker.count(status)
+            worker.count(result.status)
             return True
         # Held all this time by someone who never wrote it: a zombie lease, not a run. Dropped
         # (logged), rather than keep this partition's later requests from being committed.

@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from onward.errors import (
     BackendError,
     BackendUnavailableError,
+    BudgetExceededError,
     CheckpointFormatError,
     ConfigurationError,
     EventDecodeError,
@@ -61,6 +62,7 @@ __all__ = [
     "App",
     "BackendError",
     "BackendUnavailableError",
+    "BudgetExceededError",
     "CheckpointFormatError",
     "ConfigurationError",
     "EventDecodeError",

@@ -62,6 +62,14 @@ CallOutcome = Literal["completed", "error", "never_ran"]
 BOUNDARIES: tuple[Boundary, ...] = ("after_model_call", "after_tool_result", "before_approval")
 
 
+def run_budgets(options: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The run's own and its tenant's budget (micros) a run's ``RunStarted.options`` name,
+    read as leniently as `run_options`."""
+    budgets = (options.get("budget_micros"), options.get("tenant_budget_micros"))
+    run, tenant = (b if type(b) is int and b >= 0 else None for b in budgets)
+    return run, tenant
+
+
 def run_options(options: dict[str, Any]) -> tuple[str | None, tuple[Boundary, ...], int | None]:
     """The user, pauses and iteration bound a run's ``RunStarted.options`` name.
 
@@ -161,6 +169,10 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         replays: The run is executed again from its first event whenever it goes on
             (``options["replays"]``, as pydantic-ai runs are), so compaction keeps all of its
             events rather than only its resume points.
+        budget_micros: The run's own budget for model calls, in micros
+            (``options["budget_micros"]``); ``None``: the agent's.
+        tenant_budget_micros: The budget of the run's tenant it was started under
+            (``options["tenant_budget_micros"]``); ``None``: the agent's.
         attempts: The claims (`RunClaimed`) counted since the run last made progress (a model
             answer, a tool outcome, a settled turn or an approval): how often a worker took it
             up and got nowhere. A worker's recovery bounds its attempts by it without reading
@@ -205,6 +217,8 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     user_id: str | None = None
     pause_at: tuple[Boundary, ...] = ()
     max_iterations: int | None = None
+    budget_micros: int | None = None
+    tenant_budget_micros: int | None = None
     replays: bool = False
     attempts: int = 0
     answer_schema: str | None = None
@@ -279,6 +293,8 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     user_id: str | None
     pause_at: tuple[Boundary, ...]
     max_iterations: int | None
+    budget_micros: int | None
+    tenant_budget_micros: int | None
     replays: bool
     attempts: int
     answer_schema: str | None
@@ -429,6 +445,7 @@ def _started(d: FrontierDraft, e: RunStarted) -> None:
         d.approved = tuple(carried.approved)
         d.grants = tuple(carried.grants)
     if e.options:
+        d.budget_micros, d.tenant_budget_micros = run_budgets(e.options)
         d.user_id, d.pause_at, d.max_iterations = run_options(e.options)
         d.replays = e.options.get("replays") is True
         d.checkpoint_frequency = checkpoint_frequency(e.options)

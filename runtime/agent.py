@@ -52,6 +52,10 @@ class Agent:
         toolsets: Toolsets whose tools are built for each run (MCP servers): `onward worker`
             and `onward.open` add their tools for the run being driven
             (`onward.runtime.toolsets`), and the run's revision covers them.
+        budget_micros: Most a run may spend on model calls, in micros (`onward.runtime.spend`);
+            a ceiling a run's options may lower, never raise. ``None``: no bound.
+        tenant_budget_micros: Most the run's tenant may have spent, all its runs together,
+            before this agent makes another model call for it. ``None``: no bound.
     """
 
     name: str
@@ -61,6 +65,8 @@ class Agent:
     model_settings: Mapping[str, Any] = field(default_factory=dict)
     max_iterations: int = 25
     toolsets: Sequence[RunToolset] = ()
+    budget_micros: int | None = None
+    tenant_budget_micros: int | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -69,6 +75,13 @@ class Agent:
             raise ConfigurationError(f"agent {self.name!r} has tools named twice: {duplicates}")
         if self.max_iterations < 1:
             raise ConfigurationError(f"agent {self.name!r}: max_iterations must be at least 1")
+        for name in ("budget_micros", "tenant_budget_micros"):
+            budget = getattr(self, name)
+            if budget is not None and (type(budget) is not int or budget < 0):
+                raise ConfigurationError(
+                    f"agent {self.name!r}: {name} must be whole micros of at least 0, "
+                    f"got {budget!r}"
+                )
 
     @cached_property
     def revision(self) -> str:

@@ -51,6 +51,10 @@ from .leases.sqlite import SqliteLeaseStore
 from .providers import Provider
 from .runner import AgentRunner
 from .settings import Settings
+from .spend.base import SpendLedger
+from .spend.memory import MemorySpendLedger
+from .spend.postgres import PostgresSpendLedger
+from .spend.sqlite import SqliteSpendLedger
 from .writer import RunObserver
 
 
@@ -66,6 +70,8 @@ class Backends:
         blobs: Bodies stored out of line (claim check).
         compaction: Truncation points, retained events and tag pins (`CompactionStore`): in
             the SQLite file, or beside the frontier rows in PostgreSQL; ``None`` in memory.
+        spend: What each model call cost (`onward.runtime.spend`): in the SQLite file, in
+            PostgreSQL with Kafka, in memory with memory.
     """
 
     settings: Settings
@@ -74,6 +80,7 @@ class Backends:
     leases: LeaseStore
     blobs: BlobStore
     compaction: CompactionStore | None = None
+    spend: SpendLedger | None = None
 
     @property
     def embedded(self) -> bool:
@@ -113,6 +120,8 @@ class Backends:
             observer=observer,
             lease_policy=lease_policy or self.settings.lease_policy(),
             compaction=compaction or self.compaction,
+            spend=self.spend,
+            prices=self.settings.price_table(),
         )
 
 
@@ -181,9 +190,11 @@ async def open_backends(
         leases: LeaseStore
         blobs: BlobStore
         compaction: CompactionStore | None = None
+        spend: SpendLedger
         if settings.backend == "memory":
             log = await stack.enter_async_context(MemoryEventLog(partitions=settings.partitions))
             frontiers = await stack.enter_async_context(MemoryFrontierStore())
+            spend = await stack.enter_async_context(MemorySpendLedger())
             leases = default_leases(log)
             blobs = await stack.enter_async_context(MemoryBlobStore())
         elif settings.backend == "sqlite":
@@ -197,6 +208,12 @@ async def open_backends(
             leases = await stack.enter_async_context(SqliteLeaseStore(path, readonly=readonly))
             blobs = await stack.enter_async_context(SqliteBlobStore(path, readonly=readonly))
             compaction = embedded_compaction(log)
+            # On the log's own connection, as the log's leases are: a second connection would
+            # take turns with the log's appends at SQLite's write lock at every model call.
+            shared = log if isinstance(log, SqliteEventLog) else None
+            spend = await stack.enter_async_context(
+                SqliteSpendLedger(path, readonly=readonly, sharing=shared)
+            )
         else:
             database_url = settings.require_database_url()
             schema = settings.database_schema
@@ -228,7 +245,10 @@ async def open_backends(
             compaction = await stack.enter_async_context(
                 PostgresCompactionStore(database_url, schema=schema, timeout_s=timeout_s)
             )
-        yield Backends(settings, log, frontiers, leases, blobs, compaction)
+            spend = await stack.enter_async_context(
+                PostgresSpendLedger(database_url, schema=schema, timeout_s=timeout_s)
+            )
+        yield Backends(settings, log, frontiers, leases, blobs, compaction, spend)
 
 
 __all__ = ["Backends", "kafka_frontier_store", "open_backends"]

@@ -67,6 +67,10 @@ class Options(BaseModel):
             agent that lets its callers choose up to N opts in by setting its own
             ``max_iterations`` to N.
         mode: ``autonomous`` or ``collaborative``.
+        budget_micros: Most this run may spend on model calls, in micros; the lower of this
+            and the agent's ``budget_micros`` holds (`onward.runtime.spend.budget`).
+        tenant_budget_micros: Most the run's tenant may have spent, all its runs together,
+            before this run makes another model call; the lower of this and the agent's holds.
 
     The names (``run_id``, ``tenant``, ``user``, ``agent``) are at most 200 characters and hold
     no control character (`onward.runtime.limits`).
@@ -82,6 +86,8 @@ class Options(BaseModel):
     checkpoint_frequency: StrictInt | None = Field(default=None, ge=1, le=MAX_CHECKPOINT_FREQUENCY)
     max_iterations: int | None = Field(default=None, ge=1, le=100_000)
     mode: ExecutionMode = ExecutionMode.AUTONOMOUS
+    budget_micros: int | None = Field(default=None, ge=0)
+    tenant_budget_micros: int | None = Field(default=None, ge=0)
 
     def __init__(self, **fields: Any) -> None:
         """Options from their fields.
@@ -152,6 +158,9 @@ class Options(BaseModel):
             "mode": self.mode.value,
             "checkpoints": [b for b in BOUNDARIES if getattr(self.checkpoints, b)],
         }
+        for budget in ("budget_micros", "tenant_budget_micros"):
+            if getattr(self, budget) is not None:
+                recorded[budget] = getattr(self, budget)
         if self.user is not None:
             recorded["user"] = self.user
         if self.max_iterations is not None:

@@ -55,7 +55,7 @@ from onward.eventlog.events import (
 )
 from onward.projections.base import FrontierStore
 from onward.projections.compaction import CompactionStore, embedded_compaction
-from onward.projections.frontier import Boundary, CallState, Frontier
+from onward.projections.frontier import Boundary, CallState, Frontier, run_budgets
 
 from .agent import Agent
 from .ask import Asking, Question, QuestionAsked, check_answer
@@ -87,6 +87,8 @@ from .providers import Provider
 from .redaction import Redactor
 from .result import RunResult
 from .resumer import Resumer
+from .spend.base import PriceTable, SpendEntry, SpendLedger
+from .spend.budget import Budgets, estimate_usage, over_budget
 from .tools import Reconciled, Tool, ToolArgumentsError, idempotency_key, tool_error
 from .toolsets import refuse_unbound
 from .writer import HeldRun, RunObserver, RunWriter
@@ -134,6 +136,10 @@ class AgentRunner(Resource):
             `onward.runtime.limits.MAX_TOOL_CALLS_PER_TURN`): an answer asking for more ends
             the run ``failed`` with the count in its error, and none of its calls is recorded
             or run (every call of an answer goes into one log record, which has a size cap).
+        spend: Where each model call's cost is recorded (`onward.runtime.spend`), before its
+            answer is written, keyed by the run and that answer's seq; budgets are decided on
+            its totals. Required for a run with a budget.
+        prices: Micros per token per model (`PriceTable`); a model it does not name costs 0.
 
     Raises:
         ConfigurationError: No lease store for a log that has none of its own, no frontier
@@ -158,6 +164,8 @@ class AgentRunner(Resource):
         continuation: ContinuationPolicy | None = None,
         compaction: CompactionStore | None = None,
         max_tool_calls_per_turn: int = MAX_TOOL_CALLS_PER_TURN,
+        spend: SpendLedger | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         if max_tool_calls_per_turn < 1:
             raise ConfigurationError(
@@ -181,6 +189,8 @@ class AgentRunner(Resource):
         self.lease_policy = lease_policy or LeasePolicy()
         self.continuation = continuation
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
+        self.spend = spend
+        self.prices = prices or PriceTable()
         self.compaction = compaction or embedded_compaction(log)
         self.resumer = Resumer(
             log, leases, frontiers, policy=self.lease_policy, compaction=self.compaction
@@ -259,6 +269,7 @@ class AgentRunner(Resource):
             check_optional_name("options.user", options.get("user"), run_id=run_id)
         refuse_unbound(agent)
         self.check_call_bounds(agent)
+        self.check_budgets(agent, Budgets.of(agent, *run_budgets(dict(options or {}))), run_id)
         await self.resumer.refuse_stored(run_id, tenant)
         async with self._holding(run_id, tenant, self.worker) as held:
             await self.resumer.refuse_existing(run_id, held.lease)
@@ -296,6 +307,7 @@ class AgentRunner(Resource):
         self.check_call_bounds(agent)
         async with self._holding(run_id, tenant, self.worker) as held:
             carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)
+            self.check_budgets(agent, Budgets.of_run(agent, carried.frontier), run_id)
             conversation = Conversation(agent.instructions)
             claim_check = self.writer.claim_check
             for row in await self.resumer.inherited(carried.frontier):
@@ -340,6 +352,82 @@ class AgentRunner(Resource):
                     f"its ttl of {ttl:g}s: a call could outlast the lease it started under. "
                     "Raise the lease ttl or lower max_call_s"
                 )
+
+    def check_budgets(self, agent: Agent, budgets: Budgets, run_id: str) -> None:
+        """Refuse a budget that could not be kept: no ledger to count against, or no price for
+        the agent's model.
+
+        Raises:
+            ConfigurationError: Either; the model is not called.
+        """
+        if not budgets.bounded:
+            return
+        if self.spend is None:
+            raise ConfigurationError(
+                f"run {run_id!r} has a budget, and this runner no spend ledger to count it "
+                "against; pass spend= (Backends.runner does)",
+                run_id=run_id,
+            )
+        self.prices.check_priced(agent.model, run_id=run_id)
+
+    async def _within_budget(self, run: HeldRun) -> None:
+        """Stop the run before its next model call if that call, as estimated, would take its
+        spend or its tenant's past a budget: the run ends ``failed``.
+
+        Raises:
+            BudgetExceededError: It would; the model is not called.
+        """
+        budgets = Budgets.of_run(run.agent, run.frontier)
+        if not budgets.bounded or self.spend is None:
+            return
+        run_spent = await self.spend.run_total(run.run_id)
+        tenant_spent = await self.spend.tenant_total(run.tenant)
+        refusal = over_budget(
+            budgets,
+            run_id=run.run_id,
+            tenant=run.tenant,
+            model=run.agent.model,
+            estimate=estimate_usage(run.agent, run.conversation.messages, run_spent),
+            prices=self.prices,
+            run_spent=run_spent,
+            tenant_spent=tenant_spent,
+        )
+        if refusal is None:
+            return
+        error = f"{type(refusal).__name__}: {refusal}"
+        await self.writer.append(
+            run, [self.writer.event(run, RunFinished, status="failed", error=error)]
+        )
+        raise refusal
+
+    async def _record_spend(self, run: HeldRun, answered: ModelAnswered) -> None:
+        """Record what the model call ``answered`` answers cost, keyed by the seq the answer
+        is to be written at, before it is written: a crash between the two leaves the call
+        counted (the provider was paid for it) under a seq that holds no answer, and the call
+        made again on resume is counted too, under its own answer's seq. Recording one key
+        again (a retry) changes nothing."""
+        if self.spend is None:
+            return
+        usage = answered.usage
+        await self.spend.record(
+            SpendEntry(
+                run_id=run.run_id,
+                tenant=run.tenant,
+                seq=answered.seq,
+                model=run.agent.model,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                micros=self.prices.cost(run.agent.model, usage),
+                at=answered.at,
+            )
+        )
+
+    async def _spent(self, result: RunResult) -> RunResult:
+        """The result with the run's spend, as the ledger has it, when there is one."""
+        if self.spend is None:
+            return result
+        spent = await self.spend.run_total(result.run_id)
+        return dataclasses.replace(result, spend_micros=spent.micros)
 
     async def _plan(self, run: HeldRun) -> tuple[ResumePlan, list[str]]:
         """Plan, asking each undecided call's tool once (`reconcile`) and recording its answer.
@@ -569,7 +657,7 @@ class AgentRunner(Resource):
                 break
             with observe.run_step("model", run.run_id, run.fence):
                 await self._model_step(run)
-        return RunResult.of(run.frontier)
+        return await self._spent(RunResult.of(run.frontier))
 
     async def _paused(self, run: HeldRun, boundary: Boundary) -> bool:
         """A collaborative run waits for a person at each boundary it pauses at (once)."""
@@ -582,12 +670,14 @@ class AgentRunner(Resource):
         observer = self.writer.observer
         if observer is not None:
             await observer.before_model_call()
+        await self._within_budget(run)
         reply = await self.provider.complete(run.agent, list(run.conversation.messages))
         asked = len(reply.tool_calls)
         if asked > self.max_tool_calls_per_turn:
             answered = self.writer.event(
                 run, ModelAnswered, message=reply.message, tool_calls=[], usage=reply.usage
             )
+            await self._record_spend(run, answered)
             error = (
                 f"the model asked for {asked} tool calls in one answer, over "
                 f"max_tool_calls_per_turn={self.max_tool_calls_per_turn}; none of them was run"
@@ -599,6 +689,7 @@ class AgentRunner(Resource):
         answered = self.writer.event(
             run, ModelAnswered, message=reply.message, tool_calls=calls, usage=reply.usage
         )
+        await self._record_spend(run, answered)
         if calls:
             await self.writer.append(run, [answered])
             return

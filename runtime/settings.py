@@ -34,6 +34,7 @@ from .environment import (
 from .leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy
 from .redaction import parse_secret_keys
 from .signing import RequestSigner
+from .spend.base import PriceTable
 
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
 """Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id."""
@@ -137,6 +138,9 @@ class Settings(BaseSettings):
             (``ONWARD_REDACT_KEYS``, comma-separated; ``*_pin`` for any key ending in ``_pin``).
             Every `Redactor` built without ``secret_keys`` reads the variable itself; it is
             checked here so that a bad name fails at start.
+        model_prices: Micros per input and output token, per model (``ONWARD_MODEL_PRICES``:
+            ``MODEL=INPUT/OUTPUT`` pairs, comma-separated, ``gpt-4o=2.5/10``), for the cost of
+            each model call (`price_table`); a model not named costs 0.
         request_key: The key that signs the fleet's requests (``ONWARD_REQUEST_KEY``, at least
             32 characters; several, comma-separated, while rotating: the first signs). The
             applications that submit and the workers that act share it
@@ -228,6 +232,7 @@ class Settings(BaseSettings):
         default=False, validation_alias="ONWARD_ACCEPT_UNSIGNED_REQUESTS"
     )
     redact_keys: str = Field(default="", validation_alias="ONWARD_REDACT_KEYS")
+    model_prices: str = Field(default="", validation_alias="ONWARD_MODEL_PRICES")
     lease_ttl: float = Field(
         default=DEFAULT_LEASE_TTL_S, gt=0, le=86_400, validation_alias="ONWARD_LEASE_TTL"
     )
@@ -336,6 +341,19 @@ class Settings(BaseSettings):
     def _redact_keys(cls, value: str) -> str:
         parse_secret_keys(value)
         return value
+
+    @field_validator("model_prices")
+    @classmethod
+    def _model_prices(cls, value: str) -> str:
+        try:
+            PriceTable.parse(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc).removeprefix("ONWARD_MODEL_PRICES: ")) from None
+        return value
+
+    def price_table(self) -> PriceTable:
+        """The prices of ``model_prices``."""
+        return PriceTable.parse(self.model_prices)
 
     def request_signer(self) -> RequestSigner | None:
         """The signer ``request_key`` makes, or ``None`` when it is not set.

@@ -74,10 +74,12 @@ def frontier_main(argv: Sequence[str], *, runner: RunnerSource, prog: str = "ins
             frontier = await on.inspect(run_id, tenant=tenant)
             lease = await on.leases.current(run_id)
             chain = await chain_of(on, frontier)
+            spend = None if on.spend is None else await on.spend.run_total(run_id)
             if as_json:
-                echo(msgspec.json.encode(run_facts(frontier, lease=lease, chain=chain)).decode())
+                facts = run_facts(frontier, lease=lease, chain=chain, spend=spend)
+                echo(msgspec.json.encode(facts).decode())
             else:
-                out.print(run_summary(frontier, lease=lease, chain=chain))
+                out.print(run_summary(frontier, lease=lease, chain=chain, spend=spend))
 
         _on_runner(runner, work)
 
@@ -107,7 +109,8 @@ def resume_main(
                 frontier = await on.inspect(run_id, tenant=tenant)
                 lease = await on.leases.current(run_id)
                 chain = await chain_of(on, frontier)
-                out.print(run_summary(frontier, lease=lease, agent=agent, chain=chain))
+                spend = None if on.spend is None else await on.spend.run_total(run_id)
+                out.print(run_summary(frontier, lease=lease, agent=agent, chain=chain, spend=spend))
             result = await on.resume(agent, run_id, tenant=tenant)
             if as_json:
                 echo_json(result_facts(result, worker=on.worker))

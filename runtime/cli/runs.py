@@ -215,10 +215,12 @@ def inspect_command(
     async def work(backends: Backends) -> None:
         frontier, lease = await _look(backends, run_id, tenant)
         chain = await _chain(backends, frontier)
+        spend = None if backends.spend is None else await backends.spend.run_total(run_id)
         if as_json:
-            echo(msgspec.json.encode(run_facts(frontier, lease=lease, chain=chain)).decode())
+            facts = run_facts(frontier, lease=lease, chain=chain, spend=spend)
+            echo(msgspec.json.encode(facts).decode())
         else:
-            out.print(run_summary(frontier, lease=lease, chain=chain))
+            out.print(run_summary(frontier, lease=lease, chain=chain, spend=spend))
         if backends.compaction is not None:
             span = await compacted_span(backends.compaction, run_id)
             if span is not None:

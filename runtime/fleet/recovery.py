@@ -32,7 +32,12 @@ import logging
 import time
 from collections.abc import Collection, Iterable
 
-from onward.errors import IndeterminateToolCallError, OnwardError, ResumeConflictError
+from onward.errors import (
+    BudgetExceededError,
+    IndeterminateToolCallError,
+    OnwardError,
+    ResumeConflictError,
+)
 from onward.eventlog.base import partition_for
 from onward.eventlog.events import (
     ApprovalGranted,
@@ -193,6 +198,10 @@ class Recovery:
             return True
         except IndeterminateToolCallError as exc:
             await self._leave_for_person(run_id, tenant, exc)
+            return True
+        except BudgetExceededError as exc:  # ended failed before a call over its budget
+            _log.warning("run %s: %s", printable(run_id), one_line(str(exc)))
+            worker.count("failed")
             return True
         except Exception as exc:
             if not worker.draining:  # draining stops runs on purpose: no failed attempt

@@ -19,18 +19,36 @@ at most the error of one call's estimate; set ``max_tokens`` to bound the output
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import msgspec
 
 from onward.errors import BudgetExceededError
 from onward.eventlog.events import Message, Usage
 from onward.projections.frontier import Frontier
-from onward.runtime.agent import Agent
-from onward.runtime.tools import canonical
+from onward.runtime.tools import Tool, canonical
 
 from .base import PriceTable, Spend
+
+
+class Agent(Protocol):
+    """What a budget reads of an agent (`onward.runtime.agent.Agent`, which the settings it
+    declares toolsets with depend on, so this module cannot import it)."""
+
+    @property
+    def budget_micros(self) -> int | None: ...
+
+    @property
+    def tenant_budget_micros(self) -> int | None: ...
+
+    @property
+    def model_settings(self) -> Mapping[str, Any]: ...
+
+    @property
+    def tools(self) -> Sequence[Tool]: ...
+
 
 CHARS_PER_TOKEN = 4
 """Bytes of a conversation's JSON taken for one input token in a call's estimate: about what

@@ -15,6 +15,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -132,6 +133,82 @@ async def delete_topics(
 
 # --------------------------------------------------------------------------------------------
 # PostgreSQL
+
+
+async def kafka_log_dirs(bootstrap: str) -> list[Path]:
+    """The broker's ``log.dirs``, asked of the broker (one broker, on this machine): wherever
+    its data lives, whichever checkout started it."""
+    from aiokafka.admin import AIOKafkaAdminClient  # noqa: PLC0415
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType  # noqa: PLC0415
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        cluster = await admin.describe_cluster()
+        (broker,) = cluster["brokers"]
+        (response,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, str(broker["node_id"]), {"log.dirs": None})]
+        )
+    finally:
+        await admin.close()
+    entries = {entry[0]: entry[1] for entry in response.resources[0][4]}
+    dirs = [Path(d) for d in str(entries["log.dirs"]).split(",")]
+    if not any(d.is_dir() for d in dirs):
+        raise SystemExit(f"the broker's log.dirs ({entries['log.dirs']}) are not on this machine")
+    return dirs
+
+
+def topic_bytes(dirs: list[Path], topic: str) -> int:
+    """Bytes of the topic's log segments (every partition) in the broker's data folders."""
+    return sum(
+        f.stat().st_size for d in dirs for p in d.glob(f"{topic}-*") for f in p.glob("*.log")
+    )
+
+
+SERVER_COMMANDS: Mapping[str, str] = {
+    "kafka": "kafka.Kafka",
+    "postgres": "postgres",
+    "redis": "redis-server",
+}
+"""How each server's processes are found on this machine: a word of their command line."""
+
+
+def _process_cpu(stat: str) -> float:
+    """utime + stime + cutime + cstime of one ``/proc/PID/stat`` line, in clock ticks: the
+    children's times keep what exited processes (PostgreSQL's backends) used."""
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return float(sum(int(f) for f in fields[11:15]))
+
+
+def cpu_seconds(servers: Sequence[str]) -> dict[str, float]:
+    """CPU seconds used so far by this process (every thread) and by each of ``servers``
+    (names of `SERVER_COMMANDS`: every process of that server on this machine, alive or
+    exited under it). Two readings subtracted give a phase's cost, wherever it ran."""
+    used: dict[str, float] = {"process": time.process_time()}
+    wanted = {name: SERVER_COMMANDS[name] for name in servers}
+    ticks = dict.fromkeys(wanted, 0.0)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        words = command.split()
+        for name, word in wanted.items():
+            if word in words or (words and Path(words[0]).name.rstrip(":") == word):
+                ticks[name] += _process_cpu(stat)
+    per_second = os.sysconf("SC_CLK_TCK")
+    used.update({name: count / per_second for name, count in ticks.items()})
+    return used
+
+
+def cpu_used(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """What each part used between two `cpu_seconds` readings, and their ``total``."""
+    spent = {name: after[name] - before[name] for name in after}
+    spent["total"] = sum(spent.values())
+    return spent
 
 
 async def create_schema(database_url: str, kind: str) -> str:

@@ -28,6 +28,10 @@ lengths (PostgreSQL database growth, Kafka log bytes on disk, SQLite file growth
 ``--bytes-steps`` steps in total per length); aggregate steps/s with ``--concurrent-runs`` runs
 (each level in turn, 100 and 1,000 by default) of ``--concurrent-steps`` steps started at once. A
 level at which any run fails is reported as failed, with how many completed and the first error.
+Each level's CPU seconds are recorded too, per step: the process (every thread) plus the servers
+the system uses (Kafka, PostgreSQL and Redis for Onward on Kafka, PostgreSQL for the peers, none
+embedded), read from ``/proc`` before and after (for Onward on Kafka, after the projector has
+caught up), so a step's cost is compared beside its speed.
 Topics and databases are dropped at the end, also on failure. Absolute figures depend on the
 machine; the ratios, measured side by side in the same run, are the figures to compare.
 
@@ -63,11 +67,15 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    cpu_seconds,
+    cpu_used,
     delete_redis_keys,
     delete_topics,
+    kafka_log_dirs,
     quantile,
     throwaway_database,
     throwaway_name,
+    topic_bytes,
     with_database,
     write_results,
 )
@@ -76,7 +84,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PEER_VENV = ROOT / "bench" / ".venv-peers"
 PEER_REQUIREMENTS = ROOT / "bench" / "requirements-peers.txt"
 PEER_STAMP = PEER_VENV / ".requirements.sha256"
-KAFKA_DATA = ROOT / ".cache" / "services"
 PARTITIONS = 12
 RESULT_CHARS = 1_000
 TARGET_CONCURRENCY = 1_000
@@ -216,6 +223,7 @@ class OnwardBench:
         make_runner: An `AgentRunner` over the log for a scripted model.
         settle: Awaited after writing and before sizing (the projector catching up).
         size: Bytes stored so far, by component.
+        servers: The servers this mode uses (`SERVER_COMMANDS` names), whose CPU time counts.
     """
 
     def __init__(
@@ -223,10 +231,12 @@ class OnwardBench:
         make_runner: Callable[[Any], Any],
         settle: Callable[[], Awaitable[float]],
         size: Callable[[], Awaitable[dict[str, int]]],
+        servers: Sequence[str] = (),
     ) -> None:
         self.make_runner = make_runner
         self.settle = settle
         self.size = size
+        self.servers = servers
         self.agent = _agent()
 
     async def runs(
@@ -282,6 +292,7 @@ class OnwardBench:
         for runs in params.concurrency:
             await self.settle()
             profiler = _start_profile() if profile else None
+            cpu_before = cpu_seconds(self.servers)
             seconds, _, results = await self.runs(runs, params.concurrent_steps, tolerate=True)
             if profiler is not None and profile is not None:
                 _stop_profile(profiler, profile.with_name(f"{profile.stem}-{runs}.prof"))
@@ -289,6 +300,7 @@ class OnwardBench:
                 runs, params.concurrent_steps, seconds, results, _onward_completed
             )
             level["settle_seconds_after"] = await self.settle()
+            level["cpu_s"] = cpu_used(cpu_before, cpu_seconds(self.servers))
             out.append(level)
         return out
 
@@ -322,15 +334,6 @@ def _stop_profile(profiler: Any, path: Path) -> None:
     print(text.getvalue())
 
 
-def topic_bytes(topic: str) -> int:
-    """Bytes of the topic's log segments on the local broker's disk (all partitions)."""
-    return sum(
-        f.stat().st_size
-        for d in KAFKA_DATA.glob(f"kafka-*/data/{topic}-*")
-        for f in d.glob("*.log")
-    )
-
-
 async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) -> dict[str, Any]:
     import asyncpg  # noqa: PLC0415
 
@@ -347,6 +350,7 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
     from onward.runtime.runner import AgentRunner  # noqa: PLC0415
 
     topic = throwaway_name("steps")
+    log_dirs = await kafka_log_dirs(bootstrap)
     suffix = topic.rsplit(".", 1)[1]
     lease_prefix = f"onward-bench-{suffix}:"
     redis_url = os.environ["REDIS_URL"]
@@ -400,7 +404,7 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
                     db = int(await pg.fetchval("SELECT pg_database_size(current_database())"))
                 finally:
                     await pg.close()
-                return {"kafka_log": topic_bytes(topic), "postgres": db}
+                return {"kafka_log": topic_bytes(log_dirs, topic), "postgres": db}
 
             bench = OnwardBench(
                 lambda provider: AgentRunner(
@@ -412,6 +416,7 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
                 ),
                 settle,
                 size,
+                servers=("kafka", "postgres", "redis"),
             )
             return {
                 "system": "onward-kafka",
@@ -599,14 +604,17 @@ def database_size(url: str) -> int:
 async def peer_levels(
     params: Params, one: Callable[[int], Awaitable[float]], mechanism: str
 ) -> list[dict[str, Any]]:
-    """Each concurrency level of a peer: that many runs started at once, awaited together."""
+    """Each concurrency level of a peer: that many runs started at once, awaited together.
+    Every peer keeps its state in PostgreSQL, whose CPU time counts with the process's."""
     out: list[dict[str, Any]] = []
     for runs in params.concurrency:
+        cpu_before = cpu_seconds(("postgres",))
         started = time.perf_counter()
         results = await asyncio.gather(
             *(one(params.concurrent_steps) for _ in range(runs)), return_exceptions=True
         )
         seconds = time.perf_counter() - started
+        cpu = cpu_used(cpu_before, cpu_seconds(("postgres",)))
         level = concurrency_outcome(
             runs,
             params.concurrent_steps,
@@ -615,6 +623,7 @@ async def peer_levels(
             lambda r: not isinstance(r, BaseException),
         )
         level["mechanism"] = mechanism
+        level["cpu_s"] = cpu
         out.append(level)
     return out
 
@@ -990,6 +999,16 @@ def _level(level: Any) -> str:
     )
 
 
+def _cpu(level: Any) -> str:
+    """CPU milliseconds per step of one concurrency level: the process and its servers."""
+    cpu = level.get("cpu_s")
+    if cpu is None:
+        return "-"
+    steps = level["runs"] * level["steps_per_run"]
+    parts = " + ".join(f"{name} {cpu[name] / steps * 1000:.2f}" for name in cpu if name != "total")
+    return f"{cpu['total'] / steps * 1000:.2f} ({parts})"
+
+
 def _ratio(mine: float | None, theirs: float | None) -> float | None:
     return mine / theirs if mine is not None and theirs else None
 
@@ -1048,6 +1067,8 @@ def report(
         table.add_column(f"steps/s, {runs} concurrent runs", justify="right", max_width=30)
     for n in lengths:
         table.add_column(f"bytes/step, {n}-step runs", justify="right", max_width=26)
+    most = max(params.concurrency)
+    table.add_column(f"CPU ms/step, {most} runs (process + servers)", justify="right", max_width=30)
     for name, r in results.items():
         table.add_row(
             name,
@@ -1055,6 +1076,7 @@ def report(
             _ms(r["latency"]),
             *(_level(level) for level in r["concurrency"]),
             *(_bytes(r["bytes"][n]) for n in lengths),
+            _cpu(next(level for level in r["concurrency"] if level["runs"] == most)),
         )
     console.print(table)
     for name, r in results.items():

@@ -194,12 +194,40 @@ class TurnSettled(Event, frozen=True, kw_only=True, tag="turn.settled"):
     call_ids: list[str] = []
 
 
+class Asked(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A question a tool's own code asked a person (`onward.runtime.ask.ask`).
+
+    The call stopped at the question and did nothing after it, so once the run goes on it runs
+    again from its start and gets the recorded answer where it asked (its ``index``-th
+    question, counted from 0) instead of asking again.
+
+    Attributes:
+        call_id: The call of the turn in progress that asked.
+        index: The question's place among that call's questions.
+        schema: The JSON Schema an answer must fit, as JSON text; ``None``: any JSON value.
+            Text, not a JSON object, so that the redactor, which masks every value under a key
+            that names a secret, leaves a schema that describes a ``password`` whole.
+        suspended: Every call of the turn that stopped at a question of its own, this one
+            first: each runs again once the run goes on (the others ask theirs then).
+    """
+
+    call_id: str
+    index: int = 0
+    schema: str | None = None
+    suspended: list[str] = []
+
+
 class ApprovalRequested(Event, frozen=True, kw_only=True, tag="approval.requested"):
-    """The run is about to wait on a person. Boundary ``before_approval``."""
+    """The run is about to wait on a person. Boundary ``before_approval``.
+
+    ``asked`` is set when a tool's code asked the question (`Asked`); ``None`` for a tool's
+    approval and a collaborative pause.
+    """
 
     request_id: str
     prompt: str = ""
     details: Any = None
+    asked: Asked | None = None
 
 
 class ApprovalGranted(Event, frozen=True, kw_only=True, tag="approval.granted"):

@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from onward.errors import (
     BackendError,
     BackendUnavailableError,
+    BudgetExceededError,
     CheckpointFormatError,
     ConfigurationError,
     EventDecodeError,
@@ -47,6 +48,7 @@ from onward.runtime.application.api import open_app as open
 from onward.runtime.application.app import App, SessionState
 from onward.runtime.application.messages import RunMessage
 from onward.runtime.application.stream import RunStream
+from onward.runtime.ask import ask
 from onward.runtime.options import ExecutionMode, Options
 from onward.runtime.settings import Settings
 
@@ -60,6 +62,7 @@ __all__ = [
     "App",
     "BackendError",
     "BackendUnavailableError",
+    "BudgetExceededError",
     "CheckpointFormatError",
     "ConfigurationError",
     "EventDecodeError",
@@ -89,6 +92,7 @@ __all__ = [
     "SqliteEventLog",
     "StoredEvent",
     "__version__",
+    "ask",
     "get_session_state",
     "open",
     "query",

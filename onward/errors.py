@@ -17,6 +17,7 @@ Each error says what happened, to which run where one is involved, and what to d
     ├── HistoryUnavailableError     a transcript handle no longer resolves
     ├── NothingToResumeError        no run under that id
     ├── RunTimeoutError             a stream saw nothing new for its caller's timeout=
+    ├── BudgetExceededError         a run stopped before a model call that would pass its budget
     └── BackendError                the log or a store failed (driver error attached as __cause__)
         ├── BackendUnavailableError the server could not be reached or timed out; retry later
         ├── ProducerFatalError      the Kafka producer's session is unusable; it has been replaced
@@ -214,6 +215,34 @@ class RunTimeoutError(OnwardError, TimeoutError):
     message says who holds the run and until when, if anyone does. The run itself goes on."""
 
 
+class BudgetExceededError(OnwardError):
+    """A run stopped before a model call whose estimated cost would take its spend, or its
+    tenant's, past the budget; the model was not called and the run ended ``failed``.
+
+    Attributes:
+        scope: ``run`` or ``tenant``: which budget.
+        budget_micros: The budget, in micros.
+        spent_micros: What the run (or the tenant) had spent, as the spend ledger has it.
+        estimate_micros: The next call's estimated cost.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        scope: str | None = None,
+        budget_micros: int | None = None,
+        spent_micros: int | None = None,
+        estimate_micros: int | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id)
+        self.scope = scope
+        self.budget_micros = budget_micros
+        self.spent_micros = spent_micros
+        self.estimate_micros = estimate_micros
+
+
 class BackendError(OnwardError):
     """The log or a store failed. The driver's exception is attached as ``__cause__``."""
 
@@ -244,6 +273,7 @@ __all__ = [
     "ArchiveError",
     "BackendError",
     "BackendUnavailableError",
+    "BudgetExceededError",
     "CheckpointFormatError",
     "ConfigurationError",
     "EventDecodeError",

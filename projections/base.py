@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple, Protocol, runtime_checkable
 import msgspec
 
 from onward._storage import AsyncResource, Resource
-from onward.errors import SchemaMismatchError
+from onward.errors import CheckpointFormatError
 from onward.eventlog.base import LogRecord
 
 from .frontier import FRONTIER_FORMAT, Frontier, RunStatus, ToolCallRow
@@ -66,13 +66,20 @@ def encode_frontier(frontier: Frontier) -> bytes:
 
 
 def decode_payload(payload: bytes, *, run_id: str) -> Frontier:
-    """Decode a stored frontier payload, refusing one written by a newer Onward."""
+    """Decode a stored frontier payload, refusing one written by a newer Onward.
+
+    Raises:
+        CheckpointFormatError: The payload's format is newer than `FRONTIER_FORMAT`: the run
+            is left where it is, for a worker on the newer version (exit 4 on the command
+            line, as for a newer event; not a schema to migrate).
+    """
     frontier = _decoder.decode(payload)
     if frontier.format > FRONTIER_FORMAT:
-        raise SchemaMismatchError(
+        raise CheckpointFormatError(
             f"run {run_id!r}: frontier payload format {frontier.format} is newer than this code "
-            f"reads ({FRONTIER_FORMAT}); upgrade Onward",
+            f"reads ({FRONTIER_FORMAT}); upgrade Onward before reading or resuming this run",
             run_id=run_id,
+            field="$.format",
         )
     return frontier
 

@@ -62,6 +62,14 @@ CallOutcome = Literal["completed", "error", "never_ran"]
 BOUNDARIES: tuple[Boundary, ...] = ("after_model_call", "after_tool_result", "before_approval")
 
 
+def run_budgets(options: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The run's own and its tenant's budget (micros) a run's ``RunStarted.options`` name,
+    read as leniently as `run_options`."""
+    budgets = (options.get("budget_micros"), options.get("tenant_budget_micros"))
+    run, tenant = (b if type(b) is int and b >= 0 else None for b in budgets)
+    return run, tenant
+
+
 def run_options(options: dict[str, Any]) -> tuple[str | None, tuple[Boundary, ...], int | None]:
     """The user, pauses and iteration bound a run's ``RunStarted.options`` name.
 
@@ -79,6 +87,24 @@ def run_options(options: dict[str, Any]) -> tuple[str | None, tuple[Boundary, ..
         pause_at,
         limit if type(limit) is int and limit >= 1 else None,
     )
+
+
+def checkpoint_frequency(options: dict[str, Any]) -> int:
+    """Every how many steps a run's checkpoints come (``options["checkpoint_frequency"]``; 1,
+    every step, when absent or not a whole number of at least 1: read leniently, as
+    `run_options` reads)."""
+    every = options.get("checkpoint_frequency")
+    return every if type(every) is int and every >= 1 else 1
+
+
+def counts_at(boundary: Boundary, step: int, every: int) -> bool:
+    """Whether a boundary of step ``step`` (the model call it follows or settles, counted from
+    the run's first, across a chain of continued runs) is a checkpoint when checkpoints come
+    every ``every`` steps: ``after_model_call`` and ``after_tool_result`` only in steps
+    ``every``, ``2 * every``, ...; ``before_approval`` in every step, since the run then waits
+    on a person, who must find it wherever it stopped. Decided by the run's own events, so the
+    worker that resumes a run picks the same checkpoints as the one that started it."""
+    return boundary == "before_approval" or every <= 1 or step % every == 0
 
 
 class CallState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -99,6 +125,9 @@ class CallState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     result: Any = None
     error: ToolError | None = None
     resolved_by: str | None = None
+    asked_seq: int | None = None
+    """The seq of the question (`ApprovalRequested.asked`) its code stopped at, since its
+    latest dispatch: it did nothing after it, so it runs again once the run goes on."""
 
 
 class RunTag(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -134,13 +163,23 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             ``options["checkpoints"]``); empty for an autonomous run.
         max_iterations: The run's own bound on model calls (``options["max_iterations"]``);
             ``None``: the agent's.
+        checkpoint_frequency: Every how many steps the run's checkpoints come
+            (``options["checkpoint_frequency"]``, `counts_at`): where a collaborative run
+            pauses, and which checkpoint messages its stream shows.
         replays: The run is executed again from its first event whenever it goes on
             (``options["replays"]``, as pydantic-ai runs are), so compaction keeps all of its
             events rather than only its resume points.
+        budget_micros: The run's own budget for model calls, in micros
+            (``options["budget_micros"]``); ``None``: the agent's.
+        tenant_budget_micros: The budget of the run's tenant it was started under
+            (``options["tenant_budget_micros"]``); ``None``: the agent's.
         attempts: The claims (`RunClaimed`) counted since the run last made progress (a model
             answer, a tool outcome, a settled turn or an approval): how often a worker took it
             up and got nowhere. A worker's recovery bounds its attempts by it without reading
             the run again. A row stored before this field counts from its own offset on.
+        answer_schema: The JSON Schema (as JSON text) the answer to the question the run
+            waits on must fit, when a tool's code asked it with one
+            (`ApprovalRequested.asked`); ``None`` otherwise.
     """
 
     run_id: str
@@ -178,8 +217,12 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     user_id: str | None = None
     pause_at: tuple[Boundary, ...] = ()
     max_iterations: int | None = None
+    budget_micros: int | None = None
+    tenant_budget_micros: int | None = None
     replays: bool = False
     attempts: int = 0
+    answer_schema: str | None = None
+    checkpoint_frequency: int = 1
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -250,8 +293,12 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     user_id: str | None
     pause_at: tuple[Boundary, ...]
     max_iterations: int | None
+    budget_micros: int | None
+    tenant_budget_micros: int | None
     replays: bool
     attempts: int
+    answer_schema: str | None
+    checkpoint_frequency: int
     calls: dict[str, CallState]
 
     @classmethod
@@ -398,8 +445,10 @@ def _started(d: FrontierDraft, e: RunStarted) -> None:
         d.approved = tuple(carried.approved)
         d.grants = tuple(carried.grants)
     if e.options:
+        d.budget_micros, d.tenant_budget_micros = run_budgets(e.options)
         d.user_id, d.pause_at, d.max_iterations = run_options(e.options)
         d.replays = e.options.get("replays") is True
+        d.checkpoint_frequency = checkpoint_frequency(e.options)
 
 
 def _claimed(d: FrontierDraft, e: RunClaimed) -> None:
@@ -492,6 +541,14 @@ def _approval_requested(d: FrontierDraft, e: ApprovalRequested) -> None:
     d.waiting_on = e.request_id
     d.last_boundary = "before_approval"
     d.resume_seq = e.seq
+    asked = e.asked
+    d.answer_schema = asked.schema if asked is not None else None
+    if asked is not None:
+        # Only a call dispatched and still without an outcome can have stopped at a question.
+        for call_id in asked.suspended:
+            state = d.calls.get(call_id)
+            if state is not None and state.dispatched_seq is not None and state.outcome is None:
+                d.calls[call_id] = _replace(state, asked_seq=e.seq)
 
 
 def _approval_granted(d: FrontierDraft, e: ApprovalGranted) -> None:
@@ -499,6 +556,7 @@ def _approval_granted(d: FrontierDraft, e: ApprovalGranted) -> None:
     if d.waiting_on == e.request_id:
         d.status = "running"
         d.waiting_on = None
+        d.answer_schema = None
         d.approved = (*d.approved, e.request_id)
         d.grants = (*d.grants, Grant(request_id=e.request_id, by=e.by, value=e.value))
 
@@ -507,6 +565,7 @@ def _approval_denied(d: FrontierDraft, e: ApprovalDenied) -> None:
     if d.waiting_on == e.request_id:
         d.status = "running"
         d.waiting_on = None
+        d.answer_schema = None
 
 
 def _tagged(d: FrontierDraft, e: Tagged) -> None:

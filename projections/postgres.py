@@ -442,7 +442,7 @@ async def _append_messages(conn: asyncpg.Connection, messages: Sequence[Transcri
         [m.tenant for m in messages],
         [m.run_id for m in messages],
         [m.seq for m in messages],
-        [m.encoded() for m in messages],
+        [m.encoded(compressed=True) for m in messages],
     )
 
 

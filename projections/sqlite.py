@@ -206,7 +206,9 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         clear_rows = [(consumer, run_id) for run_id in batch.cleared]
         hold_rows = [_entry_params(consumer, entry) for entry in batch.quarantine]
         mark_rows = [(e.mark, e.run_id) for e in batch.quarantine if e.run_id is not None]
-        message_rows = [(m.tenant, m.run_id, m.seq, m.encoded()) for m in batch.messages]
+        message_rows = [
+            (m.tenant, m.run_id, m.seq, m.encoded(compressed=True)) for m in batch.messages
+        ]
         if not (
             frontier_rows or call_rows or position_rows or clear_rows or hold_rows or message_rows
         ):

@@ -22,9 +22,11 @@ assistant message, by its tool-calls part. The runtime's reader puts the body ba
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import msgspec
+import zstandard
 
 from onward.eventlog.events import (
     ApprovalGranted,
@@ -52,6 +54,32 @@ the boundary a run paused at and the seq of its boundary event."""
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Message)
 
+COMPRESS_OVER = 256
+"""Messages stored compressed are those whose JSON is longer than this many bytes: a shorter one
+gains less than a zstd frame's own header costs."""
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+"""How a zstd frame starts; JSON never does (it starts with ``{``), so a stored message says
+which it is."""
+
+_codecs = threading.local()
+"""A zstd compressor and decompressor per thread (reused: making one costs more than a
+message's compression; neither may be used by two threads at once)."""
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    made: zstandard.ZstdCompressor | None = getattr(_codecs, "compressor", None)
+    if made is None:
+        made = _codecs.compressor = zstandard.ZstdCompressor(level=3)
+    return made
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    made: zstandard.ZstdDecompressor | None = getattr(_codecs, "decompressor", None)
+    if made is None:
+        made = _codecs.decompressor = zstandard.ZstdDecompressor()
+    return made
+
 
 class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One message of a run's transcript, keyed by the seq of the event it came from."""
@@ -61,13 +89,23 @@ class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     seq: int
     message: Message
 
-    def encoded(self) -> bytes:
-        """The message as stored: msgspec JSON."""
-        return _encoder.encode(self.message)
+    def encoded(self, *, compressed: bool = False) -> bytes:
+        """The message as stored: msgspec JSON or, ``compressed`` and longer than
+        `COMPRESS_OVER`, a zstd frame of it when that is shorter. The SQL stores keep it
+        compressed (a tool result is most of a step's bytes and was already written to the
+        log); Redis keeps text, so it asks for JSON."""
+        body = _encoder.encode(self.message)
+        if compressed and len(body) > COMPRESS_OVER:
+            frame = _compressor().compress(body)
+            if len(frame) < len(body):
+                return frame
+        return body
 
 
 def decode_message(body: bytes) -> Message:
-    """A stored message."""
+    """A stored message, JSON or a zstd frame of it."""
+    if body[:4] == _ZSTD_MAGIC:
+        body = _decompressor().decompress(body)
     return _decoder.decode(body)
 
 

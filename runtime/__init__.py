@@ -1,6 +1,7 @@
 """The runner, resume planning, leases, garbage collection, redaction, providers, tools, the CLI."""
 
 from .agent import Agent
+from .ask import ask
 from .blobs import (
     BlobStore,
     ClaimCheck,
@@ -9,7 +10,7 @@ from .blobs import (
     SqliteBlobStore,
 )
 from .checkpoint import Checkpointer, CheckpointPolicy
-from .continuation import Continuation, ContinuationPolicy, continued
+from .continuation import DEFAULT_CONTINUATION, Continuation, ContinuationPolicy, continued
 from .gc import GarbageCollector, GcReport
 from .leases import (
     Leaseholder,
@@ -37,6 +38,7 @@ from .runner import AgentRunner, RunObserver, RunResult
 from .tools import Reconciled, Tool, idempotency_key, tool
 
 __all__ = [
+    "DEFAULT_CONTINUATION",
     "Agent",
     "AgentRunner",
     "BlobStore",
@@ -74,6 +76,7 @@ __all__ = [
     "SqliteLeaseStore",
     "Tool",
     "ToolDisposition",
+    "ask",
     "continued",
     "idempotency_key",
     "plan_resume",

@@ -4,13 +4,38 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from onward.errors import ConfigurationError
 
+from .settings import Settings
 from .tools import Tool, canonical
+
+
+@runtime_checkable
+class RunToolset(Protocol):
+    """Tools an agent gets per run, built when the run is driven (an MCP server's, listed or
+    read from the run's cache): `onward.integrations.mcp.MCPToolset` is one. Bound to a run by
+    `onward.runtime.toolsets.agent_for_run`."""
+
+    def run_tools(
+        self, run_id: str, *, tenant: str | None, settings: Settings
+    ) -> AbstractAsyncContextManager[Sequence[Tool]]:
+        """The tools for ``run_id``, usable until the context ends.
+
+        Args:
+            run_id: The run they serve: a resume of it must get the same tools.
+            tenant: The run's tenant.
+            settings: The deployment's settings (for a cache the toolset keeps per run).
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release what the toolset shares between runs (connections). Idempotent."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -24,6 +49,13 @@ class Agent:
         model: The model name the provider is asked for.
         model_settings: Provider options (temperature, ...), part of the revision.
         max_iterations: Upper bound on model calls per run.
+        toolsets: Toolsets whose tools are built for each run (MCP servers): `onward worker`
+            and `onward.open` add their tools for the run being driven
+            (`onward.runtime.toolsets`), and the run's revision covers them.
+        budget_micros: Most a run may spend on model calls, in micros (`onward.runtime.spend`);
+            a ceiling a run's options may lower, never raise. ``None``: no bound.
+        tenant_budget_micros: Most the run's tenant may have spent, all its runs together,
+            before this agent makes another model call for it. ``None``: no bound.
     """
 
     name: str
@@ -32,6 +64,9 @@ class Agent:
     model: str = "default"
     model_settings: Mapping[str, Any] = field(default_factory=dict)
     max_iterations: int = 25
+    toolsets: Sequence[RunToolset] = ()
+    budget_micros: int | None = None
+    tenant_budget_micros: int | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -40,6 +75,13 @@ class Agent:
             raise ConfigurationError(f"agent {self.name!r} has tools named twice: {duplicates}")
         if self.max_iterations < 1:
             raise ConfigurationError(f"agent {self.name!r}: max_iterations must be at least 1")
+        for name in ("budget_micros", "tenant_budget_micros"):
+            budget = getattr(self, name)
+            if budget is not None and (type(budget) is not int or budget < 0):
+                raise ConfigurationError(
+                    f"agent {self.name!r}: {name} must be whole micros of at least 0, "
+                    f"got {budget!r}"
+                )
 
     @cached_property
     def revision(self) -> str:

@@ -11,9 +11,9 @@ large for one log record. Which classes those are follows from ``ONWARD_BACKEND`
   (`kafka_frontier_store`); `RedisLeaseStore` when ``REDIS_URL`` is set, else
   `PostgresLeaseStore`.
 * ``postgres``: `PostgresEventLog`, `PostgresFrontierStore`, `PostgresLeaseStore`,
-  `PostgresBlobStore` and `PostgresCompactionStore`, all in ``DATABASE_URL`` under
-  ``ONWARD_DATABASE_SCHEMA``: a deployment on PostgreSQL alone. Runs are folded inline by
-  whoever appends, as on SQLite, so no projector process is needed.
+  `PostgresBlobStore`, `PostgresCompactionStore` and `PostgresSpendLedger`, all in
+  ``DATABASE_URL`` under ``ONWARD_DATABASE_SCHEMA``: a deployment on PostgreSQL alone. Runs
+  are folded inline by whoever appends, as on SQLite, so no projector process is needed.
 * ``memory``: `MemoryEventLog` with its own leases, `MemoryFrontierStore`, `MemoryBlobStore`,
   for an application that keeps every run inside its own process (``in_process=True``);
   refused to everything else, since nothing would outlive the process and no other process
@@ -56,6 +56,10 @@ from .leases.sqlite import SqliteLeaseStore
 from .providers import Provider
 from .runner import AgentRunner
 from .settings import Settings
+from .spend.base import SpendLedger
+from .spend.memory import MemorySpendLedger
+from .spend.postgres import PostgresSpendLedger
+from .spend.sqlite import SqliteSpendLedger
 from .writer import RunObserver
 
 
@@ -71,6 +75,8 @@ class Backends:
         blobs: Bodies stored out of line (claim check).
         compaction: Truncation points, retained events and tag pins (`CompactionStore`): in
             the SQLite file, or beside the frontier rows in PostgreSQL; ``None`` in memory.
+        spend: What each model call cost (`onward.runtime.spend`): in the SQLite file, in
+            PostgreSQL with Kafka or PostgreSQL alone, in memory with memory.
     """
 
     settings: Settings
@@ -79,6 +85,7 @@ class Backends:
     leases: LeaseStore
     blobs: BlobStore
     compaction: CompactionStore | None = None
+    spend: SpendLedger | None = None
 
     @property
     def embedded(self) -> bool:
@@ -118,6 +125,8 @@ class Backends:
             observer=observer,
             lease_policy=lease_policy or self.settings.lease_policy(),
             compaction=compaction or self.compaction,
+            spend=self.spend,
+            prices=self.settings.price_table(),
         )
 
 
@@ -188,9 +197,11 @@ async def open_backends(
         leases: LeaseStore
         blobs: BlobStore
         compaction: CompactionStore | None = None
+        spend: SpendLedger
         if settings.backend == "memory":
             log = await stack.enter_async_context(MemoryEventLog(partitions=settings.partitions))
             frontiers = await stack.enter_async_context(MemoryFrontierStore())
+            spend = await stack.enter_async_context(MemorySpendLedger())
             leases = default_leases(log)
             blobs = await stack.enter_async_context(MemoryBlobStore())
         elif settings.backend == "postgres":
@@ -215,6 +226,9 @@ async def open_backends(
             compaction = await stack.enter_async_context(
                 PostgresCompactionStore(database_url, schema=schema, timeout_s=timeout_s)
             )
+            spend = await stack.enter_async_context(
+                PostgresSpendLedger(database_url, schema=schema, timeout_s=timeout_s)
+            )
         elif settings.backend == "sqlite":
             path = settings.sqlite_path
             log = await stack.enter_async_context(
@@ -226,6 +240,12 @@ async def open_backends(
             leases = await stack.enter_async_context(SqliteLeaseStore(path, readonly=readonly))
             blobs = await stack.enter_async_context(SqliteBlobStore(path, readonly=readonly))
             compaction = embedded_compaction(log)
+            # On the log's own connection, as the log's leases are: a second connection would
+            # take turns with the log's appends at SQLite's write lock at every model call.
+            shared = log if isinstance(log, SqliteEventLog) else None
+            spend = await stack.enter_async_context(
+                SqliteSpendLedger(path, readonly=readonly, sharing=shared)
+            )
         else:
             database_url = settings.require_database_url()
             schema = settings.database_schema
@@ -257,7 +277,10 @@ async def open_backends(
             compaction = await stack.enter_async_context(
                 PostgresCompactionStore(database_url, schema=schema, timeout_s=timeout_s)
             )
-        yield Backends(settings, log, frontiers, leases, blobs, compaction)
+            spend = await stack.enter_async_context(
+                PostgresSpendLedger(database_url, schema=schema, timeout_s=timeout_s)
+            )
+        yield Backends(settings, log, frontiers, leases, blobs, compaction, spend)
 
 
 __all__ = ["Backends", "kafka_frontier_store", "open_backends"]

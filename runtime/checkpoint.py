@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from onward._storage import PostgresStore, SqliteStore
-from onward.errors import OnwardError
+from onward.errors import InvalidInputError, OnwardError
 from onward.eventlog.base import EventLog, Position
 from onward.eventlog.events import (
     ApprovalDenied,
@@ -34,6 +34,7 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.projections.base import DEFAULT_MAX_BYTES, FrontierStore
+from onward.projections.frontier import counts_at
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 
@@ -53,30 +54,69 @@ died before its first boundary must have a row, or no worker ever finds it), its
 person's word (from `onward approve`, `deny`, `resolve` or `tag` in another process, often)."""
 
 
+MAX_CHECKPOINT_FREQUENCY = 1_000_000
+
+
+def check_frequency(value: object, *, field: str = "checkpoint_frequency") -> int:
+    """``value`` if it is a whole number from 1 to `MAX_CHECKPOINT_FREQUENCY`.
+
+    Raises:
+        InvalidInputError: Anything else (``True``, ``2.0`` and ``"2"`` too), naming ``field``.
+    """
+    if type(value) is not int or not 1 <= value <= MAX_CHECKPOINT_FREQUENCY:
+        raise InvalidInputError(
+            f"{field} must be a whole number of steps from 1 to {MAX_CHECKPOINT_FREQUENCY:,}, "
+            f"got {value!r:.40}"
+        )
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointPolicy:
-    """The boundaries at which a checkpoint is written. All three by default.
+    """The boundaries at which a checkpoint is written: all three by default, in every step.
+
+    A step is one model call and the turn of tool calls it asked for; steps are counted from
+    the run's first (across a chain of continued runs).
 
     Attributes:
         after_model_call: The model answered; what it asked for is known, none of it ran.
         after_tool_result: Every call of the turn has an outcome.
         before_approval: The run is about to wait on a person.
+        checkpoint_frequency: A checkpoint every N steps: the ``after_model_call`` and
+            ``after_tool_result`` boundaries (those chosen) of steps N, 2N, 3N, ... are
+            checkpoints, those of the steps between are not; ``before_approval`` is one in
+            every step (the run waits on a person there). 1, the default: every step. Fewer
+            checkpoints write fewer frontier rows and leave a longer tail of the log to fold
+            on resume; a tool call is never repeated either way.
+
+    Raises:
+        InvalidInputError: ``checkpoint_frequency`` is not a whole number of at least 1.
     """
 
     after_model_call: bool = True
     after_tool_result: bool = True
     before_approval: bool = True
+    checkpoint_frequency: int = 1
 
-    def wants(self, events: Sequence[Event]) -> bool:
+    def __post_init__(self) -> None:
+        check_frequency(self.checkpoint_frequency)
+
+    def wants(self, events: Sequence[Event], *, step: int | None = None) -> bool:
         """Whether a batch ends at a boundary this policy checkpoints, starts or ends the run, or
         is a person's word (an answer, a settled call, a tag): what a worker and `list_pending`
-        read from the row must show it at once, whatever the policy."""
+        read from the row must show it at once, whatever the policy.
+
+        Args:
+            step: The step the batch belongs to (the run's model calls so far, its frontier's
+                ``iteration``); ``None``: whatever step, as if every step were a checkpoint's.
+        """
+        in_step = step is None or counts_at("after_tool_result", step, self.checkpoint_frequency)
         for event in events:
             if isinstance(event, _ALWAYS_FOLDED):
                 return True
-            if isinstance(event, ModelAnswered) and self.after_model_call:
+            if isinstance(event, ModelAnswered) and self.after_model_call and in_step:
                 return True
-            if isinstance(event, TurnSettled) and self.after_tool_result:
+            if isinstance(event, TurnSettled) and self.after_tool_result and in_step:
                 return True
             if isinstance(event, ApprovalRequested) and self.before_approval:
                 return True
@@ -131,9 +171,12 @@ class Checkpointer:
         async with self._in_process, self._across_processes:
             return await self._projector.catch_up(partitions)
 
-    async def after_append(self, events: Sequence[Event], positions: Sequence[Position]) -> None:
-        """Fold the partition of a batch just appended, if the policy wants a checkpoint here."""
-        if not self.policy.wants(events):
+    async def after_append(
+        self, events: Sequence[Event], positions: Sequence[Position], *, step: int | None = None
+    ) -> None:
+        """Fold the partition of a batch just appended, if the policy wants a checkpoint here
+        (``step``: the run's model calls so far, for the policy's ``checkpoint_frequency``)."""
+        if not self.policy.wants(events, step=step):
             return
         refused_before = self.projection.stats.snapshots_refused
         try:

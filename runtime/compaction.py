@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from onward._storage import Resource
-from onward.errors import InvalidInputError, LogTruncatedError, OnwardError
+from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError, OnwardError
 from onward.eventlog.archive import ArchiveSink
 from onward.eventlog.base import EventLog, StoredEvent, UnreadableRecord, partition_for
 from onward.projections.base import FrontierStore
@@ -49,8 +49,9 @@ from onward.projections.compaction.plan import (
     plan_partition,
 )
 
-from .backends import Backends
+from .backends import Backends, open_backends
 from .observability.metrics import COUNTS
+from .settings import Settings, load_settings
 
 log = logging.getLogger("onward.compaction")
 
@@ -148,8 +149,13 @@ async def _go_on(step: str, partition: int) -> None:
 class CheckpointCompactor(Resource):
     """Compacts the log: per run, then per partition; once (:meth:`compact`) or on a schedule.
 
+    Built without stores (``CheckpointCompactor()``), it compacts the log the deployment's
+    `Settings` name (`open_backends`, `compaction_store`), opening the stores for each pass and
+    closing them after, as ``onward compact`` does.
+
     Args:
-        log: The event log.
+        log: The event log. ``log``, ``frontiers`` and ``store`` are given together, opened by
+            the caller, or none of them: those ``settings`` name.
         frontiers: The frontier rows the runs' truncation points are decided from.
         store: Where truncation points, retained events and cuts are stored.
         archive: Where records go before they are cut. Without one nothing is cut (the runs
@@ -162,13 +168,20 @@ class CheckpointCompactor(Resource):
         retention_mins: Records younger than this are never cut, whatever else allows.
         scan_batch: Records read per round trip while scanning.
         pause: Called at each step of a cut (see `Pause`).
+        settings: Where the stores are when none is given; read from the environment
+            (`load_settings`) when not given either.
+
+    Raises:
+        InvalidInputError: A bound out of range, or some of the stores given but not all.
+        ConfigurationError: Without stores: settings that are unusable, or name the memory
+            backend (nothing there outlives the process to compact).
     """
 
     def __init__(
         self,
-        log: EventLog,
-        frontiers: FrontierStore,
-        store: CompactionStore,
+        log: EventLog | None = None,
+        frontiers: FrontierStore | None = None,
+        store: CompactionStore | None = None,
         *,
         archive: ArchiveSink | None = None,
         no_archive: bool = False,
@@ -177,6 +190,7 @@ class CheckpointCompactor(Resource):
         retention_mins: float = 0.0,
         scan_batch: int = 5_000,
         pause: Pause = _go_on,
+        settings: Settings | None = None,
     ) -> None:
         for name, value, least in (
             ("max_checkpoints", max_checkpoints, 1),
@@ -189,9 +203,24 @@ class CheckpointCompactor(Resource):
             raise InvalidInputError(
                 f"compaction_interval_mins must be positive, got {compaction_interval_mins}"
             )
-        self.log = log
-        self.frontiers = frontiers
-        self.store = store
+        self._stores: tuple[EventLog, FrontierStore, CompactionStore] | None = None
+        self.settings: Settings | None = None
+        if log is not None and frontiers is not None and store is not None:
+            self._stores = (log, frontiers, store)
+        elif log is not None or frontiers is not None or store is not None:
+            raise InvalidInputError(
+                "give the log, the frontier store and the compaction store together, or none "
+                "of them (the stores the settings name)"
+            )
+        else:
+            self.settings = settings or load_settings()
+            if self.settings.backend == "memory":
+                raise ConfigurationError(
+                    "CheckpointCompactor() compacts the log the settings name, and "
+                    "ONWARD_BACKEND=memory keeps nothing past the process; pass the log and "
+                    "stores (CheckpointCompactor(log, frontiers, store))"
+                )
+        self._retention_mins = retention_mins
         if archive is not None and no_archive:
             raise InvalidInputError("give an archive or no_archive=True, not both")
         self.archive = archive
@@ -205,6 +234,29 @@ class CheckpointCompactor(Resource):
         self._stop = asyncio.Event()
         self.last_report: CompactionReport | None = None
         self.last_error: str | None = None
+
+    @property
+    def log(self) -> EventLog:
+        """The event log compacted."""
+        return self._given()[0]
+
+    @property
+    def frontiers(self) -> FrontierStore:
+        """The frontier rows the runs' truncation points are decided from."""
+        return self._given()[1]
+
+    @property
+    def store(self) -> CompactionStore:
+        """Where truncation points, retained events and cuts are stored."""
+        return self._given()[2]
+
+    def _given(self) -> tuple[EventLog, FrontierStore, CompactionStore]:
+        if self._stores is None:
+            raise InvalidInputError(
+                "this compactor opens the stores its settings name for each pass, and holds "
+                "none between passes"
+            )
+        return self._stores
 
     @property
     def is_open(self) -> bool:
@@ -259,6 +311,8 @@ class CheckpointCompactor(Resource):
             ConfigurationError: The archive cannot be written; nothing more is cut.
             BackendError: The log or a store failed; a rerun carries on where this stopped.
         """
+        if self._stores is None:
+            return await self._compact_configured(dry_run=dry_run, run_id=run_id)
         if self.archive is not None and run_id is None:
             # An archive that cannot be written, or a corrupt manifest, stops the pass first.
             await (self.archive.ranges() if dry_run else self.archive.ready())
@@ -273,6 +327,27 @@ class CheckpointCompactor(Resource):
             folded = [p[partition] for p in positions.values() if partition in p]
             report.partitions.append(await self._partition(partition, folded, dry_run, run_id))
         return report
+
+    async def _compact_configured(self, *, dry_run: bool, run_id: str | None) -> CompactionReport:
+        """One pass on the stores the settings name, opened for it."""
+        assert self.settings is not None  # set when no store was given
+        async with (
+            open_backends(self.settings) as backends,
+            compaction_store(backends) as store,
+        ):
+            on_stores = CheckpointCompactor(
+                backends.log,
+                backends.frontiers,
+                store,
+                archive=self.archive,
+                no_archive=self.no_archive,
+                max_checkpoints=self.max_checkpoints,
+                compaction_interval_mins=self.interval_s / 60.0,
+                retention_mins=self._retention_mins,
+                scan_batch=self.scan_batch,
+                pause=self._pause,
+            )
+            return await on_stores.compact(dry_run=dry_run, run_id=run_id)
 
     async def _partition(
         self, partition: int, folded: list[int], dry_run: bool, run_id: str | None

@@ -105,6 +105,13 @@ class ContinuationPolicy:
         return continued(frontier)
 
 
+DEFAULT_CONTINUATION = ContinuationPolicy(max_steps=10_000, max_history_bytes=4_000_000)
+"""A policy to start from: carry a run on at 10,000 events of its own (where a workflow engine
+such as Temporal suggests continuing as new) or 4 MB of its own messages (about a million
+tokens, past any model's context), whichever comes first. No runner uses it unless given it
+(``AgentRunner(..., continuation=DEFAULT_CONTINUATION)``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Continuation:
     """What crosses from a run into the run it is carried into.
@@ -269,6 +276,7 @@ async def start_successor(
 
 
 __all__ = [
+    "DEFAULT_CONTINUATION",
     "Continuation",
     "ContinuationPolicy",
     "carriable",

@@ -7,19 +7,27 @@ lease (its worker died, or the run was started without leases and its process is
 It *needs a person* when a worker tried to carry it on and found a call that may or may not have
 run (`IndeterminateToolCallError`): the worker tagged it ``needs-person`` and left it; once the
 call is settled (`onward resolve`) it is merely interrupted, and a fleet carries it on.
+
+Built without stores (``ExecutionManager()``), it reads those the deployment's `Settings` name
+(`open_backends`, read-only), opened at its first question and closed by `close` (or at the end
+of an ``async with`` block).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Literal
+from types import TracebackType
+from typing import Literal, Self
 
-from onward.errors import NothingToResumeError
+from onward.errors import ConfigurationError, NothingToResumeError
 from onward.projections.base import FrontierStore, RunSummary
 from onward.projections.frontier import Frontier
 
 from .leases.base import LeaseStore, RunLease
+from .settings import Settings, load_settings
 
 Attention = Literal["waiting_on_approval", "needs_person", "interrupted", "held"]
 
@@ -58,23 +66,84 @@ class ExecutionManager:
     """Status and pending work across runs.
 
     Args:
-        frontiers: The frontier store the projector (or embedded checkpointer) keeps.
+        frontiers: The frontier store the projector (or embedded checkpointer) keeps, opened by
+            the caller. ``None``: the stores ``settings`` name, frontier and lease store both,
+            opened at the first question.
         leases: The lease store the workers share.
         tenant: Only this tenant's runs (an application's manager, `App.manager`): another
             tenant's run is no such run, and ``list_pending`` lists this tenant's unless told
             another. ``None`` (an operator's manager): every tenant's.
+        settings: Where the stores are when ``frontiers`` is not given; read from the
+            environment (`load_settings`) when not given either.
+
+    Raises:
+        ConfigurationError: Without ``frontiers``: settings that are unusable, or name the
+            memory backend (no other process's runs are there to see).
     """
 
     def __init__(
         self,
-        frontiers: FrontierStore,
+        frontiers: FrontierStore | None = None,
         leases: LeaseStore | None = None,
         *,
         tenant: str | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.frontiers = frontiers
         self.leases = leases
         self.tenant = tenant
+        self.settings: Settings | None = None
+        if frontiers is None:
+            self.settings = settings or load_settings()
+            if self.settings.backend == "memory":
+                raise ConfigurationError(
+                    "ExecutionManager() reads the stores the settings name, and "
+                    "ONWARD_BACKEND=memory keeps none a manager could read; pass the "
+                    "application's stores (ExecutionManager(frontiers, leases))"
+                )
+        self._opened: AsyncExitStack | None = None
+        self._opening = asyncio.Lock()
+
+    async def _store(self) -> FrontierStore:
+        """The frontier store, the settings' opened (with their lease store) on first use."""
+        if self.frontiers is not None:
+            return self.frontiers
+        async with self._opening:
+            if self.frontiers is None:
+                from .backends import open_backends  # noqa: PLC0415 - backends builds runners
+
+                assert self.settings is not None  # set when no store was given
+                stack = AsyncExitStack()
+                try:
+                    backends = await stack.enter_async_context(
+                        open_backends(self.settings, readonly=True)
+                    )
+                except BaseException:
+                    await stack.aclose()
+                    raise
+                self._opened = stack
+                self.frontiers, self.leases = backends.frontiers, backends.leases
+            return self.frontiers
+
+    async def close(self) -> None:
+        """Close the stores this manager opened from its settings; those given are the
+        caller's. It opens them again if asked another question."""
+        opened, self._opened = self._opened, None
+        if opened is not None:
+            self.frontiers = self.leases = None
+            await opened.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self._store()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
 
     async def get_status(self, run_id: str) -> RunOverview:
         """One run's status.
@@ -82,7 +151,7 @@ class ExecutionManager:
         Raises:
             NothingToResumeError: The frontier store has no row for that run.
         """
-        row = await self.frontiers.get(run_id)
+        row = await (await self._store()).get(run_id)
         if row is None or self.tenant not in (None, row.summary.tenant):
             raise NothingToResumeError(
                 f"no frontier row for run {run_id!r}"
@@ -102,7 +171,8 @@ class ExecutionManager:
         (`Options.user`).
         """
         tenant = tenant or self.tenant
-        rows = await self.frontiers.runs(tenant=tenant, statuses={"waiting", "running"}, user=user)
+        frontiers = await self._store()
+        rows = await frontiers.runs(tenant=tenant, statuses={"waiting", "running"}, user=user)
         statuses = [await self._status(summary) for summary in rows]
         return [
             s
@@ -115,7 +185,7 @@ class ExecutionManager:
         attention = _attention(summary, lease)
         if attention == "interrupted":
             # Only an unheld running run can have been left for a person: read its whole row.
-            row = await self.frontiers.get(summary.run_id)
+            row = await (await self._store()).get(summary.run_id)
             if row is not None and row.frontier is not None and needs_person(row.frontier):
                 attention = "needs_person"
         return RunOverview(summary, lease, attention)

@@ -8,7 +8,8 @@ disposition     what the log says                                          resum
 =============== ========================================================= ====================
 completed       an outcome is recorded (tool result, typed error, or a      replays it
                 person's or the tool's own settlement)
-never_ran       no dispatch was recorded, or it was settled as not run      dispatches it
+never_ran       no dispatch was recorded, or it was settled as not run, or  dispatches it
+                its code stopped at a question (`ask`) since its dispatch   again
 indeterminate   dispatched under an earlier fence, no outcome               nothing; unsafe
 =============== ========================================================= ====================
 
@@ -141,6 +142,15 @@ def classify_call(call: CallState, *, retry_safe: bool = False) -> PlannedCall:
         )
     if call.dispatched_seq is None:
         return PlannedCall(call, ToolDisposition.NEVER_RAN, "no dispatch recorded")
+    if call.asked_seq is not None:
+        # Its code stopped at `ask` and did nothing after: it runs again from its start and
+        # gets the recorded answers where it asked.
+        return PlannedCall(
+            call,
+            ToolDisposition.NEVER_RAN,
+            f"its code stopped at the question at seq {call.asked_seq}; it runs again with "
+            "the answers",
+        )
     if not call.idempotency_key:
         return PlannedCall(
             call,

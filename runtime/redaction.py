@@ -56,6 +56,8 @@ import msgspec
 from onward.errors import ConfigurationError
 from onward.eventlog.events import Event
 
+from .environment import refuse_disabled_redaction
+
 DEFAULT_MASK: Final = "[REDACTED]"
 """What a secret is replaced with unless the redactor is given another mask."""
 
@@ -477,13 +479,14 @@ class Redactor:
             ``None`` (the default) takes them from ``ONWARD_REDACT_KEYS``, comma-separated, so
             every redactor a runner builds by default honours the deployment's setting.
         enabled: ``False`` makes every method return its argument untouched. Only for stores
-            already trusted with the secrets themselves.
+            already trusted with the secrets themselves; refused with ``ENVIRONMENT=prod``.
         mask: What each secret is replaced with.
 
     Raises:
         ConfigurationError: An extra pattern does not compile, is a bytes pattern, or matches
             the empty string; a secret key name (or ``ONWARD_REDACT_KEYS``) holds no letter or
-            digit. The message names the pattern or the name.
+            digit. The message names the pattern or the name. ``enabled=False`` with
+            ``ENVIRONMENT=prod``.
     """
 
     __slots__ = (
@@ -517,6 +520,8 @@ class Redactor:
         elif isinstance(secret_keys, str):
             _SecretKeys(secret_keys)  # raises, naming the single string
         self._secret_keys = _SecretKeys((*DEFAULT_SECRET_KEYS, *secret_keys))
+        if not enabled:
+            refuse_disabled_redaction()
         self._enabled = enabled
         self._mask = mask
         self._min_length = 1 if self._extras else _SHORTEST_SECRET

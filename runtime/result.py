@@ -21,6 +21,8 @@ class RunResult:
         continued_to: The run this one was carried into (status ``continued``). `run` and
             `resume` carry on with it, so they only return such a result when that run
             cannot be carried on by this worker now.
+        spend_micros: What the run's model calls cost, as the runner's spend ledger has it
+            when the result was made; ``None`` without a ledger.
     """
 
     run_id: str
@@ -34,6 +36,7 @@ class RunResult:
     plan: ResumePlan | None = None
     reconciled: tuple[str, ...] = ()
     continued_to: str | None = None
+    spend_micros: int | None = None
 
     @classmethod
     def of(cls, frontier: Frontier) -> RunResult:

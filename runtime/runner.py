@@ -3,7 +3,9 @@
 One iteration: call the model and append `ModelAnswered`; append `ToolDispatched` for every
 call of the answer as one batch, acknowledged by the log before any tool runs; run the tools
 (concurrently), appending each `ToolCompleted` as it returns; append `TurnSettled`. A call whose
-tool needs a person appends `ApprovalRequested` first and the run stops, waiting.
+tool needs a person appends `ApprovalRequested` first and the run stops, waiting; so does a call
+whose code asks a person a question (`onward.runtime.ask`), with the question, once it stopped
+there.
 
 If `ToolDispatched` cannot be written the tool is not called. If the process dies anywhere,
 `resume` takes the run's lease, reads the run once and claims it under the lease's fence
@@ -37,6 +39,7 @@ from onward.eventlog.events import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
+    Asked,
     Event,
     ModelAnswered,
     ResumePlanned,
@@ -52,9 +55,10 @@ from onward.eventlog.events import (
 )
 from onward.projections.base import FrontierStore
 from onward.projections.compaction import CompactionStore, embedded_compaction
-from onward.projections.frontier import Boundary, CallState, Frontier
+from onward.projections.frontier import Boundary, CallState, Frontier, run_budgets
 
 from .agent import Agent
+from .ask import Asking, Question, QuestionAsked, check_answer
 from .blobs import BlobStore, ClaimCheck
 from .checkpoint import Checkpointer, CheckpointPolicy
 from .continuation import ContinuationPolicy, carry_if_due
@@ -83,7 +87,10 @@ from .providers import Provider
 from .redaction import Redactor
 from .result import RunResult
 from .resumer import Resumer
+from .spend.base import PriceTable, SpendEntry, SpendLedger
+from .spend.budget import Budgets, estimate_usage, over_budget
 from .tools import Reconciled, Tool, ToolArgumentsError, idempotency_key, tool_error
+from .toolsets import refuse_unbound
 from .writer import HeldRun, RunObserver, RunWriter
 
 _log = logging.getLogger("onward.runner")
@@ -129,6 +136,10 @@ class AgentRunner(Resource):
             `onward.runtime.limits.MAX_TOOL_CALLS_PER_TURN`): an answer asking for more ends
             the run ``failed`` with the count in its error, and none of its calls is recorded
             or run (every call of an answer goes into one log record, which has a size cap).
+        spend: Where each model call's cost is recorded (`onward.runtime.spend`), before its
+            answer is written, keyed by the run and that answer's seq; budgets are decided on
+            its totals. Required for a run with a budget.
+        prices: Micros per token per model (`PriceTable`); a model it does not name costs 0.
 
     Raises:
         ConfigurationError: No lease store for a log that has none of its own, no frontier
@@ -153,6 +164,8 @@ class AgentRunner(Resource):
         continuation: ContinuationPolicy | None = None,
         compaction: CompactionStore | None = None,
         max_tool_calls_per_turn: int = MAX_TOOL_CALLS_PER_TURN,
+        spend: SpendLedger | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         if max_tool_calls_per_turn < 1:
             raise ConfigurationError(
@@ -176,6 +189,8 @@ class AgentRunner(Resource):
         self.lease_policy = lease_policy or LeasePolicy()
         self.continuation = continuation
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
+        self.spend = spend
+        self.prices = prices or PriceTable()
         self.compaction = compaction or embedded_compaction(log)
         self.resumer = Resumer(
             log, leases, frontiers, policy=self.lease_policy, compaction=self.compaction
@@ -252,7 +267,9 @@ class AgentRunner(Resource):
         _check_encodable("input", input, run_id)
         if options:
             check_optional_name("options.user", options.get("user"), run_id=run_id)
+        refuse_unbound(agent)
         self.check_call_bounds(agent)
+        self.check_budgets(agent, Budgets.of(agent, *run_budgets(dict(options or {}))), run_id)
         await self.resumer.refuse_stored(run_id, tenant)
         async with self._holding(run_id, tenant, self.worker) as held:
             await self.resumer.refuse_existing(run_id, held.lease)
@@ -286,9 +303,11 @@ class AgentRunner(Resource):
             InvalidInputError: The run id or tenant is out of bounds (`onward.runtime.limits`).
         """
         _check_run(run_id, tenant)
+        refuse_unbound(agent)
         self.check_call_bounds(agent)
         async with self._holding(run_id, tenant, self.worker) as held:
             carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)
+            self.check_budgets(agent, Budgets.of_run(agent, carried.frontier), run_id)
             conversation = Conversation(agent.instructions)
             claim_check = self.writer.claim_check
             for row in await self.resumer.inherited(carried.frontier):
@@ -333,6 +352,82 @@ class AgentRunner(Resource):
                     f"its ttl of {ttl:g}s: a call could outlast the lease it started under. "
                     "Raise the lease ttl or lower max_call_s"
                 )
+
+    def check_budgets(self, agent: Agent, budgets: Budgets, run_id: str) -> None:
+        """Refuse a budget that could not be kept: no ledger to count against, or no price for
+        the agent's model.
+
+        Raises:
+            ConfigurationError: Either; the model is not called.
+        """
+        if not budgets.bounded:
+            return
+        if self.spend is None:
+            raise ConfigurationError(
+                f"run {run_id!r} has a budget, and this runner no spend ledger to count it "
+                "against; pass spend= (Backends.runner does)",
+                run_id=run_id,
+            )
+        self.prices.check_priced(agent.model, run_id=run_id)
+
+    async def _within_budget(self, run: HeldRun) -> None:
+        """Stop the run before its next model call if that call, as estimated, would take its
+        spend or its tenant's past a budget: the run ends ``failed``.
+
+        Raises:
+            BudgetExceededError: It would; the model is not called.
+        """
+        budgets = Budgets.of_run(run.agent, run.frontier)
+        if not budgets.bounded or self.spend is None:
+            return
+        run_spent = await self.spend.run_total(run.run_id)
+        tenant_spent = await self.spend.tenant_total(run.tenant)
+        refusal = over_budget(
+            budgets,
+            run_id=run.run_id,
+            tenant=run.tenant,
+            model=run.agent.model,
+            estimate=estimate_usage(run.agent, run.conversation.messages, run_spent),
+            prices=self.prices,
+            run_spent=run_spent,
+            tenant_spent=tenant_spent,
+        )
+        if refusal is None:
+            return
+        error = f"{type(refusal).__name__}: {refusal}"
+        await self.writer.append(
+            run, [self.writer.event(run, RunFinished, status="failed", error=error)]
+        )
+        raise refusal
+
+    async def _record_spend(self, run: HeldRun, answered: ModelAnswered) -> None:
+        """Record what the model call ``answered`` answers cost, keyed by the seq the answer
+        is to be written at, before it is written: a crash between the two leaves the call
+        counted (the provider was paid for it) under a seq that holds no answer, and the call
+        made again on resume is counted too, under its own answer's seq. Recording one key
+        again (a retry) changes nothing."""
+        if self.spend is None:
+            return
+        usage = answered.usage
+        await self.spend.record(
+            SpendEntry(
+                run_id=run.run_id,
+                tenant=run.tenant,
+                seq=answered.seq,
+                model=run.agent.model,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                micros=self.prices.cost(run.agent.model, usage),
+                at=answered.at,
+            )
+        )
+
+    async def _spent(self, result: RunResult) -> RunResult:
+        """The result with the run's spend, as the ledger has it, when there is one."""
+        if self.spend is None:
+            return result
+        spent = await self.spend.run_total(result.run_id)
+        return dataclasses.replace(result, spend_micros=spent.micros)
 
     async def _plan(self, run: HeldRun) -> tuple[ResumePlan, list[str]]:
         """Plan, asking each undecided call's tool once (`reconcile`) and recording its answer.
@@ -395,7 +490,13 @@ class AgentRunner(Resource):
     async def approve(
         self, run_id: str, request_id: str, *, tenant: str, by: str, value: Any = None
     ) -> None:
-        """Answer a run's approval request with yes; a later resume carries the run on."""
+        """Answer a run's approval request with yes; a later resume carries the run on.
+
+        Raises:
+            InvalidInputError: The run does not wait on ``request_id``, or ``value`` does not
+                fit the schema its question was asked with (`onward.runtime.ask`); nothing
+                was written and the run still waits.
+        """
         await self._answer(run_id, request_id, tenant=tenant, by=by, value=value, granted=True)
 
     async def deny(
@@ -413,6 +514,10 @@ class AgentRunner(Resource):
         _check_encodable("value", value, run_id)
         async with self._as_person(run_id, tenant, by) as run:
             _check_waiting(run.frontier, request_id)
+            if granted:
+                check_answer(
+                    run.frontier.answer_schema, value, run_id=run_id, request_id=request_id
+                )
             kind = ApprovalGranted if granted else ApprovalDenied
             events: list[Event] = [
                 self.writer.event(run, kind, request_id=request_id, by=by, value=value)
@@ -552,7 +657,7 @@ class AgentRunner(Resource):
                 break
             with observe.run_step("model", run.run_id, run.fence):
                 await self._model_step(run)
-        return RunResult.of(run.frontier)
+        return await self._spent(RunResult.of(run.frontier))
 
     async def _paused(self, run: HeldRun, boundary: Boundary) -> bool:
         """A collaborative run waits for a person at each boundary it pauses at (once)."""
@@ -565,12 +670,14 @@ class AgentRunner(Resource):
         observer = self.writer.observer
         if observer is not None:
             await observer.before_model_call()
+        await self._within_budget(run)
         reply = await self.provider.complete(run.agent, list(run.conversation.messages))
         asked = len(reply.tool_calls)
         if asked > self.max_tool_calls_per_turn:
             answered = self.writer.event(
                 run, ModelAnswered, message=reply.message, tool_calls=[], usage=reply.usage
             )
+            await self._record_spend(run, answered)
             error = (
                 f"the model asked for {asked} tool calls in one answer, over "
                 f"max_tool_calls_per_turn={self.max_tool_calls_per_turn}; none of them was run"
@@ -582,6 +689,7 @@ class AgentRunner(Resource):
         answered = self.writer.event(
             run, ModelAnswered, message=reply.message, tool_calls=calls, usage=reply.usage
         )
+        await self._record_spend(run, answered)
         if calls:
             await self.writer.append(run, [answered])
             return
@@ -631,10 +739,13 @@ class AgentRunner(Resource):
             # max_call_s: `check_call_bounds`).
             await write_ahead(lambda: self.writer.append(run, dispatches), run.held.confirm)
             deadlines = {d.call_id: d.deadline for d in dispatches}
-            cut = await asyncio.gather(
+            ended = await asyncio.gather(
                 *(self._observed_call(run, c, deadlines[c.call_id]) for c in pending)
             )
-            undecided = [call for call in cut if call is not None]
+            undecided = [call for call in ended if isinstance(call, CallState)]
+            questions = [q for q in ended if isinstance(q, Question)]
+            if questions:
+                await self._ask(run, questions)
             if undecided:
                 raise IndeterminateToolCallError(
                     f"run {run.run_id!r}: cut off at their deadline, these calls may or may not "
@@ -644,6 +755,8 @@ class AgentRunner(Resource):
                     run_id=run.run_id,
                     calls=tuple(undecided),
                 )
+            if questions:
+                return False
         settled = self.writer.event(
             run,
             TurnSettled,
@@ -653,20 +766,51 @@ class AgentRunner(Resource):
         await self.writer.append(run, [settled])
         return True
 
+    async def _ask(self, run: HeldRun, questions: list[Question]) -> None:
+        """Record the first question the turn's calls stopped at; the run waits on it.
+
+        Every call that stopped at a question is named in it, so each runs again once the run
+        goes on (the others ask theirs again then, one at a time).
+        """
+        first = questions[0]
+        call = run.frontier.call(first.call_id)
+        asked = self.writer.event(
+            run,
+            ApprovalRequested,
+            request_id=first.request_id,
+            prompt=first.text,
+            details={
+                "tool": call.tool if call is not None else "",
+                "args": call.args if call is not None else {},
+                "question": first.text,
+            },
+            asked=Asked(
+                call_id=first.call_id,
+                index=first.index,
+                schema=first.schema,
+                suspended=[q.call_id for q in questions],
+            ),
+        )
+        await self.writer.append(run, [asked])
+
     async def _observed_call(
         self, run: HeldRun, call: CallState, deadline: int | None
-    ) -> CallState | None:
+    ) -> CallState | Question | None:
         """`_call_tool`, counted and traced by how the call ended."""
         with observe.tool_call(run.run_id, run.fence, call.call_id, call.tool) as end:
-            undecided = await self._call_tool(run, call, deadline)
-            end.disposition = _disposition(run, call.call_id, undecided)
-            return undecided
+            ended = await self._call_tool(run, call, deadline)
+            end.disposition = (
+                "asked" if isinstance(ended, Question) else _disposition(run, call.call_id, ended)
+            )
+            return ended
 
     async def _call_tool(
         self, run: HeldRun, call: CallState, deadline: int | None = None
-    ) -> CallState | None:
+    ) -> CallState | Question | None:
         """Call the tool and record its outcome; the call, if it was cut off at its deadline
-        and its status check could not say whether it took effect (nothing is recorded)."""
+        and its status check could not say whether it took effect (nothing is recorded); the
+        question its code stopped at (`ask`), if it asked one nobody answered yet (nothing is
+        recorded: the turn's questions are, by `_ask`)."""
         tool = run.agent.tool(call.tool)
         result: Any = None
         error: ToolError | None = None
@@ -687,8 +831,12 @@ class AgentRunner(Resource):
                 fence=lease.fence,
                 lease_expires_at=lease.expires_at,
             )
+            scope = Asking.of(call.call_id, run.frontier.grants)
             try:
-                result = await _within(calling, deadline)
+                with scope.active():
+                    result = await _within(calling, deadline)
+            except QuestionAsked as stopped:
+                return stopped.question
             except _DeadlinePassedError:
                 verdict = await self._cut_off(run, call, tool)
                 if not isinstance(verdict, ToolError):
@@ -698,6 +846,9 @@ class AgentRunner(Resource):
                 error = ToolError(type="InvalidArguments", message=str(exc))
             except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, not raised
                 error = tool_error(exc)
+            if scope.question is not None:
+                # Its code caught the stop and went on: it still stopped at its question.
+                return scope.question
             if too_deep(result):
                 # Recorded as the call's outcome, so the run goes on: a value this deep could
                 # not be masked, stored or read back by every reader.

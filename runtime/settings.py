@@ -5,6 +5,7 @@ A bad value is a `ConfigurationError` naming the variable at start, not a failur
 
 from __future__ import annotations
 
+import typing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -24,9 +25,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from onward._storage import BACKEND_TIMEOUT_S, KafkaConnection, masked_url
 from onward.errors import ConfigurationError
 
+from .environment import (
+    Environment,
+    parse_environment,
+    refuse_memory_backend,
+    with_checkpointer_backend,
+)
 from .leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy
 from .redaction import parse_secret_keys
 from .signing import RequestSigner
+from .spend.base import PriceTable
 
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
 """Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id."""
@@ -92,6 +100,9 @@ class Settings(BaseSettings):
         kafka_bootstrap_servers: ``host:port[,...]`` of the Kafka brokers.
         kafka_topic: The events topic.
         kafka_client_id: Shown in broker logs (``KAFKA_CLIENT_ID``, ``onward`` by default).
+        kafka_compression_type: How producers compress record batches
+            (``KAFKA_COMPRESSION_TYPE``): ``zstd`` by default, ``lz4``, ``gzip``, ``snappy``
+            or ``none``.
         kafka_security_protocol: ``PLAINTEXT`` (the default), ``SSL``, ``SASL_PLAINTEXT`` or
             ``SASL_SSL`` (``KAFKA_SECURITY_PROTOCOL``); the other ``KAFKA_SASL_*`` and
             ``KAFKA_SSL_*`` variables keep the names of Kafka's own clients' properties, and
@@ -130,6 +141,9 @@ class Settings(BaseSettings):
             (``ONWARD_REDACT_KEYS``, comma-separated; ``*_pin`` for any key ending in ``_pin``).
             Every `Redactor` built without ``secret_keys`` reads the variable itself; it is
             checked here so that a bad name fails at start.
+        model_prices: Micros per input and output token, per model (``ONWARD_MODEL_PRICES``:
+            ``MODEL=INPUT/OUTPUT`` pairs, comma-separated, ``gpt-4o=2.5/10``), for the cost of
+            each model call (`price_table`); a model not named costs 0.
         request_key: The key that signs the fleet's requests (``ONWARD_REQUEST_KEY``, at least
             32 characters; several, comma-separated, while rotating: the first signs). The
             applications that submit and the workers that act share it
@@ -141,6 +155,11 @@ class Settings(BaseSettings):
             `DEFAULT_LEASE_TTL_S` says why a minute): how long a run whose holder was lost stays
             held. ``onward worker``, ``onward start``, ``onward run --resume`` and every runner
             `Backends.runner` makes use it; ``--lease-ttl`` on a command overrides it.
+        environment: ``dev`` (the default) or ``prod`` (``ENVIRONMENT``): production refuses
+            the memory backend and ``Redactor(enabled=False)`` (`onward.runtime.environment`).
+        checkpointer_backend: ``CHECKPOINTER_BACKEND``, another name for ``ONWARD_BACKEND``:
+            ``session_service`` is ``kafka``; ``postgres``, ``memory`` and Onward's own names
+            are themselves. Set with ``ONWARD_BACKEND`` to another backend, it is refused.
 
     Raises:
         ConfigurationError: A value is unusable, built from Python or read from the
@@ -159,6 +178,9 @@ class Settings(BaseSettings):
     )
     kafka_topic: str = Field(default="onward.events", validation_alias="ONWARD_KAFKA_TOPIC")
     kafka_client_id: str = Field(default="onward", min_length=1, validation_alias="KAFKA_CLIENT_ID")
+    kafka_compression_type: Literal["zstd", "lz4", "gzip", "snappy", "none"] = Field(
+        default="zstd", validation_alias="KAFKA_COMPRESSION_TYPE"
+    )
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT", validation_alias="KAFKA_SECURITY_PROTOCOL"
     )
@@ -213,9 +235,12 @@ class Settings(BaseSettings):
         default=False, validation_alias="ONWARD_ACCEPT_UNSIGNED_REQUESTS"
     )
     redact_keys: str = Field(default="", validation_alias="ONWARD_REDACT_KEYS")
+    model_prices: str = Field(default="", validation_alias="ONWARD_MODEL_PRICES")
     lease_ttl: float = Field(
         default=DEFAULT_LEASE_TTL_S, gt=0, le=86_400, validation_alias="ONWARD_LEASE_TTL"
     )
+    environment: Environment = Field(default="dev", validation_alias="ENVIRONMENT")
+    checkpointer_backend: str | None = Field(default=None, validation_alias="CHECKPOINTER_BACKEND")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -225,6 +250,22 @@ class Settings(BaseSettings):
             return handler(data)
         except ValidationError as exc:
             raise ConfigurationError(_one_line(exc)) from exc
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpointer_backend(cls, data: Any) -> Any:
+        backends = typing.get_args(cls.model_fields["backend"].annotation)
+        return with_checkpointer_backend(data, backends)
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _environment(cls, value: Any) -> Any:
+        return parse_environment(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _fit_for_environment(self) -> Settings:
+        refuse_memory_backend(self.environment, self.backend)
+        return self
 
     @field_validator(
         "kafka_sasl_mechanism",
@@ -306,6 +347,19 @@ class Settings(BaseSettings):
         parse_secret_keys(value)
         return value
 
+    @field_validator("model_prices")
+    @classmethod
+    def _model_prices(cls, value: str) -> str:
+        try:
+            PriceTable.parse(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc).removeprefix("ONWARD_MODEL_PRICES: ")) from None
+        return value
+
+    def price_table(self) -> PriceTable:
+        """The prices of ``model_prices``."""
+        return PriceTable.parse(self.model_prices)
+
     def request_signer(self) -> RequestSigner | None:
         """The signer ``request_key`` makes, or ``None`` when it is not set.
 
@@ -337,6 +391,7 @@ class Settings(BaseSettings):
             ssl_certificate_location=self.kafka_ssl_certificate_location,
             ssl_key_location=self.kafka_ssl_key_location,
             ssl_key_password=_secret(self.kafka_ssl_key_password),
+            compression_type=self.kafka_compression_type,
         )
 
     def lease_policy(self) -> LeasePolicy:

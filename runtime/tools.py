@@ -11,7 +11,8 @@ become its JSON schema, plus an ``idempotency_key`` keyword it receives on every
 
 A tool that needs a person (``requires_approval``) may also take an ``approval`` keyword: it
 receives the value the person answered with (``approve(..., value=)``, or ``respond(value)`` of
-the application API), as recorded in the log. It is not part of the tool's schema.
+the application API), as recorded in the log. It is not part of the tool's schema. Any tool's
+code may also ask a person a question mid-call and get the answer back: `onward.runtime.ask`.
 
 ``retry_safe`` tools (reads, searches) may be called again when resume cannot tell whether they
 ran. ``reconcile(key)`` asks the tool's own status endpoint whether a call with that key took

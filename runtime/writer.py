@@ -150,7 +150,7 @@ class RunWriter:
             for event in events:
                 run.conversation.remember(escape_bodies(event))
             if self.checkpointer is not None:
-                await self.checkpointer.after_append(batch, positions)
+                await self.checkpointer.after_append(batch, positions, step=frontier.iteration)
             if self.observer is not None:
                 await self.observer.appended(batch)
 

@@ -10,6 +10,7 @@ from support.chat_completions import chat_completions_server
 from support.readme import README, run_block, section
 
 
+@pytest.mark.timeout(300)  # every example twice, each a fresh interpreter: a minute when idle
 def test_readme_python_blocks_run_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every example runs as written, and again in the same directory with the same output
     (an example that leaves state behind for its second run is a defect). The quickstart's

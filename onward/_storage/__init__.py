@@ -6,7 +6,13 @@ through this package and derives its lifecycle from :class:`Resource`. It import
 Onward's but `onward.errors`.
 """
 
-from .kafka import SASL_MECHANISMS, SECURITY_PROTOCOLS, KafkaConnection, kafka_connection
+from .kafka import (
+    COMPRESSION_TYPES,
+    SASL_MECHANISMS,
+    SECURITY_PROTOCOLS,
+    KafkaConnection,
+    kafka_connection,
+)
 from .logs import DRIVER_LOGGERS, one_line_driver_logs
 from .migrations import (
     Dialect,
@@ -48,6 +54,7 @@ from .urls import masked_url, without_passwords
 __all__ = [
     "APPLICATION_NAME",
     "BACKEND_TIMEOUT_S",
+    "COMPRESSION_TYPES",
     "DRIVER_ERRORS",
     "DRIVER_LOGGERS",
     "IN_CHUNK",

@@ -33,9 +33,11 @@ from .stores import BACKEND_TIMEOUT_S
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+CompressionType = Literal["zstd", "lz4", "gzip", "snappy", "none"]
 
 SECURITY_PROTOCOLS: tuple[str, ...] = get_args(SecurityProtocol)
 SASL_MECHANISMS: tuple[str, ...] = get_args(SaslMechanism)
+COMPRESSION_TYPES: tuple[str, ...] = get_args(CompressionType)
 
 _PROBE_S = 3.0
 """Most a diagnosis of a failed bootstrap may take, per broker address (capped by the
@@ -82,6 +84,11 @@ class KafkaConnection:
             (``KAFKA_SSL_CERTIFICATE_LOCATION``).
         ssl_key_location: PEM private key of that certificate (``KAFKA_SSL_KEY_LOCATION``).
         ssl_key_password: Password of that key (``KAFKA_SSL_KEY_PASSWORD``); never shown.
+        compression_type: How producers compress record batches (``KAFKA_COMPRESSION_TYPE``):
+            ``zstd`` (the default), ``lz4``, ``gzip``, ``snappy`` or ``none``. The broker keeps
+            a batch as the producer compressed it (a topic's ``compression.type=producer``,
+            Kafka's default), so the log's bytes on disk and on the wire shrink alike; every
+            consumer, kcat included, decompresses on its own.
 
     Raises:
         ConfigurationError: A setting is unusable (a SASL protocol without credentials, TLS
@@ -99,6 +106,7 @@ class KafkaConnection:
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
     ssl_key_password: str | None = dataclasses.field(default=None, compare=False)
+    compression_type: str = "zstd"
     ssl_context: ssl.SSLContext | None = dataclasses.field(init=False, default=None, compare=False)
     """Built once from the ``ssl_*`` files when the protocol uses TLS; shared by every client."""
 
@@ -115,6 +123,11 @@ class KafkaConnection:
             raise ConfigurationError(
                 f"KAFKA_SECURITY_PROTOCOL is {self.security_protocol!r}; it must be one of "
                 + ", ".join(SECURITY_PROTOCOLS)
+            )
+        if self.compression_type not in COMPRESSION_TYPES:
+            raise ConfigurationError(
+                f"KAFKA_COMPRESSION_TYPE is {self.compression_type!r}; it must be one of "
+                + ", ".join(COMPRESSION_TYPES)
             )
         self._check_sasl()
         self._check_ssl()
@@ -221,6 +234,7 @@ class KafkaConnection:
             f"client_id={self.client_id!r}",
             f"request_timeout_s={self.request_timeout_s!r}",
             f"security_protocol={self.security_protocol!r}",
+            f"compression_type={self.compression_type!r}",
         ]
         if self.uses_sasl:
             shown += [
@@ -262,8 +276,10 @@ class KafkaConnection:
 
     def producer(self, *, role: str | None = "producer", **options: Any) -> AIOKafkaProducer:
         """An `AIOKafkaProducer` (not started) with this connection's settings and
-        ``options``; its client id is ``client_id-role``."""
-        return AIOKafkaProducer(**self._options(role, options))
+        ``options``; its client id is ``client_id-role``; it compresses by
+        ``compression_type`` unless ``options`` say otherwise."""
+        compression = None if self.compression_type == "none" else self.compression_type
+        return AIOKafkaProducer(**self._options(role, {"compression_type": compression, **options}))
 
     def consumer(
         self, *topics: str, role: str | None = "consumer", **options: Any

@@ -10,6 +10,7 @@ from .eventlog import EventLogConformance, PersistentEventLogConformance
 from .frontiers import FrontierStoreConformance
 from .gc import RecordSweeperConformance
 from .leases import LeaseStoreConformance
+from .spend import SpendLedgerConformance
 
 __all__ = [
     "ArchiveSinkConformance",
@@ -20,4 +21,5 @@ __all__ = [
     "LeaseStoreConformance",
     "PersistentEventLogConformance",
     "RecordSweeperConformance",
+    "SpendLedgerConformance",
 ]

@@ -7,6 +7,7 @@ returns a fresh, migrated, empty store. Needs pytest and pytest-asyncio.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
@@ -14,6 +15,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
+from onward.errors import CheckpointFormatError, SchemaMismatchError
 from onward.eventlog.events import Message
 from onward.projections.base import (
     FrontierStore,
@@ -23,7 +25,7 @@ from onward.projections.base import (
     StoredFrontier,
     released_mark,
 )
-from onward.projections.frontier import CallState, Frontier, ToolCallRow
+from onward.projections.frontier import FRONTIER_FORMAT, CallState, Frontier, ToolCallRow
 from onward.projections.transcript import TranscriptRow
 
 from .eventlog import new_run_id
@@ -228,6 +230,18 @@ class FrontierStoreConformance:
             7,
             2,
         )
+
+    async def test_a_row_of_a_newer_format_is_refused_as_one(self, store: FrontierStore) -> None:
+        # A newer Onward wrote it: the run is left for a worker on that version (exit 4 on the
+        # command line), not mistaken for a database schema to migrate (exit 2).
+        run_id = new_run_id()
+        newer = msgspec.structs.replace(frontier(run_id, through=3), format=FRONTIER_FORMAT + 1)
+        await store.write(CONSUMER, {1: 4}, [Snapshot.of(newer)], [])
+        for read in (store.get(run_id), store.load([run_id])):
+            with pytest.raises(CheckpointFormatError, match="format 2 is newer") as caught:
+                await read
+            assert not isinstance(caught.value, SchemaMismatchError)
+            assert (caught.value.run_id, caught.value.field) == (run_id, "$.format")
 
     async def test_load_returns_only_runs_that_have_rows(self, store: FrontierStore) -> None:
         a, b = new_run_id(), new_run_id()
@@ -599,6 +613,19 @@ class FrontierStoreConformance:
         assert await store.transcript(run_id, tenant="acme", through=4) == rows[:3]
         assert await store.transcript(run_id, tenant="other", through=9) == []
         assert await store.transcript(new_run_id(), tenant="acme", through=9) == []
+
+    async def test_long_and_short_transcript_messages_read_back_as_written(
+        self, store: FrontierStore
+    ) -> None:
+        """The SQL stores compress a long message; whatever a store keeps, every message comes
+        back as it was written, random bytes (which compress to nothing) included."""
+        run_id = new_run_id()
+        texts = ["ok", "the 08:40 from Paris, seat 42; " * 200, os.urandom(700).hex(), "é" * 300]
+        rows = [said(run_id, seq, text) for seq, text in enumerate(texts, start=1)]
+        await store.write(
+            CONSUMER, {}, [Snapshot.of(frontier(run_id, through=4))], [], messages=rows
+        )
+        assert await store.transcript(run_id, tenant="acme", through=4) == rows
 
     async def test_a_transcript_row_is_stored_once_and_never_replaced(
         self, store: FrontierStore

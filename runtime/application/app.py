@@ -45,6 +45,7 @@ from onward.eventlog.events import (
 )
 from onward.projections.frontier import Frontier, RunTag
 from onward.runtime.agent import Agent
+from onward.runtime.ask import check_answer
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.blobs import ClaimCheck
 from onward.runtime.fleet.requests import (
@@ -373,6 +374,11 @@ class App(Resource):
                 + (f" (it waits on {waiting!r})" if waiting else f" (it is {frontier.status})")
                 + "; it may have been answered already",
                 run_id=frontier.run_id,
+            )
+        if approve:
+            # Checked here too, so a fleet's app refuses a bad answer before submitting it.
+            check_answer(
+                frontier.answer_schema, value, run_id=frontier.run_id, request_id=request_id
             )
         if self._worker is not None:
             # Recorded before this returns, so the caller may end its process right after.

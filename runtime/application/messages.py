@@ -10,13 +10,16 @@ the last position it saw and get every later message once.
   asked for tools (``after_model_call``);
 * `ToolCompleted`, `ToolResolved` (completed): ``progress``;
 * `TurnSettled`: ``checkpoint`` (``after_tool_result``);
-* `ApprovalRequested`: ``checkpoint`` (``before_approval``), then ``approval_request``; for a
-  collaborative pause, one ``checkpoint`` that waits for an answer;
+* `ApprovalRequested`: ``checkpoint`` (``before_approval``), then ``approval_request`` (a
+  tool's approval, or a question its code asked: ``metadata["question"]`` and
+  ``metadata["schema"]``); for a collaborative pause, one ``checkpoint`` that waits for an
+  answer;
 * `RunFinished`: ``result`` when completed, else ``error``; `RunContinued`: ``result``;
 * `Tagged` ``needs-person``, while a call it names is still undecided: ``needs_person`` (the
   calls nobody can decide, and the command that settles each), once the reader has caught up.
 
-Checkpoint messages come only for the boundaries the run's checkpoint policy picks.
+Checkpoint messages come only for the boundaries the run's checkpoint policy picks, in the steps
+its ``checkpoint_frequency`` picks (`onward.projections.frontier.counts_at`).
 """
 
 from __future__ import annotations
@@ -40,8 +43,15 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.eventlog.parts import TextPart, parts_of
-from onward.projections.frontier import BOUNDARIES, Boundary, run_options
+from onward.projections.frontier import (
+    BOUNDARIES,
+    Boundary,
+    checkpoint_frequency,
+    counts_at,
+    run_options,
+)
 from onward.projections.transcript import as_text, checkpoint_of
+from onward.runtime.ask import recorded_schema
 from onward.runtime.manager import NEEDS_PERSON
 
 MessageType = Literal[
@@ -84,9 +94,14 @@ class RunMessage:
             output as text; error: why the run ended.
         boundary: Checkpoint: which boundary (``after_model_call``, ``after_tool_result``,
             ``before_approval``).
-        metadata: Checkpoint: ``iteration``, and for a collaborative pause ``waiting``
-            and ``after_seq`` (the seq of the boundary event it pauses after); approval request:
-            ``tool_name``, ``args``.
+        metadata: Checkpoint: the checkpoint's data (`checkpoint_data`): ``boundary``,
+            ``seq`` (the boundary event's, the run's resume point), ``iteration``,
+            ``tools_done``, ``input_tokens``, ``output_tokens`` and, after a model call, the
+            ``tool_calls`` it asked for (``call_id``, ``tool``, ``args``); for a collaborative
+            pause also ``waiting`` and ``after_seq`` (the seq of the boundary event it pauses
+            after). Approval request: ``tool_name``, ``args``, and for a question a tool's code
+            asked (`ask`) ``question`` and ``schema`` (the JSON Schema an answer must fit, or
+            ``None``).
         request_id: The request the run waits on (approval requests, collaborative pauses).
         tool_name: Approval request: the tool that needs a person.
         args: Approval request: the arguments it would be called with.
@@ -172,9 +187,14 @@ class MessageMapper:
         self._answers = answers
         self._checkpoints: tuple[Boundary, ...] = BOUNDARIES
         self._pause_at: tuple[Boundary, ...] = ()
+        self._every = 1
         self._max_iterations: int | None = None
         self.iteration = 0
         self.tools_done = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self._asked_for: list[dict[str, Any]] = []
+        """The tool calls of the latest model answer, as checkpoint data shows them."""
         self._open_calls: dict[str, str] = {}
         self._left_for_person: Tagged | None = None
         """The run's latest ``needs-person`` tag while a call is still undecided."""
@@ -187,18 +207,23 @@ class MessageMapper:
             self._started(event)
         elif isinstance(event, ModelAnswered):
             self.iteration += 1
+            self.input_tokens += event.usage.input_tokens
+            self.output_tokens += event.usage.output_tokens
+            self._asked_for = [
+                {"call_id": c.call_id, "tool": c.tool, "args": c.args} for c in event.tool_calls
+            ]
             said = _text(event.message.content)
             if said:
                 out.append({"type": "text", "content": said})
             if event.tool_calls:
-                out.extend(self._checkpoint("after_model_call"))
+                out.extend(self._checkpoint("after_model_call", event.seq))
         elif isinstance(event, ToolCompleted) or (
             isinstance(event, ToolResolved) and event.outcome == "completed"
         ):
             self.tools_done += 1
             out.append({"type": "progress", "progress_percent": self._percent()})
         elif isinstance(event, TurnSettled):
-            out.extend(self._checkpoint("after_tool_result"))
+            out.extend(self._checkpoint("after_tool_result", event.seq))
         elif isinstance(event, ApprovalRequested):
             out.extend(self._asked(event))
         elif isinstance(event, RunFinished):
@@ -254,7 +279,12 @@ class MessageMapper:
         )
 
     def _started(self, event: RunStarted) -> None:
+        if event.carried is not None:
+            self.iteration = event.carried.iteration
+            self.input_tokens = event.carried.usage.input_tokens
+            self.output_tokens = event.carried.usage.output_tokens
         _, self._pause_at, self._max_iterations = run_options(event.options)
+        self._every = checkpoint_frequency(event.options)
         named = event.options.get("checkpoints")
         if isinstance(named, list):
             self._checkpoints = tuple(b for b in BOUNDARIES if b in named)
@@ -264,23 +294,45 @@ class MessageMapper:
             return None
         return round(min(100.0, 100.0 * self.iteration / self._max_iterations), 1)
 
-    def _checkpoint(self, boundary: Boundary) -> list[dict[str, Any]]:
+    def _checkpoint(self, boundary: Boundary, seq: int) -> list[dict[str, Any]]:
         """A checkpoint message, unless the policy skips it or a pause request will carry it."""
         if boundary not in self._checkpoints or boundary in self._pause_at:
             return []
-        return [
-            {"type": "checkpoint", "boundary": boundary, "metadata": {"iteration": self.iteration}}
-        ]
+        if not counts_at(boundary, self.iteration, self._every):
+            return []
+        metadata = self.checkpoint_data(boundary, seq)
+        return [{"type": "checkpoint", "boundary": boundary, "metadata": metadata}]
+
+    def checkpoint_data(self, boundary: Boundary, seq: int) -> dict[str, Any]:
+        """What a checkpoint message carries in ``metadata``: where the run stands at the
+        boundary event ``seq``, from the run's events alone (so every reader says the same)."""
+        data: dict[str, Any] = {
+            "boundary": boundary,
+            "seq": seq,
+            "iteration": self.iteration,
+            "tools_done": self.tools_done,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+        }
+        if boundary == "after_model_call":
+            data["tool_calls"] = list(self._asked_for)
+        return data
 
     def _asked(self, event: ApprovalRequested) -> list[dict[str, Any]]:
         paused = checkpoint_of(event.request_id)
         if paused is not None:
             boundary, after_seq = paused
-            metadata = {"iteration": self.iteration, "waiting": True, "after_seq": after_seq}
+            known = boundary if boundary in BOUNDARIES else None
+            metadata = {
+                **(self.checkpoint_data(known, after_seq) if known is not None else {}),
+                "iteration": self.iteration,
+                "waiting": True,
+                "after_seq": after_seq,
+            }
             return [
                 {
                     "type": "checkpoint",
-                    "boundary": boundary if boundary in BOUNDARIES else None,
+                    "boundary": known,
                     "metadata": metadata,
                     "request_id": event.request_id,
                     "content": event.prompt,
@@ -289,15 +341,19 @@ class MessageMapper:
         details = event.details if isinstance(event.details, dict) else {}
         tool_name = details.get("tool")
         args = details.get("args")
+        shown: dict[str, Any] = {"tool_name": tool_name, "args": args}
+        if event.asked is not None:
+            # A tool's code asked (`ask`): the question, and what an answer must fit.
+            shown |= {"question": event.prompt, "schema": recorded_schema(event.asked.schema)}
         asked = {
             "type": "approval_request",
             "request_id": event.request_id,
             "content": event.prompt,
             "tool_name": tool_name if isinstance(tool_name, str) else None,
             "args": args if isinstance(args, dict) else None,
-            "metadata": {"tool_name": tool_name, "args": args},
+            "metadata": shown,
         }
-        return [*self._checkpoint("before_approval"), asked]
+        return [*self._checkpoint("before_approval", event.seq), asked]
 
 
 def _finished(event: RunFinished) -> dict[str, Any]:

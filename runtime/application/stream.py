@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -67,7 +68,9 @@ class RunStream:
     """The messages of one run, read from the log in order (an async iterator).
 
     It keeps its place: stop reading, come back later, and it goes on from the message after
-    the last one it gave (``position``), the run having gone on meanwhile.
+    the last one it gave (``position``), the run having gone on meanwhile. Its ``result`` or
+    ``error`` message says what the run's model calls cost, in ``metadata["spend_micros"]``,
+    as the application's spend ledger has it.
     """
 
     def __init__(
@@ -155,8 +158,20 @@ class RunStream:
                 )
             event = await self.app.restore(item.event)
             self._track(event)
-            self._buffer.extend(m for m in self._mapper.messages(event) if m.position > self._after)
+            for message in self._mapper.messages(event):
+                if message.position > self._after:
+                    self._buffer.append(await self._with_spend(message))
         return True
+
+    async def _with_spend(self, message: RunMessage) -> RunMessage:
+        """A result or error message with what the run spent (``metadata["spend_micros"]``),
+        as the spend ledger has it: the run has made its last model call by then."""
+        spend = self.app.backends.spend
+        if message.type not in ("result", "error") or spend is None:
+            return message
+        spent = await spend.run_total(self.run_id)
+        metadata = {**message.metadata, "spend_micros": spent.micros}
+        return dataclasses.replace(message, metadata=metadata)
 
     def refused(self, cause: str) -> None:
         """End the stream with an ``error`` message: its run was refused for good before it

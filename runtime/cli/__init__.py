@@ -3,7 +3,8 @@
 ``listing`` (runs), ``runs`` (inspect, start, run --resume, approve, deny, resolve, tag,
 replay), ``compact``, ``gc``, ``projections`` (projector, projections rebuild), ``quarantine``
 (list, release), ``worker``, ``db`` (migrate, verify), ``schema`` and ``demo``; ``_common`` holds
-the consoles, the exit codes and the boundary every command runs inside.
+the consoles, the exit codes and the boundary every command runs inside. ``embedding``:
+`frontier_main` and `resume_main`, ``inspect`` and ``run --resume`` on a product's own stores.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typer.core import TyperGroup
 
 from . import compact, db, demo, gc, listing, projections, quarantine, runs, schema, worker
 from ._common import EXIT_OK, EXIT_USAGE, boundary, debugging, error
+from .embedding import frontier_main, resume_main
 
 
 class _Root(TyperGroup):
@@ -129,4 +131,4 @@ def main() -> None:
     app()
 
 
-__all__ = ["app", "main"]
+__all__ = ["app", "frontier_main", "main", "resume_main"]

@@ -163,6 +163,7 @@ def exit_code(exc: OnwardError) -> int:
     if isinstance(
         exc,
         errors.IndeterminateToolCallError
+        | errors.BudgetExceededError
         | errors.HistoryUnavailableError
         | errors.RevisionMismatchError
         | errors.EventDecodeError

@@ -15,19 +15,9 @@ import msgspec
 import typer
 from rich.table import Table
 
-from onward._storage import check_onward_sqlite
-from onward.errors import ConfigurationError
-from onward.runtime.gc import (
-    KINDS,
-    GarbageCollector,
-    GcReport,
-    KeySweeper,
-    PostgresRecordSweeper,
-    RecordSweeper,
-    RedisKeySweeper,
-    SqliteRecordSweeper,
-)
-from onward.runtime.settings import Settings, load_settings
+from onward.runtime.gc import KINDS, GarbageCollector, GcReport
+from onward.runtime.gc.configured import key_sweeper, record_sweeper
+from onward.runtime.settings import load_settings
 
 from ._common import echo, out, within
 
@@ -62,40 +52,6 @@ TaskResultTtlOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="One JSON object: the counts per kind.")]
 
 
-def _records(config: Settings, *, readonly: bool) -> RecordSweeper:
-    if config.backend == "sqlite":
-        path = config.sqlite_path
-        if not path.exists():
-            raise ConfigurationError(
-                f"ONWARD_SQLITE_PATH {str(path)!r} does not exist; point it at the database "
-                "the runs were written to"
-            )
-        check_onward_sqlite(path)
-        return SqliteRecordSweeper(path, migrate=False, readonly=readonly)
-    if config.backend in ("kafka", "postgres"):
-        return PostgresRecordSweeper(
-            config.require_database_url(),
-            schema=config.database_schema,
-            max_size=1,
-            timeout_s=config.backend_timeout,
-        )
-    raise ConfigurationError(
-        "ONWARD_BACKEND=memory keeps nothing past the process, so there is nothing to collect; "
-        "use sqlite (ONWARD_SQLITE_PATH) or kafka"
-    )
-
-
-def _keys(config: Settings) -> KeySweeper | None:
-    if not config.redis_url:
-        return None
-    return RedisKeySweeper(
-        config.require_redis_url(),
-        prefix=config.redis_prefix,
-        schema_prefix=config.schema_cache_prefix,
-        timeout_s=config.backend_timeout,
-    )
-
-
 def _table(report: GcReport) -> Table:
     verb = "would delete" if report.dry_run else "deleted"
     title = f"{verb} {report.total} row(s) and key(s) of finished runs"
@@ -123,7 +79,7 @@ def gc_command(
     """
     config = load_settings()
 
-    records, keys = _records(config, readonly=dry_run), _keys(config)
+    records, keys = record_sweeper(config, readonly=dry_run), key_sweeper(config)
     collector = GarbageCollector(
         records,
         keys,

@@ -24,6 +24,9 @@ from onward.projections.frontier import RunStatus
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.backends import kafka_frontier_store
 from onward.runtime.settings import Settings, load_settings
+from onward.runtime.spend.base import Spend, SpendLedger
+from onward.runtime.spend.postgres import PostgresSpendLedger
+from onward.runtime.spend.sqlite import SqliteSpendLedger
 
 from ._common import echo_json, err, opened, out, run_until_terminated
 from .summary import shown
@@ -89,6 +92,18 @@ def frontier_store(config: Settings) -> FrontierStore:
     )
 
 
+def spend_ledger(config: Settings) -> SpendLedger:
+    """The configured backend's spend ledger, read-only, beside `frontier_store` (which has
+    already refused what it refuses): one query a page, for the SPEND column."""
+    if config.backend == "sqlite":
+        return SqliteSpendLedger(config.sqlite_path, readonly=True)
+    return PostgresSpendLedger(
+        config.require_database_url(),
+        schema=config.database_schema,
+        timeout_s=config.backend_timeout,
+    )
+
+
 def age_text(seconds: float) -> str:
     """A short age: ``42s``, ``15m``, ``3h``, ``2d``."""
     for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
@@ -101,8 +116,8 @@ def _when(at_us: int) -> str:
     return datetime.fromtimestamp(at_us / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def run_line(summary: RunSummary, *, now_us: int) -> dict[str, Any]:
-    """One run as ``--json`` prints it."""
+def run_line(summary: RunSummary, *, now_us: int, spend: Spend | None = None) -> dict[str, Any]:
+    """One run as ``--json`` prints it; ``spend_micros`` is 0 for a run with nothing recorded."""
     return {
         "run": summary.run_id,
         "tenant": summary.tenant,
@@ -115,14 +130,21 @@ def run_line(summary: RunSummary, *, now_us: int) -> dict[str, Any]:
         "last_seq": summary.last_seq,
         "updated_at": _when(summary.updated_at),
         "age_s": round(max(now_us - summary.updated_at, 0) / 1e6, 3),
+        "spend_micros": (spend or Spend()).micros,
     }
 
 
-def runs_table(rows: list[RunSummary], *, now_us: int) -> Table:
-    """The default output: one row per run."""
+def runs_table(
+    rows: list[RunSummary], *, now_us: int, spend: dict[str, Spend] | None = None
+) -> Table:
+    """The default output: one row per run; SPEND in micros, as the spend ledger has it."""
+    spend = spend or {}
     table = Table(box=None, pad_edge=False)
-    for column in ("RUN", "TENANT", "AGENT", "STATUS", "AGE", "LAST UPDATE"):
+    for column in ("RUN", "TENANT", "AGENT", "STATUS", "AGE"):
         table.add_column(column, overflow="fold")
+    # The long ids fold, not the times and figures, so 80 columns still read well.
+    table.add_column("LAST UPDATE", no_wrap=True)
+    table.add_column("SPEND", justify="right", no_wrap=True)
     for row in rows:
         table.add_row(
             shown(row.run_id),
@@ -131,6 +153,7 @@ def runs_table(rows: list[RunSummary], *, now_us: int) -> Table:
             row.status,
             age_text(max(now_us - row.updated_at, 0) / 1e6),
             _when(row.updated_at),
+            str(spend.get(row.run_id, Spend()).micros),
         )
     return table
 
@@ -182,7 +205,8 @@ def runs_command(
     ] = False,
 ) -> None:
     """List runs from the frontier store, by run id: run, tenant, agent, status, age (since
-    the run's last update) and last update. Takes no lease, writes nothing.
+    the run's last update), last update and spend (micros, from the spend ledger). Takes no
+    lease, writes nothing.
 
     A page holds --limit runs; when more follow, the next page is the same command with
     --after CURSOR (said on stderr, or as a last {"next": CURSOR} line with --json).
@@ -201,9 +225,9 @@ def runs_command(
 
     config = load_settings()
 
-    async def work() -> list[RunSummary]:
+    async def work() -> tuple[list[RunSummary], dict[str, Spend]]:
         async with opened(f"the {config.backend} frontier store", frontier_store(config)) as store:
-            return await store.runs(
+            rows = await store.runs(
                 tenant=tenant,
                 statuses=statuses,
                 user=user,
@@ -212,17 +236,21 @@ def runs_command(
                 after=after,
                 limit=limit + 1,
             )
+        if not rows:
+            return rows, {}
+        async with opened(f"the {config.backend} spend ledger", spend_ledger(config)) as ledger:
+            return rows, await ledger.run_totals([row.run_id for row in rows[:limit]])
 
-    rows = run_until_terminated(work())
+    rows, spend = run_until_terminated(work())
     page, more = rows[:limit], len(rows) > limit
     cursor = page[-1].run_id if more else None
     if as_json:
         for row in page:
-            echo_json(run_line(row, now_us=now_us))
+            echo_json(run_line(row, now_us=now_us, spend=spend.get(row.run_id)))
         if cursor is not None:
             echo_json({"next": cursor})
         return
-    out.print(runs_table(page, now_us=now_us))
+    out.print(runs_table(page, now_us=now_us, spend=spend))
     if cursor is not None:
         err.print(
             shown(f"more runs follow; the next page: add --after {shlex.quote(cursor)}"),

@@ -33,7 +33,7 @@ from onward.runtime.compaction import compaction_store
 from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy, RunLease
 from onward.runtime.limits import check_name
 from onward.runtime.providers import Provider
-from onward.runtime.runner import new_run_id
+from onward.runtime.runner import AgentRunner, new_run_id
 from onward.runtime.settings import load_settings
 
 from ._common import (
@@ -177,7 +177,11 @@ MAX_CHAIN = 100
 
 async def _chain(backends: Backends, frontier: Frontier) -> list[Frontier]:
     """The runs ``frontier``'s run was carried on from and into, oldest first, itself included."""
-    reader = backends.runner(NoModel())
+    return await chain_of(backends.runner(NoModel()), frontier)
+
+
+async def chain_of(reader: AgentRunner, frontier: Frontier) -> list[Frontier]:
+    """`_chain`, read through ``reader`` (a product's runner, `frontier_main`)."""
     chain = [frontier]
     while (before := chain[0].continuation_of) is not None and len(chain) < MAX_CHAIN:
         chain.insert(0, await reader.inspect(before, tenant=frontier.tenant))
@@ -211,10 +215,12 @@ def inspect_command(
     async def work(backends: Backends) -> None:
         frontier, lease = await _look(backends, run_id, tenant)
         chain = await _chain(backends, frontier)
+        spend = None if backends.spend is None else await backends.spend.run_total(run_id)
         if as_json:
-            echo(msgspec.json.encode(run_facts(frontier, lease=lease, chain=chain)).decode())
+            facts = run_facts(frontier, lease=lease, chain=chain, spend=spend)
+            echo(msgspec.json.encode(facts).decode())
         else:
-            out.print(run_summary(frontier, lease=lease, chain=chain))
+            out.print(run_summary(frontier, lease=lease, chain=chain, spend=spend))
         if backends.compaction is not None:
             span = await compacted_span(backends.compaction, run_id)
             if span is not None:

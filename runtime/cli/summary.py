@@ -22,6 +22,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.leases.base import RunLease
 from onward.runtime.planning import ResumePlan, plan_resume
 from onward.runtime.runner import RunResult
+from onward.runtime.spend.base import Spend
 from onward.runtime.tools import Tool
 
 from ._common import EXIT_HELD, EXIT_MUST_NOT_CARRY_ON
@@ -178,8 +179,19 @@ def _plan(frontier: Frontier, agent: Agent | None) -> tuple[Agent | None, Resume
     return tools, plan
 
 
+def spend_text(spend: Spend | None) -> str:
+    """A run's spend as the ledger has it: ``4100 micros (3 calls)``; ``-`` with no ledger."""
+    if spend is None:
+        return "-"
+    return f"{spend.micros} micros ({spend.calls} call{'' if spend.calls == 1 else 's'})"
+
+
 def run_facts(
-    frontier: Frontier, *, lease: RunLease | None, chain: Sequence[Frontier] = ()
+    frontier: Frontier,
+    *,
+    lease: RunLease | None,
+    chain: Sequence[Frontier] = (),
+    spend: Spend | None = None,
 ) -> dict[str, Any]:
     """What `inspect --json` prints: the facts of `run_summary`, as data rather than text.
 
@@ -195,6 +207,7 @@ def run_facts(
         "status": frontier.status,
         "iteration": frontier.iteration,
         "usage": {"input_tokens": frontier.input_tokens, "output_tokens": frontier.output_tokens},
+        "spend": None if spend is None else {"micros": spend.micros, "calls": spend.calls},
         "fence": frontier.fence,
         "waiting_on": frontier.waiting_on,
         "lease": None
@@ -233,6 +246,7 @@ def run_summary(
     lease: RunLease | None,
     agent: Agent | None = None,
     chain: Sequence[Frontier] = (),
+    spend: Spend | None = None,
 ) -> Group:
     """What `inspect` and `run --resume` print about a run; one function, so they cannot drift.
 
@@ -242,13 +256,17 @@ def run_summary(
         agent: The agent resume will use, when known: its tools say which undecided calls are
             retry-safe or can be asked about. Without it the plan assumes neither.
         chain: The runs it was carried on from and into, oldest first, itself included.
+        spend: What its model calls cost, as the spend ledger has it (the authority: the
+            frontier counts tokens only).
     """
     facts = summarize(frontier)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
-    for key in ("run", "tenant", "agent", "revision", "status", "iteration", "usage", "fence"):
+    for key in ("run", "tenant", "agent", "revision", "status", "iteration", "usage"):
         grid.add_row(key, shown(facts[key]))
+    grid.add_row("spend", shown(spend_text(spend)))
+    grid.add_row("fence", shown(facts["fence"]))
     grid.add_row("waiting on", shown(facts["waiting_on"] or "-"))
     grid.add_row("lease", shown(_lease_text(lease)))
     grid.add_row("tags", shown(tags_text(frontier.tags)))

@@ -9,6 +9,7 @@ that shape.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -68,6 +69,10 @@ class FleetMember(Protocol):
     @property
     def free(self) -> int:
         """Runs that may still be started before the worker is full."""
+        ...
+
+    def for_run(self, agent: Agent, run_id: str, tenant: str) -> AbstractAsyncContextManager[Agent]:
+        """``agent`` as it drives ``run_id``: its toolsets' tools for that run added."""
         ...
 
     def carrying(self, run_id: str) -> bool:

@@ -32,7 +32,12 @@ import logging
 import time
 from collections.abc import Collection, Iterable
 
-from onward.errors import IndeterminateToolCallError, OnwardError, ResumeConflictError
+from onward.errors import (
+    BudgetExceededError,
+    IndeterminateToolCallError,
+    OnwardError,
+    ResumeConflictError,
+)
 from onward.eventlog.base import partition_for
 from onward.eventlog.events import (
     ApprovalGranted,
@@ -186,12 +191,17 @@ class Recovery:
             agent = await self._ready_to_carry(run_id, tenant)
             if agent is None:
                 return True
-            result = await worker.runner.resume(agent, run_id, tenant=tenant)
+            async with worker.for_run(agent, run_id, tenant) as bound:
+                result = await worker.runner.resume(bound, run_id, tenant=tenant)
         except ResumeConflictError:
             worker.stats.conflicts += 1
             return True
         except IndeterminateToolCallError as exc:
             await self._leave_for_person(run_id, tenant, exc)
+            return True
+        except BudgetExceededError as exc:  # ended failed before a call over its budget
+            _log.warning("run %s: %s", printable(run_id), one_line(str(exc)))
+            worker.count("failed")
             return True
         except Exception as exc:
             if not worker.draining:  # draining stops runs on purpose: no failed attempt

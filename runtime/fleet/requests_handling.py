@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import logging
 
-from onward.errors import FencedError, InvalidInputError, ResumeConflictError
+from onward.errors import (
+    BudgetExceededError,
+    FencedError,
+    InvalidInputError,
+    ResumeConflictError,
+)
 from onward.runtime.options import checked_options
+from onward.runtime.result import RunResult
 
 from .member import FleetMember
 from .recovery import Recovery
@@ -56,17 +62,24 @@ class RequestHandler:
             return True
         for attempt in range(worker.max_attempts * 10):
             try:
-                result = await worker.runner.run(
-                    agent,
-                    request.input,
-                    tenant=request.tenant,
-                    run_id=request.run_id,
-                    options=checked_options(request.options),
-                )
+                async with worker.for_run(agent, request.run_id, request.tenant) as bound:
+                    result = await worker.runner.run(
+                        bound,
+                        request.input,
+                        tenant=request.tenant,
+                        run_id=request.run_id,
+                        options=checked_options(request.options),
+                    )
             except InvalidInputError:
                 if await worker.runner.resumer.exists(request.run_id):
                     return True  # it exists already: started before, carried on by its owner
                 raise  # a value it cannot take: refused for good, and said so (`Worker.handle`)
+            except BudgetExceededError as exc:
+                # Started, and ended failed before a call over its budget: not a refusal.
+                _log.warning("run %s: %s", request.run_id, exc)
+                result = RunResult(
+                    run_id=request.run_id, tenant=request.tenant, status="failed", error=str(exc)
+                )
             except (ResumeConflictError, FencedError) as held:
                 # Another owner is starting or driving it (an overlapping rebalance, or a dead
                 # worker's lease not yet lapsed), or this worker lost the lease while starting

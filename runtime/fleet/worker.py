@@ -21,6 +21,11 @@ Draining: `drain` stops taking requests and makes every run in flight stop at it
 carries them on. `stop_now` cancels what is still in flight (a call cut off mid-way is
 indeterminate for the next owner, never repeated).
 
+Toolsets (``Agent.toolsets``, MCP servers): each run is driven with a view of them for that run
+(`onward.runtime.toolsets`), given its run id, tenant and the deployment's settings, so with
+``REDIS_URL`` set a resume builds its tools from the schemas cached for the run and lists no
+server (warm restart). The toolsets' connections are shared by the runs and closed once drained.
+
 Embedded (SQLite) workers have no requests topic: each owns every partition and only carries
 on runs (`serve_embedded`); start runs with `AgentRunner.run` or `Worker.handle`. Several
 workers on one file share its lease table, which decides who carries a run on.
@@ -33,6 +38,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -48,6 +54,7 @@ from onward.runtime.leases.base import LeasePolicy
 from onward.runtime.manager import NEEDS_PERSON, needs_person
 from onward.runtime.providers import Provider
 from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
+from onward.runtime.toolsets import agent_for_run, close_toolsets
 
 from .member import WorkerStats
 from .recovery import Recovery, attempts_since_progress, described, one_line
@@ -217,6 +224,11 @@ class Worker:
         """Give free slots to the lapsed runs the last look found; how many were launched."""
         return await self._recovery.launch_lapsed()
 
+    def for_run(self, agent: Agent, run_id: str, tenant: str) -> AbstractAsyncContextManager[Agent]:
+        """``agent`` with its toolsets' tools for ``run_id`` (`agent_for_run`), using the
+        schema cache the deployment's settings name."""
+        return agent_for_run(agent, run_id, tenant=tenant, settings=self.backends.settings)
+
     # -- tasks, slots and draining -----------------------------------------------------------
 
     def carrying(self, run_id: str) -> bool:
@@ -293,11 +305,12 @@ class Worker:
             task.cancel()
 
     async def drained(self) -> None:
-        """Until no run is in flight."""
+        """Until no run is in flight; then the agents' toolsets close their connections."""
         while self._runs:
             await asyncio.gather(*self._runs.values(), return_exceptions=True)
         for scan in list(self._scans):
             scan.cancel()
+        await close_toolsets(self.agents.values())
 
     def _scan(self, partitions: Collection[int], *, adopt: bool = False) -> None:
         """Look for lapsed runs in the background (`Recovery.recover`)."""

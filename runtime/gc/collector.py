@@ -16,18 +16,24 @@ successor's conversation starts from the predecessor's transcript.
 
 Once a run's frontier row and lease state are gone its id is free again as far as the stores
 can tell, while its events stay in the log until compaction cuts them: do not reuse run ids.
+
+Built without stores (``GarbageCollector()``), it collects from the stores the deployment's
+`Settings` name, as ``onward gc`` does, opening them for each pass and closing them after.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import KW_ONLY, dataclass
 
 from onward.errors import ConfigurationError
+from onward.runtime.settings import Settings, load_settings
 
 from .base import KINDS, FinishedRun, GcReport, KeySweeper, Kind, RecordSweeper, SweepPlan
+from .configured import check_collectable, key_sweeper, record_sweeper
 
 _DAY_S = 86_400.0
 _HOUR_S = 3_600.0
@@ -38,7 +44,9 @@ class GarbageCollector:
     """Counts (`dry_run`) or deletes (`run`) the rows and keys of runs finished long enough ago.
 
     Attributes:
-        records: The database of frontier, transcript, `tool_calls`, compaction and lease rows.
+        records: The database of frontier, transcript, `tool_calls`, compaction and lease rows,
+            opened by the caller. ``None``: the one ``settings`` name, opened for each pass
+            (read-only for a dry run on SQLite), with its Redis when ``REDIS_URL`` is set.
         keys: The Redis of leases, fences and the MCP schema cache, if the deployment has one.
         checkpoint_ttl_days: After this, a finished run's frontier row, transcript, `tool_calls`,
             truncation point, retained events and lease row (and Redis keys) go.
@@ -46,12 +54,15 @@ class GarbageCollector:
         task_result_ttl_days: After this, a finished run's `tool_calls` rows go.
         clock: Seconds since the epoch now; tests pass one to move time without waiting.
         batch: Runs per transaction (and per Redis pipeline).
+        settings: Where the stores are when ``records`` is not given; read from the
+            environment (`load_settings`) when not given either.
 
     Raises:
-        ConfigurationError: A ttl that is not positive, or a batch under 1.
+        ConfigurationError: A ttl that is not positive, or a batch under 1; without
+            ``records``, settings that are unusable or name the memory backend.
     """
 
-    records: RecordSweeper
+    records: RecordSweeper | None = None
     keys: KeySweeper | None = None
     _: KW_ONLY
     checkpoint_ttl_days: float = 30
@@ -59,6 +70,7 @@ class GarbageCollector:
     task_result_ttl_days: float = 7
     clock: Callable[[], float] = time.time
     batch: int = 500
+    settings: Settings | None = None
 
     def __post_init__(self) -> None:
         ttls = {
@@ -73,9 +85,33 @@ class GarbageCollector:
             raise ConfigurationError(
                 f"garbage collection batch must be at least 1, got {self.batch}"
             )
+        if self.records is None:
+            self.settings = self.settings or load_settings()
+            check_collectable(self.settings)
+
+    @asynccontextmanager
+    async def _sweepers(
+        self, *, delete: bool
+    ) -> AsyncIterator[tuple[RecordSweeper, KeySweeper | None]]:
+        """The sweepers given, or those ``settings`` name, open for the block."""
+        if self.records is not None:
+            yield self.records, self.keys
+            return
+        assert self.settings is not None  # set in __post_init__
+        records = record_sweeper(self.settings, readonly=not delete)
+        keys = key_sweeper(self.settings)
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(records)
+            if keys is not None:
+                await stack.enter_async_context(keys)
+            yield records, keys
 
     async def plan(self) -> tuple[SweepPlan, tuple[str, ...]]:
         """Which runs lose what now, and which expired runs are kept for their successors."""
+        async with self._sweepers(delete=False) as (records, _):
+            return await self._plan(records)
+
+    async def _plan(self, records: RecordSweeper) -> tuple[SweepPlan, tuple[str, ...]]:
         now_s = self.clock()
 
         def before(ttl_s: float) -> int:
@@ -84,7 +120,7 @@ class GarbageCollector:
         checkpoints = before(self.checkpoint_ttl_days * _DAY_S)
         redis_keys = before(self.redis_key_ttl_hours * _HOUR_S)
         task_results = before(self.task_result_ttl_days * _DAY_S)
-        finished = await self.records.finished(before=max(checkpoints, redis_keys, task_results))
+        finished = await records.finished(before=max(checkpoints, redis_keys, task_results))
         expired, kept = _expired(finished, checkpoints)
         gone = set(expired)
 
@@ -107,14 +143,15 @@ class GarbageCollector:
         return await self._collect(delete=True)
 
     async def _collect(self, *, delete: bool) -> GcReport:
-        plan, kept = await self.plan()
-        counts: dict[Kind, int] = dict.fromkeys(KINDS, 0)
-        for part in _batches(plan, self.batch):
-            for kind, n in (await self.records.sweep(part, delete=delete)).items():
-                counts[kind] += n
-            if self.keys is not None and part.keys:
-                for kind, n in (await self.keys.sweep(part.keys, delete=delete)).items():
+        async with self._sweepers(delete=delete) as (records, keys):
+            plan, kept = await self._plan(records)
+            counts: dict[Kind, int] = dict.fromkeys(KINDS, 0)
+            for part in _batches(plan, self.batch):
+                for kind, n in (await records.sweep(part, delete=delete)).items():
                     counts[kind] += n
+                if keys is not None and part.keys:
+                    for kind, n in (await keys.sweep(part.keys, delete=delete)).items():
+                        counts[kind] += n
         return GcReport(dry_run=not delete, counts=counts, expired=plan.expired, kept=kept)
 
 

@@ -31,11 +31,19 @@ from prometheus_client.registry import Collector
 STEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Bucket bounds, in seconds, for run steps and tool calls (a model call or a tool call each)."""
 
-TOOL_CALL_DISPOSITIONS = ("completed", "error", "reconciled", "indeterminate", "interrupted")
+TOOL_CALL_DISPOSITIONS = (
+    "completed",
+    "error",
+    "reconciled",
+    "indeterminate",
+    "interrupted",
+    "asked",
+)
 """How a tool call the runner made ended: it returned (``completed``), its error was recorded
 (``error``), it was cut off at its deadline and its status check said it took effect
-(``reconciled``) or nobody could say (``indeterminate``, left for a person), or the call was
-stopped by something outside it (``interrupted``: a lost lease, a cancelled task)."""
+(``reconciled``) or nobody could say (``indeterminate``, left for a person), the call was
+stopped by something outside it (``interrupted``: a lost lease, a cancelled task), or its code
+stopped at a question for a person (``asked``: it runs again once answered)."""
 
 RUN_STEPS = ("model", "tools")
 """A step of a run: one model call (``model``), or one turn of tool calls (``tools``: its

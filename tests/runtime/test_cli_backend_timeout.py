@@ -194,7 +194,13 @@ def test_a_silent_server_is_given_up_on_within_the_backend_timeout(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert NAMES[silent] in lines[0], result.stderr
-    assert took <= TIMEOUT_S + 1 + start_s, f"{took:.1f}s (start {start_s:.1f}s): {result.stderr}"
+    # Python's start is read on both sides of the command and counted twice over: a command
+    # imports more than ``--version`` does, and a loaded machine slows both. A command that
+    # waited for the 20-second default instead of the configured second would still fail.
+    start_s = max(start_s, python_start_s())
+    bound = TIMEOUT_S + 1 + 2 * start_s
+    assert took <= bound, f"{took:.1f}s (start {start_s:.1f}s): {result.stderr}"
+    assert bound < 20, f"Python alone took {start_s:.1f}s to start: too loaded to tell"
 
 
 @pytest.mark.parametrize(("configured", "waited"), [("5", 20.0), ("45", 45.0)])

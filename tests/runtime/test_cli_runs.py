@@ -129,7 +129,7 @@ def test_the_table_shows_each_run_and_says_how_to_page_on(stack: Stack) -> None:
     result = stack.onward("--tenant", TENANT, "--limit", "2")
     assert result.exit_code == 0, result.output
     header, *rows = result.stdout.splitlines()
-    assert header.split() == ["RUN", "TENANT", "AGENT", "STATUS", "AGE", "LAST", "UPDATE"]
+    assert header.split() == ["RUN", "TENANT", "AGENT", "STATUS", "AGE", "LAST", "UPDATE", "SPEND"]
     assert [row.split()[:4] for row in rows] == [
         ["run-00", TENANT, "booker", "waiting"],
         ["run-01", TENANT, "booker", "completed"],

@@ -300,9 +300,15 @@ class Connection:
             _log.debug("MCP server %r: closing: %s", self.server.name, _describe(failure))
 
     async def close(self) -> None:
-        """End the session and whatever it started (the server process, the HTTP session)."""
+        """End the session and whatever it started (the server process, the HTTP session).
+
+        The connection may be used again afterwards, from another event loop too (a toolset
+        declared on an agent at import serves every ``asyncio.run`` of its process), so the
+        lock, which a wait binds to the loop it happened in, is a new one.
+        """
         async with self._lock:
             await self._stop_task()
+        self._lock = asyncio.Lock()
 
 
 def _ended(task: asyncio.Task[None]) -> BaseException | None:

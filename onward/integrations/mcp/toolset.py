@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import anyio
@@ -14,9 +15,10 @@ from mcp import ClientSession, MCPError
 
 from onward._storage import Resource
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
+from onward.runtime.settings import Settings
 from onward.runtime.tools import FENCE_PARAMETER, LEASE_EXPIRY_PARAMETER, Tool
 
-from .cache import SchemaCache, ServerSchema
+from .cache import MCPSettings, SchemaCache, ServerSchema
 from .servers import (
     FENCE_META_KEY,
     IDEMPOTENCY_META_KEY,
@@ -72,6 +74,14 @@ class MCPToolset(Resource):
     ``fence`` or ``lease_expires_at`` keeps it for the model: that value is not sent in
     ``_meta``.
 
+    Declared on an agent instead (``Agent(..., toolsets=[MCPToolset(servers)])``, not opened),
+    it is bound to each run by whoever drives the run: `onward worker` and `onward.open` open
+    a view of it per run (`for_run`) with the run id, its tenant and the schema cache the
+    settings ask for (``REDIS_URL``; ``MCP_SCHEMA_CACHE_ENABLED=false`` turns it off), so a
+    resume after a crash builds its tools from the cache and sends no ``tools/list``. The
+    views share this toolset's connections (one session per server, not one per run);
+    `close` ends them.
+
     A call whose connection breaks after the request was sent raises
     `BackendUnavailableError`, which the runner records as the call's error although the
     server may have acted on it: tools with side effects should be idempotent on the key.
@@ -126,6 +136,9 @@ class MCPToolset(Resource):
         self.warm: tuple[str, ...] = ()
         self.replaced: list[str] = []
         self._open = False
+        self._shares_connections = False
+        self._settings_cache: tuple[MCPSettings, SchemaCache | None] | None = None
+        self._connect_timeout = connect_timeout
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -154,9 +167,62 @@ class MCPToolset(Resource):
             await self.cache.store(self.run_id, fresh, tenant=self.tenant)
 
     async def close(self) -> None:
-        """Close every session this toolset opened (stopping stdio servers). Idempotent."""
+        """Close every session this toolset opened (stopping stdio servers), and the schema
+        cache it made from settings; a view (`for_run`) leaves its toolset's open. Idempotent.
+        """
         self._open = False
+        if self._shares_connections:
+            return
+        settings_cache, self._settings_cache = self._settings_cache, None
+        if settings_cache is not None and settings_cache[1] is not None:
+            await settings_cache[1].close()
         await asyncio.gather(*(c.close() for c in self.connections.values()))
+
+    # -- per run -----------------------------------------------------------------------------
+
+    def for_run(
+        self, run_id: str, *, tenant: str | None = None, cache: SchemaCache | None = None
+    ) -> MCPToolset:
+        """A view of these servers for one run, to open (``async with``): its own schemas and
+        tools, cached under ``run_id`` and ``tenant`` in ``cache`` (default: this toolset's),
+        over this toolset's connections, which closing the view leaves open."""
+        view = MCPToolset(
+            self.servers,
+            run_id=run_id,
+            tenant=tenant,
+            cache=cache if cache is not None else self.cache,
+            connect_timeout=self._connect_timeout,
+            call_timeout=self.call_timeout,
+        )
+        view.connections = self.connections
+        view._shares_connections = True
+        return view
+
+    @contextlib.asynccontextmanager
+    async def run_tools(
+        self, run_id: str, *, tenant: str | None, settings: Settings
+    ) -> AsyncIterator[Sequence[Tool]]:
+        """The tools for one run (`onward.runtime.toolsets.RunToolset`): a view's, cached in
+        this toolset's cache or else the one ``settings`` ask for (none without
+        ``REDIS_URL``, or with ``MCP_SCHEMA_CACHE_ENABLED=false``)."""
+        async with self.for_run(
+            run_id, tenant=tenant, cache=self.cache or self._cache_of(settings)
+        ) as view:
+            yield view.tools
+
+    def _cache_of(self, settings: Settings) -> SchemaCache | None:
+        """The schema cache ``settings`` ask for, made once and kept for the next runs (a
+        Redis connection pool shared by the views)."""
+        wanted = MCPSettings.of(settings)
+        if self._settings_cache is not None and self._settings_cache[0] == wanted:
+            return self._settings_cache[1]
+        if self._settings_cache is not None and self._settings_cache[1] is not None:
+            # Other settings than the last run's (another deployment in this process): the
+            # old cache is left to the garbage collector rather than closed under a view.
+            _log.info("MCP schema cache settings changed; using a new cache")
+        cache = SchemaCache.from_settings(wanted)
+        self._settings_cache = (wanted, cache)
+        return cache
 
     # -- schemas -----------------------------------------------------------------------------
 

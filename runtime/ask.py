@@ -1,0 +1,261 @@
+"""`ask`: a tool's code asks a person a question and gets the answer back as a return value.
+
+    @tool
+    async def refund(order: str, *, idempotency_key: str) -> str:
+        amount = ask(f"refund how much for {order}?", schema=int)
+        await payments.refund(order, amount, key=idempotency_key)
+        return f"refunded {amount}"
+
+The first time the call reaches ``ask`` the question is recorded (`ApprovalRequested` with
+`Asked`) and the call stops there: nothing after ``ask`` runs, no outcome is recorded, and the
+run waits on a person, holding nothing, as for a tool's approval. Streams show the question as
+a ``hil_request``; ``respond(value)`` (or ``onward approve RUN REQUEST --value``) answers it.
+Once the run goes on, in this process or any other after any restart, the call runs again
+from its start, and each ``ask`` gets the answer recorded for its place among the call's
+questions (the first, the second, ...) instead of asking again: the code after a question runs
+once, with the answer, as long as the call asks its questions in the same order every time.
+
+So the code before a question runs again on every answer, as LangGraph's ``interrupt`` does:
+keep it free of side effects, or make them harmless to repeat with the call's
+``idempotency_key``. Python cannot save a coroutine half-way, and a question can be answered
+days later by another process, so running the call again is the only way its code reaches the
+answer after a restart; the log, not the process, is what remembers where it was.
+
+``schema`` says what an answer must be: a JSON Schema (a dict) or a type pydantic validates
+(a model, a dataclass, a ``TypedDict``, ``int``, ``Literal[...]``, ``list[str]``...), whose
+JSON Schema is recorded with the question. Every answer is checked against the recorded schema
+where it is given (`check_answer`), in whichever process answers, before anything is written:
+a bad answer raises `InvalidInputError` and the run keeps waiting. With a type, ``ask`` returns
+the answer validated into it (a model instance, say); with a JSON Schema or none, the JSON
+value as recorded. A person who denies the question ends the run, cancelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+import pydantic
+import referencing.exceptions
+
+from onward.errors import ConfigurationError, InvalidInputError
+from onward.eventlog.events import Grant
+
+from .limits import MAX_NAME_LENGTH, check_note
+
+ASK_REQUEST = "onward.ask:"
+"""The request id of a question starts with it; model call ids never do (`RESERVED_PREFIX`)."""
+
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """A question a call asked that nobody has answered yet.
+
+    Attributes:
+        call_id: The call that asked.
+        index: Its place among the call's questions, from 0.
+        text: What is asked.
+        schema: The JSON Schema an answer must fit, as JSON text (as `Asked` records it), or
+            ``None``.
+    """
+
+    call_id: str
+    index: int
+    text: str
+    schema: str | None
+
+    @property
+    def request_id(self) -> str:
+        """The id a person answers it under."""
+        return ask_request(self.call_id, self.index)
+
+
+class QuestionAsked(BaseException):
+    """Stops a tool's code at an unanswered question.
+
+    A `BaseException`, so that a tool's own ``except Exception`` does not swallow it; the
+    runner catches it around the call. (A call that swallows it anyway is still taken as
+    stopped at its question: whatever it returns is dropped.)
+    """
+
+    def __init__(self, question: Question) -> None:
+        super().__init__(question.text)
+        self.question = question
+
+
+@dataclass(slots=True)
+class Asking:
+    """One call's questions while its code runs: the answers recorded so far, and the first
+    question that has none."""
+
+    call_id: str
+    answers: dict[str, Any]
+    asked: int = 0
+    question: Question | None = field(default=None)
+
+    def next(self, text: str, schema: str | None) -> Any:
+        """The recorded answer to the call's next question, else `QuestionAsked`."""
+        index = self.asked
+        self.asked += 1
+        answer = self.answers.get(ask_request(self.call_id, index), _MISSING)
+        if answer is not _MISSING:
+            return answer
+        self.question = Question(self.call_id, index, text, schema)
+        raise QuestionAsked(self.question)
+
+    @classmethod
+    def of(cls, call_id: str, grants: Iterable[Grant]) -> Asking:
+        """A call's questions, answered from ``grants`` (the turn's recorded answers)."""
+        return cls(call_id, {g.request_id: g.value for g in grants})
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Asking]:
+        """While the call's code runs: ``ask`` in it (and in tasks it starts) is this call's."""
+        token = _asking.set(self)
+        try:
+            yield self
+        finally:
+            _asking.reset(token)
+
+
+_asking: ContextVar[Asking | None] = ContextVar("onward.asking", default=None)
+
+
+def ask(question: str, *, schema: Any = None) -> Any:
+    """Ask a person ``question`` from a tool's code; the answer, once there is one.
+
+    See the module docstring: the call stops here until a person answers, then runs again
+    from its start and gets the answer here.
+
+    Args:
+        question: What the person reads (at most 10,000 characters).
+        schema: A JSON Schema (a dict) or a type pydantic validates; ``None``: any JSON value.
+
+    Returns:
+        The answer: validated into ``schema`` when it is a type, else as recorded.
+
+    Raises:
+        ConfigurationError: Not called from the code of a tool Onward is running, or
+            ``schema`` is neither a valid JSON Schema nor a type pydantic can validate.
+        InvalidInputError: ``question`` is empty, too long or holds a control character.
+    """
+    scope = _asking.get()
+    if scope is None:
+        raise ConfigurationError(
+            "ask() is called from the code of a tool while Onward's runner runs it (the tool's "
+            "call is what stops and runs again once a person answers); a LangGraph graph asks "
+            "with interrupt(), a pydantic-ai agent with its own waits (wait_for_external_event)"
+        )
+    text = check_note("question", question)
+    recorded, adapter = json_schema_of(schema)
+    answer = scope.next(text, None if recorded is None else json.dumps(recorded))
+    if adapter is None:
+        return answer
+    try:
+        return adapter.validate_python(answer)
+    except pydantic.ValidationError as exc:
+        raise InvalidInputError(
+            f"the answer to {ask_request(scope.call_id, scope.asked - 1)!r} does not fit "
+            f"{schema!r}: {exc}"
+        ) from exc
+
+
+def json_schema_of(
+    schema: Any,
+) -> tuple[dict[str, Any] | None, pydantic.TypeAdapter[Any] | None]:
+    """The JSON Schema to record for ``schema``, and the adapter answers are validated into
+    when it is a type.
+
+    Raises:
+        ConfigurationError: Not a valid JSON Schema, nor a type pydantic can validate.
+    """
+    if schema is None:
+        return None, None
+    adapter: pydantic.TypeAdapter[Any] | None = None
+    if isinstance(schema, Mapping):
+        recorded = dict(schema)
+        try:
+            json.dumps(recorded, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"ask(schema=...) is not a JSON object: {exc}") from exc
+    else:
+        try:
+            adapter = pydantic.TypeAdapter(schema)
+            recorded = adapter.json_schema()
+        except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError) as exc:
+            raise ConfigurationError(
+                f"ask(schema=...) takes a JSON Schema or a type pydantic validates: {exc}"
+            ) from exc
+    try:
+        jsonschema.Draft202012Validator.check_schema(recorded)
+    except jsonschema.SchemaError as exc:
+        raise ConfigurationError(
+            f"ask(schema=...) is not a valid JSON Schema: {exc.message}"
+        ) from exc
+    return recorded, adapter
+
+
+def recorded_schema(text: str | None) -> Any:
+    """A question's recorded JSON Schema as a JSON value (``None`` without one); the text as
+    it is when it is not JSON (written by another writer)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str) -> None:
+    """Refuse an answer that does not fit the question's recorded JSON Schema (JSON text).
+
+    Raises:
+        InvalidInputError: Naming each place in the answer that does not fit (at most five);
+            nothing was written, the run still waits.
+    """
+    if schema is None:
+        return
+    try:
+        schema = json.loads(schema)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        validator = jsonschema.Draft202012Validator(schema)
+        faults = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.path)))
+    except (ValueError, jsonschema.SchemaError, referencing.exceptions.Unresolvable) as exc:
+        # Recorded by another writer: no answer can be checked against it.
+        raise InvalidInputError(
+            f"run {run_id!r}: the question {request_id!r} has a schema no answer can be "
+            f"checked against: {str(exc)[:200]}",
+            run_id=run_id,
+        ) from exc
+    if not faults:
+        return
+    where = "; ".join(
+        f"{'/'.join(map(str, fault.path)) or 'the answer'}: {fault.message[:200]}"
+        for fault in faults[:5]
+    )
+    raise InvalidInputError(
+        f"run {run_id!r}: the answer to {request_id!r} does not fit its schema ({where}); "
+        "nothing was recorded and the run still waits",
+        run_id=run_id,
+    )
+
+
+def ask_request(call_id: str, index: int) -> str:
+    """The request id of a call's ``index``-th question: readable while it fits a name,
+    else the call id's digest."""
+    plain = f"{ASK_REQUEST}{index}:{call_id}"
+    if len(plain) <= MAX_NAME_LENGTH:
+        return plain
+    digest = hashlib.sha256(call_id.encode()).hexdigest()[:32]
+    return f"{ASK_REQUEST}{index}:#{digest}"
+
+
+__all__ = ["Question", "ask", "check_answer", "recorded_schema"]

@@ -1,0 +1,236 @@
+"""Spend: what each model call cost, in micros (millionths of a currency unit), and the ledger
+that keeps it.
+
+A model call's cost is computed from the usage the provider reports and a `PriceTable` (micros
+per input and per output token, per model), and recorded in a `SpendLedger` keyed by the run
+and the seq its answer is written at. The ledger is the authority on what a run and a tenant
+have spent: a run's frontier and a continuation carry token counts for reporting, never spend,
+since a second copy of a number that only goes up is a second copy to disagree with. So a run
+carried on into a new run starts at zero; the tenant's total goes on.
+
+A record is idempotent: recording the same key again changes nothing (the first record stands),
+so a replay or a retry never counts a call twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from onward._storage import AsyncResource
+from onward.errors import ConfigurationError, InvalidInputError
+from onward.eventlog.events import Usage
+
+
+class ModelPrice(msgspec.Struct, frozen=True, kw_only=True):
+    """What one token costs a model, in micros; fractions allowed (0.15 micros per input
+    token is 0.15 of a currency unit per million tokens)."""
+
+    input_micros: Decimal
+    output_micros: Decimal
+
+    def cost(self, usage: Usage) -> int:
+        """The cost of ``usage`` in whole micros, rounded up: a budget never rounds in the
+        spender's favour."""
+        exact = self.input_micros * usage.input_tokens + self.output_micros * usage.output_tokens
+        return int(exact.to_integral_value(rounding=ROUND_CEILING))
+
+
+PriceLike = ModelPrice | tuple[Decimal | float | int | str, Decimal | float | int | str]
+"""A price as `PriceTable` takes it: a `ModelPrice`, or ``(input, output)`` micros per token."""
+
+
+def _micros(value: Decimal | float | int | str, model: str, which: str) -> Decimal:
+    try:
+        # Through str, so 0.1 is a tenth and not the binary float nearest to it.
+        micros = Decimal(str(value)) if not isinstance(value, Decimal) else value
+    except InvalidOperation:
+        micros = Decimal("NaN")
+    if not micros.is_finite() or micros < 0:
+        raise ConfigurationError(
+            f"model price of {model!r}: {which} micros per token must be a number of at least 0, "
+            f"got {value!r}"
+        )
+    return micros
+
+
+class PriceTable:
+    """Micros per input and output token, per model name (the agent's ``model``).
+
+    A model the table does not name costs 0: its calls are still recorded (tokens and all),
+    but nothing can be counted against a budget for it, so a run with a budget whose agent's
+    model has no price is refused before it starts (`check_priced`).
+
+    Args:
+        prices: Model name to `ModelPrice` or ``(input, output)`` micros per token.
+    """
+
+    def __init__(self, prices: Mapping[str, PriceLike] | None = None) -> None:
+        self._prices: dict[str, ModelPrice] = {}
+        for model, given in (prices or {}).items():
+            given_in, given_out = (
+                (given.input_micros, given.output_micros)
+                if isinstance(given, ModelPrice)
+                else given
+            )
+            self._prices[model] = ModelPrice(
+                input_micros=_micros(given_in, model, "input"),
+                output_micros=_micros(given_out, model, "output"),
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> PriceTable:
+        """The table of ``ONWARD_MODEL_PRICES``: ``MODEL=INPUT/OUTPUT`` pairs, comma-separated,
+        in micros per token (``gpt-4o=2.5/10,gpt-4o-mini=0.15/0.6``); empty is no prices.
+
+        Raises:
+            ConfigurationError: A pair not of that form, or a price that is not a number of at
+                least 0 (named).
+        """
+        prices: dict[str, PriceLike] = {}
+        for pair in (p.strip() for p in text.split(",")):
+            if not pair:
+                continue
+            model, equals, price = pair.rpartition("=")
+            given_in, slash, given_out = price.partition("/")
+            if not equals or not slash or not model.strip():
+                raise ConfigurationError(
+                    f"ONWARD_MODEL_PRICES: {pair!r} is not MODEL=INPUT/OUTPUT (micros per token, "
+                    "as in gpt-4o=2.5/10)"
+                )
+            prices[model.strip()] = (given_in.strip(), given_out.strip())
+        return cls(prices)
+
+    def price(self, model: str) -> ModelPrice | None:
+        """The model's price, or ``None`` when the table does not name it."""
+        return self._prices.get(model)
+
+    def cost(self, model: str, usage: Usage) -> int:
+        """What ``usage`` of ``model`` cost in micros; 0 for a model the table does not name."""
+        price = self._prices.get(model)
+        return 0 if price is None else price.cost(usage)
+
+    def check_priced(self, model: str, *, run_id: str | None = None) -> None:
+        """Refuse a budget on a model without a price: nothing could be counted against it.
+
+        Raises:
+            ConfigurationError: The table does not name ``model``.
+        """
+        if model not in self._prices:
+            raise ConfigurationError(
+                f"a budget needs the price of model {model!r}, which the price table does not "
+                "name; set it (ONWARD_MODEL_PRICES or prices=PriceTable(...))",
+                run_id=run_id,
+            )
+
+    @property
+    def models(self) -> Sequence[str]:
+        """The models the table prices, in the order given."""
+        return tuple(self._prices)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{m}={p.input_micros}/{p.output_micros}" for m, p in self._prices.items()
+        )
+        return f"PriceTable({shown})"
+
+
+class SpendEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One model call's cost, keyed by its run and the seq its answer is written at.
+
+    Attributes:
+        at: Microseconds since the epoch when it was recorded; informational.
+    """
+
+    run_id: str
+    tenant: str
+    seq: int
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    micros: int = 0
+    at: int = 0
+
+
+class Spend(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run or a tenant spent: micros, tokens and model calls."""
+
+    micros: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    calls: int = 0
+
+    def plus(self, entry: SpendEntry) -> Spend:
+        """This spend with one more call recorded."""
+        return Spend(
+            micros=self.micros + entry.micros,
+            input_tokens=self.input_tokens + entry.input_tokens,
+            output_tokens=self.output_tokens + entry.output_tokens,
+            calls=self.calls + 1,
+        )
+
+
+def check_entry(entry: SpendEntry) -> None:
+    """Refuse an entry no ledger may keep: a seq below 1 or a negative count.
+
+    Raises:
+        InvalidInputError: Naming the field.
+    """
+    if entry.seq < 1:
+        raise InvalidInputError(
+            f"a spend entry's seq starts at 1, got {entry.seq}", run_id=entry.run_id
+        )
+    for field in ("input_tokens", "output_tokens", "micros"):
+        if getattr(entry, field) < 0:
+            raise InvalidInputError(
+                f"a spend entry's {field} cannot be negative, got {getattr(entry, field)}",
+                run_id=entry.run_id,
+            )
+
+
+@runtime_checkable
+class SpendLedger(AsyncResource, Protocol):
+    """What each model call cost, per run and per tenant: the authority on spend."""
+
+    async def record(self, entry: SpendEntry) -> bool:
+        """Record one call's cost under (``run_id``, ``seq``), once.
+
+        Returns:
+            True if recorded now; False if that key was recorded before, in which case nothing
+            changes (the first record stands, whatever this one says).
+
+        Raises:
+            InvalidInputError: A seq below 1 or a negative count (`check_entry`).
+        """
+        ...
+
+    async def run_total(self, run_id: str) -> Spend:
+        """What a run spent; nothing recorded is zero."""
+        ...
+
+    async def run_totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
+        """What each of several runs spent (one query, for a listing); a run with nothing
+        recorded is left out."""
+        ...
+
+    async def tenant_total(self, tenant: str) -> Spend:
+        """What every run of a tenant spent, together."""
+        ...
+
+    async def entries(self, run_id: str) -> list[SpendEntry]:
+        """A run's recorded calls, by seq."""
+        ...
+
+
+__all__ = [
+    "ModelPrice",
+    "PriceLike",
+    "PriceTable",
+    "Spend",
+    "SpendEntry",
+    "SpendLedger",
+    "check_entry",
+]

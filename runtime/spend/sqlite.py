@@ -1,0 +1,145 @@
+"""`SqliteSpendLedger`: spend in one SQLite file, the embedded deployment's (the log's own file).
+
+Each record is one ``BEGIN IMMEDIATE`` transaction: the insert, and the tenant's running total
+raised only if the insert added a row, so processes sharing the file never count a call twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from onward._storage import IN_CHUNK, SqliteStore, transaction
+
+from .base import Spend, SpendEntry, check_entry
+
+_INSERT = (
+    "INSERT INTO onward_spend (run_id, seq, tenant, model, input_tokens, output_tokens, micros, "
+    "at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, seq) DO NOTHING"
+)
+_ADD_TO_TENANT = (
+    "INSERT INTO onward_spend_tenants (tenant, micros, input_tokens, output_tokens, calls) "
+    "VALUES (?, ?, ?, ?, 1) ON CONFLICT (tenant) DO UPDATE SET "
+    "micros = micros + excluded.micros, input_tokens = input_tokens + excluded.input_tokens, "
+    "output_tokens = output_tokens + excluded.output_tokens, calls = calls + 1"
+)
+_SUMS = "coalesce(sum(micros), 0), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0)"
+
+
+def _spend(micros: Any, input_tokens: Any, output_tokens: Any, calls: Any) -> Spend:
+    return Spend(
+        micros=int(micros),
+        input_tokens=int(input_tokens),
+        output_tokens=int(output_tokens),
+        calls=int(calls),
+    )
+
+
+class SqliteSpendLedger(SqliteStore):
+    """A `SpendLedger` in one SQLite file, possibly the event log's own.
+
+    Args:
+        path: The database file; created if missing.
+        migrate: Apply the SQLite migrations when opened (`SqliteStore`).
+        readonly: Open to read only (``onward inspect``, ``onward runs``).
+    """
+
+    what = "spend ledger"
+
+    async def record(self, entry: SpendEntry) -> bool:
+        check_entry(entry)
+        conn = self._db.connection()
+        row = (
+            entry.run_id,
+            entry.seq,
+            entry.tenant,
+            entry.model,
+            entry.input_tokens,
+            entry.output_tokens,
+            entry.micros,
+            entry.at,
+        )
+
+        def record() -> bool:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                if not conn.execute(_INSERT, row).rowcount:
+                    return False
+                conn.execute(
+                    _ADD_TO_TENANT,
+                    (entry.tenant, entry.micros, entry.input_tokens, entry.output_tokens),
+                )
+                return True
+
+        return await self._db.call(record, "recording spend", entry.run_id)
+
+    async def run_total(self, run_id: str) -> Spend:
+        conn = self._db.connection()
+
+        def read() -> Any:
+            return conn.execute(
+                f"SELECT {_SUMS}, count(*) FROM onward_spend WHERE run_id = ?", (run_id,)
+            ).fetchone()
+
+        return _spend(*await self._db.call(read, "reading a run's spend", run_id))
+
+    async def run_totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
+        conn = self._db.connection()
+        wanted = list(dict.fromkeys(run_ids))
+
+        def read() -> list[Any]:
+            rows: list[Any] = []
+            with transaction(conn, "BEGIN"):
+                for first in range(0, len(wanted), IN_CHUNK):
+                    chunk = wanted[first : first + IN_CHUNK]
+                    marks = ", ".join("?" for _ in chunk)
+                    rows.extend(
+                        conn.execute(
+                            f"SELECT run_id, {_SUMS}, count(*) FROM onward_spend "
+                            f"WHERE run_id IN ({marks}) GROUP BY run_id",
+                            chunk,
+                        ).fetchall()
+                    )
+            return rows
+
+        rows = await self._db.call(read, "reading runs' spend")
+        return {row[0]: _spend(*row[1:]) for row in rows}
+
+    async def tenant_total(self, tenant: str) -> Spend:
+        conn = self._db.connection()
+
+        def read() -> Any:
+            return conn.execute(
+                "SELECT micros, input_tokens, output_tokens, calls FROM onward_spend_tenants "
+                "WHERE tenant = ?",
+                (tenant,),
+            ).fetchone()
+
+        row = await self._db.call(read, "reading a tenant's spend")
+        return Spend() if row is None else _spend(*row)
+
+    async def entries(self, run_id: str) -> list[SpendEntry]:
+        conn = self._db.connection()
+
+        def read() -> list[Any]:
+            return conn.execute(
+                "SELECT run_id, tenant, seq, model, input_tokens, output_tokens, micros, at "
+                "FROM onward_spend WHERE run_id = ? ORDER BY seq",
+                (run_id,),
+            ).fetchall()
+
+        rows = await self._db.call(read, "reading a run's spend", run_id)
+        return [_entry(row) for row in rows]
+
+
+def _entry(row: Any) -> SpendEntry:
+    run_id, tenant, seq, model, input_tokens, output_tokens, micros, at = row
+    return SpendEntry(
+        run_id=run_id,
+        tenant=tenant,
+        seq=int(seq),
+        model=model,
+        input_tokens=int(input_tokens),
+        output_tokens=int(output_tokens),
+        micros=int(micros),
+        at=int(at),
+    )

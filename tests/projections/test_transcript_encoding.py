@@ -1,0 +1,102 @@
+"""How the SQL stores keep transcript messages: a long one as a zstd frame of its JSON, a short one
+as JSON, and rows written as JSON by earlier versions still read back.
+
+The bytes are looked at in the tables themselves (PostgreSQL over its socket, the SQLite file),
+where an analyst or a later version would find them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import asyncpg
+import msgspec
+import zstandard
+from support.pg import SchemaFactory
+
+from onward.eventlog.events import Message
+from onward.projections import PostgresFrontierStore, SqliteFrontierStore
+from onward.projections.base import FrontierStore, Snapshot
+from onward.projections.transcript import COMPRESS_OVER, TranscriptRow
+from onward.testing.eventlog import new_run_id
+from onward.testing.frontiers import CONSUMER, frontier
+
+RESULT = '{"flight": "AF1234", "seat": "42A", "fare_eur": 119, "status": "confirmed"} ' * 20
+"""About 1.5 KB of a tool result as JSON: repetitive, as results are."""
+
+
+def rows_of(run_id: str) -> list[TranscriptRow]:
+    return [
+        TranscriptRow(
+            tenant="acme", run_id=run_id, seq=1, message=Message(role="user", content="book it")
+        ),
+        TranscriptRow(
+            tenant="acme", run_id=run_id, seq=2, message=Message(role="tool", content=RESULT)
+        ),
+    ]
+
+
+async def write(store: FrontierStore, run_id: str) -> None:
+    await store.write(
+        CONSUMER, {}, [Snapshot.of(frontier(run_id, through=3))], [], messages=rows_of(run_id)
+    )
+
+
+def check_stored(bodies: dict[int, bytes]) -> None:
+    short, long = bodies[1], bodies[2]
+    assert msgspec.json.decode(short, type=Message) == Message(role="user", content="book it")
+    json_body = msgspec.json.encode(Message(role="tool", content=RESULT))
+    assert len(json_body) > COMPRESS_OVER
+    assert zstandard.ZstdDecompressor().decompress(long) == json_body
+    assert len(long) * 4 < len(json_body), (len(long), len(json_body))
+
+
+LEGACY = Message(role="assistant", content="stored as JSON by an earlier version " * 20)
+
+
+async def test_postgres_keeps_long_messages_compressed_and_reads_json_rows(
+    database_url: str, new_pg_schema: SchemaFactory
+) -> None:
+    schema = await new_pg_schema()
+    run_id = new_run_id()
+    store = await PostgresFrontierStore.open(database_url, schema=schema)
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        await write(store, run_id)
+        stored = await conn.fetch(
+            "SELECT seq, message FROM onward_transcript WHERE run_id = $1", run_id
+        )
+        check_stored({r["seq"]: bytes(r["message"]) for r in stored})
+        await conn.execute(
+            "INSERT INTO onward_transcript (tenant, run_id, seq, message) VALUES ($1, $2, 3, $3)",
+            "acme",
+            run_id,
+            msgspec.json.encode(LEGACY),
+        )
+        read = await store.transcript(run_id, tenant="acme", through=3)
+        assert [r.message for r in read] == [*(r.message for r in rows_of(run_id)), LEGACY]
+    finally:
+        await conn.close()
+        await store.close()
+
+
+async def test_sqlite_keeps_long_messages_compressed_and_reads_json_rows(tmp_path: Path) -> None:
+    path = tmp_path / "onward.db"
+    run_id = new_run_id()
+    async with SqliteFrontierStore(path) as store:
+        await write(store, run_id)
+    with closing(sqlite3.connect(path)) as conn:
+        stored = conn.execute(
+            "SELECT seq, message FROM onward_transcript WHERE run_id = ?", (run_id,)
+        ).fetchall()
+        check_stored({seq: bytes(body) for seq, body in stored})
+        with conn:
+            conn.execute(
+                "INSERT INTO onward_transcript (tenant, run_id, seq, message) VALUES (?, ?, 3, ?)",
+                ("acme", run_id, msgspec.json.encode(LEGACY)),
+            )
+    async with SqliteFrontierStore(path) as store:
+        read = await store.transcript(run_id, tenant="acme", through=3)
+    assert [r.message for r in read] == [*(r.message for r in rows_of(run_id)), LEGACY]

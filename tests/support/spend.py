@@ -1,0 +1,88 @@
+"""What the budget tests share: a priced model, an agent that calls a tool every turn, and the
+one scenario the acceptance line names, run on any deployment's stores."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from onward.errors import BudgetExceededError
+from onward.eventlog.events import Message, ModelAnswered, ToolCall
+from onward.runtime.agent import Agent
+from onward.runtime.backends import Backends
+from onward.runtime.providers import ModelReply, ScriptedProvider, reply
+from onward.runtime.spend import Spend
+from onward.runtime.tools import Tool, tool
+
+MODEL = "priced-model"
+PRICES = f"{MODEL}=1/5"
+"""1 micro an input token, 5 an output token."""
+IN, OUT = 1000, 200
+CALL_MICROS = IN * 1 + OUT * 5
+"""What each scripted call costs: 2000 micros."""
+
+
+@tool(retry_safe=True)
+async def step(n: int, *, idempotency_key: str) -> str:
+    return f"step {n} done"
+
+
+def stepper(*, tools: Sequence[Tool] = (step,), **options: object) -> Agent:
+    return Agent(
+        name="stepper",
+        instructions="step on",
+        tools=tools,
+        model=MODEL,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def steps(finish_after: int | None = None) -> ScriptedProvider:
+    """Asks for one more step every turn (until ``finish_after`` calls, then says done); every
+    call reports ``IN`` and ``OUT`` tokens."""
+
+    def answer(messages: Sequence[Message]) -> ModelReply:
+        n = sum(1 for m in messages if m.role == "assistant")
+        if finish_after is not None and n + 1 >= finish_after:
+            return reply("done", input_tokens=IN, output_tokens=OUT)
+        call = ToolCall(call_id=f"s{n}", tool="step", args={"n": n})
+        return reply("", call, input_tokens=IN, output_tokens=OUT)
+
+    return ScriptedProvider(answer)
+
+
+async def stops_before_the_call_that_would_pass_its_budget(backends: Backends) -> str:
+    """The acceptance scenario: a run with a budget of 5000 micros whose calls cost 2000 each
+    makes two calls (4000); the third would take it to 6000, so it stops before it, the model
+    not called, the run ``failed``. Returns the run id."""
+    provider = steps()
+    runner = backends.runner(provider)
+    agent = stepper(budget_micros=5000)
+    with pytest.raises(BudgetExceededError) as caught:
+        await runner.run(agent, "go", tenant="acme")
+    stopped = caught.value
+    run_id = stopped.run_id
+    assert run_id is not None
+    assert provider.calls == 2
+    assert (stopped.scope, stopped.budget_micros) == ("run", 5000)
+    assert (stopped.spent_micros, stopped.estimate_micros) == (2 * CALL_MICROS, CALL_MICROS)
+    assert 2 * CALL_MICROS <= 5000 < 3 * CALL_MICROS
+
+    assert backends.spend is not None
+    assert await backends.spend.run_total(run_id) == Spend(
+        micros=2 * CALL_MICROS, input_tokens=2 * IN, output_tokens=2 * OUT, calls=2
+    )
+    frontier = await runner.inspect(run_id, tenant="acme")
+    assert frontier.status == "failed"
+    assert frontier.error is not None
+    assert frontier.error.startswith("BudgetExceededError: run ")
+    assert frontier.iteration == 2
+    # Each call is recorded under the seq its answer was written at.
+    answers = [
+        s.event.seq
+        for s in await backends.log.read_run(run_id)
+        if isinstance(s.event, ModelAnswered)
+    ]
+    assert [e.seq for e in await backends.spend.entries(run_id)] == answers
+    return run_id

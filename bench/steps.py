@@ -483,6 +483,7 @@ async def onward_postgres(params: Params, *, profile: Path | None) -> dict[str, 
                 ),
                 nothing_to_settle,
                 size,
+                servers=("postgres",),
             )
             return {
                 "system": "onward-postgres",

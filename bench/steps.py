@@ -1,5 +1,5 @@
-"""Per-step cost of an agent loop: Onward (Kafka + PostgreSQL, and embedded SQLite) vs LangGraph
-with `PostgresSaver` vs DBOS, all on this machine in one invocation.
+"""Per-step cost of an agent loop: Onward (Kafka + PostgreSQL, PostgreSQL alone, and embedded
+SQLite) vs LangGraph with `PostgresSaver` vs DBOS, all on this machine in one invocation.
 
 The workload is the same everywhere: a scripted model (no network, no sleep) that asks for one
 call of a no-op tool each step, the tool returning 1 KB (random hex, so nothing compresses it
@@ -11,6 +11,9 @@ holds every write the system makes for that step.
   ``acks="all"``), default `Redactor()` (redaction on), frontiers projected into a fresh
   PostgreSQL database by a `KafkaProjector` running concurrently in the same process.
 * Onward embedded: `SqliteEventLog` + `SqliteFrontierStore` on one file, ``checkpoint_inline``.
+* Onward on PostgreSQL alone (``ONWARD_BACKEND=postgres``): `PostgresEventLog`,
+  `PostgresFrontierStore` folded inline (``checkpoint_inline``) and `PostgresLeaseStore`, all
+  in a fresh database: the deployment DBOS is the fair peer of, on the same server.
 * LangGraph: an "agent" node and a prebuilt `ToolNode` looping, `PostgresSaver` /
   `AsyncPostgresSaver` in a fresh database, ``durability="sync"``.
 * DBOS: a workflow whose every iteration is a model `@DBOS.step` and a tool `@DBOS.step`, its
@@ -86,13 +89,16 @@ RESULT_CHARS = 1_000
 TARGET_CONCURRENCY = 1_000
 THROUGHPUT_TARGET = 3.0
 LATENCY_TARGET = 2.0
-SYSTEMS = ("onward-kafka", "onward-embedded", "langgraph", "dbos")
+SYSTEMS = ("onward-kafka", "onward-postgres", "onward-embedded", "langgraph", "dbos")
 
 GUARANTEES = {
     "onward-kafka": "ToolDispatched acked by all ISR (acks=all, idempotent producer) before the "
     "tool runs, every event acked before the next step, the run's lease confirmed before tools; "
     "resume classifies every call. Here RF=1 "
     "and the broker acks from the page cache (no fsync), as Kafka does by default",
+    "onward-postgres": "the same events, each append one committed PostgreSQL transaction "
+    "(synchronous_commit on: WAL flushed) before the next step; the run's lease (PostgreSQL) "
+    "confirmed before tools; frontier folded inline into the same database",
     "onward-embedded": "the same events, each append fsynced in SQLite (synchronous=FULL) before "
     "the next; frontier checkpointed inline into the same file",
     "langgraph": 'checkpoint after each super-step (durability="sync"); nothing is recorded '
@@ -436,6 +442,59 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
                 await delete_topics(bootstrap, [topic])
             if store is not None:
                 await store.close()
+
+
+async def onward_postgres(params: Params, *, profile: Path | None) -> dict[str, Any]:
+    import asyncpg  # noqa: PLC0415
+
+    from onward.eventlog import PostgresEventLog  # noqa: PLC0415
+    from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
+    from onward.runtime.leases import PostgresLeaseStore  # noqa: PLC0415
+    from onward.runtime.redaction import Redactor  # noqa: PLC0415
+    from onward.runtime.runner import AgentRunner  # noqa: PLC0415
+
+    async def nothing_to_settle() -> float:
+        return 0.0
+
+    async with throwaway_database(params.database_url, "steps_pg") as (database, dsn):
+        pool_size = params.pool_size
+        async with (
+            PostgresEventLog(dsn, partitions=PARTITIONS, max_size=pool_size) as log,
+            PostgresFrontierStore(dsn, max_size=pool_size) as store,
+            PostgresLeaseStore(dsn, max_size=pool_size) as leases,
+        ):
+
+            async def size() -> dict[str, int]:
+                pg = await asyncpg.connect(dsn)
+                try:
+                    db = int(await pg.fetchval("SELECT pg_database_size(current_database())"))
+                finally:
+                    await pg.close()
+                return {"postgres": db}
+
+            bench = OnwardBench(
+                lambda provider: AgentRunner(
+                    provider=provider,
+                    log=log,
+                    frontiers=store,
+                    checkpoint_inline=True,
+                    redactor=Redactor(),
+                    leases=leases,
+                ),
+                nothing_to_settle,
+                size,
+                servers=("postgres",),
+            )
+            return {
+                "system": "onward-postgres",
+                "guarantee": GUARANTEES["onward-postgres"],
+                "setup": f"database {database}: PostgresEventLog ({PARTITIONS} partitions), "
+                "PostgresFrontierStore checkpointed inline, PostgresLeaseStore, pools of "
+                f"{params.pool_size} each (as the peers'), Redactor() on",
+                "latency": await bench.latency(params),
+                "bytes": await bench.footprint(params),
+                "concurrency": await bench.concurrency(params, profile=profile),
+            }
 
 
 @contextmanager
@@ -955,9 +1014,10 @@ def _ratio(mine: float | None, theirs: float | None) -> float | None:
     return mine / theirs if mine is not None and theirs else None
 
 
-def ratios(results: dict[str, Any], params: Params) -> dict[str, Any]:
-    """Onward on Kafka over each peer: steps/s at each concurrency level, single-run latency."""
-    onward = results.get("onward-kafka")
+def ratios(results: dict[str, Any], params: Params, system: str = "onward-kafka") -> dict[str, Any]:
+    """One Onward system over each peer: steps/s at each concurrency level, single-run
+    latency."""
+    onward = results.get(system)
     out: dict[str, Any] = {}
     if onward is None:
         return out
@@ -983,7 +1043,13 @@ def ratios(results: dict[str, Any], params: Params) -> dict[str, Any]:
     return out
 
 
-def report(results: dict[str, Any], params: Params, found: dict[str, Any]) -> None:
+def report(
+    results: dict[str, Any],
+    params: Params,
+    found: dict[str, Any],
+    *,
+    found_postgres: dict[str, Any] | None = None,
+) -> None:
     from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
@@ -1030,10 +1096,26 @@ def report(results: dict[str, Any], params: Params, found: dict[str, Any]) -> No
                 )
 
     if found:
-        ratio_table = Table(
-            title=f"Onward on Kafka / peer (targets: >= {THROUGHPUT_TARGET:.0f}x steps/s at "
-            f"{TARGET_CONCURRENCY} concurrent runs; latency <= {LATENCY_TARGET:.0f}x LangGraph's)"
+        _print_ratios(
+            console,
+            params,
+            found,
+            f"Onward on Kafka / peer (targets: >= {THROUGHPUT_TARGET:.0f}x steps/s at "
+            f"{TARGET_CONCURRENCY} concurrent runs; latency <= {LATENCY_TARGET:.0f}x LangGraph's)",
         )
+    if found_postgres:
+        _print_ratios(
+            console, params, found_postgres, "Onward on PostgreSQL alone / peer (same server)"
+        )
+    console.print("Absolute figures depend on the machine; compare the ratios.")
+
+
+def _print_ratios(console: Any, params: Params, found: dict[str, Any], title: str) -> None:
+    """One table of an Onward system's ratios over each peer."""
+    from rich.table import Table  # noqa: PLC0415
+
+    if found:
+        ratio_table = Table(title=title)
         ratio_table.add_column("peer")
         for runs in params.concurrency:
             ratio_table.add_column(f"steps/s ratio, {runs} runs", justify="right")
@@ -1056,7 +1138,6 @@ def report(results: dict[str, Any], params: Params, found: dict[str, Any]) -> No
                 _yes(entry.get("latency_target_met")),
             )
         console.print(ratio_table)
-    console.print("Absolute figures depend on the machine; compare the ratios.")
 
 
 def _yes(met: bool | None) -> str:
@@ -1071,6 +1152,10 @@ async def onward_all(
     if "onward-kafka" in systems:
         out["onward-kafka"] = await onward_kafka(
             params, bootstrap, profile=profiles / "steps-onward-kafka.prof" if profiles else None
+        )
+    if "onward-postgres" in systems:
+        out["onward-postgres"] = await onward_postgres(
+            params, profile=profiles / "steps-onward-postgres.prof" if profiles else None
         )
     if "onward-embedded" in systems:
         out["onward-embedded"] = await onward_embedded(
@@ -1133,7 +1218,12 @@ def main() -> None:
         shown = Params(
             **(raw | {"lengths": tuple(raw["lengths"]), "concurrency": tuple(raw["concurrency"])})
         )
-        report(stored["results"], shown, ratios(stored["results"], shown))
+        report(
+            stored["results"],
+            shown,
+            ratios(stored["results"], shown),
+            found_postgres=ratios(stored["results"], shown, "onward-postgres"),
+        )
         return
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -1158,7 +1248,8 @@ def main() -> None:
         if peer in systems:
             results[peer] = run_peer(peer, params)
     found = ratios(results, params)
-    report(results, params, found)
+    found_postgres = ratios(results, params, "onward-postgres")
+    report(results, params, found, found_postgres=found_postgres)
     write_results(
         args.json,
         {
@@ -1167,6 +1258,7 @@ def main() -> None:
             "onward_code": code_under_test(),
             "results": results,
             "ratios_onward_kafka_to_peer": found,
+            "ratios_onward_postgres_to_peer": found_postgres,
         },
     )
 

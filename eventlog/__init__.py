@@ -55,6 +55,7 @@ from .events import (
 )
 from .kafka import DEFAULT_TOPIC, KafkaEventLog
 from .memory import MemoryEventLog
+from .postgres import PostgresEventLog
 from .sqlite import SqliteEventLog
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "ModelAnswered",
     "PartitionBounds",
     "Position",
+    "PostgresEventLog",
     "Refusal",
     "RefusedEvent",
     "ResumePlanned",

@@ -10,6 +10,10 @@ large for one log record. Which classes those are follows from ``ONWARD_BACKEND`
   there too, or `RedisFrontierStore` with ``ONWARD_FRONTIER_STORE=redis``
   (`kafka_frontier_store`); `RedisLeaseStore` when ``REDIS_URL`` is set, else
   `PostgresLeaseStore`.
+* ``postgres``: `PostgresEventLog`, `PostgresFrontierStore`, `PostgresLeaseStore`,
+  `PostgresBlobStore`, `PostgresCompactionStore` and `PostgresSpendLedger`, all in
+  ``DATABASE_URL`` under ``ONWARD_DATABASE_SCHEMA``: a deployment on PostgreSQL alone. Runs
+  are folded inline by whoever appends, as on SQLite, so no projector process is needed.
 * ``memory``: `MemoryEventLog` with its own leases, `MemoryFrontierStore`, `MemoryBlobStore`,
   for an application that keeps every run inside its own process (``in_process=True``);
   refused to everything else, since nothing would outlive the process and no other process
@@ -30,6 +34,7 @@ from onward.errors import ConfigurationError
 from onward.eventlog.base import EventLog
 from onward.eventlog.kafka import KafkaEventLog
 from onward.eventlog.memory import MemoryEventLog
+from onward.eventlog.postgres import PostgresEventLog
 from onward.eventlog.sqlite import SqliteEventLog
 from onward.projections.base import FrontierStore
 from onward.projections.compaction import (
@@ -71,7 +76,7 @@ class Backends:
         compaction: Truncation points, retained events and tag pins (`CompactionStore`): in
             the SQLite file, or beside the frontier rows in PostgreSQL; ``None`` in memory.
         spend: What each model call cost (`onward.runtime.spend`): in the SQLite file, in
-            PostgreSQL with Kafka, in memory with memory.
+            PostgreSQL with Kafka or PostgreSQL alone, in memory with memory.
     """
 
     settings: Settings
@@ -85,7 +90,7 @@ class Backends:
     @property
     def embedded(self) -> bool:
         """Whether no projector keeps the frontier rows, so whoever appends folds them (SQLite,
-        memory)."""
+        PostgreSQL, memory)."""
         return self.settings.backend != "kafka"
 
     def runner(
@@ -168,14 +173,16 @@ async def open_backends(
         readonly: For commands that only read (``inspect``, ``replay``): the SQLite file is
             opened read-only, not migrated and not changed in any way, and one that is missing
             or is not an Onward database is refused. The server stores are never migrated
-            when opened, so nothing changes for them.
+            when opened, so nothing changes for them (but the first PostgreSQL log opened on
+            a schema records its partition count).
         in_process: For an application that runs its agents in its own process: the memory
             backend is allowed (every run ends with the process).
 
     Raises:
         ConfigurationError: The memory backend (nothing would outlive the process), a missing
-            ``DATABASE_URL`` for Kafka, a missing topic or one with another partition count;
-            read-only, a missing SQLite file or one that is not an Onward database.
+            ``DATABASE_URL`` for Kafka or PostgreSQL, a missing topic or a log with another
+            partition count; read-only, a missing SQLite file or one that is not an Onward
+            database.
         SchemaMismatchError: A database is not at this code's schema version.
         BackendUnavailableError: A server could not be reached.
     """
@@ -197,6 +204,31 @@ async def open_backends(
             spend = await stack.enter_async_context(MemorySpendLedger())
             leases = default_leases(log)
             blobs = await stack.enter_async_context(MemoryBlobStore())
+        elif settings.backend == "postgres":
+            database_url = settings.require_database_url()
+            schema = settings.database_schema
+            timeout_s = settings.backend_timeout
+            log = await stack.enter_async_context(
+                PostgresEventLog(
+                    database_url,
+                    schema=schema,
+                    partitions=settings.partitions,
+                    timeout_s=timeout_s,
+                )
+            )
+            frontiers = await stack.enter_async_context(kafka_frontier_store(settings))
+            leases = await stack.enter_async_context(
+                PostgresLeaseStore(database_url, schema=schema, timeout_s=timeout_s)
+            )
+            blobs = await stack.enter_async_context(
+                PostgresBlobStore(database_url, schema=schema, timeout_s=timeout_s)
+            )
+            compaction = await stack.enter_async_context(
+                PostgresCompactionStore(database_url, schema=schema, timeout_s=timeout_s)
+            )
+            spend = await stack.enter_async_context(
+                PostgresSpendLedger(database_url, schema=schema, timeout_s=timeout_s)
+            )
         elif settings.backend == "sqlite":
             path = settings.sqlite_path
             log = await stack.enter_async_context(

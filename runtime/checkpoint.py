@@ -17,7 +17,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from onward._storage import SqliteStore
+from onward._storage import PostgresStore, SqliteStore
 from onward.errors import InvalidInputError, OnwardError
 from onward.eventlog.base import EventLog, Position
 from onward.eventlog.events import (
@@ -148,14 +148,16 @@ class Checkpointer:
             store, log, max_bytes=max_bytes, release_poll=0.0, every_partition=True
         )
         self._projector = LogProjector(log, self.projection)
-        # Other processes fold the same file (two embedded workers, a worker and `onward
+        # Other processes fold the same file or schema (two embedded workers, a worker and `onward
         # approve`): one catch-up at a time across them, or one could store rows folded onto
         # a row cached before the other's write, with a position past the events it skipped.
-        self._across_processes = (
-            store.exclusive("fold")
-            if isinstance(store, SqliteStore) and not store.readonly
-            else contextlib.nullcontext()
-        )
+        self._across_processes: contextlib.AbstractAsyncContextManager[None]
+        if isinstance(store, SqliteStore) and not store.readonly:
+            self._across_processes = store.exclusive("fold")  # a lock file beside it
+        elif isinstance(store, PostgresStore):
+            self._across_processes = store.exclusive("fold")  # an advisory lock
+        else:
+            self._across_processes = contextlib.nullcontext()
         self._in_process = asyncio.Lock()
         self.last_error: str | None = None
         self.written = 0

@@ -94,7 +94,9 @@ class Settings(BaseSettings):
     """Where Onward's log and stores live.
 
     Attributes:
-        backend: ``sqlite`` (embedded, the default), ``kafka`` (Kafka + PostgreSQL) or ``memory``.
+        backend: ``sqlite`` (embedded, the default), ``kafka`` (Kafka + PostgreSQL),
+            ``postgres`` (PostgreSQL alone: the log in tables beside every other store) or
+            ``memory``.
         kafka_bootstrap_servers: ``host:port[,...]`` of the Kafka brokers.
         kafka_topic: The events topic.
         kafka_client_id: Shown in broker logs (``KAFKA_CLIENT_ID``, ``onward`` by default).
@@ -109,8 +111,9 @@ class Settings(BaseSettings):
         partitions: Partition count of the events topic (fixed once created).
         database_url: PostgreSQL URL for frontiers and projector positions; its password is
             never shown (`SecretUrl`): `require_database_url` gives the URL itself. Checked
-            only with the ``kafka`` backend, which uses it: a ``DATABASE_URL`` of another
-            program (``sqlite:///app.db``) does not stop the embedded backend.
+            only with the ``kafka`` and ``postgres`` backends, which use it: a
+            ``DATABASE_URL`` of another program (``sqlite:///app.db``) does not stop the
+            embedded backend.
         database_schema: PostgreSQL schema holding Onward's tables (default: the search path).
         redis_url: Redis URL for leases and caches, shown without its password as
             ``database_url`` is (`require_redis_url`); an empty ``REDIS_URL`` is no Redis.
@@ -167,7 +170,7 @@ class Settings(BaseSettings):
         extra="ignore", frozen=True, populate_by_name=True, hide_input_in_errors=True
     )
 
-    backend: Literal["kafka", "sqlite", "memory"] = Field(
+    backend: Literal["kafka", "sqlite", "postgres", "memory"] = Field(
         default="sqlite", validation_alias="ONWARD_BACKEND"
     )
     kafka_bootstrap_servers: str = Field(
@@ -314,13 +317,15 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: SecretUrl | None, info: ValidationInfo) -> SecretUrl | None:
-        # Only the kafka backend uses it; a web developer's DATABASE_URL=sqlite:///app.db
-        # must not stop the embedded one (`require_database_url` checks it on use).
-        if value is None or info.data.get("backend") != "kafka":
+        # Only the kafka and postgres backends use it; a web developer's
+        # DATABASE_URL=sqlite:///app.db must not stop the embedded one (`require_database_url`
+        # checks it on use).
+        backend = info.data.get("backend")
+        if value is None or backend not in ("kafka", "postgres"):
             return value
         problem = _postgres_problem(value.get_secret_value())
         if problem:
-            raise ValueError(f"{problem} (the kafka backend keeps its stores in PostgreSQL)")
+            raise ValueError(f"{problem} (the {backend} backend keeps its stores in PostgreSQL)")
         return value
 
     @field_validator("redis_url")

@@ -40,7 +40,14 @@ from .sqlite import (
     split_statements,
     transaction,
 )
-from .stores import BACKEND_TIMEOUT_S, AsyncResource, PostgresStore, Resource, SqliteStore
+from .stores import (
+    BACKEND_TIMEOUT_S,
+    AdvisoryLock,
+    AsyncResource,
+    PostgresStore,
+    Resource,
+    SqliteStore,
+)
 from .translate import DRIVER_ERRORS, classify, translate, translated, translating
 from .urls import masked_url, without_passwords
 
@@ -53,6 +60,7 @@ __all__ = [
     "IN_CHUNK",
     "SASL_MECHANISMS",
     "SECURITY_PROTOCOLS",
+    "AdvisoryLock",
     "AsyncResource",
     "Dialect",
     "FileLock",

@@ -9,9 +9,10 @@ share: the connection (a thread or a pool), schema verification and error transl
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
@@ -227,6 +228,7 @@ class PostgresStore(Resource):
         self._max_size = max_size
         self._timeout_s = timeout_s
         self._pool: asyncpg.Pool | None = None
+        self._locks: dict[str, AdvisoryLock] = {}
 
     @property
     def is_open(self) -> bool:
@@ -292,9 +294,69 @@ class PostgresStore(Resource):
         """
         await self._run(verify_postgres, "verifying schema")
 
+    def exclusive(self, name: str) -> AdvisoryLock:
+        """A lock named ``name`` that every process using this schema sees (`AdvisoryLock`);
+        the same one for every caller of this store."""
+        if name not in self._locks:
+            self._locks[name] = AdvisoryLock(self, name)
+        return self._locks[name]
+
     async def close(self) -> None:
         """Close the pool. Idempotent."""
         pool, self._pool = self._pool, None
         if pool is not None:
             with translated(f"closing the {self.what}"):
                 await pool.close()
+
+
+class AdvisoryLock:
+    """A PostgreSQL advisory lock named for a store's schema, held on one of its pooled
+    connections while a block runs; reusable, one holder at a time.
+
+    What `FileLock` is for a SQLite file: a read-then-write that spans several statements
+    (read positions, fold, store) is never interleaved with another process's. A process that
+    dies holding it releases it with its connection; a connection that goes back to the pool
+    is reset by asyncpg, advisory locks included. Holders in one process queue on an asyncio
+    lock first, so at most one of the store's pooled connections ever waits on the server's
+    lock and the holder always finds one free to work with.
+    """
+
+    def __init__(self, store: PostgresStore, name: str) -> None:
+        self._store = store
+        self._name = name
+        self._key = f"onward:{store._schema or ''}:{name}"
+        self._in_process = asyncio.Lock()
+        self._held: tuple[AsyncExitStack, asyncpg.Connection] | None = None
+
+    async def __aenter__(self) -> None:
+        await self._in_process.acquire()
+        try:
+            stack = AsyncExitStack()
+            conn = await stack.enter_async_context(
+                self._store._connection(f"taking the {self._name} lock")
+            )
+            await self._within(stack, conn, "SELECT pg_advisory_lock(hashtextextended($1, 0))")
+        except BaseException:
+            self._in_process.release()
+            raise
+        self._held = (stack, conn)
+
+    async def __aexit__(self, *exc: object) -> None:
+        held, self._held = self._held, None
+        if held is None:
+            return
+        stack, conn = held
+        try:
+            await self._within(stack, conn, "SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+            await stack.aclose()
+        finally:
+            self._in_process.release()
+
+    async def _within(self, stack: AsyncExitStack, conn: asyncpg.Connection, sql: str) -> None:
+        """Run ``sql`` on the lock's connection; on failure give the connection back, its
+        error translated as every pooled call's is."""
+        try:
+            await conn.execute(sql, self._key)
+        except BaseException as exc:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)  # raises it translated
+            raise

@@ -75,7 +75,7 @@ def frontier_store(config: Settings) -> FrontierStore:
         ConfigurationError: The memory backend (no run outlives its process), a SQLite file
             that is missing or is not an Onward database, or no ``DATABASE_URL`` for Kafka.
     """
-    if config.backend == "kafka":
+    if config.backend in ("kafka", "postgres"):
         return kafka_frontier_store(config)
     if config.backend == "sqlite":
         path = config.sqlite_path

@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from onward.errors import BackendUnavailableError, InvalidInputError
-from onward.eventlog import KafkaEventLog
+from onward.errors import BackendUnavailableError, ConfigurationError, InvalidInputError
+from onward.eventlog import KafkaEventLog, PostgresEventLog
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog
@@ -62,6 +62,19 @@ def _kafka_log(config: Settings, *, create_topic: bool) -> KafkaEventLog:
         partitions=config.partitions,
         create_topic=create_topic,
     )
+
+
+def _retained_log(config: Settings) -> tuple[str, EventLog]:
+    """The configured log a rebuild reads (unopened), and what it is called in messages."""
+    if config.backend == "postgres":
+        log = PostgresEventLog(
+            config.require_database_url(),
+            schema=config.database_schema,
+            partitions=config.partitions,
+            timeout_s=config.backend_timeout,
+        )
+        return "the PostgreSQL event log", log
+    return "Kafka", _kafka_log(config, create_topic=False)
 
 
 def projector_command(
@@ -124,6 +137,12 @@ def projector_command(
     """
     config = load_settings()
     database_url = config.require_database_url()
+    if config.backend == "postgres":
+        raise ConfigurationError(
+            "onward projector folds the Kafka events topic; with ONWARD_BACKEND=postgres every "
+            "process folds the runs it appends inline, so no projector runs (onward "
+            "projections rebuild still folds a new build from the log)"
+        )
     user = load_projection(projection) if projection is not None else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     quiet_garbage_collector()
@@ -287,7 +306,8 @@ def rebuild_command(
             raise InvalidInputError(f"{projection} is projection {user.name!r}, not {name!r}")
 
     async def run() -> RebuildReport:
-        async with opened("Kafka", _kafka_log(config, create_topic=False)) as live:
+        what, retained = _retained_log(config)
+        async with opened(what, retained) as live:
             log: EventLog = live
             if archive is not None:
                 log = ArchivedEventLog(live, DirectoryArchive(archive))

@@ -21,6 +21,8 @@ import typer
 from rich.table import Table
 
 from onward.errors import ConfigurationError, NothingToResumeError
+from onward.eventlog.base import EventLog
+from onward.eventlog.postgres import PostgresEventLog
 from onward.eventlog.sqlite import SqliteEventLog
 from onward.projections.base import (
     DEFAULT_CONSUMER,
@@ -40,6 +42,9 @@ _T = TypeVar("_T")
 
 ByOption = Annotated[str, typer.Option("--by", help="Who releases the run; recorded with it.")]
 
+_FOLDED_HERE = ("sqlite", "postgres")
+"""The backends with no projector process: whoever appends folds, and so does a release."""
+
 
 def _store(config: Settings, *, readonly: bool = False) -> FrontierStore:
     """The frontier store the configured projector writes its quarantine entries to."""
@@ -52,6 +57,9 @@ def _store(config: Settings, *, readonly: bool = False) -> FrontierStore:
         return SqliteFrontierStore(config.sqlite_path, migrate=False, readonly=readonly)
     if config.backend == "kafka":
         return kafka_frontier_store(config, pool_size=1)
+    if config.backend == "postgres":
+        # Folding a released run holds the fold lock on one connection and folds on another.
+        return kafka_frontier_store(config, pool_size=2)
     raise ConfigurationError(
         "ONWARD_BACKEND=memory keeps nothing past the process, so nothing is quarantined; use "
         "sqlite (ONWARD_SQLITE_PATH) or kafka"
@@ -131,10 +139,10 @@ def release_command(run_id: RunArgument, by: ByOption, as_json: JsonResultOption
 
     async def release(store: FrontierStore) -> tuple[int, str | None]:
         released = await store.release(DEFAULT_CONSUMER, run_id, by=by, at=time.time_ns() // 1_000)
-        if not released or config.backend != "sqlite":
+        if not released or config.backend not in _FOLDED_HERE:
             return released, None
         # Embedded mode has no projector process: fold the run again here and now.
-        async with SqliteEventLog(config.sqlite_path, partitions=config.partitions) as log:
+        async with _embedded_log(config) as log:
             await Checkpointer(store, log).catch_up()
         row = await store.get(run_id)
         return released, row.quarantined if row is not None else None
@@ -146,9 +154,9 @@ def release_command(run_id: RunArgument, by: ByOption, as_json: JsonResultOption
             run_id=run_id,
         )
     if as_json:
-        folded = config.backend == "sqlite"
+        folded = config.backend in _FOLDED_HERE
         echo_json({"run": run_id, "released": released, "by": by, "folded": folded, "held": still})
-    elif config.backend != "sqlite":
+    elif config.backend not in _FOLDED_HERE:
         out.print(
             shown(
                 f"released run {run_id} ({released} record(s), by {by}); the projector folds "
@@ -164,3 +172,16 @@ def release_command(run_id: RunArgument, by: ByOption, as_json: JsonResultOption
             shown(f"released run {run_id} (by {by}); still unreadable, held again: {still}"),
             soft_wrap=True,
         )
+
+
+def _embedded_log(config: Settings) -> EventLog:
+    """The log of a backend with no projector process, unopened."""
+    if config.backend == "postgres":
+        return PostgresEventLog(
+            config.require_database_url(),
+            schema=config.database_schema,
+            partitions=config.partitions,
+            max_size=1,
+            timeout_s=config.backend_timeout,
+        )
+    return SqliteEventLog(config.sqlite_path, partitions=config.partitions)

@@ -1,9 +1,9 @@
 """The sweepers a deployment's `Settings` name: what ``onward gc`` and a `GarbageCollector`
 built without stores collect from.
 
-``sqlite``: the SQLite file; ``kafka``: PostgreSQL (``DATABASE_URL``); with ``REDIS_URL`` set,
-the Redis keys of leases, fences and the MCP schema cache too. ``memory`` keeps nothing past the
-process, so there is nothing to collect.
+``sqlite``: the SQLite file; ``kafka`` and ``postgres``: PostgreSQL (``DATABASE_URL``); with
+``REDIS_URL`` set, the Redis keys of leases, fences and the MCP schema cache too. ``memory``
+keeps nothing past the process, so there is nothing to collect.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 from support.append_child import APPENDED, APPENDING
 from support.processes import spawn_support
 
-from onward.eventlog import KafkaEventLog, SqliteEventLog
+from onward.eventlog import KafkaEventLog, PostgresEventLog, SqliteEventLog
 from onward.eventlog.base import EventLog
 
 KILLS = 6
@@ -97,4 +97,15 @@ async def test_kafka_batch_is_all_or_nothing_under_sigkill(
         for k in range(KILLS)
     ]
     async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=4) as log:
+        await _check_all_or_nothing(log, kills)
+
+
+async def test_postgres_batch_is_all_or_nothing_under_sigkill(
+    database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    kills = [
+        await _run_and_kill(["postgres", database_url, pg_schema, f"k{k}"], rng)
+        for k in range(KILLS)
+    ]
+    async with PostgresEventLog(database_url, schema=pg_schema, partitions=4) as log:
         await _check_all_or_nothing(log, kills)

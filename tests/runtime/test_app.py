@@ -1,8 +1,8 @@
 """The application API in process: query, respond, tag, resume, who is waiting, the lifespan.
 
-Runs go through `onward.open` on the embedded SQLite file and on the memory backend; the
-"hours later" story runs the application as two separate processes, the first ended while its
-run waits on a person.
+Runs go through `onward.open` on the embedded SQLite file, on PostgreSQL alone and on the
+memory backend; the "hours later" story runs the application as two separate processes, the
+first ended while its run waits on a person.
 """
 
 from __future__ import annotations
@@ -34,8 +34,14 @@ from onward.runtime.settings import Settings
 COLLABORATIVE = {"agent": "stepper", "mode": "collaborative"}
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
 def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    if request.param == "postgres":
+        return Settings(
+            backend="postgres",
+            database_url=request.getfixturevalue("database_url"),
+            database_schema=request.getfixturevalue("pg_schema"),
+        )
     return Settings(backend=request.param, sqlite_path=tmp_path / "onward.db")
 
 

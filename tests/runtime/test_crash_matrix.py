@@ -4,7 +4,7 @@ A child process runs the run and kills itself at the point under test; the test 
 process) resumes it. The tools' own ledger says what really happened: no side effect twice; the
 call killed between its side effect and `ToolCompleted` is indeterminate unless its tool is
 retry-safe or reconciles it; everything else is replayed or dispatched per the resume table.
-Runs on embedded SQLite and on Kafka + PostgreSQL.
+Runs on embedded SQLite, on PostgreSQL alone and on Kafka + PostgreSQL.
 """
 
 from __future__ import annotations
@@ -89,6 +89,14 @@ async def test_crash_matrix_on_sqlite(
     tmp_path: Path, case: tuple[str, str | None, str, str, int]
 ) -> None:
     backend = {"backend": "sqlite", "db": str(tmp_path / "onward.db")}
+    await crash_then_resume(tmp_path, backend, case)
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=IDS)
+async def test_crash_matrix_on_postgres(
+    tmp_path: Path, database_url: str, pg_schema: str, case: tuple[str, str | None, str, str, int]
+) -> None:
+    backend = {"backend": "postgres", "database_url": database_url, "schema": pg_schema}
     await crash_then_resume(tmp_path, backend, case)
 
 

@@ -97,7 +97,7 @@ def test_checkpointer_backend_postgres_is_onward_backend_postgres(
 ) -> None:
     # Whether or not this Onward has a postgres backend, the alias means exactly it.
     try:
-        expected: str | None = Settings(backend="postgres").backend  # type: ignore[arg-type]
+        expected: str | None = Settings(backend="postgres").backend
     except ConfigurationError:
         expected = None
     monkeypatch.setenv("CHECKPOINTER_BACKEND", "postgres")

@@ -15,8 +15,8 @@ def test_a_bad_value_given_in_python_is_a_configuration_error_in_one_line() -> N
     with pytest.raises(ConfigurationError) as caught:
         Settings(backend="bogus")  # type: ignore[arg-type]
     assert str(caught.value) == (
-        "invalid configuration: ONWARD_BACKEND (backend): Input should be 'kafka', 'sqlite' "
-        "or 'memory'"
+        "invalid configuration: ONWARD_BACKEND (backend): Input should be 'kafka', 'sqlite', "
+        "'postgres' or 'memory'"
     )
 
 

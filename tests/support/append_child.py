@@ -7,6 +7,7 @@ no ``appended`` after it) and which run that append was for.
 
 Usage: PYTHONPATH=tests python -m support.append_child sqlite PATH PREFIX
        PYTHONPATH=tests python -m support.append_child kafka BOOTSTRAP TOPIC PREFIX
+       PYTHONPATH=tests python -m support.append_child postgres DATABASE_URL SCHEMA PREFIX
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCompleted
+from onward.eventlog import KafkaEventLog, PostgresEventLog, SqliteEventLog, ToolCompleted
 from onward.eventlog.base import EventLog
 
 EVENTS_PER_BATCH = 40
@@ -29,6 +30,9 @@ async def main(argv: list[str]) -> None:
     if argv[0] == "sqlite":
         log = await SqliteEventLog.open(argv[1], partitions=PARTITIONS)
         prefix = argv[2]
+    elif argv[0] == "postgres":
+        log = await PostgresEventLog.open(argv[1], schema=argv[2], partitions=PARTITIONS)
+        prefix = argv[3]
     else:
         log = await KafkaEventLog.open(argv[1], topic=argv[2], partitions=PARTITIONS)
         prefix = argv[3]

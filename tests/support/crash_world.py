@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
+from onward.eventlog import KafkaEventLog, PostgresEventLog, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog
 from onward.projections.base import FrontierStore
 from onward.projections.postgres import PostgresFrontierStore
@@ -90,6 +90,7 @@ class World:
     blobs: BlobStore
     leases: LeaseStore | None  # None: the embedded log's own
     frontiers: FrontierStore | None = None  # None: the embedded log folds a run from its partition
+    inline: bool = False  # the runner folds into ``frontiers`` itself (no projector runs)
 
 
 def the_runner(config: dict[str, Any], world: World, worker: str, **options: Any) -> AgentRunner:
@@ -100,6 +101,7 @@ def the_runner(config: dict[str, Any], world: World, worker: str, **options: Any
         blobs=world.blobs,
         frontiers=world.frontiers,
         worker=worker,
+        checkpoint_inline=world.inline,
         **options,
     )
 
@@ -109,6 +111,15 @@ async def open_world(config: dict[str, Any]) -> AsyncIterator[World]:
     if config["backend"] == "sqlite":
         async with SqliteEventLog(config["db"]) as log, SqliteBlobStore(config["db"]) as blobs:
             yield World(log, blobs, None)
+    elif config["backend"] == "postgres":
+        url, schema = config["database_url"], config["schema"]
+        async with (
+            PostgresEventLog(url, schema=schema, partitions=2) as plog,
+            PostgresBlobStore(url, schema=schema) as pblobs,
+            PostgresLeaseStore(url, schema=schema) as pleases,
+            PostgresFrontierStore(url, schema=schema) as store,
+        ):
+            yield World(plog, pblobs, pleases, store, inline=True)
     else:
         async with (
             KafkaEventLog(config["bootstrap"], topic=config["topic"], partitions=2) as klog,

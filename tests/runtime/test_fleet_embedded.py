@@ -258,7 +258,7 @@ async def test_a_killed_embedded_worker_s_runs_are_carried_on_by_the_other(
     [
         ("nowhere.at_all:agent", "--agent: cannot import"),
         ("support.fleet:script", "raised TypeError"),
-        ("support.fleet:TOOL_S", "not an Agent"),
+        ("support.fleet:DEFAULT_STEPS", "not an Agent"),
     ],
 )
 def test_a_bad_agent_exits_2_in_one_line(agent: str, said: str, tmp_path: Path) -> None:

@@ -31,9 +31,23 @@ from onward.runtime.demo_ledger import Ledger
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.tools import Reconciled, Tool, tool
 
-STEPS = int(os.environ.get("FLEET_STEPS", "3"))
-TOOL_S = float(os.environ.get("FLEET_TOOL_S", "0.05"))
-MODEL_S = float(os.environ.get("FLEET_MODEL_S", "0"))
+
+DEFAULT_STEPS = 3
+"""Tool calls per run when ``FLEET_STEPS`` is not set."""
+
+
+def steps() -> int:
+    """``FLEET_STEPS`` as it is now: tests that run the CLI in-process set it per test, after
+    another test may have imported this module."""
+    return int(os.environ.get("FLEET_STEPS", str(DEFAULT_STEPS)))
+
+
+def tool_s() -> float:
+    return float(os.environ.get("FLEET_TOOL_S", "0.05"))
+
+
+def model_s() -> float:
+    return float(os.environ.get("FLEET_MODEL_S", "0"))
 
 
 def _ledger() -> Ledger:
@@ -70,7 +84,7 @@ def _tools() -> tuple[Tool, Tool, Tool]:
         async with _span():
             record = _ledger().record
             await asyncio.to_thread(record, "book", idempotency_key, n=n, pid=os.getpid())
-            await asyncio.sleep(TOOL_S)
+            await asyncio.sleep(tool_s())
         return {"booked": idempotency_key}
 
     @tool
@@ -78,7 +92,7 @@ def _tools() -> tuple[Tool, Tool, Tool]:
         async with _span():
             record = _ledger().record
             await asyncio.to_thread(record, "charge", idempotency_key, n=n, pid=os.getpid())
-            await asyncio.sleep(TOOL_S)
+            await asyncio.sleep(tool_s())
         return {"charged": idempotency_key}
 
     @tool(requires_approval=True)
@@ -117,7 +131,7 @@ def script(messages: Sequence[Message]) -> ModelReply:
     tool_name = "book" if "book" in instructions else "charge"
     if instructions.startswith("pay"):
         tool_name = "pay"
-    if turn >= STEPS:
+    if turn >= steps():
         return reply(f"done after {turn} steps")
     return reply(
         f"step {turn + 1}", ToolCall(call_id=f"c{turn + 1}", tool=tool_name, args={"n": turn + 1})
@@ -128,8 +142,8 @@ class _Model(ScriptedProvider):
     """The scripted model, answering after ``FLEET_MODEL_S`` seconds."""
 
     async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
-        if MODEL_S > 0:
-            await asyncio.sleep(MODEL_S)
+        if model_s() > 0:
+            await asyncio.sleep(model_s())
         return await super().complete(agent, messages)
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from onward.runtime.agent import Agent
 from onward.runtime.tools import Reconciled, Tool, tool
-from support.fleet import TOOL_S, provider
+from support.fleet import provider, tool_s
 from support.paused_world import Behaviour, ExternalSystem
 
 __all__ = ["BOOKINGS", "CHARGES", "agents", "on_their_way", "provider", "system"]
@@ -92,17 +92,17 @@ def _tools() -> tuple[Tool, Tool]:
     @tool(reconcile=_booked)
     async def book(n: int, *, idempotency_key: str, fence: int) -> str:
         async with _out(idempotency_key, fence):
-            await asyncio.sleep(TOOL_S)
+            await asyncio.sleep(tool_s())
             answer = await asyncio.to_thread(system(BOOKINGS).book, idempotency_key, fence, str(n))
-            await asyncio.sleep(TOOL_S)
+            await asyncio.sleep(tool_s())
         return answer
 
     @tool
     async def charge(n: int, *, idempotency_key: str, fence: int) -> str:
         async with _out(idempotency_key, fence):
-            await asyncio.sleep(TOOL_S)
+            await asyncio.sleep(tool_s())
             answer = await asyncio.to_thread(system(CHARGES).book, idempotency_key, fence, str(n))
-            await asyncio.sleep(TOOL_S)
+            await asyncio.sleep(tool_s())
         return answer
 
     return book, charge

@@ -10,6 +10,7 @@ from memory is what any other reader would fold from the log.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from onward.eventlog import (
     ApprovalDenied,
@@ -55,6 +56,11 @@ class ChannelNode:
     listed: bool = False
     depth: int = 0
     """How many appends a read walks from here to the node holding the list's first items."""
+    length: int = 0
+    """How many items the list this version holds has."""
+    extends: ChannelNode | None = None
+    """The version this one appended to, kept where the node holds the list whole too, so a
+    reader holding that version's items decoded needs only the ones appended since."""
 
     def all_items(self) -> list[Serialized]:
         """Every item of the list this version holds, in order."""
@@ -67,6 +73,35 @@ class ChannelNode:
         for segment in reversed(segments):
             out.extend(segment)
         return out
+
+    def items_after(self, earlier: ChannelNode) -> list[Serialized] | None:
+        """The items this version appended to ``earlier`` (through any versions between), in
+        order; ``None`` unless this version extends ``earlier`` (or is it)."""
+        segments: list[tuple[Serialized, ...]] = []
+        node: ChannelNode | None = self
+        while node is not None and node.length > earlier.length:
+            before = node.extends
+            added = node.length - (before.length if before is not None else 0)
+            segments.append(node.items[len(node.items) - added :])
+            node = before
+        if node is not earlier:
+            return None
+        out: list[Serialized] = []
+        for segment in reversed(segments):
+            out.extend(segment)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedList:
+    """A list version's items as the serializer reads them back, kept so the next read of that
+    version, or of one extending it, decodes only what was appended since.
+
+    ``items`` is never handed out (readers get a copy of the list) and never changed in place.
+    """
+
+    node: ChannelNode
+    items: list[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +136,9 @@ class ThreadState:
             `ToolResolved`), by tool call id, folded as a run's calls are. A graph thread has
             no turns to bound them, so they are kept until the thread is deleted.
         next_offset: The offset to read the run's partition from to continue this fold.
+        decoded: (namespace, channel) to the decoded items of one list version (the latest
+            one read or written), which the saver that holds this fold keeps: a cache, not
+            part of the fold, dropped with it.
     """
 
     run_id: str
@@ -114,6 +152,7 @@ class ThreadState:
     waiting_on: str | None = None
     calls: dict[str, CallState] = field(default_factory=dict)
     next_offset: int | None = None
+    decoded: dict[tuple[str, str], DecodedList] = field(default_factory=dict)
 
     @property
     def last_seq(self) -> int:
@@ -152,6 +191,7 @@ class ThreadState:
             self.checkpoints.clear()
             self.values.clear()
             self.latest.clear()
+            self.decoded.clear()
             self.writes.clear()
             self.calls.clear()
             self.waiting_on = None
@@ -179,13 +219,22 @@ class ThreadState:
         if item.items is None:
             return ChannelNode(value=item.value)
         if item.base is None:
-            return ChannelNode(items=tuple(item.items), listed=True)
+            return ChannelNode(items=tuple(item.items), listed=True, length=len(item.items))
         base = self.values.get((ns, item.channel, item.base))
         if base is None or not base.listed:
             return None
+        length = base.length + len(item.items)
         if base.depth + 1 >= self.snapshot_every:
-            return ChannelNode(items=(*base.all_items(), *item.items), listed=True)
-        return ChannelNode(items=tuple(item.items), base=base, listed=True, depth=base.depth + 1)
+            whole = (*base.all_items(), *item.items)
+            return ChannelNode(items=whole, listed=True, length=length, extends=base)
+        return ChannelNode(
+            items=tuple(item.items),
+            base=base,
+            listed=True,
+            depth=base.depth + 1,
+            length=length,
+            extends=base,
+        )
 
     def list_items(self, ns: str, channel: str, version: str) -> list[Serialized] | None:
         """The items of a list version stored item by item; ``None`` if it is not one."""
@@ -217,4 +266,4 @@ class ThreadState:
         return key[1] < 0 or key not in self.writes.get((ns, checkpoint_id), {})
 
 
-__all__ = ["SNAPSHOT_EVERY", "ChannelNode", "StoredWrite", "ThreadState"]
+__all__ = ["SNAPSHOT_EVERY", "ChannelNode", "DecodedList", "StoredWrite", "ThreadState"]

@@ -270,9 +270,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             self._lost.discard(thread_id)
         saved = state.checkpoints.get(ns, {})
         if checkpoint_id is None:
-            if not saved:
+            checkpoint_id = state.newest.get(ns)
+            if checkpoint_id is None:
                 return None
-            checkpoint_id = max(saved)
         event = saved.get(checkpoint_id)
         if event is None:
             return None

@@ -124,6 +124,8 @@ class ThreadState:
         guard: The seq and fence rules applied so far; ``guard.refused`` lists what a
             superseded writer wrote after another one claimed the thread.
         checkpoints: Namespace, then checkpoint id, to the event that saved it.
+        newest: Namespace to its greatest checkpoint id (the latest checkpoint), kept as
+            checkpoints come and go so finding it does not scan them all.
         values: (namespace, channel, version) to its value as stored (`ChannelNode`); kept
             when checkpoints are removed, since a kept checkpoint's version may refer to
             (or extend) one an earlier checkpoint saved.
@@ -145,6 +147,7 @@ class ThreadState:
     tenant: str = ""
     guard: SequenceGuard = field(default_factory=SequenceGuard)
     checkpoints: dict[str, dict[str, GraphCheckpointed]] = field(default_factory=dict)
+    newest: dict[str, str] = field(default_factory=dict)
     values: dict[tuple[str, str, str], ChannelNode] = field(default_factory=dict)
     latest: dict[tuple[str, str], str] = field(default_factory=dict)
     snapshot_every: int = SNAPSHOT_EVERY
@@ -189,6 +192,7 @@ class ThreadState:
             self._removed(event)
         elif isinstance(event, GraphThreadDeleted):
             self.checkpoints.clear()
+            self.newest.clear()
             self.values.clear()
             self.latest.clear()
             self.decoded.clear()
@@ -207,6 +211,8 @@ class ThreadState:
     def _checkpointed(self, event: GraphCheckpointed) -> None:
         ns = event.checkpoint_ns
         self.checkpoints.setdefault(ns, {})[event.checkpoint_id] = event
+        if event.checkpoint_id > self.newest.get(ns, ""):
+            self.newest[ns] = event.checkpoint_id
         for item in event.values:
             node = self._node(ns, item)
             if node is not None:
@@ -249,6 +255,9 @@ class ThreadState:
                 saved.pop(ref.checkpoint_id, None)
                 if not saved:
                     del self.checkpoints[ref.checkpoint_ns]
+                    del self.newest[ref.checkpoint_ns]
+                elif self.newest[ref.checkpoint_ns] == ref.checkpoint_id:
+                    self.newest[ref.checkpoint_ns] = max(saved)
             self.writes.pop((ref.checkpoint_ns, ref.checkpoint_id), None)
 
     def _writes(self, event: GraphWritesSaved) -> None:

@@ -929,14 +929,18 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             return held
 
     async def _claim(self, thread_id: str) -> _Held:
-        """Take the lease, read the thread, lift the fence above the log's, append the claim."""
-        self._followed.pop(thread_id, None)  # held from here on: its own fold serves reads
+        """Take the lease, read the thread, lift the fence above the log's, append the claim.
+
+        A thread this saver has read goes on from that fold (reading only the log's new tail),
+        which becomes the holder's: a graph invocation reads the thread, then claims it.
+        """
+        followed = self._followed.pop(thread_id, None)  # held from here on: its own fold
         holder = Leaseholder(
             self.leases, thread_id, tenant=self.tenant, holder=self.holder, policy=self.policy
         )
         await holder.__aenter__()
         try:
-            state = await self._read(thread_id)
+            state = await self._caught_up(thread_id, followed)
             await holder.raise_fence(state.fence)
             claim = stamped(
                 RunClaimed,
@@ -982,27 +986,28 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """A thread this saver does not hold, folded to the log's end: only the new tail is
         read when the thread was read before (the fold is incremental, refusals included).
         """
-        state = self._followed.pop(thread_id, None)
-        start = state.next_offset if state is not None else None
-        if state is None or start is None:
-            state = await self._read(thread_id)
-        else:
-            partition = partition_for(thread_id, self.log.partitions)
-            end = (await self.log.bounds(partition)).end
-            try:
-                tail = await read_whole_run(
-                    self.log, self.compaction, thread_id, start=start, end=end
-                )
-            except LogTruncatedError:
-                state = await self._read(thread_id)
-            else:
-                for stored in tail:
-                    state.apply(stored)
-                state.next_offset = max(start, end)
-                self._check_tenant(state)
+        state = await self._caught_up(thread_id, self._followed.pop(thread_id, None))
         self._followed[thread_id] = state
         while len(self._followed) > FOLLOWED_THREADS:
             self._followed.popitem(last=False)
+        return state
+
+    async def _caught_up(self, thread_id: str, state: ThreadState | None) -> ThreadState:
+        """``state`` folded on to the log's end (the new tail only), or the thread read whole
+        when there is none or its tail is gone."""
+        start = state.next_offset if state is not None else None
+        if state is None or start is None:
+            return await self._read(thread_id)
+        partition = partition_for(thread_id, self.log.partitions)
+        end = (await self.log.bounds(partition)).end
+        try:
+            tail = await read_whole_run(self.log, self.compaction, thread_id, start=start, end=end)
+        except LogTruncatedError:
+            return await self._read(thread_id)
+        for stored in tail:
+            state.apply(stored)
+        state.next_offset = max(start, end)
+        self._check_tenant(state)
         return state
 
     async def _fresh(self, thread_id: str, held: _Held) -> ThreadState:

@@ -114,6 +114,24 @@ async def test_reads_decode_only_what_was_appended_and_puts_serialize_only_new_m
         assert reading.loaded == 2  # the question and its answer only
 
 
+async def test_a_saver_that_read_a_thread_goes_on_from_its_fold_when_it_writes(
+    world: World,
+) -> None:
+    async with saver_of(world) as first:
+        conversation = await ask(first, "t", *(f"q{i}" for i in range(10)))
+    serde = CountingSerializer()
+    async with saver_of(world, serde=serde) as second:
+        # An invocation reads the thread, then claims it at its first put: the claim folds on
+        # from that read (the log's new tail only), so the messages read stay decoded and the
+        # puts serialize only the new ones, not the 20 before them again.
+        after = await ask(second, "t", "next")
+        assert after[: len(conversation)] == conversation
+        # (Each new message is read back once too, to check it reads back as itself.)
+        assert serde.loaded == len(conversation) + 2
+        assert serde.dumped <= 2 * 2 + 1
+    assert await as_the_log_has_it(world, "t") == after
+
+
 async def test_a_caller_changing_a_returned_list_does_not_change_the_next_read(
     world: World,
 ) -> None:

@@ -79,7 +79,7 @@ class ChannelNode:
         order; ``None`` unless this version extends ``earlier`` (or is it)."""
         segments: list[tuple[Serialized, ...]] = []
         node: ChannelNode | None = self
-        while node is not None and node.length > earlier.length:
+        while node is not None and node is not earlier and node.length >= earlier.length:
             before = node.extends
             added = node.length - (before.length if before is not None else 0)
             segments.append(node.items[len(node.items) - added :])

@@ -16,7 +16,9 @@ from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 from support.servers import KafkaServers
 
+from onward.eventlog import Serialized
 from onward.integrations.langgraph import OnwardSaver
+from onward.integrations.langgraph.thread import ChannelNode
 
 from .graphs import config
 from .worlds import TENANT, World, kafka_world
@@ -239,3 +241,25 @@ async def test_items_that_are_not_values_are_decoded_afresh_at_every_read(world:
         again = await saver.aget_tuple(config("t"))
         assert again is not None
         assert again.checkpoint["channel_values"]["rows"] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_the_items_appended_since_a_version_are_found_through_empty_appends_and_snapshots() -> None:
+    def item(n: int) -> Serialized:
+        return Serialized(type="int", data=str(n).encode())
+
+    first = ChannelNode(items=(item(0), item(1)), listed=True, length=2)
+    nothing_added = ChannelNode(base=first, listed=True, depth=1, length=2, extends=first)
+    one_added = ChannelNode(
+        items=(item(2),), base=nothing_added, listed=True, depth=2, length=3, extends=nothing_added
+    )
+    # A node holding the list whole again still names the version it appended to.
+    whole_again = ChannelNode(
+        items=tuple(map(item, range(4))), listed=True, length=4, extends=one_added
+    )
+    assert one_added.items_after(first) == [item(2)]
+    assert whole_again.items_after(first) == [item(2), item(3)]
+    assert whole_again.items_after(nothing_added) == [item(2), item(3)]
+    assert whole_again.items_after(whole_again) == []
+    assert first.items_after(one_added) is None  # an older version extends no newer one
+    same_items_elsewhere = ChannelNode(items=(item(0), item(1)), listed=True, length=2)
+    assert whole_again.items_after(same_items_elsewhere) is None

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import operator
 import os
 import random
 import socket
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import msgspec
+from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -89,7 +91,7 @@ from onward.runtime.leases import Leaseholder, LeasePolicy, LeaseStore, RunLease
 from onward.runtime.redaction import Redactor
 
 from . import pruning
-from .thread import SNAPSHOT_EVERY, ChannelNode, ThreadState
+from .thread import SNAPSHOT_EVERY, ChannelNode, DecodedList, ThreadState
 
 logger = logging.getLogger(__name__)
 
@@ -268,9 +270,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             self._lost.discard(thread_id)
         saved = state.checkpoints.get(ns, {})
         if checkpoint_id is None:
-            if not saved:
+            checkpoint_id = state.newest.get(ns)
+            if checkpoint_id is None:
                 return None
-            checkpoint_id = max(saved)
         event = saved.get(checkpoint_id)
         if event is None:
             return None
@@ -330,12 +332,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         ns: str = config["configurable"].get("checkpoint_ns", "")
         bare: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = bare.pop("channel_values", {})
-        # Serialized here, outside the thread's lock; whether a list extends the version
-        # before it is decided under the lock, on the thread as its writer holds it.
-        serialized = {
-            channel: self._serialize_channel(values[channel])
-            for channel in new_versions
-            if channel in values
+        changed = {channel: values[channel] for channel in new_versions if channel in values}
+        # Lists are serialized under the thread's lock, where what the version before holds
+        # is known (often only the appended items need serializing); the rest here, outside.
+        lists = {channel: v for channel, v in changed.items() if type(v) is list}
+        whole = {
+            channel: _serialized(self.serde.dumps_typed(v))
+            for channel, v in changed.items()
+            if channel not in lists
         }
         saved: dict[str, Any] = {
             "checkpoint_ns": ns,
@@ -346,15 +350,28 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
             ),
         }
+        decoded: dict[tuple[str, str], list[Any] | None] = {}
 
         def events(state: ThreadState) -> _Batch:
-            changed = [
-                _saved_value(state, ns, channel, _version_key(version), serialized.get(channel))
-                for channel, version in new_versions.items()
-            ]
-            return [(GraphCheckpointed, {**saved, "values": changed})]
+            out: list[ChannelValue] = []
+            for channel, version in new_versions.items():
+                key = (channel, _version_key(version))
+                if channel in lists:
+                    item, decoded[key] = self._saved_list(state, ns, *key, lists[channel])
+                else:
+                    item = ChannelValue(channel=channel, version=key[1], value=whole.get(channel))
+                out.append(item)
+            return [(GraphCheckpointed, {**saved, "values": out})]
 
-        await self._write(thread_id, events)
+        def remember(state: ThreadState) -> None:
+            for (channel, version), items in decoded.items():
+                node = state.values.get((ns, channel, version))
+                if items is None or node is None or node.length != len(items):
+                    state.decoded.pop((ns, channel), None)
+                else:
+                    state.decoded[(ns, channel)] = DecodedList(node, items)
+
+        await self._write(thread_id, events, after=remember)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -528,13 +545,53 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     def _loads(self, value: Serialized) -> Any:
         return self.serde.loads_typed(_typed(value))
 
-    def _serialize_channel(self, value: Any) -> Serialized | list[Serialized]:
-        """A channel's value serialized: a list item by item (so a later version can be
-        stored as what it appends), anything else whole. Only exact lists: a subclass would
-        come back as a plain list."""
-        if type(value) is list:
-            return [_serialized(self.serde.dumps_typed(item)) for item in value]
-        return _serialized(self.serde.dumps_typed(value))
+    def _saved_list(
+        self, state: ThreadState, ns: str, channel: str, version: str, value: list[Any]
+    ) -> tuple[ChannelValue, list[Any] | None]:
+        """How a list channel's new version is saved, and its items as a reader decodes them
+        where the saver may keep them (`_shareable`; else ``None``).
+
+        When the saver keeps the version before decoded and the new list starts with the
+        very objects (``is``) of those items, they are unchanged (they are immutable values
+        or messages, see `_rebuilt`) and only the rest is serialized, saved as an append to
+        that version. Otherwise every item is serialized and compared with what the version
+        before stored (`_saved_value`), so an item changed in place is saved.
+        """
+        base = state.latest.get((ns, channel))
+        held = state.decoded.get((ns, channel))
+        if (
+            base is not None
+            and base != version
+            and held is not None
+            and state.values.get((ns, channel, base)) is held.node
+            and _starts_with(value, held.items)
+        ):
+            appended = value[len(held.items) :]
+            stored = [_serialized(self.serde.dumps_typed(item)) for item in appended]
+            read = self._as_read(appended, stored)
+            return (
+                ChannelValue(channel=channel, version=version, items=stored, base=base),
+                [*held.items, *read] if read is not None else None,
+            )
+        stored = [_serialized(self.serde.dumps_typed(item)) for item in value]
+        return _saved_value(state, ns, channel, version, stored), self._as_read(value, stored)
+
+    def _as_read(self, written: list[Any], stored: list[Serialized]) -> list[Any] | None:
+        """The items a reader of ``stored`` gets, if all are `_shareable`: each written object
+        itself where the serializer reads it back as an equal object of its type (so the next
+        put, handed the same object, is known to extend this list), else what it reads back.
+        """
+        if not all(_shareable(item) for item in written):
+            return None
+        out: list[Any] = []
+        for item, serialized in zip(written, stored, strict=True):
+            read = self._loads(serialized)
+            try:
+                same = type(read) is type(item) and bool(read == item)
+            except Exception:  # noqa: BLE001 - an __eq__ that cannot answer means "not equal"
+                same = False
+            out.append(item if same else read)
+        return out if all(_shareable(item) for item in out) else None
 
     def _copied_values(
         self, source: ThreadState, event: GraphCheckpointed, copied: set[tuple[str, str, str]]
@@ -559,11 +616,44 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 copied.add(key)
         return out
 
-    def _rebuilt(self, node: ChannelNode) -> Any:
-        """A stored channel version back as its value (a list rebuilt from its appends)."""
-        if node.listed:
-            return [self._loads(item) for item in node.all_items()]
-        return None if node.value is None else self._loads(node.value)
+    def _rebuilt(self, state: ThreadState, ns: str, channel: str, node: ChannelNode) -> Any:
+        """A stored channel version back as its value (a list rebuilt from its appends).
+
+        A list is a new list at every read, so a caller adding to or removing from it changes
+        no later read. When every item of a list is `_shareable` (immutable values, LangChain
+        messages), the saver keeps the latest version's items decoded (`DecodedList`) and
+        hands out those same objects: reading that version again, or one extending it,
+        decodes only what was appended since, and a put handed the same objects back knows
+        they are unchanged (`_saved_list`). LangGraph treats messages as values: its channels
+        take a checkpoint's value as it is (``from_checkpoint``), ``add_messages`` copies the
+        list and replaces a message by its id (it sets only a missing id, and a stored
+        message has one), and its own ``DeltaChannel`` stores the writes, not the values, so
+        a message changed in place is not saved there either. Code that changes a message in
+        place (``message.content = ...``) instead of writing a new one with its id changes
+        what this saver reads back, and the change is not saved. Items of other types
+        (dicts, lists, other objects) are decoded afresh at every read and compared by their
+        serialized bytes at every put, so changing them in place is safe.
+        """
+        if not node.listed:
+            return None if node.value is None else self._loads(node.value)
+        key = (ns, channel)
+        held = state.decoded.get(key)
+        items: list[Any] | None = None
+        if held is not None:
+            if held.node is node:
+                return list(held.items)
+            appended = node.items_after(held.node)
+            if appended is not None:
+                items = [*held.items, *(self._loads(item) for item in appended)]
+        if items is None:
+            items = [self._loads(item) for item in node.all_items()]
+        latest = state.latest.get(key)
+        if latest is not None and state.values.get((ns, channel, latest)) is node:
+            if all(_shareable(item) for item in items):
+                state.decoded[key] = DecodedList(node, items)
+            else:
+                state.decoded.pop(key, None)
+        return list(items)
 
     # -- tool calls (see .tools) -----------------------------------------------------------
 
@@ -742,8 +832,11 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self,
         thread_id: str,
         build: Callable[[ThreadState], _Batch],
+        *,
+        after: Callable[[ThreadState], None] | None = None,
     ) -> None:
-        """Append what ``build`` makes of the thread's state, under its lease, and fold it.
+        """Append what ``build`` makes of the thread's state, under its lease, and fold it;
+        then ``after`` sees the state with the batch folded, still under the thread's lock.
 
         Raises:
             FencedError: The lease was lost before or during the append; nothing more may be
@@ -793,6 +886,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 raise
             for event, position in zip(batch, positions, strict=True):
                 state.apply(StoredEvent(position, cast(Any, event)))
+            if after is not None:
+                after(state)
             if self._checkpointer is not None and any(
                 isinstance(e, ApprovalRequested | ApprovalGranted) for e in batch
             ):
@@ -834,14 +929,18 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             return held
 
     async def _claim(self, thread_id: str) -> _Held:
-        """Take the lease, read the thread, lift the fence above the log's, append the claim."""
-        self._followed.pop(thread_id, None)  # held from here on: its own fold serves reads
+        """Take the lease, read the thread, lift the fence above the log's, append the claim.
+
+        A thread this saver has read goes on from that fold (reading only the log's new tail),
+        which becomes the holder's: a graph invocation reads the thread, then claims it.
+        """
+        followed = self._followed.pop(thread_id, None)  # held from here on: its own fold
         holder = Leaseholder(
             self.leases, thread_id, tenant=self.tenant, holder=self.holder, policy=self.policy
         )
         await holder.__aenter__()
         try:
-            state = await self._read(thread_id)
+            state = await self._caught_up(thread_id, followed)
             await holder.raise_fence(state.fence)
             claim = stamped(
                 RunClaimed,
@@ -887,27 +986,28 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """A thread this saver does not hold, folded to the log's end: only the new tail is
         read when the thread was read before (the fold is incremental, refusals included).
         """
-        state = self._followed.pop(thread_id, None)
-        start = state.next_offset if state is not None else None
-        if state is None or start is None:
-            state = await self._read(thread_id)
-        else:
-            partition = partition_for(thread_id, self.log.partitions)
-            end = (await self.log.bounds(partition)).end
-            try:
-                tail = await read_whole_run(
-                    self.log, self.compaction, thread_id, start=start, end=end
-                )
-            except LogTruncatedError:
-                state = await self._read(thread_id)
-            else:
-                for stored in tail:
-                    state.apply(stored)
-                state.next_offset = max(start, end)
-                self._check_tenant(state)
+        state = await self._caught_up(thread_id, self._followed.pop(thread_id, None))
         self._followed[thread_id] = state
         while len(self._followed) > FOLLOWED_THREADS:
             self._followed.popitem(last=False)
+        return state
+
+    async def _caught_up(self, thread_id: str, state: ThreadState | None) -> ThreadState:
+        """``state`` folded on to the log's end (the new tail only), or the thread read whole
+        when there is none or its tail is gone."""
+        start = state.next_offset if state is not None else None
+        if state is None or start is None:
+            return await self._read(thread_id)
+        partition = partition_for(thread_id, self.log.partitions)
+        end = (await self.log.bounds(partition)).end
+        try:
+            tail = await read_whole_run(self.log, self.compaction, thread_id, start=start, end=end)
+        except LogTruncatedError:
+            return await self._read(thread_id)
+        for stored in tail:
+            state.apply(stored)
+        state.next_offset = max(start, end)
+        self._check_tenant(state)
         return state
 
     async def _fresh(self, thread_id: str, held: _Held) -> ThreadState:
@@ -962,7 +1062,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         for channel, version in checkpoint["channel_versions"].items():
             stored = state.values.get((ns, channel, _version_key(version)))
             if stored is not None and (stored.listed or stored.value is not None):
-                values[channel] = self._rebuilt(stored)
+                values[channel] = self._rebuilt(state, ns, channel, stored)
         checkpoint["channel_values"] = values
         writes = state.writes.get((ns, event.checkpoint_id), {})
         ordered = sorted(writes.items(), key=lambda kv: writes_sort_key(kv[1].task_path, *kv[0]))
@@ -1046,6 +1146,20 @@ def _saved_value(
                 channel=channel, version=version, items=serialized[len(before) :], base=base
             )
     return ChannelValue(channel=channel, version=version, items=serialized)
+
+
+_IMMUTABLE = (str, bytes, int, float, bool, type(None))
+
+
+def _shareable(item: Any) -> bool:
+    """Whether the saver may hand out (and keep) the same object at every read of a list: an
+    immutable value, or a LangChain message (treated as a value, see `OnwardSaver._rebuilt`)."""
+    return type(item) in _IMMUTABLE or isinstance(item, BaseMessage)
+
+
+def _starts_with(value: list[Any], prefix: list[Any]) -> bool:
+    """Whether ``value`` begins with the very objects of ``prefix``, in order."""
+    return len(value) >= len(prefix) and all(map(operator.is_, value, prefix))
 
 
 def _whole(channel: str, version: str, node: ChannelNode) -> ChannelValue:

@@ -10,6 +10,7 @@ from memory is what any other reader would fold from the log.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from onward.eventlog import (
     ApprovalDenied,
@@ -55,6 +56,11 @@ class ChannelNode:
     listed: bool = False
     depth: int = 0
     """How many appends a read walks from here to the node holding the list's first items."""
+    length: int = 0
+    """How many items the list this version holds has."""
+    extends: ChannelNode | None = None
+    """The version this one appended to, kept where the node holds the list whole too, so a
+    reader holding that version's items decoded needs only the ones appended since."""
 
     def all_items(self) -> list[Serialized]:
         """Every item of the list this version holds, in order."""
@@ -67,6 +73,35 @@ class ChannelNode:
         for segment in reversed(segments):
             out.extend(segment)
         return out
+
+    def items_after(self, earlier: ChannelNode) -> list[Serialized] | None:
+        """The items this version appended to ``earlier`` (through any versions between), in
+        order; ``None`` unless this version extends ``earlier`` (or is it)."""
+        segments: list[tuple[Serialized, ...]] = []
+        node: ChannelNode | None = self
+        while node is not None and node is not earlier and node.length >= earlier.length:
+            before = node.extends
+            added = node.length - (before.length if before is not None else 0)
+            segments.append(node.items[len(node.items) - added :])
+            node = before
+        if node is not earlier:
+            return None
+        out: list[Serialized] = []
+        for segment in reversed(segments):
+            out.extend(segment)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedList:
+    """A list version's items as the serializer reads them back, kept so the next read of that
+    version, or of one extending it, decodes only what was appended since.
+
+    ``items`` is never handed out (readers get a copy of the list) and never changed in place.
+    """
+
+    node: ChannelNode
+    items: list[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +124,8 @@ class ThreadState:
         guard: The seq and fence rules applied so far; ``guard.refused`` lists what a
             superseded writer wrote after another one claimed the thread.
         checkpoints: Namespace, then checkpoint id, to the event that saved it.
+        newest: Namespace to its greatest checkpoint id (the latest checkpoint), kept as
+            checkpoints come and go so finding it does not scan them all.
         values: (namespace, channel, version) to its value as stored (`ChannelNode`); kept
             when checkpoints are removed, since a kept checkpoint's version may refer to
             (or extend) one an earlier checkpoint saved.
@@ -101,12 +138,16 @@ class ThreadState:
             `ToolResolved`), by tool call id, folded as a run's calls are. A graph thread has
             no turns to bound them, so they are kept until the thread is deleted.
         next_offset: The offset to read the run's partition from to continue this fold.
+        decoded: (namespace, channel) to the decoded items of one list version (the latest
+            one read or written), which the saver that holds this fold keeps: a cache, not
+            part of the fold, dropped with it.
     """
 
     run_id: str
     tenant: str = ""
     guard: SequenceGuard = field(default_factory=SequenceGuard)
     checkpoints: dict[str, dict[str, GraphCheckpointed]] = field(default_factory=dict)
+    newest: dict[str, str] = field(default_factory=dict)
     values: dict[tuple[str, str, str], ChannelNode] = field(default_factory=dict)
     latest: dict[tuple[str, str], str] = field(default_factory=dict)
     snapshot_every: int = SNAPSHOT_EVERY
@@ -114,6 +155,7 @@ class ThreadState:
     waiting_on: str | None = None
     calls: dict[str, CallState] = field(default_factory=dict)
     next_offset: int | None = None
+    decoded: dict[tuple[str, str], DecodedList] = field(default_factory=dict)
 
     @property
     def last_seq(self) -> int:
@@ -150,8 +192,10 @@ class ThreadState:
             self._removed(event)
         elif isinstance(event, GraphThreadDeleted):
             self.checkpoints.clear()
+            self.newest.clear()
             self.values.clear()
             self.latest.clear()
+            self.decoded.clear()
             self.writes.clear()
             self.calls.clear()
             self.waiting_on = None
@@ -167,6 +211,8 @@ class ThreadState:
     def _checkpointed(self, event: GraphCheckpointed) -> None:
         ns = event.checkpoint_ns
         self.checkpoints.setdefault(ns, {})[event.checkpoint_id] = event
+        if event.checkpoint_id > self.newest.get(ns, ""):
+            self.newest[ns] = event.checkpoint_id
         for item in event.values:
             node = self._node(ns, item)
             if node is not None:
@@ -179,13 +225,22 @@ class ThreadState:
         if item.items is None:
             return ChannelNode(value=item.value)
         if item.base is None:
-            return ChannelNode(items=tuple(item.items), listed=True)
+            return ChannelNode(items=tuple(item.items), listed=True, length=len(item.items))
         base = self.values.get((ns, item.channel, item.base))
         if base is None or not base.listed:
             return None
+        length = base.length + len(item.items)
         if base.depth + 1 >= self.snapshot_every:
-            return ChannelNode(items=(*base.all_items(), *item.items), listed=True)
-        return ChannelNode(items=tuple(item.items), base=base, listed=True, depth=base.depth + 1)
+            whole = (*base.all_items(), *item.items)
+            return ChannelNode(items=whole, listed=True, length=length, extends=base)
+        return ChannelNode(
+            items=tuple(item.items),
+            base=base,
+            listed=True,
+            depth=base.depth + 1,
+            length=length,
+            extends=base,
+        )
 
     def list_items(self, ns: str, channel: str, version: str) -> list[Serialized] | None:
         """The items of a list version stored item by item; ``None`` if it is not one."""
@@ -200,6 +255,9 @@ class ThreadState:
                 saved.pop(ref.checkpoint_id, None)
                 if not saved:
                     del self.checkpoints[ref.checkpoint_ns]
+                    del self.newest[ref.checkpoint_ns]
+                elif self.newest[ref.checkpoint_ns] == ref.checkpoint_id:
+                    self.newest[ref.checkpoint_ns] = max(saved)
             self.writes.pop((ref.checkpoint_ns, ref.checkpoint_id), None)
 
     def _writes(self, event: GraphWritesSaved) -> None:
@@ -217,4 +275,4 @@ class ThreadState:
         return key[1] < 0 or key not in self.writes.get((ns, checkpoint_id), {})
 
 
-__all__ = ["SNAPSHOT_EVERY", "ChannelNode", "StoredWrite", "ThreadState"]
+__all__ = ["SNAPSHOT_EVERY", "ChannelNode", "DecodedList", "StoredWrite", "ThreadState"]

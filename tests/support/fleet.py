@@ -31,7 +31,6 @@ from onward.runtime.demo_ledger import Ledger
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.tools import Reconciled, Tool, tool
 
-
 DEFAULT_STEPS = 3
 """Tool calls per run when ``FLEET_STEPS`` is not set."""
 

@@ -51,9 +51,11 @@ from _common import (
     code_version,
     delete_redis_keys,
     delete_topics,
+    kafka_log_dirs,
     server_urls,
     throwaway_database,
     throwaway_name,
+    topic_bytes,
     write_results,
 )
 from rich.console import Console
@@ -176,35 +178,6 @@ async def relation_bytes(dsn: str, tables: tuple[str, ...] | None = None) -> int
     finally:
         await conn.close()
     return int(total)
-
-
-async def kafka_log_dirs(bootstrap: str) -> list[Path]:
-    """The broker's ``log.dirs`` (one broker, on this machine: the shared test servers)."""
-    from aiokafka.admin import AIOKafkaAdminClient  # noqa: PLC0415
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType  # noqa: PLC0415
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        cluster = await admin.describe_cluster()
-        (broker,) = cluster["brokers"]
-        (response,) = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.BROKER, str(broker["node_id"]), {"log.dirs": None})]
-        )
-    finally:
-        await admin.close()
-    entries = {entry[0]: entry[1] for entry in response.resources[0][4]}
-    dirs = [Path(d) for d in str(entries["log.dirs"]).split(",")]
-    if not any(d.is_dir() for d in dirs):
-        raise SystemExit(f"the broker's log.dirs ({entries['log.dirs']}) are not on this machine")
-    return dirs
-
-
-def topic_bytes(dirs: list[Path], topic: str) -> int:
-    """Bytes of the topic's log segments (every partition) in the broker's data folders."""
-    return sum(
-        f.stat().st_size for d in dirs for p in d.glob(f"{topic}-*") for f in p.glob("*.log")
-    )
 
 
 def sqlite_bytes(path: Path) -> int:

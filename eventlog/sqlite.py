@@ -5,6 +5,11 @@ disk and sqlite3 objects never cross threads. Several processes may open the sam
 takes SQLite's write lock (``BEGIN IMMEDIATE``) before it allocates offsets, so offsets stay dense
 and a batch lands whole or not at all. ``synchronous=FULL`` makes a returned append survive power
 loss, which write-ahead tool dispatch relies on.
+
+Appends are group-committed: the batches of many runs that queued while the previous commit was
+running share one transaction and one fsync, each in its own savepoint (a batch that fails is
+rolled back alone), and each caller hears back once the commit is durable. A lone append commits
+at once, so a single run waits no longer than it would for a transaction of its own.
 """
 
 from __future__ import annotations
@@ -117,22 +122,22 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         conn = self._db.connection()
 
         def write() -> int:
-            with transaction(conn):
-                (first,) = conn.execute(
-                    "SELECT next_offset FROM onward_log_partition WHERE partition = ?",
-                    (partition,),
-                ).fetchone()
-                conn.executemany(
-                    "INSERT INTO onward_log (partition, offset, run_id, record) VALUES (?,?,?,?)",
-                    [(partition, first + i, run_id, r) for i, r in enumerate(encoded)],
-                )
-                conn.execute(
-                    "UPDATE onward_log_partition SET next_offset = ? WHERE partition = ?",
-                    (first + len(encoded), partition),
-                )
+            # Inside a group commit's transaction, which took the write lock first.
+            (first,) = conn.execute(
+                "SELECT next_offset FROM onward_log_partition WHERE partition = ?",
+                (partition,),
+            ).fetchone()
+            conn.executemany(
+                "INSERT INTO onward_log (partition, offset, run_id, record) VALUES (?,?,?,?)",
+                [(partition, first + i, run_id, r) for i, r in enumerate(encoded)],
+            )
+            conn.execute(
+                "UPDATE onward_log_partition SET next_offset = ? WHERE partition = ?",
+                (first + len(encoded), partition),
+            )
             return int(first)
 
-        first = await self._db.call(write, f"appending to partition {partition}", run_id)
+        first = await self._db.write(write, f"appending to partition {partition}", run_id)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
     async def _read_records(self, request: LogRead) -> list[LogRecord]:
@@ -203,24 +208,22 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         conn = self._db.connection()
 
         def truncate() -> None:
-            with transaction(conn):
-                start, end = conn.execute(
-                    "SELECT start_offset, next_offset FROM onward_log_partition "
-                    "WHERE partition = ?",
-                    (partition,),
-                ).fetchone()
-                check_truncation(partition, offset, end)
-                if offset > start:
-                    conn.execute(
-                        "DELETE FROM onward_log WHERE partition = ? AND offset < ?",
-                        (partition, offset),
-                    )
-                    conn.execute(
-                        "UPDATE onward_log_partition SET start_offset = ? WHERE partition = ?",
-                        (offset, partition),
-                    )
+            start, end = conn.execute(
+                "SELECT start_offset, next_offset FROM onward_log_partition WHERE partition = ?",
+                (partition,),
+            ).fetchone()
+            check_truncation(partition, offset, end)
+            if offset > start:
+                conn.execute(
+                    "DELETE FROM onward_log WHERE partition = ? AND offset < ?",
+                    (partition, offset),
+                )
+                conn.execute(
+                    "UPDATE onward_log_partition SET start_offset = ? WHERE partition = ?",
+                    (offset, partition),
+                )
 
-        await self._db.call(truncate, f"truncating partition {partition}")
+        await self._db.write(truncate, f"truncating partition {partition}")
 
     def write_raw(self, run_id: str, record: bytes) -> Position:
         """Store a record as a foreign writer would, unchecked. For tests of bad input."""

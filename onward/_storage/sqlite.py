@@ -1,7 +1,8 @@
 """One sqlite3 connection, used only from one dedicated thread: what every SQLite backend shares.
 
 The event loop never blocks on disk, sqlite3 objects never cross threads, and sqlite3 errors are
-translated into Onward's in one place.
+translated into Onward's in one place. Writes are group-committed (:meth:`SqliteThread.write`):
+the writes that queued while the previous commit ran share one transaction and one fsync.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import asyncio
 import os
 import sqlite3
 import sys
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from onward.errors import ConfigurationError, InvalidInputError
 
@@ -197,6 +199,86 @@ class FileLock:
             os.close(fd)  # closing the descriptor releases its lock
 
 
+class _Write(Generic[_T]):
+    """One caller's write waiting for a group commit, and what became of it."""
+
+    __slots__ = ("done", "error", "fn", "result")
+
+    def __init__(self, fn: Callable[[], _T]) -> None:
+        self.fn = fn
+        self.done = False
+        self.result: _T | None = None
+        self.error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.result, self.error, self.done = None, error, True
+
+
+_SAVEPOINT = "onward_write"
+
+
+def commit_group(conn: sqlite3.Connection, writes: list[_Write[Any]]) -> None:
+    """Run ``writes`` in one ``BEGIN IMMEDIATE`` transaction and commit it once.
+
+    Each write runs inside a savepoint, so one that raises is rolled back alone and fails alone
+    while the others commit. A write is marked done, with its result or its error, only once
+    the commit returned or failed: no caller hears of a write that is not durable. If SQLite
+    ends the transaction itself (a full disk, an I/O error), the writes run so far fail with
+    that error and the rest are tried again in a fresh transaction.
+    """
+    pending = deque(writes)
+    while pending:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            for write in pending:
+                write.fail(exc)
+            return
+        ran = _run_in_transaction(conn, pending)
+        if ran is None:
+            continue  # the transaction was lost; what is left gets a fresh one
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for write in ran:
+                write.fail(exc)
+            return
+        for write in ran:
+            write.done = True
+
+
+def _run_in_transaction(
+    conn: sqlite3.Connection, pending: deque[_Write[Any]]
+) -> list[_Write[Any]] | None:
+    """Run pending writes, each in a savepoint, inside the open transaction; return those that
+    ran, or ``None`` if SQLite ended the transaction (they then failed with its error)."""
+    ran: list[_Write[Any]] = []
+    while pending:
+        write = pending.popleft()
+        try:
+            conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+            value = write.fn()
+            conn.execute(f"RELEASE {_SAVEPOINT}")
+        except Exception as exc:  # noqa: BLE001 - the write's own failure, its caller's to see
+            write.fail(exc)
+            if conn.in_transaction:
+                try:
+                    conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
+                    conn.execute(f"RELEASE {_SAVEPOINT}")
+                    continue
+                except sqlite3.Error:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+            for earlier in ran:
+                earlier.fail(exc)
+            return None
+        write.result = value
+        ran.append(write)
+    return ran
+
+
 class SqliteThread:
     """Owns one connection and the single thread it is used from.
 
@@ -210,6 +292,9 @@ class SqliteThread:
         self._what = what
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        self._writes: deque[_Write[Any]] = deque()
+        self.commits = 0
+        """Group commits run so far (each one transaction and one fsync)."""
 
     @property
     def is_open(self) -> bool:
@@ -245,6 +330,57 @@ class SqliteThread:
             return await loop.run_in_executor(self._executor, fn)
         except sqlite3.Error as exc:
             raise translate(exc, context=f"{self.path}: {context}", run_id=run_id) from exc
+
+    async def write(self, fn: Callable[[], _T], context: str, run_id: str | None = None) -> _T:
+        """Run ``fn`` on the thread inside a group commit; return once its changes are durable.
+
+        ``fn`` runs inside a transaction (it must not begin or end one) together with the
+        writes of other callers that queued while the previous commit was running: a lone
+        write commits at once, and many concurrent writes share one transaction and one
+        fsync. A write that raises is rolled back alone; the error reaches its caller only.
+
+        Raises:
+            BackendError: SQLite refused the write or its commit (translated as by
+                :meth:`call`); nothing of it was stored.
+        """
+        conn = self.connection()
+        write = _Write(fn)
+        self._writes.append(write)
+        loop = asyncio.get_running_loop()
+        try:
+            # Whichever commit ran first took this write along: by the time this caller's
+            # turn on the thread comes, its write is done.
+            await loop.run_in_executor(self._executor, self._commit_queued, conn)
+        except BaseException:
+            if not write.done:
+                with suppress(ValueError):
+                    self._writes.remove(write)  # not taken yet: it never runs
+            raise
+        if write.error is None:
+            return write.result  # type: ignore[return-value]  # fn's value, set by the commit
+        if isinstance(write.error, sqlite3.Error):
+            raise translate(
+                write.error, context=f"{self.path}: {context}", run_id=run_id
+            ) from write.error
+        raise write.error
+
+    def _commit_queued(self, conn: sqlite3.Connection) -> None:
+        """On the thread: commit every write queued so far, in one transaction."""
+        writes: list[_Write[Any]] = []
+        while self._writes:
+            try:
+                writes.append(self._writes.popleft())
+            except IndexError:
+                break
+        if not writes:
+            return
+        self.commits += 1
+        try:
+            commit_group(conn, writes)
+        except Exception as exc:  # noqa: BLE001 - a rollback failed too: fail what is not done
+            for write in writes:
+                if not write.done:
+                    write.fail(exc)
 
     async def close(self) -> None:
         """Close the connection and stop the thread. Idempotent; the owner may open again."""

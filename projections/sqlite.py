@@ -5,10 +5,11 @@ single-machine deployment keeps the log and its projections in one file; the tab
 collide. As in the log, all access goes through one connection on one dedicated thread, so the
 event loop never blocks on disk and sqlite3 objects never cross threads.
 
-A write is one ``BEGIN IMMEDIATE`` transaction holding the rows and the projector's positions,
-which is what lets a projector resume exactly once after a crash. Every upsert is guarded by
-``through_offset`` (positions by ``next_offset``), so a batch folded twice changes nothing and a
-slow writer never moves a row or a position back.
+A write lands in one ``BEGIN IMMEDIATE`` transaction with the projector's positions, which is
+what lets a projector resume exactly once after a crash; it is group-committed with the other
+writes of its connection (the log's appends, when the store shares the log's connection).
+Every upsert is guarded by ``through_offset`` (positions by ``next_offset``), so a batch folded
+twice changes nothing and a slow writer never moves a row or a position back.
 """
 
 from __future__ import annotations
@@ -214,23 +215,22 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         conn = self._db.connection()
 
         def write() -> None:
-            with transaction(conn, "BEGIN IMMEDIATE"):
-                if frontier_rows:
-                    conn.executemany(_UPSERT_FRONTIER, frontier_rows)
-                if call_rows:
-                    conn.executemany(_UPSERT_CALL, call_rows)
-                if clear_rows:
-                    conn.executemany(_CLEAR, clear_rows)
-                    conn.executemany(_UNMARK, [(run_id,) for _, run_id in clear_rows])
-                if hold_rows:
-                    conn.executemany(_HOLD, hold_rows)
-                    conn.executemany(_MARK, mark_rows)
-                if position_rows:
-                    conn.executemany(_UPSERT_POSITION, position_rows)
-                if message_rows:
-                    conn.executemany(_APPEND_MESSAGE, message_rows)
+            if frontier_rows:
+                conn.executemany(_UPSERT_FRONTIER, frontier_rows)
+            if call_rows:
+                conn.executemany(_UPSERT_CALL, call_rows)
+            if clear_rows:
+                conn.executemany(_CLEAR, clear_rows)
+                conn.executemany(_UNMARK, [(run_id,) for _, run_id in clear_rows])
+            if hold_rows:
+                conn.executemany(_HOLD, hold_rows)
+                conn.executemany(_MARK, mark_rows)
+            if position_rows:
+                conn.executemany(_UPSERT_POSITION, position_rows)
+            if message_rows:
+                conn.executemany(_APPEND_MESSAGE, message_rows)
 
-        await self._db.call(
+        await self._db.write(
             write,
             f"writing {len(frontier_rows)} frontiers, {len(call_rows)} call rows and "
             f"{len(position_rows)} positions of consumer {consumer!r}",

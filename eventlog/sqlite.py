@@ -144,9 +144,8 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         partition, start, end, run_id, limit = request
         if self._unwritten:
             return []
-        conn = self._db.connection()
 
-        def read() -> tuple[int, list[tuple[int, str, bytes]]]:
+        def read(conn: sqlite3.Connection) -> tuple[int, list[tuple[int, str, bytes]]]:
             # One read transaction, so the start offset and the rows are one snapshot.
             with transaction(conn, "BEGIN"):
                 (first,) = conn.execute(
@@ -172,7 +171,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                     args.append(limit)
                 return first, conn.execute(query, args).fetchall()
 
-        first, rows = await self._db.call(read, f"reading partition {partition}", run_id)
+        first, rows = await self._db.read(read, f"reading partition {partition}", run_id)
         if start is not None and start < first:
             raise LogTruncatedError(
                 f"partition {partition}: offset {start} was truncated; the partition starts at "
@@ -191,16 +190,15 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         check_partition(partition, self._partitions)
         if self._unwritten:
             return PartitionBounds(0, 0)
-        conn = self._db.connection()
 
-        def read() -> tuple[int, int]:
+        def read(conn: sqlite3.Connection) -> tuple[int, int]:
             row = conn.execute(
                 "SELECT start_offset, next_offset FROM onward_log_partition WHERE partition = ?",
                 (partition,),
             ).fetchone()
             return int(row[0]), int(row[1])
 
-        start, end = await self._db.call(read, f"reading the bounds of partition {partition}")
+        start, end = await self._db.read(read, f"reading the bounds of partition {partition}")
         return PartitionBounds(start, end)
 
     async def truncate_before(self, partition: int, offset: int) -> None:

@@ -15,6 +15,7 @@ twice changes nothing and a slow writer never moves a row or a position back.
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -173,22 +174,20 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         ids = list(dict.fromkeys(run_ids))
         if not ids:
             return {}
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return select_in(conn, f"{_SELECT_FRONTIERS} WHERE run_id IN", ids)
 
-        rows = await self._db.call(read, f"loading the frontiers of {len(ids)} runs")
+        rows = await self._db.read(read, f"loading the frontiers of {len(ids)} runs")
         return {stored.summary.run_id: stored for stored in map(_stored, rows)}
 
     async def get(self, run_id: str) -> StoredFrontier | None:
         """The stored row of one run, or ``None`` if it has none."""
-        conn = self._db.connection()
 
-        def read() -> Any:
+        def read(conn: sqlite3.Connection) -> Any:
             return conn.execute(f"{_SELECT_FRONTIERS} WHERE run_id = ?", (run_id,)).fetchone()
 
-        row = await self._db.call(read, "reading a frontier", run_id)
+        row = await self._db.read(read, "reading a frontier", run_id)
         return None if row is None else _stored(row)
 
     async def _write(self, batch: FrontierWrite) -> None:
@@ -256,12 +255,11 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
             query += f" AND state IN ({', '.join('?' for _ in wanted)})"
             args.extend(wanted)
         query += " ORDER BY partition, log_offset"
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(query, args).fetchall()
 
-        rows = await self._db.call(read, "listing quarantined records", run_id)
+        rows = await self._db.read(read, "listing quarantined records", run_id)
         return [_entry(row) for row in rows]
 
     async def release(self, consumer: str, run_id: str, *, by: str, at: int) -> int:
@@ -286,12 +284,11 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
 
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         """The transcript rows of one run with seq at most ``through``, by seq."""
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(_SELECT_TRANSCRIPT, (tenant, run_id, through)).fetchall()
 
-        rows = await self._db.call(read, "reading the transcript", run_id)
+        rows = await self._db.read(read, "reading the transcript", run_id)
         return [
             TranscriptRow(tenant=tenant, run_id=run_id, seq=seq, message=decode_message(body))
             for seq, body in rows
@@ -299,25 +296,23 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
 
     async def positions(self, consumer: str) -> dict[int, int]:
         """The next offset per partition stored for a consumer."""
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(
                 "SELECT partition, next_offset FROM onward_projector_positions WHERE consumer = ?",
                 (consumer,),
             ).fetchall()
 
-        rows = await self._db.call(read, f"reading the positions of consumer {consumer!r}")
+        rows = await self._db.read(read, f"reading the positions of consumer {consumer!r}")
         return {int(partition): int(offset) for partition, offset in rows}
 
     async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
         """The audit rows of one run's calls: dispatched ones by time, then the rest, by id."""
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(_SELECT_CALLS, (run_id,)).fetchall()
 
-        rows = await self._db.call(read, "reading tool call rows", run_id)
+        rows = await self._db.read(read, "reading tool call rows", run_id)
         return [_call_row(row) for row in rows]
 
     async def runs(
@@ -357,10 +352,9 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         if limit is not None:
             query += " LIMIT ?"
             args.append(limit)
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(query, args).fetchall()
 
-        rows = await self._db.call(read, "listing runs")
+        rows = await self._db.read(read, "listing runs")
         return [_summary(row) for row in rows]

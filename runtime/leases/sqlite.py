@@ -14,6 +14,7 @@ and expiry become NULL), so the fence it carries only ever goes up.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from onward._storage import SqliteStore
@@ -159,10 +160,9 @@ class SqliteLeaseStore(SqliteStore):
 
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any, by SQLite's clock."""
-        conn = self._db.connection()
 
-        def read() -> Any:
+        def read(conn: sqlite3.Connection) -> Any:
             return conn.execute(_CURRENT, (run_id,)).fetchone()
 
-        row = await self._db.call(read, "reading the lease", run_id)
+        row = await self._db.read(read, "reading the lease", run_id)
         return None if row is None else _lease(run_id, row)

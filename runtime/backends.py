@@ -188,14 +188,16 @@ async def open_backends(
             blobs = await stack.enter_async_context(MemoryBlobStore())
         elif settings.backend == "sqlite":
             path = settings.sqlite_path
-            log = await stack.enter_async_context(
+            sqlite_log = await stack.enter_async_context(
                 SqliteEventLog(path, partitions=settings.partitions, readonly=readonly)
             )
+            log = sqlite_log
+            # One connection for all four: their writes share the log's group commits.
             frontiers = await stack.enter_async_context(
-                SqliteFrontierStore(path, readonly=readonly)
+                SqliteFrontierStore(path, sharing=sqlite_log)
             )
-            leases = await stack.enter_async_context(SqliteLeaseStore(path, readonly=readonly))
-            blobs = await stack.enter_async_context(SqliteBlobStore(path, readonly=readonly))
+            leases = await stack.enter_async_context(SqliteLeaseStore(path, sharing=sqlite_log))
+            blobs = await stack.enter_async_context(SqliteBlobStore(path, sharing=sqlite_log))
             compaction = embedded_compaction(log)
         else:
             database_url = settings.require_database_url()

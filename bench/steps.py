@@ -456,7 +456,7 @@ async def onward_embedded(params: Params, *, profile: Path | None) -> dict[str, 
     async def phase(path: Path, work: Callable[[OnwardBench], Awaitable[Any]]) -> Any:
         async with (
             SqliteEventLog(path, partitions=PARTITIONS) as log,
-            SqliteFrontierStore(path) as store,
+            SqliteFrontierStore(path, sharing=log) as store,  # as ONWARD_BACKEND=sqlite opens it
         ):
 
             async def size() -> dict[str, int]:

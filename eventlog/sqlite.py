@@ -1,15 +1,17 @@
 """`SqliteEventLog`: the embedded default. One file, WAL, the same partition and offset semantics.
 
-All access goes through one connection on one dedicated thread, so the event loop never blocks on
-disk and sqlite3 objects never cross threads. Several processes may open the same file: an append
+Writes go through one connection on one dedicated thread and reads through a second on another,
+so the event loop never blocks on disk and sqlite3 objects never cross threads. Several processes may open the same file: an append
 takes SQLite's write lock (``BEGIN IMMEDIATE``) before it allocates offsets, so offsets stay dense
 and a batch lands whole or not at all. ``synchronous=FULL`` makes a returned append survive power
 loss, which write-ahead tool dispatch relies on.
 
-Appends are group-committed: the batches of many runs that queued while the previous commit was
-running share one transaction and one fsync, each in its own savepoint (a batch that fails is
-rolled back alone), and each caller hears back once the commit is durable. A lone append commits
-at once, so a single run waits no longer than it would for a transaction of its own.
+Records are stored packed (`onward._storage.packing`: deflated against a dictionary of the
+JSON they repeat). Appends are group-committed: the batches of many runs that queued while the
+previous commit was running share one transaction and one fsync, each in its own savepoint (a
+batch that fails is rolled back alone), and each caller hears back once the commit is durable. A
+lone append commits at once, so a single run waits no longer than it would for a transaction of
+its own.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
-from onward._storage import SqliteStore, connect, transaction, translated
+from onward._storage import SqliteStore, connect, pack, transaction, translated, unpack
 from onward.errors import ConfigurationError, LogTruncatedError
 
 from .base import (
@@ -119,6 +121,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
         run_id, partition, encoded = self._prepare(events)
+        rows = [pack(record) for record in encoded]
         conn = self._db.connection()
 
         def write() -> int:
@@ -129,11 +132,11 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
             ).fetchone()
             conn.executemany(
                 "INSERT INTO onward_log (partition, offset, run_id, record) VALUES (?,?,?,?)",
-                [(partition, first + i, run_id, r) for i, r in enumerate(encoded)],
+                [(partition, first + i, run_id, row) for i, row in enumerate(rows)],
             )
             conn.execute(
                 "UPDATE onward_log_partition SET next_offset = ? WHERE partition = ?",
-                (first + len(encoded), partition),
+                (first + len(rows), partition),
             )
             return int(first)
 
@@ -182,7 +185,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                 start=first,
             )
         return [
-            decode_record(Position(partition, offset), record, run_hint=key)
+            decode_record(Position(partition, offset), unpack(record), run_hint=key)
             for offset, key, record in rows
         ]
 

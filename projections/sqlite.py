@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from onward._storage import IN_CHUNK, SqliteStore, select_in, transaction
+from onward._storage import IN_CHUNK, SqliteStore, pack, select_in, transaction, unpack
 
 from .base import (
     FrontierStoreBackend,
@@ -206,7 +206,7 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         clear_rows = [(consumer, run_id) for run_id in batch.cleared]
         hold_rows = [_entry_params(consumer, entry) for entry in batch.quarantine]
         mark_rows = [(e.mark, e.run_id) for e in batch.quarantine if e.run_id is not None]
-        message_rows = [(m.tenant, m.run_id, m.seq, m.encoded()) for m in batch.messages]
+        message_rows = [(m.tenant, m.run_id, m.seq, pack(m.encoded())) for m in batch.messages]
         if not (
             frontier_rows or call_rows or position_rows or clear_rows or hold_rows or message_rows
         ):
@@ -290,7 +290,9 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
 
         rows = await self._db.read(read, "reading the transcript", run_id)
         return [
-            TranscriptRow(tenant=tenant, run_id=run_id, seq=seq, message=decode_message(body))
+            TranscriptRow(
+                tenant=tenant, run_id=run_id, seq=seq, message=decode_message(unpack(body))
+            )
             for seq, body in rows
         ]
 

@@ -22,6 +22,7 @@ from .migrations import (
     verify_postgres,
     verify_sqlite,
 )
+from .packing import pack, unpack
 from .postgres import APPLICATION_NAME, application_name, connected, open_pool, pooled
 from .redis import RedisStore
 from .sqlite import (
@@ -71,6 +72,7 @@ __all__ = [
     "one_line_driver_logs",
     "open_pool",
     "open_sqlite",
+    "pack",
     "pooled",
     "refuse_foreign_sqlite",
     "schema_version_postgres",
@@ -80,6 +82,7 @@ __all__ = [
     "translate",
     "translated",
     "translating",
+    "unpack",
     "verify_postgres",
     "verify_sqlite",
     "without_passwords",

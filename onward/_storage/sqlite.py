@@ -1,8 +1,10 @@
-"""One sqlite3 connection, used only from one dedicated thread: what every SQLite backend shares.
+"""A writing sqlite3 connection on one dedicated thread, and a reading one on another: what every
+SQLite backend shares.
 
 The event loop never blocks on disk, sqlite3 objects never cross threads, and sqlite3 errors are
 translated into Onward's in one place. Writes are group-committed (:meth:`SqliteThread.write`):
-the writes that queued while the previous commit ran share one transaction and one fsync.
+the writes that queued while the previous commit ran share one transaction and one fsync. Reads
+(:meth:`SqliteThread.read`) never wait behind a commit's fsync.
 """
 
 from __future__ import annotations
@@ -310,7 +312,8 @@ def _resolve(waiters: list[asyncio.Future[None]]) -> None:
 
 
 class SqliteThread:
-    """Owns one connection and the single thread it is used from.
+    """Owns the writing connection and the single thread it is used from, and the reading
+    connection and its thread.
 
     Args:
         path: The database file.

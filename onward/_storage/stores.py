@@ -108,7 +108,8 @@ class Resource:
 
 
 class SqliteStore(Resource):
-    """A store in one SQLite file, used through one connection on one dedicated thread.
+    """A store in one SQLite file, written through one connection on one dedicated thread (and
+    read through a second on another).
 
     Args:
         path: The database file; created if missing.

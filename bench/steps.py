@@ -86,8 +86,9 @@ GUARANTEES = {
     "tool runs, every event acked before the next step, the run's lease confirmed before tools; "
     "resume classifies every call. Here RF=1 "
     "and the broker acks from the page cache (no fsync), as Kafka does by default",
-    "onward-embedded": "the same events, each append fsynced in SQLite (synchronous=FULL) before "
-    "the next; frontier checkpointed inline into the same file",
+    "onward-embedded": "the same events, each append fsynced in SQLite (synchronous=FULL, "
+    "group-committed across runs) before the run's next; frontier checkpointed inline into the "
+    "same file",
     "langgraph": 'checkpoint after each super-step (durability="sync"); nothing is recorded '
     "before a tool runs",
     "dbos": "each step's result recorded in Postgres before the next step; a step cut short "

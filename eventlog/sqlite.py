@@ -1,10 +1,11 @@
 """`SqliteEventLog`: the embedded default. One file, WAL, the same partition and offset semantics.
 
 Writes go through one connection on one dedicated thread and reads through a second on another,
-so the event loop never blocks on disk and sqlite3 objects never cross threads. Several processes may open the same file: an append
-takes SQLite's write lock (``BEGIN IMMEDIATE``) before it allocates offsets, so offsets stay dense
-and a batch lands whole or not at all. ``synchronous=FULL`` makes a returned append survive power
-loss, which write-ahead tool dispatch relies on.
+so the event loop never blocks on disk and sqlite3 objects never cross threads. Several processes
+may open the same file: an append takes SQLite's write lock (``BEGIN IMMEDIATE``) before it
+allocates offsets, so offsets stay dense and a batch lands whole or not at all.
+``synchronous=FULL`` makes a returned append survive power loss, which write-ahead tool dispatch
+relies on.
 
 Records are stored packed (`onward._storage.packing`: deflated against a dictionary of the
 JSON they repeat). Appends are group-committed: the batches of many runs that queued while the

@@ -182,3 +182,24 @@ async def test_two_processes_group_committing_into_one_file_keep_batches_whole(
         stored_runs = check_batches_whole(await read_everything(log))
     assert sum(1 for r in stored_runs if r.startswith("child-")) == runs
     assert sum(1 for r in stored_runs if r.startswith("parent-")) == runs
+
+
+async def test_an_append_cancelled_while_queued_never_lands(tmp_path: Path) -> None:
+    """A caller that gives up before a commit took its batch leaves nothing behind; one whose
+    batch a commit already took is the same as before group commit: it may have landed."""
+    path = tmp_path / "events.db"
+    async with SqliteEventLog(path, partitions=PARTITIONS) as log:
+        with write_lock_held(path) as holder:
+            first = asyncio.create_task(log.append(batch_events("first", 0, 0, 1, 2)))
+            await asyncio.sleep(0.2)  # its commit has taken it and waits for the lock
+            queued = asyncio.create_task(log.append(batch_events("queued", 0, 0, 1, 3)))
+            kept = asyncio.create_task(log.append(batch_events("kept", 0, 0, 1, 1)))
+            await asyncio.sleep(0.05)
+            queued.cancel()
+            holder.execute("ROLLBACK")
+            await first
+            await kept
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        stored_runs = check_batches_whole(await read_everything(log))
+    assert sorted(stored_runs) == ["first-0", "kept-0"]

@@ -99,8 +99,9 @@ GUARANTEES = {
     "onward-postgres": "the same events, each append one committed PostgreSQL transaction "
     "(synchronous_commit on: WAL flushed) before the next step; the run's lease (PostgreSQL) "
     "confirmed before tools; frontier folded inline into the same database",
-    "onward-embedded": "the same events, each append fsynced in SQLite (synchronous=FULL) before "
-    "the next; frontier checkpointed inline into the same file",
+    "onward-embedded": "the same events, each append fsynced in SQLite (synchronous=FULL, "
+    "group-committed across runs) before the run's next; frontier checkpointed inline into the "
+    "same file",
     "langgraph": 'checkpoint after each super-step (durability="sync"); nothing is recorded '
     "before a tool runs",
     "dbos": "each step's result recorded in Postgres before the next step; a step cut short "
@@ -520,7 +521,7 @@ async def onward_embedded(params: Params, *, profile: Path | None) -> dict[str, 
     async def phase(path: Path, work: Callable[[OnwardBench], Awaitable[Any]]) -> Any:
         async with (
             SqliteEventLog(path, partitions=PARTITIONS) as log,
-            SqliteFrontierStore(path) as store,
+            SqliteFrontierStore(path, sharing=log) as store,  # as ONWARD_BACKEND=sqlite opens it
         ):
 
             async def size() -> dict[str, int]:

@@ -1,10 +1,18 @@
 """`SqliteEventLog`: the embedded default. One file, WAL, the same partition and offset semantics.
 
-All access goes through one connection on one dedicated thread, so the event loop never blocks on
-disk and sqlite3 objects never cross threads. Several processes may open the same file: an append
-takes SQLite's write lock (``BEGIN IMMEDIATE``) before it allocates offsets, so offsets stay dense
-and a batch lands whole or not at all. ``synchronous=FULL`` makes a returned append survive power
-loss, which write-ahead tool dispatch relies on.
+Writes go through one connection on one dedicated thread and reads through a second on another,
+so the event loop never blocks on disk and sqlite3 objects never cross threads. Several processes
+may open the same file: an append takes SQLite's write lock (``BEGIN IMMEDIATE``) before it
+allocates offsets, so offsets stay dense and a batch lands whole or not at all.
+``synchronous=FULL`` makes a returned append survive power loss, which write-ahead tool dispatch
+relies on.
+
+Records are stored packed (`onward._storage.packing`: deflated against a dictionary of the
+JSON they repeat). Appends are group-committed: the batches of many runs that queued while the
+previous commit was running share one transaction and one fsync, each in its own savepoint (a
+batch that fails is rolled back alone), and each caller hears back once the commit is durable. A
+lone append commits at once, so a single run waits no longer than it would for a transaction of
+its own.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
-from onward._storage import SqliteStore, connect, transaction, translated
+from onward._storage import SqliteStore, connect, pack, transaction, translated, unpack
 from onward.errors import ConfigurationError, LogTruncatedError
 
 from .base import (
@@ -114,34 +122,34 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
         run_id, partition, encoded = self._prepare(events)
+        rows = [pack(record) for record in encoded]
         conn = self._db.connection()
 
         def write() -> int:
-            with transaction(conn):
-                (first,) = conn.execute(
-                    "SELECT next_offset FROM onward_log_partition WHERE partition = ?",
-                    (partition,),
-                ).fetchone()
-                conn.executemany(
-                    "INSERT INTO onward_log (partition, offset, run_id, record) VALUES (?,?,?,?)",
-                    [(partition, first + i, run_id, r) for i, r in enumerate(encoded)],
-                )
-                conn.execute(
-                    "UPDATE onward_log_partition SET next_offset = ? WHERE partition = ?",
-                    (first + len(encoded), partition),
-                )
+            # Inside a group commit's transaction, which took the write lock first.
+            (first,) = conn.execute(
+                "SELECT next_offset FROM onward_log_partition WHERE partition = ?",
+                (partition,),
+            ).fetchone()
+            conn.executemany(
+                "INSERT INTO onward_log (partition, offset, run_id, record) VALUES (?,?,?,?)",
+                [(partition, first + i, run_id, row) for i, row in enumerate(rows)],
+            )
+            conn.execute(
+                "UPDATE onward_log_partition SET next_offset = ? WHERE partition = ?",
+                (first + len(rows), partition),
+            )
             return int(first)
 
-        first = await self._db.call(write, f"appending to partition {partition}", run_id)
+        first = await self._db.write(write, f"appending to partition {partition}", run_id)
         return [Position(partition, first + i) for i in range(len(encoded))]
 
     async def _read_records(self, request: LogRead) -> list[LogRecord]:
         partition, start, end, run_id, limit = request
         if self._unwritten:
             return []
-        conn = self._db.connection()
 
-        def read() -> tuple[int, list[tuple[int, str, bytes]]]:
+        def read(conn: sqlite3.Connection) -> tuple[int, list[tuple[int, str, bytes]]]:
             # One read transaction, so the start offset and the rows are one snapshot.
             with transaction(conn, "BEGIN"):
                 (first,) = conn.execute(
@@ -167,7 +175,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                     args.append(limit)
                 return first, conn.execute(query, args).fetchall()
 
-        first, rows = await self._db.call(read, f"reading partition {partition}", run_id)
+        first, rows = await self._db.read(read, f"reading partition {partition}", run_id)
         if start is not None and start < first:
             raise LogTruncatedError(
                 f"partition {partition}: offset {start} was truncated; the partition starts at "
@@ -178,7 +186,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                 start=first,
             )
         return [
-            decode_record(Position(partition, offset), record, run_hint=key)
+            decode_record(Position(partition, offset), unpack(record), run_hint=key)
             for offset, key, record in rows
         ]
 
@@ -186,16 +194,15 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         check_partition(partition, self._partitions)
         if self._unwritten:
             return PartitionBounds(0, 0)
-        conn = self._db.connection()
 
-        def read() -> tuple[int, int]:
+        def read(conn: sqlite3.Connection) -> tuple[int, int]:
             row = conn.execute(
                 "SELECT start_offset, next_offset FROM onward_log_partition WHERE partition = ?",
                 (partition,),
             ).fetchone()
             return int(row[0]), int(row[1])
 
-        start, end = await self._db.call(read, f"reading the bounds of partition {partition}")
+        start, end = await self._db.read(read, f"reading the bounds of partition {partition}")
         return PartitionBounds(start, end)
 
     async def truncate_before(self, partition: int, offset: int) -> None:
@@ -203,24 +210,22 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         conn = self._db.connection()
 
         def truncate() -> None:
-            with transaction(conn):
-                start, end = conn.execute(
-                    "SELECT start_offset, next_offset FROM onward_log_partition "
-                    "WHERE partition = ?",
-                    (partition,),
-                ).fetchone()
-                check_truncation(partition, offset, end)
-                if offset > start:
-                    conn.execute(
-                        "DELETE FROM onward_log WHERE partition = ? AND offset < ?",
-                        (partition, offset),
-                    )
-                    conn.execute(
-                        "UPDATE onward_log_partition SET start_offset = ? WHERE partition = ?",
-                        (offset, partition),
-                    )
+            start, end = conn.execute(
+                "SELECT start_offset, next_offset FROM onward_log_partition WHERE partition = ?",
+                (partition,),
+            ).fetchone()
+            check_truncation(partition, offset, end)
+            if offset > start:
+                conn.execute(
+                    "DELETE FROM onward_log WHERE partition = ? AND offset < ?",
+                    (partition, offset),
+                )
+                conn.execute(
+                    "UPDATE onward_log_partition SET start_offset = ? WHERE partition = ?",
+                    (offset, partition),
+                )
 
-        await self._db.call(truncate, f"truncating partition {partition}")
+        await self._db.write(truncate, f"truncating partition {partition}")
 
     def write_raw(self, run_id: str, record: bytes) -> Position:
         """Store a record as a foreign writer would, unchecked. For tests of bad input."""

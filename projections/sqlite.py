@@ -5,21 +5,23 @@ single-machine deployment keeps the log and its projections in one file; the tab
 collide. As in the log, all access goes through one connection on one dedicated thread, so the
 event loop never blocks on disk and sqlite3 objects never cross threads.
 
-A write is one ``BEGIN IMMEDIATE`` transaction holding the rows and the projector's positions,
-which is what lets a projector resume exactly once after a crash. Every upsert is guarded by
-``through_offset`` (positions by ``next_offset``), so a batch folded twice changes nothing and a
-slow writer never moves a row or a position back.
+A write lands in one ``BEGIN IMMEDIATE`` transaction with the projector's positions, which is
+what lets a projector resume exactly once after a crash; it is group-committed with the other
+writes of its connection (the log's appends, when the store shares the log's connection).
+Every upsert is guarded by ``through_offset`` (positions by ``next_offset``), so a batch folded
+twice changes nothing and a slow writer never moves a row or a position back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import msgspec
 
-from onward._storage import IN_CHUNK, SqliteStore, select_in, transaction
+from onward._storage import IN_CHUNK, SqliteStore, pack, select_in, transaction, unpack
 
 from .base import (
     FrontierStoreBackend,
@@ -172,22 +174,20 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         ids = list(dict.fromkeys(run_ids))
         if not ids:
             return {}
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return select_in(conn, f"{_SELECT_FRONTIERS} WHERE run_id IN", ids)
 
-        rows = await self._db.call(read, f"loading the frontiers of {len(ids)} runs")
+        rows = await self._db.read(read, f"loading the frontiers of {len(ids)} runs")
         return {stored.summary.run_id: stored for stored in map(_stored, rows)}
 
     async def get(self, run_id: str) -> StoredFrontier | None:
         """The stored row of one run, or ``None`` if it has none."""
-        conn = self._db.connection()
 
-        def read() -> Any:
+        def read(conn: sqlite3.Connection) -> Any:
             return conn.execute(f"{_SELECT_FRONTIERS} WHERE run_id = ?", (run_id,)).fetchone()
 
-        row = await self._db.call(read, "reading a frontier", run_id)
+        row = await self._db.read(read, "reading a frontier", run_id)
         return None if row is None else _stored(row)
 
     async def _write(self, batch: FrontierWrite) -> None:
@@ -206,9 +206,7 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         clear_rows = [(consumer, run_id) for run_id in batch.cleared]
         hold_rows = [_entry_params(consumer, entry) for entry in batch.quarantine]
         mark_rows = [(e.mark, e.run_id) for e in batch.quarantine if e.run_id is not None]
-        message_rows = [
-            (m.tenant, m.run_id, m.seq, m.encoded(compressed=True)) for m in batch.messages
-        ]
+        message_rows = [(m.tenant, m.run_id, m.seq, pack(m.encoded())) for m in batch.messages]
         if not (
             frontier_rows or call_rows or position_rows or clear_rows or hold_rows or message_rows
         ):
@@ -216,23 +214,22 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         conn = self._db.connection()
 
         def write() -> None:
-            with transaction(conn, "BEGIN IMMEDIATE"):
-                if frontier_rows:
-                    conn.executemany(_UPSERT_FRONTIER, frontier_rows)
-                if call_rows:
-                    conn.executemany(_UPSERT_CALL, call_rows)
-                if clear_rows:
-                    conn.executemany(_CLEAR, clear_rows)
-                    conn.executemany(_UNMARK, [(run_id,) for _, run_id in clear_rows])
-                if hold_rows:
-                    conn.executemany(_HOLD, hold_rows)
-                    conn.executemany(_MARK, mark_rows)
-                if position_rows:
-                    conn.executemany(_UPSERT_POSITION, position_rows)
-                if message_rows:
-                    conn.executemany(_APPEND_MESSAGE, message_rows)
+            if frontier_rows:
+                conn.executemany(_UPSERT_FRONTIER, frontier_rows)
+            if call_rows:
+                conn.executemany(_UPSERT_CALL, call_rows)
+            if clear_rows:
+                conn.executemany(_CLEAR, clear_rows)
+                conn.executemany(_UNMARK, [(run_id,) for _, run_id in clear_rows])
+            if hold_rows:
+                conn.executemany(_HOLD, hold_rows)
+                conn.executemany(_MARK, mark_rows)
+            if position_rows:
+                conn.executemany(_UPSERT_POSITION, position_rows)
+            if message_rows:
+                conn.executemany(_APPEND_MESSAGE, message_rows)
 
-        await self._db.call(
+        await self._db.write(
             write,
             f"writing {len(frontier_rows)} frontiers, {len(call_rows)} call rows and "
             f"{len(position_rows)} positions of consumer {consumer!r}",
@@ -258,12 +255,11 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
             query += f" AND state IN ({', '.join('?' for _ in wanted)})"
             args.extend(wanted)
         query += " ORDER BY partition, log_offset"
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(query, args).fetchall()
 
-        rows = await self._db.call(read, "listing quarantined records", run_id)
+        rows = await self._db.read(read, "listing quarantined records", run_id)
         return [_entry(row) for row in rows]
 
     async def release(self, consumer: str, run_id: str, *, by: str, at: int) -> int:
@@ -288,38 +284,37 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
 
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         """The transcript rows of one run with seq at most ``through``, by seq."""
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(_SELECT_TRANSCRIPT, (tenant, run_id, through)).fetchall()
 
-        rows = await self._db.call(read, "reading the transcript", run_id)
+        rows = await self._db.read(read, "reading the transcript", run_id)
         return [
-            TranscriptRow(tenant=tenant, run_id=run_id, seq=seq, message=decode_message(body))
+            TranscriptRow(
+                tenant=tenant, run_id=run_id, seq=seq, message=decode_message(unpack(body))
+            )
             for seq, body in rows
         ]
 
     async def positions(self, consumer: str) -> dict[int, int]:
         """The next offset per partition stored for a consumer."""
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(
                 "SELECT partition, next_offset FROM onward_projector_positions WHERE consumer = ?",
                 (consumer,),
             ).fetchall()
 
-        rows = await self._db.call(read, f"reading the positions of consumer {consumer!r}")
+        rows = await self._db.read(read, f"reading the positions of consumer {consumer!r}")
         return {int(partition): int(offset) for partition, offset in rows}
 
     async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
         """The audit rows of one run's calls: dispatched ones by time, then the rest, by id."""
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(_SELECT_CALLS, (run_id,)).fetchall()
 
-        rows = await self._db.call(read, "reading tool call rows", run_id)
+        rows = await self._db.read(read, "reading tool call rows", run_id)
         return [_call_row(row) for row in rows]
 
     async def runs(
@@ -359,10 +354,9 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         if limit is not None:
             query += " LIMIT ?"
             args.append(limit)
-        conn = self._db.connection()
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(query, args).fetchall()
 
-        rows = await self._db.call(read, "listing runs")
+        rows = await self._db.read(read, "listing runs")
         return [_summary(row) for row in rows]

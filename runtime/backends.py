@@ -231,14 +231,16 @@ async def open_backends(
             )
         elif settings.backend == "sqlite":
             path = settings.sqlite_path
-            log = await stack.enter_async_context(
+            sqlite_log = await stack.enter_async_context(
                 SqliteEventLog(path, partitions=settings.partitions, readonly=readonly)
             )
+            log = sqlite_log
+            # One connection for all four: their writes share the log's group commits.
             frontiers = await stack.enter_async_context(
-                SqliteFrontierStore(path, readonly=readonly)
+                SqliteFrontierStore(path, sharing=sqlite_log)
             )
-            leases = await stack.enter_async_context(SqliteLeaseStore(path, readonly=readonly))
-            blobs = await stack.enter_async_context(SqliteBlobStore(path, readonly=readonly))
+            leases = await stack.enter_async_context(SqliteLeaseStore(path, sharing=sqlite_log))
+            blobs = await stack.enter_async_context(SqliteBlobStore(path, sharing=sqlite_log))
             compaction = embedded_compaction(log)
             # On the log's own connection, as the log's leases are: a second connection would
             # take turns with the log's appends at SQLite's write lock at every model call.

@@ -15,12 +15,13 @@ the blob store, which is shared by every tenant and keyed by content alone.
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, Resource, SqliteStore, transaction
+from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, Resource, SqliteStore
 from onward.errors import HistoryUnavailableError
 from onward.eventlog.events import (
     ApprovalRequested,
@@ -105,25 +106,22 @@ class SqliteBlobStore(SqliteStore):
         conn = self._db.connection()
 
         def write() -> None:
-            with transaction(conn):
-                conn.execute(
-                    "INSERT INTO onward_blobs (digest, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                    (digest, body),
-                )
+            conn.execute(
+                "INSERT INTO onward_blobs (digest, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                (digest, body),
+            )
 
-        await self._db.call(write, "storing a blob")
+        await self._db.write(write, "storing a blob")
         return digest
 
     async def get(self, digest: str) -> bytes:
-        conn = self._db.connection()
-
-        def read() -> bytes | None:
+        def read(conn: sqlite3.Connection) -> bytes | None:
             row = conn.execute(
                 "SELECT body FROM onward_blobs WHERE digest = ?", (digest,)
             ).fetchone()
             return bytes(row[0]) if row else None
 
-        body = await self._db.call(read, "reading a blob")
+        body = await self._db.read(read, "reading a blob")
         if body is None:
             raise _missing(digest)
         return body

@@ -159,6 +159,12 @@ class Checkpointer:
         else:
             self._across_processes = contextlib.nullcontext()
         self._in_process = asyncio.Lock()
+        # Group folding: the partitions asked for since the last catch-up began, and tickets
+        # saying which requests a finished catch-up covered (it covers every request made
+        # before it began, since those appends were durable by then).
+        self._wanted: set[int] = set()
+        self._requested = 0
+        self._covered = 0
         self.last_error: str | None = None
         self.written = 0
 
@@ -175,14 +181,22 @@ class Checkpointer:
         self, events: Sequence[Event], positions: Sequence[Position], *, step: int | None = None
     ) -> None:
         """Fold the partition of a batch just appended, if the policy wants a checkpoint here
-        (``step``: the run's model calls so far, for the policy's ``checkpoint_frequency``)."""
+        (``step``: the run's model calls so far, for the policy's ``checkpoint_frequency``).
+
+        Concurrent runs share catch-ups: one that waited while another catch-up ran is served
+        by the next, which folds every partition asked for meanwhile in one pass (one store
+        write) instead of one pass each.
+        """
         if not self.policy.wants(events, step=step):
             return
+        self._wanted.add(positions[0].partition)
+        self._requested += 1
+        ticket = self._requested
         refused_before = self.projection.stats.snapshots_refused
         try:
             # What another process on the same file folded since is noticed by the projector
             # (a position it did not store), which then folds onto the stored rows.
-            await self.catch_up([positions[0].partition])
+            await self._fold_through(ticket)
         except OnwardError as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("checkpoint not written, the run carries on: %s", self.last_error)
@@ -195,3 +209,18 @@ class Checkpointer:
         else:
             self.last_error = None
         self.written += 1
+
+    async def _fold_through(self, ticket: int) -> None:
+        """Return once a catch-up that began after request ``ticket`` was made has stored."""
+        async with self._in_process:
+            if self._covered >= ticket:
+                return
+            through = self._requested
+            partitions, self._wanted = sorted(self._wanted), set()
+            try:
+                async with self._across_processes:
+                    await self._projector.catch_up(partitions)
+            except BaseException:
+                self._wanted.update(partitions)  # still wanted: the next waiter tries again
+                raise
+            self._covered = through

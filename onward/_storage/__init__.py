@@ -28,6 +28,7 @@ from .migrations import (
     verify_postgres,
     verify_sqlite,
 )
+from .packing import pack, unpack
 from .postgres import APPLICATION_NAME, application_name, connected, open_pool, pooled
 from .redis import RedisStore
 from .sqlite import (
@@ -86,6 +87,7 @@ __all__ = [
     "one_line_driver_logs",
     "open_pool",
     "open_sqlite",
+    "pack",
     "pooled",
     "refuse_foreign_sqlite",
     "schema_version_postgres",
@@ -95,6 +97,7 @@ __all__ = [
     "translate",
     "translated",
     "translating",
+    "unpack",
     "verify_postgres",
     "verify_sqlite",
     "without_passwords",

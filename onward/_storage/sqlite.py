@@ -1,7 +1,10 @@
-"""One sqlite3 connection, used only from one dedicated thread: what every SQLite backend shares.
+"""A writing sqlite3 connection on one dedicated thread, and a reading one on another: what every
+SQLite backend shares.
 
 The event loop never blocks on disk, sqlite3 objects never cross threads, and sqlite3 errors are
-translated into Onward's in one place.
+translated into Onward's in one place. Writes are group-committed (:meth:`SqliteThread.write`):
+the writes that queued while the previous commit ran share one transaction and one fsync. Reads
+(:meth:`SqliteThread.read`) never wait behind a commit's fsync.
 """
 
 from __future__ import annotations
@@ -10,11 +13,12 @@ import asyncio
 import os
 import sqlite3
 import sys
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from onward.errors import ConfigurationError, InvalidInputError
 
@@ -43,6 +47,19 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=10000")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def connect_reader(path: Path) -> sqlite3.Connection:
+    """A second connection of a writing store, for its reads: ``query_only``, so it cannot
+    write, and in the WAL mode the writing connection set, so it reads beside the writes."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA query_only=ON")
         conn.execute("PRAGMA busy_timeout=10000")
     except BaseException:
         conn.close()
@@ -197,8 +214,106 @@ class FileLock:
             os.close(fd)  # closing the descriptor releases its lock
 
 
+class _Write(Generic[_T]):
+    """One caller's write waiting for a group commit, and what became of it."""
+
+    __slots__ = ("done", "error", "fn", "result", "waiter")
+
+    def __init__(self, fn: Callable[[], _T], waiter: asyncio.Future[None]) -> None:
+        self.fn = fn
+        self.waiter = waiter
+        self.done = False
+        self.result: _T | None = None
+        self.error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.result, self.error, self.done = None, error, True
+
+
+_SAVEPOINT = "onward_write"
+
+
+def commit_group(conn: sqlite3.Connection, writes: list[_Write[Any]]) -> None:
+    """Run ``writes`` in one ``BEGIN IMMEDIATE`` transaction and commit it once.
+
+    Each write runs inside a savepoint, so one that raises is rolled back alone and fails alone
+    while the others commit. A write is marked done, with its result or its error, only once
+    the commit returned or failed: no caller hears of a write that is not durable. If SQLite
+    ends the transaction itself (a full disk, an I/O error), the writes run so far fail with
+    that error and the rest are tried again in a fresh transaction.
+    """
+    pending = deque(writes)
+    while pending:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            for write in pending:
+                write.fail(exc)
+            return
+        ran = _run_in_transaction(conn, pending)
+        if ran is None:
+            continue  # the transaction was lost; what is left gets a fresh one
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for write in ran:
+                write.fail(exc)
+            return
+        for write in ran:
+            write.done = True
+
+
+def _run_in_transaction(
+    conn: sqlite3.Connection, pending: deque[_Write[Any]]
+) -> list[_Write[Any]] | None:
+    """Run pending writes, each in a savepoint, inside the open transaction; return those that
+    ran, or ``None`` if SQLite ended the transaction (they then failed with its error)."""
+    ran: list[_Write[Any]] = []
+    while pending:
+        write = pending.popleft()
+        try:
+            conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+            value = write.fn()
+            conn.execute(f"RELEASE {_SAVEPOINT}")
+        except Exception as exc:  # noqa: BLE001 - the write's own failure, its caller's to see
+            write.fail(exc)
+            if conn.in_transaction:
+                try:
+                    conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
+                    conn.execute(f"RELEASE {_SAVEPOINT}")
+                    continue
+                except sqlite3.Error:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+            for earlier in ran:
+                earlier.fail(exc)
+            return None
+        write.result = value
+        ran.append(write)
+    return ran
+
+
+def _wake(writes: list[_Write[Any]]) -> None:
+    """From the thread: wake the callers of ``writes``, one call into each event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for write in writes:
+        by_loop.setdefault(write.waiter.get_loop(), []).append(write.waiter)
+    for loop, waiters in by_loop.items():
+        with suppress(RuntimeError):  # that loop is closed: nobody is waiting any more
+            loop.call_soon_threadsafe(_resolve, waiters)
+
+
+def _resolve(waiters: list[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():  # a cancelled caller's is done already
+            waiter.set_result(None)
+
+
 class SqliteThread:
-    """Owns one connection and the single thread it is used from.
+    """Owns the writing connection and the single thread it is used from, and the reading
+    connection and its thread.
 
     Args:
         path: The database file.
@@ -210,22 +325,41 @@ class SqliteThread:
         self._what = what
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        self._writes: deque[_Write[Any]] = deque()
+        self._commit_scheduled = False
+        self.commits = 0
+        """Group commits run so far (each one transaction and one fsync)."""
+        self._reader_opener: Callable[[], sqlite3.Connection] | None = None
+        self._reader_executor: ThreadPoolExecutor | None = None
+        self._reader: sqlite3.Connection | None = None
 
     @property
     def is_open(self) -> bool:
         return self._conn is not None
 
-    async def open(self, opener: Callable[[], sqlite3.Connection]) -> None:
-        """Open with ``opener`` on the thread. A failed open leaves no thread behind."""
+    async def open(
+        self,
+        opener: Callable[[], sqlite3.Connection],
+        *,
+        reader: Callable[[], sqlite3.Connection] | None = None,
+    ) -> None:
+        """Open with ``opener`` on the thread. A failed open leaves no thread behind.
+
+        With ``reader``, :meth:`read` uses a second connection it opens (on a second thread, at
+        the first read), so reads never queue behind a commit's fsync; WAL lets that
+        connection read beside the writing one. Without it, reads use the one connection.
+        """
         if self._conn is not None:
             return
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onward-sqlite")
+        self._commit_scheduled = False
         try:
             self._conn = await self.call(opener, f"opening the {self._what}")
         except BaseException:
             executor, self._executor = self._executor, None
             executor.shutdown(wait=False)
             raise
+        self._reader_opener = reader
 
     def connection(self) -> sqlite3.Connection:
         """The open connection, or a clear error saying how to open it."""
@@ -246,8 +380,115 @@ class SqliteThread:
         except sqlite3.Error as exc:
             raise translate(exc, context=f"{self.path}: {context}", run_id=run_id) from exc
 
+    async def read(
+        self,
+        fn: Callable[[sqlite3.Connection], _T],
+        context: str,
+        run_id: str | None = None,
+    ) -> _T:
+        """Run ``fn`` with the reading connection, on its thread, translating sqlite3 errors.
+
+        ``fn`` must only read. It sees every write whose :meth:`write` has returned: those
+        are committed.
+        """
+        conn = self.connection()
+        if self._reader_opener is None:
+            return await self.call(lambda: fn(conn), context, run_id)
+        if self._reader_executor is None:
+            self._reader_executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="onward-sqlite-read"
+            )
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._reader_executor, self._read, fn)
+        except sqlite3.Error as exc:
+            raise translate(exc, context=f"{self.path}: {context}", run_id=run_id) from exc
+
+    def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """On the reading thread: open its connection the first time, then run ``fn``."""
+        if self._reader is None:
+            if self._reader_opener is None:
+                raise InvalidInputError(f"{self.path}: the {self._what} is not open")
+            self._reader = self._reader_opener()
+        return fn(self._reader)
+
+    async def write(self, fn: Callable[[], _T], context: str, run_id: str | None = None) -> _T:
+        """Run ``fn`` on the thread inside a group commit; return once its changes are durable.
+
+        ``fn`` runs inside a transaction (it must not begin or end one) together with the
+        writes of other callers that queued while the previous commit was running: a lone
+        write commits at once, and many concurrent writes share one transaction and one
+        fsync. A write that raises is rolled back alone; the error reaches its caller only.
+
+        Raises:
+            BackendError: SQLite refused the write or its commit (translated as by
+                :meth:`call`); nothing of it was stored.
+        """
+        conn = self.connection()
+        write = _Write(fn, asyncio.get_running_loop().create_future())
+        self._writes.append(write)
+        try:
+            if not self._commit_scheduled:
+                # No commit is waiting to start: schedule one, which takes this write and every
+                # one queued before it starts. While a commit runs, the writes queue for the next.
+                self._commit_scheduled = True
+                try:
+                    self._thread().submit(self._commit_queued, conn)
+                except BaseException:
+                    self._commit_scheduled = False
+                    raise
+            await write.waiter
+        except BaseException:
+            with suppress(ValueError):
+                self._writes.remove(write)  # not taken by a commit yet: it never runs
+            raise
+        if write.error is None:
+            return write.result  # type: ignore[return-value]  # fn's value, set by the commit
+        if isinstance(write.error, sqlite3.Error):
+            raise translate(
+                write.error, context=f"{self.path}: {context}", run_id=run_id
+            ) from write.error
+        raise write.error
+
+    def _thread(self) -> ThreadPoolExecutor:
+        """The connection's thread, or the not-open error."""
+        if self._executor is None:
+            raise InvalidInputError(f"{self.path}: the {self._what} is not open")
+        return self._executor
+
+    def _commit_queued(self, conn: sqlite3.Connection) -> None:
+        """On the thread: commit every write queued so far in one transaction, then wake their
+        callers."""
+        self._commit_scheduled = False  # a write queued from now on schedules the next commit
+        writes: list[_Write[Any]] = []
+        while self._writes:
+            try:
+                writes.append(self._writes.popleft())
+            except IndexError:
+                break
+        if not writes:
+            return
+        self.commits += 1
+        try:
+            commit_group(conn, writes)
+        except Exception as exc:  # noqa: BLE001 - a rollback failed too: fail what is not done
+            for write in writes:
+                if not write.done:
+                    write.fail(exc)
+        finally:
+            _wake(writes)
+
     async def close(self) -> None:
-        """Close the connection and stop the thread. Idempotent; the owner may open again."""
+        """Close the connections and stop the threads. Idempotent; the owner may open again."""
+        self._reader_opener = None
+        reader_executor, self._reader_executor = self._reader_executor, None
+        if reader_executor is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    reader_executor, self._close_reader
+                )
+            finally:
+                reader_executor.shutdown(wait=False)
         conn, self._conn = self._conn, None
         executor, self._executor = self._executor, None
         if executor is None:
@@ -257,3 +498,9 @@ class SqliteThread:
                 await asyncio.get_running_loop().run_in_executor(executor, conn.close)
         finally:
             executor.shutdown(wait=False)
+
+    def _close_reader(self) -> None:
+        """On the reading thread: close its connection, if it was opened."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()

@@ -24,7 +24,7 @@ from onward.errors import InvalidInputError
 from .logs import one_line_driver_logs
 from .migrations import open_sqlite, verify_postgres, verify_sqlite
 from .postgres import open_pool, pooled
-from .sqlite import FileLock, SqliteThread
+from .sqlite import FileLock, SqliteThread, connect_reader
 from .translate import translated
 
 _T = TypeVar("_T")
@@ -109,7 +109,8 @@ class Resource:
 
 
 class SqliteStore(Resource):
-    """A store in one SQLite file, used through one connection on one dedicated thread.
+    """A store in one SQLite file, written through one connection on one dedicated thread (and
+    read through a second on another).
 
     Args:
         path: The database file; created if missing.
@@ -166,7 +167,9 @@ class SqliteStore(Resource):
         if self._borrowed:
             self._db.connection()  # the sharing store must be open: says how if it is not
             return
-        await self._db.open(self._open)
+        await self._db.open(
+            self._open, reader=None if self._readonly else lambda: connect_reader(self._path)
+        )
 
     def _open(self) -> sqlite3.Connection:
         """Open the connection; runs on the store's thread."""

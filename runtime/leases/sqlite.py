@@ -1,8 +1,10 @@
 """`SqliteLeaseStore`: leases in one SQLite file, for the embedded single-machine deployment.
 
-Workers in several processes on one machine share the file. Each decision is one
+Workers in several processes on one machine share the file. Each decision runs inside a
 ``BEGIN IMMEDIATE`` transaction, which takes the file's write lock before reading, so two
-processes acquiring the same run at once are serialized and exactly one wins.
+processes acquiring the same run at once are serialized and exactly one wins. Decisions are
+group-committed with the other writes of the connection (the log's appends, when the store
+shares the log's connection): each is answered once its transaction is durable.
 
 The clock is SQLite's own ``julianday('now')``, which SQLite reads from the operating system
 itself; Python's ``time.time`` is never consulted and no caller sends a time. ``expires_at`` is
@@ -12,9 +14,10 @@ and expiry become NULL), so the fence it carries only ever goes up.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
-from onward._storage import SqliteStore, transaction
+from onward._storage import SqliteStore
 
 from .base import RunLease, check_ttl, conflict_error, fenced_error
 
@@ -76,17 +79,16 @@ class SqliteLeaseStore(SqliteStore):
 
         def acquire() -> tuple[Any, Any]:
             # fetchall: a RETURNING statement must run to its end before the COMMIT.
-            with transaction(conn, "BEGIN IMMEDIATE"):
-                rows = conn.execute(_ACQUIRE, (run_id, tenant, holder, ttl_s)).fetchall()
-                if rows:
-                    return rows[0], None
-                current = conn.execute(
-                    "SELECT holder, tenant, expires_at FROM onward_leases WHERE run_id = ?",
-                    (run_id,),
-                ).fetchone()
-                return None, current
+            rows = conn.execute(_ACQUIRE, (run_id, tenant, holder, ttl_s)).fetchall()
+            if rows:
+                return rows[0], None
+            current = conn.execute(
+                "SELECT holder, tenant, expires_at FROM onward_leases WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            return None, current
 
-        row, current = await self._db.call(acquire, "acquiring the lease", run_id)
+        row, current = await self._db.write(acquire, "acquiring the lease", run_id)
         if row is None:
             raise conflict_error(
                 run_id,
@@ -128,11 +130,10 @@ class SqliteLeaseStore(SqliteStore):
         params = (value, lease.run_id, lease.holder, lease.fence)
 
         def update() -> Any:
-            with transaction(conn, "BEGIN IMMEDIATE"):
-                rows = conn.execute(statement, params).fetchall()
+            rows = conn.execute(statement, params).fetchall()
             return rows[0] if rows else None
 
-        row = await self._db.call(update, what, lease.run_id)
+        row = await self._db.write(update, what, lease.run_id)
         if row is None:
             raise fenced_error(lease, "expired, was released or was superseded")
         return _lease(lease.run_id, row)
@@ -146,24 +147,22 @@ class SqliteLeaseStore(SqliteStore):
         conn = self._db.connection()
 
         def release() -> bool:
-            with transaction(conn, "BEGIN IMMEDIATE"):
-                cursor = conn.execute(_RELEASE, (lease.run_id, lease.holder, lease.fence))
-                if cursor.rowcount:
-                    return True
-                row = conn.execute(
-                    "SELECT holder, fence FROM onward_leases WHERE run_id = ?", (lease.run_id,)
-                ).fetchone()
-                return row is not None and row[0] is None and int(row[1]) == lease.fence
+            cursor = conn.execute(_RELEASE, (lease.run_id, lease.holder, lease.fence))
+            if cursor.rowcount:
+                return True
+            row = conn.execute(
+                "SELECT holder, fence FROM onward_leases WHERE run_id = ?", (lease.run_id,)
+            ).fetchone()
+            return row is not None and row[0] is None and int(row[1]) == lease.fence
 
-        if not await self._db.call(release, "releasing the lease", lease.run_id):
+        if not await self._db.write(release, "releasing the lease", lease.run_id):
             raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
 
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any, by SQLite's clock."""
-        conn = self._db.connection()
 
-        def read() -> Any:
+        def read(conn: sqlite3.Connection) -> Any:
             return conn.execute(_CURRENT, (run_id,)).fetchone()
 
-        row = await self._db.call(read, "reading the lease", run_id)
+        row = await self._db.read(read, "reading the lease", run_id)
         return None if row is None else _lease(run_id, row)

@@ -173,12 +173,12 @@ async def test_load_reads_many_runs_in_one_query_per_chunk(tmp_path: Path) -> No
             CONSUMER, {}, [Snapshot.of(frontier(r, through=i)) for i, r in enumerate(runs)], []
         )
         statements: list[str] = []
-        conn = store._db.connection()
-        conn.set_trace_callback(statements.append)
+        # Reads go through the store's reading connection.
+        await store._db.read(lambda conn: conn.set_trace_callback(statements.append), "tracing")
         try:
             loaded = await store.load([*runs, new_run_id()])
         finally:
-            conn.set_trace_callback(None)
+            await store._db.read(lambda conn: conn.set_trace_callback(None), "tracing")
     assert [loaded[r].summary.through_offset for r in runs] == list(range(len(runs)))
     assert sum(s.lstrip().upper().startswith("SELECT") for s in statements) == 3
 

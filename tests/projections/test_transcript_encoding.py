@@ -1,5 +1,6 @@
-"""How the SQL stores keep transcript messages: a long one as a zstd frame of its JSON, a short one
-as JSON, and rows written as JSON by earlier versions still read back.
+"""How the SQL stores keep transcript messages: PostgreSQL a long one as a zstd frame of its JSON,
+SQLite every one over a few dozen bytes deflated against its dictionary (`onward._storage.pack`),
+a short one as JSON; rows written as JSON by earlier versions still read back.
 
 The bytes are looked at in the tables themselves (PostgreSQL over its socket, the SQLite file),
 where an analyst or a later version would find them.
@@ -8,6 +9,7 @@ where an analyst or a later version would find them.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
@@ -16,6 +18,8 @@ import msgspec
 import zstandard
 from support.pg import SchemaFactory
 
+from onward._storage import unpack
+from onward._storage.packing import PACKED
 from onward.eventlog.events import Message
 from onward.projections import PostgresFrontierStore, SqliteFrontierStore
 from onward.projections.base import FrontierStore, Snapshot
@@ -44,12 +48,12 @@ async def write(store: FrontierStore, run_id: str) -> None:
     )
 
 
-def check_stored(bodies: dict[int, bytes]) -> None:
+def check_stored(bodies: dict[int, bytes], unpacked: Callable[[bytes], bytes]) -> None:
     short, long = bodies[1], bodies[2]
     assert msgspec.json.decode(short, type=Message) == Message(role="user", content="book it")
     json_body = msgspec.json.encode(Message(role="tool", content=RESULT))
     assert len(json_body) > COMPRESS_OVER
-    assert zstandard.ZstdDecompressor().decompress(long) == json_body
+    assert unpacked(long) == json_body
     assert len(long) * 4 < len(json_body), (len(long), len(json_body))
 
 
@@ -68,7 +72,9 @@ async def test_postgres_keeps_long_messages_compressed_and_reads_json_rows(
         stored = await conn.fetch(
             "SELECT seq, message FROM onward_transcript WHERE run_id = $1", run_id
         )
-        check_stored({r["seq"]: bytes(r["message"]) for r in stored})
+        check_stored(
+            {r["seq"]: bytes(r["message"]) for r in stored}, zstandard.ZstdDecompressor().decompress
+        )
         await conn.execute(
             "INSERT INTO onward_transcript (tenant, run_id, seq, message) VALUES ($1, $2, 3, $3)",
             "acme",
@@ -82,7 +88,7 @@ async def test_postgres_keeps_long_messages_compressed_and_reads_json_rows(
         await store.close()
 
 
-async def test_sqlite_keeps_long_messages_compressed_and_reads_json_rows(tmp_path: Path) -> None:
+async def test_sqlite_keeps_messages_packed_and_reads_json_rows(tmp_path: Path) -> None:
     path = tmp_path / "onward.db"
     run_id = new_run_id()
     async with SqliteFrontierStore(path) as store:
@@ -91,7 +97,9 @@ async def test_sqlite_keeps_long_messages_compressed_and_reads_json_rows(tmp_pat
         stored = conn.execute(
             "SELECT seq, message FROM onward_transcript WHERE run_id = ?", (run_id,)
         ).fetchall()
-        check_stored({seq: bytes(body) for seq, body in stored})
+        bodies = {seq: bytes(body) for seq, body in stored}
+        check_stored(bodies, unpack)
+        assert bodies[2].startswith(PACKED)
         with conn:
             conn.execute(
                 "INSERT INTO onward_transcript (tenant, run_id, seq, message) VALUES (?, ?, 3, ?)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import sqlite3
 import subprocess
 import sys
@@ -41,7 +42,7 @@ async def book(seat: str, *, idempotency_key: str) -> str:
 
 
 AGENT = Agent(name="booker", instructions="book", tools=[book])
-BIG = "a long answer " * 2_000  # needs pages of its own, so the full file cannot take it
+BIG = random.Random(0).randbytes(14_000).hex()  # even packed, it needs pages of its own
 
 
 def model() -> ScriptedProvider:

@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from support.sqlite_files import stored_bytes
 
 from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
 from onward.projections.frontier_projection import FrontierProjection
@@ -166,8 +167,8 @@ async def test_a_password_argument_and_an_api_key_result_are_masked_in_the_sqlit
 
 
 def sqlite_bytes(path: Path) -> bytes:
-    """Every byte of a SQLite database, its -wal and -shm files included."""
-    return b"".join(file.read_bytes() for file in path.parent.glob(f"{path.name}*"))
+    """Every byte of a SQLite database, its -wal and -shm files included, and its rows unpacked."""
+    return stored_bytes(path)
 
 
 async def test_a_password_argument_and_an_api_key_result_reach_neither_kafka_nor_postgresql(

@@ -19,6 +19,7 @@ from langchain_core.messages import ToolCall as LangChainToolCall
 from langchain_core.messages import ToolMessage
 from langgraph.prebuilt import ToolRuntime
 from langgraph.prebuilt.tool_node import ToolCallRequest
+from support.sqlite_files import stored_bytes
 from support.stores import sqlite_stores
 from typer.testing import CliRunner
 
@@ -288,8 +289,8 @@ def test_secret_shapes_the_patterns_missed_are_masked_and_prose_stays(
 
 
 def sqlite_file_bytes(path: Path) -> bytes:
-    """Every byte of a SQLite database, its -wal and -shm files included."""
-    return b"".join(file.read_bytes() for file in path.parent.glob(f"{path.name}*"))
+    """Every byte of a SQLite database, its -wal and -shm files included, and its rows unpacked."""
+    return stored_bytes(path)
 
 
 def tool_request(thread_id: str, call_id: str, args: dict[str, Any]) -> ToolCallRequest:

@@ -16,6 +16,7 @@ import os
 import random
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -30,6 +31,14 @@ pytest.register_assert_rewrite("support.histories")
 
 START_COMMAND = 'eval "$(scripts/services.sh up)"   # or: make test'
 SEED_VARIABLE = "ONWARD_TEST_SEED"
+
+
+@pytest.fixture(autouse=True)
+def _app_ledger_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`support.appapi`'s tools write their side effects where ``APP_LEDGER`` says (a file in
+    the working directory by default, for the README's examples); a test that does not say
+    keeps them in its own folder, never in the checkout."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "app-ledger.jsonl"))
 
 
 def _docker_answers() -> bool:

@@ -37,9 +37,16 @@ def record_sweeper(settings: Settings, *, readonly: bool) -> RecordSweeper:
 
     Raises:
         ConfigurationError: The memory backend, a SQLite file that does not exist or is not an
-            Onward database, or no usable ``DATABASE_URL`` for kafka.
+            Onward database, no usable ``DATABASE_URL`` for kafka, or frontiers kept in Redis
+            (``ONWARD_FRONTIER_STORE=redis``), which no sweeper collects yet: sweeping the
+            PostgreSQL tables would find no finished run and report nothing to collect.
     """
     check_collectable(settings)
+    if settings.frontier_store == "redis":
+        raise ConfigurationError(
+            "ONWARD_FRONTIER_STORE=redis: onward gc does not collect frontier keys in Redis yet, "
+            "so it would find no finished run; nothing was collected"
+        )
     if settings.backend == "sqlite":
         path = settings.sqlite_path
         if not path.exists():

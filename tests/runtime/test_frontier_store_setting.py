@@ -16,12 +16,14 @@ import pytest
 from support.deployment import kafka_settings
 from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
 from support.servers import KafkaServers
+from typer.testing import CliRunner
 
 from onward.errors import ConfigurationError
 from onward.projections.base import DEFAULT_CONSUMER
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.redis import RedisFrontierStore
 from onward.runtime.backends import open_backends
+from onward.runtime.cli import app
 from onward.runtime.settings import Settings
 
 PARTITIONS = 3
@@ -108,3 +110,21 @@ async def test_the_projector_process_folds_into_redis_and_runs_lists_from_it(
     listed, _ = await listing.communicate()
     assert listing.returncode == 0, listed.decode()
     assert all(run_id in listed.decode() for run_id in run_ids_of(steps))
+
+
+def test_gc_says_it_cannot_collect_redis_frontiers_rather_than_report_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in {
+        "ONWARD_BACKEND": "kafka",
+        "ONWARD_FRONTIER_STORE": "redis",
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+        "DATABASE_URL": "postgresql://onward@127.0.0.1:1/onward",
+    }.items():
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(app, ["gc", "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        "ConfigurationError: ONWARD_FRONTIER_STORE=redis: onward gc does not collect frontier "
+        "keys in Redis yet, so it would find no finished run; nothing was collected"
+    )

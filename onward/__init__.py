@@ -8,6 +8,7 @@ else is derived from it.
 from importlib.metadata import PackageNotFoundError, version
 
 from onward.errors import (
+    ArchiveError,
     BackendError,
     BackendUnavailableError,
     BudgetExceededError,
@@ -25,6 +26,7 @@ from onward.errors import (
     ProducerFatalError,
     ResumeConflictError,
     RevisionMismatchError,
+    RunTimeoutError,
     SchemaMismatchError,
 )
 from onward.eventlog import (
@@ -60,6 +62,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 __all__ = [
     "EVENT_FORMAT",
     "App",
+    "ArchiveError",
     "BackendError",
     "BackendUnavailableError",
     "BudgetExceededError",
@@ -85,6 +88,7 @@ __all__ = [
     "RevisionMismatchError",
     "RunMessage",
     "RunStream",
+    "RunTimeoutError",
     "SchemaMismatchError",
     "SequenceGuard",
     "SessionState",

@@ -486,3 +486,20 @@ async def test_kafka_names_the_size_of_a_step_over_a_record_batch_and_a_truncate
         with pytest.raises(errors.LogTruncatedError) as truncated:
             await log.read_partition(1, 0)
     assert (truncated.value.partition, truncated.value.offset, truncated.value.start) == (1, 0, 2)
+
+
+def test_every_error_a_caller_can_meet_is_importable_from_onward() -> None:
+    """``except onward.XError`` works for every error the package defines: a caller should not
+    need to know which submodule raised it."""
+    import onward  # noqa: PLC0415
+
+    defined = {
+        name
+        for name, value in vars(errors).items()
+        if inspect.isclass(value) and issubclass(value, OnwardError) and not name.startswith("_")
+    }
+    assert len(defined) >= 20
+    assert (
+        sorted(name for name in defined if getattr(onward, name, None) is not vars(errors)[name])
+        == []
+    )

@@ -287,7 +287,15 @@ def run_summary(
     tools, plan = _plan(frontier, agent)
     grid.add_row("resume would", shown(_resume_would(frontier, plan, tools, lease)))
     parts: list[RenderableType] = [grid]
-    if agent is not None and tools is None:
+    if agent is not None and agent.toolsets:
+        parts.append(
+            shown(
+                f"the agent given declares toolsets, whose tools are built per run: its revision "
+                f"is not compared with the run's ({frontier.revision}) here",
+                style="yellow",
+            )
+        )
+    elif agent is not None and tools is None:
         parts.append(
             shown(
                 f"the agent given is revision {agent.revision}, the run started with "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,9 +125,13 @@ def servers(
 
 
 @pytest.fixture
-def kafka_through_proxies(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, int], int]:
+def kafka_through_proxies() -> Iterator[dict[tuple[str, int], int]]:
     """Broker addresses to reach through a proxy: the broker advertises its own address, so
-    the clients are told the proxy's instead (fault injection in the client, not the broker)."""
+    the clients are told the proxy's instead (fault injection in the client, not the broker).
+
+    Undone by this fixture's own teardown, not ``monkeypatch``'s, which may run after the
+    topic fixture's: its admin client would then be sent to a proxy that is gone.
+    """
     redirected: dict[tuple[str, int], int] = {}
     original = aiokafka.cluster.ClusterMetadata.broker_metadata
 
@@ -139,8 +143,12 @@ def kafka_through_proxies(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, in
                     return found._replace(host="127.0.0.1", port=proxied)
         return found
 
-    monkeypatch.setattr(aiokafka.cluster.ClusterMetadata, "broker_metadata", broker_metadata)
-    return redirected
+    aiokafka.cluster.ClusterMetadata.broker_metadata = broker_metadata
+    try:
+        yield redirected
+    finally:
+        redirected.clear()
+        aiokafka.cluster.ClusterMetadata.broker_metadata = original
 
 
 @asynccontextmanager

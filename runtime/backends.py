@@ -158,6 +158,26 @@ def kafka_frontier_store(
     )
 
 
+async def _postgres_stores(
+    stack: AsyncExitStack, settings: Settings
+) -> tuple[BlobStore, CompactionStore, SpendLedger]:
+    """The blob, compaction and spend stores on ``DATABASE_URL``, as the kafka and postgres
+    backends keep them, closed with ``stack``."""
+    database_url = settings.require_database_url()
+    schema = settings.database_schema
+    timeout_s = settings.backend_timeout
+    blobs = await stack.enter_async_context(
+        PostgresBlobStore(database_url, schema=schema, timeout_s=timeout_s)
+    )
+    compaction = await stack.enter_async_context(
+        PostgresCompactionStore(database_url, schema=schema, timeout_s=timeout_s)
+    )
+    spend = await stack.enter_async_context(
+        PostgresSpendLedger(database_url, schema=schema, timeout_s=timeout_s)
+    )
+    return blobs, compaction, spend
+
+
 @asynccontextmanager
 async def open_backends(
     settings: Settings, *, readonly: bool = False, in_process: bool = False
@@ -220,33 +240,22 @@ async def open_backends(
             leases = await stack.enter_async_context(
                 PostgresLeaseStore(database_url, schema=schema, timeout_s=timeout_s)
             )
-            blobs = await stack.enter_async_context(
-                PostgresBlobStore(database_url, schema=schema, timeout_s=timeout_s)
-            )
-            compaction = await stack.enter_async_context(
-                PostgresCompactionStore(database_url, schema=schema, timeout_s=timeout_s)
-            )
-            spend = await stack.enter_async_context(
-                PostgresSpendLedger(database_url, schema=schema, timeout_s=timeout_s)
-            )
+            blobs, compaction, spend = await _postgres_stores(stack, settings)
         elif settings.backend == "sqlite":
             path = settings.sqlite_path
             sqlite_log = await stack.enter_async_context(
                 SqliteEventLog(path, partitions=settings.partitions, readonly=readonly)
             )
             log = sqlite_log
-            # One connection for all four: their writes share the log's group commits.
+            # One connection for all five: their writes share the log's group commits.
             frontiers = await stack.enter_async_context(
                 SqliteFrontierStore(path, sharing=sqlite_log)
             )
             leases = await stack.enter_async_context(SqliteLeaseStore(path, sharing=sqlite_log))
             blobs = await stack.enter_async_context(SqliteBlobStore(path, sharing=sqlite_log))
             compaction = embedded_compaction(log)
-            # On the log's own connection, as the log's leases are: a second connection would
-            # take turns with the log's appends at SQLite's write lock at every model call.
-            shared = log if isinstance(log, SqliteEventLog) else None
             spend = await stack.enter_async_context(
-                SqliteSpendLedger(path, readonly=readonly, sharing=shared)
+                SqliteSpendLedger(path, readonly=readonly, sharing=sqlite_log)
             )
         else:
             database_url = settings.require_database_url()
@@ -273,15 +282,7 @@ async def open_backends(
                 leases = await stack.enter_async_context(
                     PostgresLeaseStore(database_url, schema=schema, timeout_s=timeout_s)
                 )
-            blobs = await stack.enter_async_context(
-                PostgresBlobStore(database_url, schema=schema, timeout_s=timeout_s)
-            )
-            compaction = await stack.enter_async_context(
-                PostgresCompactionStore(database_url, schema=schema, timeout_s=timeout_s)
-            )
-            spend = await stack.enter_async_context(
-                PostgresSpendLedger(database_url, schema=schema, timeout_s=timeout_s)
-            )
+            blobs, compaction, spend = await _postgres_stores(stack, settings)
         yield Backends(settings, log, frontiers, leases, blobs, compaction, spend)
 
 

@@ -28,6 +28,31 @@ APPLICATION_NAME = "onward"
 """What Onward's connections call themselves on the server (``pg_stat_activity``)."""
 
 
+class PooledConnection(asyncpg.Connection):  # type: ignore[misc]
+    """A pooled connection given back without a round trip, unless it holds a session lock.
+
+    asyncpg resets every connection it takes back (advisory locks, cursors, ``LISTEN``,
+    session settings) with one more statement, as many as every other call makes together.
+    Onward's stores change no session state on a pooled connection: their settings are
+    ``SET LOCAL``, their cursors live in transactions, they never ``LISTEN``; what a
+    transaction left open is still rolled back by asyncpg. The one exception is an
+    `AdvisoryLock` held on it, which marks the connection so it is released on the way back.
+    """
+
+    _holds_session_lock = False
+
+    def hold_session_lock(self) -> None:
+        """Say a session-level advisory lock may be held: released when the pool takes the
+        connection back."""
+        self._holds_session_lock = True
+
+    def get_reset_query(self) -> str:
+        if not self._holds_session_lock:
+            return ""
+        self._holds_session_lock = False
+        return "SELECT pg_advisory_unlock_all()"
+
+
 def application_name(schema: str | None) -> str:
     """The ``application_name`` of a store's connections: ``onward``, or ``onward:<schema>``.
 
@@ -57,7 +82,11 @@ async def open_pool(
     """
     with translated("connecting to PostgreSQL"), _usable_url(dsn):
         pool = await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, **_connect_options(schema, timeout_s)
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            connection_class=PooledConnection,
+            **_connect_options(schema, timeout_s),
         )
     try:
         async with pooled(pool, "verifying schema", timeout_s=timeout_s) as conn:

@@ -407,6 +407,10 @@ _FRONTIER_NAMES = (*_SUMMARY_COLUMNS.split(", "), "payload", "snapshot_error")
 _CALL_NAMES = tuple(_CALL_COLUMNS.split(", "))
 
 
+_FEW_ROWS = 16
+"""Most rows upserted by statements of their own rather than staged by COPY."""
+
+
 async def _stage_and_upsert(
     conn: asyncpg.Connection,
     table: str,
@@ -414,22 +418,30 @@ async def _stage_and_upsert(
     key: tuple[str, ...],
     rows: Iterable[tuple[Any, ...]],
 ) -> None:
-    """Upsert many rows in two statements: binary COPY into a staging table, then one guarded
-    ``INSERT ... SELECT ... ON CONFLICT``. About twice as fast as ``unnest`` of arrays, whose
-    per-element type checks dominate large batches.
+    """Upsert rows, each kept only if it is folded further than the stored one.
+
+    Many rows: binary COPY into a staging table, then one guarded ``INSERT ... SELECT ... ON
+    CONFLICT``; about twice as fast as ``unnest`` of arrays, whose per-element type checks
+    dominate large batches. A few rows (an inline fold's): one prepared guarded ``INSERT`` per
+    row, sent together in one round trip, where staging would take three.
     """
-    stage = f"onward_stage_{table}"
     names = ", ".join(columns)
     updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+    guard = (
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
+        f"WHERE {table}.through_offset < excluded.through_offset"
+    )
+    rows = list(rows)
+    if len(rows) <= _FEW_ROWS:
+        values = ", ".join(f"${n}" for n in range(1, len(columns) + 1))
+        await conn.executemany(f"INSERT INTO {table} ({names}) VALUES ({values}) {guard}", rows)
+        return
+    stage = f"onward_stage_{table}"
     await conn.execute(
         f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table}) ON COMMIT DELETE ROWS"
     )
     await conn.copy_records_to_table(stage, records=rows, columns=columns)
-    await conn.execute(
-        f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} "
-        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
-        f"WHERE {table}.through_offset < excluded.through_offset"
-    )
+    await conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} {guard}")
 
 
 async def _append_messages(conn: asyncpg.Connection, messages: Sequence[TranscriptRow]) -> None:

@@ -29,28 +29,30 @@ APPLICATION_NAME = "onward"
 
 
 class PooledConnection(asyncpg.Connection):  # type: ignore[misc]
-    """A pooled connection given back without a round trip, unless it holds a session lock.
+    """A pooled connection given back without a round trip, unless it was marked for one.
 
     asyncpg resets every connection it takes back (advisory locks, cursors, ``LISTEN``,
     session settings) with one more statement, as many as every other call makes together.
-    Onward's stores change no session state on a pooled connection: their settings are
-    ``SET LOCAL``, their cursors live in transactions, they never ``LISTEN``; what a
-    transaction left open is still rolled back by asyncpg. The one exception is an
-    `AdvisoryLock` held on it, which marks the connection so it is released on the way back.
+    Onward's own statements change no session state on a pooled connection: their settings
+    are ``SET LOCAL``, their cursors live in transactions, they never ``LISTEN``; what a
+    transaction left open is still rolled back by asyncpg. A connection that held an
+    `AdvisoryLock` is marked to unlock on its way back, and one handed to code that is not
+    Onward's (a user projection's ``apply``) to get asyncpg's whole reset.
     """
 
-    _holds_session_lock = False
+    _reset_on_release = ""
 
-    def hold_session_lock(self) -> None:
-        """Say a session-level advisory lock may be held: released when the pool takes the
-        connection back."""
-        self._holds_session_lock = True
+    def release_session_locks(self) -> None:
+        """Unlock every advisory lock of the session when the pool takes the connection back."""
+        self._reset_on_release = self._reset_on_release or "SELECT pg_advisory_unlock_all()"
+
+    def reset_session(self) -> None:
+        """Reset the whole session (asyncpg's own reset) when the pool takes it back."""
+        self._reset_on_release = super().get_reset_query()
 
     def get_reset_query(self) -> str:
-        if not self._holds_session_lock:
-            return ""
-        self._holds_session_lock = False
-        return "SELECT pg_advisory_unlock_all()"
+        query, self._reset_on_release = self._reset_on_release, ""
+        return str(query)
 
 
 def application_name(schema: str | None) -> str:

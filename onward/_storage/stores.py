@@ -339,7 +339,7 @@ class AdvisoryLock:
             conn = await stack.enter_async_context(
                 self._store._connection(f"taking the {self._name} lock")
             )
-            conn.hold_session_lock()  # before asking: a cancelled request may still be granted
+            conn.release_session_locks()  # before asking: a cancelled ask may be granted
             await self._within(stack, conn, "SELECT pg_advisory_lock(hashtextextended($1, 0))")
         except BaseException:
             self._in_process.release()

@@ -80,3 +80,15 @@ async def test_a_holder_cancelled_while_waiting_leaves_the_lock_free(
 async def _take(store: PostgresStore) -> None:
     async with store.exclusive("fold"):
         pass
+
+
+async def test_a_connection_marked_for_a_reset_gets_asyncpg_s_whole_reset(
+    database_url: str, pg_schema: str
+) -> None:
+    async with PostgresStore(database_url, schema=pg_schema, min_size=1, max_size=1) as store:
+        async with store._connection("handed to code that is not Onward's") as conn:
+            conn.reset_session()
+            await conn.execute("SET application_name = 'changed by a user projection'")
+        async with store._connection("the same connection, next") as conn:
+            name = await conn.fetchval("SHOW application_name")
+            assert name == f"onward:{pg_schema}"

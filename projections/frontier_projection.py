@@ -90,7 +90,8 @@ class FrontierProjection:
             :meth:`flush` always waits. For a projector working through a backlog, whose
             process would otherwise sit idle while PostgreSQL commits.
         release_poll: How often, in seconds, to look for runs a person released from
-            quarantine; 0 looks on every batch and every flush.
+            quarantine; 0 looks on every batch, and on a flush when no batch looked since the
+            flush before (a look a moment before the store would find the same).
         every_partition: This projection alone folds every partition of the log (embedded
             mode): a released run is folded again up to the stored position even in a
             partition it has not folded since it started. A Kafka projector shares partitions
@@ -145,6 +146,7 @@ class FrontierProjection:
         self._writing_runs: set[str] = set()
         self._lock = asyncio.Lock()
         self.quarantine = Quarantine(store, consumer, release_poll=release_poll)
+        self._looked_since_flush = False
         self._every_partition = every_partition
 
     @property
@@ -186,8 +188,11 @@ class FrontierProjection:
     async def flush(self) -> None:
         """Store whatever is folded and not stored yet, and wait until it is stored."""
         async with self._lock:
+            looked, self._looked_since_flush = self._looked_since_flush, False
             try:
-                await self._refold_released()
+                if not looked:
+                    await self._refold_released()
+                    self._looked_since_flush = False
             except BaseException:
                 self._drop_unstored()
                 raise
@@ -323,6 +328,7 @@ class FrontierProjection:
         quarantine = self.quarantine
         if not quarantine.release_due():
             return
+        self._looked_since_flush = True
         runs = await quarantine.released()
         if not self._writing_runs.isdisjoint(runs):
             # The store being written may clear some of them: look again once it has landed.
@@ -462,6 +468,7 @@ class FrontierProjection:
         self._said = []
         self._positions = {}
         self._pending_events = 0
+        self._looked_since_flush = False
         self.quarantine.drop()
 
     def assigned(self, positions: Mapping[int, int]) -> None:

@@ -34,6 +34,8 @@ class LogProjector:
         self.batch_size = batch_size
         self._folded: dict[int, int] = {}
         self._stored_by_me: dict[int, int] = {}
+        # Whether the last step stopped short of a partition's end (its batch was full).
+        self._cut_short = False
         # One catch-up at a time: a process's runs append (and so catch up) concurrently, and
         # one that began while another was half done could not tell that one's unstored folds
         # from a position another process moved.
@@ -76,11 +78,13 @@ class LogProjector:
                 del self._stored_by_me[partition]
         records: dict[int, list[LogRecord]] = {}
         next_offsets: dict[int, int] = {}
+        self._cut_short = False
         for partition in partitions if partitions is not None else range(self.log.partitions):
             start, bounds = await self._start(partition, stored)
             if start >= bounds.end:
                 continue
             end = min(bounds.end, start + self.batch_size)
+            self._cut_short = self._cut_short or end < bounds.end
             records[partition] = await self.log.read_records(partition, start, end)
             next_offsets[partition] = end
         if not next_offsets:
@@ -98,11 +102,17 @@ class LogProjector:
             self._folded.clear()
 
     async def catch_up(self, partitions: Sequence[int] | None = None) -> int:
-        """Fold and store until every partition's position reaches its end as of now."""
+        """Fold and store until every partition's position reaches its end as of now.
+
+        A step that read every partition to the end it found is the last: those ends were read
+        after the catch-up began, so a pass more would only read the positions and ends again.
+        """
         async with self._catching_up:
             total = 0
             while read := await self.step(partitions):
                 total += read
+                if not self._cut_short:
+                    break
             await self.flush()
             return total
 

@@ -120,8 +120,17 @@ _QUARANTINE_COLUMNS = (
 )
 
 
-def _entry(row: asyncpg.Record) -> QuarantineEntry:
-    values = dict(row)
+def _active(parameter: int) -> str:
+    """The active build as a one-row table ``b`` (none without an active build), to join what
+    is read under it; the projection's name is the statement's parameter ``parameter``."""
+    return (
+        "(SELECT build FROM onward_projection_builds "
+        f"WHERE projection = ${parameter} AND status = 'active') AS b"
+    )
+
+
+def _entry(row: asyncpg.Record, *, skip: tuple[str, ...] = ()) -> QuarantineEntry:
+    values = {key: value for key, value in row.items() if key not in skip}
     values["offset"] = values.pop("log_offset")
     return QuarantineEntry(**values)
 
@@ -285,19 +294,32 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         run_id: str | None = None,
         states: Collection[QuarantineState] | None = None,
     ) -> list[QuarantineEntry]:
+        wanted = (run_id, list(states) if states is not None else None)
         async with self._connection("listing quarantined records", run_id) as conn:
             if self._pinned is None:
-                build = await active_build(conn, PROJECTION)
-                if build is not None:
-                    self._build = build
+                # The active build and its entries in one round trip (a join that yields one
+                # row of nulls when the build has none).
+                rows = await conn.fetch(
+                    f"SELECT b.build, q.* FROM {_active(4)} LEFT JOIN LATERAL ("
+                    f"SELECT {_QUARANTINE_COLUMNS} FROM onward_quarantine "
+                    "WHERE consumer = $1 || '@' || b.build::text "
+                    "AND ($2::text IS NULL OR run_id = $2) "
+                    "AND ($3::text[] IS NULL OR state = ANY($3::text[]))"
+                    ") q ON true ORDER BY q.partition, q.log_offset",
+                    consumer,
+                    *wanted,
+                    PROJECTION,
+                )
+                if rows:
+                    self._build = int(rows[0]["build"])
+                    return [_entry(r, skip=("build",)) for r in rows if r["partition"] is not None]
             rows = await conn.fetch(
                 f"SELECT {_QUARANTINE_COLUMNS} FROM onward_quarantine WHERE consumer = $1 "
                 "AND ($2::text IS NULL OR run_id = $2) "
                 "AND ($3::text[] IS NULL OR state = ANY($3::text[])) "
                 "ORDER BY partition, log_offset",
                 self._consumer(consumer),
-                run_id,
-                list(states) if states is not None else None,
+                *wanted,
             )
         return [_entry(r) for r in rows]
 
@@ -345,9 +367,21 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
     async def positions(self, consumer: str) -> dict[int, int]:
         async with self._connection(f"reading the positions of consumer {consumer!r}") as conn:
             if self._pinned is None:
-                build = await active_build(conn, PROJECTION)
-                if build is not None:
-                    self._build = build
+                # The active build and its positions in one round trip.
+                rows = await conn.fetch(
+                    f"SELECT b.build, p.partition, p.next_offset FROM {_active(2)} "
+                    "LEFT JOIN onward_projector_positions p "
+                    "ON p.consumer = $1 || '@' || b.build::text",
+                    consumer,
+                    PROJECTION,
+                )
+                if rows:
+                    self._build = int(rows[0]["build"])
+                    return {
+                        int(r["partition"]): int(r["next_offset"])
+                        for r in rows
+                        if r["partition"] is not None
+                    }
             rows = await conn.fetch(
                 "SELECT partition, next_offset FROM onward_projector_positions WHERE consumer = $1",
                 self._consumer(consumer),
@@ -407,6 +441,10 @@ _FRONTIER_NAMES = (*_SUMMARY_COLUMNS.split(", "), "payload", "snapshot_error")
 _CALL_NAMES = tuple(_CALL_COLUMNS.split(", "))
 
 
+_FEW_ROWS = 16
+"""Most rows upserted by statements of their own rather than staged by COPY."""
+
+
 async def _stage_and_upsert(
     conn: asyncpg.Connection,
     table: str,
@@ -414,22 +452,30 @@ async def _stage_and_upsert(
     key: tuple[str, ...],
     rows: Iterable[tuple[Any, ...]],
 ) -> None:
-    """Upsert many rows in two statements: binary COPY into a staging table, then one guarded
-    ``INSERT ... SELECT ... ON CONFLICT``. About twice as fast as ``unnest`` of arrays, whose
-    per-element type checks dominate large batches.
+    """Upsert rows, each kept only if it is folded further than the stored one.
+
+    Many rows: binary COPY into a staging table, then one guarded ``INSERT ... SELECT ... ON
+    CONFLICT``; about twice as fast as ``unnest`` of arrays, whose per-element type checks
+    dominate large batches. A few rows (an inline fold's): one prepared guarded ``INSERT`` per
+    row, sent together in one round trip, where staging would take three.
     """
-    stage = f"onward_stage_{table}"
     names = ", ".join(columns)
     updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+    guard = (
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
+        f"WHERE {table}.through_offset < excluded.through_offset"
+    )
+    rows = list(rows)
+    if len(rows) <= _FEW_ROWS:
+        values = ", ".join(f"${n}" for n in range(1, len(columns) + 1))
+        await conn.executemany(f"INSERT INTO {table} ({names}) VALUES ({values}) {guard}", rows)
+        return
+    stage = f"onward_stage_{table}"
     await conn.execute(
         f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table}) ON COMMIT DELETE ROWS"
     )
     await conn.copy_records_to_table(stage, records=rows, columns=columns)
-    await conn.execute(
-        f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} "
-        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
-        f"WHERE {table}.through_offset < excluded.through_offset"
-    )
+    await conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} {guard}")
 
 
 async def _append_messages(conn: asyncpg.Connection, messages: Sequence[TranscriptRow]) -> None:

@@ -216,6 +216,7 @@ class SqlProjectionSink(PostgresStore):
                             record.reason,
                         )
             if fresh:
+                conn.reset_session()  # your SQL may change the session: reset it on release
                 await self.projection.apply(conn, self.table, fresh)
             await conn.execute(
                 "UPDATE onward_projector_positions AS p SET next_offset = t.o, updated_at = now() "

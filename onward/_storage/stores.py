@@ -318,10 +318,11 @@ class AdvisoryLock:
 
     What `FileLock` is for a SQLite file: a read-then-write that spans several statements
     (read positions, fold, store) is never interleaved with another process's. A process that
-    dies holding it releases it with its connection; a connection that goes back to the pool
-    is reset by asyncpg, advisory locks included. Holders in one process queue on an asyncio
-    lock first, so at most one of the store's pooled connections ever waits on the server's
-    lock and the holder always finds one free to work with.
+    dies holding it releases it with its connection; the connection it was held on releases
+    it on its way back to the pool, in the one statement that gives the lock up
+    (`PooledConnection`), and a connection whose release failed is closed. Holders in one
+    process queue on an asyncio lock first, so at most one of the store's pooled connections
+    ever waits on the server's lock and the holder always finds one free to work with.
     """
 
     def __init__(self, store: PostgresStore, name: str) -> None:
@@ -338,6 +339,7 @@ class AdvisoryLock:
             conn = await stack.enter_async_context(
                 self._store._connection(f"taking the {self._name} lock")
             )
+            conn.release_session_locks()  # before asking: a cancelled ask may be granted
             await self._within(stack, conn, "SELECT pg_advisory_lock(hashtextextended($1, 0))")
         except BaseException:
             self._in_process.release()
@@ -348,10 +350,9 @@ class AdvisoryLock:
         held, self._held = self._held, None
         if held is None:
             return
-        stack, conn = held
+        stack, _ = held
         try:
-            await self._within(stack, conn, "SELECT pg_advisory_unlock(hashtextextended($1, 0))")
-            await stack.aclose()
+            await stack.aclose()  # the pool's reset of the connection unlocks
         finally:
             self._in_process.release()
 

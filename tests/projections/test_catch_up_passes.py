@@ -1,0 +1,97 @@
+"""How many reads a catch-up makes: each one an inline fold's round trip on PostgreSQL.
+
+A catch-up whose news fit one batch per partition reads the positions, the partitions' ends and
+the released runs once, not once more to find nothing left; one whose batches were cut short
+reads on until every partition is folded.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Collection
+
+from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
+
+from onward.eventlog import MemoryEventLog, PartitionBounds
+from onward.projections.base import QuarantineEntry, QuarantineState
+from onward.projections.frontier_projection import FrontierProjection
+from onward.projections.log_projector import LogProjector
+from onward.projections.memory import MemoryFrontierStore
+
+PARTITIONS = 4
+
+
+class CountedLog(MemoryEventLog):
+    """A memory log that counts the reads of each partition's ends."""
+
+    def __init__(self, partitions: int) -> None:
+        super().__init__(partitions=partitions)
+        self.bounds_read: Counter[int] = Counter()
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        self.bounds_read[partition] += 1
+        return await super().bounds(partition)
+
+
+class CountedStore(MemoryFrontierStore):
+    """A memory store that counts the reads of positions and of quarantined records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: Counter[str] = Counter()
+
+    async def positions(self, consumer: str) -> dict[int, int]:
+        self.reads["positions"] += 1
+        return await super().positions(consumer)
+
+    async def quarantined(
+        self,
+        consumer: str,
+        *,
+        run_id: str | None = None,
+        states: Collection[QuarantineState] | None = None,
+    ) -> list[QuarantineEntry]:
+        self.reads["quarantined"] += 1
+        return await super().quarantined(consumer, run_id=run_id, states=states)
+
+
+async def filled(runs: int, rng: random.Random) -> tuple[CountedLog, list[str]]:
+    log = CountedLog(PARTITIONS)
+    steps = workload(rng, runs)
+    await append_all(log, steps, concurrency=8)
+    log.bounds_read.clear()
+    return log, run_ids_of(steps)
+
+
+async def test_a_catch_up_whose_news_fit_one_batch_reads_everything_once(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled(10, rng)
+    async with CountedStore() as store:
+        projection = FrontierProjection(store, log, release_poll=0.0, every_partition=True)
+        projector = LogProjector(log, projection)
+        folded = await projector.catch_up()
+        assert log.bounds_read == dict.fromkeys(range(PARTITIONS), 1)
+        assert store.reads == {"positions": 1, "quarantined": 1}
+        assert folded == sum([(await log.bounds(p)).end for p in range(PARTITIONS)])
+        await assert_stored_is_the_direct_fold(store, log, run_ids)
+
+        log.bounds_read.clear()
+        store.reads.clear()
+        await projector.catch_up()  # no news: the look for released runs is the flush's
+        assert log.bounds_read == dict.fromkeys(range(PARTITIONS), 1)
+        assert store.reads == {"positions": 1, "quarantined": 1}
+
+
+async def test_a_catch_up_cut_into_batches_reads_on_until_every_partition_is_folded(
+    rng: random.Random,
+) -> None:
+    log, run_ids = await filled(30, rng)
+    async with CountedStore() as store:
+        projection = FrontierProjection(store, log, release_poll=0.0, every_partition=True)
+        projector = LogProjector(log, projection, batch_size=10)
+        await projector.catch_up()
+        assert max(log.bounds_read.values()) > 2  # several passes
+        assert sum((await projector.lag()).values()) == 0
+        await assert_stored_is_the_direct_fold(store, log, run_ids)

@@ -14,11 +14,12 @@ that wrote it (the median of ``--reads`` reads) and on a saver opened afresh on 
 stores (its first read, which folds or queries the thread from storage).
 
 * ``onward-kafka``: `OnwardSaver` on a fresh topic (``--partitions``), Redis leases, frontier
-  rows in a fresh PostgreSQL database (no projector runs during the thread; the saver does not
-  need one). Bytes = the topic's log segments on the broker's disk (its ``log.dirs``, asked of
-  the broker) + the growth of Onward's tables once a projector has folded the thread.
-* ``onward-sqlite``: `OnwardSaver` embedded (log, leases and frontier rows in one SQLite file,
-  ``checkpoint_inline``). Bytes = the file's growth (after a WAL checkpoint).
+  rows and the saver's thread summaries in a fresh PostgreSQL database (no projector runs during
+  the thread; the saver does not need one). Bytes = the topic's log segments on the broker's
+  disk (its ``log.dirs``, asked of the broker) + the growth of Onward's tables (summaries
+  included) once a projector has folded the thread.
+* ``onward-sqlite``: `OnwardSaver` embedded (log, leases, frontier rows and thread summaries in
+  one SQLite file, ``checkpoint_inline``). Bytes = the file's growth (after a WAL checkpoint).
 * ``postgres-saver``: `AsyncPostgresSaver` (psycopg) in a fresh database on the same server.
   Bytes = ``pg_total_relation_size`` of its tables (with indexes and TOAST), before and after.
 
@@ -196,7 +197,7 @@ async def nothing() -> None:
 
 async def onward_kafka(args: argparse.Namespace) -> dict[str, Any]:
     from onward.eventlog import KafkaEventLog  # noqa: PLC0415
-    from onward.integrations.langgraph import OnwardSaver  # noqa: PLC0415
+    from onward.integrations.langgraph import OnwardSaver, PostgresThreadSummaries  # noqa: PLC0415
     from onward.projections.frontier_projection import FrontierProjection  # noqa: PLC0415
     from onward.projections.log_projector import LogProjector  # noqa: PLC0415
     from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
@@ -213,7 +214,8 @@ async def onward_kafka(args: argparse.Namespace) -> dict[str, Any]:
         ) as log,
         RedisLeaseStore(args.redis_url, prefix=prefix) as leases,
         PostgresFrontierStore(dsn) as frontiers,
-        OnwardSaver(log, leases, tenant=TENANT, frontiers=frontiers) as saver,
+        PostgresThreadSummaries(dsn) as summaries,
+        OnwardSaver(log, leases, tenant=TENANT, frontiers=frontiers, summaries=summaries) as saver,
     ):
         projector = LogProjector(log, FrontierProjection(frontiers, log))
 
@@ -227,13 +229,14 @@ async def onward_kafka(args: argparse.Namespace) -> dict[str, Any]:
             }
 
         def reopen() -> OnwardSaver:
-            return OnwardSaver(log, leases, tenant=TENANT, frontiers=frontiers)
+            return OnwardSaver(log, leases, tenant=TENANT, frontiers=frontiers, summaries=summaries)
 
         figures = await measure(saver, args, size, settle, reopen, lengths=args.steps)
     return {
         "system": "onward-kafka",
         "setup": f"OnwardSaver, topic {topic} ({args.partitions} partitions), Redis leases, "
-        f"frontier rows in database {database} (folded by a projector after each thread)",
+        f"frontier rows and thread summaries in database {database} (rows folded by a "
+        "projector after each thread)",
         **figures,
     }
 

@@ -19,6 +19,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from .saver import OnwardSaver
+from .summary import (
+    MemoryThreadSummaries,
+    PostgresThreadSummaries,
+    SqliteThreadSummaries,
+    ThreadSummaryStore,
+)
 from .thread import StoredWrite, ThreadState
 from .tools import (
     OnwardToolMiddleware,
@@ -28,10 +34,14 @@ from .tools import (
 )
 
 __all__ = [
+    "MemoryThreadSummaries",
     "OnwardSaver",
     "OnwardToolMiddleware",
+    "PostgresThreadSummaries",
+    "SqliteThreadSummaries",
     "StoredWrite",
     "ThreadState",
+    "ThreadSummaryStore",
     "current_fence",
     "current_idempotency_key",
     "current_lease_expires_at",

@@ -19,9 +19,12 @@ and carry on from a state another writer has moved past, until the thread is rea
 (``aget_tuple`` of its latest checkpoint, which is how a new invocation starts) or released.
 
 Reading, with read-your-writes. A thread this saver holds is served from what it folded while
-writing (the same fold a reader applies to the log). Any other thread is folded from the log,
-from the run's first event where a frontier row says where that is, else from the start of its
-partition; the fold is kept, so reading the thread again reads only the log's new tail.
+writing (the same fold a reader applies to the log). Any other thread is folded on from its
+stored summary (`.summary`: the holder keeps one beside the log, at most as many bytes as it
+appended since the last) through the log's tail; without a usable summary, from the run's first
+event where a frontier row says where that is, else from the start of its partition. The fold
+is kept, so reading the thread again reads only the log's new tail. A fold from a summary holds
+the newest checkpoints; asking for an older one, or for the list, folds the thread whole.
 """
 
 from __future__ import annotations
@@ -91,6 +94,15 @@ from onward.runtime.leases import Leaseholder, LeasePolicy, LeaseStore, RunLease
 from onward.runtime.redaction import Redactor
 
 from . import pruning
+from .summary import (
+    ThreadSummary,
+    ThreadSummaryStore,
+    decode,
+    embedded_summaries,
+    encode,
+    restored,
+    summarize,
+)
 from .thread import SNAPSHOT_EVERY, ChannelNode, DecodedList, ThreadState
 
 logger = logging.getLogger(__name__)
@@ -99,6 +111,8 @@ _T = TypeVar("_T")
 
 FOLLOWED_THREADS = 1024
 """How many threads the saver does not hold it keeps folded, so a reread reads only the tail."""
+
+_msgpack = msgspec.msgpack.Encoder()
 
 _Batch = list[tuple[type[Event], dict[str, Any]]]
 """The events a write makes: each kind with its fields, the envelope to be added."""
@@ -114,6 +128,10 @@ class _Held:
     explicit: int = 0
     stale: bool = False
     """An append failed without saying whether it landed: fold the thread from the log again."""
+    appended: int = 0
+    """Bytes appended since the thread's last summary (an estimate: the events' msgpack)."""
+    summary_size: int = 0
+    """The size of the last summary stored; the next is stored once ``appended`` exceeds it."""
 
 
 class OnwardSaver(BaseCheckpointSaver[str], Resource):
@@ -158,6 +176,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             appends, so reading any checkpoint walks at most this many appends per channel.
             Nothing is stored twice for it: every reader folds a thread from its first event,
             so the appends are all in memory already.
+        summaries: Where the holder of a thread keeps its summary (`.summary`), so a reader
+            that has not folded the thread reads only the log after it. An embedded SQLite
+            log brings its own; on Kafka, pass a `PostgresThreadSummaries`; ``None`` keeps
+            none (every reader folds a thread from its first event).
     """
 
     def __init__(
@@ -174,6 +196,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         compaction: CompactionStore | None = None,
         redactor: Redactor | None = None,
         snapshot_every: int = SNAPSHOT_EVERY,
+        summaries: ThreadSummaryStore | None = None,
     ) -> None:
         super().__init__(serde=serde or JsonPlusSerializer(allowed_msgpack_modules=None))
         if snapshot_every < 1:
@@ -189,6 +212,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self.tenant = tenant
         self.frontiers = frontiers
         self.compaction = compaction or embedded_compaction(log)
+        self.summaries = summaries or embedded_summaries(log)
         self.holder = holder or f"langgraph@{socket.gethostname()}:{os.getpid()}"
         self.policy = policy or LeasePolicy()
         self._checkpointer: Any = None
@@ -274,6 +298,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             if checkpoint_id is None:
                 return None
         event = saved.get(checkpoint_id)
+        if event is None and state.partial:
+            # Folded from a summary, which holds the newest checkpoints only.
+            state = await self._state(thread_id, whole=True)
+            event = state.checkpoints.get(ns, {}).get(checkpoint_id)
         if event is None:
             return None
         return self._tuple(state, thread_id, event)
@@ -295,7 +323,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         wanted_ns: str | None = config["configurable"].get("checkpoint_ns")
         wanted_id = get_checkpoint_id(config)
         before_id = get_checkpoint_id(before) if before else None
-        state = await self._state(thread_id)
+        state = await self._state(thread_id, whole=True)
         found: list[tuple[str, GraphCheckpointed]] = [
             (checkpoint_id, event)
             for ns, saved in state.checkpoints.items()
@@ -304,6 +332,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         ]
         found.sort(key=lambda item: item[0], reverse=True)
         left = limit
+        listing: dict[tuple[str, str], DecodedList] = {}
         for checkpoint_id, event in found:
             if wanted_id and checkpoint_id != wanted_id:
                 continue
@@ -317,7 +346,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 if left <= 0:
                     return
                 left -= 1
-            yield self._tuple(state, thread_id, event)
+            yield self._tuple(state, thread_id, event, listing)
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -459,6 +488,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             return [(GraphThreadDeleted, {})]
 
         await self._write(thread_id, events)
+        held = self._held.get(thread_id)
+        if held is not None:
+            held.summary_size = 0  # the next write stores a summary of the emptied thread
+        await self._forget_summary(thread_id)
         if not held_before:
             await self.arelease(thread_id)
 
@@ -486,7 +519,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             return
         loads = self._loads
         for thread_id in thread_ids:
-            pruning.refuse_delta_channels(await self._state(thread_id), loads)
+            pruning.refuse_delta_channels(await self._state(thread_id, whole=True), loads)
         for thread_id in thread_ids:
             await self._remove(
                 thread_id,
@@ -538,7 +571,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             gone = choose(state)
             return [(GraphCheckpointsRemoved, {"checkpoints": gone, "why": why})] if gone else []
 
-        await self._write(thread_id, events)
+        await self._write(thread_id, events, whole=True)
         if not held_before:
             await self.arelease(thread_id)
 
@@ -616,7 +649,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 copied.add(key)
         return out
 
-    def _rebuilt(self, state: ThreadState, ns: str, channel: str, node: ChannelNode) -> Any:
+    def _rebuilt(
+        self,
+        state: ThreadState,
+        ns: str,
+        channel: str,
+        node: ChannelNode,
+        listing: dict[tuple[str, str], DecodedList] | None = None,
+    ) -> Any:
         """A stored channel version back as its value (a list rebuilt from its appends).
 
         A list is a new list at every read, so a caller adding to or removing from it changes
@@ -633,23 +673,43 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         what this saver reads back, and the change is not saved. Items of other types
         (dicts, lists, other objects) are decoded afresh at every read and compared by their
         serialized bytes at every put, so changing them in place is safe.
+
+        ``listing`` keeps, for one `alist`, the version each channel was last read at: an older
+        version it extends is the first items of those (a listing reads newest first), so
+        listing a thread decodes each item once, not every checkpoint's list from scratch.
         """
         if not node.listed:
             return None if node.value is None else self._loads(node.value)
         key = (ns, channel)
+        latest = state.latest.get(key)
+        is_latest = latest is not None and state.values.get((ns, channel, latest)) is node
         held = state.decoded.get(key)
+        if held is not None and held.node is node:
+            return list(held.items)
         items: list[Any] | None = None
-        if held is not None:
-            if held.node is node:
-                return list(held.items)
-            appended = node.items_after(held.node)
+        shareable = True  # a DecodedList holds only shareable items: check what is decoded
+        for known in (listing.get(key) if listing is not None else None, held):
+            if known is None:
+                continue
+            if known.node is node:
+                items = known.items
+                break
+            appended = node.items_after(known.node)
             if appended is not None:
-                items = [*held.items, *(self._loads(item) for item in appended)]
+                added = [self._loads(item) for item in appended]
+                shareable = all(_shareable(item) for item in added)
+                items = [*known.items, *added]
+                break
+            if known.node.reaches(node):
+                items = known.items[: node.length]
+                break
         if items is None:
             items = [self._loads(item) for item in node.all_items()]
-        latest = state.latest.get(key)
-        if latest is not None and state.values.get((ns, channel, latest)) is node:
-            if all(_shareable(item) for item in items):
+            shareable = all(_shareable(item) for item in items)
+        if listing is not None and shareable:
+            listing[key] = DecodedList(node, items)
+        if is_latest:
+            if shareable:
                 state.decoded[key] = DecodedList(node, items)
             else:
                 state.decoded.pop(key, None)
@@ -695,7 +755,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         checkpoint saved (a pruned one did), or the base an append extends, goes over whole
         with the first checkpoint that needs it. The source is only read.
         """
-        source = await self._state(source_thread_id)
+        source = await self._state(source_thread_id, whole=True)
         saved = sorted(
             (
                 event
@@ -834,9 +894,11 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         build: Callable[[ThreadState], _Batch],
         *,
         after: Callable[[ThreadState], None] | None = None,
+        whole: bool = False,
     ) -> None:
         """Append what ``build`` makes of the thread's state, under its lease, and fold it;
         then ``after`` sees the state with the batch folded, still under the thread's lock.
+        ``whole``: ``build`` needs every checkpoint (not a fold from a summary).
 
         Raises:
             FencedError: The lease was lost before or during the append; nothing more may be
@@ -851,7 +913,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             except FencedError:
                 await self._drop(thread_id, held, lost=True)
                 raise
-            state = await self._fresh(thread_id, held)
+            state = await self._fresh(thread_id, held, whole=whole)
             fence = held.holder.lease.fence
             batch = [
                 stamped(
@@ -884,10 +946,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             except BaseException:
                 held.stale = True  # the store could not say; the graph run stops here
                 raise
-            for event, position in zip(batch, positions, strict=True):
+            counted = [
                 state.apply(StoredEvent(position, cast(Any, event)))
+                for event, position in zip(batch, positions, strict=True)
+            ]
             if after is not None:
                 after(state)
+            if all(counted):
+                await self._summarize(thread_id, held, batch, positions[-1].offset)
             if self._checkpointer is not None and any(
                 isinstance(e, ApprovalRequested | ApprovalGranted) for e in batch
             ):
@@ -973,31 +1039,38 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
 
     # -- the read path ---------------------------------------------------------------------
 
-    async def _state(self, thread_id: str) -> ThreadState:
-        """What this saver wrote (read-your-writes) if it holds the thread, else the log's."""
+    async def _state(self, thread_id: str, *, whole: bool = False) -> ThreadState:
+        """What this saver wrote (read-your-writes) if it holds the thread, else the log's.
+        ``whole``: with every checkpoint, not a fold from a summary (`ThreadState.partial`).
+        """
         self._remember_loop()
         held = self._held.get(thread_id)
         if held is not None and not held.holder.fenced.is_set():
             async with held.lock:
-                return await self._fresh(thread_id, held)
-        return await self._follow(thread_id)
+                return await self._fresh(thread_id, held, whole=whole)
+        return await self._follow(thread_id, whole=whole)
 
-    async def _follow(self, thread_id: str) -> ThreadState:
+    async def _follow(self, thread_id: str, *, whole: bool = False) -> ThreadState:
         """A thread this saver does not hold, folded to the log's end: only the new tail is
         read when the thread was read before (the fold is incremental, refusals included).
         """
-        state = await self._caught_up(thread_id, self._followed.pop(thread_id, None))
+        followed = self._followed.pop(thread_id, None)
+        if whole and followed is not None and followed.partial:
+            followed = None
+        state = await self._caught_up(thread_id, followed, whole=whole)
         self._followed[thread_id] = state
         while len(self._followed) > FOLLOWED_THREADS:
             self._followed.popitem(last=False)
         return state
 
-    async def _caught_up(self, thread_id: str, state: ThreadState | None) -> ThreadState:
-        """``state`` folded on to the log's end (the new tail only), or the thread read whole
-        when there is none or its tail is gone."""
+    async def _caught_up(
+        self, thread_id: str, state: ThreadState | None, *, whole: bool = False
+    ) -> ThreadState:
+        """``state`` folded on to the log's end (the new tail only), or the thread read afresh
+        (from its summary unless ``whole``) when there is none or its tail is gone."""
         start = state.next_offset if state is not None else None
         if state is None or start is None:
-            return await self._read(thread_id)
+            return await self._read(thread_id) if whole else await self._load(thread_id)
         partition = partition_for(thread_id, self.log.partitions)
         end = (await self.log.bounds(partition)).end
         try:
@@ -1007,15 +1080,106 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         for stored in tail:
             state.apply(stored)
         state.next_offset = max(start, end)
+        if state.whole_needed:
+            return await self._read(thread_id)
         self._check_tenant(state)
         return state
 
-    async def _fresh(self, thread_id: str, held: _Held) -> ThreadState:
-        """The held thread's fold, read again from the log if an append left it in doubt."""
-        if held.stale:
+    async def _fresh(self, thread_id: str, held: _Held, *, whole: bool = False) -> ThreadState:
+        """The held thread's fold, read again from the log if an append left it in doubt, or
+        whole if it was folded from a summary and ``whole`` (every checkpoint) is needed."""
+        state = held.state
+        if held.stale or state.whole_needed or (whole and state.partial):
             held.state = await self._read(thread_id)
             held.stale = False
         return held.state
+
+    async def _load(self, thread_id: str) -> ThreadState:
+        """The thread folded on from its summary through the log's tail, or from its first
+        event when there is no summary it can use."""
+        return await self._from_summary(thread_id) or await self._read(thread_id)
+
+    async def _stored_summary(self, thread_id: str) -> ThreadSummary | None:
+        """The thread's stored summary, if there is one this code reads, of this tenant."""
+        if self.summaries is None:
+            return None
+        try:
+            body = await self.summaries.get(thread_id)
+        except OnwardError as exc:
+            logger.warning("thread %r: summary not read, folding it whole: %s", thread_id, exc)
+            return None
+        summary = decode(body) if body is not None else None
+        if summary is None or summary.run_id != thread_id or summary.tenant != self.tenant:
+            return None
+        return summary
+
+    async def _from_summary(self, thread_id: str) -> ThreadState | None:
+        """The thread folded on from its stored summary; ``None`` where there is none, or it
+        cannot be trusted (see `.summary`): then the thread is folded from its first event."""
+        summary = await self._stored_summary(thread_id)
+        if summary is None:
+            return None
+        partition = partition_for(thread_id, self.log.partitions)
+        end = (await self.log.bounds(partition)).end
+        if summary.last_offset >= end:
+            return None
+        try:
+            tail = await read_whole_run(
+                self.log, self.compaction, thread_id, start=summary.last_offset, end=end
+            )
+        except LogTruncatedError:
+            return None
+        if not tail or not _names(summary, tail[0]):
+            return None
+        state = restored(summary, snapshot_every=self.snapshot_every)
+        for stored in tail[1:]:
+            state.apply(stored)
+        state.next_offset = max(state.next_offset or 0, end)
+        return None if state.whole_needed else state
+
+    async def _summarize(
+        self, thread_id: str, held: _Held, batch: Sequence[Event], last_offset: int
+    ) -> None:
+        """Store the held thread's summary at the batch's last event, once the bytes appended
+        since the last summary exceed that summary's size (so summaries at most double what a
+        thread stores). A summary is a cache: a store that fails is logged, not raised."""
+        held.appended += sum(len(_msgpack.encode(event)) for event in batch)
+        if self.summaries is None or held.appended < held.summary_size:
+            return
+        state = held.state
+        if state.whole_needed:
+            return
+        last = batch[-1]
+        summary = summarize(
+            state,
+            last_offset=last_offset,
+            last_fence=last.fence,
+            last_at=last.at,
+            refers=self._refers,
+        )
+        body = encode(summary)
+        try:
+            await self.summaries.put(thread_id, self.tenant, summary.last_seq, body)
+        except OnwardError as exc:
+            logger.warning("thread %r: summary not stored: %s", thread_id, exc)
+            return
+        held.appended = 0
+        held.summary_size = len(body)
+
+    def _refers(self, event: GraphCheckpointed) -> Iterator[tuple[str, str]]:
+        """The (channel, version) pairs a checkpoint's values are at."""
+        versions: dict[str, Any] = self._loads(event.checkpoint).get("channel_versions", {})
+        for channel, version in versions.items():
+            yield channel, _version_key(version)
+
+    async def _forget_summary(self, thread_id: str) -> None:
+        """Drop a thread's summary (a deleted thread's values go with it)."""
+        if self.summaries is None:
+            return
+        try:
+            await self.summaries.delete(thread_id)
+        except OnwardError as exc:
+            logger.warning("thread %r: summary not deleted: %s", thread_id, exc)
 
     async def _read(self, thread_id: str) -> ThreadState:
         """Fold the thread from the log, from its first event where a frontier row says so.
@@ -1054,7 +1218,11 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             )
 
     def _tuple(
-        self, state: ThreadState, thread_id: str, event: GraphCheckpointed
+        self,
+        state: ThreadState,
+        thread_id: str,
+        event: GraphCheckpointed,
+        listing: dict[tuple[str, str], DecodedList] | None = None,
     ) -> CheckpointTuple:
         ns = event.checkpoint_ns
         checkpoint = self.serde.loads_typed(_typed(event.checkpoint))
@@ -1062,7 +1230,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         for channel, version in checkpoint["channel_versions"].items():
             stored = state.values.get((ns, channel, _version_key(version)))
             if stored is not None and (stored.listed or stored.value is not None):
-                values[channel] = self._rebuilt(state, ns, channel, stored)
+                values[channel] = self._rebuilt(state, ns, channel, stored, listing)
         checkpoint["channel_values"] = values
         writes = state.writes.get((ns, event.checkpoint_id), {})
         ordered = sorted(writes.items(), key=lambda kv: writes_sort_key(kv[1].task_path, *kv[0]))
@@ -1099,6 +1267,20 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
 
 async def _in_context(coro: Coroutine[Any, Any, _T], context: contextvars.Context) -> _T:
     return await asyncio.get_running_loop().create_task(coro, context=context)
+
+
+def _names(summary: ThreadSummary, stored: StoredEvent) -> bool:
+    """Whether ``stored`` is the event a summary was taken at: the log holds it at the offset
+    the summary names, with its run, seq, fence and time (else the summary is another log's,
+    or the log was rewritten, and is not used)."""
+    event = stored.event
+    return (
+        stored.position.offset == summary.last_offset
+        and event.run_id == summary.run_id
+        and event.seq == summary.last_seq
+        and event.fence == summary.last_fence
+        and event.at == summary.last_at
+    )
 
 
 def _constant(batch: _Batch) -> Callable[[ThreadState], _Batch]:

@@ -74,6 +74,14 @@ class ChannelNode:
             out.extend(segment)
         return out
 
+    def reaches(self, earlier: ChannelNode) -> bool:
+        """Whether this version extends ``earlier`` (through any versions between) or is it:
+        then the list ``earlier`` holds is the first ``earlier.length`` items of this one."""
+        node: ChannelNode | None = self
+        while node is not None and node is not earlier and node.length >= earlier.length:
+            node = node.extends
+        return node is earlier
+
     def items_after(self, earlier: ChannelNode) -> list[Serialized] | None:
         """The items this version appended to ``earlier`` (through any versions between), in
         order; ``None`` unless this version extends ``earlier`` (or is it)."""
@@ -141,6 +149,12 @@ class ThreadState:
         decoded: (namespace, channel) to the decoded items of one list version (the latest
             one read or written), which the saver that holds this fold keeps: a cache, not
             part of the fold, dropped with it.
+        partial: Folded on from a stored summary (see `.summary`): it holds the newest
+            checkpoint of each namespace with what reading and writing on from it need, not
+            the older checkpoints; whoever needs those folds the thread from its first event.
+        whole_needed: A partial fold met an event it cannot apply as a whole fold would (the
+            newest checkpoint of a namespace removed, an append to a version it does not
+            hold): fold the thread from its first event instead.
     """
 
     run_id: str
@@ -156,6 +170,8 @@ class ThreadState:
     calls: dict[str, CallState] = field(default_factory=dict)
     next_offset: int | None = None
     decoded: dict[tuple[str, str], DecodedList] = field(default_factory=dict)
+    partial: bool = False
+    whole_needed: bool = False
 
     @property
     def last_seq(self) -> int:
@@ -199,6 +215,7 @@ class ThreadState:
             self.writes.clear()
             self.calls.clear()
             self.waiting_on = None
+            self.partial = False  # nothing before this event counts: the fold is whole
         elif isinstance(event, ApprovalRequested):
             self.waiting_on = event.request_id
         elif (
@@ -215,6 +232,8 @@ class ThreadState:
             self.newest[ns] = event.checkpoint_id
         for item in event.values:
             node = self._node(ns, item)
+            if node is None and self.partial:
+                self.whole_needed = True
             if node is not None:
                 self.values[(ns, item.channel, item.version)] = node
                 self.latest[(ns, item.channel)] = item.version
@@ -251,6 +270,8 @@ class ThreadState:
         # Channel values stay: a kept checkpoint may refer to a version an earlier one saved.
         for ref in event.checkpoints:
             saved = self.checkpoints.get(ref.checkpoint_ns)
+            if self.partial and self.newest.get(ref.checkpoint_ns) == ref.checkpoint_id:
+                self.whole_needed = True  # the next newest is among what it does not hold
             if saved is not None:
                 saved.pop(ref.checkpoint_id, None)
                 if not saved:

@@ -30,10 +30,14 @@ from .worlds import TENANT, World
 
 def test_exports() -> None:
     assert sorted(lg.__all__) == [
+        "MemoryThreadSummaries",
         "OnwardSaver",
         "OnwardToolMiddleware",
+        "PostgresThreadSummaries",
+        "SqliteThreadSummaries",
         "StoredWrite",
         "ThreadState",
+        "ThreadSummaryStore",
         "current_fence",
         "current_idempotency_key",
         "current_lease_expires_at",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 from support.stores import Stores, kafka_stores, sqlite_stores
 
-from onward.integrations.langgraph import OnwardSaver
+from onward.integrations.langgraph import OnwardSaver, PostgresThreadSummaries, ThreadSummaryStore
 from onward.runtime.leases import LeasePolicy
 
 TENANT = "acme"
@@ -18,7 +18,10 @@ TENANT = "acme"
 
 @dataclass(frozen=True, slots=True)
 class World(Stores):
-    """The stores one test writes threads to."""
+    """The stores one test writes threads to; ``summaries``: where savers keep thread
+    summaries (``None``: the log's own, an embedded SQLite file's)."""
+
+    summaries: ThreadSummaryStore | None = field(default=None, kw_only=True)
 
     def saver(
         self,
@@ -44,6 +47,7 @@ class World(Stores):
             checkpoint_inline=self.embedded,
             holder=holder,
             policy=policy,
+            summaries=self.summaries,
         )
 
 
@@ -56,12 +60,19 @@ async def sqlite_world(path: Path) -> AsyncIterator[World]:
 
 @asynccontextmanager
 async def kafka_world(*places: str, postgres_leases: bool = False) -> AsyncIterator[World]:
-    """Kafka log, Redis (or PostgreSQL) leases, PostgreSQL frontier rows (no projector runs).
+    """Kafka log, Redis (or PostgreSQL) leases, PostgreSQL frontier rows and thread summaries
+    (no projector runs).
 
     ``places``: the broker, topic, database URL, schema, Redis URL and prefix (`kafka_stores`).
     """
-    async with kafka_stores(*places, postgres_leases=postgres_leases) as stores:
-        yield World(stores.log, stores.leases, stores.frontiers, stores.embedded)
+    _, _, database_url, schema, *_ = places
+    async with (
+        kafka_stores(*places, postgres_leases=postgres_leases) as stores,
+        PostgresThreadSummaries(database_url, schema=schema) as summaries,
+    ):
+        yield World(
+            stores.log, stores.leases, stores.frontiers, stores.embedded, summaries=summaries
+        )
 
 
 def kafka_spec(

@@ -1,0 +1,9 @@
+-- A LangGraph thread's fold at one of its events (OnwardSaver), so a reader folds only the
+-- log after it. Written by the thread's holder, replaced only by a later one (a higher
+-- last_seq); a cache: a reader that cannot use it folds the thread from its first event.
+CREATE TABLE onward_graph_summaries (
+    run_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    last_seq INTEGER NOT NULL CHECK (last_seq > 0),
+    body BLOB NOT NULL
+);

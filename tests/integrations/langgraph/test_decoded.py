@@ -263,3 +263,20 @@ def test_the_items_appended_since_a_version_are_found_through_empty_appends_and_
     assert first.items_after(one_added) is None  # an older version extends no newer one
     same_items_elsewhere = ChannelNode(items=(item(0), item(1)), listed=True, length=2)
     assert whole_again.items_after(same_items_elsewhere) is None
+
+
+async def test_listing_a_thread_decodes_each_message_once(world: World) -> None:
+    questions = [f"q{i}" for i in range(12)]
+    async with saver_of(world) as writer:
+        conversation = await ask(writer, "t", *questions)
+    serde = CountingSerializer()
+    async with saver_of(world, serde=serde) as reader, saver_of(world) as reference:
+        listed = [t async for t in reader.alist(config("t"))]
+        # Each checkpoint's list is the one of the checkpoint after it, less what that one
+        # appended: a listing decodes every message once, not each checkpoint's from scratch
+        # (that would be over 150 here, and grow with the square of the thread's length).
+        assert serde.loaded <= len(conversation) + len(questions)
+        assert [t.checkpoint for t in listed] == [
+            t.checkpoint async for t in reference.alist(config("t"))
+        ]
+        assert listed[0].checkpoint["channel_values"]["messages"] == conversation

@@ -132,6 +132,8 @@ class _Held:
     """Bytes appended since the thread's last summary (an estimate: the events' msgpack)."""
     summary_size: int = 0
     """The size of the last summary stored; the next is stored once ``appended`` exceeds it."""
+    summarizing: asyncio.Task[None] | None = None
+    """The summary being stored, if one is (see `OnwardSaver._summarize`)."""
 
 
 class OnwardSaver(BaseCheckpointSaver[str], Resource):
@@ -244,6 +246,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self._lost.discard(thread_id)
         held = self._held.pop(thread_id, None)
         if held is not None:
+            await self._settle(held)
             await held.holder.__aexit__(None, None, None)
 
     @asynccontextmanager
@@ -490,6 +493,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         await self._write(thread_id, events)
         held = self._held.get(thread_id)
         if held is not None:
+            await self._settle(held)  # one taken before the deletion must not land after it
             held.summary_size = 0  # the next write stores a summary of the emptied thread
         await self._forget_summary(thread_id)
         if not held_before:
@@ -1035,6 +1039,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             del self._held[thread_id]
         if lost:
             self._lost.add(thread_id)
+        await self._settle(held)
         await held.holder.__aexit__(None, None, None)
 
     # -- the read path ---------------------------------------------------------------------
@@ -1142,13 +1147,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     ) -> None:
         """Store the held thread's summary at the batch's last event, once the bytes appended
         since the last summary exceed that summary's size (so summaries at most double what a
-        thread stores). A summary is a cache: a store that fails is logged, not raised."""
+        thread stores). It is taken now and stored in the background (`_settle` waits for
+        it); a summary is a cache: a store that fails is logged, not raised."""
         held.appended += sum(len(_msgpack.encode(event)) for event in batch)
         if self.summaries is None or held.appended < held.summary_size:
             return
         state = held.state
-        if state.whole_needed:
-            return
+        if state.whole_needed or (held.summarizing is not None and not held.summarizing.done()):
+            return  # one summary in flight at a time: a later write stores the next
         last = batch[-1]
         summary = summarize(
             state,
@@ -1157,14 +1163,26 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             last_at=last.at,
             refers=self._refers,
         )
-        body = encode(summary)
+        held.appended = 0
+        held.summarizing = asyncio.create_task(self._store_summary(thread_id, held, summary))
+
+    async def _store_summary(self, thread_id: str, held: _Held, summary: ThreadSummary) -> None:
+        """Encode and store a summary, off the write path (the graph's next step runs on)."""
+        body = await asyncio.to_thread(encode, summary)
+        held.summary_size = len(body)
+        if self.summaries is None:
+            return
         try:
             await self.summaries.put(thread_id, self.tenant, summary.last_seq, body)
         except OnwardError as exc:
             logger.warning("thread %r: summary not stored: %s", thread_id, exc)
-            return
-        held.appended = 0
-        held.summary_size = len(body)
+
+    @staticmethod
+    async def _settle(held: _Held) -> None:
+        """Wait for the held thread's summary being stored, if one is."""
+        if held.summarizing is not None:
+            await held.summarizing
+            held.summarizing = None
 
     def _refers(self, event: GraphCheckpointed) -> Iterator[tuple[str, str]]:
         """The (channel, version) pairs a checkpoint's values are at."""

@@ -88,9 +88,10 @@ def from_summary(saver: OnwardSaver, thread_id: str) -> bool:
 async def check_fresh_reads(world: World) -> None:
     async with world.saver(holder="writer") as writer:
         await chat(writer, "t", TURNS)
-        assert await summaries_of(world).get("t") is not None
         written = await writer.aget_tuple(config("t"))
         history = await listed(writer, "t")
+    # Stored in the background, waited for when the thread is released (here: at the exit).
+    assert await summaries_of(world).get("t") is not None
     async with world.saver(holder="fresh") as fresh, whole_saver(world) as whole:
         got = await fresh.aget_tuple(config("t"))
         assert from_summary(fresh, "t")
@@ -202,6 +203,7 @@ async def test_removing_the_newest_checkpoint_after_the_summary_folds_the_thread
 ) -> None:
     async with world.saver(holder="writer") as writer:
         await chat(writer, "t", TURNS)
+        await writer.arelease("t")  # the summary being stored is stored
         body = await summaries_of(world).get("t")
         run_id = "the-last-turn"
         await chat_graph(writer).ainvoke(

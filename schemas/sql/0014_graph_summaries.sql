@@ -7,3 +7,6 @@ CREATE TABLE onward_graph_summaries (
     last_seq bigint NOT NULL CHECK (last_seq > 0),
     body bytea NOT NULL
 );
+
+-- The body is zstd-compressed already: stored out of line as it is, not compressed again.
+ALTER TABLE onward_graph_summaries ALTER COLUMN body SET STORAGE EXTERNAL;

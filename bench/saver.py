@@ -11,7 +11,9 @@ step: 2,000 steps would be gigabytes).
 
 After each thread, ``aget_tuple`` of its latest checkpoint is timed twice over: on the saver
 that wrote it (the median of ``--reads`` reads) and on a saver opened afresh on the same
-stores (its first read, which folds or queries the thread from storage).
+stores (its first read, which folds or queries the thread from storage). The garbage the
+thread's run left is collected before (else the first read pays for a full collection of it,
+as a reader in another process would not).
 
 * ``onward-kafka``: `OnwardSaver` on a fresh topic (``--partitions``), Redis leases, frontier
   rows and the saver's thread summaries in a fresh PostgreSQL database (no projector runs during
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import sqlite3
 import statistics
 import tempfile
@@ -136,6 +139,9 @@ async def measure(
         await settle()
         after = await size()
         added = {where: after[where] - before.get(where, 0) for where in after}
+        # The thread's run left garbage behind: collected now, not in the first read timed
+        # (a reader in another process would not pay for this one's graph run).
+        gc.collect()
         writer_reads = [await read_latest(checkpointer, config, steps) for _ in range(args.reads)]
         async with reopen() as fresh:
             fresh_first = await read_latest(fresh, config, steps)

@@ -180,8 +180,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             so the appends are all in memory already.
         summaries: Where the holder of a thread keeps its summary (`.summary`), so a reader
             that has not folded the thread reads only the log after it. An embedded SQLite
-            log brings its own; on Kafka, pass a `PostgresThreadSummaries`; ``None`` keeps
-            none (every reader folds a thread from its first event).
+            log keeps them in its file; on Kafka, pass a `PostgresThreadSummaries` (without
+            one, every reader folds a thread from its first event).
     """
 
     def __init__(

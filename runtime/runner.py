@@ -2,7 +2,9 @@
 
 One iteration: call the model and append `ModelAnswered`; append `ToolDispatched` for every
 call of the answer as one batch, acknowledged by the log before any tool runs; run the tools
-(concurrently), appending each `ToolCompleted` as it returns; append `TurnSettled`. A call whose
+(concurrently), appending each `ToolCompleted` as it returns; append `TurnSettled`, in the same
+batch as the turn's last `ToolCompleted` when that one finds every other call of the turn
+recorded (one record batch fewer a step; a batch is durable whole or not at all). A call whose
 tool needs a person appends `ApprovalRequested` first and the run stops, waiting; so does a call
 whose code asks a person a question (`onward.runtime.ask`), with the question, once it stopped
 there.
@@ -721,6 +723,7 @@ class AgentRunner(Resource):
                 )
                 await self.writer.append(run, [asked])
                 return False
+        dispatches: list[ToolDispatched] = []
         if pending:
             dispatches = [
                 self.writer.event(
@@ -738,9 +741,23 @@ class AgentRunner(Resource):
             # renewed after the deadlines were set, outlasts each of them (the ttl is over every
             # max_call_s: `check_call_bounds`).
             await write_ahead(lambda: self.writer.append(run, dispatches), run.held.confirm)
+        return await self._finish_turn(run, pending, dispatches)
+
+    async def _finish_turn(
+        self, run: HeldRun, pending: list[CallState], dispatches: list[ToolDispatched]
+    ) -> bool:
+        """Make the turn's ``pending`` calls, their ``dispatches`` durable, and settle the
+        turn. False if the run now waits on a person."""
+        if pending:
             deadlines = {d.call_id: d.deadline for d in dispatches}
+            called = [c.call_id for c in pending]
             ended = await asyncio.gather(
-                *(self._observed_call(run, c, deadlines[c.call_id]) for c in pending)
+                *(
+                    self._observed_call(
+                        run, c, deadlines[c.call_id], [i for i in called if i != c.call_id]
+                    )
+                    for c in pending
+                )
             )
             undecided = [call for call in ended if isinstance(call, CallState)]
             questions = [q for q in ended if isinstance(q, Question)]
@@ -757,14 +774,18 @@ class AgentRunner(Resource):
                 )
             if questions:
                 return False
-        settled = self.writer.event(
+        if run.frontier.calls:  # no call's outcome settled the turn with it (`_call_tool`)
+            await self.writer.append(run, [self._settled(run)])
+        return True
+
+    def _settled(self, run: HeldRun) -> TurnSettled:
+        """The event settling the open turn (its seq is set when it is appended)."""
+        return self.writer.event(
             run,
             TurnSettled,
             iteration=run.frontier.iteration,
             call_ids=[c.call_id for c in run.frontier.calls],
         )
-        await self.writer.append(run, [settled])
-        return True
 
     async def _ask(self, run: HeldRun, questions: list[Question]) -> None:
         """Record the first question the turn's calls stopped at; the run waits on it.
@@ -794,23 +815,35 @@ class AgentRunner(Resource):
         await self.writer.append(run, [asked])
 
     async def _observed_call(
-        self, run: HeldRun, call: CallState, deadline: int | None
+        self, run: HeldRun, call: CallState, deadline: int | None, others: list[str]
     ) -> CallState | Question | None:
         """`_call_tool`, counted and traced by how the call ended."""
         with observe.tool_call(run.run_id, run.fence, call.call_id, call.tool) as end:
-            ended = await self._call_tool(run, call, deadline)
+            ended = await self._call_tool(run, call, deadline, others)
+            if isinstance(ended, ToolCompleted):
+                # Its batch may have settled the turn, and the frontier forgotten the call.
+                end.disposition = "completed" if ended.error is None else "error"
+                return None
             end.disposition = (
                 "asked" if isinstance(ended, Question) else _disposition(run, call.call_id, ended)
             )
             return ended
 
     async def _call_tool(
-        self, run: HeldRun, call: CallState, deadline: int | None = None
-    ) -> CallState | Question | None:
-        """Call the tool and record its outcome; the call, if it was cut off at its deadline
+        self,
+        run: HeldRun,
+        call: CallState,
+        deadline: int | None = None,
+        others: list[str] | None = None,
+    ) -> CallState | Question | ToolCompleted | None:
+        """Call the tool and record its outcome, returned (``None`` when its status check's
+        answer was recorded instead); the call, if it was cut off at its deadline
         and its status check could not say whether it took effect (nothing is recorded); the
         question its code stopped at (`ask`), if it asked one nobody answered yet (nothing is
-        recorded: the turn's questions are, by `_ask`)."""
+        recorded: the turn's questions are, by `_ask`).
+
+        ``others`` are the turn's other calls made with this one: when each of them has its
+        outcome recorded already, the turn is settled in the same batch as this outcome."""
         tool = run.agent.tool(call.tool)
         result: Any = None
         error: ToolError | None = None
@@ -872,8 +905,20 @@ class AgentRunner(Resource):
         completed = self.writer.event(
             run, ToolCompleted, call_id=call.call_id, result=result, error=error
         )
-        await self.writer.append(run, [completed])
-        return None
+        await self.writer.append(run, [completed, *self._settling(run, others or [])])
+        return completed
+
+    def _settling(self, run: HeldRun, others: list[str]) -> list[TurnSettled]:
+        """`TurnSettled`, to go with the outcome of the one call of the turn still running,
+        if ``others`` (the turn's other calls made with it) all have theirs recorded: nothing is
+        left to wait for, and settling in the same batch writes one record batch fewer. A call
+        that asked a question or was cut off undecided records nothing, so it holds the turn
+        open here, and the runner goes on as it would have."""
+        for call_id in others:
+            state = run.frontier.call(call_id)
+            if state is None or state.outcome is None:
+                return []
+        return [self._settled(run)]
 
     async def _cut_off(
         self, run: HeldRun, call: CallState, tool: Tool

@@ -20,10 +20,11 @@ from support.pg import SchemaFactory
 
 from onward._storage import unpack
 from onward._storage.packing import PACKED
-from onward.eventlog.events import Message
+from onward.eventlog.events import Message, ToolCall
+from onward.eventlog.parts import assistant_message
 from onward.projections import PostgresFrontierStore, SqliteFrontierStore
 from onward.projections.base import FrontierStore, Snapshot
-from onward.projections.transcript import COMPRESS_OVER, TranscriptRow
+from onward.projections.transcript import COMPRESS_OVER, TranscriptRow, decode_message
 from onward.testing.eventlog import new_run_id
 from onward.testing.frontiers import CONSUMER, frontier
 
@@ -108,3 +109,20 @@ async def test_sqlite_keeps_messages_packed_and_reads_json_rows(tmp_path: Path) 
     async with SqliteFrontierStore(path) as store:
         read = await store.transcript(run_id, tenant="acme", through=3)
     assert [r.message for r in read] == [*(r.message for r in rows_of(run_id)), LEGACY]
+
+
+def test_a_model_answer_asking_for_one_call_is_stored_compressed() -> None:
+    # About 150 bytes of JSON, one a step: compressed, it is a fifth shorter.
+    asked = assistant_message(
+        "", [ToolCall(call_id="call-1", tool="search_flights", args={"from": "LIS", "to": "CDG"})]
+    )
+    row = TranscriptRow(tenant="acme", run_id="r", seq=2, message=asked)
+    json_body = msgspec.json.encode(asked)
+    stored = row.encoded(compressed=True)
+    assert stored[:4] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+    assert len(stored) * 5 <= len(json_body) * 4, (len(stored), len(json_body))
+    assert decode_message(stored) == asked
+    said = TranscriptRow(
+        tenant="acme", run_id="r", seq=1, message=Message(role="user", content="go")
+    )
+    assert said.encoded(compressed=True) == msgspec.json.encode(said.message)

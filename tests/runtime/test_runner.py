@@ -239,6 +239,54 @@ async def test_crashes_at_unambiguous_points_resume_without_repeating(
     assert plan.safe
 
 
+class Batches:
+    """An observer keeping the kinds of each durable batch."""
+
+    def __init__(self) -> None:
+        self.kinds: list[list[str]] = []
+
+    async def appended(self, events: Sequence[Event]) -> None:
+        self.kinds.append([kind_of(type(e)) for e in events])
+
+    async def tool_returned(self, call_id: str) -> None:
+        return None
+
+    async def before_model_call(self) -> None:
+        return None
+
+
+async def test_the_outcome_of_a_turns_one_call_settles_the_turn_in_its_batch() -> None:
+    batches = Batches()
+    provider = ScriptedProvider(
+        [reply("", ToolCall(call_id="b", tool="book", args={"seat": "3A"})), reply("done")]
+    )
+    result = await runner(MemoryEventLog(), provider=provider, observer=batches).run(
+        agent(Side().tools()), "go", tenant=TENANT, run_id="r"
+    )
+    assert result.status == "completed"
+    assert batches.kinds == [
+        ["run.started"],
+        ["model.answered"],
+        ["tool.dispatched"],
+        ["tool.completed", "turn.settled"],
+        ["model.answered", "run.finished"],
+    ]
+
+
+async def test_the_last_outcome_of_a_turn_settles_it() -> None:
+    batches = Batches()
+    result = await runner(MemoryEventLog(), observer=batches).run(
+        agent(Side().tools()), "go", tenant=TENANT, run_id="r"
+    )
+    assert result.status == "completed"
+    # Two calls at once: the one recorded second finds the other recorded, and settles.
+    assert batches.kinds[2:5] == [
+        ["tool.dispatched", "tool.dispatched"],
+        ["tool.completed"],
+        ["tool.completed", "turn.settled"],
+    ]
+
+
 async def test_a_call_killed_after_its_side_effect_is_indeterminate_and_refused() -> None:
     log, side, tools = await crashed(CrashAt("tool.returned", "b"))
     with pytest.raises(IndeterminateToolCallError) as caught:

@@ -487,11 +487,13 @@ async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
 def _stored_events(partition: int, batch: list[Any]) -> list[LogRecord]:
     """Decode fetched records; only if one fails is each looked at again, so an unreadable
     record comes back as an `UnreadableRecord` in its place (named by its key and headers)."""
-    decode = codec.decode
     try:
-        return [StoredEvent(Position(partition, r.offset), decode(r.value)) for r in batch]
+        events = codec.decode_many([r.value for r in batch])
     except EventDecodeError:
         return [_storable(record_of(partition, r)) for r in batch]
+    return [
+        StoredEvent(Position(partition, r.offset), e) for r, e in zip(batch, events, strict=True)
+    ]
 
 
 def _storable(record: LogRecord) -> LogRecord:

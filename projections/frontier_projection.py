@@ -42,6 +42,78 @@ log = logging.getLogger("onward.projector")
 
 _YIELD_EVERY_RUNS = 500
 
+DEFAULT_CACHE_BYTES = 32 * 1024 * 1024
+"""How many bytes of frontiers a projection keeps in memory by default (32 MiB: a projector of
+100,000 runs stays near 150 MB in all)."""
+
+_UNSIZED_DRAFT_BYTES = 1024
+"""What a cached frontier is counted as until its first store encodes it (a run's encoded
+frontier is most often well under a kilobyte)."""
+
+
+class _DraftCache:
+    """The frontiers a projection keeps between batches, least recently folded first, with the
+    bytes each is counted as: its encoded size as last stored, a good proxy for what its
+    objects take in memory."""
+
+    __slots__ = ("_drafts", "_sizes", "bytes")
+
+    def __init__(self) -> None:
+        self._drafts: OrderedDict[str, FrontierDraft] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._drafts)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._drafts
+
+    def get(self, run_id: str) -> FrontierDraft | None:
+        """The run's draft, now the most recently used; ``None`` if it is not kept."""
+        draft = self._drafts.get(run_id)
+        if draft is not None:
+            self._drafts.move_to_end(run_id)
+        return draft
+
+    def put(self, run_id: str, draft: FrontierDraft) -> FrontierDraft:
+        """Keep ``draft`` as the run's, counted as an unsized one until it is stored."""
+        self.pop(run_id)
+        self._drafts[run_id] = draft
+        self._sizes[run_id] = _UNSIZED_DRAFT_BYTES
+        self.bytes += _UNSIZED_DRAFT_BYTES
+        return draft
+
+    def sized(self, run_id: str, size: int) -> None:
+        """The run's frontier was encoded in ``size`` bytes: count it as that."""
+        before = self._sizes.get(run_id)
+        if before is not None:
+            self._sizes[run_id] = size
+            self.bytes += size - before
+
+    def pop(self, run_id: str) -> None:
+        if self._drafts.pop(run_id, None) is not None:
+            self.bytes -= self._sizes.pop(run_id)
+
+    def items(self) -> list[tuple[str, FrontierDraft]]:
+        return list(self._drafts.items())
+
+    def clear(self) -> None:
+        self._drafts.clear()
+        self._sizes.clear()
+        self.bytes = 0
+
+    def evict(self, runs: int | None, size: int) -> list[str]:
+        """Drop the least recently used drafts until at most ``runs`` (if set) are kept,
+        counted as at most ``size`` bytes; the runs dropped."""
+        drafts, sizes = self._drafts, self._sizes
+        evicted: list[str] = []
+        while drafts and ((runs is not None and len(drafts) > runs) or self.bytes > size):
+            run_id, _ = drafts.popitem(last=False)
+            self.bytes -= sizes.pop(run_id)
+            evicted.append(run_id)
+        return evicted
+
 
 @dataclass(slots=True)
 class ProjectorStats:
@@ -78,7 +150,12 @@ class FrontierProjection:
         cache_runs: How many runs' frontiers to keep in memory between batches, so a run
             touched again is not loaded again. Correct while this projection is the only writer
             of its partitions: a rebalance drops the revoked partitions' entries (`forget`).
-            Also the most runs folded and not yet stored.
+            Also the most runs folded and not yet stored. ``None`` (the default): as many as
+            ``cache_bytes`` holds.
+        cache_bytes: The memory budget of those frontiers, in bytes, each counted as its
+            encoded size (a run not stored yet as a kilobyte): the least recently folded are
+            dropped past it, and a store comes due once the runs folded and not stored would
+            take half of it. Memory then follows the budget, not the number of runs.
         flush_events: Store once this many events are folded and not stored; 0 stores every
             batch.
         flush_interval: Store at least this often, in seconds, while batches keep coming; 0
@@ -109,7 +186,8 @@ class FrontierProjection:
         *,
         consumer: str = DEFAULT_CONSUMER,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        cache_runs: int = 20_000,
+        cache_runs: int | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
         flush_events: int = 0,
         flush_interval: float = 0.0,
         write_behind: bool = False,
@@ -117,8 +195,14 @@ class FrontierProjection:
         every_partition: bool = False,
         compaction: CompactionStore | None = None,
     ) -> None:
-        if cache_runs < 1:
-            raise InvalidInputError(f"cache_runs must be at least 1, got {cache_runs}")
+        if cache_runs is not None and (type(cache_runs) is not int or cache_runs < 1):
+            raise InvalidInputError(
+                f"cache_runs must be a whole number of at least 1, or None, got {cache_runs!r}"
+            )
+        if type(cache_bytes) is not int or cache_bytes < 1:
+            raise InvalidInputError(
+                f"cache_bytes must be a whole number of bytes, at least 1, got {cache_bytes!r}"
+            )
         if flush_events < 0 or flush_interval < 0:
             raise InvalidInputError(
                 f"flush_events and flush_interval must not be negative, got {flush_events} "
@@ -130,8 +214,9 @@ class FrontierProjection:
         self.consumer = consumer
         self.max_bytes = max_bytes
         self.stats = ProjectorStats()
-        self._cache: OrderedDict[str, FrontierDraft] = OrderedDict()
+        self._cache = _DraftCache()
         self._cache_runs = cache_runs
+        self._cache_bytes = cache_bytes
         self._flush_events = flush_events
         self._flush_interval = flush_interval
         self._dirty: dict[str, FrontierDraft] = {}
@@ -202,10 +287,13 @@ class FrontierProjection:
                 await self._written()
 
     def _due(self) -> bool:
+        dirty = len(self._dirty)
         return (
             self._pending_events >= self._flush_events
             or time.monotonic() - self._pending_since >= self._flush_interval
-            or len(self._dirty) >= self._cache_runs
+            or (self._cache_runs is not None and dirty >= self._cache_runs)
+            # The runs folded and not stored, counted at the cache's mean size.
+            or (dirty > 0 and 2 * dirty * self._cache.bytes >= self._cache_bytes * len(self._cache))
         )
 
     async def _fold(
@@ -226,9 +314,7 @@ class FrontierProjection:
                 await asyncio.sleep(0)
             draft = cache.get(run_id)
             if draft is None:
-                draft = cache[run_id] = await self._draft(run_id, items[0], current.get(run_id))
-            else:
-                cache.move_to_end(run_id)
+                draft = cache.put(run_id, await self._draft(run_id, items[0], current.get(run_id)))
             if run_id in held:
                 self.stats.quarantine_skipped += len(items)
                 continue
@@ -362,7 +448,7 @@ class FrontierProjection:
                 tenant = _tenant_of(records[0])
                 base = Frontier.empty(run_id, tenant)
             quarantine.held.pop(run_id, None)
-            draft = self._cache[run_id] = FrontierDraft.of(base)
+            draft = self._cache.put(run_id, FrontierDraft.of(base))
             self._fold_run(draft, records)
             self._dirty[run_id] = draft
             quarantine.cleared.add(run_id)
@@ -380,11 +466,15 @@ class FrontierProjection:
         write is left running, and what is folded next is stored after it."""
         await self._written()
         snapshots: list[Snapshot] = []
+        cache = self._cache
         for run_id, draft in self._dirty.items():
             snapshot = Snapshot.of(draft.frozen(), max_bytes=self.max_bytes)
             if snapshot.payload is None:
                 self.stats.snapshots_refused += 1
                 log.warning("run %r: snapshot refused: %s", run_id, snapshot.error)
+                cache.sized(run_id, self.max_bytes)
+            else:
+                cache.sized(run_id, len(snapshot.payload))
             snapshots.append(snapshot)
         entries, cleared = self.quarantine.take()
         write = self._write(
@@ -403,9 +493,7 @@ class FrontierProjection:
         self._calls.clear()
         self._positions = {}
         self._pending_events = 0
-        cache = self._cache
-        while len(cache) > self._cache_runs:
-            evicted, _ = cache.popitem(last=False)
+        for evicted in cache.evict(self._cache_runs, self._cache_bytes):
             self.quarantine.held.pop(evicted, None)
         if wait:
             await self._written()
@@ -485,7 +573,7 @@ class FrontierProjection:
         """
         gone = set(partitions)
         for run_id in [r for r, d in self._cache.items() if d.partition in gone]:
-            del self._cache[run_id]
+            self._cache.pop(run_id)
             self._dirty.pop(run_id, None)
             self.quarantine.held.pop(run_id, None)
         for key in [k for k in self._calls if k[0] not in self._cache]:

@@ -42,19 +42,24 @@ log = logging.getLogger("onward.projector")
 
 _YIELD_EVERY_RUNS = 500
 
-DEFAULT_CACHE_BYTES = 32 * 1024 * 1024
-"""How many bytes of frontiers a projection keeps in memory by default (32 MiB: a projector of
-100,000 runs stays near 150 MB in all)."""
+DEFAULT_CACHE_BYTES = 12 * 1024 * 1024
+"""How many bytes of frontiers a projection keeps in memory by default (12 MiB: about 11,000
+runs, each counted as its encoded size and a little; a projector folding 100,000 runs stays
+near 150 MB in all)."""
 
 _UNSIZED_DRAFT_BYTES = 1024
 """What a cached frontier is counted as until its first store encodes it (a run's encoded
 frontier is most often well under a kilobyte)."""
 
+_KEPT_DRAFT_BYTES = 256
+"""What keeping a frontier costs besides its encoded size: its objects take a little more than
+their JSON (numbers and the struct itself), and its entries in the cache."""
+
 
 class _DraftCache:
     """The frontiers a projection keeps between batches, least recently folded first, with the
-    bytes each is counted as: its encoded size as last stored, a good proxy for what its
-    objects take in memory."""
+    bytes each is counted as: its encoded size as last stored and `_KEPT_DRAFT_BYTES`, near
+    what its objects and entries take in memory."""
 
     __slots__ = ("_drafts", "_sizes", "bytes")
 
@@ -80,14 +85,15 @@ class _DraftCache:
         """Keep ``draft`` as the run's, counted as an unsized one until it is stored."""
         self.pop(run_id)
         self._drafts[run_id] = draft
-        self._sizes[run_id] = _UNSIZED_DRAFT_BYTES
-        self.bytes += _UNSIZED_DRAFT_BYTES
+        size = self._sizes[run_id] = _UNSIZED_DRAFT_BYTES + _KEPT_DRAFT_BYTES
+        self.bytes += size
         return draft
 
     def sized(self, run_id: str, size: int) -> None:
         """The run's frontier was encoded in ``size`` bytes: count it as that."""
         before = self._sizes.get(run_id)
         if before is not None:
+            size += _KEPT_DRAFT_BYTES
             self._sizes[run_id] = size
             self.bytes += size - before
 
@@ -153,7 +159,8 @@ class FrontierProjection:
             Also the most runs folded and not yet stored. ``None`` (the default): as many as
             ``cache_bytes`` holds.
         cache_bytes: The memory budget of those frontiers, in bytes, each counted as its
-            encoded size (a run not stored yet as a kilobyte): the least recently folded are
+            encoded size and a little (a run not stored yet as a kilobyte and a little, about
+            what its objects take): the least recently folded are
             dropped past it, and a store comes due once the runs folded and not stored would
             take half of it. Memory then follows the budget, not the number of runs.
         flush_events: Store once this many events are folded and not stored; 0 stores every

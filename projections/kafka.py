@@ -44,7 +44,7 @@ log = logging.getLogger("onward.projector")
 
 DEFAULT_GROUP = "onward-projector"
 
-PROJECTOR_FLUSH_EVENTS = 20_000
+PROJECTOR_FLUSH_EVENTS = 50_000
 """`onward projector` stores after folding this many events while it works through a backlog..."""
 PROJECTOR_FLUSH_INTERVAL = 1.0
 """...or after this many seconds; and whenever it has caught up (at most every
@@ -158,9 +158,7 @@ class KafkaProjector(Generic[SinkT]):
             auto_offset_reset="none",
             isolation_level="read_committed",
             max_poll_records=self._batch_records,
-            # Fetched and not yet folded records are held per partition: 1 MiB each keeps a
-            # projector of many partitions small, and is as fast as more.
-            max_partition_fetch_bytes=1024 * 1024,
+            max_partition_fetch_bytes=4 * 1024 * 1024,
             # The broker answers a fetch once it has this much, or after the wait: under a
             # steady trickle, one fetch per store instead of one per handful of records. With
             # no store interval, aiokafka's defaults (answer at once, idle polls every 500 ms).
@@ -354,9 +352,9 @@ class KafkaProjector(Generic[SinkT]):
         """Fold until ``stop`` is set; what was folded is stored before it returns.
 
         Fetching and decoding the next batch overlaps with folding and storing the previous
-        one; batches are still folded one at a time, in order. Once a batch is not full (the
-        projector has caught up), whatever the projection holds unstored is stored, at most
-        every ``caught_up_store_s``; when nothing arrives, at once.
+        one; batches are still folded one at a time, in order. Once a batch reaches the end of
+        the log (the projector has caught up), whatever the projection holds unstored is
+        stored, at most every ``caught_up_store_s``; when nothing arrives, at once.
 
         A store that stops answering (`BackendUnavailableError`: PostgreSQL restarted or
         unreachable, Kafka gone) is waited out: the projector tries again with capped,
@@ -418,7 +416,7 @@ class KafkaProjector(Generic[SinkT]):
                         continue
                 if fetched is not None:
                     records, next_offsets = fetched
-                    caught_up = sum(map(len, records.values())) < self._batch_records
+                    caught_up = self._caught_up(records, next_offsets)
                     due = caught_up and time.monotonic() - stored_at >= self._caught_up_store_s
                     if due:
                         stored_at = time.monotonic()
@@ -431,6 +429,21 @@ class KafkaProjector(Generic[SinkT]):
             if storing is not None:
                 await storing
         await self.flush()
+
+    def _caught_up(self, records: dict[int, list[LogRecord]], next_offsets: dict[int, int]) -> bool:
+        """Whether a fetched batch reached the end of the log: it is not full, and none of its
+        partitions is behind the end its last fetch response saw (by more than the one offset a
+        transaction's commit marker takes). A batch that is not full can still be far behind
+        when the fetch buffers ran dry for a moment; storing as if caught up then stores every
+        few records."""
+        if sum(map(len, records.values())) >= self._batch_records:
+            return False
+        consumer = self._live()
+        for partition, offset in next_offsets.items():
+            end = consumer.highwater(TopicPartition(self.topic, partition))
+            if end is not None and offset < end - 1:
+                return False
+        return True
 
     async def close(self) -> None:
         """Leave the group. Positions are already stored with the rows; nothing is committed."""

@@ -42,10 +42,10 @@ log = logging.getLogger("onward.projector")
 
 _YIELD_EVERY_RUNS = 500
 
-DEFAULT_CACHE_BYTES = 12 * 1024 * 1024
-"""How many bytes of frontiers a projection keeps in memory by default (12 MiB: about 11,000
-runs, each counted as its encoded size and a little; a projector folding 100,000 runs stays
-near 150 MB in all)."""
+DEFAULT_CACHE_BYTES = 40 * 1024 * 1024
+"""How many bytes of frontiers a projection keeps in memory by default (40 MiB: some 20,000 to
+35,000 runs, each counted as its encoded size and a little, as many as the 20,000 runs it kept
+before it counted bytes)."""
 
 _UNSIZED_DRAFT_BYTES = 1024
 """What a cached frontier is counted as until its first store encodes it (a run's encoded
@@ -109,15 +109,25 @@ class _DraftCache:
         self._sizes.clear()
         self.bytes = 0
 
-    def evict(self, runs: int | None, size: int) -> list[str]:
-        """Drop the least recently used drafts until at most ``runs`` (if set) are kept,
-        counted as at most ``size`` bytes; the runs dropped."""
+    def evict(self, runs: int | None, size: int, keep: Collection[str] = ()) -> list[str]:
+        """Drop the least recently used drafts, except those in ``keep``, until at most
+        ``runs`` (if set) are kept, counted as at most ``size`` bytes; the runs dropped."""
         drafts, sizes = self._drafts, self._sizes
+        over_runs = len(drafts) - runs if runs is not None else 0
+        over_bytes = self.bytes - size
         evicted: list[str] = []
-        while drafts and ((runs is not None and len(drafts) > runs) or self.bytes > size):
-            run_id, _ = drafts.popitem(last=False)
-            self.bytes -= sizes.pop(run_id)
+        if over_runs <= 0 and over_bytes <= 0:
+            return evicted
+        for run_id in drafts:  # the least recently used first
+            if over_runs <= 0 and over_bytes <= 0:
+                break
+            if run_id in keep:
+                continue
             evicted.append(run_id)
+            over_runs -= 1
+            over_bytes -= sizes[run_id]
+        for run_id in evicted:
+            self.pop(run_id)
         return evicted
 
 
@@ -160,9 +170,10 @@ class FrontierProjection:
             ``cache_bytes`` holds.
         cache_bytes: The memory budget of those frontiers, in bytes, each counted as its
             encoded size and a little (a run not stored yet as a kilobyte and a little, about
-            what its objects take): the least recently folded are
-            dropped past it, and a store comes due once the runs folded and not stored would
-            take half of it. Memory then follows the budget, not the number of runs.
+            what its objects take): the least recently folded are dropped past it (those
+            folded and not stored once they are), and a store comes due once the runs folded
+            and not stored take all of it. Memory then follows the budget, not the number of
+            runs.
         flush_events: Store once this many events are folded and not stored; 0 stores every
             batch.
         flush_interval: Store at least this often, in seconds, while batches keep coming; 0
@@ -276,6 +287,8 @@ class FrontierProjection:
                 raise
             if self._due():
                 await self._store(wait=not self._write_behind)
+            else:
+                self._evict()
 
     async def flush(self) -> None:
         """Store whatever is folded and not stored yet, and wait until it is stored."""
@@ -299,9 +312,15 @@ class FrontierProjection:
             self._pending_events >= self._flush_events
             or time.monotonic() - self._pending_since >= self._flush_interval
             or (self._cache_runs is not None and dirty >= self._cache_runs)
-            # The runs folded and not stored, counted at the cache's mean size.
-            or (dirty > 0 and 2 * dirty * self._cache.bytes >= self._cache_bytes * len(self._cache))
+            # The runs folded and not stored, counted at the cache's mean size, fill the budget.
+            or (dirty > 0 and dirty * self._cache.bytes >= self._cache_bytes * len(self._cache))
         )
+
+    def _evict(self) -> None:
+        """Drop the least recently folded frontiers past the budget; those folded and not
+        stored are kept until they are."""
+        for evicted in self._cache.evict(self._cache_runs, self._cache_bytes, keep=self._dirty):
+            self.quarantine.held.pop(evicted, None)
 
     async def _fold(
         self, records: Mapping[int, Sequence[LogRecord]], next_offsets: Mapping[int, int]
@@ -500,8 +519,7 @@ class FrontierProjection:
         self._calls.clear()
         self._positions = {}
         self._pending_events = 0
-        for evicted in cache.evict(self._cache_runs, self._cache_bytes):
-            self.quarantine.held.pop(evicted, None)
+        self._evict()
         if wait:
             await self._written()
 

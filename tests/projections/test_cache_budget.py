@@ -93,7 +93,7 @@ async def test_a_budget_that_holds_every_run_loads_none_again(rng: random.Random
     await assert_stored_is_the_direct_fold(store, log, run_ids)
 
 
-async def test_runs_folded_and_not_stored_past_half_the_budget_make_a_store_due(
+async def test_runs_folded_and_not_stored_that_fill_the_budget_make_a_store_due(
     rng: random.Random,
 ) -> None:
     log, run_ids, batches = await _log_and_batches(rng, 24, 10)
@@ -103,7 +103,7 @@ async def test_runs_folded_and_not_stored_past_half_the_budget_make_a_store_due(
     )
     for batch in batches:
         await projection.apply(batch, {p: e[-1].position.offset + 1 for p, e in batch.items()})
-    assert store.writes > 0, "nothing came due although the unstored runs passed the budget"
+    assert store.writes > 0, "nothing came due although the unstored runs filled the budget"
     await projection.flush()
     await assert_stored_is_the_direct_fold(store, log, run_ids)
     roomy = CountingStore()

@@ -438,7 +438,9 @@ class KafkaProjector(Generic[SinkT]):
         few records."""
         if sum(map(len, records.values())) >= self._batch_records:
             return False
-        consumer = self._live()
+        consumer = self._consumer
+        if consumer is None:
+            return True
         for partition, offset in next_offsets.items():
             end = consumer.highwater(TopicPartition(self.topic, partition))
             if end is not None and offset < end - 1:

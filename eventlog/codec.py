@@ -10,13 +10,14 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
 from onward.errors import CheckpointFormatError, EventDecodeError, InvalidInputError
 
-from .events import EVENT_FORMAT, AnyEvent, Event, format_of, kind_of
+from .events import EVENT_FORMAT, EVENT_TYPES, AnyEvent, Event, format_of, kind_of
 
 _encoder = msgspec.json.Encoder()
 _decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
@@ -213,6 +214,40 @@ def decode(data: bytes | memoryview | None, *, run_hint: str | None = None) -> A
 
 _ESCAPED_NUL = b"\\u0000"
 """A NUL inside a JSON string: JSON holds control characters escaped only."""
+
+_NEWEST: dict[type[Event], int] = {
+    kind: format_of(kind.__struct_config__.tag) for kind in EVENT_TYPES
+}
+"""The newest format this code reads, per event kind (looked up per record by type)."""
+
+
+def decode_many(values: Iterable[bytes | memoryview | None]) -> list[AnyEvent]:
+    """Decode many records' values, in order: what :func:`decode` gives for each, for a
+    fraction of its cost per record (a projector's hot path: one typed pass per value, and
+    the format and NUL checks inline).
+
+    Raises:
+        CheckpointFormatError: As :func:`decode`, for the first record that fails.
+        EventDecodeError: As :func:`decode`, for the first record that fails.
+    """
+    typed = _decoder.decode
+    newest = _NEWEST
+    nul = _ESCAPED_NUL
+    out: list[AnyEvent] = []
+    append = out.append
+    for data in values:
+        if type(data) is not bytes:
+            append(decode(data))  # a tombstone, or a view: the checks as `decode` makes them
+            continue
+        try:
+            event = typed(data)
+        except _UNDECODABLE:
+            event = decode(data)  # raises, naming the run, seq and field
+        if (event.format > EVENT_FORMAT and event.format > newest[type(event)]) or nul in data:
+            event = decode(data)  # a newer format, or a NUL in a name, raises there
+        append(event)
+    return out
+
 
 _NAME_FIELDS = (
     "run_id",

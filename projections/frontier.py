@@ -15,6 +15,7 @@ event do not grow with the run's length.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from sys import intern
 from typing import Any, Literal
 
 import msgspec
@@ -303,9 +304,14 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
 
     @classmethod
     def of(cls, frontier: Frontier) -> FrontierDraft:
-        """A draft to fold on from ``frontier``."""
+        """A draft to fold on from ``frontier``; the names thousands of runs share (tenant,
+        agent, revision, worker) are interned, so a projector keeps each once."""
         state = msgspec.structs.asdict(frontier)
         state["calls"] = {call.call_id: call for call in frontier.calls}
+        for name in _SHARED_NAMES:
+            value = state[name]
+            if type(value) is str:
+                state[name] = intern(value)
         return cls(**state)
 
     def frozen(self) -> Frontier:
@@ -313,6 +319,10 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
         state = msgspec.structs.asdict(self)
         state["calls"] = tuple(self.calls.values())
         return Frontier(**state)
+
+
+_SHARED_NAMES = ("tenant", "agent", "revision", "holder")
+"""A draft's fields whose values many runs share."""
 
 
 def fold(frontier: Frontier, stored: StoredEvent) -> Frontier:
@@ -430,8 +440,8 @@ def _said(d: FrontierDraft, seq: int, event: Event) -> TranscriptRow:
 
 
 def _started(d: FrontierDraft, e: RunStarted) -> None:
-    d.agent = e.agent
-    d.revision = e.revision
+    d.agent = intern(e.agent)
+    d.revision = intern(e.revision)
     d.continuation_of = e.continuation_of
     d.status = "running"
     d.started_at = e.at
@@ -452,7 +462,7 @@ def _started(d: FrontierDraft, e: RunStarted) -> None:
 
 
 def _claimed(d: FrontierDraft, e: RunClaimed) -> None:
-    d.holder = e.worker
+    d.holder = intern(e.worker)
     d.attempts += 1
 
 

@@ -42,6 +42,94 @@ log = logging.getLogger("onward.projector")
 
 _YIELD_EVERY_RUNS = 500
 
+DEFAULT_CACHE_BYTES = 40 * 1024 * 1024
+"""How many bytes of frontiers a projection keeps in memory by default (40 MiB: some 20,000 to
+35,000 runs, each counted as its encoded size and a little, as many as the 20,000 runs it kept
+before it counted bytes)."""
+
+_UNSIZED_DRAFT_BYTES = 1024
+"""What a cached frontier is counted as until its first store encodes it (a run's encoded
+frontier is most often well under a kilobyte)."""
+
+_KEPT_DRAFT_BYTES = 256
+"""What keeping a frontier costs besides its encoded size: its objects take a little more than
+their JSON (numbers and the struct itself), and its entries in the cache."""
+
+
+class _DraftCache:
+    """The frontiers a projection keeps between batches, least recently folded first, with the
+    bytes each is counted as: its encoded size as last stored and `_KEPT_DRAFT_BYTES`, near
+    what its objects and entries take in memory."""
+
+    __slots__ = ("_drafts", "_sizes", "bytes")
+
+    def __init__(self) -> None:
+        self._drafts: OrderedDict[str, FrontierDraft] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._drafts)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._drafts
+
+    def get(self, run_id: str) -> FrontierDraft | None:
+        """The run's draft, now the most recently used; ``None`` if it is not kept."""
+        draft = self._drafts.get(run_id)
+        if draft is not None:
+            self._drafts.move_to_end(run_id)
+        return draft
+
+    def put(self, run_id: str, draft: FrontierDraft) -> FrontierDraft:
+        """Keep ``draft`` as the run's, counted as an unsized one until it is stored."""
+        self.pop(run_id)
+        self._drafts[run_id] = draft
+        size = self._sizes[run_id] = _UNSIZED_DRAFT_BYTES + _KEPT_DRAFT_BYTES
+        self.bytes += size
+        return draft
+
+    def sized(self, run_id: str, size: int) -> None:
+        """The run's frontier was encoded in ``size`` bytes: count it as that."""
+        before = self._sizes.get(run_id)
+        if before is not None:
+            size += _KEPT_DRAFT_BYTES
+            self._sizes[run_id] = size
+            self.bytes += size - before
+
+    def pop(self, run_id: str) -> None:
+        if self._drafts.pop(run_id, None) is not None:
+            self.bytes -= self._sizes.pop(run_id)
+
+    def items(self) -> list[tuple[str, FrontierDraft]]:
+        return list(self._drafts.items())
+
+    def clear(self) -> None:
+        self._drafts.clear()
+        self._sizes.clear()
+        self.bytes = 0
+
+    def evict(self, runs: int | None, size: int, keep: Collection[str] = ()) -> list[str]:
+        """Drop the least recently used drafts, except those in ``keep``, until at most
+        ``runs`` (if set) are kept, counted as at most ``size`` bytes; the runs dropped."""
+        drafts, sizes = self._drafts, self._sizes
+        over_runs = len(drafts) - runs if runs is not None else 0
+        over_bytes = self.bytes - size
+        evicted: list[str] = []
+        if over_runs <= 0 and over_bytes <= 0:
+            return evicted
+        for run_id in drafts:  # the least recently used first
+            if over_runs <= 0 and over_bytes <= 0:
+                break
+            if run_id in keep:
+                continue
+            evicted.append(run_id)
+            over_runs -= 1
+            over_bytes -= sizes[run_id]
+        for run_id in evicted:
+            self.pop(run_id)
+        return evicted
+
 
 @dataclass(slots=True)
 class ProjectorStats:
@@ -78,7 +166,14 @@ class FrontierProjection:
         cache_runs: How many runs' frontiers to keep in memory between batches, so a run
             touched again is not loaded again. Correct while this projection is the only writer
             of its partitions: a rebalance drops the revoked partitions' entries (`forget`).
-            Also the most runs folded and not yet stored.
+            Also the most runs folded and not yet stored. ``None`` (the default): as many as
+            ``cache_bytes`` holds.
+        cache_bytes: The memory budget of those frontiers, in bytes, each counted as its
+            encoded size and a little (a run not stored yet as a kilobyte and a little, about
+            what its objects take): the least recently folded are dropped past it (those
+            folded and not stored once they are), and a store comes due once the runs folded
+            and not stored take all of it. Memory then follows the budget, not the number of
+            runs.
         flush_events: Store once this many events are folded and not stored; 0 stores every
             batch.
         flush_interval: Store at least this often, in seconds, while batches keep coming; 0
@@ -109,7 +204,8 @@ class FrontierProjection:
         *,
         consumer: str = DEFAULT_CONSUMER,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        cache_runs: int = 20_000,
+        cache_runs: int | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
         flush_events: int = 0,
         flush_interval: float = 0.0,
         write_behind: bool = False,
@@ -117,8 +213,14 @@ class FrontierProjection:
         every_partition: bool = False,
         compaction: CompactionStore | None = None,
     ) -> None:
-        if cache_runs < 1:
-            raise InvalidInputError(f"cache_runs must be at least 1, got {cache_runs}")
+        if cache_runs is not None and (type(cache_runs) is not int or cache_runs < 1):
+            raise InvalidInputError(
+                f"cache_runs must be a whole number of at least 1, or None, got {cache_runs!r}"
+            )
+        if type(cache_bytes) is not int or cache_bytes < 1:
+            raise InvalidInputError(
+                f"cache_bytes must be a whole number of bytes, at least 1, got {cache_bytes!r}"
+            )
         if flush_events < 0 or flush_interval < 0:
             raise InvalidInputError(
                 f"flush_events and flush_interval must not be negative, got {flush_events} "
@@ -130,8 +232,9 @@ class FrontierProjection:
         self.consumer = consumer
         self.max_bytes = max_bytes
         self.stats = ProjectorStats()
-        self._cache: OrderedDict[str, FrontierDraft] = OrderedDict()
+        self._cache = _DraftCache()
         self._cache_runs = cache_runs
+        self._cache_bytes = cache_bytes
         self._flush_events = flush_events
         self._flush_interval = flush_interval
         self._dirty: dict[str, FrontierDraft] = {}
@@ -184,6 +287,8 @@ class FrontierProjection:
                 raise
             if self._due():
                 await self._store(wait=not self._write_behind)
+            else:
+                self._evict()
 
     async def flush(self) -> None:
         """Store whatever is folded and not stored yet, and wait until it is stored."""
@@ -202,11 +307,20 @@ class FrontierProjection:
                 await self._written()
 
     def _due(self) -> bool:
+        dirty = len(self._dirty)
         return (
             self._pending_events >= self._flush_events
             or time.monotonic() - self._pending_since >= self._flush_interval
-            or len(self._dirty) >= self._cache_runs
+            or (self._cache_runs is not None and dirty >= self._cache_runs)
+            # The runs folded and not stored, counted at the cache's mean size, fill the budget.
+            or (dirty > 0 and dirty * self._cache.bytes >= self._cache_bytes * len(self._cache))
         )
+
+    def _evict(self) -> None:
+        """Drop the least recently folded frontiers past the budget; those folded and not
+        stored are kept until they are."""
+        for evicted in self._cache.evict(self._cache_runs, self._cache_bytes, keep=self._dirty):
+            self.quarantine.held.pop(evicted, None)
 
     async def _fold(
         self, records: Mapping[int, Sequence[LogRecord]], next_offsets: Mapping[int, int]
@@ -226,9 +340,7 @@ class FrontierProjection:
                 await asyncio.sleep(0)
             draft = cache.get(run_id)
             if draft is None:
-                draft = cache[run_id] = await self._draft(run_id, items[0], current.get(run_id))
-            else:
-                cache.move_to_end(run_id)
+                draft = cache.put(run_id, await self._draft(run_id, items[0], current.get(run_id)))
             if run_id in held:
                 self.stats.quarantine_skipped += len(items)
                 continue
@@ -362,7 +474,7 @@ class FrontierProjection:
                 tenant = _tenant_of(records[0])
                 base = Frontier.empty(run_id, tenant)
             quarantine.held.pop(run_id, None)
-            draft = self._cache[run_id] = FrontierDraft.of(base)
+            draft = self._cache.put(run_id, FrontierDraft.of(base))
             self._fold_run(draft, records)
             self._dirty[run_id] = draft
             quarantine.cleared.add(run_id)
@@ -380,11 +492,15 @@ class FrontierProjection:
         write is left running, and what is folded next is stored after it."""
         await self._written()
         snapshots: list[Snapshot] = []
+        cache = self._cache
         for run_id, draft in self._dirty.items():
             snapshot = Snapshot.of(draft.frozen(), max_bytes=self.max_bytes)
             if snapshot.payload is None:
                 self.stats.snapshots_refused += 1
                 log.warning("run %r: snapshot refused: %s", run_id, snapshot.error)
+                cache.sized(run_id, self.max_bytes)
+            else:
+                cache.sized(run_id, len(snapshot.payload))
             snapshots.append(snapshot)
         entries, cleared = self.quarantine.take()
         write = self._write(
@@ -403,10 +519,7 @@ class FrontierProjection:
         self._calls.clear()
         self._positions = {}
         self._pending_events = 0
-        cache = self._cache
-        while len(cache) > self._cache_runs:
-            evicted, _ = cache.popitem(last=False)
-            self.quarantine.held.pop(evicted, None)
+        self._evict()
         if wait:
             await self._written()
 
@@ -485,7 +598,7 @@ class FrontierProjection:
         """
         gone = set(partitions)
         for run_id in [r for r, d in self._cache.items() if d.partition in gone]:
-            del self._cache[run_id]
+            self._cache.pop(run_id)
             self._dirty.pop(run_id, None)
             self.quarantine.held.pop(run_id, None)
         for key in [k for k in self._calls if k[0] not in self._cache]:

@@ -352,9 +352,9 @@ class KafkaProjector(Generic[SinkT]):
         """Fold until ``stop`` is set; what was folded is stored before it returns.
 
         Fetching and decoding the next batch overlaps with folding and storing the previous
-        one; batches are still folded one at a time, in order. Once a batch is not full (the
-        projector has caught up), whatever the projection holds unstored is stored, at most
-        every ``caught_up_store_s``; when nothing arrives, at once.
+        one; batches are still folded one at a time, in order. Once a batch reaches the end of
+        the log (the projector has caught up), whatever the projection holds unstored is
+        stored, at most every ``caught_up_store_s``; when nothing arrives, at once.
 
         A store that stops answering (`BackendUnavailableError`: PostgreSQL restarted or
         unreachable, Kafka gone) is waited out: the projector tries again with capped,
@@ -416,7 +416,7 @@ class KafkaProjector(Generic[SinkT]):
                         continue
                 if fetched is not None:
                     records, next_offsets = fetched
-                    caught_up = sum(map(len, records.values())) < self._batch_records
+                    caught_up = self._caught_up(records, next_offsets)
                     due = caught_up and time.monotonic() - stored_at >= self._caught_up_store_s
                     if due:
                         stored_at = time.monotonic()
@@ -429,6 +429,23 @@ class KafkaProjector(Generic[SinkT]):
             if storing is not None:
                 await storing
         await self.flush()
+
+    def _caught_up(self, records: dict[int, list[LogRecord]], next_offsets: dict[int, int]) -> bool:
+        """Whether a fetched batch reached the end of the log: it is not full, and none of its
+        partitions is behind the end its last fetch response saw (by more than the one offset a
+        transaction's commit marker takes). A batch that is not full can still be far behind
+        when the fetch buffers ran dry for a moment; storing as if caught up then stores every
+        few records."""
+        if sum(map(len, records.values())) >= self._batch_records:
+            return False
+        consumer = self._consumer
+        if consumer is None:
+            return True
+        for partition, offset in next_offsets.items():
+            end = consumer.highwater(TopicPartition(self.topic, partition))
+            if end is not None and offset < end - 1:
+                return False
+        return True
 
     async def close(self) -> None:
         """Leave the group. Positions are already stored with the rows; nothing is committed."""
@@ -487,11 +504,13 @@ async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
 def _stored_events(partition: int, batch: list[Any]) -> list[LogRecord]:
     """Decode fetched records; only if one fails is each looked at again, so an unreadable
     record comes back as an `UnreadableRecord` in its place (named by its key and headers)."""
-    decode = codec.decode
     try:
-        return [StoredEvent(Position(partition, r.offset), decode(r.value)) for r in batch]
+        events = codec.decode_many([r.value for r in batch])
     except EventDecodeError:
         return [_storable(record_of(partition, r)) for r in batch]
+    return [
+        StoredEvent(Position(partition, r.offset), e) for r, e in zip(batch, events, strict=True)
+    ]
 
 
 def _storable(record: LogRecord) -> LogRecord:

@@ -479,17 +479,32 @@ async def _stage_and_upsert(
 
 
 async def _append_messages(conn: asyncpg.Connection, messages: Sequence[TranscriptRow]) -> None:
-    """Append transcript rows in one statement. The transcript is not per build: a row already
-    stored under its key came from the same counted event, and is kept."""
+    """Append transcript rows: many staged by binary COPY and inserted by one statement (a
+    projector's backlog stores tens of thousands at once), a few as arrays in one statement.
+    The transcript is not per build: a row already stored under its key came from the same
+    counted event, and is kept."""
+    rows = [(m.tenant, m.run_id, m.seq, m.encoded(compressed=True)) for m in messages]
+    if len(rows) <= _FEW_ROWS:
+        await conn.execute(
+            "INSERT INTO onward_transcript (tenant, run_id, seq, message) "
+            "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) "
+            "ON CONFLICT (tenant, run_id, seq) DO NOTHING",
+            *(list(column) for column in zip(*rows, strict=True)),
+        )
+        return
+    stage = "onward_stage_transcript"
     await conn.execute(
-        "INSERT INTO onward_transcript (tenant, run_id, seq, message) "
-        "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) "
-        "ON CONFLICT (tenant, run_id, seq) DO NOTHING",
-        [m.tenant for m in messages],
-        [m.run_id for m in messages],
-        [m.seq for m in messages],
-        [m.encoded(compressed=True) for m in messages],
+        f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE onward_transcript) ON COMMIT DELETE ROWS"
     )
+    await conn.copy_records_to_table(stage, records=rows, columns=_TRANSCRIPT_NAMES)
+    await conn.execute(
+        f"INSERT INTO onward_transcript ({', '.join(_TRANSCRIPT_NAMES)}) "
+        f"SELECT {', '.join(_TRANSCRIPT_NAMES)} FROM {stage} "
+        "ON CONFLICT (tenant, run_id, seq) DO NOTHING"
+    )
+
+
+_TRANSCRIPT_NAMES = ("tenant", "run_id", "seq", "message")
 
 
 def _frontier_row(snapshot: Snapshot) -> tuple[Any, ...]:

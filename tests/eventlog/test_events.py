@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -178,3 +180,73 @@ def test_committed_schema_matches_the_code() -> None:
         "schemas/events.schema.json is stale; regenerate it with "
         "`onward schema -o schemas/events.schema.json`"
     )
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _fixture_records() -> list[bytes]:
+    """Every event record the shared fixtures hold, as written."""
+    return [
+        line.encode()
+        for path in sorted(FIXTURES.glob("*/*.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+
+
+def _readable(record: bytes) -> bool:
+    try:
+        codec.decode(record)
+    except (EventDecodeError, CheckpointFormatError):
+        return False
+    return True
+
+
+def test_decode_many_gives_what_decode_gives_for_every_kind_and_fixture() -> None:
+    records = [codec.encode(e) for e in ONE_OF_EACH]
+    records += [r for r in _fixture_records() if _readable(r)]
+    decoded = codec.decode_many(records)
+    assert decoded == [codec.decode(r) for r in records]
+    assert [type(e) for e in decoded] == [type(codec.decode(r)) for r in records]
+    assert len({type(e) for e in decoded}) == len(EVENT_TYPES)
+
+
+def test_decode_many_refuses_every_unreadable_fixture_record_as_decode_does() -> None:
+    unreadable = [r for r in _fixture_records() if not _readable(r)]
+    assert unreadable  # the fixtures hold a record of a newer format
+    for record in unreadable:
+        assert _raised(partial(codec.decode_many, [record])) == _raised(
+            partial(codec.decode, record)
+        )
+
+
+def _raised(call: Callable[[], object]) -> tuple[type[BaseException], str]:
+    with pytest.raises((EventDecodeError, CheckpointFormatError)) as caught:
+        call()
+    return type(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"\xff\xfe not json",
+        None,
+        msgspec.json.encode({"kind": "tool.dispatched", **ENV, "tool": "t"}),
+        msgspec.json.encode({"kind": "run.teleported", "run_id": "r", "seq": 4, "format": 9}),
+        codec.encode(RunClaimed(**ENV, worker="w")).replace(b'"format":1', b'"format":2'),
+        codec.encode(RunClaimed(**ENV, worker="w")).replace(b'"w"', b'"w\\u0000"'),
+    ],
+    ids=["garbage", "tombstone", "missing field", "newer kind", "newer format", "NUL in a name"],
+)
+def test_decode_many_refuses_a_bad_record_as_decode_does(bad: bytes | None) -> None:
+    good = codec.encode(RunClaimed(**ENV, worker="w"))
+    assert _raised(lambda: codec.decode_many([good, bad, good])) == _raised(
+        lambda: codec.decode(bad)
+    )
+
+
+def test_decode_many_keeps_a_nul_in_a_free_form_value_and_reads_views() -> None:
+    event = ToolCompleted(**ENV, call_id="c1", result="a\x00b")
+    record = codec.encode(event)
+    assert codec.decode_many([record, memoryview(record)]) == [event, event]

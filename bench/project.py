@@ -402,7 +402,7 @@ async def child_project(args: argparse.Namespace) -> dict[str, Any]:
             # this watcher only notices when every partition is folded through its end.
             nonlocal first_batch_s, check_s
             while not stop.is_set():
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.1)
                 mark = time.perf_counter()
                 if first_batch_s is None and projection.stats.batches:
                     first_batch_s = mark - started

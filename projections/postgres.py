@@ -57,7 +57,7 @@ from .builds import (
     ensure_active,
 )
 from .frontier import RunStatus, ToolCallRow
-from .transcript import TranscriptRow, decode_message
+from .transcript import TranscriptRow, decode_message, encoded_many
 
 PROJECTION = "frontiers"
 PROJECTION_VERSION = 1
@@ -218,6 +218,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         consumer, positions, snapshots, calls = batch[:4]
         frontiers, tool_calls = self._tables()
         context = f"writing frontiers of consumer {consumer!r}"
+        messages = await _stored_messages(batch.messages) if batch.messages else []
         async with self._connection(context, transaction=True) as conn:
             if not self._synchronous_commit:
                 await conn.execute("SET LOCAL synchronous_commit = off")
@@ -236,8 +237,8 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                 )
             if batch.cleared or batch.quarantine:
                 await self._quarantine(conn, frontiers, self._consumer(consumer), batch)
-            if batch.messages:
-                await _append_messages(conn, batch.messages)
+            if messages:
+                await _append_messages(conn, messages)
             if positions:
                 parts = list(positions)
                 await conn.execute(
@@ -478,12 +479,20 @@ async def _stage_and_upsert(
     await conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} {guard}")
 
 
-async def _append_messages(conn: asyncpg.Connection, messages: Sequence[TranscriptRow]) -> None:
+_StoredMessage = tuple[str, str, int, bytes]
+
+
+async def _stored_messages(messages: Sequence[TranscriptRow]) -> list[_StoredMessage]:
+    """Transcript rows as stored, compressed before the write takes a connection."""
+    bodies = await encoded_many(messages)
+    return [(m.tenant, m.run_id, m.seq, b) for m, b in zip(messages, bodies, strict=True)]
+
+
+async def _append_messages(conn: asyncpg.Connection, rows: Sequence[_StoredMessage]) -> None:
     """Append transcript rows: many staged by binary COPY and inserted by one statement (a
     projector's backlog stores tens of thousands at once), a few as arrays in one statement.
     The transcript is not per build: a row already stored under its key came from the same
     counted event, and is kept."""
-    rows = [(m.tenant, m.run_id, m.seq, m.encoded(compressed=True)) for m in messages]
     if len(rows) <= _FEW_ROWS:
         await conn.execute(
             "INSERT INTO onward_transcript (tenant, run_id, seq, message) "

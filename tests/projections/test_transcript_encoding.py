@@ -8,6 +8,7 @@ where an analyst or a later version would find them.
 
 from __future__ import annotations
 
+import random
 import sqlite3
 from collections.abc import Callable
 from contextlib import closing
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import asyncpg
 import msgspec
+import pytest
 import zstandard
 from support.pg import SchemaFactory
 
@@ -24,7 +26,12 @@ from onward.eventlog.events import Message, ToolCall
 from onward.eventlog.parts import assistant_message
 from onward.projections import PostgresFrontierStore, SqliteFrontierStore
 from onward.projections.base import FrontierStore, Snapshot
-from onward.projections.transcript import COMPRESS_OVER, TranscriptRow, decode_message
+from onward.projections.transcript import (
+    COMPRESS_OVER,
+    TranscriptRow,
+    decode_message,
+    encoded_many,
+)
 from onward.testing.eventlog import new_run_id
 from onward.testing.frontiers import CONSUMER, frontier
 
@@ -126,3 +133,29 @@ def test_a_model_answer_asking_for_one_call_is_stored_compressed() -> None:
         tenant="acme", run_id="r", seq=1, message=Message(role="user", content="go")
     )
     assert said.encoded(compressed=True) == msgspec.json.encode(said.message)
+
+
+@pytest.mark.parametrize("count", [5, 300], ids=["compressed inline", "compressed apart"])
+async def test_many_messages_are_stored_as_each_alone(count: int) -> None:
+    """A projector's store compresses its messages together (many in a worker thread): each
+    body is what the message alone encodes to, short ones JSON, incompressible ones JSON, the
+    rest zstd frames, and every one reads back."""
+    rng = random.Random(count)
+    messages = []
+    for n in range(count):
+        content = [
+            "ok",
+            RESULT,
+            bytes(rng.getrandbits(8) for _ in range(400)).hex(),
+            "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(200)),
+        ][n % 4]
+        messages.append(
+            TranscriptRow(
+                tenant="acme", run_id="r", seq=n + 1, message=Message(role="tool", content=content)
+            )
+        )
+    bodies = await encoded_many(messages)
+    assert bodies == [m.encoded(compressed=True) for m in messages]
+    assert [decode_message(b) for b in bodies] == [m.message for m in messages]
+    assert {b[:1] for b in bodies[::4]} == {b"{"}
+    assert all(b[:4] == b"\x28\xb5\x2f\xfd" for b in bodies[1::4])

@@ -108,6 +108,7 @@ def raw_producer(bootstrap: str, *, linger_ms: int) -> Any:
         bootstrap_servers=bootstrap,
         enable_idempotence=True,
         acks="all",
+        compression_type="zstd",
         linger_ms=linger_ms,
         max_batch_size=1_048_000,
         max_request_size=1_100_000,

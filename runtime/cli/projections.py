@@ -20,7 +20,7 @@ from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog
 from onward.projections.base import ProjectionSink
 from onward.projections.compaction import PostgresCompactionStore
-from onward.projections.frontier_projection import FrontierProjection
+from onward.projections.frontier_projection import DEFAULT_CACHE_BYTES, FrontierProjection
 from onward.projections.kafka import (
     CAUGHT_UP_STORE_S,
     DEFAULT_GROUP,
@@ -100,6 +100,17 @@ def projector_command(
         float,
         typer.Option(help="Frontiers: store at least this often, in seconds, while folding."),
     ] = PROJECTOR_FLUSH_INTERVAL,
+    cache_mib: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Frontiers: the memory budget, in MiB, of the frontiers kept between batches "
+            "and of those folded and not stored yet; a store comes due when it is full. The "
+            "largest part of a projector's memory (about twice it while a store is written "
+            "behind the fold); a smaller one stores more often, which is slower with many "
+            "runs.",
+        ),
+    ] = DEFAULT_CACHE_BYTES // (1024 * 1024),
     caught_up_store_s: Annotated[
         float,
         typer.Option(
@@ -170,6 +181,7 @@ def projector_command(
                 sink = FrontierProjection(
                     await stack.enter_async_context(opened(store_server, store)),
                     log,
+                    cache_bytes=cache_mib * 1024 * 1024,
                     flush_events=flush_events,
                     flush_interval=flush_interval,
                     write_behind=True,

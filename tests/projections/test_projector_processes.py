@@ -37,7 +37,9 @@ ALL = set(range(PARTITIONS))
 ASSIGNED = "onward.projector assigned "
 
 
-OPTIONS = ["--batch", "400", "--session-timeout-ms", "6000"]
+OPTIONS = ["--batch", "400", "--session-timeout-ms", "6000", "--cache-mib", "1"]
+"""A one-MiB frontier budget: the SIGKILL test's thousands of runs do not fit, so frontiers are
+dropped from memory and loaded again, and stores come due as the budget fills."""
 
 
 @dataclass

@@ -106,6 +106,7 @@ def test_a_bad_projection_spec_exits_2_in_one_line(spec: str) -> None:
             "never",
         ),
         (["schema", "-o"], "requires an argument"),
+        (["projector", "--cache-mib", "0"], "'--cache-mib'"),
     ],
 )
 def test_a_usage_error_exits_2_in_one_line(args: list[str], said: str) -> None:

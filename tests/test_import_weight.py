@@ -13,9 +13,12 @@ import subprocess
 import sys
 
 import pytest
+import typer
+from typer.main import get_command
 
 import onward
 import onward.runtime.application.api
+from onward.runtime.cli import app
 
 HEAVY = (
     "onward.runtime",  # the agent runtime: runner, providers, leases, settings
@@ -32,6 +35,21 @@ HEAVY = (
     "importlib.metadata",
 )
 """Modules a process that only reads the log or runs the projector must not load."""
+
+NOT_FOR_THE_PROJECTOR_COMMAND = (
+    "onward.runtime.cli.runs",  # the other commands' modules
+    "onward.runtime.cli.listing",
+    "onward.runtime.cli.worker",
+    "onward.runtime.cli.embedding",
+    "onward.runtime.fleet",
+    "onward.runtime.openai",
+    "onward.integrations",
+    "redis",
+    "httpx",
+    "jsonschema",
+    "cryptography",
+)
+"""Modules ``onward projector`` must not load: it needs its settings, metrics and the fold."""
 
 
 def imported_by(code: str) -> set[str]:
@@ -113,3 +131,42 @@ else:
     raise AssertionError("a redis error left translated() untranslated")
 """
     assert "redis" in imported_by(f"import sys\n{code}")
+
+
+def test_the_projector_command_loads_no_other_command() -> None:
+    code = """
+import sys
+sys.argv = ["onward", "projector", "--help"]
+from onward.runtime.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert exc.code == 0, exc.code
+"""
+    modules = imported_by(code)
+    assert "onward.runtime.cli.projections" in modules
+    loaded = [m for m in NOT_FOR_THE_PROJECTOR_COMMAND if m in modules]
+    assert loaded == []
+
+
+def test_every_listed_command_loads() -> None:
+    """The lazy command table names modules and functions as strings, which no type checker
+    reads: each must resolve to the command it is listed as."""
+    root = get_command(app)
+    assert isinstance(root, typer.core.TyperGroup)
+    context = typer.Context(root)
+    groups = [root]
+    seen = []
+    while groups:
+        group = groups.pop()
+        for name in group.list_commands(context):
+            command = group.get_command(context, name)
+            assert command is not None, name
+            assert command.name == name
+            if isinstance(command, typer.core.TyperGroup):
+                groups.append(command)
+            else:
+                seen.append(f"{group.name} {name}")
+    assert "onward projector" in seen
+    assert "projections rebuild" in seen
+    assert len(seen) == 20

@@ -141,7 +141,7 @@ def kafka_frontier_store(
     """
     timeout_s = settings.backend_timeout
     if settings.frontier_store == "redis":
-        # Imported here: redis-py (~10 MiB) loads only in a process configured for Redis.
+        # Imported here: redis-py (~9 MiB) loads only in a process configured for Redis.
         from onward.projections.redis import RedisFrontierStore  # noqa: PLC0415
 
         return RedisFrontierStore(

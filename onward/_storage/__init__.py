@@ -4,7 +4,7 @@ driver errors.
 Every store of `onward.eventlog`, `onward.projections` and `onward.runtime` opens its database
 through this package and derives its lifecycle from :class:`Resource`. It imports nothing of
 Onward's but `onward.errors`. `RedisStore` is imported on first use: redis-py costs a process
-that never opens Redis (a projector, a Kafka worker) ~60 ms and ~10 MiB.
+that never opens Redis (a projector, a Kafka worker) ~60 ms and ~9 MiB.
 """
 
 from typing import TYPE_CHECKING

@@ -7,7 +7,7 @@ any such gap. :func:`translated` wraps a block of driver calls so none of their 
 it untranslated.
 
 redis-py is imported only by the Redis stores: importing it loads its client, parsers and
-OpenTelemetry metrics (~60 ms, ~10 MiB), which a projector or a Kafka worker never uses. No redis
+OpenTelemetry metrics (~60 ms, ~9 MiB), which a projector or a Kafka worker never uses. No redis
 exception can exist before something imports it, so its rules are looked up only once it is in
 ``sys.modules``.
 """

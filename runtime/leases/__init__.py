@@ -1,7 +1,7 @@
 """Leases with fencing: one worker per run.
 
 `RedisLeaseStore` is imported on first use: redis-py costs a process that never opens Redis
-~60 ms and ~10 MiB, and the settings every command loads import `base` (so this package).
+~60 ms and ~9 MiB, and the settings every command loads import `base` (so this package).
 """
 
 from typing import TYPE_CHECKING

@@ -5,7 +5,8 @@ side effect is ever made twice by accident. Every fact of a run is an event on a
 else is derived from it.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib import import_module
+from typing import TYPE_CHECKING
 
 from onward.errors import (
     ArchiveError,
@@ -29,35 +30,95 @@ from onward.errors import (
     RunTimeoutError,
     SchemaMismatchError,
 )
-from onward.eventlog import (
-    EVENT_FORMAT,
-    EventLog,
-    KafkaEventLog,
-    MemoryEventLog,
-    Position,
-    SequenceGuard,
-    SqliteEventLog,
-    StoredEvent,
-)
-from onward.runtime.application.api import (
-    get_session_state,
-    query,
-    query_sync,
-    resume,
-    resume_sync,
-)
-from onward.runtime.application.api import open_app as open
-from onward.runtime.application.app import App, SessionState
-from onward.runtime.application.messages import RunMessage
-from onward.runtime.application.stream import RunStream
-from onward.runtime.ask import ask
-from onward.runtime.options import ExecutionMode, Options
-from onward.runtime.settings import Settings
 
-try:
-    __version__ = version("onward")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0"
+if TYPE_CHECKING:
+    from onward.eventlog import (
+        EVENT_FORMAT,
+        EventLog,
+        KafkaEventLog,
+        MemoryEventLog,
+        Position,
+        SequenceGuard,
+        SqliteEventLog,
+        StoredEvent,
+    )
+    from onward.runtime.application.api import (
+        get_session_state,
+        query,
+        query_sync,
+        resume,
+        resume_sync,
+    )
+    from onward.runtime.application.api import open_app as open
+    from onward.runtime.application.app import App, SessionState
+    from onward.runtime.application.messages import RunMessage
+    from onward.runtime.application.stream import RunStream
+    from onward.runtime.ask import ask
+    from onward.runtime.options import ExecutionMode, Options
+    from onward.runtime.settings import Settings
+
+    __version__: str
+
+_LAZY: dict[str, tuple[str, str]] = {
+    **{
+        name: ("onward.eventlog", name)
+        for name in (
+            "EVENT_FORMAT",
+            "EventLog",
+            "KafkaEventLog",
+            "MemoryEventLog",
+            "Position",
+            "SequenceGuard",
+            "SqliteEventLog",
+            "StoredEvent",
+        )
+    },
+    **{
+        name: ("onward.runtime.application.api", name)
+        for name in ("get_session_state", "query", "query_sync", "resume", "resume_sync")
+    },
+    "open": ("onward.runtime.application.api", "open_app"),
+    "App": ("onward.runtime.application.app", "App"),
+    "SessionState": ("onward.runtime.application.app", "SessionState"),
+    "RunMessage": ("onward.runtime.application.messages", "RunMessage"),
+    "RunStream": ("onward.runtime.application.stream", "RunStream"),
+    "ask": ("onward.runtime.ask", "ask"),
+    "ExecutionMode": ("onward.runtime.options", "ExecutionMode"),
+    "Options": ("onward.runtime.options", "Options"),
+    "Settings": ("onward.runtime.settings", "Settings"),
+}
+"""Exported name -> (module, attribute), imported on first use: a process that needs only the
+event log or the projector (``import onward.projections`` imports this package first) does not
+pay for the agent runtime, pydantic settings and HTTP clients."""
+
+
+def _installed_version() -> str:
+    """The installed distribution's version; ``importlib.metadata`` is slow to import, so only
+    a process that asks for ``__version__`` loads it."""
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("onward")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0.0.0"
+
+
+def __getattr__(name: str) -> object:
+    """Import an exported name's module on first access (PEP 562), then keep the value."""
+    if name == "__version__":
+        value: object = _installed_version()
+    elif name in _LAZY:
+        module, attribute = _LAZY[name]
+        value = getattr(import_module(module), attribute)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "EVENT_FORMAT",

@@ -1,41 +1,82 @@
 """The runner, resume planning, leases, garbage collection, redaction, providers, tools, the CLI."""
 
-from .agent import Agent
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+# Eager: `ask` is also the name of its submodule, which, once imported by anyone, would shadow a
+# lazily imported function of the same name.
 from .ask import ask
-from .blobs import (
-    BlobStore,
-    ClaimCheck,
-    MemoryBlobStore,
-    PostgresBlobStore,
-    SqliteBlobStore,
-)
-from .checkpoint import Checkpointer, CheckpointPolicy
-from .continuation import DEFAULT_CONTINUATION, Continuation, ContinuationPolicy, continued
-from .gc import GarbageCollector, GcReport
-from .leases import (
-    Leaseholder,
-    LeasePolicy,
-    LeaseStore,
-    MemoryLeaseStore,
-    PostgresLeaseStore,
-    RedisLeaseStore,
-    RunLease,
-    SqliteLeaseStore,
-)
-from .manager import ExecutionManager, RunOverview
-from .openai import OpenAICompatibleProvider
-from .planning import (
-    PlannedCall,
-    ResumePlan,
-    ToolDisposition,
-    plan_resume,
-    refuse_if_undecidable,
-)
-from .providers import ModelReply, Provider, ScriptedProvider, reply
-from .redaction import Redactor
-from .resumer import CarriedRun, Resumer
-from .runner import AgentRunner, RunObserver, RunResult
-from .tools import Reconciled, Tool, idempotency_key, tool
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .blobs import BlobStore, ClaimCheck, MemoryBlobStore, PostgresBlobStore, SqliteBlobStore
+    from .checkpoint import Checkpointer, CheckpointPolicy
+    from .continuation import DEFAULT_CONTINUATION, Continuation, ContinuationPolicy, continued
+    from .gc import GarbageCollector, GcReport
+    from .leases import (
+        Leaseholder,
+        LeasePolicy,
+        LeaseStore,
+        MemoryLeaseStore,
+        PostgresLeaseStore,
+        RedisLeaseStore,
+        RunLease,
+        SqliteLeaseStore,
+    )
+    from .manager import ExecutionManager, RunOverview
+    from .openai import OpenAICompatibleProvider
+    from .planning import (
+        PlannedCall,
+        ResumePlan,
+        ToolDisposition,
+        plan_resume,
+        refuse_if_undecidable,
+    )
+    from .providers import ModelReply, Provider, ScriptedProvider, reply
+    from .redaction import Redactor
+    from .resumer import CarriedRun, Resumer
+    from .runner import AgentRunner, RunObserver, RunResult
+    from .tools import Reconciled, Tool, idempotency_key, tool
+
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("Agent",), ".agent"),
+    **dict.fromkeys(
+        ("BlobStore", "ClaimCheck", "MemoryBlobStore", "PostgresBlobStore", "SqliteBlobStore"),
+        ".blobs",
+    ),
+    **dict.fromkeys(("Checkpointer", "CheckpointPolicy"), ".checkpoint"),
+    **dict.fromkeys(
+        ("DEFAULT_CONTINUATION", "Continuation", "ContinuationPolicy", "continued"), ".continuation"
+    ),
+    **dict.fromkeys(("GarbageCollector", "GcReport"), ".gc"),
+    **dict.fromkeys(
+        (
+            "Leaseholder",
+            "LeasePolicy",
+            "LeaseStore",
+            "MemoryLeaseStore",
+            "PostgresLeaseStore",
+            "RedisLeaseStore",
+            "RunLease",
+            "SqliteLeaseStore",
+        ),
+        ".leases",
+    ),
+    **dict.fromkeys(("ExecutionManager", "RunOverview"), ".manager"),
+    **dict.fromkeys(("OpenAICompatibleProvider",), ".openai"),
+    **dict.fromkeys(
+        ("PlannedCall", "ResumePlan", "ToolDisposition", "plan_resume", "refuse_if_undecidable"),
+        ".planning",
+    ),
+    **dict.fromkeys(("ModelReply", "Provider", "ScriptedProvider", "reply"), ".providers"),
+    **dict.fromkeys(("Redactor",), ".redaction"),
+    **dict.fromkeys(("CarriedRun", "Resumer"), ".resumer"),
+    **dict.fromkeys(("AgentRunner", "RunObserver", "RunResult"), ".runner"),
+    **dict.fromkeys(("Reconciled", "Tool", "idempotency_key", "tool"), ".tools"),
+}
+"""Exported name -> the submodule it comes from, imported on first use: a process that needs one
+part of the runtime (the projector's settings and metrics) does not load the runner, the
+providers' HTTP client and every store."""
 
 __all__ = [
     "DEFAULT_CONTINUATION",
@@ -84,3 +125,16 @@ __all__ = [
     "reply",
     "tool",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Import an exported name's submodule on first access (PEP 562), then keep the value."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -40,9 +40,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
 import pydantic
-import referencing.exceptions
 
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.events import Grant
@@ -194,6 +192,8 @@ def json_schema_of(
             raise ConfigurationError(
                 f"ask(schema=...) takes a JSON Schema or a type pydantic validates: {exc}"
             ) from exc
+    import jsonschema  # noqa: PLC0415  (~2 MiB: loaded by the first question with a schema)
+
     try:
         jsonschema.Draft202012Validator.check_schema(recorded)
     except jsonschema.SchemaError as exc:
@@ -223,6 +223,9 @@ def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str
     """
     if schema is None:
         return
+    import jsonschema  # noqa: PLC0415  (as in the check of a question's schema)
+    import referencing.exceptions  # noqa: PLC0415
+
     try:
         schema = json.loads(schema)
         jsonschema.Draft202012Validator.check_schema(schema)

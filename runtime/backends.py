@@ -44,14 +44,12 @@ from onward.projections.compaction import (
 )
 from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.redis import RedisFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 
 from .blobs import BlobStore, MemoryBlobStore, PostgresBlobStore, SqliteBlobStore
 from .leases.base import LeasePolicy, LeaseStore
 from .leases.defaults import default_leases
 from .leases.postgres import PostgresLeaseStore
-from .leases.redis import RedisLeaseStore
 from .leases.sqlite import SqliteLeaseStore
 from .providers import Provider
 from .runner import AgentRunner
@@ -143,6 +141,9 @@ def kafka_frontier_store(
     """
     timeout_s = settings.backend_timeout
     if settings.frontier_store == "redis":
+        # Imported here: redis-py (~9 MiB) loads only in a process configured for Redis.
+        from onward.projections.redis import RedisFrontierStore  # noqa: PLC0415
+
         return RedisFrontierStore(
             settings.require_redis_url(),
             prefix=settings.redis_prefix,
@@ -271,6 +272,8 @@ async def open_backends(
             )
             frontiers = await stack.enter_async_context(kafka_frontier_store(settings))
             if settings.redis_url:
+                from .leases.redis import RedisLeaseStore  # noqa: PLC0415  (as above)
+
                 leases = await stack.enter_async_context(
                     RedisLeaseStore(
                         settings.require_redis_url(),

@@ -5,6 +5,11 @@ under one) into the most specific error of `onward.errors`; :func:`classify` ret
 a driver exception it has no rule for, and a test enumerates every driver exception and fails on
 any such gap. :func:`translated` wraps a block of driver calls so none of their exceptions leaves
 it untranslated.
+
+redis-py is imported only by the Redis stores: importing it loads its client, parsers and
+OpenTelemetry metrics (~60 ms, ~9 MiB), which a projector or a Kafka worker never uses. No redis
+exception can exist before something imports it, so its rules are looked up only once it is in
+``sys.modules``.
 """
 
 from __future__ import annotations
@@ -12,13 +17,13 @@ from __future__ import annotations
 import functools
 import sqlite3
 import ssl
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
 import aiokafka.errors as kafka_errors
 import asyncpg.exceptions as pg_errors
-import redis.exceptions as redis_errors
 
 from onward.errors import (
     BackendError,
@@ -146,45 +151,70 @@ _SQLITE_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
 )
 
 
-_REDIS_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
-    # A refused login or command is a deployment fact; retrying will not change it.
-    (redis_errors.AuthenticationError, ConfigurationError),
-    (redis_errors.AuthenticationWrongNumberOfArgsError, ConfigurationError),
-    (redis_errors.AuthorizationError, ConfigurationError),
-    (redis_errors.NoPermissionError, ConfigurationError),
-    (redis_errors.ExternalAuthProviderError, ConfigurationError),
-    (redis_errors.ModuleError, ConfigurationError),
-    (redis_errors.ClusterCrossSlotError, ConfigurationError),
-    (redis_errors.CrossSlotTransactionError, ConfigurationError),
-    (redis_errors.IncorrectPolicyType, ConfigurationError),
-    (redis_errors.ReadOnlyError, ConfigurationError),
-    (redis_errors.MaxConnectionsError, BackendUnavailableError),
-    (redis_errors.ConnectionError, BackendUnavailableError),
-    (redis_errors.TimeoutError, BackendUnavailableError),
-    (redis_errors.BusyLoadingError, BackendUnavailableError),
-    (redis_errors.TryAgainError, BackendUnavailableError),
-    (redis_errors.ClusterDownError, BackendUnavailableError),
-    (redis_errors.MasterDownError, BackendUnavailableError),
-    (redis_errors.OutOfMemoryError, BackendUnavailableError),
-    (redis_errors.ChildDeadlockedError, BackendError),
-    (redis_errors.AskError, BackendError),
-    (redis_errors.MovedError, BackendError),
-    (redis_errors.SlotNotCoveredError, BackendUnavailableError),
-    (redis_errors.ClusterError, BackendError),
-    (redis_errors.RedisClusterException, BackendError),
-    (redis_errors.NoScriptError, BackendError),
-    (redis_errors.ExecAbortError, BackendError),
-    (redis_errors.NoSuchFieldsetError, BackendError),
-    (redis_errors.InvalidPipelineStack, BackendError),
-    (redis_errors.InvalidResponse, BackendError),
-    (redis_errors.LockNotOwnedError, BackendError),
-    (redis_errors.LockError, BackendError),
-    (redis_errors.PubSubError, BackendError),
-    (redis_errors.WatchError, BackendError),
-    (redis_errors.DataError, BackendError),
-    (redis_errors.ResponseError, BackendError),
-    (redis_errors.RedisError, BackendError),
-)
+_REDIS_ERRORS = "redis.exceptions"
+"""redis-py's exceptions module: once it is in ``sys.modules``, its errors can be raised."""
+
+
+def _redis_rules() -> tuple[tuple[type[BaseException], type[OnwardError]], ...]:
+    """redis-py's rules once something has imported redis-py, else none (nothing can raise them)."""
+    if _REDIS_ERRORS not in sys.modules:
+        return ()
+    return _loaded_redis_rules()
+
+
+@functools.cache
+def _loaded_redis_rules() -> tuple[tuple[type[BaseException], type[OnwardError]], ...]:
+    import redis.exceptions as redis_errors  # noqa: PLC0415  (already imported: a look-up)
+
+    return (
+        # A refused login or command is a deployment fact; retrying will not change it.
+        (redis_errors.AuthenticationError, ConfigurationError),
+        (redis_errors.AuthenticationWrongNumberOfArgsError, ConfigurationError),
+        (redis_errors.AuthorizationError, ConfigurationError),
+        (redis_errors.NoPermissionError, ConfigurationError),
+        (redis_errors.ExternalAuthProviderError, ConfigurationError),
+        (redis_errors.ModuleError, ConfigurationError),
+        (redis_errors.ClusterCrossSlotError, ConfigurationError),
+        (redis_errors.CrossSlotTransactionError, ConfigurationError),
+        (redis_errors.IncorrectPolicyType, ConfigurationError),
+        (redis_errors.ReadOnlyError, ConfigurationError),
+        (redis_errors.MaxConnectionsError, BackendUnavailableError),
+        (redis_errors.ConnectionError, BackendUnavailableError),
+        (redis_errors.TimeoutError, BackendUnavailableError),
+        (redis_errors.BusyLoadingError, BackendUnavailableError),
+        (redis_errors.TryAgainError, BackendUnavailableError),
+        (redis_errors.ClusterDownError, BackendUnavailableError),
+        (redis_errors.MasterDownError, BackendUnavailableError),
+        (redis_errors.OutOfMemoryError, BackendUnavailableError),
+        (redis_errors.ChildDeadlockedError, BackendError),
+        (redis_errors.AskError, BackendError),
+        (redis_errors.MovedError, BackendError),
+        (redis_errors.SlotNotCoveredError, BackendUnavailableError),
+        (redis_errors.ClusterError, BackendError),
+        (redis_errors.RedisClusterException, BackendError),
+        (redis_errors.NoScriptError, BackendError),
+        (redis_errors.ExecAbortError, BackendError),
+        (redis_errors.NoSuchFieldsetError, BackendError),
+        (redis_errors.InvalidPipelineStack, BackendError),
+        (redis_errors.InvalidResponse, BackendError),
+        (redis_errors.LockNotOwnedError, BackendError),
+        (redis_errors.LockError, BackendError),
+        (redis_errors.PubSubError, BackendError),
+        (redis_errors.WatchError, BackendError),
+        (redis_errors.DataError, BackendError),
+        (redis_errors.ResponseError, BackendError),
+        (redis_errors.RedisError, BackendError),
+    )
+
+
+def _is_redis_connection_error(exc: BaseException) -> bool:
+    if _REDIS_ERRORS not in sys.modules:
+        return False
+    import redis.exceptions as redis_errors  # noqa: PLC0415  (already imported: a look-up)
+
+    return isinstance(exc, redis_errors.ConnectionError)
+
+
 # asyncpg names one class per SQLSTATE (hundreds); the rules go by SQLSTATE class, the most
 # specific first, and every other server error is a plain BackendError.
 _ASYNCPG_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
@@ -225,7 +255,7 @@ def classify(exc_type: type[BaseException]) -> type[OnwardError] | None:
             return onward_type
     if issubclass(exc_type, kafka_errors.KafkaError) and getattr(exc_type, "retriable", False):
         return BackendUnavailableError
-    for rules in (_SQLITE_RULES, _REDIS_RULES, _ASYNCPG_RULES):
+    for rules in (_SQLITE_RULES, _redis_rules(), _ASYNCPG_RULES):
         for driver_type, onward_type in rules:
             if issubclass(exc_type, driver_type):
                 return onward_type
@@ -279,7 +309,7 @@ def refused_setting(exc: BaseException) -> str | None:
             "the server's TLS certificate was not accepted: set sslrootcert in DATABASE_URL to "
             "the CA file that signed it"
         )
-    if isinstance(exc, redis_errors.ConnectionError) and _TLS_UNVERIFIED in str(exc):
+    if _is_redis_connection_error(exc) and _TLS_UNVERIFIED in str(exc):
         return (
             "the server's TLS certificate was not accepted: give the CA file that signed it as "
             "ssl_ca_certs in REDIS_URL (rediss://host:port/db?ssl_ca_certs=/path/to/ca.pem)"
@@ -294,7 +324,7 @@ def redis_plaintext_refused(exc: BaseException, url: str) -> str | None:
     is down refuses the connection instead, so that stays `BackendUnavailableError`.
     """
     text = str(exc)
-    if not url.startswith("redis://") or not isinstance(exc, redis_errors.ConnectionError):
+    if not url.startswith("redis://") or not _is_redis_connection_error(exc):
         return None
     if "reset by peer" in text or "closed by server" in text:
         return (
@@ -312,13 +342,31 @@ def _sqlite_busy(exc: sqlite3.OperationalError) -> bool:
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     kafka_errors.KafkaError,
     sqlite3.Error,
-    redis_errors.RedisError,
     pg_errors.PostgresError,
     pg_errors.InterfaceError,
     pg_errors.InternalClientError,
     OSError,  # sockets under every driver; ConnectionError and TimeoutError are OSErrors too
 )
-"""Every exception a driver call may raise; :func:`translated` catches these and no others."""
+"""Every exception a Kafka, SQLite or PostgreSQL call may raise; :func:`driver_errors` adds
+redis-py's once redis-py is imported."""
+
+
+def driver_errors() -> tuple[type[BaseException], ...]:
+    """Every exception a driver call may raise; :func:`translated` catches these and no others.
+
+    A function, not a constant, so redis-py's errors join once something has imported redis-py;
+    an ``except driver_errors():`` clause is evaluated only when an exception is being matched.
+    """
+    if _REDIS_ERRORS not in sys.modules:
+        return DRIVER_ERRORS
+    return _driver_errors_with_redis()
+
+
+@functools.cache
+def _driver_errors_with_redis() -> tuple[type[BaseException], ...]:
+    import redis.exceptions as redis_errors  # noqa: PLC0415  (already imported: a look-up)
+
+    return (*DRIVER_ERRORS, redis_errors.RedisError)
 
 
 @contextmanager
@@ -330,7 +378,7 @@ def translated(context: str, *, run_id: str | None = None) -> Iterator[None]:
     """
     try:
         yield
-    except DRIVER_ERRORS as exc:
+    except driver_errors() as exc:
         raise translate(exc, context=context, run_id=run_id) from exc
 
 

@@ -5,24 +5,87 @@ replay), ``compact``, ``gc``, ``projections`` (projector, projections rebuild), 
 (list, release), ``worker``, ``db`` (migrate, verify), ``schema`` and ``demo``; ``_common`` holds
 the consoles, the exit codes and the boundary every command runs inside. ``embedding``:
 `frontier_main` and `resume_main`, ``inspect`` and ``run --resume`` on a product's own stores.
+
+A command's module is imported only when that command is looked up (or ``--help`` lists them
+all): ``onward projector`` runs without loading the worker, the fleet, the integrations or
+the tables of ``onward runs``, which a process that folds the log for days would carry for
+nothing.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, version
-from typing import Annotated, Any
+from collections.abc import Sequence
+from importlib import import_module
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
-from . import compact, db, demo, gc, listing, projections, quarantine, runs, schema, worker
 from ._common import EXIT_OK, EXIT_USAGE, boundary, debugging, error
-from .embedding import frontier_main, resume_main
+
+if TYPE_CHECKING:
+    # The click that typer's groups are typed with (typer 0.29 carries its own copy).
+    from typer._click import Command, Context
+
+    from .embedding import frontier_main, resume_main
+
+_COMMANDS: dict[str, dict[str, str]] = {
+    "onward": {
+        "runs": ".listing:runs_command",
+        "inspect": ".runs:inspect_command",
+        "start": ".runs:start_command",
+        "run": ".runs:run_command",
+        "approve": ".runs:approve_command",
+        "deny": ".runs:deny_command",
+        "resolve": ".runs:resolve_command",
+        "tag": ".runs:tag_command",
+        "replay": ".runs:replay_command",
+        "compact": ".compact:compact_command",
+        "gc": ".gc:gc_command",
+        "projector": ".projections:projector_command",
+        "worker": ".worker:worker_command",
+        "schema": ".schema:schema_command",
+        "demo": ".demo:demo_command",
+    },
+    "db": {"migrate": ".db:migrate_command", "verify": ".db:verify_command"},
+    "projections": {"rebuild": ".projections:rebuild_command"},
+    "quarantine": {"list": ".quarantine:list_command", "release": ".quarantine:release_command"},
+}
+"""Each group's commands, in the order ``--help`` lists them: name -> ``.module:function``."""
 
 
-class _Root(TyperGroup):
+class _LazyGroup(TyperGroup):
+    """A group that imports a command's module when the command is looked up, not before."""
+
+    def _lazy(self) -> dict[str, str]:
+        return _COMMANDS.get(self.name or "", {})
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        return [*self._lazy(), *(name for name in self.commands if name not in self._lazy())]
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        lazy = self._lazy()
+        wanted = [cmd_name] if cmd_name in lazy or cmd_name in self.commands else list(lazy)
+        # A name no command has loads them all, so "did you mean" can suggest any of them.
+        for name in wanted:
+            if name in lazy and name not in self.commands:
+                group = "" if self.name == "onward" else f" {self.name}"
+                self.add_command(_command(lazy[name], f"onward{group} {name}"), name)
+        return super().get_command(ctx, cmd_name)
+
+
+def _command(where: str, path: str) -> Command:
+    """The click command of the function ``where`` names, inside the exit-code boundary."""
+    module, function = where.split(":")
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    single.command(path.rsplit(" ", 1)[-1])(
+        boundary(getattr(import_module(module, __name__), function), name=path)
+    )
+    return typer.main.get_command(single)
+
+
+class _Root(_LazyGroup):
     """The root command: a usage error is one line on stderr, like every other failure."""
 
     def main(
@@ -61,44 +124,22 @@ def _group(name: str, help: str, **options: Any) -> typer.Typer:
     )
 
 
-def _add(group: typer.Typer, name: str, command: Callable[..., None]) -> None:
-    path = f"onward {name}" if group is app else f"onward {group.info.name} {name}"
-    group.command(name)(boundary(command, name=path))
-
-
 app = _group("onward", "Onward: an event-sourced durable runtime for agent runs.", cls=_Root)
-db_app = _group("db", "The PostgreSQL schema: migrate and verify.")
-projections_app = _group("projections", "Projections of the event log.")
-quarantine_app = _group("quarantine", "Runs the projector set aside: a record cannot be read.")
+db_app = _group("db", "The PostgreSQL schema: migrate and verify.", cls=_LazyGroup)
+projections_app = _group("projections", "Projections of the event log.", cls=_LazyGroup)
+quarantine_app = _group(
+    "quarantine", "Runs the projector set aside: a record cannot be read.", cls=_LazyGroup
+)
 app.add_typer(db_app)
 app.add_typer(projections_app)
 app.add_typer(quarantine_app)
-
-_add(app, "runs", listing.runs_command)
-_add(app, "inspect", runs.inspect_command)
-_add(app, "start", runs.start_command)
-_add(app, "run", runs.run_command)
-_add(app, "approve", runs.approve_command)
-_add(app, "deny", runs.deny_command)
-_add(app, "resolve", runs.resolve_command)
-_add(app, "tag", runs.tag_command)
-_add(app, "replay", runs.replay_command)
-_add(app, "compact", compact.compact_command)
-_add(app, "gc", gc.gc_command)
-_add(app, "projector", projections.projector_command)
-_add(app, "worker", worker.worker_command)
-_add(projections_app, "rebuild", projections.rebuild_command)
-_add(quarantine_app, "list", quarantine.list_command)
-_add(quarantine_app, "release", quarantine.release_command)
-_add(db_app, "migrate", db.migrate_command)
-_add(db_app, "verify", db.verify_command)
-_add(app, "schema", schema.schema_command)
-_add(app, "demo", demo.demo_command)
 
 
 def _version(shown: bool) -> None:
     """``--version``: print the installed version and stop, before any command is looked at."""
     if shown:
+        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415  (slow)
+
         try:
             installed = version("onward")
         except PackageNotFoundError:  # run from a source tree that was never installed
@@ -132,3 +173,12 @@ def main() -> None:
 
 
 __all__ = ["app", "frontier_main", "main", "resume_main"]
+
+
+def __getattr__(name: str) -> object:
+    """`frontier_main` and `resume_main` load the runner: imported on first access (PEP 562)."""
+    if name not in ("frontier_main", "resume_main"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(".embedding", __name__), name)
+    globals()[name] = value
+    return value

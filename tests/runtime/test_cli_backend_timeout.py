@@ -71,9 +71,12 @@ NAMES = {"postgres": "PostgreSQL", "kafka": "Kafka", "redis": "Redis"}
 
 
 def commands(group: TyperGroup, prefix: str = "") -> Iterator[str]:
-    """Every command of the tree under ``group``, as typed after ``onward``."""
-    for name, command in group.commands.items():
-        if command.hidden:
+    """Every command of the tree under ``group``, as typed after ``onward`` (looked up by name:
+    the CLI imports a command's module only then)."""
+    context = typer.Context(group)
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
+        if command is None or command.hidden:
             continue
         path = f"{prefix}{name}"
         if isinstance(command, TyperGroup):

@@ -1,0 +1,172 @@
+"""A process imports only what it uses.
+
+The projector (`KafkaProjector`, `FrontierProjection`, `PostgresFrontierStore`) needs aiokafka,
+asyncpg, msgspec and zstandard; the agent runtime, pydantic settings, HTTP clients and redis-py
+would add ~40 MiB and ~300 ms to every projector process. Each check runs a fresh interpreter,
+so what the test session has imported already does not hide an eager import.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import typer
+from typer.main import get_command
+
+import onward
+import onward.runtime.application.api
+from onward.runtime.cli import app
+
+HEAVY = (
+    "onward.runtime",  # the agent runtime: runner, providers, leases, settings
+    "redis",
+    "httpx",
+    "pydantic",
+    "pydantic_settings",
+    "jsonschema",
+    "cryptography",
+    "prometheus_client",
+    "opentelemetry",
+    "rich",
+    "typer",
+    "importlib.metadata",
+)
+"""Modules a process that only reads the log or runs the projector must not load."""
+
+NOT_FOR_THE_PROJECTOR_COMMAND = (
+    "onward.runtime.cli.runs",  # the other commands' modules
+    "onward.runtime.cli.listing",
+    "onward.runtime.cli.worker",
+    "onward.runtime.cli.embedding",
+    "onward.runtime.fleet",
+    "onward.runtime.openai",
+    "onward.integrations",
+    "redis",
+    "httpx",
+    "jsonschema",
+    "cryptography",
+)
+"""Modules ``onward projector`` must not load: it needs its settings, metrics and the fold."""
+
+
+def imported_by(code: str) -> set[str]:
+    """The modules a fresh interpreter has loaded after running ``code``."""
+    report = "import json, sys; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\n{report}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def heavy_in(modules: set[str]) -> list[str]:
+    """The heavy modules (or any of their submodules) among ``modules``."""
+    return sorted(
+        name for name in modules if any(name == h or name.startswith(f"{h}.") for h in HEAVY)
+    )
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import onward",
+        "import onward.eventlog",
+        "import onward.projections, onward.eventlog",
+        "from onward.projections import KafkaProjector, FrontierProjection, PostgresFrontierStore",
+        "from onward import KafkaEventLog, StoredEvent, OnwardError",
+    ],
+)
+def test_the_log_and_the_projector_load_nothing_heavy(code: str) -> None:
+    assert heavy_in(imported_by(code)) == []
+
+
+def test_the_projector_loads_what_it_needs() -> None:
+    """The check above would pass vacuously if the imports loaded nothing at all."""
+    modules = imported_by(
+        "from onward.projections import KafkaProjector, FrontierProjection, PostgresFrontierStore"
+    )
+    assert {"aiokafka", "asyncpg", "msgspec", "zstandard", "onward.projections.kafka"} <= modules
+
+
+def test_a_lazily_exported_name_loads_its_module() -> None:
+    modules = imported_by("from onward import Settings, open")
+    assert {"onward.runtime.settings", "pydantic_settings"} <= modules
+
+
+def test_lazy_names_are_the_objects_they_name() -> None:
+    assert onward.open is onward.runtime.application.api.open_app
+    assert onward.query is onward.runtime.application.api.query
+    assert isinstance(onward.__version__, str)
+    assert set(onward.__all__) <= set(dir(onward))
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = onward.no_such_name
+    with pytest.raises(ImportError):
+        from onward import no_such_name  # noqa: F401, PLC0415
+
+
+def test_redis_errors_translate_when_redis_is_imported_after_storage() -> None:
+    """Translation learns redis-py's errors once redis-py is loaded, however late."""
+    code = """
+import onward._storage as storage
+from onward.errors import BackendUnavailableError, ConfigurationError
+assert "redis" not in sys.modules
+import redis.exceptions as redis_errors
+assert storage.classify(redis_errors.AuthenticationError) is ConfigurationError
+try:
+    with storage.translated("reading"):
+        raise redis_errors.ConnectionError("refused")
+except BackendUnavailableError as exc:
+    assert isinstance(exc.__cause__, redis_errors.ConnectionError)
+else:
+    raise AssertionError("a redis error left translated() untranslated")
+"""
+    assert "redis" in imported_by(f"import sys\n{code}")
+
+
+def test_the_projector_command_loads_no_other_command() -> None:
+    code = """
+import sys
+sys.argv = ["onward", "projector", "--help"]
+from onward.runtime.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert exc.code == 0, exc.code
+"""
+    modules = imported_by(code)
+    assert "onward.runtime.cli.projections" in modules
+    loaded = [m for m in NOT_FOR_THE_PROJECTOR_COMMAND if m in modules]
+    assert loaded == []
+
+
+def test_every_listed_command_loads() -> None:
+    """The lazy command table names modules and functions as strings, which no type checker
+    reads: each must resolve to the command it is listed as."""
+    root = get_command(app)
+    assert isinstance(root, typer.core.TyperGroup)
+    context = typer.Context(root)
+    groups = [root]
+    seen = []
+    while groups:
+        group = groups.pop()
+        for name in group.list_commands(context):
+            command = group.get_command(context, name)
+            assert command is not None, name
+            assert command.name == name
+            if isinstance(command, typer.core.TyperGroup):
+                groups.append(command)
+            else:
+                seen.append(f"{group.name} {name}")
+    assert "onward projector" in seen
+    assert "projections rebuild" in seen
+    assert len(seen) == 20

@@ -258,8 +258,7 @@ async def raw_consume(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         isolation_level="read_committed",
-        max_partition_fetch_bytes=2 * 1024 * 1024,  # as KafkaProjector
-        fetch_max_bytes=16 * 1024 * 1024,
+        max_partition_fetch_bytes=4 * 1024 * 1024,  # as KafkaProjector
     )
     await consumer.start()
     try:

@@ -471,8 +471,12 @@ class KafkaProjector(Generic[SinkT]):
         consumer = self._consumer
         if consumer is None:
             return True
+        assigned = consumer.assignment()
         for partition, offset in next_offsets.items():
-            end = consumer.highwater(TopicPartition(self.topic, partition))
+            tp = TopicPartition(self.topic, partition)
+            if tp not in assigned:
+                continue  # revoked since it was fetched (the client has no end for it now)
+            end = consumer.highwater(tp)
             if end is not None and offset < end - 1:
                 return False
         return True

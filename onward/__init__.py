@@ -5,9 +5,9 @@ side effect is ever made twice by accident. Every fact of a run is an event on a
 else is derived from it.
 """
 
-from importlib import import_module
 from typing import TYPE_CHECKING
 
+from onward._lazy import lazy_exports as _lazy_exports
 from onward.errors import (
     ArchiveError,
     BackendError,
@@ -103,21 +103,15 @@ def _installed_version() -> str:
         return "0.0.0"
 
 
+_exported, __dir__ = _lazy_exports(__name__, _LAZY)
+
+
 def __getattr__(name: str) -> object:
-    """Import an exported name's module on first access (PEP 562), then keep the value."""
-    if name == "__version__":
-        value: object = _installed_version()
-    elif name in _LAZY:
-        module, attribute = _LAZY[name]
-        value = getattr(import_module(module), attribute)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
+    """``__version__`` is read on first access too; every other lazy name is `_LAZY`'s."""
+    if name != "__version__":
+        return _exported(name)
+    value = globals()[name] = _installed_version()
     return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
 
 
 __all__ = [

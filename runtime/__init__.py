@@ -1,7 +1,8 @@
 """The runner, resume planning, leases, garbage collection, redaction, providers, tools, the CLI."""
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from onward._lazy import lazy_exports as _lazy_exports
 
 # Eager: `ask` is also the name of its submodule, which, once imported by anyone, would shadow a
 # lazily imported function of the same name.
@@ -127,14 +128,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """Import an exported name's submodule on first access (PEP 562), then keep the value."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy_exports(__name__, {name: (m, name) for name, m in _LAZY.items()})

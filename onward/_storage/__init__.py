@@ -9,6 +9,8 @@ that never opens Redis (a projector, a Kafka worker) ~60 ms and ~9 MiB.
 
 from typing import TYPE_CHECKING
 
+from onward._lazy import lazy_exports as _lazy_exports
+
 from .kafka import (
     COMPRESSION_TYPES,
     SASL_MECHANISMS,
@@ -109,15 +111,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """Import `RedisStore` (and redis-py) on first access (PEP 562)."""
-    if name != "RedisStore":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from .redis import RedisStore  # noqa: PLC0415
-
-    globals()[name] = RedisStore
-    return RedisStore
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+# `RedisStore` loads redis-py: imported on first access.
+__getattr__, __dir__ = _lazy_exports(__name__, {"RedisStore": (".redis", "RedisStore")})

@@ -6,6 +6,8 @@
 
 from typing import TYPE_CHECKING
 
+from onward._lazy import lazy_exports as _lazy_exports
+
 from .base import LeasePolicy, LeaseStore, RunLease
 from .holder import Leaseholder
 from .memory import MemoryLeaseStore
@@ -27,15 +29,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """Import `RedisLeaseStore` (and redis-py) on first access (PEP 562)."""
-    if name != "RedisLeaseStore":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from .redis import RedisLeaseStore  # noqa: PLC0415
-
-    globals()[name] = RedisLeaseStore
-    return RedisLeaseStore
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+# `RedisLeaseStore` loads redis-py: imported on first access.
+__getattr__, __dir__ = _lazy_exports(__name__, {"RedisLeaseStore": (".redis", "RedisLeaseStore")})

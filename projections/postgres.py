@@ -5,9 +5,10 @@ with positions stored under ``<consumer>@<n>``. The views ``onward_frontiers`` a
 ``onward_tool_calls`` point at the active build. A rebuild fills a new build beside the live one
 and repoints the views when it has caught up; the old tables stay until someone drops them.
 
-The transcript (``onward_transcript``) is one table for every build: a rebuild appends the rows
-its fold derives, and a row already stored under its (tenant, run, seq) came from the same
-counted event and is kept.
+The transcript (``onward_transcript``) is one table for every build. A store writes the messages
+it folded for a run as one row (a chunk, keyed by its first seq); a rebuild appends what its
+fold derives that no stored row holds yet, since a stored message came from the same counted
+event and is kept.
 
 A store either follows the active build (the default: what projectors and readers use) or is
 pinned to one build (what a rebuild writes into). A following store notices a switch inside
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import astuple
 from importlib.resources import files
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -36,6 +37,7 @@ from onward._storage import (
     verify_postgres,
 )
 from onward.errors import InvalidInputError, SchemaMismatchError
+from onward.eventlog.events import Message
 
 from .base import (
     BuildSwitched,
@@ -57,7 +59,7 @@ from .builds import (
     ensure_active,
 )
 from .frontier import RunStatus, ToolCallRow
-from .transcript import TranscriptRow, decode_message, encoded_many
+from .transcript import TranscriptRow, decode_chunk, decode_message, encoded_chunks
 
 PROJECTION = "frontiers"
 PROJECTION_VERSION = 1
@@ -352,17 +354,23 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         async with self._connection("reading the transcript", run_id) as conn:
             rows = await conn.fetch(
-                "SELECT seq, message FROM onward_transcript "
+                "SELECT seq, last_seq, message FROM onward_transcript "
                 "WHERE tenant = $1 AND run_id = $2 AND seq <= $3 ORDER BY seq",
                 tenant,
                 run_id,
                 through,
             )
+        said: dict[int, Message] = {}
+        for row in rows:
+            if row["last_seq"] is None:
+                said.setdefault(row["seq"], decode_message(row["message"]))
+                continue
+            for seq, message in decode_chunk(row["message"]):
+                if seq <= through:
+                    said.setdefault(seq, message)
         return [
-            TranscriptRow(
-                tenant=tenant, run_id=run_id, seq=r["seq"], message=decode_message(r["message"])
-            )
-            for r in rows
+            TranscriptRow(tenant=tenant, run_id=run_id, seq=seq, message=said[seq])
+            for seq in sorted(said)
         ]
 
     async def positions(self, consumer: str) -> dict[int, int]:
@@ -479,25 +487,125 @@ async def _stage_and_upsert(
     await conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} {guard}")
 
 
-_StoredMessage = tuple[str, str, int, bytes]
+TRANSCRIPT_CHUNK_MESSAGES = 256
+"""At most this many messages in one transcript row: a backlog's store of a long run is split,
+so no row grows without bound and a reader of an early seq decodes a bounded chunk."""
 
 
-async def _stored_messages(messages: Sequence[TranscriptRow]) -> list[_StoredMessage]:
-    """Transcript rows as stored, compressed before the write takes a connection."""
-    bodies = await encoded_many(messages)
-    return [(m.tenant, m.run_id, m.seq, b) for m, b in zip(messages, bodies, strict=True)]
+class _Chunk(NamedTuple):
+    """Messages of one run stored as one transcript row, keyed by the first one's seq."""
+
+    tenant: str
+    run_id: str
+    rows: list[TranscriptRow]
+    body: bytes
+
+    @property
+    def stored(self) -> tuple[str, str, int, int | None, bytes]:
+        last = self.rows[-1].seq if len(self.rows) > 1 else None
+        return (self.tenant, self.run_id, self.rows[0].seq, last, self.body)
 
 
-async def _append_messages(conn: asyncpg.Connection, rows: Sequence[_StoredMessage]) -> None:
+def _chunked(messages: Sequence[TranscriptRow]) -> list[list[TranscriptRow]]:
+    """A store's messages by run, each run's in seq order (each seq once, the first given), in
+    pieces of at most `TRANSCRIPT_CHUNK_MESSAGES`."""
+    by_run: dict[tuple[str, str], dict[int, TranscriptRow]] = {}
+    for message in messages:
+        by_run.setdefault((message.tenant, message.run_id), {}).setdefault(message.seq, message)
+    chunks: list[list[TranscriptRow]] = []
+    for said in by_run.values():
+        ordered = [said[seq] for seq in sorted(said)]
+        chunks.extend(
+            ordered[start : start + TRANSCRIPT_CHUNK_MESSAGES]
+            for start in range(0, len(ordered), TRANSCRIPT_CHUNK_MESSAGES)
+        )
+    return chunks
+
+
+async def _stored_messages(messages: Sequence[TranscriptRow]) -> list[_Chunk]:
+    """A store's transcript rows, compressed before the write takes a connection."""
+    chunks = _chunked(messages)
+    bodies = await encoded_chunks(chunks)
+    return [
+        _Chunk(rows[0].tenant, rows[0].run_id, rows, body)
+        for rows, body in zip(chunks, bodies, strict=True)
+    ]
+
+
+_STORED_OVERLAPS = """
+SELECT b.n, t.seq, coalesce(t.last_seq, t.seq) AS last_seq
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+    WITH ORDINALITY AS b(tenant, run_id, first_seq, last_seq, n)
+CROSS JOIN LATERAL (
+    (SELECT seq, last_seq FROM onward_transcript s
+     WHERE s.tenant = b.tenant AND s.run_id = b.run_id AND s.seq < b.first_seq
+     ORDER BY s.seq DESC LIMIT 1)
+    UNION ALL
+    (SELECT seq, last_seq FROM onward_transcript s
+     WHERE s.tenant = b.tenant AND s.run_id = b.run_id
+       AND s.seq BETWEEN b.first_seq AND b.last_seq)
+) AS t
+WHERE coalesce(t.last_seq, t.seq) >= b.first_seq
+"""
+"""For each chunk about to be stored (``n`` counts from 1), the stored rows of its run whose
+seqs overlap its own: the row before its first seq, and any starting within it. Two index
+probes a chunk, whatever the run's length."""
+
+
+async def _not_stored(conn: asyncpg.Connection, chunks: list[_Chunk]) -> list[_Chunk]:
+    """The chunks without the messages their run's stored rows hold already.
+
+    A stored row holds every message of its run from its seq through its last_seq: it was
+    folded from every counted event in between. So a message whose seq falls in such a range
+    is kept as it was stored (a rebuild deriving it again, a store written twice), and a chunk
+    losing some is encoded again with the rest, here, on the rare path."""
+    overlaps = await conn.fetch(
+        _STORED_OVERLAPS,
+        [c.tenant for c in chunks],
+        [c.run_id for c in chunks],
+        [c.rows[0].seq for c in chunks],
+        [c.rows[-1].seq for c in chunks],
+    )
+    if not overlaps:
+        return chunks
+    held: dict[int, list[tuple[int, int]]] = {}
+    for overlap in overlaps:
+        held.setdefault(overlap["n"] - 1, []).append((overlap["seq"], overlap["last_seq"]))
+    kept: list[_Chunk] = []
+    for n, chunk in enumerate(chunks):
+        ranges = held.get(n)
+        if ranges is None:
+            kept.append(chunk)
+            continue
+        rest = [r for r in chunk.rows if not any(lo <= r.seq <= hi for lo, hi in ranges)]
+        if rest:
+            (body,) = await encoded_chunks([rest])
+            kept.append(_Chunk(chunk.tenant, chunk.run_id, rest, body))
+    return kept
+
+
+async def _append_messages(conn: asyncpg.Connection, chunks: list[_Chunk]) -> None:
     """Append transcript rows: many staged by binary COPY and inserted by one statement (a
-    projector's backlog stores tens of thousands at once), a few as arrays in one statement.
-    The transcript is not per build: a row already stored under its key came from the same
-    counted event, and is kept."""
+    projector's backlog stores thousands at once), a few as arrays in one statement.
+
+    The transcript is not per build: what another build (or an earlier store) stored is kept
+    (`_not_stored`). Two writers storing the same run at once may both start a chunk at the
+    same seq; both folded the same events from it, so the longer one is kept."""
+    rows = [chunk.stored for chunk in await _not_stored(conn, chunks)]
+    if not rows:
+        return
+    keep_longer = (
+        "ON CONFLICT (tenant, run_id, seq) DO UPDATE "
+        "SET last_seq = excluded.last_seq, message = excluded.message "
+        "WHERE coalesce(onward_transcript.last_seq, onward_transcript.seq) "
+        "< coalesce(excluded.last_seq, excluded.seq)"
+    )
+    names = ", ".join(_TRANSCRIPT_NAMES)
     if len(rows) <= _FEW_ROWS:
         await conn.execute(
-            "INSERT INTO onward_transcript (tenant, run_id, seq, message) "
-            "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) "
-            "ON CONFLICT (tenant, run_id, seq) DO NOTHING",
+            f"INSERT INTO onward_transcript ({names}) "
+            "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bytea[]) "
+            f"{keep_longer}",
             *(list(column) for column in zip(*rows, strict=True)),
         )
         return
@@ -507,13 +615,11 @@ async def _append_messages(conn: asyncpg.Connection, rows: Sequence[_StoredMessa
     )
     await conn.copy_records_to_table(stage, records=rows, columns=_TRANSCRIPT_NAMES)
     await conn.execute(
-        f"INSERT INTO onward_transcript ({', '.join(_TRANSCRIPT_NAMES)}) "
-        f"SELECT {', '.join(_TRANSCRIPT_NAMES)} FROM {stage} "
-        "ON CONFLICT (tenant, run_id, seq) DO NOTHING"
+        f"INSERT INTO onward_transcript ({names}) SELECT {names} FROM {stage} {keep_longer}"
     )
 
 
-_TRANSCRIPT_NAMES = ("tenant", "run_id", "seq", "message")
+_TRANSCRIPT_NAMES = ("tenant", "run_id", "seq", "last_seq", "message")
 
 
 def _frontier_row(snapshot: Snapshot) -> tuple[Any, ...]:

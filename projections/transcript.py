@@ -106,17 +106,38 @@ class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 _COMPRESS_APART_OVER = 16
-"""Most messages compressed on the caller's thread by `encoded_many`; more go to a worker."""
+"""Most bodies compressed on the caller's thread by `encoded_chunks`; more go to a worker."""
 
 
-async def encoded_many(rows: Sequence[TranscriptRow]) -> list[bytes]:
-    """Each row's ``encoded(compressed=True)``, for many rows at once (a projector's store).
+class _Said(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One message of a chunk, as stored: ``[seq, message]``."""
 
-    Compressing a message costs a few microseconds, most of what storing it costs the
-    projector. Many are compressed in a worker thread by one call that holds no interpreter
-    lock, so the event loop folds the next batch on another core meanwhile (one call per message
-    from a thread would queue for the lock after each)."""
-    bodies = [_encoder.encode(row.message) for row in rows]
+    seq: int
+    message: Message
+
+
+_chunk_decoder = msgspec.json.Decoder(list[_Said])
+
+
+async def encoded_chunks(chunks: Sequence[Sequence[TranscriptRow]]) -> list[bytes]:
+    """Each chunk's body as stored, for many chunks at once (a projector's store).
+
+    A chunk is messages of one run, in seq order. One message is stored as
+    ``encoded(compressed=True)`` would (what rows of one message always were); several as a
+    JSON array of ``[seq, message]`` pairs, compressed together when longer than
+    `COMPRESS_OVER` and shorter for it: the row, its key and the frame are paid once per chunk,
+    not once per message, and the messages' common JSON compresses across them.
+
+    Compressing costs a few microseconds a message, most of what storing it costs the
+    projector. Many bodies are compressed in a worker thread by one call that holds no
+    interpreter lock, so the event loop folds the next batch on another core meanwhile (one
+    call per body from a thread would queue for the lock after each)."""
+    bodies = [
+        _encoder.encode(chunk[0].message)
+        if len(chunk) == 1
+        else _encoder.encode([_Said(row.seq, row.message) for row in chunk])
+        for chunk in chunks
+    ]
     long = [n for n, body in enumerate(bodies) if len(body) > COMPRESS_OVER]
     if not long:
         return bodies
@@ -141,6 +162,14 @@ def decode_message(body: bytes) -> Message:
     if body[:4] == _ZSTD_MAGIC:
         body = _decompressor().decompress(body)
     return _decoder.decode(body)
+
+
+def decode_chunk(body: bytes) -> list[tuple[int, Message]]:
+    """The ``(seq, message)`` pairs of a chunk stored by `encoded_chunks` with more than one
+    message, JSON or a zstd frame of it."""
+    if body[:4] == _ZSTD_MAGIC:
+        body = _decompressor().decompress(body)
+    return [(said.seq, said.message) for said in _chunk_decoder.decode(body)]
 
 
 def checkpoint_request(boundary: str, seq: int) -> str:
@@ -221,6 +250,7 @@ __all__ = [
     "as_text",
     "checkpoint_of",
     "checkpoint_request",
+    "decode_chunk",
     "decode_message",
     "escaped",
     "is_escaped",

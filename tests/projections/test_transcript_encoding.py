@@ -29,8 +29,9 @@ from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.transcript import (
     COMPRESS_OVER,
     TranscriptRow,
+    decode_chunk,
     decode_message,
-    encoded_many,
+    encoded_chunks,
 )
 from onward.testing.eventlog import new_run_id
 from onward.testing.frontiers import CONSUMER, frontier
@@ -76,9 +77,14 @@ async def test_postgres_keeps_long_messages_compressed_and_reads_json_rows(
     store = await PostgresFrontierStore.open(database_url, schema=schema)
     conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
     try:
-        await write(store, run_id)
+        # One store a message, as a projector keeping up with slow steps writes them: each is
+        # a row of its own (several in one store are one row, test_postgres_transcript_batches).
+        for row in rows_of(run_id):
+            snapshot = Snapshot.of(frontier(run_id, through=row.seq))
+            await store.write(CONSUMER, {}, [snapshot], [], messages=[row])
         stored = await conn.fetch(
-            "SELECT seq, message FROM onward_transcript WHERE run_id = $1", run_id
+            "SELECT seq, message FROM onward_transcript WHERE run_id = $1 AND last_seq IS NULL",
+            run_id,
         )
         check_stored(
             {r["seq"]: bytes(r["message"]) for r in stored}, zstandard.ZstdDecompressor().decompress
@@ -154,8 +160,28 @@ async def test_many_messages_are_stored_as_each_alone(count: int) -> None:
                 tenant="acme", run_id="r", seq=n + 1, message=Message(role="tool", content=content)
             )
         )
-    bodies = await encoded_many(messages)
+    bodies = await encoded_chunks([[m] for m in messages])
     assert bodies == [m.encoded(compressed=True) for m in messages]
     assert [decode_message(b) for b in bodies] == [m.message for m in messages]
     assert {b[:1] for b in bodies[::4]} == {b"{"}
     assert all(b[:4] == b"\x28\xb5\x2f\xfd" for b in bodies[1::4])
+
+
+async def test_a_chunk_of_several_messages_is_one_frame_that_reads_back_in_order() -> None:
+    """Several messages of a run stored together are one zstd frame, shorter than their frames
+    apart (the JSON they share compresses once), and read back with their seqs."""
+    rng = random.Random(5)
+    rows = [
+        TranscriptRow(
+            tenant="acme",
+            run_id="r",
+            seq=seq,
+            message=Message(role="tool", content=bytes(rng.randbytes(300)).hex()),
+        )
+        for seq in (2, 5, 9)
+    ]
+    (body,) = await encoded_chunks([rows])
+    assert body[:4] == b"\x28\xb5\x2f\xfd"
+    assert decode_chunk(body) == [(r.seq, r.message) for r in rows]
+    apart = await encoded_chunks([[r] for r in rows])
+    assert len(body) < sum(map(len, apart))

@@ -73,8 +73,9 @@ def encode(event: Event) -> bytes:
     """Encode one event as JSON bytes.
 
     Raises:
-        InvalidInputError: Not an event of a known kind, a name holding a NUL, or a value
-            JSON has no form for (run, seq and the path to it named: `unencodable`).
+        InvalidInputError: Not an event of a known kind, a name holding a NUL, a value JSON
+            has no form for (run, seq and the path to it named: `unencodable`), or one a
+            reader would refuse (an integer out of its range, a word outside its choices).
     """
     if not isinstance(event, Event) or type(event) is Event:
         raise InvalidInputError(f"expected an event of a known kind, got {type(event).__name__}")
@@ -86,6 +87,16 @@ def encode(event: Event) -> bytes:
         raise InvalidInputError(
             f"run {event.run_id!r} seq {event.seq}: {kind_of(type(event))} cannot be written: "
             f"{unencodable(msgspec.structs.asdict(event)) or type(exc).__name__}",
+            run_id=event.run_id,
+        ) from exc
+    try:
+        # Read back as a reader will: a value no reader takes (an integer past what the stores
+        # keep, a word outside its field's choices) is refused here, not set aside later.
+        _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise InvalidInputError(
+            f"run {event.run_id!r} seq {event.seq}: {kind_of(type(event))} cannot be written: "
+            f"{exc}",
             run_id=event.run_id,
         ) from exc
     field = name_with_nul(event) if _ESCAPED_NUL in data else None

@@ -9,13 +9,32 @@ decode so an older reader can read a newer minor addition.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
 EVENT_FORMAT = 1
 """The event format this code writes and the newest it can read, for every kind but those
 :data:`LATER_FORMATS` names."""
+
+INT64_MAX = 2**63 - 1
+"""The largest integer every store keeps (a PostgreSQL ``bigint``, an SQLite ``INTEGER``)."""
+
+TOKENS_MAX = 2**40
+"""The most tokens one model call may count (about a trillion): a run's sums of them stay far
+below `INT64_MAX`."""
+
+Whole = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+"""A seq, fence, time or count: what a record may say is checked on reading, so a forged or
+damaged one that no store could keep is set aside as unreadable, not failing a whole batch."""
+
+Signed = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
+"""An integer a store keeps as it is, negative ones too (a graph write's special indexes)."""
+
+Small = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+"""A count kept in a 32-bit column (the frontier's iteration)."""
+
+Tokens = Annotated[int, msgspec.Meta(ge=0, le=TOKENS_MAX)]
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", gc=False):
@@ -32,17 +51,17 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", gc=Fals
 
     run_id: str
     tenant: str
-    seq: int
-    fence: int
-    at: int = 0
-    format: int = EVENT_FORMAT
+    seq: Whole
+    fence: Whole
+    at: Whole = 0
+    format: Whole = EVENT_FORMAT
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Tokens a model call consumed."""
 
-    input_tokens: int = 0
-    output_tokens: int = 0
+    input_tokens: Tokens = 0
+    output_tokens: Tokens = 0
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -89,8 +108,8 @@ class HistoryHandle(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """
 
     run_id: str
-    through_seq: int
-    messages: int
+    through_seq: Whole
+    messages: Whole
 
 
 class Carried(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -108,7 +127,7 @@ class Carried(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """
 
     history: list[HistoryHandle] = []
-    iteration: int = 0
+    iteration: Small = 0
     usage: Usage = Usage()
     calls: list[ToolCall] = []
     approved: list[str] = []
@@ -165,7 +184,7 @@ class ToolDispatched(Event, frozen=True, kw_only=True, tag="tool.dispatched"):
     call_id: str
     tool: str
     idempotency_key: str
-    deadline: int | None = None
+    deadline: Whole | None = None
 
 
 class ToolCompleted(Event, frozen=True, kw_only=True, tag="tool.completed"):
@@ -190,7 +209,7 @@ class ToolResolved(Event, frozen=True, kw_only=True, tag="tool.resolved"):
 class TurnSettled(Event, frozen=True, kw_only=True, tag="turn.settled"):
     """Every call of the last model answer has an outcome. Boundary ``after_tool_result``."""
 
-    iteration: int
+    iteration: Small
     call_ids: list[str] = []
 
 
@@ -212,7 +231,7 @@ class Asked(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """
 
     call_id: str
-    index: int = 0
+    index: Small = 0
     schema: str | None = None
     suspended: list[str] = []
 
@@ -249,7 +268,7 @@ class ApprovalDenied(Event, frozen=True, kw_only=True, tag="approval.denied"):
 class Tagged(Event, frozen=True, kw_only=True, tag="tagged"):
     """A label on an earlier event; tagged events survive compaction."""
 
-    target_seq: int
+    target_seq: Whole
     label: str
 
 
@@ -301,7 +320,7 @@ class GraphWrite(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One pending write of a graph task: the channel, its index in the task, the value."""
 
     channel: str
-    idx: int
+    idx: Signed
     value: Serialized
 
 
@@ -316,7 +335,7 @@ class GraphCheckpointed(Event, frozen=True, kw_only=True, tag="graph.checkpointe
     append for the whole list).
     """
 
-    format: int = 2
+    format: Whole = 2
     checkpoint_ns: str = ""
     checkpoint_id: str
     parent_checkpoint_id: str | None = None

@@ -33,7 +33,7 @@ from onward.errors import (
     InvalidInputError,
     OnwardError,
 )
-from onward.eventlog.events import Message, ToolCall, Usage
+from onward.eventlog.events import TOKENS_MAX, Message, ToolCall, Usage
 from onward.eventlog.parts import (
     BinaryPart,
     TextPart,
@@ -458,14 +458,19 @@ def _arguments(sent: msgspec.Raw) -> dict[str, Any]:
 
 
 def _usage(raw: Any) -> Usage:
-    """Token counts; servers that omit usage (or parts of it) count as zero."""
+    """Token counts; servers that omit usage (or parts of it), or give a count no model call
+    has (negative, past `TOKENS_MAX`), count as zero."""
     if not isinstance(raw, dict):
         return Usage()
-    prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
     return Usage(
-        input_tokens=prompt if isinstance(prompt, int) else 0,
-        output_tokens=completion if isinstance(completion, int) else 0,
+        input_tokens=_tokens(raw.get("prompt_tokens")),
+        output_tokens=_tokens(raw.get("completion_tokens")),
     )
+
+
+def _tokens(count: Any) -> int:
+    plausible = type(count) is int and 0 <= count <= TOKENS_MAX
+    return count if plausible else 0
 
 
 def _retryable(status: int) -> bool:

@@ -299,6 +299,16 @@ class EventLogConformance:
         with pytest.raises(InvalidInputError, match="seq starts at 1"):
             await log.append([event])
 
+    async def test_an_integer_no_store_keeps_is_refused_and_nothing_is_written(
+        self, log: EventLog
+    ) -> None:
+        run_id = new_run_id()
+        events = step_events(run_id, 2)
+        late = msgspec.structs.replace(events[1], at=2**64)
+        with pytest.raises(InvalidInputError, match=r"seq 2: .* <= 9223372036854775807"):
+            await log.append([events[0], late])
+        assert await log.read_run(run_id) == []
+
     async def test_writing_a_newer_format_is_refused(self, log: EventLog) -> None:
         run_id = new_run_id()
         event = RunClaimed(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -236,8 +237,19 @@ def _raised(call: Callable[[], object]) -> tuple[type[BaseException], str]:
         msgspec.json.encode({"kind": "run.teleported", "run_id": "r", "seq": 4, "format": 9}),
         codec.encode(RunClaimed(**ENV, worker="w")).replace(b'"format":1', b'"format":2'),
         codec.encode(RunClaimed(**ENV, worker="w")).replace(b'"w"', b'"w\\u0000"'),
+        codec.encode(RunClaimed(**ENV, worker="w")).replace(
+            b'"seq":1', b'"seq":9223372036854775808'
+        ),
     ],
-    ids=["garbage", "tombstone", "missing field", "newer kind", "newer format", "NUL in a name"],
+    ids=[
+        "garbage",
+        "tombstone",
+        "missing field",
+        "newer kind",
+        "newer format",
+        "NUL in a name",
+        "seq past 64 bits",
+    ],
 )
 def test_decode_many_refuses_a_bad_record_as_decode_does(bad: bytes | None) -> None:
     good = codec.encode(RunClaimed(**ENV, worker="w"))
@@ -250,3 +262,57 @@ def test_decode_many_keeps_a_nul_in_a_free_form_value_and_reads_views() -> None:
     event = ToolCompleted(**ENV, call_id="c1", result="a\x00b")
     record = codec.encode(event)
     assert codec.decode_many([record, memoryview(record)]) == [event, event]
+
+
+def _forged(event: Event, field: bytes, value: int) -> bytes:
+    record = codec.encode(event)
+    start = record.index(b'"' + field + b'":') + len(field) + 3
+    end = start
+    while record[end : end + 1].isdigit():
+        end += 1
+    return record[:start] + str(value).encode() + record[end:]
+
+
+_ANSWER = ModelAnswered(**ENV, message=Message(role="assistant"), usage=Usage(input_tokens=7))
+
+
+@pytest.mark.parametrize(
+    ("event", "field", "value", "path"),
+    [
+        (RunClaimed(**ENV, worker="w"), b"fence", 2**63, "$.fence"),
+        (RunClaimed(**ENV, worker="w"), b"at", 2**64, "$.at"),
+        (TurnSettled(**ENV, iteration=3), b"iteration", 2**31, "$.iteration"),
+        (TurnSettled(**ENV, iteration=3), b"iteration", -1, "$.iteration"),
+        (_ANSWER, b"input_tokens", 2**40 + 1, "$.usage.input_tokens"),
+        (Tagged(**ENV, target_seq=1, label="x"), b"target_seq", 2**63, "$.target_seq"),
+    ],
+    ids=["fence", "at", "iteration", "negative iteration", "tokens", "target_seq"],
+)
+def test_an_integer_no_store_keeps_makes_the_record_unreadable_and_is_never_written(
+    event: Event, field: bytes, value: int, path: str
+) -> None:
+    """A forged or damaged record whose integer no store column holds is unreadable, naming
+    the field (so the projector sets its run aside instead of failing the batch it is in), and
+    the codec refuses to write such an event at all."""
+    record = _forged(event, field, value)
+    with pytest.raises(EventDecodeError, match=re.escape(path)):
+        codec.decode(record)
+    assert _raised(partial(codec.decode_many, [record])) == _raised(partial(codec.decode, record))
+    if field == b"input_tokens":
+        forged = msgspec.structs.replace(event, usage=Usage(input_tokens=value))
+    else:
+        forged = msgspec.structs.replace(event, **{field.decode(): value})
+    with pytest.raises(InvalidInputError, match=r"cannot be written: .*" + re.escape(path)):
+        codec.encode(forged)
+
+
+def test_a_graph_writes_special_negative_index_reads_back() -> None:
+    """LangGraph marks special writes (errors, interrupts) with negative indexes."""
+    saved = GraphWritesSaved(
+        **ENV,
+        checkpoint_ns="",
+        checkpoint_id="c1",
+        task_id="t1",
+        writes=[GraphWrite(channel="__error__", idx=-1, value=Serialized(type="json", data=b"1"))],
+    )
+    assert codec.decode(codec.encode(saved)) == saved

@@ -545,6 +545,24 @@ async def test_loose_but_valid_answers_are_read(server: ChatServer) -> None:
     assert reply.usage == Usage(input_tokens=0, output_tokens=3)
 
 
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": 2**64, "completion_tokens": 3},
+        {"prompt_tokens": -5, "completion_tokens": 3},
+        {"prompt_tokens": True, "completion_tokens": 3},
+    ],
+    ids=["past what a store keeps", "negative", "a boolean"],
+)
+async def test_a_token_count_no_model_call_has_counts_as_zero(
+    server: ChatServer, usage: dict[str, Any]
+) -> None:
+    """A server's implausible count would make an answer no reader of the log takes (the
+    codec refuses to write it): it counts as zero, as a missing one does."""
+    reply = await reply_to(server, Answer(body=completion("Oslo it is.", usage=usage)))
+    assert reply.usage == Usage(input_tokens=0, output_tokens=3)
+
+
 async def test_connection_refused_raises_backend_unavailable() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

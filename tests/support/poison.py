@@ -42,10 +42,27 @@ def newer_format(run_id: str, seq: int) -> bytes:
     )
 
 
+def out_of_range(run_id: str, seq: int) -> bytes:
+    """A known kind, well formed, with a time no store's 64-bit integer holds (a forged or
+    damaged record): read, it would fail the write of every run stored with it."""
+    return msgspec.json.encode(
+        {
+            "kind": "run.claimed",
+            "run_id": run_id,
+            "tenant": "acme",
+            "seq": seq,
+            "fence": 1,
+            "at": 2**64,
+            "worker": "from-nowhere",
+        }
+    )
+
+
 BAD_RECORDS: dict[str, Callable[[str, int], bytes]] = {
     "not-json": not_json,
     "unknown-kind": unknown_kind,
     "newer-format": newer_format,
+    "out-of-range": out_of_range,
 }
 """Each kind of poison record, by name, built for a run and the seq it would have taken."""
 
@@ -53,6 +70,7 @@ KIND_HEADERS: dict[str, str | None] = {
     "not-json": None,
     "unknown-kind": "run.exploded",
     "newer-format": "run.claimed",
+    "out-of-range": "run.claimed",
 }
 """The ``onward.kind`` header a foreign producer would have put on each (None: no header)."""
 
@@ -60,6 +78,7 @@ REASONS: dict[str, str] = {
     "not-json": "malformed",
     "unknown-kind": "run.exploded",
     "newer-format": "newer than this code reads",
+    "out-of-range": "<= 9223372036854775807 - at `$.at`",
 }
 """A few words each reason must contain."""
 

@@ -265,6 +265,18 @@ class Resumer:
         if self.frontiers is not None and await self.frontiers.get(run_id) is not None:
             raise _taken(run_id, tenant)
 
+    async def refuse_another_tenants(self, run_id: str, tenant: str) -> None:
+        """Refuse to resume a run whose stored row is another tenant's, before any lease is
+        taken: that resume must not hold the run, even briefly, nor raise its fence. One row
+        lookup, no read of the log (a run without a row is read under its lease, once).
+
+        Raises:
+            NothingToResumeError: The run's row is another tenant's.
+        """
+        stored = await self.frontiers.get(run_id) if self.frontiers is not None else None
+        if stored is not None and stored.summary.tenant != tenant:
+            raise _no_such_run(run_id, tenant)
+
     async def exists(self, run_id: str) -> bool:
         """Whether the log holds any counted event of the run, for any tenant."""
         return (await self._fold(run_id, "", whole=False)).frontier.last_seq > 0
@@ -288,9 +300,7 @@ class Resumer:
         read = await self._fold(run_id, tenant, whole=whole, timings=timings)
         frontier = read.frontier
         if frontier.last_seq == 0 or _owner(read) != tenant:
-            raise NothingToResumeError(
-                f"no run {run_id!r} for tenant {tenant!r}; check the id and tenant", run_id=run_id
-            )
+            raise _no_such_run(run_id, tenant)
         if agent is not None and frontier.revision != agent.revision:
             raise RevisionMismatchError(
                 f"run {run_id!r} started with agent revision {frontier.revision}, the agent "
@@ -469,6 +479,12 @@ def _counted(base: Frontier, stored: list[StoredEvent], wanted: bool) -> tuple[S
     if not wanted:
         return ()
     return tuple(SequenceGuard(base.last_seq, base.fence).admit_all(stored))
+
+
+def _no_such_run(run_id: str, tenant: str) -> NothingToResumeError:
+    return NothingToResumeError(
+        f"no run {run_id!r} for tenant {tenant!r}; check the id and tenant", run_id=run_id
+    )
 
 
 def _owner(read: _Read) -> str | None:

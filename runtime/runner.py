@@ -295,7 +295,8 @@ class AgentRunner(Resource):
 
         Raises:
             ResumeConflictError: Another worker holds the run (nothing was read).
-            NothingToResumeError: No run under that id for that tenant.
+            NothingToResumeError: No run under that id for that tenant (a row of another
+                tenant's run is refused before its lease is taken).
             RevisionMismatchError: ``agent`` is not the revision the run started with.
             IndeterminateToolCallError: A call may or may not have run; a person must settle it.
             CheckpointFormatError: The run was written by a newer Onward.
@@ -307,6 +308,7 @@ class AgentRunner(Resource):
         _check_run(run_id, tenant)
         refuse_unbound(agent)
         self.check_call_bounds(agent)
+        await self.resumer.refuse_another_tenants(run_id, tenant)
         async with self._holding(run_id, tenant, self.worker) as held:
             carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)
             self.check_budgets(agent, Budgets.of_run(agent, carried.frontier), run_id)

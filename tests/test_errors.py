@@ -142,6 +142,8 @@ _EXPECTED: dict[type[OnwardError], tuple[type[BaseException], ...]] = {
         pg_errors.InvalidAuthorizationSpecificationError,
         pg_errors.InsufficientPrivilegeError,
         pg_errors.InvalidCatalogNameError,
+        # asyncpg refusing the connection options themselves (an unknown sslmode).
+        pg_errors.ClientConfigurationError,
     ),
     errors.BackendUnavailableError: (
         # Kafka: no broker, a leader moving, a rebalance, a request that timed out.

@@ -222,6 +222,8 @@ _ASYNCPG_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
     (pg_errors.InvalidAuthorizationSpecificationError, ConfigurationError),
     (pg_errors.InsufficientPrivilegeError, ConfigurationError),
     (pg_errors.InvalidCatalogNameError, ConfigurationError),
+    # The client refusing its own connection options (an unknown sslmode in DATABASE_URL).
+    (pg_errors.ClientConfigurationError, ConfigurationError),
     (pg_errors.UndefinedTableError, SchemaMismatchError),
     (pg_errors.UndefinedColumnError, SchemaMismatchError),
     (pg_errors.UndefinedFunctionError, SchemaMismatchError),

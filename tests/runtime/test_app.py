@@ -132,6 +132,9 @@ async def test_a_denied_checkpoint_ends_the_run(app: onward.App) -> None:
 
 
 async def test_a_tag_from_a_checkpoint_is_a_tagged_event_on_its_seq(app: onward.App) -> None:
+    """A tag written while the worker still holds the run (it releases the lease just after
+    the run reaches its wait) goes through the worker and lands once the run is free: looked
+    for until a deadline, not at once."""
     tagged: list[int] = []
     async for message in app.query("work", COLLABORATIVE):
         if message.waits:
@@ -140,9 +143,13 @@ async def test_a_tag_from_a_checkpoint_is_a_tagged_event_on_its_seq(app: onward.
                 tagged.append(message.seq)
             await message.respond()
         last = message
-    events = [s.event for s in await app.backends.log.read_run(last.run_id)]
-    tags = [(e.target_seq, e.label) for e in events if isinstance(e, Tagged)]
-    assert tags == [(tagged[0], "milestone")]
+
+    async def tags() -> list[tuple[int, str]]:
+        events = [s.event for s in await app.backends.log.read_run(last.run_id)]
+        return [(e.target_seq, e.label) for e in events if isinstance(e, Tagged)]
+
+    await until(tags, "the tag's Tagged event")
+    assert await tags() == [(tagged[0], "milestone")]
 
 
 async def test_a_tag_from_a_message_survives_compaction(tmp_path: Path, ledger: Ledger) -> None:

@@ -59,8 +59,11 @@ class Stores:
             messages=2,
         )
         calls = [call_row(run_id, c, through=5, outcome="completed") for c in ("c1", "c2")]
-        messages = [said(run_id, 1, "go"), said(run_id, 3, "done")]
-        await self.frontiers.write("seed", {}, [Snapshot.of(row)], calls, messages=messages)
+        # One message a store, as a projector keeping up with a run writes them: a row each on
+        # every backend (PostgreSQL keeps the messages of one store in one row).
+        first, last = said(run_id, 1, "go"), said(run_id, 3, "done")
+        await self.frontiers.write("seed", {}, [], [], messages=[first])
+        await self.frontiers.write("seed", {}, [Snapshot.of(row)], calls, messages=[last])
         point = RunTruncation(
             tenant=TENANT, run_id=run_id, partition=0, before_seq=4, before_offset=3, at=1
         )

@@ -324,37 +324,27 @@ async def test_refused_answers_and_tags_for_unknown_runs_leave_no_lease_state(
     assert await lease_world.count() == 0
 
 
-async def test_another_tenants_resumes_never_take_the_runs_lease(
-    lease_world: LeaseWorld,
+ANOTHER_TENANTS: dict[str, Callable[[AgentRunner, str], Awaitable[object]]] = {
+    "approve": lambda runner, run: runner.approve(run, "c1", tenant="evil", by="mallory"),
+    "resume": lambda runner, run: runner.resume(payer(), run, tenant="evil"),
+}
+
+
+@pytest.mark.parametrize("attempt", sorted(ANOTHER_TENANTS))
+async def test_another_tenants_answers_and_resumes_never_take_the_runs_lease(
+    lease_world: LeaseWorld, attempt: str
 ) -> None:
-    """security review #19: a resume of a stored run under another tenant is refused before
-    its lease is taken: it neither holds the run, even briefly, nor raises its fence."""
+    """security review #19: another tenant's answers to a run, and resumes of it, are refused
+    before its lease is taken: they neither hold the run, even briefly, nor raise its fence."""
     runner = lease_world.runner
     run = await waiting_run(runner)
     state = await lease_world.count()
     fence = (await runner.inspect(run, tenant=TENANT)).fence
     for _ in range(50):
         with pytest.raises(NothingToResumeError):
-            await runner.resume(payer(), run, tenant="evil")
+            await ANOTHER_TENANTS[attempt](runner, run)
     assert await lease_world.count() == state
     assert (await runner.inspect(run, tenant=TENANT)).fence == fence
-    await runner.approve(run, "c1", tenant=TENANT, by="ann")
-    assert (await runner.inspect(run, tenant=TENANT)).fence == fence + 1
-
-
-async def test_another_tenants_answers_never_take_the_runs_lease(
-    lease_world: LeaseWorld,
-) -> None:
-    """security review #19: another tenant's answers to a run are refused before its lease is
-    taken: they neither hold the run, even briefly, nor raise its fence."""
-    runner = lease_world.runner
-    run = await waiting_run(runner)
-    state = await lease_world.count()
-    fence = (await runner.inspect(run, tenant=TENANT)).fence
-    for _ in range(50):
-        with pytest.raises(NothingToResumeError):
-            await runner.approve(run, "c1", tenant="evil", by="mallory")
-    assert await lease_world.count() == state
     await runner.approve(run, "c1", tenant=TENANT, by="ann")
     assert (await runner.inspect(run, tenant=TENANT)).fence == fence + 1
 

@@ -27,35 +27,21 @@ def unknown_kind(run_id: str, seq: int) -> bytes:
     )
 
 
+def _claimed(run_id: str, seq: int, **fields: object) -> bytes:
+    """A run.claimed record of ``run_id`` at ``seq`` with ``fields`` over its envelope."""
+    envelope = {"kind": "run.claimed", "run_id": run_id, "tenant": "acme", "seq": seq, "fence": 1}
+    return msgspec.json.encode(envelope | fields)
+
+
 def newer_format(run_id: str, seq: int) -> bytes:
     """A known kind written in the event format after this code's."""
-    return msgspec.json.encode(
-        {
-            "kind": "run.claimed",
-            "run_id": run_id,
-            "tenant": "acme",
-            "seq": seq,
-            "fence": 1,
-            "format": EVENT_FORMAT + 1,
-            "worker": "from-the-future",
-        }
-    )
+    return _claimed(run_id, seq, format=EVENT_FORMAT + 1, worker="from-the-future")
 
 
 def out_of_range(run_id: str, seq: int) -> bytes:
     """A known kind, well formed, with a time no store's 64-bit integer holds (a forged or
     damaged record): read, it would fail the write of every run stored with it."""
-    return msgspec.json.encode(
-        {
-            "kind": "run.claimed",
-            "run_id": run_id,
-            "tenant": "acme",
-            "seq": seq,
-            "fence": 1,
-            "at": 2**64,
-            "worker": "from-nowhere",
-        }
-    )
+    return _claimed(run_id, seq, at=2**64, worker="from-nowhere")
 
 
 BAD_RECORDS: dict[str, Callable[[str, int], bytes]] = {

@@ -1,7 +1,9 @@
 """`AgentRunner`: drives agent runs, every one of them under its lease, written ahead to the log.
 
-One iteration: call the model and append `ModelAnswered`; append `ToolDispatched` for every
-call of the answer as one batch, acknowledged by the log before any tool runs; run the tools
+One iteration: call the model and append `ModelAnswered` with a `ToolDispatched` for every
+call of the answer, as one batch acknowledged by the log before any tool runs (the answer goes
+alone when a call waits on a person's approval or the run pauses after a model call; the
+dispatches follow once the run goes on); run the tools
 (concurrently), appending each `ToolCompleted` as it returns; append `TurnSettled`, in the same
 batch as the turn's last `ToolCompleted` when that one finds every other call of the turn
 recorded (one record batch fewer a step; a batch is durable whole or not at all). A call whose
@@ -27,7 +29,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -660,7 +662,13 @@ class AgentRunner(Resource):
             if await self._paused(run, "after_tool_result"):
                 break
             with observe.run_step("model", run.run_id, run.fence):
-                await self._model_step(run)
+                dispatches = await self._model_step(run)
+            if dispatches:
+                with observe.run_step("tools", run.run_id, run.fence):
+                    dispatched = {d.call_id for d in dispatches}
+                    pending = [c for c in run.frontier.calls if c.call_id in dispatched]
+                    if not await self._finish_turn(run, pending, dispatches):
+                        break
         return await self._spent(RunResult.of(run.frontier))
 
     async def _paused(self, run: HeldRun, boundary: Boundary) -> bool:
@@ -670,7 +678,15 @@ class AgentRunner(Resource):
             await self.writer.append(run, [self.writer.event(run, ApprovalRequested, **asked)])
         return asked is not None
 
-    async def _model_step(self, run: HeldRun) -> None:
+    async def _model_step(self, run: HeldRun) -> list[ToolDispatched]:
+        """Call the model and record its answer; the dispatches written with it, if any.
+
+        An answer whose calls go out at once (none waits on a person, the run does not pause
+        after a model call) is written in one batch with their `ToolDispatched`: one append
+        fewer a step, and the answer is never durable without them, so a crash before the
+        batch calls the model again and one after it finds the calls dispatched, as a crash
+        after a separate dispatch batch would.
+        """
         observer = self.writer.observer
         if observer is not None:
             await observer.before_model_call()
@@ -688,19 +704,57 @@ class AgentRunner(Resource):
             )
             failed = self.writer.event(run, RunFinished, 1, status="failed", error=error)
             await self.writer.append(run, [answered, failed])
-            return
+            return []
         calls = [_keyed(run, call, index) for index, call in enumerate(reply.tool_calls)]
         answered = self.writer.event(
             run, ModelAnswered, message=reply.message, tool_calls=calls, usage=reply.usage
         )
         await self._record_spend(run, answered)
+        if calls and self._dispatched_at_once(run, calls):
+            dispatches = self._dispatches(run, calls, first=1)
+            batch = [answered, *dispatches]
+            await write_ahead(lambda: self.writer.append(run, batch), run.held.confirm)
+            return dispatches
         if calls:
             await self.writer.append(run, [answered])
-            return
+            return []
         finished = self.writer.event(
             run, RunFinished, 1, status="completed", output=reply.message.content
         )
         await self.writer.append(run, [answered, finished])
+        return []
+
+    def _dispatched_at_once(self, run: HeldRun, calls: list[ToolCall]) -> bool:
+        """Whether a new answer's calls go out with it: none needs a person's approval and the
+        run does not pause after a model call (`pause_request` would ask first)."""
+        if "after_model_call" in run.frontier.pause_at:
+            return False
+        for call in calls:
+            tool = run.agent.tool(call.tool)
+            if (
+                tool is not None
+                and tool.requires_approval
+                and call.call_id not in run.frontier.approved
+            ):
+                return False
+        return True
+
+    def _dispatches(
+        self, run: HeldRun, calls: Sequence[CallState | ToolCall], *, first: int = 0
+    ) -> list[ToolDispatched]:
+        """The `ToolDispatched` of each of ``calls``, numbered from ``first`` in their batch."""
+        return [
+            self.writer.event(
+                run,
+                ToolDispatched,
+                first + i,
+                call_id=c.call_id,
+                tool=c.tool,
+                idempotency_key=c.idempotency_key,
+                deadline=_deadline(run, c),
+            )
+            for i, c in enumerate(calls)
+        ]
 
     async def _run_turn(self, run: HeldRun) -> bool:
         """Dispatch and settle the open turn. False if the run now waits on a person."""
@@ -727,18 +781,7 @@ class AgentRunner(Resource):
                 return False
         dispatches: list[ToolDispatched] = []
         if pending:
-            dispatches = [
-                self.writer.event(
-                    run,
-                    ToolDispatched,
-                    i,
-                    call_id=c.call_id,
-                    tool=c.tool,
-                    idempotency_key=c.idempotency_key,
-                    deadline=_deadline(run, c),
-                )
-                for i, c in enumerate(pending)
-            ]
+            dispatches = self._dispatches(run, pending)
             # Every dispatch of the turn is durable before any tool is called, and the lease,
             # renewed after the deadlines were set, outlasts each of them (the ttl is over every
             # max_call_s: `check_call_bounds`).
@@ -1039,7 +1082,7 @@ async def _within(calling: Coroutine[Any, Any, Any], deadline: int | None) -> An
         raise _DeadlinePassedError from exc
 
 
-def _deadline(run: HeldRun, call: CallState) -> int | None:
+def _deadline(run: HeldRun, call: CallState | ToolCall) -> int | None:
     """When a call of a tool with ``max_call_s`` is cut off, in microseconds since the epoch."""
     tool = run.agent.tool(call.tool)
     if tool is None or tool.max_call_s is None:

@@ -135,7 +135,7 @@ def test_inspect_of_another_tenants_run_exits_1(db: Path) -> None:
 
 
 def test_inspect_of_a_run_with_a_newer_event_format_exits_4(db: Path) -> None:
-    run_id = start(db, crash_at="model.answered")
+    run_id = start(db, crash_at="turn.settled")
     newer = {
         "kind": "run.claimed",
         "run_id": run_id,
@@ -166,7 +166,7 @@ def test_inspect_refuses_the_memory_backend() -> None:
 
 
 def test_resume_carries_an_interrupted_run_to_completion(db: Path) -> None:
-    run_id = start(db, crash_at="model.answered")
+    run_id = start(db, crash_at="model.call")
     result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *AGENT)
     assert result.exit_code == 0, result.output
     assert "carried on by" in result.stdout
@@ -175,7 +175,7 @@ def test_resume_carries_an_interrupted_run_to_completion(db: Path) -> None:
     assert cli_agent.effects("book", run_id, "b") == 1
     progress = [line.split("] ", 1)[1] for line in result.stderr.splitlines()]
     assert progress == [
-        "resume.planned: replayed none, dispatched b, undecided none",
+        "resume.planned: replayed none, dispatched none, undecided none",
         "turn 1: book returned",
         "run.finished: completed: booked",
     ]
@@ -193,7 +193,7 @@ def test_resume_with_an_undecidable_call_exits_4_naming_it(db: Path) -> None:
 def test_resume_while_another_worker_holds_the_lease_exits_3_naming_it_and_when_it_lapses(
     db: Path,
 ) -> None:
-    run_id = start(db, crash_at="model.answered")
+    run_id = start(db, crash_at="turn.settled")
 
     async def hold() -> RunLease:
         async with SqliteLeaseStore(db) as leases:
@@ -207,7 +207,7 @@ def test_resume_while_another_worker_holds_the_lease_exits_3_naming_it_and_when_
 
 
 def test_resume_with_a_changed_agent_exits_4(db: Path) -> None:
-    run_id = start(db, crash_at="model.answered")
+    run_id = start(db, crash_at="turn.settled")
     changed = ["--agent", "support.cli_agent:changed_booker"]
     result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *changed, *AGENT[2:])
     assert result.exit_code == 4, result.output
@@ -391,7 +391,7 @@ def mine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_the_model_code_failing_exits_5_in_one_line(db: Path, mine: str) -> None:
-    run_id = start(db, crash_at="model.answered")
+    run_id = start(db, crash_at="turn.settled")
     agent = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]
     result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *agent)
     assert result.exit_code == 5, result.output
@@ -435,7 +435,7 @@ async def onward_on(deployment: KafkaServers, *args: str) -> Result:
 
 @pytest.mark.kafka
 async def test_resume_against_kafka_postgres_and_redis(kafka_servers: KafkaServers) -> None:
-    run_id = await crashed_on_kafka(kafka_servers, "model.answered")
+    run_id = await crashed_on_kafka(kafka_servers, "turn.settled")
     result = await onward_on(kafka_servers, "run", "--resume", run_id, "--tenant", TENANT, *AGENT)
     assert result.exit_code == 0, result.output
     assert "under fence 2" in result.stdout
@@ -724,7 +724,7 @@ def test_every_command_that_changes_a_run_prints_its_result_as_json(db: Path) ->
 
 
 def test_debug_prints_the_traceback_of_the_users_own_code(db: Path, mine: str) -> None:
-    run_id = start(db, crash_at="model.answered")
+    run_id = start(db, crash_at="turn.settled")
     agent = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]
     plain = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *agent)
     assert "Traceback" not in plain.stderr

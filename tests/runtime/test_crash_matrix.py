@@ -27,7 +27,10 @@ from onward.runtime.demo_ledger import Ledger
 # (point, the call it applies to, tool variant, expected end, expected bookings)
 MATRIX: list[tuple[str, str | None, str, str, int]] = [
     ("model.call", None, "plain", "completed", 1),
-    ("model.answered", None, "plain", "completed", 1),
+    # The answer is written with its dispatches: a crash after it is a crash after dispatching,
+    # unless a call waits on approval, which the answer then goes without.
+    ("model.answered", None, "plain", "indeterminate", 0),
+    ("model.answered", None, "approval", "completed", 1),
     ("tool.dispatched", None, "plain", "indeterminate", 0),
     ("tool.dispatched", None, "reconcile", "completed", 1),
     ("tool.returned", "b", "plain", "indeterminate", 1),
@@ -53,7 +56,7 @@ async def crash_then_resume(
         "variant": variant,
     }
     child = await spawn_support("crash_child", json.dumps(config), stdout=asyncio.subprocess.PIPE)
-    if config["variant"] == "approval":
+    if point == "waiting on approval":
         assert child.stdout is not None
         line = await asyncio.wait_for(child.stdout.readline(), 60)
         assert json.loads(line) == {"status": "waiting"}
@@ -69,6 +72,9 @@ async def crash_then_resume(
         await until_lapsed(runner.leases, config["run_id"])
         agent = the_agent(config)
         if config["variant"] == "approval":
+            if point != "waiting on approval":  # killed before it asked: the resume asks
+                waiting = await runner.resume(agent, config["run_id"], tenant=TENANT)
+                assert waiting.status == "waiting"
             assert ledger.count("book") == 0
             await runner.approve(config["run_id"], "b", tenant=TENANT, by="ann")
         if expected == "indeterminate":

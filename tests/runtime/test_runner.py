@@ -225,7 +225,6 @@ async def test_a_tool_error_is_recorded_and_the_run_goes_on() -> None:
     ("point", "call_id"),
     [
         ("model.call", None),
-        ("model.answered", None),
         ("turn.settled", None),
         ("tool.completed", None),
     ],
@@ -266,11 +265,49 @@ async def test_the_outcome_of_a_turns_one_call_settles_the_turn_in_its_batch() -
     assert result.status == "completed"
     assert batches.kinds == [
         ["run.started"],
-        ["model.answered"],
-        ["tool.dispatched"],
+        ["model.answered", "tool.dispatched"],
         ["tool.completed", "turn.settled"],
         ["model.answered", "run.finished"],
     ]
+
+
+async def test_an_answer_is_written_with_its_dispatches_and_a_crash_after_it_runs_nothing() -> None:
+    log, side, tools = await crashed(CrashAt("model.answered"))
+    kinds = [kind_of(type(s.event)) for s in await log.read_run("r")]
+    assert kinds == ["run.started", "model.answered", "tool.dispatched", "tool.dispatched"]
+    assert side.effects == []
+    # Dispatched and no outcome: the search is retry-safe, the booking is left for a person.
+    with pytest.raises(IndeterminateToolCallError) as caught:
+        await runner(log).resume(agent(tools), "r", tenant=TENANT)
+    assert [c.call_id for c in caught.value.calls] == ["b"]
+    assert side.effects == []
+
+
+async def test_an_answer_goes_alone_when_a_call_waits_on_approval_and_a_crash_after_it_asks() -> (
+    None
+):
+    @tool(requires_approval=True)
+    async def book(seat: str, *, idempotency_key: str) -> dict[str, Any]:
+        booked.append(idempotency_key)
+        return {"seat": seat}
+
+    booked: list[str] = []
+    provider = ScriptedProvider(
+        [reply("", ToolCall(call_id="b", tool="book", args={"seat": "3A"})), reply("done")]
+    )
+    log = MemoryEventLog()
+    with pytest.raises(Crash):
+        await runner(log, provider=provider, observer=CrashAt("model.answered")).run(
+            agent([book]), "go", tenant=TENANT, run_id="r"
+        )
+    kinds = [kind_of(type(s.event)) for s in await log.read_run("r")]
+    assert kinds == ["run.started", "model.answered"]
+    # Answered and not dispatched: the resume asks for the approval, then books once.
+    waiting = await runner(log, provider=provider).resume(agent([book]), "r", tenant=TENANT)
+    assert (waiting.status, booked) == ("waiting", [])
+    await runner(log, provider=provider).approve("r", "b", tenant=TENANT, by="ann")
+    done = await runner(log, provider=provider).resume(agent([book]), "r", tenant=TENANT)
+    assert (done.status, len(booked)) == ("completed", 1)
 
 
 async def test_the_last_outcome_of_a_turn_settles_it() -> None:
@@ -280,8 +317,8 @@ async def test_the_last_outcome_of_a_turn_settles_it() -> None:
     )
     assert result.status == "completed"
     # Two calls at once: the one recorded second finds the other recorded, and settles.
-    assert batches.kinds[2:5] == [
-        ["tool.dispatched", "tool.dispatched"],
+    assert batches.kinds[1:4] == [
+        ["model.answered", "tool.dispatched", "tool.dispatched"],
         ["tool.completed"],
         ["tool.completed", "turn.settled"],
     ]

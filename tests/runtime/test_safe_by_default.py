@@ -13,27 +13,26 @@ import pytest
 from support.workers import TENANT, Ledger, agent, provider
 
 from onward.errors import ConfigurationError
-from onward.eventlog import Event, KafkaEventLog, MemoryEventLog, ModelAnswered, SqliteEventLog
+from onward.eventlog import Event, KafkaEventLog, MemoryEventLog, SqliteEventLog
 from onward.runtime.leases import MemoryLeaseStore, SqliteLeaseStore
 from onward.runtime.runner import AgentRunner
 
 TESTS = Path(__file__).resolve().parents[1]
 
 
-class StopAfterFirstAnswerError(Exception):
-    """Stands in for a worker that died after the model answered (its lease is released)."""
+class StoppedBeforeTheModelCallError(Exception):
+    """Stands in for a worker that died once its run started (its lease is released)."""
 
 
 class _Stop:
     async def appended(self, events: Sequence[Event]) -> None:
-        if any(isinstance(e, ModelAnswered) for e in events):
-            raise StopAfterFirstAnswerError
+        return None
 
     async def tool_returned(self, call_id: str) -> None:
         return None
 
     async def before_model_call(self) -> None:
-        return None
+        raise StoppedBeforeTheModelCallError
 
 
 async def test_two_processes_resuming_one_sqlite_run_with_the_readme_runner_make_one_booking(
@@ -42,7 +41,7 @@ async def test_two_processes_resuming_one_sqlite_run_with_the_readme_runner_make
     db, ledger = tmp_path / "onward.db", Ledger(str(tmp_path / "ledger.jsonl"))
     async with SqliteEventLog(db) as log:
         first = AgentRunner(provider=provider(), log=log, observer=_Stop())
-        with pytest.raises(StopAfterFirstAnswerError):
+        with pytest.raises(StoppedBeforeTheModelCallError):
             await first.run(agent(ledger), "go", tenant=TENANT, run_id="run-1")
         await first.close()
     workers = [

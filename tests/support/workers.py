@@ -143,16 +143,18 @@ def runner(world: World, ledger: Ledger, worker: str, **options: Any) -> AgentRu
     )
 
 
-class _DieAfterFirstAnswer:
+class _DieBeforeTheModelCall:
+    """Kills the worker once its run is started, before the model is called: nothing of the
+    run has been done, so whoever resumes it does all of it (and books once)."""
+
     async def appended(self, events: Sequence[Event]) -> None:
-        if any(kind_of(type(e)) == "model.answered" for e in events):
-            os.kill(os.getpid(), signal.SIGKILL)
+        return None
 
     async def tool_returned(self, call_id: str) -> None:
         return None
 
     async def before_model_call(self) -> None:
-        return None
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class PausingLog(CountingLog):
@@ -180,7 +182,7 @@ async def child(mode: str, config: dict[str, Any]) -> None:
     worker = f"{mode}-{os.getpid()}"
     async with open_world(config) as world:
         if mode == "start":
-            the_runner = runner(world, ledger, worker, observer=_DieAfterFirstAnswer())
+            the_runner = runner(world, ledger, worker, observer=_DieBeforeTheModelCall())
             await the_runner.run(agent(ledger), "go", tenant=TENANT, run_id=config["run_id"])
         elif mode == "resume":
             print("ready", flush=True)

@@ -727,17 +727,9 @@ class AgentRunner(Resource):
     def _dispatched_at_once(self, run: HeldRun, calls: list[ToolCall]) -> bool:
         """Whether a new answer's calls go out with it: none needs a person's approval and the
         run does not pause after a model call (`pause_request` would ask first)."""
-        if "after_model_call" in run.frontier.pause_at:
-            return False
-        for call in calls:
-            tool = run.agent.tool(call.tool)
-            if (
-                tool is not None
-                and tool.requires_approval
-                and call.call_id not in run.frontier.approved
-            ):
-                return False
-        return True
+        return "after_model_call" not in run.frontier.pause_at and not any(
+            _awaits_approval(run, call) for call in calls
+        )
 
     def _dispatches(
         self, run: HeldRun, calls: Sequence[CallState | ToolCall], *, first: int = 0
@@ -764,12 +756,7 @@ class AgentRunner(Resource):
             if c.outcome in (None, "never_ran") and _needs_dispatch(c, run.fence)
         ]
         for call in pending:
-            tool = run.agent.tool(call.tool)
-            if (
-                tool is not None
-                and tool.requires_approval
-                and call.call_id not in run.frontier.approved
-            ):
+            if _awaits_approval(run, call):
                 asked = self.writer.event(
                     run,
                     ApprovalRequested,
@@ -1080,6 +1067,12 @@ async def _within(calling: Coroutine[Any, Any, Any], deadline: int | None) -> An
             return await calling
     except TimeoutError as exc:
         raise _DeadlinePassedError from exc
+
+
+def _awaits_approval(run: HeldRun, call: CallState | ToolCall) -> bool:
+    """Whether a call's tool needs a person's approval that the run has not been given."""
+    tool = run.agent.tool(call.tool)
+    return tool is not None and tool.requires_approval and call.call_id not in run.frontier.approved
 
 
 def _deadline(run: HeldRun, call: CallState | ToolCall) -> int | None:

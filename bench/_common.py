@@ -10,6 +10,7 @@ function that uses it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -212,6 +213,75 @@ def cpu_used(before: Mapping[str, float], after: Mapping[str, float]) -> dict[st
     return spent
 
 
+DROP_DATABASE_WAIT_S = 120.0
+"""How long a benchmark keeps trying to drop a database it made. ``WITH (FORCE)`` ends the
+benchmark's own sessions but not an autovacuum worker vacuuming what it wrote (another role's
+process), which refuses the drop until it finishes."""
+
+
+def drop_database_statement(database: str) -> str:
+    return f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"
+
+
+def drop_refused_for_now(error: BaseException) -> bool:
+    """Whether a failed drop is one that waiting ends: another role's process (autovacuum) in
+    the database."""
+    return "pg_signal_backend" in str(error) or "being accessed by other users" in str(error)
+
+
+def drop_database_again(
+    database: str, error: BaseException, deadline: float, console: Printer | None = None
+) -> float | None:
+    """Seconds to wait before trying to drop ``database`` again after ``error``; ``None`` when
+    waiting would not help or ``deadline`` (monotonic) has passed, in which case the database
+    is left, said on ``console``, and the results measured before it are kept."""
+    left = deadline - time.monotonic()
+    if not drop_refused_for_now(error) or left <= 0:
+        _report(console, f"could not drop database {database} ({error}); drop it by hand")
+        return None
+    _report(
+        console,
+        f"waiting up to {left:.0f}s more to drop database {database}: another role's process "
+        f"(autovacuum) is in it",
+    )
+    return min(2.0, left)
+
+
+def drop_database(
+    execute: Callable[[str], object], database: str, console: Printer | None = None
+) -> None:
+    """Drop a database a benchmark made, with ``execute`` (a sync driver's), waiting out an
+    autovacuum in it for up to `DROP_DATABASE_WAIT_S`; a drop that still fails is reported."""
+    deadline = time.monotonic() + DROP_DATABASE_WAIT_S
+    while True:
+        try:
+            execute(drop_database_statement(database))
+        except Exception as exc:  # reported; the results are kept
+            delay = drop_database_again(database, exc, deadline, console)
+            if delay is None:
+                return
+            time.sleep(delay)
+        else:
+            return
+
+
+async def drop_database_async(
+    execute: Callable[[str], Awaitable[object]], database: str, console: Printer | None = None
+) -> None:
+    """`drop_database` with an async driver's ``execute``."""
+    deadline = time.monotonic() + DROP_DATABASE_WAIT_S
+    while True:
+        try:
+            await execute(drop_database_statement(database))
+        except Exception as exc:  # reported; the results are kept
+            delay = drop_database_again(database, exc, deadline, console)
+            if delay is None:
+                return
+            await asyncio.sleep(delay)
+        else:
+            return
+
+
 async def create_schema(database_url: str, kind: str) -> str:
     """A fresh schema named ``bench_KIND_<random>``, migrated; return its name.
 
@@ -266,7 +336,7 @@ async def throwaway_database(database_url: str, kind: str) -> AsyncIterator[tupl
                 await conn.close()
             yield database, url
         finally:
-            await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+            await drop_database_async(admin.execute, database)
     finally:
         await admin.close()
 

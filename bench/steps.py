@@ -71,6 +71,7 @@ from _common import (
     cpu_used,
     delete_redis_keys,
     delete_topics,
+    drop_database,
     kafka_log_dirs,
     quantile,
     throwaway_database,
@@ -591,7 +592,7 @@ def peer_database(url: str, name: str) -> Iterator[str]:
         yield with_database(url, database)
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+            drop_database(conn.execute, database)
 
 
 def database_size(url: str) -> int:

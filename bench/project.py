@@ -54,6 +54,8 @@ import asyncpg
 from _common import (
     add_server_options,
     code_version,
+    cpu_seconds,
+    cpu_used,
     create_schema,
     create_topic,
     delete_topics,
@@ -633,9 +635,12 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 
         if not args.skip_raw:
             for decode, name in ((False, "raw_consume"), (True, "raw_consume_decode")):
+                before = cpu_seconds(SERVERS)
                 read, seconds = await raw_consume(
                     args.bootstrap, topic, ends, args.batch, decode=decode
                 )
+                used = cpu_used(before, cpu_seconds(SERVERS))
+                results[f"{name}_machine_cpu"] = machine_cpu(used, [used["process"]], seconds)
                 results[f"{name}_events"] = read
                 results[f"{name}_s"] = seconds
                 results[f"{name}_events_per_s"] = _rate(read, seconds)
@@ -644,8 +649,12 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         schema = await create_schema(args.database_url, "project")
         schemas.append(schema)
         console.print("projector fold (child process) ...")
+        servers_before = cpu_seconds(SERVERS)
         child = await run_child(args, topic, schema, ends, profile=False)
         fig = child.figures
+        results["fold_machine_cpu"] = machine_cpu(
+            cpu_used(servers_before, cpu_seconds(SERVERS)), [fig["cpu_s"]], fig["seconds"]
+        )
         rows, completed = await frontier_counts(args.database_url, schema)
         results |= {
             "fold_events": fig["events"],
@@ -765,9 +774,11 @@ async def fold_in_a_group(
     schemas.append(schema)
     group = f"onward-bench-{uuid.uuid4().hex[:8]}"
     console.print(f"projector fold ({count} child processes, one group) ...")
+    servers_before = cpu_seconds(SERVERS)
     members = await asyncio.gather(
         *(run_child(args, topic, schema, ends, profile=False, group=group) for _ in range(count))
     )
+    servers = cpu_used(servers_before, cpu_seconds(SERVERS))
     figures = [m.figures for m in members]
     seconds = max(f["finished_at"] for f in figures) - min(f["started_at"] for f in figures)
     events = sum(ends.values())
@@ -788,6 +799,32 @@ async def fold_in_a_group(
         "group_member_wait_for_store_s": [f["wait_in_apply_s"] for f in figures],
         "group_member_write_s": [f["write_s"] for f in figures],
         "group_member_cpu_s": [f["cpu_s"] for f in figures],
+        "group_fold_machine_cpu": machine_cpu(servers, [f["cpu_s"] for f in figures], seconds),
+    }
+
+
+SERVERS = ("postgres", "kafka")
+"""The servers a fold uses, whose CPU is counted beside the projectors'."""
+
+
+def machine_cpu(
+    servers: Mapping[str, float], readers: Sequence[float], seconds: float
+) -> dict[str, float]:
+    """CPU seconds a read of the topic used: its reading processes' (the raw consumer, the
+    projectors) and its servers' (from `cpu_used` around it), and how busy that kept the
+    machine's cores over its ``seconds``: near 100% a fold is bound by the machine's cores,
+    and a faster one needs fewer CPU seconds an event, not more processes."""
+    spent = {
+        "readers_s": sum(readers),
+        "postgres_s": servers["postgres"],
+        "kafka_s": servers["kafka"],
+    }
+    total = sum(spent.values())
+    cores = os.cpu_count() or 1
+    return spent | {
+        "total_s": total,
+        "cores": cores,
+        "busy_share": total / (seconds * cores) if seconds else 0.0,
     }
 
 
@@ -868,6 +905,34 @@ def _breakdown(results: dict[str, Any]) -> Table:
     return table
 
 
+def _machine(results: dict[str, Any]) -> Table:
+    table = Table(title="CPU each read of the topic took, machine-wide (us per event)")
+    table.add_column("read")
+    for column in ("reader process(es)", "PostgreSQL", "Kafka", "all", "cores busy"):
+        table.add_column(column, justify="right")
+    for name, key, events in (
+        ("raw consume (count only)", "raw_consume_machine_cpu", results.get("raw_consume_events")),
+        (
+            "raw consume + decode",
+            "raw_consume_decode_machine_cpu",
+            results.get("raw_consume_decode_events"),
+        ),
+        ("one projector process", "fold_machine_cpu", results["fold_events"]),
+        ("projectors in a group", "group_fold_machine_cpu", results.get("group_fold_events")),
+    ):
+        used = results.get(key)
+        if used is None:
+            continue
+        per = 1e6 / max(1, events or 0)
+        table.add_row(
+            name,
+            *(f"{used[part] * per:.1f}" for part in ("readers_s", "postgres_s", "kafka_s")),
+            f"{used['total_s'] * per:.1f}",
+            f"{100 * used['busy_share']:.0f}% of {used['cores']}",
+        )
+    return table
+
+
 def main() -> None:
     args = _parser().parse_args()
     server_urls(args, "bootstrap", "database_url")
@@ -882,6 +947,7 @@ def main() -> None:
     results = asyncio.run(bench(args, console))
     console.print(_table(args, results))
     console.print(_breakdown(results))
+    console.print(_machine(results))
     console.print("Absolute figures depend on the machine; compare the ratios.")
     if "profile" in results:
         console.print(

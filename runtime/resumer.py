@@ -114,7 +114,9 @@ class Resumer:
 
         The lease is the caller's, taken (and renewed) before this is called, so nothing about
         the run is read by a worker that does not hold it, and the lease outlasts the read and
-        the claim however long they take. Releasing it is the caller's too.
+        the claim however long they take. Releasing it is the caller's too; when the run
+        turns out not to exist, ``held`` is marked to forget the lease instead
+        (`Leaseholder.found_no_run`), so the id keeps no lease state.
 
         Args:
             history: Also return the run's counted events (to rebuild its conversation).
@@ -127,7 +129,13 @@ class Resumer:
         """
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        carried = await self._carry(agent, held, worker=worker, history=history, timings=timings)
+        try:
+            carried = await self._carry(
+                agent, held, worker=worker, history=history, timings=timings
+            )
+        except NothingToResumeError:
+            held.found_no_run()  # an id nobody wrote keeps no lease state once handed back
+            raise
         timings["total"] = _ms(started)
         return carried
 

@@ -179,6 +179,9 @@ class WrappedLeaseStore(Resource):
     async def release(self, lease: RunLease) -> None:
         await self.inner.release(lease)
 
+    async def forget(self, lease: RunLease) -> None:
+        await self.inner.forget(lease)
+
     async def current(self, run_id: str) -> RunLease | None:
         return await self.inner.current(run_id)
 
@@ -561,6 +564,54 @@ class LeaseStoreConformance:
         await store.release(lease)
         taken = await self._take(store, run_id, "w2")
         assert taken.fence > lease.fence
+
+    # -- forgetting a run that does not exist -----------------------------------------------
+
+    async def test_forgetting_a_first_lease_leaves_no_trace_of_the_run(
+        self, store: LeaseStore
+    ) -> None:
+        run_id = new_run_id()
+        lease = await self._take(store, run_id, "w1")
+        assert lease.fence == 1
+        await store.forget(lease)
+        assert await store.current(run_id) is None
+        # Nothing kept: the next acquisition starts the run's fences afresh.
+        assert (await self._take(store, run_id, "w2")).fence == 1
+
+    async def test_forgetting_a_later_lease_releases_it_and_keeps_the_fence(
+        self, store: LeaseStore
+    ) -> None:
+        run_id = new_run_id()
+        _, second = await self._handed_over(store, run_id)
+        assert second.fence > 1
+        await store.forget(second)
+        assert await store.current(run_id) is None
+        assert (await self._take(store, run_id, "w3")).fence > second.fence
+
+    async def test_forgetting_a_raised_first_lease_keeps_the_raised_fence(
+        self, store: LeaseStore
+    ) -> None:
+        run_id = new_run_id()
+        _, raised = await self._raised(store, run_id)
+        await store.forget(raised)
+        assert (await self._take(store, run_id, "w2")).fence > raised.fence
+
+    async def test_forgetting_a_superseded_lease_is_refused_and_the_new_one_kept(
+        self, store: LeaseStore
+    ) -> None:
+        run_id = new_run_id()
+        old, taken = await self._superseded(store, run_id)
+        with pytest.raises(FencedError):
+            await store.forget(old)
+        await self._assert_held_by(store, run_id, taken)
+
+    async def test_leaseholder_forgets_a_run_found_not_to_exist(self, store: LeaseStore) -> None:
+        run_id = new_run_id()
+        async with Leaseholder(store, run_id, tenant=TENANT, holder="w1") as held:
+            assert held.lease.fence == 1
+            held.found_no_run()
+        assert await store.current(run_id) is None
+        assert (await self._take(store, run_id, "w2")).fence == 1
 
     # -- current -----------------------------------------------------------------------------
 

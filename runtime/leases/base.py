@@ -215,6 +215,21 @@ class LeaseStore(AsyncResource, Protocol):
         """
         ...
 
+    async def forget(self, lease: RunLease) -> None:
+        """Hand back a lease taken for a run that turned out not to exist, and with it every
+        trace of the run in the store when the lease holds the run's first fence (1).
+
+        A resume of an id nobody ever wrote takes the lease before it can tell (the run's
+        events are read under the lease); releasing would keep that id's fence for good, one
+        row or key per id ever asked for. A first fence was never written to the log, so
+        dropping it loses nothing: the next acquisition gets fence 1 again. A lease with a
+        higher fence is released as `release` does, its counter kept.
+
+        Raises:
+            FencedError: A later acquisition superseded the lease.
+        """
+        ...
+
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any."""
         ...

@@ -99,6 +99,7 @@ class Leaseholder:
         self._renewing = asyncio.Lock()
         self._renewal: asyncio.Task[None] | None = None
         self.releasing: asyncio.Task[None] | None = None
+        self._no_run = False
         self._answered: float | None = None
         self._ttl_s = self.policy.ttl_s
 
@@ -285,13 +286,18 @@ class Leaseholder:
         task.cancel()
         await asyncio.wait([task])
 
+    def found_no_run(self) -> None:
+        """The run turned out not to exist: on the way out the lease is forgotten
+        (`LeaseStore.forget`), not released, so an id nobody wrote leaves no lease state."""
+        self._no_run = True
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Stop renewing and release the lease.
+        """Stop renewing and release the lease (forget it, after `found_no_run`).
 
         A `FencedError` from the release is logged and swallowed: the lease was already lost,
         which ``fenced`` reports. A store error (`BackendError`) starts :attr:`releasing`, which
@@ -305,7 +311,10 @@ class Leaseholder:
         self._held = False
         self._adopt = False  # entering again takes a new lease; this one is being handed back
         try:
-            await self.store.release(self.lease)
+            if self._no_run:
+                await self.store.forget(self.lease)
+            else:
+                await self.store.release(self.lease)
         except FencedError as error:
             logger.warning("run %r: lease already lost at release: %s", self.run_id, error)
         except OnwardError as error:

@@ -123,6 +123,16 @@ class MemoryLeaseStore(Resource):
             return
         raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
 
+    async def forget(self, lease: RunLease) -> None:
+        """Hand back a lease on a run that does not exist, dropping its fence if it is the first.
+
+        Raises:
+            FencedError: A later acquisition superseded the lease.
+        """
+        await self.release(lease)
+        if lease.fence == 1 and self._fences.get(lease.run_id) == 1:
+            del self._fences[lease.run_id]
+
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any."""
         held = self._live(run_id)

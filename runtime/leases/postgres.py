@@ -40,6 +40,7 @@ _RELEASE = (
     "UPDATE onward_leases SET holder = NULL, expires_at = NULL, updated_at = now() "
     "WHERE run_id = $1 AND holder = $2 AND fence = $3"
 )
+_FORGET = "DELETE FROM onward_leases WHERE run_id = $1 AND holder = $2 AND fence = $3 AND fence = 1"
 _CURRENT = (
     "SELECT tenant, holder, fence, extract(epoch FROM expires_at)::float8 AS expires_at "
     "FROM onward_leases WHERE run_id = $1 AND holder IS NOT NULL AND expires_at > now()"
@@ -171,6 +172,21 @@ class PostgresLeaseStore(PostgresStore):
 
         if not await self._run(release, "releasing the lease", lease.run_id):
             raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
+
+    async def forget(self, lease: RunLease) -> None:
+        """Hand back a lease on a run that does not exist: its row is deleted while it is this
+        lease's and holds the first fence, else the lease is released.
+
+        Raises:
+            FencedError: A later acquisition superseded the lease.
+        """
+
+        async def forget(conn: asyncpg.Connection) -> bool:
+            status = await conn.execute(_FORGET, lease.run_id, lease.holder, lease.fence)
+            return bool(status != "DELETE 0")
+
+        if not await self._run(forget, "forgetting the lease", lease.run_id):
+            await self.release(lease)
 
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any, by the server's clock."""

@@ -40,7 +40,7 @@ from .base import RunLease, check_ttl, conflict_error, fenced_error
 CLEANUP_GRACE_MS = 60_000
 """How long past its expiry a lease hash is kept before Redis deletes it (tidiness only)."""
 
-_SCRIPTS = ("acquire", "renew", "raise_fence", "release", "current")
+_SCRIPTS = ("acquire", "renew", "raise_fence", "release", "forget", "current")
 
 
 def script_source(name: str) -> str:
@@ -158,14 +158,29 @@ class RedisLeaseStore(RedisStore):
         Raises:
             FencedError: A later acquisition superseded the lease.
         """
-        released = await self._script(
-            "release",
+        if not await self._handing_back("release", lease):
+            raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
+
+    async def forget(self, lease: RunLease) -> None:
+        """Hand back a lease on a run that does not exist: both its keys are deleted while the
+        lease is this one and the counter holds the first fence, else the lease is released.
+
+        Raises:
+            FencedError: A later acquisition superseded the lease.
+        """
+        if not await self._handing_back("forget", lease):
+            await self.release(lease)
+
+    async def _handing_back(self, script: str, lease: RunLease) -> bool:
+        """Run ``script`` (``release`` or ``forget``) on the lease's two keys; whether it
+        answered 1."""
+        answer = await self._script(
+            script,
             [self.lease_key(lease.run_id), self.fence_key(lease.run_id)],
             [lease.holder, lease.fence],
             lease.run_id,
         )
-        if not int(released):
-            raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
+        return bool(int(answer))
 
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any, by the Redis server's clock."""

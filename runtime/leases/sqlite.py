@@ -46,6 +46,7 @@ _RELEASE = (
     "UPDATE onward_leases SET holder = NULL, expires_at = NULL "
     "WHERE run_id = ? AND holder = ? AND fence = ?"
 )
+_FORGET = "DELETE FROM onward_leases WHERE run_id = ? AND holder = ? AND fence = ? AND fence = 1"
 _CURRENT = (
     "SELECT tenant, holder, fence, expires_at FROM onward_leases "
     f"WHERE run_id = ? AND holder IS NOT NULL AND expires_at > {SQLITE_NOW}"
@@ -157,6 +158,21 @@ class SqliteLeaseStore(SqliteStore):
 
         if not await self._db.write(release, "releasing the lease", lease.run_id):
             raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
+
+    async def forget(self, lease: RunLease) -> None:
+        """Hand back a lease on a run that does not exist: its row is deleted while it is this
+        lease's and holds the first fence, else the lease is released.
+
+        Raises:
+            FencedError: A later acquisition superseded the lease.
+        """
+        conn = self._db.connection()
+
+        def forget() -> int:
+            return conn.execute(_FORGET, (lease.run_id, lease.holder, lease.fence)).rowcount
+
+        if not await self._db.write(forget, "forgetting the lease", lease.run_id):
+            await self.release(lease)
 
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any, by SQLite's clock."""

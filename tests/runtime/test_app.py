@@ -285,6 +285,21 @@ async def test_bad_requests_are_refused_with_what_was_wrong(app: onward.App) -> 
         await done[0].respond("hello")
 
 
+async def test_resuming_an_id_nobody_wrote_keeps_no_lease_state(app: onward.App) -> None:
+    """`AgentRunner.resume` takes the lease before it can read the run; finding no run hands
+    it back as if never taken, so ids asked for by mistake (or by a caller probing) pile no
+    rows or keys up: the next acquisition gets the first fence again."""
+    runner = app.backends.runner(provider())
+    for _ in range(2):
+        with pytest.raises(NothingToResumeError):
+            await runner.resume(agents["stepper"], "never-written", tenant="default")
+    leases = app.backends.leases
+    assert await leases.current("never-written") is None
+    again = await leases.acquire("never-written", tenant="default", holder="probe", ttl_s=30)
+    assert again.fence == 1
+    await leases.release(again)
+
+
 async def test_the_module_functions_use_the_app_opened_last(
     settings: Settings, ledger: Ledger
 ) -> None:

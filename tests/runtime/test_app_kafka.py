@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import redis.asyncio as aioredis
 from support.appapi import agents, provider, script, until
 from support.deployment import kafka_settings
 from support.servers import KafkaServers
 
 import onward
+from onward.errors import NothingToResumeError
 from onward.eventlog import KafkaEventLog, Tagged
 from onward.eventlog.events import Message
 from onward.projections.postgres import PostgresFrontierStore
@@ -81,6 +83,22 @@ async def test_a_query_streams_the_run_to_its_result_and_resume_after_yields_the
     assert await app.resume(result.run_id).collect() == messages
     after = await app.resume(result.run_id, after=messages[5].position).collect()
     assert after == messages[6:]
+
+
+async def test_resuming_an_id_nobody_wrote_leaves_no_lease_or_fence_key_in_redis(
+    app: onward.App, settings: Settings
+) -> None:
+    runner = app.backends.runner(provider())
+    for _ in range(2):
+        with pytest.raises(NothingToResumeError):
+            await runner.resume(agents["stepper"], "never-written", tenant="default")
+    client = aioredis.Redis.from_url(settings.require_redis_url())
+    try:
+        prefix = settings.redis_prefix
+        left = await client.exists(f"{prefix}lease:never-written", f"{prefix}fence:never-written")
+    finally:
+        await client.aclose()
+    assert left == 0
 
 
 async def test_an_approval_is_answered_from_its_message_with_a_value(

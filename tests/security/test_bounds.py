@@ -304,20 +304,23 @@ async def lease_world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
         yield LeaseWorld(runner, count)
 
 
-async def test_refused_answers_and_tags_for_unknown_runs_leave_no_lease_state(
+async def test_refused_answers_tags_and_resumes_of_unknown_runs_leave_no_lease_state(
     lease_world: LeaseWorld,
 ) -> None:
-    """security review #10: 2,000 approves, denies and tags for runs that do not exist are
-    refused before any lease is taken, so they leave no row in onward_leases (SQLite,
-    PostgreSQL) and no fence: key in Redis."""
+    """security review #10: 2,000 approves, denies, tags and resumes of runs that do not exist
+    are refused and leave no row in onward_leases (SQLite, PostgreSQL) and no lease: or fence:
+    key in Redis. Answers and tags are refused before any lease is taken; a resume reads the
+    run only under its lease, and forgets that lease when it finds no run."""
     runner = lease_world.runner
     for n in range(2_000):
         attempt = (
             runner.approve(f"nope-{n}", "c1", tenant=TENANT, by="ann")
-            if n % 3 == 0
+            if n % 4 == 0
             else runner.deny(f"nope-{n}", "c1", tenant=TENANT, by="ann")
-            if n % 3 == 1
+            if n % 4 == 1
             else runner.tag(f"nope-{n}", "label", tenant=TENANT)
+            if n % 4 == 2
+            else runner.resume(payer(), f"nope-{n}", tenant=TENANT)
         )
         with pytest.raises(NothingToResumeError):
             await attempt

@@ -1,9 +1,9 @@
 """`RedisFrontierStore`: frontier rows, call rows, transcripts and projector positions in Redis.
 
 For a deployment that already runs Redis and wants its frontiers there: one key per run, a
-run's row one round trip away, no SQL. It holds every run in memory (nothing reaps finished
-runs' keys yet), and it has no SQL sinks (`SqlProjectionSink`) and no ad-hoc queries: listing
-runs filters one tenant's index of run ids.
+run's row one round trip away, no SQL. It holds every run in memory until garbage collection
+removes finished runs' keys (`onward gc`, `RedisFrontierSweeper`), and it has no SQL sinks
+(`SqlProjectionSink`) and no ad-hoc queries: listing runs filters one tenant's index of run ids.
 
 A write is one Lua script (``schemas/redis/frontier_write.lua``), which Redis runs atomically:
 rows, call rows, quarantine entries, transcript rows and the consumer's positions change
@@ -58,7 +58,7 @@ from .base import (
     decode_payload,
     released_mark,
 )
-from .frontier import RunStatus, ToolCallRow
+from .frontier import TERMINAL_STATUSES, RunStatus, ToolCallRow
 from .transcript import TranscriptRow, decode_message
 
 STORE_FORMAT = 1
@@ -127,6 +127,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     what = "Redis frontier store"
     _write_script: AsyncScript
     _release_script: AsyncScript
+    _gc_script: AsyncScript
 
     def __init__(
         self,
@@ -143,6 +144,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     def _started(self, client: aioredis.Redis) -> None:
         self._write_script = client.register_script(_script_source("frontier_write"))
         self._release_script = client.register_script(_script_source("frontier_release"))
+        self._gc_script = client.register_script(_script_source("frontier_gc"))
 
     async def _connect(self) -> None:
         """Connect, then refuse keys of a newer layout at start rather than at first use."""
@@ -360,6 +362,56 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
                 ]
                 start = f"({ids[-1]}"
         return kept[:limit]
+
+    async def summaries(self, run_ids: Collection[str]) -> dict[str, RunSummary]:
+        """The stored summaries of those of ``run_ids`` that have a frontier, by run id."""
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return {}
+        client = self._live_client()
+        with translated(f"reading the summaries of {len(ids)} runs"):
+            async with asyncio.timeout(self._timeout_s):
+                found = await self._summaries(client, ids)
+        return {summary.run_id: summary for summary in found}
+
+    async def sweep_finished(
+        self,
+        expired: Sequence[tuple[str, str]],
+        calls: Sequence[tuple[str, str]],
+        *,
+        delete: bool,
+    ) -> tuple[int, int, int]:
+        """Count or delete what finished runs keep here: every key of the ``expired`` runs
+        (frontier, transcript, call rows, and their place in the run indexes), the call rows
+        alone of the ``calls`` runs, each given as ``(run_id, tenant)``.
+
+        One script per run (``schemas/redis/frontier_gc.lua``) checks, in the step that
+        deletes, that the run's stored summary says it finished: a run that has not finished
+        keeps everything. Returns how many frontiers, transcript rows and call rows there were.
+        """
+        client = self._live_client()
+        found = [0, 0, 0]
+        if not expired and not calls:
+            return (0, 0, 0)
+        finished = sorted(TERMINAL_STATUSES)
+        with translated("deleting the keys of finished runs" if delete else "counting them"):
+            async with asyncio.timeout(self._timeout_s), client.pipeline() as pipe:
+                for scope, runs in (("expired", expired), ("calls", calls)):
+                    for run_id, tenant in runs:
+                        keys = [
+                            self._key("frontier", run_id),
+                            self._key("calls", run_id),
+                            _transcript_key(self.prefix, tenant, run_id),
+                            f"{self.prefix}runs",
+                            self._key("runs-of", tenant),
+                        ]
+                        args = [run_id, "1" if delete else "0", scope, *finished]
+                        await self._gc_script(keys=keys, args=args, client=pipe)
+                answers = await pipe.execute()
+        for answer in answers:
+            for n, there in enumerate(answer):
+                found[n] += int(there)
+        return (found[0], found[1], found[2])
 
     async def _summaries(self, client: aioredis.Redis, run_ids: Sequence[str]) -> list[RunSummary]:
         async with client.pipeline(False) as pipe:

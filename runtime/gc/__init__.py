@@ -1,7 +1,8 @@
 """Garbage collection: the rows and keys of runs that finished long ago go.
 
 `GarbageCollector` decides by ttl which finished runs lose what; a `RecordSweeper`
-(`PostgresRecordSweeper`, `SqliteRecordSweeper`) and a `KeySweeper` (`RedisKeySweeper`) count
+(`PostgresRecordSweeper`, `SqliteRecordSweeper`, `RedisFrontierSweeper` for frontiers kept in
+Redis) and a `KeySweeper` (`RedisKeySweeper`) count
 or delete it. See :mod:`onward.runtime.gc.collector`.
 """
 
@@ -9,6 +10,7 @@ from .base import KINDS, FinishedRun, GcReport, KeySweeper, Kind, RecordSweeper,
 from .collector import GarbageCollector
 from .postgres import PostgresRecordSweeper
 from .redis import RedisKeySweeper
+from .redis_frontiers import RedisFrontierSweeper
 from .sqlite import SqliteRecordSweeper
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "Kind",
     "PostgresRecordSweeper",
     "RecordSweeper",
+    "RedisFrontierSweeper",
     "RedisKeySweeper",
     "SqliteRecordSweeper",
     "SweepPlan",

@@ -1,7 +1,8 @@
 """The sweepers a deployment's `Settings` name: what ``onward gc`` and a `GarbageCollector`
 built without stores collect from.
 
-``sqlite``: the SQLite file; ``kafka`` and ``postgres``: PostgreSQL (``DATABASE_URL``); with
+``sqlite``: the SQLite file; ``kafka`` and ``postgres``: PostgreSQL (``DATABASE_URL``), and the
+frontier keys in Redis with ``ONWARD_FRONTIER_STORE=redis``; with
 ``REDIS_URL`` set, the Redis keys of leases, fences and the MCP schema cache too. ``memory``
 keeps nothing past the process, so there is nothing to collect.
 """
@@ -15,6 +16,7 @@ from onward.runtime.settings import Settings
 from .base import KeySweeper, RecordSweeper
 from .postgres import PostgresRecordSweeper
 from .redis import RedisKeySweeper
+from .redis_frontiers import RedisFrontierSweeper
 from .sqlite import SqliteRecordSweeper
 
 
@@ -37,15 +39,17 @@ def record_sweeper(settings: Settings, *, readonly: bool) -> RecordSweeper:
 
     Raises:
         ConfigurationError: The memory backend, a SQLite file that does not exist or is not an
-            Onward database, no usable ``DATABASE_URL`` for kafka, or frontiers kept in Redis
-            (``ONWARD_FRONTIER_STORE=redis``), which no sweeper collects yet: sweeping the
-            PostgreSQL tables would find no finished run and report nothing to collect.
+            Onward database, or no usable ``DATABASE_URL`` for kafka (nor ``REDIS_URL`` with
+            ``ONWARD_FRONTIER_STORE=redis``, whose frontier keys `RedisFrontierSweeper` collects).
     """
     check_collectable(settings)
     if settings.frontier_store == "redis":
-        raise ConfigurationError(
-            "ONWARD_FRONTIER_STORE=redis: onward gc does not collect frontier keys in Redis yet, "
-            "so it would find no finished run; nothing was collected"
+        return RedisFrontierSweeper(
+            settings.require_redis_url(),
+            settings.require_database_url(),
+            prefix=settings.redis_prefix,
+            schema=settings.database_schema,
+            timeout_s=settings.backend_timeout,
         )
     if settings.backend == "sqlite":
         path = settings.sqlite_path

@@ -5,19 +5,23 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
 from onward.projections.compaction import PostgresCompactionStore, SqliteCompactionStore
 from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.redis import RedisFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.gc import (
     KeySweeper,
     PostgresRecordSweeper,
     RecordSweeper,
+    RedisFrontierSweeper,
     RedisKeySweeper,
     SqliteRecordSweeper,
+    SweepPlan,
 )
 from onward.runtime.gc.base import KEY_KINDS
 from onward.runtime.leases import PostgresLeaseStore, RedisLeaseStore, SqliteLeaseStore
@@ -56,6 +60,68 @@ class TestPostgresRecordSweeper(RecordSweeperConformance):
             await PostgresCompactionStore.open(url, schema=schema),
             await PostgresRecordSweeper.open(url, schema=schema),
         )
+
+
+class TestRedisFrontierSweeper(RecordSweeperConformance):
+    """Frontiers in Redis (``ONWARD_FRONTIER_STORE=redis``), compaction and lease rows in
+    PostgreSQL."""
+
+    redis_url: str
+    redis_prefix: str
+    database_url: str
+    schema: str
+
+    @pytest.fixture(autouse=True)
+    def _servers(
+        self, redis_url: str, redis_prefix: str, database_url: str, pg_schema: str
+    ) -> None:
+        self.redis_url, self.redis_prefix = redis_url, redis_prefix
+        self.database_url, self.schema = database_url, pg_schema
+
+    async def open_stores(self) -> Stores:
+        url, schema, prefix = self.database_url, self.schema, self.redis_prefix
+        return Stores(
+            await RedisFrontierStore.open(self.redis_url, prefix=prefix),
+            await PostgresLeaseStore.open(url, schema=schema),
+            await PostgresCompactionStore.open(url, schema=schema),
+            await RedisFrontierSweeper.open(self.redis_url, url, prefix=prefix, schema=schema),
+        )
+
+
+async def test_a_collected_run_in_redis_leaves_no_key_and_a_tombstone(
+    redis_url: str, redis_prefix: str, database_url: str, pg_schema: str
+) -> None:
+    """Beyond what the stores' own reads show: no key of the run is left under the prefix
+    (its place in both run indexes included), and PostgreSQL has its tombstone."""
+    url, schema = database_url, pg_schema
+    async with Stores(
+        await RedisFrontierStore.open(redis_url, prefix=redis_prefix),
+        await PostgresLeaseStore.open(url, schema=schema),
+        await PostgresCompactionStore.open(url, schema=schema),
+        await RedisFrontierSweeper.open(redis_url, url, prefix=redis_prefix, schema=schema),
+    ) as stores:
+        gone, kept = await stores.seed("completed"), await stores.seed("completed")
+        await stores.sweeper.sweep(SweepPlan(expired=(gone,)), delete=True)
+        client = Redis.from_url(redis_url, decode_responses=True)
+        try:
+            left = [k async for k in client.scan_iter(f"{redis_prefix}*") if gone in k]
+            indexed = [
+                await client.zscore(f"{redis_prefix}{index}", run)
+                for index in ("runs", f"runs-of:{TENANT}")
+                for run in (gone, kept)
+            ]
+        finally:
+            await client.aclose()
+        assert left == []
+        assert indexed == [None, 0, None, 0]
+        conn = await asyncpg.connect(url)
+        try:
+            tombstones = await conn.fetch(
+                f'SELECT run_id, tenant FROM "{schema}".onward_run_tombstones'
+            )
+        finally:
+            await conn.close()
+        assert [tuple(t) for t in tombstones] == [(gone, TENANT)]
 
 
 @pytest_asyncio.fixture
@@ -110,3 +176,7 @@ def test_the_sweepers_satisfy_their_protocols(tmp_path: Path) -> None:
     assert isinstance(SqliteRecordSweeper(tmp_path / "x.db"), RecordSweeper)
     assert isinstance(PostgresRecordSweeper("postgresql://x@127.0.0.1/x"), RecordSweeper)
     assert isinstance(RedisKeySweeper("redis://127.0.0.1:6379/0"), KeySweeper)
+    assert isinstance(
+        RedisFrontierSweeper("redis://127.0.0.1:6379/0", "postgresql://x@127.0.0.1/x"),
+        RecordSweeper,
+    )

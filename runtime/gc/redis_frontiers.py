@@ -1,0 +1,170 @@
+"""`RedisFrontierSweeper`: what finished runs left in a deployment whose frontiers are in Redis.
+
+With ``ONWARD_FRONTIER_STORE=redis``, `RedisFrontierStore` keeps each run's frontier hash,
+transcript and call rows in Redis, while PostgreSQL (``DATABASE_URL``) keeps what compaction
+wrote of it (truncation point, retained tagged events, tag pins, uncapped snapshots) and,
+once it is collected, its tombstone. Nothing else reaps those keys, so without this a Redis
+holding frontiers grows with every run ever made.
+
+Finished runs are listed from Redis. Each sweep then reads the runs' summaries and goes on
+with those that say the run finished (a finished run never becomes unfinished again), counts
+or deletes their PostgreSQL rows in one transaction, and last counts or deletes their Redis
+keys with a script that checks the status again in the step that deletes
+(`RedisFrontierStore.sweep_finished`). A pass cut short between the two leaves the frontier
+key, so the next pass lists the run again and finishes it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import asyncpg
+
+from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, Resource
+from onward.projections.frontier import TERMINAL_STATUSES
+from onward.projections.redis import RedisFrontierStore
+
+from .base import RECORD_KINDS, FinishedRun, Kind, SweepPlan
+
+_IDS = "SELECT unnest($1::text[])"
+
+_ROWS: dict[Kind, tuple[str, str]] = {
+    "retained_events": ("onward_retained_events", f"run_id IN ({_IDS})"),
+    "truncations": ("onward_run_truncation", f"run_id IN ({_IDS})"),
+    "lease_rows": (
+        "onward_leases",
+        f"run_id IN ({_IDS}) AND (holder IS NULL OR expires_at <= now())",
+    ),
+}
+"""The PostgreSQL rows of runs already known to have finished: the table, and which rows."""
+
+_BOOKKEEPING = (
+    "INSERT INTO onward_run_tombstones (run_id, tenant, collected_at) "
+    "SELECT run_id, tenant, $3 FROM unnest($1::text[], $2::text[]) AS r (run_id, tenant) "
+    "ON CONFLICT (run_id) DO NOTHING",
+    f"DELETE FROM onward_tag_pins WHERE run_id IN ({_IDS})",
+    f"DELETE FROM onward_run_snapshots WHERE run_id IN ({_IDS})",
+)
+"""What a delete also does first: a tombstone for every run removed (compaction then keeps
+nothing of it), and its tags' pins and uncapped frontiers dropped."""
+
+
+class _CompactionRows(PostgresStore):
+    """The PostgreSQL rows of runs whose frontiers are kept elsewhere."""
+
+    what = "PostgreSQL compaction rows"
+
+    async def sweep(self, runs: Sequence[tuple[str, str]], *, delete: bool) -> dict[Kind, int]:
+        """Count or delete the rows of ``runs`` (``(run_id, tenant)``, each known finished)."""
+        counts: dict[Kind, int] = dict.fromkeys(_ROWS, 0)
+        if not runs:
+            return counts
+        ids = [run_id for run_id, _ in runs]
+        context = "deleting the rows of finished runs" if delete else "counting them"
+        async with self._connection(context, transaction=True) as conn:
+            if delete:
+                await self._bookkeep(conn, runs)
+            else:
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            for kind, (table, predicate) in _ROWS.items():
+                if delete:
+                    status = await conn.execute(f"DELETE FROM {table} WHERE {predicate}", ids)
+                    counts[kind] = int(status.split()[-1])
+                else:
+                    counts[kind] = int(
+                        await conn.fetchval(f"SELECT count(*) FROM {table} WHERE {predicate}", ids)
+                    )
+        return counts
+
+    @staticmethod
+    async def _bookkeep(conn: asyncpg.Connection, runs: Sequence[tuple[str, str]]) -> None:
+        ids, tenants = [r for r, _ in runs], [t for _, t in runs]
+        tombstones, *drops = _BOOKKEEPING
+        await conn.execute(tombstones, ids, tenants, time.time_ns() // 1_000)
+        for statement in drops:
+            await conn.execute(statement, ids)
+
+
+class RedisFrontierSweeper(Resource):
+    """A `RecordSweeper` for frontiers in Redis: frontier, transcript and call keys there, and
+    compaction, tombstone and lease rows in PostgreSQL.
+
+    Args:
+        redis_url: ``redis://host:port/db`` of the frontier store.
+        dsn: ``postgresql://user:password@host:port/database`` of the compaction store.
+        prefix: The frontier store's key prefix (``ONWARD_REDIS_PREFIX``).
+        schema: The PostgreSQL schema holding Onward's tables.
+        timeout_s: The longest one call may wait for either server.
+    """
+
+    what = "Redis frontier sweeper"
+
+    def __init__(
+        self,
+        redis_url: str,
+        dsn: str,
+        *,
+        prefix: str = "onward:",
+        schema: str | None = None,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
+    ) -> None:
+        self.frontiers = RedisFrontierStore(
+            redis_url, prefix=prefix, max_connections=2, timeout_s=timeout_s
+        )
+        self._rows = _CompactionRows(dsn, schema=schema, max_size=1, timeout_s=timeout_s)
+
+    @property
+    def is_open(self) -> bool:
+        return self.frontiers.is_open and self._rows.is_open
+
+    async def _connect(self) -> None:
+        await self.frontiers.start()
+        await self._rows.start()
+
+    async def close(self) -> None:
+        """Close both connections. Idempotent."""
+        await self._rows.close()
+        await self.frontiers.close()
+
+    async def finished(self, *, before: int) -> list[FinishedRun]:
+        """Runs whose stored summary says they finished before ``before``, by id."""
+        summaries = await self.frontiers.runs(statuses=TERMINAL_STATUSES, updated_before=before)
+        continued = [s.run_id for s in summaries if s.status == "continued"]
+        rows = await self.frontiers.load(continued)
+        out = []
+        for summary in summaries:
+            row = rows.get(summary.run_id)
+            successor = row.frontier.continued_to if row and row.frontier else None
+            out.append(
+                FinishedRun(
+                    summary.run_id,
+                    summary.tenant,
+                    summary.status,
+                    summary.updated_at,
+                    continued=summary.status == "continued",
+                    successor=successor,
+                )
+            )
+        return out
+
+    async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
+        """Count or delete what ``plan`` names, of runs whose summary says they finished."""
+        summaries = await self.frontiers.summaries({*plan.expired, *plan.calls})
+        tenants = {
+            run_id: s.tenant for run_id, s in summaries.items() if s.status in TERMINAL_STATUSES
+        }
+        expired = [(r, tenants[r]) for r in dict.fromkeys(plan.expired) if r in tenants]
+        gone = {run_id for run_id, _ in expired}
+        calls = [(r, tenants[r]) for r in dict.fromkeys(plan.calls) if r in tenants]
+        calls = [run for run in calls if run[0] not in gone]
+        counts: dict[Kind, int] = dict.fromkeys(RECORD_KINDS, 0)
+        counts |= await self._rows.sweep(expired, delete=delete)
+        frontiers, said, call_rows = await self.frontiers.sweep_finished(
+            expired, calls, delete=delete
+        )
+        counts |= {"frontiers": frontiers, "transcript": said, "tool_calls": call_rows}
+        return counts
+
+
+__all__ = ["RedisFrontierSweeper"]

@@ -1,0 +1,41 @@
+-- Count or delete the keys one finished run left in the frontier store, checking first, in
+-- the same atomic step, that its stored summary says it finished.
+-- KEYS[1] the frontier hash, KEYS[2] the call rows, KEYS[3] the transcript hash,
+-- KEYS[4] the index of every run, KEYS[5] the index of the run's tenant.
+-- ARGV[1] the run id, ARGV[2] '1' to delete, '0' to count, ARGV[3] 'expired' (every key) or
+-- 'calls' (the call rows alone), ARGV[4..] the statuses of a finished run.
+-- Returns {frontiers, transcript rows, call rows}: what there was (and is now deleted).
+local frontier_key, calls_key, transcript_key = KEYS[1], KEYS[2], KEYS[3]
+local runs_key, tenant_runs_key = KEYS[4], KEYS[5]
+local run_id, delete, scope = ARGV[1], ARGV[2] == '1', ARGV[3]
+
+local summary = redis.call('HGET', frontier_key, 'summary')
+if not summary then
+    return {0, 0, 0}
+end
+local status = cjson.decode(summary)['status']
+local finished = false
+for n = 4, #ARGV do
+    if ARGV[n] == status then
+        finished = true
+    end
+end
+if not finished then
+    return {0, 0, 0}
+end
+
+-- Every call row is two fields: 'c:<call>' (the row) and 't:<call>' (its offset).
+local calls = math.floor(redis.call('HLEN', calls_key) / 2)
+if scope == 'calls' then
+    if delete then
+        redis.call('DEL', calls_key)
+    end
+    return {0, 0, calls}
+end
+local said = redis.call('HLEN', transcript_key)
+if delete then
+    redis.call('DEL', frontier_key, calls_key, transcript_key)
+    redis.call('ZREM', runs_key, run_id)
+    redis.call('ZREM', tenant_runs_key, run_id)
+end
+return {1, said, calls}

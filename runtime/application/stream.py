@@ -35,6 +35,10 @@ from .messages import Answers, MessageMapper, RunMessage
 
 _log = logging.getLogger("onward.app")
 
+SAY_UNHELD_AFTER_S = 3.0
+"""How long a stream waits in quiet on a run nobody holds before it says so, once: a worker
+takes a run it was handed within milliseconds, so seconds of nothing mean none is taking it."""
+
 
 class StreamSource(Answers, Protocol):
     """What a stream needs from the application that opened it (`App` is one): where the
@@ -100,6 +104,8 @@ class RunStream:
         self._waiting_on: str | None = None
         self._timeout = timeout
         self._said_held = False
+        self._said_unheld = False
+        self._seen = False
         self.answered: set[str] = set()
         """Requests this stream's opener answered (maybe not in the log yet): not waits."""
 
@@ -134,7 +140,7 @@ class RunStream:
             if self._timeout is not None and time.monotonic() - since >= self._timeout:
                 raise RunTimeoutError(await self._stalled(self._timeout), run_id=self.run_id)
             await self.app.quiet(self)
-            await self._say_who_holds()
+            await self._say_what_it_waits_on(time.monotonic() - since)
             await asyncio.sleep(self.app.poll_s * min(10, 2**quiet))
             quiet += 1
         message = self._buffer.popleft()
@@ -150,6 +156,7 @@ class RunStream:
         for item in stored:
             if self._ended or not self._guard.admit(item):
                 continue
+            self._seen = True
             if item.event.tenant != self.tenant:
                 self._ended = True
                 self._buffer.clear()
@@ -199,13 +206,18 @@ class RunStream:
         self._ended = True  # given before, to this reader or an earlier one: nothing comes
         return True
 
-    async def _say_who_holds(self) -> None:
-        """Once, while the stream waits and another process holds the run: who, and until
-        when (a holder that died keeps it until then)."""
+    async def _say_what_it_waits_on(self, quiet_s: float) -> None:
+        """While the stream waits: once, who holds the run and until when (a holder that died
+        keeps it until then); once, after `SAY_UNHELD_AFTER_S` of nothing, that nobody does."""
         if self._said_held or self._waiting_on is not None:
             return
         lease = await self.app.backends.leases.current(self.run_id)
-        if lease is None or lease.tenant != self.tenant:
+        if lease is None:
+            if not self._said_unheld and quiet_s >= SAY_UNHELD_AFTER_S:
+                self._said_unheld = True
+                _log.info("%s; waiting", self._unheld(quiet_s))
+            return
+        if lease.tenant != self.tenant:
             return
         self._said_held = True
         until = datetime.fromtimestamp(lease.expires_at, UTC).isoformat(timespec="seconds")
@@ -219,11 +231,26 @@ class RunStream:
 
     async def _stalled(self, waited: float) -> str:
         lease = await self.app.backends.leases.current(self.run_id)
+        if lease is None and self._waiting_on is None:
+            return self._unheld(waited)
         held = ""
         if lease is not None and lease.tenant == self.tenant:
             until = datetime.fromtimestamp(lease.expires_at, UTC).isoformat(timespec="seconds")
             held = f"; held by {lease.holder} under fence {lease.fence} until {until}"
         return f"run {self.run_id!r}: nothing new for {waited:g}s{held}"
+
+    def _unheld(self, waited: float) -> str:
+        """What a wait on a run no worker holds is: one that has not started, or one that is
+        not being carried on; either way no worker has taken it (none runs, or all are busy)."""
+        what = (
+            "nobody holds it"
+            if self._seen
+            else "nothing of it is in the log yet and nobody holds it"
+        )
+        return (
+            f"run {self.run_id!r}: nothing new for {waited:g}s; {what}: no worker has taken it "
+            "(is a worker running, with room for it? `onward worker`)"
+        )
 
     def _track(self, event: Event) -> None:
         if isinstance(event, ApprovalRequested):

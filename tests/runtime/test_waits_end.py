@@ -2,8 +2,8 @@
 
 A stream whose run needs a person to settle a call ends with a ``needs_person`` message naming
 the call and the command that settles it; one whose run is held by another process past the
-caller's ``timeout=`` raises `RunTimeoutError` saying who holds it and until when. Neither
-waits in silence, as both did.
+caller's ``timeout=`` raises `RunTimeoutError` saying who holds it and until when, and one no
+worker takes says so. None waits in silence.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import pytest
 import pytest_asyncio
 from support.crashes import Crash, CrashAt
 from support.deployment import kafka_settings
+from support.kafka import delete_topic
 from support.servers import KafkaServers
 
 import onward
 from onward.errors import RunTimeoutError
 from onward.eventlog import ToolCall
 from onward.runtime.agent import Agent
+from onward.runtime.application.stream import SAY_UNHELD_AFTER_S
 from onward.runtime.backends import open_backends
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.settings import Settings
@@ -129,6 +131,44 @@ async def test_a_stream_of_a_run_held_elsewhere_times_out_saying_by_whom_and_unt
     assert "nothing new for 1s" in str(late.value)
     assert f"held by other-host-42 under fence {lease.fence} until " in str(late.value)
     assert "held by other-host-42" in caplog.text
+
+
+@pytest.mark.kafka
+async def test_a_stream_no_worker_takes_says_so_and_times_out_saying_nobody_holds_it(
+    kafka_servers: KafkaServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fleet app's start that no worker takes (none runs): the stream says so once, after
+    a few quiet seconds, rather than wait in silence, and its timeout names the cause."""
+    settings = kafka_settings(
+        kafka_servers,
+        PARTITIONS,
+        app_mode="fleet",
+        requests_topic=f"{kafka_servers.topic}.requests",
+    )
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic, as a deployment creates it
+    try:
+        async with onward.open(settings) as app:
+            started = time.monotonic()
+            with (
+                caplog.at_level("INFO", logger="onward.app"),
+                pytest.raises(RunTimeoutError) as late,
+            ):
+                await app.query(
+                    "go",
+                    {"agent": "charger", "run_id": "nobody-takes"},
+                    timeout=SAY_UNHELD_AFTER_S + 2,
+                ).collect()
+            waited = time.monotonic() - started
+    finally:
+        await delete_topic(kafka_servers.bootstrap, settings.requests_topic)
+    assert SAY_UNHELD_AFTER_S + 2 <= waited < SAY_UNHELD_AFTER_S + 12
+    said = [r.getMessage() for r in caplog.records if "no worker has taken it" in r.getMessage()]
+    assert len(said) == 1
+    for text in (said[0], str(late.value)):
+        assert "run 'nobody-takes'" in text
+        assert "nothing of it is in the log yet and nobody holds it" in text
+        assert "`onward worker`" in text
 
 
 def test_query_sync_returns_the_needs_person_message(tmp_path: Path) -> None:

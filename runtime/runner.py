@@ -36,7 +36,12 @@ from typing import Any, Literal
 import msgspec
 
 from onward._storage import Resource
-from onward.errors import ConfigurationError, IndeterminateToolCallError, InvalidInputError
+from onward.errors import (
+    ConfigurationError,
+    IndeterminateToolCallError,
+    InvalidInputError,
+    OnwardError,
+)
 from onward.eventlog.base import EventLog
 from onward.eventlog.codec import unencodable
 from onward.eventlog.events import (
@@ -91,7 +96,7 @@ from .providers import Provider
 from .redaction import Redactor
 from .result import RunResult
 from .resumer import Resumer
-from .spend.base import PriceTable, SpendEntry, SpendLedger
+from .spend.base import PriceTable, Spend, SpendEntry, SpendLedger
 from .spend.budget import Budgets, estimate_usage, over_budget
 from .tools import Reconciled, Tool, ToolArgumentsError, idempotency_key, tool_error
 from .toolsets import refuse_unbound
@@ -376,35 +381,66 @@ class AgentRunner(Resource):
             )
         self.prices.check_priced(agent.model, run_id=run_id)
 
-    async def _within_budget(self, run: HeldRun) -> None:
-        """Stop the run before its next model call if that call, as estimated, would take its
-        spend or its tenant's past a budget: the run ends ``failed``.
+    async def _within_budget(self, run: HeldRun) -> int | None:
+        """Hold the next model call's estimated cost against the run's budget and its
+        tenant's, or stop the run before the call if that would pass one: the run ends
+        ``failed``. The hold is keyed by the seq the call's answer is to be written at, which
+        is returned (``None`` when no budget bounds the run or no ledger keeps spend); the
+        answer's record replaces it (`_record_spend`), a failed call releases it.
 
         Raises:
             BudgetExceededError: It would; the model is not called.
         """
         budgets = Budgets.of_run(run.agent, run.frontier)
         if not budgets.bounded or self.spend is None:
-            return
-        run_spent = await self.spend.run_total(run.run_id)
-        tenant_spent = await self.spend.tenant_total(run.tenant)
+            return None
+        estimate = estimate_usage(
+            run.agent, run.conversation.messages, await self.spend.run_total(run.run_id)
+        )
+        seq = self.writer.next_seq(run)  # the answer's, as `_model_step` writes it
+        held = await self.spend.hold(
+            SpendEntry(
+                run_id=run.run_id,
+                tenant=run.tenant,
+                seq=seq,
+                model=run.agent.model,
+                input_tokens=estimate.input_tokens,
+                output_tokens=estimate.output_tokens,
+                micros=self.prices.cost(run.agent.model, estimate),
+                at=time.time_ns() // 1_000,
+            ),
+            run_budget=budgets.run_micros,
+            tenant_budget=budgets.tenant_micros,
+        )
+        if held.held:
+            return seq
         refusal = over_budget(
             budgets,
             run_id=run.run_id,
             tenant=run.tenant,
             model=run.agent.model,
-            estimate=estimate_usage(run.agent, run.conversation.messages, run_spent),
+            estimate=estimate,
             prices=self.prices,
-            run_spent=run_spent,
-            tenant_spent=tenant_spent,
+            run_spent=Spend(micros=held.run_micros),
+            tenant_spent=Spend(micros=held.tenant_micros),
         )
-        if refusal is None:
-            return
+        if refusal is None:  # the ledger's check and this one are the same sum
+            raise AssertionError("the spend ledger refused a hold no budget refuses")
         error = f"{type(refusal).__name__}: {refusal}"
         await self.writer.append(
             run, [self.writer.event(run, RunFinished, status="failed", error=error)]
         )
         raise refusal
+
+    async def _release_hold(self, run: HeldRun, seq: int) -> None:
+        """Release the hold of a model call that failed; a ledger that cannot be reached keeps
+        it (counted against the budgets, never as spent), and the call's error is raised."""
+        if self.spend is None:
+            return
+        try:
+            await asyncio.shield(self.spend.release(run.run_id, seq))
+        except OnwardError as exc:
+            _log.warning("run %s: the hold of a failed model call stays (%s)", run.run_id, exc)
 
     async def _record_spend(self, run: HeldRun, answered: ModelAnswered) -> None:
         """Record what the model call ``answered`` answers cost, keyed by the seq the answer
@@ -690,8 +726,13 @@ class AgentRunner(Resource):
         observer = self.writer.observer
         if observer is not None:
             await observer.before_model_call()
-        await self._within_budget(run)
-        reply = await self.provider.complete(run.agent, list(run.conversation.messages))
+        held = await self._within_budget(run)
+        try:
+            reply = await self.provider.complete(run.agent, list(run.conversation.messages))
+        except BaseException:
+            if held is not None:
+                await self._release_hold(run, held)
+            raise
         asked = len(reply.tool_calls)
         if asked > self.max_tool_calls_per_turn:
             answered = self.writer.event(

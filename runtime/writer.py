@@ -99,13 +99,18 @@ class RunWriter:
         self.checkpointer = checkpointer
         self.observer = observer
 
+    @staticmethod
+    def next_seq(run: HeldRun, offset: int = 0) -> int:
+        """The seq the run's next event takes (``offset`` counts within one batch)."""
+        return run.frontier.last_seq + 1 + offset
+
     def event(self, run: HeldRun, kind: type[_E], offset: int = 0, **fields: Any) -> _E:
         """An event of ``run`` with its envelope; ``offset`` counts within one batch."""
         return stamped(
             kind,
             run_id=run.run_id,
             tenant=run.tenant,
-            seq=run.frontier.last_seq + 1 + offset,
+            seq=self.next_seq(run, offset),
             fence=run.fence,
             **fields,
         )

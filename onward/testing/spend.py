@@ -9,8 +9,10 @@ Needs pytest and pytest-asyncio (``asyncio_mode = "auto"``).
 
 The runner records each model call's cost before its answer is written, keyed by the run and
 that answer's seq, and a worker that carries the run on after a crash may record the same key
-again; budgets are decided on the totals. So a record under a key already there must change
-nothing (neither the run's total nor the tenant's), whatever it says.
+again. So a record under a key already there must change nothing (neither the run's total nor
+the tenant's), whatever it says. Budgets are decided on holds: before the call, its estimate
+is held under the same key in one atomic step with the check, so holds made at once through
+different ledgers over the same data (different workers) never pass a budget together.
 """
 
 from __future__ import annotations
@@ -186,6 +188,81 @@ class SpendLedgerConformance:
             assert (await each.run_total(run_id)).micros == 30
             assert (await each.tenant_total(tenant)).micros == 30
 
+    # -- holds -------------------------------------------------------------------------------
+
+    async def test_a_hold_counts_against_budgets_but_not_as_spent(
+        self, ledger: SpendLedger
+    ) -> None:
+        run_id, tenant = new_run_id(), new_tenant()
+        await ledger.record(entry(run_id, tenant, 1, 100))
+        first = await ledger.hold(entry(run_id, tenant, 2, 40), tenant_budget=1_000)
+        assert (first.held, first.run_micros, first.tenant_micros) == (True, 100, 100)
+        second = await ledger.hold(entry(new_run_id(), tenant, 1, 7))
+        assert (second.held, second.tenant_micros) == (True, 140)
+        assert await ledger.run_total(run_id) == Spend(micros=100, calls=1)
+        assert await ledger.tenant_total(tenant) == Spend(micros=100, calls=1)
+        assert await ledger.entries(run_id) == [entry(run_id, tenant, 1, 100)]
+
+    async def test_a_hold_that_would_pass_a_budget_holds_nothing(self, ledger: SpendLedger) -> None:
+        run_id, tenant = new_run_id(), new_tenant()
+        await ledger.record(entry(run_id, tenant, 1, 60))
+        exact = await ledger.hold(entry(run_id, tenant, 2, 40), run_budget=100)
+        assert exact.held
+        over_run = await ledger.hold(entry(run_id, tenant, 3, 1), run_budget=100)
+        assert (over_run.held, over_run.run_micros) == (False, 100)
+        other = new_run_id()
+        over_tenant = await ledger.hold(entry(other, tenant, 1, 1), tenant_budget=100)
+        assert (over_tenant.held, over_tenant.tenant_micros) == (False, 100)
+        # Nothing was held by the refusals: releasing the one hold frees the room.
+        await ledger.release(run_id, 2)
+        assert (await ledger.hold(entry(other, tenant, 1, 40), tenant_budget=100)).held
+
+    async def test_a_record_replaces_its_hold(self, ledger: SpendLedger) -> None:
+        run_id, tenant = new_run_id(), new_tenant()
+        await ledger.hold(entry(run_id, tenant, 1, 500))
+        assert await ledger.record(entry(run_id, tenant, 1, 120, output_tokens=3)) is True
+        assert await ledger.run_total(run_id) == Spend(micros=120, output_tokens=3, calls=1)
+        after = await ledger.hold(entry(run_id, tenant, 2, 0))
+        assert (after.run_micros, after.tenant_micros) == (120, 120)
+
+    async def test_holding_a_key_held_or_recorded_changes_nothing(
+        self, ledger: SpendLedger
+    ) -> None:
+        run_id, tenant = new_run_id(), new_tenant()
+        await ledger.hold(entry(run_id, tenant, 1, 50))
+        again = await ledger.hold(entry(run_id, tenant, 1, 50), run_budget=60)
+        assert (again.held, again.run_micros) == (True, 50)
+        await ledger.record(entry(run_id, tenant, 1, 30))
+        recorded = await ledger.hold(entry(run_id, tenant, 1, 999), run_budget=60)
+        assert (recorded.held, recorded.run_micros) == (True, 30)
+        await ledger.release(run_id, 1)  # nothing held there any more
+        assert (await ledger.hold(entry(run_id, tenant, 2, 0))).tenant_micros == 30
+
+    async def test_releasing_drops_the_hold_and_only_it(self, ledger: SpendLedger) -> None:
+        run_id, tenant = new_run_id(), new_tenant()
+        await ledger.hold(entry(run_id, tenant, 1, 10))
+        await ledger.hold(entry(run_id, tenant, 2, 20))
+        await ledger.release(run_id, 1)
+        await ledger.release(run_id, 1)
+        await ledger.release(new_run_id(), 1)
+        after = await ledger.hold(entry(run_id, tenant, 3, 0))
+        assert (after.run_micros, after.tenant_micros) == (20, 20)
+
+    async def test_holds_made_at_once_never_pass_the_tenants_budget_together(
+        self, ledger: SpendLedger
+    ) -> None:
+        """Runs of one tenant checking at the same moment, each through its own ledger (its
+        own worker): the room for three calls is held three times, never more."""
+        ledgers = [ledger] + [await self.another(ledger) for _ in range(CONCURRENT_RECORDS - 1)]
+        tenant = new_tenant()
+        answers = await asyncio.gather(
+            *(one.hold(entry(new_run_id(), tenant, 1, 100), tenant_budget=300) for one in ledgers)
+        )
+        assert sorted(a.held for a in answers) == [False] * (CONCURRENT_RECORDS - 3) + [True] * 3
+        assert all(a.tenant_micros + 100 > 300 for a in answers if not a.held)
+        last = await ledger.hold(entry(new_run_id(), tenant, 1, 0))
+        assert last.tenant_micros == 300
+
     # -- refusals ----------------------------------------------------------------------------
 
     @pytest.mark.parametrize(
@@ -200,7 +277,10 @@ class SpendLedgerConformance:
         bad = SpendEntry(run_id=run_id, tenant=tenant, model="m", **fields)
         with pytest.raises(InvalidInputError, match=field):
             await ledger.record(bad)
+        with pytest.raises(InvalidInputError, match=field):
+            await ledger.hold(bad, tenant_budget=1_000)
         assert await ledger.run_total(run_id) == Spend()
+        assert (await ledger.hold(entry(run_id, tenant, 1, 0))).tenant_micros == 0
         assert await ledger.tenant_total(tenant) == Spend()
 
 

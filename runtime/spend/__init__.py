@@ -1,7 +1,7 @@
 """Spend and budgets: what each model call cost (micros), kept in a ledger per run and tenant,
 and the budgets that stop a run before a call that would pass them."""
 
-from .base import ModelPrice, PriceTable, Spend, SpendEntry, SpendLedger
+from .base import Hold, ModelPrice, PriceTable, Spend, SpendEntry, SpendLedger
 from .budget import Budgets, estimate_usage
 from .memory import MemorySpendLedger
 from .postgres import PostgresSpendLedger
@@ -9,6 +9,7 @@ from .sqlite import SqliteSpendLedger
 
 __all__ = [
     "Budgets",
+    "Hold",
     "MemorySpendLedger",
     "ModelPrice",
     "PostgresSpendLedger",

@@ -10,6 +10,13 @@ carried on into a new run starts at zero; the tenant's total goes on.
 
 A record is idempotent: recording the same key again changes nothing (the first record stands),
 so a replay or a retry never counts a call twice.
+
+Budgets are decided on holds: before a model call, its estimated cost is held under the key
+its record will take, in the same atomic step as the check that the run's and the tenant's
+spend and holds leave room for it, so runs of one tenant calling at the same moment cannot all
+pass its budget together. The record replaces the hold; a call that failed releases it; a hold
+left by a process that died mid-call keeps counting against the budgets (the provider may have
+been paid), but never in what was spent.
 """
 
 from __future__ import annotations
@@ -173,6 +180,38 @@ class Spend(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+class Hold(msgspec.Struct, frozen=True, kw_only=True):
+    """What `SpendLedger.hold` decided.
+
+    Attributes:
+        held: The estimate is held (or its key was held or recorded already); False when it
+            would pass a budget, and nothing was held.
+        run_micros: What the run had recorded and held before this hold.
+        tenant_micros: What every run of the tenant had recorded and held before it.
+    """
+
+    held: bool
+    run_micros: int
+    tenant_micros: int
+
+
+def hold_decided(
+    cost: int,
+    *,
+    run_micros: int,
+    tenant_micros: int,
+    run_budget: int | None,
+    tenant_budget: int | None,
+) -> Hold:
+    """Whether a call estimated at ``cost`` fits both budgets given what the run and its
+    tenant spent and hold: ``spent + cost <= budget`` for each budget that is set."""
+    fits = all(
+        budget is None or spent + cost <= budget
+        for budget, spent in ((run_budget, run_micros), (tenant_budget, tenant_micros))
+    )
+    return Hold(held=fits, run_micros=run_micros, tenant_micros=tenant_micros)
+
+
 def check_entry(entry: SpendEntry) -> None:
     """Refuse an entry no ledger may keep: a seq below 1 or a negative count.
 
@@ -195,8 +234,32 @@ def check_entry(entry: SpendEntry) -> None:
 class SpendLedger(AsyncResource, Protocol):
     """What each model call cost, per run and per tenant: the authority on spend."""
 
+    async def hold(
+        self,
+        entry: SpendEntry,
+        *,
+        run_budget: int | None = None,
+        tenant_budget: int | None = None,
+    ) -> Hold:
+        """Hold ``entry.micros``, a model call's estimated cost, under its key until the call's
+        record replaces it, if the run's and the tenant's recorded and held spend leave room
+        for it: ``spent + entry.micros <= budget`` for each budget given. The check and the
+        hold are one atomic step, so holds made at the same moment see each other.
+
+        A key held or recorded already is left as it is (``held`` True).
+
+        Raises:
+            InvalidInputError: A seq below 1 or a negative count (`check_entry`).
+        """
+        ...
+
+    async def release(self, run_id: str, seq: int) -> None:
+        """Drop the hold under (``run_id``, ``seq``): the call failed, nothing was recorded.
+        Nothing held there: nothing changes."""
+        ...
+
     async def record(self, entry: SpendEntry) -> bool:
-        """Record one call's cost under (``run_id``, ``seq``), once.
+        """Record one call's cost under (``run_id``, ``seq``), once, replacing its hold.
 
         Returns:
             True if recorded now; False if that key was recorded before, in which case nothing
@@ -226,6 +289,7 @@ class SpendLedger(AsyncResource, Protocol):
 
 
 __all__ = [
+    "Hold",
     "ModelPrice",
     "PriceLike",
     "PriceTable",
@@ -233,4 +297,5 @@ __all__ = [
     "SpendEntry",
     "SpendLedger",
     "check_entry",
+    "hold_decided",
 ]

@@ -1,9 +1,11 @@
 """Budgets: a run stops before a model call that would take its spend, or its tenant's, past
 what it may spend.
 
-Before each model call the runner estimates the call's cost and compares what the run (and its
-tenant) spent so far, as the ledger has it, plus that estimate with the budget. Over it, the
-run ends ``failed`` and the runner raises `BudgetExceededError`; the model is not called. A
+Before each model call the runner estimates the call's cost and holds it in the ledger if what
+the run (and its tenant) spent and holds so far, plus that estimate, is within the budget: the
+check and the hold are one atomic step (`SpendLedger.hold`), so calls of one tenant made at the
+same moment cannot all pass its budget. Over it, the run ends ``failed`` and the runner raises
+`BudgetExceededError`; the model is not called. A
 failed run stays failed: a person who wants it to go on with more money starts a new run with a
 higher budget (a budget is a bound on what is spent without anyone looking, not a question).
 
@@ -140,8 +142,8 @@ def over_budget(
             continue
         whose = f"run {run_id!r}" if scope == "run" else f"tenant {tenant!r}"
         return BudgetExceededError(
-            f"{whose} has spent {spent} of its budget of {budget} micros, and the next model "
-            f"call is estimated at {cost} micros ({estimate.input_tokens} in, "
+            f"{whose} has spent or holds {spent} of its budget of {budget} micros, and the "
+            f"next model call is estimated at {cost} micros ({estimate.input_tokens} in, "
             f"{estimate.output_tokens} out of {model}); the model was not called",
             run_id=run_id,
             scope=scope,

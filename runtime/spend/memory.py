@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from onward._storage import Resource
 
-from .base import Spend, SpendEntry, check_entry
+from .base import Hold, Spend, SpendEntry, check_entry, hold_decided
 
 
 class MemorySpendLedger(Resource):
@@ -16,12 +16,52 @@ class MemorySpendLedger(Resource):
     def __init__(self) -> None:
         self._entries: dict[str, dict[int, SpendEntry]] = {}
         self._tenants: dict[str, Spend] = {}
+        self._holds: dict[str, dict[int, SpendEntry]] = {}
+        self._tenant_holds: dict[str, int] = {}
+
+    async def hold(
+        self,
+        entry: SpendEntry,
+        *,
+        run_budget: int | None = None,
+        tenant_budget: int | None = None,
+    ) -> Hold:
+        check_entry(entry)
+        held = self._holds.setdefault(entry.run_id, {})
+        recorded = self._entries.get(entry.run_id, {})
+        run_micros = sum(e.micros for e in (*recorded.values(), *held.values()))
+        tenant_micros = self._tenants.get(entry.tenant, Spend()).micros
+        tenant_micros += self._tenant_holds.get(entry.tenant, 0)
+        if entry.seq in held or entry.seq in recorded:
+            return Hold(held=True, run_micros=run_micros, tenant_micros=tenant_micros)
+        answer = hold_decided(
+            entry.micros,
+            run_micros=run_micros,
+            tenant_micros=tenant_micros,
+            run_budget=run_budget,
+            tenant_budget=tenant_budget,
+        )
+        if answer.held:
+            held[entry.seq] = entry
+            self._tenant_holds[entry.tenant] = (
+                self._tenant_holds.get(entry.tenant, 0) + entry.micros
+            )
+        return answer
+
+    async def release(self, run_id: str, seq: int) -> None:
+        self._drop_hold(run_id, seq)
+
+    def _drop_hold(self, run_id: str, seq: int) -> None:
+        held = self._holds.get(run_id, {}).pop(seq, None)
+        if held is not None:
+            self._tenant_holds[held.tenant] -= held.micros
 
     async def record(self, entry: SpendEntry) -> bool:
         check_entry(entry)
         run = self._entries.setdefault(entry.run_id, {})
         if entry.seq in run:
             return False
+        self._drop_hold(entry.run_id, entry.seq)
         run[entry.seq] = entry
         self._tenants[entry.tenant] = self._tenants.get(entry.tenant, Spend()).plus(entry)
         return True

@@ -1,9 +1,10 @@
 """`PostgresSpendLedger`: spend in PostgreSQL (asyncpg), shared by every worker of a deployment.
 
-A record is one statement: the insert, and (through a data-modifying ``WITH``) the tenant's
-running total raised by exactly the row the insert added, none if the key was there already.
-PostgreSQL decides the conflict on the primary key, so two workers recording one key at once
-count it once.
+A record is one transaction: the key's hold dropped, then the insert and (through a
+data-modifying ``WITH``) the tenant's running total raised by exactly the row the insert added,
+none if the key was there already. PostgreSQL decides the conflict on the primary key, so two
+workers recording one key at once count it once. A hold locks the tenant's row first, so the
+budget checks and holds of one tenant take turns across every worker.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncpg
 
 from onward._storage import PostgresStore
 
-from .base import Spend, SpendEntry, check_entry
+from .base import Hold, Spend, SpendEntry, check_entry, hold_decided
 
 _RECORD = (
     "WITH added AS ("
@@ -27,6 +28,34 @@ _RECORD = (
     "input_tokens = t.input_tokens + excluded.input_tokens, "
     "output_tokens = t.output_tokens + excluded.output_tokens, calls = t.calls + 1 "
     "RETURNING 1"
+)
+_LOCK_TENANT = (
+    "INSERT INTO onward_spend_tenants AS t (tenant, micros, input_tokens, output_tokens, calls) "
+    "VALUES ($1, 0, 0, 0, 0) ON CONFLICT (tenant) DO UPDATE SET micros = t.micros "
+    "RETURNING micros + held"
+)
+"""The tenant's recorded and held micros, its row locked until the transaction ends: the
+lock every hold of the tenant takes turns on (the upsert locks a row it finds, and creates it
+where there is none)."""
+_RUN_MICROS = (
+    "SELECT (SELECT coalesce(sum(micros), 0) FROM onward_spend WHERE run_id = $1)::bigint "
+    "+ (SELECT coalesce(sum(micros), 0) FROM onward_spend_holds WHERE run_id = $1)::bigint"
+)
+_TAKEN = (
+    "SELECT EXISTS (SELECT 1 FROM onward_spend WHERE run_id = $1 AND seq = $2) "
+    "OR EXISTS (SELECT 1 FROM onward_spend_holds WHERE run_id = $1 AND seq = $2)"
+)
+_HOLD = (
+    "WITH held AS (INSERT INTO onward_spend_holds (run_id, seq, tenant, micros, at) "
+    "VALUES ($1, $2, $3, $4, $5) RETURNING tenant, micros) "
+    "UPDATE onward_spend_tenants t SET held = t.held + held.micros FROM held "
+    "WHERE t.tenant = held.tenant"
+)
+_DROP_HOLD = (
+    "WITH dropped AS (DELETE FROM onward_spend_holds WHERE run_id = $1 AND seq = $2 "
+    "RETURNING tenant, micros) "
+    "UPDATE onward_spend_tenants t SET held = t.held - dropped.micros FROM dropped "
+    "WHERE t.tenant = dropped.tenant"
 )
 _SUMS = (
     "coalesce(sum(micros), 0)::bigint AS micros, "
@@ -58,21 +87,58 @@ class PostgresSpendLedger(PostgresStore):
 
     what = "PostgreSQL spend ledger"
 
+    async def hold(
+        self,
+        entry: SpendEntry,
+        *,
+        run_budget: int | None = None,
+        tenant_budget: int | None = None,
+    ) -> Hold:
+        check_entry(entry)
+        key = (entry.run_id, entry.seq)
+
+        async def hold(conn: asyncpg.Connection) -> Hold:
+            async with conn.transaction():
+                tenant_micros = int(await conn.fetchval(_LOCK_TENANT, entry.tenant))
+                run_micros = int(await conn.fetchval(_RUN_MICROS, entry.run_id))
+                if await conn.fetchval(_TAKEN, *key):
+                    return Hold(held=True, run_micros=run_micros, tenant_micros=tenant_micros)
+                answer = hold_decided(
+                    entry.micros,
+                    run_micros=run_micros,
+                    tenant_micros=tenant_micros,
+                    run_budget=run_budget,
+                    tenant_budget=tenant_budget,
+                )
+                if answer.held:
+                    await conn.execute(_HOLD, *key, entry.tenant, entry.micros, entry.at)
+                return answer
+
+        return await self._run(hold, "holding spend", entry.run_id)
+
+    async def release(self, run_id: str, seq: int) -> None:
+        async def release(conn: asyncpg.Connection) -> None:
+            await conn.execute(_DROP_HOLD, run_id, seq)
+
+        await self._run(release, "releasing held spend", run_id)
+
     async def record(self, entry: SpendEntry) -> bool:
         check_entry(entry)
 
         async def record(conn: asyncpg.Connection) -> bool:
-            added = await conn.fetchval(
-                _RECORD,
-                entry.run_id,
-                entry.seq,
-                entry.tenant,
-                entry.model,
-                entry.input_tokens,
-                entry.output_tokens,
-                entry.micros,
-                entry.at,
-            )
+            async with conn.transaction():
+                await conn.execute(_DROP_HOLD, entry.run_id, entry.seq)
+                added = await conn.fetchval(
+                    _RECORD,
+                    entry.run_id,
+                    entry.seq,
+                    entry.tenant,
+                    entry.model,
+                    entry.input_tokens,
+                    entry.output_tokens,
+                    entry.micros,
+                    entry.at,
+                )
             return added is not None
 
         return await self._run(record, "recording spend", entry.run_id)

@@ -1,7 +1,9 @@
 """`SqliteSpendLedger`: spend in one SQLite file, the embedded deployment's (the log's own file).
 
-Each record is one ``BEGIN IMMEDIATE`` transaction: the insert, and the tenant's running total
-raised only if the insert added a row, so processes sharing the file never count a call twice.
+Each record is one ``BEGIN IMMEDIATE`` transaction: the insert, the key's hold dropped, and the
+tenant's running total raised only if the insert added a row, so processes sharing the file
+never count a call twice. A hold is one too: SQLite's one writer at a time makes the budget
+check and the hold one step for every process sharing the file.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 from onward._storage import IN_CHUNK, SqliteStore, transaction
 
-from .base import Spend, SpendEntry, check_entry
+from .base import Hold, Spend, SpendEntry, check_entry, hold_decided
 
 _INSERT = (
     "INSERT INTO onward_spend (run_id, seq, tenant, model, input_tokens, output_tokens, micros, "
@@ -24,6 +26,22 @@ _ADD_TO_TENANT = (
     "output_tokens = output_tokens + excluded.output_tokens, calls = calls + 1"
 )
 _SUMS = "coalesce(sum(micros), 0), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0)"
+_RUN_MICROS = (
+    "SELECT (SELECT coalesce(sum(micros), 0) FROM onward_spend WHERE run_id = ?1) "
+    "+ (SELECT coalesce(sum(micros), 0) FROM onward_spend_holds WHERE run_id = ?1)"
+)
+_TENANT_MICROS = "SELECT micros + held FROM onward_spend_tenants WHERE tenant = ?"
+_TAKEN = (
+    "SELECT EXISTS (SELECT 1 FROM onward_spend WHERE run_id = ?1 AND seq = ?2) "
+    "OR EXISTS (SELECT 1 FROM onward_spend_holds WHERE run_id = ?1 AND seq = ?2)"
+)
+_HOLD = "INSERT INTO onward_spend_holds (run_id, seq, tenant, micros, at) VALUES (?, ?, ?, ?, ?)"
+_ADD_HELD = (
+    "INSERT INTO onward_spend_tenants (tenant, micros, input_tokens, output_tokens, calls, held) "
+    "VALUES (?1, 0, 0, 0, 0, ?2) ON CONFLICT (tenant) DO UPDATE SET held = held + ?2"
+)
+_DROP_HOLD = "DELETE FROM onward_spend_holds WHERE run_id = ? AND seq = ? RETURNING tenant, micros"
+_SUB_HELD = "UPDATE onward_spend_tenants SET held = held - ? WHERE tenant = ?"
 
 
 def _spend(micros: Any, input_tokens: Any, output_tokens: Any, calls: Any) -> Spend:
@@ -46,6 +64,47 @@ class SqliteSpendLedger(SqliteStore):
 
     what = "spend ledger"
 
+    async def hold(
+        self,
+        entry: SpendEntry,
+        *,
+        run_budget: int | None = None,
+        tenant_budget: int | None = None,
+    ) -> Hold:
+        check_entry(entry)
+        conn = self._db.connection()
+        key = (entry.run_id, entry.seq)
+
+        def hold() -> Hold:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                run_micros = int(conn.execute(_RUN_MICROS, key[:1]).fetchone()[0])
+                found = conn.execute(_TENANT_MICROS, (entry.tenant,)).fetchone()
+                tenant_micros = 0 if found is None else int(found[0])
+                if conn.execute(_TAKEN, key).fetchone()[0]:
+                    return Hold(held=True, run_micros=run_micros, tenant_micros=tenant_micros)
+                answer = hold_decided(
+                    entry.micros,
+                    run_micros=run_micros,
+                    tenant_micros=tenant_micros,
+                    run_budget=run_budget,
+                    tenant_budget=tenant_budget,
+                )
+                if answer.held:
+                    conn.execute(_HOLD, (*key, entry.tenant, entry.micros, entry.at))
+                    conn.execute(_ADD_HELD, (entry.tenant, entry.micros))
+                return answer
+
+        return await self._db.call(hold, "holding spend", entry.run_id)
+
+    async def release(self, run_id: str, seq: int) -> None:
+        conn = self._db.connection()
+
+        def release() -> None:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                _drop_hold(conn, run_id, seq)
+
+        await self._db.call(release, "releasing held spend", run_id)
+
     async def record(self, entry: SpendEntry) -> bool:
         check_entry(entry)
         conn = self._db.connection()
@@ -64,6 +123,7 @@ class SqliteSpendLedger(SqliteStore):
             with transaction(conn, "BEGIN IMMEDIATE"):
                 if not conn.execute(_INSERT, row).rowcount:
                     return False
+                _drop_hold(conn, entry.run_id, entry.seq)
                 conn.execute(
                     _ADD_TO_TENANT,
                     (entry.tenant, entry.micros, entry.input_tokens, entry.output_tokens),
@@ -129,6 +189,14 @@ class SqliteSpendLedger(SqliteStore):
 
         rows = await self._db.call(read, "reading a run's spend", run_id)
         return [_entry(row) for row in rows]
+
+
+def _drop_hold(conn: Any, run_id: str, seq: int) -> None:
+    """Delete the key's hold, if any, and take it off its tenant's held sum (in the caller's
+    transaction)."""
+    dropped = conn.execute(_DROP_HOLD, (run_id, seq)).fetchone()
+    if dropped is not None:
+        conn.execute(_SUB_HELD, (int(dropped[1]), dropped[0]))
 
 
 def _entry(row: Any) -> SpendEntry:

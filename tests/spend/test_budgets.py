@@ -20,6 +20,7 @@ from support.spend import (
     MODEL,
     OUT,
     PRICES,
+    a_crowd_never_passes_its_tenants_budget,
     stepper,
     steps,
     stops_before_the_call_that_would_pass_its_budget,
@@ -113,6 +114,27 @@ async def test_a_tenant_budget_counts_every_run_of_the_tenant(sqlite: Backends) 
     assert other.status == "completed"
     assert sqlite.spend is not None
     assert (await sqlite.spend.tenant_total(TENANT)).micros == 3 * CALL_MICROS
+
+
+@pytest_asyncio.fixture(params=["sqlite", "memory"])
+async def embedded(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backends]:
+    settings = (
+        sqlite_settings(tmp_path / "onward.db")
+        if request.param == "sqlite"
+        else Settings(backend="memory", model_prices=PRICES)
+    )
+    async with open_backends(settings, in_process=request.param == "memory") as backends:
+        yield backends
+
+
+async def test_runs_of_one_tenant_calling_at_once_never_pass_its_budget_together(
+    embedded: Backends,
+) -> None:
+    """Eight runs of one tenant reach their first model call at the same moment; the tenant's
+    budget has room for three estimated calls. Checked against the spend alone, all eight saw
+    room (nothing was spent yet) and all eight called the model; each now holds its estimate
+    in the same step as its check, so three call and five stop."""
+    await a_crowd_never_passes_its_tenants_budget(embedded)
 
 
 async def test_options_lower_the_agents_budget_and_never_raise_it(sqlite: Backends) -> None:

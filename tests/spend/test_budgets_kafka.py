@@ -10,7 +10,12 @@ import json
 import pytest
 from support.deployment import kafka_settings
 from support.servers import KafkaServers
-from support.spend import CALL_MICROS, PRICES, stops_before_the_call_that_would_pass_its_budget
+from support.spend import (
+    CALL_MICROS,
+    PRICES,
+    a_crowd_never_passes_its_tenants_budget,
+    stops_before_the_call_that_would_pass_its_budget,
+)
 from typer.testing import CliRunner
 
 from onward.runtime.backends import open_backends
@@ -43,3 +48,13 @@ async def test_on_kafka_a_run_stops_before_the_call_that_would_pass_its_budget(
     code, out, err = await asyncio.to_thread(inspect, "--json")
     assert code == 0, err
     assert json.loads(out)["spend"] == {"micros": 2 * CALL_MICROS, "calls": 2}
+
+
+async def test_on_kafka_runs_of_one_tenant_calling_at_once_never_pass_its_budget_together(
+    kafka_servers: KafkaServers,
+) -> None:
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass
+    settings = kafka_settings(kafka_servers, PARTITIONS, model_prices=PRICES)
+    async with open_backends(settings) as backends:
+        await a_crowd_never_passes_its_tenants_budget(backends)

@@ -3,6 +3,8 @@ one scenario the acceptance line names, run on any deployment's stores."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Sequence
 
 import pytest
@@ -12,7 +14,7 @@ from onward.eventlog.events import Message, ModelAnswered, ToolCall
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
-from onward.runtime.spend import Spend
+from onward.runtime.spend import PriceTable, Spend, estimate_usage
 from onward.runtime.tools import Tool, tool
 
 MODEL = "priced-model"
@@ -86,3 +88,43 @@ async def stops_before_the_call_that_would_pass_its_budget(backends: Backends) -
     ]
     assert [e.seq for e in await backends.spend.entries(run_id)] == answers
     return run_id
+
+
+class SlowModel:
+    """Answers "done" a while after it is called, so the calls of runs started together are
+    all in flight at once; counts the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        self.calls += 1
+        await asyncio.sleep(0.3)
+        return reply("done", input_tokens=IN, output_tokens=OUT)
+
+
+async def a_crowd_never_passes_its_tenants_budget(backends: Backends) -> None:
+    """Eight runs of one tenant reach their first model call at the same moment; the tenant's
+    budget has room for three estimated calls. Checked against the spend alone, all eight saw
+    room (nothing was spent yet) and all eight called the model; each holds its estimate in
+    the same step as its check, so three call and five stop."""
+    agent = stepper(tools=(), model_settings={"max_tokens": OUT})
+    first_call = [Message(role="user", content="go")]
+    estimate = PriceTable.parse(PRICES).cost(MODEL, estimate_usage(agent, first_call, Spend()))
+    budget = 3 * estimate + estimate // 2
+    bounded = stepper(tools=(), model_settings={"max_tokens": OUT}, tenant_budget_micros=budget)
+    model = SlowModel()
+    runner = backends.runner(model)
+    tenant = f"crowd-{uuid.uuid4().hex[:8]}"
+    results = await asyncio.gather(
+        *(runner.run(bounded, "go", tenant=tenant) for _ in range(8)), return_exceptions=True
+    )
+    stopped = [r for r in results if isinstance(r, BudgetExceededError)]
+    assert model.calls == 3
+    assert len(stopped) == 5
+    for refusal in stopped:
+        assert refusal.scope == "tenant"
+        assert refusal.spent_micros is not None
+        assert refusal.estimate_micros is not None
+        assert refusal.spent_micros + refusal.estimate_micros > budget
+    assert [r.status for r in results if not isinstance(r, BaseException)] == ["completed"] * 3

@@ -61,6 +61,8 @@ class CarriedRun:
             otherwise empty.
         claimed: False when there was nothing to carry on (the run is settled), so nothing was
             appended.
+        claim_seq: The seq of the `RunClaimed` appended (0 when nothing was claimed): the seq
+            a model call's answer would have taken had the holder before died mid-call.
     """
 
     lease: RunLease
@@ -71,6 +73,7 @@ class CarriedRun:
     events: tuple[StoredEvent, ...] = ()
     timings_ms: dict[str, float] = field(default_factory=dict)
     transcript: tuple[TranscriptRow, ...] = ()
+    claim_seq: int = 0
 
 
 class Resumer:
@@ -239,6 +242,7 @@ class Resumer:
             _counted(read.base, [*tail, *between], history),
             timings,
             transcript,
+            claim.seq,
         )
 
     async def refuse_existing(self, run_id: str, lease: RunLease) -> None:

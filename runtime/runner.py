@@ -318,6 +318,8 @@ class AgentRunner(Resource):
         await self.resumer.refuse_another_tenants(run_id, tenant)
         async with self._holding(run_id, tenant, self.worker) as held:
             carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)
+            if carried.claimed:
+                await self._release_hold(run_id, carried.claim_seq)
             self.check_budgets(agent, Budgets.of_run(agent, carried.frontier), run_id)
             conversation = Conversation(agent.instructions)
             claim_check = self.writer.claim_check
@@ -432,15 +434,17 @@ class AgentRunner(Resource):
         )
         raise refusal
 
-    async def _release_hold(self, run: HeldRun, seq: int) -> None:
-        """Release the hold of a model call that failed; a ledger that cannot be reached keeps
-        it (counted against the budgets, never as spent), and the call's error is raised."""
+    async def _release_hold(self, run_id: str, seq: int) -> None:
+        """Release the hold of a model call that failed, or that a holder which died mid-call
+        left (its answer would have taken the seq the resume's claim took: a record there, of
+        an answer the provider gave before the death, stays). A ledger that cannot be reached
+        keeps it, counted against the budgets and never as spent."""
         if self.spend is None:
             return
         try:
-            await asyncio.shield(self.spend.release(run.run_id, seq))
+            await asyncio.shield(self.spend.release(run_id, seq))
         except OnwardError as exc:
-            _log.warning("run %s: the hold of a failed model call stays (%s)", run.run_id, exc)
+            _log.warning("run %s: the hold of a failed model call stays (%s)", run_id, exc)
 
     async def _record_spend(self, run: HeldRun, answered: ModelAnswered) -> None:
         """Record what the model call ``answered`` answers cost, keyed by the seq the answer
@@ -731,7 +735,7 @@ class AgentRunner(Resource):
             reply = await self.provider.complete(run.agent, list(run.conversation.messages))
         except BaseException:
             if held is not None:
-                await self._release_hold(run, held)
+                await self._release_hold(run.run_id, held)
             raise
         asked = len(reply.tool_calls)
         if asked > self.max_tool_calls_per_turn:

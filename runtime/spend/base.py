@@ -15,8 +15,9 @@ Budgets are decided on holds: before a model call, its estimated cost is held un
 its record will take, in the same atomic step as the check that the run's and the tenant's
 spend and holds leave room for it, so runs of one tenant calling at the same moment cannot all
 pass its budget together. The record replaces the hold; a call that failed releases it; a hold
-left by a process that died mid-call keeps counting against the budgets (the provider may have
-been paid), but never in what was spent.
+left by a process that died mid-call counts against the budgets, never in what was spent,
+until the run is resumed: its claim takes the seq the lost answer would have, and releases
+the hold there (an answer the provider gave before the death was recorded, and stays).
 """
 
 from __future__ import annotations

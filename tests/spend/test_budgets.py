@@ -30,6 +30,7 @@ from typer.testing import CliRunner
 import onward
 from onward.errors import BudgetExceededError, ConfigurationError
 from onward.eventlog import Event, MemoryEventLog, ModelAnswered, Position, SqliteEventLog
+from onward.eventlog.events import Message
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app as cli
@@ -37,7 +38,7 @@ from onward.runtime.cli import frontier_main
 from onward.runtime.continuation import ContinuationPolicy
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.options import Options
-from onward.runtime.providers import reply
+from onward.runtime.providers import ModelReply, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.settings import Settings
 from onward.runtime.spend import (
@@ -45,6 +46,7 @@ from onward.runtime.spend import (
     MemorySpendLedger,
     PriceTable,
     Spend,
+    SpendEntry,
     SqliteSpendLedger,
     estimate_usage,
 )
@@ -308,6 +310,55 @@ async def test_a_call_whose_answer_was_lost_in_a_crash_stays_counted() -> None:
     assert len(entries) == 3
     assert set(answers) < set(entries)  # one entry per call paid for, answered or not
     assert result.spend_micros == (await ledger.run_total("dies")).micros == 3 * CALL_MICROS
+
+
+class DiesMidCall:
+    """A model whose first call never answers: the process making it dies (`Crash`)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.after = steps(finish_after=2)
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        self.calls += 1
+        if self.calls == 1:
+            raise Crash("the process died waiting for the model")
+        return await self.after.complete(agent, messages)
+
+
+class DeadRunner(AgentRunner):
+    """A runner whose process dies: no handler of its runs on the way out."""
+
+    async def _release_hold(self, run_id: str, seq: int) -> None:
+        return None
+
+
+async def test_a_hold_a_worker_left_dying_mid_call_is_released_when_the_run_resumes() -> None:
+    log, ledger = MemoryEventLog(), MemorySpendLedger()
+    prices = PriceTable({MODEL: (1, 5)})
+    model = DiesMidCall()
+    agent = stepper(tenant_budget_micros=10**9)
+    probes = iter(range(1, 100))
+
+    async def tenant_held_and_spent() -> int:
+        probe = SpendEntry(run_id="probe", tenant=TENANT, seq=next(probes), model=MODEL)
+        return (await ledger.hold(probe)).tenant_micros
+
+    dead = DeadRunner(provider=model, log=log, worker="w1", spend=ledger, prices=prices)
+    with pytest.raises(Crash):
+        await dead.run(agent, "go", tenant=TENANT, run_id="left")
+    assert await ledger.run_total("left") == Spend()
+    left_held = await tenant_held_and_spent()
+    assert left_held > 0  # the estimate of the call the process died in
+    resumed = AgentRunner(provider=model, log=log, worker="w2", spend=ledger, prices=prices)
+    result = await resumed.resume(agent, "left", tenant=TENANT)
+    assert result.status == "completed"
+    assert model.calls == 3
+    spent = await ledger.run_total("left")
+    assert spent == Spend(
+        micros=2 * CALL_MICROS, input_tokens=2 * IN, output_tokens=2 * OUT, calls=2
+    )
+    assert await tenant_held_and_spent() == spent.micros  # nothing held any more
 
 
 async def test_recording_a_call_again_changes_nothing(sqlite: Backends) -> None:

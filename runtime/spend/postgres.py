@@ -1,10 +1,11 @@
 """`PostgresSpendLedger`: spend in PostgreSQL (asyncpg), shared by every worker of a deployment.
 
-A record is one transaction: the key's hold dropped, then the insert and (through a
-data-modifying ``WITH``) the tenant's running total raised by exactly the row the insert added,
-none if the key was there already. PostgreSQL decides the conflict on the primary key, so two
-workers recording one key at once count it once. A hold locks the tenant's row first, so the
-budget checks and holds of one tenant take turns across every worker.
+A record is one statement: through data-modifying ``WITH``s, the insert, the key's hold dropped
+with it, and the tenant's running total raised by exactly the row the insert added (none if the
+key was there already) and its held sum lowered by the hold dropped. PostgreSQL decides the
+conflict on the primary key, so two workers recording one key at once count it once. A hold
+locks the tenant's row first, so the budget checks and holds of one tenant take turns across
+every worker.
 """
 
 from __future__ import annotations
@@ -21,14 +22,23 @@ _RECORD = (
     "WITH added AS ("
     "INSERT INTO onward_spend (run_id, seq, tenant, model, input_tokens, output_tokens, micros, "
     "at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (run_id, seq) DO NOTHING "
-    "RETURNING tenant, micros, input_tokens, output_tokens) "
-    "INSERT INTO onward_spend_tenants AS t (tenant, micros, input_tokens, output_tokens, calls) "
-    "SELECT tenant, micros, input_tokens, output_tokens, 1 FROM added "
+    "RETURNING tenant, micros, input_tokens, output_tokens), "
+    "dropped AS ("
+    "DELETE FROM onward_spend_holds WHERE run_id = $1 AND seq = $2 "
+    "AND EXISTS (SELECT 1 FROM added) RETURNING micros) "
+    "INSERT INTO onward_spend_tenants AS t "
+    "(tenant, micros, input_tokens, output_tokens, calls, held) "
+    "SELECT tenant, micros, input_tokens, output_tokens, 1, "
+    "-coalesce((SELECT sum(micros) FROM dropped), 0) FROM added "
     "ON CONFLICT (tenant) DO UPDATE SET micros = t.micros + excluded.micros, "
     "input_tokens = t.input_tokens + excluded.input_tokens, "
-    "output_tokens = t.output_tokens + excluded.output_tokens, calls = t.calls + 1 "
+    "output_tokens = t.output_tokens + excluded.output_tokens, calls = t.calls + 1, "
+    "held = t.held + excluded.held "
     "RETURNING 1"
 )
+"""One statement: the call inserted, the key's hold dropped with it, and the tenant's total
+raised by the row the insert added and its held sum lowered by the hold dropped; a key
+recorded before changes nothing."""
 _LOCK_TENANT = (
     "INSERT INTO onward_spend_tenants AS t (tenant, micros, input_tokens, output_tokens, calls) "
     "VALUES ($1, 0, 0, 0, 0) ON CONFLICT (tenant) DO UPDATE SET micros = t.micros "
@@ -126,19 +136,17 @@ class PostgresSpendLedger(PostgresStore):
         check_entry(entry)
 
         async def record(conn: asyncpg.Connection) -> bool:
-            async with conn.transaction():
-                await conn.execute(_DROP_HOLD, entry.run_id, entry.seq)
-                added = await conn.fetchval(
-                    _RECORD,
-                    entry.run_id,
-                    entry.seq,
-                    entry.tenant,
-                    entry.model,
-                    entry.input_tokens,
-                    entry.output_tokens,
-                    entry.micros,
-                    entry.at,
-                )
+            added = await conn.fetchval(
+                _RECORD,
+                entry.run_id,
+                entry.seq,
+                entry.tenant,
+                entry.model,
+                entry.input_tokens,
+                entry.output_tokens,
+                entry.micros,
+                entry.at,
+            )
             return added is not None
 
         return await self._run(record, "recording spend", entry.run_id)

@@ -5,6 +5,7 @@ A bad value is a `ConfigurationError` naming the variable at start, not a failur
 
 from __future__ import annotations
 
+import difflib
 import typing
 from datetime import timedelta
 from pathlib import Path
@@ -250,6 +251,27 @@ class Settings(BaseSettings):
             return handler(data)
         except ValidationError as exc:
             raise ConfigurationError(_one_line(exc)) from exc
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_fields(cls, data: Any) -> Any:
+        """Refuse a field name that is not one (``Settings(kafak_topic=...)``): the value would
+        be dropped and the default used, events going to another topic. Only lower-case names
+        are looked at: those are what Python code passes; upper-case ones are environment
+        variables, and a dict of the environment holds many that are not Onward's."""
+        if not isinstance(data, dict):
+            return data
+        known = {*cls.model_fields, *(str(f.validation_alias) for f in cls.model_fields.values())}
+        unknown = [k for k in data if isinstance(k, str) and k.islower() and k not in known]
+        if unknown:
+            fields = list(cls.model_fields)
+            named = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, fields, n=1)
+                guess = f" (did you mean {close[0]!r}?)" if close else ""
+                named.append(f"{name!r} is not a setting{guess}")
+            raise ValueError("; ".join(named))
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -20,6 +20,23 @@ def test_a_bad_value_given_in_python_is_a_configuration_error_in_one_line() -> N
     )
 
 
+def test_a_misspelt_field_given_in_python_is_refused_naming_the_field_it_resembles() -> None:
+    """Dropped in silence, ``kafak_topic`` would send the events to the default topic."""
+    with pytest.raises(ConfigurationError) as refused:
+        Settings(backend="sqlite", kafak_topic="orders.events")  # type: ignore[call-arg]
+    assert str(refused.value) == (
+        "invalid configuration: settings: 'kafak_topic' is not a setting "
+        "(did you mean 'kafka_topic'?)"
+    )
+    with pytest.raises(ConfigurationError, match=r"'tenant' is not a setting$"):
+        Settings(tenant="acme")  # type: ignore[call-arg]
+
+
+def test_a_dict_of_the_environment_may_hold_variables_that_are_not_onwards() -> None:
+    settings = Settings.model_validate({"ONWARD_BACKEND": "sqlite", "PATH": "/bin", "HOME": "/"})
+    assert settings.backend == "sqlite"
+
+
 def test_python_and_the_command_line_say_the_same_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ONWARD_PARTITIONS", "0")
     with pytest.raises(ConfigurationError) as caught:

@@ -225,13 +225,20 @@ async def test_a_deferring_projector_stores_everything_once_it_has_caught_up(
         ends = {p: (await stack.log.bounds(p)).end for p in range(PARTITIONS)}
         deadline = asyncio.get_running_loop().time() + 60
         while True:
+            # The positions are visible once the store's transaction commits, a moment before
+            # the projection hears its write came back; both must come.
             stored = await projector.projection.positions()
-            if all(stored.get(p, 0) >= end for p, end in ends.items()):
+            if (
+                all(stored.get(p, 0) >= end for p, end in ends.items())
+                and projector.projection.pending_events == 0
+            ):
                 break
-            assert asyncio.get_running_loop().time() < deadline, "caught up but never stored"
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"caught up but never stored: stored {stored} of {ends}, "
+                f"{projector.projection.pending_events} events pending"
+            )
             assert not running.done(), running
             await asyncio.sleep(0.1)
-        assert projector.projection.pending_events == 0
     finally:
         stop.set()
         await running

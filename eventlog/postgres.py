@@ -9,6 +9,10 @@ A batch is one transaction, so a process killed mid-append leaves it whole or ab
 returned append has reached PostgreSQL's WAL on disk (``synchronous_commit`` as the server has
 it; ``on`` by default).
 
+Records are stored packed, as in the SQLite file (`onward._storage.packing`: deflated against a
+dictionary of the JSON they repeat); rows written before packing, or by a foreign writer, read as
+they were stored.
+
 The tables come from ``onward db migrate`` (``schemas/sql/0013_eventlog.sql``); the first log
 opened on a schema records its partition count there, and every later one must agree.
 """
@@ -19,7 +23,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from onward._storage import BACKEND_TIMEOUT_S, PostgresStore
+from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, pack, unpack
 from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError
 
 from .base import (
@@ -165,8 +169,9 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
         run_id, partition, encoded = self._prepare(events)
+        rows = [pack(record) for record in encoded]
         async with self._connection(f"appending to partition {partition}", run_id) as conn:
-            first = await conn.fetchval(_APPEND, partition, run_id, encoded)
+            first = await conn.fetchval(_APPEND, partition, run_id, rows)
         if first is None:
             raise self._missing(partition)
         return [Position(partition, first + i) for i in range(len(encoded))]
@@ -198,7 +203,9 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
             )
         return [
             decode_record(
-                Position(partition, row["log_offset"]), row["record"], run_hint=row["run_id"]
+                Position(partition, row["log_offset"]),
+                unpack(row["record"]),
+                run_hint=row["run_id"],
             )
             for row in rows
             if row["log_offset"] is not None  # a partition with nothing in range: no row joined

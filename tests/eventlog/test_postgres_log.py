@@ -1,15 +1,18 @@
 """What the PostgreSQL log adds to the conformance suite: the partition count it was created
-with, a schema that was never migrated, and appenders in several processes sharing a partition."""
+with, a schema that was never migrated, appenders in several processes sharing a partition, and
+records stored packed."""
 
 from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 from support.processes import spawn_support
 
+from onward._storage.packing import PACKED
 from onward.errors import ConfigurationError, SchemaMismatchError
-from onward.eventlog import PostgresEventLog
+from onward.eventlog import PostgresEventLog, codec
 from onward.testing.eventlog import new_run_id, step_events
 
 PROCESSES = 4
@@ -84,3 +87,30 @@ async def test_appenders_in_several_processes_leave_dense_offsets_and_whole_batc
         for run_id in {line[0] for line in said}:
             seqs = [s.event.seq for s in await log.read_run(run_id)]
             assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_records_are_stored_packed_and_rows_written_before_packing_still_read(
+    database_url: str, pg_schema: str
+) -> None:
+    run_id = new_run_id()
+    events = step_events(run_id, 6, body="the same words again " * 40)
+    async with PostgresEventLog(database_url, schema=pg_schema, partitions=4) as log:
+        await log.append(events[:3])
+        # A record as a log written before packing holds it: the codec's bytes, unpacked.
+        await log.write_raw(run_id, codec.encode(events[3]))
+        await log.append(events[4:])
+        stored = await log.read_run(run_id)
+    assert [s.event for s in stored] == events
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        rows = [
+            bytes(r["record"])
+            for r in await conn.fetch("SELECT record FROM onward_log ORDER BY log_offset")
+        ]
+    finally:
+        await conn.close()
+    encoded = [codec.encode(e) for e in events]
+    assert not rows[3].startswith(PACKED)
+    packed = [n for n, row in enumerate(rows) if row.startswith(PACKED)]
+    assert packed == [0, 1, 2, 4, 5]
+    assert sum(len(rows[n]) for n in packed) < 0.5 * sum(len(encoded[n]) for n in packed)

@@ -2,7 +2,7 @@
 
 Each store is read directly, as an attacker with a copy of it would: the SQLite file's bytes,
 the Kafka topic's raw record bytes (values, keys and headers), and every column and every row
-(as text) of every Onward table in PostgreSQL.
+(as text) of every Onward table in PostgreSQL, compressed values opened as a reader would.
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ from typing import Any
 
 import asyncpg
 import pytest
+import zstandard
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from support.sqlite_files import stored_bytes
 
-from onward.eventlog import KafkaEventLog, SqliteEventLog, ToolCall
+from onward._storage import unpack
+from onward._storage.packing import PACKED
+from onward.eventlog import KafkaEventLog, PostgresEventLog, SqliteEventLog, ToolCall
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
@@ -79,8 +82,21 @@ async def raw_database(database_url: str, schema: str) -> str:
 
 def _text(value: object) -> str:
     if isinstance(value, bytes | memoryview):
-        return bytes(value).decode(errors="replace")
+        raw = bytes(value)
+        return "\n".join(b.decode(errors="replace") for b in (raw, _opened(raw)))
     return str(value)
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _opened(raw: bytes) -> bytes:
+    """A stored value as its reader sees it: a packed log record unpacked, a zstd frame (a
+    transcript message or chunk) decompressed; a search of the stored bytes alone would miss
+    text they hold."""
+    if raw.startswith(_ZSTD_MAGIC):
+        return zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+    return unpack(raw)
 
 
 async def test_a_secret_in_tool_arguments_is_masked_everywhere_at_rest(
@@ -196,5 +212,40 @@ async def test_a_password_argument_and_an_api_key_result_reach_neither_kafka_nor
     assert PASSWORD.encode() not in topic_bytes
     assert api_key.encode() not in topic_bytes
     assert "r-login" in database_text
+    assert PASSWORD not in database_text
+    assert api_key not in database_text
+
+
+async def test_a_password_argument_and_an_api_key_result_reach_no_table_of_the_postgres_backend(
+    database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    """The PostgreSQL backend stores its log in PostgreSQL too, packed: opened, no row holds
+    either secret."""
+    api_key = invented_key(rng)
+    agent = Agent(name="ops", instructions="log in", tools=[login_tool(api_key)])
+    async with (
+        PostgresEventLog(database_url, schema=pg_schema, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(database_url, schema=pg_schema) as store,
+        PostgresLeaseStore(database_url, schema=pg_schema) as leases,
+    ):
+        runner = AgentRunner(
+            provider=login_script(),
+            log=log,
+            frontiers=store,
+            leases=leases,
+            checkpoint_inline=True,
+        )
+        result = await runner.run(agent, "log ann in", tenant="acme", run_id="r-login")
+        assert result.status == "completed"
+        database_text = await raw_database(database_url, pg_schema)
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+        try:
+            records = [bytes(r[0]) for r in await conn.fetch("SELECT record FROM onward_log")]
+        finally:
+            await conn.close()
+    asked = [r for r in records if b"model.answered" in unpack(r) and b'"login"' in unpack(r)]
+    assert asked
+    assert all(r.startswith(PACKED) for r in asked)  # unread, a search would miss them
+    assert all(b'"password":"[REDACTED]"' in unpack(r) for r in asked)
     assert PASSWORD not in database_text
     assert api_key not in database_text

@@ -10,8 +10,11 @@ returned append has reached PostgreSQL's WAL on disk (``synchronous_commit`` as 
 it; ``on`` by default).
 
 Records are stored packed, as in the SQLite file (`onward._storage.packing`: deflated against a
-dictionary of the JSON they repeat); rows written before packing, or by a foreign writer, read as
-they were stored.
+dictionary of the JSON they repeat), on a log whose ``onward_log_meta`` says ``records = packed``:
+every log created by this version, and an older one once `PostgresEventLog.pack_records` (``onward
+db pack-records``) has been run, which is safe once no process of an earlier version reads it (one
+would take a packed record for an unreadable one). Every process reads both kinds of row, so a
+log written plain before, or by a foreign writer, reads as it was stored.
 
 The tables come from ``onward db migrate`` (``schemas/sql/0013_eventlog.sql``); the first log
 opened on a schema records its partition count there, and every later one must agree.
@@ -43,6 +46,9 @@ from .events import Event
 
 SCHEMA_VERSION = 1
 """The layout of the log's own rows, kept in ``onward_log_meta``."""
+
+PACKED_RECORDS = ("records", "packed")
+"""The ``onward_log_meta`` row of a log whose records are written packed."""
 
 _APPEND = """
 WITH allocated AS (
@@ -96,6 +102,22 @@ _READS = {
 }
 
 
+async def mark_records_packed(conn: asyncpg.Connection) -> bool | None:
+    """Mark the log on ``conn``'s schema as one whose records are written packed: True if
+    marked now, False if it was already, ``None`` if no log was opened on the schema yet (the
+    first one opened marks it)."""
+    async with conn.transaction():
+        if not await conn.fetchval("SELECT 1 FROM onward_log_meta WHERE key = 'schema_version'"):
+            return None
+        added = await conn.fetchval(
+            "INSERT INTO onward_log_meta (key, value) VALUES ($1, $2) "
+            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value "
+            "WHERE onward_log_meta.value IS DISTINCT FROM EXCLUDED.value RETURNING true",
+            *PACKED_RECORDS,
+        )
+    return bool(added)
+
+
 class PostgresEventLog(PostgresStore, EventLogBackend):
     """An `EventLog` in PostgreSQL tables.
 
@@ -129,6 +151,9 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
         PostgresStore.__init__(
             self, dsn, schema=schema, min_size=min_size, max_size=max_size, timeout_s=timeout_s
         )
+        self.packs_records = False
+        """Whether this log writes records packed: its meta said so when it was opened (or
+        `pack_records` was called on it)."""
 
     async def _started(self) -> None:
         """Record the partition count on a schema no log was opened on yet, or check it."""
@@ -141,14 +166,20 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
             if not meta:
                 await conn.executemany(
                     "INSERT INTO onward_log_meta (key, value) VALUES ($1, $2)",
-                    [("schema_version", str(SCHEMA_VERSION)), ("partitions", str(self.partitions))],
+                    [
+                        ("schema_version", str(SCHEMA_VERSION)),
+                        ("partitions", str(self.partitions)),
+                        PACKED_RECORDS,
+                    ],
                 )
                 await conn.execute(
                     "INSERT INTO onward_log_partition (partition, start_offset, next_offset) "
                     "SELECT p, 0, 0 FROM generate_series(0, $1 - 1) AS p",
                     self.partitions,
                 )
+                self.packs_records = True
                 return
+        self.packs_records = meta.get(PACKED_RECORDS[0]) == PACKED_RECORDS[1]
         where = f"schema {self._schema!r}" if self._schema else "the database"
         if int(meta["schema_version"]) != SCHEMA_VERSION:
             raise ConfigurationError(
@@ -162,6 +193,17 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
                 "partitions, so configure the original count"
             )
 
+    async def pack_records(self) -> bool:
+        """Write records packed from now on, in this log and in every one opened on its schema
+        after this; whether that is new (False: the log packed them already). Rows stored
+        before stay as they are. Call it once no process of a version that cannot read packed
+        records reads this log: processes opened before it keep writing plain records until
+        they are opened again, and every reader reads both."""
+        async with self._connection("packing the event log's records") as conn:
+            added = await mark_records_packed(conn)
+        self.packs_records = True
+        return bool(added)
+
     @staticmethod
     async def _meta(conn: asyncpg.Connection) -> dict[str, str]:
         rows = await conn.fetch("SELECT key, value FROM onward_log_meta")
@@ -169,7 +211,7 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
         run_id, partition, encoded = self._prepare(events)
-        rows = [pack(record) for record in encoded]
+        rows = [pack(record) for record in encoded] if self.packs_records else encoded
         async with self._connection(f"appending to partition {partition}", run_id) as conn:
             first = await conn.fetchval(_APPEND, partition, run_id, rows)
         if first is None:

@@ -48,7 +48,11 @@ _COMMANDS: dict[str, dict[str, str]] = {
         "schema": ".schema:schema_command",
         "demo": ".demo:demo_command",
     },
-    "db": {"migrate": ".db:migrate_command", "verify": ".db:verify_command"},
+    "db": {
+        "migrate": ".db:migrate_command",
+        "verify": ".db:verify_command",
+        "pack-records": ".db:pack_records_command",
+    },
     "projections": {"rebuild": ".projections:rebuild_command"},
     "quarantine": {"list": ".quarantine:list_command", "release": ".quarantine:release_command"},
 }
@@ -125,7 +129,9 @@ def _group(name: str, help: str, **options: Any) -> typer.Typer:
 
 
 app = _group("onward", "Onward: an event-sourced durable runtime for agent runs.", cls=_Root)
-db_app = _group("db", "The PostgreSQL schema: migrate and verify.", cls=_LazyGroup)
+db_app = _group(
+    "db", "The PostgreSQL schema: migrate, verify, pack the log's records.", cls=_LazyGroup
+)
 projections_app = _group("projections", "Projections of the event log.", cls=_LazyGroup)
 quarantine_app = _group(
     "quarantine", "Runs the projector set aside: a record cannot be read.", cls=_LazyGroup

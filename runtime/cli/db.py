@@ -1,4 +1,5 @@
-"""`onward db migrate` and `onward db verify`: the PostgreSQL schema in ``DATABASE_URL``."""
+"""`onward db migrate`, `onward db verify` and `onward db pack-records`: the PostgreSQL schema in
+``DATABASE_URL``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncpg
 
 from onward._storage import connected
 from onward.errors import ConfigurationError
+from onward.eventlog.postgres import mark_records_packed
 from onward.projections.builds import active_build
 from onward.projections.migrations import schema_version_postgres
 from onward.projections.postgres import PROJECTION, PostgresFrontierStore, migrate
@@ -114,3 +116,38 @@ def verify_command(as_json: JsonResultOption = False) -> None:
         echo_json({"schema_version": version, "frontiers_build": build, "ok": True})
         return
     out.print(f"schema version {version}, frontiers build {build}: ok")
+
+
+def pack_records_command(as_json: JsonResultOption = False) -> None:
+    """Have the PostgreSQL event log (ONWARD_BACKEND=postgres) store its records packed from
+    now on, as a log created by this version does.
+
+    Run it once every process that reads the log runs this version: an earlier one takes a
+    packed record for an unreadable one. Processes already running keep writing plain records
+    until they restart; every process of this version reads both. Stored rows are left as they
+    are.
+
+    Exit 0: the log packs its records (now or already). 2: bad configuration or credentials,
+    or no event log on the schema yet (the first one opened packs its records). 5: PostgreSQL
+    failed.
+    """
+    config = load_settings()
+
+    async def run() -> bool | None:
+        async with _connection(config) as conn:
+            return await mark_records_packed(conn)
+
+    marked = asyncio.run(run())
+    if marked is None:
+        raise ConfigurationError(
+            "no event log on this schema yet: the first process that opens one with "
+            "ONWARD_BACKEND=postgres creates it, and it packs its records"
+        )
+    if as_json:
+        echo_json({"packed": True, "changed": marked})
+        return
+    out.print(
+        "records are packed from now on (processes running now pack once they restart)"
+        if marked
+        else "records were packed already"
+    )

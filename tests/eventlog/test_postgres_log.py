@@ -9,10 +9,12 @@ import asyncio
 import asyncpg
 import pytest
 from support.processes import spawn_support
+from typer.testing import CliRunner
 
 from onward._storage.packing import PACKED
 from onward.errors import ConfigurationError, SchemaMismatchError
 from onward.eventlog import PostgresEventLog, codec
+from onward.runtime.cli import app
 from onward.testing.eventlog import new_run_id, step_events
 
 PROCESSES = 4
@@ -101,16 +103,107 @@ async def test_records_are_stored_packed_and_rows_written_before_packing_still_r
         await log.append(events[4:])
         stored = await log.read_run(run_id)
     assert [s.event for s in stored] == events
-    conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
-    try:
-        rows = [
-            bytes(r["record"])
-            for r in await conn.fetch("SELECT record FROM onward_log ORDER BY log_offset")
-        ]
-    finally:
-        await conn.close()
+    rows = await stored_records(database_url, pg_schema)
     encoded = [codec.encode(e) for e in events]
     assert not rows[3].startswith(PACKED)
     packed = [n for n, row in enumerate(rows) if row.startswith(PACKED)]
     assert packed == [0, 1, 2, 4, 5]
     assert sum(len(rows[n]) for n in packed) < 0.5 * sum(len(encoded[n]) for n in packed)
+
+
+async def stored_records(database_url: str, schema: str) -> list[bytes]:
+    """The log's rows as stored, in offset order (one partition's, in these tests)."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        return [
+            bytes(r["record"])
+            for r in await conn.fetch("SELECT record FROM onward_log ORDER BY log_offset")
+        ]
+    finally:
+        await conn.close()
+
+
+async def forget_packing(database_url: str, schema: str) -> None:
+    """Make the log on ``schema`` one created before records were packed: no meta row says so."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        await conn.execute("DELETE FROM onward_log_meta WHERE key = 'records'")
+    finally:
+        await conn.close()
+
+
+def pack_records_command(database_url: str, schema: str) -> tuple[int, str]:
+    env = {
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": schema,
+        "ONWARD_BACKEND": "postgres",
+    }
+    result = CliRunner().invoke(app, ["db", "pack-records"], env=env)
+    return result.exit_code, result.output
+
+
+async def test_a_log_created_before_packing_stays_plain_until_packing_is_turned_on(
+    database_url: str, pg_schema: str
+) -> None:
+    """A process of an earlier version reads a packed record as unreadable: a log it may still
+    read is written plain until `onward db pack-records` says every reader can read packed
+    ones; then every log opened after it packs, and every row, either kind, reads back."""
+    run_id = new_run_id()
+    events = step_events(run_id, 6, body="the same words again " * 40)
+    async with PostgresEventLog(database_url, schema=pg_schema, partitions=4) as log:
+        assert log.packs_records
+    await forget_packing(database_url, pg_schema)
+    async with PostgresEventLog(database_url, schema=pg_schema, partitions=4) as before:
+        assert not before.packs_records
+        await before.append(events[:2])
+        assert await asyncio.to_thread(pack_records_command, database_url, pg_schema) == (
+            0,
+            "records are packed from now on (processes running now pack once they restart)\n",
+        )
+        await before.append(events[2:4])  # opened before the switch: still plain
+        async with PostgresEventLog(database_url, schema=pg_schema, partitions=4) as after:
+            assert after.packs_records
+            await after.append(events[4:])
+            assert [s.event for s in await after.read_run(run_id)] == events
+        assert [s.event for s in await before.read_run(run_id)] == events
+    rows = await stored_records(database_url, pg_schema)
+    assert [row.startswith(PACKED) for row in rows] == [False] * 4 + [True] * 2
+    assert await asyncio.to_thread(pack_records_command, database_url, pg_schema) == (
+        0,
+        "records were packed already\n",
+    )
+
+
+async def test_packing_turned_on_in_the_library_writes_packed_at_once(
+    database_url: str, pg_schema: str
+) -> None:
+    run_id = new_run_id()
+    events = step_events(run_id, 4, body="the same words again " * 40)
+    async with PostgresEventLog(database_url, schema=pg_schema, partitions=4):
+        pass
+    await forget_packing(database_url, pg_schema)
+    async with PostgresEventLog(database_url, schema=pg_schema, partitions=4) as log:
+        await log.append(events[:2])
+        assert await log.pack_records() is True
+        assert await log.pack_records() is False
+        await log.append(events[2:])
+        assert [s.event for s in await log.read_run(run_id)] == events
+    rows = await stored_records(database_url, pg_schema)
+    assert [row.startswith(PACKED) for row in rows] == [False, False, True, True]
+
+
+def test_packing_a_schema_no_log_was_opened_on_is_refused_and_creates_nothing(
+    database_url: str, pg_schema: str
+) -> None:
+    code, output = pack_records_command(database_url, pg_schema)
+    assert code == 2
+    assert "no event log on this schema yet" in output
+
+    async def meta() -> list[str]:
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+        try:
+            return [r["key"] for r in await conn.fetch("SELECT key FROM onward_log_meta")]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(meta()) == []

@@ -388,7 +388,7 @@ class AgentRunner(Resource):
         tenant's, or stop the run before the call if that would pass one: the run ends
         ``failed``. The hold is keyed by the seq the call's answer is to be written at, which
         is returned (``None`` when no budget bounds the run or no ledger keeps spend); the
-        answer's record replaces it (`_record_spend`), a failed call releases it.
+        answer's record replaces it (`record_spend`), a failed call releases it.
 
         Raises:
             BudgetExceededError: It would; the model is not called.
@@ -446,7 +446,7 @@ class AgentRunner(Resource):
         except OnwardError as exc:
             _log.warning("run %s: the hold of a failed model call stays (%s)", run_id, exc)
 
-    async def _record_spend(self, run: HeldRun, answered: ModelAnswered) -> None:
+    async def record_spend(self, run: HeldRun, answered: ModelAnswered) -> None:
         """Record what the model call ``answered`` answers cost, keyed by the seq the answer
         is to be written at, before it is written: a crash between the two leaves the call
         counted (the provider was paid for it) under a seq that holds no answer, and the call
@@ -742,7 +742,7 @@ class AgentRunner(Resource):
             answered = self.writer.event(
                 run, ModelAnswered, message=reply.message, tool_calls=[], usage=reply.usage
             )
-            await self._record_spend(run, answered)
+            await self.record_spend(run, answered)
             error = (
                 f"the model asked for {asked} tool calls in one answer, over "
                 f"max_tool_calls_per_turn={self.max_tool_calls_per_turn}; none of them was run"
@@ -754,7 +754,7 @@ class AgentRunner(Resource):
         answered = self.writer.event(
             run, ModelAnswered, message=reply.message, tool_calls=calls, usage=reply.usage
         )
-        await self._record_spend(run, answered)
+        await self.record_spend(run, answered)
         if calls and self._dispatched_at_once(run, calls):
             dispatches = self._dispatches(run, calls, first=1)
             batch = [answered, *dispatches]

@@ -60,7 +60,8 @@ class OnwardDurability(BaseDurabilityCapability[AgentDepsT]):
             defaults: ``leases`` (embedded logs bring their own), ``frontiers`` (required for
             any log but the embedded ones), ``checkpoint_inline``, ``checkpoints``,
             ``redactor`` (recorded answers are masked too), ``blobs``, ``worker``,
-            ``lease_policy``.
+            ``lease_policy``, ``spend`` and ``prices`` (each model call's cost is recorded
+            in the ledger, once, under its answer's seq; budgets are not checked).
         name: The agent's name in the units' persisted names (default: the agent's own).
         models: Further models a run may switch to, by id (as for every durable engine).
         event_stream_handler: Receives the run's events (model events live, not replayed).

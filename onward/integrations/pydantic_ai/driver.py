@@ -162,7 +162,7 @@ class DurableRuns:
                 options={"replays": True},
             )
             await writer.append(run, [started])
-            journal = RunJournal(run, writer, [started])
+            journal = RunJournal(run, writer, [started], record_spend=self.runner.record_spend)
             return await self._execute(agent, journal, options)
 
     async def resume(
@@ -185,7 +185,12 @@ class DurableRuns:
             if not carried.claimed:
                 return DurableRunResult.settled(carried.frontier)
             run = HeldRun(described, held, carried.frontier, Conversation(""))
-            journal = RunJournal(run, self.runner.writer, await self._events(carried.frontier))
+            journal = RunJournal(
+                run,
+                self.runner.writer,
+                await self._events(carried.frontier),
+                record_spend=self.runner.record_spend,
+            )
             await journal.append(journal.event(ResumePlanned, **carried.plan.recorded()))
             outcome = await self._execute(agent, journal, options)
             return dataclasses.replace(outcome, plan=carried.plan)

@@ -131,11 +131,14 @@ class RunJournal:
         run: The run as this worker holds it (lease, frontier).
         writer: The write path every append goes through.
         events: The run's counted events so far, in order.
+        record_spend: Records what a model answer cost before the answer is appended
+            (`AgentRunner.record_spend`), as the runner does for its own model calls.
     """
 
     run: HeldRun
     writer: RunWriter
     events: Sequence[Event]
+    record_spend: Callable[[HeldRun, ModelAnswered], Awaitable[None]] | None = None
     answers: list[ModelAnswered] = field(init=False, default_factory=list)
     attempts: CallAttempts = field(init=False, default_factory=CallAttempts)
     waits: list[Wait] = field(init=False, default_factory=list)
@@ -200,6 +203,8 @@ class RunJournal:
             ),
             response=payload,
         )
+        if self.record_spend is not None:
+            await self.record_spend(self.run, answered)
         await self.append(answered)
         self._next_answer += 1
         self._turn = _turn_of(answered)

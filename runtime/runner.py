@@ -50,6 +50,7 @@ from onward.eventlog.events import (
     ApprovalRequested,
     Asked,
     Event,
+    Message,
     ModelAnswered,
     ResumePlanned,
     RunFinished,
@@ -319,7 +320,7 @@ class AgentRunner(Resource):
         async with self._holding(run_id, tenant, self.worker) as held:
             carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)
             if carried.claimed:
-                await self._release_hold(run_id, carried.claim_seq)
+                await self.release_hold(run_id, carried.claim_seq)
             self.check_budgets(agent, Budgets.of_run(agent, carried.frontier), run_id)
             conversation = Conversation(agent.instructions)
             claim_check = self.writer.claim_check
@@ -396,9 +397,23 @@ class AgentRunner(Resource):
         budgets = Budgets.of_run(run.agent, run.frontier)
         if not budgets.bounded or self.spend is None:
             return None
-        estimate = estimate_usage(
-            run.agent, run.conversation.messages, await self.spend.run_total(run.run_id)
-        )
+        return await self.hold_model_call(run, budgets, run.conversation.messages)
+
+    async def hold_model_call(
+        self, run: HeldRun, budgets: Budgets, messages: Sequence[Message]
+    ) -> int | None:
+        """Hold the next model call's cost, estimated from ``messages`` (what it is sent, as
+        far as the caller knows) and the run's calls so far, against ``budgets``; the seq held
+        (its answer's), or ``None`` when no budget bounds the run or no ledger keeps spend.
+        Over a budget, the run ends ``failed`` and `BudgetExceededError` is raised. A caller
+        that then fails to call the model gives the hold back (`release_hold`).
+
+        Raises:
+            BudgetExceededError: The call would pass a budget; the model is not to be called.
+        """
+        if not budgets.bounded or self.spend is None:
+            return None
+        estimate = estimate_usage(run.agent, messages, await self.spend.run_total(run.run_id))
         seq = self.writer.next_seq(run)  # the answer's, as `_model_step` writes it
         held = await self.spend.hold(
             SpendEntry(
@@ -434,7 +449,7 @@ class AgentRunner(Resource):
         )
         raise refusal
 
-    async def _release_hold(self, run_id: str, seq: int) -> None:
+    async def release_hold(self, run_id: str, seq: int) -> None:
         """Release the hold of a model call that failed, or that a holder which died mid-call
         left (its answer would have taken the seq the resume's claim took: a record there, of
         an answer the provider gave before the death, stays). A ledger that cannot be reached
@@ -735,7 +750,7 @@ class AgentRunner(Resource):
             reply = await self.provider.complete(run.agent, list(run.conversation.messages))
         except BaseException:
             if held is not None:
-                await self._release_hold(run.run_id, held)
+                await self.release_hold(run.run_id, held)
             raise
         asked = len(reply.tool_calls)
         if asked > self.max_tool_calls_per_turn:

@@ -22,8 +22,9 @@ from pydantic_ai.models import Model
 from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, DeferredToolResults, RunContext
 from pydantic_ai.toolsets import ToolsetTool
 
-from onward.errors import ConfigurationError
+from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.base import EventLog
+from onward.runtime.spend.budget import Budgets
 
 from .backend import OnwardOperationBackend, UnitConfig
 from .compat import external_events
@@ -61,7 +62,8 @@ class OnwardDurability(BaseDurabilityCapability[AgentDepsT]):
             any log but the embedded ones), ``checkpoint_inline``, ``checkpoints``,
             ``redactor`` (recorded answers are masked too), ``blobs``, ``worker``,
             ``lease_policy``, ``spend`` and ``prices`` (each model call's cost is recorded
-            in the ledger, once, under its answer's seq; budgets are not checked).
+            in the ledger, once, under its answer's seq, and held against the run's budgets
+            first).
         name: The agent's name in the units' persisted names (default: the agent's own).
         models: Further models a run may switch to, by id (as for every durable engine).
         event_stream_handler: Receives the run's events (model events live, not replayed).
@@ -106,6 +108,8 @@ class OnwardDurability(BaseDurabilityCapability[AgentDepsT]):
         user_prompt: str | None = None,
         *,
         run_id: str | None = None,
+        budget_micros: int | None = None,
+        tenant_budget_micros: int | None = None,
         **options: Any,
     ) -> DurableRunResult:
         """Start a run of ``agent`` and drive it until it finishes or waits on a person.
@@ -114,15 +118,35 @@ class OnwardDurability(BaseDurabilityCapability[AgentDepsT]):
             agent: An agent this capability is attached to.
             user_prompt: The prompt, recorded with the run (text).
             run_id: The run's id (default: a new one).
+            budget_micros: Most this run may spend on model calls, in micros (recorded with
+                it, so a resume keeps it): a call whose estimated cost would pass it is not
+                made, and the run ends ``failed`` with `BudgetExceededError`. Needs ``spend=``
+                and a price for the model (``prices=``).
+            tenant_budget_micros: The same for the run's tenant, all its runs together.
             options: Passed to ``agent.run`` (``deps``, ``model_settings``, ...), every time the
                 run is executed: pass the same ones to `resume`.
 
         Raises:
-            InvalidInputError: A run under that id exists.
+            InvalidInputError: A run under that id exists, or a budget is not a whole number of
+                micros, 0 or more.
+            ConfigurationError: A budget is set without a spend ledger or a price for the
+                model; nothing is written.
+            BudgetExceededError: A model call would pass a budget; the run ended ``failed``.
             ResumeConflictError: Another worker holds a run under that id.
         """
+        for name, budget in (
+            ("budget_micros", budget_micros),
+            ("tenant_budget_micros", tenant_budget_micros),
+        ):
+            if budget is not None and (type(budget) is not int or budget < 0):
+                raise InvalidInputError(
+                    f"{name} is a whole number of micros, 0 or more, not {budget!r}"
+                )
         described = self._described(agent, options)
-        return await self._runs.start(agent, described, user_prompt, run_id, options)
+        budgets = Budgets(run_micros=budget_micros, tenant_micros=tenant_budget_micros)
+        return await self._runs.start(
+            agent, described, user_prompt, run_id, options, budgets=budgets
+        )
 
     async def resume(
         self, agent: AbstractAgent[Any, Any], run_id: str, **options: Any

@@ -50,9 +50,10 @@ from onward.runtime.conversation import Conversation
 from onward.runtime.leases.holder import Leaseholder
 from onward.runtime.planning import ResumePlan
 from onward.runtime.runner import AgentRunner
+from onward.runtime.spend.budget import Budgets
 from onward.runtime.writer import HeldRun
 
-from .journal import RunJournal, RunSuspended
+from .journal import RunJournal, RunSpend, RunSuspended
 
 _REQUESTS = pydantic.TypeAdapter(DeferredToolRequests)
 _RESULTS = pydantic.TypeAdapter(DeferredToolResults)
@@ -140,14 +141,27 @@ class DurableRuns:
         user_prompt: str | None,
         run_id: str | None,
         options: Mapping[str, Any],
+        *,
+        budgets: Budgets | None = None,
     ) -> DurableRunResult:
-        """Record a new run and execute the agent on it."""
+        """Record a new run, with its own budgets if any, and execute the agent on it.
+
+        Raises:
+            ConfigurationError: A budget is set and this runner has no spend ledger, or no
+                price for the agent's model (nothing is written).
+        """
         if user_prompt is not None and not isinstance(user_prompt, str):
             raise InvalidInputError(
                 f"a durable run's prompt is text (it is recorded and fed again on resume), "
                 f"not {type(user_prompt).__name__}"
             )
         run_id = run_id or f"run-{uuid.uuid4().hex}"
+        budgets = budgets or Budgets()
+        self.runner.check_budgets(described, budgets, run_id)
+        named = {"budget_micros": budgets.run_micros, "tenant_budget_micros": budgets.tenant_micros}
+        # Executed again from its first event on resume: compaction keeps them all.
+        recorded: dict[str, Any] = {"replays": True}
+        recorded.update({name: budget for name, budget in named.items() if budget is not None})
         async with self._holding(run_id) as held:
             await self.runner.resumer.refuse_existing(run_id, held.lease)
             run = HeldRun(described, held, Frontier.empty(run_id, self.tenant), Conversation(""))
@@ -158,11 +172,10 @@ class DurableRuns:
                 agent=described.name,
                 revision=described.revision,
                 input=user_prompt,
-                # Executed again from its first event on resume: compaction keeps them all.
-                options={"replays": True},
+                options=recorded,
             )
             await writer.append(run, [started])
-            journal = RunJournal(run, writer, [started], record_spend=self.runner.record_spend)
+            journal = RunJournal(run, writer, [started], spend=RunSpend(self.runner, budgets))
             return await self._execute(agent, journal, options)
 
     async def resume(
@@ -184,12 +197,14 @@ class DurableRuns:
             carried = await self.runner.resumer.claim(described, held, worker=self.runner.worker)
             if not carried.claimed:
                 return DurableRunResult.settled(carried.frontier)
+            budgets = Budgets.of_run(described, carried.frontier)
+            self.runner.check_budgets(described, budgets, run_id)
             run = HeldRun(described, held, carried.frontier, Conversation(""))
             journal = RunJournal(
                 run,
                 self.runner.writer,
                 await self._events(carried.frontier),
-                record_spend=self.runner.record_spend,
+                spend=RunSpend(self.runner, budgets),
             )
             await journal.append(journal.event(ResumePlanned, **carried.plan.recorded()))
             outcome = await self._execute(agent, journal, options)

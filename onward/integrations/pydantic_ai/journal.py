@@ -41,6 +41,7 @@ from onward.eventlog import (
     ApprovalRequested,
     Message,
     ModelAnswered,
+    RunStarted,
     ToolCall,
     ToolCompleted,
     ToolDispatched,
@@ -50,6 +51,7 @@ from onward.eventlog import (
 )
 from onward.runtime.dispatch import write_ahead
 from onward.runtime.leases import RunLease
+from onward.runtime.spend.budget import Budgets
 from onward.runtime.tools import idempotency_key, tool_error
 from onward.runtime.writer import HeldRun, RunWriter
 
@@ -57,6 +59,7 @@ from .attempts import CallAttempts, undecided
 
 if TYPE_CHECKING:
     from onward.eventlog import Event
+    from onward.runtime.runner import AgentRunner
 from .compat import unit_completed
 
 _RESPONSE = pydantic.TypeAdapter(ModelResponse)
@@ -123,6 +126,20 @@ class Wait:
     answer: ApprovalGranted | ApprovalDenied | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RunSpend:
+    """Where a journaled run's model calls are counted, and the budgets they are held against.
+
+    Attributes:
+        runner: The runner whose spend ledger and prices count them (`AgentRunner.record_spend`,
+            `AgentRunner.hold_model_call`).
+        budgets: The run's budgets, as its `RunStarted` recorded them.
+    """
+
+    runner: AgentRunner
+    budgets: Budgets
+
+
 @dataclass
 class RunJournal:
     """The recorded units of one held run, and the appends of its re-execution.
@@ -131,14 +148,14 @@ class RunJournal:
         run: The run as this worker holds it (lease, frontier).
         writer: The write path every append goes through.
         events: The run's counted events so far, in order.
-        record_spend: Records what a model answer cost before the answer is appended
-            (`AgentRunner.record_spend`), as the runner does for its own model calls.
+        spend: Where the run's model calls are counted and the budgets they are held
+            against, as the runner counts and holds its own; ``None``: not counted.
     """
 
     run: HeldRun
     writer: RunWriter
     events: Sequence[Event]
-    record_spend: Callable[[HeldRun, ModelAnswered], Awaitable[None]] | None = None
+    spend: RunSpend | None = None
     answers: list[ModelAnswered] = field(init=False, default_factory=list)
     attempts: CallAttempts = field(init=False, default_factory=CallAttempts)
     waits: list[Wait] = field(init=False, default_factory=list)
@@ -187,7 +204,13 @@ class RunJournal:
             unit_completed(executed=False)
             return answered.response
         await self._settle_turn()
-        payload = await ask()
+        held = await self._hold()
+        try:
+            payload = await ask()
+        except BaseException:
+            if held is not None and self.spend is not None:
+                await self.spend.runner.release_hold(self.run_id, held)
+            raise
         response = _RESPONSE.validate_python(payload)
         calls = [
             self._keyed(part.tool_call_id, part.tool_name, part.args_as_dict())
@@ -203,13 +226,28 @@ class RunJournal:
             ),
             response=payload,
         )
-        if self.record_spend is not None:
-            await self.record_spend(self.run, answered)
+        if self.spend is not None:
+            await self.spend.runner.record_spend(self.run, answered)
         await self.append(answered)
         self._next_answer += 1
         self._turn = _turn_of(answered)
         unit_completed(executed=True)
         return payload
+
+    async def _hold(self) -> int | None:
+        """Hold the next model call's estimated cost against the run's budgets (the seq held),
+        or end the run ``failed`` and raise if it would pass one. The estimate reads the run's
+        prompt and its calls so far: pydantic-ai's request is not seen before it is sent.
+
+        Raises:
+            BudgetExceededError: The call would pass a budget; the model is not asked.
+        """
+        if self.spend is None or not self.spend.budgets.bounded:
+            return None
+        started = next((e for e in self.events if isinstance(e, RunStarted)), None)
+        prompt = started.input if started is not None and isinstance(started.input, str) else ""
+        sent = [Message(role="user", content=prompt)]
+        return await self.spend.runner.hold_model_call(self.run, self.spend.budgets, sent)
 
     def _keyed(self, model_call_id: str, tool: str, args: dict[str, Any]) -> ToolCall:
         """A call with an id unique in the run (a model may reuse ids across turns) and its key."""

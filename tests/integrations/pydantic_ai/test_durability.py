@@ -7,16 +7,14 @@ crash left them and the run's lease is let go, so the test resumes at once.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import ToolCallPart
-from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
-from support.stores import Stores, sqlite_stores
+from support.stores import Stores
 
 from integrations.pydantic_ai.world import (
     TENANT,
@@ -54,20 +52,8 @@ from onward.runtime.blobs import DEFAULT_THRESHOLD, SqliteBlobStore
 from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy
-from onward.runtime.spend import PriceTable, SqliteSpendLedger
 
 RUN = "r-1"
-
-
-@pytest.fixture
-async def stores(tmp_path: Path) -> AsyncIterator[Stores]:
-    async with sqlite_stores(tmp_path / "onward.db") as opened:
-        yield opened
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(tmp_path / "ledger.jsonl")
 
 
 @pytest.fixture
@@ -435,37 +421,3 @@ async def test_a_waiting_run_goes_on_after_its_partition_is_cut(
 
     assert done.output == "done: seat 3A booked"
     assert len(ledger.entries()) == 11
-
-
-async def test_each_model_answer_is_counted_in_the_spend_ledger_once(
-    stores: Stores, ledger: Ledger, tmp_path: Path
-) -> None:
-    """A spend ledger given to the capability counts each model call once, under the seq of
-    its answer, at the price of the agent's model: recorded before the answer, never again
-    when a resume replays it."""
-    script = Script(faults=Faults({"second_answer"}))
-    model = FunctionModel(script.answer)  # the model `booking_agent` builds, for its name
-    prices = PriceTable({model.model_name: ("2", "5")})
-    async with SqliteSpendLedger(tmp_path / "onward.db") as spend:
-        durability = durability_on(stores, worker="here", spend=spend, prices=prices)
-        await crash(durability, booking_agent(durability, ledger, script))
-        assert [e.seq for e in await spend.entries(RUN)] == [
-            e.seq for e in await events(stores) if isinstance(e, ModelAnswered)
-        ]
-        done = await durability.resume(booking_agent(durability, ledger, script), RUN)
-        assert done.status == "completed"
-        entries = await spend.entries(RUN)
-        total = await spend.run_total(RUN)
-        tenant_total = await spend.tenant_total(TENANT)
-    answers = [e for e in await events(stores) if isinstance(e, ModelAnswered)]
-    assert script.asked == 3  # the first answer was replayed on resume, not asked again
-    assert len(answers) == 2
-    assert [(e.seq, e.model, e.input_tokens, e.output_tokens) for e in entries] == [
-        (a.seq, model.model_name, a.usage.input_tokens, a.usage.output_tokens) for a in answers
-    ]
-    assert all(a.usage.input_tokens > 0 for a in answers)
-    assert [e.micros for e in entries] == [
-        2 * a.usage.input_tokens + 5 * a.usage.output_tokens for a in answers
-    ]
-    assert total.calls == 2
-    assert total.micros == sum(e.micros for e in entries) == tenant_total.micros

@@ -7,7 +7,6 @@ lowest release leaves this file out.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import RequestInput
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
-from support.stores import Stores, sqlite_stores
+from support.stores import Stores
 
 from integrations.pydantic_ai.world import Crash, Faults, Script, durability_on
 from onward.eventlog import ApprovalGranted, ApprovalRequested
@@ -55,12 +54,6 @@ def asking_agent(
         return f"seat {seat} booked"
 
     return agent
-
-
-@pytest.fixture
-async def stores(tmp_path: Path) -> AsyncIterator[Stores]:
-    async with sqlite_stores(tmp_path / "onward.db") as opened:
-        yield opened
 
 
 async def test_a_wait_is_an_onward_approval_and_its_answer_is_acted_on(

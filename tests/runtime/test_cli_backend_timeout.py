@@ -63,6 +63,7 @@ USES: dict[str, set[str]] = {
     "quarantine release": {"postgres"},
     "db migrate": {"postgres"},
     "db verify": {"postgres"},
+    "db pack-records": {"postgres"},
     "runs": {"postgres"},
 }
 NO_STORE = {"schema", "demo"}

@@ -38,6 +38,7 @@ AGENT = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent
 COMMANDS: dict[str, list[str]] = {
     "db-migrate": ["db", "migrate"],
     "db-verify": ["db", "verify"],
+    "db-pack-records": ["db", "pack-records"],
     "projector": ["projector"],
     "projections-rebuild": ["projections", "rebuild", "frontiers"],
     "inspect": ["inspect", *RUN],
@@ -56,6 +57,7 @@ COMMANDS: dict[str, list[str]] = {
 USES: dict[str, set[str]] = {
     "db-migrate": {"postgres"},
     "db-verify": {"postgres"},
+    "db-pack-records": {"postgres"},
     "projector": {"kafka", "postgres"},
     "projections-rebuild": {"kafka", "postgres"},
     **{name: {"kafka", "postgres", "redis"} for name in ("inspect", "replay", "run-resume")},

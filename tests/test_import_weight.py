@@ -169,4 +169,5 @@ def test_every_listed_command_loads() -> None:
                 seen.append(f"{group.name} {name}")
     assert "onward projector" in seen
     assert "projections rebuild" in seen
-    assert len(seen) == 20
+    assert "db pack-records" in seen
+    assert len(seen) == 21

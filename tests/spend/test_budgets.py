@@ -329,7 +329,7 @@ class DiesMidCall:
 class DeadRunner(AgentRunner):
     """A runner whose process dies: no handler of its runs on the way out."""
 
-    async def _release_hold(self, run_id: str, seq: int) -> None:
+    async def release_hold(self, run_id: str, seq: int) -> None:
         return None
 
 

@@ -216,6 +216,7 @@ class AgentRunner(Resource):
             claim_check=ClaimCheck(blobs) if blobs is not None else None,
             checkpointer=checkpointer,
             observer=observer,
+            spend=spend,
         )
 
     @property

@@ -5,21 +5,23 @@ events from the run's last seq; mask secrets (before anything is encoded or size
 too large for one record to the blob store (claim check); append, durable on return; fold the
 batch into the worker's frontier and stop with `FencedError` if the fold refused any of it
 (another worker claimed the run); keep the conversation in step; fold into the local frontier
-store where no projector does (embedded mode); tell the observer.
+store where no projector does (embedded mode); tell the observer; once the run is finished,
+drop its spend holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from onward.errors import FencedError
+from onward.errors import FencedError, OnwardError
 from onward.eventlog.base import EventLog, StoredEvent
-from onward.eventlog.events import Event, stamped
+from onward.eventlog.events import Event, RunFinished, stamped
 from onward.projections.frontier import Frontier, fold_all
 
 from .agent import Agent
@@ -29,8 +31,10 @@ from .conversation import Conversation
 from .leases.holder import Leaseholder
 from .observability.metrics import COUNTS
 from .redaction import Redactor
+from .spend import SpendLedger
 
 _E = TypeVar("_E", bound=Event)
+_log = logging.getLogger(__name__)
 
 
 class RunObserver(Protocol):
@@ -82,6 +86,8 @@ class RunWriter:
         claim_check: Moves bodies too large for one record out of line, if configured.
         checkpointer: Folds into the local frontier store after appends (embedded mode).
         observer: Sees each durable batch.
+        spend: The spend ledger, if any: a batch that finishes its run drops the run's holds
+            (`SpendLedger.release_run`), whichever way the run ended.
     """
 
     def __init__(
@@ -92,12 +98,14 @@ class RunWriter:
         claim_check: ClaimCheck | None,
         checkpointer: Checkpointer | None,
         observer: RunObserver | None,
+        spend: SpendLedger | None = None,
     ) -> None:
         self.log = log
         self.redactor = redactor
         self.claim_check = claim_check
         self.checkpointer = checkpointer
         self.observer = observer
+        self.spend = spend
 
     @staticmethod
     def next_seq(run: HeldRun, offset: int = 0) -> int:
@@ -158,6 +166,21 @@ class RunWriter:
                 await self.checkpointer.after_append(batch, positions, step=frontier.iteration)
             if self.observer is not None:
                 await self.observer.appended(batch)
+        if self.spend is not None and any(isinstance(e, RunFinished) for e in batch):
+            await self._release_holds(run.run_id)
+
+    async def _release_holds(self, run_id: str) -> None:
+        """Drop the finished run's holds. The run's end is durable already, so a ledger that
+        cannot be reached is logged, not raised: its holds then stay counted against the
+        budgets (never as spent) until ``release_run`` is called for the run again."""
+        assert self.spend is not None
+        try:
+            released = await asyncio.shield(self.spend.release_run(run_id))
+        except OnwardError as exc:
+            _log.warning("run %s finished; its held spend stays (%s)", run_id, exc)
+            return
+        if released:
+            _log.info("run %s finished; %d held micros released", run_id, released)
 
     async def restore(self, event: Event) -> Event:
         """An event as it was before the claim check moved its body out of line."""

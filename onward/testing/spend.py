@@ -248,6 +248,24 @@ class SpendLedgerConformance:
         after = await ledger.hold(entry(run_id, tenant, 3, 0))
         assert (after.run_micros, after.tenant_micros) == (20, 20)
 
+    async def test_releasing_a_run_drops_every_hold_of_it_and_keeps_its_spend(
+        self, ledger: SpendLedger
+    ) -> None:
+        run_id, other, tenant = new_run_id(), new_run_id(), new_tenant()
+        await ledger.record(entry(run_id, tenant, 1, 5))
+        await ledger.hold(entry(run_id, tenant, 2, 10))
+        await ledger.hold(entry(run_id, tenant, 3, 20))
+        await ledger.hold(entry(other, tenant, 1, 7))
+        assert await ledger.release_run(run_id) == 30
+        assert await ledger.release_run(run_id) == 0
+        assert await ledger.release_run(new_run_id()) == 0
+        assert await ledger.run_total(run_id) == Spend(micros=5, calls=1)
+        assert await ledger.tenant_total(tenant) == Spend(micros=5, calls=1)
+        after = await (await self.another(ledger)).hold(entry(run_id, tenant, 2, 0))
+        assert (after.run_micros, after.tenant_micros) == (5, 12)
+        # The key is free again: a hold there is decided afresh against the budget.
+        assert not (await ledger.hold(entry(run_id, tenant, 3, 90), tenant_budget=100)).held
+
     async def test_holds_made_at_once_never_pass_the_tenants_budget_together(
         self, ledger: SpendLedger
     ) -> None:

@@ -259,6 +259,13 @@ class SpendLedger(AsyncResource, Protocol):
         Nothing held there: nothing changes."""
         ...
 
+    async def release_run(self, run_id: str) -> int:
+        """Drop every hold of ``run_id``: the run has ended, so none of its calls is being
+        made, and a hold left by a worker that died mid-call (a run given up, or answered
+        and finished elsewhere) must not count against its tenant's budget forever. Recorded
+        spend stays. Returns the micros that were held (0 when nothing was)."""
+        ...
+
     async def record(self, entry: SpendEntry) -> bool:
         """Record one call's cost under (``run_id``, ``seq``), once, replacing its hold.
 

@@ -51,6 +51,13 @@ class MemorySpendLedger(Resource):
     async def release(self, run_id: str, seq: int) -> None:
         self._drop_hold(run_id, seq)
 
+    async def release_run(self, run_id: str) -> int:
+        released = 0
+        for held in self._holds.pop(run_id, {}).values():
+            self._tenant_holds[held.tenant] -= held.micros
+            released += held.micros
+        return released
+
     def _drop_hold(self, run_id: str, seq: int) -> None:
         held = self._holds.get(run_id, {}).pop(seq, None)
         if held is not None:

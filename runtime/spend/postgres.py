@@ -67,6 +67,16 @@ _DROP_HOLD = (
     "UPDATE onward_spend_tenants t SET held = t.held - dropped.micros FROM dropped "
     "WHERE t.tenant = dropped.tenant"
 )
+_DROP_RUN_HOLDS = (
+    "WITH dropped AS (DELETE FROM onward_spend_holds WHERE run_id = $1 "
+    "RETURNING tenant, micros), "
+    "by_tenant AS (SELECT tenant, sum(micros)::bigint AS micros FROM dropped GROUP BY tenant), "
+    "lowered AS (UPDATE onward_spend_tenants t SET held = t.held - by_tenant.micros "
+    "FROM by_tenant WHERE t.tenant = by_tenant.tenant) "
+    "SELECT coalesce(sum(micros), 0)::bigint FROM by_tenant"
+)
+"""Every hold of a run dropped and each tenant's held sum lowered by its part, in one
+statement; the micros dropped."""
 _SUMS = (
     "coalesce(sum(micros), 0)::bigint AS micros, "
     "coalesce(sum(input_tokens), 0)::bigint AS input_tokens, "
@@ -131,6 +141,12 @@ class PostgresSpendLedger(PostgresStore):
             await conn.execute(_DROP_HOLD, run_id, seq)
 
         await self._run(release, "releasing held spend", run_id)
+
+    async def release_run(self, run_id: str) -> int:
+        async def release_run(conn: asyncpg.Connection) -> int:
+            return int(await conn.fetchval(_DROP_RUN_HOLDS, run_id))
+
+        return await self._run(release_run, "releasing a finished run's held spend", run_id)
 
     async def record(self, entry: SpendEntry) -> bool:
         check_entry(entry)

@@ -41,6 +41,7 @@ _ADD_HELD = (
     "VALUES (?1, 0, 0, 0, 0, ?2) ON CONFLICT (tenant) DO UPDATE SET held = held + ?2"
 )
 _DROP_HOLD = "DELETE FROM onward_spend_holds WHERE run_id = ? AND seq = ? RETURNING tenant, micros"
+_DROP_RUN_HOLDS = "DELETE FROM onward_spend_holds WHERE run_id = ? RETURNING tenant, micros"
 _SUB_HELD = "UPDATE onward_spend_tenants SET held = held - ? WHERE tenant = ?"
 
 
@@ -104,6 +105,19 @@ class SqliteSpendLedger(SqliteStore):
                 _drop_hold(conn, run_id, seq)
 
         await self._db.call(release, "releasing held spend", run_id)
+
+    async def release_run(self, run_id: str) -> int:
+        conn = self._db.connection()
+
+        def release_run() -> int:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                by_tenant: dict[str, int] = {}
+                for tenant, micros in conn.execute(_DROP_RUN_HOLDS, (run_id,)).fetchall():
+                    by_tenant[tenant] = by_tenant.get(tenant, 0) + int(micros)
+                conn.executemany(_SUB_HELD, [(m, t) for t, m in by_tenant.items()])
+                return sum(by_tenant.values())
+
+        return await self._db.call(release_run, "releasing a finished run's held spend", run_id)
 
     async def record(self, entry: SpendEntry) -> bool:
         check_entry(entry)

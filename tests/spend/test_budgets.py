@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,7 +29,7 @@ from support.spend import (
 from typer.testing import CliRunner
 
 import onward
-from onward.errors import BudgetExceededError, ConfigurationError
+from onward.errors import BackendUnavailableError, BudgetExceededError, ConfigurationError
 from onward.eventlog import Event, MemoryEventLog, ModelAnswered, Position, SqliteEventLog
 from onward.eventlog.events import Message
 from onward.runtime.agent import Agent
@@ -36,6 +37,7 @@ from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app as cli
 from onward.runtime.cli import frontier_main
 from onward.runtime.continuation import ContinuationPolicy
+from onward.runtime.fleet.requests import ResumeRun
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.options import Options
 from onward.runtime.providers import ModelReply, reply
@@ -359,6 +361,82 @@ async def test_a_hold_a_worker_left_dying_mid_call_is_released_when_the_run_resu
         micros=2 * CALL_MICROS, input_tokens=2 * IN, output_tokens=2 * OUT, calls=2
     )
     assert await tenant_held_and_spent() == spent.micros  # nothing held any more
+
+
+class AlwaysDies:
+    """A model no call of which ever answers: each process making one dies (`Crash`)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        self.calls += 1
+        raise Crash("the process died waiting for the model")
+
+
+async def test_a_run_given_up_leaves_nothing_held_by_the_holder_that_died_mid_call(
+    sqlite: Backends,
+) -> None:
+    """A run whose last attempt died mid-call is ended ``failed`` by the fleet without being
+    carried on (so no resume releases that attempt's hold): its end drops the hold, which
+    would otherwise count against the tenant's budget for ever."""
+    ledger = sqlite.spend
+    assert ledger is not None
+    model = AlwaysDies()
+    agent = stepper(tenant_budget_micros=10**9)
+    dead = DeadRunner(
+        provider=model,
+        log=sqlite.log,
+        frontiers=sqlite.frontiers,
+        checkpoint_inline=True,
+        leases=sqlite.leases,
+        worker="w1",
+        spend=ledger,
+        prices=sqlite.settings.price_table(),
+    )
+    with pytest.raises(Crash):
+        await dead.run(agent, "go", tenant=TENANT, run_id="left")
+    with pytest.raises(Crash):
+        await dead.resume(agent, "left", tenant=TENANT)  # the run's one attempt, dying too
+    probe = SpendEntry(run_id="probe", tenant=TENANT, seq=1, model=MODEL)
+    assert (await ledger.hold(probe)).tenant_micros > 0  # the dying attempt's estimate
+    worker = Worker(sqlite, model, {agent.name: agent}, max_attempts=1, backoff_s=0)
+    worker.submit(ResumeRun(run_id="left", tenant=TENANT))
+    await worker.drained()
+    frontier = await worker.runner.inspect("left", tenant=TENANT)
+    assert frontier.status == "failed", frontier
+    assert (frontier.error or "").startswith("gave up"), frontier.error
+    assert model.calls == 2  # given up, not carried on
+    assert (await ledger.hold(probe)).tenant_micros == 0
+    assert await ledger.run_total("left") == Spend()
+
+
+class LedgerLostAtTheEnd(MemorySpendLedger):
+    """A ledger that stops answering as the run ends: dropping its holds fails."""
+
+    async def release_run(self, run_id: str) -> int:
+        raise BackendUnavailableError("the spend ledger did not answer")
+
+
+async def test_a_run_ends_as_it_did_when_its_holds_cannot_be_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's end is durable before its holds are dropped: a ledger lost at that moment
+    is logged, and the run still ends completed with its spend recorded."""
+    ledger = LedgerLostAtTheEnd()
+    runner = AgentRunner(
+        provider=steps(finish_after=1),
+        log=MemoryEventLog(),
+        spend=ledger,
+        prices=PriceTable({MODEL: (1, 5)}),
+    )
+    with caplog.at_level(logging.WARNING, logger="onward.runtime.writer"):
+        result = await runner.run(stepper(budget_micros=10**9), "go", tenant=TENANT, run_id="r")
+    assert result.status == "completed"
+    assert (await ledger.run_total("r")).micros == CALL_MICROS
+    assert any("run r finished; its held spend stays" in r.getMessage() for r in caplog.records), (
+        caplog.text
+    )
 
 
 async def test_recording_a_call_again_changes_nothing(sqlite: Backends) -> None:

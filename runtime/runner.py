@@ -396,8 +396,6 @@ class AgentRunner(Resource):
             BudgetExceededError: It would; the model is not called.
         """
         budgets = Budgets.of_run(run.agent, run.frontier)
-        if not budgets.bounded or self.spend is None:
-            return None
         return await self.hold_model_call(run, budgets, run.conversation.messages)
 
     async def hold_model_call(

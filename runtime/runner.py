@@ -589,6 +589,28 @@ class AgentRunner(Resource):
                 )
             await self.writer.append(run, events)
 
+    async def cancel(self, run_id: str, *, tenant: str, by: str, why: str = "") -> Frontier:
+        """End a run ``cancelled`` as a person, whatever it was doing: running (its holder
+        gone), waiting on a person, or left for one. Nothing of it is carried on after; the
+        spend it holds is released (`RunWriter`). A call dispatched and never settled stays
+        undecided in its record: it may have run. Returns the run's frontier as it ended.
+
+        Raises:
+            InvalidInputError: The run has ended already (naming how); nothing was written.
+            ResumeConflictError: Another worker holds the run; nothing was written.
+        """
+        if why:
+            check_note("why", why, run_id=run_id)
+        async with self._as_person(run_id, tenant, by) as run:
+            if run.frontier.finished:
+                raise InvalidInputError(
+                    f"run {run_id!r} has ended already ({run.frontier.status})", run_id=run_id
+                )
+            error = f"cancelled by {by}" + (f": {why}" if why else "")
+            finished = self.writer.event(run, RunFinished, status="cancelled", error=error)
+            await self.writer.append(run, [finished])
+            return run.frontier
+
     async def resolve(
         self,
         run_id: str,

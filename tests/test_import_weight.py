@@ -170,4 +170,4 @@ def test_every_listed_command_loads() -> None:
     assert "onward projector" in seen
     assert "projections rebuild" in seen
     assert "db pack-records" in seen
-    assert len(seen) == 21
+    assert len(seen) == 22

@@ -1,6 +1,6 @@
 """The `onward` command line: the command tree, one module per area.
 
-``listing`` (runs), ``runs`` (inspect, start, run --resume, approve, deny, resolve, tag,
+``listing`` (runs), ``runs`` (inspect, start, run --resume, approve, deny, resolve, cancel, tag,
 replay), ``compact``, ``gc``, ``projections`` (projector, projections rebuild), ``quarantine``
 (list, release), ``worker``, ``db`` (migrate, verify), ``schema`` and ``demo``; ``_common`` holds
 the consoles, the exit codes and the boundary every command runs inside. ``embedding``:
@@ -39,6 +39,7 @@ _COMMANDS: dict[str, dict[str, str]] = {
         "approve": ".runs:approve_command",
         "deny": ".runs:deny_command",
         "resolve": ".runs:resolve_command",
+        "cancel": ".runs:cancel_command",
         "tag": ".runs:tag_command",
         "replay": ".runs:replay_command",
         "compact": ".compact:compact_command",

@@ -475,6 +475,41 @@ def resolve_command(
     )
 
 
+def cancel_command(
+    run_id: RunArgument,
+    *,
+    tenant: TenantOption = DEFAULT_TENANT,
+    by: Annotated[str, typer.Option("--by", help="Who cancels it; recorded in the log.")],
+    why: Annotated[str, typer.Option(help="Why; recorded in the log with who.")] = "",
+    as_json: JsonResultOption = False,
+) -> None:
+    """End a run cancelled: nothing of it is carried on after, and the spend it holds is
+    released. For a run nobody should carry on (a worker gave it up, or it is not wanted).
+
+    A call it dispatched and never settled stays undecided in its record (it may have run);
+    the command names each such call on stderr.
+
+    Exit 0: cancelled. 1: no such run. 2: bad input (the run has ended already). 3: another
+    worker holds the run (stop it, or wait until its lease lapses). 5: a store failed.
+    """
+
+    async def work(backends: Backends) -> Frontier:
+        return await backends.runner(NoModel()).cancel(run_id, tenant=tenant, by=by, why=why)
+
+    ended = with_backends(work)
+    undecided = [c for c in ended.calls if c.dispatched_seq is not None and c.outcome is None]
+    for call in undecided:
+        error(
+            f"call {call.call_id} ({call.tool}) was dispatched and never settled: it may have "
+            "run; its record says undecided"
+        )
+    if as_json:
+        facts = {"run": run_id, "tenant": tenant, "status": ended.status, "by": by, "why": why}
+        echo_json({**facts, "undecided_calls": [c.call_id for c in undecided]})
+        return
+    out.print(shown(f"cancelled run {run_id} (by {by})"), soft_wrap=True)
+
+
 def tag_command(
     run_id: RunArgument,
     label: Annotated[str, typer.Argument(metavar="LABEL", help="The label, e.g. phase-1-done.")],

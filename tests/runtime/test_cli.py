@@ -255,6 +255,81 @@ def test_deny_ends_the_run_cancelled(db: Path) -> None:
     assert "nothing: the run is cancelled" in shown.stdout
 
 
+def events_in(db: Path, run_id: str) -> list[Event]:
+    """The run's events as the SQLite file ``db`` holds them."""
+
+    async def read() -> list[Event]:
+        async with SqliteEventLog(db) as log:
+            return [stored.event for stored in await log.read_run(run_id)]
+
+    return asyncio.run(read())
+
+
+def test_cancel_ends_a_run_left_dead_and_names_the_call_it_left_undecided(db: Path) -> None:
+    run_id = start(db, crash_at="tool.returned")
+    args = ["--tenant", TENANT, "--by", "ops", "--why", "the customer withdrew"]
+    cancelled = onward(db, "cancel", run_id, *args)
+    assert cancelled.exit_code == 0, cancelled.output
+    assert f"cancelled run {run_id} (by ops)" in cancelled.stdout
+    assert "call b (book) was dispatched and never settled: it may have run" in cancelled.stderr
+    shown = json.loads(onward(db, "inspect", run_id, "--tenant", TENANT, "--json").stdout)
+    assert (shown["status"], shown["error"]) == (
+        "cancelled",
+        "cancelled by ops: the customer withdrew",
+    )
+    resumed = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *AGENT)
+    assert resumed.exit_code == 0, resumed.output
+    assert "status cancelled" in resumed.stdout
+    assert cli_agent.effects("book", run_id, "b") == 1  # never made again
+
+
+def test_cancelling_a_run_that_has_ended_exits_2_and_writes_nothing(db: Path) -> None:
+    run_id = waiting_run(db)
+    first = onward(db, "cancel", run_id, "--tenant", TENANT, "--by", "ann", "--json")
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout) == {
+        "run": run_id,
+        "tenant": TENANT,
+        "status": "cancelled",
+        "by": "ann",
+        "why": "",
+        "undecided_calls": [],
+    }
+    before = events_in(db, run_id)
+    again = onward(db, "cancel", run_id, "--tenant", TENANT, "--by", "ann")
+    assert again.exit_code == 2, again.output
+    assert f"run '{run_id}' has ended already (cancelled)" in again.stderr
+    assert events_in(db, run_id) == before
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("--why", "gone\x1b[2J", "why holds the control character '\\x1b'"),
+        ("--by", "", "by must not be empty"),
+        ("--by", "a\x00b", "by holds the control character '\\x00'"),
+    ],
+)
+def test_cancel_with_a_bad_note_exits_2_naming_it_and_writes_nothing(
+    db: Path, option: str, value: str, named: str
+) -> None:
+    run_id = waiting_run(db)
+    before = events_in(db, run_id)
+    args = {"--by": "ann", "--why": "x"} | {option: value}
+    result = onward(
+        db, "cancel", run_id, "--tenant", TENANT, *(a for kv in args.items() for a in kv)
+    )
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"InvalidInputError: {named}"), result.stderr
+    assert events_in(db, run_id) == before
+
+
+def test_cancel_of_an_unknown_run_exits_1(db: Path) -> None:
+    waiting_run(db)
+    result = onward(db, "cancel", "nope", "--tenant", TENANT, "--by", "ann")
+    assert result.exit_code == 1, result.output
+
+
 def test_resolve_settles_an_undecided_call_and_resume_completes(db: Path) -> None:
     run_id = start(db, crash_at="tool.returned")
     settled = onward(

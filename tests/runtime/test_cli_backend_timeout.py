@@ -45,6 +45,7 @@ ARGUMENTS: dict[str, list[str]] = {
     "approve": [RUN[0], "p", *RUN[1:], "--by", "ann"],
     "deny": [RUN[0], "p", *RUN[1:], "--by", "ann"],
     "resolve": [RUN[0], "b", *RUN[1:], "--outcome", "never_ran", "--by", "ann", "--why", "x"],
+    "cancel": [*RUN, "--by", "ann"],
     "tag": [RUN[0], "phase-1", *RUN[1:]],
     "replay": RUN,
     "compact": ["--dry-run"],

@@ -53,6 +53,7 @@ COMMANDS: dict[str, list[str]] = {
         *RUN[1:],
         *("--outcome", "never_ran", "--by", "ann", "--why", "checked"),
     ],
+    "cancel": ["cancel", *RUN, "--by", "ann"],
 }
 USES: dict[str, set[str]] = {
     "db-migrate": {"postgres"},
@@ -61,7 +62,7 @@ USES: dict[str, set[str]] = {
     "projector": {"kafka", "postgres"},
     "projections-rebuild": {"kafka", "postgres"},
     **{name: {"kafka", "postgres", "redis"} for name in ("inspect", "replay", "run-resume")},
-    **{name: {"kafka", "postgres", "redis"} for name in ("approve", "deny", "resolve")},
+    **{name: {"kafka", "postgres", "redis"} for name in ("approve", "deny", "resolve", "cancel")},
 }
 FAULTS: dict[str, tuple[str, int]] = {
     # fault: (the store it breaks, the documented exit code)

@@ -1,6 +1,6 @@
-"""`approve`, `deny` and `resolve` take the run's lease, as `tag` does: while another worker holds
-it they exit 3 naming the holder and write nothing, and once it is handed back the same
-command goes through.
+"""`approve`, `deny`, `resolve` and `cancel` take the run's lease, as `tag` does: while another
+worker holds it they exit 3 naming the holder and write nothing, and once it is handed back the
+same command goes through.
 
 Each case leaves a run in an embedded SQLite file the way a worker leaves it (waiting on a
 person, or killed with a call undecided), has "other-worker" take the run's lease, and drives
@@ -34,6 +34,7 @@ ANSWERS: dict[str, list[str]] = {
     "approve": ["p", "--by", "ann"],
     "deny": ["p", "--by", "ann"],
     "resolve": ["b", "--outcome", "never_ran", "--by", "ops", "--why", "the airline has none"],
+    "cancel": ["--by", "ops", "--why", "not wanted"],
 }
 """Each command's arguments after the run id: the payment ``p`` of a run waiting on a person
 (approve, deny), the booking ``b`` of a run killed after the call returned (resolve)."""

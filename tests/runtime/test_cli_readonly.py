@@ -178,6 +178,7 @@ WRITERS = {
         *("resolve", "run-1", "b", "--tenant", TENANT),
         *("--outcome", "never_ran", "--by", "ann", "--why", "checked"),
     ],
+    "cancel": ["cancel", "run-1", "--tenant", TENANT, "--by", "ann"],
 }
 
 

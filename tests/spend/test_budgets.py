@@ -411,6 +411,35 @@ async def test_a_run_given_up_leaves_nothing_held_by_the_holder_that_died_mid_ca
     assert await ledger.run_total("left") == Spend()
 
 
+async def test_onward_cancel_releases_what_a_run_left_dead_mid_call_holds(
+    sqlite: Backends, tmp_path: Path
+) -> None:
+    """A run whose process died mid-call, which nobody carries on: a person cancels it, and
+    its hold stops counting against the tenant's budget."""
+    ledger = sqlite.spend
+    assert ledger is not None
+    agent = stepper(tenant_budget_micros=10**9)
+    dead = DeadRunner(
+        provider=AlwaysDies(),
+        log=sqlite.log,
+        frontiers=sqlite.frontiers,
+        checkpoint_inline=True,
+        leases=sqlite.leases,
+        worker="w1",
+        spend=ledger,
+        prices=sqlite.settings.price_table(),
+    )
+    with pytest.raises(Crash):
+        await dead.run(agent, "go", tenant=TENANT, run_id="left")
+    probe = SpendEntry(run_id="probe", tenant=TENANT, seq=1, model=MODEL)
+    assert (await ledger.hold(probe)).tenant_micros > 0
+    args = ["left", "--tenant", TENANT, "--by", "ops"]
+    code, out, err = await onward_cli(tmp_path / "onward.db", "cancel", *args)
+    assert code == 0, err
+    assert "cancelled run left (by ops)" in out
+    assert (await ledger.hold(probe)).tenant_micros == 0
+
+
 class LedgerLostAtTheEnd(MemorySpendLedger):
     """A ledger that stops answering as the run ends: dropping its holds fails."""
 

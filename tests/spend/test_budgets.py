@@ -374,6 +374,20 @@ class AlwaysDies:
         raise Crash("the process died waiting for the model")
 
 
+def dead_runner_on(backends: Backends, model: AlwaysDies) -> DeadRunner:
+    """A `DeadRunner` on the stores of ``backends`` (as `Backends.runner` builds one), worker w1."""
+    return DeadRunner(
+        provider=model,
+        log=backends.log,
+        frontiers=backends.frontiers,
+        checkpoint_inline=True,
+        leases=backends.leases,
+        worker="w1",
+        spend=backends.spend,
+        prices=backends.settings.price_table(),
+    )
+
+
 async def test_a_run_given_up_leaves_nothing_held_by_the_holder_that_died_mid_call(
     sqlite: Backends,
 ) -> None:
@@ -384,16 +398,7 @@ async def test_a_run_given_up_leaves_nothing_held_by_the_holder_that_died_mid_ca
     assert ledger is not None
     model = AlwaysDies()
     agent = stepper(tenant_budget_micros=10**9)
-    dead = DeadRunner(
-        provider=model,
-        log=sqlite.log,
-        frontiers=sqlite.frontiers,
-        checkpoint_inline=True,
-        leases=sqlite.leases,
-        worker="w1",
-        spend=ledger,
-        prices=sqlite.settings.price_table(),
-    )
+    dead = dead_runner_on(sqlite, model)
     with pytest.raises(Crash):
         await dead.run(agent, "go", tenant=TENANT, run_id="left")
     with pytest.raises(Crash):
@@ -419,16 +424,7 @@ async def test_onward_cancel_releases_what_a_run_left_dead_mid_call_holds(
     ledger = sqlite.spend
     assert ledger is not None
     agent = stepper(tenant_budget_micros=10**9)
-    dead = DeadRunner(
-        provider=AlwaysDies(),
-        log=sqlite.log,
-        frontiers=sqlite.frontiers,
-        checkpoint_inline=True,
-        leases=sqlite.leases,
-        worker="w1",
-        spend=ledger,
-        prices=sqlite.settings.price_table(),
-    )
+    dead = dead_runner_on(sqlite, AlwaysDies())
     with pytest.raises(Crash):
         await dead.run(agent, "go", tenant=TENANT, run_id="left")
     probe = SpendEntry(run_id="probe", tenant=TENANT, seq=1, model=MODEL)

@@ -50,11 +50,13 @@ from onward.runtime.backends import Backends, open_backends
 from onward.runtime.blobs import ClaimCheck
 from onward.runtime.fleet.requests import (
     AnswerRequest,
+    CancelRun,
     Request,
     Requests,
     ResumeRun,
     StartRun,
     TagRun,
+    check_request,
 )
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.leases.base import LeasePolicy
@@ -362,6 +364,47 @@ class App(Resource):
                 run_id=message.run_id, tenant=message.tenant, label=label, seq=message.seq, by=by
             )
         )
+
+    async def cancel(
+        self, run_id: str, *, by: str, why: str = "", tenant: str | None = None
+    ) -> None:
+        """End a run ``cancelled`` as person ``by`` (``why`` is recorded with it); nothing of
+        it is carried on after, and the spend it holds is released.
+
+        A run nobody is driving (waiting on a person, left for one, its worker gone) ends
+        before this returns in process. A run being driven, by this app's worker or, in a
+        fleet, by the worker that owns it, stops at its next boundary (before its next model
+        call; a tool call in flight finishes and is recorded) and then ends: its stream ends
+        with a result whose status is ``cancelled``.
+
+        Raises:
+            NothingToResumeError: No such run for the tenant.
+            InvalidInputError: ``by`` or ``why`` out of bounds, or the run has ended already
+                (naming how); nothing was written or sent.
+            ResumeConflictError: In process, another process holds the run (only the fleet
+                routes a cancel to whoever drives it).
+        """
+        tenant = tenant or self.tenant
+        request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
+        check_request(request)
+        frontier = await self._frontier(run_id, tenant)
+        if frontier.finished:
+            raise InvalidInputError(
+                f"run {run_id!r} has ended already ({frontier.status})", run_id=run_id
+            )
+        worker = self._worker
+        if worker is not None and not worker.carrying(run_id):
+            try:
+                await _as_person(
+                    worker.runner.cancel, run_id, waiting=False, tenant=tenant, by=by, why=why
+                )
+            except ResumeConflictError as exc:
+                if exc.holder != worker.name:
+                    raise
+                # This app's worker took it up a moment ago: it stops it first.
+            else:
+                return
+        await self._submit(request)
 
     async def _answer(
         self, frontier: Frontier, request_id: str | None, value: Any, approve: bool, by: str

@@ -11,6 +11,7 @@ from .member import FleetMember, WorkerStats
 from .requests import (
     DEFAULT_REQUESTS_TOPIC,
     AnswerRequest,
+    CancelRun,
     Request,
     Requests,
     ResumeRun,
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_GROUP",
     "DEFAULT_REQUESTS_TOPIC",
     "AnswerRequest",
+    "CancelRun",
     "FleetMember",
     "Request",
     "Requests",

@@ -79,6 +79,18 @@ class FleetMember(Protocol):
         """Whether a task of the worker is acting on the run now."""
         ...
 
+    def stopping(self, run_id: str | None) -> bool:
+        """Whether the run's tasks stop at their next boundary (draining, or a cancel)."""
+        ...
+
+    def stopping_run(self, run_id: str) -> AbstractAsyncContextManager[None]:
+        """While inside, the run's other tasks stop at their next boundary."""
+        ...
+
+    async def others_stopped(self, run_id: str) -> None:
+        """Until no task of the worker acts on the run but the caller's own."""
+        ...
+
     def launch(
         self, run_id: str, work: Awaitable[bool], done: Callable[[bool], None] | None = None
     ) -> None:

@@ -174,8 +174,10 @@ class Recovery:
         while self._lapsed and worker.free > 0 and not worker.draining:
             run_id = next(iter(self._lapsed))
             tenant = self._lapsed.pop(run_id)
-            if worker.carrying(run_id) or await worker.backends.leases.current(run_id):
-                continue  # taken since the pass, here or by another worker
+            if worker.carrying(run_id) or worker.stopping(run_id):
+                continue  # taken since the pass here, or being cancelled
+            if await worker.backends.leases.current(run_id):
+                continue  # taken by another worker since the pass
             if worker.free <= 0:  # filled while the lease store answered
                 self._lapsed = {run_id: tenant, **self._lapsed}
                 break
@@ -204,7 +206,7 @@ class Recovery:
             worker.count("failed")
             return True
         except Exception as exc:
-            if not worker.draining:  # draining stops runs on purpose: no failed attempt
+            if not worker.stopping(run_id):  # stopped on purpose: no failed attempt
                 await self._failed_attempt(run_id, tenant, exc)
             raise
         self._causes.pop(run_id, None)

@@ -24,7 +24,7 @@ from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.base import partition_for
 from onward.eventlog.codec import unencodable
 from onward.eventlog.kafka import topic_partition_count
-from onward.runtime.limits import check_depth, check_label, check_name
+from onward.runtime.limits import check_depth, check_label, check_name, check_note
 from onward.runtime.options import checked_options
 from onward.runtime.redaction import Redactor
 from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
@@ -76,7 +76,17 @@ class TagRun(msgspec.Struct, frozen=True, kw_only=True, tag="tag"):
     by: str = "tagger"
 
 
-Request = StartRun | ResumeRun | AnswerRequest | TagRun
+class CancelRun(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):
+    """End the run ``cancelled`` as person ``by`` (``why`` recorded with it); one its owner is
+    driving stops at its next boundary first (`AgentRunner.cancel`)."""
+
+    run_id: str
+    tenant: str
+    by: str
+    why: str = ""
+
+
+Request = StartRun | ResumeRun | AnswerRequest | TagRun | CancelRun
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Request)
@@ -137,6 +147,10 @@ def check_request(request: Request) -> None:
     elif isinstance(request, TagRun):
         check_label(f"{what}.label", request.label, run_id=run_id)
         check_name(f"{what}.by", request.by, run_id=run_id)
+    elif isinstance(request, CancelRun):
+        check_name(f"{what}.by", request.by, run_id=run_id)
+        if request.why:
+            check_note(f"{what}.why", request.why, run_id=run_id)
 
 
 def _check_encodable(field: str, value: Any, run_id: str) -> None:
@@ -300,6 +314,7 @@ __all__ = [
     "DEFAULT_REQUESTS_TOPIC",
     "REQUESTS_RETENTION_MS",
     "AnswerRequest",
+    "CancelRun",
     "Request",
     "Requests",
     "ResumeRun",

@@ -1,9 +1,14 @@
-"""Acting on a `Worker`'s requests: start a run, answer a person's request, tag, carry on.
+"""Acting on a `Worker`'s requests: start a run, answer a person's request, tag, cancel, carry
+on.
 
 Every write is made under the run's lease, so a rebalance that briefly gives a partition two
 owners is safe: the second owner's start, resume or answer gets `ResumeConflictError`; a start
-is deferred until the run exists, the rest are dropped, since whoever holds the run carries it
-on.
+is deferred until the run exists, an answer, a tag or a cancel is asked again until the run is
+free, a resume is dropped, since whoever holds the run carries it on.
+
+A cancel first stops the run where this worker drives it, at its next boundary (before its next
+model call, as a drain does: a tool call in flight finishes and is recorded), then writes the
+run's end under its lease, so no call of it is cut off mid-way and left undecided.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ from onward.errors import (
     InvalidInputError,
     ResumeConflictError,
 )
+from onward.projections.audit import printable
 from onward.runtime.options import checked_options
 from onward.runtime.result import RunResult
 
 from .member import FleetMember
 from .recovery import Recovery
-from .requests import AnswerRequest, Request, StartRun, TagRun, check_request
+from .requests import AnswerRequest, CancelRun, Request, StartRun, TagRun, check_request
 
 _log = logging.getLogger("onward.worker")
 
@@ -51,6 +57,8 @@ class RequestHandler:
             return await self._answer(request)
         if isinstance(request, TagRun):
             return await self._tag(request)
+        if isinstance(request, CancelRun):
+            return await self._cancel(request)
         return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
 
     async def _start(self, request: StartRun) -> bool:
@@ -141,3 +149,27 @@ class RequestHandler:
                 return False
             return await self._tag(request)
         return True
+
+    async def _cancel(self, request: CancelRun) -> bool:
+        """Stop the run's tasks here at their next boundary, then end it ``cancelled`` under
+        its lease. Held by another (a worker that took it up while this one's partitions were
+        moving, or a lease not lapsed yet): asked again after a backoff, until it is free."""
+        worker, run_id = self._worker, request.run_id
+        async with worker.stopping_run(run_id):
+            while True:
+                await worker.others_stopped(run_id)
+                try:
+                    await worker.runner.cancel(
+                        run_id, tenant=request.tenant, by=request.by, why=request.why
+                    )
+                except InvalidInputError as exc:  # it ended before the cancel reached it
+                    _log.warning("run %s: not cancelled: %s", printable(run_id), exc)
+                    return True
+                except (ResumeConflictError, FencedError):
+                    worker.stats.conflicts += 1
+                    if not await worker.sleep(worker.backoff_s):
+                        return False
+                    continue
+                _log.info("run %s cancelled by %s", printable(run_id), printable(request.by))
+                worker.count("cancelled")
+                return True

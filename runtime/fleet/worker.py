@@ -35,9 +35,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -76,8 +86,13 @@ DEFAULT_GROUP = "onward-workers"
 _LEAVE_S = 10.0
 
 
+_driving: contextvars.ContextVar[str | None] = contextvars.ContextVar("driving", default=None)
+"""The run the current task of a worker acts on (set by `Worker.launch`)."""
+
+
 class _Stopped(Exception):  # noqa: N818 - a signal between the observer and the worker
-    """The worker is draining: the run stops at this boundary and its lease is released."""
+    """The worker is draining, or the run is being cancelled: the run stops at this boundary
+    and its lease is released."""
 
 
 class _Boundaries:
@@ -95,7 +110,7 @@ class _Boundaries:
         return None
 
     async def before_model_call(self) -> None:
-        if self._worker.draining:
+        if self._worker.stopping(_driving.get()):
             raise _Stopped
 
 
@@ -150,6 +165,8 @@ class Worker:
         """In its consumer group with an assignment (possibly empty); not while rebalancing."""
         self._runs: dict[str, asyncio.Task[bool]] = {}
         self._draining = asyncio.Event()
+        self._stop_asked: Counter[str] = Counter()
+        self._stoppers: set[asyncio.Task[Any]] = set()
         self._slot = asyncio.Event()
         self._scans: set[asyncio.Task[None]] = set()
         self._starting: dict[str, _Once] = {}
@@ -159,6 +176,36 @@ class Worker:
     @property
     def draining(self) -> bool:
         return self._draining.is_set()
+
+    def stopping(self, run_id: str | None) -> bool:
+        """Whether the run's tasks here stop at their next boundary: the worker is draining, or
+        the run is being cancelled (`stopping_run`)."""
+        return self.draining or (run_id is not None and run_id in self._stop_asked)
+
+    @contextlib.asynccontextmanager
+    async def stopping_run(self, run_id: str) -> AsyncIterator[None]:
+        """While inside, the run's other tasks here stop at their next boundary (their leases
+        released, as when draining) and recovery leaves the run alone: a cancel is written."""
+        me = asyncio.current_task()
+        stoppers = {me} if me is not None else set()
+        self._stop_asked[run_id] += 1
+        self._stoppers |= stoppers
+        try:
+            yield
+        finally:
+            self._stoppers -= stoppers
+            self._stop_asked[run_id] -= 1
+            if not self._stop_asked[run_id]:
+                del self._stop_asked[run_id]
+
+    async def others_stopped(self, run_id: str) -> None:
+        """Until no task of this worker acts on the run but those stopping it (the caller's
+        own, and a second cancel of the same run, which would otherwise wait on each other)."""
+        name = f"run {run_id}"
+        while others := [
+            t for t in self._runs.values() if t.get_name() == name and t not in self._stoppers
+        ]:
+            await asyncio.wait(others)
 
     @property
     def in_flight(self) -> int:
@@ -241,6 +288,7 @@ class Worker:
         """Run ``work`` in a slot; ``done(acted)`` is told whether it was acted on."""
 
         async def guarded() -> bool:
+            _driving.set(run_id)
             try:
                 return await work
             except _Stopped:

@@ -7,6 +7,7 @@ first ended while its run waits on a person.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -16,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.appapi import agents, app_process, provider, until, until_completed
+from support.appapi import GatedModel, agents, app_process, provider, until, until_completed
 from support.processes import TESTS
 
 import onward
 from onward.errors import ConfigurationError, InvalidInputError, NothingToResumeError
-from onward.eventlog import Tagged
+from onward.eventlog import RunFinished, Tagged
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.base import partition_for
 from onward.runtime.application.messages import RunMessage
@@ -283,6 +284,64 @@ async def test_bad_requests_are_refused_with_what_was_wrong(app: onward.App) -> 
         await app.resume("done", {"go": True}).__anext__()
     with pytest.raises(InvalidInputError, match="waits on no answer"):
         await done[0].respond("hello")
+
+
+async def test_a_cancel_stops_a_run_being_driven_at_its_next_boundary(
+    settings: Settings, ledger: Ledger
+) -> None:
+    model = GatedModel()
+    async with onward.open(settings, agents=agents, provider=model) as app:
+        stream = app.query("work", {"agent": "stepper", "run_id": "stopped-1"})
+        reading = asyncio.create_task(stream.collect())
+        await asyncio.wait_for(model.asked.wait(), 30)
+        await app.cancel("stopped-1", by="ops", why="not wanted any more")
+        await app.cancel("stopped-1", by="ann")  # asked twice while it is going: one end
+        model.gate.set()  # the turn in flight is answered and its call made; then it stops
+        messages = await asyncio.wait_for(reading, 30)
+        last = messages[-1]
+        assert (last.type, last.status) == ("error", "cancelled")
+        # Whichever of the two cancels took the lease first ended it; the other found it ended.
+        assert last.content in ("cancelled by ops: not wanted any more", "cancelled by ann")
+
+        async def let_go() -> bool:  # the canceller hands the lease back after writing the end
+            state = await app.get_session_state("stopped-1")
+            assert state is not None
+            assert state.status == "cancelled"
+            return state.holder is None
+
+        await until(let_go, "the lease handed back")
+        events = [s.event for s in await app.backends.log.read_run("stopped-1")]
+        finished = [(e.status, e.error) for e in events if isinstance(e, RunFinished)]
+        assert finished == [("cancelled", last.content)]
+    assert model.turns == 2  # no model call after the cancel
+    assert sorted(e["n"] for e in ledger.entries()) == [1, 2]  # the call in flight, once
+
+
+async def test_a_cancel_ends_a_waiting_run_at_once_and_refuses_what_it_cannot(
+    app: onward.App, ledger: Ledger
+) -> None:
+    async for message in app.query("pay 5", {"agent": "payer", "run_id": "waiting-1"}):
+        if message.is_hil_request:
+            break
+    with pytest.raises(InvalidInputError, match="by"):
+        await app.cancel("waiting-1", by="")
+    with pytest.raises(InvalidInputError, match="why"):
+        await app.cancel("waiting-1", by="ops", why="bad\x00note")
+    with pytest.raises(NothingToResumeError):
+        await app.cancel("never-started", by="ops")
+    waiting = await app.get_session_state("waiting-1")
+    assert waiting is not None
+    assert waiting.status == "waiting"
+
+    await app.cancel("waiting-1", by="ops")
+    state = await app.get_session_state("waiting-1")
+    assert state is not None
+    assert state.status == "cancelled"
+    with pytest.raises(InvalidInputError, match=r"ended already \(cancelled\)"):
+        await app.cancel("waiting-1", by="ops")
+    last = (await app.resume("waiting-1").collect())[-1]
+    assert (last.type, last.status, last.content) == ("error", "cancelled", "cancelled by ops")
+    assert ledger.count("pay") == 0
 
 
 async def test_resuming_an_id_nobody_wrote_keeps_no_lease_state(app: onward.App) -> None:

@@ -24,7 +24,8 @@ from support.processes import spawn_onward
 from support.servers import KafkaServers
 
 import onward
-from onward.eventlog import ApprovalGranted, Tagged
+from onward.errors import InvalidInputError
+from onward.eventlog import ApprovalGranted, ModelAnswered, RunFinished, Tagged
 from onward.runtime.application.messages import RunMessage
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.settings import Settings
@@ -162,3 +163,36 @@ async def test_a_reader_that_stops_mid_run_later_sees_every_message_once(fleet: 
     assert first + rest == again
     assert [m.type for m in again][-1] == "result"
     assert len({m.position for m in again}) == len(again)
+
+
+async def test_a_runaway_run_its_worker_drives_is_cancelled_through_the_requests_topic(
+    fleet: Fleet,
+) -> None:
+    async with onward.open(fleet.settings) as app:
+        stream = app.query("loop", {"agent": "looper", "run_id": "runaway-1"})
+        async for message in stream:
+            if message.type == "progress" and (message.tools_done or 0) >= 3:
+                break  # going, with nothing to end it but a person
+        state = await app.get_session_state("runaway-1")
+        assert state is not None
+        assert state.status == "running"
+        assert state.holder == "worker0"
+        await app.cancel("runaway-1", by="ops", why="runaway loop")
+        last = (await asyncio.wait_for(stream.collect(), 60))[-1]
+        assert (last.type, last.status) == ("error", "cancelled")
+        assert last.content == "cancelled by ops: runaway loop"
+        state = await app.get_session_state("runaway-1")
+        assert state is not None
+        assert (state.status, state.holder) == ("cancelled", None)
+        events = [s.event for s in await app.backends.log.read_run("runaway-1")]
+        with pytest.raises(InvalidInputError, match="ended already"):
+            await app.cancel("runaway-1", by="ops")
+    ticks = [e["n"] for e in fleet.ledger.entries() if e["tool"] == "tick"]
+    answers = [e for e in events if isinstance(e, ModelAnswered)]
+    # Stopped before a model call, so every call the model asked for was made, once.
+    assert len(answers) == len(ticks) >= 3
+    assert ticks == list(range(1, len(ticks) + 1))
+    assert isinstance(events[-1], RunFinished)
+    await asyncio.sleep(1)
+    assert fleet.ledger.count("tick") == len(ticks)  # and nothing after its end
+

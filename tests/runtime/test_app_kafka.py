@@ -17,20 +17,17 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
-from support.appapi import agents, provider, script, until
+from support.appapi import GatedModel, agents, provider, until
 from support.deployment import kafka_settings
 from support.servers import KafkaServers
 
 import onward
 from onward.errors import NothingToResumeError
 from onward.eventlog import KafkaEventLog, Tagged
-from onward.eventlog.events import Message
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime import RedisLeaseStore
-from onward.runtime.agent import Agent
 from onward.runtime.application.messages import RunMessage
 from onward.runtime.demo_ledger import Ledger
-from onward.runtime.providers import ModelReply
 from onward.runtime.settings import Settings
 
 pytestmark = pytest.mark.kafka
@@ -134,23 +131,6 @@ async def test_a_tag_on_a_run_that_is_going_is_written_under_its_lease(app: onwa
     [(seq, label, fence)] = await tags()
     assert (seq, label) == (target, "first turn")
     assert fence > 1  # under a lease of its own, taken after the run's worker let go
-
-
-class GatedModel:
-    """The apps' scripted model, except that its second turn waits for ``gate`` (after setting
-    ``asked``): the moment a test closes the app with a run in flight."""
-
-    def __init__(self) -> None:
-        self.asked = asyncio.Event()
-        self.gate = asyncio.Event()
-        self.turns = 0
-
-    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
-        self.turns += 1
-        if self.turns == 2:
-            self.asked.set()
-            await self.gate.wait()
-        return script(messages)
 
 
 async def test_closing_the_app_hands_a_running_runs_lease_back_and_another_app_finishes_it(

@@ -25,6 +25,7 @@ from onward.runtime.cli.worker import load_agents
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.fleet.requests import (
     AnswerRequest,
+    CancelRun,
     StartRun,
     TagRun,
     decode_request,
@@ -44,6 +45,7 @@ def test_requests_round_trip_as_tagged_json() -> None:
         StartRun(run_id="r", tenant="t", agent="booker", input={"a": 1}),
         AnswerRequest(run_id="r", tenant="t", request_id="p", approve=True, by="ann", value=2),
         TagRun(run_id="r", tenant="t", label="x"),
+        CancelRun(run_id="r", tenant="t", by="ops", why="not wanted"),
     ):
         assert decode_request(encode_request(request)) == request
     assert b'"type":"start"' in encode_request(StartRun(run_id="r", tenant="t", agent="a"))

@@ -53,6 +53,7 @@ from onward.runtime.backends import open_backends
 from onward.runtime.checkpoint import CheckpointPolicy
 from onward.runtime.fleet.requests import (
     AnswerRequest,
+    CancelRun,
     Requests,
     ResumeRun,
     StartRun,
@@ -214,6 +215,9 @@ def test_options_refuse_control_characters_and_long_names(
         ),
         (TagRun(run_id="r", tenant=TENANT, label="x" * 201), "TagRun.label"),
         (TagRun(run_id="r", tenant=TENANT, label="ok", by="a\rb"), "TagRun.by"),
+        (CancelRun(run_id="r", tenant=TENANT, by=""), "CancelRun.by"),
+        (CancelRun(run_id="r", tenant=TENANT, by="ops", why="x" * 10_001), "CancelRun.why"),
+        (CancelRun(run_id="r", tenant=TENANT, by="ops", why="a\x07b"), "CancelRun.why"),
     ],
 )
 def test_requests_out_of_bounds_are_refused_when_decoded(request_: Any, named: str) -> None:

@@ -3,7 +3,9 @@
 ``payer`` pays once, a call that needs a person's approval; the tool records the value the
 call was approved with in the ledger ``APP_LEDGER`` names. ``stepper`` makes ``STEPS`` tool
 calls, one per turn, then answers with the notes a person gave it at checkpoints (every user
-message after the run's input), so a test sees that an answer reached the model.
+message after the run's input), so a test sees that an answer reached the model. ``looper``
+calls ``tick`` turn after turn and never ends: a runaway run, for the tests that cancel one.
+The model tells the agents apart by their instructions, the first message it is given.
 
 Run as ``python -m support.appapi`` it is an application process: ``query AGENT RUN_ID`` starts
 a run and prints its messages (JSON lines) until the run waits on a person or ends; ``resume
@@ -51,15 +53,29 @@ async def step(n: int, *, idempotency_key: str) -> dict[str, int]:
     return {"done": n}
 
 
+@tool
+async def tick(n: int, *, idempotency_key: str) -> dict[str, int]:
+    """One turn of a run that never ends by itself."""
+    await asyncio.sleep(0.02)
+    ledger().record("tick", idempotency_key, n=n)
+    return {"ticked": n}
+
+
 agents: dict[str, Agent] = {
     "payer": Agent(name="payer", instructions="pay what is asked", tools=[pay]),
     "stepper": Agent(name="stepper", instructions="work step by step", tools=[step]),
+    "looper": Agent(
+        name="looper", instructions="loop for ever", tools=[tick], max_iterations=100_000
+    ),
 }
 
 
 def script(messages: Sequence[Message]) -> ModelReply:
     """``payer``: one payment, then "paid"; ``stepper``: STEPS steps, then the notes it got."""
     turn = sum(1 for m in messages if m.role == "assistant")
+    if str(messages[0].content).startswith("loop"):
+        call = ToolCall(call_id=f"t{turn + 1}", tool="tick", args={"n": turn + 1})
+        return reply(f"tick {turn + 1}", call)
     if str(messages[0].content).startswith("pay"):
         if turn == 0:
             return reply("paying", ToolCall(call_id="p", tool="pay", args={"amount": 5}))
@@ -75,6 +91,23 @@ def script(messages: Sequence[Message]) -> ModelReply:
 
 def provider() -> ScriptedProvider:
     return ScriptedProvider(script)
+
+
+class GatedModel:
+    """`script`, except that its second turn waits for ``gate`` (after setting ``asked``): the
+    moment a test closes an app, or cancels a run, with the run in flight."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.turns = 0
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        self.turns += 1
+        if self.turns == 2:
+            self.asked.set()
+            await self.gate.wait()
+        return script(messages)
 
 
 async def until(check: Callable[[], Awaitable[object]], what: str) -> None:

@@ -1,4 +1,4 @@
-"""The run commands: inspect, run --resume, approve, deny, resolve, tag, replay."""
+"""The run commands: inspect, run --resume, approve, deny, resolve, cancel, tag, replay."""
 
 from __future__ import annotations
 
@@ -30,11 +30,12 @@ from onward.runtime.agent import Agent
 from onward.runtime.application.app import DEFAULT_TENANT
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.compaction import compaction_store
+from onward.runtime.fleet.requests import CancelRun, Requests
 from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy, RunLease
 from onward.runtime.limits import check_name
 from onward.runtime.providers import Provider
 from onward.runtime.runner import AgentRunner, new_run_id
-from onward.runtime.settings import load_settings
+from onward.runtime.settings import Settings, load_settings
 
 from ._common import (
     ArchiveOption,
@@ -481,20 +482,38 @@ def cancel_command(
     tenant: TenantOption = DEFAULT_TENANT,
     by: Annotated[str, typer.Option("--by", help="Who cancels it; recorded in the log.")],
     why: Annotated[str, typer.Option(help="Why; recorded in the log with who.")] = "",
+    wait: Annotated[
+        float | None,
+        typer.Option(
+            "--wait",
+            metavar="SECONDS",
+            help="While another holds the run, wait up to SECONDS for it; on Kafka, ask the "
+            "fleet's worker that owns it to stop it at its next boundary.",
+        ),
+    ] = None,
     as_json: JsonResultOption = False,
 ) -> None:
     """End a run cancelled: nothing of it is carried on after, and the spend it holds is
     released. For a run nobody should carry on (a worker gave it up, or it is not wanted).
 
     A call it dispatched and never settled stays undecided in its record (it may have run);
-    the command names each such call on stderr.
+    the command names each such call on stderr. A run a worker is driving: with --wait, the
+    worker of the fleet that owns it (Kafka, ONWARD_REQUEST_KEY set) is asked to stop it at its
+    next boundary (a tool call in flight finishes first), and the command waits for its end.
 
-    Exit 0: cancelled. 1: no such run. 2: bad input (the run has ended already). 3: another
-    worker holds the run (stop it, or wait until its lease lapses). 5: a store failed.
+    Exit 0: cancelled. 1: no such run. 2: bad input (the run has ended already, or ended
+    otherwise while waited for). 3: another holds the run (without --wait, or still at its
+    end). 5: a store failed.
     """
+    if wait is not None and not (wait > 0 and math.isfinite(wait)):
+        raise InvalidInputError(f"--wait must be positive, finite seconds, got {wait!r}")
 
     async def work(backends: Backends) -> Frontier:
-        return await backends.runner(NoModel()).cancel(run_id, tenant=tenant, by=by, why=why)
+        runner = backends.runner(NoModel())
+        request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
+        if wait is None:
+            return await runner.cancel(run_id, tenant=tenant, by=by, why=why)
+        return await _cancel_within(backends, runner, request, wait)
 
     ended = with_backends(work)
     undecided = [c for c in ended.calls if c.dispatched_seq is not None and c.outcome is None]
@@ -508,6 +527,78 @@ def cancel_command(
         echo_json({**facts, "undecided_calls": [c.call_id for c in undecided]})
         return
     out.print(shown(f"cancelled run {run_id} (by {by})"), soft_wrap=True)
+
+
+async def _cancel_within(
+    backends: Backends, runner: AgentRunner, request: CancelRun, wait: float
+) -> Frontier:
+    """Cancel the run, trying again while another holds it, for up to ``wait`` seconds; on
+    Kafka with a request key, the first refusal also asks the fleet to stop the run (a
+    `CancelRun` to the worker that owns its partition), which may then be the one to end it.
+
+    Raises:
+        ResumeConflictError: Still held once ``wait`` is over (saying whether the fleet was
+            asked: its worker still ends the run at its next boundary).
+        InvalidInputError: The run has ended, and not cancelled (it finished meanwhile).
+    """
+    settings = backends.settings
+    deadline = time.monotonic() + wait
+    asked = False
+    while True:
+        try:
+            return await runner.cancel(
+                request.run_id, tenant=request.tenant, by=request.by, why=request.why
+            )
+        except InvalidInputError:
+            if asked:  # the worker asked may have ended it first
+                frontier = await runner.inspect(request.run_id, tenant=request.tenant)
+                if frontier.status == "cancelled":
+                    return frontier
+            raise
+        except ResumeConflictError as held:
+            if held.holder is None:
+                raise  # not this tenant's to know about, or let go this moment: said as it is
+            if time.monotonic() >= deadline:
+                then = "; the worker asked still ends it at its next boundary" if asked else ""
+                raise ResumeConflictError(
+                    f"{held}; still held after --wait {wait:g} s{then}",
+                    run_id=request.run_id,
+                    holder=held.holder,
+                    expires_at=held.expires_at,
+                ) from held
+            if not asked:
+                asked = await _ask_fleet_to_cancel(settings, request)
+                until = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + wait))
+                error(
+                    f"run {request.run_id} is held by {held.holder}; "
+                    + (
+                        "asked the worker that owns it to stop it at its next boundary; "
+                        if asked
+                        else ""
+                    )
+                    + f"waiting until {until} for it"
+                )
+        await asyncio.sleep(_CANCEL_RETRY_S)
+
+
+_CANCEL_RETRY_S = 0.25
+
+
+async def _ask_fleet_to_cancel(settings: Settings, request: CancelRun) -> bool:
+    """Send ``request`` to the fleet when the deployment has one to send it to (Kafka, and a
+    request key or unsigned requests accepted); whether it was sent."""
+    if settings.backend != "kafka" or not (
+        settings.request_key or settings.accept_unsigned_requests
+    ):
+        return False
+    async with Requests(
+        settings.kafka_connection(),
+        settings.requests_topic,
+        partitions=settings.partitions,
+        signer=settings.request_signer(),
+    ) as requests:
+        await requests.submit(request)
+    return True
 
 
 def tag_command(

@@ -22,11 +22,13 @@ from support.deployment import kafka_settings, process_env, worker_argv
 from support.kafka import delete_topic
 from support.processes import spawn_onward
 from support.servers import KafkaServers
+from typer.testing import CliRunner, Result
 
 import onward
 from onward.errors import InvalidInputError
 from onward.eventlog import ApprovalGranted, ModelAnswered, RunFinished, Tagged
 from onward.runtime.application.messages import RunMessage
+from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.settings import Settings
 
@@ -196,3 +198,33 @@ async def test_a_runaway_run_its_worker_drives_is_cancelled_through_the_requests
     await asyncio.sleep(1)
     assert fleet.ledger.count("tick") == len(ticks)  # and nothing after its end
 
+
+async def test_onward_cancel_with_wait_asks_the_worker_driving_the_run_to_stop_it(
+    fleet: Fleet,
+) -> None:
+    async with onward.open(fleet.settings) as app:
+        stream = app.query("loop", {"agent": "looper", "run_id": "runaway-2"})
+        async for message in stream:
+            if message.type == "progress" and (message.tools_done or 0) >= 3:
+                break
+
+        def cancel(*extra: str) -> Result:
+            args = ["cancel", "runaway-2", "--by", "ops", "--why", "runaway loop", *extra]
+            return CliRunner().invoke(cli, args, env=fleet.env)
+
+        # Each command runs its own event loop, so it gets a thread of its own.
+        held = await asyncio.to_thread(cancel)
+        assert held.exit_code == 3, held.output  # without --wait: refused, nothing asked
+        assert "is held by 'worker0'" in held.stderr
+        cancelled = await asyncio.to_thread(cancel, "--wait", "60", "--json")
+        assert cancelled.exit_code == 0, cancelled.output
+        assert "asked the worker that owns it to stop it at its next boundary" in cancelled.stderr
+        facts = json.loads(cancelled.stdout)
+        assert (facts["status"], facts["undecided_calls"]) == ("cancelled", [])
+        last = (await asyncio.wait_for(stream.collect(), 60))[-1]
+        assert (last.type, last.status) == ("error", "cancelled")
+        assert last.content == "cancelled by ops: runaway loop"
+    ticks = [e["n"] for e in fleet.ledger.entries() if e["tool"] == "tick"]
+    assert ticks == list(range(1, len(ticks) + 1))
+    await asyncio.sleep(1)
+    assert fleet.ledger.count("tick") == len(ticks)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import uuid
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from typer.testing import CliRunner, Result
 
 from onward.eventlog import SqliteEventLog
 from onward.eventlog.base import EventLog
-from onward.eventlog.events import Event
+from onward.eventlog.events import Event, RunFinished
 from onward.runtime import LeaseStore, RunLease, SqliteLeaseStore
 from onward.runtime.cli import app
 
@@ -119,3 +120,49 @@ async def test_an_answer_to_a_held_run_on_kafka_postgres_and_redis_exits_3(
         answered = await asyncio.to_thread(cli)
         assert answered.exit_code == 0, answered.output
         assert len(await events_of(log, run_id)) > len(before)
+
+
+def test_cancel_with_wait_ends_a_held_run_once_it_is_handed_back(tmp_path: Path) -> None:
+    db = tmp_path / "onward.db"
+
+    def cli(*args: str) -> Result:
+        env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+        return CliRunner().invoke(app, ["cancel", run_id, "--tenant", TENANT, *args], env=env)
+
+    async def prepare() -> tuple[str, list[Event], RunLease]:
+        async with SqliteEventLog(db) as log, SqliteLeaseStore(db) as leases:
+            run_id = await left_as_a_worker_leaves_it(log, leases, "cancel")
+            held = await leases.acquire(run_id, tenant=TENANT, holder=OTHER, ttl_s=300)
+            return run_id, await events_of(log, run_id), held
+
+    async def hand_back(held: RunLease) -> None:
+        async with SqliteLeaseStore(db) as leases:
+            await leases.release(held)
+
+    async def events() -> list[Event]:
+        async with SqliteEventLog(db) as log:
+            return await events_of(log, run_id)
+
+    run_id, before, held = asyncio.run(prepare())
+    for bad in ("0", "-1", "nan", "inf"):
+        refused = cli("--by", "ops", "--wait", bad)
+        assert refused.exit_code == 2, refused.output
+        assert "--wait must be positive, finite seconds" in refused.stderr
+    timed_out = cli("--by", "ops", "--wait", "0.5")
+    assert timed_out.exit_code == 3, timed_out.output
+    assert f"run {run_id} is held by {OTHER}; waiting until " in timed_out.stderr
+    assert "still held after --wait 0.5 s" in timed_out.stderr
+    assert "asked the worker" not in timed_out.stderr  # no fleet on an embedded file
+    assert asyncio.run(events()) == before
+
+    releasing = threading.Timer(1.0, lambda: asyncio.run(hand_back(held)))
+    releasing.start()
+    try:
+        waited = cli("--by", "ops", "--why", "not wanted", "--wait", "30")
+    finally:
+        releasing.join()
+    assert waited.exit_code == 0, waited.output
+    assert f"cancelled run {run_id} (by ops)" in waited.stdout
+    [*_, finished] = asyncio.run(events())
+    assert isinstance(finished, RunFinished)
+    assert (finished.status, finished.error) == ("cancelled", "cancelled by ops: not wanted")

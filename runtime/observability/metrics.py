@@ -201,7 +201,7 @@ class WorkerCollector(Collector):
             (
                 "stopped",
                 "onward_worker_runs_stopped",
-                "Runs stopped at a boundary while draining.",
+                "Runs stopped at a boundary: the worker draining, or the run cancelled.",
             ),
             (
                 "needs_person",

@@ -26,6 +26,7 @@ from onward.runtime.demo_ledger import Ledger
 from onward.runtime.fleet.requests import (
     AnswerRequest,
     CancelRun,
+    ResumeRun,
     StartRun,
     TagRun,
     decode_request,
@@ -386,3 +387,27 @@ async def test_a_run_whose_first_model_call_failed_is_found_and_carried_on_by_a_
         assert await _status_once_settled(path, "first-1") == "completed"
     finally:
         await _stop([worker])
+
+
+@pytest.mark.timeout(60)
+async def test_a_run_stopped_for_a_cancel_is_not_counted_as_a_failed_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run carried on while it is being cancelled stops at its first model call; with one
+    attempt allowed, counting that stop as a failed attempt would end it ``failed`` before
+    the cancel could write its end."""
+    path = tmp_path / "fleet.db"
+    monkeypatch.setenv("FLEET_LEDGER", str(tmp_path / "ledger.jsonl"))
+    [run_id] = await _interrupted_runs(path, ["booker"])
+    async with open_backends(_settings(path)) as backends:
+        worker = Worker(backends, ScriptedProvider(script), agents, max_attempts=1)
+        async with worker.stopping_run(run_id):
+            worker.submit(ResumeRun(run_id=run_id, tenant=TENANT))
+            await worker.others_stopped(run_id)
+        frontier = await worker.runner.inspect(run_id, tenant=TENANT)
+        assert (frontier.status, frontier.attempts) == ("running", 1)  # claimed, then stopped
+        assert (worker.stats.stopped, worker.stats.gave_up) == (1, 0)
+        worker.submit(CancelRun(run_id=run_id, tenant=TENANT, by="ops"))
+        await worker.drained()
+        ended = await worker.runner.inspect(run_id, tenant=TENANT)
+        assert (ended.status, worker.stats.statuses) == ("cancelled", {"cancelled": 1})

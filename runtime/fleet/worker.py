@@ -12,9 +12,12 @@ every ``recheck_s`` those of any partition that were quiet for a lease ttl (a de
 runs move once their leases lapse, not once its partitions do), with bounded attempts; a run
 whose plan is not safe is left for a person.
 
-Backpressure: at most ``max_runs`` runs in flight; while full, the worker pauses its partitions.
-Request offsets are committed only once the request was acted on, so a worker killed mid-request
-leaves it to the next owner.
+Backpressure: at most ``max_runs`` runs in flight; while full, the worker pauses its partitions,
+reading ahead only for cancels (`Worker._cancels_while_full`). Request offsets are committed only
+once the request was acted on, so a worker killed mid-request leaves it to the next owner.
+
+Cancelling (`CancelRun`): the run's tasks here stop at their next boundary, as when draining,
+and the run is then ended ``cancelled`` under its lease (`RequestHandler`).
 
 Draining: `drain` stops taking requests and makes every run in flight stop at its next boundary
 (before its next model call); their leases are released, so the next owner of the partition
@@ -70,6 +73,7 @@ from .member import WorkerStats
 from .recovery import Recovery, attempts_since_progress, described, one_line
 from .requests import (
     DEFAULT_REQUESTS_TOPIC,
+    CancelRun,
     Request,
     StartRun,
     decode_request,
@@ -84,6 +88,9 @@ _REFUSALS_KEPT = 1024
 
 DEFAULT_GROUP = "onward-workers"
 _LEAVE_S = 10.0
+_PEEK_S = 1.0
+"""How often a full worker reads ahead for cancels (`Worker._cancels_while_full`)."""
+_PEEK_RECORDS = 500
 
 
 _driving: contextvars.ContextVar[str | None] = contextvars.ContextVar("driving", default=None)
@@ -472,6 +479,7 @@ class Worker:
         self, consumer: AIOKafkaConsumer, offsets: _Offsets, stop: asyncio.Event
     ) -> None:
         next_scan = time.monotonic() + self.recheck_s
+        next_peek = time.monotonic() + _PEEK_S
         paused = False
         while not stop.is_set():
             free = self.free
@@ -488,18 +496,60 @@ class Worker:
                 if not paused and not self._scans:
                     self._launch_lapsed()
                 await self.wait_for_slot(0.2)
-                batch: dict[TopicPartition, list[Any]] = {}
+                if paused and time.monotonic() >= next_peek:
+                    next_peek = time.monotonic() + _PEEK_S
+                    await self._cancels_while_full(consumer, offsets)
             else:
                 batch = await consumer.getmany(timeout_ms=200, max_records=free)
-            for tp, records in batch.items():
-                for record in records:
-                    self._take(tp, record, offsets)
+                for tp, records in batch.items():
+                    for record in records:
+                        self._take(tp, record, offsets)
             await offsets.commit(consumer)
             if time.monotonic() >= next_scan:
                 next_scan = time.monotonic() + self.recheck_s
                 self._scan(set(self.owned), adopt=True)
 
+    async def _cancels_while_full(self, consumer: AIOKafkaConsumer, offsets: _Offsets) -> None:
+        """Act on the cancels waiting in the owned partitions while the worker is full.
+
+        A full worker reads no requests, and a cancel is what frees a slot held by a run that
+        should not go on: so every `_PEEK_S` it reads what is waiting, acts on each cancel (and
+        sets aside what is not a request), and goes back to the first other request of each
+        partition, which is read again once a slot is free. That request is marked taken and
+        not done meanwhile, so no commit passes it; the cancels after it, done, are skipped
+        when read again.
+        """
+        consumer.resume(*consumer.assignment())
+        try:
+            batch = await consumer.getmany(timeout_ms=200, max_records=_PEEK_RECORDS)
+        finally:
+            consumer.pause(*consumer.assignment())  # the assignment may have moved meanwhile
+        assigned = consumer.assignment()
+        for tp, records in batch.items():
+            if tp not in assigned:
+                continue  # revoked while reading: its next owner reads it
+            waiting: int | None = None
+            for record in records:
+                if not self._waits_for_a_slot(record):
+                    self._take(tp, record, offsets)
+                elif waiting is None:
+                    waiting = record.offset
+                    offsets.taken(tp, waiting)  # no commit passes it until it is acted on
+            if records:
+                consumer.seek(tp, waiting if waiting is not None else records[-1].offset + 1)
+
+    def _waits_for_a_slot(self, record: Any) -> bool:
+        """Whether a request record must wait for a free slot: anything but a cancel or a
+        record set aside as no request at all."""
+        try:
+            self._check_signature(record)
+            return not isinstance(decode_request(record.value), CancelRun)
+        except InvalidInputError:
+            return False
+
     def _take(self, tp: TopicPartition, record: Any, offsets: _Offsets) -> None:
+        if offsets.done_already(tp, record.offset):
+            return  # a cancel acted on while the worker was full, read again
         offsets.taken(tp, record.offset)
         try:
             self._check_signature(record)
@@ -556,6 +606,13 @@ class _Offsets:
 
     def taken(self, tp: TopicPartition, offset: int) -> None:
         self._open.setdefault(tp, {})[offset] = False
+
+    def done_already(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether the record at ``offset`` was acted on before (read again after a seek)."""
+        committed = self._committed.get(tp)
+        return (committed is not None and offset < committed) or self._open.get(tp, {}).get(
+            offset, False
+        )
 
     def done(self, tp: TopicPartition, offset: int, acted: bool) -> None:
         # Left for the next owner (not acted on): it stays open, so this worker commits

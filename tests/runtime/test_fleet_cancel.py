@@ -1,0 +1,165 @@
+"""A cancel reaches a full worker: the run it cancels is what would free a slot.
+
+A worker at its ``max_runs`` reads no requests (its partitions are paused), so a cancel queued
+behind a start waiting for a slot would wait for a run that never ends by itself. Real Kafka,
+PostgreSQL and Redis; the worker is built in the test's process with two slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from support.appapi import agents, provider, until
+from support.deployment import kafka_settings
+from support.kafka import delete_topic
+from support.servers import KafkaServers
+
+from onward.errors import NothingToResumeError
+from onward.eventlog.base import partition_for
+from onward.runtime.backends import open_backends
+from onward.runtime.demo_ledger import Ledger
+from onward.runtime.fleet.requests import CancelRun, Requests, StartRun
+from onward.runtime.fleet.worker import Worker
+
+pytestmark = pytest.mark.kafka
+PARTITIONS = 2
+TENANT = "acme"
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    return Ledger(tmp_path / "ledger.jsonl")
+
+
+@pytest_asyncio.fixture
+async def requests_topic(kafka_bootstrap: str) -> AsyncIterator[str]:
+    topic = f"onward.test.requests.{uuid.uuid4().hex[:12]}"
+    try:
+        yield topic
+    finally:
+        await delete_topic(kafka_bootstrap, topic)
+
+
+def same_partition_as(run_id: str, prefix: str) -> str:
+    """A run id starting with ``prefix`` whose requests share ``run_id``'s partition."""
+    wanted = partition_for(run_id, PARTITIONS)
+    return next(
+        f"{prefix}-{n}" for n in range(1000) if partition_for(f"{prefix}-{n}", PARTITIONS) == wanted
+    )
+
+
+async def test_a_full_worker_acts_on_cancels_queued_behind_a_start_waiting_for_a_slot(
+    kafka_servers: KafkaServers, requests_topic: str, ledger: Ledger
+) -> None:
+    """Two runaway runs fill the worker; a start waits behind them, and behind the start, in
+    its partition, a cancel of a run waiting on a person: it is acted on, and no commit
+    passes the start. The cancel of a runaway then frees the slot the start takes."""
+    settings = kafka_settings(kafka_servers, PARTITIONS, requests_topic=requests_topic)
+    signer = kafka_servers.signer()
+    tag = uuid.uuid4().hex[:8]
+    waiting_on_person = f"pay-{tag}"
+    start_waiting = same_partition_as(waiting_on_person, f"work-{tag}")
+    group = f"{requests_topic}.workers"
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+        stop, ready = asyncio.Event(), asyncio.Event()
+        serving = asyncio.create_task(
+            worker.serve_kafka(
+                stop,
+                bootstrap_servers=kafka_servers.bootstrap,
+                topic=requests_topic,
+                group_id=group,
+                session_timeout_ms=6000,
+                on_ready=ready.set,
+                signer=signer,
+            )
+        )
+
+        async def status(run_id: str) -> str | None:
+            """The run's status as its log says (no projector runs here)."""
+            try:
+                return (await worker.runner.inspect(run_id, tenant=TENANT)).status
+            except NothingToResumeError:
+                return None
+
+        def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                return await status(run_id) == wanted
+
+            return check
+
+        try:
+            await asyncio.wait_for(ready.wait(), 60)
+            async with Requests(
+                kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
+            ) as requests:
+                await requests.submit(
+                    StartRun(run_id=waiting_on_person, tenant=TENANT, agent="payer", input="5")
+                )
+                await until(has(waiting_on_person, "waiting"), "the run waiting on a person")
+                runaways = [f"loop-{tag}-{n}" for n in range(2)]
+                for runaway in runaways:
+                    await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
+                await until(lambda: _ticked(ledger, 6), "the runaway runs going")
+                where = TopicPartition(requests_topic, partition_for(start_waiting, PARTITIONS))
+                held_up_at = await _end_offset(kafka_servers.bootstrap, where)
+                await requests.submit(
+                    StartRun(run_id=start_waiting, tenant=TENANT, agent="stepper"),
+                    CancelRun(run_id=waiting_on_person, tenant=TENANT, by="ops"),
+                )
+                await until(has(waiting_on_person, "cancelled"), "the cancel behind the start")
+                assert await status(start_waiting) is None  # still waiting for a slot
+                committed = await _committed(kafka_servers.bootstrap, group, where)
+                assert committed is None or committed <= held_up_at  # the start stays owed
+
+                await requests.submit(CancelRun(run_id=runaways[0], tenant=TENANT, by="ops"))
+                await until(has(runaways[0], "cancelled"), "the cancel of a runaway")
+                await until(has(start_waiting, "completed"), "the start it held up")
+                await requests.submit(CancelRun(run_id=runaways[1], tenant=TENANT, by="ops"))
+                await until(has(runaways[1], "cancelled"), "the cancel of the other")
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(serving, 60)
+        assert serving.exception() is None
+    ticks = sorted((e["key"], e["n"]) for e in ledger.entries() if e["tool"] == "tick")
+    assert len(ticks) == len(set(ticks))  # every tick once
+    assert [e["n"] for e in ledger.entries() if e["tool"] == "step"] == [1, 2, 3]
+    assert ledger.count("pay") == 0
+    assert worker.stats.statuses == {"waiting": 1, "cancelled": 3, "completed": 1}
+
+
+async def _end_offset(bootstrap: str, where: TopicPartition) -> int:
+    """The offset the next record of the partition gets."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets([where])
+        return int(ends[where])
+    finally:
+        await consumer.stop()
+
+
+async def _committed(bootstrap: str, group: str, where: TopicPartition) -> int | None:
+    """The group's committed offset of the partition, if any."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        committed = await consumer.committed(where)
+        return None if committed is None else int(committed)
+    finally:
+        await consumer.stop()
+
+
+async def _ticked(ledger: Ledger, count: int) -> bool:
+    return ledger.count("tick") >= count

@@ -511,9 +511,25 @@ def cancel_command(
     async def work(backends: Backends) -> Frontier:
         runner = backends.runner(NoModel())
         request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
-        if wait is None:
+        if wait is not None:
+            return await _cancel_within(backends, runner, request, wait)
+        try:
             return await runner.cancel(run_id, tenant=tenant, by=by, why=why)
-        return await _cancel_within(backends, runner, request, wait)
+        except ResumeConflictError as held:
+            if held.holder is None:
+                raise
+            asks = _fleet_takes_requests(backends.settings)
+            raise ResumeConflictError(
+                f"{held}; --wait SECONDS waits for it"
+                + (
+                    " and asks the worker that owns it to stop it at its next boundary"
+                    if asks
+                    else ""
+                ),
+                run_id=run_id,
+                holder=held.holder,
+                expires_at=held.expires_at,
+            ) from held
 
     ended = with_backends(work)
     undecided = [c for c in ended.calls if c.dispatched_seq is not None and c.outcome is None]
@@ -584,12 +600,18 @@ async def _cancel_within(
 _CANCEL_RETRY_S = 0.25
 
 
+def _fleet_takes_requests(settings: Settings) -> bool:
+    """Whether the deployment has a fleet to ask: Kafka, and a request key (or unsigned requests
+    accepted)."""
+    return settings.backend == "kafka" and bool(
+        settings.request_key or settings.accept_unsigned_requests
+    )
+
+
 async def _ask_fleet_to_cancel(settings: Settings, request: CancelRun) -> bool:
     """Send ``request`` to the fleet when the deployment has one to send it to (Kafka, and a
     request key or unsigned requests accepted); whether it was sent."""
-    if settings.backend != "kafka" or not (
-        settings.request_key or settings.accept_unsigned_requests
-    ):
+    if not _fleet_takes_requests(settings):
         return False
     async with Requests(
         settings.kafka_connection(),

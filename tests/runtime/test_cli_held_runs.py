@@ -148,6 +148,9 @@ def test_cancel_with_wait_ends_a_held_run_once_it_is_handed_back(tmp_path: Path)
         refused = cli("--by", "ops", "--wait", bad)
         assert refused.exit_code == 2, refused.output
         assert "--wait must be positive, finite seconds" in refused.stderr
+    refused = cli("--by", "ops")
+    assert refused.exit_code == 3, refused.output
+    assert refused.stderr.strip().endswith("; --wait SECONDS waits for it"), refused.stderr
     timed_out = cli("--by", "ops", "--wait", "0.5")
     assert timed_out.exit_code == 3, timed_out.output
     assert f"run {run_id} is held by {OTHER}; waiting until " in timed_out.stderr

@@ -375,7 +375,7 @@ class App(Resource):
         before this returns in process. A run being driven, by this app's worker or, in a
         fleet, by the worker that owns it, stops at its next boundary (before its next model
         call; a tool call in flight finishes and is recorded) and then ends: its stream ends
-        with a result whose status is ``cancelled``.
+        with an ``error`` message whose status is ``cancelled``.
 
         Raises:
             NothingToResumeError: No such run for the tenant.

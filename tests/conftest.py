@@ -122,6 +122,13 @@ async def kafka_topic(kafka_bootstrap: str) -> AsyncIterator[str]:
 
 
 @pytest_asyncio.fixture
+async def requests_topic(kafka_bootstrap: str) -> AsyncIterator[str]:
+    """A requests topic of this test alone, deleted afterwards if it was created."""
+    async with fresh_topic(kafka_bootstrap) as topic:
+        yield topic
+
+
+@pytest_asyncio.fixture
 async def redis_prefix(redis_url: str) -> AsyncIterator[str]:
     """A Redis key prefix of this test alone; its keys are deleted afterwards."""
     async with fresh_prefix(redis_url) as prefix:

@@ -28,6 +28,7 @@ import onward
 from onward.errors import InvalidInputError
 from onward.eventlog import ApprovalGranted, ModelAnswered, RunFinished, Tagged
 from onward.runtime.application.messages import RunMessage
+from onward.runtime.application.stream import RunStream
 from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.settings import Settings
@@ -167,14 +168,21 @@ async def test_a_reader_that_stops_mid_run_later_sees_every_message_once(fleet: 
     assert len({m.position for m in again}) == len(again)
 
 
+async def runaway_going(app: onward.App, run_id: str) -> RunStream:
+    """Start a run of ``looper`` and read its stream until three calls are done: it goes on,
+    with nothing to end it but a person."""
+    stream = app.query("loop", {"agent": "looper", "run_id": run_id})
+    async for message in stream:
+        if message.type == "progress" and (message.tools_done or 0) >= 3:
+            break
+    return stream
+
+
 async def test_a_runaway_run_its_worker_drives_is_cancelled_through_the_requests_topic(
     fleet: Fleet,
 ) -> None:
     async with onward.open(fleet.settings) as app:
-        stream = app.query("loop", {"agent": "looper", "run_id": "runaway-1"})
-        async for message in stream:
-            if message.type == "progress" and (message.tools_done or 0) >= 3:
-                break  # going, with nothing to end it but a person
+        stream = await runaway_going(app, "runaway-1")
         state = await app.get_session_state("runaway-1")
         assert state is not None
         assert state.status == "running"
@@ -203,10 +211,7 @@ async def test_onward_cancel_with_wait_asks_the_worker_driving_the_run_to_stop_i
     fleet: Fleet,
 ) -> None:
     async with onward.open(fleet.settings) as app:
-        stream = app.query("loop", {"agent": "looper", "run_id": "runaway-2"})
-        async for message in stream:
-            if message.type == "progress" and (message.tools_done or 0) >= 3:
-                break
+        stream = await runaway_going(app, "runaway-2")
 
         def cancel(*extra: str) -> Result:
             args = ["cancel", "runaway-2", "--by", "ops", "--why", "runaway loop", *extra]

@@ -7,19 +7,16 @@ PostgreSQL and Redis; the worker is built in the test's process with two slots.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from support.appapi import agents, provider, until
 from support.deployment import kafka_settings
-from support.kafka import delete_topic
 from support.servers import KafkaServers
+from support.serving import serving
 
 from onward.errors import NothingToResumeError
 from onward.eventlog.base import partition_for
@@ -37,15 +34,6 @@ TENANT = "acme"
 def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
     monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
     return Ledger(tmp_path / "ledger.jsonl")
-
-
-@pytest_asyncio.fixture
-async def requests_topic(kafka_bootstrap: str) -> AsyncIterator[str]:
-    topic = f"onward.test.requests.{uuid.uuid4().hex[:12]}"
-    try:
-        yield topic
-    finally:
-        await delete_topic(kafka_bootstrap, topic)
 
 
 def same_partition_as(run_id: str, prefix: str) -> str:
@@ -67,23 +55,10 @@ async def test_a_full_worker_acts_on_cancels_queued_behind_a_start_waiting_for_a
     tag = uuid.uuid4().hex[:8]
     waiting_on_person = f"pay-{tag}"
     start_waiting = same_partition_as(waiting_on_person, f"work-{tag}")
-    group = f"{requests_topic}.workers"
     async with kafka_servers.log(partitions=PARTITIONS):
         pass  # the events topic must exist before the backends open
     async with open_backends(settings) as backends:
         worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
-        stop, ready = asyncio.Event(), asyncio.Event()
-        serving = asyncio.create_task(
-            worker.serve_kafka(
-                stop,
-                bootstrap_servers=kafka_servers.bootstrap,
-                topic=requests_topic,
-                group_id=group,
-                session_timeout_ms=6000,
-                on_ready=ready.set,
-                signer=signer,
-            )
-        )
 
         async def status(run_id: str) -> str | None:
             """The run's status as its log says (no projector runs here)."""
@@ -98,40 +73,39 @@ async def test_a_full_worker_acts_on_cancels_queued_behind_a_start_waiting_for_a
 
             return check
 
-        try:
-            await asyncio.wait_for(ready.wait(), 60)
-            async with Requests(
+        async with (
+            serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
+            Requests(
                 kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
-            ) as requests:
-                await requests.submit(
-                    StartRun(run_id=waiting_on_person, tenant=TENANT, agent="payer", input="5")
-                )
-                await until(has(waiting_on_person, "waiting"), "the run waiting on a person")
-                runaways = [f"loop-{tag}-{n}" for n in range(2)]
-                for runaway in runaways:
-                    await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
-                await until(lambda: _ticked(ledger, 6), "the runaway runs going")
-                where = TopicPartition(requests_topic, partition_for(start_waiting, PARTITIONS))
-                held_up_at = await _end_offset(kafka_servers.bootstrap, where)
-                await requests.submit(
-                    StartRun(run_id=start_waiting, tenant=TENANT, agent="stepper"),
-                    CancelRun(run_id=waiting_on_person, tenant=TENANT, by="ops"),
-                )
-                await until(has(waiting_on_person, "cancelled"), "the cancel behind the start")
-                assert await status(start_waiting) is None  # still waiting for a slot
-                committed = await _committed(kafka_servers.bootstrap, group, where)
-                assert committed is None or committed <= held_up_at  # the start stays owed
+            ) as requests,
+        ):
+            await requests.submit(
+                StartRun(run_id=waiting_on_person, tenant=TENANT, agent="payer", input="5")
+            )
+            await until(has(waiting_on_person, "waiting"), "the run waiting on a person")
+            runaways = [f"loop-{tag}-{n}" for n in range(2)]
+            for runaway in runaways:
+                await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
+            await until(lambda: _ticked(ledger, 6), "the runaway runs going")
+            where = TopicPartition(requests_topic, partition_for(start_waiting, PARTITIONS))
+            held_up_at = await _end_offset(kafka_servers.bootstrap, where)
+            await requests.submit(
+                StartRun(run_id=start_waiting, tenant=TENANT, agent="stepper"),
+                CancelRun(run_id=waiting_on_person, tenant=TENANT, by="ops"),
+            )
+            await until(has(waiting_on_person, "cancelled"), "the cancel behind the start")
+            assert await status(start_waiting) is None  # still waiting for a slot
+            committed = await _committed(
+                kafka_servers.bootstrap, f"{requests_topic}.workers", where
+            )
+            assert committed is None or committed <= held_up_at  # the start stays owed
 
-                await requests.submit(CancelRun(run_id=runaways[0], tenant=TENANT, by="ops"))
-                await until(has(runaways[0], "cancelled"), "the cancel of a runaway")
-                await until(has(start_waiting, "completed"), "the start it held up")
-                await requests.submit(CancelRun(run_id=runaways[1], tenant=TENANT, by="ops"))
-                await until(has(runaways[1], "cancelled"), "the cancel of the other")
-        finally:
-            stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(serving, 60)
-        assert serving.exception() is None
+            await requests.submit(CancelRun(run_id=runaways[0], tenant=TENANT, by="ops"))
+            await until(has(runaways[0], "cancelled"), "the cancel of a runaway")
+            await until(has(start_waiting, "completed"), "the start it held up")
+            await requests.submit(CancelRun(run_id=runaways[1], tenant=TENANT, by="ops"))
+            await until(has(runaways[1], "cancelled"), "the cancel of the other")
+        assert task.exception() is None
     ticks = sorted((e["key"], e["n"]) for e in ledger.entries() if e["tool"] == "tick")
     assert len(ticks) == len(set(ticks))  # every tick once
     assert [e["n"] for e in ledger.entries() if e["tool"] == "step"] == [1, 2, 3]

@@ -5,7 +5,6 @@ acted on. Real Kafka and PostgreSQL, the worker and the projector in this proces
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import uuid
@@ -19,8 +18,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from support.deployment import kafka_settings
 from support.histories import RunScript
-from support.kafka import delete_topic
 from support.servers import KafkaServers
+from support.serving import serving as serving_requests
 
 from onward.eventlog import KafkaEventLog, RunFinished
 from onward.eventlog.base import partition_for
@@ -92,15 +91,6 @@ async def committed(bootstrap: str, group: str, topic: str, partition: int) -> i
     )
 
 
-@pytest_asyncio.fixture
-async def requests_topic(kafka_bootstrap: str) -> AsyncIterator[str]:
-    topic = f"onward.test.requests.{uuid.uuid4().hex[:12]}"
-    try:
-        yield topic
-    finally:
-        await delete_topic(kafka_bootstrap, topic)
-
-
 async def test_poison_requests_are_set_aside_and_the_next_start_runs(
     kafka_servers: KafkaServers, requests_topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -119,20 +109,9 @@ async def test_poison_requests_are_set_aside_and_the_next_start_runs(
         worker = Worker(
             backends, ScriptedProvider([reply("hello")]), {"greeter": agent}, backoff_s=0.1
         )
-        stop, ready = asyncio.Event(), asyncio.Event()
-        serving = asyncio.create_task(
-            worker.serve_kafka(
-                stop,
-                bootstrap_servers=kafka_servers.bootstrap,
-                topic=requests_topic,
-                group_id=group,
-                session_timeout_ms=6000,
-                on_ready=ready.set,
-                accept_unsigned=True,
-            )
-        )
-        try:
-            await asyncio.wait_for(ready.wait(), 60)
+        async with serving_requests(
+            worker, kafka_servers.bootstrap, requests_topic, accept_unsigned=True
+        ) as serving:
             offsets: dict[str, int] = {}
             with caplog.at_level(logging.WARNING, logger="onward.worker"):
                 for what, value in poison_requests(good).items():
@@ -150,10 +129,6 @@ async def test_poison_requests_are_set_aside_and_the_next_start_runs(
                     assert not serving.done(), serving.exception()
                     assert asyncio.get_running_loop().time() < deadline, caplog.text
                     await asyncio.sleep(0.2)
-        finally:
-            stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(serving, 60)
         assert serving.done()
         assert serving.exception() is None
         assert worker.stats.set_aside == len(offsets)

@@ -4,18 +4,16 @@ review #3). Real Kafka, PostgreSQL and Redis; the worker runs in this process.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 from support.deployment import kafka_settings
-from support.kafka import delete_topic
 from support.servers import KafkaServers
+from support.serving import serving as serving_requests
 
 import onward
 from onward.errors import ConfigurationError
@@ -48,15 +46,6 @@ def provider() -> ScriptedProvider:
     return ScriptedProvider(
         [reply("", ToolCall(call_id="p", tool="pay", args={"amount": 10_000})), reply("paid")]
     )
-
-
-@pytest_asyncio.fixture
-async def requests_topic(kafka_bootstrap: str) -> AsyncIterator[str]:
-    topic = f"onward.test.requests.{uuid.uuid4().hex[:12]}"
-    try:
-        yield topic
-    finally:
-        await delete_topic(kafka_bootstrap, topic)
 
 
 async def produce(
@@ -102,57 +91,42 @@ async def test_only_requests_signed_with_the_fleets_key_are_acted_on(
         pass  # the events topic must exist before the backends open
     async with open_backends(settings) as backends:
         worker = Worker(backends, provider(), {"payer": AGENT}, backoff_s=0.1)
-        stop, ready = asyncio.Event(), asyncio.Event()
-        serving = asyncio.create_task(
-            worker.serve_kafka(
-                stop,
-                bootstrap_servers=kafka_servers.bootstrap,
-                topic=requests_topic,
-                group_id=f"{requests_topic}.workers",
-                session_timeout_ms=6000,
-                on_ready=ready.set,
-                signer=signer,
-            )
-        )
-        try:
-            await asyncio.wait_for(ready.wait(), 60)
-            async with Requests(
+        async with (
+            serving_requests(
+                worker, kafka_servers.bootstrap, requests_topic, signer=signer
+            ) as serving,
+            Requests(
                 kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
-            ) as requests:
-                await requests.submit(StartRun(run_id=run_id, tenant=TENANT, agent="payer"))
-                await until(
-                    lambda: _has(backends, run_id, ApprovalRequested), "the approval request"
+            ) as requests,
+        ):
+            await requests.submit(StartRun(run_id=run_id, tenant=TENANT, agent="payer"))
+            await until(lambda: _has(backends, run_id, ApprovalRequested), "the approval request")
+            (asked,) = [
+                s.event
+                for s in await backends.log.read_run(run_id)
+                if isinstance(s.event, ApprovalRequested)
+            ]
+            answer = AnswerRequest(
+                run_id=run_id, tenant=TENANT, request_id=asked.request_id, approve=True, by="x"
+            )
+            wrong = RequestSigner("another-key-" + "w" * 32)
+            key, value = run_id.encode(), encode_request(answer)
+            with caplog.at_level(logging.WARNING, logger="onward.worker"):
+                await produce(kafka_servers.bootstrap, requests_topic, answer, [])
+                await produce(
+                    kafka_servers.bootstrap,
+                    requests_topic,
+                    answer,
+                    [(SIGNATURE_HEADER, wrong.sign(key, value))],
                 )
-                (asked,) = [
-                    s.event
-                    for s in await backends.log.read_run(run_id)
-                    if isinstance(s.event, ApprovalRequested)
-                ]
-                answer = AnswerRequest(
-                    run_id=run_id, tenant=TENANT, request_id=asked.request_id, approve=True, by="x"
-                )
-                wrong = RequestSigner("another-key-" + "w" * 32)
-                key, value = run_id.encode(), encode_request(answer)
-                with caplog.at_level(logging.WARNING, logger="onward.worker"):
-                    await produce(kafka_servers.bootstrap, requests_topic, answer, [])
-                    await produce(
-                        kafka_servers.bootstrap,
-                        requests_topic,
-                        answer,
-                        [(SIGNATURE_HEADER, wrong.sign(key, value))],
-                    )
-                    await until(lambda: _set_aside(worker, 2), "both forged answers set aside")
-                assert ApprovalGranted not in await kinds(backends, run_id)
-                assert paid == []
-                assert "unsigned" in caplog.text
-                assert "does not check" in caplog.text
+                await until(lambda: _set_aside(worker, 2), "both forged answers set aside")
+            assert ApprovalGranted not in await kinds(backends, run_id)
+            assert paid == []
+            assert "unsigned" in caplog.text
+            assert "does not check" in caplog.text
 
-                await requests.submit(answer)
-                await until(lambda: _has(backends, run_id, RunFinished), "the run's end")
-        finally:
-            stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(serving, 60)
+            await requests.submit(answer)
+            await until(lambda: _has(backends, run_id, RunFinished), "the run's end")
         assert serving.exception() is None
         assert paid == [10_000]
         assert worker.stats.set_aside == 2

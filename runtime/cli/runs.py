@@ -510,8 +510,8 @@ def cancel_command(
 
     async def work(backends: Backends) -> Frontier:
         runner = backends.runner(NoModel())
-        request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
         if wait is not None:
+            request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
             return await _cancel_within(backends, runner, request, wait)
         try:
             return await runner.cancel(run_id, tenant=tenant, by=by, why=why)

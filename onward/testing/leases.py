@@ -34,7 +34,7 @@ import pytest_asyncio
 
 from onward._storage import Resource
 from onward.errors import FencedError, ResumeConflictError
-from onward.runtime.leases.base import LeasePolicy, LeaseStore, RunLease
+from onward.runtime.leases.base import CancelAsked, LeasePolicy, LeaseStore, RunLease
 from onward.runtime.leases.holder import Leaseholder
 
 from .eventlog import TENANT, new_run_id
@@ -184,6 +184,11 @@ class WrappedLeaseStore(Resource):
 
     async def current(self, run_id: str) -> RunLease | None:
         return await self.inner.current(run_id)
+
+    async def ask_to_cancel(
+        self, run_id: str, *, tenant: str, by: str, why: str = ""
+    ) -> RunLease | None:
+        return await self.inner.ask_to_cancel(run_id, tenant=tenant, by=by, why=why)
 
     async def close(self) -> None:
         """The wrapped store is not this one's to close."""
@@ -639,6 +644,84 @@ class LeaseStoreConformance:
     async def test_current_is_none_after_expiry(self, store: LeaseStore) -> None:
         # ``until_lapsed`` polls ``current`` until it says None, and fails if it never does.
         await self._lapsed(store, new_run_id())
+
+    # -- asking the holder to cancel ---------------------------------------------------------
+
+    async def test_a_cancel_ask_reaches_the_holder_with_its_next_renewal(
+        self, store: LeaseStore
+    ) -> None:
+        run_id = new_run_id()
+        lease = await self._take(store, run_id, "w1")
+        assert lease.cancel_asked is None
+        asked = await store.ask_to_cancel(run_id, tenant=TENANT, by="ops", why="runaway")
+        assert asked is not None
+        assert (asked.holder, asked.fence) == ("w1", lease.fence)
+        assert asked.expires_at == pytest.approx(lease.expires_at, abs=1e-3)
+        assert asked.cancel_asked == CancelAsked("ops", "runaway")
+        renewed = await store.renew(lease, ttl_s=LONG_TTL_S)
+        assert renewed.cancel_asked == CancelAsked("ops", "runaway")
+        assert renewed.fence == lease.fence
+        current = await store.current(run_id)
+        assert current is not None
+        assert current.cancel_asked == CancelAsked("ops", "runaway")
+
+    async def test_a_second_cancel_ask_keeps_the_first(self, store: LeaseStore) -> None:
+        run_id = new_run_id()
+        lease = await self._take(store, run_id, "w1")
+        await store.ask_to_cancel(run_id, tenant=TENANT, by="ops", why="")
+        again = await store.ask_to_cancel(run_id, tenant=TENANT, by="audit", why="later")
+        assert again is not None
+        assert again.cancel_asked == CancelAsked("ops", "")
+        renewed = await store.renew(lease, ttl_s=LONG_TTL_S)
+        assert renewed.cancel_asked == CancelAsked("ops", "")
+
+    async def test_a_cancel_ask_survives_a_fence_raise(self, store: LeaseStore) -> None:
+        run_id = new_run_id()
+        lease = await self._take(store, run_id, "w1")
+        await store.ask_to_cancel(run_id, tenant=TENANT, by="ops", why="stop")
+        raised = await store.raise_fence(lease, above=lease.fence + LOG_AHEAD_BY)
+        assert raised.cancel_asked == CancelAsked("ops", "stop")
+
+    async def test_a_cancel_ask_of_a_free_lapsed_or_foreign_run_asks_nobody(
+        self, store: LeaseStore
+    ) -> None:
+        assert await store.ask_to_cancel(new_run_id(), tenant=TENANT, by="ops") is None
+        released = new_run_id()
+        await store.release(await self._take(store, released, "w1"))
+        assert await store.ask_to_cancel(released, tenant=TENANT, by="ops") is None
+        lapsed = new_run_id()
+        await self._lapsed(store, lapsed)
+        assert await store.ask_to_cancel(lapsed, tenant=TENANT, by="ops") is None
+        foreign = new_run_id()
+        lease = await self._take(store, foreign, "w1")
+        assert await store.ask_to_cancel(foreign, tenant="globex", by="ops") is None
+        assert (await store.renew(lease, ttl_s=LONG_TTL_S)).cancel_asked is None
+
+    async def test_a_cancel_ask_belongs_to_one_holding(self, store: LeaseStore) -> None:
+        run_id = new_run_id()
+        lease = await self._take(store, run_id, "w1")
+        await store.ask_to_cancel(run_id, tenant=TENANT, by="ops")
+        await store.release(lease)
+        after_release = await self._take(store, run_id, "w2")
+        assert after_release.cancel_asked is None
+        assert (await store.renew(after_release, ttl_s=LONG_TTL_S)).cancel_asked is None
+        lapsed = new_run_id()
+        await self._take(store, lapsed, "w1", ttl_s=SHORT_TTL_S)
+        await store.ask_to_cancel(lapsed, tenant=TENANT, by="ops")
+        await until_lapsed(store, lapsed)
+        after_expiry = await self._take(store, lapsed, "w2")
+        assert after_expiry.cancel_asked is None
+        assert (await store.renew(after_expiry, ttl_s=LONG_TTL_S)).cancel_asked is None
+
+    async def test_leaseholder_learns_a_cancel_ask_at_its_renewal(self, store: LeaseStore) -> None:
+        run_id = new_run_id()
+        async with Leaseholder(store, run_id, tenant=TENANT, holder="w1") as held:
+            assert held.lease.cancel_asked is None
+            await store.ask_to_cancel(run_id, tenant=TENANT, by="ops", why="runaway")
+            assert held.lease.cancel_asked is None  # nothing asked the store yet
+            await held.confirm()
+            assert held.cancel_asked == CancelAsked("ops", "runaway")
+        assert await store.current(run_id) is None
 
     # -- the store's clock, not the caller's -------------------------------------------------
 

@@ -34,6 +34,19 @@ from onward.errors import (
 
 
 @dataclass(frozen=True, slots=True)
+class CancelAsked:
+    """Someone asked a run's holder to end the run ``cancelled`` (`LeaseStore.ask_to_cancel`).
+
+    Attributes:
+        by: Who asked, as the run's `RunFinished` will record it.
+        why: Why, recorded with who (may be empty).
+    """
+
+    by: str
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class RunLease:
     """A worker's hold on a run.
 
@@ -43,6 +56,8 @@ class RunLease:
         holder: The worker holding it.
         fence: Raised on every acquisition; the number every write of this holder carries.
         expires_at: When the lease lapses, in the store's clock (seconds since the epoch).
+        cancel_asked: Someone asked this holding to end the run cancelled (the first ask of
+            the holding); the holder learns it from a renewal or a fence raise.
     """
 
     run_id: str
@@ -50,6 +65,7 @@ class RunLease:
     holder: str
     fence: int
     expires_at: float
+    cancel_asked: CancelAsked | None = None
 
     def superseded_by(self, other: RunLease) -> bool:
         """Whether ``other`` is a later acquisition of the same run."""
@@ -232,4 +248,21 @@ class LeaseStore(AsyncResource, Protocol):
 
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any."""
+        ...
+
+    async def ask_to_cancel(
+        self, run_id: str, *, tenant: str, by: str, why: str = ""
+    ) -> RunLease | None:
+        """Ask whoever holds the run now to end it ``cancelled`` at its next boundary.
+
+        The ask is kept with the unexpired holding of ``tenant``'s run and handed to its holder
+        with the holding's next renewal or fence raise (`RunLease.cancel_asked`); a second ask
+        of the same holding keeps the first. It belongs to that holding only: a release, an
+        expiry and every acquisition after drop it, so a run that was handed on is asked again
+        (a cancel that waits asks each holder it meets). The fence and expiry are untouched.
+
+        Returns the holding asked, or ``None`` when the run has no unexpired lease of
+        ``tenant`` (free, lapsed, or not this tenant's): then nobody is driving it, and the
+        cancel can take the lease itself.
+        """
         ...

@@ -7,6 +7,7 @@
         await held.check()       # raises FencedError once the lease is known to be lost
         await held.confirm()     # asks the store, right now, before an irreversible step
         await held.raise_fence(log_fence)  # when the store's fence is not above the log's
+        held.cancel_asked        # someone asked, as the last renewal heard: end the run cancelled
 
 The lease is taken on entry (or, given ``lease=``, an already taken one is adopted) and renewed
 in a background task whenever less than the policy's renew margin is left. The wait is measured
@@ -36,7 +37,7 @@ from typing import Self
 
 from onward.errors import BackendError, FencedError, InvalidInputError, OnwardError
 
-from .base import LeasePolicy, LeaseStore, RunLease
+from .base import CancelAsked, LeasePolicy, LeaseStore, RunLease
 from .presence import acquire_run
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,13 @@ class Leaseholder:
                 run_id=self.run_id,
             )
         return self._lease
+
+    @property
+    def cancel_asked(self) -> CancelAsked | None:
+        """Someone asked this holding to end the run cancelled (`LeaseStore.ask_to_cancel`),
+        as the last renewal, `confirm` or fence raise heard it; ``None`` until one did."""
+        lease = self._lease
+        return None if lease is None else lease.cancel_asked
 
     async def check(self) -> None:
         """Raise if the lease is known to be lost, so work stops before its next write.

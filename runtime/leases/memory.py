@@ -16,17 +16,19 @@ from dataclasses import dataclass
 
 from onward._storage import Resource
 
-from .base import RunLease, check_ttl, conflict_error, fenced_error
+from .base import CancelAsked, RunLease, check_ttl, conflict_error, fenced_error
 
 
 @dataclass(slots=True)
 class _Held:
-    """A granted lease: who, under which fence, until which monotonic instant."""
+    """A granted lease: who, under which fence, until which monotonic instant, and whether
+    someone asked its holder to end the run cancelled."""
 
     tenant: str
     holder: str
     fence: int
     deadline: float
+    cancel_asked: CancelAsked | None = None
 
 
 class MemoryLeaseStore(Resource):
@@ -44,6 +46,7 @@ class MemoryLeaseStore(Resource):
             holder=held.holder,
             fence=held.fence,
             expires_at=held.deadline + self._epoch_offset,
+            cancel_asked=held.cancel_asked,
         )
 
     def _live(self, run_id: str) -> _Held | None:
@@ -137,6 +140,18 @@ class MemoryLeaseStore(Resource):
         """The unexpired lease on a run, if any."""
         held = self._live(run_id)
         return None if held is None else self._lease(run_id, held)
+
+    async def ask_to_cancel(
+        self, run_id: str, *, tenant: str, by: str, why: str = ""
+    ) -> RunLease | None:
+        """Ask the unexpired holding of ``tenant``'s run to end it cancelled (the first ask is
+        kept); the holding asked, or ``None`` when there is none."""
+        held = self._live(run_id)
+        if held is None or held.tenant != tenant:
+            return None
+        if held.cancel_asked is None:
+            held.cancel_asked = CancelAsked(by, why)
+        return self._lease(run_id, held)
 
     async def close(self) -> None:
         """Nothing to close; the leases stay for as long as the store object lives."""

@@ -17,14 +17,19 @@ import asyncpg
 
 from onward._storage import PostgresStore
 
-from .base import RunLease, check_ttl, conflict_error, fenced_error
+from .base import CancelAsked, RunLease, check_ttl, conflict_error, fenced_error
 
-_RETURNING = "RETURNING tenant, holder, fence, extract(epoch FROM expires_at)::float8 AS expires_at"
+_COLUMNS = (
+    "tenant, holder, fence, extract(epoch FROM expires_at)::float8 AS expires_at, cancel_by, "
+    "cancel_why"
+)
+_RETURNING = f"RETURNING {_COLUMNS}"
 _ACQUIRE = (
     "INSERT INTO onward_leases AS l (run_id, tenant, holder, fence, expires_at) "
     "VALUES ($1, $2, $3, 1, now() + make_interval(secs => $4::float8)) "
     "ON CONFLICT (run_id) DO UPDATE SET tenant = excluded.tenant, holder = excluded.holder, "
-    "fence = l.fence + 1, expires_at = excluded.expires_at, updated_at = now() "
+    "fence = l.fence + 1, expires_at = excluded.expires_at, updated_at = now(), "
+    "cancel_by = NULL, cancel_why = NULL "
     f"WHERE l.holder IS NULL OR l.expires_at <= now() {_RETURNING}"
 )
 _RENEW = (
@@ -37,13 +42,19 @@ _RAISE_FENCE = (
     f"WHERE run_id = $1 AND holder = $2 AND fence = $3 AND expires_at > now() {_RETURNING}"
 )
 _RELEASE = (
-    "UPDATE onward_leases SET holder = NULL, expires_at = NULL, updated_at = now() "
-    "WHERE run_id = $1 AND holder = $2 AND fence = $3"
+    "UPDATE onward_leases SET holder = NULL, expires_at = NULL, updated_at = now(), "
+    "cancel_by = NULL, cancel_why = NULL WHERE run_id = $1 AND holder = $2 AND fence = $3"
 )
 _FORGET = "DELETE FROM onward_leases WHERE run_id = $1 AND holder = $2 AND fence = $3 AND fence = 1"
 _CURRENT = (
-    "SELECT tenant, holder, fence, extract(epoch FROM expires_at)::float8 AS expires_at "
+    f"SELECT {_COLUMNS} "
     "FROM onward_leases WHERE run_id = $1 AND holder IS NOT NULL AND expires_at > now()"
+)
+_ASK_TO_CANCEL = (
+    "UPDATE onward_leases SET cancel_by = coalesce(cancel_by, $3), "
+    "cancel_why = CASE WHEN cancel_by IS NULL THEN $4 ELSE cancel_why END "
+    "WHERE run_id = $1 AND tenant = $2 AND holder IS NOT NULL AND expires_at > now() "
+    f"{_RETURNING}"
 )
 _ROW = (
     "SELECT holder, tenant, fence, holder IS NOT NULL AND expires_at > now() AS held, "
@@ -67,6 +78,11 @@ def _lease(run_id: str, row: asyncpg.Record) -> RunLease:
         holder=row["holder"],
         fence=int(row["fence"]),
         expires_at=float(row["expires_at"]),
+        cancel_asked=(
+            None
+            if row["cancel_by"] is None
+            else CancelAsked(row["cancel_by"], row["cancel_why"] or "")
+        ),
     )
 
 
@@ -196,4 +212,19 @@ class PostgresLeaseStore(PostgresStore):
             return row
 
         row = await self._run(read, "reading the lease", run_id)
+        return None if row is None else _lease(run_id, row)
+
+    async def ask_to_cancel(
+        self, run_id: str, *, tenant: str, by: str, why: str = ""
+    ) -> RunLease | None:
+        """Ask the unexpired holding of ``tenant``'s run to end it cancelled, in one guarded
+        ``UPDATE`` (the first ask is kept); the holding asked, or ``None`` when there is none."""
+
+        async def ask(conn: asyncpg.Connection) -> asyncpg.Record | None:
+            row: asyncpg.Record | None = await conn.fetchrow(
+                _ASK_TO_CANCEL, run_id, tenant, by, why
+            )
+            return row
+
+        row = await self._run(ask, "asking the holder to cancel", run_id)
         return None if row is None else _lease(run_id, row)

@@ -7,7 +7,8 @@ the Redis server's clock decides expiry, never the caller's.
 Two keys per run:
 
 * ``{prefix}lease:{run_id}``, a hash (``holder``, ``tenant``, ``fence``, ``expires_at`` as a
-  string of seconds since the epoch by the server's clock). Its ``PEXPIRE`` is set a little past
+  string of seconds since the epoch by the server's clock, and ``cancel_by`` and ``cancel_why``
+  once someone asked the holder to cancel the run). Its ``PEXPIRE`` is set a little past
   the ttl only so abandoned runs do not pile up; expiry is decided by ``expires_at``.
 * ``{prefix}fence:{run_id}``, the run's fence counter. It has no expiry and only goes up:
   ``INCR``-ed by every acquisition, after a release or an expiry too, and set higher by
@@ -35,12 +36,12 @@ from redis.commands.core import AsyncScript
 
 from onward._storage import RedisStore, translated
 
-from .base import RunLease, check_ttl, conflict_error, fenced_error
+from .base import CancelAsked, RunLease, check_ttl, conflict_error, fenced_error
 
 CLEANUP_GRACE_MS = 60_000
 """How long past its expiry a lease hash is kept before Redis deletes it (tidiness only)."""
 
-_SCRIPTS = ("acquire", "renew", "raise_fence", "release", "forget", "current")
+_SCRIPTS = ("acquire", "renew", "raise_fence", "release", "forget", "current", "ask_to_cancel")
 
 
 def script_source(name: str) -> str:
@@ -120,7 +121,7 @@ class RedisLeaseStore(RedisStore):
             FencedError: The lease expired, was released or was superseded.
         """
         check_ttl(ttl_s)
-        renewed, value = await self._script(
+        renewed, value, *asked = await self._script(
             "renew",
             [self.lease_key(lease.run_id)],
             [lease.holder, lease.fence, _ttl_ms(ttl_s), CLEANUP_GRACE_MS],
@@ -128,7 +129,9 @@ class RedisLeaseStore(RedisStore):
         )
         if not int(renewed):
             raise fenced_error(lease, f"is lost ({_text(value)})")
-        return RunLease(lease.run_id, lease.tenant, lease.holder, lease.fence, float(value))
+        return RunLease(
+            lease.run_id, lease.tenant, lease.holder, lease.fence, float(value), _asked(*asked)
+        )
 
     async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
         """Lift a held lease's fence above ``above`` in one script, keeping its expiry.
@@ -149,8 +152,10 @@ class RedisLeaseStore(RedisStore):
         )
         if not int(answer[0]):
             raise fenced_error(lease, f"is lost ({_text(answer[1])})")
-        _, fence, expires_at = answer
-        return RunLease(lease.run_id, lease.tenant, lease.holder, int(fence), float(expires_at))
+        _, fence, expires_at, *asked = answer
+        return RunLease(
+            lease.run_id, lease.tenant, lease.holder, int(fence), float(expires_at), _asked(*asked)
+        )
 
     async def release(self, lease: RunLease) -> None:
         """Hand a lease back; releasing one already released or lapsed (not taken) is a no-op.
@@ -185,15 +190,38 @@ class RedisLeaseStore(RedisStore):
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any, by the Redis server's clock."""
         found = await self._script("current", [self.lease_key(run_id)], [], run_id)
-        if not found:
-            return None
-        holder, tenant, fence, expires_at = found
-        return RunLease(run_id, _text(tenant), _text(holder), int(fence), float(expires_at))
+        return _held(run_id, found)
+
+    async def ask_to_cancel(
+        self, run_id: str, *, tenant: str, by: str, why: str = ""
+    ) -> RunLease | None:
+        """Ask the unexpired holding of ``tenant``'s run to end it cancelled, in one script (the
+        first ask is kept); the holding asked, or ``None`` when there is none."""
+        found = await self._script(
+            "ask_to_cancel", [self.lease_key(run_id)], [tenant, by, why], run_id
+        )
+        return _held(run_id, found)
 
     async def close(self) -> None:
         """Close the connection pool. Idempotent."""
         self._scripts = {}
         await super().close()
+
+
+def _held(run_id: str, found: list[Any]) -> RunLease | None:
+    """The lease a script answered as ``{holder, tenant, fence, expires_at, cancel_by,
+    cancel_why}``, or ``None`` for its empty answer."""
+    if not found:
+        return None
+    holder, tenant, fence, expires_at, *asked = found
+    return RunLease(
+        run_id, _text(tenant), _text(holder), int(fence), float(expires_at), _asked(*asked)
+    )
+
+
+def _asked(by: Any = None, why: Any = None) -> CancelAsked | None:
+    """The cancel ask a script answered (``by`` is nil, or absent, when there is none)."""
+    return None if not by else CancelAsked(_text(by), "" if why is None else _text(why))
 
 
 def _ttl_ms(ttl_s: float) -> int:

@@ -19,43 +19,52 @@ from typing import Any
 
 from onward._storage import SqliteStore
 
-from .base import RunLease, check_ttl, conflict_error, fenced_error
+from .base import CancelAsked, RunLease, check_ttl, conflict_error, fenced_error
 
 SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """Seconds since the epoch by SQLite's clock; 'now' is fixed for the length of one statement."""
+
+_COLUMNS = "tenant, holder, fence, expires_at, cancel_by, cancel_why"
+_RETURNING = f"RETURNING {_COLUMNS}"
 
 _ACQUIRE = (
     "INSERT INTO onward_leases (run_id, tenant, holder, fence, expires_at) "
     f"VALUES (?, ?, ?, 1, {SQLITE_NOW} + ?) "
     "ON CONFLICT(run_id) DO UPDATE SET tenant = excluded.tenant, holder = excluded.holder, "
-    "fence = onward_leases.fence + 1, expires_at = excluded.expires_at "
+    "fence = onward_leases.fence + 1, expires_at = excluded.expires_at, "
+    "cancel_by = NULL, cancel_why = NULL "
     f"WHERE onward_leases.holder IS NULL OR onward_leases.expires_at <= {SQLITE_NOW} "
-    "RETURNING tenant, holder, fence, expires_at"
+    f"{_RETURNING}"
 )
 _RENEW = (
     f"UPDATE onward_leases SET expires_at = {SQLITE_NOW} + ? "
-    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {SQLITE_NOW} "
-    "RETURNING tenant, holder, fence, expires_at"
+    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {SQLITE_NOW} {_RETURNING}"
 )
 _RAISE_FENCE = (
     "UPDATE onward_leases SET fence = max(fence, ?) + 1 "
-    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {SQLITE_NOW} "
-    "RETURNING tenant, holder, fence, expires_at"
+    f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {SQLITE_NOW} {_RETURNING}"
 )
 _RELEASE = (
-    "UPDATE onward_leases SET holder = NULL, expires_at = NULL "
-    "WHERE run_id = ? AND holder = ? AND fence = ?"
+    "UPDATE onward_leases SET holder = NULL, expires_at = NULL, cancel_by = NULL, "
+    "cancel_why = NULL WHERE run_id = ? AND holder = ? AND fence = ?"
 )
 _FORGET = "DELETE FROM onward_leases WHERE run_id = ? AND holder = ? AND fence = ? AND fence = 1"
 _CURRENT = (
-    "SELECT tenant, holder, fence, expires_at FROM onward_leases "
+    f"SELECT {_COLUMNS} FROM onward_leases "
     f"WHERE run_id = ? AND holder IS NOT NULL AND expires_at > {SQLITE_NOW}"
+)
+_ASK_TO_CANCEL = (
+    "UPDATE onward_leases SET cancel_by = coalesce(cancel_by, ?), "
+    "cancel_why = CASE WHEN cancel_by IS NULL THEN ? ELSE cancel_why END "
+    f"WHERE run_id = ? AND tenant = ? AND holder IS NOT NULL AND expires_at > {SQLITE_NOW} "
+    f"{_RETURNING}"
 )
 
 
 def _lease(run_id: str, row: Any) -> RunLease:
-    tenant, holder, fence, expires_at = row
-    return RunLease(run_id, tenant, holder, int(fence), float(expires_at))
+    tenant, holder, fence, expires_at, cancel_by, cancel_why = row
+    asked = None if cancel_by is None else CancelAsked(cancel_by, cancel_why or "")
+    return RunLease(run_id, tenant, holder, int(fence), float(expires_at), asked)
 
 
 class SqliteLeaseStore(SqliteStore):
@@ -181,4 +190,18 @@ class SqliteLeaseStore(SqliteStore):
             return conn.execute(_CURRENT, (run_id,)).fetchone()
 
         row = await self._db.read(read, "reading the lease", run_id)
+        return None if row is None else _lease(run_id, row)
+
+    async def ask_to_cancel(
+        self, run_id: str, *, tenant: str, by: str, why: str = ""
+    ) -> RunLease | None:
+        """Ask the unexpired holding of ``tenant``'s run to end it cancelled, in one guarded
+        ``UPDATE`` (the first ask is kept); the holding asked, or ``None`` when there is none."""
+        conn = self._db.connection()
+
+        def ask() -> Any:
+            rows = conn.execute(_ASK_TO_CANCEL, (by, why, run_id, tenant)).fetchall()
+            return rows[0] if rows else None
+
+        row = await self._db.write(ask, "asking the holder to cancel", run_id)
         return None if row is None else _lease(run_id, row)

@@ -74,7 +74,7 @@ from .checkpoint import Checkpointer, CheckpointPolicy
 from .continuation import ContinuationPolicy, carry_if_due
 from .conversation import Conversation, as_text, restored
 from .dispatch import write_ahead
-from .leases.base import LeasePolicy, LeaseStore
+from .leases.base import LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
 from .leases.presence import default_holder
@@ -606,10 +606,31 @@ class AgentRunner(Resource):
                 raise InvalidInputError(
                     f"run {run_id!r} has ended already ({run.frontier.status})", run_id=run_id
                 )
-            error = f"cancelled by {by}" + (f": {why}" if why else "")
-            finished = self.writer.event(run, RunFinished, status="cancelled", error=error)
-            await self.writer.append(run, [finished])
+            await self._end_cancelled(run, by, why)
             return run.frontier
+
+    async def _end_cancelled(self, run: HeldRun, by: str, why: str) -> None:
+        """Write the run's end, ``cancelled`` by ``by`` (and why), under its lease."""
+        error = f"cancelled by {by}" + (f": {why}" if why else "")
+        finished = self.writer.event(run, RunFinished, status="cancelled", error=error)
+        await self.writer.append(run, [finished])
+
+    async def ask_to_cancel(
+        self, run_id: str, *, tenant: str, by: str, why: str = ""
+    ) -> RunLease | None:
+        """Ask whoever holds the run now to end it ``cancelled`` at its next boundary (before
+        its next model call; a tool call in flight finishes and is recorded first).
+
+        For a run another process drives, which `cancel` is refused: the ask is kept with the
+        run's lease (`LeaseStore.ask_to_cancel`) and its holder hears it at its next lease
+        renewal or tool call, then writes the run's end itself, recording ``by`` and ``why``.
+        Returns the holding asked, or ``None`` when nobody holds the run (`cancel` it then).
+        """
+        _check_run(run_id, tenant)
+        check_name("by", by, run_id=run_id)
+        if why:
+            check_note("why", why, run_id=run_id)
+        return await self.leases.ask_to_cancel(run_id, tenant=tenant, by=by, why=why)
 
     async def resolve(
         self,
@@ -736,6 +757,10 @@ class AgentRunner(Resource):
                 await self.writer.append(run, [stopped])
                 break
             if await self._paused(run, "after_tool_result"):
+                break
+            asked = run.held.cancel_asked
+            if asked is not None:  # someone asked its holder to cancel it (`onward cancel`)
+                await self._end_cancelled(run, asked.by, asked.why)
                 break
             with observe.run_step("model", run.run_id, run.fence):
                 dispatches = await self._model_step(run)

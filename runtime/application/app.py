@@ -372,17 +372,19 @@ class App(Resource):
         it is carried on after, and the spend it holds is released.
 
         A run nobody is driving (waiting on a person, left for one, its worker gone) ends
-        before this returns in process. A run being driven, by this app's worker or, in a
-        fleet, by the worker that owns it, stops at its next boundary (before its next model
-        call; a tool call in flight finishes and is recorded) and then ends: its stream ends
-        with an ``error`` message whose status is ``cancelled``.
+        before this returns in process. A run being driven, by this app's worker, by another
+        process sharing its stores or, in a fleet, by the worker that owns it, stops at its
+        next boundary (before its next model call; a tool call in flight finishes and is
+        recorded) and then ends: its stream ends with an ``error`` message whose status is
+        ``cancelled``. Another process hears the ask at its next lease renewal or tool call
+        (`AgentRunner.ask_to_cancel`).
 
         Raises:
             NothingToResumeError: No such run for the tenant.
             InvalidInputError: ``by`` or ``why`` out of bounds, or the run has ended already
                 (naming how); nothing was written or sent.
-            ResumeConflictError: In process, another process holds the run (only the fleet
-                routes a cancel to whoever drives it).
+            ResumeConflictError: In process, a person holds the run this moment (answering
+                or tagging it), or its holder let go as it was asked; try again.
         """
         tenant = tenant or self.tenant
         request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
@@ -400,7 +402,11 @@ class App(Resource):
                 )
             except ResumeConflictError as exc:
                 if exc.holder != worker.name:
-                    raise
+                    if not _drives(exc.holder) or not await worker.runner.ask_to_cancel(
+                        run_id, tenant=tenant, by=by, why=why
+                    ):
+                        raise
+                    return  # another process drives it: asked to end it at its next boundary
                 # This app's worker took it up a moment ago: it stops it first.
             else:
                 return
@@ -568,6 +574,12 @@ async def _as_person(
 
 
 _PERSON_RETRIES = 100
+
+
+def _drives(holder: str | None) -> bool:
+    """Whether a lease's holder is a runner driving the run (a worker, an app, a command), not
+    a person's brief write, which hears no cancel ask."""
+    return holder is not None and not holder.startswith("person:")
 
 
 def _by_name(agents: Agent | Sequence[Agent] | Mapping[str, Agent] | None) -> dict[str, Agent]:

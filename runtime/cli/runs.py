@@ -518,14 +518,9 @@ def cancel_command(
         except ResumeConflictError as held:
             if held.holder is None:
                 raise
-            asks = _fleet_takes_requests(backends.settings)
             raise ResumeConflictError(
-                f"{held}; --wait SECONDS waits for it"
-                + (
-                    " and asks the worker that owns it to stop it at its next boundary"
-                    if asks
-                    else ""
-                ),
+                f"{held}; --wait SECONDS asks its holder to end it at its next boundary and "
+                "waits for that",
                 run_id=run_id,
                 holder=held.holder,
                 expires_at=held.expires_at,
@@ -548,25 +543,28 @@ def cancel_command(
 async def _cancel_within(
     backends: Backends, runner: AgentRunner, request: CancelRun, wait: float
 ) -> Frontier:
-    """Cancel the run, trying again while another holds it, for up to ``wait`` seconds; on
-    Kafka with a request key, the first refusal also asks the fleet to stop the run (a
-    `CancelRun` to the worker that owns its partition), which may then be the one to end it.
+    """Cancel the run, trying again while another holds it, for up to ``wait`` seconds.
+
+    Each refusal asks the holder met to end the run itself at its next boundary (the ask kept
+    with its lease, `LeaseStore.ask_to_cancel`, which every backend has and the holder hears at
+    its next renewal or tool call); on Kafka with a request key the first refusal also sends a
+    `CancelRun` to the worker that owns the run's partition, which hears it at once. Whoever
+    ends the run first, the command reports it cancelled.
 
     Raises:
-        ResumeConflictError: Still held once ``wait`` is over (saying whether the fleet was
-            asked: its worker still ends the run at its next boundary).
+        ResumeConflictError: Still held once ``wait`` is over (its holder was asked, and still
+            ends the run at its next boundary).
         InvalidInputError: The run has ended, and not cancelled (it finished meanwhile).
     """
-    settings = backends.settings
     deadline = time.monotonic() + wait
-    asked = False
+    asked_fleet = asked = False
     while True:
         try:
             return await runner.cancel(
                 request.run_id, tenant=request.tenant, by=request.by, why=request.why
             )
         except InvalidInputError:
-            if asked:  # the worker asked may have ended it first
+            if asked:  # the holder asked may have ended it first
                 frontier = await runner.inspect(request.run_id, tenant=request.tenant)
                 if frontier.status == "cancelled":
                     return frontier
@@ -575,26 +573,45 @@ async def _cancel_within(
             if held.holder is None:
                 raise  # not this tenant's to know about, or let go this moment: said as it is
             if time.monotonic() >= deadline:
-                then = "; the worker asked still ends it at its next boundary" if asked else ""
                 raise ResumeConflictError(
-                    f"{held}; still held after --wait {wait:g} s{then}",
+                    f"{held}; still held after --wait {wait:g} s; its holder was asked to end "
+                    "it cancelled and does at its next boundary",
                     run_id=request.run_id,
                     holder=held.holder,
                     expires_at=held.expires_at,
                 ) from held
+            holding = await runner.ask_to_cancel(
+                request.run_id, tenant=request.tenant, by=request.by, why=request.why
+            )
             if not asked:
-                asked = await _ask_fleet_to_cancel(settings, request)
-                until = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + wait))
-                error(
-                    f"run {request.run_id} is held by {held.holder}; "
-                    + (
-                        "asked the worker that owns it to stop it at its next boundary; "
-                        if asked
-                        else ""
-                    )
-                    + f"waiting until {until} for it"
-                )
+                asked = True
+                asked_fleet = await _ask_fleet_to_cancel(backends.settings, request)
+                _say_waiting(request, held.holder, holding, asked_fleet, wait)
         await asyncio.sleep(_CANCEL_RETRY_S)
+
+
+def _say_waiting(
+    request: CancelRun, holder: str, holding: RunLease | None, asked_fleet: bool, wait: float
+) -> None:
+    """Say on stderr whom the command asked, when the holder hears it, and until when it waits."""
+    until = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + wait))
+    heard = (
+        "the worker that owns it was sent the cancel and stops it at its next boundary"
+        if asked_fleet
+        else "it hears the ask at its next lease renewal or tool call"
+        + (
+            ""
+            if holding is None
+            else " (before "
+            + time.strftime("%H:%M:%S UTC", time.gmtime(holding.expires_at))
+            + ", when its lease would lapse unrenewed)"
+        )
+        + " and ends the run at its next boundary"
+    )
+    error(
+        f"run {request.run_id} is held by {holder}; asked it to end the run cancelled: {heard}; "
+        f"waiting until {until}"
+    )
 
 
 _CANCEL_RETRY_S = 0.25

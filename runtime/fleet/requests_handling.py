@@ -153,7 +153,9 @@ class RequestHandler:
     async def _cancel(self, request: CancelRun) -> bool:
         """Stop the run's tasks here at their next boundary, then end it ``cancelled`` under
         its lease. Held by another (a worker that took it up while this one's partitions were
-        moving, or a lease not lapsed yet): asked again after a backoff, until it is free."""
+        moving, or a lease not lapsed yet): that holder is asked to end it at its next boundary
+        (`AgentRunner.ask_to_cancel`), and the cancel is tried again after a backoff until the
+        run is free or has ended."""
         worker, run_id = self._worker, request.run_id
         async with worker.stopping_run(run_id):
             while True:
@@ -163,10 +165,14 @@ class RequestHandler:
                         run_id, tenant=request.tenant, by=request.by, why=request.why
                     )
                 except InvalidInputError as exc:  # it ended before the cancel reached it
-                    _log.warning("run %s: not cancelled: %s", printable(run_id), exc)
+                    _log.warning("run %s: not cancelled here: %s", printable(run_id), exc)
                     return True
-                except (ResumeConflictError, FencedError):
+                except (ResumeConflictError, FencedError) as exc:
                     worker.stats.conflicts += 1
+                    if isinstance(exc, ResumeConflictError) and exc.holder is not None:
+                        await worker.runner.ask_to_cancel(
+                            run_id, tenant=request.tenant, by=request.by, why=request.why
+                        )
                     if not await worker.sleep(worker.backoff_s):
                         return False
                     continue

@@ -221,10 +221,10 @@ async def test_onward_cancel_with_wait_asks_the_worker_driving_the_run_to_stop_i
         held = await asyncio.to_thread(cancel)
         assert held.exit_code == 3, held.output  # without --wait: refused, nothing asked
         assert "is held by 'worker0'" in held.stderr
-        assert "--wait SECONDS waits for it and asks the worker that owns it" in held.stderr
+        assert "--wait SECONDS asks its holder to end it at its next boundary" in held.stderr
         cancelled = await asyncio.to_thread(cancel, "--wait", "60", "--json")
         assert cancelled.exit_code == 0, cancelled.output
-        assert "asked the worker that owns it to stop it at its next boundary" in cancelled.stderr
+        assert "the worker that owns it was sent the cancel" in cancelled.stderr
         facts = json.loads(cancelled.stdout)
         assert (facts["status"], facts["undecided_calls"]) == ("cancelled", [])
         last = (await asyncio.wait_for(stream.collect(), 60))[-1]

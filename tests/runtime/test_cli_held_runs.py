@@ -27,6 +27,7 @@ from onward.eventlog.base import EventLog
 from onward.eventlog.events import Event, RunFinished
 from onward.runtime import LeaseStore, RunLease, SqliteLeaseStore
 from onward.runtime.cli import app
+from onward.runtime.leases.base import CancelAsked
 
 TENANT = "acme"
 OTHER = "other-worker"
@@ -143,6 +144,12 @@ def test_cancel_with_wait_ends_a_held_run_once_it_is_handed_back(tmp_path: Path)
         async with SqliteEventLog(db) as log:
             return await events_of(log, run_id)
 
+    async def asked() -> CancelAsked | None:
+        async with SqliteLeaseStore(db) as leases:
+            holding = await leases.current(run_id)
+            assert holding is not None
+            return holding.cancel_asked
+
     run_id, before, held = asyncio.run(prepare())
     for bad in ("0", "-1", "nan", "inf"):
         refused = cli("--by", "ops", "--wait", bad)
@@ -150,13 +157,17 @@ def test_cancel_with_wait_ends_a_held_run_once_it_is_handed_back(tmp_path: Path)
         assert "--wait must be positive, finite seconds" in refused.stderr
     refused = cli("--by", "ops")
     assert refused.exit_code == 3, refused.output
-    assert refused.stderr.strip().endswith("; --wait SECONDS waits for it"), refused.stderr
+    hint = "; --wait SECONDS asks its holder to end it at its next boundary and waits for that"
+    assert refused.stderr.strip().endswith(hint), refused.stderr
+    assert asyncio.run(asked()) is None  # without --wait nothing is asked
     timed_out = cli("--by", "ops", "--wait", "0.5")
     assert timed_out.exit_code == 3, timed_out.output
-    assert f"run {run_id} is held by {OTHER}; waiting until " in timed_out.stderr
-    assert "still held after --wait 0.5 s" in timed_out.stderr
-    assert "asked the worker" not in timed_out.stderr  # no fleet on an embedded file
+    assert f"run {run_id} is held by {OTHER}; asked it to end the run cancelled" in timed_out.stderr
+    assert "still held after --wait 0.5 s; its holder was asked" in timed_out.stderr
+    assert "the worker that owns it" not in timed_out.stderr  # no fleet on an embedded file
     assert asyncio.run(events()) == before
+    # The ask waits with the holder's lease (this holder is a test that never hears it).
+    assert asyncio.run(asked()) == CancelAsked("ops", "")
 
     releasing = threading.Timer(1.0, lambda: asyncio.run(hand_back(held)))
     releasing.start()

@@ -1,0 +1,158 @@
+"""A run another process drives is cancelled through its lease, on the backends that have no
+requests topic to reach a worker by: `onward cancel --wait` and `App.cancel` ask the holder
+(`AgentRunner.ask_to_cancel`, kept with the run's lease), the holder hears the ask at its next
+lease renewal or tool call, and it ends the run itself before its next model call.
+
+The driver is an application process of its own (``python -m support.appapi``) carrying a
+``looper`` run, which never ends by itself, on the embedded SQLite file or on PostgreSQL alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from support.appapi import agents, provider, until
+from typer.testing import CliRunner, Result
+
+import onward
+from onward.eventlog import ModelAnswered, RunFinished
+from onward.runtime.backends import open_backends
+from onward.runtime.cli import app as cli
+from onward.runtime.demo_ledger import Ledger
+from onward.runtime.leases.base import CancelAsked
+from onward.runtime.settings import Settings
+
+TESTS = Path(__file__).resolve().parents[1]
+TENANT = "default"
+
+
+@dataclass
+class Deployment:
+    """One deployment's settings, as this process opens it and as a process is given it."""
+
+    settings: Settings
+    env: dict[str, str]
+    ledger: Ledger
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Deployment:
+    ledger = tmp_path / "ledger.jsonl"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_APP_MODE": "in_process",
+        "APP_LEDGER": str(ledger),
+    }
+    if request.param == "postgres":
+        url, schema = request.getfixturevalue("database_url"), request.getfixturevalue("pg_schema")
+        env |= {"ONWARD_BACKEND": "postgres", "DATABASE_URL": url, "ONWARD_DATABASE_SCHEMA": schema}
+        settings = Settings(backend="postgres", database_url=url, database_schema=schema)
+    else:
+        db = tmp_path / "onward.db"
+        env |= {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+        settings = Settings(backend="sqlite", sqlite_path=db)
+    return Deployment(settings, env, Ledger(ledger))
+
+
+@dataclass
+class Driver:
+    """An application process carrying one runaway run."""
+
+    process: asyncio.subprocess.Process
+    run_id: str
+
+    async def messages(self) -> list[dict[str, object]]:
+        """What it printed of the run's stream, once it has ended (it must end by itself)."""
+        out, err = await asyncio.wait_for(self.process.communicate(), 60)
+        assert self.process.returncode == 0, err.decode()
+        return [json.loads(line) for line in out.decode().splitlines()]
+
+
+@pytest_asyncio.fixture
+async def driver(deployment: Deployment) -> AsyncIterator[Driver]:
+    """A ``looper`` run carried by another process, three calls in and going on."""
+    run_id = f"runaway-{os.urandom(4).hex()}"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "support.appapi",
+        "query",
+        "looper",
+        run_id,
+        env=deployment.env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+    async def going() -> bool:
+        return deployment.ledger.path.exists() and deployment.ledger.count("tick") >= 3
+
+    try:
+        await until(going, "the runaway run's first three calls")
+        yield Driver(process, run_id)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def assert_ended_by_its_holder(deployment: Deployment, driver: Driver) -> None:
+    """The driver's stream ended with the cancel, and every call the model asked for was made
+    once: the run stopped before a model call, and nothing ran after its end."""
+    last = (await driver.messages())[-1]
+    assert (last["type"], last["status"]) == ("error", "cancelled")
+    assert last["content"] == "cancelled by ops: runaway loop"
+    async with open_backends(deployment.settings) as backends:
+        events = [s.event for s in await backends.log.read_run(driver.run_id)]
+    answers = [e for e in events if isinstance(e, ModelAnswered)]
+    ticks = [e["n"] for e in deployment.ledger.entries() if e["tool"] == "tick"]
+    assert len(answers) == len(ticks) >= 3
+    assert ticks == list(range(1, len(ticks) + 1))
+    finished = events[-1]
+    assert isinstance(finished, RunFinished)
+    assert (finished.status, finished.error) == ("cancelled", "cancelled by ops: runaway loop")
+    assert sum(isinstance(e, RunFinished) for e in events) == 1
+
+
+async def test_onward_cancel_with_wait_ends_a_run_another_process_drives(
+    deployment: Deployment, driver: Driver
+) -> None:
+    def cancel(*extra: str) -> Result:
+        args = ["cancel", driver.run_id, "--by", "ops", "--why", "runaway loop", *extra]
+        return CliRunner().invoke(cli, args, env=deployment.env)
+
+    # Each command runs its own event loop, so it gets a thread of its own.
+    held = await asyncio.to_thread(cancel)
+    assert held.exit_code == 3, held.output  # without --wait: refused, nothing asked
+    assert "--wait SECONDS asks its holder to end it" in held.stderr
+    cancelled = await asyncio.to_thread(cancel, "--wait", "60", "--json")
+    assert cancelled.exit_code == 0, cancelled.output
+    assert "asked it to end the run cancelled" in cancelled.stderr
+    assert "hears the ask at its next lease renewal or tool call" in cancelled.stderr
+    facts = json.loads(cancelled.stdout)
+    assert (facts["status"], facts["undecided_calls"]) == ("cancelled", [])
+    await assert_ended_by_its_holder(deployment, driver)
+
+
+async def test_app_cancel_asks_the_process_driving_the_run_to_end_it(
+    deployment: Deployment, driver: Driver
+) -> None:
+    async with onward.open(deployment.settings, agents=agents, provider=provider()) as app:
+        await app.cancel(driver.run_id, by="ops", why="runaway loop")
+        async with open_backends(deployment.settings) as backends:
+            holding = await backends.leases.current(driver.run_id)
+        # The ask is with the driver's lease until it hears it and lets go.
+        assert holding is None or holding.cancel_asked == CancelAsked("ops", "runaway loop")
+        await assert_ended_by_its_holder(deployment, driver)
+        state = await app.get_session_state(driver.run_id)
+        assert state is not None
+        assert (state.status, state.holder) == ("cancelled", None)

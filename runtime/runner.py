@@ -74,7 +74,7 @@ from .checkpoint import Checkpointer, CheckpointPolicy
 from .continuation import ContinuationPolicy, carry_if_due
 from .conversation import Conversation, as_text, restored
 from .dispatch import write_ahead
-from .leases.base import LeasePolicy, LeaseStore, RunLease
+from .leases.base import CancelAsked, LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
 from .leases.holder import Leaseholder
 from .leases.presence import default_holder
@@ -611,8 +611,9 @@ class AgentRunner(Resource):
 
     async def _end_cancelled(self, run: HeldRun, by: str, why: str) -> None:
         """Write the run's end, ``cancelled`` by ``by`` (and why), under its lease."""
-        error = f"cancelled by {by}" + (f": {why}" if why else "")
-        finished = self.writer.event(run, RunFinished, status="cancelled", error=error)
+        finished = self.writer.event(
+            run, RunFinished, status="cancelled", error=CancelAsked(by, why).error
+        )
         await self.writer.append(run, [finished])
 
     async def ask_to_cancel(

@@ -487,8 +487,8 @@ def cancel_command(
         typer.Option(
             "--wait",
             metavar="SECONDS",
-            help="While another holds the run, wait up to SECONDS for it; on Kafka, ask the "
-            "fleet's worker that owns it to stop it at its next boundary.",
+            help="While another holds the run, ask its holder to end it at its next boundary "
+            "and wait up to SECONDS for that.",
         ),
     ] = None,
     as_json: JsonResultOption = False,
@@ -497,9 +497,10 @@ def cancel_command(
     released. For a run nobody should carry on (a worker gave it up, or it is not wanted).
 
     A call it dispatched and never settled stays undecided in its record (it may have run);
-    the command names each such call on stderr. A run a worker is driving: with --wait, the
-    worker of the fleet that owns it (Kafka, ONWARD_REQUEST_KEY set) is asked to stop it at its
-    next boundary (a tool call in flight finishes first), and the command waits for its end.
+    the command names each such call on stderr. A run another process drives: with --wait, its
+    holder is asked (with the run's lease; on Kafka with ONWARD_REQUEST_KEY set, the fleet's
+    worker that owns it is sent a CancelRun too) to end it at its next boundary (a tool call in
+    flight finishes first), and the command waits for that.
 
     Exit 0: cancelled. 1: no such run. 2: bad input (the run has ended already, or ended
     otherwise while waited for). 3: another holds the run (without --wait, or still at its

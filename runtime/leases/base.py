@@ -45,6 +45,11 @@ class CancelAsked:
     by: str
     why: str = ""
 
+    @property
+    def error(self) -> str:
+        """The error the run ends with, cancelled: who cancelled it and why."""
+        return f"cancelled by {self.by}" + (f": {self.why}" if self.why else "")
+
 
 @dataclass(frozen=True, slots=True)
 class RunLease:

@@ -53,7 +53,7 @@ from onward.runtime.runner import AgentRunner
 from onward.runtime.spend.budget import Budgets
 from onward.runtime.writer import HeldRun
 
-from .journal import RunJournal, RunSpend, RunSuspended
+from .journal import RunCancelled, RunJournal, RunSpend, RunSuspended
 
 _REQUESTS = pydantic.TypeAdapter(DeferredToolRequests)
 _RESULTS = pydantic.TypeAdapter(DeferredToolResults)
@@ -286,6 +286,8 @@ class DurableRuns:
                         deferred_tool_results=decision,
                         **options,
                     )
+            except RunCancelled as cancelled:
+                return DurableRunResult(run_id, "cancelled", error=cancelled.error)
             except RunSuspended as waiting:
                 return DurableRunResult(
                     run_id,

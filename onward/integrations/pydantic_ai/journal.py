@@ -41,6 +41,7 @@ from onward.eventlog import (
     ApprovalRequested,
     Message,
     ModelAnswered,
+    RunFinished,
     RunStarted,
     ToolCall,
     ToolCompleted,
@@ -112,6 +113,16 @@ class RunSuspended(Exception):  # noqa: N818 - a control signal, not a failure
         super().__init__(f"waiting on {request_id}")
         self.request_id = request_id
         self.details = details
+
+
+class RunCancelled(Exception):  # noqa: N818 - a control signal, not a failure
+    """Someone asked the run's holder to cancel it (`AgentRunner.ask_to_cancel`), and its end,
+    ``cancelled``, is in the log: raised through the agent's run where its next model request
+    would have gone out, so that it stops there; the driver turns it into a cancelled result."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 class RecordedToolError(Exception):
@@ -204,6 +215,10 @@ class RunJournal:
             unit_completed(executed=False)
             return answered.response
         await self._settle_turn()
+        asked = self.run.held.cancel_asked
+        if asked is not None:
+            await self.append(self.event(RunFinished, status="cancelled", error=asked.error))
+            raise RunCancelled(asked.error)
         held = await self._hold()
         try:
             payload = await ask()

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import ToolCallPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
 from support.stores import Stores
 
@@ -45,6 +46,7 @@ from onward.integrations.pydantic_ai import (
     DurableRunResult,
     OnwardDurability,
     current_fence,
+    current_idempotency_key,
     current_lease_expires_at,
 )
 from onward.projections.compaction import embedded_compaction
@@ -421,3 +423,48 @@ async def test_a_waiting_run_goes_on_after_its_partition_is_cut(
 
     assert done.output == "done: seat 3A booked"
     assert len(ledger.entries()) == 11
+
+
+async def test_a_run_asked_to_cancel_ends_cancelled_before_its_next_model_request(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """Someone asks the run's holder to cancel it while its third call runs (`onward cancel
+    --wait` from another process does this): the holder hears it at the next call's dispatch
+    and ends the run before the model request after that call, every call made once. Without
+    the ask the model would stop by itself after ten calls."""
+
+    def looping(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = sum(isinstance(m, ModelResponse) for m in messages)
+        if done == 10:
+            return ModelResponse(parts=[TextPart("stopped by itself")])
+        call = ToolCallPart("tick", {"n": done + 1}, tool_call_id=f"t{done + 1}")
+        return ModelResponse(parts=[TextPart(f"tick {done + 1}"), call])
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(looping),
+        name="looper",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain
+    async def tick(n: int) -> str:
+        """One turn of a run that goes on."""
+        ledger.record("tick", current_idempotency_key() or "", n=n)
+        if n == 3:
+            asked = await stores.leases.ask_to_cancel(RUN, tenant=TENANT, by="ops", why="runaway")
+            assert asked is not None
+        return f"ticked {n}"
+
+    result = await durability.run(agent, "loop", run_id=RUN)
+
+    assert (result.status, result.error) == ("cancelled", "cancelled by ops: runaway")
+    assert [e["n"] for e in ledger.entries()] == [1, 2, 3, 4]
+    recorded = await events(stores)
+    assert sum(isinstance(e, ModelAnswered) for e in recorded) == 4
+    finished = recorded[-1]
+    assert isinstance(finished, RunFinished)
+    assert (finished.status, finished.error) == ("cancelled", "cancelled by ops: runaway")
+    assert await stores.leases.current(RUN) is None
+    again = await durability.resume(agent, RUN)
+    assert (again.status, again.error) == ("cancelled", "cancelled by ops: runaway")

@@ -558,7 +558,7 @@ async def _cancel_within(
         InvalidInputError: The run has ended, and not cancelled (it finished meanwhile).
     """
     deadline = time.monotonic() + wait
-    asked_fleet = asked = False
+    asked = False
     while True:
         try:
             return await runner.cancel(

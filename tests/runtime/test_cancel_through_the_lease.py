@@ -4,7 +4,8 @@ requests topic to reach a worker by: `onward cancel --wait` and `App.cancel` ask
 lease renewal or tool call, and it ends the run itself before its next model call.
 
 The driver is an application process of its own (``python -m support.appapi``) carrying a
-``looper`` run, which never ends by itself, on the embedded SQLite file or on PostgreSQL alone.
+``looper`` run, which never ends by itself, on the embedded SQLite file, on PostgreSQL alone, or
+on Kafka with no request key (no `CancelRun` can reach it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from support.appapi import agents, provider, until
+from support.deployment import kafka_settings
+from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
 
 import onward
@@ -32,6 +35,7 @@ from onward.runtime.settings import Settings
 
 TESTS = Path(__file__).resolve().parents[1]
 TENANT = "default"
+PARTITIONS = 3
 
 
 @dataclass
@@ -41,10 +45,13 @@ class Deployment:
     settings: Settings
     env: dict[str, str]
     ledger: Ledger
+    kafka: KafkaServers | None = None
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", pytest.param("kafka", marks=pytest.mark.kafka)])
 def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Deployment:
+    """The embedded file, PostgreSQL alone, or Kafka + PostgreSQL + Redis without a request key
+    (so no `CancelRun` can be sent: the lease is the only way to the driver)."""
     ledger = tmp_path / "ledger.jsonl"
     env = {
         **os.environ,
@@ -52,6 +59,13 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Deployment:
         "ONWARD_APP_MODE": "in_process",
         "APP_LEDGER": str(ledger),
     }
+    if request.param == "kafka":
+        servers: KafkaServers = request.getfixturevalue("kafka_servers")
+        env |= servers.env(partitions=PARTITIONS)
+        del env["ONWARD_REQUEST_KEY"]
+        return Deployment(
+            kafka_settings(servers, PARTITIONS, request_key=None), env, Ledger(ledger), servers
+        )
     if request.param == "postgres":
         url, schema = request.getfixturevalue("database_url"), request.getfixturevalue("pg_schema")
         env |= {"ONWARD_BACKEND": "postgres", "DATABASE_URL": url, "ONWARD_DATABASE_SCHEMA": schema}
@@ -80,6 +94,9 @@ class Driver:
 @pytest_asyncio.fixture
 async def driver(deployment: Deployment) -> AsyncIterator[Driver]:
     """A ``looper`` run carried by another process, three calls in and going on."""
+    if deployment.kafka is not None:
+        async with deployment.kafka.log(partitions=PARTITIONS):
+            pass  # the events topic, created once, as a deployment creates it
     run_id = f"runaway-{os.urandom(4).hex()}"
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -94,6 +111,10 @@ async def driver(deployment: Deployment) -> AsyncIterator[Driver]:
     )
 
     async def going() -> bool:
+        if process.returncode is not None:
+            assert process.stderr is not None
+            said = (await process.stderr.read()).decode()
+            pytest.fail(f"the driver exited {process.returncode} before its third call: {said}")
         return deployment.ledger.path.exists() and deployment.ledger.count("tick") >= 3
 
     try:
@@ -138,6 +159,7 @@ async def test_onward_cancel_with_wait_ends_a_run_another_process_drives(
     assert cancelled.exit_code == 0, cancelled.output
     assert "asked it to end the run cancelled" in cancelled.stderr
     assert "hears the ask at its next lease renewal or tool call" in cancelled.stderr
+    assert "the worker that owns it" not in cancelled.stderr  # no fleet was sent anything
     facts = json.loads(cancelled.stdout)
     assert (facts["status"], facts["undecided_calls"]) == ("cancelled", [])
     await assert_ended_by_its_holder(deployment, driver)

@@ -59,7 +59,7 @@ from onward.runtime.fleet.requests import (
     check_request,
 )
 from onward.runtime.fleet.worker import Worker
-from onward.runtime.leases.base import LeasePolicy
+from onward.runtime.leases.base import CancelAsked, LeasePolicy
 from onward.runtime.manager import ExecutionManager, needs_person
 from onward.runtime.options import Options
 from onward.runtime.providers import Provider
@@ -84,6 +84,8 @@ class SessionState:
             it because a call may or may not have run (settle it with ``onward resolve``).
         waiting_on: The request a waiting run waits on (an approval, or a collaborative pause).
         holder: The worker that holds the run now, if any.
+        cancel_asked: Someone asked that holder to end the run cancelled (`App.cancel`,
+            ``onward cancel --wait``) and it has not yet: it does at its next boundary.
     """
 
     run_id: str
@@ -98,6 +100,7 @@ class SessionState:
     output: Any
     error: str | None
     tags: tuple[RunTag, ...]
+    cancel_asked: CancelAsked | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
         """A field by name, as from a mapping."""
@@ -331,8 +334,10 @@ class App(Resource):
         if status == "running" and lease is None:
             status = "needs_person" if needs_person(frontier) else "interrupted"
         same = {name: getattr(frontier, name) for name in _FROM_FRONTIER}
-        holder = lease.holder if lease is not None else None
-        return SessionState(status=status, user=frontier.user_id, holder=holder, **same)
+        holder, asked = (None, None) if lease is None else (lease.holder, lease.cancel_asked)
+        return SessionState(
+            status=status, user=frontier.user_id, holder=holder, cancel_asked=asked, **same
+        )
 
     # -- what messages ask for (`Answers`) ---------------------------------------------------
 

@@ -22,12 +22,14 @@ from support.runners import log_runner
 from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
 
+import onward
 from onward.eventlog import SqliteEventLog
 from onward.eventlog.base import EventLog
 from onward.eventlog.events import Event, RunFinished
 from onward.runtime import LeaseStore, RunLease, SqliteLeaseStore
 from onward.runtime.cli import app
 from onward.runtime.leases.base import CancelAsked
+from onward.runtime.settings import Settings
 
 TENANT = "acme"
 OTHER = "other-worker"
@@ -148,7 +150,13 @@ def test_cancel_with_wait_ends_a_held_run_once_it_is_handed_back(tmp_path: Path)
         async with SqliteLeaseStore(db) as leases:
             holding = await leases.current(run_id)
             assert holding is not None
-            return holding.cancel_asked
+        settings = Settings(backend="sqlite", sqlite_path=db)
+        payer, model = cli_agent.payer(), cli_agent.paying_model()
+        async with onward.open(settings, agents=payer, provider=model) as application:
+            state = await application.get_session_state(run_id, tenant=TENANT)
+        assert state is not None
+        assert (state.holder, state.cancel_asked) == (OTHER, holding.cancel_asked)
+        return holding.cancel_asked
 
     run_id, before, held = asyncio.run(prepare())
     for bad in ("0", "-1", "nan", "inf"):

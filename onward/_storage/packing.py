@@ -60,4 +60,5 @@ def unpack(stored: bytes) -> bytes:
         row = inflater.decompress(stored[1:]) + inflater.flush()
     except zlib.error:
         return stored  # not a packed row after all (a foreign writer's): left to the decoder
-    return row if inflater.eof else stored
+    # Whole and alone: a stream that ends early, or not at all, is not one `pack` wrote.
+    return row if inflater.eof and not inflater.unused_data else stored

@@ -38,8 +38,16 @@ def test_rows_not_worth_packing_are_stored_as_they_are(rng: random.Random) -> No
 
 def test_rows_that_are_not_packed_read_as_they_are(rng: random.Random) -> None:
     assert unpack(b'{"kind":"run.started"}') == b'{"kind":"run.started"}'
-    foreign = PACKED + rng.randbytes(100)  # marked, but no deflate stream a packer wrote
+    # Marked, but no deflate stream a packer wrote: a first block of the reserved type 3.
+    foreign = PACKED + bytes([0b111]) + rng.randbytes(99)
     assert unpack(foreign) == foreign
+    row = b'{"kind":"tool.completed","result":' + b'"seat 3A booked, ' * 20 + b'"}'
+    packed = pack(row)
+    assert packed.startswith(PACKED)
+    # A whole stream with bytes after it, or one cut short, is not what `pack` writes either
+    # (100 random bytes after the mark decode as a short valid stream about once in a hundred).
+    assert unpack(packed + b"\x00trailing") == packed + b"\x00trailing"
+    assert unpack(packed[:-3]) == packed[:-3]
 
 
 async def test_the_log_stores_records_packed_and_reads_unpacked_ones_too(tmp_path: Path) -> None:

@@ -574,9 +574,13 @@ async def _cancel_within(
             if held.holder is None:
                 raise  # not this tenant's to know about, or let go this moment: said as it is
             if time.monotonic() >= deadline:
+                then = (
+                    "; its holder was asked to end it cancelled and does at its next boundary"
+                    if asked
+                    else ""
+                )
                 raise ResumeConflictError(
-                    f"{held}; still held after --wait {wait:g} s; its holder was asked to end "
-                    "it cancelled and does at its next boundary",
+                    f"{held}; still held after --wait {wait:g} s{then}",
                     run_id=request.run_id,
                     holder=held.holder,
                     expires_at=held.expires_at,

@@ -168,6 +168,11 @@ def test_cancel_with_wait_ends_a_held_run_once_it_is_handed_back(tmp_path: Path)
     hint = "; --wait SECONDS asks its holder to end it at its next boundary and waits for that"
     assert refused.stderr.strip().endswith(hint), refused.stderr
     assert asyncio.run(asked()) is None  # without --wait nothing is asked
+    over = cli("--by", "ops", "--wait", "1e-9")  # over before the first refusal came back
+    assert over.exit_code == 3, over.output
+    assert "still held after --wait 1e-09 s" in over.stderr
+    assert "asked" not in over.stderr
+    assert asyncio.run(asked()) is None
     timed_out = cli("--by", "ops", "--wait", "0.5")
     assert timed_out.exit_code == 3, timed_out.output
     assert f"run {run_id} is held by {OTHER}; asked it to end the run cancelled" in timed_out.stderr

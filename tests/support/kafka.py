@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,13 +16,31 @@ def new_topic_name() -> str:
     return f"onward.test.{uuid.uuid4().hex[:12]}"
 
 
+_UNKNOWN_TOPIC_OR_PARTITION = 3
+_DELETION_DEADLINE_S = 30.0
+
+
 async def delete_topic(bootstrap: str, topic: str) -> None:
-    """Delete ``topic`` if it exists (a test may never have created it)."""
+    """Delete ``topic`` if it exists and return once the broker no longer lists it.
+
+    The controller answers a deletion before every broker's metadata has caught up, and a
+    topic created a moment ago may not be listed yet, so this always asks for the deletion
+    (an unknown topic is no error) and then waits until listing agrees.
+    """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        if topic in await admin.list_topics():
-            await admin.delete_topics([topic])
+        response = await admin.delete_topics([topic])
+        for name, error_code in response.topic_error_codes:
+            if error_code not in (0, _UNKNOWN_TOPIC_OR_PARTITION):
+                raise RuntimeError(f"deleting topic {name!r} failed: Kafka error code {error_code}")
+        deadline = time.monotonic() + _DELETION_DEADLINE_S
+        while topic in await admin.list_topics():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"topic {topic!r} still listed {_DELETION_DEADLINE_S:.0f} s after its deletion"
+                )
+            await asyncio.sleep(0.05)
     finally:
         await admin.close()
 

@@ -600,8 +600,15 @@ def _unchanged(d: FrontierDraft, e: Event) -> None:
 def _graph_step(d: FrontierDraft, e: Event) -> None:
     # A graph thread (no `RunStarted`: the framework drives it, not the runner) is only ever
     # waiting (an interrupt) or not; once its interrupt is answered it goes back to "new", so
-    # nobody mistakes a thread between invocations for an interrupted agent run.
-    if d.status == "running" and not d.agent:
+    # nobody mistakes a thread between invocations for an interrupted agent run. A cancel
+    # ends one invocation of a thread, not the thread: the next one's first write opens it
+    # again, so a thread is never collected or cut as an ended run.
+    if d.agent:
+        return
+    if d.status == "cancelled":
+        d.error = None
+        d.status = "new"
+    elif d.status == "running":
         d.status = "new"
 
 

@@ -48,12 +48,15 @@ class Stores:
         finished_at: int = OLD,
         continued_to: str | None = None,
         held: bool = False,
+        agent: str = "booker",
     ) -> str:
         """A run with a frontier row, two transcript rows, two call rows, a lease row, and as
-        compaction leaves it a truncation point and two retained (tagged) events."""
+        compaction leaves it a truncation point and two retained (tagged) events. ``agent``
+        empty: a LangGraph thread's row."""
         run_id = new_run_id()
         row = msgspec.structs.replace(
             frontier(run_id, through=5, status=status),
+            agent=agent,
             updated_at=finished_at,
             continued_to=continued_to,
             messages=2,
@@ -173,6 +176,16 @@ class RecordSweeperConformance:
         assert await stores.sweeper.sweep(plan, delete=True) == dict.fromkeys(RECORD_KINDS, 0)
         assert [await stores.rows(r) for r in live] == [(True, 2, 2, True, 2)] * 3
         assert all([await stores.lease_row_kept(r) for r in live])
+
+    async def test_a_cancelled_thread_is_neither_listed_nor_swept(self, stores: Stores) -> None:
+        # A cancel ends one invocation of a LangGraph thread, not the thread: its rows stay.
+        thread = await stores.seed("cancelled", agent="")
+        run = await stores.seed("cancelled")
+        assert {r.run_id for r in await stores.sweeper.finished(before=CUTOFF)} == {run}
+        plan = SweepPlan(expired=(thread,), calls=(thread,), keys=(thread,))
+        assert await stores.sweeper.sweep(plan, delete=True) == dict.fromkeys(RECORD_KINDS, 0)
+        assert await stores.rows(thread) == (True, 2, 2, True, 2)
+        assert await stores.lease_row_kept(thread)
 
     async def test_a_lease_somebody_holds_is_kept(self, stores: Stores) -> None:
         run_id = await stores.seed("completed", held=True)

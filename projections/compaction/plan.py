@@ -268,8 +268,8 @@ def _read_whole(has_row: bool, frontier: Frontier | None) -> bool:
     quarantine, or over the row's cap with none kept uncapped), no agent of Onward's own (a
     LangGraph thread), a run its executor replays (pydantic-ai), or a live run whose row
     predates its transcript."""
-    if not has_row or frontier is None:
-        return True
+    if not has_row or frontier is None or not frontier.agent:
+        return True  # a thread's next invocation reads it whole, even after a cancel
     if frontier.finished:
         return False
-    return not frontier.agent or frontier.replays or frontier.messages == 0
+    return frontier.replays or frontier.messages == 0

@@ -85,10 +85,14 @@ def finished_run(
     return FinishedRun(run_id, tenant, status, updated_at, continued, successor)
 
 
+_ENDED_RUN = f"status IN ({_TERMINAL}) AND agent <> ''"
+"""A frontier row of a run that ended. A LangGraph thread (no agent) never does: a cancel ends
+one invocation of it, and the next opens it again (`projections.frontier`)."""
+
 FINISHED_SQL = (
     "SELECT run_id, tenant, status, updated_at, "
     "CASE WHEN status = 'continued' THEN payload END AS payload FROM onward_frontiers "
-    f"WHERE status IN ({_TERMINAL}) AND updated_at < {{before}} ORDER BY run_id"
+    f"WHERE {_ENDED_RUN} AND updated_at < {{before}} ORDER BY run_id"
 )
 """The finished runs of a frontier table, with ``{before}`` left for the dialect's parameter."""
 
@@ -178,7 +182,7 @@ class SweepSql:
 
     def predicates(self) -> dict[Kind, tuple[str, str]]:
         """Per kind of `RECORD_KINDS`, in deletion order: the table and the rows to remove."""
-        finished = f"status IN ({_TERMINAL})"
+        finished = _ENDED_RUN
         done = f"FROM onward_frontiers WHERE run_id IN ({self.ids}) AND {finished}"
         return {
             "transcript": (
@@ -200,7 +204,7 @@ class SweepSql:
         """What a delete also does first, each statement bound to the plan's expired runs:
         a tombstone for every run it removes (so compaction knows their events finished, and
         keeps nothing of them), and their tags' pins and uncapped frontiers dropped."""
-        done = f"FROM onward_frontiers WHERE run_id IN ({self.ids}) AND status IN ({_TERMINAL})"
+        done = f"FROM onward_frontiers WHERE run_id IN ({self.ids}) AND {_ENDED_RUN}"
         return [
             "INSERT INTO onward_run_tombstones (run_id, tenant, collected_at) "
             f"SELECT run_id, tenant, {int(at)} {done} ON CONFLICT (run_id) DO NOTHING",

@@ -7,7 +7,8 @@ once it is collected, its tombstone. Nothing else reaps those keys, so without t
 holding frontiers grows with every run ever made.
 
 Finished runs are listed from Redis. Each sweep then reads the runs' summaries and goes on
-with those that say the run finished (a finished run never becomes unfinished again), counts
+with those that say the run finished (a finished run never becomes unfinished again; a
+LangGraph thread, which a cancel does not end, is never taken for one), counts
 or deletes their PostgreSQL rows in one transaction, and last counts or deletes their Redis
 keys with a script that checks the status again in the step that deletes
 (`RedisFrontierStore.sweep_finished`). A pass cut short between the two leaves the frontier
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, Resource
+from onward.projections.base import RunSummary
 from onward.projections.frontier import TERMINAL_STATUSES
 from onward.projections.redis import RedisFrontierStore
 
@@ -130,6 +132,7 @@ class RedisFrontierSweeper(Resource):
     async def finished(self, *, before: int) -> list[FinishedRun]:
         """Runs whose stored summary says they finished before ``before``, by id."""
         summaries = await self.frontiers.runs(statuses=TERMINAL_STATUSES, updated_before=before)
+        summaries = [s for s in summaries if _ended(s)]
         continued = [s.run_id for s in summaries if s.status == "continued"]
         rows = await self.frontiers.load(continued)
         out = []
@@ -151,9 +154,7 @@ class RedisFrontierSweeper(Resource):
     async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
         """Count or delete what ``plan`` names, of runs whose summary says they finished."""
         summaries = await self.frontiers.summaries({*plan.expired, *plan.calls})
-        tenants = {
-            run_id: s.tenant for run_id, s in summaries.items() if s.status in TERMINAL_STATUSES
-        }
+        tenants = {run_id: s.tenant for run_id, s in summaries.items() if _ended(s)}
         expired = [(r, tenants[r]) for r in dict.fromkeys(plan.expired) if r in tenants]
         gone = {run_id for run_id, _ in expired}
         calls = [(r, tenants[r]) for r in dict.fromkeys(plan.calls) if r in tenants]
@@ -165,6 +166,12 @@ class RedisFrontierSweeper(Resource):
         )
         counts |= {"frontiers": frontiers, "transcript": said, "tool_calls": call_rows}
         return counts
+
+
+def _ended(summary: RunSummary) -> bool:
+    """Whether the run ended. A LangGraph thread (no agent) never does: a cancel ends one
+    invocation of it, and the next opens it again (`projections.frontier`)."""
+    return summary.status in TERMINAL_STATUSES and bool(summary.agent)
 
 
 __all__ = ["RedisFrontierSweeper"]

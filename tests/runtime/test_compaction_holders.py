@@ -286,6 +286,44 @@ async def test_a_langgraph_thread_loads_its_latest_state_after_the_cut(
             await blind.aget_tuple(generate_config("thread"))
 
 
+async def test_a_cancelled_langgraph_thread_is_kept_whole_and_carries_on_after_the_cut(
+    world: World, tmp_path: Path
+) -> None:
+    """A cancel ends one invocation of a thread, not the thread: compaction still keeps every
+    event of it, and the thread's next invocation writes on and opens its row again."""
+    saver = OnwardSaver(
+        world.log,
+        world.leases,
+        tenant=TENANT,
+        frontiers=world.frontiers,
+        checkpoint_inline=world.inline,
+        compaction=world.store,
+    )
+    async with saver:
+        config = generate_config("thread")
+        for _ in range(5):
+            config = await saver.aput(config, generate_checkpoint(), generate_metadata(), {})
+    cancelled = await world.runner(Script(0)).cancel("thread", tenant=TENANT, by="ops")
+    assert (cancelled.status, cancelled.error) == ("cancelled", "cancelled by ops")
+    await others(world, 40)
+
+    report = await compact(world, tmp_path / "archive")
+
+    assert report.partitions[0].cut
+    assert (await world.store.truncations(["thread"]))["thread"].whole
+    fresh = OnwardSaver(world.log, world.leases, tenant=TENANT, frontiers=world.frontiers)
+    fresh.compaction = world.store
+    async with fresh:
+        latest = await fresh.aget_tuple(generate_config("thread"))
+        assert latest is not None
+        await fresh.aput(latest.config, generate_checkpoint(), generate_metadata(), {})
+        assert len([t async for t in fresh.alist(generate_config("thread"))]) == 6
+    await world.fold()
+    row = await world.frontiers.get("thread")
+    assert row is not None and row.frontier is not None
+    assert (row.frontier.status, row.frontier.error) == ("new", None)
+
+
 async def folded_after_release(world: World, run_id: str) -> StoredFrontier:
     """Release the run from quarantine and let a projector fold it again; its row after."""
     assert await world.frontiers.release(DEFAULT_CONSUMER, run_id, by="ops", at=1) == 1

@@ -320,7 +320,8 @@ async def test_a_cancelled_langgraph_thread_is_kept_whole_and_carries_on_after_t
         assert len([t async for t in fresh.alist(generate_config("thread"))]) == 6
     await world.fold()
     row = await world.frontiers.get("thread")
-    assert row is not None and row.frontier is not None
+    assert row is not None
+    assert row.frontier is not None
     assert (row.frontier.status, row.frontier.error) == ("new", None)
 
 

@@ -27,6 +27,7 @@ from onward.errors import (
     ProducerFatalError,
     ResumeConflictError,
     RevisionMismatchError,
+    RunCancelledError,
     RunTimeoutError,
     SchemaMismatchError,
 )
@@ -141,6 +142,7 @@ __all__ = [
     "ProducerFatalError",
     "ResumeConflictError",
     "RevisionMismatchError",
+    "RunCancelledError",
     "RunMessage",
     "RunStream",
     "RunTimeoutError",

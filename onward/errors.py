@@ -17,6 +17,7 @@ Each error says what happened, to which run where one is involved, and what to d
     ├── HistoryUnavailableError     a transcript handle no longer resolves
     ├── NothingToResumeError        no run under that id
     ├── RunTimeoutError             a stream saw nothing new for its caller's timeout=
+    ├── RunCancelledError           a run a framework drives was cancelled; its invocation stops
     ├── BudgetExceededError         a run stopped before a model call that would pass its budget
     └── BackendError                the log or a store failed (driver error attached as __cause__)
         ├── BackendUnavailableError the server could not be reached or timed out; retry later
@@ -215,6 +216,22 @@ class RunTimeoutError(OnwardError, TimeoutError):
     message says who holds the run and until when, if anyone does. The run itself goes on."""
 
 
+class RunCancelledError(OnwardError):
+    """Someone asked the holder of a run to end it cancelled (`onward cancel --wait`,
+    `App.cancel`) while a framework drove it in this process: the holder recorded the end and
+    stopped writing, so the framework's invocation (a LangGraph graph run) stops here.
+
+    Attributes:
+        by: Who asked, as recorded with the run's end.
+        why: Why, as they said it (may be empty).
+    """
+
+    def __init__(self, message: str, *, run_id: str | None = None, by: str, why: str) -> None:
+        super().__init__(message, run_id=run_id)
+        self.by = by
+        self.why = why
+
+
 class BudgetExceededError(OnwardError):
     """A run stopped before a model call whose estimated cost would take its spend, or its
     tenant's, past the budget; the model was not called and the run ended ``failed``.
@@ -288,6 +305,7 @@ __all__ = [
     "ProducerFatalError",
     "ResumeConflictError",
     "RevisionMismatchError",
+    "RunCancelledError",
     "RunTimeoutError",
     "SchemaMismatchError",
 ]

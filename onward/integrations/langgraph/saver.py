@@ -68,6 +68,7 @@ from onward.errors import (
     InvalidInputError,
     LogTruncatedError,
     OnwardError,
+    RunCancelledError,
 )
 from onward.eventlog import (
     ApprovalGranted,
@@ -82,6 +83,7 @@ from onward.eventlog import (
     GraphWrite,
     GraphWritesSaved,
     RunClaimed,
+    RunFinished,
     Serialized,
     StoredEvent,
     partition_for,
@@ -90,7 +92,7 @@ from onward.eventlog.events import stamped
 from onward.projections import FrontierStore
 from onward.projections.compaction import CompactionStore, embedded_compaction
 from onward.projections.compaction.history import read_whole_run
-from onward.runtime.leases import Leaseholder, LeasePolicy, LeaseStore, RunLease
+from onward.runtime.leases import CancelAsked, Leaseholder, LeasePolicy, LeaseStore, RunLease
 from onward.runtime.redaction import Redactor
 
 from . import pruning
@@ -224,6 +226,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             self._checkpointer = Checkpointer(frontiers, log)
         self._held: dict[str, _Held] = {}
         self._lost: set[str] = set()
+        self._cancelled: dict[str, CancelAsked] = {}
         self._followed: OrderedDict[str, ThreadState] = OrderedDict()
         self._taking: dict[str, asyncio.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -244,6 +247,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     async def arelease(self, thread_id: str) -> None:
         """Hand a thread's lease back, so another process may write it without waiting."""
         self._lost.discard(thread_id)
+        self._cancelled.pop(thread_id, None)
         held = self._held.pop(thread_id, None)
         if held is not None:
             await self._settle(held)
@@ -293,8 +297,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         state = await self._state(thread_id)
         if checkpoint_id is None:
             # A graph invocation starts by loading the latest checkpoint: from here on it
-            # builds on what the log says, so a saver that lost the thread may write again.
+            # builds on what the log says, so a saver that lost the thread (or ended its last
+            # invocation, cancelled) may write again.
             self._lost.discard(thread_id)
+            self._cancelled.pop(thread_id, None)
         saved = state.checkpoints.get(ns, {})
         if checkpoint_id is None:
             checkpoint_id = state.newest.get(ns)
@@ -733,6 +739,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """
         held = await self._hold(thread_id)
         async with held.lock:
+            self._check_still_held(thread_id, held)
             return await self._fresh(thread_id, held)
 
     async def arecord(self, thread_id: str, kind: type[Event], **fields: Any) -> None:
@@ -912,11 +919,15 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self._remember_loop()
         held = await self._hold(thread_id)
         async with held.lock:
+            self._check_still_held(thread_id, held)
             try:
                 await held.holder.check()
             except FencedError:
                 await self._drop(thread_id, held, lost=True)
                 raise
+            asked = held.holder.cancel_asked
+            if asked is not None:
+                await self._end_cancelled(thread_id, held, asked)
             state = await self._fresh(thread_id, held, whole=whole)
             fence = held.holder.lease.fence
             batch = [
@@ -986,6 +997,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 if not held.holder.fenced.is_set():
                     return held
                 await self._drop(thread_id, held, lost=True)
+            if thread_id in self._cancelled:
+                raise _cancelled_error(thread_id, self._cancelled[thread_id])
             if thread_id in self._lost:
                 raise FencedError(
                     f"run {thread_id!r}: this saver lost the thread's lease to another writer "
@@ -1032,6 +1045,66 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             await holder.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         return _Held(holder, state)
+
+    def _check_still_held(self, thread_id: str, held: _Held) -> None:
+        """Raise if the holding was let go while the caller waited for its lock.
+
+        Raises:
+            RunCancelledError: The graph run was cancelled meanwhile.
+            FencedError: The thread was released or lost meanwhile.
+        """
+        if self._held.get(thread_id) is held:
+            return
+        asked = self._cancelled.get(thread_id)
+        if asked is not None:
+            raise _cancelled_error(thread_id, asked)
+        raise FencedError(
+            f"run {thread_id!r}: this saver let the thread go while a write of it waited; "
+            "that graph run must stop. A new invocation, which reads the thread first, may "
+            "write again",
+            run_id=thread_id,
+            holder=self.holder,
+        )
+
+    async def _end_cancelled(self, thread_id: str, held: _Held, asked: CancelAsked) -> None:
+        """Someone asked this holding to end the thread's run cancelled: record the end (who
+        and why) under the lease, let the thread go and stop the graph run writing.
+
+        The thread itself lives on: its frontier row goes back to ``new`` at its next
+        invocation's first write, and nothing of it is collected or cut as an ended run's is.
+
+        Raises:
+            RunCancelledError: Always, once the end is recorded and the lease let go.
+            FencedError: The lease was lost before the end was recorded.
+        """
+        state = await self._fresh(thread_id, held)
+        ended = stamped(
+            RunFinished,
+            run_id=thread_id,
+            tenant=self.tenant,
+            seq=state.last_seq + 1,
+            fence=held.holder.lease.fence,
+            status="cancelled",
+            error=asked.error,
+        )
+        try:
+            (position,) = await self.log.append([ended])
+            await held.holder.confirm()
+        except FencedError:
+            await self._drop(thread_id, held, lost=True)
+            raise
+        except BaseException:
+            held.stale = True  # perhaps recorded, perhaps not: the ask stands for the next write
+            raise
+        state.apply(StoredEvent(position, ended))
+        self._cancelled[thread_id] = asked
+        await self._drop(thread_id, held, lost=False)
+        if self._checkpointer is not None:
+            try:
+                await self._checkpointer.catch_up([position.partition])
+            except OnwardError as exc:
+                logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
+        raise _cancelled_error(thread_id, asked)
 
     async def _drop(self, thread_id: str, held: _Held, *, lost: bool) -> None:
         """Stop holding a thread; ``lost``: another writer took it while this one wrote."""
@@ -1298,6 +1371,18 @@ def _names(summary: ThreadSummary, stored: StoredEvent) -> bool:
         and event.seq == summary.last_seq
         and event.fence == summary.last_fence
         and event.at == summary.last_at
+    )
+
+
+def _cancelled_error(thread_id: str, asked: CancelAsked) -> RunCancelledError:
+    """What every write of a graph run whose thread was cancelled under it raises."""
+    return RunCancelledError(
+        f"run {thread_id!r}: {asked.error} while this graph run wrote it; the run's end is "
+        "recorded and the graph run stops here. A new invocation, which reads the thread "
+        "first, may write it again",
+        run_id=thread_id,
+        by=asked.by,
+        why=asked.why,
     )
 
 

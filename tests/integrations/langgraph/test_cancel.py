@@ -1,0 +1,154 @@
+"""`onward cancel --wait` stops a LangGraph graph run that is writing its thread.
+
+The graph loops with no end of its own. The command finds the thread held by the saver and
+asks the holding (the ask kept with its lease); the saver hears it with its next write's
+confirmation, records the run's end (who and why) under the lease, lets the thread go and
+raises `RunCancelledError` out of ``ainvoke``. The thread itself lives on: the next
+invocation reads it, writes on from its last checkpoint, and its row is ``new`` again.
+Embedded SQLite, and Kafka + PostgreSQL + Redis with no request key (the lease is the only
+way to the saver).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import operator
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+import pytest_asyncio
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from support.appapi import until
+from support.servers import KafkaServers
+from typer.testing import CliRunner, Result
+
+from onward.errors import RunCancelledError
+from onward.eventlog import GraphCheckpointed, RunFinished
+from onward.integrations.langgraph import OnwardSaver
+from onward.runtime.cli import app as cli
+
+from .graphs import config
+from .worlds import TENANT, World, kafka_world, sqlite_world
+
+
+class Looping(TypedDict):
+    steps: Annotated[list[int], operator.add]
+    until: int
+
+
+def looping_graph(checkpointer: OnwardSaver) -> CompiledStateGraph[Any]:
+    """A graph whose one node adds a step and goes round again until ``until`` steps."""
+
+    async def step(state: Looping) -> dict[str, list[int]]:
+        await asyncio.sleep(0.01)
+        return {"steps": [len(state["steps"]) + 1]}
+
+    def again(state: Looping) -> str:
+        return "step" if len(state["steps"]) < state["until"] else END
+
+    builder = StateGraph(Looping)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_conditional_edges("step", again, ["step", END])
+    return builder.compile(checkpointer=checkpointer)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("kafka", marks=pytest.mark.kafka)])
+def servers(request: pytest.FixtureRequest) -> KafkaServers | None:
+    """Kafka + PostgreSQL + Redis for the clustered deployment; None for the embedded one."""
+    if request.param == "sqlite":
+        return None
+    found: KafkaServers = request.getfixturevalue("kafka_servers")
+    return found
+
+
+@pytest_asyncio.fixture
+async def placed(
+    servers: KafkaServers | None, tmp_path: Path
+) -> AsyncIterator[tuple[World, dict[str, str]]]:
+    """A world and the environment `onward` opens the same stores from."""
+    if servers is None:
+        path = tmp_path / "onward.db"
+        env = {
+            "ONWARD_BACKEND": "sqlite",
+            "ONWARD_SQLITE_PATH": str(path),
+            "ONWARD_PARTITIONS": "4",
+        }
+        async with sqlite_world(path) as world:
+            yield world, env
+        return
+    env = {k: v for k, v in servers.env(partitions=2).items() if k != "ONWARD_REQUEST_KEY"}
+    async with kafka_world(*servers) as world:
+        yield world, env
+
+
+def cancel(env: dict[str, str], thread_id: str) -> Result:
+    """``onward cancel THREAD --wait``, as an operator runs it."""
+    argv = ["cancel", thread_id, "--tenant", TENANT, "--by", "ops", "--why", "runaway"]
+    return CliRunner().invoke(cli, [*argv, "--wait", "30", "--json"], env=env)
+
+
+async def test_a_graph_run_writing_its_thread_is_cancelled_and_the_thread_lives_on(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    world, env = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    async with world.saver(holder="graph-a") as saver:
+        graph = looping_graph(saver)
+        invocation: RunnableConfig = {**config(thread_id), "recursion_limit": 100_000}
+        running = asyncio.create_task(
+            graph.ainvoke({"steps": [], "until": 50_000}, invocation, durability="sync")
+        )
+
+        async def three_steps_in() -> bool:
+            assert not running.done(), running
+            latest = await saver.aget_tuple(config(thread_id))
+            return latest is not None and len(latest.checkpoint["channel_values"]["steps"]) >= 3
+
+        await until(three_steps_in, "the graph run's third step")
+
+        result = await asyncio.to_thread(cancel, env, thread_id)
+
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["status"] == "cancelled"
+        with pytest.raises(RunCancelledError, match="cancelled by ops: runaway") as stopped:
+            await asyncio.wait_for(running, 30)
+        assert (stopped.value.by, stopped.value.why) == ("ops", "runaway")
+        assert not saver.holds(thread_id)
+        # Another write of the same graph run is refused, not a new claim of the thread.
+        with pytest.raises(RunCancelledError):
+            await saver.aput_writes(
+                {
+                    "configurable": {
+                        "thread_id": thread_id,
+                        "checkpoint_ns": "",
+                        "checkpoint_id": "x",
+                    }
+                },
+                [("steps", [0])],
+                "task",
+            )
+
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    ends = [e for e in events if isinstance(e, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops: runaway")]
+    assert not any(isinstance(e, GraphCheckpointed) for e in events[events.index(ends[0]) :])
+
+    # The thread lives on: a new invocation reads it and writes on from its last checkpoint.
+    async with world.saver(holder="graph-b") as saver:
+        before = await saver.aget_tuple(config(thread_id))
+        assert before is not None
+        done = len(before.checkpoint["channel_values"]["steps"])
+        graph = looping_graph(saver)
+        out = await graph.ainvoke({"steps": [], "until": done + 2}, config(thread_id))
+        assert out["steps"] == list(range(1, done + 3))
+    argv = ["inspect", thread_id, "--tenant", TENANT, "--json"]
+    shown = await asyncio.to_thread(CliRunner().invoke, cli, argv, env=env)
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["status"] == "new"

@@ -73,7 +73,7 @@ def gc_command(
     as_json: JsonOption = False,
 ) -> None:
     """Remove the rows and keys of runs finished longer ago than the ttls; running and waiting
-    runs are never touched.
+    runs, and LangGraph threads, are never touched.
 
     Exit 0: done (or counted, with --dry-run). 2: bad configuration or ttl. 5: a store failed.
     """

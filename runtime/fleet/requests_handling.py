@@ -19,6 +19,7 @@ from onward.errors import (
     BudgetExceededError,
     FencedError,
     InvalidInputError,
+    OnwardError,
     ResumeConflictError,
 )
 from onward.projections.audit import printable
@@ -150,6 +151,24 @@ class RequestHandler:
             return await self._tag(request)
         return True
 
+    async def _ended_before_the_cancel(
+        self, request: CancelRun, refused: InvalidInputError
+    ) -> None:
+        """Say why a cancel found its run ended: a warning only when it ended otherwise. The
+        same cancel often reaches a run twice (`onward cancel --wait` asks its holder through
+        the lease too), and the holder that heard it first ended it cancelled."""
+        run_id = request.run_id
+        try:
+            ended = await self._worker.runner.inspect(run_id, tenant=request.tenant)
+        except OnwardError:
+            ended = None
+        if ended is not None and ended.status == "cancelled":
+            _log.info(
+                "run %s: cancelled already (%s)", printable(run_id), printable(ended.error or "")
+            )
+            return
+        _log.warning("run %s: not cancelled here: %s", printable(run_id), refused)
+
     async def _cancel(self, request: CancelRun) -> bool:
         """Stop the run's tasks here at their next boundary, then end it ``cancelled`` under
         its lease. Held by another (a worker that took it up while this one's partitions were
@@ -165,7 +184,7 @@ class RequestHandler:
                         run_id, tenant=request.tenant, by=request.by, why=request.why
                     )
                 except InvalidInputError as exc:  # it ended before the cancel reached it
-                    _log.warning("run %s: not cancelled here: %s", printable(run_id), exc)
+                    await self._ended_before_the_cancel(request, exc)
                     return True
                 except (ResumeConflictError, FencedError) as exc:
                     worker.stats.conflicts += 1

@@ -7,6 +7,7 @@ PostgreSQL and Redis; the worker is built in the test's process with two slots.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -111,6 +112,60 @@ async def test_a_full_worker_acts_on_cancels_queued_behind_a_start_waiting_for_a
     assert [e["n"] for e in ledger.entries() if e["tool"] == "step"] == [1, 2, 3]
     assert ledger.count("pay") == 0
     assert worker.stats.statuses == {"waiting": 1, "cancelled": 3, "completed": 1}
+
+
+async def test_a_cancel_that_finds_its_run_cancelled_already_is_no_warning(
+    kafka_servers: KafkaServers,
+    requests_topic: str,
+    ledger: Ledger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`onward cancel --wait` asks the run's holder through the lease and sends the fleet a
+    `CancelRun` too: whichever reaches the run second finds it cancelled, which is said as
+    such, not warned about. A cancel of a run that completed is still a warning."""
+    caplog.set_level(logging.INFO, logger="onward.worker")
+    settings = kafka_settings(kafka_servers, PARTITIONS, requests_topic=requests_topic)
+    signer = kafka_servers.signer()
+    tag = uuid.uuid4().hex[:8]
+    runaway, finished = f"loop-{tag}", f"work-{tag}"
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+
+        def said(text: str) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                return any(text in r.getMessage() for r in caplog.records)
+
+            return check
+
+        async def has(run_id: str, wanted: str) -> bool:
+            return (await worker.runner.inspect(run_id, tenant=TENANT)).status == wanted
+
+        async with (
+            serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
+            Requests(
+                kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
+            ) as requests,
+        ):
+            await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
+            await requests.submit(StartRun(run_id=finished, tenant=TENANT, agent="stepper"))
+            await until(lambda: _ticked(ledger, 3), "the runaway run going")
+            assert await worker.runner.ask_to_cancel(runaway, tenant=TENANT, by="ops", why="x")
+            await until(lambda: has(runaway, "cancelled"), "the holder ending the run it was asked")
+            await until(lambda: has(finished, "completed"), "the other run's end")
+            await requests.submit(
+                CancelRun(run_id=runaway, tenant=TENANT, by="ops", why="x"),
+                CancelRun(run_id=finished, tenant=TENANT, by="ops"),
+            )
+            await until(said(f"run {runaway}: cancelled already"), "the first cancel handled")
+            await until(said(f"run {finished}: not cancelled here"), "the second handled")
+        assert task.exception() is None
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [m for m in warned if runaway in m] == []
+    assert [m for m in warned if finished in m] == [
+        f"run {finished}: not cancelled here: run {finished!r} has ended already (completed)"
+    ]
 
 
 async def _end_offset(bootstrap: str, where: TopicPartition) -> int:

@@ -76,7 +76,7 @@ from .conversation import Conversation, as_text, restored
 from .dispatch import write_ahead
 from .leases.base import CancelAsked, LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
-from .leases.holder import Leaseholder
+from .leases.holder import CancelAskHeard, Leaseholder
 from .leases.presence import default_holder
 from .limits import (
     MAX_DEPTH,
@@ -624,7 +624,8 @@ class AgentRunner(Resource):
 
         For a run another process drives, which `cancel` is refused: the ask is kept with the
         run's lease (`LeaseStore.ask_to_cancel`) and its holder hears it at its next lease
-        renewal or tool call, then writes the run's end itself, recording ``by`` and ``why``.
+        renewal or tool call, then writes the run's end itself, recording ``by`` and ``why``;
+        a model call in flight when it hears it is abandoned (`Leaseholder.cancelled_by_ask`).
         Returns the holding asked, or ``None`` when nobody holds the run (`cancel` it then).
         """
         _check_run(run_id, tenant)
@@ -794,7 +795,14 @@ class AgentRunner(Resource):
             await observer.before_model_call()
         held = await self._within_budget(run)
         try:
-            reply = await self.provider.complete(run.agent, list(run.conversation.messages))
+            # A cancel ask heard meanwhile abandons the call (it has no effect but its cost).
+            async with run.held.cancelled_by_ask():
+                reply = await self.provider.complete(run.agent, list(run.conversation.messages))
+        except CancelAskHeard as heard:
+            if held is not None:
+                await self.release_hold(run.run_id, held)
+            await self._end_cancelled(run, heard.asked.by, heard.asked.why)
+            return []
         except BaseException:
             if held is not None:
                 await self.release_hold(run.run_id, held)

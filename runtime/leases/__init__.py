@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from onward._lazy import lazy_exports as _lazy_exports
 
 from .base import CancelAsked, LeasePolicy, LeaseStore, RunLease
-from .holder import Leaseholder
+from .holder import CancelAskHeard, Leaseholder
 from .memory import MemoryLeaseStore
 from .postgres import PostgresLeaseStore
 from .sqlite import SqliteLeaseStore
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .redis import RedisLeaseStore
 
 __all__ = [
+    "CancelAskHeard",
     "CancelAsked",
     "LeasePolicy",
     "LeaseStore",

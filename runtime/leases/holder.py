@@ -8,6 +8,8 @@
         await held.confirm()     # asks the store, right now, before an irreversible step
         await held.raise_fence(log_fence)  # when the store's fence is not above the log's
         held.cancel_asked        # someone asked, as the last renewal heard: end the run cancelled
+        async with held.cancelled_by_ask():   # a wait the ask cuts short (a long model call)
+            ...
 
 The lease is taken on entry (or, given ``lease=``, an already taken one is adopted) and renewed
 in a background task whenever less than the policy's renew margin is left. The wait is measured
@@ -103,6 +105,7 @@ class Leaseholder:
         self._no_run = False
         self._answered: float | None = None
         self._ttl_s = self.policy.ttl_s
+        self._on_ask: set[Callable[[], None]] = set()
 
     @property
     def lease(self) -> RunLease:
@@ -202,6 +205,17 @@ class Leaseholder:
             if renews:  # a raised fence keeps the expiry, so it proves nothing new
                 self._answered = asyncio.get_running_loop().time()
             self._lease = granted
+        if granted.cancel_asked is not None:
+            for heard in list(self._on_ask):
+                heard()
+
+    def cancelled_by_ask(self) -> CancelledByAsk:
+        """A block that a cancel ask cuts short: if a renewal (or `confirm`) hears one while
+        the block runs, the task running it is cancelled and the block raises `CancelAskHeard`
+        instead of `asyncio.CancelledError`. For waits worth abandoning when nobody wants the
+        run any more, a model call above all: without it a run hears the ask only once the
+        call returns, however long that takes."""
+        return CancelledByAsk(self)
 
     async def __aenter__(self) -> Self:
         """Take (or adopt and renew) the lease and start renewing it.
@@ -367,3 +381,52 @@ class Leaseholder:
             logger.info("run %r: lease released once the store took writes again", self.run_id)
             return
         logger.warning("run %r: the store never took the release; the lease lapsed", self.run_id)
+
+
+class CancelAskHeard(Exception):  # noqa: N818 - a control signal, not a failure
+    """A cancel ask cut a `Leaseholder.cancelled_by_ask` block short.
+
+    Attributes:
+        asked: The ask heard.
+    """
+
+    def __init__(self, asked: CancelAsked) -> None:
+        super().__init__(asked.error)
+        self.asked = asked
+
+
+class CancelledByAsk:
+    """`Leaseholder.cancelled_by_ask`: cancels the task in the block when an ask is heard, the
+    way `asyncio.timeout` cancels it when time is up (`Task.uncancel` tells the two apart)."""
+
+    def __init__(self, held: Leaseholder) -> None:
+        self._held = held
+        self._task: asyncio.Task[object] | None = None
+        self._fired = False
+
+    async def __aenter__(self) -> Self:
+        asked = self._held.cancel_asked
+        if asked is not None:
+            raise CancelAskHeard(asked)
+        self._task = asyncio.current_task()
+        self._held._on_ask.add(self._heard)
+        return self
+
+    def _heard(self) -> None:
+        if not self._fired and self._task is not None:
+            self._fired = True
+            self._task.cancel()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._held._on_ask.discard(self._heard)
+        if not self._fired or self._task is None:
+            return
+        if self._task.uncancel() == 0 and exc_type is asyncio.CancelledError:
+            asked = self._held.cancel_asked
+            if asked is not None:
+                raise CancelAskHeard(asked) from exc

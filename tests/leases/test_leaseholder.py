@@ -9,7 +9,14 @@ import time
 import pytest
 
 from onward.errors import BackendUnavailableError, FencedError, InvalidInputError
-from onward.runtime.leases import Leaseholder, LeaseStore, MemoryLeaseStore, RunLease
+from onward.runtime.leases import (
+    CancelAsked,
+    CancelAskHeard,
+    Leaseholder,
+    LeaseStore,
+    MemoryLeaseStore,
+    RunLease,
+)
 from onward.testing.eventlog import TENANT, new_run_id
 from onward.testing.leases import (
     GatedRenewals,
@@ -199,3 +206,48 @@ async def test_a_raised_fence_does_not_count_as_a_renewal_for_the_local_check() 
         time.sleep(0.25)  # noqa: ASYNC251
         with pytest.raises(FencedError):
             await held.check()
+
+
+async def test_an_ask_heard_by_a_renewal_cuts_a_cancelled_by_ask_block_short() -> None:
+    store = MemoryLeaseStore()
+    async with holding(store) as held:
+
+        async def long_wait() -> str:
+            async with held.cancelled_by_ask():
+                await asyncio.sleep(3600)
+            return "waited"
+
+        waiting = asyncio.create_task(long_wait())
+        await asyncio.sleep(0)
+        assert await store.ask_to_cancel(held.run_id, tenant=TENANT, by="ops", why="not wanted")
+        assert not waiting.done()  # asked, not heard yet
+        await held.confirm()  # the holder hears it, as its next renewal would
+        with pytest.raises(CancelAskHeard, match="cancelled by ops: not wanted") as heard:
+            await asyncio.wait_for(waiting, 5)
+        assert heard.value.asked == CancelAsked("ops", "not wanted")
+        # Heard already: a block entered after the ask is cut short at once.
+        with pytest.raises(CancelAskHeard):
+            async with held.cancelled_by_ask():
+                pytest.fail("the block ran although the ask was heard")
+
+
+async def test_a_cancelled_by_ask_block_leaves_other_cancellations_alone() -> None:
+    store = MemoryLeaseStore()
+    async with holding(store) as held:
+
+        async def long_wait() -> None:
+            async with held.cancelled_by_ask():
+                await asyncio.sleep(3600)
+
+        waiting = asyncio.create_task(long_wait())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        # A block that ended before any ask is untouched by a later one.
+        async with held.cancelled_by_ask():
+            await asyncio.sleep(0)
+        assert await store.ask_to_cancel(held.run_id, tenant=TENANT, by="ops")
+        await held.confirm()
+        await asyncio.sleep(0.01)  # nothing is cancelled after the block
+        assert held.cancel_asked == CancelAsked("ops")

@@ -14,23 +14,25 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.appapi import agents, provider, until
+from support.appapi import agents, provider, script, until
 from support.deployment import kafka_settings
 from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
 
 import onward
-from onward.eventlog import ModelAnswered, RunFinished
+from onward.eventlog import Message, ModelAnswered, RunFinished
+from onward.runtime.agent import Agent
 from onward.runtime.backends import open_backends
 from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases.base import CancelAsked
+from onward.runtime.providers import ModelReply
 from onward.runtime.settings import Settings
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -178,3 +180,55 @@ async def test_app_cancel_asks_the_process_driving_the_run_to_end_it(
         state = await app.get_session_state(driver.run_id)
         assert state is not None
         assert (state.status, state.holder) == ("cancelled", None)
+
+
+class LongModelCall:
+    """The ``looper``'s model, except that its third call would take an hour: a run inside one
+    long model call when the cancel comes."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self.waiting = asyncio.Event()
+        self.abandoned = asyncio.Event()
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        self.turns += 1
+        if self.turns == 3:
+            self.waiting.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.abandoned.set()
+                raise
+        return script(messages)
+
+
+async def test_a_model_call_in_flight_is_abandoned_when_its_holder_hears_the_ask(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder hears the ask with its next lease renewal (a third of the ttl, here 3 s) and
+    abandons the model call it is in, rather than end the run only once the call returns."""
+    monkeypatch.setenv("APP_LEDGER", str(deployment.ledger.path))
+    if deployment.kafka is not None:
+        async with deployment.kafka.log(partitions=PARTITIONS):
+            pass  # the events topic, created once, as a deployment creates it
+    settings = deployment.settings.model_copy(update={"lease_ttl": 3.0})
+    run_id = f"long-call-{os.urandom(4).hex()}"
+    model = LongModelCall()
+    async with open_backends(settings) as backends:
+        runner = backends.runner(model)
+        driving = asyncio.create_task(
+            runner.run(agents["looper"], "loop", tenant=TENANT, run_id=run_id)
+        )
+        await asyncio.wait_for(model.waiting.wait(), 60)
+        args = ["cancel", run_id, "--by", "ops", "--why", "runaway loop", "--wait", "60"]
+        cancelled = await asyncio.to_thread(CliRunner().invoke, cli, args, env=deployment.env)
+        assert cancelled.exit_code == 0, cancelled.output
+        ended = await asyncio.wait_for(driving, 30)
+        events = [s.event for s in await backends.log.read_run(run_id)]
+    assert model.abandoned.is_set()
+    assert model.turns == 3
+    assert (ended.status, ended.error) == ("cancelled", "cancelled by ops: runaway loop")
+    assert sum(isinstance(e, ModelAnswered) for e in events) == 2  # the third never answered
+    assert [e.error for e in events if isinstance(e, RunFinished)] == [ended.error]
+    assert deployment.ledger.count("tick") == 2

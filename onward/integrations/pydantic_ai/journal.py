@@ -51,7 +51,7 @@ from onward.eventlog import (
     Usage,
 )
 from onward.runtime.dispatch import write_ahead
-from onward.runtime.leases import RunLease
+from onward.runtime.leases import CancelAskHeard, RunLease
 from onward.runtime.spend.budget import Budgets
 from onward.runtime.tools import idempotency_key, tool_error
 from onward.runtime.writer import HeldRun, RunWriter
@@ -221,7 +221,14 @@ class RunJournal:
             raise RunCancelled(asked.error)
         held = await self._hold()
         try:
-            payload = await ask()
+            # A cancel ask heard meanwhile abandons the request (no effect but its cost).
+            async with self.run.held.cancelled_by_ask():
+                payload = await ask()
+        except CancelAskHeard as heard:
+            if held is not None and self.spend is not None:
+                await self.spend.runner.release_hold(self.run_id, held)
+            await self.append(self.event(RunFinished, status="cancelled", error=heard.asked.error))
+            raise RunCancelled(heard.asked.error) from None
         except BaseException:
             if held is not None and self.spend is not None:
                 await self.spend.runner.release_hold(self.run_id, held)

@@ -6,7 +6,9 @@ crash left them and the run's lease is let go, so the test resumes at once.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -468,3 +470,48 @@ async def test_a_run_asked_to_cancel_ends_cancelled_before_its_next_model_reques
     assert await stores.leases.current(RUN) is None
     again = await durability.resume(agent, RUN)
     assert (again.status, again.error) == ("cancelled", "cancelled by ops: runaway")
+
+
+async def test_a_model_request_in_flight_is_abandoned_when_the_ask_is_heard(
+    stores: Stores, ledger: Ledger
+) -> None:
+    """The run's second model request would take an hour; the holder hears the ask with its
+    next lease renewal (a third of the 3 s ttl) and abandons the request."""
+    durability = durability_on(
+        stores, worker="here", lease_policy=LeasePolicy(ttl=timedelta(seconds=3))
+    )
+    abandoned = asyncio.Event()
+
+    async def slow(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if sum(isinstance(m, ModelResponse) for m in messages) == 1:
+            asked = await stores.leases.ask_to_cancel(RUN, tenant=TENANT, by="ops", why="slow")
+            assert asked is not None
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                abandoned.set()
+                raise
+        return ModelResponse(parts=[ToolCallPart("tick", {"n": 1}, tool_call_id="t1")])
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(slow),
+        name="slow",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain
+    async def tick(n: int) -> str:
+        """One call before the slow request."""
+        ledger.record("tick", current_idempotency_key() or "", n=n)
+        return f"ticked {n}"
+
+    result = await asyncio.wait_for(durability.run(agent, "loop", run_id=RUN), 30)
+
+    assert abandoned.is_set()
+    assert (result.status, result.error) == ("cancelled", "cancelled by ops: slow")
+    recorded = await events(stores)
+    assert sum(isinstance(e, ModelAnswered) for e in recorded) == 1
+    assert [e.error for e in recorded if isinstance(e, RunFinished)] == [result.error]
+    assert [e["n"] for e in ledger.entries()] == [1]
+    assert await stores.leases.current(RUN) is None

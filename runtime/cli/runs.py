@@ -600,19 +600,17 @@ def _say_waiting(
 ) -> None:
     """Say on stderr whom the command asked, when the holder hears it, and until when it waits."""
     until = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + wait))
-    heard = (
-        "the worker that owns it was sent the cancel and stops it at its next boundary"
-        if asked_fleet
-        else "it hears the ask at its next lease renewal or tool call"
-        + (
-            ""
-            if holding is None
-            else " (before "
-            + time.strftime("%H:%M:%S UTC", time.gmtime(holding.expires_at))
-            + ", when its lease would lapse unrenewed)"
+    if asked_fleet:
+        heard = "the worker that owns it was sent the cancel and stops it at its next boundary"
+    else:
+        by_when = ""
+        if holding is not None:
+            lapses = time.strftime("%H:%M:%S UTC", time.gmtime(holding.expires_at))
+            by_when = f" (before {lapses}, when its lease would lapse unrenewed)"
+        heard = (
+            f"it hears the ask at its next lease renewal or tool call{by_when} and ends the run "
+            "at its next boundary"
         )
-        + " and ends the run at its next boundary"
-    )
     error(
         f"run {request.run_id} is held by {holder}; asked it to end the run cancelled: {heard}; "
         f"waiting until {until}"

@@ -86,6 +86,8 @@ from onward.eventlog import (
     RunFinished,
     Serialized,
     StoredEvent,
+    ToolCompleted,
+    ToolResolved,
     partition_for,
 )
 from onward.eventlog.events import stamped
@@ -115,6 +117,9 @@ FOLLOWED_THREADS = 1024
 """How many threads the saver does not hold it keeps folded, so a reread reads only the tail."""
 
 _msgpack = msgspec.msgpack.Encoder()
+
+_OUTCOMES: frozenset[type[Event]] = frozenset({ToolCompleted, ToolResolved})
+"""What records the outcome of a tool call that ran: written even once a cancel is asked."""
 
 _Batch = list[tuple[type[Event], dict[str, Any]]]
 """The events a write makes: each kind with its fields, the envelope to be added."""
@@ -925,10 +930,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             except FencedError:
                 await self._drop(thread_id, held, lost=True)
                 raise
-            asked = held.holder.cancel_asked
-            if asked is not None:
-                await self._end_cancelled(thread_id, held, asked)
             state = await self._fresh(thread_id, held, whole=whole)
+            made = build(state)
+            asked = held.holder.cancel_asked
+            if asked is not None and not all(kind in _OUTCOMES for kind, _ in made):
+                # A tool call's outcome is recorded first: the call ran, and left undecided
+                # it would be put to a person. The graph run's next write ends it.
+                await self._end_cancelled(thread_id, held, asked)
             fence = held.holder.lease.fence
             batch = [
                 stamped(
@@ -939,7 +947,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     fence=fence,
                     **fields,
                 )
-                for i, (kind, fields) in enumerate(build(state))
+                for i, (kind, fields) in enumerate(made)
             ]
             if not batch:
                 return

@@ -27,8 +27,8 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 from support.servers import KafkaServers
 
-from onward.errors import ResumeConflictError
-from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
+from onward.errors import ResumeConflictError, RunCancelledError
+from onward.eventlog import RunFinished, ToolCompleted, ToolDispatched, ToolResolved
 from onward.integrations.langgraph import (
     OnwardSaver,
     current_fence,
@@ -53,7 +53,7 @@ from .agents import (
     model,
     thread_config,
 )
-from .worlds import World, kafka_spec, kafka_world, sqlite_spec, sqlite_world
+from .worlds import TENANT, World, kafka_spec, kafka_world, sqlite_spec, sqlite_world
 
 TESTS = Path(__file__).resolve().parents[2]
 TTL_S = 1.5
@@ -133,6 +133,43 @@ async def test_a_call_is_recorded_before_the_tool_runs_and_its_outcome_after(
     assert dispatched.idempotency_key == idempotency_key("t", CALL_ID)
     assert dispatched.tool == "book"
     assert ledger_lines(ledger) == [FLIGHT]
+
+
+async def test_a_cancel_heard_while_a_tool_runs_lets_its_outcome_be_recorded_first(
+    world: World, ledger: Path, kind: GraphKind
+) -> None:
+    """The holder hears the ask (by a renewal) while the tool runs: the tool's outcome is
+    recorded all the same, so the call is not left undecided, and the graph run's next write
+    ends it cancelled."""
+    saver = world.saver(ttl_s=1.5)
+
+    def book(flight: str) -> str:
+        raise AssertionError("the async path runs")
+
+    async def book_async(flight: str) -> str:
+        asked = await world.leases.ask_to_cancel("t", tenant=TENANT, by="ops", why="stop")
+        assert asked is not None
+        await until_heard(saver)
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        return f"booked {flight}"
+
+    async with saver:
+        run = graph(kind, saver, model(asks_to_book(), _done()), as_book(book, book_async))
+        with pytest.raises(RunCancelledError, match="cancelled by ops: stop"):
+            await run.ainvoke(START, thread_config("t"))
+    assert await _kinds(world, "t") == ["ToolDispatched", "ToolCompleted"]
+    ends = [s.event for s in await world.log.read_run("t") if isinstance(s.event, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops: stop")]
+    assert ledger_lines(ledger) == [FLIGHT]
+
+
+async def until_heard(saver: OnwardSaver) -> None:
+    """Wait until the saver's renewals of thread ``t`` have heard a cancel ask."""
+    deadline = time.monotonic() + 10
+    while (lease := saver.lease("t")) is None or lease.cancel_asked is None:
+        assert time.monotonic() < deadline, "no renewal heard the ask"
+        await asyncio.sleep(0.05)
 
 
 async def _dispatched_keys(world: World, thread_id: str) -> list[tuple[str, str]]:

@@ -382,7 +382,7 @@ class App(Resource):
         next boundary (before its next model call; a tool call in flight finishes and is
         recorded) and then ends: its stream ends with an ``error`` message whose status is
         ``cancelled``. Another process hears the ask at its next lease renewal or tool call
-        (`AgentRunner.ask_to_cancel`).
+        (`AgentRunner.ask_to_cancel`) and abandons a model call in flight then.
 
         Raises:
             NothingToResumeError: No such run for the tenant.

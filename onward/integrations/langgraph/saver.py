@@ -1086,32 +1086,34 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             FencedError: The lease was lost before the end was recorded.
         """
         state = await self._fresh(thread_id, held)
-        ended = stamped(
-            RunFinished,
-            run_id=thread_id,
-            tenant=self.tenant,
-            seq=state.last_seq + 1,
-            fence=held.holder.lease.fence,
-            status="cancelled",
-            error=asked.error,
-        )
-        try:
-            (position,) = await self.log.append([ended])
-            await held.holder.confirm()
-        except FencedError:
-            await self._drop(thread_id, held, lost=True)
-            raise
-        except BaseException:
-            held.stale = True  # perhaps recorded, perhaps not: the ask stands for the next write
-            raise
-        state.apply(StoredEvent(position, ended))
+        # Recorded already when an earlier append of it could not say whether it landed.
+        if not state.ended:
+            ended = stamped(
+                RunFinished,
+                run_id=thread_id,
+                tenant=self.tenant,
+                seq=state.last_seq + 1,
+                fence=held.holder.lease.fence,
+                status="cancelled",
+                error=asked.error,
+            )
+            try:
+                (position,) = await self.log.append([ended])
+                await held.holder.confirm()
+            except FencedError:
+                await self._drop(thread_id, held, lost=True)
+                raise
+            except BaseException:
+                held.stale = True  # perhaps recorded, perhaps not: the next write reads which
+                raise
+            state.apply(StoredEvent(position, ended))
+            if self._checkpointer is not None:
+                try:
+                    await self._checkpointer.catch_up([position.partition])
+                except OnwardError as exc:
+                    logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
         self._cancelled[thread_id] = asked
         await self._drop(thread_id, held, lost=False)
-        if self._checkpointer is not None:
-            try:
-                await self._checkpointer.catch_up([position.partition])
-            except OnwardError as exc:
-                logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
         raise _cancelled_error(thread_id, asked)
 
     async def _drop(self, thread_id: str, held: _Held, *, lost: bool) -> None:

@@ -22,6 +22,7 @@ from onward.eventlog import (
     GraphThreadDeleted,
     GraphWritesSaved,
     RefusedEvent,
+    RunFinished,
     SequenceGuard,
     Serialized,
     StoredEvent,
@@ -172,6 +173,7 @@ class ThreadState:
     decoded: dict[tuple[str, str], DecodedList] = field(default_factory=dict)
     partial: bool = False
     whole_needed: bool = False
+    ended: bool = False
 
     @property
     def last_seq(self) -> int:
@@ -196,6 +198,7 @@ class ThreadState:
         if not self.guard.admit(stored):
             return False
         event = stored.event
+        self.ended = isinstance(event, RunFinished)
         if not self.tenant:
             self.tenant = event.tenant
         if isinstance(event, GraphCheckpointed):

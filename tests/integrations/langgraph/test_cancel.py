@@ -15,7 +15,7 @@ import asyncio
 import json
 import operator
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -28,10 +28,11 @@ from support.appapi import until
 from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
 
-from onward.errors import RunCancelledError
-from onward.eventlog import GraphCheckpointed, RunFinished
+from onward.errors import BackendUnavailableError, RunCancelledError
+from onward.eventlog import Event, EventLog, GraphCheckpointed, Position, RunFinished
 from onward.integrations.langgraph import OnwardSaver
 from onward.runtime.cli import app as cli
+from onward.testing.eventlog import WrappedEventLog
 
 from .graphs import config
 from .worlds import TENANT, World, kafka_world, sqlite_world
@@ -152,3 +153,43 @@ async def test_a_graph_run_writing_its_thread_is_cancelled_and_the_thread_lives_
     shown = await asyncio.to_thread(CliRunner().invoke, cli, argv, env=env)
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["status"] == "new"
+
+
+class LandsThenFails(WrappedEventLog):
+    """Appends the first `RunFinished` and then says the append failed, as a broker that took
+    the batch and lost the answer does."""
+
+    def __init__(self, inner: EventLog) -> None:
+        super().__init__(inner)
+        self.failed = False
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        positions = await super().append(events)
+        if not self.failed and any(isinstance(e, RunFinished) for e in events):
+            self.failed = True
+            raise BackendUnavailableError("the answer to the append was lost")
+        return positions
+
+
+async def test_an_end_whose_append_was_in_doubt_is_recorded_once(tmp_path: Path) -> None:
+    async with sqlite_world(tmp_path / "onward.db") as world:
+        log = LandsThenFails(world.log)
+        saver = OnwardSaver(log, world.leases, tenant=TENANT, frontiers=world.frontiers)
+        async with saver:
+            graph = looping_graph(saver)
+            await graph.ainvoke({"steps": [], "until": 2}, config("t"))
+            assert await world.leases.ask_to_cancel("t", tenant=TENANT, by="ops")
+            await saver.aput_writes(
+                {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "x"}},
+                [("steps", [0])],
+                "task",
+            )  # its confirmation hears the ask
+            with pytest.raises(BackendUnavailableError):
+                await graph.ainvoke({"steps": [], "until": 4}, config("t"))
+            # The graph run's last write (LangGraph saves the error) finds the end in the log
+            # and stops there; a new invocation writes on.
+            out = await graph.ainvoke({"steps": [], "until": 4}, config("t"))
+            assert out["steps"] == [1, 2, 3, 4]
+        events = [stored.event for stored in await world.log.read_run("t")]
+    ends = [e for e in events if isinstance(e, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]

@@ -19,6 +19,7 @@ from typing import Any, cast
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
+from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.conformance.test_utils import (
     generate_checkpoint,
     generate_config,
@@ -243,12 +244,9 @@ async def test_a_collected_run_leaves_a_tombstone_and_nothing_kept(
         await world.runner(Script(0)).inspect("old", tenant=TENANT)
 
 
-async def test_a_langgraph_thread_loads_its_latest_state_after_the_cut(
-    world: World, tmp_path: Path
-) -> None:
-    """A thread is folded from its first event (each checkpoint event carries only the
-    channels that changed): every event of it is retained, and a fresh saver loads its latest
-    checkpoint, after the cut as before."""
+async def written_thread(world: World) -> CheckpointTuple:
+    """Thread ``thread`` with five checkpoints, written by a saver that then lets it go; its
+    latest checkpoint."""
     saver = OnwardSaver(
         world.log,
         world.leases,
@@ -263,6 +261,16 @@ async def test_a_langgraph_thread_loads_its_latest_state_after_the_cut(
             config = await saver.aput(config, generate_checkpoint(), generate_metadata(), {})
         latest = await saver.aget_tuple(generate_config("thread"))
     assert latest is not None
+    return latest
+
+
+async def test_a_langgraph_thread_loads_its_latest_state_after_the_cut(
+    world: World, tmp_path: Path
+) -> None:
+    """A thread is folded from its first event (each checkpoint event carries only the
+    channels that changed): every event of it is retained, and a fresh saver loads its latest
+    checkpoint, after the cut as before."""
+    latest = await written_thread(world)
     await others(world, 40)
 
     report = await compact(world, tmp_path / "archive")
@@ -291,18 +299,7 @@ async def test_a_cancelled_langgraph_thread_is_kept_whole_and_carries_on_after_t
 ) -> None:
     """A cancel ends one invocation of a thread, not the thread: compaction still keeps every
     event of it, and the thread's next invocation writes on and opens its row again."""
-    saver = OnwardSaver(
-        world.log,
-        world.leases,
-        tenant=TENANT,
-        frontiers=world.frontiers,
-        checkpoint_inline=world.inline,
-        compaction=world.store,
-    )
-    async with saver:
-        config = generate_config("thread")
-        for _ in range(5):
-            config = await saver.aput(config, generate_checkpoint(), generate_metadata(), {})
+    await written_thread(world)
     cancelled = await world.runner(Script(0)).cancel("thread", tenant=TENANT, by="ops")
     assert (cancelled.status, cancelled.error) == ("cancelled", "cancelled by ops")
     await others(world, 40)

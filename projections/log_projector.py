@@ -41,6 +41,12 @@ class LogProjector:
         # from a position another process moved.
         self._catching_up = asyncio.Lock()
 
+    def _next(self, partition: int, stored: Mapping[int, int]) -> int | None:
+        """Where to read the partition from: past what was stored or folded; ``None``, its
+        start, when neither is known."""
+        known = [o for o in (stored.get(partition), self._folded.get(partition)) if o is not None]
+        return max(known) if known else None
+
     async def _start(
         self, partition: int, stored: Mapping[int, int]
     ) -> tuple[int, PartitionBounds]:
@@ -80,13 +86,17 @@ class LogProjector:
         next_offsets: dict[int, int] = {}
         self._cut_short = False
         for partition in partitions if partitions is not None else range(self.log.partitions):
-            start, bounds = await self._start(partition, stored)
-            if start >= bounds.end:
+            # Read on to whatever end the log has, without asking for its end first: on
+            # PostgreSQL that is a round trip fewer for every partition an inline fold reads.
+            # The batch ends after its last record (anything between it and the end the
+            # log had is read by the next step).
+            start = self._next(partition, stored)
+            batch = await self.log.read_records(partition, start, limit=self.batch_size)
+            if not batch:
                 continue
-            end = min(bounds.end, start + self.batch_size)
-            self._cut_short = self._cut_short or end < bounds.end
-            records[partition] = await self.log.read_records(partition, start, end)
-            next_offsets[partition] = end
+            self._cut_short = self._cut_short or len(batch) >= self.batch_size
+            records[partition] = batch
+            next_offsets[partition] = batch[-1].position.offset + 1
         if not next_offsets:
             return 0
         await self.projection.apply(records, next_offsets)

@@ -249,6 +249,11 @@ class EventLogBackend(Resource):
     """Whether every writer of the log runs on this machine (SQLite, memory): then a runner
     may fold a run from its partition when no frontier store is configured."""
 
+    dense = False
+    """Whether every offset from a partition's start to its end holds a record (the SQL and
+    memory logs; not Kafka, whose control records and compacted topics leave gaps): a reader
+    that reached the last record has reached the end, without asking for it."""
+
     def __init__(self, *, partitions: int, max_batch_bytes: int) -> None:
         if partitions < 1:
             raise InvalidInputError(f"partitions must be at least 1, got {partitions}")

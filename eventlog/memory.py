@@ -30,6 +30,8 @@ from .events import Event
 class MemoryEventLog(EventLogBackend):
     """An in-process `EventLog`."""
 
+    dense = True
+
     embedded = True
 
     def __init__(

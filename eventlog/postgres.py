@@ -134,6 +134,8 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
             statement may take before it fails with `BackendUnavailableError`.
     """
 
+    dense = True
+
     what = "PostgreSQL event log"
 
     def __init__(

@@ -60,6 +60,8 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
             that is not an Onward database is a `ConfigurationError`, and appends fail.
     """
 
+    dense = True
+
     embedded = True
     what = "event log"
 

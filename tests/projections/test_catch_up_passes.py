@@ -107,3 +107,29 @@ async def test_a_catch_up_cut_into_batches_reads_on_until_every_partition_is_fol
         assert max(log.records_read.values()) > 2  # several passes
         assert sum((await projector.lag()).values()) == 0
         await assert_stored_is_the_direct_fold(store, log, run_ids)
+
+
+class GappedLog(CountedLog):
+    """A log whose partitions end past their last record, as a Kafka partition does after a
+    control record: it says it is not dense."""
+
+    dense = False
+    gap = 3
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        bounds = await super().bounds(partition)
+        return PartitionBounds(bounds.start, bounds.end + self.gap)
+
+
+async def test_a_log_with_gaps_is_folded_through_the_end_it_says(rng: random.Random) -> None:
+    log = GappedLog(PARTITIONS)
+    steps = workload(rng, 10)
+    await append_all(log, steps, concurrency=8)
+    async with CountedStore() as store:
+        projection = FrontierProjection(store, log, release_poll=0.0, every_partition=True)
+        projector = LogProjector(log, projection, batch_size=7)
+        await projector.catch_up()
+        ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
+        assert await store.positions(projection.consumer) == ends
+        assert sum((await projector.backlog()).values()) == 0
+        await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))

@@ -167,6 +167,16 @@ def kafka_servers(request: pytest.FixtureRequest) -> KafkaServers:
     )
 
 
+@pytest.fixture(params=["sqlite", pytest.param("kafka", marks=pytest.mark.kafka)])
+def clustered(request: pytest.FixtureRequest) -> KafkaServers | None:
+    """Each test twice: embedded (``None``: a SQLite file of the test's own), and clustered on
+    Kafka + PostgreSQL + Redis (this test's `kafka_servers`)."""
+    if request.param == "sqlite":
+        return None
+    found: KafkaServers = request.getfixturevalue("kafka_servers")
+    return found
+
+
 @pytest_asyncio.fixture
 async def private_kafka() -> AsyncIterator[PrivateKafka]:
     """A single-node KRaft broker of this test alone (fault tests)."""

@@ -57,23 +57,14 @@ from onward.runtime.gc.sqlite import SqliteRecordSweeper
 OTHERS = 200
 
 
-@pytest.fixture(params=["sqlite", pytest.param("kafka", marks=pytest.mark.kafka)])
-def servers(request: pytest.FixtureRequest) -> KafkaServers | None:
-    """Kafka + PostgreSQL + Redis for the clustered deployment; None for the embedded one."""
-    if request.param == "sqlite":
-        return None
-    found: KafkaServers = request.getfixturevalue("kafka_servers")
-    return found
-
-
 @pytest_asyncio.fixture
-async def world(servers: KafkaServers | None, tmp_path: Path) -> AsyncIterator[World]:
-    if servers is None:
+async def world(clustered: KafkaServers | None, tmp_path: Path) -> AsyncIterator[World]:
+    if clustered is None:
         async with sqlite_world(tmp_path) as embedded:
             yield embedded
     else:
-        async with kafka_stores(servers) as clustered:
-            yield clustered
+        async with kafka_stores(clustered) as stores:
+            yield stores
 
 
 class Recording:

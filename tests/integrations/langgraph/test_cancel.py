@@ -60,21 +60,12 @@ def looping_graph(checkpointer: OnwardSaver) -> CompiledStateGraph[Any]:
     return builder.compile(checkpointer=checkpointer)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("kafka", marks=pytest.mark.kafka)])
-def servers(request: pytest.FixtureRequest) -> KafkaServers | None:
-    """Kafka + PostgreSQL + Redis for the clustered deployment; None for the embedded one."""
-    if request.param == "sqlite":
-        return None
-    found: KafkaServers = request.getfixturevalue("kafka_servers")
-    return found
-
-
 @pytest_asyncio.fixture
 async def placed(
-    servers: KafkaServers | None, tmp_path: Path
+    clustered: KafkaServers | None, tmp_path: Path
 ) -> AsyncIterator[tuple[World, dict[str, str]]]:
     """A world and the environment `onward` opens the same stores from."""
-    if servers is None:
+    if clustered is None:
         path = tmp_path / "onward.db"
         env = {
             "ONWARD_BACKEND": "sqlite",
@@ -84,8 +75,8 @@ async def placed(
         async with sqlite_world(path) as world:
             yield world, env
         return
-    env = {k: v for k, v in servers.env(partitions=2).items() if k != "ONWARD_REQUEST_KEY"}
-    async with kafka_world(*servers) as world:
+    env = {k: v for k, v in clustered.env(partitions=2).items() if k != "ONWARD_REQUEST_KEY"}
+    async with kafka_world(*clustered) as world:
         yield world, env
 
 

@@ -25,7 +25,9 @@ LangGraph and DBOS run in their own venv (``bench/.venv-peers``, created from
 Measured per system: single-run per-step latency (``--latency-runs`` runs after a warm-up; mean
 = run time / steps, p50/p99 over the individual steps); bytes written per step at two run
 lengths (PostgreSQL database growth, Kafka log bytes on disk, SQLite file growth; about
-``--bytes-steps`` steps in total per length); aggregate steps/s with ``--concurrent-runs`` runs
+``--bytes-steps`` steps in total per length, 2,000 by default: PostgreSQL grows each table and
+index by whole 8 KiB pages, so over a few hundred steps the figure moves by 100-200 bytes a step
+from one run to the next); aggregate steps/s with ``--concurrent-runs`` runs
 (each level in turn, 100 and 1,000 by default) of ``--concurrent-steps`` steps started at once. A
 level at which any run fails is reported as failed, with how many completed and the first error.
 Each level's CPU seconds are recorded too, per step: the process (every thread) plus the servers
@@ -1190,7 +1192,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="steps of a latency run")
     parser.add_argument("--latency-runs", type=int, default=3)
     parser.add_argument("--lengths", default="50,400", help="run lengths for bytes/step")
-    parser.add_argument("--bytes-steps", type=int, default=400, help="steps per length, about")
+    parser.add_argument(
+        "--bytes-steps",
+        type=int,
+        default=2_000,
+        help="steps per length, about (fewer: PostgreSQL's 8 KiB pages show in the figure)",
+    )
     parser.add_argument(
         "--concurrent-runs",
         default="100,1000",

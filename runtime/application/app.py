@@ -52,12 +52,13 @@ from onward.runtime.fleet.requests import (
     AnswerRequest,
     CancelRun,
     Request,
-    Requests,
+    RequestSender,
     ResumeRun,
     StartRun,
     TagRun,
     check_request,
 )
+from onward.runtime.fleet.senders import request_sender
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.leases.base import CancelAsked, LeasePolicy
 from onward.runtime.manager import ExecutionManager, needs_person
@@ -167,7 +168,7 @@ class App(Resource):
         self._stack: AsyncExitStack | None = None
         self._backends: Backends | None = None
         self._worker: Worker | None = None
-        self._requests: Requests | None = None
+        self._requests: RequestSender | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -184,14 +185,7 @@ class App(Resource):
             assert self.provider is not None
             self._worker = Worker(backends, self.provider, self.agents, **self._worker_options)
         else:
-            self._requests = await stack.enter_async_context(
-                Requests(
-                    self.settings.kafka_connection(),
-                    self.settings.requests_topic,
-                    partitions=self.settings.partitions,
-                    signer=self.settings.request_signer(),
-                )
-            )
+            self._requests = await stack.enter_async_context(request_sender(self.settings))
         self._backends = backends
         _opened.append(self)
 
@@ -547,10 +541,11 @@ def _refusal(settings: Settings, *, in_process: bool, ready: bool) -> str | None
             "an in-process app runs agents itself: pass agents= and provider= (or set "
             "ONWARD_APP_MODE=fleet to have `onward worker` processes run them)"
         )
-    if not in_process and settings.backend != "kafka":
+    if not in_process and settings.backend not in ("kafka", "postgres"):
         return (
-            f"ONWARD_APP_MODE=fleet needs ONWARD_BACKEND=kafka (it is {settings.backend}): "
-            "a fleet takes its requests from a Kafka topic"
+            f"ONWARD_APP_MODE=fleet needs ONWARD_BACKEND=kafka or postgres (it is "
+            f"{settings.backend}): a fleet takes its requests from a Kafka topic or a "
+            "PostgreSQL table"
         )
     if not in_process and settings.request_key is None and not settings.accept_unsigned_requests:
         return (

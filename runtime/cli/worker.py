@@ -14,10 +14,12 @@ from onward.errors import InvalidInputError
 from onward.runtime.agent import Agent
 from onward.runtime.backends import open_backends
 from onward.runtime.fleet.requests import DEFAULT_REQUESTS_TOPIC
+from onward.runtime.fleet.senders import postgres_requests
 from onward.runtime.fleet.worker import DEFAULT_GROUP, Worker
 from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy
 from onward.runtime.observability import WorkerCollector
-from onward.runtime.settings import load_settings
+from onward.runtime.settings import Settings, load_settings
+from onward.runtime.signing import RequestSigner
 
 from ._common import err, imported, made, opened
 from ._health import MetricsHostOption, MetricsPortOption, metrics_served, stores_reachable
@@ -60,6 +62,51 @@ def load_agents(specs: list[str]) -> dict[str, Agent]:
     if not agents:
         raise InvalidInputError("--agent: name at least one agent")
     return agents
+
+
+async def _serve(
+    worker: Worker,
+    stop: asyncio.Event,
+    config: Settings,
+    *,
+    requests_topic: str,
+    group: str,
+    session_timeout_ms: int,
+    signer: RequestSigner | None,
+    accept_unsigned: bool,
+) -> None:
+    """Serve the backend's requests (the Kafka topic, the PostgreSQL table when there is a
+    request key) and carry runs on until ``stop``; then drain."""
+    if config.backend == "kafka":
+        await worker.serve_kafka(
+            stop,
+            bootstrap_servers=config.kafka_connection(),
+            topic=requests_topic,
+            group_id=group,
+            session_timeout_ms=session_timeout_ms,
+            on_ready=lambda: err.print(f"worker {worker.name} ready"),
+            signer=signer,
+            accept_unsigned=accept_unsigned,
+        )
+    elif config.backend == "postgres" and (signer or accept_unsigned):
+        async with opened("the requests table", postgres_requests(config)) as requests:
+            await worker.serve_postgres(
+                stop,
+                requests=requests,
+                signer=signer,
+                accept_unsigned=accept_unsigned,
+                on_ready=lambda: err.print(
+                    f"worker {worker.name} ready (postgres: requests table)"
+                ),
+            )
+    else:
+        unserved = (
+            "; no request key, so the requests table is not served (ONWARD_REQUEST_KEY)"
+            if config.backend == "postgres"
+            else ""
+        )
+        err.print(f"worker {worker.name} ready ({config.backend}{unserved})")
+        await worker.serve_embedded(stop)
 
 
 def worker_command(
@@ -110,8 +157,9 @@ def worker_command(
         bool,
         typer.Option(
             "--accept-unsigned-requests",
-            help="Kafka: act on requests without a signature (ONWARD_REQUEST_KEY), so anyone "
-            "who can write the requests topic may start, answer and tag any tenant's runs.",
+            help="Kafka and PostgreSQL: act on requests without a signature "
+            "(ONWARD_REQUEST_KEY), so anyone who can write the requests topic or table may "
+            "start, answer and tag any tenant's runs.",
         ),
     ] = False,
     metrics_port: MetricsPortOption = None,
@@ -186,20 +234,16 @@ def worker_command(
             async with metrics_served(
                 metrics_port, metrics_host, ready=ready, collectors=[collector]
             ):
-                if backends.embedded:
-                    err.print(f"worker {worker.name} ready (embedded)")
-                    await worker.serve_embedded(stop)
-                else:
-                    await worker.serve_kafka(
-                        stop,
-                        bootstrap_servers=config.kafka_connection(),
-                        topic=requests_topic,
-                        group_id=group,
-                        session_timeout_ms=session_timeout_ms,
-                        on_ready=lambda: err.print(f"worker {worker.name} ready"),
-                        signer=signer,
-                        accept_unsigned=accept_unsigned,
-                    )
+                await _serve(
+                    worker,
+                    stop,
+                    config,
+                    requests_topic=requests_topic,
+                    group=group,
+                    session_timeout_ms=session_timeout_ms,
+                    signer=signer,
+                    accept_unsigned=accept_unsigned,
+                )
             stats = worker.stats
             err.print(
                 f"worker {worker.name} stopped: {stats.started} started, {stats.recovered} "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from aiokafka import AIOKafkaProducer
@@ -160,6 +160,65 @@ def _check_encodable(field: str, value: Any, run_id: str) -> None:
         raise InvalidInputError(f"{field} cannot be sent: {fault}", run_id=run_id)
 
 
+class PreparedRequest(msgspec.Struct, frozen=True):
+    """A request as it is sent: its run, key and wire value (values masked), and signature."""
+
+    run_id: str
+    kind: str
+    key: bytes
+    value: bytes
+    signature: bytes | None
+
+
+def prepare_requests(
+    requests: Sequence[Request], redactor: Redactor, signer: RequestSigner | None
+) -> list[PreparedRequest]:
+    """Check every request, then mask and sign each, as every transport sends them.
+
+    A start's input and options and an answer's value are masked: the requests transport
+    keeps what it was sent for days, and would otherwise hold what the event log only ever
+    holds masked.
+
+    Raises:
+        InvalidInputError: A request a worker would refuse (`check_request`), named with its
+            field; nothing is prepared.
+    """
+    for request in requests:
+        check_request(request)
+    prepared = []
+    for request in requests:
+        key, value = request.run_id.encode(), encode_request(_masked(request, redactor))
+        signature = signer.sign(key, value) if signer is not None else None
+        kind = type(request).__struct_config__.tag
+        prepared.append(PreparedRequest(request.run_id, str(kind), key, value, signature))
+    return prepared
+
+
+def _masked(request: Request, redactor: Redactor) -> Request:
+    """The request with the values it carries masked (names are left as they are)."""
+    redact = redactor.redact
+    if isinstance(request, StartRun):
+        return msgspec.structs.replace(
+            request, input=redact(request.input), options=redact(request.options)
+        )
+    if isinstance(request, AnswerRequest):
+        return msgspec.structs.replace(request, value=redact(request.value))
+    return request
+
+
+class RequestSender(Protocol):
+    """Where an application sends requests to the fleet: the Kafka topic (`Requests`) or the
+    PostgreSQL table (`onward.runtime.fleet.requests_postgres.PostgresRequests`)."""
+
+    async def submit(self, *requests: Request) -> None:
+        """Send requests; durable when this returns."""
+        ...
+
+    async def submit_many(self, requests: Sequence[Request]) -> None:
+        """Send many requests at once; durable when this returns."""
+        ...
+
+
 async def ensure_requests_topic(
     bootstrap_servers: str | KafkaConnection, topic: str, partitions: int
 ) -> None:
@@ -259,17 +318,6 @@ class Requests(Resource):
             with contextlib.suppress(KafkaError):
                 await producer.stop()
 
-    def _masked(self, request: Request) -> Request:
-        """The request with the values it carries masked (names are left as they are)."""
-        redact = self._redactor.redact
-        if isinstance(request, StartRun):
-            return msgspec.structs.replace(
-                request, input=redact(request.input), options=redact(request.options)
-            )
-        if isinstance(request, AnswerRequest):
-            return msgspec.structs.replace(request, value=redact(request.value))
-        return request
-
     async def submit(self, *requests: Request) -> None:
         """Send requests, each to its run's partition; durable when this returns."""
         await self.submit_many(requests)
@@ -285,22 +333,22 @@ class Requests(Resource):
             InvalidInputError: A request a worker would refuse (`check_request`), named with its
                 field; nothing was sent.
         """
-        for request in requests:
-            check_request(request)
+        prepared = prepare_requests(requests, self._redactor, self.signer)
         if self._producer is None:
             raise ConfigurationError("Requests is not open; use it as an async context manager")
         try:
             sent = []
-            for request in requests:
-                key, value = request.run_id.encode(), encode_request(self._masked(request))
+            for request in prepared:
                 headers = (
-                    [(SIGNATURE_HEADER, self.signer.sign(key, value))] if self.signer else None
+                    [(SIGNATURE_HEADER, request.signature)]
+                    if request.signature is not None
+                    else None
                 )
                 sent.append(
                     await self._producer.send(
                         self.topic,
-                        value,
-                        key=key,
+                        request.value,
+                        key=request.key,
                         partition=partition_for(request.run_id, self.partitions),
                         headers=headers,
                     )
@@ -315,7 +363,9 @@ __all__ = [
     "REQUESTS_RETENTION_MS",
     "AnswerRequest",
     "CancelRun",
+    "PreparedRequest",
     "Request",
+    "RequestSender",
     "Requests",
     "ResumeRun",
     "StartRun",
@@ -324,4 +374,5 @@ __all__ = [
     "decode_request",
     "encode_request",
     "ensure_requests_topic",
+    "prepare_requests",
 ]

@@ -29,9 +29,14 @@ Toolsets (``Agent.toolsets``, MCP servers): each run is driven with a view of th
 ``REDIS_URL`` set a resume builds its tools from the schemas cached for the run and lists no
 server (warm restart). The toolsets' connections are shared by the runs and closed once drained.
 
-Embedded (SQLite) workers have no requests topic: each owns every partition and only carries
-on runs (`serve_embedded`); start runs with `AgentRunner.run` or `Worker.handle`. Several
-workers on one file share its lease table, which decides who carries a run on.
+PostgreSQL workers (`serve_postgres`) take requests from the ``onward_requests`` table
+(`onward.runtime.fleet.requests_postgres`) instead of a topic: each owns every partition, claims
+requests for a while and deletes each once acted on, so a worker killed mid-request leaves it to
+the next worker once its claim lapses; while full it claims cancels alone.
+
+Embedded (SQLite) workers have no requests: each owns every partition and only carries on runs
+(`serve_embedded`); start runs with `AgentRunner.run` or `Worker.handle`. Several workers on one
+file share its lease table, which decides who carries a run on.
 """
 
 from __future__ import annotations
@@ -58,7 +63,12 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from onward._storage import KafkaConnection, kafka_connection, translate
-from onward.errors import ConfigurationError, InvalidInputError, OnwardError
+from onward.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+    OnwardError,
+)
 from onward.eventlog.events import Event, RunStarted
 from onward.projections.audit import printable
 from onward.runtime.agent import Agent
@@ -80,6 +90,7 @@ from .requests import (
     ensure_requests_topic,
 )
 from .requests_handling import RequestHandler
+from .requests_postgres import CLAIM_S, ClaimedRequest, PostgresRequests
 
 _log = logging.getLogger("onward.worker")
 
@@ -426,13 +437,7 @@ class Worker:
         Raises:
             ConfigurationError: Neither a signer nor ``accept_unsigned``.
         """
-        if signer is None and not accept_unsigned:
-            raise ConfigurationError(
-                "the worker has no request key: set ONWARD_REQUEST_KEY (the same on the "
-                "applications that submit; `openssl rand -hex 32` makes one), or accept "
-                "unsigned requests from anyone who can write the topic "
-                "(--accept-unsigned-requests)"
-            )
+        _require_signer(signer, accept_unsigned, "topic")
         self._signer, self._accept_unsigned = signer, accept_unsigned
         connection = kafka_connection(bootstrap_servers)
         await ensure_requests_topic(connection, topic, self.backends.log.partitions)
@@ -575,14 +580,173 @@ class Worker:
     def _check_signature(self, record: Any) -> None:
         """Raises `InvalidInputError` with the reason when the record's signature does not
         check (an unsigned one passes only when unsigned requests are accepted)."""
-        headers = record.headers or ()
+        self._check_signed(record.key, record.value, record.headers or ())
+
+    def _check_signed(
+        self, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
         if self._signer is None or (
             self._accept_unsigned and all(k != SIGNATURE_HEADER for k, _ in headers)
         ):
             return
-        refusal = self._signer.refusal(record.key, record.value, headers)
+        refusal = self._signer.refusal(key, value, headers)
         if refusal is not None:
             raise InvalidInputError(f"request not acted on: {refusal}")
+
+    # -- serving the PostgreSQL requests table -----------------------------------------------
+
+    async def serve_postgres(
+        self,
+        stop: asyncio.Event,
+        *,
+        requests: PostgresRequests,
+        signer: RequestSigner | None = None,
+        accept_unsigned: bool = False,
+        poll_s: float = 1.0,
+        claim_s: float = CLAIM_S,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        """Act on requests from the ``onward_requests`` table and carry on lapsed runs of every
+        partition until ``stop``; then drain and hand back what was not acted on.
+
+        Args:
+            requests: The open table (`PostgresRequests`), on the deployment's database.
+            signer: Checks each request's signature; one that is missing or does not check is
+                set aside (deleted, with the reason logged).
+            accept_unsigned: Act on requests that carry no signature: anyone who can write the
+                table may then start, answer and tag runs.
+            poll_s: The longest a new request waits to be seen when no notification arrives
+                (a notification wakes the worker at once).
+            claim_s: How long a claim lasts unrenewed; a dead worker's requests move after it.
+
+        Raises:
+            ConfigurationError: Neither a signer nor ``accept_unsigned``; a ``poll_s`` or
+                ``claim_s`` that is not positive.
+        """
+        _require_signer(signer, accept_unsigned, "table")
+        if poll_s <= 0 or claim_s <= 0:
+            raise ConfigurationError(
+                f"poll_s and claim_s must be positive, got {poll_s} and {claim_s}"
+            )
+        self._signer, self._accept_unsigned = signer, accept_unsigned
+        self.owned = set(range(self.backends.log.partitions))
+        claims = _Claims(requests, self.name, claim_s)
+        async with requests.listening() as woken:
+            self.joined = True
+            if on_ready is not None:
+                on_ready()
+            next_scan = 0.0
+            while not stop.is_set():
+                if time.monotonic() >= next_scan:
+                    next_scan = time.monotonic() + self.recheck_s
+                    self._scan(self.owned)
+                self._slot.clear()
+                woken.clear()
+                try:
+                    await claims.settle()
+                    more = await self._claim(requests, claims)
+                except BackendUnavailableError as exc:
+                    _log.warning("requests table: %s; trying again in %.1fs", exc, poll_s)
+                    more = False
+                if not more:
+                    await _first_of((woken, stop, self._slot), min(poll_s, claim_s / 3))
+            self.drain()
+            _log.info("draining: %d runs in flight", self.in_flight)
+            await self.drained()
+            try:
+                await claims.settle()
+            except BackendUnavailableError as exc:
+                _log.warning("handing back requests failed (their claims lapse): %s", exc)
+
+    async def _claim(self, requests: PostgresRequests, claims: _Claims) -> bool:
+        """Claim what the free slots take (cancels alone when full or when lapsed runs go
+        first) and act on it; whether a full batch came, so more may be waiting."""
+        free = self.free
+        if free > 0 and self.owes_lapsed_runs and not self._scans:
+            self._launch_lapsed()
+        cancels_only = free <= 0 or self.owes_lapsed_runs
+        limit = _PEEK_RECORDS if cancels_only else free
+        taken = await requests.claim(
+            self.name, limit, cancels_only=cancels_only, claim_s=claims.claim_s
+        )
+        for row in taken:
+            self._take_claimed(row, claims, cancels_only=cancels_only)
+        return len(taken) >= limit
+
+    def _take_claimed(self, row: ClaimedRequest, claims: _Claims, *, cancels_only: bool) -> None:
+        claims.taken(row.id)
+        headers = [(SIGNATURE_HEADER, row.signature)] if row.signature is not None else []
+        try:
+            self._check_signed(row.run_id.encode(), row.value, headers)
+            request = row.request()
+        except InvalidInputError as exc:
+            # Set aside for good, as a bad record on the topic is: anyone who can write the
+            # table can write such a row, and one that stopped the worker would stop them all.
+            _log.warning("request %d: set aside: %s", row.id, one_line(str(exc)))
+            self.stats.set_aside += 1
+            claims.done(row.id, True)
+            return
+        if cancels_only and not isinstance(request, CancelRun):
+            claims.done(row.id, False)
+            return
+        self.submit(request, lambda acted: claims.done(row.id, acted))
+
+
+def _require_signer(signer: RequestSigner | None, accept_unsigned: bool, where: str) -> None:
+    if signer is None and not accept_unsigned:
+        raise ConfigurationError(
+            "the worker has no request key: set ONWARD_REQUEST_KEY (the same on the "
+            "applications that submit; `openssl rand -hex 32` makes one), or accept "
+            f"unsigned requests from anyone who can write the {where} "
+            "(--accept-unsigned-requests)"
+        )
+
+
+async def _first_of(events: Sequence[asyncio.Event], seconds: float) -> None:
+    """Until one of ``events`` is set or ``seconds`` pass."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+class _Claims:
+    """A worker's claims on rows of the requests table: renewed while acted on, deleted once
+    acted on, handed back when not (`PostgresRequests`). ``done`` is called from a task's
+    callback; the table is written by `settle`, from the serving loop, and what a failed write
+    did not settle is tried again on the next."""
+
+    def __init__(self, requests: PostgresRequests, worker: str, claim_s: float) -> None:
+        self.requests = requests
+        self.worker = worker
+        self.claim_s = claim_s
+        self.held: set[int] = set()
+        self.finished: set[int] = set()
+        self.released: set[int] = set()
+        self._next_renewal = time.monotonic() + claim_s / 3
+
+    def taken(self, request_id: int) -> None:
+        self.held.add(request_id)
+
+    def done(self, request_id: int, acted: bool) -> None:
+        if request_id in self.held:
+            self.held.discard(request_id)
+            (self.finished if acted else self.released).add(request_id)
+
+    async def settle(self) -> None:
+        if self.finished:
+            finished = set(self.finished)
+            await self.requests.finish(self.worker, finished)
+            self.finished -= finished
+        if self.released:
+            released = set(self.released)
+            await self.requests.release(self.worker, released)
+            self.released -= released
+        if self.held and time.monotonic() >= self._next_renewal:
+            await self.requests.renew(self.worker, set(self.held), self.claim_s)
+            self._next_renewal = time.monotonic() + self.claim_s / 3
 
 
 class _Once:

@@ -378,7 +378,9 @@ def test_an_app_that_cannot_work_is_refused_at_once(tmp_path: Path) -> None:
     sqlite = Settings(backend="sqlite", sqlite_path=tmp_path / "x.db")
     with pytest.raises(ConfigurationError, match="agents= and provider="):
         onward.App(sqlite)
-    with pytest.raises(ConfigurationError, match="needs ONWARD_BACKEND=kafka"):
+    with pytest.raises(
+        ConfigurationError, match=r"needs ONWARD_BACKEND=kafka or postgres \(it is sqlite\)"
+    ):
         onward.App(Settings(backend="sqlite", app_mode="fleet"))
 
 

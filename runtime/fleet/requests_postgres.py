@@ -1,0 +1,234 @@
+"""`PostgresRequests`: the fleet's requests in a PostgreSQL table, for a deployment on PostgreSQL
+alone (``ONWARD_BACKEND=postgres``), where the Kafka backend has its requests topic.
+
+An application inserts a row per request (`submit`), checked, masked and signed exactly as it
+would send it to the topic, and notifies the workers (``pg_notify``). A worker claims rows for a
+while (`claim`), renews the claims while it acts on them, and deletes each once acted on
+(`finish`) or hands it back (`release`, when it drains first). A claim whose worker died lapses
+and the next worker takes the row, as the next owner of a partition reads past its last
+committed offset: acting on a request twice is harmless (the run exists, the answer is recorded,
+the tag is there), which is what makes that safe.
+
+A run's requests are taken in the order they were inserted: a row is claimed only once no older
+row of the same run is left unclaimed, so a start is always taken before the answer that follows
+it. Taken rows are acted on side by side, as the topic's are, so a cancel is not held up behind a
+run its worker is still driving. A full worker takes cancels alone, as a full Kafka worker peeks
+for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Collection, Sequence
+
+import asyncpg
+import msgspec
+
+from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, connected
+from onward.errors import InvalidInputError
+from onward.runtime.redaction import Redactor
+from onward.runtime.signing import RequestSigner
+
+from .requests import Request, decode_request, prepare_requests
+
+_log = logging.getLogger("onward.worker")
+
+CLAIM_S = 30.0
+"""How long a worker's claim on a request lasts unrenewed: once it lapses (the worker died),
+another worker takes the request."""
+
+_INSERT = "INSERT INTO onward_requests (run_id, kind, body, signature) VALUES ($1, $2, $3, $4)"
+_CLAIM = """
+WITH taken AS (
+    SELECT r.id FROM onward_requests r
+    WHERE (r.claimed_until IS NULL OR r.claimed_until <= now())
+      AND ($3 = false OR r.kind = 'cancel')
+      AND ($3 OR NOT EXISTS (
+          SELECT 1 FROM onward_requests o
+          WHERE o.run_id = r.run_id AND o.id < r.id
+            AND (o.claimed_until IS NULL OR o.claimed_until <= now())))
+    ORDER BY r.id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE onward_requests r
+SET claimed_by = $1, claimed_until = now() + make_interval(secs => $4::float8)
+FROM taken WHERE r.id = taken.id
+RETURNING r.id, r.run_id, r.kind, r.body, r.signature
+"""
+_RENEW = (
+    "UPDATE onward_requests SET claimed_until = now() + make_interval(secs => $3::float8) "
+    "WHERE id = ANY($2::bigint[]) AND claimed_by = $1"
+)
+_FINISH = "DELETE FROM onward_requests WHERE id = ANY($2::bigint[]) AND claimed_by = $1"
+_RELEASE = (
+    "UPDATE onward_requests SET claimed_by = NULL, claimed_until = NULL "
+    "WHERE id = ANY($2::bigint[]) AND claimed_by = $1"
+)
+_WAITING = "SELECT count(*) FROM onward_requests"
+
+
+class ClaimedRequest(msgspec.Struct, frozen=True):
+    """A request row a worker claimed: its id, run, kind, wire value and signature."""
+
+    id: int
+    run_id: str
+    kind: str
+    value: bytes
+    signature: bytes | None
+
+    def request(self) -> Request:
+        """The request the row holds, checked as a worker checks what it is given.
+
+        Raises:
+            InvalidInputError: Not a request this code knows (`decode_request`), or one whose
+                kind or run is not the row's.
+        """
+        request = decode_request(self.value)
+        if type(request).__struct_config__.tag != self.kind:
+            raise InvalidInputError(f"stored as {self.kind!r} but holds another request")
+        if request.run_id != self.run_id:
+            raise InvalidInputError(f"stored for run {self.run_id!r} but names another run")
+        return request
+
+
+class PostgresRequests(PostgresStore):
+    """The fleet's requests in ``onward_requests``: ``async with PostgresRequests(url) as r``.
+
+    Args:
+        dsn: ``postgresql://user:password@host:port/database``.
+        schema: The schema holding Onward's tables (``ONWARD_DATABASE_SCHEMA``).
+        signer: Signs each request (`onward.runtime.signing`); workers set aside requests
+            that are unsigned unless they were started to accept them.
+        redactor: Masks the values a request carries before it is stored (the default
+            `Redactor`; ``Redactor(enabled=False)`` only where the table is trusted).
+        timeout_s: The longest a connection attempt or a statement may take.
+    """
+
+    what = "PostgreSQL requests table"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        signer: RequestSigner | None = None,
+        redactor: Redactor | None = None,
+        timeout_s: float | None = BACKEND_TIMEOUT_S,
+    ) -> None:
+        super().__init__(dsn, schema=schema, max_size=4, timeout_s=timeout_s)
+        self.signer = signer
+        self._redactor = redactor or Redactor()
+
+    @property
+    def channel(self) -> str:
+        """The notification channel workers of this schema listen on."""
+        return f"onward_requests:{self._schema}" if self._schema else "onward_requests"
+
+    # -- the application's side ---------------------------------------------------------------
+
+    async def submit(self, *requests: Request) -> None:
+        """Store requests for the workers; durable when this returns."""
+        await self.submit_many(requests)
+
+    async def submit_many(self, requests: Sequence[Request]) -> None:
+        """Store many requests in one transaction; durable when this returns.
+
+        Raises:
+            InvalidInputError: A request a worker would refuse (`check_request`), named with its
+                field; nothing was stored.
+        """
+        prepared = prepare_requests(requests, self._redactor, self.signer)
+        if not prepared:
+            return
+        rows = [(r.run_id, r.kind, r.value, r.signature) for r in prepared]
+        async with self._connection("submitting requests", transaction=True) as conn:
+            await conn.executemany(_INSERT, rows)
+            await conn.execute("SELECT pg_notify($1, '')", self.channel)
+
+    # -- the workers' side --------------------------------------------------------------------
+
+    async def claim(
+        self,
+        worker: str,
+        limit: int,
+        *,
+        cancels_only: bool = False,
+        claim_s: float = CLAIM_S,
+    ) -> list[ClaimedRequest]:
+        """Claim up to ``limit`` requests for ``claim_s`` seconds, oldest first: each the oldest
+        unclaimed request of its run (with ``cancels_only``, cancels alone, whatever waits
+        before them)."""
+        if limit <= 0:
+            return []
+        async with self._connection("claiming requests") as conn:
+            rows = await conn.fetch(_CLAIM, worker, limit, cancels_only, claim_s)
+        claimed = [
+            ClaimedRequest(
+                int(row["id"]),
+                row["run_id"],
+                row["kind"],
+                bytes(row["body"]),
+                None if row["signature"] is None else bytes(row["signature"]),
+            )
+            for row in rows
+        ]
+        claimed.sort(key=lambda r: r.id)
+        return claimed
+
+    async def renew(self, worker: str, ids: Collection[int], claim_s: float = CLAIM_S) -> None:
+        """Extend ``worker``'s claims on ``ids`` by ``claim_s`` from now."""
+        await self._by_ids(_RENEW, "renewing request claims", worker, ids, claim_s)
+
+    async def finish(self, worker: str, ids: Collection[int]) -> None:
+        """Delete requests ``worker`` acted on (or set aside)."""
+        await self._by_ids(_FINISH, "deleting requests acted on", worker, ids)
+
+    async def release(self, worker: str, ids: Collection[int]) -> None:
+        """Hand requests back unacted, for the next worker to take at once."""
+        await self._by_ids(_RELEASE, "releasing request claims", worker, ids)
+
+    async def _by_ids(
+        self, statement: str, context: str, worker: str, ids: Collection[int], *extra: object
+    ) -> None:
+        if not ids:
+            return
+        async with self._connection(context) as conn:
+            await conn.execute(statement, worker, list(ids), *extra)
+
+    async def waiting(self) -> int:
+        """Requests stored and not yet acted on (claimed or not)."""
+        async with self._connection("counting requests") as conn:
+            return int(await conn.fetchval(_WAITING))
+
+    @contextlib.asynccontextmanager
+    async def listening(self) -> AsyncIterator[asyncio.Event]:
+        """An event set whenever requests are submitted, for as long as the block runs.
+
+        It holds a connection of its own (a pooled one must not ``LISTEN``). If that
+        connection is lost the event is set once and a warning logged; a worker then finds
+        new requests by polling alone.
+        """
+        woken = asyncio.Event()
+
+        def notified(*_: object) -> None:
+            woken.set()
+
+        def lost(*_: object) -> None:
+            _log.warning("the connection listening for requests was lost; finding them by polling")
+            woken.set()
+
+        async with connected(self._dsn, schema=self._schema, timeout_s=self._timeout_s) as conn:
+            await conn.add_listener(self.channel, notified)
+            conn.add_termination_listener(lost)
+            try:
+                yield woken
+            finally:
+                conn.remove_termination_listener(lost)
+                with contextlib.suppress(asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
+                    await conn.remove_listener(self.channel, notified)
+
+
+__all__ = ["CLAIM_S", "ClaimedRequest", "PostgresRequests"]

@@ -1,0 +1,228 @@
+"""The fleet's requests in PostgreSQL (``onward_requests``), for a deployment on PostgreSQL alone.
+
+The table itself: a run's requests are taken in order, a claim lapses when its worker dies and
+the next worker takes the request, a full worker takes cancels alone, bad input stores nothing.
+End to end: an application in fleet mode on ``ONWARD_BACKEND=postgres`` starts, answers and
+cancels runs through real ``onward worker`` processes, and a row nobody signed is set aside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from support.appapi import until
+from support.processes import TESTS, spawn_onward, stop_children
+from support.servers import REQUEST_KEY
+
+import onward
+from onward.errors import InvalidInputError
+from onward.runtime.demo_ledger import Ledger
+from onward.runtime.fleet.requests import CancelRun, ResumeRun, StartRun, TagRun
+from onward.runtime.fleet.requests_postgres import PostgresRequests
+from onward.runtime.settings import SecretUrl, Settings
+from onward.runtime.signing import RequestSigner
+
+PARTITIONS = 4
+
+
+@pytest_asyncio.fixture
+async def table(database_url: str, pg_schema: str) -> AsyncIterator[PostgresRequests]:
+    async with PostgresRequests(database_url, schema=pg_schema) as requests:
+        yield requests
+
+
+def _start(run_id: str, value: object = "go") -> StartRun:
+    return StartRun(run_id=run_id, tenant="acme", agent="stepper", input=value)
+
+
+async def test_a_run_s_requests_are_taken_in_order_each_once(table: PostgresRequests) -> None:
+    await table.submit(_start("r1"), ResumeRun(run_id="r1", tenant="acme"), _start("r2"))
+    first = await table.claim("w1", 10)
+    # The resume waits while r1's start is unclaimed; r2's start does not wait for r1's.
+    assert [(r.run_id, r.kind) for r in first] == [("r1", "start"), ("r2", "start")]
+    second = await table.claim("w2", 10)
+    assert [(r.run_id, r.kind) for r in second] == [("r1", "resume")]
+    assert await table.claim("w3", 10) == []
+    assert [type(r.request()) for r in first + second] == [StartRun, StartRun, ResumeRun]
+
+
+async def test_a_dead_worker_s_claim_lapses_to_the_next_and_acted_on_is_deleted(
+    table: PostgresRequests,
+) -> None:
+    await table.submit(_start("r1"))
+    (mine,) = await table.claim("dead", 10, claim_s=0.3)
+    assert await table.claim("next", 10) == []
+    await asyncio.sleep(0.5)
+    (taken,) = await table.claim("next", 10)
+    assert taken.id == mine.id
+    await table.finish("dead", [mine.id])  # the dead worker's late word changes nothing
+    assert await table.waiting() == 1
+    await table.finish("next", [taken.id])
+    assert await table.waiting() == 0
+
+
+async def test_a_request_handed_back_is_taken_at_once_and_renewed_claims_hold(
+    table: PostgresRequests,
+) -> None:
+    await table.submit(_start("r1"), _start("r2"))
+    one, two = await table.claim("w1", 10, claim_s=0.5)
+    await table.release("w1", [one.id])
+    await asyncio.sleep(0.3)
+    await table.renew("w1", [two.id], 5)
+    await asyncio.sleep(0.4)
+    assert [r.id for r in await table.claim("w2", 10)] == [one.id]
+
+
+async def test_a_full_worker_takes_cancels_alone_past_what_waits_before_them(
+    table: PostgresRequests,
+) -> None:
+    await table.submit(_start("r1"), CancelRun(run_id="r0", tenant="acme", by="ann"))
+    taken = await table.claim("full", 10, cancels_only=True)
+    assert [(r.run_id, r.kind) for r in taken] == [("r0", "cancel")]
+
+
+async def test_a_request_a_worker_would_refuse_stores_nothing_of_its_batch(
+    table: PostgresRequests,
+) -> None:
+    await table.submit(_start("kept"))
+    with pytest.raises(InvalidInputError, match=r"TagRun\.label"):
+        await table.submit(_start("r1"), TagRun(run_id="r1", tenant="acme", label=""))
+    with pytest.raises(InvalidInputError, match=r"StartRun\.input"):
+        await table.submit(_start("r2", float("nan")))
+    assert await table.waiting() == 1
+
+
+async def test_values_are_masked_signed_and_waiting_workers_are_woken(
+    database_url: str, pg_schema: str
+) -> None:
+    signer = RequestSigner(REQUEST_KEY)
+    async with PostgresRequests(database_url, schema=pg_schema, signer=signer) as table:
+        async with table.listening() as woken:
+            await table.submit(_start("r1", {"note": "sk-ant-abcdefghijklmnopqrstuvwx"}))
+            await asyncio.wait_for(woken.wait(), 10)
+        (row,) = await table.claim("w1", 1)
+    assert b"sk-ant-abcdefghijklmnopqrstuvwx" not in row.value
+    assert row.signature is not None
+    assert signer.refusal(b"r1", row.value, [("onward-signature", row.signature)]) is None
+
+
+async def test_a_closed_table_says_so() -> None:
+    table = PostgresRequests("postgresql://nobody@127.0.0.1:1/none")
+    with pytest.raises(InvalidInputError, match="requests table is not open"):
+        await table.submit(_start("r1"))
+
+
+# -- end to end: an application in fleet mode and `onward worker` processes on PostgreSQL ------
+
+
+def _env(database_url: str, schema: str, tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "postgres",
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": schema,
+        "ONWARD_PARTITIONS": str(PARTITIONS),
+        "ONWARD_REQUEST_KEY": REQUEST_KEY,
+        "APP_LEDGER": str(tmp_path / "ledger.jsonl"),
+    }
+
+
+def _settings(database_url: str, schema: str) -> Settings:
+    return Settings(
+        backend="postgres",
+        database_url=SecretUrl(database_url),
+        database_schema=schema,
+        partitions=PARTITIONS,
+        request_key=REQUEST_KEY,
+        app_mode="fleet",
+    )
+
+
+async def _worker(env: dict[str, str], tmp_path: Path, name: str) -> asyncio.subprocess.Process:
+    argv = ["worker", "--agent", "support.appapi:agents", "--provider", "support.appapi:provider"]
+    argv += ["--name", name, "--lease-ttl", "3", "--recheck", "1", "--backoff", "0.2"]
+    child = await spawn_onward(tmp_path / f"{name}.log", env, *argv)
+
+    async def ready() -> bool:
+        assert child.returncode is None, (tmp_path / f"{name}.log").read_text()
+        return "ready (postgres: requests table)" in (tmp_path / f"{name}.log").read_text()
+
+    await until(ready, f"{name} ready")
+    return child
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_an_app_in_fleet_mode_on_postgres_runs_answers_and_cancels_through_workers(
+    database_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    env = _env(database_url, pg_schema, tmp_path)
+    workers = [await _worker(env, tmp_path, f"w{n}") for n in range(2)]
+    try:
+        async with onward.open(_settings(database_url, pg_schema)) as app:
+            done = await app.query("work", {"agent": "stepper"}, timeout=60).collect()
+            assert done[-1].type == "result"
+            pay = {"agent": "payer", "run_id": "p1"}
+            waiting = await app.query("pay 5", pay, follow_waits=False, timeout=60).collect()
+            assert waiting[-1].type == "approval_request"
+            after = waiting[-1].position
+            paid = await app.resume("p1", {"ok": "ann"}, after=after, timeout=60).collect()
+            assert [m.type for m in paid][-1] == "result"
+            paid_with = [
+                e["approval"] for e in Ledger(env["APP_LEDGER"]).entries() if e["tool"] == "pay"
+            ]
+            assert paid_with == [{"ok": "ann"}]
+            looping = app.query("loop", {"agent": "looper", "run_id": "l1"}, timeout=60)
+            async for _ in looping:
+                break  # it is going: a worker drives it
+            await app.cancel("l1", by="ann", why="runaway")
+            state = None
+            for _ in range(600):
+                state = await app.get_session_state("l1")
+                if state is not None and state.status == "cancelled":
+                    break
+                await asyncio.sleep(0.1)
+            assert state is not None and state.status == "cancelled"
+        async with PostgresRequests(database_url, schema=pg_schema) as table:
+            await until(lambda: _none_waiting(table), "every request acted on and deleted")
+    finally:
+        await stop_children(workers, within_s=60)
+    logs = [(tmp_path / f"w{n}.log").read_text() for n in range(2)]
+    assert [w.returncode for w in workers] == [0, 0], logs
+
+
+async def _none_waiting(table: PostgresRequests) -> bool:
+    return await table.waiting() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_row_nobody_signed_is_set_aside_and_starts_nothing(
+    database_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    env = _env(database_url, pg_schema, tmp_path)
+    worker = await _worker(env, tmp_path, "w0")
+    try:
+        async with PostgresRequests(database_url, schema=pg_schema) as unsigned:
+            await unsigned.submit(_start("forged"))
+            await until(lambda: _none_waiting(unsigned), "the unsigned row set aside")
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+        try:
+            started = await conn.fetchval("SELECT count(*) FROM onward_log WHERE run_id = 'forged'")
+        finally:
+            await conn.close()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(worker.wait(), 60)
+    log = (tmp_path / "w0.log").read_text()
+    assert "set aside: request not acted on" in log, log
+    assert started == 0
+    assert worker.returncode == 0, log

@@ -184,13 +184,12 @@ async def test_an_app_in_fleet_mode_on_postgres_runs_answers_and_cancels_through
             async for _ in looping:
                 break  # it is going: a worker drives it
             await app.cancel("l1", by="ann", why="runaway")
-            state = None
-            for _ in range(600):
+
+            async def cancelled() -> bool:
                 state = await app.get_session_state("l1")
-                if state is not None and state.status == "cancelled":
-                    break
-                await asyncio.sleep(0.1)
-            assert state is not None and state.status == "cancelled"
+                return state is not None and state.status == "cancelled"
+
+            await until(cancelled, "l1 ended cancelled")
         async with PostgresRequests(database_url, schema=pg_schema) as table:
             await until(lambda: _none_waiting(table), "every request acted on and deleted")
     finally:

@@ -10,6 +10,7 @@ from .eventlog import EventLogConformance, PersistentEventLogConformance
 from .frontiers import FrontierStoreConformance
 from .gc import RecordSweeperConformance
 from .leases import LeaseStoreConformance
+from .requests import RequestSenderConformance
 from .spend import SpendLedgerConformance
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "LeaseStoreConformance",
     "PersistentEventLogConformance",
     "RecordSweeperConformance",
+    "RequestSenderConformance",
     "SpendLedgerConformance",
 ]

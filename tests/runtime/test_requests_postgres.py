@@ -141,8 +141,7 @@ def _settings(database_url: str, schema: str) -> Settings:
         database_url=SecretUrl(database_url),
         database_schema=schema,
         partitions=PARTITIONS,
-        request_key=REQUEST_KEY,
-        app_mode="fleet",
+        **{"request_key": REQUEST_KEY, "app_mode": "fleet"},
     )
 
 

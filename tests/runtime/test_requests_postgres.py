@@ -26,7 +26,7 @@ from onward.errors import InvalidInputError
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.fleet.requests import CancelRun, ResumeRun, StartRun, TagRun
 from onward.runtime.fleet.requests_postgres import PostgresRequests
-from onward.runtime.settings import SecretUrl, Settings
+from onward.runtime.settings import Settings
 from onward.runtime.signing import RequestSigner
 
 PARTITIONS = 4
@@ -136,12 +136,15 @@ def _env(database_url: str, schema: str, tmp_path: Path) -> dict[str, str]:
 
 
 def _settings(database_url: str, schema: str) -> Settings:
-    return Settings(
-        backend="postgres",
-        database_url=SecretUrl(database_url),
-        database_schema=schema,
-        partitions=PARTITIONS,
-        **{"request_key": REQUEST_KEY, "app_mode": "fleet"},
+    return Settings.model_validate(
+        {
+            "ONWARD_BACKEND": "postgres",
+            "DATABASE_URL": database_url,
+            "ONWARD_DATABASE_SCHEMA": schema,
+            "ONWARD_PARTITIONS": str(PARTITIONS),
+            "ONWARD_REQUEST_KEY": REQUEST_KEY,
+            "ONWARD_APP_MODE": "fleet",
+        }
     )
 
 

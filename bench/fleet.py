@@ -24,6 +24,11 @@ bound by the CPUs of this machine, which also runs the broker, PostgreSQL and Re
 
     python bench/fleet.py                          # 2,000 runs; bench/results/fleet.json
     python bench/fleet.py --runs 200 --fleets 1,3 --repeat 1   # small
+    python bench/fleet.py --backend postgres       # bench/results/fleet-postgres.json
+
+With ``--backend postgres`` the deployment is PostgreSQL alone: no projector (every worker folds
+inline), leases in PostgreSQL, and the requests go through the ``onward_requests`` table, which
+every worker serves (no partitions to balance: each is ready once it listens on the table).
 
 The agent and model are `tests/support/fleet.py` (put on the workers' ``PYTHONPATH``); the
 processes are started and stopped as the fleet tests do it (`tests/support/deployment.py`,
@@ -88,17 +93,24 @@ class Fleet:
         self.children: dict[str, asyncio.subprocess.Process] = {}
 
     @property
+    def on_kafka(self) -> bool:
+        return bool(self.args.backend == "kafka")
+
+    @property
     def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "PYTHONPATH": str(ROOT / "tests"),
-            "ONWARD_BACKEND": "kafka",
+        kafka = {
             "KAFKA_BOOTSTRAP_SERVERS": self.args.bootstrap,
-            "DATABASE_URL": self.args.database_url,
-            "ONWARD_DATABASE_SCHEMA": self.schema,
             "REDIS_URL": self.args.redis_url,
             "ONWARD_REDIS_PREFIX": self.prefix,
             "ONWARD_KAFKA_TOPIC": self.topic,
+        }
+        return {
+            **os.environ,
+            "PYTHONPATH": str(ROOT / "tests"),
+            "ONWARD_BACKEND": self.args.backend,
+            **(kafka if self.on_kafka else {}),
+            "DATABASE_URL": self.args.database_url,
+            "ONWARD_DATABASE_SCHEMA": self.schema,
             "ONWARD_PARTITIONS": str(self.args.partitions),
             "ONWARD_REQUEST_KEY": REQUEST_KEY,
             "FLEET_LEDGER": str(self.tmp / "ledger.jsonl"),
@@ -115,8 +127,9 @@ class Fleet:
 
     async def start(self) -> None:
         self.schema = await create_schema(self.args.database_url, "fleet")
-        await create_topic(self.args.bootstrap, self.topic, self.args.partitions)
-        await self.spawn("projector", "projector", "--session-timeout-ms", "6000")
+        if self.on_kafka:
+            await create_topic(self.args.bootstrap, self.topic, self.args.partitions)
+            await self.spawn("projector", "projector", "--session-timeout-ms", "6000")
         for n in range(self.workers):
             argv = worker_argv(
                 "support.fleet",
@@ -129,20 +142,27 @@ class Fleet:
             await self.spawn(f"w{n}", *argv)
         deadline = time.monotonic() + 120
         workers = [f"w{n}" for n in range(self.workers)]
-        while not balanced(map(self.output, workers), self.args.partitions):
+        while not self._ready(workers):
             if time.monotonic() > deadline:
                 raise SystemExit(f"workers never balanced: {self._tails()}")
             await asyncio.sleep(0.25)
+
+    def _ready(self, workers: list[str]) -> bool:
+        """Kafka: every partition owned by one worker; PostgreSQL: every worker serving."""
+        if self.on_kafka:
+            return balanced(map(self.output, workers), self.args.partitions)
+        return all("ready (postgres: requests table)" in self.output(w) for w in workers)
 
     def _tails(self) -> dict[str, str]:
         return {n: self.output(n)[-1500:] for n in self.children}
 
     async def stop(self) -> None:
         await stop_children(self.children.values(), within_s=60)
-        await delete_topics(self.args.bootstrap, [self.topic, self.requests])
+        if self.on_kafka:
+            await delete_topics(self.args.bootstrap, [self.topic, self.requests])
+            await delete_redis_keys(self.args.redis_url, self.prefix)
         if self.schema:
             await drop_schemas(self.args.database_url, [self.schema])
-        await delete_redis_keys(self.args.redis_url, self.prefix)
 
 
 class MachineCpu:
@@ -175,15 +195,19 @@ def _cpu_times() -> list[int]:
 
 async def _submit(fleet: Fleet, runs: int) -> list[str]:
     from onward.runtime.fleet.requests import Requests, StartRun  # noqa: PLC0415
+    from onward.runtime.fleet.requests_postgres import PostgresRequests  # noqa: PLC0415
     from onward.runtime.signing import RequestSigner  # noqa: PLC0415
 
     run_ids = [f"run-{uuid.uuid4().hex[:12]}" for _ in range(runs)]
-    async with Requests(
-        fleet.args.bootstrap,
-        fleet.requests,
-        partitions=fleet.args.partitions,
-        signer=RequestSigner(REQUEST_KEY),
-    ) as client:
+    signer = RequestSigner(REQUEST_KEY)
+    sender = (
+        Requests(
+            fleet.args.bootstrap, fleet.requests, partitions=fleet.args.partitions, signer=signer
+        )
+        if fleet.on_kafka
+        else PostgresRequests(fleet.args.database_url, schema=fleet.schema, signer=signer)
+    )
+    async with sender as client:
         await client.submit_many(
             [StartRun(run_id=r, tenant=TENANT, agent="booker", input="go") for r in run_ids]
         )
@@ -273,7 +297,7 @@ async def throughput(args: argparse.Namespace, workers: int, tmp: Path) -> dict[
 
 
 async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, Any]:
-    from onward.eventlog import KafkaEventLog, RunClaimed  # noqa: PLC0415
+    from onward.eventlog import EventLog, KafkaEventLog, PostgresEventLog, RunClaimed  # noqa: PLC0415
 
     async with _running(args, workers, tmp) as (fleet, frontiers):
         cpu = MachineCpu().__enter__()
@@ -288,9 +312,16 @@ async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[st
         cpu.__exit__()
         wanted = set(run_ids)
         moved: dict[str, int] = {}
-        async with KafkaEventLog(
-            args.bootstrap, topic=fleet.topic, partitions=args.partitions, create_topic=False
-        ) as log:
+        log: EventLog = (
+            KafkaEventLog(
+                args.bootstrap, topic=fleet.topic, partitions=args.partitions, create_topic=False
+            )
+            if fleet.on_kafka
+            else PostgresEventLog(
+                args.database_url, schema=fleet.schema, partitions=args.partitions
+            )
+        )
+        async with log:
             for partition in range(args.partitions):
                 end = (await log.bounds(partition)).end
                 for stored in await log.read_partition(partition, 0, end):
@@ -319,6 +350,12 @@ async def recovery(args: argparse.Namespace, workers: int, tmp: Path) -> dict[st
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     add_server_options(parser, "bootstrap", "database_url", "redis_url")
+    parser.add_argument(
+        "--backend",
+        choices=["kafka", "postgres"],
+        default="kafka",
+        help="kafka: topics, a projector, Redis leases; postgres: PostgreSQL alone",
+    )
     parser.add_argument("--runs", type=int, default=2_000)
     parser.add_argument("--steps", type=int, default=10, help="tool calls per run")
     parser.add_argument("--tool-s", type=float, default=0.01, help="each tool call's sleep")
@@ -336,7 +373,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kill-at", type=float, default=0.4, help="share of calls done at kill")
     parser.add_argument("--no-kill", action="store_true", help="skip the recovery measurement")
     parser.add_argument("--timeout", type=float, default=1_800, help="seconds per measurement")
-    parser.add_argument("--json", type=Path, default=Path("bench/results/fleet.json"))
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="where the figures go (bench/results/fleet.json, fleet-postgres.json for postgres)",
+    )
     return parser
 
 
@@ -351,7 +393,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 result = await throughput(args, workers, Path(tmp))
             print(
                 f"{workers} worker(s): {result['steps']:,} steps in {result['seconds']:.1f}s, "
-                f"{result['steps_per_s']:,.0f} steps/s as the projector shows them; the last run "
+                f"{result['steps_per_s']:,.0f} steps/s as the frontier rows show them; the last "
+                "run "
                 f"finished after {result['worker_seconds']:.1f}s, "
                 f"{result['worker_steps_per_s']:,.0f} steps/s by the workers' clock; the machine's "
                 f"CPUs {result['cpu_busy']:.0%} busy ({result['cpu_steal']:.0%} stolen)"
@@ -390,7 +433,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     args = _parser().parse_args()
-    server_urls(args, "bootstrap", "database_url", "redis_url")
+    if args.json is None:
+        name = "fleet.json" if args.backend == "kafka" else f"fleet-{args.backend}.json"
+        args.json = Path("bench/results") / name
+    kafka = args.backend == "kafka"
+    server_urls(args, *(("bootstrap", "redis_url") if kafka else ()), "database_url")
     load = os.getloadavg()
     print(f"code at {code_version()}; load average {load[0]:.2f} on {os.cpu_count()} CPUs")
     results = asyncio.run(bench(args))

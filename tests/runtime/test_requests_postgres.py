@@ -17,15 +17,17 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
-from support.appapi import until
+from support.appapi import agents, provider, until
 from support.processes import TESTS, spawn_onward, stop_children
 from support.servers import REQUEST_KEY
 
 import onward
 from onward.errors import InvalidInputError
+from onward.runtime.backends import open_backends
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.fleet.requests import CancelRun, ResumeRun, StartRun, TagRun
 from onward.runtime.fleet.requests_postgres import PostgresRequests
+from onward.runtime.fleet.worker import Worker
 from onward.runtime.settings import Settings
 from onward.runtime.signing import RequestSigner
 
@@ -227,3 +229,59 @@ async def test_a_row_nobody_signed_is_set_aside_and_starts_nothing(
     assert "set aside: request not acted on" in log, log
     assert started == 0
     assert worker.returncode == 0, log
+
+
+async def test_a_worker_renews_its_claim_while_it_acts_and_deletes_the_row_after(
+    database_url: str, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel of a run someone else holds waits for it to be free; meanwhile the claim on
+    the request, 0.6 s unrenewed, must never lapse (another worker would take it)."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    settings = Settings.model_validate(
+        {
+            "ONWARD_BACKEND": "postgres",
+            "DATABASE_URL": database_url,
+            "ONWARD_DATABASE_SCHEMA": pg_schema,
+            "ONWARD_PARTITIONS": str(PARTITIONS),
+        }
+    )
+    signer = RequestSigner(REQUEST_KEY)
+    stop = asyncio.Event()
+    async with (
+        open_backends(settings) as backends,
+        PostgresRequests(database_url, schema=pg_schema, signer=signer) as table,
+    ):
+        waiting = await backends.runner(provider()).run(
+            agents["payer"], "pay 5", tenant="acme", run_id="held"
+        )
+        assert waiting.status == "waiting"
+        lease = await backends.leases.acquire("held", tenant="acme", holder="someone", ttl_s=60)
+        worker = Worker(backends, provider(), agents, name="a", recheck_s=60, backoff_s=0.1)
+        serving = asyncio.create_task(
+            worker.serve_postgres(stop, requests=table, signer=signer, claim_s=0.6, poll_s=0.1)
+        )
+        try:
+            await table.submit(CancelRun(run_id="held", tenant="acme", by="ann"))
+            claims = []
+            for _ in range(40):  # 2 s of a cancel waiting for the run: three claims' worth
+                claims.append(await _claim_of(database_url, pg_schema))
+                await asyncio.sleep(0.05)
+            await backends.leases.release(lease)
+            await until(lambda: _none_waiting(table), "the cancel acted on and deleted")
+        finally:
+            stop.set()
+            await asyncio.wait_for(serving, 30)
+        ended = await backends.runner(provider()).inspect("held", tenant="acme")
+    assert set(claims) == {("a", True)}, claims
+    assert ended.status == "cancelled"
+
+
+async def _claim_of(database_url: str, schema: str) -> tuple[str | None, bool] | None:
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        row = await conn.fetchrow(
+            "SELECT claimed_by, claimed_until > now() AS live FROM onward_requests"
+        )
+    finally:
+        await conn.close()
+    return None if row is None else (row["claimed_by"], bool(row["live"]))

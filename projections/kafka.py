@@ -236,7 +236,12 @@ class KafkaProjector(Generic[SinkT]):
         await self._flush_before_rebalance()
         self.projection.forget([tp.partition for tp in assigned])
         stored = await self.projection.positions()
-        starts = await consumer.beginning_offsets(assigned)
+        try:
+            starts = await consumer.beginning_offsets(assigned)
+        except KafkaError as exc:
+            # A broker slow to answer after a pause: a retryable outage `run` rides out, never
+            # the client's own exception (it would stop the projector a supervisor restarts).
+            raise translate(exc, context=f"reading where {self.topic}'s partitions start") from exc
         sought: dict[int, int] = {}
         for tp in assigned:
             start = int(starts[tp])

@@ -670,10 +670,12 @@ class Worker:
             self.name, limit, cancels_only=cancels_only, claim_s=claims.claim_s
         )
         for row in taken:
-            self._take_claimed(row, claims, cancels_only=cancels_only)
+            self._take_claimed(row, claims)
         return len(taken) >= limit
 
-    def _take_claimed(self, row: ClaimedRequest, claims: _Claims, *, cancels_only: bool) -> None:
+    def _take_claimed(self, row: ClaimedRequest, claims: _Claims) -> None:
+        """Act on a claimed row, or set it aside (a claim made for cancels alone holds only
+        cancels: the row's kind is checked against its body)."""
         claims.taken(row.id)
         headers = [(SIGNATURE_HEADER, row.signature)] if row.signature is not None else []
         try:
@@ -685,9 +687,6 @@ class Worker:
             _log.warning("request %d: set aside: %s", row.id, one_line(str(exc)))
             self.stats.set_aside += 1
             claims.done(row.id, True)
-            return
-        if cancels_only and not isinstance(request, CancelRun):
-            claims.done(row.id, False)
             return
         self.submit(request, lambda acted: claims.done(row.id, acted))
 

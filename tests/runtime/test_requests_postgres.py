@@ -262,6 +262,11 @@ async def test_a_worker_renews_its_claim_while_it_acts_and_deletes_the_row_after
         )
         try:
             await table.submit(CancelRun(run_id="held", tenant="acme", by="ann"))
+
+            async def claimed() -> bool:
+                return await _claim_of(database_url, pg_schema) == ("a", True)
+
+            await until(claimed, "the worker claiming the cancel")
             claims = []
             for _ in range(40):  # 2 s of a cancel waiting for the run: three claims' worth
                 claims.append(await _claim_of(database_url, pg_schema))

@@ -394,10 +394,13 @@ class App(Resource):
                 f"run {run_id!r} has ended already ({frontier.status})", run_id=run_id
             )
         worker = self._worker
-        if worker is not None and not worker.carrying(run_id):
+        # A run that waits on a person is ended here even while the worker that wrote its
+        # request is still handing the lease back (the moment its stream showed the request).
+        waiting = frontier.status == "waiting"
+        if worker is not None and (waiting or not worker.carrying(run_id)):
             try:
                 await _as_person(
-                    worker.runner.cancel, run_id, waiting=False, tenant=tenant, by=by, why=why
+                    worker.runner.cancel, run_id, waiting=waiting, tenant=tenant, by=by, why=why
                 )
             except ResumeConflictError as exc:
                 if exc.holder != worker.name:

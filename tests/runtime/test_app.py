@@ -344,6 +344,34 @@ async def test_a_cancel_ends_a_waiting_run_at_once_and_refuses_what_it_cannot(
     assert ledger.count("pay") == 0
 
 
+async def test_a_cancel_waits_out_the_worker_handing_a_waiting_run_back(app: onward.App) -> None:
+    """The stream shows a person's request a moment before the worker that wrote it has let
+    the run go: a cancel then still ends the run before it returns, not some time after."""
+    async for message in app.query("pay 5", {"agent": "payer", "run_id": "handing-back"}):
+        if message.is_hil_request:
+            break
+    leases = app.backends.leases
+
+    async def let_go() -> bool:
+        return await leases.current("handing-back") is None
+
+    await until(let_go, "the worker letting the waiting run go")
+    worker = app._worker
+    assert worker is not None
+    held = await leases.acquire("handing-back", tenant="default", holder=worker.name, ttl_s=30)
+
+    async def hand_back() -> None:
+        await asyncio.sleep(0.3)
+        await leases.release(held)
+
+    handing_back = asyncio.create_task(hand_back())
+    await app.cancel("handing-back", by="ops")
+    await handing_back
+    state = await app.get_session_state("handing-back")
+    assert state is not None
+    assert state.status == "cancelled"
+
+
 async def test_resuming_an_id_nobody_wrote_keeps_no_lease_state(app: onward.App) -> None:
     """`AgentRunner.resume` takes the lease before it can read the run; finding no run hands
     it back as if never taken, so ids asked for by mistake (or by a caller probing) pile no

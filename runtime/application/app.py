@@ -255,7 +255,13 @@ class App(Resource):
             await self._submit(start)
 
         return RunStream(
-            self, run_id, chosen.tenant, begin, follow_waits=follow_waits, timeout=timeout
+            self,
+            run_id,
+            chosen.tenant,
+            begin,
+            follow_waits=follow_waits,
+            timeout=timeout,
+            agent=agent,
         )
 
     def resume(

@@ -87,6 +87,7 @@ class RunStream:
         after: Position = (0, -1),
         follow_waits: bool = True,
         timeout: float | None = None,
+        agent: str | None = None,
     ) -> None:
         self.app = app
         self.run_id = run_id
@@ -106,6 +107,7 @@ class RunStream:
         self._said_held = False
         self._said_unheld = False
         self._seen = False
+        self._agent = agent
         self.answered: set[str] = set()
         """Requests this stream's opener answered (maybe not in the log yet): not waits."""
 
@@ -247,9 +249,15 @@ class RunStream:
             if self._seen
             else "nothing of it is in the log yet and nobody holds it"
         )
+        # A start names its agent: the worker it waits for is one that carries it.
+        worker = (
+            f"a worker carrying agent {self._agent!r}"
+            if self._agent is not None and not self._seen
+            else "a worker"
+        )
         return (
             f"run {self.run_id!r}: nothing new for {waited:g}s; {what}: no worker has taken it "
-            "(is a worker running, with room for it? `onward worker`)"
+            f"(is {worker} running, with room for it? `onward worker`)"
         )
 
     def _track(self, event: Event) -> None:

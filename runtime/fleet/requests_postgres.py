@@ -14,6 +14,11 @@ row of the same run is left unclaimed, so a start is always taken before the ans
 it. Taken rows are acted on side by side, as the topic's are, so a cancel is not held up behind a
 run its worker is still driving. A full worker takes cancels alone, as a full Kafka worker peeks
 for them.
+
+A start is stored with the name of its agent, and a worker claims only the starts of agents it
+carries: workers carrying different agents can serve one table, each taking its own agents'
+runs (a Kafka worker refuses a start for an agent it lacks, so there every worker of a group
+carries every agent). A start for an agent no worker carries waits in the table until one does.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from onward.errors import InvalidInputError
 from onward.runtime.redaction import Redactor
 from onward.runtime.signing import RequestSigner
 
-from .requests import Request, decode_request, prepare_requests
+from .requests import Request, StartRun, decode_request, prepare_requests
 
 _log = logging.getLogger("onward.worker")
 
@@ -39,12 +44,15 @@ CLAIM_S = 30.0
 """How long a worker's claim on a request lasts unrenewed: once it lapses (the worker died),
 another worker takes the request."""
 
-_INSERT = "INSERT INTO onward_requests (run_id, kind, body, signature) VALUES ($1, $2, $3, $4)"
+_INSERT = (
+    "INSERT INTO onward_requests (run_id, kind, body, signature, agent) VALUES ($1, $2, $3, $4, $5)"
+)
 _CLAIM = """
 WITH taken AS (
     SELECT r.id FROM onward_requests r
     WHERE (r.claimed_until IS NULL OR r.claimed_until <= now())
       AND ($3 = false OR r.kind = 'cancel')
+      AND ($5::text[] IS NULL OR r.agent IS NULL OR r.agent = ANY($5::text[]))
       AND ($3 OR NOT EXISTS (
           SELECT 1 FROM onward_requests o
           WHERE o.run_id = r.run_id AND o.id < r.id
@@ -56,7 +64,7 @@ WITH taken AS (
 UPDATE onward_requests r
 SET claimed_by = $1, claimed_until = now() + make_interval(secs => $4::float8)
 FROM taken WHERE r.id = taken.id
-RETURNING r.id, r.run_id, r.kind, r.body, r.signature
+RETURNING r.id, r.run_id, r.kind, r.body, r.signature, r.agent
 """
 _RENEW = (
     "UPDATE onward_requests SET claimed_until = now() + make_interval(secs => $3::float8) "
@@ -71,26 +79,32 @@ _WAITING = "SELECT count(*) FROM onward_requests"
 
 
 class ClaimedRequest(msgspec.Struct, frozen=True):
-    """A request row a worker claimed: its id, run, kind, wire value and signature."""
+    """A request row a worker claimed: its id, run, kind, wire value, signature and (a start)
+    the agent it was stored for."""
 
     id: int
     run_id: str
     kind: str
     value: bytes
     signature: bytes | None
+    agent: str | None = None
 
     def request(self) -> Request:
         """The request the row holds, checked as a worker checks what it is given.
 
         Raises:
             InvalidInputError: Not a request this code knows (`decode_request`), or one whose
-                kind or run is not the row's.
+                kind, run or agent is not the row's.
         """
         request = decode_request(self.value)
         if type(request).__struct_config__.tag != self.kind:
             raise InvalidInputError(f"stored as {self.kind!r} but holds another request")
         if request.run_id != self.run_id:
             raise InvalidInputError(f"stored for run {self.run_id!r} but names another run")
+        # The column is not signed: a row routed to a worker for another agent than its
+        # (signed) body names is set aside, not acted on.
+        if self.agent is not None and getattr(request, "agent", None) != self.agent:
+            raise InvalidInputError(f"stored for agent {self.agent!r} but names another agent")
         return request
 
 
@@ -143,7 +157,10 @@ class PostgresRequests(PostgresStore):
         prepared = prepare_requests(requests, self._redactor, self.signer)
         if not prepared:
             return
-        rows = [(r.run_id, r.kind, r.value, r.signature) for r in prepared]
+        rows = [
+            (p.run_id, p.kind, p.value, p.signature, r.agent if isinstance(r, StartRun) else None)
+            for p, r in zip(prepared, requests, strict=True)
+        ]
         async with self._connection("submitting requests", transaction=True) as conn:
             await conn.executemany(_INSERT, rows)
             await conn.execute("SELECT pg_notify($1, '')", self.channel)
@@ -157,14 +174,17 @@ class PostgresRequests(PostgresStore):
         *,
         cancels_only: bool = False,
         claim_s: float = CLAIM_S,
+        agents: Collection[str] | None = None,
     ) -> list[ClaimedRequest]:
         """Claim up to ``limit`` requests for ``claim_s`` seconds, oldest first: each the oldest
         unclaimed request of its run (with ``cancels_only``, cancels alone, whatever waits
-        before them)."""
+        before them). With ``agents``, starts only of those agents (and other requests of any
+        run)."""
         if limit <= 0:
             return []
+        names = None if agents is None else sorted(agents)
         async with self._connection("claiming requests") as conn:
-            rows = await conn.fetch(_CLAIM, worker, limit, cancels_only, claim_s)
+            rows = await conn.fetch(_CLAIM, worker, limit, cancels_only, claim_s, names)
         claimed = [
             ClaimedRequest(
                 int(row["id"]),
@@ -172,6 +192,7 @@ class PostgresRequests(PostgresStore):
                 row["kind"],
                 bytes(row["body"]),
                 None if row["signature"] is None else bytes(row["signature"]),
+                row["agent"],
             )
             for row in rows
         ]

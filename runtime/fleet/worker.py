@@ -667,7 +667,11 @@ class Worker:
         cancels_only = free <= 0 or self.owes_lapsed_runs
         limit = _PEEK_RECORDS if cancels_only else free
         taken = await requests.claim(
-            self.name, limit, cancels_only=cancels_only, claim_s=claims.claim_s
+            self.name,
+            limit,
+            cancels_only=cancels_only,
+            claim_s=claims.claim_s,
+            agents=self.agents.keys(),
         )
         for row in taken:
             self._take_claimed(row, claims)

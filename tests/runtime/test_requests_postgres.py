@@ -290,3 +290,80 @@ async def _claim_of(database_url: str, schema: str) -> tuple[str | None, bool] |
     finally:
         await conn.close()
     return None if row is None else (row["claimed_by"], bool(row["live"]))
+
+
+async def test_workers_carrying_different_agents_each_take_their_own_agents_starts(
+    database_url: str, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One table, workers with different agents: each start goes to a worker that carries its
+    agent (a worker without it would have refused it for good), and a start for an agent no
+    worker carries waits in the table, unclaimed, until a worker that carries it comes."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    settings = _settings(database_url, pg_schema).model_copy(update={"app_mode": "in_process"})
+    stop, later = asyncio.Event(), asyncio.Event()
+    async with (
+        open_backends(settings) as backends,
+        PostgresRequests(database_url, schema=pg_schema) as table,
+    ):
+
+        def worker(name: str, *carried: str) -> Worker:
+            chosen = {n: agents[n] for n in carried}
+            return Worker(backends, provider(), chosen, name=name, recheck_s=60, backoff_s=0.1)
+
+        steps, pays = worker("steps", "stepper"), worker("pays", "payer")
+        serving = [
+            asyncio.create_task(w.serve_postgres(stop, requests=table, accept_unsigned=True))
+            for w in (steps, pays)
+        ]
+        try:
+            await table.submit(
+                _start("s1"),
+                StartRun(run_id="p1", tenant="acme", agent="payer", input="pay 5"),
+                _start("s2"),
+                StartRun(run_id="l1", tenant="acme", agent="looper", input="loop"),
+            )
+
+            async def one_left() -> bool:
+                return await table.waiting() == 1
+
+            await until(one_left, "the stepper's and the payer's starts acted on")
+            await asyncio.sleep(1.5)  # a second and more of polls: nobody takes the looper's
+            assert await _claim_of(database_url, pg_schema) == (None, False)
+            assert (steps.stats.started, pays.stats.started) == (2, 1)
+            assert (steps.stats.failures, pays.stats.failures) == (0, 0)
+            loops = worker("loops", "looper")
+            serving.append(
+                asyncio.create_task(
+                    loops.serve_postgres(later, requests=table, accept_unsigned=True)
+                )
+            )
+            await until(lambda: _none_waiting(table), "the looper's start taken by its worker")
+            assert loops.carrying("l1")  # it loops until stopped: a worker carrying it drives it
+        finally:
+            stop.set()
+            later.set()
+            await asyncio.wait_for(asyncio.gather(*serving), 60)
+        frontiers = backends.frontiers
+        statuses = {r: (await frontiers.get(r)) for r in ("s1", "s2", "p1")}
+    assert {r: f is not None and f.summary.status for r, f in statuses.items()} == {
+        "s1": "completed",
+        "s2": "completed",
+        "p1": "waiting",
+    }
+
+
+async def test_a_start_whose_agent_column_was_changed_is_set_aside(
+    table: PostgresRequests, database_url: str, pg_schema: str
+) -> None:
+    """The agent column routes a start but is not signed: a row whose column names another
+    agent than its body is refused when read, not acted on by a worker for the wrong agent."""
+    await table.submit(_start("r1"))
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        await conn.execute("UPDATE onward_requests SET agent = 'payer'")
+    finally:
+        await conn.close()
+    assert await table.claim("stepper-only", 10, agents=["stepper"]) == []
+    (row,) = await table.claim("payer-only", 10, agents=["payer"])
+    with pytest.raises(InvalidInputError, match="stored for agent 'payer' but names another"):
+        row.request()

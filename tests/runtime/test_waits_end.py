@@ -168,6 +168,7 @@ async def test_a_stream_no_worker_takes_says_so_and_times_out_saying_nobody_hold
     for text in (said[0], str(late.value)):
         assert "run 'nobody-takes'" in text
         assert "nothing of it is in the log yet and nobody holds it" in text
+        assert "is a worker carrying agent 'charger' running" in text
         assert "`onward worker`" in text
 
 

@@ -96,7 +96,9 @@ async def _serve(
                 signer=signer,
                 accept_unsigned=accept_unsigned,
                 on_ready=lambda: err.print(
-                    f"worker {worker.name} ready (postgres: requests table)"
+                    f"worker {worker.name} ready (postgres: requests table), taking starts of "
+                    + ", ".join(sorted(worker.agents)),
+                    soft_wrap=True,  # one line, however many agents: logs are read by line
                 ),
             )
     else:

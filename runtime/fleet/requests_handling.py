@@ -66,7 +66,13 @@ class RequestHandler:
         worker = self._worker
         agent = worker.agents.get(request.agent)
         if agent is None:
-            _log.warning("run %s: no agent %r here; refused", request.run_id, request.agent)
+            _log.warning(
+                "run %s: no agent %r on this worker (it carries %s); start refused for good: "
+                "every worker serving one requests topic carries every agent started on it",
+                request.run_id,
+                request.agent,
+                ", ".join(sorted(worker.agents)),
+            )
             worker.stats.failures += 1
             return True
         for attempt in range(worker.max_attempts * 10):

@@ -184,6 +184,24 @@ async def test_lapsed_runs_found_without_a_slot_take_slots_as_they_free(
         assert worker.stats.recovered == 4
 
 
+async def test_a_start_for_an_agent_the_worker_lacks_is_refused_naming_what_it_carries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker given a start for an agent it does not carry writes nothing and says, in one
+    log line, which agent was asked for and which it carries: the start cannot wait for
+    another worker on a topic, whose partition only this worker reads."""
+    async with open_backends(_settings(tmp_path / "fleet.db")) as backends:
+        worker = Worker(backends, ScriptedProvider(script), {"booker": agents["booker"]})
+        request = StartRun(run_id="r", tenant=TENANT, agent="charger", input="go")
+        with caplog.at_level("WARNING", logger="onward.worker"):
+            assert await worker.handle(request)
+        assert (worker.stats.started, worker.stats.failures) == (0, 1)
+        assert not await backends.runner(ScriptedProvider(script)).resumer.exists("r")
+    (said,) = [r.getMessage() for r in caplog.records if "run r:" in r.getMessage()]
+    assert "no agent 'charger' on this worker (it carries booker)" in said
+    assert "start refused for good" in said
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("count", [1, 2])

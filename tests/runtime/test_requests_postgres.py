@@ -157,7 +157,8 @@ async def _worker(env: dict[str, str], tmp_path: Path, name: str) -> asyncio.sub
 
     async def ready() -> bool:
         assert child.returncode is None, (tmp_path / f"{name}.log").read_text()
-        return "ready (postgres: requests table)" in (tmp_path / f"{name}.log").read_text()
+        ready = "ready (postgres: requests table), taking starts of looper, payer, stepper"
+        return ready in (tmp_path / f"{name}.log").read_text()
 
     await until(ready, f"{name} ready")
     return child

@@ -299,6 +299,47 @@ class AgentRunner(Resource):
             result = await self._drive(run)
         return await self._onward(agent, result)
 
+    async def fail_start(
+        self,
+        agent: str,
+        input: Any,
+        *,
+        tenant: str,
+        run_id: str,
+        options: Mapping[str, Any] | None = None,
+        error: str,
+    ) -> None:
+        """Record a start this process cannot drive (it does not carry ``agent``) as a run that
+        ended ``failed`` at once with ``error``: whoever follows the run reads why, where a
+        start dropped would leave them waiting for a run that never comes.
+
+        Its `RunStarted` names the agent asked for and no revision (empty: none ran); the
+        input and options are recorded as a start records them. Nothing else is written.
+
+        Raises:
+            ResumeConflictError: Another worker holds a run under that id.
+            InvalidInputError: A run under that id already exists (or is another tenant's), or
+                a name or value is out of bounds; nothing was written.
+            FencedError: The lease was lost before the write; nothing was written.
+        """
+        check_name("run_id", run_id)
+        check_name("tenant", tenant, run_id=run_id)
+        check_name("agent", agent, run_id=run_id)
+        check_depth("input", input, run_id=run_id)
+        _check_encodable("input", input, run_id)
+        await self.resumer.refuse_stored(run_id, tenant)
+        async with self._holding(run_id, tenant, self.worker) as held:
+            await self.resumer.refuse_existing(run_id, held.lease)
+            # A run needs an agent to be held; this one is never driven, and only its name is
+            # written (the revision stays empty: no definition of it was used).
+            stand_in = Agent(name=agent, instructions="")
+            run = HeldRun(stand_in, held, Frontier.empty(run_id, tenant), Conversation(""))
+            started = self.writer.event(
+                run, RunStarted, agent=agent, revision="", input=input, options=dict(options or {})
+            )
+            finished = self.writer.event(run, RunFinished, status="failed", error=error)
+            await self.writer.append(run, [started, finished])
+
     async def resume(self, agent: Agent, run_id: str, *, tenant: str) -> RunResult:
         """Carry a run on from the log: claim it, plan its outstanding calls, drive it.
 

@@ -22,7 +22,7 @@ from onward.errors import (
     OnwardError,
     ResumeConflictError,
 )
-from onward.projections.audit import printable
+from onward.projections.audit import one_line, printable
 from onward.runtime.options import checked_options
 from onward.runtime.result import RunResult
 
@@ -66,15 +66,7 @@ class RequestHandler:
         worker = self._worker
         agent = worker.agents.get(request.agent)
         if agent is None:
-            _log.warning(
-                "run %s: no agent %r on this worker (it carries %s); start refused for good: "
-                "every worker serving one requests topic carries every agent started on it",
-                request.run_id,
-                request.agent,
-                ", ".join(sorted(worker.agents)),
-            )
-            worker.stats.failures += 1
-            return True
+            return await self._fail_start(request)
         for attempt in range(worker.max_attempts * 10):
             try:
                 async with worker.for_run(agent, request.run_id, request.tenant) as bound:
@@ -113,6 +105,32 @@ class RequestHandler:
         # (logged), rather than keep this partition's later requests from being committed.
         worker.stats.failures += 1
         _log.warning("run %s: never free to start; start request dropped", request.run_id)
+        return True
+
+    async def _fail_start(self, request: StartRun) -> bool:
+        """A start for an agent this worker does not carry ends its run ``failed`` at once,
+        saying why (a topic's partition is read by this worker alone, so the start cannot wait
+        for another); a run that exists already, or that another worker holds, is left as it
+        is."""
+        worker = self._worker
+        error = (
+            f"no agent {request.agent!r} on worker {worker.name} (it carries "
+            f"{', '.join(sorted(worker.agents))}): every worker serving one requests topic "
+            "carries every agent started on it"
+        )
+        _log.warning("run %s: %s; the run ends failed", request.run_id, error)
+        worker.stats.failures += 1
+        try:
+            await worker.runner.fail_start(
+                request.agent,
+                request.input,
+                tenant=request.tenant,
+                run_id=request.run_id,
+                options=checked_options(request.options),
+                error=error,
+            )
+        except (InvalidInputError, ResumeConflictError, FencedError) as exc:
+            _log.warning("run %s: not ended failed: %s", request.run_id, one_line(str(exc)))
         return True
 
     async def _started(self, run_id: str, *, lost: bool) -> bool:

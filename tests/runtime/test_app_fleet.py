@@ -178,6 +178,26 @@ async def runaway_going(app: onward.App, run_id: str) -> RunStream:
     return stream
 
 
+async def test_a_start_for_an_agent_the_fleet_does_not_carry_ends_failed_naming_it(
+    fleet: Fleet,
+) -> None:
+    """The app does not know the fleet's agents; the worker owning the run's partition does
+    not carry this one: the stream ends at once with the reason, not after a wait."""
+    async with onward.open(fleet.settings) as app:
+        messages = await app.query(
+            "go", {"agent": "charger", "run_id": "nobody-carries"}, timeout=60
+        ).collect()
+        state = await app.get_session_state("nobody-carries")
+    last = messages[-1]
+    assert (last.type, last.status) == ("error", "failed")
+    assert "no agent 'charger' on worker worker0 (it carries looper, payer, stepper)" in str(
+        last.content
+    )
+    assert state is not None
+    assert state.status == "failed"
+    assert "no agent 'charger'" in fleet.output("worker0")
+
+
 async def test_a_runaway_run_its_worker_drives_is_cancelled_through_the_requests_topic(
     fleet: Fleet,
 ) -> None:

@@ -184,22 +184,37 @@ async def test_lapsed_runs_found_without_a_slot_take_slots_as_they_free(
         assert worker.stats.recovered == 4
 
 
-async def test_a_start_for_an_agent_the_worker_lacks_is_refused_naming_what_it_carries(
+async def test_a_start_for_an_agent_the_worker_lacks_ends_the_run_failed_saying_why(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A worker given a start for an agent it does not carry writes nothing and says, in one
-    log line, which agent was asked for and which it carries: the start cannot wait for
-    another worker on a topic, whose partition only this worker reads."""
+    """A worker given a start for an agent it does not carry cannot leave it for another (on a
+    topic, its partition is read by this worker alone): the run ends failed at once, its error
+    naming the agent asked for and those the worker carries, so whoever follows it reads why
+    instead of waiting. Nothing of the agent ran: no revision, no claim, no model call."""
     async with open_backends(_settings(tmp_path / "fleet.db")) as backends:
-        worker = Worker(backends, ScriptedProvider(script), {"booker": agents["booker"]})
-        request = StartRun(run_id="r", tenant=TENANT, agent="charger", input="go")
+        worker = Worker(backends, ScriptedProvider(script), {"booker": agents["booker"]}, name="w1")
+        request = StartRun(
+            run_id="r", tenant=TENANT, agent="charger", input="go", options={"user": "ann"}
+        )
         with caplog.at_level("WARNING", logger="onward.worker"):
             assert await worker.handle(request)
-        assert (worker.stats.started, worker.stats.failures) == (0, 1)
-        assert not await backends.runner(ScriptedProvider(script)).resumer.exists("r")
-    (said,) = [r.getMessage() for r in caplog.records if "run r:" in r.getMessage()]
-    assert "no agent 'charger' on this worker (it carries booker)" in said
-    assert "start refused for good" in said
+            assert await worker.handle(request)  # again (a request read twice): left as it is
+        assert (worker.stats.started, worker.stats.failures) == (0, 2)
+        runner = backends.runner(ScriptedProvider(script))
+        ended = await runner.inspect("r", tenant=TENANT)
+        records = await backends.log.read_run("r")
+    assert (ended.status, ended.agent, ended.revision, ended.user_id) == (
+        "failed",
+        "charger",
+        "",
+        "ann",
+    )
+    assert ended.error is not None
+    assert "no agent 'charger' on worker w1 (it carries booker)" in ended.error
+    assert [type(r.event).__name__ for r in records] == ["RunStarted", "RunFinished"]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run r:")]
+    assert "every worker serving one requests topic carries every agent" in said[0]
+    assert "not ended failed" in said[-1]
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ computed directly from the log.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import signal
@@ -17,6 +18,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.fault_runs import until
@@ -30,8 +32,11 @@ from support.histories import (
 from support.pg import create_schema, fresh_schema
 from support.private_servers import PrivateKafka, PrivatePostgres
 
+from onward._storage import KafkaConnection
 from onward.errors import BackendError
 from onward.eventlog import KafkaEventLog
+from onward.projections.frontier_projection import FrontierProjection
+from onward.projections.kafka import KafkaProjector
 from onward.projections.postgres import PostgresFrontierStore
 
 pytestmark = pytest.mark.faults
@@ -248,3 +253,91 @@ async def test_the_projector_rides_out_a_kafka_outage(
     # The client logs each failure at every reconnect attempt, many a second: shown once each.
     client_lines = projector.lines(" aiokafka")
     assert len(client_lines) < 60, "\n".join(client_lines[-100:])
+
+
+class _HeldSeek(FrontierProjection):
+    """A projection whose first positions read (the one a member's seek to its stored offsets
+    makes as partitions are assigned) waits until ``go`` is set: the test freezes the broker
+    in that moment, between the read and the ask for where the partitions start."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def positions(self) -> dict[int, int]:
+        if not self.asked.is_set():
+            self.asked.set()
+            await self.go.wait()
+        return await super().positions()
+
+
+@pytest.mark.timeout(240)
+async def test_a_broker_frozen_as_partitions_are_assigned_is_ridden_out(
+    private_kafka: PrivateKafka,
+    database_url: str,
+    rng: random.Random,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Assigned partitions are sought to their stored offsets, which asks the broker where
+    each starts. A broker that stops answering right then fails the ask after the request
+    timeout: an outage `run` rides out, as a store's, not the client's own exception ending
+    the projector (a supervisor would only restart it into the same wait)."""
+    caplog.set_level(logging.INFO, logger="onward.projector")
+    steps = workload(rng, 40)
+    topic = "onward.seek-outage"
+    async with (
+        fresh_schema(database_url) as schema,
+        KafkaEventLog(private_kafka.bootstrap, topic=topic, partitions=PARTITIONS) as log,
+        PostgresFrontierStore(database_url, schema=schema) as store,
+    ):
+        await append_all(log, steps)
+        projection = _HeldSeek(store, log, write_behind=True)
+        projector = KafkaProjector(
+            KafkaConnection(private_kafka.bootstrap, request_timeout_s=3),
+            projection,
+            topic=topic,
+            partitions=PARTITIONS,
+            group_id="seek-outage",
+            session_timeout_ms=6_000,  # the least a broker takes: requests time out after 11 s
+        )
+        stop = asyncio.Event()
+
+        async def project() -> None:
+            await projector.start()
+            await projector.run(stop)
+
+        running = asyncio.create_task(project())
+        try:
+            asked = asyncio.create_task(projection.asked.wait())
+            await asyncio.wait([asked, running], timeout=60, return_when=asyncio.FIRST_COMPLETED)
+            assert projection.asked.is_set(), running
+            await asyncio.to_thread(private_kafka.pause)
+            try:
+                projection.go.set()
+                await asyncio.sleep(15)  # past the ask's timeout, frozen all along
+                assert not running.done(), running
+            finally:
+                await asyncio.to_thread(private_kafka.resume)
+            deadline = time.monotonic() + 120
+            while not await _stored_to_the_end(store, log):
+                assert not running.done(), running
+                assert time.monotonic() < deadline, "the projector did not catch up"
+                await asyncio.sleep(0.2)
+            stop.set()
+            await asyncio.wait_for(running, 60)
+        finally:
+            stop.set()
+            if not running.done():
+                running.cancel()
+            await projector.close()
+        await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
+    lost = [r.getMessage() for r in caplog.records if LOST in r.getMessage()]
+    assert lost, "the broker's outage was not noticed"
+    assert "reading where onward.seek-outage's partitions start" in lost[0], lost
+
+
+async def _stored_to_the_end(store: PostgresFrontierStore, log: KafkaEventLog) -> bool:
+    stored = await store.positions("frontiers")
+    ends = [(await log.bounds(p)).end for p in range(PARTITIONS)]
+    return all(stored.get(p, 0) >= end for p, end in enumerate(ends))

@@ -155,7 +155,9 @@ def _finished(event: ev.RunFinished) -> str:
 
 # One entry per kind, as the fold has one rule per kind; a kind without one fails loudly.
 _DESCRIPTIONS: dict[type[Event], Callable[[Any], str]] = {
-    ev.RunStarted: lambda e: f"{e.agent} {e.revision}, input {one_line(e.input)}",
+    ev.RunStarted: lambda e: (
+        f"{e.agent} {e.revision or '(no revision: never ran)'}, input {one_line(e.input)}"
+    ),
     ev.RunClaimed: lambda e: f"claimed by {e.worker}",
     ev.ResumePlanned: lambda e: (
         f"replayed {_ids(e.replayed)}, dispatched {_ids(e.dispatched)}, "

@@ -264,7 +264,7 @@ def run_summary(
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     for key in ("run", "tenant", "agent", "revision", "status", "iteration", "usage"):
-        grid.add_row(key, shown(facts[key]))
+        grid.add_row(key, shown(facts[key] if facts[key] != "" else "- (none ran)"))
     grid.add_row("spend", shown(spend_text(spend)))
     grid.add_row("fence", shown(facts["fence"]))
     grid.add_row("waiting on", shown(facts["waiting_on"] or "-"))

@@ -41,3 +41,12 @@ async def test_every_stored_event_is_listed_with_the_refused_one_marked() -> Non
 async def test_no_run_for_that_tenant_is_nothing_to_resume(run_id: str, tenant: str) -> None:
     with pytest.raises(NothingToResumeError, match=run_id):
         await audit_timeline(await superseded(), run_id, tenant=tenant)
+
+
+def test_a_start_names_its_revision_or_that_none_ran() -> None:
+    """A start a worker could not drive (`AgentRunner.fail_start`) records no revision; the
+    timeline says so rather than leave a gap where the revision goes."""
+    ran = RunStarted(**env(1, 1), agent="booker", revision="r1", input="go")
+    never = RunStarted(**env(1, 1), agent="charger", revision="", input="go")
+    assert describe_event(ran) == "booker r1, input go"
+    assert describe_event(never) == "charger (no revision: never ran), input go"

@@ -217,6 +217,24 @@ async def test_a_start_for_an_agent_the_worker_lacks_ends_the_run_failed_saying_
     assert "not ended failed" in said[-1]
 
 
+def test_inspect_shows_that_a_run_failed_at_its_start_never_ran(tmp_path: Path) -> None:
+    async def failed_at_start() -> None:
+        async with open_backends(_settings(tmp_path / "fleet.db")) as backends:
+            worker = Worker(backends, ScriptedProvider(script), {"booker": agents["booker"]})
+            await worker.handle(StartRun(run_id="r", tenant=TENANT, agent="charger"))
+
+    asyncio.run(failed_at_start())
+    env = {
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(tmp_path / "fleet.db"),
+        "ONWARD_PARTITIONS": "4",
+    }
+    inspected = CliRunner().invoke(app, ["inspect", "r", "--tenant", TENANT], env=env)
+    assert inspected.exit_code == 0, inspected.output
+    assert "revision      - (none ran)" in inspected.output
+    assert "status        failed" in inspected.output
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("count", [1, 2])

@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from onward.errors import InvalidInputError
+from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.events import Message, ToolCall, Usage
 
 from .agent import Agent
@@ -61,6 +61,18 @@ class ScriptedProvider:
                 f"reply {turn + 1}"
             )
         return self._replies[turn]
+
+
+class NoModel:
+    """The provider of a runner that must never reach a model: one that only reads runs or
+    records what a person did (an answer, a cancel, a tag). A model call from it would be a
+    bug, so it fails loudly, saying ``why``, instead of spending tokens."""
+
+    def __init__(self, why: str = "this runner records what people do; it calls no model") -> None:
+        self._why = why
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        raise ConfigurationError(self._why)
 
 
 def reply(

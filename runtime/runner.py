@@ -299,7 +299,7 @@ class AgentRunner(Resource):
             result = await self._drive(run)
         return await self._onward(agent, result)
 
-    async def fail_start(
+    async def end_at_start(
         self,
         agent: str,
         input: Any,
@@ -307,11 +307,14 @@ class AgentRunner(Resource):
         tenant: str,
         run_id: str,
         options: Mapping[str, Any] | None = None,
+        status: Literal["failed", "cancelled"],
         error: str,
     ) -> None:
-        """Record a start this process cannot drive (it does not carry ``agent``) as a run that
-        ended ``failed`` at once with ``error``: whoever follows the run reads why, where a
-        start dropped would leave them waiting for a run that never comes.
+        """Record a start nobody will drive as a run that ended ``status`` at once, with
+        ``error``: a start for an agent this process does not carry (``failed``), or one taken
+        back before any worker took it (``cancelled``, `PostgresRequests.withdraw_start`).
+        Whoever follows the run reads why, where a start dropped would leave them waiting for a
+        run that never comes.
 
         Its `RunStarted` names the agent asked for and no revision (empty: none ran); the
         input and options are recorded as a start records them. Nothing else is written.
@@ -337,7 +340,7 @@ class AgentRunner(Resource):
             started = self.writer.event(
                 run, RunStarted, agent=agent, revision="", input=input, options=dict(options or {})
             )
-            finished = self.writer.event(run, RunFinished, status="failed", error=error)
+            finished = self.writer.event(run, RunFinished, status=status, error=error)
             await self.writer.append(run, [started, finished])
 
     async def resume(self, agent: Agent, run_id: str, *, tenant: str) -> RunResult:

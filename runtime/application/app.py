@@ -58,12 +58,13 @@ from onward.runtime.fleet.requests import (
     TagRun,
     check_request,
 )
+from onward.runtime.fleet.requests_postgres import PostgresRequests, cancel_waiting_start
 from onward.runtime.fleet.senders import request_sender
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.leases.base import CancelAsked, LeasePolicy
 from onward.runtime.manager import ExecutionManager, needs_person
 from onward.runtime.options import Options
-from onward.runtime.providers import Provider
+from onward.runtime.providers import NoModel, Provider
 from onward.runtime.resumer import Resumer
 from onward.runtime.settings import Settings, load_settings
 
@@ -382,19 +383,27 @@ class App(Resource):
         next boundary (before its next model call; a tool call in flight finishes and is
         recorded) and then ends: its stream ends with an ``error`` message whose status is
         ``cancelled``. Another process hears the ask at its next lease renewal or tool call
-        (`AgentRunner.ask_to_cancel`) and abandons a model call in flight then.
+        (`AgentRunner.ask_to_cancel`) and abandons a model call in flight then. A fleet's start
+        still waiting in the PostgreSQL requests table (no worker carrying its agent has taken
+        it) is taken back, and its run recorded as ended ``cancelled``.
 
         Raises:
-            NothingToResumeError: No such run for the tenant.
+            NothingToResumeError: No such run for the tenant (nor a start of it waiting).
             InvalidInputError: ``by`` or ``why`` out of bounds, or the run has ended already
                 (naming how); nothing was written or sent.
             ResumeConflictError: In process, a person holds the run this moment (answering
-                or tagging it), or its holder let go as it was asked; try again.
+                or tagging it), or its holder let go as it was asked; or a worker is taking
+                its waiting start this moment; try again.
         """
         tenant = tenant or self.tenant
         request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
         check_request(request)
-        frontier = await self._frontier(run_id, tenant)
+        try:
+            frontier = await self._frontier(run_id, tenant)
+        except NothingToResumeError:
+            if not await self._withdraw_start(request):
+                raise
+            return
         if frontier.finished:
             raise InvalidInputError(
                 f"run {run_id!r} has ended already ({frontier.status})", run_id=run_id
@@ -419,6 +428,14 @@ class App(Resource):
             else:
                 return
         await self._submit(request)
+
+    async def _withdraw_start(self, cancel: CancelRun) -> bool:
+        """A fleet's start that waits in the requests table (no worker carrying its agent has
+        taken it): taken back and recorded as a run ended cancelled; whether there was one."""
+        requests = self._requests
+        if not isinstance(requests, PostgresRequests):
+            return False  # a topic's start is taken at once, or fails naming why
+        return await cancel_waiting_start(requests, self.backends.runner(NoModel()), cancel)
 
     async def _answer(
         self, frontier: Frontier, request_id: str | None, value: Any, approve: bool, by: str

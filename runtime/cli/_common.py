@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -37,11 +37,9 @@ from rich.text import Text
 from onward import errors
 from onward._storage import classify, one_line_driver_logs, translate
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
-from onward.eventlog.events import Message
 from onward.projections.audit import one_line, printable
 from onward.projections.frontier import CallState
-from onward.runtime.agent import Agent
-from onward.runtime.providers import ModelReply
+from onward.runtime import providers
 from onward.runtime.settings import load_settings
 
 _P = ParamSpec("_P")
@@ -440,14 +438,14 @@ def _read_option(text: str, option: str) -> tuple[str, str]:
         ) from exc
 
 
-class NoModel:
+class NoModel(providers.NoModel):
     """The provider of commands that must never reach a model (inspect, approve, deny, resolve).
 
     Those commands only read a run or append a person's answer; a model call from one of them
     would be a bug, so it fails loudly instead of spending tokens.
     """
 
-    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
-        raise ConfigurationError(
+    def __init__(self) -> None:
+        super().__init__(
             "this command does not call a model; carry the run on with `onward run --resume`"
         )

@@ -15,7 +15,12 @@ import msgspec
 import typer
 
 from onward._storage import check_onward_sqlite
-from onward.errors import ConfigurationError, InvalidInputError, ResumeConflictError
+from onward.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    NothingToResumeError,
+    ResumeConflictError,
+)
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.events import Tagged
@@ -31,6 +36,8 @@ from onward.runtime.application.app import DEFAULT_TENANT
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.compaction import compaction_store
 from onward.runtime.fleet.requests import CancelRun, Requests
+from onward.runtime.fleet.requests_postgres import cancel_waiting_start
+from onward.runtime.fleet.senders import postgres_requests
 from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy, RunLease
 from onward.runtime.limits import check_name
 from onward.runtime.providers import Provider
@@ -500,7 +507,9 @@ def cancel_command(
     the command names each such call on stderr. A run another process drives: with --wait, its
     holder is asked (with the run's lease; on Kafka with ONWARD_REQUEST_KEY set, the fleet's
     worker that owns it is sent a CancelRun too) to end it at its next boundary (a tool call in
-    flight finishes first), and the command waits for that.
+    flight finishes first), and the command waits for that. On PostgreSQL alone, a start that
+    still waits in the requests table (no worker carrying its agent took it) is taken back and
+    its run recorded as cancelled.
 
     Exit 0: cancelled. 1: no such run. 2: bad input (the run has ended already, or ended
     otherwise while waited for). 3: another holds the run (without --wait, or still at its
@@ -511,11 +520,15 @@ def cancel_command(
 
     async def work(backends: Backends) -> Frontier:
         runner = backends.runner(NoModel())
-        if wait is not None:
-            request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
-            return await _cancel_within(backends, runner, request, wait)
+        request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
         try:
+            if wait is not None:
+                return await _cancel_within(backends, runner, request, wait)
             return await runner.cancel(run_id, tenant=tenant, by=by, why=why)
+        except NothingToResumeError:
+            if not await _cancel_waiting_start(backends, runner, request):
+                raise
+            return await runner.inspect(run_id, tenant=tenant)
         except ResumeConflictError as held:
             if held.holder is None:
                 raise
@@ -539,6 +552,18 @@ def cancel_command(
         echo_json({**facts, "undecided_calls": [c.call_id for c in undecided]})
         return
     out.print(shown(f"cancelled run {run_id} (by {by})"), soft_wrap=True)
+
+
+async def _cancel_waiting_start(
+    backends: Backends, runner: AgentRunner, request: CancelRun
+) -> bool:
+    """On PostgreSQL alone, a run whose start waits in the requests table (no worker carrying
+    its agent has taken it) is cancelled there; whether it was."""
+    settings = backends.settings
+    if settings.backend != "postgres":
+        return False
+    async with opened("the requests table", postgres_requests(settings)) as requests:
+        return await cancel_waiting_start(requests, runner, request)
 
 
 async def _cancel_within(

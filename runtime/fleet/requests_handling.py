@@ -121,12 +121,13 @@ class RequestHandler:
         _log.warning("run %s: %s; the run ends failed", request.run_id, error)
         worker.stats.failures += 1
         try:
-            await worker.runner.fail_start(
+            await worker.runner.end_at_start(
                 request.agent,
                 request.input,
                 tenant=request.tenant,
                 run_id=request.run_id,
                 options=checked_options(request.options),
+                status="failed",
                 error=error,
             )
         except (InvalidInputError, ResumeConflictError, FencedError) as exc:

@@ -32,11 +32,21 @@ import asyncpg
 import msgspec
 
 from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, connected
-from onward.errors import InvalidInputError
+from onward.errors import InvalidInputError, ResumeConflictError
+from onward.runtime.leases.base import CancelAsked
+from onward.runtime.options import checked_options
 from onward.runtime.redaction import Redactor
-from onward.runtime.signing import RequestSigner
+from onward.runtime.runner import AgentRunner
+from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
 
-from .requests import Request, StartRun, decode_request, prepare_requests
+from .requests import (
+    CancelRun,
+    Request,
+    StartRun,
+    check_request,
+    decode_request,
+    prepare_requests,
+)
 
 _log = logging.getLogger("onward.worker")
 
@@ -76,6 +86,11 @@ _RELEASE = (
     "WHERE id = ANY($2::bigint[]) AND claimed_by = $1"
 )
 _WAITING = "SELECT count(*) FROM onward_requests"
+_FIRST_START = (
+    "SELECT id, body, signature, claimed_by, claimed_until > now() AS claimed "
+    "FROM onward_requests WHERE run_id = $1 AND kind = 'start' ORDER BY id LIMIT 1 FOR UPDATE"
+)
+_DELETE = "DELETE FROM onward_requests WHERE id = $1"
 
 
 class ClaimedRequest(msgspec.Struct, frozen=True):
@@ -219,6 +234,41 @@ class PostgresRequests(PostgresStore):
         async with self._connection(context) as conn:
             await conn.execute(statement, worker, list(ids), *extra)
 
+    async def withdraw_start(self, run_id: str, *, tenant: str) -> StartRun | None:
+        """Take back the run's start while no worker has taken it (one waiting for a worker
+        that carries its agent, say): the row is deleted and the start returned, for the caller
+        to record the run as it wants it ended (`AgentRunner.end_at_start`). ``None`` when the
+        run has no start waiting, or none of ``tenant``'s whose signature checks (a worker
+        sets such a row aside itself).
+
+        Raises:
+            ResumeConflictError: A worker has claimed the start and is starting the run now;
+                the run exists in a moment, and can then be cancelled as any run.
+        """
+        async with self._connection("withdrawing a start", transaction=True) as conn:
+            row = await conn.fetchrow(_FIRST_START, run_id)
+            if row is None:
+                return None
+            body, signature = bytes(row["body"]), row["signature"]
+            headers = [] if signature is None else [(SIGNATURE_HEADER, bytes(signature))]
+            if self.signer is not None and self.signer.refusal(run_id.encode(), body, headers):
+                return None
+            try:
+                start = decode_request(body)
+            except InvalidInputError:
+                return None
+            if not isinstance(start, StartRun) or (start.run_id, start.tenant) != (run_id, tenant):
+                return None
+            if row["claimed"]:
+                raise ResumeConflictError(
+                    f"run {run_id!r} is being started by {row['claimed_by']}; cancel it once it "
+                    "has started",
+                    run_id=run_id,
+                    holder=row["claimed_by"],
+                )
+            await conn.execute(_DELETE, row["id"])
+        return start
+
     async def waiting(self) -> int:
         """Requests stored and not yet acted on (claimed or not)."""
         async with self._connection("counting requests") as conn:
@@ -252,4 +302,31 @@ class PostgresRequests(PostgresStore):
                     await conn.remove_listener(self.channel, notified)
 
 
-__all__ = ["CLAIM_S", "ClaimedRequest", "PostgresRequests"]
+async def cancel_waiting_start(
+    requests: PostgresRequests, runner: AgentRunner, cancel: CancelRun
+) -> bool:
+    """Cancel a run whose start still waits in the table (no worker carrying its agent has
+    taken it): the start is taken back and the run recorded as ended cancelled by
+    ``cancel.by`` (`AgentRunner.end_at_start`); whether there was such a start.
+
+    Raises:
+        InvalidInputError: ``by`` or ``why`` out of bounds (`check_request`); nothing done.
+        ResumeConflictError: A worker is starting the run this moment; cancel it once started.
+    """
+    check_request(cancel)
+    start = await requests.withdraw_start(cancel.run_id, tenant=cancel.tenant)
+    if start is None:
+        return False
+    await runner.end_at_start(
+        start.agent,
+        start.input,
+        tenant=start.tenant,
+        run_id=start.run_id,
+        options=checked_options(start.options),
+        status="cancelled",
+        error=CancelAsked(cancel.by, cancel.why).error,
+    )
+    return True
+
+
+__all__ = ["CLAIM_S", "ClaimedRequest", "PostgresRequests", "cancel_waiting_start"]

@@ -44,7 +44,7 @@ async def test_no_run_for_that_tenant_is_nothing_to_resume(run_id: str, tenant: 
 
 
 def test_a_start_names_its_revision_or_that_none_ran() -> None:
-    """A start a worker could not drive (`AgentRunner.fail_start`) records no revision; the
+    """A start a worker could not drive (`AgentRunner.end_at_start`) records no revision; the
     timeline says so rather than leave a gap where the revision goes."""
     ran = RunStarted(**env(1, 1), agent="booker", revision="r1", input="go")
     never = RunStarted(**env(1, 1), agent="charger", revision="", input="go")

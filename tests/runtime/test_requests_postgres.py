@@ -9,6 +9,7 @@ cancels runs through real ``onward worker`` processes, and a row nobody signed i
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -20,10 +21,12 @@ import pytest_asyncio
 from support.appapi import agents, provider, until
 from support.processes import TESTS, spawn_onward, stop_children
 from support.servers import REQUEST_KEY
+from typer.testing import CliRunner
 
 import onward
-from onward.errors import InvalidInputError
+from onward.errors import InvalidInputError, NothingToResumeError, ResumeConflictError
 from onward.runtime.backends import open_backends
+from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.fleet.requests import CancelRun, ResumeRun, StartRun, TagRun
 from onward.runtime.fleet.requests_postgres import PostgresRequests
@@ -368,3 +371,88 @@ async def test_a_start_whose_agent_column_was_changed_is_set_aside(
     (row,) = await table.claim("payer-only", 10, agents=["payer"])
     with pytest.raises(InvalidInputError, match="stored for agent 'payer' but names another"):
         row.request()
+
+
+async def test_a_start_no_worker_took_is_cancelled_from_the_table_and_its_stream_ends(
+    database_url: str, pg_schema: str
+) -> None:
+    """A start waits in the table for a worker carrying its agent (here none runs at all):
+    `cancel` takes it back and records the run ended cancelled, so whoever follows it reads
+    who cancelled it instead of waiting on."""
+    async with onward.open(_settings(database_url, pg_schema)) as app:
+        stream = app.query("loop", {"agent": "looper", "run_id": "waits"}, timeout=60)
+        following = asyncio.create_task(stream.collect())
+        async with PostgresRequests(database_url, schema=pg_schema) as table:
+
+            async def stored() -> bool:
+                return await table.waiting() == 1
+
+            await until(stored, "the start stored")
+            await app.cancel("waits", by="ops", why="no pool tonight")
+            assert await table.waiting() == 0
+        messages = await asyncio.wait_for(following, 30)
+        state = await app.get_session_state("waits")
+        with pytest.raises(InvalidInputError, match=r"ended already \(cancelled\)"):
+            await app.cancel("waits", by="ops")
+        with pytest.raises(NothingToResumeError):
+            await app.cancel("never-asked-for", by="ops")
+    last = messages[-1]
+    assert (last.type, last.status, last.content) == (
+        "error",
+        "cancelled",
+        "cancelled by ops: no pool tonight",
+    )
+    assert state is not None
+    assert (state.status, state.agent) == ("cancelled", "looper")
+
+
+async def test_a_start_is_withdrawn_only_by_its_tenant_unclaimed_and_signed(
+    database_url: str, pg_schema: str
+) -> None:
+    signer = RequestSigner(REQUEST_KEY)
+    async with (
+        PostgresRequests(database_url, schema=pg_schema, signer=signer) as table,
+        PostgresRequests(database_url, schema=pg_schema) as unsigned,
+    ):
+        await table.submit(_start("mine"), _start("taken"))
+        await unsigned.submit(_start("forged"))
+        assert await table.withdraw_start("mine", tenant="other") is None
+        claimed = await table.claim("w1", 10)
+        await table.release("w1", [r.id for r in claimed if r.run_id != "taken"])
+        with pytest.raises(ResumeConflictError, match="being started by w1"):
+            await table.withdraw_start("taken", tenant="acme")
+        assert await table.withdraw_start("forged", tenant="acme") is None
+        assert await table.waiting() == 3
+        withdrawn = await table.withdraw_start("mine", tenant="acme")
+        assert withdrawn == _start("mine")
+        assert await table.withdraw_start("mine", tenant="acme") is None
+        assert await table.waiting() == 2
+
+
+def test_onward_cancel_takes_back_a_start_no_worker_took(database_url: str, pg_schema: str) -> None:
+    async def submitted() -> None:
+        signer = RequestSigner(REQUEST_KEY)
+        async with PostgresRequests(database_url, schema=pg_schema, signer=signer) as table:
+            await table.submit(_start("r1"))
+
+    async def waiting() -> int:
+        async with PostgresRequests(database_url, schema=pg_schema) as table:
+            return await table.waiting()
+
+    asyncio.run(submitted())
+    env = {
+        "ONWARD_BACKEND": "postgres",
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": pg_schema,
+        "ONWARD_PARTITIONS": str(PARTITIONS),
+        "ONWARD_REQUEST_KEY": REQUEST_KEY,
+    }
+    args = ["cancel", "r1", "--tenant", "acme", "--by", "ops", "--json"]
+    cancelled = CliRunner().invoke(cli, args, env=env)
+    assert cancelled.exit_code == 0, cancelled.output
+    assert json.loads(cancelled.stdout)["status"] == "cancelled"
+    assert asyncio.run(waiting()) == 0
+    again = CliRunner().invoke(cli, args, env=env)
+    assert again.exit_code == 2, again.output  # ended already (cancelled)
+    unknown = CliRunner().invoke(cli, ["cancel", "r2", "--tenant", "acme", "--by", "ops"], env=env)
+    assert unknown.exit_code == 1, unknown.output

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 
 import asyncpg
 import msgspec
@@ -234,12 +234,15 @@ class PostgresRequests(PostgresStore):
         async with self._connection(context) as conn:
             await conn.execute(statement, worker, list(ids), *extra)
 
-    async def withdraw_start(self, run_id: str, *, tenant: str) -> StartRun | None:
+    async def withdraw_start(
+        self, run_id: str, *, tenant: str, ended: Callable[[StartRun], Awaitable[object]]
+    ) -> bool:
         """Take back the run's start while no worker has taken it (one waiting for a worker
-        that carries its agent, say): the row is deleted and the start returned, for the caller
-        to record the run as it wants it ended (`AgentRunner.end_at_start`). ``None`` when the
-        run has no start waiting, or none of ``tenant``'s whose signature checks (a worker
-        sets such a row aside itself).
+        that carries its agent, say): ``ended(start)`` records the run as the caller wants it
+        ended (`AgentRunner.end_at_start`) while the row stays locked, and the row is deleted
+        once that returned. A crash between the two leaves the start for a worker, which finds
+        the run exists and drops it. False when the run has no start waiting, or none of
+        ``tenant``'s whose signature checks (a worker sets such a row aside itself).
 
         Raises:
             ResumeConflictError: A worker has claimed the start and is starting the run now;
@@ -248,17 +251,17 @@ class PostgresRequests(PostgresStore):
         async with self._connection("withdrawing a start", transaction=True) as conn:
             row = await conn.fetchrow(_FIRST_START, run_id)
             if row is None:
-                return None
+                return False
             body, signature = bytes(row["body"]), row["signature"]
             headers = [] if signature is None else [(SIGNATURE_HEADER, bytes(signature))]
             if self.signer is not None and self.signer.refusal(run_id.encode(), body, headers):
-                return None
+                return False
             try:
                 start = decode_request(body)
             except InvalidInputError:
-                return None
+                return False
             if not isinstance(start, StartRun) or (start.run_id, start.tenant) != (run_id, tenant):
-                return None
+                return False
             if row["claimed"]:
                 raise ResumeConflictError(
                     f"run {run_id!r} is being started by {row['claimed_by']}; cancel it once it "
@@ -266,8 +269,9 @@ class PostgresRequests(PostgresStore):
                     run_id=run_id,
                     holder=row["claimed_by"],
                 )
+            await ended(start)
             await conn.execute(_DELETE, row["id"])
-        return start
+        return True
 
     async def waiting(self) -> int:
         """Requests stored and not yet acted on (claimed or not)."""
@@ -314,19 +318,19 @@ async def cancel_waiting_start(
         ResumeConflictError: A worker is starting the run this moment; cancel it once started.
     """
     check_request(cancel)
-    start = await requests.withdraw_start(cancel.run_id, tenant=cancel.tenant)
-    if start is None:
-        return False
-    await runner.end_at_start(
-        start.agent,
-        start.input,
-        tenant=start.tenant,
-        run_id=start.run_id,
-        options=checked_options(start.options),
-        status="cancelled",
-        error=CancelAsked(cancel.by, cancel.why).error,
-    )
-    return True
+
+    async def cancelled(start: StartRun) -> None:
+        await runner.end_at_start(
+            start.agent,
+            start.input,
+            tenant=start.tenant,
+            run_id=start.run_id,
+            options=checked_options(start.options),
+            status="cancelled",
+            error=CancelAsked(cancel.by, cancel.why).error,
+        )
+
+    return await requests.withdraw_start(cancel.run_id, tenant=cancel.tenant, ended=cancelled)
 
 
 __all__ = ["CLAIM_S", "ClaimedRequest", "PostgresRequests", "cancel_waiting_start"]

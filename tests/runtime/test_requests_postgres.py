@@ -410,22 +410,34 @@ async def test_a_start_is_withdrawn_only_by_its_tenant_unclaimed_and_signed(
     database_url: str, pg_schema: str
 ) -> None:
     signer = RequestSigner(REQUEST_KEY)
+    ended: list[StartRun] = []
+
+    async def record(start: StartRun) -> None:
+        ended.append(start)
+
+    async def refused(start: StartRun) -> None:
+        raise InvalidInputError(f"run {start.run_id!r} already exists")
+
     async with (
         PostgresRequests(database_url, schema=pg_schema, signer=signer) as table,
         PostgresRequests(database_url, schema=pg_schema) as unsigned,
     ):
         await table.submit(_start("mine"), _start("taken"))
         await unsigned.submit(_start("forged"))
-        assert await table.withdraw_start("mine", tenant="other") is None
+        assert not await table.withdraw_start("mine", tenant="other", ended=record)
         claimed = await table.claim("w1", 10)
         await table.release("w1", [r.id for r in claimed if r.run_id != "taken"])
         with pytest.raises(ResumeConflictError, match="being started by w1"):
-            await table.withdraw_start("taken", tenant="acme")
-        assert await table.withdraw_start("forged", tenant="acme") is None
+            await table.withdraw_start("taken", tenant="acme", ended=record)
+        assert not await table.withdraw_start("forged", tenant="acme", ended=record)
+        assert ended == []
+        # The run could not be recorded as ended: the start stays, for a worker to take.
+        with pytest.raises(InvalidInputError, match="already exists"):
+            await table.withdraw_start("mine", tenant="acme", ended=refused)
         assert await table.waiting() == 3
-        withdrawn = await table.withdraw_start("mine", tenant="acme")
-        assert withdrawn == _start("mine")
-        assert await table.withdraw_start("mine", tenant="acme") is None
+        assert await table.withdraw_start("mine", tenant="acme", ended=record)
+        assert ended == [_start("mine")]
+        assert not await table.withdraw_start("mine", tenant="acme", ended=record)
         assert await table.waiting() == 2
 
 

@@ -17,8 +17,9 @@ for them.
 
 A start is stored with the name of its agent, and a worker claims only the starts of agents it
 carries: workers carrying different agents can serve one table, each taking its own agents'
-runs (a Kafka worker refuses a start for an agent it lacks, so there every worker of a group
-carries every agent). A start for an agent no worker carries waits in the table until one does.
+runs (on a topic a partition's requests reach one worker, which ends a start for an agent it
+lacks failed at once, so there every worker of a group carries every agent). A start for an
+agent no worker carries waits in the table until one does, or until it is cancelled.
 """
 
 from __future__ import annotations

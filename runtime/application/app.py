@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,6 +38,7 @@ from onward.errors import (
     ConfigurationError,
     InvalidInputError,
     NothingToResumeError,
+    OnwardError,
     ResumeConflictError,
 )
 from onward.eventlog.base import partition_for
@@ -48,6 +50,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.ask import check_answer
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.blobs import ClaimCheck
+from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.fleet.requests import (
     AnswerRequest,
     CancelRun,
@@ -70,6 +73,8 @@ from onward.runtime.settings import Settings, load_settings
 
 from .messages import RunMessage
 from .stream import Position, RunStream
+
+_log = logging.getLogger("onward.app")
 
 DEFAULT_TENANT: str = Options.model_fields["tenant"].default
 """The tenant of runs whose options name none, and of an app given none."""
@@ -170,6 +175,7 @@ class App(Resource):
         self._backends: Backends | None = None
         self._worker: Worker | None = None
         self._requests: RequestSender | None = None
+        self._folder: Checkpointer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -200,7 +206,7 @@ class App(Resource):
             worker.drain()
             await worker.drained()
         stack, self._stack = self._stack, None
-        self._backends = self._requests = None
+        self._backends = self._requests = self._folder = None
         if stack is not None:
             await stack.aclose()
 
@@ -541,6 +547,25 @@ class App(Resource):
     async def restore(self, event: Event) -> Event:
         """An event as written, its claim-checked body put back."""
         return await ClaimCheck(self.backends.blobs).restore(event)
+
+    async def fold(self, partition: int) -> None:
+        """Fold ``partition`` into the frontier rows now, on a backend folded by whoever
+        appends (SQLite, PostgreSQL, memory): the append that a stream just read is folded
+        right after it is durable, by the process that made it, and a reader may see the event
+        in between. On Kafka the projector keeps the rows and this does nothing."""
+        folder = self._folder
+        if folder is None:
+            if not self.backends.embedded:
+                return
+            worker = self._worker
+            runner_folder = worker.runner.checkpointer if worker is not None else None
+            folder = self._folder = runner_folder or Checkpointer(
+                self.backends.frontiers, self.backends.log
+            )
+        try:
+            await folder.catch_up([partition])
+        except OnwardError as exc:
+            _log.warning("run rows of partition %d not folded yet: %s", partition, exc)
 
     async def quiet(self, stream: RunStream) -> None:
         """A stream found nothing new: in process, end it if the worker refused to start its

@@ -40,6 +40,11 @@ SAY_UNHELD_AFTER_S = 3.0
 takes a run it was handed within milliseconds, so seconds of nothing mean none is taking it."""
 
 
+_SETTLING = frozenset({"result", "error", "needs_person"})
+"""Message types after which the run's row must show what the message says (it ended, or waits
+on a person to settle a call), like every message that waits on an answer."""
+
+
 class StreamSource(Answers, Protocol):
     """What a stream needs from the application that opened it (`App` is one): where the
     log and leases are, how often to look again, how to put bodies back, what to do when
@@ -61,6 +66,11 @@ class StreamSource(Answers, Protocol):
 
     async def quiet(self, stream: RunStream) -> None:
         """Called when a stream found nothing new: nudge the run on, or end the stream."""
+        ...
+
+    async def fold(self, partition: int) -> None:
+        """Bring the frontier rows of the log's ``partition`` up to what it holds, where this
+        process may fold them (embedded backends); elsewhere (a projector keeps them) nothing."""
         ...
 
 
@@ -108,6 +118,7 @@ class RunStream:
         self._said_unheld = False
         self._seen = False
         self._agent = agent
+        self._partition: int | None = None
         self.answered: set[str] = set()
         """Requests this stream's opener answered (maybe not in the log yet): not waits."""
 
@@ -146,6 +157,10 @@ class RunStream:
             await asyncio.sleep(self.app.poll_s * min(10, 2**quiet))
             quiet += 1
         message = self._buffer.popleft()
+        if self._partition is not None and (message.waits or message.type in _SETTLING):
+            # Handed out only once the run's row shows it too: what the reader does next
+            # (`list_pending`, `get_session_state`, `status`) reads the row, not the log.
+            await self.app.fold(self._partition)
         self.position = self._after = message.position
         return message
 
@@ -155,6 +170,7 @@ class RunStream:
         if not stored:
             return False
         self.next_offset = stored[-1].position.offset + 1
+        self._partition = stored[-1].position.partition
         for item in stored:
             if self._ended or not self._guard.admit(item):
                 continue

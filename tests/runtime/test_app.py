@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -26,6 +27,7 @@ from onward.eventlog import RunFinished, Tagged
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.base import partition_for
 from onward.runtime.application.messages import RunMessage
+from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.compaction import CheckpointCompactor, compaction_store
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.providers import ModelReply, ScriptedProvider
@@ -103,6 +105,32 @@ async def test_an_approval_is_answered_from_its_message_with_a_value(
     assert kinds(seen)[-3:] == ["checkpoint", "text", "result"]
     assert [e["approval"] for e in ledger.entries()] == [{"authorized": True}]
     assert seen[-1].output == "paid"
+
+
+async def test_what_a_message_says_the_run_s_row_shows_when_it_is_handed_out(
+    app: onward.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process appending folds the row right after the append is durable; a stream reads
+    # the log and may see the event first. Holding that fold back opens the moment wide.
+    fold_after_append = Checkpointer.after_append
+
+    async def held_back(self: Checkpointer, *args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(0.5)
+        await fold_after_append(self, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "after_append", held_back)
+    async for message in app.query("pay 5", {"agent": "payer", "run_id": "row-1", "user": "ann"}):
+        if message.is_hil_request:
+            waiting = await app.manager.list_pending(user="ann")
+            assert [(p.summary.run_id, p.attention) for p in waiting] == [
+                ("row-1", "waiting_on_approval")
+            ]
+            await message.respond({"authorized": True}, by="ann")
+        last = message
+    assert last.is_result
+    state = await app.get_session_state("row-1")
+    assert state is not None
+    assert (state.status, state.output) == ("completed", "paid")
 
 
 async def test_a_collaborative_run_waits_at_each_checkpoint_until_answered(

@@ -36,14 +36,15 @@ import operator
 import os
 import random
 import socket
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import msgspec
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -88,6 +89,7 @@ from onward.eventlog import (
     StoredEvent,
     ToolCompleted,
     ToolResolved,
+    Usage,
     partition_for,
 )
 from onward.eventlog.events import stamped
@@ -96,6 +98,7 @@ from onward.projections.compaction import CompactionStore, embedded_compaction
 from onward.projections.compaction.history import read_whole_run
 from onward.runtime.leases import CancelAsked, Leaseholder, LeasePolicy, LeaseStore, RunLease
 from onward.runtime.redaction import Redactor
+from onward.runtime.spend.base import PriceTable, SpendEntry, SpendLedger
 
 from . import pruning
 from .summary import (
@@ -189,6 +192,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             that has not folded the thread reads only the log after it. An embedded SQLite
             log keeps them in its file; on Kafka, pass a `PostgresThreadSummaries` (without
             one, every reader folds a thread from its first event).
+        spend: Where what the graph's model calls cost is recorded (`SpendLedger`; the
+            deployment's, so `onward inspect` and `onward runs` show a thread's spend): each AI
+            message a node writes that reports its usage (``usage_metadata``) counts, priced by
+            its model's name (``response_metadata["model_name"]``) in ``prices``, keyed by
+            the thread and the seq of the writes it came in, recorded before they are
+            appended. ``None``: nothing is recorded.
+        prices: Micros per token by model name, for ``spend``; a model it does not name
+            costs 0 (its tokens are still recorded).
     """
 
     def __init__(
@@ -206,6 +217,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         redactor: Redactor | None = None,
         snapshot_every: int = SNAPSHOT_EVERY,
         summaries: ThreadSummaryStore | None = None,
+        spend: SpendLedger | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         super().__init__(serde=serde or JsonPlusSerializer(allowed_msgpack_modules=None))
         if snapshot_every < 1:
@@ -224,6 +237,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self.summaries = summaries or embedded_summaries(log)
         self.holder = holder or f"langgraph@{socket.gethostname()}:{os.getpid()}"
         self.policy = policy or LeasePolicy()
+        self.spend = spend
+        self.prices = prices or PriceTable()
         self._checkpointer: Any = None
         if checkpoint_inline and frontiers is not None:
             from onward.runtime.checkpoint import Checkpointer  # noqa: PLC0415
@@ -481,7 +496,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 )
             return batch
 
-        await self._write(thread_id, events)
+        spent = _model_usages(value for _, _, value in indexed) if self.spend else []
+        await self._write(thread_id, events, spent=spent)
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Forget every checkpoint and write of a thread (a `GraphThreadDeleted` event).
@@ -911,10 +927,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         *,
         after: Callable[[ThreadState], None] | None = None,
         whole: bool = False,
+        spent: Sequence[tuple[str, Usage]] = (),
     ) -> None:
         """Append what ``build`` makes of the thread's state, under its lease, and fold it;
         then ``after`` sees the state with the batch folded, still under the thread's lock.
-        ``whole``: ``build`` needs every checkpoint (not a fold from a summary).
+        ``whole``: ``build`` needs every checkpoint (not a fold from a summary). ``spent``:
+        the model calls whose answers the batch's writes carry, recorded before it is
+        appended (the calls were made, whether or not the append lands).
 
         Raises:
             FencedError: The lease was lost before or during the append; nothing more may be
@@ -932,6 +951,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 raise
             state = await self._fresh(thread_id, held, whole=whole)
             made = build(state)
+            if spent:
+                # Before anything else: the calls were made, whatever this write comes to.
+                await self._record_spend(thread_id, made, state.last_seq + 1, spent)
             asked = held.holder.cancel_asked
             if asked is not None and not all(kind in _OUTCOMES for kind, _ in made):
                 # A tool call's outcome is recorded first: the call ran, and left undecided
@@ -985,6 +1007,30 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 except OnwardError as exc:
                     # The row lags; the log has the interrupt, and the next fold catches up.
                     logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
+
+    async def _record_spend(
+        self, thread_id: str, made: _Batch, first_seq: int, spent: Sequence[tuple[str, Usage]]
+    ) -> None:
+        """Record the model calls ``spent`` under the seq the batch's writes take (``made``
+        is appended from ``first_seq``): one entry for a task's writes (a node that called
+        two models is one entry naming both)."""
+        assert self.spend is not None
+        kinds = [kind for kind, _ in made]
+        if GraphWritesSaved not in kinds:
+            return
+        models = sorted({model for model, _ in spent})
+        await self.spend.record(
+            SpendEntry(
+                run_id=thread_id,
+                tenant=self.tenant,
+                seq=first_seq + kinds.index(GraphWritesSaved),
+                model=", ".join(models),
+                input_tokens=sum(usage.input_tokens for _, usage in spent),
+                output_tokens=sum(usage.output_tokens for _, usage in spent),
+                micros=sum(self.prices.cost(model, usage) for model, usage in spent),
+                at=time.time_ns() // 1_000,
+            )
+        )
 
     async def _hold(self, thread_id: str) -> _Held:
         """The thread's holding, taking the lease and claiming the thread if need be.
@@ -1394,6 +1440,34 @@ def _cancelled_error(thread_id: str, asked: CancelAsked) -> RunCancelledError:
         by=asked.by,
         why=asked.why,
     )
+
+
+def _model_usages(values: Iterable[Any]) -> list[tuple[str, Usage]]:
+    """The model and usage of each AI message among a task's written values (a message, or
+    a list of them, as a node returns to a messages channel) that reports its usage."""
+    found: list[tuple[str, Usage]] = []
+    for value in values:
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if not isinstance(item, AIMessage) or not item.usage_metadata:
+                continue
+            metadata = item.response_metadata or {}
+            model = metadata.get("model_name") or metadata.get("model") or "unknown"
+            usage = item.usage_metadata
+            found.append(
+                (
+                    str(model),
+                    Usage(
+                        input_tokens=_tokens(usage.get("input_tokens")),
+                        output_tokens=_tokens(usage.get("output_tokens")),
+                    ),
+                )
+            )
+    return found
+
+
+def _tokens(value: Any) -> int:
+    """A token count as reported, or 0 for anything that is not a whole number of at least 0."""
+    return value if type(value) is int and value >= 0 else 0
 
 
 def _constant(batch: _Batch) -> Callable[[ThreadState], _Batch]:

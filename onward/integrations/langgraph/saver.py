@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import operator
 import os
@@ -41,7 +42,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import msgspec
 from langchain_core.messages import AIMessage, BaseMessage
@@ -64,6 +65,8 @@ from langgraph.types import Interrupt
 
 from onward._storage import Resource
 from onward.errors import (
+    BudgetExceededError,
+    ConfigurationError,
     FencedError,
     HistoryUnavailableError,
     InvalidInputError,
@@ -200,6 +203,16 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             appended. ``None``: nothing is recorded.
         prices: Micros per token by model name, for ``spend``; a model it does not name
             costs 0 (its tokens are still recorded).
+        budget_micros: Most a thread may spend, in micros, as ``spend`` has it. The saver
+            sees a model call only once its answer is written, so a budget stops a graph run
+            after the call that passes it: the writes carrying that answer are appended, and
+            the thread's next write records the run's end (``failed``, naming the budget),
+            lets the thread go and raises `BudgetExceededError` out of ``ainvoke``. Every
+            later invocation of the thread ends so at its first write while the thread is
+            over the budget the saver is given. With LangGraph's default ``durability="async"``
+            the next step's nodes may run beside that write; their calls are made, and counted
+            only if their writes reach the saver before the end.
+        tenant_budget_micros: The same for everything the saver's tenant spent.
     """
 
     def __init__(
@@ -219,6 +232,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         summaries: ThreadSummaryStore | None = None,
         spend: SpendLedger | None = None,
         prices: PriceTable | None = None,
+        budget_micros: int | None = None,
+        tenant_budget_micros: int | None = None,
     ) -> None:
         super().__init__(serde=serde or JsonPlusSerializer(allowed_msgpack_modules=None))
         if snapshot_every < 1:
@@ -239,6 +254,15 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self.policy = policy or LeasePolicy()
         self.spend = spend
         self.prices = prices or PriceTable()
+        self.budgets = {
+            "run": _budget(budget_micros, "budget_micros"),
+            "tenant": _budget(tenant_budget_micros, "tenant_budget_micros"),
+        }
+        if spend is None and any(b is not None for b in self.budgets.values()):
+            raise ConfigurationError(
+                "a budget needs the spend ledger the graph's model calls are counted in "
+                "(OnwardSaver(..., spend=ledger, prices=PriceTable(...)))"
+            )
         self._checkpointer: Any = None
         if checkpoint_inline and frontiers is not None:
             from onward.runtime.checkpoint import Checkpointer  # noqa: PLC0415
@@ -246,7 +270,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             self._checkpointer = Checkpointer(frontiers, log)
         self._held: dict[str, _Held] = {}
         self._lost: set[str] = set()
-        self._cancelled: dict[str, CancelAsked] = {}
+        self._stopped: dict[str, Callable[[], OnwardError]] = {}
+        """Threads whose graph run this saver ended (cancelled, over a budget): what every
+        later write of that run raises, until the thread is read afresh."""
         self._followed: OrderedDict[str, ThreadState] = OrderedDict()
         self._taking: dict[str, asyncio.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -267,7 +293,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     async def arelease(self, thread_id: str) -> None:
         """Hand a thread's lease back, so another process may write it without waiting."""
         self._lost.discard(thread_id)
-        self._cancelled.pop(thread_id, None)
+        self._stopped.pop(thread_id, None)
         held = self._held.pop(thread_id, None)
         if held is not None:
             await self._settle(held)
@@ -320,7 +346,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             # builds on what the log says, so a saver that lost the thread (or ended its last
             # invocation, cancelled) may write again.
             self._lost.discard(thread_id)
-            self._cancelled.pop(thread_id, None)
+            self._stopped.pop(thread_id, None)
         saved = state.checkpoints.get(ns, {})
         if checkpoint_id is None:
             checkpoint_id = state.newest.get(ns)
@@ -951,14 +977,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 raise
             state = await self._fresh(thread_id, held, whole=whole)
             made = build(state)
-            if spent:
-                # Before anything else: the calls were made, whatever this write comes to.
-                await self._record_spend(thread_id, made, state.last_seq + 1, spent)
-            asked = held.holder.cancel_asked
-            if asked is not None and not all(kind in _OUTCOMES for kind, _ in made):
-                # A tool call's outcome is recorded first: the call ran, and left undecided
-                # it would be put to a person. The graph run's next write ends it.
-                await self._end_cancelled(thread_id, held, asked)
+            await self._may_go_on(thread_id, held, made, state.last_seq + 1, spent)
             fence = held.holder.lease.fence
             batch = [
                 stamped(
@@ -1051,8 +1070,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 if not held.holder.fenced.is_set():
                     return held
                 await self._drop(thread_id, held, lost=True)
-            if thread_id in self._cancelled:
-                raise _cancelled_error(thread_id, self._cancelled[thread_id])
+            if thread_id in self._stopped:
+                raise self._stopped[thread_id]()
             if thread_id in self._lost:
                 raise FencedError(
                     f"run {thread_id!r}: this saver lost the thread's lease to another writer "
@@ -1109,9 +1128,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """
         if self._held.get(thread_id) is held:
             return
-        asked = self._cancelled.get(thread_id)
-        if asked is not None:
-            raise _cancelled_error(thread_id, asked)
+        stopped = self._stopped.get(thread_id)
+        if stopped is not None:
+            raise stopped()
         raise FencedError(
             f"run {thread_id!r}: this saver let the thread go while a write of it waited; "
             "that graph run must stop. A new invocation, which reads the thread first, may "
@@ -1120,15 +1139,51 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             holder=self.holder,
         )
 
-    async def _end_cancelled(self, thread_id: str, held: _Held, asked: CancelAsked) -> None:
-        """Someone asked this holding to end the thread's run cancelled: record the end (who
-        and why) under the lease, let the thread go and stop the graph run writing.
+    async def _may_go_on(
+        self,
+        thread_id: str,
+        held: _Held,
+        made: _Batch,
+        first_seq: int,
+        spent: Sequence[tuple[str, Usage]],
+    ) -> None:
+        """Record the model calls ``spent`` (the batch ``made`` is to be appended from
+        ``first_seq``), then end the graph run if it is over a budget or was asked to cancel.
+
+        Raises:
+            BudgetExceededError: What the thread (or tenant) spent before this write's calls
+                reached a budget: the write carrying the answer that passed it was appended
+                (it was paid for), and this one ends the run ``failed``.
+            RunCancelledError: A cancel was asked; the run ended ``cancelled``.
+        """
+        # A tool call's outcome is recorded first: the call ran, and left undecided it would
+        # be put to a person. The graph run's next write ends it.
+        outcomes_only = all(kind in _OUTCOMES for kind, _ in made)
+        over = None if outcomes_only else await self._over_budget(thread_id)
+        if spent:
+            # Before anything else: the calls were made, whatever this write comes to.
+            await self._record_spend(thread_id, made, first_seq, spent)
+        if over is not None:
+            await self._end(thread_id, held, "failed", f"{type(over).__name__}: {over}")
+            self._stopped[thread_id] = functools.partial(_copied, over)
+            raise over
+        asked = held.holder.cancel_asked
+        if asked is not None and not outcomes_only:
+            await self._end(thread_id, held, "cancelled", asked.error)
+            self._stopped[thread_id] = functools.partial(_cancelled_error, thread_id, asked)
+            raise _cancelled_error(thread_id, asked)
+
+    async def _end(
+        self, thread_id: str, held: _Held, status: Literal["failed", "cancelled"], error: str
+    ) -> None:
+        """Record the thread's run ended (``cancelled``: someone asked its holding; ``failed``:
+        over a budget) under the lease and let the thread go; the caller then stops the graph
+        run writing.
 
         The thread itself lives on: its frontier row goes back to ``new`` at its next
         invocation's first write, and nothing of it is collected or cut as an ended run's is.
 
         Raises:
-            RunCancelledError: Always, once the end is recorded and the lease let go.
             FencedError: The lease was lost before the end was recorded.
         """
         state = await self._fresh(thread_id, held)
@@ -1140,8 +1195,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 tenant=self.tenant,
                 seq=state.last_seq + 1,
                 fence=held.holder.lease.fence,
-                status="cancelled",
-                error=asked.error,
+                status=status,
+                error=error,
             )
             try:
                 (position,) = await self.log.append([ended])
@@ -1158,9 +1213,34 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     await self._checkpointer.catch_up([position.partition])
                 except OnwardError as exc:
                     logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
-        self._cancelled[thread_id] = asked
         await self._drop(thread_id, held, lost=False)
-        raise _cancelled_error(thread_id, asked)
+
+    async def _over_budget(self, thread_id: str) -> BudgetExceededError | None:
+        """Why the thread may not go on, if what it (or the tenant) spent has reached a
+        budget the saver was given."""
+        run_budget, tenant_budget = self.budgets["run"], self.budgets["tenant"]
+        if self.spend is None or (run_budget is None and tenant_budget is None):
+            return None
+        checks = []
+        if run_budget is not None:
+            checks.append(("run", run_budget, (await self.spend.run_total(thread_id)).micros))
+        if tenant_budget is not None:
+            spent = (await self.spend.tenant_total(self.tenant)).micros
+            checks.append(("tenant", tenant_budget, spent))
+        for scope, budget, spent in checks:
+            if spent >= budget:
+                whose = f"thread {thread_id!r}" if scope == "run" else f"tenant {self.tenant!r}"
+                return BudgetExceededError(
+                    f"{whose} has spent {spent} micros on model calls, its budget is {budget}; "
+                    "the graph run stops here (a saver given a higher budget carries the "
+                    "thread on)",
+                    run_id=thread_id,
+                    scope=scope,
+                    budget_micros=budget,
+                    spent_micros=spent,
+                    estimate_micros=0,
+                )
+        return None
 
     async def _drop(self, thread_id: str, held: _Held, *, lost: bool) -> None:
         """Stop holding a thread; ``lost``: another writer took it while this one wrote."""
@@ -1440,6 +1520,28 @@ def _cancelled_error(thread_id: str, asked: CancelAsked) -> RunCancelledError:
         by=asked.by,
         why=asked.why,
     )
+
+
+def _copied(error: BudgetExceededError) -> BudgetExceededError:
+    """A new exception saying what ``error`` says, to raise again from another write."""
+    return BudgetExceededError(
+        str(error),
+        run_id=error.run_id,
+        scope=error.scope,
+        budget_micros=error.budget_micros,
+        spent_micros=error.spent_micros,
+        estimate_micros=error.estimate_micros,
+    )
+
+
+def _budget(value: object, name: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise InvalidInputError(
+            f"{name} must be a whole number of micros of at least 0, got {value!r:.40}"
+        )
+    return value
 
 
 def _model_usages(values: Iterable[Any]) -> list[tuple[str, Usage]]:

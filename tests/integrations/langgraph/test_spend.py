@@ -23,10 +23,16 @@ from langgraph.graph.state import CompiledStateGraph
 from support.servers import KafkaServers
 from typer.testing import CliRunner
 
-from onward.eventlog import GraphWritesSaved
+from onward.errors import BudgetExceededError, ConfigurationError, InvalidInputError
+from onward.eventlog import GraphWritesSaved, RunFinished
 from onward.integrations.langgraph import OnwardSaver
 from onward.runtime.cli import app as cli
-from onward.runtime.spend import PostgresSpendLedger, SpendLedger, SqliteSpendLedger
+from onward.runtime.spend import (
+    MemorySpendLedger,
+    PostgresSpendLedger,
+    SpendLedger,
+    SqliteSpendLedger,
+)
 from onward.runtime.spend.base import PriceTable
 
 from .graphs import config
@@ -96,7 +102,13 @@ async def placed(
         yield world, ledger, env
 
 
-def saver_of(world: World, ledger: SpendLedger) -> OnwardSaver:
+def saver_of(
+    world: World,
+    ledger: SpendLedger,
+    *,
+    budget_micros: int | None = None,
+    tenant_budget_micros: int | None = None,
+) -> OnwardSaver:
     return OnwardSaver(
         world.log,
         world.leases,
@@ -106,6 +118,8 @@ def saver_of(world: World, ledger: SpendLedger) -> OnwardSaver:
         summaries=world.summaries,
         spend=ledger,
         prices=PRICES,
+        budget_micros=budget_micros,
+        tenant_budget_micros=tenant_budget_micros,
     )
 
 
@@ -193,3 +207,87 @@ async def test_usage_a_model_reports_badly_counts_as_no_tokens(
         entries = await ledger.entries("odd")
     # The call is still counted; what it reported that is no token count counts 0.
     assert [(e.input_tokens, e.output_tokens) for e in entries] == [counted]
+
+
+async def test_a_thread_over_its_budget_stops_after_the_call_that_passed_it(
+    clustered: KafkaServers | None, tmp_path: Path
+) -> None:
+    thread_id = f"budgeted-{uuid.uuid4().hex[:8]}"
+    # durability "sync": each step's checkpoint is written before the next step starts, so
+    # where the run stops does not depend on how LangGraph interleaves its writes.
+    sync: dict[str, Any] = {"durability": "sync"}
+    async with placed(clustered, tmp_path) as (world, ledger, _):
+        async with saver_of(world, ledger, budget_micros=700) as saver:
+            graph = chat_graph(saver)
+            await graph.ainvoke({"messages": [HumanMessage("hi")]}, config(thread_id), **sync)
+            assert (await ledger.run_total(thread_id)).micros == 660
+            # The second turn's first answer (400) passes the budget: it is kept, and the
+            # write after it (that step's checkpoint) ends the graph run.
+            with pytest.raises(BudgetExceededError, match="has spent 1060 micros") as stopped:
+                await graph.ainvoke(
+                    {"messages": [HumanMessage("again")]}, config(thread_id), **sync
+                )
+            assert (stopped.value.scope, stopped.value.budget_micros) == ("run", 700)
+            assert stopped.value.spent_micros == 1060
+            assert not saver.holds(thread_id)
+            # A new invocation of the thread is stopped at its first write, calling nothing.
+            with pytest.raises(BudgetExceededError, match="has spent 1060 micros"):
+                await graph.ainvoke({"messages": [HumanMessage("more")]}, config(thread_id), **sync)
+        assert (await ledger.run_total(thread_id)).calls == 3
+
+        events = [stored.event for stored in await world.log.read_run(thread_id)]
+        ends = [e for e in events if isinstance(e, RunFinished)]
+        assert [e.status for e in ends] == ["failed", "failed"]
+        assert ends[0].error is not None
+        assert ends[0].error.startswith("BudgetExceededError: thread ")
+        last_paid = (await ledger.entries(thread_id))[-1].seq
+        assert isinstance(events[[e.seq for e in events].index(last_paid)], GraphWritesSaved)
+
+        # A saver given more carries the thread on from the answer that was paid for.
+        async with saver_of(world, ledger, budget_micros=5_000) as saver:
+            out = await chat_graph(saver).ainvoke(
+                {"messages": [HumanMessage("go on")]}, config(thread_id), **sync
+            )
+        said = [m.content for m in out["messages"]]
+        assert said[-2:] == ["answer of large-1", "no usage reported"]
+        # "more" was never written: its invocation was stopped at its input's checkpoint.
+        assert [m for m in said if m in ("hi", "again", "more", "go on")] == [
+            "hi",
+            "again",
+            "go on",
+        ]
+        assert (await ledger.run_total(thread_id)).micros > 1060
+
+
+async def test_a_tenant_over_its_budget_stops_every_thread_of_it(tmp_path: Path) -> None:
+    path = tmp_path / "onward.db"
+    sync: dict[str, Any] = {"durability": "sync"}
+    async with sqlite_world(path) as world, SqliteSpendLedger(path) as ledger:
+        async with saver_of(world, ledger, tenant_budget_micros=500) as saver:
+            graph = chat_graph(saver)
+            # 400, then 660 after the node asking both models: the next write ends the run.
+            with pytest.raises(BudgetExceededError, match="tenant 'acme' has spent 660") as one:
+                await graph.ainvoke({"messages": [HumanMessage("hi")]}, config("one"), **sync)
+            assert one.value.scope == "tenant"
+            with pytest.raises(BudgetExceededError, match="tenant 'acme' has spent 660"):
+                await graph.ainvoke({"messages": [HumanMessage("hi")]}, config("two"), **sync)
+        assert (await ledger.run_total("two")).calls == 0
+        assert (await ledger.tenant_total(TENANT)).micros == 660
+
+
+def test_a_budget_needs_a_ledger_and_a_count_of_micros(tmp_path: Path) -> None:
+    async def refused() -> None:
+        async with sqlite_world(tmp_path / "onward.db") as world:
+            with pytest.raises(ConfigurationError, match="a budget needs the spend ledger"):
+                OnwardSaver(world.log, world.leases, tenant=TENANT, budget_micros=10)
+            for bad in (-1, 2.5, True, "10"):
+                with pytest.raises(InvalidInputError, match="tenant_budget_micros must be"):
+                    OnwardSaver(
+                        world.log,
+                        world.leases,
+                        tenant=TENANT,
+                        spend=MemorySpendLedger(),
+                        tenant_budget_micros=bad,  # type: ignore[arg-type]
+                    )
+
+    asyncio.run(refused())

@@ -23,7 +23,12 @@ from langgraph.graph.state import CompiledStateGraph
 from support.servers import KafkaServers
 from typer.testing import CliRunner
 
-from onward.errors import BudgetExceededError, ConfigurationError, InvalidInputError
+from onward.errors import (
+    BudgetExceededError,
+    ConfigurationError,
+    InvalidInputError,
+    RunCancelledError,
+)
 from onward.eventlog import GraphWritesSaved, RunFinished
 from onward.integrations.langgraph import OnwardSaver
 from onward.runtime.cli import app as cli
@@ -273,6 +278,31 @@ async def test_a_tenant_over_its_budget_stops_every_thread_of_it(tmp_path: Path)
                 await graph.ainvoke({"messages": [HumanMessage("hi")]}, config("two"), **sync)
         assert (await ledger.run_total("two")).calls == 0
         assert (await ledger.tenant_total(TENANT)).micros == 660
+
+
+async def test_a_call_whose_writes_a_cancel_refused_is_still_counted(tmp_path: Path) -> None:
+    path = tmp_path / "onward.db"
+    place = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "x"}}
+    async with sqlite_world(path) as world, SqliteSpendLedger(path) as ledger:
+        async with saver_of(world, ledger) as saver:
+            await saver.aput_writes(place, [("messages", [HumanMessage("hi")])], "ask")  # type: ignore[arg-type]
+            assert await world.leases.ask_to_cancel("t", tenant=TENANT, by="ops")
+            await saver.aput_writes(place, [("messages", [HumanMessage("go")])], "go")  # type: ignore[arg-type]
+            # That write's confirmation heard the ask: the next one, carrying an answer the
+            # model gave meanwhile, is refused and the run ended; the call was made all the same.
+            with pytest.raises(RunCancelledError):
+                await saver.aput_writes(
+                    place,  # type: ignore[arg-type]
+                    [("messages", [answered("small-1", 100, 20)])],
+                    "model",
+                )
+        events = [stored.event for stored in await world.log.read_run("t")]
+        entries = await ledger.entries("t")
+    end = events[-1]
+    assert isinstance(end, RunFinished)
+    assert end.status == "cancelled"
+    assert not any(isinstance(e, GraphWritesSaved) and e.task_id == "model" for e in events)
+    assert [(e.seq, e.micros) for e in entries] == [(end.seq, 400)]
 
 
 def test_a_budget_needs_a_ledger_and_a_count_of_micros(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ nothing.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Sequence
 from importlib import import_module
@@ -84,10 +85,19 @@ def _command(where: str, path: str) -> Command:
     """The click command of the function ``where`` names, inside the exit-code boundary."""
     module, function = where.split(":")
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    single.command(path.rsplit(" ", 1)[-1])(
-        boundary(getattr(import_module(module, __name__), function), name=path)
+    function_ = getattr(import_module(module, __name__), function)
+    single.command(path.rsplit(" ", 1)[-1], short_help=_first_paragraph(function_.__doc__))(
+        boundary(function_, name=path)
     )
     return typer.main.get_command(single)
+
+
+def _first_paragraph(doc: str | None) -> str | None:
+    """A command's line in its group's ``--help``: the first paragraph of its docstring as one
+    line (typer's rich help would keep the docstring's line breaks, mid-sentence)."""
+    if not doc:
+        return None
+    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
 
 
 class _Root(_LazyGroup):

@@ -158,6 +158,16 @@ def test_inspect_of_a_database_that_does_not_exist_exits_2(db: Path) -> None:
     assert not db.exists()
 
 
+def test_the_command_list_gives_each_command_s_summary_unbroken() -> None:
+    shown = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "300"}, terminal_width=300)
+    assert shown.exit_code == 0, shown.output
+    lines = {line.split()[1]: line for line in shown.stdout.splitlines() if line.startswith("│ ")}
+    # One line each at this width: the docstrings' line breaks fall mid-sentence.
+    assert "age (since the run's last update), last update" in lines["runs"]
+    assert "it ends or waits on a person" in lines["start"]
+    assert {"runs", "inspect", "worker", "projector", "db", "quarantine"} <= lines.keys()
+
+
 def test_inspect_refuses_the_memory_backend() -> None:
     env = {"ONWARD_BACKEND": "memory"}
     result = CliRunner().invoke(app, ["inspect", "run-1", "--tenant", TENANT], env=env)

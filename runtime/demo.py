@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -154,9 +155,14 @@ async def _resume(workdir: Path, console: Console) -> RunResult:
             try:
                 return await runner.resume(booking_agent(ledger), RUN_ID, tenant=TENANT)
             except ResumeConflictError as held:
-                # The dead worker's lease lapses on the store's clock; until then it holds.
-                console.print(f"   held by {held.holder}; waiting for its lease to lapse")
-                await asyncio.sleep(DEMO_LEASE_S / 2)
+                # The dead worker's lease lapses on the store's clock (this machine's); until
+                # then it holds, so wait until then and ask again.
+                left = DEMO_LEASE_S if held.expires_at is None else held.expires_at - time.time()
+                left = min(max(left, 0.05), DEMO_LEASE_S)
+                console.print(
+                    f"   held by {held.holder} until its lease lapses, in {left:.1f} s; waiting"
+                )
+                await asyncio.sleep(left + 0.05)
 
 
 def run_demo(workdir: Path | None = None, console: Console | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,10 @@ def demo(where: Path) -> str:
 def test_the_demo_prints_the_plan_and_ends_with_one_booking(tmp_path: Path) -> None:
     out = demo(tmp_path)
     assert "killed with SIGKILL (exit -9)" in out
+    # The wait for the dead worker's lease says once whose it is and how long it has left.
+    waits = [line for line in out.splitlines() if "held by worker-1" in line]
+    assert len(waits) == 1, out
+    assert re.search(r"until its lease lapses, in \d\.\d s; waiting", waits[0]), waits
     assert "replayed the recorded result" in out
     assert "indeterminate" in out
     assert "status check, which answered completed" in out

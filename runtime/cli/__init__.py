@@ -14,7 +14,6 @@ nothing.
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Sequence
 from importlib import import_module
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ._common import EXIT_OK, EXIT_USAGE, boundary, debugging, error
+from ._common import EXIT_OK, EXIT_USAGE, boundary, debugging, error, help_paragraphs
 
 if TYPE_CHECKING:
     # The click that typer's groups are typed with (typer 0.29 carries its own copy).
@@ -86,18 +85,13 @@ def _command(where: str, path: str) -> Command:
     module, function = where.split(":")
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     function_ = getattr(import_module(module, __name__), function)
-    single.command(path.rsplit(" ", 1)[-1], short_help=_first_paragraph(function_.__doc__))(
-        boundary(function_, name=path)
-    )
+    paragraphs = help_paragraphs(function_.__doc__)
+    single.command(
+        path.rsplit(" ", 1)[-1],
+        help="\n\n".join(paragraphs) or None,
+        short_help=paragraphs[0] if paragraphs else None,
+    )(boundary(function_, name=path))
     return typer.main.get_command(single)
-
-
-def _first_paragraph(doc: str | None) -> str | None:
-    """A command's line in its group's ``--help``: the first paragraph of its docstring as one
-    line (typer's rich help would keep the docstring's line breaks, mid-sentence)."""
-    if not doc:
-        return None
-    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
 
 
 class _Root(_LazyGroup):

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -449,3 +450,12 @@ class NoModel(providers.NoModel):
         super().__init__(
             "this command does not call a model; carry the run on with `onward run --resume`"
         )
+
+
+def help_paragraphs(doc: str | None) -> list[str]:
+    """A command's docstring as its ``--help`` shows it: paragraphs, each one line for the
+    terminal to wrap (typer's rich help would keep the docstring's line breaks, which then
+    fall mid-sentence at any other width); the first is its line in its group's list."""
+    if not doc:
+        return []
+    return [" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n") if p.strip()]

@@ -42,6 +42,7 @@ from ._common import (
     echo,
     echo_json,
     error,
+    help_paragraphs,
     out,
     run_until_terminated,
 )
@@ -138,7 +139,8 @@ def _main(command: Callable[..., None], argv: Sequence[str], prog: str) -> int:
     """Parse ``argv`` for ``command`` and run it inside the command boundary every ``onward``
     command runs in; the exit code, never `SystemExit`."""
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    single.command()(boundary(command, name=prog))
+    paragraphs = help_paragraphs(command.__doc__)
+    single.command(help="\n\n".join(paragraphs) or None)(boundary(command, name=prog))
     try:
         # Not standalone: the parser returns an `Exit`'s code rather than leaving the process.
         code = typer.main.get_command(single).main(

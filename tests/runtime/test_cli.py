@@ -159,13 +159,16 @@ def test_inspect_of_a_database_that_does_not_exist_exits_2(db: Path) -> None:
 
 
 def test_the_command_list_gives_each_command_s_summary_unbroken() -> None:
-    shown = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "300"}, terminal_width=300)
+    shown = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "300"})
     assert shown.exit_code == 0, shown.output
     lines = {line.split()[1]: line for line in shown.stdout.splitlines() if line.startswith("│ ")}
     # One line each at this width: the docstrings' line breaks fall mid-sentence.
     assert "age (since the run's last update), last update" in lines["runs"]
     assert "it ends or waits on a person" in lines["start"]
     assert {"runs", "inspect", "worker", "projector", "db", "quarantine"} <= lines.keys()
+    # A command's own help: each paragraph is one line for the terminal to wrap.
+    shown = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "300"})
+    assert "its next boundary and release it, exit 0. A second one" in shown.stdout
 
 
 def test_inspect_refuses_the_memory_backend() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -42,31 +43,56 @@ def _app_ledger_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _docker_answers() -> bool:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://"):
+        # Asked first with a socket of our own, closed either way: the docker client leaves
+        # the socket of a refused connection open, which fails the session at its end.
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(3)
+            try:
+                probe.connect(host.removeprefix("unix://"))
+            except OSError:
+                return False
     try:
         import docker  # type: ignore[import-untyped]  # noqa: PLC0415
 
-        docker.from_env(timeout=3).ping()
+        client = docker.from_env(timeout=3)
     except Exception:
         return False
+    try:
+        client.ping()
+    except Exception:
+        return False
+    finally:
+        client.close()
     return True
 
 
-def _no_server(variable: str) -> None:
-    pytest.exit(
+def _no_server(variable: str, session: pytest.Session) -> None:
+    """Stop the session after this test, which fails saying how to start the servers.
+
+    Failing the test rather than `pytest.exit` inside the fixture: an exit there leaves the
+    test's other fixtures half set up, and pytest's teardown of them ends in a traceback."""
+    message = (
         f"{variable} is not set and no Docker engine answers, so there is no server to test "
-        f"against. Start the project's servers first:\n    {START_COMMAND}",
-        returncode=3,
+        f"against. Start the project's servers first:\n    {START_COMMAND}"
     )
+    session.shouldstop = message
+    pytest.fail(message, pytrace=False)
 
 
-def _server(variable: str, container: Callable[[], AbstractContextManager[str]]) -> Iterator[str]:
-    """The URL in ``variable``; else one of a container started for the session; else exit."""
+def _server(
+    variable: str,
+    container: Callable[[], AbstractContextManager[str]],
+    request: pytest.FixtureRequest,
+) -> Iterator[str]:
+    """The URL in ``variable``; else one of a container started for the session; else stop."""
     url = os.environ.get(variable)
     if url:
         yield url
         return
     if not _docker_answers():
-        _no_server(variable)
+        _no_server(variable, request.session)
     with container() as started:
         yield started
 
@@ -97,21 +123,21 @@ def _redis_container() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
+def kafka_bootstrap(request: pytest.FixtureRequest) -> Iterator[str]:
     """``host:port`` of a real Kafka broker."""
-    yield from _server("KAFKA_BOOTSTRAP_SERVERS", _kafka_container)
+    yield from _server("KAFKA_BOOTSTRAP_SERVERS", _kafka_container, request)
 
 
 @pytest.fixture(scope="session")
-def database_url() -> Iterator[str]:
+def database_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """A PostgreSQL URL (``postgresql://user:password@host:port/database``)."""
-    yield from _server("DATABASE_URL", _postgres_container)
+    yield from _server("DATABASE_URL", _postgres_container, request)
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """A Redis URL (``redis://host:port/db``)."""
-    yield from _server("REDIS_URL", _redis_container)
+    yield from _server("REDIS_URL", _redis_container, request)
 
 
 @pytest_asyncio.fixture

@@ -138,3 +138,29 @@ def test_every_test_on_the_shared_broker_carries_the_kafka_marker(tmp_path: Path
     )
     assert done.returncode == 0, done.stdout.decode(errors="replace")[-3000:]
     assert out.read_text().splitlines() == []
+
+
+def test_without_servers_the_session_stops_saying_how_to_start_them(tmp_path: Path) -> None:
+    """A test that needs a server, with none set and no Docker engine: it fails with the
+    command that starts them and the session stops there, without a traceback."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "REDIS_URL")
+    }
+    env["DOCKER_HOST"] = f"unix://{tmp_path / 'no-docker.sock'}"
+    # Its servers are asked for after its temporary directory is made (as most tests do).
+    first = "tests/runtime/test_cli.py::test_resume_against_kafka_postgres_and_redis"
+    after = "tests/test_fixtures.py::test_a_fresh_prefix_leaves_no_keys"
+    argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", first, after]
+    done = subprocess.run(
+        [sys.executable, *argv], cwd=REPO, env=env, capture_output=True, timeout=300, check=False
+    )
+    said = done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
+    assert done.returncode == 2, said[-3000:]
+    assert "KAFKA_BOOTSTRAP_SERVERS is not set and no Docker engine answers" in said
+    assert 'eval "$(scripts/services.sh up)"' in said
+    assert "1 error" in said
+    assert "passed" not in said  # stopped before the next test
+    assert "Traceback" not in said, said[-3000:]
+    assert "Warning" not in said, said[-3000:]

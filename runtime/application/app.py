@@ -315,7 +315,7 @@ class App(Resource):
                 await self._answer(frontier, frontier.waiting_on, resume_value, approve, by)
                 stream.answered.add(frontier.waiting_on or "")
             elif await self._interrupted(frontier):
-                await self._submit(ResumeRun(run_id=run_id, tenant=frontier.tenant))
+                await self._submit(_resume_of(frontier))
 
         return RunStream(
             self,
@@ -474,7 +474,7 @@ class App(Resource):
                 value=value,
             )
             if approve:
-                await self._submit(ResumeRun(run_id=frontier.run_id, tenant=frontier.tenant))
+                await self._submit(_resume_of(frontier))
             return
         await self._submit(
             AnswerRequest(
@@ -484,6 +484,7 @@ class App(Resource):
                 approve=approve,
                 by=by,
                 value=value,
+                agent=frontier.agent or None,
             )
         )
 
@@ -582,7 +583,13 @@ class App(Resource):
         with contextlib.suppress(NothingToResumeError):
             frontier = await self._frontier(stream.run_id, stream.tenant)
             if await self._interrupted(frontier):
-                await self._submit(ResumeRun(run_id=stream.run_id, tenant=frontier.tenant))
+                await self._submit(_resume_of(frontier))
+
+
+def _resume_of(frontier: Frontier) -> ResumeRun:
+    """The request that carries the run on, naming its agent (so a PostgreSQL fleet hands it
+    to a worker that carries that agent)."""
+    return ResumeRun(run_id=frontier.run_id, tenant=frontier.tenant, agent=frontier.agent or None)
 
 
 def _refusal(settings: Settings, *, in_process: bool, ready: bool) -> str | None:

@@ -48,15 +48,19 @@ class StartRun(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
     options: dict[str, Any] = {}
 
 
-class ResumeRun(msgspec.Struct, frozen=True, kw_only=True, tag="resume"):
-    """Carry run ``run_id`` on from the log (after a person answered or settled a call)."""
+class ResumeRun(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="resume"):
+    """Carry run ``run_id`` on from the log (after a person answered or settled a call).
+    ``agent``: the run's, when the sender knows it: a PostgreSQL fleet hands the request to a
+    worker that carries it (one that does not could not carry the run on)."""
 
     run_id: str
     tenant: str
+    agent: str | None = None
 
 
-class AnswerRequest(msgspec.Struct, frozen=True, kw_only=True, tag="answer"):
-    """Answer the person's request ``request_id`` of a waiting run; an approval carries it on."""
+class AnswerRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="answer"):
+    """Answer the person's request ``request_id`` of a waiting run; an approval carries it on.
+    ``agent``: as for `ResumeRun`."""
 
     run_id: str
     tenant: str
@@ -64,6 +68,7 @@ class AnswerRequest(msgspec.Struct, frozen=True, kw_only=True, tag="answer"):
     approve: bool
     by: str
     value: Any = None
+    agent: str | None = None
 
 
 class TagRun(msgspec.Struct, frozen=True, kw_only=True, tag="tag"):
@@ -134,8 +139,10 @@ def check_request(request: Request) -> None:
     what = type(request).__name__
     run_id = check_name(f"{what}.run_id", request.run_id)
     check_name(f"{what}.tenant", request.tenant, run_id=run_id)
+    agent = getattr(request, "agent", None)
+    if isinstance(request, StartRun) or agent is not None:
+        check_name(f"{what}.agent", agent, run_id=run_id)
     if isinstance(request, StartRun):
-        check_name(f"{what}.agent", request.agent, run_id=run_id)
         check_depth(f"{what}.input", request.input, run_id=run_id)
         _check_encodable(f"{what}.input", request.input, run_id)
         checked_options(request.options)

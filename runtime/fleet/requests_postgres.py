@@ -19,7 +19,9 @@ A start is stored with the name of its agent, and a worker claims only the start
 carries: workers carrying different agents can serve one table, each taking its own agents'
 runs (on a topic a partition's requests reach one worker, which ends a start for an agent it
 lacks failed at once, so there every worker of a group carries every agent). A start for an
-agent no worker carries waits in the table until one does, or until it is cancelled.
+agent no worker carries waits in the table until one does, or until it is cancelled. Answers
+and resumes that name their run's agent (an application's do) are routed the same way, so the
+worker that takes one can carry the run on; other requests go to any worker.
 """
 
 from __future__ import annotations
@@ -95,8 +97,8 @@ _DELETE = "DELETE FROM onward_requests WHERE id = $1"
 
 
 class ClaimedRequest(msgspec.Struct, frozen=True):
-    """A request row a worker claimed: its id, run, kind, wire value, signature and (a start)
-    the agent it was stored for."""
+    """A request row a worker claimed: its id, run, kind, wire value, signature and the agent
+    it was stored for (a start's, or the run's for an answer or resume that names it)."""
 
     id: int
     run_id: str
@@ -174,7 +176,7 @@ class PostgresRequests(PostgresStore):
         if not prepared:
             return
         rows = [
-            (p.run_id, p.kind, p.value, p.signature, r.agent if isinstance(r, StartRun) else None)
+            (p.run_id, p.kind, p.value, p.signature, getattr(r, "agent", None))
             for p, r in zip(prepared, requests, strict=True)
         ]
         async with self._connection("submitting requests", transaction=True) as conn:
@@ -194,8 +196,9 @@ class PostgresRequests(PostgresStore):
     ) -> list[ClaimedRequest]:
         """Claim up to ``limit`` requests for ``claim_s`` seconds, oldest first: each the oldest
         unclaimed request of its run (with ``cancels_only``, cancels alone, whatever waits
-        before them). With ``agents``, starts only of those agents (and other requests of any
-        run)."""
+        before them). With ``agents``, only requests stored for one of those agents (starts,
+        and the answers and resumes an application sends naming the run's agent) or for none
+        (cancels, tags, requests of senders that name no agent)."""
         if limit <= 0:
             return []
         names = None if agents is None else sorted(agents)

@@ -356,6 +356,66 @@ async def test_workers_carrying_different_agents_each_take_their_own_agents_star
     }
 
 
+async def test_an_answer_goes_to_a_worker_carrying_the_run_s_agent(
+    database_url: str, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An application's answer names the run's agent, so only a worker carrying it takes it:
+    one that did not could record it but not carry the run on, which then waited for a
+    carrier's next look for lapsed runs (a minute here)."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    settings = _settings(database_url, pg_schema)
+    in_process = settings.model_copy(update={"app_mode": "in_process"})
+    async with (
+        open_backends(in_process) as backends,
+        PostgresRequests(database_url, schema=pg_schema) as table,
+        onward.open(settings) as app,
+    ):
+
+        def serve(name: str, carried: str, stop: asyncio.Event) -> asyncio.Task[None]:
+            worker = Worker(
+                backends, provider(), {carried: agents[carried]}, name=name, recheck_s=60
+            )
+            signed = RequestSigner(REQUEST_KEY)  # the app signs with the settings' key
+            return asyncio.create_task(worker.serve_postgres(stop, requests=table, signer=signed))
+
+        first_payer, steps, second_payer = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        serving = [serve("pays", "payer", first_payer), serve("steps", "stepper", steps)]
+        try:
+            asked = app.query("pay 5", {"agent": "payer", "run_id": "p1"}, follow_waits=False)
+            assert (await asked.collect())[-1].is_hil_request
+            first_payer.set()  # the payer's worker goes; the stepper's stays
+            await asyncio.wait_for(serving[0], 30)
+
+            answered = app.resume("p1", {"authorized": True}, timeout=60)
+            following = asyncio.create_task(answered.collect())
+            await until(lambda: _stored_for(database_url, pg_schema, "payer"), "answer stored")
+            await asyncio.sleep(1.5)  # a second and more of the stepper's polls
+            assert await table.waiting() == 1  # not taken by a worker that cannot carry it
+
+            serving.append(serve("pays-again", "payer", second_payer))
+            messages = await asyncio.wait_for(following, 30)  # well before the minute
+        finally:
+            for stop in (first_payer, steps, second_payer):
+                stop.set()
+            await asyncio.wait_for(asyncio.gather(*serving), 60)
+    assert messages[-1].output == "paid"
+    assert [e["approval"] for e in Ledger(tmp_path / "ledger.jsonl").entries()] == [
+        {"authorized": True}
+    ]
+
+
+async def _stored_for(database_url: str, schema: str, agent: str) -> bool:
+    """Whether an answer stored for ``agent`` waits in the table."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        found = await conn.fetchval(
+            "SELECT count(*) FROM onward_requests WHERE kind = 'answer' AND agent = $1", agent
+        )
+    finally:
+        await conn.close()
+    return bool(found)
+
+
 async def test_a_start_whose_agent_column_was_changed_is_set_aside(
     table: PostgresRequests, database_url: str, pg_schema: str
 ) -> None:

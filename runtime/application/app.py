@@ -310,6 +310,7 @@ class App(Resource):
 
         async def begin(stream: RunStream) -> None:
             frontier = await self._frontier(run_id, owner)
+            stream.agent = frontier.agent or None
             await self._follow_from_first(stream, frontier)
             if resume_value is not None or not approve:
                 await self._answer(frontier, frontier.waiting_on, resume_value, approve, by)

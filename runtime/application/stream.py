@@ -117,7 +117,8 @@ class RunStream:
         self._said_held = False
         self._said_unheld = False
         self._seen = False
-        self._agent = agent
+        self.agent = agent
+        """The run's agent, when known: a wait for a worker names what it must carry."""
         self._partition: int | None = None
         self.answered: set[str] = set()
         """Requests this stream's opener answered (maybe not in the log yet): not waits."""
@@ -227,7 +228,7 @@ class RunStream:
     async def _say_what_it_waits_on(self, quiet_s: float) -> None:
         """While the stream waits: once, who holds the run and until when (a holder that died
         keeps it until then); once, after `SAY_UNHELD_AFTER_S` of nothing, that nobody does."""
-        if self._said_held or self._waiting_on is not None:
+        if self._said_held or self._waits_on_a_person():
             return
         lease = await self.app.backends.leases.current(self.run_id)
         if lease is None:
@@ -249,7 +250,7 @@ class RunStream:
 
     async def _stalled(self, waited: float) -> str:
         lease = await self.app.backends.leases.current(self.run_id)
-        if lease is None and self._waiting_on is None:
+        if lease is None and not self._waits_on_a_person():
             return self._unheld(waited)
         held = ""
         if lease is not None and lease.tenant == self.tenant:
@@ -265,16 +266,17 @@ class RunStream:
             if self._seen
             else "nothing of it is in the log yet and nobody holds it"
         )
-        # A start names its agent: the worker it waits for is one that carries it.
-        worker = (
-            f"a worker carrying agent {self._agent!r}"
-            if self._agent is not None and not self._seen
-            else "a worker"
-        )
+        # Only a worker that carries the run's agent takes its start or carries it on.
+        worker = f"a worker carrying agent {self.agent!r}" if self.agent else "a worker"
         return (
             f"run {self.run_id!r}: nothing new for {waited:g}s; {what}: no worker has taken it "
             f"(is {worker} running, with room for it? `onward worker`)"
         )
+
+    def _waits_on_a_person(self) -> bool:
+        """The run waits on a request nobody has answered (an answer this stream's opener
+        gave is on its way to a worker: the wait is then for the worker)."""
+        return self._waiting_on is not None and self._waiting_on not in self.answered
 
     def _track(self, event: Event) -> None:
         if isinstance(event, ApprovalRequested):

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 import onward
 from onward.errors import InvalidInputError, NothingToResumeError, ResumeConflictError
+from onward.runtime.application.stream import SAY_UNHELD_AFTER_S
 from onward.runtime.backends import open_backends
 from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
@@ -357,11 +358,16 @@ async def test_workers_carrying_different_agents_each_take_their_own_agents_star
 
 
 async def test_an_answer_goes_to_a_worker_carrying_the_run_s_agent(
-    database_url: str, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    database_url: str,
+    pg_schema: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """An application's answer names the run's agent, so only a worker carrying it takes it:
     one that did not could record it but not carry the run on, which then waited for a
-    carrier's next look for lapsed runs (a minute here)."""
+    carrier's next look for lapsed runs (a minute here). While none is there, the stream
+    following the answered run says which worker it waits for."""
     monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
     settings = _settings(database_url, pg_schema)
     in_process = settings.model_copy(update={"app_mode": "in_process"})
@@ -389,8 +395,13 @@ async def test_an_answer_goes_to_a_worker_carrying_the_run_s_agent(
             answered = app.resume("p1", {"authorized": True}, timeout=60)
             following = asyncio.create_task(answered.collect())
             await until(lambda: _stored_for(database_url, pg_schema, "payer"), "answer stored")
-            await asyncio.sleep(1.5)  # a second and more of the stepper's polls
+            with caplog.at_level("INFO", logger="onward.app"):
+                await asyncio.sleep(SAY_UNHELD_AFTER_S + 1)  # many of the stepper's polls
             assert await table.waiting() == 1  # not taken by a worker that cannot carry it
+            said = [m for r in caplog.records if "no worker has taken" in (m := r.getMessage())]
+            assert len(said) == 1, said
+            assert "run 'p1': nothing new for" in said[0]
+            assert "is a worker carrying agent 'payer' running" in said[0]
 
             serving.append(serve("pays-again", "payer", second_payer))
             messages = await asyncio.wait_for(following, 30)  # well before the minute

@@ -131,7 +131,9 @@ class App(Resource):
         agents: In process: the agents runs may name (one agent, a list, or a dict by name).
         provider: In process: the model.
         poll_s: How often a stream with nothing new looks at the log again (it backs off to
-            ten times that while the run is quiet).
+            ten times that while the run is quiet). In process, what the app's own worker
+            writes wakes the streams of that run at once; the polls find what other
+            processes write.
         recheck_s: In process: how often a quiet stream looks whether its run was left
             running with nobody holding it (its process died) and, if so, carries it on.
         lease_policy: In process: the runs' lease ttl.
@@ -176,6 +178,8 @@ class App(Resource):
         self._worker: Worker | None = None
         self._requests: RequestSender | None = None
         self._folder: Checkpointer | None = None
+        self._napping: dict[str, set[asyncio.Event]] = {}
+        """The streams waiting for something new of each run, woken by this process's appends."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -191,6 +195,7 @@ class App(Resource):
         if self.in_process:
             assert self.provider is not None
             self._worker = Worker(backends, self.provider, self.agents, **self._worker_options)
+            self._worker.append_listeners.append(self._appended)
         else:
             self._requests = await stack.enter_async_context(request_sender(self.settings))
         self._backends = backends
@@ -568,6 +573,30 @@ class App(Resource):
             await folder.catch_up([partition])
         except OnwardError as exc:
             _log.warning("run rows of partition %d not folded yet: %s", partition, exc)
+
+    async def nap(self, stream: RunStream, seconds: float) -> None:
+        """Wait up to ``seconds`` before the stream looks at the log again, less if this
+        process's worker appends to the stream's run meanwhile (in process, a stream sees
+        each event as it is written rather than at its next poll)."""
+        if self._worker is None:
+            await asyncio.sleep(seconds)
+            return
+        woken = asyncio.Event()
+        waiting = self._napping.setdefault(stream.run_id, set())
+        waiting.add(woken)
+        try:
+            await asyncio.wait_for(woken.wait(), seconds)
+        except TimeoutError:
+            pass
+        finally:
+            waiting.discard(woken)
+            if not waiting:
+                self._napping.pop(stream.run_id, None)
+
+    def _appended(self, events: Sequence[Event]) -> None:
+        """Wake the streams waiting on the run a batch was appended to (a batch is one run's)."""
+        for woken in self._napping.get(events[0].run_id, ()):
+            woken.set()
 
     async def quiet(self, stream: RunStream) -> None:
         """A stream found nothing new: in process, end it if the worker refused to start its

@@ -10,7 +10,6 @@ opening another one after a position) gives every message once, in order.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import logging
@@ -66,6 +65,11 @@ class StreamSource(Answers, Protocol):
 
     async def quiet(self, stream: RunStream) -> None:
         """Called when a stream found nothing new: nudge the run on, or end the stream."""
+        ...
+
+    async def nap(self, stream: RunStream, seconds: float) -> None:
+        """Wait up to ``seconds`` before ``stream`` looks at the log again (less if its run is
+        known to have been appended to meanwhile)."""
         ...
 
     async def fold(self, partition: int) -> None:
@@ -155,7 +159,7 @@ class RunStream:
                 raise RunTimeoutError(await self._stalled(self._timeout), run_id=self.run_id)
             await self.app.quiet(self)
             await self._say_what_it_waits_on(time.monotonic() - since)
-            await asyncio.sleep(self.app.poll_s * min(10, 2**quiet))
+            await self.app.nap(self, self.app.poll_s * min(10, 2**quiet))
             quiet += 1
         message = self._buffer.popleft()
         if self._partition is not None and (message.waits or message.type in _SETTLING):

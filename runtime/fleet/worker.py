@@ -123,6 +123,8 @@ class _Boundaries:
         for event in events:
             if isinstance(event, RunStarted):
                 self._worker._started(event.run_id)
+        for listener in self._worker.append_listeners:
+            listener(events)
 
     async def tool_returned(self, call_id: str) -> None:
         return None
@@ -190,6 +192,9 @@ class Worker:
         self._starting: dict[str, _Once] = {}
         self._recovery = Recovery(self)
         self._requests = RequestHandler(self, self._recovery)
+        self.append_listeners: list[Callable[[Sequence[Event]], None]] = []
+        """Called with each batch this worker's runs append, once it is durable (and folded,
+        embedded): an application in process wakes the streams of that run with it."""
 
     @property
     def draining(self) -> bool:

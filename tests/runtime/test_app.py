@@ -88,6 +88,22 @@ async def test_query_streams_the_run_as_it_goes(app: onward.App, ledger: Ledger)
     assert (state.status, state.user, state.get("iteration")) == ("completed", "ann", 4)
 
 
+async def test_in_process_a_stream_sees_each_event_as_it_is_written_not_at_its_next_poll(
+    settings: Settings, ledger: Ledger
+) -> None:
+    # Polls half a minute apart: only the wake-ups of the app's own worker's appends can
+    # bring the run's messages within the ten seconds allowed.
+    async with onward.open(settings, agents=agents, provider=provider(), poll_s=30) as slow:
+        messages = await asyncio.wait_for(
+            slow.query("work", {"agent": "stepper", "user": "ann"}).collect(), 10
+        )
+    assert kinds(messages) == ["text", "checkpoint", "progress", "checkpoint"] * 3 + [
+        "text",
+        "result",
+    ]
+    assert ledger.count("step") == 3
+
+
 async def test_an_approval_is_answered_from_its_message_with_a_value(
     app: onward.App, ledger: Ledger
 ) -> None:

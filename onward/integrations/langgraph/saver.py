@@ -1159,7 +1159,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         # A tool call's outcome is recorded first: the call ran, and left undecided it would
         # be put to a person. The graph run's next write ends it.
         outcomes_only = all(kind in _OUTCOMES for kind, _ in made)
-        over = None if outcomes_only else await self._over_budget(thread_id)
+        # Only a graph's progress is held to a budget: deleting, pruning, an outcome are not.
+        steps = any(kind in (GraphCheckpointed, GraphWritesSaved) for kind, _ in made)
+        over = await self._over_budget(thread_id) if steps else None
         if spent:
             # Before anything else: the calls were made, whatever this write comes to.
             await self._record_spend(thread_id, made, first_seq, spent)

@@ -25,6 +25,11 @@ appended since the last) through the log's tail; without a usable summary, from 
 event where a frontier row says where that is, else from the start of its partition. The fold
 is kept, so reading the thread again reads only the log's new tail. A fold from a summary holds
 the newest checkpoints; asking for an older one, or for the list, folds the thread whole.
+
+Spending. Given a spend ledger, the usage each AI message a node writes reports is recorded
+under the seq of the writes it came in, before they are appended; a budget is checked before
+each step's writes and ends the graph run, as a cancel does, once the thread (or its tenant)
+has reached it.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import contextlib
 import logging
 import sys
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -75,6 +76,9 @@ from .messages import RunMessage
 from .stream import Position, RunStream
 
 _log = logging.getLogger("onward.app")
+
+_WATCHED_RUNS = 1024
+"""Runs with registered streams kept before those whose streams are all gone are forgotten."""
 
 DEFAULT_TENANT: str = Options.model_fields["tenant"].default
 """The tenant of runs whose options name none, and of an app given none."""
@@ -178,8 +182,8 @@ class App(Resource):
         self._worker: Worker | None = None
         self._requests: RequestSender | None = None
         self._folder: Checkpointer | None = None
-        self._napping: dict[str, set[asyncio.Event]] = {}
-        """The streams waiting for something new of each run, woken by this process's appends."""
+        self._watching: dict[str, weakref.WeakSet[RunStream]] = {}
+        """The live streams of each run, woken by this process's appends to it."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -266,14 +270,16 @@ class App(Resource):
             )
             await self._submit(start)
 
-        return RunStream(
-            self,
-            run_id,
-            chosen.tenant,
-            begin,
-            follow_waits=follow_waits,
-            timeout=timeout,
-            agent=agent,
+        return self._watched(
+            RunStream(
+                self,
+                run_id,
+                chosen.tenant,
+                begin,
+                follow_waits=follow_waits,
+                timeout=timeout,
+                agent=agent,
+            )
         )
 
     def resume(
@@ -323,14 +329,16 @@ class App(Resource):
             elif await self._interrupted(frontier):
                 await self._submit(_resume_of(frontier))
 
-        return RunStream(
-            self,
-            run_id,
-            owner,
-            begin,
-            after=start_after,
-            follow_waits=follow_waits,
-            timeout=timeout,
+        return self._watched(
+            RunStream(
+                self,
+                run_id,
+                owner,
+                begin,
+                after=start_after,
+                follow_waits=follow_waits,
+                timeout=timeout,
+            )
         )
 
     async def get_session_state(
@@ -576,27 +584,27 @@ class App(Resource):
 
     async def nap(self, stream: RunStream, seconds: float) -> None:
         """Wait up to ``seconds`` before the stream looks at the log again, less if this
-        process's worker appends to the stream's run meanwhile (in process, a stream sees
-        each event as it is written rather than at its next poll)."""
+        process's worker has appended to the stream's run since it last looked (in process,
+        a stream sees each event as it is written rather than at its next poll)."""
         if self._worker is None:
             await asyncio.sleep(seconds)
             return
-        woken = asyncio.Event()
-        waiting = self._napping.setdefault(stream.run_id, set())
-        waiting.add(woken)
-        try:
-            await asyncio.wait_for(woken.wait(), seconds)
-        except TimeoutError:
-            pass
-        finally:
-            waiting.discard(woken)
-            if not waiting:
-                self._napping.pop(stream.run_id, None)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stream.woken.wait(), seconds)
+
+    def _watched(self, stream: RunStream) -> RunStream:
+        """Register a stream to be woken by this process's appends to its run (from before its
+        first look at the log, so none falls between a look and the wait after it)."""
+        if len(self._watching) > _WATCHED_RUNS:
+            for run_id in [r for r, streams in self._watching.items() if not streams]:
+                del self._watching[run_id]
+        self._watching.setdefault(stream.run_id, weakref.WeakSet()).add(stream)
+        return stream
 
     def _appended(self, events: Sequence[Event]) -> None:
-        """Wake the streams waiting on the run a batch was appended to (a batch is one run's)."""
-        for woken in self._napping.get(events[0].run_id, ()):
-            woken.set()
+        """Wake the streams of the run a batch was appended to (a batch is one run's)."""
+        for stream in self._watching.get(events[0].run_id, ()):
+            stream.woken.set()
 
     async def quiet(self, stream: RunStream) -> None:
         """A stream found nothing new: in process, end it if the worker refused to start its

@@ -10,6 +10,7 @@ opening another one after a position) gives every message once, in order.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import logging
@@ -124,6 +125,8 @@ class RunStream:
         self.agent = agent
         """The run's agent, when known: a wait for a worker names what it must carry."""
         self._partition: int | None = None
+        self.woken = asyncio.Event()
+        """Set when the run is known to have been appended to since the stream last looked."""
         self.answered: set[str] = set()
         """Requests this stream's opener answered (maybe not in the log yet): not waits."""
 
@@ -148,6 +151,7 @@ class RunStream:
         while not self._buffer:
             if self._ended:
                 raise StopAsyncIteration
+            self.woken.clear()  # what is appended from here on wakes the next nap
             if await self._read():
                 quiet, since = 0, time.monotonic()
                 continue

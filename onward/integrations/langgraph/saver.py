@@ -460,7 +460,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 else:
                     state.decoded[(ns, channel)] = DecodedList(node, items)
 
-        await self._write(thread_id, events, after=remember)
+        await self._write(thread_id, events, after=remember, step=True)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -528,7 +528,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             return batch
 
         spent = _model_usages(value for _, _, value in indexed) if self.spend else []
-        await self._write(thread_id, events, spent=spent)
+        await self._write(thread_id, events, spent=spent, step=True)
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Forget every checkpoint and write of a thread (a `GraphThreadDeleted` event).
@@ -959,12 +959,15 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         after: Callable[[ThreadState], None] | None = None,
         whole: bool = False,
         spent: Sequence[tuple[str, Usage]] = (),
+        step: bool = False,
     ) -> None:
         """Append what ``build`` makes of the thread's state, under its lease, and fold it;
         then ``after`` sees the state with the batch folded, still under the thread's lock.
         ``whole``: ``build`` needs every checkpoint (not a fold from a summary). ``spent``:
         the model calls whose answers the batch's writes carry, recorded before it is
-        appended (the calls were made, whether or not the append lands).
+        appended (the calls were made, whether or not the append lands). ``step``: a graph's
+        own checkpoint or task writes, which a budget stops (copying, pruning and deleting a
+        thread, or recording a tool call, are never refused for spend).
 
         Raises:
             FencedError: The lease was lost before or during the append; nothing more may be
@@ -982,7 +985,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 raise
             state = await self._fresh(thread_id, held, whole=whole)
             made = build(state)
-            await self._may_go_on(thread_id, held, made, state.last_seq + 1, spent)
+            await self._may_go_on(thread_id, held, made, state.last_seq + 1, spent, step=step)
             fence = held.holder.lease.fence
             batch = [
                 stamped(
@@ -1151,9 +1154,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         made: _Batch,
         first_seq: int,
         spent: Sequence[tuple[str, Usage]],
+        *,
+        step: bool,
     ) -> None:
         """Record the model calls ``spent`` (the batch ``made`` is to be appended from
-        ``first_seq``), then end the graph run if it is over a budget or was asked to cancel.
+        ``first_seq``), then end the graph run if it is over a budget (``step``: a graph's
+        checkpoint or task writes) or was asked to cancel.
 
         Raises:
             BudgetExceededError: What the thread (or tenant) spent before this write's calls
@@ -1164,9 +1170,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         # A tool call's outcome is recorded first: the call ran, and left undecided it would
         # be put to a person. The graph run's next write ends it.
         outcomes_only = all(kind in _OUTCOMES for kind, _ in made)
-        # Only a graph's progress is held to a budget: deleting, pruning, an outcome are not.
-        steps = any(kind in (GraphCheckpointed, GraphWritesSaved) for kind, _ in made)
-        over = await self._over_budget(thread_id) if steps else None
+        over = await self._over_budget(thread_id) if step and made else None
         if spent:
             # Before anything else: the calls were made, whatever this write comes to.
             await self._record_spend(thread_id, made, first_seq, spent)

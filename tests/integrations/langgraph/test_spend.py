@@ -249,10 +249,12 @@ async def test_a_thread_over_its_budget_stops_after_the_call_that_passed_it(
         assert isinstance(events[[e.seq for e in events].index(last_paid)], GraphWritesSaved)
 
         # A saver given more carries the thread on from the answer that was paid for.
-        # Over its budget, the thread may still be pruned (and deleted): those are not steps.
+        # Over its budget, the thread may still be copied, pruned (and deleted): not steps.
         async with saver_of(world, ledger, budget_micros=700) as saver:
+            await saver.acopy_thread(thread_id, f"{thread_id}-copy")
             await saver.aprune([thread_id])
             assert (await saver.aget_tuple(config(thread_id))) is not None
+            assert (await saver.aget_tuple(config(f"{thread_id}-copy"))) is not None
 
         async with saver_of(world, ledger, budget_micros=5_000) as saver:
             out = await chat_graph(saver).ainvoke(
@@ -281,6 +283,9 @@ async def test_a_tenant_over_its_budget_stops_every_thread_of_it(tmp_path: Path)
             assert one.value.scope == "tenant"
             with pytest.raises(BudgetExceededError, match="tenant 'acme' has spent 660"):
                 await graph.ainvoke({"messages": [HumanMessage("hi")]}, config("two"), **sync)
+            # Copying a thread is not a step of a graph: the tenant's budget does not stop it.
+            await saver.acopy_thread("one", "one-copy")
+            assert (await saver.aget_tuple(config("one-copy"))) is not None
         assert (await ledger.run_total("two")).calls == 0
         assert (await ledger.tenant_total(TENANT)).micros == 660
 

@@ -114,13 +114,8 @@ def saver_of(
     budget_micros: int | None = None,
     tenant_budget_micros: int | None = None,
 ) -> OnwardSaver:
-    return OnwardSaver(
-        world.log,
-        world.leases,
-        tenant=TENANT,
-        frontiers=world.frontiers,
-        checkpoint_inline=world.embedded,
-        summaries=world.summaries,
+    """A saver of ``world`` counting spend in ``ledger`` at `PRICES`."""
+    return world.saver(
         spend=ledger,
         prices=PRICES,
         budget_micros=budget_micros,

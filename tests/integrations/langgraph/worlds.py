@@ -12,6 +12,7 @@ from support.stores import Stores, kafka_stores, sqlite_stores
 
 from onward.integrations.langgraph import OnwardSaver, PostgresThreadSummaries, ThreadSummaryStore
 from onward.runtime.leases import LeasePolicy
+from onward.runtime.spend import PriceTable, SpendLedger
 
 TENANT = "acme"
 
@@ -29,8 +30,12 @@ class World(Stores):
         holder: str | None = None,
         ttl_s: float | None = None,
         renew_within_s: float | None = None,
+        spend: SpendLedger | None = None,
+        prices: PriceTable | None = None,
+        budget_micros: int | None = None,
+        tenant_budget_micros: int | None = None,
     ) -> OnwardSaver:
-        """A saver on these stores (not yet entered)."""
+        """A saver on these stores (not yet entered); ``spend`` and the rest as the saver's."""
         policy = (
             LeasePolicy(
                 ttl=timedelta(seconds=ttl_s),
@@ -48,6 +53,10 @@ class World(Stores):
             holder=holder,
             policy=policy,
             summaries=self.summaries,
+            spend=spend,
+            prices=prices,
+            budget_micros=budget_micros,
+            tenant_budget_micros=tenant_budget_micros,
         )
 
 

@@ -660,6 +660,19 @@ class AgentRunner(Resource):
         )
         await self.writer.append(run, [finished])
 
+    async def _end_as_asked(self, run: HeldRun, asked: CancelAsked) -> None:
+        """End the run ``cancelled`` as someone asked its holder to.
+
+        The ask belongs to this holding (`LeaseStore.ask_to_cancel`): an end given up on after
+        a failed append would be lost with it, and the run's next holder, finding no ask,
+        would carry the run on. So the end is kept trying for as long as the lease holds
+        (`RunWriter.append_while_held`).
+        """
+        finished = self.writer.event(run, RunFinished, status="cancelled", error=asked.error)
+        await self.writer.append_while_held(
+            run, [finished], what=f"its end, cancelled by {asked.by}"
+        )
+
     async def ask_to_cancel(
         self, run_id: str, *, tenant: str, by: str, why: str = ""
     ) -> RunLease | None:
@@ -806,7 +819,7 @@ class AgentRunner(Resource):
                 break
             asked = run.held.cancel_asked
             if asked is not None:  # someone asked its holder to cancel it (`onward cancel`)
-                await self._end_cancelled(run, asked.by, asked.why)
+                await self._end_as_asked(run, asked)
                 break
             with observe.run_step("model", run.run_id, run.fence):
                 dispatches = await self._model_step(run)
@@ -845,7 +858,7 @@ class AgentRunner(Resource):
         except CancelAskHeard as heard:
             if held is not None:
                 await self.release_hold(run.run_id, held)
-            await self._end_cancelled(run, heard.asked.by, heard.asked.why)
+            await self._end_as_asked(run, heard.asked)
             return []
         except BaseException:
             if held is not None:

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from onward.errors import FencedError, OnwardError
+from onward.errors import BackendError, FencedError, OnwardError
 from onward.eventlog.base import EventLog, StoredEvent
 from onward.eventlog.events import Event, RunFinished, stamped
 from onward.projections.frontier import Frontier, fold_all
@@ -35,6 +35,11 @@ from .spend import SpendLedger
 
 _E = TypeVar("_E", bound=Event)
 _log = logging.getLogger(__name__)
+
+APPEND_RETRY_FIRST_S = 0.2
+"""How long `RunWriter.append_while_held` waits before it first reads the log back."""
+APPEND_RETRY_MAX_S = 5.0
+"""The longest wait between two read-backs of `RunWriter.append_while_held`."""
 
 
 class RunObserver(Protocol):
@@ -149,25 +154,96 @@ class RunWriter:
                 StoredEvent(p, e)  # type: ignore[arg-type]  # every Event is of AnyEvent
                 for e, p in zip(batch, positions, strict=True)
             ]
-            frontier = fold_all(run.frontier, stored)
-            if frontier.refused > run.frontier.refused:
-                COUNTS.fenced_writes_refused += 1
-                raise FencedError(
-                    f"run {run.run_id!r}: this worker's writes under fence {run.fence} were "
-                    f"refused ({frontier.last_refusal}); another worker holds the run",
-                    run_id=run.run_id,
-                    fence=run.fence,
-                    holder=run.held.holder,
-                )
-            run.frontier = frontier
-            for event in events:
-                run.conversation.remember(escape_bodies(event))
-            if self.checkpointer is not None:
-                await self.checkpointer.after_append(batch, positions, step=frontier.iteration)
-            if self.observer is not None:
-                await self.observer.appended(batch)
+            await self._took(run, stored, [escape_bodies(e) for e in events])
         if self.spend is not None and any(isinstance(e, RunFinished) for e in batch):
             await self._release_holds(run.run_id)
+
+    async def append_while_held(self, run: HeldRun, events: Sequence[Event], *, what: str) -> None:
+        """`append`, kept trying through failures of the log for as long as the lease holds:
+        for a batch that must not be given up on, such as the end a cancel ask wants (the ask
+        goes with the holding, so the next holder would never hear it).
+
+        After a failed append the log is read back (`read_back`: the batch may have landed
+        and lost its answer) and the batch appended again only if it is not there; a log that
+        cannot be read is looked at again. Each wait is logged, naming ``what`` waits, and
+        doubles from `APPEND_RETRY_FIRST_S` to `APPEND_RETRY_MAX_S`.
+
+        Raises:
+            FencedError: The lease was lost first; nothing more may be written.
+        """
+        delay = APPEND_RETRY_FIRST_S
+        while True:
+            try:
+                await self.append(run, events)
+            except BackendError as exc:
+                failure = exc
+            else:
+                return
+            while True:
+                _log.warning(
+                    "run %s: %s may not be in the log (%s); reading the log back in %.1f s, "
+                    "for as long as the lease holds",
+                    run.run_id,
+                    what,
+                    failure,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, APPEND_RETRY_MAX_S)
+                await run.held.check()
+                try:
+                    if await self.read_back(run):
+                        return
+                    break
+                except BackendError as exc:
+                    failure = exc
+
+    async def read_back(self, run: HeldRun) -> bool:
+        """After an append that raised `BackendError` (its outcome unknown: a broker may have
+        stored the batch and lost the answer), take what of it the log holds, as `append` would
+        have on success. Whether anything had landed; an append may be tried again only after
+        this said no, or the run would hold the batch twice.
+
+        Raises:
+            FencedError: What landed was refused (another worker holds the run).
+            BackendError: The log could not be read either; nothing is known still.
+        """
+        async with run.lock:
+            tail = await self.log.read_run(run.run_id, start=run.frontier.through_offset + 1)
+            landed = [s for s in tail if s.event.seq > run.frontier.last_seq]
+            if not landed:
+                return False
+            restored = [escape_bodies(await self.restore(s.event)) for s in landed]
+            await self._took(run, landed, restored)
+        if self.spend is not None and any(isinstance(s.event, RunFinished) for s in landed):
+            await self._release_holds(run.run_id)
+        return True
+
+    async def _took(
+        self, run: HeldRun, stored: Sequence[StoredEvent], remembered: Sequence[Event]
+    ) -> None:
+        """Fold a durable batch into the run (stopping if the fold refused any of it), keep the
+        conversation in step (``remembered``: the batch as the model is to see it), fold the
+        local frontier store and tell the observer."""
+        frontier = fold_all(run.frontier, stored)
+        if frontier.refused > run.frontier.refused:
+            COUNTS.fenced_writes_refused += 1
+            raise FencedError(
+                f"run {run.run_id!r}: this worker's writes under fence {run.fence} were "
+                f"refused ({frontier.last_refusal}); another worker holds the run",
+                run_id=run.run_id,
+                fence=run.fence,
+                holder=run.held.holder,
+            )
+        run.frontier = frontier
+        for event in remembered:
+            run.conversation.remember(event)
+        batch = [s.event for s in stored]
+        if self.checkpointer is not None:
+            positions = [s.position for s in stored]
+            await self.checkpointer.after_append(batch, positions, step=frontier.iteration)
+        if self.observer is not None:
+            await self.observer.appended(batch)
 
     async def _release_holds(self, run_id: str) -> None:
         """Drop the finished run's holds. The run's end is durable already, so a ledger that

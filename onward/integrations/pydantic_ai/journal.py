@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pydantic
 from pydantic_ai.exceptions import ApprovalRequired
@@ -51,7 +51,7 @@ from onward.eventlog import (
     Usage,
 )
 from onward.runtime.dispatch import write_ahead
-from onward.runtime.leases import CancelAskHeard, RunLease
+from onward.runtime.leases import CancelAsked, CancelAskHeard, RunLease
 from onward.runtime.spend.budget import Budgets
 from onward.runtime.tools import idempotency_key, tool_error
 from onward.runtime.writer import HeldRun, RunWriter
@@ -217,8 +217,7 @@ class RunJournal:
         await self._settle_turn()
         asked = self.run.held.cancel_asked
         if asked is not None:
-            await self.append(self.event(RunFinished, status="cancelled", error=asked.error))
-            raise RunCancelled(asked.error)
+            await self._end_as_asked(asked)
         held = await self._hold()
         try:
             # A cancel ask heard meanwhile abandons the request (no effect but its cost).
@@ -227,8 +226,7 @@ class RunJournal:
         except CancelAskHeard as heard:
             if held is not None and self.spend is not None:
                 await self.spend.runner.release_hold(self.run_id, held)
-            await self.append(self.event(RunFinished, status="cancelled", error=heard.asked.error))
-            raise RunCancelled(heard.asked.error) from None
+            await self._end_as_asked(heard.asked)
         except BaseException:
             if held is not None and self.spend is not None:
                 await self.spend.runner.release_hold(self.run_id, held)
@@ -392,6 +390,19 @@ class RunJournal:
         await self.append(*batch)
 
     # -- the log -----------------------------------------------------------------------------
+
+    async def _end_as_asked(self, asked: CancelAsked) -> NoReturn:
+        """End the run ``cancelled`` as someone asked its holder to, and stop the agent there.
+
+        The ask goes with this holding, so the end is kept trying for as long as the lease
+        holds (`RunWriter.append_while_held`) rather than given up on after a failed append.
+        """
+        finished = self.event(RunFinished, status="cancelled", error=asked.error)
+        await self.writer.append_while_held(
+            self.run, [finished], what=f"its end, cancelled by {asked.by}"
+        )
+        self._learn(finished)
+        raise RunCancelled(asked.error) from None
 
     def event(self, kind: type[Any], offset: int = 0, **fields: Any) -> Any:
         """An event of this run, ``offset`` places into the batch it goes out in."""

@@ -7,6 +7,7 @@ crash left them and the run's lease is let go, so the test resumes at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
+from support.failing_ends import EndFails
 from support.stores import Stores
 
 from integrations.pydantic_ai.world import (
@@ -470,6 +472,46 @@ async def test_a_run_asked_to_cancel_ends_cancelled_before_its_next_model_reques
     assert await stores.leases.current(RUN) is None
     again = await durability.resume(agent, RUN)
     assert (again.status, again.error) == ("cancelled", "cancelled by ops: runaway")
+
+
+@pytest.mark.parametrize("landing", [1, 0], ids=["landed", "lost"])
+async def test_an_asked_for_end_whose_append_failed_is_written_once(
+    stores: Stores, ledger: Ledger, landing: int
+) -> None:
+    """The end the ask wants fails to append: ``landed``, the log stored it and the answer was
+    lost (a broker's lost acknowledgement), and the holder finds it by reading the log back;
+    ``lost``, it was not stored, and the holder writes it again after the read-back. Either
+    way the run ends cancelled, with one end in the log."""
+    log = EndFails(stores.log, failures=1, landing=landing)
+    durability = durability_on(dataclasses.replace(stores, log=log), worker="here")
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        n = sum(isinstance(m, ModelResponse) for m in messages) + 1
+        return ModelResponse(parts=[ToolCallPart("tick", {"n": n}, tool_call_id=f"t{n}")])
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(answer),
+        name="looper",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain
+    async def tick(n: int) -> str:
+        """One turn of a run that goes on until it is asked to stop."""
+        ledger.record("tick", current_idempotency_key() or "", n=n)
+        await stores.leases.ask_to_cancel(RUN, tenant=TENANT, by="ops", why="runaway")
+        return f"ticked {n}"
+
+    result = await asyncio.wait_for(durability.run(agent, "loop", run_id=RUN), 30)
+
+    assert (result.status, result.error) == ("cancelled", "cancelled by ops: runaway")
+    assert log.ends_tried == 2 - landing
+    assert [e.error for e in await events(stores) if isinstance(e, RunFinished)] == [
+        "cancelled by ops: runaway"
+    ]
+    assert [e["n"] for e in ledger.entries()] == [1, 2]  # heard at the second call's dispatch
+    assert await stores.leases.current(RUN) is None
 
 
 async def test_a_model_request_in_flight_is_abandoned_when_the_ask_is_heard(

@@ -5,6 +5,13 @@ offset, from which resume folds the rest. `CheckpointPolicy` says at which of th
 unambiguous boundaries the runner's inline checkpointer folds; a sparser policy writes fewer
 rows and leaves a longer tail to fold on resume. It never repeats a tool call.
 
+On PostgreSQL a step's checkpoints are folded beside the run's next step, not before it: the
+fold is a shortcut, and a run waiting for it would wait for a dozen round trips a boundary for
+nothing it needs. What a reader of the row must see at once (the run's start and end, a wait on
+a person, a person's word) is folded before its append returns, and a run's holder waits for
+the folds still under way before it lets the run go. SQLite's fold rides the log's group
+commit in process and is not worth a task of its own.
+
 A checkpoint that cannot be written (over the cap, or a store that is down) never fails the
 live run: the run carries on and `Checkpointer.last_error` says what went wrong.
 """
@@ -52,6 +59,16 @@ _ALWAYS_FOLDED = (
 """Events folded into the row as soon as they are appended: the run's start (a run whose process
 died before its first boundary must have a row, or no worker ever finds it), its end, and a
 person's word (from `onward approve`, `deny`, `resolve` or `tag` in another process, often)."""
+
+
+def shown_at_once(events: Sequence[Event]) -> bool:
+    """Whether a batch must be in the row as soon as it is durable: it starts or ends the run,
+    is a person's word (`_ALWAYS_FOLDED`), or makes the run wait on a person (`list_pending`
+    and the application's ``waiting`` status read that from the row)."""
+    return any(isinstance(e, _SHOWN_AT_ONCE) for e in events)
+
+
+_SHOWN_AT_ONCE = (*_ALWAYS_FOLDED, ApprovalRequested)
 
 
 MAX_CHECKPOINT_FREQUENCY = 1_000_000
@@ -131,6 +148,8 @@ class Checkpointer:
         log: The log the appends went to.
         policy: Which boundaries to fold at.
         max_bytes: The snapshot cap.
+        steps_beside: Fold a step's boundaries beside the run's next step rather than before
+            it (`after_append`); by default where a fold costs round trips (PostgreSQL).
     """
 
     def __init__(
@@ -140,8 +159,14 @@ class Checkpointer:
         *,
         policy: CheckpointPolicy | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        steps_beside: bool | None = None,
     ) -> None:
         self.policy = policy or CheckpointPolicy()
+        # A fold in PostgreSQL is a dozen round trips the run needs nothing from; SQLite's
+        # rides the log's group commit in process, and memory's is a dictionary's.
+        self.steps_beside = (
+            isinstance(store, PostgresStore) if steps_beside is None else steps_beside
+        )
         # Embedded mode folds every partition itself, so a run a person released from
         # quarantine is folded again on the next catch-up, wherever its partition stands.
         self.projection = FrontierProjection(
@@ -165,6 +190,8 @@ class Checkpointer:
         self._wanted: set[int] = set()
         self._requested = 0
         self._covered = 0
+        self._folding: set[asyncio.Task[None]] = set()
+        self._latest: asyncio.Task[None] | None = None
         self.last_error: str | None = None
         self.written = 0
 
@@ -183,15 +210,41 @@ class Checkpointer:
         """Fold the partition of a batch just appended, if the policy wants a checkpoint here
         (``step``: the run's model calls so far, for the policy's ``checkpoint_frequency``).
 
-        Concurrent runs share catch-ups: one that waited while another catch-up ran is served
-        by the next, which folds every partition asked for meanwhile in one pass (one store
-        write) instead of one pass each.
+        A batch a reader of the row must see at once (`shown_at_once`: the run's start or
+        end, a wait on a person, a person's word) is folded before this returns. With
+        ``steps_beside``, any other checkpoint, a step's boundary, is folded in the background,
+        so the run's next step does not wait for it; `settled` waits for those (a run's holder
+        does before it lets go of the lease). Concurrent runs share catch-ups: one that waited
+        while another catch-up ran is served by the next, which folds every partition asked
+        for meanwhile in one pass (one store write) instead of one pass each.
         """
         if not self.policy.wants(events, step=step):
             return
         self._wanted.add(positions[0].partition)
         self._requested += 1
-        ticket = self._requested
+        checkpoint = self._checkpoint(self._requested, events[0].run_id)
+        if not self.steps_beside or shown_at_once(events):
+            await checkpoint
+            return
+        folding = asyncio.create_task(checkpoint, name=f"checkpoint of {events[0].run_id}")
+        self._folding.add(folding)  # a reference until it is done
+        folding.add_done_callback(self._folding.discard)
+        self._latest = folding
+
+    async def settled(self) -> None:
+        """Until the checkpoints being folded in the background now are stored (or have
+        failed, each saying so in the log and in `last_error`).
+
+        The latest one is enough to wait for: folds take the in-process lock in the order they
+        were asked for, and a fold covers every checkpoint asked for before it, so once the
+        latest is done every earlier one is. Shielded: a waiter cancelled does not cancel it.
+        """
+        latest = self._latest
+        if latest is not None and not latest.done():
+            await asyncio.shield(latest)
+
+    async def _checkpoint(self, ticket: int, run_id: str) -> None:
+        """Fold through request ``ticket``; a failure is logged, never raised."""
         refused_before = self.projection.stats.snapshots_refused
         try:
             # What another process on the same file folded since is noticed by the projector
@@ -203,7 +256,7 @@ class Checkpointer:
             return
         if self.projection.stats.snapshots_refused > refused_before:
             self.last_error = (
-                f"run {events[0].run_id!r}: frontier over the {self.projection.max_bytes}-byte "
+                f"run {run_id!r}: frontier over the {self.projection.max_bytes}-byte "
                 "cap; the row keeps its reason and resume folds from the log"
             )
         else:

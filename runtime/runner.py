@@ -240,7 +240,17 @@ class AgentRunner(Resource):
         async with Leaseholder(
             self.leases, run_id, tenant=tenant, holder=holder, policy=self.lease_policy
         ) as held:
-            yield held
+            try:
+                yield held
+            finally:
+                await self.settle_checkpoints()
+
+    async def settle_checkpoints(self) -> None:
+        """Until the inline checkpoints being folded in the background are stored
+        (`Checkpointer.settled`): a run's holder waits for them before it lets the run go, so
+        the next holder's resume starts from them."""
+        if self.checkpointer is not None:
+            await self.checkpointer.settled()
 
     def _held(
         self, run_id: str, tenant: str

@@ -193,8 +193,9 @@ class Worker:
         self._recovery = Recovery(self)
         self._requests = RequestHandler(self, self._recovery)
         self.append_listeners: list[Callable[[Sequence[Event]], None]] = []
-        """Called with each batch this worker's runs append, once it is durable (and folded,
-        embedded): an application in process wakes the streams of that run with it."""
+        """Called with each batch this worker's runs append, once it is durable (and, where the
+        worker folds its appends, folded if the row must show it at once: `shown_at_once`): an
+        application in process wakes the streams of that run with it."""
 
     @property
     def draining(self) -> bool:

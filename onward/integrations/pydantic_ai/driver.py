@@ -315,7 +315,10 @@ class DurableRuns:
             holder=runner.worker,
             policy=runner.lease_policy,
         ) as held:
-            yield held
+            try:
+                yield held
+            finally:
+                await runner.settle_checkpoints()
 
     async def _events(self, frontier: Frontier) -> list[Event]:
         """The run's counted events through the frontier, bodies put back.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.compaction_world import World, kafka_stores, sqlite_world
+from support.compaction_world import World, world_of
 from support.failing_ends import EndFails
 from support.servers import KafkaServers
 
@@ -41,12 +41,8 @@ POLICY = LeasePolicy(ttl=timedelta(seconds=1.5))
 
 @pytest_asyncio.fixture
 async def world(clustered: KafkaServers | None, tmp_path: Path) -> AsyncIterator[World]:
-    if clustered is None:
-        async with sqlite_world(tmp_path) as embedded:
-            yield embedded
-    else:
-        async with kafka_stores(clustered) as stores:
-            yield stores
+    async with world_of(clustered, tmp_path) as opened:
+        yield opened
 
 
 class AsksToCancel:

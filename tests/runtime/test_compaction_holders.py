@@ -31,8 +31,7 @@ from support.compaction_world import (
     Script,
     World,
     conversation,
-    kafka_stores,
-    sqlite_world,
+    world_of,
 )
 from support.poison import BAD_RECORDS
 from support.servers import KafkaServers
@@ -59,12 +58,8 @@ OTHERS = 200
 
 @pytest_asyncio.fixture
 async def world(clustered: KafkaServers | None, tmp_path: Path) -> AsyncIterator[World]:
-    if clustered is None:
-        async with sqlite_world(tmp_path) as embedded:
-            yield embedded
-    else:
-        async with kafka_stores(clustered) as stores:
-            yield stores
+    async with world_of(clustered, tmp_path) as opened:
+        yield opened
 
 
 class Recording:

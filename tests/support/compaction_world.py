@@ -149,6 +149,18 @@ async def kafka_stores(servers: KafkaServers, *, partitions: int = 1) -> AsyncIt
         yield World(log, frontiers, store, leases, inline=False, database_url=url, servers=servers)
 
 
+@asynccontextmanager
+async def world_of(clustered: KafkaServers | None, folder: Path) -> AsyncIterator[World]:
+    """The embedded deployment in ``folder`` when ``clustered`` is None (the `clustered`
+    fixture's embedded side), else Kafka + PostgreSQL + Redis on the test's own servers."""
+    if clustered is None:
+        async with sqlite_world(folder) as embedded:
+            yield embedded
+    else:
+        async with kafka_stores(clustered) as stores:
+            yield stores
+
+
 async def conversation(log: EventLog, run_id: str) -> list[Message]:
     """The run's conversation as folding its whole history from the log gives it."""
     counted = SequenceGuard().admit_all(await log.read_run(run_id))

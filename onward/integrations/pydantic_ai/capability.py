@@ -51,8 +51,8 @@ class OnwardDurability(BaseDurabilityCapability[AgentDepsT]):
     outcomes are replayed, calls that never ran are dispatched (write-ahead), and a call that
     was dispatched but whose outcome was never recorded comes back as pydantic-ai's own approval
     request (``DeferredToolRequests``), never run again unasked. Waits on people (deferred calls,
-    ``RequestInput``, any external event) are Onward approvals: the run stops, holding nothing,
-    and `decide` (or ``onward approve``) answers it.
+    ``HandleDeferredToolCalls`` with a token, any external event) are Onward approvals: the run
+    stops, holding nothing, and `decide` (or ``onward approve``) answers it.
 
     Args:
         log: The event log.
@@ -197,8 +197,8 @@ class OnwardDurability(BaseDurabilityCapability[AgentDepsT]):
             raise ConfigurationError(
                 f"agent {agent.name!r}: a durable run needs DeferredToolRequests among its "
                 "output types (output_type=[str, DeferredToolRequests]) or a capability that "
-                "handles deferred calls (RequestInput), so a call that may have run is handed to "
-                "a person rather than failing the run"
+                "handles deferred calls (HandleDeferredToolCalls), so a call that may have run "
+                "is handed to a person rather than failing the run"
             )
         return describe(agent, bound.name)
 
@@ -245,7 +245,7 @@ def _hands_back_deferred(output_spec: object) -> bool:
 
 
 def _handles_deferred(agent: AbstractAgent[Any, Any]) -> bool:
-    """Whether one of the agent's capabilities answers deferred calls itself (``RequestInput``)."""
+    """Whether a capability of the agent answers deferred calls (``HandleDeferredToolCalls``)."""
     base = getattr(AbstractCapability, "handle_deferred_tool_calls", None)
     if base is None:
         return False  # a release without the hook: only the output type can hand a call back

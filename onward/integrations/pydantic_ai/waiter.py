@@ -1,6 +1,7 @@
 """pydantic-ai's wait for an external event, backed by Onward approvals.
 
-A run that waits on a person (``RequestInput``, or any `wait_for_external_event`) gets this
+A run that waits on a person (``HandleDeferredToolCalls`` whose handler takes a resume token,
+``RequestInput`` before 2.78, or any `wait_for_external_event`) gets this
 waiter inside an Onward run. The wait is recorded as ``ApprovalRequested`` and the run stops
 there, holding nothing; the answer is recorded as ``ApprovalGranted`` (its value is the
 payload) by `OnwardDurability.decide` or ``onward approve``, and the run is resumed. Its

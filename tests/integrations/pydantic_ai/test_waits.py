@@ -1,4 +1,7 @@
-"""Waits on people through pydantic-ai's own waiter (``RequestInput``), backed by Onward approvals.
+"""Waits on people through pydantic-ai's own waiter, backed by Onward approvals.
+
+The waiter is ``HandleDeferredToolCalls`` with a handler that takes a resume token (2.78 and
+later), ``RequestInput`` before it: the same wait under the name each release gives it.
 
 Needs a pydantic-ai with external-event waits (2.68 and later): the lowest supported release
 waits on people through ``DeferredToolRequests`` only (test_durability.py), and the run of the
@@ -8,10 +11,11 @@ lowest release leaves this file out.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic_ai import Agent, RunContext
-from pydantic_ai.capabilities import RequestInput
+from pydantic_ai.capabilities import HandleDeferredToolCalls
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
 from support.stores import Stores
@@ -21,11 +25,16 @@ from onward.eventlog import ApprovalGranted, ApprovalRequested
 from onward.integrations.pydantic_ai import OnwardDurability, current_idempotency_key
 from onward.runtime.demo_ledger import Ledger
 
+if "timeout" in HandleDeferredToolCalls.__dataclass_fields__:
+    TokenWaiter: Any = HandleDeferredToolCalls  # its handler takes the token when it asks for one
+else:  # before 2.78 the waiter whose handler takes a token was ``RequestInput``
+    from pydantic_ai.capabilities import RequestInput as TokenWaiter
+
 RUN = "r-wait"
 
 
 class Asker:
-    """``RequestInput``'s ask: hands the token on (or answers at once), counting calls."""
+    """The waiter's handler: hands the token on (or answers at once), counting calls."""
 
     def __init__(self, answer: DeferredToolResults | None = None) -> None:
         self.answer = answer
@@ -44,7 +53,7 @@ def asking_agent(
     agent: Agent[None, str] = Agent(
         FunctionModel(script.answer),
         name="asker",
-        capabilities=[durability, RequestInput(asker)],
+        capabilities=[durability, TokenWaiter(asker)],
     )
 
     @agent.tool_plain(requires_approval=True)

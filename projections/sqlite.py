@@ -161,6 +161,8 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         migrate: Apply the SQLite migrations on :meth:`start`, so embedded mode needs no setup.
             With ``False`` the file must already be migrated (``onward db migrate``), and a file
             that is not is refused rather than changed.
+        lock_timeout_s: The longest the inline fold waits for another process's fold
+            (`SqliteStore`).
     """
 
     what = "frontier store"

@@ -22,6 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from onward.errors import ConfigurationError, InvalidInputError
 
+from .locks import LOCK_TIMEOUT_S, LockWait, holder_record
 from .translate import translate
 
 if sys.platform != "win32":
@@ -183,11 +184,17 @@ class FileLock:
     SQLite's own lock covers one statement or transaction; this covers a read-then-write that
     spans several (read positions, fold, store), so two processes never interleave one. It is
     polled without blocking, so a waiter that is cancelled never leaves a thread holding it.
+    Its holder writes who it is into the file, so a wait that lasts names it (`LockWait`); a
+    wait longer than ``timeout_s`` fails with `BackendUnavailableError` (``None``: no limit).
     Where ``flock`` does not exist (Windows), it locks nothing.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, *, what: str | None = None, timeout_s: float | None = LOCK_TIMEOUT_S
+    ) -> None:
         self.path = path
+        self.what = what or f"the lock file {path}"
+        self.timeout_s = timeout_s
         self._fd: int | None = None
 
     async def __aenter__(self) -> None:
@@ -195,14 +202,19 @@ class FileLock:
             return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
+            wait = LockWait(self.what, self.timeout_s, self._holder)
             delay = 0.001
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
+                    await wait.not_yet()
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 0.02)
+            with suppress(OSError):  # who holds it is for messages only
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, holder_record().encode(), 0)
         except BaseException:
             os.close(fd)
             raise
@@ -212,6 +224,13 @@ class FileLock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # closing the descriptor releases its lock
+
+    async def _holder(self) -> str:
+        """Who last took the lock, as it wrote itself into the file ("" if unreadable)."""
+        try:
+            return self.path.read_text(encoding="utf-8", errors="replace").strip()[:200]
+        except OSError:
+            return ""
 
 
 class _Write(Generic[_T]):

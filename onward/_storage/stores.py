@@ -21,6 +21,7 @@ import asyncpg
 
 from onward.errors import InvalidInputError
 
+from .locks import LOCK_TIMEOUT_S, LockWait
 from .logs import one_line_driver_logs
 from .migrations import open_sqlite, verify_postgres, verify_sqlite
 from .postgres import open_pool, pooled
@@ -125,6 +126,9 @@ class SqliteStore(Resource):
             store opens and closes them (its migrations include this store's tables). Two
             connections of one process would otherwise take turns at SQLite's write lock
             through its busy handler, which sleeps.
+        lock_timeout_s: The longest a lock across processes (`exclusive`; the inline fold's)
+            is waited for before the wait fails with `BackendUnavailableError`; ``None``
+            waits until it is free. A wait of more than a second is said in the log.
     """
 
     what: ClassVar[str] = "store"
@@ -137,8 +141,10 @@ class SqliteStore(Resource):
         migrate: bool = True,
         readonly: bool = False,
         sharing: SqliteStore | None = None,
+        lock_timeout_s: float | None = LOCK_TIMEOUT_S,
     ) -> None:
         self._path = Path(path)
+        self._lock_timeout_s = lock_timeout_s
         self._migrate = migrate and not readonly
         self._readonly = readonly
         self._borrowed = sharing is not None
@@ -182,7 +188,11 @@ class SqliteStore(Resource):
 
     def exclusive(self, name: str) -> FileLock:
         """A lock named ``name`` that every process using this file sees (``FILE.name.lock``)."""
-        return FileLock(self._path.with_name(f"{self._path.name}.{name}.lock"))
+        return FileLock(
+            self._path.with_name(f"{self._path.name}.{name}.lock"),
+            what=f"the {name} lock of {self._path}",
+            timeout_s=self._lock_timeout_s,
+        )
 
     async def verify(self) -> None:
         """Check the file is still at this code's schema version.
@@ -312,6 +322,19 @@ class PostgresStore(Resource):
                 await pool.close()
 
 
+_TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
+_LOCK = "SELECT pg_advisory_lock(hashtextextended($1, 0))"
+# A bigint advisory key is stored as two oids: its high half in classid, its low half in objid.
+_HOLDER = """
+SELECT a.pid, a.application_name, host(a.client_addr) AS client
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+  AND l.objid = (hashtextextended($1, 0) & 4294967295)::oid
+LIMIT 1
+"""
+
+
 class AdvisoryLock:
     """A PostgreSQL advisory lock named for a store's schema, held on one of its pooled
     connections while a block runs; reusable, one holder at a time.
@@ -340,7 +363,7 @@ class AdvisoryLock:
                 self._store._connection(f"taking the {self._name} lock")
             )
             conn.release_session_locks()  # before asking: a cancelled ask may be granted
-            await self._within(stack, conn, "SELECT pg_advisory_lock(hashtextextended($1, 0))")
+            await self._within(stack, conn, self._wait_for)
         except BaseException:
             self._in_process.release()
             raise
@@ -356,11 +379,50 @@ class AdvisoryLock:
         finally:
             self._in_process.release()
 
-    async def _within(self, stack: AsyncExitStack, conn: asyncpg.Connection, sql: str) -> None:
-        """Run ``sql`` on the lock's connection; on failure give the connection back, its
+    async def _within(
+        self,
+        stack: AsyncExitStack,
+        conn: asyncpg.Connection,
+        work: Callable[[asyncpg.Connection], Awaitable[None]],
+    ) -> None:
+        """Run ``work`` on the lock's connection; on failure give the connection back, its
         error translated as every pooled call's is."""
         try:
-            await conn.execute(sql, self._key)
+            await work(conn)
         except BaseException as exc:
             await stack.__aexit__(type(exc), exc, exc.__traceback__)  # raises it translated
             raise
+
+    async def _wait_for(self, conn: asyncpg.Connection) -> None:
+        """Take the lock: at once if it is free (one round trip), else in waits of at most a
+        second each, said in the log once they last and ended at the store's timeout."""
+        if await conn.fetchval(_TRY_LOCK, self._key):
+            return
+        wait = LockWait(
+            f"the {self._name} lock of PostgreSQL schema {self._store._schema or 'public'}",
+            self._store._timeout_s,
+            lambda: self._holder(conn),
+        )
+        while True:
+            remaining = wait.remaining()
+            lock_timeout_ms = (
+                1000 if remaining is None else max(1, min(1000, int(remaining * 1000)))
+            )
+            try:
+                async with conn.transaction():  # a session lock outlives the transaction
+                    await conn.execute(f"SET LOCAL lock_timeout = {lock_timeout_ms}")
+                    await conn.execute(_LOCK, self._key)
+            except asyncpg.LockNotAvailableError:
+                await wait.not_yet()
+            else:
+                return
+
+    async def _holder(self, conn: asyncpg.Connection) -> str:
+        """Which session holds the lock, as PostgreSQL tells it ("" if it does not)."""
+        row = await conn.fetchrow(_HOLDER, self._key)
+        if row is None:
+            return ""
+        where = f" from {row['client']}" if row["client"] else ""
+        return (
+            f"backend pid {row['pid']} ({row['application_name'] or 'no application name'}{where})"
+        )

@@ -1,0 +1,98 @@
+"""How a lock every process sees (`FileLock`, `AdvisoryLock`) is waited for: never in silence,
+never without end unless asked to.
+
+Such a lock covers a few milliseconds of work, so a wait of more than a second means its holder
+is slow, paused (a stopped process, a frozen machine) or stuck: the waiter says so once, naming
+the lock, its holder and when it gives up, and at that moment fails with
+`BackendUnavailableError`, as a statement that outlives its timeout does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from onward.errors import BackendUnavailableError
+
+log = logging.getLogger("onward.locks")
+
+LOCK_TIMEOUT_S = 30.0
+"""How long a lock is waited for by default before the wait fails."""
+
+SAY_AFTER_S = 1.0
+"""How long a lock is waited for before the wait is said in the log."""
+
+
+class LockWait:
+    """One wait for a lock: its deadline, and the one line it logs once it has lasted.
+
+    Args:
+        what: The lock, for messages ("the fold lock on /data/onward.db").
+        timeout_s: The longest the wait lasts; ``None`` waits until the lock is free.
+        holder: Describes who holds the lock now ("pid 412 on host-a since 12:00:03 UTC"),
+            or returns "" when that cannot be told.
+    """
+
+    def __init__(
+        self, what: str, timeout_s: float | None, holder: Callable[[], Awaitable[str]]
+    ) -> None:
+        self.what = what
+        self._timeout_s = timeout_s
+        self._holder = holder
+        self._started = time.monotonic()
+        self._said = False
+
+    def remaining(self) -> float | None:
+        """Seconds left before the wait gives up (``None``: no limit)."""
+        if self._timeout_s is None:
+            return None
+        return max(0.0, self._timeout_s - (time.monotonic() - self._started))
+
+    async def not_yet(self) -> None:
+        """Called after each try that did not get the lock: says the wait once it has lasted
+        `SAY_AFTER_S`, and ends it once the timeout has passed.
+
+        Raises:
+            BackendUnavailableError: The lock was not free within ``timeout_s``.
+        """
+        waited = time.monotonic() - self._started
+        remaining = self.remaining()
+        if remaining is not None and remaining <= 0:
+            holder = await self._holder()
+            raise BackendUnavailableError(
+                f"{self.what} was not free within {self._timeout_s:g} s"
+                f"{f' (held by {holder})' if holder else ''}: its holder is slow, paused or "
+                "stuck; the same call may succeed once it lets go"
+            )
+        if self._said or waited < SAY_AFTER_S:
+            return
+        self._said = True
+        holder = await self._holder()
+        until = (
+            "until it is free (no timeout set)"
+            if remaining is None
+            else "until " + _clock(time.time() + remaining) + f", {self._timeout_s:g} s in all"
+        )
+        log.warning(
+            "waiting for %s%s, %s",
+            self.what,
+            f", held by {holder}" if holder else "",
+            until,
+        )
+
+
+def _clock(epoch_s: float) -> str:
+    """A moment as a wall-clock time, for a person reading the log."""
+    return datetime.fromtimestamp(epoch_s, tz=UTC).strftime("%H:%M:%S UTC")
+
+
+def holder_record(now_s: float | None = None) -> str:
+    """What a holder writes where waiters can read it: its pid, host and since when."""
+    return (
+        f"pid {os.getpid()} on {socket.gethostname()} since "
+        f"{_clock(time.time() if now_s is None else now_s)}"
+    )

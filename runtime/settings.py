@@ -424,7 +424,15 @@ class Settings(BaseSettings):
         """The PostgreSQL URL, password included (for the driver only), or a clear error saying
         which variable to set."""
         if not self.database_url:
-            raise ConfigurationError("DATABASE_URL is not set; it must name a PostgreSQL database")
+            embedded = (
+                f" (ONWARD_BACKEND is {self.backend}: its file, {self.sqlite_path}, is migrated "
+                "when first opened and needs no command)"
+                if self.backend == "sqlite"
+                else ""
+            )
+            raise ConfigurationError(
+                f"DATABASE_URL is not set; it must name a PostgreSQL database{embedded}"
+            )
         url = self.database_url.get_secret_value()
         problem = _postgres_problem(url)
         if problem:

@@ -171,6 +171,18 @@ def test_the_command_list_gives_each_command_s_summary_unbroken() -> None:
     assert "its next boundary and release it, exit 0. A second one" in shown.stdout
 
 
+def test_db_migrate_on_the_embedded_default_says_its_file_needs_no_command(db: Path) -> None:
+    env = {"ONWARD_SQLITE_PATH": str(db), "ONWARD_BACKEND": None, "DATABASE_URL": None}
+    result = CliRunner().invoke(app, ["db", "migrate"], env=env)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "ConfigurationError: DATABASE_URL is not set; it must name a PostgreSQL database "
+        f"(ONWARD_BACKEND is sqlite: its file, {db}, is migrated when first opened and needs "
+        "no command)\n"
+    )
+    assert not db.exists()
+
+
 def test_inspect_refuses_the_memory_backend() -> None:
     env = {"ONWARD_BACKEND": "memory"}
     result = CliRunner().invoke(app, ["inspect", "run-1", "--tenant", TENANT], env=env)

@@ -45,6 +45,8 @@ from onward.projections.frontier import counts_at
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 
+from .observability.metrics import COUNTS
+
 log = logging.getLogger("onward.checkpoint")
 
 _ALWAYS_FOLDED = (
@@ -252,6 +254,7 @@ class Checkpointer:
             await self._fold_through(ticket)
         except OnwardError as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
+            COUNTS.checkpoints_not_written += 1
             log.warning("checkpoint not written, the run carries on: %s", self.last_error)
             return
         if self.projection.stats.snapshots_refused > refused_before:

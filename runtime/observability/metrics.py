@@ -80,7 +80,7 @@ class Timings:
 @dataclass(slots=True)
 class RuntimeCounts:
     """What the runtime of this process did: run steps, tool calls, leases, fenced writes,
-    compaction. Every field only grows."""
+    compaction, checkpoints given up. Every field only grows."""
 
     steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RUN_STEPS, 0))
     step_timings: dict[str, Timings] = field(
@@ -95,6 +95,7 @@ class RuntimeCounts:
     fenced_writes_refused: int = 0
     compaction_events_cut: int = 0
     compaction_bytes_cut: int = 0
+    checkpoints_not_written: int = 0
 
     def step(self, step: str, seconds: float) -> None:
         """Count one run step that took ``seconds``."""
@@ -167,6 +168,12 @@ class _RuntimeCollector(Collector):
                 "onward_compaction_bytes_cut",
                 "About how many bytes of encoded events compaction cut from the log.",
                 counts.compaction_bytes_cut,
+            ),
+            (
+                "onward_checkpoints_not_written",
+                "Inline folds of run rows given up (a store error, a fold lock not free in "
+                "time); a later fold writes what they would have.",
+                counts.checkpoints_not_written,
             ),
         ):
             yield CounterMetricFamily(name, text, value=value)

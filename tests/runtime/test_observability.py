@@ -288,7 +288,12 @@ async def test_the_server_answers_metrics_health_and_readiness(
         assert answer.status_code == 200
         assert answer.headers["content-type"].startswith("text/plain; version=")
         names = {f.name for f in text_string_to_metric_families(answer.text)}
-        assert {"onward_run_steps", "onward_tool_calls", "onward_lease_claims"} <= names
+        assert {
+            "onward_run_steps",
+            "onward_tool_calls",
+            "onward_lease_claims",
+            "onward_checkpoints_not_written",
+        } <= names
         head = await http.head("/metrics")
         assert head.status_code == 200
         assert head.content == b""

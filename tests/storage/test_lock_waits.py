@@ -33,6 +33,7 @@ from onward.runtime import Agent, ModelReply, reply, tool
 from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.leases import PostgresLeaseStore, SqliteLeaseStore
 from onward.runtime.leases.base import LeaseStore
+from onward.runtime.observability.metrics import COUNTS
 from onward.runtime.runner import AgentRunner
 
 TENANT = "acme"
@@ -124,11 +125,16 @@ class ThreeLooks:
 
 
 async def run_beside_a_paused_fold(
-    log: EventLog, frontiers: FrontierStore, leases: LeaseStore, holder: tuple[str, ...]
+    log: EventLog,
+    frontiers: FrontierStore,
+    leases: LeaseStore,
+    holder: tuple[str, ...],
+    caplog: pytest.LogCaptureFixture,
 ) -> tuple[str, list[str]]:
     """One run through `AgentRunner` while a paused process holds the fold lock; its status
     and the checkpoints the runner said it could not write."""
     LOOKED.clear()
+    not_written = COUNTS.checkpoints_not_written
     runner = AgentRunner(
         provider=ThreeLooks(), log=log, frontiers=frontiers, leases=leases, checkpoint_inline=True
     )
@@ -136,6 +142,8 @@ async def run_beside_a_paused_fold(
         result = await asyncio.wait_for(
             runner.run(AGENT, {"ask": "look"}, tenant=TENANT, run_id="r-paused-fold"), 120
         )
+    # Each checkpoint it gave up is counted for the metrics (onward_checkpoints_not_written).
+    assert COUNTS.checkpoints_not_written - not_written == _checkpoints_not_written(caplog)
     return result.status, sorted(set(LOOKED))
 
 
@@ -151,7 +159,7 @@ async def test_a_run_on_sqlite_goes_on_while_a_paused_process_holds_the_fold_loc
             SqliteLeaseStore(db) as leases,
         ):
             status, looked = await run_beside_a_paused_fold(
-                log, frontiers, leases, ("sqlite", str(db))
+                log, frontiers, leases, ("sqlite", str(db)), caplog
             )
             assert status == "completed"
             assert len(looked) == len(LOOKED) == 3  # each lookup once
@@ -174,7 +182,7 @@ async def test_a_run_on_postgres_alone_goes_on_while_a_paused_process_holds_the_
             PostgresLeaseStore(database_url, schema=pg_schema) as leases,
         ):
             status, looked = await run_beside_a_paused_fold(
-                log, frontiers, leases, ("postgres", database_url, pg_schema)
+                log, frontiers, leases, ("postgres", database_url, pg_schema), caplog
             )
             assert status == "completed"
             assert len(looked) == len(LOOKED) == 3

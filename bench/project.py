@@ -87,7 +87,7 @@ from onward.eventlog import (
 )
 from onward.eventlog.base import LogRecord
 from onward.projections.base import StoredFrontier
-from onward.projections.frontier_projection import FrontierProjection
+from onward.projections.frontier_projection import DEFAULT_CACHE_BYTES, FrontierProjection
 from onward.projections.kafka import (
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
@@ -379,6 +379,7 @@ async def child_project(args: argparse.Namespace) -> dict[str, Any]:
         log,
         flush_events=args.flush_events,
         flush_interval=args.flush_interval,
+        cache_bytes=args.cache_mib * 1024 * 1024,
         write_behind=True,  # as `onward projector`
     )
     projector = KafkaProjector(
@@ -497,6 +498,8 @@ async def run_child(
         str(args.flush_events),
         "--flush-interval",
         str(args.flush_interval),
+        "--cache-mib",
+        str(args.cache_mib),
         "--ends",
         json.dumps(ends),
         "--profile-top",
@@ -562,6 +565,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=PROJECTOR_FLUSH_INTERVAL,
         help="projector: store at least this often, in seconds (as `onward projector`)",
+    )
+    parser.add_argument(
+        "--cache-mib",
+        type=int,
+        default=DEFAULT_CACHE_BYTES // (1024 * 1024),
+        help="projector: the frontiers' memory budget in MiB (as `onward projector --cache-mib`)",
     )
     parser.add_argument(
         "--rebuild-batch", type=int, default=5_000, help="rebuild records per partition per step"
@@ -831,7 +840,8 @@ def machine_cpu(
 def _table(args: argparse.Namespace, results: dict[str, Any]) -> Table:
     table = Table(
         title=f"project: {results['events']:,} events (~{results['mean_event_bytes']:.0f} B) "
-        f"over {args.runs:,} runs, {PARTITIONS} partitions, batch {args.batch:,}"
+        f"over {args.runs:,} runs, {PARTITIONS} partitions, batch {args.batch:,}, "
+        f"cache {args.cache_mib} MiB"
     )
     table.add_column("measure")
     table.add_column("events/s", justify="right")

@@ -105,10 +105,10 @@ def projector_command(
         typer.Option(
             min=1,
             help="Frontiers: the memory budget, in MiB, of the frontiers kept between batches "
-            "and of those folded and not stored yet; a store comes due when it is full. The "
-            "largest part of a projector's memory (about twice it while a store is written "
-            "behind the fold); a smaller one stores more often, which is slower with many "
-            "runs.",
+            "and of those folded and not stored yet; a store comes due when it is full. About "
+            "twice it is held while a store is written behind the fold; beside it, the fetched "
+            "records (up to 4 MiB for each assigned partition) and the batch being folded. A "
+            "smaller one stores more often, which is slower with many runs.",
         ),
     ] = DEFAULT_CACHE_BYTES // (1024 * 1024),
     caught_up_store_s: Annotated[

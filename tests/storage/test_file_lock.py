@@ -1,12 +1,18 @@
-"""`FileLock`: one holder at a time across descriptors (so across processes), and a waiter that
-is cancelled holds nothing."""
+"""`FileLock`: one holder at a time across descriptors (so across processes), a waiter that is
+cancelled holds nothing, and one that waits says so."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import socket
 from pathlib import Path
 
+import pytest
+
 from onward._storage import FileLock
+from onward._storage.locks import SAY_AFTER_S
 
 
 async def test_a_second_holder_waits_until_the_first_lets_go(tmp_path: Path) -> None:
@@ -37,3 +43,24 @@ async def test_a_cancelled_waiter_leaves_the_lock_free(tmp_path: Path) -> None:
         await asyncio.gather(waiter, return_exceptions=True)
     async with asyncio.timeout(5), FileLock(path):
         pass  # taken at once: neither the cancelled waiter nor the first holder keeps it
+
+
+async def test_a_waiter_without_a_timeout_says_so_and_gets_the_lock_once_free(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "db.fold.lock"
+    first = FileLock(path)
+    await first.__aenter__()
+    with caplog.at_level(logging.WARNING, logger="onward.locks"):
+        second = FileLock(path, what="the test lock", timeout_s=None)
+        waiter = asyncio.create_task(second.__aenter__())
+        await asyncio.sleep(SAY_AFTER_S + 0.5)
+        assert not waiter.done()
+        [said] = [r.getMessage() for r in caplog.records if r.name == "onward.locks"]
+        assert said == (
+            f"waiting for the test lock, held by pid {os.getpid()} on {socket.gethostname()} "
+            f"since {said.split(' since ')[1][:12]}, until it is free (no timeout set)"
+        )
+        await first.__aexit__(None, None, None)
+        await asyncio.wait_for(waiter, 5)
+        await second.__aexit__(None, None, None)

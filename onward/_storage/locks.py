@@ -31,7 +31,7 @@ class LockWait:
     """One wait for a lock: its deadline, and the one line it logs once it has lasted.
 
     Args:
-        what: The lock, for messages ("the fold lock on /data/onward.db").
+        what: The lock, for messages ("the fold lock of /data/onward.db").
         timeout_s: The longest the wait lasts; ``None`` waits until the lock is free.
         holder: Describes who holds the lock now ("pid 412 on host-a since 12:00:03 UTC"),
             or returns "" when that cannot be told.
@@ -90,9 +90,6 @@ def _clock(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, tz=UTC).strftime("%H:%M:%S UTC")
 
 
-def holder_record(now_s: float | None = None) -> str:
+def holder_record() -> str:
     """What a holder writes where waiters can read it: its pid, host and since when."""
-    return (
-        f"pid {os.getpid()} on {socket.gethostname()} since "
-        f"{_clock(time.time() if now_s is None else now_s)}"
-    )
+    return f"pid {os.getpid()} on {socket.gethostname()} since {_clock(time.time())}"

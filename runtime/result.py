@@ -22,7 +22,8 @@ class RunResult:
             `resume` carry on with it, so they only return such a result when that run
             cannot be carried on by this worker now.
         spend_micros: What the run's model calls cost, as the runner's spend ledger has it
-            when the result was made; ``None`` without a ledger.
+            when the result was made; ``None`` without a ledger, or when the ledger did not
+            answer after the run's end was written (logged; the run's end stands).
     """
 
     run_id: str

@@ -37,6 +37,7 @@ import msgspec
 
 from onward._storage import Resource
 from onward.errors import (
+    BackendUnavailableError,
     ConfigurationError,
     IndeterminateToolCallError,
     InvalidInputError,
@@ -63,6 +64,7 @@ from onward.eventlog.events import (
     ToolResolved,
     TurnSettled,
 )
+from onward.projections.audit import one_line, printable
 from onward.projections.base import FrontierStore
 from onward.projections.compaction import CompactionStore, embedded_compaction
 from onward.projections.frontier import Boundary, CallState, Frontier, run_budgets
@@ -537,10 +539,23 @@ class AgentRunner(Resource):
         )
 
     async def _spent(self, result: RunResult) -> RunResult:
-        """The result with the run's spend, as the ledger has it, when there is one."""
+        """The result with the run's spend, as the ledger has it, when there is one.
+
+        Read once the result is durable: a ledger that does not answer then leaves
+        ``spend_micros`` unset (logged) rather than turn a run that ended into an error its
+        caller would retry (and `run` refuse, the run existing)."""
         if self.spend is None:
             return result
-        spent = await self.spend.run_total(result.run_id)
+        try:
+            spent = await self.spend.run_total(result.run_id)
+        except BackendUnavailableError as exc:
+            _log.warning(
+                "run %s is %s; its spend could not be read: %s",
+                printable(result.run_id),
+                result.status,
+                one_line(str(exc)),
+            )
+            return result
         return dataclasses.replace(result, spend_micros=spent.micros)
 
     async def _plan(self, run: HeldRun) -> tuple[ResumePlan, list[str]]:

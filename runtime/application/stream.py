@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
-from onward.errors import InvalidInputError, RunTimeoutError
+from onward.errors import BackendUnavailableError, InvalidInputError, RunTimeoutError
 from onward.eventlog.base import SequenceGuard
 from onward.eventlog.events import (
     ApprovalDenied,
@@ -89,7 +89,7 @@ class RunStream:
     It keeps its place: stop reading, come back later, and it goes on from the message after
     the last one it gave (``position``), the run having gone on meanwhile. Its ``result`` or
     ``error`` message says what the run's model calls cost, in ``metadata["spend_micros"]``,
-    as the application's spend ledger has it.
+    as the application's spend ledger has it (absent when the ledger did not answer).
     """
 
     def __init__(
@@ -203,7 +203,13 @@ class RunStream:
         spend = self.app.backends.spend
         if message.type not in ("result", "error") or spend is None:
             return message
-        spent = await spend.run_total(self.run_id)
+        try:
+            spent = await spend.run_total(self.run_id)
+        except BackendUnavailableError as exc:
+            # The message is the run's end, read from the log: it is handed out without the
+            # spend rather than dropped (the stream's place is already past it).
+            _log.warning("run %s: its spend could not be read: %s", self.run_id, exc)
+            return message
         metadata = {**message.metadata, "spend_micros": spent.micros}
         return dataclasses.replace(message, metadata=metadata)
 

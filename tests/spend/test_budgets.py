@@ -464,6 +464,36 @@ async def test_a_run_ends_as_it_did_when_its_holds_cannot_be_dropped(
     )
 
 
+class LedgerUnreadAtTheEnd(MemorySpendLedger):
+    """A ledger that records and holds, and stops answering reads of a run's total."""
+
+    async def run_total(self, run_id: str) -> Spend:
+        raise BackendUnavailableError("the spend ledger did not answer")
+
+
+async def test_a_run_that_ended_is_returned_when_its_spend_cannot_be_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The spend is read after the run's end is durable: a ledger lost then leaves the result
+    without it (logged) instead of raising for a run that completed, which a caller would
+    retry and `run` refuse (the run exists)."""
+    ledger = LedgerUnreadAtTheEnd()
+    runner = AgentRunner(
+        provider=steps(finish_after=1),
+        log=MemoryEventLog(),
+        spend=ledger,
+        prices=PriceTable({MODEL: (1, 5)}),
+    )
+    with caplog.at_level(logging.WARNING, logger="onward.runner"):
+        result = await runner.run(stepper(), "go", tenant=TENANT, run_id="r")
+    assert result.status == "completed"
+    assert result.spend_micros is None
+    assert [e.micros for e in await ledger.entries("r")] == [CALL_MICROS]
+    assert "run r is completed; its spend could not be read: the spend ledger did not answer" in (
+        caplog.text
+    )
+
+
 async def test_recording_a_call_again_changes_nothing(sqlite: Backends) -> None:
     result = await sqlite.runner(steps(finish_after=2)).run(stepper(), "go", tenant=TENANT)
     assert sqlite.spend is not None
@@ -519,6 +549,25 @@ async def test_an_applications_stream_ends_with_the_runs_spend(tmp_path: Path) -
         assert "BudgetExceededError" in messages[-1].content
         assert messages[-1].metadata["spend_micros"] == 2 * CALL_MICROS
         assert stopped.calls == 2
+
+
+async def test_a_stream_hands_out_the_runs_end_when_its_spend_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = sqlite_settings(tmp_path / "app.db")
+    async with onward.open(settings, agents=[stepper()], provider=steps(finish_after=1)) as app:
+        ended = (await app.query("go").collect())[-1]
+        assert app.backends.spend is not None
+
+        async def unanswered(run_id: str) -> Spend:
+            raise BackendUnavailableError("the spend ledger did not answer")
+
+        monkeypatch.setattr(app.backends.spend, "run_total", unanswered)
+        with caplog.at_level(logging.WARNING, logger="onward.app"):
+            again = (await app.resume(ended.run_id).collect())[-1]
+    assert (again.type, again.status, again.position) == ("result", "completed", ended.position)
+    assert "spend_micros" not in again.metadata
+    assert "its spend could not be read: the spend ledger did not answer" in caplog.text
 
 
 def test_the_model_name_of_the_helpers_is_priced() -> None:

@@ -37,6 +37,7 @@ import msgspec
 
 from onward._storage import Resource
 from onward.errors import (
+    BackendError,
     BackendUnavailableError,
     ConfigurationError,
     IndeterminateToolCallError,
@@ -238,14 +239,29 @@ class AgentRunner(Resource):
     async def _holding(self, run_id: str, tenant: str, holder: str) -> AsyncIterator[Leaseholder]:
         """Hold the run's lease for the block, renewed in the background, released after: the
         one way the runner holds a run (start, resume, a person's answer), always entered
-        before anything about the run is read."""
-        async with Leaseholder(
-            self.leases, run_id, tenant=tenant, holder=holder, policy=self.lease_policy
-        ) as held:
-            try:
-                yield held
-            finally:
-                await self.settle_checkpoints()
+        before anything about the run is read.
+
+        A release the lease store does not take once the block is done is retried in the
+        background (`Leaseholder.releasing`) and logged, not raised: what the block wrote is
+        durable, and an error would have its caller retry a run that went on (or ended)."""
+        done = False
+        try:
+            async with Leaseholder(
+                self.leases, run_id, tenant=tenant, holder=holder, policy=self.lease_policy
+            ) as held:
+                try:
+                    yield held
+                finally:
+                    await self.settle_checkpoints()
+                done = True
+        except BackendError as exc:
+            if not done or held.releasing is None:
+                raise
+            _log.warning(
+                "run %s: its lease is released in the background, the store refusing it now: %s",
+                printable(run_id),
+                one_line(str(exc), 300),
+            )
 
     async def settle_checkpoints(self) -> None:
         """Until the inline checkpoints being folded in the background are stored
@@ -553,7 +569,7 @@ class AgentRunner(Resource):
                 "run %s is %s; its spend could not be read: %s",
                 printable(result.run_id),
                 result.status,
-                one_line(str(exc)),
+                one_line(str(exc), 300),
             )
             return result
         return dataclasses.replace(result, spend_micros=spent.micros)

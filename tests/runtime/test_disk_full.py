@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import sqlite3
@@ -25,7 +26,14 @@ import pytest
 
 from onward._storage import SqliteStore
 from onward.errors import BackendError, ResumeConflictError
-from onward.eventlog import Event, ModelAnswered, RunStarted, SqliteEventLog, ToolCall
+from onward.eventlog import (
+    Event,
+    ModelAnswered,
+    RunFinished,
+    RunStarted,
+    SqliteEventLog,
+    ToolCall,
+)
 from onward.runtime import Agent, AgentRunner, ScriptedProvider, SqliteLeaseStore, reply, tool
 from onward.runtime.leases import Leaseholder
 
@@ -148,6 +156,54 @@ async def test_a_full_disk_loses_nothing_already_written(db: Path) -> None:
         stored = [s.event for s in await log.read_run(run_id)]
     assert [type(e) for e in stored] == [RunStarted]
     assert not any(isinstance(e, ModelAnswered) for e in stored)
+
+
+class RefusesTheReleaseAtTheEnd:
+    """Makes the lease store refuse writes once the run's end is appended: the release fails."""
+
+    def __init__(self, leases: SqliteLeaseStore) -> None:
+        self.leases = leases
+
+    async def appended(self, events: Sequence[Event]) -> None:
+        if any(isinstance(e, RunFinished) for e in events):
+            await on_thread(self.leases, "PRAGMA query_only = ON")
+
+    async def tool_returned(self, call_id: str) -> None:
+        return None
+
+    async def before_model_call(self) -> None:
+        return None
+
+
+async def test_a_run_that_ended_is_returned_when_its_lease_cannot_be_released_yet(
+    db: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The end is durable before the lease is handed back: a refused release is retried in
+    the background and logged, and `run` returns the run's end rather than raise (its caller
+    would retry a run that exists, and a worker count a start that completed as refused)."""
+    EFFECTS.clear()
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    async with SqliteEventLog(db) as log, SqliteLeaseStore(db) as leases:
+        runner = AgentRunner(
+            provider=model(),
+            log=log,
+            leases=leases,
+            worker="w1",
+            observer=RefusesTheReleaseAtTheEnd(leases),
+        )
+        with caplog.at_level(logging.WARNING, logger="onward.runner"):
+            result = await runner.run(AGENT, "go", tenant=TENANT, run_id=run_id)
+        assert result.status == "completed"
+        assert len(EFFECTS) == 1
+        assert f"run {run_id}: its lease is released in the background" in caplog.text
+        assert "readonly" in caplog.text
+        assert await leases.current(run_id) is not None
+        await on_thread(leases, "PRAGMA query_only = OFF")
+        for _ in range(100):
+            if await leases.current(run_id) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert await leases.current(run_id) is None
 
 
 async def test_a_release_the_store_refuses_is_retried_until_it_takes(db: Path) -> None:

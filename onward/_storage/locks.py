@@ -5,6 +5,11 @@ Such a lock covers a few milliseconds of work, so a wait of more than a second m
 is slow, paused (a stopped process, a frozen machine) or stuck: the waiter says so once, naming
 the lock, its holder and when it gives up, and at that moment fails with
 `BackendUnavailableError`, as a statement that outlives its timeout does.
+
+Once a wait for a lock has given up, the process remembers it: until the lock is next taken,
+each wait for it lasts at most `STUCK_WAIT_S`, so a holder paused for minutes costs every later
+wait a second, not a whole timeout each (waits queued behind one another would otherwise add
+their timeouts up).
 """
 
 from __future__ import annotations
@@ -26,6 +31,18 @@ LOCK_TIMEOUT_S = 30.0
 SAY_AFTER_S = 1.0
 """How long a lock is waited for before the wait is said in the log."""
 
+STUCK_WAIT_S = 1.0
+"""The longest a wait lasts for a lock whose last wait in this process gave up, until the lock
+is taken again."""
+
+_GAVE_UP: dict[str, float] = {}
+"""Locks (by what they are) whose last wait gave up, and when (epoch seconds)."""
+
+
+def lock_taken(what: str) -> None:
+    """The lock ``what`` was taken: later waits for it last their whole timeout again."""
+    _GAVE_UP.pop(what, None)
+
 
 class LockWait:
     """One wait for a lock: its deadline, and the one line it logs once it has lasted.
@@ -42,15 +59,23 @@ class LockWait:
     ) -> None:
         self.what = what
         self._timeout_s = timeout_s
+        self._gave_up_at = _GAVE_UP.get(what) if timeout_s is not None else None
+        if self._gave_up_at is not None and timeout_s is not None:
+            timeout_s = min(timeout_s, STUCK_WAIT_S)
+        self._bound_s = timeout_s
         self._holder = holder
         self._started = time.monotonic()
         self._said = False
 
     def remaining(self) -> float | None:
         """Seconds left before the wait gives up (``None``: no limit)."""
-        if self._timeout_s is None:
+        if self._bound_s is None:
             return None
-        return max(0.0, self._timeout_s - (time.monotonic() - self._started))
+        return max(0.0, self._bound_s - (time.monotonic() - self._started))
+
+    def taken(self) -> None:
+        """The lock was taken (`lock_taken`)."""
+        lock_taken(self.what)
 
     async def not_yet(self) -> None:
         """Called after each try that did not get the lock: says the wait once it has lasted
@@ -63,10 +88,18 @@ class LockWait:
         remaining = self.remaining()
         if remaining is not None and remaining <= 0:
             holder = await self._holder()
+            held_by = f" (held by {holder})" if holder else ""
+            if self._gave_up_at is not None:
+                raise BackendUnavailableError(
+                    f"{self.what} is still not free{held_by}: a wait of {self._timeout_s:g} s "
+                    f"for it gave up at {_clock(self._gave_up_at)}, and until it is taken again "
+                    f"it is waited for {STUCK_WAIT_S:g} s at most; the same call may succeed "
+                    "once its holder lets go"
+                )
+            _GAVE_UP[self.what] = time.time()
             raise BackendUnavailableError(
-                f"{self.what} was not free within {self._timeout_s:g} s"
-                f"{f' (held by {holder})' if holder else ''}: its holder is slow, paused or "
-                "stuck; the same call may succeed once it lets go"
+                f"{self.what} was not free within {self._timeout_s:g} s{held_by}: its holder "
+                "is slow, paused or stuck; the same call may succeed once it lets go"
             )
         if self._said or waited < SAY_AFTER_S:
             return
@@ -75,7 +108,7 @@ class LockWait:
         until = (
             "until it is free (no timeout set)"
             if remaining is None
-            else "until " + _clock(time.time() + remaining) + f", {self._timeout_s:g} s in all"
+            else "until " + _clock(time.time() + remaining) + f", {self._bound_s:g} s in all"
         )
         log.warning(
             "waiting for %s%s, %s",

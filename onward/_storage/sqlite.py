@@ -207,6 +207,7 @@ class FileLock:
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    wait.taken()
                     break
                 except BlockingIOError:
                     await wait.not_yet()

@@ -21,7 +21,7 @@ import asyncpg
 
 from onward.errors import InvalidInputError
 
-from .locks import LOCK_TIMEOUT_S, LockWait
+from .locks import LOCK_TIMEOUT_S, LockWait, lock_taken
 from .logs import one_line_driver_logs
 from .migrations import open_sqlite, verify_postgres, verify_sqlite
 from .postgres import open_pool, pooled
@@ -396,13 +396,11 @@ class AdvisoryLock:
     async def _wait_for(self, conn: asyncpg.Connection) -> None:
         """Take the lock: at once if it is free (one round trip), else in waits of at most a
         second each, said in the log once they last and ended at the store's timeout."""
+        what = f"the {self._name} lock of PostgreSQL schema {self._store._schema or 'public'}"
         if await conn.fetchval(_TRY_LOCK, self._key):
+            lock_taken(what)
             return
-        wait = LockWait(
-            f"the {self._name} lock of PostgreSQL schema {self._store._schema or 'public'}",
-            self._store._timeout_s,
-            lambda: self._holder(conn),
-        )
+        wait = LockWait(what, self._store._timeout_s, lambda: self._holder(conn))
         while True:
             remaining = wait.remaining()
             lock_timeout_ms = (
@@ -415,6 +413,7 @@ class AdvisoryLock:
             except asyncpg.LockNotAvailableError:
                 await wait.not_yet()
             else:
+                wait.taken()
                 return
 
     async def _holder(self, conn: asyncpg.Connection) -> str:

@@ -23,6 +23,7 @@ from support.histories import assert_stored_is_the_direct_fold
 from support.processes import spawn_support
 
 from onward._storage import PostgresStore, SqliteStore
+from onward._storage.locks import STUCK_WAIT_S
 from onward.errors import BackendUnavailableError
 from onward.eventlog import Message, PostgresEventLog, SqliteEventLog, ToolCall
 from onward.eventlog.base import EventLog
@@ -37,6 +38,10 @@ from onward.runtime.observability.metrics import COUNTS
 from onward.runtime.runner import AgentRunner
 
 TENANT = "acme"
+STILL = (
+    r"a wait of 2\.5 s for it gave up at \d\d:\d\d:\d\d UTC, and until it is taken again it is "
+    r"waited for 1 s at most"
+)
 
 
 @asynccontextmanager
@@ -72,6 +77,24 @@ async def refused_wait(
     return str(refused.value), said
 
 
+async def refused_again(
+    store: SqliteStore | PostgresStore, caplog: pytest.LogCaptureFixture
+) -> str:
+    """Wait for ``store``'s fold lock again, after a wait for it gave up: the error it ended
+    with, within about a second (`STUCK_WAIT_S`), having said nothing while it waited."""
+    caplog.clear()
+    began = time.monotonic()
+    with (
+        caplog.at_level(logging.WARNING, logger="onward.locks"),
+        pytest.raises(BackendUnavailableError) as refused,
+    ):
+        async with store.exclusive("fold"):
+            raise AssertionError("the lock was taken while a paused process held it")
+    assert STUCK_WAIT_S <= time.monotonic() - began < STUCK_WAIT_S + 1
+    assert not [r for r in caplog.records if r.name == "onward.locks"]
+    return str(refused.value)
+
+
 async def test_a_file_lock_held_by_a_paused_process_is_waited_for_aloud_then_given_up(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -79,13 +102,19 @@ async def test_a_file_lock_held_by_a_paused_process_is_waited_for_aloud_then_giv
     async with SqliteStore(db, lock_timeout_s=2.5) as store:
         async with paused_holder("sqlite", str(db)) as pid:
             refused, said = await refused_wait(store, caplog)
+            again = await refused_again(store, caplog)
         # The holder is named as it wrote itself into the lock file: pid, host, since when.
         held_by = rf"held by pid {pid} on \S+ since \d\d:\d\d:\d\d UTC"
         lock = re.escape(f"the fold lock of {db}")
         assert re.search(rf"^{lock} was not free within 2\.5 s \({held_by}\)", refused), refused
         assert re.search(rf"^waiting for {lock}, {held_by}, until \d\d:\d\d:\d\d UTC", said)
+        assert re.search(rf"^{lock} is still not free \({held_by}\): {STILL}", again), again
         async with asyncio.timeout(1), store.exclusive("fold"):
             pass  # the holder is gone: taken at once
+        async with paused_holder("sqlite", str(db)):
+            # Taken again since: a new wait lasts the whole timeout once more.
+            refused, _ = await refused_wait(store, caplog)
+        assert "was not free within 2.5 s" in refused
 
 
 async def test_an_advisory_lock_held_by_a_paused_process_is_waited_for_aloud_then_given_up(
@@ -94,11 +123,13 @@ async def test_an_advisory_lock_held_by_a_paused_process_is_waited_for_aloud_the
     async with PostgresStore(database_url, schema=pg_schema, timeout_s=2.5) as store:
         async with paused_holder("postgres", database_url, pg_schema):
             refused, said = await refused_wait(store, caplog)
+            again = await refused_again(store, caplog)
         # The holder is named as the server knows it: its backend and application name.
         held_by = rf"held by backend pid \d+ \(onward:{pg_schema} from 127\.0\.0\.1\)"
         lock = f"the fold lock of PostgreSQL schema {pg_schema}"
         assert re.search(rf"^{lock} was not free within 2\.5 s \({held_by}\)", refused), refused
         assert re.search(rf"^waiting for {lock}, {held_by}, until \d\d:\d\d:\d\d UTC", said)
+        assert re.search(rf"^{lock} is still not free \({held_by}\): {STILL}", again), again
         async with asyncio.timeout(2), store.exclusive("fold"):
             pass  # the holder's connection closed with it: taken at once
 
@@ -155,7 +186,7 @@ async def test_a_run_on_sqlite_goes_on_while_a_paused_process_holds_the_fold_loc
     with caplog.at_level(logging.WARNING):
         async with (
             SqliteEventLog(db) as log,
-            SqliteFrontierStore(db, lock_timeout_s=1) as frontiers,
+            SqliteFrontierStore(db, lock_timeout_s=3) as frontiers,
             SqliteLeaseStore(db) as leases,
         ):
             status, looked = await run_beside_a_paused_fold(
@@ -163,7 +194,8 @@ async def test_a_run_on_sqlite_goes_on_while_a_paused_process_holds_the_fold_loc
             )
             assert status == "completed"
             assert len(looked) == len(LOOKED) == 3  # each lookup once
-            assert _checkpoints_not_written(caplog) > 0
+            assert _checkpoints_not_written(caplog) > 1
+            assert _whole_waits(caplog) == 1  # the later ones a second each, not 3 s each
             await Checkpointer(frontiers, log).catch_up()  # the holder is gone: folds at once
             await assert_stored_is_the_direct_fold(frontiers, log, ["r-paused-fold"])
             [row] = (await frontiers.load(["r-paused-fold"])).values()
@@ -178,7 +210,7 @@ async def test_a_run_on_postgres_alone_goes_on_while_a_paused_process_holds_the_
     with caplog.at_level(logging.WARNING):
         async with (
             PostgresEventLog(database_url, schema=pg_schema, partitions=2) as log,
-            PostgresFrontierStore(database_url, schema=pg_schema, timeout_s=1) as frontiers,
+            PostgresFrontierStore(database_url, schema=pg_schema, timeout_s=3) as frontiers,
             PostgresLeaseStore(database_url, schema=pg_schema) as leases,
         ):
             status, looked = await run_beside_a_paused_fold(
@@ -186,12 +218,24 @@ async def test_a_run_on_postgres_alone_goes_on_while_a_paused_process_holds_the_
             )
             assert status == "completed"
             assert len(looked) == len(LOOKED) == 3
-            assert _checkpoints_not_written(caplog) > 0
+            assert _checkpoints_not_written(caplog) > 1
+            assert _whole_waits(caplog) == 1  # the later ones a second each, not 3 s each
             await Checkpointer(frontiers, log).catch_up()
             await assert_stored_is_the_direct_fold(frontiers, log, ["r-paused-fold"])
             [row] = (await frontiers.load(["r-paused-fold"])).values()
             assert row.frontier is not None
             assert row.frontier.status == "completed"
+
+
+def _whole_waits(caplog: pytest.LogCaptureFixture) -> int:
+    """How many skipped checkpoints waited for the fold lock for the whole timeout."""
+    return sum(
+        1
+        for r in caplog.records
+        if r.name == "onward.checkpoint"
+        and "fold lock" in r.getMessage()
+        and "was not free within 3 s" in r.getMessage()
+    )
 
 
 def _checkpoints_not_written(caplog: pytest.LogCaptureFixture) -> int:

@@ -10,7 +10,7 @@ decides the same way.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -222,6 +222,18 @@ class EventLog(AsyncResource, Protocol):
         ...
 
 
+async def partition_ends(log: EventLog, partitions: Collection[int]) -> dict[int, int]:
+    """The next offset to be written of each of ``partitions``: one call to the server for a
+    backend that can ask for many at once (`EventLogBackend.ends`), one per partition else.
+
+    Raises:
+        InvalidInputError: A partition is out of range.
+    """
+    if isinstance(log, EventLogBackend):
+        return await log.ends(partitions)
+    return {p: (await log.bounds(p)).end for p in sorted(set(partitions))}
+
+
 class LogRead(NamedTuple):
     """One read of a partition, by run or not."""
 
@@ -263,6 +275,29 @@ class EventLogBackend(Resource):
     @property
     def partitions(self) -> int:
         return self._partitions
+
+    async def ends(self, partitions: Collection[int]) -> dict[int, int]:
+        """The next offset to be written of each of ``partitions`` (each one's `bounds` end),
+        in as few calls to the server as the backend can make: what one watcher of many runs
+        asks (`partition_ends`).
+
+        Raises:
+            InvalidInputError: A partition is out of range.
+        """
+        wanted = self._checked_partitions(partitions)
+        return {p: (await self.bounds(p)).end for p in wanted}
+
+    def _checked_partitions(self, partitions: Collection[int]) -> list[int]:
+        """``partitions`` once each, in order, each checked to be in range."""
+        wanted = sorted(set(partitions))
+        for partition in wanted:
+            check_partition(partition, self._partitions)
+        return wanted
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        """The partition's first readable offset and next offset to be written (each
+        backend's own)."""
+        raise NotImplementedError
 
     def _prepare(self, events: Sequence[Event]) -> tuple[str, int, list[bytes]]:
         """Check and encode a batch: (run id, partition, encoded records)."""

@@ -21,7 +21,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -394,6 +394,15 @@ class KafkaEventLog(EventLogBackend):
                 return await readers.bounds(reader, tp)
         except DRIVER_ERRORS as exc:
             raise translate(exc, context=f"reading bounds of partition {partition}") from exc
+
+    async def ends(self, partitions: Collection[int]) -> dict[int, int]:
+        tps = [TopicPartition(self._topic, p) for p in self._checked_partitions(partitions)]
+        readers = self._live_readers()
+        try:
+            async with readers.lent() as reader:
+                return await readers.ends(reader, tps)
+        except DRIVER_ERRORS as exc:
+            raise translate(exc, context="reading the ends of partitions") from exc
 
     async def truncate_before(self, partition: int, offset: int) -> None:
         bounds = await self.bounds(partition)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -119,6 +119,11 @@ class KafkaReaders:
         starts = await reader.consumer.beginning_offsets([tp])
         ends = await reader.consumer.end_offsets([tp])
         return PartitionBounds(int(starts[tp]), int(ends[tp]))
+
+    async def ends(self, reader: _Reader, tps: Sequence[TopicPartition]) -> dict[int, int]:
+        """The offset after the last record of each of ``tps``, in one request."""
+        ends = await reader.consumer.end_offsets(list(tps))
+        return {tp.partition: int(ends[tp]) for tp in tps}
 
     async def read(
         self,

@@ -22,7 +22,7 @@ opened on a schema records its partition count there, and every later one must a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import asyncpg
 
@@ -265,6 +265,20 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
         if row is None:
             raise self._missing(partition)
         return PartitionBounds(row["start_offset"], row["next_offset"])
+
+    async def ends(self, partitions: Collection[int]) -> dict[int, int]:
+        wanted = self._checked_partitions(partitions)
+        async with self._connection("reading the ends of partitions") as conn:
+            rows = await conn.fetch(
+                "SELECT partition, next_offset FROM onward_log_partition "
+                "WHERE partition = ANY($1::int[])",
+                wanted,
+            )
+        found = {int(row["partition"]): int(row["next_offset"]) for row in rows}
+        for partition in wanted:
+            if partition not in found:
+                raise self._missing(partition)
+        return found
 
     async def truncate_before(self, partition: int, offset: int) -> None:
         check_partition(partition, self.partitions)

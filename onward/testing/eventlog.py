@@ -37,6 +37,7 @@ from onward.eventlog.base import (
     Refusal,
     SequenceGuard,
     StoredEvent,
+    partition_ends,
     partition_for,
 )
 from onward.eventlog.events import (
@@ -483,6 +484,18 @@ class EventLogConformance:
         bounds = await log.bounds(2)
         assert bounds.start == 0
         assert bounds.end == positions[-1].offset + 1
+
+    async def test_ends_of_many_partitions_are_each_ones_bounds_end(self, log: EventLog) -> None:
+        (first,) = runs_in_partition(1, 1, log.partitions)
+        (second,) = runs_in_partition(3, 1, log.partitions)
+        await log.append(step_events(first, 2))
+        await log.append(step_events(second, 5))
+        ends = await partition_ends(log, [3, 1, 0, 3])
+        assert ends == {0: 0, 1: (await log.bounds(1)).end, 3: (await log.bounds(3)).end}
+        assert ends[1] >= 2
+        assert ends[3] >= 5
+        with pytest.raises(InvalidInputError, match=f"partition {log.partitions} does not exist"):
+            await partition_ends(log, [0, log.partitions])
 
     async def test_read_partition_returns_every_run_in_offset_order(self, log: EventLog) -> None:
         runs = runs_in_partition(3, 2, log.partitions)

@@ -74,6 +74,7 @@ from onward.runtime.settings import Settings, load_settings
 
 from .messages import RunMessage
 from .stream import Position, RunStream
+from .watcher import WATCHED_NAP_S, LogWatcher
 
 _log = logging.getLogger("onward.app")
 
@@ -184,6 +185,8 @@ class App(Resource):
         self._folder: Checkpointer | None = None
         self._watching: dict[str, weakref.WeakSet[RunStream]] = {}
         """The live streams of each run, woken by this process's appends to it."""
+        self._log_watcher: LogWatcher | None = None
+        """In fleet mode, what looks at the log once for every stream (`nap`)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -202,6 +205,10 @@ class App(Resource):
             self._worker.append_listeners.append(self._appended)
         else:
             self._requests = await stack.enter_async_context(request_sender(self.settings))
+            watcher = self._log_watcher = LogWatcher(
+                backends.log, interval_s=self.poll_s, streams=self._live_streams
+            )
+            stack.push_async_callback(watcher.close)
         self._backends = backends
         _opened.append(self)
 
@@ -215,7 +222,7 @@ class App(Resource):
             worker.drain()
             await worker.drained()
         stack, self._stack = self._stack, None
-        self._backends = self._requests = self._folder = None
+        self._backends = self._requests = self._folder = self._log_watcher = None
         if stack is not None:
             await stack.aclose()
 
@@ -582,15 +589,25 @@ class App(Resource):
         except OnwardError as exc:
             _log.warning("run rows of partition %d not folded yet: %s", partition, exc)
 
-    async def nap(self, stream: RunStream, seconds: float) -> None:
-        """Wait up to ``seconds`` before the stream looks at the log again, less if this
-        process's worker has appended to the stream's run since it last looked (in process,
-        a stream sees each event as it is written rather than at its next poll)."""
-        if self._worker is None:
-            await asyncio.sleep(seconds)
-            return
+    async def nap(self, stream: RunStream, seconds: float, *, most_s: float | None = None) -> None:
+        """Wait up to ``seconds`` before the stream looks at the log again, less if its run is
+        known to have been appended to since it last looked: in process, by this process's
+        worker (a stream sees each event as it is written rather than at its next poll); in
+        fleet mode, by the log's watcher (`LogWatcher`), which wakes it within a poll of an
+        append to its run's partition. While the watcher answers, a stream waits up to
+        `WATCHED_NAP_S` (at most ``most_s``) between looks of its own."""
+        watcher = self._log_watcher
+        if watcher is not None:
+            watcher.watch()
+            if watcher.answering:
+                longest = WATCHED_NAP_S if most_s is None else min(WATCHED_NAP_S, most_s)
+                seconds = max(seconds, longest)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stream.woken.wait(), seconds)
+
+    def _live_streams(self) -> list[RunStream]:
+        """Every stream still registered (`_watched`), for the log's watcher."""
+        return [stream for streams in self._watching.values() for stream in streams]
 
     def _watched(self, stream: RunStream) -> RunStream:
         """Register a stream to be woken by this process's appends to its run (from before its

@@ -68,9 +68,10 @@ class StreamSource(Answers, Protocol):
         """Called when a stream found nothing new: nudge the run on, or end the stream."""
         ...
 
-    async def nap(self, stream: RunStream, seconds: float) -> None:
+    async def nap(self, stream: RunStream, seconds: float, *, most_s: float | None = None) -> None:
         """Wait up to ``seconds`` before ``stream`` looks at the log again (less if its run is
-        known to have been appended to meanwhile)."""
+        known to have been appended to meanwhile; longer, up to ``most_s``, when something
+        watches the log for it)."""
         ...
 
     async def fold(self, partition: int) -> None:
@@ -163,7 +164,7 @@ class RunStream:
                 raise RunTimeoutError(await self._stalled(self._timeout), run_id=self.run_id)
             await self.app.quiet(self)
             await self._say_what_it_waits_on(time.monotonic() - since)
-            await self.app.nap(self, self.app.poll_s * min(10, 2**quiet))
+            await self.app.nap(self, self.app.poll_s * min(10, 2**quiet), most_s=self._left(since))
             quiet += 1
         message = self._buffer.popleft()
         if self._partition is not None and (message.waits or message.type in _SETTLING):
@@ -172,6 +173,22 @@ class RunStream:
             await self.app.fold(self._partition)
         self.position = self._after = message.position
         return message
+
+    @property
+    def ended(self) -> bool:
+        """Whether the stream has read its run's last message (or was refused)."""
+        return self._ended
+
+    def _left(self, since: float) -> float | None:
+        """How long the stream may wait before it must look again whatever happens: until
+        its timeout, or until it says that nobody holds the run (``None``: no such bound)."""
+        quiet_s = time.monotonic() - since
+        bounds = []
+        if self._timeout is not None:
+            bounds.append(self._timeout - quiet_s)
+        if not (self._said_held or self._said_unheld) and quiet_s < SAY_UNHELD_AFTER_S:
+            bounds.append(SAY_UNHELD_AFTER_S - quiet_s)
+        return max(0.0, min(bounds)) if bounds else None
 
     async def _read(self) -> bool:
         """Read what the log has of the run past ``next_offset``; whether anything was new."""

@@ -1,0 +1,175 @@
+"""A fleet application's streams are watched for by one look at the log per poll
+(`LogWatcher`), not each by its own: quiet streams read their run seldom, and the watcher wakes
+each one within a poll of an append to its run.
+
+PostgreSQL alone: the application in fleet mode, a worker serving the requests table in the
+same process (it drives the runs; the application only reads the log), and a model that takes
+seconds to answer, as a real one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import pytest
+from support.servers import REQUEST_KEY
+
+import onward
+from onward.errors import BackendUnavailableError
+from onward.eventlog import MemoryEventLog, Message, RunFinished, RunStarted
+from onward.runtime.agent import Agent
+from onward.runtime.application.watcher import RETRY_S, WATCHED_NAP_S, LogWatcher
+from onward.runtime.backends import open_backends
+from onward.runtime.fleet.requests_postgres import PostgresRequests
+from onward.runtime.fleet.worker import Worker
+from onward.runtime.providers import ModelReply, reply
+from onward.runtime.settings import Settings
+from onward.runtime.signing import RequestSigner
+
+RUNS = 8
+MODEL_S = 8.0
+QUIET = (2.5, MODEL_S - 0.5)
+"""The stretch after every run has started and before any model answers: nothing is appended."""
+
+SLOW = Agent(name="slow", instructions="take your time")
+
+
+class SlowModel:
+    """Answers after ``MODEL_S`` seconds."""
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        await asyncio.sleep(MODEL_S)
+        return reply("done")
+
+
+def _settings(database_url: str, schema: str) -> Settings:
+    return Settings.model_validate(
+        {
+            "ONWARD_BACKEND": "postgres",
+            "DATABASE_URL": database_url,
+            "ONWARD_DATABASE_SCHEMA": schema,
+            "ONWARD_PARTITIONS": "4",
+            "ONWARD_REQUEST_KEY": REQUEST_KEY,
+            "ONWARD_APP_MODE": "fleet",
+        }
+    )
+
+
+@pytest.mark.timeout(120)
+async def test_quiet_streams_of_a_fleet_app_look_seldom_and_are_woken_by_an_append(
+    database_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _settings(database_url, pg_schema)
+    in_process = settings.model_copy(update={"app_mode": "in_process"})
+    stop = asyncio.Event()
+    async with (
+        open_backends(in_process) as backends,
+        PostgresRequests(database_url, schema=pg_schema) as table,
+        onward.open(settings) as app,
+    ):
+        reads: dict[str, list[float]] = {}
+        read_run = app.backends.log.read_run
+
+        async def counted(run_id: str, **bounds: Any) -> Any:
+            reads.setdefault(run_id, []).append(time.monotonic())
+            return await read_run(run_id, **bounds)
+
+        monkeypatch.setattr(app.backends.log, "read_run", counted)
+        worker = Worker(backends, SlowModel(), {"slow": SLOW}, name="w", recheck_s=60)
+        signer = RequestSigner(REQUEST_KEY)
+        serving = asyncio.create_task(worker.serve_postgres(stop, requests=table, signer=signer))
+        try:
+            began = time.monotonic()
+            run_ids = [f"slow-{n}" for n in range(RUNS)]
+            streams = [
+                app.query("go", {"agent": "slow", "run_id": run_id}, timeout=60)
+                for run_id in run_ids
+            ]
+
+            async def result_at(stream: onward.RunStream) -> float:
+                async for message in stream:
+                    if message.type == "result":
+                        return time.time()
+                raise AssertionError(f"{stream.run_id} ended without a result")
+
+            arrived = await asyncio.gather(*(result_at(stream) for stream in streams))
+        finally:
+            stop.set()
+            await asyncio.wait_for(serving, 30)
+        ended = [[s.event for s in await backends.log.read_run(run_id)][-1] for run_id in run_ids]
+    for run_id in run_ids:
+        quiet = [t - began for t in reads[run_id] if QUIET[0] <= t - began < QUIET[1]]
+        # Polling on its own it would read about every half second: ten times here.
+        assert len(quiet) <= (QUIET[1] - QUIET[0]) // WATCHED_NAP_S + 1, (run_id, quiet)
+    for run_id, event, at in zip(run_ids, ended, arrived, strict=True):
+        assert isinstance(event, RunFinished), (run_id, event)
+        # Woken by the watcher: a stream left to its own next look could wait WATCHED_NAP_S.
+        assert at - event.at / 1e6 < 1.0, (run_id, at - event.at / 1e6)
+
+
+class Unanswered(MemoryEventLog):
+    """A log whose partition ends cannot be read while ``down`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(partitions=4)
+        self.down = True
+
+    async def ends(self, partitions: Collection[int]) -> dict[int, int]:
+        if self.down:
+            raise BackendUnavailableError("the log did not answer")
+        return await super().ends(partitions)
+
+
+class Watched:
+    """What the watcher needs of a stream."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.ended = False
+        self.woken = asyncio.Event()
+
+
+def answering(watcher: LogWatcher) -> bool:
+    """Whether its last look was answered, read anew each time (not narrowed by a check)."""
+    return watcher.answering
+
+
+async def test_a_watcher_the_log_does_not_answer_says_so_once_and_wakes_every_stream_after(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = Unanswered()
+    stream = Watched("r1")
+    watcher = LogWatcher(log, interval_s=0.01, streams=lambda: [stream])  # type: ignore[list-item]
+    with caplog.at_level(logging.WARNING, logger="onward.app"):
+        watcher.watch()
+        await asyncio.sleep(0.1)
+        assert not answering(watcher)  # streams look for themselves meanwhile
+        log.down = False
+        await asyncio.wait_for(stream.woken.wait(), 5)  # what moved meanwhile is unknown
+        assert answering(watcher)
+        stream.woken.clear()
+        await log.append(
+            [
+                RunStarted(
+                    run_id="r1", tenant="acme", seq=1, fence=1, agent="a", revision="r1", input="go"
+                )
+            ]
+        )
+        await asyncio.wait_for(stream.woken.wait(), 5)
+        log.down = True
+        await asyncio.sleep(0.2)
+        assert not answering(watcher)
+        stream.ended = True  # no live stream left: the watcher stops looking
+        log.down = False
+        await asyncio.sleep(RETRY_S + 0.2)
+        assert not answering(watcher)  # it would answer again if it still looked
+        await watcher.close()
+    said = [r.getMessage() for r in caplog.records if "watching the log" in r.getMessage()]
+    assert said == [
+        "watching the log for 1 streams failed, each looks for itself until it answers "
+        "again: the log did not answer"
+    ]

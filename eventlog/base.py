@@ -10,7 +10,7 @@ decides the same way.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -222,6 +222,26 @@ class EventLog(AsyncResource, Protocol):
         ...
 
 
+MOST_RECORDS_LOOKED_THROUGH = 10_000
+"""The most records `EventLogBackend.runs_appended` reads the run ids of, per partition."""
+
+
+class Appended(NamedTuple):
+    """What a partition gained since an offset: its end now, and the runs appended to
+    (``None``: unknown, too many records to look through)."""
+
+    end: int
+    runs: frozenset[str] | None
+
+
+async def partition_runs_appended(log: EventLog, since: Mapping[int, int]) -> dict[int, Appended]:
+    """`EventLogBackend.runs_appended`, or for another log each partition's end with its runs
+    unknown."""
+    if isinstance(log, EventLogBackend):
+        return await log.runs_appended(since)
+    return {p: Appended(end, None) for p, end in (await partition_ends(log, since)).items()}
+
+
 async def partition_ends(log: EventLog, partitions: Collection[int]) -> dict[int, int]:
     """The next offset to be written of each of ``partitions``: one call to the server for a
     backend that can ask for many at once (`EventLogBackend.ends`), one per partition else.
@@ -286,6 +306,28 @@ class EventLogBackend(Resource):
         """
         wanted = self._checked_partitions(partitions)
         return {p: (await self.bounds(p)).end for p in wanted}
+
+    async def runs_appended(
+        self, since: Mapping[int, int], *, most: int = MOST_RECORDS_LOOKED_THROUGH
+    ) -> dict[int, Appended]:
+        """For each partition of ``since``: its end now, and the runs with a record from offset
+        ``since[partition]`` up to that end, in as few calls as the backend can make: what one
+        watcher of many runs asks, to wake the streams of those runs alone
+        (`partition_runs_appended`). More than ``most`` records appended: runs unknown.
+
+        Raises:
+            InvalidInputError: A partition is out of range.
+        """
+        out: dict[int, Appended] = {}
+        for partition, end in (await self.ends(since)).items():
+            start = max(since[partition], (await self.bounds(partition)).start)
+            if end - start > most:
+                out[partition] = Appended(end, None)
+                continue
+            records = await self.read_records(partition, start, end) if start < end else []
+            runs = (r.event.run_id if isinstance(r, StoredEvent) else r.run_id for r in records)
+            out[partition] = Appended(end, frozenset(run for run in runs if run is not None))
+        return out
 
     def _checked_partitions(self, partitions: Collection[int]) -> list[int]:
         """``partitions`` once each, in order, each checked to be in range."""

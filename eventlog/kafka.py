@@ -21,13 +21,18 @@ import collections
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    OffsetOutOfRangeError,
+    TopicAlreadyExistsError,
+)
 
 from onward._storage import DRIVER_ERRORS, KafkaConnection, kafka_connection, translate
 from onward.errors import (
@@ -45,6 +50,8 @@ from . import codec
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
+    MOST_RECORDS_LOOKED_THROUGH,
+    Appended,
     EventLogBackend,
     LogRead,
     LogRecord,
@@ -403,6 +410,34 @@ class KafkaEventLog(EventLogBackend):
                 return await readers.ends(reader, tps)
         except DRIVER_ERRORS as exc:
             raise translate(exc, context="reading the ends of partitions") from exc
+
+    async def runs_appended(
+        self, since: Mapping[int, int], *, most: int = MOST_RECORDS_LOOKED_THROUGH
+    ) -> dict[int, Appended]:
+        wanted = self._checked_partitions(since)
+        readers = self._live_readers()
+        out: dict[int, Appended] = {}
+        try:
+            async with readers.lent() as reader:
+                ends = await readers.ends(reader, [TopicPartition(self._topic, p) for p in wanted])
+                for partition in wanted:
+                    start, end = since[partition], ends[partition]
+                    if end - start > most:
+                        out[partition] = Appended(end, None)
+                        continue
+                    keys: set[bytes] = set()
+                    if start < end:
+                        tp = TopicPartition(self._topic, partition)
+                        keys = await readers.keys(reader, tp, start, end)
+                    runs = frozenset(k.decode("utf-8", errors="replace") for k in keys)
+                    out[partition] = Appended(end, runs)
+        except OffsetOutOfRangeError:
+            # Truncated below ``since`` meanwhile (retention, compaction): what was appended
+            # is unknown, not an error of the log.
+            return {p: Appended(end, None) for p, end in (await self.ends(wanted)).items()}
+        except DRIVER_ERRORS as exc:
+            raise translate(exc, context="reading the runs appended to partitions") from exc
+        return out
 
     async def truncate_before(self, partition: int, offset: int) -> None:
         bounds = await self.bounds(partition)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -138,6 +139,30 @@ class KafkaReaders:
         run_id: str | None,
     ) -> list[LogRecord]:
         """Records ``low`` up to ``high`` of one partition, only those keyed ``key`` if set."""
+        out: list[LogRecord] = []
+        batches = self._batches(reader, tp, low, high, run_id=run_id)
+        async with contextlib.aclosing(batches):
+            async for records in batches:
+                for record in records:
+                    if key is not None and record.key != key:
+                        continue
+                    out.append(record_of(tp.partition, record))
+                    if limit is not None and len(out) >= limit:
+                        return out
+        return out
+
+    async def keys(self, reader: _Reader, tp: TopicPartition, low: int, high: int) -> set[bytes]:
+        """The keys (run ids) of records ``low`` up to ``high`` of one partition, their values
+        left undecoded."""
+        found: set[bytes] = set()
+        async for records in self._batches(reader, tp, low, high, run_id=None):
+            found.update(record.key for record in records if record.key is not None)
+        return found
+
+    async def _batches(
+        self, reader: _Reader, tp: TopicPartition, low: int, high: int, *, run_id: str | None
+    ) -> AsyncGenerator[Sequence[Any], None]:
+        """The records ``low`` up to ``high`` of one partition as fetched, batch by batch."""
         consumer = reader.consumer
         if consumer.assignment() != {tp}:
             consumer.assign([tp])
@@ -146,7 +171,6 @@ class KafkaReaders:
         # walking a partition) reuses what it already fetched instead of seeking back.
         if reader.cursor != (tp.partition, low):
             consumer.seek(tp, low)
-        out: list[LogRecord] = []
         position = low
         deadline = time.monotonic() + self._read_timeout_s
         while position < high:
@@ -162,10 +186,4 @@ class KafkaReaders:
                 continue
             position = records[-1].offset + 1
             reader.cursor = (tp.partition, position)
-            for record in records:
-                if key is not None and record.key != key:
-                    continue
-                out.append(record_of(tp.partition, record))
-                if limit is not None and len(out) >= limit:
-                    return out
-        return out
+            yield records

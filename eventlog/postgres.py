@@ -22,7 +22,7 @@ opened on a schema records its partition count there, and every later one must a
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import asyncpg
 
@@ -32,6 +32,8 @@ from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedErr
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
+    MOST_RECORDS_LOOKED_THROUGH,
+    Appended,
     EventLogBackend,
     LogRead,
     LogRecord,
@@ -275,6 +277,33 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
                 wanted,
             )
         found = {int(row["partition"]): int(row["next_offset"]) for row in rows}
+        for partition in wanted:
+            if partition not in found:
+                raise self._missing(partition)
+        return found
+
+    async def runs_appended(
+        self, since: Mapping[int, int], *, most: int = MOST_RECORDS_LOOKED_THROUGH
+    ) -> dict[int, Appended]:
+        wanted = self._checked_partitions(since)
+        async with self._connection("reading the runs appended to partitions") as conn:
+            rows = await conn.fetch(
+                "SELECT p.partition, p.next_offset, CASE WHEN p.next_offset - s.since > $3 "
+                "THEN NULL ELSE ARRAY(SELECT DISTINCT l.run_id FROM onward_log l "
+                "WHERE l.partition = p.partition AND l.log_offset >= s.since "
+                "AND l.log_offset < p.next_offset) END AS runs "
+                "FROM unnest($1::int[], $2::bigint[]) AS s(partition, since) "
+                "JOIN onward_log_partition p ON p.partition = s.partition",
+                wanted,
+                [since[p] for p in wanted],
+                most,
+            )
+        found = {
+            int(row["partition"]): Appended(
+                int(row["next_offset"]), None if row["runs"] is None else frozenset(row["runs"])
+            )
+            for row in rows
+        }
         for partition in wanted:
             if partition not in found:
                 raise self._missing(partition)

@@ -30,7 +30,9 @@ from onward.errors import (
 )
 from onward.eventlog import codec
 from onward.eventlog.base import (
+    Appended,
     EventLog,
+    EventLogBackend,
     LogRecord,
     PartitionBounds,
     Position,
@@ -39,6 +41,7 @@ from onward.eventlog.base import (
     StoredEvent,
     partition_ends,
     partition_for,
+    partition_runs_appended,
 )
 from onward.eventlog.events import (
     EVENT_FORMAT,
@@ -496,6 +499,39 @@ class EventLogConformance:
         assert ends[3] >= 5
         with pytest.raises(InvalidInputError, match=f"partition {log.partitions} does not exist"):
             await partition_ends(log, [0, log.partitions])
+
+    async def test_runs_appended_are_the_runs_with_records_past_each_offset(
+        self, log: EventLog
+    ) -> None:
+        first, second = runs_in_partition(1, 2, log.partitions)
+        (third,) = runs_in_partition(3, 1, log.partitions)
+        await log.append(step_events(first, 2))
+        since = await partition_ends(log, [1, 3])
+        await log.append(step_events(second, 1))
+        await log.append(step_events(third, 3))
+        ends = await partition_ends(log, [1, 3])
+        moved = await partition_runs_appended(log, since)
+        if not isinstance(log, EventLogBackend):  # a log of another make: its runs unknown
+            assert moved == {1: Appended(ends[1], None), 3: Appended(ends[3], None)}
+            return
+        assert moved == {
+            1: Appended(ends[1], frozenset({second})),
+            3: Appended(ends[3], frozenset({third})),
+        }
+        assert await log.runs_appended(ends) == {
+            1: Appended(ends[1], frozenset()),
+            3: Appended(ends[3], frozenset()),
+        }
+        # More appended than it would look through: which runs is not known.
+        assert (await log.runs_appended(since, most=2))[3] == Appended(ends[3], None)
+        # Truncated past the offset asked from: what was appended there is gone or unknown.
+        await log.truncate_before(1, ends[1])
+        assert (await log.runs_appended({1: 0}))[1] in (
+            Appended(ends[1], frozenset()),
+            Appended(ends[1], None),
+        )
+        with pytest.raises(InvalidInputError, match=f"partition {log.partitions} does not exist"):
+            await log.runs_appended({log.partitions: 0})
 
     async def test_read_partition_returns_every_run_in_offset_order(self, log: EventLog) -> None:
         runs = runs_in_partition(3, 2, log.partitions)

@@ -589,21 +589,34 @@ class App(Resource):
         except OnwardError as exc:
             _log.warning("run rows of partition %d not folded yet: %s", partition, exc)
 
-    async def nap(self, stream: RunStream, seconds: float, *, most_s: float | None = None) -> None:
+    async def nap(
+        self,
+        stream: RunStream,
+        seconds: float,
+        *,
+        most_s: float | None = None,
+        heed_after_s: float = 0.0,
+    ) -> bool:
         """Wait up to ``seconds`` before the stream looks at the log again, less if its run is
         known to have been appended to since it last looked: in process, by this process's
         worker (a stream sees each event as it is written rather than at its next poll); in
         fleet mode, by the log's watcher (`LogWatcher`), which wakes it within a poll of an
         append to its run's partition. While the watcher answers, a stream waits up to
-        `WATCHED_NAP_S` (at most ``most_s``) between looks of its own."""
+        `WATCHED_NAP_S` (at most ``most_s``) between looks of its own. A wake is heeded only
+        after ``heed_after_s`` (`RunStream` backs it off while wakes bring it nothing).
+        Whether the stream was woken."""
         watcher = self._log_watcher
         if watcher is not None:
             watcher.watch()
             if watcher.answering:
                 longest = WATCHED_NAP_S if most_s is None else min(WATCHED_NAP_S, most_s)
                 seconds = max(seconds, longest)
+        deaf_s = min(heed_after_s, seconds)
+        if deaf_s > 0:
+            await asyncio.sleep(deaf_s)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stream.woken.wait(), seconds)
+            await asyncio.wait_for(stream.woken.wait(), seconds - deaf_s)
+        return stream.woken.is_set()
 
     def _live_streams(self) -> list[RunStream]:
         """Every stream still registered (`_watched`), for the log's watcher."""

@@ -68,10 +68,18 @@ class StreamSource(Answers, Protocol):
         """Called when a stream found nothing new: nudge the run on, or end the stream."""
         ...
 
-    async def nap(self, stream: RunStream, seconds: float, *, most_s: float | None = None) -> None:
-        """Wait up to ``seconds`` before ``stream`` looks at the log again (less if its run is
-        known to have been appended to meanwhile; longer, up to ``most_s``, when something
-        watches the log for it)."""
+    async def nap(
+        self,
+        stream: RunStream,
+        seconds: float,
+        *,
+        most_s: float | None = None,
+        heed_after_s: float = 0.0,
+    ) -> bool:
+        """Wait up to ``seconds`` before ``stream`` looks at the log again: less if it is woken
+        (its run, or its run's partition, was appended to), but not before ``heed_after_s``;
+        longer, up to ``most_s``, when something watches the log for it. Whether it was woken.
+        """
         ...
 
     async def fold(self, partition: int) -> None:
@@ -126,6 +134,8 @@ class RunStream:
         self.agent = agent
         """The run's agent, when known: a wait for a worker names what it must carry."""
         self._partition: int | None = None
+        self._fruitless = 0
+        """Wakes in a row after which the stream found nothing new of its run."""
         self.woken = asyncio.Event()
         """Set when the run is known to have been appended to since the stream last looked."""
         self.answered: set[str] = set()
@@ -148,14 +158,17 @@ class RunStream:
             begin, self._begin = self._begin, None
             await begin(self)
         quiet = 0
+        woke = False
         since = time.monotonic()
         while not self._buffer:
             if self._ended:
                 raise StopAsyncIteration
             self.woken.clear()  # what is appended from here on wakes the next nap
             if await self._read():
-                quiet, since = 0, time.monotonic()
+                quiet, since, self._fruitless = 0, time.monotonic(), 0
                 continue
+            # Woken for another run of its partition: the next wake is heeded a little later.
+            self._fruitless = self._fruitless + 1 if woke else 0
             if self._caught_up_with_a_person_needed():
                 continue
             if self._waiting_on not in (None, *self.answered) and not self._follow_waits:
@@ -164,7 +177,12 @@ class RunStream:
                 raise RunTimeoutError(await self._stalled(self._timeout), run_id=self.run_id)
             await self.app.quiet(self)
             await self._say_what_it_waits_on(time.monotonic() - since)
-            await self.app.nap(self, self.app.poll_s * min(10, 2**quiet), most_s=self._left(since))
+            woke = await self.app.nap(
+                self,
+                self.app.poll_s * min(10, 2**quiet),
+                most_s=self._left(since),
+                heed_after_s=self._heed_after(),
+            )
             quiet += 1
         message = self._buffer.popleft()
         if self._partition is not None and (message.waits or message.type in _SETTLING):
@@ -178,6 +196,15 @@ class RunStream:
     def ended(self) -> bool:
         """Whether the stream has read its run's last message (or was refused)."""
         return self._ended
+
+    def _heed_after(self) -> float:
+        """How long the next nap ignores wakes: none after a wake that found something for
+        this run, or a nap nothing woke; after wakes in a row that found nothing (a busy
+        partition's other runs), the stream's poll backing off, so it reads its run no more
+        often than it would polling on its own."""
+        if not self._fruitless:
+            return 0.0
+        return self.app.poll_s * min(10, 1 << min(self._fruitless, 4))
 
     def _left(self, since: float) -> float | None:
         """How long the stream may wait before it must look again whatever happens: until

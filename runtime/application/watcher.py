@@ -2,11 +2,13 @@
 
 In fleet mode the runs are driven by worker processes, so an application hears of an append
 only by looking. Each stream looking for itself costs the log one read per stream per poll
-(on Kafka, two offset requests each), most of them finding nothing. The watcher instead asks
-for the ends of every partition a live stream's run is in, all in one call per poll
-(`partition_ends`), and wakes the streams of each partition whose end moved; those streams then
-read their run. While the watcher answers, a stream looks for itself only every
-`WATCHED_NAP_S`; while it does not, streams poll on their own as before.
+(on Kafka, two offset requests and a fetch each), most of them finding nothing. The watcher
+instead asks, once per poll for all of them, which runs were appended to in the partitions the
+live streams' runs are in since its last look (`partition_runs_appended`: one query on
+PostgreSQL; on Kafka one offsets request and a fetch of the new records' keys per partition that
+moved), and wakes the streams of those runs; those streams then read their run. While the
+watcher answers, a stream looks for itself only every `WATCHED_NAP_S`; while it does not,
+streams poll on their own as before.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from onward.errors import OnwardError
-from onward.eventlog.base import EventLog, partition_ends, partition_for
+from onward.eventlog.base import (
+    Appended,
+    EventLog,
+    partition_ends,
+    partition_for,
+    partition_runs_appended,
+)
 
 from .stream import RunStream
 
@@ -32,7 +40,8 @@ RETRY_S = 1.0
 
 
 class LogWatcher:
-    """Wakes the streams of each partition whose end moved since its last look.
+    """Wakes the streams of the runs appended to since its last look (every stream of a
+    partition when which runs is unknown: its first look, or too much appended).
 
     Args:
         log: The log the streams read.
@@ -76,7 +85,7 @@ class LogWatcher:
                 self.answering = False
                 return
             try:
-                ends = await partition_ends(self._log, by_partition)
+                moved = await self._look(by_partition)
             except OnwardError as exc:
                 if self.answering:
                     _log.warning(
@@ -89,10 +98,29 @@ class LogWatcher:
                 self._ends.clear()  # what moved meanwhile is unknown: every stream is woken
                 await asyncio.sleep(max(self._interval_s, RETRY_S))
                 continue
-            for partition, end in ends.items():
-                if self._ends.get(partition) != end:
-                    self._ends[partition] = end
-                    for stream in by_partition[partition]:
+            for partition, appended in moved.items():
+                self._ends[partition] = appended.end
+                for stream in by_partition[partition]:
+                    if appended.runs is None or stream.run_id in appended.runs:
                         stream.woken.set()
             self.answering = True
             await asyncio.sleep(self._interval_s)
+
+    async def _look(self, by_partition: Mapping[int, object]) -> dict[int, Appended]:
+        """What each watched partition gained since the last look: the runs appended to
+        (unknown for a partition it had not looked at yet, whose streams are all woken)."""
+        seen = {p: self._ends[p] for p in by_partition if p in self._ends}
+        unseen = [p for p in by_partition if p not in self._ends]
+        moved = (
+            {
+                p: appended
+                for p, appended in (await partition_runs_appended(self._log, seen)).items()
+                if appended.end != seen[p]
+            }
+            if seen
+            else {}
+        )
+        if unseen:
+            ends = await partition_ends(self._log, unseen)
+            moved.update((p, Appended(end, None)) for p, end in ends.items())
+        return moved

@@ -20,7 +20,7 @@ from support.servers import REQUEST_KEY
 
 import onward
 from onward.errors import BackendUnavailableError
-from onward.eventlog import MemoryEventLog, Message, RunFinished, RunStarted
+from onward.eventlog import MemoryEventLog, Message, RunFinished, RunStarted, Tagged
 from onward.runtime.agent import Agent
 from onward.runtime.application.watcher import RETRY_S, WATCHED_NAP_S, LogWatcher
 from onward.runtime.backends import open_backends
@@ -173,3 +173,34 @@ async def test_a_watcher_the_log_does_not_answer_says_so_once_and_wakes_every_st
         "watching the log for 1 streams failed, each looks for itself until it answers "
         "again: the log did not answer"
     ]
+
+
+async def test_the_watcher_wakes_the_streams_of_the_runs_appended_to_not_their_neighbours() -> None:
+    log = MemoryEventLog(partitions=1)  # every run in one partition
+    mine, neighbour = Watched("mine"), Watched("neighbour")
+    watcher = LogWatcher(log, interval_s=0.01, streams=lambda: [mine, neighbour])  # type: ignore[list-item]
+    watcher.watch()
+    try:
+        await asyncio.wait_for(mine.woken.wait(), 5)  # its first look: which runs is unknown
+        await asyncio.wait_for(neighbour.woken.wait(), 5)
+        mine.woken.clear()
+        neighbour.woken.clear()
+        for seq in range(1, 4):
+            await log.append([_started("neighbour") if seq == 1 else _noted("neighbour", seq)])
+            await asyncio.sleep(0.05)
+        assert neighbour.woken.is_set()
+        assert not mine.woken.is_set()
+        await log.append([_started("mine")])
+        await asyncio.wait_for(mine.woken.wait(), 5)
+    finally:
+        await watcher.close()
+
+
+def _started(run_id: str) -> RunStarted:
+    return RunStarted(
+        run_id=run_id, tenant="acme", seq=1, fence=1, agent="a", revision="r1", input="go"
+    )
+
+
+def _noted(run_id: str, seq: int) -> Tagged:
+    return Tagged(run_id=run_id, tenant="acme", seq=seq, fence=1, target_seq=1, label=f"n{seq}")

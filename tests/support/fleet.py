@@ -4,7 +4,7 @@ Every run makes ``FLEET_STEPS`` tool calls, one per turn, then answers. Each cal
 goes to the ledger ``FLEET_LEDGER`` names before the tool sleeps ``FLEET_TOOL_S`` seconds, so a
 worker killed mid-call leaves an effect without its `ToolCompleted`. The ledger is written (and
 fsynced) in a thread, as a tool's network call would leave the event loop to other runs. The
-model answers after ``FLEET_MODEL_S`` seconds (0: at once).
+model answers after ``FLEET_MODEL_S`` seconds (0: at once), plus up to ``FLEET_MODEL_JITTER_S``.
 
 ``booker``'s tool has a status check (the ledger), so resume settles such a call itself;
 ``charger``'s has none, so such a call is indeterminate and its run is left for a person.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -46,7 +47,12 @@ def tool_s() -> float:
 
 
 def model_s() -> float:
-    return float(os.environ.get("FLEET_MODEL_S", "0"))
+    """``FLEET_MODEL_S``, plus up to ``FLEET_MODEL_JITTER_S`` more, drawn for each call (a
+    real model's time varies)."""
+    jitter = float(os.environ.get("FLEET_MODEL_JITTER_S", "0"))
+    return float(os.environ.get("FLEET_MODEL_S", "0")) + (
+        random.uniform(0, jitter) if jitter else 0
+    )
 
 
 def _ledger() -> Ledger:
@@ -141,8 +147,9 @@ class _Model(ScriptedProvider):
     """The scripted model, answering after ``FLEET_MODEL_S`` seconds."""
 
     async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
-        if model_s() > 0:
-            await asyncio.sleep(model_s())
+        seconds = model_s()
+        if seconds > 0:
+            await asyncio.sleep(seconds)
         return await super().complete(agent, messages)
 
 

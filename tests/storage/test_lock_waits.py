@@ -229,21 +229,17 @@ async def test_a_run_on_postgres_alone_goes_on_while_a_paused_process_holds_the_
 
 def _whole_waits(caplog: pytest.LogCaptureFixture) -> int:
     """How many skipped checkpoints waited for the fold lock for the whole timeout."""
-    return sum(
-        1
-        for r in caplog.records
-        if r.name == "onward.checkpoint"
-        and "fold lock" in r.getMessage()
-        and "was not free within 3 s" in r.getMessage()
-    )
+    return _checkpoints_not_written(caplog, saying="was not free within 3 s")
 
 
-def _checkpoints_not_written(caplog: pytest.LogCaptureFixture) -> int:
-    """How many checkpoints the runner said it skipped because the fold lock was not free."""
+def _checkpoints_not_written(caplog: pytest.LogCaptureFixture, saying: str = "") -> int:
+    """How many checkpoints the runner said it skipped because the fold lock was not free
+    (those whose reason says ``saying``)."""
     return sum(
         1
         for r in caplog.records
         if r.name == "onward.checkpoint"
         and "checkpoint not written, the run carries on" in r.getMessage()
         and "fold lock" in r.getMessage()
+        and saying in r.getMessage()
     )

@@ -54,10 +54,9 @@ async def _each_stream_polls(
     *,
     most_s: float | None = None,
     heed_after_s: float = 0.0,
-) -> bool:
+) -> None:
     """`App.nap` as a fleet application's was before the watcher: a plain sleep."""
     await asyncio.sleep(seconds)
-    return False
 
 
 def _app_settings(fleet: Fleet) -> Settings:

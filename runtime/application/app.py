@@ -596,15 +596,14 @@ class App(Resource):
         *,
         most_s: float | None = None,
         heed_after_s: float = 0.0,
-    ) -> bool:
+    ) -> None:
         """Wait up to ``seconds`` before the stream looks at the log again, less if its run is
         known to have been appended to since it last looked: in process, by this process's
         worker (a stream sees each event as it is written rather than at its next poll); in
         fleet mode, by the log's watcher (`LogWatcher`), which wakes it within a poll of an
         append to its run's partition. While the watcher answers, a stream waits up to
         `WATCHED_NAP_S` (at most ``most_s``) between looks of its own. A wake is heeded only
-        after ``heed_after_s`` (`RunStream` backs it off while wakes bring it nothing).
-        Whether the stream was woken."""
+        after ``heed_after_s`` (`RunStream` backs it off while vague wakes bring it nothing)."""
         watcher = self._log_watcher
         if watcher is not None:
             watcher.watch()
@@ -616,7 +615,6 @@ class App(Resource):
             await asyncio.sleep(deaf_s)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stream.woken.wait(), seconds - deaf_s)
-        return stream.woken.is_set()
 
     def _live_streams(self) -> list[RunStream]:
         """Every stream still registered (`_watched`), for the log's watcher."""
@@ -634,7 +632,7 @@ class App(Resource):
     def _appended(self, events: Sequence[Event]) -> None:
         """Wake the streams of the run a batch was appended to (a batch is one run's)."""
         for stream in self._watching.get(events[0].run_id, ()):
-            stream.woken.set()
+            stream.wake()
 
     async def quiet(self, stream: RunStream) -> None:
         """A stream found nothing new: in process, end it if the worker refused to start its

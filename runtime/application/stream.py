@@ -35,6 +35,10 @@ from .messages import Answers, MessageMapper, RunMessage
 
 _log = logging.getLogger("onward.app")
 
+DEAF_MOST_S = 0.5
+"""The longest a stream ignores wakes after wakes in a row brought it nothing: a stream with a
+slow poll (``poll_s=30``) is still woken within half a second."""
+
 SAY_UNHELD_AFTER_S = 3.0
 """How long a stream waits in quiet on a run nobody holds before it says so, once: a worker
 takes a run it was handed within milliseconds, so seconds of nothing mean none is taking it."""
@@ -75,11 +79,10 @@ class StreamSource(Answers, Protocol):
         *,
         most_s: float | None = None,
         heed_after_s: float = 0.0,
-    ) -> bool:
+    ) -> None:
         """Wait up to ``seconds`` before ``stream`` looks at the log again: less if it is woken
-        (its run, or its run's partition, was appended to), but not before ``heed_after_s``;
-        longer, up to ``most_s``, when something watches the log for it. Whether it was woken.
-        """
+        (`RunStream.wake`), but not before ``heed_after_s``; longer, up to ``most_s``, when
+        something watches the log for it."""
         ...
 
     async def fold(self, partition: int) -> None:
@@ -135,7 +138,8 @@ class RunStream:
         """The run's agent, when known: a wait for a worker names what it must carry."""
         self._partition: int | None = None
         self._fruitless = 0
-        """Wakes in a row after which the stream found nothing new of its run."""
+        """Vague wakes in a row after which the stream found nothing new of its run."""
+        self._woken_vaguely = False
         self.woken = asyncio.Event()
         """Set when the run is known to have been appended to since the stream last looked."""
         self.answered: set[str] = set()
@@ -158,17 +162,18 @@ class RunStream:
             begin, self._begin = self._begin, None
             await begin(self)
         quiet = 0
-        woke = False
         since = time.monotonic()
         while not self._buffer:
             if self._ended:
                 raise StopAsyncIteration
+            vaguely, self._woken_vaguely = self._woken_vaguely, False
             self.woken.clear()  # what is appended from here on wakes the next nap
             if await self._read():
                 quiet, since, self._fruitless = 0, time.monotonic(), 0
                 continue
-            # Woken for another run of its partition: the next wake is heeded a little later.
-            self._fruitless = self._fruitless + 1 if woke else 0
+            # Woken for a partition's appends, none of them this run's: the next such wake
+            # is heeded a little later (precise wakes, for this run, always at once).
+            self._fruitless = self._fruitless + 1 if vaguely else 0
             if self._caught_up_with_a_person_needed():
                 continue
             if self._waiting_on not in (None, *self.answered) and not self._follow_waits:
@@ -177,7 +182,7 @@ class RunStream:
                 raise RunTimeoutError(await self._stalled(self._timeout), run_id=self.run_id)
             await self.app.quiet(self)
             await self._say_what_it_waits_on(time.monotonic() - since)
-            woke = await self.app.nap(
+            await self.app.nap(
                 self,
                 self.app.poll_s * min(10, 2**quiet),
                 most_s=self._left(since),
@@ -192,19 +197,26 @@ class RunStream:
         self.position = self._after = message.position
         return message
 
+    def wake(self, *, vaguely: bool = False) -> None:
+        """Have the stream look at the log now: its run was appended to, or (``vaguely``) its
+        run's partition was, the runs appended to being unknown."""
+        if vaguely:
+            self._woken_vaguely = True
+        self.woken.set()
+
     @property
     def ended(self) -> bool:
         """Whether the stream has read its run's last message (or was refused)."""
         return self._ended
 
     def _heed_after(self) -> float:
-        """How long the next nap ignores wakes: none after a wake that found something for
-        this run, or a nap nothing woke; after wakes in a row that found nothing (a busy
-        partition's other runs), the stream's poll backing off, so it reads its run no more
-        often than it would polling on its own."""
+        """How long the next nap ignores wakes: none after a look that found something for
+        this run or a wake for this run; after vague wakes in a row that found nothing (a busy
+        partition's other runs), doubling from the stream's poll up to `DEAF_MOST_S`, so it
+        reads its run about as seldom as it would polling on its own."""
         if not self._fruitless:
             return 0.0
-        return self.app.poll_s * min(10, 1 << min(self._fruitless, 4))
+        return min(DEAF_MOST_S, self.app.poll_s * (1 << min(self._fruitless, 4)))
 
     def _left(self, since: float) -> float | None:
         """How long the stream may wait before it must look again whatever happens: until

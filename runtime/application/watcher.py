@@ -101,8 +101,10 @@ class LogWatcher:
             for partition, appended in moved.items():
                 self._ends[partition] = appended.end
                 for stream in by_partition[partition]:
-                    if appended.runs is None or stream.run_id in appended.runs:
-                        stream.woken.set()
+                    if appended.runs is None:
+                        stream.wake(vaguely=True)
+                    elif stream.run_id in appended.runs:
+                        stream.wake()
             self.answering = True
             await asyncio.sleep(self._interval_s)
 

@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pytest
 from support.servers import REQUEST_KEY
 
 import onward
-from onward.errors import BackendUnavailableError
+from onward.errors import BackendUnavailableError, RunTimeoutError
 from onward.eventlog import MemoryEventLog, Message, RunFinished, RunStarted, Tagged
+from onward.eventlog.base import Appended, EventLogBackend, partition_for
 from onward.runtime.agent import Agent
 from onward.runtime.application.watcher import RETRY_S, WATCHED_NAP_S, LogWatcher
 from onward.runtime.backends import open_backends
@@ -131,6 +132,11 @@ class Watched:
         self.run_id = run_id
         self.ended = False
         self.woken = asyncio.Event()
+        self.vaguely = False
+
+    def wake(self, *, vaguely: bool = False) -> None:
+        self.vaguely = vaguely
+        self.woken.set()
 
 
 def answering(watcher: LogWatcher) -> bool:
@@ -190,6 +196,7 @@ async def test_the_watcher_wakes_the_streams_of_the_runs_appended_to_not_their_n
             await asyncio.sleep(0.05)
         assert neighbour.woken.is_set()
         assert not mine.woken.is_set()
+        assert not neighbour.vaguely  # the log said which run was appended to
         await log.append([_started("mine")])
         await asyncio.wait_for(mine.woken.wait(), 5)
     finally:
@@ -204,3 +211,51 @@ def _started(run_id: str) -> RunStarted:
 
 def _noted(run_id: str, seq: int) -> Tagged:
     return Tagged(run_id=run_id, tenant="acme", seq=seq, fence=1, target_seq=1, label=f"n{seq}")
+
+
+@pytest.mark.timeout(60)
+async def test_a_stream_woken_vaguely_for_nothing_backs_its_wakes_off(
+    database_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the log cannot say which runs were appended to (more than the watcher looks
+    through), every stream of the partition is woken; one whose run had nothing new heeds the
+    next such wake later and later, reading its run no more often than polling would."""
+    async with onward.open(_settings(database_url, pg_schema)) as app:
+        log = app.backends.log
+        assert isinstance(log, EventLogBackend)
+        runs_appended = log.runs_appended
+
+        async def unknown_runs(since: Mapping[int, int], **most: int) -> dict[int, Appended]:
+            moved = await runs_appended(since, **most)
+            return {p: Appended(appended.end, None) for p, appended in moved.items()}
+
+        monkeypatch.setattr(log, "runs_appended", unknown_runs)
+        reads: list[float] = []
+        read_run = log.read_run
+
+        async def counted(run_id: str, **bounds: Any) -> Any:
+            if run_id == "quiet":
+                reads.append(time.monotonic())
+            return await read_run(run_id, **bounds)
+
+        monkeypatch.setattr(log, "read_run", counted)
+        busy = next(
+            f"busy-{n}"
+            for n in range(1000)
+            if partition_for(f"busy-{n}", log.partitions) == partition_for("quiet", log.partitions)
+        )
+        waiting = asyncio.create_task(
+            app.query("go", {"agent": "nobody", "run_id": "quiet"}, timeout=4).collect()
+        )
+        began = time.monotonic()
+        await log.append([_started(busy)])
+        seq = 1
+        while time.monotonic() - began < 3.5:
+            seq += 1
+            await log.append([_noted(busy, seq)])
+            await asyncio.sleep(0.02)
+        with pytest.raises(RunTimeoutError):
+            await waiting
+    late = [t for t in reads if t - began >= 1.5]
+    # Heeding every wake it would read 20 times a second; polling, about twice.
+    assert len(late) <= 2 * 2 + 2, [round(t - began, 2) for t in reads]

@@ -89,6 +89,7 @@ from onward.eventlog.base import LogRecord
 from onward.projections.base import StoredFrontier
 from onward.projections.frontier_projection import DEFAULT_CACHE_BYTES, FrontierProjection
 from onward.projections.kafka import (
+    FOCUS_SLICE_S,
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
     KafkaProjector,
@@ -389,6 +390,7 @@ async def child_project(args: argparse.Namespace) -> dict[str, Any]:
         partitions=PARTITIONS,
         group_id=args.group or f"onward-bench-{uuid.uuid4().hex[:8]}",
         batch_records=args.batch,
+        focus_slice_s=args.focus_slice_s or None,
     )
     profiler = cProfile.Profile() if args.profile else None
     step_s = check_s = 0.0
@@ -500,6 +502,8 @@ async def run_child(
         str(args.flush_interval),
         "--cache-mib",
         str(args.cache_mib),
+        "--focus-slice-s",
+        str(args.focus_slice_s),
         "--ends",
         json.dumps(ends),
         "--profile-top",
@@ -571,6 +575,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_CACHE_BYTES // (1024 * 1024),
         help="projector: the frontiers' memory budget in MiB (as `onward projector --cache-mib`)",
+    )
+    parser.add_argument(
+        "--focus-slice-s",
+        type=float,
+        default=FOCUS_SLICE_S,
+        help="projector: behind in several partitions, fold each in turn for up to this many "
+        "seconds (as `KafkaProjector(focus_slice_s=...)`); 0 folds all as they arrive",
     )
     parser.add_argument(
         "--rebuild-batch", type=int, default=5_000, help="rebuild records per partition per step"
@@ -841,7 +852,8 @@ def _table(args: argparse.Namespace, results: dict[str, Any]) -> Table:
     table = Table(
         title=f"project: {results['events']:,} events (~{results['mean_event_bytes']:.0f} B) "
         f"over {args.runs:,} runs, {PARTITIONS} partitions, batch {args.batch:,}, "
-        f"cache {args.cache_mib} MiB"
+        f"cache {args.cache_mib} MiB, "
+        + (f"turns of {args.focus_slice_s:g} s" if args.focus_slice_s else "no turns")
     )
     table.add_column("measure")
     table.add_column("events/s", justify="right")

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, NoOffsetForPartitionError
+from aiokafka.errors import IllegalStateError, KafkaError, NoOffsetForPartitionError
 
 from onward._storage import KafkaConnection, kafka_connection, translate
 from onward.errors import (
@@ -60,6 +60,10 @@ STORE_RETRY_FIRST_S = 0.5
 time..."""
 STORE_RETRY_MAX_S = 10.0
 """...up to this: once the store is back, the projector notices within this long."""
+
+FOCUS_SLICE_S = 2.0
+"""A projector behind in several partitions folds one of them at a time, for about this long
+(or until it is drained), the others behind paused; then the next one behind. See `_Turns`."""
 
 _FETCH_MIN_BYTES = 256 * 1024
 _PARTITION_FETCH_BYTES = 4 * 1024 * 1024
@@ -139,6 +143,11 @@ class KafkaProjector(Generic[SinkT]):
         store_loss_limit_s: How long `run` rides out a store (PostgreSQL or Kafka) that stopped
             answering before it gives up and raises `BackendUnavailableError`; ``None`` (the
             default) waits for as long as the outage lasts.
+        focus_slice_s: Behind in several partitions (by more than ``batch_records`` each), fold
+            one at a time, each for at most this many seconds or until it is drained, the others
+            behind paused meanwhile: the runs in play are then one partition's, which the
+            frontier cache holds however many runs the topic has (see `_Turns`). ``None`` folds
+            every partition's records as they arrive.
     """
 
     def __init__(
@@ -153,7 +162,12 @@ class KafkaProjector(Generic[SinkT]):
         session_timeout_ms: int = 10_000,
         caught_up_store_s: float = CAUGHT_UP_STORE_S,
         store_loss_limit_s: float | None = None,
+        focus_slice_s: float | None = FOCUS_SLICE_S,
     ) -> None:
+        if focus_slice_s is not None and not focus_slice_s > 0:
+            raise InvalidInputError(
+                f"focus_slice_s must be a positive number of seconds or None, got {focus_slice_s}"
+            )
         if caught_up_store_s < 0:
             raise InvalidInputError(
                 f"caught_up_store_s must not be negative, got {caught_up_store_s}"
@@ -173,6 +187,11 @@ class KafkaProjector(Generic[SinkT]):
         self._store_loss_limit_s = store_loss_limit_s
         self._consumer: AIOKafkaConsumer | None = None
         self._failure: BaseException | None = None
+        self._turns = (
+            _Turns(behind_records=batch_records, slice_s=focus_slice_s)
+            if focus_slice_s is not None
+            else None
+        )
 
     async def start(self) -> None:
         """Join the group; partitions are sought to their stored offsets as they are assigned."""
@@ -230,6 +249,8 @@ class KafkaProjector(Generic[SinkT]):
 
     async def _seek_to_stored(self, assigned: list[TopicPartition]) -> None:
         consumer = self._live()
+        if self._turns is not None:
+            self._turns.drop(consumer, assigned)
         if not assigned:
             return
         # Whatever was cached about these partitions may predate another member's writes.
@@ -262,6 +283,9 @@ class KafkaProjector(Generic[SinkT]):
             # in them are folded again on the next pass, even if no record arrives.
             self.projection.assigned(sought)
         log.info("assigned %s", {tp.partition: stored.get(tp.partition) for tp in assigned})
+        if self._turns is not None:
+            # Behind in several: the first fetch is already of one of them alone.
+            await self._turns.look(consumer, anew=True)
 
     async def _flush_before_rebalance(self) -> None:
         """Store what was folded before partitions change hands.
@@ -288,9 +312,18 @@ class KafkaProjector(Generic[SinkT]):
     async def step(self, *, timeout_ms: int = 500) -> int:
         """Fold one batch of whatever arrived; return how many records it held."""
         fetched = await self._fetch(timeout_ms)
+        await self._take_turns(fetched)
         if fetched is None:
             return 0
         return await self._apply(*fetched)
+
+    async def _take_turns(
+        self, fetched: tuple[dict[int, list[LogRecord]], dict[int, int]] | None
+    ) -> None:
+        """After a fetch: hand the turn on, or look whether several partitions are behind."""
+        if self._turns is not None:
+            full = fetched is not None and sum(map(len, fetched[0].values())) >= self._batch_records
+            await self._turns.after_fetch(self._live(), full=full)
 
     async def _fetch(
         self, timeout_ms: int
@@ -438,10 +471,13 @@ class KafkaProjector(Generic[SinkT]):
         unstored = False
         try:
             while not stop.is_set():
+                behind = self._turns is not None and self._turns.waiting
                 wait_s = 0.2
-                if unstored:  # a store is owed: wait for more records no longer than it is due
+                if unstored and not behind:
+                    # A store is owed: wait for more records no longer than it is due.
                     wait_s = max(0.0, self._caught_up_store_s - (time.monotonic() - stored_at))
                 fetched = await self._fetch(int(wait_s * 1000))
+                await self._take_turns(fetched)
                 if storing is not None:
                     stored, storing = await storing, None
                     if stored == 0 and fetched is not None:
@@ -457,7 +493,7 @@ class KafkaProjector(Generic[SinkT]):
                         stored_at = time.monotonic()
                     unstored = not due
                     storing = asyncio.create_task(self._apply(records, next_offsets, store=due))
-                else:
+                elif not behind:
                     await self.flush()
                     stored_at, unstored = time.monotonic(), False
         finally:
@@ -473,6 +509,8 @@ class KafkaProjector(Generic[SinkT]):
         few records."""
         if sum(map(len, records.values())) >= self._batch_records:
             return False
+        if self._turns is not None and self._turns.waiting:
+            return False  # partitions behind wait for their turn
         consumer = self._consumer
         if consumer is None:
             return True
@@ -492,6 +530,116 @@ class KafkaProjector(Generic[SinkT]):
         if consumer is not None:
             with contextlib.suppress(KafkaError):
                 await consumer.stop()
+
+
+class _Turns:
+    """Which partition a projector behind in several folds now, the others behind paused.
+
+    A consumer hands out the records of all its partitions as they arrive. Behind in many (a
+    rebuild, a restart after an outage), each batch then touches runs of every partition: more
+    runs are in play than the frontier cache holds, so most are loaded again at every batch,
+    each store writes more rows, and the client keeps a fetch buffered for every partition.
+    Folding one partition at a time, in turn, keeps that partition's runs in play and its fetch
+    alone in memory: at 100,000 runs over 12 partitions, a 16 MiB cache folds as fast as a
+    40 MiB one did, where without turns it folded at less than half the speed. One partition,
+    not two: with two, their fetches alternate and the batches mix their runs again.
+
+    Partitions keeping up are never paused, and once fewer than two are behind (by more than a
+    batch), none is. A paused partition's fetched records are dropped by the client and fetched
+    again on its turn; its position does not move, so nothing is skipped or folded twice.
+    """
+
+    __slots__ = ("_behind_records", "_look_after", "_paused", "_since", "_slice_s", "turn")
+
+    def __init__(self, *, behind_records: int, slice_s: float) -> None:
+        self._behind_records = behind_records
+        self._slice_s = slice_s
+        self.turn: TopicPartition | None = None
+        self._paused: set[TopicPartition] = set()
+        self._since = 0.0
+        self._look_after = 0.0
+
+    @property
+    def waiting(self) -> bool:
+        """Whether partitions behind wait for their turn (the projector is not caught up)."""
+        return bool(self._paused)
+
+    def drop(self, consumer: AIOKafkaConsumer, assigned: Iterable[TopicPartition]) -> None:
+        """Partitions are being sought (an assignment, a recovery, a build switch): resume
+        every one this projector paused and still has."""
+        mine = consumer.assignment()
+        consumer.resume(*(tp for tp in {*assigned, *self._paused} if tp in mine))
+        self._paused.clear()
+        self.turn = None
+        self._look_after = 0.0
+
+    async def after_fetch(self, consumer: AIOKafkaConsumer, *, full: bool) -> None:
+        """Hand the turn on once its partition is drained or its slice is over; while no turn
+        is taken, look how far behind each partition is after a full batch (at most once a
+        slice)."""
+        now = time.monotonic()
+        if self.turn is None:
+            if not full or now < self._look_after:
+                return
+        elif now - self._since < self._slice_s and await self._turn_behind(consumer):
+            return
+        await self.look(consumer)
+
+    def _resume_all(self, consumer: AIOKafkaConsumer) -> None:
+        mine = consumer.assignment()
+        consumer.resume(*(tp for tp in self._paused if tp in mine))
+        self._paused.clear()
+        self.turn = None
+
+    async def _turn_behind(self, consumer: AIOKafkaConsumer) -> bool:
+        """Whether the partition having the turn is still behind, by the end its last fetch
+        saw (a fetch still on its way counts as behind; so does a partition a rebalance is
+        taking, whose assignment resets the turns)."""
+        tp = self.turn
+        if tp is None:
+            return False
+        if tp not in consumer.assignment():
+            return True
+        end = consumer.highwater(tp)
+        return end is None or end - await consumer.position(tp) > self._behind_records
+
+    async def look(self, consumer: AIOKafkaConsumer, *, anew: bool = False) -> None:
+        """Pause every partition behind but the next one in turn (``anew``: the first one
+        behind, as after partitions were sought); or none, if fewer than two are behind."""
+        now = time.monotonic()
+        assigned = sorted(consumer.assignment(), key=lambda tp: tp.partition)
+        if anew:
+            # Nothing is fetched until the turns are known (pausing drops what was fetched).
+            consumer.pause(*assigned)
+            self._paused.update(assigned)
+        try:
+            ends = await consumer.end_offsets(assigned) if len(assigned) > 1 else {}
+            behind = [
+                tp
+                for tp in assigned
+                if ends.get(tp, 0) - await consumer.position(tp) > self._behind_records
+            ]
+        except (IllegalStateError, KafkaError) as exc:
+            self._resume_all(consumer)
+            if isinstance(exc, IllegalStateError):
+                return  # a rebalance took partitions meanwhile; the assignment looks again
+            raise translate(exc, context="reading how far behind each partition is") from exc
+        mine = consumer.assignment()
+        if len(behind) < 2:
+            if self.turn is not None:
+                log.info("behind in %d partitions now: folding every partition", len(behind))
+            self._resume_all(consumer)
+            self._look_after = now + self._slice_s
+            return
+        after = self.turn.partition if self.turn is not None and not anew else -1
+        turn = next((tp for tp in behind if tp.partition > after), behind[0])
+        waiting = {tp for tp in behind if tp != turn and tp in mine}
+        consumer.resume(*(tp for tp in self._paused - waiting if tp in mine))
+        consumer.pause(*waiting)
+        if self.turn is None:
+            log.info("behind in %d partitions: folding them one at a time", len(behind))
+        self._paused, self.turn, self._since = waiting, turn, now
+        log.debug("folding partition %d; %d more behind", turn.partition, len(waiting))
 
 
 class _Outage:

@@ -24,6 +24,7 @@ from onward.projections.frontier_projection import DEFAULT_CACHE_BYTES, Frontier
 from onward.projections.kafka import (
     CAUGHT_UP_STORE_S,
     DEFAULT_GROUP,
+    FOCUS_SLICE_S,
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
     KafkaProjector,
@@ -118,6 +119,16 @@ def projector_command(
             "fewer PostgreSQL transactions for a frontier that lags the log by this much more."
         ),
     ] = CAUGHT_UP_STORE_S,
+    focus_slice_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Behind in several partitions, fold one at a time, each for at most this many "
+            "seconds or until it is drained, the others behind paused: one partition's runs "
+            "fit the memory budget however many runs the topic holds. 0: fold every "
+            "partition's records as they arrive.",
+        ),
+    ] = FOCUS_SLICE_S,
     exit_on_store_loss: Annotated[
         float | None,
         typer.Option(
@@ -207,6 +218,7 @@ def projector_command(
                 session_timeout_ms=session_timeout_ms,
                 caught_up_store_s=caught_up_store_s,
                 store_loss_limit_s=exit_on_store_loss,
+                focus_slice_s=focus_slice_s or None,
             )
             stack.push_async_callback(worker.close)
             await within(worker.start(), "Kafka")

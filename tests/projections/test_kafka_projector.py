@@ -25,7 +25,7 @@ from support.histories import (
 from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import KafkaEventLog, ToolCompleted
 from onward.projections.frontier_projection import FrontierProjection
-from onward.projections.kafka import KafkaProjector
+from onward.projections.kafka import KafkaProjector, _Turns
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.rebuild import rebuild_frontiers
 
@@ -373,3 +373,169 @@ async def test_a_rebuild_fills_the_transcript_it_shares_with_every_build(
         rows = await stack.store.transcript(run_id, tenant="acme", through=frontier.last_seq)
         assert len(rows) == frontier.messages > 0
         assert rows == before[run_id]
+
+
+class BatchLog:
+    """Which partitions each batch a projector folded held, in order, and which the client had
+    paused as it was folded; each fold slowed by ``delay_s`` so a backlog takes several turns."""
+
+    def __init__(self, projector: KafkaProjector[FrontierProjection], delay_s: float = 0.0) -> None:
+        self.partitions: list[set[int]] = []
+        self.paused: list[set[int]] = []
+        self._projector = projector
+        self._apply = projector.projection.apply
+        self._delay_s = delay_s
+        projector.projection.apply = self.apply  # type: ignore[method-assign]
+
+    async def apply(self, records: Any, next_offsets: Any) -> None:
+        self.partitions.append({p for p, items in records.items() if items})
+        self.paused.append({tp.partition for tp in self._projector._live().paused()})
+        await asyncio.sleep(self._delay_s)
+        await self._apply(records, next_offsets)
+
+    def stretches(self) -> dict[int, int]:
+        """Per partition, how many unbroken stretches of batches it was folded in."""
+        counts: dict[int, int] = {}
+        before: set[int] = set()
+        for held in self.partitions:
+            for partition in held - before:
+                counts[partition] = counts.get(partition, 0) + 1
+            before = held
+        return counts
+
+    def first_and_last(self) -> dict[int, tuple[int, int]]:
+        """Per partition, the index of the first and the last batch that held it."""
+        seen: dict[int, tuple[int, int]] = {}
+        for index, held in enumerate(self.partitions):
+            for partition in held:
+                seen[partition] = (seen.get(partition, (index, index))[0], index)
+        return seen
+
+
+async def run_until_stored(
+    projectors: list[KafkaProjector[FrontierProjection]], log: KafkaEventLog, *, within: float = 60
+) -> None:
+    """Run started projectors until their group stored every partition's end; then stop them."""
+    stop = asyncio.Event()
+    running = [asyncio.create_task(p.run(stop)) for p in projectors]
+    try:
+        ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
+        deadline = asyncio.get_running_loop().time() + within
+        while True:
+            stored = await projectors[0].projection.positions()
+            if all(stored.get(p, 0) >= end for p, end in ends.items()):
+                break
+            assert asyncio.get_running_loop().time() < deadline, f"stuck at {stored} of {ends}"
+            assert not any(task.done() for task in running), running
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.gather(*running)
+
+
+def taking_turns(
+    stack: Stack, *, slice_s: float | None, group_id: str | None = None
+) -> KafkaProjector[FrontierProjection]:
+    return KafkaProjector(
+        stack.bootstrap,
+        FrontierProjection(stack.store, stack.log),
+        topic=stack.topic,
+        partitions=PARTITIONS,
+        group_id=group_id or f"g-{uuid.uuid4().hex[:8]}",
+        batch_records=10,
+        focus_slice_s=slice_s,
+    )
+
+
+def turns_of(projector: KafkaProjector[FrontierProjection]) -> _Turns:
+    turns = projector._turns
+    assert turns is not None
+    return turns
+
+
+async def test_a_projector_behind_in_every_partition_folds_them_one_at_a_time(
+    stack: Stack, rng: random.Random
+) -> None:
+    """Behind in every partition, all but one wait paused from the first fetch on; each is
+    folded in one stretch (and at most the few records it was within a batch of when its turn
+    passed on, in a second), not mixed with the others: the runs in play are one partition's."""
+    steps = workload(rng, 40)
+    await append_all(stack.log, steps)
+    assert min([(await stack.log.bounds(p)).end for p in range(PARTITIONS)]) > 50
+    projector = taking_turns(stack, slice_s=60)
+    batches = BatchLog(projector)
+    await projector.start()
+    try:
+        await run_until_stored([projector], stack.log)
+        assert not turns_of(projector).waiting
+    finally:
+        await projector.close()
+    assert len(batches.partitions) > 4 * PARTITIONS
+    (first,) = batches.partitions[0]
+    assert batches.paused[0] == set(range(PARTITIONS)) - {first}
+    # A batch fetched just before a turn passed on is folded just after it: only those hold a
+    # partition that is paused.
+    pairs = list(zip(batches.partitions, batches.paused, strict=True))
+    assert sum(not held.isdisjoint(paused) for held, paused in pairs) <= PARTITIONS, pairs
+    assert set(batches.stretches()) == set(range(PARTITIONS))
+    assert max(batches.stretches().values()) <= 2, batches.partitions
+    assert sum(len(held) > 1 for held in batches.partitions) <= PARTITIONS, batches.partitions
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
+
+
+async def test_a_turn_passes_on_when_its_slice_is_over(stack: Stack, rng: random.Random) -> None:
+    """A partition whose backlog outlasts its slice does not hold the others back: every
+    partition is begun before any is finished."""
+    steps = workload(rng, 40)
+    await append_all(stack.log, steps)
+    projector = taking_turns(stack, slice_s=0.2)
+    batches = BatchLog(projector, delay_s=0.05)  # 200 records a second
+    await projector.start()
+    try:
+        await run_until_stored([projector], stack.log)
+    finally:
+        await projector.close()
+    spans = batches.first_and_last()
+    assert set(spans) == set(range(PARTITIONS))
+    assert max(first for first, _ in spans.values()) < min(last for _, last in spans.values()), (
+        batches.partitions
+    )
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
+
+
+async def test_a_member_joining_while_partitions_wait_their_turn_leaves_none_paused(
+    stack: Stack, rng: random.Random
+) -> None:
+    steps = workload(rng, 60)
+    await append_all(stack.log, steps)
+    group_id = f"g-{uuid.uuid4().hex[:8]}"
+    first = taking_turns(stack, slice_s=0.5, group_id=group_id)
+    second = taking_turns(stack, slice_s=0.5, group_id=group_id)
+    BatchLog(first, delay_s=0.05)
+    BatchLog(second, delay_s=0.05)
+    await first.start()
+    try:
+        stop = asyncio.Event()
+        alone = asyncio.create_task(first.run(stop))
+        deadline = asyncio.get_running_loop().time() + 30
+        while not turns_of(first).waiting:
+            assert asyncio.get_running_loop().time() < deadline, "never took turns"
+            await asyncio.sleep(0.02)
+        stop.set()
+        await alone
+        await second.start()
+        await run_until_stored([first, second], stack.log)
+        for member in (first, second):
+            assert not turns_of(member).waiting
+            assert not member._live().paused()
+    finally:
+        await asyncio.gather(first.close(), second.close())
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
+
+
+@pytest.mark.parametrize("slice_s", [0, -1.0])
+async def test_a_turn_that_is_not_a_positive_number_of_seconds_is_refused(
+    stack: Stack, slice_s: float
+) -> None:
+    with pytest.raises(InvalidInputError, match="focus_slice_s must be a positive number"):
+        taking_turns(stack, slice_s=slice_s)

@@ -145,9 +145,9 @@ class KafkaProjector(Generic[SinkT]):
             default) waits for as long as the outage lasts.
         focus_slice_s: Behind in several partitions (by more than ``batch_records`` each), fold
             one at a time, each for at most this many seconds or until it is drained, the others
-            behind paused meanwhile: the runs in play are then one partition's, which the
-            frontier cache holds however many runs the topic has (see `_Turns`). ``None`` folds
-            every partition's records as they arrive.
+            behind paused meanwhile: the runs in play are then one partition's, not the whole
+            topic's, so the frontier cache holds them (see `_Turns`). ``None`` folds every
+            partition's records as they arrive.
     """
 
     def __init__(

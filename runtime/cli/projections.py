@@ -124,9 +124,9 @@ def projector_command(
         typer.Option(
             min=0,
             help="Behind in several partitions, fold one at a time, each for at most this many "
-            "seconds or until it is drained, the others behind paused: one partition's runs "
-            "fit the memory budget however many runs the topic holds. 0: fold every "
-            "partition's records as they arrive.",
+            "seconds or until it is drained, the others behind paused: the runs in play are "
+            "one partition's, not the whole topic's, so the memory budget holds them. 0: fold "
+            "every partition's records as they arrive.",
         ),
     ] = FOCUS_SLICE_S,
     exit_on_store_loss: Annotated[

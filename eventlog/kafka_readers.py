@@ -19,7 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from onward.errors import BackendUnavailableError
+from onward.errors import BackendUnavailableError, InvalidInputError
 
 from .base import LogRecord, PartitionBounds
 
@@ -54,6 +54,7 @@ class KafkaReaders:
         self._started: list[_Reader] = []
         self._idle: list[_Reader] = []
         self._starting = 0
+        self._forgotten = False
         self._returned = asyncio.Condition()
 
     @property
@@ -66,15 +67,29 @@ class KafkaReaders:
         self._idle.append(await self._start_one())
 
     def forget(self) -> None:
-        """Drop every consumer (they are being stopped)."""
+        """Drop every consumer (the log is stopping them) and refuse to start or lend more.
+
+        A consumer whose start is still under way is not among those being stopped: its start
+        stops it again when it ends, so nothing is left with sockets open.
+        """
+        self._forgotten = True
         self._started = []
         self._idle = []
 
+    def _check_open(self) -> None:
+        if self._forgotten:
+            raise InvalidInputError("the Kafka event log was closed during this read")
+
     async def _start_one(self) -> _Reader:
+        self._check_open()
         consumer = self._new_consumer()
         try:
             await consumer.start()
+            self._check_open()
         except BaseException:
+            # aiokafka's stop awaits a task its start created; stopped before that task first
+            # ran, the stop raises CancelledError half-way and leaves its sockets open.
+            await asyncio.sleep(0)
             with contextlib.suppress(Exception):
                 await consumer.stop()  # its sockets, if it opened any
             raise
@@ -94,12 +109,14 @@ class KafkaReaders:
             raise
         finally:
             async with self._returned:
-                self._idle.append(reader)
+                if not self._forgotten:
+                    self._idle.append(reader)
                 self._returned.notify()
 
     async def _take(self, near: tuple[int, int] | None) -> _Reader:
         async with self._returned:
             while True:
+                self._check_open()
                 if self._idle:
                     for reader in self._idle:
                         if near is not None and reader.cursor == near:
@@ -112,6 +129,11 @@ class KafkaReaders:
                 await self._returned.wait()
         try:
             return await self._start_one()
+        except BaseException:
+            # A read waiting for room may start a consumer in this one's place.
+            async with self._returned:
+                self._returned.notify()
+            raise
         finally:
             self._starting -= 1
 
@@ -155,8 +177,10 @@ class KafkaReaders:
         """The keys (run ids) of records ``low`` up to ``high`` of one partition, their values
         left undecoded."""
         found: set[bytes] = set()
-        async for records in self._batches(reader, tp, low, high, run_id=None):
-            found.update(record.key for record in records if record.key is not None)
+        batches = self._batches(reader, tp, low, high, run_id=None)
+        async with contextlib.aclosing(batches):
+            async for records in batches:
+                found.update(record.key for record in records if record.key is not None)
         return found
 
     async def _batches(

@@ -10,11 +10,17 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import OutOfOrderSequenceNumber
 
-from onward.errors import BackendUnavailableError, ConfigurationError, ProducerFatalError
+from onward.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+    ProducerFatalError,
+)
 from onward.eventlog import KafkaEventLog, partition_for
 from onward.eventlog.kafka_readers import KafkaReaders
 from onward.testing.eventlog import new_run_id, seqs, step_events
@@ -210,3 +216,72 @@ async def test_a_read_does_not_wait_for_another_read_in_progress(
 async def _lend_and_return(readers: KafkaReaders) -> None:
     async with readers.lent():
         pass
+
+
+class _ConsumerStartingOnCue(AIOKafkaConsumer):  # type: ignore[misc]
+    """A real consumer whose start waits for ``go`` before connecting: a start under way."""
+
+    def __init__(self, starting: asyncio.Event, go: asyncio.Event, **config: object) -> None:
+        super().__init__(**config)
+        self._starting = starting
+        self._go = go
+
+    async def start(self) -> None:
+        self._starting.set()
+        await self._go.wait()
+        await super().start()
+
+
+async def test_a_consumer_started_while_the_log_closes_is_stopped_and_the_read_refused(
+    kafka_bootstrap: str,
+) -> None:
+    """A read that needs a new consumer starts one; if the log forgets its consumers (closes)
+    before that start ends, the new consumer is stopped there and the read refused, rather than
+    left connected and out of reach of anyone's stop."""
+    starting, go = asyncio.Event(), asyncio.Event()
+    built: list[AIOKafkaConsumer] = []
+
+    def new_consumer() -> AIOKafkaConsumer:
+        if built:
+            consumer = _ConsumerStartingOnCue(starting, go, bootstrap_servers=kafka_bootstrap)
+        else:
+            consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap)
+        built.append(consumer)
+        return consumer
+
+    readers = KafkaReaders(new_consumer, size=2, read_timeout_s=5)
+    await readers.start()
+    async with readers.lent():
+        reading = asyncio.create_task(_lend_and_return(readers))
+        await asyncio.wait_for(starting.wait(), 10)
+        being_stopped = readers.consumers
+        readers.forget()
+        for consumer in being_stopped:
+            await consumer.stop()
+        go.set()
+        with pytest.raises(InvalidInputError, match="closed during this read"):
+            await asyncio.wait_for(reading, 10)
+    assert len(built) == 2
+    assert built[1] not in being_stopped
+    assert not any(_connected(consumer) for consumer in built), "a consumer was left connected"
+
+
+def _connected(consumer: AIOKafkaConsumer) -> bool:
+    """Whether any of the consumer's broker connections is still open."""
+    return any(conn.connected() for conn in consumer._client._conns.values())
+
+
+async def test_a_read_waiting_for_a_consumer_when_the_log_closes_is_refused(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """Every consumer lent and the log closed: the read waiting for one is told the log closed
+    when the lent one comes back, not handed a stopped consumer."""
+    log = await KafkaEventLog.open(kafka_bootstrap, topic=kafka_topic, partitions=3, readers=1)
+    readers = log._live_readers()
+    async with readers.lent():
+        waiting = asyncio.create_task(_lend_and_return(readers))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await log.close()
+    with pytest.raises(InvalidInputError, match="closed during this read"):
+        await asyncio.wait_for(waiting, 10)

@@ -565,11 +565,17 @@ class _Turns:
         return bool(self._paused)
 
     def drop(self, consumer: AIOKafkaConsumer, assigned: Iterable[TopicPartition]) -> None:
-        """Partitions are being sought (an assignment, a recovery, a build switch): resume
-        every one this projector paused and still has."""
+        """Partitions are being sought (an assignment, a recovery, a build switch): forget the
+        turns, and pause every partition until `look` has decided them anew (resumed, the
+        client would fetch all of them while they are sought, only for the look to drop it).
+        With nothing assigned, resume what this projector paused and still has."""
         mine = consumer.assignment()
-        consumer.resume(*(tp for tp in {*assigned, *self._paused} if tp in mine))
-        self._paused.clear()
+        if any(tp in mine for tp in assigned):
+            consumer.pause(*mine)
+            self._paused = set(mine)
+        else:
+            consumer.resume(*(tp for tp in self._paused if tp in mine))
+            self._paused.clear()
         self.turn = None
         self._look_after = 0.0
 
@@ -609,7 +615,8 @@ class _Turns:
         now = time.monotonic()
         assigned = sorted(consumer.assignment(), key=lambda tp: tp.partition)
         if anew:
-            # Nothing is fetched until the turns are known (pausing drops what was fetched).
+            # Nothing is fetched until the turns are known (`drop` paused them already, unless
+            # a rebalance assigned more meanwhile; pausing drops what was fetched).
             consumer.pause(*assigned)
             self._paused.update(assigned)
         try:

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from onward._storage import DRIVER_ERRORS
 from onward.errors import BackendUnavailableError, InvalidInputError
 
 from .base import LogRecord, PartitionBounds
@@ -78,7 +79,11 @@ class KafkaReaders:
 
     def _check_open(self) -> None:
         if self._forgotten:
-            raise InvalidInputError("the Kafka event log was closed during this read")
+            raise self._closed_error()
+
+    @staticmethod
+    def _closed_error() -> InvalidInputError:
+        return InvalidInputError("the Kafka event log was closed during this read")
 
     async def _start_one(self) -> _Reader:
         self._check_open()
@@ -104,8 +109,12 @@ class KafkaReaders:
         reader = await self._take(near)
         try:
             yield reader
-        except BaseException:
+        except BaseException as exc:
             reader.cursor = None
+            if self._forgotten and isinstance(exc, (*DRIVER_ERRORS, BackendUnavailableError)):
+                # The log stopped this consumer under the read: said as a read that starts
+                # after the close is, not as an outage a caller would retry.
+                raise self._closed_error() from exc
             raise
         finally:
             async with self._returned:

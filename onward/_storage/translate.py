@@ -343,6 +343,7 @@ def _sqlite_busy(exc: sqlite3.OperationalError) -> bool:
 
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     kafka_errors.KafkaError,
+    kafka_errors.ConsumerStoppedError,  # not a KafkaError: a read whose consumer was stopped
     sqlite3.Error,
     pg_errors.PostgresError,
     pg_errors.InterfaceError,

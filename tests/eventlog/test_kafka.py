@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import OutOfOrderSequenceNumber
@@ -22,6 +22,8 @@ from onward.errors import (
     ProducerFatalError,
 )
 from onward.eventlog import KafkaEventLog, partition_for
+from onward.eventlog.base import LogRecord
+from onward.eventlog.kafka import record_of
 from onward.eventlog.kafka_readers import KafkaReaders
 from onward.testing.eventlog import new_run_id, seqs, step_events
 
@@ -264,6 +266,54 @@ async def test_a_consumer_started_while_the_log_closes_is_stopped_and_the_read_r
     assert len(built) == 2
     assert built[1] not in being_stopped
     assert not any(_connected(consumer) for consumer in built), "a consumer was left connected"
+
+
+class _ConsumerFetchingOnCue(AIOKafkaConsumer):  # type: ignore[misc]
+    """A real consumer whose fetches wait for ``go`` first: a read under way."""
+
+    def __init__(self, fetching: asyncio.Event, go: asyncio.Event, **config: object) -> None:
+        super().__init__(**config)
+        self._fetching = fetching
+        self._go = go
+
+    async def getmany(self, *partitions: TopicPartition, **options: object) -> object:
+        self._fetching.set()
+        await self._go.wait()
+        return await super().getmany(*partitions, **options)
+
+
+async def test_a_read_whose_consumer_the_closing_log_stops_is_refused_as_closed(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """A read under way when the log closes fails as one started after the close does, not as
+    an outage (`BackendUnavailableError`) that a caller would retry only to be refused then."""
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=1) as log:
+        run_id = new_run_id()
+        await log.append(step_events(run_id, 3))
+    fetching, go = asyncio.Event(), asyncio.Event()
+    readers = KafkaReaders(
+        lambda: _ConsumerFetchingOnCue(fetching, go, bootstrap_servers=kafka_bootstrap),
+        size=1,
+        read_timeout_s=5,
+    )
+    await readers.start()
+    tp = TopicPartition(kafka_topic, 0)
+
+    async def read_all() -> list[LogRecord]:
+        async with readers.lent() as reader:
+            return await readers.read(
+                reader, tp, 0, 3, key=None, limit=None, record_of=record_of, run_id=None
+            )
+
+    reading = asyncio.create_task(read_all())
+    await asyncio.wait_for(fetching.wait(), 10)
+    being_stopped = readers.consumers
+    readers.forget()
+    for consumer in being_stopped:
+        await consumer.stop()
+    go.set()
+    with pytest.raises(InvalidInputError, match="closed during this read"):
+        await asyncio.wait_for(reading, 10)
 
 
 def _connected(consumer: AIOKafkaConsumer) -> bool:

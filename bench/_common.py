@@ -14,14 +14,15 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 SERVICES_HINT = 'eval "$(bash scripts/services.sh up)"'
@@ -49,6 +50,39 @@ def _report(console: Printer | None, message: str) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Servers
+
+
+_T = TypeVar("_T")
+
+
+def run_ending_on_sigterm(main: Coroutine[Any, Any, _T]) -> _T:
+    """`asyncio.run` with SIGTERM (``kill``, a CI job's time limit) cancelling ``main``: its
+    ``finally`` blocks then stop the child processes and drop the topics, schemas, databases
+    and keys the bench made, instead of the process ending with them left behind. SIGKILL
+    cannot be caught; what it leaves is named ``onward.bench.*`` and ``bench_*``."""
+
+    terminated = False
+
+    def cancel(task: asyncio.Task[_T]) -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    async def cancelled_on_sigterm() -> _T:
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        loop.add_signal_handler(signal.SIGTERM, cancel, task)
+        try:
+            return await main
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        return asyncio.run(cancelled_on_sigterm())
+    except asyncio.CancelledError:
+        if terminated:
+            raise SystemExit("ended by SIGTERM; what the bench made was removed") from None
+        raise
 
 
 def add_server_options(parser: argparse.ArgumentParser, *names: str) -> None:

@@ -28,6 +28,7 @@ from _common import (
     create_topic,
     delete_topics,
     raw_producer,
+    run_ending_on_sigterm,
     server_urls,
     throwaway_name,
     write_results,
@@ -193,4 +194,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_ending_on_sigterm(main())

@@ -60,6 +60,7 @@ from _common import (
     delete_topics,
     drop_schemas,
     quantile,
+    run_ending_on_sigterm,
     server_urls,
     throwaway_name,
     whole_numbers,
@@ -440,7 +441,7 @@ def main() -> None:
     server_urls(args, *(("bootstrap", "redis_url") if kafka else ()), "database_url")
     load = os.getloadavg()
     print(f"code at {code_version()}; load average {load[0]:.2f} on {os.cpu_count()} CPUs")
-    results = asyncio.run(bench(args))
+    results = run_ending_on_sigterm(bench(args))
     document = {
         "code": code_version(),
         "load_average": [load[0], os.getloadavg()[0]],

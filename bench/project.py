@@ -61,6 +61,7 @@ from _common import (
     delete_topics,
     drop_schemas,
     raw_producer,
+    run_ending_on_sigterm,
     server_urls,
     text,
     throwaway_name,
@@ -966,7 +967,7 @@ def main() -> None:
     console = Console()
     code = code_version()
     console.print(f"code at {code}")
-    results = asyncio.run(bench(args, console))
+    results = run_ending_on_sigterm(bench(args, console))
     console.print(_table(args, results))
     console.print(_breakdown(results))
     console.print(_machine(results))

@@ -96,6 +96,7 @@ from _common import (
     delete_topics,
     drop_schemas,
     quantile,
+    run_ending_on_sigterm,
     server_urls,
     text,
     throwaway_name,
@@ -1073,7 +1074,7 @@ def main() -> None:
     code = code_version()
     load_before = os.getloadavg()
     console.print(f"code at {code}; load average {load_before[0]:.2f} on {os.cpu_count()} CPUs")
-    results = asyncio.run(bench(args, console))
+    results = run_ending_on_sigterm(bench(args, console))
     load_after = os.getloadavg()
     names = {"kafka": "Kafka + PostgreSQL + Redis", "sqlite": "embedded SQLite"}
     for name, result in results.items():

@@ -37,7 +37,6 @@ Writes ``bench/results/saver.json``. Topic, databases and Redis keys are removed
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import gc
 import sqlite3
@@ -56,6 +55,7 @@ from _common import (
     delete_redis_keys,
     delete_topics,
     kafka_log_dirs,
+    run_ending_on_sigterm,
     server_urls,
     throwaway_database,
     throwaway_name,
@@ -419,7 +419,7 @@ def main() -> None:
     server_urls(args, "database_url")
     if "onward-kafka" in args.systems:
         server_urls(args, "bootstrap", "redis_url")
-    asyncio.run(amain(args))
+    run_ending_on_sigterm(amain(args))
 
 
 if __name__ == "__main__":

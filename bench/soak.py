@@ -935,7 +935,7 @@ def main() -> None:
     code = _common.code_version()
     load_before = os.getloadavg()
     console.print(f"code at {code}; load average {load_before[0]:.2f} on {os.cpu_count()} CPUs")
-    result = asyncio.run(bench(args, console))
+    result = _common.run_ending_on_sigterm(bench(args, console))
     console.print(_table(result))
     checks = targets(result, args.warmup_rounds)
     for check, outcome in checks.items():

@@ -76,6 +76,7 @@ from _common import (
     drop_database,
     kafka_log_dirs,
     quantile,
+    run_ending_on_sigterm,
     throwaway_database,
     throwaway_name,
     topic_bytes,
@@ -1250,7 +1251,7 @@ def main() -> None:
         database_url=args.database_url or os.environ["DATABASE_URL"],
     )
     bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
-    results = asyncio.run(
+    results = run_ending_on_sigterm(
         onward_all(params, systems, bootstrap, args.json.parent if args.profile else None)
     )
     for peer in PEERS:

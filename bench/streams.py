@@ -35,7 +35,14 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from _common import add_server_options, code_version, quantile, server_urls, write_results
+from _common import (
+    add_server_options,
+    code_version,
+    quantile,
+    run_ending_on_sigterm,
+    server_urls,
+    write_results,
+)
 from fleet import REQUEST_KEY, Fleet
 
 import onward
@@ -220,7 +227,7 @@ def main() -> None:
     args = _parser().parse_args()
     names = ["database_url"] + (["bootstrap", "redis_url"] if args.backend == "kafka" else [])
     server_urls(args, *names)
-    results = asyncio.run(bench(args))
+    results = run_ending_on_sigterm(bench(args))
     suffix = "" if args.backend == "kafka" else "-postgres"
     write_results(args.json or RESULTS / f"streams{suffix}.json", results)
 

@@ -502,6 +502,7 @@ class Worker:
             elif free > 0 and paused:
                 consumer.resume(*assigned)
                 paused = False
+                offsets.peeked_nowhere()  # read on from what waited, the peeked records again
             if paused or self.owes_lapsed_runs:
                 # Runs carried on from a dead worker take the free slots before new requests.
                 if not paused and not self._scans:
@@ -524,30 +525,48 @@ class Worker:
         """Act on the cancels waiting in the owned partitions while the worker is full.
 
         A full worker reads no requests, and a cancel is what frees a slot held by a run that
-        should not go on: so every `_PEEK_S` it reads what is waiting, acts on each cancel (and
-        sets aside what is not a request), and goes back to the first other request of each
-        partition, which is read again once a slot is free. That request is marked taken and
-        not done meanwhile, so no commit passes it; the cancels after it, done, are skipped
-        when read again.
+        should not go on: so every `_PEEK_S` it reads up to `_PEEK_RECORDS` of what is waiting,
+        acts on each cancel (and sets aside what is not a request), and goes back to the first
+        other request of each partition, which is read again once a slot is free. That request
+        is marked taken and not done meanwhile, so no commit passes it; the cancels after it,
+        done, are skipped when read again. Each peek reads on from where the one before it
+        stopped, so a cancel behind more waiting requests than one peek reads is reached too.
         """
-        consumer.resume(*consumer.assignment())
+        assigned = consumer.assignment()
+        ahead = offsets.peeks(assigned)
+        for tp, (_, read_on_at) in ahead.items():
+            consumer.seek(tp, read_on_at)
+        consumer.resume(*assigned)
         try:
             batch = await consumer.getmany(timeout_ms=200, max_records=_PEEK_RECORDS)
         finally:
             consumer.pause(*consumer.assignment())  # the assignment may have moved meanwhile
+        # Partitions revoked while reading are their next owner's; one revoked and assigned
+        # again has no peek kept (its position went back to what was committed).
         assigned = consumer.assignment()
-        for tp, records in batch.items():
-            if tp not in assigned:
-                continue  # revoked while reading: its next owner reads it
+        kept = offsets.peeks(assigned)
+        for tp in assigned:
+            records = batch.get(tp, [])
             waiting: int | None = None
+            peek_at: int | None = None
+            if tp in kept:
+                waiting, peek_at = kept[tp]
             for record in records:
                 if not self._waits_for_a_slot(record):
                     self._take(tp, record, offsets)
-                elif waiting is None:
+                    continue
+                # Taken and not done: no commit passes it (nor the cancels after it, done)
+                # until it is read again and acted on.
+                offsets.taken(tp, record.offset)
+                if waiting is None:
                     waiting = record.offset
-                    offsets.taken(tp, waiting)  # no commit passes it until it is acted on
             if records:
-                consumer.seek(tp, waiting if waiting is not None else records[-1].offset + 1)
+                peek_at = records[-1].offset + 1
+            if waiting is not None and peek_at is not None:
+                offsets.peeked(tp, waiting, peek_at)
+                consumer.seek(tp, waiting)
+            elif peek_at is not None:
+                consumer.seek(tp, peek_at)
 
     def _waits_for_a_slot(self, record: Any) -> bool:
         """Whether a request record must wait for a free slot: anything but a cancel or a
@@ -776,6 +795,22 @@ class _Offsets:
     def __init__(self) -> None:
         self._open: dict[TopicPartition, dict[int, bool]] = {}
         self._committed: dict[TopicPartition, int] = {}
+        self._peeked: dict[TopicPartition, tuple[int, int]] = {}
+
+    def peeked(self, tp: TopicPartition, waiting: int, peek_at: int) -> None:
+        """A full worker's peek left the partition at ``waiting`` (the first request waiting
+        for a slot) and read it up to ``peek_at``."""
+        self._peeked[tp] = (waiting, peek_at)
+
+    def peeks(
+        self, partitions: Collection[TopicPartition]
+    ) -> dict[TopicPartition, tuple[int, int]]:
+        """(first request waiting for a slot, where the next peek reads on) of ``partitions``."""
+        return {tp: self._peeked[tp] for tp in partitions if tp in self._peeked}
+
+    def peeked_nowhere(self) -> None:
+        """The worker reads from its positions again (a slot is free): peeks start afresh."""
+        self._peeked.clear()
 
     def taken(self, tp: TopicPartition, offset: int) -> None:
         self._open.setdefault(tp, {})[offset] = False
@@ -798,6 +833,7 @@ class _Offsets:
         for tp in partitions:
             self._open.pop(tp, None)
             self._committed.pop(tp, None)
+            self._peeked.pop(tp, None)
 
     async def commit(
         self, consumer: AIOKafkaConsumer, only: Collection[TopicPartition] | None = None

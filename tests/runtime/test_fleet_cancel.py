@@ -23,6 +23,7 @@ from onward.errors import NothingToResumeError
 from onward.eventlog.base import partition_for
 from onward.runtime.backends import open_backends
 from onward.runtime.demo_ledger import Ledger
+from onward.runtime.fleet import worker as worker_module
 from onward.runtime.fleet.requests import CancelRun, Requests, StartRun
 from onward.runtime.fleet.worker import Worker
 
@@ -43,6 +44,13 @@ def same_partition_as(run_id: str, prefix: str) -> str:
     return next(
         f"{prefix}-{n}" for n in range(1000) if partition_for(f"{prefix}-{n}", PARTITIONS) == wanted
     )
+
+
+def same_partition_runs(run_id: str, prefix: str, count: int) -> list[str]:
+    """``count`` run ids starting with ``prefix`` whose requests share ``run_id``'s partition."""
+    wanted = partition_for(run_id, PARTITIONS)
+    candidates = (f"{prefix}-{n}" for n in range(10 * count + 100))
+    return [c for c in candidates if partition_for(c, PARTITIONS) == wanted][:count]
 
 
 async def test_a_full_worker_acts_on_cancels_queued_behind_a_start_waiting_for_a_slot(
@@ -112,6 +120,60 @@ async def test_a_full_worker_acts_on_cancels_queued_behind_a_start_waiting_for_a
     assert [e["n"] for e in ledger.entries() if e["tool"] == "step"] == [1, 2, 3]
     assert ledger.count("pay") == 0
     assert worker.stats.statuses == {"waiting": 1, "cancelled": 3, "completed": 1}
+
+
+@pytest.mark.parametrize("peek_records", [3, worker_module._PEEK_RECORDS])
+async def test_a_full_worker_reaches_a_cancel_behind_many_starts_and_starts_them_all(
+    kafka_servers: KafkaServers,
+    requests_topic: str,
+    ledger: Ledger,
+    monkeypatch: pytest.MonkeyPatch,
+    peek_records: int,
+) -> None:
+    """Eight starts wait for a slot, a cancel of a runaway behind them. A full worker's peek
+    reads at most ``peek_records``: each reads on from where the one before stopped, so the
+    cancel is reached even behind more than one peek reads. Then every one of the eight
+    starts is acted on: the cancel's commit does not pass the starts the peek read over."""
+    monkeypatch.setattr(worker_module, "_PEEK_RECORDS", peek_records)
+    settings = kafka_settings(kafka_servers, PARTITIONS, requests_topic=requests_topic)
+    signer = kafka_servers.signer()
+    tag = uuid.uuid4().hex[:8]
+    runaways = [f"loop-{tag}-{n}" for n in range(2)]
+    waiting = same_partition_runs(runaways[0], f"work-{tag}", 8)
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+
+        def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                try:
+                    return (await worker.runner.inspect(run_id, tenant=TENANT)).status == wanted
+                except NothingToResumeError:
+                    return False
+
+            return check
+
+        async with (
+            serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
+            Requests(
+                kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
+            ) as requests,
+        ):
+            for runaway in runaways:
+                await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
+            await until(lambda: _ticked(ledger, 6), "the runaway runs going")
+            await requests.submit(
+                *(StartRun(run_id=run_id, tenant=TENANT, agent="stepper") for run_id in waiting),
+                CancelRun(run_id=runaways[0], tenant=TENANT, by="ops"),
+            )
+            await until(has(runaways[0], "cancelled"), "the cancel behind eight starts")
+            for run_id in waiting:
+                await until(has(run_id, "completed"), f"the start of {run_id}")
+            await requests.submit(CancelRun(run_id=runaways[1], tenant=TENANT, by="ops"))
+            await until(has(runaways[1], "cancelled"), "the cancel of the other runaway")
+        assert task.exception() is None
+    assert worker.stats.statuses == {"cancelled": 2, "completed": 8}
 
 
 async def test_a_cancel_that_finds_its_run_cancelled_already_is_no_warning(

@@ -64,7 +64,10 @@ class RequestSigner:
         return _mac(self._keys[0], record_key, value).encode()
 
     def refusal(
-        self, record_key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, bytes]]
+        self,
+        record_key: bytes | None,
+        value: bytes | None,
+        headers: Iterable[tuple[str, bytes | None]],
     ) -> str | None:
         """Why a request record must be set aside, or ``None`` when its signature checks."""
         signatures = [v for k, v in headers if k == SIGNATURE_HEADER]
@@ -76,6 +79,8 @@ class RequestSigner:
         if len(signatures) > 1:
             return f"{len(signatures)} {SIGNATURE_HEADER} headers"
         given = signatures[0]
+        if not isinstance(given, bytes):  # a header with no value (Kafka headers may have none)
+            return f"its {SIGNATURE_HEADER} header has no value"
         for key in self._keys:
             if hmac.compare_digest(_mac(key, record_key or b"", value or b"").encode(), given):
                 return None

@@ -10,10 +10,13 @@ committed offset: acting on a request twice is harmless (the run exists, the ans
 the tag is there), which is what makes that safe.
 
 A run's requests are taken in the order they were inserted: a row is claimed only once no older
-row of the same run is left unclaimed, so a start is always taken before the answer that follows
-it. Taken rows are acted on side by side, as the topic's are, so a cancel is not held up behind a
-run its worker is still driving. A full worker takes cancels alone, as a full Kafka worker peeks
-for them.
+row of the same run is left unclaimed, and no start of the run is left at all (claimed is not
+enough: until the start is acted on and deleted the run may not exist, and a request acted on
+before it, by another worker or after the start's claim lapsed, would be refused for good), so
+a start is always acted on before the answer or cancel that follows it. Taken rows are acted on
+side by side, as the topic's are, so a cancel is not held up behind a run its worker is still
+driving. A full worker takes cancels alone, as a full Kafka worker peeks for them: past what
+waits before them, but never past their run's start.
 
 A start is stored with the name of its agent, and a worker claims only the starts of agents it
 carries: workers carrying different agents can serve one table, each taking its own agents'
@@ -66,10 +69,11 @@ WITH taken AS (
     WHERE (r.claimed_until IS NULL OR r.claimed_until <= now())
       AND ($3 = false OR r.kind = 'cancel')
       AND ($5::text[] IS NULL OR r.agent IS NULL OR r.agent = ANY($5::text[]))
-      AND ($3 OR NOT EXISTS (
+      AND NOT EXISTS (
           SELECT 1 FROM onward_requests o
           WHERE o.run_id = r.run_id AND o.id < r.id
-            AND (o.claimed_until IS NULL OR o.claimed_until <= now())))
+            AND (o.kind = 'start'
+                 OR (NOT $3 AND (o.claimed_until IS NULL OR o.claimed_until <= now()))))
     ORDER BY r.id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -195,10 +199,11 @@ class PostgresRequests(PostgresStore):
         agents: Collection[str] | None = None,
     ) -> list[ClaimedRequest]:
         """Claim up to ``limit`` requests for ``claim_s`` seconds, oldest first: each the oldest
-        unclaimed request of its run (with ``cancels_only``, cancels alone, whatever waits
-        before them). With ``agents``, only requests stored for one of those agents (starts,
-        and the answers and resumes an application sends naming the run's agent) or for none
-        (cancels, tags, requests of senders that name no agent)."""
+        unclaimed request of its run, with no start of its run still stored before it (with
+        ``cancels_only``, cancels alone, past whatever but a start waits before them). With
+        ``agents``, only requests stored for one of those agents (starts, and the answers and
+        resumes an application sends naming the run's agent) or for none (cancels, tags,
+        requests of senders that name no agent)."""
         if limit <= 0:
             return []
         names = None if agents is None else sorted(agents)

@@ -258,20 +258,41 @@ class Worker:
             once(True)
 
     async def handle(self, request: Request) -> bool:
-        """Act on one request; True once acted on (or refused for good), False to leave it."""
-        try:
-            return await self._requests.act(request)
-        except _Stopped:
-            self.stats.stopped += 1
-            return True  # the run exists and its lease is released: recovery carries it on
-        except OnwardError as exc:
-            self.stats.failures += 1
-            _log.warning("%s refused for good: %s", type(request).__name__, one_line(str(exc)))
-            if isinstance(request, StartRun):
-                self._refused_starts[request.run_id] = described(exc)
-                while len(self._refused_starts) > _REFUSALS_KEPT:
-                    del self._refused_starts[next(iter(self._refused_starts))]
-            return True
+        """Act on one request; True once acted on (or refused for good), False to leave it.
+
+        A store that does not answer is no refusal: the request is tried again after a backoff
+        (doubled, at most 8 times `backoff_s`) until it is acted on or the worker drains.
+        """
+        attempt = 0
+        while True:
+            try:
+                return await self._requests.act(request)
+            except BackendUnavailableError as exc:
+                wait = self.backoff_s * min(2**attempt, 8)
+                attempt += 1
+                _log.warning(
+                    "%s of run %s not acted on yet: %s; trying again in %.1fs",
+                    type(request).__name__,
+                    printable(request.run_id),
+                    one_line(str(exc)),
+                    wait,
+                )
+                if not await self.sleep(wait):
+                    return False  # left for the next owner
+            except _Stopped:
+                self.stats.stopped += 1
+                return True  # the run exists and its lease is released: recovery carries it on
+            except OnwardError as exc:
+                return self._refused(request, exc)
+
+    def _refused(self, request: Request, exc: OnwardError) -> bool:
+        self.stats.failures += 1
+        _log.warning("%s refused for good: %s", type(request).__name__, one_line(str(exc)))
+        if isinstance(request, StartRun):
+            self._refused_starts[request.run_id] = described(exc)
+            while len(self._refused_starts) > _REFUSALS_KEPT:
+                del self._refused_starts[next(iter(self._refused_starts))]
+        return True
 
     def refused_start(self, run_id: str) -> str | None:
         """Why this worker refused to start ``run_id`` for good (once), if it did: for the
@@ -551,13 +572,19 @@ class Worker:
             peek_at: int | None = None
             if tp in kept:
                 waiting, peek_at = kept[tp]
+            held = offsets.held_runs(tp)
             for record in records:
-                if not self._waits_for_a_slot(record):
+                if offsets.taken_before(tp, record.offset):
+                    continue  # acted on, or being acted on (a cancel still in flight)
+                run_id = self._waits_for_a_slot(record, held)
+                if run_id is None:
                     self._take(tp, record, offsets)
                     continue
-                # Taken and not done: no commit passes it (nor the cancels after it, done)
-                # until it is read again and acted on.
-                offsets.taken(tp, record.offset)
+                # Read over and not done: no commit passes it (nor the cancels after it, done)
+                # until it is read again and acted on. Its run's cancels after it wait too,
+                # so that a run's requests are acted on in the order they were stored.
+                offsets.read_over(tp, record.offset)
+                held.add(run_id)
                 if waiting is None:
                     waiting = record.offset
             if records:
@@ -568,18 +595,22 @@ class Worker:
             elif peek_at is not None:
                 consumer.seek(tp, peek_at)
 
-    def _waits_for_a_slot(self, record: Any) -> bool:
-        """Whether a request record must wait for a free slot: anything but a cancel or a
-        record set aside as no request at all."""
+    def _waits_for_a_slot(self, record: Any, held: Collection[str]) -> str | None:
+        """The run of a request record that must wait for a free slot: anything but a cancel
+        of a run none of whose requests waits before it (``held``), or a record set aside as
+        no request at all (None for those)."""
         try:
             self._check_signature(record)
-            return not isinstance(decode_request(record.value), CancelRun)
+            request = decode_request(record.value)
         except InvalidInputError:
-            return False
+            return None
+        if isinstance(request, CancelRun) and request.run_id not in held:
+            return None
+        return request.run_id
 
     def _take(self, tp: TopicPartition, record: Any, offsets: _Offsets) -> None:
-        if offsets.done_already(tp, record.offset):
-            return  # a cancel acted on while the worker was full, read again
+        if offsets.taken_before(tp, record.offset):
+            return  # a cancel acted on (or still in flight) while the worker was full, read again
         offsets.taken(tp, record.offset)
         try:
             self._check_signature(record)
@@ -677,11 +708,20 @@ class Worker:
                     await _first_of((woken, stop, self._slot), min(poll_s, claim_s / 3))
             self.drain()
             _log.info("draining: %d runs in flight", self.in_flight)
-            await self.drained()
+            # Runs stop at their next boundary, which can be longer than a claim away: the
+            # claims on what is still acted on are renewed meanwhile (and what is done is
+            # deleted), or another worker would take those requests and act on them again.
+            drained = asyncio.ensure_future(self.drained())
             try:
-                await claims.settle()
-            except BackendUnavailableError as exc:
-                _log.warning("handing back requests failed (their claims lapse): %s", exc)
+                while not drained.done():
+                    await asyncio.wait({drained}, timeout=min(poll_s, claim_s / 3))
+                    try:
+                        await claims.settle()
+                    except BackendUnavailableError as exc:
+                        _log.warning("handing back requests failed (their claims lapse): %s", exc)
+                await drained
+            finally:
+                drained.cancel()
 
     async def _claim(self, requests: PostgresRequests, claims: _Claims) -> bool:
         """Claim what the free slots take (cancels alone when full or when lapsed runs go
@@ -793,9 +833,12 @@ class _Offsets:
     """Per partition: offsets taken and whether each was acted on; commits the done prefix."""
 
     def __init__(self) -> None:
-        self._open: dict[TopicPartition, dict[int, bool]] = {}
+        self._open: dict[TopicPartition, dict[int, bool | None]] = {}
+        """Per partition, the offsets read and not committed: True acted on, False being acted
+        on, None read over by a full worker's peek (waiting for a slot)."""
         self._committed: dict[TopicPartition, int] = {}
         self._peeked: dict[TopicPartition, tuple[int, int]] = {}
+        self._held: dict[TopicPartition, set[str]] = {}
 
     def peeked(self, tp: TopicPartition, waiting: int, peek_at: int) -> None:
         """A full worker's peek left the partition at ``waiting`` (the first request waiting
@@ -811,16 +854,29 @@ class _Offsets:
     def peeked_nowhere(self) -> None:
         """The worker reads from its positions again (a slot is free): peeks start afresh."""
         self._peeked.clear()
+        self._held.clear()
+
+    def held_runs(self, tp: TopicPartition) -> set[str]:
+        """The runs with a request the peeks of ``tp`` read over (waiting for a slot)."""
+        return self._held.setdefault(tp, set())
 
     def taken(self, tp: TopicPartition, offset: int) -> None:
+        """The record at ``offset`` is being acted on."""
         self._open.setdefault(tp, {})[offset] = False
 
-    def done_already(self, tp: TopicPartition, offset: int) -> bool:
-        """Whether the record at ``offset`` was acted on before (read again after a seek)."""
+    def read_over(self, tp: TopicPartition, offset: int) -> None:
+        """A full worker's peek read the record at ``offset`` and left it for a free slot: no
+        commit passes it, and it is taken when read again."""
+        self._open.setdefault(tp, {}).setdefault(offset, None)
+
+    def taken_before(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether the record at ``offset`` was taken before (read again after a seek): acted
+        on, or still being acted on (a cancel a full worker's peek took). A record a peek only
+        read over was not."""
         committed = self._committed.get(tp)
         return (committed is not None and offset < committed) or self._open.get(tp, {}).get(
-            offset, False
-        )
+            offset
+        ) is not None
 
     def done(self, tp: TopicPartition, offset: int, acted: bool) -> None:
         # Left for the next owner (not acted on): it stays open, so this worker commits
@@ -834,6 +890,7 @@ class _Offsets:
             self._open.pop(tp, None)
             self._committed.pop(tp, None)
             self._peeked.pop(tp, None)
+            self._held.pop(tp, None)
 
     async def commit(
         self, consumer: AIOKafkaConsumer, only: Collection[TopicPartition] | None = None

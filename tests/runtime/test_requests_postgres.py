@@ -12,26 +12,32 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 import pytest_asyncio
 from support.appapi import agents, provider, until
+from support.appapi import script as provider_script
 from support.processes import TESTS, spawn_onward, stop_children
+from support.proxy import TcpProxy
 from support.servers import REQUEST_KEY
 from typer.testing import CliRunner
 
 import onward
 from onward.errors import InvalidInputError, NothingToResumeError, ResumeConflictError
+from onward.eventlog import Message
+from onward.runtime.agent import Agent
 from onward.runtime.application.stream import SAY_UNHELD_AFTER_S
-from onward.runtime.backends import open_backends
+from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
-from onward.runtime.fleet.requests import CancelRun, ResumeRun, StartRun, TagRun
+from onward.runtime.fleet.requests import AnswerRequest, CancelRun, ResumeRun, StartRun, TagRun
 from onward.runtime.fleet.requests_postgres import PostgresRequests
 from onward.runtime.fleet.worker import Worker
+from onward.runtime.providers import ModelReply
 from onward.runtime.settings import Settings
 from onward.runtime.signing import RequestSigner
 
@@ -53,6 +59,9 @@ async def test_a_run_s_requests_are_taken_in_order_each_once(table: PostgresRequ
     first = await table.claim("w1", 10)
     # The resume waits while r1's start is unclaimed; r2's start does not wait for r1's.
     assert [(r.run_id, r.kind) for r in first] == [("r1", "start"), ("r2", "start")]
+    # Claimed is not enough: the resume waits until r1's start is acted on (r1 exists).
+    assert await table.claim("w2", 10) == []
+    await table.finish("w1", [first[0].id])
     second = await table.claim("w2", 10)
     assert [(r.run_id, r.kind) for r in second] == [("r1", "resume")]
     assert await table.claim("w3", 10) == []
@@ -539,3 +548,196 @@ def test_onward_cancel_takes_back_a_start_no_worker_took(database_url: str, pg_s
     assert again.exit_code == 2, again.output  # ended already (cancelled)
     unknown = CliRunner().invoke(cli, ["cancel", "r2", "--tenant", "acme", "--by", "ops"], env=env)
     assert unknown.exit_code == 1, unknown.output
+
+
+# -- a run's requests are acted on in the order they were stored --------------------------------
+
+
+async def _status_within(backends: Backends, run_id: str, seconds: float) -> str | None:
+    """The run's status once it is no longer running, or as it is after ``seconds``."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    status = None
+    while asyncio.get_running_loop().time() < deadline:
+        frontier = await backends.frontiers.get(run_id)
+        status = None if frontier is None else str(frontier.summary.status)
+        if status not in (None, "running"):
+            return status
+        await asyncio.sleep(0.1)
+    return status
+
+
+def _loop(run_id: str) -> StartRun:
+    return StartRun(run_id=run_id, tenant="acme", agent="looper", input="loop")
+
+
+async def test_a_full_worker_does_not_act_on_a_cancel_before_its_run_s_start(
+    database_url: str, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full worker takes cancels alone, but a cancel stored after its run's start must not be
+    acted on before that start: the run does not exist yet, so the cancel is refused for good
+    (deleted), and once a slot frees the start is taken and the run goes on, never cancelled."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    settings = _settings(database_url, pg_schema).model_copy(update={"app_mode": "in_process"})
+    stop = asyncio.Event()
+    async with (
+        open_backends(settings) as backends,
+        PostgresRequests(database_url, schema=pg_schema) as table,
+    ):
+        worker = Worker(
+            backends, provider(), agents, name="full", max_runs=1, recheck_s=60, backoff_s=0.1
+        )
+        serving = asyncio.create_task(
+            worker.serve_postgres(stop, requests=table, accept_unsigned=True, poll_s=0.1)
+        )
+        try:
+            await table.submit(_loop("busy"))
+            await until(lambda: _none_waiting(table), "busy started: the worker is full")
+            assert worker.carrying("busy")
+            assert worker.free == 0
+            await table.submit(_loop("r2"), CancelRun(run_id="r2", tenant="acme", by="ann"))
+            await asyncio.sleep(1)  # ten polls of a full worker, for cancels alone
+            await table.submit(CancelRun(run_id="busy", tenant="acme", by="ann"))
+            assert await _status_within(backends, "busy", 20) == "cancelled"
+            r2 = await _status_within(backends, "r2", 10)
+        finally:
+            stop.set()
+            await asyncio.wait_for(serving, 30)
+    assert r2 == "cancelled"
+
+
+async def test_a_request_behind_a_dead_worker_s_start_waits_for_that_start(
+    database_url: str, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker claims a start and dies before the run exists. The cancel stored after that
+    start must wait for it (taken again once the claim lapses), not be acted on at once by
+    another worker: the run does not exist yet, the cancel is refused and deleted, and the
+    start, taken after the lapse, starts a run nobody cancels."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    settings = _settings(database_url, pg_schema).model_copy(update={"app_mode": "in_process"})
+    stop = asyncio.Event()
+    async with (
+        open_backends(settings) as backends,
+        PostgresRequests(database_url, schema=pg_schema) as table,
+    ):
+        await table.submit(_loop("r1"), CancelRun(run_id="r1", tenant="acme", by="ann"))
+        (dead,) = await table.claim("dead", 10, claim_s=1.5)  # and then it dies
+        assert dead.kind == "start"
+        worker = Worker(backends, provider(), agents, name="next", recheck_s=60, backoff_s=0.1)
+        serving = asyncio.create_task(
+            worker.serve_postgres(stop, requests=table, accept_unsigned=True, poll_s=0.1)
+        )
+        try:
+            await until(lambda: _none_waiting(table), "the start and the cancel acted on")
+            r1 = await _status_within(backends, "r1", 10)
+        finally:
+            stop.set()
+            await asyncio.wait_for(serving, 30)
+    assert r1 == "cancelled"
+
+
+class _HeldModel:
+    """`script`, each call held until ``gate`` is set (``asked`` set meanwhile): a run whose
+    worker is draining and cannot stop it before its model answers."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        self.asked.set()
+        await self.gate.wait()
+        return provider_script(messages)
+
+
+async def test_a_draining_worker_keeps_the_claims_of_what_it_still_acts_on(
+    database_url: str, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A draining worker waits for its runs to reach their next boundary, which can take longer
+    than a claim: meanwhile it must keep renewing the claims on the requests it still acts on,
+    as while serving, or another worker takes them and acts on them a second time."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    settings = _settings(database_url, pg_schema).model_copy(update={"app_mode": "in_process"})
+    first_stop, other_stop = asyncio.Event(), asyncio.Event()
+    async with (
+        open_backends(settings) as backends,
+        PostgresRequests(database_url, schema=pg_schema) as table,
+    ):
+        runner = backends.runner(provider())
+        waiting = await runner.run(agents["payer"], "pay 5", tenant="acme", run_id="p1")
+        assert waiting.status == "waiting"
+        asked = (await runner.inspect("p1", tenant="acme")).waiting_on
+        assert asked is not None
+        model = _HeldModel()
+        first = Worker(backends, model, agents, name="a", recheck_s=60, backoff_s=0.1)
+        other = Worker(backends, provider(), agents, name="b", recheck_s=60, backoff_s=0.1)
+
+        def serve(worker: Worker, stop: asyncio.Event) -> asyncio.Task[None]:
+            return asyncio.create_task(
+                worker.serve_postgres(
+                    stop, requests=table, accept_unsigned=True, claim_s=0.6, poll_s=0.1
+                )
+            )
+
+        serving = [serve(first, first_stop)]
+        try:
+            await table.submit(
+                AnswerRequest(run_id="p1", tenant="acme", request_id=asked, approve=True, by="ann")
+            )
+            await asyncio.wait_for(model.asked.wait(), 30)  # approved; its next call is held
+            first_stop.set()  # a drains, its run in a model call
+            serving.append(serve(other, other_stop))
+            claims = []
+            for _ in range(40):  # 2 s of draining: three claims' worth
+                claims.append(await _claim_of(database_url, pg_schema))
+                await asyncio.sleep(0.05)
+            model.gate.set()
+            await asyncio.wait_for(serving[0], 30)
+            await until(lambda: _none_waiting(table), "the answer acted on and deleted")
+        finally:
+            first_stop.set()
+            other_stop.set()
+            model.gate.set()
+            await asyncio.wait_for(asyncio.gather(*serving), 60)
+        ended = await runner.inspect("p1", tenant="acme")
+    assert ended.status == "completed"
+    assert set(claims) == {("a", True)}, claims
+    assert (other.stats.failures, other.stats.conflicts) == (0, 0)
+
+
+async def test_a_start_taken_while_the_stores_do_not_answer_is_not_dropped(
+    database_url: str,
+    pg_schema: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker claims a start and the database goes away before the run is written (the
+    claim came through, the lease or the log's write does not): the start was not acted on,
+    and must be taken again once the stores answer, not deleted as refused for good."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    parts = urlsplit(database_url)
+    assert parts.hostname is not None
+    stop = asyncio.Event()
+    async with TcpProxy(parts.hostname, parts.port or 5432) as proxy:
+        user = parts.netloc.rsplit("@", 1)[0]
+        proxied = urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
+        settings = _settings(proxied, pg_schema).model_copy(update={"app_mode": "in_process"})
+        async with (
+            open_backends(settings) as backends,
+            PostgresRequests(database_url, schema=pg_schema) as table,
+        ):
+            worker = Worker(backends, provider(), agents, name="w", recheck_s=60, backoff_s=0.1)
+            serving = asyncio.create_task(
+                worker.serve_postgres(stop, requests=table, accept_unsigned=True, poll_s=0.1)
+            )
+            try:
+                await proxy.cut()  # the database goes away under the worker's stores
+                await table.submit(_start("r1"))
+                await asyncio.sleep(2)  # the start is claimed and tried meanwhile
+                await proxy.restore()
+                await until(lambda: _none_waiting(table), "the start acted on")
+                r1 = await _status_within(backends, "r1", 15)
+            finally:
+                stop.set()
+                await asyncio.wait_for(serving, 30)
+    assert r1 == "completed", [r.getMessage() for r in caplog.records]

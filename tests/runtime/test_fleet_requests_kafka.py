@@ -1,0 +1,307 @@
+"""What a Kafka worker does with the records of its requests topic when things are not simple:
+a record anyone on the topic could write, a cancel a full worker read ahead for, a cancel
+behind its own run's start, and a start that meets a store outage. Real Kafka, PostgreSQL and
+Redis; the worker is built in the test's own process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from support.appapi import agents, provider, until
+from support.deployment import kafka_settings
+from support.proxy import TcpProxy
+from support.servers import KafkaServers
+from support.serving import serving
+
+from onward.errors import NothingToResumeError
+from onward.eventlog.base import partition_for
+from onward.runtime.backends import open_backends
+from onward.runtime.demo_ledger import Ledger
+from onward.runtime.fleet.requests import CancelRun, Requests, StartRun, encode_request
+from onward.runtime.fleet.worker import Worker
+from onward.runtime.settings import SecretUrl
+from onward.runtime.signing import SIGNATURE_HEADER
+
+pytestmark = pytest.mark.kafka
+PARTITIONS = 2
+TENANT = "acme"
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    return Ledger(tmp_path / "ledger.jsonl")
+
+
+async def test_a_signature_header_with_no_value_is_set_aside_not_fatal(
+    kafka_servers: KafkaServers,
+    requests_topic: str,
+    ledger: Ledger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Anyone who can write the topic can write a record whose ``onward-signature`` header
+    has a null value (Kafka headers may). It is set aside like any record whose signature
+    does not check: the worker goes on serving, and a good start after it on the same
+    partition runs."""
+    caplog.set_level(logging.WARNING, logger="onward.worker")
+    settings = kafka_settings(kafka_servers, PARTITIONS, requests_topic=requests_topic)
+    signer = kafka_servers.signer()
+    good = f"work-{uuid.uuid4().hex[:8]}"
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+
+        def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                try:
+                    return (await worker.runner.inspect(run_id, tenant=TENANT)).status == wanted
+                except NothingToResumeError:
+                    return False
+
+            return check
+
+        async with (
+            serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
+            Requests(
+                kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
+            ) as requests,
+        ):
+            forged = StartRun(run_id=f"forged-{good}", tenant=TENANT, agent="stepper")
+            producer = AIOKafkaProducer(bootstrap_servers=kafka_servers.bootstrap)
+            await producer.start()
+            try:
+                await producer.send_and_wait(
+                    requests_topic,
+                    encode_request(forged),
+                    key=forged.run_id.encode(),
+                    partition=partition_for(good, PARTITIONS),
+                    headers=[(SIGNATURE_HEADER, None)],
+                )
+            finally:
+                await producer.stop()
+            await requests.submit(StartRun(run_id=good, tenant=TENANT, agent="stepper"))
+            await until(has(good, "completed"), "the good start after the forged record")
+            await asyncio.sleep(0)
+        assert task.exception() is None
+        assert worker.stats.set_aside == 1
+        with pytest.raises(NothingToResumeError):
+            await worker.runner.inspect(forged.run_id, tenant=TENANT)
+
+
+def same_partition_as(run_id: str, prefix: str) -> str:
+    """A run id starting with ``prefix`` whose requests share ``run_id``'s partition."""
+    wanted = partition_for(run_id, PARTITIONS)
+    return next(
+        f"{prefix}-{n}" for n in range(1000) if partition_for(f"{prefix}-{n}", PARTITIONS) == wanted
+    )
+
+
+async def test_a_cancel_read_ahead_by_a_full_worker_is_not_taken_again_while_in_flight(
+    kafka_servers: KafkaServers,
+    requests_topic: str,
+    ledger: Ledger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A full worker reads ahead for cancels past a start waiting for a slot. One of them is
+    of a run another holds: it stays in flight, asked again after each backoff. Slots free,
+    the worker reads on from the waiting start, and reads that cancel again: it is not taken
+    a second time (one task acts on it, and nothing finds the run cancelled already)."""
+    caplog.set_level(logging.INFO, logger="onward.worker")
+    settings = kafka_settings(kafka_servers, PARTITIONS, requests_topic=requests_topic)
+    signer = kafka_servers.signer()
+    tag = uuid.uuid4().hex[:8]
+    held = f"pay-{tag}"
+    start_waiting = same_partition_as(held, f"work-{tag}")
+    runaways = [f"loop-{tag}-{n}" for n in range(2)]
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+        most_tasks_of_held = 0
+
+        def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                nonlocal most_tasks_of_held
+                tasks = sum(1 for t in worker._runs.values() if t.get_name() == f"run {held}")
+                most_tasks_of_held = max(most_tasks_of_held, tasks)
+                try:
+                    return (await worker.runner.inspect(run_id, tenant=TENANT)).status == wanted
+                except NothingToResumeError:
+                    return False
+
+            return check
+
+        async with (
+            serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
+            Requests(
+                kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
+            ) as requests,
+        ):
+            await requests.submit(StartRun(run_id=held, tenant=TENANT, agent="payer", input="5"))
+            await until(has(held, "waiting"), "the run waiting on a person")
+            await until(lambda: _nothing_in_flight(worker), "the payer's task ending")
+            lease = await backends.leases.acquire(
+                held, tenant=TENANT, holder="someone-else", ttl_s=120
+            )
+            for runaway in runaways:
+                await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
+            await until(lambda: _ticked(ledger, 6), "the runaway runs going")
+            conflicts = worker.stats.conflicts
+            await requests.submit(
+                StartRun(run_id=start_waiting, tenant=TENANT, agent="stepper"),
+                CancelRun(run_id=held, tenant=TENANT, by="ops"),
+            )
+            await until(
+                lambda: _more_conflicts(worker, conflicts), "the cancel of the held run in flight"
+            )
+            for runaway in runaways:
+                await requests.submit(CancelRun(run_id=runaway, tenant=TENANT, by="ops"))
+            for runaway in runaways:
+                await until(has(runaway, "cancelled"), f"the cancel of {runaway}")
+            await until(has(start_waiting, "completed"), "the start that waited")
+            for _ in range(20):  # the held run's cancel asked again a few times meanwhile
+                await has(held, "waiting")()
+                await asyncio.sleep(0.05)
+            await backends.leases.release(lease)
+            await until(has(held, "cancelled"), "the cancel of the held run")
+            await until(lambda: _nothing_in_flight(worker), "every task of the worker ending")
+        assert task.exception() is None
+    assert most_tasks_of_held == 1
+    assert f"run {held}: cancelled already" not in caplog.text
+    assert f"run {held}: not cancelled here" not in caplog.text
+
+
+async def _nothing_in_flight(worker: Worker) -> bool:
+    return worker.in_flight == 0
+
+
+async def _more_conflicts(worker: Worker, than: int) -> bool:
+    return worker.stats.conflicts > than
+
+
+async def _ticked(ledger: Ledger, count: int) -> bool:
+    return ledger.count("tick") >= count
+
+
+async def test_a_start_that_meets_a_lease_store_outage_is_not_dropped(
+    kafka_servers: KafkaServers,
+    requests_topic: str,
+    ledger: Ledger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker's way to Redis (its leases) is cut when a start arrives: the start cannot
+    be acted on now, which is no reason to refuse it for good. Once Redis answers again the
+    run starts and completes; the start is not dropped (nor committed) meanwhile."""
+    caplog.set_level(logging.WARNING, logger="onward.worker")
+    signer = kafka_servers.signer()
+    run_id = f"work-{uuid.uuid4().hex[:8]}"
+    parts = urlsplit(kafka_servers.redis_url)
+    assert parts.hostname is not None
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with TcpProxy(parts.hostname, parts.port or 6379) as proxy:
+        user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+        proxied = urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{proxy.port}"))
+        settings = kafka_settings(
+            kafka_servers, PARTITIONS, requests_topic=requests_topic
+        ).model_copy(update={"redis_url": SecretUrl(proxied)})
+        async with open_backends(settings) as backends:
+            worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+
+            async def completed() -> bool:
+                try:
+                    return (await worker.runner.inspect(run_id, tenant=TENANT)).status == (
+                        "completed"
+                    )
+                except NothingToResumeError:
+                    return False
+
+            async with (
+                serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
+                Requests(
+                    kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
+                ) as requests,
+            ):
+                await proxy.cut()
+                await requests.submit(StartRun(run_id=run_id, tenant=TENANT, agent="stepper"))
+                await asyncio.sleep(3)  # the worker reads the start while Redis is cut
+                await proxy.restore()
+                deadline = asyncio.get_running_loop().time() + 30
+                while not await completed():
+                    assert asyncio.get_running_loop().time() < deadline, caplog.text
+                    await asyncio.sleep(0.2)
+            assert task.exception() is None
+    assert "StartRun refused for good" not in caplog.text
+
+
+async def test_a_full_worker_does_not_act_on_a_cancel_before_its_run_s_start(
+    kafka_servers: KafkaServers,
+    requests_topic: str,
+    ledger: Ledger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run's requests are acted on in the order they were stored. A start waits for a slot
+    behind a full worker, and its run's cancel behind it: the cancel is not acted on before
+    the start (it would find no run, and the start would run uncancelled after it). Once a
+    slot frees, the run starts and the cancel ends it."""
+    caplog.set_level(logging.INFO, logger="onward.worker")
+    settings = kafka_settings(kafka_servers, PARTITIONS, requests_topic=requests_topic)
+    signer = kafka_servers.signer()
+    tag = uuid.uuid4().hex[:8]
+    runaways = [f"loop-{tag}-{n}" for n in range(2)]
+    unwanted = f"unwanted-{tag}"
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+
+        async def status(run_id: str) -> str | None:
+            try:
+                return (await worker.runner.inspect(run_id, tenant=TENANT)).status
+            except NothingToResumeError:
+                return None
+
+        def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                return await status(run_id) == wanted
+
+            return check
+
+        async with (
+            serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
+            Requests(
+                kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
+            ) as requests,
+        ):
+            for runaway in runaways:
+                await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
+            await until(lambda: _ticked(ledger, 6), "the runaway runs going")
+            await requests.submit(
+                StartRun(run_id=unwanted, tenant=TENANT, agent="looper"),
+                CancelRun(run_id=unwanted, tenant=TENANT, by="ops", why="not wanted after all"),
+            )
+            await asyncio.sleep(3)  # a few peeks for cancels while the worker is full
+            await requests.submit(CancelRun(run_id=runaways[0], tenant=TENANT, by="ops"))
+            await until(has(runaways[0], "cancelled"), "the cancel of a runaway")
+            await until(lambda: _started(worker, status, unwanted), "the unwanted run's start")
+            await until(has(unwanted, "cancelled"), "the unwanted run's cancel")
+            await requests.submit(CancelRun(run_id=runaways[1], tenant=TENANT, by="ops"))
+            await until(has(runaways[1], "cancelled"), "the cancel of the other runaway")
+        assert task.exception() is None
+    assert f"run {unwanted!r}" not in caplog.text  # no cancel of it refused
+
+
+async def _started(
+    worker: Worker, status: Callable[[str], Awaitable[str | None]], run_id: str
+) -> bool:
+    return await status(run_id) is not None

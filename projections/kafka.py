@@ -187,6 +187,10 @@ class KafkaProjector(Generic[SinkT]):
         self._store_loss_limit_s = store_loss_limit_s
         self._consumer: AIOKafkaConsumer | None = None
         self._failure: BaseException | None = None
+        # A batch is folded, and a rebalance stores, one at a time: a store failing in a
+        # rebalance drops what was folded since the stored positions, and a batch fetched
+        # before it must then not be folded on top of what is left (see `_apply`).
+        self._folding = asyncio.Lock()
         self._turns = (
             _Turns(behind_records=batch_records, slice_s=focus_slice_s)
             if focus_slice_s is not None
@@ -294,13 +298,14 @@ class KafkaProjector(Generic[SinkT]):
         caller; it is kept and raised by the next :meth:`step`, :meth:`flush` or :meth:`run`,
         since the consumer has moved past records that are no longer held anywhere.
         """
-        try:
-            await self.projection.flush()
-        except BuildSwitched:
-            pass  # nothing unstored is kept; every assigned partition is sought next
-        except Exception as exc:  # kept, and raised from the caller's next call
-            log.exception("storing folded records before a rebalance failed")
-            self._failure = exc
+        async with self._folding:
+            try:
+                await self.projection.flush()
+            except BuildSwitched:
+                pass  # nothing unstored is kept; every assigned partition is sought next
+            except Exception as exc:  # kept, and raised from the caller's next call
+                log.exception("storing folded records before a rebalance failed")
+                self._failure = exc
 
     def _live(self) -> AIOKafkaConsumer:
         if self._failure is not None:
@@ -377,11 +382,19 @@ class KafkaProjector(Generic[SinkT]):
         build switched (then every partition has been sought to the new build's positions and
         the batch is not folded).
         """
-        try:
-            await self.projection.apply(records, next_offsets)
-            if store:
-                await self.projection.flush()
-        except BuildSwitched as switched:
+        switched: BuildSwitched | None = None
+        async with self._folding:
+            # A store that failed in a rebalance since this batch was fetched dropped what was
+            # folded before it: folded now, the records in between would be skipped. Raised
+            # instead, and every partition is sought to its stored position.
+            self._live()
+            try:
+                await self.projection.apply(records, next_offsets)
+                if store:
+                    await self.projection.flush()
+            except BuildSwitched as exc:
+                switched = exc
+        if switched is not None:
             await self._follow(switched)
             return 0
         return sum(len(b) for b in records.values())

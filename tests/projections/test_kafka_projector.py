@@ -25,7 +25,7 @@ from support.histories import (
 from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import KafkaEventLog, ToolCompleted
 from onward.projections.frontier_projection import FrontierProjection
-from onward.projections.kafka import KafkaProjector, _Turns
+from onward.projections.kafka import KafkaProjector, _Seeker, _Turns
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.rebuild import rebuild_frontiers
 
@@ -539,3 +539,88 @@ async def test_a_turn_that_is_not_a_positive_number_of_seconds_is_refused(
 ) -> None:
     with pytest.raises(InvalidInputError, match="focus_slice_s must be a positive number"):
         taking_turns(stack, slice_s=slice_s)
+
+
+async def test_a_batch_in_hand_when_a_rebalance_store_fails_is_not_folded_past_the_loss(
+    stack: Stack, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store failing inside a rebalance drops everything folded and not stored. A batch the
+    run loop fetched before it (its fold waiting for the store to give the projection back)
+    starts after what was dropped: folded and stored, the records in between are skipped for
+    good. It must be dropped with the rest, and the partitions sought to the stored positions."""
+    steps = workload(rng, 80)
+    await append_all(stack.log, steps)
+    group_id = f"g-{uuid.uuid4().hex[:8]}"
+
+    def member(projection: FrontierProjection) -> KafkaProjector[FrontierProjection]:
+        return KafkaProjector(
+            stack.bootstrap,
+            projection,
+            topic=stack.topic,
+            partitions=PARTITIONS,
+            group_id=group_id,
+            batch_records=10,
+            focus_slice_s=None,
+        )
+
+    # Works through its backlog without storing, 200 records a second.
+    first = member(
+        FrontierProjection(stack.store, stack.log, flush_events=10**9, flush_interval=3600)
+    )
+    BatchLog(first, delay_s=0.05)
+    second = member(FrontierProjection(stack.store, stack.log))
+
+    armed, revoking, dropped = False, False, asyncio.Event()
+    lost_events = 0
+    revoke = _Seeker.on_partitions_revoked
+
+    async def on_revoked(seeker: _Seeker, revoked: Any) -> None:
+        nonlocal revoking
+        revoking = seeker._projector is first
+        try:
+            await revoke(seeker, revoked)
+        finally:
+            revoking = False
+
+    write = stack.store.write
+
+    async def failing_in_the_revoke(*args: Any, **kwargs: Any) -> None:
+        nonlocal armed, lost_events
+        if armed and revoking:
+            armed = False
+            lost_events = first.projection.pending_events
+            await asyncio.sleep(1.0)  # the run loop's next fold waits for the projection
+            dropped.set()
+            raise BackendUnavailableError("PostgreSQL went away")
+        await write(*args, **kwargs)
+
+    monkeypatch.setattr(_Seeker, "on_partitions_revoked", on_revoked)
+    monkeypatch.setattr(stack.store, "write", failing_in_the_revoke)
+    await first.start()
+    stop = asyncio.Event()
+    running = asyncio.create_task(first.run(stop))
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while first.projection.pending_events == 0:
+            assert asyncio.get_running_loop().time() < deadline, "nothing was folded"
+            assert not running.done(), running
+            await asyncio.sleep(0.01)
+        armed = True
+        await second.start()  # a rebalance: the first member's revoke stores, and fails
+        await asyncio.wait_for(dropped.wait(), 30)
+        await second.close()  # the first member gets every partition back
+        ends = {p: (await stack.log.bounds(p)).end for p in range(PARTITIONS)}
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            stored = await stack.store.positions("frontiers")
+            if all(stored.get(p, 0) >= end for p, end in ends.items()):
+                break
+            assert asyncio.get_running_loop().time() < deadline, f"stuck at {stored} of {ends}"
+            assert not running.done(), running
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await running
+        await asyncio.gather(first.close(), second.close())
+    assert lost_events > 0
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))

@@ -262,13 +262,16 @@ class Leaseholder:
         while True:
             await asyncio.sleep(max(0.0, due - loop.time()))
             requested = loop.time()
+            lapses = granted + ttl_s
             try:
-                await self._renew()
+                # A renewal still unanswered when the lease may lapse cannot save it: a silent
+                # store would otherwise keep the holder unaware for a whole store timeout.
+                async with asyncio.timeout_at(lapses):
+                    await self._renew()
             except FencedError as exc:
                 logger.warning("run %r: lease lost, renewal refused: %s", self.run_id, exc)
                 return
-            except OnwardError as exc:
-                lapses = granted + ttl_s
+            except (OnwardError, TimeoutError) as exc:
                 if loop.time() >= lapses:
                     logger.warning(
                         "run %r: lease must have lapsed; the store stayed unreachable: %s",

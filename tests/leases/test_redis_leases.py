@@ -5,22 +5,26 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
+from support.proxy import TcpProxy
 
 from onward.errors import (
     BackendError,
     BackendUnavailableError,
     ConfigurationError,
     InvalidInputError,
+    ResumeConflictError,
 )
-from onward.runtime.leases import LeaseStore, RedisLeaseStore, RunLease
+from onward.runtime.leases import Leaseholder, LeaseStore, RedisLeaseStore, RunLease
 from onward.runtime.leases.redis import CLEANUP_GRACE_MS
 from onward.testing import LeaseStoreConformance
 from onward.testing.eventlog import TENANT, new_run_id
+from onward.testing.leases import policy
 
 
 @pytest_asyncio.fixture
@@ -204,3 +208,47 @@ async def test_calls_still_queued_when_the_store_closes_fail_rather_than_hang(
     await store.close()
     outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
     assert all(isinstance(o, InvalidInputError) for o in outcomes), outcomes
+
+
+async def test_a_holder_cut_off_from_a_silent_store_knows_it_lost_the_lease_before_another_takes_it(
+    redis_url: str, prefix: str
+) -> None:
+    """A Redis that stops answering (a partition, a hung server): each renewal hangs until the
+    store's own timeout. The holder must still count its lease lost by the time it may have
+    lapsed, not a whole store timeout later, while another worker already holds the run."""
+    ttl_s, store_timeout_s = 1.5, 6.0
+    parts = urlsplit(redis_url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    async with TcpProxy(parts.hostname, parts.port) as proxy:
+        through = redis_url.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{proxy.port}")
+        async with (
+            RedisLeaseStore(through, prefix=prefix, timeout_s=store_timeout_s) as cut_off,
+            RedisLeaseStore(redis_url, prefix=prefix) as other,
+        ):
+            run_id = new_run_id()
+            held = Leaseholder(cut_off, run_id, tenant=TENANT, holder="w1", policy=policy(ttl_s))
+            async with held:
+                await proxy.cut(silent=True)
+                try:
+                    loop = asyncio.get_running_loop()
+                    started = loop.time()
+                    while True:
+                        try:
+                            taken = await other.acquire(
+                                run_id, tenant=TENANT, holder="w2", ttl_s=30
+                            )
+                            break
+                        except ResumeConflictError:  # still held: poll again
+                            assert loop.time() - started < ttl_s + 5, "the lease never lapsed"
+                            await asyncio.sleep(0.02)
+                    assert held.lease.superseded_by(taken)
+                    try:
+                        await asyncio.wait_for(held.fenced.wait(), 0.25)
+                    except TimeoutError:
+                        pytest.fail(
+                            f"w2 took the run {loop.time() - started:.2f} s after the cut, yet "
+                            "w1's holder still does not know its lease is lost"
+                        )
+                finally:
+                    await proxy.restore()

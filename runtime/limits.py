@@ -105,6 +105,14 @@ def _check_text(
             f"{found.start()}; names and labels take printable text only",
             run_id=run_id,
         )
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{field} holds {value[exc.start]!r} at position {exc.start}, a lone surrogate "
+            "that is no text any store can hold (UTF-8)",
+            run_id=run_id,
+        ) from None
     return value
 
 

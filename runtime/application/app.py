@@ -66,6 +66,7 @@ from onward.runtime.fleet.requests_postgres import PostgresRequests, cancel_wait
 from onward.runtime.fleet.senders import request_sender
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.leases.base import CancelAsked, LeasePolicy
+from onward.runtime.limits import check_name
 from onward.runtime.manager import ExecutionManager, needs_person
 from onward.runtime.options import Options
 from onward.runtime.providers import NoModel, Provider
@@ -256,7 +257,8 @@ class App(Resource):
         Raises:
             InvalidInputError: Bad options, or an agent this app does not know (in process);
                 reading the stream: the run id is taken (``Options.run_id`` of a run that
-                exists, or that another start took first).
+                exists, or that another start of another agent or tenant took first; one of
+                the same agent and tenant is not told apart, and both streams follow it).
         """
         chosen = Options.of(options)
         if "tenant" not in chosen.model_fields_set:
@@ -272,6 +274,7 @@ class App(Resource):
             log = self.backends.log
             stream.next_offset = (await log.bounds(partition_for(run_id, log.partitions))).end
             recorded = chosen.recorded()
+            stream.expect_start(agent)
             start = StartRun(
                 run_id=run_id, tenant=chosen.tenant, agent=agent, input=prompt, options=recorded
             )
@@ -524,7 +527,14 @@ class App(Resource):
         return Resumer(backends.log, backends.leases, backends.frontiers)
 
     async def _frontier(self, run_id: str, tenant: str) -> Frontier:
-        """The tenant's run as the log has it now (the row, then the log after it)."""
+        """The tenant's run as the log has it now (the row, then the log after it).
+
+        Raises:
+            InvalidInputError: The run id or tenant is no name Onward can store (a control
+                character, a lone surrogate, too long; `check_name`): nothing was read.
+        """
+        check_name("run_id", run_id)
+        check_name("tenant", tenant, run_id=run_id)
         return await self._resumer().read(run_id, tenant=tenant)
 
     async def _follow_from_first(self, stream: RunStream, frontier: Frontier) -> None:

@@ -17,10 +17,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from onward.errors import BackendUnavailableError, InvalidInputError, RunTimeoutError
-from onward.eventlog.base import SequenceGuard
+from onward.eventlog.base import Refusal, SequenceGuard, StoredEvent, judge
 from onward.eventlog.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -28,6 +28,7 @@ from onward.eventlog.events import (
     Event,
     RunContinued,
     RunFinished,
+    RunStarted,
 )
 from onward.runtime.backends import Backends
 
@@ -144,6 +145,9 @@ class RunStream:
         """Set when the run is known to have been appended to since the stream last looked."""
         self.answered: set[str] = set()
         """Requests this stream's opener answered (maybe not in the log yet): not waits."""
+        self._start: str | None = None
+        """The agent of the start this stream's opener sent, until the run's first event is
+        read (`expect_start`)."""
 
     def follow_from(self, last_seq: int) -> None:
         """Count the run's events from seq ``last_seq + 1`` on: those before were compacted."""
@@ -159,8 +163,10 @@ class RunStream:
 
     async def __anext__(self) -> RunMessage:
         if self._begin is not None:
-            begin, self._begin = self._begin, None
-            await begin(self)
+            # Dropped only once done: an opening that failed (a store that did not answer) is
+            # tried again at the next read, so a start is sent and an answer given.
+            await self._begin(self)
+            self._begin = None
         quiet = 0
         since = time.monotonic()
         while not self._buffer:
@@ -230,28 +236,64 @@ class RunStream:
         return max(0.0, min(bounds)) if bounds else None
 
     async def _read(self) -> bool:
-        """Read what the log has of the run past ``next_offset``; whether anything was new."""
+        """Read what the log has of the run past ``next_offset``; whether anything was new.
+
+        The stream's place moves past an event only once that event is taken whole (counted,
+        its body put back, its messages buffered): a read that fails part way (a blob store
+        that did not answer) leaves the failed event and those after it to the next read.
+        """
         stored = await self.app.backends.log.read_run(self.run_id, start=self.next_offset)
         if not stored:
             return False
-        self.next_offset = stored[-1].position.offset + 1
         self._partition = stored[-1].position.partition
         for item in stored:
-            if self._ended or not self._guard.admit(item):
-                continue
-            self._seen = True
-            if item.event.tenant != self.tenant:
-                self._ended = True
-                self._buffer.clear()
-                raise InvalidInputError(
-                    f"run {self.run_id!r} already exists; resume it instead", run_id=self.run_id
-                )
-            event = await self.app.restore(item.event)
-            self._track(event)
-            for message in self._mapper.messages(event):
-                if message.position > self._after:
-                    self._buffer.append(await self._with_spend(message))
+            if not self._ended:
+                await self._take(item)
+            self.next_offset = item.position.offset + 1
         return True
+
+    async def _take(self, item: StoredEvent) -> None:
+        """Count one stored event of the run and buffer its messages (raises before taking
+        anything of it when its body cannot be put back)."""
+        verdict = judge(self._guard.last_seq, self._guard.fence, item.event)
+        if verdict is not None:
+            if self._start is not None and verdict[0] is Refusal.SEQ_GAP:
+                # A start whose first event of the run is not seq 1: the run was started
+                # before this stream's start was sent, by another start.
+                self._lost_the_run_id()
+            self._guard.admit(item)  # refused: kept for audit, not counted
+            return
+        self._seen = True
+        if item.event.tenant != self.tenant:
+            self._lost_the_run_id()
+        event = await self.app.restore(item.event)
+        if self._start is not None:
+            if not self._is_own_start(event):
+                self._lost_the_run_id()
+            self._start = None
+        self._guard.admit(item)
+        self._track(event)
+        for message in self._mapper.messages(event):
+            if message.position > self._after:
+                self._buffer.append(await self._with_spend(message))
+
+    def expect_start(self, agent: str) -> None:
+        """This stream's opener sent a start of the run with ``agent``: its first event must be
+        that start (the run's `RunStarted`, seq 1, of that agent), else another start took the
+        run id first and the stream ends saying so rather than follow that run. Two starts of
+        one id with the same agent are not told apart (the input is compared nowhere: the log
+        holds it with its secrets masked)."""
+        self._start = agent
+
+    def _is_own_start(self, event: Event) -> bool:
+        return isinstance(event, RunStarted) and event.seq == 1 and event.agent == self._start
+
+    def _lost_the_run_id(self) -> NoReturn:
+        self._ended = True
+        self._buffer.clear()
+        raise InvalidInputError(
+            f"run {self.run_id!r} already exists; resume it instead", run_id=self.run_id
+        )
 
     async def _with_spend(self, message: RunMessage) -> RunMessage:
         """A result or error message with what the run spent (``metadata["spend_micros"]``),

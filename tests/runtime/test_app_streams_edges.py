@@ -1,0 +1,165 @@
+"""What a stream, a start and a lookup promise where they are easiest to break (embedded
+SQLite, memory, PostgreSQL).
+
+* Two starts of one run id for one tenant at once: the loser's stream must say "already
+  exists", not hand out the winner's run as the answer to its own prompt.
+* A stream whose read failed for a moment (a blob store that timed out putting a large body
+  back) keeps its place: reading it again gives every message once, and its end.
+* An id the stores cannot hold (a control character, a lone surrogate) is refused naming the
+  field, on every backend, never a raw driver or codec error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from support.appapi import agents, provider
+
+import onward
+from onward.errors import BackendUnavailableError, InvalidInputError
+from onward.runtime.agent import Agent
+from onward.runtime.application.messages import RunMessage
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.settings import SecretUrl, Settings
+
+
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    if request.param == "postgres":
+        return Settings(
+            backend="postgres",
+            database_url=request.getfixturevalue("database_url"),
+            database_schema=request.getfixturevalue("pg_schema"),
+        )
+    return Settings(backend=request.param, sqlite_path=tmp_path / "onward.db")
+
+
+@pytest_asyncio.fixture
+async def app(settings: Settings) -> AsyncIterator[onward.App]:
+    async with onward.open(settings, agents=agents, provider=provider()) as opened:
+        yield opened
+
+
+async def test_a_start_that_lost_its_run_id_to_the_same_tenant_says_it_exists(
+    app: onward.App,
+) -> None:
+    """`App.query`: reading the stream raises InvalidInputError when "the run id is taken
+    (... or that another start took first)". The loser of two starts of one id had followed
+    the winner's run: a "pay 5" caller was handed the stepper's messages and its result."""
+    stepper = app.query("work", {"agent": "stepper", "run_id": "dup-1"})
+    payer = app.query("pay 5", {"agent": "payer", "run_id": "dup-1"}, follow_waits=False)
+
+    async def read(stream: onward.RunStream) -> list[RunMessage] | BaseException:
+        try:
+            return await asyncio.wait_for(stream.collect(), 30)
+        except InvalidInputError as exc:
+            return exc
+
+    got = await asyncio.gather(read(stepper), read(payer))
+
+    refused = [g for g in got if isinstance(g, InvalidInputError)]
+    followed = [g for g in got if isinstance(g, list)]
+    assert len(refused) == 1, [
+        [(m.type, m.content[:12]) for m in g] if isinstance(g, list) else g for g in got
+    ]
+    assert "already exists" in str(refused[0])
+    assert len(followed) == 1
+    assert followed[0][-1].type in ("result", "approval_request")
+
+
+BIG = "x" * 300_000  # over the claim check's threshold: the model's answer goes to the blob store
+
+
+@pytest.mark.timeout(60)
+async def test_a_stream_whose_read_failed_for_a_moment_misses_nothing_after(
+    database_url: str, pg_schema: str
+) -> None:
+    """A blob store that times out while the stream puts a large body back fails that read
+    (BackendUnavailableError: "the same call may succeed later"). The stream had already moved
+    its place past the whole batch, so the next read skipped the failed event and every one
+    after it: here the run's end, and a stream of an ended run waited for ever."""
+    settings = Settings(
+        backend="postgres",
+        database_url=SecretUrl(database_url),
+        database_schema=pg_schema,
+        backend_timeout=1,
+    )
+    talker = Agent(name="talker", instructions="say a lot")
+    model = ScriptedProvider([reply(BIG)])
+    async with onward.open(settings, agents=[talker], provider=model) as app:
+        everything = await app.query("go", {"agent": "talker", "run_id": "big-1"}).collect()
+        assert [m.type for m in everything] == ["text", "result"]
+        assert everything[0].content == BIG
+
+        stream = app.resume("big-1", timeout=5)
+        locker = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+        try:
+            async with locker.transaction():
+                await locker.execute("LOCK TABLE onward_blobs IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(BackendUnavailableError):
+                    await stream.__anext__()
+        finally:
+            await locker.close()
+        rest = await stream.collect()  # the blob store answers again
+        assert [m.position for m in rest] == [m.position for m in everything]
+        assert rest == everything
+
+
+ODD_IDS = ["a\x00b", "\ud800"]
+
+
+@pytest.mark.parametrize("odd", ODD_IDS, ids=["nul", "surrogate"])
+async def test_an_odd_run_id_or_tenant_is_refused_naming_it(app: onward.App, odd: str) -> None:
+    """resume, get_session_state and cancel read a run id (and a tenant) straight from the
+    caller; `query` refuses those same values through `Options`. A lone surrogate raised a raw
+    UnicodeEncodeError on every backend, a NUL a BackendError ("loading frontiers:
+    CharacterNotInRepertoireError") on PostgreSQL and "no such run" elsewhere."""
+    with pytest.raises(InvalidInputError, match="run_id"):
+        await app.get_session_state(odd)
+    with pytest.raises(InvalidInputError, match="run_id"):
+        await app.resume(odd).__anext__()
+    with pytest.raises(InvalidInputError, match="run_id"):
+        await app.resume(odd, {"ok": True}).__anext__()
+    with pytest.raises(InvalidInputError, match="run_id"):
+        await app.cancel(odd, by="ops")
+    with pytest.raises(InvalidInputError, match="tenant"):
+        await app.get_session_state("r", tenant=odd)
+    with pytest.raises(InvalidInputError, match="tenant"):
+        await app.resume("r", tenant=odd).__anext__()
+
+
+@pytest.mark.timeout(60)
+async def test_a_resume_whose_first_read_failed_for_a_moment_still_answers(
+    database_url: str, pg_schema: str
+) -> None:
+    """`resume(run_id, value)` answers the run when the stream is first read. That read failed
+    for a moment (the log did not answer: BackendUnavailableError, "the same call may succeed
+    later"), and the stream had dropped its opening for good: read again, it never answered
+    and, not following waits, ended at the very request the caller had answered."""
+    settings = Settings(
+        backend="postgres",
+        database_url=SecretUrl(database_url),
+        database_schema=pg_schema,
+        backend_timeout=1,
+    )
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        options = {"agent": "payer", "run_id": "pay-2", "user": "ann"}
+        async for message in app.query("pay 5", options, follow_waits=False):
+            if message.is_hil_request:
+                break
+        stream = app.resume("pay-2", {"ok": True}, follow_waits=False)
+        locker = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+        try:
+            async with locker.transaction():
+                await locker.execute("LOCK TABLE onward_log IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(BackendUnavailableError):
+                    await stream.__anext__()
+        finally:
+            await locker.close()
+        rest = await asyncio.wait_for(stream.collect(), 30)  # the log answers again
+        assert rest[-1].type == "result", [(m.type, m.status) for m in rest]

@@ -60,7 +60,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CommitFailedError, KafkaError
 
 from onward._storage import KafkaConnection, kafka_connection, translate
 from onward.errors import (
@@ -537,7 +537,13 @@ class Worker:
                 for tp, records in batch.items():
                     for record in records:
                         self._take(tp, record, offsets)
-            await offsets.commit(consumer)
+            try:
+                await offsets.commit(consumer)
+            except CommitFailedError as exc:
+                # Left out of the group (paused past its session): it rejoins at its next
+                # poll, and what it did not commit is delivered again to the partition's
+                # owner, which finds it acted on.
+                _log.warning("committing failed; rejoining the group: %s", one_line(str(exc)))
             if time.monotonic() >= next_scan:
                 next_scan = time.monotonic() + self.recheck_s
                 self._scan(set(self.owned), adopt=True)
@@ -895,6 +901,8 @@ class _Offsets:
     async def commit(
         self, consumer: AIOKafkaConsumer, only: Collection[TopicPartition] | None = None
     ) -> None:
+        """Commit each partition's prefix of requests acted on. What a commit that failed
+        would have passed stays as it was, to be committed by the next one."""
         commits: dict[TopicPartition, int] = {}
         for tp, pending in self._open.items():
             if only is not None and tp not in only:
@@ -904,12 +912,18 @@ class _Offsets:
                 if not pending[offset]:
                     break
                 position = offset + 1
-                del pending[offset]
             if position is not None and position != self._committed.get(tp):
                 commits[tp] = position
-        if commits:
-            await consumer.commit(commits)
-            self._committed.update(commits)
+        if not commits:
+            return
+        await consumer.commit(commits)
+        for tp, position in commits.items():
+            still_open = self._open.get(tp)
+            if still_open is None:
+                continue  # revoked while committing: forgotten
+            for offset in [o for o in still_open if o < position]:
+                del still_open[offset]
+            self._committed[tp] = position
 
 
 class _Owner(ConsumerRebalanceListener):  # type: ignore[misc]

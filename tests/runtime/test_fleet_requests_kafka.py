@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -25,6 +27,7 @@ from onward.errors import NothingToResumeError
 from onward.eventlog.base import partition_for
 from onward.runtime.backends import open_backends
 from onward.runtime.demo_ledger import Ledger
+from onward.runtime.fleet import worker as worker_module
 from onward.runtime.fleet.requests import CancelRun, Requests, StartRun, encode_request
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.settings import SecretUrl
@@ -305,3 +308,57 @@ async def _started(
     worker: Worker, status: Callable[[str], Awaitable[str | None]], run_id: str
 ) -> bool:
     return await status(run_id) is not None
+
+
+async def test_a_worker_left_out_of_its_group_while_blocked_goes_on_serving(
+    kafka_servers: KafkaServers,
+    requests_topic: str,
+    ledger: Ledger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker's event loop is blocked past its session timeout (a long pause, a frozen
+    machine) just as a request is acted on: the group leaves it out, and its next commit is
+    refused (the generation it commits for is gone). That is no reason to stop serving: it
+    rejoins, and what it could not commit is delivered again to whoever owns it, found done."""
+    settings = kafka_settings(kafka_servers, PARTITIONS, requests_topic=requests_topic)
+    signer = kafka_servers.signer()
+    tag = uuid.uuid4().hex[:8]
+    first, second = f"work-{tag}-1", f"work-{tag}-2"
+    blocked = False
+    done = worker_module._Offsets.done
+
+    def done_after_a_pause(self: Any, tp: Any, offset: int, acted: bool) -> None:
+        nonlocal blocked
+        done(self, tp, offset, acted)
+        if not blocked:
+            blocked = True
+            time.sleep(9)  # the whole event loop: no heartbeat past the 6 s session
+
+    monkeypatch.setattr(worker_module._Offsets, "done", done_after_a_pause)
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+
+        def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                try:
+                    return (await worker.runner.inspect(run_id, tenant=TENANT)).status == wanted
+                except NothingToResumeError:
+                    return False
+
+            return check
+
+        async with (
+            serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
+            Requests(
+                kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
+            ) as requests,
+        ):
+            await requests.submit(StartRun(run_id=first, tenant=TENANT, agent="stepper"))
+            await until(has(first, "completed"), "the first start")
+            assert blocked
+            await requests.submit(StartRun(run_id=second, tenant=TENANT, agent="stepper"))
+            await until(has(second, "completed"), "a start after the worker rejoined")
+        assert task.exception() is None

@@ -167,8 +167,12 @@ class Continuation:
 
 def carriable(frontier: Frontier) -> bool:
     """Whether the run can be carried on now: it is running and no call of the turn in
-    progress has been dispatched (an outcome cannot cross over, only a call not yet made)."""
-    return frontier.status == "running" and all(c.dispatched_seq is None for c in frontier.calls)
+    progress has been dispatched or has an outcome (an outcome cannot cross over, only a call
+    not yet made: a call a person settled as completed before its dispatch would be made in
+    the new run)."""
+    return frontier.status == "running" and all(
+        c.dispatched_seq is None and c.outcome in (None, "never_ran") for c in frontier.calls
+    )
 
 
 def continued(frontier: Frontier, *, new_run_id: str | None = None) -> Continuation:
@@ -231,6 +235,25 @@ async def carry_if_due(
     return True
 
 
+async def finish_cut_carry(run: HeldRun, *, writer: RunWriter, resumer: Resumer) -> bool:
+    """End the run `RunContinued` if an earlier carry started its successor and died before
+    writing that end; returns whether it did. Whatever the resuming runner's policy (a fleet
+    worker has none): the turn in progress was handed over with the successor's start, so the
+    run must not make its calls itself, or they would be made in both runs.
+    """
+    if not carriable(run.frontier):
+        return False  # a carry only ever starts where the run is carriable
+    new_id = successor_id(run.run_id)
+    try:
+        found = await resumer.read(new_id, tenant=run.tenant)
+    except NothingToResumeError:
+        return False
+    if found.continuation_of != run.run_id:
+        return False
+    await writer.append(run, [writer.event(run, RunContinued, new_run_id=new_id)])
+    return True
+
+
 async def start_successor(
     run: HeldRun,
     continuation: Continuation,
@@ -282,6 +305,7 @@ __all__ = [
     "carriable",
     "carry_if_due",
     "continued",
+    "finish_cut_carry",
     "start_successor",
     "successor_id",
 ]

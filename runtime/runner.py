@@ -74,7 +74,7 @@ from .agent import Agent
 from .ask import Asking, Question, QuestionAsked, check_answer
 from .blobs import BlobStore, ClaimCheck
 from .checkpoint import Checkpointer, CheckpointPolicy
-from .continuation import ContinuationPolicy, carry_if_due
+from .continuation import ContinuationPolicy, carry_if_due, finish_cut_carry
 from .conversation import Conversation, as_text, restored
 from .dispatch import write_ahead
 from .leases.base import CancelAsked, LeasePolicy, LeaseStore, RunLease
@@ -419,6 +419,9 @@ class AgentRunner(Resource):
         planned = self.writer.event(run, ResumePlanned, **plan.recorded())
         await self.writer.append(run, [planned])
         refuse_if_undecidable(plan)
+        # A carry cut short by a crash is finished whatever this runner's policy: the turn in
+        # progress belongs to the successor now, and `_drive` stops at the run's end.
+        await finish_cut_carry(run, writer=self.writer, resumer=self.resumer)
         result = await self._drive(run)
         return dataclasses.replace(result, plan=plan, reconciled=tuple(reconciled))
 
@@ -1233,7 +1236,14 @@ def _keyed(run: HeldRun, call: ToolCall, index: int) -> ToolCall:
     if call_id.startswith(RESERVED_PREFIX) or not _plain_name(call_id):
         call_id = f"call-{iteration}-{index + 1}"
     if call_id in run.conversation.call_ids:
-        call_id = f"{call_id}~{iteration}"
+        # Made unique however often the id repeats (a server giving every call of an answer
+        # the same id): two calls under one id would fold into one call state, and one of
+        # them would silently never run, the other sharing its idempotency key.
+        base = call_id = f"{call_id}~{iteration}"
+        again = 1
+        while call_id in run.conversation.call_ids:
+            again += 1
+            call_id = f"{base}-{again}"
     run.conversation.call_ids.add(call_id)
     tool = call.tool if _plain_name(call.tool) else _escaped(call.tool)
     args = call.args

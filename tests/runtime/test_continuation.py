@@ -361,3 +361,43 @@ async def test_another_tenants_event_in_a_run_does_not_make_it_theirs(world: Wor
     with pytest.raises(NothingToResumeError):
         await world.runner().approve(RUN, "p", tenant=TENANT, by="mallory")
     assert (await world.runner().inspect(RUN, tenant="globex")).waiting_on == "p"
+
+
+@pytest.mark.parametrize("new_first", [False, True], ids=["old-first", "new-first"])
+async def test_a_carry_cut_short_is_finished_by_a_resume_without_a_policy(
+    world: World, new_first: bool
+) -> None:
+    """The carry died between the new run's start and the old run's end, and both runs are
+    then resumed by runners that carry nothing on (a fleet worker, `onward run --resume`), in
+    either order: the payment the old run handed over is made once, in the new run."""
+    agent = await world.carried_until_it_dies("run.started")
+    assert kind_of(RunContinued) not in await world.kinds(RUN)
+    order = [NEXT, RUN] if new_first else [RUN, NEXT]
+    results = [await world.runner().resume(agent, run_id, tenant=TENANT) for run_id in order]
+    assert world.ledger.count("pay") == 1
+    assert (await world.runner().inspect(RUN, tenant=TENANT)).status == "continued"
+    assert {(r.run_id, r.status) for r in results} == {(NEXT, "completed")}
+
+
+async def test_a_call_a_person_settled_before_its_dispatch_is_not_made_after_a_carry(
+    world: World,
+) -> None:
+    """Ann pays by hand, settles the waiting call ``p`` as completed and lets the run go on:
+    carried into a new run or not, ``pay`` is never called (the outcome is not dropped)."""
+    result = await world.runner().run(
+        world.ledger.agent(), "pay the invoice", tenant=TENANT, run_id=RUN
+    )
+    assert result.status == "waiting"
+    await world.runner().resolve(
+        RUN,
+        "p",
+        tenant=TENANT,
+        outcome="completed",
+        by="ann",
+        why="paid by hand",
+        result="paid 10 by hand",
+    )
+    await world.runner().approve(RUN, "p", tenant=TENANT, by="ann")
+    done = await world.runner(continuation=POLICY).resume(world.ledger.agent(), RUN, tenant=TENANT)
+    assert done.status == "completed"
+    assert world.ledger.count("pay") == 0

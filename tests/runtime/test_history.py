@@ -131,10 +131,13 @@ async def test_resume_rebuilds_the_conversation_from_the_transcript(tmp_path: Pa
         result = await runner.resume(AGENT, "r", tenant=TENANT)
         assert result.status == "completed"
         assert provider.calls[0] == expected  # the big body is back, in place
-        # The projector folded the partition to its end and the claim landed there: the log
-        # is not read at all, least of all from the run's first event.
+        # The projector folded the partition to its end and the claim landed there: the run's
+        # log is not read at all, least of all from its first event. (What the resume reads is
+        # whether a carry cut short started a successor, `r~c1`: from the projector's position.)
         assert end > row.frontier.through_offset + 1
-        assert recording.starts == []
+        assert "r" not in recording.runs
+        assert recording.runs == ["r~c1"]
+        assert recording.starts == [end]
 
 
 async def test_a_transcript_short_of_the_rows_count_stops_the_resume() -> None:

@@ -90,12 +90,14 @@ class CountingLog(WrappedEventLog):
         super().__init__(inner)
         self.reads = 0
         self.starts: list[int | None] = []
+        self.runs: list[str] = []
 
     async def read_run(
         self, run_id: str, *, start: int | None = None, end: int | None = None
     ) -> list[StoredEvent]:
         self.reads += 1
         self.starts.append(start)
+        self.runs.append(run_id)
         return await super().read_run(run_id, start=start, end=end)
 
     async def read_partition(self, *args: Any, **options: Any) -> list[StoredEvent]:

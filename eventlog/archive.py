@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -36,6 +37,9 @@ from onward.errors import ArchiveError, ConfigurationError, InvalidInputError
 
 from . import codec
 from .base import Position, StoredEvent
+
+if sys.platform != "win32":
+    import fcntl
 
 ARCHIVE_FORMAT = 1
 """Version of the manifest and of the line layout; a newer one is refused, not guessed at."""
@@ -155,17 +159,38 @@ class DirectoryArchive:
         return str(self.path)
 
     async def ready(self) -> None:
-        await asyncio.to_thread(self._probe)
+        async with self._lock:
+            await asyncio.to_thread(self._probe)
         await asyncio.to_thread(self._load)
 
     def _probe(self) -> None:
         probe = self.path / ".onward-probe"
         try:
             self._make_directory()
-            _durable_write(probe, b"")
-            probe.unlink()
+            held = self._hold_directory()
+            try:
+                _durable_write(probe, b"")
+                probe.unlink()
+            finally:
+                _release(held)
         except OSError as exc:
             raise self._unwritable(exc) from exc
+
+    def _hold_directory(self) -> int | None:
+        """Take ``flock`` on the directory itself, waiting for its holder; release it with
+        `_release`. Every process writing this archive holds it from reading the manifest to
+        renaming the new one into place, so two passes never interleave (one would drop the
+        other's entry, or rename the other's half-written temporary file). Where ``flock``
+        does not exist (Windows), it locks nothing."""
+        if sys.platform == "win32":
+            return None
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def _make_directory(self) -> None:
         """Create the directory (and its parents) if missing; the directory itself 0700."""
@@ -258,6 +283,19 @@ class DirectoryArchive:
     def _write(
         self, partition: int, start: int, end: int, records: Sequence[StoredEvent]
     ) -> ArchivedRange:
+        try:
+            self._make_directory()
+            held = self._hold_directory()
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
+        try:
+            return self._write_locked(partition, start, end, records)
+        finally:
+            _release(held)
+
+    def _write_locked(
+        self, partition: int, start: int, end: int, records: Sequence[StoredEvent]
+    ) -> ArchivedRange:
         manifest = self._load()
         for entry in manifest.ranges:
             if entry.partition != partition or entry.end <= start or entry.start >= end:
@@ -279,7 +317,6 @@ class DirectoryArchive:
         )
         body = zstandard.ZstdCompressor(level=self._level).compress(lines)
         try:
-            self._make_directory()
             _durable_write(self.path / name, body)
             entry = ArchivedRange(
                 partition=partition,
@@ -351,6 +388,12 @@ class DirectoryArchive:
                 )
         if pending:
             yield bytes(pending)
+
+
+def _release(held: int | None) -> None:
+    """Release what `DirectoryArchive._hold_directory` took: closing the descriptor does."""
+    if held is not None:
+        os.close(held)
 
 
 def _durable_write(path: Path, data: bytes) -> None:

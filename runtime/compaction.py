@@ -324,7 +324,9 @@ class CheckpointCompactor(Resource):
             else [partition_for(run_id, self.log.partitions)]
         )
         for partition in partitions:
-            folded = [p[partition] for p in positions.values() if partition in p]
+            # A projector with no position in this partition has folded none of it (it stores
+            # a partition's position only once a batch held records there): it holds it.
+            folded = [p.get(partition) for p in positions.values()]
             report.partitions.append(await self._partition(partition, folded, dry_run, run_id))
         return report
 
@@ -350,11 +352,11 @@ class CheckpointCompactor(Resource):
             return await on_stores.compact(dry_run=dry_run, run_id=run_id)
 
     async def _partition(
-        self, partition: int, folded: list[int], dry_run: bool, run_id: str | None
+        self, partition: int, folded: list[int | None], dry_run: bool, run_id: str | None
     ) -> PartitionReport:
         bounds = await self.log.bounds(partition)
         # No projector has folded the partition: nothing of it is a candidate yet.
-        lowest = min(folded) if folded else bounds.start
+        lowest = min((bounds.start if f is None else f) for f in folded) if folded else bounds.start
         now = time.time_ns() // 1_000
         scan = PartitionScan(
             partition,

@@ -220,7 +220,9 @@ def plan_partition(
     retain: list[Retain] = []
     for run_id, run in scan.runs.items():
         below = bisect_left(run.offsets, watermark)
-        if not below or run_id in met.tombstones:
+        # A tombstone is the collected run's: a run with a frontier row again is a new run
+        # under the same id (or the old one refolded), planned like any other.
+        if not below or (run_id in met.tombstones and run_id not in met.rows):
             continue
         before_seq = run.first_seq + below
         was = met.current.get(run_id)

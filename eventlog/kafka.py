@@ -230,6 +230,13 @@ class KafkaEventLog(EventLogBackend):
                 await current.stop()
             await self._new_producer()
 
+    async def _replaced(self) -> None:
+        """Wait out a replacement of the producer under way (it holds the lock, with no
+        producer meanwhile), so what comes now goes out on its successor."""
+        while self._producer is None and self._producer_lock.locked():
+            async with self._producer_lock:
+                pass
+
     def _live_producer(self) -> AIOKafkaProducer:
         if self._producer is None:
             raise InvalidInputError(
@@ -240,6 +247,7 @@ class KafkaEventLog(EventLogBackend):
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
         run_id, partition, encoded = self._prepare(events)
+        await self._replaced()
         self._live_producer()
         pending = _Pending(
             run_id=run_id,
@@ -275,6 +283,7 @@ class KafkaEventLog(EventLogBackend):
         """
         queue = self._queues[partition]
         while queue:
+            await self._replaced()
             if self._producer is None:
                 closed = InvalidInputError("the Kafka event log was closed before this append")
                 while queue:
@@ -332,8 +341,10 @@ class KafkaEventLog(EventLogBackend):
                 _settle(pending, error=error)
             return
         except BaseException:
+            # The flusher itself was cancelled (a close that gave up waiting): its callers were
+            # not, and the batch may still land, so they hear that its outcome is unknown.
             for pending in taken:
-                _settle(pending, error=None)
+                _settle(pending, error=self._unacknowledged(pending.run_id, partition))
             raise
         offset = int(metadata.offset)
         for pending in taken:
@@ -467,6 +478,11 @@ class KafkaEventLog(EventLogBackend):
                 flusher.cancel()
             await asyncio.gather(*flushers, return_exceptions=True)
         producer, self._producer = self._producer, None
+        # What a cancelled flusher left queued was never sent: refused, not left waiting.
+        closed = InvalidInputError("the Kafka event log was closed before this append")
+        for queue in self._queues.values():
+            while queue:
+                _settle(queue.popleft(), error=closed)
         readers, self._readers = self._readers, None
         consumers = readers.consumers if readers is not None else []
         if readers is not None:

@@ -215,8 +215,12 @@ class KafkaReaders:
                 )
             batches = await consumer.getmany(tp, timeout_ms=200, max_records=high - position)
             records = batches.get(tp, ())
-            if not records:
-                continue
-            position = records[-1].offset + 1
+            # Offsets are not dense (a transaction's markers, aborted or compacted records take
+            # offsets no reader is given): the consumer's own position is past those, and a
+            # fetch of ``high - position`` records may reach past ``high``.
+            position = max(position, await consumer.position(tp))
             reader.cursor = (tp.partition, position)
-            yield records
+            if records and records[-1].offset >= high:
+                records = [record for record in records if record.offset < high]
+            if records:
+                yield records

@@ -19,6 +19,7 @@ from onward.errors import (
     BudgetExceededError,
     FencedError,
     InvalidInputError,
+    NothingToResumeError,
     OnwardError,
     ResumeConflictError,
 )
@@ -201,6 +202,14 @@ class RequestHandler:
         (`AgentRunner.ask_to_cancel`), and the cancel is tried again after a backoff until the
         run is free or has ended."""
         worker, run_id = self._worker, request.run_id
+        # The tenant is checked before anything of the run is touched: another tenant's cancel
+        # must not stop the run's tasks here (releasing its lease) only to be refused after.
+        # A run with no event yet (its start still in flight here) is checked under the lease.
+        try:
+            await worker.runner.inspect(run_id, tenant=request.tenant)
+        except NothingToResumeError:
+            if await worker.runner.resumer.exists(run_id):
+                raise  # another tenant's run: no such run for this one
         async with worker.stopping_run(run_id):
             while True:
                 await worker.others_stopped(run_id)

@@ -1099,6 +1099,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         which becomes the holder's: a graph invocation reads the thread, then claims it.
         """
         followed = self._followed.pop(thread_id, None)  # held from here on: its own fold
+        if followed is None:
+            # Read (and its tenant checked) before the lease: another tenant's thread is refused
+            # without being held, even briefly, and without spending a fence of it.
+            followed = await self._load(thread_id)
         holder = Leaseholder(
             self.leases, thread_id, tenant=self.tenant, holder=self.holder, policy=self.policy
         )
@@ -1450,8 +1454,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     def _check_tenant(self, state: ThreadState) -> None:
         if state.tenant and state.tenant != self.tenant:
             raise InvalidInputError(
-                f"thread {state.run_id!r} is a run of tenant {state.tenant!r}, not of "
-                f"{self.tenant!r}; use another thread id or a saver of that tenant",
+                f"thread {state.run_id!r} cannot be used by tenant {self.tenant!r}: it is "
+                "not permitted; use another thread id or a saver of the thread's tenant",
                 run_id=state.run_id,
             )
 

@@ -345,6 +345,11 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         thread_id = _thread_id(config)
         ns: str = config["configurable"].get("checkpoint_ns", "")
         checkpoint_id = get_checkpoint_id(config)
+        held = self._held.get(thread_id)
+        if checkpoint_id is None and held is not None and held.holder.fenced.is_set():
+            # Lost while no write of it heard (the renewal did): let the holding go now, as
+            # the read below starts afresh, or the next write would count it as lost again.
+            await self._drop(thread_id, held, lost=False)
         state = await self._state(thread_id)
         if checkpoint_id is None:
             # A graph invocation starts by loading the latest checkpoint: from here on it
@@ -358,8 +363,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             if checkpoint_id is None:
                 return None
         event = saved.get(checkpoint_id)
-        if event is None and state.partial:
-            # Folded from a summary, which holds the newest checkpoints only.
+        if state.partial and (event is None or not self._holds_values(state, event)):
+            # Folded from a summary, which holds the newest checkpoints only, and the versions
+            # they refer to: a checkpoint saved since may refer to an older one's (a fork).
             state = await self._state(thread_id, whole=True)
             event = state.checkpoints.get(ns, {}).get(checkpoint_id)
         if event is None:
@@ -636,6 +642,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         await self._write(thread_id, events, whole=True)
         if not held_before:
             await self.arelease(thread_id)
+
+    def _holds_values(self, state: ThreadState, event: GraphCheckpointed) -> bool:
+        """Whether the fold holds every channel version the checkpoint refers to."""
+        ns = event.checkpoint_ns
+        return all(
+            (ns, channel, version) in state.values for channel, version in self._refers(event)
+        )
 
     def _loads(self, value: Serialized) -> Any:
         return self.serde.loads_typed(_typed(value))

@@ -1,0 +1,105 @@
+"""A fork after the summary, and a lease lost between invocations: reads and writes go on right."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import os
+import uuid
+from datetime import timedelta
+from typing import Annotated, Any, TypedDict
+
+from langgraph.graph import END, START, StateGraph
+
+from onward.integrations.langgraph import OnwardSaver
+from onward.integrations.langgraph.summary import decode
+from onward.runtime.leases import LeasePolicy
+from onward.testing.leases import GatedRenewals
+
+from .graphs import config, steps_graph
+from .test_fencing import TTL_S
+from .test_summary import summaries_of, whole_saver
+from .worlds import TENANT, World
+
+
+class Forked(TypedDict):
+    steps: Annotated[list[str], operator.add]
+    note: str
+
+
+def forked_graph(saver: OnwardSaver) -> Any:
+    def step(state: Forked) -> dict[str, Any]:
+        # A large item, so the thread's summary is larger than one small checkpoint after it.
+        return {"steps": [os.urandom(4_000).hex()]}
+
+    builder = StateGraph(Forked)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_edge("step", END)
+    return builder.compile(checkpointer=saver)
+
+
+async def test_a_fork_from_an_older_checkpoint_after_the_summary_reads_whole(
+    world: World,
+) -> None:
+    """Time travel: ``update_state`` on an older checkpoint saves a checkpoint that refers to
+    that checkpoint's (older) version of ``steps``; a fresh reader folding on from the summary
+    must return the same values as a reader folding the whole thread."""
+    async with world.saver(holder="writer") as writer:
+        graph = forked_graph(writer)
+        for _ in range(3):
+            await graph.ainvoke({"steps": []}, config("t"))
+        history = [t async for t in writer.alist(config("t"))]
+        older = next(t for t in history if len(t.checkpoint["channel_values"]["steps"]) == 1)
+        forked = await graph.aupdate_state(older.config, {"note": "forked"})
+        written = await writer.aget_tuple(config("t"))
+    assert written is not None
+    assert written.config == forked
+    assert len(written.checkpoint["channel_values"]["steps"]) == 1
+    async with world.saver(holder="fresh") as fresh, whole_saver(world) as whole:
+        # The summary was taken before the fork: a fresh reader folds on from it.
+        summary = decode(await summaries_of(world).get("t") or b"")
+        assert summary is not None
+        assert summary.last_seq < (await whole.aread_thread("t")).last_seq
+        got = await fresh.aget_tuple(config("t"))
+        expected = await whole.aget_tuple(config("t"))
+        assert expected is not None
+        assert expected.checkpoint["channel_values"] == written.checkpoint["channel_values"]
+        assert got is not None
+        assert got.checkpoint["channel_values"] == written.checkpoint["channel_values"]
+
+
+async def test_a_new_invocation_after_the_renewal_heard_the_lease_lost_writes(
+    world: World,
+) -> None:
+    """A saver holds a thread between invocations; its process is paused past the ttl, another
+    takes the thread over, writes and lets it go. The paused saver's renewal then hears its
+    lease is lost. Its next invocation reads the thread afresh (as the README says a new
+    invocation does), so it may write again: it must not fail with `FencedError`."""
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    thawed = asyncio.Event()
+    thawed.set()
+    saver_a = OnwardSaver(
+        world.log,
+        GatedRenewals(world.leases, thawed),
+        tenant=TENANT,
+        holder="worker-a",
+        policy=LeasePolicy(ttl=timedelta(seconds=TTL_S)),
+    )
+    async with saver_a:
+        graph_a = steps_graph("A", saver_a)
+        await graph_a.ainvoke({"steps": []}, config(thread_id))
+        assert saver_a.holds(thread_id)  # held between invocations
+        thawed.clear()  # paused: renewals cannot reach the store
+        await asyncio.sleep(TTL_S + 0.5)
+        async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
+            await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
+        thawed.set()  # thawed: the next renewal hears the lease is gone
+        for _ in range(100):
+            if not saver_a.holds(thread_id):
+                break
+            await asyncio.sleep(0.05)
+        assert not saver_a.holds(thread_id)
+        # A new invocation: reads the thread first, then writes on from B's state.
+        out = await graph_a.ainvoke({"steps": []}, config(thread_id))
+        assert out["steps"] == ["A", "B", "A"]

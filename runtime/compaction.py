@@ -33,7 +33,7 @@ from onward._storage import Resource
 from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError, OnwardError
 from onward.eventlog.archive import ArchiveSink
 from onward.eventlog.base import EventLog, StoredEvent, UnreadableRecord, partition_for
-from onward.projections.base import FrontierStore
+from onward.projections.base import DEFAULT_CONSUMER, FrontierStore
 from onward.projections.compaction import (
     CompactionStore,
     LogCut,
@@ -48,6 +48,7 @@ from onward.projections.compaction.plan import (
     RunsMet,
     plan_partition,
 )
+from onward.projections.postgres import PostgresFrontierStore
 
 from .backends import Backends, open_backends
 from .observability.metrics import COUNTS
@@ -318,6 +319,17 @@ class CheckpointCompactor(Resource):
             await (self.archive.ranges() if dry_run else self.archive.ready())
         report = CompactionReport(dry_run, self.archive.location if self.archive else None)
         positions = await self.store.positions()
+        if isinstance(self.store, PostgresCompactionStore) and not isinstance(
+            self.frontiers, PostgresFrontierStore
+        ):
+            # The frontiers projector stores its positions beside its rows (Redis), where the
+            # PostgreSQL compaction store does not read them: they hold the partitions too.
+            positions = {
+                **positions,
+                f"{DEFAULT_CONSUMER} (frontier store)": await self.frontiers.positions(
+                    DEFAULT_CONSUMER
+                ),
+            }
         partitions = (
             range(self.log.partitions)
             if run_id is None

@@ -306,6 +306,7 @@ class AgentRunner(Resource):
         _check_encodable("input", input, run_id)
         if options:
             check_optional_name("options.user", options.get("user"), run_id=run_id)
+            _check_budget_options(options, run_id)
         refuse_unbound(agent)
         self.check_call_bounds(agent)
         self.check_budgets(agent, Budgets.of(agent, *run_budgets(dict(options or {}))), run_id)
@@ -1337,6 +1338,22 @@ def _check_encodable(field: str, value: Any, run_id: str) -> None:
     fault = unencodable(value)
     if fault is not None:
         raise InvalidInputError(f"{field} cannot be recorded: {fault}", run_id=run_id)
+
+
+def _check_budget_options(options: Mapping[str, Any], run_id: str) -> None:
+    """Refuse a budget option that is not whole micros of at least 0: the fold reads such a
+    value as no budget (`run_budgets`), so the run would spend without the bound it was given.
+
+    Raises:
+        InvalidInputError: Naming the option and its value.
+    """
+    for name in ("budget_micros", "tenant_budget_micros"):
+        budget = options.get(name)
+        if budget is not None and (type(budget) is not int or budget < 0):
+            raise InvalidInputError(
+                f"options.{name} must be whole micros of at least 0, got {budget!r:.40}",
+                run_id=run_id,
+            )
 
 
 def _check_run(run_id: str, tenant: str) -> None:

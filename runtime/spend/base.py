@@ -102,12 +102,18 @@ class PriceTable:
         for pair in (p.strip() for p in text.split(",")):
             if not pair:
                 continue
-            model, equals, price = pair.rpartition("=")
+            # At the first "=": pairs run together by a typo (";" or " " for ",") leave the
+            # rest in the price, which is then refused, not in a model nobody names.
+            model, equals, price = pair.partition("=")
             given_in, slash, given_out = price.partition("/")
             if not equals or not slash or not model.strip():
                 raise ConfigurationError(
                     f"ONWARD_MODEL_PRICES: {pair!r} is not MODEL=INPUT/OUTPUT (micros per token, "
                     "as in gpt-4o=2.5/10)"
+                )
+            if model.strip() in prices:
+                raise ConfigurationError(
+                    f"ONWARD_MODEL_PRICES: model {model.strip()!r} is priced twice"
                 )
             prices[model.strip()] = (given_in.strip(), given_out.strip())
         return cls(prices)

@@ -29,7 +29,12 @@ from support.spend import (
 from typer.testing import CliRunner
 
 import onward
-from onward.errors import BackendUnavailableError, BudgetExceededError, ConfigurationError
+from onward.errors import (
+    BackendUnavailableError,
+    BudgetExceededError,
+    ConfigurationError,
+    InvalidInputError,
+)
 from onward.eventlog import Event, MemoryEventLog, ModelAnswered, Position, SqliteEventLog
 from onward.eventlog.events import Message
 from onward.runtime.agent import Agent
@@ -160,6 +165,21 @@ async def test_options_lower_the_agents_budget_and_never_raise_it(sqlite: Backen
             stepper(budget_micros=3000), "go", tenant=TENANT, options=raised
         )
     assert (provider.calls, caught.value.budget_micros) == (1, 3000)
+
+
+@pytest.mark.parametrize("bad", [-1, "3000", 3000.0, True])
+@pytest.mark.parametrize("name", ["budget_micros", "tenant_budget_micros"])
+async def test_a_budget_option_that_is_not_whole_micros_is_refused_naming_it(
+    sqlite: Backends, name: str, bad: object
+) -> None:
+    """Not read as no budget at all: the run would spend without a bound its starter set."""
+    provider = steps(finish_after=2)
+    with pytest.raises(InvalidInputError, match=name):
+        await sqlite.runner(provider).run(
+            stepper(), "go", tenant=TENANT, run_id="odd", options={name: bad}
+        )
+    assert provider.calls == 0
+    assert await sqlite.log.read_run("odd") == []
 
 
 async def test_max_tokens_bounds_the_estimate_of_an_answer(sqlite: Backends) -> None:

@@ -112,6 +112,11 @@ def test_the_setting_is_model_input_output_pairs() -> None:
         ("m=1/x", "output micros per token must be a number"),
         ("m=-1/2", "input micros per token must be a number"),
         ("m=nan/2", "input micros per token must be a number"),
+        # A semicolon or a space for the comma: two prices run together, not one odd model.
+        ("gpt-4o-mini=0.15/0.6;gpt-4o=2.5/10", "gpt-4o"),
+        ("gpt-4o-mini=0.15/0.6 gpt-4o=2.5/10", "gpt-4o"),
+        # The same model twice: which price was meant?
+        ("m=1/2,m=3/4", "'m'"),
     ],
 )
 def test_a_bad_price_setting_fails_at_start_naming_the_variable(text: str, said: str) -> None:

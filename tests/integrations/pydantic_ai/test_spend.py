@@ -195,3 +195,48 @@ async def test_a_model_call_that_raises_gives_its_hold_back(
     # The rest of the budget can be held whole only if the failed call's hold is gone.
     rest = SpendEntry(run_id=RUN, tenant=TENANT, seq=1_000, model="probe", micros=budget - recorded)
     assert (await spend.hold(rest, run_budget=budget)).held
+
+
+async def _dies_in_second_call(
+    stores: Stores,
+    spend: SqliteSpendLedger,
+    ledger: Ledger,
+    prices: PriceTable,
+    run_id: str,
+    budget: int,
+) -> Script:
+    """Run `booking_agent` as ``run_id`` in a process that dies waiting for the second answer,
+    leaving the hold of that call behind (a dead process releases nothing)."""
+    script = Script(faults=Faults({"second_answer"}))
+    dead = durability_on(stores, worker="dead", spend=spend, prices=prices)
+
+    async def died(run_id: str, seq: int) -> None:
+        return None
+
+    dead._runs.runner.release_hold = died  # type: ignore[method-assign]
+    agent = booking_agent(dead, ledger, script)
+    with pytest.raises(Crash):
+        await dead.run(agent, "book seat 3A", run_id=run_id, budget_micros=budget)
+    return script
+
+
+async def test_a_hold_a_worker_left_dying_mid_call_is_released_when_the_run_resumes(
+    stores: Stores, spend: SqliteSpendLedger, ledger: Ledger
+) -> None:
+    """As the runner's resume does: the claim takes the seq the lost answer would have taken,
+    and the hold the dead worker left there is released, so it does not count against the
+    run's budget beside the hold of the call made again in its place."""
+    prices = priced(Script(), "1", "1")
+    await _dies_in_second_call(stores, spend, ledger, prices, "scout", 10**9)
+    first = (await spend.run_total("scout")).micros
+    probe = SpendEntry(run_id="probe", tenant=TENANT, seq=1, model="probe")
+    left_held = (await spend.hold(probe)).tenant_micros - first
+    assert first > 0
+    assert left_held > 0  # the estimate of the call the process died in
+    # Room for the first call and one more estimated as the lost one was, no more.
+    script = await _dies_in_second_call(stores, spend, ledger, prices, RUN, first + left_held)
+    again = durability_on(stores, worker="there", spend=spend, prices=prices)
+    done = await again.resume(booking_agent(again, ledger, script), RUN)
+    assert done.status == "completed"
+    assert script.asked == 3
+    assert (await spend.run_total(RUN)).calls == 2

@@ -173,6 +173,10 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         )
         self._pinned = build
         self._build: int | None = build
+        # The build whose positions what a projector folds came from: a read (positions for
+        # lag or health, quarantine) follows the active build, but only a write's switch, which
+        # its projector follows by seeking to the new positions, moves this one.
+        self._writes_to: int | None = build
         self._synchronous_commit = synchronous_commit
 
     @property
@@ -197,7 +201,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                 raise SchemaMismatchError(
                     "PostgreSQL has no active frontiers build; run `onward db migrate`"
                 )
-            self._build = build
+            self._build = self._writes_to = build
 
     def _tables(self) -> tuple[str, str]:
         build = self.build
@@ -218,7 +222,6 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
 
     async def _write(self, batch: FrontierWrite) -> None:
         consumer, positions, snapshots, calls = batch[:4]
-        frontiers, tool_calls = self._tables()
         context = f"writing frontiers of consumer {consumer!r}"
         messages = await _stored_messages(batch.messages) if batch.messages else []
         async with self._connection(context, transaction=True) as conn:
@@ -226,9 +229,11 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                 await conn.execute("SET LOCAL synchronous_commit = off")
             if self._pinned is None:
                 current = await active_build_for_write(conn, PROJECTION)
-                if current != self._build:
-                    self._build = current
+                if current != self._writes_to:
+                    self._build = self._writes_to = current
                     raise BuildSwitched(f"frontiers build is now {current}")
+                self._build = current
+            frontiers, tool_calls = self._tables()
             if snapshots:
                 await _stage_and_upsert(
                     conn, frontiers, _FRONTIER_NAMES, ("run_id",), map(_frontier_row, snapshots)

@@ -21,9 +21,11 @@ from typing import Protocol, runtime_checkable
 
 import asyncpg
 
-from onward._storage import BACKEND_TIMEOUT_S, PostgresStore
-from onward.errors import InvalidInputError, SchemaMismatchError
+from onward._storage import BACKEND_TIMEOUT_S, DRIVER_ERRORS, PostgresStore, classify
+from onward._storage.postgres import _lost
+from onward.errors import BackendUnavailableError, InvalidInputError, SchemaMismatchError
 from onward.eventlog.base import LogRecord, StoredEvent
+from onward.eventlog.events import kind_of
 
 from .base import BuildSwitched
 from .builds import (
@@ -126,6 +128,10 @@ class SqlProjectionSink(PostgresStore):
         super().__init__(dsn, schema=schema, max_size=4, timeout_s=timeout_s)
         self._pinned = build
         self._build = build
+        # The build whose positions what is folded came from: only a write's switch (which
+        # its projector follows by seeking anew) moves it, never a read of positions (lag,
+        # health), so a switch is always seen, and followed, by the next write.
+        self._writes_to = build
 
     @property
     def consumer(self) -> str:
@@ -146,7 +152,7 @@ class SqlProjectionSink(PostgresStore):
     async def _resolve_build(self, conn: asyncpg.Connection) -> None:
         if self._pinned is None:
             await ensure_active(conn, self.layout)
-            self._build = await active_build(conn, self.projection.name)
+            self._build = self._writes_to = await active_build(conn, self.projection.name)
         elif not await build_exists(conn, self.projection.name, self._pinned):
             raise SchemaMismatchError(f"{self.projection.name} build {self._pinned} does not exist")
 
@@ -176,9 +182,10 @@ class SqlProjectionSink(PostgresStore):
         async with self._connection(context, transaction=True) as conn:
             if self._pinned is None:
                 current = await active_build_for_write(conn, self.projection.name)
-                if current != self._build:
-                    self._build = current
+                if current != self._writes_to:
+                    self._build = self._writes_to = current
                     raise BuildSwitched(f"{self.projection.name} build is now {current}")
+                self._build = current
             parts = sorted(next_offsets)
             consumer = self.consumer
             await conn.execute(
@@ -217,7 +224,7 @@ class SqlProjectionSink(PostgresStore):
                         )
             if fresh:
                 conn.reset_session()  # your SQL may change the session: reset it on release
-                await self.projection.apply(conn, self.table, fresh)
+                await self._apply_fresh(conn, fresh)
             await conn.execute(
                 "UPDATE onward_projector_positions AS p SET next_offset = t.o, updated_at = now() "
                 "FROM unnest($2::int[], $3::bigint[]) AS t(part, o) "
@@ -232,11 +239,64 @@ class SqlProjectionSink(PostgresStore):
         self.stats.unreadable += unreadable
         self.stats.skipped += total - len(fresh) - unreadable
 
+    async def _apply_fresh(self, conn: asyncpg.Connection, fresh: list[StoredEvent]) -> None:
+        """Run the projection's ``apply`` on the batch; if it fails (not the store: a lost
+        connection or a timeout is raised as it is, to be retried), find the event it fails on,
+        folding the batch again one event at a time, and raise an error naming it. The batch's
+        transaction is rolled back either way."""
+        try:
+            async with conn.transaction():  # a savepoint: the search below starts from here
+                await self.projection.apply(conn, self.table, fresh)
+        except Exception as exc:
+            if _not_the_projections(exc, conn):
+                raise
+            culprit = await self._first_failing(conn, fresh)
+            where = (
+                f"the event at partition {culprit.position.partition} offset "
+                f"{culprit.position.offset} (run {culprit.event.run_id!r}, "
+                f"{kind_of(type(culprit.event))}, seq {culprit.event.seq})"
+                if culprit is not None
+                else f"a batch of {len(fresh)} events from partition "
+                f"{fresh[0].position.partition} offset {fresh[0].position.offset}"
+            )
+            raise InvalidInputError(
+                f"projection {self.projection.name!r} failed on {where}: "
+                f"{type(exc).__name__}: {exc}; nothing of the batch was stored"
+            ) from exc
+
+    async def _first_failing(
+        self, conn: asyncpg.Connection, fresh: list[StoredEvent]
+    ) -> StoredEvent | None:
+        """The first event the projection fails on when given the batch one at a time."""
+        try:
+            for stored in fresh:
+                try:
+                    async with conn.transaction():
+                        await self.projection.apply(conn, self.table, [stored])
+                except Exception as exc:  # noqa: BLE001 - the projection's code may raise anything
+                    if _not_the_projections(exc, conn):
+                        return None
+                    return stored
+        except Exception:  # noqa: BLE001 - best effort: the batch's own error is raised
+            return None
+        return None
+
     async def flush(self) -> None:
         """Nothing to do: every batch is stored as it is applied."""
 
     def forget(self, partitions: Collection[int]) -> None:
         """Nothing is cached between batches."""
+
+
+def _not_the_projections(exc: BaseException, conn: asyncpg.Connection) -> bool:
+    """Whether a failure inside a projection's ``apply`` is the store's (a lost connection, a
+    timeout: retried as they are), not the projection's own."""
+    if isinstance(exc, BackendUnavailableError) or _lost(conn):
+        return True
+    if isinstance(exc, DRIVER_ERRORS):
+        kind = classify(type(exc))
+        return kind is not None and issubclass(kind, BackendUnavailableError)
+    return False
 
 
 def load_projection(spec: str) -> Projection:

@@ -13,7 +13,10 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
-from onward._storage import BACKEND_TIMEOUT_S, open_pool, pooled
+import asyncpg
+
+from onward._storage import BACKEND_TIMEOUT_S, open_pool, pooled, translated
+from onward.errors import InvalidInputError
 from onward.eventlog.base import EventLog
 
 from .base import DEFAULT_CONSUMER, DEFAULT_MAX_BYTES, ProjectionSink
@@ -29,6 +32,8 @@ REBUILD_FLUSH_INTERVAL = 10.0
 """...or after this many seconds, whichever comes first."""
 
 Progress = Callable[[int, int], None]
+
+_TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,31 +76,58 @@ async def rebuild(
         timeout_s: The longest a PostgreSQL connection attempt or statement may take
             (``None``: as long as the server takes); `open_sink` applies it to its own store.
     """
-    pool = await open_pool(database_url, schema=schema, max_size=1, timeout_s=timeout_s)
+    pool = await open_pool(database_url, schema=schema, max_size=2, timeout_s=timeout_s)
     try:
-        context = f"creating a build of {layout.projection}"
-        async with pooled(pool, context, timeout_s=timeout_s) as conn:
-            build = await create_build(conn, layout)
-        started = time.perf_counter()
-        done = 0
-        async with open_sink(build) as sink:
-            projector = LogProjector(log, sink, batch_size=batch_size)
-            while True:
-                remaining = sum((await projector.backlog()).values())
-                if on_progress is not None:
-                    on_progress(done, done + remaining)
-                if remaining == 0:
-                    await projector.flush()
-                    if not sum((await projector.backlog()).values()):
-                        break
-                done += await projector.step()
-        seconds = time.perf_counter() - started
-        context = f"switching {layout.projection} to build {build}"
-        async with pooled(pool, context, timeout_s=timeout_s) as conn:
-            previous = await switch_build(conn, layout, build)
+        guard = await _rebuild_lock(pool, layout.projection, schema, timeout_s)
+        try:
+            context = f"creating a build of {layout.projection}"
+            async with pooled(pool, context, timeout_s=timeout_s) as conn:
+                build = await create_build(conn, layout)
+            started = time.perf_counter()
+            done = 0
+            async with open_sink(build) as sink:
+                projector = LogProjector(log, sink, batch_size=batch_size)
+                while True:
+                    remaining = sum((await projector.backlog()).values())
+                    if on_progress is not None:
+                        on_progress(done, done + remaining)
+                    if remaining == 0:
+                        await projector.flush()
+                        if not sum((await projector.backlog()).values()):
+                            break
+                    done += await projector.step()
+            seconds = time.perf_counter() - started
+            context = f"switching {layout.projection} to build {build}"
+            async with pooled(pool, context, timeout_s=timeout_s) as conn:
+                previous = await switch_build(conn, layout, build)
+        finally:
+            await pool.release(guard)  # the pool's reset of the connection unlocks
     finally:
         await pool.close()
     return RebuildReport(layout.projection, build, previous, done, seconds)
+
+
+async def _rebuild_lock(
+    pool: asyncpg.Pool, projection: str, schema: str | None, timeout_s: float | None
+) -> asyncpg.Connection:
+    """A connection of ``pool`` holding the lock of ``projection``'s rebuilds, held until it is
+    given back (or its process dies); a rebuild already running is refused, not run beside."""
+    context = f"taking the rebuild lock of {projection}"
+    with translated(context):
+        conn = await pool.acquire(timeout=timeout_s)
+        try:
+            conn.release_session_locks()  # unlocked as the pool takes the connection back
+            taken = await conn.fetchval(_TRY_LOCK, f"onward:{schema or ''}:rebuild:{projection}")
+        except BaseException:
+            await pool.release(conn)
+            raise
+    if not taken:
+        await pool.release(conn)
+        raise InvalidInputError(
+            f"another rebuild of {projection} is running; let it finish (or stop it) before "
+            "starting one"
+        )
+    return conn
 
 
 async def rebuild_frontiers(

@@ -1,0 +1,248 @@
+"""A rebuild's switch and the projectors that follow it, against real Kafka and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import random
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from support.histories import append_all, direct_fold, run_ids_of, workload
+from support.kinds import KindCounts
+
+from onward.eventlog import KafkaEventLog, StoredEvent, kind_of
+from onward.projections.frontier_projection import FrontierProjection
+from onward.projections.kafka import KafkaProjector
+from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.postgres_sql import SqlProjectionSink
+from onward.projections.rebuild import rebuild_frontiers, rebuild_projection
+
+rebuild_module = importlib.import_module("onward.projections.rebuild")
+pytestmark = pytest.mark.kafka
+PARTITIONS = 3
+
+
+@pytest_asyncio.fixture
+async def log(kafka_bootstrap: str, kafka_topic: str) -> AsyncIterator[KafkaEventLog]:
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS) as log:
+        yield log
+
+
+async def caught_up(
+    projector: KafkaProjector[Any],
+    positions: Callable[[], Awaitable[dict[int, int]]],
+    log: KafkaEventLog,
+) -> None:
+    """Step the projector until ``positions`` reach every partition's end."""
+    ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
+    for _ in range(600):
+        stored = await positions()
+        if all(stored.get(p, 0) >= e for p, e in ends.items()):
+            return
+        await projector.step(timeout_ms=100)
+    pytest.fail(f"the projector did not catch up: {stored}, ends {ends}")
+
+
+async def positions_of(database_url: str, schema: str, consumer: str) -> dict[int, int]:
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        rows = await conn.fetch(
+            "SELECT partition, next_offset FROM onward_projector_positions WHERE consumer = $1",
+            consumer,
+        )
+    finally:
+        await conn.close()
+    return {r["partition"]: r["next_offset"] for r in rows}
+
+
+def appended_before_the_switch(
+    monkeypatch: pytest.MonkeyPatch, during: Callable[[], Awaitable[None]]
+) -> None:
+    """Run ``during`` after the rebuild found no backlog left and before it switches: events
+    appended meanwhile, which the live projector folds into the old build."""
+    real = rebuild_module.switch_build
+
+    async def switch(conn: asyncpg.Connection, layout: Any, build: int) -> int | None:
+        await during()
+        previous: int | None = await real(conn, layout, build)
+        return previous
+
+    monkeypatch.setattr(rebuild_module, "switch_build", switch)
+
+
+async def test_a_user_projection_asked_its_lag_after_a_switch_misses_no_event(
+    log: KafkaEventLog,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
+    rng: random.Random,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await append_all(log, workload(rng, 10))
+    async with SqlProjectionSink(database_url, KindCounts(), schema=pg_schema) as sink:
+        projector = KafkaProjector(
+            kafka_bootstrap,
+            sink,
+            topic=kafka_topic,
+            partitions=PARTITIONS,
+            group_id=uuid.uuid4().hex,
+        )
+        await projector.start()
+        try:
+            await caught_up(projector, sink.positions, log)
+
+            async def more() -> None:
+                await append_all(log, workload(rng, 10))
+                await caught_up(projector, sink.positions, log)
+
+            appended_before_the_switch(monkeypatch, more)
+            report = await rebuild_projection(log, database_url, KindCounts(), schema=pg_schema)
+            assert (report.build, report.previous) == (2, 1)
+            # What `onward projector` asks every 10 s (and its health probes, more often).
+            await projector.lag()
+            await append_all(log, workload(rng, 10))
+            await caught_up(
+                projector, lambda: positions_of(database_url, pg_schema, "kinds@2"), log
+            )
+        finally:
+            await projector.close()
+    counts: Counter[str] = Counter()
+    for partition in range(PARTITIONS):
+        for stored in await log.read_partition(partition, 0):
+            counts[kind_of(type(stored.event))] += 1
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        rows = await conn.fetch("SELECT kind, events FROM kinds")
+    finally:
+        await conn.close()
+    assert {r["kind"]: r["events"] for r in rows} == dict(counts)
+
+
+async def test_a_frontier_projector_asked_its_lag_after_a_switch_misses_no_event(
+    log: KafkaEventLog,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    database_url: str,
+    pg_schema: str,
+    rng: random.Random,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    steps = workload(rng, 20)
+    await append_all(log, steps)
+    async with PostgresFrontierStore(database_url, schema=pg_schema) as store:
+        projection = FrontierProjection(store, log)
+        projector = KafkaProjector(
+            kafka_bootstrap,
+            projection,
+            topic=kafka_topic,
+            partitions=PARTITIONS,
+            group_id=uuid.uuid4().hex,
+        )
+        await projector.start()
+        try:
+            await caught_up(projector, projection.positions, log)
+            later = workload(rng, 20)
+
+            async def more() -> None:
+                await append_all(log, later)
+                await caught_up(projector, projection.positions, log)
+
+            appended_before_the_switch(monkeypatch, more)
+            report = await rebuild_frontiers(log, database_url, schema=pg_schema)
+            assert (report.build, report.previous) == (2, 1)
+            await projector.lag()
+            last = workload(rng, 5)
+            await append_all(log, last)
+            await caught_up(
+                projector, lambda: positions_of(database_url, pg_schema, "frontiers@2"), log
+            )
+        finally:
+            await projector.close()
+        run_ids = run_ids_of(steps + later + last)
+        expected, _ = await direct_fold(log, run_ids)
+        new = await PostgresFrontierStore.open(database_url, schema=pg_schema, build=2)
+        try:
+            rows = await new.load(run_ids)
+        finally:
+            await new.close()
+    assert sorted(rows) == sorted(expected)
+    assert {r: row.frontier for r, row in rows.items()} == expected
+    await asyncio.sleep(0)
+
+
+async def test_of_two_rebuilds_at_once_one_wins_and_the_other_is_refused(
+    log: KafkaEventLog, database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    await append_all(log, workload(rng, 10))
+    async with SqlProjectionSink(database_url, KindCounts(), schema=pg_schema):
+        pass  # the first build, active
+    outcomes = await asyncio.gather(
+        rebuild_projection(log, database_url, KindCounts(), schema=pg_schema, batch_size=10),
+        rebuild_projection(log, database_url, KindCounts(), schema=pg_schema, batch_size=10),
+        return_exceptions=True,
+    )
+    won = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(won) == 1, outcomes
+    assert len(refused) == 1, outcomes
+    assert "another rebuild of kinds is running" in str(refused[0])
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        active = await conn.fetchval(
+            "SELECT build FROM onward_projection_builds "
+            "WHERE projection = 'kinds' AND status = 'active'"
+        )
+    finally:
+        await conn.close()
+    assert active == won[0].build
+
+
+class FailsOnOneRun(KindCounts):
+    """Counts kinds, and fails on the end of one run."""
+
+    name = "fails"
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    async def apply(
+        self, conn: asyncpg.Connection, table: str, events: Sequence[StoredEvent]
+    ) -> None:
+        await super().apply(conn, table, events)
+        for stored in events:
+            if stored.event.run_id == self.run_id and kind_of(type(stored.event)) == "run.finished":
+                raise ValueError("cannot fold this one")
+
+
+async def test_a_user_projection_that_raises_names_the_event_and_stores_nothing(
+    log: KafkaEventLog, database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    steps = workload(rng, 8)
+    await append_all(log, steps)
+    records = {p: await log.read_partition(p, 0) for p in range(PARTITIONS)}
+    ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
+    culprit = next(
+        r for p in range(PARTITIONS) for r in records[p] if kind_of(type(r.event)) == "run.finished"
+    )
+    projection = FailsOnOneRun(culprit.event.run_id)
+    async with SqlProjectionSink(database_url, projection, schema=pg_schema) as sink:
+        with pytest.raises(Exception, match="cannot fold this one") as failed:
+            await sink.apply(records, ends)
+        message = str(failed.value)
+        assert "cannot fold this one" in message
+        assert f"partition {culprit.position.partition}" in message
+        assert f"offset {culprit.position.offset}" in message
+        assert culprit.event.run_id in message
+        assert await sink.positions() == {}
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM fails") == 0
+    finally:
+        await conn.close()

@@ -162,6 +162,8 @@ class DurableRuns:
         # Executed again from its first event on resume: compaction keeps them all.
         recorded: dict[str, Any] = {"replays": True}
         recorded.update({name: budget for name, budget in named.items() if budget is not None})
+        # Before the lease: a start under another tenant's run id must not hold that run.
+        await self.runner.resumer.refuse_stored(run_id, self.tenant)
         async with self._holding(run_id) as held:
             await self.runner.resumer.refuse_existing(run_id, held.lease)
             run = HeldRun(described, held, Frontier.empty(run_id, self.tenant), Conversation(""))
@@ -193,6 +195,8 @@ class DurableRuns:
             RevisionMismatchError: The agent's tools or model are not the ones the run started with.
             HistoryUnavailableError: The run's events are no longer all in the log.
         """
+        # Before the lease: another tenant's resume must not hold the run, nor raise its fence.
+        await self.runner.resumer.refuse_another_tenants(run_id, self.tenant)
         async with self._holding(run_id) as held:
             carried = await self.runner.resumer.claim(described, held, worker=self.runner.worker)
             if not carried.claimed:

@@ -417,8 +417,9 @@ class RunJournal:
     def _learn(self, event: Event) -> None:
         """Keep the journal in step with one more counted event of the run."""
         if isinstance(event, ModelAnswered):
-            if self._next_answer >= len(self.answers):
-                self.answers.append(event)
+            # Every answer, recorded before this execution or appended by it, in order: an
+            # answer is appended only once the recorded ones are all replayed.
+            self.answers.append(event)
             self._used_ids.update(c.call_id for c in event.tool_calls)
             self._keys.update(
                 (c.call_id, c.idempotency_key) for c in event.tool_calls if c.idempotency_key

@@ -228,7 +228,9 @@ class CheckpointCompactor(Resource):
         self.no_archive = no_archive
         self.max_checkpoints = max_checkpoints
         self.interval_s = compaction_interval_mins * 60.0
-        self.retention_us = int(retention_mins * 60e6)
+        # A retention past any record's age (``inf`` among them) cuts nothing: bounded so it
+        # stays an int64 wherever a store compares it.
+        self.retention_us = int(min(retention_mins * 60e6, float(2**62)))
         self.scan_batch = scan_batch
         self._pause = pause
         self._task: asyncio.Task[None] | None = None

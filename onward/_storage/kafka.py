@@ -60,6 +60,27 @@ async def _stop(client: _Startable) -> None:
             await stop()
 
 
+def _server_problem(server: str) -> str | None:
+    """Why one ``host[:port]`` (``[v6]:port``) of the bootstrap list is unusable, or None: said
+    here, naming the variable, rather than by the client's parser as the agent's failure."""
+    if not server:
+        return "an empty entry between commas"
+    if server.startswith("["):
+        host, bracket, rest = server[1:].partition("]")
+        if not bracket or not host or (rest and not rest.startswith(":")):
+            return f"{server!r} is not [IPv6 address]:port"
+        port = rest[1:] if rest else None
+    elif server.count(":") == 1:
+        host, _, port = server.partition(":")
+        if not host:
+            return f"{server!r} has no host"
+    else:
+        port = None  # a host, or a bare IPv6 address: the default port
+    if port is not None and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        return f"{server!r} has a port that is not a number from 0 to 65535"
+    return None
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class KafkaConnection:
     """Where the Kafka brokers are and how to reach them; makes every client Onward uses.
@@ -113,6 +134,12 @@ class KafkaConnection:
     def __post_init__(self) -> None:
         if not self.bootstrap_servers or not self.bootstrap_servers.strip():
             raise ConfigurationError("KAFKA_BOOTSTRAP_SERVERS is empty")
+        for server in self.bootstrap_servers.strip().split(","):
+            problem = _server_problem(server.strip())
+            if problem:
+                raise ConfigurationError(
+                    f"KAFKA_BOOTSTRAP_SERVERS: {problem}; give host:port[,host:port...]"
+                )
         if not self.client_id:
             raise ConfigurationError("KAFKA_CLIENT_ID is empty")
         if not self.request_timeout_s > 0:

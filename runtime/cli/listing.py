@@ -23,6 +23,7 @@ from onward.projections.base import FrontierStore, RunSummary
 from onward.projections.frontier import RunStatus
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.backends import kafka_frontier_store
+from onward.runtime.limits import check_name
 from onward.runtime.settings import Settings, load_settings
 from onward.runtime.spend.base import Spend, SpendLedger
 from onward.runtime.spend.postgres import PostgresSpendLedger
@@ -218,10 +219,17 @@ def runs_command(
     statuses = check_statuses(status) if status else None
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidInputError(f"--limit must be from 1 to {MAX_LIMIT}, got {limit}")
+    for option, given in (("--tenant", tenant), ("--user", user), ("--agent", agent)):
+        if given is not None:
+            check_name(option, given)
+    if after is not None:
+        check_name("--after", after)
     now_us = time.time_ns() // 1000
     updated_before = None
     if older_than is not None:
-        updated_before = now_us - int(parse_duration(older_than, "--older-than") * 1e6)
+        # Longer ago than the epoch matches no run: the store is asked for none before 0.
+        seconds = parse_duration(older_than, "--older-than")
+        updated_before = int(max(now_us - seconds * 1e6, 0))
 
     config = load_settings()
 

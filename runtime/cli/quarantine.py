@@ -20,6 +20,7 @@ import msgspec
 import typer
 from rich.table import Table
 
+from onward._storage import check_onward_sqlite
 from onward.errors import ConfigurationError, NothingToResumeError
 from onward.eventlog.base import EventLog
 from onward.eventlog.postgres import PostgresEventLog
@@ -33,6 +34,7 @@ from onward.projections.base import (
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.backends import kafka_frontier_store
 from onward.runtime.checkpoint import Checkpointer
+from onward.runtime.limits import check_name
 from onward.runtime.settings import Settings, load_settings
 
 from ._common import JsonResultOption, RunArgument, echo, echo_json, opened, out
@@ -54,6 +56,7 @@ def _store(config: Settings, *, readonly: bool = False) -> FrontierStore:
                 f"ONWARD_SQLITE_PATH {str(config.sqlite_path)!r} does not exist; point it at "
                 "the database the runs were written to"
             )
+        check_onward_sqlite(config.sqlite_path)
         return SqliteFrontierStore(config.sqlite_path, migrate=False, readonly=readonly)
     if config.backend == "kafka":
         return kafka_frontier_store(config, pool_size=1)
@@ -135,6 +138,8 @@ def release_command(run_id: RunArgument, by: ByOption, as_json: JsonResultOption
     If a record of it is still unreadable (no newer Onward yet), the run is held again.
     Exit 0: released. 1: the run has no held record. 2: bad configuration. 5: a store failed.
     """
+    check_name("run_id", run_id)
+    check_name("--by", by)
     config = load_settings()
 
     async def release(store: FrontierStore) -> tuple[int, str | None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 from datetime import timedelta
 from typing import Annotated
@@ -178,8 +179,9 @@ def worker_command(
     accept_unsigned = accept_unsigned_requests or config.accept_unsigned_requests
     agents = load_agents(agent)
     model = load_provider(provider)
-    if (lease_ttl is not None and lease_ttl <= 0) or recheck <= 0:
-        raise InvalidInputError("--lease-ttl and --recheck must be positive")
+    for option, seconds in (("--lease-ttl", lease_ttl), ("--recheck", recheck)):
+        if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
+            raise InvalidInputError(f"{option} must be positive, finite seconds, got {seconds}")
     policy = (
         config.lease_policy()
         if lease_ttl is None

@@ -115,7 +115,8 @@ class GarbageCollector:
         now_s = self.clock()
 
         def before(ttl_s: float) -> int:
-            return int((now_s - ttl_s) * 1_000_000)
+            # A ttl past the epoch (``inf`` among them) expires nothing; never below 0.
+            return int(max(now_s - ttl_s, 0.0) * 1_000_000)
 
         checkpoints = before(self.checkpoint_ttl_days * _DAY_S)
         redis_keys = before(self.redis_key_ttl_hours * _HOUR_S)

@@ -1,0 +1,148 @@
+"""Bad input to the commands less travelled: each is exit 2, one line naming what was wrong,
+never exit 5 blaming "the agent's or the model's code", and nothing stored changes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.poison import unknown_kind
+from typer.testing import CliRunner, Result
+
+from onward.eventlog import RunStarted, SqliteEventLog
+from onward.projections.sqlite import SqliteFrontierStore
+from onward.runtime.checkpoint import Checkpointer
+from onward.runtime.cli import app
+from onward.testing.eventlog import Envelope
+
+SURROGATE = "\udced"
+"""What a shell hands Python for a byte that is not UTF-8 (``$'\\xed'``)."""
+
+
+def onward(db: Path, *args: str, **env: str) -> Result:
+    environ = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db), "COLUMNS": "200"}
+    return CliRunner().invoke(app, list(args), env={**environ, **env})
+
+
+def assert_usage_error(result: Result, *named: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "agent's or the model's code" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for what in named:
+        assert what in result.stderr, result.stderr
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """An Onward database with one run whose second record cannot be read (quarantined)."""
+    path = tmp_path / "onward.db"
+
+    async def go() -> None:
+        async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as store:
+            env = Envelope(run_id="run-q", tenant="acme", seq=1, fence=1, at=1)
+            await log.append([RunStarted(**env, agent="booker", revision="r1")])
+            log.write_raw("run-q", unknown_kind("run-q", 2))
+            await Checkpointer(store, log).catch_up()
+
+    asyncio.run(go())
+    return path
+
+
+@pytest.mark.parametrize("option", ["--tenant", "--user", "--agent", "--after"])
+def test_runs_refuses_a_filter_no_store_can_hold(db: Path, option: str) -> None:
+    assert_usage_error(onward(db, "runs", option, SURROGATE), option)
+
+
+def test_runs_takes_a_duration_longer_than_the_epoch(db: Path) -> None:
+    result = onward(db, "runs", "--older-than", "99999999999999d")
+    assert result.exit_code == 0, result.output
+    assert "run-q" not in result.output
+
+
+@pytest.mark.parametrize("ttl", ["inf", "1e308"])
+def test_gc_refuses_a_ttl_past_any_time_or_takes_it(db: Path, ttl: str) -> None:
+    result = onward(db, "gc", "--dry-run", "--checkpoint-ttl-days", ttl)
+    assert result.exit_code in (0, 2), (result.exit_code, result.output)
+    assert "agent's or the model's code" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("minutes", ["inf", "1e308"])
+def test_compact_takes_a_retention_past_any_time(db: Path, minutes: str) -> None:
+    result = onward(db, "compact", "--dry-run", "--retention-mins", minutes)
+    assert result.exit_code == 0, result.output
+    assert "would cut 0 records in all" in result.output
+
+
+def test_compact_refuses_a_run_id_no_store_can_hold(db: Path) -> None:
+    assert_usage_error(onward(db, "compact", "--dry-run", "--run", SURROGATE), "--run")
+
+
+def test_quarantine_release_refuses_a_run_id_no_store_can_hold(db: Path) -> None:
+    assert_usage_error(onward(db, "quarantine", "release", SURROGATE, "--by", "ops"), "run_id")
+
+
+@pytest.mark.parametrize("by", ["ops\x1b[2J", "x" * 10_000, ""])
+def test_quarantine_release_refuses_a_bad_by_and_releases_nothing(db: Path, by: str) -> None:
+    assert_usage_error(onward(db, "quarantine", "release", "run-q", "--by", by), "by")
+    listed = onward(db, "quarantine", "list", "--all", "--json")
+    (entry,) = [json.loads(line) for line in listed.output.splitlines()]
+    assert (entry["state"], entry["released_by"]) == ("held", None)
+
+
+def test_quarantine_release_refuses_a_file_that_is_not_a_database(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n")
+    result = onward(text, "quarantine", "release", "run-q", "--by", "ops")
+    assert_usage_error(result, "not an Onward database")
+    assert text.read_text() == "hello\n"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+@pytest.mark.parametrize("option", ["--lease-ttl", "--recheck"])
+def test_worker_refuses_a_lease_ttl_or_recheck_that_is_no_duration(
+    db: Path, tmp_path: Path, option: str, value: str
+) -> None:
+    """A subprocess, bounded: a worker that takes the option serves until it is stopped."""
+    mine = tmp_path / "mine_worker_agents.py"
+    mine.write_text(
+        "from onward.runtime import Agent, ScriptedProvider, reply\n"
+        "agent = Agent(name='a', instructions='hi')\n"
+        "def model():\n"
+        "    return ScriptedProvider([reply('hello')])\n"
+    )
+    env = {**os.environ, "ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+    command = [sys.executable, "-m", "onward", "worker", "--agent", f"{mine}:agent"]
+    command += ["--provider", f"{mine}:model", option, value]
+    try:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=30, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"onward worker {option} {value} was taken and served on: {exc.stderr!r}")
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert option in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("servers", ["127.0.0.1:abc", "127.0.0.1:70000", "[::1", "a:1,,b:2"])
+def test_kafka_bootstrap_servers_with_no_usable_address_is_a_configuration_error(
+    db: Path, servers: str
+) -> None:
+    database_url = os.environ.get("DATABASE_URL")
+    if not database_url:
+        pytest.skip("DATABASE_URL is not set")
+    result = onward(
+        db,
+        "inspect",
+        "run-q",
+        ONWARD_BACKEND="kafka",
+        KAFKA_BOOTSTRAP_SERVERS=servers,
+        DATABASE_URL=database_url,
+        ONWARD_BACKEND_TIMEOUT="3",
+    )
+    assert_usage_error(result, "KAFKA_BOOTSTRAP_SERVERS")

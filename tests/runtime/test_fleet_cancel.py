@@ -16,10 +16,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from support.appapi import agents, provider, until
 from support.deployment import kafka_settings
+from support.fleet_checks import has_status, same_partition_runs, status_of, ticked
 from support.servers import KafkaServers
 from support.serving import serving
 
-from onward.errors import NothingToResumeError
 from onward.eventlog.base import partition_for
 from onward.runtime.backends import open_backends
 from onward.runtime.demo_ledger import Ledger
@@ -40,17 +40,8 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
 
 def same_partition_as(run_id: str, prefix: str) -> str:
     """A run id starting with ``prefix`` whose requests share ``run_id``'s partition."""
-    wanted = partition_for(run_id, PARTITIONS)
-    return next(
-        f"{prefix}-{n}" for n in range(1000) if partition_for(f"{prefix}-{n}", PARTITIONS) == wanted
-    )
-
-
-def same_partition_runs(run_id: str, prefix: str, count: int) -> list[str]:
-    """``count`` run ids starting with ``prefix`` whose requests share ``run_id``'s partition."""
-    wanted = partition_for(run_id, PARTITIONS)
-    candidates = (f"{prefix}-{n}" for n in range(10 * count + 100))
-    return [c for c in candidates if partition_for(c, PARTITIONS) == wanted][:count]
+    (found,) = same_partition_runs(run_id, prefix, 1, PARTITIONS)
+    return found
 
 
 async def test_a_full_worker_acts_on_cancels_queued_behind_a_start_waiting_for_a_slot(
@@ -69,18 +60,8 @@ async def test_a_full_worker_acts_on_cancels_queued_behind_a_start_waiting_for_a
     async with open_backends(settings) as backends:
         worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
 
-        async def status(run_id: str) -> str | None:
-            """The run's status as its log says (no projector runs here)."""
-            try:
-                return (await worker.runner.inspect(run_id, tenant=TENANT)).status
-            except NothingToResumeError:
-                return None
-
         def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
-            async def check() -> bool:
-                return await status(run_id) == wanted
-
-            return check
+            return has_status(worker, run_id, wanted, tenant=TENANT)
 
         async with (
             serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
@@ -95,7 +76,7 @@ async def test_a_full_worker_acts_on_cancels_queued_behind_a_start_waiting_for_a
             runaways = [f"loop-{tag}-{n}" for n in range(2)]
             for runaway in runaways:
                 await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
-            await until(lambda: _ticked(ledger, 6), "the runaway runs going")
+            await until(lambda: ticked(ledger, 6), "the runaway runs going")
             where = TopicPartition(requests_topic, partition_for(start_waiting, PARTITIONS))
             held_up_at = await _end_offset(kafka_servers.bootstrap, where)
             await requests.submit(
@@ -103,7 +84,9 @@ async def test_a_full_worker_acts_on_cancels_queued_behind_a_start_waiting_for_a
                 CancelRun(run_id=waiting_on_person, tenant=TENANT, by="ops"),
             )
             await until(has(waiting_on_person, "cancelled"), "the cancel behind the start")
-            assert await status(start_waiting) is None  # still waiting for a slot
+            assert (
+                await status_of(worker, start_waiting, TENANT) is None
+            )  # still waiting for a slot
             committed = await _committed(
                 kafka_servers.bootstrap, f"{requests_topic}.workers", where
             )
@@ -139,20 +122,14 @@ async def test_a_full_worker_reaches_a_cancel_behind_many_starts_and_starts_them
     signer = kafka_servers.signer()
     tag = uuid.uuid4().hex[:8]
     runaways = [f"loop-{tag}-{n}" for n in range(2)]
-    waiting = same_partition_runs(runaways[0], f"work-{tag}", 8)
+    waiting = same_partition_runs(runaways[0], f"work-{tag}", 8, PARTITIONS)
     async with kafka_servers.log(partitions=PARTITIONS):
         pass  # the events topic must exist before the backends open
     async with open_backends(settings) as backends:
         worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
 
         def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
-            async def check() -> bool:
-                try:
-                    return (await worker.runner.inspect(run_id, tenant=TENANT)).status == wanted
-                except NothingToResumeError:
-                    return False
-
-            return check
+            return has_status(worker, run_id, wanted, tenant=TENANT)
 
         async with (
             serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
@@ -162,7 +139,7 @@ async def test_a_full_worker_reaches_a_cancel_behind_many_starts_and_starts_them
         ):
             for runaway in runaways:
                 await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
-            await until(lambda: _ticked(ledger, 6), "the runaway runs going")
+            await until(lambda: ticked(ledger, 6), "the runaway runs going")
             await requests.submit(
                 *(StartRun(run_id=run_id, tenant=TENANT, agent="stepper") for run_id in waiting),
                 CancelRun(run_id=runaways[0], tenant=TENANT, by="ops"),
@@ -212,7 +189,7 @@ async def test_a_cancel_that_finds_its_run_cancelled_already_is_no_warning(
         ):
             await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
             await requests.submit(StartRun(run_id=finished, tenant=TENANT, agent="stepper"))
-            await until(lambda: _ticked(ledger, 3), "the runaway run going")
+            await until(lambda: ticked(ledger, 3), "the runaway run going")
             assert await worker.runner.ask_to_cancel(runaway, tenant=TENANT, by="ops", why="x")
             await until(lambda: has(runaway, "cancelled"), "the holder ending the run it was asked")
             await until(lambda: has(finished, "completed"), "the other run's end")
@@ -250,7 +227,3 @@ async def _committed(bootstrap: str, group: str, where: TopicPartition) -> int |
         return None if committed is None else int(committed)
     finally:
         await consumer.stop()
-
-
-async def _ticked(ledger: Ledger, count: int) -> bool:
-    return ledger.count("tick") >= count

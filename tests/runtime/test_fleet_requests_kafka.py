@@ -19,6 +19,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from support.appapi import agents, provider, until
 from support.deployment import kafka_settings
+from support.fleet_checks import has_status, same_partition_runs, status_of, ticked
 from support.proxy import TcpProxy
 from support.servers import KafkaServers
 from support.serving import serving
@@ -64,14 +65,7 @@ async def test_a_signature_header_with_no_value_is_set_aside_not_fatal(
         worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
 
         def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
-            async def check() -> bool:
-                assert not task.done(), f"the worker stopped: {task.exception()!r}"
-                try:
-                    return (await worker.runner.inspect(run_id, tenant=TENANT)).status == wanted
-                except NothingToResumeError:
-                    return False
-
-            return check
+            return has_status(worker, run_id, wanted, tenant=TENANT, serving=lambda: task)
 
         async with (
             serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
@@ -103,10 +97,8 @@ async def test_a_signature_header_with_no_value_is_set_aside_not_fatal(
 
 def same_partition_as(run_id: str, prefix: str) -> str:
     """A run id starting with ``prefix`` whose requests share ``run_id``'s partition."""
-    wanted = partition_for(run_id, PARTITIONS)
-    return next(
-        f"{prefix}-{n}" for n in range(1000) if partition_for(f"{prefix}-{n}", PARTITIONS) == wanted
-    )
+    (found,) = same_partition_runs(run_id, prefix, 1, PARTITIONS)
+    return found
 
 
 async def test_a_cancel_read_ahead_by_a_full_worker_is_not_taken_again_while_in_flight(
@@ -158,7 +150,7 @@ async def test_a_cancel_read_ahead_by_a_full_worker_is_not_taken_again_while_in_
             )
             for runaway in runaways:
                 await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
-            await until(lambda: _ticked(ledger, 6), "the runaway runs going")
+            await until(lambda: ticked(ledger, 6), "the runaway runs going")
             conflicts = worker.stats.conflicts
             await requests.submit(
                 StartRun(run_id=start_waiting, tenant=TENANT, agent="stepper"),
@@ -190,10 +182,6 @@ async def _nothing_in_flight(worker: Worker) -> bool:
 
 async def _more_conflicts(worker: Worker, than: int) -> bool:
     return worker.stats.conflicts > than
-
-
-async def _ticked(ledger: Ledger, count: int) -> bool:
-    return ledger.count("tick") >= count
 
 
 async def test_a_start_that_meets_a_lease_store_outage_is_not_dropped(
@@ -268,17 +256,8 @@ async def test_a_full_worker_does_not_act_on_a_cancel_before_its_run_s_start(
     async with open_backends(settings) as backends:
         worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
 
-        async def status(run_id: str) -> str | None:
-            try:
-                return (await worker.runner.inspect(run_id, tenant=TENANT)).status
-            except NothingToResumeError:
-                return None
-
         def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
-            async def check() -> bool:
-                return await status(run_id) == wanted
-
-            return check
+            return has_status(worker, run_id, wanted, tenant=TENANT)
 
         async with (
             serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
@@ -288,7 +267,7 @@ async def test_a_full_worker_does_not_act_on_a_cancel_before_its_run_s_start(
         ):
             for runaway in runaways:
                 await requests.submit(StartRun(run_id=runaway, tenant=TENANT, agent="looper"))
-            await until(lambda: _ticked(ledger, 6), "the runaway runs going")
+            await until(lambda: ticked(ledger, 6), "the runaway runs going")
             await requests.submit(
                 StartRun(run_id=unwanted, tenant=TENANT, agent="looper"),
                 CancelRun(run_id=unwanted, tenant=TENANT, by="ops", why="not wanted after all"),
@@ -296,7 +275,7 @@ async def test_a_full_worker_does_not_act_on_a_cancel_before_its_run_s_start(
             await asyncio.sleep(3)  # a few peeks for cancels while the worker is full
             await requests.submit(CancelRun(run_id=runaways[0], tenant=TENANT, by="ops"))
             await until(has(runaways[0], "cancelled"), "the cancel of a runaway")
-            await until(lambda: _started(worker, status, unwanted), "the unwanted run's start")
+            await until(lambda: _started(worker, unwanted), "the unwanted run's start")
             await until(has(unwanted, "cancelled"), "the unwanted run's cancel")
             await requests.submit(CancelRun(run_id=runaways[1], tenant=TENANT, by="ops"))
             await until(has(runaways[1], "cancelled"), "the cancel of the other runaway")
@@ -304,10 +283,8 @@ async def test_a_full_worker_does_not_act_on_a_cancel_before_its_run_s_start(
     assert f"run {unwanted!r}" not in caplog.text  # no cancel of it refused
 
 
-async def _started(
-    worker: Worker, status: Callable[[str], Awaitable[str | None]], run_id: str
-) -> bool:
-    return await status(run_id) is not None
+async def _started(worker: Worker, run_id: str) -> bool:
+    return await status_of(worker, run_id, TENANT) is not None
 
 
 async def test_a_worker_left_out_of_its_group_while_blocked_goes_on_serving(
@@ -341,14 +318,7 @@ async def test_a_worker_left_out_of_its_group_while_blocked_goes_on_serving(
         worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
 
         def has(run_id: str, wanted: str) -> Callable[[], Awaitable[bool]]:
-            async def check() -> bool:
-                assert not task.done(), f"the worker stopped: {task.exception()!r}"
-                try:
-                    return (await worker.runner.inspect(run_id, tenant=TENANT)).status == wanted
-                except NothingToResumeError:
-                    return False
-
-            return check
+            return has_status(worker, run_id, wanted, tenant=TENANT, serving=lambda: task)
 
         async with (
             serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,

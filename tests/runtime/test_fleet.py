@@ -189,6 +189,8 @@ def _most_calls_at_once(spans: Path, pid: int) -> int:
 @pytest.mark.timeout(180)
 async def test_a_killed_worker_s_runs_are_carried_on_by_the_others(fleet: Fleet) -> None:
     run_ids = await _under_way(fleet)
+    # Killed while it holds a run: one whose runs had all ended would leave nothing to carry on.
+    await fleet.until("w0 mid-way through a run", lambda: _mid_way(fleet, run_ids, "w0"), 60)
     victim = _signal(fleet, "w0", signal.SIGKILL)
     await victim.wait()
     await fleet.until(

@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 import asyncpg
 
 from onward._storage import BACKEND_TIMEOUT_S, DRIVER_ERRORS, PostgresStore, classify
-from onward._storage.postgres import _lost
+from onward._storage.postgres import connection_gone
 from onward.errors import BackendUnavailableError, InvalidInputError, SchemaMismatchError
 from onward.eventlog.base import LogRecord, StoredEvent
 from onward.eventlog.events import kind_of
@@ -291,7 +291,7 @@ class SqlProjectionSink(PostgresStore):
 def _not_the_projections(exc: BaseException, conn: asyncpg.Connection) -> bool:
     """Whether a failure inside a projection's ``apply`` is the store's (a lost connection, a
     timeout: retried as they are), not the projection's own."""
-    if isinstance(exc, BackendUnavailableError) or _lost(conn):
+    if isinstance(exc, BackendUnavailableError) or connection_gone(conn):
         return True
     if isinstance(exc, DRIVER_ERRORS):
         kind = classify(type(exc))

@@ -190,12 +190,12 @@ async def pooled(
                 async with conn.transaction():
                     yield conn
             except _FAILURES as exc:
-                if _lost(conn):
+                if connection_gone(conn):
                     raise connection_lost(exc, context=context, run_id=run_id) from exc
                 raise
 
 
-def _lost(conn: asyncpg.Connection) -> bool:
+def connection_gone(conn: asyncpg.Connection) -> bool:
     """Whether the connection is gone; a pooled one the pool already let go of counts as gone."""
     try:
         return bool(conn.is_closed())

@@ -148,11 +148,13 @@ class GarbageCollector:
             plan, kept = await self._plan(records)
             counts: dict[Kind, int] = dict.fromkeys(KINDS, 0)
             for part in _batches(plan, self.batch):
-                for kind, n in (await records.sweep(part, delete=delete)).items():
-                    counts[kind] += n
+                # Keys first: a run's rows are what lists it as finished, so rows gone before
+                # a Redis failure would leave its keys with nothing to name them, for good.
                 if keys is not None and part.keys:
                     for kind, n in (await keys.sweep(part.keys, delete=delete)).items():
                         counts[kind] += n
+                for kind, n in (await records.sweep(part, delete=delete)).items():
+                    counts[kind] += n
         return GcReport(dry_run=not delete, counts=counts, expired=plan.expired, kept=kept)
 
 

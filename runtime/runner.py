@@ -1240,11 +1240,7 @@ def _keyed(run: HeldRun, call: ToolCall, index: int) -> ToolCall:
         # Made unique however often the id repeats (a server giving every call of an answer
         # the same id): two calls under one id would fold into one call state, and one of
         # them would silently never run, the other sharing its idempotency key.
-        base = call_id = f"{call_id}~{iteration}"
-        again = 1
-        while call_id in run.conversation.call_ids:
-            again += 1
-            call_id = f"{base}-{again}"
+        call_id = _unused(call_id, f"~{iteration}", run.conversation.call_ids)
     run.conversation.call_ids.add(call_id)
     tool = call.tool if _plain_name(call.tool) else _escaped(call.tool)
     args = call.args
@@ -1257,6 +1253,17 @@ def _keyed(run: HeldRun, call: ToolCall, index: int) -> ToolCall:
         args=args,
         idempotency_key=idempotency_key(run.run_id, call_id),
     )
+
+
+def _unused(call_id: str, mark: str, taken: set[str]) -> str:
+    """``call_id`` marked (``c~3``, then ``c~3-2``, ...) until no call of the run has it, cut
+    to fit `MAX_NAME_LENGTH` so `resolve` and `approve` can still name it."""
+    again = 1
+    suffix = mark
+    while (renamed := call_id[: MAX_NAME_LENGTH - len(suffix)] + suffix) in taken:
+        again += 1
+        suffix = f"{mark}-{again}"
+    return renamed
 
 
 def _plain_name(name: str) -> bool:

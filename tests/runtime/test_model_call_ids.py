@@ -5,6 +5,7 @@ from __future__ import annotations
 from onward.eventlog import MemoryEventLog, ToolCall
 from onward.eventlog.events import ModelAnswered, ToolCompleted, ToolDispatched
 from onward.runtime import Agent, AgentRunner, ScriptedProvider, reply, tool
+from onward.runtime.limits import MAX_NAME_LENGTH, check_name
 
 TENANT = "acme"
 
@@ -65,4 +66,33 @@ async def test_a_call_id_reused_from_an_earlier_turn_twice_in_one_answer_stays_t
     )
     assert result.status == "completed"
     assert sorted(seat for seat, _ in booked) == ["A", "B", "C"]
+    assert len({key for _, key in booked}) == 3
+
+
+async def test_a_repeated_call_id_of_the_longest_length_is_renamed_within_the_limit() -> None:
+    """A model's id as long as a name may be, repeated: the renamed ids still fit
+    `MAX_NAME_LENGTH`, so `onward resolve` and `approve` can name them."""
+    booked: list[tuple[str, str]] = []
+    long_id = "c" * MAX_NAME_LENGTH
+    model = ScriptedProvider(
+        [
+            reply("", *(ToolCall(call_id=long_id, tool="book", args={"seat": s}) for s in "AB")),
+            reply("", ToolCall(call_id=long_id, tool="book", args={"seat": "C"})),
+            reply("done"),
+        ]
+    )
+    log = MemoryEventLog()
+    result = await AgentRunner(provider=model, log=log).run(
+        booker(booked), "book three", tenant=TENANT, run_id="r"
+    )
+    assert result.status == "completed"
+    ids = [
+        call.call_id
+        for stored in await log.read_run("r")
+        if isinstance(stored.event, ModelAnswered)
+        for call in stored.event.tool_calls
+    ]
+    assert len(set(ids)) == 3, ids
+    for call_id in ids:
+        check_name("call_id", call_id)
     assert len({key for _, key in booked}) == 3

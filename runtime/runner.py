@@ -29,9 +29,9 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -107,6 +107,7 @@ from .toolsets import refuse_unbound
 from .writer import HeldRun, RunObserver, RunWriter
 
 _log = logging.getLogger("onward.runner")
+_T = TypeVar("_T")
 
 
 def new_run_id() -> str:
@@ -1000,13 +1001,11 @@ class AgentRunner(Resource):
         if pending:
             deadlines = {d.call_id: d.deadline for d in dispatches}
             called = [c.call_id for c in pending]
-            ended = await asyncio.gather(
-                *(
-                    self._observed_call(
-                        run, c, deadlines[c.call_id], [i for i in called if i != c.call_id]
-                    )
-                    for c in pending
+            ended = await _all_or_none(
+                self._observed_call(
+                    run, c, deadlines[c.call_id], [i for i in called if i != c.call_id]
                 )
+                for c in pending
             )
             undecided = [call for call in ended if isinstance(call, CallState)]
             questions = [q for q in ended if isinstance(q, Question)]
@@ -1277,6 +1276,23 @@ def _plain_name(name: str) -> bool:
 def _escaped(name: str) -> str:
     """A name with its control characters escaped, cut to fit (``a\\x00b``)."""
     return name.encode("unicode_escape").decode("ascii")[:MAX_NAME_LENGTH] or "(empty)"
+
+
+async def _all_or_none(calls: Iterable[Coroutine[Any, Any, _T]]) -> list[_T]:
+    """Await a turn's calls together; if one fails, stop the others and wait until they have.
+
+    The run's lease is released once the failure reaches the caller, and the next holder
+    decides each call without an outcome (its status check, or a person): a sibling still
+    running then would make its effect a second time beside the resumed one.
+    """
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class _DeadlinePassedError(Exception):

@@ -3,7 +3,8 @@
 Only `opentelemetry-api` is used (the ``otel`` extra): the application that wants traces
 installs an SDK and sets a tracer provider, as with any instrumented library. Without the
 package installed, `span` costs a function call and does nothing. Spans carry ids only (run
-id, fence, call id, tool name, step, disposition): no tenant, no arguments, no results.
+id, fence, call id, tool name, step, disposition): no tenant, no arguments, no results; a
+span left by an exception is marked failed with the exception's type, not its message.
 """
 
 from __future__ import annotations
@@ -55,5 +56,13 @@ def span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
     if _tracer is None:
         yield _NO_SPAN
         return
-    with _tracer.start_as_current_span(name, attributes=attributes) as current:
-        yield current
+    # OpenTelemetry would record an exception's message and traceback, which may hold a run's
+    # input, a tool's arguments or a model's answer: the span says only the error's type.
+    with _tracer.start_as_current_span(
+        name, attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as current:
+        try:
+            yield current
+        except Exception as exc:
+            current.set_status(_trace.Status(_trace.StatusCode.ERROR, type(exc).__name__))
+            raise

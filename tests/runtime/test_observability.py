@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from support.compaction_world import sqlite_world
 from typer.testing import CliRunner
 
 from onward.errors import FencedError, IndeterminateToolCallError, ResumeConflictError
-from onward.eventlog import MemoryEventLog, ToolCall
+from onward.eventlog import MemoryEventLog, Message, ToolCall
 from onward.runtime.agent import Agent
 from onward.runtime.cli import app
 from onward.runtime.compaction import CheckpointCompactor
@@ -44,7 +44,7 @@ from onward.runtime.observability import (
     server,
     use_tracer_provider,
 )
-from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, tool
 
@@ -221,6 +221,32 @@ async def test_one_span_per_step_and_per_tool_call_with_ids_only(
         assert call.parent is not None
         assert turn.context is not None
         assert call.parent.span_id == turn.context.span_id
+
+
+async def test_a_failed_step_s_span_names_the_error_type_not_its_message(
+    spans: InMemorySpanExporter,
+) -> None:
+    """An exception out of a step (here the model's) may hold the run's data: its span says
+    that the step failed and with which type, never the message or the traceback."""
+
+    class Failing:
+        async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+            raise RuntimeError(f"could not answer {messages[-1].content}")
+
+    secret = "card 4111 1111 1111 1111"
+    with pytest.raises(RuntimeError):
+        await AgentRunner(provider=Failing(), log=MemoryEventLog(), worker="w").run(
+            Agent(name="a", instructions="a"), secret, tenant=TENANT, run_id="r1"
+        )
+    (step,) = spans.get_finished_spans()
+    assert step.name == "onward.run.step"
+    assert step.status.status_code.name == "ERROR"
+    assert step.status.description == "RuntimeError"
+    recorded = repr(
+        (dict(step.attributes or {}), [(e.name, dict(e.attributes or {})) for e in step.events])
+    )
+    assert secret not in recorded
+    assert "4111" not in recorded
 
 
 def _start(span: ReadableSpan) -> int:

@@ -65,6 +65,8 @@ class HealthServer:
         self._ready = ready
         self._refresh = refresh
         self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     @property
     def url(self) -> str:
@@ -74,14 +76,21 @@ class HealthServer:
 
     async def start(self) -> None:
         """Bind and start serving; :attr:`port` is the bound port after."""
+        self._closing = False
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
-        """Stop serving and close the listening socket."""
+        """Stop serving: close the listening socket and every connection still open, whose
+        answer (a readiness check in flight) is cancelled."""
         server, self._server = self._server, None
         if server is not None:
+            self._closing = True
             server.close()
+            connections = list(self._connections)
+            for task in connections:
+                task.cancel()
+            await asyncio.gather(*connections, return_exceptions=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), _REQUEST_WITHIN_S)
 
@@ -98,6 +107,24 @@ class HealthServer:
         await self.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer one connection; `close` cancels it, and the connection closes with it."""
+        task = asyncio.current_task()
+        if self._closing or task is None:  # accepted as the server closed
+            writer.close()
+            return
+        self._connections.add(task)
+        try:
+            await self._exchange(reader, writer)
+        except asyncio.CancelledError:
+            if not self._closing:
+                raise
+            # Cancelled by `close`: ends quietly (Python 3.11's stream callback logs a
+            # cancelled connection task as an error).
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = b""
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _REQUEST_WITHIN_S)
@@ -105,7 +132,6 @@ class HealthServer:
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             status, content_type, body = 400, "text/plain; charset=utf-8", b"bad request\n"
         except ConnectionError:
-            writer.close()
             return
         reply = (
             f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
@@ -115,13 +141,9 @@ class HealthServer:
         ).encode()
         if head.startswith(b"HEAD "):
             body = b""  # the length says what GET would send; the body is not sent
-        try:
+        with contextlib.suppress(ConnectionError):
             writer.write(reply + body)
             await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
 
     async def _answer(self, head: bytes) -> tuple[int, str, bytes]:
         text = "text/plain; charset=utf-8"

@@ -332,6 +332,37 @@ async def test_the_server_answers_metrics_health_and_readiness(
             await http.get(f"http://127.0.0.1:{port}/healthz")
 
 
+async def test_closing_the_server_ends_the_connections_it_holds() -> None:
+    """A connection still open, or still being answered, when the server closes is closed
+    with it: nothing of the server outlives `close` to answer later (from stores that are
+    being closed meanwhile)."""
+    asked = asyncio.Event()
+    checked: list[str] = []
+
+    async def ready() -> str | None:
+        asked.set()
+        try:
+            await asyncio.sleep(3)
+        except asyncio.CancelledError:
+            checked.append("cancelled")
+            raise
+        checked.append("answered")
+        return None
+
+    health = HealthServer(process_registry(), ready=ready, port=0)
+    await health.start()
+    idle = await asyncio.open_connection("127.0.0.1", health.port)
+    asking = await asyncio.open_connection("127.0.0.1", health.port)
+    asking[1].write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+    await asyncio.wait_for(asked.wait(), 5)
+    await asyncio.wait_for(health.close(), 1)
+    for reader, writer in (idle, asking):
+        assert await asyncio.wait_for(reader.read(), 1) == b""
+        writer.close()
+    assert checked == ["cancelled"]
+    assert not [t for t in asyncio.all_tasks() if "HealthServer" in repr(t.get_coro())]
+
+
 async def test_a_compaction_pass_that_cuts_counts_the_records_and_bytes(tmp_path: Path) -> None:
     """What a dry run says it would cut is what the pass that cuts counts."""
     async with sqlite_world(tmp_path) as world:

@@ -108,11 +108,16 @@ class ProjectorHealth:
     Args:
         projector: The running projector.
         max_lag: Ready only while no assigned partition is more events behind than this.
+        store: The server its projection stores in, as readiness names it when it does not
+            answer (``Redis`` for a Redis frontier store).
     """
 
-    def __init__(self, projector: KafkaProjector[ProjectionSink], max_lag: int) -> None:
+    def __init__(
+        self, projector: KafkaProjector[ProjectionSink], max_lag: int, *, store: str = "PostgreSQL"
+    ) -> None:
         self.projector = projector
         self.max_lag = max_lag
+        self.store = store
         self.lag: dict[int, int] = {}
 
     def collector(self) -> ProjectorCollector:
@@ -128,8 +133,8 @@ class ProjectorHealth:
         self.lag.update(measured)
 
     async def ready(self) -> str | None:
-        """PostgreSQL and Kafka answer, and the lag is under the bound."""
-        why = await probe("PostgreSQL", self.projector.projection.positions())
+        """The store and Kafka answer, and the lag is under the bound."""
+        why = await probe(self.store, self.projector.projection.positions())
         if why is not None:
             return why
         why = await probe("Kafka", self.refresh())

@@ -206,7 +206,8 @@ def projector_command(
                     schema=config.database_schema,
                     timeout_s=config.backend_timeout,
                 )
-                sink = await stack.enter_async_context(opened("PostgreSQL", user_sink))
+                store_server = "PostgreSQL"
+                sink = await stack.enter_async_context(opened(store_server, user_sink))
                 default_group = f"{DEFAULT_GROUP}-{user.name}"
             worker = KafkaProjector(
                 config.kafka_connection(),
@@ -230,7 +231,7 @@ def projector_command(
             # PostgreSQL lost from here on is said once when lost and once when back (the
             # projector's lines); the pool's own attempts to reconnect would repeat it.
             logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
-            health = ProjectorHealth(worker, ready_max_lag)
+            health = ProjectorHealth(worker, ready_max_lag, store=store_server)
             await stack.enter_async_context(
                 metrics_served(
                     metrics_port,

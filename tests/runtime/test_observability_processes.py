@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -26,6 +27,7 @@ from support.deployment import balanced, process_env, worker_argv
 from support.histories import append_all, workload
 from support.kafka import delete_topic
 from support.processes import spawn_onward, stop_children
+from support.proxy import TcpProxy
 from support.servers import KafkaServers
 
 from onward.eventlog import KafkaEventLog
@@ -249,6 +251,28 @@ async def test_the_lag_gauge_shows_a_backlog_and_readiness_waits_for_it(
     assert await status(projector, "/readyz") == (200, "ready\n")
     written = sum(len(step) for step in steps)
     assert value(await scrape(projector), "onward_projector_events_folded_total") == written
+
+
+async def test_a_projector_on_redis_names_redis_when_it_does_not_answer(
+    deployment: Deployment,
+) -> None:
+    """With ONWARD_FRONTIER_STORE=redis, the store /readyz probes is Redis: the line that says
+    why it is not ready names Redis, not a PostgreSQL that is up."""
+    parts = urlsplit(deployment.servers.redis_url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    async with TcpProxy(parts.hostname, parts.port) as proxy:
+        through = deployment.servers.redis_url.replace(
+            f"{parts.hostname}:{parts.port}", f"127.0.0.1:{proxy.port}"
+        )
+        deployment.env.update(ONWARD_FRONTIER_STORE="redis", REDIS_URL=through)
+        projector = await deployment.spawn("projector", "projector", "--session-timeout-ms", "6000")
+        await until("the projector ready", lambda: _answers(projector, "/readyz", 200), 60)
+        await proxy.cut()
+        code, reason = await status(projector, "/readyz")
+    assert code == 503
+    assert reason.startswith("Redis"), reason
+    assert "PostgreSQL" not in reason
 
 
 async def _answers(url: str, path: str, code: int) -> bool:

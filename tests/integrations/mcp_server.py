@@ -7,9 +7,10 @@ Environment:
     MCP_TEST_LISTINGS: a file that gets one line per ``tools/list`` call (how tests count them).
     MCP_TEST_LEDGER: a file that gets one JSON line per ``charge`` side effect.
     MCP_TEST_META: a file that gets the ``_meta`` of each ``charge`` call, one JSON line each.
-    MCP_TEST_VARIANT: ``v1`` (default) or ``v2``; ``v2`` reports another version and adds a tool.
+    MCP_TEST_VARIANT: ``v1`` (default) or ``v2``; ``v2`` reports another version and adds a tool,
+        ``mute-list`` reports another version and never answers ``tools/list``.
     MCP_TEST_CRASH: set to make the server exit at start.
-    MCP_TEST_SWITCH: a file; when it exists its text (``v2`` or ``crash``) overrides the two
+    MCP_TEST_SWITCH: a file; when it exists its text (a variant, or ``crash``) overrides the two
         above, so a test changes a server between sessions without changing its declaration
         (whose environment is part of its cache endpoint).
 """
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -41,6 +44,8 @@ class CountingServer(MCPServer):
         listings = os.environ.get("MCP_TEST_LISTINGS")
         if listings:
             _append(Path(listings), f"{os.getpid()}")
+        if VARIANT == "mute-list":
+            await anyio.sleep_forever()
         return await super().list_tools()
 
 
@@ -83,6 +88,20 @@ async def charge(account: str, cents: int, ctx: Context) -> str:
     if metas:
         _append(Path(metas), json.dumps(meta))
     return f"charged {account} {cents}"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def wait(seconds: float) -> str:
+    """Answer after some seconds."""
+    await anyio.sleep(seconds)
+    return f"waited {seconds:g}s"
+
+
+@server.tool()
+async def freeze() -> str:
+    """The server process stops (SIGSTOP) in the middle of the call: it hangs, answering nothing."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return "thawed"
 
 
 @server.tool()

@@ -50,7 +50,7 @@ def stdio_server(
     )
 
 
-def switch(tmp: Path, to: Literal["v2", "crash"], *, name: str = "ledger") -> None:
+def switch(tmp: Path, to: Literal["v2", "mute-list", "crash"], *, name: str = "ledger") -> None:
     """Make the server ``name`` under ``tmp`` start as ``to`` from its next session, its
     declaration (and so its cache endpoint) unchanged: an upgrade, or a crash at start."""
     (tmp / f"{name}.switch").write_text(to)

@@ -110,9 +110,11 @@ async def test_stdio_tools_become_onward_tools(tmp_path: Path) -> None:
             "echo",
             "fail",
             "fenced",
+            "freeze",
             "grow",
             "header",
             "keyed",
+            "wait",
         ]
         echo, charge = tools["echo"], tools["charge"]
         assert echo.description == "Say the text back."
@@ -301,10 +303,10 @@ async def test_a_tools_changed_notification_replaces_the_entry(
         await tools["grow"].call({}, idempotency_key="k1")
         connection = toolset.connections["ledger"]
         for _ in range(100):
-            if connection.tools_changed:
+            if connection.list_changes:
                 break
             await asyncio.sleep(0.01)
-        assert connection.tools_changed
+        assert connection.list_changes
         await tools["echo"].call({"text": "x"}, idempotency_key="k2")  # lists before calling
         assert toolset.replaced == ["ledger"]
         assert "extra" not in {t.name for t in toolset.tools}  # the run keeps its tools

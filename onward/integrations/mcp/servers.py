@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 import mcp_types as types
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from onward.errors import BackendUnavailableError, ConfigurationError
@@ -31,6 +31,9 @@ _log = logging.getLogger("onward.integrations.mcp")
 
 _CLOSE_TIMEOUT = 10.0
 """Seconds a session gets to shut down (the SDK's stdio shutdown bounds itself at a few)."""
+
+NO_ANSWER = (types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
+"""JSON-RPC error codes the SDK gives a request the server never answered."""
 
 TransportStreams = tuple[Any, Any]
 """The read and write streams a transport yields (the SDK's own alias is private)."""
@@ -189,16 +192,18 @@ class Connection:
     """One server's session, opened on demand and held by a task of its own.
 
     Attributes:
-        sessions: How many sessions were opened (each one is a handshake).
-        tools_changed: The server said its tool list changed (``notifications/tools/
-            list_changed``) since the tools were last listed.
+        sessions: How many sessions were opened (each one is a handshake); the number of the
+            open one.
+        list_changes: How many times the server said its tool list changed
+            (``notifications/tools/list_changed``). A count rather than a flag: every run
+            sharing the connection checks its own listing against it.
     """
 
     def __init__(self, server: ServerConfig, *, connect_timeout: float) -> None:
         self.server = server
         self.connect_timeout = connect_timeout
         self.sessions = 0
-        self.tools_changed = False
+        self.list_changes = 0
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -217,15 +222,16 @@ class Connection:
         """Whether a session (and the server process or HTTP session under it) is running."""
         return self._task is not None and not self._task.done()
 
-    async def session(self) -> tuple[ClientSession, types.InitializeResult, bool]:
-        """The open session, opening one if there is none; the flag says it is new.
+    async def session(self) -> tuple[ClientSession, types.InitializeResult, int]:
+        """The open session, opening one if there is none, and its number (`sessions` when
+        it was opened): a run whose listing was not checked on that session checks it.
 
         Raises:
             BackendUnavailableError: The server did not start or did not answer the handshake.
         """
         async with self._lock:
             if self._current is not None and self._task is not None and not self._task.done():
-                return (*self._current, False)
+                return (*self._current, self.sessions)
             await self._stop_task()
             loop = asyncio.get_running_loop()
             ready: asyncio.Future[tuple[ClientSession, types.InitializeResult]]
@@ -255,7 +261,7 @@ class Connection:
                     )
                 raise self.unavailable(failure, "connecting") from failure
             self.sessions += 1
-            return (*self._current, True)
+            return (*self._current, self.sessions)
 
     async def _hold(
         self,
@@ -278,12 +284,31 @@ class Connection:
 
     async def _notified(self, message: types.ServerNotification | Exception) -> None:
         if isinstance(message, types.ToolListChangedNotification):
-            self.tools_changed = True
+            self.list_changes += 1
 
     def drop(self) -> None:
         """Forget a broken session; the next call opens a new one."""
         self._current = None
         self._stop.set()
+
+    async def drop_unless_answering(self, session: ClientSession) -> None:
+        """After a request on ``session`` timed out: keep the session if the server still
+        answers a ping within ``connect_timeout`` (that tool was slow, and the calls of every
+        run sharing the connection are in flight on it), drop it if not (the server hung)."""
+        try:
+            await session.send_request(
+                types.PingRequest(),
+                types.EmptyResult,
+                request_read_timeout_seconds=self.connect_timeout,
+            )
+        except MCPError as exc:
+            answered = exc.code not in NO_ANSWER  # an error answer (no ping) is an answer
+        except Exception:  # noqa: BLE001 - no answer, however the SDK says so
+            answered = False
+        else:
+            answered = True
+        if not answered and self._current is not None and self._current[0] is session:
+            self.drop()
 
     async def _stop_task(self) -> None:
         task, self._task, self._current = self._task, None, None

@@ -30,8 +30,6 @@ from .servers import (
 
 _log = logging.getLogger("onward.integrations.mcp")
 
-_BROKEN = (types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
-
 _LEASE_META = {FENCE_PARAMETER: FENCE_META_KEY, LEASE_EXPIRY_PARAMETER: LEASE_EXPIRY_META_KEY}
 """The keywords `Tool.call` passes for the call's lease, and their ``_meta`` keys."""
 
@@ -96,8 +94,12 @@ class MCPToolset(Resource):
             nor plants the ones its resume uses. Give it wherever tenants share a cache.
         cache: Where schemas are cached (`SchemaCache.from_settings` reads the environment);
             ``None`` lists every server on every open.
-        connect_timeout: Seconds a server may take to start and answer the handshake.
+        connect_timeout: Seconds a server may take to start and answer the handshake, and
+            to answer its ``tools/list``.
         call_timeout: Seconds a tool call may take; ``None`` waits as long as the tool does.
+            A call that takes longer raises `BackendUnavailableError` (the server is sent a
+            cancel, and may have acted); the session stays open for the other calls unless
+            the server no longer answers a ping either.
 
     Attributes:
         tools: The tools, in server order, then in the server's name order.
@@ -135,6 +137,9 @@ class MCPToolset(Resource):
         self.tools: tuple[Tool, ...] = ()
         self.warm: tuple[str, ...] = ()
         self.replaced: list[str] = []
+        # By server name: the session number and `Connection.list_changes` this toolset's
+        # listing is known to match (none yet for a listing from the cache).
+        self._checked: dict[str, tuple[int, int]] = {}
         self._open = False
         self._shares_connections = False
         self._settings_cache: tuple[MCPSettings, SchemaCache | None] | None = None
@@ -250,27 +255,41 @@ class MCPToolset(Resource):
 
     async def _first_listing(self, server: ServerConfig) -> ServerSchema:
         connection = self.connections[server.name]
-        session, initialized, _ = await connection.session()
-        return await self._list(connection, session, initialized)
+        session, initialized, number = await connection.session()
+        changes = connection.list_changes
+        listed = await self._list(connection, session, initialized)
+        self._checked[server.name] = (number, changes)
+        return listed
 
     async def _list(
         self, connection: Connection, session: ClientSession, initialized: types.InitializeResult
     ) -> ServerSchema:
+        """The server's tools, every page, within its ``connect_timeout``: the session has no
+        read timeout of its own, and a server that never answers must not hold the open (or
+        the call that lists it again) for good."""
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
+        bound = connection.connect_timeout
+        limit = asyncio.timeout(bound)
         try:
-            while True:
-                page = await session.list_tools(
-                    params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
-                )
-                tools.extend(
-                    t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools
-                )
-                cursor = page.next_cursor
-                if not cursor:
-                    break
+            async with limit:
+                while True:
+                    page = await session.list_tools(
+                        params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                    )
+                    tools.extend(
+                        t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                        for t in page.tools
+                    )
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
         except (MCPError, pydantic.ValidationError, OSError, anyio.BrokenResourceError) as exc:
             connection.drop()
+            if limit.expired():
+                raise connection.unavailable(
+                    None, f"listing tools (no answer within {bound:g}s)"
+                ) from exc
             raise connection.unavailable(exc, "listing tools") from exc
         info = initialized.server_info
         return ServerSchema.of(
@@ -281,15 +300,28 @@ class MCPToolset(Resource):
         )
 
     async def _check_version(
-        self, connection: Connection, session: ClientSession, initialized: types.InitializeResult
+        self,
+        connection: Connection,
+        session: ClientSession,
+        initialized: types.InitializeResult,
+        number: int,
     ) -> None:
-        """List again when a new session reports another server version or the server said its
-        tools changed; replace the cached listing if the tools differ."""
+        """List again when a session this toolset has not checked its listing on reports
+        another server version, or the server said its tools changed since the listing (for a
+        listing from the cache: at all, in this process); replace the cached listing if the
+        tools differ.
+
+        Tracked per toolset, not on the connection: the views of every run share it, and each
+        run's cached listing needs the check.
+        """
         server = connection.server
         known = self.schemas[server.name]
         info = initialized.server_info
-        changed, connection.tools_changed = connection.tools_changed, False
+        changes = connection.list_changes
+        checked = self._checked.get(server.name)
+        changed = changes != (checked[1] if checked is not None else 0)
         if not changed and (info.name, info.version) == (known.server_name, known.server_version):
+            self._checked[server.name] = (number, changes)
             return
         fresh = await self._list(connection, session, initialized)
         if fresh.digest != known.digest:
@@ -306,6 +338,7 @@ class MCPToolset(Resource):
             )
             self.replaced.append(server.name)
         self.schemas[server.name] = fresh
+        self._checked[server.name] = (number, changes)
         if self.cache is not None and self.run_id is not None:
             await self.cache.store(self.run_id, {server.name: fresh}, tenant=self.tenant)
 
@@ -381,9 +414,9 @@ class MCPToolset(Resource):
         lease: Mapping[str, int | float | None],
     ) -> Any:
         server = connection.server
-        session, initialized, new = await connection.session()
-        if new or connection.tools_changed:
-            await self._check_version(connection, session, initialized)
+        session, initialized, number = await connection.session()
+        if self._checked.get(server.name) != (number, connection.list_changes):
+            await self._check_version(connection, session, initialized, number)
         if server.key_argument is not None:
             args[server.key_argument] = key
         request = types.CallToolRequest(
@@ -404,7 +437,12 @@ class MCPToolset(Resource):
                 request, types.CallToolResult, request_read_timeout_seconds=self.call_timeout
             )
         except MCPError as exc:
-            if exc.code in _BROKEN:
+            if exc.code == types.REQUEST_TIMEOUT:
+                # This call was slow: the session, shared with other calls, goes only if the
+                # server stopped answering altogether.
+                await connection.drop_unless_answering(session)
+                raise connection.unavailable(exc, f"calling {tool!r}") from exc
+            if exc.code == types.CONNECTION_CLOSED:
                 connection.drop()
                 raise connection.unavailable(exc, f"calling {tool!r}") from exc
             raise MCPToolError(

@@ -21,6 +21,7 @@ Each error says what happened, to which run where one is involved, and what to d
     ├── BudgetExceededError         a run stopped before a model call that would pass its budget
     └── BackendError                the log or a store failed (driver error attached as __cause__)
         ├── BackendUnavailableError the server could not be reached or timed out; retry later
+        │   └── OutcomeUnknownError a tool's request was sent and never answered: it may have acted
         ├── ProducerFatalError      the Kafka producer's session is unusable; it has been replaced
         └── ArchiveError            an archive of cut log records cannot be read back as written
 
@@ -270,6 +271,17 @@ class BackendUnavailableError(BackendError):
     retryable = True
 
 
+class OutcomeUnknownError(BackendUnavailableError):
+    """A tool's request reached (or may have reached) its service and no answer came back: a
+    timeout, or a connection lost after sending. The call may or may not have taken effect.
+
+    Raised by a tool, the runner decides the call as one cut off at its deadline: a retry-safe
+    tool records it as the call's error, any other asks its status check, and a call nobody can
+    decide stops the run for a person (`IndeterminateToolCallError`), so the model is never told
+    that a call which may have acted failed, and never asked to make it again.
+    """
+
+
 class ProducerFatalError(BackendError):
     """The Kafka producer's idempotent session is broken; the log has replaced the producer.
 
@@ -301,6 +313,7 @@ __all__ = [
     "LogTruncatedError",
     "NothingToResumeError",
     "OnwardError",
+    "OutcomeUnknownError",
     "PayloadTooLargeError",
     "ProducerFatalError",
     "ResumeConflictError",

@@ -43,6 +43,7 @@ from onward.errors import (
     IndeterminateToolCallError,
     InvalidInputError,
     OnwardError,
+    OutcomeUnknownError,
 )
 from onward.eventlog.base import EventLog
 from onward.eventlog.codec import unencodable
@@ -1013,7 +1014,8 @@ class AgentRunner(Resource):
                 await self._ask(run, questions)
             if undecided:
                 raise IndeterminateToolCallError(
-                    f"run {run.run_id!r}: cut off at their deadline, these calls may or may not "
+                    f"run {run.run_id!r}: cut off at their deadline or left unanswered by their "
+                    "service, these calls may or may not "
                     f"have taken effect and their tools have no status check that answered: "
                     + ", ".join(f"{c.call_id} ({c.tool})" for c in undecided)
                     + ". Settle each with `onward resolve` (completed or never ran)",
@@ -1118,8 +1120,8 @@ class AgentRunner(Resource):
                     result = await _within(calling, deadline)
             except QuestionAsked as stopped:
                 return stopped.question
-            except _DeadlinePassedError:
-                verdict = await self._cut_off(run, call, tool)
+            except (_DeadlinePassedError, OutcomeUnknownError) as exc:
+                verdict = await self._cut_off(run, call, tool, _unanswered(call, tool, exc))
                 if not isinstance(verdict, ToolError):
                     return verdict
                 error = verdict
@@ -1169,31 +1171,31 @@ class AgentRunner(Resource):
         return [self._settled(run)]
 
     async def _cut_off(
-        self, run: HeldRun, call: CallState, tool: Tool
+        self, run: HeldRun, call: CallState, tool: Tool, failed: ToolError
     ) -> ToolError | CallState | None:
-        """What a call cut off at its deadline comes to, now that it is over.
+        """What a call that may or may not have taken effect comes to, now that it is over: cut
+        off at its deadline, or its tool raised `OutcomeUnknownError` (``failed`` says which).
 
         Returns the error to record when it did not take effect (a retry-safe tool, or its
         status check says so: the model may ask again); ``None`` when its status check says it
         did (recorded here, with its result); the call itself when nobody can say.
         """
         _log.warning(
-            "run %s: %s (%s) cut off at its deadline (max_call_s=%s)",
+            "run %s: %s (%s) may or may not have taken effect: %s",
             run.run_id,
             call.call_id,
             call.tool,
-            tool.max_call_s,
+            failed.message,
         )
-        took = f"{call.tool} took longer than its max_call_s of {tool.max_call_s:g}s"
         if tool.retry_safe:
-            return ToolError(type="DeadlineExceeded", message=f"{took}; it was cut off")
+            return failed
         answer = await tool.check_status(call.idempotency_key, fence=run.fence)
         if answer is None:
             return call
         if answer.outcome == "never_ran":
             return ToolError(
-                type="DeadlineExceeded",
-                message=f"{took}; it was cut off and its status check says it did not take effect",
+                type=failed.type,
+                message=f"{failed.message}; its status check says it did not take effect",
             )
         await self._record_reconciled(run, call, answer)
         return None
@@ -1206,6 +1208,14 @@ deep: the tool is not called, the call's outcome is a ``PayloadTooDeep`` error."
 RESERVED_PREFIX = "onward."
 """Ids Onward gives its own requests start with it (``onward.checkpoint:...``), so a model's
 call id never does: one that would is rewritten."""
+
+
+def _unanswered(call: CallState, tool: Tool, exc: Exception) -> ToolError:
+    """The error of a call that may or may not have taken effect, if it did not."""
+    if isinstance(exc, _DeadlinePassedError):
+        took = f"{call.tool} took longer than its max_call_s of {tool.max_call_s:g}s"
+        return ToolError(type="DeadlineExceeded", message=f"{took}; it was cut off")
+    return tool_error(exc)
 
 
 def _disposition(run: HeldRun, call_id: str, undecided: CallState | None) -> str:

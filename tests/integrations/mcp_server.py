@@ -111,6 +111,15 @@ async def die() -> str:
 
 
 @server.tool()
+async def charge_then_die(account: str, cents: int, ctx: Context) -> str:
+    """Charge an account, then exit before answering: the effect is made, the answer lost."""
+    meta = ctx.request_context.meta or {}
+    line = json.dumps({"key": meta.get(KEY), "account": account, "cents": cents})
+    _append(Path(os.environ["MCP_TEST_LEDGER"]), line)
+    os._exit(1)
+
+
+@server.tool()
 async def grow(ctx: Context) -> str:
     """Add a tool, and tell the client its tool list changed."""
     server.add_tool(_extra, name="extra")

@@ -47,7 +47,7 @@ from onward.integrations.mcp import (
 from onward.runtime.agent import Agent
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
-from onward.runtime.tools import idempotency_key
+from onward.runtime.tools import Reconciled, idempotency_key
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -106,6 +106,7 @@ async def test_stdio_tools_become_onward_tools(tmp_path: Path) -> None:
         assert sorted(tools) == [
             "add",
             "charge",
+            "charge_then_die",
             "die",
             "echo",
             "fail",
@@ -444,6 +445,82 @@ async def test_a_failing_mcp_tool_is_recorded_as_a_typed_error(tmp_path: Path) -
     assert completed.error is not None
     assert completed.error.type == "MCPToolError"
     assert "nope" in completed.error.message
+
+
+def _charging_twice() -> ScriptedProvider:
+    """A model that answers a failed charge by charging again, under a new call id."""
+    charge = {"account": "a1", "cents": 500}
+    return ScriptedProvider(
+        [
+            reply("", ToolCall(call_id="c1", tool="charge_then_die", args=charge)),
+            reply("", ToolCall(call_id="c2", tool="charge_then_die", args=charge)),
+            reply("charged"),
+        ]
+    )
+
+
+async def test_a_call_whose_answer_is_lost_waits_for_a_person_not_the_model(
+    tmp_path: Path,
+) -> None:
+    """The server charged and died before answering: the call may have taken effect, so the
+    model is not told it failed (it would charge again); the run waits for `onward resolve`."""
+    async with (
+        SqliteEventLog(tmp_path / "log.db") as log,
+        MCPToolset([stdio_server(tmp_path)], connect_timeout=5) as toolset,
+        AgentRunner(provider=_charging_twice(), log=log, worker="w") as runner,
+    ):
+        with pytest.raises(IndeterminateToolCallError) as caught:
+            await runner.run(charging_agent(toolset.tools), "go", tenant=TENANT, run_id="r1")
+        events = [s.event for s in await log.read_run("r1")]
+    assert [c.call_id for c in caught.value.calls] == ["c1"]
+    assert not [e for e in events if isinstance(e, ToolCompleted)]
+    assert ledger(tmp_path) == [{"key": idempotency_key("r1", "c1"), "account": "a1", "cents": 500}]
+
+
+async def test_a_call_whose_answer_is_lost_is_settled_by_its_status_check(
+    tmp_path: Path,
+) -> None:
+    """With a status check, the lost answer is asked for: the charge took effect, so that is
+    the call's outcome, and the run goes on without a second charge."""
+
+    async def charged(key: str) -> Reconciled:
+        made = any(entry["key"] == key for entry in ledger(tmp_path))
+        return Reconciled("completed", "charged") if made else Reconciled("never_ran")
+
+    options = {"charge_then_die": ToolOptions(reconcile=charged)}
+    provider = ScriptedProvider(
+        [
+            reply(
+                "",
+                ToolCall(call_id="c1", tool="charge_then_die", args={"account": "a1", "cents": 5}),
+            ),
+            reply("charged"),
+        ]
+    )
+    async with (
+        SqliteEventLog(tmp_path / "log.db") as log,
+        MCPToolset([stdio_server(tmp_path, tools=options)], connect_timeout=5) as toolset,
+        AgentRunner(provider=provider, log=log, worker="w") as runner,
+    ):
+        result = await runner.run(charging_agent(toolset.tools), "go", tenant=TENANT, run_id="r1")
+    assert result.status == "completed"
+    assert len(ledger(tmp_path)) == 1
+
+
+async def test_a_retry_safe_call_whose_answer_is_lost_is_its_error(tmp_path: Path) -> None:
+    """Calling a retry-safe tool again is harmless: the lost answer is its error, for the model."""
+    options = {"charge_then_die": ToolOptions(retry_safe=True)}
+    async with (
+        SqliteEventLog(tmp_path / "log.db") as log,
+        MCPToolset([stdio_server(tmp_path, tools=options)], connect_timeout=5) as toolset,
+        AgentRunner(provider=_charging_twice(), log=log, worker="w") as runner,
+    ):
+        result = await runner.run(charging_agent(toolset.tools), "go", tenant=TENANT, run_id="r1")
+        completed = [
+            s.event for s in await log.read_run("r1") if isinstance(s.event, ToolCompleted)
+        ]
+    assert result.status == "completed"
+    assert [c.error.type if c.error else None for c in completed] == ["OutcomeUnknownError"] * 2
 
 
 async def test_an_mcp_tool_that_needs_approval_waits(tmp_path: Path) -> None:

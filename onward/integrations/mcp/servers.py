@@ -24,7 +24,7 @@ import mcp_types as types
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from onward.errors import BackendUnavailableError, ConfigurationError
+from onward.errors import BackendUnavailableError, ConfigurationError, OutcomeUnknownError
 from onward.runtime.tools import Reconcile
 
 _log = logging.getLogger("onward.integrations.mcp")
@@ -210,12 +210,16 @@ class Connection:
         self._current: tuple[ClientSession, types.InitializeResult] | None = None
         self._ready: asyncio.Future[Any] | None = None
 
-    def unavailable(self, exc: BaseException | None, doing: str) -> BackendUnavailableError:
-        """The error naming this server, for a failure of ``doing``."""
+    def unavailable(
+        self, exc: BaseException | None, doing: str, *, sent: bool = False
+    ) -> BackendUnavailableError:
+        """The error naming this server, for a failure of ``doing``; `OutcomeUnknownError`
+        once a call was ``sent``: the server may have acted on it."""
         detail = f": {_describe(exc)}" if exc is not None else ""
-        return BackendUnavailableError(
-            f"MCP server {self.server.name!r} ({self.server.where}): {doing} failed{detail}"
-        )
+        message = f"MCP server {self.server.name!r} ({self.server.where}): {doing} failed{detail}"
+        if sent:
+            return OutcomeUnknownError(f"{message}; it was sent, so it may have taken effect")
+        return BackendUnavailableError(message)
 
     @property
     def is_open(self) -> bool:

@@ -441,10 +441,10 @@ class MCPToolset(Resource):
                 # This call was slow: the session, shared with other calls, goes only if the
                 # server stopped answering altogether.
                 await connection.drop_unless_answering(session)
-                raise connection.unavailable(exc, f"calling {tool!r}") from exc
+                raise connection.unavailable(exc, f"calling {tool!r}", sent=True) from exc
             if exc.code == types.CONNECTION_CLOSED:
                 connection.drop()
-                raise connection.unavailable(exc, f"calling {tool!r}") from exc
+                raise connection.unavailable(exc, f"calling {tool!r}", sent=True) from exc
             raise MCPToolError(
                 f"MCP tool {tool!r} of server {server.name!r} failed: {exc.message}",
                 server=server.name,
@@ -452,7 +452,7 @@ class MCPToolset(Resource):
             ) from exc
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             connection.drop()
-            raise connection.unavailable(exc, f"calling {tool!r}") from exc
+            raise connection.unavailable(exc, f"calling {tool!r}", sent=True) from exc
         except pydantic.ValidationError as exc:
             raise MCPToolError(
                 f"MCP tool {tool!r} of server {server.name!r} answered with a malformed result",

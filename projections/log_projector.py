@@ -96,21 +96,33 @@ class LogProjector:
 
     async def _step(self, partitions: Sequence[int] | None) -> int:
         stored = await self.projection.positions()
-        # Another process folding the same file (embedded mode) moved a position this one did
-        # not store: what this projector cached about that partition's runs is stale.
+        wanted = partitions if partitions is not None else range(self.log.partitions)
+        # What this projector cached about a partition's runs is current only while the stored
+        # position is the one it last stored itself. Another process folding the same file
+        # (embedded mode) moves it; and a catch-up cancelled while its store was under way
+        # left a position this projector never recorded as its own, beside the frontiers it
+        # folded, which then lack whatever another process folds on from that position.
         moved = [
             p
-            for p, mine in self._stored_by_me.items()
-            if stored.get(p) != mine and p not in self._folded
+            for p in {*self._stored_by_me, *wanted}
+            if stored.get(p) != self._stored_by_me.get(p) and p not in self._folded
         ]
         if moved:
             self.projection.forget(moved)
+            # Read again: forgetting a partition also forgets how far it is folded, which a
+            # projection learns from its positions (and needs to fold released runs again).
+            stored = await self.projection.positions()
             for partition in moved:
-                del self._stored_by_me[partition]
+                # Nothing of it is cached now, so nothing cached can be stale against the
+                # position stored: a later move is what the next step looks for.
+                if partition in stored:
+                    self._stored_by_me[partition] = stored[partition]
+                else:
+                    self._stored_by_me.pop(partition, None)
         records: dict[int, list[LogRecord]] = {}
         next_offsets: dict[int, int] = {}
         self._cut_short = False
-        for partition in partitions if partitions is not None else range(self.log.partitions):
+        for partition in wanted:
             read = await (self._read_on if self._dense else self._read_to_end)(partition, stored)
             if read is not None:
                 batch, end, cut_short = read

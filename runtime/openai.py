@@ -46,14 +46,12 @@ from onward.eventlog.parts import (
 from .agent import Agent
 from .limits import MAX_DEPTH, too_deep
 from .providers import ModelReply
+from .tools import UNPARSED
 
 log = logging.getLogger("onward.runtime.openai")
 
 TOOL_CALLS_PART = "tool_calls"
 """The ``type`` of the content part that carries an assistant message's tool calls."""
-
-UNPARSED = "_unparsed"
-"""The single argument a tool call gets when the model's arguments are not a JSON object."""
 
 _TOO_DEEP = f"(arguments nested more than {MAX_DEPTH} levels deep; not kept)"
 
@@ -84,12 +82,14 @@ class OpenAICompatibleProvider(Resource):
 
     Reply conventions:
         * ``content: null`` becomes ``""``.
-        * A tool call whose ``arguments`` are not a JSON object is kept, with
+        * A tool call whose ``arguments`` are not a JSON object (strict JSON: no ``NaN``, no
+          lone surrogate) is kept, with
           ``args={"_unparsed": "<the raw string>"}``: the tool then rejects the arguments and
           the runner records a typed tool error the model can read and correct, instead of the
           run crashing on one bad generation. Sent back to the server, such a call carries the
           raw string again, so the model sees exactly what it produced.
-        * ``idempotency_key`` is left empty; the runner assigns it.
+        * ``idempotency_key`` is left empty; the runner assigns it, and a call id where the
+          server gave none (or an empty one).
 
     Errors (the API key never appears in any message):
         * 429, 408, 409, 5xx, connection failures and timeouts are retried up to
@@ -119,7 +119,8 @@ class OpenAICompatibleProvider(Resource):
             base_url: The API root, e.g. ``https://api.openai.com/v1``; requests go to
                 ``{base_url}/chat/completions``.
             api_key: Sent as ``Authorization: Bearer <key>``; omit it for local servers.
-            timeout_s: Limit for each attempt (connect, write, read), in seconds.
+            timeout_s: Limit for each attempt as a whole (connect, send, the full answer), in
+                seconds: a server that drips its answer slowly is cut off at it too.
             max_retries: Attempts made after the first for transient failures.
             client: An httpx client to share (connection pool, proxies); its owner closes it.
             extra_headers: Sent with every request (organisation, gateway routing, ...).
@@ -141,6 +142,7 @@ class OpenAICompatibleProvider(Resource):
             raise ConfigurationError(f"max_retries must be zero or more, not {max_retries}")
         self._url = url
         self._api_key = api_key or None
+        self._timeout_s = timeout_s
         self._timeout = httpx.Timeout(timeout_s)
         self._max_retries = max_retries
         self._headers: dict[str, str] = {
@@ -223,15 +225,22 @@ class OpenAICompatibleProvider(Resource):
         while True:
             attempt += 1
             try:
-                response = await self._client.post(
-                    self._url, content=body, headers=self._headers, timeout=self._timeout
-                )
+                # httpx's timeout bounds each read, not the answer: a server sending a byte
+                # now and then would hold the call, and the run, for ever.
+                async with asyncio.timeout(self._timeout_s):
+                    response = await self._client.post(
+                        self._url, content=body, headers=self._headers, timeout=self._timeout
+                    )
             except httpx.UnsupportedProtocol as exc:
                 raise ConfigurationError(
                     self._redact(f"POST {self._url}: unsupported protocol: {exc}")
                 ) from exc
-            except httpx.TransportError as exc:
-                failure = _describe(exc)
+            except (httpx.TransportError, TimeoutError) as exc:
+                failure = (
+                    f"no complete answer within {self._timeout_s:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else _describe(exc)
+                )
                 if attempt >= attempts:
                     raise BackendUnavailableError(
                         self._redact(
@@ -312,16 +321,18 @@ class OpenAICompatibleProvider(Resource):
 class _Function(msgspec.Struct):
     """The function a tool call names. Its ``arguments`` are kept as sent (a JSON string, or
     any JSON value from some servers): `_arguments` reads them, keeping what does not parse
-    for the tool to refuse, so one bad generation does not fail the whole answer."""
+    for the tool to refuse, so one bad generation does not fail the whole answer. A missing
+    or null ``name`` names no tool: the call ends ``UnknownTool``, which the model reads."""
 
-    name: str
+    name: str | None = None
     arguments: msgspec.Raw = msgspec.Raw()
 
 
-class _ToolCall(msgspec.Struct):
-    """One entry of ``message.tool_calls``."""
+class _ToolCall(msgspec.Struct, kw_only=True):
+    """One entry of ``message.tool_calls``. Some compatible servers (Gemini's, LM Studio's)
+    send an empty ``id``, or none: the runner gives such a call an id of its own."""
 
-    id: Annotated[str, msgspec.Meta(min_length=1)]
+    id: str | None = None
     function: _Function
 
 
@@ -432,7 +443,11 @@ def _reply(completion: _Completion) -> ModelReply:
     return ModelReply(
         message=Message(role="assistant", content=message.content or ""),
         tool_calls=[
-            ToolCall(call_id=c.id, tool=c.function.name, args=_arguments(c.function.arguments))
+            ToolCall(
+                call_id=c.id or "",
+                tool=c.function.name or "",
+                args=_arguments(c.function.arguments),
+            )
             for c in message.tool_calls or []
         ],
         usage=_usage(completion.usage),
@@ -451,8 +466,11 @@ def _arguments(sent: msgspec.Raw) -> dict[str, Any]:
     if not isinstance(raw, str):
         return {UNPARSED: json.dumps(raw)} if not too_deep(raw) else {UNPARSED: _TOO_DEEP}
     try:
-        parsed = json.loads(raw)
-    except (ValueError, RecursionError):
+        # Strict, as the answer around it was read: `json.loads` takes ``NaN`` (recorded as
+        # null, a value the tool was not called with) and lone surrogates (which no event
+        # can hold: the answer could not be written and the run would fail).
+        parsed = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
         return {UNPARSED: raw}
     return parsed if isinstance(parsed, dict) and not too_deep(parsed) else {UNPARSED: raw}
 

@@ -51,6 +51,11 @@ KEY_PARAMETER = "idempotency_key"
 APPROVAL_PARAMETER = "approval"
 FENCE_PARAMETER = "fence"
 LEASE_EXPIRY_PARAMETER = "lease_expires_at"
+UNPARSED = "_unparsed"
+"""The one argument a provider gives a call whose arguments, as the model wrote them, are not a
+JSON object (kept as text for the model to read back): `Tool.call` refuses such a call rather
+than make it with the tool's defaults. No parameter of a `tool` can have the name."""
+_SHOWN_CHARS = 200
 _PASSED_BY_ONWARD = (KEY_PARAMETER, APPROVAL_PARAMETER, FENCE_PARAMETER, LEASE_EXPIRY_PARAMETER)
 """Keywords Onward passes itself: not part of a tool's schema."""
 
@@ -127,12 +132,29 @@ class Tool:
 
     async def check_status(self, key: str, *, fence: int) -> Reconciled | None:
         """Ask the tool's status check about the call with ``key``, passing the asking
-        holder's ``fence`` when it takes one; ``None`` without a status check or an answer."""
+        holder's ``fence`` when it takes one; ``None`` without a status check or an answer.
+
+        Raises:
+            ConfigurationError: The status check answered something else than `Reconciled`
+                (with outcome ``completed`` or ``never_ran``) or ``None``: it is recorded as
+                the call's settlement, so it is refused rather than guessed at.
+        """
         if self.reconcile is None:
             return None
         if FENCE_PARAMETER in inspect.signature(self.reconcile).parameters:
-            return await self.reconcile(key, fence=fence)
-        return await self.reconcile(key)
+            answer = await self.reconcile(key, fence=fence)
+        else:
+            answer = await self.reconcile(key)
+        if answer is not None and not (
+            isinstance(answer, Reconciled) and answer.outcome in ("completed", "never_ran")
+        ):
+            shown = repr(answer)
+            shown = shown if len(shown) <= _SHOWN_CHARS else shown[:_SHOWN_CHARS] + "..."
+            raise ConfigurationError(
+                f"{self.name}'s status check answered {shown}: it must answer "
+                "Reconciled('completed', result), Reconciled('never_ran') or None"
+            )
+        return answer
 
     async def call(
         self,
@@ -146,8 +168,15 @@ class Tool:
         """Validate the arguments against the schema, then call the tool.
 
         Raises:
-            ToolArgumentsError: The arguments do not fit the schema (nothing was called).
+            ToolArgumentsError: The arguments do not fit the schema, or the model's were not a
+                JSON object (`UNPARSED`); nothing was called.
         """
+        if UNPARSED in args:
+            # Checked before the schema: one whose parameters all have defaults would take
+            # `{}` and make the call, with arguments the model never wrote.
+            raw = str(args[UNPARSED])
+            shown = raw if len(raw) <= _SHOWN_CHARS else raw[:_SHOWN_CHARS] + "..."
+            raise ToolArgumentsError(self.name, f"they are not a JSON object: {shown!r}")
         values: dict[str, Any] = dict(args)
         if self._model is not None:
             try:
@@ -243,10 +272,20 @@ def _arguments_model(function: Callable[..., Any]) -> type[pydantic.BaseModel]:
     hints = get_type_hints(function)
     fields: dict[str, Any] = {}
     for param in signature.parameters.values():
+        if param.kind is param.POSITIONAL_ONLY:
+            raise ConfigurationError(
+                f"tool {function.__name__!r}: parameter {param.name!r} is positional-only; "
+                "Onward passes every argument by keyword"
+            )
         if param.name in _PASSED_BY_ONWARD:
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigurationError(f"tool {function.__name__!r}: *args/**kwargs have no schema")
+        if param.name.startswith("_") and param.default is param.empty:
+            raise ConfigurationError(
+                f"tool {function.__name__!r}: parameter {param.name!r} starts with `_`, which "
+                "the schema keeps private: the model could never pass it, and it has no default"
+            )
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)

@@ -27,9 +27,12 @@ from onward.errors import (
     OnwardError,
 )
 from onward.eventlog.events import Message, ToolCall, Usage
+from onward.eventlog.memory import MemoryEventLog
+from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
-from onward.runtime.openai import OpenAICompatibleProvider, assistant_message
+from onward.runtime.openai import UNPARSED, OpenAICompatibleProvider, assistant_message
 from onward.runtime.providers import ModelReply
+from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
 
 API_KEY = "sk-test-0123456789-very-secret"
@@ -61,13 +64,15 @@ CONVERSATION = [
 
 @dataclass
 class Answer:
-    """One scripted response: a status, a JSON (or raw) body, headers, or a dropped connection."""
+    """One scripted response: a status, a JSON (or raw) body, headers, or a dropped connection;
+    ``drip_s`` sends the body a byte at a time, that long apart."""
 
     status: int = 200
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     drop: bool = False
+    drip_s: float = 0.0
 
 
 @dataclass
@@ -149,8 +154,13 @@ class ChatServer:
         if not isinstance(answer.body, bytes):
             head.append("Content-Type: application/json")
         head.extend(f"{k}: {v}" for k, v in answer.headers.items())
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload)
-        await writer.drain()
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+        for chunk in (
+            (payload[i : i + 1] for i in range(len(payload))) if answer.drip_s else [payload]
+        ):
+            writer.write(chunk)
+            await writer.drain()
+            await asyncio.sleep(answer.drip_s)
         return True
 
 
@@ -371,6 +381,109 @@ async def test_invalid_tool_arguments_are_kept_unparsed(server: ChatServer) -> N
     ]
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"flight": NaN}', '{"flight": Infinity}', '{"flight": "SK\\ud800"}'],
+    ids=["NaN", "Infinity", "lone-surrogate"],
+)
+async def test_arguments_that_are_not_strict_json_are_kept_unparsed(
+    server: ChatServer, arguments: str
+) -> None:
+    """What JSON does not allow (a non-finite number, an unpaired surrogate escape) is not an
+    object of arguments: a NaN would be recorded as null and a lone surrogate could not be
+    recorded at all."""
+    reply = await tool_calls_to(server, function_call("call_1", "book", arguments))
+    assert reply.tool_calls == [ToolCall(call_id="call_1", tool="book", args={UNPARSED: arguments})]
+
+
+async def test_a_call_with_unparsed_arguments_is_refused_not_made_with_defaults(
+    server: ChatServer,
+) -> None:
+    """A tool whose parameters all have defaults would accept ``{}``: a truncated generation
+    must not send the report to the default address. The call ends InvalidArguments, the
+    model reads why, and the run goes on."""
+    sent: list[str] = []
+
+    @tool
+    async def send_report(to: str = "team@example.com", *, idempotency_key: str) -> str:
+        sent.append(to)
+        return f"sent to {to}"
+
+    agent = Agent(name="reporter", instructions="Be brief.", tools=(send_report,), model="m")
+    truncated = '{"to": "ceo@exa'
+    server.answer(
+        Answer(body=completion(None, [function_call("call_1", "send_report", truncated)])),
+        Answer(body=completion("I could not send it.")),
+    )
+    async with provider_for(server) as provider:
+        runner = AgentRunner(
+            provider=provider, log=MemoryEventLog(partitions=1), frontiers=MemoryFrontierStore()
+        )
+        result = await runner.run(agent, "send the report", tenant="acme", run_id="r1")
+    assert sent == []
+    assert result.status == "completed"
+    told = server.requests[1].body["messages"][-1]
+    assert told["role"] == "tool"
+    assert "InvalidArguments" in told["content"]
+    assert "not a JSON object" in told["content"]
+
+
+async def test_a_lone_surrogate_in_arguments_does_not_fail_the_run(server: ChatServer) -> None:
+    """The answer is recorded with the call's arguments unparsed, instead of an answer no
+    event can hold failing the run."""
+    server.answer(
+        Answer(body=completion(None, [function_call("call_1", "book", '{"flight": "\\ud800"}')])),
+        Answer(body=completion("Sorry.")),
+    )
+    async with provider_for(server) as provider:
+        runner = AgentRunner(
+            provider=provider, log=MemoryEventLog(partitions=1), frontiers=MemoryFrontierStore()
+        )
+        result = await runner.run(AGENT, "book", tenant="acme", run_id="r1")
+    assert result.status == "completed"
+    assert "InvalidArguments" in server.requests[1].body["messages"][-1]["content"]
+
+
+async def test_calls_without_ids_or_a_name_are_run_or_refused_not_fatal(
+    server: ChatServer,
+) -> None:
+    """Gemini's and LM Studio's compatible endpoints send ``"id": ""`` (or no id): the runner
+    gives each call an id of its own, unique in the run, and sends it back with the call's
+    answer. A call naming no tool ends UnknownTool, which the model reads; the run goes on."""
+    searched: list[str] = []
+
+    @tool(retry_safe=True)
+    async def lookup(query: str, *, idempotency_key: str) -> str:
+        searched.append(query)
+        return f"found {query}"
+
+    agent = Agent(name="finder", instructions="Be brief.", tools=(lookup,), model="m")
+    calls = [
+        {
+            "id": "",
+            "type": "function",
+            "function": {"name": "lookup", "arguments": '{"query": "a"}'},
+        },
+        {"type": "function", "function": {"name": "lookup", "arguments": '{"query": "b"}'}},
+        {"id": "", "type": "function", "function": {"name": None, "arguments": "{}"}},
+    ]
+    server.answer(Answer(body=completion(None, calls)), Answer(body=completion("Found both.")))
+    async with provider_for(server) as provider:
+        runner = AgentRunner(
+            provider=provider, log=MemoryEventLog(partitions=1), frontiers=MemoryFrontierStore()
+        )
+        result = await runner.run(agent, "find a and b", tenant="acme", run_id="r1")
+    assert (result.status, result.output) == ("completed", "Found both.")
+    assert sorted(searched) == ["a", "b"]
+    sent = server.requests[1].body["messages"]
+    asked = [c["id"] for c in sent[-4]["tool_calls"]]
+    answered = {m["tool_call_id"]: m["content"] for m in sent[-3:]}
+    assert len(set(asked)) == 3
+    assert all(asked)
+    assert set(answered) == set(asked)
+    assert "UnknownTool" in answered[asked[2]]
+
+
 async def test_an_unparsed_call_is_sent_back_with_its_raw_arguments(server: ChatServer) -> None:
     server.answer(Answer(body=completion("ok")))
     calls = [ToolCall(call_id="call_1", tool="search", args={"_unparsed": '{"query": "Os'})]
@@ -474,16 +587,8 @@ def _with_message(**message: Any) -> dict[str, Any]:
         (_with_message(content=["a"]), "got `array` - at `$.choices[0].message.content`"),
         (_with_message(tool_calls={"id": "c"}), "at `$.choices[0].message.tool_calls`"),
         (
-            completion(None, [{"type": "function", "function": {"name": "x"}}]),
-            "field `id` - at `$.choices[0].message.tool_calls[0]`",
-        ),
-        (
-            completion(None, [function_call("call_1", "search", "{}"), {"id": "", "function": {}}]),
-            "length >= 1 - at `$.choices[0].message.tool_calls[1].id`",
-        ),
-        (
-            completion(None, [{"id": "call_1", "function": {"arguments": "{}"}}]),
-            "field `name` - at `$.choices[0].message.tool_calls[0].function`",
+            completion(None, [{"type": "function", "function": {"name": 7}}]),
+            "got `int` - at `$.choices[0].message.tool_calls[0].function.name`",
         ),
         (b"<html>gateway</html>", "not JSON"),
     ],
@@ -496,9 +601,7 @@ def _with_message(**message: Any) -> dict[str, Any]:
         "content-a-number",
         "content-a-list",
         "tool-calls-not-a-list",
-        "call-without-id",
-        "call-with-empty-id",
-        "function-without-name",
+        "function-name-a-number",
         "not-json",
     ],
 )
@@ -581,8 +684,20 @@ async def test_a_timeout_raises_backend_unavailable(server: ChatServer) -> None:
     async with provider_for(server, timeout_s=0.2, max_retries=0) as provider:
         with pytest.raises(BackendUnavailableError) as caught:
             await provider.complete(AGENT, CONVERSATION)
-    assert "ReadTimeout" in str(caught.value)
-    assert isinstance(caught.value.__cause__, httpx.TimeoutException)
+    assert "no complete answer within 0.2 s" in str(caught.value)
+    assert isinstance(caught.value.__cause__, TimeoutError)
+
+
+async def test_an_answer_dripped_slowly_is_cut_off_at_the_timeout(server: ChatServer) -> None:
+    """Each byte comes well within ``timeout_s``, the whole answer far after it: the attempt as
+    a whole is bounded, so a run does not wait on such a server for ever."""
+    server.answer(Answer(body=completion("slow " * 20), drip_s=0.02))
+    started = time.monotonic()
+    async with provider_for(server, timeout_s=0.3, max_retries=0) as provider:
+        with pytest.raises(BackendUnavailableError) as caught:
+            await provider.complete(AGENT, CONVERSATION)
+    assert time.monotonic() - started < 2.0
+    assert "no complete answer within 0.3 s" in str(caught.value)
 
 
 async def test_a_dropped_connection_is_retried(server: ChatServer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pydantic
@@ -14,7 +15,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.checkpoint import CheckpointPolicy
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
-from onward.runtime.tools import ToolArgumentsError, idempotency_key, tool
+from onward.runtime.tools import UNPARSED, ToolArgumentsError, idempotency_key, tool
 
 
 class Seat(pydantic.BaseModel):
@@ -56,6 +57,50 @@ def test_a_tool_must_take_an_idempotency_key() -> None:
 
     with pytest.raises(ConfigurationError, match="idempotency_key"):
         tool(no_key)
+
+
+async def _positional_only(query: str, /, *, idempotency_key: str) -> str:
+    return query
+
+
+async def _key_positional_only(idempotency_key: str, /) -> str:
+    return idempotency_key
+
+
+async def _private(_query: str, *, idempotency_key: str) -> str:
+    return _query
+
+
+@pytest.mark.parametrize(
+    ("function", "named"),
+    [
+        (_positional_only, "'query' is positional-only"),
+        (_key_positional_only, "'idempotency_key' is positional-only"),
+        (_private, "'_query' starts with `_`"),
+    ],
+    ids=["positional-only", "key-positional-only", "leading-underscore"],
+)
+def test_a_signature_onward_cannot_call_is_refused_at_decoration(function: Any, named: str) -> None:
+    """Onward passes arguments by keyword and the schema drops ``_`` names: such a tool would
+    be accepted, then fail every call with a TypeError."""
+    with pytest.raises(ConfigurationError, match=named):
+        tool(function)
+
+
+async def test_arguments_the_model_did_not_write_as_an_object_are_refused() -> None:
+    """A provider marks arguments that are not a JSON object with `UNPARSED`: a tool whose
+    parameters all have defaults is not called with them."""
+    called: list[int] = []
+
+    @tool
+    async def ping(times: int = 1, *, idempotency_key: str) -> None:
+        called.append(times)
+
+    with pytest.raises(ToolArgumentsError, match=re.escape("""not a JSON object: '{"times": 3'""")):
+        await ping.call({UNPARSED: '{"times": 3'}, idempotency_key="k")
+    with pytest.raises(ToolArgumentsError, match=r"'xxxx+\.\.\.'"):
+        await ping.call({UNPARSED: "x" * 10_000}, idempotency_key="k")
+    assert called == []
 
 
 def test_a_tool_must_be_async() -> None:

@@ -1,0 +1,69 @@
+"""What a tool's status check may answer: `Reconciled` or ``None``, and nothing else.
+
+Resume records the answer as the call's settlement, so an answer of another shape is refused
+with an error naming the tool, never a crash deep in the runner or a write the log refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support.crash_world import search_and_book
+from support.crashes import Crash, CrashAt
+
+from onward.errors import ConfigurationError
+from onward.eventlog import MemoryEventLog
+from onward.runtime.agent import Agent
+from onward.runtime.runner import AgentRunner
+from onward.runtime.tools import Reconciled, Tool, tool
+
+TENANT = "acme"
+
+
+def booker(answer: Any, booked: list[str]) -> list[Tool]:
+    """The booker's tools, whose ``book`` status check answers ``answer``."""
+
+    @tool(retry_safe=True)
+    async def search(query: str, *, idempotency_key: str) -> str:
+        return f"found {query}"
+
+    async def status(key: str) -> Any:
+        return answer
+
+    @tool(reconcile=status)
+    async def book(seat: str, *, idempotency_key: str) -> dict[str, Any]:
+        booked.append(idempotency_key)
+        return {"seat": seat}
+
+    return [search, book]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"outcome": "completed", "result": {"seat": "3A"}},
+        "completed",
+        True,
+        Reconciled("done"),  # type: ignore[arg-type]
+    ],
+    ids=["a-dict", "a-word", "a-bool", "an-unknown-outcome"],
+)
+async def test_a_status_check_answer_of_another_shape_is_refused_naming_the_tool(
+    answer: Any,
+) -> None:
+    log, booked = MemoryEventLog(), list[str]()
+    tools = booker(answer, booked)
+    agent = Agent(name="booker", instructions="book", tools=tools)
+    crashing = AgentRunner(
+        log=log,
+        worker="w",
+        provider=search_and_book("on it", "done"),
+        observer=CrashAt("tool.returned", "b"),
+    )
+    with pytest.raises(Crash):
+        await crashing.run(agent, "go", tenant=TENANT, run_id="r")
+    resuming = AgentRunner(log=log, worker="w", provider=search_and_book("on it", "done"))
+    with pytest.raises(ConfigurationError, match="book's status check answered"):
+        await resuming.resume(agent, "r", tenant=TENANT)
+    assert len(booked) == 1

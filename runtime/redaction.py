@@ -24,6 +24,9 @@ values are kept. ``secret_keys`` (or ``ONWARD_REDACT_KEYS``) adds names. Dict ke
 as text as well, so a secret used as a key (``{"sk-ant-...": 1}``) is masked; two keys that
 mask to the same text are kept apart by a ``#2``, ``#3`` suffix.
 
+A dataclass or attrs instance is written to the log as an object of its fields, so it is masked
+as that dict would be (and comes back as the dict when anything in it was masked).
+
 Values nested thousands of levels deep are masked like any other: the walk recurses only over
 the first levels (where values live, and where recursion is fastest), then goes on with a stack
 of its own instead of exhausting the interpreter's; a container that holds itself is not walked
@@ -43,9 +46,13 @@ nothing to mask comes back as the very same object, so clean events cost no copi
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
 import functools
 import os
 import re
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from itertools import count, repeat
 from operator import is_not
@@ -94,7 +101,8 @@ DEFAULT_SECRET_KEYS: Final[tuple[str, ...]] = (
 )
 """Dict keys whose whole value is masked (``*_token``: any key ending in ``_token``).
 
-Compared after normalising the key: camelCase is split (``accessToken`` is ``access_token``),
+Compared after normalising the key: camelCase is split (``accessToken`` is ``access_token``,
+``DBPassword`` is ``db_password``),
 ``-``, spaces and other separators become ``_``, and case is ignored, so ``X-API-Key``,
 ``client_secret``, ``Set-Cookie`` and ``refreshToken`` all match.
 """
@@ -367,7 +375,10 @@ def _labelled_spans(text: str, into: list[tuple[int, int]]) -> None:
             read_until = value.end()
 
 
-_CAMEL_CASE: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_CAMEL_CASE: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+"""Where camelCase starts a word: before a capital after a small letter or digit
+(``apiKey``), and before the last capital of a run of them that a small letter follows
+(``DBPassword`` is ``DB_Password``)."""
 _SEPARATORS: Final = re.compile(r"[^a-z0-9]+")
 
 
@@ -596,10 +607,12 @@ class Redactor:
         """Mask every secret in a JSON-like value.
 
         Strings are masked; lists, tuples, sets and dicts are walked; msgspec Structs are walked
-        field by field (an event's envelope is kept). A dict key naming a secret has its whole
-        value masked (strings and numbers, nested ones included); a dict key holding a secret is
-        masked itself. Binary values and every other leaf are returned untouched. Values nested
-        any number of levels deep are walked without recursion.
+        field by field (an event's envelope is kept); a dataclass or attrs instance, which the
+        log writes as an object of its fields, comes back as that object (a dict) masked. A dict
+        key naming a secret has its whole value masked (strings and numbers, nested ones
+        included); a dict key holding a secret is masked itself. Binary values and every other
+        leaf are returned untouched. Values nested any number of levels deep are walked without
+        recursion.
 
         Args:
             value: A string, a container of JSON-like values, a Struct, or any other leaf.
@@ -646,6 +659,12 @@ class Redactor:
             # A numeric PIN or password is a secret too. None, booleans and binary values are
             # kept: they hold no secret, or one no pattern can honestly mask.
             return self._mask
+        fields = _fields_of(value)
+        if fields is not None:
+            # Written as an object of its fields, so masked as that object would be; the very
+            # same value when nothing in it was masked.
+            walked = self._walk(fields, secret)
+            return value if walked is fields else walked
         return value
 
     def _walk(self, value: Any, secret: bool = False, depth: int = 0) -> Any:
@@ -740,6 +759,37 @@ class Redactor:
 
 
 _CONTAINERS: Final = (dict, list, tuple, set, frozenset, msgspec.Struct)
+
+_KEPT_AS_THEY_ARE: Final = (
+    bytes,
+    bytearray,
+    memoryview,
+    datetime.datetime,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    uuid.UUID,
+    decimal.Decimal,
+)
+"""Leaves `_fields_of` leaves as they are: binary values stay unmasked (and unscanned), and
+the others hold no secret."""
+
+
+def _fields_of(value: Any) -> dict[str, Any] | None:
+    """A dataclass or attrs instance as the dict of fields msgspec writes it as (its nested
+    values as plain ones), or ``None`` for any other value or one msgspec cannot write (the
+    encoder then refuses it, naming it)."""
+    kind = type(value)
+    if not (dataclasses.is_dataclass(kind) or hasattr(kind, "__attrs_attrs__")):
+        return None
+    try:
+        fields: dict[str, Any] = msgspec.to_builtins(
+            value, builtin_types=_KEPT_AS_THEY_ARE, str_keys=False
+        )
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return fields
+
 
 _RECURSION_DEPTH: Final = 64
 """How deep `Redactor._walk` recurses before `Redactor._walk_deep` takes over: deeper than

@@ -1121,14 +1121,16 @@ class AgentRunner(Resource):
             except QuestionAsked as stopped:
                 return stopped.question
             except (_DeadlinePassedError, OutcomeUnknownError) as exc:
-                verdict = await self._cut_off(run, call, tool, _unanswered(call, tool, exc))
+                verdict = await self._cut_off(
+                    run, call, tool, _unanswered(call, tool, exc, self.writer.redactor)
+                )
                 if not isinstance(verdict, ToolError):
                     return verdict
                 error = verdict
             except ToolArgumentsError as exc:
                 error = ToolError(type="InvalidArguments", message=str(exc))
             except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, not raised
-                error = tool_error(exc)
+                error = tool_error(exc, self.writer.redactor)
             if scope.question is not None:
                 # Its code caught the stop and went on: it still stopped at its question.
                 return scope.question
@@ -1210,12 +1212,12 @@ RESERVED_PREFIX = "onward."
 call id never does: one that would is rewritten."""
 
 
-def _unanswered(call: CallState, tool: Tool, exc: Exception) -> ToolError:
+def _unanswered(call: CallState, tool: Tool, exc: Exception, redactor: Redactor) -> ToolError:
     """The error of a call that may or may not have taken effect, if it did not."""
     if isinstance(exc, _DeadlinePassedError):
         took = f"{call.tool} took longer than its max_call_s of {tool.max_call_s:g}s"
         return ToolError(type="DeadlineExceeded", message=f"{took}; it was cut off")
-    return tool_error(exc)
+    return tool_error(exc, redactor)
 
 
 def _disposition(run: HeldRun, call_id: str, undecided: CallState | None) -> str:

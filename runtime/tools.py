@@ -46,6 +46,7 @@ from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.events import ToolError
 
 from .limits import check_name
+from .redaction import Redactor
 
 KEY_PARAMETER = "idempotency_key"
 APPROVAL_PARAMETER = "approval"
@@ -205,9 +206,16 @@ MAX_CALL_S = 24 * 3600.0
 """The longest ``max_call_s`` a tool may declare: a day."""
 
 
-def tool_error(exc: BaseException) -> ToolError:
-    """The typed error recorded when a tool raises."""
-    return ToolError(type=type(exc).__name__, message=str(exc)[:2_000])
+MAX_ERROR_CHARS = 2_000
+"""The longest message of a tool's error that is recorded."""
+
+
+def tool_error(exc: BaseException, redactor: Redactor) -> ToolError:
+    """The typed error recorded when a tool raises: its message masked, then cut to
+    `MAX_ERROR_CHARS`. Masked first, because a secret the cut splits (a URL cut between its
+    password and its ``@``) is one no pattern recognises any more."""
+    message = redactor.redact_text(str(exc))[:MAX_ERROR_CHARS]
+    return ToolError(type=type(exc).__name__, message=message)
 
 
 @overload

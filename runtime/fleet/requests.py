@@ -24,7 +24,13 @@ from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.base import partition_for
 from onward.eventlog.codec import unencodable
 from onward.eventlog.kafka import topic_partition_count
-from onward.runtime.limits import check_depth, check_label, check_name, check_note
+from onward.runtime.limits import (
+    MAX_NOTE_LENGTH,
+    check_depth,
+    check_label,
+    check_name,
+    check_note,
+)
 from onward.runtime.options import checked_options
 from onward.runtime.redaction import Redactor
 from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
@@ -182,9 +188,9 @@ def prepare_requests(
 ) -> list[PreparedRequest]:
     """Check every request, then mask and sign each, as every transport sends them.
 
-    A start's input and options and an answer's value are masked: the requests transport
-    keeps what it was sent for days, and would otherwise hold what the event log only ever
-    holds masked.
+    A start's input and options, an answer's value and a cancel's reason are masked: the
+    requests transport keeps what it was sent for days, and would otherwise hold what the
+    event log only ever holds masked.
 
     Raises:
         InvalidInputError: A request a worker would refuse (`check_request`), named with its
@@ -202,7 +208,8 @@ def prepare_requests(
 
 
 def _masked(request: Request, redactor: Redactor) -> Request:
-    """The request with the values it carries masked (names are left as they are)."""
+    """The request with the values it carries masked, a cancel's reason too (names are left
+    as they are)."""
     redact = redactor.redact
     if isinstance(request, StartRun):
         return msgspec.structs.replace(
@@ -210,6 +217,11 @@ def _masked(request: Request, redactor: Redactor) -> Request:
         )
     if isinstance(request, AnswerRequest):
         return msgspec.structs.replace(request, value=redact(request.value))
+    if isinstance(request, CancelRun) and request.why:
+        # Cut after masking, as a mask may be longer than what it hides: a worker refuses a
+        # note over the limit.
+        why = redactor.redact_text(request.why)[:MAX_NOTE_LENGTH]
+        return request if why == request.why else msgspec.structs.replace(request, why=why)
     return request
 
 

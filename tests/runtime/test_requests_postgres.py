@@ -128,6 +128,22 @@ async def test_values_are_masked_signed_and_waiting_workers_are_woken(
     assert signer.refusal(b"r1", row.value, [("onward-signature", row.signature)]) is None
 
 
+async def test_a_cancel_s_reason_is_masked_as_the_event_log_masks_it(
+    table: PostgresRequests,
+) -> None:
+    """A cancel's ``why`` is free text that ends the run as its recorded reason (masked
+    there); the table keeps it for as long as a request waits, so it is masked before too."""
+    why = "leaked in chat, rotate it: sk-ant-abcdefghijklmnopqrstuvwx"
+
+    await table.submit(CancelRun(run_id="r1", tenant="acme", by="ann", why=why))
+
+    (row,) = await table.claim("w1", 1)
+    assert b"sk-ant-abcdefghijklmnopqrstuvwx" not in row.value
+    request = row.request()
+    assert isinstance(request, CancelRun)
+    assert request.why == "leaked in chat, rotate it: [REDACTED]"
+
+
 async def test_a_closed_table_says_so() -> None:
     table = PostgresRequests("postgresql://nobody@127.0.0.1:1/none")
     with pytest.raises(InvalidInputError, match="requests table is not open"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +250,66 @@ async def test_a_password_argument_and_an_api_key_result_reach_no_table_of_the_p
     assert all(b'"password":"[REDACTED]"' in unpack(r) for r in asked)
     assert PASSWORD not in database_text
     assert api_key not in database_text
+
+
+@dataclass
+class Connection:
+    """A tool's result as a dataclass, which the log writes as an object of its fields."""
+
+    user: str
+    password: str
+    url: str
+
+
+async def test_a_dataclass_result_and_input_hold_no_secret_in_the_sqlite_file(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    """A dataclass is written as msgspec writes it (an object of its fields), so its fields
+    are masked as a dict's are: by key and by shape, in a tool's result and in a run's input."""
+    api_key = invented_key(rng)
+
+    @tool
+    async def connect(user: str, *, idempotency_key: str) -> Connection:
+        return Connection(user, PASSWORD, f"postgresql://{user}:{PASSWORD}@db/app")
+
+    provider = ScriptedProvider(
+        [reply("", ToolCall(call_id="c1", tool="connect", args={"user": "ann"})), reply("ok")]
+    )
+    agent = Agent(name="ops", instructions="connect", tools=[connect])
+    path = tmp_path / "onward.db"
+    async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as store:
+        runner = AgentRunner(provider=provider, log=log, frontiers=store, checkpoint_inline=True)
+        given = Connection("ann", api_key, "https://example.com")
+        result = await runner.run(agent, given, tenant="acme", run_id="r-dataclass")
+        assert result.status == "completed"
+    stored = sqlite_bytes(path)
+    assert PASSWORD.encode() not in stored
+    assert api_key.encode() not in stored
+    assert b"postgresql://ann:[REDACTED]@db/app" in stored
+
+
+async def test_a_secret_where_a_long_tool_error_is_cut_is_masked_in_the_sqlite_file(
+    tmp_path: Path,
+) -> None:
+    """A tool's error message is cut to its first 2,000 characters: cut first and masked
+    after, a URL cut between its password and its ``@`` no longer looked like one and the
+    password was stored."""
+
+    @tool
+    async def query(sql: str, *, idempotency_key: str) -> str:
+        raise RuntimeError(
+            f"{sql[:1960].ljust(1960, '.')} failed on postgresql://app:{PASSWORD}@db/app"
+        )
+
+    provider = ScriptedProvider(
+        [reply("", ToolCall(call_id="c1", tool="query", args={"sql": "select 1"})), reply("ok")]
+    )
+    agent = Agent(name="ops", instructions="query", tools=[query])
+    path = tmp_path / "onward.db"
+    async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as store:
+        runner = AgentRunner(provider=provider, log=log, frontiers=store, checkpoint_inline=True)
+        result = await runner.run(agent, "count", tenant="acme", run_id="r-error")
+        assert result.status == "completed"
+    stored = sqlite_bytes(path)
+    assert b"failed on postgresql://app:" in stored
+    assert PASSWORD[:10].encode() not in stored

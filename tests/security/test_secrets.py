@@ -77,12 +77,26 @@ ANTHROPIC = "sk-" + "ant-api03-" + invented(60, seed=2)
         "sessionid",
         "private_key",
         "credentials",
+        "DBPassword",
+        "APIToken",
+        "IDToken",
+        "JWTSecret",
+        "AWSSecretAccessKey",
+        "GCPCredentials",
     ],
 )
 def test_a_value_under_a_secret_key_is_masked_whole(key: str) -> None:
     """security review #4: a plain value under a key naming a secret is no longer stored, and
     keys that only look related (``max_tokens``, ``idempotency_key``) are left alone."""
-    ordinary = {"user": "ann", "max_tokens": 4000, "tokens": 12, "idempotency_key": "k-1"}
+    ordinary = {
+        "user": "ann",
+        "max_tokens": 4000,
+        "maxTokens": 4000,
+        "MaxTokens": 4000,
+        "tokens": 12,
+        "idempotency_key": "k-1",
+        "HTTPTimeout": 30,
+    }
 
     masked = Redactor().redact({**ordinary, key: "plainvalue42"})
 

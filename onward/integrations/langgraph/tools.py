@@ -66,6 +66,7 @@ from onward.projections.frontier import CallState
 from onward.runtime.dispatch import write_ahead
 from onward.runtime.leases import RunLease
 from onward.runtime.planning import PlannedCall, ToolDisposition, classify_call
+from onward.runtime.redaction import Redactor
 from onward.runtime.tools import idempotency_key, tool_error
 
 from .saver import OnwardSaver
@@ -192,7 +193,7 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
         try:
             output = await handler(request)
         except BaseException as exc:
-            outcome = _unfinished(call, exc)
+            outcome = _unfinished(call, exc, self.saver.redactor)
             if outcome is not None:
                 await self.saver.arecord(call.thread_id, outcome[0], **outcome[1])
             raise
@@ -293,7 +294,7 @@ def _call_of(request: ToolCallRequest) -> _Call:
     return _Call(str(thread_id), str(call["id"]), call["name"], dict(call.get("args") or {}))
 
 
-def _unfinished(call: _Call, exc: BaseException) -> _Recorded | None:
+def _unfinished(call: _Call, exc: BaseException, redactor: Redactor) -> _Recorded | None:
     """What to record when the tool did not return: nothing when nobody knows whether it
     took effect (cancelled, interrupted from outside), else the event that says what happened.
     """
@@ -306,7 +307,7 @@ def _unfinished(call: _Call, exc: BaseException) -> _Recorded | None:
             "why": "the tool stopped at interrupt(); it runs again from its start when resumed",
         }
     if isinstance(exc, Exception):
-        return ToolCompleted, {"call_id": call.call_id, "error": tool_error(exc)}
+        return ToolCompleted, {"call_id": call.call_id, "error": tool_error(exc, redactor)}
     return None
 
 

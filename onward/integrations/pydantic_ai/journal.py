@@ -351,7 +351,11 @@ class RunJournal:
         try:
             payload = await run()
         except Exception as exc:
-            await self.append(self.event(ToolCompleted, call_id=call_id, error=tool_error(exc)))
+            await self.append(
+                self.event(
+                    ToolCompleted, call_id=call_id, error=tool_error(exc, self.writer.redactor)
+                )
+            )
             raise
         finally:
             _current_lease.reset(leased)

@@ -19,7 +19,7 @@ from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog
 from onward.projections.base import ProjectionSink
-from onward.projections.compaction import PostgresCompactionStore
+from onward.projections.compaction import LogCut, PostgresCompactionStore
 from onward.projections.frontier_projection import DEFAULT_CACHE_BYTES, FrontierProjection
 from onward.projections.kafka import (
     CAUGHT_UP_STORE_S,
@@ -287,15 +287,20 @@ async def _report_lag(worker: KafkaProjector[ProjectionSink], stop: asyncio.Even
             _log.info("lag %d records %s stats %s", sum(lag.values()), lag, stats)
 
 
-async def _refuse_if_cut(config: Settings) -> None:
-    """A log compaction cut folds into runs with holes: refuse it without the archive."""
+async def _cuts(config: Settings) -> list[LogCut]:
+    """The cuts compaction recorded, of every partition."""
     store = PostgresCompactionStore(
         config.require_database_url(),
         schema=config.database_schema,
         timeout_s=config.backend_timeout,
     )
     async with opened("PostgreSQL", store):
-        cuts = await store.cuts()
+        return await store.cuts()
+
+
+async def _refuse_if_cut(config: Settings) -> None:
+    """A log compaction cut folds into runs with holes: refuse it without the archive."""
+    cuts = await _cuts(config)
     if cuts:
         where = sorted({c.archive for c in cuts if c.archive is not None})
         raise InvalidInputError(
@@ -305,13 +310,33 @@ async def _refuse_if_cut(config: Settings) -> None:
         )
 
 
+async def _refuse_if_not_archived(config: Settings, log: ArchivedEventLog) -> None:
+    """An archive that does not reach back to what compaction archived (a mistyped or another
+    --archive) folds the same runs with holes as no archive: refuse it too. A cut made with
+    --no-archive is gone for good and asks nothing of the archive."""
+    lowest: dict[int, LogCut] = {}
+    for cut in await _cuts(config):
+        held = lowest.get(cut.partition)
+        if cut.archive is not None and (held is None or cut.start < held.start):
+            lowest[cut.partition] = cut
+    for partition, cut in sorted(lowest.items()):
+        reach = (await log.bounds(partition)).start
+        if reach > cut.start:
+            raise InvalidInputError(
+                f"--archive {log.archive.location}: partition {partition} was cut from offset "
+                f"{cut.start} and archived in {cut.archive}, but this archive and the log reach "
+                f"back to offset {reach} only; a rebuild would miss the start of every run cut "
+                "into. Pass the archive compaction wrote"
+            )
+
+
 def rebuild_command(
     name: Annotated[str, typer.Argument(help="frontiers, or the name of a user projection.")],
     projection: Annotated[
         str | None,
         typer.Option(help="The user projection to rebuild, package.module:attribute."),
     ] = None,
-    batch: Annotated[int, typer.Option(help="Records read per partition per step.")] = 5_000,
+    batch: Annotated[int, typer.Option(min=1, help="Records read per partition per step.")] = 5_000,
     archive: ArchiveOption = None,
     as_json: JsonResultOption = False,
 ) -> None:
@@ -338,6 +363,7 @@ def rebuild_command(
             log: EventLog = live
             if archive is not None:
                 log = ArchivedEventLog(live, DirectoryArchive(archive))
+                await _refuse_if_not_archived(config, log)
             else:
                 await _refuse_if_cut(config)
             with Progress(

@@ -1,0 +1,85 @@
+"""`onward projections rebuild --archive DIR` on a log compaction cut (ONWARD_BACKEND=postgres).
+
+A log that was cut is refused without an archive, since a rebuild from what is left would miss
+the start of every run it cut into. An archive that does not hold what was cut (a mistyped
+directory, an empty one) is the same rebuild, and is refused the same way: the views keep the
+build they had, so no run drops out of `onward runs`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from onward.runtime.cli import app
+
+RUNS = ("arch-1", "arch-2")
+
+
+@pytest.fixture
+def env(database_url: str, empty_pg_schema: str, tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "rebuild_archive_agents.py").write_text(
+        "from onward.runtime import Agent, ScriptedProvider, reply\n"
+        "agent = Agent(name='a', instructions='hi')\n"
+        "def model():\n"
+        "    return ScriptedProvider([reply('hello')])\n"
+    )
+    return {
+        "ONWARD_BACKEND": "postgres",
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": empty_pg_schema,
+        "ONWARD_PARTITIONS": "1",
+    }
+
+
+def onward(env: dict[str, str], *args: str) -> Result:
+    return CliRunner().invoke(app, list(args), env={**env, "COLUMNS": "300"})
+
+
+def listed(env: dict[str, str]) -> list[str]:
+    result = onward(env, "runs", "--json")
+    assert result.exit_code == 0, result.output
+    return sorted(json.loads(line)["run"] for line in result.stdout.splitlines())
+
+
+@pytest.fixture
+def cut(env: dict[str, str], tmp_path: Path) -> Path:
+    """Two finished runs, compacted: their records are cut from the log into an archive."""
+    assert onward(env, "db", "migrate").exit_code == 0
+    agent = str(tmp_path / "rebuild_archive_agents.py")
+    for run_id in RUNS:
+        started = onward(
+            env, "start", "hi", "--run-id", run_id, "--agent", f"{agent}:agent",
+            "--provider", f"{agent}:model",
+        )  # fmt: skip
+        assert started.exit_code == 0, started.output
+    archive = tmp_path / "archive"
+    compacted = onward(env, "compact", "--archive", str(archive), "--json")
+    assert compacted.exit_code == 0, compacted.output
+    assert json.loads(compacted.stdout)["events_cut"] > 0
+    assert listed(env) == list(RUNS)
+    return archive
+
+
+@pytest.mark.parametrize("wrong", ["mistyped", "empty"])
+def test_an_archive_without_what_was_cut_is_refused_and_the_views_stay(
+    env: dict[str, str], cut: Path, tmp_path: Path, wrong: str
+) -> None:
+    other = tmp_path / wrong
+    if wrong == "empty":
+        other.mkdir()
+    result = onward(env, "projections", "rebuild", "frontiers", "--archive", str(other))
+    assert result.exit_code == 2, result.output
+    assert "--archive" in result.stderr
+    assert str(cut) in result.stderr  # where what was cut went
+    assert listed(env) == list(RUNS)
+
+
+def test_the_archive_compaction_wrote_rebuilds_every_run(env: dict[str, str], cut: Path) -> None:
+    result = onward(env, "projections", "rebuild", "frontiers", "--archive", str(cut), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["build"] == 2
+    assert listed(env) == list(RUNS)

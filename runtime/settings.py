@@ -32,7 +32,7 @@ from .environment import (
     refuse_memory_backend,
     with_checkpointer_backend,
 )
-from .leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy
+from .leases.base import DEFAULT_LEASE_TTL_S, MAX_LEASE_TTL_S, LeasePolicy
 from .redaction import parse_secret_keys
 from .signing import RequestSigner
 from .spend.base import PriceTable
@@ -238,7 +238,7 @@ class Settings(BaseSettings):
     redact_keys: str = Field(default="", validation_alias="ONWARD_REDACT_KEYS")
     model_prices: str = Field(default="", validation_alias="ONWARD_MODEL_PRICES")
     lease_ttl: float = Field(
-        default=DEFAULT_LEASE_TTL_S, gt=0, le=86_400, validation_alias="ONWARD_LEASE_TTL"
+        default=DEFAULT_LEASE_TTL_S, gt=0, le=MAX_LEASE_TTL_S, validation_alias="ONWARD_LEASE_TTL"
     )
     environment: Environment = Field(default="dev", validation_alias="ENVIRONMENT")
     checkpointer_backend: str | None = Field(default=None, validation_alias="CHECKPOINTER_BACKEND")

@@ -68,6 +68,10 @@ class TerminatedError(Exception):
     on Ctrl-C, its run's lease handed back."""
 
 
+KAFKA_MAX_MS = 2**31 - 1
+"""The most milliseconds a Kafka request's field holds (a signed 32-bit integer): a session
+timeout or a fetch's wait beyond it fails inside the client, every time it is sent."""
+
 CONNECT_TIMEOUT_S = 20.0
 """How long opening the stores may take, at least, before a command gives up on a server that
 is silent; an ``ONWARD_BACKEND_TIMEOUT`` above it is waited instead (`connect_timeout_s`)."""

@@ -38,6 +38,7 @@ from onward.runtime.backends import kafka_frontier_store
 from onward.runtime.settings import Settings, load_settings
 
 from ._common import (
+    KAFKA_MAX_MS,
     ArchiveOption,
     JsonResultOption,
     echo_json,
@@ -88,18 +89,23 @@ def projector_command(
     group: Annotated[
         str | None, typer.Option(help="Consumer group shared by all projectors of one projection.")
     ] = None,
-    batch: Annotated[int, typer.Option(help="Most records folded per batch.")] = 5_000,
-    session_timeout_ms: Annotated[int, typer.Option(help="Group session timeout.")] = 10_000,
+    batch: Annotated[int, typer.Option(min=1, help="Most records folded per batch.")] = 5_000,
+    session_timeout_ms: Annotated[
+        int, typer.Option(min=1, max=KAFKA_MAX_MS, help="Group session timeout.")
+    ] = 10_000,
     flush_events: Annotated[
         int,
         typer.Option(
+            min=0,
             help="Frontiers: while working through a backlog, store after folding this many "
-            "events (0: store every batch). A projector that has caught up stores every batch."
+            "events (0: store every batch). A projector that has caught up stores every batch.",
         ),
     ] = PROJECTOR_FLUSH_EVENTS,
     flush_interval: Annotated[
         float,
-        typer.Option(help="Frontiers: store at least this often, in seconds, while folding."),
+        typer.Option(
+            min=0, help="Frontiers: store at least this often, in seconds, while folding."
+        ),
     ] = PROJECTOR_FLUSH_INTERVAL,
     cache_mib: Annotated[
         int,
@@ -115,8 +121,10 @@ def projector_command(
     caught_up_store_s: Annotated[
         float,
         typer.Option(
+            min=0,
+            max=KAFKA_MAX_MS // 1000,  # the fetch waits this long for records
             help="Once caught up, store at most this often, in seconds (0: every batch): "
-            "fewer PostgreSQL transactions for a frontier that lags the log by this much more."
+            "fewer PostgreSQL transactions for a frontier that lags the log by this much more.",
         ),
     ] = CAUGHT_UP_STORE_S,
     focus_slice_s: Annotated[

@@ -17,12 +17,12 @@ from onward.runtime.backends import open_backends
 from onward.runtime.fleet.requests import DEFAULT_REQUESTS_TOPIC
 from onward.runtime.fleet.senders import postgres_requests
 from onward.runtime.fleet.worker import DEFAULT_GROUP, Worker
-from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy
+from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, MAX_LEASE_TTL_S, LeasePolicy
 from onward.runtime.observability import WorkerCollector
 from onward.runtime.settings import Settings, load_settings
 from onward.runtime.signing import RequestSigner
 
-from ._common import err, imported, made, opened
+from ._common import KAFKA_MAX_MS, err, imported, made, opened
 from ._health import MetricsHostOption, MetricsPortOption, metrics_served, stores_reachable
 from .runs import load_provider
 
@@ -151,7 +151,10 @@ def worker_command(
     ] = DEFAULT_REQUESTS_TOPIC,
     group: Annotated[str, typer.Option(help="Kafka: the fleet's consumer group.")] = DEFAULT_GROUP,
     session_timeout_ms: Annotated[
-        int, typer.Option(help="Kafka: how long a dead worker keeps its partitions.")
+        int,
+        typer.Option(
+            min=1, max=KAFKA_MAX_MS, help="Kafka: how long a dead worker keeps its partitions."
+        ),
     ] = 10_000,
     name: Annotated[
         str | None, typer.Option(help="This worker's name in leases (default: host-pid).")
@@ -182,6 +185,14 @@ def worker_command(
     for option, seconds in (("--lease-ttl", lease_ttl), ("--recheck", recheck)):
         if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
             raise InvalidInputError(f"{option} must be positive, finite seconds, got {seconds}")
+    if lease_ttl is not None and lease_ttl > MAX_LEASE_TTL_S:
+        raise InvalidInputError(
+            f"--lease-ttl must be at most {MAX_LEASE_TTL_S:g} seconds, as ONWARD_LEASE_TTL, "
+            f"got {lease_ttl:g}"
+        )
+    if not (backoff >= 0 and math.isfinite(backoff)):
+        # Negative or NaN retries a store that is down with no pause; infinite, never.
+        raise InvalidInputError(f"--backoff must be finite seconds, 0 or more, got {backoff}")
     policy = (
         config.lease_policy()
         if lease_ttl is None

@@ -89,6 +89,10 @@ lost host's runs waiting at most that long, renews every 20 s (two thirds of the
 renewal margin), and still lets a tool declare up to 20 s of ``max_call_s``.
 """
 
+MAX_LEASE_TTL_S = 86_400.0
+"""The longest lease ttl ``ONWARD_LEASE_TTL`` and ``--lease-ttl`` take: a day, already a long
+time for a run to stay locked after its holder is gone."""
+
 
 @dataclass(frozen=True, slots=True)
 class LeasePolicy:

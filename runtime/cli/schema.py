@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from onward.errors import InvalidInputError
 from onward.eventlog.schema import event_schema
 
 from ._common import echo
@@ -22,5 +23,11 @@ def schema_command(
     text = event_schema()
     if output is None:
         echo(text.decode(), nl=False)
-    else:
+        return
+    try:
         output.write_bytes(text)
+    except OSError as exc:
+        # A local file, not a server: the boundary would take an OSError for one that is down.
+        raise InvalidInputError(
+            f"--output: cannot write {str(output)!r}: {exc.strerror or exc}"
+        ) from exc

@@ -293,11 +293,15 @@ def run_until_terminated(main: Coroutine[Any, Any, _T]) -> _T:
 
         if threading.current_thread() is not threading.main_thread():
             return await main  # signals reach the main thread only (a command run by a test)
+        # Put back afterwards: `frontier_main` and `resume_main` run inside a product's process.
+        previous = signal.getsignal(signal.SIGTERM)
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
         try:
             return await main
         finally:
             loop.remove_signal_handler(signal.SIGTERM)
+            if previous is not None:  # None: set outside Python, and cannot be put back
+                signal.signal(signal.SIGTERM, previous)
 
     try:
         return asyncio.run(cancellable())

@@ -4,10 +4,12 @@ own stores (here SQLite files no ``ONWARD_*`` variable names), and a script read
 from __future__ import annotations
 
 import asyncio
+import signal
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from types import FrameType
 
 import msgspec
 import pytest
@@ -128,3 +130,20 @@ def test_resume_main_prints_the_summary_then_carries_the_run_on(
     assert resume_main(["pay-1", *TENANT], runner=product(db), agent=cli_agent.payer()) == 0
     assert "nothing to carry on" in capsys.readouterr().out
     assert [effect for effect, _ in cli_agent.EFFECTS[before:]] == ["pay"]
+
+
+def test_the_products_own_sigterm_handler_is_put_back(tmp_path: Path) -> None:
+    """A product that calls a main in a process that lives on (its own shell, a service) keeps
+    its SIGTERM handling: the main's own is in place only while it runs."""
+    db = tmp_path / "product.db"
+    waiting_run(db, approved=False)
+
+    def products(signum: int, frame: FrameType | None) -> None:
+        """The product's own SIGTERM handler."""
+
+    previous = signal.signal(signal.SIGTERM, products)
+    try:
+        assert frontier_main(["pay-1", *TENANT, "--json"], runner=product(db)) == 0
+        assert signal.getsignal(signal.SIGTERM) is products
+    finally:
+        signal.signal(signal.SIGTERM, previous)

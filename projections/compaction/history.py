@@ -199,8 +199,12 @@ async def compacted_timeline(
         lines = timeline_of(records)
         check_owner(lines, run_id, tenant)
         return lines, None
+    # By offset, not seq: a superseded writer's refused events can carry seqs at or past the
+    # point from below it, and shown first they would seed the verdicts as counted ones.
     shown = [
-        r for r in records if not isinstance(r, StoredEvent) or r.event.seq >= point.before_seq
+        r
+        for r in records
+        if not isinstance(r, StoredEvent) or r.position.offset >= point.before_offset
     ]
     kept = [AuditLine(e.stored(), None, retained=True) for e in await store.retained(run_id)]
     lines = sorted([*kept, *timeline_of(shown)], key=lambda line: line.position.offset)

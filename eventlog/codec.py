@@ -339,7 +339,9 @@ def _describe_failure(
     newest = format_of(probe.kind)
     if isinstance(probe.format, int) and probe.format > newest:
         return _newer_format(run, seq, probe.format, newest)
-    reason = str(exc)
+    # msgspec quotes a tag it does not know as it is: a NUL in it would make the reason text
+    # PostgreSQL refuses (the quarantine entry, the run's mark), failing the batch that files it.
+    reason = str(exc).replace("\x00", "\\x00")
     match = _PATH.search(reason)
     field = match.group(1) if match else None
     return EventDecodeError(

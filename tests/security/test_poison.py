@@ -269,3 +269,37 @@ async def test_a_nul_in_a_stored_name_quarantines_its_run_not_the_partition(
     assert folded is not None
     assert folded.frontier is not None
     assert folded.frontier.finished
+
+
+async def test_a_nul_in_an_unknown_kind_quarantines_its_run_not_the_partition(
+    stack: Stack, rng: random.Random
+) -> None:
+    """A record whose kind is no kind Onward knows and holds a NUL: the decoder's own words
+    for it quote the kind, and the reason stored for it (text, as the row's mark is) must not
+    carry the NUL into PostgreSQL, or every write of the batch fails and the partition stops."""
+    poisoned, other = RunScript(rng), RunScript(rng)
+    await stack.log.append(poisoned.steps()[0])
+    partition = partition_for(poisoned.run_id, PARTITIONS)
+    offset = await produce(
+        stack.bootstrap,
+        stack.topic,
+        partition,
+        poisoned.run_id,
+        raw_event(poisoned.run_id, 2, "run.sta\x00rted", agent="a", revision="r"),
+    )
+    for step in other.steps():
+        await stack.log.append(step)
+
+    await fold_to_the_end(stack)
+
+    row = await stack.store.get(poisoned.run_id)
+    assert row is not None
+    assert row.quarantined is not None
+    (entry,) = await stack.store.quarantined(DEFAULT_CONSUMER)
+    assert (entry.run_id, entry.offset) == (poisoned.run_id, offset)
+    assert "$.kind" in entry.reason
+    assert "\x00" not in entry.reason
+    folded = await stack.store.get(other.run_id)
+    assert folded is not None
+    assert folded.frontier is not None
+    assert folded.frontier.finished

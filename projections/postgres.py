@@ -84,13 +84,16 @@ def _frontiers_ddl(build: int) -> str:
     return template.replace("{build}", str(int(build)))
 
 
+_VIEWS = ("onward_frontiers", "onward_tool_calls")
+"""The views on the active build's frontier and tool_calls tables."""
+
 FRONTIERS = BuildLayout(
     projection=PROJECTION,
     version=PROJECTION_VERSION,
     ddl=_frontiers_ddl,
     views=lambda build: {
-        "onward_frontiers": f"onward_frontiers_{build}",
-        "onward_tool_calls": f"onward_tool_calls_{build}",
+        _VIEWS[0]: f"onward_frontiers_{build}",
+        _VIEWS[1]: f"onward_tool_calls_{build}",
     },
 )
 """The layout of the built-in frontiers projection (frontier and tool_calls tables)."""
@@ -207,11 +210,17 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         build = self.build
         return f"onward_frontiers_{build}", f"onward_tool_calls_{build}"
 
+    def _read_tables(self) -> tuple[str, str]:
+        """What a read queries: a pinned store's build; for a following store the views, which
+        a switch repoints in its own transaction, so a reader opened before a rebuild reads
+        the build switched in, not the retired one nothing writes any more."""
+        return _VIEWS if self._pinned is None else self._tables()
+
     def _consumer(self, consumer: str) -> str:
         return f"{consumer}@{self.build}"
 
     async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
-        frontiers, _ = self._tables()
+        frontiers, _ = self._read_tables()
         async with self._connection("loading frontiers") as conn:
             rows = await conn.fetch(
                 f"SELECT {_SUMMARY_COLUMNS}, payload, snapshot_error, quarantined FROM {frontiers} "
@@ -403,7 +412,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         return {int(r["partition"]): int(r["next_offset"]) for r in rows}
 
     async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
-        _, tool_calls = self._tables()
+        _, tool_calls = self._read_tables()
         async with self._connection("reading tool call rows", run_id) as conn:
             rows = await conn.fetch(
                 f"SELECT {_CALL_COLUMNS} FROM {tool_calls} WHERE run_id = $1 "
@@ -423,7 +432,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         after: str | None = None,
         limit: int | None = None,
     ) -> list[RunSummary]:
-        frontiers, _ = self._tables()
+        frontiers, _ = self._read_tables()
         # Only the conditions given are in the statement, so the planner picks an index for
         # them (an `$1 IS NULL OR ...` form would have it plan for every case at once).
         conditions: list[str] = []

@@ -15,7 +15,11 @@ before the call: the batch is read whole and every value is checked against
 
 Exactly once then rests on Redis keeping what it acknowledged. Run it with AOF
 (``appendonly yes``): a restart that loses the last writes loses each one's positions with its
-rows, and the projector folds them again from the log. Never let it evict
+rows, and the projector folds them again from the log. A projector need not see the restart
+for that (one between two of its calls fails none of them): the store remembers the highest
+position it saw stored per partition, and the script refuses a batch, writing nothing, when
+Redis now holds a lower one, so the projector seeks back to what Redis holds instead of laying
+its positions over the rows Redis forgot. Never let it evict
 (``maxmemory-policy noeviction``): an evicted row is a run whose frontier is gone while the
 positions say it was stored. One script touches many runs' keys, so a single node, not Redis
 Cluster.
@@ -37,7 +41,7 @@ Keys, under the store's prefix:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from importlib.resources import files
 from typing import Any
 
@@ -46,7 +50,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from onward._storage import BACKEND_TIMEOUT_S, RedisStore, translated
-from onward.errors import PayloadTooLargeError, SchemaMismatchError
+from onward.errors import BackendUnavailableError, PayloadTooLargeError, SchemaMismatchError
 
 from .base import (
     FrontierStoreBackend,
@@ -140,6 +144,9 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     ) -> None:
         super().__init__(url, prefix=prefix, max_connections=max_connections, timeout_s=timeout_s)
         self.max_value_bytes = max_value_bytes
+        # Per consumer and partition, the highest position seen stored (read or written): a
+        # write finding a lower one stored finds writes Redis acknowledged and then lost.
+        self._seen: dict[str, dict[int, int]] = {}
 
     def _started(self, client: aioredis.Redis) -> None:
         self._write_script = client.register_script(_script_source("frontier_write"))
@@ -243,24 +250,43 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
             said += [_transcript_key(self.prefix, message.tenant, message.run_id), message.seq]
             said.append(body)
         positions: list[Any] = []
+        seen = self._seen.get(batch.consumer, {})
         for partition, offset in batch.positions.items():
-            positions += [partition, offset]
+            positions += [partition, offset, seen.get(partition, "")]
         counts = [
             len(batch.snapshots),
             len(batch.calls),
             len(cleared),
             len(batch.quarantine),
             len(batch.messages),
-            len(positions) // 2,
+            len(positions) // 3,
         ]
         head = [self.prefix, batch.consumer, STORE_FORMAT, *counts]
         return [*head, *rows, *calls, *cleared, *held, *said, *positions]
 
     async def _write(self, batch: FrontierWrite) -> None:
+        """Run the write script; refused (Redis holds a position below one seen stored), forget
+        the positions seen and raise, so the projector seeks to what Redis holds now."""
         arguments = self._arguments(batch)
         with translated(f"writing frontiers of consumer {batch.consumer!r}"):
             async with asyncio.timeout(self._timeout_s):
-                await self.run_script(self._write_script, [], arguments)
+                answer = await self.run_script(self._write_script, [], arguments)
+        if answer != 1:
+            partition, stored = int(answer[0]), _str(answer[1]) or "none"
+            seen = self._seen.pop(batch.consumer, {}).get(partition)
+            raise BackendUnavailableError(
+                f"Redis lost writes it acknowledged: consumer {batch.consumer!r} has position "
+                f"{stored} stored in partition {partition}, below the {seen} stored before (a "
+                "restart without persistence, or an AOF that lost its last writes); nothing of "
+                "the batch was written: fold again from the positions Redis holds"
+            )
+        self._saw(batch.consumer, batch.positions)
+
+    def _saw(self, consumer: str, positions: Mapping[int, int]) -> None:
+        """Remember ``positions`` as stored for ``consumer``, where above those seen."""
+        seen = self._seen.setdefault(consumer, {})
+        for partition, offset in positions.items():
+            seen[partition] = max(offset, seen.get(partition, offset))
 
     async def quarantined(
         self,
@@ -313,7 +339,9 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         with translated(f"reading the positions of consumer {consumer!r}"):
             async with asyncio.timeout(self._timeout_s):
                 stored = await client.hgetall(self._key("positions", consumer))
-        return {int(partition): int(offset) for partition, offset in stored.items()}
+        found = {int(partition): int(offset) for partition, offset in stored.items()}
+        self._saw(consumer, found)
+        return found
 
     async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
         client = self._live_client()

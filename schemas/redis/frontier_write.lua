@@ -5,6 +5,9 @@
 -- ARGV[1] the key prefix, ARGV[2] the consumer, ARGV[3] the format this code writes,
 -- ARGV[4..9] how many rows, call rows, cleared runs, quarantine entries, transcript rows and
 -- positions follow, then each in that order (see RedisFrontierStore._arguments).
+-- Returns 1, or, writing nothing, {partition, stored} for a partition whose stored position is
+-- below the one the caller saw stored ('' when it saw none): Redis lost acknowledged writes
+-- (a restart without them), and the positions must not be laid over the rows it forgot.
 local prefix, consumer, format = ARGV[1], ARGV[2], ARGV[3]
 local counts = {}
 for n = 4, 9 do
@@ -19,6 +22,18 @@ end
 
 local function newer(stored, through)
     return (not stored) or tonumber(stored) < tonumber(through)
+end
+
+local positions_key = prefix .. 'positions:' .. consumer
+local positions_at = at + rows * 6 + calls * 4 + cleared + held * 4 + said * 3
+for n = 0, positions - 1 do
+    local partition, seen = ARGV[positions_at + 3 * n], ARGV[positions_at + 3 * n + 2]
+    if seen ~= '' then
+        local stored = redis.call('HGET', positions_key, partition)
+        if (not stored) or tonumber(stored) < tonumber(seen) then
+            return {partition, stored or ''}
+        end
+    end
 end
 
 redis.call('SET', prefix .. 'frontier-format', format, 'NX')
@@ -95,10 +110,9 @@ for _ = 1, said do
     at = at + 3
 end
 
-local positions_key = prefix .. 'positions:' .. consumer
 for _ = 1, positions do
     local partition, offset = ARGV[at], ARGV[at + 1]
-    at = at + 2
+    at = at + 3
     if newer(redis.call('HGET', positions_key, partition), offset) then
         redis.call('HSET', positions_key, partition, offset)
     end

@@ -19,7 +19,7 @@ from support.histories import (
 )
 from support.redis import delete_prefix
 
-from onward.errors import PayloadTooLargeError, SchemaMismatchError
+from onward.errors import BackendUnavailableError, PayloadTooLargeError, SchemaMismatchError
 from onward.eventlog import KafkaEventLog
 from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.frontier_projection import FrontierProjection
@@ -162,3 +162,35 @@ async def test_a_kafka_projector_folds_into_redis_as_the_direct_fold(
         await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
         await assert_stored_is_what_the_scripts_wrote(store, steps)
         assert {s.run_id for s in await store.runs()} == set(run_ids_of(steps))
+
+
+async def test_a_write_over_positions_redis_lost_is_refused_whole(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Redis forgot a batch it acknowledged (a restart without it): the next batch, folded on
+    from what the store saw stored, writes nothing, so its positions never cover the forgotten
+    rows; once the positions Redis holds are read again, a batch folded from them is stored."""
+    first, second = new_run_id(), new_run_id()
+    async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:
+        await store.write(CONSUMER, {0: 5, 1: 3}, [Snapshot.of(frontier(first, through=4))], [])
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await client.delete(f"{redis_prefix}frontier:{first}")
+            await client.hset(f"{redis_prefix}positions:{CONSUMER}", "0", "0")
+        finally:
+            await client.aclose()
+        with pytest.raises(BackendUnavailableError, match="partition 0, below the 5 stored"):
+            await store.write(
+                CONSUMER,
+                {0: 9},
+                [Snapshot.of(frontier(second, through=8))],
+                [call_row(second, "c1", through=8, outcome=None)],
+                messages=[said(second, 1, "hi")],
+            )
+        assert await store.load([first, second]) == {}
+        assert await store.tool_calls(second) == []
+        assert await store.transcript(second, tenant="acme", through=9) == []
+        assert await store.positions(CONSUMER) == {0: 0, 1: 3}
+        await store.write(CONSUMER, {0: 9}, [Snapshot.of(frontier(first, through=8))], [])
+        assert await store.positions(CONSUMER) == {0: 9, 1: 3}
+        assert (await store.load([first]))[first].summary.through_offset == 8

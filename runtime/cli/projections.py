@@ -352,12 +352,21 @@ def rebuild_command(
     With --archive, what compaction cut is read back from the archive first, so the new build
     holds every run whole; without it, a log that was cut is refused.
 
-    Exit 0: rebuilt. 2: bad configuration or --projection, or the log was cut and no
-    --archive given. 5: Kafka or PostgreSQL failed, or the archive is corrupt.
+    Exit 0: rebuilt. 2: bad configuration or --projection, the frontiers kept in Redis
+    (ONWARD_FRONTIER_STORE=redis, which has no builds), or the log was cut and no --archive
+    given. 5: Kafka or PostgreSQL failed, or the archive is corrupt.
     """
     config = load_settings()
     database_url = config.require_database_url()
     user = None
+    if name == PROJECTION and config.frontier_store == "redis":
+        # A build in PostgreSQL nobody reads, whose positions compaction would take for a
+        # projector's and never cut past.
+        raise ConfigurationError(
+            "ONWARD_FRONTIER_STORE=redis keeps the frontiers in Redis, which has no builds to "
+            "rebuild into: a rebuild of frontiers would fill a PostgreSQL build that nothing "
+            "reads (a user projection, in PostgreSQL, can still be rebuilt)"
+        )
     if name != PROJECTION:
         if projection is None:
             raise InvalidInputError(f"{name!r} is not built in; pass --projection module:attr")

@@ -85,10 +85,18 @@ async def create_build(
 
 @translating("creating the first build")
 async def ensure_active(conn: asyncpg.Connection, layout: BuildLayout) -> int | None:
-    """Create and activate the first build if the projection has none; return it if created."""
+    """Create and activate the first build if the projection has none; return it if created.
+
+    Asked again under the lock a build is created under: callers that all found none at once
+    (migrations, projectors starting together) create one between them, and the others find it.
+    """
     if await active_build(conn, layout.projection) is not None:
         return None
-    return await create_build(conn, layout, status="active")
+    async with conn.transaction():
+        await conn.execute("LOCK TABLE onward_projection_builds IN EXCLUSIVE MODE")
+        if await active_build(conn, layout.projection) is not None:
+            return None
+        return await create_build(conn, layout, status="active")
 
 
 @translating("switching builds")

@@ -100,9 +100,15 @@ FRONTIERS = BuildLayout(
 
 
 @translating("migrating PostgreSQL")
-async def migrate(conn: asyncpg.Connection) -> list[str]:
-    """Apply pending migrations and make sure the frontiers projection has an active build."""
-    applied = await migrate_postgres(conn)
+async def migrate(
+    conn: asyncpg.Connection, *, lock_timeout_s: float | None = BACKEND_TIMEOUT_S
+) -> list[str]:
+    """Apply pending migrations and make sure the frontiers projection has an active build.
+
+    ``lock_timeout_s`` bounds the wait for another migration of the same schema
+    (`migrate_postgres`).
+    """
+    applied = await migrate_postgres(conn, lock_timeout_s=lock_timeout_s)
     created = await ensure_active(conn, FRONTIERS)
     if created is not None:
         applied.append(f"frontiers build {created}")

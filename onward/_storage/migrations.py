@@ -8,6 +8,7 @@ The SQL lives in ``schemas/sql/NNNN_name.sql`` (PostgreSQL) and ``schemas/sqlite
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -19,14 +20,26 @@ import asyncpg
 
 from onward.errors import ConfigurationError, SchemaMismatchError
 
+from .locks import LOCK_TIMEOUT_S, LockWait, lock_taken
 from .sqlite import connect, split_statements, transaction
 from .translate import translating
 
 Dialect = Literal["postgres", "sqlite"]
 _FOLDER: dict[Dialect, str] = {"postgres": "sql", "sqlite": "sqlite"}
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-# Serializes concurrent `onward db migrate` runs on one database.
-_ADVISORY_LOCK = 0x6F6E77617264  # "onward"
+# Serializes concurrent `onward db migrate` runs on one schema, until their transaction ends.
+_TRY_MIGRATION_LOCK = "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))"
+_MIGRATION_LOCK_POLL_S = 0.2
+_HOLDER = """
+SELECT a.pid, a.application_name, host(a.client_addr) AS client
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+  AND l.objid = (hashtextextended($1, 0) & 4294967295)::oid
+LIMIT 1
+"""
+"""The session holding the advisory lock keyed ``hashtextextended($1, 0)``: a bigint key is
+stored as two oids, its high half in classid, its low half in objid."""
 
 _LEDGER = """
 CREATE TABLE IF NOT EXISTS onward_schema_migrations (
@@ -75,11 +88,18 @@ def _mismatch(where: str, found: int, expected: int) -> SchemaMismatchError:
 
 
 @translating("migrating PostgreSQL")
-async def migrate_postgres(conn: asyncpg.Connection) -> list[str]:
-    """Apply the PostgreSQL migrations not yet applied; return their names."""
+async def migrate_postgres(
+    conn: asyncpg.Connection, *, lock_timeout_s: float | None = LOCK_TIMEOUT_S
+) -> list[str]:
+    """Apply the PostgreSQL migrations not yet applied; return their names.
+
+    Args:
+        lock_timeout_s: The longest another migration of the same schema is waited for before
+            this one fails with `BackendUnavailableError`; ``None`` waits until it is done.
+    """
     applied: list[str] = []
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", _ADVISORY_LOCK)
+        await _lock_migrations(conn, lock_timeout_s)
         await conn.execute(_LEDGER)
         done = {
             r["version"] for r in await conn.fetch("SELECT version FROM onward_schema_migrations")
@@ -96,6 +116,39 @@ async def migrate_postgres(conn: asyncpg.Connection) -> list[str]:
             )
             applied.append(f"{migration.version:04d}_{migration.name}")
     return applied
+
+
+async def _lock_migrations(conn: asyncpg.Connection, timeout_s: float | None) -> None:
+    """Take the migration lock of the schema migrated into, until the transaction ends.
+
+    The lock is the schema's own, so migrations of other schemas on the server go on. It is
+    asked for without blocking: a wait on the server would be bounded by nothing (migration
+    statements are not), so the wait is made here, said in the log once it lasts, naming
+    the session that holds the lock, and ended at ``timeout_s`` (`LockWait`).
+    """
+    schema = await conn.fetchval("SELECT current_schema()")
+    key = f"onward:{schema or ''}:migrations"
+    what = f"the migration lock of PostgreSQL schema {schema or '(none)'}"
+    if await conn.fetchval(_TRY_MIGRATION_LOCK, key):
+        lock_taken(what)
+        return
+    wait = LockWait(what, timeout_s, lambda: advisory_holder(conn, key))
+    while not await conn.fetchval(_TRY_MIGRATION_LOCK, key):
+        await wait.not_yet()
+        remaining = wait.remaining()
+        await asyncio.sleep(
+            _MIGRATION_LOCK_POLL_S if remaining is None else min(_MIGRATION_LOCK_POLL_S, remaining)
+        )
+    wait.taken()
+
+
+async def advisory_holder(conn: asyncpg.Connection, key: str) -> str:
+    """Which session holds the advisory lock ``key``, as PostgreSQL tells it ("" if none)."""
+    row = await conn.fetchrow(_HOLDER, key)
+    if row is None:
+        return ""
+    where = f" from {row['client']}" if row["client"] else ""
+    return f"backend pid {row['pid']} ({row['application_name'] or 'no application name'}{where})"
 
 
 @translating("reading the PostgreSQL schema version")

@@ -23,7 +23,7 @@ from onward.errors import InvalidInputError
 
 from .locks import LOCK_TIMEOUT_S, LockWait, lock_taken
 from .logs import one_line_driver_logs
-from .migrations import open_sqlite, verify_postgres, verify_sqlite
+from .migrations import advisory_holder, open_sqlite, verify_postgres, verify_sqlite
 from .postgres import open_pool, pooled
 from .sqlite import FileLock, SqliteThread, connect_reader
 from .translate import translated
@@ -324,15 +324,6 @@ class PostgresStore(Resource):
 
 _TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
 _LOCK = "SELECT pg_advisory_lock(hashtextextended($1, 0))"
-# A bigint advisory key is stored as two oids: its high half in classid, its low half in objid.
-_HOLDER = """
-SELECT a.pid, a.application_name, host(a.client_addr) AS client
-FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-  AND l.classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
-  AND l.objid = (hashtextextended($1, 0) & 4294967295)::oid
-LIMIT 1
-"""
 
 
 class AdvisoryLock:
@@ -400,7 +391,7 @@ class AdvisoryLock:
         if await conn.fetchval(_TRY_LOCK, self._key):
             lock_taken(what)
             return
-        wait = LockWait(what, self._store._timeout_s, lambda: self._holder(conn))
+        wait = LockWait(what, self._store._timeout_s, lambda: advisory_holder(conn, self._key))
         while True:
             remaining = wait.remaining()
             lock_timeout_ms = (
@@ -415,13 +406,3 @@ class AdvisoryLock:
             else:
                 wait.taken()
                 return
-
-    async def _holder(self, conn: asyncpg.Connection) -> str:
-        """Which session holds the lock, as PostgreSQL tells it ("" if it does not)."""
-        row = await conn.fetchrow(_HOLDER, self._key)
-        if row is None:
-            return ""
-        where = f" from {row['client']}" if row["client"] else ""
-        return (
-            f"backend pid {row['pid']} ({row['application_name'] or 'no application name'}{where})"
-        )

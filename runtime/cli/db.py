@@ -76,11 +76,12 @@ def migrate_command(as_json: JsonResultOption = False) -> None:
     config = load_settings()
 
     async def run() -> list[str]:
-        # A migration may build an index on a large table: only connecting is bounded.
+        # A migration may build an index on a large table: only connecting, and the wait for
+        # another migration of the schema, are bounded.
         async with _connection(config, statements_bounded=False) as conn:
             schema = config.database_schema
             created = await _create_schema(conn, schema)
-            applied = await migrate(conn)
+            applied = await migrate(conn, lock_timeout_s=config.backend_timeout)
             if created and schema is not None:
                 applied.insert(0, f"schema {quoted(schema)}")
             return applied

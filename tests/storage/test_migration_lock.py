@@ -1,0 +1,123 @@
+"""`onward db migrate` while another migration of the database is under way.
+
+Migrations of one schema are serialized by a lock every migrator sees; migrations of other
+schemas on the same server do not wait for it. A migrator that waits says on whom and until
+when, and gives up after ``ONWARD_BACKEND_TIMEOUT`` (exit 5) rather than wait in silence for
+as long as the other one takes. The other migration is a real one, left open in its
+transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+from support.pg import SchemaFactory
+
+from onward._storage import migrate_postgres
+from onward.projections.postgres import migrate
+
+
+@asynccontextmanager
+async def migrating(database_url: str, schema: str) -> AsyncIterator[int]:
+    """A migration of ``schema`` done but not committed, so it holds what a migration holds;
+    its backend pid. Rolled back on the way out."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        transaction = conn.transaction()
+        await transaction.start()
+        await migrate(conn)
+        try:
+            yield conn.get_server_pid()
+        finally:
+            await transaction.rollback()
+    finally:
+        await conn.close()
+
+
+async def onward_migrate(database_url: str, schema: str, timeout_s: float) -> tuple[int, str]:
+    """``onward db migrate`` into ``schema`` with ``ONWARD_BACKEND_TIMEOUT=timeout_s``: its
+    exit code and stderr. Killed (and the test failed) if it has not ended within 30 s."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": schema,
+        "ONWARD_BACKEND_TIMEOUT": str(timeout_s),
+    }
+    child = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "onward", "db", "migrate"),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, stderr = await asyncio.wait_for(child.communicate(), 30)
+    except TimeoutError:
+        child.kill()
+        await child.wait()
+        raise AssertionError("`onward db migrate` was still waiting after 30 s") from None
+    assert child.returncode is not None
+    return child.returncode, stderr.decode()
+
+
+async def test_migrations_of_other_schemas_do_not_wait_for_each_other(
+    database_url: str, new_pg_schema: SchemaFactory
+) -> None:
+    first, second = await new_pg_schema(migrated=False), await new_pg_schema(migrated=False)
+    async with migrating(database_url, first):
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": second})
+        try:
+            applied = await asyncio.wait_for(migrate(conn), 10)
+        finally:
+            await conn.close()
+    assert applied[-1] == "frontiers build 1"
+
+
+async def test_a_migration_of_the_same_schema_is_waited_for_aloud_then_given_up(
+    database_url: str, new_pg_schema: SchemaFactory
+) -> None:
+    schema = await new_pg_schema(migrated=False)
+    async with migrating(database_url, schema) as pid:
+        began = time.monotonic()
+        code, stderr = await onward_migrate(database_url, schema, 2)
+        took = time.monotonic() - began
+    assert code == 5, stderr
+    assert took < 15
+    lock = re.escape(f"the migration lock of PostgreSQL schema {schema}")
+    said, refused = stderr.strip().splitlines()[-2:]
+    assert re.search(rf"waiting for {lock}, held by backend pid {pid}\b.*, until ", said), said
+    assert re.search(rf"{lock} was not free within 2 s \(held by backend pid {pid}\b", refused), (
+        refused
+    )
+    # Once the other migration has ended, the schema is migrated as usual.
+    code, stderr = await onward_migrate(database_url, schema, 2)
+    assert code == 0, stderr
+
+
+async def test_migrations_of_one_schema_at_once_all_succeed_with_one_first_build(
+    database_url: str, new_pg_schema: SchemaFactory
+) -> None:
+    # The tables are there but the frontiers projection has no build yet: what every one of
+    # them then does at once, after the migrations' lock, is create its first build.
+    schema = await new_pg_schema(migrated=False)
+    conns = [
+        await asyncpg.connect(database_url, server_settings={"search_path": schema})
+        for _ in range(4)
+    ]
+    try:
+        await migrate_postgres(conns[0])
+        applied = await asyncio.wait_for(asyncio.gather(*(migrate(c) for c in conns)), 20)
+        builds = await conns[0].fetch(
+            "SELECT build, status FROM onward_projection_builds WHERE projection = 'frontiers'"
+        )
+    finally:
+        for conn in conns:
+            await conn.close()
+    assert sorted(applied) == [[], [], [], ["frontiers build 1"]]
+    assert [(row["build"], row["status"]) for row in builds] == [(1, "active")]

@@ -7,17 +7,19 @@ a caller untranslated.
 
 from __future__ import annotations
 
+import os
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
 from onward.errors import BackendError, BackendUnavailableError, ConfigurationError
 
 from .migrations import verify_postgres
-from .translate import DRIVER_ERRORS, translated
+from .translate import DRIVER_ERRORS, translated, unusable_tls_file
 from .urls import masked_url, without_passwords
 
 # What a call on a lost connection fails with: a driver error, or one a function such as a build
@@ -146,7 +148,12 @@ def _connect_options(schema: str | None, timeout_s: float | None) -> dict[str, A
 def _usable_url(dsn: str) -> Iterator[None]:
     """asyncpg's DSN parser raises a bare ValueError (a port that is not a number): say which
     setting is wrong. The URL is shown without its password, and the driver's exception is not
-    chained, as its text may hold the URL as it was given."""
+    chained, as its text may hold the URL as it was given.
+
+    It loads the TLS files the URL names before it connects, and a file it cannot read fails
+    with a bare OSError, as an unreachable server does: such a failure is said to be the
+    file's (`_unusable_tls_file`), a `ConfigurationError`, rather than the server's.
+    """
     try:
         yield
     except ssl.SSLCertVerificationError:
@@ -156,6 +163,37 @@ def _usable_url(dsn: str) -> Iterator[None]:
             f"DATABASE_URL {masked_url(dsn)} is not a usable PostgreSQL URL: "
             f"{without_passwords(str(exc), dsn)}"
         ) from None
+    except OSError as exc:
+        unusable = _unusable_tls_file(dsn)
+        if unusable is None:
+            raise
+        raise ConfigurationError(unusable) from exc
+
+
+_TLS_FILES: tuple[tuple[str, str, bool], ...] = (
+    ("sslrootcert", "PGSSLROOTCERT", True),
+    ("sslcrl", "PGSSLCRL", True),
+    ("sslcert", "PGSSLCERT", False),
+    ("sslkey", "PGSSLKEY", False),
+)
+"""The TLS files asyncpg loads (each named in the URL's query, or else by its variable), and
+whether each holds CA certificates."""
+
+
+def _unusable_tls_file(dsn: str) -> str | None:
+    """Which TLS file ``dsn`` (or a ``PGSSL*`` variable) names that cannot be loaded, and why;
+    ``None`` if every one it names can be."""
+    try:
+        query = parse_qs(urlsplit(dsn).query)
+    except ValueError:  # a URL the driver could not parse either: not a file's fault
+        return None
+    named: list[tuple[str, str, bool]] = []
+    for parameter, variable, authorities in _TLS_FILES:
+        if query.get(parameter, [""])[-1]:
+            named.append((f"{parameter} in DATABASE_URL", query[parameter][-1], authorities))
+        elif os.environ.get(variable):
+            named.append((variable, os.environ[variable], authorities))
+    return unusable_tls_file(named)
 
 
 @asynccontextmanager

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any, ClassVar
+from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -24,7 +25,7 @@ from redis.exceptions import NoScriptError
 from onward.errors import ConfigurationError, InvalidInputError
 
 from .stores import BACKEND_TIMEOUT_S, Resource
-from .translate import redis_plaintext_refused, translated
+from .translate import redis_plaintext_refused, translated, unusable_tls_file
 from .urls import masked_url, without_passwords
 
 
@@ -93,11 +94,11 @@ class RedisStore(Resource):
                 async with asyncio.timeout(self._timeout_s):
                     await client.ping()
             except RedisConnectionError as exc:
-                plaintext = redis_plaintext_refused(exc, self._url)
-                if plaintext is None:
+                refused = redis_plaintext_refused(exc, self._url) or _unusable_tls_file(self._url)
+                if refused is None:
                     raise
                 raise ConfigurationError(
-                    f"connecting to Redis at {masked_url(self._url)}: {plaintext}"
+                    f"connecting to Redis at {masked_url(self._url)}: {refused}"
                 ) from exc
 
     def _started(self, client: aioredis.Redis) -> None:
@@ -191,6 +192,29 @@ class _ScriptCall:
     def fail(self, error: BaseException) -> None:
         if not self.answer.done():
             self.answer.set_exception(error)
+
+
+_TLS_FILES: tuple[tuple[str, bool], ...] = (
+    ("ssl_ca_certs", True),
+    ("ssl_certfile", False),
+    ("ssl_keyfile", False),
+)
+"""The TLS files redis-py loads from a ``rediss://`` URL's query, and whether each holds CA
+certificates."""
+
+
+def _unusable_tls_file(url: str) -> str | None:
+    """Which TLS file a ``rediss://`` URL names that cannot be loaded, and why; ``None`` if
+    every one it names can be. redis-py loads them as it connects, and a failure to is a
+    connection error like a server's that does not answer."""
+    if not url.startswith("rediss://"):
+        return None
+    query = parse_qs(urlsplit(url).query)
+    return unusable_tls_file(
+        (f"{parameter} in REDIS_URL", query[parameter][-1], authorities)
+        for parameter, authorities in _TLS_FILES
+        if query.get(parameter, [""])[-1]
+    )
 
 
 async def _pipeline(client: aioredis.Redis, calls: list[_ScriptCall]) -> list[Any]:

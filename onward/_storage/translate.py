@@ -18,8 +18,9 @@ import functools
 import sqlite3
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import aiokafka.errors as kafka_errors
@@ -316,6 +317,32 @@ def refused_setting(exc: BaseException) -> str | None:
             "the server's TLS certificate was not accepted: give the CA file that signed it as "
             "ssl_ca_certs in REDIS_URL (rediss://host:port/db?ssl_ca_certs=/path/to/ca.pem)"
         )
+    return None
+
+
+def unusable_tls_file(named: Iterable[tuple[str, str, bool]]) -> str | None:
+    """Of the TLS files a client loads before it connects, the first that cannot be loaded,
+    in one line naming the setting that names it; ``None`` if every one can be.
+
+    A driver loading such a file fails with a bare OSError, as it does for a server it cannot
+    reach, so its failure is asked about here rather than taken for the server's.
+
+    Args:
+        named: Per file: the setting that names it ("sslrootcert in DATABASE_URL"), its path,
+            and whether it holds CA certificates (loaded as such) rather than a client
+            certificate or key (read).
+    """
+    for setting, path, authorities in named:
+        try:
+            if authorities:
+                ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+            else:
+                Path(path).read_bytes()
+        except OSError as exc:
+            return (
+                f"{setting} names {path}, which cannot be used: {exc.strerror or exc}; give the "
+                "path of a readable PEM file"
+            )
     return None
 
 

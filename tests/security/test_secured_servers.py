@@ -17,6 +17,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote
 
 import asyncpg
@@ -27,6 +28,7 @@ from support.pg import SchemaFactory, schema_factory
 from support.processes import TESTS
 from support.servers import KafkaServers
 
+from onward.errors import ConfigurationError
 from onward.projections.base import FrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.redis import RedisFrontierStore
@@ -353,3 +355,45 @@ async def test_migrate_refused_over_plaintext_creates_nothing(
     finally:
         await conn.close()
     assert tables == 0
+
+
+UNUSABLE_CA = ["missing", "directory", "not-a-certificate"]
+
+
+def unusable_ca(tmp_path: Path, case: str) -> Path:
+    """A path given as a CA file that no CA can be loaded from."""
+    not_a_certificate = tmp_path / "ca.pem"
+    not_a_certificate.write_text("not a certificate\n")
+    return {
+        "missing": tmp_path / "no-such-ca.pem",
+        "directory": tmp_path,
+        "not-a-certificate": not_a_certificate,
+    }[case]
+
+
+@pytest.mark.parametrize("case", UNUSABLE_CA)
+async def test_a_postgres_ca_file_that_cannot_be_read_is_named_not_taken_for_the_server(
+    secured: SecuredServers, new_tls_schema: SchemaFactory, tmp_path: Path, case: str
+) -> None:
+    # The CA file is read before anything is sent: the server is up and would answer.
+    unusable = unusable_ca(tmp_path, case)
+    env = {
+        **os.environ,
+        "DATABASE_URL": secured.database_url.replace(secured.ca, str(unusable)),
+        "ONWARD_DATABASE_SCHEMA": await new_tls_schema(migrated=False),
+    }
+    result = run_onward(env, "db", "migrate")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert f"sslrootcert in DATABASE_URL names {unusable}, which cannot be used" in line, line
+    assert secured.database_password not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("case", UNUSABLE_CA)
+async def test_a_redis_ca_file_that_cannot_be_read_is_named_not_taken_for_the_server(
+    secured: SecuredServers, tmp_path: Path, case: str
+) -> None:
+    unusable = unusable_ca(tmp_path, case)
+    with pytest.raises(ConfigurationError) as refused:
+        await RedisLeaseStore.open(with_ca(secured.redis_tls_url, str(unusable)), timeout_s=5)
+    assert f"ssl_ca_certs in REDIS_URL names {unusable}, which cannot be used" in str(refused.value)

@@ -591,6 +591,10 @@ def _finished(d: FrontierDraft, e: RunFinished) -> None:
     d.status = e.status
     d.output = e.output
     d.error = e.error
+    # An ended run waits on nobody: an answer written after its end (a cancel that won the
+    # race with it) must not make it ``running`` again (`_approval_granted`).
+    d.waiting_on = None
+    d.answer_schema = None
 
 
 def _unchanged(d: FrontierDraft, e: Event) -> None:

@@ -1398,6 +1398,18 @@ def _check_run(run_id: str, tenant: str) -> None:
 
 
 def _check_waiting(frontier: Frontier, request_id: str) -> None:
+    """Refuse an answer to a request the run does not wait on now.
+
+    A run that ended is refused first, whatever request its frontier still names (a row
+    folded before the end cleared it): a grant written after a cancel would have the fold
+    make the run ``running`` again, and the next resume carry on what a person stopped.
+    """
+    if frontier.finished:
+        raise InvalidInputError(
+            f"run {frontier.run_id!r} has ended already ({frontier.status}); "
+            f"{request_id!r} can no longer be answered",
+            run_id=frontier.run_id,
+        )
     if frontier.waiting_on != request_id:
         waiting = frontier.waiting_on
         raise InvalidInputError(

@@ -36,11 +36,23 @@ NEEDS_PERSON = "needs-person"
 
 
 def needs_person(frontier: Frontier) -> bool:
-    """Whether a worker left the run for a person: tagged ``needs-person``, a call still open."""
-    return (
-        frontier.status == "running"
-        and any(t.label.startswith(NEEDS_PERSON) for t in frontier.tags)
-        and any(c.dispatched_seq is not None and c.outcome is None for c in frontier.calls)
+    """Whether a worker left the run for a person: tagged ``needs-person`` after the dispatch
+    of a call still open.
+
+    The tag stays on the run for good, so it speaks only of the calls open when it was
+    written: a call dispatched after it (a later turn's, or one made again) or stopped at a
+    question (`ask`: it runs again) is no call a worker found undecided, and its run is
+    carried on as any interrupted run is.
+    """
+    if frontier.status != "running":
+        return False
+    left = max((t.tagged_seq for t in frontier.tags if t.label.startswith(NEEDS_PERSON)), default=0)
+    return any(
+        c.dispatched_seq is not None
+        and c.dispatched_seq < left
+        and c.outcome is None
+        and c.asked_seq is None
+        for c in frontier.calls
     )
 
 

@@ -33,12 +33,15 @@ value as recorded. A person who denies the question ends the run, cancelled.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import functools
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 
@@ -46,6 +49,9 @@ from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.events import Grant
 
 from .limits import MAX_NAME_LENGTH, check_note
+
+if TYPE_CHECKING:
+    import jsonschema
 
 ASK_REQUEST = "onward.ask:"
 """The request id of a question starts with it; model call ids never do (`RESERVED_PREFIX`)."""
@@ -229,7 +235,7 @@ def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str
     try:
         schema = json.loads(schema)
         jsonschema.Draft202012Validator.check_schema(schema)
-        validator = jsonschema.Draft202012Validator(schema)
+        validator = jsonschema.Draft202012Validator(schema, format_checker=_formats())
         faults = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.path)))
     except (ValueError, jsonschema.SchemaError, referencing.exceptions.Unresolvable) as exc:
         # Recorded by another writer: no answer can be checked against it.
@@ -249,6 +255,45 @@ def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str
         "nothing was recorded and the run still waits",
         run_id=run_id,
     )
+
+
+_READ_AS: dict[str, Any] = {
+    "date": datetime.date,
+    "date-time": datetime.datetime,
+    "time": datetime.time,
+    "duration": datetime.timedelta,
+    "uuid": uuid.UUID,
+    "uri": pydantic.AnyUrl,
+}
+"""The ``format`` of each type whose JSON Schema pydantic records with one, and the type."""
+
+
+@functools.cache
+def _formats() -> jsonschema.FormatChecker:
+    """The ``format`` checks an answer must pass: each format a type records is read as
+    ``ask`` reads it into that type (pydantic), the others as jsonschema checks them.
+
+    Without them ``format`` is only an annotation: "tomorrow" would fit a question asked with
+    ``schema=datetime.date``, be recorded, and fail in the tool's code, the question gone."""
+    import jsonschema  # noqa: PLC0415  (as in the check of a question's schema)
+
+    checker = jsonschema.FormatChecker()
+    for name, kind in _READ_AS.items():
+        checker.checks(name, raises=pydantic.ValidationError)(_reads_as(kind))
+    return checker
+
+
+def _reads_as(kind: Any) -> Callable[[object], bool]:
+    """A format check: a string pydantic validates into ``kind`` (anything else passes, as
+    ``format`` speaks of strings only)."""
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(kind)
+
+    def check(value: object) -> bool:
+        if isinstance(value, str):
+            adapter.validate_python(value)
+        return True
+
+    return check
 
 
 def ask_request(call_id: str, index: int) -> str:

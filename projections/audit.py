@@ -209,12 +209,18 @@ async def audit_timeline(log: EventLog, run_id: str, *, tenant: str) -> list[Aud
     return lines
 
 
-def timeline_of(records: Sequence[LogRecord]) -> list[AuditLine]:
+def timeline_of(
+    records: Sequence[LogRecord], *, after: tuple[int, int] | None = None
+) -> list[AuditLine]:
     """The audit lines of one run's records, in the order given: the verdicts are reached from
-    the first event's seq on (above 1 when compaction removed the run's beginning)."""
+    ``after`` (the last counted seq and the fence before the records, as a truncation point
+    keeps them), else from the first event's seq on (above 1 when compaction removed the run's
+    beginning)."""
     first = next((r.event for r in records if isinstance(r, StoredEvent)), None)
     guard = SequenceGuard()
-    if first is not None and first.seq > 1:
+    if after is not None:
+        guard = SequenceGuard(last_seq=after[0], fence=after[1])
+    elif first is not None and first.seq > 1:
         guard = SequenceGuard(last_seq=first.seq - 1, fence=first.fence)
     lines: list[AuditLine] = []
     for item in records:

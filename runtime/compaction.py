@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from onward._storage import Resource
 from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError, OnwardError
 from onward.eventlog.archive import ArchiveSink
-from onward.eventlog.base import EventLog, StoredEvent, UnreadableRecord, partition_for
+from onward.eventlog.base import (
+    EventLog,
+    LogRecord,
+    StoredEvent,
+    UnreadableRecord,
+    partition_for,
+)
 from onward.projections.base import DEFAULT_CONSUMER, FrontierStore
 from onward.projections.compaction import (
     CompactionStore,
@@ -385,12 +391,18 @@ class CheckpointCompactor(Resource):
             records = await self.log.read_records(
                 partition, offset, min(scan.end, offset + self.scan_batch)
             )
+            # The points of the runs met first here, before their records are counted.
+            met_first = {
+                run for r in records if (run := _run_of(r)) is not None and run not in scan.runs
+            }
+            if met_first:
+                scan.points.update(await self.store.truncations(met_first))
             scan.add(records)
             offset = records[-1].position.offset + 1 if records else scan.end
         runs = list(scan.runs)
-        rows, current, retained, pins, tombstones = await asyncio.gather(
+        current = scan.points
+        rows, retained, pins, tombstones = await asyncio.gather(
             self.frontiers.load(runs),
-            self.store.truncations(runs),
             self.store.retained_seqs(runs),
             self.store.pins(runs),
             self.store.tombstones(runs),
@@ -553,6 +565,10 @@ class CheckpointCompactor(Resource):
             written += len(events)
             begin = until
         return written
+
+
+def _run_of(record: LogRecord) -> str | None:
+    return record.event.run_id if isinstance(record, StoredEvent) else record.run_id
 
 
 def compaction_store(backends: Backends) -> CompactionStore:

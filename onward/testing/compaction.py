@@ -31,7 +31,7 @@ from .eventlog import new_run_id
 
 
 def point(run_id: str, before_seq: int, *, offset: int = 0) -> RunTruncation:
-    """A truncation point of ``run_id`` (partition 1) at ``before_seq``."""
+    """A truncation point of ``run_id`` (partition 1) at ``before_seq``, under fence 2."""
     return RunTruncation(
         tenant="acme",
         run_id=run_id,
@@ -39,6 +39,7 @@ def point(run_id: str, before_seq: int, *, offset: int = 0) -> RunTruncation:
         before_seq=before_seq,
         before_offset=offset or 10 * before_seq,
         at=1_000 + before_seq,
+        fence=2,
     )
 
 

@@ -37,6 +37,10 @@ class RunTruncation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         whole: Every counted event of the run below ``before_seq`` is retained (kept as
             ``history``): a reader that folds the run from its first event reads the retained
             events, then the log. Only ever true from the run's first truncation on.
+        fence: The highest fence admitted among the run's counted events below ``before_seq``:
+            the fence rule goes on from it at the point, so a superseded writer's refused
+            events a cut left first in the log are not taken as counted. 0 when unknown (a
+            point stored before it was kept).
     """
 
     tenant: str
@@ -46,6 +50,7 @@ class RunTruncation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     before_offset: int
     at: int
     whole: bool = False
+    fence: int = 0
 
 
 KeptAs = Literal["tag", "checkpoint", "history"]

@@ -200,14 +200,16 @@ async def compacted_timeline(
         check_owner(lines, run_id, tenant)
         return lines, None
     # By offset, not seq: a superseded writer's refused events can carry seqs at or past the
-    # point from below it, and shown first they would seed the verdicts as counted ones.
+    # point from below it. Past it, the verdicts go on from the point's seq and fence, as the
+    # fold did: one such event shown first would otherwise seed them as counted.
     shown = [
         r
         for r in records
         if not isinstance(r, StoredEvent) or r.position.offset >= point.before_offset
     ]
     kept = [AuditLine(e.stored(), None, retained=True) for e in await store.retained(run_id)]
-    lines = sorted([*kept, *timeline_of(shown)], key=lambda line: line.position.offset)
+    verdicts = timeline_of(shown, after=(point.before_seq - 1, point.fence))
+    lines = sorted([*kept, *verdicts], key=lambda line: line.position.offset)
     if point.tenant != tenant:
         check_owner([], run_id, tenant)
     return lines, await _span(store, point, retained=len(kept))

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from onward.eventlog import codec
 from onward.eventlog.base import LogRecord, UnreadableRecord, judge
-from onward.eventlog.events import ApprovalRequested, ModelAnswered, TurnSettled
+from onward.eventlog.events import ApprovalRequested, Event, ModelAnswered, TurnSettled
 from onward.projections.base import StoredFrontier
 from onward.projections.frontier import Frontier
 
@@ -48,6 +48,7 @@ class RunScan:
         first_seq: The seq of the first counted event in the range (above 1 once cut).
         offsets: ``offsets[i]`` is the offset of counted seq ``first_seq + i``.
         boundaries: The seqs of the counted boundary events, in order.
+        raised: ``(seq, fence)`` for each counted event that raised the run's fence, in order.
     """
 
     first_offset: int
@@ -57,11 +58,34 @@ class RunScan:
     fence: int = 0
     offsets: array[int] = field(default_factory=lambda: array("q"))
     boundaries: list[int] = field(default_factory=list)
+    raised: list[tuple[int, int]] = field(default_factory=list)
 
     def offset_of(self, seq: int) -> int | None:
         """Where counted event ``seq`` sits, if it is in the range."""
         index = seq - self.first_seq
         return self.offsets[index] if self.first_seq and 0 <= index < len(self.offsets) else None
+
+    def seed(self, event: Event, offset: int, point: RunTruncation | None) -> bool:
+        """Start counting at the run's first event in the range: from its truncation point
+        (seq and fence) when it has one, as the fold went on there, else from the event itself
+        (no cut reached the run). False for an event below the point: gone for readers, and
+        after a cut possibly a superseded writer's refused event, which must not seed."""
+        if point is None:
+            self.first_seq, self.last_seq, self.fence = event.seq, event.seq - 1, event.fence
+        elif offset < point.before_offset:
+            return False
+        else:
+            self.first_seq, self.last_seq, self.fence = (
+                point.before_seq,
+                point.before_seq - 1,
+                point.fence,
+            )
+        return True
+
+    def fence_before(self, seq: int) -> int:
+        """The highest fence admitted among the counted events below ``seq`` (0: none here)."""
+        index = bisect_left(self.raised, (seq,))
+        return self.raised[index - 1][1] if index else 0
 
 
 @dataclass(slots=True)
@@ -74,6 +98,9 @@ class PartitionScan:
         end: Where the scan stops: the lowest position any projector stored.
         recent_after: Events written at or after this time (microseconds) are inside the
             retention window; ``None`` for no window.
+        points: The truncation points of the runs in the range, given before their first
+            record is: a run with one is counted from it (its seq and fence), not from its
+            first record here, which after a cut can be a superseded writer's refused event.
     """
 
     partition: int
@@ -86,6 +113,7 @@ class PartitionScan:
     sizes: array[int] = field(default_factory=lambda: array("q"))
     first_unreadable: int | None = None
     first_recent: int | None = None
+    points: dict[str, RunTruncation] = field(default_factory=dict)
 
     def add(self, records: Sequence[LogRecord]) -> None:
         """Take in the next records of the range, in offset order."""
@@ -112,12 +140,13 @@ class PartitionScan:
                 run = self.runs[event.run_id] = RunScan(first_offset=offset)
             if not run.tenant:
                 run.tenant = event.tenant
-            if not run.first_seq:
-                # The run's first counted event here: its history may have been cut below it.
-                run.first_seq, run.last_seq, run.fence = event.seq, event.seq - 1, event.fence
+            if not run.first_seq and not run.seed(event, offset, self.points.get(event.run_id)):
+                continue
             if judge(run.last_seq, run.fence, event) is not None:
                 continue
             run.last_seq += 1
+            if event.fence != run.fence or not run.raised:
+                run.raised.append((run.last_seq, event.fence))
             run.fence = event.fence
             run.offsets.append(offset)
             if isinstance(event, BOUNDARIES):
@@ -242,6 +271,7 @@ def plan_partition(
                 before_offset=run.offsets[below] if below < len(run.offsets) else watermark,
                 at=now,
                 whole=whole,
+                fence=run.fence_before(before_seq),
             )
         )
         done = met.retained.get(run_id, set())

@@ -33,7 +33,7 @@ _RETAINED = (
 )
 _TRUNCATION = (
     "run_id text, tenant text, partition int, before_seq bigint, before_offset bigint, "
-    "compacted_at bigint, whole boolean"
+    "compacted_at bigint, whole boolean, fence bigint"
 )
 _KEEP_RETAINED = (
     "ON CONFLICT (run_id, seq) DO UPDATE SET kept_as = excluded.kept_as "
@@ -42,7 +42,8 @@ _KEEP_RETAINED = (
 _MOVE_FORWARD = (
     "ON CONFLICT (run_id) DO UPDATE SET before_seq = excluded.before_seq, "
     "before_offset = excluded.before_offset, compacted_at = excluded.compacted_at, "
-    "whole = excluded.whole WHERE onward_run_truncation.before_seq < excluded.before_seq"
+    "whole = excluded.whole, fence = excluded.fence "
+    "WHERE onward_run_truncation.before_seq < excluded.before_seq"
 )
 # The pins below each run's new point whose event no copy holds ($1 run ids, $2 new points).
 _UNRETAINED_PINS = (
@@ -59,7 +60,7 @@ _PRUNE_CHECKPOINTS = (
     "WHERE r.run_id = old.run_id AND r.seq = old.seq AND old.n > $2"
 )
 _TRUNCATION_COLUMNS = (
-    "tenant, run_id, partition, before_seq, before_offset, compacted_at AS at, whole"
+    "tenant, run_id, partition, before_seq, before_offset, compacted_at AS at, whole, fence"
 )
 
 
@@ -109,7 +110,16 @@ class PostgresCompactionStore(PostgresStore):
             for e in retained
         ]
         points = [
-            (t.run_id, t.tenant, t.partition, t.before_seq, t.before_offset, t.at, t.whole)
+            (
+                t.run_id,
+                t.tenant,
+                t.partition,
+                t.before_seq,
+                t.before_offset,
+                t.at,
+                t.whole,
+                t.fence,
+            )
             for t in truncations
         ]
         context = f"storing {len(truncations)} truncation points"

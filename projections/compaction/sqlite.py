@@ -28,10 +28,10 @@ from .base import (
 
 _TRUNCATE = (
     "INSERT INTO onward_run_truncation "
-    "(run_id, tenant, partition, before_seq, before_offset, compacted_at, whole) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET "
+    "(run_id, tenant, partition, before_seq, before_offset, compacted_at, whole, fence) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET "
     "before_seq = excluded.before_seq, before_offset = excluded.before_offset, "
-    "compacted_at = excluded.compacted_at, whole = excluded.whole "
+    "compacted_at = excluded.compacted_at, whole = excluded.whole, fence = excluded.fence "
     "WHERE onward_run_truncation.before_seq < excluded.before_seq"
 )
 _RETAIN = (
@@ -80,8 +80,8 @@ class SqliteCompactionStore(SqliteStore):
 
     async def truncations(self, run_ids: Collection[str]) -> dict[str, RunTruncation]:
         rows = await self._chunked(
-            "SELECT tenant, run_id, partition, before_seq, before_offset, compacted_at, whole "
-            "FROM onward_run_truncation WHERE run_id IN",
+            "SELECT tenant, run_id, partition, before_seq, before_offset, compacted_at, whole, "
+            "fence FROM onward_run_truncation WHERE run_id IN",
             run_ids,
             "reading truncation points",
         )
@@ -95,7 +95,16 @@ class SqliteCompactionStore(SqliteStore):
         checkpoints: int | None = None,
     ) -> list[TagPin]:
         points = [
-            (t.run_id, t.tenant, t.partition, t.before_seq, t.before_offset, t.at, int(t.whole))
+            (
+                t.run_id,
+                t.tenant,
+                t.partition,
+                t.before_seq,
+                t.before_offset,
+                t.at,
+                int(t.whole),
+                t.fence,
+            )
             for t in truncations
         ]
         kept = [
@@ -141,7 +150,7 @@ class SqliteCompactionStore(SqliteStore):
             with transaction(conn, "BEGIN IMMEDIATE"):
                 row = conn.execute(
                     "SELECT tenant, run_id, partition, before_seq, before_offset, compacted_at, "
-                    "whole FROM onward_run_truncation WHERE run_id = ?",
+                    "whole, fence FROM onward_run_truncation WHERE run_id = ?",
                     (run_id,),
                 ).fetchone()
                 held = conn.execute(
@@ -285,6 +294,7 @@ def _truncation(row: Sequence[Any]) -> RunTruncation:
         before_offset=row[4],
         at=row[5],
         whole=bool(row[6]),
+        fence=row[7],
     )
 
 

@@ -614,14 +614,27 @@ class FrontierProjection:
         """A run whose snapshot was refused: on from its frontier kept uncapped in the
         compaction store (stored before every row write, so it holds every event of the run
         below the stored positions), or else folded from its first event up to ``first`` (an
-        unreadable record in it sets the run aside, as anywhere)."""
+        unreadable record in it sets the run aside, as anywhere).
+
+        A kept frontier already past ``first`` was kept for a row write that then failed: the
+        transcript and call rows of the events it holds past the stored positions were never
+        stored, and folding on from it would never store them. The run is folded from its
+        first event instead, unless compaction cut that below the log's start."""
+        kept: Frontier | None = None
         if self.compaction is not None and (row is None or row.set_aside is None):
             kept = (await self.compaction.snapshots([run_id])).get(run_id)
-            if kept is not None:
+            if kept is not None and kept.through_offset < first.position.offset:
                 return FrontierDraft.of(kept)
-        self.stats.refolded_from_log += 1
         position = first.position
-        history = await read_whole_records(self.log, self.compaction, run_id, end=position.offset)
+        try:
+            history = await read_whole_records(
+                self.log, self.compaction, run_id, end=position.offset
+            )
+        except LogTruncatedError:
+            if kept is None:
+                raise
+            return FrontierDraft.of(kept)  # what it holds is not folded twice (`_fold_run`)
+        self.stats.refolded_from_log += 1
         draft = FrontierDraft.of(Frontier.empty(run_id, _tenant_of(first)))
         self._fold_run(draft, history)
         return draft

@@ -41,6 +41,7 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.projections.base import DEFAULT_MAX_BYTES, FrontierStore
+from onward.projections.compaction import CompactionStore
 from onward.projections.frontier import counts_at
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
@@ -152,6 +153,9 @@ class Checkpointer:
         max_bytes: The snapshot cap.
         steps_beside: Fold a step's boundaries beside the run's next step rather than before
             it (`after_append`); by default where a fold costs round trips (PostgreSQL).
+        compaction: Where a frontier over ``max_bytes`` is kept uncapped beside its row, so
+            the run's next fold and its resume go on from it rather than from the run's first
+            event; an embedded SQLite log brings its own, any other log's must be named.
     """
 
     def __init__(
@@ -162,6 +166,7 @@ class Checkpointer:
         policy: CheckpointPolicy | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
         steps_beside: bool | None = None,
+        compaction: CompactionStore | None = None,
     ) -> None:
         self.policy = policy or CheckpointPolicy()
         # A fold in PostgreSQL is a dozen round trips the run needs nothing from; SQLite's
@@ -172,7 +177,12 @@ class Checkpointer:
         # Embedded mode folds every partition itself, so a run a person released from
         # quarantine is folded again on the next catch-up, wherever its partition stands.
         self.projection = FrontierProjection(
-            store, log, max_bytes=max_bytes, release_poll=0.0, every_partition=True
+            store,
+            log,
+            max_bytes=max_bytes,
+            release_poll=0.0,
+            every_partition=True,
+            compaction=compaction,
         )
         self._projector = LogProjector(log, self.projection)
         # Other processes fold the same file or schema (two embedded workers, a worker and `onward

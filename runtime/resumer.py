@@ -385,9 +385,11 @@ class Resumer:
         """Where to fold from: the run's row (or nothing), and the offset to read its tail from.
 
         A row whose snapshot was refused for size is read on from the frontier the projector
-        kept uncapped in the compaction store. A row with no frontier to fold on from (set
-        aside in quarantine, or no compaction store) is folded from the log: from the run's
-        first event when the row knows where that is (a set-aside frontier says), else from
+        kept uncapped in the compaction store, once the stored positions are past it: one
+        ahead of them was kept for a row write that has not landed (or failed), and the
+        transcript lacks the messages it counts. A row with no frontier to fold on from (set
+        aside in quarantine, no compaction store, or a kept frontier ahead) is folded from
+        the log: from the run's first event when a frontier knows where that is, else from
         the partition's start.
         """
         assert self.frontiers is not None
@@ -403,9 +405,9 @@ class Resumer:
             known = row.set_aside
             if known is None and self.compaction is not None:
                 # Over the row's cap: the projector kept it uncapped beside the row.
-                kept = (await self.compaction.snapshots([run_id])).get(run_id)
-                if kept is not None:
-                    return kept, max(kept.through_offset + 1, folded_to)
+                known = (await self.compaction.snapshots([run_id])).get(run_id)
+                if known is not None and known.through_offset < folded_to:
+                    return known, folded_to
             first = known.first_offset if known is not None and known.first_offset >= 0 else 0
             return Frontier.empty(run_id, tenant), first
         return row.frontier, max(row.frontier.through_offset + 1, folded_to)

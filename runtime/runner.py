@@ -211,7 +211,7 @@ class AgentRunner(Resource):
             log, leases, frontiers, policy=self.lease_policy, compaction=self.compaction
         )
         checkpointer = (
-            Checkpointer(frontiers, log, policy=checkpoints)
+            Checkpointer(frontiers, log, policy=checkpoints, compaction=self.compaction)
             if checkpoint_inline and frontiers is not None
             else None
         )

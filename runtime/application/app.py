@@ -592,7 +592,7 @@ class App(Resource):
             worker = self._worker
             runner_folder = worker.runner.checkpointer if worker is not None else None
             folder = self._folder = runner_folder or Checkpointer(
-                self.backends.frontiers, self.backends.log
+                self.backends.frontiers, self.backends.log, compaction=self.backends.compaction
             )
         try:
             await folder.catch_up([partition])

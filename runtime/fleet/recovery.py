@@ -36,6 +36,7 @@ from collections.abc import Collection, Iterable
 from onward.errors import (
     BudgetExceededError,
     IndeterminateToolCallError,
+    NothingToResumeError,
     OnwardError,
     ResumeConflictError,
 )
@@ -214,6 +215,10 @@ class Recovery:
             _log.warning("run %s: %s", printable(run_id), one_line(str(exc)))
             worker.count("failed")
             return True
+        except NothingToResumeError:
+            # No such run for that tenant (another tenant's request, or one ahead of its
+            # start): a refused request, not an attempt of the run, so no cause of it.
+            raise
         except Exception as exc:
             if not worker.stopping(run_id):  # stopped on purpose: no failed attempt
                 await self._failed_attempt(run_id, tenant, exc)

@@ -71,6 +71,33 @@ async def test_a_run_out_of_attempts_records_its_last_cause_masked(
     assert worker.stats.gave_up == 1
 
 
+async def test_another_tenant_s_refused_resume_is_not_the_cause_a_run_gives_up_with(
+    backends: Backends,
+) -> None:
+    """Workers that died mid-attempt used up the run's attempts, leaving no cause; a resume
+    naming another tenant is refused, and is no attempt of the run: the run gives up with no
+    cause rather than with that refusal (and that tenant's name) as its last one's."""
+    agent = Agent(name="writer", instructions="w")
+    worker = Worker(backends, ScriptedProvider([]), {"writer": agent}, backoff_s=0)
+    with pytest.raises(Crash):
+        await backends.runner(ScriptedProvider([]), observer=CrashAt("model.call")).run(
+            agent, "go", tenant=TENANT, run_id="r"
+        )
+    for _ in range(worker.max_attempts):
+        with pytest.raises(Crash):
+            await backends.runner(ScriptedProvider([]), observer=CrashAt("model.call")).resume(
+                agent, "r", tenant=TENANT
+            )
+    worker.submit(ResumeRun(run_id="r", tenant="intruder"))
+    await worker.drained()
+    assert worker.stats.failures == 1  # refused for good
+    worker.submit(ResumeRun(run_id="r", tenant=TENANT))
+    await worker.drained()
+    frontier = await worker.runner.inspect("r", tenant=TENANT)
+    assert (frontier.status, worker.stats.gave_up) == ("failed", 1)
+    assert frontier.error == "gave up: 3 attempts to carry it on made no progress"
+
+
 class Receipt:
     """What a client library returns: an object JSON has no form for."""
 

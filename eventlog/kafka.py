@@ -28,13 +28,18 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.errors import (
-    KafkaConnectionError,
     KafkaError,
     OffsetOutOfRangeError,
     TopicAlreadyExistsError,
 )
 
-from onward._storage import DRIVER_ERRORS, KafkaConnection, kafka_connection, translate
+from onward._storage import (
+    DRIVER_ERRORS,
+    KafkaConnection,
+    drop_connections,
+    kafka_connection,
+    translate,
+)
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -501,7 +506,7 @@ class KafkaEventLog(EventLogBackend):
                     await stop()
             except TimeoutError:
                 _log.warning("closing the Kafka log: %s gave up after %gs", stop.__name__, bound)
-                _drop_connections(owner)
+                drop_connections(owner)
             except DRIVER_ERRORS as exc:
                 errors.append(exc)
         if errors:
@@ -512,32 +517,6 @@ def _outcome_dropped(delivery: asyncio.Future[Any]) -> None:
     """Take a given-up batch's outcome, so asyncio does not warn that nobody read it."""
     if not delivery.cancelled():
         delivery.exception()
-
-
-def _drop_connections(client_owner: Any) -> None:
-    """Close the sockets of a client whose stop gave up on a broker that does not answer.
-
-    aiokafka keeps them open while its stop waits, a producer's sender would open new ones to
-    retry its batch, and the client's metadata task (its stop cut off before it got there)
-    would go on refreshing the metadata every few minutes for as long as the event loop lives,
-    opening a connection each time; stopping both and closing the sockets leaves nothing
-    behind. The client is ``client`` on a producer and ``_client`` elsewhere.
-    """
-    client = getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
-    for task in (
-        getattr(getattr(client_owner, "_sender", None), "sender_task", None),
-        getattr(client, "_sync_task", None),
-    ):
-        if task is not None:
-            task.cancel()
-    # Whatever waits on the metadata refresh just cancelled (a produce request about to retry)
-    # is told it will not come, so it ends rather than wait for ever.
-    refresh = getattr(client, "_md_update_fut", None)
-    if isinstance(refresh, asyncio.Future) and not refresh.done():
-        refresh.set_exception(KafkaConnectionError("the Kafka event log was closed"))
-        refresh.exception()  # told to its waiters; nobody else is to be warned about it
-    for connection in list(getattr(client, "_conns", {}).values()):
-        connection.close()
 
 
 _GROUP_COMMIT_BYTES = 900_000

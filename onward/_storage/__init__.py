@@ -16,6 +16,7 @@ from .kafka import (
     SASL_MECHANISMS,
     SECURITY_PROTOCOLS,
     KafkaConnection,
+    drop_connections,
     kafka_connection,
 )
 from .logs import DRIVER_LOGGERS, one_line_driver_logs
@@ -85,6 +86,7 @@ __all__ = [
     "connect",
     "connect_readonly",
     "connected",
+    "drop_connections",
     "expected_version",
     "kafka_connection",
     "masked_url",

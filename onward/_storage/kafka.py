@@ -60,6 +60,32 @@ async def _stop(client: _Startable) -> None:
             await stop()
 
 
+def drop_connections(client_owner: Any) -> None:
+    """Close the sockets of a client whose stop gave up on a broker that does not answer.
+
+    aiokafka keeps them open while its stop waits, a producer's sender would open new ones to
+    retry its batch, and the client's metadata task (its stop cut off before it got there)
+    would go on refreshing the metadata every few minutes for as long as the event loop lives,
+    opening a connection each time; stopping both and closing the sockets leaves nothing
+    behind. The client is ``client`` on a producer and ``_client`` elsewhere.
+    """
+    client = getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
+    for task in (
+        getattr(getattr(client_owner, "_sender", None), "sender_task", None),
+        getattr(client, "_sync_task", None),
+    ):
+        if task is not None:
+            task.cancel()
+    # Whatever waits on the metadata refresh just cancelled (a produce request about to retry)
+    # is told it will not come, so it ends rather than wait for ever.
+    refresh = getattr(client, "_md_update_fut", None)
+    if isinstance(refresh, asyncio.Future) and not refresh.done():
+        refresh.set_exception(kafka_errors.KafkaConnectionError("the Kafka client was closed"))
+        refresh.exception()  # told to its waiters; nobody else is to be warned about it
+    for connection in list(getattr(client, "_conns", {}).values()):
+        connection.close()
+
+
 def _server_problem(server: str) -> str | None:
     """Why one ``host[:port]`` (``[v6]:port``) of the bootstrap list is unusable, or None: said
     here, naming the variable, rather than by the client's parser as the agent's failure."""

@@ -18,9 +18,21 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from onward._storage import KafkaConnection, Resource, kafka_connection, translate
-from onward.errors import ConfigurationError, InvalidInputError
+from onward._storage import (
+    KafkaConnection,
+    Resource,
+    drop_connections,
+    kafka_connection,
+    translate,
+)
+from onward.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+    PayloadTooLargeError,
+)
 from onward.eventlog.base import partition_for
 from onward.eventlog.codec import unencodable
 from onward.eventlog.kafka import topic_partition_count
@@ -41,6 +53,10 @@ REQUESTS_RETENTION_MS = 7 * 24 * 60 * 60 * 1000
 """How long the broker keeps a request (``retention.ms`` of a topic `ensure_requests_topic`
 creates): 7 days. A request is acted on within seconds; what it carries (a run's input, a
 person's answer) is kept for good in the event log, so the requests topic need not keep it."""
+
+MAX_REQUEST_BYTES = 1_048_576
+"""Largest request record the producer sends (its ``max_request_size``, aiokafka's default,
+under the broker's default ``message.max.bytes``); a batch holding a larger one sends nothing."""
 
 
 class StartRun(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
@@ -320,7 +336,11 @@ class Requests(Resource):
     async def _connect(self) -> None:
         await ensure_requests_topic(self._connection, self.topic, self.partitions)
         producer = self._connection.producer(
-            role="requests", acks="all", enable_idempotence=True, linger_ms=5
+            role="requests",
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=5,
+            max_request_size=MAX_REQUEST_BYTES,
         )
         try:
             await self._connection.start(producer)
@@ -331,11 +351,22 @@ class Requests(Resource):
         self._producer = producer
 
     async def close(self) -> None:
-        """Stop the producer. Idempotent."""
+        """Stop the producer, after it sent what it holds. Idempotent.
+
+        A broker that does not answer delays this by the request timeout at most (the
+        idempotent producer would retry its batch for ever); what it had not acknowledged may
+        have landed.
+        """
         producer, self._producer = self._producer, None
-        if producer is not None:
-            with contextlib.suppress(KafkaError):
+        if producer is None:
+            return
+        try:
+            async with asyncio.timeout(self._connection.request_timeout_s):
                 await producer.stop()
+        except TimeoutError:
+            drop_connections(producer)
+        except KafkaError:
+            pass
 
     async def submit(self, *requests: Request) -> None:
         """Send requests, each to its run's partition; durable when this returns."""
@@ -351,34 +382,78 @@ class Requests(Resource):
         Raises:
             InvalidInputError: A request a worker would refuse (`check_request`), named with its
                 field; nothing was sent.
+            PayloadTooLargeError: A request over `MAX_REQUEST_BYTES`, named with its run;
+                nothing was sent.
+            BackendUnavailableError: Kafka did not acknowledge them all within the request
+                timeout (``ONWARD_BACKEND_TIMEOUT``); those not acknowledged may still land.
         """
         prepared = prepare_requests(requests, self._redactor, self.signer)
         if self._producer is None:
             raise ConfigurationError("Requests is not open; use it as an async context manager")
+        producer, timeout_s = self._producer, self._connection.request_timeout_s
+        records = [(request, _headers(request)) for request in prepared]
+        for request, headers in records:
+            _check_size(request, headers)
+        sent: list[asyncio.Future[Any]] = []
         try:
-            sent = []
-            for request in prepared:
-                headers = (
-                    [(SIGNATURE_HEADER, request.signature)]
-                    if request.signature is not None
-                    else None
-                )
-                sent.append(
-                    await self._producer.send(
-                        self.topic,
-                        request.value,
-                        key=request.key,
-                        partition=partition_for(request.run_id, self.partitions),
-                        headers=headers,
+            # The idempotent producer retries a batch until the broker takes it, however long
+            # that is: the caller waits no longer than the request timeout.
+            async with asyncio.timeout(timeout_s):
+                for request, headers in records:
+                    sent.append(
+                        await producer.send(
+                            self.topic,
+                            request.value,
+                            key=request.key,
+                            partition=partition_for(request.run_id, self.partitions),
+                            headers=headers,
+                        )
                     )
-                )
-            await asyncio.gather(*sent)
+                await asyncio.gather(*sent)
+        except TimeoutError:
+            for delivery in sent:  # its outcome, whenever it comes, is no longer awaited
+                delivery.add_done_callback(_outcome_dropped)
+            raise BackendUnavailableError(
+                f"submitting to {self.topic}: Kafka did not acknowledge within {timeout_s:g}s "
+                "(the requests may still land)"
+            ) from None
         except KafkaError as exc:
             raise translate(exc, context=f"submitting to {self.topic}") from exc
 
 
+def _headers(request: PreparedRequest) -> list[tuple[str, bytes]] | None:
+    """The record headers a request is sent with: its signature, if signed."""
+    if request.signature is None:
+        return None
+    return [(SIGNATURE_HEADER, request.signature)]
+
+
+def _check_size(request: PreparedRequest, headers: list[tuple[str, bytes]] | None) -> None:
+    """Refuse a request the producer would: checked for every request of a batch before any
+    is sent, as the producer refuses one only after those before it went out."""
+    size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
+        request.key, request.value, headers or []
+    )
+    if size > MAX_REQUEST_BYTES:
+        raise PayloadTooLargeError(
+            f"run {request.run_id!r}: the {request.kind} request is {size} bytes as a Kafka "
+            f"record, over the {MAX_REQUEST_BYTES} a request may be; nothing was sent (pass a "
+            "large input by reference)",
+            run_id=request.run_id,
+            size=size,
+            limit=MAX_REQUEST_BYTES,
+        )
+
+
+def _outcome_dropped(delivery: asyncio.Future[Any]) -> None:
+    """Take a given-up delivery's outcome, so asyncio does not warn that nobody read it."""
+    if not delivery.cancelled():
+        delivery.exception()
+
+
 __all__ = [
     "DEFAULT_REQUESTS_TOPIC",
+    "MAX_REQUEST_BYTES",
     "REQUESTS_RETENTION_MS",
     "AnswerRequest",
     "CancelRun",

@@ -1,0 +1,119 @@
+"""What an application sending requests to a Kafka fleet (`Requests`) is told when a request
+cannot go: one too large for the producer, and a broker that stops answering. Real Kafka; the
+broker is made silent by a `TcpProxy` in front of it, never touched itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiokafka.cluster
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from support.proxy import TcpProxy
+
+from onward._storage import KafkaConnection
+from onward.errors import BackendUnavailableError, PayloadTooLargeError
+from onward.runtime.fleet.requests import (
+    MAX_REQUEST_BYTES,
+    Request,
+    Requests,
+    ResumeRun,
+    StartRun,
+    decode_request,
+)
+
+pytestmark = pytest.mark.kafka
+PARTITIONS = 3
+BOUND_S = 1.0
+"""The request timeout of the senders cut off from the broker."""
+GIVES_UP_WITHIN_S = 2 * BOUND_S + 2.0
+"""The bound, and room for a loaded machine."""
+
+
+async def _delivered(bootstrap: str, topic: str, count: int) -> list[Request]:
+    """The first ``count`` requests on the topic, waiting a few seconds for them."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        got: list[Request] = []
+        async with asyncio.timeout(20):
+            while len(got) < count:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    got += [decode_request(r.value) for r in records]
+        return got
+    finally:
+        await consumer.stop()
+
+
+async def test_a_batch_holding_a_request_too_large_sends_nothing_and_names_the_run(
+    kafka_bootstrap: str, requests_topic: str
+) -> None:
+    """The producer refuses a record over its limit only once those before it were queued:
+    the caller, told the batch failed, would not know that the runs before it start anyway."""
+    small = StartRun(run_id="small", tenant="acme", agent="booker", input="go")
+    large = StartRun(run_id="large", tenant="acme", agent="booker", input="x" * MAX_REQUEST_BYTES)
+    marker = ResumeRun(run_id="marker", tenant="acme")
+    async with Requests(kafka_bootstrap, requests_topic, partitions=PARTITIONS) as sender:
+        with pytest.raises(PayloadTooLargeError) as refused:
+            await sender.submit(small, large)
+        await sender.submit(marker)
+    await asyncio.sleep(0.5)  # what was queued before the refusal has landed by now, if sent
+    assert await _delivered(kafka_bootstrap, requests_topic, 1) == [marker]
+    assert str(refused.value).startswith("run 'large': the start request is ")
+    assert refused.value.limit == MAX_REQUEST_BYTES
+
+
+@pytest.fixture
+def broker_through_proxy(kafka_bootstrap: str, requests_topic: str) -> Iterator[dict[str, int]]:
+    """Clients are told the proxy's address for the broker (it advertises its own), while the
+    test puts a port in the dict; undone before the topic fixture's admin client deletes it."""
+    port = kafka_bootstrap.rpartition(":")[2]
+    proxied: dict[str, int] = {}
+    original = aiokafka.cluster.ClusterMetadata.broker_metadata
+
+    def broker_metadata(self: Any, broker_id: Any) -> Any:
+        found = original(self, broker_id)
+        if found is not None and "port" in proxied and found.port == int(port):
+            return found._replace(host="127.0.0.1", port=proxied["port"])
+        return found
+
+    aiokafka.cluster.ClusterMetadata.broker_metadata = broker_metadata
+    try:
+        yield proxied
+    finally:
+        aiokafka.cluster.ClusterMetadata.broker_metadata = original
+
+
+async def test_a_submit_to_a_silent_broker_fails_in_bounded_time_and_closes(
+    kafka_bootstrap: str, requests_topic: str, broker_through_proxy: dict[str, int]
+) -> None:
+    """The idempotent producer retries a batch for as long as the broker is silent: the caller
+    (an application starting a run, `onward cancel`) is told within the request timeout, and
+    closing the sender does not wait on the batch either."""
+    host, _, port = kafka_bootstrap.rpartition(":")
+    async with TcpProxy(host, int(port)) as proxy:
+        broker_through_proxy["port"] = proxy.port
+        connection = KafkaConnection(f"127.0.0.1:{proxy.port}", request_timeout_s=BOUND_S)
+        sender = Requests(connection, requests_topic, partitions=PARTITIONS)
+        await sender.start()
+        try:
+            await sender.submit(ResumeRun(run_id="before", tenant="acme"))
+            await proxy.cut(silent=True)
+            began = time.monotonic()
+            with pytest.raises(BackendUnavailableError, match="did not acknowledge within 1s"):
+                async with asyncio.timeout(5 * GIVES_UP_WITHIN_S):
+                    await sender.submit(StartRun(run_id="r", tenant="acme", agent="booker"))
+            assert time.monotonic() - began < GIVES_UP_WITHIN_S
+        finally:
+            began = time.monotonic()
+            async with asyncio.timeout(5 * GIVES_UP_WITHIN_S):
+                await sender.close()
+        assert time.monotonic() - began < GIVES_UP_WITHIN_S
+        await proxy.restore()

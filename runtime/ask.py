@@ -49,6 +49,7 @@ from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog.events import Grant
 
 from .limits import MAX_NAME_LENGTH, check_note
+from .redaction import Redactor
 
 if TYPE_CHECKING:
     import jsonschema
@@ -57,6 +58,9 @@ ASK_REQUEST = "onward.ask:"
 """The request id of a question starts with it; model call ids never do (`RESERVED_PREFIX`)."""
 
 _MISSING = object()
+
+_redactor = Redactor()
+"""Masks an answer's faults before they are cut (`check_answer`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +228,10 @@ def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str
     """Refuse an answer that does not fit the question's recorded JSON Schema (JSON text).
 
     Raises:
-        InvalidInputError: Naming each place in the answer that does not fit (at most five);
-            nothing was written, the run still waits.
+        InvalidInputError: Naming each place in the answer that does not fit (at most five),
+            each masked (`Redactor`), then cut: a fleet worker logs the refusal, and a secret
+            the cut split (a URL cut between its password and its ``@``) is one no pattern
+            recognises any more. Nothing was written, the run still waits.
     """
     if schema is None:
         return
@@ -247,7 +253,8 @@ def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str
     if not faults:
         return
     where = "; ".join(
-        f"{'/'.join(map(str, fault.path)) or 'the answer'}: {fault.message[:200]}"
+        f"{'/'.join(map(str, fault.path)) or 'the answer'}: "
+        f"{_redactor.redact_text(fault.message)[:200]}"
         for fault in faults[:5]
     )
     raise InvalidInputError(

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
+import email.utils
 import json
 import logging
 import math
 import random
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 import httpx
@@ -46,6 +49,7 @@ from onward.eventlog.parts import (
 from .agent import Agent
 from .limits import MAX_DEPTH, too_deep
 from .providers import ModelReply
+from .redaction import Redactor
 from .tools import UNPARSED
 
 log = logging.getLogger("onward.runtime.openai")
@@ -58,11 +62,16 @@ _TOO_DEEP = f"(arguments nested more than {MAX_DEPTH} levels deep; not kept)"
 RETRY_AFTER_CAP_S = 10.0
 """The longest a server's ``Retry-After`` makes us wait before the next attempt."""
 
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""The largest answer read from the server (64 MiB): a misbehaving one cannot fill memory."""
+
 _BACKOFF_BASE_S = 0.25
 _BACKOFF_CAP_S = 4.0
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _RESERVED_SETTINGS = frozenset({"model", "messages", "tools", "stream"})
 _ERROR_TEXT_LIMIT = 500
+_CUT_WORD = re.compile(r"(?<=\s)\S+\Z")
+"""The last word of a text cut short, when white space comes before it."""
 
 
 class OpenAICompatibleProvider(Resource):
@@ -91,13 +100,16 @@ class OpenAICompatibleProvider(Resource):
         * ``idempotency_key`` is left empty; the runner assigns it, and a call id where the
           server gave none (or an empty one).
 
-    Errors (the API key never appears in any message):
+    Errors (the API key, and the value of every extra header that names a secret, never
+    appear in any message; the server's text is masked (`Redactor`) before it is cut):
         * 429, 408, 409, 5xx, connection failures and timeouts are retried up to
           ``max_retries`` times with a small exponential backoff, or after the server's
-          ``Retry-After`` seconds (at most 10 s); then `BackendUnavailableError`.
+          ``Retry-After`` (seconds or an HTTP date; at most 10 s); then
+          `BackendUnavailableError`.
         * Any other 4xx (and a 3xx) raises `ConfigurationError` with the server's message.
         * A successful answer that is not a chat completion raises `BackendError`, naming the
-          path of what is wrong in it (``$.choices[0].message.content``).
+          path of what is wrong in it (``$.choices[0].message.content``); so does an answer
+          larger than `MAX_ANSWER_BYTES`.
 
     Use it as an async context manager, or call :meth:`aclose`; a client passed in is left open
     for its owner to close.
@@ -123,10 +135,13 @@ class OpenAICompatibleProvider(Resource):
                 seconds: a server that drips its answer slowly is cut off at it too.
             max_retries: Attempts made after the first for transient failures.
             client: An httpx client to share (connection pool, proxies); its owner closes it.
-            extra_headers: Sent with every request (organisation, gateway routing, ...).
+            extra_headers: Sent with every request (organisation, gateway routing, ...). The
+                value of one whose name names a secret (``api-key``, ``X-Auth-Token``:
+                `Redactor.is_secret_key`) is masked like ``api_key``.
 
         Raises:
-            ConfigurationError: The URL is not http(s), or a number is out of range.
+            ConfigurationError: The URL is not http(s), a number is out of range, or
+                ``ONWARD_REDACT_KEYS`` names no key (`Redactor`).
         """
         try:
             url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
@@ -152,6 +167,8 @@ class OpenAICompatibleProvider(Resource):
         }
         if self._api_key is not None:
             self._headers["Authorization"] = f"Bearer {self._api_key}"
+        self._redactor = Redactor()
+        self._secrets = _secret_values(self._headers, self._redactor)
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient()
 
@@ -184,8 +201,8 @@ class OpenAICompatibleProvider(Resource):
         """
         if self._client.is_closed:
             raise ConfigurationError(f"the provider for {self._url} is closed; create a new one")
-        response = await self._post(self._request_body(agent, messages))
-        return self._parse(response)
+        response, content = await self._post(self._request_body(agent, messages))
+        return self._parse(response, content)
 
     def _request_body(self, agent: Agent, messages: Sequence[Message]) -> bytes:
         reserved = sorted(_RESERVED_SETTINGS.intersection(agent.model_settings))
@@ -219,7 +236,7 @@ class OpenAICompatibleProvider(Resource):
                 f"(model_settings or message content): {exc}"
             ) from exc
 
-    async def _post(self, body: bytes) -> httpx.Response:
+    async def _post(self, body: bytes) -> tuple[httpx.Response, bytes]:
         attempts = self._max_retries + 1
         attempt = 0
         while True:
@@ -228,9 +245,7 @@ class OpenAICompatibleProvider(Resource):
                 # httpx's timeout bounds each read, not the answer: a server sending a byte
                 # now and then would hold the call, and the run, for ever.
                 async with asyncio.timeout(self._timeout_s):
-                    response = await self._client.post(
-                        self._url, content=body, headers=self._headers, timeout=self._timeout
-                    )
+                    response, content = await self._send(body)
             except httpx.UnsupportedProtocol as exc:
                 raise ConfigurationError(
                     self._redact(f"POST {self._url}: unsupported protocol: {exc}")
@@ -257,14 +272,14 @@ class OpenAICompatibleProvider(Resource):
                     self._redact(f"POST {self._url} failed: {_describe(exc)}")
                 ) from exc
             if response.is_success:
-                return response
+                return response, content
             if not _retryable(response.status_code):
-                raise self._refusal(response)
+                raise self._refusal(response, content)
             if attempt >= attempts:
                 raise BackendUnavailableError(
                     self._redact(
                         f"POST {self._url} answered {response.status_code} after {attempts} "
-                        f"attempt(s): {_server_message(response)} (retry later)"
+                        f"attempt(s): {_server_message(content, self._redact)} (retry later)"
                     )
                 )
             retry_after = _retry_after(response)
@@ -276,7 +291,30 @@ class OpenAICompatibleProvider(Resource):
             )
             await asyncio.sleep(delay)
 
-    def _refusal(self, response: httpx.Response) -> OnwardError:
+    async def _send(self, body: bytes) -> tuple[httpx.Response, bytes]:
+        """One POST and its answer, read up to `MAX_ANSWER_BYTES`."""
+        request = self._client.build_request(
+            "POST", self._url, content=body, headers=self._headers, timeout=self._timeout
+        )
+        response = await self._client.send(request, stream=True)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise BackendError(
+                        self._redact(
+                            f"POST {self._url} answered {response.status_code} with more than "
+                            f"{MAX_ANSWER_BYTES} bytes (MAX_ANSWER_BYTES); not read further"
+                        )
+                    )
+                chunks.append(chunk)
+        finally:
+            await response.aclose()
+        return response, b"".join(chunks)
+
+    def _refusal(self, response: httpx.Response, content: bytes) -> OnwardError:
         status = response.status_code
         if status in (401, 403):
             hint = "check the API key"
@@ -289,13 +327,14 @@ class OpenAICompatibleProvider(Resource):
             hint = "check the model settings and the conversation"
         return ConfigurationError(
             self._redact(
-                f"POST {self._url} answered {status} ({hint}): {_server_message(response)}"
+                f"POST {self._url} answered {status} ({hint}): "
+                f"{_server_message(content, self._redact)}"
             )
         )
 
-    def _parse(self, response: httpx.Response) -> ModelReply:
+    def _parse(self, response: httpx.Response, content: bytes) -> ModelReply:
         try:
-            completion = msgspec.json.decode(response.content, type=_Completion)
+            completion = msgspec.json.decode(content, type=_Completion)
         except msgspec.ValidationError as exc:
             raise BackendError(
                 self._redact(
@@ -307,15 +346,16 @@ class OpenAICompatibleProvider(Resource):
             raise BackendError(
                 self._redact(
                     f"POST {self._url} answered {response.status_code} with a body that is not "
-                    f"JSON: {response.text[:_ERROR_TEXT_LIMIT]!r}"
+                    f"JSON: {_text(content.decode('utf-8', errors='replace'), self._redact)!r}"
                 )
             ) from exc
         return _reply(completion)
 
     def _redact(self, text: str) -> str:
-        if self._api_key is None:
-            return text
-        return text.replace(self._api_key, "***")
+        """``text`` with the key and secret headers' values as ``***``, other secrets masked."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return self._redactor.redact_text(text)
 
 
 class _Function(msgspec.Struct):
@@ -497,17 +537,32 @@ def _retryable(status: int) -> bool:
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    """The server's ``Retry-After`` in seconds, capped; ``None`` if absent or not a number."""
+    """The server's ``Retry-After`` in seconds, capped; ``None`` if absent or neither a number
+    nor an HTTP date. A date is read against the answer's ``Date`` (the server's clock), or
+    ours without one; one already past means no wait."""
     value = response.headers.get("retry-after")
     if value is None:
         return None
     try:
         seconds = float(value)
     except ValueError:
-        return None
+        at = _http_date(value)
+        if at is None:
+            return None
+        now = _http_date(response.headers.get("date", "")) or datetime.datetime.now(datetime.UTC)
+        seconds = max((at - now).total_seconds(), 0.0)
     if not math.isfinite(seconds) or seconds < 0:
         return None
     return min(seconds, RETRY_AFTER_CAP_S)
+
+
+def _http_date(value: str) -> datetime.datetime | None:
+    """An HTTP date (``Wed, 21 Oct 2015 07:28:00 GMT``) as an aware datetime, else ``None``."""
+    try:
+        at = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=datetime.UTC)
 
 
 def _backoff(attempt: int) -> float:
@@ -516,21 +571,43 @@ def _backoff(attempt: int) -> float:
     return ceiling * (0.5 + random.random() / 2)  # noqa: S311  # jitter, not cryptography
 
 
-def _server_message(response: httpx.Response) -> str:
-    """The error text a server put in its answer (OpenAI, FastAPI and plain-text shapes)."""
+def _secret_values(headers: Mapping[str, str], redactor: Redactor) -> tuple[str, ...]:
+    """The values of the headers that name a secret, and the credentials after a scheme
+    (``Bearer <token>``), longest first: a server may echo either."""
+    values: set[str] = set()
+    for name, value in headers.items():
+        if redactor.is_secret_key(name) and value.strip():
+            values.update((value.strip(), value.split(maxsplit=1)[-1]))
+    return tuple(sorted(values, key=len, reverse=True))
+
+
+def _text(text: str, redact: Callable[[str], str]) -> str:
+    """A server's text for a message: masked, then cut. Masked first, because a secret the
+    cut splits (a URL cut between its password and its ``@``, a key cut mid-way) is one
+    nothing recognises any more. Only a window a few times the limit is masked (an answer
+    may be megabytes); the word the window's end falls in is left out, for the same reason."""
+    text = text.strip()
+    window = text[: _ERROR_TEXT_LIMIT * 4]
+    if len(window) < len(text):
+        window = _CUT_WORD.sub("", window)
+    return redact(window)[:_ERROR_TEXT_LIMIT]
+
+
+def _server_message(content: bytes, redact: Callable[[str], str]) -> str:
+    """The error text a server put in its answer (OpenAI, FastAPI and plain-text shapes),
+    masked and cut (`_text`)."""
     try:
-        body = response.json()
+        body = json.loads(content)
     except (ValueError, RecursionError):
         body = None
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])[:_ERROR_TEXT_LIMIT]
+            return _text(error["message"], redact)
         for key in ("error", "message", "detail"):
             if body.get(key) is not None:
-                return str(body[key])[:_ERROR_TEXT_LIMIT]
-    text = response.text.strip()
-    return text[:_ERROR_TEXT_LIMIT] if text else "(empty body)"
+                return _text(str(body[key]), redact)
+    return _text(content.decode("utf-8", errors="replace"), redact) or "(empty body)"
 
 
 def _describe(exc: BaseException) -> str:
@@ -540,6 +617,7 @@ def _describe(exc: BaseException) -> str:
 
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
     "RETRY_AFTER_CAP_S",
     "TOOL_CALLS_PART",
     "UNPARSED",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import email.utils
 import json
 import socket
 import time
@@ -786,3 +788,104 @@ async def test_model_settings_may_not_override_the_request_itself(server: ChatSe
         with pytest.raises(ConfigurationError, match="stream"):
             await provider.complete(agent, CONVERSATION)
     assert server.requests == []
+
+
+DB_PASSWORD = "s3cret-db-passw0rd"
+
+
+def _cut_inside(secret_text: str, secret: str) -> str:
+    """Text whose 500-character cut falls in the middle of ``secret`` (inside
+    ``secret_text``), padded so the secret straddles the cut."""
+    start = secret_text.index(secret) + len(secret) // 2
+    return "x " * ((500 - start) // 2) + "y" * ((500 - start) % 2) + secret_text
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        Answer(
+            status=400,
+            body={
+                "error": {
+                    "message": _cut_inside(
+                        f"see postgres://app:{DB_PASSWORD}@db.internal/app", DB_PASSWORD
+                    )
+                }
+            },
+        ),
+        Answer(status=400, body={"detail": _cut_inside(f"bad key {API_KEY}", API_KEY)}),
+        Answer(status=400, body=_cut_inside(f"bad key {API_KEY}", API_KEY).encode()),
+        Answer(body=_cut_inside(f"bad key {API_KEY}", API_KEY).encode()),
+    ],
+    ids=["url-password", "api-key", "api-key-plain-text", "api-key-not-json-200"],
+)
+async def test_a_secret_the_error_text_is_cut_in_is_masked_not_shown_in_part(
+    server: ChatServer, answer: Answer
+) -> None:
+    """A server's text is masked before it is cut to 500 characters: cut first, the half of a
+    URL's password before the cut (no ``@`` after it any more) or of the key is shown."""
+    server.answer(answer)
+    async with provider_for(server, max_retries=0) as provider:
+        with pytest.raises(OnwardError) as caught:
+            await provider.complete(AGENT, CONVERSATION)
+    message = str(caught.value)
+    assert "x x x" in message
+    for secret in (DB_PASSWORD, API_KEY):
+        assert secret[: len(secret) // 3] not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "shown"),
+    [
+        ("api-key", "azure-0123456789abcdef", "azure-0123456789abcdef"),
+        ("x-api-key", "gateway-0123456789abcdef", "gateway-0123456789abcdef"),
+        ("Authorization", "Bearer gw0123456789abcdef", "gw0123456789abcdef"),
+        ("X-Auth-Token", "tok0123456789abcdef", "tok0123456789abcdef"),
+    ],
+)
+async def test_a_key_given_in_extra_headers_never_appears_in_a_raised_message(
+    server: ChatServer, name: str, value: str, shown: str
+) -> None:
+    server.answer(Answer(status=401, body={"error": {"message": f"bad key {shown}"}}))
+    async with OpenAICompatibleProvider(
+        server.base_url, extra_headers={name: value}, max_retries=0
+    ) as provider:
+        with pytest.raises(ConfigurationError) as caught:
+            await provider.complete(AGENT, CONVERSATION)
+    assert server.requests[0].headers[name.lower()] == value
+    assert shown not in str(caught.value)
+    assert "bad key ***" in str(caught.value)
+
+
+async def test_a_retry_after_date_is_honoured_up_to_the_cap(
+    server: ChatServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Retry-After`` may be an HTTP date: it is waited for (capped, as seconds are), not
+    replaced by the far shorter backoff."""
+    monkeypatch.setattr("onward.runtime.openai.RETRY_AFTER_CAP_S", 1.0)
+    later = email.utils.format_datetime(
+        datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=30), usegmt=True
+    )
+    reply = await reply_to(
+        server,
+        Answer(
+            status=429, body={"error": {"message": "slow down"}}, headers={"Retry-After": later}
+        ),
+        Answer(body=completion("ok")),
+    )
+    assert reply.message.content == "ok"
+    assert 0.9 <= server.requests[1].at - server.requests[0].at < 3.0
+
+
+async def test_an_answer_past_the_size_limit_is_refused_naming_it(
+    server: ChatServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's answer is read up to `MAX_ANSWER_BYTES`, not whole whatever its size."""
+    monkeypatch.setattr("onward.runtime.openai.MAX_ANSWER_BYTES", 4_096)
+    server.answer(Answer(body=completion("big " * 2_000)))
+    async with provider_for(server, max_retries=0) as provider:
+        with pytest.raises(BackendError, match="more than 4096 bytes"):
+            await provider.complete(AGENT, CONVERSATION)
+    server.answer(Answer(body=completion("small " * 500)))
+    async with provider_for(server, max_retries=0) as provider:
+        assert (await provider.complete(AGENT, CONVERSATION)).message.content == "small " * 500

@@ -3,7 +3,9 @@
 For a deployment that already runs Redis and wants its frontiers there: one key per run, a
 run's row one round trip away, no SQL. It holds every run in memory until garbage collection
 removes finished runs' keys (`onward gc`, `RedisFrontierSweeper`), and it has no SQL sinks
-(`SqlProjectionSink`) and no ad-hoc queries: listing runs filters one tenant's index of run ids.
+(`SqlProjectionSink`) and no ad-hoc queries: listing runs filters one index of run ids, that
+of the statuses asked for (or of the tenant, whichever holds fewer runs), so a fleet asking
+for its running runs reads those, not every finished run kept until garbage collection.
 
 A write is one Lua script (``schemas/redis/frontier_write.lua``), which Redis runs atomically:
 rows, call rows, quarantine entries, transcript rows and the consumer's positions change
@@ -26,10 +28,22 @@ Cluster.
 
 Keys, under the store's prefix:
 
-* ``frontier:<run>``: a hash (``through``, ``summary``, ``payload``, ``error``,
-  ``quarantined``), the run's one key.
-* ``runs`` and ``runs-of:<tenant>``: sorted sets of run ids (all scores 0, read by
-  ``ZRANGEBYLEX``), the keyset that `RedisFrontierStore.runs` pages through.
+* ``frontier:<run>``: a hash (``through``, ``summary``, ``tenant``, ``status``, ``payload``,
+  ``error``, ``quarantined``), the run's one key. ``tenant`` and ``status`` are the summary's,
+  kept beside it so the write script moves the run between indexes in the step that changes
+  them (a row written before they were kept says them only in its summary).
+* ``runs``, ``runs-of:<tenant>`` and ``runs-by-status:<status>``: sorted sets of run ids (all
+  scores 0, read by ``ZRANGEBYLEX``), the keysets that `RedisFrontierStore.runs` pages through.
+  A run is in the index of its stored summary's tenant and status, garbage collection removes
+  it from all three.
+* ``runs-by-status-built``: set once every run is in its status's index. A store first written
+  by this code sets it with its first write. Runs a store held before the status index was
+  kept are indexed by the first listing by status, which first finishes the index, one
+  bounded script step (``schemas/redis/frontier_index.lua``, `LIST_CHUNK` runs) at a time from
+  the cursor ``runs-by-status-cursor``, several workers sharing the work; the write script
+  indexes whatever it writes meanwhile, so once a step reaches the last run the index is
+  whole. Every writer must run this code by then: an older one stores rows without indexing
+  them, and a listing by status would miss them.
 * ``calls:<run>``: a hash of the run's call rows (``c:<call>``) and their offsets (``t:<call>``).
 * ``transcript:<len(tenant)>:<tenant>:<run>``: a hash from seq to message.
 * ``positions:<consumer>``: a hash from partition to next offset.
@@ -132,6 +146,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     _write_script: AsyncScript
     _release_script: AsyncScript
     _gc_script: AsyncScript
+    _index_script: AsyncScript
 
     def __init__(
         self,
@@ -147,11 +162,14 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         # Per consumer and partition, the highest position seen stored (read or written): a
         # write finding a lower one stored finds writes Redis acknowledged and then lost.
         self._seen: dict[str, dict[int, int]] = {}
+        # Whether every run is known to be in the index of its status (it stays so).
+        self._status_indexed = False
 
     def _started(self, client: aioredis.Redis) -> None:
         self._write_script = client.register_script(_script_source("frontier_write"))
         self._release_script = client.register_script(_script_source("frontier_release"))
         self._gc_script = client.register_script(_script_source("frontier_gc"))
+        self._index_script = client.register_script(_script_source("frontier_index"))
 
     async def _connect(self) -> None:
         """Connect, then refuse keys of a newer layout at start rather than at first use."""
@@ -217,6 +235,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
             rows += [
                 f.run_id,
                 f.tenant,
+                f.status,
                 f.through_offset,
                 msgspec.json.encode(RunSummary.of(f)),
                 self._checked(f"the frontier of run {f.run_id!r}", payload, f.run_id),
@@ -362,34 +381,60 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         after: str | None = None,
         limit: int | None = None,
     ) -> list[RunSummary]:
-        """Pages through the tenant's index of run ids (or every run's) in id order, reading
-        `LIST_CHUNK` summaries a round trip and keeping those that pass the filters."""
+        """Pages in id order through the indexes of the statuses, or the tenant's index, or
+        every run's (`_indexes`), reading `LIST_CHUNK` summaries a round trip and keeping those
+        that pass the filters, the stored tenant and status among them."""
         client = self._live_client()
-        index = self._key("runs-of", tenant) if tenant is not None else f"{self.prefix}runs"
         kept: list[RunSummary] = []
-        start = "-" if after is None else f"({after}"
         with translated("listing runs"):
-            while limit is None or len(kept) < limit:
+            indexes = await self._indexes(client, tenant, statuses)
+            after_id = after
+            while indexes and (limit is None or len(kept) < limit):
                 async with asyncio.timeout(self._timeout_s):
-                    ids = [
-                        _str(i)
-                        for i in await client.zrangebylex(
-                            index, start, "+", start=0, num=LIST_CHUNK
-                        )
-                    ]
+                    ids = await _next_ids(client, indexes, after_id)
                     if not ids:
                         break
                     summaries = await self._summaries(client, ids)
                 kept += [
                     s
                     for s in summaries
-                    if (statuses is None or s.status in statuses)
+                    if (tenant is None or s.tenant == tenant)
+                    and (statuses is None or s.status in statuses)
                     and (user is None or s.user_id == user)
                     and (agent is None or s.agent == agent)
                     and (updated_before is None or s.updated_at < updated_before)
                 ]
-                start = f"({ids[-1]}"
+                after_id = ids[-1]
         return kept[:limit]
+
+    async def _indexes(
+        self, client: aioredis.Redis, tenant: str | None, statuses: Collection[RunStatus] | None
+    ) -> list[str]:
+        """The indexes holding every run a listing may keep: those of ``statuses`` (indexed
+        first, if the store holds runs from before the status index), or the tenant's when it
+        holds fewer runs, or every run's."""
+        if statuses is not None and not statuses:
+            return []
+        scope = self._key("runs-of", tenant) if tenant is not None else f"{self.prefix}runs"
+        if statuses is None:
+            return [scope]
+        await self._index_by_status(client)
+        by_status = [self._key("runs-by-status", s) for s in sorted(statuses)]
+        if tenant is None:
+            return by_status
+        async with asyncio.timeout(self._timeout_s), client.pipeline(False) as pipe:
+            for index in (scope, *by_status):
+                pipe.zcard(index)
+            in_scope, *in_statuses = await pipe.execute()
+        return [scope] if in_scope < sum(in_statuses) else by_status
+
+    async def _index_by_status(self, client: aioredis.Redis) -> None:
+        """Index by status the runs written before the store kept that index, a bounded step
+        at a time (``schemas/redis/frontier_index.lua``); at once if it is done."""
+        while not self._status_indexed:
+            async with asyncio.timeout(self._timeout_s):
+                done = await self._index_script(args=[self.prefix, LIST_CHUNK], client=client)
+            self._status_indexed = int(done) == 1
 
     async def summaries(self, run_ids: Collection[str]) -> dict[str, RunSummary]:
         """The stored summaries of those of ``run_ids`` that have a frontier, by run id."""
@@ -432,6 +477,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
                             _transcript_key(self.prefix, tenant, run_id),
                             f"{self.prefix}runs",
                             self._key("runs-of", tenant),
+                            *(self._key("runs-by-status", s) for s in finished),
                         ]
                         args = [run_id, "1" if delete else "0", scope, *finished]
                         await self._gc_script(keys=keys, args=args, client=pipe)
@@ -447,6 +493,21 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
                 pipe.hget(self._key("frontier", run_id), "summary")
             answers = await pipe.execute()
         return [_summary_decoder.decode(a) for a in answers if a is not None]
+
+
+async def _next_ids(client: aioredis.Redis, indexes: Sequence[str], after: str | None) -> list[str]:
+    """The next run ids after ``after`` in id order across ``indexes``: up to `LIST_CHUNK` of
+    each, then only those below where a full chunk stopped, as any index may hold more there."""
+    start = "-" if after is None else f"({after}"
+    async with client.pipeline(False) as pipe:
+        for index in indexes:
+            pipe.zrangebylex(index, start, "+", start=0, num=LIST_CHUNK)
+        chunks = [[_str(i) for i in chunk] for chunk in await pipe.execute()]
+    if len(chunks) == 1:
+        return chunks[0]
+    ids = sorted({i for chunk in chunks for i in chunk})
+    full = [chunk[-1] for chunk in chunks if len(chunk) == LIST_CHUNK]
+    return [i for i in ids if i <= min(full)] if full else ids
 
 
 def _entry(fields: dict[str, str]) -> QuarantineEntry:

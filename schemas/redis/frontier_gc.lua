@@ -1,7 +1,8 @@
 -- Count or delete the keys one finished run left in the frontier store, checking first, in
 -- the same atomic step, that its stored summary says it finished.
 -- KEYS[1] the frontier hash, KEYS[2] the call rows, KEYS[3] the transcript hash,
--- KEYS[4] the index of every run, KEYS[5] the index of the run's tenant.
+-- KEYS[4] the index of every run, KEYS[5] the index of the run's tenant, KEYS[6..] the indexes
+-- of the statuses of a finished run, in the order of ARGV[4..].
 -- ARGV[1] the run id, ARGV[2] '1' to delete, '0' to count, ARGV[3] 'expired' (every key) or
 -- 'calls' (the call rows alone), ARGV[4..] the statuses of a finished run.
 -- Returns {frontiers, transcript rows, call rows}: what there was (and is now deleted).
@@ -14,13 +15,13 @@ if not summary then
     return {0, 0, 0}
 end
 local status = cjson.decode(summary)['status']
-local finished = false
+local status_index = nil
 for n = 4, #ARGV do
     if ARGV[n] == status then
-        finished = true
+        status_index = KEYS[n + 2]
     end
 end
-if not finished then
+if not status_index then
     return {0, 0, 0}
 end
 
@@ -37,5 +38,6 @@ if delete then
     redis.call('DEL', frontier_key, calls_key, transcript_key)
     redis.call('ZREM', runs_key, run_id)
     redis.call('ZREM', tenant_runs_key, run_id)
+    redis.call('ZREM', status_index, run_id)
 end
 return {1, said, calls}

@@ -8,6 +8,9 @@
 -- Returns 1, or, writing nothing, {partition, stored} for a partition whose stored position is
 -- below the one the caller saw stored ('' when it saw none): Redis lost acknowledged writes
 -- (a restart without them), and the positions must not be laid over the rows it forgot.
+-- A row's tenant and status are kept beside its summary, and the run is in the index of each
+-- (runs-of:<tenant>, runs-by-status:<status>) as its stored summary says, moved when they
+-- change; a row written before those fields were kept says them in its summary.
 local prefix, consumer, format = ARGV[1], ARGV[2], ARGV[3]
 local counts = {}
 for n = 4, 9 do
@@ -25,7 +28,7 @@ local function newer(stored, through)
 end
 
 local positions_key = prefix .. 'positions:' .. consumer
-local positions_at = at + rows * 6 + calls * 4 + cleared + held * 4 + said * 3
+local positions_at = at + rows * 7 + calls * 4 + cleared + held * 4 + said * 3
 for n = 0, positions - 1 do
     local partition, seen = ARGV[positions_at + 3 * n], ARGV[positions_at + 3 * n + 2]
     if seen ~= '' then
@@ -36,20 +39,57 @@ for n = 0, positions - 1 do
     end
 end
 
-redis.call('SET', prefix .. 'frontier-format', format, 'NX')
+if redis.call('SET', prefix .. 'frontier-format', format, 'NX') then
+    -- A new store: every run it will hold is indexed by status as it is written.
+    redis.call('SET', prefix .. 'runs-by-status-built', '1')
+end
+
+-- Puts run_id in the index named index_of(now), out of that of was when they differ.
+local function move(index_of, run_id, was, now)
+    if was and was ~= now then
+        redis.call('ZREM', index_of(was), run_id)
+    end
+    redis.call('ZADD', index_of(now), 0, run_id)
+end
+
+local function tenant_index(tenant)
+    return prefix .. 'runs-of:' .. tenant
+end
+
+local function status_index(status)
+    return prefix .. 'runs-by-status:' .. status
+end
+
+-- The tenant and status of a row written before they were kept beside its summary.
+local function said_in_summary(key)
+    local ok, summary = pcall(cjson.decode, redis.call('HGET', key, 'summary') or '')
+    if ok and type(summary) == 'table' then
+        local tenant, status = summary['tenant'], summary['status']
+        tenant = type(tenant) == 'string' and tenant or nil
+        status = type(status) == 'string' and status or nil
+        return tenant, status
+    end
+    return nil, nil
+end
 
 for _ = 1, rows do
-    local run_id, tenant, through = ARGV[at], ARGV[at + 1], ARGV[at + 2]
-    local summary, payload, refused = ARGV[at + 3], ARGV[at + 4], ARGV[at + 5]
-    at = at + 6
+    local run_id, tenant, status, through = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+    local summary, payload, refused = ARGV[at + 4], ARGV[at + 5], ARGV[at + 6]
+    at = at + 7
     local key = frontier_key(run_id)
-    local stored = redis.call('HGET', key, 'through')
+    local row = redis.call('HMGET', key, 'through', 'tenant', 'status')
+    local stored, was_tenant, was_status = row[1], row[2], row[3]
     if not stored then
         redis.call('ZADD', prefix .. 'runs', 0, run_id)
-        redis.call('ZADD', prefix .. 'runs-of:' .. tenant, 0, run_id)
+    elseif not (was_tenant and was_status) then
+        was_tenant, was_status = said_in_summary(key)
     end
     if newer(stored, through) then
-        redis.call('HSET', key, 'through', through, 'summary', summary)
+        move(tenant_index, run_id, was_tenant, tenant)
+        move(status_index, run_id, was_status, status)
+        redis.call(
+            'HSET', key, 'through', through, 'summary', summary, 'tenant', tenant, 'status', status
+        )
         if payload == '' then
             redis.call('HDEL', key, 'payload')
         else

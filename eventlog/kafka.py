@@ -28,7 +28,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.errors import (
-    KafkaError,
     OffsetOutOfRangeError,
     TopicAlreadyExistsError,
 )
@@ -38,6 +37,7 @@ from onward._storage import (
     KafkaConnection,
     drop_connections,
     kafka_connection,
+    stop_or_drop,
     translate,
 )
 from onward.errors import (
@@ -128,6 +128,8 @@ class KafkaEventLog(EventLogBackend):
         self._read_timeout_s = read_timeout_s
         self._request_timeout_ms = self._connection.request_timeout_ms
         self._producer: AIOKafkaProducer | None = None
+        self._opened = False
+        """Started and not closed since; the producer may be missing while it is replaced."""
         self._readers: KafkaReaders | None = None
         self._reader_count = readers
         self._admin: AIOKafkaAdminClient | None = None
@@ -148,7 +150,7 @@ class KafkaEventLog(EventLogBackend):
 
     @property
     def is_open(self) -> bool:
-        return self._producer is not None
+        return self._opened
 
     async def _connect(self) -> None:
         """Connect, create the topic if allowed and missing, and check its partition count."""
@@ -163,6 +165,7 @@ class KafkaEventLog(EventLogBackend):
         except DRIVER_ERRORS as exc:
             raise translate(exc, context=f"connecting to Kafka at {self._bootstrap}") from exc
         await self._new_producer()
+        self._opened = True
 
     def _new_reader(self) -> AIOKafkaConsumer:
         return self._connection.consumer(
@@ -216,31 +219,46 @@ class KafkaEventLog(EventLogBackend):
             max_request_size=_PRODUCER_MAX_REQUEST,
         )
         try:
-            await self._connection.start(producer)
+            await self._connection.start(producer)  # stopped there if it fails or is cancelled
         except DRIVER_ERRORS as exc:
-            await producer.stop()
             raise translate(exc, context=f"starting a producer for {self._bootstrap}") from exc
         self._producer = producer
         self.producer_generation += 1
 
-    async def _replace_producer(self, broken: AIOKafkaProducer) -> None:
-        """Replace ``broken`` unless a concurrent append already did."""
+    async def _replace_producer(self, broken: AIOKafkaProducer | None) -> None:
+        """Replace ``broken`` (``None``: start the producer a failed replacement did not)
+        unless a concurrent append already did.
+
+        A producer started while the log was being closed is stopped again: `close` took
+        the producer before this one was there to take.
+        """
         async with self._producer_lock:
             current, self._producer = self._producer, None
             if current is not broken:
                 self._producer = current
                 return
-            # The session is already broken; its replacement is what matters.
-            with contextlib.suppress(KafkaError):
-                await current.stop()
+            if current is not None:
+                # The session is already broken; its replacement is what matters.
+                await stop_or_drop(current, self._request_timeout_ms / 1000)
             await self._new_producer()
+            if not self._opened:
+                started, self._producer = self._producer, None
+                await stop_or_drop(started, self._request_timeout_ms / 1000)
 
     async def _replaced(self) -> None:
         """Wait out a replacement of the producer under way (it holds the lock, with no
-        producer meanwhile), so what comes now goes out on its successor."""
+        producer meanwhile), so what comes now goes out on its successor; if the last
+        replacement failed (Kafka was down), try once more, so the log appends again once Kafka
+        answers rather than refusing every append until the process restarts.
+
+        Raises:
+            BackendUnavailableError: No producer could be started (nor `ConfigurationError`).
+        """
         while self._producer is None and self._producer_lock.locked():
             async with self._producer_lock:
                 pass
+        if self._producer is None and self._opened:
+            await self._replace_producer(None)
 
     def _live_producer(self) -> AIOKafkaProducer:
         if self._producer is None:
@@ -288,7 +306,12 @@ class KafkaEventLog(EventLogBackend):
         """
         queue = self._queues[partition]
         while queue:
-            await self._replaced()
+            try:
+                await self._replaced()
+            except OnwardError as no_producer:
+                while queue:
+                    _settle(queue.popleft(), error=no_producer)
+                return
             if self._producer is None:
                 closed = InvalidInputError("the Kafka event log was closed before this append")
                 while queue:
@@ -336,7 +359,7 @@ class KafkaEventLog(EventLogBackend):
             ]
             if isinstance(errors[0], ProducerFatalError):
                 # Replaced before anyone hears of it, so a retry uses a sound session. If no
-                # new producer can be started, the log counts as closed for what is queued.
+                # new producer can be started, the next append tries again.
                 try:
                     await self._replace_producer(producer)
                 except OnwardError as replace_error:
@@ -475,6 +498,7 @@ class KafkaEventLog(EventLogBackend):
         queued appends, then each client's stop); what it had not acknowledged may have landed.
         """
         bound = self._request_timeout_ms / 1000
+        self._opened = False
         # Appends already queued are sent (or fail) before the producer goes away.
         flushers = list(self._flushers.values())
         if flushers:

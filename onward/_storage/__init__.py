@@ -18,6 +18,7 @@ from .kafka import (
     KafkaConnection,
     drop_connections,
     kafka_connection,
+    stop_or_drop,
 )
 from .logs import DRIVER_LOGGERS, one_line_driver_logs
 from .migrations import (
@@ -102,6 +103,7 @@ __all__ = [
     "schema_version_postgres",
     "select_in",
     "split_statements",
+    "stop_or_drop",
     "transaction",
     "translate",
     "translated",

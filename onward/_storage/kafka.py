@@ -86,6 +86,20 @@ def drop_connections(client_owner: Any) -> None:
         connection.close()
 
 
+async def stop_or_drop(client: Any, timeout_s: float) -> None:
+    """Stop a producer, consumer or admin client within ``timeout_s``; if the stop does not
+    finish in time (a broker that does not answer) or is cancelled, drop its connections and
+    tasks (`drop_connections`) so nothing of it is left running."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await _stop(client)
+    except TimeoutError:
+        drop_connections(client)
+    except BaseException:
+        drop_connections(client)
+        raise
+
+
 def _server_problem(server: str) -> str | None:
     """Why one ``host[:port]`` (``[v6]:port``) of the bootstrap list is unusable, or None: said
     here, naming the variable, rather than by the client's parser as the agent's failure."""
@@ -364,10 +378,22 @@ class KafkaConnection:
         Raises:
             ConfigurationError: The brokers refused the SASL credentials, their certificate
                 is not signed by the configured CA, or they expect TLS from a plaintext
-                client: one line naming the variable. ``client`` is stopped.
+                client: one line naming the variable.
             KafkaError: Any other failure, as the client raised it (an outage: the caller
                 translates it to `BackendUnavailableError`).
+
+        Whatever ends the start early, a failure or a cancellation (a startup cut short, a
+        timeout around it), ``client`` is stopped (`stop_or_drop`) before it propagates: the
+        caller never got a started client to close, and one that connected would otherwise
+        keep its connections and background tasks for as long as the event loop lives.
         """
+        try:
+            await self._start(client)
+        except BaseException:
+            await stop_or_drop(client, self.request_timeout_s)
+            raise
+
+    async def _start(self, client: _Startable) -> None:
         began = time.monotonic()
         try:
             await client.start()
@@ -380,7 +406,6 @@ class KafkaConnection:
             problem = await self.diagnose()
             if problem is None:
                 raise
-            await _stop(client)
             raise ConfigurationError(problem) from exc
 
     async def diagnose(self) -> str | None:

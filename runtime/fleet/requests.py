@@ -23,8 +23,8 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from onward._storage import (
     KafkaConnection,
     Resource,
-    drop_connections,
     kafka_connection,
+    stop_or_drop,
     translate,
 )
 from onward.errors import (
@@ -343,10 +343,8 @@ class Requests(Resource):
             max_request_size=MAX_REQUEST_BYTES,
         )
         try:
-            await self._connection.start(producer)
+            await self._connection.start(producer)  # stopped there if it fails or is cancelled
         except KafkaError as exc:
-            with contextlib.suppress(KafkaError):
-                await producer.stop()
             raise translate(exc, context=f"connecting to {self.topic}") from exc
         self._producer = producer
 
@@ -358,15 +356,8 @@ class Requests(Resource):
         have landed.
         """
         producer, self._producer = self._producer, None
-        if producer is None:
-            return
-        try:
-            async with asyncio.timeout(self._connection.request_timeout_s):
-                await producer.stop()
-        except TimeoutError:
-            drop_connections(producer)
-        except KafkaError:
-            pass
+        if producer is not None:
+            await stop_or_drop(producer, self._connection.request_timeout_s)
 
     async def submit(self, *requests: Request) -> None:
         """Send requests, each to its run's partition; durable when this returns."""
@@ -383,7 +374,8 @@ class Requests(Resource):
             InvalidInputError: A request a worker would refuse (`check_request`), named with its
                 field; nothing was sent.
             PayloadTooLargeError: A request over `MAX_REQUEST_BYTES`, named with its run;
-                nothing was sent.
+                nothing was sent. Or one the topic refused (its own ``max.message.bytes``),
+                named with its run and with the runs whose requests were sent all the same.
             BackendUnavailableError: Kafka did not acknowledge them all within the request
                 timeout (``ONWARD_BACKEND_TIMEOUT``); those not acknowledged may still land.
         """
@@ -409,7 +401,7 @@ class Requests(Resource):
                             headers=headers,
                         )
                     )
-                await asyncio.gather(*sent)
+                outcomes = await asyncio.gather(*sent, return_exceptions=True)
         except TimeoutError:
             for delivery in sent:  # its outcome, whenever it comes, is no longer awaited
                 delivery.add_done_callback(_outcome_dropped)
@@ -419,6 +411,30 @@ class Requests(Resource):
             ) from None
         except KafkaError as exc:
             raise translate(exc, context=f"submitting to {self.topic}") from exc
+        _refused_in_part(self.topic, prepared, outcomes)
+
+
+def _refused_in_part(
+    topic: str, prepared: Sequence[PreparedRequest], outcomes: Sequence[object]
+) -> None:
+    """Raise the first refusal of a batch the broker took in part (one partition's records
+    refused, another's stored: a topic's own ``max.message.bytes`` under the producer's limit),
+    naming the runs whose requests were sent, which a retry of the whole batch would repeat."""
+    refused = [(r, o) for r, o in zip(prepared, outcomes, strict=True) if isinstance(o, Exception)]
+    if not refused:
+        return
+    request, exc = refused[0]
+    sent = [
+        r.run_id for r, o in zip(prepared, outcomes, strict=True) if not isinstance(o, Exception)
+    ]
+    others = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+    said = ", ".join(repr(run_id) for run_id in sent)
+    context = (
+        f"submitting to {topic}: Kafka refused the {request.kind} request of run "
+        f"{request.run_id!r}{others}; "
+        + (f"it sent those of runs {said}" if sent else "it sent none of the batch")
+    )
+    raise translate(exc, context=context, run_id=request.run_id) from exc
 
 
 def _headers(request: PreparedRequest) -> list[tuple[str, bytes]] | None:

@@ -6,6 +6,7 @@ broker is made silent by a `TcpProxy` in front of it, never touched itself.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,10 +14,12 @@ from typing import Any
 import aiokafka.cluster
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from support.proxy import TcpProxy
 
 from onward._storage import KafkaConnection
 from onward.errors import BackendUnavailableError, PayloadTooLargeError
+from onward.eventlog import partition_for
 from onward.runtime.fleet.requests import (
     MAX_REQUEST_BYTES,
     Request,
@@ -68,6 +71,35 @@ async def test_a_batch_holding_a_request_too_large_sends_nothing_and_names_the_r
     assert await _delivered(kafka_bootstrap, requests_topic, 1) == [marker]
     assert str(refused.value).startswith("run 'large': the start request is ")
     assert refused.value.limit == MAX_REQUEST_BYTES
+
+
+async def test_a_batch_the_topic_refuses_in_part_says_which_runs_were_sent(
+    kafka_bootstrap: str, requests_topic: str
+) -> None:
+    """A topic whose own ``max.message.bytes`` is below the producer's limit: the broker
+    refuses one partition's batch and stores the others'. The caller must hear which requests
+    were refused and which were sent (a start it would submit again would run twice)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        limit = {"max.message.bytes": "20000"}
+        await admin.create_topics([NewTopic(requests_topic, PARTITIONS, 1, topic_configs=limit)])
+    finally:
+        await admin.close()
+    big, small = (
+        next(f"run-{i}" for i in range(100) if partition_for(f"run-{i}", PARTITIONS) == p)
+        for p in (0, 1)
+    )
+    incompressible = secrets.token_urlsafe(45_000)  # over the topic's limit once compressed
+    large = StartRun(run_id=big, tenant="acme", agent="booker", input=incompressible)
+    marker = ResumeRun(run_id=small, tenant="acme")
+    async with Requests(kafka_bootstrap, requests_topic, partitions=PARTITIONS) as sender:
+        with pytest.raises(PayloadTooLargeError) as refused:
+            await sender.submit(large, marker)
+    assert await _delivered(kafka_bootstrap, requests_topic, 1) == [marker]
+    message = str(refused.value)
+    assert f"refused the start request of run {big!r}" in message
+    assert f"sent those of runs {small!r}" in message
 
 
 @pytest.fixture

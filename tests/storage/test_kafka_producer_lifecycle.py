@@ -1,0 +1,158 @@
+"""A Kafka producer's life in `Requests` and `KafkaEventLog`: an open cancelled while the
+producer starts leaves nothing behind, and an event log whose producer could not be replaced
+after a fatal error appends again once Kafka answers. Real Kafka; `AIOKafkaProducer.start` is
+wrapped to hold an open at the moment it is cancelled, a producer's ``send_batch`` to raise
+the fatal error (as in tests/eventlog/test_kafka.py), and a `TcpProxy` cuts the broker's way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aiokafka.cluster
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import OutOfOrderSequenceNumber
+from support.proxy import TcpProxy
+
+from onward._storage import Resource
+from onward.errors import ProducerFatalError
+from onward.eventlog import KafkaEventLog
+from onward.runtime.fleet.requests import Requests
+from onward.testing.eventlog import new_run_id, seqs, step_events
+
+pytestmark = pytest.mark.kafka
+PARTITIONS = 3
+
+
+class Held:
+    """The producers started since the fixture began, each held once its start connected."""
+
+    def __init__(self) -> None:
+        self.producers: list[AIOKafkaProducer] = []
+        self.one_started = asyncio.Event()
+
+
+@pytest.fixture
+def started_producers(monkeypatch: pytest.MonkeyPatch) -> Held:
+    """Every producer started from now on, once its start has connected, held there until
+    the open around it is cancelled."""
+    held = Held()
+    original = AIOKafkaProducer.start
+
+    async def start(self: AIOKafkaProducer) -> None:
+        await original(self)
+        held.producers.append(self)
+        held.one_started.set()
+        await asyncio.Event().wait()  # the open is cancelled here
+
+    monkeypatch.setattr(AIOKafkaProducer, "start", start)
+    return held
+
+
+def _leftovers(producer: AIOKafkaProducer) -> list[str]:
+    """What of a producer is still alive: its background tasks and open connections."""
+    alive = []
+    sender_task = producer._sender.sender_task
+    if sender_task is not None and not sender_task.done():
+        alive.append("sender task")
+    sync_task = producer.client._sync_task
+    if sync_task is not None and not sync_task.done():
+        alive.append("metadata task")
+    conns = producer.client._conns.items()
+    return alive + [f"connection {key[1]}" for key, conn in conns if conn.connected()]
+
+
+async def _cancelled_open(make: Callable[[], Resource], held: Held) -> None:
+    resource = make()
+    opening = asyncio.create_task(resource.start())
+    async with asyncio.timeout(30):
+        await held.one_started.wait()
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    await asyncio.sleep(0.1)
+    assert not resource.is_open
+    (producer,) = held.producers
+    left = _leftovers(producer)
+    if left:
+        await producer.stop()
+    assert left == []
+
+
+async def test_a_requests_sender_whose_open_is_cancelled_leaves_no_producer_running(
+    kafka_bootstrap: str, requests_topic: str, started_producers: Held
+) -> None:
+    """An application's startup cancelled by its server's shutdown (or a timeout around the
+    open) while the producer connects: the producer is not stored for `close` to find, so it
+    must be stopped there, or its connections and tasks live as long as the event loop."""
+    await _cancelled_open(
+        lambda: Requests(kafka_bootstrap, requests_topic, partitions=PARTITIONS), started_producers
+    )
+
+
+async def test_an_event_log_whose_open_is_cancelled_leaves_no_producer_running(
+    kafka_bootstrap: str, kafka_topic: str, started_producers: Held
+) -> None:
+    """As for `Requests`: the event log's producer is stored only once it started."""
+    await _cancelled_open(
+        lambda: KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS),
+        started_producers,
+    )
+
+
+@pytest.fixture
+def broker_through_proxy(kafka_bootstrap: str) -> Iterator[dict[str, int]]:
+    """Clients are told the proxy's address for the broker (it advertises its own) once the
+    test puts the proxy's port in the dict; undone before the topic fixture deletes the topic."""
+    port = int(kafka_bootstrap.rpartition(":")[2])
+    proxied: dict[str, int] = {}
+    original = aiokafka.cluster.ClusterMetadata.broker_metadata
+
+    def broker_metadata(self: Any, broker_id: Any) -> Any:
+        found = original(self, broker_id)
+        if found is not None and "port" in proxied and found.port == port:
+            return found._replace(host="127.0.0.1", port=proxied["port"])
+        return found
+
+    aiokafka.cluster.ClusterMetadata.broker_metadata = broker_metadata
+    try:
+        yield proxied
+    finally:
+        aiokafka.cluster.ClusterMetadata.broker_metadata = original
+
+
+async def test_an_event_log_whose_producer_could_not_be_replaced_appends_once_kafka_is_back(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    broker_through_proxy: dict[str, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fatal error while the broker is down: the new producer cannot start. The log stays
+    open, and the next append (a resume once Kafka is back) starts one, rather than the log
+    refusing every append for good as "not started" until the process restarts."""
+    host, _, port = kafka_bootstrap.rpartition(":")
+    run_id = new_run_id()
+    async with TcpProxy(host, int(port)) as proxy:
+        broker_through_proxy["port"] = proxy.port
+        log = KafkaEventLog(
+            f"127.0.0.1:{proxy.port}", topic=kafka_topic, partitions=2, request_timeout_s=1.0
+        )
+        async with log:
+            await log.append(step_events(run_id, 1))
+            broken = log._producer
+            assert broken is not None
+
+            async def fatal(*args: object, **kwargs: object) -> object:
+                await proxy.cut()  # the broker goes down as the session breaks
+                raise OutOfOrderSequenceNumber()
+
+            monkeypatch.setattr(broken, "send_batch", fatal)
+            with pytest.raises(ProducerFatalError, match=run_id):
+                await log.append(step_events(run_id, 1, first_seq=2))
+            await proxy.restore()
+            await log.append(step_events(run_id, 1, first_seq=2))
+            assert seqs(await log.read_run(run_id)) == [1, 2]
+        assert log._producer is None

@@ -11,6 +11,7 @@ run again, once, until the next release.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,7 @@ from onward.projections.base import (
     QuarantineEntry,
     QuarantineState,
 )
+from onward.projections.compaction import CompactionStore, PostgresCompactionStore
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.backends import kafka_frontier_store
 from onward.runtime.checkpoint import Checkpointer
@@ -147,8 +149,8 @@ def release_command(run_id: RunArgument, by: ByOption, as_json: JsonResultOption
         if not released or config.backend not in _FOLDED_HERE:
             return released, None
         # Embedded mode has no projector process: fold the run again here and now.
-        async with _embedded_log(config) as log:
-            await Checkpointer(store, log).catch_up()
+        async with _embedded_log(config) as log, _embedded_compaction(config) as compaction:
+            await Checkpointer(store, log, compaction=compaction).catch_up()
         row = await store.get(run_id)
         return released, row.quarantined if row is not None else None
 
@@ -190,3 +192,19 @@ def _embedded_log(config: Settings) -> EventLog:
             timeout_s=config.backend_timeout,
         )
     return SqliteEventLog(config.sqlite_path, partitions=config.partitions)
+
+
+def _embedded_compaction(
+    config: Settings,
+) -> contextlib.AbstractAsyncContextManager[CompactionStore | None]:
+    """Where the fold of a backend with no projector process keeps a frontier over the cap
+    (and reads a run compaction cut), unopened: PostgreSQL's beside the rows; ``None`` for
+    SQLite, whose log brings its own."""
+    if config.backend == "postgres":
+        return PostgresCompactionStore(
+            config.require_database_url(),
+            schema=config.database_schema,
+            max_size=1,
+            timeout_s=config.backend_timeout,
+        )
+    return contextlib.nullcontext(None)

@@ -181,8 +181,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             ``JsonPlusSerializer(allowed_msgpack_modules=[("my.module", "MyType")])``.
         compaction: Where compaction keeps what it cut of the threads (every event of a
             thread is retained before its partition is cut): a thread is read from those
-            copies, then the log. An embedded SQLite log brings its own; on Kafka, pass the
-            deployment's `PostgresCompactionStore` before compaction runs.
+            copies, then the log. With ``checkpoint_inline``, a thread's frontier over the
+            snapshot cap is kept there too, so its next fold goes on from it. An embedded
+            SQLite log brings its own; on Kafka or PostgreSQL alone, pass the deployment's
+            `PostgresCompactionStore` before compaction runs.
         redactor: Masks secrets in every event this saver appends before it is encoded, as a
             runner's does: the tool results and error text `OnwardToolMiddleware` records, an
             interrupt's value and its answer. The default is `Redactor()` (with
@@ -272,7 +274,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         if checkpoint_inline and frontiers is not None:
             from onward.runtime.checkpoint import Checkpointer  # noqa: PLC0415
 
-            self._checkpointer = Checkpointer(frontiers, log)
+            self._checkpointer = Checkpointer(frontiers, log, compaction=self.compaction)
         self._held: dict[str, _Held] = {}
         self._lost: set[str] = set()
         self._stopped: dict[str, Callable[[], OnwardError]] = {}

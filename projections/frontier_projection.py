@@ -232,6 +232,9 @@ class FrontierProjection:
         self.consumer = consumer
         self.max_bytes = max_bytes
         self.stats = ProjectorStats()
+        self.over_cap: set[str] | None = None
+        """While a set (the inline checkpointer's): the runs whose latest snapshot stored here
+        was refused for size, one id each until a snapshot of the run fits again."""
         self._cache = _DraftCache()
         self._cache_runs = cache_runs
         self._cache_bytes = cache_bytes
@@ -493,14 +496,19 @@ class FrontierProjection:
         await self._written()
         snapshots: list[Snapshot] = []
         cache = self._cache
+        over_cap = self.over_cap
         for run_id, draft in self._dirty.items():
             snapshot = Snapshot.of(draft.frozen(), max_bytes=self.max_bytes)
             if snapshot.payload is None:
                 self.stats.snapshots_refused += 1
                 log.warning("run %r: snapshot refused: %s", run_id, snapshot.error)
                 cache.sized(run_id, self.max_bytes)
+                if over_cap is not None:
+                    over_cap.add(run_id)
             else:
                 cache.sized(run_id, len(snapshot.payload))
+                if over_cap is not None:
+                    over_cap.discard(run_id)
             snapshots.append(snapshot)
         entries, cleared = self.quarantine.take()
         write = self._write(

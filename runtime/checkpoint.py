@@ -184,6 +184,10 @@ class Checkpointer:
             every_partition=True,
             compaction=compaction,
         )
+        # Which runs' frontiers are over the cap, for `last_error`: a pass folds the runs of
+        # every request merged into it, so its count of refused snapshots says not whose.
+        self._over_cap: set[str] = set()
+        self.projection.over_cap = self._over_cap
         self._projector = LogProjector(log, self.projection)
         # Other processes fold the same file or schema (two embedded workers, a worker and `onward
         # approve`): one catch-up at a time across them, or one could store rows folded onto
@@ -256,18 +260,24 @@ class Checkpointer:
             await asyncio.shield(latest)
 
     async def _checkpoint(self, ticket: int, run_id: str) -> None:
-        """Fold through request ``ticket``; a failure is logged, never raised."""
-        refused_before = self.projection.stats.snapshots_refused
+        """Fold through request ``ticket``; a failure is logged, never raised.
+
+        Whatever the error, not only a store's: raised, it would fail the live run, or come
+        out of `settled` in its holder and stand in for the run's own outcome."""
         try:
             # What another process on the same file folded since is noticed by the projector
             # (a position it did not store), which then folds onto the stored rows.
             await self._fold_through(ticket)
-        except OnwardError as exc:
+        except Exception as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             COUNTS.checkpoints_not_written += 1
-            log.warning("checkpoint not written, the run carries on: %s", self.last_error)
+            log.warning(
+                "checkpoint not written, the run carries on: %s",
+                self.last_error,
+                exc_info=not isinstance(exc, OnwardError),
+            )
             return
-        if self.projection.stats.snapshots_refused > refused_before:
+        if run_id in self._over_cap:
             self.last_error = (
                 f"run {run_id!r}: frontier over the {self.projection.max_bytes}-byte "
                 "cap; the row keeps its reason and resume folds from the log"

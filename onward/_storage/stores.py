@@ -187,9 +187,14 @@ class SqliteStore(Resource):
         return self._readonly
 
     def exclusive(self, name: str) -> FileLock:
-        """A lock named ``name`` that every process using this file sees (``FILE.name.lock``)."""
+        """A lock named ``name`` that every process using this file sees (``FILE.name.lock``).
+
+        Named from the file's resolved path, beside the file itself: a process that opened it
+        through a symbolic link (to it or a directory above it) takes the same lock.
+        """
+        real = self._path.resolve()
         return FileLock(
-            self._path.with_name(f"{self._path.name}.{name}.lock"),
+            real.with_name(f"{real.name}.{name}.lock"),
             what=f"the {name} lock of {self._path}",
             timeout_s=self._lock_timeout_s,
         )

@@ -34,8 +34,12 @@ MAX_LABEL_LENGTH = 200
 MAX_NOTE_LENGTH = 10_000
 """Longest note a person leaves (why a call was resolved the way it was)."""
 
+NEEDS_PERSON = "needs-person"
+"""The label a worker tags a run with when its resume found a call it must not guess about."""
+
 MAX_TAGS_PER_RUN = 1_000
-"""Most tags one run holds; a tag past it is refused (`InvalidInputError`)."""
+"""Most tags one run holds; a tag past it is refused (`InvalidInputError`), except the
+``needs-person`` tag a worker leaves a run for a person with (`AgentRunner.leave_for_person`)."""
 
 MAX_DEPTH = 100
 """Deepest nesting of lists and objects in a run's input, an approval's value, a tool's result
@@ -165,6 +169,7 @@ __all__ = [
     "MAX_NOTE_LENGTH",
     "MAX_TAGS_PER_RUN",
     "MAX_TOOL_CALLS_PER_TURN",
+    "NEEDS_PERSON",
     "check_depth",
     "check_label",
     "check_name",

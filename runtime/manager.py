@@ -27,12 +27,10 @@ from onward.projections.base import FrontierStore, RunSummary
 from onward.projections.frontier import Frontier
 
 from .leases.base import LeaseStore, RunLease
+from .limits import NEEDS_PERSON
 from .settings import Settings, load_settings
 
 Attention = Literal["waiting_on_approval", "needs_person", "interrupted", "held"]
-
-NEEDS_PERSON = "needs-person"
-"""The label a worker tags a run with when its resume found a call it must not guess about."""
 
 
 def needs_person(frontier: Frontier) -> bool:

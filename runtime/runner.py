@@ -87,6 +87,7 @@ from .limits import (
     MAX_NAME_LENGTH,
     MAX_TAGS_PER_RUN,
     MAX_TOOL_CALLS_PER_TURN,
+    NEEDS_PERSON,
     check_depth,
     check_label,
     check_name,
@@ -789,11 +790,33 @@ class AgentRunner(Resource):
                 `MAX_TAGS_PER_RUN` tags, or a seq below the run's truncation point that
                 compaction did not retain.
         """
+        return await self._tag(run_id, label, tenant=tenant, seq=seq, by=by, capped=True)
+
+    async def leave_for_person(
+        self, run_id: str, why: str, *, tenant: str, by: str = "tagger"
+    ) -> int:
+        """Tag the run ``needs-person: <why>`` at its latest boundary: a worker found a call
+        it must not guess about and leaves the run to a person (`onward resolve`).
+
+        Written even when the run already holds `MAX_TAGS_PER_RUN` tags: a run left for a
+        person must not be carried on until it is out of attempts and ended ``failed`` over
+        a call that may have taken effect. Such tags stay few (one per call left undecided).
+
+        Returns:
+            The seq that was tagged.
+        """
+        label = f"{NEEDS_PERSON}: {why}"
+        return await self._tag(run_id, label, tenant=tenant, seq=None, by=by, capped=False)
+
+    async def _tag(
+        self, run_id: str, label: str, *, tenant: str, seq: int | None, by: str, capped: bool
+    ) -> int:
+        """`tag`; with ``capped``, refused once the run holds `MAX_TAGS_PER_RUN` tags."""
         if isinstance(label, str) and not label.strip():
             raise InvalidInputError("a tag needs a non-empty label", run_id=run_id)
         check_label("label", label, run_id=run_id)
         async with self._as_person(run_id, tenant, by) as run:
-            if len(run.frontier.tags) >= MAX_TAGS_PER_RUN:
+            if capped and len(run.frontier.tags) >= MAX_TAGS_PER_RUN:
                 raise InvalidInputError(
                     f"run {run_id!r} already holds {len(run.frontier.tags)} tags, the most one "
                     "run may hold; tag a run's events sparingly (tags are kept on its frontier)",

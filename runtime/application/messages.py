@@ -52,7 +52,7 @@ from onward.projections.frontier import (
 )
 from onward.projections.transcript import as_text, checkpoint_of
 from onward.runtime.ask import recorded_schema
-from onward.runtime.manager import NEEDS_PERSON
+from onward.runtime.limits import NEEDS_PERSON
 
 MessageType = Literal[
     "text", "checkpoint", "approval_request", "progress", "result", "error", "needs_person"

@@ -57,7 +57,7 @@ from onward.projections.frontier import Frontier
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
 from onward.runtime.leases.holder import Leaseholder
-from onward.runtime.manager import NEEDS_PERSON, needs_person
+from onward.runtime.manager import needs_person
 from onward.runtime.redaction import Redactor
 from onward.runtime.writer import HeldRun
 
@@ -199,10 +199,12 @@ class Recovery:
     async def carry(self, run_id: str, tenant: str, *, recovery: bool) -> bool:
         """Carry a run on unless it is settled, left for a person, or out of attempts."""
         worker = self._worker
+        looked: Frontier | None = None  # the run as it was before this attempt, once ready
         try:
-            agent = await self._ready_to_carry(run_id, tenant)
-            if agent is None:
+            ready = await self._ready_to_carry(run_id, tenant)
+            if ready is None:
                 return True
+            agent, looked = ready
             async with worker.for_run(agent, run_id, tenant) as bound:
                 result = await worker.runner.resume(bound, run_id, tenant=tenant)
         except ResumeConflictError:
@@ -220,8 +222,10 @@ class Recovery:
             # start): a refused request, not an attempt of the run, so no cause of it.
             raise
         except Exception as exc:
-            if not worker.stopping(run_id):  # stopped on purpose: no failed attempt
-                await self._failed_attempt(run_id, tenant, exc)
+            # Not ready (an outage reading or ending the run) or stopped on purpose: no
+            # attempt of the run failed.
+            if looked is not None and not worker.stopping(run_id):
+                await self._failed_attempt(looked, exc)
             raise
         self._causes.pop(run_id, None)
         if recovery:
@@ -229,10 +233,10 @@ class Recovery:
         worker.count(result.status)
         return True
 
-    async def _ready_to_carry(self, run_id: str, tenant: str) -> Agent | None:
-        """The agent to carry the run on with, after the backoff its attempts call for; None
-        if it must not be (settled, left for a person, unknown agent, or out of attempts: then
-        it is ended ``failed``).
+    async def _ready_to_carry(self, run_id: str, tenant: str) -> tuple[Agent, Frontier] | None:
+        """The agent to carry the run on with and the run as it is, after the backoff its
+        attempts call for; None if it must not be (settled, left for a person, unknown agent,
+        or out of attempts: then it is ended ``failed``).
         """
         worker = self._worker
         frontier = await worker.runner.inspect(run_id, tenant=tenant)
@@ -250,19 +254,33 @@ class Recovery:
             return None
         if attempts and not await worker.sleep(worker.backoff_s * 2 ** (attempts - 1)):
             return None
-        return agent
+        return agent, frontier
 
-    async def _failed_attempt(self, run_id: str, tenant: str, exc: Exception) -> None:
+    async def _failed_attempt(self, looked: Frontier, exc: Exception) -> None:
         """Keep the cause an attempt failed with and, if that attempt was the last one the
         run had, end it ``failed`` now with the cause: another worker giving up later on would
-        not know it (the cause is only in this process until it is written)."""
+        not know it (the cause is only in this process until it is written).
+
+        An attempt that wrote nothing since ``looked`` (the run before it) failed before it
+        claimed the run (an outage of the lease store or the log): it counted no attempt, and
+        its error is no cause the run could give up with.
+        """
+        run_id, tenant = looked.run_id, looked.tenant
+        try:
+            frontier: Frontier | None = await self._worker.runner.inspect(run_id, tenant=tenant)
+        except OnwardError as nested:  # cannot tell: kept as the cause, as any attempt's
+            _log.warning("run %s: not ended yet: %s", printable(run_id), one_line(str(nested)))
+            frontier = None
+        if frontier is not None and frontier.last_seq == looked.last_seq:
+            return
         cause = described(exc)
         self._causes.pop(run_id, None)
         self._causes[run_id] = cause
         while len(self._causes) > _CAUSES_KEPT:
             del self._causes[next(iter(self._causes))]
+        if frontier is None:
+            return
         try:
-            frontier = await self._worker.runner.inspect(run_id, tenant=tenant)
             if (
                 frontier.status == "running"
                 and not needs_person(frontier)
@@ -279,12 +297,11 @@ class Recovery:
         worker.stats.needs_person += 1
         _log.warning("run %s needs a person: %s", run_id, exc)
         with contextlib.suppress(ResumeConflictError):
-            await worker.runner.tag(run_id, f"{NEEDS_PERSON}: indeterminate call", tenant=tenant)
+            await worker.runner.leave_for_person(run_id, "indeterminate call", tenant=tenant)
 
     async def _give_up(self, frontier: Frontier, reason: str) -> None:
         """End the run ``failed`` with ``reason``, written under its lease."""
         worker = self._worker
-        self._causes.pop(frontier.run_id, None)
         worker.stats.gave_up += 1
         _log.warning("run %s: %s", frontier.run_id, reason)
         runner = worker.runner
@@ -297,10 +314,13 @@ class Recovery:
         ) as held:
             current = await runner.inspect(frontier.run_id, tenant=frontier.tenant)
             if current.status != "running":
+                self._causes.pop(frontier.run_id, None)
                 return
             await held.raise_fence(current.fence)
             agent = Agent(name=current.agent or "unknown", instructions="")
             run = HeldRun(agent, held, current, Conversation(""))
             finished = runner.writer.event(run, RunFinished, status="failed", error=reason)
             await runner.writer.append(run, [finished])
+        # Kept until the end is durable: a write that failed leaves it for the next pass.
+        self._causes.pop(frontier.run_id, None)
         worker.count("failed")

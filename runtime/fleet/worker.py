@@ -74,7 +74,8 @@ from onward.projections.audit import printable
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends
 from onward.runtime.leases.base import LeasePolicy
-from onward.runtime.manager import NEEDS_PERSON, needs_person
+from onward.runtime.limits import NEEDS_PERSON
+from onward.runtime.manager import needs_person
 from onward.runtime.providers import Provider
 from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
 from onward.runtime.toolsets import agent_for_run, close_toolsets

@@ -147,9 +147,11 @@ class KafkaReaders:
             self._starting -= 1
 
     async def bounds(self, reader: _Reader, tp: TopicPartition) -> PartitionBounds:
-        """The partition's first offset and the offset after its last record."""
-        starts = await reader.consumer.beginning_offsets([tp])
-        ends = await reader.consumer.end_offsets([tp])
+        """The partition's first offset and the offset after its last record, asked together
+        (two requests in flight, one round trip's wait)."""
+        starts, ends = await asyncio.gather(
+            reader.consumer.beginning_offsets([tp]), reader.consumer.end_offsets([tp])
+        )
         return PartitionBounds(int(starts[tp]), int(ends[tp]))
 
     async def ends(self, reader: _Reader, tps: Sequence[TopicPartition]) -> dict[int, int]:

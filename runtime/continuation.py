@@ -235,22 +235,31 @@ async def carry_if_due(
     return True
 
 
-async def finish_cut_carry(run: HeldRun, *, writer: RunWriter, resumer: Resumer) -> bool:
-    """End the run `RunContinued` if an earlier carry started its successor and died before
-    writing that end; returns whether it did. Whatever the resuming runner's policy (a fleet
-    worker has none): the turn in progress was handed over with the successor's start, so the
-    run must not make its calls itself, or they would be made in both runs.
+async def cut_carry(frontier: Frontier, *, resumer: Resumer) -> str | None:
+    """The successor an earlier carry of the run started and died before ending the run
+    `RunContinued` for, if there is one; only reads. The log is asked whatever the lease
+    store says: a store wiped since (or an id its GC forgot) keeps no trace of the carry.
     """
-    if not carriable(run.frontier):
-        return False  # a carry only ever starts where the run is carriable
-    new_id = successor_id(run.run_id)
+    if not carriable(frontier):
+        return None  # a carry only ever starts where the run is carriable
+    new_id = successor_id(frontier.run_id)
     try:
-        found = await resumer.read(new_id, tenant=run.tenant)
+        found = await resumer.read(new_id, tenant=frontier.tenant)
     except NothingToResumeError:
+        return None
+    return new_id if found.continuation_of == frontier.run_id else None
+
+
+async def finish_cut_carry(run: HeldRun, successor: str | None, *, writer: RunWriter) -> bool:
+    """End the run `RunContinued` into ``successor``, what `cut_carry` found for it: an earlier
+    carry started that run and died before writing this end. Returns whether it did. Whatever
+    the resuming runner's policy (a fleet worker has none): the turn in progress was handed
+    over with the successor's start, so the run must not make its calls itself, or they would
+    be made in both runs.
+    """
+    if successor is None:
         return False
-    if found.continuation_of != run.run_id:
-        return False
-    await writer.append(run, [writer.event(run, RunContinued, new_run_id=new_id)])
+    await writer.append(run, [writer.event(run, RunContinued, new_run_id=successor)])
     return True
 
 
@@ -305,6 +314,7 @@ __all__ = [
     "carriable",
     "carry_if_due",
     "continued",
+    "cut_carry",
     "finish_cut_carry",
     "start_successor",
     "successor_id",

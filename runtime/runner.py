@@ -75,7 +75,7 @@ from .agent import Agent
 from .ask import Asking, Question, QuestionAsked, check_answer
 from .blobs import BlobStore, ClaimCheck
 from .checkpoint import Checkpointer, CheckpointPolicy
-from .continuation import ContinuationPolicy, carry_if_due, finish_cut_carry
+from .continuation import ContinuationPolicy, carry_if_due, cut_carry, finish_cut_carry
 from .conversation import Conversation, as_text, restored
 from .dispatch import write_ahead
 from .leases.base import CancelAsked, LeasePolicy, LeaseStore, RunLease
@@ -421,11 +421,18 @@ class AgentRunner(Resource):
         """Plan the claimed run's outstanding calls, record the plan, and drive it on."""
         plan, reconciled = await self._plan(run)
         planned = self.writer.event(run, ResumePlanned, **plan.recorded())
-        await self.writer.append(run, [planned])
-        refuse_if_undecidable(plan)
         # A carry cut short by a crash is finished whatever this runner's policy: the turn in
-        # progress belongs to the successor now, and `_drive` stops at the run's end.
-        await finish_cut_carry(run, writer=self.writer, resumer=self.resumer)
+        # progress belongs to the successor now, and `_drive` stops at the run's end. Looking
+        # for the successor only reads, so it is not kept waiting for the plan's append.
+        cut = asyncio.ensure_future(cut_carry(run.frontier, resumer=self.resumer))
+        try:
+            await self.writer.append(run, [planned])
+            refuse_if_undecidable(plan)
+            successor = await cut
+        finally:
+            cut.cancel()  # nothing once it is done
+            await asyncio.gather(cut, return_exceptions=True)
+        await finish_cut_carry(run, successor, writer=self.writer)
         result = await self._drive(run)
         return dataclasses.replace(result, plan=plan, reconciled=tuple(reconciled))
 

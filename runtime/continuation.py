@@ -296,6 +296,10 @@ async def start_successor(
         except InvalidInputError as exc:
             raise taken from exc
         new = HeldRun(run.agent, held, Frontier.empty(new_id, tenant), Conversation(""))
+        # The old run's lease, asked of the store right before the turn is handed over: a
+        # holder that lost it unawares (paused, a store that forgot it) while another carried
+        # the old run on would start a run making the same calls again.
+        await run.held.confirm()
         started = writer.event(
             new,
             RunStarted,

@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from onward.errors import (
     ConfigurationError,
+    FencedError,
     HistoryUnavailableError,
     InvalidInputError,
     NothingToResumeError,
@@ -44,6 +45,7 @@ from onward.runtime.continuation import (
     continued,
     successor_id,
 )
+from onward.runtime.leases import RunLease, SqliteLeaseStore
 from onward.runtime.providers import ModelReply
 from onward.runtime.tools import idempotency_key
 
@@ -401,3 +403,40 @@ async def test_a_call_a_person_settled_before_its_dispatch_is_not_made_after_a_c
     done = await world.runner(continuation=POLICY).resume(world.ledger.agent(), RUN, tenant=TENANT)
     assert done.status == "completed"
     assert world.ledger.count("pay") == 0
+
+
+async def test_a_holder_that_lost_the_run_mid_carry_starts_no_successor(tmp_path: Path) -> None:
+    """While the holder takes its successor's lease, its own lease is lost without its knowing
+    (a lease store that forgot it: a wiped Redis) and another worker carries the old run on to
+    its end, paying. The holder must not then start the successor it had handed the turn to:
+    that run would pay again."""
+    path = tmp_path / "onward.db"
+    async with (
+        SqliteEventLog(path) as log,
+        SqliteFrontierStore(path) as frontiers,
+        SqliteLeaseStore(path) as losing_leases,
+        SqliteLeaseStore(path) as other_leases,
+    ):
+        world = World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+        await world.waiting_then_approved()
+        agent = world.ledger.agent()
+        other = world.runner(leases=other_leases)
+        acquire = losing_leases.acquire
+        lost: list[RunLease] = []
+
+        async def lost_at_the_successor(run_id: str, **options: Any) -> RunLease:
+            if run_id == NEXT and not lost:
+                held = await other_leases.current(RUN)
+                assert held is not None
+                lost.append(held)
+                await other_leases.release(held)  # forgotten by the store
+                assert (await other.resume(agent, RUN, tenant=TENANT)).status == "completed"
+            return await acquire(run_id, **options)
+
+        losing_leases.acquire = lost_at_the_successor  # type: ignore[method-assign]
+        losing = world.runner(leases=losing_leases, continuation=POLICY)
+        with pytest.raises(FencedError):
+            await losing.resume(agent, RUN, tenant=TENANT)
+        with pytest.raises(NothingToResumeError):
+            await world.runner().resume(agent, NEXT, tenant=TENANT)
+    assert world.ledger.count("pay") == 1

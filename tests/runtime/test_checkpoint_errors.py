@@ -12,17 +12,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
+from support.held_writes import HeldWrites, postgres_backends
 
 from onward.eventlog import Message, ModelAnswered, RunStarted, SqliteEventLog, ToolCall
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import Agent, ModelReply, reply, tool
-from onward.runtime.backends import Backends, open_backends
+from onward.runtime.backends import Backends
 from onward.runtime.checkpoint import Checkpointer
-from onward.runtime.settings import SecretUrl, Settings
 from onward.testing.eventlog import Envelope
 
 TENANT = "acme"
@@ -32,37 +31,10 @@ class FoldBugError(Exception):
     """Stands in for an error raised in a fold that no store translated."""
 
 
-@pytest.fixture
-def settings(database_url: str, pg_schema: str) -> Settings:
-    return Settings(
-        backend="postgres", database_url=SecretUrl(database_url), database_schema=pg_schema
-    )
-
-
 @pytest_asyncio.fixture
-async def backends(settings: Settings) -> AsyncIterator[Backends]:
-    async with open_backends(settings) as opened:
+async def backends(database_url: str, pg_schema: str) -> AsyncIterator[Backends]:
+    async with postgres_backends(database_url, pg_schema) as opened:
         yield opened
-
-
-class FailingWrites:
-    """The frontier store's writes, once armed: held until let go, then failing."""
-
-    def __init__(self, backends: Backends) -> None:
-        self.armed = False
-        self.waiting = asyncio.Event()
-        self.go = asyncio.Event()
-        store = backends.frontiers
-        write = store.write
-
-        async def failing(*args: Any, **kwargs: Any) -> None:
-            if self.armed:
-                self.waiting.set()
-                await asyncio.wait_for(self.go.wait(), 20)  # a failed test still ends
-                raise FoldBugError("the fold went wrong")
-            await write(*args, **kwargs)
-
-        store.write = failing  # type: ignore[method-assign]
 
 
 @tool(retry_safe=True)
@@ -82,7 +54,7 @@ async def test_a_failed_background_fold_does_not_replace_the_runs_own_error(
 ) -> None:
     """The model fails right after a step whose checkpoint is still being folded, and the
     fold then fails too: the run raises the model's error."""
-    fails = FailingWrites(backends)
+    fails = HeldWrites(backends, fail=FoldBugError("the fold went wrong"))
 
     class FailsAtTheSecondCall:
         calls = 0
@@ -109,7 +81,7 @@ async def test_a_failed_background_fold_does_not_replace_the_runs_own_error(
 
 async def test_a_failed_fold_does_not_fail_a_run_that_completed(backends: Backends) -> None:
     """Every fold of the run fails, those awaited (its start and end) too: the run completes."""
-    fails = FailingWrites(backends)
+    fails = HeldWrites(backends, fail=FoldBugError("the fold went wrong"))
     fails.armed = True
     fails.go.set()
 

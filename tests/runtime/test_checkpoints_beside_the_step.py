@@ -11,49 +11,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import pytest
 import pytest_asyncio
+from support.held_writes import HeldWrites, postgres_backends
 
 from onward.eventlog import Message, ToolCall
 from onward.runtime import Agent, ModelReply, reply, tool
-from onward.runtime.backends import Backends, open_backends
-from onward.runtime.settings import SecretUrl, Settings
+from onward.runtime.backends import Backends
 
 TENANT = "acme"
 
 
-@pytest.fixture
-def settings(database_url: str, pg_schema: str) -> Settings:
-    return Settings(
-        backend="postgres", database_url=SecretUrl(database_url), database_schema=pg_schema
-    )
-
-
 @pytest_asyncio.fixture
-async def backends(settings: Settings) -> AsyncIterator[Backends]:
-    async with open_backends(settings) as opened:
+async def backends(database_url: str, pg_schema: str) -> AsyncIterator[Backends]:
+    async with postgres_backends(database_url, pg_schema) as opened:
         yield opened
-
-
-class HeldWrites:
-    """Holds the frontier store's writes back from when it is armed until it is let go."""
-
-    def __init__(self, backends: Backends) -> None:
-        self.armed = False
-        self.waiting = asyncio.Event()
-        self.go = asyncio.Event()
-        store = backends.frontiers
-        write = store.write
-
-        async def held(*args: Any, **kwargs: Any) -> None:
-            if self.armed:
-                self.waiting.set()
-                await asyncio.wait_for(self.go.wait(), 20)  # a failed test still ends
-            await write(*args, **kwargs)
-
-        store.write = held  # type: ignore[method-assign]
 
 
 async def test_a_run_goes_on_while_its_step_checkpoint_is_stored(backends: Backends) -> None:

@@ -9,12 +9,11 @@ import asyncio
 import secrets
 import time
 from collections.abc import Iterator
-from typing import Any
 
-import aiokafka.cluster
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from support.kafka import broker_redirected
 from support.proxy import TcpProxy
 
 from onward._storage import KafkaConnection
@@ -106,21 +105,8 @@ async def test_a_batch_the_topic_refuses_in_part_says_which_runs_were_sent(
 def broker_through_proxy(kafka_bootstrap: str, requests_topic: str) -> Iterator[dict[str, int]]:
     """Clients are told the proxy's address for the broker (it advertises its own), while the
     test puts a port in the dict; undone before the topic fixture's admin client deletes it."""
-    port = kafka_bootstrap.rpartition(":")[2]
-    proxied: dict[str, int] = {}
-    original = aiokafka.cluster.ClusterMetadata.broker_metadata
-
-    def broker_metadata(self: Any, broker_id: Any) -> Any:
-        found = original(self, broker_id)
-        if found is not None and "port" in proxied and found.port == int(port):
-            return found._replace(host="127.0.0.1", port=proxied["port"])
-        return found
-
-    aiokafka.cluster.ClusterMetadata.broker_metadata = broker_metadata
-    try:
+    with broker_redirected(kafka_bootstrap) as proxied:
         yield proxied
-    finally:
-        aiokafka.cluster.ClusterMetadata.broker_metadata = original
 
 
 async def test_a_submit_to_a_silent_broker_fails_in_bounded_time_and_closes(

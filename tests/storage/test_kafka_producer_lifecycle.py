@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from typing import Any
 
-import aiokafka.cluster
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import OutOfOrderSequenceNumber
+from support.kafka import broker_redirected
 from support.proxy import TcpProxy
 
 from onward._storage import Resource
@@ -107,21 +106,8 @@ async def test_an_event_log_whose_open_is_cancelled_leaves_no_producer_running(
 def broker_through_proxy(kafka_bootstrap: str) -> Iterator[dict[str, int]]:
     """Clients are told the proxy's address for the broker (it advertises its own) once the
     test puts the proxy's port in the dict; undone before the topic fixture deletes the topic."""
-    port = int(kafka_bootstrap.rpartition(":")[2])
-    proxied: dict[str, int] = {}
-    original = aiokafka.cluster.ClusterMetadata.broker_metadata
-
-    def broker_metadata(self: Any, broker_id: Any) -> Any:
-        found = original(self, broker_id)
-        if found is not None and "port" in proxied and found.port == port:
-            return found._replace(host="127.0.0.1", port=proxied["port"])
-        return found
-
-    aiokafka.cluster.ClusterMetadata.broker_metadata = broker_metadata
-    try:
+    with broker_redirected(kafka_bootstrap) as proxied:
         yield proxied
-    finally:
-        aiokafka.cluster.ClusterMetadata.broker_metadata = original
 
 
 async def test_an_event_log_whose_producer_could_not_be_replaced_appends_once_kafka_is_back(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
+import aiokafka.cluster
 from aiokafka.admin import AIOKafkaAdminClient
 
 
@@ -53,3 +55,25 @@ async def fresh_topic(bootstrap: str) -> AsyncIterator[str]:
         yield topic
     finally:
         await delete_topic(bootstrap, topic)
+
+
+@contextmanager
+def broker_redirected(bootstrap: str) -> Iterator[dict[str, int]]:
+    """For the block, clients are told another address for the broker at ``bootstrap`` (it
+    advertises its own) once the test puts a port in the dict it yields: a `TcpProxy`'s, so
+    the test can cut the way to the broker without touching the broker."""
+    port = int(bootstrap.rpartition(":")[2])
+    proxied: dict[str, int] = {}
+    original = aiokafka.cluster.ClusterMetadata.broker_metadata
+
+    def broker_metadata(self: Any, broker_id: Any) -> Any:
+        found = original(self, broker_id)
+        if found is not None and "port" in proxied and found.port == port:
+            return found._replace(host="127.0.0.1", port=proxied["port"])
+        return found
+
+    aiokafka.cluster.ClusterMetadata.broker_metadata = broker_metadata
+    try:
+        yield proxied
+    finally:
+        aiokafka.cluster.ClusterMetadata.broker_metadata = original

@@ -21,7 +21,6 @@ import json
 import logging
 import math
 import random
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
@@ -49,7 +48,7 @@ from onward.eventlog.parts import (
 from .agent import Agent
 from .limits import MAX_DEPTH, too_deep
 from .providers import ModelReply
-from .redaction import Redactor
+from .redaction import Redactor, window_to_mask
 from .tools import UNPARSED
 
 log = logging.getLogger("onward.runtime.openai")
@@ -70,8 +69,6 @@ _BACKOFF_CAP_S = 4.0
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _RESERVED_SETTINGS = frozenset({"model", "messages", "tools", "stream"})
 _ERROR_TEXT_LIMIT = 500
-_CUT_WORD = re.compile(r"(?<=\s)\S+\Z")
-"""The last word of a text cut short, when white space comes before it."""
 
 
 class OpenAICompatibleProvider(Resource):
@@ -586,11 +583,7 @@ def _text(text: str, redact: Callable[[str], str]) -> str:
     cut splits (a URL cut between its password and its ``@``, a key cut mid-way) is one
     nothing recognises any more. Only a window a few times the limit is masked (an answer
     may be megabytes); the word the window's end falls in is left out, for the same reason."""
-    text = text.strip()
-    window = text[: _ERROR_TEXT_LIMIT * 4]
-    if len(window) < len(text):
-        window = _CUT_WORD.sub("", window)
-    return redact(window)[:_ERROR_TEXT_LIMIT]
+    return redact(window_to_mask(text.strip(), _ERROR_TEXT_LIMIT * 4))[:_ERROR_TEXT_LIMIT]
 
 
 def _server_message(content: bytes, redact: Callable[[str], str]) -> str:

@@ -476,6 +476,21 @@ def _compile_extra(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
     return compiled
 
 
+def window_to_mask(text: str, chars: int) -> str:
+    """The first ``chars`` characters of ``text``, for masking before a message is cut from
+    them: a text masked whole may be megabytes, and one cut first may split a secret into text
+    no pattern knows (a URL cut between its password and its ``@``). When the window is short
+    of the text, the word its end falls in is left out, unless it is all there is."""
+    window = text[:chars]
+    if len(window) < len(text):
+        window = _CUT_WORD.sub("", window)
+    return window
+
+
+_CUT_WORD: Final = re.compile(r"(?<=\s)\S+\Z")
+"""The last word of a text cut short, when white space comes before it."""
+
+
 class Redactor:
     """Masks secrets in text, in JSON-like values and in events.
 
@@ -874,4 +889,10 @@ class _Frame:
         return _rebuilt(self.value, self.changes)
 
 
-__all__ = ["DEFAULT_MASK", "DEFAULT_SECRET_KEYS", "REDACT_KEYS_VARIABLE", "Redactor"]
+__all__ = [
+    "DEFAULT_MASK",
+    "DEFAULT_SECRET_KEYS",
+    "REDACT_KEYS_VARIABLE",
+    "Redactor",
+    "window_to_mask",
+]

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Collection, Iterable
 
@@ -58,7 +57,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
 from onward.runtime.leases.holder import Leaseholder
 from onward.runtime.manager import needs_person
-from onward.runtime.redaction import Redactor
+from onward.runtime.redaction import Redactor, window_to_mask
 from onward.runtime.writer import HeldRun
 
 from .member import FleetMember
@@ -70,8 +69,6 @@ _LEASE_CHECKS_AT_ONCE = 256
 
 _redactor = Redactor()
 _LOGGED_CHARS = 300
-_CUT_WORD = re.compile(r"(?<=\s)\S+\Z")
-"""The last word of a text cut short, when white space comes before it."""
 _CAUSES_KEPT = 1024
 """Last causes a worker keeps for runs it saw fail and could not end at once (oldest go)."""
 
@@ -93,12 +90,7 @@ def one_line(text: str) -> str:
     """``text`` on one line, masked (`Redactor`), its control characters shown escaped (an
     ESC in a run's content must not reach an operator's terminal through the log), and cut at
     a few hundred characters."""
-    window = text[: _LOGGED_CHARS * 4]
-    if len(window) < len(text):
-        # The cut may fall inside a secret, leaving text no pattern knows (a URL cut between
-        # its password and its "@"), which collapsing white space could bring into the line:
-        # the word the cut fell in is left out, unless it is all there is.
-        window = _CUT_WORD.sub("", window)
+    window = window_to_mask(text, _LOGGED_CHARS * 4)
     line = printable(" ".join(_redactor.redact_text(window).split()))
     return line if len(line) <= _LOGGED_CHARS else line[: _LOGGED_CHARS - 1] + "…"
 

@@ -20,6 +20,14 @@ in progress has been dispatched:
 A crash between 2 and 3 leaves the new run started and the old one running; the old run's next
 resume finds its successor (the new run's id is derived from the old one's, `successor_id`) and
 only writes step 3.
+
+Step 3 is what hands the turn over, not step 2: the old run's `RunContinued` is fenced like any
+of its events, so a holder that lost the old run while starting the successor (paused past its
+ttl, or a lease store that forgot it) has its `RunContinued` refused by every reader if another
+worker claimed the old run first. The new run therefore acts only once the old run's log says it
+was continued into it (`handed_over`): until then its resume finishes the carry in the old run
+first, and a new run whose old run went on without it (`overtaken`) is ended without acting,
+and is never taken for a carry again.
 """
 
 from __future__ import annotations
@@ -28,13 +36,20 @@ import contextlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Literal
 
-from onward.errors import ConfigurationError, InvalidInputError, NothingToResumeError
+from onward.errors import (
+    ConfigurationError,
+    HistoryUnavailableError,
+    InvalidInputError,
+    NothingToResumeError,
+)
 from onward.eventlog.events import (
     Carried,
     Grant,
     HistoryHandle,
     RunContinued,
+    RunFinished,
     RunStarted,
     ToolCall,
     Usage,
@@ -230,7 +245,8 @@ async def carry_if_due(
     ):
         return False
     carry = policy.continued(frontier)
-    await start_successor(run, carry, writer=writer, holding=holding, resumer=resumer)
+    if not await start_successor(run, carry, writer=writer, holding=holding, resumer=resumer):
+        return False
     await writer.append(run, [writer.event(run, RunContinued, new_run_id=carry.new_run_id)])
     return True
 
@@ -247,7 +263,69 @@ async def cut_carry(frontier: Frontier, *, resumer: Resumer) -> str | None:
         found = await resumer.read(new_id, tenant=frontier.tenant)
     except NothingToResumeError:
         return None
-    return new_id if found.continuation_of == frontier.run_id else None
+    return new_id if current(found, frontier) else None
+
+
+def current(successor: Frontier, frontier: Frontier) -> bool:
+    """Whether ``successor`` is a carry of ``frontier``'s run as it stands now: started from it,
+    not ended, and carrying its turn in progress. A carry whose old run went on past a boundary
+    since (a holder that lost the run mid-carry, its successor started after another worker
+    claimed it) carries a turn that was made in the old run: ending the old run into it would
+    make those calls again.
+    """
+    if successor.continuation_of != frontier.run_id or successor.finished:
+        return False
+    own = successor.history[-1] if successor.history else None
+    return (
+        own is not None and own.run_id == frontier.run_id and own.through_seq >= frontier.resume_seq
+    )
+
+
+HandOver = Literal["handed_over", "unfinished", "overtaken"]
+"""Where the run a carry started stands with the run it was carried on from (`hand_over`)."""
+
+
+def awaits_hand_over(frontier: Frontier) -> bool:
+    """Whether the run was started by a carry and has not acted yet: it must not until the
+    old run's log says it was continued into it. Once it reaches a boundary of its own, it
+    was handed over at an earlier claim (a run acts only under one)."""
+    return (
+        frontier.continuation_of is not None and frontier.resume_seq == 0 and not frontier.finished
+    )
+
+
+async def hand_over(frontier: Frontier, *, resumer: Resumer) -> HandOver:
+    """Whether the run a carry started (``frontier``, `awaits_hand_over`) may act: the run it
+    was carried on from ended `RunContinued` into it (``handed_over``); or stands where it
+    was carried, that end not written (``unfinished``: the carry was cut short, or is being
+    written); or went on without it (``overtaken``). Only reads.
+
+    Raises:
+        HistoryUnavailableError: The old run cannot be read.
+    """
+    old_id = frontier.continuation_of
+    assert old_id is not None  # awaits_hand_over
+    try:
+        old = await resumer.read(old_id, tenant=frontier.tenant)
+    except NothingToResumeError as exc:
+        raise HistoryUnavailableError(
+            f"run {frontier.run_id!r} was carried on from {old_id!r}, which cannot be read: {exc}",
+            run_id=frontier.run_id,
+        ) from exc
+    if old.status == "continued":
+        return "handed_over" if old.continued_to == frontier.run_id else "overtaken"
+    return "unfinished" if carriable(old) and current(frontier, old) else "overtaken"
+
+
+async def end_overtaken(run: HeldRun, *, writer: RunWriter) -> None:
+    """End a run a carry started whose old run went on without it: nothing it was handed was
+    done in it, and it must never be (the old run made or will make those calls itself)."""
+    error = (
+        f"run {run.run_id!r} was carried on from {run.frontier.continuation_of!r}, which went "
+        "on without it (its holder lost that run while starting this one); nothing was done "
+        "in this run"
+    )
+    await writer.append(run, [writer.event(run, RunFinished, status="failed", error=error)])
 
 
 async def finish_cut_carry(run: HeldRun, successor: str | None, *, writer: RunWriter) -> bool:
@@ -270,8 +348,10 @@ async def start_successor(
     writer: RunWriter,
     holding: Holding,
     resumer: Resumer,
-) -> None:
-    """Write the new run's `RunStarted` under its lease, unless an earlier carry did.
+) -> bool:
+    """Write the new run's `RunStarted` under its lease, unless an earlier carry did. Returns
+    False, writing nothing, when the id holds an earlier carry of the run that it went on
+    without (`current`): the run goes on uncarried (its successor's id is derived, and taken).
 
     Raises:
         ConfigurationError: The continuation drops an approval or grant, or the successor's id
@@ -289,7 +369,8 @@ async def start_successor(
                 found = await resumer.read(new_id, tenant=tenant)
                 if found.continuation_of != run.run_id:
                     raise taken
-                return  # started by a carry that a crash cut short
+                # Started by a carry that a crash cut short, or one the run went on without.
+                return current(found, run.frontier)
         try:
             # Any tenant's run under the id: this tenant's RunStarted must never land in it.
             await resumer.refuse_existing(new_id, held.lease)
@@ -309,17 +390,23 @@ async def start_successor(
             carried=continuation.carried(),
         )
         await writer.append(new, [started])
+        return True
 
 
 __all__ = [
     "DEFAULT_CONTINUATION",
     "Continuation",
     "ContinuationPolicy",
+    "HandOver",
+    "awaits_hand_over",
     "carriable",
     "carry_if_due",
     "continued",
+    "current",
     "cut_carry",
+    "end_overtaken",
     "finish_cut_carry",
+    "hand_over",
     "start_successor",
     "successor_id",
 ]

@@ -75,7 +75,15 @@ from .agent import Agent
 from .ask import Asking, Question, QuestionAsked, check_answer
 from .blobs import BlobStore, ClaimCheck
 from .checkpoint import Checkpointer, CheckpointPolicy
-from .continuation import ContinuationPolicy, carry_if_due, cut_carry, finish_cut_carry
+from .continuation import (
+    ContinuationPolicy,
+    awaits_hand_over,
+    carry_if_due,
+    cut_carry,
+    end_overtaken,
+    finish_cut_carry,
+    hand_over,
+)
 from .conversation import Conversation, as_text, restored
 from .dispatch import write_ahead
 from .leases.base import CancelAsked, LeasePolicy, LeaseStore, RunLease
@@ -101,7 +109,7 @@ from .planning import ResumePlan, plan_resume, refuse_if_undecidable
 from .providers import Provider
 from .redaction import Redactor
 from .result import RunResult
-from .resumer import Resumer
+from .resumer import CarriedRun, Resumer
 from .spend.base import PriceTable, Spend, SpendEntry, SpendLedger
 from .spend.budget import Budgets, estimate_usage, over_budget
 from .tools import Reconciled, Tool, ToolArgumentsError, idempotency_key, tool_error
@@ -398,18 +406,36 @@ class AgentRunner(Resource):
             carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)
             if carried.claimed:
                 await self.release_hold(run_id, carried.claim_seq)
-            self.check_budgets(agent, Budgets.of_run(agent, carried.frontier), run_id)
-            conversation = Conversation(agent.instructions)
-            claim_check = self.writer.claim_check
-            for row in await self.resumer.inherited(carried.frontier):
-                conversation.inherit(await restored(row, claim_check))
-            for row in carried.transcript:
-                conversation.recall(await restored(row, claim_check))
-            for stored in carried.events:
-                conversation.remember(await self.writer.restore(stored.event))
-            run = HeldRun(agent, held, carried.frontier, conversation)
-            result = await self._carry_on(run) if carried.claimed else RunResult.of(run.frontier)
+            handed = "handed_over"
+            if carried.claimed and awaits_hand_over(carried.frontier):
+                handed = await hand_over(carried.frontier, resumer=self.resumer)
+            if handed == "overtaken":
+                run = HeldRun(agent, held, carried.frontier, Conversation(""))
+                await end_overtaken(run, writer=self.writer)
+                return RunResult.of(run.frontier)
+            if handed == "handed_over":
+                result = await self._restored_and_carried_on(agent, held, carried)
+        old_id = carried.frontier.continuation_of
+        if handed == "unfinished" and old_id is not None:
+            # The old run is ended `RunContinued` into this one first, then goes on with it.
+            return await self.resume(agent, old_id, tenant=tenant)
         return await self._onward(agent, result)
+
+    async def _restored_and_carried_on(
+        self, agent: Agent, held: Leaseholder, carried: CarriedRun
+    ) -> RunResult:
+        """The claimed run's conversation rebuilt, then the run carried on from its claim."""
+        self.check_budgets(agent, Budgets.of_run(agent, carried.frontier), carried.frontier.run_id)
+        conversation = Conversation(agent.instructions)
+        claim_check = self.writer.claim_check
+        for row in await self.resumer.inherited(carried.frontier):
+            conversation.inherit(await restored(row, claim_check))
+        for row in carried.transcript:
+            conversation.recall(await restored(row, claim_check))
+        for stored in carried.events:
+            conversation.remember(await self.writer.restore(stored.event))
+        run = HeldRun(agent, held, carried.frontier, conversation)
+        return await self._carry_on(run) if carried.claimed else RunResult.of(run.frontier)
 
     async def _onward(self, agent: Agent, result: RunResult) -> RunResult:
         """Go on with the run a result's run was carried into, if it was."""

@@ -440,3 +440,97 @@ async def test_a_holder_that_lost_the_run_mid_carry_starts_no_successor(tmp_path
         with pytest.raises(NothingToResumeError):
             await world.runner().resume(agent, NEXT, tenant=TENANT)
     assert world.ledger.count("pay") == 1
+
+
+async def lost_as_the_successor_starts(
+    world: World, losing_leases: SqliteLeaseStore, other_leases: SqliteLeaseStore, *, dies: bool
+) -> None:
+    """Ann approves ``p``; a runner carrying runs on resumes the run and confirms its lease,
+    then pauses before its successor's `RunStarted` lands. Meanwhile the store forgets that
+    lease and a runner carrying nothing on resumes the old run, finds no successor, and pays.
+    The successor's start then lands; with ``dies``, its writer dies right after."""
+    await world.waiting_then_approved()
+    agent = world.ledger.agent()
+    other = world.runner(leases=other_leases)
+    losing = world.runner(leases=losing_leases, continuation=POLICY)
+    append = losing.writer.append
+    lost: list[RunLease] = []
+
+    async def paused_at_the_hand_over(run: Any, events: Sequence[Any]) -> None:
+        if run.run_id != NEXT or lost:
+            await append(run, events)
+            return
+        held = await other_leases.current(RUN)
+        assert held is not None
+        lost.append(held)
+        await other_leases.release(held)  # forgotten by the store
+        await other.resume(agent, RUN, tenant=TENANT)
+        assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
+        await append(run, events)
+        if dies:
+            raise Crash("after the successor's start")
+
+    losing.writer.append = paused_at_the_hand_over  # type: ignore[method-assign]
+    with contextlib.suppress(FencedError, Crash):
+        await losing.resume(agent, RUN, tenant=TENANT)
+    assert lost
+    assert (await world.runner().inspect(NEXT, tenant=TENANT)).continuation_of == RUN
+
+
+async def test_a_holder_that_loses_the_run_as_its_successor_starts_hands_nothing_over(
+    tmp_path: Path,
+) -> None:
+    """The successor written after the old run went on must never pay: a carry hands the turn
+    over only once the old run's `RunContinued` into it is counted (it is refused here, written
+    under a lost lease). The successor is ended without acting."""
+    path = tmp_path / "onward.db"
+    async with (
+        SqliteEventLog(path) as log,
+        SqliteFrontierStore(path) as frontiers,
+        SqliteLeaseStore(path) as losing_leases,
+        SqliteLeaseStore(path) as other_leases,
+    ):
+        world = World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+        await lost_as_the_successor_starts(world, losing_leases, other_leases, dies=False)
+        agent = world.ledger.agent()
+        again = await world.runner().resume(agent, NEXT, tenant=TENANT)
+        assert (again.status, again.run_id) == ("failed", NEXT)
+        assert "went on without it" in (again.error or "")
+        assert (await world.runner().inspect(RUN, tenant=TENANT)).status == "completed"
+    assert world.ledger.count("pay") == 1
+
+
+async def test_a_successor_the_old_run_went_on_without_is_never_carried_into(
+    tmp_path: Path,
+) -> None:
+    """As above, but the successor's writer dies, so nobody resumes the successor, and the old
+    run goes on to a second payment a person approves. Resumed then by a runner carrying runs
+    on, the old run must neither end into that stale successor (which holds the first payment's
+    turn: paid again) nor start it again: it goes on, and pays the second one once."""
+    path = tmp_path / "onward.db"
+    async with (
+        SqliteEventLog(path) as log,
+        SqliteFrontierStore(path) as frontiers,
+        SqliteLeaseStore(path) as losing_leases,
+        SqliteLeaseStore(path) as other_leases,
+    ):
+        world = World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+        world.model.inner = ScriptedProvider(
+            [
+                reply("", ToolCall(call_id="a", tool="lookup", args={"what": "invoice"})),
+                reply("", ToolCall(call_id="b", tool="lookup", args={"what": "account"})),
+                reply("", ToolCall(call_id="p", tool="pay", args={"amount": 10})),
+                reply("", ToolCall(call_id="q", tool="pay", args={"amount": 20})),
+                reply("paid both"),
+            ]
+        )
+        await lost_as_the_successor_starts(world, losing_leases, other_leases, dies=True)
+        assert (await world.runner().inspect(RUN, tenant=TENANT)).waiting_on == "q"
+        await world.runner().approve(RUN, "q", tenant=TENANT, by="ann")
+        agent = world.ledger.agent()
+        done = await world.runner(continuation=POLICY).resume(agent, RUN, tenant=TENANT)
+        assert (done.run_id, done.status) == (RUN, "completed")
+        ended = await world.runner().resume(agent, NEXT, tenant=TENANT)
+        assert ended.status == "failed"
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "q"))) == 1

@@ -3,7 +3,10 @@
 Served from the same event loop as the work, so `/healthz` answering is itself the proof that
 the loop is not stuck. `/readyz` asks the process (its stores, its lag, its group) within a
 short bound and answers 200, or 503 with one line saying why not. One request per connection;
-no web framework, since three fixed routes need none.
+no web framework, since three fixed routes need none. Bounded for a port open to a network: at
+most `MAX_CONNECTIONS` are answered at once (one past it is answered 503 and closed at once, so
+a flood cannot take the file descriptors the stores need), and requests for `/readyz` that
+arrive while a check is in flight share its answer instead of probing every store again.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ REFRESH_WITHIN_S = 2.0
 
 PROBE_WITHIN_S = 1.0
 """Longest one store may take to answer a readiness probe (`probe`)."""
+
+MAX_CONNECTIONS = 64
+"""Most connections answered at once; past it, one is answered 503 and closed at once."""
 
 _REQUEST_WITHIN_S = 5.0
 _MAX_HEADER_BYTES = 16 * 1024
@@ -67,6 +73,7 @@ class HealthServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._checking: asyncio.Future[str | None] | None = None
 
     @property
     def url(self) -> str:
@@ -88,8 +95,12 @@ class HealthServer:
             self._closing = True
             server.close()
             connections = list(self._connections)
+            checking, self._checking = self._checking, None
             for task in connections:
                 task.cancel()
+            if checking is not None:
+                checking.cancel()
+                await asyncio.gather(checking, return_exceptions=True)
             await asyncio.gather(*connections, return_exceptions=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), _REQUEST_WITHIN_S)
@@ -110,6 +121,11 @@ class HealthServer:
         """Answer one connection; `close` cancels it, and the connection closes with it."""
         task = asyncio.current_task()
         if self._closing or task is None:  # accepted as the server closed
+            writer.close()
+            return
+        if len(self._connections) >= MAX_CONNECTIONS:
+            with contextlib.suppress(ConnectionError):
+                writer.write(_reply(503, "text/plain; charset=utf-8", b"too many connections\n"))
             writer.close()
             return
         self._connections.add(task)
@@ -133,16 +149,10 @@ class HealthServer:
             status, content_type, body = 400, "text/plain; charset=utf-8", b"bad request\n"
         except ConnectionError:
             return
-        reply = (
-            f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-            f"Content-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n"
-        ).encode()
-        if head.startswith(b"HEAD "):
-            body = b""  # the length says what GET would send; the body is not sent
+        # For HEAD the length says what GET would send; the body is not sent.
+        reply = _reply(status, content_type, body, with_body=not head.startswith(b"HEAD "))
         with contextlib.suppress(ConnectionError):
-            writer.write(reply + body)
+            writer.write(reply)
             await writer.drain()
 
     async def _answer(self, head: bytes) -> tuple[int, str, bytes]:
@@ -168,12 +178,29 @@ class HealthServer:
         return 404, text, b"not found: /metrics, /healthz, /readyz\n"
 
     async def _readiness(self) -> str | None:
+        """The answer of the check in flight, or of a new one: concurrent requests share it.
+        Shielded, so a request's connection closing does not cancel the others' answer."""
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.ensure_future(self._check())
+        return await asyncio.shield(self._checking)
+
+    async def _check(self) -> str | None:
         try:
             return await asyncio.wait_for(self._ready(), READY_WITHIN_S)
         except TimeoutError:
             return f"not ready: no answer within {READY_WITHIN_S:g}s"
         except Exception as exc:  # noqa: BLE001 - any failure is a reason not to be ready
             return f"not ready: {type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _reply(status: int, content_type: str, body: bytes, *, with_body: bool = True) -> bytes:
+    head = (
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    return head + body if with_body else head
 
 
 _REASONS = {

@@ -392,3 +392,41 @@ def test_a_metrics_port_in_use_exits_2_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert f"--metrics-port: cannot serve on 127.0.0.1:{port}" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+async def test_a_flood_of_connections_is_bounded_and_shares_one_readiness_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Connections past the cap are answered 503 and closed at once (each one held would take
+    a file descriptor the stores need), and readiness requests arriving together probe the
+    stores once, not once each."""
+    monkeypatch.setattr(server, "MAX_CONNECTIONS", 4, raising=False)
+    checks = 0
+    release = asyncio.Event()
+
+    async def ready() -> str | None:
+        nonlocal checks
+        checks += 1
+        await release.wait()
+        return None
+
+    async with HealthServer(process_registry(), ready=ready, port=0) as health:
+        asking = [await asyncio.open_connection("127.0.0.1", health.port) for _ in range(3)]
+        for _, writer in asking:
+            writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        silent = await asyncio.open_connection("127.0.0.1", health.port)
+        await asyncio.sleep(0.2)
+        over = await asyncio.open_connection("127.0.0.1", health.port)
+        answer = await asyncio.wait_for(over[0].read(), 1)
+        assert answer.startswith(b"HTTP/1.1 503 ")
+        assert answer.endswith(b"too many connections\n")
+        release.set()
+        for reader, writer in asking:
+            assert (await asyncio.wait_for(reader.read(), 2)).startswith(b"HTTP/1.1 200 ")
+            writer.close()
+        assert checks == 1
+        async with httpx.AsyncClient(base_url=health.url) as http:
+            assert (await http.get("/readyz")).status_code == 200
+        assert checks == 2
+        for _, writer in (silent, over):
+            writer.close()

@@ -31,7 +31,9 @@ from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
     InvalidInputError,
+    OnwardError,
     PayloadTooLargeError,
+    ProducerFatalError,
 )
 from onward.eventlog.base import partition_for
 from onward.eventlog.codec import unencodable
@@ -328,13 +330,19 @@ class Requests(Resource):
         self._redactor = redactor or Redactor()
         self._connection = kafka_connection(bootstrap_servers)
         self._producer: AIOKafkaProducer | None = None
+        self._opened = False
+        self._replacing = asyncio.Lock()
 
     @property
     def is_open(self) -> bool:
-        return self._producer is not None
+        return self._opened
 
     async def _connect(self) -> None:
         await ensure_requests_topic(self._connection, self.topic, self.partitions)
+        self._producer = await self._new_producer()
+        self._opened = True
+
+    async def _new_producer(self) -> AIOKafkaProducer:
         producer = self._connection.producer(
             role="requests",
             acks="all",
@@ -346,7 +354,29 @@ class Requests(Resource):
             await self._connection.start(producer)  # stopped there if it fails or is cancelled
         except KafkaError as exc:
             raise translate(exc, context=f"connecting to {self.topic}") from exc
-        self._producer = producer
+        return producer
+
+    async def _replace(self, broken: AIOKafkaProducer | None) -> AIOKafkaProducer:
+        """The producer to send with: ``broken`` (its idempotent session unusable, or
+        ``None`` after a replacement that could not start one) stopped and replaced, unless a
+        concurrent submit already did.
+
+        Raises:
+            BackendUnavailableError: No producer could be started; the next submit tries again.
+        """
+        async with self._replacing:
+            current = self._producer
+            if current is not broken and current is not None:
+                return current
+            self._producer = None
+            if current is not None:
+                await stop_or_drop(current, self._connection.request_timeout_s)
+            producer = await self._new_producer()
+            if not self._opened:  # closed meanwhile: nothing may be left running
+                await stop_or_drop(producer, self._connection.request_timeout_s)
+                raise ConfigurationError("Requests was closed while its producer was replaced")
+            self._producer = producer
+            return producer
 
     async def close(self) -> None:
         """Stop the producer, after it sent what it holds. Idempotent.
@@ -355,6 +385,7 @@ class Requests(Resource):
         idempotent producer would retry its batch for ever); what it had not acknowledged may
         have landed.
         """
+        self._opened = False
         producer, self._producer = self._producer, None
         if producer is not None:
             await stop_or_drop(producer, self._connection.request_timeout_s)
@@ -378,14 +409,33 @@ class Requests(Resource):
                 named with its run and with the runs whose requests were sent all the same.
             BackendUnavailableError: Kafka did not acknowledge them all within the request
                 timeout (``ONWARD_BACKEND_TIMEOUT``); those not acknowledged may still land.
+            ProducerFatalError: The producer's idempotent session broke; it was replaced, so
+                the next submit goes out on a sound one (those not acknowledged may have landed).
         """
         prepared = prepare_requests(requests, self._redactor, self.signer)
-        if self._producer is None:
+        if not self._opened:
             raise ConfigurationError("Requests is not open; use it as an async context manager")
-        producer, timeout_s = self._producer, self._connection.request_timeout_s
         records = [(request, _headers(request)) for request in prepared]
         for request, headers in records:
             _check_size(request, headers)
+        producer = self._producer
+        if producer is None:  # the last replacement could not start one: try again
+            producer = await self._replace(None)
+        try:
+            await self._send(producer, prepared, records)
+        except ProducerFatalError:
+            # Replaced before the caller hears of it, so a retry goes out on a sound session.
+            with contextlib.suppress(OnwardError):
+                await self._replace(producer)
+            raise
+
+    async def _send(
+        self,
+        producer: AIOKafkaProducer,
+        prepared: Sequence[PreparedRequest],
+        records: Sequence[tuple[PreparedRequest, list[tuple[str, bytes]] | None]],
+    ) -> None:
+        timeout_s = self._connection.request_timeout_s
         sent: list[asyncio.Future[Any]] = []
         try:
             # The idempotent producer retries a batch until the broker takes it, however long

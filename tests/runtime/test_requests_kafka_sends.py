@@ -13,11 +13,12 @@ from collections.abc import Iterator
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import OutOfOrderSequenceNumber
 from support.kafka import broker_redirected
 from support.proxy import TcpProxy
 
 from onward._storage import KafkaConnection
-from onward.errors import BackendUnavailableError, PayloadTooLargeError
+from onward.errors import BackendUnavailableError, PayloadTooLargeError, ProducerFatalError
 from onward.eventlog import partition_for
 from onward.runtime.fleet.requests import (
     MAX_REQUEST_BYTES,
@@ -135,3 +136,26 @@ async def test_a_submit_to_a_silent_broker_fails_in_bounded_time_and_closes(
                 await sender.close()
         assert time.monotonic() - began < GIVES_UP_WITHIN_S
         await proxy.restore()
+
+
+async def test_a_producer_whose_session_broke_is_replaced_before_the_caller_hears(
+    kafka_bootstrap: str, requests_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ProducerFatalError` says the producer was replaced: the next submit must go out on a
+    sound session, not fail the same way until the application restarts."""
+    first = ResumeRun(run_id="first", tenant="acme")
+    after = ResumeRun(run_id="after", tenant="acme")
+    async with Requests(kafka_bootstrap, requests_topic, partitions=PARTITIONS) as sender:
+        broken = sender._producer
+        assert broken is not None
+
+        async def session_broken(*args: object, **kwargs: object) -> object:
+            raise OutOfOrderSequenceNumber()
+
+        # Fault injection: the broker is real; the session failure is forced on our side.
+        monkeypatch.setattr(broken, "send", session_broken)
+        with pytest.raises(ProducerFatalError):
+            await sender.submit(first)
+        assert sender._producer is not broken
+        await sender.submit(after)
+    assert await _delivered(kafka_bootstrap, requests_topic, 1) == [after]

@@ -332,8 +332,14 @@ class CheckpointCompactor(Resource):
         ):
             # The frontiers projector stores its positions beside its rows (Redis), where the
             # PostgreSQL compaction store does not read them: they hold the partitions too.
+            # The frontiers builds in PostgreSQL that never stored a position (`onward db
+            # migrate` creates one) are folded by nothing here: they hold nothing.
             positions = {
-                **positions,
+                **{
+                    consumer: stored
+                    for consumer, stored in positions.items()
+                    if stored or not consumer.startswith(f"{DEFAULT_CONSUMER}@")
+                },
                 f"{DEFAULT_CONSUMER} (frontier store)": await self.frontiers.positions(
                     DEFAULT_CONSUMER
                 ),

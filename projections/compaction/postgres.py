@@ -253,13 +253,22 @@ class PostgresCompactionStore(PostgresStore):
         return found
 
     async def positions(self) -> dict[str, dict[int, int]]:
+        """As the protocol says; a live build that has stored no position yet (a projection
+        that joined, or whose first batch failed) is there too, with none: it starts from
+        each partition's start, so it holds every partition."""
         async with self._connection("reading projector positions") as conn:
             rows = await conn.fetch(
                 "SELECT consumer, partition, next_offset FROM onward_projector_positions p "
                 "WHERE NOT EXISTS (SELECT 1 FROM onward_projection_builds b "
                 "WHERE b.status = 'retired' AND p.consumer = b.projection || '@' || b.build)"
             )
-        found: dict[str, dict[int, int]] = {}
+            unstarted = await conn.fetch(
+                "SELECT b.projection || '@' || b.build AS consumer "
+                "FROM onward_projection_builds b WHERE b.status <> 'retired' "
+                "AND NOT EXISTS (SELECT 1 FROM onward_projector_positions p "
+                "WHERE p.consumer = b.projection || '@' || b.build)"
+            )
+        found: dict[str, dict[int, int]] = {r["consumer"]: {} for r in unstarted}
         for r in rows:
             found.setdefault(r["consumer"], {})[int(r["partition"])] = int(r["next_offset"])
         return found

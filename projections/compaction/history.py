@@ -10,7 +10,7 @@ from onward.errors import LogTruncatedError
 from onward.eventlog.base import EventLog, LogRecord, StoredEvent, partition_for, strict
 from onward.projections.audit import AuditLine, check_owner, timeline_of
 
-from .base import CompactionStore, RunTruncation
+from .base import CompactionStore, RetainedEvent, RunTruncation
 
 
 async def read_whole_run(
@@ -88,8 +88,9 @@ async def _past_the_cut(
         point = (await store.truncations([run_id])).get(run_id)
         kept: list[LogRecord] = []
         if point is not None:
+            retained = await store.retained(run_id)
             missed = start is None or start < point.before_offset
-            if not point.whole and missed and point.before_seq > have_seq + 1:
+            if not point.whole and missed and not _retained_from(retained, have_seq + 1, point):
                 raise LogTruncatedError(
                     await _gone(store, run_id, point),
                     run_id=run_id,
@@ -99,7 +100,7 @@ async def _past_the_cut(
                 )
             kept = [
                 e.stored()
-                for e in await store.retained(run_id)
+                for e in retained
                 if (start is None or e.offset >= start)
                 and e.offset < bounds.start
                 and (end is None or e.offset < end)
@@ -117,6 +118,14 @@ async def _past_the_cut(
         partition=partition,
         offset=start,
         start=bounds.start,
+    )
+
+
+def _retained_from(retained: list[RetainedEvent], seq: int, point: RunTruncation) -> bool:
+    """Whether every event of the run from ``seq`` up to its point is retained: a run cut in
+    part, then read from its first event (set aside), keeps all of them from then on."""
+    return len({e.seq for e in retained if seq <= e.seq < point.before_seq}) >= (
+        point.before_seq - seq
     )
 
 

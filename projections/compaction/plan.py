@@ -261,7 +261,12 @@ def plan_partition(
         frontier = row.frontier if row is not None else None
         if frontier is None and row is not None and row.set_aside is None:
             frontier = met.snapshots.get(run_id)  # over the row's cap, kept uncapped
-        whole = _read_whole(row is not None, frontier) and (was is None or was.whole)
+        read_whole = _read_whole(row is not None, frontier)
+        # Whole only if no cut took part of it before; a run that was not, and is read from
+        # its first event now (set aside since), still keeps every event of it below the new
+        # point: its reader folds them on from the frontier it holds (a quarantined run's,
+        # from when it was set aside).
+        whole = read_whole and (was is None or was.whole)
         truncations.append(
             RunTruncation(
                 tenant=frontier.tenant if frontier is not None else run.tenant,
@@ -277,7 +282,7 @@ def plan_partition(
         done = met.retained.get(run_id, set())
         first = max(run.first_seq, was.before_seq if was is not None else 0)
         kept: list[tuple[int, KeptAs]]
-        if whole:
+        if read_whole:
             kept = [(seq, "history") for seq in range(first, before_seq)]
         else:
             tagged = set(met.pins.get(run_id, ()))

@@ -37,7 +37,7 @@ from support.poison import BAD_RECORDS
 from support.servers import KafkaServers
 
 from onward.errors import HistoryUnavailableError, InvalidInputError, NothingToResumeError
-from onward.eventlog import Message, SqliteEventLog, Tagged, ToolCall
+from onward.eventlog import EVENT_FORMAT, Message, SqliteEventLog, Tagged, ToolCall, codec
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog, Position, SequenceGuard, partition_for
@@ -377,6 +377,45 @@ async def test_a_run_quarantined_after_its_first_cut_is_folded_on_from_where_it_
     assert again.set_aside.last_seq == counted
 
 
+def upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upgrade of Onward: records written in the next event format read from now on."""
+    newer = codec.format_of
+    monkeypatch.setattr(codec, "EVENT_FORMAT", EVENT_FORMAT + 1)
+    monkeypatch.setattr(codec, "format_of", lambda tag: newer(tag) + 1)
+
+
+async def test_a_run_set_aside_after_its_first_cut_keeps_what_it_held_once_it_reads(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cut once while healthy (not kept whole), then set aside for a record of a newer
+    Onward, whose events the projector passes over while the run is held. After an upgrade the
+    record reads and a pass cuts past it: what the held run's frontier lacks must be kept, or
+    its release can never fold it again."""
+    await world.live_run("sick", turns=6, done=3)
+    counted = len(await world.log.read_run("sick"))
+    await others(world, 10)
+    assert (await compact(world, tmp_path / "archive")).partitions[0].cut
+    assert not (await world.store.truncations(["sick"]))["sick"].whole
+    await _poison(world, "sick", seq=counted + 1, kind="newer-format")
+    await others(world, 5, prefix="later")
+    await world.fold()
+    held = await world.frontiers.get("sick")
+    assert held is not None
+    assert held.set_aside is not None
+    assert held.set_aside.last_seq == counted
+
+    upgrade(monkeypatch)
+    report = await compact(world, tmp_path / "archive")
+
+    assert report.partitions[0].cut
+    assert not await world.log.read_run("sick")
+    again = await folded_after_release(world, "sick")
+    assert again.quarantined is None
+    assert again.frontier is not None
+    assert again.frontier.last_seq == counted + 1
+    assert again.frontier.holder == "from-the-future"
+
+
 async def test_without_retained_events_a_reader_is_told_where_they_went(
     world: World, tmp_path: Path
 ) -> None:
@@ -396,8 +435,8 @@ def _servers(world: World) -> KafkaServers:
     return world.servers
 
 
-async def _poison(world: World, run_id: str, *, seq: int) -> Position:
-    record = BAD_RECORDS["not-json"](run_id, seq)
+async def _poison(world: World, run_id: str, *, seq: int, kind: str = "not-json") -> Position:
+    record = BAD_RECORDS[kind](run_id, seq)
     if isinstance(world.log, SqliteEventLog):
         return world.log.write_raw(run_id, record)
     servers = _servers(world)

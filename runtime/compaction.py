@@ -30,7 +30,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from onward._storage import Resource
-from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError, OnwardError
+from onward.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    LogTruncatedError,
+    NothingToResumeError,
+    OnwardError,
+)
 from onward.eventlog.archive import ArchiveSink
 from onward.eventlog.base import (
     EventLog,
@@ -316,6 +322,8 @@ class CheckpointCompactor(Resource):
                 physical cut is per partition, and the next full pass makes it).
 
         Raises:
+            NothingToResumeError: ``run_id`` names no run: no frontier row, truncation point,
+                tombstone or event in the log.
             ArchiveError: The archive's manifest or a file is corrupt; nothing more is cut.
             ConfigurationError: The archive cannot be written; nothing more is cut.
             BackendError: The log or a store failed; a rerun carries on where this stopped.
@@ -405,6 +413,8 @@ class CheckpointCompactor(Resource):
                 scan.points.update(await self.store.truncations(met_first))
             scan.add(records)
             offset = records[-1].position.offset + 1 if records else scan.end
+        if run_id is not None and run_id not in scan.runs:
+            await self._known(run_id, partition, scan.end)
         runs = list(scan.runs)
         current = scan.points
         rows, retained, pins, tombstones = await asyncio.gather(
@@ -464,6 +474,28 @@ class CheckpointCompactor(Resource):
             retained=retained_count,
             cut=cut,
             bytes_cut=scan.bytes_below(watermark) if dry_run else None,
+        )
+
+    async def _known(self, run_id: str, partition: int, folded: int) -> None:
+        """Check that a run met nowhere below the folded position is a run at all: it has a
+        frontier row, a truncation point or a tombstone, or events not folded yet.
+
+        Raises:
+            NothingToResumeError: None of these: no run goes by that id (a mistyped one).
+        """
+        rows, points, tombstones = await asyncio.gather(
+            self.frontiers.load([run_id]),
+            self.store.truncations([run_id]),
+            self.store.tombstones([run_id]),
+        )
+        if rows or points or tombstones:
+            return
+        if await self.log.read_records(partition, folded, run_id=run_id, limit=1):
+            return
+        raise NothingToResumeError(
+            f"run {run_id!r}: no such run (no frontier row, never compacted, and no event of "
+            f"it in partition {partition} of the log); nothing was compacted",
+            run_id=run_id,
         )
 
     async def _truncate(self, partition: int, scan: PartitionScan, plan: PartitionPlan) -> int:

@@ -58,8 +58,9 @@ def compact_command(
     projectors have folded, after archiving what is cut. Without --archive nothing is cut
     unless --no-archive says so.
 
-    Exit 0: done (or, with --dry-run, reported). 2: bad command line, or the archive directory
-    cannot be written. 5: a store failed, or the archive is corrupt; a rerun finishes the job.
+    Exit 0: done (or, with --dry-run, reported). 1: --run names no run. 2: bad command line,
+    or the archive directory cannot be written. 5: a store failed, or the archive is corrupt; a
+    rerun finishes the job.
     """
     if archive is not None and no_archive:
         error("give --archive DIR or --no-archive, not both")

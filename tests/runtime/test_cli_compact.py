@@ -161,3 +161,20 @@ async def _truncated(db: Path) -> dict[str, int]:
     async with SqliteCompactionStore(db) as store:
         points = await store.truncations([LIVE, "done"])
     return {run_id: point.before_seq for run_id, point in points.items()}
+
+
+def test_an_unknown_run_is_refused_naming_it(db: Path, tmp_path: Path) -> None:
+    """``--run`` with an id no store knows (a typo) says so with exit 1, as every command
+    given a run id that names no run does, rather than report a run compacted."""
+    before = asyncio.run(_sizes(db))
+    result = onward(db, "compact", "--run", "nope", "--archive", str(tmp_path / "archive"))
+    assert result.exit_code == 1, result.output
+    assert "'nope'" in result.stderr
+    assert "no such run" in result.stderr
+    assert "compacted logically" not in result.stdout
+    assert asyncio.run(_sizes(db)) == before
+    # A run already compacted as far as it goes is still a run: nothing more to do, exit 0.
+    assert onward(db, "compact", "--run", LIVE, "--archive", str(tmp_path / "a")).exit_code == 0
+    again = onward(db, "compact", "--run", LIVE, "--archive", str(tmp_path / "a"))
+    assert again.exit_code == 0, again.output
+    assert f"run {LIVE!r}: compacted logically (0 truncation point moved" in again.stdout

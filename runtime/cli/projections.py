@@ -306,9 +306,23 @@ async def _cuts(config: Settings) -> list[LogCut]:
         return await store.cuts()
 
 
+def _refuse_if_gone(cuts: list[LogCut]) -> None:
+    """A cut made with --no-archive is gone for good: no archive gives a rebuild what it cut,
+    so the new build would miss (or fold with holes) every run it cut into."""
+    gone = [c for c in cuts if c.archive is None]
+    if gone:
+        ranges = ", ".join(f"partition {c.partition} [{c.start}, {c.end})" for c in gone)
+        raise InvalidInputError(
+            f"compaction cut {sum(c.events for c in gone)} records from the log with "
+            f"--no-archive ({ranges}); they are gone, so a rebuild would drop or break every "
+            "run they held; the current build stays"
+        )
+
+
 async def _refuse_if_cut(config: Settings) -> None:
     """A log compaction cut folds into runs with holes: refuse it without the archive."""
     cuts = await _cuts(config)
+    _refuse_if_gone(cuts)
     if cuts:
         where = sorted({c.archive for c in cuts if c.archive is not None})
         raise InvalidInputError(
@@ -320,10 +334,12 @@ async def _refuse_if_cut(config: Settings) -> None:
 
 async def _refuse_if_not_archived(config: Settings, log: ArchivedEventLog) -> None:
     """An archive that does not reach back to what compaction archived (a mistyped or another
-    --archive) folds the same runs with holes as no archive: refuse it too. A cut made with
-    --no-archive is gone for good and asks nothing of the archive."""
+    --archive) folds the same runs with holes as no archive: refuse it too, and a cut made with
+    --no-archive, which no archive holds."""
+    cuts = await _cuts(config)
+    _refuse_if_gone(cuts)
     lowest: dict[int, LogCut] = {}
-    for cut in await _cuts(config):
+    for cut in cuts:
         held = lowest.get(cut.partition)
         if cut.archive is not None and (held is None or cut.start < held.start):
             lowest[cut.partition] = cut
@@ -353,8 +369,9 @@ def rebuild_command(
     holds every run whole; without it, a log that was cut is refused.
 
     Exit 0: rebuilt. 2: bad configuration or --projection, the frontiers kept in Redis
-    (ONWARD_FRONTIER_STORE=redis, which has no builds), or the log was cut and no --archive
-    given. 5: Kafka or PostgreSQL failed, or the archive is corrupt.
+    (ONWARD_FRONTIER_STORE=redis, which has no builds), the log was cut and no --archive
+    given, or it was cut with --no-archive (no archive holds that). 5: Kafka or PostgreSQL
+    failed, or the archive is corrupt.
     """
     config = load_settings()
     database_url = config.require_database_url()

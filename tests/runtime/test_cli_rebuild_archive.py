@@ -83,3 +83,25 @@ def test_the_archive_compaction_wrote_rebuilds_every_run(env: dict[str, str], cu
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["build"] == 2
     assert listed(env) == list(RUNS)
+
+
+def test_a_log_cut_without_an_archive_is_not_rebuilt(env: dict[str, str], tmp_path: Path) -> None:
+    """A cut made with --no-archive is gone for good: no --archive can give a rebuild what it
+    cut, so a rebuild would drop every run it cut into; it is refused, and the views stay."""
+    assert onward(env, "db", "migrate").exit_code == 0
+    agent = str(tmp_path / "rebuild_archive_agents.py")
+    for run_id in RUNS:
+        started = onward(
+            env, "start", "hi", "--run-id", run_id, "--agent", f"{agent}:agent",
+            "--provider", f"{agent}:model",
+        )  # fmt: skip
+        assert started.exit_code == 0, started.output
+    compacted = onward(env, "compact", "--no-archive", "--json")
+    assert compacted.exit_code == 0, compacted.output
+    assert json.loads(compacted.stdout)["events_cut"] > 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = onward(env, "projections", "rebuild", "frontiers", "--archive", str(empty))
+    assert result.exit_code == 2, result.output
+    assert "--no-archive" in result.stderr
+    assert listed(env) == list(RUNS)

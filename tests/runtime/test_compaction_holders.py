@@ -41,6 +41,7 @@ from onward.eventlog import EVENT_FORMAT, Message, SqliteEventLog, Tagged, ToolC
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog, Position, SequenceGuard, partition_for
+from onward.eventlog.events import format_of
 from onward.integrations.langgraph import OnwardSaver
 from onward.projections.base import DEFAULT_CONSUMER, StoredFrontier
 from onward.projections.compaction import CompactionStore
@@ -379,7 +380,7 @@ async def test_a_run_quarantined_after_its_first_cut_is_folded_on_from_where_it_
 
 def upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
     """An upgrade of Onward: records written in the next event format read from now on."""
-    newer = codec.format_of
+    newer = format_of
     monkeypatch.setattr(codec, "EVENT_FORMAT", EVENT_FORMAT + 1)
     monkeypatch.setattr(codec, "format_of", lambda tag: newer(tag) + 1)
 

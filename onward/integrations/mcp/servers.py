@@ -290,10 +290,13 @@ class Connection:
         if isinstance(message, types.ToolListChangedNotification):
             self.list_changes += 1
 
-    def drop(self) -> None:
-        """Forget a broken session; the next call opens a new one."""
-        self._current = None
-        self._stop.set()
+    def drop(self, session: ClientSession) -> None:
+        """Forget ``session``, which broke; the next call opens a new one. A session that is no
+        longer the open one is left alone: a failure on it reported late (a request that was
+        in flight when it broke) must not end the session other runs opened since."""
+        if self._current is not None and self._current[0] is session:
+            self._current = None
+            self._stop.set()
 
     async def drop_unless_answering(self, session: ClientSession) -> None:
         """After a request on ``session`` timed out: keep the session if the server still
@@ -311,8 +314,8 @@ class Connection:
             answered = False
         else:
             answered = True
-        if not answered and self._current is not None and self._current[0] is session:
-            self.drop()
+        if not answered:
+            self.drop(session)
 
     async def _stop_task(self) -> None:
         task, self._task, self._current = self._task, None, None

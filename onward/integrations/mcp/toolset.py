@@ -285,7 +285,7 @@ class MCPToolset(Resource):
                     if not cursor:
                         break
         except (MCPError, pydantic.ValidationError, OSError, anyio.BrokenResourceError) as exc:
-            connection.drop()
+            connection.drop(session)
             if limit.expired():
                 raise connection.unavailable(
                     None, f"listing tools (no answer within {bound:g}s)"
@@ -443,7 +443,7 @@ class MCPToolset(Resource):
                 await connection.drop_unless_answering(session)
                 raise connection.unavailable(exc, f"calling {tool!r}", sent=True) from exc
             if exc.code == types.CONNECTION_CLOSED:
-                connection.drop()
+                connection.drop(session)
                 raise connection.unavailable(exc, f"calling {tool!r}", sent=True) from exc
             raise MCPToolError(
                 f"MCP tool {tool!r} of server {server.name!r} failed: {exc.message}",
@@ -451,7 +451,7 @@ class MCPToolset(Resource):
                 tool=tool,
             ) from exc
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            connection.drop()
+            connection.drop(session)
             raise connection.unavailable(exc, f"calling {tool!r}", sent=True) from exc
         except pydantic.ValidationError as exc:
             raise MCPToolError(

@@ -123,8 +123,12 @@ class MCPToolset(Resource):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ConfigurationError(f"MCP servers named twice: {twice}")
-        if connect_timeout <= 0:
+        if not connect_timeout > 0:
             raise InvalidInputError(f"connect_timeout must be positive, got {connect_timeout}")
+        if call_timeout is not None and not call_timeout > 0:
+            # Zero or less would send each call and give up on its answer at once: every call
+            # would take effect and be left undecided.
+            raise InvalidInputError(f"call_timeout must be positive, got {call_timeout}")
         self.servers = tuple(servers)
         self.run_id = run_id
         self.tenant = tenant

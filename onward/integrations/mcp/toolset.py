@@ -147,6 +147,8 @@ class MCPToolset(Resource):
         self._open = False
         self._shares_connections = False
         self._settings_cache: tuple[MCPSettings, SchemaCache | None] | None = None
+        # How many open views use each cache made from settings (`run_tools`).
+        self._cache_users: dict[SchemaCache, int] = {}
         self._connect_timeout = connect_timeout
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -214,24 +216,44 @@ class MCPToolset(Resource):
         """The tools for one run (`onward.runtime.toolsets.RunToolset`): a view's, cached in
         this toolset's cache or else the one ``settings`` ask for (none without
         ``REDIS_URL``, or with ``MCP_SCHEMA_CACHE_ENABLED=false``)."""
-        async with self.for_run(
-            run_id, tenant=tenant, cache=self.cache or self._cache_of(settings)
-        ) as view:
-            yield view.tools
+        made = self.cache is None
+        cache = self.cache if not made else await self._cache_of(settings)
+        if made and cache is not None:
+            self._cache_users[cache] = self._cache_users.get(cache, 0) + 1
+        try:
+            async with self.for_run(run_id, tenant=tenant, cache=cache) as view:
+                yield view.tools
+        finally:
+            if made and cache is not None:
+                await self._release(cache)
 
-    def _cache_of(self, settings: Settings) -> SchemaCache | None:
+    async def _cache_of(self, settings: Settings) -> SchemaCache | None:
         """The schema cache ``settings`` ask for, made once and kept for the next runs (a
         Redis connection pool shared by the views)."""
         wanted = MCPSettings.of(settings)
         if self._settings_cache is not None and self._settings_cache[0] == wanted:
             return self._settings_cache[1]
-        if self._settings_cache is not None and self._settings_cache[1] is not None:
-            # Other settings than the last run's (another deployment in this process): the
-            # old cache is left to the garbage collector rather than closed under a view.
-            _log.info("MCP schema cache settings changed; using a new cache")
+        old = self._settings_cache[1] if self._settings_cache is not None else None
         cache = SchemaCache.from_settings(wanted)
         self._settings_cache = (wanted, cache)
+        if old is not None:
+            # Other settings than the last run's (another deployment in this process): the
+            # old cache is closed now, or by the last view using it when that closes.
+            _log.info("MCP schema cache settings changed; using a new cache")
+            if old not in self._cache_users:
+                await old.close()
         return cache
+
+    async def _release(self, cache: SchemaCache) -> None:
+        """A view made from settings is done with ``cache``: close it if it was the last view
+        using it and other settings have replaced it."""
+        self._cache_users[cache] -= 1
+        if self._cache_users[cache]:
+            return
+        del self._cache_users[cache]
+        current = self._settings_cache[1] if self._settings_cache is not None else None
+        if cache is not current:
+            await cache.close()
 
     # -- schemas -----------------------------------------------------------------------------
 

@@ -172,6 +172,21 @@ class Tool:
             ToolArgumentsError: The arguments do not fit the schema, or the model's were not a
                 JSON object (`UNPARSED`); nothing was called.
         """
+        values = self._arguments(args)
+        if self.takes_approval:
+            values[APPROVAL_PARAMETER] = approval
+        if self.takes_fence:
+            values[FENCE_PARAMETER] = fence
+        if self.takes_lease_expiry:
+            values[LEASE_EXPIRY_PARAMETER] = lease_expires_at
+        return await self.fn(**values, idempotency_key=idempotency_key)
+
+    def _arguments(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The model's arguments, checked against the schema (`call`).
+
+        Raises:
+            ToolArgumentsError: They do not fit the schema, or were not a JSON object.
+        """
         if UNPARSED in args:
             # Checked before the schema: one whose parameters all have defaults would take
             # `{}` and make the call, with arguments the model never wrote.
@@ -185,13 +200,7 @@ class Tool:
             except pydantic.ValidationError as exc:
                 raise ToolArgumentsError(self.name, str(exc)) from exc
             values = {k: getattr(model, k) for k in type(model).model_fields}
-        if self.takes_approval:
-            values[APPROVAL_PARAMETER] = approval
-        if self.takes_fence:
-            values[FENCE_PARAMETER] = fence
-        if self.takes_lease_expiry:
-            values[LEASE_EXPIRY_PARAMETER] = lease_expires_at
-        return await self.fn(**values, idempotency_key=idempotency_key)
+        return values
 
 
 class ToolArgumentsError(Exception):

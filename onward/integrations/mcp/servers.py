@@ -106,7 +106,8 @@ class StdioServer(_Server):
             `ConfigurationError`.
         prefix: Put before each of its tool names, to keep names apart across servers.
         key_argument: Also pass the idempotency key as this argument (and hide it from the
-            model's schema), for servers whose tools take the key as a parameter.
+            model's schema), for servers whose tools take the key as a parameter: to each tool
+            whose input schema declares it, and only to those.
         trust_annotations: Let ``readOnlyHint``/``idempotentHint`` make a tool `retry_safe`.
     """
 
@@ -150,7 +151,8 @@ class HttpServer(_Server):
         timeout_seconds: Connect and write timeout; reads may wait for a long tool.
         tools: Options by MCP tool name, as for `StdioServer`.
         prefix: Put before each of its tool names.
-        key_argument: Also pass the idempotency key as this argument.
+        key_argument: Also pass the idempotency key as this argument, to each tool whose
+            input schema declares it.
         trust_annotations: Let ``readOnlyHint``/``idempotentHint`` make a tool `retry_safe`.
     """
 

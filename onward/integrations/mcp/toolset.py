@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import anyio
@@ -29,9 +30,6 @@ from .servers import (
 )
 
 _log = logging.getLogger("onward.integrations.mcp")
-
-_LEASE_META = {FENCE_PARAMETER: FENCE_META_KEY, LEASE_EXPIRY_PARAMETER: LEASE_EXPIRY_META_KEY}
-"""The keywords `Tool.call` passes for the call's lease, and their ``_meta`` keys."""
 
 
 class MCPToolError(OnwardError):
@@ -63,14 +61,15 @@ class MCPToolset(Resource):
     cached for that run, and builds ``toolset.tools``. Calls go through the same write-ahead
     dispatch, idempotency keys, approvals and redaction as any tool. Each call carries its
     idempotency key in the request's ``_meta`` under ``onward/idempotency-key`` (and as an
-    argument, for a server with ``key_argument``). Beside it, ``onward/fence`` carries the
-    fencing token of the lease the call was dispatched under (an integer that rises with every
-    claim of the run) and ``onward/lease-expires-at`` when that lease lapses (seconds since the
-    epoch, the lease store's clock). A server that remembers the highest fence it has seen for
-    a key and refuses a call with a lower one cannot be reached by a worker that was paused past
-    its lease and carried on afterwards. A tool whose input schema has an argument named
-    ``fence`` or ``lease_expires_at`` keeps it for the model: that value is not sent in
-    ``_meta``.
+    argument, for a server with ``key_argument``, to the tools that declare it). Beside it,
+    ``onward/fence`` carries the fencing token of the lease the call was dispatched under (an
+    integer that rises with every claim of the run) and ``onward/lease-expires-at`` when that
+    lease lapses (seconds since the epoch, the lease store's clock). A server that remembers
+    the highest fence it has seen for a key and refuses a call with a lower one cannot be
+    reached by a worker that was paused past its lease and carried on afterwards. A tool whose
+    input schema has an argument named ``fence`` or ``lease_expires_at`` keeps it for the
+    model: that value is not sent in ``_meta``. One named ``idempotency_key`` is the model's
+    too, like any other argument.
 
     Declared on an agent instead (``Agent(..., toolsets=[MCPToolset(servers)])``, not opened),
     it is bound to each run by whoever drives the run: `onward worker` and `onward.open` open
@@ -397,8 +396,11 @@ class MCPToolset(Resource):
         mcp_name = str(raw["name"])
         options = server.tools.get(mcp_name, ToolOptions())
         parameters: dict[str, Any] = dict(raw.get("inputSchema") or {"type": "object"})
-        if server.key_argument is not None:
-            parameters = _without(parameters, server.key_argument)
+        # Only a tool that declares the argument is sent it: a server that checks arguments
+        # against the schema it listed refuses one the schema does not have.
+        key_argument = server.key_argument if _declares(parameters, server.key_argument) else None
+        if key_argument is not None:
+            parameters = _without(parameters, key_argument)
         retry_safe = options.retry_safe
         if retry_safe is None:
             hints = raw.get("annotations") or {}
@@ -406,20 +408,24 @@ class MCPToolset(Resource):
                 hints.get("readOnlyHint") is True or hints.get("idempotentHint") is True
             )
         connection = self.connections[server.name]
-        # An argument of the server's own with one of these names stays the model's: Onward's
-        # value would replace it in `Tool.call`.
+        # An argument of the server's own named `fence` or `lease_expires_at` stays the model's,
+        # and the lease's value of that name is then not sent in `_meta`.
         declared = parameters.get("properties")
         declared = declared if isinstance(declared, dict) else {}
 
-        async def call(*, idempotency_key: str, **args: Any) -> Any:
-            lease = {
-                meta: args.pop(name)
-                for name, meta in _LEASE_META.items()
-                if name not in declared and name in args
-            }
+        async def call(
+            args: dict[str, Any],
+            *,
+            idempotency_key: str,
+            fence: int | None = None,
+            lease_expires_at: float | None = None,
+        ) -> Any:
+            if key_argument is not None:
+                args[key_argument] = idempotency_key
+            lease = {FENCE_META_KEY: fence, LEASE_EXPIRY_META_KEY: lease_expires_at}
             return await self._call(connection, mcp_name, args, idempotency_key, lease)
 
-        return Tool(
+        return _MCPTool(
             name=server.prefix + mcp_name,
             description=str(raw.get("description") or ""),
             parameters=parameters,
@@ -443,8 +449,6 @@ class MCPToolset(Resource):
         session, initialized, number = await connection.session()
         if self._checked.get(server.name) != (number, connection.list_changes):
             await self._check_version(connection, session, initialized, number)
-        if server.key_argument is not None:
-            args[server.key_argument] = key
         request = types.CallToolRequest(
             params=types.CallToolRequestParams(
                 name=tool,
@@ -488,6 +492,36 @@ class MCPToolset(Resource):
         return _outcome(server.name, tool, result)
 
 
+@dataclass(frozen=True)
+class _MCPTool(Tool):
+    """A tool of an MCP server: its ``fn`` takes the model's arguments as one mapping, beside
+    the values Onward passes rather than among them (``fn(args, idempotency_key=...,
+    fence=..., lease_expires_at=...)``), so an argument of the server's own named like one of
+    Onward's keywords (``idempotency_key``) is the model's, like any other."""
+
+    async def call(
+        self,
+        args: Mapping[str, Any],
+        *,
+        idempotency_key: str,
+        approval: Any = None,
+        fence: int | None = None,
+        lease_expires_at: float | None = None,
+    ) -> Any:
+        """Call the server's tool with the model's arguments (``approval`` is not sent).
+
+        Raises:
+            ToolArgumentsError: The model's arguments were not a JSON object; nothing was
+                called.
+        """
+        return await self.fn(
+            self._arguments(args),
+            idempotency_key=idempotency_key,
+            fence=fence if self.takes_fence else None,
+            lease_expires_at=lease_expires_at if self.takes_lease_expiry else None,
+        )
+
+
 def _outcome(server: str, tool: str, result: types.CallToolResult) -> Any:
     """The tool's result: its structured content, else its text, else its content blocks."""
     blocks = [b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content]
@@ -505,6 +539,12 @@ def _outcome(server: str, tool: str, result: types.CallToolResult) -> Any:
     if len(texts) == len(blocks):
         return "\n".join(texts)
     return blocks
+
+
+def _declares(schema: Mapping[str, Any], argument: str | None) -> bool:
+    """Whether the schema has a property named ``argument``."""
+    properties = schema.get("properties")
+    return argument is not None and isinstance(properties, dict) and argument in properties
 
 
 def _without(schema: dict[str, Any], argument: str) -> dict[str, Any]:

@@ -3,9 +3,9 @@
 Exactly once without Kafka transactions: the next offset of every partition is stored in the
 frontier store in the same transaction as the rows folded from it, and every assignment seeks to
 those stored offsets (never to Kafka's committed ones, which this consumer does not write).
-``auto_offset_reset="none"``: a partition without a stored offset starts at its earliest
-retained record, chosen explicitly; a stored offset below the partition's start is an error,
-not a silent skip.
+``auto_offset_reset="none"``: a partition without a stored offset starts at its first record,
+chosen explicitly; a stored offset below the partition's start, or none for a partition
+compaction has cut, is an error, not a silent skip.
 """
 
 from __future__ import annotations
@@ -270,6 +270,20 @@ class KafkaProjector(Generic[SinkT]):
         sought: dict[int, int] = {}
         for tp in assigned:
             start = int(starts[tp])
+            if tp.partition not in stored and start > 0:
+                # Compaction cuts only below every live projector's stored position: a store
+                # with none here lost its positions (Redis restarted without persistence) or is
+                # not the one compaction read. From the start, runs whose first events were cut
+                # would be folded from the middle of their history.
+                raise LogTruncatedError(
+                    f"partition {tp.partition}: the projector's store holds no position for it "
+                    f"while the partition starts at {start}; records it never folded were "
+                    "deleted, and runs begun below the start would be folded from the middle "
+                    "of their history. Restore the store's positions with its rows, or rebuild "
+                    "the projection (`onward projections rebuild`)",
+                    partition=tp.partition,
+                    start=start,
+                )
             offset = stored.get(tp.partition, start)
             if offset < start:
                 raise LogTruncatedError(

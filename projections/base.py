@@ -300,8 +300,11 @@ class FrontierStore(AsyncResource, Protocol):
 
         With them, also: mark the ``released`` entries of the ``cleared`` runs ``cleared`` and
         clear their rows' marks (the projector folded them again), then store the
-        ``quarantine`` entries as ``held`` (one already stored at that position is held again)
-        and mark their runs' existing rows with `QuarantineEntry.mark`.
+        ``quarantine`` entries as ``held`` and mark their runs' existing rows with
+        `QuarantineEntry.mark`. One already stored at that position is held again only while
+        it is held, or when its run is among the ``cleared`` (a release folded again, the
+        record still unreadable): a projector that folded the record before a release and
+        stores after it leaves the released or cleared entry, and the run's row, as they are.
         """
         ...
 

@@ -78,7 +78,12 @@ class MemoryFrontierStore(FrontierStoreBackend):
             for run_id in cleared:
                 self._marks.pop(run_id, None)
             for entry, mark in quarantine:
-                self._quarantine[(consumer, entry.partition, entry.offset)] = entry
+                key3 = (consumer, entry.partition, entry.offset)
+                stored = self._quarantine.get(key3)
+                if stored is not None and stored.state != "held" and entry.run_id not in cleared:
+                    # Folded before a release and stored after it: the release stands.
+                    continue
+                self._quarantine[key3] = entry
                 if entry.run_id is not None and entry.run_id in self._rows:
                     self._marks[entry.run_id] = mark
             for partition, offset in positions:

@@ -293,21 +293,31 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
             )
         if not batch.quarantine:
             return
+        # An entry already stored is held again only while held, or when this write folded
+        # its run again (a release): a projector that folded the record before the release
+        # and stores after it leaves the released or cleared entry as it is.
+        cleared = list(batch.cleared)
         await conn.executemany(
             f"INSERT INTO onward_quarantine (consumer, {_QUARANTINE_COLUMNS}) "
             "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
             "ON CONFLICT (consumer, partition, log_offset) DO UPDATE SET "
             "run_id = excluded.run_id, tenant = excluded.tenant, kind = excluded.kind, "
-            "reason = excluded.reason, state = 'held', quarantined_at = excluded.quarantined_at",
-            [(consumer, *astuple(entry)) for entry in batch.quarantine],
+            "reason = excluded.reason, state = 'held', quarantined_at = excluded.quarantined_at "
+            "WHERE onward_quarantine.state = 'held' OR onward_quarantine.run_id = ANY($12::text[])",
+            [(consumer, *astuple(entry), cleared) for entry in batch.quarantine],
         )
-        marks = [(e.run_id, e.mark) for e in batch.quarantine if e.run_id is not None]
+        marks = [
+            (e.mark, e.run_id, consumer, e.partition, e.offset)
+            for e in batch.quarantine
+            if e.run_id is not None
+        ]
         if marks:
-            await conn.execute(
-                f"UPDATE {frontiers} AS f SET quarantined = t.mark "
-                "FROM unnest($1::text[], $2::text[]) AS t(run_id, mark) WHERE f.run_id = t.run_id",
-                [run for run, _ in marks],
-                [mark for _, mark in marks],
+            # One entry at a time, in order, the run's row marked only if its entry is held.
+            await conn.executemany(
+                f"UPDATE {frontiers} SET quarantined = $1 WHERE run_id = $2 AND EXISTS ("
+                "SELECT 1 FROM onward_quarantine WHERE consumer = $3 AND partition = $4 "
+                "AND log_offset = $5 AND state = 'held')",
+                marks,
             )
 
     async def quarantined(

@@ -94,7 +94,14 @@ _HOLD = (
     "tenant = excluded.tenant, kind = excluded.kind, reason = excluded.reason, state = 'held', "
     "quarantined_at = excluded.quarantined_at"
 )
-_MARK = "UPDATE onward_frontiers SET quarantined = ? WHERE run_id = ?"
+_HOLD_IF_HELD = f"{_HOLD} WHERE onward_quarantine.state = 'held'"
+"""For an entry whose run the write does not fold again: one already stored is held again only
+while held, so a projector that folded the record before a release and stores after it leaves
+the released or cleared entry as it is."""
+_MARK = (
+    "UPDATE onward_frontiers SET quarantined = ? WHERE run_id = ? AND EXISTS (SELECT 1 FROM "
+    "onward_quarantine WHERE consumer = ? AND partition = ? AND log_offset = ? AND state = 'held')"
+)
 _CLEAR = (
     "UPDATE onward_quarantine SET state = 'cleared' "
     "WHERE consumer = ? AND run_id = ? AND state = 'released'"
@@ -206,8 +213,16 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         call_rows = [msgspec.structs.astuple(call) for call in calls]
         position_rows = [(consumer, partition, offset) for partition, offset in positions.items()]
         clear_rows = [(consumer, run_id) for run_id in batch.cleared]
-        hold_rows = [_entry_params(consumer, entry) for entry in batch.quarantine]
-        mark_rows = [(e.mark, e.run_id) for e in batch.quarantine if e.run_id is not None]
+        refolded = set(batch.cleared)
+        hold_rows = [
+            (_HOLD if entry.run_id in refolded else _HOLD_IF_HELD, _entry_params(consumer, entry))
+            for entry in batch.quarantine
+        ]
+        mark_rows = [
+            (e.mark, e.run_id, consumer, e.partition, e.offset)
+            for e in batch.quarantine
+            if e.run_id is not None
+        ]
         message_rows = [(m.tenant, m.run_id, m.seq, pack(m.encoded())) for m in batch.messages]
         if not (
             frontier_rows or call_rows or position_rows or clear_rows or hold_rows or message_rows
@@ -224,7 +239,8 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
                 conn.executemany(_CLEAR, clear_rows)
                 conn.executemany(_UNMARK, [(run_id,) for _, run_id in clear_rows])
             if hold_rows:
-                conn.executemany(_HOLD, hold_rows)
+                for statement, params in hold_rows:
+                    conn.execute(statement, params)
                 conn.executemany(_MARK, mark_rows)
             if position_rows:
                 conn.executemany(_UPSERT_POSITION, position_rows)

@@ -601,6 +601,30 @@ class FrontierStoreConformance:
         assert row.quarantined == again.mark
         assert await store.release(CONSUMER, run_id, by="ops", at=7_000) == 1
 
+    async def test_a_late_write_never_holds_a_released_run_again(
+        self, store: FrontierStore
+    ) -> None:
+        """A write of a projector that folded the record before the release and stores it
+        after (a group member the partition moved away from, paused between its fold and its
+        store) leaves the released entry, and the entry folded again since, as they are."""
+        run_id, _ = await poisoned_run(store)
+        stale = [Snapshot.of(frontier(run_id, through=7))]
+        assert await store.release(CONSUMER, run_id, by="ops", at=5_000) == 1
+        await store.write(CONSUMER, {1: 9}, stale, [], quarantine=[poison(run_id, offset=8)])
+        (released,) = await store.quarantined(CONSUMER, run_id=run_id)
+        assert (released.state, released.released_by) == ("released", "ops")
+        assert (await stored_row(store, run_id)).quarantined == released_mark("ops")
+
+        refolded = Snapshot.of(frontier(run_id, through=12, iteration=3))
+        await store.write(CONSUMER, {1: 13}, [refolded], [], cleared=[run_id])
+        await store.write(CONSUMER, {1: 9}, stale, [], quarantine=[poison(run_id, offset=8)])
+        (cleared,) = await store.quarantined(CONSUMER, run_id=run_id)
+        assert cleared.state == "cleared"
+        row = await stored_row(store, run_id)
+        assert row.quarantined is None
+        assert row.frontier == refolded.frontier
+        assert await store.positions(CONSUMER) == {1: 13}
+
     async def test_transcript_rows_read_back_by_seq_up_to_the_handle(
         self, store: FrontierStore
     ) -> None:

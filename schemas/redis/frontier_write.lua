@@ -113,34 +113,40 @@ for _ = 1, calls do
 end
 
 local quarantine = prefix .. 'quarantine:' .. consumer
+local cleared_runs = {}
 if cleared > 0 then
-    local runs = {}
     for _ = 1, cleared do
-        runs[ARGV[at]] = true
+        cleared_runs[ARGV[at]] = true
         redis.call('HDEL', frontier_key(ARGV[at]), 'quarantined')
         at = at + 1
     end
     for _, position in ipairs(redis.call('SMEMBERS', quarantine)) do
         local entry_key = quarantine .. ':' .. position
         local entry = redis.call('HMGET', entry_key, 'run_id', 'state')
-        if entry[1] and runs[entry[1]] and entry[2] == 'released' then
+        if entry[1] and cleared_runs[entry[1]] and entry[2] == 'released' then
             redis.call('HSET', entry_key, 'state', 'cleared')
         end
     end
 end
 
+-- An entry already stored is held again only while held, or when this write folded its run
+-- again (a release): a projector that folded the record before the release and stores after it
+-- leaves the released or cleared entry as it is.
 for _ = 1, held do
     local position, run_id, entry, mark = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
     at = at + 4
     local entry_key = quarantine .. ':' .. position
-    redis.call('SADD', quarantine, position)
-    redis.call('HSET', entry_key, 'entry', entry, 'state', 'held')
-    if run_id == '' then
-        redis.call('HDEL', entry_key, 'run_id')
-    else
-        redis.call('HSET', entry_key, 'run_id', run_id)
-        if redis.call('EXISTS', frontier_key(run_id)) == 1 then
-            redis.call('HSET', frontier_key(run_id), 'quarantined', mark)
+    local state = redis.call('HGET', entry_key, 'state')
+    if (not state) or state == 'held' or cleared_runs[run_id] then
+        redis.call('SADD', quarantine, position)
+        redis.call('HSET', entry_key, 'entry', entry, 'state', 'held')
+        if run_id == '' then
+            redis.call('HDEL', entry_key, 'run_id')
+        else
+            redis.call('HSET', entry_key, 'run_id', run_id)
+            if redis.call('EXISTS', frontier_key(run_id)) == 1 then
+                redis.call('HSET', frontier_key(run_id), 'quarantined', mark)
+            end
         end
     end
 end

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import sys
 import time
 import weakref
@@ -172,8 +173,8 @@ class App(Resource):
         )
         if refusal:
             raise ConfigurationError(refusal)
-        self.poll_s = poll_s
-        self.recheck_s = recheck_s
+        self.poll_s = _seconds("poll_s", poll_s, zero=False)
+        self.recheck_s = _seconds("recheck_s", recheck_s, zero=True)
         self._worker_options: dict[str, Any] = {
             "name": name,
             "lease_policy": lease_policy,
@@ -265,6 +266,8 @@ class App(Resource):
             chosen = chosen.model_copy(update={"tenant": self.tenant})
         agent = self._agent_name(chosen)
         run_id = chosen.new_run_id()
+        if timeout is not None:
+            _seconds("timeout", timeout, zero=True)
 
         async def begin(stream: RunStream) -> None:
             if await self._resumer().exists(run_id):
@@ -324,10 +327,13 @@ class App(Resource):
         Raises:
             NothingToResumeError: No such run for that tenant (another tenant's run is no
                 such run).
-            InvalidInputError: A ``resume_value`` for a run that waits on nothing.
+            InvalidInputError: A ``resume_value`` for a run that waits on nothing; at once, an
+                ``after`` that is no seq or position, or a ``timeout`` that is no duration.
         """
-        start_after: Position = after if isinstance(after, tuple) else (after, sys.maxsize)
-        owner = tenant or self.tenant
+        start_after = _position(after)
+        if timeout is not None:
+            _seconds("timeout", timeout, zero=True)
+        owner = self._tenant(tenant)
 
         async def begin(stream: RunStream) -> None:
             frontier = await self._frontier(run_id, owner)
@@ -357,7 +363,7 @@ class App(Resource):
         """Where the run stands now (the log's word, not a cached one); ``None``: no such run
         for ``tenant`` (the app's when not given)."""
         try:
-            frontier = await self._frontier(run_id, tenant or self.tenant)
+            frontier = await self._frontier(run_id, self._tenant(tenant))
         except NothingToResumeError:
             return None
         status: str = frontier.status
@@ -425,7 +431,7 @@ class App(Resource):
                 or tagging it), or its holder let go as it was asked; or a worker is taking
                 its waiting start this moment; try again.
         """
-        tenant = tenant or self.tenant
+        tenant = self._tenant(tenant)
         request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
         check_request(request)
         try:
@@ -521,6 +527,11 @@ class App(Resource):
             await self._requests.submit(request)
         else:
             raise ConfigurationError("the app is not open; use `async with onward.open(...)`")
+
+    def _tenant(self, tenant: str | None) -> str:
+        """The tenant a call acts for: its own, or the app's when it names none. A tenant given
+        empty is kept (and refused as a name), never taken for the app's."""
+        return self.tenant if tenant is None else tenant
 
     def _resumer(self) -> Resumer:
         backends = self.backends
@@ -660,6 +671,49 @@ class App(Resource):
             frontier = await self._frontier(stream.run_id, stream.tenant)
             if await self._interrupted(frontier):
                 await self._submit(_resume_of(frontier))
+
+
+def _seconds(field: str, value: object, *, zero: bool) -> float:
+    """A duration given in seconds: a finite number above 0 (or from 0, with ``zero``).
+
+    Raises:
+        InvalidInputError: Anything else, naming ``field`` (a poll of 0 would read the log
+            without a pause, a string fail later as no Onward error).
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+        if math.isfinite(seconds) and (seconds > 0 or (zero and seconds == 0)):
+            return seconds
+    least = "from 0" if zero else "above 0"
+    raise InvalidInputError(f"{field} must be a number of seconds {least}, got {value!r}")
+
+
+def _whole(value: object, least: int = 0) -> int | None:
+    """``value`` if it is a whole number from ``least``, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= least:
+        return value
+    return None
+
+
+def _position(after: object) -> Position:
+    """Where a stream opened with ``after`` starts: after a seq (every part of its event), or
+    after a message's position (a pair, as a tuple or, having been through JSON, a list; part
+    -1 is before the event's first message).
+
+    Raises:
+        InvalidInputError: Anything else, naming ``after``.
+    """
+    seq = _whole(after)
+    if seq is not None:
+        return (seq, sys.maxsize)
+    if isinstance(after, tuple | list) and len(after) == 2:
+        seq, part = _whole(after[0]), _whole(after[1], -1)
+        if seq is not None and part is not None:
+            return (seq, part)
+    raise InvalidInputError(
+        "after must be a seq (a whole number from 0) or a message's position (seq, part), "
+        f"got {after!r}"
+    )
 
 
 def _resume_of(frontier: Frontier) -> ResumeRun:

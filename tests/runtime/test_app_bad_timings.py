@@ -1,0 +1,62 @@
+"""Durations and positions an application passes are checked where it passes them.
+
+``poll_s``, ``recheck_s``, a stream's ``timeout`` and ``resume(..., after=)`` that are no such
+thing are refused with an `InvalidInputError` naming the field: a ``poll_s`` of 0 would read the
+log without a pause for as long as a stream waits, and a string timeout or position failed, on
+the first quiet read, as a bare ``TypeError``. A position that went through JSON (a list) is
+a position.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.appapi import agents, provider
+
+import onward
+from onward.errors import InvalidInputError
+from onward.runtime.settings import Settings
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("poll_s", 0),
+        ("poll_s", -1.0),
+        ("poll_s", float("nan")),
+        ("poll_s", "0.05"),
+        ("recheck_s", -5),
+        ("recheck_s", float("inf")),
+    ],
+)
+def test_an_app_with_a_bad_timing_is_refused_naming_it(
+    settings: Settings, field: str, value: Any
+) -> None:
+    with pytest.raises(InvalidInputError, match=field):
+        onward.App(settings, agents=agents, provider=provider(), **{field: value})
+
+
+async def test_a_bad_timeout_or_position_is_refused_naming_it(settings: Settings) -> None:
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        everything = await app.query("work", {"agent": "stepper", "run_id": "r"}).collect()
+        bad_timeouts: list[Any] = ["5", -1, float("nan"), True]
+        for bad_timeout in bad_timeouts:
+            with pytest.raises(InvalidInputError, match="timeout"):
+                app.query("work", {"agent": "stepper"}, timeout=bad_timeout)
+            with pytest.raises(InvalidInputError, match="timeout"):
+                app.resume("r", timeout=bad_timeout)
+        bad_afters: list[Any] = ["3", -1, 1.5, (1,), (1, "0"), [1, 2, 3], None]
+        for bad_after in bad_afters:
+            with pytest.raises(InvalidInputError, match="after"):
+                app.resume("r", after=bad_after)
+        middle = everything[3]
+        as_json: Any = list(middle.position)
+        rest = await app.resume("r", after=as_json).collect()
+        assert rest == everything[4:]

@@ -189,6 +189,8 @@ class App(Resource):
         """The live streams of each run, woken by this process's appends to it."""
         self._log_watcher: LogWatcher | None = None
         """In fleet mode, what looks at the log once for every stream (`nap`)."""
+        self._tags_left: list[TagRun] = []
+        """In process, tags the worker let go of as it drained (`close` writes them)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -223,6 +225,7 @@ class App(Resource):
         if worker is not None:
             worker.drain()
             await worker.drained()
+            await self._write_tags_left(worker)
         stack, self._stack = self._stack, None
         self._backends = self._requests = self._folder = self._log_watcher = None
         if stack is not None:
@@ -401,11 +404,42 @@ class App(Resource):
                     by=by,
                 )
                 return
-        await self._submit(
-            TagRun(
-                run_id=message.run_id, tenant=message.tenant, label=label, seq=message.seq, by=by
-            )
+        request = TagRun(
+            run_id=message.run_id, tenant=message.tenant, label=label, seq=message.seq, by=by
         )
+        if self._worker is not None:
+            # Kept by the worker until the run's lease is free; one it lets go of as it drains
+            # (the app closing) has no other owner to come to: `close` writes it.
+            def done(acted: bool) -> None:
+                if not acted:
+                    self._tags_left.append(request)
+
+            self._worker.submit(request, done)
+            return
+        await self._submit(request)
+
+    async def _write_tags_left(self, worker: Worker) -> None:
+        """Write the tags the worker let go of as it drained: its runs are handed back now, so
+        each is written unless another process holds its run (then it is lost, and said so)."""
+        left, self._tags_left = self._tags_left, []
+        for request in left:
+            try:
+                await _as_person(
+                    worker.runner.tag,
+                    request.run_id,
+                    request.label,
+                    waiting=True,
+                    tenant=request.tenant,
+                    seq=request.seq,
+                    by=request.by,
+                )
+            except OnwardError as exc:
+                _log.warning(
+                    "run %s: tag %r not written as the app closed: %s",
+                    request.run_id,
+                    request.label,
+                    exc,
+                )
 
     async def cancel(
         self, run_id: str, *, by: str, why: str = "", tenant: str | None = None

@@ -195,11 +195,13 @@ class RunStream:
                 heed_after_s=self._heed_after(),
             )
             quiet += 1
-        message = self._buffer.popleft()
+        message = self._buffer[0]
         if self._partition is not None and (message.waits or message.type in _SETTLING):
             # Handed out only once the run's row shows it too: what the reader does next
             # (`list_pending`, `get_session_state`, `status`) reads the row, not the log.
+            # Taken from the buffer only after: a read cut short here gives it next time.
             await self.app.fold(self._partition)
+        self._buffer.popleft()
         self.position = self._after = message.position
         return message
 
@@ -254,7 +256,8 @@ class RunStream:
 
     async def _take(self, item: StoredEvent) -> None:
         """Count one stored event of the run and buffer its messages (raises before taking
-        anything of it when its body cannot be put back)."""
+        anything of it when its body cannot be put back). Everything it awaits comes before
+        the event is counted: a read cut short (cancelled) leaves the whole event to the next."""
         verdict = judge(self._guard.last_seq, self._guard.fence, item.event)
         if verdict is not None:
             if self._start is not None and verdict[0] is Refusal.SEQ_GAP:
@@ -267,6 +270,7 @@ class RunStream:
         if item.event.tenant != self.tenant:
             self._lost_the_run_id()
         event = await self.app.restore(item.event)
+        spent = await self._spent_by_its_end(event)
         if self._start is not None:
             if not self._is_own_start(event):
                 self._lost_the_run_id()
@@ -275,7 +279,7 @@ class RunStream:
         self._track(event)
         for message in self._mapper.messages(event):
             if message.position > self._after:
-                self._buffer.append(await self._with_spend(message))
+                self._buffer.append(_with_spend(message, spent))
 
     def expect_start(self, agent: str) -> None:
         """This stream's opener sent a start of the run with ``agent``: its first event must be
@@ -295,21 +299,20 @@ class RunStream:
             f"run {self.run_id!r} already exists; resume it instead", run_id=self.run_id
         )
 
-    async def _with_spend(self, message: RunMessage) -> RunMessage:
-        """A result or error message with what the run spent (``metadata["spend_micros"]``),
-        as the spend ledger has it: the run has made its last model call by then."""
+    async def _spent_by_its_end(self, event: Event) -> int | None:
+        """What the run spent (micros), as the spend ledger has it, when ``event`` ends the run
+        with a message still to hand out: it has made its last model call by then. ``None``
+        otherwise, or when the ledger did not answer (the end is handed out without it rather
+        than dropped)."""
         spend = self.app.backends.spend
-        if message.type not in ("result", "error") or spend is None:
-            return message
+        ends = isinstance(event, RunFinished | RunContinued) and (event.seq, 0) > self._after
+        if not ends or spend is None:
+            return None
         try:
-            spent = await spend.run_total(self.run_id)
+            return (await spend.run_total(self.run_id)).micros
         except BackendUnavailableError as exc:
-            # The message is the run's end, read from the log: it is handed out without the
-            # spend rather than dropped (the stream's place is already past it).
             _log.warning("run %s: its spend could not be read: %s", self.run_id, exc)
-            return message
-        metadata = {**message.metadata, "spend_micros": spent.micros}
-        return dataclasses.replace(message, metadata=metadata)
+            return None
 
     def refused(self, cause: str) -> None:
         """End the stream with an ``error`` message: its run was refused for good before it
@@ -402,6 +405,13 @@ class RunStream:
     async def collect(self) -> list[RunMessage]:
         """Every message until the stream ends."""
         return [message async for message in self]
+
+
+def _with_spend(message: RunMessage, spent: int | None) -> RunMessage:
+    """A result or error message with what the run spent (``metadata["spend_micros"]``)."""
+    if message.type not in ("result", "error") or spent is None:
+        return message
+    return dataclasses.replace(message, metadata={**message.metadata, "spend_micros": spent})
 
 
 __all__ = ["Position", "RunStream", "StreamSource"]

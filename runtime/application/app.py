@@ -657,14 +657,17 @@ class App(Resource):
         worker (a stream sees each event as it is written rather than at its next poll); in
         fleet mode, by the log's watcher (`LogWatcher`), which wakes it within a poll of an
         append to its run's partition. While the watcher answers, a stream waits up to
-        `WATCHED_NAP_S` (at most ``most_s``) between looks of its own. A wake is heeded only
-        after ``heed_after_s`` (`RunStream` backs it off while vague wakes bring it nothing)."""
+        `WATCHED_NAP_S` between looks of its own. Never longer than ``most_s`` (the stream's
+        timeout, or when it must say nobody holds its run), however seldom the app polls. A
+        wake is heeded only after ``heed_after_s`` (`RunStream` backs it off while vague wakes
+        bring it nothing)."""
         watcher = self._log_watcher
         if watcher is not None:
             watcher.watch()
             if watcher.answering:
-                longest = WATCHED_NAP_S if most_s is None else min(WATCHED_NAP_S, most_s)
-                seconds = max(seconds, longest)
+                seconds = max(seconds, WATCHED_NAP_S)
+        if most_s is not None:
+            seconds = min(seconds, most_s)
         deaf_s = min(heed_after_s, seconds)
         if deaf_s > 0:
             await asyncio.sleep(deaf_s)

@@ -82,8 +82,8 @@ class StreamSource(Answers, Protocol):
         heed_after_s: float = 0.0,
     ) -> None:
         """Wait up to ``seconds`` before ``stream`` looks at the log again: less if it is woken
-        (`RunStream.wake`), but not before ``heed_after_s``; longer, up to ``most_s``, when
-        something watches the log for it."""
+        (`RunStream.wake`), but not before ``heed_after_s``; longer when something watches the
+        log for it; never longer than ``most_s``."""
         ...
 
     async def fold(self, partition: int) -> None:

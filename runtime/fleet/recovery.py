@@ -20,8 +20,10 @@ with the reason and the last cause (the type and one masked line of the error th
 attempt failed with), written under its lease: the attempt that uses up the last one ends the
 run at once, so the worker that saw the cause is the one that records it. A plan that is not
 safe (`IndeterminateToolCallError`) is never guessed: the run is tagged ``needs-person`` and
-left for `onward resolve`; `ExecutionManager.list_pending` lists it, and once its calls are
-settled the next pass carries it on.
+left for `onward resolve`, also when it runs out of attempts before a plan refused it (its
+undecided call's status check failed, or an outage met each attempt after its claim);
+`ExecutionManager.list_pending` lists it, and once its calls are settled the next pass carries
+it on.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
 from onward.runtime.leases.holder import Leaseholder
 from onward.runtime.manager import needs_person
+from onward.runtime.planning import plan_resume
 from onward.runtime.redaction import Redactor, window_to_mask
 from onward.runtime.writer import HeldRun
 
@@ -283,19 +286,26 @@ class Recovery:
             _log.warning("run %s: not ended yet: %s", printable(run_id), one_line(str(nested)))
 
     async def _leave_for_person(
-        self, run_id: str, tenant: str, exc: IndeterminateToolCallError
+        self, run_id: str, tenant: str, why: IndeterminateToolCallError | str
     ) -> None:
         worker = self._worker
         worker.stats.needs_person += 1
-        _log.warning("run %s needs a person: %s", run_id, exc)
+        _log.warning("run %s needs a person: %s", printable(run_id), one_line(str(why)))
         with contextlib.suppress(ResumeConflictError):
             await worker.runner.leave_for_person(run_id, "indeterminate call", tenant=tenant)
 
+    def _revision_of(self, frontier: Frontier) -> Agent | None:
+        """The worker's agent of the run's revision, whose tools say which calls are
+        retry-safe; None without one (then no call is)."""
+        agent = self._worker.agents.get(frontier.agent or "")
+        return agent if agent is not None and agent.revision == frontier.revision else None
+
     async def _give_up(self, frontier: Frontier, reason: str) -> None:
-        """End the run ``failed`` with ``reason``, written under its lease."""
+        """End the run ``failed`` with ``reason``, written under its lease; or, if a call of
+        it may have taken effect (its attempts can run out before a plan refuses it: a status
+        check that does not answer, an outage after the claim), leave it for a person, as a
+        plan that is not safe is: ending it would hide that call."""
         worker = self._worker
-        worker.stats.gave_up += 1
-        _log.warning("run %s: %s", frontier.run_id, reason)
         runner = worker.runner
         async with Leaseholder(
             worker.backends.leases,
@@ -308,11 +318,22 @@ class Recovery:
             if current.status != "running":
                 self._causes.pop(frontier.run_id, None)
                 return
-            await held.raise_fence(current.fence)
             agent = Agent(name=current.agent or "unknown", instructions="")
-            run = HeldRun(agent, held, current, Conversation(""))
-            finished = runner.writer.event(run, RunFinished, status="failed", error=reason)
-            await runner.writer.append(run, [finished])
+            undecided = plan_resume(current, self._revision_of(current) or agent).indeterminate
+            if not undecided:
+                worker.stats.gave_up += 1
+                _log.warning("run %s: %s", printable(frontier.run_id), reason)
+                await held.raise_fence(current.fence)
+                run = HeldRun(agent, held, current, Conversation(""))
+                finished = runner.writer.event(run, RunFinished, status="failed", error=reason)
+                await runner.writer.append(run, [finished])
+        if undecided:
+            calls = ", ".join(f"{c.call_id} ({c.tool})" for c in undecided)
+            await self._leave_for_person(
+                frontier.run_id, frontier.tenant, f"{calls} may have taken effect; {reason}"
+            )
+            self._causes.pop(frontier.run_id, None)
+            return
         # Kept until the end is durable: a write that failed leaves it for the next pass.
         self._causes.pop(frontier.run_id, None)
         worker.count("failed")

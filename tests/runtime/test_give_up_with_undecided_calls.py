@@ -1,0 +1,163 @@
+"""A run out of attempts with a call that may have taken effect is left for a person.
+
+Recovery ends a run ``failed`` once its attempts to carry it on made no progress. An attempt
+counts once its claim is in the log, so the attempts of a run whose dispatched charge is still
+undecided can run out before the plan ever refuses it: the charge's status check does not
+answer (its service is down as well), or the store fails between the claim and the plan. Ending
+such a run ``failed`` would hide a charge that may have gone through: it is tagged
+``needs-person`` instead, and a person settles the charge (`onward resolve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import pytest_asyncio
+from support.crashes import Crash, CrashAt
+from support.held_writes import postgres_backends
+from support.proxy import TcpProxy
+
+from onward.eventlog import Event, ResumePlanned, RunClaimed, ToolCall
+from onward.runtime.agent import Agent
+from onward.runtime.backends import Backends, open_backends
+from onward.runtime.fleet.requests import ResumeRun
+from onward.runtime.fleet.worker import Worker
+from onward.runtime.leases.base import LeasePolicy
+from onward.runtime.manager import ExecutionManager, needs_person
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.settings import Settings
+from onward.runtime.tools import Reconciled, tool
+from onward.testing.eventlog import new_run_id
+
+TENANT = "acme"
+
+
+@pytest_asyncio.fixture
+async def backends(tmp_path: Path) -> AsyncIterator[Backends]:
+    settings = Settings.model_validate(
+        {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "undecided.db")}
+    )
+    async with open_backends(settings) as opened:
+        yield opened
+
+
+async def payments_unreachable(key: str) -> Reconciled:
+    raise ConnectionError("payments.example: connection refused")
+
+
+@tool(reconcile=payments_unreachable)
+async def checked_charge(amount: int, *, idempotency_key: str) -> str:
+    return f"charged {amount}"
+
+
+@tool
+async def charge(amount: int, *, idempotency_key: str) -> str:
+    return f"charged {amount}"
+
+
+def charging(tool_name: str) -> ScriptedProvider:
+    return ScriptedProvider(
+        [reply("", ToolCall(call_id="c1", tool=tool_name, args={"amount": 5})), reply("charged")]
+    )
+
+
+async def left_for_a_person(worker: Worker, run_id: str) -> None:
+    frontier = await worker.runner.inspect(run_id, tenant=TENANT)
+    assert frontier.status == "running", frontier.error
+    assert needs_person(frontier)
+    assert frontier.attempts >= worker.max_attempts
+    assert worker.stats.gave_up == 0
+    (pending,) = await ExecutionManager(
+        worker.backends.frontiers, worker.backends.leases
+    ).list_pending(tenant=TENANT)
+    assert pending.attention == "needs_person"
+
+
+async def test_a_charge_whose_status_check_never_answers_is_left_for_a_person(
+    backends: Backends,
+) -> None:
+    """The worker died right after dispatching a charge; the charge's status check fails on
+    every attempt (the payment service is down). Out of attempts, the run is left for a
+    person, not ended ``failed`` over a charge that may have gone through."""
+    agent = Agent(name="charger", instructions="charge", tools=[checked_charge])
+    with pytest.raises(Crash):
+        await backends.runner(charging("checked_charge"), observer=CrashAt("tool.dispatched")).run(
+            agent, "charge 5", tenant=TENANT, run_id="r"
+        )
+    worker = Worker(backends, charging("checked_charge"), {"charger": agent}, backoff_s=0)
+    for _ in range(worker.max_attempts + 1):
+        worker.submit(ResumeRun(run_id="r", tenant=TENANT))
+        await worker.drained()
+    await left_for_a_person(worker, "r")
+
+
+def through(url: str, proxy: TcpProxy) -> str:
+    parts = urlsplit(url)
+    credentials = parts.netloc.rsplit("@", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{credentials}@{proxy.host}:{proxy.port}"))
+
+
+def cut_after(
+    kind: type[Event], backends: Backends, proxy: TcpProxy, times: int, outage_s: float
+) -> None:
+    """The database goes away for ``outage_s`` as each of the next ``times`` events of
+    ``kind`` lands: after a claim, the attempt counts and the rest of it (the plan's record,
+    the lease's release) meets the outage; after the plan, the run's tag ``needs-person``
+    does."""
+    append = backends.log.append
+    restores: set[asyncio.Task[None]] = set()
+
+    async def restore() -> None:
+        await asyncio.sleep(outage_s)
+        await proxy.restore()
+
+    async def appending(events: Sequence[Event]) -> Any:
+        nonlocal times
+        positions = await append(events)
+        if times and any(isinstance(e, kind) for e in events):
+            times -= 1
+            await proxy.cut()
+            task = asyncio.create_task(restore())
+            restores.add(task)
+            task.add_done_callback(restores.discard)
+        return positions
+
+    backends.log.append = appending  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("kind", [RunClaimed, ResumePlanned], ids=["claim", "plan"])
+async def test_a_charge_whose_resumes_meet_an_outage_is_left_for_a_person(
+    database_url: str, pg_schema: str, kind: type[Event]
+) -> None:
+    """The worker died right after dispatching a charge with no status check; PostgreSQL goes
+    away for a moment right after each claim lands (or each plan, refusing the charge, before
+    the run is tagged), until the attempts run out (the worker tries the request again after
+    each outage). The run is left for a person, not ended ``failed``."""
+    parts = urlsplit(database_url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    agent = Agent(name="charger", instructions="charge", tools=[charge])
+    run_id = new_run_id()
+    async with (
+        TcpProxy(parts.hostname, parts.port) as proxy,
+        postgres_backends(through(database_url, proxy), pg_schema) as backends,
+    ):
+        with pytest.raises(Crash):
+            await backends.runner(charging("charge"), observer=CrashAt("tool.dispatched")).run(
+                agent, "charge 5", tenant=TENANT, run_id=run_id
+            )
+        # A lease whose release met the outage lapses before the database is back.
+        policy = LeasePolicy(ttl=timedelta(seconds=0.2))
+        worker = Worker(
+            backends, charging("charge"), {"charger": agent}, backoff_s=0.05, lease_policy=policy
+        )
+        cut_after(kind, backends, proxy, worker.max_attempts, outage_s=0.5)
+        worker.submit(ResumeRun(run_id=run_id, tenant=TENANT))
+        await asyncio.wait_for(worker.drained(), 30)
+        await left_for_a_person(worker, run_id)

@@ -145,36 +145,42 @@ class RequestHandler:
     async def _answer(self, request: AnswerRequest) -> bool:
         worker = self._worker
         answer = worker.runner.approve if request.approve else worker.runner.deny
-        try:
-            await answer(
-                request.run_id,
-                request.request_id,
-                tenant=request.tenant,
-                by=request.by,
-                value=request.value,
-            )
-        except (ResumeConflictError, FencedError):
-            # Held by another, or this worker lost the lease while answering: ask again (an
-            # answer that did land makes the next one a refusal, logged, not a second answer).
-            worker.stats.conflicts += 1
-            if not await worker.sleep(worker.backoff_s):
-                return False
-            return await self._answer(request)
+        while True:  # a loop, not a call per ask: the run may be held for a long while
+            try:
+                await answer(
+                    request.run_id,
+                    request.request_id,
+                    tenant=request.tenant,
+                    by=request.by,
+                    value=request.value,
+                )
+                break
+            except (ResumeConflictError, FencedError):
+                # Held by another, or this worker lost the lease while answering: ask again (an
+                # answer that did land makes the next one a refusal, logged, not a second one).
+                worker.stats.conflicts += 1
+                if not await worker.sleep(worker.backoff_s):
+                    return False
         if not request.approve:
             return True  # denied: the run has ended, cancelled
         return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
 
     async def _tag(self, request: TagRun) -> bool:
         worker = self._worker
-        try:
-            await worker.runner.tag(
-                request.run_id, request.label, tenant=request.tenant, seq=request.seq, by=request.by
-            )
-        except (ResumeConflictError, FencedError):
-            worker.stats.conflicts += 1
-            if not await worker.sleep(worker.backoff_s):
-                return False
-            return await self._tag(request)
+        while True:  # a loop, not a call per ask: the run may be held for a long while
+            try:
+                await worker.runner.tag(
+                    request.run_id,
+                    request.label,
+                    tenant=request.tenant,
+                    seq=request.seq,
+                    by=request.by,
+                )
+                break
+            except (ResumeConflictError, FencedError):
+                worker.stats.conflicts += 1
+                if not await worker.sleep(worker.backoff_s):
+                    return False
         return True
 
     async def _ended_before_the_cancel(

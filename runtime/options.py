@@ -143,6 +143,11 @@ class Options(BaseModel):
         """
         if isinstance(value, Options):
             return value
+        if value is not None and not isinstance(value, Mapping):
+            raise InvalidInputError(
+                f"options must be a mapping of option names to values (or Options), got "
+                f"{type(value).__name__}"
+            )
         try:
             return cls.model_validate(dict(value or {}))
         except ValidationError as exc:

@@ -887,3 +887,10 @@ async def test_a_request_holding_a_value_json_would_change_is_refused_before_it_
     )
     with pytest.raises(InvalidInputError, match=r"AnswerRequest\.value"):
         check_request(answer)
+
+
+@pytest.mark.parametrize("value", [[1, 2], "run-1", 5])
+def test_options_that_are_not_a_mapping_are_refused_naming_options(value: object) -> None:
+    """`app.query(prompt, [1, 2])` failed as a bare `TypeError` from ``dict(value)``."""
+    with pytest.raises(InvalidInputError, match="options must be a mapping"):
+        Options.of(value)  # type: ignore[arg-type]

@@ -447,6 +447,20 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
                 found = await self._summaries(client, ids)
         return {summary.run_id: summary for summary in found}
 
+    async def set_aside(self, run_ids: Collection[str]) -> set[str]:
+        """Those of ``run_ids`` whose row is marked set aside in quarantine (held, or released
+        and not folded again yet)."""
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return set()
+        client = self._live_client()
+        with translated(f"reading the quarantine marks of {len(ids)} runs"):
+            async with asyncio.timeout(self._timeout_s), client.pipeline(False) as pipe:
+                for run_id in ids:
+                    pipe.hexists(self._key("frontier", run_id), "quarantined")
+                answers = await pipe.execute()
+        return {run_id for run_id, marked in zip(ids, answers, strict=True) if marked}
+
     async def sweep_finished(
         self,
         expired: Sequence[tuple[str, str]],
@@ -459,8 +473,9 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         alone of the ``calls`` runs, each given as ``(run_id, tenant)``.
 
         One script per run (``schemas/redis/frontier_gc.lua``) checks, in the step that
-        deletes, that the run's stored summary says it finished: a run that has not finished
-        keeps everything. Returns how many frontiers, transcript rows and call rows there were.
+        deletes, that the run's stored summary says it finished and its row is not set aside
+        in quarantine: any other run keeps everything. Returns how many frontiers, transcript
+        rows and call rows there were.
         """
         client = self._live_client()
         found = [0, 0, 0]

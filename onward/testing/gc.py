@@ -16,7 +16,7 @@ import msgspec
 import pytest_asyncio
 
 from onward.eventlog import codec
-from onward.projections.base import FrontierStore, Snapshot
+from onward.projections.base import FrontierStore, QuarantineEntry, Snapshot
 from onward.projections.compaction import CompactionStore, RetainedEvent, RunTruncation
 from onward.runtime.gc.base import KINDS, RECORD_KINDS, RecordSweeper, SweepPlan
 from onward.runtime.leases.base import LeaseStore
@@ -186,6 +186,25 @@ class RecordSweeperConformance:
         assert await stores.sweeper.sweep(plan, delete=True) == dict.fromkeys(RECORD_KINDS, 0)
         assert await stores.rows(thread) == (True, 2, 2, True, 2)
         assert await stores.lease_row_kept(thread)
+
+    async def test_a_run_held_in_quarantine_is_neither_listed_nor_swept(
+        self, stores: Stores
+    ) -> None:
+        # Its row is not the run's whole story: a record past it could not be read, and a
+        # person is yet to release the run. Collected, its held entry would name a run that is
+        # gone, and a release would fold what is left of it into a row of its own.
+        held = await stores.seed("completed")
+        entry = QuarantineEntry(
+            run_id=held, tenant=TENANT, partition=0, offset=9, kind=None, reason="not JSON"
+        )
+        await stores.frontiers.write("seed", {}, [], [], quarantine=[entry])
+        run = await stores.seed("completed")
+        assert {r.run_id for r in await stores.sweeper.finished(before=CUTOFF)} == {run}
+        plan = SweepPlan(expired=(held,), calls=(held,), keys=(held,))
+        assert await stores.sweeper.sweep(plan, delete=True) == dict.fromkeys(RECORD_KINDS, 0)
+        assert await stores.rows(held) == (True, 2, 2, True, 2)
+        assert await stores.lease_row_kept(held)
+        assert await stores.compaction.tombstones([held]) == set()
 
     async def test_a_lease_somebody_holds_is_kept(self, stores: Stores) -> None:
         run_id = await stores.seed("completed", held=True)

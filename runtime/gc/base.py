@@ -13,7 +13,8 @@ those runs left, each in its own backend module:
 
 Counting and deleting run the same predicate, so a dry run's report is what a run deletes. The
 predicates re-check, in the statement that deletes, that the run's frontier row says it
-finished: a running or waiting run is never touched, whatever the plan handed in.
+finished and is not held in quarantine: a running or waiting run is never touched, whatever the
+plan handed in.
 """
 
 from __future__ import annotations
@@ -85,9 +86,12 @@ def finished_run(
     return FinishedRun(run_id, tenant, status, updated_at, continued, successor)
 
 
-_ENDED_RUN = f"status IN ({_TERMINAL}) AND agent <> ''"
+_ENDED_RUN = f"status IN ({_TERMINAL}) AND agent <> '' AND quarantined IS NULL"
 """A frontier row of a run that ended. A LangGraph thread (no agent) never does: a cancel ends
-one invocation of it, and the next opens it again (`projections.frontier`)."""
+one invocation of it, and the next opens it again (`projections.frontier`). Nor is a run held
+in quarantine known to have ended: its row stops short of a record that could not be read, and
+it stays for the person who releases it (its held entry names it, and a release folds it
+again from its rows)."""
 
 FINISHED_SQL = (
     "SELECT run_id, tenant, status, updated_at, "

@@ -8,7 +8,8 @@ holding frontiers grows with every run ever made.
 
 Finished runs are listed from Redis. Each sweep then reads the runs' summaries and goes on
 with those that say the run finished (a finished run never becomes unfinished again; a
-LangGraph thread, which a cancel does not end, is never taken for one), counts
+LangGraph thread, which a cancel does not end, is never taken for one, nor a run held in
+quarantine, whose row stops short of a record that could not be read), counts
 or deletes their PostgreSQL rows in one transaction, and last counts or deletes their Redis
 keys with a script that checks the status again in the step that deletes
 (`RedisFrontierStore.sweep_finished`). A pass cut short between the two leaves the frontier
@@ -132,7 +133,8 @@ class RedisFrontierSweeper(Resource):
     async def finished(self, *, before: int) -> list[FinishedRun]:
         """Runs whose stored summary says they finished before ``before``, by id."""
         summaries = await self.frontiers.runs(statuses=TERMINAL_STATUSES, updated_before=before)
-        summaries = [s for s in summaries if _ended(s)]
+        held = await self.frontiers.set_aside([s.run_id for s in summaries])
+        summaries = [s for s in summaries if _ended(s) and s.run_id not in held]
         continued = [s.run_id for s in summaries if s.status == "continued"]
         rows = await self.frontiers.load(continued)
         out = []
@@ -152,9 +154,11 @@ class RedisFrontierSweeper(Resource):
         return out
 
     async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
-        """Count or delete what ``plan`` names, of runs whose summary says they finished."""
+        """Count or delete what ``plan`` names, of runs whose summary says they finished and
+        whose row is not set aside in quarantine."""
         summaries = await self.frontiers.summaries({*plan.expired, *plan.calls})
-        tenants = {run_id: s.tenant for run_id, s in summaries.items() if _ended(s)}
+        held = await self.frontiers.set_aside(summaries)
+        tenants = {r: s.tenant for r, s in summaries.items() if _ended(s) and r not in held}
         expired = [(r, tenants[r]) for r in dict.fromkeys(plan.expired) if r in tenants]
         gone = {run_id for run_id, _ in expired}
         calls = [(r, tenants[r]) for r in dict.fromkeys(plan.calls) if r in tenants]

@@ -1,5 +1,6 @@
 -- Count or delete the keys one finished run left in the frontier store, checking first, in
--- the same atomic step, that its stored summary says it finished.
+-- the same atomic step, that its stored summary says it finished and its row is not set aside
+-- in quarantine (a row that stops short of a record that could not be read).
 -- KEYS[1] the frontier hash, KEYS[2] the call rows, KEYS[3] the transcript hash,
 -- KEYS[4] the index of every run, KEYS[5] the index of the run's tenant, KEYS[6..] the indexes
 -- of the statuses of a finished run, in the order of ARGV[4..].
@@ -11,7 +12,7 @@ local runs_key, tenant_runs_key = KEYS[4], KEYS[5]
 local run_id, delete, scope = ARGV[1], ARGV[2] == '1', ARGV[3]
 
 local summary = redis.call('HGET', frontier_key, 'summary')
-if not summary then
+if not summary or redis.call('HEXISTS', frontier_key, 'quarantined') == 1 then
     return {0, 0, 0}
 end
 local status = cjson.decode(summary)['status']

@@ -452,10 +452,12 @@ class FrontierProjection:
         if not runs:
             return
         rows = await self.store.load(list(runs))
+        kept = await self._kept_uncapped(rows)
         for run_id, partition in runs.items():
             row = rows.get(run_id)
             # Where the run's first event is, as far as it was folded before it was set aside.
             known = (row.set_aside or row.frontier) if row is not None else None
+            known = known or kept.get(run_id)
             start = known.first_offset if known is not None and known.first_offset >= 0 else None
             end = quarantine.folded_to[partition]
             tenant = row.summary.tenant if row is not None else ""
@@ -489,6 +491,16 @@ class FrontierProjection:
                 end,
                 "; still unreadable, held again" if run_id in quarantine.held else "",
             )
+
+    async def _kept_uncapped(self, rows: Mapping[str, StoredFrontier]) -> dict[str, Frontier]:
+        """The frontiers kept uncapped in the compaction store of those ``rows`` that hold
+        none, being over the snapshot cap: a run set aside then holds its frontier only there
+        (`_write` keeps it before the row), and a release folds on from it once compaction
+        cut the run's first events."""
+        capped = [r for r, row in rows.items() if row.set_aside is None and row.frontier is None]
+        if self.compaction is None or not capped:
+            return {}
+        return await self.compaction.snapshots(capped)
 
     async def _store(self, *, wait: bool) -> None:
         """Store everything folded, once the store before has landed; with ``wait`` False the

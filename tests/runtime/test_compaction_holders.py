@@ -417,6 +417,61 @@ async def test_a_run_set_aside_after_its_first_cut_keeps_what_it_held_once_it_re
     assert again.frontier.holder == "from-the-future"
 
 
+async def _over_the_cap(world: World, run_id: str) -> int:
+    """Four 300 KB labels on the run, a frontier over the 1 MiB cap (as
+    `test_a_frontier_over_the_cap_resumes_from_its_frontier_kept_uncapped` writes them); the
+    run's last seq after them."""
+    before = await world.runner(Script(0)).inspect(run_id, tenant=TENANT)
+    for n in range(4):
+        await world.store.pin(run_id, TENANT, before.resume_seq)
+        await world.log.append(
+            [
+                Tagged(
+                    run_id=run_id,
+                    tenant=TENANT,
+                    seq=before.last_seq + 1 + n,
+                    fence=before.fence,
+                    target_seq=before.resume_seq,
+                    label=f"{n}:" + "x" * 300_000,
+                )
+            ]
+        )
+    return before.last_seq + 4
+
+
+async def test_a_quarantined_run_over_the_cap_is_released_after_a_cut(
+    world: World, tmp_path: Path
+) -> None:
+    """A run over the snapshot cap, set aside: its row holds no frontier at all (neither a
+    readable one nor the one it was set aside with), only the one kept uncapped beside it. Cut,
+    then released, it is folded on from that kept frontier; before, the release read it from
+    its first event, which the cut had taken, and the `LogTruncatedError` failed every batch
+    of the projector, every other run's with it."""
+    await world.live_run("sick", turns=6, done=3)
+    counted = await _over_the_cap(world, "sick")
+    await others(world, 20)
+    await _poison(world, "sick", seq=counted + 1)
+    await others(world, 5, prefix="later")
+    await world.fold()
+    row = await world.frontiers.get("sick")
+    assert row is not None
+    assert row.quarantined is not None
+    assert (row.frontier, row.set_aside) == (None, None)  # over the cap
+    held = (await world.store.snapshots(["sick"]))["sick"]
+    assert held.last_seq == counted
+
+    assert (await compact(world, tmp_path / "archive")).partitions[0].cut
+    assert (await world.log.bounds(0)).start > held.first_offset
+
+    again = await folded_after_release(world, "sick")
+    assert again.quarantined is not None  # the record is still unreadable: held again
+    kept = (await world.store.snapshots(["sick"]))["sick"]
+    assert kept.last_seq == counted
+    await world.finished_run("after", turns=1)
+    await world.fold()  # the projector goes on with every other run
+    assert (await world.runner(Script(0)).inspect("after", tenant=TENANT)).status == "completed"
+
+
 async def test_without_retained_events_a_reader_is_told_where_they_went(
     world: World, tmp_path: Path
 ) -> None:

@@ -146,8 +146,24 @@ def partition_for(run_id: str, partitions: int) -> int:
     other Kafka clients keyed by run id, agree about where a run lives. Remembered for the most
     recent runs: murmur2 is pure Python, and every append of a run asks again.
     """
-    hashed: int = murmur2(run_id.encode())
+    hashed: int = murmur2(utf8_run_id(run_id))
     return (hashed & 0x7FFFFFFF) % partitions
+
+
+def utf8_run_id(run_id: str) -> bytes:
+    """``run_id`` as the UTF-8 every store keeps it in (a Kafka key, a text column).
+
+    Raises:
+        InvalidInputError: It holds a lone surrogate (what Python makes of a command-line byte
+            that is not UTF-8): no run has that id, and no store could be asked about it.
+    """
+    try:
+        return run_id.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"run id {run_id!r} holds {run_id[exc.start]!r} at position {exc.start}, a lone "
+            "surrogate that is no text any store can hold (UTF-8)"
+        ) from None
 
 
 @runtime_checkable
@@ -182,16 +198,19 @@ class EventLog(AsyncResource, Protocol):
         Raises:
             LogTruncatedError: ``start`` lies below the partition's start.
             EventDecodeError: A record of this run is unreadable.
+            InvalidInputError: ``run_id`` is no text a store holds (a lone surrogate).
         """
         ...
 
     async def read_partition(
         self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
     ) -> list[StoredEvent]:
-        """Events of every run in one partition, in offset order, from ``start`` up to ``end``.
+        """Events of every run in one partition, in offset order, from ``start`` up to ``end``,
+        at most ``limit`` of them.
 
         Raises:
             LogTruncatedError: ``start`` lies below the partition's start.
+            InvalidInputError: ``limit`` is negative.
         """
         ...
 
@@ -210,6 +229,7 @@ class EventLog(AsyncResource, Protocol):
 
         Raises:
             LogTruncatedError: ``start`` lies below the partition's start.
+            InvalidInputError: ``limit`` is negative, or ``run_id`` is no text a store holds.
         """
         ...
 
@@ -357,6 +377,8 @@ class EventLogBackend(Resource):
         self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
     ) -> list[StoredEvent]:
         check_partition(partition, self._partitions)
+        if not check_limit(limit):
+            return []
         return strict(await self._read_records(LogRead(partition, start, end, None, limit)))
 
     async def read_records(
@@ -369,6 +391,10 @@ class EventLogBackend(Resource):
         limit: int | None = None,
     ) -> list[LogRecord]:
         check_partition(partition, self._partitions)
+        if run_id is not None:
+            utf8_run_id(run_id)
+        if not check_limit(limit):
+            return []
         return await self._read_records(LogRead(partition, start, end, run_id, limit))
 
     async def _read_records(self, request: LogRead) -> list[LogRecord]:
@@ -439,6 +465,16 @@ def check_partition(partition: int, partitions: int) -> None:
     """Refuse a partition number the log does not have."""
     if not 0 <= partition < partitions:
         raise InvalidInputError(f"partition {partition} does not exist; the log has {partitions}")
+
+
+def check_limit(limit: int | None) -> bool:
+    """Refuse a negative read limit (each backend's store would take it its own way); whether
+    the limit lets a read return anything (a limit of zero reads nothing)."""
+    if limit is None:
+        return True
+    if limit < 0:
+        raise InvalidInputError(f"a read's limit is a number of records, 0 or more; got {limit}")
+    return limit > 0
 
 
 def check_truncation(partition: int, offset: int, end: int) -> None:

@@ -234,6 +234,15 @@ class EventLogConformance:
     async def test_unknown_run_reads_empty(self, log: EventLog) -> None:
         assert await log.read_run(new_run_id("never-written")) == []
 
+    async def test_a_run_id_no_store_can_hold_is_refused_on_read(self, log: EventLog) -> None:
+        """A lone surrogate (a command-line byte that is not UTF-8) names no run: reading it is
+        bad input, named as such, not a driver's encoding error."""
+        run_id = "run-\udcff"
+        with pytest.raises(InvalidInputError, match="lone surrogate"):
+            await log.read_run(run_id)
+        with pytest.raises(InvalidInputError, match="lone surrogate"):
+            await log.read_records(0, run_id=run_id)
+
     async def test_one_run_is_read_out_of_many_interleaved(self, log: EventLog) -> None:
         runs = runs_in_partition(1, 3, log.partitions)
         for seq in range(1, 7):
@@ -548,6 +557,18 @@ class EventLogConformance:
         assert seqs(await log.read_partition(0, 2, 5)) == [3, 4, 5]
         assert seqs(await log.read_partition(0, 2, limit=4)) == [3, 4, 5, 6]
         assert await log.read_partition(0, 10) == []
+
+    async def test_a_limit_of_zero_reads_nothing_and_a_negative_one_is_refused(
+        self, log: EventLog
+    ) -> None:
+        (run_id,) = runs_in_partition(0, 1, log.partitions)
+        await log.append(step_events(run_id, 3))
+        assert await log.read_partition(0, 0, limit=0) == []
+        assert await log.read_records(0, run_id=run_id, limit=0) == []
+        with pytest.raises(InvalidInputError, match="limit"):
+            await log.read_partition(0, 0, limit=-1)
+        with pytest.raises(InvalidInputError, match="limit"):
+            await log.read_records(0, limit=-1)
 
     async def test_partition_outside_the_log_is_refused(self, log: EventLog) -> None:
         with pytest.raises(InvalidInputError, match="does not exist"):

@@ -58,6 +58,10 @@ def test_runs_refuses_a_filter_no_store_can_hold(db: Path, option: str) -> None:
     assert_usage_error(onward(db, "runs", option, SURROGATE), option)
 
 
+def test_replay_refuses_a_run_id_no_store_can_hold(db: Path) -> None:
+    assert_usage_error(onward(db, "replay", SURROGATE), "lone surrogate")
+
+
 def test_runs_takes_a_duration_longer_than_the_epoch(db: Path) -> None:
     result = onward(db, "runs", "--older-than", "99999999999999d")
     assert result.exit_code == 0, result.output

@@ -348,6 +348,9 @@ class RunJournal:
         lease = await write_ahead(lambda: self.append(dispatched), self.run.held.confirm)
         token = _current_key.set(key)
         leased = _current_lease.set(lease)
+        # The tool runs outside the journal: its outcome is the unit recorded, so whatever it
+        # does inside (an agent it delegates to, durable too) must not become the run's units.
+        outside = _current.set(None)
         try:
             payload = await run()
         except Exception as exc:
@@ -358,6 +361,7 @@ class RunJournal:
             )
             raise
         finally:
+            _current.reset(outside)
             _current_lease.reset(leased)
             _current_key.reset(token)
         await self.append(self.event(ToolCompleted, call_id=call_id, result=payload))

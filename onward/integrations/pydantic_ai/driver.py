@@ -353,21 +353,50 @@ class DurableRuns:
 
 
 async def _decision(journal: RunJournal, requests: DeferredToolRequests) -> DeferredToolResults:
-    """The recorded decision on deferred calls, or a new wait for one (the run stops)."""
-    request_id, recorded = journal.next_wait(DECISION)
-    if recorded is None:
-        details = _REQUESTS.dump_python(requests, mode="json")
-        await journal.ask(request_id, f"decide {_listed(requests)}", details)
-        raise RunSuspended(request_id, details)
-    if recorded.answer is None:
-        raise RunSuspended(request_id, recorded.asked.details)
-    if isinstance(recorded.answer, ApprovalDenied):
-        message = f"denied by {recorded.answer.by}"
-        return requests.build_results(
-            approvals={c.tool_call_id: ToolDenied(message) for c in requests.approvals},
-            calls={c.tool_call_id: {"denied": message} for c in requests.calls},
-        )
-    return _RESULTS.validate_python(recorded.answer.value)
+    """The recorded decision on deferred calls, or a new wait for one (the run stops).
+
+    An approval that does not decide the calls (``onward approve`` with no value, or with one
+    that is not ``DeferredToolResults`` for them) is passed over and the calls asked about
+    again: the person's answer must not fail the run, nor be guessed at.
+    """
+    prompt = f"decide {_listed(requests)}"
+    while True:
+        request_id, recorded = journal.next_wait(DECISION)
+        if recorded is None:
+            details = _REQUESTS.dump_python(requests, mode="json")
+            await journal.ask(request_id, prompt, details)
+            raise RunSuspended(request_id, details)
+        if recorded.answer is None:
+            raise RunSuspended(request_id, recorded.asked.details)
+        if isinstance(recorded.answer, ApprovalDenied):
+            message = f"denied by {recorded.answer.by}"
+            return requests.build_results(
+                approvals={c.tool_call_id: ToolDenied(message) for c in requests.approvals},
+                calls={c.tool_call_id: {"denied": message} for c in requests.calls},
+            )
+        try:
+            results = _RESULTS.validate_python(recorded.answer.value)
+        except pydantic.ValidationError:
+            problem: str | None = "its value is not DeferredToolResults"
+        else:
+            problem = _misfit(requests, results)
+            if problem is None:
+                return results
+        prompt = f"decide {_listed(requests)} (the answer to {request_id} did not: {problem})"
+
+
+def _misfit(requests: DeferredToolRequests, results: DeferredToolResults) -> str | None:
+    """What keeps ``results`` from deciding ``requests``: a call they do not ask about, or one
+    left undecided; ``None`` when they fit."""
+    try:
+        requests.build_results(approvals=results.approvals, calls=results.calls)
+    except ValueError as exc:
+        return str(exc)
+    asked = {c.tool_call_id for c in (*requests.approvals, *requests.calls)}
+    missing = sorted(asked - set(results.approvals) - set(results.calls))
+    if missing:
+        return f"it leaves {', '.join(missing)} undecided; every deferred call needs a result"
+    return None
 
 
 def _check_fits(pending: Pending, results: DeferredToolResults) -> None:
@@ -377,21 +406,13 @@ def _check_fits(pending: Pending, results: DeferredToolResults) -> None:
         InvalidInputError: Naming what does not fit.
     """
     assert pending.requests is not None
-    try:
-        pending.requests.build_results(approvals=results.approvals, calls=results.calls)
-    except ValueError as exc:
-        problem = str(exc)
-    else:
-        asked = {c.tool_call_id for c in (*pending.requests.approvals, *pending.requests.calls)}
-        missing = sorted(asked - set(results.approvals) - set(results.calls))
-        if not missing:
-            return
-        problem = f"it leaves {', '.join(missing)} undecided; every deferred call needs a result"
-    raise InvalidInputError(
-        f"run {pending.run_id!r}: the decision does not fit what {pending.request_id} asks: "
-        f"{problem}",
-        run_id=pending.run_id,
-    )
+    problem = _misfit(pending.requests, results)
+    if problem is not None:
+        raise InvalidInputError(
+            f"run {pending.run_id!r}: the decision does not fit what {pending.request_id} "
+            f"asks: {problem}",
+            run_id=pending.run_id,
+        )
 
 
 def _prompt_of(journal: RunJournal) -> Any:

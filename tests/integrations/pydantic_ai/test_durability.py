@@ -259,6 +259,28 @@ async def test_a_decision_must_answer_every_call_asked_and_no_other(
     assert len(await events(stores)) == written
 
 
+async def test_an_approval_that_does_not_decide_the_calls_asks_again_not_fails_the_run(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """``onward approve RUN REQUEST`` with no value answers the wait, but decides no call."""
+    agent = booking_agent(durability, ledger, requires_approval=True)
+    waiting = await durability.run(agent, "book seat 3A", run_id=RUN)
+    assert waiting.waiting_on is not None
+    runner = durability._runs.runner
+    await runner.approve(RUN, waiting.waiting_on, tenant=TENANT, by="ops")
+
+    again = await durability.resume(agent, RUN)
+
+    assert again.status == "waiting"
+    assert again.waiting_on != waiting.waiting_on
+    assert isinstance(again.output, DeferredToolRequests)
+    assert ledger.entries() == []
+    await durability.decide(RUN, DeferredToolResults(approvals={"b1": True}), by="alice")
+    done = await durability.resume(agent, RUN)
+    assert (done.status, done.output) == ("completed", "done: seat 3A booked")
+    assert len(ledger.entries()) == 1
+
+
 async def test_a_tool_that_needs_approval_waits_and_runs_once_approved(
     durability: OnwardDurability[None], stores: Stores, ledger: Ledger
 ) -> None:

@@ -27,7 +27,8 @@ def describe(agent: AbstractAgent[Any, Any], name: str) -> Agent:
 
     def visit(toolset: AbstractToolset[Any]) -> None:
         if isinstance(toolset, FunctionToolset):
-            tools.extend(_tool(t) for t in toolset.tools.values())
+            named = {t.name for t in tools}
+            tools.extend(_tool(t, toolset, named) for t in toolset.tools.values())
         elif toolset.id is not None:
             tools.append(_opaque(toolset))
 
@@ -53,9 +54,12 @@ async def _not_called(**_: Any) -> None:
     raise RuntimeError("pydantic-ai calls its own tools; this one only describes a tool")
 
 
-def _tool(tool: Any) -> Tool:
+def _tool(tool: Any, toolset: FunctionToolset[Any], named: set[str]) -> Tool:
+    """A function tool, named as its toolset names it; qualified by the toolset's id when an
+    earlier toolset has a tool of that name (each toolset prefixed, the model sees two tools)."""
+    name = tool.name if tool.name not in named else f"{toolset.id}:{tool.name}"
     return Tool(
-        name=tool.name,
+        name=name,
         description=tool.description or "",
         parameters=tool.function_schema.json_schema,
         fn=_not_called,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent
+from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
@@ -366,6 +366,34 @@ async def test_an_agent_whose_tools_changed_is_refused_on_resume(
 
     with pytest.raises(RevisionMismatchError):
         await durability.resume(changed, RUN)
+
+
+async def test_toolsets_with_a_tool_of_the_same_name_under_prefixes_run(
+    durability: OnwardDurability[None],
+) -> None:
+    """pydantic-ai lets toolsets keep their names under a prefix; the revision tells them apart."""
+
+    def search(toolset: str) -> Any:
+        async def search(q: str) -> str:
+            return f"{toolset}: {q}"
+
+        return search
+
+    flights, hotels = FunctionToolset(id="flights"), FunctionToolset(id="hotels")
+    flights.add_function(search("flights"), name="search")
+    hotels.add_function(search("hotels"), name="search")
+    calls = [ToolCallPart("hotels_search", {"q": "Rome"}, tool_call_id="s1")]
+    agent = Agent(
+        FunctionModel(Script(*calls).answer),
+        name="searcher",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+        toolsets=[flights.prefixed("flights"), hotels.prefixed("hotels")],
+    )
+
+    done = await durability.run(agent, "find a hotel", run_id=RUN)
+
+    assert (done.status, done.output) == ("completed", "done: hotels: Rome")
 
 
 async def test_a_run_another_worker_holds_is_refused(

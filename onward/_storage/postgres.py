@@ -11,6 +11,7 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -19,7 +20,12 @@ import asyncpg
 from onward.errors import BackendError, BackendUnavailableError, ConfigurationError
 
 from .migrations import verify_postgres
-from .translate import DRIVER_ERRORS, translated, unusable_tls_file
+from .translate import (
+    DRIVER_ERRORS,
+    translated,
+    unusable_client_certificate,
+    unusable_tls_file,
+)
 from .urls import masked_url, without_passwords
 
 # What a call on a lost connection fails with: a driver error, or one a function such as a build
@@ -150,9 +156,10 @@ def _usable_url(dsn: str) -> Iterator[None]:
     setting is wrong. The URL is shown without its password, and the driver's exception is not
     chained, as its text may hold the URL as it was given.
 
-    It loads the TLS files the URL names before it connects, and a file it cannot read fails
-    with a bare OSError, as an unreachable server does: such a failure is said to be the
-    file's (`_unusable_tls_file`), a `ConfigurationError`, rather than the server's.
+    It loads the TLS files the URL names before it connects, and a file it cannot read or load
+    (not PEM, a key not the certificate's) fails with a bare OSError, as an unreachable server
+    does: such a failure is said to be the file's (`_unusable_tls_file`), a
+    `ConfigurationError`, rather than the server's.
     """
     try:
         yield
@@ -187,13 +194,34 @@ def _unusable_tls_file(dsn: str) -> str | None:
         query = parse_qs(urlsplit(dsn).query)
     except ValueError:  # a URL the driver could not parse either: not a file's fault
         return None
-    named: list[tuple[str, str, bool]] = []
-    for parameter, variable, authorities in _TLS_FILES:
+    named: dict[str, tuple[str, str]] = {}
+    for parameter, variable, _ in _TLS_FILES:
         if query.get(parameter, [""])[-1]:
-            named.append((f"{parameter} in DATABASE_URL", query[parameter][-1], authorities))
+            named[parameter] = (f"{parameter} in DATABASE_URL", query[parameter][-1])
         elif os.environ.get(variable):
-            named.append((variable, os.environ[variable], authorities))
-    return unusable_tls_file(named)
+            named[parameter] = (variable, os.environ[variable])
+    unusable = unusable_tls_file(
+        (*named[parameter], authorities)
+        for parameter, _, authorities in _TLS_FILES
+        if parameter in named
+    )
+    if unusable is not None or "sslcert" not in named:
+        return unusable
+    return unusable_client_certificate(
+        named["sslcert"],
+        named.get("sslkey") or _default_key(),
+        ("sslpassword in DATABASE_URL", query.get("sslpassword", [""])[-1] or None),
+    )
+
+
+def _default_key() -> tuple[str, str] | None:
+    """The client key asyncpg (as libpq) loads when none is named, if there is one:
+    ``~/.postgresql/postgresql.key``."""
+    try:
+        key = Path.home() / ".postgresql" / "postgresql.key"
+    except (RuntimeError, KeyError):  # no home directory
+        return None
+    return ("the default client key", str(key)) if key.exists() else None
 
 
 @asynccontextmanager

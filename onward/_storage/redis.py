@@ -25,7 +25,12 @@ from redis.exceptions import NoScriptError
 from onward.errors import ConfigurationError, InvalidInputError
 
 from .stores import BACKEND_TIMEOUT_S, Resource
-from .translate import redis_plaintext_refused, translated, unusable_tls_file
+from .translate import (
+    redis_plaintext_refused,
+    translated,
+    unusable_client_certificate,
+    unusable_tls_file,
+)
 from .urls import masked_url, without_passwords
 
 
@@ -210,10 +215,22 @@ def _unusable_tls_file(url: str) -> str | None:
     if not url.startswith("rediss://"):
         return None
     query = parse_qs(urlsplit(url).query)
-    return unusable_tls_file(
-        (f"{parameter} in REDIS_URL", query[parameter][-1], authorities)
-        for parameter, authorities in _TLS_FILES
+    named = {
+        parameter: (f"{parameter} in REDIS_URL", query[parameter][-1])
+        for parameter, _ in _TLS_FILES
         if query.get(parameter, [""])[-1]
+    }
+    unusable = unusable_tls_file(
+        (*named[parameter], authorities)
+        for parameter, authorities in _TLS_FILES
+        if parameter in named
+    )
+    if unusable is not None or "ssl_certfile" not in named:
+        return unusable
+    return unusable_client_certificate(
+        named["ssl_certfile"],
+        named.get("ssl_keyfile"),
+        ("ssl_password in REDIS_URL", query.get("ssl_password", [""])[-1] or None),
     )
 
 

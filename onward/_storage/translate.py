@@ -346,6 +346,54 @@ def unusable_tls_file(named: Iterable[tuple[str, str, bool]]) -> str | None:
     return None
 
 
+def unusable_client_certificate(
+    certificate: tuple[str, str],
+    key: tuple[str, str] | None,
+    password: tuple[str, str | None],
+) -> str | None:
+    """Whether a client certificate and its key, files that can be read, still cannot be
+    loaded together, and why, in one line naming the setting at fault; ``None`` if they can.
+
+    A file that is not PEM, a key that is not the certificate's or a wrong key password fails
+    the driver's load with `ssl.SSLError`, a bare OSError as an unreachable server's is; call
+    this once :func:`unusable_tls_file` found every file readable.
+
+    Args:
+        certificate: The setting naming the certificate file, and its path.
+        key: The setting naming the key file, and its path; ``None`` when the key is in the
+            certificate's file.
+        password: The setting that gives the key's password, and the password (``None`` if
+            unset: then an encrypted key fails rather than prompt on a terminal).
+    """
+    setting, path = certificate
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+    except ssl.SSLError:
+        return (
+            f"{setting} names {path}, which cannot be used: it holds no PEM certificate; give "
+            "the path of the client certificate in PEM"
+        )
+    except OSError:
+        return None  # not readable: said by `unusable_tls_file`
+    key_setting, key_path = key or certificate
+    password_setting, secret = password
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(
+            path, key[1] if key else None, password=lambda: secret or ""
+        )
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            why = f"it is not the key of the certificate {path}"
+        elif secret:
+            why = f"it holds no PEM key that {password_setting} decrypts"
+        else:
+            why = f"it holds no PEM key (an encrypted one needs its password as {password_setting})"
+        return f"{key_setting} names {key_path}, which cannot be used: {why}"
+    except OSError:
+        return None
+    return None
+
+
 def redis_plaintext_refused(exc: BaseException, url: str) -> str | None:
     """For a ``redis://`` client whose first command a TLS-only port cut off, what to change.
 

@@ -397,3 +397,93 @@ async def test_a_redis_ca_file_that_cannot_be_read_is_named_not_taken_for_the_se
     with pytest.raises(ConfigurationError) as refused:
         await RedisLeaseStore.open(with_ca(secured.redis_tls_url, str(unusable)), timeout_s=5)
     assert f"ssl_ca_certs in REDIS_URL names {unusable}, which cannot be used" in str(refused.value)
+
+
+UNUSABLE_CLIENT_CERTIFICATE = ["certificate-not-pem", "key-not-pem", "key-of-another-certificate"]
+
+
+@pytest.fixture(scope="module")
+def client_certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two client certificates with their keys (``a.pem``/``a.key``, ``b.pem``/``b.key``),
+    and a file that is no PEM at all (``not-pem``)."""
+    where = tmp_path_factory.mktemp("client-certificates")
+    for name in ("a", "b"):
+        subprocess.run(
+            [
+                *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+                *("-subj", f"/CN=client {name}"),
+                *("-keyout", str(where / f"{name}.key"), "-out", str(where / f"{name}.pem")),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    (where / "not-pem").write_text("not a certificate, nor a key\n")
+    return where
+
+
+def unusable_client_certificate(where: Path, case: str) -> tuple[Path, Path, Path, str]:
+    """A client certificate and key that cannot be loaded together: the certificate, the key,
+    the file at fault, and what the message says of it."""
+    return {
+        "certificate-not-pem": (
+            where / "not-pem",
+            where / "a.key",
+            where / "not-pem",
+            "it holds no PEM certificate",
+        ),
+        "key-not-pem": (where / "a.pem", where / "not-pem", where / "not-pem", "no PEM key"),
+        "key-of-another-certificate": (
+            where / "a.pem",
+            where / "b.key",
+            where / "b.key",
+            f"it is not the key of the certificate {where / 'a.pem'}",
+        ),
+    }[case]
+
+
+@pytest.mark.parametrize("case", UNUSABLE_CLIENT_CERTIFICATE)
+async def test_a_postgres_client_certificate_that_cannot_be_loaded_is_named(
+    secured: SecuredServers, new_tls_schema: SchemaFactory, client_certificates: Path, case: str
+) -> None:
+    certificate, key, at_fault, why = unusable_client_certificate(client_certificates, case)
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"{secured.database_url}&sslcert={certificate}&sslkey={key}",
+        "ONWARD_DATABASE_SCHEMA": await new_tls_schema(migrated=False),
+    }
+    result = run_onward(env, "db", "migrate")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    setting = "sslcert" if at_fault == certificate else "sslkey"
+    assert f"{setting} in DATABASE_URL names {at_fault}, which cannot be used: " in line, line
+    assert why in line, line
+    assert secured.database_password not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("case", UNUSABLE_CLIENT_CERTIFICATE)
+async def test_a_redis_client_certificate_that_cannot_be_loaded_is_named(
+    secured: SecuredServers, client_certificates: Path, case: str
+) -> None:
+    certificate, key, at_fault, why = unusable_client_certificate(client_certificates, case)
+    url = f"{secured.redis_url}&ssl_certfile={certificate}&ssl_keyfile={key}"
+    with pytest.raises(ConfigurationError) as refused:
+        await RedisLeaseStore.open(url, timeout_s=5)
+    setting = "ssl_certfile" if at_fault == certificate else "ssl_keyfile"
+    assert f"{setting} in REDIS_URL names {at_fault}, which cannot be used: " in str(refused.value)
+    assert why in str(refused.value)
+
+
+async def test_a_usable_client_certificate_still_connects(
+    secured: SecuredServers, new_tls_schema: SchemaFactory, client_certificates: Path
+) -> None:
+    # The servers ask for no client certificate: one that loads is sent or not, and the
+    # stores connect as without it.
+    pair = f"sslcert={client_certificates / 'a.pem'}&sslkey={client_certificates / 'a.key'}"
+    schema = await new_tls_schema()
+    async with PostgresFrontierStore(f"{secured.database_url}&{pair}", schema=schema) as store:
+        await store.positions("frontiers")
+    redis_pair = (
+        f"ssl_certfile={client_certificates / 'a.pem'}&ssl_keyfile={client_certificates / 'a.key'}"
+    )
+    leases = await RedisLeaseStore.open(f"{secured.redis_url}&{redis_pair}", timeout_s=5)
+    await leases.close()

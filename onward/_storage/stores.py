@@ -10,6 +10,7 @@ share: the connection (a thread or a pool), schema verification and error transl
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -29,6 +30,8 @@ from .sqlite import FileLock, SqliteThread, connect_reader
 from .translate import translated
 
 _T = TypeVar("_T")
+
+log = logging.getLogger("onward.storage")
 
 BACKEND_TIMEOUT_S = 30.0
 """How long one call to a server (PostgreSQL, Redis, Kafka) may wait by default before it fails
@@ -225,7 +228,8 @@ class PostgresStore(Resource):
         max_size: Largest pool size.
         timeout_s: The longest a connection attempt, a wait for a pooled connection or one
             statement may take before it fails with `BackendUnavailableError`
-            (`BACKEND_TIMEOUT_S` by default); ``None`` waits as long as the server takes.
+            (`BACKEND_TIMEOUT_S` by default), and the longest :meth:`close` waits for
+            connections still in use; ``None`` waits as long as the server (or a caller) takes.
     """
 
     what: ClassVar[str] = "PostgreSQL store"
@@ -320,11 +324,29 @@ class PostgresStore(Resource):
         return self._locks[name]
 
     async def close(self) -> None:
-        """Close the pool. Idempotent."""
+        """Close the pool. Idempotent.
+
+        Connections still in use are waited for at most ``timeout_s``: a caller that hangs
+        holding one (a user projection's ``apply``) would otherwise keep the close, and the
+        shutdown it is part of, waiting for ever. Past the bound the pool is terminated,
+        which cuts them (their calls fail as on a lost connection), and the log says so.
+        """
         pool, self._pool = self._pool, None
-        if pool is not None:
-            with translated(f"closing the {self.what}"):
-                await pool.close()
+        if pool is None:
+            return
+        in_use = pool.get_size() - pool.get_idle_size()
+        with translated(f"closing the {self.what}"):
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    await pool.close()  # terminates the pool when the timeout cancels it
+            except TimeoutError:
+                log.warning(
+                    "closing the %s: of %d connection(s) still in use when the close began, "
+                    "not all were given back within %g s; the pool was terminated, cutting them",
+                    self.what,
+                    in_use,
+                    self._timeout_s,
+                )
 
 
 _TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"

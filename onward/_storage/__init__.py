@@ -36,7 +36,14 @@ from .migrations import (
     verify_sqlite,
 )
 from .packing import pack, unpack
-from .postgres import APPLICATION_NAME, application_name, connected, open_pool, pooled
+from .postgres import (
+    APPLICATION_NAME,
+    application_name,
+    connected,
+    open_pool,
+    pooled,
+    quoted_identifier,
+)
 from .sqlite import (
     IN_CHUNK,
     FileLock,
@@ -99,6 +106,7 @@ __all__ = [
     "open_sqlite",
     "pack",
     "pooled",
+    "quoted_identifier",
     "refuse_foreign_sqlite",
     "schema_version_postgres",
     "select_in",

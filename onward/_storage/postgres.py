@@ -139,11 +139,20 @@ async def connected(
             await conn.close(timeout=timeout_s)
 
 
+def quoted_identifier(name: str) -> str:
+    """``name`` as a quoted SQL identifier: taken as it is written, whatever its case."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _connect_options(schema: str | None, timeout_s: float | None) -> dict[str, Any]:
-    """What every connection is opened with: its name and search path, and its time bounds."""
+    """What every connection is opened with: its name and search path, and its time bounds.
+
+    The schema is quoted in the search path, as `onward db migrate` creates it: unquoted,
+    PostgreSQL would fold a name with capitals to lower case and look in another schema.
+    """
     settings = {"application_name": application_name(schema)}
     if schema:
-        settings["search_path"] = schema
+        settings["search_path"] = quoted_identifier(schema)
     options: dict[str, Any] = {"server_settings": settings}
     if timeout_s is not None:
         options.update(timeout=timeout_s, command_timeout=timeout_s)

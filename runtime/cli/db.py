@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 
 from onward._storage import connected
+from onward._storage import quoted_identifier as quoted
 from onward.errors import ConfigurationError
 from onward.eventlog.postgres import mark_records_packed
 from onward.projections.builds import active_build
@@ -35,17 +36,14 @@ async def _connection(
         yield conn
 
 
-def quoted(identifier: str) -> str:
-    """``identifier`` as a quoted SQL identifier: any name is taken as it is written."""
-    return '"' + identifier.replace('"', '""') + '"'
-
-
 async def _create_schema(conn: asyncpg.Connection, schema: str | None) -> bool:
     """Create ``ONWARD_DATABASE_SCHEMA`` if it does not exist yet; whether it was created.
 
     Existence is asked first: ``CREATE SCHEMA IF NOT EXISTS`` needs the right to create in the
     database even when the schema is there, and a role migrating into a schema made for it
-    need not have that right.
+    need not have that right. Another migration creating it at the same moment makes
+    PostgreSQL's ``IF NOT EXISTS`` wait for it and then fail with a unique violation: the
+    schema is then there, made by the other, and this one migrates into it.
 
     Raises:
         ConfigurationError: The schema is missing and this role may not create it (exit 2);
@@ -57,6 +55,8 @@ async def _create_schema(conn: asyncpg.Connection, schema: str | None) -> bool:
         return False
     try:
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}")
+    except asyncpg.UniqueViolationError:
+        return False
     except asyncpg.InsufficientPrivilegeError as exc:
         role = await conn.fetchval("SELECT current_user")
         raise ConfigurationError(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -105,6 +107,24 @@ def test_migrate_creates_the_named_schema_and_migrates_into_it(
     assert again == {"applied": [], "current": True}
 
 
+def test_a_name_taken_as_written_is_the_schema_the_stores_use(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Unquoted, PostgreSQL folds "Onward_New_..." to lower case: the schema created (quoted)
+    # would not be the one the connections' search path names.
+    monkeypatch.chdir(tmp_path)
+    name = f"Onward_New_{uuid.uuid4().hex[:10]}"
+    try:
+        result = onward(database_url, name, "migrate")
+        assert result.exit_code == 0, result.output
+        assert "onward_schema_migrations" in tables(database_url, name)
+        verified = onward(database_url, name, "verify")
+        assert verified.exit_code == 0, verified.output
+    finally:
+        asyncio.run(_execute(database_url, f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
+    assert not schema_exists(database_url, name.lower())
+
+
 def test_without_the_right_to_create_it_says_what_to_run(
     restricted_url: str, missing_schema: str
 ) -> None:
@@ -131,3 +151,50 @@ def test_without_the_right_to_create_it_says_what_to_run(
     migrated = onward(restricted_url, missing_schema, "migrate")
     assert migrated.exit_code == 0, migrated.output
     assert "onward_schema_migrations" in tables(restricted_url, missing_schema)
+
+
+async def test_a_schema_another_migration_creates_at_the_same_moment_is_migrated_into(
+    database_url: str, missing_schema: str
+) -> None:
+    # Two migrations at once both find the schema missing; PostgreSQL makes the second's
+    # CREATE SCHEMA IF NOT EXISTS wait for the first's and then fail with a unique violation.
+    # The other one's is held open here until this one waits behind it.
+    other = await asyncpg.connect(database_url)
+    watcher = await asyncpg.connect(database_url)  # outside the transaction, which sees no news
+    try:
+        creating = other.transaction()
+        await creating.start()
+        await other.execute(f'CREATE SCHEMA "{missing_schema}"')
+        env = {**os.environ, "DATABASE_URL": database_url, "ONWARD_DATABASE_SCHEMA": missing_schema}
+        child = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "onward", "db", "migrate"),
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            for _ in range(400):
+                waiting = await watcher.fetchval(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query = $1",
+                    f'CREATE SCHEMA IF NOT EXISTS "{missing_schema}"',
+                )
+                if waiting or child.returncode is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert waiting, "`onward db migrate` never waited for the other CREATE SCHEMA"
+            await creating.commit()
+            _, stderr = await asyncio.wait_for(child.communicate(), 30)
+        finally:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+        assert child.returncode == 0, stderr.decode()
+        migrated = await other.fetchval(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = $1 "
+            "AND table_name = 'onward_schema_migrations'",
+            missing_schema,
+        )
+        assert migrated
+    finally:
+        await watcher.close()
+        await other.close()

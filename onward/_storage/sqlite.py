@@ -331,6 +331,12 @@ def _resolve(waiters: list[asyncio.Future[None]]) -> None:
             waiter.set_result(None)
 
 
+def _close_all(connections: list[sqlite3.Connection]) -> None:
+    """Close ``connections`` (on the thread that opened them)."""
+    for conn in connections:
+        conn.close()
+
+
 class SqliteThread:
     """Owns the writing connection and the single thread it is used from, and the reading
     connection and its thread.
@@ -365,6 +371,9 @@ class SqliteThread:
     ) -> None:
         """Open with ``opener`` on the thread. A failed open leaves no thread behind.
 
+        A cancelled one leaves no connection either: the thread goes on opening it after the
+        caller stopped waiting, and closes it once it is made.
+
         With ``reader``, :meth:`read` uses a second connection it opens (on a second thread, at
         the first read), so reads never queue behind a commit's fsync; WAL lets that
         connection read beside the writing one. Without it, reads use the one connection.
@@ -373,10 +382,17 @@ class SqliteThread:
             return
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onward-sqlite")
         self._commit_scheduled = False
+        made: list[sqlite3.Connection] = []
+
+        def open_on_thread() -> sqlite3.Connection:
+            made.append(opener())
+            return made[-1]
+
         try:
-            self._conn = await self.call(opener, f"opening the {self._what}")
+            self._conn = await self.call(open_on_thread, f"opening the {self._what}")
         except BaseException:
             executor, self._executor = self._executor, None
+            executor.submit(_close_all, made)  # the thread's next task: after the opener
             executor.shutdown(wait=False)
             raise
         self._reader_opener = reader

@@ -283,15 +283,20 @@ class KafkaConnection:
                 context.load_cert_chain(
                     self.ssl_certificate_location,
                     self.ssl_key_location,
-                    password=self.ssl_key_password,
+                    # Never None: OpenSSL would then ask for an encrypted key's password on the
+                    # terminal (waiting for ever) or, without one, fail with a bare OSError.
+                    password=self.ssl_key_password or "",
                 )
             except ssl.SSLError as exc:
                 names = "KAFKA_SSL_CERTIFICATE_LOCATION, KAFKA_SSL_KEY_LOCATION"
                 if self.ssl_key_password:
                     names += " or KAFKA_SSL_KEY_PASSWORD"
+                    why = "wrong key, key password or PEM"
+                else:
+                    why = "wrong key or PEM, or an encrypted key without KAFKA_SSL_KEY_PASSWORD"
                 raise ConfigurationError(
                     f"{names}: the client certificate and key cannot be loaded "
-                    f"({exc.reason or 'wrong key, key password or PEM'})"
+                    f"({exc.reason or why})"
                 ) from None
         return context
 

@@ -131,6 +131,8 @@ def test_the_passwords_are_never_shown(environment: dict[str, str], pki: dict[st
         ({"KAFKA_SSL_CA_LOCATION": "not-pem"}, "KAFKA_SSL_CA_LOCATION"),
         ({"KAFKA_SSL_KEY_LOCATION": "/nowhere/client.key"}, "KAFKA_SSL_KEY_LOCATION"),
         ({"KAFKA_SSL_KEY_PASSWORD": "not-the-key-password"}, "KAFKA_SSL_KEY_PASSWORD"),
+        # The key is encrypted: without its password, it is not asked for on a terminal.
+        ({"KAFKA_SSL_KEY_PASSWORD": None}, "KAFKA_SSL_KEY_PASSWORD"),
         ({"KAFKA_SSL_CERTIFICATE_LOCATION": None}, "KAFKA_SSL_CERTIFICATE_LOCATION"),
     ],
 )

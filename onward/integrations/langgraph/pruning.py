@@ -20,13 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from onward.errors import InvalidInputError
+from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog import (
     EventLog,
     GraphCheckpointed,
     GraphCheckpointRef,
     Serialized,
 )
+from onward.projections import FrontierStore
+from onward.projections.compaction import CompactionStore
 
 from .thread import ThreadState
 
@@ -35,6 +37,10 @@ Loads = Callable[[Serialized], Any]
 
 SCAN_BATCH = 2_000
 """How many records ``threads_of_runs`` reads at a time."""
+
+ROWS_PAGE = 500
+"""How many of the tenant's frontier rows ``threads_of_runs`` looks at a time for threads
+compaction cut out of the log."""
 
 _PLAIN_FORMATS = frozenset({"msgpack", "json"})
 """Serializer formats that hold strings as their UTF-8 bytes (not encrypted, not compressed)."""
@@ -92,16 +98,37 @@ def of_runs(state: ThreadState, run_ids: Collection[str], loads: Loads) -> list[
 
 
 async def threads_of_runs(
-    log: EventLog, *, tenant: str, run_ids: Collection[str], loads: Loads
+    log: EventLog,
+    *,
+    tenant: str,
+    run_ids: Collection[str],
+    loads: Loads,
+    frontiers: FrontierStore | None = None,
+    compaction: CompactionStore | None = None,
 ) -> list[str]:
     """The threads of ``tenant`` holding a checkpoint saved by one of the LangGraph runs.
 
     Reads every partition of the log once: nothing indexes LangGraph's run ids by thread.
+    A thread compaction cut out of the log lives on in ``compaction``'s retained copies: the
+    tenant's frontier rows name the runs, and those compaction truncated are read there too.
     Metadata in a plain format (msgpack, JSON) that does not contain a run id's bytes is not
     decoded. What the scan finds is a candidate: each thread's own fold decides what goes.
+
+    Raises:
+        ConfigurationError: Compaction has cut the log but no frontier store says which runs it
+            cut: the threads only its copies hold could not be found.
     """
     wanted = [run_id.encode() for run_id in run_ids]
     found: dict[str, None] = {}
+
+    def names_a_run(event: object) -> bool:
+        return (
+            isinstance(event, GraphCheckpointed)
+            and event.tenant == tenant
+            and _may_name(event.metadata, wanted)
+            and loads(event.metadata).get("run_id") in run_ids
+        )
+
     for partition in range(log.partitions):
         bounds = await log.bounds(partition)
         start = bounds.start
@@ -110,16 +137,42 @@ async def threads_of_runs(
             if not batch:
                 break
             for stored in batch:
-                event = stored.event
-                if (
-                    isinstance(event, GraphCheckpointed)
-                    and event.tenant == tenant
-                    and _may_name(event.metadata, wanted)
-                    and loads(event.metadata).get("run_id") in run_ids
-                ):
-                    found[event.run_id] = None
+                if names_a_run(stored.event):
+                    found[stored.event.run_id] = None
             start = batch[-1].position.offset + 1
+    if compaction is not None:
+        for run_id in await _cut_runs(frontiers, compaction, tenant):
+            if run_id not in found and any(
+                names_a_run(kept.stored().event) for kept in await compaction.retained(run_id)
+            ):
+                found[run_id] = None
     return list(found)
+
+
+async def _cut_runs(
+    frontiers: FrontierStore | None, compaction: CompactionStore, tenant: str
+) -> list[str]:
+    """The tenant's runs compaction truncated (some of their events are only in its copies).
+
+    Raises:
+        ConfigurationError: The log was cut and there are no frontier rows to name the runs.
+    """
+    if not await compaction.cuts():
+        return []  # nothing was cut: the log holds every thread whole
+    if frontiers is None:
+        raise ConfigurationError(
+            "compaction has cut the log, so threads may live only in its retained copies; "
+            "finding them needs the frontier rows that name them "
+            "(OnwardSaver(..., frontiers=...))"
+        )
+    out: list[str] = []
+    after: str | None = None
+    while True:
+        page = await frontiers.runs(tenant=tenant, after=after, limit=ROWS_PAGE)
+        if not page:
+            return out
+        out.extend(await compaction.truncations([row.run_id for row in page]))
+        after = page[-1].run_id
 
 
 def _may_name(metadata: Serialized, run_ids: list[bytes]) -> bool:

@@ -601,8 +601,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """Remove every checkpoint a LangGraph run saved (``metadata["run_id"]``), with its
         pending writes, from every thread of this saver's tenant.
 
-        Finding the threads reads the whole log once (no index of LangGraph's run ids yet);
-        each thread found gets a `GraphCheckpointsRemoved` event under its lease.
+        Finding the threads reads the whole log once (no index of LangGraph's run ids yet),
+        and the retained copies of the threads compaction cut out of it (named by the
+        frontier rows); each thread found gets a `GraphCheckpointsRemoved` event under its
+        lease.
+
+        Raises:
+            ConfigurationError: Compaction has cut the log and the saver has no frontier store
+                to name the threads it cut.
         """
         if isinstance(run_ids, str):
             raise InvalidInputError("delete_for_runs takes a sequence of run ids, not one string")
@@ -611,7 +617,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             return
         loads = self._loads
         threads = await pruning.threads_of_runs(
-            self.log, tenant=self.tenant, run_ids=wanted, loads=loads
+            self.log,
+            tenant=self.tenant,
+            run_ids=wanted,
+            loads=loads,
+            frontiers=self.frontiers,
+            compaction=self.compaction,
         )
         for thread_id in threads:
             await self._remove(

@@ -6,7 +6,8 @@ lease and carrying its fence, so the rules of every other run hold: one writer a
 whatever a superseded writer appends after another one claimed the thread is refused by every
 reader (the fold and `SequenceGuard`). An ``INTERRUPT`` write is also an `ApprovalRequested`,
 so Onward's ``list_pending`` sees the thread waiting; the ``RESUME`` write that answers it is
-an `ApprovalGranted`.
+an `ApprovalGranted`, and a checkpoint the graph goes on to without one saved (a new input, an
+update of the state, a resume under ``durability="exit"``) closes it as an `ApprovalDenied`.
 
 Writing. The first write of a thread takes its lease (or ``async with saver.hold(thread_id)``
 takes it explicitly), reads the thread, raises the store's fence above the log's if need be,
@@ -80,6 +81,7 @@ from onward.errors import (
     RunCancelledError,
 )
 from onward.eventlog import (
+    ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
     ChannelValue,
@@ -458,7 +460,16 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 else:
                     item = ChannelValue(channel=channel, version=key[1], value=whole.get(channel))
                 out.append(item)
-            return [(GraphCheckpointed, {**saved, "values": out})]
+            batch: _Batch = []
+            left = state.left_unanswered(ns, checkpoint["id"])
+            if left is not None:
+                # Else the thread would look waiting on a person (list_pending) for good.
+                why = f"the graph went on to checkpoint {checkpoint['id']}; no answer was saved"
+                batch.append(
+                    (ApprovalDenied, {"request_id": left, "by": self.holder, "value": why})
+                )
+            batch.append((GraphCheckpointed, {**saved, "values": out}))
+            return batch
 
         def remember(state: ThreadState) -> None:
             for (channel, version), items in decoded.items():
@@ -1053,7 +1064,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             if all(counted):
                 await self._summarize(thread_id, held, batch, positions[-1].offset)
             if self._checkpointer is not None and any(
-                isinstance(e, ApprovalRequested | ApprovalGranted) for e in batch
+                isinstance(e, ApprovalRequested | ApprovalGranted | ApprovalDenied) for e in batch
             ):
                 try:
                     await self._checkpointer.catch_up([positions[0].partition])

@@ -80,6 +80,7 @@ class ThreadSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     writes: list[SummaryWrite]
     waiting_on: str | None
     calls: list[CallState]
+    waiting_at: tuple[str, str] | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -138,6 +139,7 @@ def summarize(
         writes=writes,
         waiting_on=state.waiting_on,
         calls=list(state.calls.values()),
+        waiting_at=state.waiting_at,
     )
 
 
@@ -150,6 +152,7 @@ def restored(summary: ThreadSummary, *, snapshot_every: int) -> ThreadState:
         guard=SequenceGuard(last_seq=summary.last_seq, fence=summary.fence),
         snapshot_every=snapshot_every,
         waiting_on=summary.waiting_on,
+        waiting_at=summary.waiting_at,
         next_offset=summary.last_offset + 1,
         partial=True,
     )

@@ -143,6 +143,8 @@ class ThreadState:
         snapshot_every: At most how many appends a read walks back (see `ChannelNode`).
         writes: (namespace, checkpoint id) to its pending writes by (task id, index).
         waiting_on: The approval request an interrupt opened, until it is answered.
+        waiting_at: The namespace and checkpoint id that interrupt was asked at, when its
+            request says (the saver's do), while ``waiting_on`` is open.
         calls: Every tool call the thread recorded (`ToolDispatched`, `ToolCompleted`,
             `ToolResolved`), by tool call id, folded as a run's calls are. A graph thread has
             no turns to bound them, so they are kept until the thread is deleted.
@@ -168,6 +170,7 @@ class ThreadState:
     snapshot_every: int = SNAPSHOT_EVERY
     writes: dict[tuple[str, str], dict[WriteKey, StoredWrite]] = field(default_factory=dict)
     waiting_on: str | None = None
+    waiting_at: tuple[str, str] | None = None
     calls: dict[str, CallState] = field(default_factory=dict)
     next_offset: int | None = None
     decoded: dict[tuple[str, str], DecodedList] = field(default_factory=dict)
@@ -218,15 +221,27 @@ class ThreadState:
             self.writes.clear()
             self.calls.clear()
             self.waiting_on = None
+            self.waiting_at = None
             self.partial = False  # nothing before this event counts: the fold is whole
         elif isinstance(event, ApprovalRequested):
             self.waiting_on = event.request_id
+            self.waiting_at = _asked_at(event.details)
         elif (
             isinstance(event, ApprovalGranted | ApprovalDenied)
             and self.waiting_on == event.request_id
         ):
             self.waiting_on = None
+            self.waiting_at = None
         return True
+
+    def left_unanswered(self, ns: str, checkpoint_id: str) -> str | None:
+        """The open interrupt a new checkpoint leaves behind, if any: one asked at an older
+        checkpoint of the same namespace. The graph went on from there without the answer (a
+        new input, an update of the state, a fork), so LangGraph no longer has it pending."""
+        at = self.waiting_at
+        if self.waiting_on is None or at is None or at[0] != ns or checkpoint_id <= at[1]:
+            return None
+        return self.waiting_on
 
     def _checkpointed(self, event: GraphCheckpointed) -> None:
         ns = event.checkpoint_ns
@@ -297,6 +312,16 @@ class ThreadState:
     def is_new_write(self, ns: str, checkpoint_id: str, key: WriteKey) -> bool:
         """Whether a write would change anything (see the rule in ``_writes``)."""
         return key[1] < 0 or key not in self.writes.get((ns, checkpoint_id), {})
+
+
+def _asked_at(details: Any) -> tuple[str, str] | None:
+    """The namespace and checkpoint id an interrupt's request names (see `OnwardSaver`)."""
+    if not isinstance(details, dict):
+        return None
+    ns, checkpoint_id = details.get("checkpoint_ns"), details.get("checkpoint_id")
+    if isinstance(ns, str) and isinstance(checkpoint_id, str):
+        return ns, checkpoint_id
+    return None
 
 
 __all__ = ["SNAPSHOT_EVERY", "ChannelNode", "DecodedList", "StoredWrite", "ThreadState"]

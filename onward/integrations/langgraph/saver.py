@@ -156,6 +156,15 @@ class _Held:
     """The summary being stored, if one is (see `OnwardSaver._summarize`)."""
 
 
+@dataclass(slots=True)
+class _Taking:
+    """The lock that serializes taking one thread, and how many callers are using it: it is
+    dropped when none is, so a saver that wrote many threads keeps nothing of each."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
 class OnwardSaver(BaseCheckpointSaver[str], Resource):
     """LangGraph's `BaseCheckpointSaver` on an Onward event log.
 
@@ -283,7 +292,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """Threads whose graph run this saver ended (cancelled, over a budget): what every
         later write of that run raises, until the thread is read afresh."""
         self._followed: OrderedDict[str, ThreadState] = OrderedDict()
-        self._taking: dict[str, asyncio.Lock] = {}
+        self._taking: dict[str, _Taking] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -1108,26 +1117,32 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         held = self._held.get(thread_id)
         if held is not None and not held.holder.fenced.is_set():
             return held
-        lock = self._taking.setdefault(thread_id, asyncio.Lock())
-        async with lock:
-            held = self._held.get(thread_id)
-            if held is not None:
-                if not held.holder.fenced.is_set():
-                    return held
-                await self._drop(thread_id, held, lost=True)
-            if thread_id in self._stopped:
-                raise self._stopped[thread_id]()
-            if thread_id in self._lost:
-                raise FencedError(
-                    f"run {thread_id!r}: this saver lost the thread's lease to another writer "
-                    "while a graph run was writing it; that run must stop. A new invocation, "
-                    "which reads the thread first, may write again",
-                    run_id=thread_id,
-                    holder=self.holder,
-                )
-            held = await self._claim(thread_id)
-            self._held[thread_id] = held
-            return held
+        taking = self._taking.setdefault(thread_id, _Taking())
+        taking.users += 1
+        try:
+            async with taking.lock:
+                held = self._held.get(thread_id)
+                if held is not None:
+                    if not held.holder.fenced.is_set():
+                        return held
+                    await self._drop(thread_id, held, lost=True)
+                if thread_id in self._stopped:
+                    raise self._stopped[thread_id]()
+                if thread_id in self._lost:
+                    raise FencedError(
+                        f"run {thread_id!r}: this saver lost the thread's lease to another "
+                        "writer while a graph run was writing it; that run must stop. A new "
+                        "invocation, which reads the thread first, may write again",
+                        run_id=thread_id,
+                        holder=self.holder,
+                    )
+                held = await self._claim(thread_id)
+                self._held[thread_id] = held
+                return held
+        finally:
+            taking.users -= 1
+            if taking.users == 0:
+                del self._taking[thread_id]
 
     async def _claim(self, thread_id: str) -> _Held:
         """Take the lease, read the thread, lift the fence above the log's, append the claim.

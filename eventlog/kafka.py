@@ -92,7 +92,9 @@ class KafkaEventLog(EventLogBackend):
         create_topic: Create the topic when missing (with ``cleanup.policy=delete`` and
             ``retention.ms=-1``: compaction, not time, removes events).
         max_batch_bytes: Largest encoded batch accepted before anything is sent.
-        read_timeout_s: How long a read may wait for the broker before it fails.
+        read_timeout_s: How long a read may wait for the broker before it fails; and, after
+            an append to its partition failed unacknowledged, for that batch to land or fail
+            (read before, it could be reported missing and then land).
         client_id: Shown in broker logs (the connection's by default; ``onward`` for a string).
         request_timeout_s: How long an append, or one request of the reader or the admin
             client, may wait for the broker (unreachable, no leader) before it fails with
@@ -136,6 +138,9 @@ class KafkaEventLog(EventLogBackend):
         self._producer_lock = asyncio.Lock()
         self._queues: dict[int, collections.deque[_Pending]] = {}
         self._flushers: dict[int, asyncio.Task[None]] = {}
+        self._undecided: dict[int, set[asyncio.Future[Any]]] = {}
+        """Per partition, the deliveries of batches whose appends gave up waiting (unacknowledged
+        within the request timeout) and which the producer still holds and may yet land."""
         self.producer_generation = 0
         """How many producers this log has created; grows when a fatal error replaced one."""
 
@@ -240,6 +245,8 @@ class KafkaEventLog(EventLogBackend):
             if current is not None:
                 # The session is already broken; its replacement is what matters.
                 await stop_or_drop(current, self._request_timeout_ms / 1000)
+                # What it still held is sent by nobody now: nothing to wait for any more.
+                self._undecided.clear()
             await self._new_producer()
             if not self._opened:
                 started, self._producer = self._producer, None
@@ -341,10 +348,16 @@ class KafkaEventLog(EventLogBackend):
             # that is; the appends wait no longer than the request timeout.
             async with asyncio.timeout(self._request_timeout_ms / 1000):
                 delivery = await producer.send_batch(batch, self._topic, partition=partition)
-                metadata = await delivery
+                # Shielded: given up on, it still says when the batch lands or fails.
+                metadata = await asyncio.shield(delivery)
         except TimeoutError:
             if delivery is not None:  # its outcome, whenever it comes, is no longer awaited
                 delivery.add_done_callback(_outcome_dropped)
+                if not delivery.done():
+                    # Reads of the partition wait for it (`_outcomes_known`).
+                    undecided = self._undecided.setdefault(partition, set())
+                    undecided.add(delivery)
+                    delivery.add_done_callback(undecided.discard)
             # The batch may still land (the log decides); what is queued behind it is never
             # sent, so a resume once Kafka answers again finds each step written or not.
             waiting = [*taken, *queue]
@@ -383,6 +396,7 @@ class KafkaEventLog(EventLogBackend):
         partition, run_id = request.partition, request.run_id
         tp = TopicPartition(self._topic, partition)
         readers = self._live_readers()
+        await self._outcomes_known(partition, run_id)
         try:
             return await self._read_lent(readers, request, tp)
         except DRIVER_ERRORS as exc:  # starting another consumer failed
@@ -425,6 +439,30 @@ class KafkaEventLog(EventLogBackend):
                 raise translate(
                     exc, context=f"reading partition {partition}", run_id=run_id
                 ) from exc
+
+    async def _outcomes_known(self, partition: int, run_id: str | None) -> None:
+        """Wait, at most the read timeout, until every batch of ``partition`` whose append gave
+        up unacknowledged has landed or failed.
+
+        The producer still holds such a batch and sends it once Kafka answers. A read made
+        before it lands would report it missing, and a writer that reads the log back to decide
+        whether to append the batch again (it was told the batch may still land) would then
+        write it twice: both land, the same seqs twice in the run's log.
+
+        Raises:
+            BackendUnavailableError: Such a batch is still undecided after the read timeout.
+        """
+        undecided = self._undecided.get(partition)
+        if not undecided:
+            return
+        _, pending = await asyncio.wait(list(undecided), timeout=self._read_timeout_s)
+        if pending:
+            raise BackendUnavailableError(
+                f"reading partition {partition}: an append Kafka has not acknowledged may still "
+                f"land there, and did not land or fail within {self._read_timeout_s:g}s; read "
+                "again once Kafka is reachable",
+                run_id=run_id,
+            )
 
     def _live_readers(self) -> KafkaReaders:
         if self._readers is None:
@@ -507,6 +545,7 @@ class KafkaEventLog(EventLogBackend):
                 flusher.cancel()
             await asyncio.gather(*flushers, return_exceptions=True)
         producer, self._producer = self._producer, None
+        self._undecided.clear()
         # What a cancelled flusher left queued was never sent: refused, not left waiting.
         closed = InvalidInputError("the Kafka event log was closed before this append")
         for queue in self._queues.values():

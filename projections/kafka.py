@@ -112,12 +112,14 @@ class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
         self._projector = projector
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        self._projector._rebalances += 1
         partitions = sorted(tp.partition for tp in revoked)
         await self._projector._flush_before_rebalance()
         self._projector.projection.forget(partitions)
         log.info("partitions revoked: %s", partitions)
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        self._projector._rebalances += 1
         try:
             await self._projector._seek_to_stored(list(assigned))
         except Exception as exc:  # noqa: BLE001 - kept, and raised from the projector's next call
@@ -187,6 +189,8 @@ class KafkaProjector(Generic[SinkT]):
         self._store_loss_limit_s = store_loss_limit_s
         self._consumer: AIOKafkaConsumer | None = None
         self._failure: BaseException | None = None
+        self._rebalances = 0
+        """How many times the group revoked or assigned partitions (see `_seek_to_stored`)."""
         # A batch is folded, and a rebalance stores, one at a time: a store failing in a
         # rebalance drops what was folded since the stored positions, and a batch fetched
         # before it must then not be folded on top of what is left (see `_apply`).
@@ -253,6 +257,7 @@ class KafkaProjector(Generic[SinkT]):
 
     async def _seek_to_stored(self, assigned: list[TopicPartition]) -> None:
         consumer = self._live()
+        rebalances = self._rebalances
         if self._turns is not None:
             self._turns.drop(consumer, assigned)
         if not assigned:
@@ -267,6 +272,11 @@ class KafkaProjector(Generic[SinkT]):
             # A broker slow to answer after a pause: a retryable outage `run` rides out, never
             # the client's own exception (it would stop the projector a supervisor restarts).
             raise translate(exc, context=f"reading where {self.topic}'s partitions start") from exc
+        if self._rebalances != rebalances:
+            # The group rebalanced while the positions were read (a recovery, a build switch):
+            # some of ``assigned`` may be another member's now, and the assignment listener
+            # seeks what this member holds, from positions read after it.
+            return
         sought: dict[int, int] = {}
         for tp in assigned:
             start = int(starts[tp])

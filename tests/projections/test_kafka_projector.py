@@ -624,3 +624,84 @@ async def test_a_batch_in_hand_when_a_rebalance_store_fails_is_not_folded_past_t
         await asyncio.gather(first.close(), second.close())
     assert lost_events > 0
     await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
+
+
+async def test_a_rebalance_while_a_lost_store_is_recovered_does_not_stop_the_projector(
+    stack: Stack, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a lost store answers, `run` seeks every partition it had to the stored positions,
+    reading them first. A member joining meanwhile takes some of them: the seek must not be
+    made on partitions this member no longer has (aiokafka raises IllegalStateError, which
+    would end `run` with a client error a supervisor does not expect); the rebalance sought
+    what the member has now."""
+    steps = workload(rng, 60)
+    await append_all(stack.log, steps)
+    group_id = f"g-{uuid.uuid4().hex[:8]}"
+
+    def member(store: PostgresFrontierStore) -> KafkaProjector[FrontierProjection]:
+        return KafkaProjector(
+            stack.bootstrap,
+            FrontierProjection(store, stack.log),
+            topic=stack.topic,
+            partitions=PARTITIONS,
+            group_id=group_id,
+            batch_records=10,
+        )
+
+    first = member(stack.store)
+    write, positions = stack.store.write, stack.store.positions
+    lose, reads_since_loss = False, 0
+
+    async def lost_once(*args: Any, **kwargs: Any) -> None:
+        nonlocal lose, reads_since_loss
+        if lose:
+            lose, reads_since_loss = False, 0
+            raise BackendUnavailableError("PostgreSQL went away")
+        await write(*args, **kwargs)
+
+    async with PostgresFrontierStore(stack.database_url, schema=stack.schema) as own_store:
+        second = member(own_store)
+        stop = asyncio.Event()
+        running: list[asyncio.Task[None]] = []
+
+        async def rebalanced_while_read(consumer: str) -> dict[int, int]:
+            nonlocal reads_since_loss
+            reads_since_loss += 1
+            read = await positions(consumer)
+            if reads_since_loss == 2:  # the seek of the recovery (the first checks the store)
+                await second.start()
+                running.append(asyncio.create_task(second.run(stop)))
+                deadline = asyncio.get_running_loop().time() + 30
+                while len(first._live().assignment()) in (0, PARTITIONS):
+                    assert asyncio.get_running_loop().time() < deadline, "no rebalance"
+                    await asyncio.sleep(0.05)
+            return read
+
+        monkeypatch.setattr(stack.store, "write", lost_once)
+        monkeypatch.setattr(stack.store, "positions", rebalanced_while_read)
+        await first.start()
+        running.append(asyncio.create_task(first.run(stop)))
+        try:
+            deadline = asyncio.get_running_loop().time() + 30
+            while not await positions("frontiers"):
+                assert asyncio.get_running_loop().time() < deadline, "nothing was stored"
+                await asyncio.sleep(0.02)
+            lose = True
+            ends = {p: (await stack.log.bounds(p)).end for p in range(PARTITIONS)}
+            deadline = asyncio.get_running_loop().time() + 60
+            while True:
+                stored = await positions("frontiers")
+                if all(stored.get(p, 0) >= end for p, end in ends.items()):
+                    break
+                assert asyncio.get_running_loop().time() < deadline, f"stuck at {stored} of {ends}"
+                for task in running:
+                    if task.done():
+                        task.result()  # raises what ended it
+                        raise AssertionError("a member's run ended before stop")
+                await asyncio.sleep(0.05)
+            assert reads_since_loss >= 2
+        finally:
+            stop.set()
+            await asyncio.gather(*running, return_exceptions=True)
+            await asyncio.gather(first.close(), second.close())
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))

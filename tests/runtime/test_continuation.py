@@ -405,11 +405,12 @@ async def test_a_call_a_person_settled_before_its_dispatch_is_not_made_after_a_c
     assert world.ledger.count("pay") == 0
 
 
-async def test_a_holder_that_lost_the_run_mid_carry_starts_no_successor(tmp_path: Path) -> None:
-    """While the holder takes its successor's lease, its own lease is lost without its knowing
-    (a lease store that forgot it: a wiped Redis) and another worker carries the old run on to
-    its end, paying. The holder must not then start the successor it had handed the turn to:
-    that run would pay again."""
+@contextlib.asynccontextmanager
+async def two_lease_stores(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[World, SqliteLeaseStore, SqliteLeaseStore]]:
+    """A world in one SQLite file, with two lease stores on it: the holder's that loses the run,
+    and another worker's."""
     path = tmp_path / "onward.db"
     async with (
         SqliteEventLog(path) as log,
@@ -417,7 +418,19 @@ async def test_a_holder_that_lost_the_run_mid_carry_starts_no_successor(tmp_path
         SqliteLeaseStore(path) as losing_leases,
         SqliteLeaseStore(path) as other_leases,
     ):
-        world = World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+        yield (
+            World(log, {"frontiers": frontiers, "checkpoint_inline": True}),
+            losing_leases,
+            other_leases,
+        )
+
+
+async def test_a_holder_that_lost_the_run_mid_carry_starts_no_successor(tmp_path: Path) -> None:
+    """While the holder takes its successor's lease, its own lease is lost without its knowing
+    (a lease store that forgot it: a wiped Redis) and another worker carries the old run on to
+    its end, paying. The holder must not then start the successor it had handed the turn to:
+    that run would pay again."""
+    async with two_lease_stores(tmp_path) as (world, losing_leases, other_leases):
         await world.waiting_then_approved()
         agent = world.ledger.agent()
         other = world.runner(leases=other_leases)
@@ -483,14 +496,7 @@ async def test_a_holder_that_loses_the_run_as_its_successor_starts_hands_nothing
     """The successor written after the old run went on must never pay: a carry hands the turn
     over only once the old run's `RunContinued` into it is counted (it is refused here, written
     under a lost lease). The successor is ended without acting."""
-    path = tmp_path / "onward.db"
-    async with (
-        SqliteEventLog(path) as log,
-        SqliteFrontierStore(path) as frontiers,
-        SqliteLeaseStore(path) as losing_leases,
-        SqliteLeaseStore(path) as other_leases,
-    ):
-        world = World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+    async with two_lease_stores(tmp_path) as (world, losing_leases, other_leases):
         await lost_as_the_successor_starts(world, losing_leases, other_leases, dies=False)
         agent = world.ledger.agent()
         again = await world.runner().resume(agent, NEXT, tenant=TENANT)
@@ -507,14 +513,7 @@ async def test_a_successor_the_old_run_went_on_without_is_never_carried_into(
     run goes on to a second payment a person approves. Resumed then by a runner carrying runs
     on, the old run must neither end into that stale successor (which holds the first payment's
     turn: paid again) nor start it again: it goes on, and pays the second one once."""
-    path = tmp_path / "onward.db"
-    async with (
-        SqliteEventLog(path) as log,
-        SqliteFrontierStore(path) as frontiers,
-        SqliteLeaseStore(path) as losing_leases,
-        SqliteLeaseStore(path) as other_leases,
-    ):
-        world = World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+    async with two_lease_stores(tmp_path) as (world, losing_leases, other_leases):
         world.model.inner = ScriptedProvider(
             [
                 reply("", ToolCall(call_id="a", tool="lookup", args={"what": "invoice"})),

@@ -37,7 +37,7 @@ import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_type_hints, overload
+from typing import Any, ClassVar, Literal, get_type_hints, overload
 
 import msgspec
 import pydantic
@@ -108,7 +108,14 @@ class Tool:
     takes_lease_expiry: bool = False
     _model: type[pydantic.BaseModel] | None = field(default=None, repr=False, compare=False)
 
+    arguments_as_keywords: ClassVar[bool] = True
+    """``fn`` takes the model's arguments as keywords among Onward's own; a subclass whose
+    ``fn`` takes them otherwise (an MCP server's tools: one mapping beside them) may have an
+    argument named like one of Onward's keywords."""
+
     def __post_init__(self) -> None:
+        if self.arguments_as_keywords:
+            self._refuse_keyword_arguments()
         if self.max_call_s is not None and not 0 < self.max_call_s <= MAX_CALL_S:
             raise ConfigurationError(
                 f"tool {self.name[:40]!r}: max_call_s must be more than 0 and at most "
@@ -119,6 +126,26 @@ class Tool:
             check_name("tool name", self.name)
         except InvalidInputError as exc:
             raise ConfigurationError(f"tool {self.name[:40]!r}: {exc}") from None
+
+    def _refuse_keyword_arguments(self) -> None:
+        """Refuse a schema with an argument named like a keyword Onward passes ``fn`` itself:
+        the model's value could never reach it (``fn(**args, idempotency_key=key)`` fails, or
+        Onward's value would replace the model's)."""
+        properties = self.parameters.get("properties")
+        if not isinstance(properties, Mapping):
+            return
+        passed = {
+            KEY_PARAMETER: True,
+            APPROVAL_PARAMETER: self.takes_approval,
+            FENCE_PARAMETER: self.takes_fence,
+            LEASE_EXPIRY_PARAMETER: self.takes_lease_expiry,
+        }
+        taken = [name for name, passes in passed.items() if passes and name in properties]
+        if taken:
+            raise ConfigurationError(
+                f"tool {self.name[:40]!r}: its schema has an argument named {taken[0]!r}, a "
+                "keyword Onward passes the tool itself; rename the argument"
+            )
 
     def fingerprint(self) -> dict[str, Any]:
         """What of the tool the agent's revision covers."""

@@ -15,7 +15,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.checkpoint import CheckpointPolicy
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
-from onward.runtime.tools import UNPARSED, ToolArgumentsError, idempotency_key, tool
+from onward.runtime.tools import UNPARSED, Tool, ToolArgumentsError, idempotency_key, tool
 
 
 class Seat(pydantic.BaseModel):
@@ -209,3 +209,31 @@ async def test_a_sparser_policy_writes_fewer_checkpoints_and_repeats_nothing(
     row = await store.get("r")
     assert row is not None
     assert row.summary.status == "completed"
+
+
+async def _echo(**args: Any) -> Any:
+    return args
+
+
+@pytest.mark.parametrize(
+    ("argument", "options"),
+    [
+        ("idempotency_key", {}),
+        ("fence", {"takes_fence": True}),
+        ("approval", {"takes_approval": True}),
+        ("lease_expires_at", {"takes_lease_expiry": True}),
+    ],
+)
+def test_a_tool_built_by_hand_with_an_argument_named_like_onward_s_keyword_is_refused(
+    argument: str, options: dict[str, Any]
+) -> None:
+    """Its model's value could never reach it: ``fn(**args, idempotency_key=key)`` fails with a
+    TypeError at every call, or Onward's fence replaces the model's."""
+    schema = {"type": "object", "properties": {argument: {"type": "string"}}}
+    with pytest.raises(ConfigurationError, match=f"argument named '{argument}'"):
+        Tool(name="t", description="", parameters=schema, fn=_echo, **options)
+
+
+def test_an_argument_named_fence_is_the_model_s_when_the_tool_takes_no_fence() -> None:
+    schema = {"type": "object", "properties": {"fence": {"type": "string"}}}
+    assert Tool(name="t", description="", parameters=schema, fn=_echo).name == "t"

@@ -499,6 +499,8 @@ class _MCPTool(Tool):
     fence=..., lease_expires_at=...)``), so an argument of the server's own named like one of
     Onward's keywords (``idempotency_key``) is the model's, like any other."""
 
+    arguments_as_keywords = False
+
     async def call(
         self,
         args: Mapping[str, Any],

@@ -54,11 +54,19 @@ async def _not_called(**_: Any) -> None:
     raise RuntimeError("pydantic-ai calls its own tools; this one only describes a tool")
 
 
+class _Described(Tool):
+    """A pydantic-ai tool as the revision and resume planning see it: pydantic-ai calls the
+    tool itself, with its own arguments, so an argument may be named like one of Onward's
+    keywords."""
+
+    arguments_as_keywords = False
+
+
 def _tool(tool: Any, toolset: FunctionToolset[Any], named: set[str]) -> Tool:
     """A function tool, named as its toolset names it; qualified by the toolset's id when an
     earlier toolset has a tool of that name (each toolset prefixed, the model sees two tools)."""
     name = tool.name if tool.name not in named else f"{toolset.id}:{tool.name}"
-    return Tool(
+    return _Described(
         name=name,
         description=tool.description or "",
         parameters=tool.function_schema.json_schema,

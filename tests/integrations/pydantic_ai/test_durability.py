@@ -396,6 +396,29 @@ async def test_toolsets_with_a_tool_of_the_same_name_under_prefixes_run(
     assert (done.status, done.output) == ("completed", "done: hotels: Rome")
 
 
+async def test_a_tool_with_an_argument_named_like_onward_s_key_runs(
+    durability: OnwardDurability[None],
+) -> None:
+    """pydantic-ai calls its tools itself: an argument named ``idempotency_key`` is the
+    model's, and the agent runs durably (Onward's own tools refuse one)."""
+    calls = [ToolCallPart("pay", {"amount": 5, "idempotency_key": "k-1"}, tool_call_id="p1")]
+    agent = Agent(
+        FunctionModel(Script(*calls).answer),
+        name="payer",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain
+    async def pay(amount: int, idempotency_key: str) -> str:
+        """Pay."""
+        return f"paid {amount} under {idempotency_key}"
+
+    done = await durability.run(agent, "pay", run_id=RUN)
+
+    assert (done.status, done.output) == ("completed", "done: paid 5 under k-1")
+
+
 async def test_a_run_another_worker_holds_is_refused(
     durability: OnwardDurability[None], stores: Stores, ledger: Ledger
 ) -> None:

@@ -113,6 +113,7 @@ class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         self._projector._rebalances += 1
+        self._projector.joined = False
         partitions = sorted(tp.partition for tp in revoked)
         await self._projector._flush_before_rebalance()
         self._projector.projection.forget(partitions)
@@ -120,6 +121,7 @@ class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         self._projector._rebalances += 1
+        self._projector.joined = True
         try:
             await self._projector._seek_to_stored(list(assigned))
         except Exception as exc:  # noqa: BLE001 - kept, and raised from the projector's next call
@@ -191,6 +193,8 @@ class KafkaProjector(Generic[SinkT]):
         self._failure: BaseException | None = None
         self._rebalances = 0
         """How many times the group revoked or assigned partitions (see `_seek_to_stored`)."""
+        self.joined = False
+        """In its consumer group with an assignment (possibly empty); not while rebalancing."""
         # A batch is folded, and a rebalance stores, one at a time: a store failing in a
         # rebalance drops what was folded since the stored positions, and a batch fetched
         # before it must then not be folded on top of what is left (see `_apply`).

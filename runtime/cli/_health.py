@@ -133,15 +133,19 @@ class ProjectorHealth:
         self.lag.update(measured)
 
     async def ready(self) -> str | None:
-        """The store and Kafka answer, and the lag is under the bound."""
+        """The store and Kafka answer, the projector is in its consumer group, and the lag is
+        under the bound."""
         why = await probe(self.store, self.projector.projection.positions())
         if why is not None:
             return why
         why = await probe("Kafka", self.refresh())
         if why is not None:
             return why
+        if not self.projector.joined:
+            # No partition of its own yet: ready now, it would say so before folding anything.
+            return "not in the projectors' consumer group yet (or rebalancing)"
         if not self.lag:
-            return None  # no partition assigned (yet, or more projectors than partitions)
+            return None  # more projectors than partitions: this one has none to fold
         partition, behind = max(self.lag.items(), key=lambda item: item[1])
         if behind > self.max_lag:
             return (

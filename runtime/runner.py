@@ -405,7 +405,7 @@ class AgentRunner(Resource):
         async with self._holding(run_id, tenant, self.worker) as held:
             carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)
             if carried.claimed:
-                await self.release_hold(run_id, carried.claim_seq)
+                await self.release_holds_left(run_id)
             handed = "handed_over"
             if carried.claimed and awaits_hand_over(carried.frontier):
                 handed = await hand_over(carried.frontier, resumer=self.resumer)
@@ -561,16 +561,30 @@ class AgentRunner(Resource):
         raise refusal
 
     async def release_hold(self, run_id: str, seq: int) -> None:
-        """Release the hold of a model call that failed, or that a holder which died mid-call
-        left (its answer would have taken the seq the resume's claim took: a record there, of
-        an answer the provider gave before the death, stays). A ledger that cannot be reached
-        keeps it, counted against the budgets and never as spent."""
+        """Release the hold of a model call that failed (`release_holds_left` those a holder
+        that died mid-call left). A ledger that cannot be reached keeps it, counted against
+        the budgets and never as spent."""
         if self.spend is None:
             return
         try:
             await asyncio.shield(self.spend.release(run_id, seq))
         except OnwardError as exc:
             _log.warning("run %s: the hold of a failed model call stays (%s)", run_id, exc)
+
+    async def release_holds_left(self, run_id: str) -> None:
+        """Release every hold of a run this worker has just claimed: it has made no call yet,
+        so each was left by a holder before it that died (or was superseded) mid-call. Not
+        only the claim's seq, which that call's answer would have taken: anything written to
+        the run meanwhile (a person's tag) moves the claim past it, and a hold left there
+        would count against the budgets until the run ends (for ever, carried on into
+        another). A record made there, of an answer the provider gave, stays. A ledger that
+        cannot be reached keeps them, counted against the budgets and never as spent."""
+        if self.spend is None:
+            return
+        try:
+            await asyncio.shield(self.spend.release_run(run_id))
+        except OnwardError as exc:
+            _log.warning("run %s: the holds its holder before left stay (%s)", run_id, exc)
 
     async def record_spend(self, run: HeldRun, answered: ModelAnswered) -> None:
         """Record what the model call ``answered`` answers cost, keyed by the seq the answer

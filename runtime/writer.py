@@ -21,7 +21,7 @@ import msgspec
 
 from onward.errors import BackendError, FencedError, OnwardError
 from onward.eventlog.base import EventLog, StoredEvent
-from onward.eventlog.events import Event, RunFinished, stamped
+from onward.eventlog.events import Event, RunContinued, RunFinished, stamped
 from onward.projections.frontier import Frontier, fold_all
 
 from .agent import Agent
@@ -82,6 +82,11 @@ class HeldRun:
         return self.held.lease.fence
 
 
+_ENDS = (RunFinished, RunContinued)
+"""The events that end a run: nothing is written to it after, so none of its holds is
+released by a call of its own."""
+
+
 class RunWriter:
     """Appends to held runs: lease check, redaction, claim check, append, fold, fence check.
 
@@ -91,8 +96,9 @@ class RunWriter:
         claim_check: Moves bodies too large for one record out of line, if configured.
         checkpointer: Folds into the local frontier store after appends (embedded mode).
         observer: Sees each durable batch.
-        spend: The spend ledger, if any: a batch that finishes its run drops the run's holds
-            (`SpendLedger.release_run`), whichever way the run ended.
+        spend: The spend ledger, if any: a batch that ends its run (`RunFinished`, or
+            `RunContinued` into another) drops the run's holds (`SpendLedger.release_run`),
+            whichever way the run ended.
     """
 
     def __init__(
@@ -155,7 +161,7 @@ class RunWriter:
                 for e, p in zip(batch, positions, strict=True)
             ]
             await self._took(run, stored, [escape_bodies(e) for e in events])
-        if self.spend is not None and any(isinstance(e, RunFinished) for e in batch):
+        if self.spend is not None and any(isinstance(e, _ENDS) for e in batch):
             await self._release_holds(run.run_id)
 
     async def append_while_held(self, run: HeldRun, events: Sequence[Event], *, what: str) -> None:
@@ -215,7 +221,7 @@ class RunWriter:
                 return False
             restored = [escape_bodies(await self.restore(s.event)) for s in landed]
             await self._took(run, landed, restored)
-        if self.spend is not None and any(isinstance(s.event, RunFinished) for s in landed):
+        if self.spend is not None and any(isinstance(s.event, _ENDS) for s in landed):
             await self._release_holds(run.run_id)
         return True
 

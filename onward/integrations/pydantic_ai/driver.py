@@ -201,9 +201,9 @@ class DurableRuns:
             carried = await self.runner.resumer.claim(described, held, worker=self.runner.worker)
             if not carried.claimed:
                 return DurableRunResult.settled(carried.frontier)
-            # The claim took the seq a holder that died mid-call held its call under: that
-            # call is not being made any more (its answer, had it come, was recorded there).
-            await self.runner.release_hold(run_id, carried.claim_seq)
+            # A holder that died mid-call left its call held: that call is not being made any
+            # more (its answer, had it come, was recorded).
+            await self.runner.release_holds_left(run_id)
             budgets = Budgets.of_run(described, carried.frontier)
             self.runner.check_budgets(described, budgets, run_id)
             run = HeldRun(described, held, carried.frontier, Conversation(""))

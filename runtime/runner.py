@@ -110,7 +110,7 @@ from .providers import Provider
 from .redaction import Redactor
 from .result import RunResult
 from .resumer import CarriedRun, Resumer
-from .spend.base import PriceTable, Spend, SpendEntry, SpendLedger
+from .spend.base import MAX_COUNT, PriceTable, Spend, SpendEntry, SpendLedger
 from .spend.budget import Budgets, estimate_usage, over_budget
 from .tools import Reconciled, Tool, ToolArgumentsError, idempotency_key, tool_error
 from .toolsets import refuse_unbound
@@ -526,15 +526,17 @@ class AgentRunner(Resource):
             return None
         estimate = estimate_usage(run.agent, messages, await self.spend.run_total(run.run_id))
         seq = self.writer.next_seq(run)  # the answer's, as `_model_step` writes it
+        # An estimate past what a ledger counts (a max_tokens of 10**30) is held at that most,
+        # so a budget refuses the call rather than the ledger the entry.
         held = await self.spend.hold(
             SpendEntry(
                 run_id=run.run_id,
                 tenant=run.tenant,
                 seq=seq,
                 model=run.agent.model,
-                input_tokens=estimate.input_tokens,
-                output_tokens=estimate.output_tokens,
-                micros=self.prices.cost(run.agent.model, estimate),
+                input_tokens=min(estimate.input_tokens, MAX_COUNT),
+                output_tokens=min(estimate.output_tokens, MAX_COUNT),
+                micros=min(self.prices.cost(run.agent.model, estimate), MAX_COUNT),
                 at=time.time_ns() // 1_000,
             ),
             run_budget=budgets.run_micros,

@@ -286,12 +286,14 @@ class SpendLedgerConformance:
     @pytest.mark.parametrize(
         "field", ["seq", "micros", "input_tokens", "output_tokens"], ids=lambda f: f
     )
+    @pytest.mark.parametrize("end", ["low", "high"])
     async def test_an_entry_out_of_range_is_refused_and_changes_nothing(
-        self, ledger: SpendLedger, field: str
+        self, ledger: SpendLedger, field: str, end: str
     ) -> None:
+        """Below its least, or over what a 64-bit count holds (a driver's own error, else)."""
         run_id, tenant = new_run_id(), new_tenant()
         fields = {"seq": 1, "micros": 5, "input_tokens": 1, "output_tokens": 1}
-        fields[field] = 0 if field == "seq" else -1
+        fields[field] = 2**63 if end == "high" else 0 if field == "seq" else -1
         bad = SpendEntry(run_id=run_id, tenant=tenant, model="m", **fields)
         with pytest.raises(InvalidInputError, match=field):
             await ledger.record(bad)

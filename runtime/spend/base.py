@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -51,18 +51,38 @@ PriceLike = ModelPrice | tuple[Decimal | float | int | str, Decimal | float | in
 """A price as `PriceTable` takes it: a `ModelPrice`, or ``(input, output)`` micros per token."""
 
 
+MAX_COUNT = 2**63 - 1
+"""The most micros, tokens or seq a ledger keeps in one count: a 64-bit integer, as SQLite and
+PostgreSQL store it; so also the most one token may cost."""
+
+
 def _micros(value: Decimal | float | int | str, model: str, which: str) -> Decimal:
     try:
         # Through str, so 0.1 is a tenth and not the binary float nearest to it.
         micros = Decimal(str(value)) if not isinstance(value, Decimal) else value
     except InvalidOperation:
         micros = Decimal("NaN")
-    if not micros.is_finite() or micros < 0:
+    # Over MAX_COUNT, not one token's cost could be recorded (and 1e999999 overflows the
+    # decimal arithmetic of a cost): an exponent typed wrong, never a price.
+    if not micros.is_finite() or micros < 0 or micros > MAX_COUNT:
         raise ConfigurationError(
-            f"model price of {model!r}: {which} micros per token must be a number of at least 0, "
-            f"got {value!r}"
+            f"model price of {model!r}: {which} micros per token must be a number from 0 to "
+            f"{MAX_COUNT}, got {value!r}"
         )
     return micros
+
+
+def _pair(model: str, given: object) -> tuple[Any, Any]:
+    """A price's ``(input, output)``: a string or any other sequence than a pair is refused
+    rather than unpacked (``"12"`` would be 1 and 2, ``"0.15/0.6"`` a bare ValueError)."""
+    if isinstance(given, ModelPrice):
+        return given.input_micros, given.output_micros
+    if isinstance(given, tuple | list) and len(given) == 2:
+        return given[0], given[1]
+    raise ConfigurationError(
+        f"model price of {model!r} must be a ModelPrice or a pair (input, output) of micros "
+        f"per token, got {given!r}"
+    )
 
 
 class PriceTable:
@@ -79,11 +99,7 @@ class PriceTable:
     def __init__(self, prices: Mapping[str, PriceLike] | None = None) -> None:
         self._prices: dict[str, ModelPrice] = {}
         for model, given in (prices or {}).items():
-            given_in, given_out = (
-                (given.input_micros, given.output_micros)
-                if isinstance(given, ModelPrice)
-                else given
-            )
+            given_in, given_out = _pair(model, given)
             self._prices[model] = ModelPrice(
                 input_micros=_micros(given_in, model, "input"),
                 output_micros=_micros(given_out, model, "output"),
@@ -220,7 +236,8 @@ def hold_decided(
 
 
 def check_entry(entry: SpendEntry) -> None:
-    """Refuse an entry no ledger may keep: a seq below 1 or a negative count.
+    """Refuse an entry no ledger may keep: a seq below 1, a negative count, or one over
+    `MAX_COUNT` (which a driver would refuse with an error of its own, naming nothing).
 
     Raises:
         InvalidInputError: Naming the field.
@@ -233,6 +250,12 @@ def check_entry(entry: SpendEntry) -> None:
         if getattr(entry, field) < 0:
             raise InvalidInputError(
                 f"a spend entry's {field} cannot be negative, got {getattr(entry, field)}",
+                run_id=entry.run_id,
+            )
+    for field in ("seq", "input_tokens", "output_tokens", "micros"):
+        if getattr(entry, field) > MAX_COUNT:
+            raise InvalidInputError(
+                f"a spend entry's {field} is at most {MAX_COUNT}, got {getattr(entry, field)}",
                 run_id=entry.run_id,
             )
 
@@ -303,6 +326,7 @@ class SpendLedger(AsyncResource, Protocol):
 
 
 __all__ = [
+    "MAX_COUNT",
     "Hold",
     "ModelPrice",
     "PriceLike",

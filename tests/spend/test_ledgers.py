@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 from support.pg import fresh_schema
+from support.spend import PRICES, stepper, steps
 
-from onward.errors import ConfigurationError
+from onward.errors import BudgetExceededError, ConfigurationError
 from onward.eventlog.events import Usage
+from onward.runtime.backends import open_backends
 from onward.runtime.settings import Settings
 from onward.runtime.spend import (
     MemorySpendLedger,
@@ -96,6 +98,14 @@ def test_a_model_without_a_price_costs_nothing_but_cannot_carry_a_budget() -> No
         prices.check_priced("unknown")
 
 
+@pytest.mark.parametrize("given", ["0.15/0.6", "12", 0.15, (1, 2, 3), None])
+def test_a_price_that_is_not_a_pair_is_refused_naming_the_model(given: object) -> None:
+    """Not unpacked as it comes: ``"12"`` would be 1 and 2 micros, silently; the setting's
+    ``"0.15/0.6"`` in code, or a bare number, a ValueError or TypeError naming nothing."""
+    with pytest.raises(ConfigurationError, match="model price of 'm'"):
+        PriceTable({"m": given})  # type: ignore[dict-item]
+
+
 def test_the_setting_is_model_input_output_pairs() -> None:
     settings = Settings(model_prices=" gpt-4o=2.5/10 , m=1/5,")
     prices = settings.price_table()
@@ -112,6 +122,9 @@ def test_the_setting_is_model_input_output_pairs() -> None:
         ("m=1/x", "output micros per token must be a number"),
         ("m=-1/2", "input micros per token must be a number"),
         ("m=nan/2", "input micros per token must be a number"),
+        # An exponent typed wrong: not one token's cost could be recorded, or even computed.
+        ("m=1e400/2", "input micros per token must be a number from 0 to 9223372036854775807"),
+        ("m=1/1e999999", "output micros per token must be a number from 0"),
         # A semicolon or a space for the comma: two prices run together, not one odd model.
         ("gpt-4o-mini=0.15/0.6;gpt-4o=2.5/10", "gpt-4o"),
         ("gpt-4o-mini=0.15/0.6 gpt-4o=2.5/10", "gpt-4o"),
@@ -123,3 +136,18 @@ def test_a_bad_price_setting_fails_at_start_naming_the_variable(text: str, said:
     with pytest.raises(ConfigurationError, match="ONWARD_MODEL_PRICES") as caught:
         Settings(model_prices=text)
     assert said in str(caught.value)
+
+
+async def test_an_estimate_past_what_a_ledger_counts_is_refused_by_the_budget(
+    tmp_path: Path,
+) -> None:
+    """A ``max_tokens`` no model has makes an estimate no 64-bit count holds: the call is
+    held at the most a ledger counts, so the budget stops the run, not the ledger's driver."""
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db", model_prices=PRICES)
+    async with open_backends(settings) as backends:
+        agent = stepper(budget_micros=5000, model_settings={"max_tokens": 10**30})
+        provider = steps()
+        with pytest.raises(BudgetExceededError) as caught:
+            await backends.runner(provider).run(agent, "go", tenant="acme")
+        assert provider.calls == 0
+        assert caught.value.scope == "run"

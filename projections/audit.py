@@ -71,6 +71,7 @@ class AuditLine:
                 "at": None,
                 "description": f"unreadable record: {bad.reason}",
                 "refused": False,
+                "retained": False,
                 "unreadable": True,
                 "reason": "newer_format" if bad.newer_format else "unreadable",
                 "detail": bad.reason,
@@ -121,6 +122,22 @@ def printable(text: str) -> str:
     is for reading, not for parsing back.
     """
     return text.translate(_ESCAPES)
+
+
+_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in _INVISIBLE if code >= 0x20}
+"""What JSON leaves raw of `_INVISIBLE` (it escapes the C0 controls itself), as JSON escapes."""
+
+
+def printable_json(value: Any) -> str:
+    """``value`` as one line of JSON a terminal can be shown: every character `printable`
+    escapes is a JSON escape (``\\u009b``), so the text decodes to the same value.
+
+    JSON escapes the C0 controls but leaves DEL, the C1 controls (0x9B is CSI) and the
+    Unicode separators and bidirectional overrides raw; ``--json`` output is read on a
+    terminal as often as by a program. Outside strings JSON is ASCII, so escaping them
+    anywhere in the text is escaping them in strings.
+    """
+    return msgspec.json.encode(value).decode().translate(_JSON_ESCAPES)
 
 
 def one_line(value: Any, limit: int = 60) -> str:
@@ -254,5 +271,6 @@ __all__ = [
     "describe_event",
     "one_line",
     "printable",
+    "printable_json",
     "timeline_of",
 ]

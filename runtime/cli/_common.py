@@ -30,7 +30,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Annotated, Any, ParamSpec, TypeVar, cast
 
-import msgspec
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -38,7 +37,7 @@ from rich.text import Text
 from onward import errors
 from onward._storage import classify, one_line_driver_logs, translate
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
-from onward.projections.audit import one_line, printable
+from onward.projections.audit import one_line, printable, printable_json
 from onward.projections.frontier import CallState
 from onward.runtime import providers
 from onward.runtime.settings import load_settings
@@ -118,8 +117,9 @@ def echo(text: str, *, nl: bool = True) -> None:
 
 
 def echo_json(value: Any) -> None:
-    """One JSON object on one line of standard output: what ``--json`` prints."""
-    echo(msgspec.json.encode(value).decode())
+    """One JSON object on one line of standard output: what ``--json`` prints, with run
+    content that could drive a terminal as JSON escapes (`printable_json`)."""
+    echo(printable_json(value))
 
 
 JsonResultOption = Annotated[

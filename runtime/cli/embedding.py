@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, TypeVar
 
-import msgspec
 import typer
 
 from onward.runtime.agent import Agent
@@ -39,7 +38,6 @@ from ._common import (
     JsonResultOption,
     RunArgument,
     boundary,
-    echo,
     echo_json,
     error,
     help_paragraphs,
@@ -78,7 +76,7 @@ def frontier_main(argv: Sequence[str], *, runner: RunnerSource, prog: str = "ins
             spend = None if on.spend is None else await on.spend.run_total(run_id)
             if as_json:
                 facts = run_facts(frontier, lease=lease, chain=chain, spend=spend)
-                echo(msgspec.json.encode(facts).decode())
+                echo_json(facts)
             else:
                 out.print(run_summary(frontier, lease=lease, chain=chain, spend=spend))
 

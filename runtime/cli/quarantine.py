@@ -17,7 +17,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
-import msgspec
 import typer
 from rich.table import Table
 
@@ -39,7 +38,7 @@ from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.limits import check_name
 from onward.runtime.settings import Settings, load_settings
 
-from ._common import JsonResultOption, RunArgument, echo, echo_json, opened, out
+from ._common import JsonResultOption, RunArgument, echo_json, opened, out
 from .summary import shown
 
 _T = TypeVar("_T")
@@ -126,7 +125,7 @@ def list_command(
     )
     if as_json:
         for entry in entries:
-            echo(msgspec.json.encode(dataclasses.asdict(entry)).decode())
+            echo_json(dataclasses.asdict(entry))
         return
     if not entries:
         out.print("no quarantined records")

@@ -11,7 +11,6 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, TypeGuard, TypeVar
 
-import msgspec
 import typer
 
 from onward._storage import check_onward_sqlite
@@ -50,7 +49,6 @@ from ._common import (
     NoModel,
     RunArgument,
     TenantOption,
-    echo,
     echo_json,
     error,
     imported,
@@ -226,7 +224,7 @@ def inspect_command(
         spend = None if backends.spend is None else await backends.spend.run_total(run_id)
         if as_json:
             facts = run_facts(frontier, lease=lease, chain=chain, spend=spend)
-            echo(msgspec.json.encode(facts).decode())
+            echo_json(facts)
         else:
             out.print(run_summary(frontier, lease=lease, chain=chain, spend=spend))
         if backends.compaction is not None:
@@ -748,7 +746,7 @@ def replay_command(
         )
     if as_json:
         for line in lines:
-            echo(msgspec.json.encode(line.as_json()).decode())
+            echo_json(line.as_json())
         return
     out.print(audit_table(run_id, tenant, lines))
     out.print(shown(f"tags: {tags_text(_tags(lines))}"), soft_wrap=True)

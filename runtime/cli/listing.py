@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from datetime import UTC, datetime
 from typing import Annotated, Any, cast, get_args
 
 import typer
@@ -30,7 +29,7 @@ from onward.runtime.spend.postgres import PostgresSpendLedger
 from onward.runtime.spend.sqlite import SqliteSpendLedger
 
 from ._common import echo_json, err, opened, out, run_until_terminated
-from .summary import shown
+from .summary import shown, utc_time
 
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
 """The statuses ``--status`` takes: a frontier's."""
@@ -113,8 +112,10 @@ def age_text(seconds: float) -> str:
     return f"{max(int(seconds), 0)}s"
 
 
-def _when(at_us: int) -> str:
-    return datetime.fromtimestamp(at_us / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _when(at_us: int) -> str | None:
+    """A run's last update in UTC to the second; ``None`` when no date holds it (`utc_time`)."""
+    when = utc_time(at_us)
+    return None if when is None else when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def run_line(summary: RunSummary, *, now_us: int, spend: Spend | None = None) -> dict[str, Any]:
@@ -153,7 +154,7 @@ def runs_table(
             shown(row.agent or "-"),
             row.status,
             age_text(max(now_us - row.updated_at, 0) / 1e6),
-            _when(row.updated_at),
+            _when(row.updated_at) or "-",
             str(spend.get(row.run_id, Spend()).micros),
         )
     return table

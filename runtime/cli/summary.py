@@ -33,8 +33,28 @@ def shown(value: object, style: str = "") -> Text:
     return Text(printable(str(value)), style=style)
 
 
+def utc_time(at: int) -> datetime | None:
+    """An ``at`` (microseconds since the epoch) as a UTC time; ``None`` when unknown (0) or
+    past the dates a `datetime` holds.
+
+    Every reader takes any 64-bit ``at`` (it is informational), so a foreign producer whose
+    clock gives nanoseconds writes times past year 9999: shown, they must not stop the command
+    that shows the run.
+    """
+    if at <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(at / 1_000_000, UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
 def _when(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+    """Seconds since the epoch in ISO 8601, UTC; as a number when no date holds them."""
+    try:
+        return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):
+        return f"{seconds:.0f} s after the epoch"
 
 
 def event_time(at: int, *, day: str | None) -> tuple[str | None, str]:
@@ -43,20 +63,21 @@ def event_time(at: int, *, day: str | None) -> tuple[str | None, str]:
     not ``day`` (the row above's), so a narrow terminal keeps its width for what happened.
 
     Returns:
-        The event's date (``day`` for an event written without a time, shown ``-``) and the text.
+        The event's date (``day`` for an event written without a time, shown ``-``, or at one
+        no date holds, shown as its number) and the text.
     """
-    if at <= 0:
-        return day, "-"
-    when = datetime.fromtimestamp(at / 1_000_000, UTC)
+    when = utc_time(at)
+    if when is None:
+        return day, "-" if at <= 0 else f"at {at}"
     date, clock = when.strftime("%Y-%m-%d"), when.strftime("%H:%M:%S.%f")[:-3]
     return date, clock if date == day else f"{date}\n{clock}"
 
 
 def _iso(at: int) -> str | None:
-    """An ``at`` in ISO 8601 (UTC, to the microsecond) for JSON; ``None`` when unknown."""
-    if at <= 0:
-        return None
-    return datetime.fromtimestamp(at / 1_000_000, UTC).isoformat()
+    """An ``at`` in ISO 8601 (UTC, to the microsecond) for JSON; ``None`` when unknown or past
+    the dates a `datetime` holds."""
+    when = utc_time(at)
+    return None if when is None else when.isoformat()
 
 
 def _lease_text(lease: RunLease | None) -> str:

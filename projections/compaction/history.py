@@ -230,7 +230,8 @@ async def compacted_span(store: CompactionStore, run_id: str) -> CompactedSpan |
     point = (await store.truncations([run_id])).get(run_id)
     if point is None:
         return None
-    return await _span(store, point, retained=len(await store.retained_seqs([run_id])))
+    seqs = (await store.retained_seqs([run_id])).get(run_id, set())
+    return await _span(store, point, retained=len(seqs))
 
 
 async def _span(store: CompactionStore, point: RunTruncation, *, retained: int) -> CompactedSpan:

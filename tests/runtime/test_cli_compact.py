@@ -96,6 +96,22 @@ def test_compact_then_replay_marks_the_span_and_the_archive_shows_it_all(
     assert min(json.loads(line)["offset"] for line in whole.stdout.splitlines()) < start
 
 
+def test_inspect_and_replay_count_the_same_retained_events(db: Path, tmp_path: Path) -> None:
+    """Both name the compacted span with how many of its events were kept: the tagged event,
+    the Tagged event and the last 2 resume points, not the one run that has them."""
+    archive = tmp_path / "archive"
+    result = onward(db, "compact", "--archive", str(archive), "--max-checkpoints", "2")
+    assert result.exit_code == 0, result.output
+    replay = onward(db, "replay", LIVE, "--tenant", TENANT, "--json")
+    assert replay.exit_code == 0, replay.output
+    retained = [json.loads(line)["retained"] for line in replay.stdout.splitlines()].count(True)
+    assert retained == 4
+    assert f"; {retained} retained (tags, last resume points)" in replay.stderr
+    inspect = onward(db, "inspect", LIVE, "--tenant", TENANT)
+    assert inspect.exit_code == 0, inspect.output
+    assert f"; {retained} retained (tags, last resume points)" in inspect.stderr
+
+
 def test_an_archive_that_cannot_be_written_cuts_nothing(db: Path, tmp_path: Path) -> None:
     before = asyncio.run(_sizes(db))
     blocker = tmp_path / "a-file"

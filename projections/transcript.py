@@ -178,11 +178,20 @@ def checkpoint_request(boundary: str, seq: int) -> str:
 
 
 def checkpoint_of(request_id: str) -> tuple[str, int] | None:
-    """The boundary and seq of a checkpoint request id; ``None`` for any other request."""
+    """The boundary and seq of a checkpoint request id; ``None`` for any other request.
+
+    Only ASCII digits a seq can hold are read as one: `str.isdigit` also takes superscripts
+    and other digits `int` refuses, and a request id from the log is anyone's text.
+    """
     if not request_id.startswith(CHECKPOINT_REQUEST):
         return None
     boundary, _, seq = request_id[len(CHECKPOINT_REQUEST) :].partition(":")
-    return (boundary, int(seq)) if seq.isdigit() else None
+    readable = seq.isascii() and seq.isdigit() and len(seq) <= _SEQ_DIGITS
+    return (boundary, int(seq)) if readable else None
+
+
+_SEQ_DIGITS = 19
+"""Most digits of a seq (a signed 64-bit integer)."""
 
 
 def _answers_model(event: ApprovalGranted) -> bool:

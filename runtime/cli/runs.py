@@ -187,10 +187,15 @@ async def _chain(backends: Backends, frontier: Frontier) -> list[Frontier]:
 
 
 async def chain_of(reader: AgentRunner, frontier: Frontier) -> list[Frontier]:
-    """`_chain`, read through ``reader`` (a product's runner, `frontier_main`)."""
+    """`_chain`, read through ``reader`` (a product's runner, `frontier_main`). A run is shown
+    carried on from another only once that run was continued into it: a run a carry started
+    and the old run went on without (`continuation.hand_over`) is no link of the chain."""
     chain = [frontier]
     while (before := chain[0].continuation_of) is not None and len(chain) < MAX_CHAIN:
-        chain.insert(0, await reader.inspect(before, tenant=frontier.tenant))
+        earlier = await reader.inspect(before, tenant=frontier.tenant)
+        if earlier.continued_to != chain[0].run_id:
+            break
+        chain.insert(0, earlier)
     while (after := chain[-1].continued_to) is not None and len(chain) < MAX_CHAIN:
         chain.append(await reader.inspect(after, tenant=frontier.tenant))
     return chain

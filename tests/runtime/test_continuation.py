@@ -39,6 +39,7 @@ from onward.projections.frontier import Frontier
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import Agent, AgentRunner, ScriptedProvider, reply, tool
 from onward.runtime.cli import app
+from onward.runtime.cli.runs import chain_of
 from onward.runtime.continuation import (
     Continuation,
     ContinuationPolicy,
@@ -503,6 +504,9 @@ async def test_a_holder_that_loses_the_run_as_its_successor_starts_hands_nothing
         assert (again.status, again.run_id) == ("failed", NEXT)
         assert "went on without it" in (again.error or "")
         assert (await world.runner().inspect(RUN, tenant=TENANT)).status == "completed"
+        # No link of a chain: `onward inspect` of it shows it alone.
+        ended = await world.runner().inspect(NEXT, tenant=TENANT)
+        assert [f.run_id for f in await chain_of(world.runner(), ended)] == [NEXT]
     assert world.ledger.count("pay") == 1
 
 

@@ -103,7 +103,7 @@ class Leaseholder:
         self._renewal: asyncio.Task[None] | None = None
         self.releasing: asyncio.Task[None] | None = None
         self._no_run = False
-        self._answered: float | None = None
+        self._requested: float | None = None
         self._ttl_s = self.policy.ttl_s
         self._on_ask: set[Callable[[], None]] = set()
 
@@ -129,17 +129,17 @@ class Leaseholder:
         """Raise if the lease is known to be lost, so work stops before its next write.
 
         This asks nothing of the store; it reads what the renewals found, and this process's
-        own clock: a lease whose last grant was answered more than a ttl ago has lapsed for
-        certain (the store granted it before the answer came), so a holder that was paused
-        past its ttl (SIGSTOP, a long GC, a suspended VM) stops at its next write even before
-        its renewal task has run again. Use :meth:`confirm` where a stale answer would be
-        costly.
+        own clock: a lease whose last grant was requested more than a ttl ago may have lapsed
+        (the store granted it at that instant or later, however late the answer was read), so
+        a holder that was paused past its ttl (SIGSTOP, a long GC, a suspended VM), during a
+        renewal's round trip too, stops at its next write even before its renewal task has run
+        again. Use :meth:`confirm` where a stale answer would be costly.
 
         Raises:
-            FencedError: ``fenced`` is set, or the lease has lapsed by this process's clock.
+            FencedError: ``fenced`` is set, or the lease may have lapsed by this process's clock.
         """
-        answered = self._answered
-        if answered is not None and asyncio.get_running_loop().time() > answered + self._ttl_s:
+        requested = self._requested
+        if requested is not None and asyncio.get_running_loop().time() > requested + self._ttl_s:
             self.fenced.set()
         if self.fenced.is_set():
             raise FencedError(
@@ -154,7 +154,8 @@ class Leaseholder:
         """Renew now and return the lease: the last word before an irreversible step.
 
         A holder that was paused (a long GC, a suspended VM) past its ttl learns it here from
-        the store itself, rather than from a renewal task that has not yet run.
+        the store itself, rather than from a renewal task that has not yet run; one paused
+        while this very renewal was answered learns it from the check that follows it.
 
         Raises:
             FencedError: The lease is lost (``fenced`` is set as well).
@@ -162,6 +163,7 @@ class Leaseholder:
         """
         await self.check()
         await self._renew()
+        await self.check()
         return self.lease
 
     async def raise_fence(self, above: int) -> RunLease:
@@ -194,16 +196,18 @@ class Leaseholder:
 
         The lease is read under the lock, so a request never carries a fence that another one
         has just replaced. A refusal sets ``fenced``. ``renews``: the answer extends the lease
-        by a ttl from now (a renewal), which `check` counts from.
+        by a ttl from when it was granted, no earlier than when it was requested, which is
+        what `check` counts from (not the answer, which a paused process may read late).
         """
         async with self._renewing:
+            requested = asyncio.get_running_loop().time()
             try:
                 granted = await ask(self.lease)
             except FencedError:
                 self.fenced.set()
                 raise
             if renews:  # a raised fence keeps the expiry, so it proves nothing new
-                self._answered = asyncio.get_running_loop().time()
+                self._requested = requested
             self._lease = granted
         if granted.cancel_asked is not None:
             for heard in list(self._on_ask):
@@ -241,7 +245,7 @@ class Leaseholder:
                 holder=self.holder,
                 ttl_s=self.policy.ttl_s,
             )
-            self._answered = loop.time()
+            self._requested = requested
         self._held = True
         self._renewal = asyncio.create_task(
             self._keep(requested), name=f"onward-lease-renewal:{self.run_id}"

@@ -48,6 +48,20 @@ class FailingStore(WrappedLeaseStore):
         await super().release(lease)
 
 
+class PausedAfterGrant(WrappedLeaseStore):
+    """A memory store whose renewal is granted, after which the holder's process pauses (a long
+    GC, SIGSTOP, a suspended VM) before it reads the answer."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryLeaseStore())
+        self.pause_s = 0.0
+
+    async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
+        granted = await super().renew(lease, ttl_s=ttl_s)
+        time.sleep(self.pause_s)  # noqa: ASYNC251 - the loop itself is what is paused
+        return granted
+
+
 def holding(
     store: LeaseStore, ttl_s: float = 30.0, renew_within_s: float | None = None
 ) -> Leaseholder:
@@ -251,3 +265,20 @@ async def test_a_cancelled_by_ask_block_leaves_other_cancellations_alone() -> No
         await held.confirm()
         await asyncio.sleep(0.01)  # nothing is cancelled after the block
         assert held.cancel_asked == CancelAsked("ops")
+
+
+async def test_a_confirm_answered_after_a_pause_past_the_ttl_is_refused() -> None:
+    """The store granted the renewal, then the holder was paused past the ttl before it read
+    the answer: the lease lapsed meanwhile (another worker may hold the run), so `confirm`,
+    the last word before a tool call, must not hand back a lease counted from the answer."""
+    store = PausedAfterGrant()
+    async with holding(store, 0.5, renew_within_s=0.1) as held:
+        store.pause_s = 0.7
+        with pytest.raises(FencedError, match="is lost"):
+            await held.confirm()
+        store.pause_s = 0.0
+        assert held.fenced.is_set()
+        taker = await store.inner.acquire(held.run_id, tenant=TENANT, holder="w2", ttl_s=30)
+        assert held.lease.superseded_by(taker)
+        with pytest.raises(FencedError):
+            await held.check()

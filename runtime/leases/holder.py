@@ -303,17 +303,27 @@ class Leaseholder:
             )
             self.fenced.set()
 
-    async def _stop_renewing(self) -> None:
+    async def _stop_renewing(self) -> bool:
         """Cancel the renewal task and wait until it has stopped, so it cannot race the release.
 
-        Only the renewal task's own cancellation is absorbed; if this task is cancelled while
-        waiting, that cancellation propagates.
+        A cancellation of this task while it waits does not cut the wait short (the renewal
+        task, cancelled, ends at its next await): it is returned, for the caller to raise once
+        the lease is handed back, so a block cancelled on its way out still releases.
+
+        Returns:
+            Whether this task was cancelled while waiting.
         """
         task, self._renewal = self._renewal, None
         if task is None:
-            return
+            return False
         task.cancel()
-        await asyncio.wait([task])
+        cancelled = False
+        while not task.done():
+            try:
+                await asyncio.wait([task])
+            except asyncio.CancelledError:
+                cancelled = True
+        return cancelled
 
     def found_no_run(self) -> None:
         """The run turned out not to exist: on the way out the lease is forgotten
@@ -332,9 +342,10 @@ class Leaseholder:
         which ``fenced`` reports. A store error (`BackendError`) starts :attr:`releasing`, which
         retries the release in the background for up to one ttl. Any release failure is raised
         when the block ended normally, and logged in one line when the block is already raising,
-        so it never masks that error.
+        so it never masks that error. A cancellation that arrives while the renewals stop is
+        raised once the lease is handed back.
         """
-        await self._stop_renewing()
+        cancelled = await self._stop_renewing()
         if not self._held:
             return
         self._held = False
@@ -350,7 +361,7 @@ class Leaseholder:
             retrying = isinstance(error, BackendError)
             if retrying:
                 self._release_later(self.lease)
-            if exc is None:
+            if exc is None and not cancelled:
                 raise
             logger.warning(
                 "run %r: releasing the lease failed (%s); %s",
@@ -358,6 +369,8 @@ class Leaseholder:
                 error,
                 "retrying in the background" if retrying else "it lapses after its ttl",
             )
+        if cancelled:
+            raise asyncio.CancelledError
 
     def _release_later(self, lease: RunLease) -> None:
         """Start retrying the release of ``lease`` in the background (:attr:`releasing`)."""

@@ -282,3 +282,25 @@ async def test_a_confirm_answered_after_a_pause_past_the_ttl_is_refused() -> Non
         assert held.lease.superseded_by(taker)
         with pytest.raises(FencedError):
             await held.check()
+
+
+async def test_a_second_cancellation_on_the_way_out_still_releases_the_lease() -> None:
+    """Cancelled again while it stops its renewals (a task group, then the process's own
+    shutdown): the block still hands the lease back, so the next worker need not wait it out."""
+    store = MemoryLeaseStore()
+    held = holding(store)
+    entered = asyncio.Event()
+
+    async def work() -> None:
+        async with held:
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(work())
+    await asyncio.wait_for(entered.wait(), 5)
+    task.cancel()
+    await asyncio.sleep(0)  # the block is on its way out, waiting for its renewals to stop
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await store.current(held.run_id) is None

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -141,7 +142,9 @@ class Worker:
     Args:
         backends: The deployment's stores (`open_backends`).
         provider: The model.
-        agents: The agents this worker runs, by name (`Agent.name` is what runs record).
+        agents: The agents this worker runs, by name: the name their runs record (an agent
+            given under another name than its `Agent.name`, as ``--agent b=module:attr`` does,
+            runs under the name given).
         name: This worker's name in leases and `RunClaimed`; default host and process.
         max_runs: Most runs in flight at once; beyond, partitions are paused.
         max_attempts: Claims without progress before a run ends ``failed``.
@@ -166,7 +169,12 @@ class Worker:
         if max_runs < 1 or max_attempts < 1:
             raise InvalidInputError("max_runs and max_attempts must be at least 1")
         self.backends = backends
-        self.agents = dict(agents)
+        # A run records its agent's `Agent.name`, and recovery, answers and the requests table
+        # find the run's agent by it: under another key, the run would find no agent here.
+        self.agents = {
+            key: agent if agent.name == key else dataclasses.replace(agent, name=key)
+            for key, agent in agents.items()
+        }
         self.max_runs = max_runs
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s

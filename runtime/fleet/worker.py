@@ -497,24 +497,35 @@ class Worker:
         if on_ready is not None:
             on_ready()
         try:
-            await self._consume(consumer, offsets, stop)
-            self.drain()
-            consumer.pause(*consumer.assignment())
-            _log.info("draining: %d runs in flight", self.in_flight)
-            await self.drained()
-            _log.info("drained; committing and leaving the group")
             try:
-                # Bounded: a group in the middle of a rebalance may not take commits; what is
-                # not committed is delivered again to the next owner, which finds it done.
-                await asyncio.wait_for(offsets.commit(consumer), _LEAVE_S)
-            except (TimeoutError, KafkaError) as exc:
-                _log.warning("committing before leaving failed: %r", exc)
+                await self._consume(consumer, offsets, stop)
+            except Exception:
+                # Serving failed: the runs in flight still stop at their next boundary and
+                # hand their leases back before the error ends the worker, as on SIGTERM.
+                await self._drain_consumer(consumer, offsets)
+                raise
+            await self._drain_consumer(consumer, offsets)
         except KafkaError as exc:
             raise translate(exc, context=f"consuming {topic}") from exc
         finally:
             with contextlib.suppress(KafkaError, TimeoutError):
                 await asyncio.wait_for(consumer.stop(), _LEAVE_S)
             _log.info("left the group")
+
+    async def _drain_consumer(self, consumer: AIOKafkaConsumer, offsets: _Offsets) -> None:
+        """Take nothing new, wait for the runs in flight to stop, commit what was acted on."""
+        self.drain()
+        with contextlib.suppress(KafkaError):
+            consumer.pause(*consumer.assignment())
+        _log.info("draining: %d runs in flight", self.in_flight)
+        await self.drained()
+        _log.info("drained; committing and leaving the group")
+        try:
+            # Bounded: a group in the middle of a rebalance may not take commits; what is
+            # not committed is delivered again to the next owner, which finds it done.
+            await asyncio.wait_for(offsets.commit(consumer), _LEAVE_S)
+        except (TimeoutError, KafkaError) as exc:
+            _log.warning("committing before leaving failed: %r", exc)
 
     async def _consume(
         self, consumer: AIOKafkaConsumer, offsets: _Offsets, stop: asyncio.Event
@@ -707,36 +718,48 @@ class Worker:
             if on_ready is not None:
                 on_ready()
             next_scan = 0.0
-            while not stop.is_set():
-                if time.monotonic() >= next_scan:
-                    next_scan = time.monotonic() + self.recheck_s
-                    self._scan(self.owned)
-                self._slot.clear()
-                woken.clear()
-                try:
-                    await claims.settle()
-                    more = await self._claim(requests, claims)
-                except BackendUnavailableError as exc:
-                    _log.warning("requests table: %s; trying again in %.1fs", exc, poll_s)
-                    more = False
-                if not more:
-                    await _first_of((woken, stop, self._slot), min(poll_s, claim_s / 3))
-            self.drain()
-            _log.info("draining: %d runs in flight", self.in_flight)
-            # Runs stop at their next boundary, which can be longer than a claim away: the
-            # claims on what is still acted on are renewed meanwhile (and what is done is
-            # deleted), or another worker would take those requests and act on them again.
-            drained = asyncio.ensure_future(self.drained())
             try:
-                while not drained.done():
-                    await asyncio.wait({drained}, timeout=min(poll_s, claim_s / 3))
+                while not stop.is_set():
+                    if time.monotonic() >= next_scan:
+                        next_scan = time.monotonic() + self.recheck_s
+                        self._scan(self.owned)
+                    self._slot.clear()
+                    woken.clear()
                     try:
                         await claims.settle()
+                        more = await self._claim(requests, claims)
                     except BackendUnavailableError as exc:
-                        _log.warning("handing back requests failed (their claims lapse): %s", exc)
-                await drained
-            finally:
-                drained.cancel()
+                        _log.warning("requests table: %s; trying again in %.1fs", exc, poll_s)
+                        more = False
+                    if not more:
+                        await _first_of((woken, stop, self._slot), min(poll_s, claim_s / 3))
+            except Exception:
+                # Serving failed (a statement the table refuses for good): the runs in flight
+                # still stop at their next boundary and hand their leases and claims back
+                # before the error ends the worker, as on SIGTERM.
+                await self._drain_claims(claims, min(poll_s, claim_s / 3))
+                raise
+            await self._drain_claims(claims, min(poll_s, claim_s / 3))
+
+    async def _drain_claims(self, claims: _Claims, every_s: float) -> None:
+        """Take nothing new and wait for the runs in flight to stop, settling the claims every
+        ``every_s`` meanwhile."""
+        self.drain()
+        _log.info("draining: %d runs in flight", self.in_flight)
+        # Runs stop at their next boundary, which can be longer than a claim away: the
+        # claims on what is still acted on are renewed meanwhile (and what is done is
+        # deleted), or another worker would take those requests and act on them again.
+        drained = asyncio.ensure_future(self.drained())
+        try:
+            while not drained.done():
+                await asyncio.wait({drained}, timeout=every_s)
+                try:
+                    await claims.settle()
+                except OnwardError as exc:
+                    _log.warning("handing back requests failed (their claims lapse): %s", exc)
+            await drained
+        finally:
+            drained.cancel()
 
     async def _claim(self, requests: PostgresRequests, claims: _Claims) -> bool:
         """Claim what the free slots take (cancels alone when full or when lapsed runs go

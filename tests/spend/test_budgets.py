@@ -21,6 +21,8 @@ from support.spend import (
     MODEL,
     OUT,
     PRICES,
+    DeadRunner,
+    DiesMidCall,
     a_crowd_never_passes_its_tenants_budget,
     stepper,
     steps,
@@ -332,27 +334,6 @@ async def test_a_call_whose_answer_was_lost_in_a_crash_stays_counted() -> None:
     assert len(entries) == 3
     assert set(answers) < set(entries)  # one entry per call paid for, answered or not
     assert result.spend_micros == (await ledger.run_total("dies")).micros == 3 * CALL_MICROS
-
-
-class DiesMidCall:
-    """A model whose first call never answers: the process making it dies (`Crash`)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.after = steps(finish_after=2)
-
-    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
-        self.calls += 1
-        if self.calls == 1:
-            raise Crash("the process died waiting for the model")
-        return await self.after.complete(agent, messages)
-
-
-class DeadRunner(AgentRunner):
-    """A runner whose process dies: no handler of its runs on the way out."""
-
-    async def release_hold(self, run_id: str, seq: int) -> None:
-        return None
 
 
 async def test_a_hold_a_worker_left_dying_mid_call_is_released_when_the_run_resumes() -> None:

@@ -5,48 +5,31 @@ run carried on into another, for ever against its tenant's)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from support.crashes import Crash
-from support.spend import CALL_MICROS, MODEL, PRICES, stepper, steps
+from support.spend import (
+    CALL_MICROS,
+    MODEL,
+    PRICES,
+    DeadRunner,
+    DiesMidCall,
+    stepper,
+    steps,
+)
 
 from onward.errors import BackendUnavailableError
 from onward.eventlog import Tagged
-from onward.eventlog.events import Message
-from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.continuation import ContinuationPolicy
 from onward.runtime.options import Options
-from onward.runtime.providers import ModelReply
-from onward.runtime.runner import AgentRunner
 from onward.runtime.settings import Settings
 from onward.runtime.spend import SpendEntry
 
 TENANT = "acme"
-
-
-class DiesMidCall:
-    """A model whose first call never answers: the process making it dies (`Crash`)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.after = steps(finish_after=2)
-
-    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
-        self.calls += 1
-        if self.calls == 1:
-            raise Crash("the process died waiting for the model")
-        return await self.after.complete(agent, messages)
-
-
-class DeadRunner(AgentRunner):
-    """A runner whose process dies: no handler of its runs on the way out."""
-
-    async def release_hold(self, run_id: str, seq: int) -> None:
-        return None
 
 
 def dead_runner_on(backends: Backends, model: DiesMidCall) -> DeadRunner:

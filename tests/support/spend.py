@@ -14,8 +14,10 @@ from onward.eventlog.events import Message, ModelAnswered, ToolCall
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
+from onward.runtime.runner import AgentRunner
 from onward.runtime.spend import PriceTable, Spend, estimate_usage
 from onward.runtime.tools import Tool, tool
+from support.crashes import Crash
 
 MODEL = "priced-model"
 PRICES = f"{MODEL}=1/5"
@@ -128,3 +130,24 @@ async def a_crowd_never_passes_its_tenants_budget(backends: Backends) -> None:
         assert refusal.estimate_micros is not None
         assert refusal.spent_micros + refusal.estimate_micros > budget
     assert [r.status for r in results if not isinstance(r, BaseException)] == ["completed"] * 3
+
+
+class DiesMidCall:
+    """A model whose first call never answers: the process making it dies (`Crash`)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.after = steps(finish_after=2)
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        self.calls += 1
+        if self.calls == 1:
+            raise Crash("the process died waiting for the model")
+        return await self.after.complete(agent, messages)
+
+
+class DeadRunner(AgentRunner):
+    """A runner whose process dies: no handler of its runs on the way out."""
+
+    async def release_hold(self, run_id: str, seq: int) -> None:
+        return None

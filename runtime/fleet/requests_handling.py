@@ -14,6 +14,7 @@ run's end under its lease, so no call of it is cut off mid-way and left undecide
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from onward.errors import (
     BudgetExceededError,
@@ -145,43 +146,45 @@ class RequestHandler:
     async def _answer(self, request: AnswerRequest) -> bool:
         worker = self._worker
         answer = worker.runner.approve if request.approve else worker.runner.deny
-        while True:  # a loop, not a call per ask: the run may be held for a long while
-            try:
-                await answer(
-                    request.run_id,
-                    request.request_id,
-                    tenant=request.tenant,
-                    by=request.by,
-                    value=request.value,
-                )
-                break
-            except (ResumeConflictError, FencedError):
-                # Held by another, or this worker lost the lease while answering: ask again (an
-                # answer that did land makes the next one a refusal, logged, not a second one).
-                worker.stats.conflicts += 1
-                if not await worker.sleep(worker.backoff_s):
-                    return False
+        # An answer that did land makes the next ask a refusal, logged, not a second answer.
+        answered = await self._once_free(
+            lambda: answer(
+                request.run_id,
+                request.request_id,
+                tenant=request.tenant,
+                by=request.by,
+                value=request.value,
+            )
+        )
+        if not answered:
+            return False
         if not request.approve:
             return True  # denied: the run has ended, cancelled
         return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
 
     async def _tag(self, request: TagRun) -> bool:
+        runner = self._worker.runner
+        return await self._once_free(
+            lambda: runner.tag(
+                request.run_id, request.label, tenant=request.tenant, seq=request.seq, by=request.by
+            )
+        )
+
+    async def _once_free(self, act: Callable[[], Awaitable[object]]) -> bool:
+        """Do ``act`` (a person's write, made under the run's lease) once the run is free: while
+        another holds it, or this worker lost the lease while writing, ask again after the
+        backoff. A loop, not a call per ask: the run may be held for a long while. Returns
+        False when the worker began draining meanwhile (the request is not acted on)."""
         worker = self._worker
-        while True:  # a loop, not a call per ask: the run may be held for a long while
+        while True:
             try:
-                await worker.runner.tag(
-                    request.run_id,
-                    request.label,
-                    tenant=request.tenant,
-                    seq=request.seq,
-                    by=request.by,
-                )
-                break
+                await act()
             except (ResumeConflictError, FencedError):
                 worker.stats.conflicts += 1
                 if not await worker.sleep(worker.backoff_s):
                     return False
-        return True
+            else:
+                return True
 
     async def _ended_before_the_cancel(
         self, request: CancelRun, refused: InvalidInputError

@@ -24,6 +24,7 @@ from support.spend import (
     DeadRunner,
     DiesMidCall,
     a_crowd_never_passes_its_tenants_budget,
+    dead_runner_on,
     stepper,
     steps,
     stops_before_the_call_that_would_pass_its_budget,
@@ -373,20 +374,6 @@ class AlwaysDies:
     async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
         self.calls += 1
         raise Crash("the process died waiting for the model")
-
-
-def dead_runner_on(backends: Backends, model: AlwaysDies) -> DeadRunner:
-    """A `DeadRunner` on the stores of ``backends`` (as `Backends.runner` builds one), worker w1."""
-    return DeadRunner(
-        provider=model,
-        log=backends.log,
-        frontiers=backends.frontiers,
-        checkpoint_inline=True,
-        leases=backends.leases,
-        worker="w1",
-        spend=backends.spend,
-        prices=backends.settings.price_table(),
-    )
 
 
 async def test_a_run_given_up_leaves_nothing_held_by_the_holder_that_died_mid_call(

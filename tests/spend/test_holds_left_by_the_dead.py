@@ -15,8 +15,8 @@ from support.spend import (
     CALL_MICROS,
     MODEL,
     PRICES,
-    DeadRunner,
     DiesMidCall,
+    dead_runner_on,
     stepper,
     steps,
 )
@@ -30,20 +30,6 @@ from onward.runtime.settings import Settings
 from onward.runtime.spend import SpendEntry
 
 TENANT = "acme"
-
-
-def dead_runner_on(backends: Backends, model: DiesMidCall) -> DeadRunner:
-    """A `DeadRunner` on the stores of ``backends`` (as `Backends.runner` builds one)."""
-    return DeadRunner(
-        provider=model,
-        log=backends.log,
-        frontiers=backends.frontiers,
-        checkpoint_inline=True,
-        leases=backends.leases,
-        worker="w1",
-        spend=backends.spend,
-        prices=backends.settings.price_table(),
-    )
 
 
 @pytest_asyncio.fixture

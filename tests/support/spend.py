@@ -13,7 +13,7 @@ from onward.errors import BudgetExceededError
 from onward.eventlog.events import Message, ModelAnswered, ToolCall
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends
-from onward.runtime.providers import ModelReply, ScriptedProvider, reply
+from onward.runtime.providers import ModelReply, Provider, ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.spend import PriceTable, Spend, estimate_usage
 from onward.runtime.tools import Tool, tool
@@ -151,3 +151,17 @@ class DeadRunner(AgentRunner):
 
     async def release_hold(self, run_id: str, seq: int) -> None:
         return None
+
+
+def dead_runner_on(backends: Backends, model: Provider) -> DeadRunner:
+    """A `DeadRunner` on the stores of ``backends`` (as `Backends.runner` builds one), worker w1."""
+    return DeadRunner(
+        provider=model,
+        log=backends.log,
+        frontiers=backends.frontiers,
+        checkpoint_inline=True,
+        leases=backends.leases,
+        worker="w1",
+        spend=backends.spend,
+        prices=backends.settings.price_table(),
+    )

@@ -135,11 +135,8 @@ def test_worker_refuses_a_lease_ttl_or_recheck_that_is_no_duration(
 
 @pytest.mark.parametrize("servers", ["127.0.0.1:abc", "127.0.0.1:70000", "[::1", "a:1,,b:2"])
 def test_kafka_bootstrap_servers_with_no_usable_address_is_a_configuration_error(
-    db: Path, servers: str
+    db: Path, servers: str, database_url: str
 ) -> None:
-    database_url = os.environ.get("DATABASE_URL")
-    if not database_url:
-        pytest.skip("DATABASE_URL is not set")
     result = onward(
         db,
         "inspect",

@@ -20,6 +20,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from onward._storage import DRIVER_ERRORS
+from onward._storage.kafka import start_unbroken
 from onward.errors import BackendUnavailableError, InvalidInputError
 
 from .base import LogRecord, PartitionBounds
@@ -89,7 +90,7 @@ class KafkaReaders:
         self._check_open()
         consumer = self._new_consumer()
         try:
-            await consumer.start()
+            await start_unbroken(consumer, self._read_timeout_s)
             self._check_open()
         except BaseException:
             # aiokafka's stop awaits a task its start created; stopped before that task first

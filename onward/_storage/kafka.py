@@ -86,6 +86,30 @@ def drop_connections(client_owner: Any) -> None:
         connection.close()
 
 
+async def start_unbroken(client: _Startable, timeout_s: float) -> None:
+    """Start ``client``; a cancellation meanwhile lets the start end first (within
+    ``timeout_s``, then it is cancelled too) and is raised after.
+
+    aiokafka's bootstrap closes its first connection on every failure but a cancellation, and
+    nothing else holds that connection: cancelled while it waited for the cluster's metadata,
+    its socket and reader task lived as long as the event loop, whatever stopped the client.
+    """
+    starting = asyncio.ensure_future(client.start())
+    try:
+        await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        try:
+            await asyncio.wait({starting}, timeout=timeout_s)
+        finally:
+            if starting.done():
+                if not starting.cancelled():
+                    starting.exception()  # superseded by the cancellation
+            else:
+                starting.cancel()
+                await asyncio.wait({starting}, timeout=timeout_s)
+        raise
+
+
 async def stop_or_drop(client: Any, timeout_s: float) -> None:
     """Stop a producer, consumer or admin client within ``timeout_s``; if the stop does not
     finish in time (a broker that does not answer) or is cancelled, drop its connections and
@@ -401,7 +425,7 @@ class KafkaConnection:
     async def _start(self, client: _Startable) -> None:
         began = time.monotonic()
         try:
-            await client.start()
+            await start_unbroken(client, self.request_timeout_s)
         except kafka_errors.KafkaConnectionError as exc:
             if time.monotonic() - began >= self.request_timeout_s:
                 # The brokers let a whole request timeout pass without a word: no setting is to

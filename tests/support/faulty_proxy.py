@@ -7,6 +7,7 @@ Runs in the test's own event loop::
         proxy.delay(200)      # every chunk waits 200 ms in each direction
         proxy.cut()           # open connections are reset, new ones are closed at once
         proxy.restore()       # accept and forward again (no delay)
+        proxy.hold_replies_after(1)  # each connection gets the server's first chunk, no more
 
 A cut resets the connections (``SO_LINGER`` 0, so the client sees a reset, not a clean end),
 as a dropped route or a restarted load balancer would.
@@ -40,6 +41,12 @@ class FaultyProxy(Resource):
         self.is_cut = False
         self.connections = 0
         self.resets = 0
+        self._replies_forwarded: int | None = None
+        self.reply_held = asyncio.Event()
+        """Set once a server's chunk is held back by `hold_replies_after`."""
+        self.idle = asyncio.Event()
+        """Set while no client connection is open through the proxy."""
+        self.idle.set()
         self._server: asyncio.Server | None = None
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -56,6 +63,11 @@ class FaultyProxy(Resource):
         """Hold every chunk ``ms`` milliseconds before forwarding it (0: no delay)."""
         self.delay_s = ms / 1000.0
 
+    def hold_replies_after(self, chunks: int) -> None:
+        """Forward only each connection's first ``chunks`` chunks from the server; hold every
+        later one for good (a server that answers the handshake, then hangs)."""
+        self._replies_forwarded = chunks
+
     def cut(self) -> None:
         """Reset every open connection and refuse new ones until `restore`."""
         self.is_cut = True
@@ -64,6 +76,7 @@ class FaultyProxy(Resource):
                 _reset(writer)
             self.resets += 1
         self._links.clear()
+        self.idle.set()
 
     def restore(self) -> None:
         """Forward again, without delay."""
@@ -82,9 +95,10 @@ class FaultyProxy(Resource):
         self.connections += 1
         link = (writer, up_writer)
         self._links.add(link)
+        self.idle.clear()
         pumps = [
             asyncio.create_task(self._pump(reader, up_writer)),
-            asyncio.create_task(self._pump(up_reader, writer)),
+            asyncio.create_task(self._pump(up_reader, writer, replies=True)),
         ]
         for task in pumps:
             self._tasks.add(task)
@@ -93,18 +107,28 @@ class FaultyProxy(Resource):
         for task in pumps:
             task.cancel()
         self._links.discard(link)
+        if not self._links:
+            self.idle.set()
         for side in link:
             side.close()
 
     def _forwarding(self) -> bool:
         return not self.is_cut
 
-    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, replies: bool = False
+    ) -> None:
+        forwarded = 0
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 data = await source.read(CHUNK)
                 if not data or not self._forwarding():
                     return
+                if replies and self._replies_forwarded is not None:
+                    if forwarded >= self._replies_forwarded:
+                        self.reply_held.set()
+                        continue
+                    forwarded += 1
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 if not self._forwarding():  # cut while the chunk was held back

@@ -1,0 +1,59 @@
+"""A Kafka client whose start is cancelled while it waits for the cluster's metadata leaves no
+connection open.
+
+aiokafka's bootstrap closes its first connection on every failure but a cancellation, and
+nothing else holds that connection: cancelled there (an app closed while a reader started, a
+startup cut short), its socket and reader task lived as long as the event loop, and the test
+run's unraisable-warning check failed on it at random. Real Kafka behind a `FaultyProxy` that
+passes each connection's first answer (the API versions) and holds the metadata answer, so the
+cancellation lands exactly there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+from support.faulty_proxy import FaultyProxy
+
+from onward._storage.kafka import KafkaConnection
+from onward.eventlog.kafka_readers import KafkaReaders
+
+pytestmark = pytest.mark.kafka
+
+REQUEST_TIMEOUT_S = 2.0
+
+
+def _connection_start(connection: KafkaConnection) -> Awaitable[None]:
+    return connection.start(connection.consumer(role="reader", group_id=None))
+
+
+def _readers_start(connection: KafkaConnection) -> Awaitable[None]:
+    readers = KafkaReaders(
+        lambda: connection.consumer(role="reader", group_id=None),
+        size=1,
+        read_timeout_s=REQUEST_TIMEOUT_S,
+    )
+    return readers.start()
+
+
+@pytest.mark.parametrize(
+    "start", [_connection_start, _readers_start], ids=["connection", "readers"]
+)
+async def test_a_start_cancelled_while_it_waits_for_metadata_leaves_no_connection_open(
+    kafka_bootstrap: str, start: Callable[[KafkaConnection], Awaitable[None]]
+) -> None:
+    host, port = kafka_bootstrap.rsplit(":", 1)
+    async with FaultyProxy(host, int(port)) as proxy:
+        proxy.hold_replies_after(1)
+        connection = KafkaConnection(f"127.0.0.1:{proxy.port}", request_timeout_s=REQUEST_TIMEOUT_S)
+        starting = asyncio.ensure_future(start(connection))
+        async with asyncio.timeout(10):
+            await proxy.reply_held.wait()
+        assert not proxy.idle.is_set()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        async with asyncio.timeout(REQUEST_TIMEOUT_S * 3):
+            await proxy.idle.wait()

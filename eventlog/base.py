@@ -477,6 +477,13 @@ def check_limit(limit: int | None) -> bool:
     return limit > 0
 
 
+TRUNCATION_STEP = 20_000
+"""Most records one transaction of a truncation deletes, in the SQL logs. A cut of a long
+backlog in one statement held the partition's appenders for all of it, and on PostgreSQL
+outlasted the statement timeout on every try, so compaction never cut that partition at all.
+Each step moves the partition's start on its own: a cut stopped part way is a shorter one."""
+
+
 def check_truncation(partition: int, offset: int, end: int) -> None:
     """Refuse to truncate past a partition's end: that would remove records not yet written."""
     if offset > end:

@@ -33,6 +33,7 @@ from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
     MOST_RECORDS_LOOKED_THROUGH,
+    TRUNCATION_STEP,
     Appended,
     EventLogBackend,
     LogRead,
@@ -312,6 +313,12 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
     async def truncate_before(self, partition: int, offset: int) -> None:
         check_partition(partition, self.partitions)
         context = f"truncating partition {partition}"
+        while not await self._truncation_step(partition, offset, context):
+            pass
+
+    async def _truncation_step(self, partition: int, offset: int, context: str) -> bool:
+        """Delete at most `TRUNCATION_STEP` records below ``offset`` and move the start past
+        them, in one transaction; whether the start has reached ``offset``."""
         async with self._connection(context, transaction=True) as conn:
             row = await conn.fetchrow(
                 "SELECT start_offset, next_offset FROM onward_log_partition "
@@ -321,17 +328,21 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
             if row is None:
                 raise self._missing(partition)
             check_truncation(partition, offset, row["next_offset"])
-            if offset > row["start_offset"]:
-                await conn.execute(
-                    "DELETE FROM onward_log WHERE partition = $1 AND log_offset < $2",
-                    partition,
-                    offset,
-                )
-                await conn.execute(
-                    "UPDATE onward_log_partition SET start_offset = $2 WHERE partition = $1",
-                    partition,
-                    offset,
-                )
+            start = int(row["start_offset"])
+            if offset <= start:
+                return True
+            start = min(offset, start + TRUNCATION_STEP)
+            await conn.execute(
+                "DELETE FROM onward_log WHERE partition = $1 AND log_offset < $2",
+                partition,
+                start,
+            )
+            await conn.execute(
+                "UPDATE onward_log_partition SET start_offset = $2 WHERE partition = $1",
+                partition,
+                start,
+            )
+            return start == offset
 
     async def write_raw(self, run_id: str, record: bytes) -> Position:
         """Store a record as a foreign writer would, unchecked. For tests of bad input."""

@@ -28,6 +28,7 @@ from onward.errors import ConfigurationError, LogTruncatedError
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_PARTITIONS,
+    TRUNCATION_STEP,
     EventLogBackend,
     LogRead,
     LogRecord,
@@ -211,23 +212,30 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         check_partition(partition, self._partitions)
         conn = self._db.connection()
 
-        def truncate() -> None:
-            start, end = conn.execute(
+        def step() -> bool:
+            """At most `TRUNCATION_STEP` records deleted and the start moved past them, so
+            appends queued meanwhile commit between steps; whether the start reached
+            ``offset``."""
+            row = conn.execute(
                 "SELECT start_offset, next_offset FROM onward_log_partition WHERE partition = ?",
                 (partition,),
             ).fetchone()
-            check_truncation(partition, offset, end)
-            if offset > start:
-                conn.execute(
-                    "DELETE FROM onward_log WHERE partition = ? AND offset < ?",
-                    (partition, offset),
-                )
-                conn.execute(
-                    "UPDATE onward_log_partition SET start_offset = ? WHERE partition = ?",
-                    (offset, partition),
-                )
+            check_truncation(partition, offset, int(row[1]))
+            start = int(row[0])
+            if offset <= start:
+                return True
+            start = min(offset, start + TRUNCATION_STEP)
+            conn.execute(
+                "DELETE FROM onward_log WHERE partition = ? AND offset < ?", (partition, start)
+            )
+            conn.execute(
+                "UPDATE onward_log_partition SET start_offset = ? WHERE partition = ?",
+                (start, partition),
+            )
+            return start == offset
 
-        await self._db.write(truncate, f"truncating partition {partition}")
+        while not await self._db.write(step, f"truncating partition {partition}"):
+            pass
 
     def write_raw(self, run_id: str, record: bytes) -> Position:
         """Store a record as a foreign writer would, unchecked. For tests of bad input."""

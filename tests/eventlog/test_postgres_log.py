@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from onward._storage.packing import PACKED
 from onward.errors import ConfigurationError, SchemaMismatchError
 from onward.eventlog import PostgresEventLog, codec
+from onward.eventlog.base import TRUNCATION_STEP, PartitionBounds
 from onward.runtime.cli import app
 from onward.testing.eventlog import new_run_id, step_events
 
@@ -207,3 +208,47 @@ def test_packing_a_schema_no_log_was_opened_on_is_refused_and_creates_nothing(
             await conn.close()
 
     assert asyncio.run(meta()) == []
+
+
+async def test_a_long_cut_deletes_in_steps_each_in_a_transaction_of_its_own(
+    database_url: str, pg_schema: str
+) -> None:
+    """A cut of a long backlog in one statement held the partition's appenders for all of it
+    and, past the statement timeout, failed on every try: compaction never cut the partition.
+    A trigger counts the rows each DELETE statement took and its transaction."""
+    backlog = 2 * TRUNCATION_STEP + 123
+    async with PostgresEventLog(database_url, schema=pg_schema, partitions=2) as log:
+        await log.append(step_events(new_run_id(), 1))
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(f'SET search_path TO "{pg_schema}"')
+            record = await conn.fetchval("SELECT record FROM onward_log LIMIT 1")
+            await conn.execute("DELETE FROM onward_log")
+            await conn.execute(
+                "INSERT INTO onward_log SELECT 0, g, 'r' || g, $1 FROM generate_series(0, $2) g",
+                record,
+                backlog - 1,
+            )
+            await conn.execute(
+                "UPDATE onward_log_partition SET start_offset = 0, "
+                "next_offset = CASE partition WHEN 0 THEN $1 ELSE 0 END",
+                backlog,
+            )
+            await conn.execute(
+                "CREATE TABLE cut_steps (tx bigint, rows bigint, last bigint);"
+                "CREATE FUNCTION count_cut() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "INSERT INTO cut_steps SELECT txid_current(), count(*), max(log_offset) FROM old; "
+                "RETURN NULL; END $$;"
+                "CREATE TRIGGER count_cut AFTER DELETE ON onward_log "
+                "REFERENCING OLD TABLE AS old FOR EACH STATEMENT EXECUTE FUNCTION count_cut()"
+            )
+            await log.truncate_before(0, backlog - 3)
+            steps = await conn.fetch("SELECT tx, rows, last FROM cut_steps ORDER BY last")
+            left = await conn.fetchval("SELECT min(log_offset) FROM onward_log")
+        finally:
+            await conn.close()
+        assert [step["rows"] for step in steps] == [TRUNCATION_STEP, TRUNCATION_STEP, 120]
+        assert len({step["tx"] for step in steps}) == 3
+        assert left == backlog - 3
+        assert await log.bounds(0) == PartitionBounds(backlog - 3, backlog)
+        assert len(await log.read_records(0, backlog - 3)) == 3

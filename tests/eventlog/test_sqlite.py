@@ -14,7 +14,7 @@ import pytest
 from onward._storage import SqliteStore
 from onward.errors import BackendError, ConfigurationError, InvalidInputError
 from onward.eventlog import SqliteEventLog, codec
-from onward.eventlog.base import partition_for
+from onward.eventlog.base import TRUNCATION_STEP, PartitionBounds, partition_for
 from onward.projections.compaction import SqliteCompactionStore
 from onward.projections.migrations import migrations
 from onward.projections.sqlite import SqliteFrontierStore
@@ -166,3 +166,46 @@ async def test_a_file_written_before_the_log_joined_the_ledger_opens_and_migrate
     with closing(sqlite3.connect(path)) as conn:
         versions = [v for (v,) in conn.execute("SELECT version FROM onward_schema_migrations")]
     assert sorted(versions) == [m.version for m in migrations("sqlite")]
+
+
+async def test_a_long_cut_moves_the_start_in_steps_appends_can_commit_between(
+    tmp_path: Path,
+) -> None:
+    """A cut of a long backlog in one transaction held every append of the file for all of
+    it. A trigger notes, for each record deleted, where the partition's start stood then: the
+    later steps see the start the earlier ones committed."""
+    path = tmp_path / "events.db"
+    backlog = 2 * TRUNCATION_STEP + 123
+    async with SqliteEventLog(path, partitions=2) as log:
+        await log.append(step_events(new_run_id(), 1))
+    with closing(sqlite3.connect(path)) as conn, conn:
+        (record,) = conn.execute("SELECT record FROM onward_log LIMIT 1").fetchone()
+        conn.execute("DELETE FROM onward_log")
+        conn.executemany(
+            "INSERT INTO onward_log (partition, offset, run_id, record) VALUES (0, ?, ?, ?)",
+            ((offset, f"r{offset}", record) for offset in range(backlog)),
+        )
+        conn.execute(
+            "UPDATE onward_log_partition SET start_offset = 0, "
+            "next_offset = CASE partition WHEN 0 THEN ? ELSE 0 END",
+            (backlog,),
+        )
+        conn.executescript(
+            "CREATE TABLE cut_seen (start_offset INTEGER);"
+            "CREATE TRIGGER cut_seen AFTER DELETE ON onward_log BEGIN "
+            "INSERT INTO cut_seen SELECT start_offset FROM onward_log_partition "
+            "WHERE partition = OLD.partition; END;"
+        )
+    async with SqliteEventLog(path, partitions=2) as log:
+        await log.truncate_before(0, backlog - 3)
+        assert await log.bounds(0) == PartitionBounds(backlog - 3, backlog)
+        assert len(await log.read_records(0, backlog - 3)) == 3
+    with closing(sqlite3.connect(path)) as conn:
+        seen = conn.execute(
+            "SELECT start_offset, count(*) FROM cut_seen GROUP BY start_offset ORDER BY 1"
+        ).fetchall()
+    assert seen == [
+        (0, TRUNCATION_STEP),
+        (TRUNCATION_STEP, TRUNCATION_STEP),
+        (2 * TRUNCATION_STEP, 120),
+    ]

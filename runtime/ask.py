@@ -116,8 +116,13 @@ class Asking:
         answer = self.answers.get(ask_request(self.call_id, index), _MISSING)
         if answer is not _MISSING:
             return answer
-        self.question = Question(self.call_id, index, text, schema)
-        raise QuestionAsked(self.question)
+        question = Question(self.call_id, index, text, schema)
+        if self.question is None:
+            # Code that caught the stop of an earlier question and asked on is still stopped
+            # at that one: asked a later one first, it would go on past the earlier with a
+            # guess once the later is answered.
+            self.question = question
+        raise QuestionAsked(question)
 
     @classmethod
     def of(cls, call_id: str, grants: Iterable[Grant]) -> Asking:

@@ -1191,7 +1191,7 @@ class AgentRunner(Resource):
                 with scope.active():
                     result = await _within(calling, deadline)
             except QuestionAsked as stopped:
-                return stopped.question
+                return scope.question or stopped.question
             except (_DeadlinePassedError, OutcomeUnknownError) as exc:
                 verdict = await self._cut_off(
                     run, call, tool, _unanswered(call, tool, exc, self.writer.redactor)

@@ -288,6 +288,33 @@ async def test_a_tool_that_swallows_the_stop_still_stops_at_its_question(tmp_pat
     assert effects == ["guessed", "yes"]
 
 
+async def test_a_tool_that_swallows_a_stop_and_asks_on_is_asked_in_order(tmp_path: Path) -> None:
+    """Asked its second question first, the call would go on past its first with a guess
+    once the second is answered, and make its effect with it."""
+    effects: list[tuple[str, str]] = []
+
+    @tool
+    async def careless(*, idempotency_key: str) -> str:
+        try:
+            first = ask("first?")
+        except BaseException:  # what a careless tool does
+            first = "guessed"
+        second = ask("second?")
+        effects.append((str(first), str(second)))
+        return "done"
+
+    agent = Agent(name="careless", instructions="", tools=[careless])
+    provider = ScriptedProvider([reply("", ToolCall(call_id="r", tool="careless")), reply("done")])
+    async with SqliteEventLog(tmp_path / "onward.db") as log:
+        runner = AgentRunner(provider=provider, log=log, worker="w")
+        assert (await runner.run(agent, "go", tenant=TENANT, run_id="q")).waiting_on == FIRST
+        await runner.approve("q", FIRST, tenant=TENANT, by="ann", value="a")
+        assert (await runner.resume(agent, "q", tenant=TENANT)).waiting_on == SECOND
+        await runner.approve("q", SECOND, tenant=TENANT, by="ann", value="b")
+        assert (await runner.resume(agent, "q", tenant=TENANT)).status == "completed"
+    assert effects == [("a", "b")]
+
+
 def test_the_readme_example_refuses_a_bad_answer_and_refunds_once(tmp_path: Path) -> None:
     printed = [run_example("Asking a person from a tool", tmp_path)[1] for _ in range(2)]
     assert printed[0] == printed[1]

@@ -43,12 +43,14 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import pydantic
 
 from onward.errors import ConfigurationError, InvalidInputError
+from onward.eventlog.codec import unencodable
 from onward.eventlog.events import Grant
 
-from .limits import MAX_NAME_LENGTH, check_note
+from .limits import MAX_NAME_LENGTH, check_depth, check_note
 from .redaction import Redactor
 
 if TYPE_CHECKING:
@@ -173,7 +175,9 @@ def ask(question: str, *, schema: Any = None) -> Any:
     if adapter is None:
         return answer
     try:
-        return adapter.validate_python(answer)
+        # Read as the JSON value it is, as its schema was checked: a strict type takes
+        # "2030-01-02" for a date from JSON, only a date object from Python.
+        return adapter.validate_json(msgspec.json.encode(answer))
     except pydantic.ValidationError as exc:
         raise InvalidInputError(
             f"the answer to {ask_request(scope.call_id, scope.asked - 1)!r} does not fit "
@@ -230,24 +234,27 @@ def recorded_schema(text: str | None) -> Any:
 
 
 def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str) -> None:
-    """Refuse an answer that does not fit the question's recorded JSON Schema (JSON text).
+    """Refuse an answer that, as it will be recorded (`_as_recorded`), does not fit the
+    question's recorded JSON Schema (JSON text).
 
     Raises:
-        InvalidInputError: Naming each place in the answer that does not fit (at most five),
-            each masked (`Redactor`), then cut: a fleet worker logs the refusal, and a secret
-            the cut split (a URL cut between its password and its ``@``) is one no pattern
-            recognises any more. Nothing was written, the run still waits.
+        InvalidInputError: The answer cannot be recorded; or it does not fit, naming each
+            place in it that does not (at most five), each masked (`Redactor`), then cut: a
+            fleet worker logs the refusal, and a secret the cut split (a URL cut between its
+            password and its ``@``) is one no pattern recognises any more. Nothing was
+            written, the run still waits.
     """
     if schema is None:
         return
     import jsonschema  # noqa: PLC0415  (as in the check of a question's schema)
     import referencing.exceptions  # noqa: PLC0415
 
+    recorded = _as_recorded(value, run_id=run_id, request_id=request_id)
     try:
         schema = json.loads(schema)
         jsonschema.Draft202012Validator.check_schema(schema)
         validator = jsonschema.Draft202012Validator(schema, format_checker=_formats())
-        faults = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.path)))
+        faults = sorted(validator.iter_errors(recorded), key=lambda e: list(map(str, e.path)))
     except (ValueError, jsonschema.SchemaError, referencing.exceptions.Unresolvable) as exc:
         # Recorded by another writer: no answer can be checked against it.
         raise InvalidInputError(
@@ -267,6 +274,26 @@ def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str
         "nothing was recorded and the run still waits",
         run_id=run_id,
     )
+
+
+def _as_recorded(value: Any, *, run_id: str, request_id: str) -> Any:
+    """The answer as the log records it and the tool's code reads it back: its JSON form.
+
+    That form, not the value given, is what must fit: a ``Decimal`` is a number to a JSON
+    Schema validator but is written as a string, so checked as given it would reach a tool
+    that asked for a number as text.
+
+    Raises:
+        InvalidInputError: The answer nests too deep, or JSON has no form for it.
+    """
+    check_depth("the answer", value, run_id=run_id)
+    fault = unencodable(value)
+    if fault is not None:
+        raise InvalidInputError(
+            f"run {run_id!r}: the answer to {request_id!r} cannot be recorded: {fault}",
+            run_id=run_id,
+        )
+    return msgspec.json.decode(msgspec.json.encode(value))
 
 
 _READ_AS: dict[str, Any] = {

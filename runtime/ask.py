@@ -233,9 +233,17 @@ def recorded_schema(text: str | None) -> Any:
         return text
 
 
-def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str) -> None:
-    """Refuse an answer that, as it will be recorded (`_as_recorded`), does not fit the
-    question's recorded JSON Schema (JSON text).
+def check_answer(
+    schema: str | None,
+    value: Any,
+    *,
+    run_id: str,
+    request_id: str,
+    redactor: Redactor = _redactor,
+) -> None:
+    """Refuse an answer that, as it will be recorded (`_as_recorded`: masked by ``redactor``,
+    the one that will write or send it, then in its JSON form), does not fit the question's
+    recorded JSON Schema (JSON text).
 
     Raises:
         InvalidInputError: The answer cannot be recorded; or it does not fit, naming each
@@ -249,7 +257,7 @@ def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str
     import jsonschema  # noqa: PLC0415  (as in the check of a question's schema)
     import referencing.exceptions  # noqa: PLC0415
 
-    recorded = _as_recorded(value, run_id=run_id, request_id=request_id)
+    recorded = _as_recorded(value, run_id=run_id, request_id=request_id, redactor=redactor)
     try:
         schema = json.loads(schema)
         jsonschema.Draft202012Validator.check_schema(schema)
@@ -269,19 +277,27 @@ def check_answer(schema: str | None, value: Any, *, run_id: str, request_id: str
         f"{_redactor.redact_text(fault.message)[:200]}"
         for fault in faults[:5]
     )
+    masked = ""
+    if redactor.redact(value) is not value:
+        masked = (
+            "; it was checked as it would be recorded, what it holds under a secret's name or "
+            "in a secret's shape masked (never ask a person for a secret)"
+        )
     raise InvalidInputError(
         f"run {run_id!r}: the answer to {request_id!r} does not fit its schema ({where}); "
-        "nothing was recorded and the run still waits",
+        f"nothing was recorded and the run still waits{masked}",
         run_id=run_id,
     )
 
 
-def _as_recorded(value: Any, *, run_id: str, request_id: str) -> Any:
-    """The answer as the log records it and the tool's code reads it back: its JSON form.
+def _as_recorded(value: Any, *, run_id: str, request_id: str, redactor: Redactor) -> Any:
+    """The answer as the log records it and the tool's code reads it back: masked, then in
+    its JSON form.
 
     That form, not the value given, is what must fit: a ``Decimal`` is a number to a JSON
     Schema validator but is written as a string, so checked as given it would reach a tool
-    that asked for a number as text.
+    that asked for a number as text; a number under a secret's name (``pin``) is recorded as
+    the mask, which a tool that asked for a number could not read.
 
     Raises:
         InvalidInputError: The answer nests too deep, or JSON has no form for it.
@@ -293,7 +309,7 @@ def _as_recorded(value: Any, *, run_id: str, request_id: str) -> Any:
             f"run {run_id!r}: the answer to {request_id!r} cannot be recorded: {fault}",
             run_id=run_id,
         )
-    return msgspec.json.decode(msgspec.json.encode(value))
+    return msgspec.json.decode(msgspec.json.encode(redactor.redact(value)))
 
 
 _READ_AS: dict[str, Any] = {

@@ -717,7 +717,11 @@ class AgentRunner(Resource):
             _check_waiting(run.frontier, request_id)
             if granted:
                 check_answer(
-                    run.frontier.answer_schema, value, run_id=run_id, request_id=request_id
+                    run.frontier.answer_schema,
+                    value,
+                    run_id=run_id,
+                    request_id=request_id,
+                    redactor=self.writer.redactor,
                 )
             kind = ApprovalGranted if granted else ApprovalDenied
             events: list[Event] = [

@@ -71,6 +71,7 @@ from onward.runtime.limits import check_name
 from onward.runtime.manager import ExecutionManager, needs_person
 from onward.runtime.options import Options
 from onward.runtime.providers import NoModel, Provider
+from onward.runtime.redaction import Redactor
 from onward.runtime.resumer import Resumer
 from onward.runtime.settings import Settings, load_settings
 
@@ -521,8 +522,15 @@ class App(Resource):
             )
         if approve:
             # Checked here too, so a fleet's app refuses a bad answer before submitting it.
+            # Masked as it will be: by the runner that writes it, or as a request is sent.
             check_answer(
-                frontier.answer_schema, value, run_id=frontier.run_id, request_id=request_id
+                frontier.answer_schema,
+                value,
+                run_id=frontier.run_id,
+                request_id=request_id,
+                redactor=self._worker.runner.writer.redactor
+                if self._worker is not None
+                else Redactor(),
             )
         if self._worker is not None:
             # Recorded before this returns, so the caller may end its process right after.

@@ -262,7 +262,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
             if messages:
                 await _append_messages(conn, messages)
             if positions:
-                parts = list(positions)
+                parts = sorted(positions)  # key order, as every write locks rows (`_in_key_order`)
                 await conn.execute(
                     "INSERT INTO onward_projector_positions (consumer, partition, next_offset) "
                     "SELECT $1, p, o FROM unnest($2::int[], $3::bigint[]) AS t(p, o) "
@@ -297,6 +297,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         # its run again (a release): a projector that folded the record before the release
         # and stores after it leaves the released or cleared entry as it is.
         cleared = list(batch.cleared)
+        entries = sorted(batch.quarantine, key=lambda e: (e.partition, e.offset))
         await conn.executemany(
             f"INSERT INTO onward_quarantine (consumer, {_QUARANTINE_COLUMNS}) "
             "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
@@ -304,7 +305,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
             "run_id = excluded.run_id, tenant = excluded.tenant, kind = excluded.kind, "
             "reason = excluded.reason, state = 'held', quarantined_at = excluded.quarantined_at "
             "WHERE onward_quarantine.state = 'held' OR onward_quarantine.run_id = ANY($12::text[])",
-            [(consumer, *astuple(entry), cleared) for entry in batch.quarantine],
+            [(consumer, *astuple(entry), cleared) for entry in entries],
         )
         marks = [
             (e.mark, e.run_id, consumer, e.partition, e.offset)
@@ -364,6 +365,9 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                 if build is not None:
                     self._build = build
             frontiers, _ = self._tables()
+            # The row before the entries, in the order a write locks them: a projector storing
+            # the run meanwhile would otherwise hold the row and wait for the entries.
+            await conn.execute(f"SELECT FROM {frontiers} WHERE run_id = $1 FOR UPDATE", run_id)
             status = await conn.execute(
                 "UPDATE onward_quarantine SET state = 'released', released_by = $3, "
                 "released_at = $4 WHERE consumer = $1 AND run_id = $2 AND state = 'held'",
@@ -483,6 +487,20 @@ _CALL_NAMES = tuple(_CALL_COLUMNS.split(", "))
 _FEW_ROWS = 16
 """Most rows upserted by statements of their own rather than staged by COPY."""
 
+_NUMERIC_KEYS = frozenset({"seq"})
+
+
+def _in_key_order(key: Sequence[str]) -> str:
+    """An ``ORDER BY`` list sorting rows as Python sorts their keys (text by code point: the
+    C collation, whatever the database's).
+
+    Every write upserts a table's rows in key order, whichever path it takes, so two writers
+    of the same rows (projectors overlapping in a rebalance, a rebuild's transcript beside the
+    live one's) lock them in one order: in any other, each can hold a row the other waits for,
+    and PostgreSQL fails one of them as deadlocked.
+    """
+    return ", ".join(k if k in _NUMERIC_KEYS else f'{k} COLLATE "C"' for k in key)
+
 
 async def _stage_and_upsert(
     conn: asyncpg.Connection,
@@ -496,7 +514,8 @@ async def _stage_and_upsert(
     Many rows: binary COPY into a staging table, then one guarded ``INSERT ... SELECT ... ON
     CONFLICT``; about twice as fast as ``unnest`` of arrays, whose per-element type checks
     dominate large batches. A few rows (an inline fold's): one prepared guarded ``INSERT`` per
-    row, sent together in one round trip, where staging would take three.
+    row, sent together in one round trip, where staging would take three. Either way in key
+    order (`_in_key_order`).
     """
     names = ", ".join(columns)
     updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
@@ -504,7 +523,8 @@ async def _stage_and_upsert(
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
         f"WHERE {table}.through_offset < excluded.through_offset"
     )
-    rows = list(rows)
+    at = [columns.index(k) for k in key]
+    rows = sorted(rows, key=lambda row: [row[i] for i in at])
     if len(rows) <= _FEW_ROWS:
         values = ", ".join(f"${n}" for n in range(1, len(columns) + 1))
         await conn.executemany(f"INSERT INTO {table} ({names}) VALUES ({values}) {guard}", rows)
@@ -514,7 +534,10 @@ async def _stage_and_upsert(
         f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table}) ON COMMIT DELETE ROWS"
     )
     await conn.copy_records_to_table(stage, records=rows, columns=columns)
-    await conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} {guard}")
+    await conn.execute(
+        f"INSERT INTO {table} ({names}) SELECT {names} FROM {stage} "
+        f"ORDER BY {_in_key_order(key)} {guard}"
+    )
 
 
 TRANSCRIPT_CHUNK_MESSAGES = 256
@@ -621,9 +644,10 @@ async def _append_messages(conn: asyncpg.Connection, chunks: list[_Chunk]) -> No
     The transcript is not per build: what another build (or an earlier store) stored is kept
     (`_not_stored`). Two writers storing the same run at once may both start a chunk at the
     same seq; both folded the same events from it, so the longer one is kept."""
-    rows = [chunk.stored for chunk in await _not_stored(conn, chunks)]
+    rows = sorted((chunk.stored for chunk in await _not_stored(conn, chunks)), key=lambda r: r[:3])
     if not rows:
         return
+    in_key_order = f"ORDER BY {_in_key_order(_TRANSCRIPT_NAMES[:3])}"
     keep_longer = (
         "ON CONFLICT (tenant, run_id, seq) DO UPDATE "
         "SET last_seq = excluded.last_seq, message = excluded.message "
@@ -635,7 +659,7 @@ async def _append_messages(conn: asyncpg.Connection, chunks: list[_Chunk]) -> No
         await conn.execute(
             f"INSERT INTO onward_transcript ({names}) "
             "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bytea[]) "
-            f"{keep_longer}",
+            f"AS t({names}) {in_key_order} {keep_longer}",
             *(list(column) for column in zip(*rows, strict=True)),
         )
         return
@@ -645,7 +669,8 @@ async def _append_messages(conn: asyncpg.Connection, chunks: list[_Chunk]) -> No
     )
     await conn.copy_records_to_table(stage, records=rows, columns=_TRANSCRIPT_NAMES)
     await conn.execute(
-        f"INSERT INTO onward_transcript ({names}) SELECT {names} FROM {stage} {keep_longer}"
+        f"INSERT INTO onward_transcript ({names}) SELECT {names} FROM {stage} {in_key_order} "
+        f"{keep_longer}"
     )
 
 

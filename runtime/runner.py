@@ -1392,15 +1392,21 @@ async def _within(calling: Coroutine[Any, Any, Any], deadline: int | None) -> An
 
     The deadline is turned into the event loop's clock once, so a process paused past it
     (SIGSTOP, a long GC) finds the timer expired as soon as it runs again: the call is
-    cancelled at its next await instead of going on to its effect.
+    cancelled at its next await instead of going on to its effect. What the call raises is
+    told apart by whether the deadline passed, not by its type: a `TimeoutError` of the tool's
+    own before then is its failure, raised as any other; whatever it raises once cut off (its
+    clean-up failing, say) is the cut-off.
     """
     if deadline is None:
         return await calling
     left = deadline / 1_000_000 - time.time()
+    timeout = asyncio.timeout(max(left, 0))
     try:
-        async with asyncio.timeout(max(left, 0)):
+        async with timeout:
             return await calling
-    except TimeoutError as exc:
+    except Exception as exc:
+        if not timeout.expired():
+            raise
         raise _DeadlinePassedError from exc
 
 

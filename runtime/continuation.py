@@ -11,8 +11,9 @@ in progress has been dispatched:
    idempotency keys, and the approvals in force with who granted them. `Continuation.check`
    refuses one that dropped an approval or a grant (`ConfigurationError`): the new run would
    otherwise go on unapproved, or ask a person again for what they already allowed.
-2. Under the new run's lease: its `RunStarted` names the old run (``continuation_of``) and
-   carries the continuation (``carried``).
+2. Under the new run's lease: its `RunStarted` names the old run (``continuation_of``),
+   carries the continuation (``carried``) and records the options the old run is bound by
+   (`carried_options`: its person, pauses, bound on model calls and budgets).
 3. Under the old run's lease: `RunContinued` names the new run; the old run is finished.
 4. The new run is resumed like any other: its conversation is the old transcripts, read where
    they are (never copied into the log twice), then its own.
@@ -36,7 +37,7 @@ import contextlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from onward.errors import (
     ConfigurationError,
@@ -188,6 +189,29 @@ def carriable(frontier: Frontier) -> bool:
     return frontier.status == "running" and all(
         c.dispatched_seq is None and c.outcome in (None, "never_ran") for c in frontier.calls
     )
+
+
+def carried_options(frontier: Frontier) -> dict[str, Any]:
+    """The options the run is bound by, as its `RunStarted` records them for the fold to read
+    (`run_options`, `run_budgets`, `checkpoint_frequency`): the run it is carried into starts
+    with them, or it would no longer be the person's it was started for, pause where it was
+    to, nor stop at the run's bound on model calls (which spans the chain, as the iteration
+    count does) or within its budgets."""
+    options: dict[str, Any] = {}
+    if frontier.user_id is not None:
+        options["user"] = frontier.user_id
+    if frontier.pause_at:
+        options["mode"] = "collaborative"
+        options["checkpoints"] = list(frontier.pause_at)
+    if frontier.max_iterations is not None:
+        options["max_iterations"] = frontier.max_iterations
+    if frontier.checkpoint_frequency > 1:
+        options["checkpoint_frequency"] = frontier.checkpoint_frequency
+    if frontier.budget_micros is not None:
+        options["budget_micros"] = frontier.budget_micros
+    if frontier.tenant_budget_micros is not None:
+        options["tenant_budget_micros"] = frontier.tenant_budget_micros
+    return options
 
 
 def continued(frontier: Frontier, *, new_run_id: str | None = None) -> Continuation:
@@ -351,7 +375,9 @@ async def start_successor(
 ) -> bool:
     """Write the new run's `RunStarted` under its lease, unless an earlier carry did. Returns
     False, writing nothing, when the id holds an earlier carry of the run that it went on
-    without (`current`): the run goes on uncarried (its successor's id is derived, and taken).
+    without (`current`): the run goes on uncarried (its successor's id is derived, and taken);
+    and when the confirmation of the old run's lease hears that someone asked its holder to
+    cancel it (`Leaseholder.cancel_asked`), which the runner then does.
 
     Raises:
         ConfigurationError: The continuation drops an approval or grant, or the successor's id
@@ -381,11 +407,16 @@ async def start_successor(
         # holder that lost it unawares (paused, a store that forgot it) while another carried
         # the old run on would start a run making the same calls again.
         await run.held.confirm()
+        if run.held.cancel_asked is not None:
+            # Heard just now: the ask goes with the old run's holding, so the new run would
+            # never hear it; the old run goes on uncarried and ends as asked instead.
+            return False
         started = writer.event(
             new,
             RunStarted,
             agent=run.agent.name,
             revision=run.agent.revision,
+            options=carried_options(run.frontier),
             continuation_of=run.run_id,
             carried=continuation.carried(),
         )
@@ -400,6 +431,7 @@ __all__ = [
     "HandOver",
     "awaits_hand_over",
     "carriable",
+    "carried_options",
     "carry_if_due",
     "continued",
     "current",

@@ -782,7 +782,8 @@ class AgentRunner(Resource):
 
         For a run another process drives, which `cancel` is refused: the ask is kept with the
         run's lease (`LeaseStore.ask_to_cancel`) and its holder hears it at its next lease
-        renewal or tool call, then writes the run's end itself, recording ``by`` and ``why``;
+        renewal or tool call, then writes the run's end itself, recording ``by`` and ``why``
+        (also where the run would have waited on a person, or been carried into a new run);
         a model call in flight when it hears it is abandoned (`Leaseholder.cancelled_by_ask`).
         Returns the holding asked, or ``None`` when nobody holds the run (`cancel` it then).
         """
@@ -920,8 +921,25 @@ class AgentRunner(Resource):
         ceiling = run.agent.max_iterations
         limit = min(run.frontier.max_iterations or ceiling, ceiling)
         while not run.frontier.finished and run.frontier.status != "waiting":
-            if self.continuation is not None and await carry_if_due(
-                run, self.continuation, writer=self.writer, resumer=self.resumer, holding=self._held
+            # Heard before anything else at a boundary: the ask goes with this holding, so a
+            # run carried into a new run or left waiting on a person would drop it.
+            asked = run.held.cancel_asked
+            if asked is not None:  # someone asked its holder to cancel it (`onward cancel`)
+                await self._end_as_asked(run, asked)
+                break
+            # A checkpoint the run pauses at comes before a carry: the run it would be carried
+            # into has reached no boundary of its own, so it would go on without pausing.
+            at: Boundary = "after_model_call" if run.frontier.calls else "after_tool_result"
+            if (
+                self.continuation is not None
+                and pause_request(run.frontier, at) is None
+                and await carry_if_due(
+                    run,
+                    self.continuation,
+                    writer=self.writer,
+                    resumer=self.resumer,
+                    holding=self._held,
+                )
             ):
                 break
             if run.frontier.calls:
@@ -940,10 +958,6 @@ class AgentRunner(Resource):
                 break
             if await self._paused(run, "after_tool_result"):
                 break
-            asked = run.held.cancel_asked
-            if asked is not None:  # someone asked its holder to cancel it (`onward cancel`)
-                await self._end_as_asked(run, asked)
-                break
             with observe.run_step("model", run.run_id, run.fence):
                 dispatches = await self._model_step(run)
             if dispatches:
@@ -952,6 +966,10 @@ class AgentRunner(Resource):
                     pending = [c for c in run.frontier.calls if c.call_id in dispatched]
                     if not await self._finish_turn(run, pending, dispatches):
                         break
+        asked = run.held.cancel_asked
+        if asked is not None and run.frontier.status == "waiting":
+            # Heard while its turn ran: it ends rather than wait for a person to go on with it.
+            await self._end_as_asked(run, asked)
         return await self._spent(RunResult.of(run.frontier))
 
     async def _paused(self, run: HeldRun, boundary: Boundary) -> bool:

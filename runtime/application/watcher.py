@@ -86,13 +86,16 @@ class LogWatcher:
                 return
             try:
                 moved = await self._look(by_partition)
-            except OnwardError as exc:
+            except Exception as exc:  # noqa: BLE001 - streams rely on its wakes while it answers
+                # Any failure, not only the log's own errors: a driver error it did not
+                # translate, or a bug, must not end the watcher still said to answer.
                 if self.answering:
                     _log.warning(
                         "watching the log for %d streams failed, each looks for itself until "
                         "it answers again: %s",
                         sum(map(len, by_partition.values())),
                         exc,
+                        exc_info=not isinstance(exc, OnwardError),
                     )
                 self.answering = False
                 self._ends.clear()  # what moved meanwhile is unknown: every stream is woken

@@ -259,3 +259,45 @@ async def test_a_stream_woken_vaguely_for_nothing_backs_its_wakes_off(
     late = [t for t in reads if t - began >= 1.5]
     # Heeding every wake it would read 20 times a second; polling, about twice.
     assert len(late) <= 2 * 2 + 2, [round(t - began, 2) for t in reads]
+
+
+class Failing(MemoryEventLog):
+    """A log whose partition ends fail, while ``failing``, with an error no Onward error wraps
+    (a driver's own that escaped translation, or a bug)."""
+
+    def __init__(self) -> None:
+        super().__init__(partitions=4)
+        self.failing = False
+
+    async def ends(self, partitions: Collection[int]) -> dict[int, int]:
+        if self.failing:
+            raise ConnectionResetError("the driver's own error")
+        return await super().ends(partitions)
+
+
+async def test_a_watcher_failing_with_an_unexpected_error_stops_answering_and_looks_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Streams nap up to `WATCHED_NAP_S` while the watcher answers: a watcher that died of an
+    error other than the log's own, still said to answer, would leave them that slow for good."""
+    log = Failing()
+    stream = Watched("r1")
+    watcher = LogWatcher(log, interval_s=0.01, streams=lambda: [stream])  # type: ignore[list-item]
+    with caplog.at_level(logging.WARNING, logger="onward.app"):
+        watcher.watch()
+        try:
+            await asyncio.wait_for(stream.woken.wait(), 5)
+            assert answering(watcher)
+            log.failing = True
+            await asyncio.sleep(0.2)
+            assert not answering(watcher)  # streams look for themselves meanwhile
+            stream.woken.clear()
+            log.failing = False
+            await log.append([_started("r1")])
+            await asyncio.wait_for(stream.woken.wait(), RETRY_S + 5)  # it went on looking
+            assert answering(watcher)
+        finally:
+            await watcher.close()
+    said = [r for r in caplog.records if "watching the log" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].exc_info is not None  # an error nobody expected: with its traceback

@@ -524,6 +524,7 @@ class AgentRunner(Resource):
         """
         if not budgets.bounded or self.spend is None:
             return None
+        await self.writer.drop_holds_left()  # of runs that ended while the ledger was down
         estimate = estimate_usage(run.agent, messages, await self.spend.run_total(run.run_id))
         seq = self.writer.next_seq(run)  # the answer's, as `_model_step` writes it
         # An estimate past what a ledger counts (a max_tokens of 10**30) is held at that most,

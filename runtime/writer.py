@@ -98,7 +98,8 @@ class RunWriter:
         observer: Sees each durable batch.
         spend: The spend ledger, if any: a batch that ends its run (`RunFinished`, or
             `RunContinued` into another) drops the run's holds (`SpendLedger.release_run`),
-            whichever way the run ended.
+            whichever way the run ended; while the ledger does not answer, at a later end or
+            held model call of this writer's (`drop_holds_left`).
     """
 
     def __init__(
@@ -117,6 +118,8 @@ class RunWriter:
         self.checkpointer = checkpointer
         self.observer = observer
         self.spend = spend
+        self._holds_left: set[str] = set()
+        """Runs that ended while the ledger did not answer: their holds are still to drop."""
 
     @staticmethod
     def next_seq(run: HeldRun, offset: int = 0) -> int:
@@ -252,17 +255,28 @@ class RunWriter:
             await self.observer.appended(batch)
 
     async def _release_holds(self, run_id: str) -> None:
-        """Drop the finished run's holds. The run's end is durable already, so a ledger that
-        cannot be reached is logged, not raised: its holds then stay counted against the
-        budgets (never as spent) until ``release_run`` is called for the run again."""
-        assert self.spend is not None
-        try:
-            released = await asyncio.shield(self.spend.release_run(run_id))
-        except OnwardError as exc:
-            _log.warning("run %s finished; its held spend stays (%s)", run_id, exc)
+        """Drop the finished run's holds (`drop_holds_left`)."""
+        self._holds_left.add(run_id)
+        await self.drop_holds_left()
+
+    async def drop_holds_left(self) -> None:
+        """Drop the holds of the runs this writer ended, those left by an end that found the
+        ledger unreachable too: nothing else would ever drop them (a run that ended is never
+        claimed again), and they would count against the budgets for good. Called at each end
+        and before each held model call (`AgentRunner.hold_model_call`). The run's end is
+        durable already, so a ledger that cannot be reached is logged, not raised: the holds
+        stay counted against the budgets (never as spent) until a later call finds it."""
+        if self.spend is None:
             return
-        if released:
-            _log.info("run %s finished; %d held micros released", run_id, released)
+        for run_id in list(self._holds_left):
+            try:
+                released = await asyncio.shield(self.spend.release_run(run_id))
+            except OnwardError as exc:
+                _log.warning("run %s finished; its held spend stays for now (%s)", run_id, exc)
+                return
+            self._holds_left.discard(run_id)
+            if released:
+                _log.info("run %s finished; %d held micros released", run_id, released)
 
     async def restore(self, event: Event) -> Event:
         """An event as it was before the claim check moved its body out of line."""

@@ -16,8 +16,8 @@ its record will take, in the same atomic step as the check that the run's and th
 spend and holds leave room for it, so runs of one tenant calling at the same moment cannot all
 pass its budget together. The record replaces the hold; a call that failed releases it; a hold
 left by a process that died mid-call counts against the budgets, never in what was spent,
-until the run is resumed: its claim takes the seq the lost answer would have, and releases
-the hold there (an answer the provider gave before the death was recorded, and stays).
+until the run is resumed (its claim releases every hold of the run) or ends (its end does); an
+answer the provider gave before the death was recorded, and stays.
 """
 
 from __future__ import annotations

@@ -122,3 +122,39 @@ async def test_a_run_carried_on_into_another_leaves_nothing_held(
     spent = (await ledger.tenant_total(TENANT)).micros
     assert spent == 4 * CALL_MICROS
     assert (await ledger.hold(probe)).tenant_micros == spent  # nothing held any more
+
+
+async def test_holds_of_a_run_that_ended_while_the_ledger_was_down_are_dropped_later(
+    embedded: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run holding a dead call's estimate is ended (a person cancels it) while the ledger
+    does not answer, so its end cannot drop the hold. Nothing claims a run that ended, so the
+    hold must be dropped once the ledger answers again (here at the tenant's next run), or it
+    counts against the tenant's budget for good."""
+    ledger = embedded.spend
+    assert ledger is not None
+    agent = stepper(tenant_budget_micros=10**9)
+    with pytest.raises(Crash):
+        await dead_runner_on(embedded, DiesMidCall()).run(agent, "go", tenant=TENANT, run_id="left")
+    probe = SpendEntry(run_id="probe", tenant=TENANT, seq=1, model=MODEL)
+    assert (await ledger.hold(probe)).tenant_micros > 0  # the dead call's estimate
+
+    lost = {"once": True}
+    release_run = ledger.release_run
+
+    async def release_run_once(run_id: str) -> int:
+        if lost.pop("once", False):
+            raise BackendUnavailableError("the spend ledger did not answer")
+        return await release_run(run_id)
+
+    monkeypatch.setattr(ledger, "release_run", release_run_once)
+    runner = embedded.runner(steps(finish_after=2))
+    await runner.cancel("left", tenant=TENANT, by="ops", why="given up on")
+    assert not lost  # the end's release failed
+    assert (await runner.inspect("left", tenant=TENANT)).status == "cancelled"
+
+    result = await runner.run(agent, "go again", tenant=TENANT, run_id="next")
+    assert result.status == "completed", result
+    spent = (await ledger.tenant_total(TENANT)).micros
+    assert spent == 2 * CALL_MICROS
+    assert (await ledger.hold(probe)).tenant_micros == spent  # nothing held any more

@@ -219,18 +219,30 @@ class App(Resource):
 
     async def close(self) -> None:
         """Let runs in flight reach their next boundary and hand their leases back, then close
-        every store. Idempotent."""
+        every store. Idempotent. Cancelled while runs drain, it cancels them (a call cut off is
+        indeterminate for the next holder, never repeated) and still closes every store."""
         if self in _opened:
             _opened.remove(self)
         worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.drain()
-            await worker.drained()
-            await self._write_tags_left(worker)
-        stack, self._stack = self._stack, None
-        self._backends = self._requests = self._folder = self._log_watcher = None
-        if stack is not None:
-            await stack.aclose()
+        try:
+            if worker is not None:
+                worker.drain()
+                try:
+                    await worker.drained()
+                except asyncio.CancelledError:
+                    # Cut short while runs drain (a second Ctrl-C, a deadline on the close):
+                    # they are cancelled, as a worker's second SIGTERM cancels them, and waited
+                    # for as they hand their leases back; the stores are closed after, not left
+                    # open behind an app that is gone.
+                    worker.stop_now()
+                    await worker.drained()
+                    raise
+                await self._write_tags_left(worker)
+        finally:
+            stack, self._stack = self._stack, None
+            self._backends = self._requests = self._folder = self._log_watcher = None
+            if stack is not None:
+                await stack.aclose()
 
     @property
     def backends(self) -> Backends:

@@ -285,18 +285,30 @@ class App(Resource):
         if timeout is not None:
             _seconds("timeout", timeout, zero=True)
 
+        # Set once the start may have been sent: a submit that failed (its acknowledgement
+        # lost, or cut off) may have landed, so an opening tried again sends it again and
+        # follows the run from where the first try would have, rather than find the run its
+        # own start made and call the run id taken (a worker takes a start of a run that
+        # exists as started already).
+        start: StartRun | None = None
+
         async def begin(stream: RunStream) -> None:
-            if await self._resumer().exists(run_id):
-                raise InvalidInputError(
-                    f"run {run_id!r} already exists; resume it instead", run_id=run_id
+            nonlocal start
+            if start is None:
+                if await self._resumer().exists(run_id):
+                    raise InvalidInputError(
+                        f"run {run_id!r} already exists; resume it instead", run_id=run_id
+                    )
+                log = self.backends.log
+                stream.next_offset = (await log.bounds(partition_for(run_id, log.partitions))).end
+                stream.expect_start(agent)
+                start = StartRun(
+                    run_id=run_id,
+                    tenant=chosen.tenant,
+                    agent=agent,
+                    input=prompt,
+                    options=chosen.recorded(),
                 )
-            log = self.backends.log
-            stream.next_offset = (await log.bounds(partition_for(run_id, log.partitions))).end
-            recorded = chosen.recorded()
-            stream.expect_start(agent)
-            start = StartRun(
-                run_id=run_id, tenant=chosen.tenant, agent=agent, input=prompt, options=recorded
-            )
             await self._submit(start)
 
         return self._watched(
@@ -351,14 +363,28 @@ class App(Resource):
             _seconds("timeout", timeout, zero=True)
         owner = self._tenant(tenant)
 
+        # The request a try answered whose outcome is unknown (cut off, or a store that did not
+        # answer): an opening tried again once the run no longer waits on it carries the run
+        # on from that answer rather than refuse it as answered already.
+        asked: str | None = None
+
         async def begin(stream: RunStream) -> None:
+            nonlocal asked
             frontier = await self._frontier(run_id, owner)
             stream.agent = frontier.agent or None
             await self._follow_from_first(stream, frontier)
             if resume_value is not None or not approve:
-                await self._answer(frontier, frontier.waiting_on, resume_value, approve, by)
-                stream.answered.add(frontier.waiting_on or "")
-            elif await self._interrupted(frontier):
+                if asked is None or frontier.waiting_on == asked:
+                    asked = frontier.waiting_on
+                    try:
+                        await self._answer(frontier, asked, resume_value, approve, by)
+                    except (InvalidInputError, ResumeConflictError):
+                        asked = None  # refused: nothing was written
+                        raise
+                    stream.answered.add(asked or "")
+                    return
+                stream.answered.add(asked)
+            if await self._interrupted(frontier):
                 await self._submit(_resume_of(frontier))
 
         return self._watched(
@@ -544,21 +570,28 @@ class App(Resource):
                 if self._worker is not None
                 else Redactor(),
             )
-        if self._worker is not None:
+        worker = self._worker
+        if worker is not None:
             # Recorded before this returns, so the caller may end its process right after.
-            runner = self._worker.runner
-            answer = runner.approve if approve else runner.deny
-            await _as_person(
-                answer,
-                frontier.run_id,
-                request_id,
-                waiting=True,
-                tenant=frontier.tenant,
-                by=by,
-                value=value,
-            )
+            answer = worker.runner.approve if approve else worker.runner.deny
+            try:
+                await _as_person(
+                    answer,
+                    frontier.run_id,
+                    request_id,
+                    waiting=True,
+                    tenant=frontier.tenant,
+                    by=by,
+                    value=value,
+                )
+            except asyncio.CancelledError:
+                # Cut off, maybe once the answer was recorded: the run is carried on from it
+                # then, not left for nobody (a run that still waits is left as it is).
+                if approve:
+                    worker.submit(_resume_of(frontier))
+                raise
             if approve:
-                await self._submit(_resume_of(frontier))
+                worker.submit(_resume_of(frontier))
             return
         await self._submit(
             AnswerRequest(

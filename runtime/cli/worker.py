@@ -128,9 +128,9 @@ def worker_command(
             "--provider", metavar="MODULE:ATTR", help="The model: a Provider, or a function."
         ),
     ],
-    max_runs: Annotated[int, typer.Option(help="Most runs in flight; beyond, pause.")] = 16,
+    max_runs: Annotated[int, typer.Option(min=1, help="Most runs in flight; beyond, pause.")] = 16,
     max_attempts: Annotated[
-        int, typer.Option(help="Claims without progress before a run ends failed.")
+        int, typer.Option(min=1, help="Claims without progress before a run ends failed.")
     ] = 3,
     backoff: Annotated[
         float, typer.Option(help="Seconds before a retry, doubled each time.")
@@ -190,9 +190,10 @@ def worker_command(
             f"--lease-ttl must be at most {MAX_LEASE_TTL_S:g} seconds, as ONWARD_LEASE_TTL, "
             f"got {lease_ttl:g}"
         )
-    if not (backoff >= 0 and math.isfinite(backoff)):
-        # Negative or NaN retries a store that is down with no pause; infinite, never.
-        raise InvalidInputError(f"--backoff must be finite seconds, 0 or more, got {backoff}")
+    if not (backoff > 0 and math.isfinite(backoff)):
+        # 0, negative or NaN retries a store that is down (or a run held by another) with no
+        # pause, doubled still none; infinite, never.
+        raise InvalidInputError(f"--backoff must be positive, finite seconds, got {backoff}")
     policy = (
         config.lease_policy()
         if lease_ttl is None

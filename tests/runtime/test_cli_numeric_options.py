@@ -111,6 +111,7 @@ def test_a_rebuild_refuses_a_batch_of_no_records(
     ("option", "value"),
     [
         ("--backoff", "-1"),
+        ("--backoff", "0"),
         ("--backoff", "nan"),
         ("--backoff", "inf"),
         ("--lease-ttl", "1e300"),
@@ -129,5 +130,27 @@ def test_the_worker_refuses_a_backoff_or_lease_ttl_that_is_no_duration(
         "    return ScriptedProvider([reply('hello')])\n"
     )
     env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "onward.db")}
+    worker = ["worker", "--agent", f"{agents}:agent", "--provider", f"{agents}:model"]
+    assert_refused(onward(env, *worker, option, value), option)
+
+
+@pytest.mark.parametrize("option", ["--max-runs", "--max-attempts"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_the_worker_refuses_no_runs_or_no_attempts_before_it_reaches_a_store(
+    tmp_path: Path, option: str, value: str
+) -> None:
+    """Refused naming the option, whatever state the stores are in: here a PostgreSQL that
+    does not answer (the refusal had come only once the stores were open, exit 5 without)."""
+    agents = tmp_path / "numeric_options_worker.py"
+    agents.write_text(
+        "from onward.runtime import Agent, ScriptedProvider, reply\n"
+        "agent = Agent(name='a', instructions='hi')\n"
+        "def model():\n"
+        "    return ScriptedProvider([reply('hello')])\n"
+    )
+    env = {
+        "ONWARD_BACKEND": "postgres",
+        "DATABASE_URL": "postgresql://onward:onward@127.0.0.1:1/onward",
+    }
     worker = ["worker", "--agent", f"{agents}:agent", "--provider", f"{agents}:model"]
     assert_refused(onward(env, *worker, option, value), option)

@@ -3,7 +3,8 @@
 When partitions are assigned (at start, and when a dead worker's partitions move) and every
 ``recheck_s`` after, the worker lists the runs that are ``running`` (so not waiting on a
 person) and whose lease has lapsed, and carries each on with `AgentRunner.resume`. A run whose
-lease is still held is looked at again on the next pass.
+lease is still held is looked at again on the next pass; one it found left for a person is
+passed over until something is written to it (a person settling its call).
 
 The periodic pass is not limited to the partitions the worker owns: a run of another partition
 is taken too once its last event is a lease ttl old and its lease has lapsed. A dead worker
@@ -29,7 +30,6 @@ it on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Collection, Iterable
@@ -74,6 +74,8 @@ _redactor = Redactor()
 _LOGGED_CHARS = 300
 _CAUSES_KEPT = 1024
 """Last causes a worker keeps for runs it saw fail and could not end at once (oldest go)."""
+_LEFT_KEPT = 4096
+"""Runs left for a person a worker remembers to pass over (the oldest go: looked at again)."""
 
 _PROGRESS = (ModelAnswered, ToolCompleted, ToolResolved, TurnSettled, ApprovalGranted)
 
@@ -127,6 +129,10 @@ class Recovery:
         self._worker = worker
         self._lapsed: dict[str, str] = {}
         self._causes: dict[str, str] = {}
+        self._left: dict[str, int] = {}
+        """Runs found left for a person, with their last seq then: each pass passes them over
+        until something is written to them (a person settling a call), rather than take a
+        slot, ahead of new requests, to read them and leave them again."""
 
     @property
     def owed(self) -> bool:
@@ -152,7 +158,7 @@ class Recovery:
         owned: list[RunSummary] = []
         others: list[RunSummary] = []
         for row in rows:
-            if worker.carrying(row.run_id):
+            if worker.carrying(row.run_id) or self._left.get(row.run_id) == row.last_seq:
                 continue
             if partition_for(row.run_id, count) in wanted:
                 owned.append(row)
@@ -236,7 +242,13 @@ class Recovery:
         worker = self._worker
         frontier = await worker.runner.inspect(run_id, tenant=tenant)
         agent = worker.agents.get(frontier.agent)
-        if frontier.status != "running" or needs_person(frontier):
+        if needs_person(frontier):
+            self._left.pop(run_id, None)
+            self._left[run_id] = frontier.last_seq
+            while len(self._left) > _LEFT_KEPT:
+                del self._left[next(iter(self._left))]
+            return None
+        if frontier.status != "running":
             return None
         if agent is None:
             _log.warning("run %s: no agent %r here; left alone", run_id, frontier.agent)
@@ -288,11 +300,16 @@ class Recovery:
     async def _leave_for_person(
         self, run_id: str, tenant: str, why: IndeterminateToolCallError | str
     ) -> None:
+        """Tag the run ``needs-person``, counted once the tag is written: a run another worker
+        holds meanwhile is its holder's to leave (and count), and a tag that failed is written
+        by the next pass, which would count it again."""
         worker = self._worker
-        worker.stats.needs_person += 1
         _log.warning("run %s needs a person: %s", printable(run_id), one_line(str(why)))
-        with contextlib.suppress(ResumeConflictError):
+        try:
             await worker.runner.leave_for_person(run_id, "indeterminate call", tenant=tenant)
+        except ResumeConflictError:
+            return
+        worker.stats.needs_person += 1
 
     def _revision_of(self, frontier: Frontier) -> Agent | None:
         """The worker's agent of the run's revision, whose tools say which calls are

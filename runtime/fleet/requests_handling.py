@@ -69,7 +69,12 @@ class RequestHandler:
         agent = worker.agents.get(request.agent)
         if agent is None:
             return await self._fail_start(request)
-        for attempt in range(worker.max_attempts * 10):
+        # Conflicts with a lease that is held on count towards giving up; one seen again as it
+        # was (not renewed since) does not: it lapses by the store's own clock (its starter
+        # died holding it, and the start waits for that, however long the lease was taken for).
+        in_the_way: tuple[str, float] | None = None
+        looks = attempt = 0
+        while True:
             try:
                 async with worker.for_run(agent, request.run_id, request.tenant) as bound:
                     result = await worker.runner.run(
@@ -97,17 +102,26 @@ class RequestHandler:
                 worker.stats.conflicts += 1
                 if await self._started(request.run_id, lost=isinstance(held, FencedError)):
                     return True
+                lease = _lease_in_the_way(held)
+                if lease is None or lease != in_the_way:
+                    looks += 1
+                in_the_way = lease
+                if looks >= worker.max_attempts * 10:
+                    # Held on all this time by someone who never wrote it: a zombie lease, not
+                    # a run. Refused, saying so (the application's stream of the run ends),
+                    # rather than keep this partition's later requests from being committed.
+                    raise ResumeConflictError(
+                        f"run {request.run_id!r} was never free to start ({held}); the start "
+                        "is dropped",
+                        run_id=request.run_id,
+                    ) from held
                 if not await worker.sleep(worker.backoff_s * min(2**attempt, 8)):
                     return False
+                attempt += 1
                 continue
             worker.stats.started += 1
             worker.count(result.status)
             return True
-        # Held all this time by someone who never wrote it: a zombie lease, not a run. Dropped
-        # (logged), rather than keep this partition's later requests from being committed.
-        worker.stats.failures += 1
-        _log.warning("run %s: never free to start; start request dropped", request.run_id)
-        return True
 
     async def _fail_start(self, request: StartRun) -> bool:
         """A start for an agent this worker does not carry ends its run ``failed`` at once,
@@ -241,3 +255,11 @@ class RequestHandler:
                 _log.info("run %s cancelled by %s", printable(run_id), printable(request.by))
                 worker.count("cancelled")
                 return True
+
+
+def _lease_in_the_way(held: ResumeConflictError | FencedError) -> tuple[str, float] | None:
+    """The holder and expiry of the lease a start met, when the refusal tells them (it does not
+    to another tenant, nor when this worker lost its own lease)."""
+    if isinstance(held, ResumeConflictError) and held.holder and held.expires_at is not None:
+        return held.holder, held.expires_at
+    return None

@@ -1,0 +1,83 @@
+"""A start whose run's lease is in the way when the worker takes the request.
+
+A worker that died between taking a run's lease and writing its `RunStarted` leaves the lease
+until its ttl is over; the next owner of the start request meets it on every try meanwhile. The
+start waits for it however long it was taken for (with the defaults, 30 tries of a backoff of
+1 s doubled up to 8 s come to under 4 minutes: a lease ttl of 5 minutes would outlast them), and
+then starts the run: it is not dropped, its request committed, for a run that never comes.
+
+A holder that keeps renewing the lease and never writes the run is a zombie: the start is
+refused, saying so, so that an application's stream of the run ends with the cause instead of
+waiting for it for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from onward.runtime.agent import Agent
+from onward.runtime.backends import Backends, open_backends
+from onward.runtime.fleet.requests import StartRun
+from onward.runtime.fleet.worker import Worker
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.settings import Settings
+
+TENANT = "acme"
+AGENT = Agent(name="writer", instructions="w")
+
+
+@pytest_asyncio.fixture
+async def backends(tmp_path: Path) -> AsyncIterator[Backends]:
+    settings = Settings.model_validate(
+        {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "starts.db")}
+    )
+    async with open_backends(settings) as opened:
+        yield opened
+
+
+def worker_of(backends: Backends) -> Worker:
+    """A worker whose tries at a start (10, about 1.3 s of backoff) end well before a lease
+    of a few seconds lapses."""
+    provider = ScriptedProvider([reply("done")])
+    return Worker(backends, provider, {"writer": AGENT}, max_attempts=1, backoff_s=0.02)
+
+
+async def test_a_start_waits_for_the_lease_its_dead_starter_left(backends: Backends) -> None:
+    await backends.leases.acquire("r", tenant=TENANT, holder="died-starting", ttl_s=3)
+    worker = worker_of(backends)
+    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+    frontier = await worker.runner.inspect("r", tenant=TENANT)
+    assert frontier.status == "completed"
+    assert worker.refused_start("r") is None
+    assert worker.stats.failures == 0
+
+
+async def test_a_start_a_zombie_lease_holds_off_is_refused_saying_so(backends: Backends) -> None:
+    lease = await backends.leases.acquire("r", tenant=TENANT, holder="zombie", ttl_s=2)
+
+    async def renewing() -> None:
+        nonlocal lease
+        while True:
+            await asyncio.sleep(0.05)
+            lease = await backends.leases.renew(lease, ttl_s=2)
+
+    renewals = asyncio.create_task(renewing())
+    try:
+        worker = worker_of(backends)
+        worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
+        await asyncio.wait_for(worker.drained(), 30)
+    finally:
+        renewals.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewals
+    cause = worker.refused_start("r")
+    assert cause is not None, "the start was dropped without a word"
+    assert "never free to start" in cause
+    assert "'zombie'" in cause
+    assert worker.stats.failures == 1

@@ -234,6 +234,14 @@ class RequestHandler:
             if await worker.runner.resumer.exists(run_id):
                 raise  # another tenant's run: no such run for this one
         async with worker.stopping_run(run_id):
+            # A task here may be waiting for another process that holds the run to let go (a
+            # tag asked again until the run is free): that holder is asked to end the run first,
+            # or the wait for this worker's own tasks would last until the run ends by itself.
+            holding = await worker.backends.leases.current(run_id)
+            if holding is not None and holding.holder != worker.name:
+                await worker.runner.ask_to_cancel(
+                    run_id, tenant=request.tenant, by=request.by, why=request.why
+                )
             while True:
                 await worker.others_stopped(run_id)
                 try:

@@ -101,6 +101,8 @@ _REFUSALS_KEPT = 1024
 
 DEFAULT_GROUP = "onward-workers"
 _LEAVE_S = 10.0
+"""The longest a commit of offsets, or leaving the group, is waited for: the client itself waits
+for the group's coordinator for as long as the broker is away."""
 _PEEK_S = 1.0
 """How often a full worker reads ahead for cancels (`Worker._cancels_while_full`)."""
 _PEEK_RECORDS = 500
@@ -558,12 +560,17 @@ class Worker:
                     for record in records:
                         self._take(tp, record, offsets)
             try:
-                await offsets.commit(consumer)
+                # Bounded: the client waits for a group coordinator for as long as the broker
+                # is away, and the loop must still see ``stop`` and drain; what this commit
+                # did not pass is committed by the next one.
+                await asyncio.wait_for(offsets.commit(consumer), _LEAVE_S)
             except CommitFailedError as exc:
                 # Left out of the group (paused past its session): it rejoins at its next
                 # poll, and what it did not commit is delivered again to the partition's
                 # owner, which finds it acted on.
                 _log.warning("committing failed; rejoining the group: %s", one_line(str(exc)))
+            except TimeoutError:
+                _log.warning("committing took over %.0fs; trying again", _LEAVE_S)
             if time.monotonic() >= next_scan:
                 next_scan = time.monotonic() + self.recheck_s
                 self._scan(set(self.owned), adopt=True)
@@ -967,9 +974,9 @@ class _Owner(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         revoked = list(revoked)
         try:
-            await self._offsets.commit(self._consumer, only=revoked)
-        except KafkaError as exc:  # the next owner sees those requests again: harmless
-            _log.warning("committing before a rebalance failed: %s", exc)
+            await asyncio.wait_for(self._offsets.commit(self._consumer, only=revoked), _LEAVE_S)
+        except (KafkaError, TimeoutError) as exc:  # the next owner sees them again: harmless
+            _log.warning("committing before a rebalance failed: %r", exc)
         self._offsets.forget(revoked)
         self._worker.owned -= {tp.partition for tp in revoked}
         self._worker.joined = False

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from support.appapi import agents, provider, until
+from support.deployment import postgres_fleet_settings
 from support.servers import REQUEST_KEY
 
 import onward
@@ -37,24 +38,11 @@ from onward.runtime.signing import RequestSigner
 QUICK = Agent(name="quick", instructions="answer at once")
 
 
-def _fleet(database_url: str, schema: str) -> Settings:
-    return Settings.model_validate(
-        {
-            "ONWARD_BACKEND": "postgres",
-            "DATABASE_URL": database_url,
-            "ONWARD_DATABASE_SCHEMA": schema,
-            "ONWARD_PARTITIONS": "4",
-            "ONWARD_REQUEST_KEY": REQUEST_KEY,
-            "ONWARD_APP_MODE": "fleet",
-        }
-    )
-
-
 @pytest.mark.timeout(120)
 async def test_a_start_stored_though_its_submit_failed_is_followed_when_read_again(
     database_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = _fleet(database_url, pg_schema)
+    settings = postgres_fleet_settings(database_url, pg_schema)
     in_process = settings.model_copy(update={"app_mode": "in_process"})
     submit = PostgresRequests.submit
     lost: list[Request] = []

@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pytest
+from support.deployment import postgres_fleet_settings
 from support.servers import REQUEST_KEY
 
 import onward
@@ -28,7 +29,6 @@ from onward.runtime.backends import open_backends
 from onward.runtime.fleet.requests_postgres import PostgresRequests
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ModelReply, reply
-from onward.runtime.settings import Settings
 from onward.runtime.signing import RequestSigner
 
 RUNS = 8
@@ -47,24 +47,11 @@ class SlowModel:
         return reply("done")
 
 
-def _settings(database_url: str, schema: str) -> Settings:
-    return Settings.model_validate(
-        {
-            "ONWARD_BACKEND": "postgres",
-            "DATABASE_URL": database_url,
-            "ONWARD_DATABASE_SCHEMA": schema,
-            "ONWARD_PARTITIONS": "4",
-            "ONWARD_REQUEST_KEY": REQUEST_KEY,
-            "ONWARD_APP_MODE": "fleet",
-        }
-    )
-
-
 @pytest.mark.timeout(120)
 async def test_quiet_streams_of_a_fleet_app_look_seldom_and_are_woken_by_an_append(
     database_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = _settings(database_url, pg_schema)
+    settings = postgres_fleet_settings(database_url, pg_schema)
     in_process = settings.model_copy(update={"app_mode": "in_process"})
     stop = asyncio.Event()
     async with (
@@ -220,7 +207,7 @@ async def test_a_stream_woken_vaguely_for_nothing_backs_its_wakes_off(
     """When the log cannot say which runs were appended to (more than the watcher looks
     through), every stream of the partition is woken; one whose run had nothing new heeds the
     next such wake later and later, reading its run no more often than polling would."""
-    async with onward.open(_settings(database_url, pg_schema)) as app:
+    async with onward.open(postgres_fleet_settings(database_url, pg_schema)) as app:
         log = app.backends.log
         assert isinstance(log, EventLogBackend)
         runs_appended = log.runs_appended

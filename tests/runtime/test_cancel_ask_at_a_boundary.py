@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest_asyncio
+from support.runners import embedded_log
 
-from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall
+from onward.eventlog import Message, ToolCall
 from onward.eventlog.base import EventLog
-from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import Agent, AgentRunner, ScriptedProvider, ask, reply, tool
 from onward.runtime.continuation import ContinuationPolicy, successor_id
 from onward.runtime.providers import ModelReply
@@ -71,12 +71,8 @@ class World:
 
 @pytest_asyncio.fixture(params=["memory", "sqlite"])
 async def world(request: Any, tmp_path: Path) -> AsyncIterator[World]:
-    if request.param == "memory":
-        yield World(MemoryEventLog(), {})
-        return
-    path = tmp_path / "onward.db"
-    async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as frontiers:
-        yield World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+    async with embedded_log(request.param, tmp_path) as (log, options):
+        yield World(log, options)
 
 
 async def test_an_ask_heard_before_a_carry_ends_the_run_instead_of_carrying_it(

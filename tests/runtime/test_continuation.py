@@ -22,6 +22,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from support.crashes import Crash, CrashAt
+from support.runners import embedded_log
 from support.servers import KafkaServers
 from typer.testing import CliRunner
 
@@ -32,7 +33,7 @@ from onward.errors import (
     InvalidInputError,
     NothingToResumeError,
 )
-from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall, kind_of
+from onward.eventlog import Message, SqliteEventLog, ToolCall, kind_of
 from onward.eventlog.base import EventLog
 from onward.eventlog.events import ApprovalRequested, RunContinued, RunStarted, ToolDispatched
 from onward.projections.frontier import Frontier
@@ -139,12 +140,8 @@ POLICY = ContinuationPolicy(max_steps=10)
 
 @pytest_asyncio.fixture(params=["memory", "sqlite"])
 async def world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[World]:
-    if request.param == "memory":
-        yield World(MemoryEventLog(), {})  # no frontier store: runs are folded from the log
-        return
-    path = tmp_path / "onward.db"
-    async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as frontiers:
-        yield World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+    async with embedded_log(request.param, tmp_path) as (log, options):
+        yield World(log, options)
 
 
 async def test_a_run_carried_into_a_new_run_keeps_its_approval_and_its_conversation(

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest_asyncio
+from support.runners import embedded_log
 
-from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall
+from onward.eventlog import Message, ToolCall
 from onward.eventlog.base import EventLog
-from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import Agent, AgentRunner, ScriptedProvider, reply, tool
 from onward.runtime.continuation import ContinuationPolicy
 from onward.runtime.providers import ModelReply
@@ -54,12 +54,8 @@ class World:
 
 @pytest_asyncio.fixture(params=["memory", "sqlite"])
 async def world(request: Any, tmp_path: Path) -> AsyncIterator[World]:
-    if request.param == "memory":
-        yield World(MemoryEventLog(), {})
-        return
-    path = tmp_path / "onward.db"
-    async with SqliteEventLog(path) as log, SqliteFrontierStore(path) as frontiers:
-        yield World(log, {"frontiers": frontiers, "checkpoint_inline": True})
+    async with embedded_log(request.param, tmp_path) as (log, options):
+        yield World(log, options)
 
 
 async def test_a_runs_own_bound_on_model_calls_spans_its_continuations(world: World) -> None:

@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 from support.appapi import agents, provider, until
 from support.appapi import script as provider_script
+from support.deployment import postgres_fleet_settings
 from support.processes import TESTS, spawn_onward, stop_children
 from support.proxy import TcpProxy
 from support.servers import REQUEST_KEY
@@ -166,19 +167,6 @@ def _env(database_url: str, schema: str, tmp_path: Path) -> dict[str, str]:
     }
 
 
-def _settings(database_url: str, schema: str) -> Settings:
-    return Settings.model_validate(
-        {
-            "ONWARD_BACKEND": "postgres",
-            "DATABASE_URL": database_url,
-            "ONWARD_DATABASE_SCHEMA": schema,
-            "ONWARD_PARTITIONS": str(PARTITIONS),
-            "ONWARD_REQUEST_KEY": REQUEST_KEY,
-            "ONWARD_APP_MODE": "fleet",
-        }
-    )
-
-
 async def _worker(env: dict[str, str], tmp_path: Path, name: str) -> asyncio.subprocess.Process:
     argv = ["worker", "--agent", "support.appapi:agents", "--provider", "support.appapi:provider"]
     argv += ["--name", name, "--lease-ttl", "3", "--recheck", "1", "--backoff", "0.2"]
@@ -201,7 +189,7 @@ async def test_an_app_in_fleet_mode_on_postgres_runs_answers_and_cancels_through
     env = _env(database_url, pg_schema, tmp_path)
     workers = [await _worker(env, tmp_path, f"w{n}") for n in range(2)]
     try:
-        async with onward.open(_settings(database_url, pg_schema)) as app:
+        async with onward.open(postgres_fleet_settings(database_url, pg_schema, PARTITIONS)) as app:
             done = await app.query("work", {"agent": "stepper"}, timeout=60).collect()
             assert done[-1].type == "result"
             pay = {"agent": "payer", "run_id": "p1"}
@@ -329,7 +317,9 @@ async def test_workers_carrying_different_agents_each_take_their_own_agents_star
     agent (a worker without it would have refused it for good), and a start for an agent no
     worker carries waits in the table, unclaimed, until a worker that carries it comes."""
     monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
-    settings = _settings(database_url, pg_schema).model_copy(update={"app_mode": "in_process"})
+    settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS).model_copy(
+        update={"app_mode": "in_process"}
+    )
     stop, later = asyncio.Event(), asyncio.Event()
     async with (
         open_backends(settings) as backends,
@@ -394,7 +384,7 @@ async def test_an_answer_goes_to_a_worker_carrying_the_run_s_agent(
     carrier's next look for lapsed runs (a minute here). While none is there, the stream
     following the answered run says which worker it waits for."""
     monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
-    settings = _settings(database_url, pg_schema)
+    settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS)
     in_process = settings.model_copy(update={"app_mode": "in_process"})
     async with (
         open_backends(in_process) as backends,
@@ -475,7 +465,7 @@ async def test_a_start_no_worker_took_is_cancelled_from_the_table_and_its_stream
     """A start waits in the table for a worker carrying its agent (here none runs at all):
     `cancel` takes it back and records the run ended cancelled, so whoever follows it reads
     who cancelled it instead of waiting on."""
-    async with onward.open(_settings(database_url, pg_schema)) as app:
+    async with onward.open(postgres_fleet_settings(database_url, pg_schema, PARTITIONS)) as app:
         stream = app.query("loop", {"agent": "looper", "run_id": "waits"}, timeout=60)
         following = asyncio.create_task(stream.collect())
         async with PostgresRequests(database_url, schema=pg_schema) as table:
@@ -593,7 +583,9 @@ async def test_a_full_worker_does_not_act_on_a_cancel_before_its_run_s_start(
     acted on before that start: the run does not exist yet, so the cancel is refused for good
     (deleted), and once a slot frees the start is taken and the run goes on, never cancelled."""
     monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
-    settings = _settings(database_url, pg_schema).model_copy(update={"app_mode": "in_process"})
+    settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS).model_copy(
+        update={"app_mode": "in_process"}
+    )
     stop = asyncio.Event()
     async with (
         open_backends(settings) as backends,
@@ -629,7 +621,9 @@ async def test_a_request_behind_a_dead_worker_s_start_waits_for_that_start(
     another worker: the run does not exist yet, the cancel is refused and deleted, and the
     start, taken after the lapse, starts a run nobody cancels."""
     monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
-    settings = _settings(database_url, pg_schema).model_copy(update={"app_mode": "in_process"})
+    settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS).model_copy(
+        update={"app_mode": "in_process"}
+    )
     stop = asyncio.Event()
     async with (
         open_backends(settings) as backends,
@@ -672,7 +666,9 @@ async def test_a_draining_worker_keeps_the_claims_of_what_it_still_acts_on(
     than a claim: meanwhile it must keep renewing the claims on the requests it still acts on,
     as while serving, or another worker takes them and acts on them a second time."""
     monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
-    settings = _settings(database_url, pg_schema).model_copy(update={"app_mode": "in_process"})
+    settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS).model_copy(
+        update={"app_mode": "in_process"}
+    )
     first_stop, other_stop = asyncio.Event(), asyncio.Event()
     async with (
         open_backends(settings) as backends,
@@ -737,7 +733,9 @@ async def test_a_start_taken_while_the_stores_do_not_answer_is_not_dropped(
     async with TcpProxy(parts.hostname, parts.port or 5432) as proxy:
         user = parts.netloc.rsplit("@", 1)[0]
         proxied = urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
-        settings = _settings(proxied, pg_schema).model_copy(update={"app_mode": "in_process"})
+        settings = postgres_fleet_settings(proxied, pg_schema, PARTITIONS).model_copy(
+            update={"app_mode": "in_process"}
+        )
         async with (
             open_backends(settings) as backends,
             PostgresRequests(database_url, schema=pg_schema) as table,

@@ -40,6 +40,20 @@ def kafka_settings(servers: KafkaServers, partitions: int, **fields: Any) -> Set
     )
 
 
+def postgres_fleet_settings(database_url: str, schema: str, partitions: int = 4) -> Settings:
+    """A fleet app's settings on PostgreSQL alone (requests in its table), signing requests."""
+    return Settings.model_validate(
+        {
+            "ONWARD_BACKEND": "postgres",
+            "DATABASE_URL": database_url,
+            "ONWARD_DATABASE_SCHEMA": schema,
+            "ONWARD_PARTITIONS": str(partitions),
+            "ONWARD_REQUEST_KEY": REQUEST_KEY,
+            "ONWARD_APP_MODE": "fleet",
+        }
+    )
+
+
 def worker_argv(
     module: str,
     requests_topic: str,

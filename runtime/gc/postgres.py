@@ -16,6 +16,15 @@ from onward._storage import PostgresStore
 from .base import FINISHED_SQL, FinishedRun, Kind, SweepPlan, SweepSql, finished_run
 
 _SQL = SweepSql(ids="SELECT unnest($1::text[])", now="now()")
+_LOCK_FRONTIERS = (
+    "SELECT FROM onward_frontiers WHERE run_id = ANY($1::text[]) "
+    'ORDER BY run_id COLLATE "C" FOR UPDATE'
+)
+"""Lock the plan's frontier rows first, in key order, as a frontier store's write does (its
+frontier rows, then their `tool_calls` rows; `projections.postgres._in_key_order`): a projector
+storing one of these runs meanwhile would otherwise hold its frontier row while waiting for a
+`tool_calls` row the sweep deleted, the sweep waiting for that frontier row, and PostgreSQL
+would fail one of them as deadlocked."""
 
 
 class PostgresRecordSweeper(PostgresStore):
@@ -43,6 +52,7 @@ class PostgresRecordSweeper(PostgresStore):
                 # Every count sees the same snapshot, as the deletes of one transaction do.
                 await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             if delete:
+                await conn.execute(_LOCK_FRONTIERS, sorted({*plan.expired, *plan.calls}))
                 for statement in _SQL.bookkeeping(time.time_ns() // 1_000):
                     await conn.execute(statement, list(plan.expired))
             for kind, statement, ids in _SQL.statements(plan, delete=delete):

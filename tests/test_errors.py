@@ -333,6 +333,24 @@ def test_translate_picks_the_most_specific_error(
     assert "appending to partition 3" in str(translated)
 
 
+@pytest.mark.parametrize(
+    "contended",
+    [
+        pg_errors.DeadlockDetectedError("deadlock detected"),
+        pg_errors.SerializationError("could not serialize access"),
+        pg_errors.LockNotAvailableError("could not obtain lock"),
+        sqlite3.OperationalError("database is locked"),
+    ],
+)
+def test_a_write_that_lost_to_a_concurrent_one_says_so_not_that_the_server_is_away(
+    contended: BaseException,
+) -> None:
+    translated = translate(contended, context="writing frontiers")
+    assert type(translated) is errors.BackendUnavailableError
+    assert "did not answer" not in str(translated)
+    assert "lost to a concurrent transaction; retry" in str(translated)
+
+
 def test_an_onward_error_passes_through_untouched() -> None:
     original = errors.FencedError("run r: fence 3 superseded by 4", run_id="r")
     assert translate(original, context="x") is original

@@ -286,8 +286,29 @@ def translate(exc: BaseException, *, context: str, run_id: str | None = None) ->
     if run_id is not None:
         message = f"run {run_id!r}: {message}"
     if onward_type is BackendUnavailableError:
-        message += " (the server did not answer; retry once it is reachable)"
+        message += (
+            " (it lost to a concurrent transaction; retry)"
+            if _contended(exc)
+            else " (the server did not answer; retry once it is reachable)"
+        )
     return onward_type(message, run_id=run_id)
+
+
+_CONTENTION: tuple[type[BaseException], ...] = (
+    pg_errors.DeadlockDetectedError,
+    pg_errors.SerializationError,
+    pg_errors.LockNotAvailableError,
+)
+"""PostgreSQL's refusals of a transaction that met another: the server answered."""
+
+
+def _contended(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store refusing a transaction that met a concurrent one (a
+    deadlock, a serialization failure, a lock not granted, a busy SQLite file), which an
+    operator must not read as a server that is away."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return _sqlite_busy(exc)
+    return isinstance(exc, _CONTENTION)
 
 
 _TLS_UNVERIFIED = "CERTIFICATE_VERIFY_FAILED"

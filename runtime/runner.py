@@ -412,7 +412,7 @@ class AgentRunner(Resource):
             if handed == "overtaken":
                 run = HeldRun(agent, held, carried.frontier, Conversation(""))
                 await end_overtaken(run, writer=self.writer)
-                return RunResult.of(run.frontier)
+                return await self._spent(RunResult.of(run.frontier))
             if handed == "handed_over":
                 result = await self._restored_and_carried_on(agent, held, carried)
         old_id = carried.frontier.continuation_of
@@ -435,7 +435,10 @@ class AgentRunner(Resource):
         for stored in carried.events:
             conversation.remember(await self.writer.restore(stored.event))
         run = HeldRun(agent, held, carried.frontier, conversation)
-        return await self._carry_on(run) if carried.claimed else RunResult.of(run.frontier)
+        if not carried.claimed:
+            # Settled already: nothing to carry on, but its result still says what it cost.
+            return await self._spent(RunResult.of(run.frontier))
+        return await self._carry_on(run)
 
     async def _onward(self, agent: Agent, result: RunResult) -> RunResult:
         """Go on with the run a result's run was carried into, if it was."""

@@ -49,6 +49,7 @@ from onward.runtime.continuation import (
 )
 from onward.runtime.leases import RunLease, SqliteLeaseStore
 from onward.runtime.providers import ModelReply
+from onward.runtime.spend import MemorySpendLedger
 from onward.runtime.tools import idempotency_key
 
 TENANT = "acme"
@@ -505,6 +506,17 @@ async def test_a_holder_that_loses_the_run_as_its_successor_starts_hands_nothing
         ended = await world.runner().inspect(NEXT, tenant=TENANT)
         assert [f.run_id for f in await chain_of(world.runner(), ended)] == [NEXT]
     assert world.ledger.count("pay") == 1
+
+
+async def test_a_successor_ended_as_overtaken_gives_its_spend(tmp_path: Path) -> None:
+    """The successor's writer died, so its resume is what ends it as overtaken: its result
+    says what it cost (nothing: it never called the model), as every result of a runner with
+    a spend ledger does, rather than leave ``spend_micros`` unset."""
+    async with two_lease_stores(tmp_path) as (world, losing_leases, other_leases):
+        await lost_as_the_successor_starts(world, losing_leases, other_leases, dies=True)
+        runner = world.runner(spend=MemorySpendLedger())
+        again = await runner.resume(world.ledger.agent(), NEXT, tenant=TENANT)
+        assert (again.status, again.spend_micros) == ("failed", 0)
 
 
 async def test_a_successor_the_old_run_went_on_without_is_never_carried_into(

@@ -597,3 +597,14 @@ def test_the_readme_example_stops_before_the_third_call(tmp_path: Path) -> None:
     text, printed = run_example("Spend and budgets", tmp_path)
     assert printed.splitlines() == ["540 + 270 > 600", "spent 540 micros"]
     assert "It prints `540 + 270 > 600` and `spent 540 micros`" in " ".join(text.split())
+
+
+async def test_resuming_a_run_that_ended_gives_its_spend(sqlite: Backends) -> None:
+    """Nothing is carried on, but the result still says what the run cost, as it did when
+    the run ended: ``spend_micros`` is ``None`` only without a ledger or an answer from it."""
+    ended = await sqlite.runner(steps(finish_after=2)).run(stepper(), "go", tenant=TENANT)
+    assert ended.spend_micros == 2 * CALL_MICROS
+
+    again = await sqlite.runner(steps()).resume(stepper(), ended.run_id, tenant=TENANT)
+
+    assert (again.status, again.spend_micros) == ("completed", 2 * CALL_MICROS)

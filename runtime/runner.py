@@ -1409,6 +1409,27 @@ class _DeadlinePassedError(Exception):
     """A tool call was cut off at its deadline."""
 
 
+class ToolCancelledError(Exception):
+    """A tool raised `CancelledError` while nobody cancelled its run or cut it off."""
+
+
+async def _cancelled_as_failure(calling: Coroutine[Any, Any, Any]) -> Any:
+    """Await a tool call; a `CancelledError` it raises while the task running it is not being
+    cancelled (it awaited a task or future something else cancelled, a shared request its
+    pool closed) is its failure, raised as `ToolCancelledError` and recorded like any other,
+    not taken for the run being cancelled, which would hand it to a caller nobody cancelled
+    and leave the call undecided."""
+    try:
+        return await calling
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is None or current.cancelling():
+            raise
+        raise ToolCancelledError(
+            "the tool raised CancelledError: something it awaited was cancelled, not the run"
+        ) from None
+
+
 async def _within(calling: Coroutine[Any, Any, Any], deadline: int | None) -> Any:
     """Await a tool call, cut off at ``deadline`` (microseconds since the epoch) if it has one.
 
@@ -1420,12 +1441,12 @@ async def _within(calling: Coroutine[Any, Any, Any], deadline: int | None) -> An
     clean-up failing, say) is the cut-off.
     """
     if deadline is None:
-        return await calling
+        return await _cancelled_as_failure(calling)
     left = deadline / 1_000_000 - time.time()
     timeout = asyncio.timeout(max(left, 0))
     try:
         async with timeout:
-            return await calling
+            return await _cancelled_as_failure(calling)
     except Exception as exc:
         if not timeout.expired():
             raise

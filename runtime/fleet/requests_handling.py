@@ -69,12 +69,8 @@ class RequestHandler:
         agent = worker.agents.get(request.agent)
         if agent is None:
             return await self._fail_start(request)
-        # Conflicts with a lease that is held on count towards giving up; one seen again as it
-        # was (not renewed since) does not: it lapses by the store's own clock (its starter
-        # died holding it, and the start waits for that, however long the lease was taken for).
-        in_the_way: tuple[str, float] | None = None
-        looks = attempt = 0
-        while True:
+
+        async def start() -> bool:
             try:
                 async with worker.for_run(agent, request.run_id, request.tenant) as bound:
                     result = await worker.runner.run(
@@ -94,6 +90,32 @@ class RequestHandler:
                 result = RunResult(
                     run_id=request.run_id, tenant=request.tenant, status="failed", error=str(exc)
                 )
+            worker.stats.started += 1
+            worker.count(result.status)
+            return True
+
+        return await self._once_startable(request, start)
+
+    async def _once_startable(
+        self, request: StartRun, start: Callable[[], Awaitable[bool]]
+    ) -> bool:
+        """Do ``start`` (a start's first write, made under the run's lease) once the run is
+        free, or not at all once it exists: a start is never dropped, its request committed,
+        for a lease held by someone who never writes the run.
+
+        Raises:
+            ResumeConflictError: The lease was held on, renewed, all this time by someone who
+                never wrote the run (a zombie): refused, saying so (`Worker.handle`).
+        """
+        worker = self._worker
+        # Conflicts with a lease that is held on count towards giving up; one seen again as it
+        # was (not renewed since) does not: it lapses by the store's own clock (its starter
+        # died holding it, and the start waits for that, however long the lease was taken for).
+        in_the_way: tuple[str, float] | None = None
+        looks = attempt = 0
+        while True:
+            try:
+                return await start()
             except (ResumeConflictError, FencedError) as held:
                 # Another owner is starting or driving it (an overlapping rebalance, or a dead
                 # worker's lease not yet lapsed), or this worker lost the lease while starting
@@ -118,16 +140,14 @@ class RequestHandler:
                 if not await worker.sleep(worker.backoff_s * min(2**attempt, 8)):
                     return False
                 attempt += 1
-                continue
-            worker.stats.started += 1
-            worker.count(result.status)
-            return True
 
     async def _fail_start(self, request: StartRun) -> bool:
         """A start for an agent this worker does not carry ends its run ``failed`` at once,
         saying why (a topic's partition is read by this worker alone, so the start cannot wait
-        for another); a run that exists already, or that another worker holds, is left as it
-        is."""
+        for another); a run that exists already is left as it is. A lease in the way is waited
+        out as for any start (`_once_startable`): a run another worker holds is left to it once
+        it exists, and a start dropped for a lease whose holder never wrote the run would leave
+        whoever follows the run waiting for it with no cause given."""
         worker = self._worker
         error = (
             f"no agent {request.agent!r} on worker {worker.name} (it carries "
@@ -135,20 +155,24 @@ class RequestHandler:
             "carries every agent started on it"
         )
         _log.warning("run %s: %s; the run ends failed", request.run_id, error)
-        worker.stats.failures += 1
-        try:
-            await worker.runner.end_at_start(
-                request.agent,
-                request.input,
-                tenant=request.tenant,
-                run_id=request.run_id,
-                options=checked_options(request.options),
-                status="failed",
-                error=error,
-            )
-        except (InvalidInputError, ResumeConflictError, FencedError) as exc:
-            _log.warning("run %s: not ended failed: %s", request.run_id, one_line(str(exc)))
-        return True
+
+        async def end_failed() -> bool:
+            try:
+                await worker.runner.end_at_start(
+                    request.agent,
+                    request.input,
+                    tenant=request.tenant,
+                    run_id=request.run_id,
+                    options=checked_options(request.options),
+                    status="failed",
+                    error=error,
+                )
+            except InvalidInputError as exc:
+                _log.warning("run %s: not ended failed: %s", request.run_id, one_line(str(exc)))
+            worker.stats.failures += 1
+            return True
+
+        return await self._once_startable(request, end_failed)
 
     async def _started(self, run_id: str, *, lost: bool) -> bool:
         """Whether the run exists: by its row while another holds it (cheap), by the log once

@@ -302,15 +302,23 @@ class DurableRuns:
                     _requests_in(waiting.details) or waiting.details,
                     waiting_on=waiting.request_id,
                 )
-            except OnwardError:
+            except OnwardError as exc:
+                if not journal.raised_by_a_tool(exc):
+                    raise  # the run's own writing failed (its lease, the log): left to resume
+                await self._fail(journal, exc)
                 raise
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                await journal.append(journal.event(RunFinished, status="failed", error=error))
+                await self._fail(journal, exc)
                 raise
         output = to_jsonable_python(result.output)
         await journal.append(journal.event(RunFinished, status="completed", output=output))
         return DurableRunResult(run_id, "completed", result.output, result=result)
+
+    @staticmethod
+    async def _fail(journal: RunJournal, exc: Exception) -> None:
+        """Record the run's end, failed with ``exc``."""
+        error = f"{type(exc).__name__}: {exc}"
+        await journal.append(journal.event(RunFinished, status="failed", error=error))
 
     @asynccontextmanager
     async def _holding(self, run_id: str) -> AsyncIterator[Leaseholder]:

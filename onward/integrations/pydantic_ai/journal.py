@@ -180,6 +180,8 @@ class RunJournal:
     _segments: int = field(init=False, default=0)
     surfaced: dict[str, dict[str, Any]] = field(init=False, default_factory=dict)
     """What each call handed back for a decision said, by pydantic-ai's call id."""
+    _tool_errors: list[Exception] = field(init=False, default_factory=list)
+    """What the tools run in this execution raised, their outcome already recorded."""
 
     def __post_init__(self) -> None:
         for event in self.events:
@@ -359,6 +361,7 @@ class RunJournal:
                     ToolCompleted, call_id=call_id, error=tool_error(exc, self.writer.redactor)
                 )
             )
+            self._tool_errors.append(exc)
             raise
         finally:
             _current.reset(outside)
@@ -367,6 +370,11 @@ class RunJournal:
         await self.append(self.event(ToolCompleted, call_id=call_id, result=payload))
         unit_completed(executed=True)
         return payload
+
+    def raised_by_a_tool(self, exc: BaseException) -> bool:
+        """Whether a tool raised ``exc`` (its outcome recorded), rather than Onward's own
+        writing of the run: an `OnwardError` a tool raised fails the run like any other."""
+        return any(raised is exc for raised in self._tool_errors)
 
     def _key_of(self, call_id: str) -> str:
         """The idempotency key the log holds for a call (the one it was last dispatched with,

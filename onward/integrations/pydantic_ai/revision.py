@@ -8,11 +8,20 @@ order and would pair them with the wrong calls. The description also carries eac
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_ai.agent import AbstractAgent
 from pydantic_ai.models import Model
-from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
+from pydantic_ai.toolsets import (
+    AbstractToolset,
+    CombinedToolset,
+    FunctionToolset,
+    PrefixedToolset,
+    RenamedToolset,
+    WrapperToolset,
+)
 
 from onward.runtime.agent import Agent
 from onward.runtime.tools import Tool
@@ -21,27 +30,74 @@ METADATA_KEY = "onward"
 """The key of a pydantic-ai tool's metadata that holds Onward's options for it."""
 
 
-def describe(agent: AbstractAgent[Any, Any], name: str) -> Agent:
+@dataclass(frozen=True)
+class DescribedAgent(Agent):
+    """The Onward agent of a pydantic-ai agent, whose tools are also found by the names the
+    model calls them (a prefixed or renamed toolset's), as the log records its calls.
+
+    Attributes:
+        called_as: The described tool's name for each name the model calls a tool by that
+            differs from it. Not part of the revision: only how calls are matched to tools.
+    """
+
+    called_as: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def tool(self, name: str) -> Tool | None:
+        found = super().tool(name)
+        if found is None and name in self.called_as:
+            return super().tool(self.called_as[name])
+        return found
+
+
+def describe(agent: AbstractAgent[Any, Any], name: str) -> DescribedAgent:
     """The Onward agent a pydantic-ai agent's runs are recorded under."""
     tools: list[Tool] = []
+    called_as: dict[str, str] = {}
 
-    def visit(toolset: AbstractToolset[Any]) -> None:
+    def visit(toolset: AbstractToolset[Any], outward: Callable[[str], str]) -> None:
         if isinstance(toolset, FunctionToolset):
             named = {t.name for t in tools}
-            tools.extend(_tool(t, toolset, named) for t in toolset.tools.values())
+            for tool in toolset.tools.values():
+                described = _tool(tool, toolset, named)
+                tools.append(described)
+                if outward(tool.name) != described.name:
+                    called_as[outward(tool.name)] = described.name
         elif toolset.id is not None:
             tools.append(_opaque(toolset))
 
     for toolset in agent.toolsets:
-        toolset.apply(visit)
+        _walk(toolset, lambda tool_name: tool_name, visit)
     model = agent.model
-    return Agent(
+    return DescribedAgent(
         name=name,
         instructions="",
         tools=sorted(tools, key=lambda t: t.name),
         model=model.model_name if isinstance(model, Model) else str(model or "default"),
         max_iterations=1_000_000,
+        called_as=called_as,
     )
+
+
+def _walk(
+    toolset: AbstractToolset[Any],
+    outward: Callable[[str], str],
+    visit: Callable[[AbstractToolset[Any], Callable[[str], str]], None],
+) -> None:
+    """Visit the leaf toolsets as ``toolset.apply`` does, in its order, with how each leaf's
+    tool names reach the model (the prefixes and renames of the toolsets around it)."""
+    if isinstance(toolset, PrefixedToolset):
+        prefix = toolset.prefix
+        _walk(toolset.wrapped, lambda n: outward(f"{prefix}_{n}"), visit)
+    elif isinstance(toolset, RenamedToolset):
+        renamed = {original: new for new, original in toolset.name_map.items()}
+        _walk(toolset.wrapped, lambda n: outward(renamed.get(n, n)), visit)
+    elif isinstance(toolset, WrapperToolset) and type(toolset).apply is WrapperToolset.apply:
+        _walk(toolset.wrapped, outward, visit)
+    elif isinstance(toolset, CombinedToolset):
+        for member in toolset.toolsets:
+            _walk(member, outward, visit)
+    else:
+        toolset.apply(lambda leaf: visit(leaf, outward))
 
 
 def retry_safe(metadata: dict[str, Any] | None) -> bool:

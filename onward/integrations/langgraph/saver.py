@@ -309,13 +309,21 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     aclose = close
 
     async def arelease(self, thread_id: str) -> None:
-        """Hand a thread's lease back, so another process may write it without waiting."""
+        """Hand a thread's lease back, so another process may write it without waiting.
+
+        A write of the thread on its way to the log finishes first (the lease is handed back
+        under the thread's lock): released under it, the write would land with no lease and
+        be told it was fenced, though every reader counts it.
+        """
+        held = self._held.get(thread_id)
+        if held is not None:
+            async with held.lock:
+                if self._held.get(thread_id) is held:
+                    del self._held[thread_id]
+                await self._settle(held)
+                await held.holder.__aexit__(None, None, None)
         self._lost.discard(thread_id)
         self._stopped.pop(thread_id, None)
-        held = self._held.pop(thread_id, None)
-        if held is not None:
-            await self._settle(held)
-            await held.holder.__aexit__(None, None, None)
 
     @asynccontextmanager
     async def hold(self, thread_id: str) -> AsyncIterator[None]:

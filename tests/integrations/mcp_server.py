@@ -2,6 +2,7 @@
 
 Usage: python -m integrations.mcp_server stdio
        python -m integrations.mcp_server http PORT
+       python -m integrations.mcp_server http-json PORT  (each answer a single JSON body, no SSE)
 
 Environment:
     MCP_TEST_LISTINGS: a file that gets one line per ``tools/list`` call (how tests count them).
@@ -160,5 +161,7 @@ if VARIANT == "v2":
 if __name__ == "__main__":
     if sys.argv[1:2] == ["http"]:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    elif sys.argv[1:2] == ["http-json"]:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]), json_response=True)
     else:
         server.run()

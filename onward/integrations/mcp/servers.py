@@ -148,7 +148,9 @@ class HttpServer(_Server):
         name: Onward's name for the server: in errors, logs and the schema cache.
         url: Its endpoint (``https://host/mcp``).
         headers: Sent with every request (authorization, for instance).
-        timeout_seconds: Connect and write timeout; reads may wait for a long tool.
+        timeout_seconds: Connect and write timeout. Reads have no bound of their own: the
+            toolset bounds each request (``connect_timeout``, ``call_timeout``), and a call
+            with no ``call_timeout`` waits as long as the tool does.
         tools: Options by MCP tool name, as for `StdioServer`.
         prefix: Put before each of its tool names.
         key_argument: Also pass the idempotency key as this argument, to each tool whose
@@ -178,7 +180,10 @@ class HttpServer(_Server):
 
     @contextlib.asynccontextmanager
     async def transport(self) -> AsyncIterator[TransportStreams]:
-        timeout = httpx2.Timeout(self.timeout_seconds, read=300.0)
+        # No read bound: a fixed one would cut off a tool that answers later than it (a
+        # server that answers with one JSON body sends nothing until then), failing the call
+        # and, with it, every call in flight on the session, although the server goes on.
+        timeout = httpx2.Timeout(self.timeout_seconds, read=None)
         async with (
             httpx2.AsyncClient(headers=dict(self.headers), timeout=timeout) as client,
             streamable_http_client(self.url, http_client=client) as streams,

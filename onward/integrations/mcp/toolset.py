@@ -79,9 +79,12 @@ class MCPToolset(Resource):
     views share this toolset's connections (one session per server, not one per run);
     `close` ends them.
 
-    A call whose connection breaks after the request was sent raises
-    `BackendUnavailableError`, which the runner records as the call's error although the
-    server may have acted on it: tools with side effects should be idempotent on the key.
+    A call whose connection breaks after the request was sent, or that outlasts
+    ``call_timeout``, raises `OutcomeUnknownError` (a `BackendUnavailableError`): the server
+    may have acted on it, so the runner records it as the call's error only for a
+    ``retry_safe`` tool or when the tool's status check says it did not run; otherwise the
+    status check's answer settles it, or the call is surfaced for a person. Tools with side
+    effects should be idempotent on the key.
 
     Args:
         servers: The servers, each with a unique ``name``. Tool names must be unique across
@@ -257,13 +260,18 @@ class MCPToolset(Resource):
     # -- schemas -----------------------------------------------------------------------------
 
     async def _cached(self) -> dict[str, ServerSchema]:
+        """The cached listings still usable: for the same endpoint, and naming every tool the
+        server's options name (one that lacks some predates them, made before an upgrade of
+        the server: it is listed again, and only a tool it still lacks is refused)."""
         if self.cache is None or self.run_id is None:
             return {}
         found = await self.cache.load(self.run_id, tenant=self.tenant)
         return {
             s.name: found[s.name]
             for s in self.servers
-            if s.name in found and found[s.name].endpoint == s.endpoint
+            if s.name in found
+            and found[s.name].endpoint == s.endpoint
+            and set(s.tools) <= {str(t["name"]) for t in found[s.name].tools}
         }
 
     async def _list_all(self, servers: Sequence[ServerConfig]) -> dict[str, ServerSchema]:

@@ -22,6 +22,7 @@ process is gone is removed by whoever proves it gone.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -197,7 +198,7 @@ async def acquire_run(
     """
     claim(holder)
     try:
-        lease = await store.acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
+        lease = await _acquire(store, run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
     except ResumeConflictError as refused:
         if refused.holder is None or not is_gone(refused.holder):
             COUNTS.lease_conflicts += 1
@@ -213,9 +214,53 @@ async def acquire_run(
                 dead.fence,
             )
         try:
-            lease = await store.acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
+            lease = await _acquire(store, run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
         except ResumeConflictError:
             COUNTS.lease_conflicts += 1
             raise
     COUNTS.lease_claims += 1
     return lease
+
+
+_HANDING_BACK: set[asyncio.Task[None]] = set()
+"""Releases of leases taken for cancelled acquisitions, kept referenced until they end."""
+
+
+async def _acquire(
+    store: LeaseStore, run_id: str, *, tenant: str, holder: str, ttl_s: float
+) -> RunLease:
+    """`LeaseStore.acquire`, whose lease is released in the background if the caller is
+    cancelled before the answer.
+
+    Cancelling the caller does not undo an acquisition the store may already be making (a
+    Redis script sent, a SQLite commit under way, a PostgreSQL statement run): its lease,
+    held by nobody, would keep the run from every worker for a whole ttl.
+    """
+    taking = asyncio.ensure_future(store.acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s))
+    try:
+        return await asyncio.shield(taking)
+    except asyncio.CancelledError:
+        taking.add_done_callback(lambda taken: _hand_back(store, taken))
+        raise
+
+
+def _hand_back(store: LeaseStore, taken: asyncio.Future[RunLease]) -> None:
+    """Start releasing the lease ``taken`` was answered with, if it was taken at all."""
+    if taken.cancelled() or taken.exception() is not None:
+        return
+    lease = taken.result()
+
+    async def release() -> None:
+        try:
+            await store.release(lease)
+        except Exception as exc:  # noqa: BLE001 - best effort: the lease lapses after its ttl
+            logger.warning(
+                "run %r: the lease taken for a cancelled acquisition was not released (%s); "
+                "it lapses after its ttl",
+                lease.run_id,
+                exc,
+            )
+
+    task = asyncio.get_running_loop().create_task(release())
+    _HANDING_BACK.add(task)
+    task.add_done_callback(_HANDING_BACK.discard)

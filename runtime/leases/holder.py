@@ -197,12 +197,22 @@ class Leaseholder:
         The lease is read under the lock, so a request never carries a fence that another one
         has just replaced. A refusal sets ``fenced``. ``renews``: the answer extends the lease
         by a ttl from when it was granted, no earlier than when it was requested, which is
-        what `check` counts from (not the answer, which a paused process may read late).
+        what `check` counts from (not the answer, which a paused process may read late). A
+        fence raise is waited out even through a cancellation, which is raised after its answer
+        is kept.
         """
+        cancelled = False
         async with self._renewing:
             requested = asyncio.get_running_loop().time()
+            asking = asyncio.ensure_future(ask(self.lease))
             try:
-                granted = await ask(self.lease)
+                if renews:
+                    granted = await asking
+                else:
+                    # The store may raise the fence after its caller is cancelled; without its
+                    # answer the renewals and the release would carry a fence it no longer has.
+                    cancelled = await _to_the_end(asking)
+                    granted = asking.result()
             except FencedError:
                 self.fenced.set()
                 raise
@@ -212,6 +222,8 @@ class Leaseholder:
         if granted.cancel_asked is not None:
             for heard in list(self._on_ask):
                 heard()
+        if cancelled:
+            raise asyncio.CancelledError
 
     def cancelled_by_ask(self) -> CancelledByAsk:
         """A block that a cancel ask cuts short: if a renewal (or `confirm`) hears one while
@@ -401,6 +413,18 @@ class Leaseholder:
             logger.info("run %r: lease released once the store took writes again", self.run_id)
             return
         logger.warning("run %r: the store never took the release; the lease lapsed", self.run_id)
+
+
+async def _to_the_end(work: asyncio.Future[RunLease]) -> bool:
+    """Wait until ``work`` is done, even through a cancellation of this task (the store's own
+    timeout bounds the wait); whether this task was cancelled meanwhile."""
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.wait([work])
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 class CancelAskHeard(Exception):  # noqa: N818 - a control signal, not a failure

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import asyncpg
 import pytest
 import pytest_asyncio
+from support.pg import blocked_on_a_lock
 
 from onward.projections.base import FrontierWrite, Snapshot, released_mark
 from onward.projections.postgres import PostgresFrontierStore
@@ -31,7 +31,6 @@ RUNS = [f"run-{n:02}" for n in range(40)]
 """More runs than a write upserts by one statement each (`_FEW_ROWS`): staged by COPY."""
 FEW = RUNS[:9]
 """Few enough runs to be upserted by one prepared statement each."""
-WAIT_S = 10.0
 
 Stores = tuple[PostgresFrontierStore, PostgresFrontierStore, asyncpg.Connection]
 
@@ -50,25 +49,6 @@ async def stores(database_url: str, pg_schema: str) -> AsyncIterator[Stores]:
             await holder.close()
 
 
-async def _blocked(holder: asyncpg.Connection, count: int, calls: list[asyncio.Task[Any]]) -> None:
-    """Wait until ``count`` connections of the stores (named for the holder's schema) wait for
-    a lock: the calls are in their transactions."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        for call in calls:
-            if call.done():
-                await call
-                pytest.fail("a write finished although a row it writes was locked")
-        waiting = await holder.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND application_name = 'onward:' || current_schema()"
-        )
-        if waiting >= count:
-            return
-        await asyncio.sleep(0.02)
-    pytest.fail("the writes never reached the locked row")
-
-
 async def _with_one_row_locked(
     holder: asyncpg.Connection, lock: str, calls: list[Awaitable[Any]]
 ) -> list[Any]:
@@ -79,7 +59,7 @@ async def _with_one_row_locked(
     try:
         await holder.execute(lock)
         tasks = [asyncio.ensure_future(call) for call in calls]
-        await _blocked(holder, len(tasks), tasks)
+        await blocked_on_a_lock(holder, len(tasks), tasks)
     finally:
         await held.rollback()
     results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -199,7 +179,7 @@ async def test_a_release_beside_a_store_of_the_held_run_never_deadlocks(
     )
     await upserted.wait()
     release = asyncio.ensure_future(ops.release(CONSUMER, run_id, by="ops", at=5_000))
-    await _blocked(holder, 1, [release])
+    await blocked_on_a_lock(holder, 1, [release])
     go_on.set()
     results = await asyncio.gather(store, release, return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]

@@ -13,13 +13,11 @@ then the sweep wait for it, then lets it go: the store gets it first.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import asyncpg
-import pytest
 import pytest_asyncio
+from support.pg import blocked_on_a_lock
 
 from onward.projections.base import Snapshot
 from onward.projections.postgres import PostgresFrontierStore
@@ -27,7 +25,6 @@ from onward.runtime.gc import PostgresRecordSweeper, SweepPlan
 from onward.testing.frontiers import CONSUMER, call_row, frontier, said
 
 RUN = "run-01"
-WAIT_S = 10.0
 
 Stores = tuple[PostgresFrontierStore, PostgresRecordSweeper, asyncpg.Connection]
 
@@ -44,25 +41,6 @@ async def stores(database_url: str, pg_schema: str) -> AsyncIterator[Stores]:
             yield store, sweeper, holder
         finally:
             await holder.close()
-
-
-async def _blocked(holder: asyncpg.Connection, count: int, calls: list[asyncio.Task[Any]]) -> None:
-    """Wait until ``count`` connections of the stores (named for the holder's schema) wait for
-    a lock."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        for call in calls:
-            if call.done():
-                await call
-                pytest.fail("a call finished although a row it locks was locked")
-        waiting = await holder.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND application_name = 'onward:' || current_schema()"
-        )
-        if waiting >= count:
-            return
-        await asyncio.sleep(0.02)
-    pytest.fail("the calls never reached the locked row")
 
 
 async def _store(store: PostgresFrontierStore, through: int) -> None:
@@ -85,11 +63,11 @@ async def test_a_sweep_beside_a_store_of_the_same_run_never_deadlocks(stores: St
         await holder.execute("SELECT FROM onward_frontiers_1 WHERE run_id = $1 FOR UPDATE", RUN)
         # The same batch delivered again: it locks the rows it would upsert, changing none.
         again = asyncio.ensure_future(_store(store, 5))
-        await _blocked(holder, 1, [again])
+        await blocked_on_a_lock(holder, 1, [again])
         sweep = asyncio.ensure_future(
             sweeper.sweep(SweepPlan(expired=(RUN,), calls=(RUN,)), delete=True)
         )
-        await _blocked(holder, 2, [again, sweep])
+        await blocked_on_a_lock(holder, 2, [again, sweep])
     finally:
         await held.rollback()
     results = await asyncio.gather(again, sweep, return_exceptions=True)

@@ -9,6 +9,9 @@ then starts the run: it is not dropped, its request committed, for a run that ne
 A holder that keeps renewing the lease and never writes the run is a zombie: the start is
 refused, saying so, so that an application's stream of the run ends with the cause instead of
 waiting for it for ever.
+
+A start for an agent the worker does not carry (which ends its run ``failed`` at once, saying
+why) meets the lease the same way: it waits for it, then ends the run failed, or is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from onward.runtime.agent import Agent
@@ -58,7 +62,10 @@ async def test_a_start_waits_for_the_lease_its_dead_starter_left(backends: Backe
     assert worker.stats.failures == 0
 
 
-async def test_a_start_a_zombie_lease_holds_off_is_refused_saying_so(backends: Backends) -> None:
+@pytest.mark.parametrize("agent", ["writer", "reader"], ids=["carried", "not-carried"])
+async def test_a_start_a_zombie_lease_holds_off_is_refused_saying_so(
+    backends: Backends, agent: str
+) -> None:
     lease = await backends.leases.acquire("r", tenant=TENANT, holder="zombie", ttl_s=2)
 
     async def renewing() -> None:
@@ -70,7 +77,7 @@ async def test_a_start_a_zombie_lease_holds_off_is_refused_saying_so(backends: B
     renewals = asyncio.create_task(renewing())
     try:
         worker = worker_of(backends)
-        worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
+        worker.submit(StartRun(run_id="r", tenant=TENANT, agent=agent, input="go"))
         await asyncio.wait_for(worker.drained(), 30)
     finally:
         renewals.cancel()
@@ -80,4 +87,19 @@ async def test_a_start_a_zombie_lease_holds_off_is_refused_saying_so(backends: B
     assert cause is not None, "the start was dropped without a word"
     assert "never free to start" in cause
     assert "'zombie'" in cause
+    assert worker.stats.failures == 1
+
+
+async def test_a_start_for_an_unknown_agent_ends_failed_once_a_dead_starters_lease_lapses(
+    backends: Backends,
+) -> None:
+    await backends.leases.acquire("r", tenant=TENANT, holder="died-starting", ttl_s=3)
+    worker = worker_of(backends)
+    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="reader", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+    assert await backends.frontiers.get("r") is not None, "the start was dropped: no run, no cause"
+    frontier = await worker.runner.inspect("r", tenant=TENANT)
+    assert frontier.status == "failed"
+    assert "no agent 'reader'" in (frontier.error or "")
+    assert worker.refused_start("r") is None
     assert worker.stats.failures == 1

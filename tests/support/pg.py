@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 import asyncpg
+import pytest
 
 from onward.projections.postgres import migrate
 from onward.testing import storage
@@ -76,3 +79,25 @@ async def migrates_again(
         assert [r["table_name"] for r in rows] == ["onward_frontiers", "onward_frontiers_1"]
     finally:
         await conn.close()
+
+
+async def blocked_on_a_lock(
+    holder: asyncpg.Connection, count: int, calls: list[asyncio.Task[Any]], *, wait_s: float = 10.0
+) -> None:
+    """Wait until ``count`` connections of the stores on the holder's schema (named for it) wait
+    for a lock, so the calls are inside their transactions; fail the test if a call ends first
+    (a row it takes was locked) or none gets there within ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        for call in calls:
+            if call.done():
+                await call
+                pytest.fail("a call finished although a row it takes was locked")
+        waiting = await holder.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND application_name = 'onward:' || current_schema()"
+        )
+        if waiting >= count:
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail("the calls never reached the locked row")

@@ -1,5 +1,8 @@
-"""A `Leaseholder` cancelled while it acquires: the lease the store may still grant, with
-nobody left to hold it, is handed back rather than left to keep the run for a whole ttl."""
+"""A `Leaseholder` cancelled while the store answers it leaves nothing the store did behind.
+
+An acquisition the store may still grant, with nobody left to hold it, is handed back rather
+than left to keep the run for a whole ttl; a fence raise the store made is kept, so the holder's
+release still hands the run back."""
 
 from __future__ import annotations
 
@@ -78,7 +81,9 @@ async def test_redis_acquisition_sent_then_cancelled(
     await _free_for_another(redis_store, run_id)
 
 
-async def _answered_late(store: LeaseStore, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def _acquire_answered_late(
+    store: LeaseStore, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The store grants the lease, and its answer is on its way when the caller is cancelled."""
     acquiring = asyncio.Event()
     acquire = store.acquire
@@ -99,11 +104,74 @@ async def test_sqlite_acquisition_answered_after_cancel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with await SqliteLeaseStore.open(tmp_path / "leases.db") as store:
-        await _answered_late(store, new_run_id(), monkeypatch)
+        await _acquire_answered_late(store, new_run_id(), monkeypatch)
 
 
 async def test_postgres_acquisition_answered_after_cancel(
     database_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with await PostgresLeaseStore.open(database_url, schema=pg_schema) as store:
-        await _answered_late(store, new_run_id(), monkeypatch)
+        await _acquire_answered_late(store, new_run_id(), monkeypatch)
+
+
+async def _cancel_while_raising(store: LeaseStore, raising: asyncio.Event) -> None:
+    """Cancel a block in its fence raise; the run must be free once the block is over."""
+    run_id = new_run_id()
+    held = Leaseholder(store, run_id, tenant=TENANT, holder="w1", policy=policy(TTL_S))
+
+    async def work() -> None:
+        async with held:
+            await held.raise_fence(held.lease.fence + 10)
+
+    working = asyncio.create_task(work())
+    await raising.wait()
+    working.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await working
+
+    left = await store.current(run_id)
+    assert left is None, f"the cancelled block left the run held: {left} (holder had {held.lease})"
+
+
+async def test_redis_raise_sent_then_cancelled(
+    redis_store: RedisLeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script is queued when the caller is cancelled; Redis runs it all the same."""
+    raising = asyncio.Event()
+    raise_fence = redis_store.raise_fence
+
+    async def raise_fence_then_tell(lease: RunLease, *, above: int) -> RunLease:
+        raising.set()  # the script is queued in this same step, before the caller can resume
+        return await raise_fence(lease, above=above)
+
+    monkeypatch.setattr(redis_store, "raise_fence", raise_fence_then_tell)
+    await _cancel_while_raising(redis_store, raising)
+
+
+async def _raise_answered_late(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store raises the fence, and its answer is on its way when the caller is cancelled."""
+    raising = asyncio.Event()
+    raise_fence = store.raise_fence
+
+    async def raised_then_late(lease: RunLease, *, above: int) -> RunLease:
+        raised = await raise_fence(lease, above=above)
+        raising.set()
+        await asyncio.sleep(ANSWER_LATE_S)
+        return raised
+
+    monkeypatch.setattr(store, "raise_fence", raised_then_late)
+    await _cancel_while_raising(store, raising)
+
+
+async def test_sqlite_raise_answered_after_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with await SqliteLeaseStore.open(tmp_path / "leases.db") as store:
+        await _raise_answered_late(store, monkeypatch)
+
+
+async def test_postgres_raise_answered_after_cancel(
+    database_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with await PostgresLeaseStore.open(database_url, schema=pg_schema) as store:
+        await _raise_answered_late(store, monkeypatch)

@@ -19,6 +19,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
@@ -27,6 +28,9 @@ from support.pg import SchemaFactory, schema_factory
 from support.private_servers import PrivateKafka, PrivatePostgres, PrivateRedis, running
 from support.redis import fresh_prefix
 from support.servers import KafkaServers
+
+if TYPE_CHECKING:
+    from onward.integrations.mcp import SchemaCache
 
 # The shared assertions in tests/support report their operands as a test's own asserts do.
 pytest.register_assert_rewrite("support.histories")
@@ -177,6 +181,15 @@ async def redis_prefix(redis_url: str) -> AsyncIterator[str]:
     """A Redis key prefix of this test alone; its keys are deleted afterwards."""
     async with fresh_prefix(redis_url) as prefix:
         yield prefix
+
+
+@pytest_asyncio.fixture
+async def mcp_schema_cache(redis_url: str, redis_prefix: str) -> AsyncIterator[SchemaCache]:
+    """An MCP schema cache under the test's own Redis prefix (its keys removed afterwards)."""
+    from onward.integrations.mcp import SchemaCache  # noqa: PLC0415  (MCP is an extra)
+
+    async with SchemaCache.from_url(redis_url, prefix=f"{redis_prefix}mcp:schema:") as schemas:
+        yield schemas
 
 
 @pytest_asyncio.fixture

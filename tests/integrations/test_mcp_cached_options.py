@@ -4,7 +4,6 @@ refusing the options of a tool the server has: the cached listing is what is out
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -16,33 +15,35 @@ from onward.integrations.mcp import MCPToolset, SchemaCache, ToolOptions
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-async def cache(redis_url: str, redis_prefix: str) -> AsyncIterator[SchemaCache]:
-    async with SchemaCache.from_url(redis_url, prefix=f"{redis_prefix}mcp:schema:") as schemas:
-        yield schemas
-
-
 async def test_options_naming_a_tool_the_cached_listing_lacks_list_again(
-    tmp_path: Path, cache: SchemaCache
+    tmp_path: Path, mcp_schema_cache: SchemaCache
 ) -> None:
-    async with MCPToolset([stdio_server(tmp_path)], run_id="r1", tenant=TENANT, cache=cache):
+    async with MCPToolset(
+        [stdio_server(tmp_path)], run_id="r1", tenant=TENANT, cache=mcp_schema_cache
+    ):
         pass
     switch(tmp_path, "v2")  # adds `refund`
     upgraded = stdio_server(tmp_path, tools={"refund": ToolOptions(requires_approval=True)})
-    async with MCPToolset([upgraded], run_id="r1", tenant=TENANT, cache=cache) as resumed:
+    async with MCPToolset(
+        [upgraded], run_id="r1", tenant=TENANT, cache=mcp_schema_cache
+    ) as resumed:
         assert resumed.warm == ()
         refund = next(t for t in resumed.tools if t.name == "refund")
         assert refund.requires_approval
     assert listings(tmp_path) == 2
-    assert "refund" in {t["name"] for t in (await cache.load("r1", tenant=TENANT))["ledger"].tools}
+    assert "refund" in {
+        t["name"] for t in (await mcp_schema_cache.load("r1", tenant=TENANT))["ledger"].tools
+    }
 
 
 async def test_options_naming_a_tool_the_server_lacks_are_still_refused_after_listing(
-    tmp_path: Path, cache: SchemaCache
+    tmp_path: Path, mcp_schema_cache: SchemaCache
 ) -> None:
-    async with MCPToolset([stdio_server(tmp_path)], run_id="r1", tenant=TENANT, cache=cache):
+    async with MCPToolset(
+        [stdio_server(tmp_path)], run_id="r1", tenant=TENANT, cache=mcp_schema_cache
+    ):
         pass
     wrong = stdio_server(tmp_path, tools={"nothing": ToolOptions()})
     with pytest.raises(ConfigurationError, match=r"'ledger' has no tools \['nothing'\]"):
-        await MCPToolset.open([wrong], run_id="r1", tenant=TENANT, cache=cache)
+        await MCPToolset.open([wrong], run_id="r1", tenant=TENANT, cache=mcp_schema_cache)
     assert listings(tmp_path) == 2

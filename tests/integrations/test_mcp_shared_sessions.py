@@ -6,7 +6,6 @@ not only the listing of the run that happened to open the session or make the ne
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,13 @@ from onward.integrations.mcp import MCPToolset, SchemaCache
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-async def cache(redis_url: str, redis_prefix: str) -> AsyncIterator[SchemaCache]:
-    async with SchemaCache.from_url(redis_url, prefix=f"{redis_prefix}mcp:schema:") as schemas:
-        yield schemas
-
-
 async def test_a_warm_run_on_a_session_another_run_opened_checks_the_version(
-    tmp_path: Path, cache: SchemaCache
+    tmp_path: Path, mcp_schema_cache: SchemaCache
 ) -> None:
     """The server was upgraded while the worker was down; after the restart another run opened
     the shared session. A resumed run's first call still sees its cached listing is for the
     old version, and replaces it, so its next resume is refused as another revision."""
-    toolset = MCPToolset([stdio_server(tmp_path)], cache=cache)
+    toolset = MCPToolset([stdio_server(tmp_path)], cache=mcp_schema_cache)
     try:
         async with toolset.for_run("r1", tenant=TENANT):
             pass
@@ -43,7 +36,7 @@ async def test_a_warm_run_on_a_session_another_run_opened_checks_the_version(
             echo = next(t for t in resumed.tools if t.name == "echo")
             await echo.call({"text": "x"}, idempotency_key="k")
             assert resumed.replaced == ["ledger"]
-        cached = (await cache.load("r1", tenant=TENANT))["ledger"]
+        cached = (await mcp_schema_cache.load("r1", tenant=TENANT))["ledger"]
         assert cached.server_version == "test-v2"
         assert "refund" in {t["name"] for t in cached.tools}
         assert toolset.connections["ledger"].sessions == 2
@@ -52,9 +45,9 @@ async def test_a_warm_run_on_a_session_another_run_opened_checks_the_version(
 
 
 async def test_a_tools_changed_notification_reaches_every_run(
-    tmp_path: Path, cache: SchemaCache
+    tmp_path: Path, mcp_schema_cache: SchemaCache
 ) -> None:
-    toolset = MCPToolset([stdio_server(tmp_path)], cache=cache)
+    toolset = MCPToolset([stdio_server(tmp_path)], cache=mcp_schema_cache)
     try:
         async with (
             toolset.for_run("r1", tenant=TENANT) as first,
@@ -72,7 +65,7 @@ async def test_a_tools_changed_notification_reaches_every_run(
                 await echo.call({"text": "x"}, idempotency_key="k2")
                 assert view.replaced == ["ledger"]
         for run_id in ("r1", "r2"):
-            cached = (await cache.load(run_id, tenant=TENANT))["ledger"]
+            cached = (await mcp_schema_cache.load(run_id, tenant=TENANT))["ledger"]
             assert "extra" in {t["name"] for t in cached.tools}, run_id
     finally:
         await toolset.close()

@@ -465,6 +465,7 @@ def _profile_text(profiler: cProfile.Profile, top: int, dump: str | None) -> str
     stats.sort_stats("cumulative").print_stats(top)
     stats.sort_stats("tottime").print_stats(top)
     if dump:
+        Path(dump).parent.mkdir(parents=True, exist_ok=True)
         stats.dump_stats(dump)
     return out.getvalue()
 

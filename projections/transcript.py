@@ -236,7 +236,10 @@ def message_of(event: Event) -> Message | None:
     ):
         return _said("tool", event.result, event.call_id)
     answers = isinstance(event, ApprovalGranted) and _answers_model(event)
-    return _said("user", event.value, None) if answers else None  # type: ignore[attr-defined]
+    # The claim check never moves (nor wraps) a person's answer: one shaped like a reference
+    # is theirs as given, never a body to fetch from the blob store every tenant shares.
+    value = event.value if answers else None  # type: ignore[attr-defined]
+    return Message(role="user", content=as_text(value)) if answers else None
 
 
 def _said(role: str, body: Any, call_id: str | None) -> Message:

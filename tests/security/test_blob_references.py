@@ -103,6 +103,35 @@ async def test_an_input_naming_another_tenants_digest_is_not_given_its_body(
     assert stream == [forged]
 
 
+async def test_a_checkpoint_answer_naming_another_tenants_digest_is_not_given_its_body(
+    embedded: Embedded,
+) -> None:
+    """A person's answer to a checkpoint, which the model reads next, shaped like a reference
+    to tenant A's body: the claim check never moved it, so tenant B's model reads it as B's
+    person gave it, also when the run goes on from its stored transcript."""
+    await embedded.runner(Recording([reply("noted")])).run(AGENT, SECRET, tenant="a", run_id="a-1")
+    body = msgspec.json.encode(SECRET)
+    forged = {"$blob": digest_of(body), "size": len(body)}
+    script = [reply("", ToolCall(call_id="c-1", tool="lookup", args={"key": "k"}))]
+    options = {"mode": "collaborative", "checkpoints": ["after_tool_result"]}
+    paused = await embedded.runner(ScriptedProvider(script)).run(
+        AGENT, "look it up", tenant="b", run_id="b-1", options=options
+    )
+    assert paused.status == "waiting"
+    assert paused.waiting_on is not None
+    person = embedded.runner(ScriptedProvider([]))
+    await person.approve("b-1", paused.waiting_on, tenant="b", by="bob", value=forged)
+
+    provider = Recording([*script, reply("done")])
+    result = await embedded.runner(provider).resume(AGENT, "b-1", tenant="b")
+
+    assert result.status == "completed"
+    said = provider.calls[0][-1]
+    assert said.role == "user"
+    assert "A-CONFIDENTIAL" not in str(said.content)
+    assert msgspec.json.decode(str(said.content)) == forged
+
+
 async def _stored_inputs(embedded: Embedded, run_id: str) -> AsyncIterator[Any]:
     """The run's input as a reader of the log gets it back."""
     runner = embedded.runner(ScriptedProvider([]))

@@ -243,6 +243,10 @@ def timeline_of(
     for item in records:
         if isinstance(item, UnreadableRecord):
             lines.append(AuditLine(None, None, item))
+            if item.error.seq == guard.last_seq + 1:
+                # It says it holds the run's next seq (written by a newer Onward, say): the
+                # events after it follow it, not a gap.
+                guard.last_seq += 1
             continue
         counted = guard.admit(item)
         lines.append(AuditLine(item, None if counted else guard.refused[-1]))

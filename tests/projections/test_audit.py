@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support.poison import BAD_RECORDS
 
 from onward.errors import NothingToResumeError
 from onward.eventlog import MemoryEventLog, RunClaimed, RunFinished, RunStarted, ToolDispatched
@@ -50,3 +51,22 @@ def test_a_start_names_its_revision_or_that_none_ran() -> None:
     never = RunStarted(**env(1, 1), agent="charger", revision="", input="go")
     assert describe_event(ran) == "booker r1, input go"
     assert describe_event(never) == "charger (no revision: never ran), input go"
+
+
+@pytest.mark.parametrize("bad", ["newer-format", "unknown-kind", "out-of-range"])
+async def test_events_after_an_unreadable_record_that_holds_its_seq_are_not_marked_refused(
+    bad: str,
+) -> None:
+    """A record this code cannot read, that says which seq it holds (one a newer Onward wrote,
+    say), takes that seq: the run's events after it are no gap, and the timeline shows them
+    counted as every reader that can read the record counts them."""
+    log = MemoryEventLog()
+    await log.append([RunStarted(**env(1, 1), agent="booker", revision="r1")])
+    await log.append([RunClaimed(**env(2, 1), worker="w1")])
+    log.write_raw("run-1", BAD_RECORDS[bad]("run-1", 3))
+    await log.append([ToolDispatched(**env(4, 1), call_id="z", tool="book", idempotency_key="k")])
+    await log.append([RunFinished(**env(5, 1), status="completed", output="ok")])
+    lines = await audit_timeline(log, "run-1", tenant="acme")
+    assert [line.unreadable is not None for line in lines] == [False, False, True, False, False]
+    refused = [line.as_json()["reason"] for line in lines if line.refused is not None]
+    assert refused == []

@@ -141,14 +141,16 @@ class OpenAICompatibleProvider(Resource):
                 ``ONWARD_REDACT_KEYS`` names no key (`Redactor`).
         """
         try:
-            url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
+            root = httpx.URL(base_url)
+            # Onto the path: a query (Azure's ``?api-version=``) stays the request's query.
+            url = root.copy_with(path=root.path.rstrip("/") + "/chat/completions")
         except httpx.InvalidURL as exc:
             raise ConfigurationError(f"base_url {base_url!r} is not a valid URL: {exc}") from exc
         if url.scheme not in ("http", "https") or not url.host:
             raise ConfigurationError(
                 f"base_url {base_url!r} must be an absolute http:// or https:// URL"
             )
-        if timeout_s <= 0:
+        if not timeout_s > 0:  # NaN too: it would cut every attempt off at once
             raise ConfigurationError(f"timeout_s must be positive, not {timeout_s}")
         if max_retries < 0:
             raise ConfigurationError(f"max_retries must be zero or more, not {max_retries}")
@@ -170,7 +172,7 @@ class OpenAICompatibleProvider(Resource):
         self._client = client if client is not None else httpx.AsyncClient()
 
     def __repr__(self) -> str:
-        return f"OpenAICompatibleProvider({str(self._url)!r})"
+        return f"OpenAICompatibleProvider({self._redact(str(self._url))!r})"
 
     async def close(self) -> None:
         """Close the HTTP client if this provider created it; a shared client stays open."""
@@ -197,7 +199,9 @@ class OpenAICompatibleProvider(Resource):
             BackendError: The server answered with something that is not a chat completion.
         """
         if self._client.is_closed:
-            raise ConfigurationError(f"the provider for {self._url} is closed; create a new one")
+            raise ConfigurationError(
+                self._redact(f"the provider for {self._url} is closed; create a new one")
+            )
         response, content = await self._post(self._request_body(agent, messages))
         return self._parse(response, content)
 

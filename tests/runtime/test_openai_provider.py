@@ -308,6 +308,16 @@ async def test_no_api_key_sends_no_authorization_and_extra_headers_are_sent(
     assert request.path == "/v1/chat/completions"
 
 
+async def test_a_query_in_the_base_url_stays_the_query_of_the_request(server: ChatServer) -> None:
+    """An Azure-style endpoint names its API version in the query (``?api-version=``): the
+    path goes before it, and the query is sent as given."""
+    server.answer(Answer(body=completion("ok")))
+    async with OpenAICompatibleProvider(server.base_url + "/?api-version=2024-10-21") as provider:
+        await provider.complete(PLAIN_AGENT, CONVERSATION)
+    [request] = server.requests
+    assert request.path == "/v1/chat/completions?api-version=2024-10-21"
+
+
 async def test_tool_and_assistant_tool_call_messages_are_sent_in_openai_shape(
     server: ChatServer,
 ) -> None:
@@ -748,6 +758,21 @@ async def test_a_shared_client_is_left_open_and_a_closed_provider_refuses(
         await provider.complete(PLAIN_AGENT, CONVERSATION)
 
 
+async def test_a_password_in_the_base_url_is_shown_neither_by_repr_nor_when_closed(
+    server: ChatServer,
+) -> None:
+    """A gateway reached as ``https://user:password@host/v1``: every message naming the
+    endpoint masks its password, the provider's repr and a closed provider's refusal too."""
+    base_url = server.base_url.replace("//", "//gateway:hunter2-very-secret@", 1)
+    provider = OpenAICompatibleProvider(base_url)
+    await provider.aclose()
+    with pytest.raises(ConfigurationError, match="closed") as caught:
+        await provider.complete(PLAIN_AGENT, CONVERSATION)
+    for shown in (repr(provider), str(caught.value)):
+        assert "hunter2-very-secret" not in shown
+        assert "gateway:" in shown
+
+
 @pytest.mark.parametrize(
     "message",
     [
@@ -773,6 +798,7 @@ async def test_a_message_with_no_chat_completions_form_is_refused_before_sending
         ("ftp://example.test/v1", {}),
         ("http://127.0.0.1/v1", {"max_retries": -1}),
         ("http://127.0.0.1/v1", {"timeout_s": 0}),
+        ("http://127.0.0.1/v1", {"timeout_s": float("nan")}),
     ],
 )
 async def test_a_bad_configuration_is_refused_at_construction(

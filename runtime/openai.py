@@ -499,7 +499,10 @@ def _arguments(sent: msgspec.Raw) -> dict[str, Any]:
     """The call's arguments as a dict; anything that is not a JSON object is kept raw, and so
     is an object nested more than `MAX_DEPTH` levels deep (as text: parsed, it could not be
     masked, stored or read back by every reader)."""
-    raw = msgspec.json.decode(sent) if sent else None
+    try:
+        raw = msgspec.json.decode(sent) if sent else None
+    except msgspec.DecodeError:  # well formed, but a number no float holds (``1e999``)
+        return {UNPARSED: bytes(sent).decode()}
     if isinstance(raw, dict):
         return raw if not too_deep(raw) else {UNPARSED: _TOO_DEEP}
     if raw is None or (isinstance(raw, str) and not raw.strip()):

@@ -408,6 +408,21 @@ async def test_arguments_that_are_not_strict_json_are_kept_unparsed(
     assert reply.tool_calls == [ToolCall(call_id="call_1", tool="book", args={UNPARSED: arguments})]
 
 
+@pytest.mark.parametrize("arguments", ['{"flight": 1e999}', "1e999"], ids=["object", "number"])
+async def test_arguments_sent_as_json_with_a_number_out_of_range_are_kept_unparsed(
+    server: ChatServer, arguments: str
+) -> None:
+    """A server that sends ``arguments`` as a JSON value, not a string, with a number no
+    float holds: the call is kept with the raw text, as a string of such arguments is, not
+    a decoding error out of the provider."""
+    body = (
+        '{"choices": [{"message": {"content": null, "tool_calls": [{"id": "call_1", '
+        f'"function": {{"name": "book", "arguments": {arguments}}}}}]}}}}]}}'
+    )
+    reply = await reply_to(server, Answer(body=body.encode()))
+    assert reply.tool_calls == [ToolCall(call_id="call_1", tool="book", args={UNPARSED: arguments})]
+
+
 async def test_a_call_with_unparsed_arguments_is_refused_not_made_with_defaults(
     server: ChatServer,
 ) -> None:

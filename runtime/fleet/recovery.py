@@ -4,7 +4,8 @@ When partitions are assigned (at start, and when a dead worker's partitions move
 ``recheck_s`` after, the worker lists the runs that are ``running`` (so not waiting on a
 person) and whose lease has lapsed, and carries each on with `AgentRunner.resume`. A run whose
 lease is still held is looked at again on the next pass; one it found left for a person is
-passed over until something is written to it (a person settling its call).
+passed over until something is written to it (a person settling its call); one of an agent or
+an agent revision the worker does not carry is passed over, said once, for a worker that does.
 
 The periodic pass is not limited to the partitions the worker owns: a run of another partition
 is taken too once its last event is a lease ttl old and its lease has lapsed. A dead worker
@@ -76,6 +77,9 @@ _CAUSES_KEPT = 1024
 """Last causes a worker keeps for runs it saw fail and could not end at once (oldest go)."""
 _LEFT_KEPT = 4096
 """Runs left for a person a worker remembers to pass over (the oldest go: looked at again)."""
+_FOREIGN_KEPT = 4096
+"""Runs of agents or revisions it does not carry a worker remembers having said so for (the
+oldest go: said again)."""
 
 _PROGRESS = (ModelAnswered, ToolCompleted, ToolResolved, TurnSettled, ApprovalGranted)
 
@@ -133,6 +137,8 @@ class Recovery:
         """Runs found left for a person, with their last seq then: each pass passes them over
         until something is written to them (a person settling a call), rather than take a
         slot, ahead of new requests, to read them and leave them again."""
+        self._foreign: dict[str, None] = {}
+        """Runs of an agent or revision this worker does not carry that it said so for."""
 
     @property
     def owed(self) -> bool:
@@ -160,6 +166,8 @@ class Recovery:
         for row in rows:
             if worker.carrying(row.run_id) or self._left.get(row.run_id) == row.last_seq:
                 continue
+            if not self._carries(row):
+                continue
             if partition_for(row.run_id, count) in wanted:
                 owned.append(row)
             elif adopt and row.updated_at <= quiet_since:
@@ -177,6 +185,38 @@ class Recovery:
                     lapsed[row.run_id] = row.tenant  # else held: looked at again after its ttl
         self._lapsed = lapsed
         return await self.launch_lapsed()
+
+    def _carries(self, row: RunSummary) -> bool:
+        """Whether this worker carries the run's agent at the revision the run is pinned to.
+
+        A run of another agent or revision is another worker's (one still deployed with it,
+        during a rolling deploy): passed over, and said once, rather than take its lease and a
+        slot ahead of new requests on every pass only to be refused and say so again.
+        """
+        agent = self._worker.agents.get(row.agent)
+        if agent is not None and agent.revision == row.revision:
+            return True
+        if row.run_id not in self._foreign:
+            self._foreign[row.run_id] = None
+            while len(self._foreign) > _FOREIGN_KEPT:
+                del self._foreign[next(iter(self._foreign))]
+            if agent is None:
+                # Expected where workers carry different agents (a PostgreSQL fleet).
+                _log.info(
+                    "run %s: lapsed, left for a worker carrying agent %r",
+                    printable(row.run_id),
+                    row.agent,
+                )
+            else:
+                _log.warning(
+                    "run %s: lapsed, left for a worker carrying revision %s of agent %r (this "
+                    "worker carries %s)",
+                    printable(row.run_id),
+                    row.revision,
+                    row.agent,
+                    agent.revision,
+                )
+        return False
 
     async def launch_lapsed(self) -> int:
         """Launch the lapsed runs the last pass found, while there are free slots."""

@@ -638,7 +638,8 @@ class App(Resource):
     async def _follow_from_first(self, stream: RunStream, frontier: Frontier) -> None:
         """Start the stream at the run's first event, or, once compaction cut the log below
         it, at the first of its events the log still holds (its messages before are gone
-        from the stream; the transcript keeps the conversation)."""
+        from the stream; the transcript keeps the conversation). A run that ended and was
+        cut whole gives the message of its end alone."""
         first = frontier.first_offset if frontier.first_offset >= 0 else None
         log, compaction = self.backends.log, self.backends.compaction
         if first is None or compaction is None:
@@ -651,6 +652,8 @@ class App(Resource):
             return
         stream.next_offset = kept_from
         stream.follow_from(point.before_seq - 1)
+        if frontier.finished and point.before_seq > frontier.last_seq:
+            await stream.ended_in(frontier)  # nothing of it is left to read
 
     async def _interrupted(self, frontier: Frontier) -> bool:
         """Running, held by nobody, and not left for a person: someone should carry it on."""

@@ -30,6 +30,7 @@ from onward.eventlog.events import (
     RunFinished,
     RunStarted,
 )
+from onward.projections.frontier import Frontier
 from onward.runtime.backends import Backends
 
 from .messages import Answers, MessageMapper, RunMessage
@@ -313,6 +314,43 @@ class RunStream:
         except BackendUnavailableError as exc:
             _log.warning("run %s: its spend could not be read: %s", self.run_id, exc)
             return None
+
+    async def ended_in(self, frontier: Frontier) -> None:
+        """The run ended and compaction cut every event of it from the log (it keeps none of
+        a finished run there): give the message its end gave, from how its row says it ended,
+        and end, rather than wait for events that never come."""
+        run_id, tenant, seq, fence = (
+            frontier.run_id,
+            frontier.tenant,
+            frontier.last_seq,
+            frontier.fence,
+        )
+        status = frontier.status
+        end: Event
+        if status == "continued" and frontier.continued_to is not None:
+            end = RunContinued(
+                run_id=run_id, tenant=tenant, seq=seq, fence=fence, new_run_id=frontier.continued_to
+            )
+        elif status in ("completed", "failed", "cancelled"):
+            end = RunFinished(
+                run_id=run_id,
+                tenant=tenant,
+                seq=seq,
+                fence=fence,
+                status=status,
+                output=frontier.output,
+                error=frontier.error,
+            )
+        else:
+            return
+        self._seen = True
+        self._mapper.iteration = frontier.iteration
+        event = await self.app.restore(end)
+        spent = await self._spent_by_its_end(event)
+        self._track(event)
+        for message in self._mapper.messages(event):
+            if message.position > self._after:
+                self._buffer.append(_with_spend(message, spent))
 
     def refused(self, cause: str) -> None:
         """End the stream with an ``error`` message: its run was refused for good before it

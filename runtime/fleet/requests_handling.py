@@ -184,20 +184,29 @@ class RequestHandler:
     async def _answer(self, request: AnswerRequest) -> bool:
         worker = self._worker
         answer = worker.runner.approve if request.approve else worker.runner.deny
-        # An answer that did land makes the next ask a refusal, logged, not a second answer.
-        answered = await self._once_free(
-            lambda: answer(
+        written = False
+
+        async def write() -> None:
+            nonlocal written
+            await answer(
                 request.run_id,
                 request.request_id,
                 tenant=request.tenant,
                 by=request.by,
                 value=request.value,
             )
-        )
-        if not answered:
-            return False
-        if not request.approve:
-            return True  # denied: the run has ended, cancelled
+            written = True
+
+        # An answer that did land makes the next ask find the run no longer waiting on it.
+        try:
+            if not await self._once_free(write, moot=lambda: self._answered_already(request)):
+                return False
+        except InvalidInputError:
+            if not await self._answered_already(request):
+                raise  # the run waits on it and refuses this answer (a value that does not fit)
+            return True
+        if not written or not request.approve:
+            return True  # sent twice (nothing to carry on here), or denied: the run has ended
         return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
 
     async def _tag(self, request: TagRun) -> bool:
@@ -208,21 +217,47 @@ class RequestHandler:
             )
         )
 
-    async def _once_free(self, act: Callable[[], Awaitable[object]]) -> bool:
+    async def _once_free(
+        self,
+        act: Callable[[], Awaitable[object]],
+        *,
+        moot: Callable[[], Awaitable[bool]] | None = None,
+    ) -> bool:
         """Do ``act`` (a person's write, made under the run's lease) once the run is free: while
         another holds it, or this worker lost the lease while writing, ask again after the
-        backoff. A loop, not a call per ask: the run may be held for a long while. Returns
-        False when the worker began draining meanwhile (the request is not acted on)."""
+        backoff, unless ``moot`` then says the write has nothing left to do. A loop, not a call
+        per ask: the run may be held for a long while. Returns False when the worker began
+        draining meanwhile (the request is not acted on)."""
         worker = self._worker
         while True:
             try:
                 await act()
             except (ResumeConflictError, FencedError):
                 worker.stats.conflicts += 1
+                if moot is not None and await moot():
+                    return True
                 if not await worker.sleep(worker.backoff_s):
                     return False
             else:
                 return True
+
+    async def _answered_already(self, request: AnswerRequest) -> bool:
+        """Whether the run no longer waits on the request ``request`` answers (an answer sent
+        twice: the first landed, and the run went on or ended), said so. Such an answer has
+        nothing to write; it must not wait, holding a slot, for whoever drives the run now."""
+        try:
+            frontier = await self._worker.runner.inspect(request.run_id, tenant=request.tenant)
+        except NothingToResumeError:
+            return False
+        if not frontier.finished and frontier.waiting_on == request.request_id:
+            return False
+        _log.info(
+            "run %s: no longer waits on %s (answered already, or %s); the answer is dropped",
+            printable(request.run_id),
+            printable(request.request_id),
+            f"it ended {frontier.status}" if frontier.finished else "it went on",
+        )
+        return True
 
     async def _ended_before_the_cancel(
         self, request: CancelRun, refused: InvalidInputError

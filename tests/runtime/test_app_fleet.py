@@ -31,6 +31,7 @@ from onward.runtime.application.messages import RunMessage
 from onward.runtime.application.stream import RunStream
 from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
+from onward.runtime.fleet.requests import AnswerRequest
 from onward.runtime.settings import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -166,6 +167,35 @@ async def test_a_reader_that_stops_mid_run_later_sees_every_message_once(fleet: 
     assert first + rest == again
     assert [m.type for m in again][-1] == "result"
     assert len({m.position for m in again}) == len(again)
+
+
+async def test_an_answer_sent_twice_is_written_once_and_the_second_dropped_quietly(
+    fleet: Fleet,
+) -> None:
+    """An application whose submit of an answer was cut off after it landed sends it again:
+    the worker writes the first and carries the run on; the second finds the run no longer
+    waiting on that request and is dropped, said so, not refused as a bad request."""
+    async with onward.open(fleet.settings) as app:
+        stream = app.query("pay", {"agent": "payer", "run_id": "twice-1"})
+        asked = await anext(m async for m in stream if m.waits)
+        assert asked.request_id is not None
+        answer = AnswerRequest(
+            run_id="twice-1", tenant=app.tenant, request_id=asked.request_id, approve=True, by="ann"
+        )
+        assert app._requests is not None
+        await app._requests.submit(answer, answer)
+        last = (await asyncio.wait_for(stream.collect(), 60))[-1]
+        events = [s.event for s in await app.backends.log.read_run("twice-1")]
+
+    async def second_answer_done() -> bool:
+        said = fleet.output("worker0")
+        return "answered already" in said or "refused for good" in said
+
+    await until(second_answer_done, "the second answer acted on")
+    assert (last.type, last.status) == ("result", "completed")
+    assert sum(isinstance(e, ApprovalGranted) for e in events) == 1
+    assert fleet.ledger.count("pay") == 1
+    assert "refused for good" not in fleet.output("worker0")
 
 
 async def runaway_going(app: onward.App, run_id: str) -> RunStream:

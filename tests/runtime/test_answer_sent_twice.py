@@ -1,0 +1,93 @@
+"""An answer sent twice to a fleet: an application whose submit was cut off after it landed
+tries the opening again, and a second `AnswerRequest` of the same request reaches the worker.
+
+The first is written and the run goes on. The second finds the run no longer waiting on that
+request: it is dropped at once, said as such (not counted as a refused request), never written,
+and never kept waiting, holding a slot and the partition's commits, for as long as someone
+drives the run on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from onward.eventlog import ApprovalGranted, ToolCall
+from onward.runtime.agent import Agent
+from onward.runtime.backends import Backends, open_backends
+from onward.runtime.fleet.requests import AnswerRequest, StartRun
+from onward.runtime.fleet.worker import Worker
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.settings import Settings
+from onward.runtime.tools import tool
+
+TENANT = "acme"
+
+
+@tool(requires_approval=True)
+async def pay(n: int, *, idempotency_key: str) -> str:
+    return f"paid {n}"
+
+
+PAYER = Agent(name="payer", instructions="pay", tools=[pay])
+
+
+@pytest_asyncio.fixture
+async def backends(tmp_path: Path) -> AsyncIterator[Backends]:
+    settings = Settings.model_validate(
+        {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "answers.db")}
+    )
+    async with open_backends(settings) as opened:
+        yield opened
+
+
+async def _answered_once(backends: Backends, worker: Worker) -> AnswerRequest:
+    """A run that waited on a payment's approval, approved through the worker and carried on."""
+    await worker.handle(StartRun(run_id="r", tenant=TENANT, agent="payer", input="pay"))
+    asked = (await worker.runner.inspect("r", tenant=TENANT)).waiting_on
+    assert asked is not None
+    answer = AnswerRequest(run_id="r", tenant=TENANT, request_id=asked, approve=True, by="ann")
+    assert await worker.handle(answer)
+    return answer
+
+
+def _worker(backends: Backends) -> Worker:
+    script = [reply("", ToolCall(call_id="c1", tool="pay", args={"n": 5})), reply("paid")]
+    return Worker(backends, ScriptedProvider(script), {"payer": PAYER}, backoff_s=0.01)
+
+
+async def test_an_answer_sent_again_while_the_run_is_driven_is_dropped_at_once(
+    backends: Backends,
+) -> None:
+    worker = _worker(backends)
+    answer = await _answered_once(backends, worker)
+    # Driven on by another holder (the first answer's worker, after a rebalance): the second
+    # answer does not wait for it to let go.
+    lease = await backends.leases.acquire("r", tenant=TENANT, holder="elsewhere", ttl_s=600)
+    try:
+        assert await asyncio.wait_for(worker.handle(answer), 5)
+    finally:
+        await backends.leases.release(lease)
+    records = await backends.log.read_run("r")
+    assert sum(isinstance(r.event, ApprovalGranted) for r in records) == 1
+    assert worker.stats.failures == 0
+
+
+async def test_an_answer_sent_again_once_the_run_went_on_is_no_refusal(
+    backends: Backends, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = _worker(backends)
+    answer = await _answered_once(backends, worker)
+    with caplog.at_level(logging.INFO, logger="onward.worker"):
+        assert await worker.handle(answer)
+    records = await backends.log.read_run("r")
+    assert sum(isinstance(r.event, ApprovalGranted) for r in records) == 1
+    assert (await worker.runner.inspect("r", tenant=TENANT)).status == "completed"
+    assert worker.stats.failures == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("answered already" in r.getMessage() for r in caplog.records)

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from onward.errors import (
     BudgetExceededError,
+    ConfigurationError,
     FencedError,
     InvalidInputError,
     NothingToResumeError,
@@ -84,6 +85,16 @@ class RequestHandler:
                 if await worker.runner.resumer.exists(request.run_id):
                     return True  # it exists already: started before, carried on by its owner
                 raise  # a value it cannot take: refused for good, and said so (`Worker.handle`)
+            except ConfigurationError as exc:
+                if await worker.runner.resumer.exists(request.run_id):
+                    raise
+                # Refused before anything of it was written (a budget on a model this worker
+                # has no price for): recorded as a run that failed at its start, saying why, as
+                # a start for an agent it lacks is. A fleet's application hears of the refusal
+                # through the log alone, and would otherwise wait for a run that never comes.
+                error = f"worker {worker.name} could not start it: {exc}"
+                _log.warning("run %s: %s; the run ends failed", request.run_id, one_line(error))
+                return await self._end_failed(request, error)
             except BudgetExceededError as exc:
                 # Started, and ended failed before a call over its budget: not a refusal.
                 _log.warning("run %s: %s", request.run_id, exc)
@@ -155,24 +166,26 @@ class RequestHandler:
             "carries every agent started on it"
         )
         _log.warning("run %s: %s; the run ends failed", request.run_id, error)
+        return await self._once_startable(request, lambda: self._end_failed(request, error))
 
-        async def end_failed() -> bool:
-            try:
-                await worker.runner.end_at_start(
-                    request.agent,
-                    request.input,
-                    tenant=request.tenant,
-                    run_id=request.run_id,
-                    options=checked_options(request.options),
-                    status="failed",
-                    error=error,
-                )
-            except InvalidInputError as exc:
-                _log.warning("run %s: not ended failed: %s", request.run_id, one_line(str(exc)))
-            worker.stats.failures += 1
-            return True
-
-        return await self._once_startable(request, end_failed)
+    async def _end_failed(self, request: StartRun, error: str) -> bool:
+        """Record the start as a run that ended ``failed`` at once with ``error``
+        (`AgentRunner.end_at_start`); a run that exists already is left as it is."""
+        worker = self._worker
+        try:
+            await worker.runner.end_at_start(
+                request.agent,
+                request.input,
+                tenant=request.tenant,
+                run_id=request.run_id,
+                options=checked_options(request.options),
+                status="failed",
+                error=error,
+            )
+        except InvalidInputError as exc:
+            _log.warning("run %s: not ended failed: %s", request.run_id, one_line(str(exc)))
+        worker.stats.failures += 1
+        return True
 
     async def _started(self, run_id: str, *, lost: bool) -> bool:
         """Whether the run exists: by its row while another holds it (cheap), by the log once

@@ -198,6 +198,25 @@ async def test_an_answer_sent_twice_is_written_once_and_the_second_dropped_quiet
     assert "refused for good" not in fleet.output("worker0")
 
 
+async def test_a_start_the_worker_refuses_for_good_ends_its_stream_with_the_cause(
+    fleet: Fleet,
+) -> None:
+    """A budget on a model the workers have no price for: the worker cannot start the run
+    (nothing could be counted against the budget). The run is recorded as failed saying why,
+    so the application's stream ends with the cause rather than wait for a run that never
+    comes, saying no worker has taken it."""
+    async with onward.open(fleet.settings) as app:
+        options = {"agent": "payer", "run_id": "unpriced-1", "budget_micros": 1_000}
+        messages = await app.query("pay", options, timeout=30).collect()
+        state = await app.get_session_state("unpriced-1")
+    last = messages[-1]
+    assert (last.type, last.status) == ("error", "failed")
+    assert "a budget needs the price of model 'default'" in last.content
+    assert state is not None
+    assert state.status == "failed"
+    assert fleet.ledger.count("pay") == 0
+
+
 async def runaway_going(app: onward.App, run_id: str) -> RunStream:
     """Start a run of ``looper`` and read its stream until three calls are done: it goes on,
     with nothing to end it but a person."""

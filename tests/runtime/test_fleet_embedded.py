@@ -217,6 +217,25 @@ async def test_a_start_for_an_agent_the_worker_lacks_ends_the_run_failed_saying_
     assert "not ended failed" in said[-1]
 
 
+async def test_a_start_the_worker_cannot_make_ends_the_run_failed_saying_why(
+    tmp_path: Path,
+) -> None:
+    """A budget on a model the worker has no price for: refused before anything is written,
+    and recorded as a run that failed at its start with the cause, so whoever follows it (a
+    fleet's application reads only the log) reads why instead of waiting for it."""
+    async with open_backends(_settings(tmp_path / "fleet.db")) as backends:
+        worker = Worker(backends, ScriptedProvider(script), {"booker": agents["booker"]}, name="w1")
+        request = StartRun(
+            run_id="r", tenant=TENANT, agent="booker", input="go", options={"budget_micros": 10}
+        )
+        assert await worker.handle(request)
+        ended = await worker.runner.inspect("r", tenant=TENANT)
+    assert (ended.status, ended.revision) == ("failed", "")
+    assert ended.error is not None
+    assert "worker w1 could not start it: a budget needs the price of model" in ended.error
+    assert worker.stats.failures == 1
+
+
 def test_inspect_shows_that_a_run_failed_at_its_start_never_ran(tmp_path: Path) -> None:
     async def failed_at_start() -> None:
         async with open_backends(_settings(tmp_path / "fleet.db")) as backends:

@@ -27,6 +27,11 @@ every `RELEASE_RETRY_S` until it succeeds or the lease must have lapsed anyway (
 worker that cannot write lets go of its run as soon as the store takes writes again. That needs
 the process, and the event loop, to live on: a process that exits at once (a command-line
 `onward run --resume`) leaves the lease to lapse after its ttl (five minutes by default).
+
+A store that fails to answer (a timeout, a dropped connection) may have acted all the same: an
+acquisition that failed so hands back the lease the store shows under this process's name, and
+a fence raise that failed so keeps the fence the store shows raised, so neither leaves the run
+held by nobody for a ttl.
 """
 
 from __future__ import annotations
@@ -35,12 +40,12 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from onward.errors import BackendError, FencedError, InvalidInputError, OnwardError
 
 from .base import CancelAsked, LeasePolicy, LeaseStore, RunLease
-from .presence import acquire_run
+from .presence import acquire_run, is_this_process
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +57,10 @@ RELEASE_RETRY_S = 0.5
 
 _RELEASING: set[asyncio.Task[None]] = set()
 """Background releases in flight, kept referenced until they end."""
+
+_HOLDING: set[tuple[int, str, str]] = set()
+"""The runs a `Leaseholder` of this process holds, as (store, run, holder): a failed acquisition
+of one of them must not hand back the lease another block holds."""
 
 
 class Leaseholder:
@@ -212,7 +221,7 @@ class Leaseholder:
                     # The store may raise the fence after its caller is cancelled; without its
                     # answer the renewals and the release would carry a fence it no longer has.
                     cancelled = await _to_the_end(asking)
-                    granted = asking.result()
+                    granted = await self._raised(asking)
             except FencedError:
                 self.fenced.set()
                 raise
@@ -224,6 +233,69 @@ class Leaseholder:
                 heard()
         if cancelled:
             raise asyncio.CancelledError
+
+    async def _raised(self, raising: asyncio.Future[RunLease]) -> RunLease:
+        """A fence raise's answer; when the store failed to give it (a timeout), the raise it
+        made all the same, if it made one.
+
+        The store may have raised the fence and lost the answer: carrying the old fence would
+        have every renewal refused and the release too, leaving the run held by nobody for a
+        ttl. The store's lease is this raise when it is this holder's, with a higher fence and
+        the expiry a raise keeps (the renewals wait for this one, so nothing else changed it).
+        """
+        try:
+            return raising.result()
+        except BackendError:
+            lease = self.lease
+            try:
+                now = await self.store.current(lease.run_id)
+            except OnwardError:
+                now = None
+            if (
+                now is None
+                or (now.holder, now.tenant, now.expires_at)
+                != (lease.holder, lease.tenant, lease.expires_at)
+                or now.fence <= lease.fence
+            ):
+                raise
+            logger.info(
+                "run %r: the store raised the fence to %d though its answer was lost",
+                self.run_id,
+                now.fence,
+            )
+            return now
+
+    async def _hand_back_if_taken(self) -> None:
+        """After an acquisition failed with a store error, hand back the lease it may have taken
+        all the same (a script run or a commit made whose answer was lost): the caller holds
+        nothing, so the run would stay held by nobody for a ttl.
+
+        Only a lease under this process's own holder name (`default_holder`) is handed back,
+        and not one another block of this process holds: under a custom name it may be another
+        process's, given the same name by mistake, and it is left to lapse.
+        """
+        if not is_this_process(self.holder) or (
+            (id(self.store), self.run_id, self.holder) in _HOLDING
+        ):
+            return
+        try:
+            taken = await self.store.current(self.run_id)
+            if taken is None or (taken.holder, taken.tenant) != (self.holder, self.tenant):
+                return
+            await self.store.release(taken)
+        except OnwardError as error:
+            logger.warning(
+                "run %r: the failed acquisition may have taken the lease, which was not handed "
+                "back (%s); it lapses after its ttl",
+                self.run_id,
+                error,
+            )
+            return
+        logger.info(
+            "run %r: handed back the lease (fence %d) a failed acquisition took all the same",
+            self.run_id,
+            taken.fence,
+        )
 
     def cancelled_by_ask(self) -> CancelledByAsk:
         """A block that a cancel ask cuts short: if a renewal (or `confirm`) hears one while
@@ -250,15 +322,20 @@ class Leaseholder:
         if self._adopt:
             await self._renew()
         else:
-            self._lease = await acquire_run(
-                self.store,
-                self.run_id,
-                tenant=self.tenant,
-                holder=self.holder,
-                ttl_s=self.policy.ttl_s,
-            )
+            try:
+                self._lease = await acquire_run(
+                    self.store,
+                    self.run_id,
+                    tenant=self.tenant,
+                    holder=self.holder,
+                    ttl_s=self.policy.ttl_s,
+                )
+            except BackendError:
+                await self._hand_back_if_taken()
+                raise
             self._requested = requested
         self._held = True
+        _HOLDING.add((id(self.store), self.run_id, self.holder))
         self._renewal = asyncio.create_task(
             self._keep(requested), name=f"onward-lease-renewal:{self.run_id}"
         )
@@ -354,19 +431,23 @@ class Leaseholder:
         which ``fenced`` reports. A store error (`BackendError`) starts :attr:`releasing`, which
         retries the release in the background for up to one ttl. Any release failure is raised
         when the block ended normally, and logged in one line when the block is already raising,
-        so it never masks that error. A cancellation that arrives while the renewals stop is
-        raised once the lease is handed back.
+        so it never masks that error. A cancellation that arrives while the renewals stop or
+        while the store hands the lease back is raised once the lease is handed back.
         """
         cancelled = await self._stop_renewing()
         if not self._held:
             return
         self._held = False
+        _HOLDING.discard((id(self.store), self.run_id, self.holder))
         self._adopt = False  # entering again takes a new lease; this one is being handed back
+        handing_back = asyncio.ensure_future(
+            self.store.forget(self.lease) if self._no_run else self.store.release(self.lease)
+        )
         try:
-            if self._no_run:
-                await self.store.forget(self.lease)
-            else:
-                await self.store.release(self.lease)
+            # A cancellation during the release must not abandon it: the store may still be
+            # handing back the run, and a release cut short leaves it held by nobody for a ttl.
+            cancelled = await _to_the_end(handing_back) or cancelled
+            handing_back.result()
         except FencedError as error:
             logger.warning("run %r: lease already lost at release: %s", self.run_id, error)
         except OnwardError as error:
@@ -415,7 +496,7 @@ class Leaseholder:
         logger.warning("run %r: the store never took the release; the lease lapsed", self.run_id)
 
 
-async def _to_the_end(work: asyncio.Future[RunLease]) -> bool:
+async def _to_the_end(work: asyncio.Future[Any]) -> bool:
     """Wait until ``work`` is done, even through a cancellation of this task (the store's own
     timeout bounds the wait); whether this task was cancelled meanwhile."""
     cancelled = False

@@ -94,6 +94,12 @@ def _local_pid(holder: str) -> int | None:
     return int(digits)
 
 
+def is_this_process(holder: str) -> bool:
+    """Whether ``holder`` is this process's own default name: a lease under it can be no other
+    process's (a custom name may be, by mistake, another process's too)."""
+    return _local_pid(holder) == os.getpid()
+
+
 def _lock_path(folder: Path, pid: int) -> Path:
     return folder / f"{pid}.lock"
 

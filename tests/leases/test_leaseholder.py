@@ -304,3 +304,41 @@ async def test_a_second_cancellation_on_the_way_out_still_releases_the_lease() -
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await store.current(held.run_id) is None
+
+
+class SlowReleases(WrappedLeaseStore):
+    """A memory store whose release takes a round trip: it starts, then waits for a gate."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryLeaseStore())
+        self.releasing = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def release(self, lease: RunLease) -> None:
+        self.releasing.set()
+        await self.answer.wait()
+        await super().release(lease)
+
+
+async def test_a_second_cancellation_during_the_release_still_releases_the_lease() -> None:
+    """Cancelled again while the store is handing the lease back (two Ctrl-C, a task group and
+    then a shutdown): the release is waited out, not abandoned with the run held by nobody."""
+    store = SlowReleases()
+    held = holding(store)
+    entered = asyncio.Event()
+
+    async def work() -> None:
+        async with held:
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(work())
+    await asyncio.wait_for(entered.wait(), 5)
+    task.cancel()
+    await asyncio.wait_for(store.releasing.wait(), 5)
+    task.cancel()
+    await asyncio.sleep(0)
+    store.answer.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await store.current(held.run_id) is None

@@ -9,10 +9,11 @@ import pytest
 from support.pg import fresh_schema
 
 from onward.errors import BackendUnavailableError, SchemaMismatchError
-from onward.runtime.leases import LeaseStore, PostgresLeaseStore
+from onward.runtime.leases import Leaseholder, LeaseStore, PostgresLeaseStore, RunLease
+from onward.runtime.leases.presence import default_holder
 from onward.testing import LeaseStoreConformance
 from onward.testing.eventlog import TENANT, new_run_id
-from onward.testing.leases import assert_exactly_one_acquires
+from onward.testing.leases import assert_exactly_one_acquires, policy
 from onward.testing.storage import PostgresConnectionLossConformance
 
 
@@ -74,3 +75,57 @@ async def test_an_unreachable_server_is_retryable() -> None:
     with pytest.raises(BackendUnavailableError) as failed:
         await PostgresLeaseStore.open("postgresql://onward:onward@127.0.0.1:1/onward")
     assert failed.value.retryable
+
+
+class AnswerLost(PostgresLeaseStore):
+    """The server commits an acquisition or a fence raise, then the connection drops before
+    its answer."""
+
+    raise_lost = False
+
+    async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
+        lease = await super().acquire(run_id, tenant=tenant, holder=holder, ttl_s=ttl_s)
+        if self.raise_lost:
+            return lease
+        raise BackendUnavailableError("acquiring the lease: connection lost", run_id=run_id)
+
+    async def raise_fence(self, lease: RunLease, *, above: int) -> RunLease:
+        await super().raise_fence(lease, above=above)
+        raise BackendUnavailableError("raising the fence: connection lost", run_id=lease.run_id)
+
+
+async def test_an_acquisition_whose_answer_is_lost_leaves_the_run_free(
+    database_url: str,
+) -> None:
+    async with (
+        fresh_schema(database_url) as schema,
+        AnswerLost(database_url, schema=schema) as store,
+    ):
+        run_id = new_run_id()
+        with pytest.raises(BackendUnavailableError):
+            async with Leaseholder(
+                store, run_id, tenant=TENANT, holder=default_holder(), policy=policy(60)
+            ):
+                pytest.fail("the block must not be entered")
+        left = await store.current(run_id)
+        assert left is None, f"the failed acquisition left the run held by nobody: {left}"
+
+
+async def test_a_fence_raise_whose_answer_is_lost_is_kept(database_url: str) -> None:
+    """The holder goes on under the fence the server raised, and its release hands the run
+    back rather than being refused as superseded."""
+    async with (
+        fresh_schema(database_url) as schema,
+        AnswerLost(database_url, schema=schema) as store,
+    ):
+        store.raise_lost = True
+        run_id = new_run_id()
+        async with Leaseholder(
+            store, run_id, tenant=TENANT, holder=default_holder(), policy=policy(60)
+        ) as held:
+            first = held.lease
+            raised = await held.raise_fence(first.fence + 10)
+            assert raised.fence > first.fence + 10
+            assert await store.current(run_id) == raised
+        left = await store.current(run_id)
+        assert left is None, f"the block left the run held by nobody: {left}"

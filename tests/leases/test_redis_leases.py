@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
+from redis.commands.core import AsyncScript
 from support.proxy import TcpProxy
 
 from onward.errors import (
@@ -21,6 +23,7 @@ from onward.errors import (
     ResumeConflictError,
 )
 from onward.runtime.leases import Leaseholder, LeaseStore, RedisLeaseStore, RunLease
+from onward.runtime.leases.presence import default_holder
 from onward.runtime.leases.redis import CLEANUP_GRACE_MS
 from onward.testing import LeaseStoreConformance
 from onward.testing.eventlog import TENANT, new_run_id
@@ -252,3 +255,80 @@ async def test_a_holder_cut_off_from_a_silent_store_knows_it_lost_the_lease_befo
                         )
                 finally:
                     await proxy.restore()
+
+
+ANSWER_TIMEOUT_S = 0.3
+
+
+class AnswersLate(RedisLeaseStore):
+    """Redis runs the script named in ``late``, but its answer comes after the store's timeout
+    (a latency spike), so the caller gets a `BackendError` for a script that did run."""
+
+    late: str | None = None
+
+    async def run_script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        answer = await super().run_script(script, keys, args)
+        if self.late is not None and script is self._scripts[self.late]:
+            await asyncio.sleep(ANSWER_TIMEOUT_S * 3)
+        return answer
+
+
+async def test_an_acquisition_answered_too_late_leaves_the_run_free(
+    redis_url: str, prefix: str
+) -> None:
+    """The holder is told the store failed, so it holds nothing: neither may anybody else."""
+    async with AnswersLate(redis_url, prefix=prefix, timeout_s=ANSWER_TIMEOUT_S) as store:
+        run_id = new_run_id()
+        store.late = "acquire"
+        with pytest.raises(BackendError):
+            async with Leaseholder(
+                store, run_id, tenant=TENANT, holder=default_holder(), policy=policy(60)
+            ):
+                pytest.fail("the block must not be entered")
+        store.late = None
+        left = await store.current(run_id)
+        assert left is None, f"the failed acquisition left the run held by nobody: {left}"
+        taken = await store.acquire(run_id, tenant=TENANT, holder="w2", ttl_s=60)
+        assert taken.holder == "w2"
+
+
+async def test_a_fence_raise_answered_too_late_is_kept(redis_url: str, prefix: str) -> None:
+    """Redis raised the fence though its answer came too late: the holder goes on under the
+    raised fence, and its release still hands the run back."""
+    async with AnswersLate(redis_url, prefix=prefix, timeout_s=ANSWER_TIMEOUT_S) as store:
+        run_id = new_run_id()
+        async with Leaseholder(
+            store, run_id, tenant=TENANT, holder="w1", policy=policy(60)
+        ) as held:
+            first = held.lease
+            store.late = "raise_fence"
+            raised = await held.raise_fence(first.fence + 10)
+            store.late = None
+            assert raised.fence > first.fence + 10
+            assert held.lease == raised == await store.current(run_id)
+            await held.confirm()
+        left = await store.current(run_id)
+        assert left is None, f"the block left the run held by nobody: {left}"
+
+
+async def test_an_acquisition_answered_too_late_leaves_a_lease_held_under_its_name_alone(
+    redis_url: str, prefix: str
+) -> None:
+    """The lease under the holder's name is not the failed acquisition's when another block of
+    this process holds it, or when the name is a custom one another process may have too."""
+    async with AnswersLate(redis_url, prefix=prefix, timeout_s=ANSWER_TIMEOUT_S) as store:
+        here, custom = new_run_id(), new_run_id()
+        elsewhere = await store.acquire(custom, tenant=TENANT, holder="w1", ttl_s=60)
+        async with Leaseholder(
+            store, here, tenant=TENANT, holder=default_holder(), policy=policy(60)
+        ) as held:
+            store.late = "acquire"
+            for run_id, holder in ((here, default_holder()), (custom, "w1")):
+                with pytest.raises(BackendError):
+                    async with Leaseholder(
+                        store, run_id, tenant=TENANT, holder=holder, policy=policy(60)
+                    ):
+                        pytest.fail("the block must not be entered")
+            store.late = None
+            assert await store.current(here) == held.lease
+            assert await store.current(custom) == elsewhere

@@ -12,10 +12,12 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import msgspec
 import pytest
 from support.crash_world import until_lapsed
+from support.proxy import TcpProxy
 
 from integrations.mcp_world import (
     TENANT,
@@ -44,6 +46,7 @@ from onward.integrations.mcp import (
     forget_schemas,
     load_mcp_settings,
 )
+from onward.integrations.mcp import cache as cache_module
 from onward.runtime.agent import Agent
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
@@ -332,6 +335,34 @@ async def test_a_redis_that_is_down_costs_warmth_not_the_run(tmp_path: Path) -> 
             assert {t.name for t in toolset.tools} >= {"echo", "charge"}
         with pytest.raises(BackendUnavailableError, match="removing"):
             await down.forget("r1")
+    assert listings(tmp_path) == 1
+
+
+async def test_a_redis_that_stops_answering_costs_warmth_not_the_run(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition or a hung Redis: the cache's reads and writes give up after its timeout,
+    so the toolset lists the server and opens, rather than wait for good."""
+    monkeypatch.setattr(cache_module, "CACHE_TIMEOUT_S", 0.5)
+    parts = urlsplit(redis_url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    async with TcpProxy(parts.hostname, parts.port) as proxy:
+        through = redis_url.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{proxy.port}")
+        async with SchemaCache.from_url(through, prefix="onward-test-silent:") as silent:
+            await silent.load("r1")  # connected before the network goes quiet
+            await proxy.cut(silent=True)
+            try:
+                async with asyncio.timeout(10):
+                    async with MCPToolset(
+                        [stdio_server(tmp_path)], run_id="r1", cache=silent
+                    ) as toolset:
+                        assert toolset.warm == ()
+                        assert {t.name for t in toolset.tools} >= {"echo", "charge"}
+                    with pytest.raises(BackendUnavailableError, match="removing"):
+                        await silent.forget("r1")
+            finally:
+                await proxy.restore()
     assert listings(tmp_path) == 1
 
 

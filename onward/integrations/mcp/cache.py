@@ -13,6 +13,7 @@ The key stays the run's, so GC removes a finished run's entry, every tenant's fi
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,11 @@ _log = logging.getLogger("onward.integrations.mcp")
 
 DEFAULT_PREFIX = SCHEMA_CACHE_PREFIX
 FORMAT = 1
+
+CACHE_TIMEOUT_S = 10.0
+"""The longest one read, write or removal waits for Redis. A Redis that stops answering (a
+partition, a hung server) would otherwise hold every run's open for good, as the client has no
+timeout of its own; past it a read is a miss and a write is skipped, like Redis down."""
 
 
 class MCPSettings(BaseModel):
@@ -210,7 +216,10 @@ class SchemaCache(Resource):
         key = self.key(run_id)
         scope = f"{tenant_scope(tenant)}:"
         try:
-            async with self.client.pipeline(transaction=True) as pipe:
+            async with (
+                asyncio.timeout(CACHE_TIMEOUT_S),
+                self.client.pipeline(transaction=True) as pipe,
+            ):
                 pipe.hgetall(key)
                 pipe.pexpire(key, self.ttl)
                 raw, _ = await pipe.execute()
@@ -248,7 +257,10 @@ class SchemaCache(Resource):
             f"{scope}:{name}": msgspec.json.encode(schema) for name, schema in schemas.items()
         }
         try:
-            async with self.client.pipeline(transaction=True) as pipe:
+            async with (
+                asyncio.timeout(CACHE_TIMEOUT_S),
+                self.client.pipeline(transaction=True) as pipe,
+            ):
                 pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
                 pipe.pexpire(key, self.ttl)
                 await pipe.execute()
@@ -271,7 +283,8 @@ class SchemaCache(Resource):
         """
         key = self.key(run_id)
         try:
-            removed = await self.client.delete(key)
+            async with asyncio.timeout(CACHE_TIMEOUT_S):
+                removed = await self.client.delete(key)
         except (redis_errors.RedisError, OSError) as exc:
             raise translate(exc, context=f"removing {key}", run_id=run_id) from exc
         return bool(removed)

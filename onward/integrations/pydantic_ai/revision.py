@@ -8,6 +8,7 @@ order and would pair them with the wrong calls. The description also carries eac
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from pydantic_ai.toolsets import (
     FunctionToolset,
     PrefixedToolset,
     RenamedToolset,
+    SetMetadataToolset,
     WrapperToolset,
 )
 
@@ -33,19 +35,26 @@ METADATA_KEY = "onward"
 @dataclass(frozen=True)
 class DescribedAgent(Agent):
     """The Onward agent of a pydantic-ai agent, whose tools are also found by the names the
-    model calls them (a prefixed or renamed toolset's), as the log records its calls.
+    model calls them (a prefixed or renamed toolset's), as the log records its calls, and are
+    as retry-safe as the metadata the journal reads when it runs them says.
 
     Attributes:
         called_as: The described tool's name for each name the model calls a tool by that
             differs from it. Not part of the revision: only how calls are matched to tools.
+        retry_safe_as: Whether a described tool is retry-safe, for each whose toolsets'
+            metadata (``with_metadata(onward=...)``) says otherwise than its own. Not part of
+            the revision either.
     """
 
     called_as: Mapping[str, str] = field(default_factory=dict, compare=False)
+    retry_safe_as: Mapping[str, bool] = field(default_factory=dict, compare=False)
 
     def tool(self, name: str) -> Tool | None:
         found = super().tool(name)
         if found is None and name in self.called_as:
-            return super().tool(self.called_as[name])
+            found = super().tool(self.called_as[name])
+        if found is not None and found.name in self.retry_safe_as:
+            return dataclasses.replace(found, retry_safe=self.retry_safe_as[found.name])
         return found
 
 
@@ -53,8 +62,9 @@ def describe(agent: AbstractAgent[Any, Any], name: str) -> DescribedAgent:
     """The Onward agent a pydantic-ai agent's runs are recorded under."""
     tools: list[Tool] = []
     called_as: dict[str, str] = {}
+    retry_safe_as: dict[str, bool] = {}
 
-    def visit(toolset: AbstractToolset[Any], outward: Callable[[str], str]) -> None:
+    def visit(toolset: AbstractToolset[Any], outward: Callable[[str], str], meta: Metadata) -> None:
         if isinstance(toolset, FunctionToolset):
             named = {t.name for t in tools}
             for tool in toolset.tools.values():
@@ -62,11 +72,13 @@ def describe(agent: AbstractAgent[Any, Any], name: str) -> DescribedAgent:
                 tools.append(described)
                 if outward(tool.name) != described.name:
                     called_as[outward(tool.name)] = described.name
+                if retry_safe(meta(tool.metadata)) != described.retry_safe:
+                    retry_safe_as[described.name] = not described.retry_safe
         elif toolset.id is not None:
             tools.append(_opaque(toolset))
 
     for toolset in agent.toolsets:
-        _walk(toolset, lambda tool_name: tool_name, visit)
+        _walk(toolset, lambda tool_name: tool_name, lambda metadata: metadata, visit)
     model = agent.model
     return DescribedAgent(
         name=name,
@@ -75,29 +87,39 @@ def describe(agent: AbstractAgent[Any, Any], name: str) -> DescribedAgent:
         model=model.model_name if isinstance(model, Model) else str(model or "default"),
         max_iterations=1_000_000,
         called_as=called_as,
+        retry_safe_as=retry_safe_as,
     )
+
+
+Metadata = Callable[[dict[str, Any] | None], dict[str, Any] | None]
+"""How the toolsets around a leaf change a tool's metadata (``with_metadata``)."""
 
 
 def _walk(
     toolset: AbstractToolset[Any],
     outward: Callable[[str], str],
-    visit: Callable[[AbstractToolset[Any], Callable[[str], str]], None],
+    meta: Metadata,
+    visit: Callable[[AbstractToolset[Any], Callable[[str], str], Metadata], None],
 ) -> None:
     """Visit the leaf toolsets as ``toolset.apply`` does, in its order, with how each leaf's
-    tool names reach the model (the prefixes and renames of the toolsets around it)."""
+    tool names reach the model (the prefixes and renames of the toolsets around it) and how
+    its tools' metadata does (the ``with_metadata`` around it, merged as pydantic-ai does)."""
     if isinstance(toolset, PrefixedToolset):
         prefix = toolset.prefix
-        _walk(toolset.wrapped, lambda n: outward(f"{prefix}_{n}"), visit)
+        _walk(toolset.wrapped, lambda n: outward(f"{prefix}_{n}"), meta, visit)
     elif isinstance(toolset, RenamedToolset):
         renamed = {original: new for new, original in toolset.name_map.items()}
-        _walk(toolset.wrapped, lambda n: outward(renamed.get(n, n)), visit)
+        _walk(toolset.wrapped, lambda n: outward(renamed.get(n, n)), meta, visit)
+    elif isinstance(toolset, SetMetadataToolset):
+        merged = toolset.metadata
+        _walk(toolset.wrapped, outward, lambda m: meta({**(m or {}), **merged}), visit)
     elif isinstance(toolset, WrapperToolset) and type(toolset).apply is WrapperToolset.apply:
-        _walk(toolset.wrapped, outward, visit)
+        _walk(toolset.wrapped, outward, meta, visit)
     elif isinstance(toolset, CombinedToolset):
         for member in toolset.toolsets:
-            _walk(member, outward, visit)
+            _walk(member, outward, meta, visit)
     else:
-        toolset.apply(lambda leaf: visit(leaf, outward))
+        toolset.apply(lambda leaf: visit(leaf, outward, meta))
 
 
 def retry_safe(metadata: dict[str, Any] | None) -> bool:

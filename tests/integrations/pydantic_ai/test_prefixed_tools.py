@@ -63,3 +63,39 @@ async def test_a_retry_safe_tool_under_a_prefix_is_planned_to_be_dispatched_agai
         if isinstance(stored.event, ResumePlanned)
     ]
     assert (planned[0].dispatched, planned[0].undecided) == (["s1"], [])
+
+
+async def test_a_toolset_marked_retry_safe_with_metadata_is_planned_to_be_dispatched_again(
+    stores: Stores,
+) -> None:
+    """``toolset.with_metadata(onward=...)`` marks every tool of a toolset retry-safe, as the
+    journal reads it when it runs the call: resume planning reads it the same."""
+    searched: list[str] = []
+    call = ToolCallPart("search", {"q": "Rome"}, tool_call_id="s1")
+    script = Script(call, faults=Faults({"after_effect"}))
+    durability = durability_on(stores, worker="here")
+    hotels = FunctionToolset(id="hotels")
+
+    async def search(q: str) -> str:
+        searched.append(q)
+        script.faults.reach("after_effect")
+        return f"hotels: {q}"
+
+    hotels.add_function(search, name="search")
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(script.answer),
+        name="searcher",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+        toolsets=[hotels.with_metadata(onward={"retry_safe": True})],
+    )
+    with pytest.raises(Crash):
+        await durability.run(agent, "find a hotel", run_id=RUN)
+
+    done = await durability.resume(agent, RUN)
+
+    assert (done.status, done.output) == ("completed", "done: hotels: Rome")
+    assert searched == ["Rome", "Rome"]
+    assert done.plan is not None
+    assert [c.call_id for c in done.plan.to_dispatch] == ["s1"]
+    assert done.plan.indeterminate == []

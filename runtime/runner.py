@@ -650,7 +650,7 @@ class AgentRunner(Resource):
                 continue
             await _after_deadline(run, call)
             await run.held.check()
-            answer = await tool.check_status(call.idempotency_key, fence=run.fence)
+            answer = await self._status(run, call, tool)
             if answer is None:
                 continue
             await self._record_reconciled(run, call, answer)
@@ -1225,8 +1225,8 @@ class AgentRunner(Resource):
                 if not isinstance(verdict, ToolError):
                     return verdict
                 error = verdict
-            except ToolArgumentsError as exc:
-                error = ToolError(type="InvalidArguments", message=str(exc))
+            except (ToolArgumentsError, _NotStartedError) as exc:
+                error = _uncalled_error(call, tool, exc)
             except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, not raised
                 error = tool_error(exc, self.writer.redactor)
             if scope.question is not None:
@@ -1289,7 +1289,7 @@ class AgentRunner(Resource):
         )
         if tool.retry_safe:
             return failed
-        answer = await tool.check_status(call.idempotency_key, fence=run.fence)
+        answer = await self._status_after_cut_off(run, call, tool)
         if answer is None:
             return call
         if answer.outcome == "never_ran":
@@ -1299,6 +1299,47 @@ class AgentRunner(Resource):
             )
         await self._record_reconciled(run, call, answer)
         return None
+
+    async def _status(self, run: HeldRun, call: CallState, tool: Tool) -> Reconciled | None:
+        """`Tool.check_status` about ``call``, given as long as the lease's ttl to answer: a
+        check that hangs (its service gone silent) must not keep the run, and its lease, for
+        ever.
+
+        Raises:
+            BackendUnavailableError: It did not answer in time (retryable).
+        """
+        bound = self.lease_policy.ttl_s
+        limit = asyncio.timeout(bound)
+        try:
+            async with limit:
+                return await tool.check_status(call.idempotency_key, fence=run.fence)
+        except TimeoutError as exc:
+            if not limit.expired():
+                raise
+            raise BackendUnavailableError(
+                f"run {run.run_id!r}: the status check of {call.call_id} ({call.tool}) did not "
+                f"answer within {bound:g}s (the lease's ttl)",
+                run_id=run.run_id,
+            ) from exc
+
+    async def _status_after_cut_off(
+        self, run: HeldRun, call: CallState, tool: Tool
+    ) -> Reconciled | None:
+        """The status check's answer about a call cut off in this turn (`_status`). A check
+        that fails or does not answer in time is no answer, and the call is left for a person:
+        not a turn whose other calls are stopped mid-call by an error of this one's check."""
+        try:
+            return await self._status(run, call, tool)
+        except Exception as exc:  # noqa: BLE001 - no answer: the call is left undecided
+            why = tool_error(exc, self.writer.redactor).message
+            _log.warning(
+                "run %s: the status check of %s (%s) gave no answer: %s",
+                run.run_id,
+                call.call_id,
+                call.tool,
+                one_line(why, 300),
+            )
+            return None
 
 
 TOO_DEEP_ARGUMENTS = "onward.too_deep"
@@ -1316,6 +1357,18 @@ def _unanswered(call: CallState, tool: Tool, exc: Exception, redactor: Redactor)
         took = f"{call.tool} took longer than its max_call_s of {tool.max_call_s:g}s"
         return ToolError(type="DeadlineExceeded", message=f"{took}; it was cut off")
     return tool_error(exc, redactor)
+
+
+def _uncalled_error(call: CallState, tool: Tool, exc: Exception) -> ToolError:
+    """The error of a call whose tool was not called: its arguments did not fit, or its
+    deadline passed before it could start. It certainly did not take effect."""
+    if isinstance(exc, _NotStartedError):
+        return ToolError(
+            type="DeadlineExceeded",
+            message=f"{call.tool}'s deadline (its max_call_s of {tool.max_call_s:g}s) passed "
+            "before it could start; it was not called",
+        )
+    return ToolError(type="InvalidArguments", message=str(exc))
 
 
 def _disposition(run: HeldRun, call_id: str, undecided: CallState | None) -> str:
@@ -1409,6 +1462,10 @@ class _DeadlinePassedError(Exception):
     """A tool call was cut off at its deadline."""
 
 
+class _NotStartedError(Exception):
+    """A tool call's deadline had passed before it could start: it was not called."""
+
+
 class ToolCancelledError(Exception):
     """A tool raised `CancelledError` while nobody cancelled its run or cut it off."""
 
@@ -1438,12 +1495,20 @@ async def _within(calling: Coroutine[Any, Any, Any], deadline: int | None) -> An
     cancelled at its next await instead of going on to its effect. What the call raises is
     told apart by whether the deadline passed, not by its type: a `TimeoutError` of the tool's
     own before then is its failure, raised as any other; whatever it raises once cut off (its
-    clean-up failing, say) is the cut-off.
+    clean-up failing, say) is the cut-off. A call whose deadline passed before it could start
+    (a slow dispatch write, a process paused before the call) is not started at all
+    (`_NotStartedError`): it certainly did not take effect.
     """
     if deadline is None:
         return await _cancelled_as_failure(calling)
     left = deadline / 1_000_000 - time.time()
-    timeout = asyncio.timeout(max(left, 0))
+    if left <= 0:
+        # Started now, the call would run up to its first await (its effect, for a tool that
+        # makes it before one) and be settled as cut off, left for a person, although nothing
+        # of it could have taken effect before.
+        calling.close()
+        raise _NotStartedError
+    timeout = asyncio.timeout(left)
     try:
         async with timeout:
             return await _cancelled_as_failure(calling)

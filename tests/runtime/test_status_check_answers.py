@@ -6,15 +6,18 @@ with an error naming the tool, never a crash deep in the runner or a write the l
 
 from __future__ import annotations
 
+import asyncio
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from support.crash_world import search_and_book
 from support.crashes import Crash, CrashAt
 
-from onward.errors import ConfigurationError
+from onward.errors import BackendUnavailableError, ConfigurationError
 from onward.eventlog import MemoryEventLog
 from onward.runtime.agent import Agent
+from onward.runtime.leases.base import LeasePolicy
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Reconciled, Tool, tool
 
@@ -66,4 +69,40 @@ async def test_a_status_check_answer_of_another_shape_is_refused_naming_the_tool
     resuming = AgentRunner(log=log, worker="w", provider=search_and_book("on it", "done"))
     with pytest.raises(ConfigurationError, match="book's status check answered"):
         await resuming.resume(agent, "r", tenant=TENANT)
+    assert len(booked) == 1
+
+
+async def test_a_status_check_that_never_answers_stops_the_resume_in_bounded_time() -> None:
+    """The status check's service went silent: the resume is given the lease's ttl, then stops
+    with a retryable error naming the call, rather than hold the run, and its lease, for ever.
+    Nothing is settled, and the booking is not made again."""
+    log, booked = MemoryEventLog(), list[str]()
+    search, _ = booker(None, booked)
+
+    async def silent(key: str) -> Reconciled | None:
+        await asyncio.Event().wait()
+        return None
+
+    @tool(reconcile=silent)
+    async def book(seat: str, *, idempotency_key: str) -> dict[str, Any]:
+        booked.append(idempotency_key)
+        return {"seat": seat}
+
+    agent = Agent(name="booker", instructions="book", tools=[search, book])
+    crashing = AgentRunner(
+        log=log,
+        worker="w",
+        provider=search_and_book("on it", "done"),
+        observer=CrashAt("tool.returned", "b"),
+    )
+    with pytest.raises(Crash):
+        await crashing.run(agent, "go", tenant=TENANT, run_id="r")
+    resuming = AgentRunner(
+        log=log,
+        worker="w",
+        provider=search_and_book("on it", "done"),
+        lease_policy=LeasePolicy(ttl=timedelta(seconds=1)),
+    )
+    with pytest.raises(BackendUnavailableError, match=r"status check of b \(book\) did not answer"):
+        await asyncio.wait_for(resuming.resume(agent, "r", tenant=TENANT), 10)
     assert len(booked) == 1

@@ -11,7 +11,9 @@ tool needs a person appends `ApprovalRequested` first and the run stops, waiting
 whose code asks a person a question (`onward.runtime.ask`), with the question, once it stopped
 there.
 
-If `ToolDispatched` cannot be written the tool is not called. If the process dies anywhere,
+If `ToolDispatched` cannot be written the tool is not called; if it was written and the lease
+cannot be confirmed after it, the tool is not called either, and the call is recorded as never
+ran while the lease still lets the run be written. If the process dies anywhere,
 `resume` takes the run's lease, reads the run once and claims it under the lease's fence
 (`Resumer`), plans every outstanding call (`plan_resume`), records the plan as
 `ResumePlanned`, and carries on; a call that may or may not have run is never dispatched again
@@ -44,6 +46,7 @@ from onward.errors import (
     InvalidInputError,
     OnwardError,
     OutcomeUnknownError,
+    PayloadTooLargeError,
 )
 from onward.eventlog.base import EventLog
 from onward.eventlog.codec import unencodable
@@ -1029,8 +1032,7 @@ class AgentRunner(Resource):
         await self.record_spend(run, answered)
         if calls and self._dispatched_at_once(run, calls):
             dispatches = self._dispatches(run, calls, first=1)
-            batch = [answered, *dispatches]
-            await write_ahead(lambda: self.writer.append(run, batch), run.held.confirm)
+            await self._write_ahead(run, [answered, *dispatches], dispatches)
             return dispatches
         if calls:
             await self.writer.append(run, [answered])
@@ -1089,8 +1091,63 @@ class AgentRunner(Resource):
             # Every dispatch of the turn is durable before any tool is called, and the lease,
             # renewed after the deadlines were set, outlasts each of them (the ttl is over every
             # max_call_s: `check_call_bounds`).
-            await write_ahead(lambda: self.writer.append(run, dispatches), run.held.confirm)
+            await self._write_ahead(run, dispatches, dispatches)
         return await self._finish_turn(run, pending, dispatches)
+
+    async def _write_ahead(
+        self, run: HeldRun, batch: Sequence[Event], dispatches: list[ToolDispatched]
+    ) -> None:
+        """`write_ahead` of ``batch``, which holds ``dispatches``.
+
+        When it fails no tool is called; a dispatch already durable would then leave its call
+        looking as if it may have run, and a resume would leave it to a person. So each call
+        dispatched here is recorded as never ran, while the lease still lets this holder write
+        (a lease store that did not answer the confirmation, say), and the error goes on: the
+        next holder makes the call.
+        """
+        try:
+            await write_ahead(lambda: self.writer.append(run, batch), run.held.confirm)
+        except OnwardError:
+            await self._not_called(run, dispatches)
+            raise
+
+    async def _not_called(self, run: HeldRun, dispatches: list[ToolDispatched]) -> None:
+        """Record the calls of ``dispatches`` that this holder dispatched and did not make as
+        never ran (`_write_ahead`); a write refused is logged, the calls then left undecided."""
+        calls = [run.frontier.call(d.call_id) for d in dispatches]
+        left = [
+            c
+            for c in calls
+            if c is not None
+            and c.dispatched_seq is not None
+            and c.dispatched_fence == run.fence
+            and c.outcome is None
+        ]
+        if not left:
+            return
+        why = "its lease could not be confirmed once its dispatch was written; it was not called"
+        resolved = [
+            self.writer.event(
+                run,
+                ToolResolved,
+                i,
+                call_id=c.call_id,
+                outcome="never_ran",
+                by=self.worker,
+                why=why,
+            )
+            for i, c in enumerate(left)
+        ]
+        try:
+            await self.writer.append(run, resolved)
+        except OnwardError as exc:
+            _log.warning(
+                "run %s: %s were dispatched and not called (the lease could not be confirmed); "
+                "that could not be recorded, so they are left undecided: %s",
+                run.run_id,
+                ", ".join(f"{c.call_id} ({c.tool})" for c in left),
+                one_line(str(exc), 300),
+            )
 
     async def _finish_turn(
         self, run: HeldRun, pending: list[CallState], dispatches: list[ToolDispatched]
@@ -1252,10 +1309,50 @@ class AgentRunner(Resource):
                 )
         if self.writer.observer is not None:
             await self.writer.observer.tool_returned(call.call_id)
+        return await self._record_outcome(run, call, result, error, others or [])
+
+    async def _record_outcome(
+        self, run: HeldRun, call: CallState, result: Any, error: ToolError | None, others: list[str]
+    ) -> ToolCompleted:
+        """Record the outcome of a call whose tool returned (or raised): its effect is done.
+
+        A result too large for the log (no blob store to take it) is refused as the call's
+        outcome, and the model is told why, as an unencodable one is: not the call left
+        undecided for a person, nor a retry-safe one made again at every resume. An outcome
+        the log did not take is named in a warning before the error goes on, so the person
+        who must then settle the call knows its tool returned."""
         completed = self.writer.event(
             run, ToolCompleted, call_id=call.call_id, result=result, error=error
         )
-        await self.writer.append(run, [completed, *self._settling(run, others or [])])
+        settling = self._settling(run, others)
+        try:
+            await self.writer.append(run, [completed, *settling])
+        except PayloadTooLargeError as exc:
+            if result is None:
+                raise
+            error = ToolError(
+                type="PayloadTooLarge",
+                message=f"{call.tool} returned a value too large to record ({exc}); it was "
+                "not recorded: return less, or give the runner a blob store (blobs=)",
+            )
+            completed = self.writer.event(run, ToolCompleted, call_id=call.call_id, error=error)
+            await self.writer.append(run, [completed, *settling])
+        except BackendError as exc:
+            ended = (
+                f"returned the error {error.type}: {one_line(error.message, 200)}"
+                if error is not None
+                else "returned a result"
+            )
+            _log.warning(
+                "run %s: %s (%s) %s, but its outcome could not be recorded (%s); a person "
+                "settling the call (`onward resolve`) can go by this",
+                run.run_id,
+                call.call_id,
+                call.tool,
+                ended,
+                one_line(str(exc), 300),
+            )
+            raise
         return completed
 
     def _settling(self, run: HeldRun, others: list[str]) -> list[TurnSettled]:

@@ -5,7 +5,9 @@ through `AgentRunner` with a booking tool that keeps its own ledger (its status 
 from it), and cuts the proxy silently mid-run: nothing answers, nothing is refused, the case
 that only a timeout ends. The run must stop with `BackendUnavailableError` within a few times
 the configured bound (the call that waits, then the lease release that waits too), and once the
-proxy is restored another worker must finish the run with the booking made exactly once.
+proxy is restored another worker must finish the run with the booking made exactly once; also
+with a plain booking tool (no status check) when the lease store goes silent between the
+dispatch and the call, which then is never made: the log says so, and the resume makes it.
 """
 
 from __future__ import annotations
@@ -51,13 +53,13 @@ class Bookings:
 
     made: dict[str, int] = field(default_factory=dict)
 
-    def agent(self) -> Agent:
+    def agent(self, *, checked: bool = True) -> Agent:
         async def status(key: str) -> Reconciled:
             return (
                 Reconciled("completed", "booked") if key in self.made else Reconciled("never_ran")
             )
 
-        @tool(reconcile=status)
+        @tool(reconcile=status if checked else None)
         async def book(seat: str, *, idempotency_key: str) -> str:
             """Book a seat: a side effect that must not happen twice."""
             self.made[idempotency_key] = self.made.get(idempotency_key, 0) + 1
@@ -169,13 +171,15 @@ async def stores(
 
 
 async def resume_when_released(
-    log: KafkaEventLog, leases: LeaseStore, bookings: Bookings, run_id: str
+    log: KafkaEventLog, leases: LeaseStore, bookings: Bookings, run_id: str, *, checked: bool = True
 ) -> str:
     runner = log_runner(model(), log, leases, worker="w2")
     deadline = time.monotonic() + 10
     while True:
         try:
-            return (await runner.resume(bookings.agent(), run_id, tenant=TENANT)).status
+            return (
+                await runner.resume(bookings.agent(checked=checked), run_id, tenant=TENANT)
+            ).status
         except (ResumeConflictError, BackendUnavailableError):
             if time.monotonic() > deadline:
                 raise
@@ -220,6 +224,36 @@ async def test_a_silent_server_stops_the_run_in_bounded_time_and_a_resume_finish
                 servers, kafka=urls["kafka"], leases_on=leases_on, lease_url=urls[leases_on]
             ) as (log2, leases2):
                 status = await resume_when_released(log2, leases2, bookings, run_id)
+    assert status == "completed"
+    assert list(bookings.made.values()) == [1]
+
+
+@pytest.mark.parametrize("leases_on", ["redis", "postgres"])
+async def test_a_plain_call_dispatched_as_the_lease_store_went_silent_is_made_once_on_resume(
+    servers: Servers, leases_on: str
+) -> None:
+    """The answer and its dispatch are durable, then the lease store goes silent before it
+    confirms the lease: the tool is not called and the run stops in bounded time. The call
+    has no status check, and the log says it never ran, so the resume makes it (once) rather
+    than leave the run to a person over a call that was never made."""
+    direct = {"postgres": servers.database_url, "redis": servers.redis_url}
+    async with TcpProxy(*upstream(direct[leases_on])) as proxy:
+        bookings = Bookings()
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        cutter = CutAfter(proxy, ModelAnswered)
+        lease_url = through(direct[leases_on], proxy)
+        async with stores(
+            servers, kafka=servers.kafka, leases_on=leases_on, lease_url=lease_url
+        ) as (log, leases):
+            runner = log_runner(model(), log, leases, worker="w1", observer=cutter)
+            with pytest.raises(BackendUnavailableError):
+                await runner.run(bookings.agent(checked=False), "go", tenant=TENANT, run_id=run_id)
+            assert bookings.made == {}
+            await proxy.restore()
+            async with stores(
+                servers, kafka=servers.kafka, leases_on=leases_on, lease_url=lease_url
+            ) as (log2, leases2):
+                status = await resume_when_released(log2, leases2, bookings, run_id, checked=False)
     assert status == "completed"
     assert list(bookings.made.values()) == [1]
 

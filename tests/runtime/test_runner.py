@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from support.crash_world import search_and_book
 from support.crashes import Crash, CrashAt
 
 from onward.errors import (
+    BackendUnavailableError,
     CheckpointFormatError,
     HistoryUnavailableError,
     IndeterminateToolCallError,
@@ -25,12 +27,15 @@ from onward.eventlog import (
     MemoryEventLog,
     Position,
     ToolCall,
+    ToolCompleted,
     ToolDispatched,
     kind_of,
 )
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import MemoryBlobStore
+from onward.runtime.leases.base import RunLease
+from onward.runtime.leases.memory import MemoryLeaseStore
 from onward.runtime.planning import ResumePlan, ToolDisposition
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
@@ -161,6 +166,52 @@ async def test_a_tool_is_not_called_when_its_dispatch_cannot_be_written() -> Non
     with pytest.raises(OSError, match="unavailable"):
         await runner(log).run(agent(side.tools()), "go", tenant=TENANT, run_id="r3")
     assert side.effects == []
+
+
+class UnconfirmedOnce(MemoryLeaseStore):
+    """A lease store that does not answer the one renewal asked for right after a dispatch
+    (the write-ahead's confirmation of the lease) once ``armed``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
+        if self.armed:
+            self.armed = False
+            raise BackendUnavailableError("the lease store did not answer")
+        return await super().renew(lease, ttl_s=ttl_s)
+
+
+class ArmOnDispatch(MemoryEventLog):
+    def __init__(self, leases: UnconfirmedOnce) -> None:
+        super().__init__()
+        self.leases = leases
+        self.times = 1
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        positions = await super().append(events)
+        if self.times and any(isinstance(e, ToolDispatched) for e in events):
+            self.times -= 1
+            self.leases.armed = True
+        return positions
+
+
+async def test_a_call_dispatched_under_a_lease_that_could_not_be_confirmed_is_made_on_resume() -> (
+    None
+):
+    """The dispatch is durable and the lease store does not answer the confirmation that
+    comes before the call: the tool is not called, and the run stops retryably. The call never
+    ran, and the log says so, so a resume makes it, rather than leave it to a person as a call
+    that may have run."""
+    leases = UnconfirmedOnce()
+    log, side = ArmOnDispatch(leases), Side()
+    with pytest.raises(BackendUnavailableError):
+        await runner(log, leases=leases).run(agent(side.tools()), "go", tenant=TENANT, run_id="r")
+    assert side.effects == []
+    result = await runner(log, leases=leases).resume(agent(side.tools()), "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert (side.count("search"), side.count("book")) == (1, 1)
 
 
 async def test_calls_of_one_turn_run_concurrently() -> None:
@@ -475,6 +526,58 @@ async def test_large_results_go_out_of_line_and_come_back() -> None:
     )
     assert result.status == "completed"
     assert seen == [600_000]
+
+
+async def test_a_result_too_large_for_the_log_is_the_calls_error_and_the_run_goes_on() -> None:
+    """Without a blob store, a result over the log's limit cannot be recorded. The tool
+    returned, so its effect is done: the refusal is the call's outcome and the model is told
+    why, rather than the call left undecided for a person (or, retry-safe, made again at every
+    resume and refused again)."""
+    log, fetched = MemoryEventLog(), list[str]()
+
+    @tool
+    async def fetch(*, idempotency_key: str) -> str:
+        fetched.append(idempotency_key)
+        return "x" * 3_000_000
+
+    provider = ScriptedProvider([reply("", ToolCall(call_id="f", tool="fetch")), reply("too big")])
+    result = await runner(log, provider=provider).run(
+        agent([fetch]), "go", tenant=TENANT, run_id="r"
+    )
+    assert result.status == "completed"
+    assert len(fetched) == 1
+    (completed,) = [s.event for s in await log.read_run("r") if isinstance(s.event, ToolCompleted)]
+    assert completed.result is None
+    assert completed.error is not None
+    assert completed.error.type == "PayloadTooLarge"
+    assert "fetch returned a value too large to record" in completed.error.message
+
+
+async def test_a_calls_outcome_the_log_did_not_take_is_named_for_the_person_who_settles_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The tool returned and the log failed as its outcome was written: resume cannot tell
+    whether the call ran, and leaves it for a person; the worker that saw it return says so,
+    naming the call, so that person need not guess."""
+    log, side = MemoryEventLog(), Side()
+    append = log.append
+
+    async def failing(events: Sequence[Event]) -> Any:
+        if any(isinstance(e, ToolCompleted) and e.call_id == "b" for e in events):
+            raise BackendUnavailableError("the log did not acknowledge the batch")
+        return await append(events)
+
+    log.append = failing  # type: ignore[method-assign]
+    with (
+        caplog.at_level(logging.WARNING, logger="onward.runner"),
+        pytest.raises(BackendUnavailableError),
+    ):
+        await runner(log).run(agent(side.tools()), "go", tenant=TENANT, run_id="r")
+    assert side.count("book") == 1
+    assert "b (book) returned a result, but its outcome could not be recorded" in caplog.text
+    log.append = append  # type: ignore[method-assign]
+    with pytest.raises(IndeterminateToolCallError, match=r"b \(book"):
+        await runner(log).resume(agent(side.tools()), "r", tenant=TENANT)
 
 
 async def test_a_missing_blob_stops_the_resume() -> None:

@@ -269,8 +269,14 @@ class FrontierProjection:
         """The next offset per partition this projection has stored."""
         stored = await self.store.positions(self.consumer)
         if self._every_partition:
+            # Another process may have stored a partition further than this one folded it: a
+            # released run is folded again up to there, past the events skipped while it was
+            # set aside (the partition's runs cached here, if any, are forgotten before a fold
+            # reads on from the positions: `LogProjector`).
+            folded_to = self.quarantine.folded_to
             for partition, offset in stored.items():
-                self.quarantine.folded_to.setdefault(partition, offset)
+                if offset > folded_to.get(partition, -1):
+                    folded_to[partition] = offset
         return stored
 
     async def apply(
@@ -330,20 +336,26 @@ class FrontierProjection:
     ) -> None:
         by_run, poisoned, count = self._by_run(records)
         cache = self._cache
-        missing = [r for r in by_run if r not in cache]
+        held = self.quarantine.held
+        # A run held as its stored row says is read again too: another projector may have
+        # folded it again since (a release), and its records are then folded, not skipped.
+        missing = [r for r in by_run if r not in cache or (r in held and r not in self._dirty)]
         if not self._writing_runs.isdisjoint(missing):
             # A run evicted from the cache is in the store being written: load it after.
             await self._written()
         current = await self.store.load(missing) if missing else {}
-        held = self.quarantine.held
         for folded, (run_id, items) in enumerate(by_run.items(), 1):
             if folded % _YIELD_EVERY_RUNS == 0 and self._writing is not None:
                 # A store is being written: let it take its turns, or its round trips wait
                 # behind the whole batch's fold and the next store comes due before it lands.
                 await asyncio.sleep(0)
             draft = cache.get(run_id)
+            row = current.get(run_id)
+            if run_id in held and row is not None and row.quarantined is None:
+                del held[run_id]  # folded again elsewhere: on from its row
+                draft = None
             if draft is None:
-                draft = cache.put(run_id, await self._draft(run_id, items[0], current.get(run_id)))
+                draft = cache.put(run_id, await self._draft(run_id, items[0], row))
             if run_id in held:
                 self.stats.quarantine_skipped += len(items)
                 continue

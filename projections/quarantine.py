@@ -80,16 +80,27 @@ class Quarantine:
         return True
 
     async def released(self) -> dict[str, int]:
-        """Released runs not folded again yet, in partitions this projection folds: their
-        partitions."""
+        """Released runs not folded again yet, in partitions this projection folds past their
+        records: their partitions.
+
+        A run with a record this projection has not folded past is left to one that has:
+        folded again short of the record, it would be cleared while the record may still be
+        unreadable. That happens to a projection that knows a partition only as far as another
+        had folded it before setting the run aside there (an embedded process catching up its
+        own partitions, a Kafka member folding a batch of one a rebalance gave away)."""
         runs: dict[str, int] = {}
+        short: set[str] = set()
         for entry in await self.store.quarantined(self.consumer, states={"released"}):
             run_id = entry.run_id
             if run_id is None or run_id in self.cleared:
                 continue
-            if entry.partition in self.folded_to:
-                runs.setdefault(run_id, entry.partition)
-        return runs
+            folded = self.folded_to.get(entry.partition)
+            if folded is None:
+                continue
+            if entry.offset >= folded:
+                short.add(run_id)
+            runs.setdefault(run_id, entry.partition)
+        return {run_id: p for run_id, p in runs.items() if run_id not in short}
 
     def take(self) -> tuple[list[QuarantineEntry], set[str]]:
         """The entries and cleared runs to store now; they are no longer pending here."""

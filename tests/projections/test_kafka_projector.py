@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 import pytest_asyncio
+from aiokafka import AIOKafkaProducer, TopicPartition
 from support.histories import (
     RunScript,
     append_all,
@@ -21,13 +22,16 @@ from support.histories import (
     run_ids_of,
     workload,
 )
+from support.poison import newer_format
 
 from onward.errors import BackendUnavailableError, InvalidInputError
-from onward.eventlog import KafkaEventLog, ToolCompleted
+from onward.eventlog import Event, KafkaEventLog, ToolCompleted
+from onward.projections.base import released_mark
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import KafkaProjector, _Seeker, _Turns
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.rebuild import rebuild_frontiers
+from onward.testing.eventlog import runs_in_partition
 
 pytestmark = pytest.mark.kafka
 PARTITIONS = 4
@@ -705,3 +709,93 @@ async def test_a_rebalance_while_a_lost_store_is_recovered_does_not_stop_the_pro
             await asyncio.gather(*running, return_exceptions=True)
             await asyncio.gather(first.close(), second.close())
     await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
+
+
+async def test_a_batch_of_a_partition_revoked_since_its_fetch_never_clears_a_release(
+    stack: Stack, rng: random.Random
+) -> None:
+    """A batch fetched before a rebalance can be folded after it, its partition now another
+    member's. The member it was revoked from must not then fold again a run that other member
+    set aside and a person released there: it has folded the partition only up to its batch,
+    short of the unreadable record, and would clear the run (every record it reads is fine)
+    while the record still cannot be read. The run is left to the member that holds it."""
+    scripts: dict[int, list[list[Event]]] = {}
+    for partition in range(PARTITIONS):
+        script = RunScript(rng)
+        (script.run_id,) = runs_in_partition(partition, 1, PARTITIONS)
+        scripts[partition] = script.steps()
+        for step in scripts[partition][:2]:
+            await stack.log.append(step)
+    group_id = f"g-{uuid.uuid4().hex[:8]}"
+
+    def member(release_poll: float) -> KafkaProjector[FrontierProjection]:
+        return KafkaProjector(
+            stack.bootstrap,
+            FrontierProjection(stack.store, stack.log, release_poll=release_poll),
+            topic=stack.topic,
+            partitions=PARTITIONS,
+            group_id=group_id,
+            focus_slice_s=None,
+        )
+
+    first, second = member(release_poll=0.0), member(release_poll=3600.0)
+    await first.start()
+    try:
+        # Fetched (as the run loop fetches the next batch while one is folded), not folded.
+        records: dict[int, list[Any]] = {}
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(records) < PARTITIONS:
+            assert asyncio.get_running_loop().time() < deadline, "nothing was fetched"
+            fetched = await first._fetch(200)
+            for partition, batch in (fetched[0] if fetched is not None else {}).items():
+                records.setdefault(partition, []).extend(batch)
+        await second.start()
+        deadline = asyncio.get_running_loop().time() + 30
+        while not first.joined or len(first._live().assignment()) in (0, PARTITIONS):
+            assert asyncio.get_running_loop().time() < deadline, "no rebalance"
+            await asyncio.sleep(0.05)
+        revoked = min(
+            p
+            for p in range(PARTITIONS)
+            if TopicPartition(stack.topic, p) not in first._live().assignment()
+        )
+        await first._apply(records, {p: records[p][-1].position.offset + 1 for p in records})
+        await first.flush()
+
+        # The member that has the partition now sets the run aside at a record it cannot read.
+        steps = scripts[revoked]
+        run_id = steps[0][0].run_id
+        headers = [("onward.run_id", run_id.encode())]
+        producer = AIOKafkaProducer(bootstrap_servers=stack.bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(
+                stack.topic,
+                newer_format(run_id, steps[2][0].seq),
+                key=run_id.encode(),
+                partition=revoked,
+                headers=headers,
+            )
+        finally:
+            await producer.stop()
+        for step in steps[2:]:
+            await stack.log.append(step)
+        end = (await stack.log.bounds(revoked)).end
+        deadline = asyncio.get_running_loop().time() + 30
+        while (await stack.store.positions("frontiers")).get(revoked, 0) < end:
+            assert asyncio.get_running_loop().time() < deadline, "the partition was not folded"
+            await second.step(timeout_ms=200)
+        assert [e.state for e in await stack.store.quarantined("frontiers", run_id=run_id)] == [
+            "held"
+        ]
+
+        assert await stack.store.release("frontiers", run_id, by="ops", at=1) == 1
+        await first.step(timeout_ms=200)
+        await first.flush()
+        entries = await stack.store.quarantined("frontiers", run_id=run_id)
+        assert [e.state for e in entries] == ["released"]
+        row = await stack.store.get(run_id)
+        assert row is not None
+        assert row.quarantined == released_mark("ops")
+    finally:
+        await asyncio.gather(first.close(), second.close())

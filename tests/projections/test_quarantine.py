@@ -18,6 +18,7 @@ from onward.projections.base import DEFAULT_CONSUMER, released_mark
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
+from onward.testing.eventlog import runs_in_partition
 
 
 class World:
@@ -177,3 +178,129 @@ async def test_a_record_that_names_no_run_is_listed_and_passed_over() -> None:
     assert (entry.run_id, entry.offset) == (None, 0)
     assert await store.positions(DEFAULT_CONSUMER) == {0: 1}
     assert projection.held == {}
+
+
+async def test_a_release_is_never_cleared_short_of_the_unreadable_record(
+    rng: random.Random,
+) -> None:
+    """Two processes fold one store (embedded workers sharing a file), each catching up the
+    partitions of its own runs. One last learned where another's partition stood before the
+    other set a run aside there; released, the run must not be folded again only that far:
+    every record read is fine, and the run would be cleared while the record is still
+    unreadable. It is held again, by whichever process folds it past the record."""
+    log = MemoryEventLog(partitions=2)
+    store = MemoryFrontierStore()
+    a = RunScript(rng)
+    (a.run_id,) = runs_in_partition(1, 1, partitions=2)
+    steps = a.steps()
+    other = RunScript(rng)
+    (other.run_id,) = runs_in_partition(0, 1, partitions=2)
+    for step in steps[:2] + other.steps()[:1]:
+        await log.append(step)
+
+    def projector() -> LogProjector:
+        return LogProjector(
+            log, FrontierProjection(store, log, release_poll=0.0, every_partition=True)
+        )
+
+    ahead, behind = projector(), projector()
+    await ahead.catch_up()
+    await behind.catch_up([0])
+    log.write_raw(a.run_id, BAD_RECORDS["not-json"](a.run_id, steps[2][0].seq))
+    for step in steps[2:]:
+        await log.append(step)
+    await ahead.catch_up([1])
+    assert [e.state for e in await store.quarantined(DEFAULT_CONSUMER)] == ["held"]
+
+    assert await store.release(DEFAULT_CONSUMER, a.run_id, by="ops", at=1) == 1
+    await behind.catch_up([0])
+    (entry,) = await store.quarantined(DEFAULT_CONSUMER)
+    assert entry.state != "cleared"
+    row = await store.get(a.run_id)
+    assert row is not None
+    assert row.quarantined is not None
+
+    await ahead.catch_up([1])
+    (entry,) = await store.quarantined(DEFAULT_CONSUMER)
+    assert entry.state == "held"
+    row = await store.get(a.run_id)
+    assert row is not None
+    assert row.quarantined == entry.mark
+
+
+async def test_a_run_another_projector_folded_again_is_folded_on_not_skipped(
+    rng: random.Random,
+) -> None:
+    """Two processes fold one store (embedded workers sharing a file). One set a run aside and
+    keeps it as set aside; once the record reads (an upgrade), a person releases the run and
+    the other process, catching up with nothing new to fold, folds it again. The run's later
+    events must then be folded by whichever process reads them, not skipped as set aside."""
+    world = World(rng)
+    last = world.a_steps[-1]
+    position = await world.write("newer-format", before=len(world.a_steps) - 1, after=False)
+    run_id = world.a.run_id
+    first = LogProjector(world.log, world.projection())
+    await first.catch_up()
+    assert [e.state for e in await world.store.quarantined(DEFAULT_CONSUMER)] == ["held"]
+    second = LogProjector(world.log, world.projection())
+    await second.catch_up()
+
+    claim = msgspec.json.decode(newer_format(run_id, 0))
+    readable = msgspec.json.encode({**claim, "seq": last[0].seq, "format": 1})
+    world.log._records[0][position.offset] = (run_id, readable)
+    assert await world.store.release(DEFAULT_CONSUMER, run_id, by="ops", at=1) == 1
+    await second.catch_up()
+    assert [e.state for e in await world.store.quarantined(DEFAULT_CONSUMER)] == ["cleared"]
+
+    await world.log.append([msgspec.structs.replace(e, seq=e.seq + 1) for e in last])
+    await first.catch_up()
+    row = await world.store.get(run_id)
+    assert row is not None
+    assert row.summary.last_seq == last[-1].seq + 1
+    expected, _ = await tolerant_direct_fold(world.log, [run_id])
+    assert row.frontier == expected[run_id]
+
+
+async def test_a_release_folded_again_elsewhere_reads_the_run_up_to_the_stored_position(
+    rng: random.Random,
+) -> None:
+    """Two processes fold one store (embedded workers sharing a file), each catching up the
+    partitions of its own runs. One set a run aside and skipped its later events; once the
+    record reads (an upgrade), a person releases the run, and the other process folds it
+    again. It must fold the run up to where the partition is stored, not only as far as it
+    last read the positions: the events skipped past that are never read again otherwise."""
+    log = MemoryEventLog(partitions=2)
+    store = MemoryFrontierStore()
+    a = RunScript(rng)
+    (a.run_id,) = runs_in_partition(1, 1, partitions=2)
+    steps = a.steps()
+    other = RunScript(rng)
+    (other.run_id,) = runs_in_partition(0, 1, partitions=2)
+    for step in steps[:-1] + other.steps()[:1]:
+        await log.append(step)
+    last = steps[-1]
+    position = log.write_raw(a.run_id, newer_format(a.run_id, last[0].seq))
+
+    def projector() -> LogProjector:
+        return LogProjector(
+            log, FrontierProjection(store, log, release_poll=0.0, every_partition=True)
+        )
+
+    ahead, behind = projector(), projector()
+    await ahead.catch_up()
+    await behind.catch_up([0])
+    await log.append([msgspec.structs.replace(e, seq=e.seq + 1) for e in last])
+    await ahead.catch_up([1])
+    assert [e.state for e in await store.quarantined(DEFAULT_CONSUMER)] == ["held"]
+
+    claim = msgspec.json.decode(newer_format(a.run_id, 0))
+    readable = msgspec.json.encode({**claim, "seq": last[0].seq, "format": 1})
+    log._records[1][position.offset] = (a.run_id, readable)
+    assert await store.release(DEFAULT_CONSUMER, a.run_id, by="ops", at=1) == 1
+    await behind.catch_up([0])
+    assert [e.state for e in await store.quarantined(DEFAULT_CONSUMER)] == ["cleared"]
+    row = await store.get(a.run_id)
+    assert row is not None
+    assert row.summary.last_seq == last[-1].seq + 1
+    expected, _ = await tolerant_direct_fold(log, [a.run_id])
+    assert row.frontier == expected[a.run_id]

@@ -219,7 +219,48 @@ def json_schema_of(
         raise ConfigurationError(
             f"ask(schema=...) is not a valid JSON Schema: {exc.message}"
         ) from exc
+    _check_references(recorded)
     return recorded, adapter
+
+
+def _check_references(schema: dict[str, Any]) -> None:
+    """Refuse a schema with a reference (``$ref``, ``$dynamicRef``) that does not resolve.
+
+    A valid JSON Schema may still point at nothing (``#/$defs/gone``, a remote URL, which is
+    never fetched): recorded, every answer's check (`check_answer`) would fail on it, and the
+    run would wait on a question no answer can be given to. Every reference is followed as the
+    answer's validator follows it, within the schema and the JSON Schema meta-schemas.
+
+    Raises:
+        ConfigurationError: Naming the first reference that does not resolve.
+    """
+    import jsonschema_specifications  # type: ignore[import-untyped]  # noqa: PLC0415
+    import referencing.exceptions  # noqa: PLC0415
+    from referencing.jsonschema import DRAFT202012  # noqa: PLC0415
+
+    root = DRAFT202012.create_resource(schema)
+    seen: set[int] = set()
+    stack = [(root, jsonschema_specifications.REGISTRY.resolver_with_root(root))]
+    while stack:
+        resource, resolver = stack.pop()
+        contents = resource.contents
+        if not isinstance(contents, dict) or id(contents) in seen:
+            continue
+        seen.add(id(contents))
+        for keyword in ("$ref", "$dynamicRef"):
+            ref = contents.get(keyword)
+            if not isinstance(ref, str):
+                continue
+            try:
+                resolved = resolver.lookup(ref)
+            except referencing.exceptions.Unresolvable as exc:
+                raise ConfigurationError(
+                    f"ask(schema=...) refers to what it does not hold: {keyword} {ref!r} does "
+                    f"not resolve ({type(exc).__name__}); no answer could be checked against it"
+                ) from exc
+            target = DRAFT202012.create_resource(resolved.contents)
+            stack.append((target, resolved.resolver.in_subresource(target)))
+        stack.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
 
 
 def recorded_schema(text: str | None) -> Any:

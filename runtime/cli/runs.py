@@ -544,7 +544,13 @@ def cancel_command(
             ) from held
 
     ended = with_backends(work)
-    undecided = [c for c in ended.calls if c.dispatched_seq is not None and c.outcome is None]
+    # A call stopped at a person's question (`ask`) did nothing after it: it is no call that
+    # may have run, and nobody is to go and find out whether it did.
+    undecided = [
+        c
+        for c in ended.calls
+        if c.dispatched_seq is not None and c.outcome is None and c.asked_seq is None
+    ]
     for call in undecided:
         error(
             f"call {call.call_id} ({call.tool}) was dispatched and never settled: it may have "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import uuid
 from pathlib import Path
@@ -27,7 +28,15 @@ from typer.testing import CliRunner, Result
 
 import onward
 from onward.errors import ConfigurationError, InvalidInputError
-from onward.eventlog import ApprovalRequested, Asked, SqliteEventLog, ToolCall, codec, kind_of
+from onward.eventlog import (
+    ApprovalRequested,
+    Asked,
+    SqliteEventLog,
+    ToolCall,
+    ToolCompleted,
+    codec,
+    kind_of,
+)
 from onward.runtime.agent import Agent
 from onward.runtime.ask import ask, ask_request, json_schema_of
 from onward.runtime.cli import app as cli
@@ -210,6 +219,28 @@ async def test_onward_approve_refuses_a_bad_answer_with_exit_2_and_takes_a_good_
     assert [e["amount"] for e in entries(ledger, "refund")] == [40]
 
 
+async def test_onward_cancel_does_not_call_a_call_stopped_at_its_question_undecided(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    """Its code did nothing after the question: an operator told it "may have run" would go
+    and look for a refund that was never made."""
+    db = tmp_path / "onward.db"
+    async with SqliteEventLog(db) as log:
+        runner = AgentRunner(provider=refund_provider(), log=log, worker="w")
+        await runner.run(refund_agent(ledger), "refund A-1", tenant=TENANT, run_id="q")
+
+    def cancel() -> Result:
+        env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+        argv = ["cancel", "q", "--tenant", TENANT, "--by", "ops", "--json"]
+        return CliRunner().invoke(cli, argv, env=env)
+
+    cancelled = await asyncio.to_thread(cancel)
+    assert cancelled.exit_code == 0, cancelled.output
+    assert json.loads(cancelled.stdout)["undecided_calls"] == []
+    assert "may have run" not in cancelled.stderr
+    assert entries(ledger, "refund") == []
+
+
 async def test_a_denied_question_ends_the_run_and_its_code_goes_no_further(
     tmp_path: Path, ledger: Ledger
 ) -> None:
@@ -362,6 +393,39 @@ def test_ask_outside_a_tool_and_a_bad_schema_are_configuration_errors() -> None:
         ask("anyone?")
     with pytest.raises(ConfigurationError, match="not a valid JSON Schema"):
         json_schema_of({"type": 12})
+
+
+async def test_a_schema_whose_reference_resolves_nowhere_is_refused_where_it_is_asked(
+    tmp_path: Path,
+) -> None:
+    """A valid JSON Schema may point at nothing: recorded, no answer could ever be checked
+    against it and the run would wait for good. It is refused in the tool's code instead."""
+    reached: list[Any] = []
+
+    @tool
+    async def pick(*, idempotency_key: str) -> Any:
+        reached.append(ask("which?", schema={"$ref": "#/$defs/colour"}))
+        return reached[-1]
+
+    agent = Agent(name="picker", instructions="", tools=[pick])
+    provider = ScriptedProvider([reply("", ToolCall(call_id="r", tool="pick")), reply("done")])
+    async with SqliteEventLog(tmp_path / "onward.db") as log:
+        runner = AgentRunner(provider=provider, log=log, worker="w")
+        done = await runner.run(agent, "go", tenant=TENANT, run_id="q")
+        assert (done.status, done.waiting_on) == ("completed", None)
+        events = [s.event for s in await log.read_run("q")]
+        assert not [e for e in events if isinstance(e, ApprovalRequested)]
+        (completed,) = [e for e in events if isinstance(e, ToolCompleted)]
+    assert completed.error is not None
+    assert completed.error.type == "ConfigurationError"
+    assert "'#/$defs/colour' does not resolve" in completed.error.message
+    assert reached == []
+    remote = "https://example.com/s.json"
+    with pytest.raises(ConfigurationError, match=rf"'{re.escape(remote)}' does not resolve"):
+        json_schema_of({"properties": {"a": {"$ref": remote}}})
+    # References that resolve (within the schema, a type's own, a meta-schema) are taken.
+    json_schema_of({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a"})
+    json_schema_of({"$ref": "https://json-schema.org/draft/2020-12/schema"})
 
 
 def test_the_question_round_trips_and_older_records_read_without_it() -> None:

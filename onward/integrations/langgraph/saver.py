@@ -533,7 +533,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             batch: _Batch = []
             channels = {w.channel for w in new}
             if RESUME in channels and state.waiting_on is not None:
-                batch.append((ApprovalGranted, {"request_id": state.waiting_on, "by": self.holder}))
+                asked = self._asked_by(state, ns, checkpoint_id, task_id)
+                if asked is None or asked == state.waiting_on:
+                    grant = {"request_id": state.waiting_on, "by": self.holder}
+                    batch.append((ApprovalGranted, grant))
             batch.append(
                 (
                     GraphWritesSaved,
@@ -683,6 +686,25 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         await self._write(thread_id, events, whole=True)
         if not held_before:
             await self.arelease(thread_id)
+
+    def _asked_by(
+        self, state: ThreadState, ns: str, checkpoint_id: str, task_id: str
+    ) -> str | None:
+        """The request id of the interrupt ``task_id`` raised at the checkpoint, as its saved
+        ``INTERRUPT`` write names it; ``None`` for a task that raised none there (the resume
+        ``Command(resume=...)`` itself writes, under no task's id).
+
+        A ``RESUME`` write answers that interrupt only: with two pending at once (nodes run in
+        parallel, each interrupted), answering one must not close the other, which the graph
+        still waits on, whichever of the two requests was asked last.
+        """
+        stored = state.writes.get((ns, checkpoint_id), {})
+        raised = [
+            (idx, write.channel, self._loads(write.value))
+            for (task, idx), write in stored.items()
+            if task == task_id and write.channel == INTERRUPT
+        ]
+        return _interrupt_id(ns, checkpoint_id, task_id, raised) if raised else None
 
     def _holds_values(self, state: ThreadState, event: GraphCheckpointed) -> bool:
         """Whether the fold holds every channel version the checkpoint refers to."""

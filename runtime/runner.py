@@ -701,7 +701,8 @@ class AgentRunner(Resource):
         """Answer a run's approval request with yes; a later resume carries the run on.
 
         Raises:
-            InvalidInputError: The run does not wait on ``request_id``, or ``value`` does not
+            InvalidInputError: The run does not wait on ``request_id``, is a LangGraph thread
+                (its graph is answered with ``Command(resume=...)``), or ``value`` does not
                 fit the schema its question was asked with (`onward.runtime.ask`); nothing
                 was written and the run still waits.
         """
@@ -721,6 +722,7 @@ class AgentRunner(Resource):
         check_depth("value", value, run_id=run_id)
         _check_encodable("value", value, run_id)
         async with self._as_person(run_id, tenant, by) as run:
+            _check_not_graph_thread(run.frontier, request_id)
             _check_waiting(run.frontier, request_id)
             if granted:
                 check_answer(
@@ -1682,6 +1684,23 @@ def _check_run(run_id: str, tenant: str) -> None:
     """Refuse a run id or tenant out of bounds before anything is read or held."""
     check_name("run_id", run_id)
     check_name("tenant", tenant, run_id=run_id)
+
+
+def _check_not_graph_thread(frontier: Frontier, request_id: str) -> None:
+    """Refuse an answer to a LangGraph thread (a run with no agent of Onward's own).
+
+    Its interrupt is answered by resuming the graph, which reads its answer from its own
+    writes and never from an `ApprovalGranted` written here: recorded, the answer would be
+    lost, and the thread would stop looking waiting while the graph still waits.
+    """
+    if not frontier.agent:
+        raise InvalidInputError(
+            f"run {frontier.run_id!r} is a LangGraph thread: answer {request_id!r} by resuming "
+            "the graph with Command(resume={interrupt_id: value}) (the id after 'langgraph:'), "
+            "or end it with onward cancel; an answer recorded here would never reach the "
+            "graph. Nothing was written",
+            run_id=frontier.run_id,
+        )
 
 
 def _check_waiting(frontier: Frontier, request_id: str) -> None:

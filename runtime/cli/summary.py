@@ -136,9 +136,7 @@ def _resume_would(
     if lease is not None:
         return f"nothing while {lease.holder} holds the run (exit {EXIT_HELD})"
     if frontier.status == "waiting" and frontier.waiting_on is not None:
-        return (
-            f"nothing until a person answers {frontier.waiting_on} (onward approve or onward deny)"
-        )
+        return _answered_how(frontier.waiting_on, graph=not frontier.agent)
     if plan.safe:
         return "claim the run under a new fence and carry on"
     undecided = plan.indeterminate
@@ -157,6 +155,18 @@ def _resume_would(
             f"{', '.join(unasked)} ran; settle each with onward resolve"
         )
     return "claim the run, then " + "; then ".join(words)
+
+
+def _answered_how(request_id: str, *, graph: bool) -> str:
+    """What a run waiting on ``request_id`` needs: a person's answer, given with `onward
+    approve`; for a LangGraph thread (``graph``), a resume of the graph, which reads no answer
+    Onward records."""
+    if graph:
+        return (
+            f"nothing: a LangGraph thread waiting on {request_id}; the graph is answered by "
+            "resuming it with Command(resume=...), not by onward approve"
+        )
+    return f"nothing until a person answers {request_id} (onward approve or onward deny)"
 
 
 def tags_text(tags: Sequence[RunTag]) -> str:

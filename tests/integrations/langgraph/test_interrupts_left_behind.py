@@ -10,6 +10,9 @@ then has no interrupt pending, and neither may Onward: the checkpoint that goes 
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 import pytest
@@ -17,13 +20,15 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 from support.servers import KafkaServers
+from typer.testing import CliRunner, Result
 
 from onward.eventlog import ApprovalDenied, ApprovalGranted, ApprovalRequested
 from onward.integrations.langgraph import OnwardSaver
+from onward.runtime.cli import app as cli
 from onward.runtime.manager import ExecutionManager
 
 from .graphs import config
-from .worlds import TENANT, World, kafka_world
+from .worlds import TENANT, World, kafka_world, sqlite_world
 
 
 class Order(TypedDict):
@@ -120,3 +125,34 @@ async def test_an_interrupt_the_graph_went_past_is_not_pending_on_kafka(
 ) -> None:
     async with kafka_world(*kafka_servers) as world:
         await check_left_behind(world)
+
+
+async def test_onward_approve_refuses_an_interrupt_the_graph_alone_can_be_answered_through(
+    tmp_path: Path,
+) -> None:
+    """The graph reads its answer from its own ``RESUME`` write, never from an approval
+    recorded beside it: recorded, the answer was lost, and the thread stopped looking waiting
+    while the graph still waited. `inspect` named `onward approve` as the way on."""
+    db = tmp_path / "onward.db"
+    async with sqlite_world(db) as world, world.saver() as saver:
+        out = await order_graph(saver).ainvoke({"item": "pen", "answer": ""}, config("t"))
+    request = f"langgraph:{out['__interrupt__'][0].id}"
+
+    def onward(*argv: str) -> Result:
+        env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db), "ONWARD_PARTITIONS": "4"}
+        return CliRunner().invoke(cli, [*argv, "--tenant", TENANT], env=env)
+
+    shown = await asyncio.to_thread(onward, "inspect", "t", "--json")
+    assert shown.exit_code == 0, shown.output
+    assert "Command(resume=...)" in json.loads(shown.stdout)["resume_would"]
+    for verb in ("approve", "deny"):
+        answered = await asyncio.to_thread(onward, verb, "t", request, "--by", "ann")
+        assert answered.exit_code == 2, answered.output
+        assert "is a LangGraph thread" in answered.stderr
+    async with sqlite_world(db) as world:
+        assert await approvals(world, "t") == [ApprovalRequested]
+        assert await waiting(world, "t")
+        async with world.saver() as saver:
+            out = await order_graph(saver).ainvoke(Command(resume="yes"), config("t"))
+        assert out["answer"] == "yes"
+        assert not await waiting(world, "t")

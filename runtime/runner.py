@@ -898,6 +898,9 @@ class AgentRunner(Resource):
                 # Pinned before the Tagged event is written: a pass from now on retains the
                 # target before it can cut it, and one that already did refuses the pin.
                 await self.compaction.pin(run_id, tenant, target)
+                # A collection from now on keeps the run (its pin is newer than its row); one
+                # that removed it since it was read must not have the tag land on nothing.
+                await self.resumer.read(run_id, tenant=tenant)
             await self.writer.append(
                 run, [self.writer.event(run, Tagged, target_seq=target, label=label)]
             )

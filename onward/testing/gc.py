@@ -177,6 +177,33 @@ class RecordSweeperConformance:
         assert [await stores.rows(r) for r in live] == [(True, 2, 2, True, 2)] * 3
         assert all([await stores.lease_row_kept(r) for r in live])
 
+    async def test_a_run_tagged_since_its_row_was_folded_is_neither_listed_nor_swept(
+        self, stores: Stores
+    ) -> None:
+        # A tag is pinned before its `Tagged` event is written, and the row ages from that
+        # event only once a projector folds it: collected meanwhile, the tag would be lost.
+        tagged = await stores.seed("completed")
+        await stores.compaction.pin(tagged, TENANT, 4)
+        assert {r.run_id for r in await stores.sweeper.finished(before=CUTOFF)} == set()
+        plan = SweepPlan(expired=(tagged,), calls=(tagged,), keys=(tagged,))
+        assert await stores.sweeper.sweep(plan, delete=True) == dict.fromkeys(RECORD_KINDS, 0)
+        assert await stores.rows(tagged) == (True, 2, 2, True, 2)
+        assert await stores.compaction.pins([tagged]) == {tagged: {4}}
+
+    async def test_a_run_touched_since_the_plan_was_made_is_not_swept(self, stores: Stores) -> None:
+        # Listed as finished before CUTOFF, then a tag folded into its row: it is not old now.
+        touched = await stores.seed("completed")
+        row = await stores.frontiers.get(touched)
+        assert row is not None
+        assert row.frontier is not None
+        newer = msgspec.structs.replace(
+            row.frontier, updated_at=NEW, through_offset=row.frontier.through_offset + 1
+        )
+        await stores.frontiers.write("seed", {}, [Snapshot.of(newer)], [])
+        plan = SweepPlan(expired=(touched,), calls=(touched,), before=CUTOFF)
+        assert await stores.sweeper.sweep(plan, delete=True) == dict.fromkeys(RECORD_KINDS, 0)
+        assert await stores.rows(touched) == (True, 2, 2, True, 2)
+
     async def test_a_cancelled_thread_is_neither_listed_nor_swept(self, stores: Stores) -> None:
         # A cancel ends one invocation of a LangGraph thread, not the thread: its rows stay.
         thread = await stores.seed("cancelled", agent="")

@@ -86,12 +86,18 @@ def finished_run(
     return FinishedRun(run_id, tenant, status, updated_at, continued, successor)
 
 
-_ENDED_RUN = f"status IN ({_TERMINAL}) AND agent <> '' AND quarantined IS NULL"
+_ENDED_RUN = (
+    f"status IN ({_TERMINAL}) AND agent <> '' AND quarantined IS NULL "
+    "AND NOT EXISTS (SELECT 1 FROM onward_tag_pins tagging "
+    "WHERE tagging.run_id = onward_frontiers.run_id "
+    "AND tagging.pinned_at > onward_frontiers.updated_at)"
+)
 """A frontier row of a run that ended. A LangGraph thread (no agent) never does: a cancel ends
 one invocation of it, and the next opens it again (`projections.frontier`). Nor is a run held
 in quarantine known to have ended: its row stops short of a record that could not be read, and
 it stays for the person who releases it (its held entry names it, and a release folds it
-again from its rows)."""
+again from its rows). Nor is a run tagged since its row was folded: its `Tagged` event is on
+its way to the row (a tag is pinned first), and deleting the row and pin now would lose it."""
 
 FINISHED_SQL = (
     "SELECT run_id, tenant, status, updated_at, "
@@ -110,11 +116,15 @@ class SweepPlan:
             truncation point, retained events and lease row all go.
         calls: Runs whose `tool_calls` rows go (past the task-result ttl; ``expired`` too).
         keys: Runs whose Redis keys go (past the Redis key ttl; ``expired`` too).
+        before: The plan was made from runs whose row was last touched before this
+            (microseconds); one touched since (a tag folded into it meanwhile) keeps everything.
+            ``None``: no such check.
     """
 
     expired: tuple[str, ...] = ()
     calls: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
+    before: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +194,10 @@ class SweepSql:
     ids: str
     now: str
 
-    def predicates(self) -> dict[Kind, tuple[str, str]]:
-        """Per kind of `RECORD_KINDS`, in deletion order: the table and the rows to remove."""
-        finished = _ENDED_RUN
+    def predicates(self, before: int | None = None) -> dict[Kind, tuple[str, str]]:
+        """Per kind of `RECORD_KINDS`, in deletion order: the table and the rows to remove;
+        with ``before``, only of runs whose row was last touched before it (`SweepPlan`)."""
+        finished = _ended_before(before)
         done = f"FROM onward_frontiers WHERE run_id IN ({self.ids}) AND {finished}"
         return {
             "transcript": (
@@ -204,11 +215,11 @@ class SweepSql:
             "frontiers": ("onward_frontiers", f"run_id IN ({self.ids}) AND {finished}"),
         }
 
-    def bookkeeping(self, at: int) -> list[str]:
+    def bookkeeping(self, at: int, before: int | None = None) -> list[str]:
         """What a delete also does first, each statement bound to the plan's expired runs:
         a tombstone for every run it removes (so compaction knows their events finished, and
         keeps nothing of them), and their tags' pins and uncapped frontiers dropped."""
-        done = f"FROM onward_frontiers WHERE run_id IN ({self.ids}) AND {_ENDED_RUN}"
+        done = f"FROM onward_frontiers WHERE run_id IN ({self.ids}) AND {_ended_before(before)}"
         return [
             "INSERT INTO onward_run_tombstones (run_id, tenant, collected_at) "
             f"SELECT run_id, tenant, {int(at)} {done} ON CONFLICT (run_id) DO NOTHING",
@@ -228,8 +239,13 @@ class SweepSql:
                 f"{verb.format(table=table)} WHERE {predicate}",
                 plan.calls if kind == "tool_calls" else plan.expired,
             )
-            for kind, (table, predicate) in self.predicates().items()
+            for kind, (table, predicate) in self.predicates(plan.before).items()
         ]
+
+
+def _ended_before(before: int | None) -> str:
+    """`_ENDED_RUN`, and with ``before`` of a row last touched before it."""
+    return _ENDED_RUN if before is None else f"{_ENDED_RUN} AND updated_at < {int(before)}"
 
 
 __all__ = [

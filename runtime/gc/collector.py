@@ -121,7 +121,8 @@ class GarbageCollector:
         checkpoints = before(self.checkpoint_ttl_days * _DAY_S)
         redis_keys = before(self.redis_key_ttl_hours * _HOUR_S)
         task_results = before(self.task_result_ttl_days * _DAY_S)
-        finished = await records.finished(before=max(checkpoints, redis_keys, task_results))
+        listed = max(checkpoints, redis_keys, task_results)
+        finished = await records.finished(before=listed)
         expired, kept = _expired(finished, checkpoints)
         gone = set(expired)
 
@@ -133,7 +134,10 @@ class GarbageCollector:
                 r.run_id for r in finished if r.finished_at < cutoff and r.run_id not in gone
             )
 
-        return SweepPlan(expired=expired, calls=also(task_results), keys=also(redis_keys)), kept
+        plan = SweepPlan(
+            expired=expired, calls=also(task_results), keys=also(redis_keys), before=listed
+        )
+        return plan, kept
 
     async def dry_run(self) -> GcReport:
         """What `run` would delete now, per kind. Deletes nothing."""
@@ -190,7 +194,7 @@ def _batches(plan: SweepPlan, size: int) -> list[SweepPlan]:
         return [ids[i : i + size] for i in range(0, len(ids), size)]
 
     return [
-        SweepPlan(expired=e or (), calls=c or (), keys=k or ())
+        SweepPlan(expired=e or (), calls=c or (), keys=k or (), before=plan.before)
         for e, c, k in itertools.zip_longest(
             chunks(plan.expired), chunks(plan.calls), chunks(plan.keys)
         )

@@ -26,6 +26,11 @@ storing one of these runs meanwhile would otherwise hold its frontier row while 
 `tool_calls` row the sweep deleted, the sweep waiting for that frontier row, and PostgreSQL
 would fail one of them as deadlocked."""
 
+_LOCK_PINS = "LOCK TABLE onward_tag_pins IN SHARE ROW EXCLUSIVE MODE"
+"""Hold tags back while the sweep decides: a run tagged since its row was folded is kept
+(`base._ENDED_RUN`), so a pin must be wholly before the sweep (and seen by every statement of
+it) or after it (and then find the run gone, `AgentRunner.tag`)."""
+
 
 class PostgresRecordSweeper(PostgresStore):
     """A `RecordSweeper` in PostgreSQL: frontier, transcript, `tool_calls`, compaction and lease
@@ -53,7 +58,8 @@ class PostgresRecordSweeper(PostgresStore):
                 await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             if delete:
                 await conn.execute(_LOCK_FRONTIERS, sorted({*plan.expired, *plan.calls}))
-                for statement in _SQL.bookkeeping(time.time_ns() // 1_000):
+                await conn.execute(_LOCK_PINS)
+                for statement in _SQL.bookkeeping(time.time_ns() // 1_000, plan.before):
                     await conn.execute(statement, list(plan.expired))
             for kind, statement, ids in _SQL.statements(plan, delete=delete):
                 if delete:

@@ -80,6 +80,22 @@ class _CompactionRows(PostgresStore):
                     )
         return counts
 
+    async def tagged_since(self, runs: Sequence[RunSummary]) -> set[str]:
+        """Which of ``runs`` were tagged since their row was folded (a pin newer than the
+        row): their `Tagged` event is on its way to the row, and collecting them now would
+        lose it."""
+        if not runs:
+            return set()
+        async with self._connection("reading tag pins") as conn:
+            rows = await conn.fetch(
+                "SELECT DISTINCT p.run_id FROM onward_tag_pins p "
+                "JOIN unnest($1::text[], $2::bigint[]) AS r (run_id, updated_at) USING (run_id) "
+                "WHERE p.pinned_at > r.updated_at",
+                [s.run_id for s in runs],
+                [s.updated_at for s in runs],
+            )
+        return {r["run_id"] for r in rows}
+
     @staticmethod
     async def _bookkeep(conn: asyncpg.Connection, runs: Sequence[tuple[str, str]]) -> None:
         ids, tenants = [r for r, _ in runs], [t for _, t in runs]
@@ -135,6 +151,8 @@ class RedisFrontierSweeper(Resource):
         summaries = await self.frontiers.runs(statuses=TERMINAL_STATUSES, updated_before=before)
         held = await self.frontiers.set_aside([s.run_id for s in summaries])
         summaries = [s for s in summaries if _ended(s) and s.run_id not in held]
+        tagged = await self._rows.tagged_since(summaries)
+        summaries = [s for s in summaries if s.run_id not in tagged]
         continued = [s.run_id for s in summaries if s.status == "continued"]
         rows = await self.frontiers.load(continued)
         out = []
@@ -158,7 +176,15 @@ class RedisFrontierSweeper(Resource):
         whose row is not set aside in quarantine."""
         summaries = await self.frontiers.summaries({*plan.expired, *plan.calls})
         held = await self.frontiers.set_aside(summaries)
-        tenants = {r: s.tenant for r, s in summaries.items() if _ended(s) and r not in held}
+        tagged = await self._rows.tagged_since(list(summaries.values()))
+        tenants = {
+            r: s.tenant
+            for r, s in summaries.items()
+            if _ended(s)
+            and r not in held
+            and r not in tagged
+            and (plan.before is None or s.updated_at < plan.before)
+        }
         expired = [(r, tenants[r]) for r in dict.fromkeys(plan.expired) if r in tenants]
         gone = {run_id for run_id, _ in expired}
         calls = [(r, tenants[r]) for r in dict.fromkeys(plan.calls) if r in tenants]

@@ -37,7 +37,7 @@ class SqliteRecordSweeper(SqliteStore):
     async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
         conn = self._db.connection()
         statements = _SQL.statements(plan, delete=delete)
-        bookkeeping = _SQL.bookkeeping(time.time_ns() // 1_000) if delete else []
+        bookkeeping = _SQL.bookkeeping(time.time_ns() // 1_000, plan.before) if delete else []
 
         def sweep() -> dict[Kind, int]:
             counts: dict[Kind, int] = {}

@@ -59,6 +59,12 @@ _PRUNE_CHECKPOINTS = (
     "WHERE run_id = ANY($1::text[]) AND kept_as = 'checkpoint') AS old "
     "WHERE r.run_id = old.run_id AND r.seq = old.seq AND old.n > $2"
 )
+# The runs of $1 garbage collection removed at or after their point's $2 (``at``).
+_COLLECTED_SINCE = (
+    "SELECT t.run_id FROM onward_run_tombstones t "
+    "JOIN unnest($1::text[], $2::bigint[]) AS p(run_id, at) USING (run_id) "
+    "WHERE t.collected_at >= p.at"
+)
 _TRUNCATION_COLUMNS = (
     "tenant, run_id, partition, before_seq, before_offset, compacted_at AS at, whole, fence"
 )
@@ -129,6 +135,21 @@ class PostgresCompactionStore(PostgresStore):
                 # flight to commit and holds new ones back until this transaction ends, so
                 # every tag either is seen here or sees the new point.
                 await conn.execute("LOCK TABLE onward_tag_pins IN SHARE MODE")
+                # A run garbage collection removed since the pass planned its point (which
+                # waits for this lock too, `PostgresRecordSweeper`) keeps nothing: its rows
+                # would outlive it, and a run given its id later would start from its point.
+                gone = {
+                    r["run_id"]
+                    for r in await conn.fetch(
+                        _COLLECTED_SINCE,
+                        [t.run_id for t in truncations],
+                        [t.at for t in truncations],
+                    )
+                }
+                if gone:
+                    truncations = [t for t in truncations if t.run_id not in gone]
+                    points = [p for p in points if p[0] not in gone]
+                    retained_rows = [r for r in retained_rows if r[0] not in gone]
                 # Retained events first: a point never moves past a tagged event not copied.
                 if retained_rows:
                     await _insert(

@@ -46,6 +46,10 @@ _UNRETAINED_PINS = (
     "AND NOT EXISTS (SELECT 1 FROM onward_retained_events r "
     "WHERE r.run_id = p.run_id AND r.seq = p.seq)"
 )
+_COLLECTED_SINCE = "SELECT 1 FROM onward_run_tombstones WHERE run_id = ? AND collected_at >= ?"
+"""Whether garbage collection removed the run since a pass planned its point (the point's
+``at``): the pass must then write nothing of it, or its rows would outlive the run, and a run
+given its id later would start from the collected run's point."""
 _SNAPSHOT = (
     "INSERT INTO onward_run_snapshots (run_id, tenant, through_offset, payload) "
     "VALUES (?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET "
@@ -119,21 +123,27 @@ class SqliteCompactionStore(SqliteStore):
             # BEGIN IMMEDIATE takes the file's write lock: a `pin` is wholly before or after.
             try:
                 with transaction(conn, "BEGIN IMMEDIATE"):
-                    conn.executemany(_RETAIN, kept)
+                    gone = {
+                        t.run_id
+                        for t in truncations
+                        if conn.execute(_COLLECTED_SINCE, (t.run_id, t.at)).fetchone()
+                    }
+                    conn.executemany(_RETAIN, [k for k in kept if k[0] not in gone])
+                    moved = [t for t in truncations if t.run_id not in gone]
                     missing = [
                         TagPin(run_id, seq)
-                        for t in truncations
+                        for t in moved
                         for run_id, seq in conn.execute(
                             _UNRETAINED_PINS, (t.run_id, t.before_seq)
                         ).fetchall()
                     ]
                     if missing:
                         raise UnretainedPinsError(missing)  # noqa: TRY301 - rolls it back
-                    conn.executemany(_TRUNCATE, points)
+                    conn.executemany(_TRUNCATE, [p for p in points if p[0] not in gone])
                     if checkpoints is not None:
                         conn.executemany(
                             _PRUNE_CHECKPOINTS,
-                            [(t.run_id, t.run_id, checkpoints) for t in truncations],
+                            [(t.run_id, t.run_id, checkpoints) for t in moved],
                         )
             except UnretainedPinsError as rolled_back:
                 return rolled_back.pins

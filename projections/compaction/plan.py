@@ -303,10 +303,11 @@ def _read_whole(has_row: bool, frontier: Frontier | None) -> bool:
     """Whether a reader folds (or executes) the run from its first event, so every event of it
     must be kept: no row (and no tombstone), no frontier to resume from (set aside in
     quarantine, or over the row's cap with none kept uncapped), no agent of Onward's own (a
-    LangGraph thread), a run its executor replays (pydantic-ai), or a live run whose row
-    predates its transcript."""
+    LangGraph thread), a run its executor replays (pydantic-ai), or a run whose row counts no
+    message (it predates its transcript, or was carried on before it said anything) that is
+    live or was carried into another run: its successor reads its conversation from the log."""
     if not has_row or frontier is None or not frontier.agent:
         return True  # a thread's next invocation reads it whole, even after a cancel
     if frontier.finished:
-        return False
+        return frontier.status == "continued" and frontier.messages == 0
     return frontier.replays or frontier.messages == 0

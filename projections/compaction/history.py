@@ -217,7 +217,15 @@ async def compacted_timeline(
         if not isinstance(r, StoredEvent) or r.position.offset >= point.before_offset
     ]
     kept = [AuditLine(e.stored(), None, retained=True) for e in await store.retained(run_id)]
-    verdicts = timeline_of(shown, after=(point.before_seq - 1, point.fence))
+    after: tuple[int, int] | None = (point.before_seq - 1, point.fence)
+    first = next((r.event for r in shown if isinstance(r, StoredEvent)), None)
+    if first is not None and first.seq > point.before_seq:
+        start = (await log.bounds(partition)).start
+        if start > point.before_offset:
+            # The log's start moved past the point (Kafka retention, a cut made elsewhere):
+            # the events between are gone, and the verdicts go on from the first one left.
+            after = None
+    verdicts = timeline_of(shown, after=after)
     lines = sorted([*kept, *verdicts], key=lambda line: line.position.offset)
     if point.tenant != tenant:
         check_owner([], run_id, tenant)

@@ -743,10 +743,14 @@ def replay_command(
     lines, span = with_backends(work, readonly=True)
     if span is not None:
         error(printable(span.describe(run_id)))
-    first = next((line.stored for line in lines if line.stored is not None), None)
-    if span is None and first is not None and first.event.seq > 1:
+    first = next(
+        (line.stored for line in lines if line.stored is not None and not line.retained), None
+    )
+    if first is not None and first.event.seq > (1 if span is None else span.before_seq):
+        # Nothing compaction took: cut by other means (Kafka retention, a cut made elsewhere).
+        since = "" if span is None else f"from seq {span.before_seq} "
         error(
-            f"run {run_id!r}: the events before seq {first.event.seq} (offset "
+            f"run {run_id!r}: the events {since}before seq {first.event.seq} (offset "
             f"{first.position.offset}) were cut from the log; the timeline starts there"
         )
     holes = [line.position.offset for line in lines if line.unreadable is not None]

@@ -1,0 +1,98 @@
+"""The audit timeline of a compacted run whose log start moved past its truncation point.
+
+A run compacted logically (a truncation point, no cut yet) keeps its later events in the log.
+When the log's start then moves past the point by other means (Kafka retention, DeleteRecords
+of an older deployment), the timeline starts where the log now starts: the events shown there
+are the run's own, counted as every reader counts them, not refused as a gap after the point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from support.compaction_world import World, sqlite_world, world_of
+from support.servers import KafkaServers
+from typer.testing import CliRunner
+
+from onward.eventlog import Message, ModelAnswered, RunClaimed, RunStarted, TurnSettled
+from onward.projections.compaction.history import compacted_timeline
+from onward.runtime.cli import app
+from onward.runtime.compaction import CheckpointCompactor
+from onward.testing.eventlog import Envelope
+
+RUN = "run-r"
+TENANT = "acme"
+
+
+def env(seq: int, at: int) -> Envelope:
+    return Envelope(run_id=RUN, tenant=TENANT, seq=seq, fence=1, at=at)
+
+
+def answer(seq: int, at: int) -> ModelAnswered:
+    return ModelAnswered(**env(seq, at), message=Message(role="assistant", content=f"a{seq}"))
+
+
+async def _compacted_then_cut(world: World) -> None:
+    """Run ``RUN`` compacted logically to seq 4 (offset 3), then the log cut below offset 5
+    by other means: seqs 4 and 5 are gone, 6 and 7 left."""
+    now = time.time_ns() // 1_000
+    # Old events, then recent ones the retention window keeps the point below.
+    for event in [
+        RunStarted(**env(1, 1), agent="booker", revision="r1", input="go"),
+        RunClaimed(**env(2, 2), worker="w1"),
+        answer(3, 3),
+        TurnSettled(**env(4, now), iteration=1, call_ids=[]),
+        answer(5, now + 1),
+        TurnSettled(**env(6, now + 2), iteration=2, call_ids=[]),
+        answer(7, now + 3),
+    ]:
+        await world.log.append([event])
+    await world.fold()
+    await CheckpointCompactor(world.log, world.frontiers, world.store, retention_mins=1.0).compact(
+        run_id=RUN
+    )
+    point = (await world.store.truncations([RUN]))[RUN]
+    assert (point.before_seq, point.before_offset) == (4, 3)
+    # Retention removes the log up to offset 5 (seqs 4 and 5): seqs 6 and 7 are left.
+    await world.log.truncate_before(0, 5)
+
+
+async def test_events_past_a_moved_log_start_are_counted_not_refused(
+    clustered: KafkaServers | None, tmp_path: Path
+) -> None:
+    async with world_of(clustered, tmp_path) as world:
+        await _compacted_then_cut(world)
+        lines, span = await compacted_timeline(world.log, world.store, RUN, tenant=TENANT)
+        assert span is not None
+        shown = [
+            (line.stored.event.seq, line.refused is None)
+            for line in lines
+            if line.stored is not None and not line.retained
+        ]
+        assert shown == [(6, True), (7, True)]
+
+
+def test_replay_names_the_events_cut_past_the_point(tmp_path: Path) -> None:
+    async def written() -> None:
+        async with sqlite_world(tmp_path) as world:
+            await _compacted_then_cut(world)
+
+    asyncio.run(written())
+    sqlite = {
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(tmp_path / "onward.db"),
+        "ONWARD_PARTITIONS": "1",
+    }
+    result = CliRunner().invoke(app, ["replay", RUN, "--tenant", TENANT, "--json"], env=sqlite)
+    assert result.exit_code == 0, result.output
+    assert "the events from seq 4 before seq 6 (offset 5) were cut from the log" in " ".join(
+        result.stderr.split()
+    )
+    shown = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(s["seq"], s["refused"]) for s in shown if not s["retained"]] == [
+        (6, False),
+        (7, False),
+    ]

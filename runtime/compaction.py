@@ -210,9 +210,9 @@ class CheckpointCompactor(Resource):
             ("scan_batch", scan_batch, 1),
             ("retention_mins", retention_mins, 0),
         ):
-            if value < least:
+            if not value >= least:  # NaN too: it compares false with any bound
                 raise InvalidInputError(f"{name} must be at least {least}, got {value}")
-        if compaction_interval_mins <= 0:
+        if not compaction_interval_mins > 0:
             raise InvalidInputError(
                 f"compaction_interval_mins must be positive, got {compaction_interval_mins}"
             )

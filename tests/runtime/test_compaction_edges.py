@@ -14,14 +14,16 @@ from support.compaction_world import TENANT, Script, sqlite_world
 from support.kinds import KindCounts
 from support.pg import fresh_schema
 
-from onward.eventlog import TurnSettled
+from onward.errors import InvalidInputError
+from onward.eventlog import MemoryEventLog, TurnSettled
 from onward.eventlog import archive as archive_module
 from onward.eventlog.archive import MANIFEST, DirectoryArchive
 from onward.eventlog.base import partition_for
 from onward.eventlog.postgres import PostgresEventLog
-from onward.projections.compaction import PostgresCompactionStore
+from onward.projections.compaction import MemoryCompactionStore, PostgresCompactionStore
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
+from onward.projections.memory import MemoryFrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.postgres_sql import SqlProjectionSink
 from onward.runtime.compaction import CheckpointCompactor
@@ -140,3 +142,24 @@ async def test_a_projector_with_no_position_in_a_partition_holds_it(database_url
             await conn.close()
         cut = {p.partition: p.events_cut for p in report.partitions}
         assert counted == 8, f"the user projection counted {counted} of 8 events; cut {cut}"
+
+
+@pytest.mark.parametrize(
+    "bound",
+    [
+        {"retention_mins": float("nan")},
+        {"compaction_interval_mins": float("nan")},
+        {"max_checkpoints": float("nan")},
+    ],
+)
+def test_a_bound_that_is_not_a_number_is_refused(bound: dict[str, float]) -> None:
+    """NaN passes every ``<`` check: taken, it crashed the compactor's construction with a
+    ValueError (retention), or made its schedule's wait meaningless (interval)."""
+    frontiers = MemoryFrontierStore()
+    with pytest.raises(InvalidInputError, match="must be"):
+        CheckpointCompactor(
+            MemoryEventLog(),
+            frontiers,
+            MemoryCompactionStore(frontiers),
+            **bound,  # type: ignore[arg-type]
+        )

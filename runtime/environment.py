@@ -126,6 +126,10 @@ def with_checkpointer_backend(data: Any, backends: Collection[str]) -> Any:
     given = data.get(alias) if alias is not None else None
     if given is None or given == "":
         return data
+    if alias == "CHECKPOINTER_BACKEND" and data.get("backend") not in (None, ""):
+        # The field given by name came from Python (the environment gives variables), and wins
+        # over the environment's CHECKPOINTER_BACKEND as it wins over its ONWARD_BACKEND.
+        return data
     name = str(given).strip().lower()
     mapped = CHECKPOINTER_BACKENDS.get(name)
     if mapped is None:

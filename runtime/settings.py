@@ -6,6 +6,7 @@ A bad value is a `ConfigurationError` naming the variable at start, not a failur
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from datetime import timedelta
 from pathlib import Path
@@ -48,6 +49,10 @@ class SecretUrl(SecretStr):
 
     def _display(self) -> str:
         return masked_url(self.get_secret_value())
+
+
+_KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+"""The topic names Kafka takes."""
 
 
 def _port_problem(url: str) -> str | None:
@@ -322,6 +327,21 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _kafka_topics_usable(self) -> Settings:
+        # Kafka refuses any other name, and a refused one read as a topic with no partitions.
+        if self.backend == "kafka":
+            for variable, topic in (
+                ("ONWARD_KAFKA_TOPIC", self.kafka_topic),
+                ("ONWARD_REQUESTS_TOPIC", self.requests_topic),
+            ):
+                if not _KAFKA_TOPIC.fullmatch(topic) or topic in (".", ".."):
+                    raise ConfigurationError(
+                        f"invalid configuration: {variable} {topic[:60]!r} is no Kafka topic "
+                        "name: 1 to 249 of letters, digits, '.', '_' and '-'"
+                    )
+        return self
+
+    @model_validator(mode="after")
     def _frontier_store_usable(self) -> Settings:
         if self.frontier_store != "redis":
             return self
@@ -361,6 +381,24 @@ class Settings(BaseSettings):
         problem = _port_problem(url)
         if problem:
             raise ValueError(problem)
+        return value
+
+    @field_validator("sqlite_path", mode="before")
+    @classmethod
+    def _sqlite_path(cls, value: Any, info: ValidationInfo) -> Any:
+        # An empty path is the working directory, refused at first use as "no such database
+        # file" without naming the variable; only the sqlite backend uses it.
+        if info.data.get("backend") == "sqlite" and isinstance(value, str) and not value.strip():
+            raise ValueError("is empty; name the database file, or unset it for onward.db")
+        return value
+
+    @field_validator("lease_ttl")
+    @classmethod
+    def _lease_ttl(cls, value: float) -> float:
+        # A lease is kept to the microsecond: a shorter ttl is none, which the lease policy
+        # would refuse only at first use, without naming the variable.
+        if not timedelta(seconds=value):
+            raise ValueError(f"must be at least a microsecond, got {value:g}")
         return value
 
     @field_validator("redact_keys")

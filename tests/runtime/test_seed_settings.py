@@ -130,6 +130,23 @@ def test_both_backend_variables_must_agree(monkeypatch: pytest.MonkeyPatch) -> N
     )
 
 
+def test_a_backend_given_in_python_wins_over_the_checkpointer_backend_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As it wins over ONWARD_BACKEND: code that names its backend (a test on memory) works
+    wherever CHECKPOINTER_BACKEND is set for another kit; both given in Python must agree."""
+    monkeypatch.setenv("ONWARD_BACKEND", "sqlite")
+    assert Settings(backend="memory").backend == "memory"
+    monkeypatch.delenv("ONWARD_BACKEND")
+    monkeypatch.setenv("CHECKPOINTER_BACKEND", "session_service")
+    assert Settings(backend="memory").backend == "memory"
+    assert Settings().backend == "kafka"
+    monkeypatch.setenv("CHECKPOINTER_BACKEND", "vertex")
+    assert Settings(backend="memory").backend == "memory"
+    with pytest.raises(ConfigurationError, match="disagree"):
+        Settings(backend="sqlite", checkpointer_backend="memory")
+
+
 def test_prod_refuses_memory_named_through_the_alias(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENVIRONMENT", "prod")
     monkeypatch.setenv("CHECKPOINTER_BACKEND", "memory")

@@ -61,3 +61,40 @@ def test_using_a_database_url_that_is_not_postgresql_names_it() -> None:
     settings = Settings(backend="sqlite", database_url="sqlite:///app.db")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"DATABASE_URL: sqlite:///app\.db must start"):
         settings.require_database_url()
+
+
+AGENT = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"]
+
+
+@pytest.mark.parametrize("command", [["start", "hi", *AGENT], ["runs"]])
+def test_an_empty_sqlite_path_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """``ONWARD_SQLITE_PATH=`` (an env file's line left blank) was the working directory: a
+    command said ``.: no such database file``, naming neither the variable nor the cause."""
+    monkeypatch.setenv("ONWARD_BACKEND", "sqlite")
+    monkeypatch.setenv("ONWARD_SQLITE_PATH", "")
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 2, result.output
+    assert "ONWARD_SQLITE_PATH (sqlite_path)" in result.stderr, result.stderr
+    assert "empty" in result.stderr, result.stderr
+    assert Settings(backend="postgres", sqlite_path="").backend == "postgres"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("variable", ["ONWARD_KAFKA_TOPIC", "ONWARD_REQUESTS_TOPIC"])
+@pytest.mark.parametrize("topic", ["", "orders events", "x" * 250, ".."])
+def test_the_kafka_backend_refuses_a_topic_kafka_cannot_name(
+    monkeypatch: pytest.MonkeyPatch, variable: str, topic: str
+) -> None:
+    """Taken, the projector said the topic had "None partitions", and inspect told the
+    operator to start the projector."""
+    monkeypatch.setenv(variable, topic)
+    monkeypatch.setenv("ONWARD_BACKEND", "kafka")
+    result = CliRunner().invoke(app, ["inspect", "run-1", "--tenant", "acme"])
+    assert result.exit_code == 2, result.output
+    assert f"{variable} " in result.stderr, result.stderr
+    if variable == "ONWARD_REQUESTS_TOPIC" and not topic:
+        return  # refused whatever the backend, as it always was
+    assert "no Kafka topic name" in result.stderr, result.stderr
+    monkeypatch.setenv("ONWARD_BACKEND", "sqlite")
+    assert Settings().backend == "sqlite"

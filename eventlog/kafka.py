@@ -188,9 +188,11 @@ class KafkaEventLog(EventLogBackend):
         found = await self._partition_count(admin)
         if found is None:
             if not self._create_topic:
+                # Said so a person at a terminal can act: no command or setting has create_topic.
                 raise ConfigurationError(
-                    f"topic {self._topic!r} does not exist on {self._bootstrap}; create it with "
-                    f"{self._partitions} partitions or allow create_topic"
+                    f"topic {self._topic!r} does not exist on {self._bootstrap}; start "
+                    f"`onward projector` first, which creates it, or create it with "
+                    f"{self._partitions} partitions (in code: create_topic=True)"
                 )
             topic = NewTopic(
                 self._topic,

@@ -167,13 +167,21 @@ def projector_command(
     5: Kafka or PostgreSQL failed at start, or longer than --exit-on-store-loss.
     """
     config = load_settings()
-    database_url = config.require_database_url()
     if config.backend == "postgres":
         raise ConfigurationError(
             "onward projector folds the Kafka events topic; with ONWARD_BACKEND=postgres every "
             "process folds the runs it appends inline, so no projector runs (onward "
             "projections rebuild still folds a new build from the log)"
         )
+    if config.backend != "kafka":
+        # Nor may it make and fold a topic for a deployment whose runs are in its file: the
+        # Kafka settings are checked only for the kafka backend.
+        raise ConfigurationError(
+            f"onward projector folds the Kafka events topic; with ONWARD_BACKEND="
+            f"{config.backend} whoever appends folds the runs inline, so no projector runs "
+            "(set ONWARD_BACKEND=kafka on a Kafka deployment)"
+        )
+    database_url = config.require_database_url()
     user = load_projection(projection) if projection is not None else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     quiet_garbage_collector()
@@ -390,6 +398,14 @@ def rebuild_command(
         user = load_projection(projection)
         if user.name != name:
             raise InvalidInputError(f"{projection} is projection {user.name!r}, not {name!r}")
+    if config.backend not in ("kafka", "postgres"):
+        # Its builds are PostgreSQL's, folded from Kafka or the PostgreSQL log: not this
+        # deployment's, whose runs and frontiers are in its file.
+        raise ConfigurationError(
+            f"onward projections rebuild folds the Kafka events topic or the PostgreSQL event "
+            f"log into PostgreSQL; ONWARD_BACKEND={config.backend} keeps its frontiers beside "
+            "its log, folded inline, with no builds to rebuild"
+        )
 
     async def run() -> RebuildReport:
         what, retained = _retained_log(config)

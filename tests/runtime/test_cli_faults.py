@@ -199,3 +199,57 @@ def test_a_server_that_never_answers_fails_within_the_connect_timeout(
     assert result.exit_code == 5, result.output
     assert "did not answer within 1s" in result.stderr
     assert time.monotonic() - started < 10
+
+
+def test_an_events_topic_not_created_yet_says_what_creates_it(
+    kafka_bootstrap: str, database_url: str, pg_schema: str, kafka_topic: str
+) -> None:
+    """The refusal named only `create_topic`, a constructor argument no command or setting has."""
+    env = {
+        "ONWARD_BACKEND": "kafka",
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": pg_schema,
+        "ONWARD_KAFKA_TOPIC": kafka_topic,
+    }
+    result = CliRunner().invoke(app, COMMANDS["inspect"], env=env)
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"topic {kafka_topic!r} does not exist" in result.stderr, result.stderr
+    assert "start `onward projector` first, which creates it" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", [["projector"], ["projections", "rebuild", "frontiers"]])
+@pytest.mark.parametrize("backend", ["sqlite", "memory"])
+def test_the_projector_refuses_an_embedded_backend_before_touching_kafka(
+    kafka_bootstrap: str,
+    database_url: str,
+    pg_schema: str,
+    kafka_topic: str,
+    backend: str,
+    command: list[str],
+) -> None:
+    """With ONWARD_BACKEND=sqlite (the default) the projector made the events topic and
+    folded it, on whatever Kafka the unchecked Kafka settings named, and a rebuild folded it
+    into PostgreSQL; postgres was refused."""
+    env = {
+        "ONWARD_BACKEND": backend,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "DATABASE_URL": database_url,
+        "ONWARD_DATABASE_SCHEMA": pg_schema,
+        "ONWARD_KAFKA_TOPIC": kafka_topic,
+    }
+    result = CliRunner().invoke(app, command, env=env)
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"ONWARD_BACKEND={backend}" in result.stderr, result.stderr
+    assert kafka_topic not in asyncio.run(_topics(kafka_bootstrap))
+
+
+async def _topics(bootstrap: str) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()

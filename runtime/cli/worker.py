@@ -147,8 +147,13 @@ def worker_command(
         float, typer.Option(help="Seconds between looks for runs whose lease lapsed.")
     ] = 5.0,
     requests_topic: Annotated[
-        str, typer.Option(help="Kafka: the requests topic (created like the events topic).")
-    ] = DEFAULT_REQUESTS_TOPIC,
+        str | None,
+        typer.Option(
+            help="Kafka: the requests topic (created like the events topic). Default: "
+            f"ONWARD_REQUESTS_TOPIC, else {DEFAULT_REQUESTS_TOPIC}, where applications submit.",
+            show_default=False,
+        ),
+    ] = None,
     group: Annotated[str, typer.Option(help="Kafka: the fleet's consumer group.")] = DEFAULT_GROUP,
     session_timeout_ms: Annotated[
         int,
@@ -254,7 +259,9 @@ def worker_command(
                     worker,
                     stop,
                     config,
-                    requests_topic=requests_topic,
+                    # The applications' topic unless told otherwise: a worker on another
+                    # would never hear the starts they submit.
+                    requests_topic=requests_topic or config.requests_topic,
                     group=group,
                     session_timeout_ms=session_timeout_ms,
                     signer=signer,

@@ -303,3 +303,37 @@ async def test_onward_cancel_with_wait_asks_the_worker_driving_the_run_to_stop_i
     assert ticks == list(range(1, len(ticks) + 1))
     await asyncio.sleep(1)
     assert fleet.ledger.count("tick") == len(ticks)
+
+
+async def test_a_worker_serves_the_requests_topic_the_settings_name(
+    kafka_servers: KafkaServers, tmp_path: Path
+) -> None:
+    """``ONWARD_REQUESTS_TOPIC`` set for every process, and no ``--requests-topic``: the worker
+    served onward.requests while the application submitted to the topic set, so a start
+    waited for ever."""
+    requests_topic = f"{kafka_servers.topic}.requests"
+    env = process_env(
+        kafka_servers,
+        PARTITIONS,
+        ONWARD_APP_MODE="fleet",
+        ONWARD_REQUESTS_TOPIC=requests_topic,
+        APP_LEDGER=str(tmp_path / "ledger.jsonl"),
+    )
+    settings = kafka_settings(
+        kafka_servers, PARTITIONS, app_mode="fleet", requests_topic=requests_topic
+    )
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass
+    world = Fleet(env, settings, tmp_path)
+    argv = worker_argv("support.appapi", requests_topic, "worker0")
+    at = argv.index("--requests-topic")
+    del argv[at : at + 2]
+    try:
+        await world._spawn("projector0", "projector", "--session-timeout-ms", "6000")
+        await world._spawn("worker0", *argv)
+        await until(lambda: world._owns_everything("worker0"), "worker0 owning its partitions")
+        shown = await asyncio.to_thread(world.app, "query", "payer", "topic-1")
+        assert [m["type"] for m in shown][-1] == "approval_request"
+    finally:
+        await world.stop()
+        await delete_topic(kafka_servers.bootstrap, requests_topic)

@@ -6,7 +6,7 @@ import asyncio
 import math
 import shlex
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, TypeGuard, TypeVar
@@ -22,7 +22,7 @@ from onward.errors import (
 )
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
-from onward.eventlog.events import Tagged
+from onward.eventlog.events import Event, RunStarted, Tagged
 from onward.projections.audit import AuditLine, audit_timeline, printable
 from onward.projections.compaction.history import (
     CompactedSpan,
@@ -37,7 +37,12 @@ from onward.runtime.compaction import compaction_store
 from onward.runtime.fleet.requests import CancelRun, Requests
 from onward.runtime.fleet.requests_postgres import cancel_waiting_start
 from onward.runtime.fleet.senders import postgres_requests
-from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, LeasePolicy, RunLease
+from onward.runtime.leases.base import (
+    DEFAULT_LEASE_TTL_S,
+    MAX_LEASE_TTL_S,
+    LeasePolicy,
+    RunLease,
+)
 from onward.runtime.limits import check_name
 from onward.runtime.providers import Provider
 from onward.runtime.runner import AgentRunner, new_run_id
@@ -259,12 +264,27 @@ LeaseTtlOption = Annotated[
 
 def lease_policy(lease_ttl: float | None) -> LeasePolicy:
     """The policy of ``--lease-ttl``, else the settings' (``ONWARD_LEASE_TTL``); refused
-    before anything is opened if it cannot hold."""
+    before anything is opened if it cannot hold, or is longer than ``ONWARD_LEASE_TTL`` may be
+    (a lost host's run would stay locked that long)."""
     if lease_ttl is None:
         return load_settings().lease_policy()
     if not (lease_ttl > 0 and math.isfinite(lease_ttl)):
         raise InvalidInputError(f"--lease-ttl must be positive seconds, got {lease_ttl}")
-    return LeasePolicy(ttl=timedelta(seconds=lease_ttl))
+    if lease_ttl > MAX_LEASE_TTL_S:
+        raise InvalidInputError(
+            f"--lease-ttl must be at most {MAX_LEASE_TTL_S:g} seconds, as ONWARD_LEASE_TTL, "
+            f"got {lease_ttl:g}"
+        )
+    ttl = timedelta(seconds=lease_ttl)
+    if not ttl:
+        raise InvalidInputError(f"--lease-ttl must be at least a microsecond, got {lease_ttl:g}")
+    return LeasePolicy(ttl=ttl)
+
+
+def worker_name(name: str | None, option: str = "--worker") -> str | None:
+    """The lease holder's name an option gives, refused if it cannot be printed as it is (every
+    refusal and `inspect` show it); empty or None is the default (host and process id)."""
+    return check_name(option, name) if name else None
 
 
 def start_command(
@@ -296,20 +316,22 @@ def start_command(
     agent's code failed; the run is kept, `onward run --resume` carries it on.
     """
     policy = lease_policy(lease_ttl)
+    worker = worker_name(worker)
     text = text_option(prompt, "PROMPT")
     agent = load_agent(agent_spec)
     provider = load_provider(provider_spec)
     new_id = check_name("--run-id", run_id) if run_id is not None else new_run_id()
 
     async def work(backends: Backends) -> None:
-        runner = backends.runner(provider, worker=worker, lease_policy=policy, observer=TurnLines())
         where = ["--tenant", tenant, "--agent", agent_spec, "--provider", provider_spec]
         carry_on = shlex.join(["onward", "run", "--resume", new_id, *where])
-        if not as_json:
-            out.print(
-                shown(f"started run {new_id} (tenant {tenant}); if this stops: {carry_on}"),
-                soft_wrap=True,
-            )
+        said = (
+            None
+            if as_json
+            else f"started run {new_id} (tenant {tenant}); if this stops: {carry_on}"
+        )
+        observer = _StartLine(said)
+        runner = backends.runner(provider, worker=worker, lease_policy=policy, observer=observer)
         result = await runner.run(agent, text, tenant=tenant, run_id=new_id)
         if as_json:
             echo_json(result_facts(result, worker=runner.worker))
@@ -317,6 +339,21 @@ def start_command(
             out.print(outcome(result))
 
     with_backends(work, creates=True)
+
+
+class _StartLine(TurnLines):
+    """`TurnLines`, with ``line`` on standard output once the run's start is in the log: a
+    start refused (its id taken, a tenant no run can have) says it started nothing."""
+
+    def __init__(self, line: str | None) -> None:
+        super().__init__()
+        self._line_once = line
+
+    async def appended(self, events: Sequence[Event]) -> None:
+        if self._line_once is not None and any(isinstance(e, RunStarted) for e in events):
+            out.print(shown(self._line_once), soft_wrap=True)
+            self._line_once = None
+        await super().appended(events)
 
 
 def run_command(
@@ -351,6 +388,7 @@ def run_command(
     5: a store, the model or the agent's code failed.
     """
     policy = lease_policy(lease_ttl)
+    worker = worker_name(worker)
     agent = load_agent(agent_spec)
     provider = load_provider(provider_spec)
 

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import math
 import signal
-from datetime import timedelta
 from typing import Annotated
 
 import typer
@@ -17,14 +16,15 @@ from onward.runtime.backends import open_backends
 from onward.runtime.fleet.requests import DEFAULT_REQUESTS_TOPIC
 from onward.runtime.fleet.senders import postgres_requests
 from onward.runtime.fleet.worker import DEFAULT_GROUP, Worker
-from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, MAX_LEASE_TTL_S, LeasePolicy
+from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S, MAX_LEASE_TTL_S
 from onward.runtime.observability import WorkerCollector
 from onward.runtime.settings import Settings, load_settings
 from onward.runtime.signing import RequestSigner
 
 from ._common import KAFKA_MAX_MS, err, imported, made, opened
 from ._health import MetricsHostOption, MetricsPortOption, metrics_served, stores_reachable
-from .runs import load_provider
+from .runs import lease_policy, load_provider, worker_name
+from .summary import shown
 
 
 def load_agents(specs: list[str]) -> dict[str, Agent]:
@@ -85,7 +85,7 @@ async def _serve(
             topic=requests_topic,
             group_id=group,
             session_timeout_ms=session_timeout_ms,
-            on_ready=lambda: err.print(f"worker {worker.name} ready"),
+            on_ready=lambda: err.print(shown(f"worker {worker.name} ready")),
             signer=signer,
             accept_unsigned=accept_unsigned,
         )
@@ -97,8 +97,10 @@ async def _serve(
                 signer=signer,
                 accept_unsigned=accept_unsigned,
                 on_ready=lambda: err.print(
-                    f"worker {worker.name} ready (postgres: requests table), taking starts of "
-                    + ", ".join(sorted(worker.agents)),
+                    shown(
+                        f"worker {worker.name} ready (postgres: requests table), taking starts "
+                        "of " + ", ".join(sorted(worker.agents))
+                    ),
                     soft_wrap=True,  # one line, however many agents: logs are read by line
                 ),
             )
@@ -108,7 +110,7 @@ async def _serve(
             if config.backend == "postgres"
             else ""
         )
-        err.print(f"worker {worker.name} ready ({config.backend}{unserved})")
+        err.print(shown(f"worker {worker.name} ready ({config.backend}{unserved})"))
         await worker.serve_embedded(stop)
 
 
@@ -182,6 +184,7 @@ def worker_command(
     it, exit 0. A second one cancels what is still in flight. Exit 2: bad configuration or
     options. 5: a store failed.
     """
+    name = worker_name(name, "--name")
     config = load_settings()
     signer = config.request_signer()
     accept_unsigned = accept_unsigned_requests or config.accept_unsigned_requests
@@ -199,11 +202,7 @@ def worker_command(
         # 0, negative or NaN retries a store that is down (or a run held by another) with no
         # pause, doubled still none; infinite, never.
         raise InvalidInputError(f"--backoff must be positive, finite seconds, got {backoff}")
-    policy = (
-        config.lease_policy()
-        if lease_ttl is None
-        else LeasePolicy(ttl=timedelta(seconds=lease_ttl))
-    )
+    policy = lease_policy(lease_ttl)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     async def run() -> None:
@@ -269,11 +268,13 @@ def worker_command(
                 )
             stats = worker.stats
             err.print(
-                f"worker {worker.name} stopped: {stats.started} started, {stats.recovered} "
-                f"carried on, {stats.stopped} stopped at a boundary, {stats.needs_person} "
-                f"left for a person, {stats.gave_up} given up, {stats.conflicts} conflicts, "
-                f"{stats.failures} refused; at most {stats.peak_in_flight} in flight, paused "
-                f"{stats.pauses} times"
+                shown(
+                    f"worker {worker.name} stopped: {stats.started} started, {stats.recovered} "
+                    f"carried on, {stats.stopped} stopped at a boundary, {stats.needs_person} "
+                    f"left for a person, {stats.gave_up} given up, {stats.conflicts} conflicts, "
+                    f"{stats.failures} refused; at most {stats.peak_in_flight} in flight, "
+                    f"paused {stats.pauses} times"
+                )
             )
 
     # Put back afterwards: the command also runs inside other processes (tests, embedders).

@@ -721,6 +721,38 @@ def test_a_lease_ttl_that_is_not_positive_is_refused(db: Path) -> None:
     assert "--lease-ttl must be positive seconds, got 0.0" in result.stderr
 
 
+@pytest.mark.parametrize("ttl", ["86401", "1e12", "1e15", "1e-9"])
+@pytest.mark.parametrize("command", ["start", "resume"])
+def test_a_lease_ttl_no_lease_may_have_is_refused_naming_the_option(
+    db: Path, command: str, ttl: str
+) -> None:
+    """Held to what ONWARD_LEASE_TTL and the worker's --lease-ttl take (a day at most): a
+    longer one locks the run for that long if its host is lost; one past any date failed
+    blaming the agent's code, and one under a microsecond named no option."""
+    if command == "start":
+        args = ["start", "go", "--tenant", TENANT, *AGENT]
+    else:
+        args = ["run", "--resume", start(db, crash_at="model.call"), "--tenant", TENANT, *AGENT]
+    result = onward(db, *args, "--lease-ttl", ttl)
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "--lease-ttl" in result.stderr, result.stderr
+    assert "agent's or the model's code" not in result.stderr, result.stderr
+    assert "started run" not in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("command", ["start", "resume"])
+def test_a_worker_name_that_would_drive_a_terminal_is_refused(db: Path, command: str) -> None:
+    """The name is the lease's holder, which inspect, runs and every refusal print."""
+    if command == "start":
+        args = ["start", "go", "--tenant", TENANT, *AGENT]
+    else:
+        args = ["run", "--resume", start(db, crash_at="model.call"), "--tenant", TENANT, *AGENT]
+    result = onward(db, *args, "--worker", "w\x1b]0;owned\x07")
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "--worker" in result.stderr, result.stderr
+    assert "\x1b" not in result.stderr, result.stderr
+
+
 def started_with(db: Path, run_id: str) -> object:
     """The input a run's first event records, as `onward replay --json` shows it."""
     first = json.loads(onward(db, "replay", run_id, "--json").stdout.splitlines()[0])
@@ -744,6 +776,17 @@ def test_start_makes_the_database_runs_the_agent_and_prints_how_to_carry_it_on(d
     assert again.exit_code == 2, again.output
     assert "already exists" in again.stderr
     assert cli_agent.effects("book", "s-1", "b") == 1
+
+
+@pytest.mark.parametrize("refused", [["--run-id", "s-1"], ["--tenant", ""]])
+def test_a_start_refused_does_not_say_it_started_the_run(db: Path, refused: list[str]) -> None:
+    """The line naming the run and how to carry it on comes once the run is started: a start
+    refused (its id taken, a tenant no run can have) printed it, for a run it never started."""
+    assert onward(db, "start", "book 3A", "--run-id", "s-1", *AGENT).exit_code == 0
+    again = onward(db, "start", "book 3A", *refused, *AGENT)
+    assert again.exit_code == 2, again.output
+    assert again.stdout == "", again.stdout
+    assert len(again.stderr.strip().splitlines()) == 1, again.stderr
 
 
 def test_start_reads_its_prompt_from_a_file_and_picks_a_fresh_id(db: Path, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +132,46 @@ def test_worker_refuses_a_lease_ttl_or_recheck_that_is_no_duration(
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert option in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("name", ["w\x1b]0;owned\x07", "w\nx"])
+def test_worker_refuses_a_name_no_lease_should_hold(db: Path, name: str) -> None:
+    """Its name is every lease's holder, printed by inspect, runs and every refusal: one that
+    sets a terminal's title or breaks a line is refused before the worker serves."""
+    env = {**os.environ, "ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+    command = [sys.executable, "-m", "onward", "worker", "--agent", "support.cli_agent:booker"]
+    command += ["--provider", "support.cli_agent:booking_model", "--name", name]
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    try:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=30, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"onward worker --name {name!r} was taken and served on: {exc.stderr!r}")
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "--name" in done.stderr, done.stderr
+    assert "\x1b" not in done.stderr, done.stderr
+
+
+def test_worker_says_a_name_with_brackets_as_it_is(db: Path) -> None:
+    """Printed as rich markup, ``[/pool]`` failed the worker at its first line, exit 5 blaming
+    the agent's code."""
+    env = {**os.environ, "ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    command = [sys.executable, "-m", "onward", "worker", "--agent", "support.cli_agent:booker"]
+    command += ["--provider", "support.cli_agent:booking_model", "--name", "a[/pool]"]
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) as worker:
+        try:
+            assert worker.stderr is not None
+            first = worker.stderr.readline()
+            assert first.startswith("worker a[/pool] ready"), first
+            worker.send_signal(signal.SIGTERM)
+            rest = worker.stderr.read()
+            assert worker.wait(timeout=30) == 0, rest
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+    assert "worker a[/pool] stopped" in rest, rest
 
 
 @pytest.mark.parametrize("servers", ["127.0.0.1:abc", "127.0.0.1:70000", "[::1", "a:1,,b:2"])

@@ -116,6 +116,7 @@ def test_a_rebuild_refuses_a_batch_of_no_records(
         ("--backoff", "inf"),
         ("--lease-ttl", "1e300"),
         ("--lease-ttl", "86401"),
+        ("--lease-ttl", "1e-9"),
     ],
 )
 def test_the_worker_refuses_a_backoff_or_lease_ttl_that_is_no_duration(

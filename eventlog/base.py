@@ -23,6 +23,7 @@ from onward.errors import (
     CheckpointFormatError,
     EventDecodeError,
     InvalidInputError,
+    LogTruncatedError,
     PayloadTooLargeError,
 )
 
@@ -31,7 +32,8 @@ from .events import AnyEvent, Event, RunClaimed, format_of
 
 DEFAULT_PARTITIONS = 12
 DEFAULT_MAX_BATCH_BYTES = 1_000_000
-"""Largest encoded batch a log accepts by default; just under Kafka's default message.max.bytes."""
+"""Largest encoded batch a log accepts by default, its records' keys and headers counted
+(`codec.framed_size`); just under Kafka's default message.max.bytes."""
 
 
 class Position(msgspec.Struct, frozen=True, order=True, gc=False):
@@ -294,7 +296,7 @@ class EventLogBackend(Resource):
 
     Args:
         partitions: Partition count.
-        max_batch_bytes: Largest encoded batch accepted.
+        max_batch_bytes: Largest encoded batch accepted, keys and headers counted.
     """
 
     embedded = False
@@ -448,12 +450,13 @@ def prepare_batch(
                 f"the event says {event.format}"
             )
         record = codec.encode(event)
-        total += len(record)
+        total += codec.framed_size(event, record)
         encoded.append(record)
     if total > max_batch_bytes:
         raise PayloadTooLargeError(
-            f"run {run_id!r}: batch of {len(events)} events encodes to {total} bytes, over the "
-            f"log's limit of {max_batch_bytes}; store large bodies out of line",
+            f"run {run_id!r}: batch of {len(events)} events encodes to {total} bytes with its "
+            f"keys and headers, over the log's limit of {max_batch_bytes}; store large bodies "
+            "out of line",
             run_id=run_id,
             size=total,
             limit=max_batch_bytes,

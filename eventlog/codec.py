@@ -178,6 +178,34 @@ def headers(event: Event) -> list[Header]:
     ]
 
 
+_RECORD_FIXED = 1 + 10 + 5 + 1
+"""What a Kafka record takes besides its lengths, key, value and headers, at most: attributes, a
+timestamp delta and an offset delta (varints up to 10 and 5 bytes), and the header count."""
+
+
+def framed_size(event: Event, record: bytes) -> int:
+    """The bytes ``record`` (``event`` encoded) takes in a Kafka record batch: its value with
+    its key, its headers and their framing, never less than Kafka counts.
+
+    What every log measures a batch by, so that the same batch is refused, or accepted, alike
+    on every backend: Kafka keeps keys and headers in the record batch its limit guards.
+    """
+    key = len(event.run_id.encode())
+    size = _RECORD_FIXED + _varint_size(key) + key + _varint_size(len(record)) + len(record)
+    for name, value in headers(event):
+        size += _varint_size(len(name)) + len(name) + _varint_size(len(value)) + len(value)
+    return size + _varint_size(size)
+
+
+def _varint_size(length: int) -> int:
+    """The bytes of a length as Kafka writes it (a zigzag varint)."""
+    zigzag, size = length << 1, 1
+    while zigzag >= 0x80:
+        zigzag >>= 7
+        size += 1
+    return size
+
+
 def decode(data: bytes | memoryview | None, *, run_hint: str | None = None) -> AnyEvent:
     """Decode one record into its event.
 

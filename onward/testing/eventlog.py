@@ -30,6 +30,7 @@ from onward.errors import (
 )
 from onward.eventlog import codec
 from onward.eventlog.base import (
+    DEFAULT_MAX_BATCH_BYTES,
     Appended,
     EventLog,
     EventLogBackend,
@@ -346,6 +347,29 @@ class EventLogConformance:
         with pytest.raises(PayloadTooLargeError, match=run_id):
             await log.append(big)
         assert seqs(await log.read_run(run_id)) == [1, 2]
+
+    async def test_a_batch_is_measured_with_its_keys_and_headers_on_every_backend(
+        self, log: EventLog
+    ) -> None:
+        """Each record of a batch counts with its key and headers, not its value alone: Kafka
+        stores them in the one record batch the limit guards, so a batch of many small events
+        whose values alone fit is refused alike on every backend (not accepted embedded and
+        then refused in production), and one that fits with them lands whole everywhere."""
+        run_id = new_run_id()
+        events = [
+            ToolCompleted(
+                run_id=run_id, tenant=TENANT, seq=seq, fence=1, call_id=f"c{seq}", result="x" * 60
+            )
+            for seq in range(1, 4_601)
+        ]
+        assert sum(len(codec.encode(e)) for e in events) < DEFAULT_MAX_BATCH_BYTES
+        with pytest.raises(PayloadTooLargeError, match=run_id) as caught:
+            await log.append(events)
+        assert caught.value.limit == DEFAULT_MAX_BATCH_BYTES
+        assert await log.read_run(run_id) == []
+        positions = await log.append(events[:2_500])
+        assert len(positions) == 2_500
+        assert seqs(await log.read_run(run_id)) == list(range(1, 2_501))
 
     # -- what readers refuse ---------------------------------------------------------------
 

@@ -126,7 +126,11 @@ class KafkaReaders:
     async def _take(self, near: tuple[int, int] | None) -> _Reader:
         async with self._returned:
             while True:
-                self._check_open()
+                if self._forgotten:
+                    # Each consumer coming back after the close wakes one waiting read: that
+                    # one wakes the next, or every read past the first would wait for ever.
+                    self._returned.notify()
+                    raise self._closed_error()
                 if self._idle:
                     for reader in self._idle:
                         if near is not None and reader.cursor == near:

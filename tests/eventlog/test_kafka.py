@@ -335,3 +335,20 @@ async def test_a_read_waiting_for_a_consumer_when_the_log_closes_is_refused(
         await log.close()
     with pytest.raises(InvalidInputError, match="closed during this read"):
         await asyncio.wait_for(waiting, 10)
+
+
+async def test_every_read_waiting_for_a_consumer_when_the_log_closes_is_refused(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """More reads waiting than consumers lent: each one is told the log closed, none is left
+    waiting for a consumer that will never come back."""
+    log = await KafkaEventLog.open(kafka_bootstrap, topic=kafka_topic, partitions=3, readers=1)
+    readers = log._live_readers()
+    async with readers.lent():
+        waiting = [asyncio.create_task(_lend_and_return(readers)) for _ in range(3)]
+        await asyncio.sleep(0.2)
+        assert not any(task.done() for task in waiting)
+        await log.close()
+    for task in waiting:
+        with pytest.raises(InvalidInputError, match="closed during this read"):
+            await asyncio.wait_for(task, 10)

@@ -346,7 +346,12 @@ class EventLogBackend(Resource):
             if end - start > most:
                 out[partition] = Appended(end, None)
                 continue
-            records = await self.read_records(partition, start, end) if start < end else []
+            try:
+                records = await self.read_records(partition, start, end) if start < end else []
+            except LogTruncatedError:
+                # Cut below ``start`` meanwhile (compaction): what was appended is unknown.
+                out[partition] = Appended(end, None)
+                continue
             runs = (r.event.run_id if isinstance(r, StoredEvent) else r.run_id for r in records)
             out[partition] = Appended(end, frozenset(run for run in runs if run is not None))
         return out

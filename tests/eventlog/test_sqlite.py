@@ -209,3 +209,33 @@ async def test_a_long_cut_moves_the_start_in_steps_appends_can_commit_between(
         (TRUNCATION_STEP, TRUNCATION_STEP),
         (2 * TRUNCATION_STEP, 120),
     ]
+
+
+class _CutWhileLooking(SqliteEventLog):
+    """A log whose partition is cut before ``cut_at`` (compaction, in another task) right after
+    its ``looks``-th look at the partition's bounds, before the read that follows it."""
+
+    cut_at: int | None = None
+    looks = 0
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        found = await super().bounds(partition)
+        self.looks -= 1
+        if self.cut_at is not None and self.looks == 0:
+            offset, self.cut_at = self.cut_at, None
+            await self.truncate_before(partition, offset)
+        return found
+
+
+async def test_runs_appended_across_a_cut_made_meanwhile_says_the_runs_are_unknown(
+    tmp_path: Path,
+) -> None:
+    """A watcher asking which runs a partition gained while compaction cuts it learns that the
+    runs are unknown (every stream looks), as on Kafka, not that the log failed."""
+    async with _CutWhileLooking(tmp_path / "events.db", partitions=1) as log:
+        run_id = new_run_id()
+        await log.append(step_events(run_id, 4))
+        log.cut_at, log.looks = 3, 2  # its end, then its start, is looked at
+        moved = await log.runs_appended({0: 1})
+        assert moved[0].end == 4
+        assert moved[0].runs in (None, frozenset({run_id}))

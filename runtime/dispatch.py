@@ -19,6 +19,10 @@ from collections.abc import Awaitable, Callable
 
 from .leases.base import RunLease
 
+NOT_CALLED = "its lease could not be confirmed once its dispatch was written; it was not called"
+"""The ``why`` of the `ToolResolved` (never ran) its holder records for a call whose dispatch
+was written and whose lease `write_ahead` then could not confirm: the tool was not called."""
+
 
 async def write_ahead(
     append_dispatch: Callable[[], Awaitable[object]],

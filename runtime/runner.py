@@ -88,7 +88,7 @@ from .continuation import (
     hand_over,
 )
 from .conversation import Conversation, as_text, restored
-from .dispatch import write_ahead
+from .dispatch import NOT_CALLED, write_ahead
 from .leases.base import CancelAsked, LeasePolicy, LeaseStore, RunLease
 from .leases.defaults import default_leases
 from .leases.holder import CancelAskHeard, Leaseholder
@@ -1130,7 +1130,6 @@ class AgentRunner(Resource):
         ]
         if not left:
             return
-        why = "its lease could not be confirmed once its dispatch was written; it was not called"
         resolved = [
             self.writer.event(
                 run,
@@ -1139,7 +1138,7 @@ class AgentRunner(Resource):
                 call_id=c.call_id,
                 outcome="never_ran",
                 by=self.worker,
-                why=why,
+                why=NOT_CALLED,
             )
             for i, c in enumerate(left)
         ]

@@ -10,7 +10,10 @@ same rules as any resumed run (:func:`onward.runtime.planning.classify_call`):
 - an outcome is recorded (`ToolCompleted`, or `ToolResolved` as completed): it is returned
   as the tool's answer, and the tool is not called;
 - nothing was dispatched (or it was settled as never run): `ToolDispatched` is appended and
-  acknowledged, then the tool runs, then its outcome is appended as `ToolCompleted`;
+  acknowledged, then the tool runs, then its outcome is appended as `ToolCompleted` (a result
+  too large for the log is recorded, and answered, as the call's ``PayloadTooLarge`` error). A
+  dispatch appended whose lease could not then be confirmed is recorded as never run, the tool
+  not called, so the next invocation makes it;
 - it was dispatched and no outcome is recorded (the process died, or the run was cancelled,
   while the tool ran): nobody knows whether it took effect, so it is never run again on its
   own. The call is put to a person through LangGraph's ``interrupt()``; the answer, one of
@@ -50,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextvars
+import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, NamedTuple
 
@@ -60,13 +64,14 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
-from onward.errors import FencedError, InvalidInputError
-from onward.eventlog import ToolCompleted, ToolDispatched, ToolError, ToolResolved
+from onward.errors import FencedError, InvalidInputError, OnwardError, PayloadTooLargeError
+from onward.eventlog import Event, ToolCompleted, ToolDispatched, ToolError, ToolResolved
 from onward.projections.frontier import CallState
-from onward.runtime.dispatch import write_ahead
+from onward.runtime.dispatch import NOT_CALLED, write_ahead
 from onward.runtime.leases import RunLease
 from onward.runtime.planning import PlannedCall, ToolDisposition, classify_call
 from onward.runtime.redaction import Redactor
+from onward.runtime.runner import ToolCancelledError
 from onward.runtime.tools import idempotency_key, tool_error
 
 from .saver import OnwardSaver
@@ -83,6 +88,8 @@ DECISIONS = ("completed", "failed", "retry")
 
 _Recorded = tuple[type[ToolCompleted] | type[ToolResolved], dict[str, Any]]
 """An event to record: its kind and its fields."""
+
+_log = logging.getLogger(__name__)
 
 _ERROR_MESSAGE = "ToolMessage"
 """The error type recorded for a tool that answered with an error message."""
@@ -186,12 +193,16 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
             return lease
 
         dispatched = {"call_id": call.call_id, "tool": call.tool, "idempotency_key": key}
-        lease = await write_ahead(
-            lambda: self.saver.arecord(call.thread_id, ToolDispatched, **dispatched), confirmed
-        )
+        try:
+            lease = await write_ahead(
+                lambda: self.saver.arecord(call.thread_id, ToolDispatched, **dispatched), confirmed
+            )
+        except OnwardError:
+            await self._not_called(call)
+            raise
         token = _running.set(_Dispatched(key, lease))
         try:
-            output = await handler(request)
+            output = await _cancelled_as_failure(handler(request))
         except BaseException as exc:
             outcome = _unfinished(call, exc, self.saver.redactor)
             if outcome is not None:
@@ -199,8 +210,62 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
             raise
         finally:
             _running.reset(token)
-        await self.saver.arecord(call.thread_id, ToolCompleted, **self._outcome(call, output))
+        try:
+            await self.saver.arecord(call.thread_id, ToolCompleted, **self._outcome(call, output))
+        except PayloadTooLargeError as exc:
+            return await self._too_large(call, exc)
         return output
+
+    async def _too_large(self, call: _Call, refused: PayloadTooLargeError) -> ToolMessage:
+        """Record a result the log refused as too large as the call's error, and answer with
+        it, as its replay does: the tool returned, so its effect is done, and left without an
+        outcome the call would go to a person (or, retry-safe, be made again and refused again).
+        """
+        message = (
+            f"{call.tool} returned a value too large to record ({refused}); it was not recorded: "
+            "return less"
+        )
+        error = ToolError(type="PayloadTooLarge", message=self.saver.redactor.redact_text(message))
+        await self.saver.arecord(call.thread_id, ToolCompleted, call_id=call.call_id, error=error)
+        return _message(call, _said(error), status="error")
+
+    async def _not_called(self, call: _Call) -> None:
+        """Record a call whose dispatch this saver wrote and whose lease it then could not
+        confirm (the store did not answer) as never ran, if the log has that dispatch, while
+        the lease still lets it write: left open, the next invocation would put the call to a
+        person as one that may have run. A write refused is logged, the call then left open."""
+        lease = self.saver.lease(call.thread_id)
+        if lease is None:
+            return  # lost: a write would be refused, and the next holder reads the log
+
+        def resolved(state: ThreadState) -> list[tuple[type[Event], dict[str, Any]]]:
+            recorded = state.calls.get(call.call_id)
+            if (
+                recorded is None
+                or recorded.dispatched_seq is None
+                or recorded.dispatched_fence != lease.fence
+                or recorded.outcome is not None
+            ):
+                return []  # the dispatch did not land (or is settled): nothing to undo
+            fields = {
+                "call_id": call.call_id,
+                "outcome": "never_ran",
+                "by": self.saver.holder,
+                "why": NOT_CALLED,
+            }
+            return [(ToolResolved, fields)]
+
+        try:
+            await self.saver._write(call.thread_id, resolved)
+        except OnwardError as exc:
+            _log.warning(
+                "thread %r: %s (%s) was dispatched and not called (the lease could not be "
+                "confirmed); that could not be recorded, so it is left undecided: %s",
+                call.thread_id,
+                call.call_id,
+                call.tool,
+                exc,
+            )
 
     def wrap_tool_call(
         self,
@@ -292,6 +357,23 @@ def _call_of(request: ToolCallRequest) -> _Call:
             run_id=str(thread_id),
         )
     return _Call(str(thread_id), str(call["id"]), call["name"], dict(call.get("args") or {}))
+
+
+async def _cancelled_as_failure(calling: Awaitable[ToolOutput]) -> ToolOutput:
+    """Await a tool call; a `CancelledError` it raises while the task running it is not being
+    cancelled (something it awaited was cancelled, a shared request its pool closed) is its
+    failure, raised as `ToolCancelledError` and recorded like any other, not taken for the graph
+    run being cancelled, which would leave the call for a person and hand `CancelledError` to
+    a caller nobody cancelled."""
+    try:
+        return await calling
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is None or current.cancelling():
+            raise
+        raise ToolCancelledError(
+            "the tool raised CancelledError: something it awaited was cancelled, not the run"
+        ) from None
 
 
 def _unfinished(call: _Call, exc: BaseException, redactor: Redactor) -> _Recorded | None:

@@ -5,7 +5,9 @@ approval; each invocation is one attempt. A ``ToolDispatched`` starts an attempt
 attempt with no outcome yet, dispatches it again: a retry-safe tool after a crash);
 ``ToolCompleted`` or ``ToolResolved`` ends it. The k-th invocation of a call in a re-executed
 run is its k-th attempt in the log. An attempt keeps the idempotency key it was dispatched
-with: that is the key a person deciding on it is shown.
+with: that is the key a person deciding on it is shown. A dispatch its holder recorded as not
+called (`NOT_CALLED`: the lease could not be confirmed after it was written) is no attempt: the
+invocation it was for is still to be made.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
+from onward.runtime.dispatch import NOT_CALLED
 
 
 @dataclass
@@ -61,7 +64,19 @@ class CallAttempts:
         elif last is not None and isinstance(event, ToolCompleted):
             last.completed = event
         elif last is not None and isinstance(event, ToolResolved):
-            last.resolved = event
+            if _not_called(event, last):
+                attempts.pop()  # never made: the invocation it was for makes it afresh
+            else:
+                last.resolved = event
+
+
+def _not_called(event: ToolResolved, attempt: Attempt) -> bool:
+    """Whether ``event`` is the holder that dispatched ``attempt`` saying it did not call it."""
+    return (
+        event.outcome == "never_ran"
+        and event.why == NOT_CALLED
+        and event.fence == attempt.dispatched_fence
+    )
 
 
 def undecided(run_id: str, call_id: str, tool: str, attempt: Attempt) -> dict[str, Any]:

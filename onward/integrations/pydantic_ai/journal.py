@@ -16,6 +16,8 @@ redaction, the claim check, the fence check).
   outcome is replayed. One dispatched without an outcome (the process died in between) is never
   run again: it comes back as pydantic-ai's own approval request, unless the tool says a second
   call is harmless (``metadata={"onward": {"retry_safe": True}}``), which is dispatched again.
+  One whose lease could not be confirmed once its dispatch was written is recorded as never run
+  (the tool was not called), and made by the next execution.
   Every dispatch carries the idempotency key the log recorded for the call, never one derived
   again: only a call the model asks for now gets a key derived now, so the system a tool changes
   sees one key per call whichever Onward release resumes the run.
@@ -25,6 +27,8 @@ redaction, the claim check, the fence check).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -35,6 +39,7 @@ import pydantic
 from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.messages import ModelResponse
 
+from onward.errors import OnwardError, PayloadTooLargeError
 from onward.eventlog import (
     ApprovalDenied,
     ApprovalGranted,
@@ -46,12 +51,14 @@ from onward.eventlog import (
     ToolCall,
     ToolCompleted,
     ToolDispatched,
+    ToolError,
     ToolResolved,
     TurnSettled,
     Usage,
 )
-from onward.runtime.dispatch import write_ahead
+from onward.runtime.dispatch import NOT_CALLED, write_ahead
 from onward.runtime.leases import CancelAsked, CancelAskHeard, RunLease
+from onward.runtime.runner import ToolCancelledError
 from onward.runtime.spend.budget import Budgets
 from onward.runtime.tools import idempotency_key, tool_error
 from onward.runtime.writer import HeldRun, RunWriter
@@ -64,6 +71,7 @@ if TYPE_CHECKING:
 from .compat import unit_completed
 
 _RESPONSE = pydantic.TypeAdapter(ModelResponse)
+_log = logging.getLogger("onward.integrations.pydantic_ai")
 
 _current: ContextVar[RunJournal | None] = ContextVar("onward_pydantic_ai_journal", default=None)
 _current_key: ContextVar[str | None] = ContextVar("onward_pydantic_ai_key", default=None)
@@ -347,7 +355,11 @@ class RunJournal:
     ) -> object:
         key = self._key_of(call_id)
         dispatched = self.event(ToolDispatched, call_id=call_id, tool=tool, idempotency_key=key)
-        lease = await write_ahead(lambda: self.append(dispatched), self.run.held.confirm)
+        try:
+            lease = await write_ahead(lambda: self.append(dispatched), self.run.held.confirm)
+        except OnwardError:
+            await self._not_called(call_id, tool)
+            raise
         token = _current_key.set(key)
         leased = _current_lease.set(lease)
         # The tool runs outside the journal: its outcome is the unit recorded, so whatever it
@@ -356,20 +368,83 @@ class RunJournal:
         try:
             payload = await run()
         except Exception as exc:
-            await self.append(
-                self.event(
-                    ToolCompleted, call_id=call_id, error=tool_error(exc, self.writer.redactor)
-                )
-            )
-            self._tool_errors.append(exc)
+            await self._failed(call_id, exc)
             raise
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is None or current.cancelling():
+                raise  # the run is being cancelled: nobody knows whether the call took effect
+            # Something the tool awaited was cancelled, not the run: its failure, recorded.
+            failure = ToolCancelledError(
+                "the tool raised CancelledError: something it awaited was cancelled, not the run"
+            )
+            await self._failed(call_id, failure)
+            raise failure from None
         finally:
             _current.reset(outside)
             _current_lease.reset(leased)
             _current_key.reset(token)
-        await self.append(self.event(ToolCompleted, call_id=call_id, result=payload))
+        try:
+            await self.append(self.event(ToolCompleted, call_id=call_id, result=payload))
+        except PayloadTooLargeError as exc:
+            await self._too_large(call_id, tool, exc)
         unit_completed(executed=True)
         return payload
+
+    async def _failed(self, call_id: str, exc: Exception) -> None:
+        """Record that the call's tool raised ``exc``; the run then fails with it."""
+        error = tool_error(exc, self.writer.redactor)
+        await self.append(self.event(ToolCompleted, call_id=call_id, error=error))
+        self._tool_errors.append(exc)
+
+    async def _too_large(self, call_id: str, tool: str, refused: PayloadTooLargeError) -> NoReturn:
+        """Record a result the log refused as too large as the call's error, and fail the run.
+
+        The tool returned, so its effect is done: left without an outcome, the call would go
+        to a person at every resume (or, retry-safe, be made again and refused again). The run
+        fails as a tool that raised fails it, and a re-execution fails the same way.
+
+        Raises:
+            PayloadTooLargeError: Naming the tool, as the tool's own failure.
+        """
+        redactor = self.writer.redactor
+        failure = PayloadTooLargeError(
+            f"{tool} returned a value too large to record ({refused}); it was not recorded: "
+            "return less, or give OnwardDurability a blob store (blobs=)",
+            run_id=self.run_id,
+        )
+        error = ToolError(type="PayloadTooLarge", message=tool_error(failure, redactor).message)
+        await self.append(self.event(ToolCompleted, call_id=call_id, error=error))
+        self._tool_errors.append(failure)
+        raise failure from refused
+
+    async def _not_called(self, call_id: str, tool: str) -> None:
+        """Record a call this holder dispatched and did not make (its lease could not be
+        confirmed after the dispatch was written) as never ran, while the lease still lets it
+        write: left open, a resume would hand the call to a person as one that may have run.
+        A write refused is logged, the call then left undecided."""
+        attempts = self.attempts.of(call_id)
+        last = attempts[-1] if attempts else None
+        if last is None or not last.open or last.dispatched_fence != self.run.fence:
+            return  # its dispatch was not written (or not learnt to be): nothing to undo
+        resolved = self.event(
+            ToolResolved,
+            call_id=call_id,
+            outcome="never_ran",
+            by=self.run.held.holder,
+            why=NOT_CALLED,
+        )
+        try:
+            await self.append(resolved)
+        except OnwardError as exc:
+            _log.warning(
+                "run %s: %s (%s) was dispatched and not called (the lease could not be "
+                "confirmed); that could not be recorded, so it is left undecided: %s",
+                self.run_id,
+                call_id,
+                tool,
+                exc,
+            )
 
     def raised_by_a_tool(self, exc: BaseException) -> bool:
         """Whether a tool raised ``exc`` (its outcome recorded), rather than Onward's own

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,15 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 from support.servers import KafkaServers
 
-from onward.errors import ResumeConflictError, RunCancelledError
-from onward.eventlog import RunFinished, ToolCompleted, ToolDispatched, ToolResolved
+from onward.errors import BackendUnavailableError, ResumeConflictError, RunCancelledError
+from onward.eventlog import (
+    Event,
+    Position,
+    RunFinished,
+    ToolCompleted,
+    ToolDispatched,
+    ToolResolved,
+)
 from onward.integrations.langgraph import (
     OnwardSaver,
     current_fence,
@@ -38,7 +45,8 @@ from onward.integrations.langgraph import (
 from onward.integrations.langgraph import tools as middleware
 from onward.integrations.langgraph.tools import QUESTION
 from onward.runtime import idempotency_key
-from onward.runtime.leases import LeasePolicy
+from onward.runtime.leases import LeasePolicy, RunLease
+from onward.runtime.runner import ToolCancelledError
 
 from .agents import (
     CALL_ID,
@@ -341,6 +349,84 @@ async def test_a_retry_safe_tool_runs_again_without_asking(world: World, ledger:
     assert await _kinds(world, "t") == ["ToolDispatched", "ToolDispatched", "ToolCompleted"]
 
 
+def _unconfirmed_after_the_dispatch(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease store does not answer the one renewal asked for right after the first
+    dispatch is appended (its confirmation, before the tool would run)."""
+    armed = [False, True]  # now, and once still to come
+    renew, append = world.leases.renew, world.log.append
+
+    async def unanswered(lease: RunLease, *, ttl_s: float) -> RunLease:
+        if armed[0]:
+            armed[0] = False
+            raise BackendUnavailableError("the lease store did not answer")
+        return await renew(lease, ttl_s=ttl_s)
+
+    async def arming(batch: Sequence[Event]) -> list[Position]:
+        positions = await append(batch)
+        if armed[1] and any(isinstance(e, ToolDispatched) for e in batch):
+            armed[:] = [True, False]
+        return positions
+
+    monkeypatch.setattr(world.leases, "renew", unanswered)
+    monkeypatch.setattr(world.log, "append", arming)
+
+
+async def test_a_call_dispatched_under_a_lease_that_could_not_be_confirmed_runs_when_invoked_again(
+    world: World, ledger: Path, kind: GraphKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatch is durable and the lease store does not answer its confirmation: the tool
+    is not called and the graph run stops. The log says the call never ran, so the next
+    invocation makes it, once, rather than put it to a person as one that may have run."""
+    _unconfirmed_after_the_dispatch(world, monkeypatch)
+    async with world.saver() as saver:
+        run = graph(kind, saver, model(asks_to_book(), _done()), booking_tool(ledger))
+        with pytest.raises(BackendUnavailableError):
+            await run.ainvoke(START, thread_config("t"))
+        assert ledger_lines(ledger) == []
+        out = await run.ainvoke(None, thread_config("t"))
+    assert _tool_messages(out) == [("success", f"booked {FLIGHT}")]
+    assert ledger_lines(ledger) == [FLIGHT]
+    assert await _kinds(world, "t") == [
+        "ToolDispatched",
+        "ToolResolved",
+        "ToolDispatched",
+        "ToolCompleted",
+    ]
+
+
+async def test_a_result_too_large_for_the_log_is_the_calls_error_and_the_graph_goes_on(
+    world: World, ledger: Path, kind: GraphKind
+) -> None:
+    """A result over the log's limit cannot be recorded. The tool returned, so its effect is
+    done: the refusal is the call's outcome and the model reads why, rather than the graph
+    run failing with the call left for a person (or, retry-safe, made again at every
+    invocation and refused again)."""
+
+    def book(flight: str) -> str:
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        return "x" * 1_500_000
+
+    async def book_async(flight: str) -> str:
+        return book(flight)
+
+    async with world.saver() as saver:
+        run = graph(
+            kind,
+            saver,
+            model(asks_to_book(), _done()),
+            as_book(book, book_async),
+            retry_safe=["book"],
+        )
+        out = await run.ainvoke(START, thread_config("t"))
+    ((status, content),) = _tool_messages(out)
+    assert status == "error"
+    assert "book returned a value too large to record" in content
+    assert ledger_lines(ledger) == [FLIGHT]
+    assert await _kinds(world, "t") == ["ToolDispatched", "ToolCompleted"]
+    assert (await _reader(world).aread_thread("t")).calls[CALL_ID].outcome == "error"
+
+
 async def test_a_tool_that_raised_is_replayed_as_its_error_not_run_again(
     world: World, ledger: Path
 ) -> None:
@@ -357,6 +443,36 @@ async def test_a_tool_that_raised_is_replayed_as_its_error_not_run_again(
         again = graph("toolnode", saver, model(_done()), booking_tool(ledger))
         out = await again.ainvoke(None, thread_config("t"))
     assert _tool_messages(out) == [("error", "RuntimeError: the airline said no")]
+    assert ledger_lines(ledger) == [FLIGHT]
+    assert await _kinds(world, "t") == ["ToolDispatched", "ToolCompleted"]
+
+
+async def test_a_cancelled_error_from_a_tools_own_await_is_recorded_as_its_error(
+    world: World, ledger: Path, kind: GraphKind
+) -> None:
+    """Something the tool awaited was cancelled (a shared request its pool closed), not the
+    graph run: the call's outcome is that error, as for any other the tool raises, rather than
+    `CancelledError` reaching a caller nobody cancelled with the call left for a person."""
+    shared: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def book(flight: str) -> str:
+        raise AssertionError("the async path runs")
+
+    async def book_async(flight: str) -> str:
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        asyncio.get_running_loop().call_soon(shared.cancel)
+        return await shared
+
+    async with world.saver() as saver:
+        run = graph(kind, saver, model(asks_to_book()), as_book(book, book_async))
+        with pytest.raises(ToolCancelledError, match="raised CancelledError"):
+            await run.ainvoke(START, thread_config("t"))
+        again = graph(kind, saver, model(_done()), booking_tool(ledger))
+        out = await again.ainvoke(None, thread_config("t"))
+    ((status, content),) = _tool_messages(out)
+    assert status == "error"
+    assert content.startswith("ToolCancelledError: the tool raised CancelledError")
     assert ledger_lines(ledger) == [FLIGHT]
     assert await _kinds(world, "t") == ["ToolDispatched", "ToolCompleted"]
 

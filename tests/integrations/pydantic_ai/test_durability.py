@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,14 +31,17 @@ from integrations.pydantic_ai.world import (
     durability_on,
 )
 from onward.errors import (
+    BackendUnavailableError,
     ConfigurationError,
     InvalidInputError,
+    PayloadTooLargeError,
     ResumeConflictError,
     RevisionMismatchError,
 )
 from onward.eventlog import (
     Event,
     ModelAnswered,
+    Position,
     RunFinished,
     RunStarted,
     ToolCompleted,
@@ -57,7 +61,7 @@ from onward.projections.compaction import embedded_compaction
 from onward.runtime.blobs import DEFAULT_THRESHOLD, SqliteBlobStore
 from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.demo_ledger import Ledger
-from onward.runtime.leases import LeasePolicy
+from onward.runtime.leases import LeasePolicy, RunLease
 
 RUN = "r-1"
 
@@ -237,6 +241,53 @@ async def test_a_retry_safe_tool_is_dispatched_again_without_asking(
     assert [e.fence for e in dispatches] == [1, 2]
 
 
+def unconfirmed_after_the_dispatch(stores: Stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease store does not answer the one renewal asked for right after the first
+    dispatch is written (the write-ahead's confirmation of the lease)."""
+    armed = [False, True]  # now, and once still to come
+    renew, append = stores.leases.renew, stores.log.append
+
+    async def unanswered(lease: RunLease, *, ttl_s: float) -> RunLease:
+        if armed[0]:
+            armed[0] = False
+            raise BackendUnavailableError("the lease store did not answer")
+        return await renew(lease, ttl_s=ttl_s)
+
+    async def arming(batch: Sequence[Event]) -> list[Position]:
+        positions = await append(batch)
+        if armed[1] and any(isinstance(e, ToolDispatched) for e in batch):
+            armed[:] = [True, False]
+        return positions
+
+    monkeypatch.setattr(stores.leases, "renew", unanswered)
+    monkeypatch.setattr(stores.log, "append", arming)
+
+
+async def test_a_call_dispatched_under_a_lease_that_could_not_be_confirmed_is_made_on_resume(
+    durability: OnwardDurability[None],
+    stores: Stores,
+    ledger: Ledger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dispatch is durable and the lease store does not answer the confirmation before
+    the call: the tool is not called and the run stops retryably. The log says the call never
+    ran, so the resume makes it, once, rather than hand it to a person as one that may have."""
+    unconfirmed_after_the_dispatch(stores, monkeypatch)
+    script = Script()
+    with pytest.raises(BackendUnavailableError):
+        await durability.run(booking_agent(durability, ledger, script), "book seat 3A", run_id=RUN)
+    assert ledger.entries() == []
+
+    done = await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+    assert done.status == "completed"
+    assert done.output == "done: seat 3A booked"
+    assert len(ledger.entries()) == 1
+    again = await durability.resume(booking_agent(durability, ledger, script), RUN)
+    assert again.status == "completed"
+    assert len(ledger.entries()) == 1
+
+
 async def test_a_decision_must_answer_every_call_asked_and_no_other(
     durability: OnwardDurability[None], stores: Stores, ledger: Ledger
 ) -> None:
@@ -351,6 +402,41 @@ async def test_a_tool_that_raises_fails_the_run(
     assert isinstance(finished, RunFinished)
     assert finished.status == "failed"
     assert (await durability.resume(agent, RUN)).status == "failed"
+
+
+async def test_a_result_too_large_for_the_log_fails_the_run_once_not_left_undecided(
+    durability: OnwardDurability[None], stores: Stores
+) -> None:
+    """Without a blob store, a result over the log's limit cannot be recorded. The tool
+    returned, so its effect is done: the refusal is the call's outcome and the run fails
+    saying why, rather than the call left for a person (or, retry-safe, made again at every
+    resume and refused again)."""
+    fetched: list[str] = []
+    script = Script(ToolCallPart("fetch", {}, tool_call_id="f1"))
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(script.answer),
+        name="fetcher",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain(metadata={"onward": {"retry_safe": True}})
+    async def fetch() -> str:
+        """Fetch a page."""
+        fetched.append(current_idempotency_key() or "")
+        return "x" * 1_500_000
+
+    with pytest.raises(PayloadTooLargeError, match="fetch returned a value too large"):
+        await durability.run(agent, "fetch it", run_id=RUN)
+    again = await durability.resume(agent, RUN)
+
+    assert again.status == "failed"
+    assert again.error is not None
+    assert "PayloadTooLarge" in again.error
+    assert len(fetched) == 1
+    (completed,) = [e for e in await events(stores) if isinstance(e, ToolCompleted)]
+    assert completed.error is not None
+    assert completed.error.type == "PayloadTooLarge"
 
 
 async def test_an_agent_whose_tools_changed_is_refused_on_resume(

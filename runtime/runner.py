@@ -76,7 +76,7 @@ from onward.projections.frontier import Boundary, CallState, Frontier, run_budge
 
 from .agent import Agent
 from .ask import Asking, Question, QuestionAsked, check_answer
-from .blobs import BlobStore, ClaimCheck
+from .blobs import BlobStore, ClaimCheck, escape_bodies
 from .checkpoint import Checkpointer, CheckpointPolicy
 from .continuation import (
     ContinuationPolicy,
@@ -436,7 +436,9 @@ class AgentRunner(Resource):
         for row in carried.transcript:
             conversation.recall(await restored(row, claim_check))
         for stored in carried.events:
-            conversation.remember(await self.writer.restore(stored.event))
+            # Bodies put back, then wrapped again as written: the conversation reads a body as
+            # the log holds it (`message_of` takes the wrapping of a look-alike off once).
+            conversation.remember(escape_bodies(await self.writer.restore(stored.event)))
         run = HeldRun(agent, held, carried.frontier, conversation)
         if not carried.claimed:
             # Settled already: nothing to carry on, but its result still says what it cost.

@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 from support.crashes import Crash, CrashAt
 
-from onward.eventlog import Message, SqliteEventLog, ToolCall
+from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import SqliteBlobStore, digest_of
@@ -161,3 +161,41 @@ async def test_a_tool_result_shaped_like_a_reference_is_kept_and_resumed(
     tool_message = provider.calls[0][-1]
     assert tool_message.role == "tool"
     assert msgspec.json.decode(str(tool_message.content)) == FORGED
+
+
+WRAPPED = {"$literal": "kept as given"}
+"""A tool's answer shaped like the wrapping a look-alike is written in."""
+
+
+@tool
+async def wrapped(key: str, *, idempotency_key: str) -> dict[str, Any]:
+    return dict(WRAPPED)
+
+
+@pytest.mark.parametrize(("answer", "tool_name"), [(FORGED, "lookup"), (WRAPPED, "wrapped")])
+async def test_a_look_alike_result_is_read_back_as_given_when_resumed_from_the_log(
+    answer: dict[str, Any], tool_name: str
+) -> None:
+    """A run resumed from its log's events (no frontier row: the whole run is the tail) had
+    its look-alike tool result unwrapped twice: a reference's shape became a reference part
+    the model was sent as is, a wrapped one lost its wrapping. The model is sent the result
+    as the live run sent it."""
+    log = MemoryEventLog()
+    agent = Agent(name="reader", instructions="read", tools=[lookup, wrapped])
+    script = [
+        reply("", ToolCall(call_id="c-1", tool=tool_name, args={"key": "k"})),
+        reply("done"),
+    ]
+    live = Recording(script)
+    crashing = AgentRunner(provider=live, log=log, observer=CrashAt("turn.settled"))
+    with pytest.raises(Crash):
+        await crashing.run(agent, "look it up", tenant="a", run_id="r-1")
+
+    provider = Recording(script)
+    result = await AgentRunner(provider=provider, log=log).resume(agent, "r-1", tenant="a")
+
+    assert result.status == "completed"
+    tool_message = provider.calls[0][-1]
+    assert tool_message.role == "tool"
+    assert isinstance(tool_message.content, str)
+    assert msgspec.json.decode(tool_message.content) == answer

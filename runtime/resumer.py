@@ -35,7 +35,7 @@ from onward.errors import (
     NothingToResumeError,
     RevisionMismatchError,
 )
-from onward.eventlog.base import EventLog, SequenceGuard, StoredEvent, partition_for
+from onward.eventlog.base import EventLog, SequenceGuard, StoredEvent, judge, partition_for
 from onward.eventlog.events import Event, RunClaimed, stamped
 from onward.projections.base import DEFAULT_CONSUMER, FrontierStore
 from onward.projections.compaction import CompactionStore
@@ -359,12 +359,12 @@ class Resumer:
             self._transcript(frontier) if wants_transcript else _nothing(),
             self._tail(run_id, partition, start, bounds.end),
         )
-        ahead = [s.event.seq for s in tail if s.event.seq > frontier.last_seq]
-        if ahead and min(ahead) > frontier.last_seq + 1:
+        gap = _gap_after(frontier, tail)
+        if gap is not None:
             raise _hole(
                 run_id,
-                f"seqs {frontier.last_seq + 1} to {min(ahead) - 1} (the stored history ends at "
-                f"seq {frontier.last_seq}, the log's tail starts at seq {min(ahead)})",
+                f"seqs {frontier.last_seq + 1} to {gap - 1} (the stored history ends at "
+                f"seq {frontier.last_seq}, the log's tail starts at seq {gap})",
             )
         return _Read(fold_all(frontier, tail), frontier, transcript, tail, bounds.end)
 
@@ -431,6 +431,24 @@ class Resumer:
                 + (f"seqs {_ranges(held)})" if held else "none of them)"),
             )
         return tuple(rows)
+
+
+def _gap_after(frontier: Frontier, tail: Sequence[StoredEvent]) -> int | None:
+    """The lowest seq of the tail ahead of ``frontier`` when the tail does not go on from it
+    (events are missing in between), else ``None``.
+
+    The tail goes on from the frontier when one of its events counts right after it: a claim
+    under a higher fence counts whatever seq it carries (`judge`), so the seqs written after it
+    may start past the frontier's next one although nothing is missing.
+    """
+    ahead: list[int] = []
+    for stored in tail:
+        event = stored.event
+        if judge(frontier.last_seq, frontier.fence, event) is None:
+            return None
+        if event.seq > frontier.last_seq:
+            ahead.append(event.seq)
+    return min(ahead) if ahead and min(ahead) > frontier.last_seq + 1 else None
 
 
 def _transcript_rows(events: Sequence[Event]) -> list[TranscriptRow]:

@@ -16,7 +16,15 @@ from onward.errors import (
     ResumeConflictError,
     RevisionMismatchError,
 )
-from onward.eventlog import Event, MemoryEventLog, ToolCall, ToolCompleted
+from onward.eventlog import (
+    Event,
+    MemoryEventLog,
+    Position,
+    ResumePlanned,
+    RunClaimed,
+    ToolCall,
+    ToolCompleted,
+)
 from onward.projections.base import FrontierStore, StoredFrontier
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
@@ -28,6 +36,7 @@ from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.resumer import CarriedRun, Resumer
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import tool
+from onward.testing.eventlog import WrappedEventLog
 from onward.testing.leases import WrappedLeaseStore
 
 TENANT = "acme"
@@ -138,6 +147,57 @@ async def test_a_superseded_writer_slipping_in_before_the_claim_is_folded() -> N
     carried = await claimed(Resumer(log, leases), AGENT, "r", worker="new")
     assert [c.call_id for c in carried.plan.completed] == ["s"]
     assert carried.frontier.fence == carried.lease.fence == 2
+
+
+class SlipsBeforeTheClaim(WrappedEventLog):
+    """A log on which the old holder's result lands after the new holder read the run and
+    before its claim, and a projector stores the row right then: the claim then carries a seq
+    the slipped result already took, and is counted as the next one."""
+
+    def __init__(self, inner: MemoryEventLog, projector: LogProjector, slipped: Event) -> None:
+        super().__init__(inner)
+        self.projector = projector
+        self.slipped: Event | None = slipped
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        if self.slipped is not None and isinstance(events[0], RunClaimed):
+            await self.inner.append([self.slipped])
+            await self.projector.catch_up()
+            self.slipped = None
+        return await self.inner.append(events)
+
+
+async def test_a_claim_counted_past_a_slipped_event_is_no_hole_for_the_next_reader() -> None:
+    """The claim carries the seq the superseded writer's event already took; the fold counts
+    it as the next seq and the new holder numbers its events after that. A reader whose row
+    ends at the slipped event had taken the tail (the claim's old seq, then seqs one past the
+    row's next) for a hole in the run's history, and refused to resume or read the run."""
+    log, leases, store = MemoryEventLog(), MemoryLeaseStore(), MemoryFrontierStore()
+    await interrupted_run(log, leases)
+    last = (await log.read_run("r"))[-1].event
+    slipped = ToolCompleted(
+        run_id="r", tenant=TENANT, seq=last.seq + 1, fence=last.fence, call_id="s", result="x"
+    )
+    projector = LogProjector(log, FrontierProjection(store, log))
+    slipping = SlipsBeforeTheClaim(log, projector, slipped)
+    async with claiming(Resumer(slipping, leases, store), AGENT, "r", worker="w2") as carried:
+        assert carried.frontier.last_seq == last.seq + 2  # the slipped result, then the claim
+        # The new holder writes once more, then dies before the projector folds its claim.
+        planned = ResumePlanned(
+            run_id="r",
+            tenant=TENANT,
+            seq=carried.frontier.last_seq + 1,
+            fence=carried.lease.fence,
+            replayed=["s"],
+        )
+        await log.append([planned])
+
+    frontier = await Resumer(log, leases, store).read("r", tenant=TENANT)
+    assert frontier.last_seq == last.seq + 3
+    assert frontier.refused == 0
+    runner = AgentRunner(provider=provider(), log=log, leases=leases, frontiers=store)
+    result = await runner.resume(AGENT, "r", tenant=TENANT)
+    assert result.status == "completed"
 
 
 async def test_nothing_to_resume_and_a_wrong_revision_give_the_lease_back() -> None:

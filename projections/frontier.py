@@ -517,7 +517,9 @@ def call_after(
     if isinstance(e, ToolCompleted):
         outcome, resolved_by = ("error" if e.error is not None else "completed"), None
     else:
-        outcome, resolved_by = (e.outcome if e.error is None else "error"), e.by or "reconcile"
+        # A call settled as never run did not run, whatever error came with the settlement.
+        failed = e.error is not None and e.outcome == "completed"
+        outcome, resolved_by = ("error" if failed else e.outcome), e.by or "reconcile"
     return _replace(
         state,
         outcome=outcome,

@@ -229,11 +229,13 @@ def message_of(event: Event) -> Message | None:
             rest = [msgspec.to_builtins(ToolCallsPart(calls))] if calls else []
             return Message(role="assistant", content=[content[0], *rest])
         return assistant_message(content, event.tool_calls)
-    if isinstance(event, ToolCompleted) and event.error is not None:
-        return _said("tool", {"error": msgspec.to_builtins(event.error)}, event.call_id)
     if isinstance(event, ToolCompleted) or (
         isinstance(event, ToolResolved) and event.outcome == "completed"
     ):
+        # A call settled as completed with an error (a result its status check gave that no
+        # store can keep, a person's "failed") ended in that error, as a tool's own error does.
+        if event.error is not None:
+            return _said("tool", {"error": msgspec.to_builtins(event.error)}, event.call_id)
         return _said("tool", event.result, event.call_id)
     answers = isinstance(event, ApprovalGranted) and _answers_model(event)
     # The claim check never moves (nor wraps) a person's answer: one shaped like a reference

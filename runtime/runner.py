@@ -664,8 +664,10 @@ class AgentRunner(Resource):
 
     async def _record_reconciled(self, run: HeldRun, call: CallState, answer: Reconciled) -> None:
         """Record a status check's answer; a result no store can keep is the call's typed
-        error (the call did complete, so the run goes on), never a write that fails the run."""
-        result, error = answer.result, None
+        error (the call did complete, so the run goes on), never a write that fails the run.
+        A call that never ran has no result: whatever came with that answer is not recorded,
+        or an error made of it would settle the call as made."""
+        result, error = (answer.result if answer.outcome == "completed" else None), None
         fault = (
             f"nested more than {MAX_DEPTH} levels deep" if too_deep(result) else unencodable(result)
         )

@@ -116,6 +116,27 @@ def test_a_person_settling_a_call_is_recorded() -> None:
     assert (call.outcome, call.resolved_by) == ("never_ran", "ops@acme")
 
 
+def test_a_call_settled_as_never_run_with_an_error_never_ran() -> None:
+    """A status check's ``never_ran`` recorded with an error (what an earlier runner made of a
+    result that came with it) had folded to an ``error`` outcome: resume replayed the call as
+    made, and the model was never told of it. It never ran, so it is dispatched again; a
+    ``completed`` settlement with an error is that error."""
+    calls = [ToolCall(call_id="c", tool="pay"), ToolCall(call_id="d", tool="pay")]
+    error = ToolError(type="UnencodableResult", message="an object of type Receipt")
+    events: list[Event] = [
+        ModelAnswered(**env(1), message=Message(role="a"), tool_calls=calls),
+        ToolDispatched(**env(2), call_id="c", tool="pay", idempotency_key="k"),
+        ToolDispatched(**env(3), call_id="d", tool="pay", idempotency_key="l"),
+        ToolResolved(**env(4), call_id="c", outcome="never_ran", error=error, by="reconcile"),
+        ToolResolved(**env(5), call_id="d", outcome="completed", error=error, by="reconcile"),
+    ]
+    f = fold_all(start(), stored(events))
+    never, failed = f.call("c"), f.call("d")
+    assert never is not None
+    assert failed is not None
+    assert (never.outcome, failed.outcome) == ("never_ran", "error")
+
+
 def test_approval_waits_and_an_answer_to_another_request_changes_nothing() -> None:
     waiting = fold_all(start(), stored([ApprovalRequested(**env(1), request_id="a1")]))
     assert (waiting.status, waiting.waiting_on, waiting.last_boundary) == (

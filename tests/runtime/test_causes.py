@@ -242,3 +242,57 @@ async def test_a_status_check_answer_that_cannot_be_recorded_is_the_call_s_typed
     assert resolved.error is not None
     assert resolved.error.type == "UnencodableResult"
     assert "an object of type Receipt at `$`" in resolved.error.message
+
+
+async def test_the_model_is_told_a_status_check_answer_could_not_be_recorded(
+    backends: Backends,
+) -> None:
+    """The call's outcome is the ``UnencodableResult`` error, and the model reads that error as
+    the call's result, as it reads a tool's own error: it had read ``null``, as if the call had
+    returned nothing."""
+    agent = Agent(name="booker", instructions="b", tools=[book])
+    dying = backends.runner(calling("book", {"seat": "3A"}), observer=CrashAt("tool.dispatched"))
+    with pytest.raises(Crash):
+        await dying.run(agent, "go", tenant=TENANT, run_id="r3")
+    result = await backends.runner(calling("book", {"seat": "3A"})).resume(
+        agent, "r3", tenant=TENANT
+    )
+    assert result.status == "completed", result.error
+    assert "UnencodableResult" in str(result.output)
+
+
+MADE: list[str] = []
+
+
+async def _not_held(key: str) -> Reconciled:
+    """A status check that says the call never ran, handing back the object it looked at."""
+    return Reconciled("never_ran", Receipt(0))
+
+
+@tool(reconcile=_not_held)
+async def hold(seat: str, *, idempotency_key: str) -> str:
+    MADE.append(seat)
+    return f"held {seat}"
+
+
+async def test_a_call_its_status_check_says_never_ran_is_made_whatever_result_came_with(
+    backends: Backends,
+) -> None:
+    """A status check answering ``never_ran`` with a result no store can keep: the call never
+    ran, so it is made on resume. The result had been recorded as the call's error, which
+    settled the call as made with that error: it was not made, the model was sent its call
+    with no outcome, and asked for it again."""
+    MADE.clear()
+    agent = Agent(name="holder", instructions="h", tools=[hold])
+    dying = backends.runner(calling("hold", {"seat": "3A"}), observer=CrashAt("tool.dispatched"))
+    with pytest.raises(Crash):
+        await dying.run(agent, "go", tenant=TENANT, run_id="r4")
+    result = await backends.runner(calling("hold", {"seat": "3A"})).resume(
+        agent, "r4", tenant=TENANT
+    )
+    assert result.status == "completed", result.error
+    assert result.plan is not None
+    assert [c.call_id for c in result.plan.to_dispatch] == ["c1"]
+    assert MADE == ["3A"]
+    assert result.output == "saw: held 3A"
+    assert result.iteration == 2  # the model read c1's outcome: it did not ask for it again

@@ -18,6 +18,8 @@ raises `FencedError` and the graph run must end (LangGraph ends it: the error pr
 Every later write of that thread raises `FencedError` too, rather than claim the thread again
 and carry on from a state another writer has moved past, until the thread is read afresh
 (``aget_tuple`` of its latest checkpoint, which is how a new invocation starts) or released.
+A read counts for the invocation that made it (its context, which its tasks copy): another
+task reading the thread meanwhile (``aget_state``) does not let a lost invocation write on.
 
 Reading, with read-your-writes. A thread this saver holds is served from what it folded while
 writing (the same fold a reader applies to the log). Any other thread is folded on from its
@@ -288,6 +290,16 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             self._checkpointer = Checkpointer(frontiers, log, compaction=self.compaction)
         self._held: dict[str, _Held] = {}
         self._lost: set[str] = set()
+        self._losses: dict[str, int] = {}
+        """How many times this saver lost each thread's lease to another writer."""
+        self._released: dict[str, int] = {}
+        """The ``_losses`` of a thread when it was last released: every write may go on then."""
+        self._read_at: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
+            "onward_saver_read_at", default=None
+        )
+        """In a graph invocation's context (its tasks copy it): the ``_losses`` of each thread
+        when the invocation read its latest checkpoint, so a read by anyone else (a UI's
+        ``aget_state``) does not let an invocation that lost the thread write on."""
         self._stopped: dict[str, Callable[[], OnwardError]] = {}
         """Threads whose graph run this saver ended (cancelled, over a budget): what every
         later write of that run raises, until the thread is read afresh."""
@@ -324,6 +336,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 await held.holder.__aexit__(None, None, None)
         self._lost.discard(thread_id)
         self._stopped.pop(thread_id, None)
+        if thread_id in self._losses:
+            self._released[thread_id] = self._losses[thread_id]
 
     @asynccontextmanager
     async def hold(self, thread_id: str) -> AsyncIterator[None]:
@@ -370,6 +384,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         if checkpoint_id is None and held is not None and held.holder.fenced.is_set():
             # Lost while no write of it heard (the renewal did): let the holding go now, as
             # the read below starts afresh, or the next write would count it as lost again.
+            # A loss all the same for an invocation that read the thread before.
+            self._losses[thread_id] = self._losses.get(thread_id, 0) + 1
             await self._drop(thread_id, held, lost=False)
         state = await self._state(thread_id)
         if checkpoint_id is None:
@@ -378,6 +394,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             # invocation, cancelled) may write again.
             self._lost.discard(thread_id)
             self._stopped.pop(thread_id, None)
+            read = self._read_at.get() or {}
+            self._read_at.set({**read, thread_id: self._losses.get(thread_id, 0)})
         saved = state.checkpoints.get(ns, {})
         if checkpoint_id is None:
             checkpoint_id = state.newest.get(ns)
@@ -958,7 +976,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     # -- sync API: the async methods on the saver's loop -----------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return self._sync(self.aget_tuple(config))
+        async def read() -> tuple[CheckpointTuple | None, dict[str, int] | None]:
+            return await self.aget_tuple(config), self._read_at.get()
+
+        found, read_at = self._sync(read())
+        # The read ran in a copy of this thread's context: the invocation that made it goes on
+        # in this one (its writes, from here or its worker threads, carry what it read).
+        self._read_at.set(read_at)
+        return found
 
     def list(
         self,
@@ -1144,6 +1169,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 and carry on from a state another writer has moved past.
         """
         self._remember_loop()
+        if self._read_before_loss(thread_id):
+            raise self._lost_error(thread_id)
         held = self._held.get(thread_id)
         if held is not None and not held.holder.fenced.is_set():
             return held
@@ -1159,13 +1186,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 if thread_id in self._stopped:
                     raise self._stopped[thread_id]()
                 if thread_id in self._lost:
-                    raise FencedError(
-                        f"run {thread_id!r}: this saver lost the thread's lease to another "
-                        "writer while a graph run was writing it; that run must stop. A new "
-                        "invocation, which reads the thread first, may write again",
-                        run_id=thread_id,
-                        holder=self.holder,
-                    )
+                    raise self._lost_error(thread_id)
                 held = await self._claim(thread_id)
                 self._held[thread_id] = held
                 return held
@@ -1173,6 +1194,25 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             taking.users -= 1
             if taking.users == 0:
                 del self._taking[thread_id]
+
+    def _read_before_loss(self, thread_id: str) -> bool:
+        """Whether the graph invocation writing (this context's) read the thread before this
+        saver lost it, and nothing released it since: whoever read it since (another
+        invocation, a reader) does not make that invocation's writes count."""
+        read = (self._read_at.get() or {}).get(thread_id)
+        if read is None:
+            return False  # not read in this context: `_lost` decides
+        since = max(read, self._released.get(thread_id, 0))
+        return since < self._losses.get(thread_id, 0)
+
+    def _lost_error(self, thread_id: str) -> FencedError:
+        return FencedError(
+            f"run {thread_id!r}: this saver lost the thread's lease to another writer while "
+            "a graph run was writing it; that run must stop. A new invocation, which reads "
+            "the thread first, may write again",
+            run_id=thread_id,
+            holder=self.holder,
+        )
 
     async def _claim(self, thread_id: str) -> _Held:
         """Take the lease, read the thread, lift the fence above the log's, append the claim.
@@ -1345,6 +1385,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             del self._held[thread_id]
         if lost:
             self._lost.add(thread_id)
+            self._losses[thread_id] = self._losses.get(thread_id, 0) + 1
         await self._settle(held)
         await held.holder.__aexit__(None, None, None)
 

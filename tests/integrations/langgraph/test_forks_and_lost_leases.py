@@ -5,18 +5,21 @@ from __future__ import annotations
 import asyncio
 import operator
 import os
+import threading
 import uuid
 from datetime import timedelta
 from typing import Annotated, Any, TypedDict
 
+import pytest
 from langgraph.graph import END, START, StateGraph
 
+from onward.errors import FencedError
 from onward.integrations.langgraph import OnwardSaver
 from onward.integrations.langgraph.summary import decode
 from onward.runtime.leases import LeasePolicy
 from onward.testing.leases import GatedRenewals
 
-from .graphs import config, steps_graph
+from .graphs import Steps, config, steps_graph
 from .test_fencing import TTL_S
 from .test_summary import summaries_of, whole_saver
 from .worlds import TENANT, World
@@ -103,3 +106,101 @@ async def test_a_new_invocation_after_the_renewal_heard_the_lease_lost_writes(
         # A new invocation: reads the thread first, then writes on from B's state.
         out = await graph_a.ainvoke({"steps": []}, config(thread_id))
         assert out["steps"] == ["A", "B", "A"]
+
+
+async def test_a_read_by_anyone_else_does_not_let_a_graph_run_that_lost_the_thread_write_on(
+    world: World,
+) -> None:
+    """A graph run's node is slow; meanwhile its process is paused past the ttl, another takes
+    the thread over, writes and lets it go, and the renewal hears the lease is lost. A reader
+    on the same saver (a UI's ``aget_state``) reads the thread then. The graph run must still
+    stop at its next write: carrying on would save its step over the other writer's."""
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    thawed = asyncio.Event()
+    thawed.set()
+    node_goes_on = asyncio.Event()
+    saver_a = OnwardSaver(
+        world.log,
+        GatedRenewals(world.leases, thawed),
+        tenant=TENANT,
+        holder="worker-a",
+        policy=LeasePolicy(ttl=timedelta(seconds=TTL_S)),
+    )
+    async with saver_a:
+        await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
+        slow = steps_graph("stale", saver_a, inside=node_goes_on.wait)
+        running = asyncio.create_task(slow.ainvoke({"steps": []}, config(thread_id)))
+        await asyncio.sleep(0.3)  # the graph run is in its node
+        thawed.clear()
+        await asyncio.sleep(TTL_S + 0.5)
+        async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
+            await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
+        thawed.set()
+        for _ in range(100):
+            if not saver_a.holds(thread_id):
+                break
+            await asyncio.sleep(0.05)
+        assert not saver_a.holds(thread_id)
+        read = await slow.aget_state(config(thread_id))  # another task reads the thread
+        assert read.values["steps"] == ["A", "B"]
+        node_goes_on.set()
+        with pytest.raises(FencedError):
+            await running
+        latest = await saver_a.aget_tuple(config(thread_id))
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
+        # A new invocation reads the thread first, and writes on from B's state.
+        out = await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
+        assert out["steps"] == ["A", "B", "A"]
+
+
+async def test_a_read_by_anyone_else_does_not_let_a_sync_graph_run_that_lost_the_thread_write_on(
+    world: World,
+) -> None:
+    """The same with LangGraph's sync ``invoke``, run in a worker thread as the saver asks."""
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    thawed = asyncio.Event()
+    thawed.set()
+    node_goes_on = threading.Event()
+    saver_a = OnwardSaver(
+        world.log,
+        GatedRenewals(world.leases, thawed),
+        tenant=TENANT,
+        holder="worker-a",
+        policy=LeasePolicy(ttl=timedelta(seconds=TTL_S)),
+    )
+    async with saver_a:
+        await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
+
+        def stale(state: Steps) -> dict[str, list[str]]:
+            node_goes_on.wait(30)
+            return {"steps": ["stale"]}
+
+        builder = StateGraph(Steps)
+        builder.add_node("step", stale)
+        builder.add_edge(START, "step")
+        builder.add_edge("step", END)
+        slow = builder.compile(checkpointer=saver_a)
+        # In a thread of its own context (not a copy of this task's, which read the thread).
+        running = asyncio.get_running_loop().run_in_executor(
+            None, slow.invoke, {"steps": []}, config(thread_id)
+        )
+        await asyncio.sleep(0.3)  # the graph run is in its node
+        thawed.clear()
+        await asyncio.sleep(TTL_S + 0.5)
+        async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
+            await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
+        thawed.set()
+        for _ in range(100):
+            if not saver_a.holds(thread_id):
+                break
+            await asyncio.sleep(0.05)
+        assert not saver_a.holds(thread_id)
+        read = await slow.aget_state(config(thread_id))  # another task reads the thread
+        assert read.values["steps"] == ["A", "B"]
+        node_goes_on.set()
+        with pytest.raises(FencedError):
+            await running
+        latest = await saver_a.aget_tuple(config(thread_id))
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]

@@ -532,7 +532,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     ) -> None:
         thread_id = _thread_id(config)
         ns: str = config["configurable"].get("checkpoint_ns", "")
-        checkpoint_id: str = config["configurable"]["checkpoint_id"]
+        checkpoint_id = _checkpoint_id(config)
         indexed = [
             (WRITES_IDX_MAP.get(channel, idx), channel, value)
             for idx, (channel, value) in enumerate(writes)
@@ -910,8 +910,11 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         target's lease, in the order the source saved them, so the target's values and its
         parent chain are the source's. A value a copied checkpoint needs that no copied
         checkpoint saved (a pruned one did), or the base an append extends, goes over whole
-        with the first checkpoint that needs it. The source is only read.
+        with the first checkpoint that needs it. The source is only read. A target the saver
+        did not hold is released afterwards (as `adelete_thread` does), so another process may
+        run it.
         """
+        held_before = target_thread_id in self._held
         source = await self._state(source_thread_id, whole=True)
         saved = sorted(
             (
@@ -958,6 +961,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 ),
             ]
             await self._write(target_thread_id, _constant(batch))
+        if not held_before:
+            await self.arelease(target_thread_id)
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         """A monotonically increasing version: the counter, then a random tie-breaker.
@@ -1045,6 +1050,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 "OnwardSaver's sync methods run its async ones on the loop it was opened on "
                 "(`async with saver:`), so call them from another thread; on that loop use "
                 "the async API (ainvoke, astream, aget_state)"
+            )
+        if not loop.is_running():
+            # Nothing would run the call: waiting for it would never end.
+            coro.close()
+            raise InvalidInputError(
+                "OnwardSaver's sync methods run its async ones on the loop it was opened on, "
+                "and that loop is not running: call them from another thread while the loop "
+                "runs (a graph's sync invoke in `asyncio.to_thread`), or use the async API"
             )
         if context is not None:
             coro = _in_context(coro, context)
@@ -1716,13 +1729,26 @@ def _constant(batch: _Batch) -> Callable[[ThreadState], _Batch]:
 
 
 def _thread_id(config: RunnableConfig) -> str:
+    """The config's thread id as a string; ``None`` or ``""`` is no thread id (else every
+    caller that lost its id would share the thread ``"None"``)."""
     try:
         thread_id = config["configurable"]["thread_id"]
     except KeyError:
-        raise InvalidInputError(
-            "a LangGraph config for OnwardSaver needs configurable.thread_id"
-        ) from None
+        thread_id = None
+    if thread_id is None or thread_id == "":
+        raise InvalidInputError("a LangGraph config for OnwardSaver needs configurable.thread_id")
     return str(thread_id)
+
+
+def _checkpoint_id(config: RunnableConfig) -> str:
+    """The checkpoint a config names, which pending writes belong to."""
+    checkpoint_id = config["configurable"].get("checkpoint_id")
+    if not checkpoint_id:
+        raise InvalidInputError(
+            "pending writes need the checkpoint they belong to: configurable.checkpoint_id "
+            "(the config aput returned)"
+        )
+    return str(checkpoint_id)
 
 
 def _version_key(version: Any) -> str:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TypedDict, cast
 
 import pytest
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
@@ -25,7 +28,7 @@ from onward.integrations.langgraph import OnwardSaver
 from onward.runtime.manager import ExecutionManager
 
 from .graphs import config, steps_graph
-from .worlds import TENANT, World
+from .worlds import TENANT, World, sqlite_world
 
 
 def test_exports() -> None:
@@ -241,3 +244,60 @@ async def test_a_reader_rereads_only_the_tail_of_a_thread(world: World) -> None:
         assert second.parent_config is not None
         assert log.starts == [None, end]  # the whole run once, then only what came after
         assert second == await writer.aget_tuple(config("t"))
+
+
+async def test_a_copied_thread_is_handed_back_for_another_writer(world: World) -> None:
+    async with world.saver(holder="worker") as worker, world.saver(holder="admin") as admin:
+        await steps_graph("W", worker).ainvoke({"steps": []}, config("src"))
+        await admin.acopy_thread("src", "dst")
+        assert not admin.holds("dst")  # taken for the copy only, as a delete or prune is
+        out = await steps_graph("W", worker).ainvoke({"steps": []}, config("dst"))
+        assert out["steps"] == ["W", "W"]
+
+
+async def test_a_copy_keeps_a_target_the_saver_held_before(world: World) -> None:
+    async with world.saver() as saver:
+        await steps_graph("S", saver).ainvoke({"steps": []}, config("src"))
+        await steps_graph("S", saver).ainvoke({"steps": []}, config("dst"))
+        await saver.acopy_thread("src", "dst")
+        assert saver.holds("dst")
+
+
+@pytest.mark.parametrize("thread_id", [None, ""])
+async def test_a_config_whose_thread_id_is_empty_is_refused(
+    world: World, thread_id: str | None
+) -> None:
+    empty = cast(RunnableConfig, {"configurable": {"thread_id": thread_id}})
+    async with world.saver() as saver:
+        with pytest.raises(InvalidInputError, match="thread_id"):
+            await steps_graph("S", saver).ainvoke({"steps": []}, empty)
+        with pytest.raises(InvalidInputError, match="thread_id"):
+            await saver.aget_tuple(empty)
+        assert await world.log.read_run(str(thread_id)) == []
+
+
+async def test_writes_without_a_checkpoint_id_are_refused_clearly(world: World) -> None:
+    async with world.saver() as saver:
+        with pytest.raises(InvalidInputError, match="checkpoint_id"):
+            await saver.aput_writes(config("t"), [("steps", ["S"])], "task-1")
+
+
+def test_a_sync_call_while_the_savers_loop_is_idle_is_refused(tmp_path: Path) -> None:
+    """Nothing would run the call: the loop the saver was opened on is not running."""
+    loop = asyncio.new_event_loop()
+    opened = sqlite_world(tmp_path / "onward.db")
+    try:
+        world = loop.run_until_complete(opened.__aenter__())
+        saver = world.saver()
+        loop.run_until_complete(saver.__aenter__())
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            call = pool.submit(saver.get_tuple, config("t"))
+            try:
+                with pytest.raises(InvalidInputError, match="not running"):
+                    call.result(timeout=5)
+            finally:
+                loop.run_until_complete(asyncio.sleep(0.1))  # lets a call sent to it finish
+        loop.run_until_complete(saver.__aexit__(None, None, None))
+        loop.run_until_complete(opened.__aexit__(None, None, None))
+    finally:
+        loop.close()

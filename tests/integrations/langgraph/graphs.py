@@ -20,7 +20,7 @@ def steps_graph(
     who: str,
     checkpointer: BaseCheckpointSaver[Any],
     *,
-    inside: Callable[[], Awaitable[None]] | None = None,
+    inside: Callable[[], Awaitable[object]] | None = None,
 ) -> CompiledStateGraph[Any]:
     """A graph whose one node appends ``who`` to ``steps``, after awaiting ``inside`` if given."""
 

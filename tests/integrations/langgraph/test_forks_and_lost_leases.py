@@ -183,7 +183,7 @@ async def test_a_read_by_anyone_else_does_not_let_a_sync_graph_run_that_lost_the
         slow = builder.compile(checkpointer=saver_a)
         # In a thread of its own context (not a copy of this task's, which read the thread).
         running = asyncio.get_running_loop().run_in_executor(
-            None, slow.invoke, {"steps": []}, config(thread_id)
+            None, lambda: slow.invoke({"steps": []}, config(thread_id))
         )
         await asyncio.sleep(0.3)  # the graph run is in its node
         thawed.clear()

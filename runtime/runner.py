@@ -115,7 +115,14 @@ from .result import RunResult
 from .resumer import CarriedRun, Resumer
 from .spend.base import MAX_COUNT, PriceTable, Spend, SpendEntry, SpendLedger
 from .spend.budget import Budgets, estimate_usage, over_budget
-from .tools import Reconciled, Tool, ToolArgumentsError, idempotency_key, tool_error
+from .tools import (
+    Reconciled,
+    Tool,
+    ToolArgumentsError,
+    cancelled_as_failure,
+    idempotency_key,
+    tool_error,
+)
 from .toolsets import refuse_unbound
 from .writer import HeldRun, RunObserver, RunWriter
 
@@ -1571,27 +1578,6 @@ class _NotStartedError(Exception):
     """A tool call's deadline had passed before it could start: it was not called."""
 
 
-class ToolCancelledError(Exception):
-    """A tool raised `CancelledError` while nobody cancelled its run or cut it off."""
-
-
-async def _cancelled_as_failure(calling: Coroutine[Any, Any, Any]) -> Any:
-    """Await a tool call; a `CancelledError` it raises while the task running it is not being
-    cancelled (it awaited a task or future something else cancelled, a shared request its
-    pool closed) is its failure, raised as `ToolCancelledError` and recorded like any other,
-    not taken for the run being cancelled, which would hand it to a caller nobody cancelled
-    and leave the call undecided."""
-    try:
-        return await calling
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is None or current.cancelling():
-            raise
-        raise ToolCancelledError(
-            "the tool raised CancelledError: something it awaited was cancelled, not the run"
-        ) from None
-
-
 async def _within(calling: Coroutine[Any, Any, Any], deadline: int | None) -> Any:
     """Await a tool call, cut off at ``deadline`` (microseconds since the epoch) if it has one.
 
@@ -1605,7 +1591,7 @@ async def _within(calling: Coroutine[Any, Any, Any], deadline: int | None) -> An
     (`_NotStartedError`): it certainly did not take effect.
     """
     if deadline is None:
-        return await _cancelled_as_failure(calling)
+        return await cancelled_as_failure(calling)
     left = deadline / 1_000_000 - time.time()
     if left <= 0:
         # Started now, the call would run up to its first await (its effect, for a tool that
@@ -1616,7 +1602,7 @@ async def _within(calling: Coroutine[Any, Any, Any], deadline: int | None) -> An
     timeout = asyncio.timeout(left)
     try:
         async with timeout:
-            return await _cancelled_as_failure(calling)
+            return await cancelled_as_failure(calling)
     except Exception as exc:
         if not timeout.expired():
             raise

@@ -33,11 +33,12 @@ about it only once that deadline has passed.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, get_type_hints, overload
+from typing import Any, ClassVar, Literal, TypeVar, get_type_hints, overload
 
 import msgspec
 import pydantic
@@ -345,3 +346,28 @@ def idempotency_key(run_id: str, call_id: str) -> str:
 def canonical(value: Any) -> bytes:
     """Canonical JSON (sorted keys) for hashing."""
     return msgspec.json.encode(value, order="sorted")
+
+
+_T = TypeVar("_T")
+
+
+class ToolCancelledError(Exception):
+    """A tool raised `CancelledError` while nobody cancelled its run or cut it off."""
+
+
+async def cancelled_as_failure(calling: Awaitable[_T]) -> _T:
+    """Await a tool call; a `CancelledError` it raises while the task running it is not being
+    cancelled (it awaited a task or future something else cancelled, a shared request its
+    pool closed) is its failure, raised as `ToolCancelledError` and recorded like any other,
+    not taken for the run being cancelled, which would hand it to a caller nobody cancelled
+    and leave the call undecided. The runner and both integrations' tool paths await tools
+    through it."""
+    try:
+        return await calling
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is None or current.cancelling():
+            raise
+        raise ToolCancelledError(
+            "the tool raised CancelledError: something it awaited was cancelled, not the run"
+        ) from None

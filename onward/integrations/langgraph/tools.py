@@ -71,8 +71,7 @@ from onward.runtime.dispatch import NOT_CALLED, write_ahead
 from onward.runtime.leases import RunLease
 from onward.runtime.planning import PlannedCall, ToolDisposition, classify_call
 from onward.runtime.redaction import Redactor
-from onward.runtime.runner import ToolCancelledError
-from onward.runtime.tools import idempotency_key, tool_error
+from onward.runtime.tools import cancelled_as_failure, idempotency_key, tool_error
 
 from .saver import OnwardSaver
 from .thread import ThreadState
@@ -202,7 +201,7 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
             raise
         token = _running.set(_Dispatched(key, lease))
         try:
-            output = await _cancelled_as_failure(handler(request))
+            output = await cancelled_as_failure(handler(request))
         except BaseException as exc:
             outcome = _unfinished(call, exc, self.saver.redactor)
             if outcome is not None:
@@ -357,23 +356,6 @@ def _call_of(request: ToolCallRequest) -> _Call:
             run_id=str(thread_id),
         )
     return _Call(str(thread_id), str(call["id"]), call["name"], dict(call.get("args") or {}))
-
-
-async def _cancelled_as_failure(calling: Awaitable[ToolOutput]) -> ToolOutput:
-    """Await a tool call; a `CancelledError` it raises while the task running it is not being
-    cancelled (something it awaited was cancelled, a shared request its pool closed) is its
-    failure, raised as `ToolCancelledError` and recorded like any other, not taken for the graph
-    run being cancelled, which would leave the call for a person and hand `CancelledError` to
-    a caller nobody cancelled."""
-    try:
-        return await calling
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is None or current.cancelling():
-            raise
-        raise ToolCancelledError(
-            "the tool raised CancelledError: something it awaited was cancelled, not the run"
-        ) from None
 
 
 def _unfinished(call: _Call, exc: BaseException, redactor: Redactor) -> _Recorded | None:

@@ -27,7 +27,6 @@ redaction, the claim check, the fence check).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -58,9 +57,8 @@ from onward.eventlog import (
 )
 from onward.runtime.dispatch import NOT_CALLED, write_ahead
 from onward.runtime.leases import CancelAsked, CancelAskHeard, RunLease
-from onward.runtime.runner import ToolCancelledError
 from onward.runtime.spend.budget import Budgets
-from onward.runtime.tools import idempotency_key, tool_error
+from onward.runtime.tools import cancelled_as_failure, idempotency_key, tool_error
 from onward.runtime.writer import HeldRun, RunWriter
 
 from .attempts import CallAttempts, undecided
@@ -366,20 +364,12 @@ class RunJournal:
         # does inside (an agent it delegates to, durable too) must not become the run's units.
         outside = _current.set(None)
         try:
-            payload = await run()
+            # A CancelledError of the run's own cancel goes on: nobody knows whether the call
+            # took effect. One of something the tool awaited is its failure, recorded.
+            payload = await cancelled_as_failure(run())
         except Exception as exc:
             await self._failed(call_id, exc)
             raise
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is None or current.cancelling():
-                raise  # the run is being cancelled: nobody knows whether the call took effect
-            # Something the tool awaited was cancelled, not the run: its failure, recorded.
-            failure = ToolCancelledError(
-                "the tool raised CancelledError: something it awaited was cancelled, not the run"
-            )
-            await self._failed(call_id, failure)
-            raise failure from None
         finally:
             _current.reset(outside)
             _current_lease.reset(leased)

@@ -46,7 +46,7 @@ from onward.integrations.langgraph import tools as middleware
 from onward.integrations.langgraph.tools import QUESTION
 from onward.runtime import idempotency_key
 from onward.runtime.leases import LeasePolicy, RunLease
-from onward.runtime.runner import ToolCancelledError
+from onward.runtime.tools import ToolCancelledError
 
 from .agents import (
     CALL_ID,

@@ -79,9 +79,17 @@ def _not_called(event: ToolResolved, attempt: Attempt) -> bool:
     )
 
 
-def undecided(run_id: str, call_id: str, tool: str, attempt: Attempt) -> dict[str, Any]:
-    """What pydantic-ai's approval request carries about a call nobody can decide."""
+def undecided(
+    run_id: str, call_id: str, tool: str, attempt: Attempt, *, cut_off: bool = False
+) -> dict[str, Any]:
+    """What pydantic-ai's approval request carries about a call nobody can decide
+    (``cut_off``: pydantic-ai cut the tool off at its ``timeout`` before it returned)."""
     settled = attempt.resolved
+    stopped = (
+        "pydantic-ai cut it off at its timeout before it returned"
+        if cut_off
+        else "the run stopped before its outcome was recorded"
+    )
     return {
         "onward": {
             "run_id": run_id,
@@ -90,8 +98,8 @@ def undecided(run_id: str, call_id: str, tool: str, attempt: Attempt) -> dict[st
             "idempotency_key": attempt.idempotency_key,
             "dispatched_fence": attempt.dispatched_fence,
             "reason": (
-                f"{tool} was dispatched under fence {attempt.dispatched_fence} and the run "
-                "stopped before its outcome was recorded: it may or may not have taken effect. "
+                f"{tool} was dispatched under fence {attempt.dispatched_fence} and "
+                f"{stopped}: it may or may not have taken effect. "
                 "Approve only if it did not (it runs again, with the same idempotency key); "
                 "deny with a message saying what happened otherwise"
             ),

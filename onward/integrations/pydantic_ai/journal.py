@@ -16,6 +16,9 @@ redaction, the claim check, the fence check).
   outcome is replayed. One dispatched without an outcome (the process died in between) is never
   run again: it comes back as pydantic-ai's own approval request, unless the tool says a second
   call is harmless (``metadata={"onward": {"retry_safe": True}}``), which is dispatched again.
+  One pydantic-ai cut off at its ``timeout`` is left the same way (and handed to a person at
+  once), not recorded as the retry pydantic-ai makes of it: the model would make it again under
+  a new call and key. A retry-safe tool's cut-off stays that retry.
   One whose lease could not be confirmed once its dispatch was written is recorded as never run
   (the tool was not called), and made by the next execution.
   Every dispatch carries the idempotency key the log recorded for the call, never one derived
@@ -28,6 +31,7 @@ redaction, the claim check, the fence check).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -333,7 +337,7 @@ class RunJournal:
                 metadata = undecided(self.run_id, call_id, tool, attempt)
                 self.surfaced[model_call_id] = metadata
                 raise ApprovalRequired(metadata=metadata)
-            return await self._dispatch(call_id, tool, run)
+            return await self._dispatch(call_id, tool, run, model_call_id, retry_safe=retry_safe)
         if attempts and attempts[-1].open:
             # pydantic-ai runs a call again only once a person approved it: they say the
             # attempt that may have run did not. Recorded, so attempts stay told apart.
@@ -346,11 +350,25 @@ class RunJournal:
                     why="approved to run again",
                 )
             )
-        return await self._dispatch(call_id, tool, run)
+        return await self._dispatch(call_id, tool, run, model_call_id, retry_safe=retry_safe)
 
     async def _dispatch(
-        self, call_id: str, tool: str, run: Callable[[], Awaitable[object]]
+        self,
+        call_id: str,
+        tool: str,
+        run: Callable[[], Awaitable[object]],
+        model_call_id: str,
+        *,
+        retry_safe: bool,
     ) -> object:
+        """Dispatch one attempt (write-ahead), make it, and record its outcome.
+
+        Raises:
+            ApprovalRequired: pydantic-ai cut the tool off at its ``timeout`` and it is not
+                retry-safe: it may have taken effect, so it is left dispatched without an
+                outcome and handed to a person, as after a crash mid-call, rather than
+                recorded as a retry the model would make under a new call and key.
+        """
         key = self._key_of(call_id)
         dispatched = self.event(ToolDispatched, call_id=call_id, tool=tool, idempotency_key=key)
         try:
@@ -374,6 +392,11 @@ class RunJournal:
             _current.reset(outside)
             _current_lease.reset(leased)
             _current_key.reset(token)
+        if not retry_safe and _cut_off(payload):
+            attempt = self.attempts.of(call_id)[-1]
+            metadata = undecided(self.run_id, call_id, tool, attempt, cut_off=True)
+            self.surfaced[model_call_id] = metadata
+            raise ApprovalRequired(metadata=metadata)
         try:
             await self.append(self.event(ToolCompleted, call_id=call_id, result=payload))
         except PayloadTooLargeError as exc:
@@ -524,6 +547,20 @@ def _turn_of(answered: ModelAnswered) -> dict[str, str]:
         part.tool_call_id: call.call_id
         for part, call in zip(response.tool_calls, answered.tool_calls, strict=True)
     }
+
+
+_CUT_OFF = re.compile(r"Timed out after \S+ seconds\.")
+"""The retry message pydantic-ai's function toolset gives a tool it cut off at its timeout."""
+
+
+def _cut_off(payload: object) -> bool:
+    """Whether a tool unit's recorded result is pydantic-ai's retry for a tool cut off at its
+    ``timeout`` (the unit carries the retry as data: its ``kind`` and ``message``)."""
+    if isinstance(payload, dict):
+        kind, message = payload.get("kind"), payload.get("message")
+    else:
+        kind, message = getattr(payload, "kind", None), getattr(payload, "message", None)
+    return kind == "model_retry" and isinstance(message, str) and bool(_CUT_OFF.fullmatch(message))
 
 
 def _replayed(completed: ToolCompleted) -> object:

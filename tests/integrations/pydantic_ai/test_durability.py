@@ -16,7 +16,13 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent, FunctionToolset
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    RetryPromptPart,
+    TextPart,
+    ToolCallPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
 from support.failing_ends import EndFails
@@ -716,3 +722,81 @@ async def test_a_model_request_in_flight_is_abandoned_when_the_ask_is_heard(
     assert [e.error for e in recorded if isinstance(e, RunFinished)] == [result.error]
     assert [e["n"] for e in ledger.entries()] == [1]
     assert await stores.leases.current(RUN) is None
+
+
+class _AsksUntilAnswered:
+    """A model that asks for ``book`` again under a new call id while told to retry."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def answer(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.asked += 1
+        last = messages[-1].parts if messages else []
+        told_to_retry = any(
+            isinstance(p, RetryPromptPart) or "Timed out" in str(getattr(p, "content", ""))
+            for p in last
+        )
+        if self.asked == 1 or told_to_retry:
+            call = ToolCallPart("book", {"seat": "3A"}, tool_call_id=f"b{self.asked}")
+            return ModelResponse(parts=[call])
+        return ModelResponse(parts=[TextPart("done")])
+
+
+def _slow_booking_agent(
+    durability: OnwardDurability[None], booked: list[str], *, retry_safe: bool
+) -> Agent[None, str | DeferredToolRequests]:
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(_AsksUntilAnswered().answer),
+        name="booker",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain(timeout=0.05, metadata={"onward": {"retry_safe": retry_safe}})
+    async def book(seat: str) -> str:
+        """Book a seat: the booking takes effect, then the reply is slow."""
+        booked.append(current_idempotency_key() or "")
+        await asyncio.sleep(1 if len(booked) == 1 else 0)
+        return f"seat {seat} booked"
+
+    return agent
+
+
+async def test_a_tool_cut_off_by_its_timeout_is_not_made_again_unasked(
+    durability: OnwardDurability[None], stores: Stores
+) -> None:
+    """pydantic-ai turns a tool cut off by its ``timeout`` into a retry prompt; a call that
+    may have taken effect before it was cut off is not the model's to make again: the run
+    hands it to a person, as for a crash mid-call."""
+    booked: list[str] = []
+    agent = _slow_booking_agent(durability, booked, retry_safe=False)
+
+    result = await durability.run(agent, "book seat 3A", run_id=RUN)
+
+    assert len(booked) == 1
+    assert result.status == "waiting"
+    assert isinstance(result.output, DeferredToolRequests)
+    assert [c.tool_name for c in result.output.approvals] == ["book"]
+    assert not [e for e in await events(stores) if isinstance(e, ToolCompleted)]
+    again = await durability.resume(agent, RUN)
+    assert again.status == "waiting"
+    assert len(booked) == 1
+
+    await durability.decide(RUN, DeferredToolResults(approvals={"b1": True}), by="ops")
+    approved = await durability.resume(agent, RUN)
+    assert approved.status == "completed"
+    assert booked == [booked[0], booked[0]]  # made again as approved, under the same key
+
+
+async def test_a_retry_safe_tool_cut_off_by_its_timeout_is_retried_by_the_model(
+    durability: OnwardDurability[None],
+) -> None:
+    """A tool that says a second call is harmless keeps pydantic-ai's retry of its cut-off."""
+    booked: list[str] = []
+    agent = _slow_booking_agent(durability, booked, retry_safe=True)
+
+    result = await durability.run(agent, "book seat 3A", run_id=RUN)
+
+    assert result.status == "completed"
+    assert len(booked) == 2

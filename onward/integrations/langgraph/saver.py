@@ -19,7 +19,8 @@ Every later write of that thread raises `FencedError` too, rather than claim the
 and carry on from a state another writer has moved past, until the thread is read afresh
 (``aget_tuple`` of its latest checkpoint, which is how a new invocation starts) or released.
 A read counts for the invocation that made it (its context, which its tasks copy): another
-task reading the thread meanwhile (``aget_state``) does not let a lost invocation write on.
+task reading the thread meanwhile (``aget_state``) does not let a lost invocation write on, nor
+one the saver ended (cancelled, over a budget).
 
 Reading, with read-your-writes. A thread this saver holds is served from what it folded while
 writing (the same fold a reader applies to the log). Any other thread is folded on from its
@@ -294,15 +295,20 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """How many times this saver lost each thread's lease to another writer."""
         self._released: dict[str, int] = {}
         """The ``_losses`` of a thread when it was last released: every write may go on then."""
-        self._read_at: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
-            "onward_saver_read_at", default=None
+        self._read_at: contextvars.ContextVar[dict[str, tuple[int, int]] | None] = (
+            contextvars.ContextVar("onward_saver_read_at", default=None)
         )
-        """In a graph invocation's context (its tasks copy it): the ``_losses`` of each thread
-        when the invocation read its latest checkpoint, so a read by anyone else (a UI's
-        ``aget_state``) does not let an invocation that lost the thread write on."""
+        """In a graph invocation's context (its tasks copy it): the ``_losses`` and ``_stops``
+        of each thread when the invocation read its latest checkpoint, so a read by anyone
+        else (a UI's ``aget_state``) does not let an invocation that lost the thread, or that
+        this saver ended, write on."""
         self._stopped: dict[str, Callable[[], OnwardError]] = {}
         """Threads whose graph run this saver ended (cancelled, over a budget): what every
         later write of that run raises, until the thread is read afresh."""
+        self._stops: dict[str, tuple[int, Callable[[], OnwardError]]] = {}
+        """How many graph runs of each thread this saver ended, and what the last one raises."""
+        self._stops_released: dict[str, int] = {}
+        """The ``_stops`` count of a thread when it was last released."""
         self._followed: OrderedDict[str, ThreadState] = OrderedDict()
         self._taking: dict[str, _Taking] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -338,6 +344,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self._stopped.pop(thread_id, None)
         if thread_id in self._losses:
             self._released[thread_id] = self._losses[thread_id]
+        if thread_id in self._stops:
+            self._stops_released[thread_id] = self._stops[thread_id][0]
 
     @asynccontextmanager
     async def hold(self, thread_id: str) -> AsyncIterator[None]:
@@ -395,7 +403,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             self._lost.discard(thread_id)
             self._stopped.pop(thread_id, None)
             read = self._read_at.get() or {}
-            self._read_at.set({**read, thread_id: self._losses.get(thread_id, 0)})
+            stops = self._stops.get(thread_id, (0, None))[0]
+            self._read_at.set({**read, thread_id: (self._losses.get(thread_id, 0), stops)})
         saved = state.checkpoints.get(ns, {})
         if checkpoint_id is None:
             checkpoint_id = state.newest.get(ns)
@@ -981,7 +990,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     # -- sync API: the async methods on the saver's loop -----------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        async def read() -> tuple[CheckpointTuple | None, dict[str, int] | None]:
+        async def read() -> tuple[CheckpointTuple | None, dict[str, tuple[int, int]] | None]:
             return await self.aget_tuple(config), self._read_at.get()
 
         found, read_at = self._sync(read())
@@ -1182,6 +1191,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 and carry on from a state another writer has moved past.
         """
         self._remember_loop()
+        stopped = self._stopped_since_read(thread_id)
+        if stopped is not None:
+            raise stopped()
         if self._read_before_loss(thread_id):
             raise self._lost_error(thread_id)
         held = self._held.get(thread_id)
@@ -1215,8 +1227,25 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         read = (self._read_at.get() or {}).get(thread_id)
         if read is None:
             return False  # not read in this context: `_lost` decides
-        since = max(read, self._released.get(thread_id, 0))
+        since = max(read[0], self._released.get(thread_id, 0))
         return since < self._losses.get(thread_id, 0)
+
+    def _stopped_since_read(self, thread_id: str) -> Callable[[], OnwardError] | None:
+        """What the graph invocation writing (this context's) must raise if this saver ended
+        a run of the thread after the invocation read it, and nothing released it since: a
+        read by anyone else does not let the ended run write on. ``None`` for a context that
+        never read the thread (`_stopped` decides)."""
+        read = (self._read_at.get() or {}).get(thread_id)
+        stop = self._stops.get(thread_id)
+        if read is None or stop is None:
+            return None
+        count, error = stop
+        return error if max(read[1], self._stops_released.get(thread_id, 0)) < count else None
+
+    def _stop(self, thread_id: str, error: Callable[[], OnwardError]) -> None:
+        """Remember this saver ended the thread's graph run: what its later writes raise."""
+        self._stopped[thread_id] = error
+        self._stops[thread_id] = (self._stops.get(thread_id, (0, error))[0] + 1, error)
 
     def _lost_error(self, thread_id: str) -> FencedError:
         return FencedError(
@@ -1315,12 +1344,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             await self._record_spend(thread_id, made, first_seq, spent)
         if over is not None:
             await self._end(thread_id, held, "failed", f"{type(over).__name__}: {over}")
-            self._stopped[thread_id] = functools.partial(_copied, over)
+            self._stop(thread_id, functools.partial(_copied, over))
             raise over
         asked = held.holder.cancel_asked
         if asked is not None and not outcomes_only:
             await self._end(thread_id, held, "cancelled", asked.error)
-            self._stopped[thread_id] = functools.partial(_cancelled_error, thread_id, asked)
+            self._stop(thread_id, functools.partial(_cancelled_error, thread_id, asked))
             raise _cancelled_error(thread_id, asked)
 
     async def _end(

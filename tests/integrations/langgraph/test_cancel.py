@@ -186,3 +186,57 @@ async def test_an_end_whose_append_was_in_doubt_is_recorded_once(tmp_path: Path)
         events = [stored.event for stored in await world.log.read_run("t")]
     ends = [e for e in events if isinstance(e, RunFinished)]
     assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+
+
+async def test_a_read_by_anyone_else_does_not_let_a_cancelled_graph_run_write_on(
+    tmp_path: Path,
+) -> None:
+    """A graph run is cancelled while another of its nodes is still going; a UI reads the
+    thread (``aget_state``) meanwhile. That node's write must still be refused: the run is
+    over, and carrying on would claim the thread again and run its next node."""
+    async with sqlite_world(tmp_path / "onward.db") as world:
+        async with world.saver(holder="graph-a") as saver:
+            graph = looping_graph(saver)
+            await graph.ainvoke({"steps": [], "until": 2}, config("t"))
+            write: RunnableConfig = {
+                "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "x"}
+            }
+            heard = asyncio.Event()
+            ui_read = asyncio.Event()
+
+            async def writes_on() -> None:
+                """A write's confirmation hears the ask; the next ends the run."""
+                for i in range(100):
+                    await saver.aput_writes(write, [("steps", [0])], f"task-{i}")
+                    await asyncio.sleep(0.05)
+
+            async def run() -> None:
+                """The graph run: reads the thread, writes, is cancelled, then its other node's
+                write comes after the UI's read. In a task: a context of its own."""
+                assert await saver.aget_tuple(config("t")) is not None
+                await saver.aput_writes(write, [("steps", [0])], "task-1")
+                assert await world.leases.ask_to_cancel("t", tenant=TENANT, by="ops")
+                with pytest.raises(RunCancelledError):
+                    await writes_on()
+                heard.set()
+                await ui_read.wait()
+                await saver.aput_writes(write, [("steps", [0])], "other-node")
+
+            running = asyncio.create_task(run())
+            await asyncio.wait(
+                [running, asyncio.create_task(heard.wait())],
+                timeout=30,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            assert heard.is_set(), running
+            assert await saver.aget_tuple(config("t")) is not None  # the UI's read
+            ui_read.set()
+            with pytest.raises(RunCancelledError):
+                await asyncio.wait_for(running, 30)
+            assert not saver.holds("t")
+            # A new invocation reads the thread first and writes on.
+            out = await graph.ainvoke({"steps": [], "until": 4}, config("t"))
+            assert out["steps"] == [1, 2, 3, 4]
+        events = [stored.event for stored in await world.log.read_run("t")]
+    ends = [e for e in events if isinstance(e, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]

@@ -26,6 +26,7 @@ from onward.eventlog import (
     GraphCheckpointed,
     GraphCheckpointRef,
     Serialized,
+    UnreadableRecord,
 )
 from onward.projections import FrontierStore
 from onward.projections.compaction import CompactionStore
@@ -113,6 +114,9 @@ async def threads_of_runs(
     tenant's frontier rows name the runs, and those compaction truncated are read there too.
     Metadata in a plain format (msgpack, JSON) that does not contain a run id's bytes is not
     decoded. What the scan finds is a candidate: each thread's own fold decides what goes.
+    A record that cannot be read (another writer's junk on the log) is passed over, as
+    projectors pass it over: no reader counts it as a checkpoint, so there is nothing of it to
+    remove, and it must not stop the deletion for every tenant.
 
     Raises:
         ConfigurationError: Compaction has cut the log but no frontier store says which runs it
@@ -133,11 +137,11 @@ async def threads_of_runs(
         bounds = await log.bounds(partition)
         start = bounds.start
         while start < bounds.end:
-            batch = await log.read_partition(partition, start, bounds.end, limit=SCAN_BATCH)
+            batch = await log.read_records(partition, start, bounds.end, limit=SCAN_BATCH)
             if not batch:
                 break
             for stored in batch:
-                if names_a_run(stored.event):
+                if not isinstance(stored, UnreadableRecord) and names_a_run(stored.event):
                     found[stored.event.run_id] = None
             start = batch[-1].position.offset + 1
     if compaction is not None:

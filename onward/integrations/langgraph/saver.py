@@ -48,7 +48,15 @@ import random
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
@@ -81,6 +89,7 @@ from onward.errors import (
     InvalidInputError,
     LogTruncatedError,
     OnwardError,
+    ResumeConflictError,
     RunCancelledError,
 )
 from onward.eventlog import (
@@ -634,26 +643,32 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             InvalidInputError: An unknown strategy, a single string for ``thread_ids``, or (for
                 ``keep_latest``) a thread whose graph uses a ``DeltaChannel``: then nothing is
                 pruned.
+            ResumeConflictError: Another process holds one of the threads: the threads before
+                it were pruned (each wholly), it and those after it were not; the message
+                names both.
         """
         if isinstance(thread_ids, str):
             raise InvalidInputError("prune takes a sequence of thread ids, not one string")
+        thread_ids = list(thread_ids)  # read twice below: a generator would be spent
         if strategy not in ("keep_latest", "delete"):
             raise InvalidInputError(
                 f"unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'"
             )
         if strategy == "delete":
-            for thread_id in thread_ids:
-                await self.adelete_thread(thread_id)
+            await _each(thread_ids, "deleted", self.adelete_thread)
             return
         loads = self._loads
         for thread_id in thread_ids:
             pruning.refuse_delta_channels(await self._state(thread_id, whole=True), loads)
-        for thread_id in thread_ids:
-            await self._remove(
+        await _each(
+            thread_ids,
+            "pruned",
+            lambda thread_id: self._remove(
                 thread_id,
                 lambda state: pruning.keep_latest(state, loads),
                 why="prune keep_latest: the latest checkpoint of each namespace is kept",
-            )
+            ),
+        )
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Remove every checkpoint a LangGraph run saved (``metadata["run_id"]``), with its
@@ -667,6 +682,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         Raises:
             ConfigurationError: Compaction has cut the log and the saver has no frontier store
                 to name the threads it cut.
+            ResumeConflictError: Another process holds one of the threads found: the threads
+                before it were done (each wholly), it and those after it were not; the message
+                names both. Calling again with the same run ids finishes the rest.
         """
         if isinstance(run_ids, str):
             raise InvalidInputError("delete_for_runs takes a sequence of run ids, not one string")
@@ -682,12 +700,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             frontiers=self.frontiers,
             compaction=self.compaction,
         )
-        for thread_id in threads:
-            await self._remove(
-                thread_id,
-                lambda state: pruning.of_runs(state, wanted, loads),
-                why=f"delete_for_runs: checkpoints of LangGraph runs {', '.join(sorted(wanted))}",
-            )
+        why = f"delete_for_runs: checkpoints of LangGraph runs {', '.join(sorted(wanted))}"
+        await _each(
+            threads,
+            "done",
+            lambda thread_id: self._remove(
+                thread_id, lambda state: pruning.of_runs(state, wanted, loads), why=why
+            ),
+        )
 
     async def _remove(
         self,
@@ -1700,6 +1720,29 @@ def _cancelled_error(thread_id: str, asked: CancelAsked) -> RunCancelledError:
         by=asked.by,
         why=asked.why,
     )
+
+
+async def _each(
+    thread_ids: Sequence[str], done: str, act: Callable[[str], Awaitable[None]]
+) -> None:
+    """``act`` on each thread in turn; a thread held elsewhere stops the rest, and its error
+    says which threads were ``done`` and which not, so the caller knows what to call again.
+
+    Raises:
+        ResumeConflictError: Another process holds one of the threads.
+    """
+    for i, thread_id in enumerate(thread_ids):
+        try:
+            await act(thread_id)
+        except ResumeConflictError as exc:
+            did = ", ".join(map(repr, thread_ids[:i])) or "none"
+            left = ", ".join(map(repr, thread_ids[i:]))
+            raise ResumeConflictError(
+                f"{exc} (threads {done}: {did}; not {done}: {left})",
+                run_id=exc.run_id,
+                holder=exc.holder,
+                expires_at=exc.expires_at,
+            ) from exc
 
 
 def _copied(error: BudgetExceededError) -> BudgetExceededError:

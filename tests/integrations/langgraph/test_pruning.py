@@ -136,3 +136,39 @@ async def test_pruning_a_thread_another_process_holds_waits_its_turn(world: Worl
         with pytest.raises(ResumeConflictError):
             await pruner.aprune(["t"])
         assert len(await _ids(writer, "t", "")) == 2
+
+
+async def test_thread_ids_given_as_a_generator_are_all_pruned(world: World) -> None:
+    async with world.saver() as saver:
+        for thread_id in ("a", "b"):
+            first = await _put(saver, thread_id)
+            await _put(saver, thread_id, parent=first)
+        await saver.aprune(thread_id for thread_id in ("a", "b"))  # type: ignore[arg-type]
+        for thread_id in ("a", "b"):
+            assert len(await _ids(saver, thread_id, "")) == 1
+
+
+async def test_a_thread_held_elsewhere_stops_pruning_and_the_error_names_what_was_done(
+    world: World,
+) -> None:
+    async with world.saver(holder="writer") as writer, world.saver(holder="pruner") as pruner:
+        for thread_id in ("a", "b", "c"):
+            first = await _put(writer, thread_id)
+            await _put(writer, thread_id, parent=first)
+            if thread_id != "b":
+                await writer.arelease(thread_id)
+        with pytest.raises(ResumeConflictError, match=r"pruned: 'a'.*not pruned: 'b', 'c'"):
+            await pruner.aprune(["a", "b", "c"])
+        assert [len(await _ids(pruner, t, "")) for t in ("a", "b", "c")] == [1, 2, 2]
+
+
+async def test_a_record_no_one_can_read_does_not_stop_delete_for_runs(world: World) -> None:
+    """Another writer's junk on the log (here in a partition the thread is not in) is passed
+    over, as projectors pass over it: every tenant's deletion would fail on it otherwise."""
+    async with world.saver() as saver:
+        kept = await _put(saver, "a", run_id="keep")
+        await _put(saver, "a", parent=kept, run_id="drop")
+        world.log.write_raw("junk", b"\x00not an event")  # type: ignore[attr-defined]
+        world.log.write_raw("a", b"\x00not an event either")  # type: ignore[attr-defined]
+        await saver.adelete_for_runs(["drop"])
+        assert await _ids(saver, "a", "") == [kept["configurable"]["checkpoint_id"]]

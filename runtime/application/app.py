@@ -636,23 +636,35 @@ class App(Resource):
         return await self._resumer().read(run_id, tenant=tenant)
 
     async def _follow_from_first(self, stream: RunStream, frontier: Frontier) -> None:
-        """Start the stream at the run's first event, or, once compaction cut the log below
-        it, at the first of its events the log still holds (its messages before are gone
-        from the stream; the transcript keeps the conversation). A run that ended and was
-        cut whole gives the message of its end alone."""
+        """Start the stream at the run's first event, or, once the log was cut below it, at
+        the first of its events the log still holds (its messages before are gone from the
+        stream; the transcript keeps the conversation). A run that ended and was cut whole
+        gives the message of its end alone.
+
+        The cut need not be compaction's (Kafka retention, a cut made elsewhere write no
+        truncation point): the events kept say where the run's count goes on from."""
         first = frontier.first_offset if frontier.first_offset >= 0 else None
-        log, compaction = self.backends.log, self.backends.compaction
-        if first is None or compaction is None:
+        log = self.backends.log
+        if first is None:
             stream.next_offset = first
             return
         kept_from = (await log.bounds(partition_for(frontier.run_id, log.partitions))).start
-        point = (await compaction.truncations([frontier.run_id])).get(frontier.run_id)
-        if first >= kept_from or point is None:
-            stream.next_offset = max(first, kept_from)
+        stream.next_offset = max(first, kept_from)
+        if first >= kept_from:
             return
-        stream.next_offset = kept_from
-        stream.follow_from(point.before_seq - 1)
-        if frontier.finished and point.before_seq > frontier.last_seq:
+        compaction = self.backends.compaction
+        point = (
+            None
+            if compaction is None
+            else (await compaction.truncations([frontier.run_id])).get(frontier.run_id)
+        )
+        kept = await log.read_run(frontier.run_id, start=kept_from)
+        cut_through = max(
+            (point.before_seq - 1) if point is not None else 0,
+            (kept[0].event.seq - 1) if kept else frontier.last_seq,
+        )
+        stream.follow_from(cut_through)
+        if frontier.finished and cut_through >= frontier.last_seq:
             await stream.ended_in(frontier)  # nothing of it is left to read
 
     async def _interrupted(self, frontier: Frontier) -> bool:

@@ -24,6 +24,8 @@ from support.servers import KafkaServers
 import onward
 from onward.errors import NothingToResumeError
 from onward.eventlog import KafkaEventLog, Tagged
+from onward.projections.frontier_projection import FrontierProjection
+from onward.projections.log_projector import LogProjector
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime import RedisLeaseStore
 from onward.runtime.application.messages import RunMessage
@@ -161,3 +163,22 @@ async def test_closing_the_app_hands_a_running_runs_lease_back_and_another_app_f
     assert carried[-1].status == "completed"
     steps = sorted(e["n"] for e in ledger.entries() if e["tool"] == "step")
     assert steps == [1, 2, 3]  # every step once, none again after the close
+
+
+async def test_a_stream_of_an_ended_run_whose_events_retention_deleted_ends_with_its_result(
+    app: onward.App,
+) -> None:
+    """Retention (here a DeleteRecords cut) removes a finished run's events and writes no
+    compaction record: the stream still ends with the run's result, not a wait for good."""
+    messages = await app.query("work", {"agent": "stepper"}).collect()
+    result = messages[-1]
+    log = app.backends.log
+    partition = (await log.read_run(result.run_id))[0].position.partition
+    end = (await log.bounds(partition)).end
+    # Retention removes what the projector folded long since.
+    stores = app.backends
+    projection = FrontierProjection(stores.frontiers, log, compaction=stores.compaction)
+    await LogProjector(log, projection).catch_up()
+    await log.truncate_before(partition, end)
+    again = await app.resume(result.run_id, timeout=10).collect()
+    assert [(m.type, m.status, m.output) for m in again] == [("result", "completed", result.output)]

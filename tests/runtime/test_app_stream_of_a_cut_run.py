@@ -68,3 +68,32 @@ async def test_a_stream_of_a_continued_run_cut_from_the_log_names_the_run_to_fol
     assert [(m.type, m.status, m.metadata["new_run"]) for m in again] == [
         ("result", "continued", "long~c1")
     ]
+
+
+async def _cut_below(app: onward.App, run_id: str, keep: int) -> None:
+    """Cut the log of ``run_id``'s partition below its ``keep``-th event (its end when it has
+    no such event), as retention does: no compaction writes down what it cut."""
+    log = app.backends.log
+    stored = await log.read_run(run_id)
+    partition = stored[0].position.partition
+    offset = (
+        stored[keep].position.offset if keep < len(stored) else (await log.bounds(partition)).end
+    )
+    await log.truncate_before(partition, offset)
+
+
+@pytest.mark.parametrize("keep", [3, 10_000], ids=["its-tail-kept", "cut-whole"])
+async def test_a_stream_of_an_ended_run_cut_by_other_means_ends_with_its_result(
+    tmp_path: Path, ledger: Ledger, keep: int
+) -> None:
+    """Cut below the run's first event with no compaction record (retention, a cut made
+    elsewhere), the stream still ends with the run's result rather than wait for good."""
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        ran = await app.query("work", {"agent": "stepper"}).collect()
+        await _cut_below(app, ran[-1].run_id, keep)
+        again = await app.resume(ran[-1].run_id, timeout=5).collect()
+    assert [(m.type, m.status, m.output) for m in again][-1:] == [
+        ("result", "completed", ran[-1].output)
+    ]
+    assert [m.position for m in again] == sorted({m.position for m in again})

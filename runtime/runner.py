@@ -838,6 +838,20 @@ class AgentRunner(Resource):
                     + (f" (it is {call.outcome})" if call and call.outcome else ""),
                     run_id=run_id,
                 )
+            if call.asked_seq is not None:
+                # Its code stopped at a person's question and did nothing after it: no call
+                # that may have run. Settled, the answer would reach no code.
+                waiting = run.frontier.waiting_on
+                raise InvalidInputError(
+                    f"run {run_id!r}: call {call_id!r} is not undecided, its code stopped at "
+                    f"the question at seq {call.asked_seq} and runs again with the answer"
+                    + (
+                        f"; answer request {waiting} with onward approve or onward deny"
+                        if waiting is not None
+                        else ""
+                    ),
+                    run_id=run_id,
+                )
             resolved = self.writer.event(
                 run, ToolResolved, call_id=call_id, outcome=outcome, result=result, by=by, why=why
             )

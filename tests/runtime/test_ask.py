@@ -241,6 +241,36 @@ async def test_onward_cancel_does_not_call_a_call_stopped_at_its_question_undeci
     assert entries(ledger, "refund") == []
 
 
+async def test_onward_resolve_refuses_a_call_stopped_at_its_question(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    """Settled as completed, the refund would never be made and the answer reach no code;
+    the call waits on a question, answered with onward approve or deny."""
+    db = tmp_path / "onward.db"
+    agent = refund_agent(ledger)
+    async with SqliteEventLog(db) as log:
+        runner = AgentRunner(provider=refund_provider(), log=log, worker="w")
+        await runner.run(agent, "refund A-1", tenant=TENANT, run_id="q")
+
+    def resolve() -> Result:
+        env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+        argv = ["resolve", "q", "r", "--tenant", TENANT, "--outcome", "completed"]
+        argv += ["--by", "ops", "--why", "looked", "--result", '"done"']
+        return CliRunner().invoke(cli, argv, env=env)
+
+    refused = await asyncio.to_thread(resolve)
+    assert refused.exit_code == 2, refused.output
+    assert FIRST in refused.stderr, refused.stderr
+    assert "onward approve" in refused.stderr, refused.stderr
+    async with SqliteEventLog(db) as log:
+        runner = AgentRunner(provider=refund_provider(), log=log, worker="w")
+        frontier = await runner.inspect("q", tenant=TENANT)
+        assert [c.outcome for c in frontier.calls] == [None]
+        await runner.approve("q", FIRST, tenant=TENANT, by="ann", value=40)
+        assert (await runner.resume(agent, "q", tenant=TENANT)).status == "completed"
+    assert [e["amount"] for e in entries(ledger, "refund")] == [40]
+
+
 async def test_a_denied_question_ends_the_run_and_its_code_goes_no_further(
     tmp_path: Path, ledger: Ledger
 ) -> None:

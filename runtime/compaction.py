@@ -295,15 +295,20 @@ class CheckpointCompactor(Resource):
     async def run(self, stop: asyncio.Event) -> None:
         """Run a pass every ``compaction_interval_mins`` until ``stop`` is set.
 
-        A pass that fails is logged and kept in :attr:`last_error`; the next one tries again.
+        A pass that fails, whatever the error, is logged and kept in :attr:`last_error`; the
+        next one tries again an interval later.
         """
         while not stop.is_set():
             try:
                 self.last_report = await self.compact()
                 self.last_error = None
-            except OnwardError as exc:
+            except Exception as exc:  # any error, not Onward's alone: the schedule goes on
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("compaction pass failed, retried next time: %s", self.last_error)
+                log.warning(
+                    "compaction pass failed, retried next time: %s",
+                    self.last_error,
+                    exc_info=not isinstance(exc, OnwardError),
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)
 

@@ -198,3 +198,40 @@ async def test_on_a_schedule_the_first_pass_runs_at_once(tmp_path: Path) -> None
     assert compactor.last_error is None
     assert compactor.last_report is not None
     assert compactor.last_report.events_cut == (await log.bounds(0)).start > 0
+
+
+async def test_on_a_schedule_a_pass_failing_with_any_error_is_logged_and_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pass that fails with an error that is not Onward's (a bug, an OSError) must not end
+    the schedule silently: it is logged with its cause and the next pass still runs."""
+    log = MemoryEventLog(partitions=1)
+    frontiers = MemoryFrontierStore()
+    world = World(log, frontiers, MemoryCompactionStore(frontiers), MemoryLeaseStore(), False)
+    await world.finished_run("done", turns=2)
+    await world.fold()
+    stop = asyncio.Event()
+    passes: list[str] = []
+
+    async def pause(step: str, partition: int) -> None:
+        passes.append(step)
+        if passes.count("planned") == 1 and step == "planned":
+            raise RuntimeError("disk went away")
+        if step == "cut":
+            stop.set()
+
+    compactor = CheckpointCompactor(
+        log,
+        frontiers,
+        world.store,
+        archive=DirectoryArchive(tmp_path / "archive"),
+        compaction_interval_mins=0.001,
+        pause=pause,
+    )
+    with caplog.at_level("WARNING", logger="onward"):
+        await asyncio.wait_for(compactor.run(stop), 10)
+    assert passes == ["planned", "planned", "archived", "cut"]
+    assert "disk went away" in caplog.text
+    assert compactor.last_error is None
+    assert compactor.last_report is not None
+    assert compactor.last_report.events_cut > 0

@@ -15,6 +15,7 @@ import msgspec
 import typer
 from rich.table import Table
 
+from onward.errors import InvalidInputError
 from onward.runtime.gc import KINDS, GarbageCollector, GcReport
 from onward.runtime.gc.configured import key_sweeper, record_sweeper
 from onward.runtime.settings import load_settings
@@ -77,6 +78,15 @@ def gc_command(
 
     Exit 0: done (or counted, with --dry-run). 2: bad configuration or ttl. 5: a store failed.
     """
+    ttls = {
+        "--checkpoint-ttl-days": checkpoint_ttl_days,
+        "--redis-key-ttl-hours": redis_key_ttl_hours,
+        "--task-result-ttl-days": task_result_ttl_days,
+    }
+    bad = [f"{option}={value:g}" for option, value in ttls.items() if not value > 0]
+    if bad:
+        # Named as typed: the collector's own check names its fields, not the options.
+        raise InvalidInputError(f"ttls must be positive: {', '.join(bad)}")
     config = load_settings()
 
     records, keys = record_sweeper(config, readonly=dry_run), key_sweeper(config)

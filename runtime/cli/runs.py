@@ -771,6 +771,11 @@ def replay_command(
     not an Onward database. 5: a store failed, or the archive is corrupt.
     """
 
+    if archive is not None and not archive.is_dir():
+        # An archive that is not there reads as an empty one: the timeline would be the log's
+        # alone and a mistyped path never named.
+        raise InvalidInputError(f"--archive {archive}: no such directory")
+
     async def work(backends: Backends) -> tuple[list[AuditLine], CompactedSpan | None]:
         if archive is not None:
             log = ArchivedEventLog(backends.log, DirectoryArchive(archive))

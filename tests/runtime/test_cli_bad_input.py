@@ -188,3 +188,22 @@ def test_kafka_bootstrap_servers_with_no_usable_address_is_a_configuration_error
         ONWARD_BACKEND_TIMEOUT="3",
     )
     assert_usage_error(result, "KAFKA_BOOTSTRAP_SERVERS")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--checkpoint-ttl-days", "0"),
+        ("--redis-key-ttl-hours", "-1"),
+        ("--task-result-ttl-days", "nan"),
+    ],
+)
+def test_gc_names_the_ttl_option_the_user_typed(db: Path, option: str, value: str) -> None:
+    result = onward(db, "gc", "--dry-run", option, value)
+    assert_usage_error(result, option)
+
+
+def test_replay_refuses_an_archive_that_does_not_exist(db: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such" / "dir"
+    result = onward(db, "replay", "--archive", str(missing), "run-q", "--tenant", "acme")
+    assert_usage_error(result, str(missing))

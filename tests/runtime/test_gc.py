@@ -362,4 +362,4 @@ def test_onward_gc_counts_with_dry_run_then_deletes(tmp_path: Path) -> None:
     assert "would delete 0 row(s)" in table.stdout
     bad = CliRunner().invoke(app, ["gc", "--task-result-ttl-days", "-1"], env=env)
     assert bad.exit_code == 2
-    assert "task_result_ttl_days=-1" in bad.stderr
+    assert "--task-result-ttl-days=-1" in bad.stderr

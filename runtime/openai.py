@@ -87,7 +87,8 @@ class OpenAICompatibleProvider(Resource):
           one string, which every compatible server accepts; other parts (images) go as given.
 
     Reply conventions:
-        * ``content: null`` becomes ``""``.
+        * ``content: null`` becomes the model's ``refusal``, if it refused (so the run's
+          output says why), else ``""``.
         * A tool call whose ``arguments`` are not a JSON object (strict JSON: no ``NaN``, no
           lone surrogate) is kept, with
           ``args={"_unparsed": "<the raw string>"}``: the tool then rejects the arguments and
@@ -378,10 +379,12 @@ class _ToolCall(msgspec.Struct, kw_only=True):
 
 
 class _Message(msgspec.Struct):
-    """A choice's message: ``content`` may be null (a turn of only tool calls)."""
+    """A choice's message: ``content`` may be null (a turn of only tool calls, or a refusal,
+    whose reason is in ``refusal``)."""
 
     content: str | None = None
     tool_calls: list[_ToolCall] | None = None
+    refusal: str | None = None
 
 
 class _Choice(msgspec.Struct):
@@ -482,7 +485,7 @@ def _reply(completion: _Completion) -> ModelReply:
     """The first choice of a chat completion as our reply."""
     message = completion.choices[0].message
     return ModelReply(
-        message=Message(role="assistant", content=message.content or ""),
+        message=Message(role="assistant", content=message.content or message.refusal or ""),
         tool_calls=[
             ToolCall(
                 call_id=c.id or "",

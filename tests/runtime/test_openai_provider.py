@@ -930,3 +930,18 @@ async def test_an_answer_past_the_size_limit_is_refused_naming_it(
     server.answer(Answer(body=completion("small " * 500)))
     async with provider_for(server, max_retries=0) as provider:
         assert (await provider.complete(AGENT, CONVERSATION)).message.content == "small " * 500
+
+
+async def test_a_refusal_is_the_runs_output_not_an_empty_answer(server: ChatServer) -> None:
+    """A model that refuses answers ``content: null`` with its reason in ``refusal``: the run
+    ends with that reason, so its user sees why rather than an empty output."""
+    refused = completion(None)
+    refused["choices"][0]["message"]["refusal"] = "I can't help with booking that."
+    server.answer(Answer(body=refused))
+    async with provider_for(server) as provider:
+        runner = AgentRunner(
+            provider=provider, log=MemoryEventLog(partitions=1), frontiers=MemoryFrontierStore()
+        )
+        result = await runner.run(AGENT, "book", tenant="acme", run_id="r1")
+    assert result.status == "completed"
+    assert result.output == "I can't help with booking that."

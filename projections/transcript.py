@@ -222,13 +222,18 @@ def message_of(event: Event) -> Message | None:
         return _said("user", event.input, None) if event.continuation_of is None else None
     if isinstance(event, ModelAnswered):
         content = event.message.content
+        # Arguments that looked like a reference were wrapped as written (`escape_bodies`).
+        tool_calls = [
+            msgspec.structs.replace(c, args=c.args[LITERAL]) if is_escaped(c.args) else c
+            for c in event.tool_calls
+        ]
         if isinstance(content, list) and len(content) == 1 and is_escaped(content[0]):
             content = [content[0][LITERAL]]
         elif isinstance(content, list) and len(content) == 1 and is_reference(content[0]):
-            calls = [ToolCallRef(c.call_id, c.tool, dict(c.args)) for c in event.tool_calls]
+            calls = [ToolCallRef(c.call_id, c.tool, dict(c.args)) for c in tool_calls]
             rest = [msgspec.to_builtins(ToolCallsPart(calls))] if calls else []
             return Message(role="assistant", content=[content[0], *rest])
-        return assistant_message(content, event.tool_calls)
+        return assistant_message(content, tool_calls)
     if isinstance(event, ToolCompleted) or (
         isinstance(event, ToolResolved) and event.outcome == "completed"
     ):

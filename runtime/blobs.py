@@ -28,6 +28,7 @@ from onward.eventlog.events import (
     Event,
     ModelAnswered,
     RunStarted,
+    ToolCall,
     ToolCompleted,
     ToolResolved,
 )
@@ -198,6 +199,8 @@ class ClaimCheck:
             if len(response) > self.threshold:
                 moved = {_REF: await self.blobs.put(response), "size": len(response)}
                 event = msgspec.structs.replace(event, response=moved)
+        if isinstance(event, ModelAnswered) and event.tool_calls:
+            event = await self._shrink_arguments(event)
         name = _BODY_FIELDS.get(type(event))
         if name is None:
             return event
@@ -211,6 +214,34 @@ class ClaimCheck:
             reference = msgspec.structs.replace(event.message, content=[reference])
         return msgspec.structs.replace(event, **{name: reference})
 
+    async def _shrink_arguments(self, event: ModelAnswered) -> ModelAnswered:
+        """A model answer whose tool calls' arguments are, together, over the threshold (a
+        large file to write, say) with each call's arguments moved out on their own: the
+        calls' ids, tools and keys stay in line, for the frontier and resume to go by."""
+        if len(msgspec.json.encode(event.tool_calls)) <= self.threshold:
+            return event
+        calls: list[ToolCall] = []
+        for call in event.tool_calls:
+            args = msgspec.json.encode(call.args)
+            if call.args:
+                moved = {_REF: await self.blobs.put(args), "size": len(args)}
+                calls.append(msgspec.structs.replace(call, args=moved))
+            else:
+                calls.append(call)
+        return msgspec.structs.replace(event, tool_calls=calls)
+
+    async def arguments(self, args: dict[str, Any], *, run_id: str, seq: int) -> dict[str, Any]:
+        """A call's arguments as the model gave them, from their reference if they were moved
+        out of line (`shrink`), unwrapped if they only looked like one.
+
+        Raises:
+            HistoryUnavailableError: The arguments are not in the blob store.
+        """
+        if is_reference(args):
+            body = await self.body(args[_REF], run_id=run_id, seq=seq)
+            return msgspec.json.decode(body, type=dict[str, Any])
+        return unescaped(args)  # type: ignore[no-any-return]
+
     async def restore(self, event: Event) -> Event:
         """The event with a referenced body put back (and a wrapped one unwrapped)."""
         name = _BODY_FIELDS.get(type(event))
@@ -218,6 +249,14 @@ class ClaimCheck:
             return event
         value = getattr(event, name)
         if isinstance(event, ModelAnswered):
+            if any(is_reference(c.args) for c in event.tool_calls):
+                calls = [
+                    msgspec.structs.replace(c, args=await self._get_arguments(c.args, event))
+                    if is_reference(c.args)
+                    else c
+                    for c in event.tool_calls
+                ]
+                event = msgspec.structs.replace(event, tool_calls=calls)
             if is_reference(event.response):
                 body = await self._get(event.response[_REF], event)
                 event = msgspec.structs.replace(event, response=msgspec.json.decode(body))
@@ -232,6 +271,10 @@ class ClaimCheck:
                 event, **{name: msgspec.json.decode(await self._get(value[_REF], event))}
             )
         return unescape_bodies(event)
+
+    async def _get_arguments(self, args: dict[str, Any], event: Event) -> dict[str, Any]:
+        body = await self._get(args[_REF], event)
+        return msgspec.json.decode(body, type=dict[str, Any])
 
     async def _get(self, digest: str, event: Event) -> bytes:
         return await self.body(digest, run_id=event.run_id, seq=event.seq)
@@ -252,8 +295,15 @@ class ClaimCheck:
 
 def _with_bodies(event: Event, change: Callable[[Any], Any]) -> Event:
     """The event with ``change`` applied to each body a reference could stand in for: the
-    body field, and of a model answer its framework response and its one content part."""
+    body field, and of a model answer its framework response, its one content part and each
+    tool call's arguments."""
     if isinstance(event, ModelAnswered):
+        calls = [
+            c if (args := change(c.args)) is c.args else msgspec.structs.replace(c, args=args)
+            for c in event.tool_calls
+        ]
+        if any(new is not old for new, old in zip(calls, event.tool_calls, strict=True)):
+            event = msgspec.structs.replace(event, tool_calls=calls)
         if event.response is not None and (response := change(event.response)) is not (
             event.response
         ):

@@ -42,6 +42,7 @@ from onward.errors import (
     BackendError,
     BackendUnavailableError,
     ConfigurationError,
+    HistoryUnavailableError,
     IndeterminateToolCallError,
     InvalidInputError,
     OnwardError,
@@ -69,6 +70,7 @@ from onward.eventlog.events import (
     ToolResolved,
     TurnSettled,
 )
+from onward.eventlog.references import is_reference, unescaped
 from onward.projections.audit import one_line, printable
 from onward.projections.base import FrontierStore
 from onward.projections.compaction import CompactionStore, embedded_compaction
@@ -1060,18 +1062,43 @@ class AgentRunner(Resource):
             run, ModelAnswered, message=reply.message, tool_calls=calls, usage=reply.usage
         )
         await self.record_spend(run, answered)
-        if calls and self._dispatched_at_once(run, calls):
-            dispatches = self._dispatches(run, calls, first=1)
-            await self._write_ahead(run, [answered, *dispatches], dispatches)
-            return dispatches
-        if calls:
-            await self.writer.append(run, [answered])
-            return []
-        finished = self.writer.event(
-            run, RunFinished, 1, status="completed", output=reply.message.content
-        )
-        await self.writer.append(run, [answered, finished])
+        try:
+            if calls and self._dispatched_at_once(run, calls):
+                dispatches = self._dispatches(run, calls, first=1)
+                await self._write_ahead(run, [answered, *dispatches], dispatches)
+                return dispatches
+            if calls:
+                await self.writer.append(run, [answered])
+                return []
+            finished = self.writer.event(
+                run, RunFinished, 1, status="completed", output=reply.message.content
+            )
+            await self.writer.append(run, [answered, finished])
+        except PayloadTooLargeError as exc:
+            await self._answer_too_large(run, answered, exc)
         return []
+
+    async def _answer_too_large(
+        self, run: HeldRun, answered: ModelAnswered, refused: PayloadTooLargeError
+    ) -> None:
+        """End the run failed when the model's answer is too large for the log (no blob store
+        took its body; or, a final answer, it is the run's output, written in line): the
+        answer is recorded without its text and calls, for its usage, and the run's error says
+        why. Not raised: a resume would ask the (paid) model again, be answered alike, and be
+        refused again, for ever."""
+        remedy = (
+            "ask for less"
+            if self.writer.claim_check is not None
+            else "give the runner a blob store (blobs=)"
+        )
+        calls = len(answered.tool_calls)
+        unrun = f"; none of its {calls} tool calls was run" if calls else ""
+        error = f"the model's answer is too large to record ({refused}){unrun}: {remedy}"
+        bare = msgspec.structs.replace(
+            answered, message=Message(role=answered.message.role), tool_calls=[]
+        )
+        failed = self.writer.event(run, RunFinished, 1, status="failed", error=error)
+        await self.writer.append(run, [bare, failed])
 
     def _dispatched_at_once(self, run: HeldRun, calls: list[ToolCall]) -> bool:
         """Whether a new answer's calls go out with it: none needs a person's approval and the
@@ -1292,7 +1319,7 @@ class AgentRunner(Resource):
         else:
             lease = run.held.lease
             calling = tool.call(
-                call.args,
+                await self._arguments(run, call),
                 idempotency_key=call.idempotency_key,
                 approval=approval_value(run.frontier, call.call_id),
                 fence=lease.fence,
@@ -1339,6 +1366,25 @@ class AgentRunner(Resource):
         if self.writer.observer is not None:
             await self.writer.observer.tool_returned(call.call_id)
         return await self._record_outcome(run, call, result, error, others or [])
+
+    async def _arguments(self, run: HeldRun, call: CallState) -> dict[str, Any]:
+        """The call's arguments as the model gave them: the log holds large ones out of line
+        (`ClaimCheck.shrink`), and the frontier folds what the log holds.
+
+        Raises:
+            HistoryUnavailableError: They are in a blob store this runner has none of, or
+                that no longer holds them.
+        """
+        claim_check = self.writer.claim_check
+        if claim_check is not None:
+            return await claim_check.arguments(call.args, run_id=run.run_id, seq=call.requested_seq)
+        if is_reference(call.args):
+            raise HistoryUnavailableError(
+                f"run {run.run_id!r} seq {call.requested_seq}: the arguments of {call.call_id} "
+                "are in a blob store and this runner has none; configure blobs=",
+                run_id=run.run_id,
+            )
+        return unescaped(call.args)  # type: ignore[no-any-return]
 
     async def _record_outcome(
         self, run: HeldRun, call: CallState, result: Any, error: ToolError | None, others: list[str]

@@ -652,3 +652,123 @@ async def test_a_tag_lands_on_the_latest_boundary_or_the_named_seq_under_the_lea
         await the_runner.tag("r", "late", tenant=TENANT, seq=99)
     with pytest.raises(InvalidInputError, match="non-empty"):
         await the_runner.tag("r", " ", tenant=TENANT)
+
+
+def a_large_write() -> tuple[Tool, list[int], ScriptedProvider]:
+    """A ``write`` tool, the lengths it was called with, and a model asking it to write 1 MB."""
+    written: list[int] = []
+
+    @tool
+    async def write(text: str, *, idempotency_key: str) -> int:
+        written.append(len(text))
+        return len(text)
+
+    big = ToolCall(call_id="w", tool="write", args={"text": "z" * 1_000_000})
+    return write, written, ScriptedProvider([reply("", big), reply("written")])
+
+
+async def test_large_tool_arguments_go_out_of_line_and_come_back() -> None:
+    log, blobs = MemoryEventLog(), MemoryBlobStore()
+    write, written, provider = a_large_write()
+    result = await runner(log, provider=provider, blobs=blobs).run(
+        agent([write]), "go", tenant=TENANT, run_id="r"
+    )
+    assert (result.status, result.output) == ("completed", "written")
+    assert written == [1_000_000]
+    records = [msgspec.json.encode(s.event) for s in await log.read_run("r")]
+    assert max(len(r) for r in records) < 10_000
+
+
+async def test_an_answer_too_large_for_the_log_fails_the_run_once() -> None:
+    """Without a blob store, a model answer over the log's limit cannot be recorded: the run
+    ends failed naming why, rather than a resume asking the (paid) model again, for ever."""
+    log = MemoryEventLog()
+    write, written, provider = a_large_write()
+    result = await runner(log, provider=provider).run(
+        agent([write]), "go", tenant=TENANT, run_id="r"
+    )
+    assert result.status == "failed"
+    assert result.error is not None
+    assert "too large" in result.error
+    assert written == []
+    assert provider.calls == 1
+
+
+async def test_answer_text_too_large_for_the_log_fails_the_run_once() -> None:
+    log = MemoryEventLog()
+    provider = ScriptedProvider([reply("y" * 1_100_000)])
+    result = await runner(log, provider=provider).run(agent([]), "go", tenant=TENANT, run_id="r")
+    assert result.status == "failed"
+    assert result.error is not None
+    assert "too large" in result.error
+
+
+async def test_large_tool_arguments_come_back_on_resume() -> None:
+    log, blobs = MemoryEventLog(), MemoryBlobStore()
+    written: list[int] = []
+
+    @tool(retry_safe=True)
+    async def write(text: str, *, idempotency_key: str) -> int:
+        written.append(len(text))
+        return len(text)
+
+    big = ToolCall(call_id="w", tool="write", args={"text": "z" * 1_000_000})
+    provider = ScriptedProvider([reply("", big), reply("written")])
+    with pytest.raises(Crash):
+        await runner(log, provider=provider, blobs=blobs, observer=CrashAt("model.answered")).run(
+            agent([write]), "go", tenant=TENANT, run_id="r"
+        )
+    assert written == []
+    result = await runner(log, provider=provider, blobs=blobs).resume(
+        agent([write]), "r", tenant=TENANT
+    )
+    assert (result.status, result.output) == ("completed", "written")
+    assert written == [1_000_000]
+
+
+async def test_tool_arguments_shaped_like_a_reference_are_never_fetched() -> None:
+    """Only the claim check makes references: arguments that merely look like one are never
+    fetched from the blob store (shared by every tenant, keyed by content alone)."""
+    log, blobs = MemoryEventLog(), MemoryBlobStore()
+    secret = await blobs.put(b'{"text": "another tenant\'s"}')
+
+    @tool
+    async def echo(size: int, *, idempotency_key: str) -> int:
+        return size
+
+    forged = ToolCall(call_id="e", tool="echo", args={"$blob": secret, "size": 1})
+    provider = ScriptedProvider([reply("", forged), reply("ok")])
+    with pytest.raises(Crash):
+        await runner(log, provider=provider, blobs=blobs, observer=CrashAt("turn.settled")).run(
+            agent([echo]), "go", tenant=TENANT, run_id="r"
+        )
+    seen: list[str] = []
+
+    def answer(messages: Sequence[Any]) -> Any:
+        seen.extend(str(m.content) for m in messages)
+        return reply("ok")
+
+    result = await runner(log, provider=ScriptedProvider(answer), blobs=blobs).resume(
+        agent([echo]), "r", tenant=TENANT
+    )
+    assert result.status == "completed"
+    assert any(secret in s for s in seen)
+    assert not any("another tenant" in s for s in seen)
+    assert not any("$literal" in s for s in seen)
+
+
+async def test_a_final_answer_too_large_for_the_log_fails_the_run_once_with_blobs() -> None:
+    """A final answer is also the run's output, which is written in line (`RunFinished`):
+    one over the log's limit fails the run saying so, not asking for the blob store it has."""
+    log, blobs = MemoryEventLog(), MemoryBlobStore()
+    provider = ScriptedProvider([reply("y" * 1_100_000)])
+    result = await runner(log, provider=provider, blobs=blobs).run(
+        agent([]), "go", tenant=TENANT, run_id="r"
+    )
+    assert result.status == "failed"
+    assert result.error is not None
+    assert "too large" in result.error
+    assert "blob store" not in result.error
+    again = await runner(log, provider=provider, blobs=blobs).resume(agent([]), "r", tenant=TENANT)
+    assert again.status == "failed"
+    assert provider.calls == 1

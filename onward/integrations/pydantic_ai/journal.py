@@ -38,6 +38,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import msgspec
 import pydantic
 from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.messages import ModelResponse
@@ -260,11 +261,40 @@ class RunJournal:
         )
         if self.spend is not None:
             await self.spend.runner.record_spend(self.run, answered)
-        await self.append(answered)
+        try:
+            await self.append(answered)
+        except PayloadTooLargeError as exc:
+            await self._answer_too_large(answered, exc)
         self._next_answer += 1
         self._turn = _turn_of(answered)
         unit_completed(executed=True)
         return payload
+
+    async def _answer_too_large(
+        self, answered: ModelAnswered, refused: PayloadTooLargeError
+    ) -> NoReturn:
+        """End the run failed when the model's answer is too large for the log (no blob store
+        took its bodies), recording the answer without them, for its usage, and raise: left
+        to resume, the (paid) model would be asked again, answer alike, be refused again.
+
+        Raises:
+            PayloadTooLargeError: Saying so.
+        """
+        remedy = (
+            "ask for less"
+            if self.writer.claim_check is not None
+            else "give the runner a blob store (blobs=)"
+        )
+        calls = len(answered.tool_calls)
+        unrun = f"; none of its {calls} tool calls was run" if calls else ""
+        error = f"the model's answer is too large to record ({refused}){unrun}: {remedy}"
+        bare = msgspec.structs.replace(
+            answered, message=Message(role=answered.message.role), tool_calls=[], response=None
+        )
+        await self.append(bare, self.event(RunFinished, 1, status="failed", error=error))
+        raise PayloadTooLargeError(
+            error, run_id=self.run_id, size=refused.size, limit=refused.limit
+        ) from refused
 
     async def _hold(self) -> int | None:
         """Hold the next model call's estimated cost against the run's budgets (the seq held),

@@ -800,3 +800,52 @@ async def test_a_retry_safe_tool_cut_off_by_its_timeout_is_retried_by_the_model(
 
     assert result.status == "completed"
     assert len(booked) == 2
+
+
+def a_large_write(durability: OnwardDurability[None], script: Script, written: list[int]) -> Any:
+    """An agent whose model asks ``write`` to write a large file."""
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(script.answer),
+        name="writer",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain
+    async def write(text: str) -> int:
+        """Write a file."""
+        written.append(len(text))
+        return len(text)
+
+    return agent
+
+
+async def test_large_tool_arguments_go_out_of_line(stores: Stores, tmp_path: Path) -> None:
+    script = Script(ToolCallPart("write", {"text": "z" * 1_000_000}, tool_call_id="w"))
+    written: list[int] = []
+    async with SqliteBlobStore(tmp_path / "onward.db") as blobs:
+        durability = durability_on(stores, worker="here", blobs=blobs)
+        result = await durability.run(a_large_write(durability, script, written), "go", run_id=RUN)
+
+    assert result.status == "completed"
+    assert written == [1_000_000]
+
+
+async def test_an_answer_too_large_for_the_log_fails_the_run_once(
+    durability: OnwardDurability[None], stores: Stores
+) -> None:
+    """Without a blob store, a model answer over the log's limit cannot be recorded: the run
+    ends failed saying why, rather than the (paid) model asked again at every resume."""
+    script = Script(ToolCallPart("write", {"text": "z" * 1_000_000}, tool_call_id="w"))
+    written: list[int] = []
+    agent = a_large_write(durability, script, written)
+
+    with pytest.raises(PayloadTooLargeError):
+        await durability.run(agent, "go", run_id=RUN)
+    again = await durability.resume(agent, RUN)
+
+    assert again.status == "failed"
+    assert again.error is not None
+    assert "too large" in again.error
+    assert script.asked == 1
+    assert written == []

@@ -11,20 +11,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from support.compaction_world import TENANT, World, world_of
+from support.compaction_world import TENANT, record_sweeper, world_of
 from support.servers import KafkaServers
 
 from onward.runtime.compaction import CheckpointCompactor
-from onward.runtime.gc import GarbageCollector, PostgresRecordSweeper, SqliteRecordSweeper
-from onward.runtime.gc.base import RecordSweeper
+from onward.runtime.gc import GarbageCollector
 
 DAY_S = 86_400.0
-
-
-def sweeper(world: World, folder: Path) -> RecordSweeper:
-    if world.servers is None:
-        return SqliteRecordSweeper(folder / "onward.db")
-    return PostgresRecordSweeper(world.database_url, schema=world.servers.schema)
 
 
 async def test_a_run_collected_while_a_pass_plans_it_keeps_no_compaction_rows(
@@ -38,7 +31,7 @@ async def test_a_run_collected_while_a_pass_plans_it_keeps_no_compaction_rows(
 
         async def collect(step: str, partition: int) -> None:
             if step == "planned":
-                async with sweeper(world, tmp_path) as records:
+                async with record_sweeper(world, tmp_path) as records:
                     gc = GarbageCollector(records, clock=lambda: time.time() + 40 * DAY_S)
                     assert (await gc.run()).expired == ("old",)
 

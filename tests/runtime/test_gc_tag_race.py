@@ -14,21 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.compaction_world import TENANT, Script, World, world_of
+from support.compaction_world import TENANT, Script, World, record_sweeper, world_of
 from support.servers import KafkaServers
 
 from onward.errors import NothingToResumeError
 from onward.runtime import AgentRunner
-from onward.runtime.gc import GarbageCollector, PostgresRecordSweeper, SqliteRecordSweeper
-from onward.runtime.gc.base import RecordSweeper
+from onward.runtime.gc import GarbageCollector
 
 DAY_S = 86_400.0
-
-
-def sweeper(world: World, folder: Path) -> RecordSweeper:
-    if world.servers is None:
-        return SqliteRecordSweeper(folder / "onward.db")
-    return PostgresRecordSweeper(world.database_url, schema=world.servers.schema)
 
 
 async def test_a_run_tagged_but_not_folded_yet_is_not_collected(
@@ -48,7 +41,7 @@ async def test_a_run_tagged_but_not_folded_yet_is_not_collected(
         )
         tagged = await tagger.tag("old", "keep", tenant=TENANT, seq=1)
 
-        async with sweeper(world, tmp_path) as records:
+        async with record_sweeper(world, tmp_path) as records:
             report = await GarbageCollector(records, clock=lambda: time.time() + 40 * DAY_S).run()
         await world.fold()
 
@@ -61,7 +54,7 @@ async def test_a_run_tagged_but_not_folded_yet_is_not_collected(
         assert await world.store.pins(["old"]) == {"old": {tagged}}
 
         # Once the tag is folded, the run ages from it like any other and goes in time.
-        async with sweeper(world, tmp_path) as records:
+        async with record_sweeper(world, tmp_path) as records:
             later = await GarbageCollector(records, clock=lambda: time.time() + 40 * DAY_S).run()
         assert later.expired == ("old",)
         assert await world.frontiers.get("old") is None
@@ -78,7 +71,7 @@ class CollectedFirst:
         return getattr(self.world.store, name)
 
     async def pin(self, run_id: str, tenant: str, seq: int) -> None:
-        async with sweeper(self.world, self.folder) as records:
+        async with record_sweeper(self.world, self.folder) as records:
             report = await GarbageCollector(records, clock=lambda: time.time() + 40 * DAY_S).run()
         assert report.expired == (run_id,)
         await self.world.store.pin(run_id, tenant, seq)
@@ -111,7 +104,7 @@ async def test_a_run_tagged_and_folded_between_the_plan_and_the_sweep_is_kept(
         await world.finished_run("old", turns=1)
         await world.fold()
         finished = time.time()
-        async with sweeper(world, tmp_path) as records:
+        async with record_sweeper(world, tmp_path) as records:
             # 30 days after now: the run finished before every ttl's cutoff, the tag after.
             collector = GarbageCollector(
                 records,

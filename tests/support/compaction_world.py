@@ -39,6 +39,8 @@ from onward.runtime import (
     tool,
 )
 from onward.runtime.conversation import Conversation
+from onward.runtime.gc import PostgresRecordSweeper, SqliteRecordSweeper
+from onward.runtime.gc.base import RecordSweeper
 from support.servers import KafkaServers
 
 
@@ -159,6 +161,14 @@ async def world_of(clustered: KafkaServers | None, folder: Path) -> AsyncIterato
     else:
         async with kafka_stores(clustered) as stores:
             yield stores
+
+
+def record_sweeper(world: World, folder: Path) -> RecordSweeper:
+    """The GC sweeper of ``world``'s frontier store: the SQLite file in ``folder``, else the
+    PostgreSQL schema of its servers."""
+    if world.servers is None:
+        return SqliteRecordSweeper(folder / "onward.db")
+    return PostgresRecordSweeper(world.database_url, schema=world.servers.schema)
 
 
 async def conversation(log: EventLog, run_id: str) -> list[Message]:

@@ -108,6 +108,35 @@ async def test_a_new_invocation_after_the_renewal_heard_the_lease_lost_writes(
         assert out["steps"] == ["A", "B", "A"]
 
 
+def gated_saver(world: World, thawed: asyncio.Event) -> OnwardSaver:
+    """Worker A's saver, whose renewals wait while ``thawed`` is clear (its process paused)."""
+    return OnwardSaver(
+        world.log,
+        GatedRenewals(world.leases, thawed),
+        tenant=TENANT,
+        holder="worker-a",
+        policy=LeasePolicy(ttl=timedelta(seconds=TTL_S)),
+    )
+
+
+async def lose_the_thread_to_b_while_a_node_runs(
+    world: World, saver_a: OnwardSaver, thawed: asyncio.Event, thread_id: str
+) -> None:
+    """With a graph run of ``saver_a`` in its node: A is paused past the ttl, worker B takes the
+    thread over, writes its step and lets it go, and A's renewal then hears the lease is lost."""
+    await asyncio.sleep(0.3)  # the graph run is in its node
+    thawed.clear()
+    await asyncio.sleep(TTL_S + 0.5)
+    async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
+        await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
+    thawed.set()
+    for _ in range(100):
+        if not saver_a.holds(thread_id):
+            break
+        await asyncio.sleep(0.05)
+    assert not saver_a.holds(thread_id)
+
+
 async def test_a_read_by_anyone_else_does_not_let_a_graph_run_that_lost_the_thread_write_on(
     world: World,
 ) -> None:
@@ -119,28 +148,12 @@ async def test_a_read_by_anyone_else_does_not_let_a_graph_run_that_lost_the_thre
     thawed = asyncio.Event()
     thawed.set()
     node_goes_on = asyncio.Event()
-    saver_a = OnwardSaver(
-        world.log,
-        GatedRenewals(world.leases, thawed),
-        tenant=TENANT,
-        holder="worker-a",
-        policy=LeasePolicy(ttl=timedelta(seconds=TTL_S)),
-    )
+    saver_a = gated_saver(world, thawed)
     async with saver_a:
         await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
         slow = steps_graph("stale", saver_a, inside=node_goes_on.wait)
         running = asyncio.create_task(slow.ainvoke({"steps": []}, config(thread_id)))
-        await asyncio.sleep(0.3)  # the graph run is in its node
-        thawed.clear()
-        await asyncio.sleep(TTL_S + 0.5)
-        async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
-            await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
-        thawed.set()
-        for _ in range(100):
-            if not saver_a.holds(thread_id):
-                break
-            await asyncio.sleep(0.05)
-        assert not saver_a.holds(thread_id)
+        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id)
         read = await slow.aget_state(config(thread_id))  # another task reads the thread
         assert read.values["steps"] == ["A", "B"]
         node_goes_on.set()
@@ -162,13 +175,7 @@ async def test_a_read_by_anyone_else_does_not_let_a_sync_graph_run_that_lost_the
     thawed = asyncio.Event()
     thawed.set()
     node_goes_on = threading.Event()
-    saver_a = OnwardSaver(
-        world.log,
-        GatedRenewals(world.leases, thawed),
-        tenant=TENANT,
-        holder="worker-a",
-        policy=LeasePolicy(ttl=timedelta(seconds=TTL_S)),
-    )
+    saver_a = gated_saver(world, thawed)
     async with saver_a:
         await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
 
@@ -185,17 +192,7 @@ async def test_a_read_by_anyone_else_does_not_let_a_sync_graph_run_that_lost_the
         running = asyncio.get_running_loop().run_in_executor(
             None, lambda: slow.invoke({"steps": []}, config(thread_id))
         )
-        await asyncio.sleep(0.3)  # the graph run is in its node
-        thawed.clear()
-        await asyncio.sleep(TTL_S + 0.5)
-        async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
-            await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
-        thawed.set()
-        for _ in range(100):
-            if not saver_a.holds(thread_id):
-                break
-            await asyncio.sleep(0.05)
-        assert not saver_a.holds(thread_id)
+        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id)
         read = await slow.aget_state(config(thread_id))  # another task reads the thread
         assert read.values["steps"] == ["A", "B"]
         node_goes_on.set()

@@ -191,10 +191,12 @@ class Recovery:
 
         A run of another agent or revision is another worker's (one still deployed with it,
         during a rolling deploy): passed over, and said once, rather than take its lease and a
-        slot ahead of new requests on every pass only to be refused and say so again.
+        slot ahead of new requests on every pass only to be refused and say so again. An agent
+        with toolsets (MCP servers) is carried whatever the row says: its runs' revision covers
+        the tools built for each run, known only once resume builds them.
         """
         agent = self._worker.agents.get(row.agent)
-        if agent is not None and agent.revision == row.revision:
+        if agent is not None and (agent.toolsets or agent.revision == row.revision):
             return True
         if row.run_id not in self._foreign:
             self._foreign[row.run_id] = None

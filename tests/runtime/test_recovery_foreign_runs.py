@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from onward.runtime.backends import Backends, open_backends
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.settings import Settings
+from onward.runtime.tools import Tool, tool
+from onward.runtime.toolsets import agent_for_run
 
 TENANT = "acme"
 
@@ -72,3 +75,37 @@ async def test_a_lapsed_run_this_worker_cannot_carry_is_passed_over_and_said_onc
     assert await owner.recover(partitions) == 1
     await owner.drained()
     assert (await owner.runner.inspect("r", tenant=TENANT)).status == "completed"
+
+
+class _OneTool:
+    """A toolset whose tool is built per run, as an MCP server's is: the run's revision covers
+    it, the agent's own (no tools) does not."""
+
+    @asynccontextmanager
+    async def run_tools(
+        self, run_id: str, *, tenant: str | None, settings: Settings
+    ) -> AsyncIterator[Sequence[Tool]]:
+        async def look(q: str, *, idempotency_key: str) -> str:
+            """Look something up."""
+            return q
+
+        yield [tool(look)]
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_lapsed_run_of_an_agent_with_toolsets_is_carried_on(backends: Backends) -> None:
+    """An agent whose tools are built per run pins its runs to a revision its own, before the
+    tools are built, never equals: recovery cannot tell a foreign revision from the row, and
+    leaves that to the resume, which builds the tools."""
+    agent = Agent(name="looker", instructions="look", toolsets=[_OneTool()])
+    async with agent_for_run(agent, "r", tenant=TENANT, settings=backends.settings) as bound:
+        await _interrupted(backends, bound, "r")
+    assert (await backends.runner(ScriptedProvider([])).inspect("r", tenant=TENANT)).revision != (
+        agent.revision
+    )
+    worker = Worker(backends, ScriptedProvider([reply("done")]), {agent.name: agent}, backoff_s=0)
+    assert await worker.recover(range(backends.log.partitions)) == 1
+    await worker.drained()
+    assert (await worker.runner.inspect("r", tenant=TENANT)).status == "completed"

@@ -153,6 +153,7 @@ def test_the_cli_rebuilds_a_user_projection(
     asyncio.run(fill())
     env = {
         **os.environ,
+        "ONWARD_BACKEND": "kafka",
         "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "DATABASE_URL": database_url,
         "ONWARD_DATABASE_SCHEMA": empty_pg_schema,

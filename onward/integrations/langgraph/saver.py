@@ -119,6 +119,7 @@ from onward.projections import FrontierStore
 from onward.projections.compaction import CompactionStore, embedded_compaction
 from onward.projections.compaction.history import read_whole_run
 from onward.runtime.leases import CancelAsked, Leaseholder, LeasePolicy, LeaseStore, RunLease
+from onward.runtime.limits import check_name
 from onward.runtime.redaction import Redactor
 from onward.runtime.spend.base import PriceTable, SpendEntry, SpendLedger
 
@@ -1211,6 +1212,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 and carry on from a state another writer has moved past.
         """
         self._remember_loop()
+        _checked(thread_id)
         stopped = self._stopped_since_read(thread_id)
         if stopped is not None:
             raise stopped()
@@ -1468,6 +1470,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """A thread this saver does not hold, folded to the log's end: only the new tail is
         read when the thread was read before (the fold is incremental, refusals included).
         """
+        _checked(thread_id)
         followed = self._followed.pop(thread_id, None)
         if whole and followed is not None and followed.partial:
             followed = None
@@ -1612,8 +1615,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """Fold the thread from the log, from its first event where a frontier row says so.
 
         Raises:
-            InvalidInputError: The run under this thread id belongs to another tenant.
+            InvalidInputError: The run under this thread id belongs to another tenant, or the
+                thread id is no name a store can keep.
         """
+        _checked(thread_id)
         start: int | None = None
         if self.frontiers is not None:
             row = await self.frontiers.get(thread_id)
@@ -1809,7 +1814,17 @@ def _thread_id(config: RunnableConfig) -> str:
         thread_id = None
     if thread_id is None or thread_id == "":
         raise InvalidInputError("a LangGraph config for OnwardSaver needs configurable.thread_id")
-    return str(thread_id)
+    return _checked(str(thread_id))
+
+
+def _checked(thread_id: str) -> str:
+    """``thread_id`` if it is a name every store keeps (a run id's rules: no control
+    character, PostgreSQL refusing NUL in text), else an error naming it, before any store
+    is asked (which would report a NUL as its own fault)."""
+    try:
+        return check_name("thread_id", thread_id)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"thread id {thread_id!r} cannot be used: {exc}") from None
 
 
 def _checkpoint_id(config: RunnableConfig) -> str:

@@ -12,6 +12,7 @@ import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
+from support.servers import KafkaServers
 
 import onward.integrations.langgraph as lg
 from onward.errors import BackendUnavailableError, InvalidInputError, ResumeConflictError
@@ -28,7 +29,7 @@ from onward.integrations.langgraph import OnwardSaver
 from onward.runtime.manager import ExecutionManager
 
 from .graphs import config, steps_graph
-from .worlds import TENANT, World, sqlite_world
+from .worlds import TENANT, World, kafka_world, sqlite_world
 
 
 def test_exports() -> None:
@@ -274,6 +275,39 @@ async def test_a_config_whose_thread_id_is_empty_is_refused(
         with pytest.raises(InvalidInputError, match="thread_id"):
             await saver.aget_tuple(empty)
         assert await world.log.read_run(str(thread_id)) == []
+
+
+async def check_a_thread_id_holding_a_control_character_is_refused(world: World) -> None:
+    """No store can keep a NUL in a name (PostgreSQL refuses it in text): the caller is told
+    the thread id is what is wrong, before anything is read or written, on every entry."""
+    bad = "t\x00x"
+    async with world.saver() as saver:
+        with pytest.raises(InvalidInputError, match=r"thread id 't\\x00x'"):
+            await steps_graph("S", saver).ainvoke({"steps": []}, config(bad))
+        with pytest.raises(InvalidInputError, match=r"thread id 't\\x00x'"):
+            await saver.aget_tuple(config(bad))
+        with pytest.raises(InvalidInputError, match=r"thread id 't\\x00x'"):
+            await saver.adelete_thread(bad)
+        with pytest.raises(InvalidInputError, match=r"thread id 't\\x00x'"):
+            await saver.aprune([bad])
+        with pytest.raises(InvalidInputError, match=r"thread id 't\\x00x'"):
+            async with saver.hold(bad):
+                pass
+
+
+async def test_a_thread_id_holding_a_control_character_is_refused_on_sqlite(
+    world: World,
+) -> None:
+    await check_a_thread_id_holding_a_control_character_is_refused(world)
+
+
+@pytest.mark.kafka
+async def test_a_thread_id_holding_a_control_character_is_refused_on_kafka_postgres(
+    kafka_servers: KafkaServers,
+) -> None:
+    """Before the fix: BackendError "loading frontiers: CharacterNotInRepertoireError"."""
+    async with kafka_world(*kafka_servers) as world:
+        await check_a_thread_id_holding_a_control_character_is_refused(world)
 
 
 async def test_writes_without_a_checkpoint_id_are_refused_clearly(world: World) -> None:

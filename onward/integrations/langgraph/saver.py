@@ -646,7 +646,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 pruned.
             ResumeConflictError: Another process holds one of the threads: the threads before
                 it were pruned (each wholly), it and those after it were not; the message
-                names both.
+                names both. Any other error part way carries the same in a note.
         """
         if isinstance(thread_ids, str):
             raise InvalidInputError("prune takes a sequence of thread ids, not one string")
@@ -656,6 +656,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 f"unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'"
             )
         if strategy == "delete":
+            for thread_id in thread_ids:
+                await self._state(thread_id)  # every id and tenant checked before any deletion
             await _each(thread_ids, "deleted", self.adelete_thread)
             return
         loads = self._loads
@@ -685,7 +687,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 to name the threads it cut.
             ResumeConflictError: Another process holds one of the threads found: the threads
                 before it were done (each wholly), it and those after it were not; the message
-                names both. Calling again with the same run ids finishes the rest.
+                names both (any other error part way, in a note). Calling again with the same
+                run ids finishes the rest.
         """
         if isinstance(run_ids, str):
             raise InvalidInputError("delete_for_runs takes a sequence of run ids, not one string")
@@ -1732,6 +1735,7 @@ async def _each(
 ) -> None:
     """``act`` on each thread in turn; a thread held elsewhere stops the rest, and its error
     says which threads were ``done`` and which not, so the caller knows what to call again.
+    Any other Onward error stops the rest too, and says the same in a note (its kind kept).
 
     Raises:
         ResumeConflictError: Another process holds one of the threads.
@@ -1739,11 +1743,15 @@ async def _each(
     for i, thread_id in enumerate(thread_ids):
         try:
             await act(thread_id)
-        except ResumeConflictError as exc:
+        except OnwardError as exc:
             did = ", ".join(map(repr, thread_ids[:i])) or "none"
             left = ", ".join(map(repr, thread_ids[i:]))
+            progress = f"threads {done}: {did}; not {done}: {left}"
+            if not isinstance(exc, ResumeConflictError):
+                exc.add_note(progress)
+                raise
             raise ResumeConflictError(
-                f"{exc} (threads {done}: {did}; not {done}: {left})",
+                f"{exc} ({progress})",
                 run_id=exc.run_id,
                 holder=exc.holder,
                 expires_at=exc.expires_at,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import pytest
 from langchain_core.runnables import RunnableConfig
@@ -12,8 +13,15 @@ from langgraph.checkpoint.conformance.test_utils import (
     generate_metadata,
 )
 
-from onward.errors import InvalidInputError, ResumeConflictError
-from onward.eventlog import GraphCheckpointsRemoved
+from onward.errors import BackendUnavailableError, InvalidInputError, ResumeConflictError
+from onward.eventlog import (
+    Event,
+    EventLog,
+    GraphCheckpointsRemoved,
+    PartitionBounds,
+    Position,
+    StoredEvent,
+)
 from onward.integrations.langgraph import OnwardSaver
 from onward.projections.audit import audit_timeline
 
@@ -172,3 +180,64 @@ async def test_a_record_no_one_can_read_does_not_stop_delete_for_runs(world: Wor
         world.log.write_raw("a", b"\x00not an event either")  # type: ignore[attr-defined]
         await saver.adelete_for_runs(["drop"])
         assert await _ids(saver, "a", "") == [kept["configurable"]["checkpoint_id"]]
+
+
+async def test_deleting_threads_among_which_one_is_another_tenants_deletes_none(
+    world: World,
+) -> None:
+    """`InvalidInputError` says nothing was written: a list of threads to delete holding one
+    another tenant's is refused before any is deleted. Before the fix the threads before it
+    were deleted, and the error said nothing of them."""
+    other = OnwardSaver(world.log, world.leases, tenant="globex", frontiers=world.frontiers)
+    async with other, world.saver() as saver:
+        await _put(other, "theirs")
+        await _put(saver, "mine")
+        await saver.arelease("mine")
+        with pytest.raises(InvalidInputError, match="theirs"):
+            await saver.aprune(["mine", "theirs"], strategy="delete")
+        assert len(await _ids(saver, "mine", "")) == 1
+
+
+async def test_a_failure_part_way_through_pruning_names_what_was_done(world: World) -> None:
+    """Any error that stops a prune part way (a store fault here) says which threads were
+    pruned already, not only a thread held elsewhere does."""
+    failing = _FailsForThread(world.log, "b")
+    saver = OnwardSaver(cast(EventLog, failing), world.leases, tenant=TENANT)
+    async with saver:
+        for thread_id in ("a", "b", "c"):
+            first = await _put(saver, thread_id)
+            await _put(saver, thread_id, parent=first)
+            await saver.arelease(thread_id)
+        failing.armed = True
+        with pytest.raises(BackendUnavailableError) as failed:
+            await saver.aprune(["a", "b", "c"])
+        said = "\n".join(getattr(failed.value, "__notes__", []))
+        assert "pruned: 'a'" in said
+        assert "not pruned: 'b', 'c'" in said
+        assert [len(await _ids(saver, t, "")) for t in ("a", "b", "c")] == [1, 2, 2]
+
+
+class _FailsForThread:
+    """A log whose appends to one thread fail, once armed, as an unreachable store's do."""
+
+    def __init__(self, log: EventLog, thread_id: str) -> None:
+        self.log = log
+        self.thread_id = thread_id
+        self.armed = False
+
+    @property
+    def partitions(self) -> int:
+        return self.log.partitions
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        if self.armed and any(e.run_id == self.thread_id for e in events):
+            raise BackendUnavailableError("the store did not answer")
+        return await self.log.append(events)
+
+    async def read_run(
+        self, run_id: str, *, start: int | None = None, end: int | None = None
+    ) -> list[StoredEvent]:
+        return await self.log.read_run(run_id, start=start, end=end)
+
+    async def bounds(self, partition: int) -> PartitionBounds:
+        return await self.log.bounds(partition)

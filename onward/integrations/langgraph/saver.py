@@ -57,7 +57,7 @@ from collections.abc import (
     Iterator,
     Sequence,
 )
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
@@ -320,6 +320,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self._stops_released: dict[str, int] = {}
         """The ``_stops`` count of a thread when it was last released."""
         self._followed: OrderedDict[str, ThreadState] = OrderedDict()
+        self._calling: dict[str, int] = {}
+        """How many tool calls of each thread `OnwardToolMiddleware` is running (dispatched,
+        outcome not yet recorded): a cancel heard meanwhile ends the graph run only at a write
+        made once none is, so each outcome is recorded first."""
         self._taking: dict[str, _Taking] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -930,6 +934,20 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """
         await self._write(thread_id, _constant([(kind, fields)]))
 
+    @contextmanager
+    def _running_call(self, thread_id: str) -> Iterator[None]:
+        """Count a dispatched tool call of the thread as running for the block (see
+        `_may_go_on`): the middleware runs the tool and records its outcome in it."""
+        self._calling[thread_id] = self._calling.get(thread_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._calling[thread_id] - 1
+            if left:
+                self._calling[thread_id] = left
+            else:
+                del self._calling[thread_id]
+
     def claim(self, thread_id: str) -> ThreadState:
         return self._sync(self.aclaim(thread_id))
 
@@ -1361,9 +1379,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             RunCancelledError: A cancel was asked; the run ended ``cancelled``.
         """
         # A tool call's outcome is recorded first: the call ran, and left undecided it would
-        # be put to a person. The graph run's next write ends it.
+        # be put to a person. The graph run's next write once no call runs ends it.
         outcomes_only = all(kind in _OUTCOMES for kind, _ in made)
-        over = await self._over_budget(thread_id) if step and made else None
+        # A graph step's own write while a tool call runs (LangGraph saves a checkpoint beside
+        # the step's tasks) does not end the run: the call's outcome could not be recorded.
+        calls_running = step and bool(self._calling.get(thread_id))
+        over = await self._over_budget(thread_id) if step and made and not calls_running else None
         if spent:
             # Before anything else: the calls were made, whatever this write comes to.
             await self._record_spend(thread_id, made, first_seq, spent)
@@ -1371,6 +1392,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             await self._end(thread_id, held, "failed", f"{type(over).__name__}: {over}")
             self._stop(thread_id, functools.partial(_copied, over))
             raise over
+        if calls_running:
+            return
         asked = held.holder.cancel_asked
         if asked is not None and not outcomes_only:
             await self._end(thread_id, held, "cancelled", asked.error)

@@ -199,7 +199,20 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
         except OnwardError:
             await self._not_called(call)
             raise
-        token = _running.set(_Dispatched(key, lease))
+        # Until its outcome is recorded, a cancel the saver hears does not end the graph run
+        # under it (a checkpoint LangGraph writes meanwhile): the call would be left undecided.
+        with self.saver._running_call(call.thread_id):
+            return await self._run(call, request, handler, _Dispatched(key, lease))
+
+    async def _run(
+        self,
+        call: _Call,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolOutput]],
+        dispatched: _Dispatched,
+    ) -> ToolOutput:
+        """Run a dispatched call's tool and record its outcome."""
+        token = _running.set(dispatched)
         try:
             output = await cancelled_as_failure(handler(request))
         except BaseException as exc:

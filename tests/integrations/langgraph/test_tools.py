@@ -148,8 +148,9 @@ async def test_a_cancel_heard_while_a_tool_runs_lets_its_outcome_be_recorded_fir
 ) -> None:
     """The holder hears the ask (by a renewal) while the tool runs: the tool's outcome is
     recorded all the same, so the call is not left undecided, and the graph run's next write
-    ends it cancelled."""
-    saver = world.saver(ttl_s=1.5)
+    ends it cancelled. The lease is long (a loaded machine's stall could outlast a short one,
+    the write then refused as fenced) and renewed every half second, so the ask is heard soon."""
+    saver = world.saver(ttl_s=30, renew_within_s=29.5)  # renews every 0.5 s
 
     def book(flight: str) -> str:
         raise AssertionError("the async path runs")
@@ -170,6 +171,49 @@ async def test_a_cancel_heard_while_a_tool_runs_lets_its_outcome_be_recorded_fir
     ends = [s.event for s in await world.log.read_run("t") if isinstance(s.event, RunFinished)]
     assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops: stop")]
     assert ledger_lines(ledger) == [FLIGHT]
+
+
+async def test_a_cancel_heard_before_langgraph_saves_the_steps_checkpoint_still_records_the_outcome(
+    world: World, ledger: Path, kind: GraphKind
+) -> None:
+    """LangGraph saves a step's checkpoint beside the step's tasks: when the cancel is heard
+    (by a renewal) before that save reaches the saver, the save must not end the run under
+    the running tool, or its outcome is refused and the call left to a person though it ran.
+    Before the fix the log held ``ToolDispatched`` only (what made the test above flaky)."""
+    saver = world.saver(ttl_s=30, renew_within_s=29.5)  # renews every 0.5 s
+    tool_running = asyncio.Event()
+    saving = saver.aput
+
+    async def late_aput(
+        config: RunnableConfig, checkpoint: Any, metadata: Any, versions: Any
+    ) -> RunnableConfig:
+        if metadata.get("step") == 1:  # the model's step: saved as the tool step runs
+            await tool_running.wait()
+            await until_heard(saver)
+        return await saving(config, checkpoint, metadata, versions)
+
+    saver.aput = late_aput  # type: ignore[method-assign,assignment]
+
+    def book(flight: str) -> str:
+        raise AssertionError("the async path runs")
+
+    async def book_async(flight: str) -> str:
+        tool_running.set()
+        await world.leases.ask_to_cancel("t", tenant=TENANT, by="ops", why="stop")
+        await until_heard(saver)
+        await asyncio.sleep(0.2)  # the checkpoint's save goes first
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        return f"booked {flight}"
+
+    async with saver:
+        run = graph(kind, saver, model(asks_to_book(), _done()), as_book(book, book_async))
+        with pytest.raises(RunCancelledError, match="cancelled by ops: stop"):
+            await run.ainvoke(START, thread_config("t"))
+    assert ledger_lines(ledger) == [FLIGHT]
+    assert await _kinds(world, "t") == ["ToolDispatched", "ToolCompleted"]
+    ends = [s.event for s in await world.log.read_run("t") if isinstance(s.event, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops: stop")]
 
 
 async def until_heard(saver: OnwardSaver) -> None:

@@ -60,7 +60,7 @@ from typing import Any, NamedTuple
 import msgspec
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
-from langgraph.errors import GraphBubbleUp
+from langgraph.errors import GraphBubbleUp, ParentCommand
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
@@ -92,6 +92,9 @@ _log = logging.getLogger(__name__)
 
 _ERROR_MESSAGE = "ToolMessage"
 """The error type recorded for a tool that answered with an error message."""
+
+_RAISED = "raised"
+"""Marks a recorded command the tool raised (`ParentCommand`) rather than returned."""
 
 
 class _Dispatched(NamedTuple):
@@ -215,6 +218,17 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
         token = _running.set(dispatched)
         try:
             output = await cancelled_as_failure(handler(request))
+        except ParentCommand as exc:
+            # The tool finished by handing its graph a command (a subgraph's Command.PARENT):
+            # its effect is done, so it is recorded as its outcome, and raised on as LangGraph
+            # does; a replay raises it again rather than run the tool.
+            handed = self._outcome(call, exc.args[0])
+            await self.saver.arecord(
+                call.thread_id,
+                ToolCompleted,
+                **{**handed, "result": {**handed["result"], _RAISED: True}},
+            )
+            raise
         except BaseException as exc:
             outcome = _unfinished(call, exc, self.saver.redactor)
             if outcome is not None:
@@ -336,6 +350,8 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
         if isinstance(result, dict):  # message content is never a mapping: serialized
             data = base64.b64decode(result["data"])
             output: ToolOutput = self.saver.serde.loads_typed((result["type"], data))
+            if result.get(_RAISED) and isinstance(output, Command):
+                raise ParentCommand(output)
             return output
         return _message(call, result)
 

@@ -23,6 +23,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
+from langgraph.errors import ParentCommand
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 from support.servers import KafkaServers
@@ -545,6 +546,36 @@ async def test_a_tool_that_interrupts_runs_again_when_answered(world: World, led
         "ToolDispatched",
         "ToolCompleted",
     ]
+
+
+async def test_a_tool_that_hands_its_graph_a_command_is_not_run_again_on_a_replay(
+    world: World, ledger: Path, kind: GraphKind
+) -> None:
+    """A tool that ends by raising `ParentCommand` (a subgraph it ran returned
+    ``Command(graph=Command.PARENT)``) has had its effect: its command is its outcome, and
+    replaying the step (a fork from the checkpoint before it) raises it again, the tool not
+    run. Before the fix it was recorded as never run (taken for an interrupt) and ran again."""
+
+    def book(flight: str) -> str:
+        raise AssertionError("the async path runs")
+
+    async def book_async(flight: str) -> str:
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        handed = ToolMessage(content="handed over", tool_call_id=CALL_ID, name="book")
+        raise ParentCommand(Command(graph="tools", update={"messages": [handed]}))
+
+    async with world.saver() as saver:
+        run = graph(kind, saver, model(asks_to_book(), _done(), _done()), as_book(book, book_async))
+        out = await run.ainvoke(START, thread_config("t"))
+        assert _tool_messages(out) == [("success", "handed over")]
+        assert await _kinds(world, "t") == ["ToolDispatched", "ToolCompleted"]
+        history = [s async for s in run.aget_state_history(thread_config("t"))]
+        before_tools = next(s for s in history if s.next == ("tools",))
+        out = await run.ainvoke(None, before_tools.config)
+    assert _tool_messages(out) == [("success", "handed over")]
+    assert ledger_lines(ledger) == [FLIGHT]
+    assert await _kinds(world, "t") == ["ToolDispatched", "ToolCompleted"]
 
 
 async def test_the_sync_api_asks_and_records_the_same_way(world: World, ledger: Path) -> None:

@@ -664,6 +664,7 @@ class App(Resource):
             (kept[0].event.seq - 1) if kept else frontier.last_seq,
         )
         stream.follow_from(cut_through)
+        await stream.counted_before_the_cut(frontier, kept)
         if frontier.finished and cut_through >= frontier.last_seq:
             await stream.ended_in(frontier)  # nothing of it is left to read
 

@@ -278,6 +278,29 @@ class MessageMapper:
             answers=self._answers,
         )
 
+    def resume_counts(
+        self,
+        *,
+        iteration: int,
+        tools_done: int,
+        input_tokens: int,
+        output_tokens: int,
+        pause_at: tuple[Boundary, ...],
+        max_iterations: int | None,
+    ) -> None:
+        """Go on from where the run stood before its first event this mapper is fed (its
+        `RunStarted` was cut from the log): the counts then, and the pauses and iteration bound
+        its options named. A collaborative run's checkpoints are its pauses; a run that
+        named other checkpoints, or a frequency, is not known to here (they are not on its row)."""
+        self.iteration = iteration
+        self.tools_done = tools_done
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self._pause_at = pause_at
+        if pause_at:
+            self._checkpoints = pause_at
+        self._max_iterations = max_iterations
+
     def _started(self, event: RunStarted) -> None:
         if event.carried is not None:
             self.iteration = event.carried.iteration

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import NoReturn, Protocol
 
@@ -26,9 +26,12 @@ from onward.eventlog.events import (
     ApprovalGranted,
     ApprovalRequested,
     Event,
+    ModelAnswered,
     RunContinued,
     RunFinished,
     RunStarted,
+    ToolCompleted,
+    ToolResolved,
 )
 from onward.projections.frontier import Frontier
 from onward.runtime.backends import Backends
@@ -153,6 +156,52 @@ class RunStream:
     def follow_from(self, last_seq: int) -> None:
         """Count the run's events from seq ``last_seq + 1`` on: those before were compacted."""
         self._guard = SequenceGuard(last_seq)
+
+    async def counted_before_the_cut(self, frontier: Frontier, kept: Sequence[StoredEvent]) -> None:
+        """Take up the run where the log was cut below it (`follow_from`): its `RunStarted`
+        and the events after it up to the cut are never read, so the messages after would
+        count model calls and tool calls from 0 and follow no pause or iteration bound of the
+        run, nor know that it waits on a person. Its row has them: its counts less what the
+        events the log still holds add (``kept``, read after the row), the pauses and bound
+        its options named, and the request it waits on."""
+        self._seen = True
+        guard = SequenceGuard(self._guard.last_seq)
+        model_calls = input_tokens = output_tokens = 0
+        done_after: set[str] = set()
+        asked_after = False
+        for item in kept:
+            if guard.last_seq >= frontier.last_seq:
+                break  # appended after the row was read: not in its counts
+            if not guard.admit(item):
+                continue
+            event = item.event
+            if isinstance(event, ApprovalRequested):
+                asked_after = event.request_id == frontier.waiting_on
+            elif isinstance(event, ModelAnswered):
+                model_calls += 1
+                input_tokens += event.usage.input_tokens
+                output_tokens += event.usage.output_tokens
+            elif isinstance(event, ToolCompleted) or (
+                isinstance(event, ToolResolved) and event.outcome == "completed"
+            ):
+                done_after.add(event.call_id)
+        # The row keeps no count of the calls that had an outcome; its calls' audit rows do,
+        # counted as the events are (a typed error is an outcome; a call that never ran not).
+        calls = await self.app.backends.frontiers.tool_calls(self.run_id)
+        done = {c.call_id for c in calls if c.outcome in ("completed", "error")}
+        self._mapper.resume_counts(
+            iteration=frontier.iteration - model_calls,
+            tools_done=len(done - done_after),
+            input_tokens=frontier.input_tokens - input_tokens,
+            output_tokens=frontier.output_tokens - output_tokens,
+            pause_at=frontier.pause_at,
+            max_iterations=frontier.max_iterations,
+        )
+        if not asked_after:
+            # Waiting on a request asked before the cut (its message is gone with it): one
+            # that does not follow waits ends, and the wait is said to be a person's, not one
+            # for a worker nobody runs.
+            self._waiting_on = frontier.waiting_on
 
     @property
     def waiting_on(self) -> str | None:
@@ -317,8 +366,9 @@ class RunStream:
 
     async def ended_in(self, frontier: Frontier) -> None:
         """The run ended and compaction cut every event of it from the log (it keeps none of
-        a finished run there): give the message its end gave, from how its row says it ended,
-        and end, rather than wait for events that never come."""
+        a finished run there): give the message its end gave, from how its row says it ended
+        (counted as `counted_before_the_cut` says), and end, rather than wait for events that
+        never come."""
         run_id, tenant, seq, fence = (
             frontier.run_id,
             frontier.tenant,
@@ -344,7 +394,6 @@ class RunStream:
         else:
             return
         self._seen = True
-        self._mapper.iteration = frontier.iteration
         event = await self.app.restore(end)
         spent = await self._spent_by_its_end(event)
         self._track(event)

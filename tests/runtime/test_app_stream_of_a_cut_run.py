@@ -14,6 +14,7 @@ import pytest
 from support.appapi import agents, provider, script
 
 import onward
+from onward.runtime.application.messages import RunMessage
 from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.continuation import ContinuationPolicy
 from onward.runtime.demo_ledger import Ledger
@@ -97,3 +98,92 @@ async def test_a_stream_of_an_ended_run_cut_by_other_means_ends_with_its_result(
         ("result", "completed", ran[-1].output)
     ]
     assert [m.position for m in again] == sorted({m.position for m in again})
+
+
+@pytest.mark.parametrize("cut", ["compacted", "cut-by-other-means"])
+async def test_the_end_of_a_run_cut_whole_says_how_far_it_went(
+    tmp_path: Path, ledger: Ledger, cut: str
+) -> None:
+    """The message a run cut whole ends with counts its model calls and tool calls as the
+    message its end gave when it was read from the log."""
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        ran = await app.query("work", {"agent": "stepper"}).collect()
+        if cut == "compacted":
+            await _cut(app, ran[-1].run_id)
+        else:
+            await _cut_below(app, ran[-1].run_id, 10_000)
+        again = await app.resume(ran[-1].run_id, timeout=5).collect()
+    assert ran[-1].tools_done == 3
+    assert [(m.type, m.iteration, m.tools_done) for m in again] == [
+        ("result", ran[-1].iteration, ran[-1].tools_done)
+    ]
+
+
+def _seen(messages: list[RunMessage]) -> list[tuple[object, ...]]:
+    return [
+        (m.type, m.position, m.boundary, m.waits, m.iteration, m.tools_done, m.progress_percent)
+        for m in messages
+    ]
+
+
+async def _answered(stream: onward.RunStream, until_waits: bool = False) -> list[RunMessage]:
+    """The stream's messages, each wait answered (up to the first wait, with ``until_waits``,
+    left unanswered)."""
+    seen: list[RunMessage] = []
+    async for message in stream:
+        seen.append(message)
+        if message.waits:
+            if until_waits:
+                break
+            await message.respond()
+    return seen
+
+
+@pytest.mark.parametrize("cut", ["compacted", "cut-by-other-means"])
+async def test_a_run_cut_below_its_start_streams_what_comes_as_if_it_were_whole(
+    tmp_path: Path, ledger: Ledger, cut: str
+) -> None:
+    """A collaborative run whose first events were cut while it waited: the stream opened on
+    it after gives what comes as a stream that read it whole does, counting the model calls
+    and tool calls made before the cut, with its pauses and iteration bound (no checkpoint
+    given twice, once as a pause and once not)."""
+    options = {"agent": "stepper", "mode": "collaborative", "max_iterations": 10}
+    whole = Settings(backend="sqlite", sqlite_path=tmp_path / "whole.db")
+    async with onward.open(whole, agents=agents, provider=provider()) as app:
+        expected = await _answered(app.query("work", options))
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        first = await _answered(app.query("work", options), until_waits=True)
+        run_id = first[-1].run_id
+        if cut == "compacted":
+            await _cut(app, run_id)
+        else:
+            await _cut_below(app, run_id, 10_000)
+        await first[-1].respond()
+        after = await _answered(app.resume(run_id, timeout=5))
+    assert _seen(after) == _seen([m for m in expected if m.position > first[-1].position])
+
+
+@pytest.mark.parametrize("cut", ["compacted", "cut-by-other-means"])
+async def test_a_waiting_run_cut_whole_is_said_to_wait(
+    tmp_path: Path, ledger: Ledger, cut: str
+) -> None:
+    """A run that waits on a person and whose events were all cut (the message that asked
+    with them): a stream that does not follow waits ends, as for a run read whole, rather
+    than wait for good (for a worker, it would say); the run is answered and goes on."""
+    options = {"agent": "stepper", "mode": "collaborative"}
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        first = await _answered(app.query("work", options), until_waits=True)
+        run_id = first[-1].run_id
+        if cut == "compacted":
+            await _cut(app, run_id)
+        else:
+            await _cut_below(app, run_id, 10_000)
+        again = await app.resume(run_id, follow_waits=False, timeout=5).collect()
+        await first[-1].respond()
+        rest = await _answered(app.resume(run_id, timeout=5))
+    assert again == []
+    assert rest[-1].is_result
+    assert rest[-1].status == "completed"

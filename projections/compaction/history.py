@@ -10,7 +10,7 @@ from onward.errors import LogTruncatedError
 from onward.eventlog.base import EventLog, LogRecord, StoredEvent, partition_for, strict
 from onward.projections.audit import AuditLine, check_owner, timeline_of
 
-from .base import CompactionStore, RetainedEvent, RunTruncation
+from .base import CompactionStore, LogCut, RetainedEvent, RunTruncation
 
 
 async def read_whole_run(
@@ -27,11 +27,13 @@ async def read_whole_run(
     thread, a pydantic-ai run, a run without a frontier to resume from).
 
     A run with no truncation point had no event below any cut (every cut gives each run below
-    it a point first), so the log from its start holds all of it.
+    it a point first), so the log from its start holds all of it; one whose log start moved
+    past ``start`` by other means (Kafka retention) has a hole, as it has without a store.
 
     Raises:
         LogTruncatedError: The log was cut below ``start`` and compaction kept only part of
-            the run there (its tags and resume points); names the archive that holds the rest.
+            the run there (its tags and resume points), naming the archive that holds the
+            rest; or the log's start moved past ``start`` and compaction kept nothing of it.
         EventDecodeError: A record of the run in the log is unreadable.
     """
     if store is None:
@@ -105,6 +107,20 @@ async def _past_the_cut(
                 and e.offset < bounds.start
                 and (end is None or e.offset < end)
             ]
+        elif (
+            start is not None
+            and start < bounds.start
+            and not _cut_by_compaction(await store.cuts(partition), start, bounds.start)
+        ):
+            raise LogTruncatedError(
+                f"run {run_id!r}: partition {partition} starts at offset {bounds.start}, past "
+                f"offset {start}, and compaction kept nothing of the run below it (the log was "
+                "cut by other means, such as Kafka retention)",
+                run_id=run_id,
+                partition=partition,
+                offset=start,
+                start=bounds.start,
+            )
         if end is not None and end <= bounds.start:
             return kept
         try:
@@ -119,6 +135,16 @@ async def _past_the_cut(
         offset=start,
         start=bounds.start,
     )
+
+
+def _cut_by_compaction(cuts: list[LogCut], start: int, end: int) -> bool:
+    """Whether compaction's cuts cover the offsets from ``start`` to ``end``: a run with no
+    truncation point then had no event there (every cut gives each run below it a point)."""
+    reached = start
+    for cut in sorted(cuts, key=lambda c: c.start):
+        if cut.start <= reached < cut.end:
+            reached = cut.end
+    return reached >= end
 
 
 def _retained_from(retained: list[RetainedEvent], seq: int, point: RunTruncation) -> bool:

@@ -13,12 +13,15 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from support.compaction_world import World, sqlite_world, world_of
 from support.servers import KafkaServers
 from typer.testing import CliRunner
 
+from onward.errors import LogTruncatedError
 from onward.eventlog import Message, ModelAnswered, RunClaimed, RunStarted, TurnSettled
-from onward.projections.compaction.history import compacted_timeline
+from onward.projections.compaction import LogCut
+from onward.projections.compaction.history import compacted_timeline, read_whole_run
 from onward.runtime.cli import app
 from onward.runtime.compaction import CheckpointCompactor
 from onward.testing.eventlog import Envelope
@@ -96,3 +99,50 @@ def test_replay_names_the_events_cut_past_the_point(tmp_path: Path) -> None:
         (6, False),
         (7, False),
     ]
+
+
+async def test_a_run_never_compacted_read_from_below_a_moved_log_start_is_refused(
+    clustered: KafkaServers | None, tmp_path: Path
+) -> None:
+    """No truncation point, and the log's start moved past the run's first events by other
+    means: reading the run from its first offset is a hole, with a compaction store as
+    without one, never the events left passed off as all of them."""
+    async with world_of(clustered, tmp_path) as world:
+        now = time.time_ns() // 1_000
+        await world.log.append(
+            [RunStarted(**env(1, now), agent="booker", revision="r1", input="go")]
+        )
+        for seq in range(2, 6):
+            await world.log.append([answer(seq, now + seq)])
+        first = (await world.log.read_run(RUN))[0].position.offset
+        await world.log.truncate_before(0, first + 3)
+
+        with pytest.raises(LogTruncatedError):
+            await read_whole_run(world.log, None, RUN, start=first)
+        with pytest.raises(LogTruncatedError):
+            await read_whole_run(world.log, world.store, RUN, start=first)
+
+
+async def test_a_run_never_compacted_read_from_below_a_compaction_cut_is_read_whole(
+    clustered: KafkaServers | None, tmp_path: Path
+) -> None:
+    """A cut of compaction's below the run's first event: the run has no point (no event of
+    it was below the cut), and the log from its start holds all of it."""
+    async with world_of(clustered, tmp_path) as world:
+        now = time.time_ns() // 1_000
+        other = Envelope(run_id="run-other", tenant=TENANT, seq=1, fence=1, at=now)
+        (cut_at,) = await world.log.append(
+            [RunStarted(**other, agent="booker", revision="r1", input="go")]
+        )
+        await world.log.append(
+            [RunStarted(**env(1, now), agent="booker", revision="r1", input="go")]
+        )
+        await world.log.append([answer(2, now + 2)])
+        end = cut_at.offset + 1
+        await world.store.record_cut(
+            LogCut(partition=0, start=0, end=end, events=end, archive=None, at=now)
+        )
+        await world.log.truncate_before(0, end)
+
+        whole = await read_whole_run(world.log, world.store, RUN, start=0)
+        assert [e.event.seq for e in whole] == [1, 2]

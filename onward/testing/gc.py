@@ -8,6 +8,7 @@ removed is observed through them too: a lease row that is gone hands out fence 1
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Self
@@ -18,7 +19,7 @@ import pytest_asyncio
 from onward.eventlog import codec
 from onward.projections.base import FrontierStore, QuarantineEntry, Snapshot
 from onward.projections.compaction import CompactionStore, RetainedEvent, RunTruncation
-from onward.runtime.gc.base import KINDS, RECORD_KINDS, RecordSweeper, SweepPlan
+from onward.runtime.gc.base import KINDS, PIN_WAIT_US, RECORD_KINDS, RecordSweeper, SweepPlan
 from onward.runtime.leases.base import LeaseStore
 
 from .eventlog import new_run_id, step_events
@@ -190,6 +191,22 @@ class RecordSweeperConformance:
         assert await stores.rows(tagged) == (True, 2, 2, True, 2)
         assert await stores.compaction.pins([tagged]) == {tagged: {4}}
 
+    async def test_a_pin_whose_tag_never_came_holds_the_run_only_a_while(
+        self, stores: Stores
+    ) -> None:
+        # Pinned, and then the `Tagged` event was never written (its append failed): the row
+        # never ages past the pin. Once the pin is long past the cutoff, the run goes.
+        tagged = await stores.seed("completed")
+        await stores.compaction.pin(tagged, TENANT, 4)
+        later = time.time_ns() // 1_000 + PIN_WAIT_US + 1_000_000
+        assert await stores.sweeper.finished(before=later - 2_000_000) == []
+        assert {r.run_id for r in await stores.sweeper.finished(before=later)} == {tagged}
+        plan = SweepPlan(expired=(tagged,), calls=(tagged,), keys=(tagged,), before=later)
+        counts = await stores.sweeper.sweep(plan, delete=True)
+        assert counts["frontiers"] == 1
+        assert await stores.rows(tagged) == (False, 0, 0, False, 0)
+        assert await stores.compaction.pins([tagged]) == {}
+
     async def test_a_run_touched_since_the_plan_was_made_is_not_swept(self, stores: Stores) -> None:
         # Listed as finished before CUTOFF, then a tag folded into its row: it is not old now.
         touched = await stores.seed("completed")
@@ -232,6 +249,22 @@ class RecordSweeperConformance:
         assert await stores.rows(held) == (True, 2, 2, True, 2)
         assert await stores.lease_row_kept(held)
         assert await stores.compaction.tombstones([held]) == set()
+
+    async def test_a_run_carried_into_a_run_already_collected_holds_nothing(
+        self, stores: Stores
+    ) -> None:
+        # The run it was carried into went first (its row aged out while this one was held
+        # back, say tagged late): nothing is left to keep this one for.
+        successor = await stores.seed("completed")
+        await stores.sweeper.sweep(SweepPlan(expired=(successor,)), delete=True)
+        carried = await stores.seed("continued", continued_to=successor)
+        found = {r.run_id: r for r in await stores.sweeper.finished(before=CUTOFF)}
+        assert not found[carried].continued
+        live = await stores.seed("running")
+        waiting = await stores.seed("continued", continued_to=live)
+        found = {r.run_id: r for r in await stores.sweeper.finished(before=CUTOFF)}
+        assert found[waiting].continued
+        assert found[waiting].successor == live
 
     async def test_a_lease_somebody_holds_is_kept(self, stores: Stores) -> None:
         run_id = await stores.seed("completed", held=True)

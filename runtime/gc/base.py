@@ -20,7 +20,7 @@ plan handed in.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
 
 from onward._storage import AsyncResource
@@ -63,7 +63,8 @@ class FinishedRun:
 
     Attributes:
         finished_at: The ``at`` of the run's last event, microseconds since the epoch.
-        continued: The run was carried into another run (status ``continued``).
+        continued: The run was carried into another run (status ``continued``) that
+            garbage collection has not removed yet (`carried_on`).
         successor: The run it was carried into, when the stored row says.
     """
 
@@ -86,23 +87,48 @@ def finished_run(
     return FinishedRun(run_id, tenant, status, updated_at, continued, successor)
 
 
-_ENDED_RUN = (
-    f"status IN ({_TERMINAL}) AND agent <> '' AND quarantined IS NULL "
-    "AND NOT EXISTS (SELECT 1 FROM onward_tag_pins tagging "
-    "WHERE tagging.run_id = onward_frontiers.run_id "
-    "AND tagging.pinned_at > onward_frontiers.updated_at)"
-)
+def carried_on(runs: list[FinishedRun], collected: Collection[str]) -> list[FinishedRun]:
+    """``runs``, those carried into a run garbage collection removed (``collected``: their
+    successors with a tombstone) no longer said to be continued: nothing is left to keep them
+    for (the successor went first, this run's row having been touched since, by a late tag or
+    a quarantine), and kept for it they would be kept for good."""
+    return [
+        replace(run, continued=False) if run.continued and run.successor in collected else run
+        for run in runs
+    ]
+
+
+PIN_WAIT_US = 60 * 86_400 * 1_000_000
+"""How long before a cutoff a pin was made for it to hold its run no longer (`_ENDED_RUN`)."""
+
+
+def _ended(before: str | None) -> str:
+    """`_ENDED_RUN`; with ``before`` (an SQL expression), a pin made `PIN_WAIT_US` before it
+    holds the run no longer."""
+    stale = "" if before is None else f" AND tagging.pinned_at >= {before} - {PIN_WAIT_US}"
+    return (
+        f"status IN ({_TERMINAL}) AND agent <> '' AND quarantined IS NULL "
+        "AND NOT EXISTS (SELECT 1 FROM onward_tag_pins tagging "
+        "WHERE tagging.run_id = onward_frontiers.run_id "
+        f"AND tagging.pinned_at > onward_frontiers.updated_at{stale})"
+    )
+
+
+_ENDED_RUN = _ended(None)
 """A frontier row of a run that ended. A LangGraph thread (no agent) never does: a cancel ends
 one invocation of it, and the next opens it again (`projections.frontier`). Nor is a run held
 in quarantine known to have ended: its row stops short of a record that could not be read, and
 it stays for the person who releases it (its held entry names it, and a release folds it
 again from its rows). Nor is a run tagged since its row was folded: its `Tagged` event is on
-its way to the row (a tag is pinned first), and deleting the row and pin now would lose it."""
+its way to the row (a tag is pinned first), and deleting the row and pin now would lose it.
+Asked about runs finished before a cutoff, a pin made `PIN_WAIT_US` (60 days) before that
+cutoff holds the run no longer: a tag whose event was not folded in all that time never will
+be (its append failed), and its pin would otherwise keep the run for good."""
 
 FINISHED_SQL = (
     "SELECT run_id, tenant, status, updated_at, "
     "CASE WHEN status = 'continued' THEN payload END AS payload FROM onward_frontiers "
-    f"WHERE {_ENDED_RUN} AND updated_at < {{before}} ORDER BY run_id"
+    f"WHERE {_ended('{before}')} AND updated_at < {{before}} ORDER BY run_id"
 )
 """The finished runs of a frontier table, with ``{before}`` left for the dialect's parameter."""
 
@@ -245,7 +271,9 @@ class SweepSql:
 
 def _ended_before(before: int | None) -> str:
     """`_ENDED_RUN`, and with ``before`` of a row last touched before it."""
-    return _ENDED_RUN if before is None else f"{_ENDED_RUN} AND updated_at < {int(before)}"
+    if before is None:
+        return _ENDED_RUN
+    return f"{_ended(str(int(before)))} AND updated_at < {int(before)}"
 
 
 __all__ = [

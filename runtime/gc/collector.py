@@ -168,7 +168,10 @@ def _expired(
     """The runs past the checkpoint ttl whose rows can go, and those kept for a successor.
 
     A continued run goes only with the run it was carried into (which goes only with its own
-    successor, and so on); one whose row does not name its successor stays.
+    successor, and so on); one whose row does not name its successor stays. The runs that go
+    come each before the run it was carried into, never in id order (``r~c10`` sorts before
+    ``r~c2``): a pass cut short between two batches then leaves no run carried into a run
+    already gone, which every later pass would keep for good.
     """
     candidates = {r.run_id: r for r in finished if r.finished_at < before}
     kept: set[str] = set()
@@ -181,10 +184,17 @@ def _expired(
             if run.successor is None or run.successor not in candidates or run.successor in kept:
                 kept.add(run.run_id)
                 changed = True
-    return (
-        tuple(r for r in candidates if r not in kept),
-        tuple(sorted(kept)),
-    )
+    successors = {
+        r.run_id: r.successor for r in candidates.values() if r.continued and r.run_id not in kept
+    }
+    carried = set(successors.values())
+    order: dict[str, None] = {}
+    for run_id in [r for r in candidates if r not in carried] + list(candidates):
+        link: str | None = run_id
+        while link is not None and link not in order and link not in kept:
+            order[link] = None
+            link = successors.get(link)
+    return tuple(order), tuple(sorted(kept))
 
 
 def _batches(plan: SweepPlan, size: int) -> list[SweepPlan]:

@@ -13,9 +13,19 @@ import time
 
 from onward._storage import PostgresStore
 
-from .base import FINISHED_SQL, FinishedRun, Kind, SweepPlan, SweepSql, finished_run
+from .base import (
+    FINISHED_SQL,
+    FinishedRun,
+    Kind,
+    SweepPlan,
+    SweepSql,
+    carried_on,
+    finished_run,
+)
 
 _SQL = SweepSql(ids="SELECT unnest($1::text[])", now="now()")
+_COLLECTED = "SELECT run_id FROM onward_run_tombstones WHERE run_id = ANY($1::text[])"
+"""Which of the given runs garbage collection removed (`carried_on`)."""
 _LOCK_FRONTIERS = (
     "SELECT FROM onward_frontiers WHERE run_id = ANY($1::text[]) "
     'ORDER BY run_id COLLATE "C" FOR UPDATE'
@@ -47,7 +57,10 @@ class PostgresRecordSweeper(PostgresStore):
     async def finished(self, *, before: int) -> list[FinishedRun]:
         async with self._connection("listing finished runs") as conn:
             rows = await conn.fetch(FINISHED_SQL.format(before="$1"), before)
-        return [finished_run(*row) for row in rows]
+            runs = [finished_run(*row) for row in rows]
+            successors = sorted({r.successor for r in runs if r.successor is not None})
+            collected = await conn.fetch(_COLLECTED, successors) if successors else []
+        return carried_on(runs, {r["run_id"] for r in collected})
 
     async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
         counts: dict[Kind, int] = {}

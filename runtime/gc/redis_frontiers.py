@@ -9,17 +9,24 @@ holding frontiers grows with every run ever made.
 Finished runs are listed from Redis. Each sweep then reads the runs' summaries and goes on
 with those that say the run finished (a finished run never becomes unfinished again; a
 LangGraph thread, which a cancel does not end, is never taken for one, nor a run held in
-quarantine, whose row stops short of a record that could not be read), counts
-or deletes their PostgreSQL rows in one transaction, and last counts or deletes their Redis
-keys with a script that checks the status again in the step that deletes
-(`RedisFrontierStore.sweep_finished`). A pass cut short between the two leaves the frontier
-key, so the next pass lists the run again and finishes it.
+quarantine, whose row stops short of a record that could not be read), and in one
+PostgreSQL transaction that holds tags back (`postgres._LOCK_PINS`) leaves out the runs tagged
+since their row was folded, counts or deletes their PostgreSQL rows, and last counts or
+deletes their Redis keys with a script that checks the status again in the step that deletes
+(`RedisFrontierStore.sweep_finished`), before it commits. A tag is then pinned wholly before
+the decision (and the run kept) or after the run's keys are gone (and its tagger finds the run
+gone, `AgentRunner.tag`); a pass Redis fails rolls the rows back, and the next pass lists the
+run again and finishes it. (A commit lost after the keys went would leave the run's PostgreSQL
+rows behind without a tombstone, and compaction keeping its events: rarer than a tag in the
+window it closes, and no tag lost.) Holding tags back also holds compaction's `truncate` back,
+which then sees the runs' tombstones.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import asyncpg
 
@@ -28,7 +35,7 @@ from onward.projections.base import RunSummary
 from onward.projections.frontier import TERMINAL_STATUSES
 from onward.projections.redis import RedisFrontierStore
 
-from .base import RECORD_KINDS, FinishedRun, Kind, SweepPlan
+from .base import PIN_WAIT_US, RECORD_KINDS, FinishedRun, Kind, SweepPlan, carried_on
 
 _IDS = "SELECT unnest($1::text[])"
 
@@ -52,47 +59,89 @@ _BOOKKEEPING = (
 """What a delete also does first: a tombstone for every run removed (compaction then keeps
 nothing of it), and its tags' pins and uncapped frontiers dropped."""
 
+_LOCK_PINS = "LOCK TABLE onward_tag_pins IN SHARE ROW EXCLUSIVE MODE"
+"""Hold tags back while a delete decides, and until the runs' Redis keys are gone too: a tag
+pinned between the look for tags and the deletes would otherwise find the run still there,
+write its `Tagged` event, and have it lost with the run (`postgres._LOCK_PINS`)."""
+
 
 class _CompactionRows(PostgresStore):
     """The PostgreSQL rows of runs whose frontiers are kept elsewhere."""
 
     what = "PostgreSQL compaction rows"
 
-    async def sweep(self, runs: Sequence[tuple[str, str]], *, delete: bool) -> dict[Kind, int]:
-        """Count or delete the rows of ``runs`` (``(run_id, tenant)``, each known finished)."""
+    @asynccontextmanager
+    async def deciding(self, *, delete: bool) -> AsyncIterator[asyncpg.Connection]:
+        """One transaction to decide and count or delete in; a delete's holds tags back."""
+        context = "deleting the rows of finished runs" if delete else "counting them"
+        async with self._connection(context, transaction=True) as conn:
+            if delete:
+                await conn.execute(_LOCK_PINS)
+            else:
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield conn
+
+    async def sweep(
+        self, conn: asyncpg.Connection, runs: Sequence[tuple[str, str]], *, delete: bool
+    ) -> dict[Kind, int]:
+        """Count or delete the rows of ``runs`` (``(run_id, tenant)``, each known finished)
+        in the transaction of :meth:`deciding`."""
         counts: dict[Kind, int] = dict.fromkeys(_ROWS, 0)
         if not runs:
             return counts
         ids = [run_id for run_id, _ in runs]
-        context = "deleting the rows of finished runs" if delete else "counting them"
-        async with self._connection(context, transaction=True) as conn:
+        if delete:
+            await self._bookkeep(conn, runs)
+        for kind, (table, predicate) in _ROWS.items():
             if delete:
-                await self._bookkeep(conn, runs)
+                status = await conn.execute(f"DELETE FROM {table} WHERE {predicate}", ids)
+                counts[kind] = int(status.split()[-1])
             else:
-                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            for kind, (table, predicate) in _ROWS.items():
-                if delete:
-                    status = await conn.execute(f"DELETE FROM {table} WHERE {predicate}", ids)
-                    counts[kind] = int(status.split()[-1])
-                else:
-                    counts[kind] = int(
-                        await conn.fetchval(f"SELECT count(*) FROM {table} WHERE {predicate}", ids)
-                    )
+                counts[kind] = int(
+                    await conn.fetchval(f"SELECT count(*) FROM {table} WHERE {predicate}", ids)
+                )
         return counts
 
-    async def tagged_since(self, runs: Sequence[RunSummary]) -> set[str]:
+    async def tagged_since(
+        self,
+        runs: Sequence[RunSummary],
+        *,
+        before: int | None,
+        conn: asyncpg.Connection | None = None,
+    ) -> set[str]:
         """Which of ``runs`` were tagged since their row was folded (a pin newer than the
         row): their `Tagged` event is on its way to the row, and collecting them now would
-        lose it."""
+        lose it. With ``before``, a pin made `PIN_WAIT_US` before it counts no longer
+        (`base._ENDED_RUN`). Read on ``conn`` when given (a transaction of :meth:`deciding`)."""
         if not runs:
             return set()
-        async with self._connection("reading tag pins") as conn:
+        if conn is not None:
+            return await self._tagged(conn, runs, before)
+        async with self._connection("reading tag pins") as own:
+            return await self._tagged(own, runs, before)
+
+    @staticmethod
+    async def _tagged(
+        conn: asyncpg.Connection, runs: Sequence[RunSummary], before: int | None
+    ) -> set[str]:
+        rows = await conn.fetch(
+            "SELECT DISTINCT p.run_id FROM onward_tag_pins p "
+            "JOIN unnest($1::text[], $2::bigint[]) AS r (run_id, updated_at) USING (run_id) "
+            "WHERE p.pinned_at > r.updated_at AND ($3::bigint IS NULL OR p.pinned_at >= $3)",
+            [s.run_id for s in runs],
+            [s.updated_at for s in runs],
+            None if before is None else before - PIN_WAIT_US,
+        )
+        return {r["run_id"] for r in rows}
+
+    async def collected(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of ``run_ids`` garbage collection removed (a tombstone)."""
+        if not run_ids:
+            return set()
+        async with self._connection("reading tombstones") as conn:
             rows = await conn.fetch(
-                "SELECT DISTINCT p.run_id FROM onward_tag_pins p "
-                "JOIN unnest($1::text[], $2::bigint[]) AS r (run_id, updated_at) USING (run_id) "
-                "WHERE p.pinned_at > r.updated_at",
-                [s.run_id for s in runs],
-                [s.updated_at for s in runs],
+                "SELECT run_id FROM onward_run_tombstones WHERE run_id = ANY($1::text[])",
+                list(run_ids),
             )
         return {r["run_id"] for r in rows}
 
@@ -151,11 +200,11 @@ class RedisFrontierSweeper(Resource):
         summaries = await self.frontiers.runs(statuses=TERMINAL_STATUSES, updated_before=before)
         held = await self.frontiers.set_aside([s.run_id for s in summaries])
         summaries = [s for s in summaries if _ended(s) and s.run_id not in held]
-        tagged = await self._rows.tagged_since(summaries)
+        tagged = await self._rows.tagged_since(summaries, before=before)
         summaries = [s for s in summaries if s.run_id not in tagged]
         continued = [s.run_id for s in summaries if s.status == "continued"]
         rows = await self.frontiers.load(continued)
-        out = []
+        out: list[FinishedRun] = []
         for summary in summaries:
             row = rows.get(summary.run_id)
             successor = row.frontier.continued_to if row and row.frontier else None
@@ -169,31 +218,35 @@ class RedisFrontierSweeper(Resource):
                     successor=successor,
                 )
             )
-        return out
+        successors = sorted({r.successor for r in out if r.successor is not None})
+        return carried_on(out, await self._rows.collected(successors))
 
     async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
-        """Count or delete what ``plan`` names, of runs whose summary says they finished and
-        whose row is not set aside in quarantine."""
+        """Count or delete what ``plan`` names, of runs whose summary says they finished, whose
+        row is not set aside in quarantine, and that nobody tagged since (module docstring)."""
         summaries = await self.frontiers.summaries({*plan.expired, *plan.calls})
         held = await self.frontiers.set_aside(summaries)
-        tagged = await self._rows.tagged_since(list(summaries.values()))
-        tenants = {
-            r: s.tenant
-            for r, s in summaries.items()
-            if _ended(s)
-            and r not in held
-            and r not in tagged
-            and (plan.before is None or s.updated_at < plan.before)
-        }
-        expired = [(r, tenants[r]) for r in dict.fromkeys(plan.expired) if r in tenants]
-        gone = {run_id for run_id, _ in expired}
-        calls = [(r, tenants[r]) for r in dict.fromkeys(plan.calls) if r in tenants]
-        calls = [run for run in calls if run[0] not in gone]
         counts: dict[Kind, int] = dict.fromkeys(RECORD_KINDS, 0)
-        counts |= await self._rows.sweep(expired, delete=delete)
-        frontiers, said, call_rows = await self.frontiers.sweep_finished(
-            expired, calls, delete=delete
-        )
+        async with self._rows.deciding(delete=delete) as conn:
+            tagged = await self._rows.tagged_since(
+                list(summaries.values()), before=plan.before, conn=conn
+            )
+            tenants = {
+                r: s.tenant
+                for r, s in summaries.items()
+                if _ended(s)
+                and r not in held
+                and r not in tagged
+                and (plan.before is None or s.updated_at < plan.before)
+            }
+            expired = [(r, tenants[r]) for r in dict.fromkeys(plan.expired) if r in tenants]
+            gone = {run_id for run_id, _ in expired}
+            calls = [(r, tenants[r]) for r in dict.fromkeys(plan.calls) if r in tenants]
+            calls = [run for run in calls if run[0] not in gone]
+            counts |= await self._rows.sweep(conn, expired, delete=delete)
+            frontiers, said, call_rows = await self.frontiers.sweep_finished(
+                expired, calls, delete=delete
+            )
         counts |= {"frontiers": frontiers, "transcript": said, "tool_calls": call_rows}
         return counts
 

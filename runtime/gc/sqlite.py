@@ -9,9 +9,21 @@ import time
 from onward._storage import SqliteStore, transaction
 from onward.runtime.leases.sqlite import SQLITE_NOW
 
-from .base import FINISHED_SQL, FinishedRun, Kind, SweepPlan, SweepSql, finished_run
+from .base import (
+    FINISHED_SQL,
+    FinishedRun,
+    Kind,
+    SweepPlan,
+    SweepSql,
+    carried_on,
+    finished_run,
+)
 
 _SQL = SweepSql(ids="SELECT value FROM json_each(?)", now=SQLITE_NOW)
+_COLLECTED = (
+    "SELECT run_id FROM onward_run_tombstones WHERE run_id IN (SELECT value FROM json_each(?))"
+)
+"""Which of the given runs garbage collection removed (`carried_on`)."""
 
 
 class SqliteRecordSweeper(SqliteStore):
@@ -28,11 +40,16 @@ class SqliteRecordSweeper(SqliteStore):
 
     async def finished(self, *, before: int) -> list[FinishedRun]:
         conn = self._db.connection()
-        query = FINISHED_SQL.format(before="?")
+        query = FINISHED_SQL.format(before="?1")
         rows = await self._db.call(
             lambda: conn.execute(query, (before,)).fetchall(), "listing finished runs"
         )
-        return [finished_run(*row) for row in rows]
+        runs = [finished_run(*row) for row in rows]
+        successors = json.dumps(sorted({r.successor for r in runs if r.successor is not None}))
+        collected = await self._db.call(
+            lambda: conn.execute(_COLLECTED, (successors,)).fetchall(), "reading tombstones"
+        )
+        return carried_on(runs, {run_id for (run_id,) in collected})
 
     async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
         conn = self._db.connection()

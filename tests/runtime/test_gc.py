@@ -30,7 +30,7 @@ from support.crashes import Crash, CrashAt
 from support.servers import KafkaServers
 from typer.testing import CliRunner
 
-from onward.errors import ConfigurationError
+from onward.errors import BackendUnavailableError, ConfigurationError
 from onward.eventlog import SqliteEventLog
 from onward.integrations.mcp.cache import SchemaCache, ServerSchema
 from onward.projections.base import FrontierStore, Snapshot
@@ -53,9 +53,10 @@ from onward.runtime.gc import (
     RedisKeySweeper,
     SqliteRecordSweeper,
 )
-from onward.runtime.gc.base import KINDS, Kind
+from onward.runtime.gc.base import KINDS, Kind, SweepPlan
 from onward.runtime.leases import SqliteLeaseStore
 from onward.testing.eventlog import new_run_id
+from onward.testing.frontiers import frontier
 from onward.testing.gc import Stores
 
 TENANT = "acme"
@@ -296,6 +297,79 @@ async def test_a_continued_run_is_kept_while_the_run_it_was_carried_into_is(
         later = await GarbageCollector(records, clock=lambda: 90 * DAY_S).run()
         assert set(later.expired) == {first, head, young}
         assert later.kept == ()
+
+
+async def test_a_pass_cut_short_never_strands_a_chain_of_continued_runs(
+    tmp_path: Path,
+) -> None:
+    """A run carried ten times (``r``, ``r~c1`` .. ``r~c10``): ids sort ``r~c10`` before
+    ``r~c2``. Were runs removed in id order, a pass failing after ``r~c10`` went would leave
+    ``r~c9`` carried into a run that is gone, kept (with all before it) by every later pass."""
+    path = tmp_path / "onward.db"
+    async with (
+        SqliteFrontierStore(path) as frontiers,
+        SqliteRecordSweeper(path) as records,
+    ):
+        chain = [f"r{'' if n == 0 else f'~c{n}'}" for n in range(11)]
+        rows = [
+            msgspec.structs.replace(
+                frontier(run_id, through=n, status="continued" if n < 10 else "completed"),
+                agent="booker",
+                updated_at=n + 1,
+                continued_to=chain[n + 1] if n < 10 else None,
+            )
+            for n, run_id in enumerate(chain)
+        ]
+        await frontiers.write("seed", {}, [Snapshot.of(row) for row in rows], [])
+        async with FailsAfter(path, sweeps=3) as failing:
+            with pytest.raises(BackendUnavailableError):
+                await GarbageCollector(failing, clock=lambda: 40 * DAY_S, batch=1).run()
+
+        report = await GarbageCollector(records, clock=lambda: 40 * DAY_S).run()
+
+        assert report.kept == ()
+        assert [run_id for run_id in chain if await frontiers.get(run_id) is not None] == []
+
+
+class FailsAfter(SqliteRecordSweeper):
+    """A record sweeper whose sweeps fail after the first few (a database lost mid-pass)."""
+
+    def __init__(self, path: Path, *, sweeps: int) -> None:
+        super().__init__(path)
+        self.sweeps = sweeps
+
+    async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
+        if self.sweeps == 0:
+            raise BackendUnavailableError("the database went away")
+        self.sweeps -= 1
+        return await super().sweep(plan, delete=delete)
+
+
+async def test_a_continued_run_goes_once_the_run_it_was_carried_into_is_gone(
+    tmp_path: Path,
+) -> None:
+    """Its successor collected first (the continued run's row was touched since, a late tag):
+    the continued run is kept for nothing, and goes once its own ttl is over."""
+    path = tmp_path / "onward.db"
+    async with (
+        SqliteFrontierStore(path) as frontiers,
+        SqliteLeaseStore(path) as leases,
+        SqliteCompactionStore(path) as compaction,
+        SqliteRecordSweeper(path) as records,
+    ):
+        stores = Stores(frontiers, leases, compaction, records)
+        successor = await stores.seed("completed", finished_at=1)
+        head = await stores.seed("continued", finished_at=int(50 * DAY_S * 1e6))
+        await _carry(frontiers, head, successor)
+        first = await GarbageCollector(records, clock=lambda: 40 * DAY_S).run()
+        assert first.expired == (successor,)
+        assert first.kept == ()
+
+        later = await GarbageCollector(records, clock=lambda: 90 * DAY_S).run()
+
+        assert later.expired == (head,)
+        assert later.kept == ()
+        assert await frontiers.get(head) is None
 
 
 async def _carry(frontiers: FrontierStore, run_id: str, into: str) -> None:

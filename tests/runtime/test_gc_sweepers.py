@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -122,6 +124,46 @@ async def test_a_collected_run_in_redis_leaves_no_key_and_a_tombstone(
         finally:
             await conn.close()
         assert [tuple(t) for t in tombstones] == [(gone, TENANT)]
+
+
+async def test_a_run_in_redis_tagged_while_the_sweep_decides_keeps_its_row_and_tag(
+    redis_url: str, redis_prefix: str, database_url: str, pg_schema: str
+) -> None:
+    """A person tags the run just after the sweep looked for tags: the tag is pinned, and the
+    tagger reads the run before writing its `Tagged` event. Had the run been there for that
+    read, deleting its row and pin now would lose the tag; so either the sweep keeps both, or
+    the tagger's read finds the run gone (and refuses the tag)."""
+    url, schema = database_url, pg_schema
+    async with Stores(
+        await RedisFrontierStore.open(redis_url, prefix=redis_prefix),
+        await PostgresLeaseStore.open(url, schema=schema),
+        await PostgresCompactionStore.open(url, schema=schema),
+        await RedisFrontierSweeper.open(redis_url, url, prefix=redis_prefix, schema=schema),
+    ) as stores:
+        run = await stores.seed("completed")
+        sweeper = stores.sweeper
+        assert isinstance(sweeper, RedisFrontierSweeper)
+        tagged: list[asyncio.Task[bool]] = []
+
+        async def tag() -> bool:
+            await stores.compaction.pin(run, TENANT, 4)
+            return await stores.frontiers.get(run) is not None  # the tagger's read
+
+        looked = sweeper._rows.tagged_since
+
+        async def looked_then_tagged(*args: Any, **kwargs: Any) -> set[str]:
+            found = await looked(*args, **kwargs)
+            if not tagged:
+                tagged.append(asyncio.create_task(tag()))
+                await asyncio.wait(tagged, timeout=0.5)
+            return found
+
+        sweeper._rows.tagged_since = looked_then_tagged  # type: ignore[method-assign]
+        await sweeper.sweep(SweepPlan(expired=(run,), calls=(run,)), delete=True)
+
+        if await tagged[0]:
+            assert await stores.frontiers.get(run) is not None, "the tagged run was collected"
+            assert await stores.compaction.pins([run]) == {run: {4}}
 
 
 @pytest_asyncio.fixture

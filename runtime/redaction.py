@@ -552,11 +552,12 @@ class Redactor:
         self._mask = mask
         self._min_length = 1 if self._extras else _SHORTEST_SECRET
         # Keys repeat across values (every result of a tool has the same ones), so what a key
-        # means is worked out once per distinct key, in bounded caches.
-        self._names_secret: Callable[[Any], bool] = functools.lru_cache(maxsize=4096)(
+        # means is worked out once per distinct key, in bounded caches. Typed, since ``True``,
+        # ``1`` and ``1.0`` are equal keys: one must not be handed back for another.
+        self._names_secret: Callable[[Any], bool] = functools.lru_cache(maxsize=4096, typed=True)(
             self._judge_key_name
         )
-        self._masked_key: Callable[[Any], Any] = functools.lru_cache(maxsize=4096)(
+        self._masked_key: Callable[[Any], Any] = functools.lru_cache(maxsize=4096, typed=True)(
             self._judge_key_text
         )
 

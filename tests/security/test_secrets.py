@@ -150,6 +150,17 @@ def test_a_secret_used_as_a_dict_key_is_masked_and_keys_stay_distinct() -> None:
     assert set(masked) == {f"{DEFAULT_MASK}#2", f"{DEFAULT_MASK}#3", DEFAULT_MASK, "plain"}
 
 
+def test_keys_equal_across_types_keep_their_own_type() -> None:
+    """``True``, ``1`` and ``1.0`` are equal and hash alike, so a key cache blind to type
+    handed back one of them for another: a dict keyed ``1.0`` came back keyed ``True``."""
+    redactor = Redactor()
+
+    assert redactor.redact({True: "a"}) == {True: "a"}
+    for key in (1.0, 1, True, 0.0, False, 0):
+        masked = redactor.redact({key: "a"})
+        assert [type(k) for k in masked] == [type(key)]
+
+
 def test_extra_secret_keys_from_the_parameter_and_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -18,8 +18,9 @@ unredacted one, which the caller can still choose not to send.
 Values are also masked by the name they are stored under. A dict key that names a secret
 (``password``, ``api_key``, ``*_token``, ``Authorization``, ``Cookie``...: `DEFAULT_SECRET_KEYS`,
 compared without regard to case, with ``-``, spaces and camelCase read as ``_``) has its whole
-value masked: a string becomes the mask, a number too (a numeric PIN is still a secret), and
-every string and number inside a nested dict or list under it. ``None``, booleans and binary
+value masked: a string becomes the mask, a number (a Decimal) or a UUID too (a numeric PIN, a
+session id are still secrets), and every string and number inside a nested dict or list under
+it. ``None``, booleans and binary
 values are kept. ``secret_keys`` (or ``ONWARD_REDACT_KEYS``) adds names. Dict keys are scanned
 as text as well, so a secret used as a key (``{"sk-ant-...": 1}``) is masked; two keys that
 mask to the same text are kept apart by a ``#2``, ``#3`` suffix.
@@ -76,8 +77,13 @@ DEFAULT_SECRET_KEYS: Final[tuple[str, ...]] = (
     "*_password",
     "*_passwd",
     "*_passphrase",
+    "passwords",
+    "*_passwords",
+    "passphrases",
     "secret",
     "*_secret",
+    "secrets",
+    "*_secrets",
     "secret_key",
     "*_secret_key",
     "*_secret_access_key",
@@ -87,19 +93,31 @@ DEFAULT_SECRET_KEYS: Final[tuple[str, ...]] = (
     "apikey",
     "*_api_key",
     "*_apikey",
+    "api_keys",
+    "apikeys",
+    "*_api_keys",
+    "*_apikeys",
     "authorization",
     "proxy_authorization",
     "cookie",
     "set_cookie",
+    "cookies",
     "session",
     "sessionid",
     "session_id",
     "private_key",
     "*_private_key",
+    "private_keys",
+    "*_private_keys",
+    "credential",
+    "*_credential",
     "credentials",
     "*_credentials",
 )
 """Dict keys whose whole value is masked (``*_token``: any key ending in ``_token``).
+
+Plurals too (``passwords``, ``api_keys``: a dict or list of them), but not ``tokens``, which
+is as often a count of them (``max_tokens``, ``input_tokens``) as the tokens themselves.
 
 Compared after normalising the key: camelCase is split (``accessToken`` is ``access_token``,
 ``DBPassword`` is ``db_password``),
@@ -671,9 +689,10 @@ class Redactor:
             if secret:
                 return value if not value or value == self._mask else self._mask
             return self.redact_text(value)
-        if secret and isinstance(value, int | float) and not isinstance(value, bool):
-            # A numeric PIN or password is a secret too. None, booleans and binary values are
-            # kept: they hold no secret, or one no pattern can honestly mask.
+        if secret and isinstance(value, _MASKED_WHOLE) and not isinstance(value, bool):
+            # A numeric PIN or password is a secret too, and so is a Decimal (a NUMERIC column)
+            # or a UUID (a session id), written as their text. None, booleans and binary
+            # values are kept: they hold no secret, or one no pattern can honestly mask.
             return self._mask
         fields = _fields_of(value)
         if fields is not None:
@@ -775,6 +794,9 @@ class Redactor:
 
 
 _CONTAINERS: Final = (dict, list, tuple, set, frozenset, msgspec.Struct)
+
+_MASKED_WHOLE: Final = (int, float, decimal.Decimal, uuid.UUID)
+"""Leaves besides strings masked whole under a key naming a secret (booleans excepted)."""
 
 _KEPT_AS_THEY_ARE: Final = (
     bytes,

@@ -8,9 +8,11 @@ sits in the source.
 
 from __future__ import annotations
 
+import decimal
 import json
 import random
 import string
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,17 @@ ANTHROPIC = "sk-" + "ant-api03-" + invented(60, seed=2)
         "JWTSecret",
         "AWSSecretAccessKey",
         "GCPCredentials",
+        "passwords",
+        "db_passwords",
+        "secrets",
+        "clientSecrets",
+        "api_keys",
+        "apiKeys",
+        "private_keys",
+        "cookies",
+        "credential",
+        "aws_credential",
+        "passphrases",
     ],
 )
 def test_a_value_under_a_secret_key_is_masked_whole(key: str) -> None:
@@ -135,6 +148,22 @@ def test_everything_nested_under_a_secret_key_is_masked_and_the_shape_kept() -> 
         "blob": {"private_key": b"\x00binary"},
         "count": 3,
     }
+
+
+def test_a_decimal_or_uuid_under_a_secret_key_is_masked_too() -> None:
+    """A database driver hands NUMERIC columns back as `Decimal`, and a session id is often a
+    `UUID`: the log writes both as their text, so under a key naming a secret they are
+    secrets as a number or a string is, not values to keep."""
+    session = uuid.UUID(int=0x5EC2E7)
+    value = {
+        "card_pin": decimal.Decimal("4821"),
+        "session_id": session,
+        "count": decimal.Decimal(3),
+    }
+
+    masked = Redactor(secret_keys=["*_pin"]).redact(value)
+
+    assert masked == {"card_pin": DEFAULT_MASK, "session_id": DEFAULT_MASK, "count": 3}
 
 
 def test_a_secret_used_as_a_dict_key_is_masked_and_keys_stay_distinct() -> None:

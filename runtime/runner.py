@@ -611,11 +611,12 @@ class AgentRunner(Resource):
         is to be written at, before it is written: a crash between the two leaves the call
         counted (the provider was paid for it) under a seq that holds no answer, and the call
         made again on resume is counted too, under its own answer's seq. Recording one key
-        again (a retry) changes nothing."""
+        again (a retry) changes nothing. A ledger that does not answer raises, and the entry
+        is recorded at this runner's next held call or run end (`RunWriter.record_spend`)."""
         if self.spend is None:
             return
         usage = answered.usage
-        await self.spend.record(
+        await self.writer.record_spend(
             SpendEntry(
                 run_id=run.run_id,
                 tenant=run.tenant,

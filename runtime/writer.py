@@ -31,7 +31,7 @@ from .conversation import Conversation
 from .leases.holder import Leaseholder
 from .observability.metrics import COUNTS
 from .redaction import Redactor
-from .spend import SpendLedger
+from .spend import SpendEntry, SpendLedger
 
 _E = TypeVar("_E", bound=Event)
 _log = logging.getLogger(__name__)
@@ -120,6 +120,8 @@ class RunWriter:
         self.spend = spend
         self._holds_left: set[str] = set()
         """Runs that ended while the ledger did not answer: their holds are still to drop."""
+        self._records_left: dict[tuple[str, int], SpendEntry] = {}
+        """Answered calls the ledger did not answer the record of: still to record."""
 
     @staticmethod
     def next_seq(run: HeldRun, offset: int = 0) -> int:
@@ -259,8 +261,26 @@ class RunWriter:
         self._holds_left.add(run_id)
         await self.drop_holds_left()
 
+    async def record_spend(self, entry: SpendEntry) -> None:
+        """Record a model call's cost. One the ledger does not take now (it does not answer)
+        is kept and recorded later (`drop_holds_left`): the provider was paid for the call,
+        and a resume drops the call's hold and counts only the call it makes again, so the
+        run would pass its budget by the lost call.
+
+        Raises:
+            BackendError: The ledger did not take it now.
+        """
+        if self.spend is None:
+            return
+        try:
+            await self.spend.record(entry)
+        except BackendError:
+            self._records_left[(entry.run_id, entry.seq)] = entry
+            raise
+
     async def drop_holds_left(self) -> None:
-        """Drop the holds of the runs this writer ended, those left by an end that found the
+        """Record the calls whose record found the ledger unreachable (`record_spend`), then
+        drop the holds of the runs this writer ended, those left by an end that found the
         ledger unreachable too: nothing else would ever drop them (a run that ended is never
         claimed again), and they would count against the budgets for good. Called at each end
         and before each held model call (`AgentRunner.hold_model_call`). The run's end is
@@ -268,6 +288,13 @@ class RunWriter:
         stay counted against the budgets (never as spent) until a later call finds it."""
         if self.spend is None:
             return
+        for key, entry in list(self._records_left.items()):
+            try:
+                await asyncio.shield(self.spend.record(entry))
+            except OnwardError as exc:
+                _log.warning("run %s: a call's spend is still to record (%s)", key[0], exc)
+                return
+            del self._records_left[key]
         for run_id in list(self._holds_left):
             try:
                 released = await asyncio.shield(self.spend.release_run(run_id))

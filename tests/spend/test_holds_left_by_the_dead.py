@@ -158,3 +158,37 @@ async def test_holds_of_a_run_that_ended_while_the_ledger_was_down_are_dropped_l
     spent = (await ledger.tenant_total(TENANT)).micros
     assert spent == 2 * CALL_MICROS
     assert (await ledger.hold(probe)).tenant_micros == spent  # nothing held any more
+
+
+async def test_a_call_answered_while_the_ledger_was_down_is_still_counted(
+    embedded: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider answers the run's first call (it is paid for), but the ledger does not
+    answer its record, so the run stops there. Resumed once the ledger is back, the call
+    made again is counted, and so must the first one be: lost, the run would pass its
+    budget by a call each time the ledger blinks."""
+    ledger = embedded.spend
+    assert ledger is not None
+    model = steps(finish_after=2)
+    agent = stepper()
+    lost = {"once": True}
+    record = ledger.record
+
+    async def record_once(entry: SpendEntry) -> bool:
+        if lost.pop("once", False):
+            raise BackendUnavailableError("the spend ledger did not answer")
+        return await record(entry)
+
+    monkeypatch.setattr(ledger, "record", record_once)
+    runner = embedded.runner(model)
+    budget = Options(budget_micros=10 * CALL_MICROS).recorded()
+    with pytest.raises(BackendUnavailableError):
+        await runner.run(agent, "go", tenant=TENANT, run_id="blink", options=budget)
+    assert not lost
+    assert model.calls == 1
+
+    result = await runner.resume(agent, "blink", tenant=TENANT)
+    assert result.status == "completed", result
+    assert model.calls == 3
+    assert (await ledger.run_total("blink")).calls == 3
+    assert result.spend_micros == 3 * CALL_MICROS

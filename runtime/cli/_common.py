@@ -40,7 +40,7 @@ from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.projections.audit import one_line, printable, printable_json
 from onward.projections.frontier import CallState
 from onward.runtime import providers
-from onward.runtime.settings import load_settings
+from onward.runtime.settings import Settings, load_settings
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -342,6 +342,23 @@ async def opened(
     """Enter ``stores`` with a bounded connect time, then hand them over for as long as needed."""
     async with contextlib.AsyncExitStack() as stack:
         yield await within(stack.enter_async_context(stores), what)
+
+
+def checked_sqlite_directory(config: Settings) -> Settings:
+    """``config``, once its SQLite file's directory is found: no file can be made in one that
+    is not there, and the driver's "unable to open database file" would reach the person as
+    a store that did not answer (exit 5, retry), which no retry mends.
+
+    Raises:
+        ConfigurationError: Naming ``ONWARD_SQLITE_PATH`` and the directory.
+    """
+    directory = config.sqlite_path.parent
+    if config.backend == "sqlite" and not directory.is_dir():
+        raise ConfigurationError(
+            f"ONWARD_SQLITE_PATH {str(config.sqlite_path)!r}: its directory {str(directory)!r} "
+            "does not exist; create it, or point ONWARD_SQLITE_PATH at a file in one that does"
+        )
+    return config
 
 
 def imported(spec: str, option: str) -> object:

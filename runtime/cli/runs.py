@@ -54,6 +54,7 @@ from ._common import (
     NoModel,
     RunArgument,
     TenantOption,
+    checked_sqlite_directory,
     echo_json,
     error,
     imported,
@@ -135,6 +136,7 @@ def with_backends(
                 f"ONWARD_SQLITE_PATH {str(config.sqlite_path)!r} does not exist; point it at "
                 "the database the runs were written to"
             )
+        checked_sqlite_directory(config)
         if config.backend == "sqlite" and config.sqlite_path.exists():
             # Nor may another program's file quietly get Onward's tables: it holds no run.
             check_onward_sqlite(config.sqlite_path)

@@ -21,7 +21,7 @@ from onward.runtime.observability import WorkerCollector
 from onward.runtime.settings import Settings, load_settings
 from onward.runtime.signing import RequestSigner
 
-from ._common import KAFKA_MAX_MS, err, imported, made, opened
+from ._common import KAFKA_MAX_MS, checked_sqlite_directory, err, imported, made, opened
 from ._health import MetricsHostOption, MetricsPortOption, metrics_served, stores_reachable
 from .runs import lease_policy, load_provider, worker_name
 from .summary import shown
@@ -185,7 +185,7 @@ def worker_command(
     options. 5: a store failed.
     """
     name = worker_name(name, "--name")
-    config = load_settings()
+    config = checked_sqlite_directory(load_settings())
     signer = config.request_signer()
     accept_unsigned = accept_unsigned_requests or config.accept_unsigned_requests
     agents = load_agents(agent)

@@ -54,3 +54,19 @@ def test_the_demo_run_again_in_its_dir_is_refused_not_passed_off_as_a_demo(
     assert_usage_error(again, "--dir")
     assert "killed with SIGKILL" not in again.stdout
     assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["start", "worker"])
+def test_a_sqlite_file_in_a_directory_that_is_not_there_exits_2_naming_it(
+    tmp_path: Path, command: str
+) -> None:
+    """A mistyped directory is a setting to fix, not a store that did not answer (exit 5,
+    "retry"): the file cannot be made, so no retry mends it."""
+    missing = tmp_path / "no-such-dir"
+    agent = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"]
+    args = [command, "go", *agent] if command == "start" else [command, *agent]
+    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(missing / "onward.db")}
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "300", **env})
+    assert_usage_error(result, str(missing))
+    assert "ONWARD_SQLITE_PATH" in result.stderr
+    assert not missing.exists()

@@ -81,7 +81,9 @@ def compact_command(
             )
             return await compactor.compact(dry_run=dry_run, run_id=run)
 
-    report = with_backends(work)
+    # A dry run changes nothing: the SQLite file is opened read-only, neither migrated nor
+    # written to.
+    report = with_backends(work, readonly=dry_run)
     if as_json:
         echo_json({**dataclasses.asdict(report), "events_cut": report.events_cut})
         return

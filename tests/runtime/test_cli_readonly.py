@@ -195,3 +195,19 @@ def test_a_command_about_a_run_refuses_a_foreign_file_instead_of_migrating_it(
     assert result.exit_code == 2, result.output
     assert "not an Onward database" in result.stderr
     assert fingerprint(db) == before
+
+
+def test_a_dry_run_of_compact_does_not_migrate_a_file_of_an_older_version(db: Path) -> None:
+    """``--dry-run`` says "change nothing": the file is opened read-only, as ``inspect`` opens
+    it, and a file of an older version is not upgraded by a look at what would be cut."""
+    finished_run(db)
+    older = sqlite3.connect(db)
+    newest = older.execute("SELECT max(version) FROM onward_schema_migrations").fetchone()[0]
+    older.execute("ALTER TABLE onward_run_truncation DROP COLUMN fence")
+    older.execute("DELETE FROM onward_schema_migrations WHERE version = ?", (newest,))
+    older.commit()
+    older.close()
+    before = fingerprint(db)
+    result = onward(db, "compact", "--dry-run")
+    assert "onward db migrate" in result.stderr, result.output
+    assert fingerprint(db) == before

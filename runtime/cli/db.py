@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,7 +12,7 @@ import asyncpg
 
 from onward._storage import connected
 from onward._storage import quoted_identifier as quoted
-from onward.errors import ConfigurationError
+from onward.errors import BackendUnavailableError, ConfigurationError
 from onward.eventlog.postgres import mark_records_packed
 from onward.projections.builds import active_build
 from onward.projections.migrations import schema_version_postgres
@@ -36,27 +37,41 @@ async def _connection(
         yield conn
 
 
-async def _create_schema(conn: asyncpg.Connection, schema: str | None) -> bool:
+async def _create_schema(conn: asyncpg.Connection, schema: str | None, timeout_s: float) -> bool:
     """Create ``ONWARD_DATABASE_SCHEMA`` if it does not exist yet; whether it was created.
 
     Existence is asked first: ``CREATE SCHEMA IF NOT EXISTS`` needs the right to create in the
     database even when the schema is there, and a role migrating into a schema made for it
     need not have that right. Another migration creating it at the same moment makes
     PostgreSQL's ``IF NOT EXISTS`` wait for it and then fail with a unique violation: the
-    schema is then there, made by the other, and this one migrates into it.
+    schema is then there, made by the other, and this one migrates into it. That wait is
+    bounded by ``timeout_s``: another session that created the schema and has not committed
+    (a transaction left open) would otherwise hold it for as long as it stays open.
 
     Raises:
         ConfigurationError: The schema is missing and this role may not create it (exit 2);
             the message is the statement a superuser runs.
+        BackendUnavailableError: Another session creating it did not end within
+            ``timeout_s`` (exit 5).
     """
     if not schema:
         return False
     if await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema):
         return False
     try:
-        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}")
+        async with conn.transaction():
+            await conn.execute(
+                "SELECT set_config('lock_timeout', $1, true)", f"{math.ceil(timeout_s * 1000)}ms"
+            )
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}")
     except asyncpg.UniqueViolationError:
         return False
+    except asyncpg.LockNotAvailableError as exc:
+        raise BackendUnavailableError(
+            f"ONWARD_DATABASE_SCHEMA: schema {quoted(schema)} is being created by another "
+            f"session, which did not commit or roll back within {timeout_s:g} s; the same "
+            "command may succeed once it has"
+        ) from exc
     except asyncpg.InsufficientPrivilegeError as exc:
         role = await conn.fetchval("SELECT current_user")
         raise ConfigurationError(
@@ -80,7 +95,7 @@ def migrate_command(as_json: JsonResultOption = False) -> None:
         # another migration of the schema, are bounded.
         async with _connection(config, statements_bounded=False) as conn:
             schema = config.database_schema
-            created = await _create_schema(conn, schema)
+            created = await _create_schema(conn, schema, config.backend_timeout)
             applied = await migrate(conn, lock_timeout_s=config.backend_timeout)
             if created and schema is not None:
                 applied.insert(0, f"schema {quoted(schema)}")

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -121,3 +122,29 @@ async def test_migrations_of_one_schema_at_once_all_succeed_with_one_first_build
             await conn.close()
     assert sorted(applied) == [[], [], [], ["frontiers build 1"]]
     assert [(row["build"], row["status"]) for row in builds] == [(1, "active")]
+
+
+async def test_a_schema_another_session_is_creating_is_waited_for_then_given_up(
+    database_url: str,
+) -> None:
+    """Another session's ``CREATE SCHEMA`` of the same name, not committed yet (a migration
+    under way, or a person's open transaction), holds this one's ``CREATE SCHEMA IF NOT
+    EXISTS`` until it ends: bounded by nothing, `onward db migrate` waited in silence."""
+    schema = f"onward_creating_{uuid.uuid4().hex[:8]}"
+    holder = await asyncpg.connect(database_url)
+    try:
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute(f'CREATE SCHEMA "{schema}"')
+        began = time.monotonic()
+        code, stderr = await onward_migrate(database_url, schema, 2)
+        took = time.monotonic() - began
+        await transaction.rollback()
+    finally:
+        await holder.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await holder.close()
+    assert code == 5, stderr
+    assert took < 15
+    refused = stderr.strip().splitlines()[-1]
+    assert schema in refused, refused
+    assert "2 s" in refused, refused

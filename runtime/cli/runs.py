@@ -788,9 +788,9 @@ def replay_command(
     lines, span = with_backends(work, readonly=True)
     if span is not None:
         error(printable(span.describe(run_id)))
-    first = next(
-        (line.stored for line in lines if line.stored is not None and not line.retained), None
-    )
+    # The log's first record of the run; an unreadable one has no seq to tell a cut by, and
+    # is named below as unreadable, not as the start of a cut.
+    first = next((line.stored for line in lines if not line.retained), None)
     if first is not None and first.event.seq > (1 if span is None else span.before_seq):
         # Nothing compaction took: cut by other means (Kafka retention, a cut made elsewhere).
         since = "" if span is None else f"from seq {span.before_seq} "

@@ -125,3 +125,25 @@ def test_replay_json_lines_have_one_shape_with_an_unreadable_record(
     assert len(shapes) == 1, shapes
     (hole,) = [line for line in lines if line["unreadable"]]
     assert (hole["refused"], hole["retained"]) == (False, False)
+
+
+def test_replay_of_a_run_whose_first_record_is_unreadable_says_so_not_that_it_was_cut(
+    tmp_path: Path,
+) -> None:
+    """The run's first record is in the log, unreadable: the timeline starts with its hole,
+    and nothing was cut from the log. Said to be cut, a person would look for the cut (and
+    an archive) instead of at the record."""
+    db = tmp_path / "onward.db"
+    run_id = f"run-{new_run_id()}"
+    history = finished_run(run_id, "ok")
+
+    async def go() -> None:
+        async with SqliteEventLog(db) as log:
+            log.write_raw(run_id, not_json(run_id, 1))
+            await log.append(history[1:])
+
+    asyncio.run(go())
+    result = onward(db, "replay", run_id, "--tenant", TENANT)
+    assert result.exit_code == 0, result.output
+    assert "1 record(s) cannot be read" in result.stderr
+    assert "cut" not in result.stderr, result.stderr

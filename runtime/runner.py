@@ -98,6 +98,7 @@ from .leases.presence import default_holder
 from .limits import (
     MAX_DEPTH,
     MAX_NAME_LENGTH,
+    MAX_NOTE_LENGTH,
     MAX_TAGS_PER_RUN,
     MAX_TOOL_CALLS_PER_TURN,
     NEEDS_PERSON,
@@ -1134,12 +1135,19 @@ class AgentRunner(Resource):
         ]
         for call in pending:
             if _awaits_approval(run, call):
+                # The person is shown the arguments the model gave, not the log's reference
+                # to them. The details hold them whole; the prompt cuts long ones, or written
+                # twice in one record they could be too large for the log.
+                args = await self._arguments(run, call)
+                shown = as_text(args)
+                if len(shown) > MAX_NOTE_LENGTH:
+                    shown = f"{shown[:MAX_NOTE_LENGTH]}... ({len(shown)} characters in all)"
                 asked = self.writer.event(
                     run,
                     ApprovalRequested,
                     request_id=call.call_id,
-                    prompt=f"allow {call.tool} with {as_text(call.args)}?",
-                    details={"tool": call.tool, "args": call.args},
+                    prompt=f"allow {call.tool} with {shown}?",
+                    details={"tool": call.tool, "args": args},
                 )
                 await self.writer.append(run, [asked])
                 return False
@@ -1264,7 +1272,7 @@ class AgentRunner(Resource):
             prompt=first.text,
             details={
                 "tool": call.tool if call is not None else "",
-                "args": call.args if call is not None else {},
+                "args": await self._arguments(run, call) if call is not None else {},
                 "question": first.text,
             },
             asked=Asked(

@@ -23,6 +23,7 @@ from onward.errors import (
 )
 from onward.eventlog import (
     EVENT_FORMAT,
+    ApprovalRequested,
     Event,
     MemoryEventLog,
     Position,
@@ -772,3 +773,58 @@ async def test_a_final_answer_too_large_for_the_log_fails_the_run_once_with_blob
     again = await runner(log, provider=provider, blobs=blobs).resume(agent([]), "r", tenant=TENANT)
     assert again.status == "failed"
     assert provider.calls == 1
+
+
+async def test_an_approval_of_a_call_with_large_arguments_shows_them() -> None:
+    """The person asked to allow a call sees the arguments the model gave, not the blob
+    store's reference to them."""
+    log, blobs = MemoryEventLog(), MemoryBlobStore()
+    written: list[int] = []
+
+    @tool(requires_approval=True)
+    async def write(text: str, *, idempotency_key: str) -> int:
+        written.append(len(text))
+        return len(text)
+
+    big = ToolCall(call_id="w", tool="write", args={"text": "z" * 1_000_000})
+    provider = ScriptedProvider([reply("", big), reply("written")])
+    the_runner = runner(log, provider=provider, blobs=blobs)
+    result = await the_runner.run(agent([write]), "go", tenant=TENANT, run_id="r")
+    assert result.status == "waiting"
+    (request,) = [
+        await the_runner.writer.restore(s.event)
+        for s in await log.read_run("r")
+        if isinstance(s.event, ApprovalRequested)
+    ]
+    assert isinstance(request, ApprovalRequested)
+    assert "$blob" not in request.prompt
+    assert request.prompt.startswith('allow write with {"text":"zzz')
+    assert request.details["args"] == {"text": "z" * 1_000_000}
+    await the_runner.approve("r", "w", tenant=TENANT, by="ann")
+    result = await the_runner.resume(agent([write]), "r", tenant=TENANT)
+    assert (result.status, written) == ("completed", [1_000_000])
+
+
+async def test_a_call_awaiting_approval_with_long_arguments_is_asked_about() -> None:
+    """Arguments the log took in line (no blob store) are not written twice into the
+    request (its prompt and its details), which the log would refuse at every resume: the
+    prompt shows their start, the details hold them whole."""
+    log, written = MemoryEventLog(), list[int]()
+
+    @tool(requires_approval=True)
+    async def write(text: str, *, idempotency_key: str) -> int:
+        written.append(len(text))
+        return len(text)
+
+    big = ToolCall(call_id="w", tool="write", args={"text": "z" * 600_000})
+    the_runner = runner(log, provider=ScriptedProvider([reply("", big), reply("written")]))
+    result = await the_runner.run(agent([write]), "go", tenant=TENANT, run_id="r")
+    assert result.status == "waiting"
+    (request,) = [
+        s.event for s in await log.read_run("r") if isinstance(s.event, ApprovalRequested)
+    ]
+    assert request.prompt.endswith("... (600011 characters in all)?")
+    assert request.details["args"] == {"text": "z" * 600_000}
+    await the_runner.approve("r", "w", tenant=TENANT, by="ann")
+    result = await the_runner.resume(agent([write]), "r", tenant=TENANT)
+    assert (result.status, written) == ("completed", [600_000])

@@ -1168,12 +1168,12 @@ class AgentRunner(Resource):
         When it fails no tool is called; a dispatch already durable would then leave its call
         looking as if it may have run, and a resume would leave it to a person. So each call
         dispatched here is recorded as never ran, while the lease still lets this holder write
-        (a lease store that did not answer the confirmation, say), and the error goes on: the
-        next holder makes the call.
+        (a lease store that did not answer the confirmation, say, or the run cancelled while
+        it was asked), and the error goes on: the next holder makes the call.
         """
         try:
             await write_ahead(lambda: self.writer.append(run, batch), run.held.confirm)
-        except OnwardError:
+        except (Exception, asyncio.CancelledError):
             await self._not_called(run, dispatches)
             raise
 

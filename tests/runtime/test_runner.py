@@ -215,6 +215,41 @@ async def test_a_call_dispatched_under_a_lease_that_could_not_be_confirmed_is_ma
     assert (side.count("search"), side.count("book")) == (1, 1)
 
 
+class SilentOnce(UnconfirmedOnce):
+    """A lease store that never answers the one renewal asked for once ``armed``; ``asked``
+    is set once it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+
+    async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
+        if self.armed:
+            self.armed = False
+            self.asked.set()
+            await asyncio.Event().wait()
+        return await super().renew(lease, ttl_s=ttl_s)
+
+
+async def test_a_call_whose_lease_confirmation_was_cancelled_is_made_on_resume() -> None:
+    """The run is cancelled (its caller gave up on it, the process shuts down) while the lease
+    is confirmed after a dispatch: the tool was not called, and the log says so, so a resume
+    makes the call rather than leave it to a person as one that may have run."""
+    leases = SilentOnce()
+    log, side = ArmOnDispatch(leases), Side()
+    running = asyncio.ensure_future(
+        runner(log, leases=leases).run(agent(side.tools()), "go", tenant=TENANT, run_id="r")
+    )
+    await asyncio.wait_for(leases.asked.wait(), 5)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert side.effects == []
+    result = await runner(log, leases=leases).resume(agent(side.tools()), "r", tenant=TENANT)
+    assert result.status == "completed"
+    assert (side.count("search"), side.count("book")) == (1, 1)
+
+
 async def test_calls_of_one_turn_run_concurrently() -> None:
     both = asyncio.Barrier(2)
 

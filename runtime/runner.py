@@ -674,10 +674,11 @@ class AgentRunner(Resource):
         return plan_resume(run.frontier, run.agent), reconciled
 
     async def _record_reconciled(self, run: HeldRun, call: CallState, answer: Reconciled) -> None:
-        """Record a status check's answer; a result no store can keep is the call's typed
-        error (the call did complete, so the run goes on), never a write that fails the run.
-        A call that never ran has no result: whatever came with that answer is not recorded,
-        or an error made of it would settle the call as made."""
+        """Record a status check's answer; a result no store can keep (one too large for the
+        log among them) is the call's typed error (the call did complete, so the run goes
+        on), never a write that fails the run. A call that never ran has no result: whatever
+        came with that answer is not recorded, or an error made of it would settle the call
+        as made."""
         result, error = (answer.result if answer.outcome == "completed" else None), None
         fault = (
             f"nested more than {MAX_DEPTH} levels deep" if too_deep(result) else unencodable(result)
@@ -701,7 +702,19 @@ class AgentRunner(Resource):
             by="reconcile",
             why=f"{call.tool}'s status check answered {answer.outcome}",
         )
-        await self.writer.append(run, [resolved])
+        try:
+            await self.writer.append(run, [resolved])
+        except PayloadTooLargeError as exc:
+            if result is None:
+                raise
+            error = ToolError(
+                type="PayloadTooLarge",
+                message=f"{call.tool}'s status check answered completed with a result too "
+                f"large to record ({exc}); it was not recorded: give the runner a blob store "
+                "(blobs=)",
+            )
+            resolved = msgspec.structs.replace(resolved, result=None, error=error)
+            await self.writer.append(run, [resolved])
 
     async def inspect(self, run_id: str, *, tenant: str) -> Frontier:
         """The run's frontier as the log has it now. Takes no lease and writes nothing."""

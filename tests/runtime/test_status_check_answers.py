@@ -15,7 +15,7 @@ from support.crash_world import search_and_book
 from support.crashes import Crash, CrashAt
 
 from onward.errors import BackendUnavailableError, ConfigurationError
-from onward.eventlog import MemoryEventLog
+from onward.eventlog import MemoryEventLog, ToolResolved
 from onward.runtime.agent import Agent
 from onward.runtime.leases.base import LeasePolicy
 from onward.runtime.runner import AgentRunner
@@ -106,3 +106,29 @@ async def test_a_status_check_that_never_answers_stops_the_resume_in_bounded_tim
     with pytest.raises(BackendUnavailableError, match=r"status check of b \(book\) did not answer"):
         await asyncio.wait_for(resuming.resume(agent, "r", tenant=TENANT), 10)
     assert len(booked) == 1
+
+
+async def test_a_status_check_answer_too_large_for_the_log_is_the_calls_error() -> None:
+    """The status check says the call completed, with a result over the log's limit and no
+    blob store to take it: the call did complete, so the refusal is its outcome and the run
+    goes on, rather than every resume asking the check again and failing on the write."""
+    log, booked = MemoryEventLog(), list[str]()
+    tools = booker(Reconciled("completed", "x" * 3_000_000), booked)
+    agent = Agent(name="booker", instructions="book", tools=tools)
+    crashing = AgentRunner(
+        log=log,
+        worker="w",
+        provider=search_and_book("on it", "done"),
+        observer=CrashAt("tool.dispatched"),
+    )
+    with pytest.raises(Crash):
+        await crashing.run(agent, "go", tenant=TENANT, run_id="r")
+    resuming = AgentRunner(log=log, worker="w", provider=search_and_book("on it", "done"))
+    result = await resuming.resume(agent, "r", tenant=TENANT)
+    assert result.status == "completed", result.error
+    assert result.reconciled == ("b",)
+    assert booked == []
+    (resolved,) = [s.event for s in await log.read_run("r") if isinstance(s.event, ToolResolved)]
+    assert (resolved.outcome, resolved.result) == ("completed", None)
+    assert resolved.error is not None
+    assert resolved.error.type == "PayloadTooLarge"

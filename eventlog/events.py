@@ -206,6 +206,11 @@ class ToolResolved(Event, frozen=True, kw_only=True, tag="tool.resolved"):
     why: str = ""
 
 
+NOT_CALLED = "its lease could not be confirmed once its dispatch was written; it was not called"
+"""The ``why`` of the `ToolResolved` (never ran) its holder records for a call whose dispatch
+was written and whose lease `write_ahead` then could not confirm: the tool was not called."""
+
+
 class TurnSettled(Event, frozen=True, kw_only=True, tag="turn.settled"):
     """Every call of the last model answer has an outcome. Boundary ``after_tool_result``."""
 

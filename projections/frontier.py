@@ -22,6 +22,7 @@ import msgspec
 
 from onward.eventlog.base import StoredEvent, judge
 from onward.eventlog.events import (
+    NOT_CALLED,
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
@@ -175,7 +176,8 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         tenant_budget_micros: The budget of the run's tenant it was started under
             (``options["tenant_budget_micros"]``); ``None``: the agent's.
         attempts: The claims (`RunClaimed`) counted since the run last made progress (a model
-            answer, a tool outcome, a settled turn or an approval): how often a worker took it
+            answer, a tool outcome but a call settled as never run only to be made again
+            (`made_again`), a settled turn or an approval): how often a worker took it
             up and got nowhere. A worker's recovery bounds its attempts by it without reading
             the run again. A row stored before this field counts from its own offset on.
         answer_schema: The JSON Schema (as JSON text) the answer to the question the run
@@ -532,8 +534,20 @@ def call_after(
     )
 
 
+def made_again(e: Event) -> bool:
+    """Whether ``e`` settles a call as never run only for it to be made again: by its status
+    check, or by the holder that dispatched it and did not call it (`NOT_CALLED`). No progress
+    (`Frontier.attempts`): a call that brings its worker down every time would be carried on
+    for ever. A person's settlement is progress, whatever it says."""
+    return (
+        isinstance(e, ToolResolved)
+        and e.outcome == "never_ran"
+        and ((e.by or "reconcile") == "reconcile" or e.why == NOT_CALLED)
+    )
+
+
 def _tool_event(d: FrontierDraft, e: ToolDispatched | ToolCompleted | ToolResolved) -> CallState:
-    if not isinstance(e, ToolDispatched):
+    if not isinstance(e, ToolDispatched) and not made_again(e):
         d.attempts = 0  # an outcome is progress; a dispatch alone is not
     state = d.calls[e.call_id] = call_after(d.calls.get(e.call_id), e)
     return state

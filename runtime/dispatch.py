@@ -17,11 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from .leases.base import RunLease
+from onward.eventlog.events import NOT_CALLED
 
-NOT_CALLED = "its lease could not be confirmed once its dispatch was written; it was not called"
-"""The ``why`` of the `ToolResolved` (never ran) its holder records for a call whose dispatch
-was written and whose lease `write_ahead` then could not confirm: the tool was not called."""
+from .leases.base import RunLease
 
 
 async def write_ahead(
@@ -35,3 +33,6 @@ async def write_ahead(
     """
     await append_dispatch()
     return await confirm()
+
+
+__all__ = ["NOT_CALLED", "write_ahead"]

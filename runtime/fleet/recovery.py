@@ -15,7 +15,8 @@ the partition, decides who carries a run on. Two workers reaching for one run ar
 the lease: one carries it on, the other counts a conflict. Requests (new runs, answers) still
 go to the partition's owner.
 Attempts are bounded: the claims (`RunClaimed`) the log shows since the run last made progress
-(a model answer, a tool outcome, a settled turn or an approval) count (the fold keeps the
+(a model answer, a tool outcome but a call settled as never run only to be made again, a
+settled turn or an approval) count (the fold keeps the
 count, `Frontier.attempts`, so it costs no read of the run), with a backoff of
 ``backoff_s * 2**(attempts - 1)`` before each retry; at ``max_attempts`` the run ends ``failed``
 with the reason and the last cause (the type and one masked line of the error the last
@@ -55,7 +56,7 @@ from onward.eventlog.events import (
 )
 from onward.projections.audit import printable
 from onward.projections.base import RunSummary
-from onward.projections.frontier import Frontier
+from onward.projections.frontier import Frontier, made_again
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
 from onward.runtime.leases.holder import Leaseholder
@@ -90,7 +91,7 @@ def attempts_since_progress(events: Iterable[Event]) -> int:
     for event in events:
         if isinstance(event, RunClaimed):
             attempts += 1
-        elif isinstance(event, _PROGRESS):
+        elif isinstance(event, _PROGRESS) and not made_again(event):
             attempts = 0
     return attempts
 

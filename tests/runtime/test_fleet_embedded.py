@@ -18,11 +18,12 @@ from support.fleet import agents, script
 from typer.testing import CliRunner
 
 from onward.errors import InvalidInputError
-from onward.eventlog import Message, ModelAnswered, RunClaimed, TurnSettled
+from onward.eventlog import Message, ModelAnswered, RunClaimed, ToolResolved, TurnSettled
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app
 from onward.runtime.cli.worker import load_agents
 from onward.runtime.demo_ledger import Ledger
+from onward.runtime.dispatch import NOT_CALLED
 from onward.runtime.fleet.requests import (
     AnswerRequest,
     CancelRun,
@@ -68,6 +69,32 @@ def test_attempts_count_claims_since_the_last_progress() -> None:
     assert attempts_since_progress([]) == 0
     assert attempts_since_progress([claimed(1), answered, claimed(3), claimed(4)]) == 2
     assert attempts_since_progress([claimed(3), settled]) == 0
+
+
+def test_a_call_settled_as_never_run_only_to_be_made_again_is_no_progress() -> None:
+    """Its status check, or the holder that did not call it, says a call never ran: it is
+    made again, nothing moved on. A person's settlement is progress, whatever it says."""
+
+    def claimed(seq: int) -> RunClaimed:
+        return RunClaimed(run_id="r", tenant="t", seq=seq, fence=seq, worker="w")
+
+    def never_ran(seq: int, by: str, why: str = "") -> ToolResolved:
+        return ToolResolved(
+            run_id="r",
+            tenant="t",
+            seq=seq,
+            fence=seq,
+            call_id="c",
+            outcome="never_ran",
+            by=by,
+            why=why,
+        )
+
+    checked = never_ran(2, "reconcile")
+    not_called = never_ran(2, "w", NOT_CALLED)
+    assert attempts_since_progress([claimed(1), checked, claimed(3)]) == 2
+    assert attempts_since_progress([claimed(1), not_called, claimed(3)]) == 2
+    assert attempts_since_progress([claimed(1), never_ran(2, "ann"), claimed(3)]) == 1
 
 
 def _settings(path: Path) -> Settings:

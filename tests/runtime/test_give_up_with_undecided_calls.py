@@ -161,3 +161,35 @@ async def test_a_charge_whose_resumes_meet_an_outage_is_left_for_a_person(
         worker.submit(ResumeRun(run_id=run_id, tenant=TENANT))
         await asyncio.wait_for(worker.drained(), 30)
         await left_for_a_person(worker, run_id)
+
+
+async def test_a_charge_that_kills_its_worker_every_time_runs_out_of_attempts(
+    backends: Backends,
+) -> None:
+    """The worker dies right after dispatching a charge, on every attempt (the call brings its
+    process down); the charge's status check says each time that it did not go through, so
+    each attempt makes it again. Those settlements are no progress: the attempts still run
+    out, and the run is left for a person, not carried on (and the charge made) for ever."""
+    made: list[str] = []
+
+    async def not_through(key: str) -> Reconciled:
+        return Reconciled("never_ran")
+
+    @tool(reconcile=not_through)
+    async def fatal_charge(amount: int, *, idempotency_key: str) -> str:
+        made.append(idempotency_key)
+        return f"charged {amount}"
+
+    agent = Agent(name="charger", instructions="charge", tools=[fatal_charge])
+    dies = backends.runner(charging("fatal_charge"), observer=CrashAt("tool.dispatched"))
+    with pytest.raises(Crash):
+        await dies.run(agent, "charge 5", tenant=TENANT, run_id="r")
+    worker = Worker(backends, charging("fatal_charge"), {"charger": agent}, backoff_s=0)
+    for _ in range(worker.max_attempts):
+        dies = backends.runner(charging("fatal_charge"), observer=CrashAt("tool.dispatched"))
+        with pytest.raises(Crash):
+            await dies.resume(agent, "r", tenant=TENANT)
+    worker.submit(ResumeRun(run_id="r", tenant=TENANT))
+    await worker.drained()
+    assert made == []
+    await left_for_a_person(worker, "r")

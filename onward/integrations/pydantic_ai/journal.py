@@ -579,13 +579,21 @@ def _turn_of(answered: ModelAnswered) -> dict[str, str]:
     }
 
 
-_CUT_OFF = re.compile(r"Timed out after \S+ seconds\.")
-"""The retry message pydantic-ai's function toolset gives a tool it cut off at its timeout."""
+_CUT_OFF = re.compile(
+    r"Timed out after \S+ seconds\."
+    r"|Request 'tools/call' timed out"
+    r"|Timed out after \S+s waiting for 'tools/call'"
+    r"|Timed out while waiting for response to ClientRequest\. Waited \S+ seconds\."
+)
+"""The retry message pydantic-ai's function toolset gives a tool it cut off at its timeout,
+and the MCP SDK's messages for a call its session stopped waiting for (``read_timeout``),
+which pydantic-ai's MCP toolset makes the retry's message: the server may have acted on it."""
 
 
 def _cut_off(payload: object) -> bool:
     """Whether a tool unit's recorded result is pydantic-ai's retry for a tool cut off at its
-    ``timeout`` (the unit carries the retry as data: its ``kind`` and ``message``)."""
+    ``timeout``, or for an MCP call that timed out (the unit carries the retry as data: its
+    ``kind`` and ``message``)."""
     if isinstance(payload, dict):
         kind, message = payload.get("kind"), payload.get("message")
     else:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent, FunctionToolset
+from pydantic_ai import Agent, FunctionToolset, ModelRetry
 from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
@@ -734,7 +734,7 @@ class _AsksUntilAnswered:
         self.asked += 1
         last = messages[-1].parts if messages else []
         told_to_retry = any(
-            isinstance(p, RetryPromptPart) or "Timed out" in str(getattr(p, "content", ""))
+            isinstance(p, RetryPromptPart) or "timed out" in str(getattr(p, "content", "")).lower()
             for p in last
         )
         if self.asked == 1 or told_to_retry:
@@ -849,3 +849,46 @@ async def test_an_answer_too_large_for_the_log_fails_the_run_once(
     assert "too large" in again.error
     assert script.asked == 1
     assert written == []
+
+
+@pytest.mark.parametrize(
+    "timed_out",
+    [
+        "Request 'tools/call' timed out",
+        "Timed out after 5.0s waiting for 'tools/call'",
+        "Timed out while waiting for response to ClientRequest. Waited 300.0 seconds.",
+    ],
+    ids=["mcp-session", "mcp-in-memory", "mcp-1.x"],
+)
+async def test_an_mcp_tool_call_that_timed_out_is_not_made_again_unasked(
+    durability: OnwardDurability[None], stores: Stores, timed_out: str
+) -> None:
+    """pydantic-ai's MCP toolset turns a call the MCP session stopped waiting for (its
+    ``read_timeout``) into a retry prompt with the SDK's message; the server may have acted
+    on it, so the run hands it to a person as for a tool cut off at its own timeout. The tool
+    here fails as pydantic-ai's ``MCPToolset`` does (``ModelRetry(str(error))``): fastmcp,
+    which that toolset needs, is not a test dependency, and the `mcp` SDK is not installed where
+    the tests run against the lowest pydantic-ai."""
+    booked: list[str] = []
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(_AsksUntilAnswered().answer),
+        name="booker",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain
+    async def book(seat: str) -> str:
+        """Book a seat on a server that takes effect, then answers too late."""
+        booked.append(current_idempotency_key() or "")
+        if len(booked) == 1:
+            raise ModelRetry(timed_out)  # str() of the SDK's MCPError: its message
+        return f"seat {seat} booked"
+
+    result = await durability.run(agent, "book seat 3A", run_id=RUN)
+
+    assert len(booked) == 1
+    assert result.status == "waiting"
+    assert isinstance(result.output, DeferredToolRequests)
+    assert [c.tool_name for c in result.output.approvals] == ["book"]
+    assert not [e for e in await events(stores) if isinstance(e, ToolCompleted)]

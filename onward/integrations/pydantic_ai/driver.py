@@ -20,12 +20,12 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import pydantic
 from pydantic_ai.agent import AbstractAgent
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from onward.errors import (
     ConfigurationError,
@@ -33,6 +33,7 @@ from onward.errors import (
     InvalidInputError,
     LogTruncatedError,
     OnwardError,
+    PayloadTooLargeError,
 )
 from onward.eventlog import (
     ApprovalDenied,
@@ -310,9 +311,32 @@ class DurableRuns:
             except Exception as exc:
                 await self._fail(journal, exc)
                 raise
-        output = to_jsonable_python(result.output)
-        await journal.append(journal.event(RunFinished, status="completed", output=output))
+        try:
+            output = to_jsonable_python(result.output)
+        except PydanticSerializationError as exc:
+            # Left without an end, every resume would execute the run again to the same output.
+            await self._fail(journal, exc)
+            raise
+        try:
+            await journal.append(journal.event(RunFinished, status="completed", output=output))
+        except PayloadTooLargeError as exc:
+            await self._output_too_large(journal, exc)
         return DurableRunResult(run_id, "completed", result.output, result=result)
+
+    @staticmethod
+    async def _output_too_large(journal: RunJournal, refused: PayloadTooLargeError) -> NoReturn:
+        """End the run failed when its output is too large for the log (it is written in line
+        with the run's end, never out of line), and raise: left to resume, the run would be
+        executed again to the same output and refused again, for ever.
+
+        Raises:
+            PayloadTooLargeError: Saying so.
+        """
+        error = f"the run's output is too large to record ({refused}): return less"
+        await journal.append(journal.event(RunFinished, status="failed", error=error))
+        raise PayloadTooLargeError(
+            error, run_id=journal.run_id, size=refused.size, limit=refused.limit
+        ) from refused
 
     @staticmethod
     async def _fail(journal: RunJournal, exc: Exception) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent, FunctionToolset, ModelRetry
+from pydantic_ai import Agent, FunctionToolset, ModelRetry, ToolOutput
 from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
@@ -25,6 +25,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
+from pydantic_core import PydanticSerializationError
 from support.failing_ends import EndFails
 from support.stores import Stores
 
@@ -851,6 +852,38 @@ async def test_an_answer_too_large_for_the_log_fails_the_run_once(
     assert written == []
 
 
+async def test_an_output_too_large_for_the_log_fails_the_run_once(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """The run's output is written in line with its end: a final answer a blob store took
+    out of line can still be too large for it. The run ends failed saying why, rather than
+    left running, the model asked again and refused again at every resume."""
+    asked: list[int] = []
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(1)
+        return ModelResponse(parts=[TextPart("y" * 1_500_000)])
+
+    async with SqliteBlobStore(tmp_path / "onward.db") as blobs:
+        durability = durability_on(stores, worker="here", blobs=blobs)
+        agent: Agent[None, str | DeferredToolRequests] = Agent(
+            FunctionModel(answer),
+            name="talker",
+            capabilities=[durability],
+            output_type=[str, DeferredToolRequests],
+        )
+        with pytest.raises(PayloadTooLargeError, match="output is too large"):
+            await durability.run(agent, "say a lot", run_id=RUN)
+        again = await durability.resume(agent, RUN)
+
+    assert again.status == "failed"
+    assert again.error is not None
+    assert "output is too large" in again.error
+    assert len(asked) == 1
+    (finished,) = [e for e in await events(stores) if isinstance(e, RunFinished)]
+    assert finished.status == "failed"
+
+
 @pytest.mark.parametrize(
     "timed_out",
     [
@@ -892,3 +925,45 @@ async def test_an_mcp_tool_call_that_timed_out_is_not_made_again_unasked(
     assert isinstance(result.output, DeferredToolRequests)
     assert [c.tool_name for c in result.output.approvals] == ["book"]
     assert not [e for e in await events(stores) if isinstance(e, ToolCompleted)]
+
+
+class _Receipt:
+    """What an output function returns that is not JSON."""
+
+    def __init__(self, to: str) -> None:
+        self.to = to
+
+
+async def test_an_output_that_is_not_json_fails_the_run_once(
+    durability: OnwardDurability[None], stores: Stores
+) -> None:
+    """The run's output is recorded as JSON with its end: one that cannot be ends the run
+    failed saying why, rather than left running, executed again (its output function too)
+    and refused again at every resume."""
+    sent: list[str] = []
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        output_tool = info.output_tools[0].name
+        return ModelResponse(parts=[ToolCallPart(output_tool, {"to": "ann"}, tool_call_id="o1")])
+
+    def send(to: str) -> object:
+        """Send the mail and hand back its receipt."""
+        sent.append(to)
+        return _Receipt(to)
+
+    agent: Agent[None, object] = Agent(
+        FunctionModel(answer),
+        name="mailer",
+        capabilities=[durability],
+        output_type=[ToolOutput(send), DeferredToolRequests],
+    )
+    with pytest.raises(PydanticSerializationError):
+        await durability.run(agent, "mail ann", run_id=RUN)
+    again = await durability.resume(agent, RUN)
+
+    assert again.status == "failed"
+    assert again.error is not None
+    assert "_Receipt" in again.error
+    assert sent == ["ann"]
+    (finished,) = [e for e in await events(stores) if isinstance(e, RunFinished)]
+    assert finished.status == "failed"

@@ -201,7 +201,7 @@ class DurableRuns:
         async with self._holding(run_id) as held:
             carried = await self.runner.resumer.claim(described, held, worker=self.runner.worker)
             if not carried.claimed:
-                return DurableRunResult.settled(carried.frontier)
+                return await self._as_it_stands(carried.frontier)
             # A holder that died mid-call left its call held: that call is not being made any
             # more (its answer, had it come, was recorded).
             await self.runner.release_holds_left(run_id)
@@ -218,6 +218,15 @@ class DurableRuns:
             outcome = await self._execute(agent, journal, options)
             return dataclasses.replace(outcome, plan=carried.plan)
 
+    async def _as_it_stands(self, frontier: Frontier) -> DurableRunResult:
+        """A run there was nothing to carry on of; one that waits, with what it waits on as
+        its output (the calls to decide), as the execution that began the wait returned it."""
+        settled = DurableRunResult.settled(frontier)
+        if frontier.status != "waiting" or frontier.waiting_on is None:
+            return settled
+        details = _details_of(await self._events(frontier), frontier.waiting_on)
+        return dataclasses.replace(settled, output=_requests_in(details) or details)
+
     async def pending(self, run_id: str) -> Pending:
         """What the run waits for.
 
@@ -232,12 +241,7 @@ class DurableRuns:
             raise InvalidInputError(
                 f"run {run_id!r} is {frontier.status} and waits on nothing", run_id=run_id
             )
-        asked = [
-            e
-            for e in await self._events(frontier)
-            if isinstance(e, ApprovalRequested) and e.request_id == frontier.waiting_on
-        ]
-        details = asked[-1].details if asked else None
+        details = _details_of(await self._events(frontier), frontier.waiting_on)
         return Pending(run_id, frontier.waiting_on, _requests_in(details), details), frontier
 
     async def decide(self, run_id: str, results: DeferredToolResults, *, by: str) -> None:
@@ -466,6 +470,12 @@ def _prompt_of(journal: RunJournal) -> Any:
 def _listed(requests: DeferredToolRequests) -> str:
     calls = [*requests.approvals, *requests.calls]
     return ", ".join(f"{c.tool_name} ({c.tool_call_id})" for c in calls)
+
+
+def _details_of(events: Sequence[Event], request_id: str) -> Any:
+    """The details of the request a run waits on, as recorded."""
+    asked = [e for e in events if isinstance(e, ApprovalRequested) and e.request_id == request_id]
+    return asked[-1].details if asked else None
 
 
 def _requests_in(details: Any) -> DeferredToolRequests | None:

@@ -927,6 +927,21 @@ async def test_an_mcp_tool_call_that_timed_out_is_not_made_again_unasked(
     assert not [e for e in await events(stores) if isinstance(e, ToolCompleted)]
 
 
+async def test_resuming_a_run_still_waiting_returns_the_calls_it_waits_on(
+    durability: OnwardDurability[None], ledger: Ledger
+) -> None:
+    """A run still waiting on a decision is returned as it stands, its output the calls to
+    decide, as when it began to wait: another process resuming it sees what to decide."""
+    agent = booking_agent(durability, ledger, requires_approval=True)
+    waiting = await durability.run(agent, "book seat 3A", run_id=RUN)
+
+    again = await durability.resume(agent, RUN)
+
+    assert (again.status, again.waiting_on) == ("waiting", waiting.waiting_on)
+    assert isinstance(again.output, DeferredToolRequests)
+    assert again.output == waiting.output
+
+
 class _Receipt:
     """What an output function returns that is not JSON."""
 

@@ -18,6 +18,10 @@ from typing import Any
 from onward.eventlog import ToolCompleted, ToolDispatched, ToolResolved
 from onward.runtime.dispatch import NOT_CALLED
 
+APPROVED_AGAIN = "approved to run again"
+"""The ``why`` of the `ToolResolved` (never ran) the journal records for an attempt that may
+have run when pydantic-ai runs its call again, approved: the approval's own record."""
+
 
 @dataclass
 class Attempt:
@@ -28,12 +32,15 @@ class Attempt:
         idempotency_key: The key its last ``ToolDispatched`` went out with.
         completed: The tool's recorded outcome.
         resolved: A person's (or a status check's) settlement of an attempt that had none.
+        settled: ``resolved`` was made outside any decision the run asked for (``onward
+            resolve``): it says how the attempt ended, so it is not asked about again.
     """
 
     dispatched_fence: int
     idempotency_key: str
     completed: ToolCompleted | None = None
     resolved: ToolResolved | None = None
+    settled: bool = False
 
     @property
     def open(self) -> bool:
@@ -46,28 +53,45 @@ class CallAttempts:
     """Every attempt of every call of one run, by the run's call id."""
 
     by_call: dict[str, list[Attempt]] = field(default_factory=dict)
+    asked: set[str] = field(default_factory=set)
+    """The calls whose last attempt a wait of the run handed to a person: their settlements
+    are their decisions."""
 
     def of(self, call_id: str) -> list[Attempt]:
         """The attempts of one call, oldest first."""
         return self.by_call.setdefault(call_id, [])
 
     def learn(self, event: ToolDispatched | ToolCompleted | ToolResolved) -> None:
-        """A dispatch starts an attempt (or dispatches an open one again); an outcome ends it."""
+        """A dispatch starts an attempt (or dispatches an open one again); an outcome ends it.
+
+        A settlement of a call no wait asked about (``onward resolve``) stands as recorded:
+        never ran, the attempt is no attempt (the invocation makes the call afresh, with its
+        key); completed, its result is the call's, dispatched or not. One a decision made is
+        pydantic-ai's to apply, as the wait's answer.
+        """
         attempts = self.of(event.call_id)
         last = attempts[-1] if attempts and attempts[-1].open else None
         if isinstance(event, ToolDispatched):
             if last is None:
                 attempts.append(Attempt(event.fence, event.idempotency_key))
+                self.asked.discard(event.call_id)  # no wait has asked about this attempt yet
             else:
                 last.dispatched_fence = event.fence
                 last.idempotency_key = event.idempotency_key
         elif last is not None and isinstance(event, ToolCompleted):
             last.completed = event
-        elif last is not None and isinstance(event, ToolResolved):
-            if _not_called(event, last):
+        elif isinstance(event, ToolResolved):
+            settled = event.call_id not in self.asked and event.why != APPROVED_AGAIN
+            if last is None:
+                if not attempts and settled and event.outcome == "completed":
+                    # Never dispatched, and a person says it took effect (made by hand).
+                    attempts.append(Attempt(event.fence, "", resolved=event, settled=True))
+                return
+            if _not_called(event, last) or (settled and event.outcome == "never_ran"):
                 attempts.pop()  # never made: the invocation it was for makes it afresh
             else:
                 last.resolved = event
+                last.settled = settled
 
 
 def _not_called(event: ToolResolved, attempt: Attempt) -> bool:

@@ -16,9 +16,12 @@ redaction, the claim check, the fence check).
   outcome is replayed. One dispatched without an outcome (the process died in between) is never
   run again: it comes back as pydantic-ai's own approval request, unless the tool says a second
   call is harmless (``metadata={"onward": {"retry_safe": True}}``), which is dispatched again.
-  One pydantic-ai cut off at its ``timeout`` is left the same way (and handed to a person at
-  once), not recorded as the retry pydantic-ai makes of it: the model would make it again under
-  a new call and key. A retry-safe tool's cut-off stays that retry.
+  One pydantic-ai cut off at its ``timeout`` (or an MCP call its session stopped waiting for)
+  is left the same way (and handed to a person at once), not recorded as the retry pydantic-ai
+  makes of it: the model would make it again under a new call and key. A retry-safe tool's
+  cut-off stays that retry. One a person settled outside any decision the run asked for
+  (``onward resolve``) stands as settled: completed, its result is replayed; never ran, it is
+  made afresh, with its key.
   One whose lease could not be confirmed once its dispatch was written is recorded as never run
   (the tool was not called), and made by the next execution.
   Every dispatch carries the idempotency key the log recorded for the call, never one derived
@@ -66,7 +69,7 @@ from onward.runtime.spend.budget import Budgets
 from onward.runtime.tools import cancelled_as_failure, idempotency_key, tool_error
 from onward.runtime.writer import HeldRun, RunWriter
 
-from .attempts import CallAttempts, undecided
+from .attempts import APPROVED_AGAIN, CallAttempts, undecided
 
 if TYPE_CHECKING:
     from onward.eventlog import Event
@@ -363,6 +366,9 @@ class RunJournal:
             if attempt.completed is not None:
                 unit_completed(executed=False)
                 return _replayed(attempt.completed)
+            if attempt.settled and attempt.resolved is not None:
+                unit_completed(executed=False)
+                return _settled(attempt.resolved)
             if not attempt.open or not retry_safe:
                 metadata = undecided(self.run_id, call_id, tool, attempt)
                 self.surfaced[model_call_id] = metadata
@@ -377,7 +383,7 @@ class RunJournal:
                     call_id=call_id,
                     outcome="never_ran",
                     by="approval",
-                    why="approved to run again",
+                    why=APPROVED_AGAIN,
                 )
             )
         return await self._dispatch(call_id, tool, run, model_call_id, retry_safe=retry_safe)
@@ -564,6 +570,7 @@ class RunJournal:
             self.attempts.learn(event)
         elif isinstance(event, ApprovalRequested):
             self.waits.append(Wait(event))
+            self.attempts.asked.update(_asked_about(event.details))
         elif isinstance(event, ApprovalGranted | ApprovalDenied):
             for wait in self.waits:
                 if wait.asked.request_id == event.request_id and wait.answer is None:
@@ -599,6 +606,29 @@ def _cut_off(payload: object) -> bool:
     else:
         kind, message = getattr(payload, "kind", None), getattr(payload, "message", None)
     return kind == "model_retry" and isinstance(message, str) and bool(_CUT_OFF.fullmatch(message))
+
+
+def _asked_about(details: Any) -> Iterator[str]:
+    """The run's call ids of the calls a wait's details hand to a person (the metadata of
+    pydantic-ai's approval requests, or the calls left undecided under another wait)."""
+    if not isinstance(details, dict):
+        return
+    for key in ("metadata", "undecided"):
+        surfaced = details.get(key)
+        if not isinstance(surfaced, dict):
+            continue
+        for metadata in surfaced.values():
+            onward = metadata.get("onward") if isinstance(metadata, dict) else None
+            if isinstance(onward, dict) and isinstance(onward.get("call_id"), str):
+                yield onward["call_id"]
+
+
+def _settled(resolved: ToolResolved) -> object:
+    """A call a person settled as completed, as pydantic-ai's record of a tool's return: the
+    result they gave is what the tool returned (an error they gave, what it raised)."""
+    if resolved.error is not None:
+        raise RecordedToolError(f"{resolved.error.type}: {resolved.error.message}")
+    return {"kind": "tool_return", "result": resolved.result}
 
 
 def _replayed(completed: ToolCompleted) -> object:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from pydantic_ai import Agent, FunctionToolset, ModelRetry, ToolOutput
@@ -57,6 +57,7 @@ from onward.eventlog import (
     kind_of,
 )
 from onward.eventlog.archive import DirectoryArchive
+from onward.eventlog.base import EventLog
 from onward.integrations.pydantic_ai import (
     DurableRunResult,
     OnwardDurability,
@@ -69,6 +70,8 @@ from onward.runtime.blobs import DEFAULT_THRESHOLD, SqliteBlobStore
 from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.leases import LeasePolicy, RunLease
+from onward.runtime.runner import AgentRunner
+from onward.testing.eventlog import WrappedEventLog
 
 RUN = "r-1"
 
@@ -884,6 +887,58 @@ async def test_an_output_too_large_for_the_log_fails_the_run_once(
     assert finished.status == "failed"
 
 
+class _NoModel:
+    """The provider of a runner that only settles calls, as ``onward resolve`` builds it."""
+
+    async def complete(self, agent: Any, messages: Any) -> Any:
+        raise AssertionError("settling a call asks no model")
+
+
+async def settle(stores: Stores, outcome: Literal["completed", "never_ran"], result: Any) -> None:
+    """Settle the lost booking ``b1`` as ``onward resolve`` does, before the run is resumed."""
+    ops = AgentRunner(
+        provider=_NoModel(),
+        log=stores.log,
+        leases=stores.leases,
+        frontiers=stores.frontiers,
+        checkpoint_inline=stores.embedded,
+        worker="ops",
+    )
+    await ops.resolve(
+        RUN, "b1", tenant=TENANT, outcome=outcome, by="ops", why="checked", result=result
+    )
+
+
+async def test_a_lost_call_settled_as_completed_with_onward_resolve_is_not_asked_about_again(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """A person who settled a lost call with ``onward resolve`` said how it ended: the resumed
+    run carries on with the result they gave, as its resume plan says, not asking again."""
+    script = Script(faults=Faults({"after_effect"}))
+    await crash(durability, booking_agent(durability, ledger, script))
+    await settle(stores, "completed", "seat 3A held")
+
+    done = await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+    assert (done.status, done.output) == ("completed", "done: seat 3A held")
+    assert len(ledger.entries()) == 1
+
+
+async def test_a_lost_call_settled_as_never_ran_with_onward_resolve_is_made_again(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """Settled as never ran, the call is made again, with its key, without asking again."""
+    script = Script(faults=Faults({"after_effect"}))
+    await crash(durability, booking_agent(durability, ledger, script))
+    await settle(stores, "never_ran", None)
+
+    done = await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+    assert (done.status, done.output) == ("completed", "done: seat 3A booked")
+    first, second = ledger.entries()
+    assert first["key"] == second["key"]
+
+
 @pytest.mark.parametrize(
     "timed_out",
     [
@@ -982,3 +1037,59 @@ async def test_an_output_that_is_not_json_fails_the_run_once(
     assert sent == ["ann"]
     (finished,) = [e for e in await events(stores) if isinstance(e, RunFinished)]
     assert finished.status == "failed"
+
+
+class _DispatchFails(WrappedEventLog):
+    """Refuses the first dispatch of a call, as a log that went away between the model's
+    answer and the call's write-ahead."""
+
+    def __init__(self, inner: EventLog) -> None:
+        super().__init__(inner)
+        self.failed = False
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        if not self.failed and any(isinstance(e, ToolDispatched) for e in events):
+            self.failed = True
+            raise BackendUnavailableError("the log is not there")
+        return await super().append(events)
+
+
+async def test_a_call_never_dispatched_settled_as_completed_is_not_made(
+    stores: Stores, ledger: Ledger
+) -> None:
+    """A call whose dispatch was never written, settled as completed with ``onward resolve``
+    (a person made it by hand), is not made by the resumed run: it reads the result given."""
+    failing = durability_on(
+        dataclasses.replace(stores, log=_DispatchFails(stores.log)), worker="here"
+    )
+    agent = booking_agent(failing, ledger)
+    with pytest.raises(BackendUnavailableError):
+        await failing.run(agent, "book seat 3A", run_id=RUN)
+    await settle(stores, "completed", "seat 3A booked by hand")
+
+    durability = durability_on(stores, worker="here")
+    done = await durability.resume(booking_agent(durability, ledger), RUN)
+
+    assert (done.status, done.output) == ("completed", "done: seat 3A booked by hand")
+    assert ledger.entries() == []
+
+
+async def test_an_approved_call_lost_again_and_settled_with_onward_resolve_is_not_asked_again(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """A decision settled the call's first attempt; the attempt it approved, lost too and
+    settled with ``onward resolve``, stands as settled like any other."""
+    await crash(
+        durability, booking_agent(durability, ledger, Script(faults=Faults({"after_effect"})))
+    )
+    await durability.resume(booking_agent(durability, ledger), RUN)
+    await durability.decide(RUN, DeferredToolResults(approvals={"b1": True}), by="alice")
+    lost_again = booking_agent(durability, ledger, Script(faults=Faults({"after_effect"})))
+    with pytest.raises(Crash):
+        await durability.resume(lost_again, RUN)
+    await settle(stores, "completed", "seat 3A held")
+
+    done = await durability.resume(booking_agent(durability, ledger), RUN)
+
+    assert (done.status, done.output) == ("completed", "done: seat 3A held")
+    assert len(ledger.entries()) == 2

@@ -536,7 +536,20 @@ class KafkaEventLog(EventLogBackend):
 
         A broker that does not answer delays this by a few request timeouts at most (the
         queued appends, then each client's stop); what it had not acknowledged may have landed.
+        A close that is cancelled still ends first (within those bounds), then the cancellation
+        goes on: the clients it took from the log are stopped by nobody else, and cut short,
+        they would stay connected, never stopped, as long as the event loop lives.
         """
+        closing = asyncio.ensure_future(self._close())
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            await asyncio.wait({closing})
+            if not closing.cancelled():
+                closing.exception()  # superseded by the cancellation
+            raise
+
+    async def _close(self) -> None:
         bound = self._request_timeout_ms / 1000
         self._opened = False
         # Appends already queued are sent (or fail) before the producer goes away.

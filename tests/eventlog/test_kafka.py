@@ -352,3 +352,32 @@ async def test_every_read_waiting_for_a_consumer_when_the_log_closes_is_refused(
     for task in waiting:
         with pytest.raises(InvalidInputError, match="closed during this read"):
             await asyncio.wait_for(task, 10)
+
+
+async def test_a_close_cancelled_while_the_producer_stops_still_stops_every_reader(
+    kafka_bootstrap: str, kafka_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shutdown that gives up on the close (a timeout around it, a second Ctrl-C) while the
+    producer stops: the readers' consumers, already taken from the log where no later close
+    finds them, are stopped all the same rather than left connected as long as the loop."""
+    log = await KafkaEventLog.open(kafka_bootstrap, topic=kafka_topic, partitions=1)
+    consumers = log._live_readers().consumers
+    assert consumers
+    producer = log._producer
+    assert producer is not None
+    stopping = asyncio.Event()
+    stop = producer.stop
+
+    async def slow_stop() -> None:
+        stopping.set()
+        await asyncio.sleep(0.5)  # a broker slow to answer
+        await stop()
+
+    monkeypatch.setattr(producer, "stop", slow_stop)
+    closing = asyncio.create_task(log.close())
+    await asyncio.wait_for(stopping.wait(), 10)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert not any(_connected(consumer) for consumer in consumers), "a reader was left connected"
+    assert all(consumer._closed for consumer in consumers), "a reader was never stopped"

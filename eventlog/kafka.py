@@ -399,10 +399,20 @@ class KafkaEventLog(EventLogBackend):
         tp = TopicPartition(self._topic, partition)
         readers = self._live_readers()
         await self._outcomes_known(partition, run_id)
-        try:
-            return await self._read_lent(readers, request, tp)
-        except DRIVER_ERRORS as exc:  # starting another consumer failed
-            raise translate(exc, context=f"reading partition {partition}", run_id=run_id) from exc
+        cuts = 0
+        while True:
+            try:
+                return await self._read_lent(readers, request, tp)
+            except LogTruncatedError:
+                # A read from the partition's start (none named) cut meanwhile: from the new
+                # start, as a read begun after the cut would, never said as a truncation.
+                cuts += 1
+                if request.start is not None or cuts > _CUTS_RIDDEN_OUT:
+                    raise
+            except DRIVER_ERRORS as exc:  # starting another consumer failed
+                raise translate(
+                    exc, context=f"reading partition {partition}", run_id=run_id
+                ) from exc
 
     async def _read_lent(
         self, readers: KafkaReaders, request: LogRead, tp: TopicPartition
@@ -596,6 +606,10 @@ def _outcome_dropped(delivery: asyncio.Future[Any]) -> None:
     if not delivery.cancelled():
         delivery.exception()
 
+
+_CUTS_RIDDEN_OUT = 2
+"""How many cuts landing between a read's look at a partition's start and its fetch a read from
+that start reads on past; one more, and it fails with `LogTruncatedError`."""
 
 _GROUP_COMMIT_BYTES = 900_000
 """Most bytes of queued appends put in one record batch (under the producer's 1,048,000)."""

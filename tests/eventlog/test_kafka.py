@@ -381,3 +381,30 @@ async def test_a_close_cancelled_while_the_producer_stops_still_stops_every_read
         await closing
     assert not any(_connected(consumer) for consumer in consumers), "a reader was left connected"
     assert all(consumer._closed for consumer in consumers), "a reader was never stopped"
+
+
+async def test_a_read_from_the_start_cut_between_its_bounds_and_its_fetch_reads_what_is_left(
+    kafka_bootstrap: str, kafka_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that names no start reads from wherever the partition starts: compaction moving
+    that start between the read's look at the bounds and its fetch is no truncation of what
+    it asked for (`LogTruncatedError` is for a named start below the partition's)."""
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=1) as log:
+        cut, kept = new_run_id(), new_run_id()
+        await log.append(step_events(cut, 2))
+        await log.append(step_events(kept, 3))
+        readers = log._live_readers()
+        bounds = readers.bounds
+        cuts = 0
+
+        async def bounds_then_cut(reader: object, tp: TopicPartition) -> object:
+            nonlocal cuts
+            found = await bounds(reader, tp)  # type: ignore[arg-type]
+            if not cuts:
+                cuts += 1
+                await log.truncate_before(0, 2)  # lands before the fetch
+            return found
+
+        monkeypatch.setattr(readers, "bounds", bounds_then_cut)
+        assert seqs(await log.read_run(kept)) == [1, 2, 3]
+        assert cuts == 1

@@ -190,6 +190,8 @@ class KafkaProjector(Generic[SinkT]):
             )
         self._store_loss_limit_s = store_loss_limit_s
         self._consumer: AIOKafkaConsumer | None = None
+        self._closes = 0
+        """How many times `close` was called: a start it overlapped stops its own consumer."""
         self._failure: BaseException | None = None
         self._rebalances = 0
         """How many times the group revoked or assigned partitions (see `_seek_to_stored`)."""
@@ -206,7 +208,14 @@ class KafkaProjector(Generic[SinkT]):
         )
 
     async def start(self) -> None:
-        """Join the group; partitions are sought to their stored offsets as they are assigned."""
+        """Join the group; partitions are sought to their stored offsets as they are assigned.
+
+        Starting a started projector does nothing: a consumer made in its place would drop
+        the one `close` stops, left connected.
+        """
+        if self._consumer is not None:
+            return
+        closes = self._closes
         consumer = self._connection.consumer(
             role="projector",
             group_id=self._group_id,
@@ -248,6 +257,11 @@ class KafkaProjector(Generic[SinkT]):
             with contextlib.suppress(KafkaError):
                 await consumer.stop()
             raise
+        if self._closes != closes:
+            # `close` found no consumer to stop: this one is stopped here instead.
+            with contextlib.suppress(KafkaError):
+                await consumer.stop()
+            raise InvalidInputError("the projector was closed while it started")
         self._consumer = consumer
 
     def _check_topic(self, found: int | None) -> None:
@@ -567,6 +581,7 @@ class KafkaProjector(Generic[SinkT]):
 
     async def close(self) -> None:
         """Leave the group. Positions are already stored with the rows; nothing is committed."""
+        self._closes += 1
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             with contextlib.suppress(KafkaError):

@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from support.histories import (
     RunScript,
     append_all,
@@ -654,12 +654,14 @@ async def test_a_rebalance_while_a_lost_store_is_recovered_does_not_stop_the_pro
 
     first = member(stack.store)
     write, positions = stack.store.write, stack.store.positions
-    lose, reads_since_loss = False, 0
+    # Reads are counted from the loss on only: counted before it too, the second member
+    # could be started early, and again after the loss (two starts, two runs of one member).
+    lose, lost, reads_since_loss = False, False, 0
 
     async def lost_once(*args: Any, **kwargs: Any) -> None:
-        nonlocal lose, reads_since_loss
+        nonlocal lose, lost, reads_since_loss
         if lose:
-            lose, reads_since_loss = False, 0
+            lose, lost, reads_since_loss = False, True, 0
             raise BackendUnavailableError("PostgreSQL went away")
         await write(*args, **kwargs)
 
@@ -672,7 +674,7 @@ async def test_a_rebalance_while_a_lost_store_is_recovered_does_not_stop_the_pro
             nonlocal reads_since_loss
             reads_since_loss += 1
             read = await positions(consumer)
-            if reads_since_loss == 2:  # the seek of the recovery (the first checks the store)
+            if lost and reads_since_loss == 2:  # the seek of the recovery (the first checks the store)
                 await second.start()
                 running.append(asyncio.create_task(second.run(stop)))
                 deadline = asyncio.get_running_loop().time() + 30
@@ -799,3 +801,46 @@ async def test_a_batch_of_a_partition_revoked_since_its_fetch_never_clears_a_rel
         assert row.quarantined == released_mark("ops")
     finally:
         await asyncio.gather(first.close(), second.close())
+
+
+async def test_a_projector_started_twice_leaves_no_consumer_behind(stack: Stack) -> None:
+    """A second start of a started projector (a supervisor or a test starting it again) does
+    nothing: the consumer of the first is the one `close` stops, not one dropped connected
+    (and warned about as unclosed when it is collected)."""
+    projector = stack.projector()
+    await projector.start()
+    try:
+        consumer = projector._live()
+        await projector.start()
+        assert projector._live() is consumer
+    finally:
+        await projector.close()
+    assert consumer._closed, "the first start's consumer was never stopped"
+
+
+async def test_a_projector_closed_while_it_starts_leaves_no_consumer_behind(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shutdown closing the projector while another task starts it: `close` finds no
+    consumer yet, so the start stops the one it made and says the projector was closed,
+    rather than leaving it connected where no later close reaches it."""
+    starting, go = asyncio.Event(), asyncio.Event()
+    made: list[AIOKafkaConsumer] = []
+    start = AIOKafkaConsumer.start
+
+    async def start_on_cue(consumer: AIOKafkaConsumer) -> None:
+        made.append(consumer)
+        starting.set()
+        await go.wait()
+        await start(consumer)
+
+    monkeypatch.setattr(AIOKafkaConsumer, "start", start_on_cue)
+    projector = stack.projector()
+    opening = asyncio.create_task(projector.start())
+    await asyncio.wait_for(starting.wait(), 30)
+    await projector.close()
+    go.set()
+    with pytest.raises(InvalidInputError, match="closed while it started"):
+        await asyncio.wait_for(opening, 30)
+    assert made
+    assert all(consumer._closed for consumer in made), "a consumer was never stopped"

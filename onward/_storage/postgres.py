@@ -126,9 +126,7 @@ async def connected(
         statements_bounded: Whether ``timeout_s`` bounds statements too; ``False`` for work
             that may rightly take long (a migration building an index on a large table).
     """
-    options = _connect_options(schema, timeout_s)
-    if not statements_bounded:
-        options.pop("command_timeout", None)
+    options = _connect_options(schema, timeout_s, statements_bounded=statements_bounded)
     with translated("connecting to PostgreSQL"), _usable_url(dsn):
         conn = await asyncpg.connect(dsn, **options)
     try:
@@ -144,18 +142,28 @@ def quoted_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _connect_options(schema: str | None, timeout_s: float | None) -> dict[str, Any]:
+def _connect_options(
+    schema: str | None, timeout_s: float | None, *, statements_bounded: bool = True
+) -> dict[str, Any]:
     """What every connection is opened with: its name and search path, and its time bounds.
 
     The schema is quoted in the search path, as `onward db migrate` creates it: unquoted,
     PostgreSQL would fold a name with capitals to lower case and look in another schema.
+
+    A statement is bounded on the server too (``statement_timeout``), not only by the client
+    giving up (``command_timeout``): the client's cancel goes over the network, and when it
+    cannot get through (a partition, a silent proxy) the statement would run on, a write then
+    committing after its caller was told it failed and after a read said it was not there.
     """
     settings = {"application_name": application_name(schema)}
     if schema:
         settings["search_path"] = quoted_identifier(schema)
     options: dict[str, Any] = {"server_settings": settings}
     if timeout_s is not None:
-        options.update(timeout=timeout_s, command_timeout=timeout_s)
+        options.update(timeout=timeout_s)
+        if statements_bounded:
+            options.update(command_timeout=timeout_s)
+            settings["statement_timeout"] = str(max(1, int(timeout_s * 1000)))
     return options
 
 

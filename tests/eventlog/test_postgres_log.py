@@ -5,18 +5,20 @@ records stored packed."""
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 from support.processes import spawn_support
+from support.proxy import TcpProxy
 from typer.testing import CliRunner
 
 from onward._storage.packing import PACKED
-from onward.errors import ConfigurationError, SchemaMismatchError
+from onward.errors import BackendUnavailableError, ConfigurationError, SchemaMismatchError
 from onward.eventlog import PostgresEventLog, codec
 from onward.eventlog.base import TRUNCATION_STEP, PartitionBounds
 from onward.runtime.cli import app
-from onward.testing.eventlog import new_run_id, step_events
+from onward.testing.eventlog import new_run_id, seqs, step_events
 
 PROCESSES = 4
 APPENDS_PER_PROCESS = 120
@@ -252,3 +254,42 @@ async def test_a_long_cut_deletes_in_steps_each_in_a_transaction_of_its_own(
         assert left == backlog - 3
         assert await log.bounds(0) == PartitionBounds(backlog - 3, backlog)
         assert len(await log.read_records(0, backlog - 3)) == 3
+
+
+async def test_an_append_cut_off_from_the_server_does_not_land_after_it_was_read_missing(
+    database_url: str, pg_schema: str
+) -> None:
+    """An append waiting for its partition (another appender holds it) when the network goes
+    silent: the client gives up, and its cancel cannot reach the server either. The server
+    must give the statement up too, or it commits once the partition is free: after the
+    append failed and after a read said the batch was not there (a writer told to retry
+    would then write it twice)."""
+    parts = urlsplit(database_url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    run_id = new_run_id()
+    async with (
+        PostgresEventLog(database_url, schema=pg_schema, partitions=1) as log,
+        TcpProxy(parts.hostname, parts.port) as proxy,
+    ):
+        await log.append(step_events(run_id, 1))
+        credentials = parts.netloc.rsplit("@", 1)[0]
+        proxied = urlunsplit(parts._replace(netloc=f"{credentials}@{proxy.host}:{proxy.port}"))
+        async with PostgresEventLog(proxied, schema=pg_schema, partitions=1, timeout_s=1.0) as cut:
+            holder = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+            try:
+                async with holder.transaction():
+                    await holder.execute(
+                        "SELECT 1 FROM onward_log_partition WHERE partition = 0 FOR UPDATE"
+                    )
+                    appending = asyncio.create_task(cut.append(step_events(run_id, 1, first_seq=2)))
+                    await asyncio.sleep(0.3)  # the append waits for the partition's row
+                    await proxy.cut(silent=True)
+                    with pytest.raises(BackendUnavailableError):
+                        await asyncio.wait_for(appending, 30)
+                    assert seqs(await log.read_run(run_id)) == [1]
+            finally:
+                await holder.close()
+            await asyncio.sleep(0.5)  # the partition is free: a statement still running lands
+            assert seqs(await log.read_run(run_id)) == [1], "the failed append landed later"
+            await proxy.restore()

@@ -130,10 +130,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
 
         def write() -> int:
             # Inside a group commit's transaction, which took the write lock first.
-            (first,) = conn.execute(
-                "SELECT next_offset FROM onward_log_partition WHERE partition = ?",
-                (partition,),
-            ).fetchone()
+            (first,) = self._partition_row(conn, "next_offset", partition)
             conn.executemany(
                 "INSERT INTO onward_log (partition, offset, run_id, record) VALUES (?,?,?,?)",
                 [(partition, first + i, run_id, row) for i, row in enumerate(rows)],
@@ -155,10 +152,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         def read(conn: sqlite3.Connection) -> tuple[int, list[tuple[int, str, bytes]]]:
             # One read transaction, so the start offset and the rows are one snapshot.
             with transaction(conn, "BEGIN"):
-                (first,) = conn.execute(
-                    "SELECT start_offset FROM onward_log_partition WHERE partition = ?",
-                    (partition,),
-                ).fetchone()
+                (first,) = self._partition_row(conn, "start_offset", partition)
                 low = first if start is None else start
                 if low < first:
                     return first, []
@@ -199,14 +193,26 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
             return PartitionBounds(0, 0)
 
         def read(conn: sqlite3.Connection) -> tuple[int, int]:
-            row = conn.execute(
-                "SELECT start_offset, next_offset FROM onward_log_partition WHERE partition = ?",
-                (partition,),
-            ).fetchone()
+            row = self._partition_row(conn, "start_offset, next_offset", partition)
             return int(row[0]), int(row[1])
 
         start, end = await self._db.read(read, f"reading the bounds of partition {partition}")
         return PartitionBounds(start, end)
+
+    def _partition_row(
+        self, conn: sqlite3.Connection, columns: str, partition: int
+    ) -> tuple[int, ...]:
+        """``columns`` of the partition's row; a file whose row was deleted is refused by name
+        (as the PostgreSQL log refuses it), not failed on as a missing value."""
+        row = conn.execute(
+            f"SELECT {columns} FROM onward_log_partition WHERE partition = ?", (partition,)
+        ).fetchone()
+        if row is None:
+            raise ConfigurationError(
+                f"{self._path}: the event log has no row for partition {partition}: its tables "
+                "were changed outside Onward"
+            )
+        return tuple(row)
 
     async def truncate_before(self, partition: int, offset: int) -> None:
         check_partition(partition, self._partitions)
@@ -216,10 +222,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
             """At most `TRUNCATION_STEP` records deleted and the start moved past them, so
             appends queued meanwhile commit between steps; whether the start reached
             ``offset``."""
-            row = conn.execute(
-                "SELECT start_offset, next_offset FROM onward_log_partition WHERE partition = ?",
-                (partition,),
-            ).fetchone()
+            row = self._partition_row(conn, "start_offset, next_offset", partition)
             check_truncation(partition, offset, int(row[1]))
             start = int(row[0])
             if offset <= start:

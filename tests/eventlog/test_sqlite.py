@@ -239,3 +239,26 @@ async def test_runs_appended_across_a_cut_made_meanwhile_says_the_runs_are_unkno
         moved = await log.runs_appended({0: 1})
         assert moved[0].end == 4
         assert moved[0].runs in (None, frozenset({run_id}))
+
+
+async def test_a_file_missing_a_partition_row_is_refused_by_name(tmp_path: Path) -> None:
+    """A file whose partition row was deleted by hand: every call on that partition says so
+    (as the PostgreSQL log does), rather than failing with a bare TypeError."""
+    path = tmp_path / "events.db"
+    run_id = new_run_id()
+    partition = partition_for(run_id, 4)
+    async with SqliteEventLog(path, partitions=4):
+        pass
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("DELETE FROM onward_log_partition WHERE partition = ?", (partition,))
+        conn.commit()
+    missing = f"no row for partition {partition}"
+    async with SqliteEventLog(path, partitions=4) as log:
+        with pytest.raises(ConfigurationError, match=missing):
+            await log.append(step_events(run_id, 1))
+        with pytest.raises(ConfigurationError, match=missing):
+            await log.read_run(run_id)
+        with pytest.raises(ConfigurationError, match=missing):
+            await log.bounds(partition)
+        with pytest.raises(ConfigurationError, match=missing):
+            await log.truncate_before(partition, 0)

@@ -578,11 +578,16 @@ class CheckpointCompactor(Resource):
         return copies
 
     async def _archive_start(self, partition: int, start: int, watermark: int) -> int | None:
-        """Where archiving must begin: past what the archive already holds of the partition."""
+        """Where archiving must begin: past the ranges the archive holds from ``start`` on
+        without a gap (a rerun's own work). A range beyond a gap (another log's, a topic
+        recreated since) archived nothing below it: skipped over, that part would be cut
+        unarchived."""
         if self.archive is None:
             return None
-        archived = [r.end for r in await self.archive.ranges(partition) if r.end > start]
-        begin = max([start, *archived])
+        begin = start
+        for entry in await self.archive.ranges(partition):  # by start
+            if entry.start <= begin < entry.end:
+                begin = entry.end
         return begin if begin < watermark else None
 
     async def _archive(self, partition: int, begin: int | None, watermark: int) -> int:

@@ -40,6 +40,7 @@ from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.rebuild import rebuild_frontiers
 from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.leases import MemoryLeaseStore
+from onward.testing.archive import records
 
 FINISHED = ["done-0", "done-1", "done-2"]
 LIVE = "long"
@@ -235,3 +236,25 @@ async def test_on_a_schedule_a_pass_failing_with_any_error_is_logged_and_retried
     assert compactor.last_error is None
     assert compactor.last_report is not None
     assert compactor.last_report.events_cut > 0
+
+
+async def test_a_range_archived_above_the_log_start_is_no_reason_to_cut_unarchived(
+    tmp_path: Path,
+) -> None:
+    """The archive directory already holds a range of the partition above the log's start
+    (another deployment's, or a topic recreated since): what lies below it was never
+    archived here, so it is archived now, not cut as if it had been."""
+    log = MemoryEventLog(partitions=1)
+    frontiers = MemoryFrontierStore()
+    world = World(log, frontiers, MemoryCompactionStore(frontiers), MemoryLeaseStore(), False)
+    await world.finished_run("done", turns=2)
+    await world.fold()
+    before = await rows(frontiers, ["done"])
+    archive = DirectoryArchive(tmp_path / "archive")
+    await archive.write(0, 10_000, 10_004, records(0, range(10_000, 10_004)))
+    compactor = CheckpointCompactor(log, frontiers, world.store, archive=archive)
+    report = await compactor.compact()
+    (part,) = report.partitions
+    assert part.cut
+    assert part.archived == part.events_cut > 0
+    assert await refolded(ArchivedEventLog(log, archive), ["done"]) == before

@@ -76,10 +76,17 @@ class ArchivedEventLog(EventLogBackend):
         out: list[LogRecord] = []
         if low < live.start:
             upto = live.start if end is None else min(end, live.start)
-            archived = await self.archive.read(partition, low, upto)
-            out.extend(s for s in archived if run_id is None or s.event.run_id == run_id)
-        if limit is not None and len(out) >= limit:
-            return out[:limit]
+            # One archived range at a time, stopping at the limit: a reader paging through
+            # with a limit reads each file once, not every file up to the log's start a page.
+            for entry in await self.archive.ranges(partition):
+                if entry.end <= low or entry.start >= upto:
+                    continue
+                archived = await self.archive.read(
+                    partition, max(low, entry.start), min(upto, entry.end)
+                )
+                out.extend(s for s in archived if run_id is None or s.event.run_id == run_id)
+                if limit is not None and len(out) >= limit:
+                    return out[:limit]
         if end is None or end > live.start:
             rest = None if limit is None else limit - len(out)
             out.extend(

@@ -71,7 +71,7 @@ class Projection(Protocol):
 
 def layout_of(projection: Projection) -> BuildLayout:
     """The build layout of a user projection: table ``<name>_<build>``, view ``<name>``."""
-    if not _NAME.match(projection.name) or projection.name.startswith("onward"):
+    if not _NAME.fullmatch(projection.name) or projection.name.startswith("onward"):
         raise InvalidInputError(
             f"projection name {projection.name!r} must be a lower-case identifier (letters, "
             "digits, underscores) not starting with 'onward'"

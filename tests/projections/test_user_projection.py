@@ -193,6 +193,16 @@ def test_projection_names_must_be_plain_identifiers() -> None:
         layout_of(bad)
 
 
+@pytest.mark.parametrize("name", ["kinds\n", "frontiers\n"])
+def test_a_projection_name_ending_in_a_newline_is_refused(name: str) -> None:
+    """The name becomes SQL unquoted (the view, ``<name>_<build>``): one ending in a newline
+    would name a table ``kinds _1`` (``kinds`` aliased), and ``frontiers\n`` Onward's own view."""
+    bad = KindCounts()
+    bad.name = name
+    with pytest.raises(InvalidInputError, match="lower-case identifier"):
+        layout_of(bad)
+
+
 def test_load_projection_names_what_is_wrong() -> None:
     assert isinstance(load_projection("support.kinds:KindCounts"), KindCounts)
     with pytest.raises(InvalidInputError, match=r"package\.module:attribute"):

@@ -881,6 +881,7 @@ class AgentRunner(Resource):
 
         Written as a `Tagged` event under the run's lease, so a run a worker is carrying on
         is tagged by that worker (this raises `ResumeConflictError` meanwhile).
+        A label already on that event is not written again.
 
         Args:
             seq: The event to tag; by default the run's latest boundary (its resume point).
@@ -921,13 +922,17 @@ class AgentRunner(Resource):
             raise InvalidInputError("a tag needs a non-empty label", run_id=run_id)
         check_label("label", label, run_id=run_id)
         async with self._as_person(run_id, tenant, by) as run:
+            target = run.frontier.resume_seq if seq is None else seq
+            if capped and any(t.seq == target and t.label == label for t in run.frontier.tags):
+                # Already there: a tag delivered twice (a rebalance, a submit tried again)
+                # writes nothing, as a start, an answer or a cancel delivered twice does.
+                return target
             if capped and len(run.frontier.tags) >= MAX_TAGS_PER_RUN:
                 raise InvalidInputError(
                     f"run {run_id!r} already holds {len(run.frontier.tags)} tags, the most one "
                     "run may hold; tag a run's events sparingly (tags are kept on its frontier)",
                     run_id=run_id,
                 )
-            target = run.frontier.resume_seq if seq is None else seq
             if not 1 <= target <= run.frontier.last_seq:
                 raise InvalidInputError(
                     f"run {run_id!r} has no event {target} to tag (its events are 1 to "

@@ -261,6 +261,9 @@ class Worker:
         once = _Once(done)
         if isinstance(request, StartRun):
             self._starting[request.run_id] = once
+            # A start sent again (the run's id tried once more) is told by its own outcome,
+            # not by the refusal of the one before.
+            self._refused_starts.pop(request.run_id, None)
         self.launch(request.run_id, self.handle(request), once)
 
     def _started(self, run_id: str) -> None:
@@ -306,9 +309,10 @@ class Worker:
         return True
 
     def refused_start(self, run_id: str) -> str | None:
-        """Why this worker refused to start ``run_id`` for good (once), if it did: for the
-        application's stream of it, which would otherwise wait for a run that never comes."""
-        return self._refused_starts.pop(run_id, None)
+        """Why this worker refused to start ``run_id`` for good, if it did: for the
+        application's streams of it (each of them: one run may have several), which would
+        otherwise wait for a run that never comes. Kept until the run's next start."""
+        return self._refused_starts.get(run_id)
 
     async def recover(self, partitions: Collection[int], *, adopt: bool = False) -> int:
         """Carry on the lapsed runs of ``partitions`` (as many as there are free slots) and,

@@ -72,6 +72,24 @@ async def test_a_start_that_lost_its_run_id_to_the_same_tenant_says_it_exists(
     assert followed[0][-1].type in ("result", "approval_request")
 
 
+async def test_a_refused_start_ends_every_stream_of_its_run(app: onward.App) -> None:
+    """Two streams of one run (as `App.query` promises: one start of the same agent and tenant
+    is not told apart, both follow it) whose starts the app's worker refused (an input JSON
+    cannot hold): both end saying why. The refusal was handed to the first stream alone, and
+    the second waited for a run that never comes."""
+    first = app.query(float("nan"), {"agent": "stepper", "run_id": "nan-1"})
+    second = app.query(float("nan"), {"agent": "stepper", "run_id": "nan-1"})
+    got = await asyncio.wait_for(asyncio.gather(first.collect(), second.collect()), 10)
+    for messages in got:
+        assert [(m.type, m.status) for m in messages] == [("error", "refused")]
+        assert "StartRun.input" in messages[0].content
+    # The run's id tried again with an input it can take: its own start, not the refusal before.
+    again = await asyncio.wait_for(
+        app.query("work", {"agent": "stepper", "run_id": "nan-1"}).collect(), 10
+    )
+    assert again[-1].is_result
+
+
 BIG = "x" * 300_000  # over the claim check's threshold: the model's answer goes to the blob store
 
 

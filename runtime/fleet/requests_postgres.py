@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 
@@ -98,6 +99,8 @@ _FIRST_START = (
     "FROM onward_requests WHERE run_id = $1 AND kind = 'start' ORDER BY id LIMIT 1 FOR UPDATE"
 )
 _DELETE = "DELETE FROM onward_requests WHERE id = $1"
+_CHANNEL_BYTES = 64
+"""PostgreSQL's NAMEDATALEN: a notification channel is shorter."""
 
 
 class ClaimedRequest(msgspec.Struct, frozen=True):
@@ -160,8 +163,15 @@ class PostgresRequests(PostgresStore):
 
     @property
     def channel(self) -> str:
-        """The notification channel workers of this schema listen on."""
-        return f"onward_requests:{self._schema}" if self._schema else "onward_requests"
+        """The notification channel workers of this schema listen on: named after the schema,
+        or after its digest where the name would be too long for a channel (PostgreSQL
+        refuses a ``pg_notify`` channel of `_CHANNEL_BYTES` or more)."""
+        if not self._schema:
+            return "onward_requests"
+        channel = f"onward_requests:{self._schema}"
+        if len(channel.encode()) < _CHANNEL_BYTES:
+            return channel
+        return f"onward_requests:{hashlib.sha256(self._schema.encode()).hexdigest()[:32]}"
 
     # -- the application's side ---------------------------------------------------------------
 

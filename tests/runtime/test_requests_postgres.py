@@ -22,6 +22,7 @@ import pytest_asyncio
 from support.appapi import agents, provider, until
 from support.appapi import script as provider_script
 from support.deployment import postgres_fleet_settings
+from support.pg import new_schema_name
 from support.processes import TESTS, spawn_onward, stop_children
 from support.proxy import TcpProxy
 from support.servers import REQUEST_KEY
@@ -41,6 +42,7 @@ from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ModelReply
 from onward.runtime.settings import Settings
 from onward.runtime.signing import RequestSigner
+from onward.testing import storage
 
 PARTITIONS = 4
 
@@ -127,6 +129,25 @@ async def test_values_are_masked_signed_and_waiting_workers_are_woken(
     assert b"sk-ant-abcdefghijklmnopqrstuvwx" not in row.value
     assert row.signature is not None
     assert signer.refusal(b"r1", row.value, [("onward-signature", row.signature)]) is None
+
+
+async def test_a_schema_with_a_long_name_takes_requests_and_wakes_workers(
+    database_url: str,
+) -> None:
+    """A schema name may be 63 bytes long; the notification channel named after it may not
+    (PostgreSQL refuses a ``pg_notify`` channel of 64 bytes or more): every submit to such a
+    schema failed, storing nothing."""
+    schema = f"{new_schema_name()}_{'x' * 48}"[:63]
+    await storage.create_schema(database_url, schema, migrated=True)
+    try:
+        async with PostgresRequests(database_url, schema=schema) as table:
+            async with table.listening() as woken:
+                await table.submit(_start("r1"))
+                await asyncio.wait_for(woken.wait(), 10)
+            (row,) = await table.claim("w1", 1)
+        assert row.run_id == "r1"
+    finally:
+        await storage.drop_schema(database_url, schema)
 
 
 async def test_a_cancel_s_reason_is_masked_as_the_event_log_masks_it(

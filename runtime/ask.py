@@ -261,6 +261,66 @@ def _check_references(schema: dict[str, Any]) -> None:
             target = DRAFT202012.create_resource(resolved.contents)
             stack.append((target, resolved.resolver.in_subresource(target)))
         stack.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
+    _check_loops(root, jsonschema_specifications.REGISTRY.resolver_with_root(root))
+
+
+_IN_PLACE = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas")
+"""The keywords whose subschemas apply to the very value their schema applies to."""
+
+
+def _check_loops(root: Any, resolver: Any) -> None:
+    """Refuse a schema whose references come back to where they started without reading a
+    part of the answer (``{"$ref": "#"}``; two definitions referring to each other): its
+    validator would go round for good on every answer reaching it (`RecursionError`), and the
+    run wait on a question no answer can be given to. References resolve (`_check_references`).
+
+    Raises:
+        ConfigurationError: The schema loops so.
+    """
+    from referencing.jsonschema import DRAFT202012  # noqa: PLC0415
+
+    loops = ConfigurationError(
+        "ask(schema=...) refers to itself in a loop that comes back to itself without reading "
+        "any part of the answer; no answer could be checked against it"
+    )
+    on_path: set[int] = set()
+    done: set[int] = set()
+
+    def visit(resource: Any, resolver: Any) -> None:
+        contents = resource.contents
+        if not isinstance(contents, dict) or id(contents) in done:
+            return
+        if id(contents) in on_path:
+            raise loops
+        on_path.add(id(contents))
+        for keyword in _IN_PLACE:
+            value = contents.get(keyword)
+            if keyword == "dependentSchemas" and isinstance(value, dict):
+                subs = list(value.values())
+            else:
+                subs = value if isinstance(value, list) else [value]
+            for sub in subs:
+                if isinstance(sub, dict):
+                    target = DRAFT202012.create_resource(sub)
+                    visit(target, resolver.in_subresource(target))
+        for keyword in ("$ref", "$dynamicRef"):
+            ref = contents.get(keyword)
+            if isinstance(ref, str):
+                resolved = resolver.lookup(ref)
+                target = DRAFT202012.create_resource(resolved.contents)
+                visit(target, resolved.resolver.in_subresource(target))
+        on_path.discard(id(contents))
+        done.add(id(contents))
+
+    # From every subschema of the schema: one under ``properties`` may loop on its own.
+    stack = [(root, resolver)]
+    try:
+        while stack:
+            resource, at = stack.pop()
+            visit(resource, at)
+            stack.extend((sub, at.in_subresource(sub)) for sub in resource.subresources())
+    except RecursionError as exc:
+        raise loops from exc
 
 
 def recorded_schema(text: str | None) -> Any:
@@ -304,8 +364,14 @@ def check_answer(
         jsonschema.Draft202012Validator.check_schema(schema)
         validator = jsonschema.Draft202012Validator(schema, format_checker=_formats())
         faults = sorted(validator.iter_errors(recorded), key=lambda e: list(map(str, e.path)))
-    except (ValueError, jsonschema.SchemaError, referencing.exceptions.Unresolvable) as exc:
-        # Recorded by another writer: no answer can be checked against it.
+    except (
+        ValueError,
+        RecursionError,
+        jsonschema.SchemaError,
+        referencing.exceptions.Unresolvable,
+    ) as exc:
+        # Recorded by another writer: no answer can be checked against it (a reference that
+        # loops without reading the answer goes round until Python's stack runs out).
         raise InvalidInputError(
             f"run {run_id!r}: the question {request_id!r} has a schema no answer can be "
             f"checked against: {str(exc)[:200]}",

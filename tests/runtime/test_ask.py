@@ -38,7 +38,7 @@ from onward.eventlog import (
     kind_of,
 )
 from onward.runtime.agent import Agent
-from onward.runtime.ask import ask, ask_request, json_schema_of
+from onward.runtime.ask import ask, ask_request, check_answer, json_schema_of
 from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.observability import COUNTS
@@ -456,6 +456,27 @@ async def test_a_schema_whose_reference_resolves_nowhere_is_refused_where_it_is_
     # References that resolve (within the schema, a type's own, a meta-schema) are taken.
     json_schema_of({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a"})
     json_schema_of({"$ref": "https://json-schema.org/draft/2020-12/schema"})
+
+
+def test_a_schema_whose_references_loop_without_reading_the_answer_is_refused() -> None:
+    """A reference that comes back to itself before reading any part of the answer sends
+    every check of an answer round for good (`RecursionError`): refused where it is asked, as
+    a reference to nothing is; one recorded by another writer refuses each answer plainly."""
+    looping = [
+        {"$ref": "#"},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        {"properties": {"x": {"allOf": [{"$ref": "#/properties/x"}]}}},
+        {"$defs": {"a": {"not": {"anyOf": [{"$ref": "#/$defs/a"}]}}}, "$ref": "#/$defs/a"},
+    ]
+    for schema in looping:
+        with pytest.raises(ConfigurationError, match="comes back to itself"):
+            json_schema_of(schema)
+    # A schema that refers to itself for a part of the answer (a tree) is taken.
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}}
+    json_schema_of(tree)
+    check_answer(json.dumps(tree), {"kids": [{"kids": []}]}, run_id="q", request_id=FIRST)
+    with pytest.raises(InvalidInputError, match="no answer can be checked against"):
+        check_answer(json.dumps(looping[0]), 5, run_id="q", request_id=FIRST)
 
 
 def test_the_question_round_trips_and_older_records_read_without_it() -> None:

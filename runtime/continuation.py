@@ -34,6 +34,8 @@ and is never taken for a carry again.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -59,21 +61,32 @@ from onward.projections.frontier import Frontier
 
 from .conversation import Conversation
 from .leases.holder import Leaseholder
+from .limits import MAX_NAME_LENGTH
 from .resumer import Resumer
 from .writer import HeldRun, RunWriter
 
+_log = logging.getLogger(__name__)
+
 _SUFFIX = "~c"
+_DIGEST = 16
+"""Hex digits of the digest a successor id too long to fit carries in place of its cut."""
 
 
 def successor_id(run_id: str) -> str:
     """The id of the run ``run_id`` is carried into: ``r`` becomes ``r~c1``, ``r~c1`` ``r~c2``.
 
     Derived, not drawn, so a carry interrupted by a crash finds the successor it started.
+    Never longer than a run id may be (`MAX_NAME_LENGTH`), or no resume would take the run
+    the old one was ended into: a base that would not fit is cut and its digest added.
     """
     base, _, number = run_id.rpartition(_SUFFIX)
-    if base and number.isdigit():
-        return f"{base}{_SUFFIX}{int(number) + 1}"
-    return f"{run_id}{_SUFFIX}1"
+    if not (base and number.isdigit()):
+        base, number = run_id, "0"
+    suffix = f"{_SUFFIX}{int(number) + 1}"
+    if len(base) + len(suffix) > MAX_NAME_LENGTH:
+        digest = hashlib.sha256(base.encode()).hexdigest()[:_DIGEST]
+        base = f"{base[: MAX_NAME_LENGTH - len(suffix) - _DIGEST - 1]}#{digest}"
+    return f"{base}{suffix}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from onward.runtime.continuation import (
     successor_id,
 )
 from onward.runtime.leases import RunLease, SqliteLeaseStore
+from onward.runtime.limits import MAX_NAME_LENGTH
 from onward.runtime.providers import ModelReply
 from onward.runtime.spend import MemorySpendLedger
 from onward.runtime.tools import idempotency_key
@@ -546,3 +547,28 @@ async def test_a_successor_the_old_run_went_on_without_is_never_carried_into(
         assert ended.status == "failed"
     assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
     assert world.ledger.effects.count(("pay", idempotency_key(RUN, "q"))) == 1
+
+
+async def test_a_run_whose_id_is_as_long_as_ids_go_is_carried_into_one_that_can_be_resumed(
+    world: World,
+) -> None:
+    """A run id of the longest length allowed (`MAX_NAME_LENGTH`) is carried into a run whose
+    id is no longer: one past it would be refused by every resume, the run stranded."""
+    long_id = "r" * MAX_NAME_LENGTH
+    result = await world.runner().run(
+        world.ledger.agent(), "pay the invoice", tenant=TENANT, run_id=long_id
+    )
+    assert result.status == "waiting"
+    await world.runner().approve(long_id, "p", tenant=TENANT, by="ann", value={"limit": 10})
+    agent = world.ledger.agent()
+
+    result = await world.runner(continuation=POLICY).resume(agent, long_id, tenant=TENANT)
+
+    assert (result.status, result.output) == ("completed", "paid")
+    assert result.run_id != long_id
+    assert len(result.run_id) <= MAX_NAME_LENGTH
+    assert world.ledger.count("pay") == 1
+    old = await world.runner().inspect(long_id, tenant=TENANT)
+    assert old.continued_to == result.run_id
+    assert successor_id(result.run_id) != result.run_id
+    assert len(successor_id(result.run_id)) <= MAX_NAME_LENGTH

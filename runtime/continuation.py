@@ -403,13 +403,15 @@ async def start_successor(
         run_id=run.run_id,
     )
     async with holding(new_id, tenant) as held:
-        if held.lease.fence > 1:  # the lease store saw the id before: ask the log
-            with contextlib.suppress(NothingToResumeError):
-                found = await resumer.read(new_id, tenant=tenant)
-                if found.continuation_of != run.run_id:
-                    raise taken
-                # Started by a carry that a crash cut short, or one the run went on without.
-                return current(found, run.frontier)
+        # The log is asked whatever the lease store says (as `cut_carry` asks it): a store
+        # wiped since, or whose GC forgot the id of a successor ended as overtaken, hands out
+        # a first fence for an id the log holds a carry of this run under.
+        with contextlib.suppress(NothingToResumeError):
+            found = await resumer.read(new_id, tenant=tenant)
+            if found.continuation_of != run.run_id:
+                raise taken
+            # Started by a carry that a crash cut short, or one the run went on without.
+            return current(found, run.frontier)
         try:
             # Any tenant's run under the id: this tenant's RunStarted must never land in it.
             await resumer.refuse_existing(new_id, held.lease)

@@ -572,3 +572,31 @@ async def test_a_run_whose_id_is_as_long_as_ids_go_is_carried_into_one_that_can_
     assert old.continued_to == result.run_id
     assert successor_id(result.run_id) != result.run_id
     assert len(successor_id(result.run_id)) <= MAX_NAME_LENGTH
+
+
+async def test_a_wiped_lease_store_does_not_stop_a_run_whose_stale_successor_it_forgot(
+    tmp_path: Path,
+) -> None:
+    """As above, but the old run is then resumed under a lease store that was wiped (it never
+    saw the stale successor's id): the log, not the store, says the id holds a carry the run
+    went on without, so the run goes on uncarried, rather than fail at every boundary as if
+    another run had taken the id."""
+    async with two_lease_stores(tmp_path) as (world, losing_leases, other_leases):
+        world.model.inner = ScriptedProvider(
+            [
+                reply("", ToolCall(call_id="a", tool="lookup", args={"what": "invoice"})),
+                reply("", ToolCall(call_id="b", tool="lookup", args={"what": "account"})),
+                reply("", ToolCall(call_id="p", tool="pay", args={"amount": 10})),
+                reply("", ToolCall(call_id="q", tool="pay", args={"amount": 20})),
+                reply("paid both"),
+            ]
+        )
+        await lost_as_the_successor_starts(world, losing_leases, other_leases, dies=True)
+        await world.runner().approve(RUN, "q", tenant=TENANT, by="ann")
+        agent = world.ledger.agent()
+        async with SqliteLeaseStore(tmp_path / "wiped.db") as wiped:
+            runner = world.runner(leases=wiped, continuation=POLICY)
+            done = await runner.resume(agent, RUN, tenant=TENANT)
+        assert (done.run_id, done.status) == (RUN, "completed")
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "q"))) == 1

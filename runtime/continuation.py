@@ -46,6 +46,7 @@ from onward.errors import (
     HistoryUnavailableError,
     InvalidInputError,
     NothingToResumeError,
+    PayloadTooLargeError,
 )
 from onward.eventlog.events import (
     Carried,
@@ -389,8 +390,9 @@ async def start_successor(
     """Write the new run's `RunStarted` under its lease, unless an earlier carry did. Returns
     False, writing nothing, when the id holds an earlier carry of the run that it went on
     without (`current`): the run goes on uncarried (its successor's id is derived, and taken);
-    and when the confirmation of the old run's lease hears that someone asked its holder to
-    cancel it (`Leaseholder.cancel_asked`), which the runner then does.
+    when the confirmation of the old run's lease hears that someone asked its holder to
+    cancel it (`Leaseholder.cancel_asked`), which the runner then does; and when the new run's
+    `RunStarted` is too large for the log (`PayloadTooLargeError`): the turn is made where it is.
 
     Raises:
         ConfigurationError: The continuation drops an approval or grant, or the successor's id
@@ -435,7 +437,14 @@ async def start_successor(
             continuation_of=run.run_id,
             carried=continuation.carried(),
         )
-        await writer.append(new, [started])
+        try:
+            await writer.append(new, [started])
+        except PayloadTooLargeError as exc:
+            # What the run acts under (a person's approvals with their values) fits no one
+            # record: no carry could ever be written, so the run goes on where it is rather
+            # than fail at every boundary the policy finds it due at.
+            _log.warning("run %s goes on uncarried: %s", run.run_id, exc)
+            return False
         return True
 
 

@@ -33,7 +33,7 @@ from onward.errors import (
     InvalidInputError,
     NothingToResumeError,
 )
-from onward.eventlog import Message, SqliteEventLog, ToolCall, kind_of
+from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall, kind_of
 from onward.eventlog.base import EventLog
 from onward.eventlog.events import ApprovalRequested, RunContinued, RunStarted, ToolDispatched
 from onward.projections.frontier import Frontier
@@ -600,3 +600,37 @@ async def test_a_wiped_lease_store_does_not_stop_a_run_whose_stale_successor_it_
         assert (done.run_id, done.status) == (RUN, "completed")
     assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
     assert world.ledger.effects.count(("pay", idempotency_key(RUN, "q"))) == 1
+
+
+async def test_a_turn_too_large_to_carry_goes_on_in_the_run_it_is_in() -> None:
+    """Two payments approved with values (a person's edits) that each fit a record of the log,
+    but not both in one: the new run's `RunStarted` carrying both could never be written, so
+    the turn is made in the run it is in, each payment once, rather than the run fail at
+    every resume; it is carried on once the turn has settled."""
+    world = World(MemoryEventLog(max_batch_bytes=8_000), {})
+    world.model.inner = ScriptedProvider(
+        [
+            reply(
+                "",
+                ToolCall(call_id="p", tool="pay", args={"amount": 10}),
+                ToolCall(call_id="q", tool="pay", args={"amount": 20}),
+            ),
+            reply("paid both"),
+        ]
+    )
+    agent = world.ledger.agent()
+    runner = world.runner()
+    edits = {"note": "x" * 5_000}
+    assert (await runner.run(agent, "pay both", tenant=TENANT, run_id=RUN)).waiting_on == "p"
+    await runner.approve(RUN, "p", tenant=TENANT, by="ann", value=edits)
+    assert (await runner.resume(agent, RUN, tenant=TENANT)).waiting_on == "q"
+    await runner.approve(RUN, "q", tenant=TENANT, by="ann", value=edits)
+    assert world.ledger.count("pay") == 0
+
+    done = await world.runner(continuation=ContinuationPolicy(max_steps=2)).resume(
+        agent, RUN, tenant=TENANT
+    )
+
+    assert (done.status, done.output) == ("completed", "paid both")
+    assert world.ledger.count("pay") == 2  # in the old run; carried on once the turn settled
+    assert kind_of(ToolDispatched) not in await world.kinds(done.run_id)

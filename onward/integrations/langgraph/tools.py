@@ -199,7 +199,8 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
             lease = await write_ahead(
                 lambda: self.saver.arecord(call.thread_id, ToolDispatched, **dispatched), confirmed
             )
-        except OnwardError:
+        except (Exception, asyncio.CancelledError):
+            # The graph run cancelled while the lease was confirmed is no call made either.
             await self._not_called(call)
             raise
         # Until its outcome is recorded, a cancel the saver hears does not end the graph run

@@ -33,6 +33,7 @@ redaction, the claim check, the fence check).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -409,7 +410,8 @@ class RunJournal:
         dispatched = self.event(ToolDispatched, call_id=call_id, tool=tool, idempotency_key=key)
         try:
             lease = await write_ahead(lambda: self.append(dispatched), self.run.held.confirm)
-        except OnwardError:
+        except (Exception, asyncio.CancelledError):
+            # The run cancelled while the lease was confirmed is no call made either.
             await self._not_called(call_id, tool)
             raise
         token = _current_key.set(key)

@@ -439,6 +439,57 @@ async def test_a_call_dispatched_under_a_lease_that_could_not_be_confirmed_runs_
     ]
 
 
+def _silent_after_the_dispatch(world: World, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """The lease store never answers the one renewal asked for right after the first dispatch
+    is appended; the event returned is set once it is asked."""
+    armed = [False, True]  # now, and once still to come
+    asked = asyncio.Event()
+    renew, append = world.leases.renew, world.log.append
+
+    async def silent(lease: RunLease, *, ttl_s: float) -> RunLease:
+        if armed[0]:
+            armed[0] = False
+            asked.set()
+            await asyncio.Event().wait()
+        return await renew(lease, ttl_s=ttl_s)
+
+    async def arming(batch: Sequence[Event]) -> list[Position]:
+        positions = await append(batch)
+        if armed[1] and any(isinstance(e, ToolDispatched) for e in batch):
+            armed[:] = [True, False]
+        return positions
+
+    monkeypatch.setattr(world.leases, "renew", silent)
+    monkeypatch.setattr(world.log, "append", arming)
+    return asked
+
+
+async def test_a_call_whose_lease_confirmation_was_cancelled_runs_when_invoked_again(
+    world: World, ledger: Path, kind: GraphKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph run is cancelled (its caller gave up, the process shuts down) while the lease
+    is confirmed after a dispatch: the tool was not called, and the log says so, so the next
+    invocation makes the call rather than put it to a person as one that may have run."""
+    asked = _silent_after_the_dispatch(world, monkeypatch)
+    async with world.saver() as saver:
+        run = graph(kind, saver, model(asks_to_book(), _done()), booking_tool(ledger))
+        running = asyncio.ensure_future(run.ainvoke(START, thread_config("t")))
+        await asyncio.wait_for(asked.wait(), 5)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert ledger_lines(ledger) == []
+        out = await run.ainvoke(None, thread_config("t"))
+    assert _tool_messages(out) == [("success", f"booked {FLIGHT}")]
+    assert ledger_lines(ledger) == [FLIGHT]
+    assert await _kinds(world, "t") == [
+        "ToolDispatched",
+        "ToolResolved",
+        "ToolDispatched",
+        "ToolCompleted",
+    ]
+
+
 async def test_a_result_too_large_for_the_log_is_the_calls_error_and_the_graph_goes_on(
     world: World, ledger: Path, kind: GraphKind
 ) -> None:

@@ -298,6 +298,58 @@ async def test_a_call_dispatched_under_a_lease_that_could_not_be_confirmed_is_ma
     assert len(ledger.entries()) == 1
 
 
+def silent_after_the_dispatch(stores: Stores, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """The lease store never answers the one renewal asked for right after the first dispatch
+    is written; the event returned is set once it is asked."""
+    armed = [False, True]  # now, and once still to come
+    asked = asyncio.Event()
+    renew, append = stores.leases.renew, stores.log.append
+
+    async def silent(lease: RunLease, *, ttl_s: float) -> RunLease:
+        if armed[0]:
+            armed[0] = False
+            asked.set()
+            await asyncio.Event().wait()
+        return await renew(lease, ttl_s=ttl_s)
+
+    async def arming(batch: Sequence[Event]) -> list[Position]:
+        positions = await append(batch)
+        if armed[1] and any(isinstance(e, ToolDispatched) for e in batch):
+            armed[:] = [True, False]
+        return positions
+
+    monkeypatch.setattr(stores.leases, "renew", silent)
+    monkeypatch.setattr(stores.log, "append", arming)
+    return asked
+
+
+async def test_a_call_whose_lease_confirmation_was_cancelled_is_made_on_resume(
+    durability: OnwardDurability[None],
+    stores: Stores,
+    ledger: Ledger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run is cancelled (its caller gave up, the process shuts down) while the lease is
+    confirmed after a dispatch: the tool was not called, and the log says so, so the resume
+    makes the call rather than hand it to a person as one that may have run."""
+    asked = silent_after_the_dispatch(stores, monkeypatch)
+    script = Script()
+    running = asyncio.ensure_future(
+        durability.run(booking_agent(durability, ledger, script), "book seat 3A", run_id=RUN)
+    )
+    await asyncio.wait_for(asked.wait(), 5)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert ledger.entries() == []
+
+    done = await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+    assert done.status == "completed"
+    assert done.output == "done: seat 3A booked"
+    assert len(ledger.entries()) == 1
+
+
 async def test_a_decision_must_answer_every_call_asked_and_no_other(
     durability: OnwardDurability[None], stores: Stores, ledger: Ledger
 ) -> None:

@@ -82,6 +82,7 @@ from langgraph.types import Interrupt
 
 from onward._storage import Resource
 from onward.errors import (
+    BackendError,
     BudgetExceededError,
     ConfigurationError,
     FencedError,
@@ -326,6 +327,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         made once none is, so each outcome is recorded first."""
         self._taking: dict[str, _Taking] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._records_left: dict[tuple[str, int], SpendEntry] = {}
+        """Model calls whose record found the spend ledger down: still to record."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -334,9 +337,11 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self._loop = asyncio.get_running_loop()
 
     async def close(self) -> None:
-        """Release every thread this saver holds. The log and stores stay open (not ours)."""
+        """Release every thread this saver holds, and record the model calls still to record
+        (`_record_spend`). The log and stores stay open (not ours)."""
         for thread_id in list(self._held):
             await self.arelease(thread_id)
+        await self._record_left()
 
     aclose = close
 
@@ -1211,18 +1216,39 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         if GraphWritesSaved not in kinds:
             return
         models = sorted({model for model, _ in spent})
-        await self.spend.record(
-            SpendEntry(
-                run_id=thread_id,
-                tenant=self.tenant,
-                seq=first_seq + kinds.index(GraphWritesSaved),
-                model=", ".join(models),
-                input_tokens=sum(usage.input_tokens for _, usage in spent),
-                output_tokens=sum(usage.output_tokens for _, usage in spent),
-                micros=sum(self.prices.cost(model, usage) for model, usage in spent),
-                at=time.time_ns() // 1_000,
-            )
+        entry = SpendEntry(
+            run_id=thread_id,
+            tenant=self.tenant,
+            seq=first_seq + kinds.index(GraphWritesSaved),
+            model=", ".join(models),
+            input_tokens=sum(usage.input_tokens for _, usage in spent),
+            output_tokens=sum(usage.output_tokens for _, usage in spent),
+            micros=sum(self.prices.cost(model, usage) for model, usage in spent),
+            at=time.time_ns() // 1_000,
         )
+        try:
+            await self.spend.record(entry)
+        except BackendError as exc:
+            # The calls were paid for and their answers are in the writes: failing the write
+            # would lose the entry (a node made again writes at the same seq, whose one
+            # record counts). The writes go on; the entry is recorded at the next write.
+            self._records_left[(entry.run_id, entry.seq)] = entry
+            logger.warning("thread %r: a model call's spend is still to record: %s", thread_id, exc)
+
+    async def _record_left(self) -> None:
+        """Record the model calls whose record found the ledger down (`_record_spend`), in
+        order, until the ledger still does not answer."""
+        if self.spend is None:
+            return
+        for key, entry in list(self._records_left.items()):
+            try:
+                await self.spend.record(entry)
+            except BackendError as exc:
+                logger.warning(
+                    "thread %r: a model call's spend is still to record: %s", key[0], exc
+                )
+                return
+            del self._records_left[key]
 
     async def _hold(self, thread_id: str) -> _Held:
         """The thread's holding, taking the lease and claiming the thread if need be.
@@ -1384,6 +1410,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         # A graph step's own write while a tool call runs (LangGraph saves a checkpoint beside
         # the step's tasks) does not end the run: the call's outcome could not be recorded.
         calls_running = step and bool(self._calling.get(thread_id))
+        if self._records_left and (spent or step):
+            await self._record_left()  # counted before any budget is weighed
         over = await self._over_budget(thread_id) if step and made and not calls_running else None
         if spent:
             # Before anything else: the calls were made, whatever this write comes to.

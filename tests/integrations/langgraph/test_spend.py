@@ -24,6 +24,7 @@ from support.servers import KafkaServers
 from typer.testing import CliRunner
 
 from onward.errors import (
+    BackendUnavailableError,
     BudgetExceededError,
     ConfigurationError,
     InvalidInputError,
@@ -38,7 +39,7 @@ from onward.runtime.spend import (
     SpendLedger,
     SqliteSpendLedger,
 )
-from onward.runtime.spend.base import PriceTable
+from onward.runtime.spend.base import PriceTable, SpendEntry
 
 from .graphs import config
 from .worlds import TENANT, World, kafka_world, sqlite_world
@@ -326,3 +327,41 @@ def test_a_budget_needs_a_ledger_and_a_count_of_micros(tmp_path: Path) -> None:
                     )
 
     asyncio.run(refused())
+
+
+async def test_a_call_answered_while_the_ledger_was_down_is_still_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's model answers (the provider is paid), but the ledger does not answer the
+    record of that call. The call is counted all the same once the ledger is back: lost, a
+    thread would pass its budget by a call each time the ledger blinks."""
+    path = tmp_path / "onward.db"
+    made: list[str] = []
+
+    def small(state: MessagesState) -> dict[str, list[Any]]:
+        made.append("small-1")
+        return {"messages": [answered("small-1", 100, 20)]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("small", small)
+    builder.add_edge(START, "small")
+    builder.add_edge("small", END)
+    async with sqlite_world(path) as world, SqliteSpendLedger(path) as ledger:
+        lost = {"once": True}
+        record = ledger.record
+
+        async def record_once(entry: SpendEntry) -> bool:
+            if lost.pop("once", False):
+                raise BackendUnavailableError("the spend ledger did not answer")
+            return await record(entry)
+
+        monkeypatch.setattr(ledger, "record", record_once)
+        async with saver_of(world, ledger) as saver:
+            graph = builder.compile(checkpointer=saver)
+            # The answer is written all the same: the graph goes on, the call is not made again.
+            await graph.ainvoke({"messages": [HumanMessage("hi")]}, config("t"))
+            assert not lost
+            await graph.ainvoke({"messages": [HumanMessage("again")]}, config("t"))
+        total = await ledger.run_total("t")
+    assert len(made) == 2
+    assert (total.calls, total.micros) == (2, 800)

@@ -1195,9 +1195,12 @@ class AgentRunner(Resource):
             await self._not_called(run, dispatches)
             raise
 
-    async def _not_called(self, run: HeldRun, dispatches: list[ToolDispatched]) -> None:
+    async def _not_called(
+        self, run: HeldRun, dispatches: Sequence[ToolDispatched | CallState]
+    ) -> None:
         """Record the calls of ``dispatches`` that this holder dispatched and did not make as
-        never ran (`_write_ahead`); a write refused is logged, the calls then left undecided."""
+        never ran (`_write_ahead`, `_arguments_to_call`); a write refused is logged, the calls
+        then left undecided."""
         calls = [run.frontier.call(d.call_id) for d in dispatches]
         left = [
             c
@@ -1225,8 +1228,8 @@ class AgentRunner(Resource):
             await self.writer.append(run, resolved)
         except OnwardError as exc:
             _log.warning(
-                "run %s: %s were dispatched and not called (the lease could not be confirmed); "
-                "that could not be recorded, so they are left undecided: %s",
+                "run %s: %s were dispatched and not called; that could not be recorded, so "
+                "they are left undecided: %s",
                 run.run_id,
                 ", ".join(f"{c.call_id} ({c.tool})" for c in left),
                 one_line(str(exc), 300),
@@ -1344,9 +1347,10 @@ class AgentRunner(Resource):
                 f"{call.tool} was not called",
             )
         else:
+            args = await self._arguments_to_call(run, call)
             lease = run.held.lease
             calling = tool.call(
-                await self._arguments(run, call),
+                args,
                 idempotency_key=call.idempotency_key,
                 approval=approval_value(run.frontier, call.call_id),
                 fence=lease.fence,
@@ -1393,6 +1397,22 @@ class AgentRunner(Resource):
         if self.writer.observer is not None:
             await self.writer.observer.tool_returned(call.call_id)
         return await self._record_outcome(run, call, result, error, others or [])
+
+    async def _arguments_to_call(self, run: HeldRun, call: CallState) -> dict[str, Any]:
+        """`_arguments` of a dispatched call, about to be made. When they cannot be had (the
+        blob store lost them, or the run was cancelled while they were read: a sibling call
+        failed, a shutdown) the tool is not called, and the call is recorded as never ran
+        (`_not_called`): left open, a resume would leave it to a person as one that may have
+        run.
+
+        Raises:
+            HistoryUnavailableError: As `_arguments`.
+        """
+        try:
+            return await self._arguments(run, call)
+        except (Exception, asyncio.CancelledError):
+            await self._not_called(run, [call])
+            raise
 
     async def _arguments(self, run: HeldRun, call: CallState) -> dict[str, Any]:
         """The call's arguments as the model gave them: the log holds large ones out of line

@@ -863,3 +863,94 @@ async def test_a_call_awaiting_approval_with_long_arguments_is_asked_about() -> 
     await the_runner.approve("r", "w", tenant=TENANT, by="ann")
     result = await the_runner.resume(agent([write]), "r", tenant=TENANT)
     assert (result.status, written) == ("completed", [600_000])
+
+
+class SlowBlobs(MemoryBlobStore):
+    """A blob store whose reads never answer once ``armed``; ``asked`` is set when one is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.asked = asyncio.Event()
+
+    async def get(self, digest: str) -> bytes:
+        if self.armed:
+            self.asked.set()
+            await asyncio.Event().wait()
+        return await super().get(digest)
+
+
+class ArmBlobsOnDispatch(MemoryEventLog):
+    """A log that arms ``blobs`` once a dispatch is written, or, ``forget``, drops every body
+    then (a blob store that lost them)."""
+
+    def __init__(self, blobs: SlowBlobs, *, forget: bool = False) -> None:
+        super().__init__()
+        self.blobs, self.forget, self.times = blobs, forget, 1
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        positions = await super().append(events)
+        if self.times and any(isinstance(e, ToolDispatched) for e in events):
+            self.times -= 1
+            if self.forget:
+                saved = dict(self.blobs._bodies)
+                self.blobs._bodies.clear()
+                self.blobs.saved = saved  # type: ignore[attr-defined]
+            else:
+                self.blobs.armed = True
+        return positions
+
+
+def large_write(written: list[int]) -> tuple[Tool, ScriptedProvider]:
+    """A tool ``write`` and a model that calls it once with arguments stored out of line."""
+
+    @tool
+    async def write(text: str, *, idempotency_key: str) -> int:
+        written.append(len(text))
+        return len(text)
+
+    big = ToolCall(call_id="w", tool="write", args={"text": "z" * 1_000_000})
+    return write, ScriptedProvider([reply("", big), reply("written")])
+
+
+async def test_a_call_cancelled_while_its_arguments_were_read_is_made_on_resume() -> None:
+    """The run is cancelled (its caller gave up, the process shuts down) while the arguments
+    of a dispatched call are read from the blob store: the tool was not called, and the log
+    says so, so a resume makes the call rather than leave it to a person."""
+    blobs, written = SlowBlobs(), list[int]()
+    log = ArmBlobsOnDispatch(blobs)
+    write, provider = large_write(written)
+    running = asyncio.ensure_future(
+        runner(log, provider=provider, blobs=blobs).run(
+            agent([write]), "go", tenant=TENANT, run_id="r"
+        )
+    )
+    await asyncio.wait_for(blobs.asked.wait(), 5)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert written == []
+    blobs.armed = False
+    result = await runner(log, provider=provider, blobs=blobs).resume(
+        agent([write]), "r", tenant=TENANT
+    )
+    assert (result.status, written) == ("completed", [1_000_000])
+
+
+async def test_a_call_whose_arguments_the_blob_store_lost_is_recorded_never_ran() -> None:
+    """The blob store no longer holds a dispatched call's arguments: the run stops, and the
+    tool, never called, is recorded as never ran, so once the store is restored a resume
+    makes the call rather than leave it to a person as one that may have run."""
+    blobs, written = SlowBlobs(), list[int]()
+    log = ArmBlobsOnDispatch(blobs, forget=True)
+    write, provider = large_write(written)
+    with pytest.raises(HistoryUnavailableError):
+        await runner(log, provider=provider, blobs=blobs).run(
+            agent([write]), "go", tenant=TENANT, run_id="r"
+        )
+    assert written == []
+    blobs._bodies.update(blobs.saved)  # type: ignore[attr-defined]
+    result = await runner(log, provider=provider, blobs=blobs).resume(
+        agent([write]), "r", tenant=TENANT
+    )
+    assert (result.status, written) == ("completed", [1_000_000])

@@ -37,6 +37,7 @@ from rich.text import Text
 from onward import errors
 from onward._storage import classify, one_line_driver_logs, translate
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
+from onward.eventlog.references import is_reference, unescaped
 from onward.projections.audit import one_line, printable, printable_json
 from onward.projections.frontier import CallState
 from onward.runtime import providers
@@ -194,6 +195,15 @@ def resolve_commands(run_id: str, tenant: str, call: CallState) -> list[str]:
     ]
 
 
+def _arguments(call: CallState) -> str:
+    """A call's arguments as the model gave them, in short: ones the log holds out of line
+    are said to be in the blob store (their reference names only a digest), and a value
+    wrapped because it looked like a reference is shown as it was."""
+    if is_reference(call.args):
+        return f"args in the blob store, {printable(str(call.args['size']))} bytes"
+    return f"args {one_line(unescaped(call.args))}"
+
+
 def refuse(exc: OnwardError, *, tenant: str | None) -> int:
     """Say on stderr in one line why the command stopped, and pick its exit code.
 
@@ -206,7 +216,7 @@ def refuse(exc: OnwardError, *, tenant: str | None) -> int:
         for call in exc.calls:
             error(
                 f"  {call.call_id} ({call.tool}, key {call.idempotency_key or 'none'}, "
-                f"dispatched under fence {call.dispatched_fence}, args {one_line(call.args)})"
+                f"dispatched under fence {call.dispatched_fence}, {_arguments(call)})"
             )
             for command in resolve_commands(exc.run_id, tenant, call):
                 error(f"    {command}")

@@ -18,8 +18,9 @@ from support.kinds import KindCounts
 from typer.testing import CliRunner, Result
 
 from onward import errors
+from onward.projections.frontier import CallState
 from onward.runtime.cli import app
-from onward.runtime.cli._common import boundary
+from onward.runtime.cli._common import boundary, refuse
 from onward.runtime.cli.projections import load_projection
 
 
@@ -121,3 +122,23 @@ def test_a_group_without_a_command_shows_its_help() -> None:
     assert result.exit_code == 2
     assert "migrate" in result.stdout
     assert result.stderr == ""
+
+
+def test_an_undecided_call_is_listed_with_its_arguments_not_a_blob_reference(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The arguments of a call are shown as the model gave them: one the log holds out of line
+    is said to be in the blob store, not shown as the reference to it, and a value that only
+    looked like a reference is shown as it was, not wrapped."""
+    stored = {"$blob": "sha256:" + "ab" * 32, "size": 1_000_017}
+    lookalike = {"$literal": {"$blob": "mine", "size": 3}}
+    calls = (
+        CallState(call_id="w", tool="write", args=stored, dispatched_fence=1),
+        CallState(call_id="n", tool="note", args=lookalike, dispatched_fence=1),
+    )
+    refuse(errors.IndeterminateToolCallError("undecided", run_id="r", calls=calls), tenant="acme")
+    printed = capsys.readouterr().err
+    assert "sha256" not in printed
+    assert "args in the blob store, 1000017 bytes" in printed
+    assert '"$literal"' not in printed
+    assert 'args {"$blob":"mine","size":3}' in printed

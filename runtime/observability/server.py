@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -43,6 +43,11 @@ _REQUEST_WITHIN_S = 5.0
 _MAX_HEADER_BYTES = 16 * 1024
 
 _log = logging.getLogger("onward.metrics")
+
+_T = TypeVar("_T")
+
+_ENDING: set[asyncio.Future[Any]] = set()
+"""Checks cut off at their bound and still ending (held so they are not collected)."""
 
 
 class HealthServer:
@@ -171,7 +176,7 @@ class HealthServer:
         if path == "/metrics":
             if self._refresh is not None:
                 try:
-                    await asyncio.wait_for(self._refresh(), REFRESH_WITHIN_S)
+                    await _within(self._refresh(), REFRESH_WITHIN_S)
                 except Exception as exc:  # noqa: BLE001 - the last values are served instead
                     _log.debug("refreshing metrics before a scrape failed: %r", exc)
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
@@ -186,7 +191,7 @@ class HealthServer:
 
     async def _check(self) -> str | None:
         try:
-            return await asyncio.wait_for(self._ready(), READY_WITHIN_S)
+            return await _within(self._ready(), READY_WITHIN_S)
         except TimeoutError:
             return f"not ready: no answer within {READY_WITHIN_S:g}s"
         except Exception as exc:  # noqa: BLE001 - any failure is a reason not to be ready
@@ -217,10 +222,44 @@ async def probe(
 ) -> str | None:
     """``None`` if ``check`` answers within ``within_s``, else one line naming ``name``."""
     try:
-        await asyncio.wait_for(check, within_s)
+        await _within(check, within_s)
     except TimeoutError:
         return f"{name} did not answer within {within_s:g}s"
     except Exception as exc:  # noqa: BLE001 - any failure means the store is not reachable
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return f"{name} unreachable: {first}"
     return None
+
+
+async def _within(work: Awaitable[_T], seconds: float) -> _T:
+    """What ``work`` gives if it ends within ``seconds``, else `TimeoutError` at ``seconds``.
+
+    Not `asyncio.wait_for`, which waits past its bound for the work it cancelled to end: a
+    store call cut off on a silent server ends only at the store's own bound (thirty seconds
+    by default), as giving its connection back asks that server. The cancelled work ends in
+    the background instead.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except BaseException:
+        _cut_off(task)
+        raise
+    if not done:
+        _cut_off(task)
+        raise TimeoutError
+    return task.result()
+
+
+def _cut_off(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and let it end in the background."""
+    task.cancel()
+    _ENDING.add(task)
+    task.add_done_callback(_ended)
+
+
+def _ended(task: asyncio.Future[Any]) -> None:
+    """Let go of a check that ended after its bound; its error, if any, was answered already."""
+    _ENDING.discard(task)
+    if not task.cancelled():
+        task.exception()

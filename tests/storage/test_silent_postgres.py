@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 from support import cli_agent
 from support.crashes import Crash, CrashAt
 from support.proxy import TcpProxy
@@ -33,6 +35,8 @@ from onward.eventlog import RunStarted, SqliteEventLog
 from onward.projections.postgres import PostgresFrontierStore
 from onward.runtime import AgentRunner, SqliteLeaseStore
 from onward.runtime.blobs import DEFAULT_THRESHOLD, PostgresBlobStore, digest_of
+from onward.runtime.observability import HealthServer, probe
+from onward.runtime.observability.server import READY_WITHIN_S, REFRESH_WITHIN_S
 
 TENANT = "acme"
 BOUND_S = 1.0
@@ -117,6 +121,47 @@ async def test_a_call_to_a_silent_postgres_fails_retryably_within_the_bound(
             assert BOUND_S * 0.9 <= took < GIVES_UP_WITHIN_S, f"{name} again: {took:.1f} s"
             await proxy.restore()
             await answers_again(call, store)
+
+
+async def test_readiness_and_a_scrape_answer_within_their_bounds_while_postgres_is_silent(
+    database_url: str, pg_schema: str
+) -> None:
+    """`/readyz` said "did not answer within 1s" only once the store's own bound had passed
+    (thirty seconds by default), and a scrape waited as long: the probe and the refresh each
+    waited for their cancelled call to give its connection back, which asks the silent server.
+    """
+    store_bound_s = 10.0  # far over the readiness and refresh bounds, as the default is
+    async with TcpProxy(*upstream(database_url)) as proxy:
+        store = PostgresFrontierStore(
+            through(database_url, proxy), schema=pg_schema, timeout_s=store_bound_s
+        )
+        async with store:
+
+            async def ready() -> str | None:
+                return await probe("the frontier store", store.positions("projector"))
+
+            async def refresh() -> None:
+                await store.positions("projector")
+
+            async with (
+                HealthServer(CollectorRegistry(), ready=ready, refresh=refresh) as health,
+                httpx.AsyncClient(base_url=health.url, timeout=4 * store_bound_s) as http,
+            ):
+                assert (await http.get("/readyz")).status_code == 200
+                await proxy.cut(silent=True)
+                started = time.monotonic()
+                answer = await http.get("/readyz")
+                took = time.monotonic() - started
+                assert (answer.status_code, answer.text) == (
+                    503,
+                    "the frontier store did not answer within 1s\n",
+                )
+                assert took < READY_WITHIN_S, f"/readyz: {took:.1f} s"
+                started = time.monotonic()
+                assert (await http.get("/metrics")).status_code == 200
+                took = time.monotonic() - started
+                assert took < REFRESH_WITHIN_S + 1.0, f"/metrics: {took:.1f} s"
+                await proxy.restore()
 
 
 @pytest.mark.parametrize("kind", [PostgresFrontierStore, PostgresBlobStore])

@@ -18,18 +18,22 @@ HIDDEN: Final = "***"
 _PASSWORD_PARAMETER: Final = re.compile(r"(?i)([?&](?:ssl)?password=)([^&#]*)")
 """A password given as a query parameter (``postgresql://host/db?password=...``)."""
 
+_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+"""A URL's scheme and the ``//`` after it (RFC 3986)."""
+
 
 def _password_spans(url: str) -> list[tuple[int, int]]:
     """Where the passwords of ``url`` are: after the user of its userinfo, and in parameters.
 
-    The userinfo ends at the last ``@`` and starts after the last ``//`` before it (or at the
-    start of a URL missing its ``//``); its password is everything after its first ``:``.
+    The userinfo ends at the last ``@`` and starts after the scheme's ``://`` (or at the start
+    of a URL missing it); its password is everything after its first ``:``. Not after the last
+    ``//``: an unencoded password may hold one, and would then be shown.
     """
     spans: list[tuple[int, int]] = []
     at = url.rfind("@")
     if at > 0:
-        slashes = url.rfind("//", 0, at)
-        start = slashes + 2 if slashes >= 0 else 0
+        scheme = _SCHEME.match(url, 0, at)
+        start = scheme.end() if scheme else 0
         colon = url.find(":", start, at)
         if colon >= 0 and colon + 1 < at:
             spans.append((colon + 1, at))

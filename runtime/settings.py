@@ -41,6 +41,10 @@ from .spend.base import PriceTable
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
 """Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id."""
 
+MAX_SCHEMA_CACHE_TTL_HOURS = 24 * 999_999_999
+"""The longest MCP schema cache TTL, in hours: the most a `timedelta` holds (a longer one,
+``inf`` included, fails the cache's first use with an OverflowError)."""
+
 
 class SecretUrl(SecretStr):
     """A server URL whose password is never shown: ``repr``, ``str`` and ``model_dump`` show it
@@ -225,7 +229,10 @@ class Settings(BaseSettings):
         default=None, validation_alias="MCP_SCHEMA_CACHE_ENABLED"
     )
     schema_cache_ttl_hours: float = Field(
-        default=24.0, gt=0, validation_alias="MCP_SCHEMA_CACHE_TTL_HOURS"
+        default=24.0,
+        gt=0,
+        le=MAX_SCHEMA_CACHE_TTL_HOURS,
+        validation_alias="MCP_SCHEMA_CACHE_TTL_HOURS",
     )
     backend_timeout: float = Field(
         default=BACKEND_TIMEOUT_S, gt=0, le=3600, validation_alias="ONWARD_BACKEND_TIMEOUT"

@@ -31,3 +31,19 @@ def test_a_bad_mcp_value_stops_every_command_at_start(monkeypatch: pytest.Monkey
     assert "\n" not in message
     with pytest.raises(ConfigurationError, match="MCP_SCHEMA_CACHE_ENABLED"):
         load_mcp_settings()
+
+
+@pytest.mark.parametrize("hours", ["inf", "1e12"])
+def test_a_ttl_no_timedelta_holds_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, hours: str
+) -> None:
+    """Accepted at start, such a TTL failed the first cache built from the settings with a
+    bare OverflowError naming no variable."""
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("MCP_SCHEMA_CACHE_TTL_HOURS", hours)
+    with pytest.raises(ConfigurationError, match="MCP_SCHEMA_CACHE_TTL_HOURS"):
+        Settings()
+    with pytest.raises(ConfigurationError, match="MCP_SCHEMA_CACHE_TTL_HOURS"):
+        load_mcp_settings()
+    with pytest.raises(ValueError, match="schema_cache_ttl_hours"):
+        MCPSettings(schema_cache_ttl_hours=float(hours))

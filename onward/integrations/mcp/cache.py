@@ -27,7 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from onward._storage import Resource, translate
 from onward.errors import ConfigurationError, InvalidInputError
-from onward.runtime.settings import SCHEMA_CACHE_PREFIX, SecretUrl, Settings, load_settings
+from onward.runtime.settings import (
+    MAX_SCHEMA_CACHE_TTL_HOURS,
+    SCHEMA_CACHE_PREFIX,
+    SecretUrl,
+    Settings,
+    load_settings,
+)
 
 _log = logging.getLogger("onward.integrations.mcp")
 
@@ -64,7 +70,10 @@ class MCPSettings(BaseModel):
         default=None, validation_alias="MCP_SCHEMA_CACHE_ENABLED"
     )
     schema_cache_ttl_hours: float = Field(
-        default=24.0, gt=0, validation_alias="MCP_SCHEMA_CACHE_TTL_HOURS"
+        default=24.0,
+        gt=0,
+        le=MAX_SCHEMA_CACHE_TTL_HOURS,
+        validation_alias="MCP_SCHEMA_CACHE_TTL_HOURS",
     )
     schema_cache_prefix: str = Field(
         default=DEFAULT_PREFIX, min_length=1, validation_alias="MCP_SCHEMA_CACHE_PREFIX"

@@ -351,6 +351,42 @@ def test_a_write_that_lost_to_a_concurrent_one_says_so_not_that_the_server_is_aw
     assert "lost to a concurrent transaction; retry" in str(translated)
 
 
+@pytest.mark.parametrize(
+    "refused",
+    [
+        pg_errors.DiskFullError("could not extend file: No space left on device"),
+        pg_errors.TooManyConnectionsError("sorry, too many clients already"),
+        pg_errors.OutOfMemoryError("out of memory"),
+        redis_errors.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+        redis_errors.TryAgainError("Multiple keys request during rehashing of slot"),
+        kafka_errors.NotEnoughReplicasError(),
+    ],
+    ids=lambda exc: type(exc).__module__.split(".")[0] + "-" + type(exc).__name__,
+)
+def test_a_server_that_answered_it_cannot_now_is_not_said_to_be_away(
+    refused: BaseException,
+) -> None:
+    """An operator reading "did not answer; retry once it is reachable" looks at the network,
+    not at the server's full disk, its memory or its connection limit."""
+    translated = translate(refused, context="writing frontiers")
+    assert type(translated) is errors.BackendUnavailableError
+    assert "did not answer" not in str(translated)
+    assert "answered that it cannot do it now; retry later" in str(translated)
+
+
+@pytest.mark.parametrize(
+    "away",
+    [
+        ConnectionRefusedError("refused"),
+        redis_errors.ConnectionError("Error 111 connecting to cache:6379."),
+        kafka_errors.KafkaConnectionError("down"),
+        pg_errors.CannotConnectNowError("the database system is starting up"),
+    ],
+)
+def test_a_server_that_did_not_answer_is_said_to_be_away(away: BaseException) -> None:
+    assert "the server did not answer" in str(translate(away, context="connecting"))
+
+
 def test_an_onward_error_passes_through_untouched() -> None:
     original = errors.FencedError("run r: fence 3 superseded by 4", run_id="r")
     assert translate(original, context="x") is original

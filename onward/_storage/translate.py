@@ -286,11 +286,12 @@ def translate(exc: BaseException, *, context: str, run_id: str | None = None) ->
     if run_id is not None:
         message = f"run {run_id!r}: {message}"
     if onward_type is BackendUnavailableError:
-        message += (
-            " (it lost to a concurrent transaction; retry)"
-            if _contended(exc)
-            else " (the server did not answer; retry once it is reachable)"
-        )
+        if _contended(exc):
+            message += " (it lost to a concurrent transaction; retry)"
+        elif _cannot_now(exc):
+            message += " (the server answered that it cannot do it now; retry later)"
+        else:
+            message += " (the server did not answer; retry once it is reachable)"
     return onward_type(message, run_id=run_id)
 
 
@@ -309,6 +310,20 @@ def _contended(exc: BaseException) -> bool:
     if isinstance(exc, sqlite3.OperationalError):
         return _sqlite_busy(exc)
     return isinstance(exc, _CONTENTION)
+
+
+def _cannot_now(exc: BaseException) -> bool:
+    """Whether ``exc`` is a server's own answer that it cannot serve the call for now (a full
+    disk, no memory left, its connection limit, a partition without its replicas), which an
+    operator must not read as a server that is away: the fix is on the server, not the
+    network."""
+    if isinstance(exc, pg_errors.InsufficientResourcesError | kafka_errors.BrokerResponseError):
+        return True
+    if _REDIS_ERRORS not in sys.modules:
+        return False
+    import redis.exceptions as redis_errors  # noqa: PLC0415  (already imported: a look-up)
+
+    return isinstance(exc, redis_errors.ResponseError)
 
 
 _TLS_UNVERIFIED = "CERTIFICATE_VERIFY_FAILED"

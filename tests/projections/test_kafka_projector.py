@@ -674,7 +674,8 @@ async def test_a_rebalance_while_a_lost_store_is_recovered_does_not_stop_the_pro
             nonlocal reads_since_loss
             reads_since_loss += 1
             read = await positions(consumer)
-            if lost and reads_since_loss == 2:  # the seek of the recovery (the first checks the store)
+            # The seek of the recovery (the first read checks the store).
+            if lost and reads_since_loss == 2:
                 await second.start()
                 running.append(asyncio.create_task(second.run(stop)))
                 deadline = asyncio.get_running_loop().time() + 30

@@ -232,6 +232,22 @@ async def test_an_http_server_that_is_down_is_a_named_error() -> None:
         await MCPToolset.open([HttpServer(name="down", url=url)], connect_timeout=5)
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:99999/mcp", "localhost:8000/mcp", "", "ftp://files.example/mcp"],
+)
+def test_a_url_that_is_no_http_url_is_refused_naming_the_server(url: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"MCP server 'web'.*url"):
+        HttpServer(name="web", url=url)
+
+
+def test_the_url_refused_is_shown_without_its_credentials() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        HttpServer(name="web", url="gopher://user:s3cret@example.com/mcp?token=t0ken")
+    assert "s3cret" not in str(caught.value)
+    assert "t0ken" not in str(caught.value)
+
+
 # -- warm restart ---------------------------------------------------------------------------------
 
 

@@ -162,6 +162,23 @@ class HttpServer(_Server):
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     timeout_seconds: float = 30.0
 
+    def __post_init__(self) -> None:
+        """Refuse a URL no request can be sent to, naming the server, at declaration rather
+        than at the first connection (where a bad port was a bare `ValueError`)."""
+        super().__post_init__()
+        try:
+            parts = urlsplit(self.url)
+            port_ok = parts.port is None or parts.port > 0
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"MCP server {self.name!r}: its url is invalid: {exc}"
+            ) from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+            raise ConfigurationError(
+                f"MCP server {self.name!r}: its url must be http:// or https:// with a host, "
+                f"got {self.where!r}"
+            )
+
     @property
     def where(self) -> str:
         """The URL without credentials, query or fragment."""

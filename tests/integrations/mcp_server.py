@@ -3,6 +3,8 @@
 Usage: python -m integrations.mcp_server stdio
        python -m integrations.mcp_server http PORT
        python -m integrations.mcp_server http-json PORT  (each answer a single JSON body, no SSE)
+       python -m integrations.mcp_server http-gateway PORT  (as http-json, behind a gateway
+           that answers each ``charge`` call with 502 Bad Gateway once the server handled it)
 
 Environment:
     MCP_TEST_LISTINGS: a file that gets one line per ``tools/list`` call (how tests count them).
@@ -158,8 +160,54 @@ if VARIANT == "v2":
         return f"refunded {account}"
 
 
+def _gateway(app: Any) -> Any:
+    """``app`` behind a gateway that gives up on each ``charge`` call: the server handles it,
+    and the client gets 502 Bad Gateway (an HTML page, as proxies send) instead of its answer."""
+
+    async def gateway(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        try:
+            request = json.loads(body)
+        except ValueError:
+            request = {}
+        if request.get("method") != "tools/call" or request["params"]["name"] != "charge":
+            await app(scope, replay, send)
+            return
+
+        async def swallow(message: Any) -> None:
+            pass
+
+        await app(scope, replay, swallow)
+        headers = [(b"content-type", b"text/html")]
+        await send({"type": "http.response.start", "status": 502, "headers": headers})
+        await send({"type": "http.response.body", "body": b"<h1>502 Bad Gateway</h1>"})
+
+    return gateway
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["http"]:
+    if sys.argv[1:2] == ["http-gateway"]:
+        import uvicorn
+
+        web = _gateway(server.streamable_http_app(json_response=True))
+        uvicorn.run(web, host="127.0.0.1", port=int(sys.argv[2]), log_level="error")
+    elif sys.argv[1:2] == ["http"]:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     elif sys.argv[1:2] == ["http-json"]:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]), json_response=True)

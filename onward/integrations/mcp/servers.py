@@ -14,7 +14,7 @@ import logging
 import shlex
 import sys
 from asyncio import FIRST_COMPLETED
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
@@ -43,6 +43,9 @@ IDEMPOTENCY_META_KEY = "onward/idempotency-key"
 
 FENCE_META_KEY = "onward/fence"
 """The ``_meta`` key that carries the fencing token (an integer) the call was dispatched under."""
+
+SESSION_HEADER = "mcp-session-id"
+"""The HTTP header of a streamable HTTP request that names its session."""
 
 LEASE_EXPIRY_META_KEY = "onward/lease-expires-at"
 """The ``_meta`` key that carries when the call's lease lapses (seconds since the epoch)."""
@@ -87,7 +90,10 @@ class _Server:
         """A digest of what is connected to; a cached listing for another endpoint is unused."""
         raise NotImplementedError
 
-    def transport(self) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
+    def transport(
+        self, *, on_response: Callable[[httpx2.Response], None] | None = None
+    ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
+        """The transport's streams; ``on_response`` sees each HTTP response (HTTP only)."""
         raise NotImplementedError  # pragma: no cover
 
 
@@ -130,7 +136,9 @@ class StdioServer(_Server):
             "stdio", shlex.join([self.command, *self.args]), self.cwd or "", self.env or {}
         )
 
-    def transport(self) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
+    def transport(
+        self, *, on_response: Callable[[httpx2.Response], None] | None = None
+    ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
         parameters = StdioServerParameters(
             command=self.command,
             args=list(self.args),
@@ -196,13 +204,24 @@ class HttpServer(_Server):
         return _digest_of("http", self.url, "", headers)
 
     @contextlib.asynccontextmanager
-    async def transport(self) -> AsyncIterator[TransportStreams]:
+    async def transport(
+        self, *, on_response: Callable[[httpx2.Response], None] | None = None
+    ) -> AsyncIterator[TransportStreams]:
         # No read bound: a fixed one would cut off a tool that answers later than it (a
         # server that answers with one JSON body sends nothing until then), failing the call
         # and, with it, every call in flight on the session, although the server goes on.
         timeout = httpx2.Timeout(self.timeout_seconds, read=None)
+
+        async def answered(response: httpx2.Response) -> None:
+            if on_response is not None:
+                on_response(response)
+
         async with (
-            httpx2.AsyncClient(headers=dict(self.headers), timeout=timeout) as client,
+            httpx2.AsyncClient(
+                headers=dict(self.headers),
+                timeout=timeout,
+                event_hooks={"response": [answered]},
+            ) as client,
             streamable_http_client(self.url, http_client=client) as streams,
         ):
             yield streams
@@ -233,6 +252,7 @@ class Connection:
         self._stop = asyncio.Event()
         self._current: tuple[ClientSession, types.InitializeResult] | None = None
         self._ready: asyncio.Future[Any] | None = None
+        self._answers: dict[ClientSession, _HttpAnswers] = {}
 
     def unavailable(
         self, exc: BaseException | None, doing: str, *, sent: bool = False
@@ -296,14 +316,19 @@ class Connection:
         ready: asyncio.Future[tuple[ClientSession, types.InitializeResult]],
         stop: asyncio.Event,
     ) -> None:
+        answers = _HttpAnswers()
         try:
             async with (
-                self.server.transport() as (read, write),
+                self.server.transport(on_response=answers.seen) as (read, write),
                 ClientSession(read, write, message_handler=self._notified) as session,
             ):
-                initialized = await session.initialize()
-                ready.set_result((session, initialized))
-                await stop.wait()
+                self._answers[session] = answers
+                try:
+                    initialized = await session.initialize()
+                    ready.set_result((session, initialized))
+                    await stop.wait()
+                finally:
+                    del self._answers[session]
         except Exception as exc:  # noqa: BLE001 - handed to the caller waiting on `ready`
             if not ready.done():
                 ready.set_exception(exc)
@@ -313,6 +338,30 @@ class Connection:
     async def _notified(self, message: types.ServerNotification | Exception) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             self.list_changes += 1
+
+    def forgot(self, session: ClientSession) -> bool:
+        """Whether the server said it no longer knows ``session`` (an HTTP 404 to a request
+        in it): a request it refused so was never handled, and the session is of no more use."""
+        answers = self._answers.get(session)
+        return answers is not None and answers.lost
+
+    def refused(self, session: ClientSession, key: str) -> bool:
+        """Whether the ``tools/call`` with idempotency ``key`` on ``session`` was itself
+        answered 404 for a session the server no longer knows: refused, never handled. Asked
+        of the call, not the session: another call's 404 says nothing of one whose answer
+        came before the server went."""
+        answers = self._answers.get(session)
+        return answers is not None and key in answers.refused_calls
+
+    def server_failed(self, session: ClientSession, key: str) -> bool:
+        """Whether the ``tools/call`` with idempotency ``key`` on ``session`` was answered with
+        an HTTP server error (5xx, from the server or a gateway before it), not an MCP answer:
+        the server may have handled it. Asked once per call."""
+        answers = self._answers.get(session)
+        if answers is None or key not in answers.failed_calls:
+            return False
+        answers.failed_calls.discard(key)
+        return True
 
     def drop(self, session: ClientSession) -> None:
         """Forget ``session``, which broke; the next call opens a new one. A session that is no
@@ -338,7 +387,7 @@ class Connection:
             answered = False
         else:
             answered = True
-        if not answered:
+        if not answered or self.forgot(session):
             self.drop(session)
 
     async def _stop_task(self) -> None:
@@ -365,6 +414,41 @@ class Connection:
         async with self._lock:
             await self._stop_task()
         self._lock = asyncio.Lock()
+
+
+@dataclass
+class _HttpAnswers:
+    """What the HTTP responses of one session said beside their MCP answers."""
+
+    lost: bool = False
+    """A request in the session was answered 404: the server no longer knows the session (it
+    restarted, or expired it) and handled nothing; the client must open a new one."""
+    refused_calls: set[str] = field(default_factory=set)
+    """Idempotency keys of the calls answered 404 so: refused, never handled."""
+    failed_calls: set[str] = field(default_factory=set)
+    """Idempotency keys of the calls answered with an HTTP server error (5xx)."""
+
+    def seen(self, response: httpx2.Response) -> None:
+        if response.status_code == 404 and SESSION_HEADER in response.request.headers:
+            self.lost = True
+            if (key := _call_key(response.request)) is not None:
+                self.refused_calls.add(key)
+        elif response.status_code >= 500 and (key := _call_key(response.request)) is not None:
+            self.failed_calls.add(key)
+
+
+def _call_key(request: httpx2.Request) -> str | None:
+    """The idempotency key of a ``tools/call`` request, or ``None`` for any other."""
+    try:
+        message = json.loads(request.content)
+    except (httpx2.RequestNotRead, ValueError):
+        return None
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return None
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    key = meta.get(IDEMPOTENCY_META_KEY) if isinstance(meta, dict) else None
+    return key if isinstance(key, str) else None
 
 
 def _ended(task: asyncio.Task[None]) -> BaseException | None:

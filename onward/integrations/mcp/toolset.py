@@ -24,6 +24,7 @@ from .servers import (
     FENCE_META_KEY,
     IDEMPOTENCY_META_KEY,
     LEASE_EXPIRY_META_KEY,
+    NO_ANSWER,
     Connection,
     ServerConfig,
     ToolOptions,
@@ -454,9 +455,6 @@ class MCPToolset(Resource):
         lease: Mapping[str, int | float | None],
     ) -> Any:
         server = connection.server
-        session, initialized, number = await connection.session()
-        if self._checked.get(server.name) != (number, connection.list_changes):
-            await self._check_version(connection, session, initialized, number)
         request = types.CallToolRequest(
             params=types.CallToolRequestParams(
                 name=tool,
@@ -468,6 +466,39 @@ class MCPToolset(Resource):
                 ),
             )
         )
+        for attempt in range(2):
+            session, initialized, number = await connection.session()
+            if self._checked.get(server.name) != (number, connection.list_changes):
+                await self._check_version(connection, session, initialized, number)
+            try:
+                return await self._send(connection, session, tool, key, request)
+            except MCPError as exc:
+                if not connection.refused(session, key) or exc.code in NO_ANSWER:
+                    raise  # pragma: no cover - `_send` raises no other
+                # The server no longer knew the session (it restarted, or expired it) and
+                # refused the call unhandled: it is made once more, on a new session.
+                connection.drop(session)
+                if attempt:
+                    raise connection.unavailable(
+                        exc, f"calling {tool!r} (the server forgot each new session)"
+                    ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _send(
+        self,
+        connection: Connection,
+        session: ClientSession,
+        tool: str,
+        key: str,
+        request: types.CallToolRequest,
+    ) -> Any:
+        """Send the call on ``session``: its outcome, or the error that says what became of it.
+
+        Raises:
+            MCPError: The server refused it for a session it no longer knows
+                (`Connection.refused`): it was not handled.
+        """
+        server = connection.server
         try:
             # `send_request` rather than `call_tool`: the latter lists the tools of a session
             # that has not listed them (to check output schemas), which a warm resume skips.
@@ -475,6 +506,10 @@ class MCPToolset(Resource):
                 request, types.CallToolResult, request_read_timeout_seconds=self.call_timeout
             )
         except MCPError as exc:
+            if connection.refused(session, key) and exc.code not in NO_ANSWER:
+                # The answer to this request was the refusal: one in flight when the server
+                # went, answered by nothing, may have been handled and is not made again.
+                raise
             if exc.code == types.REQUEST_TIMEOUT:
                 # This call was slow: the session, shared with other calls, goes only if the
                 # server stopped answering altogether.
@@ -482,6 +517,10 @@ class MCPToolset(Resource):
                 raise connection.unavailable(exc, f"calling {tool!r}", sent=True) from exc
             if exc.code == types.CONNECTION_CLOSED:
                 connection.drop(session)
+                raise connection.unavailable(exc, f"calling {tool!r}", sent=True) from exc
+            if connection.server_failed(session, key):
+                # An HTTP server error, from the server or a gateway that gave up waiting on
+                # it, is no answer from the tool: the server may have handled the call.
                 raise connection.unavailable(exc, f"calling {tool!r}", sent=True) from exc
             raise MCPToolError(
                 f"MCP tool {tool!r} of server {server.name!r} failed: {exc.message}",

@@ -140,12 +140,20 @@ def _fault(value: Any, path: str) -> str | None:
             (f for i, item in enumerate(value) if (f := _fault(item, f"{path}[{i}]"))), None
         )
     if value is None or isinstance(value, str | int | bytes | bytearray):
-        return None if _encodes(value) else f"the {type(value).__name__} at `{path}` (not UTF-8)"
+        return None if _encodes(value) else _scalar_fault(value, path)
     try:
         builtins = msgspec.to_builtins(value)
     except (TypeError, ValueError, OverflowError):
         return f"an object of type {type(value).__name__} at `{path}`, which JSON has no form for"
     return None if builtins is value else _fault(builtins, path)
+
+
+def _scalar_fault(value: object, path: str) -> str:
+    """Why a scalar JSON has a form for cannot be written: an int past Python's limit on the
+    digits it writes as text, or text that is not UTF-8 (a lone surrogate)."""
+    if isinstance(value, int):
+        return f"the int at `{path}` has too many digits to be written"
+    return f"the {type(value).__name__} at `{path}` (not UTF-8)"
 
 
 def _fault_in_dict(value: dict[Any, Any], path: str) -> str | None:

@@ -112,7 +112,7 @@ from .limits import (
 from .observability import observe
 from .options import approval_value, pause_request, recorded_options
 from .planning import ResumePlan, plan_resume, refuse_if_undecidable
-from .providers import Provider
+from .providers import ModelReply, Provider
 from .redaction import Redactor
 from .result import RunResult
 from .resumer import CarriedRun, Resumer
@@ -1064,6 +1064,10 @@ class AgentRunner(Resource):
             if held is not None:
                 await self.release_hold(run.run_id, held)
             raise
+        fault = _message_fault(reply.message)
+        if fault is not None:
+            await self._answer_unrecordable(run, reply, fault)
+            return []
         asked = len(reply.tool_calls)
         if asked > self.max_tool_calls_per_turn:
             answered = self.writer.event(
@@ -1117,6 +1121,21 @@ class AgentRunner(Resource):
         bare = msgspec.structs.replace(
             answered, message=Message(role=answered.message.role), tool_calls=[]
         )
+        failed = self.writer.event(run, RunFinished, 1, status="failed", error=error)
+        await self.writer.append(run, [bare, failed])
+
+    async def _answer_unrecordable(self, run: HeldRun, reply: ModelReply, fault: str) -> None:
+        """End the run failed when the model's message cannot be written as it is (``nan``
+        would be written as ``null``): the answer is recorded without its text and calls, for
+        its usage, and the run's error names the value at fault. Not raised, as
+        `_answer_too_large` is not."""
+        calls = len(reply.tool_calls)
+        unrun = f"; none of its {calls} tool calls was run" if calls else ""
+        bare = self.writer.event(
+            run, ModelAnswered, message=Message(role=reply.message.role), usage=reply.usage
+        )
+        await self.record_spend(run, bare)
+        error = f"the model's message cannot be recorded: {fault}{unrun}"
         failed = self.writer.event(run, RunFinished, 1, status="failed", error=error)
         await self.writer.append(run, [bare, failed])
 
@@ -1340,12 +1359,8 @@ class AgentRunner(Resource):
         error: ToolError | None = None
         if tool is None:
             error = ToolError(type="UnknownTool", message=f"the agent has no tool {call.tool!r}")
-        elif TOO_DEEP_ARGUMENTS in call.args:
-            error = ToolError(
-                type="PayloadTooDeep",
-                message=f"the model's arguments nest more than {MAX_DEPTH} levels deep; "
-                f"{call.tool} was not called",
-            )
+        elif (refused := _arguments_refused(call)) is not None:
+            error = refused
         else:
             args = await self._arguments_to_call(run, call)
             lease = run.held.lease
@@ -1565,6 +1580,11 @@ TOO_DEEP_ARGUMENTS = "onward.too_deep"
 """The one key of the arguments recorded for a call whose own nest more than `MAX_DEPTH` levels
 deep: the tool is not called, the call's outcome is a ``PayloadTooDeep`` error."""
 
+UNENCODABLE_ARGUMENTS = "onward.unencodable"
+"""The one key of the arguments recorded for a call whose own cannot be written as they are
+(``nan``, which JSON would write as ``null``), holding why: the tool is not called, the call's
+outcome is an ``UnencodableArguments`` error."""
+
 RESERVED_PREFIX = "onward."
 """Ids Onward gives its own requests start with it (``onward.checkpoint:...``), so a model's
 call id never does: one that would is rewritten."""
@@ -1611,7 +1631,8 @@ def _keyed(run: HeldRun, call: ToolCall, index: int) -> ToolCall:
     person answers the checkpoint), is too long or holds a control character is rewritten to
     ``call-<iteration>-<n>``. A tool name that is not a plain name is recorded escaped (no
     tool has that name: the call ends ``UnknownTool``), and arguments nested too deep are not
-    recorded (`TOO_DEEP_ARGUMENTS`).
+    recorded (`TOO_DEEP_ARGUMENTS`), nor are arguments the log cannot keep as they are
+    (`UNENCODABLE_ARGUMENTS`): the tool would get ``null`` where the model gave ``nan``.
     """
     iteration = run.frontier.iteration + 1
     call_id = call.call_id or f"call-{iteration}"
@@ -1627,6 +1648,8 @@ def _keyed(run: HeldRun, call: ToolCall, index: int) -> ToolCall:
     args = call.args
     if too_deep(args):
         args = {TOO_DEEP_ARGUMENTS: f"nested more than {MAX_DEPTH} levels deep; not recorded"}
+    elif (fault := unencodable(args)) is not None:
+        args = {UNENCODABLE_ARGUMENTS: fault}
     return msgspec.structs.replace(
         call,
         call_id=call_id,
@@ -1634,6 +1657,31 @@ def _keyed(run: HeldRun, call: ToolCall, index: int) -> ToolCall:
         args=args,
         idempotency_key=idempotency_key(run.run_id, call_id),
     )
+
+
+def _arguments_refused(call: CallState) -> ToolError | None:
+    """The error a call ends with, its tool not called, when `_keyed` did not record the
+    model's arguments (too deep, or not as they are); ``None`` when it did."""
+    if TOO_DEEP_ARGUMENTS in call.args:
+        return ToolError(
+            type="PayloadTooDeep",
+            message=f"the model's arguments nest more than {MAX_DEPTH} levels deep; "
+            f"{call.tool} was not called",
+        )
+    if UNENCODABLE_ARGUMENTS in call.args:
+        return ToolError(
+            type="UnencodableArguments",
+            message=f"the model's arguments cannot be recorded: "
+            f"{call.args[UNENCODABLE_ARGUMENTS]}; {call.tool} was not called",
+        )
+    return None
+
+
+def _message_fault(message: Message) -> str | None:
+    """Why a model's message cannot be written as it is (`unencodable`), or ``None``. Text is
+    always written as it is; only a message of parts is looked into."""
+    content = message.content
+    return None if isinstance(content, str) else unencodable(content)
 
 
 def _unused(call_id: str, mark: str, taken: set[str]) -> str:

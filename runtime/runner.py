@@ -769,7 +769,10 @@ class AgentRunner(Resource):
                 events.append(
                     self.writer.event(run, RunFinished, 1, status="cancelled", error=error)
                 )
-            await self.writer.append(run, events)
+            try:
+                await self.writer.append(run, events)
+            except PayloadTooLargeError as exc:
+                raise _value_too_large(run_id, request_id, exc) from exc
 
     async def cancel(self, run_id: str, *, tenant: str, by: str, why: str = "") -> Frontier:
         """End a run ``cancelled`` as a person, whatever it was doing: running (its holder
@@ -1656,6 +1659,26 @@ def _keyed(run: HeldRun, call: ToolCall, index: int) -> ToolCall:
         tool=tool,
         args=args,
         idempotency_key=idempotency_key(run.run_id, call_id),
+    )
+
+
+def _value_too_large(
+    run_id: str, request_id: str, refused: PayloadTooLargeError
+) -> PayloadTooLargeError:
+    """The log's refusal of a person's answer, saying what applies to it: an answer's value is
+    always written in line (a blob store never takes it), so only a smaller one will do."""
+    measured = (
+        f" ({refused.size} bytes with its record, over the log's limit of {refused.limit})"
+        if refused.size is not None and refused.limit is not None
+        else ""
+    )
+    return PayloadTooLargeError(
+        f"run {run_id!r}: the value given with the answer to {request_id} is too large to "
+        f"record{measured}; answer values are written in line, never to a blob store: give a "
+        "smaller value (a reference to where the data is kept, say)",
+        run_id=run_id,
+        size=refused.size,
+        limit=refused.limit,
     )
 
 

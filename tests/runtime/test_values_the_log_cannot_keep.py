@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from onward.errors import PayloadTooLargeError
 from onward.eventlog import MemoryEventLog, ToolCall
 from onward.eventlog.events import Message, ToolCompleted
 from onward.runtime.agent import Agent
+from onward.runtime.blobs import MemoryBlobStore
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
 from onward.runtime.tools import Tool, tool
@@ -86,3 +88,25 @@ async def test_an_integer_too_long_to_write_is_named_as_such() -> None:
     assert "UTF-8" not in completed.error.message
     assert "digits" in completed.error.message
     assert seen == []
+
+
+@pytest.mark.parametrize("blobs", [None, MemoryBlobStore()], ids=["no blobs", "blobs"])
+async def test_an_approval_value_too_large_for_the_log_is_refused_naming_the_value(
+    blobs: MemoryBlobStore | None,
+) -> None:
+    """Approval values are always written in line: one over the log's limit is refused saying
+    so, not with a hint to store bodies out of line (a blob store does not take it), and the
+    run still waits."""
+    log = MemoryEventLog()
+    approved, _ = a_scale_tool(requires_approval=True)
+    call = ToolCall(call_id="c1", tool="scale", args={"factor": 2})
+    provider = ScriptedProvider([reply("", call), reply("done")])
+    runner = AgentRunner(provider=provider, log=log, worker="w", blobs=blobs)
+    agent = Agent(name="scaler", instructions="scale", tools=[approved])
+    waiting = await runner.run(agent, "go", tenant=TENANT, run_id="r")
+    assert waiting.status == "waiting"
+    with pytest.raises(PayloadTooLargeError) as refused:
+        await runner.approve("r", "c1", tenant=TENANT, by="ann", value="v" * 1_100_000)
+    assert "out of line" not in str(refused.value)
+    assert "value" in str(refused.value)
+    assert (await runner.inspect("r", tenant=TENANT)).status == "waiting"

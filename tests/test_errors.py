@@ -126,7 +126,7 @@ _EXPECTED: dict[type[OnwardError], tuple[type[BaseException], ...]] = {
         kafka_errors.ListenerNotFound,
         # SQLite: a feature this build of SQLite lacks.
         sqlite3.NotSupportedError,
-        # Redis: a refused login or command, a read-only replica, a cluster-only command.
+        # Redis: a refused login or command, a cluster-only command.
         redis_errors.AuthenticationError,
         redis_errors.AuthenticationWrongNumberOfArgsError,
         redis_errors.AuthorizationError,
@@ -136,7 +136,6 @@ _EXPECTED: dict[type[OnwardError], tuple[type[BaseException], ...]] = {
         redis_errors.ClusterCrossSlotError,
         redis_errors.CrossSlotTransactionError,
         redis_errors.IncorrectPolicyType,
-        redis_errors.ReadOnlyError,
         # PostgreSQL: credentials, privileges, a database that does not exist.
         pg_errors.InvalidPasswordError,
         pg_errors.InvalidAuthorizationSpecificationError,
@@ -173,7 +172,8 @@ _EXPECTED: dict[type[OnwardError], tuple[type[BaseException], ...]] = {
         kafka_errors.NotLeaderForPartitionError,
         # SQLite: locked or busy (translate() narrows a non-busy one to BackendError).
         sqlite3.OperationalError,
-        # Redis: down, slow, loading, out of memory, a cluster slot with no node.
+        # Redis: down, slow, loading, out of memory, a cluster slot with no node, a primary
+        # demoted in a failover (READONLY until the client reaches the new one).
         redis_errors.MaxConnectionsError,
         redis_errors.ConnectionError,
         redis_errors.TimeoutError,
@@ -183,6 +183,7 @@ _EXPECTED: dict[type[OnwardError], tuple[type[BaseException], ...]] = {
         redis_errors.MasterDownError,
         redis_errors.OutOfMemoryError,
         redis_errors.SlotNotCoveredError,
+        redis_errors.ReadOnlyError,
         # PostgreSQL: connections, restarts, contention that a retry can win.
         pg_errors.PostgresConnectionError,
         pg_errors.CannotConnectNowError,
@@ -195,6 +196,9 @@ _EXPECTED: dict[type[OnwardError], tuple[type[BaseException], ...]] = {
         pg_errors.LockNotAvailableError,
         pg_errors.QueryCanceledError,
         pg_errors.ConnectionDoesNotExistError,
+        # PostgreSQL: read-only for now (a standby after a failover), an outcome unknown.
+        pg_errors.ReadOnlySQLTransactionError,
+        pg_errors.StatementCompletionUnknownError,
         # A socket under any driver: refused, reset, unreachable, timed out.
         ConnectionError,
         TimeoutError,
@@ -385,6 +389,53 @@ def test_a_server_that_answered_it_cannot_now_is_not_said_to_be_away(
 )
 def test_a_server_that_did_not_answer_is_said_to_be_away(away: BaseException) -> None:
     assert "the server did not answer" in str(translate(away, context="connecting"))
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        redis_errors.ReadOnlyError("You can't write against a read only replica."),
+        pg_errors.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction"),
+    ],
+    ids=lambda exc: type(exc).__module__.split(".")[0] + "-" + type(exc).__name__,
+)
+def test_a_server_read_only_after_a_failover_refuses_for_now(refused: BaseException) -> None:
+    """A primary demoted in a failover, or a standby a connection was left on, refuses writes
+    until the client reaches the new primary: a retry, not a deployment fault."""
+    translated = translate(refused, context="renewing the lease")
+    assert type(translated) is errors.BackendUnavailableError
+    assert translated.retryable
+    assert "the server is read-only" in str(translated)
+    assert "did not answer" not in str(translated)
+
+
+def test_a_statement_whose_outcome_is_unknown_says_to_read_back_before_doing_it_again() -> None:
+    unknown = pg_errors.StatementCompletionUnknownError("statement completion unknown")
+    translated = translate(unknown, context="appending to partition 3")
+    assert type(translated) is errors.BackendUnavailableError
+    assert "may or may not have taken effect" in str(translated)
+    assert "did not answer" not in str(translated)
+
+
+@pytest.mark.parametrize(
+    "local",
+    [
+        PermissionError(13, "Permission denied", "/data/onward.db.fold.lock"),
+        IsADirectoryError(21, "Is a directory", "/data/onward.db.fold.lock"),
+    ],
+    ids=lambda exc: type(exc).__name__,
+)
+def test_a_local_file_that_cannot_be_opened_is_not_said_to_be_a_server_away(
+    local: OSError,
+) -> None:
+    """A lock file this process may not open fails every retry the same way; "the server did
+    not answer" sent the operator to the network."""
+    translated = translate(local, context="approve")
+    assert type(translated) is errors.BackendError
+    assert not translated.retryable
+    assert "/data/onward.db.fold.lock" in str(translated)
+    assert "did not answer" not in str(translated)
+    assert "a file on this machine" in str(translated)
 
 
 def test_an_onward_error_passes_through_untouched() -> None:

@@ -254,7 +254,8 @@ async def pooled(
 
     A connection the server dropped (restart, failover, ``pg_terminate_backend``) fails the
     call in progress with a retryable `BackendUnavailableError`; the pool discards it, so the
-    next call gets a fresh connection.
+    next call gets a fresh connection. So does a connection whose server refused a write as
+    read-only (a standby a failover left it on): the retry may reach the new primary.
 
     Args:
         pool: The store's pool.
@@ -275,6 +276,8 @@ async def pooled(
             except _FAILURES as exc:
                 if connection_gone(conn):
                     raise connection_lost(exc, context=context, run_id=run_id) from exc
+                if isinstance(exc.__cause__ or exc, asyncpg.ReadOnlySQLTransactionError):
+                    conn.terminate()  # a standby's session: the retry connects afresh
                 raise
 
 

@@ -14,13 +14,14 @@ atomic on the server, and the calls of one pipeline run in the order they were m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ReadOnlyError
 
 from onward.errors import ConfigurationError, InvalidInputError
 
@@ -142,7 +143,10 @@ class RedisStore(Resource):
 
         A Redis that restarted has forgotten the scripts: those calls are sent again once
         their scripts are loaded. A call whose caller stopped waiting is still sent (it may
-        have been made already, as with a call that timed out), and its answer dropped.
+        have been made already, as with a call that timed out), and its answer dropped. A
+        server that answered READONLY was demoted in a failover: the pool's idle connections
+        to it are closed before anyone hears, so a retry connects afresh and reaches the new
+        primary (as redis-py's Sentinel client does).
         """
         try:
             client = self._live_client()
@@ -158,6 +162,8 @@ class RedisStore(Resource):
                     for i, answer in zip(unknown, again, strict=True):
                         answers[i] = answer
         except Exception as exc:  # noqa: BLE001 - every failure is each caller's to translate
+            if isinstance(exc, ReadOnlyError):
+                await _let_go_of_demoted(client)
             for call in calls:
                 call.fail(exc)
             return
@@ -165,6 +171,8 @@ class RedisStore(Resource):
             for call in calls:
                 call.answer.cancel()
             raise
+        if any(isinstance(answer, ReadOnlyError) for answer in answers):
+            await _let_go_of_demoted(client)
         for call, answer in zip(calls, answers, strict=True):
             if isinstance(answer, Exception):
                 call.fail(answer)
@@ -232,6 +240,14 @@ def _unusable_tls_file(url: str) -> str | None:
         named.get("ssl_keyfile"),
         ("ssl_password in REDIS_URL", query.get("ssl_password", [""])[-1] or None),
     )
+
+
+async def _let_go_of_demoted(client: aioredis.Redis) -> None:
+    """Close the pool's idle connections to a server that said it is a replica now; one in
+    use is closed when its own write meets READONLY. Best effort: a failure to close leaves
+    the connections to be closed by the server or the next failure."""
+    with contextlib.suppress(Exception):
+        await client.connection_pool.disconnect(inuse_connections=False)
 
 
 async def _pipeline(client: aioredis.Redis, calls: list[_ScriptCall]) -> list[Any]:

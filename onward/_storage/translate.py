@@ -178,7 +178,8 @@ def _loaded_redis_rules() -> tuple[tuple[type[BaseException], type[OnwardError]]
         (redis_errors.ClusterCrossSlotError, ConfigurationError),
         (redis_errors.CrossSlotTransactionError, ConfigurationError),
         (redis_errors.IncorrectPolicyType, ConfigurationError),
-        (redis_errors.ReadOnlyError, ConfigurationError),
+        # A primary demoted in a failover answers READONLY until the client reaches the new one.
+        (redis_errors.ReadOnlyError, BackendUnavailableError),
         (redis_errors.MaxConnectionsError, BackendUnavailableError),
         (redis_errors.ConnectionError, BackendUnavailableError),
         (redis_errors.TimeoutError, BackendUnavailableError),
@@ -229,6 +230,11 @@ _ASYNCPG_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
     (pg_errors.UndefinedColumnError, SchemaMismatchError),
     (pg_errors.UndefinedFunctionError, SchemaMismatchError),
     (pg_errors.PostgresConnectionError, BackendUnavailableError),
+    # A standby reached after a failover, or a primary made read-only for now
+    # (default_transaction_read_only, as some managed services do on a full disk).
+    (pg_errors.ReadOnlySQLTransactionError, BackendUnavailableError),
+    # The server cannot say whether the statement took effect: a retry must find out first.
+    (pg_errors.StatementCompletionUnknownError, BackendUnavailableError),
     (pg_errors.CannotConnectNowError, BackendUnavailableError),
     (pg_errors.TooManyConnectionsError, BackendUnavailableError),
     (pg_errors.AdminShutdownError, BackendUnavailableError),
@@ -278,6 +284,9 @@ def translate(exc: BaseException, *, context: str, run_id: str | None = None) ->
     onward_type = classify(type(exc)) or BackendError
     if isinstance(exc, sqlite3.OperationalError) and not _sqlite_busy(exc):
         onward_type = BackendError  # a bad statement or a broken file, not a passing contention
+    local = _local_file(exc)
+    if local:
+        onward_type = BackendError  # a path or its permissions, which a retry will not change
     message = f"{context}: {type(exc).__name__}: {exc}"
     setting = refused_setting(exc)
     if setting is not None:
@@ -285,9 +294,18 @@ def translate(exc: BaseException, *, context: str, run_id: str | None = None) ->
         message += f"; {setting}"
     if run_id is not None:
         message = f"run {run_id!r}: {message}"
+    if local:
+        message += " (a file on this machine, not a server: check the path and its permissions)"
     if onward_type is BackendUnavailableError:
         if _contended(exc):
             message += " (it lost to a concurrent transaction; retry)"
+        elif _read_only(exc):
+            message += (
+                " (the server is read-only, as a replica or a primary is for a while after a "
+                "failover; retry, and if it persists point the URL at the primary)"
+            )
+        elif isinstance(exc, pg_errors.StatementCompletionUnknownError):
+            message += " (it may or may not have taken effect; read back before doing it again)"
         elif _cannot_now(exc):
             message += " (the server answered that it cannot do it now; retry later)"
         else:
@@ -324,6 +342,28 @@ def _cannot_now(exc: BaseException) -> bool:
     import redis.exceptions as redis_errors  # noqa: PLC0415  (already imported: a look-up)
 
     return isinstance(exc, redis_errors.ResponseError)
+
+
+def _local_file(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure on a file of this machine (a lock file that cannot be
+    opened), which names its file, rather than on a socket to a server."""
+    return (
+        isinstance(exc, OSError)
+        and not isinstance(exc, ConnectionError | TimeoutError)
+        and exc.filename is not None
+    )
+
+
+def _read_only(exc: BaseException) -> bool:
+    """Whether ``exc`` is a server refusing a write because it is read-only now (a replica, a
+    primary demoted in a failover), which passes once the client reaches the new primary."""
+    if isinstance(exc, pg_errors.ReadOnlySQLTransactionError):
+        return True
+    if _REDIS_ERRORS not in sys.modules:
+        return False
+    import redis.exceptions as redis_errors  # noqa: PLC0415  (already imported: a look-up)
+
+    return isinstance(exc, redis_errors.ReadOnlyError)
 
 
 _TLS_UNVERIFIED = "CERTIFICATE_VERIFY_FAILED"

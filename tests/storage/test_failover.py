@@ -1,0 +1,59 @@
+"""A store whose server is demoted to a replica in a managed failover: the refusal to write is
+a passing one, and the store lets go of its connections to the demoted server so a retry can
+reach the new primary."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+from support.private_servers import PrivateRedis, running
+
+from onward.errors import BackendUnavailableError
+from onward.runtime.leases import PostgresLeaseStore, RedisLeaseStore
+
+
+async def _normal_clients(client: aioredis.Redis) -> int:
+    """How many clients other than ``client`` (and a replication link) the server has."""
+    return len(await client.client_list(_type="normal")) - 1
+
+
+async def test_a_demoted_redis_refuses_a_lease_for_now_and_its_connections_are_dropped(
+    private_redis: PrivateRedis,
+) -> None:
+    async with running(PrivateRedis()) as new_primary:
+        admin = aioredis.Redis.from_url(private_redis.url)
+        try:
+            async with RedisLeaseStore(private_redis.url, prefix="failover:") as store:
+                await store.acquire("run-1", tenant="t", holder="w1", ttl_s=30)
+                await admin.replicaof("127.0.0.1", new_primary.port)
+
+                with pytest.raises(BackendUnavailableError) as refused:
+                    await store.acquire("run-2", tenant="t", holder="w1", ttl_s=30)
+
+                assert refused.value.retryable
+                assert "the server is read-only" in str(refused.value)
+                assert await _normal_clients(admin) == 0
+                await admin.replicaof("NO", "ONE")
+                lease = await store.acquire("run-2", tenant="t", holder="w1", ttl_s=30)
+                assert lease.run_id == "run-2"
+        finally:
+            await admin.aclose()
+
+
+async def test_a_read_only_postgres_session_refuses_a_lease_for_now_and_is_let_go(
+    database_url: str, pg_schema: str
+) -> None:
+    """A pooled connection to a server that turned read-only (a standby after a failover, or
+    ``default_transaction_read_only``) fails its write with a retryable error, and the retry
+    gets a fresh connection rather than the same read-only one."""
+    async with PostgresLeaseStore(database_url, schema=pg_schema, min_size=1, max_size=1) as store:
+        async with store._connection("turning the session read-only") as conn:
+            await conn.execute("SET default_transaction_read_only = on")
+
+        with pytest.raises(BackendUnavailableError) as refused:
+            await store.acquire("run-1", tenant="t", holder="w1", ttl_s=30)
+
+        assert refused.value.retryable
+        assert "the server is read-only" in str(refused.value)
+        lease = await store.acquire("run-1", tenant="t", holder="w1", ttl_s=30)
+        assert lease.run_id == "run-1"

@@ -46,13 +46,20 @@ PROBE_CONSUMER = "onward.readiness-probe"
 
 
 async def stores_reachable(backends: Backends) -> str | None:
-    """``None`` if the log, the frontier store and the lease store each answer a read within
-    the readiness bound; else one line naming the first that did not."""
-    checks: tuple[tuple[str, Callable[[], Awaitable[object]]], ...] = (
+    """``None`` if the log, the frontier store, the lease store and the spend ledger each
+    answer a read within the readiness bound; else one line naming the first that did not.
+
+    The spend ledger is asked for ``DATABASE_URL``, which keeps it, the blobs and the
+    compaction rows: with Kafka and Redis frontiers and leases nothing else asks it.
+    """
+    checks: list[tuple[str, Callable[[], Awaitable[object]]]] = [
         (f"the event log ({backends.settings.backend})", lambda: backends.log.bounds(0)),
         ("the frontier store", lambda: backends.frontiers.positions(PROBE_CONSUMER)),
         ("the lease store", lambda: backends.leases.current(PROBE_RUN)),
-    )
+    ]
+    spend = backends.spend
+    if spend is not None:
+        checks.append(("the spend ledger", lambda: spend.run_total(PROBE_RUN)))
     for name, check in checks:
         why = await probe(name, check())
         if why is not None:

@@ -6,10 +6,20 @@ from __future__ import annotations
 
 import pytest
 import redis.asyncio as aioredis
+from storage.test_silent_postgres import through, upstream
 from support.private_servers import PrivateRedis, running
+from support.proxy import TcpProxy
 
 from onward.errors import BackendUnavailableError
+from onward.eventlog import MemoryEventLog
+from onward.projections.memory import MemoryFrontierStore
+from onward.runtime.backends import Backends
+from onward.runtime.blobs import MemoryBlobStore
+from onward.runtime.cli._health import stores_reachable
 from onward.runtime.leases import PostgresLeaseStore, RedisLeaseStore
+from onward.runtime.leases.memory import MemoryLeaseStore
+from onward.runtime.settings import Settings
+from onward.runtime.spend.postgres import PostgresSpendLedger
 
 
 async def _normal_clients(client: aioredis.Redis) -> int:
@@ -57,3 +67,28 @@ async def test_a_read_only_postgres_session_refuses_a_lease_for_now_and_is_let_g
         assert "the server is read-only" in str(refused.value)
         lease = await store.acquire("run-1", tenant="t", holder="w1", ttl_s=30)
         assert lease.run_id == "run-1"
+
+
+async def test_a_worker_whose_postgres_is_away_is_not_ready_though_kafka_and_redis_answer(
+    database_url: str, pg_schema: str
+) -> None:
+    """With Kafka and Redis frontiers and leases, PostgreSQL still keeps the spend ledger,
+    the blobs and the compaction rows every run needs: readiness must ask it too."""
+    async with TcpProxy(*upstream(database_url)) as proxy:
+        spend = PostgresSpendLedger(through(database_url, proxy), schema=pg_schema, timeout_s=1)
+        async with spend, MemoryEventLog() as log, MemoryFrontierStore() as frontiers:
+            backends = Backends(
+                Settings(backend="memory"),
+                log,
+                frontiers,
+                MemoryLeaseStore(),
+                MemoryBlobStore(),
+                spend=spend,
+            )
+            assert await stores_reachable(backends) is None
+            await proxy.cut()
+
+            why = await stores_reachable(backends)
+
+            assert why is not None
+            assert why.startswith("the spend ledger")

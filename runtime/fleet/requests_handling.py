@@ -140,6 +140,10 @@ class RequestHandler:
                     looks += 1
                 in_the_way = lease
                 if looks >= worker.max_attempts * 10:
+                    # The row may lag the log (a projector behind or down): a holder that did
+                    # write the run's `RunStarted` drives it, and the start is left to it.
+                    if await worker.runner.resumer.exists(request.run_id):
+                        return True
                     # Held on all this time by someone who never wrote it: a zombie lease, not
                     # a run. Refused, saying so (the application's stream of the run ends),
                     # rather than keep this partition's later requests from being committed.

@@ -12,6 +12,9 @@ waiting for it for ever.
 
 A start for an agent the worker does not carry (which ends its run ``failed`` at once, saying
 why) meets the lease the same way: it waits for it, then ends the run failed, or is refused.
+
+A holder that renews the lease because it drives the run (its `RunStarted` is on the log) is no
+zombie, though the run's row may not show it yet (a projector behind): the start is left to it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from onward.eventlog import RunStarted
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.fleet.requests import StartRun
@@ -88,6 +92,37 @@ async def test_a_start_a_zombie_lease_holds_off_is_refused_saying_so(
     assert "never free to start" in cause
     assert "'zombie'" in cause
     assert worker.stats.failures == 1
+
+
+async def test_a_start_held_off_by_the_run_s_driver_is_not_refused_though_no_row_shows_it(
+    backends: Backends,
+) -> None:
+    """Another worker took the start first and drives the run, renewing its lease; the log has
+    its `RunStarted`, the frontier row none yet (the projector is behind or down)."""
+    lease = await backends.leases.acquire("r", tenant=TENANT, holder="driver", ttl_s=2)
+    started = RunStarted(
+        run_id="r", tenant=TENANT, seq=1, fence=lease.fence, at=1, agent="writer", revision="r1"
+    )
+    await backends.log.append([started])
+
+    async def renewing() -> None:
+        nonlocal lease
+        while True:
+            await asyncio.sleep(0.05)
+            lease = await backends.leases.renew(lease, ttl_s=2)
+
+    renewals = asyncio.create_task(renewing())
+    try:
+        worker = worker_of(backends)
+        worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
+        await asyncio.wait_for(worker.drained(), 30)
+    finally:
+        renewals.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewals
+    assert await backends.frontiers.get("r") is None, "the row shows the run: nothing tested"
+    assert worker.refused_start("r") is None, "a run being driven was refused as never started"
+    assert worker.stats.failures == 0
 
 
 async def test_a_start_for_an_unknown_agent_ends_failed_once_a_dead_starters_lease_lapses(

@@ -216,7 +216,9 @@ class RequestHandler:
 
         # An answer that did land makes the next ask find the run no longer waiting on it.
         try:
-            if not await self._once_free(write, moot=lambda: self._answered_already(request)):
+            if not await self._once_free(
+                request, write, moot=lambda: self._answered_already(request)
+            ):
                 return False
         except InvalidInputError:
             if not await self._answered_already(request):
@@ -229,13 +231,15 @@ class RequestHandler:
     async def _tag(self, request: TagRun) -> bool:
         runner = self._worker.runner
         return await self._once_free(
+            request,
             lambda: runner.tag(
                 request.run_id, request.label, tenant=request.tenant, seq=request.seq, by=request.by
-            )
+            ),
         )
 
     async def _once_free(
         self,
+        request: Request,
         act: Callable[[], Awaitable[object]],
         *,
         moot: Callable[[], Awaitable[bool]] | None = None,
@@ -246,13 +250,17 @@ class RequestHandler:
         per ask: the run may be held for a long while. Returns False when the worker began
         draining meanwhile (the request is not acted on)."""
         worker = self._worker
+        asks = 0
         while True:
             try:
                 await act()
-            except (ResumeConflictError, FencedError):
+            except (ResumeConflictError, FencedError) as held:
                 worker.stats.conflicts += 1
                 if moot is not None and await moot():
                     return True
+                if not asks:
+                    _waits(request, held, worker.backoff_s)
+                asks += 1
                 if not await worker.sleep(worker.backoff_s):
                     return False
             else:
@@ -318,6 +326,7 @@ class RequestHandler:
                 await worker.runner.ask_to_cancel(
                     run_id, tenant=request.tenant, by=request.by, why=request.why
                 )
+            asks = 0
             while True:
                 await worker.others_stopped(run_id)
                 try:
@@ -329,6 +338,9 @@ class RequestHandler:
                     return True
                 except (ResumeConflictError, FencedError) as exc:
                     worker.stats.conflicts += 1
+                    if not asks:
+                        _waits(request, exc, worker.backoff_s)
+                    asks += 1
                     if isinstance(exc, ResumeConflictError) and exc.holder is not None:
                         await worker.runner.ask_to_cancel(
                             run_id, tenant=request.tenant, by=request.by, why=request.why
@@ -339,6 +351,18 @@ class RequestHandler:
                 _log.info("run %s cancelled by %s", printable(run_id), printable(request.by))
                 worker.count("cancelled")
                 return True
+
+
+def _waits(request: Request, held: ResumeConflictError | FencedError, every_s: float) -> None:
+    """Say, once per request, what a request asked again until its run is free waits on: it
+    holds a slot meanwhile, and its partition's offsets are not committed past it."""
+    _log.info(
+        "%s of run %s waits until the run is free, asked again every %.1fs: %s",
+        type(request).__name__,
+        printable(request.run_id),
+        every_s,
+        one_line(str(held)),
+    )
 
 
 def _lease_in_the_way(held: ResumeConflictError | FencedError) -> tuple[str, float] | None:

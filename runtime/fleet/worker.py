@@ -500,10 +500,10 @@ class Worker:
             with contextlib.suppress(KafkaError):
                 await consumer.stop()
             raise translate(exc, context=f"joining {group_id} on {topic}") from exc
-        if on_ready is not None:
-            on_ready()
         try:
             try:
+                if on_ready is not None:
+                    on_ready()  # one that raises still leaves the group (``finally``)
                 await self._consume(consumer, offsets, stop)
             except Exception:
                 # Serving failed: the runs in flight still stop at their next boundary and
@@ -514,8 +514,7 @@ class Worker:
         except KafkaError as exc:
             raise translate(exc, context=f"consuming {topic}") from exc
         finally:
-            with contextlib.suppress(KafkaError, TimeoutError):
-                await asyncio.wait_for(consumer.stop(), _LEAVE_S)
+            await _leave(consumer)
             _log.info("left the group")
 
     async def _drain_consumer(self, consumer: AIOKafkaConsumer, offsets: _Offsets) -> None:
@@ -807,6 +806,32 @@ class Worker:
             claims.done(row.id, True)
             return
         self.submit(request, lambda acted: claims.done(row.id, acted))
+
+
+_leaving: set[asyncio.Task[None]] = set()
+"""Consumers stopping after the task that stopped them was cancelled: kept until they are."""
+
+
+def _left(stopping: asyncio.Task[None]) -> None:
+    _leaving.discard(stopping)
+    if not stopping.cancelled():
+        stopping.exception()  # seen: the caller may be gone, and a failed leave is harmless
+
+
+async def _leave(consumer: AIOKafkaConsumer) -> None:
+    """Stop ``consumer`` (it leaves the group), waiting at most `_LEAVE_S`. The stop is a task
+    of its own that a cancellation of the caller leaves running: Python 3.11's `wait_for`
+    cancels a stop that has not begun yet when the caller is cancelled again, and the consumer
+    would be left in the group, heartbeating, for as long as the process lives."""
+    stopping = asyncio.ensure_future(consumer.stop())
+    _leaving.add(stopping)
+    stopping.add_done_callback(_left)
+    done, _ = await asyncio.wait({stopping}, timeout=_LEAVE_S)
+    if not done:
+        stopping.cancel()
+    elif not stopping.cancelled():
+        with contextlib.suppress(KafkaError):
+            stopping.result()
 
 
 def _require_signer(signer: RequestSigner | None, accept_unsigned: bool, where: str) -> None:

@@ -1,0 +1,117 @@
+"""A Kafka worker that stops serving leaves its consumer group, however serving ends.
+
+A consumer left open keeps heartbeating: the group goes on giving it partitions whose requests
+nobody reads, for as long as the process lives. So the worker leaves the group when the
+``on_ready`` callback it was given raises, and when its serving task is cancelled twice in a
+row (Python 3.11's `asyncio.wait_for` cancels a stop that has not begun yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from aiokafka.admin import AIOKafkaAdminClient
+from support.fault_runs import until
+
+from onward.runtime.agent import Agent
+from onward.runtime.backends import Backends, open_backends
+from onward.runtime.fleet.worker import Worker
+from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.settings import Settings
+
+pytestmark = pytest.mark.kafka
+LOOK_S = 8.0
+"""How long the group is watched for a member left behind (a first join takes about 3 s: the
+broker's initial rebalance delay)."""
+
+
+@pytest_asyncio.fixture
+async def backends(tmp_path: Path) -> AsyncIterator[Backends]:
+    settings = Settings.model_validate(
+        {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "leaves.db")}
+    )
+    async with open_backends(settings) as opened:
+        yield opened
+
+
+async def members(bootstrap: str, group: str) -> int:
+    """How many members the broker counts in ``group``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_consumer_groups([group])
+    finally:
+        await admin.close()
+    return sum(len(g[-1]) if isinstance(g[-1], list) else 0 for g in described.groups)
+
+
+async def no_member_stays(bootstrap: str, group: str) -> None:
+    """Fail as soon as the group has a member while ``LOOK_S`` pass."""
+    ends = time.monotonic() + LOOK_S
+    while time.monotonic() < ends:
+        assert await members(bootstrap, group) == 0, "the worker's consumer is still in its group"
+        await asyncio.sleep(0.5)
+
+
+async def until_empty(bootstrap: str, group: str) -> None:
+    """Until the group has no member; fail once ``LOOK_S`` pass."""
+    ends = time.monotonic() + LOOK_S
+    while await members(bootstrap, group):
+        assert time.monotonic() < ends, "the worker's consumer is still in its group"
+        await asyncio.sleep(0.2)
+
+
+def worker_of(backends: Backends) -> Worker:
+    agent = Agent(name="writer", instructions="w")
+    return Worker(backends, ScriptedProvider([reply("done")]), {"writer": agent}, recheck_s=60)
+
+
+async def test_a_worker_whose_on_ready_raises_leaves_its_group(
+    kafka_bootstrap: str, requests_topic: str, backends: Backends
+) -> None:
+    group = f"{requests_topic}.workers"
+
+    def on_ready() -> None:
+        raise RuntimeError("the readiness file could not be written")
+
+    with pytest.raises(RuntimeError, match="readiness file"):
+        await worker_of(backends).serve_kafka(
+            asyncio.Event(),
+            bootstrap_servers=kafka_bootstrap,
+            topic=requests_topic,
+            group_id=group,
+            session_timeout_ms=6000,
+            on_ready=on_ready,
+            accept_unsigned=True,
+        )
+    await no_member_stays(kafka_bootstrap, group)
+
+
+async def test_a_worker_cancelled_twice_leaves_its_group(
+    kafka_bootstrap: str, requests_topic: str, backends: Backends
+) -> None:
+    group = f"{requests_topic}.workers"
+    worker = worker_of(backends)
+    serving = asyncio.create_task(
+        worker.serve_kafka(
+            asyncio.Event(),
+            bootstrap_servers=kafka_bootstrap,
+            topic=requests_topic,
+            group_id=group,
+            session_timeout_ms=6000,
+            accept_unsigned=True,
+        )
+    )
+    await until(lambda: worker.joined, "the worker in its group")
+    assert await members(kafka_bootstrap, group) == 1
+    serving.cancel()
+    await asyncio.sleep(0)  # the serving task is in its ``finally`` now, leaving the group
+    serving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await serving
+    await until_empty(kafka_bootstrap, group)

@@ -274,6 +274,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self.redactor = redactor or Redactor()
         if not tenant:
             raise InvalidInputError("OnwardSaver needs a tenant")
+        check_name("tenant", tenant)
         if checkpoint_inline and frontiers is None:
             raise InvalidInputError("checkpoint_inline needs a frontier store (frontiers=...)")
         self.log = log

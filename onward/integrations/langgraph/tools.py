@@ -69,6 +69,7 @@ from onward.eventlog import Event, ToolCompleted, ToolDispatched, ToolError, Too
 from onward.projections.frontier import CallState
 from onward.runtime.dispatch import NOT_CALLED, write_ahead
 from onward.runtime.leases import RunLease
+from onward.runtime.limits import check_name, check_note
 from onward.runtime.planning import PlannedCall, ToolDisposition, classify_call
 from onward.runtime.redaction import Redactor
 from onward.runtime.tools import cancelled_as_failure, idempotency_key, tool_error
@@ -448,10 +449,13 @@ def _settlement(call: _Call, answer: Any) -> dict[str, Any]:
             f'tool call {call.call_id!r}: "completed" needs the "result" the tool gave',
             run_id=call.thread_id,
         )
+    # Held to the limits `onward resolve` holds a person's name and note to.
     fields: dict[str, Any] = {
         "call_id": call.call_id,
-        "by": str(answer.get("by") or "person"),
-        "why": str(answer.get("why") or f"a person decided {decision}"),
+        "by": check_name("by", str(answer.get("by") or "person"), run_id=call.thread_id),
+        "why": check_note(
+            "why", str(answer.get("why") or f"a person decided {decision}"), run_id=call.thread_id
+        ),
     }
     if decision == "retry":
         return {**fields, "outcome": "never_ran"}

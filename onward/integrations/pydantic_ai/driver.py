@@ -49,6 +49,7 @@ from onward.projections.frontier import Frontier
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
 from onward.runtime.leases.holder import Leaseholder
+from onward.runtime.limits import check_name
 from onward.runtime.planning import ResumePlan
 from onward.runtime.runner import AgentRunner
 from onward.runtime.spend.budget import Budgets
@@ -129,7 +130,7 @@ class DurableRuns:
     """
 
     def __init__(self, *, tenant: str, **runner_options: Any) -> None:
-        self.tenant = tenant
+        self.tenant = check_name("tenant", tenant)
         try:
             self.runner = AgentRunner(provider=_ModelOfTheFramework(), **runner_options)
         except TypeError as exc:
@@ -156,7 +157,7 @@ class DurableRuns:
                 f"a durable run's prompt is text (it is recorded and fed again on resume), "
                 f"not {type(user_prompt).__name__}"
             )
-        run_id = run_id or f"run-{uuid.uuid4().hex}"
+        run_id = check_name("run_id", run_id or f"run-{uuid.uuid4().hex}")
         budgets = budgets or Budgets()
         self.runner.check_budgets(described, budgets, run_id)
         named = {"budget_micros": budgets.run_micros, "tenant_budget_micros": budgets.tenant_micros}

@@ -58,3 +58,15 @@ async def test_another_tenants_saver_takes_no_lease_on_a_thread_and_is_not_told_
         await stores.leases.release(again)
         assert again.fence == probe.fence + 1, "another tenant's saver took acme's thread lease"
         assert "acme" not in str(refused.value)
+
+
+@pytest.mark.parametrize("tenant", ["ac\nme", "ac\x00me", "x" * 201])
+async def test_a_tenant_the_runner_refuses_is_refused_by_the_saver(
+    tmp_path: Path, tenant: str
+) -> None:
+    """A tenant with a control character, or too long, is refused as the runner refuses it,
+    before any thread is written under it (stored, it is printed as it is by ``onward
+    inspect``, and PostgreSQL refuses a NUL in it at the frontier row)."""
+    async with sqlite_stores(tmp_path / "threads.db") as stores:
+        with pytest.raises(InvalidInputError, match="tenant"):
+            OnwardSaver(stores.log, stores.leases, tenant=tenant, frontiers=stores.frontiers)

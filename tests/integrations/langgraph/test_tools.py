@@ -384,6 +384,32 @@ async def test_an_answer_that_decides_nothing_is_asked_again(world: World, ledge
     assert ledger_lines(ledger) == [FLIGHT]
 
 
+@pytest.mark.parametrize(
+    ("answer", "named"),
+    [
+        ({"decision": "retry", "by": "ops\n2026-12-06 root: approved"}, "by"),
+        ({"decision": "retry", "by": "o" * 201}, "by"),
+        ({"decision": "retry", "why": "w" * 10_001}, "why"),
+        ({"decision": "retry", "why": "a bell \x07"}, "why"),
+    ],
+)
+async def test_an_answer_whose_by_or_why_the_runner_refuses_is_asked_again(
+    world: World, ledger: Path, answer: dict[str, Any], named: str
+) -> None:
+    """A person's ``by`` or ``why`` is held to the limits `onward resolve` holds them to (a
+    name: one line, 200 characters; a note: no control character but tab and newline, 10,000
+    characters): out of them, the question is put again naming the field, nothing recorded."""
+    async with world.saver() as saver:
+        await _cancel_mid_tool(saver, "agent", ledger)
+        run = graph("agent", saver, model(_done()), booking_tool(ledger))
+        await run.ainvoke(None, thread_config("t"))
+        await run.ainvoke(Command(resume=answer), thread_config("t"))
+        question = await _question(run, "t")
+        assert named in question["invalid_answer"]
+        assert await _kinds(world, "t") == ["ToolDispatched"]
+    assert ledger_lines(ledger) == [FLIGHT]
+
+
 async def test_a_retry_safe_tool_runs_again_without_asking(world: World, ledger: Path) -> None:
     async with world.saver() as saver:
         await _cancel_mid_tool(saver, "agent", ledger)

@@ -117,3 +117,35 @@ async def test_another_tenants_resume_and_start_never_take_the_runs_lease(
             await evil.run(agent, "book seat 3A", run_id=RUN)
 
     assert await next_fence() == before + 1
+
+
+@pytest.mark.parametrize(
+    ("tenant", "run_id", "named"),
+    [
+        ("ac\x00me", RUN, "tenant"),
+        ("x" * 201, RUN, "tenant"),
+        (TENANT, "r\nforged", "run_id"),
+        (TENANT, "r" * 201, "run_id"),
+    ],
+)
+async def test_a_tenant_or_run_id_the_runner_refuses_is_refused_before_anything_is_written(
+    stores: Stores, ledger: Ledger, tenant: str, run_id: str, named: str
+) -> None:
+    """A tenant or run id with a control character, or too long, is refused as the runner
+    refuses it (`check_name`), naming the field, and nothing of the run is recorded: kept,
+    it would be printed as it is by ``onward inspect`` and refused by PostgreSQL (NUL)."""
+
+    async def start() -> None:
+        durability = OnwardDurability(
+            log=stores.log,
+            tenant=tenant,
+            leases=stores.leases,
+            frontiers=stores.frontiers,
+            checkpoint_inline=stores.embedded,
+            worker="here",
+        )
+        await durability.run(booking_agent(durability, ledger), "book seat 3A", run_id=run_id)
+
+    with pytest.raises(InvalidInputError, match=named):
+        await start()
+    assert await stores.log.read_run(run_id) == []

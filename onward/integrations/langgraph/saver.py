@@ -1413,10 +1413,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         calls_running = step and bool(self._calling.get(thread_id))
         if self._records_left and (spent or step):
             await self._record_left()  # counted before any budget is weighed
-        over = await self._over_budget(thread_id) if step and made and not calls_running else None
-        if spent:
-            # Before anything else: the calls were made, whatever this write comes to.
-            await self._record_spend(thread_id, made, first_seq, spent)
+        try:
+            weigh = step and made and not calls_running
+            over = await self._over_budget(thread_id) if weigh else None
+        finally:
+            if spent:
+                # Whatever this write comes to (a ledger that cannot weigh the budget fails
+                # it): the calls were made, and are kept to record if the ledger is down.
+                await self._record_spend(thread_id, made, first_seq, spent)
         if over is not None:
             await self._end(thread_id, held, "failed", f"{type(over).__name__}: {over}")
             self._stop(thread_id, functools.partial(_copied, over))

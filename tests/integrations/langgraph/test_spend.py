@@ -365,3 +365,42 @@ async def test_a_call_answered_while_the_ledger_was_down_is_still_counted(
         total = await ledger.run_total("t")
     assert len(made) == 2
     assert (total.calls, total.micros) == (2, 800)
+
+
+async def test_a_call_answered_while_the_ledger_was_down_counts_under_a_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, for a saver given a budget: the ledger, down at the write carrying the
+    answer, cannot weigh the budget either. The graph run stops on the ledger's error (a
+    budget nobody can weigh is not passed), but the call it paid for is counted once the
+    ledger is back."""
+    path = tmp_path / "onward.db"
+
+    def small(state: MessagesState) -> dict[str, list[Any]]:
+        return {"messages": [answered("small-1", 100, 20)]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("small", small)
+    builder.add_edge(START, "small")
+    builder.add_edge("small", END)
+    async with sqlite_world(path) as world, SqliteSpendLedger(path) as ledger:
+        down = {"now": False}
+
+        def flaky(method: Any) -> Any:
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                if down["now"]:
+                    raise BackendUnavailableError("the spend ledger did not answer")
+                return await method(*args, **kwargs)
+
+            return call
+
+        for name in ("record", "run_total", "tenant_total"):
+            monkeypatch.setattr(ledger, name, flaky(getattr(ledger, name)))
+        async with saver_of(world, ledger, budget_micros=10_000) as saver:
+            graph = builder.compile(checkpointer=saver)
+            down["now"] = True
+            with pytest.raises(BackendUnavailableError):
+                await graph.ainvoke({"messages": [HumanMessage("hi")]}, config("t"))
+            down["now"] = False
+        total = await ledger.run_total("t")
+    assert (total.calls, total.micros) == (1, 400)

@@ -19,6 +19,7 @@ from pydantic_ai.durable_exec import (
     RoleBasedOperationConfig,
     ToolsetCallToolId,
 )
+from pydantic_ai.models import ModelRequestParameters
 
 from .journal import current_journal
 
@@ -50,7 +51,7 @@ class OnwardOperationBackend(JournalCallableOperationBackend[UnitConfig]):
         if journal is None:
             return await body()
         if isinstance(operation_id, ModelRequestId):
-            return await journal.model_request(body)
+            return await journal.model_request(body, outputs=_output_tools(cache_key))
         if isinstance(operation_id, ToolsetCallToolId):
             ctx = _run_context(cache_key, name)
             return await journal.tool_call(
@@ -60,6 +61,15 @@ class OnwardOperationBackend(JournalCallableOperationBackend[UnitConfig]):
                 run=body,
             )
         return await body()
+
+
+def _output_tools(cache_key: tuple[object, ...]) -> frozenset[str]:
+    """The names of the model request's output tools (its parameters are in the unit's cache
+    identity): a call of one is the run's output, which pydantic-ai processes itself."""
+    for item in cache_key:
+        if isinstance(item, ModelRequestParameters):
+            return frozenset(tool.name for tool in item.output_tools)
+    return frozenset()
 
 
 def _run_context(cache_key: tuple[object, ...], name: str) -> RunContext[Any]:

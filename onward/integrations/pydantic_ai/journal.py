@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -223,8 +223,15 @@ class RunJournal:
 
     # -- model requests ----------------------------------------------------------------------
 
-    async def model_request(self, ask: Callable[[], Awaitable[object]]) -> object:
-        """The run's next model answer: the recorded one, or the model's, recorded first."""
+    async def model_request(
+        self, ask: Callable[[], Awaitable[object]], *, outputs: Collection[str] = ()
+    ) -> object:
+        """The run's next model answer: the recorded one, or the model's, recorded first.
+
+        ``outputs``: the request's output tools. A call of one is the run's output, which
+        pydantic-ai processes and Onward never dispatches: it is not recorded as a call (a
+        resume would plan it as one never dispatched, to make).
+        """
         if self._next_answer < len(self.answers):
             answered = self.answers[self._next_answer]
             self._next_answer += 1
@@ -252,6 +259,7 @@ class RunJournal:
         calls = [
             self._keyed(part.tool_call_id, part.tool_name, part.args_as_dict())
             for part in response.tool_calls
+            if part.tool_name not in outputs
         ]
         answered = self.event(
             ModelAnswered,
@@ -580,12 +588,23 @@ class RunJournal:
 
 
 def _turn_of(answered: ModelAnswered) -> dict[str, str]:
-    """pydantic-ai's call ids of an answer, to the run's (they differ when a model reused one)."""
+    """pydantic-ai's call ids of an answer, to the run's (they differ when a model reused one).
+
+    The recorded calls are the answer's in order, less its output tool calls (recorded too by
+    an earlier release): a part the next recorded call is not of is one of those.
+    """
     response = _RESPONSE.validate_python(answered.response)
-    return {
-        part.tool_call_id: call.call_id
-        for part, call in zip(response.tool_calls, answered.tool_calls, strict=True)
-    }
+    recorded = iter(answered.tool_calls)
+    call = next(recorded, None)
+    turn: dict[str, str] = {}
+    for part in response.tool_calls:
+        if call is None:
+            break
+        ours = call.call_id == part.tool_call_id or call.call_id.startswith(f"{part.tool_call_id}~")
+        if call.tool == part.tool_name and ours:
+            turn[part.tool_call_id] = call.call_id
+            call = next(recorded, None)
+    return turn
 
 
 _CUT_OFF = re.compile(

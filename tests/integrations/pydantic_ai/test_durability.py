@@ -49,6 +49,7 @@ from onward.eventlog import (
     Event,
     ModelAnswered,
     Position,
+    ResumePlanned,
     RunFinished,
     RunStarted,
     ToolCompleted,
@@ -1145,3 +1146,47 @@ async def test_an_approved_call_lost_again_and_settled_with_onward_resolve_is_no
 
     assert (done.status, done.output) == ("completed", "done: seat 3A held")
     assert len(ledger.entries()) == 2
+
+
+async def test_the_output_tool_call_is_not_recorded_as_a_call_still_to_make(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """The model ends the run by calling its output tool, beside a tool call, and the worker
+    dies before the end is written. The output tool call is pydantic-ai's output, never a
+    dispatch of Onward's: the resume's plan and the finished run show the tool call made and
+    nothing for ``final_result`` (which they listed as a call never dispatched, to make)."""
+    state = {"crash": True}
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("book", {"seat": "3A"}, tool_call_id="b1")])
+        output_tool = info.output_tools[0].name
+        return ModelResponse(parts=[ToolCallPart(output_tool, {"to": "ann"}, tool_call_id="o1")])
+
+    def send(to: str) -> str:
+        if state.pop("crash", False):
+            raise Crash("before the end was written")
+        return f"sent to {to}"
+
+    agent: Agent[None, object] = Agent(
+        FunctionModel(answer),
+        name="mailer",
+        capabilities=[durability],
+        output_type=[ToolOutput(send), DeferredToolRequests],
+    )
+
+    @agent.tool_plain
+    async def book(seat: str) -> str:
+        ledger.record("book", current_idempotency_key() or "", seat=seat)
+        return f"booked {seat}"
+
+    await crash(durability, agent)
+    done = await durability.resume(agent, RUN)
+
+    assert (done.status, done.output) == ("completed", "sent to ann")
+    (planned,) = [e for e in await events(stores) if isinstance(e, ResumePlanned)]
+    assert (planned.dispatched, planned.undecided) == ([], [])
+    assert "final_result" not in planned.reason
+    frontier = await durability._runs.runner.inspect(RUN, tenant=TENANT)
+    assert "final_result" not in [c.tool for c in frontier.calls]
+    assert len(ledger.entries()) == 1

@@ -26,6 +26,7 @@ import asyncio
 import hashlib
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -33,7 +34,12 @@ from typing import Protocol, runtime_checkable
 import msgspec
 import zstandard
 
-from onward.errors import ArchiveError, ConfigurationError, InvalidInputError
+from onward.errors import (
+    ArchiveError,
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+)
 
 from . import codec
 from .base import Position, StoredEvent
@@ -48,6 +54,11 @@ MAX_LINE_BYTES = 32 * 1024 * 1024
 """The longest line a file may decompress to: far above any record a log accepts (1 MB by
 default), so only a damaged or hostile file reaches it."""
 _CHUNK_BYTES = 1024 * 1024
+LOCK_TIMEOUT_S = 60.0
+"""How long a write waits for another process's hold on the directory before it gives up: a
+holder that is stuck (or a lock kept by hand) fails the pass instead of hanging it, shutdown
+included, since the thread waiting cannot be cancelled."""
+_LOCK_POLL_S = 0.05
 DIRECTORY_MODE = 0o700
 FILE_MODE = 0o600
 
@@ -177,20 +188,44 @@ class DirectoryArchive:
             raise self._unwritable(exc) from exc
 
     def _hold_directory(self) -> int | None:
-        """Take ``flock`` on the directory itself, waiting for its holder; release it with
-        `_release`. Every process writing this archive holds it from reading the manifest to
-        renaming the new one into place, so two passes never interleave (one would drop the
-        other's entry, or rename the other's half-written temporary file). Where ``flock``
-        does not exist (Windows), it locks nothing."""
+        """Take ``flock`` on the directory itself, waiting for its holder at most
+        `LOCK_TIMEOUT_S`; release it with `_release`. Every process writing this archive holds
+        it from reading the manifest to renaming the new one into place, so two passes never
+        interleave (one would drop the other's entry, or rename the other's half-written
+        temporary file). Where ``flock`` does not exist (Windows), it locks nothing.
+
+        Raises:
+            BackendUnavailableError: Another process held the lock for the whole timeout.
+        """
         if sys.platform == "win32":
             return None
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            taken = self._wait_for_lock(fd)
         except BaseException:
             os.close(fd)
             raise
+        if not taken:
+            os.close(fd)
+            raise BackendUnavailableError(
+                f"archive {self.path}: another process has held its lock (flock on the "
+                f"directory) for over {LOCK_TIMEOUT_S:g}s; nothing was written or cut. "
+                "Run again once the other compaction ends, or stop the process holding it"
+            )
         return fd
+
+    def _wait_for_lock(self, fd: int) -> bool:
+        """Take ``flock`` on ``fd``, trying for `LOCK_TIMEOUT_S`; whether it was taken."""
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(_LOCK_POLL_S)
+            else:
+                return True
 
     def _make_directory(self) -> None:
         """Create the directory (and its parents) if missing; the directory itself 0700."""

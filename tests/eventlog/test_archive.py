@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from onward.errors import ArchiveError
+from onward.errors import ArchiveError, BackendUnavailableError
+from onward.eventlog import archive as archive_module
 from onward.eventlog.archive import (
     ARCHIVE_FORMAT,
     MANIFEST,
@@ -18,7 +21,10 @@ from onward.eventlog.archive import (
     DirectoryArchive,
 )
 from onward.testing import ArchiveSinkConformance
-from onward.testing.archive import records
+from onward.testing.archive import records, spans
+
+if sys.platform != "win32":
+    import fcntl
 
 
 def _directory(archive: ArchiveSink) -> Path:
@@ -112,3 +118,24 @@ class TestDirectoryArchive(ArchiveSinkConformance):
         await asyncio.to_thread((_directory(archive) / entry.file).unlink)
         with pytest.raises(ArchiveError, match=f"cannot read {entry.file}"):
             await DirectoryArchive(_directory(archive)).read(0, 0, 4)
+
+    @pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+    async def test_a_write_waiting_on_a_stuck_lock_holder_gives_up_and_says_so(
+        self, archive: ArchiveSink, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Another process holding the directory's lock for ever (a compaction hung mid-pass)
+        must fail this pass in bounded time, naming what it waited on, not hang it: the thread
+        waiting on the lock cannot be cancelled, so shutdown would hang with it."""
+        await archive.write(0, 0, 4, records(0, range(4)))
+        monkeypatch.setattr(archive_module, "LOCK_TIMEOUT_S", 0.3, raising=False)  # not 60 s
+        directory = _directory(archive)
+        holder = os.open(directory, os.O_RDONLY)
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another open file description: another holder
+        try:
+            blocked = DirectoryArchive(directory)
+            with pytest.raises(BackendUnavailableError, match="lock") as raised:
+                await asyncio.wait_for(blocked.write(0, 4, 8, records(0, range(4, 8))), 10)
+            assert str(directory) in str(raised.value)
+        finally:
+            os.close(holder)
+        assert spans(await DirectoryArchive(directory).ranges()) == [(0, 0, 4, 4)]

@@ -136,7 +136,8 @@ class ArchiveSink(Protocol):
         A range already archived exactly is checked and returned as it is.
 
         Raises:
-            InvalidInputError: A record lies outside the range, or the range overlaps another.
+            InvalidInputError: A record lies outside the range, the range overlaps another, or
+                it is empty or inverted (``start >= end``).
             ConfigurationError: The archive cannot be written (missing rights, not a directory).
             ArchiveError: An existing file or the manifest differs from what was written.
         """
@@ -249,6 +250,13 @@ class DirectoryArchive:
     async def write(
         self, partition: int, start: int, end: int, records: Sequence[StoredEvent]
     ) -> ArchivedRange:
+        if partition < 0 or start < 0 or start >= end:
+            # An entry of an empty or inverted range would overlap, by the manifest's test,
+            # every later range around it, and refuse them all.
+            raise InvalidInputError(
+                f"archive of partition {partition} [{start}, {end}): not a range of offsets "
+                "(the partition and start must be at least 0, the end past the start)"
+            )
         for stored in records:
             position = stored.position
             if position.partition != partition or not start <= position.offset < end:

@@ -189,6 +189,19 @@ class ArchiveSinkConformance:
                 await archive.write(0, start, end, records(0, range(start, end)))
         assert spans(await (await self.reopen(archive)).ranges()) == [(0, 10, 20, 10)]
 
+    async def test_an_empty_or_inverted_range_is_refused_and_later_writes_go_on(
+        self, archive: ArchiveSink
+    ) -> None:
+        """An entry for ``[12, 3)`` would overlap, and so refuse, every later range about it."""
+        for partition, start, end in [(0, 12, 3), (0, 5, 5), (0, -1, 4), (-1, 0, 4)]:
+            with pytest.raises(InvalidInputError):
+                await archive.write(partition, start, end, [])
+        written = records(0, range(20))
+        await archive.write(0, 0, 20, written)
+        reopened = await self.reopen(archive)
+        assert spans(await reopened.ranges()) == [(0, 0, 20, 20)]
+        assert await reopened.read(0, 0, 20) == written
+
     async def test_a_record_outside_the_range_is_refused_and_nothing_archived(
         self, archive: ArchiveSink
     ) -> None:

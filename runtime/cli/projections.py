@@ -376,11 +376,18 @@ def rebuild_command(
     With --archive, what compaction cut is read back from the archive first, so the new build
     holds every run whole; without it, a log that was cut is refused.
 
-    Exit 0: rebuilt. 2: bad configuration or --projection, the frontiers kept in Redis
+    Exit 0: rebuilt. 2: bad configuration, --projection or --archive, the frontiers kept in Redis
     (ONWARD_FRONTIER_STORE=redis, which has no builds), the log was cut and no --archive
     given, or it was cut with --no-archive (no archive holds that). 5: Kafka or PostgreSQL
     failed, or the archive is corrupt.
     """
+    if name == PROJECTION and projection is not None:
+        # The frontiers are built in; a --projection meant for a user projection would be
+        # dropped unsaid, and the frontiers rebuilt in its place.
+        raise InvalidInputError(
+            f"--projection {projection}: {PROJECTION} is built in and takes no --projection; "
+            "name the user projection to rebuild instead"
+        )
     config = load_settings()
     database_url = config.require_database_url()
     user = None

@@ -97,6 +97,17 @@ def test_a_bad_projection_spec_exits_2_in_one_line(spec: str) -> None:
     assert_one_line(result)
 
 
+def test_a_projection_given_to_a_rebuild_of_the_frontiers_is_refused() -> None:
+    """The frontiers are built in: a --projection would be dropped and the frontiers rebuilt
+    in place of the projection the user named."""
+    env = {"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none", "ONWARD_BACKEND": "postgres"}
+    args = ["projections", "rebuild", "frontiers", "--projection", "support.kinds:KindCounts"]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 2, result.output
+    assert "--projection support.kinds:KindCounts" in result.stderr
+    assert_one_line(result)
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [

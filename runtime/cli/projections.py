@@ -420,7 +420,11 @@ def rebuild_command(
             log: EventLog = live
             if archive is not None:
                 log = ArchivedEventLog(live, DirectoryArchive(archive))
-                await _refuse_if_not_archived(config, log)
+                await _refuse_if_not_archived(config, log)  # names where a cut was archived
+                if not archive.is_dir():
+                    # Nothing cut, but an archive that is not there reads as an empty one: a
+                    # mistyped path would never be named.
+                    raise InvalidInputError(f"--archive {archive}: no such directory")
             else:
                 await _refuse_if_cut(config)
             with Progress(

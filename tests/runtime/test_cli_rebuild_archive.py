@@ -105,3 +105,16 @@ def test_a_log_cut_without_an_archive_is_not_rebuilt(env: dict[str, str], tmp_pa
     assert result.exit_code == 2, result.output
     assert "--no-archive" in result.stderr
     assert listed(env) == list(RUNS)
+
+
+def test_an_archive_that_is_not_there_is_named_even_with_nothing_cut(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Nothing was cut, so no cut names the archive: a mistyped --archive must still be said,
+    as `onward replay --archive` says it, not read as an empty archive."""
+    assert onward(env, "db", "migrate").exit_code == 0
+    missing = tmp_path / "mistyped"
+    result = onward(env, "projections", "rebuild", "frontiers", "--archive", str(missing))
+    assert result.exit_code == 2, result.output
+    assert f"--archive {missing}: no such directory" in result.stderr
+    assert not missing.exists()

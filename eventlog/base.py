@@ -110,7 +110,10 @@ def decode_record(
         kind_hint: The kind a header names, if any.
     """
     try:
-        return StoredEvent(position, codec.decode(data, run_hint=run_hint))
+        event = codec.decode(data, run_hint=run_hint)
+        if run_hint is not None and event.run_id != run_hint:
+            raise misfiled(event, run_hint)
+        return StoredEvent(position, event)
     except EventDecodeError as exc:
         envelope = codec.probe(data)
         return UnreadableRecord(
@@ -120,6 +123,19 @@ def decode_record(
             kind=kind_hint if kind_hint is not None else envelope.kind,
             error=exc,
         )
+
+
+def misfiled(event: Event, run_hint: str) -> EventDecodeError:
+    """The error of an event filed under another run (a foreign writer's, a bug's): read as
+    it is, a read of the run it was filed under would return another run's event as its own,
+    and a fold would apply it to a run whose partition need not even hold it."""
+    return EventDecodeError(
+        f"run {run_hint!r} seq {event.seq}: unreadable event record: it was filed under run "
+        f"{run_hint!r} but is an event of run {event.run_id!r}",
+        run_id=run_hint,
+        seq=event.seq,
+        field="$.run_id",
+    )
 
 
 def strict(records: Sequence[LogRecord]) -> list[StoredEvent]:

@@ -692,17 +692,23 @@ async def topic_partition_count(admin: AIOKafkaAdminClient, topic: str) -> int |
 
 
 def record_of(partition: int, record: Any) -> LogRecord:
-    """A fetched Kafka record as an event, or, if it cannot be decoded, as an unreadable record
-    named by its key (or ``onward.run_id`` header) and ``onward.kind`` header."""
+    """A fetched Kafka record as an event, or, if it cannot be decoded or is keyed by another
+    run than its own, as an unreadable record named by its key (or ``onward.run_id`` header)
+    and ``onward.kind`` header."""
     try:
-        return StoredEvent(Position(partition, record.offset), codec.decode(record.value))
+        event = codec.decode(record.value)
+        # The key's bytes against the run id's: a read of a run filters by key, and an event
+        # filed under another run must not be returned as that run's (`decode_record` says so).
+        if record.key is None or record.key == event.run_id.encode(errors="replace"):
+            return StoredEvent(Position(partition, record.offset), event)
     except EventDecodeError:
-        return decode_record(
-            Position(partition, record.offset),
-            record.value,
-            run_hint=_run_of(record),
-            kind_hint=_header(record, _HEADER_KIND),
-        )
+        pass
+    return decode_record(
+        Position(partition, record.offset),
+        record.value,
+        run_hint=_run_of(record),
+        kind_hint=_header(record, _HEADER_KIND),
+    )
 
 
 def _header(record: Any, wanted: str) -> str | None:

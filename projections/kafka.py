@@ -772,11 +772,17 @@ def _as_fetched(_partition: object, record: Any) -> Any:
 
 
 def _stored_events(partition: int, batch: list[Any]) -> list[LogRecord]:
-    """Decode fetched records; only if one fails is each looked at again, so an unreadable
-    record comes back as an `UnreadableRecord` in its place (named by its key and headers)."""
+    """Decode fetched records; only if one fails, or is keyed by another run than its event's,
+    is each looked at again, so an unreadable record comes back as an `UnreadableRecord` in its
+    place (named by its key and headers), as a read of the log returns it."""
     try:
         events = codec.decode_many([r.value for r in batch])
     except EventDecodeError:
+        return [_storable(record_of(partition, r)) for r in batch]
+    if any(
+        r.key is not None and r.key != e.run_id.encode(errors="replace")
+        for r, e in zip(batch, events, strict=True)
+    ):
         return [_storable(record_of(partition, r)) for r in batch]
     return [
         StoredEvent(Position(partition, r.offset), e) for r, e in zip(batch, events, strict=True)

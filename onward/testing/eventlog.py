@@ -40,6 +40,7 @@ from onward.eventlog.base import (
     Refusal,
     SequenceGuard,
     StoredEvent,
+    UnreadableRecord,
     partition_ends,
     partition_for,
     partition_runs_appended,
@@ -487,6 +488,24 @@ class EventLogConformance:
         with pytest.raises(EventDecodeError, match=r"\$\.fence") as caught:
             await log.read_run(run_id)
         assert (caught.value.run_id, caught.value.seq, caught.value.field) == (run_id, 2, "$.fence")
+
+    async def test_a_record_filed_under_another_run_is_refused_not_read_as_its_event(
+        self, log: EventLog
+    ) -> None:
+        """A foreign writer (or a bug) files an event of run B under run A: a read of A must
+        not return B's event as A's, and a read of the partition must not fold it into B."""
+        filed_under, named = runs_in_partition(0, 2, log.partitions)
+        await log.append(step_events(filed_under, 1))
+        await log.append(step_events(named, 1))
+        stray = codec.encode(step_events(named, 2)[1])
+        position = await self.write_raw(log, filed_under, stray)
+        with pytest.raises(EventDecodeError, match=repr(named)) as caught:
+            await log.read_run(filed_under)
+        assert (caught.value.run_id, caught.value.field) == (filed_under, "$.run_id")
+        assert seqs(await log.read_run(named)) == [1]
+        (record,) = await log.read_records(0, position.offset, position.offset + 1)
+        assert isinstance(record, UnreadableRecord)
+        assert record.run_id == filed_under
 
     async def test_unknown_fields_of_a_known_kind_are_ignored(self, log: EventLog) -> None:
         run_id = new_run_id()

@@ -44,11 +44,18 @@ def out_of_range(run_id: str, seq: int) -> bytes:
     return _claimed(run_id, seq, at=2**64, worker="from-nowhere")
 
 
+def misfiled(run_id: str, seq: int) -> bytes:
+    """A readable event of another run, filed under ``run_id`` (a foreign producer's key, or a
+    bug's): read as it is, it would be another run's event returned as this one's."""
+    return _claimed(f"{run_id}-elsewhere", seq, worker="misfiled")
+
+
 BAD_RECORDS: dict[str, Callable[[str, int], bytes]] = {
     "not-json": not_json,
     "unknown-kind": unknown_kind,
     "newer-format": newer_format,
     "out-of-range": out_of_range,
+    "misfiled": misfiled,
 }
 """Each kind of poison record, by name, built for a run and the seq it would have taken."""
 
@@ -57,6 +64,7 @@ KIND_HEADERS: dict[str, str | None] = {
     "unknown-kind": "run.exploded",
     "newer-format": "run.claimed",
     "out-of-range": "run.claimed",
+    "misfiled": "run.claimed",
 }
 """The ``onward.kind`` header a foreign producer would have put on each (None: no header)."""
 
@@ -65,6 +73,7 @@ REASONS: dict[str, str] = {
     "unknown-kind": "run.exploded",
     "newer-format": "newer than this code reads",
     "out-of-range": "<= 9223372036854775807 - at `$.at`",
+    "misfiled": "but is an event of run",
 }
 """A few words each reason must contain."""
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import redis.asyncio as aioredis
-from storage.test_silent_postgres import through, upstream
 from support.private_servers import PrivateRedis, running
-from support.proxy import TcpProxy
+from support.proxy import TcpProxy, through, upstream
 
 from onward.errors import BackendUnavailableError
 from onward.eventlog import MemoryEventLog

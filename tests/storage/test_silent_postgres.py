@@ -21,14 +21,13 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 from support import cli_agent
 from support.crashes import Crash, CrashAt
-from support.proxy import TcpProxy
+from support.proxy import TcpProxy, through, upstream
 
 from onward.errors import BackendUnavailableError
 from onward.eventlog import RunStarted, SqliteEventLog
@@ -61,22 +60,6 @@ CALLS: dict[str, tuple[type[Store], Call]] = {
     "blob put": (PostgresBlobStore, lambda s: s.put(BODY)),
     "blob get": (PostgresBlobStore, lambda s: s.get(digest_of(BODY))),
 }
-
-
-def through(url: str, proxy: TcpProxy) -> str:
-    """``url`` with its host and port replaced by the proxy's."""
-    parts = urlsplit(url)
-    credentials = parts.netloc.rsplit("@", 1)
-    address = f"{proxy.host}:{proxy.port}"
-    netloc = f"{credentials[0]}@{address}" if len(credentials) > 1 else address
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def upstream(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    assert parts.hostname is not None
-    assert parts.port is not None
-    return parts.hostname, parts.port
 
 
 async def gives_up_in_bounded_time(call: Awaitable[object]) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from urllib.parse import urlsplit, urlunsplit
 
 from onward._storage import Resource
 
@@ -133,3 +134,20 @@ class TcpProxy(Resource):
                 continue  # dropped, as a partitioned network drops it
             sink.write(data)
             await sink.drain()
+
+
+def through(url: str, proxy: TcpProxy) -> str:
+    """``url`` with its host and port replaced by the proxy's."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rsplit("@", 1)
+    address = f"{proxy.host}:{proxy.port}"
+    netloc = f"{credentials[0]}@{address}" if len(credentials) > 1 else address
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def upstream(url: str) -> tuple[str, int]:
+    """The host and port of a server ``url`` names (what a proxy forwards to)."""
+    parts = urlsplit(url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    return parts.hostname, parts.port

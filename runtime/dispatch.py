@@ -15,6 +15,7 @@ kind (retry-safe, status-checked, or a person).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from onward.eventlog.events import NOT_CALLED
@@ -25,14 +26,24 @@ from .leases.base import RunLease
 async def write_ahead(
     append_dispatch: Callable[[], Awaitable[object]],
     confirm: Callable[[], Awaitable[RunLease]],
+    not_called: Callable[[], Awaitable[object]],
 ) -> RunLease:
     """Make the dispatch durable, then confirm the lease; return the lease the call runs under.
+
+    When either step fails, or is cancelled (a shutdown, a sibling call that failed), the tool
+    is not called, and ``not_called`` records the call as never ran while the lease still lets
+    this holder write (`NOT_CALLED`): left open, a resume would hand it to a person as one that
+    may have run. A process that dies here leaves it open all the same.
 
     Raises:
         FencedError: The lease was lost; the tool must not be called.
     """
-    await append_dispatch()
-    return await confirm()
+    try:
+        await append_dispatch()
+        return await confirm()
+    except (Exception, asyncio.CancelledError):
+        await not_called()
+        raise
 
 
 __all__ = ["NOT_CALLED", "write_ahead"]

@@ -1211,11 +1211,11 @@ class AgentRunner(Resource):
         (a lease store that did not answer the confirmation, say, or the run cancelled while
         it was asked), and the error goes on: the next holder makes the call.
         """
-        try:
-            await write_ahead(lambda: self.writer.append(run, batch), run.held.confirm)
-        except (Exception, asyncio.CancelledError):
-            await self._not_called(run, dispatches)
-            raise
+        await write_ahead(
+            lambda: self.writer.append(run, batch),
+            run.held.confirm,
+            lambda: self._not_called(run, dispatches),
+        )
 
     async def _not_called(
         self, run: HeldRun, dispatches: Sequence[ToolDispatched | CallState]

@@ -196,14 +196,11 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
             return lease
 
         dispatched = {"call_id": call.call_id, "tool": call.tool, "idempotency_key": key}
-        try:
-            lease = await write_ahead(
-                lambda: self.saver.arecord(call.thread_id, ToolDispatched, **dispatched), confirmed
-            )
-        except (Exception, asyncio.CancelledError):
-            # The graph run cancelled while the lease was confirmed is no call made either.
-            await self._not_called(call)
-            raise
+        lease = await write_ahead(
+            lambda: self.saver.arecord(call.thread_id, ToolDispatched, **dispatched),
+            confirmed,
+            lambda: self._not_called(call),
+        )
         # Until its outcome is recorded, a cancel the saver hears does not end the graph run
         # under it (a checkpoint LangGraph writes meanwhile): the call would be left undecided.
         with self.saver._running_call(call.thread_id):

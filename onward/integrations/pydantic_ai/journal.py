@@ -33,7 +33,6 @@ redaction, the claim check, the fence check).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
@@ -416,12 +415,11 @@ class RunJournal:
         """
         key = self._key_of(call_id)
         dispatched = self.event(ToolDispatched, call_id=call_id, tool=tool, idempotency_key=key)
-        try:
-            lease = await write_ahead(lambda: self.append(dispatched), self.run.held.confirm)
-        except (Exception, asyncio.CancelledError):
-            # The run cancelled while the lease was confirmed is no call made either.
-            await self._not_called(call_id, tool)
-            raise
+        lease = await write_ahead(
+            lambda: self.append(dispatched),
+            self.run.held.confirm,
+            lambda: self._not_called(call_id, tool),
+        )
         token = _current_key.set(key)
         leased = _current_lease.set(lease)
         # The tool runs outside the journal: its outcome is the unit recorded, so whatever it

@@ -268,6 +268,18 @@ tls_answers() {
         -CAfile "$TLS_CA" -verify_ip 127.0.0.1 </dev/null >/dev/null 2>&1
 }
 
+# foreign_tls_check NAME WHERE CHECK...: a server this script did not start answers; say
+# plainly when its secured listener does not verify with this checkout's test CA (servers
+# started from another checkout made their own CA), since every secured test would then
+# fail on certificate verification.
+foreign_tls_check() {
+    local name=$1 where=$2
+    shift 2
+    tls_ensure
+    "$@" && return 0
+    log "WARNING: $name: the secured listener on $where does not verify with this checkout's test CA ($TLS_CA); the secured tests will fail. If another checkout started these servers, stop them there ($0 down) and run up here, or export ONWARD_TEST_TLS_CA with that checkout's ca.pem"
+}
+
 # ---------------------------------------------------------------------------
 # Kafka
 # ---------------------------------------------------------------------------
@@ -560,6 +572,7 @@ kafka_up() {
     if kafka_ready; then
         if ! pid_alive "$pidfile" kafka.Kafka; then
             log "Kafka $KV: answering on $(kafka_bootstrap), but not started by this script: its secured listener is not managed here"
+            foreign_tls_check "Kafka $KV" "127.0.0.1:$KSASL_PORT" tls_answers "$KSASL_PORT"
             return 0
         fi
         if kafka_config_current; then
@@ -758,6 +771,7 @@ pg_up() {
             pg_tls
         else
             log "PostgreSQL: not started by this script: its TLS setup is not managed here"
+            foreign_tls_check PostgreSQL "localhost:$PG_PORT" pg_tls_url_ok
         fi
         return 0
     fi
@@ -873,6 +887,7 @@ redis_up() {
             redis_tls
         else
             log "Redis: not started by this script: its TLS port is not managed here"
+            foreign_tls_check Redis "127.0.0.1:$REDIS_TLS_PORT" tls_answers "$REDIS_TLS_PORT"
         fi
         return 0
     fi

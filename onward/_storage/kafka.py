@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol, get_args
 import aiokafka.errors as kafka_errors
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.conn import create_conn
+from aiokafka.conn import create_conn, get_ip_port_afi
 from aiokafka.helpers import create_ssl_context
 
 from onward.errors import ConfigurationError
@@ -535,16 +535,15 @@ def kafka_connection(
 
 
 def _addresses(bootstrap_servers: str) -> list[tuple[str, int]]:
-    """The ``(host, port)`` pairs of a bootstrap list; port 9092 where none is given."""
+    """The ``(host, port)`` pairs of a bootstrap list, read as the client reads them (port 9092
+    where none is given, a bare IPv6 address such as ``::1`` taken whole), so a diagnosis
+    probes the addresses the client could not reach."""
     found = []
     for listed in bootstrap_servers.split(","):
         server = listed.strip()
-        if not server:
-            continue
-        host, sep, port = server.rpartition(":")
-        if not sep or not port.isdigit():
-            host, port = server, "9092"
-        found.append((host.strip("[]"), int(port)))
+        if server:
+            host, port, _ = get_ip_port_afi(server)
+            found.append((host, port))
     return found
 
 

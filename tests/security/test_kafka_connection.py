@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from onward._storage import KafkaConnection, kafka_connection
+from onward._storage.kafka import _addresses
 from onward.errors import ConfigurationError
 from onward.eventlog import KafkaEventLog
 from onward.runtime.settings import Settings
@@ -231,3 +232,14 @@ def test_files_are_checked_when_the_connection_is_made(tmp_path: Path) -> None:
     missing = tmp_path / "ca.pem"
     with pytest.raises(ConfigurationError, match=f"KAFKA_SSL_CA_LOCATION: cannot read {missing}"):
         KafkaConnection("b:9093", security_protocol="SSL", ssl_ca_location=str(missing))
+
+
+def test_a_diagnosis_probes_the_addresses_the_client_reads_from_the_bootstrap_list() -> None:
+    listed = "::1, [::1]:9093,broker:9095 , broker,[fe80::1]"
+    assert _addresses(listed) == [
+        ("::1", 9092),
+        ("::1", 9093),
+        ("broker", 9095),
+        ("broker", 9092),
+        ("fe80::1", 9092),
+    ]

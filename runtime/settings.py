@@ -35,7 +35,7 @@ from .environment import (
 )
 from .leases.base import DEFAULT_LEASE_TTL_S, MAX_LEASE_TTL_S, LeasePolicy
 from .redaction import parse_secret_keys
-from .signing import RequestSigner
+from .signing import DEFAULT_MAX_AGE_S, RequestSigner
 from .spend.base import PriceTable
 
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
@@ -158,6 +158,9 @@ class Settings(BaseSettings):
             32 characters; several, comma-separated, while rotating: the first signs). The
             applications that submit and the workers that act share it
             (`onward.runtime.signing`).
+        request_max_age: Seconds after it was signed that a request is still acted on
+            (``ONWARD_REQUEST_MAX_AGE``; `DEFAULT_MAX_AGE_S` says why a day, at most that):
+            an older one is set aside, as a captured request sent again would be.
         accept_unsigned_requests: Workers act on requests without a signature
             (``ONWARD_ACCEPT_UNSIGNED_REQUESTS``): anyone who can write the requests topic
             may then start, answer and tag any tenant's runs.
@@ -244,6 +247,9 @@ class Settings(BaseSettings):
         default="onward.requests", min_length=1, validation_alias="ONWARD_REQUESTS_TOPIC"
     )
     request_key: SecretStr | None = Field(default=None, validation_alias="ONWARD_REQUEST_KEY")
+    request_max_age: float = Field(
+        default=DEFAULT_MAX_AGE_S, gt=0, le=86_400, validation_alias="ONWARD_REQUEST_MAX_AGE"
+    )
     accept_unsigned_requests: bool = Field(
         default=False, validation_alias="ONWARD_ACCEPT_UNSIGNED_REQUESTS"
     )
@@ -435,7 +441,7 @@ class Settings(BaseSettings):
         """
         if self.request_key is None:
             return None
-        return RequestSigner(self.request_key.get_secret_value())
+        return RequestSigner(self.request_key.get_secret_value(), max_age_s=self.request_max_age)
 
     def kafka_connection(self, client_id: str | None = None) -> KafkaConnection:
         """How every Kafka client of this deployment connects: the bootstrap servers, the

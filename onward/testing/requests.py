@@ -9,12 +9,14 @@ would be handed, in the order it would take it. Needs pytest and pytest-asyncio
 
 A request is a command (an answer approves a payment), so a transport must hand a worker each
 request once, with the run it names, its wire value and the signature made over that run and
-value; a run's requests in the order they were submitted; the values it carries masked, as the
-event log only ever holds them; and nothing of a batch holding one request a worker would refuse.
+value and the time it was signed (kept with it); a run's requests in the order they were
+submitted; the values it carries masked, as the event log only ever holds them; and nothing of
+a batch holding one request a worker would refuse.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -34,7 +36,7 @@ from onward.runtime.fleet.requests import (
     TagRun,
     decode_request,
 )
-from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
+from onward.runtime.signing import DEFAULT_MAX_AGE_S, SIGNATURE_HEADER, RequestSigner
 
 MASKED_SHAPE = "sk-ant-conformance0123456789abcdef"
 """A value of the shape the default `Redactor` masks (an Anthropic API key)."""
@@ -119,6 +121,9 @@ class RequestSenderConformance:
         assert RequestSigner(KEY).refusal(run.encode(), got.value, headers) is None
         other = RequestSigner("f" * 32)
         assert other.refusal(run.encode(), got.value, headers) is not None
+        # The time it was signed is kept with it: once it is too old, it is refused.
+        later = RequestSigner(KEY, clock=lambda: time.time() + 2 * DEFAULT_MAX_AGE_S)
+        assert "expired" in (later.refusal(run.encode(), got.value, headers) or "")
 
     async def test_values_a_request_carries_are_masked(self, sender: RequestSender) -> None:
         run = _run_id()

@@ -22,9 +22,10 @@ A start is stored with the name of its agent, and a worker claims only the start
 carries: workers carrying different agents can serve one table, each taking its own agents'
 runs (on a topic a partition's requests reach one worker, which ends a start for an agent it
 lacks failed at once, so there every worker of a group carries every agent). A start for an
-agent no worker carries waits in the table until one does, or until it is cancelled. Answers
-and resumes that name their run's agent (an application's do) are routed the same way, so the
-worker that takes one can carry the run on; other requests go to any worker.
+agent no worker carries waits in the table until one does (which sets it aside if it was
+signed longer than ``ONWARD_REQUEST_MAX_AGE`` ago, as any request), or until it is cancelled.
+Answers and resumes that name their run's agent (an application's do) are routed the same way,
+so the worker that takes one can carry the run on; other requests go to any worker.
 """
 
 from __future__ import annotations
@@ -261,7 +262,8 @@ class PostgresRequests(PostgresStore):
         ended (`AgentRunner.end_at_start`) while the row stays locked, and the row is deleted
         once that returned. A crash between the two leaves the start for a worker, which finds
         the run exists and drops it. False when the run has no start waiting, or none of
-        ``tenant``'s whose signature checks (a worker sets such a row aside itself).
+        ``tenant``'s whose signature checks (a worker sets such a row aside itself); a start
+        however old is taken back, as that only ends its run cancelled.
 
         Raises:
             ResumeConflictError: A worker has claimed the start and is starting the run now;
@@ -273,7 +275,9 @@ class PostgresRequests(PostgresStore):
                 return False
             body, signature = bytes(row["body"]), row["signature"]
             headers = [] if signature is None else [(SIGNATURE_HEADER, bytes(signature))]
-            if self.signer is not None and self.signer.refusal(run_id.encode(), body, headers):
+            if self.signer is not None and self.signer.refusal(
+                run_id.encode(), body, headers, check_age=False
+            ):
                 return False
             try:
                 start = decode_request(body)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -36,10 +38,18 @@ from onward.runtime.application.stream import SAY_UNHELD_AFTER_S
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
-from onward.runtime.fleet.requests import AnswerRequest, CancelRun, ResumeRun, StartRun, TagRun
+from onward.runtime.fleet.requests import (
+    AnswerRequest,
+    CancelRun,
+    ResumeRun,
+    StartRun,
+    TagRun,
+    prepare_requests,
+)
 from onward.runtime.fleet.requests_postgres import PostgresRequests
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ModelReply
+from onward.runtime.redaction import Redactor
 from onward.runtime.settings import Settings
 from onward.runtime.signing import RequestSigner
 from onward.testing import storage
@@ -267,6 +277,60 @@ async def test_a_row_nobody_signed_is_set_aside_and_starts_nothing(
     log = (tmp_path / "w0.log").read_text()
     assert "set aside: request not acted on" in log, log
     assert started == 0
+    assert worker.returncode == 0, log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_row_stored_again_days_after_it_was_signed_is_set_aside_and_starts_nothing(
+    database_url: str, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signed start captured from the table and stored again days later was acted on: a
+    replay, once its run is collected. Now a row signed longer than ONWARD_REQUEST_MAX_AGE (a
+    day) ago is set aside, saying so, and the worker goes on to the start sent afresh."""
+    env = _env(database_url, pg_schema, tmp_path)
+    three_days_ago = time.time() - 3 * 86_400
+    with monkeypatch.context() as then:
+        then.setattr(time, "time", lambda: three_days_ago)
+        (captured,) = prepare_requests([_start("replayed")], Redactor(), RequestSigner(REQUEST_KEY))
+    worker = await _worker(env, tmp_path, "w0")
+    try:
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+        try:
+            await conn.execute(
+                "INSERT INTO onward_requests (run_id, kind, body, signature, agent) "
+                "VALUES ($1, $2, $3, $4, $5)",
+                captured.run_id,
+                captured.kind,
+                captured.value,
+                captured.signature,
+                "stepper",
+            )
+            async with PostgresRequests(
+                database_url, schema=pg_schema, signer=RequestSigner(REQUEST_KEY)
+            ) as table:
+                await until(lambda: _none_waiting(table), "the replayed row set aside")
+                started = await conn.fetchval(
+                    "SELECT count(*) FROM onward_log WHERE run_id = 'replayed'"
+                )
+                await table.submit(_start("replayed"))
+
+                async def ran() -> bool:
+                    return bool(
+                        await conn.fetchval(
+                            "SELECT count(*) FROM onward_log WHERE run_id = 'replayed'"
+                        )
+                    )
+
+                await until(ran, "the start sent afresh acted on")
+        finally:
+            await conn.close()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(worker.wait(), 60)
+    log = (tmp_path / "w0.log").read_text()
+    assert started == 0
+    assert re.search(r"set aside: request not acted on: expired: signed 2592\d\ds ago", log), log
     assert worker.returncode == 0, log
 
 
@@ -546,6 +610,30 @@ async def test_a_start_is_withdrawn_only_by_its_tenant_unclaimed_and_signed(
         assert ended == [_start("mine")]
         assert not await table.withdraw_start("mine", tenant="acme", ended=record)
         assert await table.waiting() == 2
+
+
+async def test_a_start_waiting_longer_than_the_max_age_can_still_be_withdrawn(
+    database_url: str, pg_schema: str
+) -> None:
+    """Taking back a start only ends its run cancelled: a start too old for a worker to act
+    on is withdrawn all the same, not left to hold up its run's cancel."""
+    three_days_ago = time.time() - 3 * 86_400
+    signed_then = RequestSigner(REQUEST_KEY, clock=lambda: three_days_ago)
+    ended: list[StartRun] = []
+
+    async def record(start: StartRun) -> None:
+        ended.append(start)
+
+    async with (
+        PostgresRequests(database_url, schema=pg_schema, signer=signed_then) as then,
+        PostgresRequests(
+            database_url, schema=pg_schema, signer=RequestSigner(REQUEST_KEY)
+        ) as table,
+    ):
+        await then.submit(_start("old"))
+        assert await table.withdraw_start("old", tenant="acme", ended=record)
+        assert ended == [_start("old")]
+        assert await table.waiting() == 0
 
 
 def test_onward_cancel_takes_back_a_start_no_worker_took(database_url: str, pg_schema: str) -> None:

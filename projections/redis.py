@@ -467,15 +467,20 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         calls: Sequence[tuple[str, str]],
         *,
         delete: bool,
+        before: int | None = None,
+        swept: set[str] | None = None,
     ) -> tuple[int, int, int]:
         """Count or delete what finished runs keep here: every key of the ``expired`` runs
         (frontier, transcript, call rows, and their place in the run indexes), the call rows
         alone of the ``calls`` runs, each given as ``(run_id, tenant)``.
 
         One script per run (``schemas/redis/frontier_gc.lua``) checks, in the step that
-        deletes, that the run's stored summary says it finished and its row is not set aside
-        in quarantine: any other run keeps everything. Returns how many frontiers, transcript
-        rows and call rows there were.
+        deletes, that the run's stored summary says it finished (with ``before``, that its
+        row was last touched before it: an event folded since the caller decided makes the run
+        not old) and its row is not set aside in quarantine: any other run keeps everything.
+        Returns how many frontiers, transcript rows and call rows there were; ``swept``, when
+        given, gets the runs that passed the check (the caller keeps its own rows of the
+        others).
         """
         client = self._live_client()
         found = [0, 0, 0]
@@ -494,12 +499,16 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
                             self._key("runs-of", tenant),
                             *(self._key("runs-by-status", s) for s in finished),
                         ]
-                        args = [run_id, "1" if delete else "0", scope, *finished]
+                        cutoff = "" if before is None else str(int(before))
+                        args = [run_id, "1" if delete else "0", scope, cutoff, *finished]
                         await self._gc_script(keys=keys, args=args, client=pipe)
                 answers = await pipe.execute()
-        for answer in answers:
-            for n, there in enumerate(answer):
-                found[n] += int(there)
+        ids = [run_id for runs in (expired, calls) for run_id, _ in runs]
+        for run_id, (*there, passed) in zip(ids, answers, strict=True):
+            for n, count in enumerate(there):
+                found[n] += int(count)
+            if swept is not None and int(passed):
+                swept.add(run_id)
         return (found[0], found[1], found[2])
 
     async def _summaries(self, client: aioredis.Redis, run_ids: Sequence[str]) -> list[RunSummary]:

@@ -12,8 +12,10 @@ LangGraph thread, which a cancel does not end, is never taken for one, nor a run
 quarantine, whose row stops short of a record that could not be read), and in one
 PostgreSQL transaction that holds tags back (`postgres._LOCK_PINS`) leaves out the runs tagged
 since their row was folded, counts or deletes their PostgreSQL rows, and last counts or
-deletes their Redis keys with a script that checks the status again in the step that deletes
-(`RedisFrontierStore.sweep_finished`), before it commits. A tag is then pinned wholly before
+deletes their Redis keys with a script that checks the status (and that the row was not
+touched since the cutoff) again in the step that deletes (`RedisFrontierStore.sweep_finished`),
+before it commits; a run that script keeps keeps its PostgreSQL rows too (a savepoint rolled
+back, and the rows of the others deleted again). A tag is then pinned wholly before
 the decision (and the run kept) or after the run's keys are gone (and its tagger finds the run
 gone, `AgentRunner.tag`); a pass Redis fails rolls the rows back, and the next pass lists the
 run again and finishes it. (A commit lost after the keys went would leave the run's PostgreSQL
@@ -243,10 +245,20 @@ class RedisFrontierSweeper(Resource):
             gone = {run_id for run_id, _ in expired}
             calls = [(r, tenants[r]) for r in dict.fromkeys(plan.calls) if r in tenants]
             calls = [run for run in calls if run[0] not in gone]
+            swept: set[str] = set()
+            first = conn.transaction()
+            await first.start()
             counts |= await self._rows.sweep(conn, expired, delete=delete)
             frontiers, said, call_rows = await self.frontiers.sweep_finished(
-                expired, calls, delete=delete
+                expired, calls, delete=delete, before=plan.before, swept=swept
             )
+            if all(run_id in swept for run_id, _ in expired):
+                await first.commit()
+            else:
+                # An event reached a run since its summary was read: it keeps its rows too.
+                await first.rollback()
+                kept = [run for run in expired if run[0] in swept]
+                counts |= await self._rows.sweep(conn, kept, delete=delete)
         counts |= {"frontiers": frontiers, "transcript": said, "tool_calls": call_rows}
         return counts
 

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import msgspec
 import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
+from onward.projections.base import Snapshot
 from onward.projections.compaction import PostgresCompactionStore, SqliteCompactionStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.redis import RedisFrontierStore
@@ -28,7 +30,7 @@ from onward.runtime.gc import (
 from onward.runtime.gc.base import KEY_KINDS
 from onward.runtime.leases import PostgresLeaseStore, RedisLeaseStore, SqliteLeaseStore
 from onward.testing.eventlog import TENANT, new_run_id
-from onward.testing.gc import RecordSweeperConformance, Stores
+from onward.testing.gc import CUTOFF, NEW, RecordSweeperConformance, Stores
 
 
 class TestSqliteRecordSweeper(RecordSweeperConformance):
@@ -164,6 +166,47 @@ async def test_a_run_in_redis_tagged_while_the_sweep_decides_keeps_its_row_and_t
         if await tagged[0]:
             assert await stores.frontiers.get(run) is not None, "the tagged run was collected"
             assert await stores.compaction.pins([run]) == {run: {4}}
+
+
+async def test_a_run_in_redis_touched_while_the_sweep_decides_keeps_everything(
+    redis_url: str, redis_prefix: str, database_url: str, pg_schema: str
+) -> None:
+    """The sweep read the run's summary (finished before the cutoff), then an event is folded
+    into its row before the deletes: the run is not old now, and keeps its keys and rows, as
+    the PostgreSQL sweeper's predicates keep it."""
+    url, schema = database_url, pg_schema
+    async with Stores(
+        await RedisFrontierStore.open(redis_url, prefix=redis_prefix),
+        await PostgresLeaseStore.open(url, schema=schema),
+        await PostgresCompactionStore.open(url, schema=schema),
+        await RedisFrontierSweeper.open(redis_url, url, prefix=redis_prefix, schema=schema),
+    ) as stores:
+        touched, gone = await stores.seed("completed"), await stores.seed("completed")
+        sweeper = stores.sweeper
+        assert isinstance(sweeper, RedisFrontierSweeper)
+        row = await stores.frontiers.get(touched)
+        assert row is not None
+        assert row.frontier is not None
+        newer = msgspec.structs.replace(
+            row.frontier, updated_at=NEW, through_offset=row.frontier.through_offset + 1
+        )
+        looked = sweeper._rows.tagged_since
+
+        async def looked_then_touched(*args: Any, **kwargs: Any) -> set[str]:
+            found = await looked(*args, **kwargs)
+            await stores.frontiers.write("seed", {}, [Snapshot.of(newer)], [])
+            return found
+
+        sweeper._rows.tagged_since = looked_then_touched  # type: ignore[method-assign]
+        plan = SweepPlan(expired=(touched, gone), calls=(touched, gone), before=CUTOFF)
+        counts = await sweeper.sweep(plan, delete=True)
+
+        assert await stores.rows(touched) == (True, 2, 2, True, 2)
+        assert await stores.rows(gone) == (False, 0, 0, False, 0)
+        assert await sweeper._rows.collected([touched, gone]) == {gone}
+        assert {k: counts[k] for k in ("frontiers", "truncations")} == dict.fromkeys(
+            ("frontiers", "truncations"), 1
+        )
 
 
 @pytest_asyncio.fixture

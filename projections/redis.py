@@ -432,7 +432,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         """Index by status the runs written before the store kept that index, a bounded step
         at a time (``schemas/redis/frontier_index.lua``); at once if it is done."""
         while not self._status_indexed:
-            async with asyncio.timeout(self._timeout_s):
+            async with self._writing(client), asyncio.timeout(self._timeout_s):
                 done = await self._index_script(args=[self.prefix, LIST_CHUNK], client=client)
             self._status_indexed = int(done) == 1
 
@@ -488,7 +488,11 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
             return (0, 0, 0)
         finished = sorted(TERMINAL_STATUSES)
         with translated("deleting the keys of finished runs" if delete else "counting them"):
-            async with asyncio.timeout(self._timeout_s), client.pipeline() as pipe:
+            async with (
+                self._writing(client),
+                asyncio.timeout(self._timeout_s),
+                client.pipeline() as pipe,
+            ):
                 for scope, runs in (("expired", expired), ("calls", calls)):
                     for run_id, tenant in runs:
                         keys = [

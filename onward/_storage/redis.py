@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -117,6 +118,17 @@ class RedisStore(Resource):
                 f"the {self.what} is not open; use `await {name}.open(url)` or `async with`"
             )
         return self._client
+
+    @contextlib.asynccontextmanager
+    async def _writing(self, client: aioredis.Redis) -> AsyncIterator[None]:
+        """Around writes sent outside `run_script` (a pipeline of their own): a server that
+        answered READONLY was demoted, and the pool lets go of it as `_send` does, so the
+        next call connects afresh instead of meeting the same replica again."""
+        try:
+            yield
+        except ReadOnlyError:
+            await _let_go_of_demoted(client)
+            raise
 
     async def run_script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """Run one Lua script, in a pipeline with the other calls of this turn of the loop.

@@ -54,7 +54,11 @@ class RedisKeySweeper(RedisStore):
         if not run_ids:
             return counts
         with translated("deleting the keys of finished runs" if delete else "counting them"):
-            async with asyncio.timeout(self._timeout_s), client.pipeline() as pipe:
+            async with (
+                self._writing(client),
+                asyncio.timeout(self._timeout_s),
+                client.pipeline() as pipe,
+            ):
                 for run_id in run_ids:
                     keys = [
                         lease_key(self.prefix, run_id),

@@ -11,14 +11,18 @@ from support.proxy import TcpProxy, through, upstream
 
 from onward.errors import BackendUnavailableError
 from onward.eventlog import MemoryEventLog
+from onward.projections.base import Snapshot
 from onward.projections.memory import MemoryFrontierStore
+from onward.projections.redis import RedisFrontierStore
 from onward.runtime.backends import Backends
 from onward.runtime.blobs import MemoryBlobStore
 from onward.runtime.cli._health import stores_reachable
+from onward.runtime.gc import RedisKeySweeper
 from onward.runtime.leases import PostgresLeaseStore, RedisLeaseStore
 from onward.runtime.leases.memory import MemoryLeaseStore
 from onward.runtime.settings import Settings
 from onward.runtime.spend.postgres import PostgresSpendLedger
+from onward.testing.frontiers import frontier
 
 
 async def _normal_clients(client: aioredis.Redis) -> int:
@@ -45,6 +49,75 @@ async def test_a_demoted_redis_refuses_a_lease_for_now_and_its_connections_are_d
                 await admin.replicaof("NO", "ONE")
                 lease = await store.acquire("run-2", tenant="t", holder="w1", ttl_s=30)
                 assert lease.run_id == "run-2"
+        finally:
+            await admin.aclose()
+
+
+async def test_a_demoted_redis_refuses_a_key_sweep_for_now_and_its_connections_are_dropped(
+    private_redis: PrivateRedis,
+) -> None:
+    """The key sweeper writes through its own pipeline, not `RedisStore.run_script`: it must
+    still let go of the demoted server, or every later pass of a collector that keeps it open
+    meets the same replica."""
+    async with running(PrivateRedis()) as new_primary:
+        admin = aioredis.Redis.from_url(private_redis.url)
+        try:
+            async with RedisKeySweeper(private_redis.url, prefix="failover:") as sweeper:
+                assert await sweeper.sweep(["run-1"], delete=True)
+                await admin.replicaof("127.0.0.1", new_primary.port)
+
+                with pytest.raises(BackendUnavailableError) as refused:
+                    await sweeper.sweep(["run-1"], delete=True)
+
+                assert refused.value.retryable
+                assert "the server is read-only" in str(refused.value)
+                assert await _normal_clients(admin) == 0
+        finally:
+            await admin.aclose()
+
+
+async def test_a_demoted_redis_refuses_a_frontier_sweep_for_now_and_its_connections_are_dropped(
+    private_redis: PrivateRedis,
+) -> None:
+    async with running(PrivateRedis()) as new_primary:
+        admin = aioredis.Redis.from_url(private_redis.url)
+        try:
+            async with RedisFrontierStore(private_redis.url, prefix="failover:") as store:
+                await store.write(
+                    "c", {}, [Snapshot.of(frontier("run-1", through=1, status="completed"))], []
+                )
+                await admin.replicaof("127.0.0.1", new_primary.port)
+
+                with pytest.raises(BackendUnavailableError) as refused:
+                    await store.sweep_finished([("run-1", "acme")], [], delete=True)
+
+                assert refused.value.retryable
+                assert "the server is read-only" in str(refused.value)
+                assert await _normal_clients(admin) == 0
+        finally:
+            await admin.aclose()
+
+
+async def test_a_demoted_redis_refuses_to_index_runs_for_now_and_its_connections_are_dropped(
+    private_redis: PrivateRedis,
+) -> None:
+    """A listing by status first finishes the status index, a script that writes."""
+    async with running(PrivateRedis()) as new_primary:
+        admin = aioredis.Redis.from_url(private_redis.url)
+        try:
+            async with RedisFrontierStore(private_redis.url, prefix="failover:") as store:
+                await store.write(
+                    "c", {}, [Snapshot.of(frontier("run-1", through=1, status="running"))], []
+                )
+                await admin.delete("failover:runs-by-status-built")
+                await admin.replicaof("127.0.0.1", new_primary.port)
+
+                with pytest.raises(BackendUnavailableError) as refused:
+                    await store.runs(statuses=["running"])
+
+                assert refused.value.retryable
+                assert "the server is read-only" in str(refused.value)
+                assert await _normal_clients(admin) == 0
         finally:
             await admin.aclose()
 

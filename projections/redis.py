@@ -286,6 +286,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     async def _write(self, batch: FrontierWrite) -> None:
         """Run the write script; refused (Redis holds a position below one seen stored), forget
         the positions seen and raise, so the projector seeks to what Redis holds now."""
+        self._live_client()
         arguments = self._arguments(batch)
         with translated(f"writing frontiers of consumer {batch.consumer!r}"):
             async with asyncio.timeout(self._timeout_s):
@@ -334,6 +335,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         )
 
     async def release(self, consumer: str, run_id: str, *, by: str, at: int) -> int:
+        self._live_client()
         arguments = [self.prefix, consumer, run_id, by, at, released_mark(by)]
         with translated("releasing a quarantined run", run_id=run_id):
             async with asyncio.timeout(self._timeout_s):

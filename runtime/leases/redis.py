@@ -84,7 +84,9 @@ class RedisLeaseStore(RedisStore):
         return fence_key(self.prefix, run_id)
 
     async def _script(self, name: str, keys: list[str], args: list[Any], run_id: str) -> Any:
-        """Run one of the store's scripts (coalesced with others'), translating driver failures."""
+        """Run one of the store's scripts (coalesced with others'), translating driver failures;
+        a store not open says so (it has no scripts then)."""
+        self._live_client()
         # The client retries a lost connection by itself; the bound covers its retries too.
         with translated(f"running {name}.lua", run_id=run_id):
             async with asyncio.timeout(self._timeout_s):

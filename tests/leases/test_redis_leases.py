@@ -213,6 +213,18 @@ async def test_calls_still_queued_when_the_store_closes_fail_rather_than_hang(
     assert all(isinstance(o, InvalidInputError) for o in outcomes), outcomes
 
 
+async def test_a_store_not_open_says_so(redis_url: str, prefix: str) -> None:
+    """Never opened, or closed: a call says the store is not open and how to open it, as
+    every other store does, not an attribute or key of its own internals that is missing."""
+    store = RedisLeaseStore(redis_url, prefix=prefix)
+    with pytest.raises(InvalidInputError, match="not open"):
+        await store.acquire(new_run_id(), tenant=TENANT, holder="w1", ttl_s=30)
+    await store.start()
+    await store.close()
+    with pytest.raises(InvalidInputError, match="not open"):
+        await store.current(new_run_id())
+
+
 async def test_a_holder_cut_off_from_a_silent_store_knows_it_lost_the_lease_before_another_takes_it(
     redis_url: str, prefix: str
 ) -> None:

@@ -19,7 +19,12 @@ from support.histories import (
 )
 from support.redis import delete_prefix
 
-from onward.errors import BackendUnavailableError, PayloadTooLargeError, SchemaMismatchError
+from onward.errors import (
+    BackendUnavailableError,
+    InvalidInputError,
+    PayloadTooLargeError,
+    SchemaMismatchError,
+)
 from onward.eventlog import KafkaEventLog
 from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.frontier_projection import FrontierProjection
@@ -91,6 +96,15 @@ async def test_an_oversized_transcript_message_is_refused_before_anything_is_wri
     assert await small_store.get(run_id) is None
     assert await small_store.transcript(run_id, tenant="acme", through=9) == []
     assert await small_store.positions(CONSUMER) == {}
+
+
+async def test_a_store_not_open_says_so(redis_url: str, redis_prefix: str) -> None:
+    store = RedisFrontierStore(redis_url, prefix=redis_prefix)
+    run_id = new_run_id()
+    with pytest.raises(InvalidInputError, match="not open"):
+        await store.write(CONSUMER, {0: 1}, [Snapshot.of(frontier(run_id, through=0))], [])
+    with pytest.raises(InvalidInputError, match="not open"):
+        await store.release(CONSUMER, run_id, by="ops", at=1)
 
 
 async def test_keys_written_by_a_newer_layout_are_refused(

@@ -87,12 +87,16 @@ class RedisStore(Resource):
                 decode_responses=True,
             )
             client = aioredis.Redis(connection_pool=pool)
-        except ValueError as exc:
+            # The URL's query becomes the connection's arguments: one it does not take (a TLS
+            # one on redis://, a misspelt one) fails here, not as a TypeError at first use.
+            pool.connection_class(**pool.connection_kwargs)
+        except (ValueError, TypeError) as exc:
             # The URL is shown, for the operator to find the mistake, without its password; the
             # driver's exception is not chained, as its text may hold the URL as it was given.
             raise ConfigurationError(
                 f"REDIS_URL {masked_url(self._url)} is not a Redis URL: "
                 f"{without_passwords(str(exc), self._url)}"
+                + (" (the ssl_ parameters need rediss://)" if "'ssl_" in str(exc) else "")
             ) from None
         self._client = client
         self._started(client)

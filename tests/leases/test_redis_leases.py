@@ -130,6 +130,17 @@ async def test_a_url_that_is_not_redis_is_a_configuration_error() -> None:
         await RedisLeaseStore.open("http://127.0.0.1:6379")
 
 
+async def test_a_url_parameter_redis_does_not_take_is_a_configuration_error(
+    redis_url: str,
+) -> None:
+    """A TLS parameter on a ``redis://`` URL (the ``s`` forgotten), or a misspelt one: the
+    operator is told which, not shown the driver's ``TypeError``."""
+    for parameter in ("ssl_ca_certs=/etc/ca.pem", "socket_timout=5"):
+        with pytest.raises(ConfigurationError, match=parameter.split("=")[0]) as refused:
+            await RedisLeaseStore.open(f"{redis_url}?{parameter}")
+        assert "REDIS_URL" in str(refused.value)
+
+
 async def test_a_server_error_becomes_a_backend_error(
     store: RedisLeaseStore, client: aioredis.Redis
 ) -> None:

@@ -90,6 +90,9 @@ DEFAULT_MAX_VALUE_BYTES = 8 * 1024 * 1024
 LIST_CHUNK = 256
 """Run ids `RedisFrontierStore.runs` reads from an index per round trip while it filters."""
 
+QUARANTINE_CHUNK = 1024
+"""Quarantine entries a listing looks at in Redis per round trip, keeping those asked for."""
+
 _summary_decoder = msgspec.json.Decoder(RunSummary)
 _call_decoder = msgspec.json.Decoder(ToolCallRow)
 
@@ -147,6 +150,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     _release_script: AsyncScript
     _gc_script: AsyncScript
     _index_script: AsyncScript
+    _quarantined_script: AsyncScript
 
     def __init__(
         self,
@@ -170,6 +174,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         self._release_script = client.register_script(_script_source("frontier_release"))
         self._gc_script = client.register_script(_script_source("frontier_gc"))
         self._index_script = client.register_script(_script_source("frontier_index"))
+        self._quarantined_script = client.register_script(_script_source("frontier_quarantined"))
 
     async def _connect(self) -> None:
         """Connect, then refuse keys of a newer layout at start rather than at first use."""
@@ -317,9 +322,23 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     ) -> list[QuarantineEntry]:
         client = self._live_client()
         held_under = self._key("quarantine", consumer)
+        wanted = [] if states is None else sorted(set(states))
+        if states is not None and not wanted:
+            return []
+        chosen = [run_id or "", "1" if states is None else "0", *wanted]
         with translated("listing quarantined records", run_id=run_id):
             async with asyncio.timeout(self._timeout_s):
-                positions = sorted(map(_str, await client.smembers(held_under)))
+                # Chosen in Redis, a bounded step at a time: only those asked for cross over.
+                found: set[str] = set()
+                cursor = "0"
+                while True:
+                    step = [self.prefix, consumer, cursor, QUARANTINE_CHUNK, *chosen]
+                    answer = await self.run_script(self._quarantined_script, [], step)
+                    cursor = _str(answer[0])
+                    found.update(map(_str, answer[1:]))
+                    if cursor == "0":
+                        break
+                positions = sorted(found)
                 async with client.pipeline(False) as pipe:
                     for position in positions:
                         pipe.hgetall(f"{held_under}:{position}")

@@ -6,10 +6,12 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from support.histories import (
     append_all,
     assert_stored_is_the_direct_fold,
@@ -32,7 +34,7 @@ from onward.projections.kafka import KafkaProjector
 from onward.projections.redis import RedisFrontierStore
 from onward.testing import FrontierStoreConformance
 from onward.testing.eventlog import new_run_id
-from onward.testing.frontiers import CONSUMER, call_row, frontier, said
+from onward.testing.frontiers import CONSUMER, call_row, frontier, poison, said
 
 PARTITIONS = 4
 
@@ -208,3 +210,40 @@ async def test_a_write_over_positions_redis_lost_is_refused_whole(
         await store.write(CONSUMER, {0: 9}, [Snapshot.of(frontier(first, through=8))], [])
         assert await store.positions(CONSUMER) == {0: 9, 1: 3}
         assert (await store.load([first]))[first].summary.through_offset == 8
+
+
+async def test_the_release_poll_reads_only_the_released_entries(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each projector looks for released runs every second: the look brings over the entries
+    waiting to be folded again, not every entry the quarantine ever held (4,000 hashes took
+    half a second a look)."""
+    old, new = new_run_id("old"), new_run_id("new")
+    many = 2_000
+    async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:
+        entries = [poison(old, offset=n) for n in range(many)]
+        entries += [poison(None, offset=many + n) for n in range(many)]
+        await store.write(CONSUMER, {1: 2 * many}, [], [], quarantine=entries)
+        assert await store.release(CONSUMER, old, by="ops", at=1) == many
+        await store.write(CONSUMER, {}, [], [], cleared=[old])
+        await store.write(CONSUMER, {}, [], [], quarantine=[poison(new, offset=2 * many)])
+        assert await store.release(CONSUMER, new, by="ops", at=2) == 1
+
+        read: list[str] = []
+        queue = Pipeline.pipeline_execute_command
+
+        def counted(self: Pipeline, *args: Any, **options: Any) -> Pipeline:
+            if str(args[0]).upper() in {"HGETALL", "HMGET", "HGET"}:
+                read.append(str(args[1]))
+            return queue(self, *args, **options)
+
+        monkeypatch.setattr(Pipeline, "pipeline_execute_command", counted)
+        (released,) = await store.quarantined(CONSUMER, states={"released"})
+        monkeypatch.undo()
+        assert released.run_id == new
+        assert len(read) <= 1
+        listed = await store.quarantined(CONSUMER)
+        assert len(listed) == 2 * many + 1
+        assert [e.offset for e in listed] == list(range(2 * many + 1))
+        assert [e.offset for e in await store.quarantined(CONSUMER, run_id=new)] == [2 * many]
+        assert await store.quarantined(CONSUMER, states=set()) == []

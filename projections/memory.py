@@ -78,14 +78,7 @@ class MemoryFrontierStore(FrontierStoreBackend):
             for run_id in cleared:
                 self._marks.pop(run_id, None)
             for entry, mark in quarantine:
-                key3 = (consumer, entry.partition, entry.offset)
-                stored = self._quarantine.get(key3)
-                if stored is not None and stored.state != "held" and entry.run_id not in cleared:
-                    # Folded before a release and stored after it: the release stands.
-                    continue
-                self._quarantine[key3] = entry
-                if entry.run_id is not None and entry.run_id in self._rows:
-                    self._marks[entry.run_id] = mark
+                self._hold(consumer, entry, mark, refolded=entry.run_id in cleared)
             for partition, offset in positions:
                 key2 = (consumer, partition)
                 self._positions[key2] = max(offset, self._positions.get(key2, 0))
@@ -99,6 +92,21 @@ class MemoryFrontierStore(FrontierStoreBackend):
             for seq in sorted(run)
             if seq <= through
         ]
+
+    def _hold(self, consumer: str, entry: QuarantineEntry, mark: str, *, refolded: bool) -> None:
+        """Hold ``entry`` and mark its run's row; one already stored keeps who released the
+        run last, and when. A released or cleared one is held again only if ``refolded``."""
+        key = (consumer, entry.partition, entry.offset)
+        stored = self._quarantine.get(key)
+        if stored is not None:
+            if stored.state != "held" and not refolded:
+                return  # folded before a release and stored after it: the release stands
+            entry = dataclasses.replace(
+                entry, released_by=stored.released_by, released_at=stored.released_at
+            )
+        self._quarantine[key] = entry
+        if entry.run_id is not None and entry.run_id in self._rows:
+            self._marks[entry.run_id] = mark
 
     def _replace_entry(self, consumer: str, entry: QuarantineEntry, **changes: object) -> None:
         key = (consumer, entry.partition, entry.offset)

@@ -587,6 +587,7 @@ class FrontierStoreConformance:
         assert await store.positions(CONSUMER) == {1: 13}
 
     async def test_a_record_still_unreadable_is_held_again(self, store: FrontierStore) -> None:
+        """Held again, the entry still says who released the run last, and when."""
         run_id = new_run_id()
         entry = poison(run_id, offset=8)
         await store.write(
@@ -596,7 +597,7 @@ class FrontierStoreConformance:
         again = poison(run_id, offset=8)
         await store.write(CONSUMER, {}, [], [], quarantine=[again], cleared=[run_id])
         (held,) = await store.quarantined(CONSUMER, run_id=run_id)
-        assert held.state == "held"
+        assert (held.state, held.released_by, held.released_at) == ("held", "ops", 5_000)
         row = await stored_row(store, run_id)
         assert row.quarantined == again.mark
         assert await store.release(CONSUMER, run_id, by="ops", at=7_000) == 1

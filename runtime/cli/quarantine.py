@@ -82,7 +82,7 @@ def _with_store(
 
 
 def _table(entries: list[QuarantineEntry]) -> Table:
-    runs = len({e.run_id for e in entries})
+    runs = len({e.run_id for e in entries if e.run_id is not None})  # a nameless one is no run's
     table = Table(
         title=f"{len(entries)} quarantined record(s) of {runs} run(s)", title_justify="left"
     )

@@ -11,10 +11,12 @@ from support.poison import unknown_kind
 from typer.testing import CliRunner, Result
 
 from onward.eventlog import RunStarted, SqliteEventLog
+from onward.projections.base import DEFAULT_CONSUMER
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.cli import app
 from onward.testing.eventlog import Envelope
+from onward.testing.frontiers import poison
 
 TENANT = "acme"
 
@@ -93,3 +95,15 @@ def test_the_memory_backend_is_refused_with_exit_2(db: Path) -> None:
     result = onward(db, "quarantine", "list", backend="memory")
     assert result.exit_code == 2
     assert "memory" in result.output
+
+
+def test_the_title_counts_runs_not_records_that_name_none(db: Path) -> None:
+    async def write() -> None:
+        async with SqliteFrontierStore(db) as store:
+            entries = [poison("run-q", offset=3), poison(None, offset=4), poison(None, offset=5)]
+            await store.write(DEFAULT_CONSUMER, {1: 6}, [], [], quarantine=entries)
+
+    asyncio.run(write())
+    result = onward(db, "quarantine", "list")
+    assert result.exit_code == 0, result.output
+    assert "3 quarantined record(s) of 1 run(s)" in result.output

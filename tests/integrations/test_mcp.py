@@ -241,6 +241,14 @@ def test_a_url_that_is_no_http_url_is_refused_naming_the_server(url: str) -> Non
         HttpServer(name="web", url=url)
 
 
+@pytest.mark.parametrize("seconds", [0, -1.0, float("nan"), "30"])
+def test_a_timeout_no_request_fits_in_is_refused_naming_the_server(seconds: object) -> None:
+    """Accepted before, zero failed every connection with a bare ``ConnectTimeout`` and nan
+    with ``deadline must not be NaN``, neither naming the setting."""
+    with pytest.raises(ConfigurationError, match=r"MCP server 'web'.*timeout_seconds"):
+        HttpServer(name="web", url="http://127.0.0.1:8000/mcp", timeout_seconds=seconds)  # type: ignore[arg-type]
+
+
 def test_the_url_refused_is_shown_without_its_credentials() -> None:
     with pytest.raises(ConfigurationError) as caught:
         HttpServer(name="web", url="gopher://user:s3cret@example.com/mcp?token=t0ken")

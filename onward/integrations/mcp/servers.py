@@ -171,9 +171,16 @@ class HttpServer(_Server):
     timeout_seconds: float = 30.0
 
     def __post_init__(self) -> None:
-        """Refuse a URL no request can be sent to, naming the server, at declaration rather
-        than at the first connection (where a bad port was a bare `ValueError`)."""
+        """Refuse a URL no request can be sent to, or a timeout no request can be sent
+        within, naming the server, at declaration rather than at the first connection (where
+        a bad port was a bare `ValueError`, and a zero timeout a ``ConnectTimeout``)."""
         super().__post_init__()
+        timeout = self.timeout_seconds
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ConfigurationError(
+                f"MCP server {self.name!r}: its timeout_seconds must be a positive number of "
+                f"seconds, got {timeout!r}"
+            )
         try:
             parts = urlsplit(self.url)
             port_ok = parts.port is None or parts.port > 0

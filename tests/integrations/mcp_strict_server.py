@@ -5,11 +5,17 @@ server built on JSON Schema validation does, and refuses a call whose arguments 
 Usage: python -m integrations.mcp_strict_server
 
 Each tool answers with the arguments it was given, as JSON text.
+
+Environment:
+    MCP_STRICT_EXTRA_TOOLS: a JSON list of more tool names to list (each taking no
+        arguments), as a server with a broken listing sends them: a name twice, a name with a
+        control character.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import anyio
@@ -33,6 +39,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "keyed": _strict({"text": {"type": "string"}, "request_key": {"type": "string"}}),
     "stamp": _strict({"text": {"type": "string"}, "idempotency_key": {"type": "string"}}),
 }
+EXTRA: list[str] = json.loads(os.environ.get("MCP_STRICT_EXTRA_TOOLS") or "[]")
 
 
 async def _list_tools(
@@ -43,6 +50,7 @@ async def _list_tools(
             types.Tool(name=name, description=f"{name} (strict)", input_schema=schema)
             for name, schema in SCHEMAS.items()
         ]
+        + [types.Tool(name=name, input_schema=_strict({})) for name in EXTRA]
     )
 
 

@@ -391,7 +391,20 @@ class MCPToolset(Resource):
                     f"name; it has {sorted(names)}"
                 )
             for raw in schema.tools:
-                made = self._tool(server, raw)
+                try:
+                    made = self._tool(server, raw)
+                except ConfigurationError as exc:
+                    # The tool's own check names the tool only; with several servers the
+                    # user needs to know which one listed it.
+                    raise ConfigurationError(
+                        f"MCP server {server.name!r} lists a tool Onward cannot take, "
+                        f"{str(raw['name'])!r}: {exc}"
+                    ) from None
+                if owners.get(made.name) == server.name:
+                    raise ConfigurationError(
+                        f"MCP server {server.name!r} lists tool {str(raw['name'])!r} twice; "
+                        "its listing is broken"
+                    )
                 if made.name in owners:
                     raise ConfigurationError(
                         f"tool {made.name!r} is offered by MCP servers {owners[made.name]!r} "

@@ -41,9 +41,21 @@ from .spend.base import PriceTable
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
 """Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id."""
 
+MIN_SCHEMA_CACHE_TTL = timedelta(milliseconds=1)
+"""The shortest MCP schema cache TTL: Redis keeps one to the millisecond."""
+
 MAX_SCHEMA_CACHE_TTL_HOURS = 24 * 999_999_999
 """The longest MCP schema cache TTL, in hours: the most a `timedelta` holds (a longer one,
 ``inf`` included, fails the cache's first use with an OverflowError)."""
+
+
+def check_schema_cache_ttl_hours(hours: float) -> float:
+    """``hours`` if it is at least a millisecond, the least Redis keeps a TTL to: a shorter
+    one was refused only at the cache's first use (below a microsecond, naming no variable)
+    or sent as ``PEXPIRE 0``, which deletes every entry as it is written."""
+    if timedelta(hours=hours) < MIN_SCHEMA_CACHE_TTL:
+        raise ValueError(f"must be at least a millisecond, got {hours:g} hours")
+    return hours
 
 
 class SecretUrl(SecretStr):
@@ -413,6 +425,11 @@ class Settings(BaseSettings):
         if not timedelta(seconds=value):
             raise ValueError(f"must be at least a microsecond, got {value:g}")
         return value
+
+    @field_validator("schema_cache_ttl_hours")
+    @classmethod
+    def _schema_cache_ttl_hours(cls, value: float) -> float:
+        return check_schema_cache_ttl_hours(value)
 
     @field_validator("redact_keys")
     @classmethod

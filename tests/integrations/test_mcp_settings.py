@@ -47,3 +47,20 @@ def test_a_ttl_no_timedelta_holds_is_refused_at_start(
         load_mcp_settings()
     with pytest.raises(ValueError, match="schema_cache_ttl_hours"):
         MCPSettings(schema_cache_ttl_hours=float(hours))
+
+
+@pytest.mark.parametrize("hours", ["1e-12", "1e-8", "-1", "nan"])
+def test_a_ttl_redis_cannot_keep_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, hours: str
+) -> None:
+    """Accepted at start, a TTL under a microsecond failed the first cache built from the
+    settings naming no variable, and one under a millisecond went to Redis as ``PEXPIRE 0``,
+    deleting each entry as it was written."""
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("MCP_SCHEMA_CACHE_TTL_HOURS", hours)
+    with pytest.raises(ConfigurationError, match="MCP_SCHEMA_CACHE_TTL_HOURS"):
+        Settings()
+    with pytest.raises(ConfigurationError, match="MCP_SCHEMA_CACHE_TTL_HOURS"):
+        load_mcp_settings()
+    with pytest.raises(ValueError, match="schema_cache_ttl_hours"):
+        MCPSettings(schema_cache_ttl_hours=float(hours))

@@ -23,15 +23,17 @@ from typing import Any
 import msgspec
 import redis.asyncio as redis_asyncio
 import redis.exceptions as redis_errors
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from onward._storage import Resource, translate
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.runtime.settings import (
     MAX_SCHEMA_CACHE_TTL_HOURS,
+    MIN_SCHEMA_CACHE_TTL,
     SCHEMA_CACHE_PREFIX,
     SecretUrl,
     Settings,
+    check_schema_cache_ttl_hours,
     load_settings,
 )
 
@@ -78,6 +80,11 @@ class MCPSettings(BaseModel):
     schema_cache_prefix: str = Field(
         default=DEFAULT_PREFIX, min_length=1, validation_alias="MCP_SCHEMA_CACHE_PREFIX"
     )
+
+    @field_validator("schema_cache_ttl_hours")
+    @classmethod
+    def _schema_cache_ttl_hours(cls, value: float) -> float:
+        return check_schema_cache_ttl_hours(value)
 
     @classmethod
     def of(cls, settings: Settings) -> MCPSettings:
@@ -188,8 +195,10 @@ class SchemaCache(Resource):
         ttl: timedelta = timedelta(hours=24),
         owns_client: bool = False,
     ) -> None:
-        if ttl <= timedelta(0):
-            raise InvalidInputError(f"the schema cache TTL must be positive, got {ttl}")
+        if ttl < MIN_SCHEMA_CACHE_TTL:
+            # Redis keeps a TTL to the millisecond: a shorter one is sent as 0, which deletes
+            # each entry as it is written.
+            raise InvalidInputError(f"the schema cache TTL must be at least 1ms, got {ttl}")
         self.client = client
         self.prefix = prefix
         self.ttl = ttl

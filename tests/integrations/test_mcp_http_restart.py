@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from integrations.mcp_world import TESTS, ledger
-from onward.errors import OutcomeUnknownError
+from onward.errors import BackendUnavailableError, OutcomeUnknownError
 from onward.integrations.mcp import HttpServer, MCPToolset
 
 pytestmark = pytest.mark.timeout(60)
@@ -94,6 +94,24 @@ async def test_a_restarted_http_server_gets_a_new_session(
         assert await tools["echo"].call({"text": "y"}, idempotency_key="k3") == {"result": "y"}
         assert toolset.connections["web"].sessions == 2
     assert ledger(tmp_path) == [{"key": "k2", "account": "a1", "cents": 5}]
+
+
+async def test_a_call_to_a_server_that_is_down_is_known_not_to_have_run(
+    tmp_path: Path, restartable: _Server
+) -> None:
+    """No connection to the server was made, so the call never reached it: the server is
+    unavailable, not a call that "may have taken effect" for a person to settle; once the
+    server is back the call is made, once."""
+    async with MCPToolset([HttpServer(name="web", url=restartable.url)]) as toolset:
+        tools = {t.name: t for t in toolset.tools}
+        restartable.stop()
+        with pytest.raises(BackendUnavailableError, match="'web'") as raised:
+            await tools["charge"].call({"account": "a1", "cents": 5}, idempotency_key="k1")
+        assert not isinstance(raised.value, OutcomeUnknownError)
+        restartable.start()
+        answer = await tools["charge"].call({"account": "a1", "cents": 5}, idempotency_key="k1")
+        assert answer == {"result": "charged a1 5"}
+    assert ledger(tmp_path) == [{"key": "k1", "account": "a1", "cents": 5}]
 
 
 @pytest.fixture

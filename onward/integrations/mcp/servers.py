@@ -13,6 +13,7 @@ import json
 import logging
 import shlex
 import sys
+import weakref
 from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -91,9 +92,13 @@ class _Server:
         raise NotImplementedError
 
     def transport(
-        self, *, on_response: Callable[[httpx2.Response], None] | None = None
+        self,
+        *,
+        on_response: Callable[[httpx2.Response], None] | None = None,
+        on_unsent: Callable[[httpx2.Request], None] | None = None,
     ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
-        """The transport's streams; ``on_response`` sees each HTTP response (HTTP only)."""
+        """The transport's streams; ``on_response`` sees each HTTP response, ``on_unsent``
+        each request that never reached the server (no connection was made) (HTTP only)."""
         raise NotImplementedError  # pragma: no cover
 
 
@@ -137,7 +142,10 @@ class StdioServer(_Server):
         )
 
     def transport(
-        self, *, on_response: Callable[[httpx2.Response], None] | None = None
+        self,
+        *,
+        on_response: Callable[[httpx2.Response], None] | None = None,
+        on_unsent: Callable[[httpx2.Request], None] | None = None,
     ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
         parameters = StdioServerParameters(
             command=self.command,
@@ -212,7 +220,10 @@ class HttpServer(_Server):
 
     @contextlib.asynccontextmanager
     async def transport(
-        self, *, on_response: Callable[[httpx2.Response], None] | None = None
+        self,
+        *,
+        on_response: Callable[[httpx2.Response], None] | None = None,
+        on_unsent: Callable[[httpx2.Request], None] | None = None,
     ) -> AsyncIterator[TransportStreams]:
         # No read bound: a fixed one would cut off a tool that answers later than it (a
         # server that answers with one JSON body sends nothing until then), failing the call
@@ -224,7 +235,8 @@ class HttpServer(_Server):
                 on_response(response)
 
         async with (
-            httpx2.AsyncClient(
+            _Client(
+                on_unsent=on_unsent,
                 headers=dict(self.headers),
                 timeout=timeout,
                 event_hooks={"response": [answered]},
@@ -236,6 +248,26 @@ class HttpServer(_Server):
 
 ServerConfig = StdioServer | HttpServer
 """A declared MCP server."""
+
+
+class _Client(httpx2.AsyncClient):
+    """An HTTP client that tells ``on_unsent`` of each request that failed to connect: no
+    connection to the server was made, so no byte of it reached the server (a failure once
+    connected is another error: the request may have been read)."""
+
+    def __init__(
+        self, *, on_unsent: Callable[[httpx2.Request], None] | None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self._on_unsent = on_unsent
+
+    async def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
+        try:
+            return await super().send(request, **kwargs)
+        except (httpx2.ConnectError, httpx2.ConnectTimeout):
+            if self._on_unsent is not None:
+                self._on_unsent(request)
+            raise
 
 
 class Connection:
@@ -259,7 +291,12 @@ class Connection:
         self._stop = asyncio.Event()
         self._current: tuple[ClientSession, types.InitializeResult] | None = None
         self._ready: asyncio.Future[Any] | None = None
-        self._answers: dict[ClientSession, _HttpAnswers] = {}
+        # By session, for as long as anything holds the session: what its HTTP responses
+        # said is asked after the session ended too (a call whose request never connected
+        # ends the transport before its caller hears of it).
+        self._answers: weakref.WeakKeyDictionary[ClientSession, _HttpAnswers]
+        self._answers = weakref.WeakKeyDictionary()
+        self._reads: weakref.WeakKeyDictionary[ClientSession, Any] = weakref.WeakKeyDictionary()
 
     def unavailable(
         self, exc: BaseException | None, doing: str, *, sent: bool = False
@@ -285,7 +322,12 @@ class Connection:
             BackendUnavailableError: The server did not start or did not answer the handshake.
         """
         async with self._lock:
-            if self._current is not None and self._task is not None and not self._task.done():
+            if (
+                self._current is not None
+                and self._task is not None
+                and not self._task.done()
+                and not _read_side_ended(self._reads.get(self._current[0]))
+            ):
                 return (*self._current, self.sessions)
             await self._stop_task()
             loop = asyncio.get_running_loop()
@@ -326,16 +368,17 @@ class Connection:
         answers = _HttpAnswers()
         try:
             async with (
-                self.server.transport(on_response=answers.seen) as (read, write),
+                self.server.transport(on_response=answers.seen, on_unsent=answers.unsent) as (
+                    read,
+                    write,
+                ),
                 ClientSession(read, write, message_handler=self._notified) as session,
             ):
                 self._answers[session] = answers
-                try:
-                    initialized = await session.initialize()
-                    ready.set_result((session, initialized))
-                    await stop.wait()
-                finally:
-                    del self._answers[session]
+                self._reads[session] = read
+                initialized = await session.initialize()
+                ready.set_result((session, initialized))
+                await stop.wait()
         except Exception as exc:  # noqa: BLE001 - handed to the caller waiting on `ready`
             if not ready.done():
                 ready.set_exception(exc)
@@ -359,6 +402,12 @@ class Connection:
         came before the server went."""
         answers = self._answers.get(session)
         return answers is not None and key in answers.refused_calls
+
+    def unsent(self, session: ClientSession, key: str) -> bool:
+        """Whether the ``tools/call`` with idempotency ``key`` on ``session`` never reached the
+        server: its HTTP request failed to connect (the server is down, or restarting)."""
+        answers = self._answers.get(session)
+        return answers is not None and key in answers.unsent_calls
 
     def server_failed(self, session: ClientSession, key: str) -> bool:
         """Whether the ``tools/call`` with idempotency ``key`` on ``session`` was answered with
@@ -434,6 +483,12 @@ class _HttpAnswers:
     """Idempotency keys of the calls answered 404 so: refused, never handled."""
     failed_calls: set[str] = field(default_factory=set)
     """Idempotency keys of the calls answered with an HTTP server error (5xx)."""
+    unsent_calls: set[str] = field(default_factory=set)
+    """Idempotency keys of the calls whose request failed to connect: never sent."""
+
+    def unsent(self, request: httpx2.Request) -> None:
+        if (key := _call_key(request)) is not None:
+            self.unsent_calls.add(key)
 
     def seen(self, response: httpx2.Response) -> None:
         if response.status_code == 404 and SESSION_HEADER in response.request.headers:
@@ -456,6 +511,19 @@ def _call_key(request: httpx2.Request) -> str | None:
     meta = params.get("_meta") if isinstance(params, dict) else None
     key = meta.get(IDEMPOTENCY_META_KEY) if isinstance(meta, dict) else None
     return key if isinstance(key, str) else None
+
+
+def _read_side_ended(read: Any) -> bool:
+    """Whether a session's transport has stopped delivering answers: the writer of its read
+    stream closed (a stdio server's stdout reached its end: the process is gone, or a write to
+    it failed). Nothing sent on that session would be answered, so nothing is: a call goes to a
+    new session rather than be sent, unanswered, and left as one that may have taken effect.
+    Only a memory stream (stdio's) says so; another transport's session is taken as alive."""
+    statistics = getattr(read, "statistics", None)
+    if statistics is None:
+        return False
+    state = statistics()
+    return bool(state.open_send_streams == 0 or state.open_receive_streams == 0)
 
 
 def _ended(task: asyncio.Task[None]) -> BaseException | None:

@@ -486,15 +486,20 @@ class MCPToolset(Resource):
             try:
                 return await self._send(connection, session, tool, key, request)
             except MCPError as exc:
-                if not connection.refused(session, key) or exc.code in NO_ANSWER:
+                unsent = connection.unsent(session, key)
+                if not unsent and (not connection.refused(session, key) or exc.code in NO_ANSWER):
                     raise  # pragma: no cover - `_send` raises no other
                 # The server no longer knew the session (it restarted, or expired it) and
-                # refused the call unhandled: it is made once more, on a new session.
+                # refused the call unhandled, or the call never reached it: it is made once
+                # more, on a new session.
                 connection.drop(session)
                 if attempt:
-                    raise connection.unavailable(
-                        exc, f"calling {tool!r} (the server forgot each new session)"
-                    ) from exc
+                    why = (
+                        "it could not be reached"
+                        if unsent
+                        else "the server forgot each new session"
+                    )
+                    raise connection.unavailable(exc, f"calling {tool!r} ({why})") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _send(
@@ -509,7 +514,8 @@ class MCPToolset(Resource):
 
         Raises:
             MCPError: The server refused it for a session it no longer knows
-                (`Connection.refused`): it was not handled.
+                (`Connection.refused`), or it never reached the server
+                (`Connection.unsent`): it was not handled.
         """
         server = connection.server
         try:
@@ -523,6 +529,8 @@ class MCPToolset(Resource):
                 # The answer to this request was the refusal: one in flight when the server
                 # went, answered by nothing, may have been handled and is not made again.
                 raise
+            if connection.unsent(session, key):
+                raise  # its request never connected: the server cannot have acted on it
             if exc.code == types.REQUEST_TIMEOUT:
                 # This call was slow: the session, shared with other calls, goes only if the
                 # server stopped answering altogether.

@@ -5,7 +5,8 @@ made durable, so audit keeps the whole history: ``onward replay --archive`` and
 ``onward projections rebuild --archive`` read archive plus log as one (`ArchivedEventLog`).
 
 `DirectoryArchive` keeps one file per archived range of one partition, JSON Lines compressed
-with zstd (each line the record's offset, its run and the event as the codec encodes it), and a
+with zstd (each line the record's offset, its run and the event: its record as the log held it,
+when the writer read it so, else as the codec encodes it), and a
 manifest holding every range with its event count, size and SHA-256. A file and then the
 manifest are each written to a temporary name, fsynced, renamed into place, and the directory
 fsynced: a crash leaves either the old manifest or the new one, never half of one, and a range
@@ -42,7 +43,7 @@ from onward.errors import (
 )
 
 from . import codec
-from .base import Position, StoredEvent
+from .base import Position, StoredEvent, record_bytes
 
 if sys.platform != "win32":
     import fcntl
@@ -133,11 +134,14 @@ class ArchiveSink(Protocol):
     ) -> ArchivedRange:
         """Archive the records of ``[start, end)`` of a partition, durably, before returning.
 
-        A range already archived exactly is checked and returned as it is.
+        A range already archived exactly is checked and returned as it is. Each record is
+        kept as `record_bytes` gives it: the bytes the log held, when the compactor read them
+        so, with every field a newer writer added.
 
         Raises:
-            InvalidInputError: A record lies outside the range, the range overlaps another, or
-                it is empty or inverted (``start >= end``).
+            InvalidInputError: A record lies outside the range or is not past the one before
+                it (records come in offset order, each offset once), the range overlaps
+                another, or it is empty or inverted (``start >= end``).
             ConfigurationError: The archive cannot be written (missing rights, not a directory).
             ArchiveError: An existing file or the manifest differs from what was written.
         """
@@ -257,6 +261,7 @@ class DirectoryArchive:
                 f"archive of partition {partition} [{start}, {end}): not a range of offsets "
                 "(the partition and start must be at least 0, the end past the start)"
             )
+        after = start - 1
         for stored in records:
             position = stored.position
             if position.partition != partition or not start <= position.offset < end:
@@ -264,6 +269,14 @@ class DirectoryArchive:
                     f"archive of partition {partition} [{start}, {end}): a record at partition "
                     f"{position.partition} offset {position.offset} lies outside it"
                 )
+            if position.offset <= after:
+                # A read gives them back in the order written, and promises offset order.
+                raise InvalidInputError(
+                    f"archive of partition {partition} [{start}, {end}): the record at offset "
+                    f"{position.offset} comes after the one at offset {after}; records are "
+                    "archived in offset order, each offset once"
+                )
+            after = position.offset
         async with self._lock:
             return await asyncio.to_thread(self._write, partition, start, end, records)
 
@@ -301,6 +314,15 @@ class DirectoryArchive:
             )
         for entry in manifest.ranges:
             self._file_of(entry)
+            if entry.start >= entry.end and entry.events:
+                raise ArchiveError(
+                    f"archive {self.path}: {MANIFEST} entry for partition {entry.partition} "
+                    f"[{entry.start}, {entry.end}) covers no offset yet counts {entry.events} "
+                    "records; nothing is read from it until the manifest is restored from a copy"
+                )
+        # An empty or inverted range an older writer recorded holds nothing, and would refuse,
+        # as overlapping it, every range about it: it is left out (and of the next manifest).
+        manifest.ranges = [e for e in manifest.ranges if e.start < e.end]
         return manifest
 
     def _file_of(self, entry: ArchivedRange) -> Path:
@@ -352,10 +374,7 @@ class DirectoryArchive:
             )
         name = file_name(partition, start, end)
         lines = b"".join(
-            msgspec.json.encode(
-                _Line(s.position.offset, s.event.run_id, msgspec.Raw(codec.encode(s.event)))
-            )
-            + b"\n"
+            msgspec.json.encode(_Line(s.position.offset, s.event.run_id, _event_of(s))) + b"\n"
             for s in records
         )
         body = zstandard.ZstdCompressor(level=self._level).compress(lines)
@@ -406,7 +425,29 @@ class DirectoryArchive:
             ) from exc
         if len(events) != entry.events:
             raise self._miscounted(entry, str(len(events)))
-        return events
+        return self._in_order(entry, events)
+
+    def _in_order(self, entry: ArchivedRange, events: list[StoredEvent]) -> list[StoredEvent]:
+        """A file's records in offset order, as a read promises: an older writer archived them
+        in the order given. One outside the entry's range, or at an offset another holds too,
+        is an `ArchiveError`: the range was not archived so, and which one the log held at
+        that offset cannot be told."""
+        ordered = sorted(events, key=lambda e: e.position.offset)
+        previous: int | None = None
+        for stored in ordered:
+            offset = stored.position.offset
+            if offset == previous or not entry.start <= offset < entry.end:
+                what = (
+                    f"two records at offset {offset}"
+                    if offset == previous
+                    else f"a record at offset {offset}, outside its range [{entry.start}, "
+                    f"{entry.end})"
+                )
+                raise ArchiveError(
+                    f"archive {self.path}: {entry.file} holds {what}; restore it from a copy"
+                )
+            previous = offset
+        return ordered
 
     def _miscounted(self, entry: ArchivedRange, held: str) -> ArchiveError:
         return ArchiveError(
@@ -431,6 +472,13 @@ class DirectoryArchive:
                 )
         if pending:
             yield bytes(pending)
+
+
+def _event_of(stored: StoredEvent) -> msgspec.Raw:
+    """The record of ``stored`` as the log held it when read so (`keeping_records`), on one
+    line: a newline in a record's JSON lies between its tokens (one in a string is escaped),
+    so it is written as a space, which reads the same."""
+    return msgspec.Raw(record_bytes(stored).replace(b"\n", b" "))
 
 
 def _release(held: int | None) -> None:

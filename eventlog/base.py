@@ -9,8 +9,10 @@ decides the same way.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -52,6 +54,42 @@ class StoredEvent(msgspec.Struct, frozen=True, gc=False):
 
     position: Position
     event: AnyEvent
+
+
+class KeptRecord(StoredEvent, frozen=True, gc=False):
+    """A `StoredEvent` read inside `keeping_records`, with its record's bytes as the log
+    holds them: what an archive or a retained copy must keep, since the event re-encoded
+    drops every field a newer writer added that this code's events do not know."""
+
+    record: bytes
+
+
+_keeping: ContextVar[bool] = ContextVar("onward_keeping_records", default=False)
+
+
+@contextlib.contextmanager
+def keeping_records() -> Iterator[None]:
+    """Reads made inside (in this task, and tasks it starts) return each event as a
+    `KeptRecord`, its bytes kept; elsewhere they are dropped once decoded."""
+    token = _keeping.set(True)
+    try:
+        yield
+    finally:
+        _keeping.reset(token)
+
+
+def stored_event(position: Position, event: AnyEvent, data: bytes | memoryview) -> StoredEvent:
+    """``event``, decoded from ``data`` at ``position``, as a read returns it: with its bytes
+    inside `keeping_records`."""
+    if _keeping.get():
+        return KeptRecord(position, event, bytes(data))
+    return StoredEvent(position, event)
+
+
+def record_bytes(stored: StoredEvent) -> bytes:
+    """The record of ``stored`` as the log held it when it was read inside `keeping_records`,
+    else the event as this code encodes it."""
+    return stored.record if isinstance(stored, KeptRecord) else codec.encode(stored.event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +151,8 @@ def decode_record(
         event = codec.decode(data, run_hint=run_hint)
         if run_hint is not None and event.run_id != run_hint:
             raise misfiled(event, run_hint)
-        return StoredEvent(position, event)
+        assert data is not None  # a record without a value is refused by the decode
+        return stored_event(position, event, data)
     except EventDecodeError as exc:
         envelope = codec.probe(data)
         return UnreadableRecord(

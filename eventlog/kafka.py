@@ -62,10 +62,10 @@ from .base import (
     LogRecord,
     PartitionBounds,
     Position,
-    StoredEvent,
     check_partition,
     check_truncation,
     decode_record,
+    stored_event,
 )
 from .events import Event
 from .kafka_readers import DEFAULT_READERS, KafkaReaders
@@ -700,7 +700,7 @@ def record_of(partition: int, record: Any) -> LogRecord:
         # The key's bytes against the run id's: a read of a run filters by key, and an event
         # filed under another run must not be returned as that run's (`decode_record` says so).
         if record.key is None or record.key == event.run_id.encode(errors="replace"):
-            return StoredEvent(Position(partition, record.offset), event)
+            return stored_event(Position(partition, record.offset), event, record.value)
     except EventDecodeError:
         pass
     return decode_record(

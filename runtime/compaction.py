@@ -31,18 +31,20 @@ from dataclasses import dataclass, field
 
 from onward._storage import Resource
 from onward.errors import (
+    ArchiveError,
     ConfigurationError,
     InvalidInputError,
     LogTruncatedError,
     NothingToResumeError,
     OnwardError,
 )
-from onward.eventlog.archive import ArchiveSink
+from onward.eventlog.archive import ArchivedRange, ArchiveSink
 from onward.eventlog.base import (
     EventLog,
     LogRecord,
     StoredEvent,
     UnreadableRecord,
+    keeping_records,
     partition_for,
 )
 from onward.projections.base import DEFAULT_CONSUMER, FrontierStore
@@ -545,24 +547,28 @@ class CheckpointCompactor(Resource):
             return []
         wanted = {item.offset: item for item in retain}
         found: dict[int, StoredEvent] = {}
-        if len(wanted) <= FEW_COPIES:
-            for item in retain:
-                records = await self.log.read_records(
-                    partition, item.offset, item.offset + 1, run_id=item.run_id
-                )
-                for stored in records:
-                    if isinstance(stored, StoredEvent):
-                        found[stored.position.offset] = stored
-        else:
-            offset, end = min(wanted), max(wanted) + 1
-            while offset < end:
-                records = await self.log.read_records(partition, offset, end, limit=self.scan_batch)
-                if not records:
-                    break
-                for stored in records:
-                    if stored.position.offset in wanted and isinstance(stored, StoredEvent):
-                        found[stored.position.offset] = stored
-                offset = records[-1].position.offset + 1
+        # Copied as the log holds them: re-encoded, they would lose a newer writer's fields.
+        with keeping_records():
+            if len(wanted) <= FEW_COPIES:
+                for item in retain:
+                    records = await self.log.read_records(
+                        partition, item.offset, item.offset + 1, run_id=item.run_id
+                    )
+                    for stored in records:
+                        if isinstance(stored, StoredEvent):
+                            found[stored.position.offset] = stored
+            else:
+                offset, end = min(wanted), max(wanted) + 1
+                while offset < end:
+                    records = await self.log.read_records(
+                        partition, offset, end, limit=self.scan_batch
+                    )
+                    if not records:
+                        break
+                    for stored in records:
+                        if stored.position.offset in wanted and isinstance(stored, StoredEvent):
+                            found[stored.position.offset] = stored
+                    offset = records[-1].position.offset + 1
         copies: list[RetainedEvent] = []
         for offset, item in wanted.items():
             record = found.get(offset)
@@ -587,8 +593,35 @@ class CheckpointCompactor(Resource):
         begin = start
         for entry in await self.archive.ranges(partition):  # by start
             if entry.start <= begin < entry.end:
+                await self._archived_here(entry, begin, watermark)
                 begin = entry.end
         return begin if begin < watermark else None
+
+    async def _archived_here(self, entry: ArchivedRange, begin: int, watermark: int) -> None:
+        """Check that an archived range reaching past ``begin`` holds this log's records
+        there (a rerun's own work), not another log's at the same offsets (one recreated
+        since, a database started afresh): taken as this log's, the log would be cut
+        unarchived, and replay would read the other log's records in its place.
+
+        Raises:
+            ArchiveError: The first record both hold from ``begin`` on differs; nothing is cut.
+        """
+        assert self.archive is not None  # only asked with an archive
+        upto = min(entry.end, watermark)
+        logged = await self.log.read_records(entry.partition, begin, upto, limit=1)
+        if not logged:
+            return
+        (first,) = logged
+        offset = first.position.offset
+        archived = await self.archive.read(entry.partition, offset, offset + 1)
+        if archived and isinstance(first, StoredEvent) and archived[0].event == first.event:
+            return
+        raise ArchiveError(
+            f"archive {self.archive.location}: partition {entry.partition} [{entry.start}, "
+            f"{entry.end}) does not hold the log's record at offset {offset}: the archive is "
+            "another log's (one recreated since?); nothing was cut. Point --archive at this "
+            "log's archive, or a new directory"
+        )
 
     async def _archive(self, partition: int, begin: int | None, watermark: int) -> int:
         """Write ``[begin, watermark)`` to the archive, in files of `ARCHIVE_FILE_EVENTS`."""
@@ -596,9 +629,12 @@ class CheckpointCompactor(Resource):
             return 0
         written = 0
         while begin < watermark:
-            records = await self.log.read_records(
-                partition, begin, watermark, limit=ARCHIVE_FILE_EVENTS
-            )
+            # Archived as the log holds them: re-encoded, they would lose a newer writer's
+            # fields, and the archive would no longer be the history audit replays.
+            with keeping_records():
+                records = await self.log.read_records(
+                    partition, begin, watermark, limit=ARCHIVE_FILE_EVENTS
+                )
             events: list[StoredEvent] = []
             for record in records:
                 if isinstance(record, UnreadableRecord):  # the plan never cuts one

@@ -202,6 +202,19 @@ class ArchiveSinkConformance:
         assert spans(await reopened.ranges()) == [(0, 0, 20, 20)]
         assert await reopened.read(0, 0, 20) == written
 
+    async def test_records_out_of_offset_order_are_refused_and_nothing_archived(
+        self, archive: ArchiveSink
+    ) -> None:
+        """A read promises offset order, and a fold of what it returns takes the first of two
+        events at one offset, or a later seq read first, as the run's history."""
+        written = records(0, range(4))
+        for unordered in ([*written[2:], *written[:2]], [*written[:2], written[1], written[3]]):
+            with pytest.raises(InvalidInputError):
+                await archive.write(0, 0, 4, unordered)
+        assert await (await self.reopen(archive)).ranges() == []
+        await archive.write(0, 0, 4, written)
+        assert await (await self.reopen(archive)).read(0, 0, 4) == written
+
     async def test_a_record_outside_the_range_is_refused_and_nothing_archived(
         self, archive: ArchiveSink
     ) -> None:

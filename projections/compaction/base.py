@@ -18,7 +18,7 @@ import msgspec
 from onward._storage import AsyncResource
 from onward.errors import InvalidInputError
 from onward.eventlog import codec
-from onward.eventlog.base import Position, StoredEvent
+from onward.eventlog.base import Position, StoredEvent, record_bytes
 from onward.projections.frontier import Frontier
 
 
@@ -62,8 +62,9 @@ class RetainedEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A tagged event copied out of the log before compaction could cut it.
 
     Attributes:
-        record: The event as the codec encodes it (msgspec JSON), so it decodes exactly as a
-            record read from the log does.
+        record: The event's record as the log held it when read so (`keeping_records`), else
+            as the codec encodes it (msgspec JSON): it decodes exactly as the record read from
+            the log does, fields a newer writer added included.
         kept_as: Why it is kept (`KeptAs`); a copy kept as ``checkpoint`` becomes ``tag`` when
             a tag points at it, and only ``checkpoint`` copies are ever dropped.
     """
@@ -86,7 +87,7 @@ class RetainedEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             seq=event.seq,
             partition=stored.position.partition,
             offset=stored.position.offset,
-            record=codec.encode(event),
+            record=record_bytes(stored),
             kept_as=kept_as,
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import sys
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import zstandard
 
 from onward.errors import ArchiveError, BackendUnavailableError
+from onward.eventlog import MemoryEventLog, codec
 from onward.eventlog import archive as archive_module
 from onward.eventlog.archive import (
     ARCHIVE_FORMAT,
@@ -20,6 +23,7 @@ from onward.eventlog.archive import (
     ArchiveSink,
     DirectoryArchive,
 )
+from onward.eventlog.base import Position, StoredEvent, keeping_records, strict
 from onward.testing import ArchiveSinkConformance
 from onward.testing.archive import records, spans
 
@@ -139,3 +143,108 @@ class TestDirectoryArchive(ArchiveSinkConformance):
         finally:
             os.close(holder)
         assert spans(await DirectoryArchive(directory).ranges()) == [(0, 0, 4, 4)]
+
+
+async def test_a_record_read_as_the_log_holds_it_is_archived_as_held(
+    tmp_path: Path,
+) -> None:
+    """A field a newer writer added (this code ignores it) and a record's JSON spread over
+    lines (a foreign producer's) are archived as the log held them, one record a line; an
+    event given as decoded is archived as the codec encodes it, as before."""
+    log = MemoryEventLog(partitions=1)
+    (first, second) = records(0, range(2))
+    newer = msgspec.json.decode(codec.encode(first.event))
+    newer["reviewed_by"] = "a newer writer"
+    log.write_raw(first.event.run_id, msgspec.json.encode(newer))
+    log.write_raw(second.event.run_id, msgspec.json.format(codec.encode(second.event), indent=2))
+    with keeping_records():
+        read = strict(await log.read_records(0, 0, 2))
+    archive = DirectoryArchive(tmp_path / "archive")
+    entry = await archive.write(0, 0, 3, [*read, StoredEvent(Position(0, 2), first.event)])
+    body = zstandard.ZstdDecompressor().stream_reader((archive.path / entry.file).read_bytes())
+    lines = [msgspec.json.decode(line) for line in body.read().splitlines()]
+    assert [line["event"].get("reviewed_by") for line in lines] == ["a newer writer", None, None]
+    assert [line["event"] for line in lines[1:]] == [
+        msgspec.json.decode(codec.encode(e.event)) for e in (second, first)
+    ]
+    back = await DirectoryArchive(archive.path).read(0, 0, 3)
+    assert [s.event for s in back] == [first.event, second.event, first.event]
+
+
+def _written_by_hand(
+    directory: Path, partition: int, start: int, end: int, lines: list[bytes]
+) -> None:
+    """A range file and its manifest entry as an older Onward could have written them: the
+    lines as given, whatever their order."""
+    directory.mkdir(exist_ok=True)
+    name = archive_module.file_name(partition, start, end)
+    body = zstandard.ZstdCompressor().compress(b"".join(line + b"\n" for line in lines))
+    (directory / name).write_bytes(body)
+    entry = {
+        "partition": partition,
+        "start": start,
+        "end": end,
+        "events": len(lines),
+        "file": name,
+        "size": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+    }
+    path = directory / MANIFEST
+    manifest = (
+        msgspec.json.decode(path.read_bytes()) if path.exists() else {"format": 1, "ranges": []}
+    )
+    manifest["ranges"].append(entry)
+    path.write_bytes(msgspec.json.encode(manifest))
+
+
+def _line(stored: StoredEvent) -> bytes:
+    return msgspec.json.encode(
+        {
+            "offset": stored.position.offset,
+            "run_id": stored.event.run_id,
+            "event": msgspec.Raw(codec.encode(stored.event)),
+        }
+    )
+
+
+async def test_a_range_an_older_writer_archived_out_of_order_reads_in_offset_order(
+    tmp_path: Path,
+) -> None:
+    """Before writes were checked for order, a range could be archived in any order: a read
+    still gives it back in offset order, as it promises (and as a fold must take it)."""
+    written = records(0, range(4))
+    _written_by_hand(tmp_path / "archive", 0, 0, 4, [_line(s) for s in reversed(written)])
+    assert await DirectoryArchive(tmp_path / "archive").read(0, 0, 4) == written
+    assert await DirectoryArchive(tmp_path / "archive").read(0, 1, 3) == written[1:3]
+
+
+@pytest.mark.parametrize("offsets", [[0, 1, 1, 2], [0, 1, 2, 7]], ids=["twice", "outside"])
+async def test_a_range_file_holding_an_offset_twice_or_outside_its_range_is_an_archive_error(
+    tmp_path: Path, offsets: list[int]
+) -> None:
+    """Which of two records at one offset is the log's cannot be told; one outside the range
+    its entry names was never archived as part of it."""
+    _written_by_hand(tmp_path / "archive", 0, 0, 4, [_line(s) for s in records(0, offsets)])
+    with pytest.raises(ArchiveError, match="offset"):
+        await DirectoryArchive(tmp_path / "archive").read(0, 0, 4)
+
+
+@pytest.mark.parametrize(("start", "end"), [(12, 3), (5, 5)], ids=["inverted", "empty"])
+async def test_an_empty_or_inverted_entry_an_older_writer_left_blocks_no_later_write(
+    tmp_path: Path, start: int, end: int
+) -> None:
+    """Before such ranges were refused, one could be recorded: it holds no record, and by the
+    overlap test it would refuse every later range about it, stopping compaction for good."""
+    _written_by_hand(tmp_path / "archive", 0, start, end, [])
+    archive = DirectoryArchive(tmp_path / "archive")
+    written = records(0, range(20))
+    await archive.write(0, 0, 20, written)
+    reopened = DirectoryArchive(tmp_path / "archive")
+    assert spans(await reopened.ranges()) == [(0, 0, 20, 20)]
+    assert await reopened.read(0, 0, 20) == written
+
+
+async def test_an_inverted_entry_claiming_records_is_an_archive_error(tmp_path: Path) -> None:
+    _written_by_hand(tmp_path / "archive", 0, 12, 3, [_line(s) for s in records(0, [4])])
+    with pytest.raises(ArchiveError, match=r"\[12, 3\)"):
+        await DirectoryArchive(tmp_path / "archive").ranges()

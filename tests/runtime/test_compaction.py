@@ -13,8 +13,10 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 import pytest_asyncio
+import zstandard
 from support.compaction_world import (
     AGENT,
     TENANT,
@@ -29,7 +31,8 @@ from support.compaction_world import (
 )
 from support.servers import KafkaServers
 
-from onward.eventlog import MemoryEventLog, TurnSettled
+from onward.errors import ArchiveError
+from onward.eventlog import MemoryEventLog, TurnSettled, codec
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog
@@ -258,3 +261,72 @@ async def test_a_range_archived_above_the_log_start_is_no_reason_to_cut_unarchiv
     assert part.cut
     assert part.archived == part.events_cut > 0
     assert await refolded(ArchivedEventLog(log, archive), ["done"]) == before
+
+
+def _archived_lines(archive: DirectoryArchive) -> list[dict[str, object]]:
+    """Every line of every file of the archive, as JSON: what an audit tool reads."""
+    lines: list[dict[str, object]] = []
+    for path in sorted(archive.path.glob("*.jsonl.zst")):
+        body = zstandard.ZstdDecompressor().stream_reader(path.read_bytes()).read()
+        lines.extend(msgspec.json.decode(line) for line in body.splitlines())
+    return lines
+
+
+async def test_a_field_a_newer_writer_added_is_archived_and_retained_as_written(
+    tmp_path: Path,
+) -> None:
+    """A newer Onward adds a field to an event kind (a minor addition, read here by ignoring
+    it): this older compactor must archive, and copy out, the record as written, or the audit
+    replaying the archive (and a newer worker resuming from the copy) never sees the field."""
+    written, folded = MemoryEventLog(partitions=1), MemoryFrontierStore()
+    source = World(written, folded, MemoryCompactionStore(folded), MemoryLeaseStore(), False)
+    await source.finished_run("done", turns=2)
+    log = MemoryEventLog(partitions=1)
+    newer = await written.read_run("done")
+    for stored in newer:
+        record = msgspec.json.decode(codec.encode(stored.event))
+        record["reviewed_by"] = "a newer writer"
+        log.write_raw("done", msgspec.json.encode(record))
+    frontiers = MemoryFrontierStore()
+    world = World(log, frontiers, MemoryCompactionStore(frontiers), MemoryLeaseStore(), False)
+    await world.runner(Script(0)).tag("done", "answer", tenant=TENANT)
+    await world.fold()
+    archive = DirectoryArchive(tmp_path / "archive")
+    report = await CheckpointCompactor(log, frontiers, world.store, archive=archive).compact()
+    (part,) = report.partitions
+    assert part.cut
+    assert part.archived > 0
+    archived = [line["event"] for line in _archived_lines(archive)]
+    assert len(archived) == part.archived
+    as_written = [e for e in archived if isinstance(e, dict) and "reviewed_by" in e]
+    assert [e["seq"] for e in as_written] == [s.event.seq for s in newer]
+    kept = [r for r in await world.store.retained("done") if r.seq <= newer[-1].event.seq]
+    assert kept
+    assert all(msgspec.json.decode(r.record).get("reviewed_by") for r in kept)
+
+
+async def test_an_archive_holding_another_logs_records_at_the_offsets_is_not_taken_as_done(
+    tmp_path: Path,
+) -> None:
+    """The archive directory holds the ranges of another log (one recreated since, a database
+    started afresh): its records at those offsets are not this log's, so they are neither
+    taken as this log's archived (and the log's cut unarchived) nor served in their place."""
+    archive = DirectoryArchive(tmp_path / "archive")
+    earlier, earlier_rows = MemoryEventLog(partitions=1), MemoryFrontierStore()
+    before = World(
+        earlier, earlier_rows, MemoryCompactionStore(earlier_rows), MemoryLeaseStore(), False
+    )
+    await before.finished_run("before", turns=4)
+    await before.fold()
+    await CheckpointCompactor(earlier, earlier_rows, before.store, archive=archive).compact()
+    (archived,) = await archive.ranges()
+    log, frontiers = MemoryEventLog(partitions=1), MemoryFrontierStore()
+    world = World(log, frontiers, MemoryCompactionStore(frontiers), MemoryLeaseStore(), False)
+    await world.finished_run("after", turns=1)
+    await world.fold()
+    assert (await log.bounds(0)).end < archived.end
+    compactor = CheckpointCompactor(log, frontiers, world.store, archive=archive)
+    with pytest.raises(ArchiveError):
+        await compactor.compact()
+    assert (await log.bounds(0)).start == 0
+    assert {s.event.run_id for s in await log.read_partition(0, 0)} == {"after"}

@@ -411,6 +411,11 @@ class AgentRunner(Resource):
                 those of a run it was carried on from); the model is not called.
             InvalidInputError: The run id or tenant is out of bounds (`onward.runtime.limits`).
         """
+        return await self._onward(agent, await self._resume_one(agent, run_id, tenant=tenant))
+
+    async def _resume_one(self, agent: Agent, run_id: str, *, tenant: str) -> RunResult:
+        """`resume` of this run alone: a result ``continued`` into another run is returned
+        as it is, for `_onward` to take that run up."""
         _check_run(run_id, tenant)
         refuse_unbound(agent)
         self.check_call_bounds(agent)
@@ -432,13 +437,18 @@ class AgentRunner(Resource):
         if handed == "unfinished" and old_id is not None:
             # The old run is ended `RunContinued` into this one first, then goes on with it.
             return await self.resume(agent, old_id, tenant=tenant)
-        return await self._onward(agent, result)
+        return result
 
     async def _restored_and_carried_on(
         self, agent: Agent, held: Leaseholder, carried: CarriedRun
     ) -> RunResult:
         """The claimed run's conversation rebuilt, then the run carried on from its claim."""
         self.check_budgets(agent, Budgets.of_run(agent, carried.frontier), carried.frontier.run_id)
+        if not carried.claimed:
+            # Settled already: nothing to carry on, so no conversation to rebuild (a resume
+            # walking a chain would read every earlier run's transcript again at each run of
+            # it); its result still says what it cost.
+            return await self._spent(RunResult.of(carried.frontier))
         conversation = Conversation(agent.instructions)
         claim_check = self.writer.claim_check
         for row in await self.resumer.inherited(carried.frontier):
@@ -449,17 +459,15 @@ class AgentRunner(Resource):
             # Bodies put back, then wrapped again as written: the conversation reads a body as
             # the log holds it (`message_of` takes the wrapping of a look-alike off once).
             conversation.remember(escape_bodies(await self.writer.restore(stored.event)))
-        run = HeldRun(agent, held, carried.frontier, conversation)
-        if not carried.claimed:
-            # Settled already: nothing to carry on, but its result still says what it cost.
-            return await self._spent(RunResult.of(run.frontier))
-        return await self._carry_on(run)
+        return await self._carry_on(HeldRun(agent, held, carried.frontier, conversation))
 
     async def _onward(self, agent: Agent, result: RunResult) -> RunResult:
-        """Go on with the run a result's run was carried into, if it was."""
-        if result.status != "continued" or result.continued_to is None:
-            return result
-        return await self.resume(agent, result.continued_to, tenant=result.tenant)
+        """Go on with the run a result's run was carried into, if it was, and so on along the
+        chain: one run after another, not each inside the last (a chain of some hundreds of
+        runs would exhaust the stack)."""
+        while result.status == "continued" and result.continued_to is not None:
+            result = await self._resume_one(agent, result.continued_to, tenant=result.tenant)
+        return result
 
     async def _carry_on(self, run: HeldRun) -> RunResult:
         """Plan the claimed run's outstanding calls, record the plan, and drive it on."""

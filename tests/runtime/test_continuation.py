@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import dataclasses
 import sqlite3
+import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ from onward.errors import (
     NothingToResumeError,
 )
 from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall, kind_of
-from onward.eventlog.base import EventLog
+from onward.eventlog.base import EventLog, LogRead, LogRecord
 from onward.eventlog.events import ApprovalRequested, RunContinued, RunStarted, ToolDispatched
 from onward.projections.frontier import Frontier
 from onward.projections.sqlite import SqliteFrontierStore
@@ -634,3 +636,81 @@ async def test_a_turn_too_large_to_carry_goes_on_in_the_run_it_is_in() -> None:
     assert (done.status, done.output) == ("completed", "paid both")
     assert world.ledger.count("pay") == 2  # in the old run; carried on once the turn settled
     assert kind_of(ToolDispatched) not in await world.kinds(done.run_id)
+
+
+class CountingLog(MemoryEventLog):
+    """A log counting the reads of each run's records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: Counter[str | None] = Counter()
+
+    async def _read_records(self, request: LogRead) -> list[LogRecord]:
+        self.reads[request.run_id] += 1
+        return await super()._read_records(request)
+
+
+async def test_resuming_a_chain_reads_each_run_of_it_a_bounded_number_of_times() -> None:
+    """A resume walks a chain of continued runs to its last: a run already carried on has
+    nothing to do, so it rebuilds no conversation, and the chain is read once over rather
+    than every earlier run's transcript again at each run of it."""
+    log = CountingLog()
+    world = World(log, {})
+    links = 12
+    world.model.inner = ScriptedProvider(
+        [
+            *(
+                reply("", ToolCall(call_id=f"l{n}", tool="lookup", args={"what": str(n)}))
+                for n in range(links)
+            ),
+            reply("done"),
+        ]
+    )
+    agent = dataclasses.replace(world.ledger.agent(), max_iterations=100)
+    carrying = world.runner(continuation=ContinuationPolicy(max_steps=2))
+    done = await carrying.run(agent, "look it all up", tenant=TENANT, run_id=RUN)
+    assert done.status == "completed"
+    log.reads.clear()
+
+    again = await world.runner().resume(agent, RUN, tenant=TENANT)
+
+    assert (again.status, again.run_id) == ("completed", done.run_id)
+    assert log.reads[RUN] == log.reads[done.run_id]
+
+
+class Depths:
+    """A scripted model keeping how deep the stack is at each call."""
+
+    def __init__(self, inner: ScriptedProvider) -> None:
+        self.inner = inner
+        self.depths: list[int] = []
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        depth, frame = 0, sys._getframe()
+        while frame is not None:
+            depth, frame = depth + 1, frame.f_back
+        self.depths.append(depth)
+        return await self.inner.complete(agent, messages)
+
+
+async def test_a_run_carried_on_run_after_run_goes_no_deeper_at_each() -> None:
+    """One call drives a run through every run it is carried into: were each taken up inside
+    the last one's call, a chain of some hundreds of runs would end in a RecursionError."""
+    model = Depths(
+        ScriptedProvider(
+            [
+                *(
+                    reply("", ToolCall(call_id=f"l{n}", tool="lookup", args={"what": str(n)}))
+                    for n in range(8)
+                ),
+                reply("done"),
+            ]
+        )
+    )
+    agent = dataclasses.replace(Ledger().agent(), max_iterations=100)
+    runner = AgentRunner(
+        provider=model, log=MemoryEventLog(), continuation=ContinuationPolicy(max_steps=2)
+    )
+    done = await runner.run(agent, "look it all up", tenant=TENANT, run_id=RUN)
+    assert (done.status, done.run_id) == ("completed", "r~c8")
+    assert len(set(model.depths[1:])) == 1, model.depths

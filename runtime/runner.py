@@ -69,6 +69,7 @@ from onward.eventlog.events import (
     ToolError,
     ToolResolved,
     TurnSettled,
+    Usage,
 )
 from onward.eventlog.references import is_reference, unescaped
 from onward.projections.audit import one_line, printable
@@ -1075,7 +1076,9 @@ class AgentRunner(Resource):
             if held is not None:
                 await self.release_hold(run.run_id, held)
             raise
-        fault = _message_fault(reply.message)
+        fault = _reply_fault(reply)
+        if fault is None and (found := _message_fault(reply.message)) is not None:
+            fault = f"the model's message cannot be recorded: {found}"
         if fault is not None:
             await self._answer_unrecordable(run, reply, fault)
             return []
@@ -1136,18 +1139,24 @@ class AgentRunner(Resource):
         await self.writer.append(run, [bare, failed])
 
     async def _answer_unrecordable(self, run: HeldRun, reply: ModelReply, fault: str) -> None:
-        """End the run failed when the model's message cannot be written as it is (``nan``
-        would be written as ``null``): the answer is recorded without its text and calls, for
-        its usage, and the run's error names the value at fault. Not raised, as
-        `_answer_too_large` is not."""
-        calls = len(reply.tool_calls)
-        unrun = f"; none of its {calls} tool calls was run" if calls else ""
-        bare = self.writer.event(
-            run, ModelAnswered, message=Message(role=reply.message.role), usage=reply.usage
+        """End the run failed when the provider's answer cannot be written as it is (a field
+        a `ModelReply` does not hold, such as a negative token count or ``args`` that are not
+        a dict; or ``nan`` in its message, which would be written as ``null``): the answer is
+        recorded without its text and calls, for its usage when that is sound, and the run's
+        error, ``fault``, names the value at fault. Not raised, as `_answer_too_large` is
+        not."""
+        calls = getattr(reply, "tool_calls", None)
+        unrun = (
+            f"; none of its {len(calls)} tool calls was run"
+            if isinstance(calls, list) and calls
+            else ""
         )
+        usage = getattr(reply, "usage", None)
+        if not isinstance(usage, Usage) or _shape_fault(usage, Usage) is not None:
+            usage = Usage()
+        bare = self.writer.event(run, ModelAnswered, message=Message(role="assistant"), usage=usage)
         await self.record_spend(run, bare)
-        error = f"the model's message cannot be recorded: {fault}{unrun}"
-        failed = self.writer.event(run, RunFinished, 1, status="failed", error=error)
+        failed = self.writer.event(run, RunFinished, 1, status="failed", error=f"{fault}{unrun}")
         await self.writer.append(run, [bare, failed])
 
     def _dispatched_at_once(self, run: HeldRun, calls: list[ToolCall]) -> bool:
@@ -1706,6 +1715,39 @@ def _arguments_refused(call: CallState) -> ToolError | None:
             f"{call.args[UNENCODABLE_ARGUMENTS]}; {call.tool} was not called",
         )
     return None
+
+
+def _reply_fault(reply: object) -> str | None:
+    """Why a provider's answer is not a `ModelReply` the log can keep as it is, naming the
+    field at fault (``Expected `int` >= 0 - at `$.usage.input_tokens```), or ``None``.
+
+    A Struct is not checked when it is built, so a user-written provider can answer with a
+    negative or fractional token count or a call whose ``args`` is a string; written, such an
+    answer is refused by the log, and every resume would pay the model again to be refused
+    again. Values JSON has no form for are left to `_message_fault` and `_keyed`."""
+    if not isinstance(reply, ModelReply):
+        return f"the provider answered with a {type(reply).__name__}, not a ModelReply"
+    fault = _shape_fault(reply, ModelReply)
+    if fault is None and isinstance(reply.usage, Usage):
+        # Checked alone too: a reply holding a key JSON has no form for is not checked whole.
+        fault = _shape_fault(reply.usage, Usage)
+        fault = None if fault is None else fault.replace("`$", "`$.usage", 1)
+    return None if fault is None else f"the provider's answer cannot be recorded: {fault}"
+
+
+def _shape_fault(value: msgspec.Struct, kind: type[msgspec.Struct]) -> str | None:
+    """Why ``value``, written and read back as ``kind``, is refused, or ``None``. A value
+    JSON has no form for is written as ``null`` here: only the shape is checked."""
+    try:
+        msgspec.json.decode(_SHAPE_ENCODER.encode(value), type=kind)
+    except msgspec.ValidationError as exc:
+        return str(exc)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return None
+    return None
+
+
+_SHAPE_ENCODER = msgspec.json.Encoder(enc_hook=lambda _: None)
 
 
 def _message_fault(message: Message) -> str | None:

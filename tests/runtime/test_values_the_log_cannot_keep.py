@@ -11,7 +11,7 @@ import pytest
 
 from onward.errors import PayloadTooLargeError
 from onward.eventlog import MemoryEventLog, ToolCall
-from onward.eventlog.events import Message, ToolCompleted
+from onward.eventlog.events import Message, ToolCompleted, Usage
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import MemoryBlobStore
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
@@ -110,3 +110,49 @@ async def test_an_approval_value_too_large_for_the_log_is_refused_naming_the_val
     assert "out of line" not in str(refused.value)
     assert "value" in str(refused.value)
     assert (await runner.inspect("r", tenant=TENANT)).status == "waiting"
+
+
+@pytest.mark.parametrize(
+    ("answer", "field"),
+    [
+        (
+            ModelReply(
+                message=Message(role="assistant", content="x"), usage=Usage(input_tokens=-1)
+            ),
+            "$.usage.input_tokens",
+        ),
+        (
+            ModelReply(
+                message=Message(role="assistant", content="x"),
+                usage=Usage(output_tokens=2.5),  # type: ignore[arg-type]
+            ),
+            "$.usage.output_tokens",
+        ),
+        (
+            ModelReply(
+                message=Message(role="assistant"),
+                tool_calls=[ToolCall(call_id="c1", tool="scale", args="2")],  # type: ignore[arg-type]
+            ),
+            "$.tool_calls[0].args",
+        ),
+    ],
+    ids=["negative tokens", "fractional tokens", "args not a dict"],
+)
+async def test_a_provider_answer_the_log_cannot_keep_fails_the_run_once_naming_the_field(
+    answer: ModelReply, field: str
+) -> None:
+    """A user-written provider's answer that is not what a `ModelReply` holds (a Struct is not
+    checked when built): the run ends failed, its error naming the field, and a resume does
+    not ask the (paid) model again to be refused again."""
+    log = MemoryEventLog()
+    scale, seen = a_scale_tool()
+    provider = ScriptedProvider([answer, reply("done")])
+    runner = AgentRunner(provider=provider, log=log, worker="w")
+    agent = Agent(name="scaler", instructions="scale", tools=[scale])
+    result = await runner.run(agent, "go", tenant=TENANT, run_id="r")
+    assert result.status == "failed"
+    assert result.error is not None
+    assert field in result.error
+    resumed = await runner.resume(agent, "r", tenant=TENANT)
+    assert resumed.status == "failed"
+    assert (provider.calls, seen) == (1, [])

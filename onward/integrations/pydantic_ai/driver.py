@@ -16,6 +16,7 @@ continues any deferred run: the previous messages plus the results.
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -49,10 +50,11 @@ from onward.projections.frontier import Frontier
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
 from onward.runtime.leases.holder import Leaseholder
-from onward.runtime.limits import check_name
+from onward.runtime.limits import MAX_NOTE_LENGTH, check_name
 from onward.runtime.planning import ResumePlan
 from onward.runtime.runner import AgentRunner
 from onward.runtime.spend.budget import Budgets
+from onward.runtime.tools import tool_error
 from onward.runtime.writer import HeldRun
 
 from .journal import RunCancelled, RunJournal, RunSpend, RunSuspended
@@ -345,8 +347,11 @@ class DurableRuns:
 
     @staticmethod
     async def _fail(journal: RunJournal, exc: Exception) -> None:
-        """Record the run's end, failed with ``exc``."""
-        error = f"{type(exc).__name__}: {exc}"
+        """Record the run's end, failed with ``exc``: its message masked and cut as a tool's
+        error is (`tool_error`), or one too long for the log (a tool's, say) would leave the
+        run without an end, the failure surfacing as the log's refusal instead."""
+        said = tool_error(exc, journal.writer.redactor)
+        error = f"{said.type}: {said.message}"
         await journal.append(journal.event(RunFinished, status="failed", error=error))
 
     @asynccontextmanager
@@ -509,5 +514,16 @@ def _settlements(pending: Pending, results: DeferredToolResults) -> dict[str, Se
             settled[onward["call_id"]] = ("never_ran", None, "approved: it did not take effect")
         else:
             message = approval.message if isinstance(approval, ToolDenied) else "denied"
-            settled[onward["call_id"]] = ("completed", {"denied": message}, message)
+            settled[onward["call_id"]] = ("completed", {"denied": message}, _note(message))
     return settled
+
+
+_NOT_IN_A_NOTE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _note(message: str) -> str:
+    """A denial's message as the settlement's ``why``, a note a person leaves: its control
+    characters (bar tabs and newlines) as spaces, cut to `MAX_NOTE_LENGTH`. The model reads the
+    message whole in the call's result; held to a note's limits, a longer one would refuse the
+    decision naming a ``why`` the person never gave."""
+    return _NOT_IN_A_NOTE.sub(" ", message)[:MAX_NOTE_LENGTH]

@@ -33,6 +33,7 @@ redaction, the claim check, the fence check).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
@@ -46,7 +47,7 @@ import pydantic
 from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.messages import ModelResponse
 
-from onward.errors import OnwardError, PayloadTooLargeError
+from onward.errors import InvalidInputError, OnwardError, PayloadTooLargeError
 from onward.eventlog import (
     ApprovalDenied,
     ApprovalGranted,
@@ -63,8 +64,10 @@ from onward.eventlog import (
     TurnSettled,
     Usage,
 )
+from onward.eventlog.events import TOKENS_MAX
 from onward.runtime.dispatch import NOT_CALLED, write_ahead
 from onward.runtime.leases import CancelAsked, CancelAskHeard, RunLease
+from onward.runtime.limits import MAX_NAME_LENGTH, check_name
 from onward.runtime.spend.budget import Budgets
 from onward.runtime.tools import cancelled_as_failure, idempotency_key, tool_error
 from onward.runtime.writer import HeldRun, RunWriter
@@ -265,8 +268,8 @@ class RunJournal:
             message=Message(role="assistant", content=response.text or ""),
             tool_calls=calls,
             usage=Usage(
-                input_tokens=response.usage.input_tokens,
-                output_tokens=response.usage.output_tokens,
+                input_tokens=_tokens(response.usage.input_tokens),
+                output_tokens=_tokens(response.usage.output_tokens),
             ),
             response=payload,
         )
@@ -323,14 +326,19 @@ class RunJournal:
         return await self.spend.runner.hold_model_call(self.run, self.spend.budgets, sent)
 
     def _keyed(self, model_call_id: str, tool: str, args: dict[str, Any]) -> ToolCall:
-        """A call with an id unique in the run (a model may reuse ids across turns) and its key."""
-        call_id = model_call_id
+        """A call with an id unique in the run (a model may reuse ids across turns) and its key.
+
+        The id is the model's own while it is a plain name (`_own_id`): one too long or holding
+        a control character could not be written (a NUL), or named when a person settles the
+        call, so the run would wait on a decision nobody can take."""
+        own = _own_id(model_call_id)
+        call_id = own
         if call_id in self._used_ids:
-            call_id = f"{model_call_id}~{len(self.answers) + 1}"
+            call_id = f"{own}~{len(self.answers) + 1}"
         self._used_ids.add(call_id)
         return ToolCall(
             call_id=call_id,
-            tool=tool,
+            tool=_own_tool(tool),
             args=args,
             idempotency_key=idempotency_key(self.run_id, call_id),
         )
@@ -585,6 +593,46 @@ class RunJournal:
                     wait.answer = event
 
 
+def _tokens(count: int) -> int:
+    """A token count as recorded: one no model call has (negative, past `TOKENS_MAX`, as a
+    model or its server may report) counts as zero, as the OpenAI provider counts it. The log
+    refuses such a count, so the answer could not be written and every resume would ask the
+    (paid) model again to be refused again."""
+    return count if 0 <= count <= TOKENS_MAX else 0
+
+
+_ROOM_FOR_A_MARK = 16
+"""Characters a reused call id's mark (``~<answer>``) may add, within `MAX_NAME_LENGTH`."""
+
+
+def _own_id(model_call_id: str) -> str:
+    """The run's id for a call the model gave ``model_call_id``: that id while it is a plain
+    name (`check_name`) with room for a reused id's mark, else ``call-`` and a digest of it,
+    the same on every re-execution."""
+    if _plain(model_call_id) and len(model_call_id) <= MAX_NAME_LENGTH - _ROOM_FOR_A_MARK:
+        return model_call_id
+    digest = hashlib.sha256(model_call_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"call-{digest[:32]}"
+
+
+def _plain(name: str) -> bool:
+    try:
+        check_name("name", name)
+    except InvalidInputError:
+        return False
+    return True
+
+
+def _own_tool(tool: str) -> str:
+    """The tool a call names, as recorded: a name that is not a plain one (a NUL in it, which
+    no event may hold, would leave the answer unwritten and the model asked again at every
+    resume) with its control characters escaped, cut to fit, as the runner records it. No
+    tool has such a name: pydantic-ai tells the model so and runs nothing."""
+    if _plain(tool):
+        return tool
+    return tool.encode("unicode_escape").decode("ascii")[:MAX_NAME_LENGTH] or "(empty)"
+
+
 def _turn_of(answered: ModelAnswered) -> dict[str, str]:
     """pydantic-ai's call ids of an answer, to the run's (they differ when a model reused one).
 
@@ -598,8 +646,11 @@ def _turn_of(answered: ModelAnswered) -> dict[str, str]:
     for part in response.tool_calls:
         if call is None:
             break
-        ours = call.call_id == part.tool_call_id or call.call_id.startswith(f"{part.tool_call_id}~")
-        if call.tool == part.tool_name and ours:
+        ours = any(
+            call.call_id == own or call.call_id.startswith(f"{own}~")
+            for own in (part.tool_call_id, _own_id(part.tool_call_id))
+        )
+        if call.tool in (part.tool_name, _own_tool(part.tool_name)) and ours:
             turn[part.tool_call_id] = call.call_id
             call = next(recorded, None)
     return turn

@@ -25,6 +25,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
+from pydantic_ai.usage import RequestUsage
 from pydantic_core import PydanticSerializationError
 from support.failing_ends import EndFails
 from support.stores import Stores
@@ -231,6 +232,70 @@ async def test_denying_a_lost_call_tells_the_model_and_settles_it(
     assert [(e.outcome, e.result, e.by) for e in settled] == [
         ("completed", {"denied": "it went through"}, "alice")
     ]
+
+
+@pytest.mark.parametrize(
+    "message", ["no: " + "x" * 10_000, "it went through\r\nseat 3A is yours"], ids=["long", "CRLF"]
+)
+async def test_a_denial_message_a_note_cannot_hold_is_given_to_the_model_whole(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger, message: str
+) -> None:
+    """A person's denial of a lost call says more than a note holds (or holds a carriage
+    return): the decision is taken, not refused naming a ``why`` they never gave, and the
+    model reads the message whole."""
+    decision = DeferredToolResults(approvals={"b1": ToolDenied(message)})
+    done = await lost_then(decision, durability, ledger)
+
+    assert done.status == "completed"
+    assert done.output == f"done: {message}"
+    assert len(ledger.entries()) == 1
+    (settled,) = [e for e in await events(stores) if isinstance(e, ToolResolved)]
+    assert (settled.outcome, settled.result) == ("completed", {"denied": message})
+
+
+@pytest.mark.parametrize(
+    "model_call_id", ["b" * 300, "b\nb", "b\x00b"], ids=["too long", "newline", "NUL"]
+)
+async def test_a_lost_call_the_model_gave_an_id_no_name_can_be_is_still_decided(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger, model_call_id: str
+) -> None:
+    """The model's call id is too long or holds a control character: the lost call is put
+    to a person, their decision is taken (not refused naming the id, the run waiting for
+    ever), and the call runs again with its key."""
+    script = Script(
+        ToolCallPart("book", {"seat": "3A"}, tool_call_id=model_call_id),
+        faults=Faults({"after_effect"}),
+    )
+    await crash(durability, booking_agent(durability, ledger, script))
+    waiting = await durability.resume(booking_agent(durability, ledger, script), RUN)
+    assert waiting.status == "waiting"
+    assert isinstance(waiting.output, DeferredToolRequests)
+    assert [c.tool_call_id for c in waiting.output.approvals] == [model_call_id]
+
+    decision = DeferredToolResults(approvals={model_call_id: True})
+    await durability.decide(RUN, decision, by="alice")
+    done = await durability.resume(booking_agent(durability, ledger, script), RUN)
+
+    assert (done.status, done.output) == ("completed", "done: seat 3A booked")
+    first, second = ledger.entries()
+    assert first["key"] == second["key"]
+    assert script.asked == 2
+
+
+async def test_a_call_of_a_tool_named_with_a_nul_is_recorded_and_the_model_told(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """The model names a tool with a NUL in it, which no event may hold: the answer is
+    recorded with the name escaped, pydantic-ai tells the model there is no such tool, and
+    the run goes on, rather than the (paid) model asked again at every resume."""
+    script = Script(ToolCallPart("bo\x00ok", {"seat": "3A"}, tool_call_id="b1"))
+    done = await durability.run(booking_agent(durability, ledger, script), "go", run_id=RUN)
+
+    assert done.status == "completed"
+    assert script.asked == 2
+    assert ledger.entries() == []
+    answered = [e for e in await events(stores) if isinstance(e, ModelAnswered)]
+    assert [c.tool for c in answered[0].tool_calls] == ["bo\\x00ok"]
 
 
 async def test_a_retry_safe_tool_is_dispatched_again_without_asking(
@@ -938,6 +1003,60 @@ async def test_an_output_too_large_for_the_log_fails_the_run_once(
     assert len(asked) == 1
     (finished,) = [e for e in await events(stores) if isinstance(e, RunFinished)]
     assert finished.status == "failed"
+
+
+@pytest.mark.parametrize("count", [-3, 2**41], ids=["negative", "past TOKENS_MAX"])
+async def test_a_token_count_no_model_call_has_does_not_fail_the_answer(
+    durability: OnwardDurability[None], stores: Stores, count: int
+) -> None:
+    """A model (or its server) reporting a token count the log cannot keep: the answer is
+    recorded, the count as zero, rather than refused at every resume after the (paid) model
+    is asked again and answers alike."""
+    asked: list[int] = []
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(1)
+        return ModelResponse(parts=[TextPart("hi")], usage=RequestUsage(input_tokens=count))
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(answer),
+        name="talker",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+    result = await durability.run(agent, "say hi", run_id=RUN)
+
+    assert (result.status, result.output) == ("completed", "hi")
+    assert len(asked) == 1
+    (answered,) = [e for e in await events(stores) if isinstance(e, ModelAnswered)]
+    assert answered.usage.input_tokens == 0
+
+
+async def test_a_tool_failure_with_a_message_too_long_for_the_log_ends_the_run_with_it(
+    durability: OnwardDurability[None], stores: Stores
+) -> None:
+    """A tool raises with a message of megabytes: the run ends failed with the tool's error,
+    cut as a tool's error is, and the caller gets that error, not the log's refusal of it."""
+    script = Script(ToolCallPart("write", {"text": "z"}, tool_call_id="w"))
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(script.answer),
+        name="writer",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain
+    async def write(text: str) -> int:
+        """Write a file."""
+        raise ValueError("disk full " + "x" * 2_000_000)
+
+    with pytest.raises(ValueError, match="disk full"):
+        await durability.run(agent, "go", run_id=RUN)
+    (finished,) = [e for e in await events(stores) if isinstance(e, RunFinished)]
+    assert finished.status == "failed"
+    assert finished.error is not None
+    assert finished.error.startswith("ValueError: disk full")
+    assert len(finished.error) < 3_000
 
 
 class _NoModel:

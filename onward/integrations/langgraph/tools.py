@@ -457,7 +457,11 @@ def _settlement(call: _Call, answer: Any) -> dict[str, Any]:
     if decision == "retry":
         return {**fields, "outcome": "never_ran"}
     if decision == "failed":
-        error = ToolError(type="SettledAsFailed", message=str(answer.get("error", "")))
+        said = str(answer.get("error", ""))
+        if said:
+            # A note the person leaves, as their ``why`` is: held to the same limits.
+            check_note("error", said, run_id=call.thread_id)
+        error = ToolError(type="SettledAsFailed", message=said)
         return {**fields, "outcome": "completed", "error": error}
     return {**fields, "outcome": "completed", "result": _content(answer["result"])}
 

@@ -391,6 +391,7 @@ async def test_an_answer_that_decides_nothing_is_asked_again(world: World, ledge
         ({"decision": "retry", "by": "o" * 201}, "by"),
         ({"decision": "retry", "why": "w" * 10_001}, "why"),
         ({"decision": "retry", "why": "a bell \x07"}, "why"),
+        ({"decision": "failed", "error": "e" * 10_001}, "error"),
     ],
 )
 async def test_an_answer_whose_by_or_why_the_runner_refuses_is_asked_again(
@@ -398,7 +399,8 @@ async def test_an_answer_whose_by_or_why_the_runner_refuses_is_asked_again(
 ) -> None:
     """A person's ``by`` or ``why`` is held to the limits `onward resolve` holds them to (a
     name: one line, 200 characters; a note: no control character but tab and newline, 10,000
-    characters): out of them, the question is put again naming the field, nothing recorded."""
+    characters; a failed decision's ``error`` too): out of them, the question is put again
+    naming the field, nothing recorded."""
     async with world.saver() as saver:
         await _cancel_mid_tool(saver, "agent", ledger)
         run = graph("agent", saver, model(_done()), booking_tool(ledger))

@@ -179,6 +179,14 @@ class _Taking:
     users: int = 0
 
 
+@dataclass(slots=True)
+class _CallTurn:
+    """The lock one tool call's handlings take in turn, and how many hold or wait for it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
 class OnwardSaver(BaseCheckpointSaver[str], Resource):
     """LangGraph's `BaseCheckpointSaver` on an Onward event log.
 
@@ -326,6 +334,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """How many tool calls of each thread `OnwardToolMiddleware` is running (dispatched,
         outcome not yet recorded): a cancel heard meanwhile ends the graph run only at a write
         made once none is, so each outcome is recorded first."""
+        self._call_turns: dict[tuple[str, str], _CallTurn] = {}
+        """By thread and tool call id: the turn `OnwardToolMiddleware` takes to handle a call
+        (see `_call_turn`)."""
         self._taking: dict[str, _Taking] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._records_left: dict[tuple[str, int], SpendEntry] = {}
@@ -953,6 +964,29 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 self._calling[thread_id] = left
             else:
                 del self._calling[thread_id]
+
+    @asynccontextmanager
+    async def _call_turn(self, thread_id: str, call_id: str) -> AsyncIterator[None]:
+        """Handle one tool call of the thread at a time in this saver, for the block.
+
+        A ``ToolNode`` ends its step at one call's ``interrupt()`` without waiting for the
+        others (``asyncio.gather``), whose tools run on: when the graph goes on meanwhile, the
+        call is met again while it still runs, and read from the log it would look cut off
+        (dispatched, no outcome) and be put to a person, or settled as never run and not yet
+        dispatched again. Its next handling waits for the one under way, then reads the log.
+        """
+        key = (thread_id, call_id)
+        turn = self._call_turns.get(key)
+        if turn is None:
+            turn = self._call_turns[key] = _CallTurn()
+        turn.users += 1
+        try:
+            async with turn.lock:
+                yield
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._call_turns[key]
 
     def claim(self, thread_id: str) -> ThreadState:
         return self._sync(self.aclaim(thread_id))

@@ -4,7 +4,8 @@ the thread folds only the log after it instead of the thread's whole history.
 The summary holds what reading a thread's latest checkpoints and writing the thread on need:
 the seq and fence the thread was at, the newest checkpoint of each namespace with its pending
 writes, every channel version those checkpoints refer to and the latest version of every
-channel (whole: a list as all its items), the open interrupt and the thread's tool calls.
+channel (whole: a list as all its items), the open interrupt and the thread's tool calls
+(with how often a person sent each one again).
 A state restored from it is `ThreadState.partial`: asking for anything older (an earlier
 checkpoint, the list of them all) folds the thread from its first event.
 
@@ -33,8 +34,9 @@ from onward.projections.frontier import CallState
 
 from .thread import ChannelNode, StoredWrite, ThreadState
 
-SUMMARY_FORMAT = 1
-"""The summary layout this code writes and reads; a summary of any other is ignored."""
+SUMMARY_FORMAT = 2
+"""The summary layout this code writes and reads; a summary of any other is ignored (format 1
+had no ``sent_again``: a thread summarized in it is folded from its first event)."""
 
 
 class SummaryValue(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -81,6 +83,7 @@ class ThreadSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     waiting_on: str | None
     calls: list[CallState]
     waiting_at: tuple[str, str] | None = None
+    sent_again: dict[str, int] = {}
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -140,6 +143,7 @@ def summarize(
         waiting_on=state.waiting_on,
         calls=list(state.calls.values()),
         waiting_at=state.waiting_at,
+        sent_again=dict(state.sent_again),
     )
 
 
@@ -173,6 +177,7 @@ def restored(summary: ThreadSummary, *, snapshot_every: int) -> ThreadState:
             w.task_id, w.channel, w.value, w.task_path
         )
     state.calls = {call.call_id: call for call in summary.calls}
+    state.sent_again = dict(summary.sent_again)
     return state
 
 

@@ -35,6 +35,10 @@ from onward.projections.frontier import CallState, call_after
 WriteKey = tuple[str, int]
 """A pending write's identity within one checkpoint: task id and index."""
 
+SENT_AGAIN = {"decision": "retry"}
+"""The ``result`` of the `ToolResolved` (as never run) that records a person's ``retry`` answer
+to `OnwardToolMiddleware`'s question, which tells it from a settlement made by other means."""
+
 SNAPSHOT_EVERY = 50
 """After how many appends in a row the fold holds a channel's list whole again (see
 `ChannelNode`), so rebuilding any version walks at most this many appends."""
@@ -148,6 +152,10 @@ class ThreadState:
         calls: Every tool call the thread recorded (`ToolDispatched`, `ToolCompleted`,
             `ToolResolved`), by tool call id, folded as a run's calls are. A graph thread has
             no turns to bound them, so they are kept until the thread is deleted.
+        sent_again: By tool call id, how many times a person's ``retry`` answer to the tool
+            middleware's question sent the call again: LangGraph hands the answers a task
+            was given back to its ``interrupt()`` calls, in order, each time it runs the task
+            again, so that many ``retry`` answers the call gets are ones already acted on.
         next_offset: The offset to read the run's partition from to continue this fold.
         decoded: (namespace, channel) to the decoded items of one list version (the latest
             one read or written), which the saver that holds this fold keeps: a cache, not
@@ -172,6 +180,7 @@ class ThreadState:
     waiting_on: str | None = None
     waiting_at: tuple[str, str] | None = None
     calls: dict[str, CallState] = field(default_factory=dict)
+    sent_again: dict[str, int] = field(default_factory=dict)
     next_offset: int | None = None
     decoded: dict[tuple[str, str], DecodedList] = field(default_factory=dict)
     partial: bool = False
@@ -210,6 +219,8 @@ class ThreadState:
             self._writes(event)
         elif isinstance(event, ToolDispatched | ToolCompleted | ToolResolved):
             self.calls[event.call_id] = call_after(self.calls.get(event.call_id), event)
+            if _sent_again(event):
+                self.sent_again[event.call_id] = self.sent_again.get(event.call_id, 0) + 1
         elif isinstance(event, GraphCheckpointsRemoved):
             self._removed(event)
         elif isinstance(event, GraphThreadDeleted):
@@ -220,6 +231,7 @@ class ThreadState:
             self.decoded.clear()
             self.writes.clear()
             self.calls.clear()
+            self.sent_again.clear()
             self.waiting_on = None
             self.waiting_at = None
             self.partial = False  # nothing before this event counts: the fold is whole
@@ -314,6 +326,15 @@ class ThreadState:
         return key[1] < 0 or key not in self.writes.get((ns, checkpoint_id), {})
 
 
+def _sent_again(event: ToolDispatched | ToolCompleted | ToolResolved) -> bool:
+    """Whether ``event`` records a person's ``retry`` answer (see ``sent_again``)."""
+    return (
+        isinstance(event, ToolResolved)
+        and event.outcome == "never_ran"
+        and event.result == SENT_AGAIN
+    )
+
+
 def _asked_at(details: Any) -> tuple[str, str] | None:
     """The namespace and checkpoint id an interrupt's request names (see `OnwardSaver`)."""
     if not isinstance(details, dict):
@@ -324,4 +345,11 @@ def _asked_at(details: Any) -> tuple[str, str] | None:
     return None
 
 
-__all__ = ["SNAPSHOT_EVERY", "ChannelNode", "DecodedList", "StoredWrite", "ThreadState"]
+__all__ = [
+    "SENT_AGAIN",
+    "SNAPSHOT_EVERY",
+    "ChannelNode",
+    "DecodedList",
+    "StoredWrite",
+    "ThreadState",
+]

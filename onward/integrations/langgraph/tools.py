@@ -18,9 +18,21 @@ same rules as any resumed run (:func:`onward.runtime.planning.classify_call`):
   while the tool ran): nobody knows whether it took effect, so it is never run again on its
   own. The call is put to a person through LangGraph's ``interrupt()``; the answer, one of
   ``{"decision": "completed", "result": ...}``, ``{"decision": "failed", "error": "..."}`` or
-  ``{"decision": "retry"}`` (each with optional ``"by"`` and ``"why"``), is recorded as
-  `ToolResolved` and acted on: the result is returned, the error is returned as an error
-  message, or the tool runs again.
+  ``{"decision": "retry"}`` (each with optional ``"by"`` and ``"why"``, and ``"tool_call_id"``
+  naming the call it is for), is recorded as `ToolResolved` and acted on: the result is
+  returned, the error is returned as an error message, or the tool runs again.
+
+LangGraph hands a task's answers to its ``interrupt()`` calls by their order, and gives every
+answer back each time it runs the task again. A ``ToolNode`` runs all calls of a step in one
+task, so with two of them undecided an answer can reach the other call's question: an answer
+that names another call (``"tool_call_id"``) is not taken for this one, which asks again (the
+answer reaches its call when that call asks), so with more than one undecided call in a step
+each answer must name its call. A ``retry`` the call was already sent again for is an answer
+given back, not a new one: it is passed over, so a call whose new attempt is left undecided
+too is put to the person again rather than run a third time, and taken before the tool runs
+again, so that the tool's own ``interrupt()`` gets its own answer. A call met again while this
+saver still runs it (a ``ToolNode`` ends its step at one call's question without waiting for
+the others) waits for it, and is not taken for one cut off.
 
 Tools named in ``retry_safe`` (reads, searches) run again when undecided. A call's
 idempotency key is derived once, ``onward.runtime.idempotency_key(thread_id, tool_call_id)``,
@@ -54,7 +66,7 @@ import asyncio
 import base64
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any, NamedTuple
 
 import msgspec
@@ -75,7 +87,7 @@ from onward.runtime.redaction import Redactor
 from onward.runtime.tools import cancelled_as_failure, idempotency_key, tool_error
 
 from .saver import OnwardSaver
-from .thread import ThreadState
+from .thread import SENT_AGAIN, ThreadState
 
 ToolOutput = ToolMessage | Command[Any]
 """What a tool call comes back as in a LangGraph graph."""
@@ -173,12 +185,27 @@ class OnwardToolMiddleware(AgentMiddleware[Any, Any, Any]):
         handler: Callable[[ToolCallRequest], Awaitable[ToolOutput]],
     ) -> ToolOutput:
         call = _call_of(request)
-        planned = self._plan(call, await self.saver.aclaim(call.thread_id))
+        async with self.saver._call_turn(call.thread_id, call.call_id):
+            return await self._handle(call, request, handler)
+
+    async def _handle(
+        self,
+        call: _Call,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolOutput]],
+    ) -> ToolOutput:
+        """Replay, ask about, or dispatch and run one call, by what the thread's log says."""
+        state = await self.saver.aclaim(call.thread_id)
+        planned = self._plan(call, state)
         if planned.disposition is ToolDisposition.COMPLETED:
             return self._replay(call, planned.call)
         key = _dispatch_key(call, planned.call)
+        if planned.disposition is ToolDisposition.NEVER_RAN and state.sent_again.get(call.call_id):
+            # Its tool runs again in a task that handed this call answers before: those come
+            # first, so that the tool's own interrupt() gets its own answer, not a retry.
+            _pass_given_back(call, _question(call, planned, key), state)
         if planned.disposition is ToolDisposition.INDETERMINATE and not planned.dispatch_again:
-            settled = _ask(call, planned, key)
+            settled = _ask(call, planned, key, state)
             await self.saver.arecord(call.thread_id, ToolResolved, **settled)
             if settled["outcome"] == "completed":
                 return self._replay(call, _resolved(call, settled))
@@ -403,13 +430,37 @@ def _unfinished(call: _Call, exc: BaseException, redactor: Redactor) -> _Recorde
     return None
 
 
-def _ask(call: _Call, planned: PlannedCall, key: str) -> dict[str, Any]:
+def _ask(call: _Call, planned: PlannedCall, key: str, state: ThreadState) -> dict[str, Any]:
     """Put an undecided call to a person until the answer is one we can act on.
 
     ``key`` is the idempotency key the call was dispatched with, for the person to look it up
-    in the service it called. Returns the fields of the `ToolResolved` that records it.
+    in the service it called. LangGraph hands back, in order, every answer the task was given
+    before a new one: those for another call (``"tool_call_id"``) and the ``retry`` answers the
+    call was already sent again for (``state.sent_again``) are passed over. Returns the fields
+    of the `ToolResolved` that records it.
     """
-    question: dict[str, Any] = {
+    given_back = state.sent_again.get(call.call_id, 0)
+    for settled in _answers(call, _question(call, planned, key), state):
+        if settled["outcome"] != "never_ran" or not given_back:
+            return settled
+        given_back -= 1  # a retry acted on before, given back: not about this attempt
+    raise AssertionError("unreachable: _answers asks until interrupted")
+
+
+def _pass_given_back(call: _Call, question: dict[str, Any], state: ThreadState) -> None:
+    """Take the ``retry`` answers the call was already sent again for back from LangGraph
+    (see `_ask`), asking ``question`` should one not come back."""
+    given_back = state.sent_again.get(call.call_id, 0)
+    for settled in _answers(call, question, state):
+        if settled["outcome"] == "never_ran":
+            given_back -= 1
+            if not given_back:
+                return
+
+
+def _question(call: _Call, planned: PlannedCall, key: str) -> dict[str, Any]:
+    """What a person is asked about an undecided call."""
+    return {
         "kind": QUESTION,
         "thread_id": call.thread_id,
         "tool_call_id": call.call_id,
@@ -419,12 +470,31 @@ def _ask(call: _Call, planned: PlannedCall, key: str) -> dict[str, Any]:
         "why": planned.reason,
         "decisions": list(DECISIONS),
     }
+
+
+def _answers(call: _Call, question: dict[str, Any], state: ThreadState) -> Iterator[dict[str, Any]]:
+    """The `ToolResolved` fields of each answer to ``question`` about this call, in the order
+    LangGraph hands them out; an answer that is none of the forms is asked again, saying why,
+    and one naming another call (``"tool_call_id"``) is that call's, not this one's."""
+    asked = question
     while True:
-        answer = interrupt(question)
+        answer = interrupt(asked)
+        named = answer.get("tool_call_id") if isinstance(answer, dict) else None
+        if named is not None and named != call.call_id:
+            if not isinstance(named, str) or named not in state.calls:
+                asked = {
+                    **question,
+                    "invalid_answer": f"the answer names tool call {named!r}, which this "
+                    f"thread has not made; this question is about {call.call_id!r}",
+                }
+            continue  # another call's answer: it is that call's when that call asks
         try:
-            return _settlement(call, answer)
+            settled = _settlement(call, answer)
         except InvalidInputError as exc:
-            question = {**question, "invalid_answer": str(exc)}
+            asked = {**question, "invalid_answer": str(exc)}
+            continue
+        asked = question
+        yield settled
 
 
 def _settlement(call: _Call, answer: Any) -> dict[str, Any]:
@@ -455,7 +525,7 @@ def _settlement(call: _Call, answer: Any) -> dict[str, Any]:
         ),
     }
     if decision == "retry":
-        return {**fields, "outcome": "never_ran"}
+        return {**fields, "outcome": "never_ran", "result": dict(SENT_AGAIN)}
     if decision == "failed":
         said = str(answer.get("error", ""))
         if said:

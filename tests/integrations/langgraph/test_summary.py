@@ -14,8 +14,10 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import CheckpointTuple
 from support.servers import KafkaServers
 
+from onward.eventlog import ToolDispatched, ToolResolved
 from onward.integrations.langgraph import OnwardSaver, SqliteThreadSummaries, ThreadSummaryStore
 from onward.integrations.langgraph.summary import decode, encode
+from onward.integrations.langgraph.thread import SENT_AGAIN
 
 from .graphs import config
 from .test_decoded import chat_graph
@@ -133,6 +135,22 @@ async def test_a_writer_goes_on_from_the_summary_and_the_next_reader_sees_it(
         assert contents[-2:] == [f"q{TURNS + 2}", f"re: q{TURNS + 2}"]
         assert len(contents) == 2 * (TURNS + 3)
         assert await listed(reader, "t") == await listed(whole, "t")
+
+
+async def test_a_holder_folding_on_from_the_summary_knows_which_calls_a_person_sent_again(
+    world: World,
+) -> None:
+    """The tool middleware passes over as many ``retry`` answers as a person already sent a
+    call again for (LangGraph gives them back): a fold from the summary must count them too."""
+    async with world.saver(holder="writer") as writer:
+        await writer.arecord("t", ToolDispatched, call_id="c", tool="book", idempotency_key="k")
+        retry = {"outcome": "never_ran", "result": SENT_AGAIN, "by": "ops", "why": "try again"}
+        await writer.arecord("t", ToolResolved, call_id="c", **retry)
+        await chat(writer, "t", TURNS)
+    async with world.saver(holder="next") as holder:
+        state = await holder.aclaim("t")
+        assert state.partial
+        assert state.sent_again == {"c": 1}
 
 
 async def test_a_summary_the_log_does_not_hold_is_ignored(world: World) -> None:

@@ -627,6 +627,37 @@ async def test_a_tool_that_interrupts_runs_again_when_answered(world: World, led
     ]
 
 
+async def test_a_tool_sent_again_by_a_person_that_interrupts_gets_its_own_answer(
+    world: World, ledger: Path, kind: GraphKind
+) -> None:
+    """A person sends an undecided call again and its tool then asks a question of its own.
+    LangGraph hands a task's answers out by order each time it runs the task again: the
+    middleware, which had the person's ``retry`` first, no longer asks once it is recorded, so
+    the tool's own ``interrupt()`` got ``{"decision": "retry"}`` instead of its answer."""
+    got: list[Any] = []
+
+    def book(flight: str) -> str:
+        """Book a seat, once a person agrees."""
+        got.append(interrupt({"confirm": flight}))
+        if got[-1] != "yes":
+            return "not booked"
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        return f"booked {flight}"
+
+    async with world.saver() as saver:
+        await _cancel_mid_tool(saver, kind, ledger)
+        run = graph(kind, saver, model(_done()), as_book(book))
+        await run.ainvoke(None, thread_config("t"))
+        assert (await _question(run, "t"))["kind"] == QUESTION
+        await run.ainvoke(Command(resume={"decision": "retry"}), thread_config("t"))
+        assert await _question(run, "t") == {"confirm": FLIGHT}
+        out = await run.ainvoke(Command(resume="yes"), thread_config("t"))
+    assert got == ["yes"]
+    assert _tool_messages(out) == [("success", f"booked {FLIGHT}")]
+    assert ledger_lines(ledger) == [FLIGHT, FLIGHT]
+
+
 async def test_a_tool_that_hands_its_graph_a_command_is_not_run_again_on_a_replay(
     world: World, ledger: Path, kind: GraphKind
 ) -> None:
@@ -671,6 +702,161 @@ async def test_the_sync_api_asks_and_records_the_same_way(world: World, ledger: 
     assert _tool_messages(out) == [("success", "booked by phone")]
     assert ledger_lines(ledger) == [FLIGHT]
     assert await _kinds(world, "t") == ["ToolDispatched", "ToolResolved"]
+
+
+def _two_bookings() -> AIMessage:
+    """The model's first answer: two calls of ``book`` at once, which a ``ToolNode`` runs in
+    one task."""
+    calls = [
+        {"name": "book", "args": {"flight": "A1"}, "id": "c1"},
+        {"name": "book", "args": {"flight": "B2"}, "id": "c2"},
+    ]
+    return AIMessage(content="", tool_calls=calls)
+
+
+async def _cancel_both_mid_tool(saver: OnwardSaver, ledger: Path) -> None:
+    """Run the ``ToolNode`` graph until both calls have had their effect, then cancel it."""
+    both = asyncio.Event()
+
+    def book(flight: str) -> str:
+        raise AssertionError("the async path runs")
+
+    async def book_async(flight: str) -> str:
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        if len(ledger_lines(ledger)) == 2:
+            both.set()
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    run = graph("toolnode", saver, model(_two_bookings()), as_book(book, book_async))
+    task = asyncio.create_task(run.ainvoke(START, thread_config("t")))
+    await both.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_two_undecided_calls_of_one_tool_node_step_each_get_the_answer_naming_them(
+    world: World, ledger: Path
+) -> None:
+    """A ``ToolNode`` runs both calls of a step in one task, and LangGraph hands that task's
+    answers to its ``interrupt()`` calls by their order. Once ``c1`` is settled it no longer
+    asks, so the answer given for it came back first to ``c2``'s question: ``c2`` was recorded
+    and answered with ``c1``'s result, and the person's answer for ``c2`` was never used."""
+    answers = {
+        "c1": {"tool_call_id": "c1", "decision": "completed", "result": "A1 booked by phone"},
+        "c2": {"tool_call_id": "c2", "decision": "failed", "error": "no seat on B2"},
+    }
+    async with world.saver() as saver:
+        await _cancel_both_mid_tool(saver, ledger)
+        run = graph("toolnode", saver, model(_done()), booking_tool(ledger))
+        out = await run.ainvoke(None, thread_config("t"))
+        asked: list[str] = []
+        while interrupts := (await run.aget_state(thread_config("t"))).interrupts:
+            assert len(asked) < 4, f"still asking after {asked}"
+            (question,) = [i.value for i in interrupts]
+            asked.append(question["tool_call_id"])
+            out = await run.ainvoke(Command(resume=answers[asked[-1]]), thread_config("t"))
+    assert sorted(asked) == ["c1", "c2"]
+    messages = {
+        m.tool_call_id: (m.status, m.content) for m in out["messages"] if isinstance(m, ToolMessage)
+    }
+    assert messages == {
+        "c1": ("success", "A1 booked by phone"),
+        "c2": ("error", "SettledAsFailed: no seat on B2"),
+    }
+    calls = (await _reader(world).aread_thread("t")).calls
+    assert (calls["c1"].outcome, calls["c1"].result) == ("completed", "A1 booked by phone")
+    assert calls["c2"].outcome == "error"
+    assert sorted(ledger_lines(ledger)) == ["A1", "B2"]
+
+
+async def test_a_call_sent_again_that_still_runs_when_its_step_stops_is_not_put_to_a_person(
+    world: World, ledger: Path
+) -> None:
+    """``c1`` is sent again and runs; ``c2`` asks meanwhile, and a ``ToolNode`` (one task,
+    ``asyncio.gather``) ends the step at that question without waiting for ``c1``, whose tool
+    runs on. Resumed before it finished, the middleware took ``c1`` (dispatched, no outcome)
+    for a call cut off and asked the person about it: a ``retry`` made it twice at once. It
+    waits for the call's outcome instead, and replays it."""
+    release = asyncio.Event()
+
+    def book(flight: str) -> str:
+        raise AssertionError("the async path runs")
+
+    async def book_async(flight: str) -> str:
+        with ledger.open("a") as out:
+            out.write(f"{flight}\n")
+        await release.wait()
+        return f"booked {flight}"
+
+    async with world.saver() as saver:
+        await _cancel_both_mid_tool(saver, ledger)
+        run = graph("toolnode", saver, model(_done()), as_book(book, book_async))
+        await run.ainvoke(None, thread_config("t"))
+        assert (await _question(run, "t"))["tool_call_id"] == "c1"
+        sent_again = {"tool_call_id": "c1", "decision": "retry"}
+        await run.ainvoke(Command(resume=sent_again), thread_config("t"))
+        assert (await _question(run, "t"))["tool_call_id"] == "c2"
+        for _ in range(200):  # c1's tool runs on, after the step stopped
+            if len(ledger_lines(ledger)) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(ledger_lines(ledger)) == ["A1", "A1", "B2"]
+        failed = {"tool_call_id": "c2", "decision": "failed", "error": "no seat on B2"}
+        answered = asyncio.create_task(run.ainvoke(Command(resume=failed), thread_config("t")))
+        await asyncio.sleep(0.3)
+        release.set()
+        out = await answered
+        assert (await run.aget_state(thread_config("t"))).interrupts == ()
+    messages = {
+        m.tool_call_id: (m.status, m.content) for m in out["messages"] if isinstance(m, ToolMessage)
+    }
+    assert messages == {
+        "c1": ("success", "booked A1"),
+        "c2": ("error", "SettledAsFailed: no seat on B2"),
+    }
+    assert sorted(ledger_lines(ledger)) == ["A1", "A1", "B2"]
+
+
+async def test_a_retry_answered_once_does_not_send_the_call_again_when_that_attempt_is_undecided(
+    world: World, ledger: Path, kind: GraphKind
+) -> None:
+    """A person sends an undecided call again, and that attempt too is cut off mid-tool.
+    LangGraph hands the earlier ``retry`` back to the question the middleware asks when the
+    graph goes on; taken as the answer about the new attempt, the tool ran a third time with
+    nobody asked. It is a replay of an answer already acted on: the person is asked again."""
+    async with world.saver() as saver:
+        await _cancel_mid_tool(saver, kind, ledger)
+        run = graph(kind, saver, model(_done()), booking_tool(ledger))
+        await run.ainvoke(None, thread_config("t"))
+        started = asyncio.Event()
+        run = graph(kind, saver, model(_done()), _stuck_tool(ledger, started))
+        task = asyncio.create_task(
+            run.ainvoke(Command(resume={"decision": "retry"}), thread_config("t"))
+        )
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ledger_lines(ledger) == [FLIGHT, FLIGHT]  # the person chose to book again
+
+        run = graph(kind, saver, model(_done()), booking_tool(ledger))
+        await run.ainvoke(None, thread_config("t"))
+        assert ledger_lines(ledger) == [FLIGHT, FLIGHT]
+        assert (await _question(run, "t"))["tool_call_id"] == CALL_ID
+        out = await run.ainvoke(
+            Command(resume={"decision": "failed", "error": "booked twice"}), thread_config("t")
+        )
+    assert _tool_messages(out) == [("error", "SettledAsFailed: booked twice")]
+    assert ledger_lines(ledger) == [FLIGHT, FLIGHT]
+    assert await _kinds(world, "t") == [
+        "ToolDispatched",
+        "ToolResolved",
+        "ToolDispatched",
+        "ToolResolved",
+    ]
 
 
 # -- killed processes -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -190,7 +191,7 @@ def _written_by_hand(
         "sha256": hashlib.sha256(body).hexdigest(),
     }
     path = directory / MANIFEST
-    manifest = (
+    manifest: dict[str, Any] = (
         msgspec.json.decode(path.read_bytes()) if path.exists() else {"format": 1, "ranges": []}
     )
     manifest["ranges"].append(entry)

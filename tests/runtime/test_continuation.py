@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import msgspec
@@ -686,7 +687,8 @@ class Depths:
         self.depths: list[int] = []
 
     async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
-        depth, frame = 0, sys._getframe()
+        depth = 0
+        frame: FrameType | None = sys._getframe()
         while frame is not None:
             depth, frame = depth + 1, frame.f_back
         self.depths.append(depth)

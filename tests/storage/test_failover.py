@@ -4,6 +4,9 @@ reach the new primary."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+
 import pytest
 import redis.asyncio as aioredis
 from support.private_servers import PrivateRedis, running
@@ -30,96 +33,93 @@ async def _normal_clients(client: aioredis.Redis) -> int:
     return len(await client.client_list(_type="normal")) - 1
 
 
-async def test_a_demoted_redis_refuses_a_lease_for_now_and_its_connections_are_dropped(
-    private_redis: PrivateRedis,
-) -> None:
+class Demotable:
+    """A private Redis that `demote` makes a replica of another, as a failover does to the old
+    primary, and an admin client on it."""
+
+    def __init__(self, admin: aioredis.Redis, new_primary: PrivateRedis) -> None:
+        self.admin = admin
+        self._new_primary = new_primary
+
+    async def demote(self) -> None:
+        await self.admin.replicaof("127.0.0.1", self._new_primary.port)
+
+    async def refuses_for_now(self, call: Awaitable[object]) -> None:
+        """``call`` fails retryably, saying the server is read-only, and every connection to
+        the demoted server was let go."""
+        with pytest.raises(BackendUnavailableError) as refused:
+            await call
+        assert refused.value.retryable
+        assert "the server is read-only" in str(refused.value)
+        assert await _normal_clients(self.admin) == 0
+
+
+@contextlib.asynccontextmanager
+async def demotable(private_redis: PrivateRedis) -> AsyncIterator[Demotable]:
     async with running(PrivateRedis()) as new_primary:
         admin = aioredis.Redis.from_url(private_redis.url)
         try:
-            async with RedisLeaseStore(private_redis.url, prefix="failover:") as store:
-                await store.acquire("run-1", tenant="t", holder="w1", ttl_s=30)
-                await admin.replicaof("127.0.0.1", new_primary.port)
-
-                with pytest.raises(BackendUnavailableError) as refused:
-                    await store.acquire("run-2", tenant="t", holder="w1", ttl_s=30)
-
-                assert refused.value.retryable
-                assert "the server is read-only" in str(refused.value)
-                assert await _normal_clients(admin) == 0
-                await admin.replicaof("NO", "ONE")
-                lease = await store.acquire("run-2", tenant="t", holder="w1", ttl_s=30)
-                assert lease.run_id == "run-2"
+            yield Demotable(admin, new_primary)
         finally:
             await admin.aclose()
+
+
+async def test_a_demoted_redis_refuses_a_lease_for_now_and_its_connections_are_dropped(
+    private_redis: PrivateRedis,
+) -> None:
+    async with (
+        demotable(private_redis) as server,
+        RedisLeaseStore(private_redis.url, prefix="failover:") as store,
+    ):
+        await store.acquire("run-1", tenant="t", holder="w1", ttl_s=30)
+        await server.demote()
+        await server.refuses_for_now(store.acquire("run-2", tenant="t", holder="w1", ttl_s=30))
+        await server.admin.replicaof("NO", "ONE")
+        lease = await store.acquire("run-2", tenant="t", holder="w1", ttl_s=30)
+        assert lease.run_id == "run-2"
 
 
 async def test_a_demoted_redis_refuses_a_key_sweep_for_now_and_its_connections_are_dropped(
     private_redis: PrivateRedis,
 ) -> None:
-    """The key sweeper writes through its own pipeline, not `RedisStore.run_script`: it must
-    still let go of the demoted server, or every later pass of a collector that keeps it open
+    """The key sweeper sends its own pipeline, not through the stores' scripts: a READONLY there
+    still lets go of the demoted server, or every later pass of a collector that keeps it open
     meets the same replica."""
-    async with running(PrivateRedis()) as new_primary:
-        admin = aioredis.Redis.from_url(private_redis.url)
-        try:
-            async with RedisKeySweeper(private_redis.url, prefix="failover:") as sweeper:
-                assert await sweeper.sweep(["run-1"], delete=True)
-                await admin.replicaof("127.0.0.1", new_primary.port)
-
-                with pytest.raises(BackendUnavailableError) as refused:
-                    await sweeper.sweep(["run-1"], delete=True)
-
-                assert refused.value.retryable
-                assert "the server is read-only" in str(refused.value)
-                assert await _normal_clients(admin) == 0
-        finally:
-            await admin.aclose()
+    async with (
+        demotable(private_redis) as server,
+        RedisKeySweeper(private_redis.url, prefix="failover:") as sweeper,
+    ):
+        assert await sweeper.sweep(["run-1"], delete=True)
+        await server.demote()
+        await server.refuses_for_now(sweeper.sweep(["run-1"], delete=True))
 
 
 async def test_a_demoted_redis_refuses_a_frontier_sweep_for_now_and_its_connections_are_dropped(
     private_redis: PrivateRedis,
 ) -> None:
-    async with running(PrivateRedis()) as new_primary:
-        admin = aioredis.Redis.from_url(private_redis.url)
-        try:
-            async with RedisFrontierStore(private_redis.url, prefix="failover:") as store:
-                await store.write(
-                    "c", {}, [Snapshot.of(frontier("run-1", through=1, status="completed"))], []
-                )
-                await admin.replicaof("127.0.0.1", new_primary.port)
-
-                with pytest.raises(BackendUnavailableError) as refused:
-                    await store.sweep_finished([("run-1", "acme")], [], delete=True)
-
-                assert refused.value.retryable
-                assert "the server is read-only" in str(refused.value)
-                assert await _normal_clients(admin) == 0
-        finally:
-            await admin.aclose()
+    async with (
+        demotable(private_redis) as server,
+        RedisFrontierStore(private_redis.url, prefix="failover:") as store,
+    ):
+        finished = frontier("run-1", through=1, status="completed")
+        await store.write("c", {}, [Snapshot.of(finished)], [])
+        await server.demote()
+        await server.refuses_for_now(store.sweep_finished([("run-1", "acme")], [], delete=True))
 
 
 async def test_a_demoted_redis_refuses_to_index_runs_for_now_and_its_connections_are_dropped(
     private_redis: PrivateRedis,
 ) -> None:
     """A listing by status first finishes the status index, a script that writes."""
-    async with running(PrivateRedis()) as new_primary:
-        admin = aioredis.Redis.from_url(private_redis.url)
-        try:
-            async with RedisFrontierStore(private_redis.url, prefix="failover:") as store:
-                await store.write(
-                    "c", {}, [Snapshot.of(frontier("run-1", through=1, status="running"))], []
-                )
-                await admin.delete("failover:runs-by-status-built")
-                await admin.replicaof("127.0.0.1", new_primary.port)
-
-                with pytest.raises(BackendUnavailableError) as refused:
-                    await store.runs(statuses=["running"])
-
-                assert refused.value.retryable
-                assert "the server is read-only" in str(refused.value)
-                assert await _normal_clients(admin) == 0
-        finally:
-            await admin.aclose()
+    async with (
+        demotable(private_redis) as server,
+        RedisFrontierStore(private_redis.url, prefix="failover:") as store,
+    ):
+        running_run = frontier("run-1", through=1, status="running")
+        await store.write("c", {}, [Snapshot.of(running_run)], [])
+        await server.admin.delete("failover:runs-by-status-built")
+        await server.demote()
+        await server.refuses_for_now(store.runs(statuses=["running"]))
 
 
 async def test_a_read_only_postgres_session_refuses_a_lease_for_now_and_is_let_go(

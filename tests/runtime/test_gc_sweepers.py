@@ -83,13 +83,21 @@ class TestRedisFrontierSweeper(RecordSweeperConformance):
         self.database_url, self.schema = database_url, pg_schema
 
     async def open_stores(self) -> Stores:
-        url, schema, prefix = self.database_url, self.schema, self.redis_prefix
-        return Stores(
-            await RedisFrontierStore.open(self.redis_url, prefix=prefix),
-            await PostgresLeaseStore.open(url, schema=schema),
-            await PostgresCompactionStore.open(url, schema=schema),
-            await RedisFrontierSweeper.open(self.redis_url, url, prefix=prefix, schema=schema),
+        return await redis_frontier_stores(
+            self.redis_url, self.redis_prefix, self.database_url, self.schema
         )
+
+
+async def redis_frontier_stores(
+    redis_url: str, prefix: str, database_url: str, schema: str
+) -> Stores:
+    """Frontiers in Redis, leases, compaction and tag pins in PostgreSQL, and their sweeper."""
+    return Stores(
+        await RedisFrontierStore.open(redis_url, prefix=prefix),
+        await PostgresLeaseStore.open(database_url, schema=schema),
+        await PostgresCompactionStore.open(database_url, schema=schema),
+        await RedisFrontierSweeper.open(redis_url, database_url, prefix=prefix, schema=schema),
+    )
 
 
 async def test_a_collected_run_in_redis_leaves_no_key_and_a_tombstone(
@@ -98,12 +106,7 @@ async def test_a_collected_run_in_redis_leaves_no_key_and_a_tombstone(
     """Beyond what the stores' own reads show: no key of the run is left under the prefix
     (its place in both run indexes included), and PostgreSQL has its tombstone."""
     url, schema = database_url, pg_schema
-    async with Stores(
-        await RedisFrontierStore.open(redis_url, prefix=redis_prefix),
-        await PostgresLeaseStore.open(url, schema=schema),
-        await PostgresCompactionStore.open(url, schema=schema),
-        await RedisFrontierSweeper.open(redis_url, url, prefix=redis_prefix, schema=schema),
-    ) as stores:
+    async with await redis_frontier_stores(redis_url, redis_prefix, url, schema) as stores:
         gone, kept = await stores.seed("completed"), await stores.seed("completed")
         await stores.sweeper.sweep(SweepPlan(expired=(gone,)), delete=True)
         client = Redis.from_url(redis_url, decode_responses=True)
@@ -136,12 +139,7 @@ async def test_a_run_in_redis_tagged_while_the_sweep_decides_keeps_its_row_and_t
     read, deleting its row and pin now would lose the tag; so either the sweep keeps both, or
     the tagger's read finds the run gone (and refuses the tag)."""
     url, schema = database_url, pg_schema
-    async with Stores(
-        await RedisFrontierStore.open(redis_url, prefix=redis_prefix),
-        await PostgresLeaseStore.open(url, schema=schema),
-        await PostgresCompactionStore.open(url, schema=schema),
-        await RedisFrontierSweeper.open(redis_url, url, prefix=redis_prefix, schema=schema),
-    ) as stores:
+    async with await redis_frontier_stores(redis_url, redis_prefix, url, schema) as stores:
         run = await stores.seed("completed")
         sweeper = stores.sweeper
         assert isinstance(sweeper, RedisFrontierSweeper)
@@ -175,12 +173,7 @@ async def test_a_run_in_redis_touched_while_the_sweep_decides_keeps_everything(
     into its row before the deletes: the run is not old now, and keeps its keys and rows, as
     the PostgreSQL sweeper's predicates keep it."""
     url, schema = database_url, pg_schema
-    async with Stores(
-        await RedisFrontierStore.open(redis_url, prefix=redis_prefix),
-        await PostgresLeaseStore.open(url, schema=schema),
-        await PostgresCompactionStore.open(url, schema=schema),
-        await RedisFrontierSweeper.open(redis_url, url, prefix=redis_prefix, schema=schema),
-    ) as stores:
+    async with await redis_frontier_stores(redis_url, redis_prefix, url, schema) as stores:
         touched, gone = await stores.seed("completed"), await stores.seed("completed")
         sweeper = stores.sweeper
         assert isinstance(sweeper, RedisFrontierSweeper)

@@ -49,7 +49,7 @@ from onward.errors import (
     OutcomeUnknownError,
     PayloadTooLargeError,
 )
-from onward.eventlog.base import EventLog
+from onward.eventlog.base import EventLog, SequenceGuard
 from onward.eventlog.codec import unencodable
 from onward.eventlog.events import (
     ApprovalDenied,
@@ -423,6 +423,7 @@ class AgentRunner(Resource):
         await self.resumer.refuse_another_tenants(run_id, tenant)
         async with self._holding(run_id, tenant, self.worker) as held:
             carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)
+            await self.record_answers_left(agent, carried.frontier)
             if carried.claimed:
                 await self.release_holds_left(run_id)
             handed = "handed_over"
@@ -621,23 +622,61 @@ class AgentRunner(Resource):
         is to be written at, before it is written: a crash between the two leaves the call
         counted (the provider was paid for it) under a seq that holds no answer, and the call
         made again on resume is counted too, under its own answer's seq. Recording one key
-        again (a retry) changes nothing. A ledger that does not answer raises, and the entry
-        is recorded at this runner's next held call or run end (`RunWriter.record_spend`)."""
+        again (a retry) changes nothing. An entry the ledger does not take now is kept and
+        the answer written all the same (`RunWriter.record_spend`); a resume records it from
+        the log if this process dies first (`record_answers_left`)."""
         if self.spend is None:
             return
+        await self.writer.record_spend(self._spend_entry(run.agent, answered))
+
+    def _spend_entry(self, agent: Agent, answered: ModelAnswered) -> SpendEntry:
+        """The ledger's entry of the call ``answered`` answers, keyed by the answer's seq."""
         usage = answered.usage
-        await self.writer.record_spend(
-            SpendEntry(
-                run_id=run.run_id,
-                tenant=run.tenant,
-                seq=answered.seq,
-                model=run.agent.model,
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                micros=self.prices.cost(run.agent.model, usage),
-                at=answered.at,
-            )
+        return SpendEntry(
+            run_id=answered.run_id,
+            tenant=answered.tenant,
+            seq=answered.seq,
+            model=agent.model,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            micros=self.prices.cost(agent.model, usage),
+            at=answered.at,
         )
+
+    async def record_answers_left(self, agent: Agent, frontier: Frontier) -> None:
+        """Record the spend of the run's answers the ledger lacks, on taking the run: an entry
+        whose record found the ledger down was kept only by the process that wrote its answer
+        (`RunWriter.record_spend`), and is lost with it if that process died before the
+        ledger came back. Every answer in the log is recorded under its own seq, the key its
+        first record took, so one recorded already changes nothing; the log is read only when
+        the ledger counts fewer tokens for the run than its answers carry (its frontier's).
+        A ledger that cannot be reached is logged: the answers stay in the log for the next
+        claim, and a budget is not weighed without it."""
+        if self.spend is None:
+            return
+        run_id = frontier.run_id
+        try:
+            spent = await self.spend.run_total(run_id)
+            if (
+                spent.input_tokens >= frontier.input_tokens
+                and spent.output_tokens >= frontier.output_tokens
+            ):
+                return
+            read = await self.log.read_run(
+                run_id,
+                start=frontier.first_offset if frontier.first_offset >= 0 else None,
+                end=frontier.through_offset + 1,
+            )
+            recorded = 0
+            # Only what counts: an answer a fence refused is not the one its seq keys.
+            for stored in SequenceGuard().admit_all(read):
+                if isinstance(stored.event, ModelAnswered):
+                    recorded += await self.spend.record(self._spend_entry(agent, stored.event))
+        except OnwardError as exc:
+            _log.warning("run %s: the spend of its answers is still to check (%s)", run_id, exc)
+            return
+        if recorded:
+            _log.info("run %s: the spend of %d answers recorded from the log", run_id, recorded)
 
     async def _spent(self, result: RunResult) -> RunResult:
         """The result with the run's spend, as the ledger has it, when there is one.

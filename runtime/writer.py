@@ -263,20 +263,18 @@ class RunWriter:
 
     async def record_spend(self, entry: SpendEntry) -> None:
         """Record a model call's cost. One the ledger does not take now (it does not answer)
-        is kept and recorded later (`drop_holds_left`): the provider was paid for the call,
-        and a resume drops the call's hold and counts only the call it makes again, so the
-        run would pass its budget by the lost call.
-
-        Raises:
-            BackendError: The ledger did not take it now.
-        """
+        is kept, recorded later (`drop_holds_left`), and not raised: the provider was paid
+        for the call, so its answer is still to be written, and the log then holds its usage
+        under the entry's key, which a resume elsewhere records from if this process dies
+        first (`AgentRunner.record_answers_left`). Raised, the answer would be lost with the
+        entry, and the call made, and paid for, again."""
         if self.spend is None:
             return
         try:
             await self.spend.record(entry)
-        except BackendError:
+        except BackendError as exc:
             self._records_left[(entry.run_id, entry.seq)] = entry
-            raise
+            _log.warning("run %s: a call's spend is still to record (%s)", entry.run_id, exc)
 
     async def drop_holds_left(self) -> None:
         """Record the calls whose record found the ledger unreachable (`record_spend`), then

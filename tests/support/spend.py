@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 
-from onward.errors import BudgetExceededError
+from onward.errors import BackendUnavailableError, BudgetExceededError
 from onward.eventlog.events import Message, ModelAnswered, ToolCall
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends
 from onward.runtime.providers import ModelReply, Provider, ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
-from onward.runtime.spend import PriceTable, Spend, estimate_usage
+from onward.runtime.spend import PriceTable, Spend, SpendLedger, estimate_usage
 from onward.runtime.tools import Tool, tool
 from support.crashes import Crash
 
@@ -165,3 +166,38 @@ def dead_runner_on(backends: Backends, model: Provider) -> DeadRunner:
         spend=backends.spend,
         prices=backends.settings.price_table(),
     )
+
+
+LEDGER_METHODS = (
+    "hold",
+    "release",
+    "release_run",
+    "record",
+    "run_total",
+    "tenant_total",
+    "entries",
+)
+
+
+class Outage:
+    """The ledger stops answering at the first record of a call (the provider has answered and
+    is owed), and answers nothing until `end`."""
+
+    def __init__(self, ledger: SpendLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.down = False
+        self.began = False
+        for name in LEDGER_METHODS:
+            monkeypatch.setattr(ledger, name, self._wrapped(name, getattr(ledger, name)))
+
+    def _wrapped(self, name: str, method: Callable[..., Awaitable[Any]]) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if name == "record" and not self.began:
+                self.began = self.down = True
+            if self.down:
+                raise BackendUnavailableError("the spend ledger did not answer")
+            return await method(*args, **kwargs)
+
+        return call
+
+    def end(self) -> None:
+        self.down = False

@@ -203,6 +203,7 @@ class DurableRuns:
         await self.runner.resumer.refuse_another_tenants(run_id, self.tenant)
         async with self._holding(run_id) as held:
             carried = await self.runner.resumer.claim(described, held, worker=self.runner.worker)
+            await self.runner.record_answers_left(described, carried.frontier)
             if not carried.claimed:
                 return await self._as_it_stands(carried.frontier)
             # A holder that died mid-call left its call held: that call is not being made any

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.models.function import FunctionModel
+from support.spend import Outage
 from support.stores import Stores
 
 from integrations.pydantic_ai.world import (
@@ -19,7 +20,12 @@ from integrations.pydantic_ai.world import (
     booking_agent,
     durability_on,
 )
-from onward.errors import BudgetExceededError, ConfigurationError, InvalidInputError
+from onward.errors import (
+    BackendUnavailableError,
+    BudgetExceededError,
+    ConfigurationError,
+    InvalidInputError,
+)
 from onward.eventlog import Event, ModelAnswered, RunFinished, RunStarted
 from onward.integrations.pydantic_ai import DurableRunResult, OnwardDurability
 from onward.runtime.demo_ledger import Ledger
@@ -240,3 +246,30 @@ async def test_a_hold_a_worker_left_dying_mid_call_is_released_when_the_run_resu
     assert done.status == "completed"
     assert script.asked == 3
     assert (await spend.run_total(RUN)).calls == 2
+
+
+async def test_a_call_paid_while_the_ledger_was_down_is_counted_after_a_crash(
+    stores: Stores, spend: SqliteSpendLedger, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger stops answering at the first answer's record, and the run stops at its next
+    call's hold; its process is gone before the ledger is back. Resumed by another, each
+    call the model was paid for is counted once: the first too, which only the dead process
+    kept."""
+    script = Script()
+    outage = Outage(spend, monkeypatch)
+    prices = priced(script, "2", "5")
+    durability = durability_on(stores, worker="here", spend=spend, prices=prices)
+    with pytest.raises(BackendUnavailableError):
+        await booked(durability, ledger, script, budget_micros=10**9)
+    assert outage.began
+    outage.end()
+
+    again = durability_on(stores, worker="there", spend=spend, prices=prices)
+    done = await again.resume(booking_agent(again, ledger, script), RUN)
+    assert done.status == "completed"
+    answers = [e for e in await events(stores) if isinstance(e, ModelAnswered)]
+    entries = await spend.entries(RUN)
+    assert (await spend.run_total(RUN)).calls == script.asked, "a paid call is not counted"
+    assert [(e.seq, e.input_tokens) for e in entries] == [
+        (a.seq, a.usage.input_tokens) for a in answers
+    ]

@@ -48,7 +48,7 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 
-from .transcript import TranscriptRow, message_of, speaks
+from .transcript import TranscriptRow, speaks, stored_message_of
 
 FRONTIER_FORMAT = 1
 """Version of the frontier payload; a store refuses payloads it does not know."""
@@ -436,7 +436,7 @@ def _fold_events(
 
 
 def _said(d: FrontierDraft, seq: int, event: Event) -> TranscriptRow:
-    message = message_of(event)
+    message = stored_message_of(event)
     assert message is not None
     return TranscriptRow(tenant=d.tenant, run_id=d.run_id, seq=seq, message=message)
 

@@ -7,8 +7,8 @@ transcripts its ``RunStarted.carried`` names), each model answer with the calls 
 a status check (``ToolResolved`` as completed), and a person's answer at a collaborative
 checkpoint after a settled turn (``ApprovalGranted`` of a checkpoint request, with a value: the
 model reads it as a user message before its next call). Every other event adds nothing to it.
-:func:`message_of` is that derivation, the one the runner's `Conversation` and the projector
-both use.
+:func:`message_of` is that derivation, the one the runner's `Conversation` uses; the projector
+stores it as :func:`stored_message_of` gives it.
 
 The projector (and the embedded fold) appends each message to the transcript of its store in
 the same transaction as the run's frontier row, and the frontier counts them
@@ -18,6 +18,13 @@ run through ``last_seq``. A reader that finds fewer has a hole in the run's hist
 A claim-checked body stays a reference here, as in the log: the message's content is then a
 list whose first part is the reference (``{"$blob": digest, "size": n}``), followed, for an
 assistant message, by its tool-calls part. The runtime's reader puts the body back.
+
+A model answer whose calls' arguments were moved out of line, or merely look like a reference
+(or its wrapping), is stored as a `LoggedMessage` (`stored_message_of`): its tool-calls part
+holds each call's arguments as the log does, a reference the claim check made or a look-alike
+still wrapped (`escaped`), so the reader fetches the one and unwraps the other; so is a final
+answer whose one part looks like one. Rows written before it hold the look-alikes unwrapped,
+as like a reference as the real ones: their arguments are read as they are, never fetched.
 """
 
 from __future__ import annotations
@@ -84,6 +91,27 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return made
 
 
+class LoggedMessage(Message, frozen=True, kw_only=True, gc=False):
+    """A model answer as the transcript keeps it when a body of it is not as the model gave it
+    (`stored_message_of`); the runtime's reader puts the bodies back.
+
+    Attributes:
+        as_logged: Its bodies are as the log holds them: the tool-calls part (its last part,
+            when it asked for calls) holds each call's arguments as a claim-check reference
+            or, a look-alike, wrapped (`escaped`); a final answer's lone part shaped like a
+            reference is wrapped. Only the transcript's writer sets it; a model cannot (it is
+            not in ``content``).
+    """
+
+    as_logged: bool = False
+
+
+_LOGGED_KEY = b'"as_logged"'
+"""How a stored body that may be a `LoggedMessage` is told apart without decoding it twice."""
+
+_logged_decoder = msgspec.json.Decoder(LoggedMessage)
+
+
 class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One message of a run's transcript, keyed by the seq of the event it came from."""
 
@@ -117,6 +145,23 @@ class _Said(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 
 _chunk_decoder = msgspec.json.Decoder(list[_Said])
+
+
+class _LoggedSaid(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One message of a chunk holding a `LoggedMessage`, as stored: ``[seq, message]``."""
+
+    seq: int
+    message: LoggedMessage
+
+
+_logged_chunk_decoder = msgspec.json.Decoder(list[_LoggedSaid])
+
+
+def _plain(message: LoggedMessage) -> Message:
+    """A decoded message as written: a `LoggedMessage` only if its writer marked it one."""
+    if message.as_logged:
+        return message
+    return Message(role=message.role, content=message.content, tool_call_id=message.tool_call_id)
 
 
 async def encoded_chunks(chunks: Sequence[Sequence[TranscriptRow]]) -> list[bytes]:
@@ -161,6 +206,8 @@ def decode_message(body: bytes) -> Message:
     """A stored message, JSON or a zstd frame of it."""
     if body[:4] == _ZSTD_MAGIC:
         body = _decompressor().decompress(body)
+    if _LOGGED_KEY in body:
+        return _plain(_logged_decoder.decode(body))
     return _decoder.decode(body)
 
 
@@ -169,6 +216,8 @@ def decode_chunk(body: bytes) -> list[tuple[int, Message]]:
     message, JSON or a zstd frame of it."""
     if body[:4] == _ZSTD_MAGIC:
         body = _decompressor().decompress(body)
+    if _LOGGED_KEY in body:
+        return [(said.seq, _plain(said.message)) for said in _logged_chunk_decoder.decode(body)]
     return [(said.seq, said.message) for said in _chunk_decoder.decode(body)]
 
 
@@ -249,6 +298,30 @@ def message_of(event: Event) -> Message | None:
     return Message(role="user", content=as_text(value)) if answers else None
 
 
+def stored_message_of(event: Event) -> Message | None:
+    """The message a counted event adds to the run's transcript, or ``None``: `message_of`'s,
+    except for a model answer with a body the log holds wrapped (`escape_bodies`), or whose
+    calls' arguments it holds as a reference. That one is a `LoggedMessage` keeping them so:
+    the wrapping is what tells a look-alike (which is never fetched) from a reference the
+    claim check made.
+    """
+    message = message_of(event)
+    if message is None or not isinstance(event, ModelAnswered):
+        return message
+    content = event.message.content
+    if not event.tool_calls:
+        if isinstance(content, list) and len(content) == 1 and is_escaped(content[0]):
+            return LoggedMessage(role=message.role, content=list(content), as_logged=True)
+        return message
+    if not isinstance(message.content, list):
+        return message
+    if not any(is_reference(c.args) or is_escaped(c.args) for c in event.tool_calls):
+        return message
+    calls = [ToolCallRef(c.call_id, c.tool, dict(c.args)) for c in event.tool_calls]
+    said = [*message.content[:-1], msgspec.to_builtins(ToolCallsPart(calls))]
+    return LoggedMessage(role=message.role, content=said, as_logged=True)
+
+
 def _said(role: str, body: Any, call_id: str | None) -> Message:
     content: str | list[Any] = [body] if is_reference(body) else as_text(unescaped(body))
     return Message(role=role, content=content, tool_call_id=call_id)
@@ -265,6 +338,7 @@ __all__ = [
     "BLOB_REF",
     "CHECKPOINT_REQUEST",
     "LITERAL",
+    "LoggedMessage",
     "TranscriptRow",
     "as_text",
     "checkpoint_of",
@@ -276,5 +350,6 @@ __all__ = [
     "is_reference",
     "message_of",
     "speaks",
+    "stored_message_of",
     "unescaped",
 ]

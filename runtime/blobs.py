@@ -238,8 +238,9 @@ class ClaimCheck:
             HistoryUnavailableError: The arguments are not in the blob store.
         """
         if is_reference(args):
+            # Moved out as written: a look-alike wrapped (`escape_bodies` runs before `shrink`).
             body = await self.body(args[_REF], run_id=run_id, seq=seq)
-            return msgspec.json.decode(body, type=dict[str, Any])
+            args = msgspec.json.decode(body, type=dict[str, Any])
         return unescaped(args)  # type: ignore[no-any-return]
 
     async def restore(self, event: Event) -> Event:

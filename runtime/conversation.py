@@ -16,13 +16,16 @@ import msgspec
 
 from onward.errors import HistoryUnavailableError
 from onward.eventlog.events import Event, Message, ModelAnswered
-from onward.eventlog.parts import ToolCallsPart, parts_of
+from onward.eventlog.parts import ToolCallRef, ToolCallsPart, parts_of
 from onward.projections.transcript import (
     BLOB_REF,
+    LoggedMessage,
     TranscriptRow,
     as_text,
+    is_escaped,
     is_reference,
     message_of,
+    unescaped,
 )
 
 from .blobs import ClaimCheck
@@ -91,6 +94,12 @@ async def restored(row: TranscriptRow, claim_check: ClaimCheck | None) -> Messag
             configured to read it from.
     """
     message = row.message
+    if isinstance(message, LoggedMessage) and message.as_logged:
+        said = message.content
+        if len(said) == 1 and is_escaped(said[0]):
+            # A final answer's one part shaped like a reference: the model's, never fetched.
+            return Message(role=message.role, content=[unescaped(said[0])])
+        message = await _calls_given(row, message, claim_check)
     content = message.content
     if not (isinstance(content, list) and content and is_reference(content[0])):
         return message
@@ -103,14 +112,53 @@ async def restored(row: TranscriptRow, claim_check: ClaimCheck | None) -> Messag
     body = msgspec.json.decode(
         await claim_check.body(content[0][BLOB_REF], run_id=row.run_id, seq=row.seq)
     )
+    # The body was moved out as written: a look-alike wrapped (`escape_bodies` runs first).
     if message.role != "assistant":
-        return msgspec.structs.replace(message, content=as_text(body))
+        return msgspec.structs.replace(message, content=as_text(unescaped(body)))
     said = msgspec.convert(body, Message).content
+    if isinstance(said, list) and len(said) == 1:
+        said = [unescaped(said[0])]
     rest = content[1:]
     if not rest:
         return msgspec.structs.replace(message, content=said)
     parts: list[Any] = [] if said == "" else msgspec.to_builtins(parts_of(said))
     return msgspec.structs.replace(message, content=[*parts, *rest])
+
+
+async def _calls_given(
+    row: TranscriptRow, message: LoggedMessage, claim_check: ClaimCheck | None
+) -> Message:
+    """A model answer with its calls' arguments as the model gave them: fetched if the claim
+    check moved them out of line, unwrapped if they only looked like a reference. Only a row
+    that says it holds them as the log does (`LoggedMessage`) is read so; in an earlier row a
+    look-alike was stored unwrapped, like a reference, and its arguments are read as stored.
+    """
+    content = list(message.content)
+    part = msgspec.convert(content[-1], ToolCallsPart)
+    calls = [
+        msgspec.structs.replace(call, arguments=await _arguments(call, row, claim_check))
+        for call in part.tool_calls
+    ]
+    content[-1] = msgspec.to_builtins(ToolCallsPart(calls))
+    return Message(role=message.role, content=content, tool_call_id=message.tool_call_id)
+
+
+async def _arguments(
+    call: ToolCallRef, row: TranscriptRow, claim_check: ClaimCheck | None
+) -> dict[str, Any] | str:
+    """One call's arguments of a `LoggedMessage`, as the model gave them."""
+    args = call.arguments
+    if not isinstance(args, dict):
+        return args
+    if claim_check is not None:
+        return await claim_check.arguments(args, run_id=row.run_id, seq=row.seq)
+    if is_reference(args):
+        raise HistoryUnavailableError(
+            f"run {row.run_id!r} seq {row.seq}: the arguments of {call.id} are in a blob store "
+            f"({args[BLOB_REF]}) and this runner has none; configure blobs=",
+            run_id=row.run_id,
+        )
+    return unescaped(args)  # type: ignore[no-any-return]
 
 
 __all__ = ["Conversation", "as_text", "restored"]

@@ -41,7 +41,7 @@ from onward.projections.base import DEFAULT_CONSUMER, FrontierStore
 from onward.projections.compaction import CompactionStore
 from onward.projections.compaction.history import read_whole_run
 from onward.projections.frontier import Frontier, fold_all
-from onward.projections.transcript import TranscriptRow, message_of
+from onward.projections.transcript import TranscriptRow, stored_message_of
 
 from .agent import Agent
 from .leases.base import LeasePolicy, LeaseStore, RunLease
@@ -452,11 +452,11 @@ def _gap_after(frontier: Frontier, tail: Sequence[StoredEvent]) -> int | None:
 
 
 def _transcript_rows(events: Sequence[Event]) -> list[TranscriptRow]:
-    """The transcript rows the counted ``events`` add."""
+    """The transcript rows the counted ``events`` add, as the projector would store them."""
     return [
         TranscriptRow(tenant=e.tenant, run_id=e.run_id, seq=e.seq, message=message)
         for e in events
-        if (message := message_of(e)) is not None
+        if (message := stored_message_of(e)) is not None
     ]
 
 

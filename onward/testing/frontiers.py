@@ -26,7 +26,7 @@ from onward.projections.base import (
     released_mark,
 )
 from onward.projections.frontier import FRONTIER_FORMAT, CallState, Frontier, ToolCallRow
-from onward.projections.transcript import TranscriptRow
+from onward.projections.transcript import LoggedMessage, TranscriptRow
 
 from .eventlog import new_run_id
 
@@ -651,6 +651,36 @@ class FrontierStoreConformance:
             CONSUMER, {}, [Snapshot.of(frontier(run_id, through=4))], [], messages=rows
         )
         assert await store.transcript(run_id, tenant="acme", through=4) == rows
+
+    async def test_a_message_with_its_arguments_as_logged_reads_back_marked(
+        self, store: FrontierStore
+    ) -> None:
+        """A model answer whose calls' arguments the transcript keeps as the log does (a
+        reference, a wrapped look-alike) comes back marked so, beside messages that are not,
+        and one merely naming the mark in its arguments does not."""
+        run_id = new_run_id()
+        calls = [
+            {"id": "c-1", "name": "write", "arguments": {"$blob": "sha256:" + "1" * 64, "size": 9}},
+            {"id": "c-2", "name": "keep", "arguments": {"$literal": {"$blob": "x", "size": 1}}},
+        ]
+        logged = LoggedMessage(
+            role="assistant",
+            content=[{"type": "tool_calls", "tool_calls": calls}],
+            as_logged=True,
+        )
+        named = {"id": "c-3", "name": "keep", "arguments": {"as_logged": True}}
+        plain = Message(role="assistant", content=[{"type": "tool_calls", "tool_calls": [named]}])
+        rows = [
+            said(run_id, 1, "go"),
+            TranscriptRow(tenant="acme", run_id=run_id, seq=2, message=logged),
+            TranscriptRow(tenant="acme", run_id=run_id, seq=3, message=plain),
+        ]
+        await store.write(
+            CONSUMER, {}, [Snapshot.of(frontier(run_id, through=3))], [], messages=rows
+        )
+        got = await store.transcript(run_id, tenant="acme", through=3)
+        assert got == rows
+        assert [type(r.message) for r in got] == [Message, LoggedMessage, Message]
 
     async def test_a_transcript_row_is_stored_once_and_never_replaced(
         self, store: FrontierStore

@@ -17,14 +17,17 @@ import pytest
 import pytest_asyncio
 from support.crashes import Crash, CrashAt
 
+from onward.errors import HistoryUnavailableError
 from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall
 from onward.projections.sqlite import SqliteFrontierStore
+from onward.projections.transcript import LoggedMessage, TranscriptRow
 from onward.runtime.agent import Agent
-from onward.runtime.blobs import SqliteBlobStore, digest_of
+from onward.runtime.blobs import ClaimCheck, MemoryBlobStore, SqliteBlobStore, digest_of
+from onward.runtime.conversation import restored
 from onward.runtime.leases import SqliteLeaseStore
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
-from onward.runtime.tools import tool
+from onward.runtime.tools import Tool, tool
 
 SECRET = "A-CONFIDENTIAL " + "x" * (300 * 1024)  # over the threshold: stored out of line
 
@@ -199,3 +202,181 @@ async def test_a_look_alike_result_is_read_back_as_given_when_resumed_from_the_l
     assert tool_message.role == "tool"
     assert isinstance(tool_message.content, str)
     assert msgspec.json.decode(tool_message.content) == answer
+
+
+LARGE = {"text": "z" * (300 * 1024)}
+"""A call's arguments over the claim check's threshold: the log holds them out of line."""
+
+
+@tool
+async def write(text: str, *, idempotency_key: str) -> str:
+    """A short answer to large arguments; to short ones, an answer over the threshold."""
+    return text[:3] if len(text) > 10 else "z" * (300 * 1024)
+
+
+WRITER = Agent(name="writer", instructions="write", tools=[write])
+
+
+def _asked(messages: Sequence[Message]) -> list[Any]:
+    """The arguments of every call the assistant messages of a conversation asked for."""
+    return [
+        call["arguments"]
+        for message in messages
+        if message.role == "assistant" and isinstance(message.content, list)
+        for part in message.content
+        if isinstance(part, dict) and part.get("type") == "tool_calls"
+        for call in part["tool_calls"]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("said", "args"),
+    [
+        ("", LARGE),  # large arguments
+        ("y" * (300 * 1024), LARGE),  # a large text and large arguments
+        ("y" * (300 * 1024), {"text": "short"}),  # a large text; a large result
+    ],
+    ids=["arguments", "text-and-arguments", "text-and-result"],
+)
+async def test_large_bodies_reach_the_model_as_given_when_resumed_from_the_transcript(
+    embedded: Embedded, said: str, args: dict[str, Any]
+) -> None:
+    """A past call whose arguments the claim check moved out of line had been shown to the
+    model, after a resume from the stored transcript, as the reference it was stored as: the
+    model saw another conversation than the run it was resuming had. It sees the one the run
+    would have sent it had it not stopped."""
+    script = [reply(said, ToolCall(call_id="w-1", tool="write", args=args)), reply("done")]
+    whole = Recording(script)
+    await embedded.runner(whole).run(WRITER, "write it", tenant="a", run_id="whole")
+    crashing = embedded.runner(ScriptedProvider(script), observer=CrashAt("turn.settled"))
+    with pytest.raises(Crash):
+        await crashing.run(WRITER, "write it", tenant="a", run_id="w")
+
+    provider = Recording(script)
+    result = await embedded.runner(provider).resume(WRITER, "w", tenant="a")
+
+    assert result.status == "completed"
+    assert _asked(provider.calls[0]) == [args]
+    assert provider.calls[0] == whole.calls[1]
+
+
+def a_keeper() -> tuple[Tool, list[dict[str, Any]]]:
+    """A ``keep`` tool taking any arguments, and the arguments of each of its calls."""
+    kept: list[dict[str, Any]] = []
+
+    async def keep(*, idempotency_key: str, **args: Any) -> str:
+        kept.append(args)
+        return "kept"
+
+    return Tool(name="keep", description="keep", parameters={"type": "object"}, fn=keep), kept
+
+
+@pytest.mark.parametrize("beside", [LARGE, None], ids=["beside-large", "alone"])
+@pytest.mark.parametrize(
+    "args", [FORGED, {"$literal": FORGED}, {"$literal": "kept"}], ids=["ref", "wrapped", "literal"]
+)
+async def test_arguments_shaped_like_a_reference_are_given_as_they_are_and_never_fetched(
+    embedded: Embedded, args: dict[str, Any], beside: dict[str, Any] | None
+) -> None:
+    """A model's arguments shaped like a reference (to another tenant's body), or like the
+    wrapping of one: the tool is called with them as the model gave them, and after a resume
+    from the stored transcript the model is shown them so, whether the claim check moved them
+    out of line beside large ones or kept them in line. The body they name is never fetched."""
+    await embedded.runner(Recording([reply("noted")])).run(AGENT, SECRET, tenant="a", run_id="a-1")
+    body = msgspec.json.encode(SECRET)
+    if args == FORGED:
+        args = {"$blob": digest_of(body), "size": len(body)}  # tenant A's body
+    keep, kept = a_keeper()
+    calls = [ToolCall(call_id="k-1", tool="keep", args=args)]
+    if beside is not None:
+        calls.insert(0, ToolCall(call_id="w-1", tool="write", args=beside))
+    script = [reply("", *calls), reply("done")]
+    agent = Agent(name="keeper", instructions="keep", tools=[write, keep])
+    crashing = embedded.runner(Recording(script), observer=CrashAt("turn.settled"))
+    with pytest.raises(Crash):
+        await crashing.run(agent, "keep it", tenant="b", run_id="b-1")
+
+    provider = Recording(script)
+    result = await embedded.runner(provider).resume(agent, "b-1", tenant="b")
+
+    assert result.status == "completed"
+    assert kept == [args]
+    assert _asked(provider.calls[0]) == [c.args for c in calls]
+    assert "A-CONFIDENTIAL" not in str(provider.calls[0])
+
+
+async def test_a_row_stored_before_arguments_were_kept_as_logged_is_read_as_stored() -> None:
+    """A transcript row written before the mark held a look-alike unwrapped, as like a reference
+    as one the claim check made: its arguments are read as stored, never fetched. A marked row's
+    reference is fetched, and without a blob store the resume stops rather than show it."""
+    blobs = MemoryBlobStore()
+    given = {"text": "written"}
+    reference = {"$blob": await blobs.put(msgspec.json.encode(given)), "size": 20}
+    part = {
+        "type": "tool_calls",
+        "tool_calls": [{"id": "c", "name": "write", "arguments": reference}],
+    }
+    old = TranscriptRow(
+        tenant="b", run_id="r", seq=2, message=Message(role="assistant", content=[part])
+    )
+    marked = msgspec.structs.replace(
+        old, message=LoggedMessage(role="assistant", content=[part], as_logged=True)
+    )
+    claim_check = ClaimCheck(blobs)
+
+    assert await restored(old, claim_check) == old.message
+    assert _asked([await restored(marked, claim_check)]) == [given]
+    assert type(await restored(marked, claim_check)) is Message
+    with pytest.raises(HistoryUnavailableError, match="configure blobs="):
+        await restored(marked, None)
+
+
+async def test_a_final_answer_shaped_like_a_reference_is_not_fetched_when_resumed(
+    embedded: Embedded,
+) -> None:
+    """A model's final answer whose one part has a reference's shape (naming a body that is
+    not there): resuming the finished run gives its result, not a hole in its history."""
+    answer = ModelReply(message=Message(role="assistant", content=[dict(FORGED)]))
+    done = await embedded.runner(Recording([answer])).run(AGENT, "go", tenant="b", run_id="b-1")
+    assert done.status == "completed"
+
+    again = await embedded.runner(Recording([])).resume(AGENT, "b-1", tenant="b")
+
+    assert again.status == "completed"
+    assert again.output == [FORGED]
+
+
+BIG_WRAPPED = {"$literal": "w" * (300 * 1024)}
+"""A body shaped like the wrapping of a look-alike, and over the claim check's threshold."""
+
+
+@tool
+async def wrap_big(key: str, *, idempotency_key: str) -> dict[str, Any]:
+    return dict(BIG_WRAPPED)
+
+
+async def test_a_large_body_shaped_like_the_wrapping_is_given_back_as_it_was(
+    embedded: Embedded,
+) -> None:
+    """A run input and a tool result shaped like the wrapping of a look-alike, large enough
+    to be moved out of line (wrapped as written): after a resume from the stored transcript
+    the model reads them as the run it resumes did, not wrapped once more."""
+    agent = Agent(name="reader", instructions="read", tools=[wrap_big])
+    script = [
+        reply("", ToolCall(call_id="c-1", tool="wrap_big", args={"key": "k"})),
+        reply("done"),
+    ]
+    whole = Recording(script)
+    await embedded.runner(whole).run(agent, BIG_WRAPPED, tenant="a", run_id="whole")
+    crashing = embedded.runner(ScriptedProvider(script), observer=CrashAt("turn.settled"))
+    with pytest.raises(Crash):
+        await crashing.run(agent, BIG_WRAPPED, tenant="a", run_id="r-1")
+
+    provider = Recording(script)
+    result = await embedded.runner(provider).resume(agent, "r-1", tenant="a")
+
+    assert result.status == "completed"
+    user, tool_message = provider.calls[0][1], provider.calls[0][-1]
+    assert msgspec.json.decode(str(user.content)) == BIG_WRAPPED
+    assert msgspec.json.decode(str(tool_message.content)) == BIG_WRAPPED
+    assert provider.calls[0] == whole.calls[1]

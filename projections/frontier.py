@@ -183,6 +183,10 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         answer_schema: The JSON Schema (as JSON text) the answer to the question the run
             waits on must fit, when a tool's code asked it with one
             (`ApprovalRequested.asked`); ``None`` otherwise.
+        output: The output the run ended with, as the log holds it (`RunFinished.output`):
+            a claim-check reference when it was moved out of line, wrapped when it only
+            looked like one (:mod:`onward.eventlog.references`); readers take it through
+            `onward.runtime.blobs.output_of`.
     """
 
     run_id: str

@@ -1,6 +1,6 @@
 """Bodies stored out of line: the claim check for events too large for one log record.
 
-An event whose body (a tool result, a model message, a run's input) is larger than
+An event whose body (a tool result, a model message, a run's input or output) is larger than
 ``threshold`` goes to the log with the body replaced by ``{"$blob": <sha256>, "size": n}``; the
 body itself is stored once, content-addressed, in a `BlobStore` (PostgreSQL, SQLite, memory).
 Readers put it back. A reference that no longer resolves raises `HistoryUnavailableError`: the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -27,12 +27,16 @@ from onward.eventlog.events import (
     ApprovalRequested,
     Event,
     ModelAnswered,
+    RunFinished,
     RunStarted,
     ToolCall,
     ToolCompleted,
     ToolResolved,
 )
 from onward.eventlog.references import BLOB_REF, escaped, is_reference, unescaped
+
+if TYPE_CHECKING:
+    from onward.projections.frontier import Frontier
 
 DEFAULT_THRESHOLD = 256 * 1024
 _REF = BLOB_REF
@@ -179,6 +183,7 @@ _BODY_FIELDS: dict[type[Event], str] = {
     ToolCompleted: "result",
     ToolResolved: "result",
     ApprovalRequested: "details",
+    RunFinished: "output",
 }
 
 
@@ -292,6 +297,30 @@ class ClaimCheck:
             raise HistoryUnavailableError(
                 f"run {run_id!r} seq {seq}: {exc}", run_id=run_id
             ) from exc
+
+
+async def output_of(frontier: Frontier, claim_check: ClaimCheck | None) -> Any:
+    """The output a run ended with. Its frontier row keeps it as the log holds it
+    (`RunFinished`): a reference when the claim check moved it out of line, put back here from
+    the blob store, and wrapped when it only looked like one, unwrapped here, never fetched.
+
+    Raises:
+        HistoryUnavailableError: It is out of line and not in the blob store, or there is no
+            blob store to read it from.
+    """
+    output = frontier.output
+    if not is_reference(output):
+        return unescaped(output)
+    run_id = frontier.run_id
+    if claim_check is None:
+        raise HistoryUnavailableError(
+            f"run {run_id!r}: its output is in a blob store ({output[_REF]}) and this runner "
+            "has none; configure blobs=",
+            run_id=run_id,
+        )
+    return msgspec.json.decode(
+        await claim_check.body(output[_REF], run_id=run_id, seq=frontier.last_seq)
+    )
 
 
 def _with_bodies(event: Event, change: Callable[[Any], Any]) -> Event:

@@ -79,7 +79,7 @@ from onward.projections.frontier import Boundary, CallState, Frontier, run_budge
 
 from .agent import Agent
 from .ask import Asking, Question, QuestionAsked, check_answer
-from .blobs import BlobStore, ClaimCheck, escape_bodies
+from .blobs import BlobStore, ClaimCheck, escape_bodies, output_of
 from .checkpoint import Checkpointer, CheckpointPolicy
 from .continuation import (
     ContinuationPolicy,
@@ -432,7 +432,7 @@ class AgentRunner(Resource):
             if handed == "overtaken":
                 run = HeldRun(agent, held, carried.frontier, Conversation(""))
                 await end_overtaken(run, writer=self.writer)
-                return await self._spent(RunResult.of(run.frontier))
+                return await self._ended(run.frontier)
             if handed == "handed_over":
                 result = await self._restored_and_carried_on(agent, held, carried)
         old_id = carried.frontier.continuation_of
@@ -449,8 +449,8 @@ class AgentRunner(Resource):
         if not carried.claimed:
             # Settled already: nothing to carry on, so no conversation to rebuild (a resume
             # walking a chain would read every earlier run's transcript again at each run of
-            # it); its result still says what it cost.
-            return await self._spent(RunResult.of(carried.frontier))
+            # it); its result still says what it ended with and what it cost.
+            return await self._ended(carried.frontier)
         conversation = Conversation(agent.instructions)
         claim_check = self.writer.claim_check
         for row in await self.resumer.inherited(carried.frontier):
@@ -677,6 +677,15 @@ class AgentRunner(Resource):
             return
         if recorded:
             _log.info("run %s: the spend of %d answers recorded from the log", run_id, recorded)
+
+    async def _ended(self, frontier: Frontier) -> RunResult:
+        """The result a run's frontier describes, with the output it ended with as it was given
+        (`output_of`: the frontier keeps it as the log does) and its spend (`_spent`)."""
+        result = RunResult.of(frontier)
+        if frontier.output is not None:
+            output = await output_of(frontier, self.writer.claim_check)
+            result = dataclasses.replace(result, output=output)
+        return await self._spent(result)
 
     async def _spent(self, result: RunResult) -> RunResult:
         """The result with the run's spend, as the ledger has it, when there is one.
@@ -1080,7 +1089,7 @@ class AgentRunner(Resource):
         if asked is not None and run.frontier.status == "waiting":
             # Heard while its turn ran: it ends rather than wait for a person to go on with it.
             await self._end_as_asked(run, asked)
-        return await self._spent(RunResult.of(run.frontier))
+        return await self._ended(run.frontier)
 
     async def _paused(self, run: HeldRun, boundary: Boundary) -> bool:
         """A collaborative run waits for a person at each boundary it pauses at (once)."""
@@ -1159,10 +1168,9 @@ class AgentRunner(Resource):
         self, run: HeldRun, answered: ModelAnswered, refused: PayloadTooLargeError
     ) -> None:
         """End the run failed when the model's answer is too large for the log (no blob store
-        took its body; or, a final answer, it is the run's output, written in line): the
-        answer is recorded without its text and calls, for its usage, and the run's error says
-        why. Not raised: a resume would ask the (paid) model again, be answered alike, and be
-        refused again, for ever."""
+        took its body, nor, a final answer, the run's output): the answer is recorded without
+        its text and calls, for its usage, and the run's error says why. Not raised: a resume
+        would ask the (paid) model again, be answered alike, and be refused again, for ever."""
         remedy = (
             "ask for less"
             if self.writer.claim_check is not None

@@ -51,7 +51,7 @@ from onward.projections.frontier import Frontier, RunTag
 from onward.runtime.agent import Agent
 from onward.runtime.ask import check_answer
 from onward.runtime.backends import Backends, open_backends
-from onward.runtime.blobs import ClaimCheck
+from onward.runtime.blobs import ClaimCheck, output_of
 from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.fleet.requests import (
     AnswerRequest,
@@ -413,6 +413,9 @@ class App(Resource):
         if status == "running" and lease is None:
             status = "needs_person" if needs_person(frontier) else "interrupted"
         same = {name: getattr(frontier, name) for name in _FROM_FRONTIER}
+        if frontier.output is not None:
+            # The row keeps it as the log does (out of line when large): given as it was.
+            same["output"] = await output_of(frontier, ClaimCheck(self.backends.blobs))
         holder, asked = (None, None) if lease is None else (lease.holder, lease.cancel_asked)
         return SessionState(
             status=status, user=frontier.user_id, holder=holder, cancel_asked=asked, **same

@@ -44,7 +44,7 @@ from ._common import (
     out,
     run_until_terminated,
 )
-from .runs import chain_of
+from .runs import chain_of, shown_run
 from .summary import carried, result_facts, run_facts, run_summary
 
 _T = TypeVar("_T")
@@ -70,7 +70,7 @@ def frontier_main(argv: Sequence[str], *, runner: RunnerSource, prog: str = "ins
         """Show where a run stands and what resume would do. Takes no lease, writes nothing."""
 
         async def work(on: AgentRunner) -> None:
-            frontier = await on.inspect(run_id, tenant=tenant)
+            frontier = await shown_run(on, run_id, tenant)
             lease = await on.leases.current(run_id)
             chain = await chain_of(on, frontier)
             spend = None if on.spend is None else await on.spend.run_total(run_id)
@@ -105,7 +105,7 @@ def resume_main(
 
         async def work(on: AgentRunner) -> None:
             if not as_json:
-                frontier = await on.inspect(run_id, tenant=tenant)
+                frontier = await shown_run(on, run_id, tenant)
                 lease = await on.leases.current(run_id)
                 chain = await chain_of(on, frontier)
                 spend = None if on.spend is None else await on.spend.run_total(run_id)

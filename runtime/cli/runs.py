@@ -11,6 +11,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, TypeGuard, TypeVar
 
+import msgspec
 import typer
 
 from onward._storage import check_onward_sqlite
@@ -33,6 +34,7 @@ from onward.projections.frontier import Frontier, RunTag
 from onward.runtime.agent import Agent
 from onward.runtime.application.app import DEFAULT_TENANT
 from onward.runtime.backends import Backends, open_backends
+from onward.runtime.blobs import output_of
 from onward.runtime.compaction import compaction_store
 from onward.runtime.fleet.requests import CancelRun, Requests
 from onward.runtime.fleet.requests_postgres import cancel_waiting_start
@@ -180,8 +182,19 @@ def load_provider(spec: str) -> Provider:
 async def _look(backends: Backends, run_id: str, tenant: str) -> tuple[Frontier, RunLease | None]:
     """The run folded from the log and who holds it; takes no lease and writes nothing."""
     reader = backends.runner(NoModel())
-    frontier = await reader.inspect(run_id, tenant=tenant)
+    frontier = await shown_run(reader, run_id, tenant)
     return frontier, await backends.leases.current(run_id)
+
+
+async def shown_run(reader: AgentRunner, run_id: str, tenant: str) -> Frontier:
+    """The run as ``reader.inspect`` folds it, with the output it ended with as it was given,
+    for a person to read: its row keeps it as the log does, out of line in the blob store when
+    it was large (`output_of`)."""
+    frontier = await reader.inspect(run_id, tenant=tenant)
+    if frontier.output is None:
+        return frontier
+    output = await output_of(frontier, reader.writer.claim_check)
+    return msgspec.structs.replace(frontier, output=output)
 
 
 MAX_CHAIN = 100

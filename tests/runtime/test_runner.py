@@ -793,23 +793,6 @@ async def test_tool_arguments_shaped_like_a_reference_are_never_fetched() -> Non
     assert not any("$literal" in s for s in seen)
 
 
-async def test_a_final_answer_too_large_for_the_log_fails_the_run_once_with_blobs() -> None:
-    """A final answer is also the run's output, which is written in line (`RunFinished`):
-    one over the log's limit fails the run saying so, not asking for the blob store it has."""
-    log, blobs = MemoryEventLog(), MemoryBlobStore()
-    provider = ScriptedProvider([reply("y" * 1_100_000)])
-    result = await runner(log, provider=provider, blobs=blobs).run(
-        agent([]), "go", tenant=TENANT, run_id="r"
-    )
-    assert result.status == "failed"
-    assert result.error is not None
-    assert "too large" in result.error
-    assert "blob store" not in result.error
-    again = await runner(log, provider=provider, blobs=blobs).resume(agent([]), "r", tenant=TENANT)
-    assert again.status == "failed"
-    assert provider.calls == 1
-
-
 async def test_an_approval_of_a_call_with_large_arguments_shows_them() -> None:
     """The person asked to allow a call sees the arguments the model gave, not the blob
     store's reference to them."""

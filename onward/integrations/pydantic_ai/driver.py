@@ -48,6 +48,7 @@ from onward.eventlog import (
 from onward.projections.compaction.history import read_whole_run
 from onward.projections.frontier import Frontier
 from onward.runtime.agent import Agent
+from onward.runtime.blobs import output_of
 from onward.runtime.conversation import Conversation
 from onward.runtime.leases.holder import Leaseholder
 from onward.runtime.limits import MAX_NOTE_LENGTH, check_name
@@ -226,6 +227,9 @@ class DurableRuns:
         """A run there was nothing to carry on of; one that waits, with what it waits on as
         its output (the calls to decide), as the execution that began the wait returned it."""
         settled = DurableRunResult.settled(frontier)
+        if frontier.output is not None:
+            output = await output_of(frontier, self.runner.writer.claim_check)
+            settled = dataclasses.replace(settled, output=output)
         if frontier.status != "waiting" or frontier.waiting_on is None:
             return settled
         details = _details_of(await self._events(frontier), frontier.waiting_on)
@@ -333,14 +337,19 @@ class DurableRuns:
 
     @staticmethod
     async def _output_too_large(journal: RunJournal, refused: PayloadTooLargeError) -> NoReturn:
-        """End the run failed when its output is too large for the log (it is written in line
-        with the run's end, never out of line), and raise: left to resume, the run would be
-        executed again to the same output and refused again, for ever.
+        """End the run failed when its output is too large for the log (no blob store took it
+        out of line), and raise: left to resume, the run would be executed again to the same
+        output and refused again, for ever.
 
         Raises:
             PayloadTooLargeError: Saying so.
         """
-        error = f"the run's output is too large to record ({refused}): return less"
+        remedy = (
+            "return less"
+            if journal.writer.claim_check is not None
+            else "give the runner a blob store (blobs=)"
+        )
+        error = f"the run's output is too large to record ({refused}): {remedy}"
         await journal.append(journal.event(RunFinished, status="failed", error=error))
         raise PayloadTooLargeError(
             error, run_id=journal.run_id, size=refused.size, limit=refused.limit

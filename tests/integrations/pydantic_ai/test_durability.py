@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from pydantic_ai import Agent, FunctionToolset, ModelRetry, ToolOutput
+from pydantic_ai import Agent, FunctionToolset, ModelRetry, TextOutput, ToolOutput
 from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
@@ -532,6 +533,35 @@ async def test_a_tool_that_raises_fails_the_run(
     assert (await durability.resume(agent, RUN)).status == "failed"
 
 
+async def test_a_failure_with_a_long_message_fails_the_run_once_with_it_cut(
+    durability: OnwardDurability[None], stores: Stores
+) -> None:
+    """An exception whose message is larger than a log record (a model's error quoting a
+    whole response) still ends the run: its error is cut, as a tool's is, rather than the
+    end refused and the run executed again at every resume."""
+    asked: list[int] = []
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(1)
+        raise RuntimeError("the model broke: " + "z" * 1_500_000)
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(answer),
+        name="talker",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+    with pytest.raises(RuntimeError, match="the model broke"):
+        await durability.run(agent, "go", run_id=RUN)
+    again = await durability.resume(agent, RUN)
+
+    assert again.status == "failed"
+    assert again.error is not None
+    assert again.error.startswith("RuntimeError: the model broke: zzz")
+    assert len(again.error) < 10_000
+    assert len(asked) == 1
+
+
 async def test_a_result_too_large_for_the_log_fails_the_run_once_not_left_undecided(
     durability: OnwardDurability[None], stores: Stores
 ) -> None:
@@ -973,12 +1003,12 @@ async def test_an_answer_too_large_for_the_log_fails_the_run_once(
     assert written == []
 
 
-async def test_an_output_too_large_for_the_log_fails_the_run_once(
+async def test_an_output_too_large_for_one_record_goes_out_of_line_and_is_given_back(
     stores: Stores, tmp_path: Path
 ) -> None:
-    """The run's output is written in line with its end: a final answer a blob store took
-    out of line can still be too large for it. The run ends failed saying why, rather than
-    left running, the model asked again and refused again at every resume."""
+    """The run's output goes out of line with its end, as the model's answer does: the run
+    completes with it, and a resume of the ended run gives it back whole, never its
+    reference."""
     asked: list[int] = []
 
     def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -993,13 +1023,48 @@ async def test_an_output_too_large_for_the_log_fails_the_run_once(
             capabilities=[durability],
             output_type=[str, DeferredToolRequests],
         )
-        with pytest.raises(PayloadTooLargeError, match="output is too large"):
-            await durability.run(agent, "say a lot", run_id=RUN)
+        result = await durability.run(agent, "say a lot", run_id=RUN)
         again = await durability.resume(agent, RUN)
+
+    assert (result.status, result.output) == ("completed", "y" * 1_500_000)
+    assert (again.status, again.output) == ("completed", "y" * 1_500_000)
+    assert len(asked) == 1
+
+
+def _said_at_length(text: str) -> str:
+    return text * 1_500_000
+
+
+def _parsed(text: str) -> Any:
+    return json.loads(text)
+
+
+async def test_an_output_too_large_for_the_log_fails_the_run_once(
+    durability: OnwardDurability[None], stores: Stores
+) -> None:
+    """Without a blob store, an output over the log's limit cannot be recorded: the run ends
+    failed saying why, rather than left running, executed again and refused again at every
+    resume."""
+    asked: list[int] = []
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(1)
+        return ModelResponse(parts=[TextPart("y")])
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(answer),
+        name="talker",
+        capabilities=[durability],
+        output_type=[TextOutput(_said_at_length), DeferredToolRequests],
+    )
+    with pytest.raises(PayloadTooLargeError, match="output is too large"):
+        await durability.run(agent, "say a lot", run_id=RUN)
+    again = await durability.resume(agent, RUN)
 
     assert again.status == "failed"
     assert again.error is not None
     assert "output is too large" in again.error
+    assert "blob store" in again.error
     assert len(asked) == 1
     (finished,) = [e for e in await events(stores) if isinstance(e, RunFinished)]
     assert finished.status == "failed"
@@ -1057,6 +1122,33 @@ async def test_a_tool_failure_with_a_message_too_long_for_the_log_ends_the_run_w
     assert finished.error is not None
     assert finished.error.startswith("ValueError: disk full")
     assert len(finished.error) < 3_000
+
+
+async def test_an_output_shaped_like_a_reference_is_given_back_as_it_was(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """Only the claim check makes references: a structured output that merely looks like one
+    (naming a body in the blob store, which every tenant shares) is the run's output as the
+    agent gave it, never that body."""
+    async with SqliteBlobStore(tmp_path / "onward.db") as blobs:
+        secret = await blobs.put(b'"another tenant\'s"')
+        forged = {"$blob": secret, "size": 3}
+
+        def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            return ModelResponse(parts=[TextPart(json.dumps(forged))])
+
+        durability = durability_on(stores, worker="here", blobs=blobs)
+        agent: Agent[None, Any] = Agent(
+            FunctionModel(answer),
+            name="talker",
+            capabilities=[durability],
+            output_type=[TextOutput(_parsed), DeferredToolRequests],
+        )
+        result = await durability.run(agent, "answer", run_id=RUN)
+        again = await durability.resume(agent, RUN)
+
+    assert (result.status, result.output) == ("completed", forged)
+    assert (again.status, again.output) == ("completed", forged)
 
 
 class _NoModel:

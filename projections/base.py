@@ -180,7 +180,8 @@ class RunSummary:
 
 QuarantineState = Literal["held", "released", "cleared"]
 """Where a quarantined record stands: ``held`` (its run is set aside), ``released`` (a person
-released the run; the projector has not folded it again yet), ``cleared`` (folded again)."""
+released the run; the projector has not folded it again yet), ``cleared`` (folded again; or,
+for an entry that names no run, dismissed by a person: :meth:`FrontierStore.dismiss`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +203,7 @@ class QuarantineEntry:
         reason: Why it cannot be read (the decode error: run, seq, field or format).
         state: ``held``, ``released`` or ``cleared``.
         quarantined_at: When it was (last) set aside, microseconds since the epoch.
-        released_by: Who released the run last.
+        released_by: Who released the run last (or dismissed an entry that names no run).
         released_at: When, microseconds since the epoch.
     """
 
@@ -324,6 +325,15 @@ class FrontierStore(AsyncResource, Protocol):
         (:func:`released_mark`). The run stays set aside until the projector's next pass folds
         it again from its first offset (``write(..., cleared=...)`` then clears the mark).
         Returns how many entries it released: 0 when the run has none held.
+        """
+        ...
+
+    async def dismiss(self, consumer: str, partition: int, offset: int, *, by: str, at: int) -> int:
+        """A person dismisses the ``held`` entry at a position that names no run (nothing of
+        the record could be read, so no release can name it): it becomes ``cleared``, by
+        ``by`` at ``at`` microseconds, and leaves the listing of what is held. An entry that
+        names a run is left as it is: its run is released (:meth:`release`), which folds it
+        again. Returns 1 when it dismissed the entry, 0 when there is none such held there.
         """
         ...
 

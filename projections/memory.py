@@ -138,6 +138,14 @@ class MemoryFrontierStore(FrontierStoreBackend):
                 self._marks[run_id] = released_mark(by)
             return len(held)
 
+    async def dismiss(self, consumer: str, partition: int, offset: int, *, by: str, at: int) -> int:
+        async with self._lock:
+            entry = self._quarantine.get((consumer, partition, offset))
+            if entry is None or entry.run_id is not None or entry.state != "held":
+                return 0
+            self._replace_entry(consumer, entry, state="cleared", released_by=by, released_at=at)
+            return 1
+
     async def positions(self, consumer: str) -> dict[int, int]:
         return {p: o for (c, p), o in self._positions.items() if c == consumer}
 

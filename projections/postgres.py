@@ -385,6 +385,24 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                 )
         return released
 
+    async def dismiss(self, consumer: str, partition: int, offset: int, *, by: str, at: int) -> int:
+        async with self._connection("dismissing a quarantined record", transaction=True) as conn:
+            if self._pinned is None:
+                build = await active_build(conn, PROJECTION)
+                if build is not None:
+                    self._build = build
+            status = await conn.execute(
+                "UPDATE onward_quarantine SET state = 'cleared', released_by = $4, "
+                "released_at = $5 WHERE consumer = $1 AND partition = $2 AND log_offset = $3 "
+                "AND run_id IS NULL AND state = 'held'",
+                self._consumer(consumer),
+                partition,
+                offset,
+                by,
+                at,
+            )
+        return int(status.split()[-1])
+
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         async with self._connection("reading the transcript", run_id) as conn:
             rows = await conn.fetch(

@@ -148,6 +148,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     what = "Redis frontier store"
     _write_script: AsyncScript
     _release_script: AsyncScript
+    _dismiss_script: AsyncScript
     _gc_script: AsyncScript
     _index_script: AsyncScript
     _quarantined_script: AsyncScript
@@ -172,6 +173,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     def _started(self, client: aioredis.Redis) -> None:
         self._write_script = client.register_script(_script_source("frontier_write"))
         self._release_script = client.register_script(_script_source("frontier_release"))
+        self._dismiss_script = client.register_script(_script_source("frontier_dismiss"))
         self._gc_script = client.register_script(_script_source("frontier_gc"))
         self._index_script = client.register_script(_script_source("frontier_index"))
         self._quarantined_script = client.register_script(_script_source("frontier_quarantined"))
@@ -359,6 +361,13 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         with translated("releasing a quarantined run", run_id=run_id):
             async with asyncio.timeout(self._timeout_s):
                 return int(await self.run_script(self._release_script, [], arguments))
+
+    async def dismiss(self, consumer: str, partition: int, offset: int, *, by: str, at: int) -> int:
+        self._live_client()
+        arguments = [self.prefix, consumer, f"{partition}:{offset}", by, at]
+        with translated("dismissing a quarantined record"):
+            async with asyncio.timeout(self._timeout_s):
+                return int(await self.run_script(self._dismiss_script, [], arguments))
 
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         client = self._live_client()

@@ -300,6 +300,23 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
 
         return await self._db.call(write, "releasing a quarantined run", run_id)
 
+    async def dismiss(self, consumer: str, partition: int, offset: int, *, by: str, at: int) -> int:
+        """Mark the held entry at the position that names no run cleared, by ``by``."""
+        conn = self._db.connection()
+
+        def write() -> int:
+            with transaction(conn, "BEGIN IMMEDIATE"):
+                return int(
+                    conn.execute(
+                        "UPDATE onward_quarantine SET state = 'cleared', released_by = ?, "
+                        "released_at = ? WHERE consumer = ? AND partition = ? AND log_offset = ? "
+                        "AND run_id IS NULL AND state = 'held'",
+                        (by, at, consumer, partition, offset),
+                    ).rowcount
+                )
+
+        return await self._db.call(write, "dismissing a quarantined record")
+
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         """The transcript rows of one run with seq at most ``through``, by seq."""
 

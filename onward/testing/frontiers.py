@@ -626,6 +626,47 @@ class FrontierStoreConformance:
         assert row.frontier == refolded.frontier
         assert await store.positions(CONSUMER) == {1: 13}
 
+    async def test_dismiss_clears_an_entry_that_names_no_run(self, store: FrontierStore) -> None:
+        """Nothing names the record's run, so no release can: a person dismisses it, and it
+        leaves what is held, saying who dismissed it and when."""
+        run_id = new_run_id()
+        entries = [poison(run_id, offset=3), poison(None, offset=4)]
+        await store.write(CONSUMER, {1: 5}, [], [], quarantine=entries)
+        assert await store.dismiss(CONSUMER, 1, 4, by="ops", at=5_000) == 1
+        assert await store.quarantined(CONSUMER, states={"held", "released"}) == [entries[0]]
+        (_, dismissed) = await store.quarantined(CONSUMER)
+        assert (dismissed.state, dismissed.released_by, dismissed.released_at) == (
+            "cleared",
+            "ops",
+            5_000,
+        )
+        assert dismissed.reason == entries[1].reason
+        assert await store.dismiss(CONSUMER, 1, 4, by="ann", at=6_000) == 0
+        assert (await store.quarantined(CONSUMER))[1] == dismissed
+
+    async def test_dismiss_leaves_an_entry_that_names_a_run_or_none_there(
+        self, store: FrontierStore
+    ) -> None:
+        run_id, entry = await poisoned_run(store)
+        await store.write(CONSUMER, {}, [], [], quarantine=[poison(None, offset=4)])
+        assert await store.dismiss(CONSUMER, 1, 8, by="ops", at=5_000) == 0
+        assert await store.dismiss(CONSUMER, 1, 5, by="ops", at=5_000) == 0
+        assert await store.dismiss(CONSUMER, 2, 4, by="ops", at=5_000) == 0
+        assert await store.dismiss("another", 1, 4, by="ops", at=5_000) == 0
+        assert [e.state for e in await store.quarantined(CONSUMER)] == ["held", "held"]
+        assert (await stored_row(store, run_id)).quarantined == entry.mark
+
+    async def test_a_late_write_never_holds_a_dismissed_entry_again(
+        self, store: FrontierStore
+    ) -> None:
+        """A projector that folded the record before the dismissal and stores it after leaves
+        the dismissed entry as it is."""
+        await store.write(CONSUMER, {1: 5}, [], [], quarantine=[poison(None, offset=4)])
+        assert await store.dismiss(CONSUMER, 1, 4, by="ops", at=5_000) == 1
+        await store.write(CONSUMER, {1: 5}, [], [], quarantine=[poison(None, offset=4)])
+        (entry,) = await store.quarantined(CONSUMER)
+        assert (entry.state, entry.released_by) == ("cleared", "ops")
+
     async def test_transcript_rows_read_back_by_seq_up_to_the_handle(
         self, store: FrontierStore
     ) -> None:

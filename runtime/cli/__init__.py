@@ -55,7 +55,11 @@ _COMMANDS: dict[str, dict[str, str]] = {
         "pack-records": ".db:pack_records_command",
     },
     "projections": {"rebuild": ".projections:rebuild_command"},
-    "quarantine": {"list": ".quarantine:list_command", "release": ".quarantine:release_command"},
+    "quarantine": {
+        "list": ".quarantine:list_command",
+        "release": ".quarantine:release_command",
+        "dismiss": ".quarantine:dismiss_command",
+    },
 }
 """Each group's commands, in the order ``--help`` lists them: name -> ``.module:function``."""
 

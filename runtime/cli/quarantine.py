@@ -1,11 +1,12 @@
-"""`onward quarantine list` and `onward quarantine release`: runs set aside by the projector.
+"""`onward quarantine list`, `release` and `dismiss`: records and runs set aside by the projector.
 
 A record the projector cannot read (not JSON, an unknown kind, a newer format) never stops its
 partition: the projector stores where it is and why in the quarantine table, marks the run's
 frontier row, and skips the run until a person releases it here. Releasing marks the run's
 entries released; the projector's next pass folds the run again from its first offset (in
 embedded mode this command does it at once) and, if the record is still unreadable, holds the
-run again, once, until the next release.
+run again, once, until the next release. A record that names no run (nothing of it could be
+read) has no run to release: a person who has seen to it dismisses it by its position.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import typer
 from rich.table import Table
 
 from onward._storage import check_onward_sqlite
-from onward.errors import ConfigurationError, NothingToResumeError
+from onward.errors import ConfigurationError, InvalidInputError, NothingToResumeError
 from onward.eventlog.base import EventLog
 from onward.eventlog.postgres import PostgresEventLog
 from onward.eventlog.sqlite import SqliteEventLog
@@ -44,6 +45,16 @@ from .summary import shown
 _T = TypeVar("_T")
 
 ByOption = Annotated[str, typer.Option("--by", help="Who releases the run; recorded with it.")]
+PartitionOption = Annotated[
+    int,
+    typer.Option("--partition", min=0, max=2**31 - 1, help="The partition the record is in."),
+]
+OffsetOption = Annotated[
+    int, typer.Option("--offset", min=0, max=2**63 - 1, help="The record's offset there.")
+]
+DismissedByOption = Annotated[
+    str, typer.Option("--by", help="Who dismisses the record; recorded with it.")
+]
 
 _FOLDED_HERE = ("sqlite", "postgres")
 """The backends with no projector process: whoever appends folds, and so does a release."""
@@ -178,6 +189,55 @@ def release_command(run_id: RunArgument, by: ByOption, as_json: JsonResultOption
             shown(f"released run {run_id} (by {by}); still unreadable, held again: {still}"),
             soft_wrap=True,
         )
+
+
+def dismiss_command(
+    partition: PartitionOption,
+    offset: OffsetOption,
+    by: DismissedByOption,
+    as_json: JsonResultOption = False,
+) -> None:
+    """Dismiss a held record that names no run (nothing of it could be read): seen to.
+
+    It leaves the default list (``--all`` shows it cleared, by whom). A record that names a run
+    is released with ``onward quarantine release RUN``, which folds the run again.
+    Exit 0: dismissed. 1: no such record held. 2: bad input or configuration, or the record
+    names a run. 5: a store failed.
+    """
+    check_name("--by", by)
+    config = load_settings()
+    where = f"partition {partition} offset {offset}"
+
+    async def dismiss(store: FrontierStore) -> QuarantineEntry | None:
+        at = time.time_ns() // 1_000
+        if await store.dismiss(DEFAULT_CONSUMER, partition, offset, by=by, at=at):
+            return None
+        found = [
+            entry
+            for entry in await store.quarantined(DEFAULT_CONSUMER)
+            if (entry.partition, entry.offset) == (partition, offset)
+        ]
+        if not found:
+            raise NothingToResumeError(
+                f"no quarantined record at {where}; see onward quarantine list"
+            )
+        return found[0]
+
+    entry = _with_store(config, dismiss)
+    if entry is not None and entry.run_id is not None:
+        raise InvalidInputError(
+            f"the record at {where} names run {entry.run_id!r}: release the run with "
+            f"onward quarantine release {entry.run_id} --by {by}, which folds it again",
+            run_id=entry.run_id,
+        )
+    if entry is not None:
+        raise NothingToResumeError(
+            f"the record at {where} is not held: already dismissed by {entry.released_by}"
+        )
+    if as_json:
+        echo_json({"partition": partition, "offset": offset, "dismissed": True, "by": by})
+    else:
+        out.print(shown(f"dismissed the record at {where} (by {by})"), soft_wrap=True)
 
 
 def _embedded_log(config: Settings) -> EventLog:

@@ -181,3 +181,44 @@ async def test_a_poison_record_never_stops_the_projector(
     projector.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(projector.wait(), 30) == 0, world.projector_output()
     assert "Traceback" not in world.projector_output()
+
+
+async def test_a_record_that_names_no_run_is_dismissed_by_its_position(world: World) -> None:
+    """A foreign producer's value that is not JSON, with no key and no headers: nothing names
+    its run, so `onward quarantine release` cannot clear it. `onward quarantine dismiss` does,
+    and the running projector leaves it dismissed."""
+    producer = AIOKafkaProducer(bootstrap_servers=world.bootstrap)
+    await producer.start()
+    try:
+        sent = await producer.send_and_wait(world.topic, b"\x00\x01 not json {", partition=SHARED)
+    finally:
+        await producer.stop()
+    offset = int(sent.offset)
+    projector = await world.spawn_projector()
+    await world.wait_caught_up(projector, within=90)
+    await world.wait_for_output("quarantined the record", 1, within=30)
+
+    code, out, err = await world.onward("quarantine", "list", "--json")
+    assert code == 0, err
+    (listed,) = [json.loads(line) for line in out.splitlines()]
+    assert (listed["run_id"], listed["partition"], listed["offset"], listed["state"]) == (
+        None,
+        SHARED,
+        offset,
+        "held",
+    )
+
+    where = ["--partition", str(SHARED), "--offset", str(offset)]
+    code, out, err = await world.onward("quarantine", "dismiss", *where, "--by", "ops")
+    assert code == 0, err
+    assert f"dismissed the record at partition {SHARED} offset {offset}" in out
+    await asyncio.sleep(2.5)  # several passes of the running projector
+    code, out, err = await world.onward("quarantine", "list", "--json")
+    assert (code, out) == (0, ""), err
+    (entry,) = await world.store.quarantined("frontiers")
+    assert (entry.run_id, entry.state, entry.released_by) == (None, "cleared", "ops")
+
+    assert projector.returncode is None
+    projector.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(projector.wait(), 30) == 0, world.projector_output()
+    assert "Traceback" not in world.projector_output()

@@ -107,3 +107,70 @@ def test_the_title_counts_runs_not_records_that_name_none(db: Path) -> None:
     result = onward(db, "quarantine", "list")
     assert result.exit_code == 0, result.output
     assert "3 quarantined record(s) of 1 run(s)" in result.output
+
+
+def nameless(db: Path) -> None:
+    """A held record of run-q and one at partition 1 offset 4 that names no run (its run could
+    not be read at all: a foreign producer's value, not JSON, with no key)."""
+
+    async def write() -> None:
+        async with SqliteFrontierStore(db) as store:
+            entries = [poison("run-q", offset=3), poison(None, offset=4)]
+            await store.write(DEFAULT_CONSUMER, {1: 5}, [], [], quarantine=entries)
+
+    asyncio.run(write())
+
+
+def listed(db: Path, *options: str) -> list[dict[str, object]]:
+    result = onward(db, "quarantine", "list", "--json", *options)
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.output.splitlines()]
+
+
+def test_a_record_that_names_no_run_is_dismissed_and_leaves_the_default_list(db: Path) -> None:
+    """No release names it (it has no run): a person who has seen to it says so, and the
+    default list no longer shows it; `--all` still does, with who dismissed it."""
+    nameless(db)
+    args = ["quarantine", "dismiss", "--partition", "1", "--offset", "4", "--by", "ops"]
+    result = onward(db, *args, "--json")
+    assert result.exit_code == 0, result.output
+    said = json.loads(result.output)
+    assert (said["partition"], said["offset"], said["by"]) == (1, 4, "ops")
+    assert [(e["run_id"], e["offset"]) for e in listed(db)] == [("run-q", 3)]
+    everything = {e["offset"]: e for e in listed(db, "--all")}
+    assert (everything[4]["state"], everything[4]["released_by"]) == ("cleared", "ops")
+    assert isinstance(everything[4]["released_at"], int)
+    assert everything[3]["state"] == "held"
+
+    again = onward(db, *args)
+    assert again.exit_code == 1
+    assert "already dismissed by ops" in again.output
+
+
+def test_dismiss_refuses_a_record_that_names_a_run_and_one_that_is_not_there(db: Path) -> None:
+    nameless(db)
+    named = ["quarantine", "dismiss", "--partition", "1", "--offset", "3", "--by", "ops"]
+    result = onward(db, *named)
+    assert result.exit_code == 2
+    assert "onward quarantine release run-q" in result.output
+    missing = ["quarantine", "dismiss", "--partition", "1", "--offset", "9", "--by", "ops"]
+    result = onward(db, *missing)
+    assert result.exit_code == 1
+    assert "no quarantined record at partition 1 offset 9" in result.output
+    assert [e["state"] for e in listed(db, "--all")] == ["held", "held"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--partition", "1", "--offset", "-4", "--by", "ops"],
+        ["--partition", "-1", "--offset", "4", "--by", "ops"],
+        ["--partition", "1", "--offset", "4", "--by", ""],
+        ["--partition", "1", "--offset", "4"],
+    ],
+)
+def test_dismiss_refuses_bad_input_and_changes_nothing(db: Path, options: list[str]) -> None:
+    nameless(db)
+    result = onward(db, "quarantine", "dismiss", *options)
+    assert result.exit_code == 2, result.output
+    assert [e["state"] for e in listed(db, "--all")] == ["held", "held"]

@@ -81,7 +81,8 @@ def successor_id(run_id: str) -> str:
     the old one was ended into: a base that would not fit is cut and its digest added.
     """
     base, _, number = run_id.rpartition(_SUFFIX)
-    if not (base and number.isdigit()):
+    # ASCII digits only: `str.isdigit` also takes superscripts and other digits `int` refuses.
+    if not (base and number.isascii() and number.isdigit()):
         base, number = run_id, "0"
     suffix = f"{_SUFFIX}{int(number) + 1}"
     if len(base) + len(suffix) > MAX_NAME_LENGTH:

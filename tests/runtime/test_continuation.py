@@ -577,6 +577,27 @@ async def test_a_run_whose_id_is_as_long_as_ids_go_is_carried_into_one_that_can_
     assert len(successor_id(result.run_id)) <= MAX_NAME_LENGTH
 
 
+@pytest.mark.parametrize("run_id", ["r~c\u00b2", "r~c\u2460"], ids=["superscript", "circled"])
+async def test_a_run_whose_id_ends_in_a_digit_int_refuses_is_resumed_and_carried_on(
+    world: World, run_id: str
+) -> None:
+    """A run id that looks like a successor's but whose number is a digit `int` refuses (a
+    superscript two): its resume, which looks for a successor a cut carry left, and its
+    carry go on rather than fail with a ValueError at every resume, the run stranded."""
+    result = await world.runner().run(
+        world.ledger.agent(), "pay the invoice", tenant=TENANT, run_id=run_id
+    )
+    assert result.status == "waiting"
+    await world.runner().approve(run_id, "p", tenant=TENANT, by="ann", value={"limit": 10})
+    agent = world.ledger.agent()
+
+    result = await world.runner(continuation=POLICY).resume(agent, run_id, tenant=TENANT)
+
+    assert (result.run_id, result.status, result.output) == (f"{run_id}~c1", "completed", "paid")
+    assert world.ledger.count("pay") == 1
+    assert successor_id(run_id) == f"{run_id}~c1"
+
+
 async def test_a_wiped_lease_store_does_not_stop_a_run_whose_stale_successor_it_forgot(
     tmp_path: Path,
 ) -> None:

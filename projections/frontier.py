@@ -91,6 +91,13 @@ def run_options(options: dict[str, Any]) -> tuple[str | None, tuple[Boundary, ..
     )
 
 
+def named_checkpoints(options: dict[str, Any]) -> tuple[Boundary, ...] | None:
+    """The boundaries a run's ``RunStarted.options`` name as its checkpoints (the ones its
+    stream shows, whatever its mode); ``None`` when they name none (every boundary is one)."""
+    named = options.get("checkpoints")
+    return tuple(b for b in BOUNDARIES if b in named) if isinstance(named, list) else None
+
+
 def checkpoint_frequency(options: dict[str, Any]) -> int:
     """Every how many steps a run's checkpoints come (``options["checkpoint_frequency"]``; 1,
     every step, when absent or not a whole number of at least 1: read leniently, as
@@ -168,6 +175,10 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         checkpoint_frequency: Every how many steps the run's checkpoints come
             (``options["checkpoint_frequency"]``, `counts_at`): where a collaborative run
             pauses, and which checkpoint messages its stream shows.
+        checkpoints: The boundaries the run's options named as its checkpoints
+            (``options["checkpoints"]``, `named_checkpoints`), paused at or not: the ones its
+            stream shows, so a run carried on from it names them too. ``None`` when they named
+            none (every boundary), or for a row stored before this field.
         replays: The run is executed again from its first event whenever it goes on
             (``options["replays"]``, as pydantic-ai runs are), so compaction keeps all of its
             events rather than only its resume points.
@@ -230,6 +241,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     attempts: int = 0
     answer_schema: str | None = None
     checkpoint_frequency: int = 1
+    checkpoints: tuple[Boundary, ...] | None = None
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -306,6 +318,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     attempts: int
     answer_schema: str | None
     checkpoint_frequency: int
+    checkpoints: tuple[Boundary, ...] | None
     calls: dict[str, CallState]
 
     @classmethod
@@ -465,6 +478,7 @@ def _started(d: FrontierDraft, e: RunStarted) -> None:
         d.user_id, d.pause_at, d.max_iterations = run_options(e.options)
         d.replays = e.options.get("replays") is True
         d.checkpoint_frequency = checkpoint_frequency(e.options)
+        d.checkpoints = named_checkpoints(e.options)
 
 
 def _claimed(d: FrontierDraft, e: RunClaimed) -> None:

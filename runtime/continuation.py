@@ -208,14 +208,19 @@ def carriable(frontier: Frontier) -> bool:
 
 def carried_options(frontier: Frontier) -> dict[str, Any]:
     """The options the run is bound by, as its `RunStarted` records them for the fold to read
-    (`run_options`, `run_budgets`, `checkpoint_frequency`): the run it is carried into starts
-    with them, or it would no longer be the person's it was started for, pause where it was
-    to, nor stop at the run's bound on model calls (which spans the chain, as the iteration
-    count does) or within its budgets."""
+    (`run_options`, `run_budgets`, `named_checkpoints`, `checkpoint_frequency`): the run it is
+    carried into starts with them, or it would no longer be the person's it was started for,
+    pause where it was to, stream the checkpoints the application chose, nor stop at the run's
+    bound on model calls (which spans the chain, as the iteration count does) or within its
+    budgets."""
     options: dict[str, Any] = {}
     if frontier.user_id is not None:
         options["user"] = frontier.user_id
-    if frontier.pause_at:
+    if frontier.checkpoints is not None:
+        # An autonomous run's checkpoints too: they are the messages its stream shows.
+        options["mode"] = "collaborative" if frontier.pause_at else "autonomous"
+        options["checkpoints"] = list(frontier.checkpoints)
+    elif frontier.pause_at:  # a row stored before the frontier kept the checkpoints
         options["mode"] = "collaborative"
         options["checkpoints"] = list(frontier.pause_at)
     if frontier.max_iterations is not None:

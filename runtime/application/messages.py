@@ -48,6 +48,7 @@ from onward.projections.frontier import (
     Boundary,
     checkpoint_frequency,
     counts_at,
+    named_checkpoints,
     run_options,
 )
 from onward.projections.transcript import as_text, checkpoint_of
@@ -287,18 +288,24 @@ class MessageMapper:
         output_tokens: int,
         pause_at: tuple[Boundary, ...],
         max_iterations: int | None,
+        checkpoints: tuple[Boundary, ...] | None = None,
+        every: int = 1,
     ) -> None:
         """Go on from where the run stood before its first event this mapper is fed (its
-        `RunStarted` was cut from the log): the counts then, and the pauses and iteration bound
-        its options named. A collaborative run's checkpoints are its pauses; a run that
-        named other checkpoints, or a frequency, is not known to here (they are not on its row)."""
+        `RunStarted` was cut from the log): the counts then, and the pauses, iteration bound,
+        checkpoints and their frequency its options named (as its row keeps them). A row that
+        keeps no checkpoints (stored before it did) has a collaborative run's pauses taken
+        for them."""
         self.iteration = iteration
         self.tools_done = tools_done
         self.input_tokens = input_tokens
         self.output_tokens = output_tokens
         self._pause_at = pause_at
-        if pause_at:
+        if checkpoints is not None:
+            self._checkpoints = checkpoints
+        elif pause_at:
             self._checkpoints = pause_at
+        self._every = every
         self._max_iterations = max_iterations
 
     def _started(self, event: RunStarted) -> None:
@@ -308,9 +315,9 @@ class MessageMapper:
             self.output_tokens = event.carried.usage.output_tokens
         _, self._pause_at, self._max_iterations = run_options(event.options)
         self._every = checkpoint_frequency(event.options)
-        named = event.options.get("checkpoints")
-        if isinstance(named, list):
-            self._checkpoints = tuple(b for b in BOUNDARIES if b in named)
+        named = named_checkpoints(event.options)
+        if named is not None:
+            self._checkpoints = named
 
     def _percent(self) -> float | None:
         if self._max_iterations is None:

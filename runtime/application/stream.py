@@ -162,8 +162,8 @@ class RunStream:
         and the events after it up to the cut are never read, so the messages after would
         count model calls and tool calls from 0 and follow no pause or iteration bound of the
         run, nor know that it waits on a person. Its row has them: its counts less what the
-        events the log still holds add (``kept``, read after the row), the pauses and bound
-        its options named, and the request it waits on."""
+        events the log still holds add (``kept``, read after the row), the pauses, bound,
+        checkpoints and their frequency its options named, and the request it waits on."""
         self._seen = True
         guard = SequenceGuard(self._guard.last_seq)
         model_calls = input_tokens = output_tokens = 0
@@ -196,6 +196,8 @@ class RunStream:
             output_tokens=frontier.output_tokens - output_tokens,
             pause_at=frontier.pause_at,
             max_iterations=frontier.max_iterations,
+            checkpoints=frontier.checkpoints,
+            every=frontier.checkpoint_frequency,
         )
         if not asked_after:
             # Waiting on a request asked before the cut (its message is gone with it): one

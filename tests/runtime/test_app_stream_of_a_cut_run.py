@@ -187,3 +187,37 @@ async def test_a_waiting_run_cut_whole_is_said_to_wait(
     assert again == []
     assert rest[-1].is_result
     assert rest[-1].status == "completed"
+
+
+@pytest.mark.parametrize(
+    "chosen",
+    [
+        {"checkpoints": {"after_model_call": False, "after_tool_result": False}},
+        {"checkpoint_frequency": 2},
+    ],
+    ids=["before-approval-only", "every-2nd-step"],
+)
+@pytest.mark.parametrize("cut", ["compacted", "cut-by-other-means"])
+async def test_an_autonomous_run_cut_below_its_start_streams_only_the_checkpoints_it_chose(
+    tmp_path: Path, ledger: Ledger, cut: str, chosen: dict[str, object]
+) -> None:
+    """An autonomous run that chose its checkpoints (or every how many steps they come), cut
+    below its start while it waited on a person's approval: the stream opened on it after
+    shows the checkpoints it chose, as a stream that read it whole does, not every boundary
+    of every step."""
+    options = {"agent": "payer", **chosen}
+    whole = Settings(backend="sqlite", sqlite_path=tmp_path / "whole.db")
+    async with onward.open(whole, agents=agents, provider=provider()) as app:
+        expected = await _answered(app.query("pay 5", options))
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        first = await _answered(app.query("pay 5", options), until_waits=True)
+        run_id = first[-1].run_id
+        if cut == "compacted":
+            await _cut(app, run_id)
+        else:
+            await _cut_below(app, run_id, 10_000)
+        await first[-1].respond()
+        after = await _answered(app.resume(run_id, timeout=5))
+    assert [m.boundary for m in expected if m.is_checkpoint] == ["before_approval"]
+    assert _seen(after) == _seen([m for m in expected if m.position > first[-1].position])

@@ -213,8 +213,10 @@ class NothingToResumeError(OnwardError):
 
 
 class RunTimeoutError(OnwardError, TimeoutError):
-    """A stream of a run saw nothing new for as long as its caller allowed (``timeout=``); the
-    message says who holds the run and until when, if anyone does. The run itself goes on."""
+    """A stream of a run saw nothing new for as long as its caller allowed (``timeout=``), or,
+    in a fleet, nothing came of its start or answer before no worker would act on it any more
+    (``ONWARD_REQUEST_MAX_AGE``); the message says who holds the run and until when, if anyone
+    does, and where the cause is. The run itself goes on."""
 
 
 class RunCancelledError(OnwardError):

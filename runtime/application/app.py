@@ -310,6 +310,7 @@ class App(Resource):
                     options=chosen.recorded(),
                 )
             await self._submit(start)
+            self._sent_to_fleet(stream, "its start")
 
         return self._watched(
             RunStream(
@@ -350,7 +351,10 @@ class App(Resource):
                 `RunTimeoutError` (saying who holds the run, and until when); ``None``: no
                 bound. Whatever the bound, a stream ends with a ``needs_person`` message once a
                 worker left the run for a person to settle a call, and says once (log
-                ``onward.app``) who holds the run while it waits on another process.
+                ``onward.app``) who holds the run while it waits on another process. In a
+                fleet, a stream whose start or answer nothing came of raises `RunTimeoutError`
+                once no worker acts on it any more (``ONWARD_REQUEST_MAX_AGE`` after it was
+                sent: a worker set it aside, saying why in its own log alone).
 
         Raises:
             NothingToResumeError: No such run for that tenant (another tenant's run is no
@@ -382,6 +386,7 @@ class App(Resource):
                         asked = None  # refused: nothing was written
                         raise
                     stream.answered.add(asked or "")
+                    self._sent_to_fleet(stream, f"the answer to {asked!r}", answers=asked)
                     return
                 stream.answered.add(asked)
             if await self._interrupted(frontier):
@@ -428,6 +433,14 @@ class App(Resource):
         in process, submitted to the fleet before this returns otherwise."""
         frontier = await self._frontier(message.run_id, message.tenant)
         await self._answer(frontier, message.request_id, value, approve, by)
+        if self._worker is None and message.request_id is not None:
+            # Sent to the fleet: the streams of the run that wait on that request wait for the
+            # worker now, and for what comes of the answer (it may be set aside).
+            for stream in self._watching.get(message.run_id, ()):
+                if stream.tenant == message.tenant and stream.waiting_on == message.request_id:
+                    stream.answered.add(message.request_id)
+                    what = f"the answer to {message.request_id!r}"
+                    self._sent_to_fleet(stream, what, answers=message.request_id)
 
     async def tag(self, message: RunMessage, label: str, *, by: str) -> None:
         """Tag the event ``message`` came from (a `Tagged` event, written once no one else
@@ -622,6 +635,15 @@ class App(Resource):
         """The tenant a call acts for: its own, or the app's when it names none. A tenant given
         empty is kept (and refused as a name), never taken for the app's."""
         return self.tenant if tenant is None else tenant
+
+    def _sent_to_fleet(self, stream: RunStream, what: str, *, answers: str | None = None) -> None:
+        """Have ``stream`` wait for what comes of a request just sent to the fleet (not in
+        process: this app's own worker says when it refuses a start): a worker acts on it
+        only within the request key's max age, and says why it set one aside in its log."""
+        if self._worker is None:
+            signed = self.settings.request_key is not None
+            max_age_s = self.settings.request_max_age if signed else None
+            stream.sent_to_fleet(what, answers=answers, max_age_s=max_age_s)
 
     def _resumer(self) -> Resumer:
         backends = self.backends

@@ -35,6 +35,8 @@ from onward.eventlog.events import (
 )
 from onward.projections.frontier import Frontier
 from onward.runtime.backends import Backends
+from onward.runtime.leases.base import RunLease
+from onward.runtime.signing import MAX_CLOCK_SKEW_S
 
 from .messages import Answers, MessageMapper, RunMessage
 
@@ -47,6 +49,38 @@ slow poll (``poll_s=30``) is still woken within half a second."""
 SAY_UNHELD_AFTER_S = 3.0
 """How long a stream waits in quiet on a run nobody holds before it says so, once: a worker
 takes a run it was handed within milliseconds, so seconds of nothing mean none is taking it."""
+
+
+SET_ASIDE_HINT = (
+    "a worker sets a request aside when its signature does not check with the workers' "
+    "ONWARD_REQUEST_KEY or it is older than ONWARD_REQUEST_MAX_AGE, and drops a start that a "
+    'lease held by another never let it make: look for "set aside" and "refused for good" in '
+    "the workers' logs"
+)
+"""Where the cause is when a request sent to a fleet comes to nothing: only the workers' logs
+say it (a request that does not check proves nothing of its run, so nothing of the refusal is
+written where the run's readers would take it for the run's)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Sent:
+    """A request a stream's opener sent to a fleet, whose outcome the stream waits for."""
+
+    what: str
+    """What it is, for a message: "its start", "the answer to 'r1'"."""
+    answers: str | None
+    """The person's request it answers (None: a start)."""
+    at: float
+    """When it was sent (`time.monotonic`)."""
+    max_age_s: float | None
+    """How long after it was signed a worker still acts on it (None: unsigned, for ever)."""
+
+    def left_s(self) -> float | None:
+        """Seconds until no worker acts on it any more (the sender's clock may run behind a
+        worker's by up to `MAX_CLOCK_SKEW_S`), or None."""
+        if self.max_age_s is None:
+            return None
+        return self.at + self.max_age_s + MAX_CLOCK_SKEW_S - time.monotonic()
 
 
 _SETTLING = frozenset({"result", "error", "needs_person"})
@@ -152,6 +186,8 @@ class RunStream:
         self._start: str | None = None
         """The agent of the start this stream's opener sent, until the run's first event is
         read (`expect_start`)."""
+        self._sent: _Sent | None = None
+        """What the opener sent to a fleet and nothing of which is read yet (`sent_to_fleet`)."""
 
     def follow_from(self, last_seq: int) -> None:
         """Count the run's events from seq ``last_seq + 1`` on: those before were compacted."""
@@ -238,6 +274,8 @@ class RunStream:
                 raise StopAsyncIteration
             if self._timeout is not None and time.monotonic() - since >= self._timeout:
                 raise RunTimeoutError(await self._stalled(self._timeout), run_id=self.run_id)
+            if self._sent is not None and (self._sent.left_s() or 0.0) < 0:
+                raise RunTimeoutError(await self._expired(self._sent), run_id=self.run_id)
             await self.app.quiet(self)
             await self._say_what_it_waits_on(time.monotonic() - since)
             await self.app.nap(
@@ -287,6 +325,9 @@ class RunStream:
             bounds.append(self._timeout - quiet_s)
         if not (self._said_held or self._said_unheld) and quiet_s < SAY_UNHELD_AFTER_S:
             bounds.append(SAY_UNHELD_AFTER_S - quiet_s)
+        expires_s = self._sent.left_s() if self._sent is not None else None
+        if expires_s is not None:
+            bounds.append(expires_s)
         return max(0.0, min(bounds)) if bounds else None
 
     async def _read(self) -> bool:
@@ -319,6 +360,8 @@ class RunStream:
             self._guard.admit(item)  # refused: kept for audit, not counted
             return
         self._seen = True
+        if self._sent is not None and self._sent.answers is None:
+            self._sent = None  # the start came to something (its run, or another's start)
         if item.event.tenant != self.tenant:
             self._lost_the_run_id()
         event = await self.app.restore(item.event)
@@ -340,6 +383,14 @@ class RunStream:
         one id with the same agent are not told apart (the input is compared nowhere: the log
         holds it with its secrets masked)."""
         self._start = agent
+
+    def sent_to_fleet(self, what: str, *, answers: str | None, max_age_s: float | None) -> None:
+        """This stream's opener sent a request to a fleet (its start, or its ``answers`` to a
+        person's request) and the stream waits for what comes of it. A worker that sets it
+        aside writes nothing of it to the run (a request that does not check proves nothing),
+        so the stream's waits name where the cause is, and once no worker would act on it
+        any more (``max_age_s`` after it was signed) the wait ends, saying so."""
+        self._sent = _Sent(what, answers, time.monotonic(), max_age_s)
 
     def _is_own_start(self, event: Event) -> bool:
         return isinstance(event, RunStarted) and event.seq == 1 and event.agent == self._start
@@ -456,11 +507,27 @@ class RunStream:
         lease = await self.app.backends.leases.current(self.run_id)
         if lease is None and not self._waits_on_a_person():
             return self._unheld(waited)
-        held = ""
-        if lease is not None and lease.tenant == self.tenant:
-            until = datetime.fromtimestamp(lease.expires_at, UTC).isoformat(timespec="seconds")
-            held = f"; held by {lease.holder} under fence {lease.fence} until {until}"
-        return f"run {self.run_id!r}: nothing new for {waited:g}s{held}"
+        held = self._held_by(lease)
+        sent = self._sent
+        hint = "" if sent is None else f"; nothing came of {sent.what} yet: {SET_ASIDE_HINT}"
+        return f"run {self.run_id!r}: nothing new for {waited:g}s{held}{hint}"
+
+    def _held_by(self, lease: RunLease | None) -> str:
+        if lease is None or lease.tenant != self.tenant:
+            return ""
+        until = datetime.fromtimestamp(lease.expires_at, UTC).isoformat(timespec="seconds")
+        return f"; held by {lease.holder} under fence {lease.fence} until {until}"
+
+    async def _expired(self, sent: _Sent) -> str:
+        """Why a stream stops waiting for what comes of a request its opener sent a fleet:
+        no worker acts on it any more, and nothing of it came."""
+        held = self._held_by(await self.app.backends.leases.current(self.run_id))
+        waited = time.monotonic() - sent.at
+        return (
+            f"run {self.run_id!r}: nothing came of {sent.what}, sent {waited:.0f}s ago{held}; "
+            f"no worker acts on it now (it is older than ONWARD_REQUEST_MAX_AGE, "
+            f"{sent.max_age_s:g}s): {SET_ASIDE_HINT}; send it again if it still stands"
+        )
 
     def _unheld(self, waited: float) -> str:
         """What a wait on a run no worker holds is: one that has not started, or one that is
@@ -472,9 +539,11 @@ class RunStream:
         )
         # Only a worker that carries the run's agent takes its start or carries it on.
         worker = f"a worker carrying agent {self.agent!r}" if self.agent else "a worker"
+        sent = "" if self._sent is None else f"; or nothing came of {self._sent.what}: "
         return (
             f"run {self.run_id!r}: nothing new for {waited:g}s; {what}: no worker has taken it "
             f"(is {worker} running, with room for it? `onward worker`)"
+            + (sent and sent + SET_ASIDE_HINT)
         )
 
     def _waits_on_a_person(self) -> bool:
@@ -487,8 +556,11 @@ class RunStream:
             self._waiting_on = event.request_id
         elif isinstance(event, ApprovalGranted | ApprovalDenied):
             self._waiting_on = None
+            if self._sent is not None and self._sent.answers == event.request_id:
+                self._sent = None
         elif isinstance(event, RunFinished | RunContinued):
             self._waiting_on = None
+            self._sent = None
             self._ended = True
 
     async def collect(self) -> list[RunMessage]:

@@ -9,26 +9,32 @@ worker takes says so. None waits in silence.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from support.crashes import Crash, CrashAt
 from support.deployment import kafka_settings
 from support.kafka import delete_topic
-from support.servers import KafkaServers
+from support.servers import REQUEST_KEY, KafkaServers
+from support.serving import serving
 
 import onward
 from onward.errors import RunTimeoutError
 from onward.eventlog import ToolCall
 from onward.runtime.agent import Agent
+from onward.runtime.application import stream as stream_module
 from onward.runtime.application.stream import SAY_UNHELD_AFTER_S
 from onward.runtime.backends import open_backends
+from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.settings import Settings
+from onward.runtime.signing import RequestSigner
 from onward.runtime.tools import tool
 
 TENANT = "acme"
@@ -199,3 +205,176 @@ async def test_a_stream_whose_start_is_refused_ends_with_the_cause(app: onward.A
     assert (refused.type, refused.status) == ("error", "refused")
     assert "the run could not be started: InvalidInputError" in refused.content
     assert "nan" in refused.content
+
+
+@asynccontextmanager
+async def fleet_with_another_key(
+    kafka_servers: KafkaServers, requests_topic: str, **app_fields: Any
+) -> AsyncIterator[onward.App]:
+    """A fleet app whose request key is not the one its worker (in this process) checks with:
+    the worker sets every request of the app aside."""
+    settings = kafka_settings(
+        kafka_servers,
+        PARTITIONS,
+        app_mode="fleet",
+        requests_topic=requests_topic,
+        request_key="another-key-" + "k" * 32,
+        **app_fields,
+    )
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic, as a deployment creates it
+    async with open_backends(kafka_settings(kafka_servers, PARTITIONS)) as backends:
+        worker = Worker(backends, model(), {"charger": AGENT}, backoff_s=0.1)
+        async with (
+            serving(worker, kafka_servers.bootstrap, requests_topic, signer=kafka_servers.signer()),
+            onward.open(settings) as app,
+        ):
+            yield app
+        assert worker.stats.set_aside >= 1
+
+
+@pytest.mark.kafka
+async def test_a_start_a_worker_set_aside_times_out_naming_the_set_aside(
+    kafka_servers: KafkaServers, requests_topic: str
+) -> None:
+    """A worker runs, and sets the app's start aside (signed with another key): the stream's
+    timeout said no worker runs, pointing away from the workers' logs, where the cause is."""
+    async with fleet_with_another_key(kafka_servers, requests_topic) as app:
+        with pytest.raises(RunTimeoutError) as late:
+            await app.query(
+                "go", {"agent": "charger", "run_id": "set-aside-1"}, timeout=SAY_UNHELD_AFTER_S
+            ).collect()
+    assert "run 'set-aside-1'" in str(late.value)
+    assert '"set aside"' in str(late.value)
+    assert "ONWARD_REQUEST_KEY" in str(late.value)
+
+
+@pytest.mark.kafka
+async def test_a_start_no_worker_acted_on_before_it_expired_ends_the_stream(
+    kafka_servers: KafkaServers, requests_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no ``timeout=``, a stream whose start was set aside waited for ever: past the
+    request's max age no worker acts on it, so the wait ends there, saying what it waited on."""
+    monkeypatch.setattr(stream_module, "MAX_CLOCK_SKEW_S", 0.0)
+    async with fleet_with_another_key(kafka_servers, requests_topic, request_max_age=2) as app:
+        started = time.monotonic()
+        with pytest.raises(RunTimeoutError) as expired:
+            await asyncio.wait_for(
+                app.query("go", {"agent": "charger", "run_id": "set-aside-2"}).collect(), 20
+            )
+    assert 2 <= time.monotonic() - started < 10
+    text = str(expired.value)
+    assert "run 'set-aside-2'" in text
+    assert "its start" in text
+    assert "ONWARD_REQUEST_MAX_AGE" in text
+    assert '"set aside"' in text
+
+
+@tool(requires_approval=True)
+async def pay(amount: int, *, idempotency_key: str, approval: Any = None) -> str:
+    return f"paid {amount}"
+
+
+PAYER = Agent(name="payer", instructions="pay", tools=[pay])
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("how", ["respond", "resume"])
+async def test_an_answer_a_worker_set_aside_ends_the_stream_once_it_expired(
+    kafka_servers: KafkaServers, requests_topic: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A fleet app answers the run's approval request (from its message, or resuming the run
+    with the value); the worker sets the answer aside (it expired on the way: the worker's
+    clock is ahead). The stream went on waiting for ever: it ends once no worker would act on
+    the answer, naming it and where the cause is."""
+    monkeypatch.setattr(stream_module, "MAX_CLOCK_SKEW_S", 0.0)
+    ahead = [0.0]
+    checks = RequestSigner(REQUEST_KEY, max_age_s=5, clock=lambda: time.time() + ahead[0])
+    settings = kafka_settings(
+        kafka_servers,
+        PARTITIONS,
+        app_mode="fleet",
+        requests_topic=requests_topic,
+        request_max_age=5,
+    )
+    provider = ScriptedProvider(
+        [reply("", ToolCall(call_id="p", tool="pay", args={"amount": 7})), reply("paid")]
+    )
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass
+    async with open_backends(kafka_settings(kafka_servers, PARTITIONS)) as backends:
+        worker = Worker(backends, provider, {"payer": PAYER}, backoff_s=0.1)
+        async with (
+            serving(worker, kafka_servers.bootstrap, requests_topic, signer=checks),
+            onward.open(settings) as app,
+        ):
+            stream = app.query("pay 7", {"agent": "payer", "run_id": "answer-set-aside"})
+            async for message in stream:
+                if message.is_hil_request:
+                    break
+            ahead[0] = 60.0
+            if how == "respond":
+                await message.respond({"ok": True})
+            else:
+                stream = app.resume("answer-set-aside", {"ok": True}, after=message.position)
+            started = time.monotonic()
+            with pytest.raises(RunTimeoutError) as expired:
+                await asyncio.wait_for(stream.collect(), 20)
+            assert time.monotonic() - started < 10
+        assert worker.stats.set_aside == 1
+    text = str(expired.value)
+    assert "run 'answer-set-aside'" in text
+    assert f"the answer to {message.request_id!r}" in text
+    assert '"set aside"' in text
+
+
+@pytest.mark.kafka
+async def test_a_start_dropped_for_a_zombie_lease_ends_the_stream_of_another_process(
+    kafka_servers: KafkaServers, requests_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease on the run id is held on, renewed, by a holder that never writes it: the worker
+    drops the start, saying so in its own log alone. A fleet app's stream of it waited for
+    ever; it ends once no worker would take the start, naming the holder and the cause's
+    place."""
+    monkeypatch.setattr(stream_module, "MAX_CLOCK_SKEW_S", 0.0)
+    settings = kafka_settings(
+        kafka_servers,
+        PARTITIONS,
+        app_mode="fleet",
+        requests_topic=requests_topic,
+        request_max_age=4,
+    )
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass
+    async with open_backends(kafka_settings(kafka_servers, PARTITIONS)) as backends:
+        leases = backends.leases
+        held = await leases.acquire("zombie-1", tenant=TENANT, holder="zombie-7", ttl_s=5)
+
+        async def hold_on() -> None:
+            nonlocal held
+            while True:
+                await asyncio.sleep(0.05)
+                held = await leases.renew(held, ttl_s=5)
+
+        renewing = asyncio.create_task(hold_on())
+        worker = Worker(backends, model(), {"charger": AGENT}, max_attempts=1, backoff_s=0.01)
+        try:
+            async with (
+                serving(
+                    worker, kafka_servers.bootstrap, requests_topic, signer=kafka_servers.signer()
+                ),
+                onward.open(settings, tenant=TENANT) as app,
+            ):
+                with pytest.raises(RunTimeoutError) as expired:
+                    await asyncio.wait_for(
+                        app.query("go", {"agent": "charger", "run_id": "zombie-1"}).collect(), 20
+                    )
+            assert worker.stats.failures == 1  # the start, dropped
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+    text = str(expired.value)
+    assert "run 'zombie-1': nothing came of its start" in text
+    assert "held by zombie-7" in text
+    assert '"refused for good"' in text

@@ -20,7 +20,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from onward._storage import DRIVER_ERRORS
-from onward._storage.kafka import start_unbroken
+from onward._storage.kafka import drop_connections, outlast, start_unbroken
 from onward.errors import BackendUnavailableError, InvalidInputError
 
 from .base import LogRecord, PartitionBounds
@@ -36,13 +36,23 @@ class _Reader:
         self.cursor: tuple[int, int] | None = None
 
 
+async def _stop_started(consumer: AIOKafkaConsumer) -> None:
+    """Stop a consumer whose start failed or was given up on (its sockets, if it opened any)."""
+    # aiokafka's stop awaits a task its start created; stopped before that task first ran,
+    # the stop raises CancelledError half-way and leaves its sockets open.
+    await asyncio.sleep(0)
+    with contextlib.suppress(Exception):
+        await consumer.stop()
+
+
 class KafkaReaders:
     """Up to ``size`` started consumers, each lent to one read at a time.
 
     Args:
         new_consumer: Builds a consumer (not started) as the log configures them.
         size: Most consumers started at once.
-        read_timeout_s: How long one read may take before it fails.
+        read_timeout_s: How long a read may go without getting any further before it fails
+            (a read of a long stretch of a partition may take longer as a whole).
     """
 
     def __init__(
@@ -93,11 +103,15 @@ class KafkaReaders:
             await start_unbroken(consumer, self._read_timeout_s)
             self._check_open()
         except BaseException:
-            # aiokafka's stop awaits a task its start created; stopped before that task first
-            # ran, the stop raises CancelledError half-way and leaves its sockets open.
-            await asyncio.sleep(0)
-            with contextlib.suppress(Exception):
-                await consumer.stop()  # its sockets, if it opened any
+            # In a task of its own, waited for however often this one is cancelled meanwhile:
+            # a stop cut short leaves the consumer's sockets open for good.
+            stopping = asyncio.ensure_future(_stop_started(consumer))
+            try:
+                await outlast(stopping, self._read_timeout_s)
+            finally:
+                if not stopping.done():
+                    stopping.cancel()
+                    drop_connections(consumer)
             raise
         reader = _Reader(consumer)
         self._started.append(reader)
@@ -212,12 +226,15 @@ class KafkaReaders:
         if reader.cursor != (tp.partition, low):
             consumer.seek(tp, low)
         position = low
+        # The bound is on a broker that stops answering, not on the read's length: a read of
+        # millions of other runs' records (a resume far past its frontier) is many fetches,
+        # and failing it as a whole would fail it again on every retry.
         deadline = time.monotonic() + self._read_timeout_s
         while position < high:
             if time.monotonic() > deadline:
                 raise BackendUnavailableError(
-                    f"partition {tp.partition}: reading offsets {low}..{high} took over "
-                    f"{self._read_timeout_s}s",
+                    f"partition {tp.partition}: reading offsets {low}..{high} got no further "
+                    f"than {position} for {self._read_timeout_s:g}s",
                     run_id=run_id,
                 )
             batches = await consumer.getmany(tp, timeout_ms=200, max_records=high - position)
@@ -225,7 +242,10 @@ class KafkaReaders:
             # Offsets are not dense (a transaction's markers, aborted or compacted records take
             # offsets no reader is given): the consumer's own position is past those, and a
             # fetch of ``high - position`` records may reach past ``high``.
-            position = max(position, await consumer.position(tp))
+            fetched = await consumer.position(tp)
+            if fetched > position:
+                position = fetched
+                deadline = time.monotonic() + self._read_timeout_s
             reader.cursor = (tp.partition, position)
             if records and records[-1].offset >= high:
                 records = [record for record in records if record.offset < high]

@@ -43,6 +43,10 @@ _PROBE_S = 3.0
 """Most a diagnosis of a failed bootstrap may take, per broker address (capped by the
 request timeout): it runs only after the bootstrap already failed."""
 
+_START_GRACE_S = 1.0
+"""How much longer than its request timeout a cancelled client's start is waited for, so a
+start the brokers do not answer fails by itself (closing its connection) before it is cut."""
+
 _GROUP_MARGIN_MS = 5_000
 """How much longer than the rebalance timeout a group member's requests may wait: the broker
 holds a JoinGroup until every member joined or the rebalance timeout passed."""
@@ -86,27 +90,48 @@ def drop_connections(client_owner: Any) -> None:
         connection.close()
 
 
+async def outlast(task: asyncio.Future[Any], timeout_s: float) -> None:
+    """Wait for ``task`` to end, at most ``timeout_s``, however often the waiter is cancelled
+    meanwhile; a cancellation it rode out is raised once the wait is over.
+
+    A cancel scope that cancels again at every turn until it is left (anyio's) would otherwise
+    cut short the clean-up a first cancellation left to do.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    cancelled = False
+    while not task.done() and (left := deadline - loop.time()) > 0:
+        try:
+            await asyncio.wait({task}, timeout=left)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+
+
 async def start_unbroken(client: _Startable, timeout_s: float) -> None:
-    """Start ``client``; a cancellation meanwhile lets the start end first (within
-    ``timeout_s``, then it is cancelled too) and is raised after.
+    """Start ``client``; a cancellation meanwhile (or several) lets the start end first
+    (within ``timeout_s`` and a second, then it is cancelled too) and is raised after.
 
     aiokafka's bootstrap closes its first connection on every failure but a cancellation, and
     nothing else holds that connection: cancelled while it waited for the cluster's metadata,
     its socket and reader task lived as long as the event loop, whatever stopped the client.
+    ``timeout_s`` is the client's request timeout (or about it), which ends a start the
+    brokers do not answer: waited for just as long, the start was cancelled as often as not
+    an instant before it failed by itself (`_START_GRACE_S`).
     """
     starting = asyncio.ensure_future(client.start())
     try:
         await asyncio.shield(starting)
     except asyncio.CancelledError:
-        try:
-            await asyncio.wait({starting}, timeout=timeout_s)
-        finally:
-            if starting.done():
-                if not starting.cancelled():
-                    starting.exception()  # superseded by the cancellation
-            else:
-                starting.cancel()
-                await asyncio.wait({starting}, timeout=timeout_s)
+        with contextlib.suppress(asyncio.CancelledError):
+            await outlast(starting, timeout_s + _START_GRACE_S)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await outlast(starting, timeout_s)
+        if starting.done() and not starting.cancelled():
+            starting.exception()  # superseded by the cancellation
         raise
 
 

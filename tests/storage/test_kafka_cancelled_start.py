@@ -57,3 +57,35 @@ async def test_a_start_cancelled_while_it_waits_for_metadata_leaves_no_connectio
             await starting
         async with asyncio.timeout(REQUEST_TIMEOUT_S * 3):
             await proxy.idle.wait()
+
+
+async def _cancelled_at_every_turn(task: asyncio.Future[None]) -> None:
+    """Cancel ``task`` at each turn of the event loop until it ends: what a cancel scope that
+    cancels again until it is left does (anyio's, which the MCP SDK and ASGI servers use)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize(
+    "start", [_connection_start, _readers_start], ids=["connection", "readers"]
+)
+async def test_a_start_cancelled_again_and_again_leaves_no_connection_open(
+    kafka_bootstrap: str, start: Callable[[KafkaConnection], Awaitable[None]]
+) -> None:
+    """Each further cancellation lands in what the first one left to do (waiting for the start
+    to end, stopping the client): none of it may be cut short, or the client's connections
+    stay open as long as the event loop lives."""
+    host, port = kafka_bootstrap.rsplit(":", 1)
+    async with FaultyProxy(host, int(port)) as proxy:
+        proxy.hold_replies_after(1)
+        connection = KafkaConnection(f"127.0.0.1:{proxy.port}", request_timeout_s=REQUEST_TIMEOUT_S)
+        starting = asyncio.ensure_future(start(connection))
+        async with asyncio.timeout(10):
+            await proxy.reply_held.wait()
+        assert not proxy.idle.is_set()
+        await _cancelled_at_every_turn(starting)
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        async with asyncio.timeout(REQUEST_TIMEOUT_S * 4):
+            await proxy.idle.wait()

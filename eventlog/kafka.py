@@ -136,6 +136,10 @@ class KafkaEventLog(EventLogBackend):
         self._reader_count = readers
         self._admin: AIOKafkaAdminClient | None = None
         self._producer_lock = asyncio.Lock()
+        self._start_lock = asyncio.Lock()
+        self._closes = 0
+        """How many times `close` was called: a start it overlapped fails, its clients stopped."""
+        self._closes_before_start = 0
         self._queues: dict[int, collections.deque[_Pending]] = {}
         self._flushers: dict[int, asyncio.Task[None]] = {}
         self._undecided: dict[int, set[asyncio.Future[Any]]] = {}
@@ -157,19 +161,46 @@ class KafkaEventLog(EventLogBackend):
     def is_open(self) -> bool:
         return self._opened
 
+    async def start(self) -> None:
+        """Connect, once however many start at the same time (each would otherwise make clients
+        in the place of the others', left running with nobody to stop them).
+
+        Raises:
+            InvalidInputError: `close` was called while the log started: what the start made
+                is stopped, and the log stays closed.
+        """
+        closes = self._closes
+        async with self._start_lock:
+            self._closes_before_start = closes
+            try:
+                await super().start()
+            except BaseException:
+                self._closes -= 1  # its own close, after the failure: a start waiting tries anew
+                raise
+
+    def _check_not_closed(self) -> None:
+        if self._closes != self._closes_before_start:
+            raise InvalidInputError("the Kafka event log was closed while it started")
+
     async def _connect(self) -> None:
         """Connect, create the topic if allowed and missing, and check its partition count."""
+        self._check_not_closed()
         try:
-            self._admin = self._connection.admin()
-            await self._connection.start(self._admin)
-            await self._ensure_topic(self._admin)
+            self._admin = admin = self._connection.admin()
+            await self._connection.start(admin)
+            self._check_not_closed()
+            await self._ensure_topic(admin)
             self._readers = KafkaReaders(
                 self._new_reader, size=self._reader_count, read_timeout_s=self._read_timeout_s
             )
             await self._readers.start()
         except DRIVER_ERRORS as exc:
+            self._check_not_closed()
             raise translate(exc, context=f"connecting to Kafka at {self._bootstrap}") from exc
+        self._check_not_closed()
         await self._new_producer()
+        # A close meanwhile found no producer to stop: the failed start's close stops it.
+        self._check_not_closed()
         self._opened = True
 
     def _new_reader(self) -> AIOKafkaConsumer:
@@ -561,6 +592,7 @@ class KafkaEventLog(EventLogBackend):
 
     async def _close(self) -> None:
         bound = self._request_timeout_ms / 1000
+        self._closes += 1
         self._opened = False
         # Appends already queued are sent (or fail) before the producer goes away.
         flushers = list(self._flushers.values())

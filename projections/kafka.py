@@ -201,6 +201,7 @@ class KafkaProjector(Generic[SinkT]):
         # rebalance drops what was folded since the stored positions, and a batch fetched
         # before it must then not be folded on top of what is left (see `_apply`).
         self._folding = asyncio.Lock()
+        self._starting = asyncio.Lock()
         self._turns = (
             _Turns(behind_records=batch_records, slice_s=focus_slice_s)
             if focus_slice_s is not None
@@ -211,11 +212,16 @@ class KafkaProjector(Generic[SinkT]):
         """Join the group; partitions are sought to their stored offsets as they are assigned.
 
         Starting a started projector does nothing: a consumer made in its place would drop
-        the one `close` stops, left connected.
+        the one `close` stops, left connected. Starts at the same time start one after the
+        other, for the same reason.
         """
-        if self._consumer is not None:
-            return
         closes = self._closes
+        async with self._starting:
+            if self._consumer is None:
+                await self._start(closes)
+
+    async def _start(self, closes: int) -> None:
+        """Make, start and subscribe the consumer (a `close` since ``closes`` stops it)."""
         consumer = self._connection.consumer(
             role="projector",
             group_id=self._group_id,

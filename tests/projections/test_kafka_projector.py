@@ -845,3 +845,25 @@ async def test_a_projector_closed_while_it_starts_leaves_no_consumer_behind(
         await asyncio.wait_for(opening, 30)
     assert made
     assert all(consumer._closed for consumer in made), "a consumer was never stopped"
+
+
+async def test_a_projector_started_twice_at_once_leaves_no_consumer_behind(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two starts at the same moment (before either has a consumer): one consumer joins the
+    group, the one `close` stops, not a second dropped connected in the group."""
+    made: list[AIOKafkaConsumer] = []
+    start = AIOKafkaConsumer.start
+
+    async def counted(consumer: AIOKafkaConsumer) -> None:
+        made.append(consumer)
+        await start(consumer)
+
+    monkeypatch.setattr(AIOKafkaConsumer, "start", counted)
+    projector = stack.projector()
+    await asyncio.gather(projector.start(), projector.start())
+    await projector.close()
+    left = [consumer for consumer in made if not consumer._closed]
+    for consumer in left:
+        await consumer.stop()
+    assert left == [], "a consumer was never stopped"

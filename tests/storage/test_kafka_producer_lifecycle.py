@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import OutOfOrderSequenceNumber
 from support.kafka import broker_redirected
 from support.proxy import TcpProxy
 
 from onward._storage import Resource
-from onward.errors import ProducerFatalError
+from onward.errors import InvalidInputError, ProducerFatalError
 from onward.eventlog import KafkaEventLog
 from onward.runtime.fleet.requests import Requests
 from onward.testing.eventlog import new_run_id, seqs, step_events
@@ -142,3 +143,73 @@ async def test_an_event_log_whose_producer_could_not_be_replaced_appends_once_ka
             await log.append(step_events(run_id, 1, first_seq=2))
             assert seqs(await log.read_run(run_id)) == [1, 2]
         assert log._producer is None
+
+
+@pytest.fixture
+def every_client(monkeypatch: pytest.MonkeyPatch) -> list[AIOKafkaProducer | AIOKafkaConsumer]:
+    """Every producer and consumer started from now on, once its start returned."""
+    started: list[AIOKafkaProducer | AIOKafkaConsumer] = []
+    for cls in (AIOKafkaProducer, AIOKafkaConsumer):
+
+        def wrapped(original: Callable[..., Any]) -> Callable[..., Any]:
+            async def start(self: Any) -> None:
+                await original(self)
+                started.append(self)
+
+            return start
+
+        monkeypatch.setattr(cls, "start", wrapped(cls.start))
+    return started
+
+
+def _running(clients: list[AIOKafkaProducer | AIOKafkaConsumer]) -> list[str]:
+    return [type(client).__name__ for client in clients if not client._closed]
+
+
+async def test_an_event_log_started_twice_at_once_leaves_nothing_running_once_closed(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    every_client: list[AIOKafkaProducer | AIOKafkaConsumer],
+) -> None:
+    """Two parts of an application starting the log they share at the same moment: one set
+    of clients, all stopped by the close, not a second set nobody holds any more."""
+    log = KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS)
+    await asyncio.gather(log.start(), log.start())
+    await log.close()
+    left = _running(every_client)
+    for client in every_client:
+        await client.stop()
+    assert left == []
+
+
+async def test_an_event_log_closed_while_it_starts_is_left_closed_with_nothing_running(
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    every_client: list[AIOKafkaProducer | AIOKafkaConsumer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An application shut down while its log starts (its startup and its shutdown both
+    under way): once the close has returned and the start has ended, the log is closed and
+    no client of it is left running, whichever ended first."""
+    producer_started, go_on = asyncio.Event(), asyncio.Event()
+    original = AIOKafkaProducer.start
+
+    async def held_start(self: AIOKafkaProducer) -> None:
+        await original(self)
+        producer_started.set()
+        await go_on.wait()
+
+    monkeypatch.setattr(AIOKafkaProducer, "start", held_start)
+    log = KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=PARTITIONS)
+    starting = asyncio.create_task(log.start())
+    async with asyncio.timeout(30):
+        await producer_started.wait()
+    await log.close()
+    go_on.set()
+    with pytest.raises(InvalidInputError, match="closed"):
+        await starting
+    assert not log.is_open
+    left = _running(every_client)
+    for client in every_client:
+        await client.stop()
+    assert left == []

@@ -29,7 +29,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.errors import (
     OffsetOutOfRangeError,
+    RequestTimedOutError,
     TopicAlreadyExistsError,
+    for_code,
 )
 
 from onward._storage import (
@@ -232,17 +234,43 @@ class KafkaEventLog(EventLogBackend):
                 topic_configs={"cleanup.policy": "delete", "retention.ms": "-1"},
             )
             with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics([topic])
+                self._check_created(await admin.create_topics([topic]))
             for _ in range(100):
                 found = await self._partition_count(admin)
                 if found:
                     break
                 await asyncio.sleep(0.1)
+            if found is None:
+                raise BackendUnavailableError(
+                    f"topic {self._topic!r} on {self._bootstrap} was created but is not listed "
+                    "10s later; start again once the cluster answers"
+                )
         if found != self._partitions:
             raise ConfigurationError(
                 f"topic {self._topic!r} has {found} partitions, the configuration says "
                 f"{self._partitions}; runs are placed by partition count, so configure the "
                 "topic's count (never add partitions to an existing events topic)"
+            )
+
+    def _check_created(self, response: Any) -> None:
+        """Raise what the broker said when it refused to create the topic (the admin client
+        returns its answer, errors included, without raising).
+
+        Raises:
+            ConfigurationError: The broker refused the topic (a replication factor above the
+                broker count, a policy, a missing permission).
+        """
+        for refused in response.topic_errors:
+            code = refused[1]
+            if code in (0, TopicAlreadyExistsError.errno, RequestTimedOutError.errno):
+                continue  # created, or being created: listing it says when
+            error = for_code(code)
+            said = refused[2] if len(refused) > 2 and refused[2] else error.description
+            raise ConfigurationError(
+                f"Kafka at {self._bootstrap} refused to create topic {self._topic!r} with "
+                f"{self._partitions} partitions and replication factor "
+                f"{self._replication_factor}: {error.message} ({said}); change the setting it "
+                "names or create the topic yourself"
             )
 
     async def _partition_count(self, admin: AIOKafkaAdminClient) -> int | None:

@@ -9,7 +9,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import OutOfOrderSequenceNumber
 
-from onward.errors import OnwardError, ProducerFatalError
+from onward.errors import ConfigurationError, OnwardError, ProducerFatalError
 from onward.eventlog import KafkaEventLog, codec
 from onward.eventlog import kafka as kafka_module
 from onward.testing.eventlog import new_run_id, runs_in_partition, seqs, step_events
@@ -116,3 +116,19 @@ async def test_kafka_append_during_a_producer_replacement_waits_for_the_new_prod
             await failing
         assert log._producer is not broken
         assert seqs(await log.read_run(run_b)) == [1]
+
+
+@pytest.mark.kafka
+async def test_kafka_topic_the_broker_refuses_to_create_says_why_at_once(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """A replication factor the cluster cannot give (three replicas on one broker): the broker
+    refuses the topic, and the start says so at once, naming the setting, not after ten
+    seconds that the topic "has None partitions" and that its partition count is to blame."""
+    began = asyncio.get_running_loop().time()
+    log = KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=2, replication_factor=3)
+    with pytest.raises(ConfigurationError, match="replication") as refused:
+        await log.start()
+    assert "None partitions" not in str(refused.value)
+    assert asyncio.get_running_loop().time() - began < 5
+    assert not log.is_open

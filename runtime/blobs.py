@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -34,9 +34,6 @@ from onward.eventlog.events import (
     ToolResolved,
 )
 from onward.eventlog.references import BLOB_REF, escaped, is_reference, unescaped
-
-if TYPE_CHECKING:
-    from onward.projections.frontier import Frontier
 
 DEFAULT_THRESHOLD = 256 * 1024
 _REF = BLOB_REF
@@ -299,7 +296,21 @@ class ClaimCheck:
             ) from exc
 
 
-async def output_of(frontier: Frontier, claim_check: ClaimCheck | None) -> Any:
+class EndedRun(Protocol):
+    """What `output_of` reads of a run's frontier row (a `Frontier`, kept a protocol here:
+    blobs stand on the event log and storage, not on projections)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def last_seq(self) -> int: ...
+
+    @property
+    def output(self) -> Any: ...
+
+
+async def output_of(frontier: EndedRun, claim_check: ClaimCheck | None) -> Any:
     """The output a run ended with. Its frontier row keeps it as the log holds it
     (`RunFinished`): a reference when the claim check moved it out of line, put back here from
     the blob store, and wrapped when it only looked like one, unwrapped here, never fetched.

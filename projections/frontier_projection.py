@@ -8,6 +8,9 @@ touched run once, together with the partitions' next offsets, in one store trans
 `EventLog` (SQLite, memory, or Kafka for rebuilds); the Kafka consumer-group projector lives in
 :mod:`onward.projections.kafka`. A poison record sets its run aside
 (:mod:`onward.projections.quarantine`) and never stops a partition.
+
+A run garbage collection removed (a tombstone, and no row) is not folded from events that do
+not start it: what is left of it in the log brings no row back (`FrontierProjection._collected`).
 """
 
 from __future__ import annotations
@@ -344,6 +347,8 @@ class FrontierProjection:
             # A run evicted from the cache is in the store being written: load it after.
             await self._written()
         current = await self.store.load(missing) if missing else {}
+        for run_id in await self._collected(by_run, missing, current):
+            del by_run[run_id]
         for folded, (run_id, items) in enumerate(by_run.items(), 1):
             if folded % _YIELD_EVERY_RUNS == 0 and self._writing is not None:
                 # A store is being written: let it take its turns, or its round trips wait
@@ -367,6 +372,26 @@ class FrontierProjection:
         self._pending_events += count
         self.stats.batches += 1
         self.stats.events += count
+
+    async def _collected(
+        self,
+        by_run: Mapping[str, Sequence[LogRecord]],
+        missing: Sequence[str],
+        current: Mapping[str, StoredFrontier],
+    ) -> set[str]:
+        """The runs of a batch garbage collection removed, whose records are not folded: no
+        row, a tombstone, and no start (the batch does not begin at seq 1). Their records are
+        what is left of the collected run in the log (a late append, a fold from before where
+        this projection stood); folded, they would write a row of nothing but refused events,
+        never finished, that no collection removes. A run that begins again at seq 1 is
+        folded: a new run under the same id, or the collected one folded whole again (a
+        rebuild), finished and collected again in its time."""
+        unstarted = [
+            run_id for run_id in missing if run_id not in current and not _starts(by_run[run_id][0])
+        ]
+        if not unstarted or self.compaction is None:
+            return set()
+        return await self.compaction.tombstones(unstarted)
 
     def _by_run(
         self, records: Mapping[int, Sequence[LogRecord]]
@@ -670,6 +695,11 @@ class FrontierProjection:
         draft = FrontierDraft.of(Frontier.empty(run_id, _tenant_of(first)))
         self._fold_run(draft, history)
         return draft
+
+
+def _starts(first: LogRecord) -> bool:
+    """Whether a run's first record in a batch is its first event."""
+    return isinstance(first, StoredEvent) and first.event.seq == 1
 
 
 def _tenant_of(record: LogRecord) -> str:

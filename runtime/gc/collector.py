@@ -16,6 +16,10 @@ successor's conversation starts from the predecessor's transcript.
 
 Once a run's frontier row and lease state are gone its id is free again as far as the stores
 can tell, while its events stay in the log until compaction cuts them: do not reuse run ids.
+What a projector meets of them later brings no row back unless it starts the run: a late event
+(a tag racing the collection) or the tail of a run whose first events compaction cut is
+skipped for the run's tombstone (`FrontierProjection`); the whole run folded again (a rebuild
+from the archive) comes back finished, and the next pass removes it again.
 
 Built without stores (``GarbageCollector()``), it collects from the stores the deployment's
 `Settings` name, as ``onward gc`` does, opening them for each pass and closing them after.

@@ -279,6 +279,9 @@ class Connection:
         list_changes: How many times the server said its tool list changed
             (``notifications/tools/list_changed``). A count rather than a flag: every run
             sharing the connection checks its own listing against it.
+        closes: How many times it was closed: a toolset opened before a close refuses the
+            calls made after it (`session`'s ``since``) rather than start a session nothing
+            would close.
     """
 
     def __init__(self, server: ServerConfig, *, connect_timeout: float) -> None:
@@ -286,6 +289,7 @@ class Connection:
         self.connect_timeout = connect_timeout
         self.sessions = 0
         self.list_changes = 0
+        self.closes = 0
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -314,14 +318,26 @@ class Connection:
         """Whether a session (and the server process or HTTP session under it) is running."""
         return self._task is not None and not self._task.done()
 
-    async def session(self) -> tuple[ClientSession, types.InitializeResult, int]:
+    async def session(
+        self, since: int | None = None
+    ) -> tuple[ClientSession, types.InitializeResult, int]:
         """The open session, opening one if there is none, and its number (`sessions` when
         it was opened): a run whose listing was not checked on that session checks it.
 
+        Args:
+            since: The `closes` the caller's toolset opened at: refused once it was closed
+                since, for nothing would close a session opened after that close.
+
         Raises:
-            BackendUnavailableError: The server did not start or did not answer the handshake.
+            BackendUnavailableError: The server did not start or did not answer the
+                handshake, or the connection was closed ``since``.
         """
-        async with self._lock:
+        async with self._locked():
+            if since is not None and since != self.closes:
+                raise BackendUnavailableError(
+                    f"MCP server {self.server.name!r} ({self.server.where}): its toolset was "
+                    "closed; nothing was sent"
+                )
             if (
                 self._current is not None
                 and self._task is not None
@@ -460,6 +476,21 @@ class Connection:
         if (failure := _ended(task)) is not None:
             _log.debug("MCP server %r: closing: %s", self.server.name, _describe(failure))
 
+    @contextlib.asynccontextmanager
+    async def _locked(self) -> AsyncIterator[None]:
+        """Hold the current lock: a caller that waited on one `close` replaced goes on to
+        wait on the new one, so it cannot open a session beside one opened under it."""
+        while True:
+            lock = self._lock
+            await lock.acquire()
+            if lock is self._lock:
+                break
+            lock.release()
+        try:
+            yield
+        finally:
+            lock.release()
+
     async def close(self) -> None:
         """End the session and whatever it started (the server process, the HTTP session).
 
@@ -467,9 +498,10 @@ class Connection:
         declared on an agent at import serves every ``asyncio.run`` of its process), so the
         lock, which a wait binds to the loop it happened in, is a new one.
         """
-        async with self._lock:
+        async with self._locked():
             await self._stop_task()
-        self._lock = asyncio.Lock()
+            self.closes += 1
+            self._lock = asyncio.Lock()
 
 
 @dataclass

@@ -78,7 +78,8 @@ class MCPToolset(Resource):
     settings ask for (``REDIS_URL``; ``MCP_SCHEMA_CACHE_ENABLED=false`` turns it off), so a
     resume after a crash builds its tools from the cache and sends no ``tools/list``. The
     views share this toolset's connections (one session per server, not one per run);
-    `close` ends them.
+    `close` ends them, and a call made after it by a view opened before it is refused
+    (`BackendUnavailableError`, nothing sent) rather than start a session nothing would close.
 
     A call whose connection breaks after the request was sent, or that outlasts
     ``call_timeout``, raises `OutcomeUnknownError` (a `BackendUnavailableError`): the server
@@ -148,6 +149,9 @@ class MCPToolset(Resource):
         # listing is known to match (none yet for a listing from the cache).
         self._checked: dict[str, tuple[int, int]] = {}
         self._open = False
+        # By server name: the connection's `Connection.closes` when this toolset opened; its
+        # tools are refused a session once the connection closed since.
+        self._opened: dict[str, int] = {}
         self._shares_connections = False
         self._settings_cache: tuple[MCPSettings, SchemaCache | None] | None = None
         # How many open views use each cache made from settings (`run_tools`).
@@ -169,6 +173,7 @@ class MCPToolset(Resource):
                 message names it.
             ConfigurationError: Tool names clash, or options name a tool a server lacks.
         """
+        self._opened = {name: c.closes for name, c in self.connections.items()}
         cached = await self._cached()
         self.warm = tuple(name for name in cached if name in self.connections)
         self.schemas.update(cached)
@@ -289,7 +294,7 @@ class MCPToolset(Resource):
 
     async def _first_listing(self, server: ServerConfig) -> ServerSchema:
         connection = self.connections[server.name]
-        session, initialized, number = await connection.session()
+        session, initialized, number = await connection.session(self._opened.get(server.name))
         changes = connection.list_changes
         listed = await self._list(connection, session, initialized)
         self._checked[server.name] = (number, changes)
@@ -480,7 +485,7 @@ class MCPToolset(Resource):
             )
         )
         for attempt in range(2):
-            session, initialized, number = await connection.session()
+            session, initialized, number = await connection.session(self._opened.get(server.name))
             if self._checked.get(server.name) != (number, connection.list_changes):
                 await self._check_version(connection, session, initialized, number)
             try:

@@ -1,0 +1,71 @@
+"""Closing a toolset while its tools or its views are still in use: nothing opened after the
+close is left running, and a session asked for during the close is the one every caller gets."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from integrations.mcp_world import TENANT, stdio_server
+from onward.errors import BackendUnavailableError, OutcomeUnknownError
+from onward.integrations.mcp import MCPToolset
+from onward.integrations.mcp.servers import Connection
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _sessions_running() -> list[asyncio.Task[object]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("mcp:") and not t.done()]
+
+
+async def test_a_view_called_after_its_toolset_closed_starts_no_server(tmp_path: Path) -> None:
+    """A run still in flight when its toolset closes: its next call is refused, unsent, rather
+    than starting a server process nothing will stop."""
+    toolset = MCPToolset([stdio_server(tmp_path)])
+    try:
+        async with toolset.for_run("r1", tenant=TENANT) as view:
+            echo = next(t for t in view.tools if t.name == "echo")
+            assert await echo.call({"text": "a"}, idempotency_key="k1") == {"result": "a"}
+            await toolset.close()
+            with pytest.raises(BackendUnavailableError, match="closed") as raised:
+                await echo.call({"text": "b"}, idempotency_key="k2")
+            assert not isinstance(raised.value, OutcomeUnknownError)
+            assert not toolset.connections["ledger"].is_open
+            assert _sessions_running() == []
+        async with toolset.for_run("r2", tenant=TENANT) as again:  # the next run opens anew
+            echo = next(t for t in again.tools if t.name == "echo")
+            assert await echo.call({"text": "c"}, idempotency_key="k3") == {"result": "c"}
+    finally:
+        await toolset.close()
+    assert _sessions_running() == []
+
+
+async def test_a_tool_called_after_its_toolset_closed_starts_no_server(tmp_path: Path) -> None:
+    async with MCPToolset([stdio_server(tmp_path)]) as toolset:
+        echo = next(t for t in toolset.tools if t.name == "echo")
+    with pytest.raises(BackendUnavailableError, match="closed"):
+        await echo.call({"text": "b"}, idempotency_key="k")
+    assert _sessions_running() == []
+
+
+async def test_a_session_asked_for_during_close_is_the_one_every_caller_gets(
+    tmp_path: Path,
+) -> None:
+    """A caller that waited on the connection while it closed, and one that came after the
+    close, share one new session: neither fails, and none is left running after the close."""
+    connection = Connection(stdio_server(tmp_path), connect_timeout=10.0)
+    try:
+        await connection.session()
+        closing = asyncio.create_task(connection.close())
+        await asyncio.sleep(0)
+        waiting = asyncio.create_task(connection.session())
+        await closing
+        later = asyncio.create_task(connection.session())
+        first, second = await asyncio.gather(waiting, later)
+        assert first[0] is second[0]
+        assert connection.sessions == 2
+    finally:
+        await connection.close()
+    assert _sessions_running() == []

@@ -53,6 +53,7 @@ ARGUMENTS: dict[str, list[str]] = {
     "worker": AGENT,
     "projections rebuild": ["frontiers"],
     "quarantine release": [RUN[0], "--by", "ann"],
+    "quarantine dismiss": ["--partition", "0", "--offset", "7", "--by", "ann"],
 }
 STORES = ("postgres", "kafka", "redis")
 USES: dict[str, set[str]] = {
@@ -62,6 +63,7 @@ USES: dict[str, set[str]] = {
     "projections rebuild": {"postgres", "kafka"},
     "quarantine list": {"postgres"},
     "quarantine release": {"postgres"},
+    "quarantine dismiss": {"postgres"},
     "db migrate": {"postgres"},
     "db verify": {"postgres"},
     "db pack-records": {"postgres"},

@@ -157,12 +157,13 @@ class RedisStore(Resource):
     async def _send(self, calls: list[_ScriptCall]) -> None:
         """One pipeline of ``calls``; each call's future gets its answer or error.
 
-        A Redis that restarted has forgotten the scripts: those calls are sent again once
-        their scripts are loaded. A call whose caller stopped waiting is still sent (it may
-        have been made already, as with a call that timed out), and its answer dropped. A
-        server that answered READONLY was demoted in a failover: the pool's idle connections
-        to it are closed before anyone hears, so a retry connects afresh and reaches the new
-        primary (as redis-py's Sentinel client does).
+        Each pipeline loads its scripts first, so a Redis that restarted and forgot them
+        runs the calls in order; one flushed while the pipeline ran answers ``NOSCRIPT``, and
+        those calls are sent again once their scripts are loaded. A call whose caller stopped
+        waiting is still sent (it may have been made already, as with a call that timed out),
+        and its answer dropped. A server that answered READONLY was demoted in a failover:
+        the pool's idle connections to it are closed before anyone hears, so a retry connects
+        afresh and reaches the new primary (as redis-py's Sentinel client does).
         """
         try:
             client = self._live_client()
@@ -267,11 +268,20 @@ async def _let_go_of_demoted(client: aioredis.Redis) -> None:
 
 
 async def _pipeline(client: aioredis.Redis, calls: list[_ScriptCall]) -> list[Any]:
-    """EVALSHA each call in one pipeline; a call's error is its answer (``NOSCRIPT`` too)."""
+    """EVALSHA each call in one pipeline; a call's error is its answer (``NOSCRIPT`` too).
+
+    The pipeline loads its scripts before the first call (a no-op for a script Redis knows):
+    after a restart, another client may have taught Redis some of them again, and a call that
+    met ``NOSCRIPT`` while later ones ran would run after them once sent again, out of the
+    order the calls were made in.
+    """
+    scripts = {id(call.script): call.script for call in calls}
     async with client.pipeline(transaction=False) as pipe:
+        for script in scripts.values():
+            pipe.script_load(script.script)
         for call in calls:
             pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-        return list(await pipe.execute(raise_on_error=False))
+        return list(await pipe.execute(raise_on_error=False))[len(scripts) :]
 
 
 __all__ = ["RedisStore"]

@@ -197,6 +197,27 @@ async def test_a_redis_that_forgot_its_scripts_is_taught_them_again(
     assert found.holder == "w1"
 
 
+async def test_calls_sent_together_run_in_the_order_made_after_a_restart(
+    store: RedisLeaseStore, client: aioredis.Redis
+) -> None:
+    """After a restart another process taught Redis one script again but not the other: a
+    release and the acquisition made after it, sent together, still run in that order, so the
+    acquisition finds the run free instead of meeting the lease already handed back."""
+    run_id = new_run_id()
+    lease = await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
+    await client.script_flush()  # as a restart does
+    await client.script_load(store._scripts["acquire"].script)  # another worker's call came first
+    released, taken = await asyncio.gather(
+        store.release(lease),
+        store.acquire(run_id, tenant=TENANT, holder="w2", ttl_s=30),
+        return_exceptions=True,
+    )
+    assert released is None
+    assert isinstance(taken, RunLease), taken
+    assert taken.holder == "w2"
+    assert taken.fence == lease.fence + 1
+
+
 async def test_a_failing_call_does_not_fail_the_calls_sent_with_it(
     store: RedisLeaseStore, client: aioredis.Redis
 ) -> None:

@@ -193,9 +193,11 @@ class RedisFrontierSweeper(Resource):
         await self._rows.start()
 
     async def close(self) -> None:
-        """Close both connections. Idempotent."""
-        await self._rows.close()
-        await self.frontiers.close()
+        """Close both connections, the second even if closing the first fails. Idempotent."""
+        try:
+            await self._rows.close()
+        finally:
+            await self.frontiers.close()
 
     async def finished(self, *, before: int) -> list[FinishedRun]:
         """Runs whose stored summary says they finished before ``before``, by id."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
+from onward.errors import BackendUnavailableError
 from onward.projections.base import Snapshot
 from onward.projections.compaction import PostgresCompactionStore, SqliteCompactionStore
 from onward.projections.postgres import PostgresFrontierStore
@@ -258,3 +260,25 @@ def test_the_sweepers_satisfy_their_protocols(tmp_path: Path) -> None:
         RedisFrontierSweeper("redis://127.0.0.1:6379/0", "postgresql://x@127.0.0.1/x"),
         RecordSweeper,
     )
+
+
+async def test_a_redis_frontier_sweeper_whose_postgresql_close_fails_still_closes_redis(
+    redis_url: str, redis_prefix: str, database_url: str, pg_schema: str
+) -> None:
+    """A close of the PostgreSQL pool that is cancelled (a shutdown cut short while a sweep
+    still holds its connection) still closes the Redis pool rather than leaking it."""
+    sweeper = await RedisFrontierSweeper.open(
+        redis_url, database_url, prefix=redis_prefix, schema=pg_schema
+    )
+    closing: asyncio.Task[None] | None = None
+    # The cancelled close cut the sweep's connection, so the sweep's end fails.
+    with contextlib.suppress(BackendUnavailableError):
+        async with sweeper._rows.deciding(delete=False):
+            closing = asyncio.create_task(sweeper.close())
+            await asyncio.sleep(0.2)  # waiting for the sweep's connection to come back
+            closing.cancel()
+            await asyncio.wait([closing])
+    assert closing is not None
+    assert closing.cancelled()
+    assert not sweeper.frontiers.is_open
+    await sweeper.close()

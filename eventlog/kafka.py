@@ -260,16 +260,12 @@ class KafkaEventLog(EventLogBackend):
             ConfigurationError: The broker refused the topic (a replication factor above the
                 broker count, a policy, a missing permission).
         """
-        for refused in response.topic_errors:
-            code = refused[1]
-            if code in (0, TopicAlreadyExistsError.errno, RequestTimedOutError.errno):
-                continue  # created, or being created: listing it says when
-            error = for_code(code)
-            said = refused[2] if len(refused) > 2 and refused[2] else error.description
+        refused = topic_refusal(response)
+        if refused is not None:
             raise ConfigurationError(
                 f"Kafka at {self._bootstrap} refused to create topic {self._topic!r} with "
                 f"{self._partitions} partitions and replication factor "
-                f"{self._replication_factor}: {error.message} ({said}); change the setting it "
+                f"{self._replication_factor}: {refused}; change the setting it "
                 "names or create the topic yourself"
             )
 
@@ -743,10 +739,36 @@ def _build(producer: Any, taken: list[_Pending]) -> tuple[Any, list[_Pending], l
     return None, [], []
 
 
+def topic_refusal(response: Any) -> str | None:
+    """What the broker said when it refused to create a topic, from ``create_topics``'s answer
+    (the admin client returns the broker's error codes without raising); ``None`` if the topic
+    was created, exists already, or is still being created (listing it says when)."""
+    for refused in response.topic_errors:
+        code = refused[1]
+        if code in (0, TopicAlreadyExistsError.errno, RequestTimedOutError.errno):
+            continue
+        error = for_code(code)
+        said = refused[2] if len(refused) > 2 and refused[2] else error.description
+        return f"{error.message} ({said})"
+    return None
+
+
 async def topic_partition_count(admin: AIOKafkaAdminClient, topic: str) -> int | None:
-    """How many partitions a topic has, or ``None`` if it does not exist."""
+    """How many partitions a topic has, or ``None`` if it does not exist (or is not yet
+    listed: a topic being created answers a retriable error for a moment).
+
+    Raises:
+        ConfigurationError: The broker refused to describe the topic (a name it does not
+            allow, a missing permission), saying why rather than that it does not exist.
+    """
     (described,) = await admin.describe_topics([topic])
-    if described["error_code"] != 0 or not described["partitions"]:
+    code = described["error_code"]
+    if code != 0 and not for_code(code).retriable:
+        error = for_code(code)
+        raise ConfigurationError(
+            f"Kafka refused to describe topic {topic!r}: {error.message} ({error.description})"
+        )
+    if code != 0 or not described["partitions"]:
         return None
     return len(described["partitions"])
 

@@ -37,7 +37,7 @@ from onward.errors import (
 )
 from onward.eventlog.base import partition_for
 from onward.eventlog.codec import unencodable
-from onward.eventlog.kafka import topic_partition_count
+from onward.eventlog.kafka import topic_partition_count, topic_refusal
 from onward.runtime.limits import (
     MAX_NOTE_LENGTH,
     check_depth,
@@ -266,7 +266,8 @@ async def ensure_requests_topic(
 
     Raises:
         ConfigurationError: The topic exists with another partition count, so routing would no
-            longer follow the event log.
+            longer follow the event log, or the broker refused to create it (saying why).
+        BackendUnavailableError: The topic was created but is still not listed 10 s later.
     """
     connection = kafka_connection(bootstrap_servers)
     admin = connection.admin(role="requests-admin")
@@ -275,7 +276,7 @@ async def ensure_requests_topic(
         found = await topic_partition_count(admin, topic)
         if not found:
             with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(
+                created = await admin.create_topics(
                     [
                         NewTopic(
                             topic,
@@ -285,6 +286,13 @@ async def ensure_requests_topic(
                         )
                     ]
                 )
+                refused = topic_refusal(created)
+                if refused is not None:
+                    raise ConfigurationError(
+                        f"Kafka refused to create requests topic {topic!r} with {partitions} "
+                        f"partitions: {refused}; change the setting it names or create the "
+                        "topic yourself"
+                    )
             for _ in range(100):
                 found = await topic_partition_count(admin, topic)
                 if found:
@@ -294,6 +302,11 @@ async def ensure_requests_topic(
         raise translate(exc, context=f"creating {topic}") from exc
     finally:
         await admin.close()
+    if found is None:
+        raise BackendUnavailableError(
+            f"requests topic {topic!r} was created but is not listed 10s later; start again "
+            "once the cluster answers"
+        )
     if found != partitions:
         raise ConfigurationError(
             f"requests topic {topic!r} has {found} partitions, the events topic {partitions}; "

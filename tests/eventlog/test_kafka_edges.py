@@ -132,3 +132,17 @@ async def test_kafka_topic_the_broker_refuses_to_create_says_why_at_once(
     assert "None partitions" not in str(refused.value)
     assert asyncio.get_running_loop().time() - began < 5
     assert not log.is_open
+
+
+@pytest.mark.kafka
+async def test_kafka_topic_the_broker_will_not_describe_says_why_not_that_it_is_missing(
+    kafka_bootstrap: str,
+) -> None:
+    """A log that may not create its topic, on a topic the broker refuses to describe (here a
+    name it does not allow; a missing permission alike): the start says what the broker said,
+    not that the topic does not exist and that starting the projector would create it."""
+    log = KafkaEventLog(kafka_bootstrap, topic="onward events?", partitions=2, create_topic=False)
+    with pytest.raises(ConfigurationError, match="INVALID_TOPIC") as refused:
+        await log.start()
+    assert "does not exist" not in str(refused.value)
+    assert not log.is_open

@@ -18,7 +18,12 @@ from support.kafka import broker_redirected
 from support.proxy import TcpProxy
 
 from onward._storage import KafkaConnection
-from onward.errors import BackendUnavailableError, PayloadTooLargeError, ProducerFatalError
+from onward.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    PayloadTooLargeError,
+    ProducerFatalError,
+)
 from onward.eventlog import partition_for
 from onward.runtime.fleet.requests import (
     MAX_REQUEST_BYTES,
@@ -27,6 +32,7 @@ from onward.runtime.fleet.requests import (
     ResumeRun,
     StartRun,
     decode_request,
+    ensure_requests_topic,
 )
 
 pytestmark = pytest.mark.kafka
@@ -159,3 +165,23 @@ async def test_a_producer_whose_session_broke_is_replaced_before_the_caller_hear
         assert sender._producer is not broken
         await sender.submit(after)
     assert await _delivered(kafka_bootstrap, requests_topic, 1) == [after]
+
+
+async def test_a_requests_topic_the_broker_refuses_to_create_says_why_at_once(
+    kafka_bootstrap: str, requests_topic: str
+) -> None:
+    """A name that collides with a topic the cluster has (``.`` and ``_`` are one to Kafka's
+    metrics): the broker refuses the topic, and the start says what it said at once, not after
+    ten seconds that the topic "has None partitions" and that the partition counts differ."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(requests_topic, 1, 1)])
+    finally:
+        await admin.close()
+    began = asyncio.get_running_loop().time()
+    with pytest.raises(ConfigurationError, match="refused to create") as refused:
+        await ensure_requests_topic(kafka_bootstrap, requests_topic.replace(".", "_"), PARTITIONS)
+    assert "collides" in str(refused.value)
+    assert "None partitions" not in str(refused.value)
+    assert asyncio.get_running_loop().time() - began < 5

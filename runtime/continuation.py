@@ -19,7 +19,7 @@ in progress has been dispatched:
    they are (never copied into the log twice), then its own.
 
 A crash between 2 and 3 leaves the new run started and the old one running; the old run's next
-resume finds its successor (the new run's id is derived from the old one's, `successor_id`) and
+resume finds its successor (the new run's id is derived from the old one's, `successor_ids`) and
 only writes step 3.
 
 Step 3 is what hands the turn over, not step 2: the old run's `RunContinued` is fenced like any
@@ -42,7 +42,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from onward.errors import (
+    BackendError,
     ConfigurationError,
+    FencedError,
     HistoryUnavailableError,
     InvalidInputError,
     NothingToResumeError,
@@ -71,6 +73,12 @@ _log = logging.getLogger(__name__)
 _SUFFIX = "~c"
 _DIGEST = 16
 """Hex digits of the digest a successor id too long to fit carries in place of its cut."""
+_NUMBER = 18
+"""Most digits a successor's number has: more are taken for part of the run's name."""
+_TAG = 8
+"""Hex digits of the digest of the old run's id a successor id holds when its first is taken."""
+_TRIES = 8
+"""Ids a carry tries (`successor_ids`) before the run goes on uncarried."""
 
 
 def successor_id(run_id: str) -> str:
@@ -80,15 +88,40 @@ def successor_id(run_id: str) -> str:
     Never longer than a run id may be (`MAX_NAME_LENGTH`), or no resume would take the run
     the old one was ended into: a base that would not fit is cut and its digest added.
     """
+    return _fitted(*_numbered(run_id))
+
+
+def successor_ids(run_id: str) -> tuple[str, ...]:
+    """The ids a carry of ``run_id`` tries, in order: `successor_id`, then ids holding a digest
+    of ``run_id`` itself. Another run may hold the first (``r~c01`` and ``r~c1`` both number
+    theirs ``r~c2``; a person may name a run ``job~c1``), and the carry would otherwise be
+    refused at every boundary; derived all the same, so a carry a crash cut short is found.
+    """
+    base, suffix = _numbered(run_id)
+    tagged = (
+        f"#{hashlib.sha256(f'{run_id}#{n}'.encode()).hexdigest()[:_TAG]}" for n in range(1, _TRIES)
+    )
+    return (_fitted(base, suffix), *(_fitted(base, suffix, tag) for tag in tagged))
+
+
+def _numbered(run_id: str) -> tuple[str, str]:
+    """The base of ``run_id`` and the suffix its successor adds to it (``r~c1``: ``r``, ``~c2``)."""
     base, _, number = run_id.rpartition(_SUFFIX)
     # ASCII digits only: `str.isdigit` also takes superscripts and other digits `int` refuses.
-    if not (base and number.isascii() and number.isdigit()):
+    # A number no chain reaches is part of the name: numbered on, it could leave no room for
+    # the base, and the id would be longer than a run id may be.
+    if not (base and number.isascii() and number.isdigit() and len(number) <= _NUMBER):
         base, number = run_id, "0"
-    suffix = f"{_SUFFIX}{int(number) + 1}"
-    if len(base) + len(suffix) > MAX_NAME_LENGTH:
+    return base, f"{_SUFFIX}{int(number) + 1}"
+
+
+def _fitted(base: str, suffix: str, tag: str = "") -> str:
+    """``base``, ``tag`` and ``suffix`` as one id, the base cut and its digest added if that is
+    longer than a run id may be."""
+    if len(base) + len(tag) + len(suffix) > MAX_NAME_LENGTH:
         digest = hashlib.sha256(base.encode()).hexdigest()[:_DIGEST]
-        base = f"{base[: MAX_NAME_LENGTH - len(suffix) - _DIGEST - 1]}#{digest}"
-    return f"{base}{suffix}"
+        base = f"{base[: MAX_NAME_LENGTH - len(tag) - len(suffix) - _DIGEST - 1]}#{digest}"
+    return f"{base}{tag}{suffix}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +244,9 @@ def carried_options(frontier: Frontier) -> dict[str, Any]:
     (`run_options`, `run_budgets`, `named_checkpoints`, `checkpoint_frequency`): the run it is
     carried into starts with them, or it would no longer be the person's it was started for,
     pause where it was to, stream the checkpoints the application chose, nor stop at the run's
-    bound on model calls (which spans the chain, as the iteration count does) or within its
-    budgets."""
+    bound on model calls (which spans the chain, as the iteration count does) or to its
+    budgets (spend is counted per run: each run of the chain starts at zero against the run
+    budget, while the tenant's total goes on)."""
     options: dict[str, Any] = {}
     if frontier.user_id is not None:
         options["user"] = frontier.user_id
@@ -289,10 +323,36 @@ async def carry_if_due(
     ):
         return False
     carry = policy.continued(frontier)
-    if not await start_successor(run, carry, writer=writer, holding=holding, resumer=resumer):
+    new_id = await start_successor(run, carry, writer=writer, holding=holding, resumer=resumer)
+    if new_id is None:
         return False
-    await writer.append(run, [writer.event(run, RunContinued, new_run_id=carry.new_run_id)])
+    await writer.append(run, [writer.event(run, RunContinued, new_run_id=new_id)])
+    await _pass_on_ask(run, new_id, writer=writer, holding=holding, resumer=resumer)
     return True
+
+
+async def _pass_on_ask(
+    run: HeldRun, new_id: str, *, writer: RunWriter, holding: Holding, resumer: Resumer
+) -> None:
+    """End ``new_id``, the run ``run`` was just carried into, ``cancelled`` if someone asked
+    ``run``'s holder to cancel it after the last look before the carry (`start_successor`):
+    the ask goes with that holding, handed back next, so the new run would go on unasked
+    while the person was told their ask was taken. The new run has done nothing yet.
+    """
+    with contextlib.suppress(FencedError, BackendError):
+        await run.held.confirm()  # the ask is heard with a renewal
+    asked = run.held.cancel_asked
+    if asked is None:
+        return
+    tenant = run.tenant
+    async with holding(new_id, tenant) as held:
+        frontier = await resumer.read(new_id, tenant=tenant)
+        if frontier.finished:
+            return
+        await held.raise_fence(frontier.fence)
+        new = HeldRun(run.agent, held, frontier, Conversation(""))
+        finished = writer.event(new, RunFinished, status="cancelled", error=asked.error)
+        await writer.append_while_held(new, [finished], what=f"its end, cancelled by {asked.by}")
 
 
 async def cut_carry(frontier: Frontier, *, resumer: Resumer) -> str | None:
@@ -302,12 +362,16 @@ async def cut_carry(frontier: Frontier, *, resumer: Resumer) -> str | None:
     """
     if not carriable(frontier):
         return None  # a carry only ever starts where the run is carriable
-    new_id = successor_id(frontier.run_id)
-    try:
-        found = await resumer.read(new_id, tenant=frontier.tenant)
-    except NothingToResumeError:
-        return None
-    return new_id if current(found, frontier) else None
+    for new_id in successor_ids(frontier.run_id):
+        # As `start_successor` tries them: an id no run holds ends the search, one another
+        # run holds (of any tenant) was passed over, and one holding a carry of this run is it.
+        if not await resumer.exists(new_id):
+            return None
+        with contextlib.suppress(NothingToResumeError):
+            found = await resumer.read(new_id, tenant=frontier.tenant)
+            if found.continuation_of == frontier.run_id:
+                return new_id if current(found, frontier) else None
+    return None
 
 
 def current(successor: Frontier, frontier: Frontier) -> bool:
@@ -392,24 +456,46 @@ async def start_successor(
     writer: RunWriter,
     holding: Holding,
     resumer: Resumer,
-) -> bool:
+) -> str | None:
     """Write the new run's `RunStarted` under its lease, unless an earlier carry did. Returns
-    False, writing nothing, when the id holds an earlier carry of the run that it went on
-    without (`current`): the run goes on uncarried (its successor's id is derived, and taken);
-    when the confirmation of the old run's lease hears that someone asked its holder to
-    cancel it (`Leaseholder.cancel_asked`), which the runner then does; and when the new run's
-    `RunStarted` is too large for the log (`PayloadTooLargeError`): the turn is made where it is.
+    the new run's id: the continuation's, or when another run holds that one (of this tenant
+    or another), the next of `successor_ids` no other run holds. Returns None, writing
+    nothing, when the id holds an earlier carry of the run that it went on without
+    (`current`): the run goes on uncarried (its successor's id is derived, and taken);
+    when every id it may take is another run's; when the confirmation of the old run's lease
+    hears that someone asked its holder to cancel it (`Leaseholder.cancel_asked`), which the
+    runner then does; and when the new run's `RunStarted` is too large for the log
+    (`PayloadTooLargeError`): the turn is made where it is.
 
     Raises:
-        ConfigurationError: The continuation drops an approval or grant, or the successor's id
-            is taken by a run that is not this run's continuation.
+        ConfigurationError: The continuation drops an approval or grant.
     """
     continuation.check(run.frontier)
-    new_id, tenant = continuation.new_run_id, run.tenant
-    taken = ConfigurationError(
-        f"run {run.run_id!r} cannot be carried into {new_id!r}: that id is taken by another run",
-        run_id=run.run_id,
+    natural = continuation.new_run_id == successor_id(run.run_id)
+    for new_id in successor_ids(run.run_id) if natural else (continuation.new_run_id,):
+        started = await _started(
+            run, continuation, new_id, writer=writer, holding=holding, resumer=resumer
+        )
+        if started != "taken":
+            return new_id if started else None
+    _log.warning(
+        "run %s goes on uncarried: the ids it may be carried into are other runs'", run.run_id
     )
+    return None
+
+
+async def _started(
+    run: HeldRun,
+    continuation: Continuation,
+    new_id: str,
+    *,
+    writer: RunWriter,
+    holding: Holding,
+    resumer: Resumer,
+) -> bool | Literal["taken"]:
+    """`start_successor` under ``new_id``: whether the run is carried into it, or ``taken``
+    when another run holds it."""
+    tenant = run.tenant
     async with holding(new_id, tenant) as held:
         # The log is asked whatever the lease store says (as `cut_carry` asks it): a store
         # wiped since, or whose GC forgot the id of a successor ended as overtaken, hands out
@@ -417,14 +503,14 @@ async def start_successor(
         with contextlib.suppress(NothingToResumeError):
             found = await resumer.read(new_id, tenant=tenant)
             if found.continuation_of != run.run_id:
-                raise taken
+                return "taken"
             # Started by a carry that a crash cut short, or one the run went on without.
             return current(found, run.frontier)
         try:
             # Any tenant's run under the id: this tenant's RunStarted must never land in it.
             await resumer.refuse_existing(new_id, held.lease)
-        except InvalidInputError as exc:
-            raise taken from exc
+        except InvalidInputError:
+            return "taken"
         new = HeldRun(run.agent, held, Frontier.empty(new_id, tenant), Conversation(""))
         # The old run's lease, asked of the store right before the turn is handed over: a
         # holder that lost it unawares (paused, a store that forgot it) while another carried
@@ -471,4 +557,5 @@ __all__ = [
     "hand_over",
     "start_successor",
     "successor_id",
+    "successor_ids",
 ]

@@ -845,8 +845,13 @@ class AgentRunner(Resource):
             check_note("why", why, run_id=run_id)
         async with self._as_person(run_id, tenant, by) as run:
             if run.frontier.finished:
+                # A run carried on goes on under its successor's id: say which, or the person
+                # takes the work for ended while it goes on.
+                onward = run.frontier.continued_to
+                goes_on = f"; it goes on as run {onward!r}: cancel that run" if onward else ""
                 raise InvalidInputError(
-                    f"run {run_id!r} has ended already ({run.frontier.status})", run_id=run_id
+                    f"run {run_id!r} has ended already ({run.frontier.status}){goes_on}",
+                    run_id=run_id,
                 )
             await self._end_cancelled(run, by, why)
             return run.frontier

@@ -530,8 +530,10 @@ class App(Resource):
                 raise
             return
         if frontier.finished:
+            onward = frontier.continued_to
+            goes_on = f"; it goes on as run {onward!r}: cancel that run" if onward else ""
             raise InvalidInputError(
-                f"run {run_id!r} has ended already ({frontier.status})", run_id=run_id
+                f"run {run_id!r} has ended already ({frontier.status}){goes_on}", run_id=run_id
             )
         worker = self._worker
         # A run that waits on a person is ended here even while the worker that wrote its

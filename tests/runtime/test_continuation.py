@@ -49,6 +49,7 @@ from onward.runtime.continuation import (
     ContinuationPolicy,
     continued,
     successor_id,
+    successor_ids,
 )
 from onward.runtime.leases import RunLease, SqliteLeaseStore
 from onward.runtime.limits import MAX_NAME_LENGTH
@@ -337,20 +338,154 @@ async def test_inspect_follows_the_chain_both_ways(tmp_path: Path) -> None:
 
 
 async def test_a_carry_never_lands_in_another_tenants_run(world: World) -> None:
-    """Tenant B owns a run under the id tenant A's run would be carried into: the carry is
-    refused and writes nothing into B's run, which stays B's alone (security review #1)."""
+    """Tenant B owns a run under the id tenant A's run would be carried into: the carry writes
+    nothing into B's run, which stays B's alone (security review #1), and goes to another id."""
     other = await world.runner().run(
         world.ledger.agent(), "pay the invoice", tenant="globex", run_id=NEXT
     )
     assert other.status == "waiting"
     before = await world.log.read_run(NEXT)
     await world.waiting_then_approved()
-    with pytest.raises(ConfigurationError, match="taken by another run"):
-        await world.runner(continuation=POLICY).resume(world.ledger.agent(), RUN, tenant=TENANT)
+    done = await world.runner(continuation=POLICY).resume(world.ledger.agent(), RUN, tenant=TENANT)
+    assert (done.run_id, done.status) == (successor_ids(RUN)[1], "completed")
     assert await world.log.read_run(NEXT) == before
     with pytest.raises(NothingToResumeError):
         await world.runner().inspect(NEXT, tenant=TENANT)
     assert (await world.runner().inspect(NEXT, tenant="globex")).waiting_on == "p"
+    assert world.ledger.count("pay") == 1
+
+
+async def test_cancelling_a_run_carried_on_names_the_run_it_goes_on_as(world: World) -> None:
+    """A person cancels a run once it was carried on: the refusal says where the work goes
+    on (a run ``continued`` is not ended work), and cancelling that run ends it."""
+    await world.waiting_then_approved()
+    runner = world.runner(continuation=POLICY)
+    append = runner.writer.append
+
+    async def waiting_in_the_new_run(run: Any, events: Sequence[Any]) -> None:
+        if run.run_id == NEXT and any(isinstance(e, ToolDispatched) for e in events):
+            raise Crash("before the payment")
+        await append(run, events)
+
+    runner.writer.append = waiting_in_the_new_run  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+    with pytest.raises(InvalidInputError, match=r"ended already \(continued\).*'r~c1'"):
+        await world.runner().cancel(RUN, tenant=TENANT, by="ann")
+    ended = await world.runner().cancel(NEXT, tenant=TENANT, by="ann")
+    assert ended.status == "cancelled"
+    assert world.ledger.count("pay") == 0
+
+
+async def test_a_cancel_asked_as_the_run_is_carried_on_ends_the_run_it_goes_on_as(
+    world: World,
+) -> None:
+    """Ann asks the run's holder to cancel it while the run is being carried on, after its
+    holder last looked for an ask: the ask is taken (a holding was asked), so the run it goes
+    on as must end ``cancelled`` without paying, not pay and complete."""
+    await world.waiting_then_approved()
+    runner = world.runner(continuation=POLICY)
+    append = runner.writer.append
+
+    async def asked_as_it_hands_over(run: Any, events: Sequence[Any]) -> None:
+        if any(isinstance(e, RunContinued) for e in events):
+            assert await world.runner().ask_to_cancel(RUN, tenant=TENANT, by="ann") is not None
+        await append(run, events)
+
+    runner.writer.append = asked_as_it_hands_over  # type: ignore[method-assign]
+    done = await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+
+    assert (done.run_id, done.status) == (NEXT, "cancelled")
+    assert "ann" in (done.error or "")
+    assert world.ledger.count("pay") == 0
+    assert (await world.runner().inspect(RUN, tenant=TENANT)).continued_to == NEXT
+
+
+@pytest.mark.parametrize("tenant", [TENANT, "globex"])
+async def test_a_run_whose_successors_id_another_run_holds_is_carried_on(
+    world: World, tenant: str
+) -> None:
+    """A person named a run ``r~c1``, the id ``r`` is carried into: ``r`` is carried into an
+    id derived from its own, every time it comes due, rather than refused at each boundary
+    (its resumes failing for good); the other run is left as it was."""
+    other = await world.runner().run(
+        world.ledger.agent(), "pay the invoice", tenant=tenant, run_id=NEXT
+    )
+    assert other.status == "waiting"
+    before = await world.log.read_run(NEXT)
+    await world.waiting_then_approved()
+    agent = world.ledger.agent()
+
+    done = await world.runner(continuation=POLICY).resume(agent, RUN, tenant=TENANT)
+
+    assert done.status == "completed"
+    assert done.run_id not in (RUN, NEXT)
+    assert len(done.run_id) <= MAX_NAME_LENGTH
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
+    assert await world.log.read_run(NEXT) == before
+    old = await world.runner().inspect(RUN, tenant=TENANT)
+    new = await world.runner().inspect(done.run_id, tenant=TENANT)
+    assert (old.continued_to, new.continuation_of) == (done.run_id, RUN)
+    assert [f.run_id for f in await chain_of(world.runner(), new)] == [RUN, done.run_id]
+
+
+def test_the_ids_a_carry_tries_are_its_own_and_fit() -> None:
+    assert successor_ids("r")[0] == successor_id("r") == "r~c1"
+    for run_id in ("r~c01", "r~c1", "r" * MAX_NAME_LENGTH, "r~c" + "9" * (MAX_NAME_LENGTH - 3)):
+        ids = successor_ids(run_id)
+        assert len(set(ids)) == len(ids) > 1
+        assert all(len(i) <= MAX_NAME_LENGTH and i != run_id for i in ids)
+    assert set(successor_ids("r~c01")[1:]).isdisjoint(successor_ids("r~c1"))
+
+
+async def test_two_runs_numbered_alike_are_each_carried_on(world: World) -> None:
+    """``r~c01`` and ``r~c1`` both number their successor ``r~c2``: the second carried on must
+    not be refused for good because the first took it."""
+    agent = world.ledger.agent()
+    results = []
+    for run_id in ("r~c01", "r~c1"):
+        world.model = Recording()
+        assert (await world.runner().run(agent, "pay", tenant=TENANT, run_id=run_id)).waiting_on
+        await world.runner().approve(run_id, "p", tenant=TENANT, by="ann")
+        results.append(await world.runner(continuation=POLICY).resume(agent, run_id, tenant=TENANT))
+    assert [r.status for r in results] == ["completed", "completed"]
+    assert results[0].run_id != results[1].run_id
+    for run_id, result in zip(("r~c01", "r~c1"), results, strict=True):
+        assert (await world.runner().inspect(run_id, tenant=TENANT)).continued_to == result.run_id
+    assert world.ledger.count("pay") == 2
+
+
+@pytest.mark.parametrize("policy", [None, POLICY], ids=["fleet", "carrying"])
+async def test_a_carry_cut_short_into_an_id_of_its_own_is_found_again(
+    world: World, policy: ContinuationPolicy | None
+) -> None:
+    """As above, and the carry dies between the new run's start and the old run's end: the
+    next resume finds the run it started (not a third id), and the payment is made once."""
+    await world.runner().run(world.ledger.agent(), "pay", tenant="globex", run_id=NEXT)
+    agent = await world.carried_until_it_dies("run.started")
+    first, second = successor_ids(RUN)[1:3]
+    assert (await world.runner().inspect(first, tenant=TENANT)).continuation_of == RUN
+
+    done = await world.runner(continuation=policy).resume(agent, RUN, tenant=TENANT)
+
+    assert (done.run_id, done.status) == (first, "completed")
+    assert await world.log.read_run(second) == []
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
+
+
+async def test_a_carry_cut_short_into_an_id_of_its_own_is_finished_from_the_new_run(
+    world: World,
+) -> None:
+    """As above, the new run resumed first: it ends the old run into itself, then pays."""
+    await world.runner().run(world.ledger.agent(), "pay", tenant="globex", run_id=NEXT)
+    agent = await world.carried_until_it_dies("run.started")
+    first = successor_ids(RUN)[1]
+
+    done = await world.runner().resume(agent, first, tenant=TENANT)
+
+    assert (done.run_id, done.status) == (first, "completed")
+    assert (await world.runner().inspect(RUN, tenant=TENANT)).continued_to == first
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
 
 
 async def test_another_tenants_event_in_a_run_does_not_make_it_theirs(world: World) -> None:
@@ -552,12 +687,17 @@ async def test_a_successor_the_old_run_went_on_without_is_never_carried_into(
     assert world.ledger.effects.count(("pay", idempotency_key(RUN, "q"))) == 1
 
 
+@pytest.mark.parametrize(
+    "long_id",
+    ["r" * MAX_NAME_LENGTH, "r~c" + "9" * (MAX_NAME_LENGTH - 3)],
+    ids=["name", "numbered"],
+)
 async def test_a_run_whose_id_is_as_long_as_ids_go_is_carried_into_one_that_can_be_resumed(
-    world: World,
+    world: World, long_id: str
 ) -> None:
     """A run id of the longest length allowed (`MAX_NAME_LENGTH`) is carried into a run whose
-    id is no longer: one past it would be refused by every resume, the run stranded."""
-    long_id = "r" * MAX_NAME_LENGTH
+    id is no longer: one past it would be refused by every resume, the run stranded. Also
+    when the id is mostly a successor's number (its base alone would not leave room)."""
     result = await world.runner().run(
         world.ledger.agent(), "pay the invoice", tenant=TENANT, run_id=long_id
     )

@@ -33,7 +33,8 @@ the newest checkpoints; asking for an older one, or for the list, folds the thre
 Spending. Given a spend ledger, the usage each AI message a node writes reports is recorded
 under the seq of the writes it came in, before they are appended; a budget is checked before
 each step's writes and ends the graph run, as a cancel does, once the thread (or its tenant)
-has reached it.
+has reached it. A record the ledger did not take is kept and tried again; the saver that takes
+a thread next records, from the log, the writes' calls the ledger lacks.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ from onward.eventlog import (
     GraphWritesSaved,
     RunClaimed,
     RunFinished,
+    SequenceGuard,
     Serialized,
     StoredEvent,
     ToolCompleted,
@@ -168,6 +170,12 @@ class _Held:
     """The size of the last summary stored; the next is stored once ``appended`` exceeds it."""
     summarizing: asyncio.Task[None] | None = None
     """The summary being stored, if one is (see `OnwardSaver._summarize`)."""
+    unchecked: bool = False
+    """The spend of the thread's writes is still to check against the ledger
+    (`OnwardSaver._record_writes_left`): no summary is stored meanwhile."""
+    spent_at: int = 0
+    """The highest seq a model call's spend was recorded under (`OnwardSaver._record_spend`):
+    the key of its ledger entry, which no later writes of the thread may take."""
 
 
 @dataclass(slots=True)
@@ -1189,6 +1197,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 await self._drop(thread_id, held, lost=True)
                 raise
             state = await self._fresh(thread_id, held, whole=whole)
+            if state.last_seq < held.spent_at:
+                await self._pass_spent_seqs(thread_id, held, state)
             made = build(state)
             await self._may_go_on(thread_id, held, made, state.last_seq + 1, spent, step=step)
             fence = held.holder.lease.fence
@@ -1240,35 +1250,84 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     # The row lags; the log has the interrupt, and the next fold catches up.
                     logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
 
+    async def _pass_spent_seqs(self, thread_id: str, held: _Held, state: ThreadState) -> None:
+        """Take the seqs up to ``held.spent_at`` with claims again (this holder's, under its
+        fence), as a new process's claim would: a write whose spend was recorded did not
+        land (its append failed), and its seq keys the ledger's entry of calls that were
+        paid for. Writes of a node made again taking that seq would have their calls dropped
+        as recorded already.
+
+        Raises:
+            FencedError: The lease was lost.
+        """
+        fence = held.holder.lease.fence
+        claims = [
+            stamped(
+                RunClaimed,
+                run_id=thread_id,
+                tenant=self.tenant,
+                seq=seq,
+                fence=fence,
+                worker=self.holder,
+            )
+            for seq in range(state.last_seq + 1, held.spent_at + 1)
+        ]
+        try:
+            positions = await self.log.append(claims)
+            await held.holder.confirm()
+        except FencedError:
+            await self._drop(thread_id, held, lost=True)
+            raise
+        except BaseException:
+            held.stale = True  # perhaps stored, perhaps not: the next write reads which
+            raise
+        for claim, position in zip(claims, positions, strict=True):
+            state.apply(StoredEvent(position, claim))
+
     async def _record_spend(
         self, thread_id: str, made: _Batch, first_seq: int, spent: Sequence[tuple[str, Usage]]
-    ) -> None:
+    ) -> int | None:
         """Record the model calls ``spent`` under the seq the batch's writes take (``made``
         is appended from ``first_seq``): one entry for a task's writes (a node that called
-        two models is one entry naming both)."""
-        assert self.spend is not None
+        two models is one entry naming both). Returns that seq, ``None`` if nothing was
+        recorded."""
         kinds = [kind for kind, _ in made]
         if GraphWritesSaved not in kinds:
-            return
+            return None
+        seq = first_seq + kinds.index(GraphWritesSaved)
+        try:
+            await self._record_entry(thread_id, seq, spent, time.time_ns() // 1_000)
+        except BackendError as exc:
+            # The calls were paid for and their answers are in the writes: failing the write
+            # would lose the entry (a node made again writes at the same seq, whose one
+            # record counts). The writes go on; the entry is recorded at the next write, or
+            # from the log by the saver that takes the thread next (`_record_writes_left`).
+            logger.warning("thread %r: a model call's spend is still to record: %s", thread_id, exc)
+        return seq
+
+    async def _record_entry(
+        self, thread_id: str, seq: int, spent: Sequence[tuple[str, Usage]], at: int
+    ) -> bool:
+        """Record one task's model calls ``spent`` under the seq of its writes; an entry the
+        ledger does not take now is kept for `_record_left` and the error raised. Returns
+        whether the ledger had no entry at that key yet."""
+        assert self.spend is not None
         models = sorted({model for model, _ in spent})
         entry = SpendEntry(
             run_id=thread_id,
             tenant=self.tenant,
-            seq=first_seq + kinds.index(GraphWritesSaved),
+            seq=seq,
             model=", ".join(models),
             input_tokens=sum(usage.input_tokens for _, usage in spent),
             output_tokens=sum(usage.output_tokens for _, usage in spent),
             micros=sum(self.prices.cost(model, usage) for model, usage in spent),
-            at=time.time_ns() // 1_000,
+            at=at,
         )
         try:
-            await self.spend.record(entry)
-        except BackendError as exc:
-            # The calls were paid for and their answers are in the writes: failing the write
-            # would lose the entry (a node made again writes at the same seq, whose one
-            # record counts). The writes go on; the entry is recorded at the next write.
+            return await self.spend.record(entry)
+        except BackendError:
             self._records_left[(entry.run_id, entry.seq)] = entry
-            logger.warning("thread %r: a model call's spend is still to record: %s", thread_id, exc)
+            raise
 
     async def _record_left(self) -> None:
         """Record the model calls whose record found the ledger down (`_record_spend`), in
@@ -1284,6 +1343,67 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 )
                 return
             del self._records_left[key]
+
+    async def _record_writes_left(self, thread_id: str, held: _Held) -> None:
+        """Record the spend of the thread's writes the ledger lacks, on taking the thread: an
+        entry whose record found the ledger down was kept only by the saver that wrote it
+        (`_record_spend`), and is lost with it if that process died before the ledger came
+        back. Each counted write carrying an AI message's usage is recorded under its own
+        seq, the key its first record took, so one recorded already changes nothing.
+
+        Only the log after the thread's stored summary is read: a summary is stored only
+        while nothing of the thread is left to record (`_summarize`), so every write before
+        it is in the ledger. Until this check has run whole (a ledger or log that cannot be
+        reached is logged, and the check tried again at the next write), the holding is
+        ``unchecked`` and stores no summary."""
+        if self.spend is None:
+            return
+        try:
+            recorded = {entry.seq for entry in await self.spend.entries(thread_id)}
+            stored_events, guard = await self._since_summary(thread_id)
+            written = 0
+            for stored in guard.admit_all(stored_events):
+                event = stored.event
+                if not isinstance(event, GraphWritesSaved) or event.seq in recorded:
+                    continue
+                try:
+                    spent = _model_usages([self._loads(w.value) for w in event.writes])
+                except Exception as exc:  # noqa: BLE001 - a value it cannot read reports nothing
+                    logger.warning(
+                        "thread %r: seq %d not read for spend: %s", thread_id, event.seq, exc
+                    )
+                    continue
+                if spent:
+                    written += await self._record_entry(thread_id, event.seq, spent, event.at)
+        except OnwardError as exc:
+            logger.warning(
+                "thread %r: the spend of its writes is still to check: %s", thread_id, exc
+            )
+            return
+        held.unchecked = False
+        if written:
+            logger.info(
+                "thread %r: the spend of %d writes recorded from the log", thread_id, written
+            )
+
+    async def _since_summary(self, thread_id: str) -> tuple[Sequence[StoredEvent], SequenceGuard]:
+        """The thread's counted events after its stored summary (all of them where there is
+        no summary the log still holds), and the guard that admits them."""
+        summary = await self._stored_summary(thread_id)
+        if summary is not None:
+            tail = await read_whole_run(
+                self.log, self.compaction, thread_id, start=summary.last_offset
+            )
+            if tail and _names(summary, tail[0]):
+                return tail[1:], SequenceGuard(last_seq=summary.last_seq, fence=summary.fence)
+        start: int | None = None
+        if self.frontiers is not None:
+            row = await self.frontiers.get(thread_id)
+            if row is not None and row.frontier is not None and row.frontier.first_offset >= 0:
+                start = row.frontier.first_offset
+        return await read_whole_run(
+            self.log, self.compaction, thread_id, start=start
+        ), SequenceGuard()
 
     async def _hold(self, thread_id: str) -> _Held:
         """The thread's holding, taking the lease and claiming the thread if need be.
@@ -1394,10 +1514,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             )
             for stored in between:
                 state.apply(stored)
+            held = _Held(holder, state, unchecked=self.spend is not None)
+            await self._record_writes_left(thread_id, held)
         except BaseException as exc:
             await holder.__aexit__(type(exc), exc, exc.__traceback__)
             raise
-        return _Held(holder, state)
+        return held
 
     def _check_still_held(self, thread_id: str, held: _Held) -> None:
         """Raise if the holding was let go while the caller waited for its lock.
@@ -1445,6 +1567,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         # A graph step's own write while a tool call runs (LangGraph saves a checkpoint beside
         # the step's tasks) does not end the run: the call's outcome could not be recorded.
         calls_running = step and bool(self._calling.get(thread_id))
+        if held.unchecked and (spent or step):
+            await self._record_writes_left(thread_id, held)  # what the thread's last holder left
         if self._records_left and (spent or step):
             await self._record_left()  # counted before any budget is weighed
         try:
@@ -1454,7 +1578,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             if spent:
                 # Whatever this write comes to (a ledger that cannot weigh the budget fails
                 # it): the calls were made, and are kept to record if the ledger is down.
-                await self._record_spend(thread_id, made, first_seq, spent)
+                seq = await self._record_spend(thread_id, made, first_seq, spent)
+                if seq is not None:
+                    held.spent_at = max(held.spent_at, seq)
         if over is not None:
             await self._end(thread_id, held, "failed", f"{type(over).__name__}: {over}")
             self._stop(thread_id, functools.partial(_copied, over))
@@ -1657,6 +1783,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         held.appended += sum(len(_msgpack.encode(event)) for event in batch)
         if self.summaries is None or held.appended < held.summary_size:
             return
+        if held.unchecked or any(run == thread_id for run, _ in self._records_left):
+            return  # the log before a summary holds no spend still to record
         state = held.state
         if state.whole_needed or (held.summarizing is not None and not held.summarizing.done()):
             return  # one summary in flight at a time: a later write stores the next

@@ -21,6 +21,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from support.servers import KafkaServers
+from support.spend import Outage
 from typer.testing import CliRunner
 
 from onward.errors import (
@@ -220,7 +221,7 @@ async def test_a_thread_over_its_budget_stops_after_the_call_that_passed_it(
     async with placed(clustered, tmp_path) as (world, ledger, _):
         async with saver_of(world, ledger, budget_micros=700) as saver:
             graph = chat_graph(saver)
-            await graph.ainvoke({"messages": [HumanMessage("hi")]}, config(thread_id), **sync)
+            await graph.ainvoke({"messages": [HumanMessage("hi")]}, config(thread_id))
             assert (await ledger.run_total(thread_id)).micros == 660
             # The second turn's first answer (400) passes the budget: it is kept, and the
             # write after it (that step's checkpoint) ends the graph run.
@@ -233,7 +234,7 @@ async def test_a_thread_over_its_budget_stops_after_the_call_that_passed_it(
             assert not saver.holds(thread_id)
             # A new invocation of the thread is stopped at its first write, calling nothing.
             with pytest.raises(BudgetExceededError, match="has spent 1060 micros"):
-                await graph.ainvoke({"messages": [HumanMessage("more")]}, config(thread_id), **sync)
+                await graph.ainvoke({"messages": [HumanMessage("more")]}, config(thread_id))
         assert (await ledger.run_total(thread_id)).calls == 3
 
         events = [stored.event for stored in await world.log.read_run(thread_id)]
@@ -404,3 +405,123 @@ async def test_a_call_answered_while_the_ledger_was_down_counts_under_a_budget(
             down["now"] = False
         total = await ledger.run_total("t")
     assert (total.calls, total.micros) == (1, 400)
+
+
+def small_graph(checkpointer: OnwardSaver, made: list[str]) -> CompiledStateGraph[Any]:
+    """One node: the small model answers (400 micros), counted in ``made``."""
+
+    def small(state: MessagesState) -> dict[str, list[Any]]:
+        made.append("small-1")
+        return {"messages": [answered("small-1", 100, 20)]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("small", small)
+    builder.add_edge(START, "small")
+    builder.add_edge("small", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+async def test_a_call_paid_while_the_ledger_was_down_is_counted_after_the_saver_is_gone(
+    clustered: KafkaServers | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger is down when a node's model answers, and the saver that kept the entry is
+    gone (its process died) before the ledger came back: the answer is in the log, and the
+    saver that takes the thread next counts it, once."""
+    thread_id = f"outage-{uuid.uuid4().hex[:8]}"
+    made: list[str] = []
+    async with placed(clustered, tmp_path) as (world, ledger, _):
+        outage = Outage(ledger, monkeypatch)
+        async with saver_of(world, ledger) as saver:
+            await small_graph(saver, made).ainvoke(
+                {"messages": [HumanMessage("hi")]}, config(thread_id)
+            )
+        assert outage.down
+        outage.end()
+        for _ in range(2):  # a second taker finds nothing more to count
+            async with saver_of(world, ledger) as saver:
+                await small_graph(saver, made).ainvoke(
+                    {"messages": [HumanMessage("again")]}, config(thread_id)
+                )
+        total = await ledger.run_total(thread_id)
+    assert len(made) == 3
+    assert (total.calls, total.micros) == (3, 1200)
+
+
+async def test_a_call_made_again_after_its_writes_were_lost_is_counted_too(
+    clustered: KafkaServers | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's model answers, its spend is recorded, and the append of its writes fails
+    (nothing stored). The next invocation makes the node again: a second paid call, written
+    at the seq the lost writes were to take, which must count as well as the first."""
+    thread_id = f"lost-{uuid.uuid4().hex[:8]}"
+    made: list[str] = []
+    sync: dict[str, Any] = {"durability": "sync"}
+    async with placed(clustered, tmp_path) as (world, ledger, _):
+        log = {"down": False, "cut": False}
+        append = world.log.append
+
+        async def cut_at_the_answer(events: Any) -> Any:
+            paid = any(
+                isinstance(e, GraphWritesSaved)
+                and any(b"small-1" in w.value.data for w in e.writes)
+                for e in events
+            )
+            if paid and not log["cut"]:
+                log["cut"] = log["down"] = True
+            if log["down"]:
+                raise BackendUnavailableError("the log did not answer; nothing was stored")
+            return await append(events)
+
+        monkeypatch.setattr(world.log, "append", cut_at_the_answer)
+        async with saver_of(world, ledger) as saver:
+            graph = small_graph(saver, made)
+            with pytest.raises(BackendUnavailableError):
+                await graph.ainvoke({"messages": [HumanMessage("hi")]}, config(thread_id), **sync)
+            assert log["cut"]
+            log["down"] = False
+            # The node's writes were lost: it runs again, and its model is paid again.
+            out = await graph.ainvoke(None, config(thread_id), **sync)
+            assert [m.content for m in out["messages"]] == ["hi", "answer of small-1"]
+        total = await ledger.run_total(thread_id)
+        events = [stored.event for stored in await world.log.read_run(thread_id)]
+    assert len(made) == 2
+    assert (total.calls, total.micros) == (2, 800)
+    paid = [
+        e.seq
+        for e in events
+        if isinstance(e, GraphWritesSaved)
+        and e.task_id
+        and any(b"small-1" in w.value.data for w in e.writes)
+    ]
+    assert len(paid) == 1
+
+
+async def test_a_thread_taken_while_the_ledger_is_still_down_counts_its_calls_once_it_is_back(
+    clustered: KafkaServers | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The saver that takes the thread finds the ledger still down: it checks the thread's
+    writes again at its next write, once the ledger is back, and stores no summary of the
+    thread meanwhile (the next taker reads the log from the last one)."""
+    thread_id = f"outage-{uuid.uuid4().hex[:8]}"
+    made: list[str] = []
+    async with placed(clustered, tmp_path) as (world, ledger, _):
+        outage = Outage(ledger, monkeypatch)
+        async with saver_of(world, ledger) as saver:
+            await small_graph(saver, made).ainvoke(
+                {"messages": [HumanMessage("hi")]}, config(thread_id)
+            )
+        async with saver_of(world, ledger) as saver:
+            graph = small_graph(saver, made)
+            await graph.ainvoke({"messages": [HumanMessage("again")]}, config(thread_id))
+            await graph.ainvoke({"messages": [HumanMessage("more")]}, config(thread_id))
+            outage.end()
+            await graph.ainvoke({"messages": [HumanMessage("and more")]}, config(thread_id))
+            # Counted while the thread is held, so a budget weighs them.
+            assert (await ledger.run_total(thread_id)).calls == 4
+        async with saver_of(world, ledger) as saver:
+            await small_graph(saver, made).ainvoke(
+                {"messages": [HumanMessage("last")]}, config(thread_id)
+            )
+        total = await ledger.run_total(thread_id)
+    assert len(made) == 5
+    assert (total.calls, total.micros) == (5, 2000)

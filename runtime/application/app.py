@@ -679,21 +679,7 @@ class App(Resource):
         stream.next_offset = max(first, kept_from)
         if first >= kept_from:
             return
-        compaction = self.backends.compaction
-        point = (
-            None
-            if compaction is None
-            else (await compaction.truncations([frontier.run_id])).get(frontier.run_id)
-        )
-        kept = await log.read_run(frontier.run_id, start=kept_from)
-        cut_through = max(
-            (point.before_seq - 1) if point is not None else 0,
-            (kept[0].event.seq - 1) if kept else frontier.last_seq,
-        )
-        stream.follow_from(cut_through)
-        await stream.counted_before_the_cut(frontier, kept)
-        if frontier.finished and cut_through >= frontier.last_seq:
-            await stream.ended_in(frontier)  # nothing of it is left to read
+        await stream.go_on_after_a_cut(frontier, kept_from)
 
     async def _interrupted(self, frontier: Frontier) -> bool:
         """Running, held by nobody, and not left for a person: someone should carry it on."""

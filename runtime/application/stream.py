@@ -19,7 +19,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import NoReturn, Protocol
 
-from onward.errors import BackendUnavailableError, InvalidInputError, RunTimeoutError
+from onward.errors import (
+    BackendUnavailableError,
+    InvalidInputError,
+    LogTruncatedError,
+    RunTimeoutError,
+)
 from onward.eventlog.base import Refusal, SequenceGuard, StoredEvent, judge
 from onward.eventlog.events import (
     ApprovalDenied,
@@ -36,6 +41,7 @@ from onward.eventlog.events import (
 from onward.projections.frontier import Frontier
 from onward.runtime.backends import Backends
 from onward.runtime.leases.base import RunLease
+from onward.runtime.resumer import Resumer
 from onward.runtime.signing import MAX_CLOCK_SKEW_S
 
 from .messages import Answers, MessageMapper, RunMessage
@@ -189,6 +195,37 @@ class RunStream:
         self._sent: _Sent | None = None
         """What the opener sent to a fleet and nothing of which is read yet (`sent_to_fleet`)."""
 
+    async def go_on_after_a_cut(self, frontier: Frontier, start: int) -> bool:
+        """Go on from the run's events the log holds from offset ``start`` on, when it was cut
+        past the events this stream counted (at its opening, or while it fell behind): counted
+        as `counted_before_the_cut` says, and a run that ended with nothing of its end left to
+        read ends with the message its end gave (`ended_in`). Whether anything was cut past
+        the stream's count (the messages of what was cut are gone from the stream; the
+        transcript keeps the conversation)."""
+        backends = self.app.backends
+        compaction = backends.compaction
+        point = (
+            None
+            if compaction is None
+            else (await compaction.truncations([frontier.run_id])).get(frontier.run_id)
+        )
+        kept = [
+            item
+            for item in await backends.log.read_run(frontier.run_id, start=start)
+            if item.event.seq > self._guard.last_seq
+        ]
+        cut_through = max(
+            (point.before_seq - 1) if point is not None else 0,
+            (kept[0].event.seq - 1) if kept else frontier.last_seq,
+        )
+        if cut_through <= self._guard.last_seq:
+            return False
+        self.follow_from(cut_through)
+        await self.counted_before_the_cut(frontier, kept)
+        if frontier.finished and cut_through >= frontier.last_seq:
+            await self.ended_in(frontier)  # nothing of it is left to read
+        return True
+
     def follow_from(self, last_seq: int) -> None:
         """Count the run's events from seq ``last_seq + 1`` on: those before were compacted."""
         self._guard = SequenceGuard(last_seq)
@@ -337,7 +374,13 @@ class RunStream:
         its body put back, its messages buffered): a read that fails part way (a blob store
         that did not answer) leaves the failed event and those after it to the next read.
         """
-        stored = await self.app.backends.log.read_run(self.run_id, start=self.next_offset)
+        try:
+            stored = await self.app.backends.log.read_run(self.run_id, start=self.next_offset)
+        except LogTruncatedError as exc:
+            if exc.start is None or self._start is not None:
+                raise  # a start not read yet: whose run it is cannot be told any more
+            await self._behind_a_cut(exc.start)
+            return True
         if not stored:
             return False
         self._partition = stored[-1].position.partition
@@ -346,6 +389,18 @@ class RunStream:
                 await self._take(item)
             self.next_offset = item.position.offset + 1
         return True
+
+    async def _behind_a_cut(self, start: int) -> None:
+        """The log was cut past this stream's place while it was not looking (a reader that
+        stopped, and compaction or retention meanwhile; the log's records now begin at
+        ``start``): it goes on from the run's row and what the log still holds
+        (`go_on_after_a_cut`), ending with how the run ended when nothing of its end is left,
+        rather than fail reading."""
+        backends = self.app.backends
+        resumer = Resumer(backends.log, backends.leases, backends.frontiers)
+        frontier = await resumer.read(self.run_id, tenant=self.tenant)
+        self.next_offset = start
+        await self.go_on_after_a_cut(frontier, start)
 
     async def _take(self, item: StoredEvent) -> None:
         """Count one stored event of the run and buffer its messages (raises before taking

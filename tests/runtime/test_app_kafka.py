@@ -182,3 +182,31 @@ async def test_a_stream_of_an_ended_run_whose_events_retention_deleted_ends_with
     await log.truncate_before(partition, end)
     again = await app.resume(result.run_id, timeout=10).collect()
     assert [(m.type, m.status, m.output) for m in again] == [("result", "completed", result.output)]
+
+
+async def test_a_stream_left_behind_a_retention_cut_ends_with_its_runs_result(
+    app: onward.App,
+) -> None:
+    """A reader that stopped reading while retention cut its run's events: reading the same
+    stream again ends with the run's result, rather than fail on the truncated offset."""
+    stream = app.query("pay 5", {"agent": "payer"}, timeout=10)
+    seen = [message async for message in _until_it_waits(stream)]
+    await seen[-1].respond("ok")
+    done = await app.resume(seen[-1].run_id, timeout=10).collect()
+    log = app.backends.log
+    partition = (await log.read_run(seen[-1].run_id))[0].position.partition
+    stores = app.backends
+    projection = FrontierProjection(stores.frontiers, log, compaction=stores.compaction)
+    await LogProjector(log, projection).catch_up()
+    await log.truncate_before(partition, (await log.bounds(partition)).end)
+    rest = await stream.collect()
+    assert [(m.type, m.status, m.position) for m in rest] == [
+        ("result", "completed", done[-1].position)
+    ]
+
+
+async def _until_it_waits(stream: onward.RunStream) -> AsyncIterator[RunMessage]:
+    async for message in stream:
+        yield message
+        if message.waits:
+            return

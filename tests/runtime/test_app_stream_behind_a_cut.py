@@ -1,0 +1,79 @@
+"""A stream that fell behind (its reader stopped for a while) and whose run's events were cut
+meanwhile: "a consumer that stops reading neither stops nor loses the run", so reading it again
+gives the messages of the events the log still holds, once each, and its end. It raised
+`LogTruncatedError` (the offset it had reached was gone) although the run had ended well."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from support.appapi import agents, provider
+
+import onward
+from onward.runtime.compaction import CheckpointCompactor
+from onward.runtime.demo_ledger import Ledger
+from onward.runtime.settings import Settings
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    return Ledger(tmp_path / "ledger.jsonl")
+
+
+async def test_a_stream_left_behind_a_compaction_ends_with_its_runs_result(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        stream = app.query("pay 5", {"agent": "payer"}, timeout=5)
+        seen = []
+        async for message in stream:
+            seen.append(message)
+            if message.waits:
+                break
+        asked = seen[-1]
+        await asked.respond("ok")  # this stream's reader stops reading meanwhile
+        done = await app.resume(asked.run_id, timeout=10).collect()
+        assert done[-1].type == "result"
+        for _ in range(3):
+            await app.query("work", {"agent": "stepper"}).collect()
+        assert app.backends.compaction is not None
+        compactor = CheckpointCompactor(
+            app.backends.log, app.backends.frontiers, app.backends.compaction, no_archive=True
+        )
+        assert (await compactor.compact()).events_cut > 0
+        assert not await app.backends.log.read_run(asked.run_id)
+        rest = await asyncio.wait_for(stream.collect(), 30)
+    assert [(m.type, m.status) for m in rest][-1:] == [("result", "completed")]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "memory"])
+async def test_a_stream_left_behind_a_cut_of_the_logs_start_goes_on_with_what_is_kept(
+    tmp_path: Path, ledger: Ledger, backend: str
+) -> None:
+    """Cut below the run's later events with no compaction record (retention): the stream
+    goes on with the messages of the events kept, once each, and the run's result."""
+    settings = Settings(backend=backend, sqlite_path=tmp_path / "onward.db")
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        stream = app.query("pay 5", {"agent": "payer"}, timeout=5)
+        seen = []
+        async for message in stream:
+            seen.append(message)
+            if message.waits:
+                break
+        await seen[-1].respond("ok")
+        done = await app.resume(seen[-1].run_id, timeout=10).collect()
+        log = app.backends.log
+        stored = await log.read_run(seen[-1].run_id)
+        kept = [s for s in stored if s.event.seq > seen[-1].seq + 2]
+        await log.truncate_before(kept[0].position.partition, kept[0].position.offset)
+        rest = await asyncio.wait_for(stream.collect(), 30)
+    assert rest, "nothing after the cut"
+    assert rest[-1].position == done[-1].position
+    assert (rest[-1].type, rest[-1].status) == ("result", "completed")
+    assert all(m.seq >= kept[0].event.seq for m in rest)
+    assert [m.position for m in rest] == sorted({m.position for m in rest})
+    assert rest[-1].iteration == done[-1].iteration

@@ -33,8 +33,10 @@ the newest checkpoints; asking for an older one, or for the list, folds the thre
 Spending. Given a spend ledger, the usage each AI message a node writes reports is recorded
 under the seq of the writes it came in, before they are appended; a budget is checked before
 each step's writes and ends the graph run, as a cancel does, once the thread (or its tenant)
-has reached it. A record the ledger did not take is kept and tried again; the saver that takes
-a thread next records, from the log, the writes' calls the ledger lacks.
+has reached it. A record the ledger did not take is kept by this saver and tried again at its
+next write; should its process end first, the entry is lost (unlike the runner's, which a
+resume records from the log: a thread's writes cannot be told from writes copied into it by
+`acopy_thread`, whose calls were never made for it).
 """
 
 from __future__ import annotations
@@ -109,7 +111,6 @@ from onward.eventlog import (
     GraphWritesSaved,
     RunClaimed,
     RunFinished,
-    SequenceGuard,
     Serialized,
     StoredEvent,
     ToolCompleted,
@@ -170,9 +171,6 @@ class _Held:
     """The size of the last summary stored; the next is stored once ``appended`` exceeds it."""
     summarizing: asyncio.Task[None] | None = None
     """The summary being stored, if one is (see `OnwardSaver._summarize`)."""
-    unchecked: bool = False
-    """The spend of the thread's writes is still to check against the ledger
-    (`OnwardSaver._record_writes_left`): no summary is stored meanwhile."""
     spent_at: int = 0
     """The highest seq a model call's spend was recorded under (`OnwardSaver._record_spend`):
     the key of its ledger entry, which no later writes of the thread may take."""
@@ -1300,8 +1298,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         except BackendError as exc:
             # The calls were paid for and their answers are in the writes: failing the write
             # would lose the entry (a node made again writes at the same seq, whose one
-            # record counts). The writes go on; the entry is recorded at the next write, or
-            # from the log by the saver that takes the thread next (`_record_writes_left`).
+            # record counts). The writes go on; the entry is recorded at the next write.
             logger.warning("thread %r: a model call's spend is still to record: %s", thread_id, exc)
         return seq
 
@@ -1343,67 +1340,6 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 )
                 return
             del self._records_left[key]
-
-    async def _record_writes_left(self, thread_id: str, held: _Held) -> None:
-        """Record the spend of the thread's writes the ledger lacks, on taking the thread: an
-        entry whose record found the ledger down was kept only by the saver that wrote it
-        (`_record_spend`), and is lost with it if that process died before the ledger came
-        back. Each counted write carrying an AI message's usage is recorded under its own
-        seq, the key its first record took, so one recorded already changes nothing.
-
-        Only the log after the thread's stored summary is read: a summary is stored only
-        while nothing of the thread is left to record (`_summarize`), so every write before
-        it is in the ledger. Until this check has run whole (a ledger or log that cannot be
-        reached is logged, and the check tried again at the next write), the holding is
-        ``unchecked`` and stores no summary."""
-        if self.spend is None:
-            return
-        try:
-            recorded = {entry.seq for entry in await self.spend.entries(thread_id)}
-            stored_events, guard = await self._since_summary(thread_id)
-            written = 0
-            for stored in guard.admit_all(stored_events):
-                event = stored.event
-                if not isinstance(event, GraphWritesSaved) or event.seq in recorded:
-                    continue
-                try:
-                    spent = _model_usages([self._loads(w.value) for w in event.writes])
-                except Exception as exc:  # noqa: BLE001 - a value it cannot read reports nothing
-                    logger.warning(
-                        "thread %r: seq %d not read for spend: %s", thread_id, event.seq, exc
-                    )
-                    continue
-                if spent:
-                    written += await self._record_entry(thread_id, event.seq, spent, event.at)
-        except OnwardError as exc:
-            logger.warning(
-                "thread %r: the spend of its writes is still to check: %s", thread_id, exc
-            )
-            return
-        held.unchecked = False
-        if written:
-            logger.info(
-                "thread %r: the spend of %d writes recorded from the log", thread_id, written
-            )
-
-    async def _since_summary(self, thread_id: str) -> tuple[Sequence[StoredEvent], SequenceGuard]:
-        """The thread's counted events after its stored summary (all of them where there is
-        no summary the log still holds), and the guard that admits them."""
-        summary = await self._stored_summary(thread_id)
-        if summary is not None:
-            tail = await read_whole_run(
-                self.log, self.compaction, thread_id, start=summary.last_offset
-            )
-            if tail and _names(summary, tail[0]):
-                return tail[1:], SequenceGuard(last_seq=summary.last_seq, fence=summary.fence)
-        start: int | None = None
-        if self.frontiers is not None:
-            row = await self.frontiers.get(thread_id)
-            if row is not None and row.frontier is not None and row.frontier.first_offset >= 0:
-                start = row.frontier.first_offset
-        return await read_whole_run(
-            self.log, self.compaction, thread_id, start=start
-        ), SequenceGuard()
 
     async def _hold(self, thread_id: str) -> _Held:
         """The thread's holding, taking the lease and claiming the thread if need be.
@@ -1514,12 +1450,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             )
             for stored in between:
                 state.apply(stored)
-            held = _Held(holder, state, unchecked=self.spend is not None)
-            await self._record_writes_left(thread_id, held)
         except BaseException as exc:
             await holder.__aexit__(type(exc), exc, exc.__traceback__)
             raise
-        return held
+        return _Held(holder, state)
 
     def _check_still_held(self, thread_id: str, held: _Held) -> None:
         """Raise if the holding was let go while the caller waited for its lock.
@@ -1567,8 +1501,6 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         # A graph step's own write while a tool call runs (LangGraph saves a checkpoint beside
         # the step's tasks) does not end the run: the call's outcome could not be recorded.
         calls_running = step and bool(self._calling.get(thread_id))
-        if held.unchecked and (spent or step):
-            await self._record_writes_left(thread_id, held)  # what the thread's last holder left
         if self._records_left and (spent or step):
             await self._record_left()  # counted before any budget is weighed
         try:
@@ -1783,8 +1715,6 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         held.appended += sum(len(_msgpack.encode(event)) for event in batch)
         if self.summaries is None or held.appended < held.summary_size:
             return
-        if held.unchecked or any(run == thread_id for run, _ in self._records_left):
-            return  # the log before a summary holds no spend still to record
         state = held.state
         if state.whole_needed or (held.summarizing is not None and not held.summarizing.done()):
             return  # one summary in flight at a time: a later write stores the next

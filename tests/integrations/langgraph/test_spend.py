@@ -9,6 +9,7 @@ thread's spend as it shows a run's. Embedded SQLite, and Kafka + PostgreSQL + Re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -21,7 +22,6 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from support.servers import KafkaServers
-from support.spend import Outage
 from typer.testing import CliRunner
 
 from onward.errors import (
@@ -287,6 +287,34 @@ async def test_a_tenant_over_its_budget_stops_every_thread_of_it(tmp_path: Path)
         assert (await ledger.tenant_total(TENANT)).micros == 660
 
 
+@pytest.mark.kafka
+async def test_a_copied_thread_is_not_charged_again_for_the_calls_it_was_copied_with(
+    kafka_servers: KafkaServers, tmp_path: Path
+) -> None:
+    """A copy's writes carry the usage of calls made for the thread they were copied from:
+    a saver taking the copy records none of them (so no spend is recorded from the log)."""
+    source = f"forked-{uuid.uuid4().hex[:8]}"
+    copy = f"{source}-copy"
+    async with placed(kafka_servers, tmp_path) as (placed_world, ledger, _):
+        # Where the log is not SQLite, a thread summary store is optional: without one, the
+        # saver that takes a thread reads the whole of it.
+        world = dataclasses.replace(placed_world, summaries=None)
+        async with saver_of(world, ledger) as saver:
+            graph = chat_graph(saver)
+            for said in ("hi", "again", "more", "still more"):
+                await graph.ainvoke({"messages": [HumanMessage(said)]}, config(source))
+            await saver.acopy_thread(source, copy)
+        paid = await ledger.tenant_total(TENANT)
+        assert (await ledger.run_total(source)).calls == 8
+        # Whoever takes the copy next carries it on: the answers it was copied with were
+        # paid for once, by the thread they were made in, and charged to the tenant then.
+        async with saver_of(world, ledger) as saver:
+            await saver.aclaim(copy)
+            await saver.arelease(copy)
+        assert (await ledger.run_total(copy)).calls == 0
+        assert await ledger.tenant_total(TENANT) == paid
+
+
 async def test_a_call_whose_writes_a_cancel_refused_is_still_counted(tmp_path: Path) -> None:
     path = tmp_path / "onward.db"
     place = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "x"}}
@@ -421,32 +449,6 @@ def small_graph(checkpointer: OnwardSaver, made: list[str]) -> CompiledStateGrap
     return builder.compile(checkpointer=checkpointer)
 
 
-async def test_a_call_paid_while_the_ledger_was_down_is_counted_after_the_saver_is_gone(
-    clustered: KafkaServers | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The ledger is down when a node's model answers, and the saver that kept the entry is
-    gone (its process died) before the ledger came back: the answer is in the log, and the
-    saver that takes the thread next counts it, once."""
-    thread_id = f"outage-{uuid.uuid4().hex[:8]}"
-    made: list[str] = []
-    async with placed(clustered, tmp_path) as (world, ledger, _):
-        outage = Outage(ledger, monkeypatch)
-        async with saver_of(world, ledger) as saver:
-            await small_graph(saver, made).ainvoke(
-                {"messages": [HumanMessage("hi")]}, config(thread_id)
-            )
-        assert outage.down
-        outage.end()
-        for _ in range(2):  # a second taker finds nothing more to count
-            async with saver_of(world, ledger) as saver:
-                await small_graph(saver, made).ainvoke(
-                    {"messages": [HumanMessage("again")]}, config(thread_id)
-                )
-        total = await ledger.run_total(thread_id)
-    assert len(made) == 3
-    assert (total.calls, total.micros) == (3, 1200)
-
-
 async def test_a_call_made_again_after_its_writes_were_lost_is_counted_too(
     clustered: KafkaServers | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -494,34 +496,3 @@ async def test_a_call_made_again_after_its_writes_were_lost_is_counted_too(
         and any(b"small-1" in w.value.data for w in e.writes)
     ]
     assert len(paid) == 1
-
-
-async def test_a_thread_taken_while_the_ledger_is_still_down_counts_its_calls_once_it_is_back(
-    clustered: KafkaServers | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The saver that takes the thread finds the ledger still down: it checks the thread's
-    writes again at its next write, once the ledger is back, and stores no summary of the
-    thread meanwhile (the next taker reads the log from the last one)."""
-    thread_id = f"outage-{uuid.uuid4().hex[:8]}"
-    made: list[str] = []
-    async with placed(clustered, tmp_path) as (world, ledger, _):
-        outage = Outage(ledger, monkeypatch)
-        async with saver_of(world, ledger) as saver:
-            await small_graph(saver, made).ainvoke(
-                {"messages": [HumanMessage("hi")]}, config(thread_id)
-            )
-        async with saver_of(world, ledger) as saver:
-            graph = small_graph(saver, made)
-            await graph.ainvoke({"messages": [HumanMessage("again")]}, config(thread_id))
-            await graph.ainvoke({"messages": [HumanMessage("more")]}, config(thread_id))
-            outage.end()
-            await graph.ainvoke({"messages": [HumanMessage("and more")]}, config(thread_id))
-            # Counted while the thread is held, so a budget weighs them.
-            assert (await ledger.run_total(thread_id)).calls == 4
-        async with saver_of(world, ledger) as saver:
-            await small_graph(saver, made).ainvoke(
-                {"messages": [HumanMessage("last")]}, config(thread_id)
-            )
-        total = await ledger.run_total(thread_id)
-    assert len(made) == 5
-    assert (total.calls, total.micros) == (5, 2000)

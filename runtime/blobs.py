@@ -313,7 +313,8 @@ class EndedRun(Protocol):
 async def output_of(frontier: EndedRun, claim_check: ClaimCheck | None) -> Any:
     """The output a run ended with. Its frontier row keeps it as the log holds it
     (`RunFinished`): a reference when the claim check moved it out of line, put back here from
-    the blob store, and wrapped when it only looked like one, unwrapped here, never fetched.
+    the blob store; and wrapped when it only looked like one, in line or out of line, unwrapped
+    here, never fetched.
 
     Raises:
         HistoryUnavailableError: It is out of line and not in the blob store, or there is no
@@ -329,8 +330,11 @@ async def output_of(frontier: EndedRun, claim_check: ClaimCheck | None) -> Any:
             "has none; configure blobs=",
             run_id=run_id,
         )
-    return msgspec.json.decode(
-        await claim_check.body(output[_REF], run_id=run_id, seq=frontier.last_seq)
+    # Moved out as written: a look-alike wrapped (`escape_bodies` runs first), as `restore` reads.
+    return unescaped(
+        msgspec.json.decode(
+            await claim_check.body(output[_REF], run_id=run_id, seq=frontier.last_seq)
+        )
     )
 
 

@@ -1151,6 +1151,33 @@ async def test_an_output_shaped_like_a_reference_is_given_back_as_it_was(
     assert (again.status, again.output) == ("completed", forged)
 
 
+async def test_a_large_output_shaped_like_a_wrapping_is_given_back_as_it_was(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """A structured output shaped like the wrapping of a look-alike, and too large for one log
+    record, goes out of line wrapped as written: read back, it is the output the agent gave,
+    not wrapped once more."""
+    given = {"$literal": "y" * 1_500_000}
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart(json.dumps(given))])
+
+    async with SqliteBlobStore(tmp_path / "onward.db") as blobs:
+        durability = durability_on(stores, worker="here", blobs=blobs)
+        agent: Agent[None, Any] = Agent(
+            FunctionModel(answer),
+            name="talker",
+            capabilities=[durability],
+            output_type=[TextOutput(_parsed), DeferredToolRequests],
+        )
+        result = await durability.run(agent, "answer", run_id=RUN)
+        again = await durability.resume(agent, RUN)
+
+    assert (result.status, result.output) == ("completed", given)
+    assert again.status == "completed"
+    assert again.output == given, f"given back as {str(again.output)[:40]}..."
+
+
 class _NoModel:
     """The provider of a runner that only settles calls, as ``onward resolve`` builds it."""
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 
+from onward.errors import LogTruncatedError
 from onward.eventlog.base import EventLog, LogRecord, PartitionBounds
 
 from .base import BuildSwitched, ProjectionSink
@@ -24,14 +25,24 @@ class LogProjector:
         log: The log to read.
         projection: What to fold into.
         batch_size: Most records read per partition per pass; bounds memory.
+        from_log_start: Fold a partition the projection holds no position for from wherever
+            the log starts now, even past 0 (a rebuild that checked what was cut is archived,
+            or reads the archive with the log). Otherwise such a partition is refused: see
+            :meth:`_refuse_cut`.
     """
 
     def __init__(
-        self, log: EventLog, projection: ProjectionSink, *, batch_size: int = 5_000
+        self,
+        log: EventLog,
+        projection: ProjectionSink,
+        *,
+        batch_size: int = 5_000,
+        from_log_start: bool = False,
     ) -> None:
         self.log = log
         self.projection = projection
         self.batch_size = batch_size
+        self.from_log_start = from_log_start
         self._folded: dict[int, int] = {}
         self._stored_by_me: dict[int, int] = {}
         # Whether the last step stopped short of a partition's end (its batch was full).
@@ -55,6 +66,29 @@ class LogProjector:
         start = max(stored.get(partition, bounds.start), self._folded.get(partition, 0))
         return start, bounds
 
+    def _refuse_cut(self, partition: int, start: int) -> None:
+        """Refuse to fold a partition from ``start``, its first record, past 0 when nothing of
+        it was stored or folded: as `KafkaProjector` does.
+
+        Compaction cuts only below every live projector's stored position, so a store with
+        none here lost its positions (a frontier file deleted or replaced) or is not the one
+        compaction read. From the start, runs whose first events were cut would be folded
+        from the middle of their history: refused events, a finished run never started.
+        """
+        if start <= 0 or self.from_log_start:
+            return
+        raise LogTruncatedError(
+            f"partition {partition}: the projection's store holds no position for it while "
+            f"the partition starts at {start}; records it never folded were deleted, and runs "
+            "begun below the start would be folded from the middle of their history. Restore "
+            "the store's positions with its rows (embedded: the frontier file from its "
+            "backup); with a Kafka or PostgreSQL log, rebuild the projection with what was "
+            "cut read back from the archive compaction wrote (`onward projections rebuild "
+            "--archive DIR`)",
+            partition=partition,
+            start=start,
+        )
+
     async def _read_on(
         self, partition: int, stored: Mapping[int, int]
     ) -> tuple[list[LogRecord], int, bool] | None:
@@ -66,6 +100,9 @@ class LogProjector:
         batch = await self.log.read_records(partition, start, limit=self.batch_size)
         if not batch:
             return None
+        if start is None:
+            # Read from the start: offsets are dense from 0, so a first one past 0 is a cut.
+            self._refuse_cut(partition, batch[0].position.offset)
         return batch, batch[-1].position.offset + 1, len(batch) >= self.batch_size
 
     async def _read_to_end(
@@ -76,6 +113,8 @@ class LogProjector:
         start, bounds = await self._start(partition, stored)
         if start >= bounds.end:
             return None
+        if partition not in stored and partition not in self._folded:
+            self._refuse_cut(partition, bounds.start)
         end = min(bounds.end, start + self.batch_size)
         return await self.log.read_records(partition, start, end), end, end < bounds.end
 

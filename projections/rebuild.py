@@ -86,7 +86,9 @@ async def rebuild(
             started = time.perf_counter()
             done = 0
             async with open_sink(build) as sink:
-                projector = LogProjector(log, sink, batch_size=batch_size)
+                # From each partition's start, as documented: the CLI refuses a cut log unless
+                # the archive is read with it.
+                projector = LogProjector(log, sink, batch_size=batch_size, from_log_start=True)
                 while True:
                     remaining = sum((await projector.backlog()).values())
                     if on_progress is not None:

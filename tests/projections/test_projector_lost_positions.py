@@ -67,3 +67,20 @@ async def test_a_projector_refuses_a_cut_partition_its_redis_store_lost_the_posi
             assert await store.positions(DEFAULT_CONSUMER) == {}
         assert (refused.value.partition, refused.value.start) == (0, 3)
         assert "no position" in str(refused.value)
+
+
+async def test_a_log_projector_refuses_it_too(
+    kafka_bootstrap: str, kafka_topic: str, redis_url: str, redis_prefix: str
+) -> None:
+    """The catch-up fold reading the topic itself refuses as the consumer-group one does."""
+    run_id = new_run_id()
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=1) as log:
+        await log.append(step_events(run_id, 8))
+        await log.truncate_before(0, 3)
+        async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:
+            with pytest.raises(LogTruncatedError) as refused:
+                await LogProjector(log, FrontierProjection(store, log)).catch_up()
+            assert await store.get(run_id) is None
+            assert await store.positions(DEFAULT_CONSUMER) == {}
+    assert (refused.value.partition, refused.value.start) == (0, 3)
+    assert "no position" in str(refused.value)

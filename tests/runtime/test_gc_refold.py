@@ -70,12 +70,12 @@ async def test_a_projector_folding_the_tail_of_a_collected_run_brings_no_row_bac
         await world.fold()
         assert await _collect(world, tmp_path) == ("old",)
 
-        # A projector of its own (a new consumer, or one whose position was lost) folds what
-        # the log still holds: the collected run's last events, its first ones cut.
+        # A projector of its own (a new consumer, a rebuild) folds what the log still holds,
+        # knowingly from its start: the collected run's last events, its first ones cut.
         fresh = FrontierProjection(
             world.frontiers, world.log, consumer="fresh", compaction=world.store
         )
-        await LogProjector(world.log, fresh).catch_up()
+        await LogProjector(world.log, fresh, from_log_start=True).catch_up()
 
         row = await world.frontiers.get("old")
         assert row is None

@@ -272,10 +272,35 @@ class Resumer:
         A run too new to have a row is left to `refuse_existing`, under the lease.
 
         Raises:
-            InvalidInputError: A run under that id exists; resume it instead.
+            InvalidInputError: A run under that id exists; resume it instead. Or garbage
+                collection removed a run under that id (`refuse_collected`).
         """
         if self.frontiers is not None and await self.frontiers.get(run_id) is not None:
             raise _taken(run_id, tenant)
+        await self.refuse_collected(run_id)
+
+    async def collected(self, run_id: str) -> bool:
+        """Whether garbage collection removed a run under this id (its tombstone). Without a
+        compaction store (a memory log, or a runner built without one) nothing is known: False.
+        """
+        return self.compaction is not None and bool(await self.compaction.tombstones([run_id]))
+
+    async def refuse_collected(self, run_id: str) -> None:
+        """Refuse a start under the id of a run garbage collection removed while its events
+        are still in the log: a second history under the id would be read with them (the new
+        run's events refused as duplicates of the old one's). Once compaction has cut them the
+        id is free. One tombstone lookup per start; only an id with a tombstone has its events
+        looked for (on Kafka, a read of its partition).
+
+        Raises:
+            InvalidInputError: The id belonged to a collected run; choose a new one.
+        """
+        if await self.collected(run_id) and await self.log.read_run(run_id):
+            raise InvalidInputError(
+                f"run id {run_id!r} belonged to a run that garbage collection removed, whose "
+                "events are still in the log; start the run under a new id",
+                run_id=run_id,
+            )
 
     async def refuse_another_tenants(self, run_id: str, tenant: str) -> None:
         """Refuse to resume a run whose stored row is another tenant's, before any lease is

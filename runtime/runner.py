@@ -321,8 +321,9 @@ class AgentRunner(Resource):
         Raises:
             ResumeConflictError: Another worker holds a run under that id.
             InvalidInputError: A run under that id already exists (or is another tenant's), or
-                a name or value is out of bounds (`onward.runtime.limits`; the field is named);
-                nothing was written.
+                garbage collection removed one whose events are still in the log, or a name or
+                value is out of bounds (`onward.runtime.limits`; the field is named); nothing
+                was written.
         """
         run_id = check_name("run_id", run_id) if run_id is not None else new_run_id()
         check_name("tenant", tenant, run_id=run_id)

@@ -299,6 +299,10 @@ class App(Resource):
                     raise InvalidInputError(
                         f"run {run_id!r} already exists; resume it instead", run_id=run_id
                     )
+                backends = self.backends
+                await Resumer(
+                    backends.log, backends.leases, compaction=backends.compaction
+                ).refuse_collected(run_id)
                 log = self.backends.log
                 stream.next_offset = (await log.bounds(partition_for(run_id, log.partitions))).end
                 stream.expect_start(agent)

@@ -14,8 +14,10 @@ waiting run never loses a row or a key. A run carried into another run (`RunCont
 its frontier row and transcript for as long as the run it was carried into keeps its own: the
 successor's conversation starts from the predecessor's transcript.
 
-Once a run's frontier row and lease state are gone its id is free again as far as the stores
-can tell, while its events stay in the log until compaction cuts them: do not reuse run ids.
+Once a run's frontier row and lease state are gone only its tombstone says its id was used,
+while its events stay in the log until compaction cuts them: until then a start under the id
+is refused (`Resumer.refuse_collected`, where the runner has the compaction store holding
+tombstones; a runner built without one, on a log other than SQLite, cannot tell).
 What a projector meets of them later brings no row back unless it starts the run: a late event
 (a tag racing the collection) or the tail of a run whose first events compaction cut is
 skipped for the run's tombstone (`FrontierProjection`); the whole run folded again (a rebuild

@@ -30,13 +30,14 @@ from support.crashes import Crash, CrashAt
 from support.servers import KafkaServers
 from typer.testing import CliRunner
 
-from onward.errors import BackendUnavailableError, ConfigurationError
+from onward.errors import BackendUnavailableError, ConfigurationError, InvalidInputError
 from onward.eventlog import SqliteEventLog
 from onward.integrations.mcp.cache import SchemaCache, ServerSchema
 from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.compaction import (
     CompactionStore,
     PostgresCompactionStore,
+    RunTruncation,
     SqliteCompactionStore,
 )
 from onward.projections.frontier_projection import FrontierProjection
@@ -437,3 +438,59 @@ def test_onward_gc_counts_with_dry_run_then_deletes(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["gc", "--task-result-ttl-days", "-1"], env=env)
     assert bad.exit_code == 2
     assert "--task-result-ttl-days=-1" in bad.stderr
+
+
+async def start_again_after_collection(world: World) -> None:
+    """A run is collected; a start under its id is refused, saying why, and writes nothing: the
+    old run's events are still in the log, and a new history under the id would be read with
+    them (its first events refused as duplicates, or its fold counting the old run's)."""
+    run_id = new_run_id()
+    runner = world.runner(provider=cli_agent.booking_model(), compaction=world.compaction)
+    first = await runner.run(cli_agent.booker(), "go", tenant=TENANT, run_id=run_id)
+    assert first.status == "completed"
+    await world.after_runs([run_id])
+    done = await GarbageCollector(
+        world.records, world.keys, clock=lambda: time.time() + 31 * DAY_S
+    ).run()
+    assert run_id in done.expired
+    again = world.runner(provider=cli_agent.booking_model(), compaction=world.compaction)
+    with pytest.raises(InvalidInputError, match="garbage collection") as refused:
+        await again.run(cli_agent.booker(), "go", tenant=TENANT, run_id=run_id)
+    assert run_id in str(refused.value)
+    with pytest.raises(InvalidInputError, match="garbage collection"):
+        await again.end_at_start(
+            "booker", "go", tenant=TENANT, run_id=run_id, status="failed", error="x"
+        )
+    await world.after_runs([run_id])
+    assert again.frontiers is not None
+    assert await again.frontiers.get(run_id) is None  # nothing of a new run was written
+
+
+async def test_a_start_under_a_collected_run_id_is_refused_on_sqlite(sqlite_world: World) -> None:
+    await start_again_after_collection(sqlite_world)
+
+
+@pytest.mark.kafka
+async def test_a_start_under_a_collected_run_id_is_refused_on_kafka_postgres(
+    kafka_servers: KafkaServers,
+) -> None:
+    d = kafka_servers
+    async with (
+        d.log() as log,
+        d.frontiers() as frontiers,
+        d.leases() as leases,
+        PostgresCompactionStore(d.database_url, schema=d.schema) as compaction,
+        PostgresRecordSweeper(d.database_url, schema=d.schema) as records,
+    ):
+        runner = functools.partial(AgentRunner, log=log, leases=leases, frontiers=frontiers)
+
+        async def project(run_ids: list[str]) -> None:
+            await LogProjector(log, FrontierProjection(frontiers, log)).catch_up()
+
+        async def no_snapshot() -> Rows:
+            return {}
+
+        world = World(runner, records, None, no_snapshot, project, compaction)
+        await start_again_after_collection(world)
+
+

@@ -244,11 +244,14 @@ class SweepSql:
     def bookkeeping(self, at: int, before: int | None = None) -> list[str]:
         """What a delete also does first, each statement bound to the plan's expired runs:
         a tombstone for every run it removes (so compaction knows their events finished, and
-        keeps nothing of them), and their tags' pins and uncapped frontiers dropped."""
+        keeps nothing of them), and their tags' pins and uncapped frontiers dropped. A run
+        collected again (its row folded back) moves its tombstone to now: a compaction pass
+        planned since the first collection must see this one."""
         done = f"FROM onward_frontiers WHERE run_id IN ({self.ids}) AND {_ended_before(before)}"
         return [
             "INSERT INTO onward_run_tombstones (run_id, tenant, collected_at) "
-            f"SELECT run_id, tenant, {int(at)} {done} ON CONFLICT (run_id) DO NOTHING",
+            f"SELECT run_id, tenant, {int(at)} {done} "
+            "ON CONFLICT (run_id) DO UPDATE SET collected_at = excluded.collected_at",
             f"DELETE FROM onward_tag_pins WHERE run_id IN (SELECT run_id {done})",
             f"DELETE FROM onward_run_snapshots WHERE run_id IN (SELECT run_id {done})",
         ]

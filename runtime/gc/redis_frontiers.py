@@ -54,12 +54,13 @@ _ROWS: dict[Kind, tuple[str, str]] = {
 _BOOKKEEPING = (
     "INSERT INTO onward_run_tombstones (run_id, tenant, collected_at) "
     "SELECT run_id, tenant, $3 FROM unnest($1::text[], $2::text[]) AS r (run_id, tenant) "
-    "ON CONFLICT (run_id) DO NOTHING",
+    "ON CONFLICT (run_id) DO UPDATE SET collected_at = excluded.collected_at",
     f"DELETE FROM onward_tag_pins WHERE run_id IN ({_IDS})",
     f"DELETE FROM onward_run_snapshots WHERE run_id IN ({_IDS})",
 )
-"""What a delete also does first: a tombstone for every run removed (compaction then keeps
-nothing of it), and its tags' pins and uncapped frontiers dropped."""
+"""What a delete also does first: a tombstone for every run removed, moved to now if it has one
+(compaction then keeps nothing of it, even a pass planned since an earlier collection), and its
+tags' pins and uncapped frontiers dropped."""
 
 _LOCK_PINS = "LOCK TABLE onward_tag_pins IN SHARE ROW EXCLUSIVE MODE"
 """Hold tags back while a delete decides, and until the runs' Redis keys are gone too: a tag

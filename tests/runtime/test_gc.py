@@ -494,3 +494,36 @@ async def test_a_start_under_a_collected_run_id_is_refused_on_kafka_postgres(
         await start_again_after_collection(world)
 
 
+async def test_a_pass_planned_before_a_second_collection_of_a_run_keeps_nothing_of_it(
+    sqlite_world: World,
+) -> None:
+    """A run collected, its row folded back (a rebuild from the log), then collected again:
+    a compaction pass that planned the run's point between the two collections stores
+    nothing of it. The second tombstone left ``collected_at`` at the first collection, so the
+    pass took the run for one still there and wrote a point no collection ever removes."""
+    world = sqlite_world
+    run_id = new_run_id()
+    runner = world.runner(provider=cli_agent.booking_model(), compaction=world.compaction)
+    await runner.run(cli_agent.booker(), "go", tenant=TENANT, run_id=run_id)
+    later = time.time() + 31 * DAY_S
+    assert run_id in (await GarbageCollector(world.records, clock=lambda: later).run()).expired
+    assert runner.frontiers is not None
+    await LogProjector(
+        runner.log, FrontierProjection(runner.frontiers, runner.log, consumer="rebuild")
+    ).catch_up()
+    assert await runner.frontiers.get(run_id) is not None, "the rebuild brought no row back"
+    planned = time.time_ns() // 1_000
+    await asyncio.sleep(0.01)
+    assert run_id in (await GarbageCollector(world.records, clock=lambda: later).run()).expired
+    point = RunTruncation(
+        tenant=TENANT,
+        run_id=run_id,
+        partition=0,
+        before_seq=2,
+        before_offset=1,
+        at=planned,
+        whole=False,
+        fence=1,
+    )
+    await world.compaction.truncate([point], [])
+    assert await world.compaction.truncations([run_id]) == {}

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from support.appapi import agents, provider
 
 import onward
+from onward.runtime.application.messages import RunMessage
+from onward.runtime.application.stream import RunStream
 from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.settings import Settings
@@ -23,17 +26,23 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
     return Ledger(tmp_path / "ledger.jsonl")
 
 
+async def read_until_it_waits(stream: RunStream) -> list[RunMessage]:
+    """The stream's messages up to the first that waits on a person; the reader then stops."""
+    seen = []
+    async for message in stream:
+        seen.append(message)
+        if message.waits:
+            break
+    return seen
+
+
 async def test_a_stream_left_behind_a_compaction_ends_with_its_runs_result(
     tmp_path: Path, ledger: Ledger
 ) -> None:
     settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
     async with onward.open(settings, agents=agents, provider=provider()) as app:
         stream = app.query("pay 5", {"agent": "payer"}, timeout=5)
-        seen = []
-        async for message in stream:
-            seen.append(message)
-            if message.waits:
-                break
+        seen = await read_until_it_waits(stream)
         asked = seen[-1]
         await asked.respond("ok")  # this stream's reader stops reading meanwhile
         done = await app.resume(asked.run_id, timeout=10).collect()
@@ -52,18 +61,14 @@ async def test_a_stream_left_behind_a_compaction_ends_with_its_runs_result(
 
 @pytest.mark.parametrize("backend", ["sqlite", "memory"])
 async def test_a_stream_left_behind_a_cut_of_the_logs_start_goes_on_with_what_is_kept(
-    tmp_path: Path, ledger: Ledger, backend: str
+    tmp_path: Path, ledger: Ledger, backend: Literal["sqlite", "memory"]
 ) -> None:
     """Cut below the run's later events with no compaction record (retention): the stream
     goes on with the messages of the events kept, once each, and the run's result."""
     settings = Settings(backend=backend, sqlite_path=tmp_path / "onward.db")
     async with onward.open(settings, agents=agents, provider=provider()) as app:
         stream = app.query("pay 5", {"agent": "payer"}, timeout=5)
-        seen = []
-        async for message in stream:
-            seen.append(message)
-            if message.waits:
-                break
+        seen = await read_until_it_waits(stream)
         await seen[-1].respond("ok")
         done = await app.resume(seen[-1].run_id, timeout=10).collect()
         log = app.backends.log

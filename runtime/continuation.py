@@ -49,6 +49,7 @@ from onward.errors import (
     InvalidInputError,
     NothingToResumeError,
     PayloadTooLargeError,
+    ResumeConflictError,
 )
 from onward.eventlog.events import (
     Carried,
@@ -79,6 +80,9 @@ _TAG = 8
 """Hex digits of the digest of the old run's id a successor id holds when its first is taken."""
 _TRIES = 8
 """Ids a carry tries (`successor_ids`) before the run goes on uncarried."""
+_ASKS = 8
+"""Times a cancel asked during a carry is passed on (`_pass_on_ask`) while the new run is taken
+up between the ask finding it free and the carrying holder taking it."""
 
 
 def successor_id(run_id: str) -> str:
@@ -338,6 +342,11 @@ async def _pass_on_ask(
     ``run``'s holder to cancel it after the last look before the carry (`start_successor`):
     the ask goes with that holding, handed back next, so the new run would go on unasked
     while the person was told their ask was taken. The new run has done nothing yet.
+
+    A worker may have taken the new run up already (it was handed over): the ask is then
+    passed to that holding (`LeaseStore.ask_to_cancel`), whose holder ends the run at its
+    next boundary, as a person's cancel of a run held elsewhere does. Only a new run nobody
+    holds is ended here; the carry has succeeded either way, so taking its lease is no error.
     """
     with contextlib.suppress(FencedError, BackendError):
         await run.held.confirm()  # the ask is heard with a renewal
@@ -345,14 +354,31 @@ async def _pass_on_ask(
     if asked is None:
         return
     tenant = run.tenant
-    async with holding(new_id, tenant) as held:
-        frontier = await resumer.read(new_id, tenant=tenant)
-        if frontier.finished:
+    leases = run.held.store
+    for _ in range(_ASKS):
+        lease = await leases.ask_to_cancel(new_id, tenant=tenant, by=asked.by, why=asked.why)
+        if lease is not None:
+            return  # held elsewhere: its holder hears the ask
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                held = await stack.enter_async_context(holding(new_id, tenant))
+            except ResumeConflictError:
+                continue  # taken up since the ask found it free: ask that holding
+            frontier = await resumer.read(new_id, tenant=tenant)
+            if frontier.finished:
+                return
+            await held.raise_fence(frontier.fence)
+            new = HeldRun(run.agent, held, frontier, Conversation(""))
+            finished = writer.event(new, RunFinished, status="cancelled", error=asked.error)
+            what = f"its end, cancelled by {asked.by}"
+            await writer.append_while_held(new, [finished], what=what)
             return
-        await held.raise_fence(frontier.fence)
-        new = HeldRun(run.agent, held, frontier, Conversation(""))
-        finished = writer.event(new, RunFinished, status="cancelled", error=asked.error)
-        await writer.append_while_held(new, [finished], what=f"its end, cancelled by {asked.by}")
+    _log.warning(
+        "run %s: the cancel asked by %s was not passed on to %s, taken up and let go each try",
+        run.run_id,
+        asked.by,
+        new_id,
+    )
 
 
 async def cut_carry(frontier: Frontier, *, resumer: Resumer) -> str | None:

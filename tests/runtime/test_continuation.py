@@ -35,6 +35,7 @@ from onward.errors import (
     HistoryUnavailableError,
     InvalidInputError,
     NothingToResumeError,
+    ResumeConflictError,
 )
 from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall, kind_of
 from onward.eventlog.base import EventLog, LogRead, LogRecord
@@ -51,7 +52,7 @@ from onward.runtime.continuation import (
     successor_id,
     successor_ids,
 )
-from onward.runtime.leases import RunLease, SqliteLeaseStore
+from onward.runtime.leases import CancelAsked, RunLease, SqliteLeaseStore
 from onward.runtime.limits import MAX_NAME_LENGTH
 from onward.runtime.providers import ModelReply
 from onward.runtime.spend import MemorySpendLedger
@@ -399,6 +400,48 @@ async def test_a_cancel_asked_as_the_run_is_carried_on_ends_the_run_it_goes_on_a
     assert "ann" in (done.error or "")
     assert world.ledger.count("pay") == 0
     assert (await world.runner().inspect(RUN, tenant=TENANT)).continued_to == NEXT
+
+
+@pytest.mark.parametrize("taken_up", ["as_it_is_handed_over", "as_the_ask_finds_it_free"])
+async def test_a_cancel_asked_as_the_run_is_carried_on_reaches_whoever_took_up_the_new_run(
+    world: World, taken_up: str
+) -> None:
+    """As above, but a fleet worker takes the new run up once it is handed over, before the
+    carrying holder has passed Ann's ask on (or right after it found the new run free): the
+    ask must reach that worker (it ends the run at its next boundary), not be lost while the
+    new run goes on and pays."""
+    await world.waiting_then_approved()
+    runner = world.runner(continuation=POLICY)
+    leases = runner.leases
+    append, ask = runner.writer.append, leases.ask_to_cancel
+
+    async def take_up() -> None:
+        await leases.acquire(NEXT, tenant=TENANT, holder="fleet", ttl_s=60)
+
+    async def asked_as_it_hands_over(run: Any, events: Sequence[Any]) -> None:
+        handing_over = any(isinstance(e, RunContinued) for e in events)
+        if handing_over:
+            assert await world.runner().ask_to_cancel(RUN, tenant=TENANT, by="ann") is not None
+        await append(run, events)
+        if handing_over and taken_up == "as_it_is_handed_over":
+            await take_up()
+
+    async def taken_up_once_found_free(run_id: str, **how: Any) -> RunLease | None:
+        asked = await ask(run_id, **how)
+        if run_id == NEXT and asked is None and taken_up == "as_the_ask_finds_it_free":
+            await take_up()
+        return asked
+
+    runner.writer.append = asked_as_it_hands_over  # type: ignore[method-assign]
+    leases.ask_to_cancel = taken_up_once_found_free  # type: ignore[method-assign]
+    with contextlib.suppress(ResumeConflictError):  # going on with NEXT, which "fleet" holds
+        await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+
+    assert (await world.runner().inspect(RUN, tenant=TENANT)).continued_to == NEXT
+    held = await leases.current(NEXT)
+    assert held is not None
+    assert (held.holder, held.cancel_asked) == ("fleet", CancelAsked("ann"))
+    assert world.ledger.count("pay") == 0
 
 
 @pytest.mark.parametrize("tenant", [TENANT, "globex"])

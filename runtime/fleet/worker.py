@@ -253,10 +253,17 @@ class Worker:
 
     # -- acting on requests ------------------------------------------------------------------
 
-    def submit(self, request: Request, done: Callable[[bool], None] | None = None) -> None:
+    def submit(
+        self,
+        request: Request,
+        done: Callable[[bool], None] | None = None,
+        *,
+        expired: Callable[[], bool] | None = None,
+    ) -> None:
         """Act on a request in the background; ``done(acted)`` says whether it was acted on
         (False: left for the next owner, e.g. deferred when the worker began to drain). A start
         is acted on once its `RunStarted` is durable: from then on the run is recovery's.
+        ``expired`` checks the request's age again before each retry (`handle`).
         """
         once = _Once(done)
         if isinstance(request, StartRun):
@@ -264,21 +271,26 @@ class Worker:
             # A start sent again (the run's id tried once more) is told by its own outcome,
             # not by the refusal of the one before.
             self._refused_starts.pop(request.run_id, None)
-        self.launch(request.run_id, self.handle(request), once)
+        self.launch(request.run_id, self.handle(request, expired=expired), once)
 
     def _started(self, run_id: str) -> None:
         once = self._starting.pop(run_id, None)
         if once is not None:
             once(True)
 
-    async def handle(self, request: Request) -> bool:
+    async def handle(self, request: Request, *, expired: Callable[[], bool] | None = None) -> bool:
         """Act on one request; True once acted on (or refused for good), False to leave it.
 
         A store that does not answer is no refusal: the request is tried again after a backoff
-        (doubled, at most 8 times `backoff_s`) until it is acted on or the worker drains.
+        (doubled, at most 8 times `backoff_s`) until it is acted on or the worker drains. Before
+        each retry ``expired`` (said so and counted when True) checks its age again: an outage
+        longer than ONWARD_REQUEST_MAX_AGE has its sender told to send it again, and acting on
+        it too would do the work twice. A start whose run began is carried on whatever its age.
         """
         attempt = 0
         while True:
+            if attempt and expired is not None and self._not_begun(request) and expired():
+                return True  # set aside: its sender was told to send it again
             try:
                 return await self._requests.act(request)
             except BackendUnavailableError as exc:
@@ -298,6 +310,11 @@ class Worker:
                 return True  # the run exists and its lease is released: recovery carries it on
             except OnwardError as exc:
                 return self._refused(request, exc)
+
+    def _not_begun(self, request: Request) -> bool:
+        """Whether nothing of the request took effect that setting it aside would leave
+        half-done: a start whose `RunStarted` is durable is its run's (`_started`)."""
+        return not isinstance(request, StartRun) or request.run_id in self._starting
 
     def _refused(self, request: Request, exc: OnwardError) -> bool:
         self.stats.failures += 1
@@ -667,7 +684,15 @@ class Worker:
         def done(acted: bool) -> None:
             offsets.done(tp, record.offset, acted)
 
-        self.submit(request, done)
+        def expired() -> bool:
+            return self._set_aside_once_expired(
+                f"partition {tp.partition} offset {record.offset}",
+                record.key,
+                record.value,
+                record.headers or (),
+            )
+
+        self.submit(request, done, expired=expired)
 
     def _check_signature(self, record: Any) -> None:
         """Raises `InvalidInputError` with the reason when the record's signature does not
@@ -684,6 +709,23 @@ class Worker:
         refusal = self._signer.refusal(key, value, headers)
         if refusal is not None:
             raise InvalidInputError(f"request not acted on: {refusal}")
+
+    def _set_aside_once_expired(
+        self,
+        where: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]],
+    ) -> bool:
+        """Whether a request whose signature checked when taken must now be set aside (it
+        expired while the worker waited for its stores), said so and counted as when taken."""
+        try:
+            self._check_signed(key, value, headers)
+        except InvalidInputError as exc:
+            _log.warning("%s: set aside: %s", where, one_line(str(exc)))
+            self.stats.set_aside += 1
+            return True
+        return False
 
     # -- serving the PostgreSQL requests table -----------------------------------------------
 
@@ -805,7 +847,13 @@ class Worker:
             self.stats.set_aside += 1
             claims.done(row.id, True)
             return
-        self.submit(request, lambda acted: claims.done(row.id, acted))
+        self.submit(
+            request,
+            lambda acted: claims.done(row.id, acted),
+            expired=lambda: self._set_aside_once_expired(
+                f"request {row.id}", row.run_id.encode(), row.value, headers
+            ),
+        )
 
 
 _leaving: set[asyncio.Task[None]] = set()

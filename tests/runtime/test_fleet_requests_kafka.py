@@ -21,7 +21,7 @@ from support.appapi import agents, provider, until
 from support.deployment import kafka_settings
 from support.fleet_checks import has_status, same_partition_runs, status_of, ticked
 from support.proxy import TcpProxy
-from support.servers import KafkaServers
+from support.servers import REQUEST_KEY, KafkaServers
 from support.serving import serving
 
 from onward.errors import NothingToResumeError
@@ -32,7 +32,7 @@ from onward.runtime.fleet import worker as worker_module
 from onward.runtime.fleet.requests import CancelRun, Requests, StartRun, encode_request
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.settings import SecretUrl
-from onward.runtime.signing import SIGNATURE_HEADER
+from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
 
 pytestmark = pytest.mark.kafka
 PARTITIONS = 2
@@ -233,6 +233,53 @@ async def test_a_start_that_meets_a_lease_store_outage_is_not_dropped(
                     await asyncio.sleep(0.2)
             assert task.exception() is None
     assert "StartRun refused for good" not in caplog.text
+
+
+async def test_a_start_that_expired_while_a_store_did_not_answer_is_set_aside(
+    kafka_servers: KafkaServers,
+    requests_topic: str,
+    ledger: Ledger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis (the leases) is cut for longer than the max age when a start arrives: the
+    application's stream has told its user to send the start again meanwhile, so starting it
+    once Redis answers would do the work twice. Its age is checked again before each try: the
+    start is set aside as expired, and nothing of it is written."""
+    caplog.set_level(logging.WARNING, logger="onward.worker")
+    signer = RequestSigner(REQUEST_KEY, max_age_s=2)
+    run_id = f"late-{uuid.uuid4().hex[:8]}"
+    parts = urlsplit(kafka_servers.redis_url)
+    assert parts.hostname is not None
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with TcpProxy(parts.hostname, parts.port or 6379) as proxy:
+        user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+        proxied = urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{proxy.port}"))
+        settings = kafka_settings(
+            kafka_servers, PARTITIONS, requests_topic=requests_topic
+        ).model_copy(update={"redis_url": SecretUrl(proxied)})
+        async with open_backends(settings) as backends:
+            worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+            async with (
+                serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
+                Requests(
+                    kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
+                ) as requests,
+            ):
+                await proxy.cut()
+                await requests.submit(StartRun(run_id=run_id, tenant=TENANT, agent="stepper"))
+                await asyncio.sleep(4)  # read and tried while Redis is cut, past its max age
+                await proxy.restore()
+                deadline = asyncio.get_running_loop().time() + 30
+                while worker.in_flight:
+                    assert asyncio.get_running_loop().time() < deadline, caplog.text
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(1)
+                written = await backends.log.read_run(run_id)
+            assert task.exception() is None
+    assert written == []
+    assert worker.stats.set_aside == 1
+    assert "set aside: request not acted on: expired" in caplog.text
 
 
 async def test_a_full_worker_does_not_act_on_a_cancel_before_its_run_s_start(

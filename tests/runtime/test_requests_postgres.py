@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import signal
@@ -864,3 +865,49 @@ async def test_a_start_taken_while_the_stores_do_not_answer_is_not_dropped(
                 stop.set()
                 await asyncio.wait_for(serving, 30)
     assert r1 == "completed", [r.getMessage() for r in caplog.records]
+
+
+async def test_a_start_that_expired_while_the_stores_did_not_answer_is_set_aside(
+    database_url: str,
+    pg_schema: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker claims a signed start and the database goes away for longer than the max age:
+    the application's stream has meanwhile told its user to send the start again, so a worker
+    that then started it once the stores came back would do the work twice. The age is checked
+    again before each try: the start is set aside as expired, and nothing of it is written."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    parts = urlsplit(database_url)
+    assert parts.hostname is not None
+    stop = asyncio.Event()
+    signer = RequestSigner(REQUEST_KEY, max_age_s=2)
+    async with TcpProxy(parts.hostname, parts.port or 5432) as proxy:
+        user = parts.netloc.rsplit("@", 1)[0]
+        proxied = urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
+        settings = postgres_fleet_settings(proxied, pg_schema, PARTITIONS).model_copy(
+            update={"app_mode": "in_process"}
+        )
+        async with (
+            open_backends(settings) as backends,
+            PostgresRequests(database_url, schema=pg_schema, signer=signer) as table,
+        ):
+            worker = Worker(backends, provider(), agents, name="w", recheck_s=60, backoff_s=0.1)
+            serving = asyncio.create_task(
+                worker.serve_postgres(stop, requests=table, signer=signer, poll_s=0.1)
+            )
+            try:
+                await proxy.cut()  # the database goes away under the worker's stores
+                with caplog.at_level(logging.WARNING, logger="onward.worker"):
+                    await table.submit(_start("late"))
+                    await asyncio.sleep(4)  # claimed and tried, past its max age
+                    await proxy.restore()
+                    await until(lambda: _none_waiting(table), "the start handled")
+                    late = await _status_within(backends, "late", 3)
+            finally:
+                stop.set()
+                await asyncio.wait_for(serving, 30)
+    assert late is None
+    assert worker.stats.set_aside == 1
+    assert re.search(r"set aside: .*expired: signed \ds ago", caplog.text), caplog.text

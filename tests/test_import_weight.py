@@ -170,4 +170,5 @@ def test_every_listed_command_loads() -> None:
     assert "onward projector" in seen
     assert "projections rebuild" in seen
     assert "db pack-records" in seen
-    assert len(seen) == 22
+    assert "quarantine dismiss" in seen
+    assert len(seen) == 23

@@ -109,6 +109,7 @@ from onward.eventlog import (
     GraphThreadDeleted,
     GraphWrite,
     GraphWritesSaved,
+    Position,
     RunClaimed,
     RunFinished,
     Serialized,
@@ -1270,8 +1271,19 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             )
             for seq in range(state.last_seq + 1, held.spent_at + 1)
         ]
+        await self._append_held(thread_id, held, state, claims)
+
+    async def _append_held(
+        self, thread_id: str, held: _Held, state: ThreadState, events: Sequence[Event]
+    ) -> Sequence[Position]:
+        """Append ``events`` under the thread's lease, confirm it is still held, and fold
+        them into ``state``: the small writes a saver makes of its own (claims, an end).
+
+        Raises:
+            FencedError: The lease was lost; the thread is let go.
+        """
         try:
-            positions = await self.log.append(claims)
+            positions = await self.log.append(events)
             await held.holder.confirm()
         except FencedError:
             await self._drop(thread_id, held, lost=True)
@@ -1279,8 +1291,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         except BaseException:
             held.stale = True  # perhaps stored, perhaps not: the next write reads which
             raise
-        for claim, position in zip(claims, positions, strict=True):
-            state.apply(StoredEvent(position, claim))
+        for event, position in zip(events, positions, strict=True):
+            state.apply(StoredEvent(position, cast(Any, event)))
+        return positions
 
     async def _record_spend(
         self, thread_id: str, made: _Batch, first_seq: int, spent: Sequence[tuple[str, Usage]]
@@ -1550,16 +1563,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 status=status,
                 error=error,
             )
-            try:
-                (position,) = await self.log.append([ended])
-                await held.holder.confirm()
-            except FencedError:
-                await self._drop(thread_id, held, lost=True)
-                raise
-            except BaseException:
-                held.stale = True  # perhaps recorded, perhaps not: the next write reads which
-                raise
-            state.apply(StoredEvent(position, ended))
+            (position,) = await self._append_held(thread_id, held, state, [ended])
             if self._checkpointer is not None:
                 try:
                     await self._checkpointer.catch_up([position.partition])

@@ -350,13 +350,20 @@ class GraphCheckpointed(Event, frozen=True, kw_only=True, tag="graph.checkpointe
 
 
 class GraphWritesSaved(Event, frozen=True, kw_only=True, tag="graph.writes"):
-    """A graph task's pending writes against one checkpoint of the thread."""
+    """A graph task's pending writes against one checkpoint of the thread.
+
+    ``usage``: the tokens of the model calls the writes carry, which their writer recorded
+    in its spend ledger under this event's seq; ``None`` for writes that carry none, that no
+    ledger counted, or that were copied from another thread (whose calls they are). A saver
+    taking the thread records from it what the ledger lacks (see `OnwardSaver`).
+    """
 
     checkpoint_ns: str = ""
     checkpoint_id: str
     task_id: str
     task_path: str = ""
     writes: list[GraphWrite] = []
+    usage: Usage | None = None
 
 
 class GraphThreadDeleted(Event, frozen=True, kw_only=True, tag="graph.thread_deleted"):

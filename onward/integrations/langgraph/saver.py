@@ -34,9 +34,10 @@ Spending. Given a spend ledger, the usage each AI message a node writes reports 
 under the seq of the writes it came in, before they are appended; a budget is checked before
 each step's writes and ends the graph run, as a cancel does, once the thread (or its tenant)
 has reached it. A record the ledger did not take is kept by this saver and tried again at its
-next write; should its process end first, the entry is lost (unlike the runner's, which a
-resume records from the log: a thread's writes cannot be told from writes copied into it by
-`acopy_thread`, whose calls were never made for it).
+next write. The writes carry their calls' tokens (`GraphWritesSaved.usage`), so should the
+saver's process end first, the next saver to claim the thread records from the log the calls
+the ledger lacks, under the same keys (as the runner's resume does); writes `acopy_thread`
+copied into a thread carry none: their calls were made, and paid for, by the thread copied.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ from onward.eventlog import (
     Position,
     RunClaimed,
     RunFinished,
+    SequenceGuard,
     Serialized,
     StoredEvent,
     ToolCompleted,
@@ -1008,9 +1010,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         target's lease, in the order the source saved them, so the target's values and its
         parent chain are the source's. A value a copied checkpoint needs that no copied
         checkpoint saved (a pruned one did), or the base an append extends, goes over whole
-        with the first checkpoint that needs it. The source is only read. A target the saver
-        did not hold is released afterwards (as `adelete_thread` does), so another process may
-        run it.
+        with the first checkpoint that needs it. The copied writes carry no usage (their
+        calls are the source's, which paid for them), so the target is charged nothing for
+        them. The source is only read. A target the saver did not hold is released
+        afterwards (as `adelete_thread` does), so another process may run it.
         """
         held_before = target_thread_id in self._held
         source = await self._state(source_thread_id, whole=True)
@@ -1305,9 +1308,16 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         kinds = [kind for kind, _ in made]
         if GraphWritesSaved not in kinds:
             return None
-        seq = first_seq + kinds.index(GraphWritesSaved)
+        index = kinds.index(GraphWritesSaved)
+        seq = first_seq + index
+        entry = self._entry(thread_id, seq, spent, time.time_ns() // 1_000)
+        # The writes say what they cost: a claim after this process ended records it from
+        # the log if the ledger lacks it (`_record_calls_left`).
+        made[index][1]["usage"] = Usage(
+            input_tokens=entry.input_tokens, output_tokens=entry.output_tokens
+        )
         try:
-            await self._record_entry(thread_id, seq, spent, time.time_ns() // 1_000)
+            await self._record_entry(entry)
         except BackendError as exc:
             # The calls were paid for and their answers are in the writes: failing the write
             # would lose the entry (a node made again writes at the same seq, whose one
@@ -1315,15 +1325,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             logger.warning("thread %r: a model call's spend is still to record: %s", thread_id, exc)
         return seq
 
-    async def _record_entry(
+    def _entry(
         self, thread_id: str, seq: int, spent: Sequence[tuple[str, Usage]], at: int
-    ) -> bool:
-        """Record one task's model calls ``spent`` under the seq of its writes; an entry the
-        ledger does not take now is kept for `_record_left` and the error raised. Returns
-        whether the ledger had no entry at that key yet."""
-        assert self.spend is not None
+    ) -> SpendEntry:
+        """The ledger's entry of one task's model calls ``spent``, keyed by its writes' seq."""
         models = sorted({model for model, _ in spent})
-        entry = SpendEntry(
+        return SpendEntry(
             run_id=thread_id,
             tenant=self.tenant,
             seq=seq,
@@ -1333,6 +1340,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             micros=sum(self.prices.cost(model, usage) for model, usage in spent),
             at=at,
         )
+
+    async def _record_entry(self, entry: SpendEntry) -> bool:
+        """Record one task's model calls; an entry the ledger does not take now is kept for
+        `_record_left` and the error raised. Returns whether the ledger had no entry at that
+        key yet."""
+        assert self.spend is not None
         try:
             return await self.spend.record(entry)
         except BackendError:
@@ -1353,6 +1366,52 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 )
                 return
             del self._records_left[key]
+
+    async def _record_calls_left(self, thread_id: str, state: ThreadState) -> None:
+        """Record the thread's own model calls the ledger lacks, on claiming it: an entry whose
+        record found the ledger down was kept only by the saver that wrote the calls' answers,
+        and is lost with it if its process ended before the ledger came back. Each write in
+        the log that carries its calls' tokens (`GraphWritesSaved.usage`; a copied write does
+        not) is recorded under its own seq, the key its first record took, so one recorded
+        already changes nothing; the log is read only when the ledger counts fewer calls or
+        tokens for the thread than its writes carry (``state.spent``). A ledger that cannot
+        be reached is logged: the writes stay in the log for the next claim."""
+        if self.spend is None or not state.spent_calls:
+            return
+        try:
+            spent = await self.spend.run_total(thread_id)
+            if (
+                spent.calls >= state.spent_calls
+                and spent.input_tokens >= state.spent.input_tokens
+                and spent.output_tokens >= state.spent.output_tokens
+            ):
+                return
+            read = await read_whole_run(
+                self.log,
+                self.compaction,
+                thread_id,
+                start=await self._first_offset(thread_id),
+                end=state.next_offset,
+            )
+            recorded = 0
+            # Only what counts: writes a fence refused are not the ones their seq keys.
+            for stored in SequenceGuard().admit_all(read):
+                event = stored.event
+                if not isinstance(event, GraphWritesSaved) or event.usage is None:
+                    continue
+                calls = _model_usages(self._loads(write.value) for write in event.writes)
+                if calls:
+                    entry = self._entry(thread_id, event.seq, calls, event.at)
+                    recorded += await self.spend.record(entry)
+        except OnwardError as exc:
+            logger.warning(
+                "thread %r: the spend of its writes is still to check: %s", thread_id, exc
+            )
+            return
+        if recorded:
+            logger.info(
+                "thread %r: the spend of %d writes recorded from the log", thread_id, recorded
+            )
 
     async def _hold(self, thread_id: str) -> _Held:
         """The thread's holding, taking the lease and claiming the thread if need be.
@@ -1463,6 +1522,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             )
             for stored in between:
                 state.apply(stored)
+            await self._record_calls_left(thread_id, state)
         except BaseException as exc:
             await holder.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -1774,11 +1834,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 thread id is no name a store can keep.
         """
         _checked(thread_id)
-        start: int | None = None
-        if self.frontiers is not None:
-            row = await self.frontiers.get(thread_id)
-            if row is not None and row.frontier is not None and row.frontier.first_offset >= 0:
-                start = row.frontier.first_offset
+        start = await self._first_offset(thread_id)
         partition = partition_for(thread_id, self.log.partitions)
         end = (await self.log.bounds(partition)).end
         state = ThreadState(run_id=thread_id, next_offset=start, snapshot_every=self.snapshot_every)
@@ -1795,6 +1851,15 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         state.next_offset = max(state.next_offset or 0, end)
         self._check_tenant(state)
         return state
+
+    async def _first_offset(self, thread_id: str) -> int | None:
+        """Where the thread's first event is, if a frontier row says (else read from the
+        start of its partition)."""
+        if self.frontiers is not None:
+            row = await self.frontiers.get(thread_id)
+            if row is not None and row.frontier is not None and row.frontier.first_offset >= 0:
+                return row.frontier.first_offset
+        return None
 
     def _check_tenant(self, state: ThreadState) -> None:
         if state.tenant and state.tenant != self.tenant:

@@ -5,7 +5,8 @@ The summary holds what reading a thread's latest checkpoints and writing the thr
 the seq and fence the thread was at, the newest checkpoint of each namespace with its pending
 writes, every channel version those checkpoints refer to and the latest version of every
 channel (whole: a list as all its items), the open interrupt and the thread's tool calls
-(with how often a person sent each one again).
+(with how often a person sent each one again), and the tokens of the model calls its own
+writes carry (`ThreadState.spent`).
 A state restored from it is `ThreadState.partial`: asking for anything older (an earlier
 checkpoint, the list of them all) folds the thread from its first event.
 
@@ -29,7 +30,14 @@ import msgspec
 import zstandard
 
 from onward._storage import AsyncResource, PostgresStore, Resource, SqliteStore
-from onward.eventlog import EventLog, GraphCheckpointed, SequenceGuard, Serialized, SqliteEventLog
+from onward.eventlog import (
+    EventLog,
+    GraphCheckpointed,
+    SequenceGuard,
+    Serialized,
+    SqliteEventLog,
+    Usage,
+)
 from onward.projections.frontier import CallState
 
 from .thread import ChannelNode, StoredWrite, ThreadState
@@ -84,6 +92,8 @@ class ThreadSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     calls: list[CallState]
     waiting_at: tuple[str, str] | None = None
     sent_again: dict[str, int] = {}
+    spent: Usage = Usage()
+    spent_calls: int = 0
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -144,6 +154,8 @@ def summarize(
         calls=list(state.calls.values()),
         waiting_at=state.waiting_at,
         sent_again=dict(state.sent_again),
+        spent=state.spent,
+        spent_calls=state.spent_calls,
     )
 
 
@@ -159,6 +171,8 @@ def restored(summary: ThreadSummary, *, snapshot_every: int) -> ThreadState:
         waiting_at=summary.waiting_at,
         next_offset=summary.last_offset + 1,
         partial=True,
+        spent=summary.spent,
+        spent_calls=summary.spent_calls,
     )
     for event in summary.checkpoints:
         state.checkpoints.setdefault(event.checkpoint_ns, {})[event.checkpoint_id] = event

@@ -29,6 +29,7 @@ from onward.eventlog import (
     ToolCompleted,
     ToolDispatched,
     ToolResolved,
+    Usage,
 )
 from onward.projections.frontier import CallState, call_after
 
@@ -166,6 +167,10 @@ class ThreadState:
         whole_needed: A partial fold met an event it cannot apply as a whole fold would (the
             newest checkpoint of a namespace removed, an append to a version it does not
             hold): fold the thread from its first event instead.
+        spent: The tokens of the thread's own model calls its writes carry (their
+            `GraphWritesSaved.usage`, never a copied write's), and ``spent_calls`` how many
+            writes carry them: what the spend ledger holds for the thread at least, unless an
+            entry was lost. Kept when the thread is deleted: the calls were paid for.
     """
 
     run_id: str
@@ -186,6 +191,8 @@ class ThreadState:
     partial: bool = False
     whole_needed: bool = False
     ended: bool = False
+    spent: Usage = field(default_factory=Usage)
+    spent_calls: int = 0
 
     @property
     def last_seq(self) -> int:
@@ -312,6 +319,12 @@ class ThreadState:
             self.writes.pop((ref.checkpoint_ns, ref.checkpoint_id), None)
 
     def _writes(self, event: GraphWritesSaved) -> None:
+        if event.usage is not None:
+            self.spent_calls += 1
+            self.spent = Usage(
+                input_tokens=self.spent.input_tokens + event.usage.input_tokens,
+                output_tokens=self.spent.output_tokens + event.usage.output_tokens,
+            )
         stored = self.writes.setdefault((event.checkpoint_ns, event.checkpoint_id), {})
         for write in event.writes:
             key = (event.task_id, write.idx)

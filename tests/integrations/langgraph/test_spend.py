@@ -496,3 +496,51 @@ async def test_a_call_made_again_after_its_writes_were_lost_is_counted_too(
         and any(b"small-1" in w.value.data for w in e.writes)
     ]
     assert len(paid) == 1
+
+
+async def test_a_call_left_unrecorded_by_a_saver_that_ended_is_counted_at_the_next_claim(
+    clustered: KafkaServers | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's model answers while the ledger is down, and the saver that wrote the answer
+    ends before the ledger comes back: the entry it kept is gone with it. The next saver to
+    take the thread counts the call from the log, once, however often the thread is taken;
+    a copy of the thread, whose writes carry the same answer, is charged nothing."""
+    thread_id = f"ended-{uuid.uuid4().hex[:8]}"
+    copy = f"{thread_id}-copy"
+    made: list[str] = []
+    async with placed(clustered, tmp_path) as (world, ledger, _):
+        down = {"now": True}
+        record = ledger.record
+
+        async def record_unless_down(entry: SpendEntry) -> bool:
+            if down["now"]:
+                raise BackendUnavailableError("the spend ledger did not answer")
+            return await record(entry)
+
+        monkeypatch.setattr(ledger, "record", record_unless_down)
+        async with saver_of(world, ledger) as saver:
+            await small_graph(saver, made).ainvoke(
+                {"messages": [HumanMessage("hi")]}, config(thread_id)
+            )
+        # That saver is gone (its process ended) with the ledger still down.
+        assert (await ledger.run_total(thread_id)).calls == 0
+        down["now"] = False
+        async with saver_of(world, ledger) as saver:
+            await saver.aclaim(thread_id)
+            await saver.arelease(thread_id)
+            assert (await ledger.run_total(thread_id)).calls == 1
+            await saver.acopy_thread(thread_id, copy)
+            await small_graph(saver, made).ainvoke(
+                {"messages": [HumanMessage("again")]}, config(thread_id)
+            )
+        async with saver_of(world, ledger) as saver:
+            await saver.aclaim(thread_id)
+            await saver.aclaim(copy)
+        total = await ledger.run_total(thread_id)
+        copied = await ledger.run_total(copy)
+        paid = await ledger.tenant_total(TENANT)
+    assert len(made) == 2
+    assert (total.calls, total.micros) == (2, 800)
+    assert copied.calls == 0
+    if clustered is None:
+        assert (paid.calls, paid.micros) == (2, 800)

@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
@@ -424,7 +424,7 @@ class AgentRunner(Resource):
         await self.resumer.refuse_another_tenants(run_id, tenant)
         async with self._holding(run_id, tenant, self.worker) as held:
             carried = await self.resumer.claim(agent, held, worker=self.worker, history=True)
-            await self.record_answers_left(agent, carried.frontier)
+            await self.record_answers_left(agent, carried.frontier, _answered_seqs(carried))
             if carried.claimed:
                 await self.release_holds_left(run_id)
             handed = "handed_over"
@@ -644,24 +644,30 @@ class AgentRunner(Resource):
             at=answered.at,
         )
 
-    async def record_answers_left(self, agent: Agent, frontier: Frontier) -> None:
+    async def record_answers_left(
+        self, agent: Agent, frontier: Frontier, answered: Collection[int] | None = None
+    ) -> None:
         """Record the spend of the run's answers the ledger lacks, on taking the run: an entry
         whose record found the ledger down was kept only by the process that wrote its answer
         (`RunWriter.record_spend`), and is lost with it if that process died before the
         ledger came back. Every answer in the log is recorded under its own seq, the key its
-        first record took, so one recorded already changes nothing; the log is read only when
-        the ledger counts fewer tokens for the run than its answers carry (its frontier's).
+        first record took, so one recorded already changes nothing.
+
+        ``answered``: the seqs of the run's counted answers through ``frontier``, when the
+        caller has them (`_answered_seqs` of a claim that read the run's history); the log is
+        then read only when one of them has no entry, and not at all for a run with none.
+        Without them it is read at every claim: the ledger's totals (or its count of entries)
+        cannot stand for them, as an entry recorded for a call whose answer was never written
+        (its process died between the two) counts as much as one lost would, and hides it.
+
         A ledger that cannot be reached is logged: the answers stay in the log for the next
         claim, and a budget is not weighed without it."""
-        if self.spend is None:
+        if self.spend is None or (answered is not None and not answered):
             return
         run_id = frontier.run_id
         try:
-            spent = await self.spend.run_total(run_id)
-            if (
-                spent.input_tokens >= frontier.input_tokens
-                and spent.output_tokens >= frontier.output_tokens
-            ):
+            kept = {entry.seq for entry in await self.spend.entries(run_id)}
+            if answered is not None and kept.issuperset(answered):
                 return
             read = await self.log.read_run(
                 run_id,
@@ -671,8 +677,9 @@ class AgentRunner(Resource):
             recorded = 0
             # Only what counts: an answer a fence refused is not the one its seq keys.
             for stored in SequenceGuard().admit_all(read):
-                if isinstance(stored.event, ModelAnswered):
-                    recorded += await self.spend.record(self._spend_entry(agent, stored.event))
+                event = stored.event
+                if isinstance(event, ModelAnswered) and event.seq not in kept:
+                    recorded += await self.spend.record(self._spend_entry(agent, event))
         except OnwardError as exc:
             _log.warning("run %s: the spend of its answers is still to check (%s)", run_id, exc)
             return
@@ -1661,6 +1668,16 @@ outcome is an ``UnencodableArguments`` error."""
 RESERVED_PREFIX = "onward."
 """Ids Onward gives its own requests start with it (``onward.checkpoint:...``), so a model's
 call id never does: one that would is rewritten."""
+
+
+def _answered_seqs(carried: CarriedRun) -> set[int]:
+    """The seqs of the run's counted model answers through its claim, from what a claim with
+    the run's history (``history=True``) read anyway: its transcript, where every answer is
+    an assistant's message and nothing else is, and its counted events after it. Of a claim
+    without the history, empty whatever the run holds."""
+    seqs = {row.seq for row in carried.transcript if row.message.role == "assistant"}
+    seqs.update(s.event.seq for s in carried.events if isinstance(s.event, ModelAnswered))
+    return seqs
 
 
 def _unanswered(call: CallState, tool: Tool, exc: Exception, redactor: Redactor) -> ToolError:

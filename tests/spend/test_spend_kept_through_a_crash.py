@@ -12,15 +12,25 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from support.crashes import Crash
 from support.pg import fresh_schema
-from support.spend import CALL_MICROS, MODEL, Outage, stepper, steps
+from support.spend import CALL_MICROS, MODEL, PRICES, DeadRunner, Outage, stepper, steps
 
 from onward.errors import BackendUnavailableError, BudgetExceededError
 from onward.eventlog import MemoryEventLog, ModelAnswered
+from onward.runtime.backends import Backends, open_backends
+from onward.runtime.continuation import ContinuationPolicy
 from onward.runtime.options import Options
 from onward.runtime.providers import Provider
-from onward.runtime.runner import AgentRunner
-from onward.runtime.spend import PostgresSpendLedger, PriceTable, SpendLedger, SqliteSpendLedger
+from onward.runtime.runner import AgentRunner, HeldRun
+from onward.runtime.settings import Settings
+from onward.runtime.spend import (
+    PostgresSpendLedger,
+    PriceTable,
+    SpendEntry,
+    SpendLedger,
+    SqliteSpendLedger,
+)
 
 TENANT = "acme"
 
@@ -101,3 +111,129 @@ async def test_a_budget_is_weighed_with_the_call_paid_while_the_ledger_was_down(
     spent = await ledger.run_total("tight")
     assert model.calls == 1
     assert spent.micros == model.calls * CALL_MICROS
+
+
+class DiesAfterRecording(AgentRunner):
+    """A runner whose process dies right after a call's spend is recorded, before its answer
+    is written: the ledger keeps an entry under a seq the log never holds an answer at."""
+
+    async def record_spend(self, run: HeldRun, answered: ModelAnswered) -> None:
+        await super().record_spend(run, answered)
+        raise Crash("the process died before the answer was written")
+
+
+async def test_a_call_cut_off_after_its_record_does_not_hide_one_whose_entry_was_lost(
+    ledger: SpendLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two crashes and an outage on one run. Its first call is recorded and its process dies
+    before the answer is written; its second is answered while the ledger is down and that
+    process dies too. The ledger then has as many entries (and tokens) as the log has answers,
+    but not the second call's: resumed, the run must count both paid calls and stop before a
+    third, which would pass its budget of two and a half."""
+    log, model = MemoryEventLog(), steps()
+    budget = Options(budget_micros=2 * CALL_MICROS + CALL_MICROS // 2).recorded()
+    first = DiesAfterRecording(
+        provider=model, log=log, worker="w", spend=ledger, prices=PriceTable({MODEL: (1, 5)})
+    )
+    with pytest.raises(Crash):
+        await first.run(stepper(), "go", tenant=TENANT, run_id="twice", options=budget)
+    assert await answers(log, "twice") == []
+    assert (await ledger.run_total("twice")).calls == 1
+
+    outage = Outage(ledger, monkeypatch)
+    with pytest.raises(BackendUnavailableError):
+        await runner_on(log, ledger, model).resume(stepper(), "twice", tenant=TENANT)
+    assert outage.began
+    outage.end()
+    assert model.calls == 2
+    assert len(await answers(log, "twice")) == 1
+
+    with pytest.raises(BudgetExceededError):
+        await runner_on(log, ledger, model).resume(stepper(), "twice", tenant=TENANT)
+    assert model.calls == 2, "a third call was made: the budget was passed"
+    spent = await ledger.run_total("twice")
+    assert spent.calls == model.calls, "a call the provider was paid for is not in the ledger"
+    assert spent.micros == model.calls * CALL_MICROS
+    assert (await ledger.tenant_total(TENANT)).micros == spent.micros
+
+
+class DeadAfterRecording(DeadRunner):
+    """`DiesAfterRecording` on a deployment's stores, leaving its lease and holds as a dead
+    process does."""
+
+    async def record_spend(self, run: HeldRun, answered: ModelAnswered) -> None:
+        await super().record_spend(run, answered)
+        raise Crash("the process died before the answer was written")
+
+
+@pytest_asyncio.fixture(params=["sqlite", "memory"])
+async def embedded(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backends]:
+    settings = Settings(
+        backend=request.param, sqlite_path=tmp_path / "onward.db", model_prices=PRICES
+    )
+    async with open_backends(settings, in_process=request.param == "memory") as backends:
+        yield backends
+
+
+async def test_a_lost_entry_is_found_through_the_runs_transcript(
+    embedded: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same two crashes and outage, on a deployment with frontier rows: the resume learns
+    the run's answers from the transcript its claim reads, not from the log."""
+    ledger = embedded.spend
+    assert ledger is not None
+    model, agent = steps(), stepper()
+    budget = Options(budget_micros=2 * CALL_MICROS + CALL_MICROS // 2).recorded()
+    dead = DeadAfterRecording(
+        provider=model,
+        log=embedded.log,
+        frontiers=embedded.frontiers,
+        checkpoint_inline=True,
+        leases=embedded.leases,
+        worker="w1",
+        spend=ledger,
+        prices=embedded.settings.price_table(),
+    )
+    with pytest.raises(Crash):
+        await dead.run(agent, "go", tenant=TENANT, run_id="twice", options=budget)
+
+    outage = Outage(ledger, monkeypatch)
+    with pytest.raises(BackendUnavailableError):
+        await embedded.runner(model).resume(agent, "twice", tenant=TENANT)
+    outage.end()
+    assert model.calls == 2
+
+    with pytest.raises(BudgetExceededError):
+        await embedded.runner(model).resume(agent, "twice", tenant=TENANT)
+    assert model.calls == 2, "a third call was made: the budget was passed"
+    spent = await ledger.run_total("twice")
+    assert (spent.calls, spent.micros) == (2, 2 * CALL_MICROS)
+
+
+async def test_a_run_carried_on_from_another_is_taken_without_writing_to_the_ledger(
+    embedded: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run carried on from another starts its frontier's token counts at the other's, and
+    its ledger at zero: nothing it answered is missing from the ledger, so taking it up again
+    must not read its log and record each answer again (a write a call, at every claim)."""
+    ledger = embedded.spend
+    assert ledger is not None
+    runner = embedded.runner(steps(finish_after=4))
+    runner.continuation = ContinuationPolicy(max_steps=2)
+    result = await runner.run(stepper(), "go", tenant=TENANT, run_id="first")
+    assert result.status == "completed"
+    assert result.run_id != "first"  # carried on
+    carried = await runner.inspect(result.run_id, tenant=TENANT)
+    assert carried.input_tokens > (await ledger.run_total(result.run_id)).input_tokens
+
+    records: list[SpendEntry] = []
+    record = ledger.record
+
+    async def counted(entry: SpendEntry) -> bool:
+        records.append(entry)
+        return await record(entry)
+
+    monkeypatch.setattr(ledger, "record", counted)
+    again = await embedded.runner(steps()).resume(stepper(), result.run_id, tenant=TENANT)
+    assert again.spend_micros == result.spend_micros
+    assert records == []

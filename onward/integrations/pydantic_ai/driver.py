@@ -40,6 +40,7 @@ from onward.eventlog import (
     ApprovalDenied,
     ApprovalRequested,
     Event,
+    ModelAnswered,
     ResumePlanned,
     RunFinished,
     RunStarted,
@@ -204,20 +205,22 @@ class DurableRuns:
         await self.runner.resumer.refuse_another_tenants(run_id, self.tenant)
         async with self._holding(run_id) as held:
             carried = await self.runner.resumer.claim(described, held, worker=self.runner.worker)
-            await self.runner.record_answers_left(described, carried.frontier)
             if not carried.claimed:
+                await self.runner.record_answers_left(described, carried.frontier)
                 return await self._as_it_stands(carried.frontier)
             # A holder that died mid-call left its call held: that call is not being made any
             # more (its answer, had it come, was recorded).
             await self.runner.release_holds_left(run_id)
+            events = await self._events(carried.frontier)
+            # The run is executed from its first event, so its answers are known without
+            # reading the log again: it is read only when one of them has no entry.
+            answered = [e.seq for e in events if isinstance(e, ModelAnswered)]
+            await self.runner.record_answers_left(described, carried.frontier, answered)
             budgets = Budgets.of_run(described, carried.frontier)
             self.runner.check_budgets(described, budgets, run_id)
             run = HeldRun(described, held, carried.frontier, Conversation(""))
             journal = RunJournal(
-                run,
-                self.runner.writer,
-                await self._events(carried.frontier),
-                spend=RunSpend(self.runner, budgets),
+                run, self.runner.writer, events, spend=RunSpend(self.runner, budgets)
             )
             await journal.append(journal.event(ResumePlanned, **carried.plan.recorded()))
             outcome = await self._execute(agent, journal, options)

@@ -33,6 +33,7 @@ and is never taken for a carry again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -82,7 +83,9 @@ _TRIES = 8
 """Ids a carry tries (`successor_ids`) before the run goes on uncarried."""
 _ASKS = 8
 """Times a cancel asked during a carry is passed on (`_pass_on_ask`) while the new run is taken
-up between the ask finding it free and the carrying holder taking it."""
+up between the ask finding it free and the carrying holder taking it, or a store fails."""
+_ASK_RETRY_S = 0.05
+"""First wait before `_pass_on_ask` tries again after a store failed; doubled each try, to 1s."""
 
 
 def successor_id(run_id: str) -> str:
@@ -346,39 +349,80 @@ async def _pass_on_ask(
     A worker may have taken the new run up already (it was handed over): the ask is then
     passed to that holding (`LeaseStore.ask_to_cancel`), whose holder ends the run at its
     next boundary, as a person's cancel of a run held elsewhere does. Only a new run nobody
-    holds is ended here; the carry has succeeded either way, so taking its lease is no error.
+    holds is ended here; the carry has succeeded either way, so taking its lease is no error,
+    nor is a store that fails meanwhile: the pass is tried again a bounded number of times
+    (the ask lives nowhere else), and one that never gets through is logged as an error
+    naming the run to cancel again.
     """
-    with contextlib.suppress(FencedError, BackendError):
+    failed: BackendError | None = None
+    for attempt in range(_ASKS):
+        if failed is not None:
+            await asyncio.sleep(min(_ASK_RETRY_S * 2**attempt, 1.0))
+        try:
+            passed = await _passed_on(run, new_id, writer=writer, holding=holding, resumer=resumer)
+        except BackendError as exc:
+            failed = exc
+            continue
+        if passed:
+            return
+        failed = None
+    asked = run.held.cancel_asked
+    if failed is not None:
+        _log.error(
+            "run %s: a cancel asked of it as it was carried into %s may not have been passed on "
+            "(%s): if it was asked to, cancel %s",
+            run.run_id,
+            new_id,
+            failed,
+            new_id,
+        )
+    elif asked is not None:
+        _log.warning(
+            "run %s: the cancel asked by %s was not passed on to %s, taken up and let go each try",
+            run.run_id,
+            asked.by,
+            new_id,
+        )
+
+
+async def _passed_on(
+    run: HeldRun,
+    new_id: str,
+    *,
+    writer: RunWriter,
+    holding: Holding,
+    resumer: Resumer,
+) -> bool:
+    """One try of `_pass_on_ask`: whether it is done (nothing asked, the ask passed on to the
+    new run's holding, or the new run ended); False when the new run was taken up since the
+    ask found it free.
+
+    Raises:
+        BackendError: A store failed; the ask may not have been passed on.
+    """
+    with contextlib.suppress(FencedError):
         await run.held.confirm()  # the ask is heard with a renewal
     asked = run.held.cancel_asked
     if asked is None:
-        return
+        return True
     tenant = run.tenant
-    leases = run.held.store
-    for _ in range(_ASKS):
-        lease = await leases.ask_to_cancel(new_id, tenant=tenant, by=asked.by, why=asked.why)
-        if lease is not None:
-            return  # held elsewhere: its holder hears the ask
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                held = await stack.enter_async_context(holding(new_id, tenant))
-            except ResumeConflictError:
-                continue  # taken up since the ask found it free: ask that holding
-            frontier = await resumer.read(new_id, tenant=tenant)
-            if frontier.finished:
-                return
-            await held.raise_fence(frontier.fence)
-            new = HeldRun(run.agent, held, frontier, Conversation(""))
-            finished = writer.event(new, RunFinished, status="cancelled", error=asked.error)
-            what = f"its end, cancelled by {asked.by}"
-            await writer.append_while_held(new, [finished], what=what)
-            return
-    _log.warning(
-        "run %s: the cancel asked by %s was not passed on to %s, taken up and let go each try",
-        run.run_id,
-        asked.by,
-        new_id,
-    )
+    lease = await run.held.store.ask_to_cancel(new_id, tenant=tenant, by=asked.by, why=asked.why)
+    if lease is not None:
+        return True  # held elsewhere: its holder hears the ask
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            held = await stack.enter_async_context(holding(new_id, tenant))
+        except ResumeConflictError:
+            return False  # taken up since the ask found it free: ask that holding
+        frontier = await resumer.read(new_id, tenant=tenant)
+        if frontier.finished:
+            return True
+        await held.raise_fence(frontier.fence)
+        new = HeldRun(run.agent, held, frontier, Conversation(""))
+        finished = writer.event(new, RunFinished, status="cancelled", error=asked.error)
+        what = f"its end, cancelled by {asked.by}"
+        await writer.append_while_held(new, [finished], what=what)
+        return True
 
 
 async def cut_carry(frontier: Frontier, *, resumer: Resumer) -> str | None:
@@ -390,13 +434,14 @@ async def cut_carry(frontier: Frontier, *, resumer: Resumer) -> str | None:
         return None  # a carry only ever starts where the run is carriable
     for new_id in successor_ids(frontier.run_id):
         # As `start_successor` tries them: an id no run holds ends the search, one another
-        # run holds (of any tenant) was passed over, and one holding a carry of this run is it.
+        # run holds (of any tenant), or a carry of this run it went on without, was passed
+        # over, and one holding a current carry of this run is it.
         if not await resumer.exists(new_id):
             return None
         with contextlib.suppress(NothingToResumeError):
             found = await resumer.read(new_id, tenant=frontier.tenant)
-            if found.continuation_of == frontier.run_id:
-                return new_id if current(found, frontier) else None
+            if current(found, frontier):
+                return new_id
     return None
 
 
@@ -485,13 +530,13 @@ async def start_successor(
 ) -> str | None:
     """Write the new run's `RunStarted` under its lease, unless an earlier carry did. Returns
     the new run's id: the continuation's, or when another run holds that one (of this tenant
-    or another), the next of `successor_ids` no other run holds. Returns None, writing
-    nothing, when the id holds an earlier carry of the run that it went on without
-    (`current`): the run goes on uncarried (its successor's id is derived, and taken);
-    when every id it may take is another run's; when the confirmation of the old run's lease
-    hears that someone asked its holder to cancel it (`Leaseholder.cancel_asked`), which the
-    runner then does; and when the new run's `RunStarted` is too large for the log
-    (`PayloadTooLargeError`): the turn is made where it is.
+    or another), or an earlier carry of the run that it went on without (`current`), the next
+    of `successor_ids` no such run holds. Returns None, writing nothing, when every id it may
+    take is taken so; when another worker holds the id's lease this moment; when the
+    confirmation of the old run's lease hears that someone asked its holder to cancel it
+    (`Leaseholder.cancel_asked`), which the runner then does; and when the new run's
+    `RunStarted` is too large for the log (`PayloadTooLargeError`): the turn is made where
+    it is.
 
     Raises:
         ConfigurationError: The continuation drops an approval or grant.
@@ -499,9 +544,16 @@ async def start_successor(
     continuation.check(run.frontier)
     natural = continuation.new_run_id == successor_id(run.run_id)
     for new_id in successor_ids(run.run_id) if natural else (continuation.new_run_id,):
-        started = await _started(
-            run, continuation, new_id, writer=writer, holding=holding, resumer=resumer
-        )
+        try:
+            started = await _started(
+                run, continuation, new_id, writer=writer, holding=holding, resumer=resumer
+            )
+        except ResumeConflictError as held:
+            # Held this moment (a run being started or driven under it): passed over, a carry
+            # into the next id that a crash cut short would be hidden from `cut_carry`, which
+            # stops at an id no run holds. The run goes on here, carried at a later boundary.
+            _log.info("run %s goes on uncarried for now: %s", run.run_id, held)
+            return None
         if started != "taken":
             return new_id if started else None
     _log.warning(
@@ -528,10 +580,10 @@ async def _started(
         # a first fence for an id the log holds a carry of this run under.
         with contextlib.suppress(NothingToResumeError):
             found = await resumer.read(new_id, tenant=tenant)
-            if found.continuation_of != run.run_id:
-                return "taken"
-            # Started by a carry that a crash cut short, or one the run went on without.
-            return current(found, run.frontier)
+            # Started by a carry that a crash cut short; or another run's, or a carry the run
+            # went on without (`current`), which it must never end into: the id is passed
+            # over, as `cut_carry` passes it, or the run would never be carried on again.
+            return current(found, run.frontier) or "taken"
         try:
             # Any tenant's run under the id: this tenant's RunStarted must never land in it.
             await resumer.refuse_existing(new_id, held.lease)

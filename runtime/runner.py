@@ -42,12 +42,14 @@ from onward.errors import (
     BackendError,
     BackendUnavailableError,
     ConfigurationError,
+    FencedError,
     HistoryUnavailableError,
     IndeterminateToolCallError,
     InvalidInputError,
     OnwardError,
     OutcomeUnknownError,
     PayloadTooLargeError,
+    ResumeConflictError,
 )
 from onward.eventlog.base import EventLog, SequenceGuard
 from onward.eventlog.codec import unencodable
@@ -467,9 +469,21 @@ class AgentRunner(Resource):
     async def _onward(self, agent: Agent, result: RunResult) -> RunResult:
         """Go on with the run a result's run was carried into, if it was, and so on along the
         chain: one run after another, not each inside the last (a chain of some hundreds of
-        runs would exhaust the stack)."""
+        runs would exhaust the stack). A run another worker took up already (a fleet worker
+        hears the hand-over at once) is its holder's to carry on: the run is returned as
+        ``continued`` into it, as `RunResult.continued_to` says, not as a conflict over a run
+        the caller never named, since the carry that got it there succeeded."""
         while result.status == "continued" and result.continued_to is not None:
-            result = await self._resume_one(agent, result.continued_to, tenant=result.tenant)
+            try:
+                result = await self._resume_one(agent, result.continued_to, tenant=result.tenant)
+            except ResumeConflictError as held:
+                _log.info(
+                    "run %s was continued into %s, which %s carries on",
+                    result.run_id,
+                    result.continued_to,
+                    held.holder or "another worker",
+                )
+                return result
         return result
 
     async def _carry_on(self, run: HeldRun) -> RunResult:
@@ -1098,6 +1112,11 @@ class AgentRunner(Resource):
                     pending = [c for c in run.frontier.calls if c.call_id in dispatched]
                     if not await self._finish_turn(run, pending, dispatches):
                         break
+        if run.frontier.status == "waiting":
+            # An ask made since the last renewal is heard now or never: the release that lets
+            # the run wait drops it with the holding, though its asker was told it ends.
+            with contextlib.suppress(FencedError, BackendError):
+                await run.held.confirm()
         asked = run.held.cancel_asked
         if asked is not None and run.frontier.status == "waiting":
             # Heard while its turn ran: it ends rather than wait for a person to go on with it.

@@ -20,6 +20,7 @@ from support.runners import embedded_log
 
 from onward.eventlog import Message, ToolCall
 from onward.eventlog.base import EventLog
+from onward.eventlog.events import ApprovalRequested
 from onward.runtime import Agent, AgentRunner, ScriptedProvider, ask, reply, tool
 from onward.runtime.continuation import ContinuationPolicy, successor_id
 from onward.runtime.providers import ModelReply
@@ -157,3 +158,33 @@ async def test_an_ask_heard_before_a_question_ends_the_run_instead_of_waiting(
     assert model.asked[0] is not None
     assert (result.status, result.waiting_on) == ("cancelled", None)
     assert len(world.steps) == 1
+
+
+async def test_an_ask_made_as_the_run_pauses_ends_the_run_instead_of_waiting(
+    world: World,
+) -> None:
+    """Made as the run writes its pause, after the last renewal: the holder was asked (Ann is
+    told it ends at its next boundary), so the run must end rather than wait for a person
+    with the ask dropped as its lease is let go."""
+    runner, model = world.runner()
+    model.asked.append(None)  # no ask during the model call
+    append = runner.writer.append
+    asked: list[Any] = []
+
+    async def asked_as_it_pauses(run: Any, events: Sequence[Any]) -> None:
+        await append(run, events)
+        if any(isinstance(e, ApprovalRequested) for e in events):
+            asked.append(await runner.ask_to_cancel(RUN, tenant=TENANT, by="ann"))
+
+    runner.writer.append = asked_as_it_pauses  # type: ignore[method-assign]
+    options = {"mode": "collaborative", "checkpoints": ["after_tool_result"]}
+
+    result = await runner.run(
+        world.agent(), "step once", tenant=TENANT, run_id=RUN, options=options
+    )
+
+    assert asked[0] is not None  # the run's holder was asked
+    assert (result.status, result.waiting_on) == ("cancelled", None)
+    frontier = await runner.inspect(RUN, tenant=TENANT)
+    assert frontier.status == "cancelled"
+    assert "ann" in (frontier.error or "")

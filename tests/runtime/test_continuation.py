@@ -30,12 +30,12 @@ from support.servers import KafkaServers
 from typer.testing import CliRunner
 
 from onward.errors import (
+    BackendUnavailableError,
     ConfigurationError,
     FencedError,
     HistoryUnavailableError,
     InvalidInputError,
     NothingToResumeError,
-    ResumeConflictError,
 )
 from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall, kind_of
 from onward.eventlog.base import EventLog, LogRead, LogRecord
@@ -434,13 +434,68 @@ async def test_a_cancel_asked_as_the_run_is_carried_on_reaches_whoever_took_up_t
 
     runner.writer.append = asked_as_it_hands_over  # type: ignore[method-assign]
     leases.ask_to_cancel = taken_up_once_found_free  # type: ignore[method-assign]
-    with contextlib.suppress(ResumeConflictError):  # going on with NEXT, which "fleet" holds
-        await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+    done = await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
 
-    assert (await world.runner().inspect(RUN, tenant=TENANT)).continued_to == NEXT
+    assert (done.run_id, done.status, done.continued_to) == (RUN, "continued", NEXT)
     held = await leases.current(NEXT)
     assert held is not None
     assert (held.holder, held.cancel_asked) == ("fleet", CancelAsked("ann"))
+    assert world.ledger.count("pay") == 0
+
+
+async def test_a_cancel_asked_as_the_run_is_carried_on_outlasts_a_lease_store_blip(
+    world: World,
+) -> None:
+    """As above, and the lease store fails once as the ask is passed on to the new run: the
+    carry has succeeded, so the resume must neither fail with the store's error nor drop
+    Ann's ask (the new run would then go on and pay): the pass is tried again, and the run
+    the old one goes on as ends ``cancelled``."""
+    await world.waiting_then_approved()
+    runner = world.runner(continuation=POLICY)
+    append, ask = runner.writer.append, runner.leases.ask_to_cancel
+    failed: list[str] = []
+
+    async def asked_as_it_hands_over(run: Any, events: Sequence[Any]) -> None:
+        if any(isinstance(e, RunContinued) for e in events):
+            assert await world.runner().ask_to_cancel(RUN, tenant=TENANT, by="ann") is not None
+        await append(run, events)
+
+    async def failing_once(run_id: str, **how: Any) -> RunLease | None:
+        if run_id == NEXT and not failed:
+            failed.append(run_id)
+            raise BackendUnavailableError("the lease store is down")
+        return await ask(run_id, **how)
+
+    runner.writer.append = asked_as_it_hands_over  # type: ignore[method-assign]
+    runner.leases.ask_to_cancel = failing_once  # type: ignore[method-assign]
+    done = await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+
+    assert failed
+    assert (done.run_id, done.status) == (NEXT, "cancelled")
+    assert "ann" in (done.error or "")
+    assert world.ledger.count("pay") == 0
+
+
+async def test_a_carry_whose_new_run_a_worker_took_up_at_once_is_no_conflict(
+    world: World,
+) -> None:
+    """A fleet worker takes the new run up the moment it is handed over: the resume that
+    carried the run succeeded, so it returns the run ``continued`` into the new run (whose
+    holder carries it on), not a `ResumeConflictError` naming a run the caller never asked
+    for."""
+    await world.waiting_then_approved()
+    runner = world.runner(continuation=POLICY)
+    append = runner.writer.append
+
+    async def taken_up_as_it_is_handed_over(run: Any, events: Sequence[Any]) -> None:
+        await append(run, events)
+        if any(isinstance(e, RunContinued) for e in events):
+            await runner.leases.acquire(NEXT, tenant=TENANT, holder="fleet", ttl_s=60)
+
+    runner.writer.append = taken_up_as_it_is_handed_over  # type: ignore[method-assign]
+    done = await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+
+    assert (done.run_id, done.status, done.continued_to) == (RUN, "continued", NEXT)
     assert world.ledger.count("pay") == 0
 
 
@@ -470,6 +525,21 @@ async def test_a_run_whose_successors_id_another_run_holds_is_carried_on(
     new = await world.runner().inspect(done.run_id, tenant=TENANT)
     assert (old.continued_to, new.continuation_of) == (done.run_id, RUN)
     assert [f.run_id for f in await chain_of(world.runner(), new)] == [RUN, done.run_id]
+
+
+async def test_a_run_whose_successors_id_is_held_this_moment_goes_on(world: World) -> None:
+    """Another worker holds the lease of the id the run is carried into (starting a run a
+    person named ``r~c1``): the resume that carries the run must not fail with a conflict
+    over a run the caller never named, leaving the run held by nobody; it goes on where it
+    is, and pays once."""
+    await world.waiting_then_approved()
+    runner = world.runner(continuation=POLICY)
+    await runner.leases.acquire(NEXT, tenant=TENANT, holder="starter", ttl_s=60)
+
+    done = await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+
+    assert (done.run_id, done.status) == (RUN, "completed")
+    assert world.ledger.count("pay") == 1
 
 
 def test_the_ids_a_carry_tries_are_its_own_and_fit() -> None:
@@ -707,7 +777,9 @@ async def test_a_successor_the_old_run_went_on_without_is_never_carried_into(
     """As above, but the successor's writer dies, so nobody resumes the successor, and the old
     run goes on to a second payment a person approves. Resumed then by a runner carrying runs
     on, the old run must neither end into that stale successor (which holds the first payment's
-    turn: paid again) nor start it again: it goes on, and pays the second one once."""
+    turn: paid again) nor start it again: it is carried into the next id of its own instead
+    (its first is taken for good; going on uncarried at every boundary, its log would grow
+    without end), which pays the second one once."""
     async with two_lease_stores(tmp_path) as (world, losing_leases, other_leases):
         world.model.inner = ScriptedProvider(
             [
@@ -723,9 +795,43 @@ async def test_a_successor_the_old_run_went_on_without_is_never_carried_into(
         await world.runner().approve(RUN, "q", tenant=TENANT, by="ann")
         agent = world.ledger.agent()
         done = await world.runner(continuation=POLICY).resume(agent, RUN, tenant=TENANT)
-        assert (done.run_id, done.status) == (RUN, "completed")
+        assert (done.run_id, done.status) == (successor_ids(RUN)[1], "completed")
+        assert (await world.runner().inspect(RUN, tenant=TENANT)).continued_to == done.run_id
         ended = await world.runner().resume(agent, NEXT, tenant=TENANT)
         assert ended.status == "failed"
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "q"))) == 1
+
+
+@pytest.mark.parametrize("policy", [None, POLICY], ids=["fleet", "carrying"])
+async def test_a_carry_cut_short_past_a_stale_successor_is_found_again(
+    tmp_path: Path, policy: ContinuationPolicy | None
+) -> None:
+    """As above, and the carry into the run's next id dies between the new run's start and
+    the old run's end: the next resume finds that carry past the stale successor (a fleet
+    worker too), and the second payment is made once, in the new run."""
+    async with two_lease_stores(tmp_path) as (world, losing_leases, other_leases):
+        world.model.inner = ScriptedProvider(
+            [
+                reply("", ToolCall(call_id="a", tool="lookup", args={"what": "invoice"})),
+                reply("", ToolCall(call_id="b", tool="lookup", args={"what": "account"})),
+                reply("", ToolCall(call_id="p", tool="pay", args={"amount": 10})),
+                reply("", ToolCall(call_id="q", tool="pay", args={"amount": 20})),
+                reply("paid both"),
+            ]
+        )
+        await lost_as_the_successor_starts(world, losing_leases, other_leases, dies=True)
+        await world.runner().approve(RUN, "q", tenant=TENANT, by="ann")
+        agent = world.ledger.agent()
+        crashing = world.runner(continuation=POLICY, observer=CrashAt("run.started"))
+        with pytest.raises(Crash):
+            await crashing.resume(agent, RUN, tenant=TENANT)
+        first, second = successor_ids(RUN)[1:3]
+
+        done = await world.runner(continuation=policy).resume(agent, RUN, tenant=TENANT)
+
+        assert (done.run_id, done.status) == (first, "completed")
+        assert await world.log.read_run(second) == []
     assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
     assert world.ledger.effects.count(("pay", idempotency_key(RUN, "q"))) == 1
 
@@ -786,8 +892,8 @@ async def test_a_wiped_lease_store_does_not_stop_a_run_whose_stale_successor_it_
 ) -> None:
     """As above, but the old run is then resumed under a lease store that was wiped (it never
     saw the stale successor's id): the log, not the store, says the id holds a carry the run
-    went on without, so the run goes on uncarried, rather than fail at every boundary as if
-    another run had taken the id."""
+    went on without, so the run is carried into its next id, rather than into that carry or
+    fail at every boundary."""
     async with two_lease_stores(tmp_path) as (world, losing_leases, other_leases):
         world.model.inner = ScriptedProvider(
             [
@@ -804,7 +910,7 @@ async def test_a_wiped_lease_store_does_not_stop_a_run_whose_stale_successor_it_
         async with SqliteLeaseStore(tmp_path / "wiped.db") as wiped:
             runner = world.runner(leases=wiped, continuation=POLICY)
             done = await runner.resume(agent, RUN, tenant=TENANT)
-        assert (done.run_id, done.status) == (RUN, "completed")
+        assert (done.run_id, done.status) == (successor_ids(RUN)[1], "completed")
     assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
     assert world.ledger.effects.count(("pay", idempotency_key(RUN, "q"))) == 1
 

@@ -29,6 +29,7 @@ from onward.eventlog.base import (
     partition_for,
 )
 from onward.eventlog.events import Event, kind_of
+from onward.eventlog.references import is_reference, unescaped
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,24 @@ def one_line(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _body(value: Any) -> str:
+    """A body (an input, a result, an output) as a person reads it: one the claim check moved
+    out of line is said to be in the blob store, as its reference names only a digest, and one
+    wrapped because it looked like a reference is shown as it was given (`unescaped`)."""
+    if is_reference(value):
+        return f"(in the blob store, {one_line(value['size'])} bytes)"
+    return one_line(unescaped(value))
+
+
+def _content(content: str | list[Any]) -> str:
+    """A model message's content as `_body` shows a body: the claim check moves it out as
+    its one part."""
+    if isinstance(content, list) and len(content) == 1:
+        part = content[0]
+        return _body(part) if is_reference(part) else one_line([unescaped(part)])
+    return one_line(content)
+
+
 def _ids(call_ids: Sequence[str]) -> str:
     return ", ".join(call_ids) or "none"
 
@@ -156,24 +175,24 @@ def _model_answered(event: ev.ModelAnswered) -> str:
     if event.tool_calls:
         calls = ", ".join(f"{c.call_id} {c.tool}" for c in event.tool_calls)
         return f"asks for {calls} ({usage})"
-    return f"answers {one_line(event.message.content)} ({usage})"
+    return f"answers {_content(event.message.content)} ({usage})"
 
 
 def _tool_completed(event: ev.ToolCompleted) -> str:
     if event.error is not None:
         return f"{event.call_id} failed: {event.error.type} {one_line(event.error.message)}"
-    return f"{event.call_id} returned {one_line(event.result)}"
+    return f"{event.call_id} returned {_body(event.result)}"
 
 
 def _finished(event: ev.RunFinished) -> str:
-    said = event.error if event.error is not None else one_line(event.output)
+    said = event.error if event.error is not None else _body(event.output)
     return f"{event.status}: {said}"
 
 
 # One entry per kind, as the fold has one rule per kind; a kind without one fails loudly.
 _DESCRIPTIONS: dict[type[Event], Callable[[Any], str]] = {
     ev.RunStarted: lambda e: (
-        f"{e.agent} {e.revision or '(no revision: never ran)'}, input {one_line(e.input)}"
+        f"{e.agent} {e.revision or '(no revision: never ran)'}, input {_body(e.input)}"
     ),
     ev.RunClaimed: lambda e: f"claimed by {e.worker}",
     ev.ResumePlanned: lambda e: (

@@ -6,8 +6,18 @@ import pytest
 from support.poison import BAD_RECORDS
 
 from onward.errors import NothingToResumeError
-from onward.eventlog import MemoryEventLog, RunClaimed, RunFinished, RunStarted, ToolDispatched
+from onward.eventlog import (
+    MemoryEventLog,
+    Message,
+    ModelAnswered,
+    RunClaimed,
+    RunFinished,
+    RunStarted,
+    ToolCompleted,
+    ToolDispatched,
+)
 from onward.projections.audit import audit_timeline, describe_event
+from onward.runtime.blobs import ClaimCheck, MemoryBlobStore, escape_bodies
 from onward.testing.eventlog import Envelope
 
 
@@ -70,3 +80,34 @@ async def test_events_after_an_unreadable_record_that_holds_its_seq_are_not_mark
     assert [line.unreadable is not None for line in lines] == [False, False, True, False, False]
     refused = [line.as_json()["reason"] for line in lines if line.refused is not None]
     assert refused == []
+
+
+BIG = "x" * 300_000  # over the claim check's threshold
+
+
+async def test_a_body_out_of_line_is_said_to_be_in_the_blob_store() -> None:
+    """`onward replay` shows what a run was given and gave. A body the claim check moved out of
+    line was shown as its reference (``completed: {"$blob":"sha256:…``, the digest read as the
+    run's output), and a value that only looked like one as the wrapper it is written in
+    (``{"$literal": …}``, never the run's). Said to be in the blob store, with its size, and
+    shown as given, as `onward` lists a call's arguments."""
+    claim_check = ClaimCheck(MemoryBlobStore())
+    lookalike = {"$blob": "mine", "size": 3}
+    events = [
+        RunStarted(**env(1, 1), agent="talker", revision="r1", input=BIG),
+        ModelAnswered(**env(2, 1), message=Message(role="assistant", content=BIG)),
+        ToolCompleted(**env(3, 1), call_id="c1", result=lookalike),
+        RunFinished(**env(4, 1), status="completed", output=BIG),
+    ]
+    log = MemoryEventLog()
+    for event in events:
+        await log.append([await claim_check.shrink(escape_bodies(event))])
+    lines = await audit_timeline(log, "run-1", tenant="acme")
+    said = [describe_event(line.stored.event) for line in lines if line.stored is not None]
+    assert not any("sha256" in text or "$literal" in text for text in said), said
+    assert said == [
+        "talker r1, input (in the blob store, 300002 bytes)",
+        "answers (in the blob store, 300053 bytes) (0 in, 0 out)",
+        'c1 returned {"$blob":"mine","size":3}',
+        "completed: (in the blob store, 300002 bytes)",
+    ]

@@ -40,10 +40,11 @@ def query(
     prompt: Any,
     options: Options | Mapping[str, Any] | None = None,
     *,
+    follow_waits: bool = True,
     timeout: float | None = None,
 ) -> RunStream:
     """`App.query` on the open app."""
-    return current_app().query(prompt, options, timeout=timeout)
+    return current_app().query(prompt, options, follow_waits=follow_waits, timeout=timeout)
 
 
 def resume(run_id: str, resume_value: Any = None, **options: Any) -> RunStream:

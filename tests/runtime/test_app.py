@@ -446,6 +446,18 @@ async def test_the_module_functions_use_the_app_opened_last(
         onward.resume("m")
 
 
+async def test_the_module_query_ends_at_a_wait_as_app_query_does(
+    settings: Settings, ledger: Ledger
+) -> None:
+    """`onward.query` is `App.query` on the open app: ``follow_waits=False`` ends its stream
+    once the run waits on a person (the module function did not take it, so a script could
+    not stop there the way `onward.resume` and `App.query` let it)."""
+    async with onward.open(settings, agents=agents, provider=provider()):
+        stream = onward.query("pay 5", {"agent": "payer", "run_id": "w"}, follow_waits=False)
+        messages = await asyncio.wait_for(stream.collect(), 30)
+    assert messages[-1].is_hil_request
+
+
 def test_an_app_that_cannot_work_is_refused_at_once(tmp_path: Path) -> None:
     sqlite = Settings(backend="sqlite", sqlite_path=tmp_path / "x.db")
     with pytest.raises(ConfigurationError, match="agents= and provider="):

@@ -23,6 +23,7 @@ from onward.errors import (
     BackendUnavailableError,
     InvalidInputError,
     LogTruncatedError,
+    NothingToResumeError,
     RunTimeoutError,
 )
 from onward.eventlog.base import Refusal, SequenceGuard, StoredEvent, judge
@@ -377,9 +378,9 @@ class RunStream:
         try:
             stored = await self.app.backends.log.read_run(self.run_id, start=self.next_offset)
         except LogTruncatedError as exc:
-            if exc.start is None or self._start is not None:
-                raise  # a start not read yet: whose run it is cannot be told any more
-            await self._behind_a_cut(exc.start)
+            if exc.start is None:
+                raise
+            await self._behind_a_cut(exc.start, exc)
             return True
         if not stored:
             return False
@@ -390,15 +391,30 @@ class RunStream:
             self.next_offset = item.position.offset + 1
         return True
 
-    async def _behind_a_cut(self, start: int) -> None:
+    async def _behind_a_cut(self, start: int, cut: LogTruncatedError) -> None:
         """The log was cut past this stream's place while it was not looking (a reader that
         stopped, and compaction or retention meanwhile; the log's records now begin at
         ``start``): it goes on from the run's row and what the log still holds
         (`go_on_after_a_cut`), ending with how the run ended when nothing of its end is left,
-        rather than fail reading."""
+        rather than fail reading.
+
+        A start this stream sent whose `RunStarted` went with the cut unread is told by the
+        row as by that event (`expect_start`): the run of this tenant, of the start's agent.
+        With no row of this tenant's run to tell it by, the cut is raised (``cut``)."""
         backends = self.app.backends
         resumer = Resumer(backends.log, backends.leases, backends.frontiers)
-        frontier = await resumer.read(self.run_id, tenant=self.tenant)
+        try:
+            frontier = await resumer.read(self.run_id, tenant=self.tenant)
+        except NothingToResumeError:
+            if self._start is not None:
+                raise cut from None
+            raise
+        if self._start is not None:
+            if frontier.agent != self._start:
+                self._lost_the_run_id()
+            self._start = None
+            if self._sent is not None and self._sent.answers is None:
+                self._sent = None  # the start came to something: its run
         self.next_offset = start
         await self.go_on_after_a_cut(frontier, start)
 

@@ -273,9 +273,11 @@ class App(Resource):
 
         Raises:
             InvalidInputError: Bad options, or an agent this app does not know (in process);
-                reading the stream: the run id is taken (``Options.run_id`` of a run that
-                exists, or that another start of another agent or tenant took first; one of
-                the same agent and tenant is not told apart, and both streams follow it).
+                reading the stream: a ``prompt`` JSON cannot hold (``nan``, an object it has
+                no form for; in process as in a fleet, nothing is sent), or the run id is
+                taken (``Options.run_id`` of a run that exists, or that another start of
+                another agent or tenant took first; one of the same agent and tenant is not
+                told apart, and both streams follow it).
         """
         chosen = Options.of(options)
         if "tenant" not in chosen.model_fields_set:
@@ -630,7 +632,15 @@ class App(Resource):
     # -- helpers -----------------------------------------------------------------------------
 
     async def _submit(self, request: Request) -> None:
+        """Hand ``request`` to the app's own worker, or send it to the fleet.
+
+        Raises:
+            InvalidInputError: A request a worker would refuse (`check_request`: run input
+                JSON cannot hold, a name out of bounds); nothing was handed on or sent, in
+                process as in a fleet, whose sender checks it the same way.
+        """
         if self._worker is not None:
+            check_request(request)
             self._worker.submit(request)
         elif self._requests is not None:
             await self._requests.submit(request)

@@ -18,7 +18,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
-from support.appapi import agents, provider
+from support.appapi import agents, provider, refuse_every_start
+from support.deployment import postgres_fleet_settings
 
 import onward
 from onward.errors import BackendUnavailableError, InvalidInputError
@@ -72,22 +73,53 @@ async def test_a_start_that_lost_its_run_id_to_the_same_tenant_says_it_exists(
     assert followed[0][-1].type in ("result", "approval_request")
 
 
-async def test_a_refused_start_ends_every_stream_of_its_run(app: onward.App) -> None:
+async def test_a_refused_start_ends_every_stream_of_its_run(
+    app: onward.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two streams of one run (as `App.query` promises: one start of the same agent and tenant
-    is not told apart, both follow it) whose starts the app's worker refused (an input JSON
-    cannot hold): both end saying why. The refusal was handed to the first stream alone, and
-    the second waited for a run that never comes."""
-    first = app.query(float("nan"), {"agent": "stepper", "run_id": "nan-1"})
-    second = app.query(float("nan"), {"agent": "stepper", "run_id": "nan-1"})
-    got = await asyncio.wait_for(asyncio.gather(first.collect(), second.collect()), 10)
+    is not told apart, both follow it) whose starts the app's worker refused (its runner would
+    not record the input): both end saying why. The refusal was handed to the first stream
+    alone, and the second waited for a run that never comes."""
+    with monkeypatch.context() as patched:
+        await refuse_every_start(app, patched)
+        first = app.query("refused", {"agent": "stepper", "run_id": "nan-1"})
+        second = app.query("refused", {"agent": "stepper", "run_id": "nan-1"})
+        got = await asyncio.wait_for(asyncio.gather(first.collect(), second.collect()), 10)
     for messages in got:
         assert [(m.type, m.status) for m in messages] == [("error", "refused")]
-        assert "StartRun.input" in messages[0].content
+        assert "refused by this runner" in messages[0].content
     # The run's id tried again with an input it can take: its own start, not the refusal before.
     again = await asyncio.wait_for(
         app.query("work", {"agent": "stepper", "run_id": "nan-1"}).collect(), 10
     )
     assert again[-1].is_result
+
+
+UNKEEPABLE = {
+    "nan": float("nan"),
+    "inf inside": {"rows": [1.0, float("inf")]},
+    "tuple key": {(1, 2): "pair"},
+    "object": object(),
+}
+
+
+@pytest.mark.parametrize("mode", ["in_process", "fleet"])
+@pytest.mark.parametrize("value", list(UNKEEPABLE.values()), ids=list(UNKEEPABLE))
+async def test_an_input_json_cannot_hold_raises_in_every_mode(
+    database_url: str, pg_schema: str, mode: str, value: object
+) -> None:
+    """One API, one answer: run input JSON would not keep as it is raises InvalidInputError
+    naming the field, and nothing is written, whoever runs the run. In process it had been
+    handed to the app's worker, whose refusal came back as an ``error`` message instead."""
+    settings = postgres_fleet_settings(database_url, pg_schema).model_copy(
+        update={"app_mode": mode}
+    )
+    extra: dict[str, object] = {"agents": agents, "provider": provider()}
+    async with onward.open(settings, **(extra if mode == "in_process" else {})) as app:
+        stream = app.query(value, {"agent": "stepper", "run_id": "odd-1"})
+        with pytest.raises(InvalidInputError, match=r"StartRun\.input"):
+            await asyncio.wait_for(stream.__anext__(), 10)
+        assert await app.get_session_state("odd-1") is None
 
 
 BIG = "x" * 300_000  # over the claim check's threshold: the model's answer goes to the blob store

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from support.appapi import refuse_every_start
 from support.crashes import Crash, CrashAt
 from support.deployment import kafka_settings
 from support.kafka import delete_topic
@@ -25,7 +26,7 @@ from support.servers import REQUEST_KEY, KafkaServers
 from support.serving import serving
 
 import onward
-from onward.errors import RunTimeoutError
+from onward.errors import InvalidInputError, RunTimeoutError
 from onward.eventlog import ToolCall
 from onward.runtime.agent import Agent
 from onward.runtime.application import stream as stream_module
@@ -195,16 +196,26 @@ def test_query_sync_returns_the_needs_person_message(tmp_path: Path) -> None:
     assert last.type == "needs_person"
 
 
-async def test_a_stream_whose_start_is_refused_ends_with_the_cause(app: onward.App) -> None:
-    """The worker refuses the start for good (a value no store can keep); the stream had
-    waited for ever for a run that never came."""
+async def test_a_stream_whose_start_is_refused_ends_with_the_cause(
+    app: onward.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker refuses the start for good; the stream had waited for ever for a run that
+    never came."""
+    await refuse_every_start(app, monkeypatch)
     started = time.monotonic()
-    messages = await asyncio.wait_for(app.query({"ratio": float("nan")}).collect(), 10)
+    messages = await asyncio.wait_for(app.query({"ratio": 0.5}).collect(), 10)
     assert time.monotonic() - started < 2
     (refused,) = messages
     assert (refused.type, refused.status) == ("error", "refused")
     assert "the run could not be started: InvalidInputError" in refused.content
-    assert "nan" in refused.content
+    assert "refused by this runner" in refused.content
+
+
+async def test_a_start_json_cannot_hold_is_refused_as_it_is_read(app: onward.App) -> None:
+    """Run input JSON would not keep as it is raises `InvalidInputError` naming the path to
+    the value, as the README says and a fleet's app does: nothing is handed to the worker."""
+    with pytest.raises(InvalidInputError, match=r"StartRun\.input .*nan at `\$\.ratio`"):
+        await asyncio.wait_for(app.query({"ratio": float("nan")}).collect(), 10)
 
 
 @asynccontextmanager

@@ -24,7 +24,10 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import pytest
+
 import onward
+from onward.errors import InvalidInputError
 from onward.eventlog import Message, ToolCall
 from onward.runtime.agent import Agent
 from onward.runtime.application.messages import RunMessage
@@ -170,6 +173,19 @@ async def _main(argv: list[str]) -> None:
             print(as_json(message), flush=True)
             if message.is_hil_request and argv[0] == "query":
                 break  # the person answers later, from another process
+
+
+async def refuse_every_start(app: onward.App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Have the app's worker refuse each start for good, as its runner refuses a value the
+    app does not check before handing the start on (a value JSON cannot hold is refused by
+    the app itself, `InvalidInputError` as the stream is read, as in a fleet)."""
+    worker = app._worker
+    assert worker is not None
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise InvalidInputError("input cannot be recorded: refused by this runner")
+
+    monkeypatch.setattr(worker.runner, "run", refuse)
 
 
 if __name__ == "__main__":

@@ -179,12 +179,17 @@ class ToolDispatched(Event, frozen=True, kw_only=True, tag="tool.dispatched"):
 
     ``deadline`` (microseconds since the epoch, as ``at``): when the call is cut off, for a
     tool with a ``max_call_s``; a status check is asked about the call only after it.
+    ``retry_safe``: whether the dispatcher found the tool retry-safe, so resume planning knows
+    it where the agent's description cannot find the tool by the name it was called (a
+    pydantic-ai tool its own ``prepare`` renames); ``None``: not recorded (the agent's tool
+    says).
     """
 
     call_id: str
     tool: str
     idempotency_key: str
     deadline: Whole | None = None
+    retry_safe: bool | None = None
 
 
 class ToolCompleted(Event, frozen=True, kw_only=True, tag="tool.completed"):

@@ -137,6 +137,9 @@ class CallState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     asked_seq: int | None = None
     """The seq of the question (`ApprovalRequested.asked`) its code stopped at, since its
     latest dispatch: it did nothing after it, so it runs again once the run goes on."""
+    retry_safe: bool | None = None
+    """Whether its latest dispatch said its tool is retry-safe (`ToolDispatched.retry_safe`);
+    ``None``: it did not say."""
 
 
 class RunTag(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -531,6 +534,7 @@ def call_after(
             dispatched_fence=e.fence,
             dispatched_at=e.at,
             deadline=e.deadline,
+            retry_safe=e.retry_safe,
         )
     state = before if before is not None else CallState(call_id=e.call_id, tool="")
     outcome: CallOutcome

@@ -121,8 +121,15 @@ def plan_resume(frontier: Frontier, agent: Agent) -> ResumePlan:
 
 
 def _classify(call: CallState, agent: Agent) -> PlannedCall:
+    """Retry-safe only if nothing says otherwise: the agent's tool of that name, and what its
+    dispatch recorded (`CallState.retry_safe`). A tool called by a name only its run context
+    gives (a pydantic-ai tool its ``prepare`` renames) is not found by that name, and the
+    recorded word alone decides; one the agent now marks unsafe is never dispatched again on
+    an older dispatch's word."""
     tool = agent.tool(call.tool)
-    return classify_call(call, retry_safe=tool is not None and tool.retry_safe)
+    if tool is None:
+        return classify_call(call, retry_safe=call.retry_safe is True)
+    return classify_call(call, retry_safe=tool.retry_safe and call.retry_safe is not False)
 
 
 def classify_call(call: CallState, *, retry_safe: bool = False) -> PlannedCall:

@@ -170,6 +170,15 @@ def test_a_missing_field_is_named() -> None:
     assert (caught.value.run_id, caught.value.seq) == ("run-1", 1)
 
 
+def test_a_dispatch_written_before_retry_safe_was_recorded_reads_as_not_saying() -> None:
+    record = msgspec.json.encode(
+        {"kind": "tool.dispatched", **ENV, "call_id": "c1", "tool": "t", "idempotency_key": "k"}
+    )
+    decoded = codec.decode(record)
+    assert isinstance(decoded, ToolDispatched)
+    assert decoded.retry_safe is None
+
+
 def test_garbage_names_the_run_it_was_filed_under() -> None:
     with pytest.raises(EventDecodeError, match="run-7") as caught:
         codec.decode(b"\xff\xfe not json", run_hint="run-7")

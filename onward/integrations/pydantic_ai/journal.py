@@ -422,7 +422,9 @@ class RunJournal:
                 recorded as a retry the model would make under a new call and key.
         """
         key = self._key_of(call_id)
-        dispatched = self.event(ToolDispatched, call_id=call_id, tool=tool, idempotency_key=key)
+        dispatched = self.event(
+            ToolDispatched, call_id=call_id, tool=tool, idempotency_key=key, retry_safe=retry_safe
+        )
         lease = await write_ahead(
             lambda: self.append(dispatched),
             self.run.held.confirm,

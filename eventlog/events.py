@@ -120,6 +120,8 @@ class Carried(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             read where they are, never copied into the new run.
         iteration: Model calls made so far, across the chain (``max_iterations`` spans it).
         usage: Tokens used so far, across the chain.
+        tools_done: Tool calls with an outcome so far, across the chain, as the run's
+            messages count them.
         calls: The calls of the turn in progress, none dispatched yet, with their idempotency
             keys.
         approved: The calls a person approved that are not yet dispatched.
@@ -132,6 +134,7 @@ class Carried(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     calls: list[ToolCall] = []
     approved: list[str] = []
     grants: list[Grant] = []
+    tools_done: Small = 0
 
 
 class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):

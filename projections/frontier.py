@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from sys import intern
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import msgspec
 
@@ -182,6 +182,9 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             (``options["checkpoints"]``, `named_checkpoints`), paused at or not: the ones its
             stream shows, so a run carried on from it names them too. ``None`` when they named
             none (every boundary), or for a row stored before this field.
+        tools_done: Tool calls with an outcome so far (`done_by`), across the chain as
+            ``iteration`` counts model calls: what the run's messages say, carried into the
+            run it goes on as. ``None`` for a row stored before this field.
         replays: The run is executed again from its first event whenever it goes on
             (``options["replays"]``, as pydantic-ai runs are), so compaction keeps all of its
             events rather than only its resume points.
@@ -245,6 +248,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     answer_schema: str | None = None
     checkpoint_frequency: int = 1
     checkpoints: tuple[Boundary, ...] | None = None
+    tools_done: int | None = None
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -322,6 +326,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     answer_schema: str | None
     checkpoint_frequency: int
     checkpoints: tuple[Boundary, ...] | None
+    tools_done: int | None
     calls: dict[str, CallState]
 
     @classmethod
@@ -467,10 +472,12 @@ def _started(d: FrontierDraft, e: RunStarted) -> None:
     d.continuation_of = e.continuation_of
     d.status = "running"
     d.started_at = e.at
+    d.tools_done = 0
     carried = e.carried
     if carried is not None:
         d.history = tuple(carried.history)
         d.iteration = carried.iteration
+        d.tools_done = carried.tools_done
         d.input_tokens = carried.usage.input_tokens
         d.output_tokens = carried.usage.output_tokens
         d.calls = _asked(carried.calls, e.seq)
@@ -556,6 +563,14 @@ def call_after(
     )
 
 
+def done_by(e: Event) -> TypeGuard[ToolCompleted | ToolResolved]:
+    """Whether ``e`` gives a call an outcome, as a run's messages count the tool calls done
+    (``tools_done``): a tool's own outcome, or a settlement that it completed."""
+    return isinstance(e, ToolCompleted) or (
+        isinstance(e, ToolResolved) and e.outcome == "completed"
+    )
+
+
 def made_again(e: Event) -> bool:
     """Whether ``e`` settles a call as never run only for it to be made again: by its status
     check, or by the holder that dispatched it and did not call it (`NOT_CALLED`). No progress
@@ -571,6 +586,8 @@ def made_again(e: Event) -> bool:
 def _tool_event(d: FrontierDraft, e: ToolDispatched | ToolCompleted | ToolResolved) -> CallState:
     if not isinstance(e, ToolDispatched) and not made_again(e):
         d.attempts = 0  # an outcome is progress; a dispatch alone is not
+    if d.tools_done is not None and done_by(e):
+        d.tools_done += 1
     state = d.calls[e.call_id] = call_after(d.calls.get(e.call_id), e)
     return state
 

@@ -193,6 +193,7 @@ class Continuation:
         history: The transcripts the new run's conversation starts from, oldest first.
         iteration: Model calls so far, across the chain.
         usage: Tokens so far, across the chain.
+        tools_done: Tool calls with an outcome so far, across the chain.
         calls: The turn in progress, none of it dispatched.
         approved: The calls a person approved, in force.
         grants: Who approved each, and with what value.
@@ -206,6 +207,7 @@ class Continuation:
     calls: tuple[ToolCall, ...] = ()
     approved: tuple[str, ...] = ()
     grants: tuple[Grant, ...] = ()
+    tools_done: int = 0
 
     def check(self, frontier: Frontier) -> None:
         """Refuse a continuation that drops an approval or a grant the run is acting under.
@@ -233,6 +235,7 @@ class Continuation:
             calls=list(self.calls),
             approved=list(self.approved),
             grants=list(self.grants),
+            tools_done=self.tools_done,
         )
 
 
@@ -302,6 +305,7 @@ def continued(frontier: Frontier, *, new_run_id: str | None = None) -> Continuat
         ),
         approved=frontier.approved,
         grants=frontier.grants,
+        tools_done=frontier.tools_done or 0,
     )
 
 

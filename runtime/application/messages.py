@@ -48,6 +48,7 @@ from onward.projections.frontier import (
     Boundary,
     checkpoint_frequency,
     counts_at,
+    done_by,
     named_checkpoints,
     run_options,
 )
@@ -218,9 +219,7 @@ class MessageMapper:
                 out.append({"type": "text", "content": said})
             if event.tool_calls:
                 out.extend(self._checkpoint("after_model_call", event.seq))
-        elif isinstance(event, ToolCompleted) or (
-            isinstance(event, ToolResolved) and event.outcome == "completed"
-        ):
+        elif done_by(event):
             self.tools_done += 1
             out.append({"type": "progress", "progress_percent": self._percent()})
         elif isinstance(event, TurnSettled):
@@ -311,6 +310,7 @@ class MessageMapper:
     def _started(self, event: RunStarted) -> None:
         if event.carried is not None:
             self.iteration = event.carried.iteration
+            self.tools_done = event.carried.tools_done
             self.input_tokens = event.carried.usage.input_tokens
             self.output_tokens = event.carried.usage.output_tokens
         _, self._pause_at, self._max_iterations = run_options(event.options)

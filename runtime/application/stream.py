@@ -36,10 +36,8 @@ from onward.eventlog.events import (
     RunContinued,
     RunFinished,
     RunStarted,
-    ToolCompleted,
-    ToolResolved,
 )
-from onward.projections.frontier import Frontier
+from onward.projections.frontier import Frontier, done_by
 from onward.runtime.backends import Backends
 from onward.runtime.leases.base import RunLease
 from onward.runtime.resumer import Resumer
@@ -240,7 +238,7 @@ class RunStream:
         checkpoints and their frequency its options named, and the request it waits on."""
         self._seen = True
         guard = SequenceGuard(self._guard.last_seq)
-        model_calls = input_tokens = output_tokens = 0
+        model_calls = input_tokens = output_tokens = tools_after = 0
         done_after: set[str] = set()
         asked_after = False
         for item in kept:
@@ -255,17 +253,21 @@ class RunStream:
                 model_calls += 1
                 input_tokens += event.usage.input_tokens
                 output_tokens += event.usage.output_tokens
-            elif isinstance(event, ToolCompleted) or (
-                isinstance(event, ToolResolved) and event.outcome == "completed"
-            ):
+            elif done_by(event):
+                tools_after += 1
                 done_after.add(event.call_id)
-        # The row keeps no count of the calls that had an outcome; its calls' audit rows do,
-        # counted as the events are (a typed error is an outcome; a call that never ran not).
-        calls = await self.app.backends.frontiers.tool_calls(self.run_id)
-        done = {c.call_id for c in calls if c.outcome in ("completed", "error")}
+        if frontier.tools_done is not None:
+            # Across the chain, as the messages count them from the run's `RunStarted` on.
+            tools_done = frontier.tools_done - tools_after
+        else:
+            # A row stored before it kept the count: its calls' audit rows have the run's
+            # own, counted as the events are (a typed error is an outcome; a never run not).
+            calls = await self.app.backends.frontiers.tool_calls(self.run_id)
+            done = {c.call_id for c in calls if c.outcome in ("completed", "error")}
+            tools_done = len(done - done_after)
         self._mapper.resume_counts(
             iteration=frontier.iteration - model_calls,
-            tools_done=len(done - done_after),
+            tools_done=tools_done,
             input_tokens=frontier.input_tokens - input_tokens,
             output_tokens=frontier.output_tokens - output_tokens,
             pause_at=frontier.pause_at,

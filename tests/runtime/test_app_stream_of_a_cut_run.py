@@ -221,3 +221,27 @@ async def test_an_autonomous_run_cut_below_its_start_streams_only_the_checkpoint
         after = await _answered(app.resume(run_id, timeout=5))
     assert [m.boundary for m in expected if m.is_checkpoint] == ["before_approval"]
     assert _seen(after) == _seen([m for m in expected if m.position > first[-1].position])
+
+
+@pytest.mark.parametrize("cut", ["whole", "compacted", "cut-by-other-means"])
+async def test_the_last_run_of_a_chain_says_how_far_the_chain_went(
+    tmp_path: Path, ledger: Ledger, cut: str
+) -> None:
+    """A run carried on three times ends counting the model calls and the tool calls of the
+    whole chain, as one run that was never carried on does, read whole or cut."""
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        ran = await app.query("work", {"agent": "stepper"}).collect()
+        runner = app.backends.runner(ScriptedProvider(script))
+        runner.continuation = ContinuationPolicy(max_steps=4)
+        last = await runner.run(agents["stepper"], "work", tenant=app.tenant, run_id="long")
+        assert (last.status, last.run_id) == ("completed", "long~c3")
+        if cut == "compacted":
+            await _cut(app, "long~c3")
+        elif cut == "cut-by-other-means":
+            await _cut_below(app, "long~c3", 10_000)
+        again = await app.resume("long~c3", timeout=5).collect()
+    assert ran[-1].tools_done == 3
+    assert [(m.type, m.iteration, m.tools_done) for m in again][-1:] == [
+        ("result", ran[-1].iteration, ran[-1].tools_done)
+    ]

@@ -43,6 +43,7 @@ from onward.eventlog.events import ApprovalRequested, RunContinued, RunStarted, 
 from onward.projections.frontier import Frontier
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import Agent, AgentRunner, ScriptedProvider, reply, tool
+from onward.runtime.application.messages import MessageMapper
 from onward.runtime.cli import app
 from onward.runtime.cli.runs import chain_of
 from onward.runtime.continuation import (
@@ -1026,3 +1027,22 @@ async def test_a_run_carried_on_run_after_run_goes_no_deeper_at_each() -> None:
     done = await runner.run(agent, "look it all up", tenant=TENANT, run_id=RUN)
     assert (done.status, done.run_id) == ("completed", "r~c8")
     assert len(set(model.depths[1:])) == 1, model.depths
+
+
+async def test_a_run_carried_into_a_new_run_counts_its_tools_done_across_the_chain(
+    world: World,
+) -> None:
+    """The new run's messages count model calls from the old run's on (``iteration`` spans
+    the chain): they count the tool calls done the same way, not from 0 again."""
+    await world.waiting_then_approved()
+    result = await world.runner(continuation=POLICY).resume(
+        world.ledger.agent(), RUN, tenant=TENANT
+    )
+    assert (result.run_id, result.status) == (NEXT, "completed")
+
+    mapper = MessageMapper()
+    said = [m for s in await world.log.read_run(NEXT) for m in mapper.messages(s.event)]
+
+    progress = [(m.iteration, m.tools_done) for m in said if m.type == "progress"]
+    assert progress == [(3, 3)]  # two lookups in the old run, the payment in the new
+    assert (said[-1].type, said[-1].iteration, said[-1].tools_done) == ("result", 4, 3)

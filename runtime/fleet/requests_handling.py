@@ -48,28 +48,32 @@ class RequestHandler:
         self._worker = worker
         self._recovery = recovery
 
-    async def act(self, request: Request) -> bool:
+    async def act(self, request: Request, *, expired: Callable[[], bool] | None = None) -> bool:
         """Act on ``request``; True once acted on (or refused for good), False to leave it.
+
+        ``expired`` (said so and counted when True) checks the request's age again before each
+        ask while its run is held by another: a wait longer than ONWARD_REQUEST_MAX_AGE has its
+        sender told to send it again, and acting on it too would do the work twice.
 
         Raises:
             InvalidInputError: A field is out of bounds (`check_request`); nothing was done.
         """
         check_request(request)
         if isinstance(request, StartRun):
-            return await self._start(request)
+            return await self._start(request, expired)
         if isinstance(request, AnswerRequest):
-            return await self._answer(request)
+            return await self._answer(request, expired)
         if isinstance(request, TagRun):
-            return await self._tag(request)
+            return await self._tag(request, expired)
         if isinstance(request, CancelRun):
             return await self._cancel(request)
         return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
 
-    async def _start(self, request: StartRun) -> bool:
+    async def _start(self, request: StartRun, expired: Callable[[], bool] | None) -> bool:
         worker = self._worker
         agent = worker.agents.get(request.agent)
         if agent is None:
-            return await self._fail_start(request)
+            return await self._fail_start(request, expired)
 
         async def start() -> bool:
             try:
@@ -105,14 +109,18 @@ class RequestHandler:
             worker.count(result.status)
             return True
 
-        return await self._once_startable(request, start)
+        return await self._once_startable(request, start, expired)
 
     async def _once_startable(
-        self, request: StartRun, start: Callable[[], Awaitable[bool]]
+        self,
+        request: StartRun,
+        start: Callable[[], Awaitable[bool]],
+        expired: Callable[[], bool] | None = None,
     ) -> bool:
         """Do ``start`` (a start's first write, made under the run's lease) once the run is
         free, or not at all once it exists: a start is never dropped, its request committed,
-        for a lease held by someone who never writes the run.
+        for a lease held by someone who never writes the run, but is set aside once
+        ``expired`` says it is too old to act on (its sender was told to send it again).
 
         Raises:
             ResumeConflictError: The lease was held on, renewed, all this time by someone who
@@ -155,8 +163,12 @@ class RequestHandler:
                 if not await worker.sleep(worker.backoff_s * min(2**attempt, 8)):
                     return False
                 attempt += 1
+                if expired is not None and expired():
+                    return True  # set aside: its sender was told to send it again
 
-    async def _fail_start(self, request: StartRun) -> bool:
+    async def _fail_start(
+        self, request: StartRun, expired: Callable[[], bool] | None = None
+    ) -> bool:
         """A start for an agent this worker does not carry ends its run ``failed`` at once,
         saying why (a topic's partition is read by this worker alone, so the start cannot wait
         for another); a run that exists already is left as it is. A lease in the way is waited
@@ -170,7 +182,9 @@ class RequestHandler:
             "carries every agent started on it"
         )
         _log.warning("run %s: %s; the run ends failed", request.run_id, error)
-        return await self._once_startable(request, lambda: self._end_failed(request, error))
+        return await self._once_startable(
+            request, lambda: self._end_failed(request, error), expired
+        )
 
     async def _end_failed(self, request: StartRun, error: str) -> bool:
         """Record the start as a run that ended ``failed`` at once with ``error``
@@ -198,7 +212,9 @@ class RequestHandler:
             return await self._worker.runner.resumer.exists(run_id)
         return await self._worker.backends.frontiers.get(run_id) is not None
 
-    async def _answer(self, request: AnswerRequest) -> bool:
+    async def _answer(
+        self, request: AnswerRequest, expired: Callable[[], bool] | None = None
+    ) -> bool:
         worker = self._worker
         answer = worker.runner.approve if request.approve else worker.runner.deny
         written = False
@@ -217,7 +233,7 @@ class RequestHandler:
         # An answer that did land makes the next ask find the run no longer waiting on it.
         try:
             if not await self._once_free(
-                request, write, moot=lambda: self._answered_already(request)
+                request, write, moot=lambda: self._answered_already(request), expired=expired
             ):
                 return False
         except InvalidInputError:
@@ -228,13 +244,14 @@ class RequestHandler:
             return True  # sent twice (nothing to carry on here), or denied: the run has ended
         return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
 
-    async def _tag(self, request: TagRun) -> bool:
+    async def _tag(self, request: TagRun, expired: Callable[[], bool] | None = None) -> bool:
         runner = self._worker.runner
         return await self._once_free(
             request,
             lambda: runner.tag(
                 request.run_id, request.label, tenant=request.tenant, seq=request.seq, by=request.by
             ),
+            expired=expired,
         )
 
     async def _once_free(
@@ -243,12 +260,14 @@ class RequestHandler:
         act: Callable[[], Awaitable[object]],
         *,
         moot: Callable[[], Awaitable[bool]] | None = None,
+        expired: Callable[[], bool] | None = None,
     ) -> bool:
         """Do ``act`` (a person's write, made under the run's lease) once the run is free: while
         another holds it, or this worker lost the lease while writing, ask again after the
-        backoff, unless ``moot`` then says the write has nothing left to do. A loop, not a call
-        per ask: the run may be held for a long while. Returns False when the worker began
-        draining meanwhile (the request is not acted on)."""
+        backoff, unless ``moot`` then says the write has nothing left to do, or ``expired``
+        that the request is too old to act on (set aside). A loop, not a call per ask: the run
+        may be held for a long while. Returns False when the worker began draining meanwhile
+        (the request is not acted on)."""
         worker = self._worker
         asks = 0
         while True:
@@ -263,6 +282,8 @@ class RequestHandler:
                 asks += 1
                 if not await worker.sleep(worker.backoff_s):
                     return False
+                if expired is not None and expired():
+                    return True  # set aside: its sender was told to send it again
             else:
                 return True
 

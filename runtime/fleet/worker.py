@@ -283,16 +283,18 @@ class Worker:
 
         A store that does not answer is no refusal: the request is tried again after a backoff
         (doubled, at most 8 times `backoff_s`) until it is acted on or the worker drains. Before
-        each retry ``expired`` (said so and counted when True) checks its age again: an outage
+        each retry, and each ask again while another holds its run (`RequestHandler.act`),
+        ``expired`` (said so and counted when True) checks its age again: an outage or a wait
         longer than ONWARD_REQUEST_MAX_AGE has its sender told to send it again, and acting on
         it too would do the work twice. A start whose run began is carried on whatever its age.
         """
         attempt = 0
+        too_old = None if expired is None else lambda: self._not_begun(request) and expired()
         while True:
-            if attempt and expired is not None and self._not_begun(request) and expired():
+            if attempt and too_old is not None and too_old():
                 return True  # set aside: its sender was told to send it again
             try:
-                return await self._requests.act(request)
+                return await self._requests.act(request, expired=too_old)
             except BackendUnavailableError as exc:
                 wait = self.backoff_s * min(2**attempt, 8)
                 attempt += 1

@@ -32,7 +32,11 @@ from support.servers import REQUEST_KEY
 from typer.testing import CliRunner
 
 import onward
-from onward.errors import InvalidInputError, NothingToResumeError, ResumeConflictError
+from onward.errors import (
+    InvalidInputError,
+    NothingToResumeError,
+    ResumeConflictError,
+)
 from onward.eventlog import Message
 from onward.runtime.agent import Agent
 from onward.runtime.application.stream import SAY_UNHELD_AFTER_S
@@ -911,3 +915,83 @@ async def test_a_start_that_expired_while_the_stores_did_not_answer_is_set_aside
     assert late is None
     assert worker.stats.set_aside == 1
     assert re.search(r"set aside: .*expired: signed \ds ago", caplog.text), caplog.text
+
+
+async def test_a_start_that_expired_while_another_held_its_run_is_set_aside(
+    database_url: str,
+    pg_schema: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A signed start meets its run id's lease held by another who never writes the run, for
+    longer than the max age: the application's stream has meanwhile told its user to send the
+    start again, so a worker that started it once the lease was let go would do the work twice.
+    Its age is checked again before each ask: the start is set aside as expired."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    stop = asyncio.Event()
+    signer = RequestSigner(REQUEST_KEY, max_age_s=2)
+    settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS)
+    async with (
+        open_backends(settings) as backends,
+        PostgresRequests(database_url, schema=pg_schema, signer=signer) as table,
+    ):
+        lease = await backends.leases.acquire("late", tenant="acme", holder="someone", ttl_s=60)
+        worker = Worker(backends, provider(), agents, name="w", recheck_s=60, backoff_s=0.1)
+        serving = asyncio.create_task(
+            worker.serve_postgres(stop, requests=table, signer=signer, poll_s=0.1)
+        )
+        try:
+            with caplog.at_level(logging.WARNING, logger="onward.worker"):
+                await table.submit(_start("late"))
+                await asyncio.sleep(4)  # asked again while held, past its max age
+                await backends.leases.release(lease)
+                await until(lambda: _none_waiting(table), "the start handled")
+                late = await _status_within(backends, "late", 3)
+        finally:
+            stop.set()
+            await asyncio.wait_for(serving, 30)
+    assert late is None
+    assert worker.stats.set_aside == 1
+    assert "set aside: request not acted on: expired" in caplog.text
+
+
+async def test_a_tag_that_expired_while_another_held_its_run_is_set_aside(
+    database_url: str,
+    pg_schema: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A signed tag of a run another holds waits for the run to be free; once older than the
+    max age it is no longer acted on (its sender may have sent it again): set aside."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    stop = asyncio.Event()
+    signer = RequestSigner(REQUEST_KEY, max_age_s=2)
+    settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS)
+    async with (
+        open_backends(settings) as backends,
+        PostgresRequests(database_url, schema=pg_schema, signer=signer) as table,
+    ):
+        waiting = await backends.runner(provider()).run(
+            agents["payer"], "pay 5", tenant="acme", run_id="held"
+        )
+        assert waiting.status == "waiting"
+        lease = await backends.leases.acquire("held", tenant="acme", holder="someone", ttl_s=60)
+        worker = Worker(backends, provider(), agents, name="w", recheck_s=60, backoff_s=0.1)
+        serving = asyncio.create_task(
+            worker.serve_postgres(stop, requests=table, signer=signer, poll_s=0.1)
+        )
+        try:
+            with caplog.at_level(logging.WARNING, logger="onward.worker"):
+                await table.submit(TagRun(run_id="held", tenant="acme", label="late"))
+                await asyncio.sleep(4)  # asked again while held, past its max age
+                await backends.leases.release(lease)
+                await until(lambda: _none_waiting(table), "the tag handled")
+        finally:
+            stop.set()
+            await asyncio.wait_for(serving, 30)
+        frontier = await backends.runner(provider()).inspect("held", tenant="acme")
+    assert [t.label for t in frontier.tags] == []
+    assert worker.stats.set_aside == 1
+    assert "set aside: request not acted on: expired" in caplog.text

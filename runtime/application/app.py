@@ -37,6 +37,7 @@ from typing import Any
 
 from onward._storage import Resource
 from onward.errors import (
+    BackendUnavailableError,
     ConfigurationError,
     InvalidInputError,
     NothingToResumeError,
@@ -360,7 +361,8 @@ class App(Resource):
                 ``onward.app``) who holds the run while it waits on another process. In a
                 fleet, a stream whose start or answer nothing came of raises `RunTimeoutError`
                 once no worker acts on it any more (``ONWARD_REQUEST_MAX_AGE`` after it was
-                sent: a worker set it aside, saying why in its own log alone).
+                sent: a worker set it aside, saying why in its own log alone), or, on the
+                PostgreSQL requests table, as soon as a worker took it and did not act on it.
 
         Raises:
             NothingToResumeError: No such run for that tenant (another tenant's run is no
@@ -790,8 +792,19 @@ class App(Resource):
 
     async def quiet(self, stream: RunStream) -> None:
         """A stream found nothing new: in process, end it if the worker refused to start its
-        run, and carry a run whose process died on."""
+        run, and carry a run whose process died on. In a fleet on the PostgreSQL requests
+        table, have it end once no row of its run is left while it waits for what comes of a
+        request its opener sent (a worker set it aside or refused it, `RunStream.let_go`)."""
         if self._worker is None:
+            requests = self._requests
+            if stream.sent and isinstance(requests, PostgresRequests):
+                try:
+                    if not await requests.stored_for(stream.run_id):
+                        stream.let_go()
+                except BackendUnavailableError as exc:
+                    _log.warning(
+                        "run %s: its requests could not be looked for: %s", stream.run_id, exc
+                    )
             return
         cause = self._worker.refused_start(stream.run_id)
         if cause is not None:

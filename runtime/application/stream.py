@@ -193,6 +193,8 @@ class RunStream:
         read (`expect_start`)."""
         self._sent: _Sent | None = None
         """What the opener sent to a fleet and nothing of which is read yet (`sent_to_fleet`)."""
+        self._let_go: _Sent | None = None
+        """What the opener sent that the fleet no longer holds, nothing of it read (`let_go`)."""
 
     async def go_on_after_a_cut(self, frontier: Frontier, start: int) -> bool:
         """Go on from the run's events the log holds from offset ``start`` on, when it was cut
@@ -316,6 +318,8 @@ class RunStream:
                 raise RunTimeoutError(await self._stalled(self._timeout), run_id=self.run_id)
             if self._sent is not None and (self._sent.left_s() or 0.0) < 0:
                 raise RunTimeoutError(await self._expired(self._sent), run_id=self.run_id)
+            if self._sent is not None and self._let_go is self._sent:
+                raise RunTimeoutError(self._not_acted_on(self._sent), run_id=self.run_id)
             await self.app.quiet(self)
             await self._say_what_it_waits_on(time.monotonic() - since)
             await self.app.nap(
@@ -465,6 +469,18 @@ class RunStream:
         any more (``max_age_s`` after it was signed) the wait ends, saying so."""
         self._sent = _Sent(what, answers, time.monotonic(), max_age_s)
 
+    @property
+    def sent(self) -> bool:
+        """Whether the opener sent a request to a fleet nothing of which is read yet."""
+        return self._sent is not None
+
+    def let_go(self) -> None:
+        """The fleet holds none of the run's requests any more (a worker deletes one only once
+        what it wrote of it is durable, or once it set it aside or refused it): if the stream's
+        next look at the log finds nothing of what its opener sent either, no worker acted on
+        it, and the stream ends saying so rather than wait out the request's max age."""
+        self._let_go = self._sent
+
     def _is_own_start(self, event: Event) -> bool:
         return isinstance(event, RunStarted) and event.seq == 1 and event.agent == self._start
 
@@ -600,6 +616,14 @@ class RunStream:
             f"run {self.run_id!r}: nothing came of {sent.what}, sent {waited:.0f}s ago{held}; "
             f"no worker acts on it now (it is older than ONWARD_REQUEST_MAX_AGE, "
             f"{sent.max_age_s:g}s): {SET_ASIDE_HINT}; send it again if it still stands"
+        )
+
+    def _not_acted_on(self, sent: _Sent) -> str:
+        """Why a stream stops waiting for what comes of a request a worker took and deleted
+        with nothing of it in the log: it set the request aside or refused it."""
+        return (
+            f"run {self.run_id!r}: nothing came of {sent.what}: a worker took it and did not "
+            f"act on it: {SET_ASIDE_HINT}; send it again once the cause is fixed"
         )
 
     def _unheld(self, waited: float) -> str:

@@ -95,6 +95,7 @@ _RELEASE = (
     "WHERE id = ANY($2::bigint[]) AND claimed_by = $1"
 )
 _WAITING = "SELECT count(*) FROM onward_requests"
+_STORED_FOR = "SELECT EXISTS (SELECT 1 FROM onward_requests WHERE run_id = $1)"
 _FIRST_START = (
     "SELECT id, body, signature, claimed_by, claimed_until > now() AS claimed "
     "FROM onward_requests WHERE run_id = $1 AND kind = 'start' ORDER BY id LIMIT 1 FOR UPDATE"
@@ -300,6 +301,13 @@ class PostgresRequests(PostgresStore):
         """Requests stored and not yet acted on (claimed or not)."""
         async with self._connection("counting requests") as conn:
             return int(await conn.fetchval(_WAITING))
+
+    async def stored_for(self, run_id: str) -> bool:
+        """Whether a request of the run is still stored (waiting, or being acted on): a worker
+        deletes one only once what it wrote of it is durable in the log, or once it set the
+        request aside or refused it (nothing of it written)."""
+        async with self._connection("looking for a run's requests") as conn:
+            return bool(await conn.fetchval(_STORED_FOR, run_id))
 
     @contextlib.asynccontextmanager
     async def listening(self) -> AsyncIterator[asyncio.Event]:

@@ -36,6 +36,7 @@ from onward.errors import (
     InvalidInputError,
     NothingToResumeError,
     ResumeConflictError,
+    RunTimeoutError,
 )
 from onward.eventlog import Message
 from onward.runtime.agent import Agent
@@ -995,3 +996,40 @@ async def test_a_tag_that_expired_while_another_held_its_run_is_set_aside(
     assert [t.label for t in frontier.tags] == []
     assert worker.stats.set_aside == 1
     assert "set aside: request not acted on: expired" in caplog.text
+
+
+async def test_a_stream_whose_start_a_worker_set_aside_ends_saying_so(
+    database_url: str,
+    pg_schema: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The workers hold another request key than the application (a key rolled out to one side
+    only): they set every start it sends aside, writing nothing of it to the run. The table
+    tells the application so (no row of the run is left, and nothing of it is in the log): its
+    stream ends within seconds saying where the cause is, rather than wait out the request's
+    max age (a day by default) for a run that never comes."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS)
+    in_process = settings.model_copy(update={"app_mode": "in_process"})
+    stop = asyncio.Event()
+    async with (
+        open_backends(in_process) as backends,
+        PostgresRequests(database_url, schema=pg_schema) as table,
+        onward.open(settings) as app,
+    ):
+        worker = Worker(backends, provider(), agents, name="w", recheck_s=60, backoff_s=0.1)
+        other_key = RequestSigner("f" * 64)
+        serving = asyncio.create_task(
+            worker.serve_postgres(stop, requests=table, signer=other_key, poll_s=0.1)
+        )
+        try:
+            stream = app.query("work", {"agent": "stepper", "run_id": "unsigned-here"})
+            with pytest.raises(RunTimeoutError) as ended:
+                await asyncio.wait_for(stream.collect(), 20)
+        finally:
+            stop.set()
+            await asyncio.wait_for(serving, 30)
+    assert worker.stats.set_aside == 1
+    assert "nothing came of its start: a worker took it and did not act on it" in str(ended.value)
+    assert "set aside" in str(ended.value)

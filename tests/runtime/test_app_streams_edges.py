@@ -114,8 +114,13 @@ async def test_an_input_json_cannot_hold_raises_in_every_mode(
     settings = postgres_fleet_settings(database_url, pg_schema).model_copy(
         update={"app_mode": mode}
     )
-    extra: dict[str, object] = {"agents": agents, "provider": provider()}
-    async with onward.open(settings, **(extra if mode == "in_process" else {})) as app:
+    in_process = mode == "in_process"
+    opened = onward.open(
+        settings,
+        agents=agents if in_process else None,
+        provider=provider() if in_process else None,
+    )
+    async with opened as app:
         stream = app.query(value, {"agent": "stepper", "run_id": "odd-1"})
         with pytest.raises(InvalidInputError, match=r"StartRun\.input"):
             await asyncio.wait_for(stream.__anext__(), 10)

@@ -22,7 +22,7 @@ from onward.runtime.backends import Backends, open_backends
 from onward.runtime.continuation import ContinuationPolicy
 from onward.runtime.options import Options
 from onward.runtime.providers import Provider
-from onward.runtime.runner import AgentRunner, HeldRun
+from onward.runtime.runner import AgentRunner
 from onward.runtime.settings import Settings
 from onward.runtime.spend import (
     PostgresSpendLedger,
@@ -31,6 +31,7 @@ from onward.runtime.spend import (
     SpendLedger,
     SqliteSpendLedger,
 )
+from onward.runtime.writer import HeldRun
 
 TENANT = "acme"
 

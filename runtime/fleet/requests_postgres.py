@@ -129,8 +129,12 @@ class ClaimedRequest(msgspec.Struct, frozen=True):
         if request.run_id != self.run_id:
             raise InvalidInputError(f"stored for run {self.run_id!r} but names another run")
         # The column is not signed: a row routed to a worker for another agent than its
-        # (signed) body names is set aside, not acted on.
-        if self.agent is not None and getattr(request, "agent", None) != self.agent:
+        # (signed) body names is set aside, not acted on; so is one whose column was emptied
+        # (any worker takes it, and one without the agent would end the run failed).
+        named = getattr(request, "agent", None)
+        if self.agent is None and named is not None:
+            raise InvalidInputError(f"stored for no agent but names agent {named!r}")
+        if self.agent is not None and named != self.agent:
             raise InvalidInputError(f"stored for agent {self.agent!r} but names another agent")
         return request
 

@@ -550,6 +550,47 @@ async def test_a_start_whose_agent_column_was_changed_is_set_aside(
         row.request()
 
 
+async def test_a_start_whose_agent_column_was_emptied_is_set_aside_not_ended_failed(
+    database_url: str,
+    pg_schema: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Emptying the (unsigned) agent column of a signed start routed it to any worker: one
+    without its agent ended the run failed at once, a run its sender meant for a worker that
+    carries the agent. A row whose column does not name its body's agent is set aside."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS).model_copy(
+        update={"app_mode": "in_process"}
+    )
+    signer = RequestSigner(REQUEST_KEY)
+    stop = asyncio.Event()
+    async with (
+        open_backends(settings) as backends,
+        PostgresRequests(database_url, schema=pg_schema, signer=signer) as table,
+    ):
+        await table.submit(_start("r1"))
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+        try:
+            await conn.execute("UPDATE onward_requests SET agent = NULL")
+        finally:
+            await conn.close()
+        pays = Worker(backends, provider(), {"payer": agents["payer"]}, name="pays", recheck_s=60)
+        serving = asyncio.create_task(pays.serve_postgres(stop, requests=table, signer=signer))
+        try:
+            await until(lambda: _none_waiting(table), "the row acted on or set aside")
+        finally:
+            stop.set()
+            await asyncio.wait_for(serving, 30)
+        assert await backends.frontiers.get("r1") is None
+        assert not await backends.runner(provider()).resumer.exists("r1")
+    assert (pays.stats.set_aside, pays.stats.failures) == (1, 0)
+    said = [m for r in caplog.records if "set aside" in (m := r.getMessage())]
+    assert len(said) == 1, said
+    assert "stored for no agent but names agent 'stepper'" in said[0]
+
+
 async def test_a_start_no_worker_took_is_cancelled_from_the_table_and_its_stream_ends(
     database_url: str, pg_schema: str
 ) -> None:

@@ -105,7 +105,8 @@ class UnreadableRecord:
         position: Where the record sits.
         run_id: The run it was filed under (its key, a header, or its own ``run_id`` field);
             ``None`` when nothing names one.
-        tenant: The tenant its own ``tenant`` field names, when that much can be read.
+        tenant: The tenant its own ``tenant`` field names, when that much can be read and
+            it names the run it was filed under (a misfiled record's is another run's).
         kind: Its kind, from the ``onward.kind`` header or its ``kind`` field, when readable.
         error: What decoding it raised: `CheckpointFormatError` for a newer format, else
             `EventDecodeError` (run, seq and field named).
@@ -155,10 +156,13 @@ def decode_record(
         return stored_event(position, event, data)
     except EventDecodeError as exc:
         envelope = codec.probe(data)
+        # A record that names another run than the one it was filed under (misfiled) says
+        # nothing of the tenant of that one: its tenant must not claim the run for another.
+        named = run_hint is None or envelope.run_id == run_hint
         return UnreadableRecord(
             position=position,
             run_id=run_hint if run_hint is not None else envelope.run_id,
-            tenant=envelope.tenant,
+            tenant=envelope.tenant if named else None,
             kind=kind_hint if kind_hint is not None else envelope.kind,
             error=exc,
         )

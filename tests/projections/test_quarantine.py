@@ -304,3 +304,17 @@ async def test_a_release_folded_again_elsewhere_reads_the_run_up_to_the_stored_p
     assert row.summary.last_seq == last[-1].seq + 1
     expected, _ = await tolerant_direct_fold(log, [a.run_id])
     assert row.frontier == expected[a.run_id]
+
+
+async def test_a_misfiled_record_is_not_filed_under_the_tenant_of_the_run_it_names() -> None:
+    """An event of another tenant's run filed under run r1 (a foreign producer's key) set r1
+    aside under that other tenant: r1's row was listed to it, and its quarantine entry named
+    it. The record's tenant is that of the run it names, not of the run it was filed under."""
+    log, store = MemoryEventLog(partitions=1), MemoryFrontierStore()
+    foreign = {"kind": "run.claimed", "run_id": "theirs", "tenant": "globex", "seq": 1}
+    log.write_raw("r1", msgspec.json.encode(foreign | {"fence": 1, "worker": "misfiled"}))
+    await LogProjector(log, FrontierProjection(store, log, release_poll=0.0)).catch_up()
+    assert [s.run_id for s in await store.runs(tenant="globex")] == []
+    (entry,) = await store.quarantined(DEFAULT_CONSUMER)
+    assert entry.run_id == "r1"
+    assert not entry.tenant  # unknown: nothing readable of r1 names its tenant

@@ -23,8 +23,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onward.errors import InvalidInputError, LogTruncatedError
-from onward.eventlog.base import EventLog, LogRecord, StoredEvent, UnreadableRecord
+from onward.errors import EventDecodeError, InvalidInputError, LogTruncatedError
+from onward.eventlog.base import (
+    EventLog,
+    LogRecord,
+    StoredEvent,
+    UnreadableRecord,
+    partition_for,
+)
 
 from .base import (
     DEFAULT_CONSUMER,
@@ -401,9 +407,21 @@ class FrontierProjection:
         by_run: defaultdict[str, list[LogRecord]] = defaultdict(list)
         poisoned: set[str] = set()
         count = 0
+        partitions = self.log.partitions
         for items in records.values():
             count += len(items)
+            # Each run's partition, asked once per batch: murmur2 is pure Python, and a batch
+            # holds many records of a run.
+            homes: dict[str, int] = {}
             for item in items:
+                run_id = item.event.run_id if isinstance(item, StoredEvent) else item.run_id
+                if run_id is not None:
+                    home = homes.get(run_id)
+                    if home is None:
+                        home = homes[run_id] = partition_for(run_id, partitions)
+                    if home != item.position.partition:
+                        self._hold(None, _astray(item, run_id, partitions))
+                        continue
                 if isinstance(item, StoredEvent):
                     by_run[item.event.run_id].append(item)
                 elif item.run_id is not None:
@@ -700,6 +718,25 @@ class FrontierProjection:
 def _starts(first: LogRecord) -> bool:
     """Whether a run's first record in a batch is its first event."""
     return isinstance(first, StoredEvent) and first.event.seq == 1
+
+
+def _astray(record: LogRecord, run_id: str, partitions: int) -> UnreadableRecord:
+    """A record of a run found in another partition than the run's (a producer that
+    partitions keys otherwise, a mirror), filed under no run: the run's history is what its
+    own partition holds, as a resume reads it, and folded, the record's offset (of another
+    partition) would pass for how far the run was folded, and its own later events be
+    skipped."""
+    seq: int | None = None
+    kind = record.kind if isinstance(record, UnreadableRecord) else None
+    if isinstance(record, StoredEvent):
+        seq, kind = record.event.seq, str(type(record.event).__struct_config__.tag)
+    error = EventDecodeError(
+        f"a record of run {run_id!r} in partition {record.position.partition}, but the run's "
+        f"records are in partition {partition_for(run_id, partitions)}: not read as the run's",
+        run_id=run_id,
+        seq=seq,
+    )
+    return UnreadableRecord(record.position, None, None, kind, error)
 
 
 def _tenant_of(record: LogRecord) -> str:

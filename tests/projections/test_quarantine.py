@@ -9,11 +9,12 @@ import random
 
 import msgspec
 import pytest
-from support.histories import RunScript, append_all, workload
+from support.histories import RunScript, append_all, fold_each, workload
 from support.poison import BAD_RECORDS, REASONS, newer_format, tolerant_direct_fold
 
 from onward.errors import EventDecodeError
-from onward.eventlog import Event, MemoryEventLog, Position, UnreadableRecord
+from onward.eventlog import Event, MemoryEventLog, Position, UnreadableRecord, codec
+from onward.eventlog.base import StoredEvent, partition_for
 from onward.projections.base import DEFAULT_CONSUMER, released_mark
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
@@ -318,3 +319,43 @@ async def test_a_misfiled_record_is_not_filed_under_the_tenant_of_the_run_it_nam
     (entry,) = await store.quarantined(DEFAULT_CONSUMER)
     assert entry.run_id == "r1"
     assert not entry.tenant  # unknown: nothing readable of r1 names its tenant
+
+
+async def test_a_record_in_another_partition_than_its_run_s_leaves_the_run_folded_on(
+    rng: random.Random,
+) -> None:
+    """A copy of a run's event produced into another partition (a tool that partitions keys
+    otherwise, a mirror) was folded as the run's: the row took that partition's offset as how
+    far the run was folded, and skipped the run's own later events, stuck at its first. The
+    run's history is its own partition's (what a resume reads); the stray record is listed
+    under no run, naming the run and both partitions, and the run is folded on."""
+    log, store = MemoryEventLog(partitions=2), MemoryFrontierStore()
+    a = RunScript(rng)
+    steps = a.steps()
+    home = partition_for(a.run_id, 2)
+    other = RunScript(random.Random(7))
+    while partition_for(other.run_id, 2) == home:
+        other = RunScript(random.Random(rng.getrandbits(32)))
+    for step in other.steps():
+        await log.append(step)  # the other partition's offsets run ahead of the run's own
+    await log.append(steps[0])
+    (first,) = await log.read_records(home, run_id=a.run_id)
+    assert isinstance(first, StoredEvent)
+    log._records[1 - home].append((a.run_id, codec.encode(first.event)))  # foreign producer
+    projection = FrontierProjection(store, log, release_poll=0.0)
+    await LogProjector(log, projection).catch_up()
+    for step in steps[1:]:
+        await log.append(step)
+    await LogProjector(log, projection).catch_up()
+
+    own = [r for r in await log.read_records(home, run_id=a.run_id) if isinstance(r, StoredEvent)]
+    expected, _ = fold_each({a.run_id: own}, [a.run_id])
+    row = (await store.load([a.run_id]))[a.run_id]
+    assert row.frontier is not None
+    assert row.frontier.last_seq == own[-1].event.seq
+    assert row.frontier == expected[a.run_id]
+    assert (row.summary.partition, row.quarantined) == (home, None)
+    (entry,) = await store.quarantined(DEFAULT_CONSUMER)
+    assert (entry.run_id, entry.partition) == (None, 1 - home)
+    assert f"run {a.run_id!r}" in entry.reason
+    assert f"partition {home}" in entry.reason

@@ -159,12 +159,15 @@ class RedisStore(Resource):
 
         Each pipeline loads its scripts first, so a Redis that restarted and forgot them
         runs the calls in order; one flushed while the pipeline ran answers ``NOSCRIPT``, and
-        those calls are sent again once their scripts are loaded. A call whose caller stopped
-        waiting is still sent (it may have been made already, as with a call that timed out),
-        and its answer dropped. A server that answered READONLY was demoted in a failover:
-        the pool's idle connections to it are closed before anyone hears, so a retry connects
-        afresh and reaches the new primary (as redis-py's Sentinel client does).
+        those calls are sent again once their scripts are loaded. A failure sending them again
+        fails those calls alone: the others ran, and their callers get their answers. A call
+        whose caller stopped waiting is still sent (it may have been made already, as with a
+        call that timed out), and its answer dropped. A server that answered READONLY was
+        demoted in a failover: the pool's idle connections to it are closed before anyone
+        hears, so a retry connects afresh and reaches the new primary (as redis-py's Sentinel
+        client does).
         """
+        unknown: list[int] = []
         try:
             client = self._live_client()
             async with asyncio.timeout(self._timeout_s):
@@ -173,17 +176,16 @@ class RedisStore(Resource):
                     i for i, answer in enumerate(answers) if isinstance(answer, NoScriptError)
                 ]
                 if unknown:
-                    for script in {id(calls[i].script): calls[i].script for i in unknown}.values():
-                        await client.script_load(script.script)
-                    again = await _pipeline(client, [calls[i] for i in unknown])
-                    for i, answer in zip(unknown, again, strict=True):
-                        answers[i] = answer
+                    await _send_again(client, calls, unknown, answers)
         except Exception as exc:  # noqa: BLE001 - every failure is each caller's to translate
             if isinstance(exc, ReadOnlyError):
                 await _let_go_of_demoted(client)
-            for call in calls:
-                call.fail(exc)
-            return
+            if not unknown:
+                for call in calls:
+                    call.fail(exc)
+                return
+            for i in unknown:
+                answers[i] = exc
         except BaseException:
             for call in calls:
                 call.answer.cancel()
@@ -265,6 +267,18 @@ async def _let_go_of_demoted(client: aioredis.Redis) -> None:
     the connections to be closed by the server or the next failure."""
     with contextlib.suppress(Exception):
         await client.connection_pool.disconnect(inuse_connections=False)
+
+
+async def _send_again(
+    client: aioredis.Redis, calls: list[_ScriptCall], unknown: list[int], answers: list[Any]
+) -> None:
+    """Load the scripts of the calls at ``unknown`` (those that met ``NOSCRIPT``), send those
+    calls again, and put their answers in ``answers``."""
+    for script in {id(calls[i].script): calls[i].script for i in unknown}.values():
+        await client.script_load(script.script)
+    again = await _pipeline(client, [calls[i] for i in unknown])
+    for i, answer in zip(unknown, again, strict=True):
+        answers[i] = answer
 
 
 async def _pipeline(client: aioredis.Redis, calls: list[_ScriptCall]) -> list[Any]:

@@ -13,8 +13,9 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from redis.commands.core import AsyncScript
-from support.proxy import TcpProxy
+from support.proxy import TcpProxy, through, upstream
 
+import onward._storage.redis as redis_storage
 from onward.errors import (
     BackendError,
     BackendUnavailableError,
@@ -216,6 +217,45 @@ async def test_calls_sent_together_run_in_the_order_made_after_a_restart(
     assert isinstance(taken, RunLease), taken
     assert taken.holder == "w2"
     assert taken.fence == lease.fence + 1
+
+
+async def test_calls_that_ran_keep_their_answers_when_resending_flushed_ones_fails(
+    redis_url: str, prefix: str, client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SCRIPT FLUSH lands inside a pipeline, after an acquisition ran and before a renewal
+    sent with it: the renewal is sent again, and Redis goes away before it is. The acquisition
+    took the run and must be told so; told it failed, its worker would hold nothing while the
+    run stays held under its name (for a ttl, under a holder name of its own choosing)."""
+    real = redis_storage._pipeline
+    async with (
+        TcpProxy(*upstream(redis_url)) as proxy,
+        RedisLeaseStore(through(redis_url, proxy), prefix=prefix) as store,
+    ):
+        held, other = new_run_id(), new_run_id()
+        lease = await store.acquire(held, tenant=TENANT, holder="w1", ttl_s=30)
+
+        async def flushed_midway(to: aioredis.Redis, calls: list[Any]) -> list[Any]:
+            monkeypatch.setattr(redis_storage, "_pipeline", real)
+            ran = await real(to, calls[:1])
+            await client.script_flush()  # as an operator's SCRIPT FLUSH does
+            async with to.pipeline(transaction=False) as pipe:
+                for call in calls[1:]:
+                    pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+                rest = await pipe.execute(raise_on_error=False)
+            await proxy.cut()  # Redis goes away before the flushed calls are sent again
+            return [*ran, *rest]
+
+        monkeypatch.setattr(redis_storage, "_pipeline", flushed_midway)
+        taken, renewed = await asyncio.gather(
+            store.acquire(other, tenant=TENANT, holder="w2", ttl_s=30),
+            store.renew(lease, ttl_s=30),
+            return_exceptions=True,
+        )
+        await proxy.restore()
+    assert isinstance(renewed, BackendError), renewed
+    assert await client.hget(f"{prefix}lease:{other}", "holder") == "w2"
+    assert isinstance(taken, RunLease), f"the acquisition took the run yet was told: {taken!r}"
+    assert taken.holder == "w2"
 
 
 async def test_a_failing_call_does_not_fail_the_calls_sent_with_it(

@@ -69,6 +69,8 @@ from .member import FleetMember
 
 _log = logging.getLogger("onward.worker")
 
+_LISTED_AT_ONCE = 1024
+"""Runs a recovery pass lists at once: one page, whose lapsed runs it launches before the next."""
 _LEASE_CHECKS_AT_ONCE = 256
 """Lease checks of one look in flight together (one Redis pipeline; a bounded pool's worth)."""
 
@@ -149,8 +151,9 @@ class Recovery:
 
     async def recover(self, partitions: Collection[int], *, adopt: bool = False) -> int:
         """Carry on the lapsed runs of ``partitions`` (as many as there are free slots) and,
-        with ``adopt``, after them those of every other partition that were quiet for a lease
-        ttl. The rest wait for slots (`launch_lapsed`) until the next pass looks again.
+        with ``adopt``, those of every other partition that were quiet for a lease ttl: a
+        page of runs (by run id) at a time, in each page those of ``partitions`` first. The
+        rest wait for slots (`launch_lapsed`) until the next pass looks again.
 
         Returns how many were launched.
         """
@@ -159,9 +162,40 @@ class Recovery:
         if not (wanted or adopt) or worker.draining:
             return 0
         count = worker.backends.log.partitions
-        rows = await worker.backends.frontiers.runs(statuses={"running"})
         ttl_us = int(worker.runner.lease_policy.ttl.total_seconds() * 1_000_000)
         quiet_since = time.time_ns() // 1_000 - ttl_us
+        launched = 0
+        after: str | None = None
+        first = True
+        while not worker.draining:
+            # A page at a time, by run id (a keyset cursor: none skipped or listed twice), each
+            # page's lapsed runs launched before the next is read: after an outage that left
+            # very many runs lapsed, the first is carried on at once and the pass holds a page.
+            rows = await worker.backends.frontiers.runs(
+                statuses={"running"}, after=after, limit=_LISTED_AT_ONCE
+            )
+            found = await self._lapsed_of(rows, wanted, adopt, quiet_since, count)
+            if first:
+                self._lapsed, first = found, False
+            else:
+                self._lapsed.update(found)
+            launched += await self.launch_lapsed()
+            if len(rows) < _LISTED_AT_ONCE:
+                break
+            after = rows[-1].run_id
+        return launched
+
+    async def _lapsed_of(
+        self,
+        rows: list[RunSummary],
+        wanted: set[int],
+        adopt: bool,
+        quiet_since: int,
+        count: int,
+    ) -> dict[str, str]:
+        """The runs of a page to carry on (those of ``wanted`` partitions first, then, with
+        ``adopt``, the quiet ones of the others) whose lease lapsed, with their tenants."""
+        worker = self._worker
         owned: list[RunSummary] = []
         others: list[RunSummary] = []
         for row in rows:
@@ -184,8 +218,7 @@ class Recovery:
             for row, lease in zip(chunk, leases, strict=True):
                 if lease is None:
                     lapsed[row.run_id] = row.tenant  # else held: looked at again after its ttl
-        self._lapsed = lapsed
-        return await self.launch_lapsed()
+        return lapsed
 
     def _carries(self, row: RunSummary) -> bool:
         """Whether this worker carries the run's agent at the revision the run is pinned to.

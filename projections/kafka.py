@@ -22,7 +22,12 @@ from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaError, NoOffsetForPartitionError
+from aiokafka.errors import (
+    IllegalStateError,
+    KafkaError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+)
 
 from onward._storage import KafkaConnection, kafka_connection, translate
 from onward.errors import (
@@ -105,6 +110,18 @@ def fixed_mmap_threshold(threshold_bytes: int = 128 * 1024) -> bool:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     return bool(mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
+
+
+def _cut_below(partition: int, offset: int, start: int) -> LogTruncatedError:
+    """The error of a partition whose start moved past the projector's stored offset."""
+    return LogTruncatedError(
+        f"partition {partition}: the projector's stored offset {offset} is below the "
+        f"partition's start {start}; records it never folded were deleted. Rebuild the "
+        "projection (`onward projections rebuild`)",
+        partition=partition,
+        offset=offset,
+        start=start,
+    )
 
 
 class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -320,14 +337,7 @@ class KafkaProjector(Generic[SinkT]):
                 )
             offset = stored.get(tp.partition, start)
             if offset < start:
-                raise LogTruncatedError(
-                    f"partition {tp.partition}: the projector's stored offset {offset} is below "
-                    f"the partition's start {start}; records it never folded were deleted. "
-                    "Rebuild the projection (`onward projections rebuild`)",
-                    partition=tp.partition,
-                    offset=offset,
-                    start=start,
-                )
+                raise _cut_below(tp.partition, offset, start)
             consumer.seek(tp, offset)
             sought[tp.partition] = offset
         if isinstance(self.projection, FrontierProjection):
@@ -406,6 +416,12 @@ class KafkaProjector(Generic[SinkT]):
             # assignment listener had sought to the stored offset; seek again and carry on.
             await self._seek_to_stored(list(consumer.assignment()))
             return None
+        except OffsetOutOfRangeError as exc:
+            # Retention moved a partition's start past where it reads: said as a seek says it.
+            cut = await self.cut()
+            if cut is not None:
+                raise cut from exc
+            raise translate(exc, context=f"consuming {self.topic}") from exc
         except KafkaError as exc:
             raise translate(exc, context=f"consuming {self.topic}") from exc
         records: dict[int, list[LogRecord]] = {}
@@ -476,6 +492,32 @@ class KafkaProjector(Generic[SinkT]):
             raise translate(exc, context=f"reading the ends of {self.topic}") from exc
         stored = await self.projection.positions()
         return {tp.partition: max(0, ends[tp] - stored.get(tp.partition, 0)) for tp in assigned}
+
+    async def cut(self) -> LogTruncatedError | None:
+        """Why it cannot fold on, if an assigned partition's start moved past where it reads
+        (retention deleted records it never folded, and its next fetch fails); else None.
+
+        Raises:
+            BackendUnavailableError: Kafka or the store did not answer.
+        """
+        consumer = self._live()
+        assigned = sorted(consumer.assignment(), key=lambda tp: tp.partition)
+        if not assigned:
+            return None
+        try:
+            starts = await consumer.beginning_offsets(assigned)
+            stored = await self.projection.positions()
+            for tp in assigned:
+                start = int(starts[tp])
+                offset = stored.get(tp.partition, 0)
+                # Stored below the start but read past it: what lies between was fetched.
+                if offset < start and await consumer.position(tp) < start:
+                    return _cut_below(tp.partition, offset, start)
+        except IllegalStateError:
+            return None  # revoked meanwhile: the next assignment seeks it, and says so
+        except KafkaError as exc:
+            raise translate(exc, context=f"reading where {self.topic}'s partitions start") from exc
+        return None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fold until ``stop`` is set; what was folded is stored before it returns.

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from prometheus_client.registry import Collector
 
-from onward.errors import InvalidInputError
+from onward.errors import InvalidInputError, LogTruncatedError
 from onward.projections.base import ProjectionSink
 from onward.projections.kafka import KafkaProjector
 from onward.runtime.backends import Backends
@@ -140,12 +140,12 @@ class ProjectorHealth:
         self.lag.update(measured)
 
     async def ready(self) -> str | None:
-        """The store and Kafka answer, the projector is in its consumer group, and the lag is
-        under the bound."""
+        """The store and Kafka answer, the projector is in its consumer group, can fold on (no
+        partition's start moved past where it reads), and the lag is under the bound."""
         why = await probe(self.store, self.projector.projection.positions())
         if why is not None:
             return why
-        why = await probe("Kafka", self.refresh())
+        why = await self._measured()
         if why is not None:
             return why
         if not self.projector.joined:
@@ -160,3 +160,22 @@ class ProjectorHealth:
                 f"{self.max_lag}"
             )
         return None
+
+    async def _measured(self) -> str | None:
+        """Measure the lag (`refresh`); None, or why the projector is not ready: Kafka did not
+        answer, or a partition's start moved past where it reads, so it cannot fold on."""
+        cut: list[LogTruncatedError] = []
+
+        async def measured() -> None:
+            try:
+                await self.refresh()
+                found = await self.projector.cut()
+            except LogTruncatedError as exc:  # kept from a seek: Kafka answered
+                found = exc
+            if found is not None:
+                cut.append(found)
+
+        why = await probe("Kafka", measured())
+        if why is None and cut:
+            return f"cannot fold on: {cut[0]}"
+        return why

@@ -406,6 +406,7 @@ class CheckpointCompactor(Resource):
             recent_after=now - self.retention_us if self.retention_us else None,
             # A dry run reports the bytes; a pass that may cut counts them (metrics).
             measure=dry_run or (run_id is None and (self.archive is not None or self.no_archive)),
+            partitions=self.log.partitions,
         )
         offset = scan.start
         while offset < scan.end:

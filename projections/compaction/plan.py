@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from onward.eventlog import codec
-from onward.eventlog.base import LogRecord, UnreadableRecord, judge
+from onward.eventlog.base import LogRecord, UnreadableRecord, judge, partition_for
 from onward.eventlog.events import ApprovalRequested, Event, ModelAnswered, TurnSettled
 from onward.projections.base import StoredFrontier
 from onward.projections.frontier import Frontier
@@ -101,6 +101,10 @@ class PartitionScan:
         points: The truncation points of the runs in the range, given before their first
             record is: a run with one is counted from it (its seq and fence), not from its
             first record here, which after a cut can be a superseded writer's refused event.
+        partitions: How many partitions the log has: a record of a run whose partition is
+            another (a producer that partitions keys otherwise, a mirror) is no part of the
+            run, whose history is its own partition's (as the fold and a resume read it), and
+            counts for no run here; ``None`` takes every record as in its run's partition.
     """
 
     partition: int
@@ -114,6 +118,7 @@ class PartitionScan:
     first_unreadable: int | None = None
     first_recent: int | None = None
     points: dict[str, RunTruncation] = field(default_factory=dict)
+    partitions: int | None = None
 
     def add(self, records: Sequence[LogRecord]) -> None:
         """Take in the next records of the range, in offset order."""
@@ -125,8 +130,9 @@ class PartitionScan:
             if isinstance(record, UnreadableRecord):
                 if self.first_unreadable is None:
                     self.first_unreadable = offset
-                if record.run_id is not None and record.run_id not in self.runs:
-                    self.runs[record.run_id] = RunScan(first_offset=offset)
+                run_id = record.run_id
+                if run_id is not None and run_id not in self.runs and self._home(run_id):
+                    self.runs[run_id] = RunScan(first_offset=offset)
                 continue
             event = record.event
             if (
@@ -135,14 +141,8 @@ class PartitionScan:
                 and event.at >= self.recent_after
             ):
                 self.first_recent = offset
-            run = self.runs.get(event.run_id)
-            if run is None:
-                run = self.runs[event.run_id] = RunScan(first_offset=offset)
-            if not run.tenant:
-                run.tenant = event.tenant
-            if not run.first_seq and not run.seed(event, offset, self.points.get(event.run_id)):
-                continue
-            if judge(run.last_seq, run.fence, event) is not None:
+            run = self._counting(event, offset)
+            if run is None or judge(run.last_seq, run.fence, event) is not None:
                 continue
             run.last_seq += 1
             if event.fence != run.fence or not run.raised:
@@ -151,6 +151,27 @@ class PartitionScan:
             run.offsets.append(offset)
             if isinstance(event, BOUNDARIES):
                 run.boundaries.append(run.last_seq)
+
+    def _counting(self, event: Event, offset: int) -> RunScan | None:
+        """The run ``event`` is counted for, its count seeded; None for an event of a run of
+        another partition, or one below the run's truncation point."""
+        if not self._home(event.run_id):
+            return None
+        run = self.runs.get(event.run_id)
+        if run is None:
+            run = self.runs[event.run_id] = RunScan(first_offset=offset)
+        if not run.tenant:
+            run.tenant = event.tenant
+        if not run.first_seq and not run.seed(event, offset, self.points.get(event.run_id)):
+            return None
+        return run
+
+    def _home(self, run_id: str) -> bool:
+        """Whether this is the partition of ``run_id``'s records (a run met here already is
+        this partition's: it is not hashed again for each of its records)."""
+        if self.partitions is None or run_id in self.runs:
+            return True
+        return partition_for(run_id, self.partitions) == self.partition
 
     def records_below(self, offset: int) -> int:
         """How many records of the range lie below ``offset``."""

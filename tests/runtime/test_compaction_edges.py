@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -15,12 +16,13 @@ from support.kinds import KindCounts
 from support.pg import fresh_schema
 
 from onward.errors import InvalidInputError
-from onward.eventlog import MemoryEventLog, TurnSettled
+from onward.eventlog import MemoryEventLog, TurnSettled, codec
 from onward.eventlog import archive as archive_module
 from onward.eventlog.archive import MANIFEST, DirectoryArchive
 from onward.eventlog.base import partition_for
 from onward.eventlog.postgres import PostgresEventLog
 from onward.projections.compaction import MemoryCompactionStore, PostgresCompactionStore
+from onward.projections.compaction.history import read_whole_run
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.projections.memory import MemoryFrontierStore
@@ -163,3 +165,51 @@ def test_a_bound_that_is_not_a_number_is_refused(bound: dict[str, float]) -> Non
             MemoryCompactionStore(frontiers),
             **bound,  # type: ignore[arg-type]
         )
+
+
+def _misfiled(db: Path, partition: int, run_id: str, record: bytes) -> None:
+    """Store ``record`` of ``run_id`` in ``partition``, not the run's own: what a producer that
+    partitions keys otherwise, or a mirror, leaves."""
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        (offset,) = conn.execute(
+            "SELECT next_offset FROM onward_log_partition WHERE partition = ?", (partition,)
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO onward_log VALUES (?, ?, ?, ?)", (partition, offset, run_id, record)
+        )
+        conn.execute(
+            "UPDATE onward_log_partition SET next_offset = ? WHERE partition = ?",
+            (offset + 1, partition),
+        )
+
+
+async def test_a_copy_of_a_run_s_event_in_another_partition_cuts_nothing_of_the_run(
+    tmp_path: Path,
+) -> None:
+    """A copy of a live run's first event sits in another partition than the run's own. A
+    pass that cuts that partition must not take the copy for the run's history: it moved the
+    run's truncation point past its first event, though its own partition, never cut, holds
+    every event of it, and the run's history then read as compacted and its first event could
+    not be tagged."""
+    async with sqlite_world(tmp_path, partitions=2) as world:
+        home = partition_for("a", 2)
+        other = next(r for r in (f"b{i}" for i in range(100)) if partition_for(r, 2) != home)
+        # An unreadable record at the start of the run's partition: no pass cuts it.
+        junk = next(r for r in (f"j{i}" for i in range(100)) if partition_for(r, 2) == home)
+        world.log.write_raw(junk, b"not an event")
+        await world.live_run("a", turns=8, done=3)
+        await world.finished_run(other, turns=2)
+        (first, *_) = await world.log.read_run("a")
+        _misfiled(tmp_path / "onward.db", 1 - home, "a", codec.encode(first.event))
+        await world.fold()
+        before = await world.log.read_run("a")
+        compactor = CheckpointCompactor(
+            world.log, world.frontiers, world.store, no_archive=True, max_checkpoints=1
+        )
+        await compactor.compact()
+
+        assert (await world.log.bounds(1 - home)).start > 0  # the copy's partition was cut
+        assert (await world.log.bounds(home)).start == 0  # nothing of the run's own was
+        assert await read_whole_run(world.log, world.store, "a") == before
+        assert (await world.store.truncations(["a"])).get("a") is None
+        await world.runner(Script(0)).tag("a", "first", tenant=TENANT, seq=1)

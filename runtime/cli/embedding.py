@@ -114,7 +114,7 @@ def resume_main(
             if as_json:
                 echo_json(result_facts(result, worker=on.worker))
             else:
-                out.print(carried(result, on.worker))
+                out.print(carried(result, on.worker, run_id))
 
         _on_runner(runner, work)
 

@@ -424,7 +424,7 @@ def run_command(
         if as_json:
             echo_json(result_facts(result, worker=runner.worker))
         else:
-            out.print(carried(result, runner.worker))
+            out.print(carried(result, runner.worker, resume))
 
     with_backends(work)
 

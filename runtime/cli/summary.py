@@ -372,9 +372,13 @@ def _calls(plan: ResumePlan, tools: Agent | None) -> list[RenderableType]:
     return parts
 
 
-def carried(result: RunResult, worker: str) -> Group:
-    """What a resume did: the fence it held, its plan, and where the run stands now."""
+def carried(result: RunResult, worker: str, asked: str | None = None) -> Group:
+    """What a resume did: the fence it held, its plan, and where the run stands now; first,
+    when ``asked`` (the run named) was carried on into the run the result is of, which that
+    is: the rest is said of it."""
     lines: list[RenderableType] = []
+    if asked is not None and asked != result.run_id:
+        lines.append(shown(f"run {asked} went on as {result.run_id}"))
     if result.plan is None:
         waiting = f" on {result.waiting_on}" if result.waiting_on else ""
         lines.append(
@@ -411,8 +415,12 @@ def result_facts(result: RunResult, *, worker: str) -> dict[str, Any]:
 
 
 def outcome(result: RunResult) -> Group:
-    """Where a run stands after this command drove it: status, and its output or error."""
-    status = f"status {result.status}, iteration {result.iteration}"
+    """Where a run stands after this command drove it: status (with the run it went on as,
+    if it was carried on into one another worker holds), and its output or error."""
+    status = f"status {result.status}"
+    if result.continued_to is not None:
+        status += f" as {result.continued_to}"
+    status += f", iteration {result.iteration}"
     if result.waiting_on:
         status += f", waiting on {result.waiting_on}"
     lines = [shown(status)]

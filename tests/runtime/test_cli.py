@@ -47,6 +47,7 @@ from onward.runtime import (
     SqliteLeaseStore,
 )
 from onward.runtime.cli import app
+from onward.runtime.continuation import ContinuationPolicy
 from onward.runtime.leases.presence import HOLDERS_DIR_ENV
 from onward.testing.eventlog import Envelope
 
@@ -876,3 +877,51 @@ def test_debug_prints_the_traceback_of_the_users_own_code(db: Path, mine: str) -
     assert "Traceback (most recent call last):" in debugged.stderr
     assert f'{mine.removesuffix(".py")}.py", line 7, in complete' in debugged.stderr
     assert debugged.stderr.rstrip().endswith("the model's client has a bug")
+
+
+def carried_on_twice(db: Path) -> tuple[str, str]:
+    """An approved payment carried on into a new run twice (the last run completed): the first
+    run's id and the last's."""
+    run_id = waiting_run(db)
+    approved = onward(db, "approve", run_id, "p", "--tenant", TENANT, "--by", "ann")
+    assert approved.exit_code == 0, approved.output
+
+    async def carry_on() -> str:
+        async with SqliteEventLog(db) as log, SqliteLeaseStore(db) as leases:
+            runner = log_runner(
+                cli_agent.paying_model(),
+                log,
+                leases,
+                worker="w1",
+                continuation=ContinuationPolicy(max_steps=2),
+            )
+            done = await runner.resume(cli_agent.payer(), run_id, tenant=TENANT)
+            assert done.run_id != run_id
+            return done.run_id
+
+    return run_id, asyncio.run(carry_on())
+
+
+def test_resume_of_a_run_carried_on_into_a_held_run_names_that_run(db: Path) -> None:
+    """A run carried on into another that another worker holds: the resume says which run it
+    went on as, where the user would otherwise be left with a bare ``status continued``."""
+    run_id, new_id = carried_on_twice(db)
+
+    async def hold() -> None:
+        async with SqliteLeaseStore(db) as leases:
+            await leases.acquire(new_id, tenant=TENANT, holder="other-worker", ttl_s=300)
+
+    asyncio.run(hold())
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *PAYING)
+    assert result.exit_code == 0, result.output
+    assert f"status continued as {new_id}," in result.stdout
+
+
+def test_resume_of_a_run_carried_on_names_the_run_it_went_on_as(db: Path) -> None:
+    """Resuming a run that was carried on goes on along its chain; what it says of the last
+    run (completed) is said of that run, by its id, not of the run named."""
+    run_id, new_id = carried_on_twice(db)
+    result = onward(db, "run", "--resume", run_id, "--tenant", TENANT, *PAYING)
+    assert result.exit_code == 0, result.output
+    assert f"run {run_id} went on as {new_id}" in result.stdout
+    assert "status completed" in result.stdout

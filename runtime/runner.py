@@ -31,7 +31,15 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Collection, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
@@ -134,6 +142,11 @@ from .writer import HeldRun, RunObserver, RunWriter
 
 _log = logging.getLogger("onward.runner")
 _T = TypeVar("_T")
+
+
+Binding = Callable[[str], contextlib.AbstractAsyncContextManager[Agent]]
+"""The agent to drive a run of a chain with, by the run's id: the agent with its toolsets
+bound to that run (`onward.runtime.toolsets.agent_for_run`)."""
 
 
 def new_run_id() -> str:
@@ -400,8 +413,16 @@ class AgentRunner(Resource):
             finished = self.writer.event(run, RunFinished, status=status, error=error)
             await self.writer.append(run, [started, finished])
 
-    async def resume(self, agent: Agent, run_id: str, *, tenant: str) -> RunResult:
+    async def resume(
+        self, agent: Agent, run_id: str, *, tenant: str, bind: Binding | None = None
+    ) -> RunResult:
         """Carry a run on from the log: claim it, plan its outstanding calls, drive it.
+
+        Args:
+            bind: The agent for each other run of its chain this resume goes on with, by its
+                id (``agent``'s toolsets bound to that run, as ``agent`` is to ``run_id``):
+                a toolset keeping state per run must see the run it serves. Without it,
+                ``agent`` drives them all.
 
         Raises:
             ResumeConflictError: Another worker holds the run (nothing was read).
@@ -415,9 +436,12 @@ class AgentRunner(Resource):
                 those of a run it was carried on from); the model is not called.
             InvalidInputError: The run id or tenant is out of bounds (`onward.runtime.limits`).
         """
-        return await self._onward(agent, await self._resume_one(agent, run_id, tenant=tenant))
+        result = await self._resume_one(agent, run_id, tenant=tenant, bind=bind)
+        return await self._onward(agent, result, bind)
 
-    async def _resume_one(self, agent: Agent, run_id: str, *, tenant: str) -> RunResult:
+    async def _resume_one(
+        self, agent: Agent, run_id: str, *, tenant: str, bind: Binding | None = None
+    ) -> RunResult:
         """`resume` of this run alone: a result ``continued`` into another run is returned
         as it is, for `_onward` to take that run up."""
         _check_run(run_id, tenant)
@@ -441,7 +465,11 @@ class AgentRunner(Resource):
         old_id = carried.frontier.continuation_of
         if handed == "unfinished" and old_id is not None:
             # The old run is ended `RunContinued` into this one first, then goes on with it.
-            return await self.resume(agent, old_id, tenant=tenant)
+            if bind is None:
+                return await self.resume(agent, old_id, tenant=tenant)
+            async with bind(old_id) as bound:
+                result = await self._resume_one(bound, old_id, tenant=tenant, bind=bind)
+            return await self._onward(agent, result, bind)
         return result
 
     async def _restored_and_carried_on(
@@ -466,16 +494,19 @@ class AgentRunner(Resource):
             conversation.remember(escape_bodies(await self.writer.restore(stored.event)))
         return await self._carry_on(HeldRun(agent, held, carried.frontier, conversation))
 
-    async def _onward(self, agent: Agent, result: RunResult) -> RunResult:
+    async def _onward(
+        self, agent: Agent, result: RunResult, bind: Binding | None = None
+    ) -> RunResult:
         """Go on with the run a result's run was carried into, if it was, and so on along the
         chain: one run after another, not each inside the last (a chain of some hundreds of
         runs would exhaust the stack). A run another worker took up already (a fleet worker
         hears the hand-over at once) is its holder's to carry on: the run is returned as
         ``continued`` into it, as `RunResult.continued_to` says, not as a conflict over a run
-        the caller never named, since the carry that got it there succeeded."""
+        the caller never named, since the carry that got it there succeeded. Each run is
+        driven by the agent ``bind`` gives for it, if given."""
         while result.status == "continued" and result.continued_to is not None:
             try:
-                result = await self._resume_one(agent, result.continued_to, tenant=result.tenant)
+                result = await self._resume_next(agent, result, bind)
             except ResumeConflictError as held:
                 _log.info(
                     "run %s was continued into %s, which %s carries on",
@@ -485,6 +516,18 @@ class AgentRunner(Resource):
                 )
                 return result
         return result
+
+    async def _resume_next(
+        self, agent: Agent, result: RunResult, bind: Binding | None
+    ) -> RunResult:
+        """`_resume_one` of the run ``result``'s run was continued into, with the agent
+        ``bind`` gives for it (``agent`` without)."""
+        new_id, tenant = result.continued_to, result.tenant
+        assert new_id is not None  # `_onward` goes on only to a run the result names
+        if bind is None:
+            return await self._resume_one(agent, new_id, tenant=tenant)
+        async with bind(new_id) as bound:
+            return await self._resume_one(bound, new_id, tenant=tenant, bind=bind)
 
     async def _carry_on(self, run: HeldRun) -> RunResult:
         """Plan the claimed run's outstanding calls, record the plan, and drive it on."""

@@ -283,7 +283,14 @@ class Recovery:
                 return True
             agent, looked = ready
             async with worker.for_run(agent, run_id, tenant) as bound:
-                result = await worker.runner.resume(bound, run_id, tenant=tenant)
+                # Each run of its chain gets its own view of the toolsets: one keeping state
+                # per run (an MCP schema cache) must see the run it serves.
+                result = await worker.runner.resume(
+                    bound,
+                    run_id,
+                    tenant=tenant,
+                    bind=lambda new: worker.for_run(agent, new, tenant),
+                )
         except ResumeConflictError:
             worker.stats.conflicts += 1
             return True

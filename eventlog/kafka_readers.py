@@ -154,7 +154,14 @@ class KafkaReaders:
                 if len(self._started) + self._starting < self._size:
                     self._starting += 1
                     break
-                await self._returned.wait()
+                try:
+                    await self._returned.wait()
+                except asyncio.CancelledError:
+                    # Notified, then cancelled before it woke, this read took the notification
+                    # with it (Python 3.11): passed on, or the next waiting read would wait
+                    # with a consumer idle until some other one came back, or for ever.
+                    self._returned.notify()
+                    raise
         try:
             return await self._start_one()
         except BaseException:

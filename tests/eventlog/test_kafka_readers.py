@@ -162,3 +162,40 @@ async def test_a_consumer_started_as_the_log_closes_is_stopped_however_often_can
     stopped = consumer._closed
     await consumer.stop()
     assert stopped, "the consumer was left running"
+
+
+async def test_a_read_cancelled_as_a_consumer_comes_back_to_it_passes_the_consumer_on(
+    kafka_bootstrap: str,
+) -> None:
+    """Two reads wait for the one consumer; it comes back, and the read it is handed to is
+    cancelled before it takes it (a caller's timeout). The other read takes it: it does not
+    wait, with the consumer idle, until some later read happens to return one."""
+    connection = KafkaConnection(kafka_bootstrap)
+    readers = KafkaReaders(
+        lambda: connection.consumer(role="reader", group_id=None),
+        size=1,
+        read_timeout_s=READ_TIMEOUT_S,
+    )
+    await readers.start()
+
+    async def read() -> None:
+        async with readers.lent():
+            pass
+
+    try:
+        busy = readers.lent()
+        await busy.__aenter__()
+        handed = asyncio.create_task(read())
+        waiting = asyncio.create_task(read())
+        await asyncio.sleep(0.1)  # both wait for the consumer
+        await busy.__aexit__(None, None, None)
+        handed.cancel()
+        done, _ = await asyncio.wait({waiting}, timeout=READ_TIMEOUT_S * 2)
+        waiting.cancel()
+        assert waiting in done, "the waiting read was left waiting with the consumer idle"
+        await waiting
+        with pytest.raises(asyncio.CancelledError):
+            await handed
+    finally:
+        for consumer in readers.consumers:
+            await consumer.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import socket
@@ -47,6 +48,7 @@ from onward.integrations.mcp import (
     load_mcp_settings,
 )
 from onward.integrations.mcp import cache as cache_module
+from onward.integrations.mcp.servers import Connection
 from onward.runtime.agent import Agent
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
@@ -209,6 +211,36 @@ async def test_a_server_that_never_answers_is_a_named_timeout() -> None:
     )
     with pytest.raises(BackendUnavailableError, match=r"'mute'.*no answer within 1s"):
         await MCPToolset.open([server], connect_timeout=1)
+
+
+async def test_a_handshake_failing_as_its_caller_is_cancelled_leaves_no_unread_error(
+    tmp_path: Path,
+) -> None:
+    """The caller waiting for a session is cancelled (its own timeout) just as the server's
+    handshake fails: the failure is nobody's to report, and asyncio must not log it as an
+    error nobody read, with a traceback of a connection the caller gave up on."""
+    loop = asyncio.get_running_loop()
+    unread: list[str] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unread.append(str(context.get("message"))))
+    connection = Connection(stdio_server(tmp_path, name="crashy", crash=True), connect_timeout=5)
+    try:
+        opening = asyncio.create_task(connection.session())
+        # Turn by turn, to cancel the caller in the turn the handshake failed in.
+        while connection._ready is None or not connection._ready.done():  # noqa: ASYNC110
+            await asyncio.sleep(0)
+        opening.cancel()  # before it takes the failure
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        with pytest.raises(BackendUnavailableError, match="'crashy'"):
+            await connection.session()  # a new handshake, in place of the failed one
+        del opening
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        await connection.close()
+        loop.set_exception_handler(handler)
+    assert unread == []
 
 
 async def test_a_server_that_dies_mid_call_is_a_named_error_then_restarted(

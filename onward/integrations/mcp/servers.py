@@ -473,6 +473,10 @@ class Connection:
         if pending:
             task.cancel()
             await asyncio.wait({task})
+        if self._ready is not None and self._ready.done() and not self._ready.cancelled():
+            # A handshake that failed as its caller gave up (cancelled, timed out): nobody is
+            # left to report it to, and asyncio would log it as an error nobody read.
+            self._ready.exception()
         if (failure := _ended(task)) is not None:
             _log.debug("MCP server %r: closing: %s", self.server.name, _describe(failure))
 

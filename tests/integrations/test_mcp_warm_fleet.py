@@ -5,6 +5,7 @@ resume after a crash builds its tools from the cache and lists no server."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -97,6 +98,42 @@ def test_a_toolset_declared_at_import_serves_one_event_loop_after_another(
 
     for _ in range(2):
         assert asyncio.run(runs()) == [{"sum": 1}, {"sum": 2}, {"sum": 3}]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_toolset_declared_at_import_serves_a_second_event_loop_without_a_close_between(
+    cached: bool,
+    tmp_path: Path,
+    redis_url: str,
+    redis_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A script binding runs in one ``asyncio.run``, then in another, closing the toolsets
+    only at the end: the second loop's runs get a new session (and schema cache), not an
+    error about the first loop, which is gone."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    values = {"REDIS_URL": redis_url, "MCP_SCHEMA_CACHE_PREFIX": f"{redis_prefix}mcp:"}
+    settings = _settings(**(values if cached else {}))
+    agent = Agent(name="adder", instructions="add", toolsets=[MCPToolset([stdio_server(tmp_path)])])
+
+    async def run(n: int) -> Any:
+        async with agent_for_run(agent, f"r{n}", tenant=TENANT, settings=settings) as bound:
+            add = bound.tool("add")
+            assert add is not None
+            return await add.call({"a": n, "b": 1}, idempotency_key=f"k{n}")
+
+    async def runs() -> list[Any]:
+        return await asyncio.gather(*(run(n) for n in range(3)))
+
+    try:
+        for _ in range(2):
+            assert asyncio.run(runs()) == [{"sum": 1}, {"sum": 2}, {"sum": 3}]
+    finally:
+        asyncio.run(close_toolsets([agent]))
+        # The first loop's Redis connections, which nothing closed before it ended, cannot be
+        # closed from another loop: collected here, their warnings are this test's.
+        gc.collect()
 
 
 async def test_a_runner_refuses_an_agent_whose_toolsets_are_not_bound(tmp_path: Path) -> None:

@@ -291,6 +291,7 @@ class Connection:
         self.list_changes = 0
         self.closes = 0
         self._lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._current: tuple[ClientSession, types.InitializeResult] | None = None
@@ -484,6 +485,7 @@ class Connection:
     async def _locked(self) -> AsyncIterator[None]:
         """Hold the current lock: a caller that waited on one `close` replaced goes on to
         wait on the new one, so it cannot open a session beside one opened under it."""
+        self._adopt_loop()
         while True:
             lock = self._lock
             await lock.acquire()
@@ -494,6 +496,19 @@ class Connection:
             yield
         finally:
             lock.release()
+
+    def _adopt_loop(self) -> None:
+        """Used from another event loop than the last one (a second ``asyncio.run`` with no
+        `close` between): the session task ended with that loop (its tasks are cancelled as it
+        ends) and cannot even be waited on from this one, and the lock may be bound to it, so
+        both are let go of and the next session is a new one."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._loop is not None:
+            self._lock = asyncio.Lock()
+            self._task = self._ready = self._current = None
+        self._loop = loop
 
     async def close(self) -> None:
         """End the session and whatever it started (the server process, the HTTP session).

@@ -154,6 +154,7 @@ class MCPToolset(Resource):
         self._opened: dict[str, int] = {}
         self._shares_connections = False
         self._settings_cache: tuple[MCPSettings, SchemaCache | None] | None = None
+        self._settings_cache_loop: asyncio.AbstractEventLoop | None = None
         # How many open views use each cache made from settings (`run_tools`).
         self._cache_users: dict[SchemaCache, int] = {}
         self._connect_timeout = connect_timeout
@@ -193,7 +194,9 @@ class MCPToolset(Resource):
         if self._shares_connections:
             return
         settings_cache, self._settings_cache = self._settings_cache, None
-        if settings_cache is not None and settings_cache[1] is not None:
+        # One made in an event loop that has ended cannot be closed from this one.
+        here = self._settings_cache_loop is asyncio.get_running_loop()
+        if settings_cache is not None and settings_cache[1] is not None and here:
             await settings_cache[1].close()
         await asyncio.gather(*(c.close() for c in self.connections.values()))
 
@@ -239,6 +242,12 @@ class MCPToolset(Resource):
         """The schema cache ``settings`` ask for, made once and kept for the next runs (a
         Redis connection pool shared by the views)."""
         wanted = MCPSettings.of(settings)
+        loop = asyncio.get_running_loop()
+        if self._settings_cache_loop is not loop:
+            # Made in an event loop that has ended (a second ``asyncio.run`` with no `close`
+            # between): its Redis connections belong to that loop, usable from no other.
+            self._settings_cache = None
+            self._settings_cache_loop = loop
         if self._settings_cache is not None and self._settings_cache[0] == wanted:
             return self._settings_cache[1]
         old = self._settings_cache[1] if self._settings_cache is not None else None

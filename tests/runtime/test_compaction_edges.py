@@ -16,7 +16,7 @@ from support.kinds import KindCounts
 from support.pg import fresh_schema
 
 from onward.errors import InvalidInputError
-from onward.eventlog import MemoryEventLog, TurnSettled, codec
+from onward.eventlog import MemoryEventLog, SqliteEventLog, TurnSettled, codec
 from onward.eventlog import archive as archive_module
 from onward.eventlog.archive import MANIFEST, DirectoryArchive
 from onward.eventlog.base import partition_for
@@ -196,6 +196,7 @@ async def test_a_copy_of_a_run_s_event_in_another_partition_cuts_nothing_of_the_
         other = next(r for r in (f"b{i}" for i in range(100)) if partition_for(r, 2) != home)
         # An unreadable record at the start of the run's partition: no pass cuts it.
         junk = next(r for r in (f"j{i}" for i in range(100)) if partition_for(r, 2) == home)
+        assert isinstance(world.log, SqliteEventLog)
         world.log.write_raw(junk, b"not an event")
         await world.live_run("a", turns=8, done=3)
         await world.finished_run(other, turns=2)

@@ -30,6 +30,9 @@ from .leases.base import LeaseStore, RunLease
 from .limits import NEEDS_PERSON
 from .settings import Settings, load_settings
 
+_LISTED_AT_ONCE = 1024
+"""How many runs `ExecutionManager.list_pending` reads from the frontier store at once."""
+
 Attention = Literal["waiting_on_approval", "needs_person", "interrupted", "held"]
 
 
@@ -182,13 +185,26 @@ class ExecutionManager:
         """
         tenant = tenant or self.tenant
         frontiers = await self._store()
-        rows = await frontiers.runs(tenant=tenant, statuses={"waiting", "running"}, user=user)
-        statuses = [await self._status(summary) for summary in rows]
-        return [
-            s
-            for s in statuses
-            if s.attention in ("waiting_on_approval", "needs_person", "interrupted")
-        ]
+        pending: list[RunOverview] = []
+        after: str | None = None
+        while True:
+            # A page at a time, by run id (a keyset cursor: none skipped or listed twice while
+            # runs change status meanwhile): a deployment with very many runs going holds one
+            # page of their summaries, not every one, and each read stays short.
+            rows = await frontiers.runs(
+                tenant=tenant,
+                statuses={"waiting", "running"},
+                user=user,
+                after=after,
+                limit=_LISTED_AT_ONCE,
+            )
+            for summary in rows:
+                status = await self._status(summary)
+                if status.attention in ("waiting_on_approval", "needs_person", "interrupted"):
+                    pending.append(status)
+            if len(rows) < _LISTED_AT_ONCE:
+                return pending
+            after = rows[-1].run_id
 
     async def _status(self, summary: RunSummary) -> RunOverview:
         lease = await self.leases.current(summary.run_id) if self.leases is not None else None

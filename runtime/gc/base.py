@@ -132,6 +132,19 @@ FINISHED_SQL = (
 )
 """The finished runs of a frontier table, with ``{before}`` left for the dialect's parameter."""
 
+FINISHED_PAGE_SQL = (
+    "SELECT run_id, tenant, status, updated_at, "
+    "CASE WHEN status = 'continued' THEN payload END AS payload FROM onward_frontiers "
+    f"WHERE {_ended('{before}')} AND updated_at < {{before}} AND run_id > {{after}} "
+    "ORDER BY run_id LIMIT {limit}"
+)
+"""A page of `FINISHED_SQL`, by run id after ``{after}`` (a keyset cursor: none skipped or
+listed twice while runs finish meanwhile), at most ``{limit}``: the rows carry the whole
+payload of each continued run, which a pass over very many would otherwise hold at once."""
+
+FINISHED_AT_ONCE = 1024
+"""How many finished runs a record sweeper reads at once."""
+
 
 @dataclass(frozen=True, slots=True)
 class SweepPlan:
@@ -280,6 +293,8 @@ def _ended_before(before: int | None) -> str:
 
 
 __all__ = [
+    "FINISHED_AT_ONCE",
+    "FINISHED_PAGE_SQL",
     "FINISHED_SQL",
     "KEY_KINDS",
     "KINDS",

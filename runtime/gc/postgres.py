@@ -14,7 +14,8 @@ import time
 from onward._storage import PostgresStore
 
 from .base import (
-    FINISHED_SQL,
+    FINISHED_AT_ONCE,
+    FINISHED_PAGE_SQL,
     FinishedRun,
     Kind,
     SweepPlan,
@@ -55,9 +56,16 @@ class PostgresRecordSweeper(PostgresStore):
     what = "PostgreSQL record sweeper"
 
     async def finished(self, *, before: int) -> list[FinishedRun]:
+        query = FINISHED_PAGE_SQL.format(before="$1", after="$2", limit="$3")
+        runs: list[FinishedRun] = []
         async with self._connection("listing finished runs") as conn:
-            rows = await conn.fetch(FINISHED_SQL.format(before="$1"), before)
-            runs = [finished_run(*row) for row in rows]
+            after = ""
+            while True:
+                rows = await conn.fetch(query, before, after, FINISHED_AT_ONCE)
+                runs += [finished_run(*row) for row in rows]
+                if len(rows) < FINISHED_AT_ONCE:
+                    break
+                after = rows[-1]["run_id"]
             successors = sorted({r.successor for r in runs if r.successor is not None})
             collected = await conn.fetch(_COLLECTED, successors) if successors else []
         return carried_on(runs, {r["run_id"] for r in collected})

@@ -37,7 +37,15 @@ from onward.projections.base import RunSummary
 from onward.projections.frontier import TERMINAL_STATUSES
 from onward.projections.redis import RedisFrontierStore
 
-from .base import PIN_WAIT_US, RECORD_KINDS, FinishedRun, Kind, SweepPlan, carried_on
+from .base import (
+    FINISHED_AT_ONCE,
+    PIN_WAIT_US,
+    RECORD_KINDS,
+    FinishedRun,
+    Kind,
+    SweepPlan,
+    carried_on,
+)
 
 _IDS = "SELECT unnest($1::text[])"
 
@@ -201,8 +209,31 @@ class RedisFrontierSweeper(Resource):
             await self.frontiers.close()
 
     async def finished(self, *, before: int) -> list[FinishedRun]:
-        """Runs whose stored summary says they finished before ``before``, by id."""
-        summaries = await self.frontiers.runs(statuses=TERMINAL_STATUSES, updated_before=before)
+        """Runs whose stored summary says they finished before ``before``, by id.
+
+        Read a page of runs at a time, by run id (a keyset cursor: none skipped or listed
+        twice while runs finish meanwhile): with very many finished runs a pass holds one
+        page of their summaries and continued frontiers, and no pipeline or query of it grows
+        with the store.
+        """
+        out: list[FinishedRun] = []
+        after: str | None = None
+        while True:
+            page = await self.frontiers.runs(
+                statuses=TERMINAL_STATUSES,
+                updated_before=before,
+                after=after,
+                limit=FINISHED_AT_ONCE,
+            )
+            out += await self._finished_of(page, before=before)
+            if len(page) < FINISHED_AT_ONCE:
+                break
+            after = page[-1].run_id
+        successors = sorted({r.successor for r in out if r.successor is not None})
+        return carried_on(out, await self._rows.collected(successors))
+
+    async def _finished_of(self, summaries: list[RunSummary], *, before: int) -> list[FinishedRun]:
+        """The runs of one page that ended, are not set aside and were not tagged since."""
         held = await self.frontiers.set_aside([s.run_id for s in summaries])
         summaries = [s for s in summaries if _ended(s) and s.run_id not in held]
         tagged = await self._rows.tagged_since(summaries, before=before)
@@ -223,8 +254,7 @@ class RedisFrontierSweeper(Resource):
                     successor=successor,
                 )
             )
-        successors = sorted({r.successor for r in out if r.successor is not None})
-        return carried_on(out, await self._rows.collected(successors))
+        return out
 
     async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
         """Count or delete what ``plan`` names, of runs whose summary says they finished, whose

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
+from typing import Any
 
 from onward._storage import SqliteStore, transaction
 from onward.runtime.leases.sqlite import SQLITE_NOW
 
 from .base import (
-    FINISHED_SQL,
+    FINISHED_AT_ONCE,
+    FINISHED_PAGE_SQL,
     FinishedRun,
     Kind,
     SweepPlan,
@@ -40,11 +43,19 @@ class SqliteRecordSweeper(SqliteStore):
 
     async def finished(self, *, before: int) -> list[FinishedRun]:
         conn = self._db.connection()
-        query = FINISHED_SQL.format(before="?1")
-        rows = await self._db.call(
-            lambda: conn.execute(query, (before,)).fetchall(), "listing finished runs"
-        )
-        runs = [finished_run(*row) for row in rows]
+        query = FINISHED_PAGE_SQL.format(before="?1", after="?2", limit="?3")
+        runs: list[FinishedRun] = []
+
+        def page(after: str) -> list[Any]:
+            return conn.execute(query, (before, after, FINISHED_AT_ONCE)).fetchall()
+
+        after = ""
+        while True:
+            rows = await self._db.call(partial(page, after), "listing finished runs")
+            runs += [finished_run(*row) for row in rows]
+            if len(rows) < FINISHED_AT_ONCE:
+                break
+            after = rows[-1][0]
         successors = json.dumps(sorted({r.successor for r in runs if r.successor is not None}))
         collected = await self._db.call(
             lambda: conn.execute(_COLLECTED, (successors,)).fetchall(), "reading tombstones"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pytest_asyncio
 from redis.asyncio import Redis
 
 from onward.errors import BackendUnavailableError
-from onward.projections.base import Snapshot
+from onward.projections.base import RunSummary, Snapshot, StoredFrontier
 from onward.projections.compaction import PostgresCompactionStore, SqliteCompactionStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.redis import RedisFrontierStore
@@ -28,7 +28,10 @@ from onward.runtime.gc import (
     RedisKeySweeper,
     SqliteRecordSweeper,
     SweepPlan,
+    redis_frontiers,
 )
+from onward.runtime.gc import postgres as gc_postgres
+from onward.runtime.gc import sqlite as gc_sqlite
 from onward.runtime.gc.base import KEY_KINDS
 from onward.runtime.leases import PostgresLeaseStore, RedisLeaseStore, SqliteLeaseStore
 from onward.testing.eventlog import TENANT, new_run_id
@@ -100,6 +103,127 @@ async def redis_frontier_stores(
         await PostgresCompactionStore.open(database_url, schema=schema),
         await RedisFrontierSweeper.open(redis_url, database_url, prefix=prefix, schema=schema),
     )
+
+
+class _CountedFetches:
+    """A PostgreSQL connection whose reads of frontier rows are counted."""
+
+    def __init__(self, conn: asyncpg.Connection, read: list[int]) -> None:
+        self._conn, self._read = conn, read
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        rows: list[asyncpg.Record] = await self._conn.fetch(query, *args)
+        if "FROM onward_frontiers" in query:
+            self._read.append(len(rows))
+        return rows
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_finished_runs_are_read_a_page_at_a_time(
+    backend: str,
+    tmp_path: Path,
+    database_url: str,
+    pg_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With very many finished runs, a pass reads a page of their frontier rows at a time
+    (those of continued runs carry the whole payload), and lists each finished run once, with
+    its successor."""
+    page = 3
+    read: list[int] = []
+    if backend == "sqlite":
+        path = tmp_path / "onward.db"
+        stores = Stores(
+            await SqliteFrontierStore.open(path),
+            await SqliteLeaseStore.open(path),
+            await SqliteCompactionStore.open(path),
+            await SqliteRecordSweeper.open(path),
+        )
+        monkeypatch.setattr(gc_sqlite, "FINISHED_AT_ONCE", page, raising=False)
+    else:
+        url, schema = database_url, pg_schema
+        stores = Stores(
+            await PostgresFrontierStore.open(url, schema=schema),
+            await PostgresLeaseStore.open(url, schema=schema),
+            await PostgresCompactionStore.open(url, schema=schema),
+            await PostgresRecordSweeper.open(url, schema=schema),
+        )
+        monkeypatch.setattr(gc_postgres, "FINISHED_AT_ONCE", page, raising=False)
+    async with stores:
+        done = [await stores.seed("completed") for _ in range(7)]
+        successor = await stores.seed("completed")
+        continued = await stores.seed("continued", continued_to=successor)
+        await stores.seed("completed", finished_at=NEW)
+        sweeper: Any = stores.sweeper
+        if backend == "sqlite":
+            call = sweeper._db.call
+
+            async def counted(fn: Any, context: str, run_id: str | None = None) -> Any:
+                result = await call(fn, context, run_id)
+                if context == "listing finished runs":
+                    read.append(len(result))
+                return result
+
+            monkeypatch.setattr(sweeper._db, "call", counted)
+        else:
+            connection = sweeper._connection
+
+            @contextlib.asynccontextmanager
+            async def counted_connection(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+                async with connection(*args, **kwargs) as conn:
+                    yield _CountedFetches(conn, read)
+
+            monkeypatch.setattr(sweeper, "_connection", counted_connection)
+        found = {r.run_id: r for r in await sweeper.finished(before=CUTOFF)}
+        assert read
+        assert max(read) <= page, read
+        assert sorted(found) == sorted([*done, successor, continued])
+        assert found[continued].successor == successor
+
+
+async def test_finished_runs_in_redis_are_listed_a_page_at_a_time(
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    pg_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With very many finished runs, a pass reads a page of them from Redis at a time (their
+    summaries and continued frontiers), and lists each finished run once, with its successor."""
+    page = 3
+    monkeypatch.setattr(redis_frontiers, "FINISHED_AT_ONCE", page, raising=False)
+    async with await redis_frontier_stores(
+        redis_url, redis_prefix, database_url, pg_schema
+    ) as stores:
+        done = [await stores.seed("completed") for _ in range(7)]
+        successor = await stores.seed("completed")
+        continued = await stores.seed("continued", continued_to=successor)
+        await stores.seed("completed", finished_at=NEW)
+        sweeper = stores.sweeper
+        assert isinstance(sweeper, RedisFrontierSweeper)
+        listing, loading = sweeper.frontiers.runs, sweeper.frontiers.load
+        read: list[int] = []
+
+        async def listed(**kwargs: Any) -> list[RunSummary]:
+            rows = await listing(**kwargs)
+            read.append(len(rows))
+            return rows
+
+        async def loaded(run_ids: Collection[str]) -> dict[str, StoredFrontier]:
+            read.append(len(run_ids))
+            return await loading(run_ids)
+
+        monkeypatch.setattr(sweeper.frontiers, "runs", listed)
+        monkeypatch.setattr(sweeper.frontiers, "load", loaded)
+        found = [r.run_id for r in await sweeper.finished(before=CUTOFF)]
+        assert max(read) <= page, read
+        assert sorted(found) == sorted([*done, successor, continued])  # each once
+        assert {r.run_id: r.successor for r in await sweeper.finished(before=CUTOFF)}[
+            continued
+        ] == successor
 
 
 async def test_a_collected_run_in_redis_leaves_no_key_and_a_tombstone(

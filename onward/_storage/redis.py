@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError
+from redis.exceptions import DataError, NoScriptError, ReadOnlyError
 
 from onward.errors import ConfigurationError, InvalidInputError
 
@@ -134,13 +134,22 @@ class RedisStore(Resource):
             await _let_go_of_demoted(client)
             raise
 
-    async def run_script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+    async def run_script(
+        self,
+        script: AsyncScript,
+        keys: list[str],
+        args: list[Any],
+        *,
+        what: str = "a script",
+        run_id: str | None = None,
+    ) -> Any:
         """Run one Lua script, in a pipeline with the other calls of this turn of the loop.
 
         Raises what the driver raised for this call (the caller translates it), or
-        `InvalidInputError` if the store is closed before the call is sent.
+        `InvalidInputError` if the store is closed before the call is sent, or if a key or
+        argument is of a type Redis cannot take (named with ``what``, the script, and ``run_id``).
         """
-        self._live_client()
+        _check_encodable(self._live_client(), what, [*keys, *args], run_id)
         call = _ScriptCall(script, keys, args, asyncio.get_running_loop().create_future())
         if not self._queued:
             call.answer.get_loop().call_soon(self._send_queued)
@@ -259,6 +268,32 @@ def _unusable_tls_file(url: str) -> str | None:
         named.get("ssl_keyfile"),
         ("ssl_password in REDIS_URL", query.get("ssl_password", [""])[-1] or None),
     )
+
+
+def _check_encodable(
+    client: aioredis.Redis, what: str, values: list[Any], run_id: str | None
+) -> None:
+    """Refuse a call holding a value redis-py cannot encode, before it is queued: a pipeline's
+    values are encoded all at once as it is sent, so one such value would fail every call
+    sent with it (other runs' lease renewals too), not this call alone."""
+    encoder = client.get_encoder()  # type: ignore[no-untyped-call]
+    for i, value in enumerate(values, 1):
+        if isinstance(value, str) and value.isascii():
+            continue  # the common case, and a long text is not encoded twice
+        try:
+            encoder.encode(value)
+        except (DataError, UnicodeError) as exc:
+            raise InvalidInputError(
+                f"running {what}: value {i} of {len(values)} ({_shown(value)}) "
+                f"cannot be sent to Redis: {exc}",
+                run_id=run_id,
+            ) from None
+
+
+def _shown(value: Any) -> str:
+    """A value's repr, cut short: it may be large."""
+    shown = repr(value)
+    return shown if len(shown) <= 60 else f"{shown[:57]}..."
 
 
 async def _let_go_of_demoted(client: aioredis.Redis) -> None:

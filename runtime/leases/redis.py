@@ -87,10 +87,14 @@ class RedisLeaseStore(RedisStore):
         """Run one of the store's scripts (coalesced with others'), translating driver failures;
         a store not open says so (it has no scripts then)."""
         self._live_client()
-        # The client retries a lost connection by itself; the bound covers its retries too.
+        # No call is retried by the client (the pool built from the URL retries nothing): a
+        # lost connection fails the call, and its caller decides; the bound covers the wait
+        # for a pooled connection and for the answer.
         with translated(f"running {name}.lua", run_id=run_id):
             async with asyncio.timeout(self._timeout_s):
-                return await self.run_script(self._scripts[name], keys, args)
+                return await self.run_script(
+                    self._scripts[name], keys, args, what=f"{name}.lua", run_id=run_id
+                )
 
     async def acquire(self, run_id: str, *, tenant: str, holder: str, ttl_s: float) -> RunLease:
         """Take a run's lease, raising its fence.

@@ -274,6 +274,30 @@ async def test_a_failing_call_does_not_fail_the_calls_sent_with_it(
     assert taken.run_id == fine
 
 
+@pytest.mark.parametrize(("why", "named"), [(None, "NoneType"), ("a\ud800b", "surrogate")])
+async def test_a_call_with_a_value_redis_cannot_take_fails_alone(
+    store: RedisLeaseStore, client: aioredis.Redis, why: Any, named: str
+) -> None:
+    """redis-py encodes a whole pipeline at once: a value it cannot encode (``None`` for a
+    cancel's ``why``, a lone surrogate) failed every call sent with it, another run's renewal
+    included, whose worker would then believe it lost its lease. Only the call holding the
+    value fails, and its error names it."""
+    held, asked = new_run_id(), new_run_id()
+    lease = await store.acquire(held, tenant=TENANT, holder="w1", ttl_s=30)
+    await store.acquire(asked, tenant=TENANT, holder="w2", ttl_s=30)
+    renewed, refused = await asyncio.gather(
+        store.renew(lease, ttl_s=30),
+        store.ask_to_cancel(asked, tenant=TENANT, by="ops", why=why),
+        return_exceptions=True,
+    )
+    assert isinstance(renewed, RunLease), f"another caller's bad value failed it: {renewed!r}"
+    assert renewed.fence == lease.fence
+    assert isinstance(refused, InvalidInputError), refused
+    assert named in str(refused)
+    assert "ask_to_cancel" in str(refused)
+    assert await client.hget(store.lease_key(asked), "cancel_by") is None
+
+
 async def test_calls_still_queued_when_the_store_closes_fail_rather_than_hang(
     redis_url: str, prefix: str
 ) -> None:
@@ -350,8 +374,10 @@ class AnswersLate(RedisLeaseStore):
 
     late: str | None = None
 
-    async def run_script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
-        answer = await super().run_script(script, keys, args)
+    async def run_script(
+        self, script: AsyncScript, keys: list[str], args: list[Any], **named: Any
+    ) -> Any:
+        answer = await super().run_script(script, keys, args, **named)
         if self.late is not None and script is self._scripts[self.late]:
             await asyncio.sleep(ANSWER_TIMEOUT_S * 3)
         return answer

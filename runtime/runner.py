@@ -906,7 +906,7 @@ class AgentRunner(Resource):
             InvalidInputError: The run has ended already (naming how); nothing was written.
             ResumeConflictError: Another worker holds the run; nothing was written.
         """
-        if why:
+        if why != "":  # any other value, None too, is refused
             check_note("why", why, run_id=run_id)
         async with self._as_person(run_id, tenant, by) as run:
             if run.frontier.finished:
@@ -956,7 +956,7 @@ class AgentRunner(Resource):
         """
         _check_run(run_id, tenant)
         check_name("by", by, run_id=run_id)
-        if why:
+        if why != "":  # any other value, None too, is refused
             check_note("why", why, run_id=run_id)
         return await self.leases.ask_to_cancel(run_id, tenant=tenant, by=by, why=why)
 

@@ -180,7 +180,7 @@ def check_request(request: Request) -> None:
         check_name(f"{what}.by", request.by, run_id=run_id)
     elif isinstance(request, CancelRun):
         check_name(f"{what}.by", request.by, run_id=run_id)
-        if request.why:
+        if request.why != "":  # any other value, None too, is refused
             check_note(f"{what}.why", request.why, run_id=run_id)
 
 

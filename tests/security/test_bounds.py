@@ -167,6 +167,14 @@ ENTRIES: dict[str, tuple[Entry, str]] = {
     ),
     "tag: a label over 200 characters": (lambda r, run: r.tag(run, LONG, tenant=TENANT), "label"),
     "tag: NUL in by": (lambda r, run: r.tag(run, "ok", tenant=TENANT, by="a\x00"), "by"),
+    "cancel: why not a string": (
+        lambda r, run: r.cancel(run, tenant=TENANT, by="ann", why=None),  # type: ignore[arg-type]
+        "why",
+    ),
+    "ask_to_cancel: why not a string": (
+        lambda r, run: r.ask_to_cancel(run, tenant=TENANT, by="ann", why=None),  # type: ignore[arg-type]
+        "why",
+    ),
 }
 
 
@@ -202,6 +210,14 @@ def test_options_refuse_control_characters_and_long_names(
     capped their length, now the agent's too), naming the field."""
     with pytest.raises(InvalidInputError, match=named):
         Options.of(fields)
+
+
+def test_a_cancel_whose_why_is_not_a_string_is_refused() -> None:
+    """`App.cancel` checks its request as built, not decoded: a ``why`` of ``None`` went on to
+    the lease store's ask (and, in Redis, failed the other calls sent with it)."""
+    request = CancelRun(run_id="r", tenant=TENANT, by="ops", why=None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r"CancelRun\.why"):
+        check_request(request)
 
 
 @pytest.mark.parametrize(

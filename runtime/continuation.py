@@ -399,7 +399,7 @@ async def _passed_on(
 ) -> bool:
     """One try of `_pass_on_ask`: whether it is done (nothing asked, the ask passed on to the
     new run's holding, or the new run ended); False when the new run was taken up since the
-    ask found it free.
+    ask found it free, or taken over before its end was recorded.
 
     Raises:
         BackendError: A store failed; the ask may not have been passed on.
@@ -421,11 +421,14 @@ async def _passed_on(
         frontier = await resumer.read(new_id, tenant=tenant)
         if frontier.finished:
             return True
-        await held.raise_fence(frontier.fence)
-        new = HeldRun(run.agent, held, frontier, Conversation(""))
-        finished = writer.event(new, RunFinished, status="cancelled", error=asked.error)
-        what = f"its end, cancelled by {asked.by}"
-        await writer.append_while_held(new, [finished], what=what)
+        try:
+            await held.raise_fence(frontier.fence)
+            new = HeldRun(run.agent, held, frontier, Conversation(""))
+            finished = writer.event(new, RunFinished, status="cancelled", error=asked.error)
+            what = f"its end, cancelled by {asked.by}"
+            await writer.append_while_held(new, [finished], what=what)
+        except FencedError:
+            return False  # taken over meanwhile: ask its new holding
         return True
 
 

@@ -477,6 +477,37 @@ async def test_a_cancel_asked_as_the_run_is_carried_on_outlasts_a_lease_store_bl
     assert world.ledger.count("pay") == 0
 
 
+async def test_a_cancel_asked_as_the_run_is_carried_on_outlasts_losing_the_new_runs_lease(
+    world: World,
+) -> None:
+    """As above, but the carrying holder loses the new run's lease as it ends it (a worker
+    took it over meanwhile): the carry has succeeded, so the resume must not fail with that
+    fence; the ask is passed on again, and the new run ends ``cancelled``, never paying."""
+    await world.waiting_then_approved()
+    runner = world.runner(continuation=POLICY)
+    append, append_held = runner.writer.append, runner.writer.append_while_held
+    fenced: list[str] = []
+
+    async def asked_as_it_hands_over(run: Any, events: Sequence[Any]) -> None:
+        if any(isinstance(e, RunContinued) for e in events):
+            assert await world.runner().ask_to_cancel(RUN, tenant=TENANT, by="ann") is not None
+        await append(run, events)
+
+    async def fenced_once(run: Any, events: Sequence[Any], *, what: str) -> None:
+        if run.run_id == NEXT and not fenced:
+            fenced.append(run.run_id)
+            raise FencedError("taken over meanwhile", run_id=NEXT, holder="fleet")
+        await append_held(run, events, what=what)
+
+    runner.writer.append = asked_as_it_hands_over  # type: ignore[method-assign]
+    runner.writer.append_while_held = fenced_once  # type: ignore[method-assign]
+    done = await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+
+    assert fenced
+    assert (done.run_id, done.status) == (NEXT, "cancelled")
+    assert world.ledger.count("pay") == 0
+
+
 async def test_a_carry_whose_new_run_a_worker_took_up_at_once_is_no_conflict(
     world: World,
 ) -> None:

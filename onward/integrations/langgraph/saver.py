@@ -1373,18 +1373,16 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         and is lost with it if its process ended before the ledger came back. Each write in
         the log that carries its calls' tokens (`GraphWritesSaved.usage`; a copied write does
         not) is recorded under its own seq, the key its first record took, so one recorded
-        already changes nothing; the log is read only when the ledger counts fewer calls or
-        tokens for the thread than its writes carry (``state.spent``). A ledger that cannot
-        be reached is logged: the writes stay in the log for the next claim."""
+        already changes nothing; the log is read only when the ledger has no entry under one
+        of those writes' seqs (``state.spent_seqs``): its totals cannot stand for them, as an
+        entry recorded for writes whose append failed counts as much as a lost one would. A
+        ledger that cannot be reached is logged: the writes stay in the log for the next
+        claim."""
         if self.spend is None or not state.spent_calls:
             return
         try:
-            spent = await self.spend.run_total(thread_id)
-            if (
-                spent.calls >= state.spent_calls
-                and spent.input_tokens >= state.spent.input_tokens
-                and spent.output_tokens >= state.spent.output_tokens
-            ):
+            kept = {entry.seq for entry in await self.spend.entries(thread_id)}
+            if kept.issuperset(state.spent_seqs):
                 return
             read = await read_whole_run(
                 self.log,
@@ -1397,7 +1395,11 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             # Only what counts: writes a fence refused are not the ones their seq keys.
             for stored in SequenceGuard().admit_all(read):
                 event = stored.event
-                if not isinstance(event, GraphWritesSaved) or event.usage is None:
+                if (
+                    not isinstance(event, GraphWritesSaved)
+                    or event.usage is None
+                    or event.seq in kept
+                ):
                     continue
                 calls = _model_usages(self._loads(write.value) for write in event.writes)
                 if calls:

@@ -94,6 +94,7 @@ class ThreadSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     sent_again: dict[str, int] = {}
     spent: Usage = Usage()
     spent_calls: int = 0
+    spent_seqs: list[int] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -156,6 +157,7 @@ def summarize(
         sent_again=dict(state.sent_again),
         spent=state.spent,
         spent_calls=state.spent_calls,
+        spent_seqs=list(state.spent_seqs),
     )
 
 
@@ -173,6 +175,7 @@ def restored(summary: ThreadSummary, *, snapshot_every: int) -> ThreadState:
         partial=True,
         spent=summary.spent,
         spent_calls=summary.spent_calls,
+        spent_seqs=list(summary.spent_seqs),
     )
     for event in summary.checkpoints:
         state.checkpoints.setdefault(event.checkpoint_ns, {})[event.checkpoint_id] = event

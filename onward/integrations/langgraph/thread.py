@@ -171,6 +171,9 @@ class ThreadState:
             `GraphWritesSaved.usage`, never a copied write's), and ``spent_calls`` how many
             writes carry them: what the spend ledger holds for the thread at least, unless an
             entry was lost. Kept when the thread is deleted: the calls were paid for.
+        spent_seqs: The seqs of those writes, which key their ledger entries: an entry
+            recorded for writes whose append failed counts in the ledger's totals as much as
+            a lost one, so only the keys tell a lost entry.
     """
 
     run_id: str
@@ -193,6 +196,7 @@ class ThreadState:
     ended: bool = False
     spent: Usage = field(default_factory=Usage)
     spent_calls: int = 0
+    spent_seqs: list[int] = field(default_factory=list)
 
     @property
     def last_seq(self) -> int:
@@ -321,6 +325,7 @@ class ThreadState:
     def _writes(self, event: GraphWritesSaved) -> None:
         if event.usage is not None:
             self.spent_calls += 1
+            self.spent_seqs.append(event.seq)
             self.spent = Usage(
                 input_tokens=self.spent.input_tokens + event.usage.input_tokens,
                 output_tokens=self.spent.output_tokens + event.usage.output_tokens,

@@ -544,3 +544,59 @@ async def test_a_call_left_unrecorded_by_a_saver_that_ended_is_counted_at_the_ne
     assert copied.calls == 0
     if clustered is None:
         assert (paid.calls, paid.micros) == (2, 800)
+
+
+async def test_a_call_left_unrecorded_is_counted_beside_one_whose_writes_were_lost(
+    clustered: KafkaServers | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's model answers, its spend is recorded, and the append of its writes fails; the
+    saver ends. The next saver makes the node again while the ledger is down, and ends before
+    it comes back. The ledger then holds one entry (of the lost writes) as large as the writes
+    in the log carry, but not the entry of the call those writes hold: the next claim must
+    count it, not take the ledger's totals for it."""
+    thread_id = f"both-{uuid.uuid4().hex[:8]}"
+    made: list[str] = []
+    sync: dict[str, Any] = {"durability": "sync"}
+    async with placed(clustered, tmp_path) as (world, ledger, _):
+        log = {"down": False, "cut": False}
+        append = world.log.append
+
+        async def cut_at_the_first_answer(events: Any) -> Any:
+            paid = any(
+                isinstance(e, GraphWritesSaved)
+                and any(b"small-1" in w.value.data for w in e.writes)
+                for e in events
+            )
+            if paid and not log["cut"]:
+                log["cut"] = log["down"] = True
+            if log["down"]:
+                raise BackendUnavailableError("the log did not answer; nothing was stored")
+            return await append(events)
+
+        down = {"now": False}
+        record = ledger.record
+
+        async def record_unless_down(entry: SpendEntry) -> bool:
+            if down["now"]:
+                raise BackendUnavailableError("the spend ledger did not answer")
+            return await record(entry)
+
+        monkeypatch.setattr(world.log, "append", cut_at_the_first_answer)
+        monkeypatch.setattr(ledger, "record", record_unless_down)
+        async with saver_of(world, ledger) as saver:
+            with pytest.raises(BackendUnavailableError):
+                await small_graph(saver, made).ainvoke(
+                    {"messages": [HumanMessage("hi")]}, config(thread_id), **sync
+                )
+            log["down"] = False
+        assert (await ledger.run_total(thread_id)).calls == 1
+        down["now"] = True
+        async with saver_of(world, ledger) as saver:
+            await small_graph(saver, made).ainvoke(None, config(thread_id), **sync)
+        down["now"] = False
+        async with saver_of(world, ledger) as saver:
+            await saver.aclaim(thread_id)
+            await saver.arelease(thread_id)
+        total = await ledger.run_total(thread_id)
+    assert len(made) == 2
+    assert (total.calls, total.micros) == (2, 800)

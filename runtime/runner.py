@@ -325,6 +325,7 @@ class AgentRunner(Resource):
         tenant: str,
         run_id: str | None = None,
         options: Mapping[str, Any] | None = None,
+        bind: Binding | None = None,
     ) -> RunResult:
         """Start a run and drive it until it finishes or waits on a person.
 
@@ -332,6 +333,7 @@ class AgentRunner(Resource):
             options: Recorded in `RunStarted` (`onward.runtime.options.Options.recorded`); the
                 fold reads ``user``, ``mode`` and ``checkpoints`` (a collaborative run waits
                 for a person at those boundaries) and ``max_iterations``.
+            bind: The agent for each run it is carried on into, by its id, as for `resume`.
 
         Raises:
             ResumeConflictError: Another worker holds a run under that id.
@@ -367,7 +369,7 @@ class AgentRunner(Resource):
             )
             await self.writer.append(run, [started])
             result = await self._drive(run)
-        return await self._onward(agent, result)
+        return await self._onward(agent, result, bind)
 
     async def end_at_start(
         self,

@@ -84,6 +84,8 @@ class RequestHandler:
                         tenant=request.tenant,
                         run_id=request.run_id,
                         options=checked_options(request.options),
+                        # Each run it is carried on into gets toolsets bound to that run.
+                        bind=lambda new: worker.for_run(agent, new, request.tenant),
                     )
             except InvalidInputError:
                 if await worker.runner.resumer.exists(request.run_id):

@@ -17,7 +17,7 @@ from onward.runtime import AgentRunner
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.continuation import ContinuationPolicy, successor_id
-from onward.runtime.fleet.requests import ResumeRun
+from onward.runtime.fleet.requests import ResumeRun, StartRun
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.settings import Settings
@@ -112,3 +112,23 @@ async def test_a_run_carried_on_into_another_has_its_toolsets_bound_to_the_new_r
     done = await worker.runner.inspect(new, tenant=TENANT)
     assert (done.status, done.output) == ("completed", "done")
     assert toolset.calls[2:] == [(new, "c")]
+
+
+async def test_a_run_a_worker_started_and_carried_on_has_its_toolsets_bound_to_the_new_run(
+    backends: Backends,
+) -> None:
+    toolset = _PerRun()
+    agent = Agent(name="looker", instructions="look", toolsets=[toolset])
+    worker = Worker(
+        backends,
+        ScriptedProvider([*_looking("a", "b", "c"), reply("done")]),
+        {agent.name: agent},
+        backoff_s=0,
+    )
+    worker.runner.continuation = ContinuationPolicy(max_steps=2)
+    assert await worker.handle(StartRun(run_id=RUN, tenant=TENANT, agent=agent.name, input="go"))
+    await worker.drained()
+
+    new = successor_id(RUN)
+    assert (await worker.runner.inspect(RUN, tenant=TENANT)).continued_to == new
+    assert toolset.calls == [(RUN, "a"), (new, "b"), (successor_id(new), "c")]

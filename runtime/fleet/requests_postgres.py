@@ -116,8 +116,13 @@ class ClaimedRequest(msgspec.Struct, frozen=True):
     signature: bytes | None
     agent: str | None = None
 
-    def request(self) -> Request:
+    def request(self, carried: Collection[str] | None = None) -> Request:
         """The request the row holds, checked as a worker checks what it is given.
+
+        Args:
+            carried: The agents of the worker that claimed it: a row stored for no agent
+                (before migration 0019, or by a sender of then) whose body names one of
+                them is acted on; ``None`` acts on none such.
 
         Raises:
             InvalidInputError: Not a request this code knows (`decode_request`), or one whose
@@ -129,10 +134,11 @@ class ClaimedRequest(msgspec.Struct, frozen=True):
         if request.run_id != self.run_id:
             raise InvalidInputError(f"stored for run {self.run_id!r} but names another run")
         # The column is not signed: a row routed to a worker for another agent than its
-        # (signed) body names is set aside, not acted on; so is one whose column was emptied
-        # (any worker takes it, and one without the agent would end the run failed).
+        # (signed) body names is set aside, not acted on; so is one whose column is empty
+        # (any worker takes it) claimed by a worker without the agent (it would end the run
+        # failed). One that carries it acts on it: starts stored before the column was.
         named = getattr(request, "agent", None)
-        if self.agent is None and named is not None:
+        if self.agent is None and named is not None and named not in (carried or ()):
             raise InvalidInputError(f"stored for no agent but names agent {named!r}")
         if self.agent is not None and named != self.agent:
             raise InvalidInputError(f"stored for agent {self.agent!r} but names another agent")

@@ -841,7 +841,7 @@ class Worker:
         headers = [(SIGNATURE_HEADER, row.signature)] if row.signature is not None else []
         try:
             self._check_signed(row.run_id.encode(), row.value, headers)
-            request = row.request()
+            request = row.request(self.agents.keys())
         except InvalidInputError as exc:
             # Set aside for good, as a bad record on the topic is: anyone who can write the
             # table can write such a row, and one that stopped the worker would stop them all.

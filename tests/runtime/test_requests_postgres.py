@@ -591,6 +591,42 @@ async def test_a_start_whose_agent_column_was_emptied_is_set_aside_not_ended_fai
     assert "stored for no agent but names agent 'stepper'" in said[0]
 
 
+async def test_a_start_stored_for_no_agent_is_started_by_a_worker_carrying_its_agent(
+    database_url: str, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start stored without the agent column (before migration 0019, or by a sender of
+    then) goes to any worker, as the migration says: one that carries the agent its signed
+    body names starts it; it is not set aside."""
+    monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
+    settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS).model_copy(
+        update={"app_mode": "in_process"}
+    )
+    signer = RequestSigner(REQUEST_KEY)
+    stop = asyncio.Event()
+    async with (
+        open_backends(settings) as backends,
+        PostgresRequests(database_url, schema=pg_schema, signer=signer) as table,
+    ):
+        await table.submit(_start("r1"))
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+        try:
+            await conn.execute("UPDATE onward_requests SET agent = NULL")
+        finally:
+            await conn.close()
+        steps = Worker(
+            backends, provider(), {"stepper": agents["stepper"]}, name="steps", recheck_s=60
+        )
+        serving = asyncio.create_task(steps.serve_postgres(stop, requests=table, signer=signer))
+        try:
+            await until(lambda: _none_waiting(table), "the row acted on or set aside")
+            await steps.drained()
+        finally:
+            stop.set()
+            await asyncio.wait_for(serving, 30)
+        assert steps.stats.set_aside == 0
+        assert await backends.runner(provider()).resumer.exists("r1")
+
+
 async def test_a_start_no_worker_took_is_cancelled_from_the_table_and_its_stream_ends(
     database_url: str, pg_schema: str
 ) -> None:

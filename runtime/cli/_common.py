@@ -183,11 +183,30 @@ def error(message: str) -> None:
     err.print(Text(printable(message), style="red"), soft_wrap=True)
 
 
+_ANSI_C = {"\\": "\\\\", "'": "\\'"}
+"""What ends or escapes text in ``$'...'``, escaped there."""
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one shell word that gives back exactly ``text`` when pasted into a shell.
+
+    A run id (a tenant, a call id) may hold what `printable` escapes (a C1 control, a
+    right-to-left override): `shlex.quote` keeps it, and `printable` then shows its escape,
+    which pasted back names another run (a next page would list runs again, a command would
+    find no run). Such text is ANSI-C quoted (``$'run\\u202e1'``, read so by bash, zsh and
+    ksh), which `printable` leaves as it is.
+    """
+    if printable(text) == text:
+        return shlex.quote(text)
+    escaped = (_ANSI_C.get(c) or (c if printable(c) == c else f"\\u{ord(c):04x}") for c in text)
+    return f"$'{''.join(escaped)}'"
+
+
 def resolve_commands(run_id: str, tenant: str, call: CallState) -> list[str]:
     """The two `onward resolve` commands that settle an undecided call, ready to fill in."""
     base = (
-        f"onward resolve {shlex.quote(run_id)} {shlex.quote(call.call_id)} "
-        f"--tenant {shlex.quote(tenant)}"
+        f"onward resolve {shell_word(run_id)} {shell_word(call.call_id)} "
+        f"--tenant {shell_word(tenant)}"
     )
     return [
         f"{base} --outcome completed --result JSON --by NAME --why REASON",

@@ -9,7 +9,6 @@ is never shown twice and never makes another run be skipped.
 from __future__ import annotations
 
 import re
-import shlex
 import time
 from typing import Annotated, Any, cast, get_args
 
@@ -28,7 +27,7 @@ from onward.runtime.spend.base import Spend, SpendLedger
 from onward.runtime.spend.postgres import PostgresSpendLedger
 from onward.runtime.spend.sqlite import SqliteSpendLedger
 
-from ._common import echo_json, err, opened, out, run_until_terminated
+from ._common import echo_json, err, opened, out, run_until_terminated, shell_word
 from .summary import shown, utc_time
 
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
@@ -262,6 +261,6 @@ def runs_command(
     out.print(runs_table(page, now_us=now_us, spend=spend))
     if cursor is not None:
         err.print(
-            shown(f"more runs follow; the next page: add --after {shlex.quote(cursor)}"),
+            shown(f"more runs follow; the next page: add --after {shell_word(cursor)}"),
             soft_wrap=True,
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import shlex
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
@@ -65,6 +64,7 @@ from ._common import (
     opened,
     out,
     run_until_terminated,
+    shell_word,
     text_option,
 )
 from .progress import TurnLines
@@ -223,8 +223,8 @@ async def chain_of(reader: AgentRunner, frontier: Frontier) -> list[Frontier]:
 
 def _carry_on_hint(run_id: str, tenant: str) -> str:
     return (
-        f"carry it on with onward run --resume {shlex.quote(run_id)} --tenant "
-        f"{shlex.quote(tenant)} --agent MODULE:ATTR --provider MODULE:ATTR"
+        f"carry it on with onward run --resume {shell_word(run_id)} --tenant "
+        f"{shell_word(tenant)} --agent MODULE:ATTR --provider MODULE:ATTR"
     )
 
 
@@ -339,7 +339,7 @@ def start_command(
 
     async def work(backends: Backends) -> None:
         where = ["--tenant", tenant, "--agent", agent_spec, "--provider", provider_spec]
-        carry_on = shlex.join(["onward", "run", "--resume", new_id, *where])
+        carry_on = " ".join(map(shell_word, ["onward", "run", "--resume", new_id, *where]))
         said = (
             None
             if as_json

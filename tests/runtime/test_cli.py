@@ -761,6 +761,50 @@ def started_with(db: Path, run_id: str) -> object:
     return first["event"]["input"]
 
 
+def pasted(command: str) -> list[str]:
+    """The words a shell (bash, in UTF-8) gives ``command`` pasted into it."""
+    said = subprocess.run(
+        ["bash", "-c", f"printf '%s\\0' {command}"],
+        env={"LC_ALL": "C.UTF-8"},
+        capture_output=True,
+        check=True,
+    )
+    return said.stdout.decode().split("\0")[:-1]
+
+
+def test_the_commands_said_for_a_run_id_a_terminal_must_not_get_raw_give_it_back(
+    db: Path,
+) -> None:
+    """A run id holding a right-to-left override (or a C1 control) is shown escaped, yet the
+    commands printed to carry the run on or settle its calls, pasted into a shell, name it."""
+    run_id = "s\u202e1\x85'"
+    started = onward(db, "start", "book 3A", "--run-id", run_id, *AGENT)
+    assert started.exit_code == 0, started.output
+    line = started.stdout.splitlines()[0]
+    assert "\u202e" not in line
+    assert "\x85" not in line
+    assert pasted(line.split("if this stops: ", 1)[1])[:4] == ["onward", "run", "--resume", run_id]
+
+    undecided = f"{run_id}-2"
+
+    async def crashed() -> None:
+        async with SqliteEventLog(db) as log, SqliteLeaseStore(db) as leases:
+            await start_on(
+                log,
+                leases,
+                undecided,
+                agent=cli_agent.booker(),
+                provider=cli_agent.booking_model(),
+                crash_at="tool.returned",
+            )
+
+    asyncio.run(crashed())
+    resumed = onward(db, "run", "--resume", undecided, "--tenant", TENANT, *AGENT)
+    assert resumed.exit_code == 4, resumed.output
+    [command, *_] = [c for c in resumed.stderr.splitlines() if "onward resolve " in c]
+    assert pasted(command.split("onward resolve ", 1)[1])[0] == undecided
+
+
 def test_start_makes_the_database_runs_the_agent_and_prints_how_to_carry_it_on(db: Path) -> None:
     result = onward(db, "start", "book 3A", "--run-id", "s-1", *AGENT)
     assert result.exit_code == 0, result.output

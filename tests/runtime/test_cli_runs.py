@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from support.readme import run_example
 from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
 
+from onward.projections.audit import printable
 from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
@@ -135,6 +137,32 @@ def test_the_table_shows_each_run_and_says_how_to_page_on(stack: Stack) -> None:
         ["run-01", TENANT, "booker", "completed"],
     ]
     assert "--after run-01" in result.stderr
+
+
+def test_the_next_page_hint_pasted_into_a_shell_pages_on_exactly(stack: Stack) -> None:
+    """Run ids may hold what a terminal must not be sent raw (a right-to-left override, a C1
+    control): the hint shows them escaped, yet pasted into a shell it gives back the very id,
+    so the next page neither repeats a run nor skips one."""
+    ids = sorted(["run-a\u202eb", "run-a\x85b", "run-ab", "run-ac", "run-a'\\u202ez", "run-z"])
+    stack.write(*(frontier(run_id, through=i, tenant=TENANT) for i, run_id in enumerate(ids)))
+    seen: list[str] = []
+    after: list[str] = []
+    for _ in range(len(ids) + 2):
+        result = stack.onward("--tenant", TENANT, "--limit", "1", *after)
+        assert result.exit_code == 0, result.output
+        seen += [row.split()[0] for row in result.stdout.splitlines()[1:]]
+        if "more runs follow" not in result.stderr:
+            break
+        assert not any(ord(c) in range(0x80, 0xA0) or c == "\u202e" for c in result.stderr)
+        hint = result.stderr.strip().split("--after ", 1)[1]
+        pasted = subprocess.run(
+            ["bash", "-c", f"printf %s {hint}"],
+            env={"LC_ALL": "C.UTF-8"},
+            capture_output=True,
+            check=True,
+        )
+        after = ["--after", pasted.stdout.decode()]
+    assert seen == [printable(run_id) for run_id in ids]
 
 
 @pytest.mark.parametrize(

@@ -200,6 +200,8 @@ class Worker:
         self._stoppers: set[asyncio.Task[Any]] = set()
         self._slot = asyncio.Event()
         self._scans: set[asyncio.Task[None]] = set()
+        self._pass: asyncio.Task[None] | None = None
+        """The last recovery pass started (`_scan`)."""
         self._starting: dict[str, _Once] = {}
         self._recovery = Recovery(self)
         self._requests = RequestHandler(self, self._recovery)
@@ -441,15 +443,22 @@ class Worker:
 
     def _scan(self, partitions: Collection[int], *, adopt: bool = False) -> None:
         """Look for lapsed runs in the background (`Recovery.recover`)."""
-        self._in_background(
+        self._pass = self._in_background(
             self._recovery.recover(partitions, adopt=adopt), "looking for runs to carry on"
         )
+
+    def _recheck(self, partitions: Collection[int], *, adopt: bool = False) -> None:
+        """`_scan` every ``recheck_s``, unless the last pass is still going: a pass slower
+        than that (a slow store, very many runs) would be joined by another listing the same
+        runs and checking their leases again, and then by more."""
+        if self._pass is None or self._pass.done():
+            self._scan(partitions, adopt=adopt)
 
     def _launch_lapsed(self) -> None:
         """Give free slots to lapsed runs the last look found, in the background."""
         self._in_background(self.launch_lapsed(), "carrying on lapsed runs")
 
-    def _in_background(self, work: Awaitable[int], what: str) -> None:
+    def _in_background(self, work: Awaitable[int], what: str) -> asyncio.Task[None]:
         async def guarded() -> None:
             try:
                 await work
@@ -459,6 +468,7 @@ class Worker:
         task = asyncio.create_task(guarded())
         self._scans.add(task)
         task.add_done_callback(self._scans.discard)
+        return task
 
     # -- serving -----------------------------------------------------------------------------
 
@@ -466,7 +476,7 @@ class Worker:
         """Carry on lapsed runs of every partition until ``stop``, then drain."""
         self.owned = set(range(self.backends.log.partitions))
         while not stop.is_set():
-            self._scan(self.owned)
+            self._recheck(self.owned)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.recheck_s)
         self.drain()
@@ -595,7 +605,7 @@ class Worker:
                 _log.warning("committing took over %.0fs; trying again", _LEAVE_S)
             if time.monotonic() >= next_scan:
                 next_scan = time.monotonic() + self.recheck_s
-                self._scan(set(self.owned), adopt=True)
+                self._recheck(set(self.owned), adopt=True)
 
     async def _cancels_while_full(self, consumer: AIOKafkaConsumer, offsets: _Offsets) -> None:
         """Act on the cancels waiting in the owned partitions while the worker is full.
@@ -776,7 +786,7 @@ class Worker:
                 while not stop.is_set():
                     if time.monotonic() >= next_scan:
                         next_scan = time.monotonic() + self.recheck_s
-                        self._scan(self.owned)
+                        self._recheck(self.owned)
                     self._slot.clear()
                     woken.clear()
                     try:

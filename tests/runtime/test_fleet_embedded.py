@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from support import cli_agent
 from support.fleet import agents, script
+from support.fleet_checks import SlowListings
 from typer.testing import CliRunner
 
 from onward.errors import InvalidInputError
@@ -508,3 +509,22 @@ async def test_a_run_stopped_for_a_cancel_is_not_counted_as_a_failed_attempt(
         await worker.drained()
         ended = await worker.runner.inspect(run_id, tenant=TENANT)
         assert (ended.status, worker.stats.statuses) == ("cancelled", {"cancelled": 1})
+
+
+@pytest.mark.timeout(60)
+async def test_a_slow_recovery_pass_is_not_overlapped_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that takes longer than ``recheck_s`` (a slow store, very many runs) is not joined
+    by the next one, each listing the runs and checking their leases again; the next starts
+    once it ended, and stopping does not wait for a pass."""
+    async with open_backends(_settings(tmp_path / "fleet.db")) as backends:
+        worker = Worker(backends, ScriptedProvider(script), agents, recheck_s=0.05)
+        listings = SlowListings(worker, monkeypatch, delay_s=0.4)
+        stop = asyncio.Event()
+        serving = asyncio.create_task(worker.serve_embedded(stop))
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.wait_for(serving, 5)
+    assert listings.started >= 2, "no pass after the first"
+    assert listings.most_at_once == 1

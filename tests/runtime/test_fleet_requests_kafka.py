@@ -19,7 +19,13 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from support.appapi import agents, provider, until
 from support.deployment import kafka_settings
-from support.fleet_checks import has_status, same_partition_runs, status_of, ticked
+from support.fleet_checks import (
+    SlowListings,
+    has_status,
+    same_partition_runs,
+    status_of,
+    ticked,
+)
 from support.proxy import TcpProxy
 from support.servers import REQUEST_KEY, KafkaServers
 from support.serving import serving
@@ -379,3 +385,20 @@ async def test_a_worker_left_out_of_its_group_while_blocked_goes_on_serving(
             await requests.submit(StartRun(run_id=second, tenant=TENANT, agent="stepper"))
             await until(has(second, "completed"), "a start after the worker rejoined")
         assert task.exception() is None
+
+
+async def test_a_slow_recovery_pass_is_not_overlapped_by_the_next(
+    kafka_servers: KafkaServers, requests_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that takes longer than ``recheck_s`` is not joined by the next one, each listing
+    the runs and checking their leases again; the next starts once it ended."""
+    settings = kafka_settings(kafka_servers, PARTITIONS, requests_topic=requests_topic)
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, provider(), agents, recheck_s=0.05)
+        listings = SlowListings(worker, monkeypatch, delay_s=1.0)
+        async with serving(worker, kafka_servers.bootstrap, requests_topic, accept_unsigned=True):
+            await asyncio.sleep(2.5)
+    assert listings.started >= 2, "no pass after the first"
+    assert listings.most_at_once <= 2, "more than a rebalance's pass and a periodic one at once"

@@ -25,6 +25,7 @@ import pytest_asyncio
 from support.appapi import agents, provider, until
 from support.appapi import script as provider_script
 from support.deployment import postgres_fleet_settings
+from support.fleet_checks import SlowListings
 from support.pg import new_schema_name
 from support.processes import TESTS, spawn_onward, stop_children
 from support.proxy import TcpProxy
@@ -1110,3 +1111,33 @@ async def test_a_stream_whose_start_a_worker_set_aside_ends_saying_so(
     assert worker.stats.set_aside == 1
     assert "nothing came of its start: a worker took it and did not act on it" in str(ended.value)
     assert "set aside" in str(ended.value)
+
+
+async def test_a_slow_recovery_pass_is_not_overlapped_by_the_next(
+    database_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that takes longer than ``recheck_s`` is not joined by the next one, each listing
+    the runs and checking their leases again; the next starts once it ended."""
+    settings = Settings.model_validate(
+        {
+            "ONWARD_BACKEND": "postgres",
+            "DATABASE_URL": database_url,
+            "ONWARD_DATABASE_SCHEMA": pg_schema,
+            "ONWARD_PARTITIONS": str(PARTITIONS),
+        }
+    )
+    stop = asyncio.Event()
+    async with (
+        open_backends(settings) as backends,
+        PostgresRequests(database_url, schema=pg_schema) as table,
+    ):
+        worker = Worker(backends, provider(), agents, name="w", recheck_s=0.05)
+        listings = SlowListings(worker, monkeypatch, delay_s=0.4)
+        serving = asyncio.create_task(
+            worker.serve_postgres(stop, requests=table, accept_unsigned=True, poll_s=0.05)
+        )
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.wait_for(serving, 10)
+    assert listings.started >= 2, "no pass after the first"
+    assert listings.most_at_once == 1

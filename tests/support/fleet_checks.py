@@ -1,13 +1,17 @@
 """What the in-process fleet tests wait on with `until`: a run's status as its log says, and
-run ids whose requests share a partition."""
+run ids whose requests share a partition; how slow recovery passes overlap."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
 
 from onward.errors import NothingToResumeError
 from onward.eventlog.base import partition_for
+from onward.projections.base import RunSummary
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.fleet.worker import Worker
 
@@ -50,3 +54,27 @@ def same_partition_runs(run_id: str, prefix: str, count: int, partitions: int) -
 async def ticked(ledger: Ledger, count: int) -> bool:
     """Whether the runaway (``looper``) runs have ticked ``count`` times in all."""
     return ledger.count("tick") >= count
+
+
+class SlowListings:
+    """``worker``'s frontier listings (a recovery pass's first step) made ``delay_s`` slow,
+    counting how many passes listed and the most that listed at once."""
+
+    def __init__(self, worker: Worker, monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
+        self.started = 0
+        self.most_at_once = 0
+        self._at_once = 0
+        frontiers = worker.backends.frontiers
+        listing = frontiers.runs
+
+        async def slow(**query: Any) -> list[RunSummary]:
+            self.started += 1
+            self._at_once += 1
+            self.most_at_once = max(self.most_at_once, self._at_once)
+            try:
+                await asyncio.sleep(delay_s)
+                return await listing(**query)
+            finally:
+                self._at_once -= 1
+
+        monkeypatch.setattr(frontiers, "runs", slow)

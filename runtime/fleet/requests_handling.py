@@ -219,10 +219,8 @@ class RequestHandler:
     ) -> bool:
         worker = self._worker
         answer = worker.runner.approve if request.approve else worker.runner.deny
-        written = False
 
         async def write() -> None:
-            nonlocal written
             await answer(
                 request.run_id,
                 request.request_id,
@@ -230,7 +228,6 @@ class RequestHandler:
                 by=request.by,
                 value=request.value,
             )
-            written = True
 
         # An answer that did land makes the next ask find the run no longer waiting on it.
         try:
@@ -241,9 +238,12 @@ class RequestHandler:
         except InvalidInputError:
             if not await self._answered_already(request):
                 raise  # the run waits on it and refuses this answer (a value that does not fit)
-            return True
-        if not written or not request.approve:
-            return True  # sent twice (nothing to carry on here), or denied: the run has ended
+        if not request.approve:
+            return True  # denied: the run has ended
+        # Carried on whether written here or found answered already: the answer that landed
+        # may be this one (its append lost its answer and was tried again), and nothing else
+        # would carry the run on until a recovery pass found it lapsed. Once more is harmless:
+        # a run driven now is held (a conflict), one that ended or waits again is left alone.
         return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
 
     async def _tag(self, request: TagRun, expired: Callable[[], bool] | None = None) -> bool:

@@ -10,14 +10,17 @@ drives the run on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from onward.eventlog import ApprovalGranted, ToolCall
+from onward.errors import BackendUnavailableError
+from onward.eventlog import ApprovalGranted, Event, ToolCall, ToolDispatched
+from onward.eventlog.base import EventLog, Position
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.fleet.requests import AnswerRequest, StartRun
@@ -25,6 +28,7 @@ from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.settings import Settings
 from onward.runtime.tools import tool
+from onward.testing.eventlog import WrappedEventLog
 
 TENANT = "acme"
 
@@ -91,3 +95,38 @@ async def test_an_answer_sent_again_once_the_run_went_on_is_no_refusal(
     assert worker.stats.failures == 0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("answered already" in r.getMessage() for r in caplog.records)
+
+
+class GrantAnswerLost(WrappedEventLog):
+    """Stores the first `ApprovalGranted` and loses the answer to its append (a broker that
+    took the batch and timed out), as a real server's does."""
+
+    def __init__(self, inner: EventLog) -> None:
+        super().__init__(inner)
+        self.lost = False
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        positions = await super().append(events)
+        if not self.lost and any(isinstance(e, ApprovalGranted) for e in events):
+            self.lost = True
+            raise BackendUnavailableError("the answer to the append was lost")
+        return positions
+
+
+async def test_an_approval_whose_append_lost_its_answer_carries_the_run_on(
+    backends: Backends,
+) -> None:
+    # The worker tries the answer again, and finds the run no longer waiting on it: it was
+    # this answer that landed, and the run goes on now, not at some later recovery pass.
+    log = GrantAnswerLost(backends.log)
+    worker = _worker(dataclasses.replace(backends, log=log))
+    await worker.handle(StartRun(run_id="r", tenant=TENANT, agent="payer", input="pay"))
+    asked = (await worker.runner.inspect("r", tenant=TENANT)).waiting_on
+    assert asked is not None
+    answer = AnswerRequest(run_id="r", tenant=TENANT, request_id=asked, approve=True, by="ann")
+    assert await asyncio.wait_for(worker.handle(answer), 5)
+    assert log.lost
+    assert (await worker.runner.inspect("r", tenant=TENANT)).status == "completed"
+    records = await backends.log.read_run("r")
+    assert sum(isinstance(r.event, ApprovalGranted) for r in records) == 1
+    assert sum(isinstance(r.event, ToolDispatched) for r in records) == 1

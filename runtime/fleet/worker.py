@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import logging
 import time
 from collections import Counter
@@ -444,7 +445,8 @@ class Worker:
     def _scan(self, partitions: Collection[int], *, adopt: bool = False) -> None:
         """Look for lapsed runs in the background (`Recovery.recover`)."""
         self._pass = self._in_background(
-            self._recovery.recover(partitions, adopt=adopt), "looking for runs to carry on"
+            functools.partial(self._recovery.recover, partitions, adopt=adopt),
+            "looking for runs to carry on",
         )
 
     def _recheck(self, partitions: Collection[int], *, adopt: bool = False) -> None:
@@ -456,12 +458,15 @@ class Worker:
 
     def _launch_lapsed(self) -> None:
         """Give free slots to lapsed runs the last look found, in the background."""
-        self._in_background(self.launch_lapsed(), "carrying on lapsed runs")
+        self._in_background(self.launch_lapsed, "carrying on lapsed runs")
 
-    def _in_background(self, work: Awaitable[int], what: str) -> asyncio.Task[None]:
+    def _in_background(self, work: Callable[[], Awaitable[int]], what: str) -> asyncio.Task[None]:
+        """Run ``work()`` in a task; the call is made in the task, so a task cancelled before
+        it ran (stop right after a pass was started) leaves no coroutine never awaited."""
+
         async def guarded() -> None:
             try:
-                await work
+                await work()
             except OnwardError as exc:
                 _log.warning("%s failed: %s", what, one_line(str(exc)))
 

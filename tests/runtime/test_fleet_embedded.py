@@ -5,9 +5,11 @@ interrupted runs on; requests round-trip; attempts are counted from the log.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -528,3 +530,21 @@ async def test_a_slow_recovery_pass_is_not_overlapped_by_the_next(
         await asyncio.wait_for(serving, 5)
     assert listings.started >= 2, "no pass after the first"
     assert listings.most_at_once == 1
+
+
+async def test_stopping_just_as_a_recovery_pass_is_started_leaves_no_pass_unawaited(
+    tmp_path: Path,
+) -> None:
+    """Stop can come right after a serve loop started a pass (a tick, a rebalance): the pass,
+    cancelled before it ran, is closed, not left to warn that it was never awaited."""
+    async with open_backends(_settings(tmp_path / "fleet.db")) as backends:
+        worker = Worker(backends, ScriptedProvider(script), agents)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            worker._recheck({0, 1, 2, 3}, adopt=True)
+            worker.drain()
+            await worker.drained()
+            await asyncio.sleep(0.1)
+            del worker
+            gc.collect()
+    assert [str(w.message) for w in said] == []

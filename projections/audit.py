@@ -10,6 +10,7 @@ resume and inspect refuse a run whose history has such a hole.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,6 +124,25 @@ def printable(text: str) -> str:
     is for reading, not for parsing back.
     """
     return text.translate(_ESCAPES)
+
+
+_ANSI_C = {"\\": "\\\\", "'": "\\'"}
+"""What ends or escapes text in ``$'...'``, escaped there."""
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one shell word that gives back exactly ``text`` when pasted into a shell.
+
+    A run id (a tenant, a call id) may hold what `printable` escapes (a C1 control, a
+    right-to-left override): `shlex.quote` keeps it, and `printable` then shows its escape,
+    which pasted back names another run (a next page would list runs again, a command would
+    find no run). Such text is ANSI-C quoted (``$'run\\u202e1'``, read so by bash, zsh and
+    ksh), which `printable` leaves as it is.
+    """
+    if printable(text) == text:
+        return shlex.quote(text)
+    escaped = (_ANSI_C.get(c) or (c if printable(c) == c else f"\\u{ord(c):04x}") for c in text)
+    return f"$'{''.join(escaped)}'"
 
 
 _JSON_ESCAPES = {code: f"\\u{code:04x}" for code in _INVISIBLE if code >= 0x20}

@@ -43,6 +43,7 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.eventlog.parts import TextPart, parts_of
+from onward.projections.audit import shell_word
 from onward.projections.frontier import (
     BOUNDARIES,
     Boundary,
@@ -259,9 +260,10 @@ class MessageMapper:
         tag = self._left_for_person
         if tag is None:
             return None
+        run_id, tenant = shell_word(tag.run_id), shell_word(tag.tenant)
         settle = [
-            f"{call_id} ({tool}): onward resolve {tag.run_id} {call_id} --tenant {tag.tenant} "
-            "--outcome completed|never_ran --by NAME --why REASON"
+            f"{call_id} ({tool}): onward resolve {run_id} {shell_word(call_id)} --tenant "
+            f"{tenant} --outcome completed|never_ran --by NAME --why REASON"
             for call_id, tool in self._open_calls.items()
         ]
         return RunMessage(

@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import pkgutil
-import shlex
 import signal
 import sys
 import threading
@@ -38,7 +37,7 @@ from onward import errors
 from onward._storage import classify, one_line_driver_logs, translate
 from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.eventlog.references import is_reference, unescaped
-from onward.projections.audit import one_line, printable, printable_json
+from onward.projections.audit import one_line, printable, printable_json, shell_word
 from onward.projections.frontier import CallState
 from onward.runtime import providers
 from onward.runtime.settings import Settings, load_settings
@@ -181,25 +180,6 @@ def error(message: str) -> None:
     """One line on stderr, never re-wrapped, so a command in it can be copied whole; control
     characters a run's content put in it (a holder's name, a call id) are shown escaped."""
     err.print(Text(printable(message), style="red"), soft_wrap=True)
-
-
-_ANSI_C = {"\\": "\\\\", "'": "\\'"}
-"""What ends or escapes text in ``$'...'``, escaped there."""
-
-
-def shell_word(text: str) -> str:
-    """``text`` as one shell word that gives back exactly ``text`` when pasted into a shell.
-
-    A run id (a tenant, a call id) may hold what `printable` escapes (a C1 control, a
-    right-to-left override): `shlex.quote` keeps it, and `printable` then shows its escape,
-    which pasted back names another run (a next page would list runs again, a command would
-    find no run). Such text is ANSI-C quoted (``$'run\\u202e1'``, read so by bash, zsh and
-    ksh), which `printable` leaves as it is.
-    """
-    if printable(text) == text:
-        return shlex.quote(text)
-    escaped = (_ANSI_C.get(c) or (c if printable(c) == c else f"\\u{ord(c):04x}") for c in text)
-    return f"$'{''.join(escaped)}'"
 
 
 def resolve_commands(run_id: str, tenant: str, call: CallState) -> list[str]:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from onward._storage import check_onward_sqlite
 from onward.errors import ConfigurationError, InvalidInputError
+from onward.projections.audit import shell_word
 from onward.projections.base import FrontierStore, RunSummary
 from onward.projections.frontier import RunStatus
 from onward.projections.sqlite import SqliteFrontierStore
@@ -27,7 +28,7 @@ from onward.runtime.spend.base import Spend, SpendLedger
 from onward.runtime.spend.postgres import PostgresSpendLedger
 from onward.runtime.spend.sqlite import SqliteSpendLedger
 
-from ._common import echo_json, err, opened, out, run_until_terminated, shell_word
+from ._common import echo_json, err, opened, out, run_until_terminated
 from .summary import shown, utc_time
 
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)

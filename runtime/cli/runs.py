@@ -23,7 +23,7 @@ from onward.errors import (
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.events import Event, RunStarted, Tagged
-from onward.projections.audit import AuditLine, audit_timeline, printable
+from onward.projections.audit import AuditLine, audit_timeline, printable, shell_word
 from onward.projections.compaction.history import (
     CompactedSpan,
     compacted_span,
@@ -64,7 +64,6 @@ from ._common import (
     opened,
     out,
     run_until_terminated,
-    shell_word,
     text_option,
 )
 from .progress import TurnLines

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -102,6 +103,36 @@ async def test_a_stream_of_a_run_that_needs_a_person_ends_saying_what_to_settle(
         await asyncio.wait_for(app.resume("r1", tenant=TENANT, after=last.position).collect(), 10)
         == []
     )
+
+
+def pasted(command: str) -> list[str]:
+    """The words a shell (bash, in UTF-8) gives ``command`` pasted into it."""
+    said = subprocess.run(
+        ["bash", "-c", f"printf '%s\\0' {command}"],
+        env={"LC_ALL": "C.UTF-8"},
+        capture_output=True,
+        check=True,
+    )
+    return said.stdout.decode().split("\0")[:-1]
+
+
+async def test_the_command_a_needs_person_message_names_pasted_into_a_shell_gives_the_ids(
+    app: onward.App,
+) -> None:
+    """A run id or call id may hold spaces, quotes, ``$`` or what a terminal must not get raw
+    (a right-to-left override): the settling command, pasted into a shell, names them exactly
+    and expands nothing."""
+    run_id, call_id = "r 1'$HOME\u202e", "c $(echo x)"
+    provider = ScriptedProvider(
+        [reply("", ToolCall(call_id=call_id, tool="charge", args={"amount": 5})), reply("ok")]
+    )
+    runner = app.backends.runner(provider, observer=CrashAt("tool.dispatched"))
+    with pytest.raises(Crash):
+        await runner.run(AGENT, "charge 5", tenant=TENANT, run_id=run_id)
+    (*_, last) = await asyncio.wait_for(app.resume(run_id, tenant=TENANT).collect(), 10)
+    assert last.type == "needs_person"
+    command = last.content.split("onward resolve ", 1)[1].split(" --outcome", 1)[0]
+    assert pasted(command) == [run_id, call_id, "--tenant", TENANT]
 
 
 async def test_resolving_the_call_lets_the_run_go_on_past_its_needs_person_message(

@@ -933,10 +933,9 @@ class AgentRunner(Resource):
     async def _end_as_asked(self, run: HeldRun, asked: CancelAsked) -> None:
         """End the run ``cancelled`` as someone asked its holder to.
 
-        The ask belongs to this holding (`LeaseStore.ask_to_cancel`): an end given up on after
-        a failed append would be lost with it, and the run's next holder, finding no ask,
-        would carry the run on. So the end is kept trying for as long as the lease holds
-        (`RunWriter.append_while_held`).
+        The end is kept trying for as long as the lease holds (`RunWriter.append_while_held`);
+        one given up on after that leaves the ask with the lease for the run's next holder
+        (`LeaseStore.ask_to_cancel`).
         """
         finished = self.writer.event(run, RunFinished, status="cancelled", error=asked.error)
         await self.writer.append_while_held(
@@ -1103,7 +1102,11 @@ class AgentRunner(Resource):
             frontier = await self.resumer.read(run_id, tenant=tenant)
             await held.raise_fence(frontier.fence)
             agent = Agent(name=frontier.agent or "unknown", instructions="")
-            yield HeldRun(agent, held, frontier, Conversation(""))
+            run = HeldRun(agent, held, frontier, Conversation(""))
+            yield run
+            if not run.frontier.finished:
+                # A cancel ask its holder let go of unanswered waits for the run's next driver.
+                held.keep_ask()
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -1112,8 +1115,9 @@ class AgentRunner(Resource):
         ceiling = run.agent.max_iterations
         limit = min(run.frontier.max_iterations or ceiling, ceiling)
         while not run.frontier.finished and run.frontier.status != "waiting":
-            # Heard before anything else at a boundary: the ask goes with this holding, so a
-            # run carried into a new run or left waiting on a person would drop it.
+            # Heard before anything else at a boundary (an ask a holder that let go never heard
+            # too, kept with the lease): a run carried into a new run would not hear it, and one
+            # left waiting on a person would not until a person answers.
             asked = run.held.cancel_asked
             if asked is not None:  # someone asked its holder to cancel it (`onward cancel`)
                 await self._end_as_asked(run, asked)
@@ -1157,16 +1161,25 @@ class AgentRunner(Resource):
                     pending = [c for c in run.frontier.calls if c.call_id in dispatched]
                     if not await self._finish_turn(run, pending, dispatches):
                         break
+        await self._answer_ask_left(run)
+        return await self._ended(run.frontier)
+
+    async def _answer_ask_left(self, run: HeldRun) -> None:
+        """As the driver lets go of a run that stopped without ending, end it as asked if it
+        waits on a person and was asked; a run left otherwise keeps the ask for its next
+        driver (`Leaseholder.keep_ask`)."""
         if run.frontier.status == "waiting":
-            # An ask made since the last renewal is heard now or never: the release that lets
-            # the run wait drops it with the holding, though its asker was told it ends.
+            # An ask made since the last renewal is heard now: the release that lets the run
+            # wait keeps it, but nobody takes the run until a person answers, and its asker was
+            # told it ends.
             with contextlib.suppress(FencedError, BackendError):
                 await run.held.confirm()
         asked = run.held.cancel_asked
         if asked is not None and run.frontier.status == "waiting":
             # Heard while its turn ran: it ends rather than wait for a person to go on with it.
             await self._end_as_asked(run, asked)
-        return await self._ended(run.frontier)
+        if not run.frontier.finished:
+            run.held.keep_ask()  # not answered by this holding: the run's next driver ends it
 
     async def _paused(self, run: HeldRun, boundary: Boundary) -> bool:
         """A collaborative run waits for a person at each boundary it pauses at (once)."""

@@ -697,21 +697,62 @@ class LeaseStoreConformance:
         assert await store.ask_to_cancel(foreign, tenant="globex", by="ops") is None
         assert (await store.renew(lease, ttl_s=LONG_TTL_S)).cancel_asked is None
 
-    async def test_a_cancel_ask_belongs_to_one_holding(self, store: LeaseStore) -> None:
+    async def test_a_cancel_ask_outlives_a_holder_that_let_go(self, store: LeaseStore) -> None:
+        # Its asker was told the run ends: a holder that let go (an error, a drain) or died
+        # before it heard the ask must not take it with it, or the next holder carries on.
         run_id = new_run_id()
         lease = await self._take(store, run_id, "w1")
-        await store.ask_to_cancel(run_id, tenant=TENANT, by="ops")
+        await store.ask_to_cancel(run_id, tenant=TENANT, by="ops", why="runaway")
         await store.release(lease)
         after_release = await self._take(store, run_id, "w2")
-        assert after_release.cancel_asked is None
-        assert (await store.renew(after_release, ttl_s=LONG_TTL_S)).cancel_asked is None
+        assert after_release.cancel_asked == CancelAsked("ops", "runaway")
+        assert (await store.renew(after_release, ttl_s=LONG_TTL_S)).cancel_asked == CancelAsked(
+            "ops", "runaway"
+        )
         lapsed = new_run_id()
         await self._take(store, lapsed, "w1", ttl_s=SHORT_TTL_S)
         await store.ask_to_cancel(lapsed, tenant=TENANT, by="ops")
         await until_lapsed(store, lapsed)
         after_expiry = await self._take(store, lapsed, "w2")
-        assert after_expiry.cancel_asked is None
-        assert (await store.renew(after_expiry, ttl_s=LONG_TTL_S)).cancel_asked is None
+        assert after_expiry.cancel_asked == CancelAsked("ops")
+        again = await store.ask_to_cancel(lapsed, tenant=TENANT, by="audit", why="later")
+        assert again is not None
+        assert again.cancel_asked == CancelAsked("ops")
+
+    async def test_a_cancel_ask_its_holder_heard_goes_with_its_release(
+        self, store: LeaseStore
+    ) -> None:
+        # A holder releasing the lease it heard the ask with answered it (it ended the run): a
+        # run that lives on under the same id (a LangGraph thread) is not cancelled again.
+        run_id = new_run_id()
+        lease = await self._take(store, run_id, "w1")
+        await store.ask_to_cancel(run_id, tenant=TENANT, by="ops")
+        await store.release(await store.renew(lease, ttl_s=LONG_TTL_S))
+        assert (await self._take(store, run_id, "w2")).cancel_asked is None
+
+    async def test_a_leaseholder_letting_go_on_an_error_leaves_the_ask_it_heard(
+        self, store: LeaseStore
+    ) -> None:
+        run_id = new_run_id()
+
+        async def fails_after_hearing_it() -> None:
+            async with Leaseholder(store, run_id, tenant=TENANT, holder="w1") as held:
+                await store.ask_to_cancel(run_id, tenant=TENANT, by="ops", why="runaway")
+                await held.confirm()
+                assert held.cancel_asked is not None
+                raise RuntimeError("the model call failed before the run's next boundary")
+
+        with pytest.raises(RuntimeError):
+            await fails_after_hearing_it()
+        async with Leaseholder(store, run_id, tenant=TENANT, holder="w2") as held:
+            assert held.cancel_asked == CancelAsked("ops", "runaway")
+
+    async def test_a_cancel_ask_goes_with_a_forgotten_run(self, store: LeaseStore) -> None:
+        run_id = new_run_id()
+        lease = await self._take(store, run_id, "w1")
+        await store.ask_to_cancel(run_id, tenant=TENANT, by="ops")
+        await store.forget(lease)
+        assert (await self._take(store, run_id, "w2")).cancel_asked is None
 
     async def test_leaseholder_learns_a_cancel_ask_at_its_renewal(self, store: LeaseStore) -> None:
         run_id = new_run_id()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
@@ -61,8 +61,8 @@ class RunLease:
         holder: The worker holding it.
         fence: Raised on every acquisition; the number every write of this holder carries.
         expires_at: When the lease lapses, in the store's clock (seconds since the epoch).
-        cancel_asked: Someone asked this holding to end the run cancelled (the first ask of
-            the holding); the holder learns it from a renewal or a fence raise.
+        cancel_asked: Someone asked a holder of the run to end it cancelled (the first ask);
+            the holder learns it from its acquisition, a renewal or a fence raise.
     """
 
     run_id: str
@@ -178,6 +178,12 @@ def lapse_text(expires_at: float) -> str:
     return f"{moment} (in {math.ceil(left / 60)} min, unless its holder renews it)"
 
 
+def unheard(lease: RunLease) -> RunLease:
+    """``lease`` as released by a holder that did not answer its cancel ask (it let go on an
+    error, or releases on another's behalf): the store keeps the ask for the next holder."""
+    return replace(lease, cancel_asked=None)
+
+
 def fenced_error(lease: RunLease, why: str) -> FencedError:
     """The refusal every backend raises to a holder whose lease is gone."""
     return FencedError(
@@ -235,6 +241,11 @@ class LeaseStore(AsyncResource, Protocol):
     async def release(self, lease: RunLease) -> None:
         """Hand a lease back so the next worker need not wait out the ttl.
 
+        A cancel ask of the run (`ask_to_cancel`) is dropped only when ``lease`` carries it:
+        its holder heard it, and lets go having ended the run. One it carries not (asked after
+        its last renewal, or a holder letting go on an error, `unheard`) is kept for whoever
+        takes the run next.
+
         Raises:
             FencedError: The lease was superseded (releasing is then not this caller's to do).
         """
@@ -266,9 +277,11 @@ class LeaseStore(AsyncResource, Protocol):
 
         The ask is kept with the unexpired holding of ``tenant``'s run and handed to its holder
         with the holding's next renewal or fence raise (`RunLease.cancel_asked`); a second ask
-        of the same holding keeps the first. It belongs to that holding only: a release, an
-        expiry and every acquisition after drop it, so a run that was handed on is asked again
-        (a cancel that waits asks each holder it meets). The fence and expiry are untouched.
+        keeps the first. It outlives the holding: a holder that lets go (an error, a drain) or
+        lapses (a crash) before it answered the ask leaves it to whoever takes the run next,
+        who hears it at its acquisition, since the asker was told the run ends. A release of a
+        lease that carries it (`release`) and `forget` drop it. The fence and expiry are
+        untouched.
 
         Returns the holding asked, or ``None`` when the run has no unexpired lease of
         ``tenant`` (free, lapsed, or not this tenant's): then nobody is driving it, and the

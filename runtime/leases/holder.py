@@ -44,7 +44,7 @@ from typing import Any, Self
 
 from onward.errors import BackendError, FencedError, InvalidInputError, OnwardError
 
-from .base import CancelAsked, LeasePolicy, LeaseStore, RunLease
+from .base import CancelAsked, LeasePolicy, LeaseStore, RunLease, unheard
 from .presence import acquire_run, is_this_process
 
 logger = logging.getLogger(__name__)
@@ -115,6 +115,7 @@ class Leaseholder:
         self._requested: float | None = None
         self._ttl_s = self.policy.ttl_s
         self._on_ask: set[Callable[[], None]] = set()
+        self._keeps_ask = False
 
     @property
     def lease(self) -> RunLease:
@@ -133,6 +134,12 @@ class Leaseholder:
         as the last renewal, `confirm` or fence raise heard it; ``None`` until one did."""
         lease = self._lease
         return None if lease is None else lease.cancel_asked
+
+    def keep_ask(self) -> None:
+        """Leave a cancel ask this holding heard for the run's next holder: this one does not
+        answer it (a person's write to a run it does not end). Released otherwise, the lease
+        that carries the ask tells the store it was answered (`LeaseStore.release`)."""
+        self._keeps_ask = True
 
     async def check(self) -> None:
         """Raise if the lease is known to be lost, so work stops before its next write.
@@ -282,7 +289,7 @@ class Leaseholder:
             taken = await self.store.current(self.run_id)
             if taken is None or (taken.holder, taken.tenant) != (self.holder, self.tenant):
                 return
-            await self.store.release(taken)
+            await self.store.release(unheard(taken))
         except OnwardError as error:
             logger.warning(
                 "run %r: the failed acquisition may have taken the lease, which was not handed "
@@ -319,6 +326,7 @@ class Leaseholder:
         loop = asyncio.get_running_loop()
         requested = loop.time()
         self.fenced.clear()
+        self._keeps_ask = False
         if self._adopt:
             await self._renew()
         else:
@@ -440,8 +448,12 @@ class Leaseholder:
         self._held = False
         _HOLDING.discard((id(self.store), self.run_id, self.holder))
         self._adopt = False  # entering again takes a new lease; this one is being handed back
+        # A holder letting go on an error or a cancellation (a drain) did not answer a cancel
+        # ask it may have heard: the store keeps it for the run's next holder.
+        answered = exc_type is None and not cancelled and not self._keeps_ask
+        lease = self.lease if answered else unheard(self.lease)
         handing_back = asyncio.ensure_future(
-            self.store.forget(self.lease) if self._no_run else self.store.release(self.lease)
+            self.store.forget(lease) if self._no_run else self.store.release(lease)
         )
         try:
             # A cancellation during the release must not abandon it: the store may still be
@@ -453,7 +465,7 @@ class Leaseholder:
         except OnwardError as error:
             retrying = isinstance(error, BackendError)
             if retrying:
-                self._release_later(self.lease)
+                self._release_later(lease)
             if exc is None and not cancelled:
                 raise
             logger.warning(

@@ -21,14 +21,12 @@ from .base import CancelAsked, RunLease, check_ttl, conflict_error, fenced_error
 
 @dataclass(slots=True)
 class _Held:
-    """A granted lease: who, under which fence, until which monotonic instant, and whether
-    someone asked its holder to end the run cancelled."""
+    """A granted lease: who, under which fence, until which monotonic instant."""
 
     tenant: str
     holder: str
     fence: int
     deadline: float
-    cancel_asked: CancelAsked | None = None
 
 
 class MemoryLeaseStore(Resource):
@@ -38,6 +36,7 @@ class MemoryLeaseStore(Resource):
         self._epoch_offset = time.time() - time.monotonic()
         self._held: dict[str, _Held] = {}
         self._fences: dict[str, int] = {}
+        self._asks: dict[str, CancelAsked] = {}
 
     def _lease(self, run_id: str, held: _Held) -> RunLease:
         return RunLease(
@@ -46,7 +45,7 @@ class MemoryLeaseStore(Resource):
             holder=held.holder,
             fence=held.fence,
             expires_at=held.deadline + self._epoch_offset,
-            cancel_asked=held.cancel_asked,
+            cancel_asked=self._asks.get(run_id),
         )
 
     def _live(self, run_id: str) -> _Held | None:
@@ -121,6 +120,8 @@ class MemoryLeaseStore(Resource):
         held = self._held.get(lease.run_id)
         if held is not None and (held.holder, held.fence) == (lease.holder, lease.fence):
             del self._held[lease.run_id]
+            if lease.cancel_asked is not None:
+                self._asks.pop(lease.run_id, None)
             return
         if held is None and self._fences.get(lease.run_id) == lease.fence:
             return
@@ -135,6 +136,7 @@ class MemoryLeaseStore(Resource):
         await self.release(lease)
         if lease.fence == 1 and self._fences.get(lease.run_id) == 1:
             del self._fences[lease.run_id]
+            self._asks.pop(lease.run_id, None)
 
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any."""
@@ -149,8 +151,7 @@ class MemoryLeaseStore(Resource):
         held = self._live(run_id)
         if held is None or held.tenant != tenant:
             return None
-        if held.cancel_asked is None:
-            held.cancel_asked = CancelAsked(by, why)
+        self._asks.setdefault(run_id, CancelAsked(by, why))
         return self._lease(run_id, held)
 
     async def close(self) -> None:

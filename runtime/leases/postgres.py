@@ -28,8 +28,7 @@ _ACQUIRE = (
     "INSERT INTO onward_leases AS l (run_id, tenant, holder, fence, expires_at) "
     "VALUES ($1, $2, $3, 1, now() + make_interval(secs => $4::float8)) "
     "ON CONFLICT (run_id) DO UPDATE SET tenant = excluded.tenant, holder = excluded.holder, "
-    "fence = l.fence + 1, expires_at = excluded.expires_at, updated_at = now(), "
-    "cancel_by = NULL, cancel_why = NULL "
+    "fence = l.fence + 1, expires_at = excluded.expires_at, updated_at = now() "
     f"WHERE l.holder IS NULL OR l.expires_at <= now() {_RETURNING}"
 )
 _RENEW = (
@@ -43,7 +42,9 @@ _RAISE_FENCE = (
 )
 _RELEASE = (
     "UPDATE onward_leases SET holder = NULL, expires_at = NULL, updated_at = now(), "
-    "cancel_by = NULL, cancel_why = NULL WHERE run_id = $1 AND holder = $2 AND fence = $3"
+    "cancel_by = CASE WHEN $4::boolean THEN NULL ELSE cancel_by END, "
+    "cancel_why = CASE WHEN $4::boolean THEN NULL ELSE cancel_why END "
+    "WHERE run_id = $1 AND holder = $2 AND fence = $3"
 )
 _FORGET = "DELETE FROM onward_leases WHERE run_id = $1 AND holder = $2 AND fence = $3 AND fence = 1"
 _CURRENT = (
@@ -180,7 +181,9 @@ class PostgresLeaseStore(PostgresStore):
         """
 
         async def release(conn: asyncpg.Connection) -> bool:
-            status = await conn.execute(_RELEASE, lease.run_id, lease.holder, lease.fence)
+            status = await conn.execute(
+                _RELEASE, lease.run_id, lease.holder, lease.fence, lease.cancel_asked is not None
+            )
             if status != "UPDATE 0":
                 return True
             row = await conn.fetchrow(_ROW, lease.run_id)

@@ -38,7 +38,7 @@ from pathlib import Path
 from onward.errors import FencedError, ResumeConflictError
 from onward.runtime.observability.metrics import COUNTS
 
-from .base import LeaseStore, RunLease
+from .base import LeaseStore, RunLease, unheard
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ async def acquire_run(
         dead = await store.current(run_id)
         if dead is not None and dead.holder == refused.holder and dead.tenant == tenant:
             with contextlib.suppress(FencedError):
-                await store.release(dead)
+                await store.release(unheard(dead))
             logger.info(
                 "run %r: took over the lease of %s (fence %d), whose process on this host is gone",
                 run_id,
@@ -258,7 +258,7 @@ def _hand_back(store: LeaseStore, taken: asyncio.Future[RunLease]) -> None:
 
     async def release() -> None:
         try:
-            await store.release(lease)
+            await store.release(unheard(lease))
         except Exception as exc:  # noqa: BLE001 - best effort: the lease lapses after its ttl
             logger.warning(
                 "run %r: the lease taken for a cancelled acquisition was not released (%s); "

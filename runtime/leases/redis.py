@@ -9,7 +9,10 @@ Two keys per run:
 * ``{prefix}lease:{run_id}``, a hash (``holder``, ``tenant``, ``fence``, ``expires_at`` as a
   string of seconds since the epoch by the server's clock, and ``cancel_by`` and ``cancel_why``
   once someone asked the holder to cancel the run). Its ``PEXPIRE`` is set a little past
-  the ttl only so abandoned runs do not pile up; expiry is decided by ``expires_at``.
+  the ttl only so abandoned runs do not pile up; expiry is decided by ``expires_at``. A hash
+  with a cancel ask has none: an ask its holder let go of unanswered outlives the holding (the
+  release keeps the ask's fields) until the run's keys are collected, so whoever takes the run
+  next hears it.
 * ``{prefix}fence:{run_id}``, the run's fence counter. It has no expiry and only goes up:
   ``INCR``-ed by every acquisition, after a release or an expiry too, and set higher by
   ``raise_fence``.
@@ -109,16 +112,18 @@ class RedisLeaseStore(RedisStore):
             [holder, tenant, _ttl_ms(ttl_s), CLEANUP_GRACE_MS],
             run_id,
         )
-        if not int(taken):
-            holder_tenant = _text(held_for[0]) if held_for and held_for[0] else None
-            raise conflict_error(
-                run_id,
-                _text(value),
-                holder_tenant=holder_tenant,
-                tenant=tenant,
-                expires_at=float(expires_at),
+        if int(taken):
+            return RunLease(
+                run_id, tenant, holder, int(value), float(expires_at), _asked(*held_for)
             )
-        return RunLease(run_id, tenant, holder, int(value), float(expires_at))
+        holder_tenant = _text(held_for[0]) if held_for and held_for[0] else None
+        raise conflict_error(
+            run_id,
+            _text(value),
+            holder_tenant=holder_tenant,
+            tenant=tenant,
+            expires_at=float(expires_at),
+        )
 
     async def renew(self, lease: RunLease, *, ttl_s: float) -> RunLease:
         """Extend a lease, keeping its fence.
@@ -169,7 +174,8 @@ class RedisLeaseStore(RedisStore):
         Raises:
             FencedError: A later acquisition superseded the lease.
         """
-        if not await self._handing_back("release", lease):
+        heard = "1" if lease.cancel_asked is not None else "0"
+        if not await self._handing_back("release", lease, heard):
             raise fenced_error(lease, "was superseded, so releasing it is not this holder's to do")
 
     async def forget(self, lease: RunLease) -> None:
@@ -182,13 +188,13 @@ class RedisLeaseStore(RedisStore):
         if not await self._handing_back("forget", lease):
             await self.release(lease)
 
-    async def _handing_back(self, script: str, lease: RunLease) -> bool:
-        """Run ``script`` (``release`` or ``forget``) on the lease's two keys; whether it
-        answered 1."""
+    async def _handing_back(self, script: str, lease: RunLease, *more: str) -> bool:
+        """Run ``script`` (``release`` or ``forget``) on the lease's two keys, with ``more``
+        arguments after its holder and fence; whether it answered 1."""
         answer = await self._script(
             script,
             [self.lease_key(lease.run_id), self.fence_key(lease.run_id)],
-            [lease.holder, lease.fence],
+            [lease.holder, lease.fence, *more],
             lease.run_id,
         )
         return bool(int(answer))

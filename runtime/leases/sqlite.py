@@ -31,8 +31,7 @@ _ACQUIRE = (
     "INSERT INTO onward_leases (run_id, tenant, holder, fence, expires_at) "
     f"VALUES (?, ?, ?, 1, {SQLITE_NOW} + ?) "
     "ON CONFLICT(run_id) DO UPDATE SET tenant = excluded.tenant, holder = excluded.holder, "
-    "fence = onward_leases.fence + 1, expires_at = excluded.expires_at, "
-    "cancel_by = NULL, cancel_why = NULL "
+    "fence = onward_leases.fence + 1, expires_at = excluded.expires_at "
     f"WHERE onward_leases.holder IS NULL OR onward_leases.expires_at <= {SQLITE_NOW} "
     f"{_RETURNING}"
 )
@@ -45,8 +44,10 @@ _RAISE_FENCE = (
     f"WHERE run_id = ? AND holder = ? AND fence = ? AND expires_at > {SQLITE_NOW} {_RETURNING}"
 )
 _RELEASE = (
-    "UPDATE onward_leases SET holder = NULL, expires_at = NULL, cancel_by = NULL, "
-    "cancel_why = NULL WHERE run_id = ? AND holder = ? AND fence = ?"
+    "UPDATE onward_leases SET holder = NULL, expires_at = NULL, "
+    "cancel_by = CASE WHEN ? THEN NULL ELSE cancel_by END, "
+    "cancel_why = CASE WHEN ? THEN NULL ELSE cancel_why END "
+    "WHERE run_id = ? AND holder = ? AND fence = ?"
 )
 _FORGET = "DELETE FROM onward_leases WHERE run_id = ? AND holder = ? AND fence = ? AND fence = 1"
 _CURRENT = (
@@ -157,7 +158,8 @@ class SqliteLeaseStore(SqliteStore):
         conn = self._db.connection()
 
         def release() -> bool:
-            cursor = conn.execute(_RELEASE, (lease.run_id, lease.holder, lease.fence))
+            heard = lease.cancel_asked is not None
+            cursor = conn.execute(_RELEASE, (heard, heard, lease.run_id, lease.holder, lease.fence))
             if cursor.rowcount:
                 return True
             row = conn.execute(

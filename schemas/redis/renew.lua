@@ -15,6 +15,8 @@ end
 
 local expires_at = string.format('%.6f', now + ttl_ms / 1000)
 redis.call('HSET', lease_key, 'expires_at', expires_at)
-redis.call('PEXPIRE', lease_key, ttl_ms + grace_ms)
 local asked = redis.call('HMGET', lease_key, 'cancel_by', 'cancel_why')
+if not asked[1] then  -- an asked run's hash keeps its ask until the run is collected
+    redis.call('PEXPIRE', lease_key, ttl_ms + grace_ms)
+end
 return {1, expires_at, asked[1], asked[2]}

@@ -1,11 +1,11 @@
 """A cancel ask its holder heard is never lost at the boundary the run stops at.
 
-The ask is kept with the holding it was made to (`LeaseStore.ask_to_cancel`): a holder that lets
-the run go without ending it (to wait on a person, or carried into a new run under a new lease)
-drops it, and the run goes on for whoever answers or resumes it, although the person who asked
-was told it ends at its next boundary. Here the ask is made while the run's first model call is
-in flight and heard when the lease is confirmed before its tool call; the turn settles, and the
-run reaches its boundary with the ask heard.
+A holder that heard the ask and let the run go without ending it (to wait on a person, or
+carried into a new run under a new lease) would answer it by its release (`LeaseStore.release`
+drops an ask the released lease carries), and the run would go on for whoever answers or resumes
+it, although the person who asked was told it ends at its next boundary. Here the ask is made
+while the run's first model call is in flight and heard when the lease is confirmed before its
+tool call; the turn settles, and the run reaches its boundary with the ask heard.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from onward._storage import DRIVER_ERRORS
-from onward._storage.kafka import drop_connections, outlast, start_unbroken
+from onward._storage.kafka import drop_connections, start_unbroken
+from onward._storage.waits import outlast
 from onward.errors import BackendUnavailableError, InvalidInputError
 
 from .base import LogRecord, PartitionBounds

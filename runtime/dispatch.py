@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from onward._storage.stores import BACKEND_TIMEOUT_S
+from onward._storage.waits import outlast
 from onward.eventlog.events import NOT_CALLED
 
 from .leases.base import RunLease
@@ -42,7 +44,17 @@ async def write_ahead(
         await append_dispatch()
         return await confirm()
     except (Exception, asyncio.CancelledError):
-        await not_called()
+        # In a task of its own, waited for however often this one is cancelled meanwhile: a
+        # cancel scope that cancels at every await until it is left (anyio's, as pydantic-ai
+        # runs tools in) cut the record short, and the call was left open for a person.
+        recording = asyncio.ensure_future(not_called())
+        try:
+            await outlast(recording, BACKEND_TIMEOUT_S)
+        finally:
+            if not recording.done():
+                recording.cancel()
+        if not recording.cancelled() and (failure := recording.exception()) is not None:
+            raise failure from None
         raise
 
 

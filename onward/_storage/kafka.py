@@ -30,6 +30,7 @@ from aiokafka.helpers import create_ssl_context
 from onward.errors import ConfigurationError
 
 from .stores import BACKEND_TIMEOUT_S
+from .waits import outlast
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -88,25 +89,6 @@ def drop_connections(client_owner: Any) -> None:
         refresh.exception()  # told to its waiters; nobody else is to be warned about it
     for connection in list(getattr(client, "_conns", {}).values()):
         connection.close()
-
-
-async def outlast(task: asyncio.Future[Any], timeout_s: float) -> None:
-    """Wait for ``task`` to end, at most ``timeout_s``, however often the waiter is cancelled
-    meanwhile; a cancellation it rode out is raised once the wait is over.
-
-    A cancel scope that cancels again at every turn until it is left (anyio's) would otherwise
-    cut short the clean-up a first cancellation left to do.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    cancelled = False
-    while not task.done() and (left := deadline - loop.time()) > 0:
-        try:
-            await asyncio.wait({task}, timeout=left)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
 
 
 async def start_unbroken(client: _Startable, timeout_s: float) -> None:

@@ -26,6 +26,7 @@ from support.crashes import Crash, CrashAt
 from support.processes import TESTS
 from support.runners import log_runner
 from support.servers import KafkaServers
+from support.shell import pasted
 from typer.testing import CliRunner, Result
 
 from onward.eventlog import (
@@ -759,17 +760,6 @@ def started_with(db: Path, run_id: str) -> object:
     first = json.loads(onward(db, "replay", run_id, "--json").stdout.splitlines()[0])
     assert first["kind"] == "run.started"
     return first["event"]["input"]
-
-
-def pasted(command: str) -> list[str]:
-    """The words a shell (bash, in UTF-8) gives ``command`` pasted into it."""
-    said = subprocess.run(
-        ["bash", "-c", f"printf '%s\\0' {command}"],
-        env={"LC_ALL": "C.UTF-8"},
-        capture_output=True,
-        check=True,
-    )
-    return said.stdout.decode().split("\0")[:-1]
 
 
 def test_the_commands_said_for_a_run_id_a_terminal_must_not_get_raw_give_it_back(

@@ -5,52 +5,29 @@ case, past ASCII, and with the ``~`` and ``#`` run ids hold, on each store)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from support.paging import PAGE, RUN_IDS, TENANT, interrupted, paging_backends
 from support.pg import SchemaFactory
 
-from onward.eventlog import Message
 from onward.projections.base import RunSummary
 from onward.runtime.agent import Agent
-from onward.runtime.backends import Backends, open_backends
+from onward.runtime.backends import Backends
 from onward.runtime.fleet import recovery
 from onward.runtime.fleet.worker import Worker
-from onward.runtime.providers import ModelReply, ScriptedProvider, reply
-from onward.runtime.settings import Settings
-
-TENANT = "acme"
-PAGE = 4
-RUN_IDS = ["b#2", "B~1", "a~1", "A#3", "é~9", "e#0", "Z", "z~z", "ß#1", "~", "#", "run-7"]
+from onward.runtime.providers import ScriptedProvider, reply
 
 
 @pytest_asyncio.fixture(params=["sqlite", "postgres"])
 async def backends(
     request: pytest.FixtureRequest, tmp_path: Path, database_url: str, new_pg_schema: SchemaFactory
 ) -> AsyncIterator[Backends]:
-    if request.param == "sqlite":
-        env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "pages.db")}
-    else:
-        env = {
-            "ONWARD_BACKEND": "postgres",
-            "DATABASE_URL": database_url,
-            "ONWARD_DATABASE_SCHEMA": await new_pg_schema(),
-        }
-    async with open_backends(Settings.model_validate(env)) as opened:
+    async with paging_backends(request.param, tmp_path, database_url, new_pg_schema) as opened:
         yield opened
-
-
-async def _interrupted(backends: Backends, agent: Agent, run_id: str) -> None:
-    """A run whose first model call failed: running, nobody holding it."""
-
-    def down(messages: Sequence[Message]) -> ModelReply:
-        raise ConnectionError("the model went away")
-
-    with pytest.raises(ConnectionError):
-        await backends.runner(ScriptedProvider(down)).run(agent, "go", tenant=TENANT, run_id=run_id)
 
 
 async def test_lapsed_runs_are_listed_and_carried_on_a_page_at_a_time(
@@ -58,7 +35,7 @@ async def test_lapsed_runs_are_listed_and_carried_on_a_page_at_a_time(
 ) -> None:
     agent = Agent(name="writer", instructions="write")
     for run_id in RUN_IDS:
-        await _interrupted(backends, agent, run_id)
+        await interrupted(backends, agent, run_id)
     monkeypatch.setattr(recovery, "_LISTED_AT_ONCE", PAGE, raising=False)
     frontiers = backends.frontiers
     listing = frontiers.runs

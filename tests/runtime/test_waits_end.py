@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -25,6 +24,7 @@ from support.deployment import kafka_settings
 from support.kafka import delete_topic
 from support.servers import REQUEST_KEY, KafkaServers
 from support.serving import serving
+from support.shell import pasted
 
 import onward
 from onward.errors import InvalidInputError, RunTimeoutError
@@ -103,17 +103,6 @@ async def test_a_stream_of_a_run_that_needs_a_person_ends_saying_what_to_settle(
         await asyncio.wait_for(app.resume("r1", tenant=TENANT, after=last.position).collect(), 10)
         == []
     )
-
-
-def pasted(command: str) -> list[str]:
-    """The words a shell (bash, in UTF-8) gives ``command`` pasted into it."""
-    said = subprocess.run(
-        ["bash", "-c", f"printf '%s\\0' {command}"],
-        env={"LC_ALL": "C.UTF-8"},
-        capture_output=True,
-        check=True,
-    )
-    return said.stdout.decode().split("\0")[:-1]
 
 
 async def test_the_command_a_needs_person_message_names_pasted_into_a_shell_gives_the_ids(

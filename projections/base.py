@@ -9,9 +9,9 @@ crash it resumes from the offsets stored with the rows, and the upsert is guarde
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 
@@ -373,6 +373,21 @@ class FrontierStore(AsyncResource, Protocol):
         nor skipped for the others), ``limit`` keeps that many at most.
         """
         ...
+
+
+async def runs_in_pages(
+    frontiers: FrontierStore, *, size: int, **wanted: Any
+) -> AsyncIterator[list[RunSummary]]:
+    """`FrontierStore.runs` matching ``wanted``, ``size`` at most at a time, by run id: a pass
+    over very many runs (recovery, pending runs, a GC sweep) holds one page, and since each
+    page is read after the last one's id, none is skipped or listed twice as runs change."""
+    after: str | None = None
+    while True:
+        page = await frontiers.runs(**wanted, after=after, limit=size)
+        yield page
+        if len(page) < size:
+            return
+        after = page[-1].run_id
 
 
 class FrontierWrite(NamedTuple):

@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Literal, Self
 
 from onward.errors import ConfigurationError, NothingToResumeError
-from onward.projections.base import FrontierStore, RunSummary
+from onward.projections.base import FrontierStore, RunSummary, runs_in_pages
 from onward.projections.frontier import Frontier
 
 from .leases.base import LeaseStore, RunLease
@@ -186,25 +186,21 @@ class ExecutionManager:
         tenant = tenant or self.tenant
         frontiers = await self._store()
         pending: list[RunOverview] = []
-        after: str | None = None
-        while True:
-            # A page at a time, by run id (a keyset cursor: none skipped or listed twice while
-            # runs change status meanwhile): a deployment with very many runs going holds one
-            # page of their summaries, not every one, and each read stays short.
-            rows = await frontiers.runs(
-                tenant=tenant,
-                statuses={"waiting", "running"},
-                user=user,
-                after=after,
-                limit=_LISTED_AT_ONCE,
-            )
+        # A deployment with very many runs going holds one page of their summaries at a time,
+        # not every one, and each read stays short.
+        pages = runs_in_pages(
+            frontiers,
+            size=_LISTED_AT_ONCE,
+            tenant=tenant,
+            statuses={"waiting", "running"},
+            user=user,
+        )
+        async for rows in pages:
             for summary in rows:
                 status = await self._status(summary)
                 if status.attention in ("waiting_on_approval", "needs_person", "interrupted"):
                     pending.append(status)
-            if len(rows) < _LISTED_AT_ONCE:
-                return pending
-            after = rows[-1].run_id
+        return pending
 
     async def _status(self, summary: RunSummary) -> RunOverview:
         lease = await self.leases.current(summary.run_id) if self.leases is not None else None

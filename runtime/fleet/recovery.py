@@ -55,7 +55,7 @@ from onward.eventlog.events import (
     TurnSettled,
 )
 from onward.projections.audit import printable
-from onward.projections.base import RunSummary
+from onward.projections.base import RunSummary, runs_in_pages
 from onward.projections.frontier import Frontier, made_again
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
@@ -165,24 +165,19 @@ class Recovery:
         ttl_us = int(worker.runner.lease_policy.ttl.total_seconds() * 1_000_000)
         quiet_since = time.time_ns() // 1_000 - ttl_us
         launched = 0
-        after: str | None = None
         first = True
-        while not worker.draining:
-            # A page at a time, by run id (a keyset cursor: none skipped or listed twice), each
-            # page's lapsed runs launched before the next is read: after an outage that left
-            # very many runs lapsed, the first is carried on at once and the pass holds a page.
-            rows = await worker.backends.frontiers.runs(
-                statuses={"running"}, after=after, limit=_LISTED_AT_ONCE
-            )
+        # Each page's lapsed runs launched before the next is read: after an outage that left
+        # very many runs lapsed, the first is carried on at once and the pass holds a page.
+        pages = runs_in_pages(worker.backends.frontiers, size=_LISTED_AT_ONCE, statuses={"running"})
+        async for rows in pages:
             found = await self._lapsed_of(rows, wanted, adopt, quiet_since, count)
             if first:
                 self._lapsed, first = found, False
             else:
                 self._lapsed.update(found)
             launched += await self.launch_lapsed()
-            if len(rows) < _LISTED_AT_ONCE:
+            if self._worker.draining:  # began draining meanwhile
                 break
-            after = rows[-1].run_id
         return launched
 
     async def _lapsed_of(

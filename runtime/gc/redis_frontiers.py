@@ -33,7 +33,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 
 from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, Resource
-from onward.projections.base import RunSummary
+from onward.projections.base import RunSummary, runs_in_pages
 from onward.projections.frontier import TERMINAL_STATUSES
 from onward.projections.redis import RedisFrontierStore
 
@@ -217,18 +217,14 @@ class RedisFrontierSweeper(Resource):
         with the store.
         """
         out: list[FinishedRun] = []
-        after: str | None = None
-        while True:
-            page = await self.frontiers.runs(
-                statuses=TERMINAL_STATUSES,
-                updated_before=before,
-                after=after,
-                limit=FINISHED_AT_ONCE,
-            )
+        pages = runs_in_pages(
+            self.frontiers,
+            size=FINISHED_AT_ONCE,
+            statuses=TERMINAL_STATUSES,
+            updated_before=before,
+        )
+        async for page in pages:
             out += await self._finished_of(page, before=before)
-            if len(page) < FINISHED_AT_ONCE:
-                break
-            after = page[-1].run_id
         successors = sorted({r.successor for r in out if r.successor is not None})
         return carried_on(out, await self._rows.collected(successors))
 

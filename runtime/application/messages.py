@@ -261,11 +261,15 @@ class MessageMapper:
         if tag is None:
             return None
         run_id, tenant = shell_word(tag.run_id), shell_word(tag.tenant)
-        settle = [
-            f"{call_id} ({tool}): onward resolve {run_id} {shell_word(call_id)} --tenant "
-            f"{tenant} --outcome completed|never_ran --by NAME --why REASON"
-            for call_id, tool in self._open_calls.items()
-        ]
+        settle: list[str] = []
+        for call_id, tool in self._open_calls.items():
+            # One whole command a line: `completed|never_ran` pasted was a pipe into a command.
+            base = f"onward resolve {run_id} {shell_word(call_id)} --tenant {tenant}"
+            settle += [
+                f"  {call_id} ({tool}):",
+                f"    {base} --outcome completed --result JSON --by NAME --why REASON",
+                f"    {base} --outcome never_ran --by NAME --why REASON",
+            ]
         return RunMessage(
             type="needs_person",
             run_id=tag.run_id,
@@ -273,7 +277,7 @@ class MessageMapper:
             seq=tag.seq,
             status="needs_person",
             content="a worker cannot tell whether these calls took effect; find out, then "
-            "settle each: " + "; ".join(settle),
+            "settle each with one of its commands:\n" + "\n".join(settle),
             metadata={"calls": dict(self._open_calls)},
             iteration=self.iteration,
             tools_done=self.tools_done,

@@ -96,7 +96,7 @@ async def test_a_stream_of_a_run_that_needs_a_person_ends_saying_what_to_settle(
     last = messages[-1]
     assert last.type == "needs_person"
     assert last.metadata["calls"] == {"c1": "charge"}
-    assert "onward resolve r1 c1 --tenant acme --outcome completed|never_ran" in last.content
+    assert "onward resolve r1 c1 --tenant acme --outcome never_ran" in last.content
     again = await asyncio.wait_for(app.resume("r1", tenant=TENANT).collect(), 10)
     assert again[-1].type == "needs_person"
     assert (
@@ -122,6 +122,22 @@ async def test_the_command_a_needs_person_message_names_pasted_into_a_shell_give
     assert last.type == "needs_person"
     command = last.content.split("onward resolve ", 1)[1].split(" --outcome", 1)[0]
     assert pasted(command) == [run_id, call_id, "--tenant", TENANT]
+
+
+async def test_each_command_a_needs_person_message_names_pastes_as_one_whole_command(
+    app: onward.App,
+) -> None:
+    """Each line of the message that names a command is one command a shell runs as it is:
+    an outcome written ``completed|never_ran`` pasted was a pipe into a command ``never_ran``."""
+    await left_mid_call(app, "r5")
+    (*_, last) = await asyncio.wait_for(app.resume("r5", tenant=TENANT).collect(), 10)
+    assert last.type == "needs_person"
+    commands = [f"onward {said.splitlines()[0]}" for said in last.content.split("onward ")[1:]]
+    base = ["onward", "resolve", "r5", "c1", "--tenant", TENANT]
+    assert [pasted(command) for command in commands] == [
+        [*base, "--outcome", "completed", "--result", "JSON", "--by", "NAME", "--why", "REASON"],
+        [*base, "--outcome", "never_ran", "--by", "NAME", "--why", "REASON"],
+    ]
 
 
 async def test_resolving_the_call_lets_the_run_go_on_past_its_needs_person_message(

@@ -67,6 +67,29 @@ def check_statuses(given: list[str]) -> list[RunStatus]:
     return [cast(RunStatus, status) for status in RUN_STATUSES if status in given]
 
 
+def check_cursor(after: str) -> str:
+    """``--after`` if it is a cursor a store can compare, else `InvalidInputError` (exit 2).
+
+    A cursor is the last run id of a page, and a producer on the log may have written a run
+    id no name check would pass (a control character, more than a name's length; the log
+    refuses only NUL): refused as a name, the runs after it could not be listed.
+    """
+    if not after:
+        raise InvalidInputError("--after must not be empty; give the cursor a page ended with")
+    if "\x00" in after:
+        raise InvalidInputError(
+            f"--after holds a NUL character at position {after.index(chr(0))}; no run id holds one"
+        )
+    try:
+        after.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"--after holds {after[exc.start]!r} at position {exc.start}, a lone surrogate no "
+            "run id holds"
+        ) from None
+    return after
+
+
 def frontier_store(config: Settings) -> FrontierStore:
     """The configured backend's frontier store, read-only: listing needs nothing else, so it
     works while the event log's servers are away.
@@ -224,7 +247,7 @@ def runs_command(
         if given is not None:
             check_name(option, given)
     if after is not None:
-        check_name("--after", after)
+        check_cursor(after)
     now_us = time.time_ns() // 1000
     updated_before = None
     if older_than is not None:

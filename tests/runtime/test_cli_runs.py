@@ -111,6 +111,26 @@ def test_pages_return_every_run_once(stack: Stack) -> None:
     assert seen == sorted(runs)
 
 
+def test_json_pages_over_runs_whose_ids_hold_control_characters_return_each_once(
+    stack: Stack,
+) -> None:
+    """A producer on the log may write a run id holding a C0 control (the log refuses only
+    NUL): the ``next`` cursor of ``--json`` is that very id, and given back to ``--after`` it
+    lists the page after it, not an error that leaves the runs after it out of reach."""
+    ids = sorted(["run-a\x1bb", "run-a\nb", "run-a\x7fb", "run-b", "run-c"])
+    stack.write(*(frontier(run_id, through=i, tenant=TENANT) for i, run_id in enumerate(ids)))
+    seen: list[str] = []
+    after: list[str] = []
+    for _ in range(len(ids) + 2):
+        page = lines(stack.onward("--tenant", TENANT, "--limit", "2", "--json", *after))
+        seen += [line["run"] for line in page if "run" in line]
+        more = [line["next"] for line in page if "next" in line]
+        if not more:
+            break
+        after = ["--after", more[0]]
+    assert seen == ids
+
+
 def test_agent_and_age_filter_in_the_store(stack: Stack) -> None:
     now_us = time.time_ns() // 1000
     fresh = msgspec.structs.replace(
@@ -141,9 +161,11 @@ def test_the_table_shows_each_run_and_says_how_to_page_on(stack: Stack) -> None:
 
 def test_the_next_page_hint_pasted_into_a_shell_pages_on_exactly(stack: Stack) -> None:
     """Run ids may hold what a terminal must not be sent raw (a right-to-left override, a C1
-    control): the hint shows them escaped, yet pasted into a shell it gives back the very id,
-    so the next page neither repeats a run nor skips one."""
-    ids = sorted(["run-a\u202eb", "run-a\x85b", "run-ab", "run-ac", "run-a'\\u202ez", "run-z"])
+    control, a C0 control a producer on the log wrote): the hint shows them escaped, yet pasted
+    into a shell it gives back the very id, so the next page neither repeats a run nor skips
+    one."""
+    ids = ["run-a\u202eb", "run-a\x85b", "run-ab", "run-ac", "run-a'\\u202ez", "run-z"]
+    ids = sorted([*ids, "run-a\x1b[2Jb", "run-a\x07b"])
     stack.write(*(frontier(run_id, through=i, tenant=TENANT) for i, run_id in enumerate(ids)))
     seen: list[str] = []
     after: list[str] = []
@@ -153,7 +175,7 @@ def test_the_next_page_hint_pasted_into_a_shell_pages_on_exactly(stack: Stack) -
         seen += [row.split()[0] for row in result.stdout.splitlines()[1:]]
         if "more runs follow" not in result.stderr:
             break
-        assert not any(ord(c) in range(0x80, 0xA0) or c == "\u202e" for c in result.stderr)
+        assert not any(printable(c) != c for c in result.stderr.rstrip("\n"))
         hint = result.stderr.strip().split("--after ", 1)[1]
         pasted = subprocess.run(
             ["bash", "-c", f"printf %s {hint}"],
@@ -171,6 +193,8 @@ def test_the_next_page_hint_pasted_into_a_shell_pages_on_exactly(stack: Stack) -
         (["--status", "stuck"], "--status: 'stuck' is not a run status; one of new, running"),
         (["--older-than", "2 weeks"], "--older-than: '2 weeks' is not a duration"),
         (["--limit", "0"], "--limit must be from 1"),
+        (["--after", "run\x00x"], "--after holds a NUL character at position 3"),
+        (["--after", ""], "--after must not be empty"),
     ],
 )
 def test_a_bad_option_is_one_line_naming_it(tmp_path: Path, args: list[str], said: str) -> None:

@@ -26,6 +26,7 @@ from onward.errors import ConfigurationError, InvalidInputError, NothingToResume
 from onward.eventlog.base import EventLog
 from onward.eventlog.postgres import PostgresEventLog
 from onward.eventlog.sqlite import SqliteEventLog
+from onward.projections.audit import shell_word
 from onward.projections.base import (
     DEFAULT_CONSUMER,
     FrontierStore,
@@ -227,7 +228,8 @@ def dismiss_command(
     if entry is not None and entry.run_id is not None:
         raise InvalidInputError(
             f"the record at {where} names run {entry.run_id!r}: release the run with "
-            f"onward quarantine release {entry.run_id} --by {by}, which folds it again",
+            f"onward quarantine release {shell_word(entry.run_id)} --by {shell_word(by)}, "
+            "which folds it again",
             run_id=entry.run_id,
         )
     if entry is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from support.poison import unknown_kind
+from support.shell import pasted
 from typer.testing import CliRunner, Result
 
 from onward.eventlog import RunStarted, SqliteEventLog
@@ -174,3 +175,24 @@ def test_dismiss_refuses_bad_input_and_changes_nothing(db: Path, options: list[s
     result = onward(db, "quarantine", "dismiss", *options)
     assert result.exit_code == 2, result.output
     assert [e["state"] for e in listed(db, "--all")] == ["held", "held"]
+
+
+def test_dismiss_of_a_named_record_says_a_release_command_that_pastes_as_it_reads(
+    db: Path,
+) -> None:
+    """The run's id and who dismisses may hold spaces, quotes or ``$``: the release command
+    the refusal names, pasted into a shell, names that very run and person."""
+    run_id, by = "run q'$HOME", "ops team"
+
+    async def write() -> None:
+        async with SqliteFrontierStore(db) as store:
+            await store.write(
+                DEFAULT_CONSUMER, {1: 4}, [], [], quarantine=[poison(run_id, offset=3)]
+            )
+
+    asyncio.run(write())
+    result = onward(db, "quarantine", "dismiss", "--partition", "1", "--offset", "3", "--by", by)
+    assert result.exit_code == 2
+    command = result.stderr.split("release the run with ", 1)[1].split(", which", 1)[0]
+    assert pasted(command) == ["onward", "quarantine", "release", run_id, "--by", by]
+    assert [e["state"] for e in listed(db, "--all")] == ["held"]

@@ -432,13 +432,22 @@ async def _passed_on(
         return True
 
 
-async def cut_carry(frontier: Frontier, *, resumer: Resumer) -> str | None:
+async def cut_carry(frontier: Frontier, *, resumer: Resumer, into: str | None = None) -> str | None:
     """The successor an earlier carry of the run started and died before ending the run
     `RunContinued` for, if there is one; only reads. The log is asked whatever the lease
     store says: a store wiped since (or an id its GC forgot) keeps no trace of the carry.
+
+    Args:
+        into: A run said to be such a successor (the run whose resume came here to end this
+            one into it first, `hand_over`): looked at first, as a policy may have named it
+            (`ContinuationPolicy.continued`) where no derived id (`successor_ids`) finds it.
     """
     if not carriable(frontier):
         return None  # a carry only ever starts where the run is carriable
+    if into is not None:
+        with contextlib.suppress(NothingToResumeError):
+            if current(await resumer.read(into, tenant=frontier.tenant), frontier):
+                return into
     for new_id in successor_ids(frontier.run_id):
         # As `start_successor` tries them: an id no run holds ends the search, one another
         # run holds (of any tenant), or a carry of this run it went on without, was passed

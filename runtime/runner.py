@@ -442,10 +442,17 @@ class AgentRunner(Resource):
         return await self._onward(agent, result, bind)
 
     async def _resume_one(
-        self, agent: Agent, run_id: str, *, tenant: str, bind: Binding | None = None
+        self,
+        agent: Agent,
+        run_id: str,
+        *,
+        tenant: str,
+        bind: Binding | None = None,
+        into: str | None = None,
     ) -> RunResult:
         """`resume` of this run alone: a result ``continued`` into another run is returned
-        as it is, for `_onward` to take that run up."""
+        as it is, for `_onward` to take that run up. ``into``: a run a carry of this one
+        started and died before ending this one into (`cut_carry`)."""
         _check_run(run_id, tenant)
         refuse_unbound(agent)
         self.check_call_bounds(agent)
@@ -463,19 +470,23 @@ class AgentRunner(Resource):
                 await end_overtaken(run, writer=self.writer)
                 return await self._ended(run.frontier)
             if handed == "handed_over":
-                result = await self._restored_and_carried_on(agent, held, carried)
+                result = await self._restored_and_carried_on(agent, held, carried, into)
         old_id = carried.frontier.continuation_of
         if handed == "unfinished" and old_id is not None:
-            # The old run is ended `RunContinued` into this one first, then goes on with it.
+            # The old run is ended `RunContinued` into this one first, then goes on with it:
+            # named, as no derived id finds a run a policy named (`cut_carry`).
             if bind is None:
-                return await self.resume(agent, old_id, tenant=tenant)
+                result = await self._resume_one(agent, old_id, tenant=tenant, into=run_id)
+                return await self._onward(agent, result)
             async with bind(old_id) as bound:
-                result = await self._resume_one(bound, old_id, tenant=tenant, bind=bind)
+                result = await self._resume_one(
+                    bound, old_id, tenant=tenant, bind=bind, into=run_id
+                )
             return await self._onward(agent, result, bind)
         return result
 
     async def _restored_and_carried_on(
-        self, agent: Agent, held: Leaseholder, carried: CarriedRun
+        self, agent: Agent, held: Leaseholder, carried: CarriedRun, into: str | None = None
     ) -> RunResult:
         """The claimed run's conversation rebuilt, then the run carried on from its claim."""
         self.check_budgets(agent, Budgets.of_run(agent, carried.frontier), carried.frontier.run_id)
@@ -494,7 +505,7 @@ class AgentRunner(Resource):
             # Bodies put back, then wrapped again as written: the conversation reads a body as
             # the log holds it (`message_of` takes the wrapping of a look-alike off once).
             conversation.remember(escape_bodies(await self.writer.restore(stored.event)))
-        return await self._carry_on(HeldRun(agent, held, carried.frontier, conversation))
+        return await self._carry_on(HeldRun(agent, held, carried.frontier, conversation), into)
 
     async def _onward(
         self, agent: Agent, result: RunResult, bind: Binding | None = None
@@ -531,14 +542,15 @@ class AgentRunner(Resource):
         async with bind(new_id) as bound:
             return await self._resume_one(bound, new_id, tenant=tenant, bind=bind)
 
-    async def _carry_on(self, run: HeldRun) -> RunResult:
-        """Plan the claimed run's outstanding calls, record the plan, and drive it on."""
+    async def _carry_on(self, run: HeldRun, into: str | None = None) -> RunResult:
+        """Plan the claimed run's outstanding calls, record the plan, and drive it on; ended
+        first into a successor a carry of it cut short started (``into``, if named)."""
         plan, reconciled = await self._plan(run)
         planned = self.writer.event(run, ResumePlanned, **plan.recorded())
         # A carry cut short by a crash is finished whatever this runner's policy: the turn in
         # progress belongs to the successor now, and `_drive` stops at the run's end. Looking
         # for the successor only reads, so it is not kept waiting for the plan's append.
-        cut = asyncio.ensure_future(cut_carry(run.frontier, resumer=self.resumer))
+        cut = asyncio.ensure_future(cut_carry(run.frontier, resumer=self.resumer, into=into))
         try:
             await self.writer.append(run, [planned])
             refuse_if_undecidable(plan)

@@ -1077,3 +1077,36 @@ async def test_a_run_carried_into_a_new_run_counts_its_tools_done_across_the_cha
     progress = [(m.iteration, m.tools_done) for m in said if m.type == "progress"]
     assert progress == [(3, 3)]  # two lookups in the old run, the payment in the new
     assert (said[-1].type, said[-1].iteration, said[-1].tools_done) == ("result", 4, 3)
+
+
+class NamedCarry(ContinuationPolicy):
+    """A policy carrying a run into an id of its own choosing (a policy may override
+    `continued`)."""
+
+    def continued(self, frontier: Frontier) -> Continuation:
+        return continued(frontier, new_run_id=f"{frontier.run_id}-next")
+
+
+async def test_a_carry_cut_short_into_an_id_a_policy_chose_is_finished_from_the_new_run(
+    world: World,
+) -> None:
+    """A policy named the new run; the carry died between the new run's start and the old
+    run's end, and the new run is resumed first by a runner without that policy (a fleet
+    worker, `onward run --resume`): it ends the old run into itself, then pays, as a new run
+    under a derived id does, rather than have the old run pay and itself be left running."""
+    named = "r-next"
+    await world.waiting_then_approved()
+    agent = world.ledger.agent()
+    crashing = world.runner(continuation=NamedCarry(max_steps=10), observer=CrashAt("run.started"))
+    with pytest.raises(Crash):
+        await crashing.resume(agent, RUN, tenant=TENANT)
+    assert (await world.runner().inspect(named, tenant=TENANT)).continuation_of == RUN
+
+    done = await world.runner().resume(agent, named, tenant=TENANT)
+
+    assert (done.run_id, done.status) == (named, "completed")
+    assert (await world.runner().inspect(RUN, tenant=TENANT)).continued_to == named
+    assert world.ledger.effects.count(("pay", idempotency_key(RUN, "p"))) == 1
+    again = await world.runner().resume(agent, RUN, tenant=TENANT)
+    assert (again.run_id, again.status) == (named, "completed")
+    assert world.ledger.count("pay") == 1

@@ -66,7 +66,7 @@ from onward.projections.frontier import Frontier
 
 from .conversation import Conversation
 from .leases.holder import Leaseholder
-from .limits import MAX_NAME_LENGTH
+from .limits import MAX_NAME_LENGTH, check_name
 from .resumer import Resumer
 from .writer import HeldRun, RunWriter
 
@@ -210,11 +210,21 @@ class Continuation:
     tools_done: int = 0
 
     def check(self, frontier: Frontier) -> None:
-        """Refuse a continuation that drops an approval or a grant the run is acting under.
+        """Refuse a continuation that drops an approval or a grant the run is acting under, or
+        names a new run no run may be (`check_name`): the old run would be ended into a run
+        no resume takes.
 
         Raises:
-            ConfigurationError: An approval or grant in force is missing.
+            ConfigurationError: An approval or grant in force is missing, or ``new_run_id``
+                is no run id.
         """
+        try:
+            check_name("new_run_id", self.new_run_id, run_id=frontier.run_id)
+        except InvalidInputError as exc:
+            raise ConfigurationError(
+                f"run {frontier.run_id!r}: the continuation names no run a resume can take: {exc}",
+                run_id=frontier.run_id,
+            ) from exc
         dropped = [a for a in frontier.approved if a not in self.approved]
         dropped += [
             f"grant of {g.request_id} by {g.by}" for g in frontier.grants if g not in self.grants

@@ -1110,3 +1110,30 @@ async def test_a_carry_cut_short_into_an_id_a_policy_chose_is_finished_from_the_
     again = await world.runner().resume(agent, RUN, tenant=TENANT)
     assert (again.run_id, again.status) == (named, "completed")
     assert world.ledger.count("pay") == 1
+
+
+@pytest.mark.parametrize("new_id", ["x" * (MAX_NAME_LENGTH + 1), "r\x01next"], ids=["long", "ctrl"])
+async def test_a_continuation_into_an_id_no_run_may_have_is_refused_and_writes_nothing(
+    world: World, new_id: str
+) -> None:
+    """A policy names the new run with an id no run may have (over the length limit, or
+    holding a control character): carried into it, the old run would be ended into a run no
+    resume takes, and its payment never made. Refused as a policy that drops a grant is, with
+    nothing written; a resume with a policy that works carries the run on."""
+
+    class Misnamed(ContinuationPolicy):
+        def continued(self, frontier: Frontier) -> Continuation:
+            return continued(frontier, new_run_id=new_id)
+
+    await world.waiting_then_approved()
+    before = await world.kinds(RUN)
+    agent = world.ledger.agent()
+    with pytest.raises(ConfigurationError, match="new_run_id"):
+        await world.runner(continuation=Misnamed(max_steps=10)).resume(agent, RUN, tenant=TENANT)
+    after = await world.kinds(RUN)
+    assert kind_of(RunContinued) not in after
+    assert after[: len(before)] == before
+    assert await world.log.read_run(new_id) == []
+    result = await world.runner(continuation=POLICY).resume(agent, RUN, tenant=TENANT)
+    assert (result.run_id, result.status) == (NEXT, "completed")
+    assert world.ledger.count("pay") == 1

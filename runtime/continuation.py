@@ -211,12 +211,12 @@ class Continuation:
 
     def check(self, frontier: Frontier) -> None:
         """Refuse a continuation that drops an approval or a grant the run is acting under, or
-        names a new run no run may be (`check_name`): the old run would be ended into a run
-        no resume takes.
+        names a new run no run may be (`check_name`) or the run itself: the old run would be
+        ended into a run no resume takes, or never carried.
 
         Raises:
             ConfigurationError: An approval or grant in force is missing, or ``new_run_id``
-                is no run id.
+                is no run id or the run's own.
         """
         try:
             check_name("new_run_id", self.new_run_id, run_id=frontier.run_id)
@@ -225,6 +225,14 @@ class Continuation:
                 f"run {frontier.run_id!r}: the continuation names no run a resume can take: {exc}",
                 run_id=frontier.run_id,
             ) from exc
+        if self.new_run_id == frontier.run_id:
+            # Carried into itself, the run's own lease refuses the new run at every boundary,
+            # and the run goes on uncarried for ever.
+            raise ConfigurationError(
+                f"run {frontier.run_id!r}: the continuation names the run itself as its new run; "
+                "name another id",
+                run_id=frontier.run_id,
+            )
         dropped = [a for a in frontier.approved if a not in self.approved]
         dropped += [
             f"grant of {g.request_id} by {g.by}" for g in frontier.grants if g not in self.grants

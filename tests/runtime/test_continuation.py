@@ -1137,3 +1137,24 @@ async def test_a_continuation_into_an_id_no_run_may_have_is_refused_and_writes_n
     result = await world.runner(continuation=POLICY).resume(agent, RUN, tenant=TENANT)
     assert (result.run_id, result.status) == (NEXT, "completed")
     assert world.ledger.count("pay") == 1
+
+
+async def test_a_continuation_into_the_run_itself_is_refused_and_writes_nothing(
+    world: World,
+) -> None:
+    """A policy names the run itself as its new run: the run's own lease would refuse the new
+    run at every boundary and the run would go on uncarried. Refused, nothing carried or paid."""
+
+    class IntoItself(ContinuationPolicy):
+        def continued(self, frontier: Frontier) -> Continuation:
+            return continued(frontier, new_run_id=frontier.run_id)
+
+    await world.waiting_then_approved()
+    before = await world.kinds(RUN)
+    agent = world.ledger.agent()
+    with pytest.raises(ConfigurationError, match="names the run itself"):
+        await world.runner(continuation=IntoItself(max_steps=10)).resume(agent, RUN, tenant=TENANT)
+    after = await world.kinds(RUN)
+    assert kind_of(RunContinued) not in after
+    assert after[: len(before)] == before
+    assert world.ledger.count("pay") == 0

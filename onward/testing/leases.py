@@ -33,7 +33,7 @@ import pytest
 import pytest_asyncio
 
 from onward._storage import Resource
-from onward.errors import FencedError, ResumeConflictError
+from onward.errors import FencedError, InvalidInputError, ResumeConflictError
 from onward.runtime.leases.base import CancelAsked, LeasePolicy, LeaseStore, RunLease
 from onward.runtime.leases.holder import Leaseholder
 
@@ -674,6 +674,18 @@ class LeaseStoreConformance:
         assert again.cancel_asked == CancelAsked("ops", "")
         renewed = await store.renew(lease, ttl_s=LONG_TTL_S)
         assert renewed.cancel_asked == CancelAsked("ops", "")
+
+    async def test_a_cancel_ask_with_no_asker_or_no_reason_is_refused(
+        self, store: LeaseStore
+    ) -> None:
+        # As `AgentRunner.ask_to_cancel` refuses it: kept, a None would end the run "cancelled
+        # by None", or be told to its asker as asked while no holder ever hears it.
+        run_id = new_run_id()
+        lease = await self._take(store, run_id, "w1")
+        for by, why in ((None, ""), ("", ""), ("ops", None), ("ops", "a\x00b")):
+            with pytest.raises(InvalidInputError, match=r"^(by|why) "):
+                await store.ask_to_cancel(run_id, tenant=TENANT, by=by, why=why)  # type: ignore[arg-type]
+        assert (await store.renew(lease, ttl_s=LONG_TTL_S)).cancel_asked is None
 
     async def test_a_cancel_ask_survives_a_fence_raise(self, store: LeaseStore) -> None:
         run_id = new_run_id()

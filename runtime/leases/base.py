@@ -31,6 +31,7 @@ from onward.errors import (
     InvalidInputError,
     ResumeConflictError,
 )
+from onward.runtime.limits import check_name, check_note
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,19 @@ def check_ttl(ttl_s: float) -> None:
     """
     if not (ttl_s > 0 and math.isfinite(ttl_s)):
         raise InvalidInputError(f"a lease ttl must be positive, finite seconds, got {ttl_s!r}")
+
+
+def check_ask(run_id: str, by: object, why: object) -> None:
+    """Refuse a cancel ask whose asker or reason a store could not keep, before any store is
+    asked, as `AgentRunner.ask_to_cancel` does: a store would otherwise keep ``None`` as
+    given, turn it into an empty reason, or record an ask of nobody (every backend uses it).
+
+    Raises:
+        InvalidInputError: ``by`` is not a name, or ``why`` is neither empty nor a note.
+    """
+    check_name("by", by, run_id=run_id)
+    if why != "":  # any other value, None too, is refused
+        check_note("why", why, run_id=run_id)
 
 
 def conflict_error(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from onward._storage import Resource
 
-from .base import CancelAsked, RunLease, check_ttl, conflict_error, fenced_error
+from .base import CancelAsked, RunLease, check_ask, check_ttl, conflict_error, fenced_error
 
 
 @dataclass(slots=True)
@@ -148,6 +148,7 @@ class MemoryLeaseStore(Resource):
     ) -> RunLease | None:
         """Ask the unexpired holding of ``tenant``'s run to end it cancelled (the first ask is
         kept); the holding asked, or ``None`` when there is none."""
+        check_ask(run_id, by, why)
         held = self._live(run_id)
         if held is None or held.tenant != tenant:
             return None

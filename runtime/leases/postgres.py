@@ -17,7 +17,7 @@ import asyncpg
 
 from onward._storage import PostgresStore
 
-from .base import CancelAsked, RunLease, check_ttl, conflict_error, fenced_error
+from .base import CancelAsked, RunLease, check_ask, check_ttl, conflict_error, fenced_error
 
 _COLUMNS = (
     "tenant, holder, fence, extract(epoch FROM expires_at)::float8 AS expires_at, cancel_by, "
@@ -222,6 +222,7 @@ class PostgresLeaseStore(PostgresStore):
     ) -> RunLease | None:
         """Ask the unexpired holding of ``tenant``'s run to end it cancelled, in one guarded
         ``UPDATE`` (the first ask is kept); the holding asked, or ``None`` when there is none."""
+        check_ask(run_id, by, why)
 
         async def ask(conn: asyncpg.Connection) -> asyncpg.Record | None:
             row: asyncpg.Record | None = await conn.fetchrow(

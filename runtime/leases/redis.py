@@ -39,7 +39,7 @@ from redis.commands.core import AsyncScript
 
 from onward._storage import RedisStore, translated
 
-from .base import CancelAsked, RunLease, check_ttl, conflict_error, fenced_error
+from .base import CancelAsked, RunLease, check_ask, check_ttl, conflict_error, fenced_error
 
 CLEANUP_GRACE_MS = 60_000
 """How long past its expiry a lease hash is kept before Redis deletes it (tidiness only)."""
@@ -209,6 +209,7 @@ class RedisLeaseStore(RedisStore):
     ) -> RunLease | None:
         """Ask the unexpired holding of ``tenant``'s run to end it cancelled, in one script (the
         first ask is kept); the holding asked, or ``None`` when there is none."""
+        check_ask(run_id, by, why)
         found = await self._script(
             "ask_to_cancel", [self.lease_key(run_id)], [tenant, by, why], run_id
         )

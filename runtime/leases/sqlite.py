@@ -19,7 +19,7 @@ from typing import Any
 
 from onward._storage import SqliteStore
 
-from .base import CancelAsked, RunLease, check_ttl, conflict_error, fenced_error
+from .base import CancelAsked, RunLease, check_ask, check_ttl, conflict_error, fenced_error
 
 SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """Seconds since the epoch by SQLite's clock; 'now' is fixed for the length of one statement."""
@@ -199,6 +199,7 @@ class SqliteLeaseStore(SqliteStore):
     ) -> RunLease | None:
         """Ask the unexpired holding of ``tenant``'s run to end it cancelled, in one guarded
         ``UPDATE`` (the first ask is kept); the holding asked, or ``None`` when there is none."""
+        check_ask(run_id, by, why)
         conn = self._db.connection()
 
         def ask() -> Any:

@@ -274,28 +274,27 @@ async def test_a_failing_call_does_not_fail_the_calls_sent_with_it(
     assert taken.run_id == fine
 
 
-@pytest.mark.parametrize(("why", "named"), [(None, "NoneType"), ("a\ud800b", "surrogate")])
+@pytest.mark.parametrize(("holder", "named"), [(None, "NoneType"), ("w\ud800", "surrogate")])
 async def test_a_call_with_a_value_redis_cannot_take_fails_alone(
-    store: RedisLeaseStore, client: aioredis.Redis, why: Any, named: str
+    store: RedisLeaseStore, client: aioredis.Redis, holder: Any, named: str
 ) -> None:
     """redis-py encodes a whole pipeline at once: a value it cannot encode (``None`` for a
-    cancel's ``why``, a lone surrogate) failed every call sent with it, another run's renewal
-    included, whose worker would then believe it lost its lease. Only the call holding the
-    value fails, and its error names it."""
-    held, asked = new_run_id(), new_run_id()
+    holder, a lone surrogate) failed every call sent with it, another run's renewal included,
+    whose worker would then believe it lost its lease. Only the call holding the value fails,
+    and its error names it. (A cancel ask's ``why`` is refused before any store is asked.)"""
+    held, taken = new_run_id(), new_run_id()
     lease = await store.acquire(held, tenant=TENANT, holder="w1", ttl_s=30)
-    await store.acquire(asked, tenant=TENANT, holder="w2", ttl_s=30)
     renewed, refused = await asyncio.gather(
         store.renew(lease, ttl_s=30),
-        store.ask_to_cancel(asked, tenant=TENANT, by="ops", why=why),
+        store.acquire(taken, tenant=TENANT, holder=holder, ttl_s=30),
         return_exceptions=True,
     )
     assert isinstance(renewed, RunLease), f"another caller's bad value failed it: {renewed!r}"
     assert renewed.fence == lease.fence
     assert isinstance(refused, InvalidInputError), refused
     assert named in str(refused)
-    assert "ask_to_cancel" in str(refused)
-    assert await client.hget(store.lease_key(asked), "cancel_by") is None
+    assert "acquire" in str(refused)
+    assert not await client.exists(store.lease_key(taken), store.fence_key(taken))
 
 
 async def test_calls_still_queued_when_the_store_closes_fail_rather_than_hang(

@@ -17,11 +17,12 @@ touched since the cutoff) again in the step that deletes (`RedisFrontierStore.sw
 before it commits; a run that script keeps keeps its PostgreSQL rows too (a savepoint rolled
 back, and the rows of the others deleted again). A tag is then pinned wholly before
 the decision (and the run kept) or after the run's keys are gone (and its tagger finds the run
-gone, `AgentRunner.tag`); a pass Redis fails rolls the rows back, and the next pass lists the
-run again and finishes it. (A commit lost after the keys went would leave the run's PostgreSQL
-rows behind without a tombstone, and compaction keeping its events: rarer than a tag in the
-window it closes, and no tag lost.) Holding tags back also holds compaction's `truncate` back,
-which then sees the runs' tombstones.
+gone, `AgentRunner.tag`); a pass Redis fails rolls back the rows of the runs whose keys are
+still there, and the next pass lists them again and finishes them, while a run whose keys went
+though Redis's answer was lost (a timeout) loses its rows in that pass. (A commit lost after
+the keys went would leave the run's PostgreSQL rows behind without a tombstone, and compaction
+keeping its events: rarer than a tag in the window it closes, and no tag lost.) Holding tags
+back also holds compaction's `truncate` back, which then sees the runs' tombstones.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 
 from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, Resource
+from onward.errors import BackendError
 from onward.projections.base import RunSummary, runs_in_pages
 from onward.projections.frontier import TERMINAL_STATUSES
 from onward.projections.redis import RedisFrontierStore
@@ -278,9 +280,20 @@ class RedisFrontierSweeper(Resource):
             first = conn.transaction()
             await first.start()
             counts |= await self._rows.sweep(conn, expired, delete=delete)
-            frontiers, said, call_rows = await self.frontiers.sweep_finished(
-                expired, calls, delete=delete, before=plan.before, swept=swept
-            )
+            lost: BackendError | None = None
+            try:
+                frontiers, said, call_rows = await self.frontiers.sweep_finished(
+                    expired, calls, delete=delete, before=plan.before, swept=swept
+                )
+            except BackendError as error:
+                if not delete:
+                    raise
+                # Redis may have deleted keys all the same (a timeout, a dropped connection):
+                # a run whose frontier is gone would never be listed again, so it loses its
+                # rows now too; the pass still fails.
+                lost, frontiers, said, call_rows = error, 0, 0, 0
+                left = await self.frontiers.summaries([run_id for run_id, _ in expired])
+                swept = {run_id for run_id, _ in expired if run_id not in left}
             if all(run_id in swept for run_id, _ in expired):
                 await first.commit()
             else:
@@ -288,6 +301,8 @@ class RedisFrontierSweeper(Resource):
                 await first.rollback()
                 kept = [run for run in expired if run[0] in swept]
                 counts |= await self._rows.sweep(conn, kept, delete=delete)
+        if lost is not None:
+            raise lost
         counts |= {"frontiers": frontiers, "transcript": said, "tool_calls": call_rows}
         return counts
 

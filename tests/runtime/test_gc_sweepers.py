@@ -328,6 +328,35 @@ async def test_a_run_in_redis_touched_while_the_sweep_decides_keeps_everything(
         )
 
 
+async def test_a_run_in_redis_whose_keys_went_though_the_answer_was_lost_keeps_no_rows(
+    redis_url: str, redis_prefix: str, database_url: str, pg_schema: str
+) -> None:
+    """Redis deleted the runs' keys but its answer never came (a timeout, a dropped
+    connection): the pass fails, yet the runs whose frontier is gone lose their PostgreSQL
+    rows and get their tombstone too. Rolled back, nothing would ever list them again, and
+    their compaction rows, lease row and retained events would be kept for good."""
+    url, schema = database_url, pg_schema
+    async with await redis_frontier_stores(redis_url, redis_prefix, url, schema) as stores:
+        gone, kept = await stores.seed("completed"), await stores.seed("running")
+        sweeper = stores.sweeper
+        assert isinstance(sweeper, RedisFrontierSweeper)
+        swept = sweeper.frontiers.sweep_finished
+
+        async def swept_then_lost(*args: Any, **kwargs: Any) -> tuple[int, int, int]:
+            await swept(*args, **kwargs)
+            raise BackendUnavailableError("Redis did not answer in time")
+
+        sweeper.frontiers.sweep_finished = swept_then_lost  # type: ignore[method-assign]
+        plan = SweepPlan(expired=(gone, kept), calls=(gone, kept), before=CUTOFF)
+        with pytest.raises(BackendUnavailableError):
+            await sweeper.sweep(plan, delete=True)
+
+        assert await stores.rows(gone) == (False, 0, 0, False, 0)
+        assert not await stores.lease_row_kept(gone)
+        assert await sweeper._rows.collected([gone, kept]) == {gone}
+        assert await stores.rows(kept) == (True, 2, 2, True, 2)
+
+
 @pytest_asyncio.fixture
 async def redis_stores(
     redis_url: str, redis_prefix: str

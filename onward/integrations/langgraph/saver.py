@@ -43,6 +43,7 @@ copied into a thread carry none: their calls were made, and paid for, by the thr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -372,6 +373,11 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         A write of the thread on its way to the log finishes first (the lease is handed back
         under the thread's lock): released under it, the write would land with no lease and
         be told it was fenced, though every reader counts it.
+
+        A cancel ask the holding has not heard yet (made after its last renewal) is heard
+        first and answered by the release: it was for the graph run that wrote the thread,
+        which is done, and a cancel ends one invocation, not the thread, so the store must not
+        keep it for the thread's next invocation.
         """
         held = self._held.get(thread_id)
         if held is not None:
@@ -379,6 +385,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 if self._held.get(thread_id) is held:
                     del self._held[thread_id]
                 await self._settle(held)
+                with contextlib.suppress(OnwardError):  # lost or unreachable: the release says
+                    await held.holder.confirm()
                 await held.holder.__aexit__(None, None, None)
         self._lost.discard(thread_id)
         self._stopped.pop(thread_id, None)

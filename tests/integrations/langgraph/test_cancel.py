@@ -240,3 +240,25 @@ async def test_a_read_by_anyone_else_does_not_let_a_cancelled_graph_run_write_on
         events = [stored.event for stored in await world.log.read_run("t")]
     ends = [e for e in events if isinstance(e, RunFinished)]
     assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+
+
+async def test_an_ask_its_invocation_completed_before_hearing_does_not_end_the_next(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """The cancel is asked as the graph run completes, after its last write (an operator's
+    `App.cancel` racing the end): that invocation is over, and the saver lets the thread go.
+    A cancel ends one invocation, not the thread: the next invocation, whenever it comes and
+    whichever process makes it, writes on rather than being cancelled at its first write."""
+    world, _ = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    async with world.saver(holder="graph-a") as saver:
+        graph = looping_graph(saver)
+        async with saver.hold(thread_id):
+            out = await graph.ainvoke({"steps": [], "until": 2}, config(thread_id))
+            assert out["steps"] == [1, 2]
+            assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+    async with world.saver(holder="graph-b") as saver:
+        out = await looping_graph(saver).ainvoke({"steps": [], "until": 4}, config(thread_id))
+        assert out["steps"] == [1, 2, 3, 4]
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    assert not any(isinstance(e, RunFinished) for e in events)

@@ -301,6 +301,8 @@ class DurableRuns:
         run_id = journal.run_id
         with journal.executing():
             try:
+                # An ask the run's last holder let go of unanswered ends it before anything.
+                await journal.end_if_asked()
                 result = await agent.run(_prompt_of(journal), **options)
                 while isinstance(result.output, DeferredToolRequests):
                     decision = await _decision(journal, result.output)
@@ -312,6 +314,11 @@ class DurableRuns:
             except RunCancelled as cancelled:
                 return DurableRunResult(run_id, "cancelled", error=cancelled.error)
             except RunSuspended as waiting:
+                try:
+                    # Left waiting, the run would not hear the ask until a person answered.
+                    await journal.end_if_asked(confirm=True)
+                except RunCancelled as cancelled:
+                    return DurableRunResult(run_id, "cancelled", error=cancelled.error)
                 return DurableRunResult(
                     run_id,
                     "waiting",

@@ -33,6 +33,7 @@ redaction, the claim check, the fence check).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -47,7 +48,13 @@ import pydantic
 from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.messages import ModelResponse
 
-from onward.errors import InvalidInputError, OnwardError, PayloadTooLargeError
+from onward.errors import (
+    BackendError,
+    FencedError,
+    InvalidInputError,
+    OnwardError,
+    PayloadTooLargeError,
+)
 from onward.eventlog import (
     ApprovalDenied,
     ApprovalGranted,
@@ -548,6 +555,19 @@ class RunJournal:
         await self.append(*batch)
 
     # -- the log -----------------------------------------------------------------------------
+
+    async def end_if_asked(self, *, confirm: bool = False) -> None:
+        """End the run ``cancelled`` and raise `RunCancelled` if someone asked its holder to, as
+        the holding heard it: where the execution starts (an ask a holder that let go never
+        answered is heard as the run is taken) and where it would wait on a person, which it
+        would not hear until a person answered. ``confirm``: renew first, to hear an ask made
+        since the last renewal (a store that cannot say leaves it kept for the next holder)."""
+        if confirm:
+            with contextlib.suppress(FencedError, BackendError):
+                await self.run.held.confirm()
+        asked = self.run.held.cancel_asked
+        if asked is not None:
+            await self._end_as_asked(asked)
 
     async def _end_as_asked(self, asked: CancelAsked) -> NoReturn:
         """End the run ``cancelled`` as someone asked its holder to, and stop the agent there.

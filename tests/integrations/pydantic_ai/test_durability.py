@@ -1428,3 +1428,96 @@ async def test_the_output_tool_call_is_not_recorded_as_a_call_still_to_make(
     frontier = await durability._runs.runner.inspect(RUN, tenant=TENANT)
     assert "final_result" not in [c.tool for c in frontier.calls]
     assert len(ledger.entries()) == 1
+
+
+@pytest.mark.parametrize("heard", [True, False], ids=["heard", "not_yet_heard"])
+async def test_a_run_asked_to_cancel_ends_cancelled_where_it_would_wait_on_a_person(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger, heard: bool
+) -> None:
+    """Someone asks the run's holder to cancel it while its first call runs; the model's next
+    answer asks for a booking that needs approval, so the run would wait on a person.
+    ``heard``: a call beside the booking hears the ask at its dispatch; ``not_yet_heard``: no
+    renewal heard it yet. Either way the run ends cancelled there, as asked, rather than
+    wait for a decision that would carry it on (and book)."""
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart("tick", {"n": 1}, tool_call_id="t1")])
+        if sum(isinstance(m, ModelResponse) for m in messages) > 1:
+            return ModelResponse(parts=[TextPart("done")])
+        book = ToolCallPart("book", {"seat": "3A"}, tool_call_id="b1")
+        tick = ToolCallPart("tick", {"n": 2}, tool_call_id="t2")
+        return ModelResponse(parts=[tick, book] if heard else [book])
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(answer),
+        name="asker",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+    @agent.tool_plain
+    async def tick(n: int) -> str:
+        """One turn of work."""
+        ledger.record("tick", current_idempotency_key() or "", n=n)
+        if n == 1:
+            asked = await stores.leases.ask_to_cancel(RUN, tenant=TENANT, by="ops", why="stop")
+            assert asked is not None
+        return f"ticked {n}"
+
+    @agent.tool_plain(requires_approval=True)
+    async def book(seat: str) -> str:
+        """Book a seat, once a person approves."""
+        ledger.record("book", current_idempotency_key() or "", seat=seat)
+        return f"seat {seat} booked"
+
+    result = await durability.run(agent, "book", run_id=RUN)
+
+    assert (result.status, result.error) == ("cancelled", "cancelled by ops: stop")
+    assert [e.error for e in await events(stores) if isinstance(e, RunFinished)] == [
+        "cancelled by ops: stop"
+    ]
+    assert await stores.leases.current(RUN) is None
+    with pytest.raises(InvalidInputError, match="cancelled"):
+        await durability.decide(RUN, DeferredToolResults(approvals={"b1": True}), by="ana")
+    again = await durability.resume(agent, RUN)
+    assert (again.status, again.error) == ("cancelled", "cancelled by ops: stop")
+    assert [e for e in ledger.entries() if e["tool"] == "book"] == []
+
+
+async def test_a_run_whose_holder_died_after_an_ask_ends_before_its_next_call_on_resume(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """The run's holder is asked to cancel it while a retry-safe booking runs, and dies before
+    the booking's outcome is recorded (the ask is kept with the lease). The next holder hears
+    the ask as it takes the run and ends it cancelled before anything else: the booking,
+    which a resume would otherwise make again, is not."""
+    script = Script()
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(script.answer),
+        name="booker",
+        capabilities=[durability],
+        output_type=[str, DeferredToolRequests],
+    )
+    dies = [True]
+
+    @agent.tool_plain(metadata={"onward": {"retry_safe": True}})
+    async def book(seat: str) -> str:
+        """Book a seat (booking twice is harmless)."""
+        ledger.record("book", current_idempotency_key() or "", seat=seat)
+        if dies.pop() if dies else False:
+            asked = await stores.leases.ask_to_cancel(RUN, tenant=TENANT, by="ops", why="stop")
+            assert asked is not None
+            raise Crash("after_effect")
+        return f"seat {seat} booked"
+
+    with pytest.raises(Crash):
+        await durability.run(agent, "book seat 3A", run_id=RUN)
+    assert len(ledger.entries()) == 1
+
+    result = await durability.resume(agent, RUN)
+
+    assert (result.status, result.error) == ("cancelled", "cancelled by ops: stop")
+    assert len(ledger.entries()) == 1, "the next holder made a call of a run asked to cancel"
+    assert script.asked == 1
+    assert await stores.leases.current(RUN) is None

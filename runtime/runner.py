@@ -54,6 +54,7 @@ from onward.errors import (
     HistoryUnavailableError,
     IndeterminateToolCallError,
     InvalidInputError,
+    LogTruncatedError,
     OnwardError,
     OutcomeUnknownError,
     PayloadTooLargeError,
@@ -244,6 +245,9 @@ class AgentRunner(Resource):
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.spend = spend
         self.prices = prices or PriceTable()
+        # Runs whose claim could not check their answers' spend (`record_answers_left`), by
+        # id: checked again before their next budget check, which is not weighed without.
+        self._answers_to_check: dict[str, tuple[Agent, Frontier, Collection[int] | None]] = {}
         self.compaction = compaction or embedded_compaction(log)
         self.resumer = Resumer(
             log, leases, frontiers, policy=self.lease_policy, compaction=self.compaction
@@ -292,6 +296,8 @@ class AgentRunner(Resource):
                 try:
                     yield held
                 finally:
+                    # The next holder's claim checks the answers' spend again.
+                    self._answers_to_check.pop(run_id, None)
                     await self.settle_checkpoints()
                 done = True
         except BackendError as exc:
@@ -623,7 +629,20 @@ class AgentRunner(Resource):
             BudgetExceededError: The call would pass a budget; the model is not to be called.
         """
         if not budgets.bounded or self.spend is None:
+            self._answers_to_check.pop(run.run_id, None)
             return None
+        unchecked = self._answers_to_check.get(run.run_id)
+        if unchecked is not None:
+            # The claim could not count what the run's answers cost: without it the ledger
+            # may count less than the run spent, and a budget pass.
+            await self.record_answers_left(*unchecked)
+            if run.run_id in self._answers_to_check:
+                raise BackendUnavailableError(
+                    f"run {run.run_id!r}: the spend ledger (or the log) did not answer when "
+                    "the run was claimed, nor now: what its answers cost cannot be checked, "
+                    "and a budget is not weighed without it; the model was not called",
+                    run_id=run.run_id,
+                )
         await self.writer.drop_holds_left()  # of runs that ended while the ledger was down
         estimate = estimate_usage(run.agent, messages, await self.spend.run_total(run.run_id))
         seq = self.writer.next_seq(run)  # the answer's, as `_model_step` writes it
@@ -731,31 +750,59 @@ class AgentRunner(Resource):
         cannot stand for them, as an entry recorded for a call whose answer was never written
         (its process died between the two) counts as much as one lost would, and hides it.
 
-        A ledger that cannot be reached is logged: the answers stay in the log for the next
-        claim, and a budget is not weighed without it."""
+        A ledger that cannot be reached is logged: the answers stay in the log, checked again
+        before the run's next budget check (`hold_model_call`), which is not weighed without
+        them. An answer cut from the log (compaction, retention) before its entry was
+        recorded cannot be counted: the answers the log still holds are recorded all the
+        same, and the ones cut are named."""
         if self.spend is None or (answered is not None and not answered):
             return
         run_id = frontier.run_id
+        self._answers_to_check.pop(run_id, None)
+        end = frontier.through_offset + 1
         try:
             kept = {entry.seq for entry in await self.spend.entries(run_id)}
             if answered is not None and kept.issuperset(answered):
                 return
-            read = await self.log.read_run(
-                run_id,
-                start=frontier.first_offset if frontier.first_offset >= 0 else None,
-                end=frontier.through_offset + 1,
-            )
+            guard = SequenceGuard()
+            try:
+                read = await self.log.read_run(
+                    run_id,
+                    start=frontier.first_offset if frontier.first_offset >= 0 else None,
+                    end=end,
+                )
+            except LogTruncatedError as exc:
+                if exc.start is None:
+                    raise
+                read = await self.log.read_run(run_id, start=exc.start, end=end)
+                if read:
+                    # Counted on from the first event the log still holds of the run.
+                    guard = SequenceGuard(read[0].event.seq - 1, read[0].event.fence)
             recorded = 0
+            seen: set[int] = set()
             # Only what counts: an answer a fence refused is not the one its seq keys.
-            for stored in SequenceGuard().admit_all(read):
+            for stored in guard.admit_all(read):
                 event = stored.event
-                if isinstance(event, ModelAnswered) and event.seq not in kept:
-                    recorded += await self.spend.record(self._spend_entry(agent, event))
+                if isinstance(event, ModelAnswered):
+                    seen.add(event.seq)
+                    if event.seq not in kept:
+                        recorded += await self.spend.record(self._spend_entry(agent, event))
         except OnwardError as exc:
+            if isinstance(exc, BackendError):  # a store did not answer: it may next time
+                self._answers_to_check[run_id] = (agent, frontier, answered)
             _log.warning("run %s: the spend of its answers is still to check (%s)", run_id, exc)
             return
         if recorded:
             _log.info("run %s: the spend of %d answers recorded from the log", run_id, recorded)
+        cut = sorted(set(answered or ()) - kept - seen)
+        if cut:
+            _log.warning(
+                "run %s: the answers at seq %s were cut from the log before their spend was "
+                "recorded; the ledger cannot count them, and the run's and its tenant's spend "
+                "stay short by those calls",
+                run_id,
+                ", ".join(map(str, cut)),
+            )
 
     async def _ended(self, frontier: Frontier) -> RunResult:
         """The result a run's frontier describes, with the output it ended with as it was given

@@ -6,6 +6,7 @@ budget by that call, and every report under-counts it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -14,10 +15,32 @@ import pytest
 import pytest_asyncio
 from support.crashes import Crash
 from support.pg import fresh_schema
-from support.spend import CALL_MICROS, MODEL, PRICES, DeadRunner, Outage, stepper, steps
+from support.spend import (
+    CALL_MICROS,
+    IN,
+    MODEL,
+    OUT,
+    PRICES,
+    DeadRunner,
+    Outage,
+    stepper,
+    steps,
+)
 
 from onward.errors import BackendUnavailableError, BudgetExceededError
-from onward.eventlog import MemoryEventLog, ModelAnswered
+from onward.eventlog import (
+    MemoryEventLog,
+    Message,
+    ModelAnswered,
+    RunClaimed,
+    RunStarted,
+    SqliteEventLog,
+    TurnSettled,
+    Usage,
+)
+from onward.projections.frontier_projection import FrontierProjection
+from onward.projections.log_projector import LogProjector
+from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.continuation import ContinuationPolicy
 from onward.runtime.options import Options
@@ -32,6 +55,7 @@ from onward.runtime.spend import (
     SqliteSpendLedger,
 )
 from onward.runtime.writer import HeldRun
+from onward.testing.eventlog import Envelope
 
 TENANT = "acme"
 
@@ -238,3 +262,93 @@ async def test_a_run_carried_on_from_another_is_taken_without_writing_to_the_led
     again = await embedded.runner(steps()).resume(stepper(), result.run_id, tenant=TENANT)
     assert again.spend_micros == result.spend_micros
     assert records == []
+
+
+async def test_an_answer_cut_from_the_log_does_not_keep_the_rest_from_being_recorded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three answers of a run lack their ledger entries; the log was then cut past the
+    first (compaction, or retention). The claim cannot count that one: it must still record
+    the two the log holds, and say which answer it cannot count and why, rather than give
+    up on all of them at every claim as if the ledger were down."""
+    db = tmp_path / "onward.db"
+    now = time.time_ns() // 1_000
+
+    def env(seq: int) -> Envelope:
+        return Envelope(run_id="cut", tenant=TENANT, seq=seq, fence=1, at=now + seq)
+
+    def answer(seq: int) -> ModelAnswered:
+        return ModelAnswered(
+            **env(seq),
+            message=Message(role="assistant", content=f"a{seq}"),
+            usage=Usage(input_tokens=IN, output_tokens=OUT),
+        )
+
+    async with (
+        SqliteEventLog(db, partitions=1) as log,
+        SqliteFrontierStore(db) as frontiers,
+        SqliteSpendLedger(db) as ledger,
+    ):
+        await log.append(
+            [
+                RunStarted(**env(1), agent="stepper", revision="r1", input="go"),
+                RunClaimed(**env(2), worker="w1"),
+                answer(3),
+                TurnSettled(**env(4), iteration=1, call_ids=[]),
+                answer(5),
+                TurnSettled(**env(6), iteration=2, call_ids=[]),
+                answer(7),
+            ]
+        )
+        await LogProjector(log, FrontierProjection(frontiers, log)).catch_up()
+        stored = await frontiers.get("cut")
+        assert stored is not None and stored.frontier is not None
+        cut_at = [s.position.offset for s in await log.read_run("cut")][3]
+        await log.truncate_before(0, cut_at)
+
+        runner = AgentRunner(
+            provider=steps(), log=log, worker="w", spend=ledger, prices=PriceTable({MODEL: (1, 5)})
+        )
+        await runner.record_answers_left(stepper(), stored.frontier, {3, 5, 7})
+        recorded = [entry.seq for entry in await ledger.entries("cut")]
+    assert recorded == [5, 7]
+    assert "seq 3" in caplog.text
+
+
+@pytest.mark.parametrize("blips", [1, 2])
+async def test_a_ledger_blip_at_the_claim_does_not_let_the_budget_pass(
+    ledger: SpendLedger, monkeypatch: pytest.MonkeyPatch, blips: int
+) -> None:
+    """The run may spend one and a half calls; its first call is paid while the ledger is down
+    and its runner dies. The resume's claim finds the ledger down for a moment (it cannot
+    count that call). Back by the next model call's budget check, the check must weigh the
+    call the claim could not count, not let a second call pass the budget; still down then,
+    the run stops before the call, as a budget nobody can weigh is not passed."""
+    log, model = MemoryEventLog(), steps()
+    outage = Outage(ledger, monkeypatch)
+    budget = Options(budget_micros=CALL_MICROS + CALL_MICROS // 2).recorded()
+    with pytest.raises(BackendUnavailableError):
+        await runner_on(log, ledger, model).run(
+            stepper(), "go", tenant=TENANT, run_id="blip", options=budget
+        )
+    outage.end()
+    entries = ledger.entries
+    blip = {"left": blips}
+
+    async def entries_after_a_blip(run_id: str) -> list[SpendEntry]:
+        if blip["left"]:
+            blip["left"] -= 1
+            raise BackendUnavailableError("the spend ledger did not answer")
+        return await entries(run_id)
+
+    monkeypatch.setattr(ledger, "entries", entries_after_a_blip)
+    stopped = BudgetExceededError if blips == 1 else BackendUnavailableError
+    with pytest.raises(stopped):
+        await runner_on(log, ledger, model).resume(stepper(), "blip", tenant=TENANT)
+    assert not blip["left"]
+    assert model.calls == 1, "a second call was made: the budget was passed"
+    if blips > 1:  # resumed once the ledger is back: the budget stops it
+        with pytest.raises(BudgetExceededError):
+            await runner_on(log, ledger, model).resume(stepper(), "blip", tenant=TENANT)
+        assert model.calls == 1
+    assert (await ledger.run_total("blip")).micros == CALL_MICROS

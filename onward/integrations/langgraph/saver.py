@@ -88,6 +88,7 @@ from langgraph.types import Interrupt
 from onward._storage import Resource
 from onward.errors import (
     BackendError,
+    BackendUnavailableError,
     BudgetExceededError,
     ConfigurationError,
     FencedError,
@@ -178,6 +179,9 @@ class _Held:
     spent_at: int = 0
     """The highest seq a model call's spend was recorded under (`OnwardSaver._record_spend`):
     the key of its ledger entry, which no later writes of the thread may take."""
+    calls_unchecked: bool = False
+    """The claim could not check the thread's model calls against the ledger
+    (`OnwardSaver._record_calls_left`): checked again before a budget is weighed."""
 
 
 @dataclass(slots=True)
@@ -1375,7 +1379,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 return
             del self._records_left[key]
 
-    async def _record_calls_left(self, thread_id: str, state: ThreadState) -> None:
+    async def _record_calls_left(self, thread_id: str, state: ThreadState) -> bool:
         """Record the thread's own model calls the ledger lacks, on claiming it: an entry whose
         record found the ledger down was kept only by the saver that wrote the calls' answers,
         and is lost with it if its process ended before the ledger came back. Each write in
@@ -1384,14 +1388,15 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         already changes nothing; the log is read only when the ledger has no entry under one
         of those writes' seqs (``state.spent_seqs``): its totals cannot stand for them, as an
         entry recorded for writes whose append failed counts as much as a lost one would. A
-        ledger that cannot be reached is logged: the writes stay in the log for the next
-        claim."""
+        ledger that cannot be reached is logged: the writes stay in the log, checked again
+        before a budget is weighed (`_may_go_on`). Returns False when a store did not answer
+        (it may next time)."""
         if self.spend is None or not state.spent_calls:
-            return
+            return True
         try:
             kept = {entry.seq for entry in await self.spend.entries(thread_id)}
             if kept.issuperset(state.spent_seqs):
-                return
+                return True
             read = await read_whole_run(
                 self.log,
                 self.compaction,
@@ -1409,7 +1414,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     or event.seq in kept
                 ):
                     continue
-                calls = _model_usages(self._loads(write.value) for write in event.writes)
+                calls = _model_usages(self._loadable(thread_id, event))
                 if calls:
                     entry = self._entry(thread_id, event.seq, calls, event.at)
                     recorded += await self.spend.record(entry)
@@ -1417,11 +1422,33 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             logger.warning(
                 "thread %r: the spend of its writes is still to check: %s", thread_id, exc
             )
-            return
+            return not isinstance(exc, BackendError)
         if recorded:
             logger.info(
                 "thread %r: the spend of %d writes recorded from the log", thread_id, recorded
             )
+        return True
+
+    def _loadable(self, thread_id: str, event: GraphWritesSaved) -> Sequence[Any]:
+        """The values of ``event``'s writes this saver's serializer loads; one it cannot (a
+        type its serializer refuses, as a pickle without ``pickle_fallback``, or a class
+        gone from the code) is logged and left out, so a claim counting the calls is not
+        failed by a value no model call is in."""
+        values: list[Any] = []
+        for write in event.writes:
+            try:
+                values.append(self._loads(write.value))
+            except Exception as exc:  # noqa: BLE001 - whatever the serializer raises
+                logger.warning(
+                    "thread %r: write %r of seq %d cannot be loaded (%s: %s); a model call "
+                    "it holds is not counted",
+                    thread_id,
+                    write.channel,
+                    event.seq,
+                    type(exc).__name__,
+                    exc,
+                )
+        return values
 
     async def _hold(self, thread_id: str) -> _Held:
         """The thread's holding, taking the lease and claiming the thread if need be.
@@ -1532,11 +1559,11 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             )
             for stored in between:
                 state.apply(stored)
-            await self._record_calls_left(thread_id, state)
+            checked = await self._record_calls_left(thread_id, state)
         except BaseException as exc:
             await holder.__aexit__(type(exc), exc, exc.__traceback__)
             raise
-        return _Held(holder, state)
+        return _Held(holder, state, calls_unchecked=not checked)
 
     def _check_still_held(self, thread_id: str, held: _Held) -> None:
         """Raise if the holding was let go while the caller waited for its lock.
@@ -1588,6 +1615,17 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             await self._record_left()  # counted before any budget is weighed
         try:
             weigh = step and made and not calls_running
+            if weigh and held.calls_unchecked and self._budgeted:
+                # The claim could not count the thread's calls: without them the ledger may
+                # count less than the thread spent, and a budget pass.
+                held.calls_unchecked = not await self._record_calls_left(thread_id, held.state)
+                if held.calls_unchecked:
+                    raise BackendUnavailableError(
+                        f"thread {thread_id!r}: the spend ledger (or the log) did not answer "
+                        "when the thread was claimed, nor now: what its model calls cost cannot "
+                        "be checked, and a budget is not weighed without it",
+                        run_id=thread_id,
+                    )
             over = await self._over_budget(thread_id) if weigh else None
         finally:
             if spent:
@@ -1640,6 +1678,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 except OnwardError as exc:
                     logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
         await self._drop(thread_id, held, lost=False)
+
+    @property
+    def _budgeted(self) -> bool:
+        """Whether the saver keeps spend and was given a budget to weigh it against."""
+        return self.spend is not None and (
+            self.budgets["run"] is not None or self.budgets["tenant"] is not None
+        )
 
     async def _over_budget(self, thread_id: str) -> BudgetExceededError | None:
         """Why the thread may not go on, if what it (or the tenant) spent has reached a

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from support.servers import KafkaServers
@@ -600,3 +601,93 @@ async def test_a_call_left_unrecorded_is_counted_beside_one_whose_writes_were_lo
         total = await ledger.run_total(thread_id)
     assert len(made) == 2
     assert (total.calls, total.micros) == (2, 800)
+
+
+class Opaque:
+    """A value msgpack cannot write: a serializer with ``pickle_fallback`` pickles it."""
+
+
+async def test_a_write_the_serializer_cannot_load_does_not_stop_a_claim_counting_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node answers (its spend left unrecorded: the ledger is down and the saver ends) and
+    writes beside its messages a value the saver pickled. The next saver does not load
+    pickles. Its claim, which reads the writes to count the call, must still take the thread
+    and count the call from the messages it can read, not fail on the value it cannot."""
+    path = tmp_path / "onward.db"
+
+    class State(MessagesState):
+        note: Any
+
+    def small(state: State) -> dict[str, Any]:
+        return {"messages": [answered("small-1", 100, 20)], "note": Opaque()}
+
+    builder = StateGraph(State)
+    builder.add_node("small", small)
+    builder.add_edge(START, "small")
+    builder.add_edge("small", END)
+    async with sqlite_world(path) as world, SqliteSpendLedger(path) as ledger:
+        down = {"now": True}
+        record = ledger.record
+
+        async def record_unless_down(entry: SpendEntry) -> bool:
+            if down["now"]:
+                raise BackendUnavailableError("the spend ledger did not answer")
+            return await record(entry)
+
+        monkeypatch.setattr(ledger, "record", record_unless_down)
+        async with saver_of(world, ledger) as saver:
+            saver.serde = JsonPlusSerializer(pickle_fallback=True)
+            graph = builder.compile(checkpointer=saver)
+            await graph.ainvoke(State(messages=[HumanMessage("hi")], note=None), config("t"))
+        down["now"] = False
+        async with saver_of(world, ledger) as saver:
+            await saver.aclaim("t")
+            await saver.arelease("t")
+        total = await ledger.run_total("t")
+    assert (total.calls, total.micros) == (1, 400)
+
+
+async def test_a_ledger_blip_at_the_claim_does_not_let_a_thread_past_its_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's call (400 micros) is answered while the ledger is down, and its saver ends:
+    the thread has spent its budget of 400, though the ledger does not know it. The next
+    saver's claim finds the ledger down for a moment and cannot count the call; back by the
+    graph run's first write, the budget must weigh that call and stop the run before the
+    node's model is paid again, not take the ledger's zero for what the thread spent."""
+    path = tmp_path / "onward.db"
+    made: list[str] = []
+    async with sqlite_world(path) as world, SqliteSpendLedger(path) as ledger:
+        down = {"now": True}
+        record = ledger.record
+
+        async def record_unless_down(entry: SpendEntry) -> bool:
+            if down["now"]:
+                raise BackendUnavailableError("the spend ledger did not answer")
+            return await record(entry)
+
+        monkeypatch.setattr(ledger, "record", record_unless_down)
+        async with saver_of(world, ledger) as saver:
+            await small_graph(saver, made).ainvoke({"messages": [HumanMessage("hi")]}, config("t"))
+        down["now"] = False
+        entries = ledger.entries
+        blip = {"left": 1}
+
+        async def entries_after_a_blip(run_id: str) -> list[SpendEntry]:
+            if blip["left"]:
+                blip["left"] -= 1
+                raise BackendUnavailableError("the spend ledger did not answer")
+            return await entries(run_id)
+
+        monkeypatch.setattr(ledger, "entries", entries_after_a_blip)
+        async with saver_of(world, ledger, budget_micros=400) as saver:
+            with pytest.raises(BudgetExceededError):
+                # Each step saved before the next runs: the budget is weighed before the node.
+                await small_graph(saver, made).ainvoke(
+                    {"messages": [HumanMessage("again")]}, config("t"), durability="sync"
+                )
+        total = await ledger.run_total("t")
+    assert not blip["left"]
+    assert len(made) == 1, "the node's model was paid again past the thread's budget"
+    assert (total.calls, total.micros) == (1, 400)

@@ -4,7 +4,11 @@ close is left running, and a session asked for during the close is the one every
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -14,6 +18,8 @@ from onward.integrations.mcp import MCPToolset
 from onward.integrations.mcp.servers import Connection
 
 pytestmark = pytest.mark.timeout(60)
+
+_T = TypeVar("_T")
 
 
 def _sessions_running() -> list[asyncio.Task[object]]:
@@ -69,3 +75,47 @@ async def test_a_session_asked_for_during_close_is_the_one_every_caller_gets(
     finally:
         await connection.close()
     assert _sessions_running() == []
+
+
+@contextlib.contextmanager
+def _loop_in_thread() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def _in(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, _T]) -> _T:
+    return asyncio.run_coroutine_threadsafe(work, loop).result(30)
+
+
+async def _sessions_left() -> list[asyncio.Task[object]]:
+    """The loop's sessions still running once those told to end had time to."""
+    for _ in range(100):
+        if not _sessions_running():
+            break
+        await asyncio.sleep(0.05)
+    return _sessions_running()
+
+
+def test_a_connection_used_from_two_running_loops_by_turns_leaves_no_session_running(
+    tmp_path: Path,
+) -> None:
+    """Two threads, each with its own event loop, using one toolset's connection by turns:
+    every turn opened a session in its loop, and the session the other loop held was left
+    running (its server process too) as long as that loop lived, which no close could stop.
+    Each loop keeps its own session for its turns, and a close ends both."""
+    connection = Connection(stdio_server(tmp_path), connect_timeout=10.0)
+    with _loop_in_thread() as one, _loop_in_thread() as other:
+        first = _in(one, connection.session())
+        _in(other, connection.session())
+        assert _in(one, connection.session())[0] is first[0]
+        assert connection.sessions == 2
+        _in(one, connection.close())
+        assert _in(one, _sessions_left()) == []
+        assert _in(other, _sessions_left()) == []

@@ -270,6 +270,17 @@ class _Client(httpx2.AsyncClient):
             raise
 
 
+_LoopSession = tuple[
+    asyncio.Lock,
+    "asyncio.Task[None]",
+    "asyncio.Future[Any] | None",
+    "tuple[ClientSession, types.InitializeResult] | None",
+    asyncio.Event,
+]
+"""What a connection holds in one event loop: its lock, session task, handshake, session and
+stop event."""
+
+
 class Connection:
     """One server's session, opened on demand and held by a task of its own.
 
@@ -302,6 +313,8 @@ class Connection:
         self._answers: weakref.WeakKeyDictionary[ClientSession, _HttpAnswers]
         self._answers = weakref.WeakKeyDictionary()
         self._reads: weakref.WeakKeyDictionary[ClientSession, Any] = weakref.WeakKeyDictionary()
+        # By event loop still running other than the current one: the session it holds.
+        self._elsewhere: dict[asyncio.AbstractEventLoop, _LoopSession] = {}
 
     def unavailable(
         self, exc: BaseException | None, doing: str, *, sent: bool = False
@@ -501,23 +514,51 @@ class Connection:
         """Used from another event loop than the last one (a second ``asyncio.run`` with no
         `close` between): the session task ended with that loop (its tasks are cancelled as it
         ends) and cannot even be waited on from this one, and the lock may be bound to it, so
-        both are let go of and the next session is a new one."""
+        both are let go of and the next session is a new one.
+
+        A loop still running (another thread's, used by turns with this one) keeps its
+        session for its next turn, and `close` ends it there: let go of, it was left running
+        (its server process too) for as long as that loop lived, and every turn started one
+        more."""
         loop = asyncio.get_running_loop()
         if self._loop is loop:
             return
         if self._loop is not None:
+            if self._task is not None and not self._task.done() and not self._loop.is_closed():
+                self._elsewhere[self._loop] = (
+                    self._lock,
+                    self._task,
+                    self._ready,
+                    self._current,
+                    self._stop,
+                )
             self._lock = asyncio.Lock()
             self._task = self._ready = self._current = None
+        kept = self._elsewhere.pop(loop, None)
+        if kept is not None and not kept[1].done():
+            self._lock, self._task, self._ready, self._current, self._stop = kept
         self._loop = loop
 
+    def _end_elsewhere(self) -> None:
+        """Tell the loops still running that hold a session of this connection to end it."""
+        elsewhere, self._elsewhere = self._elsewhere, {}
+        for loop, (_, task, ready, _, stop) in elsewhere.items():
+            if task.done() or loop.is_closed():
+                continue
+            handshaking = ready is None or not ready.done()
+            with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
+                loop.call_soon_threadsafe(task.cancel if handshaking else stop.set)
+
     async def close(self) -> None:
-        """End the session and whatever it started (the server process, the HTTP session).
+        """End the session and whatever it started (the server process, the HTTP session),
+        and those other event loops still running hold (ended in their loops).
 
         The connection may be used again afterwards, from another event loop too (a toolset
         declared on an agent at import serves every ``asyncio.run`` of its process), so the
         lock, which a wait binds to the loop it happened in, is a new one.
         """
         async with self._locked():
+            self._end_elsewhere()
             await self._stop_task()
             self.closes += 1
             self._lock = asyncio.Lock()

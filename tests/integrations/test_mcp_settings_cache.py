@@ -5,6 +5,11 @@ connections open."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +56,54 @@ async def test_the_cache_of_old_settings_is_closed_once_its_runs_are_over(
     finally:
         await toolset.close()
     assert [c.is_open for c in made] == [False, False]
+
+
+@contextlib.contextmanager
+def _loop_in_thread() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def test_the_cache_of_a_loop_still_running_is_closed_when_another_loop_takes_over(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads, each with its own event loop, running runs by turns: each turn makes a
+    cache in its loop, and the other loop's was dropped with its Redis connections open."""
+    made: list[SchemaCache] = []
+    real = SchemaCache.from_settings.__func__  # type: ignore[attr-defined]
+
+    def from_settings(cls: type[SchemaCache], settings: MCPSettings | None = None) -> Any:
+        cache = real(cls, settings)
+        made.append(cache)
+        return cache
+
+    monkeypatch.setattr(SchemaCache, "from_settings", classmethod(from_settings))
+    settings = _settings(redis_url, redis_prefix)
+    toolset = MCPToolset([stdio_server(tmp_path)])
+
+    async def a_run(run_id: str) -> None:
+        async with toolset.run_tools(run_id, tenant=TENANT, settings=settings):
+            pass
+
+    def in_loop(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, None]) -> None:
+        asyncio.run_coroutine_threadsafe(work, loop).result(30)
+
+    with _loop_in_thread() as one, _loop_in_thread() as other:
+        in_loop(one, a_run("r1"))
+        in_loop(other, a_run("r2"))
+        in_loop(one, a_run("r3"))
+        in_loop(other, toolset.close())
+        deadline = time.monotonic() + 10
+        while any(c.is_open for c in made) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(made) == 3
+        assert [c.is_open for c in made] == [False, False, False]
+        for loop in (one, other):  # what one loop opened, the other does not stop
+            in_loop(loop, toolset.close())

@@ -194,10 +194,11 @@ class MCPToolset(Resource):
         if self._shares_connections:
             return
         settings_cache, self._settings_cache = self._settings_cache, None
-        # One made in an event loop that has ended cannot be closed from this one.
-        here = self._settings_cache_loop is asyncio.get_running_loop()
-        if settings_cache is not None and settings_cache[1] is not None and here:
-            await settings_cache[1].close()
+        if settings_cache is not None and settings_cache[1] is not None:
+            if self._settings_cache_loop is asyncio.get_running_loop():
+                await settings_cache[1].close()
+            else:
+                self._close_elsewhere(settings_cache[1])
         await asyncio.gather(*(c.close() for c in self.connections.values()))
 
     # -- per run -----------------------------------------------------------------------------
@@ -246,6 +247,9 @@ class MCPToolset(Resource):
         if self._settings_cache_loop is not loop:
             # Made in an event loop that has ended (a second ``asyncio.run`` with no `close`
             # between): its Redis connections belong to that loop, usable from no other.
+            dropped = self._settings_cache[1] if self._settings_cache is not None else None
+            if dropped is not None and dropped not in self._cache_users:
+                self._close_elsewhere(dropped)
             self._settings_cache = None
             self._settings_cache_loop = loop
         if self._settings_cache is not None and self._settings_cache[0] == wanted:
@@ -260,6 +264,17 @@ class MCPToolset(Resource):
             if old not in self._cache_users:
                 await old.close()
         return cache
+
+    def _close_elsewhere(self, cache: SchemaCache) -> None:
+        """Close a cache made in another event loop than this one, in that loop if it still
+        runs (another thread's, running runs by turns with this one): its Redis connections
+        are usable from no other, and dropped they stay open as long as that loop lives. One
+        made in a loop that has ended cannot be closed at all."""
+        loop = self._settings_cache_loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return
+        with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
+            asyncio.run_coroutine_threadsafe(cache.close(), loop)
 
     async def _release(self, cache: SchemaCache) -> None:
         """A view made from settings is done with ``cache``: close it if it was the last view

@@ -100,8 +100,11 @@ async def start_unbroken(client: _Startable, timeout_s: float) -> None:
     its socket and reader task lived as long as the event loop, whatever stopped the client.
     ``timeout_s`` is the client's request timeout (or about it), which ends a start the
     brokers do not answer: waited for just as long, the start was cancelled as often as not
-    an instant before it failed by itself (`_START_GRACE_S`).
+    an instant before it failed by itself (`_START_GRACE_S`). The client's own request
+    timeout is waited for when it is longer (a group consumer's, a reader's with a shorter
+    read timeout): cut short before it, the start left its first connection open.
     """
+    timeout_s = max(timeout_s, _request_timeout_s(client))
     starting = asyncio.ensure_future(client.start())
     try:
         await asyncio.shield(starting)
@@ -115,6 +118,13 @@ async def start_unbroken(client: _Startable, timeout_s: float) -> None:
         if starting.done() and not starting.cancelled():
             starting.exception()  # superseded by the cancellation
         raise
+
+
+def _request_timeout_s(client_owner: Any) -> float:
+    """The request timeout ``client_owner`` was built with, in seconds (0 when not known)."""
+    client = getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
+    timeout_ms = getattr(client, "_request_timeout_ms", None)
+    return timeout_ms / 1000 if isinstance(timeout_ms, (int, float)) else 0.0
 
 
 async def stop_or_drop(client: Any, timeout_s: float) -> None:

@@ -89,3 +89,28 @@ async def test_a_start_cancelled_again_and_again_leaves_no_connection_open(
             await starting
         async with asyncio.timeout(REQUEST_TIMEOUT_S * 4):
             await proxy.idle.wait()
+
+
+async def test_a_reader_start_cancelled_waits_for_the_request_timeout_not_the_read_timeout(
+    kafka_bootstrap: str,
+) -> None:
+    """A reader's start ends by itself within the consumer's request timeout: a cancelled one
+    waited only the (shorter) read timeout, cut the start short there and left its bootstrap
+    connection open."""
+    host, port = kafka_bootstrap.rsplit(":", 1)
+    async with FaultyProxy(host, int(port)) as proxy:
+        proxy.hold_replies_after(1)
+        connection = KafkaConnection(f"127.0.0.1:{proxy.port}", request_timeout_s=REQUEST_TIMEOUT_S)
+        readers = KafkaReaders(
+            lambda: connection.consumer(role="reader", group_id=None),
+            size=1,
+            read_timeout_s=0.2,
+        )
+        starting = asyncio.ensure_future(readers.start())
+        async with asyncio.timeout(10):
+            await proxy.reply_held.wait()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        async with asyncio.timeout(REQUEST_TIMEOUT_S * 3):
+            await proxy.idle.wait()

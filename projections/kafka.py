@@ -18,7 +18,7 @@ import gc
 import logging
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -476,8 +476,9 @@ class KafkaProjector(Generic[SinkT]):
         log.info("%s; seeking to the new build's positions", switched)
         await self._seek_to_stored(list(self._live().assignment()))
 
-    async def lag(self) -> dict[int, int]:
-        """Records not yet stored, per assigned partition.
+    async def lag(self, stored: Mapping[int, int] | None = None) -> dict[int, int]:
+        """Records not yet stored, per assigned partition; ``stored`` is the store's positions
+        when just read (else they are read).
 
         Raises:
             BackendUnavailableError: Kafka or the store did not answer.
@@ -490,12 +491,14 @@ class KafkaProjector(Generic[SinkT]):
             ends = await consumer.end_offsets(assigned)
         except KafkaError as exc:
             raise translate(exc, context=f"reading the ends of {self.topic}") from exc
-        stored = await self.projection.positions()
+        if stored is None:
+            stored = await self.projection.positions()
         return {tp.partition: max(0, ends[tp] - stored.get(tp.partition, 0)) for tp in assigned}
 
-    async def cut(self) -> LogTruncatedError | None:
+    async def cut(self, stored: Mapping[int, int] | None = None) -> LogTruncatedError | None:
         """Why it cannot fold on, if an assigned partition's start moved past where it reads
         (retention deleted records it never folded, and its next fetch fails); else None.
+        ``stored`` is the store's positions when just read (else they are read).
 
         Raises:
             BackendUnavailableError: Kafka or the store did not answer.
@@ -506,7 +509,8 @@ class KafkaProjector(Generic[SinkT]):
             return None
         try:
             starts = await consumer.beginning_offsets(assigned)
-            stored = await self.projection.positions()
+            if stored is None:
+                stored = await self.projection.positions()
             for tp in assigned:
                 start = int(starts[tp])
                 offset = stored.get(tp.partition, 0)

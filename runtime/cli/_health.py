@@ -4,7 +4,7 @@ metrics, health and readiness server for as long as the command runs."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Annotated
 
 import typer
@@ -133,19 +133,28 @@ class ProjectorHealth:
             self.lag, lambda: getattr(self.projector.projection, "stats", None)
         )
 
-    async def refresh(self) -> None:
-        """Measure the lag of every assigned partition (PostgreSQL and Kafka are asked)."""
-        measured = await self.projector.lag()
+    async def refresh(self, stored: Mapping[int, int] | None = None) -> None:
+        """Measure the lag of every assigned partition (PostgreSQL and Kafka are asked; only
+        Kafka when ``stored`` gives the store's positions)."""
+        measured = await self.projector.lag(stored)
         self.lag.clear()
         self.lag.update(measured)
 
     async def ready(self) -> str | None:
         """The store and Kafka answer, the projector is in its consumer group, can fold on (no
-        partition's start moved past where it reads), and the lag is under the bound."""
-        why = await probe(self.store, self.projector.projection.positions())
+        partition's start moved past where it reads), and the lag is under the bound.
+
+        The store's positions are read once, under the store's probe: read again under
+        Kafka's, a slow store was said to be Kafka not answering."""
+        stored: dict[int, int] = {}
+
+        async def positions() -> None:
+            stored.update(await self.projector.projection.positions())
+
+        why = await probe(self.store, positions())
         if why is not None:
             return why
-        why = await self._measured()
+        why = await self._measured(stored)
         if why is not None:
             return why
         if not self.projector.joined:
@@ -161,15 +170,15 @@ class ProjectorHealth:
             )
         return None
 
-    async def _measured(self) -> str | None:
+    async def _measured(self, stored: Mapping[int, int]) -> str | None:
         """Measure the lag (`refresh`); None, or why the projector is not ready: Kafka did not
         answer, or a partition's start moved past where it reads, so it cannot fold on."""
         cut: list[LogTruncatedError] = []
 
         async def measured() -> None:
             try:
-                await self.refresh()
-                found = await self.projector.cut()
+                await self.refresh(stored)
+                found = await self.projector.cut(stored)
             except LogTruncatedError as exc:  # kept from a seek: Kafka answered
                 found = exc
             if found is not None:

@@ -20,6 +20,7 @@ from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import KafkaProjector
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.cli._health import ProjectorHealth
+from onward.runtime.observability.server import PROBE_WITHIN_S
 from onward.testing.eventlog import new_run_id, step_events
 
 pytestmark = pytest.mark.kafka
@@ -99,3 +100,40 @@ async def test_a_projector_whose_unfolded_records_were_deleted_is_not_ready_and_
 async def _fold_on(projector: KafkaProjector[Any]) -> None:
     for _ in range(20):
         await projector.step(timeout_ms=200)
+
+
+async def test_a_projector_whose_store_answers_slowly_but_in_time_is_ready(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """A store answering each read within the probe's bound: readiness read its positions
+    again under Kafka's probe, twice, and said Kafka did not answer (Kafka had)."""
+    async with KafkaEventLog(kafka_bootstrap, topic=kafka_topic, partitions=1) as log:
+        await log.append(step_events(new_run_id(), 3))
+        projection = FrontierProjection(MemoryFrontierStore(), log)
+        projector: KafkaProjector[Any] = KafkaProjector(
+            kafka_bootstrap,
+            projection,
+            topic=kafka_topic,
+            partitions=1,
+            group_id=f"g-{uuid.uuid4().hex[:8]}",
+        )
+        await projector.start()
+        try:
+            health = ProjectorHealth(projector, max_lag=1_000, store="memory")
+            for _ in range(100):
+                await projector.step(timeout_ms=200)
+                if projector.joined and await projection.positions() == {0: 3}:
+                    break
+                await projector.flush()
+            assert await health.ready() is None
+            positions = projection.positions
+
+            async def slow_positions() -> dict[int, int]:
+                await asyncio.sleep(PROBE_WITHIN_S * 0.6)
+                return await positions()
+
+            projection.positions = slow_positions  # type: ignore[method-assign]
+            assert await health.ready() is None
+            assert health.lag == {0: 0}
+        finally:
+            await projector.close()

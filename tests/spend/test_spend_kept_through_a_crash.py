@@ -302,7 +302,8 @@ async def test_an_answer_cut_from_the_log_does_not_keep_the_rest_from_being_reco
         )
         await LogProjector(log, FrontierProjection(frontiers, log)).catch_up()
         stored = await frontiers.get("cut")
-        assert stored is not None and stored.frontier is not None
+        assert stored is not None
+        assert stored.frontier is not None
         cut_at = [s.position.offset for s in await log.read_run("cut")][3]
         await log.truncate_before(0, cut_at)
 

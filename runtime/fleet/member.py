@@ -92,9 +92,12 @@ class FleetMember(Protocol):
         ...
 
     def launch(
-        self, run_id: str, work: Awaitable[bool], done: Callable[[bool], None] | None = None
+        self,
+        run_id: str,
+        work: Callable[[], Awaitable[bool]],
+        done: Callable[[bool], None] | None = None,
     ) -> None:
-        """Run ``work`` in one of the worker's slots."""
+        """Run ``work()`` in one of the worker's slots (called there, not before)."""
         ...
 
     def count(self, status: str) -> None:

@@ -32,6 +32,7 @@ it on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Collection, Iterable
@@ -264,7 +265,7 @@ class Recovery:
                 self._lapsed = {run_id: tenant, **self._lapsed}
                 break
             if not worker.carrying(run_id):
-                worker.launch(run_id, self.carry(run_id, tenant, recovery=True))
+                worker.launch(run_id, functools.partial(self.carry, run_id, tenant, recovery=True))
                 launched += 1
         return launched
 

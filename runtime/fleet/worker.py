@@ -274,7 +274,7 @@ class Worker:
             # A start sent again (the run's id tried once more) is told by its own outcome,
             # not by the refusal of the one before.
             self._refused_starts.pop(request.run_id, None)
-        self.launch(request.run_id, self.handle(request, expired=expired), once)
+        self.launch(request.run_id, functools.partial(self.handle, request, expired=expired), once)
 
     def _started(self, run_id: str) -> None:
         once = self._starting.pop(run_id, None)
@@ -365,14 +365,19 @@ class Worker:
         return run_id in self._runs
 
     def launch(
-        self, run_id: str, work: Awaitable[bool], done: Callable[[bool], None] | None = None
+        self,
+        run_id: str,
+        work: Callable[[], Awaitable[bool]],
+        done: Callable[[bool], None] | None = None,
     ) -> None:
-        """Run ``work`` in a slot; ``done(acted)`` is told whether it was acted on."""
+        """Run ``work()`` in a slot; ``done(acted)`` is told whether it was acted on. The call
+        is made in the task, so a task cancelled before it ran (`stop_now` right after) leaves
+        no coroutine never awaited."""
 
         async def guarded() -> bool:
             _driving.set(run_id)
             try:
-                return await work
+                return await work()
             except _Stopped:
                 self.stats.stopped += 1
                 return True

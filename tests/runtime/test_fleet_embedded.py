@@ -548,3 +548,29 @@ async def test_stopping_just_as_a_recovery_pass_is_started_leaves_no_pass_unawai
             del worker
             gc.collect()
     assert [str(w.message) for w in said] == []
+
+
+async def test_stopping_at_once_as_work_is_launched_leaves_no_work_unawaited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second SIGTERM (`stop_now`) can come right after a request was taken or a lapsed run
+    launched: their work, cancelled before it ran, is closed, not left to warn that it was
+    never awaited; the request is left for the next owner."""
+    path = tmp_path / "fleet.db"
+    monkeypatch.setenv("FLEET_LEDGER", str(tmp_path / "ledger.jsonl"))
+    [run_id] = await _interrupted_runs(path, ["booker"])
+    async with open_backends(_settings(path)) as backends:
+        worker = Worker(backends, ScriptedProvider(script), agents)
+        acted: list[bool] = []
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            worker._recovery._lapsed = {run_id: TENANT}
+            assert await worker.launch_lapsed() == 1
+            worker.submit(StartRun(run_id="new-1", tenant=TENANT, agent="booker"), acted.append)
+            worker.stop_now()
+            await worker.drained()
+            await asyncio.sleep(0.1)
+            del worker
+            gc.collect()
+    assert [str(w.message) for w in said] == []
+    assert acted == [False]

@@ -324,7 +324,9 @@ class Worker:
     def _refused(self, request: Request, exc: OnwardError) -> bool:
         self.stats.failures += 1
         _log.warning("%s refused for good: %s", type(request).__name__, one_line(str(exc)))
-        if isinstance(request, StartRun):
+        # Only a start nothing of which is in the log is refused: one whose `RunStarted` is
+        # durable failed after, and its run is recovery's (its streams follow it on).
+        if isinstance(request, StartRun) and self._not_begun(request):
             self._refused_starts[request.run_id] = described(exc)
             while len(self._refused_starts) > _REFUSALS_KEPT:
                 del self._refused_starts[next(iter(self._refused_starts))]

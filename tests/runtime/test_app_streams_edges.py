@@ -12,20 +12,21 @@ SQLite, memory, PostgreSQL).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import asyncpg
 import pytest
 import pytest_asyncio
-from support.appapi import agents, provider, refuse_every_start
+from support.appapi import agents, provider, refuse_every_start, script
 from support.deployment import postgres_fleet_settings
 
 import onward
-from onward.errors import BackendUnavailableError, InvalidInputError
+from onward.errors import BackendUnavailableError, ConfigurationError, InvalidInputError
+from onward.eventlog import Message
 from onward.runtime.agent import Agent
 from onward.runtime.application.messages import RunMessage
-from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.settings import SecretUrl, Settings
 
 
@@ -93,6 +94,31 @@ async def test_a_refused_start_ends_every_stream_of_its_run(
         app.query("work", {"agent": "stepper", "run_id": "nan-1"}).collect(), 10
     )
     assert again[-1].is_result
+
+
+async def test_a_start_whose_run_began_and_then_failed_is_not_said_refused(
+    settings: Settings,
+) -> None:
+    """A run whose first model call failed with an Onward error after its `RunStarted` was
+    durable (a model not configured yet) exists and is carried on: its stream said "the run
+    could not be started" (status ``refused``, nothing of it in the log) and ended, though the
+    run was in the log and went on. It now follows the run to its end."""
+    calls = 0
+
+    def first_fails(messages: Sequence[Message]) -> ModelReply:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConfigurationError("the model has no key yet")
+        return script(messages)
+
+    async with onward.open(
+        settings, agents=agents, provider=ScriptedProvider(first_fails), recheck_s=0.1
+    ) as app:
+        stream = app.query("work", {"agent": "stepper", "run_id": "began-1"})
+        messages = await asyncio.wait_for(stream.collect(), 30)
+    assert [m.status for m in messages if m.type == "error"] == []
+    assert messages[-1].is_result
 
 
 UNKEEPABLE = {

@@ -25,7 +25,9 @@ lacks failed at once, so there every worker of a group carries every agent). A s
 agent no worker carries waits in the table until one does (which sets it aside if it was
 signed longer than ``ONWARD_REQUEST_MAX_AGE`` ago, as any request), or until it is cancelled.
 Answers and resumes that name their run's agent (an application's do) are routed the same way,
-so the worker that takes one can carry the run on; other requests go to any worker.
+so the worker that takes one can carry the run on; other requests go to any worker. A row stored
+for no agent (before migration 0019, or by a sender of then) whose body names one the worker
+that took it lacks is stored for that agent and handed back (`PostgresRequests.route`).
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ _RELEASE = (
     "UPDATE onward_requests SET claimed_by = NULL, claimed_until = NULL "
     "WHERE id = ANY($2::bigint[]) AND claimed_by = $1"
 )
+_ROUTE = (
+    "UPDATE onward_requests SET agent = $3, claimed_by = NULL, claimed_until = NULL "
+    "WHERE id = $2 AND claimed_by = $1 AND agent IS NULL"
+)
 _WAITING = "SELECT count(*) FROM onward_requests"
 _STORED_FOR = "SELECT EXISTS (SELECT 1 FROM onward_requests WHERE run_id = $1)"
 _FIRST_START = (
@@ -136,13 +142,26 @@ class ClaimedRequest(msgspec.Struct, frozen=True):
         # The column is not signed: a row routed to a worker for another agent than its
         # (signed) body names is set aside, not acted on; so is one whose column is empty
         # (any worker takes it) claimed by a worker without the agent (it would end the run
-        # failed). One that carries it acts on it: starts stored before the column was.
+        # failed; a worker routes such a row first: `elsewhere`). One that carries it acts
+        # on it: starts stored before the column was.
         named = getattr(request, "agent", None)
         if self.agent is None and named is not None and named not in (carried or ()):
             raise InvalidInputError(f"stored for no agent but names agent {named!r}")
         if self.agent is not None and named != self.agent:
             raise InvalidInputError(f"stored for agent {self.agent!r} but names another agent")
         return request
+
+    def elsewhere(self, carried: Collection[str]) -> str | None:
+        """The agent to route a row stored for no agent to (`PostgresRequests.route`): the one
+        its body names, when ``carried`` lacks it. A worker without that agent would end a
+        start failed, or set the row aside and lose it to a worker that carries the agent."""
+        if self.agent is not None:
+            return None
+        try:
+            named = getattr(decode_request(self.value), "agent", None)
+        except InvalidInputError:
+            return None
+        return named if named is not None and named not in carried else None
 
 
 class PostgresRequests(PostgresStore):
@@ -256,6 +275,12 @@ class PostgresRequests(PostgresStore):
     async def release(self, worker: str, ids: Collection[int]) -> None:
         """Hand requests back unacted, for the next worker to take at once."""
         await self._by_ids(_RELEASE, "releasing request claims", worker, ids)
+
+    async def route(self, worker: str, request_id: int, agent: str) -> None:
+        """Store ``worker``'s claimed row, stored for no agent, for ``agent`` (the one its
+        signed body names) and hand it back: a worker that carries ``agent`` takes it."""
+        async with self._connection("routing a request to its agent") as conn:
+            await conn.execute(_ROUTE, worker, request_id, agent)
 
     async def _by_ids(
         self, statement: str, context: str, worker: str, ids: Collection[int], *extra: object

@@ -863,6 +863,18 @@ class Worker:
         headers = [(SIGNATURE_HEADER, row.signature)] if row.signature is not None else []
         try:
             self._check_signed(row.run_id.encode(), row.value, headers)
+            elsewhere = row.elsewhere(self.agents.keys())
+            if elsewhere is not None:
+                # Stored for no agent (before migration 0019, or by a sender of then) and for
+                # one this worker lacks: left for a worker that carries it, not lost.
+                _log.info(
+                    "request %d: stored for no agent, names agent %r; routed to a worker "
+                    "carrying it",
+                    row.id,
+                    printable(elsewhere),
+                )
+                claims.route(row.id, elsewhere)
+                return
             request = row.request(self.agents.keys())
         except InvalidInputError as exc:
             # Set aside for good, as a bad record on the topic is: anyone who can write the
@@ -939,6 +951,7 @@ class _Claims:
         self.held: set[int] = set()
         self.finished: set[int] = set()
         self.released: set[int] = set()
+        self.routed: dict[int, str] = {}
         self._next_renewal = time.monotonic() + claim_s / 3
 
     def taken(self, request_id: int) -> None:
@@ -949,7 +962,16 @@ class _Claims:
             self.held.discard(request_id)
             (self.finished if acted else self.released).add(request_id)
 
+    def route(self, request_id: int, agent: str) -> None:
+        """Hand the row back stored for ``agent``, for a worker that carries it."""
+        if request_id in self.held:
+            self.held.discard(request_id)
+            self.routed[request_id] = agent
+
     async def settle(self) -> None:
+        for request_id, agent in list(self.routed.items()):
+            await self.requests.route(self.worker, request_id, agent)
+            del self.routed[request_id]
         if self.finished:
             finished = set(self.finished)
             await self.requests.finish(self.worker, finished)

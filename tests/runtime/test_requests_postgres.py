@@ -551,22 +551,23 @@ async def test_a_start_whose_agent_column_was_changed_is_set_aside(
         row.request()
 
 
-async def test_a_start_whose_agent_column_was_emptied_is_set_aside_not_ended_failed(
+async def test_a_start_stored_for_no_agent_taken_by_a_worker_without_it_waits_for_one_with_it(
     database_url: str,
     pg_schema: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Emptying the (unsigned) agent column of a signed start routed it to any worker: one
-    without its agent ended the run failed at once, a run its sender meant for a worker that
-    carries the agent. A row whose column does not name its body's agent is set aside."""
+    """A start stored without the agent column (before migration 0019, by a sender of then, or
+    with the unsigned column emptied) goes to any worker. One without the agent its signed
+    body names neither ends the run failed (its sender meant it for a worker that carries the
+    agent) nor sets it aside (deleted: lost to that worker, and its stream ended): it routes
+    the row to that agent, and a worker carrying it starts the run."""
     monkeypatch.setenv("APP_LEDGER", str(tmp_path / "ledger.jsonl"))
     settings = postgres_fleet_settings(database_url, pg_schema, PARTITIONS).model_copy(
         update={"app_mode": "in_process"}
     )
     signer = RequestSigner(REQUEST_KEY)
-    stop = asyncio.Event()
     async with (
         open_backends(settings) as backends,
         PostgresRequests(database_url, schema=pg_schema, signer=signer) as table,
@@ -575,21 +576,51 @@ async def test_a_start_whose_agent_column_was_emptied_is_set_aside_not_ended_fai
         conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
         try:
             await conn.execute("UPDATE onward_requests SET agent = NULL")
+
+            async def routed() -> bool:
+                return bool(
+                    await conn.fetchval(
+                        "SELECT count(*) FROM onward_requests "
+                        "WHERE agent = 'stepper' AND claimed_by IS NULL"
+                    )
+                )
+
+            pays = Worker(
+                backends, provider(), {"payer": agents["payer"]}, name="pays", recheck_s=60
+            )
+            stop_paying = asyncio.Event()
+            paying = asyncio.create_task(
+                pays.serve_postgres(stop_paying, requests=table, signer=signer, poll_s=0.1)
+            )
+            try:
+                with caplog.at_level("INFO", logger="onward.worker"):
+                    await until(routed, "the row routed to its agent")
+                    await asyncio.sleep(0.5)  # many polls of a worker that cannot start it
+            finally:
+                stop_paying.set()
+                await asyncio.wait_for(paying, 30)
         finally:
             await conn.close()
-        pays = Worker(backends, provider(), {"payer": agents["payer"]}, name="pays", recheck_s=60)
-        serving = asyncio.create_task(pays.serve_postgres(stop, requests=table, signer=signer))
+        assert await table.waiting() == 1
+        assert not await backends.runner(provider()).resumer.exists("r1")
+        assert (pays.stats.set_aside, pays.stats.failures, pays.stats.started) == (0, 0, 0)
+        said = [m for r in caplog.records if "routed" in (m := r.getMessage())]
+        assert len(said) == 1, said
+        assert "names agent 'stepper'" in said[0]
+
+        steps = Worker(
+            backends, provider(), {"stepper": agents["stepper"]}, name="steps", recheck_s=60
+        )
+        stop = asyncio.Event()
+        serving = asyncio.create_task(steps.serve_postgres(stop, requests=table, signer=signer))
         try:
-            await until(lambda: _none_waiting(table), "the row acted on or set aside")
+            await until(lambda: _none_waiting(table), "the row acted on")
+            await steps.drained()
         finally:
             stop.set()
             await asyncio.wait_for(serving, 30)
-        assert await backends.frontiers.get("r1") is None
-        assert not await backends.runner(provider()).resumer.exists("r1")
-    assert (pays.stats.set_aside, pays.stats.failures) == (1, 0)
-    said = [m for r in caplog.records if "set aside" in (m := r.getMessage())]
-    assert len(said) == 1, said
-    assert "stored for no agent but names agent 'stepper'" in said[0]
+        assert steps.stats.set_aside == 0
+        assert await backends.runner(provider()).resumer.exists("r1")
 
 
 async def test_a_start_stored_for_no_agent_is_started_by_a_worker_carrying_its_agent(

@@ -20,6 +20,10 @@ set aside too, saying so: it is exactly what a replay of an old captured request
 Upgrade the applications that submit and the workers together; a request an old application
 sent is set aside with a line naming why, and is sent again by an upgraded one.
 
+A signature does not cover where the request was sent (the topic, the PostgreSQL schema): a
+request captured from one deployment checks in any other with the same key, so each deployment
+needs a key of its own.
+
 Keys rotate without downtime: ``ONWARD_REQUEST_KEY`` may hold several keys separated by
 commas; the first signs, any of them checks. Deploy the new key second everywhere, then first,
 then drop the old one.

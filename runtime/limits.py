@@ -6,7 +6,10 @@ written, with an error naming the field:
 
 * Names (run ids, tenants, users, agents, request and call ids, tool names, ``by``) are at most
   `MAX_NAME_LENGTH` characters and hold no control character (C0, DEL): PostgreSQL refuses NUL
-  in ``text`` columns, and a name is printed on one line in logs and on terminals.
+  in ``text`` columns, and a name is printed on one line in logs and on terminals. A name that
+  addresses what is stored already (a run's id, tenant, user, agent, call or request) is held to
+  `check_stored_name` instead: the log refuses only NUL, so a producer writing to it directly
+  may have stored a name the stricter check refuses, and that run must stay addressable.
 * Labels (tags) are at most `MAX_LABEL_LENGTH` characters, one line, no control character but
   tab; a person's note (``why``) at most `MAX_NOTE_LENGTH`, tabs and newlines allowed. A run
   holds at most `MAX_TAGS_PER_RUN` tags: every tag is kept on the run's frontier.
@@ -61,6 +64,40 @@ def check_name(field: str, value: object, *, run_id: str | None = None) -> str:
             control character (the field and the character's position are named).
     """
     return _check_text(field, value, MAX_NAME_LENGTH, _CONTROL, run_id)
+
+
+def check_stored_name(field: str, value: object, *, run_id: str | None = None) -> str:
+    """``value`` if it can be a name already stored (a run's id, tenant, user, agent, call or
+    request), else `InvalidInputError`: what addresses an existing run takes its exact name.
+
+    `check_name` holds a name to its bounds when it is created; the log refuses only NUL in
+    what a producer writes to it directly, so a run may hold a control character or more than
+    `MAX_NAME_LENGTH` characters, and refused as a new name would be, it could never be
+    inspected, resolved, cancelled, released or filtered on.
+
+    Raises:
+        InvalidInputError: Not a string, empty, or holding what no stored name holds: a NUL
+            (no store keeps it in a name) or a lone surrogate (no text any store holds).
+    """
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{field} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidInputError(f"{field} must not be empty", run_id=run_id)
+    if "\x00" in value:
+        raise InvalidInputError(
+            f"{field} holds a NUL character at position {value.index(chr(0))}; no stored name "
+            "holds one",
+            run_id=run_id,
+        )
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{field} holds {value[exc.start]!r} at position {exc.start}, a lone surrogate "
+            "no stored name holds",
+            run_id=run_id,
+        ) from None
+    return value
 
 
 def check_label(field: str, value: object, *, run_id: str | None = None) -> str:
@@ -175,6 +212,7 @@ __all__ = [
     "check_name",
     "check_note",
     "check_optional_name",
+    "check_stored_name",
     "depth_of",
     "too_deep",
 ]

@@ -119,6 +119,7 @@ from .limits import (
     check_name,
     check_note,
     check_optional_name,
+    check_stored_name,
     too_deep,
 )
 from .observability import observe
@@ -928,8 +929,9 @@ class AgentRunner(Resource):
     async def _answer(
         self, run_id: str, request_id: str, *, tenant: str, by: str, value: Any, granted: bool
     ) -> None:
-        """Write a person's answer to the approval request the run waits on."""
-        check_name("request_id", request_id, run_id=run_id)
+        """Write a person's answer to the approval request the run waits on (named as the run
+        stored it: `check_stored_name`)."""
+        check_stored_name("request_id", request_id, run_id=run_id)
         check_depth("value", value, run_id=run_id)
         _check_encodable("value", value, run_id)
         async with self._as_person(run_id, tenant, by) as run:
@@ -1031,8 +1033,12 @@ class AgentRunner(Resource):
         why: str,
         result: Any = None,
     ) -> None:
-        """Settle an undecided call as a person: it completed (with its result) or never ran."""
-        check_name("call_id", call_id, run_id=run_id)
+        """Settle an undecided call as a person: it completed (with its result) or never ran.
+
+        The call is named as the run stored it (`check_stored_name`): a call id a producer
+        wrote to the log out of a new name's bounds is still settled.
+        """
+        check_stored_name("call_id", call_id, run_id=run_id)
         if why:
             check_note("why", why, run_id=run_id)
         check_depth("result", result, run_id=run_id)
@@ -2107,9 +2113,11 @@ def _check_budget_options(options: Mapping[str, Any], run_id: str) -> None:
 
 
 def _check_run(run_id: str, tenant: str) -> None:
-    """Refuse a run id or tenant out of bounds before anything is read or held."""
-    check_name("run_id", run_id)
-    check_name("tenant", tenant, run_id=run_id)
+    """Refuse a run id or tenant no stored run has before anything is read or held: an
+    existing run is named as it was stored (`check_stored_name`), which a producer writing
+    to the log directly may have made out of a new name's bounds."""
+    check_stored_name("run_id", run_id)
+    check_stored_name("tenant", tenant, run_id=run_id)
 
 
 def _check_not_graph_thread(frontier: Frontier, request_id: str) -> None:

@@ -68,7 +68,7 @@ from onward.runtime.fleet.requests_postgres import PostgresRequests, cancel_wait
 from onward.runtime.fleet.senders import request_sender
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.leases.base import CancelAsked, LeasePolicy
-from onward.runtime.limits import check_name
+from onward.runtime.limits import check_stored_name
 from onward.runtime.manager import ExecutionManager, needs_person
 from onward.runtime.options import Options
 from onward.runtime.providers import NoModel, Provider
@@ -671,11 +671,11 @@ class App(Resource):
         """The tenant's run as the log has it now (the row, then the log after it).
 
         Raises:
-            InvalidInputError: The run id or tenant is no name Onward can store (a control
-                character, a lone surrogate, too long; `check_name`): nothing was read.
+            InvalidInputError: The run id or tenant is no name a stored run has (empty, a NUL,
+                a lone surrogate; `check_stored_name`): nothing was read.
         """
-        check_name("run_id", run_id)
-        check_name("tenant", tenant, run_id=run_id)
+        check_stored_name("run_id", run_id)
+        check_stored_name("tenant", tenant, run_id=run_id)
         return await self._resumer().read(run_id, tenant=tenant)
 
     async def _follow_from_first(self, stream: RunStream, frontier: Frontier) -> None:

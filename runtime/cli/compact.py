@@ -15,7 +15,7 @@ from onward.runtime.compaction import (
     PartitionReport,
     compaction_store,
 )
-from onward.runtime.limits import check_name
+from onward.runtime.limits import check_stored_name
 
 from ._common import ArchiveOption, JsonResultOption, echo_json, error, out
 from .runs import with_backends
@@ -66,7 +66,7 @@ def compact_command(
         error("give --archive DIR or --no-archive, not both")
         raise typer.Exit(2)
     if run is not None:
-        check_name("--run", run)
+        check_stored_name("--run", run)
 
     async def work(backends: Backends) -> CompactionReport:
         async with compaction_store(backends) as store:

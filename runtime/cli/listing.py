@@ -22,7 +22,7 @@ from onward.projections.base import FrontierStore, RunSummary
 from onward.projections.frontier import RunStatus
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.backends import kafka_frontier_store
-from onward.runtime.limits import check_name
+from onward.runtime.limits import check_stored_name
 from onward.runtime.settings import Settings, load_settings
 from onward.runtime.spend.base import Spend, SpendLedger
 from onward.runtime.spend.postgres import PostgresSpendLedger
@@ -72,22 +72,12 @@ def check_cursor(after: str) -> str:
 
     A cursor is the last run id of a page, and a producer on the log may have written a run
     id no name check would pass (a control character, more than a name's length; the log
-    refuses only NUL): refused as a name, the runs after it could not be listed.
+    refuses only NUL): refused as a name, the runs after it could not be listed. It is held
+    to what a stored run id can be (`check_stored_name`).
     """
     if not after:
         raise InvalidInputError("--after must not be empty; give the cursor a page ended with")
-    if "\x00" in after:
-        raise InvalidInputError(
-            f"--after holds a NUL character at position {after.index(chr(0))}; no run id holds one"
-        )
-    try:
-        after.encode()
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(
-            f"--after holds {after[exc.start]!r} at position {exc.start}, a lone surrogate no "
-            "run id holds"
-        ) from None
-    return after
+    return check_stored_name("--after", after)
 
 
 def frontier_store(config: Settings) -> FrontierStore:
@@ -245,7 +235,7 @@ def runs_command(
         raise InvalidInputError(f"--limit must be from 1 to {MAX_LIMIT}, got {limit}")
     for option, given in (("--tenant", tenant), ("--user", user), ("--agent", agent)):
         if given is not None:
-            check_name(option, given)
+            check_stored_name(option, given)
     if after is not None:
         check_cursor(after)
     now_us = time.time_ns() // 1000

@@ -37,7 +37,7 @@ from onward.projections.compaction import CompactionStore, PostgresCompactionSto
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.backends import kafka_frontier_store
 from onward.runtime.checkpoint import Checkpointer
-from onward.runtime.limits import check_name
+from onward.runtime.limits import check_name, check_stored_name
 from onward.runtime.settings import Settings, load_settings
 
 from ._common import JsonResultOption, RunArgument, echo_json, opened, out
@@ -151,7 +151,7 @@ def release_command(run_id: RunArgument, by: ByOption, as_json: JsonResultOption
     If a record of it is still unreadable (no newer Onward yet), the run is held again.
     Exit 0: released. 1: the run has no held record. 2: bad configuration. 5: a store failed.
     """
-    check_name("run_id", run_id)
+    check_stored_name("run_id", run_id)
     check_name("--by", by)
     config = load_settings()
 

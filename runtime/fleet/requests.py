@@ -44,6 +44,7 @@ from onward.runtime.limits import (
     check_label,
     check_name,
     check_note,
+    check_stored_name,
 )
 from onward.runtime.options import checked_options
 from onward.runtime.redaction import Redactor
@@ -161,17 +162,19 @@ def check_request(request: Request) -> None:
         InvalidInputError: The first field out of bounds, named with its request's type.
     """
     what = type(request).__name__
-    run_id = check_name(f"{what}.run_id", request.run_id)
-    check_name(f"{what}.tenant", request.tenant, run_id=run_id)
+    # A start names a new run; every other request an existing one, as it was stored.
+    named = check_name if isinstance(request, StartRun) else check_stored_name
+    run_id = named(f"{what}.run_id", request.run_id)
+    named(f"{what}.tenant", request.tenant, run_id=run_id)
     agent = getattr(request, "agent", None)
     if isinstance(request, StartRun) or agent is not None:
-        check_name(f"{what}.agent", agent, run_id=run_id)
+        named(f"{what}.agent", agent, run_id=run_id)
     if isinstance(request, StartRun):
         check_depth(f"{what}.input", request.input, run_id=run_id)
         _check_encodable(f"{what}.input", request.input, run_id)
         checked_options(request.options)
     elif isinstance(request, AnswerRequest):
-        check_name(f"{what}.request_id", request.request_id, run_id=run_id)
+        check_stored_name(f"{what}.request_id", request.request_id, run_id=run_id)
         check_name(f"{what}.by", request.by, run_id=run_id)
         check_depth(f"{what}.value", request.value, run_id=run_id)
         _check_encodable(f"{what}.value", request.value, run_id)

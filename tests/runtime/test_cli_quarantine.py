@@ -196,3 +196,29 @@ def test_dismiss_of_a_named_record_says_a_release_command_that_pastes_as_it_read
     command = result.stderr.split("release the run with ", 1)[1].split(", which", 1)[0]
     assert pasted(command) == ["onward", "quarantine", "release", run_id, "--by", by]
     assert [e["state"] for e in listed(db, "--all")] == ["held"]
+
+
+def test_the_release_command_dismiss_suggests_releases_a_run_a_producer_named_out_of_bounds(
+    db: Path,
+) -> None:
+    """The log refuses only NUL in a run id: a producer writing to it directly can key a run
+    with a control character. The release command a dismiss of its record suggests, pasted,
+    names that very run, and run it releases the run and folds it again."""
+    run_id = "run-\x1b[2J-q"
+    poisoned(db, run_id)
+    (entry,) = listed(db)
+    dismiss = ["--partition", str(entry["partition"]), "--offset", str(entry["offset"])]
+    dismiss += ["--by", "ops"]
+    refused = onward(db, "quarantine", "dismiss", *dismiss)
+    assert refused.exit_code == 2
+    command = refused.stderr.split("release the run with ", 1)[1].split(", which", 1)[0]
+    words = pasted(command)
+    assert words[:3] == ["onward", "quarantine", "release"]
+    assert words[3] == run_id
+    released = onward(db, *words[1:], "--json")
+    assert released.exit_code == 0, released.output
+    assert (json.loads(released.stdout)["run"], json.loads(released.stdout)["released"]) == (
+        run_id,
+        1,
+    )
+    assert [(e["run_id"], e["released_by"]) for e in listed(db, "--all")] == [(run_id, "ops")]

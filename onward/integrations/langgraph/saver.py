@@ -1389,30 +1389,41 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         of those writes' seqs (``state.spent_seqs``): its totals cannot stand for them, as an
         entry recorded for writes whose append failed counts as much as a lost one would. A
         ledger that cannot be reached is logged: the writes stay in the log, checked again
-        before a budget is weighed (`_may_go_on`). Returns False when a store did not answer
-        (it may next time)."""
+        before a budget is weighed (`_may_go_on`). Writes cut from the log (compaction,
+        retention) before their entry was recorded cannot be counted: those the log still
+        holds are recorded all the same, and the ones cut are named. Returns False when a
+        store did not answer (it may next time)."""
         if self.spend is None or not state.spent_calls:
             return True
         try:
             kept = {entry.seq for entry in await self.spend.entries(thread_id)}
             if kept.issuperset(state.spent_seqs):
                 return True
-            read = await read_whole_run(
-                self.log,
-                self.compaction,
-                thread_id,
-                start=await self._first_offset(thread_id),
-                end=state.next_offset,
-            )
+            try:
+                read = await read_whole_run(
+                    self.log,
+                    self.compaction,
+                    thread_id,
+                    start=await self._first_offset(thread_id),
+                    end=state.next_offset,
+                )
+            except LogTruncatedError as exc:
+                if exc.start is None:
+                    raise
+                read = await self.log.read_run(thread_id, start=exc.start, end=state.next_offset)
+            guard = SequenceGuard()
+            if read and read[0].event.seq > 1:
+                # The log lost the thread's first events: counted on from the first it holds.
+                guard = SequenceGuard(read[0].event.seq - 1, read[0].event.fence)
             recorded = 0
+            seen: set[int] = set()
             # Only what counts: writes a fence refused are not the ones their seq keys.
-            for stored in SequenceGuard().admit_all(read):
+            for stored in guard.admit_all(read):
                 event = stored.event
-                if (
-                    not isinstance(event, GraphWritesSaved)
-                    or event.usage is None
-                    or event.seq in kept
-                ):
+                if not isinstance(event, GraphWritesSaved) or event.usage is None:
+                    continue
+                seen.add(event.seq)
+                if event.seq in kept:
                     continue
                 calls = _model_usages(self._loadable(thread_id, event))
                 if calls:
@@ -1426,6 +1437,15 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         if recorded:
             logger.info(
                 "thread %r: the spend of %d writes recorded from the log", thread_id, recorded
+            )
+        cut = sorted(set(state.spent_seqs) - kept - seen)
+        if cut:
+            logger.warning(
+                "thread %r: the writes at seq %s were cut from the log before their spend was "
+                "recorded; the ledger cannot count them, and the thread's and its tenant's "
+                "spend stay short by those calls",
+                thread_id,
+                ", ".join(map(str, cut)),
             )
         return True
 

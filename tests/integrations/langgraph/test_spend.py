@@ -691,3 +691,50 @@ async def test_a_ledger_blip_at_the_claim_does_not_let_a_thread_past_its_budget(
     assert not blip["left"]
     assert len(made) == 1, "the node's model was paid again past the thread's budget"
     assert (total.calls, total.micros) == (1, 400)
+
+
+async def test_a_call_cut_from_the_log_does_not_keep_the_rest_from_being_counted(
+    clustered: KafkaServers | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two invocations each make one call (400 micros) while the ledger is down, and their
+    saver ends; the log is then cut past the first call's writes (retention, or compaction
+    without the saver's store). The next claim cannot count that call: it must still count
+    the second, whose writes the log holds, and say which writes it cannot count, rather than
+    give up on all of them as the runner once did."""
+    thread_id = f"cut-{uuid.uuid4().hex[:8]}"
+    made: list[str] = []
+    async with placed(clustered, tmp_path) as (world, ledger, _):
+        down = {"now": True}
+        record = ledger.record
+
+        async def record_unless_down(entry: SpendEntry) -> bool:
+            if down["now"]:
+                raise BackendUnavailableError("the spend ledger did not answer")
+            return await record(entry)
+
+        monkeypatch.setattr(ledger, "record", record_unless_down)
+        async with saver_of(world, ledger) as saver:
+            for said in ("hi", "again"):
+                await small_graph(saver, made).ainvoke(
+                    {"messages": [HumanMessage(said)]}, config(thread_id)
+                )
+        down["now"] = False
+        paid = [
+            stored
+            for stored in await world.log.read_run(thread_id)
+            if isinstance(stored.event, GraphWritesSaved) and stored.event.usage is not None
+        ]
+        assert len(paid) == 2
+        async with saver_of(world, ledger) as saver:
+            assert await saver.aget_tuple(config(thread_id)) is not None
+            first = paid[0].position
+            await world.log.truncate_before(first.partition, first.offset + 1)
+            await saver.aclaim(thread_id)
+            await saver.arelease(thread_id)
+        total = await ledger.run_total(thread_id)
+    assert len(made) == 2
+    assert (total.calls, total.micros) == (1, 400)
+    assert f"seq {paid[0].event.seq} were cut from the log" in caplog.text

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import KW_ONLY, dataclass
 
@@ -180,16 +180,7 @@ def _expired(
     already gone, which every later pass would keep for good.
     """
     candidates = {r.run_id: r for r in finished if r.finished_at < before}
-    kept: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for run in candidates.values():
-            if run.run_id in kept or not run.continued:
-                continue
-            if run.successor is None or run.successor not in candidates or run.successor in kept:
-                kept.add(run.run_id)
-                changed = True
+    kept = _kept(candidates)
     successors = {
         r.run_id: r.successor for r in candidates.values() if r.continued and r.run_id not in kept
     }
@@ -201,6 +192,32 @@ def _expired(
             order[link] = None
             link = successors.get(link)
     return tuple(order), tuple(sorted(kept))
+
+
+def _kept(candidates: Mapping[str, FinishedRun]) -> set[str]:
+    """The continued runs among ``candidates`` kept for a successor: one not naming it, one
+    carried into a run not among them, or into one kept. Each chain is walked once, its
+    verdict shared by every run on it: settled run by run (as one pass after another), a
+    chain of many continued runs took a pass over every candidate per run of the chain."""
+    verdicts: dict[str, bool] = {}
+    for run_id in candidates:
+        path: dict[str, None] = {}
+        link = run_id
+        while True:
+            if link in verdicts:
+                kept = verdicts[link]
+                break
+            run = candidates[link]
+            if not run.continued or link in path:
+                kept = False  # a run that ended, or a loop of runs carried into each other
+                break
+            path[link] = None
+            if run.successor is None or run.successor not in candidates:
+                kept = True
+                break
+            link = run.successor
+        verdicts.update(dict.fromkeys(path, kept))
+    return {run_id for run_id, kept in verdicts.items() if kept}
 
 
 def _batches(plan: SweepPlan, size: int) -> list[SweepPlan]:

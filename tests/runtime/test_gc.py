@@ -54,7 +54,7 @@ from onward.runtime.gc import (
     RedisKeySweeper,
     SqliteRecordSweeper,
 )
-from onward.runtime.gc.base import KINDS, Kind, SweepPlan
+from onward.runtime.gc.base import KINDS, FinishedRun, Kind, SweepPlan
 from onward.runtime.leases import SqliteLeaseStore
 from onward.testing.eventlog import new_run_id
 from onward.testing.frontiers import frontier
@@ -344,6 +344,40 @@ class FailsAfter(SqliteRecordSweeper):
             raise BackendUnavailableError("the database went away")
         self.sweeps -= 1
         return await super().sweep(plan, delete=delete)
+
+
+class Listed:
+    """A record sweeper that lists the finished runs given and sweeps nothing."""
+
+    def __init__(self, runs: list[FinishedRun]) -> None:
+        self.runs = runs
+
+    async def finished(self, *, before: int) -> list[FinishedRun]:
+        return [run for run in self.runs if run.finished_at < before]
+
+    async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
+        return {}
+
+
+async def test_a_long_chain_of_continued_runs_is_planned_in_time() -> None:
+    """A run carried on 20,000 times (a long-lived agent continued at every context limit),
+    its newest run still live: the whole chain is kept for it, and deciding so takes a walk
+    along the chain, not a pass over every finished run per run of the chain."""
+    chain = [f"r{'' if n == 0 else f'~c{n}'}" for n in range(20_001)]
+    runs = sorted(
+        (
+            FinishedRun(run_id, TENANT, "continued", n + 1, True, chain[n + 1])
+            for n, run_id in enumerate(chain[:-1])
+        ),
+        key=lambda run: run.run_id,
+    )
+    collector = GarbageCollector(Listed(runs), clock=lambda: 40 * DAY_S)
+    started = time.monotonic()
+    report = await collector.dry_run()
+    took = time.monotonic() - started
+    assert report.expired == ()
+    assert set(report.kept) == set(chain[:-1])
+    assert took < 5, f"planning took {took:.1f}s"
 
 
 async def test_a_continued_run_goes_once_the_run_it_was_carried_into_is_gone(

@@ -3,8 +3,9 @@
 An event whose body (a tool result, a model message, a run's input or output) is larger than
 ``threshold`` goes to the log with the body replaced by ``{"$blob": <sha256>, "size": n}``; the
 body itself is stored once, content-addressed, in a `BlobStore` (PostgreSQL, SQLite, memory).
-Readers put it back. A reference that no longer resolves raises `HistoryUnavailableError`: the
-run stops rather than carry on with a hole in its conversation.
+Readers put it back, checked against its digest. A reference that no longer resolves, or to
+bytes that are not the body of its digest, raises `HistoryUnavailableError`: the run stops
+rather than carry on with a hole in its conversation, or with a body it was never given.
 
 Only the claim check makes references. A body that merely has their shape (a run input naming
 another tenant's digest, a tool result from an API that answers ``{"$blob": ..., "size": ...}``)
@@ -283,17 +284,27 @@ class ClaimCheck:
         return await self.body(digest, run_id=event.run_id, seq=event.seq)
 
     async def body(self, digest: str, *, run_id: str, seq: int) -> bytes:
-        """The body a reference of event ``seq`` of a run points at.
+        """The body a reference of event ``seq`` of a run points at, checked against its
+        digest: bytes altered in the store would otherwise be given as the run's history.
 
         Raises:
-            HistoryUnavailableError: Nothing is stored under it (naming the run and the seq).
+            HistoryUnavailableError: Nothing is stored under it, or what is stored is not the
+                body of that digest (naming the run and the seq).
         """
         try:
-            return await self.blobs.get(digest)
+            body = await self.blobs.get(digest)
         except HistoryUnavailableError as exc:
             raise HistoryUnavailableError(
                 f"run {run_id!r} seq {seq}: {exc}", run_id=run_id
             ) from exc
+        if digest_of(body) != digest:
+            raise HistoryUnavailableError(
+                f"run {run_id!r} seq {seq}: body {digest} in the blob store is not the body of "
+                "that digest (it was altered or corrupted there): the run will not go on with "
+                "it; restore the blob store or settle the run by hand",
+                run_id=run_id,
+            )
+        return body
 
 
 class EndedRun(Protocol):

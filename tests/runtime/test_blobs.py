@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
+import asyncpg
+import msgspec
 import pytest
 from support.pg import fresh_schema
 
-from onward.runtime.blobs import BlobStore, MemoryBlobStore, PostgresBlobStore, SqliteBlobStore
+from onward.errors import HistoryUnavailableError
+from onward.eventlog.events import ToolCompleted
+from onward.eventlog.references import BLOB_REF
+from onward.runtime.blobs import (
+    BlobStore,
+    ClaimCheck,
+    MemoryBlobStore,
+    PostgresBlobStore,
+    SqliteBlobStore,
+)
 from onward.testing import BlobStoreConformance
 from onward.testing.storage import PostgresConnectionLossConformance
 
@@ -59,3 +71,51 @@ class TestPostgresBlobStoreConnectionLoss(PostgresConnectionLossConformance):
 
     async def use_store(self, store: PostgresBlobStore) -> None:
         await store.put(b"a body")
+
+
+_RESULT = {"amount": 1000, "to": "acct-1", "pad": "x" * 2048}
+"""A tool result over the claim check's threshold below."""
+_ALTERED = msgspec.json.encode({**_RESULT, "amount": 9000})
+"""Its body with one number changed in the store: still JSON, no longer the body stored."""
+
+
+async def _shrunk(store: BlobStore) -> tuple[ClaimCheck, ToolCompleted, str]:
+    claim_check = ClaimCheck(store, threshold=1024)
+    event = ToolCompleted(run_id="r-1", tenant="t", seq=4, fence=1, call_id="c1", result=_RESULT)
+    shrunk = await claim_check.shrink(event)
+    assert isinstance(shrunk, ToolCompleted)
+    return claim_check, shrunk, shrunk.result[BLOB_REF]
+
+
+async def _refused(claim_check: ClaimCheck, shrunk: ToolCompleted, digest: str) -> None:
+    with pytest.raises(HistoryUnavailableError) as altered:
+        await claim_check.restore(shrunk)
+    assert digest in str(altered.value)
+    assert "run 'r-1' seq 4" in str(altered.value)
+
+
+async def test_a_body_altered_in_the_sqlite_store_is_refused_never_given(tmp_path: Path) -> None:
+    path = tmp_path / "blobs.db"
+    async with SqliteBlobStore(path) as store:
+        claim_check, shrunk, digest = await _shrunk(store)
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE onward_blobs SET body = ? WHERE digest = ?", (_ALTERED, digest))
+        await _refused(claim_check, shrunk, digest)
+
+
+async def test_a_body_altered_in_the_postgres_store_is_refused_never_given(
+    database_url: str,
+) -> None:
+    async with (
+        fresh_schema(database_url) as schema,
+        PostgresBlobStore(database_url, schema=schema) as store,
+    ):
+        claim_check, shrunk, digest = await _shrunk(store)
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+        try:
+            await conn.execute(
+                "UPDATE onward_blobs SET body = $1 WHERE digest = $2", _ALTERED, digest
+            )
+        finally:
+            await conn.close()
+        await _refused(claim_check, shrunk, digest)

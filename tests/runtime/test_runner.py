@@ -937,3 +937,40 @@ async def test_a_call_whose_arguments_the_blob_store_lost_is_recorded_never_ran(
         agent([write]), "r", tenant=TENANT
     )
     assert (result.status, written) == ("completed", [1_000_000])
+
+
+class AlterBlobsOnDispatch(MemoryEventLog):
+    """A log that, once a dispatch is written, alters every body of ``blobs`` in place under
+    its digest (``z`` become ``y``), as a corrupted or tampered blob store would hold them."""
+
+    def __init__(self, blobs: MemoryBlobStore) -> None:
+        super().__init__()
+        self.blobs = blobs
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        positions = await super().append(events)
+        if any(isinstance(e, ToolDispatched) for e in events):
+            bodies = self.blobs._bodies
+            for digest, body in bodies.items():
+                bodies[digest] = body.replace(b"z", b"y")
+        return positions
+
+
+async def test_a_call_whose_arguments_were_altered_in_the_blob_store_is_never_made() -> None:
+    """The blob store holds other bytes under the digest of a dispatched call's arguments:
+    the tool is not called with arguments the model never gave; the run stops, the history
+    unavailable."""
+    blobs, written = MemoryBlobStore(), list[str]()
+
+    @tool
+    async def write(text: str, *, idempotency_key: str) -> int:
+        written.append(text[:1])
+        return len(text)
+
+    big = ToolCall(call_id="w", tool="write", args={"text": "z" * 1_000_000})
+    provider = ScriptedProvider([reply("", big), reply("written")])
+    with pytest.raises(HistoryUnavailableError, match="altered or corrupted"):
+        await runner(AlterBlobsOnDispatch(blobs), provider=provider, blobs=blobs).run(
+            agent([write]), "go", tenant=TENANT, run_id="r"
+        )
+    assert written == []

@@ -41,6 +41,23 @@ from .spend.base import PriceTable
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
 """Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id."""
 
+_REDIS_KEY_NAMES = (
+    "lease:",
+    "fence:",
+    "frontier:",
+    "calls:",
+    "transcript:",
+    "positions:",
+    "quarantine:",
+    "runs-of:",
+    "runs-by-status:",
+)
+"""How the keys of leases and frontiers begin after ``ONWARD_REDIS_PREFIX``, a name of the
+caller's after each (`RedisLeaseStore`, `RedisFrontierStore`)."""
+
+_REDIS_KEYS = ("runs", "runs-by-status-built", "runs-by-status-cursor", "frontier-format")
+"""The keys of the frontier store under ``ONWARD_REDIS_PREFIX`` that are whole as they are."""
+
 MIN_SCHEMA_CACHE_TTL = timedelta(milliseconds=1)
 """The shortest MCP schema cache TTL: Redis keeps one to the millisecond."""
 
@@ -56,6 +73,29 @@ def check_schema_cache_ttl_hours(hours: float) -> float:
     if timedelta(hours=hours) < MIN_SCHEMA_CACHE_TTL:
         raise ValueError(f"must be at least a millisecond, got {hours:g} hours")
     return hours
+
+
+def schema_prefix_clash(prefix: str, schema_prefix: str) -> str | None:
+    """Why the MCP schema cache's keys (``schema_prefix`` and a run id, any text) can be keys
+    of leases or frontiers under ``prefix``, or ``None`` when none can: a run named
+    ``lease:<run>`` would have another run's lease for its cache entry, and collecting it
+    would delete the lease while held."""
+    rest = schema_prefix[len(prefix) :]
+    clashes = prefix.startswith(schema_prefix) or (
+        schema_prefix.startswith(prefix)
+        and (
+            any(name.startswith(rest) or rest.startswith(name) for name in _REDIS_KEY_NAMES)
+            or any(key.startswith(rest) for key in _REDIS_KEYS)
+        )
+    )
+    if not clashes:
+        return None
+    return (
+        f"MCP_SCHEMA_CACHE_PREFIX {schema_prefix!r} puts the schema cache's keys among those of "
+        f"leases and frontiers under ONWARD_REDIS_PREFIX {prefix!r} (a run named 'lease:<run>' "
+        "would have another run's lease for its cache entry); choose one apart, as "
+        f"{prefix + 'mcp:schema:'!r}"
+    )
 
 
 class SecretUrl(SecretStr):
@@ -317,6 +357,13 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _fit_for_environment(self) -> Settings:
         refuse_memory_backend(self.environment, self.backend)
+        return self
+
+    @model_validator(mode="after")
+    def _schema_prefix_apart(self) -> Settings:
+        clash = schema_prefix_clash(self.redis_prefix, self.schema_cache_prefix)
+        if self.redis_url is not None and clash is not None:
+            raise ConfigurationError(clash)
         return self
 
     @field_validator(

@@ -15,8 +15,9 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from onward._storage import BACKEND_TIMEOUT_S, RedisStore, translated
+from onward.errors import ConfigurationError
 from onward.runtime.leases.redis import fence_key, lease_key, script_source
-from onward.runtime.settings import SCHEMA_CACHE_PREFIX
+from onward.runtime.settings import SCHEMA_CACHE_PREFIX, schema_prefix_clash
 
 from .base import KEY_KINDS, Kind
 
@@ -29,6 +30,10 @@ class RedisKeySweeper(RedisStore):
         prefix: The lease store's prefix (``ONWARD_REDIS_PREFIX``).
         schema_prefix: The MCP schema cache's prefix (``MCP_SCHEMA_CACHE_PREFIX``).
         timeout_s: The longest one call may wait for Redis.
+
+    Raises:
+        ConfigurationError: A schema cache key could be a lease's or a frontier's (it would
+            be deleted as a cache entry).
     """
 
     what = "Redis key sweeper"
@@ -42,6 +47,9 @@ class RedisKeySweeper(RedisStore):
         schema_prefix: str = SCHEMA_CACHE_PREFIX,
         timeout_s: float | None = BACKEND_TIMEOUT_S,
     ) -> None:
+        clash = schema_prefix_clash(prefix, schema_prefix)
+        if clash is not None:
+            raise ConfigurationError(clash)
         super().__init__(url, prefix=prefix, max_connections=4, timeout_s=timeout_s)
         self.schema_prefix = schema_prefix
 

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from onward.errors import BackendUnavailableError
+from onward.errors import BackendUnavailableError, ConfigurationError
 from onward.projections.base import RunSummary, Snapshot, StoredFrontier
 from onward.projections.compaction import PostgresCompactionStore, SqliteCompactionStore
 from onward.projections.postgres import PostgresFrontierStore
@@ -403,6 +403,23 @@ async def test_redis_keys_of_finished_runs_are_counted_then_deleted_held_leases_
     kept = [leases.fence_key(untouched), f"{sweeper.schema_prefix}{untouched}"]
     assert await client.exists(*kept) == 2
     assert await sweeper.sweep(runs, delete=True) == dict.fromkeys(KEY_KINDS, 0)
+
+
+async def test_a_schema_prefix_among_the_lease_keys_is_refused(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """With the schema cache's prefix that of the leases, the cache entry of a run named
+    ``lease:<run>`` is that run's lease hash: collecting the one deleted the other's live lease,
+    and a second worker could take the run."""
+    async with RedisLeaseStore(redis_url, prefix=redis_prefix) as leases:
+        held = new_run_id()
+        await leases.acquire(held, tenant=TENANT, holder="w1", ttl_s=30)
+        with pytest.raises(ConfigurationError, match="MCP_SCHEMA_CACHE_PREFIX"):
+            async with RedisKeySweeper(
+                redis_url, prefix=redis_prefix, schema_prefix=redis_prefix
+            ) as sweeper:
+                await sweeper.sweep([f"lease:{held}"], delete=True)
+        assert await leases.current(held) is not None
 
 
 def test_the_sweepers_satisfy_their_protocols(tmp_path: Path) -> None:

@@ -32,6 +32,48 @@ def test_a_misspelt_field_given_in_python_is_refused_naming_the_field_it_resembl
         Settings(tenant="acme")  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize(
+    ("redis_prefix", "schema_prefix"),
+    [
+        ("acme:", "acme:"),
+        ("acme:onward:", "acme:"),
+        ("acme:", "acme:fen"),
+        ("acme:", "acme:lease:x:"),
+        ("acme:", "acme:runs-by"),
+        ("", "lease"),
+    ],
+)
+def test_a_schema_cache_prefix_among_the_keys_of_leases_and_frontiers_is_refused(
+    redis_prefix: str, schema_prefix: str
+) -> None:
+    """The schema cache's key is its prefix and the run id: under a prefix the leases' keys
+    share, a run named ``lease:<run>`` would have another run's lease for its cache entry (its
+    resume renewing the lease's expiry, its collection deleting it)."""
+    with pytest.raises(ConfigurationError, match="MCP_SCHEMA_CACHE_PREFIX"):
+        Settings(
+            backend="sqlite",
+            redis_url="redis://127.0.0.1:6379/0",
+            redis_prefix=redis_prefix,
+            schema_cache_prefix=schema_prefix,
+        )
+
+
+@pytest.mark.parametrize(
+    ("redis_prefix", "schema_prefix"),
+    [("onward:", "onward:mcp:schema:"), ("acme:", "acme:schemas:"), ("a:", "b:"), ("", "x")],
+)
+def test_a_schema_cache_prefix_apart_from_the_other_keys_is_taken(
+    redis_prefix: str, schema_prefix: str
+) -> None:
+    settings = Settings(
+        backend="sqlite",
+        redis_url="redis://127.0.0.1:6379/0",
+        redis_prefix=redis_prefix,
+        schema_cache_prefix=schema_prefix,
+    )
+    assert settings.schema_cache_prefix == schema_prefix
+
+
 def test_a_dict_of_the_environment_may_hold_variables_that_are_not_onwards() -> None:
     settings = Settings.model_validate({"ONWARD_BACKEND": "sqlite", "PATH": "/bin", "HOME": "/"})
     assert settings.backend == "sqlite"

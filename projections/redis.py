@@ -55,6 +55,7 @@ Keys, under the store's prefix:
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Collection, Mapping, Sequence
 from importlib.resources import files
 from typing import Any
@@ -64,7 +65,12 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from onward._storage import BACKEND_TIMEOUT_S, RedisStore, translated
-from onward.errors import BackendUnavailableError, PayloadTooLargeError, SchemaMismatchError
+from onward.errors import (
+    BackendUnavailableError,
+    InvalidInputError,
+    PayloadTooLargeError,
+    SchemaMismatchError,
+)
 
 from .base import (
     FrontierStoreBackend,
@@ -92,6 +98,9 @@ LIST_CHUNK = 256
 
 QUARANTINE_CHUNK = 1024
 """Quarantine entries a listing looks at in Redis per round trip, keeping those asked for."""
+
+_ENTRY_SUFFIX = re.compile(r":-?[0-9]+:-?[0-9]+\Z")
+"""How a quarantine entry's key ends (``:<partition>:<offset>``) after its consumer's set's."""
 
 _summary_decoder = msgspec.json.Decoder(RunSummary)
 _call_decoder = msgspec.json.Decoder(ToolCallRow)
@@ -121,6 +130,17 @@ def _transcript_key(prefix: str, tenant: str, run_id: str) -> str:
     """The hash of one run's transcript; the tenant's length keeps ``a:b`` + ``c`` apart from
     ``a`` + ``b:c``."""
     return f"{prefix}transcript:{len(tenant)}:{tenant}:{run_id}"
+
+
+def _check_consumer(consumer: str) -> None:
+    """Refuse a consumer named ``<c>:<partition>:<offset>``: its quarantine set would be the
+    key of consumer ``c``'s entry hash, and a script meeting the other type fails halfway,
+    its earlier writes kept. No other consumer's keys can meet another's."""
+    if _ENTRY_SUFFIX.search(consumer):
+        raise InvalidInputError(
+            f"the Redis frontier store cannot take consumer {consumer!r}: a name ending in "
+            "':<number>:<number>' is that of another consumer's quarantine entry"
+        )
 
 
 def _text(value: str | None) -> str:
@@ -294,6 +314,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         """Run the write script; refused (Redis holds a position below one seen stored), forget
         the positions seen and raise, so the projector seeks to what Redis holds now."""
         self._live_client()
+        _check_consumer(batch.consumer)
         arguments = self._arguments(batch)
         with translated(f"writing frontiers of consumer {batch.consumer!r}"):
             async with asyncio.timeout(self._timeout_s):
@@ -323,6 +344,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         states: Collection[QuarantineState] | None = None,
     ) -> list[QuarantineEntry]:
         client = self._live_client()
+        _check_consumer(consumer)
         held_under = self._key("quarantine", consumer)
         wanted = [] if states is None else sorted(set(states))
         if states is not None and not wanted:
@@ -357,6 +379,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
 
     async def release(self, consumer: str, run_id: str, *, by: str, at: int) -> int:
         self._live_client()
+        _check_consumer(consumer)
         arguments = [self.prefix, consumer, run_id, by, at, released_mark(by)]
         with translated("releasing a quarantined run", run_id=run_id):
             async with asyncio.timeout(self._timeout_s):
@@ -364,6 +387,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
 
     async def dismiss(self, consumer: str, partition: int, offset: int, *, by: str, at: int) -> int:
         self._live_client()
+        _check_consumer(consumer)
         arguments = [self.prefix, consumer, f"{partition}:{offset}", by, at]
         with translated("dismissing a quarantined record"):
             async with asyncio.timeout(self._timeout_s):

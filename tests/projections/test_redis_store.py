@@ -32,9 +32,11 @@ from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import KafkaProjector
 from onward.projections.redis import RedisFrontierStore
+from onward.runtime import settings
+from onward.runtime.leases import RedisLeaseStore
 from onward.testing import FrontierStoreConformance
 from onward.testing.eventlog import new_run_id
-from onward.testing.frontiers import CONSUMER, call_row, frontier, poison, said
+from onward.testing.frontiers import CONSUMER, call_row, frontier, poison, poisoned_run, said
 
 PARTITIONS = 4
 
@@ -247,3 +249,64 @@ async def test_the_release_poll_reads_only_the_released_entries(
         assert [e.offset for e in listed] == list(range(2 * many + 1))
         assert [e.offset for e in await store.quarantined(CONSUMER, run_id=new)] == [2 * many]
         assert await store.quarantined(CONSUMER, states=set()) == []
+
+
+async def test_a_consumer_named_like_another_consumers_quarantine_entry_is_refused(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """``quarantine:<consumer>`` is a consumer's set of entries and ``quarantine:<consumer>:
+    <partition>:<offset>`` each entry's hash: a consumer named ``<c>:<p>:<o>`` would make its
+    set the hash of consumer ``c``'s entry, and a write holding a record half written (the
+    script failing on the other type, after the rows) for good. It is refused, before anything
+    is written, and the other consumer's quarantine is left as it was."""
+    async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:
+        held, entry = await poisoned_run(store)
+        clashing = f"{CONSUMER}:{entry.partition}:{entry.offset}"
+        other = new_run_id()
+        with pytest.raises(InvalidInputError, match="consumer"):
+            await store.write(
+                clashing,
+                {1: 4},
+                [Snapshot.of(frontier(other, through=2))],
+                [],
+                quarantine=[poison(other, offset=3)],
+            )
+        assert await store.load([other]) == {}
+        with pytest.raises(InvalidInputError, match="consumer"):
+            await store.quarantined(clashing)
+        with pytest.raises(InvalidInputError, match="consumer"):
+            await store.release(clashing, held, by="ops", at=1)
+        assert [e.run_id for e in await store.quarantined(CONSUMER)] == [held]
+        assert await store.release(CONSUMER, held, by="ops", at=1) == 1
+
+
+async def test_every_key_begins_with_a_name_the_settings_keep_the_schema_cache_from(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """`Settings` refuses an MCP schema cache prefix whose keys could be those of leases or
+    frontiers by the names those keys begin with: a key of another name would escape it."""
+    run_id = new_run_id()
+    async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:
+        await store.write(
+            CONSUMER,
+            {1: 9},
+            [Snapshot.of(frontier(run_id, through=3))],
+            [call_row(run_id, "c1", through=3, outcome=None)],
+            messages=[said(run_id, 1, "hi")],
+            quarantine=[poison(run_id, offset=8)],
+        )
+        await store.runs(statuses=["running"])
+    async with RedisLeaseStore(redis_url, prefix=redis_prefix) as leases:
+        await leases.acquire(run_id, tenant="acme", holder="w1", ttl_s=30)
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        keys = {
+            key.removeprefix(redis_prefix) async for key in client.scan_iter(f"{redis_prefix}*")
+        }
+    finally:
+        await client.aclose()
+    assert {"lease:", "fence:", "quarantine:", "transcript:"} <= {
+        k[: k.find(":") + 1] for k in keys
+    }
+    for key in keys:
+        assert key in settings._REDIS_KEYS or key.startswith(settings._REDIS_KEY_NAMES), key

@@ -263,7 +263,8 @@ def boundary(command: Callable[_P, None], *, name: str) -> Callable[_P, None]:
             error("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from exc
         except TerminatedError as exc:
-            error("terminated: the run's lease was handed back")
+            # As "interrupted": most commands hold no run, and one that does hands it back.
+            error("terminated")
             raise typer.Exit(EXIT_TERMINATED) from exc
         except Exception as exc:
             if classify(type(exc)) is not None:

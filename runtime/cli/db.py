@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,7 +18,7 @@ from onward.projections.migrations import schema_version_postgres
 from onward.projections.postgres import PROJECTION, PostgresFrontierStore, migrate
 from onward.runtime.settings import Settings, load_settings
 
-from ._common import JsonResultOption, echo_json, opened, out
+from ._common import JsonResultOption, echo_json, opened, out, run_until_terminated
 
 
 @asynccontextmanager
@@ -101,7 +100,7 @@ def migrate_command(as_json: JsonResultOption = False) -> None:
                 applied.insert(0, f"schema {quoted(schema)}")
             return applied
 
-    applied = asyncio.run(run())
+    applied = run_until_terminated(run())
     if as_json:
         echo_json({"applied": applied, "current": True})
         return
@@ -127,7 +126,7 @@ def verify_command(as_json: JsonResultOption = False) -> None:
         async with opened("PostgreSQL", store), _connection(config) as conn:
             return await schema_version_postgres(conn), await active_build(conn, PROJECTION)
 
-    version, build = asyncio.run(run())
+    version, build = run_until_terminated(run())
     if as_json:
         echo_json({"schema_version": version, "frontiers_build": build, "ok": True})
         return
@@ -153,7 +152,7 @@ def pack_records_command(as_json: JsonResultOption = False) -> None:
         async with _connection(config) as conn:
             return await mark_records_packed(conn)
 
-    marked = asyncio.run(run())
+    marked = run_until_terminated(run())
     if marked is None:
         raise ConfigurationError(
             "no event log on this schema yet: the first process that opens one with "

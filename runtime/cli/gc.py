@@ -7,7 +7,6 @@ too. A dry run opens the SQLite file read-only and deletes nothing anywhere.
 
 from __future__ import annotations
 
-import asyncio
 from contextlib import AsyncExitStack
 from typing import Annotated
 
@@ -20,7 +19,7 @@ from onward.runtime.gc import KINDS, GarbageCollector, GcReport
 from onward.runtime.gc.configured import key_sweeper, record_sweeper
 from onward.runtime.settings import load_settings
 
-from ._common import echo, out, within
+from ._common import echo, out, run_until_terminated, within
 
 _WHAT: dict[str, str] = {
     "frontiers": "frontier rows",
@@ -105,7 +104,7 @@ def gc_command(
                 await within(stack.enter_async_context(keys), "Redis")
             return await (collector.dry_run() if dry_run else collector.run())
 
-    report = asyncio.run(collect())
+    report = run_until_terminated(collect())
     if as_json:
         summary = {"dry_run": report.dry_run, "counts": dict(report.counts), "kept": report.kept}
         echo(msgspec.json.encode(summary).decode())

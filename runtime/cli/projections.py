@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import typer
@@ -46,6 +47,7 @@ from ._common import (
     imported,
     opened,
     out,
+    run_until_terminated,
     within,
 )
 from ._health import MetricsHostOption, MetricsPortOption, ProjectorHealth, metrics_served
@@ -187,11 +189,7 @@ def projector_command(
     quiet_garbage_collector()
     fixed_mmap_threshold()
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    async def fold(stop: asyncio.Event, folding: asyncio.Event) -> None:
         async with contextlib.AsyncExitStack() as stack:
             log = await stack.enter_async_context(
                 opened("Kafka", _kafka_log(config, create_topic=True))
@@ -257,12 +255,40 @@ def projector_command(
                     collectors=[health.collector()],
                 )
             )
+            folding.set()  # from here on a signal stops the fold, which stores first
             reporter = asyncio.create_task(_report_lag(worker, stop))
             await worker.run(stop)
             await reporter
-        err.print("projector stopped cleanly")
 
-    asyncio.run(run())
+    asyncio.run(_until_signalled(fold))
+
+
+async def _until_signalled(
+    fold: Callable[[asyncio.Event, asyncio.Event], Awaitable[None]],
+) -> None:
+    """Run ``fold(stop, folding)``, ``stop`` set by SIGTERM or SIGINT. One before ``folding``
+    is set (connecting, not folding yet) cancels it: a store that does not answer would hold
+    the stop for the whole connect bound, then end it as that store's failure (exit 5)."""
+    stop, folding = asyncio.Event(), asyncio.Event()
+    main = asyncio.current_task()
+
+    def on_signal() -> None:
+        stop.set()
+        if not folding.is_set() and main is not None:
+            main.cancel()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await fold(stop, folding)
+    except asyncio.CancelledError:
+        if not stop.is_set() or main is None:
+            raise
+        main.uncancel()
+        err.print("projector stopped before it started folding")
+        return
+    err.print("projector stopped cleanly")
 
 
 class _Repeats(logging.Filter):
@@ -460,7 +486,7 @@ def rebuild_command(
                     timeout_s=timeout_s,
                 )
 
-    report = asyncio.run(run())
+    report = run_until_terminated(run())
     if as_json:
         echo_json({**dataclasses.asdict(report), "events_per_second": report.events_per_second})
         return

@@ -11,7 +11,6 @@ read) has no run to release: a person who has seen to it dismisses it by its pos
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import time
@@ -40,7 +39,14 @@ from onward.runtime.checkpoint import Checkpointer
 from onward.runtime.limits import check_name, check_stored_name
 from onward.runtime.settings import Settings, load_settings
 
-from ._common import JsonResultOption, RunArgument, echo_json, opened, out
+from ._common import (
+    JsonResultOption,
+    RunArgument,
+    echo_json,
+    opened,
+    out,
+    run_until_terminated,
+)
 from .summary import shown
 
 _T = TypeVar("_T")
@@ -90,7 +96,7 @@ def _with_store(
         async with opened(f"the {config.backend} frontier store", store) as store:
             return await work(store)
 
-    return asyncio.run(run())
+    return run_until_terminated(run())
 
 
 def _table(entries: list[QuarantineEntry]) -> Table:

@@ -9,10 +9,12 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,110 @@ def test_sigint_to_run_resume_exits_130_and_hands_the_lease_back(
         assert carried.exit_code == 0, carried.output
         assert "status completed" in carried.stdout
         assert cli_agent.effects("book", run_id, "b") == 1
+
+
+SILENT_COMMANDS = {
+    "runs": ["runs"],
+    "gc": ["gc"],
+    "quarantine-list": ["quarantine", "list"],
+    "quarantine-release": ["quarantine", "release", "run-1", "--by", "ann"],
+    "db-migrate": ["db", "migrate"],
+    "db-verify": ["db", "verify"],
+    "projections-rebuild": ["projections", "rebuild", "frontiers"],
+}
+
+
+@pytest.fixture
+def silent_server() -> Iterator[socket.socket]:
+    """A server that accepts connections and never answers: a command waits on it."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")],
+    ids=["sigterm", "sigint"],
+)
+@pytest.mark.parametrize("command", list(SILENT_COMMANDS))
+def test_a_signal_while_waiting_on_a_server_exits_with_its_code_in_one_line(
+    silent_server: socket.socket, command: str, sig: signal.Signals, code: int, said: str
+) -> None:
+    """Every command stops on SIGTERM as on Ctrl-C: its documented code and one line saying
+    so. `gc`, `quarantine`, `db` and `projections rebuild` died of SIGTERM unsaid, with no
+    exit code of their own, their connections left to the kernel to close."""
+    port = silent_server.getsockname()[1]
+    env = {
+        **os.environ,
+        "ONWARD_BACKEND": "kafka",
+        "DATABASE_URL": f"postgresql://onward:secret@127.0.0.1:{port}/onward",
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
+        # A Kafka client cut short waits out its request timeout before it lets go.
+        "ONWARD_BACKEND_TIMEOUT": "5",
+    }
+    env.pop("REDIS_URL", None)
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "onward", *SILENT_COMMANDS[command]],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
+    )
+    silent_server.settimeout(30)
+    connected, _ = silent_server.accept()  # the command now waits on a server that is silent
+    with connected:
+        time.sleep(0.5)
+        assert waiting.poll() is None, waiting.communicate()
+        started = time.monotonic()
+        waiting.send_signal(sig)
+        _, stderr = waiting.communicate(timeout=30)
+    assert waiting.returncode == code, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(said), stderr
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_projector_stopped_while_connecting_stops_at_once(
+    silent_server: socket.socket, kafka_bootstrap: str, kafka_topic: str, sig: signal.Signals
+) -> None:
+    """SIGTERM to a projector whose PostgreSQL does not answer yet (a pod stopped during a
+    rollout): it waited out the whole connect bound, past a grace period, and then exited 5
+    saying PostgreSQL did not answer, as though it had failed."""
+    port = silent_server.getsockname()[1]
+    env = {
+        **os.environ,
+        "ONWARD_BACKEND": "kafka",
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "ONWARD_KAFKA_TOPIC": kafka_topic,
+        "ONWARD_PARTITIONS": "1",
+        "DATABASE_URL": f"postgresql://onward:secret@127.0.0.1:{port}/onward",
+    }
+    env.pop("REDIS_URL", None)
+    projector = subprocess.Popen(
+        [sys.executable, "-m", "onward", "projector"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
+    )
+    silent_server.settimeout(60)
+    connected, _ = silent_server.accept()  # Kafka is open; PostgreSQL is being waited on
+    with connected:
+        time.sleep(0.5)
+        assert projector.poll() is None, projector.communicate()
+        started = time.monotonic()
+        projector.send_signal(sig)
+        _, stderr = projector.communicate(timeout=60)
+    assert projector.returncode == 0, stderr
+    assert "did not answer" not in stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == "projector stopped before it started folding"
+    assert time.monotonic() - started < 10

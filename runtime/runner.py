@@ -500,8 +500,11 @@ class AgentRunner(Resource):
         if not carried.claimed:
             # Settled already: nothing to carry on, so no conversation to rebuild (a resume
             # walking a chain would read every earlier run's transcript again at each run of
-            # it); its result still says what it ended with and what it cost.
-            return await self._ended(carried.frontier)
+            # it); its result still says what it ended with and what it cost. A run waiting
+            # on a person ends as asked: released as it is, its ask would be dropped.
+            run = HeldRun(agent, held, carried.frontier, Conversation(""))
+            await self._answer_ask_left(run)
+            return await self._ended(run.frontier)
         conversation = Conversation(agent.instructions)
         claim_check = self.writer.claim_check
         for row in await self.resumer.inherited(carried.frontier):

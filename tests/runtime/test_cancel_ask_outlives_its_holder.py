@@ -9,6 +9,7 @@ before anything it would do next (a model call, a tool call): not carry it on.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import pytest
 import pytest_asyncio
 from support.runners import embedded_log
 
+from onward.errors import InvalidInputError
 from onward.eventlog import Message, ToolCall
 from onward.eventlog.base import EventLog
 from onward.runtime import Agent, AgentRunner, reply, tool
@@ -132,3 +134,60 @@ async def test_a_person_writing_to_the_run_meanwhile_does_not_take_the_ask_away(
 
     assert world.paid == [], "the next holder paid for a run asked to cancel"
     assert (result.status, result.error) == ("cancelled", "cancelled by ann: stop it")
+
+
+@dataclass
+class PayOnApproval:
+    """Asks for a payment that waits on a person's approval, then ends the run."""
+
+    calls: int = 0
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        self.calls += 1
+        if self.calls == 1:
+            return reply("", ToolCall(call_id="a", tool="pay", args={}))
+        return reply("done")
+
+
+def approved_payer(world: World) -> Agent:
+    @tool(requires_approval=True)
+    async def pay(*, idempotency_key: str) -> str:
+        world.paid.append(idempotency_key)
+        return "paid"
+
+    return Agent(name="payer", instructions="pay", tools=[pay])
+
+
+async def test_a_waiting_run_asked_while_a_resume_holds_it_ends_cancelled(
+    world: World,
+) -> None:
+    """A resume holds a run that waits on a person (nothing to carry on) as Ann asks its
+    holder to cancel it: she is told the run ends, so it must end, not go on waiting and
+    make the payment once a person approves it."""
+    agent = approved_payer(world)
+    runner = AgentRunner(provider=PayOnApproval(), log=world.log, **world.options)
+    waiting = await runner.run(agent, "pay once", tenant=TENANT, run_id=RUN)
+    assert waiting.status == "waiting"
+    request = waiting.waiting_on
+    assert request is not None
+    claim = runner.resumer.claim
+    asked: list[Any] = []
+
+    async def claimed_then_asked(*args: Any, **kwargs: Any) -> Any:
+        carried = await claim(*args, **kwargs)
+        asked.append(await runner.ask_to_cancel(RUN, tenant=TENANT, by="ann", why="stop it"))
+        return carried
+
+    runner.resumer.claim = claimed_then_asked  # type: ignore[method-assign]
+    result = await runner.resume(agent, RUN, tenant=TENANT)
+    runner.resumer.claim = claim  # type: ignore[method-assign]
+    # Resumed again before anyone answers: its holder hears the ask at its acquisition.
+    again = await runner.resume(agent, RUN, tenant=TENANT)
+
+    assert asked[0] is not None  # the resume's holding was asked: Ann is told the run ends
+    with contextlib.suppress(InvalidInputError):
+        await runner.approve(RUN, request, tenant=TENANT, by="bob")
+    await runner.resume(agent, RUN, tenant=TENANT)
+    assert world.paid == [], "a run asked to cancel made its payment once approved"
+    assert (result.status, result.error) == ("cancelled", "cancelled by ann: stop it")
+    assert again.status == "cancelled"

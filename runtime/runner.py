@@ -969,7 +969,9 @@ class AgentRunner(Resource):
         undecided in its record: it may have run. Returns the run's frontier as it ended.
 
         Raises:
-            InvalidInputError: The run has ended already (naming how); nothing was written.
+            InvalidInputError: The run has ended already (naming how), or is a LangGraph thread
+                between invocations (no graph run writes it, none waits on an interrupt);
+                nothing was written.
             ResumeConflictError: Another worker holds the run; nothing was written.
         """
         if why != "":  # any other value, None too, is refused
@@ -984,6 +986,7 @@ class AgentRunner(Resource):
                     f"run {run_id!r} has ended already ({run.frontier.status}){goes_on}",
                     run_id=run_id,
                 )
+            _check_invocation_to_end(run.frontier)
             await self._end_cancelled(run, by, why)
             return run.frontier
 
@@ -2136,6 +2139,22 @@ def _check_not_graph_thread(frontier: Frontier, request_id: str) -> None:
             "the graph with Command(resume={interrupt_id: value}) (the id after 'langgraph:'), "
             "or end it with onward cancel; an answer recorded here would never reach the "
             "graph. Nothing was written",
+            run_id=frontier.run_id,
+        )
+
+
+def _check_invocation_to_end(frontier: Frontier) -> None:
+    """Refuse to cancel a LangGraph thread nobody is writing and no interrupt holds.
+
+    A cancel ends one invocation of a thread, not the thread: between invocations (the last
+    one completed, or ended without its end heard) there is none to end, and a cancelled end
+    recorded then would report an invocation cancelled that completed.
+    """
+    if not frontier.agent and frontier.status != "waiting":
+        raise InvalidInputError(
+            f"run {frontier.run_id!r} is a LangGraph thread no graph run is writing now: its "
+            "last invocation is over, and a cancel ends one invocation, not the thread. "
+            "Nothing was written",
             run_id=frontier.run_id,
         )
 

@@ -523,7 +523,8 @@ class App(Resource):
         Raises:
             NothingToResumeError: No such run for the tenant (nor a start of it waiting).
             InvalidInputError: ``by`` or ``why`` out of bounds, or the run has ended already
-                (naming how); nothing was written or sent.
+                (naming how), or is a LangGraph thread between invocations; nothing was written
+                or sent.
             ResumeConflictError: In process, a person holds the run this moment (answering
                 or tagging it), or its holder let go as it was asked; or a worker is taking
                 its waiting start this moment; try again.

@@ -567,8 +567,8 @@ def cancel_command(
     its run recorded as cancelled.
 
     Exit 0: cancelled. 1: no such run. 2: bad input (the run has ended already, or ended
-    otherwise while waited for). 3: another holds the run (without --wait, or still at its
-    end). 5: a store failed.
+    otherwise while waited for, or is a LangGraph thread no graph run is writing). 3: another
+    holds the run (without --wait, or still at its end). 5: a store failed.
     """
     if wait is not None and not (wait > 0 and math.isfinite(wait)):
         raise InvalidInputError(f"--wait must be positive, finite seconds, got {wait!r}")

@@ -36,7 +36,12 @@ from support.compaction_world import (
 from support.poison import BAD_RECORDS
 from support.servers import KafkaServers
 
-from onward.errors import HistoryUnavailableError, InvalidInputError, NothingToResumeError
+from onward.errors import (
+    HistoryUnavailableError,
+    InvalidInputError,
+    NothingToResumeError,
+    RunCancelledError,
+)
 from onward.eventlog import EVENT_FORMAT, Message, SqliteEventLog, Tagged, ToolCall, codec
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
@@ -286,8 +291,15 @@ async def test_a_cancelled_langgraph_thread_is_kept_whole_and_carries_on_after_t
 ) -> None:
     """A cancel ends one invocation of a thread, not the thread: compaction still keeps every
     event of it, and the thread's next invocation writes on and opens its row again."""
-    await written_thread(world)
-    cancelled = await world.runner(Script(0)).cancel("thread", tenant=TENANT, by="ops")
+    latest = await written_thread(world)
+    writing = OnwardSaver(world.log, world.leases, tenant=TENANT, frontiers=world.frontiers)
+    async with writing, writing.hold("thread"):
+        assert await world.leases.ask_to_cancel("thread", tenant=TENANT, by="ops")
+        # Its confirmation hears the ask; the graph run's next write ends it.
+        await writing.aput_writes(latest.config, [("steps", [0])], "task")
+        with pytest.raises(RunCancelledError, match="cancelled by ops"):
+            await writing.aput(latest.config, generate_checkpoint(), generate_metadata(), {})
+    cancelled = await world.runner(Script(0)).inspect("thread", tenant=TENANT)
     assert (cancelled.status, cancelled.error) == ("cancelled", "cancelled by ops")
     await others(world, 40)
 

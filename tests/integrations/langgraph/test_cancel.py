@@ -262,3 +262,27 @@ async def test_an_ask_its_invocation_completed_before_hearing_does_not_end_the_n
         assert out["steps"] == [1, 2, 3, 4]
     events = [stored.event for stored in await world.log.read_run(thread_id)]
     assert not any(isinstance(e, RunFinished) for e in events)
+
+
+async def test_a_thread_no_graph_run_is_writing_is_not_reported_cancelled(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """Its last invocation completed (as when it completes while `onward cancel --wait` waits
+    for it): there is no invocation to end, and a cancel ends one invocation, not the thread.
+    The command says so (exit 2) rather than report ``cancelled``, and records no end."""
+    world, env = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    async with world.saver(holder="graph-a") as saver:
+        out = await looping_graph(saver).ainvoke({"steps": [], "until": 2}, config(thread_id))
+        assert out["steps"] == [1, 2]
+
+    result = await asyncio.to_thread(cancel, env, thread_id)
+
+    assert result.exit_code == 2, result.output
+    assert "no graph run is writing" in result.output
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    assert not any(isinstance(e, RunFinished) for e in events)
+    argv = ["inspect", thread_id, "--tenant", TENANT, "--json"]
+    shown = await asyncio.to_thread(CliRunner().invoke, cli, argv, env=env)
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["status"] == "new"

@@ -478,6 +478,10 @@ class AgentRunner(Resource):
                 return await self._ended(run.frontier)
             if handed == "handed_over":
                 result = await self._restored_and_carried_on(agent, held, carried, into)
+            else:
+                # Let go undriven until the old run is ended into it: an ask it heard is for
+                # its next holder, the one that carries it on.
+                held.keep_ask()
         old_id = carried.frontier.continuation_of
         if handed == "unfinished" and old_id is not None:
             # The old run is ended `RunContinued` into this one first, then goes on with it:

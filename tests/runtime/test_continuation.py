@@ -54,6 +54,7 @@ from onward.runtime.continuation import (
     successor_ids,
 )
 from onward.runtime.leases import CancelAsked, RunLease, SqliteLeaseStore
+from onward.runtime.leases.base import unheard
 from onward.runtime.limits import MAX_NAME_LENGTH
 from onward.runtime.providers import ModelReply
 from onward.runtime.spend import MemorySpendLedger
@@ -1158,3 +1159,25 @@ async def test_a_continuation_into_the_run_itself_is_refused_and_writes_nothing(
     assert kind_of(RunContinued) not in after
     assert after[: len(before)] == before
     assert world.ledger.count("pay") == 0
+
+
+async def test_an_ask_kept_for_a_new_run_a_cut_carry_started_ends_it_resumed_first(
+    world: World,
+) -> None:
+    """The carry died between the new run's start and the old run's end, holding the new run
+    as Ann asked it to cancel (the ask kept with its lease): a resume of the new run first ends
+    the old run into it, and must then end it as asked, not go on and pay."""
+    agent = await world.carried_until_it_dies("run.started")
+    runner = world.runner()
+    dying = await runner.leases.acquire(NEXT, tenant=TENANT, holder="the carry", ttl_s=60)
+    assert await runner.ask_to_cancel(NEXT, tenant=TENANT, by="ann", why="stop it")
+    await runner.leases.release(unheard(dying))  # it died without hearing the ask
+
+    result = await world.runner().resume(agent, NEXT, tenant=TENANT)
+
+    assert world.ledger.count("pay") == 0, "a run asked to cancel paid"
+    assert (result.run_id, result.status, result.error) == (
+        NEXT,
+        "cancelled",
+        "cancelled by ann: stop it",
+    )

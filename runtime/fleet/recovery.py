@@ -412,6 +412,7 @@ class Recovery:
         ) as held:
             current = await runner.inspect(frontier.run_id, tenant=frontier.tenant)
             if current.status != "running":
+                held.keep_ask()  # not ended here: a cancel ask heard is its next driver's
                 self._causes.pop(frontier.run_id, None)
                 return
             agent = Agent(name=current.agent or "unknown", instructions="")
@@ -423,6 +424,10 @@ class Recovery:
                 run = HeldRun(agent, held, current, Conversation(""))
                 finished = runner.writer.event(run, RunFinished, status="failed", error=reason)
                 await runner.writer.append(run, [finished])
+            else:
+                # Left for a person, not ended: released answered, a cancel ask heard here
+                # would be dropped, and the run carried on once the person settles the call.
+                held.keep_ask()
         if undecided:
             calls = ", ".join(f"{c.call_id} ({c.tool})" for c in undecided)
             await self._leave_for_person(

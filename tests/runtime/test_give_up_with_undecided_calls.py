@@ -28,7 +28,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.fleet.requests import ResumeRun
 from onward.runtime.fleet.worker import Worker
-from onward.runtime.leases.base import LeasePolicy
+from onward.runtime.leases.base import LeasePolicy, unheard
 from onward.runtime.manager import ExecutionManager, needs_person
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.settings import Settings
@@ -193,3 +193,30 @@ async def test_a_charge_that_kills_its_worker_every_time_runs_out_of_attempts(
     await worker.drained()
     assert made == []
     await left_for_a_person(worker, "r")
+
+
+async def test_a_cancel_asked_of_a_run_left_for_a_person_still_ends_it(
+    backends: Backends,
+) -> None:
+    """Ann asked the run's holder to cancel it as its worker died (the ask kept with the
+    lease). Left for a person over the charge, the run must still end as asked once the
+    person settles the charge and it is resumed: recovery's last look let it go undriven."""
+    agent = Agent(name="charger", instructions="charge", tools=[checked_charge])
+    with pytest.raises(Crash):
+        await backends.runner(charging("checked_charge"), observer=CrashAt("tool.dispatched")).run(
+            agent, "charge 5", tenant=TENANT, run_id="r"
+        )
+    dying = await backends.leases.acquire("r", tenant=TENANT, holder="died", ttl_s=60)
+    assert await backends.leases.ask_to_cancel("r", tenant=TENANT, by="ann", why="stop it")
+    await backends.leases.release(unheard(dying))  # it died without hearing the ask
+    worker = Worker(backends, charging("checked_charge"), {"charger": agent}, backoff_s=0)
+    for _ in range(worker.max_attempts + 1):
+        worker.submit(ResumeRun(run_id="r", tenant=TENANT))
+        await worker.drained()
+    await left_for_a_person(worker, "r")
+    runner = backends.runner(charging("checked_charge"))
+    await runner.resolve("r", "c1", tenant=TENANT, outcome="never_ran", by="bob", why="checked")
+
+    result = await runner.resume(agent, "r", tenant=TENANT)
+
+    assert (result.status, result.error) == ("cancelled", "cancelled by ann: stop it")

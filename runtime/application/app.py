@@ -367,7 +367,8 @@ class App(Resource):
         Raises:
             NothingToResumeError: No such run for that tenant (another tenant's run is no
                 such run).
-            InvalidInputError: A ``resume_value`` for a run that waits on nothing; at once, an
+            InvalidInputError: A ``resume_value`` for a run that waits on nothing, or an
+                ``after`` past the run's last event (nothing is answered); at once, an
                 ``after`` that is no seq or position, or a ``timeout`` that is no duration.
         """
         start_after = _position(after)
@@ -383,6 +384,13 @@ class App(Resource):
         async def begin(stream: RunStream) -> None:
             nonlocal asked
             frontier = await self._frontier(run_id, owner)
+            if start_after[0] > frontier.last_seq:
+                # Another run's position: every message up to it would be skipped in silence.
+                raise InvalidInputError(
+                    f"run {run_id!r} has no message after seq {start_after[0]}: its events are "
+                    f"1 to {frontier.last_seq} (a position is of the run whose stream gave it)",
+                    run_id=run_id,
+                )
             stream.agent = frontier.agent or None
             await self._follow_from_first(stream, frontier)
             if resume_value is not None or not approve:

@@ -60,3 +60,25 @@ async def test_a_bad_timeout_or_position_is_refused_naming_it(settings: Settings
         as_json: Any = list(middle.position)
         rest = await app.resume("r", after=as_json).collect()
         assert rest == everything[4:]
+
+
+async def test_a_position_past_the_run_s_last_event_is_refused_not_followed(
+    settings: Settings,
+) -> None:
+    """A position from another run's stream (one further on) would have the stream skip every
+    message of this run up to it: in silence for a run that ended, for as long as it takes to
+    get there for one that goes on. Refused at the first read, answering nothing."""
+    async with onward.open(settings, agents=agents, provider=provider()) as app:
+        longer = await app.query("work", {"agent": "stepper", "run_id": "long"}).collect()
+        async for asked in app.query("pay 5", {"agent": "payer", "run_id": "short"}):
+            if asked.is_hil_request:
+                break
+        state = await app.get_session_state("short")
+        assert state is not None
+        assert longer[-1].seq > state.last_seq
+        for after in (longer[-1].position, longer[-1].seq):
+            with pytest.raises(InvalidInputError, match=f"events are 1 to {state.last_seq}"):
+                await app.resume("short", {"ok": True}, after=after).collect()
+        assert (await app.get_session_state("short")) == state
+        rest = await app.resume("short", after=state.last_seq, follow_waits=False).collect()
+        assert rest == []

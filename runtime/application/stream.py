@@ -26,7 +26,14 @@ from onward.errors import (
     NothingToResumeError,
     RunTimeoutError,
 )
-from onward.eventlog.base import Refusal, SequenceGuard, StoredEvent, judge
+from onward.eventlog.base import (
+    Refusal,
+    SequenceGuard,
+    StoredEvent,
+    judge,
+    partition_ends,
+    partition_for,
+)
 from onward.eventlog.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -381,21 +388,27 @@ class RunStream:
         its body put back, its messages buffered): a read that fails part way (a blob store
         that did not answer) leaves the failed event and those after it to the next read.
         """
+        log = self.app.backends.log
+        partition = partition_for(self.run_id, log.partitions)
+        # Read up to an end known first, then kept as the place: the partition's other runs'
+        # records read past are not read again at every look (on Kafka, fetched again).
+        end = (await partition_ends(log, [partition]))[partition]
         try:
-            stored = await self.app.backends.log.read_run(self.run_id, start=self.next_offset)
+            stored = await log.read_run(self.run_id, start=self.next_offset, end=end)
         except LogTruncatedError as exc:
             if exc.start is None:
                 raise
             await self._behind_a_cut(exc.start, exc)
             return True
-        if not stored:
-            return False
-        self._partition = stored[-1].position.partition
+        if stored:
+            self._partition = stored[-1].position.partition
         for item in stored:
             if not self._ended:
                 await self._take(item)
             self.next_offset = item.position.offset + 1
-        return True
+        if self.next_offset is None or self.next_offset < end:
+            self.next_offset = end
+        return bool(stored)
 
     async def _behind_a_cut(self, start: int, cut: LogTruncatedError) -> None:
         """The log was cut past this stream's place while it was not looking (a reader that

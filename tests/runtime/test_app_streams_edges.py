@@ -7,6 +7,8 @@ SQLite, memory, PostgreSQL).
   back) keeps its place: reading it again gives every message once, and its end.
 * An id the stores cannot hold (a control character, a lone surrogate) is refused naming the
   field, on every backend, never a raw driver or codec error.
+* A stream that waits reads each of its partition's records once, not every other run's
+  records since its run's last event again at every look.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
-from support.appapi import agents, provider, refuse_every_start, script
+from support.appapi import agents, provider, refuse_every_start, script, until
 from support.deployment import postgres_fleet_settings
 
 import onward
 from onward.errors import BackendUnavailableError, ConfigurationError, InvalidInputError
 from onward.eventlog import Message
+from onward.eventlog.base import StoredEvent, partition_for
 from onward.runtime.agent import Agent
 from onward.runtime.application.messages import RunMessage
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
@@ -244,3 +247,47 @@ async def test_a_resume_whose_first_read_failed_for_a_moment_still_answers(
             await locker.close()
         rest = await asyncio.wait_for(stream.collect(), 30)  # the log answers again
         assert rest[-1].type == "result", [(m.type, m.status) for m in rest]
+
+
+async def test_a_waiting_stream_reads_no_other_run_s_records_again(settings: Settings) -> None:
+    """A stream that waited found nothing of its run at each look and kept its place at its
+    run's last event: each look read every record of its partition written since, other runs'
+    (on Kafka a fetch of all of them, growing as the partition does, every look)."""
+    async with onward.open(settings, agents=agents, provider=provider(), recheck_s=600) as app:
+        await _reads_each_record_once(app)
+
+
+async def _reads_each_record_once(app: onward.App) -> None:
+    log = app.backends.log
+    partition = partition_for("waits", log.partitions)
+    other = next(
+        f"other-{n}"
+        for n in range(1000)
+        if partition_for(f"other-{n}", log.partitions) == partition
+    )
+    async for asked in app.query("pay 5", {"agent": "payer", "run_id": "waits"}):
+        if asked.is_hil_request:
+            break
+    starts: list[int | None] = []
+    read_run = log.read_run
+
+    async def spied(run_id: str, **kwargs: object) -> list[StoredEvent]:
+        if run_id == "waits":
+            starts.append(kwargs.get("start"))  # type: ignore[arg-type]
+        return await read_run(run_id, **kwargs)  # type: ignore[arg-type]
+
+    log.read_run = spied  # type: ignore[method-assign]
+    stream = app.resume("waits", after=asked.position)
+    reading = asyncio.create_task(stream.__anext__())
+    await app.query("work", {"agent": "stepper", "run_id": other}).collect()
+    written = (await log.bounds(partition)).end
+    looked = len(starts)
+
+    async def looked_again() -> bool:
+        return len(starts) >= looked + 3
+
+    await until(looked_again, "two more looks of the waiting stream")
+    assert all(start is not None and start >= written for start in starts[looked + 2 :])
+    await asked.respond({"ok": True})
+    assert (await reading).type == "progress"
+    assert [m.type for m in await stream.collect()][-1] == "result"

@@ -610,6 +610,9 @@ class RunStream:
         if lease is None and not self._waits_on_a_person():
             return self._unheld(waited)
         held = self._held_by(lease)
+        if self._waits_on_a_person():
+            # What the wait is for: a person's answer (`respond`, `resume`), not a worker.
+            held += f"; it waits on an answer to {self._waiting_on!r}"
         sent = self._sent
         hint = "" if sent is None else f"; nothing came of {sent.what} yet: {SET_ASIDE_HINT}"
         return f"run {self.run_id!r}: nothing new for {waited:g}s{held}{hint}"

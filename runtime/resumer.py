@@ -334,7 +334,12 @@ class Resumer:
             RevisionMismatchError: ``agent`` is given and is not the run's revision.
             HistoryUnavailableError: The run's history has a hole.
         """
-        read = await self._fold(run_id, tenant, whole=whole, timings=timings)
+        try:
+            read = await self._fold(run_id, tenant, whole=whole, timings=timings)
+        except HistoryUnavailableError:
+            # A hole is the owner's to hear of: to another tenant it is no run.
+            await self.refuse_another_tenants(run_id, tenant)
+            raise
         frontier = read.frontier
         if frontier.last_seq == 0 or _owner(read) != tenant:
             raise _no_such_run(run_id, tenant)

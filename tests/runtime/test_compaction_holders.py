@@ -310,9 +310,9 @@ async def test_a_cancelled_langgraph_thread_is_kept_whole_and_carries_on_after_t
     fresh = OnwardSaver(world.log, world.leases, tenant=TENANT, frontiers=world.frontiers)
     fresh.compaction = world.store
     async with fresh:
-        latest = await fresh.aget_tuple(generate_config("thread"))
-        assert latest is not None
-        await fresh.aput(latest.config, generate_checkpoint(), generate_metadata(), {})
+        after_cut = await fresh.aget_tuple(generate_config("thread"))
+        assert after_cut is not None
+        await fresh.aput(after_cut.config, generate_checkpoint(), generate_metadata(), {})
         assert len([t async for t in fresh.alist(generate_config("thread"))]) == 6
     await world.fold()
     row = await world.frontiers.get("thread")

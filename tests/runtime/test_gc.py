@@ -352,6 +352,15 @@ class Listed:
     def __init__(self, runs: list[FinishedRun]) -> None:
         self.runs = runs
 
+    async def close(self) -> None:
+        pass
+
+    async def __aenter__(self) -> Listed:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
     async def finished(self, *, before: int) -> list[FinishedRun]:
         return [run for run in self.runs if run.finished_at < before]
 

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from onward import Settings
 from onward.errors import ConfigurationError
 from onward.runtime.cli import app
+from onward.runtime.settings import SecretUrl
 
 
 def test_a_bad_value_given_in_python_is_a_configuration_error_in_one_line() -> None:
@@ -52,7 +53,7 @@ def test_a_schema_cache_prefix_among_the_keys_of_leases_and_frontiers_is_refused
     with pytest.raises(ConfigurationError, match="MCP_SCHEMA_CACHE_PREFIX"):
         Settings(
             backend="sqlite",
-            redis_url="redis://127.0.0.1:6379/0",
+            redis_url=SecretUrl("redis://127.0.0.1:6379/0"),
             redis_prefix=redis_prefix,
             schema_cache_prefix=schema_prefix,
         )
@@ -67,7 +68,7 @@ def test_a_schema_cache_prefix_apart_from_the_other_keys_is_taken(
 ) -> None:
     settings = Settings(
         backend="sqlite",
-        redis_url="redis://127.0.0.1:6379/0",
+        redis_url=SecretUrl("redis://127.0.0.1:6379/0"),
         redis_prefix=redis_prefix,
         schema_cache_prefix=schema_prefix,
     )

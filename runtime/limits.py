@@ -89,14 +89,7 @@ def check_stored_name(field: str, value: object, *, run_id: str | None = None) -
             "holds one",
             run_id=run_id,
         )
-    try:
-        value.encode()
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(
-            f"{field} holds {value[exc.start]!r} at position {exc.start}, a lone surrogate "
-            "no stored name holds",
-            run_id=run_id,
-        ) from None
+    _check_utf8(field, value, run_id)
     return value
 
 
@@ -146,14 +139,7 @@ def _check_text(
             f"{found.start()}; names and labels take printable text only",
             run_id=run_id,
         )
-    try:
-        value.encode()
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(
-            f"{field} holds {value[exc.start]!r} at position {exc.start}, a lone surrogate "
-            "that is no text any store can hold (UTF-8)",
-            run_id=run_id,
-        ) from None
+    _check_utf8(field, value, run_id)
     return value
 
 
@@ -197,6 +183,19 @@ def check_depth(field: str, value: Any, *, run_id: str | None = None) -> Any:
             run_id=run_id,
         )
     return value
+
+
+def _check_utf8(field: str, value: str, run_id: str | None) -> None:
+    """Refuse a lone surrogate (what Python makes of a command-line byte that is not UTF-8):
+    no text any store holds."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{field} holds {value[exc.start]!r} at position {exc.start}, a lone surrogate "
+            "that is no text any store can hold (UTF-8)",
+            run_id=run_id,
+        ) from None
 
 
 __all__ = [

@@ -507,7 +507,7 @@ class AgentRunner(Resource):
             # it); its result still says what it ended with and what it cost. A run waiting
             # on a person ends as asked: released as it is, its ask would be dropped.
             run = HeldRun(agent, held, carried.frontier, Conversation(""))
-            await self._answer_ask_left(run)
+            await self.answer_ask_left(run)
             return await self._ended(run.frontier)
         conversation = Conversation(agent.instructions)
         claim_check = self.writer.claim_check
@@ -1236,10 +1236,10 @@ class AgentRunner(Resource):
                     pending = [c for c in run.frontier.calls if c.call_id in dispatched]
                     if not await self._finish_turn(run, pending, dispatches):
                         break
-        await self._answer_ask_left(run)
+        await self.answer_ask_left(run)
         return await self._ended(run.frontier)
 
-    async def _answer_ask_left(self, run: HeldRun) -> None:
+    async def answer_ask_left(self, run: HeldRun) -> None:
         """As the driver lets go of a run that stopped without ending, end it as asked if it
         waits on a person and was asked; a run left otherwise keeps the ask for its next
         driver (`Leaseholder.keep_ask`)."""

@@ -207,7 +207,11 @@ class DurableRuns:
             carried = await self.runner.resumer.claim(described, held, worker=self.runner.worker)
             if not carried.claimed:
                 await self.runner.record_answers_left(described, carried.frontier)
-                return await self._as_it_stands(carried.frontier)
+                run = HeldRun(described, held, carried.frontier, Conversation(""))
+                # Released as it is, the lease would drop a cancel ask it heard, and a run
+                # waiting on a person go on once a person decided.
+                await self.runner.answer_ask_left(run)
+                return await self._as_it_stands(run.frontier)
             # A holder that died mid-call left its call held: that call is not being made any
             # more (its answer, had it come, was recorded).
             await self.runner.release_holds_left(run_id)

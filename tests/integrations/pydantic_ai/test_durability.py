@@ -7,6 +7,7 @@ crash left them and the run's lease is let go, so the test resumes at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -1520,4 +1521,37 @@ async def test_a_run_whose_holder_died_after_an_ask_ends_before_its_next_call_on
     assert (result.status, result.error) == ("cancelled", "cancelled by ops: stop")
     assert len(ledger.entries()) == 1, "the next holder made a call of a run asked to cancel"
     assert script.asked == 1
+    assert await stores.leases.current(RUN) is None
+
+
+async def test_a_waiting_run_asked_while_a_resume_holds_it_ends_cancelled(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """A resume holds a run that waits on a decision (nothing to carry on) as Ops asks its
+    holder to cancel it: told the run ends, it must end, not go on waiting and book once a
+    person approves."""
+    agent = booking_agent(durability, ledger, requires_approval=True)
+    waiting = await durability.run(agent, "book seat 3A", run_id=RUN)
+    assert waiting.status == "waiting"
+    resumer = durability._runs.runner.resumer
+    claim = resumer.claim
+
+    async def claimed_then_asked(*args: Any, **kwargs: Any) -> Any:
+        carried = await claim(*args, **kwargs)
+        asked = await stores.leases.ask_to_cancel(RUN, tenant=TENANT, by="ops", why="stop")
+        assert asked is not None
+        return carried
+
+    resumer.claim = claimed_then_asked  # type: ignore[method-assign]
+    first = await durability.resume(agent, RUN)
+    resumer.claim = claim  # type: ignore[method-assign]
+    # Resumed again before anyone decides: its holder hears the ask at its acquisition.
+    again = await durability.resume(agent, RUN)
+    with contextlib.suppress(InvalidInputError):
+        await durability.decide(RUN, DeferredToolResults(approvals={"b1": True}), by="ana")
+    last = await durability.resume(agent, RUN)
+
+    assert ledger.entries() == [], "a run asked to cancel booked once approved"
+    assert (first.status, first.error) == ("cancelled", "cancelled by ops: stop")
+    assert (again.status, last.status) == ("cancelled", "cancelled")
     assert await stores.leases.current(RUN) is None

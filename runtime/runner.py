@@ -297,8 +297,7 @@ class AgentRunner(Resource):
                 try:
                     yield held
                 finally:
-                    # The next holder's claim checks the answers' spend again.
-                    self._answers_to_check.pop(run_id, None)
+                    self.forget_answers_to_check(run_id)
                     await self.settle_checkpoints()
                 done = True
         except BackendError as exc:
@@ -309,6 +308,12 @@ class AgentRunner(Resource):
                 printable(run_id),
                 one_line(str(exc), 300),
             )
+
+    def forget_answers_to_check(self, run_id: str) -> None:
+        """As a holding of the run ends: the answers its claim could not check the spend of
+        (`record_answers_left`) are checked again by the next holder's claim, and kept here
+        past the holding, a long-lived worker would keep one entry per run it ever claimed."""
+        self._answers_to_check.pop(run_id, None)
 
     async def settle_checkpoints(self) -> None:
         """Until the inline checkpoints being folded in the background are stored

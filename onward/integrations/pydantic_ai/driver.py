@@ -391,6 +391,7 @@ class DurableRuns:
             try:
                 yield held
             finally:
+                runner.forget_answers_to_check(run_id)
                 await runner.settle_checkpoints()
 
     async def _events(self, frontier: Frontier) -> list[Event]:

@@ -273,3 +273,24 @@ async def test_a_call_paid_while_the_ledger_was_down_is_counted_after_a_crash(
     assert [(e.seq, e.input_tokens) for e in entries] == [
         (a.seq, a.usage.input_tokens) for a in answers
     ]
+
+
+async def test_a_claim_the_ledger_did_not_answer_leaves_nothing_kept_once_the_run_is_let_go(
+    stores: Stores, spend: SqliteSpendLedger, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-lived worker resumes runs that wait on a person while the ledger is down: the
+    answers still to check are the holding's, and go with it, not kept by the runner for
+    every run it ever claimed."""
+    script = Script()
+    prices = priced(script, "2", "5")
+    durability = durability_on(stores, worker="here", spend=spend, prices=prices)
+    agent = booking_agent(durability, ledger, script, requires_approval=True)
+    waiting = await durability.run(agent, "book seat 3A", run_id=RUN, budget_micros=10**9)
+    assert waiting.status == "waiting"
+    outage = Outage(spend, monkeypatch)
+    outage.began = outage.down = True
+
+    again = await durability.resume(agent, RUN)
+
+    assert again.status == "waiting"
+    assert durability._runs.runner._answers_to_check == {}, "kept after the run was let go"

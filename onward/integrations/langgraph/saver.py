@@ -128,7 +128,7 @@ from onward.projections import FrontierStore
 from onward.projections.compaction import CompactionStore, embedded_compaction
 from onward.projections.compaction.history import read_whole_run
 from onward.runtime.leases import CancelAsked, Leaseholder, LeasePolicy, LeaseStore, RunLease
-from onward.runtime.limits import check_name
+from onward.runtime.limits import check_name, check_stored_name
 from onward.runtime.redaction import Redactor
 from onward.runtime.spend.base import PriceTable, SpendEntry, SpendLedger
 
@@ -296,7 +296,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self.redactor = redactor or Redactor()
         if not tenant:
             raise InvalidInputError("OnwardSaver needs a tenant")
-        check_name("tenant", tenant)
+        # Its threads may be stored already under it: a new thread is held to `check_name`.
+        check_stored_name("tenant", tenant)
         if checkpoint_inline and frontiers is None:
             raise InvalidInputError("checkpoint_inline needs a frontier store (frontiers=...)")
         self.log = log
@@ -1556,6 +1557,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             # Read (and its tenant checked) before the lease: another tenant's thread is refused
             # without being held, even briefly, and without spending a fence of it.
             followed = await self._load(thread_id)
+        if followed.last_seq == 0:
+            self._check_new(thread_id)
         holder = Leaseholder(
             self.leases, thread_id, tenant=self.tenant, holder=self.holder, policy=self.policy
         )
@@ -1754,7 +1757,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         if held is not None and not held.holder.fenced.is_set():
             async with held.lock:
                 return await self._fresh(thread_id, held, whole=whole)
-        return await self._follow(thread_id, whole=whole)
+        state = await self._follow(thread_id, whole=whole)
+        if state.last_seq == 0:
+            # A graph invocation of a thread nobody wrote starts here: refused before its
+            # first step runs (its first checkpoint may be put while that step runs).
+            self._check_new(thread_id)
+        return state
 
     async def _follow(self, thread_id: str, *, whole: bool = False) -> ThreadState:
         """A thread this saver does not hold, folded to the log's end: only the new tail is
@@ -1935,6 +1943,19 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             if row is not None and row.frontier is not None and row.frontier.first_offset >= 0:
                 return row.frontier.first_offset
         return None
+
+    def _check_new(self, thread_id: str) -> None:
+        """Refuse to create a thread whose id or tenant is out of a new name's bounds
+        (`check_name`): a thread is created by its first write, and what it is named is printed
+        and stored by every reader from then on. A stored one is taken as it is (`_checked`).
+        """
+        try:
+            check_name("thread_id", thread_id)
+            check_name("tenant", self.tenant, run_id=thread_id)
+        except InvalidInputError as exc:
+            raise InvalidInputError(
+                f"thread {thread_id!r} cannot be created: {exc}", run_id=thread_id
+            ) from None
 
     def _check_tenant(self, state: ThreadState) -> None:
         if state.tenant and state.tenant != self.tenant:
@@ -2118,11 +2139,13 @@ def _thread_id(config: RunnableConfig) -> str:
 
 
 def _checked(thread_id: str) -> str:
-    """``thread_id`` if it is a name every store keeps (a run id's rules: no control
-    character, PostgreSQL refusing NUL in text), else an error naming it, before any store
-    is asked (which would report a NUL as its own fault)."""
+    """``thread_id`` if it can name a stored thread (`check_stored_name`: no NUL, which
+    PostgreSQL refuses in text, nor lone surrogate), else an error naming it, before any store
+    is asked (which would report a NUL as its own fault). A thread stored under a control
+    character or a long id (a producer writing to the log directly) is read and carried on by
+    its exact id; a new one is held to `check_name` at its first write (`_check_new`)."""
     try:
-        return check_name("thread_id", thread_id)
+        return check_stored_name("thread_id", thread_id)
     except InvalidInputError as exc:
         raise InvalidInputError(f"thread id {thread_id!r} cannot be used: {exc}") from None
 

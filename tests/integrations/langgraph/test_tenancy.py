@@ -60,13 +60,24 @@ async def test_another_tenants_saver_takes_no_lease_on_a_thread_and_is_not_told_
         assert "acme" not in str(refused.value)
 
 
-@pytest.mark.parametrize("tenant", ["ac\nme", "ac\x00me", "x" * 201])
+@pytest.mark.parametrize("tenant", ["ac\nme", "x" * 201])
 async def test_a_tenant_the_runner_refuses_is_refused_by_the_saver(
     tmp_path: Path, tenant: str
 ) -> None:
     """A tenant with a control character, or too long, is refused as the runner refuses it,
     before any thread is written under it (stored, it is printed as it is by ``onward
-    inspect``, and PostgreSQL refuses a NUL in it at the frontier row)."""
+    inspect``). The saver itself is made: threads a producer stored under that tenant are
+    read and carried on by it (see test_existing_ids)."""
     async with sqlite_stores(tmp_path / "threads.db") as stores:
-        with pytest.raises(InvalidInputError, match="tenant"):
-            OnwardSaver(stores.log, stores.leases, tenant=tenant, frontiers=stores.frontiers)
+        saver = OnwardSaver(stores.log, stores.leases, tenant=tenant, frontiers=stores.frontiers)
+        async with saver:
+            with pytest.raises(InvalidInputError, match="cannot be created: tenant"):
+                await graph(saver).ainvoke({"steps": []}, {"configurable": {"thread_id": "t"}})
+        assert await stores.log.read_run("t") == []
+
+
+async def test_a_tenant_no_stored_name_holds_is_refused_by_the_saver(tmp_path: Path) -> None:
+    """A NUL: PostgreSQL refuses it in the frontier row, so no thread is stored under it."""
+    async with sqlite_stores(tmp_path / "threads.db") as stores:
+        with pytest.raises(InvalidInputError, match="tenant holds a NUL"):
+            OnwardSaver(stores.log, stores.leases, tenant="ac\x00me", frontiers=stores.frontiers)

@@ -52,7 +52,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.blobs import output_of
 from onward.runtime.conversation import Conversation
 from onward.runtime.leases.holder import Leaseholder
-from onward.runtime.limits import MAX_NOTE_LENGTH, check_name
+from onward.runtime.limits import MAX_NOTE_LENGTH, check_name, check_stored_name
 from onward.runtime.planning import ResumePlan
 from onward.runtime.runner import AgentRunner
 from onward.runtime.spend.budget import Budgets
@@ -130,11 +130,12 @@ class DurableRuns:
     Args:
         runner_options: What an `AgentRunner` takes besides its provider: the log, leases,
             frontier store, blobs, redactor, worker name, lease policy.
-        tenant: The tenant every run belongs to.
+        tenant: The tenant every run belongs to. Its runs may be stored already under it
+            (`check_stored_name`); a new run is held to `check_name` when it is started.
     """
 
     def __init__(self, *, tenant: str, **runner_options: Any) -> None:
-        self.tenant = check_name("tenant", tenant)
+        self.tenant = check_stored_name("tenant", tenant)
         try:
             self.runner = AgentRunner(provider=_ModelOfTheFramework(), **runner_options)
         except TypeError as exc:
@@ -162,6 +163,7 @@ class DurableRuns:
                 f"not {type(user_prompt).__name__}"
             )
         run_id = check_name("run_id", run_id or f"run-{uuid.uuid4().hex}")
+        check_name("tenant", self.tenant, run_id=run_id)
         budgets = budgets or Budgets()
         self.runner.check_budgets(described, budgets, run_id)
         named = {"budget_micros": budgets.run_micros, "tenant_budget_micros": budgets.tenant_micros}
@@ -200,7 +202,11 @@ class DurableRuns:
             NothingToResumeError: No such run for this tenant.
             RevisionMismatchError: The agent's tools or model are not the ones the run started with.
             HistoryUnavailableError: The run's events are no longer all in the log.
+            InvalidInputError: The run id is no name a stored run has (`check_stored_name`).
         """
+        # Named as stored, before any store is asked (PostgreSQL would report a NUL as its own
+        # fault, and a lone surrogate failed to encode).
+        check_stored_name("run_id", run_id)
         # Before the lease: another tenant's resume must not hold the run, nor raise its fence.
         await self.runner.resumer.refuse_another_tenants(run_id, self.tenant)
         async with self._holding(run_id) as held:

@@ -70,13 +70,16 @@ def resume_sync(
     message once it ends or waits on a person again; ``None`` if nothing new came.
 
     Opens its own app (from ``settings``, or the environment) and closes it before returning.
+    ``options``: as for `App.resume` (``follow_waits`` is False unless given).
 
     Raises:
         InvalidInputError: Called inside a running event loop (use `resume` there).
     """
 
+    options.setdefault("follow_waits", False)
+
     async def work(app: App) -> list[RunMessage]:
-        return await app.resume(run_id, resume_value, follow_waits=False, **options).collect()
+        return await app.resume(run_id, resume_value, **options).collect()
 
     return _sync(work, settings, agents, provider)
 

@@ -484,6 +484,29 @@ def test_scripts_query_and_resume_synchronously(tmp_path: Path, ledger: Ledger) 
     assert [e["approval"] for e in ledger.entries()] == [{"authorized": "script"}]
 
 
+def test_resume_sync_takes_the_options_resume_takes(tmp_path: Path, ledger: Ledger) -> None:
+    """``follow_waits`` is one of `App.resume`'s options: given, it is heeded (it raised a
+    bare TypeError, `resume_sync` passing it itself)."""
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / "onward.db")
+    model = provider()
+    asked = onward.query_sync(
+        "pay 5", {"agent": "payer", "run_id": "f"}, settings=settings, agents=agents, provider=model
+    )
+    assert asked is not None
+    assert asked.is_hil_request
+    done = onward.resume_sync(
+        "f",
+        {"authorized": "script"},
+        settings=settings,
+        agents=agents,
+        provider=model,
+        follow_waits=True,
+        timeout=30,
+    )
+    assert done is not None
+    assert (done.type, done.output) == ("result", "paid")
+
+
 def sqlite_app(db: Path, ledger: Path, *argv: str) -> list[dict[str, object]]:
     """The application as a process of its own, in process on ``db``; what it printed."""
     env = {

@@ -193,6 +193,8 @@ class App(Resource):
         """In fleet mode, what looks at the log once for every stream (`nap`)."""
         self._tags_left: list[TagRun] = []
         """In process, tags the worker let go of as it drained (`close` writes them)."""
+        self._closed = False
+        """Closed after it was open: its streams and calls say so, not that it never was."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -221,7 +223,9 @@ class App(Resource):
     async def close(self) -> None:
         """Let runs in flight reach their next boundary and hand their leases back, then close
         every store. Idempotent. Cancelled while runs drain, it cancels them (a call cut off is
-        indeterminate for the next holder, never repeated) and still closes every store."""
+        indeterminate for the next holder, never repeated) and still closes every store. Its
+        streams still being read end at once, raising `ConfigurationError` (the app was closed);
+        their runs are not lost: `resume` on another app follows (and carries on) each again."""
         if self in _opened:
             _opened.remove(self)
         worker, self._worker = self._worker, None
@@ -241,7 +245,13 @@ class App(Resource):
                 await self._write_tags_left(worker)
         finally:
             stack, self._stack = self._stack, None
+            if self._backends is not None:
+                self._closed = True
             self._backends = self._requests = self._folder = self._log_watcher = None
+            if self._closed:
+                # Its streams end now, saying it closed, not at their next look of their own.
+                for stream in self._live_streams():
+                    stream.wake()
             if stack is not None:
                 await stack.aclose()
 
@@ -249,8 +259,17 @@ class App(Resource):
     def backends(self) -> Backends:
         """The open stores."""
         if self._backends is None:
-            raise ConfigurationError("the app is not open; use `async with onward.open(...)`")
+            raise self._not_open()
         return self._backends
+
+    def _not_open(self) -> ConfigurationError:
+        """Why the app cannot act: it was closed, or was never opened."""
+        if self._closed:
+            return ConfigurationError(
+                "the app was closed; its streams and calls end with it (open another with "
+                "`async with onward.open(...)`)"
+            )
+        return ConfigurationError("the app is not open; use `async with onward.open(...)`")
 
     @property
     def manager(self) -> ExecutionManager:
@@ -656,7 +675,7 @@ class App(Resource):
         elif self._requests is not None:
             await self._requests.submit(request)
         else:
-            raise ConfigurationError("the app is not open; use `async with onward.open(...)`")
+            raise self._not_open()
 
     def _tenant(self, tenant: str | None) -> str:
         """The tenant a call acts for: its own, or the app's when it names none. A tenant given

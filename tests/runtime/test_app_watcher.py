@@ -20,10 +20,11 @@ from support.deployment import postgres_fleet_settings
 from support.servers import REQUEST_KEY
 
 import onward
-from onward.errors import BackendUnavailableError, RunTimeoutError
+from onward.errors import BackendUnavailableError, ConfigurationError, RunTimeoutError
 from onward.eventlog import MemoryEventLog, Message, RunFinished, RunStarted, Tagged
 from onward.eventlog.base import Appended, EventLogBackend, partition_for
 from onward.runtime.agent import Agent
+from onward.runtime.application.stream import SAY_UNHELD_AFTER_S
 from onward.runtime.application.watcher import RETRY_S, WATCHED_NAP_S, LogWatcher
 from onward.runtime.backends import open_backends
 from onward.runtime.fleet.requests_postgres import PostgresRequests
@@ -110,6 +111,27 @@ class Unanswered(MemoryEventLog):
         if self.down:
             raise BackendUnavailableError("the log did not answer")
         return await super().ends(partitions)
+
+
+@pytest.mark.timeout(60)
+async def test_closing_a_fleet_app_ends_its_waiting_streams_at_once_saying_it_closed(
+    database_url: str, pg_schema: str
+) -> None:
+    """A stream napping while the watcher answers (no worker takes its start) ends as its
+    app closes, not a `WATCHED_NAP_S` later, and says the app was closed rather than that it
+    was never opened."""
+    settings = postgres_fleet_settings(database_url, pg_schema)
+    async with onward.open(settings) as app:
+        stream = app.query("go", {"agent": "slow", "run_id": "left"})
+        reading = asyncio.create_task(anext(stream))
+        await asyncio.sleep(SAY_UNHELD_AFTER_S + 1)  # said unheld: napping on the watcher
+        assert not reading.done()
+        closing = time.monotonic()
+    with pytest.raises(ConfigurationError) as closed:
+        await asyncio.wait_for(reading, WATCHED_NAP_S + 5)
+    assert time.monotonic() - closing < 1.5
+    assert "the app was closed" in str(closed.value)
+    assert "not open" not in str(closed.value)
 
 
 class Watched:

@@ -995,7 +995,7 @@ class AgentRunner(Resource):
                     f"run {run_id!r} has ended already ({run.frontier.status}){goes_on}",
                     run_id=run_id,
                 )
-            _check_invocation_to_end(run.frontier)
+            check_invocation_to_end(run.frontier)
             await self._end_cancelled(run, by, why)
             return run.frontier
 
@@ -2152,7 +2152,7 @@ def _check_not_graph_thread(frontier: Frontier, request_id: str) -> None:
         )
 
 
-def _check_invocation_to_end(frontier: Frontier) -> None:
+def check_invocation_to_end(frontier: Frontier) -> None:
     """Refuse to cancel a LangGraph thread nobody is writing and no interrupt holds.
 
     A cancel ends one invocation of a thread, not the thread: between invocations (the last

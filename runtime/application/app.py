@@ -74,6 +74,7 @@ from onward.runtime.options import Options
 from onward.runtime.providers import NoModel, Provider
 from onward.runtime.redaction import Redactor
 from onward.runtime.resumer import Resumer
+from onward.runtime.runner import check_invocation_to_end
 from onward.runtime.settings import Settings, load_settings
 
 from .messages import RunMessage
@@ -590,6 +591,10 @@ class App(Resource):
                 # This app's worker took it up a moment ago: it stops it first.
             else:
                 return
+        if worker is None and await self.backends.leases.current(run_id) is None:
+            # Refused here as this app's own worker would (the fleet's worker refuses it in
+            # its own log alone): a LangGraph thread nobody writes has no invocation to end.
+            check_invocation_to_end(frontier)
         await self._submit(request)
 
     async def _withdraw_start(self, cancel: CancelRun) -> bool:

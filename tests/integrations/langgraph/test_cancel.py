@@ -25,13 +25,17 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from support.appapi import until
+from support.deployment import postgres_fleet_settings
 from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
 
-from onward.errors import BackendUnavailableError, RunCancelledError
+import onward
+from onward.errors import BackendUnavailableError, InvalidInputError, RunCancelledError
 from onward.eventlog import Event, EventLog, GraphCheckpointed, Position, RunFinished
 from onward.integrations.langgraph import OnwardSaver
+from onward.runtime.backends import open_backends
 from onward.runtime.cli import app as cli
+from onward.runtime.fleet.requests_postgres import PostgresRequests
 from onward.testing.eventlog import WrappedEventLog
 
 from .graphs import config
@@ -286,3 +290,28 @@ async def test_a_thread_no_graph_run_is_writing_is_not_reported_cancelled(
     shown = await asyncio.to_thread(CliRunner().invoke, cli, argv, env=env)
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["status"] == "new"
+
+
+async def test_a_fleet_apps_cancel_of_a_thread_no_graph_run_is_writing_is_refused_at_once(
+    database_url: str, pg_schema: str
+) -> None:
+    """`App.cancel` through a fleet (no worker in the app) refuses it as the in-process app
+    does, nothing sent: the fleet's worker refused it and said so in its own log alone, the
+    caller told nothing."""
+    settings = postgres_fleet_settings(database_url, pg_schema)
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    async with open_backends(settings.model_copy(update={"app_mode": "in_process"})) as stores:
+        world = World(stores.log, stores.leases, stores.frontiers, stores.embedded)
+        async with world.saver(holder="graph-a") as saver:
+            out = await looping_graph(saver).ainvoke({"steps": [], "until": 2}, config(thread_id))
+            assert out["steps"] == [1, 2]
+    async with (
+        onward.open(settings, tenant=TENANT) as app,
+        PostgresRequests(database_url, schema=pg_schema) as requests,
+    ):
+        with pytest.raises(InvalidInputError, match="no graph run is writing"):
+            await app.cancel(thread_id, by="ops", why="runaway")
+        assert not await requests.stored_for(thread_id)
+        state = await app.get_session_state(thread_id)
+        assert state is not None
+        assert state.status == "new"

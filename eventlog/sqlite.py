@@ -146,10 +146,10 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
 
     async def _read_records(self, request: LogRead) -> list[LogRecord]:
         partition, start, end, run_id, limit = request
-        if self._unwritten:
-            return []
 
         def read(conn: sqlite3.Connection) -> tuple[int, list[tuple[int, str, bytes]]]:
+            if self._unwritten:  # asked here: a read-only log reopened on a changed file
+                return 0, []
             # One read transaction, so the start offset and the rows are one snapshot.
             with transaction(conn, "BEGIN"):
                 (first,) = self._partition_row(conn, "start_offset", partition)
@@ -189,10 +189,10 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
 
     async def bounds(self, partition: int) -> PartitionBounds:
         check_partition(partition, self._partitions)
-        if self._unwritten:
-            return PartitionBounds(0, 0)
 
         def read(conn: sqlite3.Connection) -> tuple[int, int]:
+            if self._unwritten:
+                return 0, 0
             row = self._partition_row(conn, "start_offset, next_offset", partition)
             return int(row[0]), int(row[1])
 

@@ -98,8 +98,10 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
     gives a read-only connection to a WAL file its ``-wal`` and ``-shm`` files, creating them
     if missing and unable to remove them again; so when there is no ``-wal`` file (no
     connection has the file open for writing, and none left transactions behind) the file is
-    opened ``immutable`` instead, which creates nothing. A writer that starts meanwhile is not
-    seen by this connection: a read-only command shows the file as it was when it opened it.
+    opened ``immutable`` instead, which creates nothing. Such a connection does not see a writer
+    that starts meanwhile (SQLite trusts the pages it read), so `SqliteThread` opens it again
+    once the file changed (`ReadonlyConnection.outdated`): a long-lived reader
+    (`ExecutionManager()`) sees runs written after its first question.
 
     Raises:
         ConfigurationError: No file at ``path``.
@@ -107,9 +109,14 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise ConfigurationError(f"{path}: no such database file")
     uri = f"{path.absolute().as_uri()}?mode=ro"
+    opened_as = None
     if not Path(f"{path}-wal").exists():
         uri += "&immutable=1"
-    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        opened_as = _file_state(path)
+    conn = sqlite3.connect(
+        uri, uri=True, isolation_level=None, check_same_thread=False, factory=ReadonlyConnection
+    )
+    conn.opened_as = opened_as
     try:
         conn.execute("PRAGMA query_only=ON")
         conn.execute("PRAGMA busy_timeout=10000")
@@ -117,6 +124,29 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+class ReadonlyConnection(sqlite3.Connection):
+    """A `connect_readonly` connection; one opened ``immutable`` remembers the file as it was."""
+
+    opened_as: tuple[int, int, int] | None = None
+    """The file's inode, size and mtime when it was opened ``immutable``; else ``None``."""
+
+    def outdated(self, path: Path) -> bool:
+        """Whether the file changed since this ``immutable`` connection opened it, which it
+        cannot see: SQLite takes no lock on such a file and trusts the pages it read."""
+        if self.opened_as is None:
+            return False
+        return Path(f"{path}-wal").exists() or _file_state(path) != self.opened_as
+
+
+def _file_state(path: Path) -> tuple[int, int, int] | None:
+    """The file's inode, size and mtime (``None`` if it is gone)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def split_statements(sql: str) -> list[str]:
@@ -358,6 +388,8 @@ class SqliteThread:
         self._reader_opener: Callable[[], sqlite3.Connection] | None = None
         self._reader_executor: ThreadPoolExecutor | None = None
         self._reader: sqlite3.Connection | None = None
+        self._reopener: Callable[[], sqlite3.Connection] | None = None
+        self._retired: list[sqlite3.Connection] = []
 
     @property
     def is_open(self) -> bool:
@@ -396,6 +428,7 @@ class SqliteThread:
             executor.shutdown(wait=False)
             raise
         self._reader_opener = reader
+        self._reopener = opener
 
     def connection(self) -> sqlite3.Connection:
         """The open connection, or a clear error saying how to open it."""
@@ -412,9 +445,25 @@ class SqliteThread:
             self.connection()  # raises the not-open error
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, fn)
+            return await loop.run_in_executor(self._executor, self._current_then, fn)
         except sqlite3.Error as exc:
             raise translate(exc, context=f"{self.path}: {context}", run_id=run_id) from exc
+
+    def _current_then(self, fn: Callable[[], _T]) -> _T:
+        """On the thread: reopen a read-only connection opened ``immutable`` on a file that has
+        changed since (a writer came), so it reads the file as it is now; then run ``fn``.
+
+        The connection it replaces is closed with the others: a caller may still hold it.
+        """
+        conn = self._conn
+        if (
+            isinstance(conn, ReadonlyConnection)
+            and self._reopener is not None
+            and conn.outdated(self.path)
+        ):
+            self._conn = self._reopener()
+            self._retired.append(conn)
+        return fn()
 
     async def read(
         self,
@@ -427,9 +476,9 @@ class SqliteThread:
         ``fn`` must only read. It sees every write whose :meth:`write` has returned: those
         are committed.
         """
-        conn = self.connection()
+        self.connection()  # raises the not-open error
         if self._reader_opener is None:
-            return await self.call(lambda: fn(conn), context, run_id)
+            return await self.call(lambda: fn(self.connection()), context, run_id)
         if self._reader_executor is None:
             self._reader_executor = ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="onward-sqlite-read"
@@ -526,12 +575,15 @@ class SqliteThread:
             finally:
                 reader_executor.shutdown(wait=False)
         conn, self._conn = self._conn, None
+        retired, self._retired = self._retired, []
+        self._reopener = None
         executor, self._executor = self._executor, None
         if executor is None:
             return
         try:
             if conn is not None:
-                await asyncio.get_running_loop().run_in_executor(executor, conn.close)
+                retired.append(conn)
+            await asyncio.get_running_loop().run_in_executor(executor, _close_all, retired)
         finally:
             executor.shutdown(wait=False)
 

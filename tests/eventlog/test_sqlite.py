@@ -262,3 +262,53 @@ async def test_a_file_missing_a_partition_row_is_refused_by_name(tmp_path: Path)
             await log.bounds(partition)
         with pytest.raises(ConfigurationError, match=missing):
             await log.truncate_before(partition, 0)
+
+
+async def test_a_read_only_log_opened_on_a_quiet_file_sees_later_appends(tmp_path: Path) -> None:
+    """Opened while no process had the file open (no ``-wal`` file), a read-only log (what
+    `ExecutionManager()` keeps open) still sees what a writer appends afterwards, while the
+    writer is open and once it closed, instead of the file as it was when it was opened."""
+    path = tmp_path / "events.db"
+    first, later, last = new_run_id(), new_run_id(), new_run_id()
+    async with SqliteEventLog(path, partitions=4) as log:
+        await log.append(step_events(first, 2))
+    assert not Path(f"{path}-wal").exists()  # noqa: ASYNC240
+    async with SqliteEventLog(path, partitions=4, readonly=True) as reader:
+        assert seqs(await reader.read_run(first)) == [1, 2]
+        async with SqliteEventLog(path, partitions=4) as log:
+            await log.append(step_events(later, 3))
+            assert seqs(await reader.read_run(later)) == [1, 2, 3]
+        async with SqliteEventLog(path, partitions=4) as log:
+            await log.append(step_events(last, 2))
+        assert seqs(await reader.read_run(last)) == [1, 2]
+        partition = partition_for(last, 4)
+        assert (await reader.bounds(partition)).end >= 2
+
+
+async def test_a_read_only_log_opened_before_any_append_sees_the_first_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "events.db"
+    async with SqliteFrontierStore(path):
+        pass  # migrated, but no log was opened on it yet
+    run_id = new_run_id()
+    async with SqliteEventLog(path, partitions=4, readonly=True) as reader:
+        assert await reader.read_run(run_id) == []
+        async with SqliteEventLog(path, partitions=4) as log:
+            await log.append(step_events(run_id, 2))
+        assert seqs(await reader.read_run(run_id)) == [1, 2]
+
+
+async def test_another_programs_sqlite_file_is_refused_untouched(tmp_path: Path) -> None:
+    """``ONWARD_SQLITE_PATH`` pointed at another program's database (as `onward worker` and
+    `onward.open` open it): refused by name, its journal mode and tables left as they were."""
+    path = tmp_path / "app.db"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE recipes (name text)")
+        conn.execute("INSERT INTO recipes VALUES ('soup')")
+        conn.commit()
+    content = path.read_bytes()
+    with pytest.raises(ConfigurationError, match=r"app\.db: not an Onward database"):
+        await SqliteEventLog.open(path)
+    assert path.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]  # noqa: ASYNC240

@@ -107,3 +107,22 @@ def test_stores_given_are_used_and_half_of_them_is_refused(
     assert ExecutionManager(store).frontiers is store
     with pytest.raises(InvalidInputError, match="together, or none"):
         CheckpointCompactor(frontiers=store)
+
+
+async def test_an_execution_manager_without_stores_sees_runs_written_after_it_opened(
+    db: Path,
+) -> None:
+    """Opened while no process had the file open, it still sees a run a worker leaves waiting
+    on a person afterwards (while the worker's stores are open, and after), not the file as it
+    was at its first question."""
+    assert not Path(f"{db}-wal").exists()  # noqa: ASYNC240
+    async with ExecutionManager() as manager:
+        assert [p.summary.run_id for p in await manager.list_pending()] == ["waiting"]
+        async with open_backends(Settings()) as backends:
+            payer = backends.runner(cli_agent.paying_model())
+            await payer.run(cli_agent.payer(), "go", tenant="acme", run_id="later")
+            assert sorted(p.summary.run_id for p in await manager.list_pending()) == [
+                "later",
+                "waiting",
+            ]
+        assert (await manager.get_status("later")).summary.status == "waiting"

@@ -21,7 +21,7 @@ import asyncpg
 from onward.errors import ConfigurationError, SchemaMismatchError
 
 from .locks import LOCK_TIMEOUT_S, LockWait, lock_taken
-from .sqlite import connect, split_statements, transaction
+from .sqlite import connect, connect_readonly, split_statements, transaction
 from .translate import translating
 
 Dialect = Literal["postgres", "sqlite"]
@@ -251,6 +251,34 @@ def check_onward_sqlite(path: Path) -> None:
         conn.close()
 
 
+def _refuse_another_programs(path: Path) -> None:
+    """Raise `ConfigurationError` if ``path`` is another program's SQLite database: tables, none
+    of them Onward's. Checked read-only before the file is opened to be written, which would
+    switch it to WAL and migrate Onward's tables into it. A new or empty file, an Onward file
+    (one written before the ledger too) and no SQLite file at all (refused when opened) pass.
+    """
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        conn = connect_readonly(path)
+    except (OSError, sqlite3.Error, ConfigurationError):
+        return  # opening it for writing reports why not
+    try:
+        names = [
+            name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        ]
+    except sqlite3.DatabaseError:
+        return  # not a database: opening it says so
+    finally:
+        conn.close()
+    if names and not any(name.startswith("onward_") for name in names):
+        raise ConfigurationError(
+            f"{path}: not an Onward database (it holds {len(names)} tables of another "
+            "program's, and no onward_schema_migrations table); point ONWARD_SQLITE_PATH at "
+            "the file the runs are written to, or at a new one"
+        )
+
+
 def open_sqlite(path: Path, *, migrate: bool, readonly: bool = False) -> sqlite3.Connection:
     """A connection to an embedded store's file, migrated if asked, at this code's version.
 
@@ -258,6 +286,8 @@ def open_sqlite(path: Path, *, migrate: bool, readonly: bool = False) -> sqlite3
     With ``readonly`` nothing is migrated and nothing written (:func:`connect_readonly`), and a
     file that is not an Onward database is refused (`ConfigurationError`) rather than read.
     """
+    if not readonly:
+        _refuse_another_programs(path)
     conn = connect(path, readonly=readonly)
     try:
         if readonly:

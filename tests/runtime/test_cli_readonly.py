@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import sqlite3
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,19 @@ async def test_read_only_backends_refuse_a_foreign_file(db: Path) -> None:
     with pytest.raises(ConfigurationError, match="not an Onward database"):
         async with open_backends(settings, readonly=True):
             pass
+
+
+async def test_backends_opened_to_write_refuse_a_foreign_file_unchanged(db: Path) -> None:
+    """What `onward worker` and `onward.open` open: another program's file is not migrated."""
+    with closing(sqlite3.connect(db)) as foreign:
+        foreign.execute("CREATE TABLE recipes (name text)")
+        foreign.commit()
+    before = fingerprint(db)
+    settings = Settings(ONWARD_BACKEND="sqlite", ONWARD_SQLITE_PATH=db)  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="not an Onward database"):
+        async with open_backends(settings):
+            pass
+    assert fingerprint(db) == before
 
 
 WRITERS = {

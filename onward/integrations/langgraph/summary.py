@@ -133,11 +133,14 @@ def summarize(
     for (ns, channel), version in state.latest.items():
         wanted[(ns, channel, version)] = None
     values = [_whole(key, node) for key in wanted if (node := state.values.get(key)) is not None]
+    # A task's writes may land before the checkpoint they are for (LangGraph saves them
+    # apart): kept too, or a reader folding on from here loses them when it comes.
+    heads = {(event.checkpoint_ns, event.checkpoint_id) for event in checkpoints}
     writes = [
-        SummaryWrite(ns, event.checkpoint_id, task_id, idx, w.channel, w.value, w.task_path)
-        for event in checkpoints
-        for ns in (event.checkpoint_ns,)
-        for (task_id, idx), w in state.writes.get((ns, event.checkpoint_id), {}).items()
+        SummaryWrite(ns, checkpoint_id, task_id, idx, w.channel, w.value, w.task_path)
+        for (ns, checkpoint_id), saved in state.writes.items()
+        if (ns, checkpoint_id) in heads or checkpoint_id not in state.checkpoints.get(ns, {})
+        for (task_id, idx), w in saved.items()
     ]
     return ThreadSummary(
         run_id=state.run_id,

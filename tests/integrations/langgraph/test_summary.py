@@ -11,12 +11,13 @@ from typing import Any
 import msgspec
 import pytest
 from langchain_core.messages import HumanMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from support.servers import KafkaServers
 
 from onward.eventlog import ToolDispatched, ToolResolved
 from onward.integrations.langgraph import OnwardSaver, SqliteThreadSummaries, ThreadSummaryStore
-from onward.integrations.langgraph.summary import decode, encode
+from onward.integrations.langgraph.summary import decode, encode, restored, summarize
 from onward.integrations.langgraph.thread import SENT_AGAIN
 
 from .graphs import config
@@ -249,3 +250,20 @@ async def test_removing_the_newest_checkpoint_after_the_summary_folds_the_thread
 
 async def test_summaries_are_stored_beside_an_embedded_log(world: World) -> None:
     assert isinstance(summaries_of(world), SqliteThreadSummaries)
+
+
+async def test_writes_saved_before_their_checkpoint_are_in_the_summary(world: World) -> None:
+    """LangGraph saves a task's writes apart from its checkpoint, and the writes may land
+    first (an interrupt's, under ``durability="async"``): a summary stored between the two
+    keeps them, or a reader folding on from it reads the checkpoint with no pending writes
+    (the interrupt gone, a finished task's writes lost, so it runs again)."""
+    async with world.saver(holder="writer") as writer:
+        await chat(writer, "t", 2)
+        ahead: RunnableConfig = {
+            "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "z"}
+        }
+        await writer.aput_writes(ahead, [("__interrupt__", ["buy?"])], "task-1")
+    state = await writer.aread_thread("t")
+    summary = summarize(state, last_offset=0, last_fence=0, last_at=0, refers=writer._refers)
+    back = restored(summary, snapshot_every=writer.snapshot_every)
+    assert back.writes.get(("", "z")) == state.writes[("", "z")]

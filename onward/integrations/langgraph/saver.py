@@ -382,7 +382,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         A cancel ask the holding has not heard yet (made after its last renewal) is heard
         first and answered by the release: it was for the graph run that wrote the thread,
         which is done, and a cancel ends one invocation, not the thread, so the store must not
-        keep it for the thread's next invocation.
+        keep it for the thread's next invocation. An invocation stopped at an interrupt is not
+        done (it waits on a person, as a run waiting does): the ask ends it ``cancelled``.
         """
         held = self._held.get(thread_id)
         if held is not None:
@@ -392,6 +393,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 await self._settle(held)
                 with contextlib.suppress(OnwardError):  # lost or unreachable: the release says
                     await held.holder.confirm()
+                asked = held.holder.cancel_asked
+                if asked is not None and not held.holder.fenced.is_set():
+                    try:
+                        if (await self._fresh(thread_id, held)).waiting_on is not None:
+                            await self._record_end(thread_id, held, "cancelled", asked.error)
+                    except OnwardError:
+                        held.holder.keep_ask()  # not ended: the thread's next holder hears it
                 await held.holder.__aexit__(None, None, None)
         self._lost.discard(thread_id)
         self._stopped.pop(thread_id, None)
@@ -459,10 +467,18 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             stops = self._stops.get(thread_id, (0, None))[0]
             self._read_at.set({**read, thread_id: (self._losses.get(thread_id, 0), stops)})
         saved = state.checkpoints.get(ns, {})
+        latest = checkpoint_id is None
         if checkpoint_id is None:
             checkpoint_id = state.newest.get(ns)
             if checkpoint_id is None:
                 return None
+        cancelled = bool(state.cancelled_as) and state.waiting_at == (ns, checkpoint_id)
+        if latest:
+            refused = dict(_CANCELLED_READ.get() or {})
+            refused.pop((id(self), thread_id), None)
+            if cancelled:
+                refused[id(self), thread_id] = (ns, checkpoint_id, state.cancelled_as)
+            _CANCELLED_READ.set(refused)
         event = saved.get(checkpoint_id)
         if state.partial and (event is None or not self._holds_values(state, event)):
             # Folded from a summary, which holds the newest checkpoints only, and the versions
@@ -471,7 +487,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             event = state.checkpoints.get(ns, {}).get(checkpoint_id)
         if event is None:
             return None
-        return self._tuple(state, thread_id, event)
+        return self._tuple(state, thread_id, event, cancelled=cancelled)
 
     async def alist(
         self,
@@ -595,6 +611,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         thread_id = _thread_id(config)
         ns: str = config["configurable"].get("checkpoint_ns", "")
         checkpoint_id = _checkpoint_id(config)
+        refused = (_CANCELLED_READ.get() or {}).get((id(self), thread_id))
+        answers = any(channel == RESUME for channel, _ in writes)
+        if refused is not None and refused[:2] == (ns, checkpoint_id) and answers:
+            raise _answer_refused(thread_id, refused[2])
         indexed = [
             (WRITES_IDX_MAP.get(channel, idx), channel, value)
             for idx, (channel, value) in enumerate(writes)
@@ -1682,6 +1702,17 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         Raises:
             FencedError: The lease was lost before the end was recorded.
         """
+        await self._record_end(thread_id, held, status, error)
+        await self._drop(thread_id, held, lost=False)
+
+    async def _record_end(
+        self, thread_id: str, held: _Held, status: Literal["failed", "cancelled"], error: str
+    ) -> None:
+        """Append the thread's `RunFinished` under the lease, once (see `_end`).
+
+        Raises:
+            FencedError: The lease was lost before the end was recorded.
+        """
         state = await self._fresh(thread_id, held)
         # Recorded already when an earlier append of it could not say whether it landed.
         if not state.ended:
@@ -1700,7 +1731,6 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     await self._checkpointer.catch_up([position.partition])
                 except OnwardError as exc:
                     logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
-        await self._drop(thread_id, held, lost=False)
 
     @property
     def _budgeted(self) -> bool:
@@ -1971,7 +2001,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         thread_id: str,
         event: GraphCheckpointed,
         listing: dict[tuple[str, str], DecodedList] | None = None,
+        *,
+        cancelled: bool = False,
     ) -> CheckpointTuple:
+        """The checkpoint as LangGraph reads it. ``cancelled``: the invocation stopped at its
+        interrupts was ended by a cancel, so the tasks that asked are over, not pending: their
+        nodes have seen the checkpoint's channels (they run again when one is written, as on
+        a new input) and their writes are left out, so an answer resumes none of them."""
         ns = event.checkpoint_ns
         checkpoint = self.serde.loads_typed(_typed(event.checkpoint))
         values: dict[str, Any] = {}
@@ -1982,6 +2018,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         checkpoint["channel_values"] = values
         writes = state.writes.get((ns, event.checkpoint_id), {})
         ordered = sorted(writes.items(), key=lambda kv: writes_sort_key(kv[1].task_path, *kv[0]))
+        if cancelled:
+            asked = {w.task_id for _, w in ordered if w.channel == INTERRUPT}
+            for _, w in ordered:
+                node = _pulled_node(w.task_path) if w.task_id in asked else None
+                if node is not None:
+                    seen = checkpoint["versions_seen"].setdefault(node, {})
+                    seen.update(checkpoint["channel_versions"])
+            ordered = [(key, w) for key, w in ordered if w.task_id not in asked]
         return CheckpointTuple(
             config={
                 "configurable": {
@@ -2041,6 +2085,34 @@ def _cancelled_error(thread_id: str, asked: CancelAsked) -> RunCancelledError:
         by=asked.by,
         why=asked.why,
     )
+
+
+_CANCELLED_READ: contextvars.ContextVar[dict[tuple[int, str], tuple[str, str, str]] | None] = (
+    contextvars.ContextVar("onward_saver_cancelled_read", default=None)
+)
+"""In a graph invocation's context (its tasks copy it): by saver (its id) and thread, the
+namespace and checkpoint id of an interrupt it read ended by a cancel, and the end's error:
+an answer to it is refused."""
+
+
+def _answer_refused(thread_id: str, error: str) -> RunCancelledError:
+    """What the answer to an interrupt whose invocation a cancel ended raises."""
+    by, _, why = error.removeprefix("cancelled by ").partition(": ")
+    return RunCancelledError(
+        f"run {thread_id!r}: the graph run stopped at this interrupt was {error}; its answer "
+        "is not taken and the interrupted node does not run. A new input starts a new "
+        "invocation of the thread",
+        run_id=thread_id,
+        by=by,
+        why=why,
+    )
+
+
+def _pulled_node(task_path: str) -> str | None:
+    """The node of a task LangGraph scheduled from its channels (``~__pregel_pull, node``);
+    ``None`` for any other task (a ``Send``'s)."""
+    parts = task_path.removeprefix("~").split(", ")
+    return parts[1] if len(parts) == 2 and parts[0] == "__pregel_pull" else None
 
 
 async def _each(

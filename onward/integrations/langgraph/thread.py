@@ -194,6 +194,9 @@ class ThreadState:
     partial: bool = False
     whole_needed: bool = False
     ended: bool = False
+    cancelled_as: str = ""
+    """The error of the cancelled end the thread's last event records (who and why), if it
+    is one: an interrupt still open then was ended with its invocation, not left to answer."""
     spent: Usage = field(default_factory=Usage)
     spent_calls: int = 0
     spent_seqs: list[int] = field(default_factory=list)
@@ -222,6 +225,10 @@ class ThreadState:
             return False
         event = stored.event
         self.ended = isinstance(event, RunFinished)
+        cancelled = isinstance(event, RunFinished) and event.status == "cancelled"
+        self.cancelled_as = (
+            (event.error or "cancelled") if isinstance(event, RunFinished) and cancelled else ""
+        )
         if not self.tenant:
             self.tenant = event.tenant
         if isinstance(event, GraphCheckpointed):

@@ -24,6 +24,7 @@ import pytest_asyncio
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command, interrupt
 from support.appapi import until
 from support.deployment import postgres_fleet_settings
 from support.servers import KafkaServers
@@ -315,3 +316,73 @@ async def test_a_fleet_apps_cancel_of_a_thread_no_graph_run_is_writing_is_refuse
         state = await app.get_session_state(thread_id)
         assert state is not None
         assert state.status == "new"
+
+
+class Buying(TypedDict):
+    bought: int
+
+
+def buying_graph(checkpointer: OnwardSaver, purchases: list[str]) -> CompiledStateGraph[Any]:
+    """A graph whose one node asks a person, then buys (``purchases`` counts each purchase)."""
+
+    def buy(state: Buying) -> dict[str, int]:
+        answer = interrupt("buy?")
+        purchases.append(answer)
+        return {"bought": state["bought"] + 1}
+
+    builder = StateGraph(Buying)
+    builder.add_node("buy", buy)
+    builder.add_edge(START, "buy")
+    builder.add_edge("buy", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+async def test_a_cancelled_interrupt_resumed_later_does_not_run_its_node(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """`onward cancel` of a thread stopped at an interrupt ends that invocation: a later
+    ``Command(resume=...)`` of it is refused (`RunCancelledError`), and the node waiting on the
+    answer never runs (nothing is bought). The thread lives on: a new input runs it afresh."""
+    world, env = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    purchases: list[str] = []
+    async with world.saver(holder="graph-a") as saver:
+        out = await buying_graph(saver, purchases).ainvoke({"bought": 0}, config(thread_id))
+        assert "__interrupt__" in out
+
+    result = await asyncio.to_thread(cancel, env, thread_id)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["status"] == "cancelled"
+
+    async with world.saver(holder="graph-b") as saver:
+        with pytest.raises(RunCancelledError, match="cancelled by ops: runaway"):
+            await buying_graph(saver, purchases).ainvoke(Command(resume="yes"), config(thread_id))
+        assert purchases == []
+        # A new input is a new invocation: it runs the node from its start, and asks again.
+        out = await buying_graph(saver, purchases).ainvoke({"bought": 0}, config(thread_id))
+        assert "__interrupt__" in out
+        out = await buying_graph(saver, purchases).ainvoke(Command(resume="ok"), config(thread_id))
+    assert purchases == ["ok"]
+    assert out["bought"] == 1
+
+
+async def test_a_cancel_asked_while_a_held_thread_waits_on_an_interrupt_ends_it(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """The saver still holds the thread, stopped at an interrupt, when the cancel is asked:
+    the interrupted invocation is not over (it waits on a person), so the ask ends it
+    cancelled when the saver lets the thread go, and a later resume does not buy."""
+    world, _ = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    purchases: list[str] = []
+    async with world.saver(holder="graph-a") as saver, saver.hold(thread_id):
+        out = await buying_graph(saver, purchases).ainvoke({"bought": 0}, config(thread_id))
+        assert "__interrupt__" in out
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    ends = [e for e in events if isinstance(e, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+    async with world.saver(holder="graph-b") as saver:
+        with pytest.raises(RunCancelledError):
+            await buying_graph(saver, purchases).ainvoke(Command(resume="yes"), config(thread_id))
+    assert purchases == []

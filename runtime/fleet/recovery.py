@@ -411,11 +411,17 @@ class Recovery:
             policy=runner.lease_policy,
         ) as held:
             current = await runner.inspect(frontier.run_id, tenant=frontier.tenant)
+            agent = Agent(name=current.agent or "unknown", instructions="")
             if current.status != "running":
-                held.keep_ask()  # not ended here: a cancel ask heard is its next driver's
+                if current.status == "waiting":
+                    # Driven to a person since: a cancel ask heard ends it, as its driver's
+                    # last look would (`answer_ask_left`), or it would wait for an answer.
+                    await held.raise_fence(current.fence)
+                    await runner.answer_ask_left(HeldRun(agent, held, current, Conversation("")))
+                else:
+                    held.keep_ask()  # not ended here: a cancel ask heard is its next driver's
                 self._causes.pop(frontier.run_id, None)
                 return
-            agent = Agent(name=current.agent or "unknown", instructions="")
             undecided = plan_resume(current, self._revision_of(current) or agent).indeterminate
             if not undecided:
                 worker.stats.gave_up += 1

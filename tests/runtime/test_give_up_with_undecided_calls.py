@@ -220,3 +220,34 @@ async def test_a_cancel_asked_of_a_run_left_for_a_person_still_ends_it(
     result = await runner.resume(agent, "r", tenant=TENANT)
 
     assert (result.status, result.error) == ("cancelled", "cancelled by ann: stop it")
+
+
+async def test_a_run_found_waiting_as_recovery_gives_up_ends_as_a_cancel_asked_of_it(
+    backends: Backends,
+) -> None:
+    """Recovery gives up on a run it last saw running, but another worker has since driven it
+    to wait for an approval, letting go as Ann asked it to cancel (the ask kept with the
+    lease). The run must end ``cancelled`` as asked, not wait for a person to answer it."""
+
+    @tool(requires_approval=True)
+    async def pay(amount: int, *, idempotency_key: str) -> str:
+        return f"paid {amount}"
+
+    agent = Agent(name="payer", instructions="pay", tools=[pay])
+    with pytest.raises(Crash):
+        await backends.runner(charging("pay"), observer=CrashAt("run.started")).run(
+            agent, "pay 5", tenant=TENANT, run_id="r"
+        )
+    running = await backends.runner(charging("pay")).inspect("r", tenant=TENANT)
+    assert running.status == "running"
+    waiting = await backends.runner(charging("pay")).resume(agent, "r", tenant=TENANT)
+    assert waiting.status == "waiting"
+    dying = await backends.leases.acquire("r", tenant=TENANT, holder="went", ttl_s=60)
+    assert await backends.leases.ask_to_cancel("r", tenant=TENANT, by="ann", why="stop it")
+    await backends.leases.release(unheard(dying))  # let go without hearing the ask
+    worker = Worker(backends, charging("pay"), {"payer": agent}, backoff_s=0)
+
+    await worker._recovery._give_up(running, "gave up")
+
+    ended = await worker.runner.inspect("r", tenant=TENANT)
+    assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")

@@ -65,6 +65,7 @@ from onward.eventlog.events import (
 from onward.projections.frontier import Frontier
 
 from .conversation import Conversation
+from .leases.base import CancelAsked, check_ask
 from .leases.holder import Leaseholder
 from .limits import MAX_NAME_LENGTH, check_name
 from .resumer import Resumer
@@ -428,7 +429,8 @@ async def _passed_on(
     if asked is None:
         return True
     tenant = run.tenant
-    lease = await run.held.store.ask_to_cancel(new_id, tenant=tenant, by=asked.by, why=asked.why)
+    by, why = _passable(asked, new_id)
+    lease = await run.held.store.ask_to_cancel(new_id, tenant=tenant, by=by, why=why)
     if lease is not None:
         return True  # held elsewhere: its holder hears the ask
     async with contextlib.AsyncExitStack() as stack:
@@ -448,6 +450,23 @@ async def _passed_on(
         except FencedError:
             return False  # taken over meanwhile: ask its new holding
         return True
+
+
+def _passable(asked: CancelAsked, new_id: str) -> tuple[str, str]:
+    """Who asked and why, as a store takes them (`check_ask`): an ask kept by an older Onward
+    may name no asker, or one or a reason out of today's bounds; refused, the carry that
+    succeeded would fail, and the ask be lost with the old run. What is refused is passed on
+    as ``unknown`` (an asker) or left out (a reason)."""
+    by, why = asked.by, asked.why
+    try:
+        check_name("by", by, run_id=new_id)
+    except InvalidInputError:
+        by = "unknown"
+    try:
+        check_ask(new_id, by, why)
+    except InvalidInputError:
+        why = ""
+    return by, why
 
 
 async def cut_carry(frontier: Frontier, *, resumer: Resumer, into: str | None = None) -> str | None:

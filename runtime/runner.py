@@ -55,6 +55,7 @@ from onward.errors import (
     IndeterminateToolCallError,
     InvalidInputError,
     LogTruncatedError,
+    NothingToResumeError,
     OnwardError,
     OutcomeUnknownError,
     PayloadTooLargeError,
@@ -144,6 +145,10 @@ from .writer import HeldRun, RunObserver, RunWriter
 
 _log = logging.getLogger("onward.runner")
 _T = TypeVar("_T")
+
+_ASKS_ONWARD = 8
+"""Times `AgentRunner.ask_to_cancel` asks the run a run carried on goes on as while it is taken
+up between the ask finding it free and the cancel taking it."""
 
 
 Binding = Callable[[str], contextlib.AbstractAsyncContextManager[Agent]]
@@ -1029,13 +1034,52 @@ class AgentRunner(Resource):
         renewal or tool call, then writes the run's end itself, recording ``by`` and ``why``
         (also where the run would have waited on a person, or been carried into a new run);
         a model call in flight when it hears it is abandoned (`Leaseholder.cancelled_by_ask`).
+        A run its holder carried on meanwhile has the ask passed on to the run it goes on as.
         Returns the holding asked, or ``None`` when nobody holds the run (`cancel` it then).
         """
         _check_run(run_id, tenant)
         check_name("by", by, run_id=run_id)
         if why != "":  # any other value, None too, is refused
             check_note("why", why, run_id=run_id)
-        return await self.leases.ask_to_cancel(run_id, tenant=tenant, by=by, why=why)
+        holding = await self.leases.ask_to_cancel(run_id, tenant=tenant, by=by, why=why)
+        if holding is not None:
+            try:
+                await self._ask_onward(run_id, tenant=tenant, by=by, why=why)
+            except OnwardError as exc:
+                _log.warning(
+                    "run %s: the cancel asked of it was kept with its holding, but whether it "
+                    "goes on as another run could not be read (%s): if it does, cancel that run",
+                    printable(run_id),
+                    one_line(str(exc), 300),
+                )
+        return holding
+
+    async def _ask_onward(self, run_id: str, *, tenant: str, by: str, why: str) -> None:
+        """Pass a cancel ask kept with the holding of a run carried on to the run it goes on
+        as: its holder may have looked for an ask last before it was made, and lets go of a
+        run nobody takes up again, so the run it goes on as would go on unasked while the
+        asker was told it ends. A run held is asked (and followed on, if carried on too), one
+        nobody holds is ended ``cancelled`` here; a run not carried on is left to its holder.
+        """
+        try:
+            onward = (await self.resumer.read(run_id, tenant=tenant)).continued_to
+        except NothingToResumeError:
+            return  # being started under its lease: its holder hears the ask
+        tries = 0
+        while onward is not None:
+            if await self.leases.ask_to_cancel(onward, tenant=tenant, by=by, why=why) is None:
+                try:
+                    await self.cancel(onward, tenant=tenant, by=by, why=why)
+                except ResumeConflictError:
+                    tries += 1
+                    if tries < _ASKS_ONWARD:
+                        continue  # taken up since the ask found it free: ask that holding
+                    raise
+                except InvalidInputError:
+                    pass  # ended already: carried on further, or as someone else ended it
+                else:
+                    return
+            onward = (await self.resumer.read(onward, tenant=tenant)).continued_to
 
     async def resolve(
         self,

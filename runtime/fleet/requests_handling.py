@@ -307,6 +307,15 @@ class RequestHandler:
         )
         return True
 
+    async def _goes_on_as(self, request: CancelRun) -> str | None:
+        """The run a cancel's run was carried on into, if it was (``None`` if it cannot be
+        read)."""
+        try:
+            ended = await self._worker.runner.inspect(request.run_id, tenant=request.tenant)
+        except OnwardError:
+            return None
+        return ended.continued_to if ended.status == "continued" else None
+
     async def _ended_before_the_cancel(
         self, request: CancelRun, refused: InvalidInputError
     ) -> None:
@@ -357,6 +366,15 @@ class RequestHandler:
                         run_id, tenant=request.tenant, by=request.by, why=request.why
                     )
                 except InvalidInputError as exc:  # it ended before the cancel reached it
+                    onward = await self._goes_on_as(request)
+                    if onward is not None:
+                        # Carried on since the cancel was sent (its asker was told the run
+                        # ends): the run it goes on as is the one to cancel.
+                        return await self._cancel(
+                            CancelRun(
+                                run_id=onward, tenant=request.tenant, by=request.by, why=request.why
+                            )
+                        )
                     await self._ended_before_the_cancel(request, exc)
                     return True
                 except (ResumeConflictError, FencedError) as exc:

@@ -44,6 +44,7 @@ from onward.projections.frontier import Frontier
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import Agent, AgentRunner, ScriptedProvider, reply, tool
 from onward.runtime.application.messages import MessageMapper
+from onward.runtime.backends import open_backends
 from onward.runtime.cli import app
 from onward.runtime.cli.runs import chain_of
 from onward.runtime.continuation import (
@@ -53,10 +54,13 @@ from onward.runtime.continuation import (
     successor_id,
     successor_ids,
 )
+from onward.runtime.fleet.requests import CancelRun
+from onward.runtime.fleet.worker import Worker
 from onward.runtime.leases import CancelAsked, RunLease, SqliteLeaseStore
 from onward.runtime.leases.base import unheard
 from onward.runtime.limits import MAX_NAME_LENGTH
 from onward.runtime.providers import ModelReply
+from onward.runtime.settings import Settings
 from onward.runtime.spend import MemorySpendLedger
 from onward.runtime.tools import idempotency_key
 
@@ -1181,3 +1185,98 @@ async def test_an_ask_kept_for_a_new_run_a_cut_carry_started_ends_it_resumed_fir
         "cancelled",
         "cancelled by ann: stop it",
     )
+
+
+async def test_a_cancel_asked_as_the_carried_run_is_let_go_ends_the_run_it_goes_on_as(
+    world: World,
+) -> None:
+    """Ann asks the run's holder to cancel it once it was carried on, as its holder lets go of
+    it (after its last look for an ask): the ask is taken (a holding was asked), so the run it
+    goes on as must end ``cancelled`` without paying, not be left with a run nobody drives."""
+    await world.waiting_then_approved()
+    runner = world.runner(continuation=POLICY)
+    leases = runner.leases
+    release = leases.release
+    asked: list[RunLease | None] = []
+
+    async def asked_as_it_lets_go(lease: RunLease) -> None:
+        if lease.run_id == RUN and lease.holder == runner.worker and not asked:
+            asked.append(await world.runner().ask_to_cancel(RUN, tenant=TENANT, by="ann"))
+        await release(lease)
+
+    leases.release = asked_as_it_lets_go  # type: ignore[method-assign]
+    done = await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+
+    (holding,) = asked
+    assert holding is not None
+    assert world.ledger.count("pay") == 0, "a run asked to cancel paid"
+    assert (await world.runner().inspect(NEXT, tenant=TENANT)).status == "cancelled"
+    assert done.run_id == NEXT
+
+
+async def test_a_cancel_asked_by_nobody_named_as_the_run_is_carried_on_is_passed_on(
+    world: World,
+) -> None:
+    """The run's holder hears, as it carries the run on, an ask an older Onward kept with the
+    lease without an asker's name (which a new ask must have): the carry has succeeded, so the
+    resume must not fail on that name (losing the ask, the new run going on to pay), and the
+    run it goes on as ends ``cancelled``."""
+    await world.waiting_then_approved()
+    runner = world.runner(continuation=POLICY)
+    append, renew = runner.writer.append, runner.leases.renew
+    handed_over: list[str] = []
+
+    async def handing_over(run: Any, events: Sequence[Any]) -> None:
+        await append(run, events)
+        if any(isinstance(e, RunContinued) for e in events):
+            handed_over.append(run.run_id)
+
+    async def kept_by_an_older_onward(lease: RunLease, **how: Any) -> RunLease:
+        renewed = await renew(lease, **how)
+        if lease.run_id == RUN and handed_over:
+            return dataclasses.replace(renewed, cancel_asked=CancelAsked(""))
+        return renewed
+
+    runner.writer.append = handing_over  # type: ignore[method-assign]
+    runner.leases.renew = kept_by_an_older_onward  # type: ignore[method-assign]
+    done = await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+
+    assert (done.run_id, done.status) == (NEXT, "cancelled")
+    assert world.ledger.count("pay") == 0
+
+
+async def test_a_fleet_cancel_of_a_run_carried_on_before_it_arrived_ends_the_run_it_goes_on_as(
+    tmp_path: Path,
+) -> None:
+    """Ann's cancel of a running run was sent to the fleet (the app told her it was), and the
+    run was carried on before the worker took the cancel up: the run it goes on as must end
+    ``cancelled``, not be left to go on and pay while only a warning says it was not."""
+    settings = Settings.model_validate(
+        {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "fleet.db")}
+    )
+    ledger, model = Ledger(), Recording()
+    agent = ledger.agent()
+    async with open_backends(settings) as backends:
+        waiting = await backends.runner(model).run(agent, "pay", tenant=TENANT, run_id=RUN)
+        assert waiting.status == "waiting"
+        await backends.runner(model).approve(RUN, "p", tenant=TENANT, by="ann", value={"x": 1})
+        carrying = backends.runner(model)
+        carrying.continuation = POLICY
+        append = carrying.writer.append
+
+        async def dies_in_the_new_run(run: Any, events: Sequence[Any]) -> None:
+            if run.run_id == NEXT and any(isinstance(e, ToolDispatched) for e in events):
+                raise Crash("before the payment")
+            await append(run, events)
+
+        carrying.writer.append = dies_in_the_new_run  # type: ignore[method-assign]
+        with pytest.raises(Crash):
+            await carrying.resume(agent, RUN, tenant=TENANT)
+        worker = Worker(backends, model, {"payer": agent}, backoff_s=0)
+
+        worker.submit(CancelRun(run_id=RUN, tenant=TENANT, by="ann", why="stop it"))
+        await worker.drained()
+
+        ended = await worker.runner.inspect(NEXT, tenant=TENANT)
+        assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")
+        assert ledger.count("pay") == 0

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import ssl
 import time
+from collections.abc import Iterator
 from typing import Any, Literal, Protocol, get_args
 
 import aiokafka.errors as kafka_errors
@@ -125,6 +126,29 @@ def _request_timeout_s(client_owner: Any) -> float:
     client = getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
     timeout_ms = getattr(client, "_request_timeout_ms", None)
     return timeout_ms / 1000 if isinstance(timeout_ms, (int, float)) else 0.0
+
+
+@contextlib.contextmanager
+def _bootstrapped_within(client_owner: Any, timeout_ms: int) -> Iterator[None]:
+    """While it starts, ``client_owner``'s requests wait at most ``timeout_ms``, then again
+    the request timeout it was built with.
+
+    A group member is built with a longer one (the broker holds its JoinGroup for the
+    rebalance timeout, `KafkaConnection.consumer`), and its start would wait that long for a
+    broker that does not answer, cancelled or not: a worker or projector told to stop while
+    it connected outlived ``ONWARD_BACKEND_TIMEOUT``. A start talks to the bootstrap servers
+    only; the group's connections are made after it (on `subscribe`), with the longer one.
+    """
+    client: Any = getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
+    built = getattr(client, "_request_timeout_ms", None)
+    if not isinstance(built, int) or built <= timeout_ms:
+        yield
+        return
+    client._request_timeout_ms = timeout_ms
+    try:
+        yield
+    finally:
+        client._request_timeout_ms = built
 
 
 async def stop_or_drop(client: Any, timeout_s: float) -> None:
@@ -434,7 +458,8 @@ class KafkaConnection:
         keep its connections and background tasks for as long as the event loop lives.
         """
         try:
-            await self._start(client)
+            with _bootstrapped_within(client, self.request_timeout_ms):
+                await self._start(client)
         except BaseException:
             await stop_or_drop(client, self.request_timeout_s)
             raise

@@ -54,6 +54,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Collection,
+    Coroutine,
     Iterable,
     Mapping,
     Sequence,
@@ -523,7 +524,6 @@ class Worker:
         _require_signer(signer, accept_unsigned, "topic")
         self._signer, self._accept_unsigned = signer, accept_unsigned
         connection = kafka_connection(bootstrap_servers)
-        await ensure_requests_topic(connection, topic, self.backends.log.partitions)
         consumer = connection.consumer(
             role=self.name,
             group_id=group_id,
@@ -534,8 +534,21 @@ class Worker:
             heartbeat_interval_ms=min(1_000, max(100, session_timeout_ms // 3)),
         )
         offsets = _Offsets()
-        try:
+
+        async def join() -> None:
+            await ensure_requests_topic(connection, topic, self.backends.log.partitions)
             await connection.start(consumer)
+
+        try:
+            if not await _unless_stopped(join(), stop):
+                # Told to stop while it connected: a stop, not the failure of a broker that
+                # had not answered yet (nothing was taken, so nothing is left to drain).
+                _log.info("stopped before joining %s", group_id)
+                with contextlib.suppress(KafkaError):
+                    await consumer.stop()  # not started, or stopped by its start already
+                self.drain()
+                await self.drained()
+                return
             consumer.subscribe([topic], listener=_Owner(self, consumer, offsets))
         except KafkaError as exc:
             with contextlib.suppress(KafkaError):
@@ -995,6 +1008,27 @@ class _Once:
         done, self._done = self._done, None
         if done is not None:
             done(acted)
+
+
+async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Run ``work`` until it ends (True, or its exception) or ``stop`` is set (False): it is
+    then cancelled, and waited for, so what it opened is closed before the stop goes on."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        cut = not task.done()
+        if cut:
+            task.cancel()
+            await asyncio.wait([task])
+    if cut:
+        if not task.cancelled():
+            task.exception()  # superseded by the stop
+        return False
+    task.result()
+    return True
 
 
 class _Offsets:

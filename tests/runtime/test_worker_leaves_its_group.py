@@ -17,7 +17,9 @@ import pytest
 import pytest_asyncio
 from aiokafka.admin import AIOKafkaAdminClient
 from support.fault_runs import until
+from support.faulty_proxy import FaultyProxy
 
+from onward._storage.kafka import KafkaConnection
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.fleet.worker import Worker
@@ -115,3 +117,33 @@ async def test_a_worker_cancelled_twice_leaves_its_group(
     with pytest.raises(asyncio.CancelledError):
         await serving
     await until_empty(kafka_bootstrap, group)
+
+
+async def test_a_worker_stopped_while_it_joins_returns_and_leaves_no_connection_open(
+    kafka_bootstrap: str, requests_topic: str, backends: Backends
+) -> None:
+    """SIGTERM to a worker whose broker does not answer yet (a pod stopped during a rollout):
+    it waited out the whole connect and then raised `BackendUnavailableError` (exit 5), as
+    though Kafka had failed, rather than stop."""
+    host, port = kafka_bootstrap.rsplit(":", 1)
+    async with FaultyProxy(host, int(port)) as proxy:
+        proxy.hold_replies_after(1)
+        stop = asyncio.Event()
+        serving = asyncio.ensure_future(
+            worker_of(backends).serve_kafka(
+                stop,
+                bootstrap_servers=KafkaConnection(f"127.0.0.1:{proxy.port}", request_timeout_s=2),
+                topic=requests_topic,
+                group_id=f"{requests_topic}.workers",
+                session_timeout_ms=6000,
+                accept_unsigned=True,
+            )
+        )
+        async with asyncio.timeout(10):
+            await proxy.reply_held.wait()
+        stop.set()
+        await asyncio.wait([serving], timeout=6)
+        assert serving.done(), "the stopped worker still waits on the broker"
+        assert serving.result() is None
+        async with asyncio.timeout(2):
+            await proxy.idle.wait()

@@ -114,3 +114,27 @@ async def test_a_reader_start_cancelled_waits_for_the_request_timeout_not_the_re
             await starting
         async with asyncio.timeout(REQUEST_TIMEOUT_S * 3):
             await proxy.idle.wait()
+
+
+async def test_a_group_consumer_start_cancelled_ends_within_the_connection_request_timeout(
+    kafka_bootstrap: str,
+) -> None:
+    """A group member's requests may wait the rebalance timeout and more (15 s by default),
+    for the broker's JoinGroup; its start waited that long too when cancelled, so a worker or
+    projector told to stop while it connected to a silent broker outlived
+    ``ONWARD_BACKEND_TIMEOUT`` (and a grace period). It still leaves no connection open."""
+    host, port = kafka_bootstrap.rsplit(":", 1)
+    async with FaultyProxy(host, int(port)) as proxy:
+        proxy.hold_replies_after(1)
+        connection = KafkaConnection(f"127.0.0.1:{proxy.port}", request_timeout_s=REQUEST_TIMEOUT_S)
+        consumer = connection.consumer(role="member", group_id="a-group")
+        starting = asyncio.ensure_future(connection.start(consumer))
+        async with asyncio.timeout(10):
+            await proxy.reply_held.wait()
+        starting.cancel()
+        await asyncio.wait([starting], timeout=REQUEST_TIMEOUT_S * 3)
+        assert starting.done(), "the cancelled start outlived the connection's request timeout"
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            await proxy.idle.wait()

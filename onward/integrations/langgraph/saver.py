@@ -269,7 +269,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         tenant_budget_micros: The same for everything the saver's tenant spent.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 - one statement per store and setting, each documented
         self,
         log: EventLog,
         leases: LeaseStore,
@@ -330,13 +330,20 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """How many times this saver lost each thread's lease to another writer."""
         self._released: dict[str, int] = {}
         """The ``_losses`` of a thread when it was last released: every write may go on then."""
-        self._read_at: contextvars.ContextVar[dict[str, tuple[int, int]] | None] = (
+        self._read_at: contextvars.ContextVar[dict[str, tuple[int, int, int]] | None] = (
             contextvars.ContextVar("onward_saver_read_at", default=None)
         )
         """In a graph invocation's context (its tasks copy it): the ``_losses`` and ``_stops``
         of each thread when the invocation read its latest checkpoint, so a read by anyone
         else (a UI's ``aget_state``) does not let an invocation that lost the thread, or that
-        this saver ended, write on."""
+        this saver ended, write on; and which of the thread's ``_starts`` that read was."""
+        self._starts: dict[str, int] = {}
+        """How many reads of each thread's latest checkpoint (invocation starts) there were."""
+        self._asked: dict[str, tuple[int, CancelAsked, Leaseholder]] = {}
+        """A cancel ask of each thread this saver heard and no end answered yet, with how many
+        ``_starts`` there were when it was heard, and the holding that heard it: it ends an
+        invocation that started by then, not a later one (a cancel ends one invocation, not
+        the thread)."""
         self._stopped: dict[str, Callable[[], OnwardError]] = {}
         """Threads whose graph run this saver ended (cancelled, over a budget): what every
         later write of that run raises, until the thread is read afresh."""
@@ -463,9 +470,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             # invocation, cancelled) may write again.
             self._lost.discard(thread_id)
             self._stopped.pop(thread_id, None)
+            if await self._hear_ask_before_start(thread_id):
+                state = await self._state(thread_id)
+            start = self._starts[thread_id] = self._starts.get(thread_id, 0) + 1
             read = self._read_at.get() or {}
             stops = self._stops.get(thread_id, (0, None))[0]
-            self._read_at.set({**read, thread_id: (self._losses.get(thread_id, 0), stops)})
+            losses = self._losses.get(thread_id, 0)
+            self._read_at.set({**read, thread_id: (losses, stops, start)})
         saved = state.checkpoints.get(ns, {})
         latest = checkpoint_id is None
         if checkpoint_id is None:
@@ -488,6 +499,32 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         if event is None:
             return None
         return self._tuple(state, thread_id, event, cancelled=cancelled)
+
+    async def _hear_ask_before_start(self, thread_id: str) -> bool:
+        """At an invocation's start read of a thread this saver holds: a cancel ask its holding
+        heard already (a renewal, between invocations) was made before this invocation
+        started, so it is for an earlier one, or for none. It is kept for an earlier invocation
+        still writing (`_asked`), and the holding that carries it is let go, which answers it
+        in the store: so it does not swallow a later ask of this invocation, and an asker
+        waiting finds the thread no graph run is writing. This invocation's first write takes
+        the thread again. A thread stopped at an interrupt is ended ``cancelled`` first, as
+        `arelease` ends it: returns whether it was (the thread is then read again)."""
+        held = self._held.get(thread_id)
+        if held is None or held.holder.fenced.is_set() or held.holder.cancel_asked is None:
+            return False
+        ended = False
+        async with held.lock:
+            asked = self._heard(thread_id, held) if self._held.get(thread_id) is held else None
+            if asked is not None:
+                try:
+                    if (await self._fresh(thread_id, held)).waiting_on is not None:
+                        # Stopped at an interrupt, its invocation is not over (as `arelease`).
+                        await self._record_end(thread_id, held, "cancelled", asked.error)
+                        ended = True
+                except OnwardError:
+                    held.holder.keep_ask()  # not ended: the thread's next holder hears it
+                await self._drop(thread_id, held, lost=False)
+        return ended
 
     async def alist(
         self,
@@ -1115,7 +1152,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     # -- sync API: the async methods on the saver's loop -----------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        async def read() -> tuple[CheckpointTuple | None, dict[str, tuple[int, int]] | None]:
+        async def read() -> tuple[CheckpointTuple | None, dict[str, tuple[int, int, int]] | None]:
             return await self.aget_tuple(config), self._read_at.get()
 
         found, read_at = self._sync(read())
@@ -1683,11 +1720,34 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             raise over
         if calls_running:
             return
-        asked = held.holder.cancel_asked
+        asked = self._ask_for_this_invocation(thread_id, held)
         if asked is not None and not outcomes_only:
             await self._end(thread_id, held, "cancelled", asked.error)
+            self._asked.pop(thread_id, None)
             self._stop(thread_id, functools.partial(_cancelled_error, thread_id, asked))
             raise _cancelled_error(thread_id, asked)
+
+    def _ask_for_this_invocation(self, thread_id: str, held: _Held) -> CancelAsked | None:
+        """The cancel ask that ends the graph invocation writing (this context's), if any: one
+        heard after it read the thread (the holding's, kept in `_asked` with how many
+        invocations had started by then), not one heard before it started. A write of no
+        invocation (the context never read the thread) answers to the holding's ask."""
+        asked = self._heard(thread_id, held)
+        read = (self._read_at.get() or {}).get(thread_id)
+        if read is None:
+            return asked
+        kept = self._asked.get(thread_id)
+        return kept[1] if kept is not None and read[2] <= kept[0] else None
+
+    def _heard(self, thread_id: str, held: _Held) -> CancelAsked | None:
+        """The holding's cancel ask, kept in `_asked` for the invocations started by now when
+        this holding is the first to hear it (an earlier holding's ask was answered as it was
+        let go, and a later ask covers every invocation that one did)."""
+        asked = held.holder.cancel_asked
+        kept = self._asked.get(thread_id)
+        if asked is not None and (kept is None or kept[2] is not held.holder):
+            self._asked[thread_id] = (self._starts.get(thread_id, 0), asked, held.holder)
+        return asked
 
     async def _end(
         self, thread_id: str, held: _Held, status: Literal["failed", "cancelled"], error: str

@@ -85,6 +85,16 @@ async def placed(
         yield world, env
 
 
+async def until_heard(saver: OnwardSaver, thread_id: str) -> None:
+    """Wait until the saver's renewals of the thread have heard a cancel ask."""
+
+    async def heard() -> bool:
+        lease = saver.lease(thread_id)
+        return lease is not None and lease.cancel_asked is not None
+
+    await until(heard, "a renewal hearing the ask")
+
+
 def cancel(env: dict[str, str], thread_id: str) -> Result:
     """``onward cancel THREAD --wait``, as an operator runs it."""
     argv = ["cancel", thread_id, "--tenant", TENANT, "--by", "ops", "--why", "runaway"]
@@ -176,16 +186,18 @@ async def test_an_end_whose_append_was_in_doubt_is_recorded_once(tmp_path: Path)
         async with saver:
             graph = looping_graph(saver)
             await graph.ainvoke({"steps": [], "until": 2}, config("t"))
+            write: RunnableConfig = {
+                "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "x"}
+            }
             assert await world.leases.ask_to_cancel("t", tenant=TENANT, by="ops")
-            await saver.aput_writes(
-                {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "x"}},
-                [("steps", [0])],
-                "task",
-            )  # its confirmation hears the ask
+            # The graph run writes on: the write's confirmation hears the ask.
+            await saver.aput_writes(write, [("steps", [0])], "task")
             with pytest.raises(BackendUnavailableError):
-                await graph.ainvoke({"steps": [], "until": 4}, config("t"))
-            # The graph run's last write (LangGraph saves the error) finds the end in the log
-            # and stops there; a new invocation writes on.
+                await saver.aput_writes(write, [("steps", [0])], "task-2")
+            # The graph run's last write finds the end in the log and stops there; a new
+            # invocation writes on.
+            with pytest.raises(RunCancelledError):
+                await saver.aput_writes(write, [("steps", [0])], "task-3")
             out = await graph.ainvoke({"steps": [], "until": 4}, config("t"))
             assert out["steps"] == [1, 2, 3, 4]
         events = [stored.event for stored in await world.log.read_run("t")]
@@ -386,3 +398,127 @@ async def test_a_cancel_asked_while_a_held_thread_waits_on_an_interrupt_ends_it(
         with pytest.raises(RunCancelledError):
             await buying_graph(saver, purchases).ainvoke(Command(resume="yes"), config(thread_id))
     assert purchases == []
+
+
+async def test_an_ask_made_between_invocations_does_not_end_the_next(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """One long-lived saver, ``ainvoke`` called again and again (no ``hold``): it keeps the
+    thread's lease between invocations. A cancel asked after one invocation completed, and
+    heard by the holding's renewal then, was for no invocation: the next one, started after
+    it, writes on rather than being cancelled."""
+    world, _ = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
+        graph = looping_graph(saver)
+        out = await graph.ainvoke({"steps": [], "until": 2}, config(thread_id))
+        assert out["steps"] == [1, 2]
+        assert saver.holds(thread_id)
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+        await until_heard(saver, thread_id)
+
+        out = await graph.ainvoke({"steps": [], "until": 4}, config(thread_id))
+
+        assert out["steps"] == [1, 2, 3, 4]
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    assert not any(isinstance(e, RunFinished) for e in events)
+
+
+async def test_the_invocation_after_an_ask_made_between_invocations_can_be_cancelled(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """The ask made between invocations (the saver holding the thread idle) ends nothing, and
+    does not stand in the way of the next ask: the invocation after it, cancelled while it
+    writes the thread, ends cancelled by whoever asked then, once."""
+    world, env = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
+        graph = looping_graph(saver)
+        await graph.ainvoke({"steps": [], "until": 2}, config(thread_id))
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="early")
+        await until_heard(saver, thread_id)
+        invocation: RunnableConfig = {**config(thread_id), "recursion_limit": 100_000}
+        running = asyncio.create_task(
+            graph.ainvoke({"steps": [], "until": 50_000}, invocation, durability="sync")
+        )
+
+        async def three_steps_on() -> bool:
+            assert not running.done(), running
+            latest = await saver.aget_tuple(config(thread_id))
+            assert latest is not None
+            return len(latest.checkpoint["channel_values"].get("steps", [])) >= 5
+
+        await until(three_steps_on, "the second invocation's third step")
+
+        result = await asyncio.to_thread(cancel, env, thread_id)
+
+        assert result.exit_code == 0, result.output
+        with pytest.raises(RunCancelledError, match="cancelled by ops: runaway"):
+            await asyncio.wait_for(running, 30)
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    ends = [e for e in events if isinstance(e, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops: runaway")]
+
+
+async def test_an_ask_a_read_by_anyone_else_hears_still_ends_the_graph_run_writing(
+    tmp_path: Path,
+) -> None:
+    """A UI reads the thread (``aget_state``) after the holding heard a cancel asked of the
+    graph run writing it, before that run wrote again: the ask is still that graph run's to
+    end (once), not the reader's to answer."""
+    async with sqlite_world(tmp_path / "onward.db") as world:
+        async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
+            graph = looping_graph(saver)
+            await graph.ainvoke({"steps": [], "until": 2}, config("t"))
+            write: RunnableConfig = {
+                "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "x"}
+            }
+            wrote = asyncio.Event()
+            ui_read = asyncio.Event()
+
+            async def run() -> None:
+                """The graph run: reads the thread, writes, then writes again after the UI's
+                read. In a task: a context of its own."""
+                assert await saver.aget_tuple(config("t")) is not None
+                await saver.aput_writes(write, [("steps", [0])], "task-1")
+                wrote.set()
+                await ui_read.wait()
+                await saver.aput_writes(write, [("steps", [0])], "task-2")
+
+            running = asyncio.create_task(run())
+            await asyncio.wait_for(wrote.wait(), 30)
+            assert await world.leases.ask_to_cancel("t", tenant=TENANT, by="ops")
+            await until_heard(saver, "t")
+            assert await saver.aget_tuple(config("t")) is not None  # the UI's read
+            ui_read.set()
+            with pytest.raises(RunCancelledError):
+                await asyncio.wait_for(running, 30)
+            out = await graph.ainvoke({"steps": [], "until": 4}, config("t"))
+            assert out["steps"] == [1, 2, 3, 4]
+        events = [stored.event for stored in await world.log.read_run("t")]
+    ends = [e for e in events if isinstance(e, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+
+
+async def test_a_cancel_heard_while_a_long_lived_saver_holds_a_thread_at_an_interrupt_ends_it(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """One long-lived saver (no ``hold``) keeps the thread stopped at an interrupt, and its
+    renewal hears a cancel: the interrupted invocation waits on a person, it is not over, so
+    the next invocation's start ends it cancelled, and the resume does not buy."""
+    world, _ = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    purchases: list[str] = []
+    async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
+        graph = buying_graph(saver, purchases)
+        out = await graph.ainvoke({"bought": 0}, config(thread_id))
+        assert "__interrupt__" in out
+        assert saver.holds(thread_id)
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+        await until_heard(saver, thread_id)
+        with pytest.raises(RunCancelledError):
+            await graph.ainvoke(Command(resume="yes"), config(thread_id))
+    assert purchases == []
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    ends = [e for e in events if isinstance(e, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]

@@ -453,7 +453,9 @@ class SqliteThread:
         """On the thread: reopen a read-only connection opened ``immutable`` on a file that has
         changed since (a writer came), so it reads the file as it is now; then run ``fn``.
 
-        The connection it replaces is closed with the others: a caller may still hold it.
+        The connection it replaces stays open till the next reopen (a call queued meanwhile
+        may hold it) and is closed then: kept till the store closed, a reader on a file that
+        writers open and close again and again held one more open file per change.
         """
         conn = self._conn
         if (
@@ -462,7 +464,8 @@ class SqliteThread:
             and conn.outdated(self.path)
         ):
             self._conn = self._reopener()
-            self._retired.append(conn)
+            retired, self._retired = self._retired, [conn]
+            _close_all(retired)
         return fn()
 
     async def read(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
 import subprocess
 import sys
@@ -312,3 +314,32 @@ async def test_another_programs_sqlite_file_is_refused_untouched(tmp_path: Path)
         await SqliteEventLog.open(path)
     assert path.read_bytes() == content
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]  # noqa: ASYNC240
+
+
+async def test_a_read_only_log_keeps_one_connection_however_often_writers_come_and_go(
+    tmp_path: Path,
+) -> None:
+    """A long-lived reader (`ExecutionManager()`) on a file that writers open and close again
+    and again (each `onward` command) reopens its connection as the file changes, and closes
+    the ones it replaced: kept open, each change held one more open file till it ran out."""
+    path = tmp_path / "events.db"
+    async with SqliteEventLog(path, partitions=4) as log:
+        await log.append(step_events(new_run_id(), 1))
+
+    def open_files() -> int:
+        """How many descriptors this process holds open on the file."""
+        named = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed since
+                named.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return named.count(str(path.resolve()))
+
+    async with SqliteEventLog(path, partitions=4, readonly=True) as reader:
+        await reader.read_run(new_run_id())
+        held = open_files()
+        for _ in range(5):
+            run_id = new_run_id()
+            async with SqliteEventLog(path, partitions=4) as log:
+                await log.append(step_events(run_id, 1))
+            assert seqs(await reader.read_run(run_id)) == [1]
+        assert open_files() <= held + 1  # at most the one replaced last, which a call may hold

@@ -1152,13 +1152,19 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     # -- sync API: the async methods on the saver's loop -----------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        async def read() -> tuple[CheckpointTuple | None, dict[str, tuple[int, int, int]] | None]:
-            return await self.aget_tuple(config), self._read_at.get()
+        async def read() -> tuple[
+            CheckpointTuple | None,
+            dict[str, tuple[int, int, int]] | None,
+            dict[tuple[int, str], tuple[str, str, str]] | None,
+        ]:
+            return await self.aget_tuple(config), self._read_at.get(), _CANCELLED_READ.get()
 
-        found, read_at = self._sync(read())
+        found, read_at, refused = self._sync(read())
         # The read ran in a copy of this thread's context: the invocation that made it goes on
-        # in this one (its writes, from here or its worker threads, carry what it read).
+        # in this one (its writes, from here or its worker threads, carry what it read, and
+        # an answer to an interrupt a cancel ended is refused).
         self._read_at.set(read_at)
+        _CANCELLED_READ.set(refused)
         return found
 
     def list(

@@ -95,6 +95,7 @@ class ThreadSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     spent: Usage = Usage()
     spent_calls: int = 0
     spent_seqs: list[int] = []
+    cancelled_as: str = ""
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -161,6 +162,7 @@ def summarize(
         spent=state.spent,
         spent_calls=state.spent_calls,
         spent_seqs=list(state.spent_seqs),
+        cancelled_as=state.cancelled_as,
     )
 
 
@@ -179,6 +181,7 @@ def restored(summary: ThreadSummary, *, snapshot_every: int) -> ThreadState:
         spent=summary.spent,
         spent_calls=summary.spent_calls,
         spent_seqs=list(summary.spent_seqs),
+        cancelled_as=summary.cancelled_as,
     )
     for event in summary.checkpoints:
         state.checkpoints.setdefault(event.checkpoint_ns, {})[event.checkpoint_id] = event

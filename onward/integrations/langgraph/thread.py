@@ -17,6 +17,7 @@ from onward.eventlog import (
     ApprovalGranted,
     ApprovalRequested,
     ChannelValue,
+    Event,
     GraphCheckpointed,
     GraphCheckpointsRemoved,
     GraphThreadDeleted,
@@ -195,8 +196,9 @@ class ThreadState:
     whole_needed: bool = False
     ended: bool = False
     cancelled_as: str = ""
-    """The error of the cancelled end the thread's last event records (who and why), if it
-    is one: an interrupt still open then was ended with its invocation, not left to answer."""
+    """The error of the cancelled end the thread's last end records (who and why), if it is
+    one and no checkpoint, deletion or interrupt came after it (a prune may): an interrupt
+    still open then was ended with its invocation, not left to answer."""
     spent: Usage = field(default_factory=Usage)
     spent_calls: int = 0
     spent_seqs: list[int] = field(default_factory=list)
@@ -225,10 +227,7 @@ class ThreadState:
             return False
         event = stored.event
         self.ended = isinstance(event, RunFinished)
-        cancelled = isinstance(event, RunFinished) and event.status == "cancelled"
-        self.cancelled_as = (
-            (event.error or "cancelled") if isinstance(event, RunFinished) and cancelled else ""
-        )
+        self.cancelled_as = _cancelled_as(event, self.cancelled_as)
         if not self.tenant:
             self.tenant = event.tenant
         if isinstance(event, GraphCheckpointed):
@@ -368,6 +367,17 @@ def _asked_at(details: Any) -> tuple[str, str] | None:
     if isinstance(ns, str) and isinstance(checkpoint_id, str):
         return ns, checkpoint_id
     return None
+
+
+def _cancelled_as(event: Event, before: str) -> str:
+    """`ThreadState.cancelled_as` after ``event``: set by a cancelled end, cleared by any other
+    end and where the graph went on (a checkpoint, a deletion, an interrupt asked); a claim,
+    a prune or spend after the end leaves it, or the interrupt it ended would be pending again."""
+    if isinstance(event, RunFinished):
+        return (event.error or "cancelled") if event.status == "cancelled" else ""
+    if isinstance(event, GraphCheckpointed | GraphThreadDeleted | ApprovalRequested):
+        return ""
+    return before
 
 
 __all__ = [

@@ -522,3 +522,48 @@ async def test_a_cancel_heard_while_a_long_lived_saver_holds_a_thread_at_an_inte
     events = [stored.event for stored in await world.log.read_run(thread_id)]
     ends = [e for e in events if isinstance(e, RunFinished)]
     assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+
+
+async def test_a_cancelled_interrupt_resumed_by_a_sync_invoke_is_refused_too(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """A graph's sync ``invoke`` (in a thread, the saver's loop running) resuming an interrupt
+    a cancel ended is refused as ``ainvoke``'s is, not taken silently with nothing run."""
+    world, env = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    purchases: list[str] = []
+    async with world.saver(holder="graph-a") as saver:
+        out = await buying_graph(saver, purchases).ainvoke({"bought": 0}, config(thread_id))
+        assert "__interrupt__" in out
+
+    result = await asyncio.to_thread(cancel, env, thread_id)
+    assert result.exit_code == 0, result.output
+
+    async with world.saver(holder="graph-b") as saver:
+        graph = buying_graph(saver, purchases)
+        with pytest.raises(RunCancelledError, match="cancelled by ops: runaway"):
+            await asyncio.to_thread(graph.invoke, Command(resume="yes"), config(thread_id))
+    assert purchases == []
+
+
+async def test_a_cancelled_interrupt_stays_over_once_its_thread_is_pruned(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """Pruning a thread a cancel ended at an interrupt (keeping its latest checkpoint, the
+    one the interrupt was asked at) does not make the interrupt pending again: a later
+    answer is still refused, and nothing is bought."""
+    world, env = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    purchases: list[str] = []
+    async with world.saver(holder="graph-a") as saver:
+        out = await buying_graph(saver, purchases).ainvoke({"bought": 0}, config(thread_id))
+        assert "__interrupt__" in out
+
+    result = await asyncio.to_thread(cancel, env, thread_id)
+    assert result.exit_code == 0, result.output
+
+    async with world.saver(holder="graph-b") as saver:
+        await saver.aprune([thread_id], strategy="keep_latest")
+        with pytest.raises(RunCancelledError, match="cancelled by ops: runaway"):
+            await buying_graph(saver, purchases).ainvoke(Command(resume="yes"), config(thread_id))
+    assert purchases == []

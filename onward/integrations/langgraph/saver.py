@@ -390,7 +390,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         first and answered by the release: it was for the graph run that wrote the thread,
         which is done, and a cancel ends one invocation, not the thread, so the store must not
         keep it for the thread's next invocation. An invocation stopped at an interrupt is not
-        done (it waits on a person, as a run waiting does): the ask ends it ``cancelled``.
+        done (it waits on a person, as a run waiting does): the ask ends it ``cancelled``. An
+        invocation still writing (the saver closed under it) is not done either: the ask is
+        kept in `_asked` for the invocations started by now, so that one's next write, which
+        claims the thread again, ends it ``cancelled`` rather than carrying on.
         """
         held = self._held.get(thread_id)
         if held is not None:
@@ -402,6 +405,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     await held.holder.confirm()
                 asked = held.holder.cancel_asked
                 if asked is not None and not held.holder.fenced.is_set():
+                    self._heard(thread_id, held)
                     try:
                         if (await self._fresh(thread_id, held)).waiting_on is not None:
                             await self._record_end(thread_id, held, "cancelled", asked.error)

@@ -567,3 +567,59 @@ async def test_a_cancelled_interrupt_stays_over_once_its_thread_is_pruned(
         with pytest.raises(RunCancelledError, match="cancelled by ops: runaway"):
             await buying_graph(saver, purchases).ainvoke(Command(resume="yes"), config(thread_id))
     assert purchases == []
+
+
+class Slow(TypedDict):
+    steps: Annotated[list[str], operator.add]
+
+
+@pytest.mark.parametrize("release", ["close", "arelease"])
+async def test_an_ask_heard_as_the_saver_lets_go_of_a_thread_still_written_ends_its_run(
+    placed: tuple[World, dict[str, str]], release: str
+) -> None:
+    """The saver is closed (or lets the thread go) while its graph run is in a slow node, a
+    cancel asked just before and not heard by a renewal yet. The release hears the ask, and
+    the asker is told the invocation ends: the run's next write must end it ``cancelled``,
+    not claim the thread again and run its next node."""
+    world, _ = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    entered = asyncio.Event()
+    go_on = asyncio.Event()
+    after: list[str] = []
+
+    async def slow(state: Slow) -> dict[str, list[str]]:
+        entered.set()
+        await go_on.wait()
+        return {"steps": ["slow"]}
+
+    async def next_node(state: Slow) -> dict[str, list[str]]:
+        after.append("next")
+        return {"steps": ["next"]}
+
+    saver = world.saver(holder="graph-a")
+    async with saver:
+        builder = StateGraph(Slow)
+        builder.add_node("slow", slow)
+        builder.add_node("next", next_node)
+        builder.add_edge(START, "slow")
+        builder.add_edge("slow", "next")
+        builder.add_edge("next", END)
+        graph = builder.compile(checkpointer=saver)
+        running = asyncio.create_task(
+            graph.ainvoke({"steps": []}, config(thread_id), durability="sync")
+        )
+        await asyncio.wait_for(entered.wait(), 30)
+        assert saver.holds(thread_id)
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+        if release == "close":
+            await saver.close()
+        else:
+            await saver.arelease(thread_id)
+        go_on.set()
+        with pytest.raises(RunCancelledError, match="cancelled by ops"):
+            await asyncio.wait_for(running, 30)
+        assert after == []
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    ends = [e for e in events if isinstance(e, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+    assert not any(isinstance(e, GraphCheckpointed) for e in events[events.index(ends[0]) :])

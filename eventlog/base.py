@@ -30,7 +30,7 @@ from onward.errors import (
 )
 
 from . import codec
-from .events import AnyEvent, Event, RunClaimed, format_of
+from .events import INT64_MAX, AnyEvent, Event, RunClaimed, format_of
 
 DEFAULT_PARTITIONS = 12
 DEFAULT_MAX_BATCH_BYTES = 1_000_000
@@ -437,7 +437,7 @@ class EventLogBackend(Resource):
         self, run_id: str, *, start: int | None = None, end: int | None = None
     ) -> list[StoredEvent]:
         partition = partition_for(run_id, self._partitions)
-        return strict(await self._read_records(LogRead(partition, start, end, run_id, None)))
+        return strict(await self._read(LogRead(partition, start, end, run_id, None)))
 
     async def read_partition(
         self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
@@ -445,7 +445,7 @@ class EventLogBackend(Resource):
         check_partition(partition, self._partitions)
         if not check_limit(limit):
             return []
-        return strict(await self._read_records(LogRead(partition, start, end, None, limit)))
+        return strict(await self._read(LogRead(partition, start, end, None, limit)))
 
     async def read_records(
         self,
@@ -461,6 +461,19 @@ class EventLogBackend(Resource):
             utf8_run_id(run_id)
         if not check_limit(limit):
             return []
+        return await self._read(LogRead(partition, start, end, run_id, limit))
+
+    async def _read(self, request: LogRead) -> list[LogRecord]:
+        """`_read_records`, offsets checked first: one past any offset a store holds (2**63
+        and up, beyond SQLite's and PostgreSQL's integers) reads nothing as a start, and is no
+        bound as an end or a limit, as on every backend."""
+        partition, start, end, run_id, limit = request
+        if start is not None and start > INT64_MAX:
+            return []
+        if end is not None and end > INT64_MAX:
+            end = None
+        if limit is not None and limit > INT64_MAX:
+            limit = None
         return await self._read_records(LogRead(partition, start, end, run_id, limit))
 
     async def _read_records(self, request: LogRead) -> list[LogRecord]:

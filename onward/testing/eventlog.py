@@ -613,6 +613,22 @@ class EventLogConformance:
         with pytest.raises(InvalidInputError, match="limit"):
             await log.read_records(0, limit=-1)
 
+    async def test_an_offset_past_any_record_reads_nothing_however_large(
+        self, log: EventLog
+    ) -> None:
+        (run_id,) = runs_in_partition(0, 1, log.partitions)
+        await log.append(step_events(run_id, 3))
+        for far in (2**63 - 1, 2**63, 2**64 + 5):
+            assert await log.read_run(run_id, start=far) == []
+            assert await log.read_partition(0, far) == []
+            assert await log.read_records(0, far, run_id=run_id) == []
+            assert seqs(await log.read_run(run_id, end=far)) == [1, 2, 3]
+            assert seqs(await log.read_partition(0, 0, far)) == [1, 2, 3]
+            assert seqs(await log.read_partition(0, 0, limit=far)) == [1, 2, 3]
+            with pytest.raises(InvalidInputError, match="past its end"):
+                await log.truncate_before(0, far)
+        assert seqs(await log.read_run(run_id)) == [1, 2, 3]
+
     async def test_partition_outside_the_log_is_refused(self, log: EventLog) -> None:
         with pytest.raises(InvalidInputError, match="does not exist"):
             await log.bounds(log.partitions)

@@ -349,6 +349,20 @@ def buying_graph(checkpointer: OnwardSaver, purchases: list[str]) -> CompiledSta
     return builder.compile(checkpointer=checkpointer)
 
 
+async def cancelled_at_an_interrupt(
+    world: World, env: dict[str, str], purchases: list[str]
+) -> tuple[str, Result]:
+    """A new thread stopped at the buying graph's interrupt, then `onward cancel`ed (exit 0):
+    its id, and what the command said."""
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    async with world.saver(holder="graph-a") as saver:
+        out = await buying_graph(saver, purchases).ainvoke({"bought": 0}, config(thread_id))
+        assert "__interrupt__" in out
+    result = await asyncio.to_thread(cancel, env, thread_id)
+    assert result.exit_code == 0, result.output
+    return thread_id, result
+
+
 async def test_a_cancelled_interrupt_resumed_later_does_not_run_its_node(
     placed: tuple[World, dict[str, str]],
 ) -> None:
@@ -356,14 +370,8 @@ async def test_a_cancelled_interrupt_resumed_later_does_not_run_its_node(
     ``Command(resume=...)`` of it is refused (`RunCancelledError`), and the node waiting on the
     answer never runs (nothing is bought). The thread lives on: a new input runs it afresh."""
     world, env = placed
-    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
     purchases: list[str] = []
-    async with world.saver(holder="graph-a") as saver:
-        out = await buying_graph(saver, purchases).ainvoke({"bought": 0}, config(thread_id))
-        assert "__interrupt__" in out
-
-    result = await asyncio.to_thread(cancel, env, thread_id)
-    assert result.exit_code == 0, result.output
+    thread_id, result = await cancelled_at_an_interrupt(world, env, purchases)
     assert json.loads(result.stdout)["status"] == "cancelled"
 
     async with world.saver(holder="graph-b") as saver:
@@ -530,14 +538,8 @@ async def test_a_cancelled_interrupt_resumed_by_a_sync_invoke_is_refused_too(
     """A graph's sync ``invoke`` (in a thread, the saver's loop running) resuming an interrupt
     a cancel ended is refused as ``ainvoke``'s is, not taken silently with nothing run."""
     world, env = placed
-    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
     purchases: list[str] = []
-    async with world.saver(holder="graph-a") as saver:
-        out = await buying_graph(saver, purchases).ainvoke({"bought": 0}, config(thread_id))
-        assert "__interrupt__" in out
-
-    result = await asyncio.to_thread(cancel, env, thread_id)
-    assert result.exit_code == 0, result.output
+    thread_id, _ = await cancelled_at_an_interrupt(world, env, purchases)
 
     async with world.saver(holder="graph-b") as saver:
         graph = buying_graph(saver, purchases)
@@ -553,14 +555,8 @@ async def test_a_cancelled_interrupt_stays_over_once_its_thread_is_pruned(
     one the interrupt was asked at) does not make the interrupt pending again: a later
     answer is still refused, and nothing is bought."""
     world, env = placed
-    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
     purchases: list[str] = []
-    async with world.saver(holder="graph-a") as saver:
-        out = await buying_graph(saver, purchases).ainvoke({"bought": 0}, config(thread_id))
-        assert "__interrupt__" in out
-
-    result = await asyncio.to_thread(cancel, env, thread_id)
-    assert result.exit_code == 0, result.output
+    thread_id, _ = await cancelled_at_an_interrupt(world, env, purchases)
 
     async with world.saver(holder="graph-b") as saver:
         await saver.aprune([thread_id], strategy="keep_latest")

@@ -126,6 +126,23 @@ def saver_of(
     )
 
 
+def ledger_down(
+    ledger: SpendLedger, monkeypatch: pytest.MonkeyPatch, *, now: bool = True
+) -> dict[str, bool]:
+    """``ledger.record`` fails as a ledger that does not answer while the switch returned says
+    ``now``; set it False and the ledger is back."""
+    down = {"now": now}
+    record = ledger.record
+
+    async def record_unless_down(entry: SpendEntry) -> bool:
+        if down["now"]:
+            raise BackendUnavailableError("the spend ledger did not answer")
+        return await record(entry)
+
+    monkeypatch.setattr(ledger, "record", record_unless_down)
+    return down
+
+
 async def test_a_graph_s_model_calls_are_recorded_once_and_shown(
     clustered: KafkaServers | None, tmp_path: Path
 ) -> None:
@@ -510,15 +527,7 @@ async def test_a_call_left_unrecorded_by_a_saver_that_ended_is_counted_at_the_ne
     copy = f"{thread_id}-copy"
     made: list[str] = []
     async with placed(clustered, tmp_path) as (world, ledger, _):
-        down = {"now": True}
-        record = ledger.record
-
-        async def record_unless_down(entry: SpendEntry) -> bool:
-            if down["now"]:
-                raise BackendUnavailableError("the spend ledger did not answer")
-            return await record(entry)
-
-        monkeypatch.setattr(ledger, "record", record_unless_down)
+        down = ledger_down(ledger, monkeypatch)
         async with saver_of(world, ledger) as saver:
             await small_graph(saver, made).ainvoke(
                 {"messages": [HumanMessage("hi")]}, config(thread_id)
@@ -574,16 +583,8 @@ async def test_a_call_left_unrecorded_is_counted_beside_one_whose_writes_were_lo
                 raise BackendUnavailableError("the log did not answer; nothing was stored")
             return await append(events)
 
-        down = {"now": False}
-        record = ledger.record
-
-        async def record_unless_down(entry: SpendEntry) -> bool:
-            if down["now"]:
-                raise BackendUnavailableError("the spend ledger did not answer")
-            return await record(entry)
-
         monkeypatch.setattr(world.log, "append", cut_at_the_first_answer)
-        monkeypatch.setattr(ledger, "record", record_unless_down)
+        down = ledger_down(ledger, monkeypatch, now=False)
         async with saver_of(world, ledger) as saver:
             with pytest.raises(BackendUnavailableError):
                 await small_graph(saver, made).ainvoke(
@@ -627,15 +628,7 @@ async def test_a_write_the_serializer_cannot_load_does_not_stop_a_claim_counting
     builder.add_edge(START, "small")
     builder.add_edge("small", END)
     async with sqlite_world(path) as world, SqliteSpendLedger(path) as ledger:
-        down = {"now": True}
-        record = ledger.record
-
-        async def record_unless_down(entry: SpendEntry) -> bool:
-            if down["now"]:
-                raise BackendUnavailableError("the spend ledger did not answer")
-            return await record(entry)
-
-        monkeypatch.setattr(ledger, "record", record_unless_down)
+        down = ledger_down(ledger, monkeypatch)
         async with saver_of(world, ledger) as saver:
             saver.serde = JsonPlusSerializer(pickle_fallback=True)
             graph = builder.compile(checkpointer=saver)
@@ -659,15 +652,7 @@ async def test_a_ledger_blip_at_the_claim_does_not_let_a_thread_past_its_budget(
     path = tmp_path / "onward.db"
     made: list[str] = []
     async with sqlite_world(path) as world, SqliteSpendLedger(path) as ledger:
-        down = {"now": True}
-        record = ledger.record
-
-        async def record_unless_down(entry: SpendEntry) -> bool:
-            if down["now"]:
-                raise BackendUnavailableError("the spend ledger did not answer")
-            return await record(entry)
-
-        monkeypatch.setattr(ledger, "record", record_unless_down)
+        down = ledger_down(ledger, monkeypatch)
         async with saver_of(world, ledger) as saver:
             await small_graph(saver, made).ainvoke({"messages": [HumanMessage("hi")]}, config("t"))
         down["now"] = False
@@ -707,15 +692,7 @@ async def test_a_call_cut_from_the_log_does_not_keep_the_rest_from_being_counted
     thread_id = f"cut-{uuid.uuid4().hex[:8]}"
     made: list[str] = []
     async with placed(clustered, tmp_path) as (world, ledger, _):
-        down = {"now": True}
-        record = ledger.record
-
-        async def record_unless_down(entry: SpendEntry) -> bool:
-            if down["now"]:
-                raise BackendUnavailableError("the spend ledger did not answer")
-            return await record(entry)
-
-        monkeypatch.setattr(ledger, "record", record_unless_down)
+        down = ledger_down(ledger, monkeypatch)
         async with saver_of(world, ledger) as saver:
             for said in ("hi", "again"):
                 await small_graph(saver, made).ainvoke(

@@ -66,6 +66,11 @@ async def _stop(client: _Startable) -> None:
             await stop()
 
 
+def _client_of(client_owner: Any) -> Any:
+    """The aiokafka client of a producer (``client``), consumer or admin (``_client``)."""
+    return getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
+
+
 def drop_connections(client_owner: Any) -> None:
     """Close the sockets of a client whose stop gave up on a broker that does not answer.
 
@@ -73,9 +78,9 @@ def drop_connections(client_owner: Any) -> None:
     retry its batch, and the client's metadata task (its stop cut off before it got there)
     would go on refreshing the metadata every few minutes for as long as the event loop lives,
     opening a connection each time; stopping both and closing the sockets leaves nothing
-    behind. The client is ``client`` on a producer and ``_client`` elsewhere.
+    behind.
     """
-    client = getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
+    client = _client_of(client_owner)
     for task in (
         getattr(getattr(client_owner, "_sender", None), "sender_task", None),
         getattr(client, "_sync_task", None),
@@ -123,7 +128,7 @@ async def start_unbroken(client: _Startable, timeout_s: float) -> None:
 
 def _request_timeout_s(client_owner: Any) -> float:
     """The request timeout ``client_owner`` was built with, in seconds (0 when not known)."""
-    client = getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
+    client = _client_of(client_owner)
     timeout_ms = getattr(client, "_request_timeout_ms", None)
     return timeout_ms / 1000 if isinstance(timeout_ms, (int, float)) else 0.0
 
@@ -139,7 +144,7 @@ def _bootstrapped_within(client_owner: Any, timeout_ms: int) -> Iterator[None]:
     it connected outlived ``ONWARD_BACKEND_TIMEOUT``. A start talks to the bootstrap servers
     only; the group's connections are made after it (on `subscribe`), with the longer one.
     """
-    client: Any = getattr(client_owner, "client", None) or getattr(client_owner, "_client", None)
+    client: Any = _client_of(client_owner)
     built = getattr(client, "_request_timeout_ms", None)
     if not isinstance(built, int) or built <= timeout_ms:
         yield

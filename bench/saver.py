@@ -13,7 +13,10 @@ After each thread, ``aget_tuple`` of its latest checkpoint is timed twice over: 
 that wrote it (the median of ``--reads`` reads) and on a saver opened afresh on the same
 stores (its first read, which folds or queries the thread from storage). The garbage the
 thread's run left is collected before (else the first read pays for a full collection of it,
-as a reader in another process would not).
+as a reader in another process would not). Beside them, "values load" is how long the saver's
+own serializer takes to load that checkpoint's channel values from their bytes, with no store
+at all: the least any fresh read of the checkpoint costs, growing with the conversation it
+returns.
 
 * ``onward-kafka``: `OnwardSaver` on a fresh topic (``--partitions``), Redis leases, frontier
   rows and the saver's thread summaries in a fresh PostgreSQL database (no projector runs during
@@ -105,15 +108,33 @@ async def run_thread(graph: Any, steps: int) -> tuple[float, dict[str, Any]]:
     return seconds, config
 
 
-async def read_latest(checkpointer: Any, config: dict[str, Any], steps: int) -> float:
-    """``aget_tuple`` of the thread's latest checkpoint, checked whole; its milliseconds."""
+async def read_latest(
+    checkpointer: Any, config: dict[str, Any], steps: int
+) -> tuple[float, dict[str, Any]]:
+    """``aget_tuple`` of the thread's latest checkpoint, checked whole; its milliseconds and
+    the checkpoint."""
     latest = {"configurable": {"thread_id": config["configurable"]["thread_id"]}}
     started = time.perf_counter()
     found = await checkpointer.aget_tuple(latest)
     ms = 1_000 * (time.perf_counter() - started)
     if found is None or len(found.checkpoint["channel_values"]["messages"]) != 2 * steps + 2:
         raise RuntimeError("aget_tuple did not return the thread's whole conversation")
-    return ms
+    return ms, found.checkpoint
+
+
+def values_load_ms(serde: Any, checkpoint: dict[str, Any], reads: int) -> float:
+    """The milliseconds the saver's serializer takes to load ``checkpoint``'s channel values
+    from their bytes (the median of ``reads``): what any saver that returns the checkpoint
+    from storage pays at least, since the values grow with the thread (the whole
+    conversation, here)."""
+    dumped = [serde.dumps_typed(value) for value in checkpoint["channel_values"].values()]
+    times = []
+    for _ in range(reads):
+        started = time.perf_counter()
+        for typed in dumped:
+            serde.loads_typed(typed)
+        times.append(1_000 * (time.perf_counter() - started))
+    return statistics.median(times)
 
 
 async def measure(
@@ -142,9 +163,12 @@ async def measure(
         # The thread's run left garbage behind: collected now, not in the first read timed
         # (a reader in another process would not pay for this one's graph run).
         gc.collect()
-        writer_reads = [await read_latest(checkpointer, config, steps) for _ in range(args.reads)]
+        writer_reads = [
+            (await read_latest(checkpointer, config, steps))[0] for _ in range(args.reads)
+        ]
         async with reopen() as fresh:
-            fresh_first = await read_latest(fresh, config, steps)
+            fresh_first, checkpoint = await read_latest(fresh, config, steps)
+            floor = values_load_ms(fresh.serde, checkpoint, args.reads)
         figures[str(steps)] = {
             "latency": latency_summary([seconds], [marks], steps),
             "bytes_per_step": {where: grown / steps for where, grown in added.items()},
@@ -152,6 +176,7 @@ async def measure(
             "get_tuple_ms": {
                 "writer_p50": statistics.median(writer_reads),
                 "fresh_first": fresh_first,
+                "values_load": floor,
             },
         }
     return {"lengths": figures}
@@ -328,7 +353,8 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = 
 def report(results: list[dict[str, Any]]) -> None:
     table = Table(title="LangGraph savers, one thread per length (durability='sync')")
     columns = ("system", "steps", "ms/step mean", "p50", "p99", "bytes/step", "where")
-    for column in (*columns, "get_tuple ms (writer)", "get_tuple ms (fresh)"):
+    reads = ("get_tuple ms (writer)", "get_tuple ms (fresh)", "values load ms")
+    for column in (*columns, *reads):
         table.add_column(column, justify="left" if column in ("system", "where") else "right")
     for r in results:
         for steps, f in r["lengths"].items():
@@ -343,6 +369,7 @@ def report(results: list[dict[str, Any]]) -> None:
                 ", ".join(f"{k} {v:,.0f}" for k, v in f["bytes_per_step"].items()),
                 f"{f['get_tuple_ms']['writer_p50']:.2f}",
                 f"{f['get_tuple_ms']['fresh_first']:.2f}",
+                f"{f['get_tuple_ms']['values_load']:.2f}",
             )
     Console().print(table)
     peer = next((r for r in results if r["system"] == "postgres-saver"), None)
@@ -357,7 +384,9 @@ def report(results: list[dict[str, Any]]) -> None:
                 f"{r['system']}: {max(lengths, key=int)} steps / {min(lengths, key=int)} steps: "
                 f"bytes/step {growth:.2f}x, "
                 f"get_tuple (writer) {_ratio(longest, shortest, 'writer_p50'):.2f}x, "
-                f"get_tuple (fresh) {_ratio(longest, shortest, 'fresh_first'):.2f}x"
+                f"get_tuple (fresh) {_ratio(longest, shortest, 'fresh_first'):.2f}x, "
+                f"values load (the floor of a fresh read) "
+                f"{_ratio(longest, shortest, 'values_load'):.2f}x"
             )
         for steps, theirs in (peer or {}).get("lengths", {}).items():
             ours = lengths.get(steps)

@@ -466,12 +466,15 @@ class EventLogBackend(Resource):
     async def _read(self, request: LogRead) -> list[LogRecord]:
         """`_read_records`, offsets checked first: one past any offset a store holds (2**63
         and up, beyond SQLite's and PostgreSQL's integers) reads nothing as a start, and is no
-        bound as an end or a limit, as on every backend."""
+        bound as an end or a limit, as on every backend; an end below 0 (below -2**63 too)
+        reads nothing, as an end of 0 does."""
         partition, start, end, run_id, limit = request
         if start is not None and start > INT64_MAX:
             return []
         if end is not None and end > INT64_MAX:
             end = None
+        if end is not None and end < 0:
+            end = 0
         if limit is not None and limit > INT64_MAX:
             limit = None
         return await self._read_records(LogRead(partition, start, end, run_id, limit))

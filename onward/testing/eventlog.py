@@ -625,6 +625,8 @@ class EventLogConformance:
             assert seqs(await log.read_run(run_id, end=far)) == [1, 2, 3]
             assert seqs(await log.read_partition(0, 0, far)) == [1, 2, 3]
             assert seqs(await log.read_partition(0, 0, limit=far)) == [1, 2, 3]
+            assert await log.read_run(run_id, end=-far) == []
+            assert await log.read_partition(0, 0, -far) == []
             with pytest.raises(InvalidInputError, match="past its end"):
                 await log.truncate_before(0, far)
         assert seqs(await log.read_run(run_id)) == [1, 2, 3]

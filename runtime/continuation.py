@@ -67,7 +67,7 @@ from onward.projections.frontier import Frontier
 from .conversation import Conversation
 from .leases.base import CancelAsked, check_ask
 from .leases.holder import Leaseholder
-from .limits import MAX_NAME_LENGTH, check_name
+from .limits import MAX_NAME_LENGTH, check_name, check_stored_name
 from .resumer import Resumer
 from .writer import HeldRun, RunWriter
 
@@ -212,15 +212,20 @@ class Continuation:
 
     def check(self, frontier: Frontier) -> None:
         """Refuse a continuation that drops an approval or a grant the run is acting under, or
-        names a new run no run may be (`check_name`) or the run itself: the old run would be
-        ended into a run no resume takes, or never carried.
+        names a new run no run may be (`check_name`; the run's derived successor, which keeps
+        its name, `check_stored_name`) or the run itself: the old run would be ended into a run
+        no resume takes, or never carried.
 
         Raises:
             ConfigurationError: An approval or grant in force is missing, or ``new_run_id``
                 is no run id or the run's own.
         """
+        # The run's derived successor keeps the run's own name, which a producer may have
+        # stored out of a new name's bounds: a resume takes it as stored, as it takes the run.
+        derived = self.new_run_id in successor_ids(frontier.run_id)
+        check = check_stored_name if derived else check_name
         try:
-            check_name("new_run_id", self.new_run_id, run_id=frontier.run_id)
+            check("new_run_id", self.new_run_id, run_id=frontier.run_id)
         except InvalidInputError as exc:
             raise ConfigurationError(
                 f"run {frontier.run_id!r}: the continuation names no run a resume can take: {exc}",

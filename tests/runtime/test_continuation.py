@@ -1280,3 +1280,23 @@ async def test_a_fleet_cancel_of_a_run_carried_on_before_it_arrived_ends_the_run
         ended = await worker.runner.inspect(NEXT, tenant=TENANT)
         assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")
         assert ledger.count("pay") == 0
+
+
+async def test_a_run_a_producer_named_out_of_bounds_is_carried_by_the_default_continuation(
+    world: World,
+) -> None:
+    """A run a producer wrote under an id holding a control character (which resume takes as
+    stored) reaches a boundary under a runner that carries runs on: the derived successor keeps
+    the run's own name, and must be taken, not refused as a name the policy chose, or every
+    resume of the run fails with a `ConfigurationError` and it never goes on."""
+    odd = "r\x1b[2J"
+    await world.waiting_then_approved()
+    stored = [msgspec.structs.replace(s.event, run_id=odd) for s in await world.log.read_run(RUN)]
+    await world.log.append(stored)
+    agent = world.ledger.agent()
+
+    result = await world.runner(continuation=POLICY).resume(agent, odd, tenant=TENANT)
+
+    assert (result.run_id, result.status) == (successor_id(odd), "completed")
+    assert (await world.runner().inspect(odd, tenant=TENANT)).continued_to == successor_id(odd)
+    assert world.ledger.count("pay") == 1

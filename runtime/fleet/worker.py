@@ -554,6 +554,12 @@ class Worker:
             with contextlib.suppress(KafkaError):
                 await consumer.stop()
             raise translate(exc, context=f"joining {group_id} on {topic}") from exc
+        except BaseException:
+            # The requests topic refused (another partition count) or a cancel: the consumer
+            # built for the group is closed all the same, not reported unclosed once collected.
+            with contextlib.suppress(KafkaError):
+                await consumer.stop()
+            raise
         try:
             try:
                 if on_ready is not None:

@@ -9,6 +9,7 @@ row (Python 3.11's `asyncio.wait_for` cancels a stop that has not begun yet).
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,8 +21,10 @@ from support.fault_runs import until
 from support.faulty_proxy import FaultyProxy
 
 from onward._storage.kafka import KafkaConnection
+from onward.errors import ConfigurationError
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
+from onward.runtime.fleet.requests import ensure_requests_topic
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.settings import Settings
@@ -147,3 +150,28 @@ async def test_a_worker_stopped_while_it_joins_returns_and_leaves_no_connection_
         assert serving.result() is None
         async with asyncio.timeout(2):
             await proxy.idle.wait()
+
+
+async def test_a_worker_refused_its_requests_topic_leaves_no_consumer_unclosed(
+    kafka_bootstrap: str, requests_topic: str, backends: Backends
+) -> None:
+    """The requests topic has another partition count than the log: the worker is refused
+    (`ConfigurationError`) before it joins, and closes the consumer it built for the group,
+    which left open was reported as an error ("Unclosed AIOKafkaConsumer") once collected."""
+    await ensure_requests_topic(kafka_bootstrap, requests_topic, backends.log.partitions + 1)
+    reported: list[str] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(str(context.get("message"))))
+    try:
+        with pytest.raises(ConfigurationError, match="partition"):
+            await worker_of(backends).serve_kafka(
+                asyncio.Event(),
+                bootstrap_servers=kafka_bootstrap,
+                topic=requests_topic,
+                group_id=f"{requests_topic}.workers",
+                accept_unsigned=True,
+            )
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+    assert reported == []

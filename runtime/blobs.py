@@ -45,7 +45,12 @@ class BlobStore(Protocol):
     """Content-addressed bodies."""
 
     async def put(self, body: bytes) -> str:
-        """Store a body (idempotently) and return its digest."""
+        """Store a body (idempotently) and return its digest.
+
+        Other bytes stored under its digest (altered or corrupted in the store) are replaced:
+        kept, they would leave every reference to the body unreadable for ever, the one about
+        to be written included.
+        """
         ...
 
     async def get(self, digest: str) -> bytes:
@@ -105,12 +110,14 @@ class SqliteBlobStore(SqliteStore):
     what = "blob store"
 
     async def put(self, body: bytes) -> str:
+        """`BlobStore.put`: bytes that are not the body under its digest are replaced."""
         digest = digest_of(body)
         conn = self._db.connection()
 
         def write() -> None:
             conn.execute(
-                "INSERT INTO onward_blobs (digest, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                "INSERT INTO onward_blobs (digest, body) VALUES (?, ?) ON CONFLICT(digest) "
+                "DO UPDATE SET body = excluded.body WHERE onward_blobs.body IS NOT excluded.body",
                 (digest, body),
             )
 
@@ -157,10 +164,13 @@ class PostgresBlobStore(PostgresStore):
         )
 
     async def put(self, body: bytes) -> str:
+        """`BlobStore.put`: bytes that are not the body under its digest are replaced."""
         digest = digest_of(body)
         async with self._connection("storing a blob") as conn:
             await conn.execute(
-                "INSERT INTO onward_blobs (digest, body) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                "INSERT INTO onward_blobs (digest, body) VALUES ($1, $2) ON CONFLICT (digest) "
+                "DO UPDATE SET body = EXCLUDED.body "
+                "WHERE onward_blobs.body IS DISTINCT FROM EXCLUDED.body",
                 digest,
                 body,
             )

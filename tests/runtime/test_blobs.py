@@ -119,3 +119,56 @@ async def test_a_body_altered_in_the_postgres_store_is_refused_never_given(
         finally:
             await conn.close()
         await _refused(claim_check, shrunk, digest)
+
+
+async def _repaired(claim_check: ClaimCheck, shrunk: ToolCompleted) -> None:
+    """The same result moved out again (another run, a worker trying again) is read back
+    whole: the put that had the body in hand replaced the damaged bytes."""
+    again = await claim_check.shrink(
+        ToolCompleted(run_id="r-2", tenant="t", seq=6, fence=1, call_id="c1", result=_RESULT)
+    )
+    assert isinstance(again, ToolCompleted)
+    assert again.result == shrunk.result
+    restored = await claim_check.restore(again)
+    assert isinstance(restored, ToolCompleted)
+    assert restored.result == _RESULT
+    assert (await claim_check.restore(shrunk)) == msgspec.structs.replace(shrunk, result=_RESULT)
+
+
+async def test_a_body_altered_in_the_memory_store_is_repaired_by_the_next_put() -> None:
+    store = MemoryBlobStore()
+    claim_check, shrunk, digest = await _shrunk(store)
+    store._bodies[digest] = _ALTERED
+    await _refused(claim_check, shrunk, digest)
+    await _repaired(claim_check, shrunk)
+
+
+async def test_a_body_altered_in_the_sqlite_store_is_repaired_by_the_next_put(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "blobs.db"
+    async with SqliteBlobStore(path) as store:
+        claim_check, shrunk, digest = await _shrunk(store)
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE onward_blobs SET body = ? WHERE digest = ?", (_ALTERED, digest))
+        await _refused(claim_check, shrunk, digest)
+        await _repaired(claim_check, shrunk)
+
+
+async def test_a_body_altered_in_the_postgres_store_is_repaired_by_the_next_put(
+    database_url: str,
+) -> None:
+    async with (
+        fresh_schema(database_url) as schema,
+        PostgresBlobStore(database_url, schema=schema) as store,
+    ):
+        claim_check, shrunk, digest = await _shrunk(store)
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+        try:
+            await conn.execute(
+                "UPDATE onward_blobs SET body = $1 WHERE digest = $2", _ALTERED, digest
+            )
+        finally:
+            await conn.close()
+        await _refused(claim_check, shrunk, digest)
+        await _repaired(claim_check, shrunk)

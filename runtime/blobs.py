@@ -16,6 +16,7 @@ the blob store, which is shared by every tenant and keyed by content alone.
 from __future__ import annotations
 
 import hashlib
+import re
 import sqlite3
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -76,6 +77,21 @@ def _missing(digest: str) -> HistoryUnavailableError:
     )
 
 
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _check_digest(digest: str) -> None:
+    """Refuse, as missing, a reference whose digest is none `digest_of` makes: a record
+    another writer made (or one damaged) may hold any JSON there, and a store's driver would
+    fail on it with an error about a type or a character, not about the hole in the run.
+
+    Raises:
+        HistoryUnavailableError: ``digest`` is not a digest.
+    """
+    if not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
+        raise _missing(digest)
+
+
 class MemoryBlobStore(Resource):
     """Blobs in a dict, for unit tests."""
 
@@ -88,6 +104,7 @@ class MemoryBlobStore(Resource):
         return digest
 
     async def get(self, digest: str) -> bytes:
+        _check_digest(digest)
         try:
             return self._bodies[digest]
         except KeyError:
@@ -125,6 +142,8 @@ class SqliteBlobStore(SqliteStore):
         return digest
 
     async def get(self, digest: str) -> bytes:
+        _check_digest(digest)
+
         def read(conn: sqlite3.Connection) -> bytes | None:
             row = conn.execute(
                 "SELECT body FROM onward_blobs WHERE digest = ?", (digest,)
@@ -177,6 +196,7 @@ class PostgresBlobStore(PostgresStore):
         return digest
 
     async def get(self, digest: str) -> bytes:
+        _check_digest(digest)
         async with self._connection("reading a blob") as conn:
             body = await conn.fetchval("SELECT body FROM onward_blobs WHERE digest = $1", digest)
         if body is None:

@@ -159,8 +159,15 @@ class BlobStoreConformance:
 
     @pytest.mark.parametrize(
         "reference",
-        ["", "sha256:", "sha256:not-hex", "md5:" + "0" * 32, "sha256:" + "f" * 4096],
-        ids=["empty", "no-digest", "not-hex", "another-hash", "too-long"],
+        [
+            "",
+            "sha256:",
+            "sha256:not-hex",
+            "md5:" + "0" * 32,
+            "sha256:" + "f" * 4096,
+            "sha256:\x00" + "0" * 63,
+        ],
+        ids=["empty", "no-digest", "not-hex", "another-hash", "too-long", "nul"],
     )
     async def test_a_reference_that_is_no_digest_is_missing_too(
         self, store: BlobStore, reference: str
@@ -200,6 +207,25 @@ class BlobStoreConformance:
             await ClaimCheck(store).body(digest_of(fresh_body()), run_id=run_id, seq=7)
         assert f"run {run_id!r} seq 7" in str(missing.value)
         assert missing.value.run_id == run_id
+
+    @pytest.mark.parametrize("reference", [5, None, ["sha256:"], {"sha256": "0"}])
+    async def test_a_reference_naming_no_string_is_missing_for_the_claim_check(
+        self, store: BlobStore, reference: object
+    ) -> None:
+        """A record another writer made (or one damaged) may hold any JSON where the digest
+        goes: the run's history has a hole there, never a driver's error about a type."""
+        run_id = new_run_id()
+        completed = ToolCompleted(
+            run_id=run_id,
+            tenant=TENANT,
+            seq=5,
+            fence=1,
+            call_id="c1",
+            result={BLOB_REF: reference, "size": 1},
+        )
+        with pytest.raises(HistoryUnavailableError) as missing:
+            await ClaimCheck(store).restore(completed)
+        assert f"run {run_id!r} seq 5" in str(missing.value)
 
     async def test_closing_twice_is_harmless(self, store: BlobStore) -> None:
         await store.close()

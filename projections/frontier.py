@@ -204,6 +204,9 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             a claim-check reference when it was moved out of line, wrapped when it only
             looked like one (:mod:`onward.eventlog.references`); readers take it through
             `onward.runtime.blobs.output_of`.
+        finished_seq: The seq of the run's `RunFinished`, the event ``output`` came with
+            (events may follow it: a tag); 0 until the run ends, or for a row stored before
+            this field.
     """
 
     run_id: str
@@ -249,6 +252,7 @@ class Frontier(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     checkpoint_frequency: int = 1
     checkpoints: tuple[Boundary, ...] | None = None
     tools_done: int | None = None
+    finished_seq: int = 0
 
     @classmethod
     def empty(cls, run_id: str, tenant: str) -> Frontier:
@@ -327,6 +331,7 @@ class FrontierDraft(msgspec.Struct, kw_only=True, gc=False):
     checkpoint_frequency: int
     checkpoints: tuple[Boundary, ...] | None
     tools_done: int | None
+    finished_seq: int
     calls: dict[str, CallState]
 
     @classmethod
@@ -645,6 +650,7 @@ def _continued(d: FrontierDraft, e: RunContinued) -> None:
 def _finished(d: FrontierDraft, e: RunFinished) -> None:
     d.status = e.status
     d.output = e.output
+    d.finished_seq = e.seq
     d.error = e.error
     # An ended run waits on nobody: an answer written after its end (a cancel that won the
     # race with it) must not make it ``running`` again (`_approval_granted`).

@@ -350,6 +350,15 @@ class EndedRun(Protocol):
     @property
     def output(self) -> Any: ...
 
+    @property
+    def finished_seq(self) -> int: ...
+
+
+def _finished_seq(frontier: EndedRun) -> int:
+    """The seq of the event the output came with: the run's end, which a tag may follow; the
+    run's last seq for a row stored before its end's seq was kept."""
+    return frontier.finished_seq or frontier.last_seq
+
 
 async def output_of(frontier: EndedRun, claim_check: ClaimCheck | None) -> Any:
     """The output a run ended with. Its frontier row keeps it as the log holds it
@@ -374,7 +383,7 @@ async def output_of(frontier: EndedRun, claim_check: ClaimCheck | None) -> Any:
     # Moved out as written: a look-alike wrapped (`escape_bodies` runs first), as `restore` reads.
     return unescaped(
         msgspec.json.decode(
-            await claim_check.body(output[_REF], run_id=run_id, seq=frontier.last_seq)
+            await claim_check.body(output[_REF], run_id=run_id, seq=_finished_seq(frontier))
         )
     )
 

@@ -44,7 +44,7 @@ from ._common import (
     out,
     run_until_terminated,
 )
-from .runs import chain_of, shown_run
+from .runs import chain_of, readable_run, shown_run
 from .summary import carried, result_facts, run_facts, run_summary
 
 _T = TypeVar("_T")
@@ -61,7 +61,8 @@ def frontier_main(argv: Sequence[str], *, runner: RunnerSource, prog: str = "ins
 
     Returns:
         The exit code: 0 shown; 1 no such run; 2 a bad command line; 4 the run or its
-        frontier row cannot be read (a newer format); 5 a store failed.
+        frontier row cannot be read (a newer format), or the output it ended with cannot (the
+        rest of it is shown); 5 a store failed.
     """
 
     def inspect(
@@ -70,7 +71,7 @@ def frontier_main(argv: Sequence[str], *, runner: RunnerSource, prog: str = "ins
         """Show where a run stands and what resume would do. Takes no lease, writes nothing."""
 
         async def work(on: AgentRunner) -> None:
-            frontier = await shown_run(on, run_id, tenant)
+            frontier, lost = await readable_run(on, run_id, tenant)
             lease = await on.leases.current(run_id)
             chain = await chain_of(on, frontier)
             spend = None if on.spend is None else await on.spend.run_total(run_id)
@@ -79,6 +80,8 @@ def frontier_main(argv: Sequence[str], *, runner: RunnerSource, prog: str = "ins
                 echo_json(facts)
             else:
                 out.print(run_summary(frontier, lease=lease, chain=chain, spend=spend))
+            if lost is not None:
+                raise lost
 
         _on_runner(runner, work)
 

@@ -16,6 +16,7 @@ import typer
 from onward._storage import check_onward_sqlite
 from onward.errors import (
     ConfigurationError,
+    HistoryUnavailableError,
     InvalidInputError,
     NothingToResumeError,
     ResumeConflictError,
@@ -178,22 +179,44 @@ def load_provider(spec: str) -> Provider:
     return provider
 
 
-async def _look(backends: Backends, run_id: str, tenant: str) -> tuple[Frontier, RunLease | None]:
-    """The run folded from the log and who holds it; takes no lease and writes nothing."""
+async def _look(
+    backends: Backends, run_id: str, tenant: str
+) -> tuple[Frontier, RunLease | None, HistoryUnavailableError | None]:
+    """The run folded from the log, who holds it, and why its output could not be read
+    (`readable_run`); takes no lease and writes nothing."""
     reader = backends.runner(NoModel())
-    frontier = await shown_run(reader, run_id, tenant)
-    return frontier, await backends.leases.current(run_id)
+    frontier, lost = await readable_run(reader, run_id, tenant)
+    return frontier, await backends.leases.current(run_id), lost
 
 
 async def shown_run(reader: AgentRunner, run_id: str, tenant: str) -> Frontier:
     """The run as ``reader.inspect`` folds it, with the output it ended with as it was given,
     for a person to read: its row keeps it as the log does, out of line in the blob store when
-    it was large (`output_of`)."""
+    it was large (`output_of`).
+
+    Raises:
+        HistoryUnavailableError: The output is out of line and cannot be read.
+    """
+    frontier, lost = await readable_run(reader, run_id, tenant)
+    if lost is not None:
+        raise lost
+    return frontier
+
+
+async def readable_run(
+    reader: AgentRunner, run_id: str, tenant: str
+) -> tuple[Frontier, HistoryUnavailableError | None]:
+    """`shown_run`, but an output the blob store lost (or altered) is left out and returned
+    as the error that says so: what shows a run shows the rest of it, the missing body named,
+    rather than nothing."""
     frontier = await reader.inspect(run_id, tenant=tenant)
     if frontier.output is None:
-        return frontier
-    output = await output_of(frontier, reader.writer.claim_check)
-    return msgspec.structs.replace(frontier, output=output)
+        return frontier, None
+    try:
+        output = await output_of(frontier, reader.writer.claim_check)
+    except HistoryUnavailableError as lost:
+        return msgspec.structs.replace(frontier, output=None), lost
+    return msgspec.structs.replace(frontier, output=output), None
 
 
 MAX_CHAIN = 100
@@ -239,11 +262,12 @@ def inspect_command(
     A run carried into another run (or carried on from one) shows the whole chain.
 
     Exit 0: shown. 1: no such run. 2: bad command line, or the SQLite file is missing or is
-    not an Onward database. 4: the run cannot be read. 5: a store failed.
+    not an Onward database. 4: the run cannot be read, or the output it ended with cannot (the
+    rest of it is shown). 5: a store failed.
     """
 
     async def work(backends: Backends) -> None:
-        frontier, lease = await _look(backends, run_id, tenant)
+        frontier, lease, lost = await _look(backends, run_id, tenant)
         chain = await _chain(backends, frontier)
         spend = None if backends.spend is None else await backends.spend.run_total(run_id)
         if as_json:
@@ -255,6 +279,8 @@ def inspect_command(
             span = await compacted_span(backends.compaction, run_id)
             if span is not None:
                 error(printable(span.describe(run_id)))
+        if lost is not None:
+            raise lost
 
     with_backends(work, readonly=True)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +18,7 @@ import pytest_asyncio
 from typer.testing import CliRunner
 
 import onward
+from onward.errors import HistoryUnavailableError
 from onward.eventlog import (
     KafkaEventLog,
     MemoryEventLog,
@@ -33,7 +36,7 @@ from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.blobs import MemoryBlobStore, PostgresBlobStore, SqliteBlobStore
-from onward.runtime.cli import app
+from onward.runtime.cli import app, frontier_main
 from onward.runtime.leases import PostgresLeaseStore, SqliteLeaseStore
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.runner import AgentRunner
@@ -176,3 +179,95 @@ async def test_an_output_written_in_line_reads_as_before() -> None:
     ).resume(AGENT, "r", tenant=TENANT)
 
     assert (again.status, again.output) == ("completed", old)
+
+
+async def test_an_output_lost_from_the_blob_store_is_named_at_the_seq_of_the_runs_end() -> None:
+    """A run tagged after it ended: the output that can no longer be read is said to be the
+    one its ``run.finished`` event refers to, not the seq of the tag written after it."""
+    log, blobs, store = MemoryEventLog(), MemoryBlobStore(), MemoryFrontierStore()
+    options: dict[str, Any] = {"log": log, "blobs": blobs, "frontiers": store}
+    runner = AgentRunner(provider=ScriptedProvider([reply(ESSAY)]), **options)
+    await runner.run(AGENT, "write an essay", tenant=TENANT, run_id="r")
+    [finished] = [s.event for s in await log.read_run("r") if isinstance(s.event, RunFinished)]
+    tagged = await runner.tag("r", "kept", tenant=TENANT, seq=finished.seq, by="ann")
+    blobs.forget((await runner.inspect("r", tenant=TENANT)).output["$blob"])
+
+    with pytest.raises(HistoryUnavailableError) as lost:
+        await AgentRunner(provider=ScriptedProvider([]), **options).resume(
+            AGENT, "r", tenant=TENANT
+        )
+
+    assert tagged == finished.seq
+    assert f"run 'r' seq {finished.seq}:" in str(lost.value)
+
+
+def sqlite_runner(db: Path) -> AbstractAsyncContextManager[AgentRunner]:
+    """A runner on every store of one SQLite file, blobs included, as a product opens it."""
+
+    @asynccontextmanager
+    async def opened() -> AsyncIterator[AgentRunner]:
+        async with (
+            SqliteEventLog(db) as log,
+            SqliteFrontierStore(db) as frontiers,
+            SqliteBlobStore(db) as blobs,
+            SqliteLeaseStore(db) as leases,
+        ):
+            yield AgentRunner(
+                provider=ScriptedProvider([reply(ESSAY)]),
+                log=log,
+                frontiers=frontiers,
+                blobs=blobs,
+                leases=leases,
+                checkpoint_inline=True,
+            )
+
+    return opened()
+
+
+def output_lost(db: Path) -> str:
+    """Run ``r`` to its end with a large output, then lose that output from the blob store,
+    as an over-eager cleanup would; returns its digest."""
+
+    async def ran() -> str:
+        async with sqlite_runner(db) as runner:
+            await runner.run(AGENT, "write an essay", tenant=TENANT, run_id="r")
+            return str((await runner.inspect("r", tenant=TENANT)).output["$blob"])
+
+    digest = asyncio.run(ran())
+    with sqlite3.connect(db) as conn:
+        conn.execute("DELETE FROM onward_blobs WHERE digest = ?", (digest,))
+    return digest
+
+
+def test_inspect_of_a_run_whose_output_is_lost_shows_the_run_and_names_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    """The blob store lost the output of an ended run: `inspect` still shows where the run
+    stands, says on stderr which body is missing, and exits 4 (not all of it could be read)."""
+    db = tmp_path / "onward.db"
+    digest = output_lost(db)
+    environment = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+    shown = CliRunner().invoke(app, ["inspect", "r", "--tenant", TENANT, "--json"], env=environment)
+    table = CliRunner().invoke(app, ["inspect", "r", "--tenant", TENANT], env=environment)
+
+    for result in (shown, table):
+        assert result.exit_code == 4, result.output
+        assert "HistoryUnavailableError" in result.stderr
+        assert digest in result.stderr
+        assert "$blob" not in result.stdout
+    facts = json.loads(shown.stdout)
+    assert (facts["run"], facts["status"], facts["output"]) == ("r", "completed", None)
+    assert "completed" in table.stdout
+
+
+def test_a_products_inspect_of_a_run_whose_output_is_lost_shows_the_run_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "product.db"
+    digest = output_lost(db)
+
+    assert frontier_main(["r", "--tenant", TENANT, "--json"], runner=lambda: sqlite_runner(db)) == 4
+    said = capsys.readouterr()
+    assert json.loads(said.out)["status"] == "completed"
+    assert "HistoryUnavailableError" in said.err
+    assert digest in said.err

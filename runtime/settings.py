@@ -39,7 +39,15 @@ from .signing import DEFAULT_MAX_AGE_S, RequestSigner
 from .spend.base import PriceTable
 
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
-"""Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id."""
+"""Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id
+(`schema_cache_prefix` of the default ``ONWARD_REDIS_PREFIX``)."""
+
+
+def schema_cache_prefix(redis_prefix: str) -> str:
+    """The MCP schema cache's prefix when ``MCP_SCHEMA_CACHE_PREFIX`` is not set: under
+    ``ONWARD_REDIS_PREFIX``, apart from the keys of leases and frontiers."""
+    return f"{redis_prefix}mcp:schema:"
+
 
 _REDIS_KEY_NAMES = (
     "lease:",
@@ -186,7 +194,8 @@ class Settings(BaseSettings):
             embedded backends keep theirs beside their log, so ``redis`` needs ``kafka``.
         sqlite_path: The embedded database file.
         schema_cache_prefix: Where the MCP schema cache keeps its entries
-            (``MCP_SCHEMA_CACHE_PREFIX``), for garbage collection.
+            (``MCP_SCHEMA_CACHE_PREFIX``), for garbage collection; unset, ``redis_prefix``
+            followed by ``mcp:schema:``.
         schema_cache_enabled: Whether the MCP schema cache is on (``MCP_SCHEMA_CACHE_ENABLED``;
             unset: on when ``REDIS_URL`` is set). `onward.integrations.mcp.MCPSettings` is
             built from these settings.
@@ -361,6 +370,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _schema_prefix_apart(self) -> Settings:
+        if "schema_cache_prefix" not in self.model_fields_set:
+            # Under ONWARD_REDIS_PREFIX like every other key: deployments kept apart by it
+            # would otherwise share one run id's cache entry, and collect each other's.
+            object.__setattr__(self, "schema_cache_prefix", schema_cache_prefix(self.redis_prefix))
         clash = schema_prefix_clash(self.redis_prefix, self.schema_cache_prefix)
         if self.redis_url is not None and clash is not None:
             raise ConfigurationError(clash)

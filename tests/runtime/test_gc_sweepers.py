@@ -15,6 +15,7 @@ import pytest_asyncio
 from redis.asyncio import Redis
 
 from onward.errors import BackendUnavailableError, ConfigurationError
+from onward.integrations.mcp import MCPSettings, SchemaCache, ServerSchema
 from onward.projections.base import RunSummary, Snapshot, StoredFrontier
 from onward.projections.compaction import PostgresCompactionStore, SqliteCompactionStore
 from onward.projections.postgres import PostgresFrontierStore
@@ -33,7 +34,9 @@ from onward.runtime.gc import (
 from onward.runtime.gc import postgres as gc_postgres
 from onward.runtime.gc import sqlite as gc_sqlite
 from onward.runtime.gc.base import KEY_KINDS
+from onward.runtime.gc.configured import key_sweeper
 from onward.runtime.leases import PostgresLeaseStore, RedisLeaseStore, SqliteLeaseStore
+from onward.runtime.settings import Settings
 from onward.testing.eventlog import TENANT, new_run_id
 from onward.testing.gc import CUTOFF, NEW, RecordSweeperConformance, Stores
 
@@ -452,3 +455,26 @@ async def test_a_redis_frontier_sweeper_whose_postgresql_close_fails_still_close
     assert closing.cancelled()
     assert not sweeper.frontiers.is_open
     await sweeper.close()
+
+
+async def test_deployments_apart_by_their_redis_prefix_keep_their_schema_caches_apart(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Two deployments on one Redis, each with its own ``ONWARD_REDIS_PREFIX`` and no
+    ``MCP_SCHEMA_CACHE_PREFIX``: a run id both used had one schema cache entry, which one's
+    collection deleted under the other's run (and whose listing either could read)."""
+    shop, staging = (
+        Settings(redis_url=redis_url, redis_prefix=f"{redis_prefix}{name}:")
+        for name in ("shop", "staging")
+    )
+    run_id = new_run_id()
+    cache = SchemaCache.from_settings(MCPSettings.of(staging))
+    assert cache is not None
+    async with cache:
+        schema = ServerSchema.of([], endpoint="e", server_name="s", server_version="1")
+        await cache.store(run_id, {"s": schema})
+        sweeper = key_sweeper(shop)
+        assert sweeper is not None
+        async with sweeper:
+            assert await sweeper.sweep([run_id], delete=True) == dict.fromkeys(KEY_KINDS, 0)
+        assert await cache.load(run_id) == {"s": schema}

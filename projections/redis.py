@@ -318,7 +318,9 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         arguments = self._arguments(batch)
         with translated(f"writing frontiers of consumer {batch.consumer!r}"):
             async with asyncio.timeout(self._timeout_s):
-                answer = await self.run_script(self._write_script, [], arguments)
+                answer = await self.run_script(
+                    self._write_script, [], arguments, what="frontier_write.lua"
+                )
         if answer != 1:
             partition, stored = int(answer[0]), _str(answer[1]) or "none"
             seen = self._seen.pop(batch.consumer, {}).get(partition)
@@ -357,7 +359,9 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
                 cursor = "0"
                 while True:
                     step = [self.prefix, consumer, cursor, QUARANTINE_CHUNK, *chosen]
-                    answer = await self.run_script(self._quarantined_script, [], step)
+                    answer = await self.run_script(
+                        self._quarantined_script, [], step, what="frontier_quarantined.lua"
+                    )
                     cursor = _str(answer[0])
                     found.update(map(_str, answer[1:]))
                     if cursor == "0":
@@ -383,7 +387,15 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         arguments = [self.prefix, consumer, run_id, by, at, released_mark(by)]
         with translated("releasing a quarantined run", run_id=run_id):
             async with asyncio.timeout(self._timeout_s):
-                return int(await self.run_script(self._release_script, [], arguments))
+                return int(
+                    await self.run_script(
+                        self._release_script,
+                        [],
+                        arguments,
+                        what="frontier_release.lua",
+                        run_id=run_id,
+                    )
+                )
 
     async def dismiss(self, consumer: str, partition: int, offset: int, *, by: str, at: int) -> int:
         self._live_client()
@@ -391,7 +403,11 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         arguments = [self.prefix, consumer, f"{partition}:{offset}", by, at]
         with translated("dismissing a quarantined record"):
             async with asyncio.timeout(self._timeout_s):
-                return int(await self.run_script(self._dismiss_script, [], arguments))
+                return int(
+                    await self.run_script(
+                        self._dismiss_script, [], arguments, what="frontier_dismiss.lua"
+                    )
+                )
 
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         client = self._live_client()
@@ -409,6 +425,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
 
     async def positions(self, consumer: str) -> dict[int, int]:
         client = self._live_client()
+        _check_consumer(consumer)  # a projector reads its positions first: refused at start
         with translated(f"reading the positions of consumer {consumer!r}"):
             async with asyncio.timeout(self._timeout_s):
                 stored = await client.hgetall(self._key("positions", consumer))

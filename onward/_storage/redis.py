@@ -22,9 +22,9 @@ from urllib.parse import parse_qs, urlsplit
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, NoScriptError, ReadOnlyError
+from redis.exceptions import DataError, NoScriptError, ReadOnlyError, ResponseError
 
-from onward.errors import ConfigurationError, InvalidInputError
+from onward.errors import BackendError, ConfigurationError, InvalidInputError
 
 from .stores import BACKEND_TIMEOUT_S, Resource
 from .translate import (
@@ -147,14 +147,20 @@ class RedisStore(Resource):
 
         Raises what the driver raised for this call (the caller translates it), or
         `InvalidInputError` if the store is closed before the call is sent, or if a key or
-        argument is of a type Redis cannot take (named with ``what``, the script, and ``run_id``).
+        argument is of a type Redis cannot take (named with ``what``, the script, and ``run_id``),
+        or `BackendError` naming the script's keys when one holds another type than Onward's.
         """
         _check_encodable(self._live_client(), what, [*keys, *args], run_id)
         call = _ScriptCall(script, keys, args, asyncio.get_running_loop().create_future())
         if not self._queued:
             call.answer.get_loop().call_soon(self._send_queued)
         self._queued.append(call)
-        return await call.answer
+        try:
+            return await call.answer
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            raise _wrong_type(exc, what, keys, self.prefix, run_id) from exc
 
     def _send_queued(self) -> None:
         """Send what this turn of the loop queued, as one pipeline in a task of its own."""
@@ -288,6 +294,26 @@ def _check_encodable(
                 f"cannot be sent to Redis: {exc}",
                 run_id=run_id,
             ) from None
+
+
+def _wrong_type(
+    exc: ResponseError, what: str, keys: list[str], prefix: str, run_id: str | None
+) -> BackendError:
+    """Redis's WRONGTYPE, with the keys it may be about: Redis names the script's line, not
+    the key, and the operator must find the key that another program (or another deployment
+    under the same prefix) wrote in another type."""
+    named = (
+        f"one of its keys {', '.join(map(repr, keys))}"
+        if keys
+        else f"one of the keys under {prefix!r} it touches"
+    )
+    shown = "" if run_id is None else f"run {run_id!r}: "
+    return BackendError(
+        f"{shown}running {what}: {exc}; {named} holds another type than Onward keeps there: "
+        "another program's key, or another deployment's under the same prefix (give each its "
+        "own ONWARD_REDIS_PREFIX)",
+        run_id=run_id,
+    )
 
 
 def _shown(value: Any) -> str:

@@ -153,6 +153,21 @@ async def test_a_server_error_becomes_a_backend_error(
     assert isinstance(failed.value.__cause__, redis_errors.ResponseError)
 
 
+async def test_a_key_of_another_type_is_named(
+    store: RedisLeaseStore, client: aioredis.Redis
+) -> None:
+    """A key some other program (or deployment under the same prefix) wrote in another type
+    failed with Redis's WRONGTYPE, naming the script and its line but not the key, so the
+    operator could not tell which key clashes."""
+    run_id = new_run_id()
+    await client.rpush(store.fence_key(run_id), "a list")
+    with pytest.raises(BackendError, match="WRONGTYPE") as failed:
+        await store.acquire(run_id, tenant=TENANT, holder="w1", ttl_s=30)
+    assert store.fence_key(run_id) in str(failed.value)
+    assert "ONWARD_REDIS_PREFIX" in str(failed.value)
+    assert isinstance(failed.value.__cause__, redis_errors.ResponseError)
+
+
 async def test_calls_made_together_go_to_redis_as_one_pipeline(
     store: RedisLeaseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,12 +22,13 @@ from support.histories import (
 from support.redis import delete_prefix
 
 from onward.errors import (
+    BackendError,
     BackendUnavailableError,
     InvalidInputError,
     PayloadTooLargeError,
     SchemaMismatchError,
 )
-from onward.eventlog import KafkaEventLog
+from onward.eventlog import KafkaEventLog, MemoryEventLog
 from onward.projections.base import FrontierStore, Snapshot
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import KafkaProjector
@@ -278,6 +279,36 @@ async def test_a_consumer_named_like_another_consumers_quarantine_entry_is_refus
             await store.release(clashing, held, by="ops", at=1)
         assert [e.run_id for e in await store.quarantined(CONSUMER)] == [held]
         assert await store.release(CONSUMER, held, by="ops", at=1) == 1
+
+
+async def test_a_key_of_another_type_under_the_prefix_is_named(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Redis's WRONGTYPE names the script's line alone: the operator is told it is a key
+    under the store's prefix that another program (or deployment) wrote."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        await client.set(f"{redis_prefix}runs", "another program's")
+    finally:
+        await client.aclose()
+    async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:
+        with pytest.raises(BackendError, match="WRONGTYPE") as failed:
+            await store.write(
+                CONSUMER, {0: 1}, [Snapshot.of(frontier(new_run_id(), through=0))], []
+            )
+    assert "frontier_write.lua" in str(failed.value)
+    assert repr(redis_prefix) in str(failed.value)
+
+
+async def test_a_projection_under_a_clashing_consumer_is_refused_at_start(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A projector reads its positions first: under a consumer named like another's quarantine
+    entry it started and folded, and failed only when it first stored a batch."""
+    async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:
+        projection = FrontierProjection(store, MemoryEventLog(), consumer=f"{CONSUMER}:1:2")
+        with pytest.raises(InvalidInputError, match="consumer"):
+            await projection.positions()
 
 
 async def test_every_key_begins_with_a_name_the_settings_keep_the_schema_cache_from(

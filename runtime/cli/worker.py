@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import typer
@@ -114,6 +115,59 @@ async def _serve(
         await worker.serve_embedded(stop)
 
 
+class _Signals:
+    """SIGTERM and SIGINT to a worker: the first drains it, a second cancels its runs in
+    flight. One that comes while its stores are still being opened (no worker yet) cancels the
+    opening: a server that does not answer would hold the stop for the whole connect bound,
+    and with no handler in place yet the signal killed the process without a line."""
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        self.worker: Worker | None = None
+        self.cut_short = False
+        self._main = asyncio.current_task()
+
+    def on_signal(self) -> None:
+        if self.worker is None:
+            if self._main is not None and not self.cut_short:
+                self.cut_short = True
+                self._main.cancel()
+        elif self.stop.is_set():
+            err.print("second signal: cancelling runs in flight")
+            self.worker.stop_now()
+        else:
+            err.print("draining: runs stop at their next boundary")
+            self.stop.set()
+
+
+async def _until_signalled(serve: Callable[[_Signals], Awaitable[None]]) -> None:
+    """Run ``serve`` with the signals handled from the start, the opening of the stores too."""
+    signals = _Signals()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, signals.on_signal)
+    try:
+        await serve(signals)
+    except asyncio.CancelledError:
+        main = asyncio.current_task()
+        if not signals.cut_short or main is None:
+            raise
+        main.uncancel()
+        err.print("worker stopped before it started serving")
+
+
+def _stopped(worker: Worker) -> str:
+    """The worker's last line: what it did."""
+    stats = worker.stats
+    return (
+        f"worker {worker.name} stopped: {stats.started} started, {stats.recovered} "
+        f"carried on, {stats.stopped} stopped at a boundary, {stats.needs_person} "
+        f"left for a person, {stats.gave_up} given up, {stats.conflicts} conflicts, "
+        f"{stats.failures} refused; at most {stats.peak_in_flight} in flight, "
+        f"paused {stats.pauses} times"
+    )
+
+
 def worker_command(
     *,
     agent: Annotated[
@@ -207,7 +261,7 @@ def worker_command(
 
     async def run() -> None:
         try:
-            await serve()
+            await _until_signalled(serve)
         finally:
             # Drained (or failed): a signal from here on has nothing left to stop, and must not
             # turn a clean exit into death by that signal while the loop closes.
@@ -216,10 +270,9 @@ def worker_command(
                 loop.remove_signal_handler(sig)
                 signal.signal(sig, signal.SIG_IGN)
 
-    async def serve() -> None:
-        stop = asyncio.Event()
+    async def serve(signals: _Signals) -> None:
         async with opened(f"the {config.backend} stores", open_backends(config)) as backends:
-            worker = Worker(
+            worker = signals.worker = Worker(
                 backends,
                 model,
                 agents,
@@ -230,18 +283,6 @@ def worker_command(
                 lease_policy=policy,
                 recheck_s=recheck,
             )
-
-            def on_signal() -> None:
-                if stop.is_set():
-                    err.print("second signal: cancelling runs in flight")
-                    worker.stop_now()
-                else:
-                    err.print("draining: runs stop at their next boundary")
-                    stop.set()
-
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, on_signal)
 
             async def ready() -> str | None:
                 if worker.draining:
@@ -256,7 +297,7 @@ def worker_command(
             ):
                 await _serve(
                     worker,
-                    stop,
+                    signals.stop,
                     config,
                     # The applications' topic unless told otherwise: a worker on another
                     # would never hear the starts they submit.
@@ -266,16 +307,7 @@ def worker_command(
                     signer=signer,
                     accept_unsigned=accept_unsigned,
                 )
-            stats = worker.stats
-            err.print(
-                shown(
-                    f"worker {worker.name} stopped: {stats.started} started, {stats.recovered} "
-                    f"carried on, {stats.stopped} stopped at a boundary, {stats.needs_person} "
-                    f"left for a person, {stats.gave_up} given up, {stats.conflicts} conflicts, "
-                    f"{stats.failures} refused; at most {stats.peak_in_flight} in flight, "
-                    f"paused {stats.pauses} times"
-                )
-            )
+            err.print(shown(_stopped(worker)))
 
     # Put back afterwards: the command also runs inside other processes (tests, embedders).
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}

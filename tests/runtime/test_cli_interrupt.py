@@ -229,3 +229,43 @@ def test_a_projector_stopped_while_connecting_stops_at_once(
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == "projector stopped before it started folding"
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_worker_stopped_while_opening_its_stores_stops_at_once_in_one_line(
+    silent_server: socket.socket, sig: signal.Signals
+) -> None:
+    """SIGTERM to `onward worker` whose PostgreSQL does not answer yet (a pod stopped during a
+    rollout): its handlers were put in place only once the stores were open, so the signal
+    killed it with no line and no exit code of its own."""
+    port = silent_server.getsockname()[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "ONWARD_BACKEND": "postgres",
+        "DATABASE_URL": f"postgresql://onward:secret@127.0.0.1:{port}/onward",
+    }
+    env.pop("REDIS_URL", None)
+    command = [sys.executable, "-m", "onward", "worker"]
+    command += ["--agent", "support.cli_agent:booker"]
+    command += ["--provider", "support.cli_agent:booking_model"]
+    worker = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
+    )
+    silent_server.settimeout(30)
+    connected, _ = silent_server.accept()  # the worker now waits on a PostgreSQL that is silent
+    with connected:
+        time.sleep(0.5)
+        assert worker.poll() is None, worker.communicate()
+        started = time.monotonic()
+        worker.send_signal(sig)
+        _, stderr = worker.communicate(timeout=30)
+    assert worker.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines() == ["worker stopped before it started serving"], stderr
+    assert time.monotonic() - started < 10

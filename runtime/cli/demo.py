@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from onward.errors import InvalidInputError
+
+from ._common import TerminatedError
 
 
 def demo_command(
@@ -28,7 +35,8 @@ def demo_command(
         return
     if directory is not None:
         _check_dir(directory)
-    bookings = booking.run_demo(directory, Console())
+    with _terminable():
+        bookings = booking.run_demo(directory, Console())
     if bookings != 1:
         raise typer.Exit(1)
 
@@ -53,3 +61,23 @@ def _check_dir(directory: Path) -> None:
             f"--dir: {str(directory)!r} holds {' and '.join(held)} already (an earlier demo's?); "
             "give a new or empty directory"
         )
+
+
+@contextlib.contextmanager
+def _terminable() -> Iterator[None]:
+    """SIGTERM stops the demo as Ctrl-C does, in one line and exit 143 (`TerminatedError`),
+    its child killed on the way out (``subprocess.run`` kills it on an exception); without a
+    handler the demo died of the signal unsaid, its child left running on its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only (a command run by a test)
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        raise TerminatedError
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: set outside Python, and cannot be put back
+            signal.signal(signal.SIGTERM, previous)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,26 @@ def test_the_demo_prints_commands_that_show_what_it_did(tmp_path: Path) -> None:
         )
         assert shown.returncode == 0, shown.stderr
         assert "run-booking-1" in shown.stdout
+
+
+def test_sigterm_to_the_demo_exits_143_in_one_line(tmp_path: Path) -> None:
+    """SIGTERM to `onward demo` while it waits for the dead worker's lease: it died of the
+    signal without a word, where every other command says so and exits 143."""
+    demoing = subprocess.Popen(
+        [sys.executable, "-m", "onward", "demo", "--dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "300", "PYTHONUNBUFFERED": "1"},
+    )
+    assert demoing.stdout is not None
+    for line in demoing.stdout:
+        if line.startswith("3. worker-2"):
+            break
+    else:
+        raise AssertionError(demoing.communicate())
+    demoing.send_signal(signal.SIGTERM)
+    _, stderr = demoing.communicate(timeout=30)
+    assert demoing.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines() == ["terminated"], stderr

@@ -9,6 +9,7 @@ The SQL lives in ``schemas/sql/NNNN_name.sql`` (PostgreSQL) and ``schemas/sqlite
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Literal
 
 import asyncpg
 
-from onward.errors import ConfigurationError, SchemaMismatchError
+from onward.errors import BackendUnavailableError, ConfigurationError, SchemaMismatchError
 
 from .locks import LOCK_TIMEOUT_S, LockWait, lock_taken
 from .sqlite import connect, connect_readonly, split_statements, transaction
@@ -94,12 +95,21 @@ async def migrate_postgres(
     """Apply the PostgreSQL migrations not yet applied; return their names.
 
     Args:
-        lock_timeout_s: The longest another migration of the same schema is waited for before
-            this one fails with `BackendUnavailableError`; ``None`` waits until it is done.
+        lock_timeout_s: The longest another migration of the same schema, or a lock on a
+            table a migration changes, is waited for before this one fails with
+            `BackendUnavailableError`; ``None`` waits until it is done.
     """
     applied: list[str] = []
     async with conn.transaction():
         await _lock_migrations(conn, lock_timeout_s)
+        if lock_timeout_s is not None:
+            # A session in an open transaction that wrote to a table holds it for as long as
+            # it stays open: an ALTER or CREATE INDEX of it waited unbounded and unsaid, every
+            # other write to the table queued behind it. The build itself is not bounded.
+            await conn.execute(
+                "SELECT set_config('lock_timeout', $1, true)",
+                f"{max(1, math.ceil(lock_timeout_s * 1000))}ms",
+            )
         await conn.execute(_LEDGER)
         done = {
             r["version"] for r in await conn.fetch("SELECT version FROM onward_schema_migrations")
@@ -108,7 +118,15 @@ async def migrate_postgres(
         for migration in migrations("postgres"):
             if migration.version in done:
                 continue
-            await conn.execute(migration.sql)
+            try:
+                await conn.execute(migration.sql)
+            except asyncpg.LockNotAvailableError as exc:
+                within = "" if lock_timeout_s is None else f" within {lock_timeout_s:g} s"
+                raise BackendUnavailableError(
+                    f"PostgreSQL migration {migration.version:04d}_{migration.name}: a table "
+                    "it changes is held by another session, which did not commit or roll back"
+                    f"{within}; nothing was applied, and the same command may succeed once it has"
+                ) from exc
             await conn.execute(
                 "INSERT INTO onward_schema_migrations (version, name) VALUES ($1, $2)",
                 migration.version,

@@ -148,3 +148,37 @@ async def test_a_schema_another_session_is_creating_is_waited_for_then_given_up(
     refused = stderr.strip().splitlines()[-1]
     assert schema in refused, refused
     assert "2 s" in refused, refused
+
+
+async def test_a_migration_whose_table_another_session_holds_is_given_up(
+    database_url: str, new_pg_schema: SchemaFactory
+) -> None:
+    """An upgrade whose migration alters a table that a session in an open transaction has
+    written to (a projector's long write, a person's ``BEGIN``): its statement waited for the
+    table's lock bounded by nothing, `onward db migrate` silent for as long as the other stayed
+    open, and every write to that table queued behind it meanwhile."""
+    schema = await new_pg_schema()
+    holder = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        await holder.execute("DROP INDEX onward_quarantine_by_state")
+        await holder.execute("DELETE FROM onward_schema_migrations WHERE version = 21")
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute("LOCK TABLE onward_quarantine IN ROW EXCLUSIVE MODE")
+        began = time.monotonic()
+        code, stderr = await onward_migrate(database_url, schema, 2)
+        took = time.monotonic() - began
+        await transaction.rollback()
+        applied = await holder.fetchval(
+            "SELECT count(*) FROM onward_schema_migrations WHERE version = 21"
+        )
+    finally:
+        await holder.close()
+    assert code == 5, stderr
+    assert took < 15
+    assert applied == 0  # rolled back whole: the next migrate applies it
+    refused = stderr.strip().splitlines()[-1]
+    assert "0021_quarantine_by_state" in refused, refused
+    assert "2 s" in refused, refused
+    code, stderr = await onward_migrate(database_url, schema, 2)
+    assert code == 0, stderr

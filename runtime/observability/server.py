@@ -158,7 +158,12 @@ class HealthServer:
         reply = _reply(status, content_type, body, with_body=not head.startswith(b"HEAD "))
         with contextlib.suppress(ConnectionError):
             writer.write(reply)
-            await writer.drain()
+            try:
+                await asyncio.wait_for(writer.drain(), _REQUEST_WITHIN_S)
+            except TimeoutError:
+                # A client that does not read its answer would hold its connection, one of
+                # `MAX_CONNECTIONS`, for as long as it stays open: dropped, unsent answer and all.
+                writer.transport.abort()
 
     async def _answer(self, head: bytes) -> tuple[int, str, bytes]:
         text = "text/plain; charset=utf-8"

@@ -24,6 +24,8 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.compaction_world import sqlite_world
@@ -430,3 +432,48 @@ async def test_a_flood_of_connections_is_bounded_and_shares_one_readiness_check(
         assert checks == 2
         for _, writer in (silent, over):
             writer.close()
+
+
+class _ManySeries:
+    """A collector of ``count`` series: a `/metrics` answer far larger than a socket holds."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("many_series", "One gauge per partition.", labels=["n"])
+        for n in range(self.count):
+            family.add_metric([str(n)], n)
+        yield family
+
+
+async def test_clients_that_never_read_their_answer_do_not_hold_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that asks for `/metrics` and never reads the answer held its connection for as
+    long as it stayed open (the wait for the answer to be sent had no bound): enough of them
+    and every `/healthz` after was answered 503, so the orchestrator killed a healthy worker."""
+    monkeypatch.setattr(server, "MAX_CONNECTIONS", 4, raising=False)
+    monkeypatch.setattr(server, "_REQUEST_WITHIN_S", 0.5, raising=False)
+    registry = CollectorRegistry()
+    registry.register(_ManySeries(200_000))
+
+    async def ready() -> str | None:
+        return None
+
+    stuck: list[socket.socket] = []
+    async with HealthServer(registry, ready=ready, port=0) as health:
+        try:
+            for _ in range(4):
+                client = socket.socket()
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                client.connect(("127.0.0.1", health.port))
+                client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                stuck.append(client)
+            await asyncio.sleep(3)
+            async with httpx.AsyncClient(base_url=health.url) as http:
+                answer = await http.get("/healthz")
+        finally:
+            for client in stuck:
+                client.close()
+    assert (answer.status_code, answer.text) == (200, "ok\n")

@@ -400,9 +400,12 @@ class Recovery:
         """End the run ``failed`` with ``reason``, written under its lease; or, if a call of
         it may have taken effect (its attempts can run out before a plan refuses it: a status
         check that does not answer, an outage after the claim), leave it for a person, as a
-        plan that is not safe is: ending it would hide that call."""
+        plan that is not safe is: ending it would hide that call. A cancel ask heard with the
+        lease (one its last holder let go of unanswered) ends it ``cancelled`` instead, as
+        its driver would have: its asker was told it ends so."""
         worker = self._worker
         runner = worker.runner
+        status = "failed"
         async with Leaseholder(
             worker.backends.leases,
             frontier.run_id,
@@ -424,11 +427,22 @@ class Recovery:
                 return
             undecided = plan_resume(current, self._revision_of(current) or agent).indeterminate
             if not undecided:
-                worker.stats.gave_up += 1
-                _log.warning("run %s: %s", printable(frontier.run_id), reason)
                 await held.raise_fence(current.fence)
                 run = HeldRun(agent, held, current, Conversation(""))
-                finished = runner.writer.event(run, RunFinished, status="failed", error=reason)
+                asked = held.cancel_asked
+                if asked is None:
+                    worker.stats.gave_up += 1
+                    _log.warning("run %s: %s", printable(frontier.run_id), reason)
+                    error = reason
+                else:
+                    _log.info(
+                        "run %s: %s as it was to be given up on (%s)",
+                        printable(frontier.run_id),
+                        printable(asked.error),
+                        reason,
+                    )
+                    status, error = "cancelled", asked.error
+                finished = runner.writer.event(run, RunFinished, status=status, error=error)
                 await runner.writer.append(run, [finished])
             else:
                 # Left for a person, not ended: released answered, a cancel ask heard here
@@ -443,4 +457,4 @@ class Recovery:
             return
         # Kept until the end is durable: a write that failed leaves it for the next pass.
         self._causes.pop(frontier.run_id, None)
-        worker.count("failed")
+        worker.count(status)

@@ -167,3 +167,41 @@ async def test_an_outage_before_the_claim_is_not_the_cause_a_run_gives_up_with(
         "gave up: 3 attempts to carry it on made no progress; the last one failed with "
         "RuntimeError: upstream 503 Service Unavailable"
     )
+
+
+class DownAsAnnAsks(ScriptedProvider):
+    """A model whose every call fails as an upstream 503 does; during the last call a worker
+    makes of it, Ann asks the run's holder to cancel it (after the holder's last renewal)."""
+
+    def __init__(self, backends: Backends, last: int) -> None:
+        super().__init__([])
+        self.backends, self.last, self.calls = backends, last, 0
+
+    async def complete(self, agent: Agent, messages: Sequence[Message]) -> ModelReply:
+        self.calls += 1
+        if self.calls == self.last:
+            asked = await self.backends.leases.ask_to_cancel("r", tenant=TENANT, by="ann")
+            assert asked is not None
+        raise RuntimeError("upstream 503 Service Unavailable")
+
+
+async def test_a_run_asked_to_cancel_as_its_last_attempt_fails_ends_cancelled(
+    backends: Backends,
+) -> None:
+    """Ann asks the run's holder to cancel it during its last attempt, whose model call then
+    fails (the ask kept with the lease, unheard). The worker gives up on the run, hearing the
+    ask as it takes the lease: the run must end ``cancelled`` as she asked (``onward cancel
+    --wait`` reports it so), not ``failed``, with the ask dropped."""
+    agent = Agent(name="writer", instructions="w")
+    worker = Worker(backends, UpstreamDown(), {"writer": agent}, backoff_s=0)
+    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer"))
+    await worker.drained()
+    attempts = (await worker.runner.inspect("r", tenant=TENANT)).attempts
+    worker.runner.provider = DownAsAnnAsks(backends, worker.max_attempts - attempts)
+    for _ in range(worker.max_attempts - attempts):
+        worker.submit(ResumeRun(run_id="r", tenant=TENANT))
+        await worker.drained()
+
+    frontier = await worker.runner.inspect("r", tenant=TENANT)
+    assert (frontier.status, frontier.error) == ("cancelled", "cancelled by ann")
+    assert worker.stats.statuses.get("cancelled") == 1

@@ -565,16 +565,26 @@ async def end_overtaken(run: HeldRun, *, writer: RunWriter) -> None:
     await writer.append(run, [writer.event(run, RunFinished, status="failed", error=error)])
 
 
-async def finish_cut_carry(run: HeldRun, successor: str | None, *, writer: RunWriter) -> bool:
+async def finish_cut_carry(
+    run: HeldRun,
+    successor: str | None,
+    *,
+    writer: RunWriter,
+    holding: Holding,
+    resumer: Resumer,
+) -> bool:
     """End the run `RunContinued` into ``successor``, what `cut_carry` found for it: an earlier
     carry started that run and died before writing this end. Returns whether it did. Whatever
     the resuming runner's policy (a fleet worker has none): the turn in progress was handed
     over with the successor's start, so the run must not make its calls itself, or they would
-    be made in both runs.
+    be made in both runs. A cancel ask this holding heard (one the dead carry's holder left
+    with the lease) is passed on to the successor (`_pass_on_ask`), as a carry passes it on:
+    the run is ended here, so the ask would otherwise be dropped with it.
     """
     if successor is None:
         return False
     await writer.append(run, [writer.event(run, RunContinued, new_run_id=successor)])
+    await _pass_on_ask(run, successor, writer=writer, holding=holding, resumer=resumer)
     return True
 
 

@@ -582,7 +582,9 @@ class AgentRunner(Resource):
         finally:
             cut.cancel()  # nothing once it is done
             await asyncio.gather(cut, return_exceptions=True)
-        await finish_cut_carry(run, successor, writer=self.writer)
+        await finish_cut_carry(
+            run, successor, writer=self.writer, holding=self._held, resumer=self.resumer
+        )
         result = await self._drive(run)
         return dataclasses.replace(result, plan=plan, reconciled=tuple(reconciled))
 
@@ -1261,6 +1263,8 @@ class AgentRunner(Resource):
                 )
             ):
                 break
+            if run.held.cancel_asked is not None:
+                continue  # heard as a carry confirmed the lease: the run ends here, as asked
             if run.frontier.calls:
                 if await self._paused(run, "after_model_call"):
                     break

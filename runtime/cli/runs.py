@@ -634,11 +634,12 @@ def cancel_command(
             f"call {call.call_id} ({call.tool}) was dispatched and never settled: it may have "
             "run; its record says undecided"
         )
+    # The run that ended: the run it goes on as, when it was carried on as it was asked.
     if as_json:
-        facts = {"run": run_id, "tenant": tenant, "status": ended.status, "by": by, "why": why}
-        echo_json({**facts, "undecided_calls": [c.call_id for c in undecided]})
+        facts = {"run": ended.run_id, "tenant": tenant, "status": ended.status, "by": by}
+        echo_json({**facts, "why": why, "undecided_calls": [c.call_id for c in undecided]})
         return
-    out.print(shown(f"cancelled run {run_id} (by {by})"), soft_wrap=True)
+    out.print(shown(f"cancelled run {ended.run_id} (by {by})"), soft_wrap=True)
 
 
 async def _cancel_waiting_start(
@@ -662,7 +663,9 @@ async def _cancel_within(
     with its lease, `LeaseStore.ask_to_cancel`, which every backend has and the holder hears at
     its next renewal or tool call); on Kafka with a request key the first refusal also sends a
     `CancelRun` to the worker that owns the run's partition, which hears it at once. Whoever
-    ends the run first, the command reports it cancelled.
+    ends the run first, the command reports it cancelled. A run its holder carried on once
+    asked (the ask goes on with the carry) is followed to the run it goes on as, which is
+    the one returned.
 
     Raises:
         ResumeConflictError: Still held once ``wait`` is over (its holder was asked, and still
@@ -681,6 +684,12 @@ async def _cancel_within(
                 frontier = await runner.inspect(request.run_id, tenant=request.tenant)
                 if frontier.status == "cancelled":
                     return frontier
+                onward = frontier.continued_to
+                if frontier.status == "continued" and onward is not None:
+                    # Carried on as it was asked: the ask went on with it, and the run it goes
+                    # on as is the one that ends (or is to be ended here).
+                    request = msgspec.structs.replace(request, run_id=onward)
+                    continue
             raise
         except ResumeConflictError as held:
             if held.holder is None:

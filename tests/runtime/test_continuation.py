@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import pytest
 import pytest_asyncio
+from support.appapi import until
 from support.crashes import Crash, CrashAt
 from support.runners import embedded_log
 from support.servers import KafkaServers
@@ -39,7 +40,13 @@ from onward.errors import (
 )
 from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall, kind_of
 from onward.eventlog.base import EventLog, LogRead, LogRecord
-from onward.eventlog.events import ApprovalRequested, RunContinued, RunStarted, ToolDispatched
+from onward.eventlog.events import (
+    ApprovalRequested,
+    ResumePlanned,
+    RunContinued,
+    RunStarted,
+    ToolDispatched,
+)
 from onward.projections.frontier import Frontier
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime import Agent, AgentRunner, ScriptedProvider, reply, tool
@@ -1300,3 +1307,95 @@ async def test_a_run_a_producer_named_out_of_bounds_is_carried_by_the_default_co
     assert (result.run_id, result.status) == (successor_id(odd), "completed")
     assert (await world.runner().inspect(odd, tenant=TENANT)).continued_to == successor_id(odd)
     assert world.ledger.count("pay") == 1
+
+
+@pytest.mark.parametrize("resumed", [RUN, NEXT])
+async def test_an_ask_kept_for_a_run_whose_carry_was_cut_short_ends_the_run_it_goes_on_as(
+    world: World, resumed: str
+) -> None:
+    """The carry died between the new run's start and the old run's end, holding the old run
+    as Ann asked it to cancel (the ask kept with its lease). The next resume (of either run)
+    ends the old run into the new one, hearing the ask: the new run must end ``cancelled``,
+    not go on unasked and pay while Ann was told her ask was taken."""
+    agent = await world.carried_until_it_dies("run.started")
+    runner = world.runner()
+    dying = await runner.leases.acquire(RUN, tenant=TENANT, holder="the carry", ttl_s=60)
+    assert await runner.ask_to_cancel(RUN, tenant=TENANT, by="ann", why="stop it")
+    await runner.leases.release(unheard(dying))  # it died without hearing the ask
+
+    result = await world.runner().resume(agent, resumed, tenant=TENANT)
+
+    assert world.ledger.count("pay") == 0, "a run asked to cancel paid"
+    assert (result.run_id, result.status, result.error) == (
+        NEXT,
+        "cancelled",
+        "cancelled by ann: stop it",
+    )
+    assert (await world.runner().inspect(RUN, tenant=TENANT)).continued_to == NEXT
+
+
+async def test_onward_cancel_wait_follows_a_run_carried_on_as_its_holder_was_asked(
+    tmp_path: Path,
+) -> None:
+    """``onward cancel --wait`` asks the run's holder to cancel it just as the holder carries
+    it on: the ask goes on with the carry, and the run it goes on as ends ``cancelled``. The
+    command must report that run cancelled (exit 0), not exit 2 saying the run ended
+    ``continued`` and to cancel a run that is cancelled already."""
+    path = tmp_path / "onward.db"
+    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(path)}
+    async with (
+        SqliteEventLog(path) as log,
+        SqliteFrontierStore(path) as frontiers,
+        SqliteLeaseStore(path) as leases,
+    ):
+        world = World(log, {"frontiers": frontiers, "leases": leases, "checkpoint_inline": True})
+        await world.waiting_then_approved()
+        runner = world.runner(continuation=POLICY, worker="carrier")
+        append = runner.writer.append
+        handing_over = asyncio.Event()
+
+        async def asked() -> bool:
+            held = await leases.current(RUN)
+            return held is not None and held.cancel_asked is not None
+
+        async def asked_as_it_hands_over(run: Any, events: Sequence[Any]) -> None:
+            if any(isinstance(e, RunContinued) for e in events):
+                handing_over.set()
+                await until(asked, "the command's ask")
+            await append(run, events)
+
+        runner.writer.append = asked_as_it_hands_over  # type: ignore[method-assign]
+        carrying = asyncio.create_task(runner.resume(world.ledger.agent(), RUN, tenant=TENANT))
+        await asyncio.wait_for(handing_over.wait(), 10)
+        args = ["cancel", RUN, "--tenant", TENANT, "--by", "ops", "--wait", "30"]
+        result = await asyncio.to_thread(CliRunner().invoke, app, args, env=env)
+        done = await carrying
+
+    assert (done.run_id, done.status) == (NEXT, "cancelled")
+    assert world.ledger.count("pay") == 0
+    assert result.exit_code == 0, result.output
+    assert f"cancelled run {NEXT} (by ops)" in result.stdout
+
+
+async def test_a_cancel_asked_as_the_carry_confirms_the_lease_ends_the_run_before_it_pays(
+    world: World,
+) -> None:
+    """Ann asks the run's holder to cancel it after the holder last looked for an ask at the
+    boundary, and the carry due there hears it as it confirms the lease (so the run goes on
+    uncarried): the run must end ``cancelled`` there, as asked, not first make the approved
+    payment of its turn and end only at the boundary after."""
+    await world.waiting_then_approved()
+    runner = world.runner(continuation=POLICY)
+    append = runner.writer.append
+
+    async def asked_once_planned(run: Any, events: Sequence[Any]) -> None:
+        await append(run, events)
+        if any(isinstance(e, ResumePlanned) for e in events):
+            assert await world.runner().ask_to_cancel(RUN, tenant=TENANT, by="ann") is not None
+
+    runner.writer.append = asked_once_planned  # type: ignore[method-assign]
+    done = await runner.resume(world.ledger.agent(), RUN, tenant=TENANT)
+
+    assert world.ledger.count("pay") == 0, "a run asked to cancel paid"
+    assert (done.run_id, done.status, done.error) == (RUN, "cancelled", "cancelled by ann")
+    assert await world.log.read_run(NEXT) == []

@@ -336,12 +336,15 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """In a graph invocation's context (its tasks copy it): the ``_losses`` and ``_stops``
         of each thread when the invocation read its latest checkpoint, so a read by anyone
         else (a UI's ``aget_state``) does not let an invocation that lost the thread, or that
-        this saver ended, write on; and which of the thread's ``_starts`` that read was."""
-        self._starts: dict[str, int] = {}
-        """How many reads of each thread's latest checkpoint (invocation starts) there were."""
+        this saver ended, write on; and which of the ``_started`` that read was. It keeps the
+        latest `FOLLOWED_THREADS` threads read (`_remembered`): a context that runs invocation
+        after invocation, of one thread after another, would keep and copy one per thread."""
+        self._started = 0
+        """How many reads of a thread's latest checkpoint (invocation starts) there were, of
+        every thread: one count, so nothing is kept per thread a long-lived saver started."""
         self._asked: dict[str, tuple[int, CancelAsked, Leaseholder]] = {}
         """A cancel ask of each thread this saver heard and no end answered yet, with how many
-        ``_starts`` there were when it was heard, and the holding that heard it: it ends an
+        ``_started`` there were when it was heard, and the holding that heard it: it ends an
         invocation that started by then, not a later one (a cancel ends one invocation, not
         the thread)."""
         self._stopped: dict[str, Callable[[], OnwardError]] = {}
@@ -476,11 +479,11 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             self._stopped.pop(thread_id, None)
             if await self._hear_ask_before_start(thread_id):
                 state = await self._state(thread_id)
-            start = self._starts[thread_id] = self._starts.get(thread_id, 0) + 1
-            read = self._read_at.get() or {}
+            self._started += 1
             stops = self._stops.get(thread_id, (0, None))[0]
             losses = self._losses.get(thread_id, 0)
-            self._read_at.set({**read, thread_id: (losses, stops, start)})
+            read = _remembered(self._read_at.get(), thread_id, (losses, stops, self._started))
+            self._read_at.set(read)
         saved = state.checkpoints.get(ns, {})
         latest = checkpoint_id is None
         if checkpoint_id is None:
@@ -489,11 +492,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 return None
         cancelled = bool(state.cancelled_as) and state.waiting_at == (ns, checkpoint_id)
         if latest:
-            refused = dict(_CANCELLED_READ.get() or {})
-            refused.pop((id(self), thread_id), None)
+            key = (id(self), thread_id)
             if cancelled:
-                refused[id(self), thread_id] = (ns, checkpoint_id, state.cancelled_as)
-            _CANCELLED_READ.set(refused)
+                at = (ns, checkpoint_id, state.cancelled_as)
+                _CANCELLED_READ.set(_remembered(_CANCELLED_READ.get(), key, at))
+            elif key in (refused := _CANCELLED_READ.get() or {}):
+                _CANCELLED_READ.set({k: v for k, v in refused.items() if k != key})
         event = saved.get(checkpoint_id)
         if state.partial and (event is None or not self._holds_values(state, event)):
             # Folded from a summary, which holds the newest checkpoints only, and the versions
@@ -1756,7 +1760,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         asked = held.holder.cancel_asked
         kept = self._asked.get(thread_id)
         if asked is not None and (kept is None or kept[2] is not held.holder):
-            self._asked[thread_id] = (self._starts.get(thread_id, 0), asked, held.holder)
+            self._asked[thread_id] = (self._started, asked, held.holder)
         return asked
 
     async def _end(
@@ -2163,6 +2167,21 @@ _CANCELLED_READ: contextvars.ContextVar[dict[tuple[int, str], tuple[str, str, st
 """In a graph invocation's context (its tasks copy it): by saver (its id) and thread, the
 namespace and checkpoint id of an interrupt it read ended by a cancel, and the end's error:
 an answer to it is refused."""
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _remembered(kept: dict[_K, _V] | None, key: _K, value: _V) -> dict[_K, _V]:
+    """A copy of a context's ``kept`` with ``key`` (newest) set to ``value``, holding the
+    latest `FOLLOWED_THREADS` keys: a context reading one thread after another (a worker's
+    loop of invocations) would otherwise keep, and copy at each read, one per thread."""
+    out = {k: v for k, v in (kept or {}).items() if k != key}
+    out[key] = value
+    for old in list(out)[: max(0, len(out) - FOLLOWED_THREADS)]:
+        del out[old]
+    return out
 
 
 def _answer_refused(thread_id: str, error: str) -> RunCancelledError:

@@ -19,6 +19,7 @@ from onward.errors import (
     HistoryUnavailableError,
     InvalidInputError,
     NothingToResumeError,
+    OnwardError,
     ResumeConflictError,
 )
 from onward.eventlog.archive import DirectoryArchive
@@ -700,6 +701,13 @@ async def _cancel_within(
                     if asked
                     else ""
                 )
+                if asked and await _is_graph_thread(runner, request):
+                    then = (
+                        "; its holder was asked to end it cancelled. It is a LangGraph thread: "
+                        "its saver ends the graph run writing it at that run's next write; if "
+                        "none is (the saver keeps the thread between invocations), nothing is "
+                        "cancelled and the thread's next invocation runs"
+                    )
                 raise ResumeConflictError(
                     f"{held}; still held after --wait {wait:g} s{then}",
                     run_id=request.run_id,
@@ -714,6 +722,16 @@ async def _cancel_within(
                 asked_fleet = await _ask_fleet_to_cancel(backends.settings, request)
                 _say_waiting(request, held.holder, holding, asked_fleet, wait)
         await asyncio.sleep(_CANCEL_RETRY_S)
+
+
+async def _is_graph_thread(runner: AgentRunner, request: CancelRun) -> bool:
+    """Whether the run is a LangGraph thread (no agent of Onward's own), as far as its
+    frontier can be read: its saver ends only a graph run writing it, not the thread."""
+    try:
+        frontier = await runner.inspect(request.run_id, tenant=request.tenant)
+    except OnwardError:
+        return False
+    return not frontier.agent
 
 
 def _say_waiting(

@@ -135,6 +135,12 @@ class Leaseholder:
         lease = self._lease
         return None if lease is None else lease.cancel_asked
 
+    def when_asked(self, heard: Callable[[], None]) -> None:
+        """Call ``heard`` each time a renewal, `confirm` or fence raise hears a cancel ask
+        (on the loop, from the call that heard it): for a holder idle between its writes,
+        which would otherwise hear it only at its next one."""
+        self._on_ask.add(heard)
+
     def keep_ask(self) -> None:
         """Leave a cancel ask this holding heard for the run's next holder: this one does not
         answer it (a person's write to a run it does not end). Released otherwise, the lease

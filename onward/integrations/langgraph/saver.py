@@ -363,6 +363,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """By thread and tool call id: the turn `OnwardToolMiddleware` takes to handle a call
         (see `_call_turn`)."""
         self._taking: dict[str, _Taking] = {}
+        self._answering: set[asyncio.Task[None]] = set()
+        """Asks heard by a renewal being answered (`_answer_at_interrupt`)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._records_left: dict[tuple[str, int], SpendEntry] = {}
         """Model calls whose record found the spend ledger down: still to record."""
@@ -376,6 +378,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     async def close(self) -> None:
         """Release every thread this saver holds, and record the model calls still to record
         (`_record_spend`). The log and stores stay open (not ours)."""
+        await asyncio.gather(*self._answering, return_exceptions=True)
         for thread_id in list(self._held):
             await self.arelease(thread_id)
         await self._record_left()
@@ -1634,6 +1637,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             self.leases, thread_id, tenant=self.tenant, holder=self.holder, policy=self.policy
         )
         await holder.__aenter__()
+        holder.when_asked(functools.partial(self._ask_heard, thread_id, holder))
         try:
             state = await self._caught_up(thread_id, followed)
             await holder.raise_fence(state.fence)
@@ -1740,6 +1744,48 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             self._asked.pop(thread_id, None)
             self._stop(thread_id, functools.partial(_cancelled_error, thread_id, asked))
             raise _cancelled_error(thread_id, asked)
+
+    def _ask_heard(self, thread_id: str, holder: Leaseholder) -> None:
+        """A renewal of the thread's holding heard a cancel ask: answer it now if the thread
+        is stopped at an interrupt (`_answer_at_interrupt`), rather than at the next
+        invocation, which may never come while the asker waits."""
+        held = self._held.get(thread_id)
+        if held is None or held.holder is not holder or held.lock.locked():
+            return  # let go, or a write under way: that write hears the ask itself
+        task = asyncio.get_running_loop().create_task(self._answer_at_interrupt(thread_id, held))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _answer_at_interrupt(self, thread_id: str, held: _Held) -> None:
+        """End ``cancelled`` the invocation of a held thread stopped at an interrupt, whose
+        holding heard a cancel ask, and let the thread go, as `arelease` and the next
+        invocation's start do: it waits on a person, no write of it would hear the ask. A
+        thread not stopped at one (its invocation done, or in a slow node) is left: which of
+        the two it is, the next invocation's start or write tells."""
+        if self._calling.get(thread_id):
+            return  # a tool call's outcome is recorded first; that write hears the ask
+        async with held.lock:
+            if self._held.get(thread_id) is not held or held.holder.fenced.is_set():
+                return
+            try:
+                state = await self._fresh(thread_id, held)
+            except OnwardError as exc:
+                # The next renewal hears the ask again, and tries again.
+                logger.warning("thread %r: not read to answer a cancel: %s", thread_id, exc)
+                return
+            if state.waiting_on is None:
+                return
+            asked = self._heard(thread_id, held)
+            if asked is None:
+                return
+            try:
+                await self._record_end(thread_id, held, "cancelled", asked.error)
+            except OnwardError as exc:
+                logger.warning(
+                    "thread %r: the cancel asked is not answered yet: %s", thread_id, exc
+                )
+                held.holder.keep_ask()  # not ended: the thread's next holder hears it
+            await self._drop(thread_id, held, lost=False)
 
     def _ask_for_this_invocation(self, thread_id: str, held: _Held) -> CancelAsked | None:
         """The cancel ask that ends the graph invocation writing (this context's), if any: one

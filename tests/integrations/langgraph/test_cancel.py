@@ -513,7 +513,7 @@ async def test_a_cancel_heard_while_a_long_lived_saver_holds_a_thread_at_an_inte
 ) -> None:
     """One long-lived saver (no ``hold``) keeps the thread stopped at an interrupt, and its
     renewal hears a cancel: the interrupted invocation waits on a person, it is not over, so
-    the next invocation's start ends it cancelled, and the resume does not buy."""
+    the saver ends it cancelled and lets the thread go, and the resume does not buy."""
     world, _ = placed
     thread_id = f"thread-{uuid.uuid4().hex[:8]}"
     purchases: list[str] = []
@@ -523,7 +523,11 @@ async def test_a_cancel_heard_while_a_long_lived_saver_holds_a_thread_at_an_inte
         assert "__interrupt__" in out
         assert saver.holds(thread_id)
         assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
-        await until_heard(saver, thread_id)
+
+        async def let_go() -> bool:
+            return not saver.holds(thread_id)
+
+        await until(let_go, "the saver answering the ask its renewal heard")
         with pytest.raises(RunCancelledError):
             await graph.ainvoke(Command(resume="yes"), config(thread_id))
     assert purchases == []
@@ -619,3 +623,58 @@ async def test_an_ask_heard_as_the_saver_lets_go_of_a_thread_still_written_ends_
     ends = [e for e in events if isinstance(e, RunFinished)]
     assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
     assert not any(isinstance(e, GraphCheckpointed) for e in events[events.index(ends[0]) :])
+
+
+async def test_cancel_wait_of_a_thread_a_long_lived_saver_holds_at_an_interrupt_ends_it(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """One long-lived saver keeps the thread stopped at an interrupt, and no invocation comes:
+    `onward cancel --wait` is answered as the saver's renewal hears the ask (exit 0,
+    ``cancelled``), not after waiting out its whole time with the thread still held (exit 3);
+    a later resume is refused and does not buy."""
+    world, env = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    purchases: list[str] = []
+    async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
+        graph = buying_graph(saver, purchases)
+        out = await graph.ainvoke({"bought": 0}, config(thread_id))
+        assert "__interrupt__" in out
+        assert saver.holds(thread_id)
+
+        result = await asyncio.to_thread(cancel, env, thread_id)
+
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["status"] == "cancelled"
+        assert not saver.holds(thread_id)
+        with pytest.raises(RunCancelledError, match="cancelled by ops: runaway"):
+            await graph.ainvoke(Command(resume="yes"), config(thread_id))
+    assert purchases == []
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    ends = [e for e in events if isinstance(e, RunFinished)]
+    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops: runaway")]
+
+
+async def test_cancel_wait_of_a_thread_a_long_lived_saver_holds_idle_says_what_happens(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """One long-lived saver keeps the thread between invocations (the last one completed), and
+    no invocation comes: `onward cancel --wait` runs out (exit 3), and says what its ask comes
+    to for a LangGraph thread (nothing is cancelled; the next invocation runs), not that the
+    holder ends the run at its next boundary, which it never does."""
+    world, env = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
+        graph = looping_graph(saver)
+        out = await graph.ainvoke({"steps": [], "until": 2}, config(thread_id))
+        assert out["steps"] == [1, 2]
+        argv = ["cancel", thread_id, "--tenant", TENANT, "--by", "ops", "--wait", "2"]
+
+        result = await asyncio.to_thread(CliRunner().invoke, cli, argv, env=env)
+
+        assert result.exit_code == 3, result.output
+        assert "does at its next boundary" not in result.output
+        assert "nothing is cancelled and the thread's next invocation runs" in result.output
+        out = await graph.ainvoke({"steps": [], "until": 4}, config(thread_id))
+        assert out["steps"] == [1, 2, 3, 4]
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    assert not any(isinstance(e, RunFinished) for e in events)

@@ -436,6 +436,7 @@ class EventLogBackend(Resource):
     async def read_run(
         self, run_id: str, *, start: int | None = None, end: int | None = None
     ) -> list[StoredEvent]:
+        check_start(start)
         partition = partition_for(run_id, self._partitions)
         return strict(await self._read(LogRead(partition, start, end, run_id, None)))
 
@@ -443,6 +444,7 @@ class EventLogBackend(Resource):
         self, partition: int, start: int, end: int | None = None, *, limit: int | None = None
     ) -> list[StoredEvent]:
         check_partition(partition, self._partitions)
+        check_start(start)
         if not check_limit(limit):
             return []
         return strict(await self._read(LogRead(partition, start, end, None, limit)))
@@ -457,6 +459,7 @@ class EventLogBackend(Resource):
         limit: int | None = None,
     ) -> list[LogRecord]:
         check_partition(partition, self._partitions)
+        check_start(start)
         if run_id is not None:
             utf8_run_id(run_id)
         if not check_limit(limit):
@@ -548,6 +551,22 @@ def check_partition(partition: int, partitions: int) -> None:
     """Refuse a partition number the log does not have."""
     if not 0 <= partition < partitions:
         raise InvalidInputError(f"partition {partition} does not exist; the log has {partitions}")
+
+
+def check_start(start: int | None) -> None:
+    """Refuse a negative first offset to read from: no log holds one, and every log would
+    otherwise say it was truncated, which a caller takes for a cut to read on after."""
+    if start is not None and start < 0:
+        raise InvalidInputError(f"a read's start is a log offset, 0 or more; got {start}")
+
+
+def check_offset(partition: int, offset: int) -> None:
+    """Refuse a negative offset to truncate before: no log holds one, and the cut would
+    otherwise do nothing without a word, as if it had been made."""
+    if offset < 0:
+        raise InvalidInputError(
+            f"partition {partition}: a truncation offset is a log offset, 0 or more; got {offset}"
+        )
 
 
 def check_limit(limit: int | None) -> bool:

@@ -64,6 +64,7 @@ from .base import (
     LogRecord,
     PartitionBounds,
     Position,
+    check_offset,
     check_partition,
     check_truncation,
     decode_record,
@@ -584,6 +585,7 @@ class KafkaEventLog(EventLogBackend):
         return out
 
     async def truncate_before(self, partition: int, offset: int) -> None:
+        check_offset(partition, offset)
         bounds = await self.bounds(partition)
         check_truncation(partition, offset, bounds.end)
         if offset <= bounds.start:

@@ -19,6 +19,7 @@ from .base import (
     LogRecord,
     PartitionBounds,
     Position,
+    check_offset,
     check_partition,
     check_truncation,
     decode_record,
@@ -86,6 +87,7 @@ class MemoryEventLog(EventLogBackend):
 
     async def truncate_before(self, partition: int, offset: int) -> None:
         check_partition(partition, self._partitions)
+        check_offset(partition, offset)
         async with self._lock:
             base = self._base[partition]
             end = base + len(self._records[partition])

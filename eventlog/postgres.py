@@ -40,6 +40,7 @@ from .base import (
     LogRecord,
     PartitionBounds,
     Position,
+    check_offset,
     check_partition,
     check_truncation,
     decode_record,
@@ -312,6 +313,7 @@ class PostgresEventLog(PostgresStore, EventLogBackend):
 
     async def truncate_before(self, partition: int, offset: int) -> None:
         check_partition(partition, self.partitions)
+        check_offset(partition, offset)
         context = f"truncating partition {partition}"
         while not await self._truncation_step(partition, offset, context):
             pass

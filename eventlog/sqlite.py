@@ -34,6 +34,7 @@ from .base import (
     LogRecord,
     PartitionBounds,
     Position,
+    check_offset,
     check_partition,
     check_truncation,
     decode_record,
@@ -216,6 +217,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
 
     async def truncate_before(self, partition: int, offset: int) -> None:
         check_partition(partition, self._partitions)
+        check_offset(partition, offset)
         conn = self._db.connection()
 
         def step() -> bool:

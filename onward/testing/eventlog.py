@@ -631,6 +631,25 @@ class EventLogConformance:
                 await log.truncate_before(0, far)
         assert seqs(await log.read_run(run_id)) == [1, 2, 3]
 
+    async def test_a_negative_offset_is_refused_naming_it(self, log: EventLog) -> None:
+        """A negative offset is a caller's mistake, not a truncated one: said as such, and a
+        cut before it is refused rather than done as nothing."""
+        (run_id,) = runs_in_partition(0, 1, log.partitions)
+        await log.append(step_events(run_id, 3))
+        for negative in (-1, -(2**64)):
+            with pytest.raises(InvalidInputError, match=f"got {negative}"):
+                await log.read_run(run_id, start=negative)
+            with pytest.raises(InvalidInputError, match=f"got {negative}"):
+                await log.read_partition(0, negative)
+            with pytest.raises(InvalidInputError, match=f"got {negative}"):
+                await log.read_records(0, negative, run_id=run_id)
+            with pytest.raises(InvalidInputError, match=f"got {negative}"):
+                await log.truncate_before(0, negative)
+            assert await log.read_partition(0, 0, negative) == []  # an end: nothing before it
+            assert await log.read_run(run_id, end=negative) == []
+        assert (await log.bounds(0)).start == 0
+        assert seqs(await log.read_run(run_id)) == [1, 2, 3]
+
     async def test_partition_outside_the_log_is_refused(self, log: EventLog) -> None:
         with pytest.raises(InvalidInputError, match="does not exist"):
             await log.bounds(log.partitions)

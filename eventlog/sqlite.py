@@ -148,8 +148,8 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
     async def _read_records(self, request: LogRead) -> list[LogRecord]:
         partition, start, end, run_id, limit = request
 
-        def read(conn: sqlite3.Connection) -> tuple[int, list[tuple[int, str, bytes]]]:
-            if self._unwritten:  # asked here: a read-only log reopened on a changed file
+        def read(conn: sqlite3.Connection) -> tuple[int, list[tuple[int, str, object]]]:
+            if self._still_unwritten(conn):
                 return 0, []
             # One read transaction, so the start offset and the rows are one snapshot.
             with transaction(conn, "BEGIN"):
@@ -184,7 +184,7 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                 start=first,
             )
         return [
-            decode_record(Position(partition, offset), unpack(record), run_hint=key)
+            decode_record(Position(partition, offset), unpack(_as_bytes(record)), run_hint=key)
             for offset, key, record in rows
         ]
 
@@ -192,13 +192,24 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
         check_partition(partition, self._partitions)
 
         def read(conn: sqlite3.Connection) -> tuple[int, int]:
-            if self._unwritten:
+            if self._still_unwritten(conn):
                 return 0, 0
             row = self._partition_row(conn, "start_offset, next_offset", partition)
             return int(row[0]), int(row[1])
 
         start, end = await self._db.read(read, f"reading the bounds of partition {partition}")
         return PartitionBounds(start, end)
+
+    def _still_unwritten(self, conn: sqlite3.Connection) -> bool:
+        """Whether a read-only log opened on a file no log was created on still has none.
+
+        Asked at each read, with the file as it is now: a reader opened while another process
+        had the file open is never reopened (`SqliteThread`), so a log created since is found
+        (and its partition count checked) here, or the reader would read nothing for good.
+        """
+        if self._unwritten:
+            self._create_or_check(conn)
+        return self._unwritten
 
     def _partition_row(
         self, conn: sqlite3.Connection, columns: str, partition: int
@@ -262,3 +273,12 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                 (offset + 1, partition),
             )
         return Position(partition, int(offset))
+
+
+def _as_bytes(record: object) -> bytes:
+    """A stored record as bytes: SQLite keeps whatever type another program bound (JSON as
+    text, a number), which reads as the event it holds or as an unreadable record, not as a
+    crash of every read of its partition."""
+    if isinstance(record, bytes):
+        return record
+    return str(record).encode()

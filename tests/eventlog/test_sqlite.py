@@ -22,7 +22,7 @@ from onward.projections.migrations import migrations
 from onward.projections.sqlite import SqliteFrontierStore
 from onward.runtime.blobs import SqliteBlobStore
 from onward.runtime.leases import SqliteLeaseStore
-from onward.testing.eventlog import new_run_id, seqs, step_events
+from onward.testing.eventlog import new_run_id, runs_in_partition, seqs, step_events
 
 READ_IN_CHILD = """
 import asyncio, sys
@@ -301,6 +301,24 @@ async def test_a_read_only_log_opened_before_any_append_sees_the_first_one(
         assert seqs(await reader.read_run(run_id)) == [1, 2]
 
 
+async def test_a_read_only_log_opened_before_any_append_beside_a_writer_sees_the_first_one(
+    tmp_path: Path,
+) -> None:
+    """Opened while another store had the migrated file open (a ``-wal`` file, so not read
+    ``immutable`` and never reopened) and before any log was created on it, a read-only log
+    sees the runs a log created afterwards appends, instead of an empty log for good."""
+    path = tmp_path / "events.db"
+    run_id = new_run_id()
+    async with SqliteFrontierStore(path):
+        assert Path(f"{path}-wal").exists()  # noqa: ASYNC240
+        async with SqliteEventLog(path, partitions=4, readonly=True) as reader:
+            assert await reader.read_run(run_id) == []
+            async with SqliteEventLog(path, partitions=4) as log:
+                await log.append(step_events(run_id, 2))
+                assert seqs(await reader.read_run(run_id)) == [1, 2]
+                assert (await reader.bounds(partition_for(run_id, 4))).end >= 2
+
+
 async def test_another_programs_sqlite_file_is_refused_untouched(tmp_path: Path) -> None:
     """``ONWARD_SQLITE_PATH`` pointed at another program's database (as `onward worker` and
     `onward.open` open it): refused by name, its journal mode and tables left as they were."""
@@ -343,3 +361,30 @@ async def test_a_read_only_log_keeps_one_connection_however_often_writers_come_a
                 await log.append(step_events(run_id, 1))
             assert seqs(await reader.read_run(run_id)) == [1]
         assert open_files() <= held + 1  # at most the one replaced last, which a call may hold
+
+
+async def test_records_another_program_stored_as_text_or_numbers_do_not_stop_reads(
+    tmp_path: Path,
+) -> None:
+    """The file is open to other programs, and SQLite keeps whatever type they bind: an event
+    stored as JSON text reads as that event, a number as an unreadable record in its place,
+    and neither stops a read of the partition (a projector's, an audit's)."""
+    path = tmp_path / "events.db"
+    texted, numbered, appended = runs_in_partition(0, 3, 4)
+    async with SqliteEventLog(path, partitions=4) as log:
+        (event,) = step_events(texted, 1)
+        with closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute(
+                "INSERT INTO onward_log VALUES (0, 0, ?, ?), (0, 1, ?, 42)",
+                (texted, codec.encode(event).decode(), numbered),
+            )
+            conn.execute("UPDATE onward_log_partition SET next_offset = 2 WHERE partition = 0")
+        await log.append(step_events(appended, 1))
+        records = await log.read_records(0)
+        assert [type(r).__name__ for r in records] == [
+            "StoredEvent",
+            "UnreadableRecord",
+            "StoredEvent",
+        ]
+        assert [s.event for s in await log.read_run(texted)] == [event]
+        assert seqs(await log.read_run(appended)) == [1]

@@ -7,6 +7,7 @@ transaction, and the projectors' positions are read from the frontier store's ow
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -79,8 +80,7 @@ class SqliteCompactionStore(SqliteStore):
         ids = list(dict.fromkeys(run_ids))
         if not ids:
             return []
-        conn = self._db.connection()
-        return await self._db.call(lambda: select_in(conn, query, ids), context)
+        return await self._db.read(lambda conn: select_in(conn, query, ids), context)
 
     async def truncations(self, run_ids: Collection[str]) -> dict[str, RunTruncation]:
         rows = await self._chunked(
@@ -219,16 +219,14 @@ class SqliteCompactionStore(SqliteStore):
         return {row[0] for row in rows}
 
     async def retained(self, run_id: str) -> list[RetainedEvent]:
-        conn = self._db.connection()
-
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(
                 "SELECT tenant, run_id, seq, partition, log_offset, record, kept_as "
                 "FROM onward_retained_events WHERE run_id = ? ORDER BY seq",
                 (run_id,),
             ).fetchall()
 
-        rows = await self._db.call(read, "reading retained events", run_id)
+        rows = await self._db.read(read, "reading retained events", run_id)
         return [
             RetainedEvent(
                 tenant=r[0],
@@ -254,15 +252,13 @@ class SqliteCompactionStore(SqliteStore):
         return found
 
     async def positions(self) -> dict[str, dict[int, int]]:
-        conn = self._db.connection()
-
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(
                 "SELECT consumer, partition, next_offset FROM onward_projector_positions"
             ).fetchall()
 
         found: dict[str, dict[int, int]] = {}
-        for consumer, partition, offset in await self._db.call(read, "reading positions"):
+        for consumer, partition, offset in await self._db.read(read, "reading positions"):
             found.setdefault(consumer, {})[int(partition)] = int(offset)
         return found
 
@@ -278,9 +274,7 @@ class SqliteCompactionStore(SqliteStore):
         await self._db.call(write, f"recording a cut of partition {cut.partition}")
 
     async def cuts(self, partition: int | None = None) -> list[LogCut]:
-        conn = self._db.connection()
-
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(
                 "SELECT partition, start_offset, end_offset, events, archive, cut_at "
                 "FROM onward_log_cuts WHERE ? IS NULL OR partition = ? "
@@ -288,7 +282,7 @@ class SqliteCompactionStore(SqliteStore):
                 (partition, partition),
             ).fetchall()
 
-        rows = await self._db.call(read, "reading recorded cuts")
+        rows = await self._db.read(read, "reading recorded cuts")
         return [
             LogCut(partition=r[0], start=r[1], end=r[2], events=r[3], archive=r[4], at=r[5])
             for r in rows

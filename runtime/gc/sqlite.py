@@ -42,11 +42,11 @@ class SqliteRecordSweeper(SqliteStore):
     what = "record sweeper"
 
     async def finished(self, *, before: int) -> list[FinishedRun]:
-        conn = self._db.connection()
         query = FINISHED_PAGE_SQL.format(before="?1", after="?2", limit="?3")
         runs: list[FinishedRun] = []
 
         def page(after: str) -> list[Any]:
+            conn = self._db.connection()  # asked on the thread: the one a change reopened
             return conn.execute(query, (before, after, FINISHED_AT_ONCE)).fetchall()
 
         after = ""
@@ -58,16 +58,17 @@ class SqliteRecordSweeper(SqliteStore):
             after = rows[-1][0]
         successors = json.dumps(sorted({r.successor for r in runs if r.successor is not None}))
         collected = await self._db.call(
-            lambda: conn.execute(_COLLECTED, (successors,)).fetchall(), "reading tombstones"
+            lambda: self._db.connection().execute(_COLLECTED, (successors,)).fetchall(),
+            "reading tombstones",
         )
         return carried_on(runs, {run_id for (run_id,) in collected})
 
     async def sweep(self, plan: SweepPlan, *, delete: bool) -> dict[Kind, int]:
-        conn = self._db.connection()
         statements = _SQL.statements(plan, delete=delete)
         bookkeeping = _SQL.bookkeeping(time.time_ns() // 1_000, plan.before) if delete else []
 
         def sweep() -> dict[Kind, int]:
+            conn = self._db.connection()  # asked on the thread: the one a change reopened
             counts: dict[Kind, int] = {}
             # A delete takes the write lock first; counts share one read snapshot.
             with transaction(conn, "BEGIN IMMEDIATE" if delete else "BEGIN"):

@@ -8,6 +8,7 @@ check and the hold one step for every process sharing the file.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -147,20 +148,17 @@ class SqliteSpendLedger(SqliteStore):
         return await self._db.call(record, "recording spend", entry.run_id)
 
     async def run_total(self, run_id: str) -> Spend:
-        conn = self._db.connection()
-
-        def read() -> Any:
+        def read(conn: sqlite3.Connection) -> Any:
             return conn.execute(
                 f"SELECT {_SUMS}, count(*) FROM onward_spend WHERE run_id = ?", (run_id,)
             ).fetchone()
 
-        return _spend(*await self._db.call(read, "reading a run's spend", run_id))
+        return _spend(*await self._db.read(read, "reading a run's spend", run_id))
 
     async def run_totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
-        conn = self._db.connection()
         wanted = list(dict.fromkeys(run_ids))
 
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             rows: list[Any] = []
             with transaction(conn, "BEGIN"):
                 for first in range(0, len(wanted), IN_CHUNK):
@@ -175,33 +173,29 @@ class SqliteSpendLedger(SqliteStore):
                     )
             return rows
 
-        rows = await self._db.call(read, "reading runs' spend")
+        rows = await self._db.read(read, "reading runs' spend")
         return {row[0]: _spend(*row[1:]) for row in rows}
 
     async def tenant_total(self, tenant: str) -> Spend:
-        conn = self._db.connection()
-
-        def read() -> Any:
+        def read(conn: sqlite3.Connection) -> Any:
             return conn.execute(
                 "SELECT micros, input_tokens, output_tokens, calls FROM onward_spend_tenants "
                 "WHERE tenant = ?",
                 (tenant,),
             ).fetchone()
 
-        row = await self._db.call(read, "reading a tenant's spend")
+        row = await self._db.read(read, "reading a tenant's spend")
         return Spend() if row is None else _spend(*row)
 
     async def entries(self, run_id: str) -> list[SpendEntry]:
-        conn = self._db.connection()
-
-        def read() -> list[Any]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(
                 "SELECT run_id, tenant, seq, model, input_tokens, output_tokens, micros, at "
                 "FROM onward_spend WHERE run_id = ? ORDER BY seq",
                 (run_id,),
             ).fetchall()
 
-        rows = await self._db.call(read, "reading a run's spend", run_id)
+        rows = await self._db.read(read, "reading a run's spend", run_id)
         return [_entry(row) for row in rows]
 
 

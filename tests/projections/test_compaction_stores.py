@@ -12,6 +12,7 @@ from onward.projections.base import FrontierStore
 from onward.projections.builds import create_build, switch_build
 from onward.projections.compaction import (
     CompactionStore,
+    LogCut,
     MemoryCompactionStore,
     PostgresCompactionStore,
     SqliteCompactionStore,
@@ -36,6 +37,27 @@ class TestSqliteCompactionStore(CompactionStoreConformance):
     async def open_stores(self) -> tuple[CompactionStore, FrontierStore]:
         frontiers = await SqliteFrontierStore.open(self.db)
         return await SqliteCompactionStore.open(self.db, sharing=frontiers), frontiers
+
+
+async def test_a_read_only_sqlite_store_sees_what_was_written_after_it_opened(
+    tmp_path: Path,
+) -> None:
+    """Opened on a quiet file (no ``-wal`` file: read ``immutable``), a read-only store (a
+    dry run's, `ExecutionManager()`'s) sees what writers stored afterwards at its next read,
+    not the file as it was when it opened it."""
+    db = tmp_path / "onward.db"
+    async with SqliteFrontierStore(db) as frontiers:
+        await frontiers.write("frontiers", {0: 5}, [], [])
+    async with SqliteCompactionStore(db, readonly=True) as reader:
+        assert await reader.positions() == {"frontiers": {0: 5}}
+        assert await reader.cuts() == []
+        async with SqliteFrontierStore(db) as frontiers:
+            await frontiers.write("frontiers", {0: 9}, [], [])
+        assert await reader.positions() == {"frontiers": {0: 9}}
+        cut = LogCut(partition=0, start=0, end=9, events=9, archive=None, at=1)
+        async with SqliteCompactionStore(db) as store:
+            await store.record_cut(cut)
+        assert await reader.cuts() == [cut]
 
 
 class TestPostgresCompactionStore(CompactionStoreConformance):

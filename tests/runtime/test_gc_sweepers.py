@@ -478,3 +478,30 @@ async def test_deployments_apart_by_their_redis_prefix_keep_their_schema_caches_
         async with sweeper:
             assert await sweeper.sweep([run_id], delete=True) == dict.fromkeys(KEY_KINDS, 0)
         assert await cache.load(run_id) == {"s": schema}
+
+
+async def test_a_read_only_sqlite_sweeper_sees_runs_finished_after_it_opened(
+    tmp_path: Path,
+) -> None:
+    """Opened on a quiet file (no ``-wal`` file: read ``immutable``), a dry run's sweeper
+    lists and counts what writers stored afterwards, not the file as it was when it opened it."""
+    path = tmp_path / "onward.db"
+
+    async def seeded() -> str:
+        async with Stores(
+            await SqliteFrontierStore.open(path),
+            await SqliteLeaseStore.open(path),
+            await SqliteCompactionStore.open(path),
+            await SqliteRecordSweeper.open(path),
+        ) as stores:
+            return await stores.seed("completed")
+
+    first = await seeded()
+    async with SqliteRecordSweeper(path, readonly=True) as sweeper:
+        assert [r.run_id for r in await sweeper.finished(before=CUTOFF)] == [first]
+        second = await seeded()
+        found = await sweeper.finished(before=CUTOFF)
+        assert sorted(r.run_id for r in found) == sorted([first, second])
+        third = await seeded()
+        counted = await sweeper.sweep(SweepPlan(expired=(third,), calls=(third,)), delete=False)
+        assert counted["frontiers"] == 1

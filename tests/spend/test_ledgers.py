@@ -73,6 +73,32 @@ async def test_a_read_only_sqlite_ledger_reads_what_was_recorded(tmp_path: Path)
         assert (await reader.run_totals(["run-1"]))["run-1"].calls == 1
 
 
+async def test_a_read_only_sqlite_ledger_sees_spend_recorded_after_it_opened(
+    tmp_path: Path,
+) -> None:
+    """Opened on a quiet file (no ``-wal`` file: read ``immutable``), a long-lived reader
+    (`ExecutionManager()`, ``onward runs``) sees what a writer records afterwards at its next
+    read, not the file as it was when it opened it."""
+    path = tmp_path / "spend.db"
+    async with SqliteSpendLedger(path) as ledger:
+        await ledger.record(entry("run-1", "acme", 1, 70))
+    assert not Path(f"{path}-wal").exists()  # noqa: ASYNC240
+    async with SqliteSpendLedger(path, readonly=True) as reader:
+        assert (await reader.run_total("run-1")).micros == 70
+        async with SqliteSpendLedger(path) as ledger:
+            await ledger.record(entry("run-1", "acme", 2, 30))
+        assert (await reader.run_total("run-1")).micros == 100
+        async with SqliteSpendLedger(path) as ledger:
+            await ledger.record(entry("run-1", "acme", 3, 5))
+        assert (await reader.run_totals(["run-1"]))["run-1"].micros == 105
+        async with SqliteSpendLedger(path) as ledger:
+            await ledger.record(entry("run-1", "acme", 4, 1))
+        assert (await reader.tenant_total("acme")).micros == 106
+        async with SqliteSpendLedger(path) as ledger:
+            await ledger.record(entry("run-1", "acme", 5, 1))
+        assert [e.seq for e in await reader.entries("run-1")] == [1, 2, 3, 4, 5]
+
+
 def test_a_call_costs_its_tokens_at_the_models_price_rounded_up() -> None:
     prices = PriceTable({"gpt-4o-mini": ("0.15", "0.6"), "m": (2, 5)})
     assert prices.cost("m", Usage(input_tokens=1200, output_tokens=300)) == 3900

@@ -16,7 +16,7 @@ from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 import msgspec
 
 from onward._storage import AsyncResource, Resource
-from onward.errors import CheckpointFormatError
+from onward.errors import CheckpointFormatError, InvalidInputError
 from onward.eventlog.base import LogRecord
 
 from .frontier import FRONTIER_FORMAT, Frontier, RunStatus, ToolCallRow
@@ -373,6 +373,13 @@ class FrontierStore(AsyncResource, Protocol):
         nor skipped for the others), ``limit`` keeps that many at most.
         """
         ...
+
+
+def check_runs_limit(limit: int | None) -> None:
+    """Refuse a negative `FrontierStore.runs` limit: each store took it its own way (SQLite
+    listed every run, the memory store all but the last, PostgreSQL failed)."""
+    if limit is not None and limit < 0:
+        raise InvalidInputError(f"a page's limit is a number of runs, 0 or more; got {limit}")
 
 
 async def runs_in_pages(

@@ -13,6 +13,7 @@ from .base import (
     QuarantineState,
     RunSummary,
     StoredFrontier,
+    check_runs_limit,
     decode_payload,
     released_mark,
 )
@@ -164,6 +165,7 @@ class MemoryFrontierStore(FrontierStoreBackend):
         after: str | None = None,
         limit: int | None = None,
     ) -> list[RunSummary]:
+        check_runs_limit(limit)
         rows = [
             summary
             for summary, _, _ in self._rows.values()

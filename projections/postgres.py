@@ -48,6 +48,7 @@ from .base import (
     RunSummary,
     Snapshot,
     StoredFrontier,
+    check_runs_limit,
     decode_payload,
     released_mark,
 )
@@ -470,6 +471,7 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
         after: str | None = None,
         limit: int | None = None,
     ) -> list[RunSummary]:
+        check_runs_limit(limit)
         frontiers, _ = self._read_tables()
         # Only the conditions given are in the statement, so the planner picks an index for
         # them (an `$1 IS NULL OR ...` form would have it plan for every case at once).

@@ -79,6 +79,7 @@ from .base import (
     QuarantineState,
     RunSummary,
     StoredFrontier,
+    check_runs_limit,
     decode_payload,
     released_mark,
 )
@@ -455,6 +456,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         """Pages in id order through the indexes of the statuses, or the tenant's index, or
         every run's (`_indexes`), reading `LIST_CHUNK` summaries a round trip and keeping those
         that pass the filters, the stored tenant and status among them."""
+        check_runs_limit(limit)
         client = self._live_client()
         kept: list[RunSummary] = []
         with translated("listing runs"):

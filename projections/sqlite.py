@@ -31,6 +31,7 @@ from .base import (
     RunSummary,
     Snapshot,
     StoredFrontier,
+    check_runs_limit,
     decode_payload,
     released_mark,
 )
@@ -364,6 +365,7 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
         limit: int | None = None,
     ) -> list[RunSummary]:
         """Summaries of runs, filtered and a page at a time (`FrontierStore.runs`), by run id."""
+        check_runs_limit(limit)
         conditions: list[str] = []
         args: list[str | int] = []
         for condition, value in (

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from onward.errors import CheckpointFormatError, SchemaMismatchError
+from onward.errors import CheckpointFormatError, InvalidInputError, SchemaMismatchError
 from onward.eventlog.events import Message
 from onward.projections.base import (
     FrontierStore,
@@ -489,6 +489,17 @@ class FrontierStoreConformance:
         assert [s.run_id for s in waiting] == [min(ids[0], ids[4])]
         rest = await store.runs(tenant=tenant, statuses={"waiting"}, after=waiting[0].run_id)
         assert [s.run_id for s in rest] == [max(ids[0], ids[4])]
+
+    async def test_a_page_of_no_runs_lists_none_and_a_negative_one_is_refused(
+        self, store: FrontierStore
+    ) -> None:
+        tenant = new_run_id("tenant")
+        ids = sorted(new_run_id(f"r{i}") for i in range(3))
+        rows = [frontier(run_id, through=i, tenant=tenant) for i, run_id in enumerate(ids)]
+        await store.write(CONSUMER, {}, [Snapshot.of(f) for f in rows], [])
+        assert await store.runs(tenant=tenant, limit=0) == []
+        with pytest.raises(InvalidInputError, match="got -1"):
+            await store.runs(tenant=tenant, limit=-1)
 
     async def test_concurrent_writers_keep_the_newest(self, store: FrontierStore) -> None:
         run_id = new_run_id()

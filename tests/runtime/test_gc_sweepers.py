@@ -36,7 +36,7 @@ from onward.runtime.gc import sqlite as gc_sqlite
 from onward.runtime.gc.base import KEY_KINDS
 from onward.runtime.gc.configured import key_sweeper
 from onward.runtime.leases import PostgresLeaseStore, RedisLeaseStore, SqliteLeaseStore
-from onward.runtime.settings import Settings
+from onward.runtime.settings import SecretUrl, Settings
 from onward.testing.eventlog import TENANT, new_run_id
 from onward.testing.gc import CUTOFF, NEW, RecordSweeperConformance, Stores
 
@@ -464,7 +464,7 @@ async def test_deployments_apart_by_their_redis_prefix_keep_their_schema_caches_
     ``MCP_SCHEMA_CACHE_PREFIX``: a run id both used had one schema cache entry, which one's
     collection deleted under the other's run (and whose listing either could read)."""
     shop, staging = (
-        Settings(redis_url=redis_url, redis_prefix=f"{redis_prefix}{name}:")
+        Settings(redis_url=SecretUrl(redis_url), redis_prefix=f"{redis_prefix}{name}:")
         for name in ("shop", "staging")
     )
     run_id = new_run_id()

@@ -348,7 +348,10 @@ class RequestHandler:
             await worker.runner.inspect(run_id, tenant=request.tenant)
         except NothingToResumeError:
             if await worker.runner.resumer.exists(run_id):
-                raise  # another tenant's run: no such run for this one
+                # Another tenant's run (no such run for this one), or its start, in flight
+                # here, wrote it since it was read: read again, or this tenant's cancel right
+                # behind its start would be refused and the run go on.
+                await worker.runner.inspect(run_id, tenant=request.tenant)
         async with worker.stopping_run(run_id):
             # A task here may be waiting for another process that holds the run to let go (a
             # tag asked again until the run is free): that holder is asked to end the run first,

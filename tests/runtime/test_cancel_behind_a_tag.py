@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest_asyncio
 from support.fault_runs import until
 
+from onward.errors import NothingToResumeError
 from onward.eventlog.events import Message, ToolCall
+from onward.projections.frontier import Frontier
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.fleet.requests import CancelRun, StartRun, TagRun
@@ -98,3 +100,44 @@ async def test_a_cancel_behind_a_tag_waiting_for_the_holder_ends_the_run(
     frontier = await owner.runner.inspect("r", tenant=TENANT)
     assert frontier.status == "cancelled"
     assert "seen" in [t.label for t in frontier.tags]
+
+
+async def test_a_cancel_right_behind_its_start_is_not_taken_for_another_tenant_s(
+    backends: Backends,
+) -> None:
+    """A run's start and its cancel, taken together (one poll of the topic), are acted on side
+    by side. The cancel read the run before the start wrote it and found it in the log right
+    after: it took the run for another tenant's and was refused for good, and the run went on,
+    uncancelled. It reads the run again and ends it."""
+    owner = worker(backends, "owner")
+    inspect = owner.runner.inspect
+    raced = False
+
+    async def read_as_the_start_writes(run_id: str, *, tenant: str) -> Frontier:
+        nonlocal raced
+        try:
+            return await inspect(run_id, tenant=tenant)
+        except NothingToResumeError:
+            if raced:
+                raise
+            raced = True  # the start, in flight here, writes the run right after this read
+            await eventually(lambda: owner.runner.resumer.exists(run_id), "the start", 15)
+            raise
+
+    owner.runner.inspect = read_as_the_start_writes  # type: ignore[method-assign]
+
+    async def ended() -> bool:
+        return (
+            await owner.runner.resumer.exists("r") and (await inspect("r", tenant=TENANT)).finished
+        )
+
+    owner.submit(StartRun(run_id="r", tenant=TENANT, agent="looper", input="go"))
+    owner.submit(CancelRun(run_id="r", tenant=TENANT, by="ops", why="not wanted"))
+    try:
+        await eventually(ended, "the run went on, uncancelled", 15)
+    finally:
+        owner.drain()
+        await asyncio.wait_for(owner.drained(), 30)
+    assert raced
+    assert (await inspect("r", tenant=TENANT)).status == "cancelled"
+    assert owner.stats.failures == 0

@@ -546,10 +546,13 @@ class App(Resource):
         ``cancelled``. Another process hears the ask at its next lease renewal or tool call
         (`AgentRunner.ask_to_cancel`) and abandons a model call in flight then. A fleet's start
         still waiting in the PostgreSQL requests table (no worker carrying its agent has taken
-        it) is taken back, and its run recorded as ended ``cancelled``.
+        it) is taken back, and its run recorded as ended ``cancelled``; one this app's `query`
+        sent on a Kafka topic, that no worker has taken yet, is followed there by the cancel,
+        and the worker that takes the start ends the run at its first boundary.
 
         Raises:
-            NothingToResumeError: No such run for the tenant (nor a start of it waiting).
+            NothingToResumeError: No such run for the tenant (nor a start of it waiting, in
+                the PostgreSQL requests table or sent by this app's own `query`).
             InvalidInputError: ``by`` or ``why`` out of bounds, or the run has ended already
                 (naming how), or is a LangGraph thread between invocations; nothing was written
                 or sent.
@@ -563,8 +566,13 @@ class App(Resource):
         try:
             frontier = await self._frontier(run_id, tenant)
         except NothingToResumeError:
-            if not await self._withdraw_start(request):
+            if await self._withdraw_start(request):
+                return
+            if not self._start_sent(run_id, tenant):
                 raise
+            # Its start waits on the topic (no worker has taken it yet): the cancel goes on the
+            # same partition behind it, and the worker that takes the start ends the run.
+            await self._submit(request)
             return
         if frontier.finished:
             onward = frontier.continued_to
@@ -597,12 +605,21 @@ class App(Resource):
             check_invocation_to_end(frontier)
         await self._submit(request)
 
+    def _start_sent(self, run_id: str, tenant: str) -> bool:
+        """Whether a stream of this app sent the run's start to the fleet and has read nothing
+        of the run yet: the start may wait for a worker (all full, or none up) for as long as
+        its max age."""
+        return any(
+            stream.tenant == tenant and stream.start_sent
+            for stream in self._watching.get(run_id, ())
+        )
+
     async def _withdraw_start(self, cancel: CancelRun) -> bool:
         """A fleet's start that waits in the requests table (no worker carrying its agent has
         taken it): taken back and recorded as a run ended cancelled; whether there was one."""
         requests = self._requests
         if not isinstance(requests, PostgresRequests):
-            return False  # a topic's start is taken at once, or fails naming why
+            return False  # a topic's start cannot be taken back (`_start_sent`)
         return await cancel_waiting_start(requests, self.backends.runner(NoModel()), cancel)
 
     async def _answer(

@@ -487,6 +487,11 @@ class RunStream:
         """Whether the opener sent a request to a fleet nothing of which is read yet."""
         return self._sent is not None
 
+    @property
+    def start_sent(self) -> bool:
+        """Whether the opener sent the run's start to a fleet and nothing of it is read yet."""
+        return self._sent is not None and self._sent.answers is None
+
     def let_go(self) -> None:
         """The fleet holds none of the run's requests any more (a worker deletes one only once
         what it wrote of it is durable, or once it set it aside or refused it): if the stream's

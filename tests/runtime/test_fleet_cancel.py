@@ -7,6 +7,7 @@ PostgreSQL and Redis; the worker is built in the test's process with two slots.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from support.fleet_checks import has_status, same_partition_runs, status_of, tic
 from support.servers import KafkaServers
 from support.serving import serving
 
+import onward
 from onward.eventlog.base import partition_for
 from onward.runtime.backends import open_backends
 from onward.runtime.demo_ledger import Ledger
@@ -205,6 +207,42 @@ async def test_a_cancel_that_finds_its_run_cancelled_already_is_no_warning(
     assert [m for m in warned if finished in m] == [
         f"run {finished}: not cancelled here: run {finished!r} has ended already (completed)"
     ]
+
+
+async def test_an_app_cancels_its_start_no_worker_has_taken_yet(
+    kafka_servers: KafkaServers, requests_topic: str, ledger: Ledger
+) -> None:
+    """A fleet app starts a run while no worker takes it yet (every worker full, or none up)
+    and cancels it: `App.cancel` raised NothingToResumeError ("no such run") and the start,
+    taken later, ran on for as long as it would. The cancel is sent behind its start, on the
+    run's partition: the worker that takes the start ends the run cancelled."""
+    settings = kafka_settings(
+        kafka_servers, PARTITIONS, app_mode="fleet", requests_topic=requests_topic
+    )
+    run_id = f"loop-{uuid.uuid4().hex[:8]}"
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with onward.open(settings, tenant=TENANT) as app:
+        stream = app.query("loop", {"agent": "looper", "run_id": run_id})
+        reading = asyncio.create_task(stream.collect())
+
+        async def sent() -> bool:
+            return stream.sent
+
+        try:
+            await until(sent, "the start sent")
+            await app.cancel(run_id, by="ops", why="not wanted after all")
+            async with open_backends(kafka_settings(kafka_servers, PARTITIONS)) as backends:
+                worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+                async with serving(
+                    worker, kafka_servers.bootstrap, requests_topic, signer=kafka_servers.signer()
+                ) as task:
+                    messages = await asyncio.wait_for(reading, 60)
+                assert task.exception() is None
+        finally:
+            reading.cancel()
+    assert (messages[-1].type, messages[-1].status) == ("error", "cancelled")
+    assert "ops" in messages[-1].content
 
 
 async def _end_offset(bootstrap: str, where: TopicPartition) -> int:

@@ -292,6 +292,18 @@ class Worker:
         longer than ONWARD_REQUEST_MAX_AGE has its sender told to send it again, and acting on
         it too would do the work twice. A start whose run began is carried on whatever its age.
         """
+        # A start handed here directly, not through `submit`, is told begun by its `RunStarted`
+        # (`_started`) as a submitted one is: its refusal is said as such only until then.
+        own = None
+        if isinstance(request, StartRun) and request.run_id not in self._starting:
+            own = self._starting[request.run_id] = _Once(None)
+        try:
+            return await self._handle(request, expired)
+        finally:
+            if own is not None and self._starting.get(request.run_id) is own:
+                del self._starting[request.run_id]
+
+    async def _handle(self, request: Request, expired: Callable[[], bool] | None) -> bool:
         attempt = 0
         too_old = None if expired is None else lambda: self._not_begun(request) and expired()
         while True:
@@ -324,10 +336,18 @@ class Worker:
 
     def _refused(self, request: Request, exc: OnwardError) -> bool:
         self.stats.failures += 1
-        _log.warning("%s refused for good: %s", type(request).__name__, one_line(str(exc)))
         # Only a start nothing of which is in the log is refused: one whose `RunStarted` is
-        # durable failed after, and its run is recovery's (its streams follow it on).
-        if isinstance(request, StartRun) and self._not_begun(request):
+        # durable failed after, and its run is recovery's (its streams follow it on). Its log
+        # line must not say "refused for good", the words a waiting stream points readers to.
+        if isinstance(request, StartRun) and not self._not_begun(request):
+            _log.warning(
+                "run %s: began, then failed: %s; it is carried on as a lapsed run",
+                printable(request.run_id),
+                one_line(str(exc)),
+            )
+            return True
+        _log.warning("%s refused for good: %s", type(request).__name__, one_line(str(exc)))
+        if isinstance(request, StartRun):
             self._refused_starts[request.run_id] = described(exc)
             while len(self._refused_starts) > _REFUSALS_KEPT:
                 del self._refused_starts[next(iter(self._refused_starts))]

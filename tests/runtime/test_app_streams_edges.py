@@ -124,6 +124,35 @@ async def test_a_start_whose_run_began_and_then_failed_is_not_said_refused(
     assert messages[-1].is_result
 
 
+async def test_a_start_whose_run_began_and_then_failed_is_not_logged_refused(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same run, as the worker's log tells it: it said "StartRun refused for good" (no
+    run named) for a run that was in the log and went on, the very words a stream that waits
+    on a start sends its reader to look for in the workers' logs. It now names the run, says
+    it began, and that it is carried on."""
+    calls = 0
+
+    def first_fails(messages: Sequence[Message]) -> ModelReply:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConfigurationError("the model has no key yet")
+        return script(messages)
+
+    with caplog.at_level("WARNING", logger="onward.worker"):
+        async with onward.open(
+            settings, agents=agents, provider=ScriptedProvider(first_fails), recheck_s=0.1
+        ) as app:
+            stream = app.query("work", {"agent": "stepper", "run_id": "began-2"})
+            messages = await asyncio.wait_for(stream.collect(), 30)
+    assert messages[-1].is_result
+    said = [r.getMessage() for r in caplog.records if "the model has no key yet" in r.getMessage()]
+    assert said, caplog.text
+    assert not any("refused" in line for line in said), said
+    assert any("run began-2" in line and "carried on" in line for line in said), said
+
+
 UNKEEPABLE = {
     "nan": float("nan"),
     "inf inside": {"rows": [1.0, float("inf")]},

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from onward.errors import (
+    BackendUnavailableError,
     BudgetExceededError,
     ConfigurationError,
     FencedError,
@@ -244,7 +245,22 @@ class RequestHandler:
         # may be this one (its append lost its answer and was tried again), and nothing else
         # would carry the run on until a recovery pass found it lapsed. Once more is harmless:
         # a run driven now is held (a conflict), one that ended or waits again is left alone.
-        return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
+        try:
+            return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
+        except BackendUnavailableError:
+            raise  # tried again (`Worker.handle`): the answer is found recorded, the run carried
+        except OnwardError as exc:
+            # The answer is recorded: what failed is the run, carried on from it, which is
+            # recovery's now. Said as a refusal, a person would take the answer for lost.
+            self._worker.stats.failures += 1
+            _log.warning(
+                "run %s: answered (%s), then carrying it on failed: %s; it is carried on as a "
+                "lapsed run",
+                printable(request.run_id),
+                printable(request.request_id),
+                one_line(str(exc)),
+            )
+            return True
 
     async def _tag(self, request: TagRun, expired: Callable[[], bool] | None = None) -> bool:
         runner = self._worker.runner

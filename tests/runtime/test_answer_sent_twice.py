@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from onward.errors import BackendUnavailableError
-from onward.eventlog import ApprovalGranted, Event, ToolCall, ToolDispatched
+from onward.errors import BackendUnavailableError, ConfigurationError
+from onward.eventlog import ApprovalGranted, Event, Message, ToolCall, ToolDispatched
 from onward.eventlog.base import EventLog, Position
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.fleet.requests import AnswerRequest, StartRun
 from onward.runtime.fleet.worker import Worker
-from onward.runtime.providers import ScriptedProvider, reply
+from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.settings import Settings
 from onward.runtime.tools import tool
 from onward.testing.eventlog import WrappedEventLog
@@ -130,3 +130,37 @@ async def test_an_approval_whose_append_lost_its_answer_carries_the_run_on(
     records = await backends.log.read_run("r")
     assert sum(isinstance(r.event, ApprovalGranted) for r in records) == 1
     assert sum(isinstance(r.event, ToolDispatched) for r in records) == 1
+
+
+async def test_an_approval_whose_run_fails_carrying_on_is_not_logged_refused(
+    backends: Backends, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The approval is recorded, and the model fails as the worker carries the run on from it
+    (its key revoked meanwhile). The worker said "AnswerRequest refused for good", the words a
+    waiting stream sends its reader to look for: a person would take the answer for lost and
+    give it again (to be dropped as answered already). It now says the run was answered and
+    that carrying it on failed."""
+    turns = 0
+
+    def revoked_after_the_ask(messages: Sequence[Message]) -> ModelReply:
+        nonlocal turns
+        turns += 1
+        if turns == 1:
+            return reply("", ToolCall(call_id="c1", tool="pay", args={"n": 5}))
+        raise ConfigurationError("the model's key was revoked")
+
+    worker = Worker(
+        backends, ScriptedProvider(revoked_after_the_ask), {"payer": PAYER}, backoff_s=0.01
+    )
+    await worker.handle(StartRun(run_id="r", tenant=TENANT, agent="payer", input="pay"))
+    asked = (await worker.runner.inspect("r", tenant=TENANT)).waiting_on
+    assert asked is not None
+    answer = AnswerRequest(run_id="r", tenant=TENANT, request_id=asked, approve=True, by="ann")
+    with caplog.at_level(logging.WARNING, logger="onward.worker"):
+        assert await asyncio.wait_for(worker.handle(answer), 5)
+    records = await backends.log.read_run("r")
+    assert sum(isinstance(r.event, ApprovalGranted) for r in records) == 1
+    said = [r.getMessage() for r in caplog.records if "key was revoked" in r.getMessage()]
+    assert said, caplog.text
+    assert not any("refused" in line for line in said), said
+    assert any("run r" in line and "answered" in line for line in said), said

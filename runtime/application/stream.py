@@ -596,18 +596,34 @@ class RunStream:
         if lease is None:
             if not self._said_unheld and quiet_s >= SAY_UNHELD_AFTER_S:
                 self._said_unheld = True
-                _log.info("%s; waiting", self._unheld(quiet_s))
+                _log.info("%s; waiting%s", self._unheld(quiet_s), self._waits_until())
             return
         if lease.tenant != self.tenant:
             return
         self._said_held = True
         until = datetime.fromtimestamp(lease.expires_at, UTC).isoformat(timespec="seconds")
+        waits = self._waits_until()
         _log.info(
-            "run %s: waiting; held by %s under fence %s until %s unless renewed",
+            "run %s: waiting; held by %s under fence %s until %s unless renewed%s",
             self.run_id,
             lease.holder,
             lease.fence,
             until,
+            f"; waiting{waits}" if waits else "",
+        )
+
+    def _waits_until(self) -> str:
+        """Until when the stream waits for what comes of a request its opener sent a fleet
+        (a day by default: a topic tells nobody it set the request aside), said with why."""
+        sent = self._sent
+        left_s = sent.left_s() if sent is not None else None
+        if sent is None or left_s is None:
+            return ""
+        until = datetime.fromtimestamp(time.time() + left_s, UTC).isoformat(timespec="seconds")
+        return (
+            f" until {until} for {sent.what} (no worker acts on it after: "
+            f"ONWARD_REQUEST_MAX_AGE, {sent.max_age_s:g}s, and {MAX_CLOCK_SKEW_S:g}s a worker's "
+            "clock may lag)"
         )
 
     async def _stalled(self, waited: float) -> str:

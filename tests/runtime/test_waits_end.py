@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,46 @@ async def test_a_stream_no_worker_takes_says_so_and_times_out_saying_nobody_hold
         assert "nothing of it is in the log yet and nobody holds it" in text
         assert "is a worker carrying agent 'charger' running" in text
         assert "`onward worker`" in text
+
+
+@pytest.mark.kafka
+async def test_a_stream_no_worker_takes_says_until_when_it_waits_for_its_start(
+    kafka_servers: KafkaServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Kafka fleet has no way to tell a stream that a worker set its start aside: the stream
+    waits until no worker would act on the start any more (ONWARD_REQUEST_MAX_AGE after it
+    was sent, plus the clock skew a worker allows), a day by default. The one line it says
+    while it waits ended "; waiting", with no end given; it now says until when, and why."""
+    settings = kafka_settings(
+        kafka_servers,
+        PARTITIONS,
+        app_mode="fleet",
+        requests_topic=f"{kafka_servers.topic}.requests",
+        request_max_age=600,
+    )
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic, as a deployment creates it
+    try:
+        async with onward.open(settings) as app:
+            sent = time.time()
+            with (
+                caplog.at_level("INFO", logger="onward.app"),
+                pytest.raises(RunTimeoutError),
+            ):
+                await app.query(
+                    "go",
+                    {"agent": "charger", "run_id": "nobody-takes-until"},
+                    timeout=SAY_UNHELD_AFTER_S + 1,
+                ).collect()
+    finally:
+        await delete_topic(kafka_servers.bootstrap, settings.requests_topic)
+    said = [r.getMessage() for r in caplog.records if "no worker has taken it" in r.getMessage()]
+    assert len(said) == 1
+    assert "waiting until " in said[0], said[0]
+    until = said[0].split("waiting until ", 1)[1].split(" ", 1)[0]
+    bound = sent + 600 + stream_module.MAX_CLOCK_SKEW_S
+    assert abs(datetime.fromisoformat(until).timestamp() - bound) < 10, said[0]
+    assert "ONWARD_REQUEST_MAX_AGE" in said[0].split("waiting until ", 1)[1]
 
 
 def test_query_sync_returns_the_needs_person_message(tmp_path: Path) -> None:

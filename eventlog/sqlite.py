@@ -157,7 +157,12 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                 low = first if start is None else start
                 if low < first:
                     return first, []
-                query = "SELECT offset, run_id, record FROM onward_log WHERE partition = ?"
+                # As bytes: text another program bound that is not UTF-8 would make sqlite3
+                # raise as it fetched the row, failing the read of the whole partition.
+                query = (
+                    "SELECT offset, run_id, CAST(record AS BLOB) FROM onward_log "
+                    "WHERE partition = ?"
+                )
                 args: list[object] = [partition]
                 if run_id is not None:
                     query += " AND run_id = ?"

@@ -388,3 +388,23 @@ async def test_records_another_program_stored_as_text_or_numbers_do_not_stop_rea
         ]
         assert [s.event for s in await log.read_run(texted)] == [event]
         assert seqs(await log.read_run(appended)) == [1]
+
+
+async def test_a_record_another_program_stored_as_text_not_utf8_does_not_stop_reads(
+    tmp_path: Path,
+) -> None:
+    """SQLite keeps text that is not UTF-8 as it was bound, and Python's sqlite3 raises as it
+    fetches such a column: the record reads as an unreadable one in its place, and the rest
+    of its partition (a projector's read, an audit's) is read as before."""
+    path = tmp_path / "events.db"
+    garbled, appended = runs_in_partition(0, 2, 4)
+    async with SqliteEventLog(path, partitions=4) as log:
+        with closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute(
+                "INSERT INTO onward_log VALUES (0, 0, ?, CAST(X'ff7b22' AS TEXT))", (garbled,)
+            )
+            conn.execute("UPDATE onward_log_partition SET next_offset = 1 WHERE partition = 0")
+        await log.append(step_events(appended, 1))
+        records = await log.read_records(0)
+        assert [type(r).__name__ for r in records] == ["UnreadableRecord", "StoredEvent"]
+        assert seqs(await log.read_run(appended)) == [1]

@@ -213,9 +213,20 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         with translated("reading the Redis frontier format"):
             async with asyncio.timeout(self._timeout_s):
                 found = await client.get(f"{self.prefix}frontier-format")
-        if found is not None and int(found) > STORE_FORMAT:
+        if found is None:
+            return
+        try:
+            layout = int(found)
+        except ValueError:
+            # Not a format this code or any Onward wrote: said by key, not as a bare ValueError.
             raise SchemaMismatchError(
-                f"the Redis frontier keys under {self.prefix!r} are in format {int(found)}, newer "
+                f"the Redis key {self.prefix}frontier-format holds {found!r}, not a frontier "
+                "format (a number): another program wrote it under the prefix "
+                f"{self.prefix!r}; give Onward a prefix of its own (ONWARD_REDIS_PREFIX)"
+            ) from None
+        if layout > STORE_FORMAT:
+            raise SchemaMismatchError(
+                f"the Redis frontier keys under {self.prefix!r} are in format {layout}, newer "
                 f"than this code reads ({STORE_FORMAT}); upgrade Onward"
             )
 

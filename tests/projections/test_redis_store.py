@@ -129,6 +129,22 @@ async def test_keys_written_by_a_newer_layout_are_refused(
         await RedisFrontierStore.open(redis_url, prefix=redis_prefix)
 
 
+async def test_a_format_key_that_is_no_number_is_refused_naming_it(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A ``frontier-format`` key another program wrote (not a number) is refused as an Onward
+    error naming the key and what it holds, not a bare ValueError from ``int()``."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.set(f"{redis_prefix}frontier-format", "v2")
+    finally:
+        await client.aclose()
+    with pytest.raises(SchemaMismatchError) as refused:
+        await RedisFrontierStore.open(redis_url, prefix=redis_prefix)
+    assert f"{redis_prefix}frontier-format" in str(refused.value)
+    assert "'v2'" in str(refused.value)
+
+
 async def test_every_key_is_under_the_prefix(redis_url: str, redis_prefix: str) -> None:
     run_id = new_run_id()
     async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:

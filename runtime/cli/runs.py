@@ -612,8 +612,8 @@ def cancel_command(
                 raise
             return await runner.inspect(run_id, tenant=tenant)
         except ResumeConflictError as held:
-            if held.holder is None:
-                raise
+            if held.holder is None or wait is not None:
+                raise  # with --wait, said by `_cancel_within`: the hint would name what was done
             raise ResumeConflictError(
                 f"{held}; --wait SECONDS asks its holder to end it at its next boundary and "
                 "waits for that",
@@ -720,7 +720,8 @@ async def _cancel_within(
             if not asked:
                 asked = True
                 asked_fleet = await _ask_fleet_to_cancel(backends.settings, request)
-                _say_waiting(request, held.holder, holding, asked_fleet, wait)
+                graph = await _is_graph_thread(runner, request)
+                _say_waiting(request, held.holder, holding, asked_fleet, wait, graph=graph)
         await asyncio.sleep(_CANCEL_RETRY_S)
 
 
@@ -735,17 +736,33 @@ async def _is_graph_thread(runner: AgentRunner, request: CancelRun) -> bool:
 
 
 def _say_waiting(
-    request: CancelRun, holder: str, holding: RunLease | None, asked_fleet: bool, wait: float
+    request: CancelRun,
+    holder: str,
+    holding: RunLease | None,
+    asked_fleet: bool,
+    wait: float,
+    *,
+    graph: bool = False,
 ) -> None:
-    """Say on stderr whom the command asked, when the holder hears it, and until when it waits."""
+    """Say on stderr whom the command asked, when the holder hears it, and until when it waits.
+
+    A LangGraph thread's holder is its saver, which no fleet worker drives and which ends only
+    a graph run writing the thread (or one stopped at an interrupt), never the thread itself.
+    """
     until = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + wait))
-    if asked_fleet:
+    by_when = ""
+    if holding is not None:
+        lapses = time.strftime("%H:%M:%S UTC", time.gmtime(holding.expires_at))
+        by_when = f" (before {lapses}, when its lease would lapse unrenewed)"
+    if graph:
+        heard = (
+            f"it is a LangGraph thread: its saver hears the ask at its next lease renewal or "
+            f"write{by_when} and ends the graph run writing it, or one stopped at an interrupt; "
+            "if none is, nothing is cancelled"
+        )
+    elif asked_fleet:
         heard = "the worker that owns it was sent the cancel and stops it at its next boundary"
     else:
-        by_when = ""
-        if holding is not None:
-            lapses = time.strftime("%H:%M:%S UTC", time.gmtime(holding.expires_at))
-            by_when = f" (before {lapses}, when its lease would lapse unrenewed)"
         heard = (
             f"it hears the ask at its next lease renewal or tool call{by_when} and ends the run "
             "at its next boundary"

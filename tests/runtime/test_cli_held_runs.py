@@ -177,6 +177,7 @@ def test_cancel_with_wait_ends_a_held_run_once_it_is_handed_back(tmp_path: Path)
     assert timed_out.exit_code == 3, timed_out.output
     assert f"run {run_id} is held by {OTHER}; asked it to end the run cancelled" in timed_out.stderr
     assert "still held after --wait 0.5 s; its holder was asked" in timed_out.stderr
+    assert "--wait SECONDS" not in timed_out.stderr  # it was given: no hint to give it
     assert "the worker that owns it" not in timed_out.stderr  # no fleet on an embedded file
     assert asyncio.run(events()) == before
     # The ask waits with the holder's lease (this holder is a test that never hears it).

@@ -160,12 +160,14 @@ class DirectoryArchive:
     """An `ArchiveSink` in one directory of a file system (local or mounted).
 
     Args:
-        path: The directory; created (with parents) on the first write.
+        path: The directory; created (with parents) on the first write. A relative one is
+            taken from the working directory now, and named so: a cut records its `location`
+            for readers that run from elsewhere.
         level: The zstd compression level.
     """
 
     def __init__(self, path: str | Path, *, level: int = 3) -> None:
-        self.path = Path(path)
+        self.path = Path(path).absolute()
         self._level = level
         self._lock = asyncio.Lock()
         self._cache: dict[str, list[StoredEvent]] = {}

@@ -194,3 +194,24 @@ def test_an_unknown_run_is_refused_naming_it(db: Path, tmp_path: Path) -> None:
     again = onward(db, "compact", "--run", LIVE, "--archive", str(tmp_path / "a"))
     assert again.exit_code == 0, again.output
     assert f"run {LIVE!r}: compacted logically (0 truncation point moved" in again.stdout
+
+
+def test_an_archive_given_by_a_relative_path_is_named_where_it_is(
+    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut records where its records went for every later reader, who runs from another
+    directory (a shell elsewhere, a scheduled job): named as given, ``archive``, it would send
+    them to an archive that is not there, or to another one of that name."""
+    (tmp_path / "ops").mkdir()
+    monkeypatch.chdir(tmp_path / "ops")
+    result = onward(db, "compact", "--archive", "archive", "--max-checkpoints", "2")
+    assert result.exit_code == 0, result.output
+    where = tmp_path / "ops" / "archive"
+    assert f"in {where}" in result.stdout
+    monkeypatch.chdir(tmp_path)
+    inspect = onward(db, "inspect", LIVE, "--tenant", TENANT)
+    assert inspect.exit_code == 0, inspect.output
+    assert f"archived in {where}" in inspect.stderr
+    replay = onward(db, "replay", LIVE, "--tenant", TENANT)
+    assert replay.exit_code == 0, replay.output
+    assert f"archived in {where}" in replay.stderr

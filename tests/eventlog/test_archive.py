@@ -249,3 +249,15 @@ async def test_an_inverted_entry_claiming_records_is_an_archive_error(tmp_path: 
     _written_by_hand(tmp_path / "archive", 0, 12, 3, [_line(s) for s in records(0, [4])])
     with pytest.raises(ArchiveError, match=r"\[12, 3\)"):
         await DirectoryArchive(tmp_path / "archive").ranges()
+
+
+async def test_a_range_file_padded_with_blank_lines_is_an_archive_error(tmp_path: Path) -> None:
+    """No writer leaves a blank line, and blank lines compress to next to nothing: a file a
+    few MB long can hold terabytes of them, read for hours with no line ever over the bound.
+    One is refused where it is read, like any other line that is not a record."""
+    (first, second) = records(0, range(2))
+    padding = b"\n" * (16 * 1024 * 1024)
+    _written_by_hand(tmp_path / "archive", 0, 0, 2, [_line(first) + padding, _line(second)])
+    assert (tmp_path / "archive" / archive_module.file_name(0, 0, 2)).stat().st_size < 64 * 1024
+    with pytest.raises(ArchiveError, match="cannot be read back"):
+        await DirectoryArchive(tmp_path / "archive").read(0, 0, 2)

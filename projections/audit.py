@@ -209,11 +209,17 @@ def _finished(event: ev.RunFinished) -> str:
     return f"{event.status}: {said}"
 
 
+def _started(event: ev.RunStarted) -> str:
+    """A run carried on from another is given no input: its conversation is that run's."""
+    ran = f"{event.agent} {event.revision or '(no revision: never ran)'}"
+    if event.continuation_of is not None:
+        return f"{ran}, carried on from {event.continuation_of}"
+    return f"{ran}, input {_body(event.input)}"
+
+
 # One entry per kind, as the fold has one rule per kind; a kind without one fails loudly.
 _DESCRIPTIONS: dict[type[Event], Callable[[Any], str]] = {
-    ev.RunStarted: lambda e: (
-        f"{e.agent} {e.revision or '(no revision: never ran)'}, input {_body(e.input)}"
-    ),
+    ev.RunStarted: _started,
     ev.RunClaimed: lambda e: f"claimed by {e.worker}",
     ev.ResumePlanned: lambda e: (
         f"replayed {_ids(e.replayed)}, dispatched {_ids(e.dispatched)}, "
@@ -256,13 +262,21 @@ async def audit_timeline(log: EventLog, run_id: str, *, tenant: str) -> list[Aud
     When compaction removed the run's beginning, the first event's seq is above 1 and the
     verdicts are reached from where the stored events start.
 
+    Only the tenant's records are read: once compaction cut a collected run, its id is free,
+    and an archive holds the old run's records with those of another tenant's run under it.
+
     Raises:
         NothingToResumeError: No run under that id for that tenant.
     """
     records = await log.read_records(partition_for(run_id, log.partitions), run_id=run_id)
-    lines = timeline_of(records)
+    lines = timeline_of([r for r in records if _tenant_of(r) in (tenant, None)])
     check_owner(lines, run_id, tenant)
     return lines
+
+
+def _tenant_of(record: LogRecord) -> str | None:
+    """The tenant a record names, ``None`` when it cannot be read that far."""
+    return record.event.tenant if isinstance(record, StoredEvent) else record.tenant
 
 
 def timeline_of(

@@ -54,6 +54,26 @@ async def test_no_run_for_that_tenant_is_nothing_to_resume(run_id: str, tenant: 
         await audit_timeline(await superseded(), run_id, tenant=tenant)
 
 
+async def test_a_run_id_used_again_by_another_tenant_shows_each_tenant_its_own_run() -> None:
+    """Once compaction cut a collected run, its id is free: another tenant's run under it is
+    read with the old one from an archive (`onward replay --archive`). The old run's tenant
+    was shown the new run's events, what it was given and what it said; the new run's was
+    told there is no such run."""
+    log = MemoryEventLog()
+    other = Envelope(run_id="run-1", tenant="other", seq=1, fence=1, at=1)
+    for event in [
+        RunStarted(**env(1, 1), agent="booker", revision="r1", input="ours"),
+        RunFinished(**env(2, 1), status="completed", output="ok"),
+        RunStarted(**other, agent="booker", revision="r1", input="theirs"),
+        RunFinished(**{**other, "seq": 2}, status="completed", output="secret"),
+    ]:
+        await log.append([event])
+    for tenant in ("acme", "other"):
+        lines = await audit_timeline(log, "run-1", tenant=tenant)
+        shown = [(line.stored.event.tenant, line.refused is None) for line in lines if line.stored]
+        assert shown == [(tenant, True), (tenant, True)]
+
+
 def test_a_start_names_its_revision_or_that_none_ran() -> None:
     """A start a worker could not drive (`AgentRunner.end_at_start`) records no revision; the
     timeline says so rather than leave a gap where the revision goes."""
@@ -61,6 +81,14 @@ def test_a_start_names_its_revision_or_that_none_ran() -> None:
     never = RunStarted(**env(1, 1), agent="charger", revision="", input="go")
     assert describe_event(ran) == "booker r1, input go"
     assert describe_event(never) == "charger (no revision: never ran), input go"
+
+
+def test_a_run_carried_on_from_another_names_it_not_an_input() -> None:
+    """A run carried on from another is given no input: its conversation starts from the old
+    run's transcripts. The timeline said ``input null``, an input the run was never given,
+    and not which run it went on from."""
+    carried = RunStarted(**env(1, 1), agent="booker", revision="r1", continuation_of="run-0")
+    assert describe_event(carried) == "booker r1, carried on from run-0"
 
 
 @pytest.mark.parametrize("bad", ["newer-format", "unknown-kind", "out-of-range"])

@@ -89,6 +89,7 @@ async def _past_the_cut(
         bounds = await log.bounds(partition)
         point = (await store.truncations([run_id])).get(run_id)
         kept: list[LogRecord] = []
+        missed = False
         if point is not None:
             retained = await store.retained(run_id)
             missed = start is None or start < point.before_offset
@@ -127,6 +128,8 @@ async def _past_the_cut(
             rest = await log.read_records(partition, bounds.start, end, run_id=run_id)
         except LogTruncatedError:
             continue  # cut again between the bounds and the read: once more
+        if point is not None and missed and bounds.start > point.before_offset:
+            _check_goes_on(rest, run_id, point, bounds.start, have_seq)
         return [*kept, *rest]
     raise LogTruncatedError(
         f"run {run_id!r}: partition {partition} was cut twice while it was read; read it again",
@@ -134,6 +137,32 @@ async def _past_the_cut(
         partition=partition,
         offset=start,
         start=bounds.start,
+    )
+
+
+def _check_goes_on(
+    rest: list[LogRecord], run_id: str, point: RunTruncation, start: int, have_seq: int
+) -> None:
+    """Refuse a log that starts past the run's point (moved by other means, such as Kafka
+    retention) when the run's first event left in it is past the point's seq: compaction kept
+    the events below the point, none of those from it up to there, and the run read on from
+    what was kept would have a hole.
+
+    Raises:
+        LogTruncatedError: The run's events from the point's seq on were cut.
+    """
+    first = next((r.event for r in rest if isinstance(r, StoredEvent)), None)
+    if first is None or first.seq <= max(point.before_seq, have_seq + 1):
+        return
+    raise LogTruncatedError(
+        f"run {run_id!r}: partition {point.partition} starts at offset {start}, past the run's "
+        f"truncation point (offset {point.before_offset}): its events from seq "
+        f"{point.before_seq} to {first.seq - 1} were cut by other means (such as Kafka "
+        "retention), and compaction kept only those below the point",
+        run_id=run_id,
+        partition=point.partition,
+        offset=point.before_offset,
+        start=start,
     )
 
 

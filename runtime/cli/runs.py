@@ -26,6 +26,7 @@ from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.events import Event, RunStarted, Tagged
 from onward.projections.audit import AuditLine, audit_timeline, printable, shell_word
+from onward.projections.compaction.base import CompactionStore
 from onward.projections.compaction.history import (
     CompactedSpan,
     compacted_span,
@@ -851,8 +852,9 @@ def replay_command(
 
     Takes no lease and writes nothing.
 
-    Exit 0: shown. 1: no such run. 2: bad command line, or the SQLite file is missing or is
-    not an Onward database. 5: a store failed, or the archive is corrupt.
+    Exit 0: shown. 1: no such run. 2: bad command line, an --archive that does not hold what
+    compaction archived of the run, or the SQLite file is missing or is not an Onward
+    database. 5: a store failed, or the archive is corrupt.
     """
 
     if archive is not None and not archive.is_dir():
@@ -860,14 +862,19 @@ def replay_command(
         # alone and a mistyped path never named.
         raise InvalidInputError(f"--archive {archive}: no such directory")
 
-    async def work(backends: Backends) -> tuple[list[AuditLine], CompactedSpan | None]:
+    async def work(
+        backends: Backends,
+    ) -> tuple[list[AuditLine], CompactedSpan | None, int | None]:
         if archive is not None:
             log = ArchivedEventLog(backends.log, DirectoryArchive(archive))
-            return await audit_timeline(log, run_id, tenant=tenant), None
+            async with compaction_store(backends) as store:
+                await _refuse_if_not_archived_here(store, log, run_id)
+            return await audit_timeline(log, run_id, tenant=tenant), None, None
         async with compaction_store(backends) as store:
-            return await compacted_timeline(backends.log, store, run_id, tenant=tenant)
+            lines, span = await compacted_timeline(backends.log, store, run_id, tenant=tenant)
+        return lines, span, await _tail_cut_through(backends, run_id, lines, span)
 
-    lines, span = with_backends(work, readonly=True)
+    lines, span, cut_through = with_backends(work, readonly=True)
     if span is not None:
         error(printable(span.describe(run_id)))
     # The log's first record of the run; an unreadable one has no seq to tell a cut by, and
@@ -879,6 +886,11 @@ def replay_command(
         error(
             f"run {run_id!r}: the events {since}before seq {first.event.seq} (offset "
             f"{first.position.offset}) were cut from the log; the timeline starts there"
+        )
+    elif span is not None and cut_through is not None:
+        error(
+            f"run {run_id!r}: its events from seq {span.before_seq} to {cut_through} were cut "
+            "from the log; the timeline shows only what compaction retained"
         )
     holes = [line.position.offset for line in lines if line.unreadable is not None]
     if holes:
@@ -892,6 +904,58 @@ def replay_command(
         return
     out.print(audit_table(run_id, tenant, lines))
     out.print(shown(f"tags: {tags_text(_tags(lines))}"), soft_wrap=True)
+
+
+async def _refuse_if_not_archived_here(
+    store: CompactionStore, log: ArchivedEventLog, run_id: str
+) -> None:
+    """Refuse an --archive that does not reach back to where compaction archived the run's
+    cut events (a mistyped or another directory): read as an empty archive, a run cut whole
+    would be said not to exist, one cut in part shown from the log on.
+
+    Raises:
+        InvalidInputError: The archive does not hold what compaction archived of the run.
+    """
+    point = (await store.truncations([run_id])).get(run_id)
+    if point is None:
+        return  # no cut took any of the run's events (every cut gives a point first)
+    archived = [
+        c
+        for c in await store.cuts(point.partition)
+        if c.archive is not None and c.start < point.before_offset
+    ]
+    if not archived:
+        return
+    lowest = min(c.start for c in archived)
+    reach = (await log.bounds(point.partition)).start
+    if reach > lowest:
+        where = ", ".join(sorted({str(c.archive) for c in archived}))
+        raise InvalidInputError(
+            f"--archive {log.archive.location}: partition {point.partition} was cut from offset "
+            f"{lowest} and archived in {where}, but this archive and the log reach back to "
+            f"offset {reach} only; pass the archive compaction wrote",
+            run_id=run_id,
+        )
+
+
+async def _tail_cut_through(
+    backends: Backends, run_id: str, lines: list[AuditLine], span: CompactedSpan | None
+) -> int | None:
+    """The last seq of a compacted run's events after its point that were cut from the log by
+    other means (Kafka retention), when none of them is left; else ``None``.
+
+    The timeline then holds only retained events, which read as the run's whole history. A
+    point past the run's last event (a run compacted to its end) lost nothing: the run's
+    frontier row tells the two apart.
+    """
+    if span is None or any(not line.retained for line in lines):
+        return None
+    if (await backends.log.bounds(span.partition)).start <= span.before_offset:
+        return None
+    row = await backends.frontiers.get(run_id)
+    if row is None or row.summary.last_seq < span.before_seq:
+        return None
+    return row.summary.last_seq
 
 
 def _tags(lines: list[AuditLine]) -> list[RunTag]:

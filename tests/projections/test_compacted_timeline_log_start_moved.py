@@ -38,13 +38,13 @@ def answer(seq: int, at: int) -> ModelAnswered:
     return ModelAnswered(**env(seq, at), message=Message(role="assistant", content=f"a{seq}"))
 
 
-async def _compacted_then_cut(world: World) -> None:
+async def _compacted_then_cut(world: World, *, agent: str = "booker") -> None:
     """Run ``RUN`` compacted logically to seq 4 (offset 3), then the log cut below offset 5
     by other means: seqs 4 and 5 are gone, 6 and 7 left."""
     now = time.time_ns() // 1_000
     # Old events, then recent ones the retention window keeps the point below.
     for event in [
-        RunStarted(**env(1, 1), agent="booker", revision="r1", input="go"),
+        RunStarted(**env(1, 1), agent=agent, revision="r1" if agent else "", input="go"),
         RunClaimed(**env(2, 2), worker="w1"),
         answer(3, 3),
         TurnSettled(**env(4, now), iteration=1, call_ids=[]),
@@ -59,6 +59,7 @@ async def _compacted_then_cut(world: World) -> None:
     )
     point = (await world.store.truncations([RUN]))[RUN]
     assert (point.before_seq, point.before_offset) == (4, 3)
+    assert point.whole == (not agent)
     # Retention removes the log up to offset 5 (seqs 4 and 5): seqs 6 and 7 are left.
     await world.log.truncate_before(0, 5)
 
@@ -146,3 +147,42 @@ async def test_a_run_never_compacted_read_from_below_a_compaction_cut_is_read_wh
 
         whole = await read_whole_run(world.log, world.store, RUN, start=0)
         assert [e.event.seq for e in whole] == [1, 2]
+
+
+def test_replay_names_the_tail_cut_past_the_point_when_nothing_of_it_is_left(
+    tmp_path: Path,
+) -> None:
+    """The log's start moved past the run's every event after its truncation point: the
+    timeline holds only what compaction retained, and replay says the events from the point
+    on were cut, never shows the retained ones as if they were the run's whole history."""
+
+    async def written() -> None:
+        async with sqlite_world(tmp_path) as world:
+            await _compacted_then_cut(world)
+            await world.log.truncate_before(0, 7)
+
+    asyncio.run(written())
+    sqlite = {
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(tmp_path / "onward.db"),
+        "ONWARD_PARTITIONS": "1",
+    }
+    result = CliRunner().invoke(app, ["replay", RUN, "--tenant", TENANT, "--json"], env=sqlite)
+    assert result.exit_code == 0, result.output
+    shown = [json.loads(line) for line in result.stdout.splitlines()]
+    assert all(s["retained"] for s in shown)
+    said = " ".join(result.stderr.split())
+    assert "its events from seq 4 to 7 were cut from the log" in said, said
+
+
+async def test_a_run_read_whole_past_a_moved_log_start_is_refused_not_read_with_a_hole(
+    clustered: KafkaServers | None, tmp_path: Path
+) -> None:
+    """A run read from its first event (no agent of Onward's own: a LangGraph thread) keeps
+    every event below its point; the log's start then moved past the point by other means.
+    Reading it whole gave seqs 1 to 3 then 6 and 7, 4 and 5 missing without a word, to a
+    reader that folds or executes the run from its first event."""
+    async with world_of(clustered, tmp_path) as world:
+        await _compacted_then_cut(world, agent="")
+        with pytest.raises(LogTruncatedError, match="seq 4"):
+            await read_whole_run(world.log, world.store, RUN)

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
-from support.compaction_world import TENANT, log_sizes, sqlite_world
+from support.compaction_world import AGENT, TENANT, Script, log_sizes, sqlite_world
 from typer.testing import CliRunner, Result
 
 from onward.eventlog import SqliteEventLog, TurnSettled
+from onward.eventlog.archive import DirectoryArchive
 from onward.projections.compaction import SqliteCompactionStore
 from onward.runtime.cli import app
+from onward.runtime.compaction import CheckpointCompactor
+from onward.runtime.gc import GarbageCollector, SqliteRecordSweeper
 
 LIVE = "long"
 
@@ -94,6 +98,58 @@ def test_compact_then_replay_marks_the_span_and_the_archive_shows_it_all(
     seqs = [json.loads(line)["seq"] for line in whole.stdout.splitlines()]
     assert seqs == list(range(1, len(seqs) + 1))
     assert min(json.loads(line)["offset"] for line in whole.stdout.splitlines()) < start
+
+
+def test_replay_with_another_archive_names_the_one_compaction_wrote(
+    db: Path, tmp_path: Path
+) -> None:
+    """An --archive that does not hold what compaction archived (a mistyped or another
+    directory) is refused naming the archive it wrote, as a rebuild refuses it: read as an
+    empty archive, a run cut whole was said not to exist, one cut in part shown from the log."""
+    archive = tmp_path / "archive"
+    result = onward(db, "compact", "--archive", str(archive), "--max-checkpoints", "2")
+    assert result.exit_code == 0, result.output
+    other = tmp_path / "other"
+    other.mkdir()
+    replay = onward(db, "replay", LIVE, "--tenant", TENANT, "--archive", str(other))
+    assert replay.exit_code == 2, replay.output
+    assert f"archived in {archive}" in replay.stderr
+    assert "no run" not in replay.stderr
+
+
+def test_replay_with_the_archive_of_a_reused_run_id_shows_each_tenant_its_own_run(
+    tmp_path: Path,
+) -> None:
+    """Run x is collected and compaction cuts it into the archive; another tenant's run then
+    takes the id. Read with the archive, the old run's tenant was shown the new run (its input
+    and answers), and the new run's tenant was told there is no run x."""
+    archive = tmp_path / "archive"
+
+    async def written() -> None:
+        async with sqlite_world(tmp_path) as world:
+            await world.finished_run("x", turns=1)
+            await world.fold()
+            async with SqliteRecordSweeper(tmp_path / "onward.db") as sweeper:
+                later = time.time() + 40 * 86_400.0
+                assert (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
+            await CheckpointCompactor(
+                world.log, world.frontiers, world.store, archive=DirectoryArchive(archive)
+            ).compact()
+            assert await world.log.read_run("x") == []
+            result = await world.runner(Script(0)).run(
+                AGENT, {"ask": "theirs"}, tenant="other", run_id="x"
+            )
+            assert result.status == "completed"
+            await world.fold()
+
+    asyncio.run(written())
+    db = tmp_path / "onward.db"
+    for tenant in (TENANT, "other"):
+        replay = onward(db, "replay", "x", "--tenant", tenant, "--json", "--archive", str(archive))
+        assert replay.exit_code == 0, replay.output
+        shown = [json.loads(line) for line in replay.stdout.splitlines()]
+        assert {line["event"]["tenant"] for line in shown} == {tenant}
+        assert not any(line["refused"] for line in shown)
 
 
 def test_inspect_and_replay_count_the_same_retained_events(db: Path, tmp_path: Path) -> None:

@@ -110,8 +110,6 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                     "INSERT INTO onward_log_partition VALUES (?, 0, 0)",
                     [(p,) for p in range(self._partitions)],
                 )
-        # Read-only, a migrated file no log was opened on yet holds no run; it is left as it is.
-        self._unwritten = self._readonly and not meta
         if meta and int(meta["schema_version"]) != SCHEMA_VERSION:
             raise ConfigurationError(
                 f"{self._path}: event log schema version {meta['schema_version']}, this code "
@@ -123,6 +121,9 @@ class SqliteEventLog(SqliteStore, EventLogBackend):
                 f"configuration says {self._partitions}; changing it would move runs between "
                 "partitions, so configure the original count"
             )
+        # Read-only, a migrated file no log was opened on yet holds no run; it is left as it
+        # is. Set once the log found is checked: one refused is asked again at each read.
+        self._unwritten = self._readonly and not meta
 
     async def append(self, events: Sequence[Event]) -> list[Position]:
         run_id, partition, encoded = self._prepare(events)

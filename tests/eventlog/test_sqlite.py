@@ -319,6 +319,28 @@ async def test_a_read_only_log_opened_before_any_append_beside_a_writer_sees_the
                 assert (await reader.bounds(partition_for(run_id, 4))).end >= 2
 
 
+async def test_a_read_only_log_beside_a_writer_refuses_a_log_created_with_other_partitions(
+    tmp_path: Path,
+) -> None:
+    """Opened beside a writer on a migrated file with no log yet, a read-only log configured
+    with 4 partitions finds a log another process created with 8: every read refuses it by
+    name, not the first alone, the next reading it as 4 partitions (runs in 4 to 7 missed)."""
+    path = tmp_path / "events.db"
+    run_id = new_run_id()
+    async with (
+        SqliteFrontierStore(path),
+        SqliteEventLog(path, partitions=4, readonly=True) as reader,
+    ):
+        assert await reader.read_run(run_id) == []
+        async with SqliteEventLog(path, partitions=8) as log:
+            await log.append(step_events(run_id, 2))
+            for _ in range(2):
+                with pytest.raises(ConfigurationError, match="created with 8 partitions"):
+                    await reader.read_run(run_id)
+            with pytest.raises(ConfigurationError, match="created with 8 partitions"):
+                await reader.bounds(0)
+
+
 async def test_another_programs_sqlite_file_is_refused_untouched(tmp_path: Path) -> None:
     """``ONWARD_SQLITE_PATH`` pointed at another program's database (as `onward worker` and
     `onward.open` open it): refused by name, its journal mode and tables left as they were."""

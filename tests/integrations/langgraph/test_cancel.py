@@ -678,3 +678,40 @@ async def test_cancel_wait_of_a_thread_a_long_lived_saver_holds_idle_says_what_h
         assert out["steps"] == [1, 2, 3, 4]
     events = [stored.event for stored in await world.log.read_run(thread_id)]
     assert not any(isinstance(e, RunFinished) for e in events)
+
+
+async def test_a_resume_reading_a_thread_as_a_cancel_heard_at_its_interrupt_ends_it_is_refused(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """A resume's first read of the thread is under way when the saver's renewal hears a
+    cancel and ends the invocation stopped at the interrupt: what the resume read is older
+    than that end, and built on it the interrupted node would run after the asker was told the
+    run was cancelled."""
+    world, _ = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    purchases: list[str] = []
+    async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
+        graph = buying_graph(saver, purchases)
+        assert "__interrupt__" in await graph.ainvoke({"bought": 0}, config(thread_id))
+        reading, go_on = asyncio.Event(), asyncio.Event()
+        state_of = saver._state
+
+        async def read_held_up(thread: str) -> Any:
+            if not reading.is_set():
+                reading.set()
+                await go_on.wait()
+            return await state_of(thread)
+
+        saver._state = read_held_up  # type: ignore[method-assign]
+        resumed = asyncio.create_task(graph.ainvoke(Command(resume="yes"), config(thread_id)))
+        await asyncio.wait_for(reading.wait(), 30)
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+
+        async def let_go() -> bool:
+            return not saver.holds(thread_id)
+
+        await until(let_go, "the saver answering the ask its renewal heard")
+        go_on.set()
+        with pytest.raises(RunCancelledError):
+            await resumed
+    assert purchases == []

@@ -61,11 +61,12 @@ async def test_a_run_id_used_again_by_another_tenant_shows_each_tenant_its_own_r
     told there is no such run."""
     log = MemoryEventLog()
     other = Envelope(run_id="run-1", tenant="other", seq=1, fence=1, at=1)
+    other_end = Envelope(run_id="run-1", tenant="other", seq=2, fence=1, at=2)
     for event in [
         RunStarted(**env(1, 1), agent="booker", revision="r1", input="ours"),
         RunFinished(**env(2, 1), status="completed", output="ok"),
         RunStarted(**other, agent="booker", revision="r1", input="theirs"),
-        RunFinished(**{**other, "seq": 2}, status="completed", output="secret"),
+        RunFinished(**other_end, status="completed", output="secret"),
     ]:
         await log.append([event])
     for tenant in ("acme", "other"):

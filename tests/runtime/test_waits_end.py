@@ -37,7 +37,7 @@ from onward.runtime.backends import open_backends
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.settings import Settings
-from onward.runtime.signing import RequestSigner
+from onward.runtime.signing import MAX_CLOCK_SKEW_S, RequestSigner
 from onward.runtime.tools import tool
 
 TENANT = "acme"
@@ -251,7 +251,7 @@ async def test_a_stream_no_worker_takes_says_until_when_it_waits_for_its_start(
     assert len(said) == 1
     assert "waiting until " in said[0], said[0]
     until = said[0].split("waiting until ", 1)[1].split(" ", 1)[0]
-    bound = sent + 600 + stream_module.MAX_CLOCK_SKEW_S
+    bound = sent + 600 + MAX_CLOCK_SKEW_S
     assert abs(datetime.fromisoformat(until).timestamp() - bound) < 10, said[0]
     assert "ONWARD_REQUEST_MAX_AGE" in said[0].split("waiting until ", 1)[1]
 

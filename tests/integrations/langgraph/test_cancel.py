@@ -696,13 +696,13 @@ async def test_a_resume_reading_a_thread_as_a_cancel_heard_at_its_interrupt_ends
         reading, go_on = asyncio.Event(), asyncio.Event()
         state_of = saver._state
 
-        async def read_held_up(thread: str) -> Any:
+        async def read_held_up(thread: str, **how: Any) -> Any:
             if not reading.is_set():
                 reading.set()
                 await go_on.wait()
-            return await state_of(thread)
+            return await state_of(thread, **how)
 
-        saver._state = read_held_up  # type: ignore[method-assign]
+        saver._state = read_held_up  # type: ignore[method-assign,assignment]
         resumed = asyncio.create_task(graph.ainvoke(Command(resume="yes"), config(thread_id)))
         await asyncio.wait_for(reading.wait(), 30)
         assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")

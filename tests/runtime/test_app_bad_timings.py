@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.appapi import agents, provider
+from support.appapi import agents, provider, until
 
 import onward
 from onward.errors import InvalidInputError
@@ -73,6 +73,13 @@ async def test_a_position_past_the_run_s_last_event_is_refused_not_followed(
         async for asked in app.query("pay 5", {"agent": "payer", "run_id": "short"}):
             if asked.is_hil_request:
                 break
+
+        async def let_go() -> bool:
+            held = await app.get_session_state("short")
+            return held is not None and held.holder is None
+
+        # The run waits on a person: its driver lets go of it, which may land after the break.
+        await until(let_go, "the run waiting on a person let go of by its driver")
         state = await app.get_session_state("short")
         assert state is not None
         assert longer[-1].seq > state.last_seq

@@ -231,6 +231,13 @@ def dismiss_command(
         return found[0]
 
     entry = _with_store(config, dismiss)
+    if entry is not None and entry.run_id is not None and entry.state != "held":
+        # Released already: a release now would only answer that the run holds no record.
+        raise NothingToResumeError(
+            f"the record at {where} (run {entry.run_id!r}) is not held: {entry.state} by "
+            f"{entry.released_by}",
+            run_id=entry.run_id,
+        )
     if entry is not None and entry.run_id is not None:
         raise InvalidInputError(
             f"the record at {where} names run {entry.run_id!r}: release the run with "

@@ -222,3 +222,25 @@ def test_the_release_command_dismiss_suggests_releases_a_run_a_producer_named_ou
         1,
     )
     assert [(e["run_id"], e["released_by"]) for e in listed(db, "--all")] == [(run_id, "ops")]
+
+
+def test_dismiss_of_a_named_record_already_released_says_so_not_to_release_it(
+    db: Path,
+) -> None:
+    """Released, the run's record is no longer held: the release command to paste would only
+    answer that the run has no record held."""
+
+    async def write_and_release() -> None:
+        async with SqliteFrontierStore(db) as store:
+            await store.write(
+                DEFAULT_CONSUMER, {1: 4}, [], [], quarantine=[poison("run-q", offset=3)]
+            )
+            assert await store.release(DEFAULT_CONSUMER, "run-q", by="ops", at=1) == 1
+
+    asyncio.run(write_and_release())
+    result = onward(db, "quarantine", "dismiss", "--partition", "1", "--offset", "3", "--by", "x")
+    assert result.exit_code == 1, result.output
+    assert "onward quarantine release" not in result.output
+    assert "run-q" in result.output
+    assert "released by ops" in result.output
+    assert [e["state"] for e in listed(db, "--all")] == ["released"]

@@ -388,6 +388,22 @@ async def _refuse_if_not_archived(config: Settings, log: ArchivedEventLog) -> No
             )
 
 
+async def _refuse_if_lost(log: EventLog) -> None:
+    """A partition that does not reach back to offset 0 (the log with the archive, if read
+    with it) lost records other than by a cut the checks before named: Kafka's retention on a
+    topic made by hand, records deleted by an operator. No archive holds them, and a rebuild
+    would fold every run begun below from the middle of its history."""
+    for partition in range(log.partitions):
+        start = (await log.bounds(partition)).start
+        if start > 0:
+            raise InvalidInputError(
+                f"partition {partition} reaches back to offset {start} only: the records below "
+                "were deleted, and not by a compaction whose archive is read here (Kafka's "
+                "retention on the topic, records deleted by hand); a rebuild would fold every "
+                "run begun below from the middle of its history; the current build stays"
+            )
+
+
 def rebuild_command(
     name: Annotated[str, typer.Argument(help="frontiers, or the name of a user projection.")],
     projection: Annotated[
@@ -404,8 +420,9 @@ def rebuild_command(
 
     Exit 0: rebuilt. 2: bad configuration, --projection or --archive, the frontiers kept in Redis
     (ONWARD_FRONTIER_STORE=redis, which has no builds), the log was cut and no --archive
-    given, or it was cut with --no-archive (no archive holds that). 5: Kafka or PostgreSQL
-    failed, or the archive is corrupt.
+    given, it was cut with --no-archive (no archive holds that), or it lost records below its
+    start otherwise (Kafka's retention). 5: Kafka or PostgreSQL failed, or the archive is
+    corrupt.
     """
     if name == PROJECTION and projection is not None:
         # The frontiers are built in; a --projection meant for a user projection would be
@@ -453,6 +470,7 @@ def rebuild_command(
                     raise InvalidInputError(f"--archive {archive}: no such directory")
             else:
                 await _refuse_if_cut(config)
+            await _refuse_if_lost(log)
             with Progress(
                 TextColumn(f"rebuilding {name}"),
                 BarColumn(),

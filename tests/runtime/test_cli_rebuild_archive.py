@@ -8,12 +8,14 @@ build they had, so no run drops out of `onward runs`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner, Result
 
+from onward.eventlog import PostgresEventLog
 from onward.runtime.cli import app
 
 RUNS = ("arch-1", "arch-2")
@@ -118,3 +120,33 @@ def test_an_archive_that_is_not_there_is_named_even_with_nothing_cut(
     assert result.exit_code == 2, result.output
     assert f"--archive {missing}: no such directory" in result.stderr
     assert not missing.exists()
+
+
+def test_a_log_that_lost_its_start_otherwise_than_by_compaction_is_not_rebuilt(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Records deleted below the log's start by something other than compaction (Kafka's
+    retention on a topic made by hand, a delete-records by an operator) are in no cut and no
+    archive: a rebuild from what is left folds every run begun below from the middle of its
+    history, and switched the views to that. It is refused, and the views stay."""
+    assert onward(env, "db", "migrate").exit_code == 0
+    agent = str(tmp_path / "rebuild_archive_agents.py")
+    for run_id in RUNS:
+        started = onward(
+            env, "start", "hi", "--run-id", run_id, "--agent", f"{agent}:agent",
+            "--provider", f"{agent}:model",
+        )  # fmt: skip
+        assert started.exit_code == 0, started.output
+
+    async def lose_the_start() -> None:
+        async with PostgresEventLog(
+            env["DATABASE_URL"], schema=env["ONWARD_DATABASE_SCHEMA"], partitions=1
+        ) as log:
+            await log.truncate_before(0, 1)
+
+    asyncio.run(lose_the_start())
+    result = onward(env, "projections", "rebuild", "frontiers")
+    assert result.exit_code == 2, result.output
+    assert "partition 0" in result.stderr
+    assert listed(env) == list(RUNS)
+    assert onward(env, "inspect", RUNS[0], "--json").exit_code == 0

@@ -22,6 +22,7 @@ round trips does not depend on the number of runs in the batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import astuple
 from importlib.resources import files
@@ -36,7 +37,7 @@ from onward._storage import (
     translating,
     verify_postgres,
 )
-from onward.errors import InvalidInputError, SchemaMismatchError
+from onward.errors import BackendUnavailableError, InvalidInputError, SchemaMismatchError
 from onward.eventlog.events import Message
 
 from .base import (
@@ -110,10 +111,34 @@ async def migrate(
     (`migrate_postgres`).
     """
     applied = await migrate_postgres(conn, lock_timeout_s=lock_timeout_s)
-    created = await ensure_active(conn, FRONTIERS)
+    created = await _first_build(conn, lock_timeout_s)
     if created is not None:
         applied.append(f"frontiers build {created}")
     return applied
+
+
+async def _first_build(conn: asyncpg.Connection, lock_timeout_s: float | None) -> int | None:
+    """`ensure_active` of the frontiers, its wait for the build registry bounded as the
+    migrations' waits are: `onward db migrate` bounds no statement, and a session left open
+    holding the registry (a long write of a user projection, a person's ``BEGIN``) would keep
+    it waiting in silence."""
+    try:
+        async with conn.transaction():
+            if lock_timeout_s is not None:
+                await conn.execute(
+                    "SELECT set_config('lock_timeout', $1, true)",
+                    f"{max(1, math.ceil(lock_timeout_s * 1000))}ms",
+                )
+            return await ensure_active(conn, FRONTIERS)
+    except BackendUnavailableError as exc:
+        if not isinstance(exc.__cause__, asyncpg.LockNotAvailableError):
+            raise
+        within = "" if lock_timeout_s is None else f" within {lock_timeout_s:g} s"
+        raise BackendUnavailableError(
+            "creating the first frontiers build: the build registry (onward_projection_builds) "
+            f"is held by another session, which did not commit or roll back{within}; the "
+            "migrations are applied, and the same command may succeed once it has"
+        ) from exc
 
 
 def _summary(row: asyncpg.Record) -> RunSummary:

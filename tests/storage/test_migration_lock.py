@@ -182,3 +182,32 @@ async def test_a_migration_whose_table_another_session_holds_is_given_up(
     assert "2 s" in refused, refused
     code, stderr = await onward_migrate(database_url, schema, 2)
     assert code == 0, stderr
+
+
+async def test_a_first_build_whose_registry_another_session_holds_is_given_up(
+    database_url: str, new_pg_schema: SchemaFactory
+) -> None:
+    """Migrations applied but no frontiers build yet (a first `onward db migrate` stopped
+    between the two), and a session in an open transaction holding the build registry (a user
+    projection's long write, a person's ``BEGIN``): the first build's lock was waited for
+    bounded by nothing, `onward db migrate` silent for as long as the other stayed open."""
+    schema = await new_pg_schema(migrated=False)
+    holder = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        await migrate_postgres(holder)
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute("LOCK TABLE onward_projection_builds IN ROW SHARE MODE")
+        began = time.monotonic()
+        code, stderr = await onward_migrate(database_url, schema, 2)
+        took = time.monotonic() - began
+        await transaction.rollback()
+    finally:
+        await holder.close()
+    assert code == 5, stderr
+    assert took < 15
+    refused = stderr.strip().splitlines()[-1]
+    assert "frontiers build" in refused, refused
+    assert "2 s" in refused, refused
+    code, stderr = await onward_migrate(database_url, schema, 2)
+    assert code == 0, stderr

@@ -8,6 +8,7 @@ old builds stay until dropped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -100,26 +101,69 @@ async def ensure_active(conn: asyncpg.Connection, layout: BuildLayout) -> int | 
 
 
 @translating("switching builds")
-async def switch_build(conn: asyncpg.Connection, layout: BuildLayout, build: int) -> int | None:
-    """Make ``build`` the active one and repoint the views; return the build it replaced."""
+async def switch_build(
+    conn: asyncpg.Connection,
+    layout: BuildLayout,
+    build: int,
+    *,
+    lock_timeout_s: float | None = None,
+) -> int | None:
+    """Make ``build`` the active one and repoint the views; return the build it replaced.
+
+    ``lock_timeout_s`` bounds the wait for its locks (then `BackendUnavailableError` from
+    ``asyncpg.LockNotAvailableError``): every writer and every reader of the views queues
+    behind a switch that waits.
+    """
     async with conn.transaction():
+        if lock_timeout_s is not None:
+            await conn.execute(
+                "SELECT set_config('lock_timeout', $1, true)",
+                f"{max(1, math.ceil(lock_timeout_s * 1000))}ms",
+            )
         await conn.execute("LOCK TABLE onward_projection_builds IN EXCLUSIVE MODE")
+        status = await conn.fetchval(
+            "SELECT status FROM onward_projection_builds WHERE projection = $1 AND build = $2",
+            layout.projection,
+            build,
+        )
+        if status is None:
+            raise InvalidInputError(f"{layout.projection} build {build} does not exist")
+        if status == "retired":
+            # Compaction keeps nothing for a retired build: the records past where it was
+            # folded may be cut, and it would be followed on with holes.
+            raise InvalidInputError(
+                f"{layout.projection} build {build} is retired (replaced, or its rebuild did "
+                "not finish): what it has not folded may be cut from the log; rebuild instead"
+            )
         previous = await active_build(conn, layout.projection)
         await conn.execute(
             "UPDATE onward_projection_builds SET status = 'retired' "
             "WHERE projection = $1 AND status = 'active'",
             layout.projection,
         )
-        updated = await conn.execute(
+        await conn.execute(
             "UPDATE onward_projection_builds SET status = 'active', switched_at = now() "
             "WHERE projection = $1 AND build = $2",
             layout.projection,
             build,
         )
-        if updated != "UPDATE 1":
-            raise InvalidInputError(f"{layout.projection} build {build} does not exist")
         await _point_views(conn, layout, build)
     return previous
+
+
+@translating("retiring an unfinished build")
+async def retire_unfinished(conn: asyncpg.Connection, projection: str) -> None:
+    """Retire the builds of ``projection`` a rebuild left unfinished (it failed or was killed).
+
+    Nothing folds into them any more; left as they are, compaction would keep every record
+    past where each stopped, for good. Called under the rebuild lock, so no rebuild is filling
+    one of them.
+    """
+    await conn.execute(
+        "UPDATE onward_projection_builds SET status = 'retired' "
+        "WHERE projection = $1 AND status = 'building'",
+        projection,
+    )
 
 
 @translating("reading the active build")
@@ -135,6 +179,28 @@ async def active_build_for_write(conn: asyncpg.Connection, projection: str) -> i
         projection,
     )
     return int(value) if value is not None else None
+
+
+@translating("looking up who holds a projection's views")
+async def view_holders(conn: asyncpg.Connection, layout: BuildLayout) -> list[str]:
+    """The other sessions holding a lock a switch of ``layout`` waits for: on its views, or on
+    the build registry in a mode that conflicts with the switch's."""
+    views = list(layout.views(0))
+    rows = await conn.fetch(
+        "SELECT DISTINCT l.pid, a.application_name, host(a.client_addr) AS client "
+        "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.granted AND l.pid <> pg_backend_pid() AND l.database = ("
+        "SELECT oid FROM pg_database WHERE datname = current_database()) AND ("
+        "l.relation IN (SELECT to_regclass(v) FROM unnest($1::text[]) AS v) "
+        "OR (l.relation = 'onward_projection_builds'::regclass AND l.mode <> 'AccessShareLock')"
+        ") ORDER BY l.pid",
+        views,
+    )
+    return [
+        f"backend pid {r['pid']} ({r['application_name'] or 'no application name'}"
+        + (f" from {r['client']})" if r["client"] else ")")
+        for r in rows
+    ]
 
 
 async def _point_views(conn: asyncpg.Connection, layout: BuildLayout, build: int) -> None:

@@ -8,6 +8,8 @@ the new build's positions; the old tables stay until someone drops them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -16,16 +18,19 @@ from dataclasses import dataclass
 import asyncpg
 
 from onward._storage import BACKEND_TIMEOUT_S, open_pool, pooled, translated
-from onward.errors import InvalidInputError
+from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog.base import EventLog
 
 from .base import DEFAULT_CONSUMER, DEFAULT_MAX_BYTES, ProjectionSink
-from .builds import BuildLayout, create_build, switch_build
+from .builds import BuildLayout, create_build, retire_unfinished, switch_build, view_holders
 from .frontier_projection import FrontierProjection
 from .log_projector import LogProjector
 from .postgres import FRONTIERS, PostgresFrontierStore
 from .postgres_sql import Projection, SqlProjectionSink, layout_of
 
+SWITCH_LOCK_WAIT_S = 1.0
+"""The longest one attempt to switch a rebuild's views waits for its locks: the projection's
+readers and writers queue behind it meanwhile."""
 REBUILD_FLUSH_EVENTS = 200_000
 """A frontier rebuild stores after folding this many events (each run once per store)..."""
 REBUILD_FLUSH_INTERVAL = 10.0
@@ -76,37 +81,85 @@ async def rebuild(
         timeout_s: The longest a PostgreSQL connection attempt or statement may take
             (``None``: as long as the server takes); `open_sink` applies it to its own store.
     """
+    if batch_size < 1:
+        # A step would read nothing and the fold never end.
+        raise InvalidInputError(f"batch_size must be at least 1, not {batch_size}")
     pool = await open_pool(database_url, schema=schema, max_size=2, timeout_s=timeout_s)
     try:
         guard = await _rebuild_lock(pool, layout.projection, schema, timeout_s)
         try:
             context = f"creating a build of {layout.projection}"
             async with pooled(pool, context, timeout_s=timeout_s) as conn:
+                await retire_unfinished(conn, layout.projection)  # a rebuild killed outright
                 build = await create_build(conn, layout)
             started = time.perf_counter()
             done = 0
-            async with open_sink(build) as sink:
-                # From each partition's start, as documented: the CLI refuses a cut log unless
-                # the archive is read with it.
-                projector = LogProjector(log, sink, batch_size=batch_size, from_log_start=True)
-                while True:
-                    remaining = sum((await projector.backlog()).values())
-                    if on_progress is not None:
-                        on_progress(done, done + remaining)
-                    if remaining == 0:
-                        await projector.flush()
-                        if not sum((await projector.backlog()).values()):
-                            break
-                    done += await projector.step()
-            seconds = time.perf_counter() - started
-            context = f"switching {layout.projection} to build {build}"
-            async with pooled(pool, context, timeout_s=timeout_s) as conn:
-                previous = await switch_build(conn, layout, build)
+            try:
+                async with open_sink(build) as sink:
+                    # From each partition's start, as documented: the CLI refuses a cut log
+                    # unless the archive is read with it.
+                    projector = LogProjector(log, sink, batch_size=batch_size, from_log_start=True)
+                    while True:
+                        remaining = sum((await projector.backlog()).values())
+                        if on_progress is not None:
+                            on_progress(done, done + remaining)
+                        if remaining == 0:
+                            await projector.flush()
+                            if not sum((await projector.backlog()).values()):
+                                break
+                        done += await projector.step()
+                seconds = time.perf_counter() - started
+                previous = await _switch(pool, layout, build, timeout_s)
+            except BaseException:
+                # The build is never switched to: retired, it holds back no compaction. If
+                # PostgreSQL is what failed, the next rebuild retires it.
+                with contextlib.suppress(Exception):
+                    context = f"retiring the unfinished build {build} of {layout.projection}"
+                    async with pooled(pool, context, timeout_s=timeout_s) as conn:
+                        await retire_unfinished(conn, layout.projection)
+                raise
         finally:
             await pool.release(guard)  # the pool's reset of the connection unlocks
     finally:
         await pool.close()
     return RebuildReport(layout.projection, build, previous, done, seconds)
+
+
+async def _switch(
+    pool: asyncpg.Pool, layout: BuildLayout, build: int, timeout_s: float | None
+) -> int | None:
+    """Switch ``layout`` to ``build``; return the build it replaced.
+
+    The locks are waited for in steps, the first of `SWITCH_LOCK_WAIT_S` and each twice the
+    one before (a write that holds the registry longer still fits one), so the readers and
+    writers queued behind the switch wait no longer than a step, for ``timeout_s`` in all;
+    past it, the sessions that held them on are named (a transaction left open after reading
+    the views keeps them held, where the server is reachable all along).
+    """
+    context = f"switching {layout.projection} to build {build}"
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    step_s = SWITCH_LOCK_WAIT_S
+    while True:
+        if deadline is not None:
+            step_s = max(min(step_s, deadline - time.monotonic()), 0.001)
+        async with pooled(pool, context, timeout_s=timeout_s) as conn:
+            try:
+                return await switch_build(conn, layout, build, lock_timeout_s=step_s)
+            except BackendUnavailableError as exc:
+                if not isinstance(exc.__cause__, asyncpg.LockNotAvailableError):
+                    raise
+                if deadline is not None and time.monotonic() >= deadline:
+                    holders = await view_holders(conn, layout)
+                    raise BackendUnavailableError(
+                        f"{context}: {', '.join(holders) or 'another session'} held "
+                        f"{', '.join(layout.views(build))} or the build registry for "
+                        f"{timeout_s:g} s (a transaction left open after reading the views "
+                        f"holds them); build {build} was not switched to and the views keep "
+                        "the build they had. End that session, then rebuild again"
+                    ) from exc
+        # The readers queued behind this attempt go first.
+        await asyncio.sleep(min(step_s, SWITCH_LOCK_WAIT_S) / 2)
+        step_s *= 2
 
 
 async def _rebuild_lock(

@@ -16,11 +16,14 @@ import pytest_asyncio
 from support.histories import append_all, direct_fold, run_ids_of, workload
 from support.kinds import KindCounts
 
+from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import KafkaEventLog, StoredEvent, kind_of
+from onward.projections.builds import switch_build
+from onward.projections.compaction import PostgresCompactionStore
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import KafkaProjector
 from onward.projections.postgres import PostgresFrontierStore
-from onward.projections.postgres_sql import SqlProjectionSink
+from onward.projections.postgres_sql import SqlProjectionSink, layout_of
 from onward.projections.rebuild import rebuild_frontiers, rebuild_projection
 
 rebuild_module = importlib.import_module("onward.projections.rebuild")
@@ -68,9 +71,11 @@ def appended_before_the_switch(
     appended meanwhile, which the live projector folds into the old build."""
     real = rebuild_module.switch_build
 
-    async def switch(conn: asyncpg.Connection, layout: Any, build: int) -> int | None:
+    async def switch(
+        conn: asyncpg.Connection, layout: Any, build: int, **options: Any
+    ) -> int | None:
         await during()
-        previous: int | None = await real(conn, layout, build)
+        previous: int | None = await real(conn, layout, build, **options)
         return previous
 
     monkeypatch.setattr(rebuild_module, "switch_build", switch)
@@ -246,3 +251,102 @@ async def test_a_user_projection_that_raises_names_the_event_and_stores_nothing(
         assert await conn.fetchval("SELECT count(*) FROM fails") == 0
     finally:
         await conn.close()
+
+
+async def test_a_failed_rebuild_leaves_no_build_that_holds_compaction_back(
+    log: KafkaEventLog, database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    steps = workload(rng, 8)
+    await append_all(log, steps)
+    records = [r for p in range(PARTITIONS) for r in await log.read_partition(p, 0)]
+    culprit = next(r for r in records if kind_of(type(r.event)) == "run.finished")
+    projection = FailsOnOneRun(culprit.event.run_id)
+    async with SqlProjectionSink(database_url, projection, schema=pg_schema) as sink:
+        ends = {p: (await log.bounds(p)).end for p in range(PARTITIONS)}
+        await sink.apply({p: [] for p in range(PARTITIONS)}, ends)  # the live build, caught up
+    with pytest.raises(Exception, match="cannot fold this one"):
+        await rebuild_projection(log, database_url, projection, schema=pg_schema, batch_size=10)
+    # Nothing folds the half build any more: compaction must not wait for it to catch up.
+    async with PostgresCompactionStore(database_url, schema=pg_schema) as compaction:
+        held = await compaction.positions()
+    assert "fails@2" not in held
+    assert held["fails@1"] == ends
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        with pytest.raises(InvalidInputError, match="fails build 2 is retired"):
+            await switch_build(conn, layout_of(projection), 2)  # it would have holes
+    finally:
+        await conn.close()
+    # A rebuild killed outright retires nothing: the next rebuild of the projection does.
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        await conn.execute(
+            "UPDATE onward_projection_builds SET status = 'building' "
+            "WHERE projection = 'fails' AND build = 2"
+        )
+    finally:
+        await conn.close()
+    works = FailsOnOneRun("no such run")
+    report = await rebuild_projection(log, database_url, works, schema=pg_schema)
+    assert (report.build, report.previous) == (3, 1)
+    async with PostgresCompactionStore(database_url, schema=pg_schema) as compaction:
+        held = await compaction.positions()
+    assert "fails@2" not in held
+
+
+async def test_a_switch_that_meets_a_session_holding_the_views_says_so(
+    log: KafkaEventLog, database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    await append_all(log, workload(rng, 5))
+    reader = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        # A transaction left open after reading the view (a SQL console, a report).
+        async with reader.transaction():
+            await reader.fetch("SELECT count(*) FROM onward_frontiers")
+            with pytest.raises(BackendUnavailableError) as failed:
+                await rebuild_frontiers(log, database_url, schema=pg_schema, timeout_s=2)
+            backend = reader.get_server_pid()
+    finally:
+        await reader.close()
+    message = str(failed.value)
+    assert "did not answer" not in message
+    assert "build 2" in message
+    assert f"backend pid {backend}" in message
+    async with PostgresFrontierStore(database_url, schema=pg_schema) as store:
+        assert store.build == 1  # readers stay on the build they had
+
+
+@pytest.mark.parametrize("batch_size", [0, -1])
+async def test_a_rebuild_that_would_read_nothing_per_step_is_refused(
+    log: KafkaEventLog, database_url: str, pg_schema: str, rng: random.Random, batch_size: int
+) -> None:
+    await append_all(log, workload(rng, 3))
+    with pytest.raises(InvalidInputError, match="batch_size"):
+        await asyncio.wait_for(
+            rebuild_projection(
+                log, database_url, KindCounts(), schema=pg_schema, batch_size=batch_size
+            ),
+            10,
+        )
+
+
+async def test_a_switch_waits_out_a_session_that_lets_go_of_the_views_in_time(
+    log: KafkaEventLog, database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    await append_all(log, workload(rng, 5))
+    reader = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        transaction = reader.transaction()
+        await transaction.start()
+        await reader.fetch("SELECT count(*) FROM onward_frontiers")
+        rebuilding = asyncio.create_task(
+            rebuild_frontiers(log, database_url, schema=pg_schema, timeout_s=20)
+        )
+        await asyncio.sleep(2.5)  # past the first attempts to switch
+        await transaction.rollback()
+        report = await asyncio.wait_for(rebuilding, 30)
+    finally:
+        await reader.close()
+    assert (report.build, report.previous) == (2, 1)
+    async with PostgresFrontierStore(database_url, schema=pg_schema) as store:
+        assert store.build == 2

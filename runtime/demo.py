@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -165,8 +165,18 @@ async def _resume(workdir: Path, console: Console) -> RunResult:
                 await asyncio.sleep(left + 0.05)
 
 
-def run_demo(workdir: Path | None = None, console: Console | None = None) -> int:
-    """Run the whole demo; return the number of bookings in the ledger (1 when all is well)."""
+def run_demo(
+    workdir: Path | None = None,
+    console: Console | None = None,
+    *,
+    run_loop: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
+) -> int:
+    """Run the whole demo; return the number of bookings in the ledger (1 when all is well).
+
+    ``run_loop`` runs the resume's event loop: `onward demo` passes one that turns SIGTERM into
+    a cancel of the resume (a Python handler raising inside the loop ended whichever task ran,
+    a lease's renewal, and the signal was lost).
+    """
     console = console or Console()
     own_dir = workdir is None
     directory = Path(tempfile.mkdtemp(prefix="onward-demo-")) if workdir is None else workdir
@@ -187,7 +197,7 @@ def run_demo(workdir: Path | None = None, console: Console | None = None) -> int
     console.print(
         "3. worker-2, a new process, resumes the run from the log once worker-1's lease lapses"
     )
-    result = asyncio.run(_resume(directory, console))
+    result = run_loop(_resume(directory, console))
     table = Table(title="what resume decided, call by call")
     table.add_column("call")
     table.add_column("the log said")

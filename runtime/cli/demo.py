@@ -15,7 +15,7 @@ from rich.console import Console
 
 from onward.errors import InvalidInputError
 
-from ._common import TerminatedError
+from ._common import TerminatedError, run_until_terminated
 
 
 def demo_command(
@@ -36,7 +36,7 @@ def demo_command(
     if directory is not None:
         _check_dir(directory)
     with _terminable():
-        bookings = booking.run_demo(directory, Console())
+        bookings = booking.run_demo(directory, Console(), run_loop=run_until_terminated)
     if bookings != 1:
         raise typer.Exit(1)
 

@@ -59,8 +59,9 @@ class MCPSettings(BaseModel):
             is set, off otherwise. ``true`` without ``REDIS_URL`` is a `ConfigurationError`.
         schema_cache_ttl_hours: ``MCP_SCHEMA_CACHE_TTL_HOURS`` (default 24); how long a run's
             schemas stay cached after they were last written or read.
-        schema_cache_prefix: ``MCP_SCHEMA_CACHE_PREFIX`` (default ``onward:mcp:schema:``);
-            the run id is appended to it.
+        schema_cache_prefix: ``MCP_SCHEMA_CACHE_PREFIX``; the run id is appended to it.
+            Unset, ``ONWARD_REDIS_PREFIX`` then ``mcp:schema:`` (``onward:mcp:schema:``) when
+            read from the environment (`load_mcp_settings`), ``onward:mcp:schema:`` otherwise.
     """
 
     model_config = ConfigDict(

@@ -68,7 +68,23 @@ class RequestHandler:
             return await self._tag(request, expired)
         if isinstance(request, CancelRun):
             return await self._cancel(request)
-        return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
+        return await self._resume(request)
+
+    async def _resume(self, request: Request) -> bool:
+        """Carry the run on. A run of this tenant that then fails is recovery's, not a refused
+        request: said as a refusal, its stream's reader would take the run for never carried."""
+        try:
+            return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
+        except (BackendUnavailableError, NothingToResumeError):
+            raise  # tried again (`Worker.handle`), or no such run of the tenant: refused
+        except OnwardError as exc:
+            self._worker.stats.failures += 1
+            _log.warning(
+                "run %s: carrying it on failed: %s; it is carried on as a lapsed run",
+                printable(request.run_id),
+                one_line(str(exc)),
+            )
+            return True
 
     async def _start(self, request: StartRun, expired: Callable[[], bool] | None) -> bool:
         worker = self._worker

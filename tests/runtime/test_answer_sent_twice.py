@@ -23,7 +23,7 @@ from onward.eventlog import ApprovalGranted, Event, Message, ToolCall, ToolDispa
 from onward.eventlog.base import EventLog, Position
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
-from onward.runtime.fleet.requests import AnswerRequest, StartRun
+from onward.runtime.fleet.requests import AnswerRequest, ResumeRun, StartRun
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.settings import Settings
@@ -164,3 +164,39 @@ async def test_an_approval_whose_run_fails_carrying_on_is_not_logged_refused(
     assert said, caplog.text
     assert not any("refused" in line for line in said), said
     assert any("run r" in line and "answered" in line for line in said), said
+
+
+async def test_a_resume_whose_run_fails_carrying_on_is_not_logged_refused(
+    backends: Backends, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An application approves the payment itself and sends the fleet a `ResumeRun`; the model
+    fails as the worker carries the run on (its key revoked meanwhile). The worker said
+    "ResumeRun refused for good", the words a waiting stream sends its reader to look for,
+    though the run exists and is recovery's: it now says carrying it on failed."""
+    turns = 0
+
+    def revoked_after_the_ask(messages: Sequence[Message]) -> ModelReply:
+        nonlocal turns
+        turns += 1
+        if turns == 1:
+            return reply("", ToolCall(call_id="c1", tool="pay", args={"n": 5}))
+        raise ConfigurationError("the model's key was revoked")
+
+    worker = Worker(
+        backends, ScriptedProvider(revoked_after_the_ask), {"payer": PAYER}, backoff_s=0.01
+    )
+    await worker.handle(StartRun(run_id="r", tenant=TENANT, agent="payer", input="pay"))
+    asked = (await worker.runner.inspect("r", tenant=TENANT)).waiting_on
+    assert asked is not None
+    await worker.runner.approve("r", asked, tenant=TENANT, by="ann")
+    with caplog.at_level(logging.WARNING, logger="onward.worker"):
+        assert await asyncio.wait_for(worker.handle(ResumeRun(run_id="r", tenant=TENANT)), 5)
+    said = [r.getMessage() for r in caplog.records if "key was revoked" in r.getMessage()]
+    assert said, caplog.text
+    assert not any("refused" in line for line in said), said
+    assert any("run r" in line and "carrying it on failed" in line for line in said), said
+    # Another tenant's resume names no run of its own: still refused, and said so.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="onward.worker"):
+        assert await worker.handle(ResumeRun(run_id="r", tenant="intruder"))
+    assert "ResumeRun refused for good" in caplog.text

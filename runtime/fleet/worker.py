@@ -112,6 +112,11 @@ _PEEK_RECORDS = 500
 
 _driving: contextvars.ContextVar[str | None] = contextvars.ContextVar("driving", default=None)
 """The run the current task of a worker acts on (set by `Worker.launch`)."""
+_driving_now: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "driving_now", default=None
+)
+"""The run of its chain the current task drives now (`Worker.for_run`): it may have been
+carried on into another than the one it acts on."""
 
 
 class _Stopped(Exception):  # noqa: N818 - a signal between the observer and the worker
@@ -136,7 +141,8 @@ class _Boundaries:
         return None
 
     async def before_model_call(self) -> None:
-        if self._worker.stopping(_driving.get()):
+        worker = self._worker
+        if worker.stopping(_driving.get()) or worker.stopping(_driving_now.get()):
             raise _Stopped
 
 
@@ -378,14 +384,22 @@ class Worker:
 
     def for_run(self, agent: Agent, run_id: str, tenant: str) -> AbstractAsyncContextManager[Agent]:
         """``agent`` with its toolsets' tools for ``run_id`` (`agent_for_run`), using the
-        schema cache the deployment's settings name."""
-        return agent_for_run(agent, run_id, tenant=tenant, settings=self.backends.settings)
+        schema cache the deployment's settings name. While inside, the task drives ``run_id``
+        too: a task carried on into another run of its chain stops at its next boundary for a
+        cancel of the run it goes on as, as for one of the run it was launched for."""
+        return _driven(
+            run_id, agent_for_run(agent, run_id, tenant=tenant, settings=self.backends.settings)
+        )
 
     # -- tasks, slots and draining -----------------------------------------------------------
 
     def carrying(self, run_id: str) -> bool:
-        """Whether a task of this worker is acting on the run now."""
-        return run_id in self._runs
+        """Whether a task of this worker is acting on the run now: any of them, not only the
+        one keyed by the run's id (a second task's key is its own, and outlives the first)."""
+        if run_id in self._runs:
+            return True
+        name = f"run {run_id}"
+        return any(task.get_name() == name for task in self._runs.values())
 
     def launch(
         self,
@@ -929,6 +943,17 @@ class Worker:
                 f"request {row.id}", row.run_id.encode(), row.value, headers
             ),
         )
+
+
+@contextlib.asynccontextmanager
+async def _driven(run_id: str, bound: AbstractAsyncContextManager[Agent]) -> AsyncIterator[Agent]:
+    """``bound`` entered, with ``run_id`` the run the current task drives until it is left."""
+    token = _driving_now.set(run_id)
+    try:
+        async with bound as agent:
+            yield agent
+    finally:
+        _driving_now.reset(token)
 
 
 _leaving: set[asyncio.Task[None]] = set()

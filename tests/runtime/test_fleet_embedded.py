@@ -574,3 +574,35 @@ async def test_stopping_at_once_as_work_is_launched_leaves_no_work_unawaited(
             gc.collect()
     assert [str(w.message) for w in said] == []
     assert acted == [False]
+
+
+async def test_a_run_a_second_task_acts_on_is_carried_after_the_first_task_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tasks of a worker act on one run (a tag, then a resume waiting out its backoff,
+    holding no lease yet); once the first ends, the worker still carries the run, and a
+    recovery pass does not launch a third task on it."""
+    path = tmp_path / "fleet.db"
+    monkeypatch.setenv("FLEET_LEDGER", str(tmp_path / "ledger.jsonl"))
+    [run_id] = await _interrupted_runs(path, ["booker"])
+    async with open_backends(_settings(path)) as backends:
+        worker = Worker(backends, ScriptedProvider(script), agents)
+        first_done, second_go = asyncio.Event(), asyncio.Event()
+
+        async def first() -> bool:
+            first_done.set()
+            return True
+
+        async def second() -> bool:
+            await second_go.wait()
+            return True
+
+        worker.launch(run_id, first)
+        worker.launch(run_id, second)
+        await first_done.wait()
+        await asyncio.sleep(0.05)  # the first task's end is seen
+        assert worker.in_flight == 1
+        assert worker.carrying(run_id)
+        assert await worker.recover({0, 1, 2, 3}) == 0
+        second_go.set()
+        await worker.drained()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import os
 import sys
 import time
@@ -42,8 +43,7 @@ from onward.errors import (
     InvalidInputError,
 )
 
-from . import codec
-from .base import Position, StoredEvent, record_bytes
+from .base import LogRecord, Position, StoredEvent, decode_record, record_bytes
 
 if sys.platform != "win32":
     import fcntl
@@ -55,6 +55,11 @@ MAX_LINE_BYTES = 32 * 1024 * 1024
 """The longest line a file may decompress to: far above any record a log accepts (1 MB by
 default), so only a damaged or hostile file reaches it."""
 _CHUNK_BYTES = 1024 * 1024
+CURSORS = 16
+"""Of how many partitions a read keeps its place in the file it read (the least recently read
+one's dropped): a rebuild reads a page of every partition in turn (12 by default), and with
+one file kept for all it decoded every file again at every page. A place holds the file
+compressed and the decompressor's state, a few MB at most, never the file's events."""
 LOCK_TIMEOUT_S = 60.0
 """How long a write waits for another process's hold on the directory before it gives up: a
 holder that is stuck (or a lock kept by hand) fails the pass instead of hanging it, shutdown
@@ -103,6 +108,31 @@ class _Line(msgspec.Struct, frozen=True):
     event: msgspec.Raw
 
 
+class _Cursor:
+    """A place in one file whose lines are in offset order, checked whole: a reader paging
+    on from it decodes each line once, and holds no more than a page of events."""
+
+    def __init__(self, entry: ArchivedRange, lines: Iterator[_Line]) -> None:
+        self.entry = entry
+        self._lines = lines
+        self._next = next(lines, None)
+        self.at = entry.start
+        """The lowest offset a read may ask for to go on from here."""
+
+    def take(self, low: int, high: int) -> list[LogRecord]:
+        """The records from ``low`` up to ``high``, ``low`` at least `at`."""
+        out: list[LogRecord] = []
+        line = self._next
+        while line is not None and line.offset < high:
+            if line.offset >= low:
+                position = Position(self.entry.partition, line.offset)
+                out.append(decode_record(position, line.event, run_hint=line.run_id))
+            line = next(self._lines, None)
+        self._next = line
+        self.at = high
+        return out
+
+
 @runtime_checkable
 class ArchiveSink(Protocol):
     """Where compaction puts records before it cuts them, and where replay finds them again."""
@@ -147,8 +177,12 @@ class ArchiveSink(Protocol):
         """
         ...
 
-    async def read(self, partition: int, start: int, end: int) -> list[StoredEvent]:
+    async def read(self, partition: int, start: int, end: int) -> list[LogRecord]:
         """The archived records of a partition with offsets in ``[start, end)``, in order.
+
+        A record that cannot be decoded (a newer Onward's format) comes back in its place as
+        an `UnreadableRecord`, as a log's `read_records` gives it, so a rebuild sets its run
+        aside and folds every other one.
 
         Raises:
             ArchiveError: A file or the manifest differs from what was written.
@@ -170,7 +204,7 @@ class DirectoryArchive:
         self.path = Path(path).absolute()
         self._level = level
         self._lock = asyncio.Lock()
-        self._cache: dict[str, list[StoredEvent]] = {}
+        self._cursors: dict[int, _Cursor] = {}
 
     @property
     def location(self) -> str:
@@ -282,17 +316,40 @@ class DirectoryArchive:
         async with self._lock:
             return await asyncio.to_thread(self._write, partition, start, end, records)
 
-    async def read(self, partition: int, start: int, end: int) -> list[StoredEvent]:
-        found: list[StoredEvent] = []
+    async def read(self, partition: int, start: int, end: int) -> list[LogRecord]:
+        found: list[LogRecord] = []
         for entry in await self.ranges(partition):
-            if entry.end <= start or entry.start >= end:
+            low, high = max(start, entry.start), min(end, entry.end)
+            if low >= high:
                 continue
-            events = self._cache.get(entry.file)
-            if events is None:
-                events = await asyncio.to_thread(self._read_file, entry)
-                self._cache = {entry.file: events}  # one file kept: a rebuild reads in order
-            found.extend(e for e in events if start <= e.position.offset < end)
+            found.extend(await self._records(entry, low, high))
         return found
+
+    async def _records(self, entry: ArchivedRange, low: int, high: int) -> list[LogRecord]:
+        """The records of ``entry``'s file in ``[low, high)``: from the partition's place in
+        it when the read goes on from there, else from a place opened afresh and kept."""
+        cursor = self._cursors.pop(entry.partition, None)  # one reader of a place at a time
+        if cursor is None or cursor.entry != entry or low < cursor.at:
+            cursor = await asyncio.to_thread(self._open, entry)
+            if cursor is None:
+                return await asyncio.to_thread(self._read_file, entry, low, high)
+        records = await asyncio.to_thread(cursor.take, low, high)
+        self._cursors[entry.partition] = cursor
+        while len(self._cursors) > CURSORS:
+            del self._cursors[next(iter(self._cursors))]
+        return records
+
+    def _open(self, entry: ArchivedRange) -> _Cursor | None:
+        """A place at the start of ``entry``'s file, checked whole first (digest, count,
+        order); ``None`` when its lines are not in offset order (an older writer's), which is
+        read whole instead."""
+        body = self._body(entry)
+        lines = self._checked_lines(entry, body)
+        if any(a.offset > b.offset for a, b in itertools.pairwise(lines)):
+            return None
+        del lines
+        decoder = msgspec.json.Decoder(_Line)
+        return _Cursor(entry, (decoder.decode(raw) for raw in self._lines(entry, body)))
 
     def _load(self) -> _Manifest:
         path = self.path / MANIFEST
@@ -315,7 +372,7 @@ class DirectoryArchive:
                 f"reads ({ARCHIVE_FORMAT}); upgrade Onward"
             )
         for entry in manifest.ranges:
-            self._file_of(entry)
+            self._check_name(entry)
             if entry.start >= entry.end and entry.events:
                 raise ArchiveError(
                     f"archive {self.path}: {MANIFEST} entry for partition {entry.partition} "
@@ -327,25 +384,42 @@ class DirectoryArchive:
         manifest.ranges = [e for e in manifest.ranges if e.start < e.end]
         return manifest
 
+    def _check_name(self, entry: ArchivedRange) -> None:
+        """Refuse an entry unless it names the file this archive writes for its range: a bare
+        name, so no ``../other/...`` or absolute path. Checked for every entry at every load,
+        so it touches no disk: resolving each path made a load cost a file system lookup per
+        entry, and a read of a long archive, loading the manifest for every page, grow with
+        the square of its size.
+
+        Raises:
+            ArchiveError: The entry names another file.
+        """
+        if entry.file != file_name(entry.partition, entry.start, entry.end):
+            raise self._outside(entry)
+
     def _file_of(self, entry: ArchivedRange) -> Path:
         """The path of an entry's file, refused unless it is the file this archive writes for
-        the entry's range, inside the archive: a manifest cannot make a read leave it.
+        the entry's range, inside the archive (not a link out of it): a manifest cannot make a
+        read leave it.
 
         Raises:
             ArchiveError: The entry names another file (``../other/...``, an absolute path, a
                 name of another range) or one that resolves outside the archive.
         """
-        expected = file_name(entry.partition, entry.start, entry.end)
+        self._check_name(entry)
         path = self.path / entry.file
-        inside = path.resolve().parent == self.path.resolve()
-        if entry.file != expected or not inside:
-            raise ArchiveError(
-                f"archive {self.path}: {MANIFEST} entry for partition {entry.partition} "
-                f"[{entry.start}, {entry.end}) names file {entry.file!r}, not {expected!r} in "
-                "the archive itself; nothing is read from it until the manifest is restored "
-                "from a copy"
-            )
+        if path.resolve().parent != self.path.resolve():
+            raise self._outside(entry)
         return path
+
+    def _outside(self, entry: ArchivedRange) -> ArchiveError:
+        expected = file_name(entry.partition, entry.start, entry.end)
+        return ArchiveError(
+            f"archive {self.path}: {MANIFEST} entry for partition {entry.partition} "
+            f"[{entry.start}, {entry.end}) names file {entry.file!r}, not {expected!r} in "
+            "the archive itself; nothing is read from it until the manifest is restored "
+            "from a copy"
+        )
 
     def _write(
         self, partition: int, start: int, end: int, records: Sequence[StoredEvent]
@@ -399,7 +473,22 @@ class DirectoryArchive:
             raise self._unwritable(exc) from exc
         return entry
 
-    def _read_file(self, entry: ArchivedRange) -> list[StoredEvent]:
+    def _read_file(
+        self, entry: ArchivedRange, low: int | None = None, high: int | None = None
+    ) -> list[LogRecord]:
+        """The records of ``entry``'s file with offsets in ``[low, high)`` (all by default),
+        in offset order, the whole file checked (digest, count, order)."""
+        lines = self._checked_lines(entry, self._body(entry))
+        low = entry.start if low is None else low
+        high = entry.end if high is None else high
+        return [
+            decode_record(Position(entry.partition, line.offset), line.event, run_hint=line.run_id)
+            for line in sorted(lines, key=lambda line: line.offset)
+            if low <= line.offset < high
+        ]
+
+    def _body(self, entry: ArchivedRange) -> bytes:
+        """The bytes of ``entry``'s file, checked against the manifest's size and digest."""
         path = self._file_of(entry)
         try:
             body = path.read_bytes()
@@ -411,33 +500,37 @@ class DirectoryArchive:
                 f"archive {self.path}: {entry.file} has {len(body)} bytes with SHA-256 "
                 f"{digest[:12]}…, the manifest says {entry.size} bytes and {entry.sha256[:12]}…"
             )
+        return body
+
+    def _checked_lines(self, entry: ArchivedRange, body: bytes) -> list[_Line]:
+        """The lines of ``entry``'s file in the order written, checked: as many as the
+        manifest counts, each offset once and inside its range (`_in_order`)."""
         decoder = msgspec.json.Decoder(_Line)
-        events: list[StoredEvent] = []
+        lines: list[_Line] = []
         try:
             for raw in self._lines(entry, body):
-                if len(events) == entry.events:
+                if len(lines) == entry.events:
                     raise self._miscounted(entry, "more")
-                line = decoder.decode(raw)
-                event = codec.decode(line.event, run_hint=line.run_id)
-                events.append(StoredEvent(Position(entry.partition, line.offset), event))
+                lines.append(decoder.decode(raw))
         except (zstandard.ZstdError, msgspec.DecodeError) as exc:
             raise ArchiveError(
                 f"archive {self.path}: {entry.file} cannot be read back ({exc}); restore it "
                 "from a copy"
             ) from exc
-        if len(events) != entry.events:
-            raise self._miscounted(entry, str(len(events)))
-        return self._in_order(entry, events)
+        if len(lines) != entry.events:
+            raise self._miscounted(entry, str(len(lines)))
+        self._in_order(entry, lines)
+        return lines
 
-    def _in_order(self, entry: ArchivedRange, events: list[StoredEvent]) -> list[StoredEvent]:
+    def _in_order(self, entry: ArchivedRange, lines: list[_Line]) -> list[_Line]:
         """A file's records in offset order, as a read promises: an older writer archived them
         in the order given. One outside the entry's range, or at an offset another holds too,
         is an `ArchiveError`: the range was not archived so, and which one the log held at
         that offset cannot be told."""
-        ordered = sorted(events, key=lambda e: e.position.offset)
+        ordered = sorted(lines, key=lambda line: line.offset)
         previous: int | None = None
-        for stored in ordered:
-            offset = stored.position.offset
+        for line in ordered:
+            offset = line.offset
             if offset == previous or not entry.start <= offset < entry.end:
                 what = (
                     f"two records at offset {offset}"

@@ -13,7 +13,7 @@ from onward.errors import InvalidInputError, LogTruncatedError
 
 from . import base
 from .archive import ArchiveSink
-from .base import EventLog, EventLogBackend, LogRead, LogRecord
+from .base import EventLog, EventLogBackend, LogRead, LogRecord, StoredEvent
 from .events import Event
 
 
@@ -79,14 +79,16 @@ class ArchivedEventLog(EventLogBackend):
             # One archived range at a time, stopping at the limit: a reader paging through
             # with a limit reads each file once, not every file up to the log's start a page.
             for entry in await self.archive.ranges(partition):
-                if entry.end <= low or entry.start >= upto:
-                    continue
-                archived = await self.archive.read(
-                    partition, max(low, entry.start), min(upto, entry.end)
-                )
-                out.extend(s for s in archived if run_id is None or s.event.run_id == run_id)
-                if limit is not None and len(out) >= limit:
-                    return out[:limit]
+                here, there = max(low, entry.start), min(upto, entry.end)
+                while here < there:
+                    # As many offsets as records wanted, at most: the archive reads on from
+                    # where the last page ended, never decoding the rest of a file a page.
+                    step = there if limit is None or run_id is not None else here + limit - len(out)
+                    archived = await self.archive.read(partition, here, min(step, there))
+                    out.extend(r for r in archived if run_id is None or _run_of(r) == run_id)
+                    if limit is not None and len(out) >= limit:
+                        return out[:limit]
+                    here = step
         if end is None or end > live.start:
             rest = None if limit is None else limit - len(out)
             out.extend(
@@ -95,3 +97,8 @@ class ArchivedEventLog(EventLogBackend):
                 )
             )
         return out
+
+
+def _run_of(record: LogRecord) -> str | None:
+    """The run a record was filed under: an unreadable one's too, as the log files it."""
+    return record.event.run_id if isinstance(record, StoredEvent) else record.run_id

@@ -615,7 +615,12 @@ class CheckpointCompactor(Resource):
         (first,) = logged
         offset = first.position.offset
         archived = await self.archive.read(entry.partition, offset, offset + 1)
-        if archived and isinstance(first, StoredEvent) and archived[0].event == first.event:
+        held = archived[0] if archived else None
+        if (
+            isinstance(held, StoredEvent)
+            and isinstance(first, StoredEvent)
+            and held.event == first.event
+        ):
             return
         raise ArchiveError(
             f"archive {self.archive.location}: partition {entry.partition} [{entry.start}, "

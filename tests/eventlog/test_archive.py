@@ -168,7 +168,7 @@ async def test_a_record_read_as_the_log_holds_it_is_archived_as_held(
     assert [line["event"] for line in lines[1:]] == [
         msgspec.json.decode(codec.encode(e.event)) for e in (second, first)
     ]
-    back = await DirectoryArchive(archive.path).read(0, 0, 3)
+    back = strict(await DirectoryArchive(archive.path).read(0, 0, 3))
     assert [s.event for s in back] == [first.event, second.event, first.event]
 
 
@@ -261,3 +261,38 @@ async def test_a_range_file_padded_with_blank_lines_is_an_archive_error(tmp_path
     assert (tmp_path / "archive" / archive_module.file_name(0, 0, 2)).stat().st_size < 64 * 1024
     with pytest.raises(ArchiveError, match="cannot be read back"):
         await DirectoryArchive(tmp_path / "archive").read(0, 0, 2)
+
+
+async def test_loading_a_long_manifest_looks_up_no_file_per_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest is loaded for every range listing and every read (a paging reader loads
+    it several times a page): a file system lookup per entry at each load made 2,000 entries
+    cost over 100 ms a load, and a read through a long archive grow with its size squared.
+    Entries are checked by name at a load; a link out of the archive is refused at a read."""
+    directory = tmp_path / "archive"
+    directory.mkdir()
+    entries = [
+        {
+            "partition": 0,
+            "start": start,
+            "end": start + 10,
+            "events": 10,
+            "file": archive_module.file_name(0, start, start + 10),
+            "size": 1,
+            "sha256": "0" * 64,
+        }
+        for start in range(0, 20_000, 10)
+    ]
+    (directory / MANIFEST).write_bytes(msgspec.json.encode({"format": 1, "ranges": entries}))
+    resolved = 0
+    resolve = Path.resolve
+
+    def counting(self: Path, strict: bool = False) -> Path:
+        nonlocal resolved
+        resolved += 1
+        return resolve(self, strict)
+
+    monkeypatch.setattr(Path, "resolve", counting)
+    assert len(await DirectoryArchive(directory).ranges()) == 2_000
+    assert resolved == 0

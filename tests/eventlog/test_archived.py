@@ -3,22 +3,36 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import msgspec
+import pytest
+
+from onward.errors import CheckpointFormatError
+from onward.eventlog import codec
 from onward.eventlog.archive import ArchivedRange, DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
-from onward.eventlog.base import StoredEvent
+from onward.eventlog.base import KeptRecord, LogRecord, UnreadableRecord, partition_for
 from onward.eventlog.memory import MemoryEventLog
 from onward.testing.eventlog import new_run_id, step_events
 
+if TYPE_CHECKING:
+    from onward.eventlog.archive import _Cursor
+
 
 class _CountingArchive(DirectoryArchive):
-    """A `DirectoryArchive` that counts the files it decompresses."""
+    """A `DirectoryArchive` that counts the files it decompresses for a read: to read on
+    from (`_open`) or whole (`_read_file`)."""
 
     opened: int = 0
 
-    def _read_file(self, entry: ArchivedRange) -> list[StoredEvent]:
+    def _open(self, entry: ArchivedRange) -> _Cursor | None:
         self.opened += 1
-        return super()._read_file(entry)
+        return super()._open(entry)
+
+    def _read_file(self, entry: ArchivedRange, *span: int | None) -> list[LogRecord]:
+        self.opened += 1
+        return super()._read_file(entry, *span)
 
 
 async def test_paging_through_an_archive_opens_each_file_once(tmp_path: Path) -> None:
@@ -43,3 +57,60 @@ async def test_paging_through_an_archive_opens_each_file_once(tmp_path: Path) ->
 
     assert seen == list(range(40))
     assert archive.opened == 3
+
+
+async def test_paging_through_partitions_in_turn_opens_each_file_once(tmp_path: Path) -> None:
+    """A rebuild reads a page of every partition in turn: each partition's file is read once
+    over, not once a page because the page of another partition was read in between (at
+    100,000 events a file and 5,000 a page, twenty times over, for every partition)."""
+    log = MemoryEventLog(partitions=3)
+    archive = _CountingArchive(tmp_path / "archive")
+    runs = {partition_for(run, 3): run for run in (new_run_id() for _ in range(60))}
+    for partition, run in sorted(runs.items()):
+        await log.append(step_events(run, 40))
+        await archive.write(partition, 0, 40, await log.read_partition(partition, 0))
+        await log.truncate_before(partition, 40)
+    whole = ArchivedEventLog(log, archive)
+
+    seen: dict[int, list[int]] = {partition: [] for partition in runs}
+    for start in range(0, 40, 5):
+        for partition in runs:
+            page = await whole.read_records(partition, start, start + 5)
+            seen[partition].extend(r.position.offset for r in page)
+
+    assert seen == {partition: list(range(40)) for partition in runs}
+    assert archive.opened == len(runs) == 3
+
+
+async def test_an_archived_record_of_a_newer_format_reads_as_unreadable_as_in_the_log(
+    tmp_path: Path,
+) -> None:
+    """A newer Onward archived a record in a format this code cannot read (a mixed-version
+    deployment): a rebuild or audit reading the archive gets it as an `UnreadableRecord` in
+    its place, as the live log gives it, so the run is set aside and every other run folded,
+    instead of the whole read stopping on it."""
+    log = MemoryEventLog(partitions=1)
+    run, other = new_run_id(), new_run_id()
+    await log.append(step_events(run, 3))
+    await log.append(step_events(other, 3))
+    kept = await log.read_partition(0, 0)
+    newer = msgspec.json.decode(codec.encode(kept[1].event))
+    newer["format"] += 1
+    archived = [*kept]
+    archived[1] = KeptRecord(kept[1].position, kept[1].event, msgspec.json.encode(newer))
+    archive = DirectoryArchive(tmp_path / "archive")
+    await archive.write(0, 0, 6, archived)
+    await log.truncate_before(0, 6)
+    whole = ArchivedEventLog(log, DirectoryArchive(archive.path))
+
+    read = await whole.read_records(0)
+
+    unreadable = read[1]
+    assert isinstance(unreadable, UnreadableRecord)
+    assert (unreadable.position.offset, unreadable.run_id) == (1, run)
+    assert unreadable.newer_format
+    assert [r for i, r in enumerate(read) if i != 1] == [s for i, s in enumerate(kept) if i != 1]
+    assert await whole.read_records(0, run_id=other) == kept[3:]
+    assert [r.position.offset for r in await whole.read_records(0, run_id=run)] == [0, 1, 2]
+    with pytest.raises(CheckpointFormatError):
+        await whole.read_run(run)

@@ -9,13 +9,17 @@ build they had, so no run drops out of `onward runs`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
+import zstandard
 from typer.testing import CliRunner, Result
 
 from onward.eventlog import PostgresEventLog
+from onward.eventlog.archive import MANIFEST
 from onward.runtime.cli import app
 
 RUNS = ("arch-1", "arch-2")
@@ -150,3 +154,29 @@ def test_a_log_that_lost_its_start_otherwise_than_by_compaction_is_not_rebuilt(
     assert "partition 0" in result.stderr
     assert listed(env) == list(RUNS)
     assert onward(env, "inspect", RUNS[0], "--json").exit_code == 0
+
+
+def test_a_record_archived_in_a_newer_format_sets_its_run_aside_not_the_rebuild(
+    env: dict[str, str], cut: Path
+) -> None:
+    """A newer Onward archived a record this code cannot read (a mixed-version deployment):
+    as a record in the log, it sets its own run aside, and every other run is rebuilt."""
+    (entry,) = msgspec.json.decode((cut / MANIFEST).read_bytes())["ranges"]
+    path = cut / entry["file"]
+    lines, newer = [], 0
+    for raw in zstandard.ZstdDecompressor().stream_reader(path.read_bytes()).read().splitlines():
+        line = msgspec.json.decode(raw)
+        if line["run_id"] == RUNS[1] and line["event"]["seq"] == 2:
+            line["event"]["format"] += 1
+            newer += 1
+        lines.append(msgspec.json.encode(line) + b"\n")
+    assert newer == 1
+    body = zstandard.ZstdCompressor().compress(b"".join(lines))
+    path.write_bytes(body)
+    entry.update(size=len(body), sha256=hashlib.sha256(body).hexdigest())
+    (cut / MANIFEST).write_bytes(msgspec.json.encode({"format": 1, "ranges": [entry]}))
+
+    result = onward(env, "projections", "rebuild", "frontiers", "--archive", str(cut), "--json")
+
+    assert result.exit_code == 0, result.output
+    assert RUNS[0] in listed(env)

@@ -144,6 +144,35 @@ def silent_server() -> Iterator[socket.socket]:
         yield server
 
 
+def signalled_while_connected(
+    silent_server: socket.socket,
+    args: list[str],
+    env: dict[str, str],
+    sig: signal.Signals,
+    *,
+    within_s: float = 30,
+) -> tuple[int, str, float]:
+    """Start ``onward *args``, wait until it connects to the silent server (and waits on it),
+    send ``sig``; its exit code, stderr, and how long it took to end after the signal."""
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "onward", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
+    )
+    silent_server.settimeout(within_s)
+    connected, _ = silent_server.accept()  # the command now waits on a server that is silent
+    with connected:
+        time.sleep(0.5)
+        assert waiting.poll() is None, waiting.communicate()
+        started = time.monotonic()
+        waiting.send_signal(sig)
+        _, stderr = waiting.communicate(timeout=within_s)
+    return waiting.returncode, stderr, time.monotonic() - started
+
+
 @pytest.mark.parametrize(
     ("sig", "code", "said"),
     [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")],
@@ -166,28 +195,15 @@ def test_a_signal_while_waiting_on_a_server_exits_with_its_code_in_one_line(
         "ONWARD_BACKEND_TIMEOUT": "5",
     }
     env.pop("REDIS_URL", None)
-    waiting = subprocess.Popen(
-        [sys.executable, "-m", "onward", *SILENT_COMMANDS[command]],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
+    returncode, stderr, seconds = signalled_while_connected(
+        silent_server, SILENT_COMMANDS[command], env, sig
     )
-    silent_server.settimeout(30)
-    connected, _ = silent_server.accept()  # the command now waits on a server that is silent
-    with connected:
-        time.sleep(0.5)
-        assert waiting.poll() is None, waiting.communicate()
-        started = time.monotonic()
-        waiting.send_signal(sig)
-        _, stderr = waiting.communicate(timeout=30)
-    assert waiting.returncode == code, stderr
+    assert returncode == code, stderr
     assert "Traceback" not in stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
     assert lines[0].startswith(said), stderr
-    assert time.monotonic() - started < 10
+    assert seconds < 10
 
 
 @pytest.mark.kafka
@@ -208,27 +224,15 @@ def test_a_projector_stopped_while_connecting_stops_at_once(
         "DATABASE_URL": f"postgresql://onward:secret@127.0.0.1:{port}/onward",
     }
     env.pop("REDIS_URL", None)
-    projector = subprocess.Popen(
-        [sys.executable, "-m", "onward", "projector"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
+    # Kafka is open once the silent server is reached: PostgreSQL is being waited on.
+    returncode, stderr, seconds = signalled_while_connected(
+        silent_server, ["projector"], env, sig, within_s=60
     )
-    silent_server.settimeout(60)
-    connected, _ = silent_server.accept()  # Kafka is open; PostgreSQL is being waited on
-    with connected:
-        time.sleep(0.5)
-        assert projector.poll() is None, projector.communicate()
-        started = time.monotonic()
-        projector.send_signal(sig)
-        _, stderr = projector.communicate(timeout=60)
-    assert projector.returncode == 0, stderr
+    assert returncode == 0, stderr
     assert "did not answer" not in stderr
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == "projector stopped before it started folding"
-    assert time.monotonic() - started < 10
+    assert seconds < 10
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
@@ -246,26 +250,10 @@ def test_a_worker_stopped_while_opening_its_stores_stops_at_once_in_one_line(
         "DATABASE_URL": f"postgresql://onward:secret@127.0.0.1:{port}/onward",
     }
     env.pop("REDIS_URL", None)
-    command = [sys.executable, "-m", "onward", "worker"]
-    command += ["--agent", "support.cli_agent:booker"]
+    command = ["worker", "--agent", "support.cli_agent:booker"]
     command += ["--provider", "support.cli_agent:booking_model"]
-    worker = subprocess.Popen(
-        command,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
-    )
-    silent_server.settimeout(30)
-    connected, _ = silent_server.accept()  # the worker now waits on a PostgreSQL that is silent
-    with connected:
-        time.sleep(0.5)
-        assert worker.poll() is None, worker.communicate()
-        started = time.monotonic()
-        worker.send_signal(sig)
-        _, stderr = worker.communicate(timeout=30)
-    assert worker.returncode == 0, stderr
+    returncode, stderr, seconds = signalled_while_connected(silent_server, command, env, sig)
+    assert returncode == 0, stderr
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines() == ["worker stopped before it started serving"], stderr
-    assert time.monotonic() - started < 10
+    assert seconds < 10

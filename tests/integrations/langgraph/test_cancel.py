@@ -101,6 +101,11 @@ def cancel(env: dict[str, str], thread_id: str) -> Result:
     return CliRunner().invoke(cli, [*argv, "--wait", "30", "--json"], env=env)
 
 
+def ends_in(events: list[Any]) -> list[tuple[str, str | None]]:
+    """How each `RunFinished` among ``events`` ended the thread's invocation, and why."""
+    return [(e.status, e.error) for e in events if isinstance(e, RunFinished)]
+
+
 async def test_a_graph_run_writing_its_thread_is_cancelled_and_the_thread_lives_on(
     placed: tuple[World, dict[str, str]],
 ) -> None:
@@ -201,8 +206,7 @@ async def test_an_end_whose_append_was_in_doubt_is_recorded_once(tmp_path: Path)
             out = await graph.ainvoke({"steps": [], "until": 4}, config("t"))
             assert out["steps"] == [1, 2, 3, 4]
         events = [stored.event for stored in await world.log.read_run("t")]
-    ends = [e for e in events if isinstance(e, RunFinished)]
-    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+    assert ends_in(events) == [("cancelled", "cancelled by ops")]
 
 
 async def test_a_read_by_anyone_else_does_not_let_a_cancelled_graph_run_write_on(
@@ -255,8 +259,7 @@ async def test_a_read_by_anyone_else_does_not_let_a_cancelled_graph_run_write_on
             out = await graph.ainvoke({"steps": [], "until": 4}, config("t"))
             assert out["steps"] == [1, 2, 3, 4]
         events = [stored.event for stored in await world.log.read_run("t")]
-    ends = [e for e in events if isinstance(e, RunFinished)]
-    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+    assert ends_in(events) == [("cancelled", "cancelled by ops")]
 
 
 async def test_an_ask_its_invocation_completed_before_hearing_does_not_end_the_next(
@@ -400,8 +403,7 @@ async def test_a_cancel_asked_while_a_held_thread_waits_on_an_interrupt_ends_it(
         assert "__interrupt__" in out
         assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
     events = [stored.event for stored in await world.log.read_run(thread_id)]
-    ends = [e for e in events if isinstance(e, RunFinished)]
-    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+    assert ends_in(events) == [("cancelled", "cancelled by ops")]
     async with world.saver(holder="graph-b") as saver:
         with pytest.raises(RunCancelledError):
             await buying_graph(saver, purchases).ainvoke(Command(resume="yes"), config(thread_id))
@@ -464,8 +466,7 @@ async def test_the_invocation_after_an_ask_made_between_invocations_can_be_cance
         with pytest.raises(RunCancelledError, match="cancelled by ops: runaway"):
             await asyncio.wait_for(running, 30)
     events = [stored.event for stored in await world.log.read_run(thread_id)]
-    ends = [e for e in events if isinstance(e, RunFinished)]
-    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops: runaway")]
+    assert ends_in(events) == [("cancelled", "cancelled by ops: runaway")]
 
 
 async def test_an_ask_a_read_by_anyone_else_hears_still_ends_the_graph_run_writing(
@@ -504,8 +505,7 @@ async def test_an_ask_a_read_by_anyone_else_hears_still_ends_the_graph_run_writi
             out = await graph.ainvoke({"steps": [], "until": 4}, config("t"))
             assert out["steps"] == [1, 2, 3, 4]
         events = [stored.event for stored in await world.log.read_run("t")]
-    ends = [e for e in events if isinstance(e, RunFinished)]
-    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+    assert ends_in(events) == [("cancelled", "cancelled by ops")]
 
 
 async def test_a_cancel_heard_while_a_long_lived_saver_holds_a_thread_at_an_interrupt_ends_it(
@@ -532,8 +532,7 @@ async def test_a_cancel_heard_while_a_long_lived_saver_holds_a_thread_at_an_inte
             await graph.ainvoke(Command(resume="yes"), config(thread_id))
     assert purchases == []
     events = [stored.event for stored in await world.log.read_run(thread_id)]
-    ends = [e for e in events if isinstance(e, RunFinished)]
-    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops")]
+    assert ends_in(events) == [("cancelled", "cancelled by ops")]
 
 
 async def test_a_cancelled_interrupt_resumed_by_a_sync_invoke_is_refused_too(
@@ -650,8 +649,7 @@ async def test_cancel_wait_of_a_thread_a_long_lived_saver_holds_at_an_interrupt_
             await graph.ainvoke(Command(resume="yes"), config(thread_id))
     assert purchases == []
     events = [stored.event for stored in await world.log.read_run(thread_id)]
-    ends = [e for e in events if isinstance(e, RunFinished)]
-    assert [(e.status, e.error) for e in ends] == [("cancelled", "cancelled by ops: runaway")]
+    assert ends_in(events) == [("cancelled", "cancelled by ops: runaway")]
 
 
 async def test_cancel_wait_of_a_thread_a_long_lived_saver_holds_idle_says_what_happens(

@@ -132,14 +132,9 @@ async def test_an_approval_whose_append_lost_its_answer_carries_the_run_on(
     assert sum(isinstance(r.event, ToolDispatched) for r in records) == 1
 
 
-async def test_an_approval_whose_run_fails_carrying_on_is_not_logged_refused(
-    backends: Backends, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The approval is recorded, and the model fails as the worker carries the run on from it
-    (its key revoked meanwhile). The worker said "AnswerRequest refused for good", the words a
-    waiting stream sends its reader to look for: a person would take the answer for lost and
-    give it again (to be dropped as answered already). It now says the run was answered and
-    that carrying it on failed."""
+async def asking_then_revoked(backends: Backends) -> tuple[Worker, str]:
+    """A worker whose model asks to pay (the run waits for an approval), and fails at every
+    call after: its key revoked meanwhile. The worker, and the request the run waits on."""
     turns = 0
 
     def revoked_after_the_ask(messages: Sequence[Message]) -> ModelReply:
@@ -155,6 +150,18 @@ async def test_an_approval_whose_run_fails_carrying_on_is_not_logged_refused(
     await worker.handle(StartRun(run_id="r", tenant=TENANT, agent="payer", input="pay"))
     asked = (await worker.runner.inspect("r", tenant=TENANT)).waiting_on
     assert asked is not None
+    return worker, asked
+
+
+async def test_an_approval_whose_run_fails_carrying_on_is_not_logged_refused(
+    backends: Backends, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The approval is recorded, and the model fails as the worker carries the run on from it
+    (its key revoked meanwhile). The worker said "AnswerRequest refused for good", the words a
+    waiting stream sends its reader to look for: a person would take the answer for lost and
+    give it again (to be dropped as answered already). It now says the run was answered and
+    that carrying it on failed."""
+    worker, asked = await asking_then_revoked(backends)
     answer = AnswerRequest(run_id="r", tenant=TENANT, request_id=asked, approve=True, by="ann")
     with caplog.at_level(logging.WARNING, logger="onward.worker"):
         assert await asyncio.wait_for(worker.handle(answer), 5)
@@ -173,21 +180,7 @@ async def test_a_resume_whose_run_fails_carrying_on_is_not_logged_refused(
     fails as the worker carries the run on (its key revoked meanwhile). The worker said
     "ResumeRun refused for good", the words a waiting stream sends its reader to look for,
     though the run exists and is recovery's: it now says carrying it on failed."""
-    turns = 0
-
-    def revoked_after_the_ask(messages: Sequence[Message]) -> ModelReply:
-        nonlocal turns
-        turns += 1
-        if turns == 1:
-            return reply("", ToolCall(call_id="c1", tool="pay", args={"n": 5}))
-        raise ConfigurationError("the model's key was revoked")
-
-    worker = Worker(
-        backends, ScriptedProvider(revoked_after_the_ask), {"payer": PAYER}, backoff_s=0.01
-    )
-    await worker.handle(StartRun(run_id="r", tenant=TENANT, agent="payer", input="pay"))
-    asked = (await worker.runner.inspect("r", tenant=TENANT)).waiting_on
-    assert asked is not None
+    worker, asked = await asking_then_revoked(backends)
     await worker.runner.approve("r", asked, tenant=TENANT, by="ann")
     with caplog.at_level(logging.WARNING, logger="onward.worker"):
         assert await asyncio.wait_for(worker.handle(ResumeRun(run_id="r", tenant=TENANT)), 5)

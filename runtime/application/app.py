@@ -552,7 +552,7 @@ class App(Resource):
 
         Raises:
             NothingToResumeError: No such run for the tenant (nor a start of it waiting, in
-                the PostgreSQL requests table or sent by this app's own `query`).
+                the PostgreSQL requests table, or sent on a Kafka topic by this app's `query`).
             InvalidInputError: ``by`` or ``why`` out of bounds, or the run has ended already
                 (naming how), or is a LangGraph thread between invocations; nothing was written
                 or sent.
@@ -608,7 +608,12 @@ class App(Resource):
     def _start_sent(self, run_id: str, tenant: str) -> bool:
         """Whether a stream of this app sent the run's start to the fleet and has read nothing
         of the run yet: the start may wait for a worker (all full, or none up) for as long as
-        its max age."""
+        its max age. Only on a Kafka topic, where the cancel is stored behind the start: a
+        start on the PostgreSQL requests table is withdrawn while it waits (`_withdraw_start`),
+        and once a worker took it, a cancel stored after could be taken before the run is
+        written, or after the start was refused, and refused itself with no one told."""
+        if isinstance(self._requests, PostgresRequests):
+            return False
         return any(
             stream.tenant == tenant and stream.start_sent
             for stream in self._watching.get(run_id, ())

@@ -9,6 +9,7 @@ cancels runs through real ``onward worker`` processes, and a row nobody signed i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -1172,3 +1173,32 @@ async def test_a_slow_recovery_pass_is_not_overlapped_by_the_next(
         await asyncio.wait_for(serving, 10)
     assert listings.started >= 2, "no pass after the first"
     assert listings.most_at_once == 1
+
+
+async def test_cancelling_a_start_a_worker_took_and_refused_says_there_is_no_run(
+    database_url: str, pg_schema: str
+) -> None:
+    """A start on the PostgreSQL requests table that a worker took and refused (its row
+    deleted, nothing of its run written) cannot be cancelled: `cancel` said nothing and stored
+    a cancel that a worker then refused for good, as if the run it names were ended. It says
+    there is no such run, as before the start was sent, and stores nothing."""
+    async with onward.open(postgres_fleet_settings(database_url, pg_schema, PARTITIONS)) as app:
+        stream = app.query("loop", {"agent": "looper", "run_id": "refused"}, timeout=60)
+        following = asyncio.create_task(stream.collect())
+        try:
+            async with PostgresRequests(database_url, schema=pg_schema) as table:
+
+                async def stored() -> bool:
+                    return await table.waiting() == 1
+
+                await until(stored, "the start stored")
+                taken = await table.claim("w1", 10)
+                assert [row.kind for row in taken] == ["start"]
+                await table.finish("w1", [row.id for row in taken])  # refused, nothing written
+                with pytest.raises(NothingToResumeError):
+                    await app.cancel("refused", by="ops", why="not wanted")
+                assert await table.waiting() == 0
+        finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RunTimeoutError):
+                await following

@@ -38,7 +38,13 @@ REBUILD_FLUSH_INTERVAL = 10.0
 
 Progress = Callable[[int, int], None]
 
-_TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
+_TRY_LOCK = (
+    "SELECT pg_try_advisory_lock(hashtextextended("
+    "'onward:' || current_schema() || ':rebuild:' || $1, 0))"
+)
+"""Keyed by the schema the pool's search path resolves to, not the name it was given: a
+schema named by ``schema`` and one reached through the URL's search path (or the default)
+is one build registry, and rebuilds beside each other retire each other's builds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +92,7 @@ async def rebuild(
         raise InvalidInputError(f"batch_size must be at least 1, not {batch_size}")
     pool = await open_pool(database_url, schema=schema, max_size=2, timeout_s=timeout_s)
     try:
-        guard = await _rebuild_lock(pool, layout.projection, schema, timeout_s)
+        guard = await _rebuild_lock(pool, layout.projection, timeout_s)
         try:
             context = f"creating a build of {layout.projection}"
             async with pooled(pool, context, timeout_s=timeout_s) as conn:
@@ -163,7 +169,7 @@ async def _switch(
 
 
 async def _rebuild_lock(
-    pool: asyncpg.Pool, projection: str, schema: str | None, timeout_s: float | None
+    pool: asyncpg.Pool, projection: str, timeout_s: float | None
 ) -> asyncpg.Connection:
     """A connection of ``pool`` holding the lock of ``projection``'s rebuilds, held until it is
     given back (or its process dies); a rebuild already running is refused, not run beside."""
@@ -172,7 +178,7 @@ async def _rebuild_lock(
         conn = await pool.acquire(timeout=timeout_s)
         try:
             conn.release_session_locks()  # unlocked as the pool takes the connection back
-            taken = await conn.fetchval(_TRY_LOCK, f"onward:{schema or ''}:rebuild:{projection}")
+            taken = await conn.fetchval(_TRY_LOCK, projection)
         except BaseException:
             await pool.release(conn)
             raise

@@ -350,3 +350,26 @@ async def test_a_switch_waits_out_a_session_that_lets_go_of_the_views_in_time(
     assert (report.build, report.previous) == (2, 1)
     async with PostgresFrontierStore(database_url, schema=pg_schema) as store:
         assert store.build == 2
+
+
+async def test_two_rebuilds_naming_one_schema_two_ways_do_not_run_side_by_side(
+    log: KafkaEventLog, database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    """One rebuild names the schema, the other reaches it through the URL's search path (as
+    ONWARD_DATABASE_SCHEMA unset on one host and set on another): one registry, so one rebuild
+    at a time, or each retires the build the other is filling and neither switches."""
+    await append_all(log, workload(rng, 10))
+    async with SqlProjectionSink(database_url, KindCounts(), schema=pg_schema):
+        pass  # the first build, active
+    joiner = "&" if "?" in database_url else "?"
+    by_path = f"{database_url}{joiner}search_path={pg_schema}"
+    outcomes = await asyncio.gather(
+        rebuild_projection(log, database_url, KindCounts(), schema=pg_schema, batch_size=10),
+        rebuild_projection(log, by_path, KindCounts(), batch_size=10),
+        return_exceptions=True,
+    )
+    won = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(won) == 1, outcomes
+    assert len(refused) == 1, outcomes
+    assert "another rebuild of kinds is running" in str(refused[0])

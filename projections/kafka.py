@@ -679,7 +679,7 @@ class _Turns:
         With nothing assigned, resume what this projector paused and still has."""
         mine = consumer.assignment()
         if any(tp in mine for tp in assigned):
-            consumer.pause(*mine)
+            _pause(consumer, mine)
             self._paused = set(mine)
         else:
             consumer.resume(*(tp for tp in self._paused if tp in mine))
@@ -725,7 +725,7 @@ class _Turns:
         if anew:
             # Nothing is fetched until the turns are known (`drop` paused them already, unless
             # a rebalance assigned more meanwhile; pausing drops what was fetched).
-            consumer.pause(*assigned)
+            _pause(consumer, assigned)
             self._paused.update(assigned)
         try:
             ends = await consumer.end_offsets(assigned) if len(assigned) > 1 else {}
@@ -750,7 +750,7 @@ class _Turns:
         turn = next((tp for tp in behind if tp.partition > after), behind[0])
         waiting = {tp for tp in behind if tp != turn and tp in mine}
         consumer.resume(*(tp for tp in self._paused - waiting if tp in mine))
-        consumer.pause(*waiting)
+        _pause(consumer, waiting)
         if self.turn is None:
             log.info("behind in %d partitions: folding them one at a time", len(behind))
         self._paused, self.turn, self._since = waiting, turn, now
@@ -817,6 +817,31 @@ def _hand_over_fetched(consumer: AIOKafkaConsumer) -> None:
         records = getattr(result, "_partition_records", None)
         if records is not None and hasattr(records, "_consumer_record"):
             records._consumer_record = _as_fetched
+
+
+def _pause(consumer: AIOKafkaConsumer, partitions: Iterable[TopicPartition]) -> None:
+    """Pause ``partitions``, and free at once the records the client fetched for them.
+
+    The client drops a paused partition's fetched records at its next ``getmany`` without
+    reading them to the end, and its record iterator (a generator holding its own owner) is
+    then a reference cycle: the whole fetch response and the batch decompressed from it stay
+    in memory until a full garbage collection, which `quiet_garbage_collector` makes rare. A
+    projector taking turns drops them every turn: 60 MiB of peak RSS at 100,000 runs. Closing
+    the iterator breaks the cycle; if the partition is resumed before the client drops them,
+    it reads nothing from it and fetches again from its position, as after a drop.
+
+    Reaches into aiokafka's fetcher (pinned below 0.15), as `_hand_over_fetched` does; if its
+    shape ever differs, the partitions are only paused."""
+    partitions = list(partitions)
+    consumer.pause(*partitions)
+    buffered = getattr(getattr(consumer, "_fetcher", None), "_records", None)
+    if not isinstance(buffered, dict):
+        return
+    for tp in partitions:
+        records = getattr(buffered.get(tp), "_partition_records", None)
+        iterator = getattr(records, "_records_iterator", None)
+        if iterator is not None and hasattr(iterator, "close"):
+            iterator.close()
 
 
 def _as_fetched(_partition: object, record: Any) -> Any:

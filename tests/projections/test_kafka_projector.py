@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +15,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.consumer import fetcher
 from support.histories import (
     RunScript,
     append_all,
@@ -504,6 +507,42 @@ async def test_a_turn_passes_on_when_its_slice_is_over(stack: Stack, rng: random
     assert max(first for first, _ in spans.values()) < min(last for _, last in spans.values()), (
         batches.partitions
     )
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
+
+
+async def test_records_fetched_for_a_partition_waiting_its_turn_are_freed_at_once(
+    stack: Stack, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn passing on drops what the client fetched for the partition it pauses: that fetch
+    response is freed then, not kept until a full garbage collection (which a projector's
+    process makes rare), or a projector taking turns holds every dropped response meanwhile.
+    With the collector off, what the client fetched and is alive after the fold is at most
+    what it still holds, one response per partition."""
+    steps = workload(rng, 40)
+    await append_all(stack.log, steps)
+    fetched: list[weakref.ref[Any]] = []
+    made = fetcher.PartitionRecords.__init__
+
+    def tracked(self: Any, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        fetched.append(weakref.ref(self))
+
+    monkeypatch.setattr(fetcher.PartitionRecords, "__init__", tracked)
+    projector = taking_turns(stack, slice_s=0.2)
+    batches = BatchLog(projector, delay_s=0.05)
+    gc.collect()
+    gc.disable()
+    try:
+        await projector.start()
+        try:
+            await run_until_stored([projector], stack.log)
+            alive = sum(ref() is not None for ref in fetched)
+        finally:
+            await projector.close()
+    finally:
+        gc.enable()
+    assert max(batches.stretches().values()) > 1, "no turn passed on with records fetched"
+    assert alive <= PARTITIONS, f"{alive} of {len(fetched)} fetch responses still in memory"
     await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
 
 

@@ -8,13 +8,12 @@ old builds stay until dropped.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import asyncpg
 
-from onward._storage import translating
+from onward._storage import bound_lock_waits, translating
 from onward.errors import InvalidInputError
 
 
@@ -116,10 +115,7 @@ async def switch_build(
     """
     async with conn.transaction():
         if lock_timeout_s is not None:
-            await conn.execute(
-                "SELECT set_config('lock_timeout', $1, true)",
-                f"{max(1, math.ceil(lock_timeout_s * 1000))}ms",
-            )
+            await bound_lock_waits(conn, lock_timeout_s)
         await conn.execute("LOCK TABLE onward_projection_builds IN EXCLUSIVE MODE")
         status = await conn.fetchval(
             "SELECT status FROM onward_projection_builds WHERE projection = $1 AND build = $2",

@@ -22,7 +22,6 @@ round trips does not depend on the number of runs in the batch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import astuple
 from importlib.resources import files
@@ -33,6 +32,7 @@ import asyncpg
 from onward._storage import (
     BACKEND_TIMEOUT_S,
     PostgresStore,
+    bound_lock_waits,
     migrate_postgres,
     translating,
     verify_postgres,
@@ -125,10 +125,7 @@ async def _first_build(conn: asyncpg.Connection, lock_timeout_s: float | None) -
     try:
         async with conn.transaction():
             if lock_timeout_s is not None:
-                await conn.execute(
-                    "SELECT set_config('lock_timeout', $1, true)",
-                    f"{max(1, math.ceil(lock_timeout_s * 1000))}ms",
-                )
+                await bound_lock_waits(conn, lock_timeout_s)
             return await ensure_active(conn, FRONTIERS)
     except BackendUnavailableError as exc:
         if not isinstance(exc.__cause__, asyncpg.LockNotAvailableError):

@@ -20,6 +20,7 @@ from .kafka import (
     kafka_connection,
     stop_or_drop,
 )
+from .locks import bound_lock_waits
 from .logs import DRIVER_LOGGERS, one_line_driver_logs
 from .migrations import (
     Dialect,
@@ -89,6 +90,7 @@ __all__ = [
     "SqliteStore",
     "SqliteThread",
     "application_name",
+    "bound_lock_waits",
     "check_onward_sqlite",
     "classify",
     "connect",

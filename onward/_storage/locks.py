@@ -15,13 +15,18 @@ their timeouts up).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from onward.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    import asyncpg
 
 log = logging.getLogger("onward.locks")
 
@@ -126,3 +131,14 @@ def _clock(epoch_s: float) -> str:
 def holder_record() -> str:
     """What a holder writes where waiters can read it: its pid, host and since when."""
     return f"pid {os.getpid()} on {socket.gethostname()} since {_clock(time.time())}"
+
+
+async def bound_lock_waits(conn: asyncpg.Connection, seconds: float) -> None:
+    """Within the transaction ``conn`` is in, give up waiting for a lock after ``seconds``
+    (``lock_timeout``; the statement then fails with ``asyncpg.LockNotAvailableError``): a
+    session left open holding a table would otherwise keep the statement, and every one queued
+    behind it, waiting in silence. What the statement does once it holds its locks is not
+    bounded."""
+    await conn.execute(
+        "SELECT set_config('lock_timeout', $1, true)", f"{max(1, math.ceil(seconds * 1000))}ms"
+    )

@@ -9,7 +9,6 @@ The SQL lives in ``schemas/sql/NNNN_name.sql`` (PostgreSQL) and ``schemas/sqlite
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import asyncpg
 
 from onward.errors import BackendUnavailableError, ConfigurationError, SchemaMismatchError
 
-from .locks import LOCK_TIMEOUT_S, LockWait, lock_taken
+from .locks import LOCK_TIMEOUT_S, LockWait, bound_lock_waits, lock_taken
 from .sqlite import connect, connect_readonly, split_statements, transaction
 from .translate import translating
 
@@ -106,10 +105,7 @@ async def migrate_postgres(
             # A session in an open transaction that wrote to a table holds it for as long as
             # it stays open: an ALTER or CREATE INDEX of it waited unbounded and unsaid, every
             # other write to the table queued behind it. The build itself is not bounded.
-            await conn.execute(
-                "SELECT set_config('lock_timeout', $1, true)",
-                f"{max(1, math.ceil(lock_timeout_s * 1000))}ms",
-            )
+            await bound_lock_waits(conn, lock_timeout_s)
         await conn.execute(_LEDGER)
         done = {
             r["version"] for r in await conn.fetch("SELECT version FROM onward_schema_migrations")

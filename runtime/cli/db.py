@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import asyncpg
 
-from onward._storage import connected
+from onward._storage import bound_lock_waits, connected
 from onward._storage import quoted_identifier as quoted
 from onward.errors import BackendUnavailableError, ConfigurationError
 from onward.eventlog.postgres import mark_records_packed
@@ -59,9 +58,7 @@ async def _create_schema(conn: asyncpg.Connection, schema: str | None, timeout_s
         return False
     try:
         async with conn.transaction():
-            await conn.execute(
-                "SELECT set_config('lock_timeout', $1, true)", f"{math.ceil(timeout_s * 1000)}ms"
-            )
+            await bound_lock_waits(conn, timeout_s)
             await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}")
     except asyncpg.UniqueViolationError:
         return False

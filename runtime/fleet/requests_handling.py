@@ -70,9 +70,10 @@ class RequestHandler:
             return await self._cancel(request)
         return await self._resume(request)
 
-    async def _resume(self, request: Request) -> bool:
-        """Carry the run on. A run of this tenant that then fails is recovery's, not a refused
-        request: said as a refusal, its stream's reader would take the run for never carried."""
+    async def _resume(self, request: Request, *, answered: str | None = None) -> bool:
+        """Carry the run on (after the answer to ``answered``, recorded). A run of this tenant
+        that then fails is recovery's, not a refused request: said as a refusal, its stream's
+        reader would take the run for never carried, and a person an answer for lost."""
         try:
             return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
         except (BackendUnavailableError, NothingToResumeError):
@@ -80,8 +81,9 @@ class RequestHandler:
         except OnwardError as exc:
             self._worker.stats.failures += 1
             _log.warning(
-                "run %s: carrying it on failed: %s; it is carried on as a lapsed run",
+                "run %s: %scarrying it on failed: %s; it is carried on as a lapsed run",
                 printable(request.run_id),
+                "" if answered is None else f"answered ({printable(answered)}), then ",
                 one_line(str(exc)),
             )
             return True
@@ -261,22 +263,7 @@ class RequestHandler:
         # may be this one (its append lost its answer and was tried again), and nothing else
         # would carry the run on until a recovery pass found it lapsed. Once more is harmless:
         # a run driven now is held (a conflict), one that ended or waits again is left alone.
-        try:
-            return await self._recovery.carry(request.run_id, request.tenant, recovery=False)
-        except BackendUnavailableError:
-            raise  # tried again (`Worker.handle`): the answer is found recorded, the run carried
-        except OnwardError as exc:
-            # The answer is recorded: what failed is the run, carried on from it, which is
-            # recovery's now. Said as a refusal, a person would take the answer for lost.
-            self._worker.stats.failures += 1
-            _log.warning(
-                "run %s: answered (%s), then carrying it on failed: %s; it is carried on as a "
-                "lapsed run",
-                printable(request.run_id),
-                printable(request.request_id),
-                one_line(str(exc)),
-            )
-            return True
+        return await self._resume(request, answered=request.request_id)
 
     async def _tag(self, request: TagRun, expired: Callable[[], bool] | None = None) -> bool:
         runner = self._worker.runner

@@ -557,7 +557,8 @@ async def _stage_and_upsert(
     CONFLICT``; about twice as fast as ``unnest`` of arrays, whose per-element type checks
     dominate large batches. A few rows (an inline fold's): one prepared guarded ``INSERT`` per
     row, sent together in one round trip, where staging would take three. Either way in key
-    order (`_in_key_order`).
+    order (`_in_key_order`): the ``SELECT`` orders the staged rows, so only the few are sorted
+    here (sorting a backlog's store in Python cost its projector a twentieth of its time).
     """
     names = ", ".join(columns)
     updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
@@ -565,9 +566,10 @@ async def _stage_and_upsert(
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
         f"WHERE {table}.through_offset < excluded.through_offset"
     )
-    at = [columns.index(k) for k in key]
-    rows = sorted(rows, key=lambda row: [row[i] for i in at])
+    rows = list(rows)
     if len(rows) <= _FEW_ROWS:
+        at = [columns.index(k) for k in key]
+        rows.sort(key=lambda row: [row[i] for i in at])
         values = ", ".join(f"${n}" for n in range(1, len(columns) + 1))
         await conn.executemany(f"INSERT INTO {table} ({names}) VALUES ({values}) {guard}", rows)
         return
@@ -686,7 +688,7 @@ async def _append_messages(conn: asyncpg.Connection, chunks: list[_Chunk]) -> No
     The transcript is not per build: what another build (or an earlier store) stored is kept
     (`_not_stored`). Two writers storing the same run at once may both start a chunk at the
     same seq; both folded the same events from it, so the longer one is kept."""
-    rows = sorted((chunk.stored for chunk in await _not_stored(conn, chunks)), key=lambda r: r[:3])
+    rows = [chunk.stored for chunk in await _not_stored(conn, chunks)]  # ordered by the SELECT
     if not rows:
         return
     in_key_order = f"ORDER BY {_in_key_order(_TRANSCRIPT_NAMES[:3])}"

@@ -298,13 +298,21 @@ class _TimedStore(PostgresFrontierStore):
 
     load_s = 0.0
     write_s = 0.0
+    runs_asked = 0
+    """Runs a load asked for (each a miss of the projection's cache)."""
+    rows_loaded = 0
+    """Rows a load found: runs folded, stored, dropped from the cache and folded again."""
+    writes = 0
 
     async def load(self, run_ids: Collection[str]) -> dict[str, StoredFrontier]:
         started = time.perf_counter()
         try:
-            return await super().load(run_ids)
+            loaded = await super().load(run_ids)
         finally:
             self.load_s += time.perf_counter() - started
+        self.runs_asked += len(run_ids)
+        self.rows_loaded += len(loaded)
+        return loaded
 
     async def write(self, *args: Any, **options: Any) -> None:  # passed on as they are
         started = time.perf_counter()
@@ -312,6 +320,7 @@ class _TimedStore(PostgresFrontierStore):
             await super().write(*args, **options)
         finally:
             self.write_s += time.perf_counter() - started
+        self.writes += 1
 
 
 class _TimedProjection(FrontierProjection):
@@ -442,6 +451,9 @@ async def child_project(args: argparse.Namespace) -> dict[str, Any]:
         "apply_s": projection.apply_s,
         "wait_in_apply_s": projection.wait_in_apply_s,
         "load_s": store.load_s,
+        "runs_asked": store.runs_asked,
+        "rows_loaded": store.rows_loaded,
+        "stores": store.writes,
         "write_s": store.write_s,
         "positions_check_s": check_s,
         "events": projection.stats.events,
@@ -702,6 +714,9 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             },
             "fold_batches": fig["batches"],
             "fold_rows_written": fig["rows_written"],
+            "fold_stores": fig["stores"],
+            "fold_runs_loaded": fig["runs_asked"],
+            "fold_rows_loaded": fig["rows_loaded"],
             "fold_refused_events": fig["refused_events"],
             "fold_snapshots_refused": fig["snapshots_refused"],
             "frontier_rows": rows,
@@ -905,6 +920,19 @@ def _table(args: argparse.Namespace, results: dict[str, Any]) -> Table:
         "",
         f"{results['fold_events'] / max(1, batches):,.0f} events, "
         f"{results['fold_rows_written'] / max(1, batches):,.0f} rows per batch",
+    )
+    stores = results["fold_stores"]
+    table.add_row(
+        "projector stores / rows written",
+        f"{stores:,} / {results['fold_rows_written']:,}",
+        "",
+        f"{results['fold_rows_written'] / max(1, results['fold_events']):.2f} rows per event",
+    )
+    table.add_row(
+        "runs loaded / found stored",
+        f"{results['fold_runs_loaded']:,} / {results['fold_rows_loaded']:,}",
+        "",
+        f"{args.runs:,} runs: those found were folded, dropped from the cache and loaded again",
     )
     return table
 

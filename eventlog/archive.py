@@ -269,13 +269,20 @@ class DirectoryArchive:
                 return True
 
     def _make_directory(self) -> None:
-        """Create the directory (and its parents) if missing; the directory itself 0700."""
+        """Create the directory (and its parents) if missing; the directory itself 0700. Each
+        one created is synced into its parent: the files' syncs keep their own entries, not
+        the directory's name, and a crash after a cut would lose the whole archive."""
+        missing = list(
+            itertools.takewhile(lambda d: not d.exists(), [self.path, *self.path.parents])
+        )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.path.mkdir(mode=DIRECTORY_MODE)
         except FileExistsError:
             return
         os.chmod(self.path, DIRECTORY_MODE)  # in case the umask took more than it should
+        for created in reversed(missing):
+            _sync_directory(created.parent)
 
     def _unwritable(self, exc: OSError) -> ConfigurationError:
         return ConfigurationError(
@@ -361,7 +368,7 @@ class DirectoryArchive:
             raise ConfigurationError(f"archive {self.path}: cannot read {MANIFEST}: {exc}") from exc
         try:
             manifest = msgspec.json.decode(data, type=_Manifest)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             raise ArchiveError(
                 f"archive {self.path}: {MANIFEST} is corrupt ({exc}); nothing is archived or cut "
                 "until it is restored from a copy"
@@ -512,7 +519,7 @@ class DirectoryArchive:
                 if len(lines) == entry.events:
                     raise self._miscounted(entry, "more")
                 lines.append(decoder.decode(raw))
-        except (zstandard.ZstdError, msgspec.DecodeError) as exc:
+        except (zstandard.ZstdError, msgspec.DecodeError, RecursionError) as exc:
             raise ArchiveError(
                 f"archive {self.path}: {entry.file} cannot be read back ({exc}); restore it "
                 "from a copy"
@@ -604,7 +611,12 @@ def _durable_write(path: Path, data: bytes) -> None:
         file.flush()
         os.fsync(file.fileno())
     temporary.replace(path)
-    directory = os.open(path.parent, os.O_RDONLY)
+    _sync_directory(path.parent)
+
+
+def _sync_directory(path: Path) -> None:
+    """Make the entries of the directory ``path`` durable (a rename, a name created in it)."""
+    directory = os.open(path, os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:

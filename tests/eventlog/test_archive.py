@@ -296,3 +296,44 @@ async def test_loading_a_long_manifest_looks_up_no_file_per_entry(
     monkeypatch.setattr(Path, "resolve", counting)
     assert len(await DirectoryArchive(directory).ranges()) == 2_000
     assert resolved == 0
+
+
+_TOO_DEEP = b"[" * 100_000 + b"]" * 100_000
+"""JSON nested past what a decoder recurses into: a few hundred KB, or under 1 KB compressed."""
+
+
+async def test_a_manifest_nested_too_deep_is_an_archive_error(tmp_path: Path) -> None:
+    """A damaged or hostile manifest nested too deep stopped a read (and a compaction) with a
+    `RecursionError` traceback, not the error naming the manifest that any other damage gets."""
+    directory = tmp_path / "archive"
+    directory.mkdir()
+    (directory / MANIFEST).write_bytes(b'{"format": 1, "ranges": [], "note": ' + _TOO_DEEP + b"}")
+    with pytest.raises(ArchiveError, match=f"{MANIFEST} is corrupt"):
+        await DirectoryArchive(directory).ranges()
+
+
+async def test_a_range_file_nested_too_deep_is_an_archive_error(tmp_path: Path) -> None:
+    (first,) = records(0, range(1))
+    line = _line(first)[:-1] + b', "note": ' + _TOO_DEEP + b"}"
+    _written_by_hand(tmp_path / "archive", 0, 0, 1, [line])
+    with pytest.raises(ArchiveError, match="cannot be read back"):
+        await DirectoryArchive(tmp_path / "archive").read(0, 0, 1)
+
+
+async def test_the_directories_a_first_write_creates_are_synced_into_their_parents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first write creates the archive directory (and its missing parents): its files and
+    its own entries were synced, never its name in its parent, so a crash after compaction
+    cut the log could lose the whole archive, and with it every record cut."""
+    synced: set[int] = set()
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.add(os.fstat(fd).st_ino)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    directory = tmp_path / "deep" / "archive"
+    await DirectoryArchive(directory).write(0, 0, 4, records(0, range(4)))
+    assert {os.stat(tmp_path).st_ino, os.stat(directory.parent).st_ino} <= synced

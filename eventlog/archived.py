@@ -16,6 +16,9 @@ from .archive import ArchiveSink
 from .base import EventLog, EventLogBackend, LogRead, LogRecord, StoredEvent
 from .events import Event
 
+RUN_STEP = 1_000
+"""The fewest offsets a read of one run with a limit asks the archive for at a time."""
+
 
 class ArchivedEventLog(EventLogBackend):
     """Reads ``archive`` below ``log``'s start and ``log`` from there on.
@@ -83,7 +86,13 @@ class ArchivedEventLog(EventLogBackend):
                 while here < there:
                     # As many offsets as records wanted, at most: the archive reads on from
                     # where the last page ended, never decoding the rest of a file a page.
-                    step = there if limit is None or run_id is not None else here + limit - len(out)
+                    # By run, `RUN_STEP` offsets at least: how many of them are the run's is
+                    # not known, and read to the range's end, a page decoded every run's
+                    # records past its last.
+                    step = there
+                    if limit is not None:
+                        wanted = limit - len(out)
+                        step = here + (wanted if run_id is None else max(wanted, RUN_STEP))
                     archived = await self.archive.read(partition, here, min(step, there))
                     out.extend(r for r in archived if run_id is None or _run_of(r) == run_id)
                     if limit is not None and len(out) >= limit:

@@ -59,6 +59,43 @@ async def test_paging_through_an_archive_opens_each_file_once(tmp_path: Path) ->
     assert archive.opened == 3
 
 
+class _ReadCountingArchive(DirectoryArchive):
+    """A `DirectoryArchive` that counts the records its reads give back (each one decoded)."""
+
+    given: int = 0
+
+    async def read(self, partition: int, start: int, end: int) -> list[LogRecord]:
+        records = await super().read(partition, start, end)
+        self.given += len(records)
+        return records
+
+
+async def test_paging_through_one_run_decodes_the_archive_about_once(tmp_path: Path) -> None:
+    """A reader paging through one run with ``limit`` read the archive to its range's end at
+    every page, decoding every run's records past the page's last: one run of ten paged 100
+    at a time through a file of 20,000 records decoded the file over ten times."""
+    log = MemoryEventLog(partitions=1)
+    runs = [new_run_id() for _ in range(10)]
+    events = {run: step_events(run, 500) for run in runs}
+    for at in range(0, 500, 10):
+        for run in runs:
+            await log.append(events[run][at : at + 10])
+    kept = await log.read_partition(0, 0)
+    archive = _ReadCountingArchive(tmp_path / "archive")
+    await archive.write(0, 0, len(kept), kept)
+    await log.truncate_before(0, len(kept))
+    whole = ArchivedEventLog(log, archive)
+
+    seen: list[int] = []
+    offset = 0
+    while page := await whole.read_records(0, offset, run_id=runs[0], limit=100):
+        seen.extend(r.event.seq for r in page if not isinstance(r, UnreadableRecord))
+        offset = page[-1].position.offset + 1
+
+    assert seen == list(range(1, 501))
+    assert archive.given <= 2 * len(kept)
+
+
 async def test_paging_through_partitions_in_turn_opens_each_file_once(tmp_path: Path) -> None:
     """A rebuild reads a page of every partition in turn: each partition's file is read once
     over, not once a page because the page of another partition was read in between (at

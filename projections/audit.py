@@ -285,7 +285,12 @@ def timeline_of(
     """The audit lines of one run's records, in the order given: the verdicts are reached from
     ``after`` (the last counted seq and the fence before the records, as a truncation point
     keeps them), else from the first event's seq on (above 1 when compaction removed the run's
-    beginning)."""
+    beginning).
+
+    A run that ended and was collected leaves its id free once compaction cut it, and its
+    tenant may start a new run under it: read with the archive, a start at seq 1 after the
+    old run's end begins that run's history, judged afresh, not as duplicates of the old one.
+    """
     first = next((r.event for r in records if isinstance(r, StoredEvent)), None)
     guard = SequenceGuard()
     if after is not None:
@@ -293,6 +298,7 @@ def timeline_of(
     elif first is not None and first.seq > 1:
         guard = SequenceGuard(last_seq=first.seq - 1, fence=first.fence)
     lines: list[AuditLine] = []
+    ended = False
     for item in records:
         if isinstance(item, UnreadableRecord):
             lines.append(AuditLine(None, None, item))
@@ -301,9 +307,18 @@ def timeline_of(
                 # events after it follow it, not a gap.
                 guard.last_seq += 1
             continue
+        if ended and _starts_anew(item.event):
+            guard, ended = SequenceGuard(), False
         counted = guard.admit(item)
         lines.append(AuditLine(item, None if counted else guard.refused[-1]))
+        ended = ended or (counted and isinstance(item.event, ev.RunFinished | ev.RunContinued))
     return lines
+
+
+def _starts_anew(event: Event) -> bool:
+    """Whether ``event`` starts a run's history (a `RunStarted` at seq 1): after a counted end
+    of the run, a new run under the same id."""
+    return isinstance(event, ev.RunStarted) and event.seq == 1
 
 
 def check_owner(lines: Sequence[AuditLine], run_id: str, tenant: str) -> None:

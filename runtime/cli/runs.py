@@ -887,10 +887,23 @@ def replay_command(
             f"run {run_id!r}: the events {since}before seq {first.event.seq} (offset "
             f"{first.position.offset}) were cut from the log; the timeline starts there"
         )
+    elif span is not None and cut_through == _UNKNOWN_TAIL:
+        error(
+            f"run {run_id!r}: its events from seq {span.before_seq} on, if it had any, were cut "
+            "from the log (its frontier row, which says, is missing); the timeline shows only "
+            "what compaction retained"
+        )
     elif span is not None and cut_through is not None:
         error(
             f"run {run_id!r}: its events from seq {span.before_seq} to {cut_through} were cut "
             "from the log; the timeline shows only what compaction retained"
+        )
+    starts = [line.position.offset for line in lines if _counted_start(line)]
+    if len(starts) > 1:
+        error(
+            f"run {run_id!r}: the id was used again after an earlier run under it was collected; "
+            f"{len(starts)} runs are shown in turn, each from its start (offset "
+            f"{', '.join(map(str, starts))})"
         )
     holes = [line.position.offset for line in lines if line.unreadable is not None]
     if holes:
@@ -942,7 +955,8 @@ async def _tail_cut_through(
     backends: Backends, run_id: str, lines: list[AuditLine], span: CompactedSpan | None
 ) -> int | None:
     """The last seq of a compacted run's events after its point that were cut from the log by
-    other means (Kafka retention), when none of them is left; else ``None``.
+    other means (Kafka retention), when none of them is left; else ``None``; `_UNKNOWN_TAIL`
+    when the run's row, which tells, is missing.
 
     The timeline then holds only retained events, which read as the run's whole history. A
     point past the run's last event (a run compacted to its end) lost nothing: the run's
@@ -953,9 +967,23 @@ async def _tail_cut_through(
     if (await backends.log.bounds(span.partition)).start <= span.before_offset:
         return None
     row = await backends.frontiers.get(run_id)
-    if row is None or row.summary.last_seq < span.before_seq:
+    if row is None:
+        return _UNKNOWN_TAIL
+    if row.summary.last_seq < span.before_seq:
         return None
     return row.summary.last_seq
+
+
+_UNKNOWN_TAIL = -1
+"""What `_tail_cut_through` gives when the run's row is missing, so none says whether it had
+events past its point: said as possibly cut, not passed over as nothing lost."""
+
+
+def _counted_start(line: AuditLine) -> bool:
+    """Whether ``line`` is a counted start of a run's history: more than one in a timeline
+    read with the archive is a run id used again."""
+    event = line.stored.event if line.stored is not None else None
+    return isinstance(event, RunStarted) and event.seq == 1 and line.refused is None
 
 
 def _tags(lines: list[AuditLine]) -> list[RunTag]:

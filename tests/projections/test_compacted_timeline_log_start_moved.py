@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from pathlib import Path
 
@@ -186,3 +187,27 @@ async def test_a_run_read_whole_past_a_moved_log_start_is_refused_not_read_with_
         await _compacted_then_cut(world, agent="")
         with pytest.raises(LogTruncatedError, match="seq 4"):
             await read_whole_run(world.log, world.store, RUN)
+
+
+def test_replay_without_the_run_s_row_says_its_tail_may_have_been_cut(tmp_path: Path) -> None:
+    """As above, but the run's frontier row, which says whether the run had events past its
+    point, is missing (a frontier store restored from an older copy): replay showed the one
+    retained event as the run's whole history without a word; it says the tail may be cut."""
+
+    async def written() -> None:
+        async with sqlite_world(tmp_path) as world:
+            await _compacted_then_cut(world)
+            await world.log.truncate_before(0, 7)
+
+    asyncio.run(written())
+    with sqlite3.connect(tmp_path / "onward.db") as db:
+        db.execute("DELETE FROM onward_frontiers WHERE run_id = ?", (RUN,))
+    sqlite = {
+        "ONWARD_BACKEND": "sqlite",
+        "ONWARD_SQLITE_PATH": str(tmp_path / "onward.db"),
+        "ONWARD_PARTITIONS": "1",
+    }
+    result = CliRunner().invoke(app, ["replay", RUN, "--tenant", TENANT, "--json"], env=sqlite)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert "its events from seq 4 on, if it had any, were cut from the log" in said, said

@@ -152,6 +152,43 @@ def test_replay_with_the_archive_of_a_reused_run_id_shows_each_tenant_its_own_ru
         assert not any(line["refused"] for line in shown)
 
 
+def test_replay_with_the_archive_of_a_run_id_its_tenant_used_again_counts_each_run(
+    tmp_path: Path,
+) -> None:
+    """Run x is collected and compaction cuts it into the archive; the same tenant then starts
+    a new run x. Read with the archive, both histories are the tenant's: the new run's events
+    were shown refused, as duplicates of the old run's seqs, and the old run's answer as the
+    only one the run gave."""
+    archive = tmp_path / "archive"
+
+    async def written() -> None:
+        async with sqlite_world(tmp_path) as world:
+            await world.finished_run("x", turns=1)
+            await world.fold()
+            async with SqliteRecordSweeper(tmp_path / "onward.db") as sweeper:
+                later = time.time() + 40 * 86_400.0
+                assert (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
+            await CheckpointCompactor(
+                world.log, world.frontiers, world.store, archive=DirectoryArchive(archive)
+            ).compact()
+            assert await world.log.read_run("x") == []
+            result = await world.runner(Script(0)).run(
+                AGENT, {"ask": "again"}, tenant=TENANT, run_id="x"
+            )
+            assert result.status == "completed"
+            await world.fold()
+
+    asyncio.run(written())
+    db = tmp_path / "onward.db"
+    replay = onward(db, "replay", "x", "--tenant", TENANT, "--json", "--archive", str(archive))
+    assert replay.exit_code == 0, replay.output
+    shown = [json.loads(line) for line in replay.stdout.splitlines()]
+    assert [line for line in shown if line["refused"]] == []
+    starts = [line for line in shown if line["kind"] == "run.started"]
+    assert [line["event"]["input"] for line in starts] == [{"ask": "x"}, {"ask": "again"}]
+    assert "used again" in replay.stderr
+
+
 def test_inspect_and_replay_count_the_same_retained_events(db: Path, tmp_path: Path) -> None:
     """Both name the compacted span with how many of its events were kept: the tagged event,
     the Tagged event and the last 2 resume points, not the one run that has them."""

@@ -502,7 +502,7 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         scope = self._key("runs-of", tenant) if tenant is not None else f"{self.prefix}runs"
         if statuses is None:
             return [scope]
-        await self._index_by_status(client)
+        await self._index_by_status()
         by_status = [self._key("runs-by-status", s) for s in sorted(statuses)]
         if tenant is None:
             return by_status
@@ -512,12 +512,15 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
             in_scope, *in_statuses = await pipe.execute()
         return [scope] if in_scope < sum(in_statuses) else by_status
 
-    async def _index_by_status(self, client: aioredis.Redis) -> None:
+    async def _index_by_status(self) -> None:
         """Index by status the runs written before the store kept that index, a bounded step
-        at a time (``schemas/redis/frontier_index.lua``); at once if it is done."""
+        at a time (``schemas/redis/frontier_index.lua``); at once if it is done. Sent as
+        `run_script` sends the other scripts, so a key of another type is named as there."""
         while not self._status_indexed:
-            async with self._writing(client), asyncio.timeout(self._timeout_s):
-                done = await self._index_script(args=[self.prefix, LIST_CHUNK], client=client)
+            async with asyncio.timeout(self._timeout_s):
+                done = await self.run_script(
+                    self._index_script, [], [self.prefix, LIST_CHUNK], what="frontier_index.lua"
+                )
             self._status_indexed = int(done) == 1
 
     async def summaries(self, run_ids: Collection[str]) -> dict[str, RunSummary]:
@@ -571,6 +574,8 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
         if not expired and not calls:
             return (0, 0, 0)
         finished = sorted(TERMINAL_STATUSES)
+        ids: list[str] = []
+        sent: list[list[str]] = []
         with translated("deleting the keys of finished runs" if delete else "counting them"):
             async with (
                 self._writing(client),
@@ -590,8 +595,10 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
                         cutoff = "" if before is None else str(int(before))
                         args = [run_id, "1" if delete else "0", scope, cutoff, *finished]
                         await self._gc_script(keys=keys, args=args, client=pipe)
-                answers = await pipe.execute()
-        ids = [run_id for runs in (expired, calls) for run_id, _ in runs]
+                        ids.append(run_id)
+                        sent.append(keys)
+                answers = await pipe.execute(raise_on_error=False)
+                self._raise_first_error(answers, "frontier_gc.lua", sent, ids)
         for run_id, (*there, passed) in zip(ids, answers, strict=True):
             for n, count in enumerate(there):
                 found[n] += int(count)

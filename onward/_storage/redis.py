@@ -24,7 +24,11 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError, ReadOnlyError, ResponseError
 
-from onward.errors import BackendError, ConfigurationError, InvalidInputError
+from onward.errors import (
+    BackendError,
+    ConfigurationError,
+    InvalidInputError,
+)
 
 from .stores import BACKEND_TIMEOUT_S, Resource
 from .translate import (
@@ -133,6 +137,20 @@ class RedisStore(Resource):
         except ReadOnlyError:
             await _let_go_of_demoted(client)
             raise
+
+    def _raise_first_error(
+        self, answers: list[Any], what: str, keys: list[list[str]], run_ids: list[str]
+    ) -> None:
+        """Raise the first error among the answers of a pipeline of script calls sent with
+        ``raise_on_error=False`` (call ``i`` on ``keys[i]`` for ``run_ids[i]``): a WRONGTYPE
+        named by its call's keys and run, as `run_script` names it (redis-py names the call
+        by its script's digest, the keys cut off), any other as it came."""
+        for answer, call_keys, run_id in zip(answers, keys, run_ids, strict=True):
+            if not isinstance(answer, ResponseError):
+                continue
+            if str(answer).startswith("WRONGTYPE"):
+                raise _wrong_type(answer, what, call_keys, self.prefix, run_id) from answer
+            raise answer
 
     async def run_script(
         self,

@@ -67,14 +67,19 @@ class RedisKeySweeper(RedisStore):
                 asyncio.timeout(self._timeout_s),
                 client.pipeline() as pipe,
             ):
-                for run_id in run_ids:
-                    keys = [
+                ids = list(run_ids)
+                sent = [
+                    [
                         lease_key(self.prefix, run_id),
                         fence_key(self.prefix, run_id),
                         f"{self.schema_prefix}{run_id}",
                     ]
+                    for run_id in ids
+                ]
+                for keys in sent:
                     await self._gc(keys=keys, args=["1" if delete else "0"], client=pipe)
-                answers = await pipe.execute()
+                answers = await pipe.execute(raise_on_error=False)
+                self._raise_first_error(answers, "gc.lua", sent, ids)
         for found in answers:
             for kind, there in zip(KEY_KINDS, found, strict=True):
                 counts[kind] += int(there)

@@ -316,6 +316,26 @@ async def test_a_key_of_another_type_under_the_prefix_is_named(
     assert repr(redis_prefix) in str(failed.value)
 
 
+async def test_a_key_of_another_type_met_indexing_by_status_is_named(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """The first listing by status of a store written before the status index indexes it in
+    Redis: a key of another type under the prefix failed that listing with Redis's WRONGTYPE
+    naming a script's digest and line alone."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        await client.set(f"{redis_prefix}frontier-format", "1")
+        await client.set(f"{redis_prefix}runs", "another program's")
+    finally:
+        await client.aclose()
+    async with RedisFrontierStore(redis_url, prefix=redis_prefix) as store:
+        with pytest.raises(BackendError, match="WRONGTYPE") as failed:
+            await store.runs(statuses=["running"])
+    assert "frontier_index.lua" in str(failed.value)
+    assert repr(redis_prefix) in str(failed.value)
+    assert "ONWARD_REDIS_PREFIX" in str(failed.value)
+
+
 async def test_a_projection_under_a_clashing_consumer_is_refused_at_start(
     redis_url: str, redis_prefix: str
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from onward.errors import BackendUnavailableError, ConfigurationError
+from onward.errors import BackendError, BackendUnavailableError, ConfigurationError
 from onward.integrations.mcp import MCPSettings, SchemaCache, ServerSchema
 from onward.projections.base import RunSummary, Snapshot, StoredFrontier
 from onward.projections.compaction import PostgresCompactionStore, SqliteCompactionStore
@@ -423,6 +423,44 @@ async def test_a_schema_prefix_among_the_lease_keys_is_refused(
             ) as sweeper:
                 await sweeper.sweep([f"lease:{held}"], delete=True)
         assert await leases.current(held) is not None
+
+
+async def test_a_redis_key_of_another_type_is_named_by_the_key_sweeper(
+    redis_stores: tuple[RedisLeaseStore, RedisKeySweeper, Redis],
+) -> None:
+    """A lease key another program wrote in another type failed the pass with Redis's
+    WRONGTYPE, the pipeline naming only a script's digest: neither the key nor the run."""
+    leases, sweeper, client = redis_stores
+    runs = [new_run_id() for _ in range(3)]
+    await client.set(leases.lease_key(runs[1]), "another program's")
+    with pytest.raises(BackendError, match="WRONGTYPE") as failed:
+        await sweeper.sweep(runs, delete=True)
+    assert leases.lease_key(runs[1]) in str(failed.value)
+    assert "ONWARD_REDIS_PREFIX" in str(failed.value)
+    assert failed.value.run_id == runs[1]
+
+
+async def test_a_redis_frontier_key_of_another_type_is_named_by_the_sweep(
+    redis_url: str, redis_prefix: str, database_url: str, pg_schema: str
+) -> None:
+    """The same for the frontier keys: the pass failed naming a script's digest alone."""
+    url, schema = database_url, pg_schema
+    async with await redis_frontier_stores(redis_url, redis_prefix, url, schema) as stores:
+        run_id = await stores.seed("completed")
+        sweeper = stores.sweeper
+        assert isinstance(sweeper, RedisFrontierSweeper)
+        calls = f"{redis_prefix}calls:{run_id}"
+        client = Redis.from_url(redis_url, decode_responses=True)
+        try:
+            await client.delete(calls)
+            await client.set(calls, "another program's")
+        finally:
+            await client.aclose()
+        with pytest.raises(BackendError, match="WRONGTYPE") as failed:
+            await sweeper.frontiers.sweep_finished([(run_id, TENANT)], [], delete=False)
+    assert calls in str(failed.value)
+    assert "ONWARD_REDIS_PREFIX" in str(failed.value)
+    assert failed.value.run_id == run_id
 
 
 def test_the_sweepers_satisfy_their_protocols(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ back, and the rows of the others deleted again). A tag is then pinned wholly bef
 the decision (and the run kept) or after the run's keys are gone (and its tagger finds the run
 gone, `AgentRunner.tag`); a pass Redis fails rolls back the rows of the runs whose keys are
 still there, and the next pass lists them again and finishes them, while a run whose keys went
-though Redis's answer was lost (a timeout) loses its rows in that pass. (A commit lost after
+though Redis's answer was lost (a timeout) loses its rows in that pass (which keys are left
+is asked again a few times while Redis cannot answer that either). (A commit lost after
 the keys went would leave the run's PostgreSQL rows behind without a tombstone, and compaction
 keeping its events: rarer than a tag in the window it closes, and no tag lost.) Holding tags
 back also holds compaction's `truncate` back, which then sees the runs' tombstones.
@@ -27,6 +28,8 @@ back also holds compaction's `truncate` back, which then sees the runs' tombston
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -34,7 +37,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 
 from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, Resource
-from onward.errors import BackendError
+from onward.errors import BackendError, BackendUnavailableError
 from onward.projections.base import RunSummary, runs_in_pages
 from onward.projections.frontier import TERMINAL_STATUSES
 from onward.projections.redis import RedisFrontierStore
@@ -48,6 +51,13 @@ from .base import (
     SweepPlan,
     carried_on,
 )
+
+LEFT_TRIES = 3
+"""How often a sweep that Redis failed asks which runs' keys are left before it gives up
+(rolling back every run's rows), Redis failing each ask."""
+
+LEFT_PAUSE_S = 0.5
+"""The pause before the second ask of which keys are left (twice that before the third)."""
 
 _IDS = "SELECT unnest($1::text[])"
 
@@ -292,7 +302,7 @@ class RedisFrontierSweeper(Resource):
                 # a run whose frontier is gone would never be listed again, so it loses its
                 # rows now too; the pass still fails.
                 lost, frontiers, said, call_rows = error, 0, 0, 0
-                left = await self.frontiers.summaries([run_id for run_id, _ in expired])
+                left = await self._left([run_id for run_id, _ in expired])
                 swept = {run_id for run_id, _ in expired if run_id not in left}
             if all(run_id in swept for run_id, _ in expired):
                 await first.commit()
@@ -305,6 +315,16 @@ class RedisFrontierSweeper(Resource):
             raise lost
         counts |= {"frontiers": frontiers, "transcript": said, "tool_calls": call_rows}
         return counts
+
+    async def _left(self, run_ids: list[str]) -> dict[str, RunSummary]:
+        """The summaries of those of ``run_ids`` still in Redis, read after Redis failed the
+        sweep, and asked again (`LEFT_TRIES` times in all) while Redis cannot answer: rolled
+        back, a run whose keys went would keep its rows for good, as no pass lists it again."""
+        for attempt in range(1, LEFT_TRIES):
+            with contextlib.suppress(BackendUnavailableError):
+                return await self.frontiers.summaries(run_ids)
+            await asyncio.sleep(LEFT_PAUSE_S * attempt)
+        return await self.frontiers.summaries(run_ids)
 
 
 def _ended(summary: RunSummary) -> bool:

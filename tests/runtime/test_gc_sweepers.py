@@ -360,6 +360,44 @@ async def test_a_run_in_redis_whose_keys_went_though_the_answer_was_lost_keeps_n
         assert await stores.rows(kept) == (True, 2, 2, True, 2)
 
 
+async def test_a_run_in_redis_whose_answer_was_lost_keeps_no_rows_though_redis_fails_again(
+    redis_url: str, redis_prefix: str, database_url: str, pg_schema: str
+) -> None:
+    """Redis deleted the runs' keys, its answer was lost, and the read of which keys went
+    failed too (Redis still away a moment): everything was rolled back, and the run whose
+    frontier was gone kept its PostgreSQL rows, no tombstone, with nothing to list it again."""
+    url, schema = database_url, pg_schema
+    async with await redis_frontier_stores(redis_url, redis_prefix, url, schema) as stores:
+        gone, kept = await stores.seed("completed"), await stores.seed("running")
+        sweeper = stores.sweeper
+        assert isinstance(sweeper, RedisFrontierSweeper)
+        swept, read = sweeper.frontiers.sweep_finished, sweeper.frontiers.summaries
+        lost: list[str] = []
+
+        async def swept_then_lost(*args: Any, **kwargs: Any) -> tuple[int, int, int]:
+            await swept(*args, **kwargs)
+            lost.append("answer")
+            raise BackendUnavailableError("Redis did not answer in time")
+
+        async def read_failing_once(run_ids: Collection[str]) -> dict[str, RunSummary]:
+            if lost == ["answer"]:
+                lost.append("read")
+                raise BackendUnavailableError("Redis did not answer in time")
+            return await read(run_ids)
+
+        sweeper.frontiers.sweep_finished = swept_then_lost  # type: ignore[method-assign]
+        sweeper.frontiers.summaries = read_failing_once  # type: ignore[method-assign]
+        plan = SweepPlan(expired=(gone, kept), calls=(gone, kept), before=CUTOFF)
+        with pytest.raises(BackendUnavailableError):
+            await sweeper.sweep(plan, delete=True)
+
+        assert lost == ["answer", "read"]
+        assert await stores.rows(gone) == (False, 0, 0, False, 0)
+        assert not await stores.lease_row_kept(gone)
+        assert await sweeper._rows.collected([gone, kept]) == {gone}
+        assert await stores.rows(kept) == (True, 2, 2, True, 2)
+
+
 @pytest_asyncio.fixture
 async def redis_stores(
     redis_url: str, redis_prefix: str

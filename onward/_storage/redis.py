@@ -23,9 +23,11 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from onward.errors import (
     BackendError,
+    BackendUnavailableError,
     ConfigurationError,
     InvalidInputError,
 )
@@ -33,6 +35,7 @@ from onward.errors import (
 from .stores import BACKEND_TIMEOUT_S, Resource
 from .translate import (
     redis_plaintext_refused,
+    translate,
     translated,
     unusable_client_certificate,
     unusable_tls_file,
@@ -114,6 +117,16 @@ class RedisStore(Resource):
                     raise
                 raise ConfigurationError(
                     f"connecting to Redis at {masked_url(self._url)}: {refused}"
+                ) from exc
+            except (TimeoutError, RedisTimeoutError) as exc:
+                if not self._url.startswith("rediss://"):
+                    raise
+                # Still unavailable (a server that hangs times out too), but "retry once it is
+                # reachable" alone misleads when the port takes no TLS: no retry changes that.
+                raise BackendUnavailableError(
+                    f"{translate(exc, context='connecting to Redis')}; a port that takes no "
+                    "TLS never answers the TLS handshake of rediss:// either: if the server "
+                    "takes none, use redis:// in REDIS_URL"
                 ) from exc
 
     def _started(self, client: aioredis.Redis) -> None:

@@ -28,7 +28,7 @@ from support.pg import SchemaFactory, schema_factory
 from support.processes import TESTS
 from support.servers import KafkaServers
 
-from onward.errors import ConfigurationError
+from onward.errors import BackendUnavailableError, ConfigurationError
 from onward.projections.base import FrontierStore
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.redis import RedisFrontierStore
@@ -397,6 +397,18 @@ async def test_a_redis_ca_file_that_cannot_be_read_is_named_not_taken_for_the_se
     with pytest.raises(ConfigurationError) as refused:
         await RedisLeaseStore.open(with_ca(secured.redis_tls_url, str(unusable)), timeout_s=5)
     assert f"ssl_ca_certs in REDIS_URL names {unusable}, which cannot be used" in str(refused.value)
+
+
+async def test_a_tls_client_at_a_plaintext_redis_port_is_told_the_url_may_want_redis(
+    secured: SecuredServers, redis_url: str
+) -> None:
+    """``rediss://`` at a port that takes no TLS: Redis waits for a command that never comes
+    and the handshake never ends. The store said the server did not answer and to retry once
+    it is reachable: it is, and no retry changes anything."""
+    tls_at_plaintext = with_ca(redis_url.replace("redis://", "rediss://", 1), secured.ca)
+    with pytest.raises(BackendUnavailableError) as failed:
+        await RedisLeaseStore.open(tls_at_plaintext, timeout_s=1)
+    assert "use redis:// in REDIS_URL" in str(failed.value)
 
 
 UNUSABLE_CLIENT_CERTIFICATE = ["certificate-not-pem", "key-not-pem", "key-of-another-certificate"]

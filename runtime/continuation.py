@@ -554,11 +554,24 @@ async def hand_over(frontier: Frontier, *, resumer: Resumer) -> HandOver:
     return "unfinished" if carriable(old) and current(frontier, old) else "overtaken"
 
 
-async def end_overtaken(run: HeldRun, *, writer: RunWriter) -> None:
+async def end_overtaken(run: HeldRun, *, writer: RunWriter, resumer: Resumer | None = None) -> None:
     """End a run a carry started whose old run went on without it: nothing it was handed was
-    done in it, and it must never be (the old run made or will make those calls itself)."""
+    done in it, and it must never be (the old run made or will make those calls itself).
+
+    With ``resumer``, an old run a person cancelled where it was carried (the carry cut short
+    before its end was written) has this run end ``cancelled`` as they asked, saying by whom:
+    the turn was handed to it, and the work they stopped is not a run that failed.
+    """
+    old_id = run.frontier.continuation_of
+    if resumer is not None and old_id is not None:
+        with contextlib.suppress(NothingToResumeError):
+            old = await resumer.read(old_id, tenant=run.tenant)
+            if old.status == "cancelled" and current(run.frontier, old):
+                finished = writer.event(run, RunFinished, status="cancelled", error=old.error)
+                await writer.append(run, [finished])
+                return
     error = (
-        f"run {run.run_id!r} was carried on from {run.frontier.continuation_of!r}, which went "
+        f"run {run.run_id!r} was carried on from {old_id!r}, which went "
         "on without it (its holder lost that run while starting this one); nothing was done "
         "in this run"
     )

@@ -96,7 +96,9 @@ from .checkpoint import Checkpointer, CheckpointPolicy
 from .continuation import (
     ContinuationPolicy,
     awaits_hand_over,
+    carriable,
     carry_if_due,
+    current,
     cut_carry,
     end_overtaken,
     finish_cut_carry,
@@ -484,7 +486,7 @@ class AgentRunner(Resource):
                 handed = await hand_over(carried.frontier, resumer=self.resumer)
             if handed == "overtaken":
                 run = HeldRun(agent, held, carried.frontier, Conversation(""))
-                await end_overtaken(run, writer=self.writer)
+                await end_overtaken(run, writer=self.writer, resumer=self.resumer)
                 return await self._ended(run.frontier)
             if handed == "handed_over":
                 result = await self._restored_and_carried_on(agent, held, carried, into)
@@ -982,7 +984,9 @@ class AgentRunner(Resource):
         """End a run ``cancelled`` as a person, whatever it was doing: running (its holder
         gone), waiting on a person, or left for one. Nothing of it is carried on after; the
         spend it holds is released (`RunWriter`). A call dispatched and never settled stays
-        undecided in its record: it may have run. Returns the run's frontier as it ended.
+        undecided in its record: it may have run. A carry of the run cut short (its new run
+        started, the run not ended into it) is cancelled whole: the other run it left ends
+        ``cancelled`` too. Returns the run's frontier as it ended.
 
         Raises:
             InvalidInputError: The run has ended already (naming how), or is a LangGraph thread
@@ -1003,8 +1007,59 @@ class AgentRunner(Resource):
                     run_id=run_id,
                 )
             check_invocation_to_end(run.frontier)
+            # A carry of it cut short (the new run started, this one not ended into it) holds
+            # its turn in progress: that run is ended too, or it would show running and then
+            # end failed, as overtaken, though the person stopped the work.
+            successor = await cut_carry(run.frontier, resumer=self.resumer)
+            if awaits_hand_over(run.frontier):
+                await self._cancel_left_behind(run.frontier, by=by, why=why)
             await self._end_cancelled(run, by, why)
+            if successor is not None:
+                await self._cancel_cut_carry(successor, tenant=tenant, by=by, why=why)
             return run.frontier
+
+    async def _cancel_left_behind(self, frontier: Frontier, *, by: str, why: str) -> None:
+        """End the run ``frontier``'s run was carried on from ``cancelled`` too while it stands
+        where it was carried, its end into this run not written (the carry cut short): it
+        holds the turn this run was handed, and its next resume would otherwise find its
+        successor ended and make that turn's calls itself. Held this moment, its holder is
+        asked to end it (`LeaseStore.ask_to_cancel`), before this run's end is written.
+
+        Raises:
+            ResumeConflictError: It was held, and let go before it could be asked; nothing
+                was written.
+        """
+        old_id, tenant = frontier.continuation_of, frontier.tenant
+        assert old_id is not None  # awaits_hand_over
+        try:
+            if await hand_over(frontier, resumer=self.resumer) != "unfinished":
+                return
+        except HistoryUnavailableError:
+            return  # nothing of the old run can be read: no resume carries it on either
+        try:
+            async with self._as_person(old_id, tenant, by) as old:
+                if carriable(old.frontier) and current(frontier, old.frontier):
+                    await self._end_cancelled(old, by, why)
+        except ResumeConflictError:
+            if await self.leases.ask_to_cancel(old_id, tenant=tenant, by=by, why=why) is None:
+                raise
+
+    async def _cancel_cut_carry(self, new_id: str, *, tenant: str, by: str, why: str) -> None:
+        """End ``new_id``, the run a carry cut short started, ``cancelled`` as its old run just
+        was, unless it was handed over or ended meanwhile. The old run's end is written: one
+        this cannot write (held this moment, a store failing) is left to the new run's next
+        resume, which ends it so too (`end_overtaken`)."""
+        try:
+            async with self._as_person(new_id, tenant, by) as new:
+                if awaits_hand_over(new.frontier):
+                    await self._end_cancelled(new, by, why)
+        except OnwardError as exc:
+            _log.info(
+                "run %s: not ended with the run it was carried on from (%s); its next resume "
+                "ends it cancelled",
+                printable(new_id),
+                one_line(str(exc), 300),
+            )
 
     async def _end_cancelled(self, run: HeldRun, by: str, why: str) -> None:
         """Write the run's end, ``cancelled`` by ``by`` (and why), under its lease."""

@@ -1399,3 +1399,79 @@ async def test_a_cancel_asked_as_the_carry_confirms_the_lease_ends_the_run_befor
     assert world.ledger.count("pay") == 0, "a run asked to cancel paid"
     assert (done.run_id, done.status, done.error) == (RUN, "cancelled", "cancelled by ann")
     assert await world.log.read_run(NEXT) == []
+
+
+async def test_a_cancel_of_a_run_whose_carry_was_cut_short_cancels_the_new_run_too(
+    world: World,
+) -> None:
+    """The carry died between the new run's start and the old run's end, and Ann then cancels
+    the run (nobody holds it): the new run the carry started must end ``cancelled`` as she
+    asked, not show ``running`` and then end ``failed`` as a run its old run went on without,
+    and nothing of it may be done."""
+    agent = await world.carried_until_it_dies("run.started")
+
+    await world.runner().cancel(RUN, tenant=TENANT, by="ann", why="stop it")
+
+    new = await world.runner().inspect(NEXT, tenant=TENANT)
+    assert (new.status, new.error) == ("cancelled", "cancelled by ann: stop it")
+    result = await world.runner().resume(agent, NEXT, tenant=TENANT)
+    assert (result.run_id, result.status) == (NEXT, "cancelled")
+    assert world.ledger.count("pay") == 0
+
+
+async def test_a_new_run_whose_cut_carry_was_cancelled_meanwhile_ends_cancelled_when_resumed(
+    world: World,
+) -> None:
+    """As above, but the new run was held as the run was cancelled (its holder let go without
+    ending it): its next resume must end it ``cancelled``, saying by whom, not ``failed`` as
+    a run whose holder lost the old run while starting it."""
+    agent = await world.carried_until_it_dies("run.started")
+    runner = world.runner()
+    holding = await runner.leases.acquire(NEXT, tenant=TENANT, holder="someone", ttl_s=60)
+    await runner.cancel(RUN, tenant=TENANT, by="ann", why="stop it")
+    await runner.leases.release(holding)
+
+    result = await world.runner().resume(agent, NEXT, tenant=TENANT)
+
+    assert (result.run_id, result.status, result.error) == (
+        NEXT,
+        "cancelled",
+        "cancelled by ann: stop it",
+    )
+    assert world.ledger.count("pay") == 0
+
+
+async def test_a_cancel_of_the_new_run_a_cut_carry_started_stops_the_work(world: World) -> None:
+    """The carry died between the new run's start and the old run's end, and Ann cancels the
+    new run (the last of the chain, running as far as she can see): the turn was handed to it,
+    so the old run must not go on and make its calls when next resumed."""
+    agent = await world.carried_until_it_dies("run.started")
+
+    await world.runner().cancel(NEXT, tenant=TENANT, by="ann", why="stop it")
+    result = await world.runner().resume(agent, RUN, tenant=TENANT)
+
+    assert world.ledger.count("pay") == 0, "the work Ann cancelled went on and paid"
+    assert result.status == "cancelled"
+    assert (await world.runner().inspect(NEXT, tenant=TENANT)).status == "cancelled"
+
+
+async def test_a_cancel_of_the_new_run_a_cut_carry_started_asks_whoever_holds_the_old_run(
+    world: World,
+) -> None:
+    """As above, with the old run held this moment (by a worker that then dies without hearing
+    the ask): its holder is asked, and the old run's next resume ends it ``cancelled`` as Ann
+    asked, without paying."""
+    agent = await world.carried_until_it_dies("run.started")
+    runner = world.runner()
+    dying = await runner.leases.acquire(RUN, tenant=TENANT, holder="a worker", ttl_s=60)
+
+    await runner.cancel(NEXT, tenant=TENANT, by="ann", why="stop it")
+    await runner.leases.release(unheard(dying))
+    result = await world.runner().resume(agent, RUN, tenant=TENANT)
+
+    assert world.ledger.count("pay") == 0, "the work Ann cancelled went on and paid"
+    assert (result.run_id, result.status, result.error) == (
+        RUN,
+        "cancelled",
+        "cancelled by ann: stop it",
+    )

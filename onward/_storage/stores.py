@@ -369,7 +369,8 @@ class AdvisoryLock:
     def __init__(self, store: PostgresStore, name: str) -> None:
         self._store = store
         self._name = name
-        self._key = f"onward:{store._schema or ''}:{name}"
+        self._keys: list[str] | None = None
+        self._schema = store._schema
         self._in_process = asyncio.Lock()
         self._held: tuple[AsyncExitStack, asyncpg.Connection] | None = None
 
@@ -411,14 +412,46 @@ class AdvisoryLock:
             await stack.__aexit__(type(exc), exc, exc.__traceback__)  # raises it translated
             raise
 
+    async def _resolve(self, conn: asyncpg.Connection) -> list[str]:
+        """The keys of the lock, in the order they are taken: named for the schema the pool's
+        search path resolves to, so a store naming the schema and one reaching it through the
+        URL's search path take one lock. A store given no schema also takes the key earlier
+        versions took for it (``onward::NAME``), so a process not yet upgraded holding the
+        lock keeps this one waiting. Looked up once, on first use."""
+        if self._keys is None:
+            resolved = await conn.fetchval("SELECT current_schema()") or ""
+            self._schema = self._schema or resolved
+            keys = [f"onward:{resolved}:{self._name}"]
+            legacy = f"onward::{self._name}"
+            if not self._store._schema and legacy not in keys:
+                keys.append(legacy)
+            self._keys = keys
+        return self._keys
+
     async def _wait_for(self, conn: asyncpg.Connection) -> None:
-        """Take the lock: at once if it is free (one round trip), else in waits of at most a
-        second each, said in the log once they last and ended at the store's timeout."""
-        what = f"the {self._name} lock of PostgreSQL schema {self._store._schema or 'public'}"
-        if await conn.fetchval(_TRY_LOCK, self._key):
-            lock_taken(what)
-            return
-        wait = LockWait(what, self._store._timeout_s, lambda: advisory_holder(conn, self._key))
+        """Take the lock: at once if it is free (one round trip per key), else in waits of at
+        most a second each, said in the log once they last and ended at the store's timeout.
+        The keys are taken in one order, so two holders never each hold one the other waits
+        for."""
+        keys = await self._resolve(conn)
+        what = f"the {self._name} lock of PostgreSQL schema {self._schema or 'public'}"
+        wait: LockWait | None = None
+        waiting_on = {"key": keys[0]}  # the key the wait is on now, for its holder
+        for key in keys:
+            if await conn.fetchval(_TRY_LOCK, key):
+                continue
+            waiting_on["key"] = key
+            if wait is None:
+                wait = LockWait(
+                    what,
+                    self._store._timeout_s,
+                    lambda: advisory_holder(conn, waiting_on["key"]),
+                )
+            await self._wait_on(conn, key, wait)
+        lock_taken(what)
+
+    async def _wait_on(self, conn: asyncpg.Connection, key: str, wait: LockWait) -> None:
+        """Wait for the key ``key`` of the lock, within ``wait``."""
         while True:
             remaining = wait.remaining()
             lock_timeout_ms = (
@@ -427,9 +460,8 @@ class AdvisoryLock:
             try:
                 async with conn.transaction():  # a session lock outlives the transaction
                     await conn.execute(f"SET LOCAL lock_timeout = {lock_timeout_ms}")
-                    await conn.execute(_LOCK, self._key)
+                    await conn.execute(_LOCK, key)
             except asyncpg.LockNotAvailableError:
                 await wait.not_yet()
             else:
-                wait.taken()
                 return

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
+
 from onward._storage import PostgresStore
 
 
@@ -47,3 +49,46 @@ async def _hold(
             async with store._connection("working under the lock") as conn:
                 await conn.execute("SELECT pg_sleep(0.05)")
         order.append(who)
+
+
+async def test_a_store_reaching_the_schema_through_the_urls_search_path_takes_the_same_lock(
+    database_url: str, pg_schema: str
+) -> None:
+    """One process names the schema, another reaches it through the URL's search path (as
+    ONWARD_DATABASE_SCHEMA set on one host and not on another): one schema, so one fold at a
+    time, or each stores rows folded onto a row cached before the other's write."""
+    joiner = "&" if "?" in database_url else "?"
+    async with (
+        PostgresStore(database_url, schema=pg_schema) as named,
+        PostgresStore(f"{database_url}{joiner}search_path={pg_schema}") as by_path,
+    ):
+        order: list[str] = []
+        async with named.exclusive("fold"):
+            waiting = asyncio.create_task(_hold(by_path, "fold", order, "by path"))
+            await asyncio.sleep(0.3)
+            assert order == []
+            order.append("named done")
+        await asyncio.wait_for(waiting, 5)
+        assert order == ["named done", "by path"]
+
+
+async def test_a_store_given_no_schema_waits_for_a_holder_of_the_earlier_versions_key(
+    database_url: str, pg_schema: str
+) -> None:
+    """During an upgrade, a process of an earlier version given no schema holds the lock under
+    the key it always took (``onward::fold``): an upgraded one on the same schema waits for it."""
+    joiner = "&" if "?" in database_url else "?"
+    earlier = await asyncpg.connect(database_url)
+    try:
+        async with PostgresStore(f"{database_url}{joiner}search_path={pg_schema}") as store:
+            order: list[str] = []
+            await earlier.execute("SELECT pg_advisory_lock(hashtextextended('onward::fold', 0))")
+            waiting = asyncio.create_task(_hold(store, "fold", order, "upgraded"))
+            await asyncio.sleep(0.3)
+            assert order == []
+            order.append("earlier done")
+            await earlier.execute("SELECT pg_advisory_unlock_all()")
+            await asyncio.wait_for(waiting, 5)
+            assert order == ["earlier done", "upgraded"]
+    finally:
+        await earlier.close()

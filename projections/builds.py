@@ -69,6 +69,7 @@ async def create_build(
                 layout.projection,
             )
         )
+        await _refuse_taken_names(conn, layout, build)
         await conn.execute(layout.ddl(build))
         await conn.execute(
             "INSERT INTO onward_projection_builds (projection, build, version, status) "
@@ -81,6 +82,27 @@ async def create_build(
         if status == "active":
             await _point_views(conn, layout, build)
     return build
+
+
+async def _refuse_taken_names(conn: asyncpg.Connection, layout: BuildLayout, build: int) -> None:
+    """Refuse a build whose tables exist already, or whose views are named by something other
+    than a view: another projection's (``a_2``'s view is build 2 of ``a``'s table). DDL that
+    creates its table only if missing would otherwise fold into the other projection's view,
+    writing its rows, and the views be pointed at it."""
+    names = layout.views(build)
+    clashes = await conn.fetchval(
+        "SELECT array_agg(n.name ORDER BY n.name) FROM unnest($1::text[]) AS n(name) "
+        "JOIN pg_class c ON c.oid = to_regclass(n.name) "
+        "WHERE n.name = ANY($2::text[]) OR c.relkind <> 'v'",
+        [*names.values(), *names.keys()],
+        list(names.values()),
+    )
+    if clashes:
+        raise InvalidInputError(
+            f"{layout.projection} build {build} cannot be created: {', '.join(clashes)} "
+            "exists already and is not its to create (a projection of that name, or a table "
+            "left behind); rename that projection or drop the table"
+        )
 
 
 @translating("creating the first build")

@@ -209,3 +209,36 @@ def test_load_projection_names_what_is_wrong() -> None:
         load_projection("support.kinds")
     with pytest.raises(InvalidInputError, match="cannot import"):
         load_projection("support.kinds:Nope")
+
+
+class KindCountsIfMissing(KindCounts):
+    """Kind counts whose table is created only if missing, as DDL is often written."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def ddl(self, table: str) -> str:
+        return f"CREATE TABLE IF NOT EXISTS {table} (kind text PRIMARY KEY, events bigint NOT NULL)"
+
+
+@pytest.mark.kafka
+async def test_a_build_whose_table_another_projection_holds_is_refused(
+    setup: Setup, rng: random.Random
+) -> None:
+    """Projection ``kinds_2``'s view is named as build 2 of ``kinds`` would be: a rebuild of
+    ``kinds`` is refused, saying why, rather than fold into the other projection's view (its
+    rows written twice) and point ``kinds`` at it."""
+    await append_all(setup.log, workload(rng, 5))
+    ends = {p: (await setup.log.bounds(p)).end for p in range(PARTITIONS)}
+    records = {p: await setup.log.read_partition(p, 0) for p in range(PARTITIONS)}
+    for name in ("kinds", "kinds_2"):
+        projection = KindCountsIfMissing(name)
+        async with SqlProjectionSink(setup.database_url, projection, schema=setup.schema) as sink:
+            await sink.apply(records, ends)
+    expected = await setup.direct_counts()
+    with pytest.raises(InvalidInputError, match="kinds_2"):
+        await rebuild_projection(
+            setup.log, setup.database_url, KindCountsIfMissing("kinds"), schema=setup.schema
+        )
+    assert await setup.table("kinds_2") == expected
+    assert await setup.table("kinds") == expected

@@ -200,10 +200,13 @@ async def active_build_for_write(conn: asyncpg.Connection, projection: str) -> i
 
 
 @translating("looking up who holds a projection's views")
-async def view_holders(conn: asyncpg.Connection, layout: BuildLayout) -> list[str]:
-    """The other sessions holding a lock a switch of ``layout`` waits for: on its views, or on
-    the build registry in a mode that conflicts with the switch's."""
-    views = list(layout.views(0))
+async def view_holders(
+    conn: asyncpg.Connection, layout: BuildLayout, *, views: bool = True
+) -> list[str]:
+    """The other sessions holding a lock a switch of ``layout`` waits for: on its views (unless
+    not ``views``: a build's creation does not touch them), or on the build registry in a mode
+    that conflicts with the switch's."""
+    names = list(layout.views(0)) if views else []
     rows = await conn.fetch(
         "SELECT DISTINCT l.pid, a.application_name, host(a.client_addr) AS client "
         "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
@@ -212,7 +215,7 @@ async def view_holders(conn: asyncpg.Connection, layout: BuildLayout) -> list[st
         "l.relation IN (SELECT to_regclass(v) FROM unnest($1::text[]) AS v) "
         "OR (l.relation = 'onward_projection_builds'::regclass AND l.mode <> 'AccessShareLock')"
         ") ORDER BY l.pid",
-        views,
+        names,
     )
     return [
         f"backend pid {r['pid']} ({r['application_name'] or 'no application name'}"

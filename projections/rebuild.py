@@ -11,13 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import asyncpg
 
-from onward._storage import BACKEND_TIMEOUT_S, open_pool, pooled, translated
+from onward._storage import (
+    BACKEND_TIMEOUT_S,
+    bound_lock_waits,
+    open_pool,
+    pooled,
+    translated,
+)
 from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog.base import EventLog
 
@@ -37,6 +44,7 @@ REBUILD_FLUSH_INTERVAL = 10.0
 """...or after this many seconds, whichever comes first."""
 
 Progress = Callable[[int, int], None]
+_T = TypeVar("_T")
 
 _TRY_LOCK = (
     "SELECT pg_try_advisory_lock(hashtextextended("
@@ -45,6 +53,9 @@ _TRY_LOCK = (
 """Keyed by the schema the pool's search path resolves to, not the name it was given: a
 schema named by ``schema`` and one reached through the URL's search path (or the default)
 is one build registry, and rebuilds beside each other retire each other's builds."""
+_TRY_EARLIER_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('onward::rebuild:' || $1, 0))"
+"""The key earlier versions took for a rebuild given no schema: taken too by one given none,
+so a rebuild of a process not yet upgraded and an upgraded one do not run side by side."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +103,9 @@ async def rebuild(
         raise InvalidInputError(f"batch_size must be at least 1, not {batch_size}")
     pool = await open_pool(database_url, schema=schema, max_size=2, timeout_s=timeout_s)
     try:
-        guard = await _rebuild_lock(pool, layout.projection, timeout_s)
+        guard = await _rebuild_lock(pool, layout.projection, timeout_s, earlier=not schema)
         try:
-            context = f"creating a build of {layout.projection}"
-            async with pooled(pool, context, timeout_s=timeout_s) as conn:
-                await retire_unfinished(conn, layout.projection)  # a rebuild killed outright
-                build = await create_build(conn, layout)
+            build = await _create(pool, layout, timeout_s)
             started = time.perf_counter()
             done = 0
             try:
@@ -131,18 +139,77 @@ async def rebuild(
     return RebuildReport(layout.projection, build, previous, done, seconds)
 
 
+async def _create(pool: asyncpg.Pool, layout: BuildLayout, timeout_s: float | None) -> int:
+    """Retire the builds a rebuild killed outright left unfinished and create the next one;
+    return it.
+
+    Its lock on the build registry is waited for in steps, as a switch's are (`_in_steps`):
+    every write of every projection queues behind it meanwhile. Past ``timeout_s``, the
+    sessions that held the registry on are named.
+    """
+
+    async def attempt(conn: asyncpg.Connection, step_s: float) -> int:
+        async with conn.transaction():
+            await bound_lock_waits(conn, step_s)
+            await retire_unfinished(conn, layout.projection)
+            return await create_build(conn, layout)
+
+    async def refused(conn: asyncpg.Connection) -> str:
+        holders = await view_holders(conn, layout, views=False)
+        return (
+            f"{', '.join(holders) or 'another session'} held the build registry "
+            f"(onward_projection_builds) for {timeout_s:g} s (a write of a projection left "
+            "open holds it); no build was created and the views keep the build they had. End "
+            "that session, then rebuild again"
+        )
+
+    return await _in_steps(
+        pool, f"creating a build of {layout.projection}", timeout_s, attempt, refused
+    )
+
+
 async def _switch(
     pool: asyncpg.Pool, layout: BuildLayout, build: int, timeout_s: float | None
 ) -> int | None:
     """Switch ``layout`` to ``build``; return the build it replaced.
 
-    The locks are waited for in steps, the first of `SWITCH_LOCK_WAIT_S` and each twice the
-    one before (a write that holds the registry longer still fits one), so the readers and
-    writers queued behind the switch wait no longer than a step, for ``timeout_s`` in all;
-    past it, the sessions that held them on are named (a transaction left open after reading
-    the views keeps them held, where the server is reachable all along).
+    The locks are waited for in steps (`_in_steps`), so the readers and writers queued behind
+    the switch wait no longer than a step, for ``timeout_s`` in all; past it, the sessions
+    that held them on are named (a transaction left open after reading the views keeps them
+    held, where the server is reachable all along).
     """
+
+    async def attempt(conn: asyncpg.Connection, step_s: float) -> int | None:
+        return await switch_build(conn, layout, build, lock_timeout_s=step_s)
+
+    async def refused(conn: asyncpg.Connection) -> str:
+        holders = await view_holders(conn, layout)
+        return (
+            f"{', '.join(holders) or 'another session'} held "
+            f"{', '.join(layout.views(build))} or the build registry for "
+            f"{timeout_s:g} s (a transaction left open after reading the views "
+            f"holds them); build {build} was not switched to and the views keep "
+            "the build they had. End that session, then rebuild again"
+        )
+
     context = f"switching {layout.projection} to build {build}"
+    return await _in_steps(pool, context, timeout_s, attempt, refused)
+
+
+async def _in_steps(
+    pool: asyncpg.Pool,
+    context: str,
+    timeout_s: float | None,
+    attempt: Callable[[asyncpg.Connection, float], Awaitable[_T]],
+    refused: Callable[[asyncpg.Connection], Awaitable[str]],
+) -> _T:
+    """Run ``attempt``, given how long it may wait for its locks, until its locks are free.
+
+    The waits are in steps, the first of `SWITCH_LOCK_WAIT_S` and each twice the one before
+    (a write that holds the registry longer still fits one), so the readers and writers
+    queued behind an attempt wait no longer than a step, for ``timeout_s`` in all; past it,
+    fails with ``context`` and what ``refused`` says (who held the locks).
+    """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     step_s = SWITCH_LOCK_WAIT_S
     while True:
@@ -150,35 +217,31 @@ async def _switch(
             step_s = max(min(step_s, deadline - time.monotonic()), 0.001)
         async with pooled(pool, context, timeout_s=timeout_s) as conn:
             try:
-                return await switch_build(conn, layout, build, lock_timeout_s=step_s)
+                return await attempt(conn, step_s)
             except BackendUnavailableError as exc:
                 if not isinstance(exc.__cause__, asyncpg.LockNotAvailableError):
                     raise
                 if deadline is not None and time.monotonic() >= deadline:
-                    holders = await view_holders(conn, layout)
-                    raise BackendUnavailableError(
-                        f"{context}: {', '.join(holders) or 'another session'} held "
-                        f"{', '.join(layout.views(build))} or the build registry for "
-                        f"{timeout_s:g} s (a transaction left open after reading the views "
-                        f"holds them); build {build} was not switched to and the views keep "
-                        "the build they had. End that session, then rebuild again"
-                    ) from exc
+                    raise BackendUnavailableError(f"{context}: {await refused(conn)}") from exc
         # The readers queued behind this attempt go first.
         await asyncio.sleep(min(step_s, SWITCH_LOCK_WAIT_S) / 2)
         step_s *= 2
 
 
 async def _rebuild_lock(
-    pool: asyncpg.Pool, projection: str, timeout_s: float | None
+    pool: asyncpg.Pool, projection: str, timeout_s: float | None, *, earlier: bool
 ) -> asyncpg.Connection:
     """A connection of ``pool`` holding the lock of ``projection``'s rebuilds, held until it is
-    given back (or its process dies); a rebuild already running is refused, not run beside."""
+    given back (or its process dies); a rebuild already running is refused, not run beside.
+    With ``earlier``, the key earlier versions took is held too (`_TRY_EARLIER_LOCK`)."""
     context = f"taking the rebuild lock of {projection}"
     with translated(context):
         conn = await pool.acquire(timeout=timeout_s)
         try:
             conn.release_session_locks()  # unlocked as the pool takes the connection back
             taken = await conn.fetchval(_TRY_LOCK, projection)
+            if taken and earlier:
+                taken = await conn.fetchval(_TRY_EARLIER_LOCK, projection)
         except BaseException:
             await pool.release(conn)
             raise

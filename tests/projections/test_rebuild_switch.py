@@ -373,3 +373,67 @@ async def test_two_rebuilds_naming_one_schema_two_ways_do_not_run_side_by_side(
     assert len(won) == 1, outcomes
     assert len(refused) == 1, outcomes
     assert "another rebuild of kinds is running" in str(refused[0])
+
+
+async def test_a_rebuild_given_no_schema_is_refused_beside_one_of_an_earlier_version(
+    log: KafkaEventLog, database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    """During an upgrade, a rebuild of an earlier version given no schema holds the lock under
+    the key it always took (``onward::rebuild:kinds``): an upgraded one on the same schema is
+    refused, or each retires the build the other is filling and neither switches."""
+    await append_all(log, workload(rng, 5))
+    async with SqlProjectionSink(database_url, KindCounts(), schema=pg_schema):
+        pass  # the first build, active
+    joiner = "&" if "?" in database_url else "?"
+    by_path = f"{database_url}{joiner}search_path={pg_schema}"
+    earlier = await asyncpg.connect(database_url)
+    try:
+        await earlier.execute(
+            "SELECT pg_advisory_lock(hashtextextended('onward::rebuild:kinds', 0))"
+        )
+        with pytest.raises(InvalidInputError, match="another rebuild of kinds is running"):
+            await rebuild_projection(log, by_path, KindCounts(), batch_size=10)
+    finally:
+        await earlier.close()
+    report = await rebuild_projection(log, by_path, KindCounts(), batch_size=10)
+    assert (report.build, report.previous) == (2, 1)
+
+
+async def test_a_rebuild_that_meets_a_session_holding_the_build_registry_says_so(
+    log: KafkaEventLog, database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    """A write of a projection left open (a slow user projection's batch, a person's
+    ``BEGIN``) holds the build registry: the rebuild cannot create its build, and says who
+    holds it, not that the server did not answer; meanwhile the other writes wait no longer
+    than a step of its wait, not for all of it."""
+    await append_all(log, workload(rng, 5))
+    async with SqlProjectionSink(database_url, KindCounts(), schema=pg_schema):
+        pass  # the first build, active
+    # What every write of a projection reads first (`active_build_for_write`).
+    read_to_write = (
+        "SELECT build FROM onward_projection_builds "
+        "WHERE projection = 'kinds' AND status = 'active' FOR SHARE"
+    )
+    writer = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    other = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        async with writer.transaction():
+            await writer.fetch(read_to_write)
+            rebuilding = asyncio.create_task(
+                rebuild_projection(log, database_url, KindCounts(), schema=pg_schema, timeout_s=4)
+            )
+            await asyncio.sleep(0.5)
+            async with other.transaction():
+                await asyncio.wait_for(other.fetch(read_to_write), 2)
+            with pytest.raises(BackendUnavailableError) as failed:
+                await asyncio.wait_for(rebuilding, 30)
+            backend = writer.get_server_pid()
+    finally:
+        await writer.close()
+        await other.close()
+    message = str(failed.value)
+    assert "did not answer" not in message, message
+    assert "onward_projection_builds" in message, message
+    assert f"backend pid {backend}" in message, message
+    report = await rebuild_projection(log, database_url, KindCounts(), schema=pg_schema)
+    assert (report.build, report.previous) == (2, 1)

@@ -227,7 +227,7 @@ async def test_a_handshake_failing_as_its_caller_is_cancelled_leaves_no_unread_e
     try:
         opening = asyncio.create_task(connection.session())
         # Turn by turn, to cancel the caller in the turn the handshake failed in.
-        while connection._ready is None or not connection._ready.done():  # noqa: ASYNC110
+        while (ready := connection._here().ready) is None or not ready.done():  # noqa: ASYNC110
             await asyncio.sleep(0)
         opening.cancel()  # before it takes the failure
         with pytest.raises(asyncio.CancelledError):

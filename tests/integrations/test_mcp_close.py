@@ -103,6 +103,46 @@ async def _sessions_left() -> list[asyncio.Task[object]]:
     return _sessions_running()
 
 
+def test_two_running_loops_opening_a_connection_at_once_each_keep_their_own_session(
+    tmp_path: Path,
+) -> None:
+    """Two threads, each with its own event loop, running runs at the same time on one
+    toolset (``query_sync`` from a threaded server): each loop opened its session while the
+    other's was in its handshake, and the connection handed one loop the other's session, or
+    forgot it and started a third. A call on a session of a loop that then ended was left
+    undecided (it was sent). Each loop keeps its own session, and its calls are answered."""
+    toolset = MCPToolset([stdio_server(tmp_path)])
+    connection = toolset.connections["ledger"]
+
+    async def a_run(run_id: str) -> list[Any]:
+        async with toolset.for_run(run_id, tenant=TENANT) as view:
+            echo = next(t for t in view.tools if t.name == "echo")
+            return [
+                await echo.call({"text": f"{run_id}-{n}"}, idempotency_key=f"{run_id}-{n}")
+                for n in range(3)
+            ]
+
+    with _loop_in_thread() as one, _loop_in_thread() as other:
+        first = asyncio.run_coroutine_threadsafe(connection.session(), one)
+        second = asyncio.run_coroutine_threadsafe(connection.session(), other)
+        mine, theirs = first.result(30), second.result(30)
+        assert mine[0] is not theirs[0]
+        assert _in(one, connection.session())[0] is mine[0]
+        assert _in(other, connection.session())[0] is theirs[0]
+        assert connection.sessions == 2
+        runs = [
+            asyncio.run_coroutine_threadsafe(a_run(run_id), loop)
+            for run_id, loop in (("r1", one), ("r2", other))
+        ]
+        assert [run.result(30) for run in runs] == [
+            [{"result": f"{run_id}-{n}"} for n in range(3)] for run_id in ("r1", "r2")
+        ]
+        assert connection.sessions == 2
+        _in(one, toolset.close())
+        assert _in(one, _sessions_left()) == []
+        assert _in(other, _sessions_left()) == []
+
+
 def test_a_connection_used_from_two_running_loops_by_turns_leaves_no_session_running(
     tmp_path: Path,
 ) -> None:

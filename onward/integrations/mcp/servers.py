@@ -13,6 +13,7 @@ import json
 import logging
 import shlex
 import sys
+import threading
 import weakref
 from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -270,15 +271,18 @@ class _Client(httpx2.AsyncClient):
             raise
 
 
-_LoopSession = tuple[
-    asyncio.Lock,
-    "asyncio.Task[None]",
-    "asyncio.Future[Any] | None",
-    "tuple[ClientSession, types.InitializeResult] | None",
-    asyncio.Event,
-]
-"""What a connection holds in one event loop: its lock, session task, handshake, session and
-stop event."""
+@dataclass(eq=False)
+class _InLoop:
+    """What a connection holds in one event loop: its lock, session task, handshake, session,
+    the session's number and stop event. Each loop has its own: a session's streams and task
+    are usable from the loop that made them only."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    task: asyncio.Task[None] | None = None
+    ready: asyncio.Future[Any] | None = None
+    current: tuple[ClientSession, types.InitializeResult] | None = None
+    number: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Connection:
@@ -301,20 +305,15 @@ class Connection:
         self.sessions = 0
         self.list_changes = 0
         self.closes = 0
-        self._lock = asyncio.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
-        self._current: tuple[ClientSession, types.InitializeResult] | None = None
-        self._ready: asyncio.Future[Any] | None = None
+        # By event loop (two threads' may use the connection at once): its own session.
+        self._loops: dict[asyncio.AbstractEventLoop, _InLoop] = {}
+        self._loops_guard = threading.Lock()
         # By session, for as long as anything holds the session: what its HTTP responses
         # said is asked after the session ended too (a call whose request never connected
         # ends the transport before its caller hears of it).
         self._answers: weakref.WeakKeyDictionary[ClientSession, _HttpAnswers]
         self._answers = weakref.WeakKeyDictionary()
         self._reads: weakref.WeakKeyDictionary[ClientSession, Any] = weakref.WeakKeyDictionary()
-        # By event loop still running other than the current one: the session it holds.
-        self._elsewhere: dict[asyncio.AbstractEventLoop, _LoopSession] = {}
 
     def unavailable(
         self, exc: BaseException | None, doing: str, *, sent: bool = False
@@ -329,8 +328,14 @@ class Connection:
 
     @property
     def is_open(self) -> bool:
-        """Whether a session (and the server process or HTTP session under it) is running."""
-        return self._task is not None and not self._task.done()
+        """Whether a session (and the server process or HTTP session under it) is running, in
+        this event loop (in any, outside one)."""
+        try:
+            here = [self._here()]
+        except RuntimeError:  # no loop running: any loop's
+            with self._loops_guard:
+                here = list(self._loops.values())
+        return any(state.task is not None and not state.task.done() for state in here)
 
     async def session(
         self, since: int | None = None
@@ -346,49 +351,50 @@ class Connection:
             BackendUnavailableError: The server did not start or did not answer the
                 handshake, or the connection was closed ``since``.
         """
-        async with self._locked():
+        async with self._locked() as here:
             if since is not None and since != self.closes:
                 raise BackendUnavailableError(
                     f"MCP server {self.server.name!r} ({self.server.where}): its toolset was "
                     "closed; nothing was sent"
                 )
             if (
-                self._current is not None
-                and self._task is not None
-                and not self._task.done()
-                and not _read_side_ended(self._reads.get(self._current[0]))
+                here.current is not None
+                and here.task is not None
+                and not here.task.done()
+                and not _read_side_ended(self._reads.get(here.current[0]))
             ):
-                return (*self._current, self.sessions)
-            await self._stop_task()
+                return (*here.current, here.number)
+            await self._stop_task(here)
             loop = asyncio.get_running_loop()
             ready: asyncio.Future[tuple[ClientSession, types.InitializeResult]]
-            ready = self._ready = loop.create_future()
-            self._stop = asyncio.Event()
-            self._task = asyncio.create_task(
-                self._hold(ready, self._stop), name=f"mcp:{self.server.name}"
+            ready = here.ready = loop.create_future()
+            here.stop = asyncio.Event()
+            task = here.task = asyncio.create_task(
+                self._hold(ready, here.stop), name=f"mcp:{self.server.name}"
             )
-            task = self._task
             waiting: set[asyncio.Future[Any]] = {ready, task}
             try:
                 await asyncio.wait(
                     waiting, timeout=self.connect_timeout, return_when=FIRST_COMPLETED
                 )
             except asyncio.CancelledError:
-                await self._stop_task()
+                await self._stop_task(here)
                 raise
             if ready.done() and ready.exception() is None:
-                self._current = ready.result()
+                current = here.current = ready.result()
             else:
                 failure = ready.exception() if ready.done() else _ended(task)
                 timed_out = not ready.done() and not task.done()
-                await self._stop_task()
+                await self._stop_task(here)
                 if timed_out:
                     raise self.unavailable(
                         None, f"connecting (no answer within {self.connect_timeout:g}s)"
                     )
                 raise self.unavailable(failure, "connecting") from failure
-            self.sessions += 1
-            return (*self._current, self.sessions)
+            with self._loops_guard:  # another loop's thread may count one at once
+                self.sessions += 1
+                here.number = self.sessions
+            return (*current, here.number)
 
     async def _hold(
         self,
@@ -453,9 +459,10 @@ class Connection:
         """Forget ``session``, which broke; the next call opens a new one. A session that is no
         longer the open one is left alone: a failure on it reported late (a request that was
         in flight when it broke) must not end the session other runs opened since."""
-        if self._current is not None and self._current[0] is session:
-            self._current = None
-            self._stop.set()
+        here = self._here()
+        if here.current is not None and here.current[0] is session:
+            here.current = None
+            here.stop.set()
 
     async def drop_unless_answering(self, session: ClientSession) -> None:
         """After a request on ``session`` timed out: keep the session if the server still
@@ -476,78 +483,78 @@ class Connection:
         if not answered or self.forgot(session):
             self.drop(session)
 
-    async def _stop_task(self) -> None:
-        task, self._task, self._current = self._task, None, None
+    async def _stop_task(self, here: _InLoop) -> None:
+        task, here.task, here.current = here.task, None, None
         if task is None:
             return
-        self._stop.set()
-        if self._ready is None or not self._ready.done():
+        here.stop.set()
+        ready = here.ready
+        if ready is None or not ready.done():
             task.cancel()  # still in the handshake, which the stop event cannot interrupt
         _, pending = await asyncio.wait({task}, timeout=_CLOSE_TIMEOUT)
         if pending:
             task.cancel()
             await asyncio.wait({task})
-        if self._ready is not None and self._ready.done() and not self._ready.cancelled():
+        if ready is not None and ready.done() and not ready.cancelled():
             # A handshake that failed as its caller gave up (cancelled, timed out): nobody is
             # left to report it to, and asyncio would log it as an error nobody read.
-            self._ready.exception()
+            ready.exception()
         if (failure := _ended(task)) is not None:
             _log.debug("MCP server %r: closing: %s", self.server.name, _describe(failure))
 
     @contextlib.asynccontextmanager
-    async def _locked(self) -> AsyncIterator[None]:
-        """Hold the current lock: a caller that waited on one `close` replaced goes on to
-        wait on the new one, so it cannot open a session beside one opened under it."""
-        self._adopt_loop()
+    async def _locked(self) -> AsyncIterator[_InLoop]:
+        """Hold this event loop's current lock: a caller that waited on one `close` replaced
+        goes on to wait on the new one, so it cannot open a session beside one opened under
+        it."""
+        here = self._here()
         while True:
-            lock = self._lock
+            lock = here.lock
             await lock.acquire()
-            if lock is self._lock:
+            if lock is here.lock:
                 break
             lock.release()
         try:
-            yield
+            yield here
         finally:
             lock.release()
 
-    def _adopt_loop(self) -> None:
-        """Used from another event loop than the last one (a second ``asyncio.run`` with no
-        `close` between): the session task ended with that loop (its tasks are cancelled as it
-        ends) and cannot even be waited on from this one, and the lock may be bound to it, so
-        both are let go of and the next session is a new one.
+    def _here(self) -> _InLoop:
+        """What this connection holds in the running event loop. Each loop has its own (two
+        threads running runs at once each use their own session): a session's task and
+        streams, and a lock a wait bound, are usable from their loop only. What a loop that
+        has ended held is let go of (its tasks were cancelled as it ended, and cannot even be
+        waited on from another); a loop still running keeps its session for its next turn, and
+        `close` ends it there: let go of, it was left running (its server process too) for as
+        long as that loop lived, and every turn started one more.
 
-        A loop still running (another thread's, used by turns with this one) keeps its
-        session for its next turn, and `close` ends it there: let go of, it was left running
-        (its server process too) for as long as that loop lived, and every turn started one
-        more."""
+        Raises:
+            RuntimeError: No event loop is running.
+        """
         loop = asyncio.get_running_loop()
-        if self._loop is loop:
-            return
-        if self._loop is not None:
-            if self._task is not None and not self._task.done() and not self._loop.is_closed():
-                self._elsewhere[self._loop] = (
-                    self._lock,
-                    self._task,
-                    self._ready,
-                    self._current,
-                    self._stop,
-                )
-            self._lock = asyncio.Lock()
-            self._task = self._ready = self._current = None
-        kept = self._elsewhere.pop(loop, None)
-        if kept is not None and not kept[1].done():
-            self._lock, self._task, self._ready, self._current, self._stop = kept
-        self._loop = loop
+        with self._loops_guard:
+            here = self._loops.get(loop)
+            if here is None:
+                for ended in [other for other in self._loops if other.is_closed()]:
+                    del self._loops[ended]
+                here = self._loops[loop] = _InLoop()
+            return here
 
     def _end_elsewhere(self) -> None:
-        """Tell the loops still running that hold a session of this connection to end it."""
-        elsewhere, self._elsewhere = self._elsewhere, {}
-        for loop, (_, task, ready, _, stop) in elsewhere.items():
-            if task.done() or loop.is_closed():
+        """Tell the loops still running other than this one that hold a session of this
+        connection to end it, and let go of what they held: their next use opens anew."""
+        loop = asyncio.get_running_loop()
+        with self._loops_guard:
+            elsewhere = [(other, here) for other, here in self._loops.items() if other is not loop]
+            for other, _ in elsewhere:
+                del self._loops[other]
+        for other, here in elsewhere:
+            task, ready = here.task, here.ready
+            if task is None or task.done() or other.is_closed():
                 continue
             handshaking = ready is None or not ready.done()
             with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
-                loop.call_soon_threadsafe(task.cancel if handshaking else stop.set)
+                other.call_soon_threadsafe(task.cancel if handshaking else here.stop.set)
 
     async def close(self) -> None:
         """End the session and whatever it started (the server process, the HTTP session),
@@ -557,11 +564,11 @@ class Connection:
         declared on an agent at import serves every ``asyncio.run`` of its process), so the
         lock, which a wait binds to the loop it happened in, is a new one.
         """
-        async with self._locked():
+        async with self._locked() as here:
             self._end_elsewhere()
-            await self._stop_task()
+            await self._stop_task(here)
             self.closes += 1
-            self._lock = asyncio.Lock()
+            here.lock = asyncio.Lock()
 
 
 @dataclass

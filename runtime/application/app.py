@@ -813,7 +813,7 @@ class App(Resource):
         `WATCHED_NAP_S` between looks of its own. Never longer than ``most_s`` (the stream's
         timeout, or when it must say nobody holds its run), however seldom the app polls. A
         wake is heeded only after ``heed_after_s`` (`RunStream` backs it off while vague wakes
-        bring it nothing)."""
+        bring it nothing), but one for the stream's own run at once: it brings something."""
         watcher = self._log_watcher
         if watcher is not None:
             watcher.watch()
@@ -823,7 +823,9 @@ class App(Resource):
             seconds = min(seconds, most_s)
         deaf_s = min(heed_after_s, seconds)
         if deaf_s > 0:
-            await asyncio.sleep(deaf_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stream.woken_for_its_run.wait(), deaf_s)
+                return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stream.woken.wait(), seconds - deaf_s)
 

@@ -132,8 +132,8 @@ class StreamSource(Answers, Protocol):
         heed_after_s: float = 0.0,
     ) -> None:
         """Wait up to ``seconds`` before ``stream`` looks at the log again: less if it is woken
-        (`RunStream.wake`), but not before ``heed_after_s``; longer when something watches the
-        log for it; never longer than ``most_s``."""
+        (`RunStream.wake`), but not before ``heed_after_s`` unless woken for its own run;
+        longer when something watches the log for it; never longer than ``most_s``."""
         ...
 
     async def fold(self, partition: int) -> None:
@@ -193,6 +193,9 @@ class RunStream:
         self._woken_vaguely = False
         self.woken = asyncio.Event()
         """Set when the run is known to have been appended to since the stream last looked."""
+        self.woken_for_its_run = asyncio.Event()
+        """Set with `woken` when the wake was for this run, not only its partition: heeded at
+        once, even while vague wakes are backed off."""
         self.answered: set[str] = set()
         """Requests this stream's opener answered (maybe not in the log yet): not waits."""
         self._start: str | None = None
@@ -311,6 +314,7 @@ class RunStream:
                 raise StopAsyncIteration
             vaguely, self._woken_vaguely = self._woken_vaguely, False
             self.woken.clear()  # what is appended from here on wakes the next nap
+            self.woken_for_its_run.clear()
             if await self._read():
                 quiet, since, self._fruitless = 0, time.monotonic(), 0
                 continue
@@ -351,6 +355,8 @@ class RunStream:
         run's partition was, the runs appended to being unknown."""
         if vaguely:
             self._woken_vaguely = True
+        else:
+            self.woken_for_its_run.set()
         self.woken.set()
 
     @property

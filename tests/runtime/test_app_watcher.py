@@ -24,7 +24,7 @@ from onward.errors import BackendUnavailableError, ConfigurationError, RunTimeou
 from onward.eventlog import MemoryEventLog, Message, RunFinished, RunStarted, Tagged
 from onward.eventlog.base import Appended, EventLogBackend, partition_for
 from onward.runtime.agent import Agent
-from onward.runtime.application.stream import SAY_UNHELD_AFTER_S
+from onward.runtime.application.stream import DEAF_MOST_S, SAY_UNHELD_AFTER_S
 from onward.runtime.application.watcher import RETRY_S, WATCHED_NAP_S, LogWatcher
 from onward.runtime.backends import open_backends
 from onward.runtime.fleet.requests_postgres import PostgresRequests
@@ -310,3 +310,20 @@ async def test_a_watcher_failing_with_an_unexpected_error_stops_answering_and_lo
     said = [r for r in caplog.records if "watching the log" in r.getMessage()]
     assert len(said) == 1
     assert said[0].exc_info is not None  # an error nobody expected: with its traceback
+
+
+@pytest.mark.timeout(60)
+async def test_a_wake_for_its_own_run_is_heeded_at_once_while_vague_wakes_are_backed_off(
+    database_url: str, pg_schema: str
+) -> None:
+    """A stream backing off vague wakes (a busy partition's other runs) still reads its run
+    as soon as it is woken for that run: the backing off is for wakes that may bring nothing,
+    and one for its own run brings something."""
+    async with onward.open(postgres_fleet_settings(database_url, pg_schema)) as app:
+        stream = app.query("go", {"agent": "nobody", "run_id": "mine"})
+        napping = asyncio.create_task(app.nap(stream, 10.0, heed_after_s=DEAF_MOST_S))
+        await asyncio.sleep(0.05)
+        woken = time.monotonic()
+        stream.wake()  # its own run was appended to
+        await asyncio.wait_for(napping, 10)
+    assert time.monotonic() - woken < DEAF_MOST_S / 2

@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol, get_args
 import aiokafka.errors as kafka_errors
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient
 from aiokafka.conn import create_conn, get_ip_port_afi
 from aiokafka.helpers import create_ssl_context
 
@@ -44,10 +45,6 @@ COMPRESSION_TYPES: tuple[str, ...] = get_args(CompressionType)
 _PROBE_S = 3.0
 """Most a diagnosis of a failed bootstrap may take, per broker address (capped by the
 request timeout): it runs only after the bootstrap already failed."""
-
-_START_GRACE_S = 1.0
-"""How much longer than its request timeout a cancelled client's start is waited for, so a
-start the brokers do not answer fails by itself (closing its connection) before it is cut."""
 
 _GROUP_MARGIN_MS = 5_000
 """How much longer than the rebalance timeout a group member's requests may wait: the broker
@@ -97,30 +94,44 @@ def drop_connections(client_owner: Any) -> None:
         connection.close()
 
 
+def _bootstrap_connection(starting: asyncio.Future[None]) -> Any:
+    """The connection a client's start is bootstrapping through, or None: the local of
+    aiokafka's ``AIOKafkaClient.bootstrap`` the start is suspended in, which nothing else holds
+    (aiokafka closes it on every failure but a cancellation)."""
+    get_coro = getattr(starting, "get_coro", None)
+    awaited: Any = get_coro() if get_coro is not None else None
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None)
+        if frame is not None and frame.f_code is AIOKafkaClient.bootstrap.__code__:
+            return frame.f_locals.get("bootstrap_conn")
+        awaited = getattr(awaited, "cr_await", None)
+    return None
+
+
 async def start_unbroken(client: _Startable, timeout_s: float) -> None:
-    """Start ``client``; a cancellation meanwhile (or several) lets the start end first
-    (within ``timeout_s`` and a second, then it is cancelled too) and is raised after.
+    """Start ``client``; a cancellation meanwhile (or several) cancels the start at once, closes
+    the connection it was bootstrapping through, lets the start end (within ``timeout_s``) and
+    is raised after.
 
     aiokafka's bootstrap closes its first connection on every failure but a cancellation, and
     nothing else holds that connection: cancelled while it waited for the cluster's metadata,
     its socket and reader task lived as long as the event loop, whatever stopped the client.
-    ``timeout_s`` is the client's request timeout (or about it), which ends a start the
-    brokers do not answer: waited for just as long, the start was cancelled as often as not
-    an instant before it failed by itself (`_START_GRACE_S`). The client's own request
-    timeout is waited for when it is longer (a group consumer's, a reader's with a shorter
-    read timeout): cut short before it, the start left its first connection open.
+    Waiting for the start to fail by itself instead took the whole request timeout (30 s by
+    default, a pod's whole grace period) for a broker that does not answer. ``timeout_s`` is
+    the client's request timeout (or about it); the client's own is used when it is longer.
     """
     timeout_s = max(timeout_s, _request_timeout_s(client))
     starting = asyncio.ensure_future(client.start())
     try:
         await asyncio.shield(starting)
     except asyncio.CancelledError:
-        with contextlib.suppress(asyncio.CancelledError):
-            await outlast(starting, timeout_s + _START_GRACE_S)
         if not starting.done():
+            bootstrapping = _bootstrap_connection(starting)
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await outlast(starting, timeout_s)
+            if bootstrapping is not None:
+                bootstrapping.close()
         if starting.done() and not starting.cancelled():
             starting.exception()  # superseded by the cancellation
         raise

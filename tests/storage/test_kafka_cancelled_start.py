@@ -138,3 +138,27 @@ async def test_a_group_consumer_start_cancelled_ends_within_the_connection_reque
             await starting
         async with asyncio.timeout(REQUEST_TIMEOUT_S):
             await proxy.idle.wait()
+
+
+@pytest.mark.parametrize(
+    "start", [_connection_start, _readers_start], ids=["connection", "readers"]
+)
+async def test_a_cancelled_start_ends_at_once_and_leaves_no_connection_open(
+    kafka_bootstrap: str, start: Callable[[KafkaConnection], Awaitable[None]]
+) -> None:
+    """Cancelled, the start was waited out until its request timeout failed it: a worker or
+    projector stopped while it connected to a broker that does not answer took the whole
+    ``ONWARD_BACKEND_TIMEOUT`` (30 s by default, a pod's whole grace period) to end."""
+    host, port = kafka_bootstrap.rsplit(":", 1)
+    async with FaultyProxy(host, int(port)) as proxy:
+        proxy.hold_replies_after(1)
+        connection = KafkaConnection(f"127.0.0.1:{proxy.port}", request_timeout_s=30)
+        starting = asyncio.ensure_future(start(connection))
+        async with asyncio.timeout(10):
+            await proxy.reply_held.wait()
+        starting.cancel()
+        await asyncio.wait([starting], timeout=3)
+        assert starting.done(), "the cancelled start still waits on the broker"
+        assert starting.cancelled()
+        async with asyncio.timeout(1):
+            await proxy.idle.wait()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -22,10 +23,20 @@ from onward.runtime.observability import WorkerCollector
 from onward.runtime.settings import Settings, load_settings
 from onward.runtime.signing import RequestSigner
 
-from ._common import KAFKA_MAX_MS, checked_sqlite_directory, err, imported, made, opened
+from ._common import (
+    KAFKA_MAX_MS,
+    checked_sqlite_directory,
+    err,
+    imported,
+    made,
+    opened,
+    within,
+)
 from ._health import MetricsHostOption, MetricsPortOption, metrics_served, stores_reachable
 from .runs import lease_policy, load_provider, worker_name
 from .summary import shown
+
+_T = TypeVar("_T")
 
 
 def load_agents(specs: list[str]) -> dict[str, Agent]:
@@ -66,6 +77,27 @@ def load_agents(specs: list[str]) -> dict[str, Agent]:
     return agents
 
 
+async def _unless_stopped(step: Awaitable[_T], stop: asyncio.Event) -> _T | None:
+    """``step``'s result, or None when ``stop`` is set first (``step`` is then cancelled): a
+    worker stopped while PostgreSQL did not answer its requests table's opening waited out the
+    whole connect bound, then exited 5 as though PostgreSQL had failed."""
+    stepping = asyncio.ensure_future(step)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({stepping, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        cut = not stepping.done()
+        if cut:
+            stepping.cancel()
+            await asyncio.wait({stepping})
+    if cut:
+        if not stepping.cancelled():
+            stepping.exception()  # superseded by the stop
+        return None
+    return stepping.result()
+
+
 async def _serve(
     worker: Worker,
     stop: asyncio.Event,
@@ -86,12 +118,18 @@ async def _serve(
             topic=requests_topic,
             group_id=group,
             session_timeout_ms=session_timeout_ms,
-            on_ready=lambda: err.print(shown(f"worker {worker.name} ready")),
+            on_ready=lambda: err.print(shown(f"worker {worker.name} ready"), soft_wrap=True),
             signer=signer,
             accept_unsigned=accept_unsigned,
         )
     elif config.backend == "postgres" and (signer or accept_unsigned):
-        async with opened("the requests table", postgres_requests(config)) as requests:
+        async with contextlib.AsyncExitStack() as stack:
+            requests = await _unless_stopped(
+                within(stack.enter_async_context(postgres_requests(config)), "the requests table"),
+                stop,
+            )
+            if requests is None:
+                return
             await worker.serve_postgres(
                 stop,
                 requests=requests,
@@ -111,7 +149,7 @@ async def _serve(
             if config.backend == "postgres"
             else ""
         )
-        err.print(shown(f"worker {worker.name} ready ({config.backend}{unserved})"))
+        err.print(shown(f"worker {worker.name} ready ({config.backend}{unserved})"), soft_wrap=True)
         await worker.serve_embedded(stop)
 
 
@@ -307,7 +345,7 @@ def worker_command(
                     signer=signer,
                     accept_unsigned=accept_unsigned,
                 )
-            err.print(shown(_stopped(worker)))
+            err.print(shown(_stopped(worker)), soft_wrap=True)  # one line: logs are read by line
 
     # Put back afterwards: the command also runs inside other processes (tests, embedders).
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -606,3 +606,28 @@ async def test_a_run_a_second_task_acts_on_is_carried_after_the_first_task_ended
         assert await worker.recover({0, 1, 2, 3}) == 0
         second_go.set()
         await worker.drained()
+
+
+async def test_a_worker_says_ready_and_stopped_in_one_line_each_whatever_the_width(
+    tmp_path: Path,
+) -> None:
+    """A worker's stderr is read by line (a pod's log, journald): its stopped line, and a ready
+    line with a long name, were wrapped at 80 columns when stderr was not a terminal, the end
+    of each a line of its own that says nothing alone."""
+    name = "worker-of-a-long-deployment-name-" + "x" * 40
+    env = _embedded_env(tmp_path / "onward.db")
+    env.pop("COLUMNS", None)
+    argv = ["-m", "onward", "worker", "--agent", "support.cli_agent:booker", "--name", name]
+    argv += ["--provider", "support.cli_agent:booking_model"]
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    assert worker.stderr is not None
+    first = await asyncio.wait_for(worker.stderr.readline(), 60)
+    worker.send_signal(signal.SIGTERM)
+    _, rest = await asyncio.wait_for(worker.communicate(), 30)
+    assert first.decode().rstrip("\n") == f"worker {name} ready (sqlite)"
+    lines = rest.decode().splitlines()
+    assert lines[-1].startswith(f"worker {name} stopped: 0 started"), lines
+    assert lines[-1].endswith("paused 0 times"), lines
+    assert worker.returncode == 0

@@ -167,7 +167,6 @@ class _Held:
     holder: Leaseholder
     state: ThreadState
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    explicit: int = 0
     stale: bool = False
     """An append failed without saying whether it landed: fold the thread from the log again."""
     appended: int = 0
@@ -325,18 +324,21 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
 
             self._checkpointer = Checkpointer(frontiers, log, compaction=self.compaction)
         self._held: dict[str, _Held] = {}
-        self._lost: set[str] = set()
+        self._lost: dict[str, None] = {}
+        """Threads this saver lost while writing them, not read afresh nor let go since: every
+        write of them raises (`_kept`, as ``_losses``)."""
         self._losses: dict[str, int] = {}
-        """How many times this saver lost each thread's lease to another writer."""
-        self._released: dict[str, int] = {}
-        """The ``_losses`` of a thread when it was last released: every write may go on then."""
-        self._read_at: contextvars.ContextVar[dict[str, tuple[int, int, int]] | None] = (
-            contextvars.ContextVar("onward_saver_read_at", default=None)
+        """When this saver last lost each thread's lease to another writer since it last let
+        the thread go (every write may go on then), as the ``_started`` count then. It keeps
+        the latest `FOLLOWED_THREADS` threads lost (`_kept`), as each map below of what this
+        saver heard or did to a thread: a long-lived saver would keep one per thread."""
+        self._read_at: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
+            "onward_saver_read_at", default=None
         )
-        """In a graph invocation's context (its tasks copy it): the ``_losses`` and ``_stops``
-        of each thread when the invocation read its latest checkpoint, so a read by anyone
-        else (a UI's ``aget_state``) does not let an invocation that lost the thread, or that
-        this saver ended, write on; and which of the ``_started`` that read was. It keeps the
+        """In a graph invocation's context (its tasks copy it): which of the ``_started`` the
+        invocation's read of each thread's latest checkpoint was, so a read by anyone else (a
+        UI's ``aget_state``) does not let an invocation that lost the thread, or that this
+        saver ended, write on (the loss or the end came at that count or after). It keeps the
         latest `FOLLOWED_THREADS` threads read (`_remembered`): a context that runs invocation
         after invocation, of one thread after another, would keep and copy one per thread."""
         self._started = 0
@@ -351,9 +353,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """Threads whose graph run this saver ended (cancelled, over a budget): what every
         later write of that run raises, until the thread is read afresh."""
         self._stops: dict[str, tuple[int, Callable[[], OnwardError]]] = {}
-        """How many graph runs of each thread this saver ended, and what the last one raises."""
-        self._stops_released: dict[str, int] = {}
-        """The ``_stops`` count of a thread when it was last released."""
+        """When this saver last ended a graph run of each thread since it last let the thread
+        go, as the ``_started`` count then, and what that run's later writes raise."""
         self._followed: OrderedDict[str, ThreadState] = OrderedDict()
         self._calling: dict[str, int] = {}
         """How many tool calls of each thread `OnwardToolMiddleware` is running (dispatched,
@@ -363,6 +364,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """By thread and tool call id: the turn `OnwardToolMiddleware` takes to handle a call
         (see `_call_turn`)."""
         self._taking: dict[str, _Taking] = {}
+        self._holds: dict[str, int] = {}
+        """How many ``hold`` blocks of each thread are open: the last to end lets it go."""
         self._answering: set[asyncio.Task[None]] = set()
         """Asks heard by a renewal being answered (`_answer_at_interrupt`)."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -401,6 +404,16 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         kept in `_asked` for the invocations started by now, so that one's next write, which
         claims the thread again, ends it ``cancelled`` rather than carrying on.
         """
+        await self._let_go(thread_id)
+        self._lost.pop(thread_id, None)
+        self._stopped.pop(thread_id, None)
+        self._losses.pop(thread_id, None)
+        self._stops.pop(thread_id, None)
+
+    async def _let_go(self, thread_id: str) -> None:
+        """Hand the thread's lease back as `arelease` does, still refusing the writes of a
+        graph run this saver ended or lost: a copy, prune or deletion lets go of a thread it
+        took for itself, which says nothing of that run."""
         held = self._held.get(thread_id)
         if held is not None:
             async with held.lock:
@@ -418,12 +431,6 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     except OnwardError:
                         held.holder.keep_ask()  # not ended: the thread's next holder hears it
                 await held.holder.__aexit__(None, None, None)
-        self._lost.discard(thread_id)
-        self._stopped.pop(thread_id, None)
-        if thread_id in self._losses:
-            self._released[thread_id] = self._losses[thread_id]
-        if thread_id in self._stops:
-            self._stops_released[thread_id] = self._stops[thread_id][0]
 
     @asynccontextmanager
     async def hold(self, thread_id: str) -> AsyncIterator[None]:
@@ -432,14 +439,20 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         Raises:
             ResumeConflictError: Another process holds the thread.
         """
-        held = await self._hold(thread_id)
-        held.explicit += 1
+        await self._hold(thread_id, graph_run=False)
+        self._holds[thread_id] = self._holds.get(thread_id, 0) + 1
         try:
             yield
         finally:
-            held.explicit -= 1
-            if held.explicit == 0 and self._held.get(thread_id) is held:
-                await self.arelease(thread_id)
+            left = self._holds[thread_id] - 1
+            if left:
+                self._holds[thread_id] = left
+            else:
+                del self._holds[thread_id]
+                # Whichever holding the thread has now: an invocation of the block may have
+                # claimed it again after another was ended (cancelled, lost) and let it go.
+                if thread_id in self._held:
+                    await self.arelease(thread_id)
 
     def lease(self, thread_id: str) -> RunLease | None:
         """The lease this saver holds on a thread (its fence is on every write), if any."""
@@ -471,21 +484,19 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             # Lost while no write of it heard (the renewal did): let the holding go now, as
             # the read below starts afresh, or the next write would count it as lost again.
             # A loss all the same for an invocation that read the thread before.
-            self._losses[thread_id] = self._losses.get(thread_id, 0) + 1
+            _kept(self._losses, thread_id, self._started)
             await self._drop(thread_id, held, lost=False)
         state = await self._state(thread_id)
         if checkpoint_id is None:
             # A graph invocation starts by loading the latest checkpoint: from here on it
             # builds on what the log says, so a saver that lost the thread (or ended its last
             # invocation, cancelled) may write again.
-            self._lost.discard(thread_id)
+            self._lost.pop(thread_id, None)
             self._stopped.pop(thread_id, None)
             if await self._hear_ask_before_start(thread_id):
                 state = await self._state(thread_id)
             self._started += 1
-            stops = self._stops.get(thread_id, (0, None))[0]
-            losses = self._losses.get(thread_id, 0)
-            read = _remembered(self._read_at.get(), thread_id, (losses, stops, self._started))
+            read = _remembered(self._read_at.get(), thread_id, self._started)
             self._read_at.set(read)
         saved = state.checkpoints.get(ns, {})
         latest = checkpoint_id is None
@@ -735,14 +746,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 return []
             return [(GraphThreadDeleted, {})]
 
-        await self._write(thread_id, events)
+        await self._write(thread_id, events, graph_run=False)
         held = self._held.get(thread_id)
         if held is not None:
             await self._settle(held)  # one taken before the deletion must not land after it
             held.summary_size = 0  # the next write stores a summary of the emptied thread
         await self._forget_summary(thread_id)
         if not held_before:
-            await self.arelease(thread_id)
+            await self._let_go(thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``keep_latest`` keeps each namespace's latest checkpoint (see
@@ -845,9 +856,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             gone = choose(state)
             return [(GraphCheckpointsRemoved, {"checkpoints": gone, "why": why})] if gone else []
 
-        await self._write(thread_id, events, whole=True)
+        await self._write(thread_id, events, whole=True, graph_run=False)
         if not held_before:
-            await self.arelease(thread_id)
+            await self._let_go(thread_id)
 
     def _asked_by(
         self, state: ThreadState, ns: str, checkpoint_id: str, task_id: str
@@ -1142,9 +1153,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     for (task_id, task_path), writes in tasks.items()
                 ),
             ]
-            await self._write(target_thread_id, _constant(batch))
+            await self._write(target_thread_id, _constant(batch), graph_run=False)
         if not held_before:
-            await self.arelease(target_thread_id)
+            await self._let_go(target_thread_id)
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         """A monotonically increasing version: the counter, then a random tie-breaker.
@@ -1165,7 +1176,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         async def read() -> tuple[
             CheckpointTuple | None,
-            dict[str, tuple[int, int, int]] | None,
+            dict[str, int] | None,
             dict[tuple[int, str], tuple[str, str, str]] | None,
         ]:
             return await self.aget_tuple(config), self._read_at.get(), _CANCELLED_READ.get()
@@ -1262,6 +1273,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         whole: bool = False,
         spent: Sequence[tuple[str, Usage]] = (),
         step: bool = False,
+        graph_run: bool = True,
     ) -> None:
         """Append what ``build`` makes of the thread's state, under its lease, and fold it;
         then ``after`` sees the state with the batch folded, still under the thread's lock.
@@ -1269,7 +1281,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         the model calls whose answers the batch's writes carry, recorded before it is
         appended (the calls were made, whether or not the append lands). ``step``: a graph's
         own checkpoint or task writes, which a budget stops (copying, pruning and deleting a
-        thread, or recording a tool call, are never refused for spend).
+        thread, or recording a tool call, are never refused for spend). ``graph_run``: a write
+        of the graph run writing the thread (see `_hold`); copying, pruning and deleting one
+        are not, and are not refused once this saver ended or lost that run.
 
         Raises:
             FencedError: The lease was lost before or during the append; nothing more may be
@@ -1277,7 +1291,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             ResumeConflictError: Another process holds the thread.
         """
         self._remember_loop()
-        held = await self._hold(thread_id)
+        held = await self._hold(thread_id, graph_run=graph_run)
         async with held.lock:
             self._check_still_held(thread_id, held)
             try:
@@ -1545,8 +1559,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 )
         return values
 
-    async def _hold(self, thread_id: str) -> _Held:
+    async def _hold(self, thread_id: str, *, graph_run: bool = True) -> _Held:
         """The thread's holding, taking the lease and claiming the thread if need be.
+
+        ``graph_run``: for a write of the graph run writing the thread (its steps, its tool
+        calls), which stops once this saver ended or lost that run; not for taking the thread
+        for a block (``hold``), nor for copying, pruning or deleting it, which read the thread
+        afresh under the claim and write nothing of that run.
 
         Raises:
             FencedError: This saver lost the thread while writing it, and it has not been read
@@ -1555,10 +1574,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         """
         self._remember_loop()
         _checked(thread_id)
-        stopped = self._stopped_since_read(thread_id)
+        stopped = self._stopped_since_read(thread_id) if graph_run else None
         if stopped is not None:
             raise stopped()
-        if self._read_before_loss(thread_id):
+        if graph_run and self._read_before_loss(thread_id):
             raise self._lost_error(thread_id)
         held = self._held.get(thread_id)
         if held is not None and not held.holder.fenced.is_set():
@@ -1572,9 +1591,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     if not held.holder.fenced.is_set():
                         return held
                     await self._drop(thread_id, held, lost=True)
-                if thread_id in self._stopped:
+                if graph_run and thread_id in self._stopped:
                     raise self._stopped[thread_id]()
-                if thread_id in self._lost:
+                if graph_run and thread_id in self._lost:
                     raise self._lost_error(thread_id)
                 held = await self._claim(thread_id)
                 self._held[thread_id] = held
@@ -1591,8 +1610,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         read = (self._read_at.get() or {}).get(thread_id)
         if read is None:
             return False  # not read in this context: `_lost` decides
-        since = max(read[0], self._released.get(thread_id, 0))
-        return since < self._losses.get(thread_id, 0)
+        lost_at = self._losses.get(thread_id)
+        return lost_at is not None and read <= lost_at
 
     def _stopped_since_read(self, thread_id: str) -> Callable[[], OnwardError] | None:
         """What the graph invocation writing (this context's) must raise if this saver ended
@@ -1603,13 +1622,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         stop = self._stops.get(thread_id)
         if read is None or stop is None:
             return None
-        count, error = stop
-        return error if max(read[1], self._stops_released.get(thread_id, 0)) < count else None
+        stopped_at, error = stop
+        return error if read <= stopped_at else None
 
     def _stop(self, thread_id: str, error: Callable[[], OnwardError]) -> None:
         """Remember this saver ended the thread's graph run: what its later writes raise."""
-        self._stopped[thread_id] = error
-        self._stops[thread_id] = (self._stops.get(thread_id, (0, error))[0] + 1, error)
+        _kept(self._stopped, thread_id, error)
+        _kept(self._stops, thread_id, (self._started, error))
 
     def _lost_error(self, thread_id: str) -> FencedError:
         return FencedError(
@@ -1754,7 +1773,19 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             return  # let go, or a write under way: that write hears the ask itself
         task = asyncio.get_running_loop().create_task(self._answer_at_interrupt(thread_id, held))
         self._answering.add(task)
-        task.add_done_callback(self._answering.discard)
+        task.add_done_callback(functools.partial(self._answered, thread_id))
+
+    def _answered(self, thread_id: str, task: asyncio.Task[None]) -> None:
+        """An `_answer_at_interrupt` task is done: nobody awaits it, so what it raised is said
+        here (else asyncio reports it, if ever, as a task exception never retrieved)."""
+        self._answering.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        logger.error(
+            "thread %r: answering a cancel its renewal heard failed",
+            thread_id,
+            exc_info=task.exception(),
+        )
 
     async def _answer_at_interrupt(self, thread_id: str, held: _Held) -> None:
         """End ``cancelled`` the invocation of a held thread stopped at an interrupt, whose
@@ -1785,7 +1816,16 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     "thread %r: the cancel asked is not answered yet: %s", thread_id, exc
                 )
                 held.holder.keep_ask()  # not ended: the thread's next holder hears it
-            await self._drop(thread_id, held, lost=False)
+            else:
+                # Ended: a node of the invocation still running beside the interrupt (a
+                # parallel branch) must not claim the thread again and end it a second time.
+                self._asked.pop(thread_id, None)
+                self._stop(thread_id, functools.partial(_cancelled_error, thread_id, asked))
+            try:
+                await self._drop(thread_id, held, lost=False)
+            except OnwardError as exc:
+                # A store error is retried in the background (`Leaseholder.releasing`).
+                logger.warning("thread %r: lease not handed back yet: %s", thread_id, exc)
 
     def _ask_for_this_invocation(self, thread_id: str, held: _Held) -> CancelAsked | None:
         """The cancel ask that ends the graph invocation writing (this context's), if any: one
@@ -1797,7 +1837,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         if read is None:
             return asked
         kept = self._asked.get(thread_id)
-        return kept[1] if kept is not None and read[2] <= kept[0] else None
+        return kept[1] if kept is not None and read <= kept[0] else None
 
     def _heard(self, thread_id: str, held: _Held) -> CancelAsked | None:
         """The holding's cancel ask, kept in `_asked` for the invocations started by now when
@@ -1806,7 +1846,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         asked = held.holder.cancel_asked
         kept = self._asked.get(thread_id)
         if asked is not None and (kept is None or kept[2] is not held.holder):
-            self._asked[thread_id] = (self._started, asked, held.holder)
+            _kept(self._asked, thread_id, (self._started, asked, held.holder))
         return asked
 
     async def _end(
@@ -1891,8 +1931,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         if self._held.get(thread_id) is held:
             del self._held[thread_id]
         if lost:
-            self._lost.add(thread_id)
-            self._losses[thread_id] = self._losses.get(thread_id, 0) + 1
+            _kept(self._lost, thread_id, None)
+            _kept(self._losses, thread_id, self._started)
         await self._settle(held)
         await held.holder.__aexit__(None, None, None)
 
@@ -2228,6 +2268,17 @@ def _remembered(kept: dict[_K, _V] | None, key: _K, value: _V) -> dict[_K, _V]:
     for old in list(out)[: max(0, len(out) - FOLLOWED_THREADS)]:
         del out[old]
     return out
+
+
+def _kept(kept: dict[_K, _V], key: _K, value: _V) -> None:
+    """Set ``key`` (newest) to ``value`` in ``kept``, which holds the latest `FOLLOWED_THREADS`
+    keys: what a saver keeps of each thread it lost, ended or heard a cancel of would grow
+    with every thread a long-lived saver served (a graph run of one of the oldest, still
+    going, is then told no more than one whose context forgot its read, `_remembered`)."""
+    kept.pop(key, None)
+    kept[key] = value
+    while len(kept) > FOLLOWED_THREADS:
+        del kept[next(iter(kept))]
 
 
 def _answer_refused(thread_id: str, error: str) -> RunCancelledError:

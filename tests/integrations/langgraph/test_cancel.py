@@ -12,6 +12,7 @@ way to the saver).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import operator
 import uuid
@@ -37,9 +38,11 @@ from onward.integrations.langgraph import OnwardSaver
 from onward.runtime.backends import open_backends
 from onward.runtime.cli import app as cli
 from onward.runtime.fleet.requests_postgres import PostgresRequests
+from onward.runtime.leases import LeaseStore, RunLease
 from onward.testing.eventlog import WrappedEventLog
+from onward.testing.leases import WrappedLeaseStore, policy
 
-from .graphs import config
+from .graphs import config, steps_graph
 from .worlds import TENANT, World, kafka_world, sqlite_world
 
 
@@ -713,3 +716,182 @@ async def test_a_resume_reading_a_thread_as_a_cancel_heard_at_its_interrupt_ends
         with pytest.raises(RunCancelledError):
             await resumed
     assert purchases == []
+
+
+class ReleaseFailsOnce(WrappedLeaseStore):
+    """A lease store whose first release fails (a blip of its server), as a store error."""
+
+    def __init__(self, inner: LeaseStore) -> None:
+        super().__init__(inner)
+        self.failed = False
+
+    async def release(self, lease: RunLease) -> None:
+        if not self.failed:
+            self.failed = True
+            raise BackendUnavailableError("lease store down for a moment")
+        await super().release(lease)
+
+
+async def test_a_cancel_answered_at_an_interrupt_as_the_lease_store_blips_leaves_no_stray_error(
+    tmp_path: Path,
+) -> None:
+    """A long-lived saver's renewal hears a cancel of a thread it holds at an interrupt and ends
+    it; handing the lease back then fails once (the store blipped). The end stands, the lease
+    is handed back once the store takes writes again, and nothing is left for asyncio to
+    report as a task exception never retrieved: the saver says what happened itself."""
+    unretrieved: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    purchases: list[str] = []
+    try:
+        async with sqlite_world(tmp_path / "onward.db") as world:
+            saver = OnwardSaver(
+                world.log,
+                ReleaseFailsOnce(world.leases),
+                tenant=TENANT,
+                frontiers=world.frontiers,
+                checkpoint_inline=True,
+                holder="graph-a",
+                policy=policy(3, 2.7),
+            )
+            async with saver:
+                graph = buying_graph(saver, purchases)
+                assert "__interrupt__" in await graph.ainvoke({"bought": 0}, config(thread_id))
+                assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+
+                async def let_go() -> bool:
+                    return not saver.holds(thread_id)
+
+                await until(let_go, "the saver answering the ask its renewal heard")
+
+                async def handed_back() -> bool:
+                    return await world.leases.current(thread_id) is None
+
+                await until(handed_back, "the release retried in the background")
+                await asyncio.sleep(0)
+            events = [stored.event for stored in await world.log.read_run(thread_id)]
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert ends_in(events) == [("cancelled", "cancelled by ops")]
+    assert [context.get("message") for context in unretrieved] == []
+
+
+async def test_a_hold_block_whose_invocation_was_cancelled_lets_the_thread_go_at_its_end(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """A session holds its thread for a block (``hold``) and invokes the graph in it again and
+    again; a person cancels one invocation, the session goes on with the next. At the block's
+    end the thread is let go, so another process may run it, not held by this saver until it
+    closes."""
+    world, _ = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+
+    async def ask() -> None:
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+
+    async with world.saver(holder="graph-a") as saver:
+        async with saver.hold(thread_id):
+            with pytest.raises(RunCancelledError):
+                await steps_graph("a", saver, inside=ask).ainvoke({"steps": []}, config(thread_id))
+            out = await steps_graph("a", saver).ainvoke({"steps": []}, config(thread_id))
+            assert out["steps"] == ["a"]
+        assert not saver.holds(thread_id)
+        async with world.saver(holder="graph-b") as other:
+            out = await steps_graph("b", other).ainvoke({"steps": []}, config(thread_id))
+    assert out["steps"] == ["a", "b"]
+
+
+async def test_a_thread_whose_graph_run_was_cancelled_is_pruned_and_deleted_by_the_same_saver(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """An operator cancels a runaway graph run, then prunes and deletes its thread through the
+    same saver: neither is a write of the ended run, so neither is refused as one
+    (`RunCancelledError` "while this graph run wrote it")."""
+    world, _ = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+
+    async def ask() -> None:
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+
+    async with world.saver(holder="graph-a") as saver:
+        await steps_graph("a", saver).ainvoke({"steps": []}, config(thread_id))
+        with pytest.raises(RunCancelledError):
+            await steps_graph("a", saver, inside=ask).ainvoke({"steps": []}, config(thread_id))
+
+        await saver.aprune([thread_id], strategy="keep_latest")
+        await saver.adelete_thread(thread_id)
+
+        assert not saver.holds(thread_id)
+        assert await saver.aget_tuple(config(thread_id)) is None
+
+
+async def test_a_session_after_one_whose_invocation_was_cancelled_holds_the_thread_again(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """A worker task runs session after session of a thread, each in a ``hold`` block; a person
+    cancelled the last session's invocation. The next session's ``hold`` takes the thread
+    again (it is no write of the ended invocation) and its invocation runs."""
+    world, _ = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+
+    async def ask() -> None:
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+
+    async with world.saver(holder="graph-a") as saver:
+        async with saver.hold(thread_id):
+            with pytest.raises(RunCancelledError):
+                await steps_graph("a", saver, inside=ask).ainvoke({"steps": []}, config(thread_id))
+        async with saver.hold(thread_id):
+            out = await steps_graph("b", saver).ainvoke({"steps": []}, config(thread_id))
+    assert out["steps"] == ["b"]
+
+
+async def test_a_cancel_heard_at_an_interrupt_beside_a_running_branch_ends_the_run_once(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """Two branches run in parallel: one stops at an interrupt, the other is in a slow node. A
+    long-lived saver's renewal hears a cancel and ends the invocation at the interrupt; the
+    slow branch's write then stops the graph run (`RunCancelledError`) without claiming the
+    thread again: the run ends once, and nothing is written after its end."""
+    world, _ = placed
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    go_on = asyncio.Event()
+
+    def ask(state: Slow) -> dict[str, list[str]]:
+        return {"steps": [interrupt("go on?")]}
+
+    async def slow(state: Slow) -> dict[str, list[str]]:
+        await go_on.wait()
+        return {"steps": ["slow"]}
+
+    async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
+        builder = StateGraph(Slow)
+        builder.add_node("ask", ask)
+        builder.add_node("slow", slow)
+        builder.add_edge(START, "ask")
+        builder.add_edge(START, "slow")
+        builder.add_edge("ask", END)
+        builder.add_edge("slow", END)
+        graph = builder.compile(checkpointer=saver)
+        running = asyncio.create_task(graph.ainvoke({"steps": []}, config(thread_id)))
+
+        async def at_the_interrupt() -> bool:
+            return (await saver.aread_thread(thread_id)).waiting_on is not None
+
+        await until(at_the_interrupt, "the interrupt saved")
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+
+        async def let_go() -> bool:
+            return not saver.holds(thread_id)
+
+        await until(let_go, "the saver answering the ask its renewal heard")
+        go_on.set()
+        with pytest.raises(RunCancelledError, match="cancelled by ops"):
+            await asyncio.wait_for(running, 30)
+        assert not saver.holds(thread_id)
+    events = [stored.event for stored in await world.log.read_run(thread_id)]
+    assert ends_in(events) == [("cancelled", "cancelled by ops")]
+    assert isinstance(events[-1], RunFinished)

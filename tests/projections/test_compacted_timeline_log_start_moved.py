@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support.compaction_world import World, sqlite_world, world_of
 from support.servers import KafkaServers
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from onward.errors import LogTruncatedError
 from onward.eventlog import Message, ModelAnswered, RunClaimed, RunStarted, TurnSettled
@@ -86,12 +86,7 @@ def test_replay_names_the_events_cut_past_the_point(tmp_path: Path) -> None:
             await _compacted_then_cut(world)
 
     asyncio.run(written())
-    sqlite = {
-        "ONWARD_BACKEND": "sqlite",
-        "ONWARD_SQLITE_PATH": str(tmp_path / "onward.db"),
-        "ONWARD_PARTITIONS": "1",
-    }
-    result = CliRunner().invoke(app, ["replay", RUN, "--tenant", TENANT, "--json"], env=sqlite)
+    result = _replayed(tmp_path)
     assert result.exit_code == 0, result.output
     assert "the events from seq 4 before seq 6 (offset 5) were cut from the log" in " ".join(
         result.stderr.split()
@@ -163,12 +158,7 @@ def test_replay_names_the_tail_cut_past_the_point_when_nothing_of_it_is_left(
             await world.log.truncate_before(0, 7)
 
     asyncio.run(written())
-    sqlite = {
-        "ONWARD_BACKEND": "sqlite",
-        "ONWARD_SQLITE_PATH": str(tmp_path / "onward.db"),
-        "ONWARD_PARTITIONS": "1",
-    }
-    result = CliRunner().invoke(app, ["replay", RUN, "--tenant", TENANT, "--json"], env=sqlite)
+    result = _replayed(tmp_path)
     assert result.exit_code == 0, result.output
     shown = [json.loads(line) for line in result.stdout.splitlines()]
     assert all(s["retained"] for s in shown)
@@ -202,12 +192,17 @@ def test_replay_without_the_run_s_row_says_its_tail_may_have_been_cut(tmp_path: 
     asyncio.run(written())
     with sqlite3.connect(tmp_path / "onward.db") as db:
         db.execute("DELETE FROM onward_frontiers WHERE run_id = ?", (RUN,))
+    result = _replayed(tmp_path)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert "its events from seq 4 on, if it had any, were cut from the log" in said, said
+
+
+def _replayed(tmp_path: Path) -> Result:
+    """``onward replay`` of the run, as JSON lines, on the embedded database in ``tmp_path``."""
     sqlite = {
         "ONWARD_BACKEND": "sqlite",
         "ONWARD_SQLITE_PATH": str(tmp_path / "onward.db"),
         "ONWARD_PARTITIONS": "1",
     }
-    result = CliRunner().invoke(app, ["replay", RUN, "--tenant", TENANT, "--json"], env=sqlite)
-    assert result.exit_code == 0, result.output
-    said = " ".join(result.stderr.split())
-    assert "its events from seq 4 on, if it had any, were cut from the log" in said, said
+    return CliRunner().invoke(app, ["replay", RUN, "--tenant", TENANT, "--json"], env=sqlite)

@@ -123,26 +123,7 @@ def test_replay_with_the_archive_of_a_reused_run_id_shows_each_tenant_its_own_ru
     """Run x is collected and compaction cuts it into the archive; another tenant's run then
     takes the id. Read with the archive, the old run's tenant was shown the new run (its input
     and answers), and the new run's tenant was told there is no run x."""
-    archive = tmp_path / "archive"
-
-    async def written() -> None:
-        async with sqlite_world(tmp_path) as world:
-            await world.finished_run("x", turns=1)
-            await world.fold()
-            async with SqliteRecordSweeper(tmp_path / "onward.db") as sweeper:
-                later = time.time() + 40 * 86_400.0
-                assert (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
-            await CheckpointCompactor(
-                world.log, world.frontiers, world.store, archive=DirectoryArchive(archive)
-            ).compact()
-            assert await world.log.read_run("x") == []
-            result = await world.runner(Script(0)).run(
-                AGENT, {"ask": "theirs"}, tenant="other", run_id="x"
-            )
-            assert result.status == "completed"
-            await world.fold()
-
-    asyncio.run(written())
+    archive = _collected_and_started_again(tmp_path, tenant="other", ask="theirs")
     db = tmp_path / "onward.db"
     for tenant in (TENANT, "other"):
         replay = onward(db, "replay", "x", "--tenant", tenant, "--json", "--archive", str(archive))
@@ -159,6 +140,20 @@ def test_replay_with_the_archive_of_a_run_id_its_tenant_used_again_counts_each_r
     a new run x. Read with the archive, both histories are the tenant's: the new run's events
     were shown refused, as duplicates of the old run's seqs, and the old run's answer as the
     only one the run gave."""
+    archive = _collected_and_started_again(tmp_path, tenant=TENANT, ask="again")
+    db = tmp_path / "onward.db"
+    replay = onward(db, "replay", "x", "--tenant", TENANT, "--json", "--archive", str(archive))
+    assert replay.exit_code == 0, replay.output
+    shown = [json.loads(line) for line in replay.stdout.splitlines()]
+    assert [line for line in shown if line["refused"]] == []
+    starts = [line for line in shown if line["kind"] == "run.started"]
+    assert [line["event"]["input"] for line in starts] == [{"ask": "x"}, {"ask": "again"}]
+    assert "used again" in replay.stderr
+
+
+def _collected_and_started_again(tmp_path: Path, *, tenant: str, ask: str) -> Path:
+    """Run x finished, collected and cut into an archive; then ``tenant`` starts a new run
+    under its id, asking ``ask``. Returns the archive."""
     archive = tmp_path / "archive"
 
     async def written() -> None:
@@ -173,20 +168,13 @@ def test_replay_with_the_archive_of_a_run_id_its_tenant_used_again_counts_each_r
             ).compact()
             assert await world.log.read_run("x") == []
             result = await world.runner(Script(0)).run(
-                AGENT, {"ask": "again"}, tenant=TENANT, run_id="x"
+                AGENT, {"ask": ask}, tenant=tenant, run_id="x"
             )
             assert result.status == "completed"
             await world.fold()
 
     asyncio.run(written())
-    db = tmp_path / "onward.db"
-    replay = onward(db, "replay", "x", "--tenant", TENANT, "--json", "--archive", str(archive))
-    assert replay.exit_code == 0, replay.output
-    shown = [json.loads(line) for line in replay.stdout.splitlines()]
-    assert [line for line in shown if line["refused"]] == []
-    starts = [line for line in shown if line["kind"] == "run.started"]
-    assert [line["event"]["input"] for line in starts] == [{"ask": "x"}, {"ask": "again"}]
-    assert "used again" in replay.stderr
+    return archive
 
 
 def test_inspect_and_replay_count_the_same_retained_events(db: Path, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import gc
 import json
 import operator
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -788,9 +788,7 @@ async def test_a_hold_block_whose_invocation_was_cancelled_lets_the_thread_go_at
     closes."""
     world, _ = placed
     thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-
-    async def ask() -> None:
-        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+    ask = _asker(world, thread_id)
 
     async with world.saver(holder="graph-a") as saver:
         async with saver.hold(thread_id):
@@ -812,9 +810,7 @@ async def test_a_thread_whose_graph_run_was_cancelled_is_pruned_and_deleted_by_t
     (`RunCancelledError` "while this graph run wrote it")."""
     world, _ = placed
     thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-
-    async def ask() -> None:
-        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+    ask = _asker(world, thread_id)
 
     async with world.saver(holder="graph-a") as saver:
         await steps_graph("a", saver).ainvoke({"steps": []}, config(thread_id))
@@ -836,9 +832,7 @@ async def test_a_session_after_one_whose_invocation_was_cancelled_holds_the_thre
     again (it is no write of the ended invocation) and its invocation runs."""
     world, _ = placed
     thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-
-    async def ask() -> None:
-        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+    ask = _asker(world, thread_id)
 
     async with world.saver(holder="graph-a") as saver:
         async with saver.hold(thread_id):
@@ -895,3 +889,12 @@ async def test_a_cancel_heard_at_an_interrupt_beside_a_running_branch_ends_the_r
     events = [stored.event for stored in await world.log.read_run(thread_id)]
     assert ends_in(events) == [("cancelled", "cancelled by ops")]
     assert isinstance(events[-1], RunFinished)
+
+
+def _asker(world: World, thread_id: str) -> Callable[[], Awaitable[None]]:
+    """What a graph node calls to have ops ask the thread's holder to cancel it."""
+
+    async def ask() -> None:
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+
+    return ask

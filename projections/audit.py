@@ -255,7 +255,9 @@ def describe_event(event: Event) -> str:
     return printable(_DESCRIPTIONS[type(event)](event))
 
 
-async def audit_timeline(log: EventLog, run_id: str, *, tenant: str) -> list[AuditLine]:
+async def audit_timeline(
+    log: EventLog, run_id: str, *, tenant: str, archived: bool = False
+) -> list[AuditLine]:
     """Every stored record of a run in log order, each event with the verdict every reader
     reaches, each unreadable record marked in its place.
 
@@ -264,12 +266,14 @@ async def audit_timeline(log: EventLog, run_id: str, *, tenant: str) -> list[Aud
 
     Only the tenant's records are read: once compaction cut a collected run, its id is free,
     and an archive holds the old run's records with those of another tenant's run under it.
+    ``archived``: ``log`` reads the archive too, so the tenant's own new run under the id may
+    follow the old one (`timeline_of`'s ``reused``).
 
     Raises:
         NothingToResumeError: No run under that id for that tenant.
     """
     records = await log.read_records(partition_for(run_id, log.partitions), run_id=run_id)
-    lines = timeline_of([r for r in records if _tenant_of(r) in (tenant, None)])
+    lines = timeline_of([r for r in records if _tenant_of(r) in (tenant, None)], reused=archived)
     check_owner(lines, run_id, tenant)
     return lines
 
@@ -280,7 +284,10 @@ def _tenant_of(record: LogRecord) -> str | None:
 
 
 def timeline_of(
-    records: Sequence[LogRecord], *, after: tuple[int, int] | None = None
+    records: Sequence[LogRecord],
+    *,
+    after: tuple[int, int] | None = None,
+    reused: bool = False,
 ) -> list[AuditLine]:
     """The audit lines of one run's records, in the order given: the verdicts are reached from
     ``after`` (the last counted seq and the fence before the records, as a truncation point
@@ -288,8 +295,10 @@ def timeline_of(
     beginning).
 
     A run that ended and was collected leaves its id free once compaction cut it, and its
-    tenant may start a new run under it: read with the archive, a start at seq 1 after the
-    old run's end begins that run's history, judged afresh, not as duplicates of the old one.
+    tenant may start a new run under it: read with the archive (``reused``), a start at seq 1
+    after the old run's end begins that run's history, judged afresh, not as duplicates of the
+    old one. Read from the log alone, the id was not free (the old run is still there), so such
+    a start is a superseded writer's, refused as every reader refuses it.
     """
     first = next((r.event for r in records if isinstance(r, StoredEvent)), None)
     guard = SequenceGuard()
@@ -307,7 +316,7 @@ def timeline_of(
                 # events after it follow it, not a gap.
                 guard.last_seq += 1
             continue
-        if ended and _starts_anew(item.event):
+        if reused and ended and _starts_anew(item.event):
             guard, ended = SequenceGuard(), False
         counted = guard.admit(item)
         lines.append(AuditLine(item, None if counted else guard.refused[-1]))

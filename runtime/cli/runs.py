@@ -869,7 +869,7 @@ def replay_command(
             log = ArchivedEventLog(backends.log, DirectoryArchive(archive))
             async with compaction_store(backends) as store:
                 await _refuse_if_not_archived_here(store, log, run_id)
-            return await audit_timeline(log, run_id, tenant=tenant), None, None
+            return await audit_timeline(log, run_id, tenant=tenant, archived=True), None, None
         async with compaction_store(backends) as store:
             lines, span = await compacted_timeline(backends.log, store, run_id, tenant=tenant)
         return lines, span, await _tail_cut_through(backends, run_id, lines, span)

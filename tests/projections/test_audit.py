@@ -140,3 +140,21 @@ async def test_a_body_out_of_line_is_said_to_be_in_the_blob_store() -> None:
         'c1 returned {"$blob":"mine","size":3}',
         "completed: (in the blob store, 300002 bytes)",
     ]
+
+
+async def test_a_superseded_writer_s_start_after_the_run_ended_stays_refused() -> None:
+    """w1 checked the id was free, stalled, and lost its lease; w2 started the run and ended
+    it; then w1's start and its first call landed. Every reader refuses them (a seq used
+    already, a fence superseded); read from the log alone, with no archive to hold an earlier
+    run under the id, the audit showed them counted, as a second run."""
+    log = MemoryEventLog()
+    for event in [
+        RunStarted(**env(1, 2), agent="booker", revision="r1", input="w2"),
+        RunFinished(**env(2, 2), status="completed", output="ok"),
+        RunStarted(**env(1, 1), agent="booker", revision="r1", input="w1"),
+        ToolDispatched(**env(2, 1), call_id="z", tool="book", idempotency_key="k"),
+    ]:
+        await log.append([event])
+    lines = await audit_timeline(log, "run-1", tenant="acme")
+    verdicts = [(line.stored.event.seq, line.refused is None) for line in lines if line.stored]
+    assert verdicts == [(1, True), (2, True), (1, False), (2, False)]

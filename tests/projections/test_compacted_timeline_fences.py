@@ -17,6 +17,7 @@ from onward.eventlog import (
     Message,
     ModelAnswered,
     RunClaimed,
+    RunFinished,
     RunStarted,
     ToolCompleted,
     ToolDispatched,
@@ -72,3 +73,28 @@ async def test_a_superseded_writers_events_below_the_point_are_not_taken_as_coun
         # The fold counted w2's seqs 4 and 5 and refused w1's: so must the timeline.
         assert (4, 1, True) not in shown
         assert [s for s in shown if s[1] == 2] == [(4, 2, True), (5, 2, True)]
+
+
+async def test_a_superseded_writers_start_after_the_run_ended_is_refused_as_the_fold_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """w1 found the id free, stalled and lost its lease; w2 started the run and ended it; then
+    w1's start and its call landed. The fold refuses both; the timeline showed them counted,
+    a second run under the id, as if the old one had been collected and the id used again."""
+    async with sqlite_world(tmp_path) as world:
+        for event in [
+            RunStarted(**env(1, 2, 1), agent="booker", revision="r1", input="w2"),
+            RunFinished(**env(2, 2, 2), status="completed", output="ok"),
+            RunStarted(**env(1, 1, 3), agent="booker", revision="r1", input="w1"),
+            ToolDispatched(**env(2, 1, 4), call_id="z", tool="book", idempotency_key="k"),
+        ]:
+            await world.log.append([event])
+        await world.fold()
+        row = await world.frontiers.get(RUN)
+        assert row is not None
+        assert (row.summary.status, row.summary.last_seq) == ("completed", 2)
+
+        lines, span = await compacted_timeline(world.log, world.store, RUN, tenant=TENANT)
+        assert span is None
+        shown = [(line.stored.event.fence, line.refused is None) for line in lines if line.stored]
+        assert shown == [(2, True), (2, True), (1, False), (1, False)]

@@ -149,9 +149,13 @@ async def _create(pool: asyncpg.Pool, layout: BuildLayout, timeout_s: float | No
     """
 
     async def attempt(conn: asyncpg.Connection, step_s: float) -> int:
+        # Retired in a transaction of its own: a creation refused (its registry lock held
+        # past the timeout, a name taken) still lets compaction past the killed builds.
         async with conn.transaction():
             await bound_lock_waits(conn, step_s)
             await retire_unfinished(conn, layout.projection)
+        async with conn.transaction():
+            await bound_lock_waits(conn, step_s)
             return await create_build(conn, layout)
 
     async def refused(conn: asyncpg.Connection) -> str:

@@ -18,7 +18,7 @@ from support.kinds import KindCounts
 
 from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import KafkaEventLog, StoredEvent, kind_of
-from onward.projections.builds import switch_build
+from onward.projections.builds import create_build, switch_build
 from onward.projections.compaction import PostgresCompactionStore
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.kafka import KafkaProjector
@@ -437,3 +437,32 @@ async def test_a_rebuild_that_meets_a_session_holding_the_build_registry_says_so
     assert f"backend pid {backend}" in message, message
     report = await rebuild_projection(log, database_url, KindCounts(), schema=pg_schema)
     assert (report.build, report.previous) == (2, 1)
+
+
+async def test_a_rebuild_refused_its_build_still_retires_the_one_a_killed_rebuild_left(
+    log: KafkaEventLog, database_url: str, pg_schema: str, rng: random.Random
+) -> None:
+    """A rebuild killed outright left build 2 unfinished, holding every partition back from
+    compaction; the next rebuild cannot create its own build (a write left open holds the
+    build registry): it must still retire build 2, as it did before its creation waited in
+    steps, or compaction waits until a rebuild gets through."""
+    await append_all(log, workload(rng, 5))
+    async with SqlProjectionSink(database_url, KindCounts(), schema=pg_schema):
+        pass  # the first build, active
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        await create_build(conn, layout_of(KindCounts()))  # a rebuild then killed outright
+        async with conn.transaction():
+            await conn.fetch(
+                "SELECT build FROM onward_projection_builds "
+                "WHERE projection = 'kinds' AND status = 'active' FOR SHARE"
+            )
+            with pytest.raises(BackendUnavailableError, match="onward_projection_builds"):
+                await rebuild_projection(
+                    log, database_url, KindCounts(), schema=pg_schema, timeout_s=2
+                )
+    finally:
+        await conn.close()
+    async with PostgresCompactionStore(database_url, schema=pg_schema) as compaction:
+        held = await compaction.positions()
+    assert "kinds@2" not in held, held

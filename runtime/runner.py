@@ -500,11 +500,16 @@ class AgentRunner(Resource):
             # named, as no derived id finds a run a policy named (`cut_carry`).
             if bind is None:
                 result = await self._resume_one(agent, old_id, tenant=tenant, into=run_id)
-                return await self._onward(agent, result)
-            async with bind(old_id) as bound:
-                result = await self._resume_one(
-                    bound, old_id, tenant=tenant, bind=bind, into=run_id
-                )
+            else:
+                async with bind(old_id) as bound:
+                    result = await self._resume_one(
+                        bound, old_id, tenant=tenant, bind=bind, into=run_id
+                    )
+            if result.continued_to != run_id:
+                # Not ended into this run after all (cancelled meanwhile, by a person who could
+                # not end this run too while it was held here, or gone on): this run is
+                # overtaken now, and ends so, not left showing running (`end_overtaken`).
+                return await self._resume_one(agent, run_id, tenant=tenant, bind=bind)
             return await self._onward(agent, result, bind)
         return result
 

@@ -1475,3 +1475,30 @@ async def test_a_cancel_of_the_new_run_a_cut_carry_started_asks_whoever_holds_th
         "cancelled",
         "cancelled by ann: stop it",
     )
+
+
+async def test_a_resume_of_the_new_run_that_meets_a_cancel_of_the_old_leaves_neither_running(
+    world: World,
+) -> None:
+    """The carry died between the new run's start and the old run's end; a resume of the new
+    run finds the old one where it was carried and goes to end it into the new run, and Ann
+    cancels the old run just then (the new run still held, so her cancel cannot end it): the
+    new run must not be left showing ``running`` once the resume is done."""
+    agent = await world.carried_until_it_dies("run.started")
+    runner = world.runner()
+    leases = runner.leases
+    release = leases.release
+
+    async def cancelled_as_it_lets_go(lease: RunLease) -> None:
+        if lease.run_id == NEXT:
+            leases.release = release  # type: ignore[method-assign]
+            await world.runner().cancel(RUN, tenant=TENANT, by="ann", why="stop it")
+        await release(lease)
+
+    leases.release = cancelled_as_it_lets_go  # type: ignore[method-assign]
+    result = await runner.resume(agent, NEXT, tenant=TENANT)
+
+    assert (result.run_id, result.status) == (NEXT, "cancelled")
+    new = await world.runner().inspect(NEXT, tenant=TENANT)
+    assert (new.status, new.error) == ("cancelled", "cancelled by ann: stop it")
+    assert world.ledger.count("pay") == 0

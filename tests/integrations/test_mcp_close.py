@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -159,3 +160,48 @@ def test_a_connection_used_from_two_running_loops_by_turns_leaves_no_session_run
         _in(one, connection.close())
         assert _in(one, _sessions_left()) == []
         assert _in(other, _sessions_left()) == []
+
+
+async def _dropped(connection: Connection, session: Any) -> None:
+    connection.drop(session)
+
+
+def _a_child_stopped(within_s: float = 10.0) -> None:
+    """Wait until a process this one started is stopped (SIGSTOP: a hung server)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        for task in Path("/proc/self/task").iterdir():
+            for pid in (task / "children").read_text().split():
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+                        return
+        time.sleep(0.05)
+    raise AssertionError("the server did not hang")
+
+
+def test_a_session_reopened_in_another_loop_during_a_close_is_ended_by_it(
+    tmp_path: Path,
+) -> None:
+    """A loop replacing its broken session (waiting for the old one to end) as another loop
+    closed the connection: the close let go of that loop's state without telling it, and the
+    session it then opened was left running (its server process too) for as long as the loop
+    lived, which no later close could reach."""
+    connection = Connection(stdio_server(tmp_path), connect_timeout=10.0)
+    with _loop_in_thread() as one, _loop_in_thread() as other:
+        _in(one, connection.session())
+        broken = _in(other, connection.session())[0]
+        # The server hangs: ending its session waits for the process to be killed.
+        freezing = asyncio.run_coroutine_threadsafe(broken.call_tool("freeze", {}), other)
+        _a_child_stopped()
+        _in(other, _dropped(connection, broken))
+        reopening = asyncio.run_coroutine_threadsafe(connection.session(), other)
+        time.sleep(0.3)  # waiting for the frozen session to end
+        assert not reopening.done()
+        _in(one, connection.close())
+        with contextlib.suppress(BackendUnavailableError):
+            reopening.result(30)
+        with contextlib.suppress(Exception):
+            freezing.result(30)
+        assert _in(one, _sessions_left()) == []
+        assert _in(other, _sessions_left()) == []
+        _in(other, connection.close())

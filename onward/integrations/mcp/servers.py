@@ -275,7 +275,8 @@ class _Client(httpx2.AsyncClient):
 class _InLoop:
     """What a connection holds in one event loop: its lock, session task, handshake, session,
     the session's number and stop event. Each loop has its own: a session's streams and task
-    are usable from the loop that made them only."""
+    are usable from the loop that made them only. ``closed`` once another loop's `close` let
+    go of it: a session opened in it then would be one no close reaches."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     task: asyncio.Task[None] | None = None
@@ -283,6 +284,7 @@ class _InLoop:
     current: tuple[ClientSession, types.InitializeResult] | None = None
     number: int = 0
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: bool = False
 
 
 class Connection:
@@ -358,7 +360,8 @@ class Connection:
                     "closed; nothing was sent"
                 )
             if (
-                here.current is not None
+                not here.closed
+                and here.current is not None
                 and here.task is not None
                 and not here.task.done()
                 and not _read_side_ended(self._reads.get(here.current[0]))
@@ -369,9 +372,15 @@ class Connection:
             ready: asyncio.Future[tuple[ClientSession, types.InitializeResult]]
             ready = here.ready = loop.create_future()
             here.stop = asyncio.Event()
-            task = here.task = asyncio.create_task(
-                self._hold(ready, here.stop), name=f"mcp:{self.server.name}"
-            )
+            with self._loops_guard:  # ordered with another loop's `close` letting go of it
+                if here.closed:
+                    raise BackendUnavailableError(
+                        f"MCP server {self.server.name!r} ({self.server.where}): it was closed "
+                        "while connecting; nothing was sent"
+                    )
+                task = here.task = asyncio.create_task(
+                    self._hold(ready, here.stop), name=f"mcp:{self.server.name}"
+                )
             waiting: set[asyncio.Future[Any]] = {ready, task}
             try:
                 await asyncio.wait(
@@ -545,11 +554,17 @@ class Connection:
         connection to end it, and let go of what they held: their next use opens anew."""
         loop = asyncio.get_running_loop()
         with self._loops_guard:
-            elsewhere = [(other, here) for other, here in self._loops.items() if other is not loop]
-            for other, _ in elsewhere:
+            elsewhere = [
+                (other, here, here.task, here.ready)
+                for other, here in self._loops.items()
+                if other is not loop
+            ]
+            for other, here, _, _ in elsewhere:
+                # A session that loop is about to open (its old one still ending) would be
+                # one nothing ends: it is refused instead.
+                here.closed = True
                 del self._loops[other]
-        for other, here in elsewhere:
-            task, ready = here.task, here.ready
+        for other, here, task, ready in elsewhere:
             if task is None or task.done() or other.is_closed():
                 continue
             handshaking = ready is None or not ready.done()

@@ -318,6 +318,12 @@ class App(Resource):
         async def begin(stream: RunStream) -> None:
             nonlocal start
             if start is None:
+                # The place is taken before the id is looked for: a start of it (another
+                # tenant's, another agent's) that lands after the look is then read by the
+                # stream, which ends saying the id is taken, rather than wait for a run whose
+                # start the worker drops as made before.
+                log = self.backends.log
+                end = (await log.bounds(partition_for(run_id, log.partitions))).end
                 if await self._resumer().exists(run_id):
                     raise InvalidInputError(
                         f"run {run_id!r} already exists; resume it instead", run_id=run_id
@@ -326,8 +332,7 @@ class App(Resource):
                 await Resumer(
                     backends.log, backends.leases, compaction=backends.compaction
                 ).refuse_collected(run_id)
-                log = self.backends.log
-                stream.next_offset = (await log.bounds(partition_for(run_id, log.partitions))).end
+                stream.next_offset = end
                 stream.expect_start(agent)
                 start = StartRun(
                     run_id=run_id,
@@ -863,7 +868,7 @@ class App(Resource):
                         "run %s: its requests could not be looked for: %s", stream.run_id, exc
                     )
             return
-        cause = self._worker.refused_start(stream.run_id)
+        cause = self._worker.refused_start(stream.run_id, tenant=stream.tenant)
         if cause is not None:
             stream.refused(cause)
             return

@@ -30,6 +30,7 @@ from onward.eventlog.base import StoredEvent, partition_for
 from onward.runtime.agent import Agent
 from onward.runtime.application.messages import RunMessage
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
+from onward.runtime.resumer import Resumer
 from onward.runtime.settings import SecretUrl, Settings
 
 
@@ -75,6 +76,33 @@ async def test_a_start_that_lost_its_run_id_to_the_same_tenant_says_it_exists(
     assert "already exists" in str(refused[0])
     assert len(followed) == 1
     assert followed[0][-1].type in ("result", "approval_request")
+
+
+async def test_a_start_whose_run_id_another_tenant_took_as_it_looked_says_it_exists(
+    app: onward.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another tenant's start lands right after this start's stream found the id free and
+    before it took its place in the log: the stream read the log from after that start, the
+    worker dropped this start as "started before", and the stream waited for a run that never
+    comes (to its timeout; with none, for ever). It now says the id is taken, naming no one."""
+    looked = Resumer.exists
+    raced = False
+
+    async def looked_then_taken(self: Resumer, run_id: str) -> bool:
+        nonlocal raced
+        found = await looked(self, run_id)
+        if not raced:
+            raced = True
+            taken = {"agent": "payer", "run_id": "race-1", "tenant": "evil"}
+            await app.query("pay 5", taken, follow_waits=False).collect()
+        return found
+
+    monkeypatch.setattr(Resumer, "exists", looked_then_taken)
+    mine = app.query("pay 5", {"agent": "payer", "run_id": "race-1", "tenant": "acme"}, timeout=5)
+    with pytest.raises(InvalidInputError, match="already exists") as lost:
+        await asyncio.wait_for(mine.collect(), 30)
+    assert raced
+    assert "evil" not in str(lost.value)
 
 
 async def test_a_refused_start_ends_every_stream_of_its_run(

@@ -107,8 +107,12 @@ class RequestHandler:
                         bind=lambda new: worker.for_run(agent, new, request.tenant),
                     )
             except InvalidInputError:
-                if await worker.runner.resumer.exists(request.run_id):
-                    return True  # it exists already: started before, carried on by its owner
+                # Started before (sent again), carried on by its owner: left to it. The run of
+                # another start under its id refuses this one (raised again).
+                if await worker.runner.resumer.exists(request.run_id) and await self._own_run(
+                    request
+                ):
+                    return True
                 raise  # a value it cannot take: refused for good, and said so (`Worker.handle`)
             except ConfigurationError as exc:
                 if await worker.runner.resumer.exists(request.run_id):
@@ -163,7 +167,9 @@ class RequestHandler:
                 # until then the start is tried again, never dropped as refused for good.
                 worker.stats.conflicts += 1
                 if await self._started(request.run_id, lost=isinstance(held, FencedError)):
-                    return True
+                    if await self._own_run(request):
+                        return True
+                    raise _taken(request) from None
                 lease = _lease_in_the_way(held)
                 if lease is None or lease != in_the_way:
                     looks += 1
@@ -172,7 +178,9 @@ class RequestHandler:
                     # The row may lag the log (a projector behind or down): a holder that did
                     # write the run's `RunStarted` drives it, and the start is left to it.
                     if await worker.runner.resumer.exists(request.run_id):
-                        return True
+                        if await self._own_run(request):
+                            return True
+                        raise _taken(request) from None
                     # Held on all this time by someone who never wrote it: a zombie lease, not
                     # a run. Refused, saying so (the application's stream of the run ends),
                     # rather than keep this partition's later requests from being committed.
@@ -186,6 +194,22 @@ class RequestHandler:
                 attempt += 1
                 if expired is not None and expired():
                     return True  # set aside: its sender was told to send it again
+
+    async def _own_run(self, request: StartRun) -> bool:
+        """Whether the run a start found under its id is the start's own (its tenant's, of its
+        agent: the start sent again, or made by another worker), left to whoever drives it.
+        Another start's run (another tenant's or agent's) refuses it for good (`_taken`):
+        dropped, it left its stream waiting for a run that never comes, and no worker said why.
+        """
+        try:
+            frontier = await self._worker.runner.inspect(request.run_id, tenant=request.tenant)
+        except NothingToResumeError:
+            return False
+        except BackendUnavailableError:
+            raise
+        except OnwardError:
+            return True  # its tenant's run, that cannot be read now (a hole): left as it is
+        return frontier.agent in ("", request.agent)
 
     async def _fail_start(
         self, request: StartRun, expired: Callable[[], bool] | None = None
@@ -425,6 +449,16 @@ def _waits(request: Request, held: ResumeConflictError | FencedError, every_s: f
         printable(request.run_id),
         every_s,
         one_line(str(held)),
+    )
+
+
+def _taken(request: StartRun) -> InvalidInputError:
+    """The refusal of a start whose run id another start took, in the words every tenant gets
+    (`App.query`'s "already exists"): nothing of that run is told."""
+    return InvalidInputError(
+        f"run {request.run_id!r} cannot be started for tenant {request.tenant!r}: it already "
+        "exists or is not permitted; if it is this tenant's, resume it instead",
+        run_id=request.run_id,
     )
 
 

@@ -402,3 +402,47 @@ async def test_a_slow_recovery_pass_is_not_overlapped_by_the_next(
             await asyncio.sleep(2.5)
     assert listings.started >= 2, "no pass after the first"
     assert listings.most_at_once <= 2, "more than a rebalance's pass and a periodic one at once"
+
+
+async def test_a_start_under_another_tenant_s_run_id_is_refused_saying_it_exists(
+    kafka_servers: KafkaServers,
+    requests_topic: str,
+    ledger: Ledger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two tenants start one run id: the second start was dropped as "started before", with
+    no refusal said or kept, so its stream waited out the request's max age and was then told
+    to send it again, which would not help. It is refused for good at once, in the words every
+    tenant gets ("already exists"), naming nothing of the run, and only its tenant's streams
+    end with it (the run's own are not)."""
+    caplog.set_level(logging.WARNING, logger="onward.worker")
+    settings = kafka_settings(kafka_servers, PARTITIONS, requests_topic=requests_topic)
+    signer = kafka_servers.signer()
+    taken = f"taken-{uuid.uuid4().hex[:8]}"
+    async with kafka_servers.log(partitions=PARTITIONS):
+        pass  # the events topic must exist before the backends open
+    async with open_backends(settings) as backends:
+        worker = Worker(backends, provider(), agents, max_runs=2, backoff_s=0.1)
+        async with (
+            serving(worker, kafka_servers.bootstrap, requests_topic, signer=signer) as task,
+            Requests(
+                kafka_servers.bootstrap, requests_topic, partitions=PARTITIONS, signer=signer
+            ) as requests,
+        ):
+            await requests.submit(StartRun(run_id=taken, tenant="evil", agent="stepper"))
+            await until(
+                has_status(worker, taken, "completed", tenant="evil", serving=lambda: task),
+                "the first tenant's run",
+            )
+            await requests.submit(StartRun(run_id=taken, tenant=TENANT, agent="stepper"))
+            deadline = time.monotonic() + 20
+            while worker.refused_start(taken, tenant=TENANT) is None:
+                assert time.monotonic() < deadline, "the second tenant's start was dropped"
+                await asyncio.sleep(0.05)
+        assert task.exception() is None
+    cause = worker.refused_start(taken, tenant=TENANT)
+    assert cause is not None
+    assert "already exists" in cause
+    assert "evil" not in cause
+    assert worker.refused_start(taken, tenant="evil") is None
+    assert "StartRun refused for good" in caplog.text

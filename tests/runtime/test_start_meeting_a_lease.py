@@ -138,3 +138,22 @@ async def test_a_start_for_an_unknown_agent_ends_failed_once_a_dead_starters_lea
     assert "no agent 'reader'" in (frontier.error or "")
     assert worker.refused_start("r") is None
     assert worker.stats.failures == 1
+
+
+async def test_a_start_racing_another_tenants_start_of_its_run_id_is_refused_saying_so(
+    backends: Backends,
+) -> None:
+    """Two tenants' starts of one run id taken side by side: the first one's `RunStarted` was
+    taken for the second start's (the starts were kept by run id alone), so the second, refused
+    as its id is taken, was said to have begun and failed, "carried on as a lapsed run", and no
+    refusal was kept for its stream. It is refused for good, saying the id exists."""
+    worker = worker_of(backends)
+    worker.submit(StartRun(run_id="r", tenant="evil", agent="writer", input="go"))
+    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+    assert (await worker.runner.inspect("r", tenant="evil")).status == "completed"
+    cause = worker.refused_start("r", tenant=TENANT)
+    assert cause is not None, "the start was dropped without a word"
+    assert "already exists" in cause
+    assert "evil" not in cause
+    assert worker.refused_start("r", tenant="evil") is None

@@ -17,8 +17,9 @@ import pytest_asyncio
 from support.appapi import agents, provider
 
 import onward
-from onward.errors import InvalidInputError, NothingToResumeError
+from onward.errors import InvalidInputError, NothingToResumeError, RunTimeoutError
 from onward.runtime.application.messages import RunMessage
+from onward.runtime.resumer import Resumer
 from onward.runtime.settings import Settings
 
 
@@ -101,3 +102,33 @@ async def test_a_start_that_lost_its_run_id_to_another_tenant_does_not_follow_it
     assert "evil" not in str(lost)
     with pytest.raises(StopAsyncIteration):
         await second.__anext__()
+
+
+async def test_a_start_refused_under_another_tenants_run_id_ends_none_of_that_runs_streams(
+    app: onward.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app's worker refuses a start whose id another tenant's run took (it landed as the
+    start looked the id up). Its refusal is the refused start's streams' alone: the run's
+    own stream, waiting on its person, went on waiting rather than end saying "the run could
+    not be started" (naming the other tenant)."""
+    looked = Resumer.exists
+    theirs: list[onward.RunStream] = []
+
+    async def looked_then_taken(self: Resumer, run_id: str) -> bool:
+        found = await looked(self, run_id)
+        if not theirs:
+            stream = app.query(
+                "pay 5", {"agent": "payer", "run_id": "s-2", "tenant": "evil"}, timeout=2
+            )
+            theirs.append(stream)
+            async for message in stream:
+                if message.is_hil_request:
+                    break
+        return found
+
+    monkeypatch.setattr(Resumer, "exists", looked_then_taken)
+    mine = app.query("pay 5", {"agent": "payer", "run_id": "s-2", "tenant": "acme"})
+    with pytest.raises(InvalidInputError, match="already exists"):
+        await asyncio.wait_for(mine.__anext__(), 30)
+    with pytest.raises(RunTimeoutError, match="waits on an answer"):
+        await asyncio.wait_for(theirs[0].__anext__(), 30)

@@ -11,6 +11,8 @@ touched run once, together with the partitions' next offsets, in one store trans
 
 A run garbage collection removed (a tombstone, and no row) is not folded from events that do
 not start it: what is left of it in the log brings no row back (`FrontierProjection._collected`).
+A start under its id past its end is a new run, folded afresh, whether the collected run's
+frontier was cached or folded again from the archive (`FrontierProjection._fold_reused`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from .base import (
 from .compaction.base import CompactionStore
 from .compaction.history import read_whole_records
 from .compaction.sqlite import embedded_compaction
-from .frontier import Frontier, FrontierDraft, ToolCallRow, fold_into
+from .frontier import TERMINAL_STATUSES, Frontier, FrontierDraft, ToolCallRow, fold_into
 from .quarantine import Quarantine, say_quarantined
 from .transcript import TranscriptRow
 
@@ -343,18 +345,26 @@ class FrontierProjection:
     async def _fold(
         self, records: Mapping[int, Sequence[LogRecord]], next_offsets: Mapping[int, int]
     ) -> None:
-        by_run, poisoned, count = self._by_run(records)
+        by_run, poisoned, started, count = self._by_run(records)
         cache = self._cache
         held = self.quarantine.held
         # A run held as its stored row says is read again too: another projector may have
         # folded it again since (a release), and its records are then folded, not skipped.
         missing = [r for r in by_run if r not in cache or (r in held and r not in self._dirty)]
-        if not self._writing_runs.isdisjoint(missing):
+        # A run that ended, cached and stored, is read again too: garbage collection may have
+        # removed its row since (`_forget_collected`). Few ended runs have events to fold.
+        ended = [
+            r for r in by_run if r not in self._dirty and r not in held and _ended(cache.get(r))
+        ]
+        if not self._writing_runs.isdisjoint(missing) or not self._writing_runs.isdisjoint(ended):
             # A run evicted from the cache is in the store being written: load it after.
             await self._written()
-        current = await self.store.load(missing) if missing else {}
+        loading = [*missing, *ended]
+        current = await self.store.load(loading) if loading else {}
+        missing += await self._forget_collected(ended, current)
         for run_id in await self._collected(by_run, missing, current):
             del by_run[run_id]
+        reused = await self._reused(by_run, started, current)
         for folded, (run_id, items) in enumerate(by_run.items(), 1):
             if folded % _YIELD_EVERY_RUNS == 0 and self._writing is not None:
                 # A store is being written: let it take its turns, or its round trips wait
@@ -370,7 +380,10 @@ class FrontierProjection:
             if run_id in held:
                 self.stats.quarantine_skipped += len(items)
                 continue
-            self._fold_run(draft, items, readable=run_id not in poisoned)
+            if run_id in reused:
+                self._fold_reused(draft, items, readable=run_id not in poisoned)
+            else:
+                self._fold_run(draft, items, readable=run_id not in poisoned)
         if not self._positions:
             self._pending_since = time.monotonic()
         self._positions.update(next_offsets)
@@ -399,13 +412,91 @@ class FrontierProjection:
             return set()
         return await self.compaction.tombstones(unstarted)
 
+    async def _forget_collected(
+        self, ended: Sequence[str], current: Mapping[str, StoredFrontier]
+    ) -> list[str]:
+        """Drop the cached frontiers of the ``ended`` runs garbage collection removed (no row,
+        a tombstone), and return those runs: folded on from the cached frontier, a late event
+        of the collected run would write its row back, and a new run under its id would be
+        folded into the collected one. They are folded as runs without a row
+        (`_collected`)."""
+        gone = [run_id for run_id in ended if run_id not in current]
+        if not gone or self.compaction is None:
+            return []
+        collected = await self.compaction.tombstones(gone)
+        for run_id in collected:
+            self._cache.pop(run_id)
+            self.quarantine.held.pop(run_id, None)
+        return [run_id for run_id in gone if run_id in collected]
+
+    async def _reused(
+        self,
+        by_run: Mapping[str, Sequence[LogRecord]],
+        started: Collection[str],
+        current: Mapping[str, StoredFrontier],
+    ) -> set[str]:
+        """The runs of a batch that may begin again under their id: a start (seq 1) after
+        something of the run was folded (earlier in the batch, or before it), and a tombstone.
+        A projector that folded the collected run before (its frontier cached), or a fold from
+        before the collection (a rebuild read with the archive), meets a new run under its id
+        from seq 1 (`_fold_reused`). ``started``: the runs with an event at seq 1."""
+        cache = self._cache
+        again = [
+            run_id
+            for run_id in started
+            if run_id in by_run
+            and (
+                run_id in cache
+                or run_id in current
+                or any(_starts(item) for item in by_run[run_id][1:])
+            )
+        ]
+        if not again or self.compaction is None:
+            return set()
+        return await self.compaction.tombstones(again)
+
+    def _fold_reused(
+        self, draft: FrontierDraft, items: Sequence[LogRecord], *, readable: bool
+    ) -> None:
+        """Fold the records of a run that has a tombstone: a start past the end of the run
+        folded so far is a new run under the id (the collected one was removed, its rows with
+        it), folded into a fresh draft, as a live projector folded it, and the collected run's
+        call and transcript rows not stored yet are dropped. A start while the run folded so
+        far has not ended is refused as a duplicate, as anywhere."""
+        held = self.quarantine.held
+        begun = 0
+        for index, item in enumerate(items):
+            if not _starts(item):
+                continue
+            if index > begun:
+                self._fold_run(draft, items[begun:index], readable=readable)
+                begun = index
+                if draft.run_id in held:
+                    return
+            ended = draft.last_seq > 0 and draft.status in TERMINAL_STATUSES
+            if ended and item.position.offset > draft.through_offset:
+                draft = self._begun_again(draft, item)
+        self._fold_run(draft, items[begun:], readable=readable)
+
+    def _begun_again(self, draft: FrontierDraft, start: LogRecord) -> FrontierDraft:
+        """A fresh draft for a new run under ``draft``'s id, starting at ``start``."""
+        run_id = draft.run_id
+        for key in [k for k in self._calls if k[0] == run_id]:
+            del self._calls[key]
+        self._said = [m for m in self._said if m.run_id != run_id]
+        fresh = FrontierDraft.of(Frontier.empty(run_id, _tenant_of(start)))
+        fresh.partition = start.position.partition
+        self._dirty[run_id] = fresh
+        return self._cache.put(run_id, fresh)
+
     def _by_run(
         self, records: Mapping[int, Sequence[LogRecord]]
-    ) -> tuple[dict[str, list[LogRecord]], set[str], int]:
-        """A batch's records by run, the runs with an unreadable record, and how many records
-        there are."""
+    ) -> tuple[dict[str, list[LogRecord]], set[str], set[str], int]:
+        """A batch's records by run, the runs with an unreadable record, those with an event
+        at seq 1, and how many records there are."""
         by_run: defaultdict[str, list[LogRecord]] = defaultdict(list)
         poisoned: set[str] = set()
+        started: set[str] = set()
         count = 0
         partitions = self.log.partitions
         for items in records.values():
@@ -423,13 +514,16 @@ class FrontierProjection:
                         self._hold(None, _astray(item, run_id, partitions))
                         continue
                 if isinstance(item, StoredEvent):
-                    by_run[item.event.run_id].append(item)
+                    event = item.event
+                    by_run[event.run_id].append(item)
+                    if event.seq == 1:
+                        started.add(event.run_id)
                 elif item.run_id is not None:
                     by_run[item.run_id].append(item)
                     poisoned.add(item.run_id)
                 else:
                     self._hold(None, item)  # filed under no run: nothing to set aside
-        return by_run, poisoned, count
+        return by_run, poisoned, started, count
 
     async def _draft(
         self, run_id: str, first: LogRecord, row: StoredFrontier | None
@@ -713,6 +807,11 @@ class FrontierProjection:
         draft = FrontierDraft.of(Frontier.empty(run_id, _tenant_of(first)))
         self._fold_run(draft, history)
         return draft
+
+
+def _ended(draft: FrontierDraft | None) -> bool:
+    """Whether a cached frontier is of a run that ended."""
+    return draft is not None and draft.status in TERMINAL_STATUSES
 
 
 def _starts(first: LogRecord) -> bool:

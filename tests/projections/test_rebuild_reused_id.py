@@ -1,0 +1,221 @@
+"""A run id used again once garbage collection removed its first run and compaction cut that
+run's events: a fold of the whole log (a rebuild read with the archive) gives the rows a live
+projector gave, the new run's, not both runs folded into one row.
+
+The first run comes back whole from the archive, finished; the new run then begins at seq 1
+again, past the first one's end. Folded on from the first run's frontier, every event of the
+new run was refused as a duplicate (same tenant: a row of the old run with 7 refusals), or
+counted on from seq 8 into the old run (another tenant: the old tenant's finished row, and the
+new tenant's run gone from its views). A projector that still cached the first run's frontier
+(a runner's inline fold, a Kafka projector) folded the new run into it the same way, and a late
+event of the collected run wrote its row back.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from support.compaction_world import (
+    AGENT,
+    TENANT,
+    Script,
+    World,
+    kafka_stores,
+    record_sweeper,
+    sqlite_world,
+)
+from support.servers import KafkaServers
+
+from onward.eventlog import Event, RunFinished, RunStarted, Tagged
+from onward.eventlog.archive import DirectoryArchive
+from onward.eventlog.archived import ArchivedEventLog
+from onward.eventlog.memory import MemoryEventLog
+from onward.projections.base import FrontierStore
+from onward.projections.compaction.memory import MemoryCompactionStore
+from onward.projections.frontier_projection import FrontierProjection
+from onward.projections.log_projector import LogProjector
+from onward.projections.memory import MemoryFrontierStore
+from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.rebuild import rebuild_frontiers
+from onward.runtime.compaction import CheckpointCompactor
+from onward.runtime.gc import GarbageCollector
+from onward.testing.eventlog import new_run_id
+
+LATER_S = 40 * 86_400.0
+
+
+async def _reuse(world: World, folder: Path, tenant: str) -> DirectoryArchive:
+    """Run "x", collect it, cut its events into the archive, and run "x" again for ``tenant``."""
+    archive = DirectoryArchive(folder / "archive")
+    await world.finished_run("x", turns=3)
+    await world.fold()
+    async with record_sweeper(world, folder) as sweeper:
+        later = time.time() + LATER_S
+        assert "x" in (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
+    await CheckpointCompactor(world.log, world.frontiers, world.store, archive=archive).compact()
+    await world.runner(Script(1)).run(AGENT, {"ask": "again"}, tenant=tenant, run_id="x")
+    await world.fold()
+    return archive
+
+
+async def _reused(folder: Path, tenant: str) -> DirectoryArchive:
+    async with sqlite_world(folder) as world:
+        return await _reuse(world, folder, tenant)
+
+
+async def _rebuilt(world: World, archive: DirectoryArchive, batch_size: int) -> FrontierStore:
+    """The log read with the archive, folded from its start into a new store."""
+    whole = ArchivedEventLog(world.log, archive)
+    rebuilt = MemoryFrontierStore()
+    projection = FrontierProjection(rebuilt, whole, compaction=world.store)
+    await LogProjector(whole, projection, batch_size=batch_size, from_log_start=True).catch_up()
+    return rebuilt
+
+
+@pytest.mark.parametrize("tenant", [TENANT, "other"])
+async def test_a_fold_from_the_archive_gives_the_reused_ids_new_run(
+    tmp_path: Path, tenant: str
+) -> None:
+    archive = await _reused(tmp_path, tenant)
+    async with sqlite_world(tmp_path) as world:
+        live = await world.frontiers.get("x")
+        assert live is not None
+        assert live.frontier is not None
+        through = live.frontier.last_seq
+        rebuilt = await _rebuilt(world, archive, 5_000)
+
+        row = await rebuilt.get("x")
+        assert row is not None
+        assert (row.summary.tenant, row.summary.status) == (tenant, "completed")
+        assert row.frontier == live.frontier
+        assert row.frontier.refused == 0
+        assert await rebuilt.tool_calls("x") == await world.frontiers.tool_calls("x")
+        said = await world.frontiers.transcript("x", tenant=tenant, through=through)
+        assert await rebuilt.transcript("x", tenant=tenant, through=through) == said
+        assert [r.run_id for r in await rebuilt.runs(tenant=tenant)] == ["x"]
+
+
+@pytest.mark.parametrize("tenant", [TENANT, "other"])
+async def test_a_fold_that_stored_the_collected_run_gives_the_new_runs_row(
+    tmp_path: Path, tenant: str
+) -> None:
+    """Stored after every record: the collected run's row is stored, then replaced."""
+    archive = await _reused(tmp_path, tenant)
+    async with sqlite_world(tmp_path) as world:
+        live = await world.frontiers.get("x")
+        rebuilt = await _rebuilt(world, archive, 1)
+
+        row = await rebuilt.get("x")
+        assert row is not None
+        assert live is not None
+        assert row.frontier == live.frontier
+        assert [r.run_id for r in await rebuilt.runs(tenant=tenant)] == ["x"]
+
+
+@pytest.mark.parametrize(("collected", "ended"), [(False, True), (True, False)])
+async def test_a_second_start_that_is_no_reuse_stays_refused(collected: bool, ended: bool) -> None:
+    """Two starts of one run racing (both at seq 1): the second is refused as a duplicate, as
+    before, whether the run was never collected (even once it ended) or it is a run under a
+    collected id that has not ended."""
+    log = MemoryEventLog(partitions=1)
+    run_id = new_run_id()
+    first: list[Event] = [
+        RunStarted(run_id=run_id, tenant=TENANT, seq=1, fence=1, at=1, agent="a", revision="r")
+    ]
+    if ended:
+        first.append(
+            RunFinished(run_id=run_id, tenant=TENANT, seq=2, fence=1, at=2, status="completed")
+        )
+    await log.append(first)
+    await log.append(
+        [RunStarted(run_id=run_id, tenant="other", seq=1, fence=1, at=3, agent="b", revision="r")]
+    )
+    store = MemoryFrontierStore()
+    compaction = MemoryCompactionStore(store)
+    if collected:
+        compaction.tombstoned.add(run_id)
+    await LogProjector(log, FrontierProjection(store, log, compaction=compaction)).catch_up()
+
+    row = await store.get(run_id)
+    assert row is not None
+    assert row.frontier is not None
+    assert (row.summary.tenant, row.frontier.agent, row.frontier.refused) == (TENANT, "a", 1)
+
+
+@pytest.mark.parametrize("tenant", [TENANT, "other"])
+async def test_a_runner_that_folded_the_collected_run_folds_the_new_one_afresh(
+    tmp_path: Path, tenant: str
+) -> None:
+    """One runner (its inline fold keeps the frontiers it folded) runs a run, which is
+    collected and cut, then a new run under the same id: the row is the new run's."""
+    async with sqlite_world(tmp_path) as world:
+        runner = world.runner(Script(3))
+        await runner.run(AGENT, {"ask": "x"}, tenant=TENANT, run_id="x")
+        async with record_sweeper(world, tmp_path) as sweeper:
+            later = time.time() + LATER_S
+            assert "x" in (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
+        archive = DirectoryArchive(tmp_path / "archive")
+        await CheckpointCompactor(
+            world.log, world.frontiers, world.store, archive=archive
+        ).compact()
+        runner.provider = Script(1)
+        result = await runner.run(AGENT, {"ask": "again"}, tenant=tenant, run_id="x")
+        assert result.status == "completed"
+
+        row = await world.frontiers.get("x")
+        assert row is not None
+        assert row.frontier is not None
+        assert (row.summary.tenant, row.frontier.refused) == (tenant, 0)
+        assert [c.call_id for c in await world.frontiers.tool_calls("x")] == ["c0"]
+
+
+@pytest.mark.kafka
+async def test_a_postgres_rebuild_from_the_archive_gives_the_reused_ids_new_run(
+    tmp_path: Path, kafka_servers: KafkaServers
+) -> None:
+    """`rebuild_frontiers` (``onward projections rebuild frontiers --archive``) reads the
+    tombstones in PostgreSQL: the new build holds the new run's row."""
+    async with kafka_stores(kafka_servers) as world:
+        archive = await _reuse(world, tmp_path, "other")
+        live = await world.frontiers.get("x")
+        assert live is not None
+        url, schema = world.database_url, kafka_servers.schema
+        report = await rebuild_frontiers(ArchivedEventLog(world.log, archive), url, schema=schema)
+        async with PostgresFrontierStore(url, schema=schema) as rebuilt:
+            assert rebuilt.build == report.build
+            row = await rebuilt.get("x")
+            assert row is not None
+            assert (row.summary.tenant, row.summary.status) == ("other", "completed")
+            assert row.frontier == live.frontier
+            assert [r.run_id for r in await rebuilt.runs(tenant="other")] == ["x"]
+
+
+async def test_a_projector_that_cached_a_collected_run_brings_no_row_back(tmp_path: Path) -> None:
+    """A projector that keeps the frontier of a run it folded (a Kafka projector's cache)
+    meets a late event of the run once garbage collection removed it: no row comes back."""
+    async with sqlite_world(tmp_path) as world:
+        await world.finished_run("old", turns=1)
+        projection = FrontierProjection(
+            world.frontiers, world.log, compaction=world.store, consumer="cached"
+        )
+        projector = LogProjector(world.log, projection)
+        await projector.catch_up()
+        async with record_sweeper(world, tmp_path) as sweeper:
+            later = time.time() + LATER_S
+            assert "old" in (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
+        last = (await world.log.read_run("old"))[-1].event
+        late = Tagged(
+            run_id="old",
+            tenant=TENANT,
+            seq=last.seq + 1,
+            fence=last.fence,
+            at=last.at + 1,
+            target_seq=1,
+            label="late",
+        )
+        await world.log.append([late])
+        await projector.catch_up()
+
+        assert await world.frontiers.get("old") is None

@@ -30,6 +30,7 @@ from onward.eventlog.base import EventLog
 
 from .base import DEFAULT_CONSUMER, DEFAULT_MAX_BYTES, ProjectionSink
 from .builds import BuildLayout, create_build, retire_unfinished, switch_build, view_holders
+from .compaction.postgres import PostgresCompactionStore
 from .frontier_projection import FrontierProjection
 from .log_projector import LogProjector
 from .postgres import FRONTIERS, PostgresFrontierStore
@@ -279,9 +280,19 @@ async def rebuild_frontiers(
                 synchronous_commit=False,
                 timeout_s=timeout_s,
             )
+            # Its tombstones: a run id used again once its first run was collected holds the
+            # new run's row, as the live projector folded it, not both runs folded into one.
+            self.compaction = PostgresCompactionStore(
+                database_url, schema=schema, max_size=2, timeout_s=timeout_s
+            )
 
         async def __aenter__(self) -> ProjectionSink:
             await self.store.start()
+            try:
+                await self.compaction.start()
+            except BaseException:
+                await self.store.close()
+                raise
             return FrontierProjection(
                 self.store,
                 log,
@@ -290,10 +301,14 @@ async def rebuild_frontiers(
                 flush_events=REBUILD_FLUSH_EVENTS,
                 flush_interval=REBUILD_FLUSH_INTERVAL,
                 write_behind=True,
+                compaction=self.compaction,
             )
 
         async def __aexit__(self, *exc: object) -> None:
-            await self.store.close()
+            try:
+                await self.compaction.close()
+            finally:
+                await self.store.close()
 
     return await rebuild(
         log,

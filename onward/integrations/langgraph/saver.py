@@ -399,22 +399,26 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         first and answered by the release: it was for the graph run that wrote the thread,
         which is done, and a cancel ends one invocation, not the thread, so the store must not
         keep it for the thread's next invocation. An invocation stopped at an interrupt is not
-        done (it waits on a person, as a run waiting does): the ask ends it ``cancelled``. An
+        done (it waits on a person, as a run waiting does): the ask ends it ``cancelled``, and
+        a node of it still running beside the interrupt stops at its next write. An
         invocation still writing (the saver closed under it) is not done either: the ask is
         kept in `_asked` for the invocations started by now, so that one's next write, which
         claims the thread again, ends it ``cancelled`` rather than carrying on.
         """
-        await self._let_go(thread_id)
+        ended = await self._let_go(thread_id)
         self._lost.pop(thread_id, None)
-        self._stopped.pop(thread_id, None)
         self._losses.pop(thread_id, None)
-        self._stops.pop(thread_id, None)
+        if not ended:
+            self._stopped.pop(thread_id, None)
+            self._stops.pop(thread_id, None)
 
-    async def _let_go(self, thread_id: str) -> None:
+    async def _let_go(self, thread_id: str) -> bool:
         """Hand the thread's lease back as `arelease` does, still refusing the writes of a
         graph run this saver ended or lost: a copy, prune or deletion lets go of a thread it
-        took for itself, which says nothing of that run."""
+        took for itself, which says nothing of that run. Returns whether it ended the run
+        ``cancelled`` at an interrupt (a node still running beside it is stopped)."""
         held = self._held.get(thread_id)
+        ended = False
         if held is not None:
             async with held.lock:
                 if self._held.get(thread_id) is held:
@@ -428,9 +432,17 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     try:
                         if (await self._fresh(thread_id, held)).waiting_on is not None:
                             await self._record_end(thread_id, held, "cancelled", asked.error)
+                            ended = True
                     except OnwardError:
                         held.holder.keep_ask()  # not ended: the thread's next holder hears it
+                    if ended:
+                        # As `_answer_at_interrupt`: a node of the ended invocation still
+                        # running beside the interrupt must not claim the thread again and
+                        # end it a second time.
+                        self._asked.pop(thread_id, None)
+                        self._stop(thread_id, functools.partial(_cancelled_error, thread_id, asked))
                 await held.holder.__aexit__(None, None, None)
+        return ended
 
     @asynccontextmanager
     async def hold(self, thread_id: str) -> AsyncIterator[None]:
@@ -546,6 +558,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 except OnwardError:
                     held.holder.keep_ask()  # not ended: the thread's next holder hears it
                 await self._drop(thread_id, held, lost=False)
+        if ended and asked is not None:
+            # As `_answer_at_interrupt`: a node of the ended invocation still running beside
+            # the interrupt must not claim the thread again and end it a second time. This
+            # read's invocation starts after the end (`_started` is counted after it).
+            self._asked.pop(thread_id, None)
+            self._stop(thread_id, functools.partial(_cancelled_error, thread_id, asked))
+            self._stopped.pop(thread_id, None)
         return ended
 
     async def alist(

@@ -28,7 +28,7 @@ from support.compaction_world import (
 )
 from support.servers import KafkaServers
 
-from onward.eventlog import Event, RunFinished, RunStarted, Tagged
+from onward.eventlog import Event, RunFinished, RunStarted
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.memory import MemoryEventLog
@@ -205,17 +205,7 @@ async def test_a_projector_that_cached_a_collected_run_brings_no_row_back(tmp_pa
         async with record_sweeper(world, tmp_path) as sweeper:
             later = time.time() + LATER_S
             assert "old" in (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
-        last = (await world.log.read_run("old"))[-1].event
-        late = Tagged(
-            run_id="old",
-            tenant=TENANT,
-            seq=last.seq + 1,
-            fence=last.fence,
-            at=last.at + 1,
-            target_seq=1,
-            label="late",
-        )
-        await world.log.append([late])
+        await world.tag_late("old")
         await projector.catch_up()
 
         assert await world.frontiers.get("old") is None

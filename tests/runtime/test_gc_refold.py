@@ -15,7 +15,6 @@ from pathlib import Path
 from support.compaction_world import AGENT, TENANT, Script, World, record_sweeper, world_of
 from support.servers import KafkaServers
 
-from onward.eventlog.events import Tagged
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 from onward.runtime.compaction import CheckpointCompactor
@@ -37,19 +36,9 @@ async def test_a_late_event_of_a_collected_run_brings_no_row_back(
         await world.finished_run("old", turns=1)
         await world.fold()
         assert await _collect(world, tmp_path) == ("old",)
-        last = (await world.log.read_run("old"))[-1].event
         # A writer that read the run before it was collected (a tag from a runner with no
         # compaction store, so no pin and no second read; a zombie worker) appends now.
-        late = Tagged(
-            run_id="old",
-            tenant=TENANT,
-            seq=last.seq + 1,
-            fence=last.fence,
-            at=last.at + 1,
-            target_seq=1,
-            label="late",
-        )
-        await world.log.append([late])
+        await world.tag_late("old")
         await world.fold()
 
         assert await world.frontiers.get("old") is None

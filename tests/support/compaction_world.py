@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onward.eventlog import KafkaEventLog, Message, SqliteEventLog, ToolCall
+from onward.eventlog import KafkaEventLog, Message, SqliteEventLog, Tagged, ToolCall
 from onward.eventlog.base import EventLog, SequenceGuard, partition_for
 from onward.projections.base import FrontierStore
 from onward.projections.compaction import (
@@ -107,6 +107,21 @@ class World:
         """Fold whatever the log holds past the stored positions."""
         projection = FrontierProjection(self.frontiers, self.log, compaction=self.store)
         await LogProjector(self.log, projection).catch_up()
+
+    async def tag_late(self, run_id: str) -> None:
+        """Append a tag to ``run_id`` right after its last event, as a writer that read the run
+        before it was collected (a zombie worker, a tagger with no pin) would."""
+        last = (await self.log.read_run(run_id))[-1].event
+        late = Tagged(
+            run_id=run_id,
+            tenant=last.tenant,
+            seq=last.seq + 1,
+            fence=last.fence,
+            at=last.at + 1,
+            target_seq=1,
+            label="late",
+        )
+        await self.log.append([late])
 
     async def live_run(self, run_id: str, *, turns: int, done: int) -> None:
         """A run that dies after ``done`` settled turns of ``turns``: the next step a model call."""

@@ -914,14 +914,16 @@ class AskedAsTheInterruptLands(WrappedEventLog):
         return positions
 
 
-async def test_a_cancel_a_read_answers_at_an_interrupt_beside_a_running_branch_ends_the_run_once(
-    placed: tuple[World, dict[str, str]],
+@pytest.mark.parametrize("answer", ["read", "release"])
+async def test_a_cancel_answered_at_an_interrupt_beside_a_running_branch_ends_the_run_once(
+    placed: tuple[World, dict[str, str]], answer: str
 ) -> None:
     """Two branches run in parallel: one stops at an interrupt, the other is in a slow node. A
     cancel is asked as the interrupt is saved (the write hears it, no renewal has yet), and a
-    UI reads the thread (``aget_state``), which ends the invocation at the interrupt. The slow
-    branch's write then stops the graph run (`RunCancelledError`) without claiming the thread
-    again: the run ends once, and nothing is written after its end."""
+    UI reads the thread (``aget_state``), or the saver lets it go (``arelease``): either ends
+    the invocation at the interrupt. The slow branch's write then stops the graph run
+    (`RunCancelledError`) without claiming the thread again: the run ends once, and nothing is
+    written after its end."""
     world, _ = placed
     thread_id = f"thread-{uuid.uuid4().hex[:8]}"
     go_on = asyncio.Event()
@@ -955,62 +957,16 @@ async def test_a_cancel_a_read_answers_at_an_interrupt_beside_a_running_branch_e
         )
         await until_heard(saver, thread_id)
 
-        await graph.aget_state(config(thread_id))
+        if answer == "read":
+            await graph.aget_state(config(thread_id))
+        else:
+            await saver.arelease(thread_id)
 
         assert not saver.holds(thread_id)
         go_on.set()
         with pytest.raises(RunCancelledError, match="cancelled by ops"):
             await asyncio.wait_for(running, 30)
         assert not saver.holds(thread_id)
-    events = [stored.event for stored in await world.log.read_run(thread_id)]
-    assert ends_in(events) == [("cancelled", "cancelled by ops")]
-    assert isinstance(events[-1], RunFinished)
-
-
-async def test_a_cancel_heard_as_the_saver_lets_go_at_an_interrupt_beside_a_branch_ends_once(
-    placed: tuple[World, dict[str, str]],
-) -> None:
-    """As above, but the saver lets the thread go (``arelease``) while the slow branch runs: the
-    release ends the invocation at the interrupt, and the slow branch's write stops the graph
-    run without ending it a second time."""
-    world, _ = placed
-    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-    go_on = asyncio.Event()
-
-    def ask(state: Slow) -> dict[str, list[str]]:
-        return {"steps": [interrupt("go on?")]}
-
-    async def slow(state: Slow) -> dict[str, list[str]]:
-        await go_on.wait()
-        return {"steps": ["slow"]}
-
-    saver = OnwardSaver(
-        AskedAsTheInterruptLands(world.log, world.leases),
-        world.leases,
-        tenant=TENANT,
-        frontiers=world.frontiers,
-        checkpoint_inline=world.embedded,
-        holder="graph-a",
-    )
-    async with saver:
-        builder = StateGraph(Slow)
-        builder.add_node("ask", ask)
-        builder.add_node("slow", slow)
-        builder.add_edge(START, "ask")
-        builder.add_edge(START, "slow")
-        builder.add_edge("ask", END)
-        builder.add_edge("slow", END)
-        graph = builder.compile(checkpointer=saver)
-        running = asyncio.create_task(
-            graph.ainvoke({"steps": []}, config(thread_id), durability="sync")
-        )
-        await until_heard(saver, thread_id)
-
-        await saver.arelease(thread_id)
-
-        go_on.set()
-        with pytest.raises(RunCancelledError, match="cancelled by ops"):
-            await asyncio.wait_for(running, 30)
     events = [stored.event for stored in await world.log.read_run(thread_id)]
     assert ends_in(events) == [("cancelled", "cancelled by ops")]
     assert isinstance(events[-1], RunFinished)

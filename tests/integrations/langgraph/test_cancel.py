@@ -861,22 +861,8 @@ async def test_a_cancel_heard_at_an_interrupt_beside_a_running_branch_ends_the_r
     thread_id = f"thread-{uuid.uuid4().hex[:8]}"
     go_on = asyncio.Event()
 
-    def ask(state: Slow) -> dict[str, list[str]]:
-        return {"steps": [interrupt("go on?")]}
-
-    async def slow(state: Slow) -> dict[str, list[str]]:
-        await go_on.wait()
-        return {"steps": ["slow"]}
-
     async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
-        builder = StateGraph(Slow)
-        builder.add_node("ask", ask)
-        builder.add_node("slow", slow)
-        builder.add_edge(START, "ask")
-        builder.add_edge(START, "slow")
-        builder.add_edge("ask", END)
-        builder.add_edge("slow", END)
-        graph = builder.compile(checkpointer=saver)
+        graph = _beside_a_slow_branch(saver, go_on)
         running = asyncio.create_task(graph.ainvoke({"steps": []}, config(thread_id)))
 
         async def at_the_interrupt() -> bool:
@@ -928,13 +914,6 @@ async def test_a_cancel_answered_at_an_interrupt_beside_a_running_branch_ends_th
     thread_id = f"thread-{uuid.uuid4().hex[:8]}"
     go_on = asyncio.Event()
 
-    def ask(state: Slow) -> dict[str, list[str]]:
-        return {"steps": [interrupt("go on?")]}
-
-    async def slow(state: Slow) -> dict[str, list[str]]:
-        await go_on.wait()
-        return {"steps": ["slow"]}
-
     saver = OnwardSaver(
         AskedAsTheInterruptLands(world.log, world.leases),
         world.leases,
@@ -944,14 +923,7 @@ async def test_a_cancel_answered_at_an_interrupt_beside_a_running_branch_ends_th
         holder="graph-a",
     )
     async with saver:
-        builder = StateGraph(Slow)
-        builder.add_node("ask", ask)
-        builder.add_node("slow", slow)
-        builder.add_edge(START, "ask")
-        builder.add_edge(START, "slow")
-        builder.add_edge("ask", END)
-        builder.add_edge("slow", END)
-        graph = builder.compile(checkpointer=saver)
+        graph = _beside_a_slow_branch(saver, go_on)
         running = asyncio.create_task(
             graph.ainvoke({"steps": []}, config(thread_id), durability="sync")
         )
@@ -979,3 +951,24 @@ def _asker(world: World, thread_id: str) -> Callable[[], Awaitable[None]]:
         assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
 
     return ask
+
+
+def _beside_a_slow_branch(saver: OnwardSaver, go_on: asyncio.Event) -> CompiledStateGraph[Any]:
+    """A graph of two branches run in parallel: one stops at an interrupt, the other waits in
+    a slow node until ``go_on`` is set."""
+
+    def ask(state: Slow) -> dict[str, list[str]]:
+        return {"steps": [interrupt("go on?")]}
+
+    async def slow(state: Slow) -> dict[str, list[str]]:
+        await go_on.wait()
+        return {"steps": ["slow"]}
+
+    builder = StateGraph(Slow)
+    builder.add_node("ask", ask)
+    builder.add_node("slow", slow)
+    builder.add_edge(START, "ask")
+    builder.add_edge(START, "slow")
+    builder.add_edge("ask", END)
+    builder.add_edge("slow", END)
+    return builder.compile(checkpointer=saver)

@@ -221,6 +221,10 @@ class KafkaProjector(Generic[SinkT]):
         # rebalance drops what was folded since the stored positions, and a batch fetched
         # before it must then not be folded on top of what is left (see `_apply`).
         self._folding = asyncio.Lock()
+        # The assignment's seek and one the fetcher asks for (it found no offset while the
+        # assignment was still reading the stored positions) take turns: interleaved, the one
+        # ending last moved partitions back under records the other's fetch had handed out.
+        self._seeking = asyncio.Lock()
         self._starting = asyncio.Lock()
         self._turns = (
             _Turns(behind_records=batch_records, slice_s=focus_slice_s)
@@ -300,6 +304,10 @@ class KafkaProjector(Generic[SinkT]):
             )
 
     async def _seek_to_stored(self, assigned: list[TopicPartition]) -> None:
+        async with self._seeking:
+            await self._seek_to_stored_alone(assigned)
+
+    async def _seek_to_stored_alone(self, assigned: list[TopicPartition]) -> None:
         consumer = self._live()
         rebalances = self._rebalances
         if self._turns is not None:

@@ -490,6 +490,59 @@ async def test_a_projector_behind_in_every_partition_folds_them_one_at_a_time(
     await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
 
 
+async def test_a_seek_the_fetcher_asks_for_waits_for_the_assignment_s_seek(
+    stack: Stack, rng: random.Random
+) -> None:
+    """The fetcher asks for a seek (it found no offset) while the assignment's own seek is
+    still reading the stored positions: the two seeks take turns. Interleaved, the assignment's
+    seek, finishing last, moved a partition back under records already handed out (they were
+    fetched twice) and paused every partition while they were folded."""
+    await append_all(stack.log, workload(rng, 12))
+    projector = taking_turns(stack, slice_s=60)
+    projection = projector.projection
+    positions = projection.positions
+    reading, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_positions() -> dict[int, int]:
+        if not reading.is_set():
+            reading.set()
+            await release.wait()
+        return await positions()
+
+    seeks_done = 0
+    seek = projector._seek_to_stored
+
+    async def counted_seek(assigned: list[TopicPartition]) -> None:
+        nonlocal seeks_done
+        await seek(assigned)
+        seeks_done += 1
+
+    projection.positions = slow_positions  # type: ignore[method-assign]
+    projector._seek_to_stored = counted_seek  # type: ignore[method-assign]
+    await projector.start()
+    try:
+        await asyncio.wait_for(reading.wait(), 30)
+        asked = asyncio.create_task(projector._seek_to_stored(list(projector._live().assignment())))
+        fetching = asyncio.create_task(projector._fetch(500))
+        await asyncio.wait({asked, fetching}, timeout=1.0)
+        release.set()
+        await asked
+        fetched = await fetching
+        handed_out: list[tuple[int, int]] = []
+        deadline = asyncio.get_running_loop().time() + 30
+        while seeks_done < 2:
+            assert asyncio.get_running_loop().time() < deadline, "the assignment's seek did not end"
+            await asyncio.sleep(0.01)
+        while len(handed_out) < 40:
+            assert asyncio.get_running_loop().time() < deadline, handed_out
+            for partition, batch in (fetched[0] if fetched is not None else {}).items():
+                handed_out.extend((partition, record.position.offset) for record in batch)
+            fetched = await projector._fetch(500)
+    finally:
+        await projector.close()
+    assert len(set(handed_out)) == len(handed_out), sorted(handed_out)
+
+
 async def test_a_turn_passes_on_when_its_slice_is_over(stack: Stack, rng: random.Random) -> None:
     """A partition whose backlog outlasts its slice does not hold the others back: every
     partition is begun before any is finished."""

@@ -210,9 +210,11 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     async def verify(self) -> None:
         """Refuse keys written in a newer layout than this code reads."""
         client = self._live_client()
-        with translated("reading the Redis frontier format"):
+        key = f"{self.prefix}frontier-format"
+        doing = "reading the Redis frontier format"
+        with translated(doing), self._naming(key, doing):
             async with asyncio.timeout(self._timeout_s):
-                found = await client.get(f"{self.prefix}frontier-format")
+                found = await client.get(key)
         if found is None:
             return
         try:
@@ -423,9 +425,11 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
 
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         client = self._live_client()
-        with translated("reading the transcript", run_id=run_id):
+        key = _transcript_key(self.prefix, tenant, run_id)
+        doing = "reading the transcript"
+        with translated(doing, run_id=run_id), self._naming(key, doing, run_id):
             async with asyncio.timeout(self._timeout_s):
-                stored = await client.hgetall(_transcript_key(self.prefix, tenant, run_id))
+                stored = await client.hgetall(key)
         rows = sorted((int(seq), _str(body)) for seq, body in stored.items())
         return [
             TranscriptRow(
@@ -438,18 +442,22 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
     async def positions(self, consumer: str) -> dict[int, int]:
         client = self._live_client()
         _check_consumer(consumer)  # a projector reads its positions first: refused at start
-        with translated(f"reading the positions of consumer {consumer!r}"):
+        key = self._key("positions", consumer)
+        doing = f"reading the positions of consumer {consumer!r}"
+        with translated(doing), self._naming(key, doing):
             async with asyncio.timeout(self._timeout_s):
-                stored = await client.hgetall(self._key("positions", consumer))
+                stored = await client.hgetall(key)
         found = {int(partition): int(offset) for partition, offset in stored.items()}
         self._saw(consumer, found)
         return found
 
     async def tool_calls(self, run_id: str) -> list[ToolCallRow]:
         client = self._live_client()
-        with translated("reading tool call rows", run_id=run_id):
+        key = self._key("calls", run_id)
+        doing = "reading tool call rows"
+        with translated(doing, run_id=run_id), self._naming(key, doing, run_id):
             async with asyncio.timeout(self._timeout_s):
-                stored = await client.hgetall(self._key("calls", run_id))
+                stored = await client.hgetall(key)
         rows = [_call_decoder.decode(v) for k, v in stored.items() if _str(k).startswith("c:")]
         return sorted(rows, key=lambda r: (r.dispatched_at is None, r.dispatched_at, r.call_id))
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -162,7 +162,8 @@ class RedisStore(Resource):
             if not isinstance(answer, ResponseError):
                 continue
             if str(answer).startswith("WRONGTYPE"):
-                raise _wrong_type(answer, what, call_keys, self.prefix, run_id) from answer
+                doing = f"running {what}"
+                raise _wrong_type(answer, doing, call_keys, self.prefix, run_id) from answer
             raise answer
 
     async def run_script(
@@ -191,7 +192,19 @@ class RedisStore(Resource):
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
                 raise
-            raise _wrong_type(exc, what, keys, self.prefix, run_id) from exc
+            raise _wrong_type(exc, f"running {what}", keys, self.prefix, run_id) from exc
+
+    @contextlib.contextmanager
+    def _naming(self, key: str, doing: str, run_id: str | None = None) -> Iterator[None]:
+        """Around one command on ``key`` sent alone: Redis's WRONGTYPE names no key (a
+        pipeline's error names each command's, a script's its line), so it is named here
+        as `run_script` names a script's keys, with what was being done."""
+        try:
+            yield
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            raise _wrong_type(exc, doing, [key], self.prefix, run_id) from exc
 
     def _send_queued(self) -> None:
         """Send what this turn of the loop queued, as one pipeline in a task of its own."""
@@ -328,19 +341,21 @@ def _check_encodable(
 
 
 def _wrong_type(
-    exc: ResponseError, what: str, keys: list[str], prefix: str, run_id: str | None
+    exc: ResponseError, doing: str, keys: list[str], prefix: str, run_id: str | None
 ) -> BackendError:
-    """Redis's WRONGTYPE, with the keys it may be about: Redis names the script's line, not
-    the key, and the operator must find the key that another program (or another deployment
-    under the same prefix) wrote in another type."""
-    named = (
-        f"one of its keys {', '.join(map(repr, keys))}"
-        if keys
-        else f"one of the keys under {prefix!r} it touches"
-    )
+    """Redis's WRONGTYPE, while ``doing`` something, with the keys it may be about: Redis
+    names the script's line (or nothing), not the key, and the operator must find the key
+    that another program (or another deployment under the same prefix) wrote in another
+    type."""
+    if len(keys) == 1:
+        named = f"its key {keys[0]!r}"
+    elif keys:
+        named = f"one of its keys {', '.join(map(repr, keys))}"
+    else:
+        named = f"one of the keys under {prefix!r} it touches"
     shown = "" if run_id is None else f"run {run_id!r}: "
     return BackendError(
-        f"{shown}running {what}: {exc}; {named} holds another type than Onward keeps there: "
+        f"{shown}{doing}: {exc}; {named} holds another type than Onward keeps there: "
         "another program's key, or another deployment's under the same prefix (give each its "
         "own ONWARD_REDIS_PREFIX)",
         run_id=run_id,

@@ -316,6 +316,47 @@ async def test_a_key_of_another_type_under_the_prefix_is_named(
     assert repr(redis_prefix) in str(failed.value)
 
 
+@pytest.mark.parametrize("kind", ["calls", "transcript", "positions", "format"])
+async def test_a_key_of_another_type_met_by_a_single_read_is_named(
+    redis_url: str, redis_prefix: str, kind: str
+) -> None:
+    """A read of one key (a run's call rows, its transcript, a consumer's positions, the
+    format checked at open) meeting a key of another type failed with Redis's bare
+    WRONGTYPE, naming neither the key nor the run: the operator had nothing to look for."""
+    run_id = new_run_id()
+    key = {
+        "calls": f"{redis_prefix}calls:{run_id}",
+        "transcript": f"{redis_prefix}transcript:{len('t1')}:t1:{run_id}",
+        "positions": f"{redis_prefix}positions:{CONSUMER}",
+        "format": f"{redis_prefix}frontier-format",
+    }[kind]
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        if kind == "format":
+            await client.hset(key, "field", "another program's")
+        else:
+            await client.set(key, "another program's")
+    finally:
+        await client.aclose()
+    with pytest.raises(BackendError, match="WRONGTYPE") as failed:
+        await _read_one(redis_url, redis_prefix, kind, run_id)
+    assert repr(key) in str(failed.value)
+    assert "ONWARD_REDIS_PREFIX" in str(failed.value)
+    if kind in ("calls", "transcript"):
+        assert failed.value.run_id == run_id
+
+
+async def _read_one(redis_url: str, prefix: str, kind: str, run_id: str) -> None:
+    """Open a store (which reads the format) and read one key of ``kind`` through it."""
+    async with RedisFrontierStore(redis_url, prefix=prefix) as store:
+        if kind == "calls":
+            await store.tool_calls(run_id)
+        elif kind == "transcript":
+            await store.transcript(run_id, tenant="t1", through=10)
+        elif kind == "positions":
+            await store.positions(CONSUMER)
+
+
 async def test_a_key_of_another_type_met_indexing_by_status_is_named(
     redis_url: str, redis_prefix: str
 ) -> None:

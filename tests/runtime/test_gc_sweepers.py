@@ -467,13 +467,20 @@ async def test_a_redis_key_of_another_type_is_named_by_the_key_sweeper(
     redis_stores: tuple[RedisLeaseStore, RedisKeySweeper, Redis],
 ) -> None:
     """A lease key another program wrote in another type failed the pass with Redis's
-    WRONGTYPE, the pipeline naming only a script's digest: neither the key nor the run."""
+    WRONGTYPE, the pipeline naming only a script's digest: neither the key nor the run. The
+    lease hash is the one key the script reads by type: the fence and schema cache keys (the
+    latter under MCP_SCHEMA_CACHE_PREFIX, which ONWARD_REDIS_PREFIX does not move) were named
+    as suspects beside it."""
     leases, sweeper, client = redis_stores
     runs = [new_run_id() for _ in range(3)]
     await client.set(leases.lease_key(runs[1]), "another program's")
+    await client.set(leases.fence_key(runs[1]), "another program's")
+    await client.set(f"{sweeper.schema_prefix}{runs[1]}", "another program's")
     with pytest.raises(BackendError, match="WRONGTYPE") as failed:
         await sweeper.sweep(runs, delete=True)
-    assert leases.lease_key(runs[1]) in str(failed.value)
+    assert f"its key {leases.lease_key(runs[1])!r}" in str(failed.value)
+    assert leases.fence_key(runs[1]) not in str(failed.value)
+    assert sweeper.schema_prefix not in str(failed.value)
     assert "ONWARD_REDIS_PREFIX" in str(failed.value)
     assert failed.value.run_id == runs[1]
 

@@ -59,6 +59,9 @@ LEFT_TRIES = 3
 LEFT_PAUSE_S = 0.5
 """The pause before the second ask of which keys are left (twice that before the third)."""
 
+_RUNS_SHOWN = 10
+"""How many runs an error names before it counts the rest."""
+
 _IDS = "SELECT unnest($1::text[])"
 
 _ROWS: dict[Kind, tuple[str, str]] = {
@@ -302,7 +305,7 @@ class RedisFrontierSweeper(Resource):
                 # a run whose frontier is gone would never be listed again, so it loses its
                 # rows now too; the pass still fails.
                 lost, frontiers, said, call_rows = error, 0, 0, 0
-                left = await self._left([run_id for run_id, _ in expired])
+                left = await self._left([run_id for run_id, _ in expired], error)
                 swept = {run_id for run_id, _ in expired if run_id not in left}
             if all(run_id in swept for run_id, _ in expired):
                 await first.commit()
@@ -316,15 +319,33 @@ class RedisFrontierSweeper(Resource):
         counts |= {"frontiers": frontiers, "transcript": said, "tool_calls": call_rows}
         return counts
 
-    async def _left(self, run_ids: list[str]) -> dict[str, RunSummary]:
+    async def _left(self, run_ids: list[str], swept: BackendError) -> dict[str, RunSummary]:
         """The summaries of those of ``run_ids`` still in Redis, read after Redis failed the
-        sweep, and asked again (`LEFT_TRIES` times in all) while Redis cannot answer: rolled
-        back, a run whose keys went would keep its rows for good, as no pass lists it again."""
+        sweep (``swept``), and asked again (`LEFT_TRIES` times in all) while Redis cannot
+        answer: rolled back, a run whose keys went would keep its rows for good, as no pass
+        lists it again.
+
+        Raises:
+            BackendUnavailableError: Every ask failed: the pass rolls back, and the error names
+                the runs that may now be in that state, for the operator to check.
+        """
         for attempt in range(1, LEFT_TRIES):
             with contextlib.suppress(BackendUnavailableError):
                 return await self.frontiers.summaries(run_ids)
             await asyncio.sleep(LEFT_PAUSE_S * attempt)
-        return await self.frontiers.summaries(run_ids)
+        try:
+            return await self.frontiers.summaries(run_ids)
+        except BackendUnavailableError as exc:
+            shown = ", ".join(map(repr, run_ids[:_RUNS_SHOWN]))
+            more = len(run_ids) - _RUNS_SHOWN
+            raise BackendUnavailableError(
+                f"sweeping the Redis keys of {len(run_ids)} finished runs failed ({swept}), and "
+                f"which keys went could not be read in {LEFT_TRIES} asks ({exc}): every run's "
+                "PostgreSQL rows were rolled back. A run whose keys Redis deleted keeps its "
+                "compaction, lease and retained-event rows with no tombstone, and no later "
+                f"pass lists it again; those that may be so: {shown}"
+                + (f" and {more} more" if more > 0 else "")
+            ) from exc
 
 
 def _ended(summary: RunSummary) -> bool:

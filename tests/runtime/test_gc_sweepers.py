@@ -398,6 +398,54 @@ async def test_a_run_in_redis_whose_answer_was_lost_keeps_no_rows_though_redis_f
         assert await stores.rows(kept) == (True, 2, 2, True, 2)
 
 
+async def test_a_redis_sweep_that_cannot_tell_which_keys_went_says_what_it_kept(
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    pg_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis deleted the runs' keys, its answer was lost, and every ask of which keys went
+    failed too: the pass rolled every run's PostgreSQL rows back, the safe choice, but said
+    only that a read of summaries timed out, naming neither the sweep nor the runs whose rows
+    may now be left with no frontier and no tombstone, which no later pass lists again."""
+    monkeypatch.setattr(redis_frontiers, "LEFT_PAUSE_S", 0)
+    url, schema = database_url, pg_schema
+    async with await redis_frontier_stores(redis_url, redis_prefix, url, schema) as stores:
+        gone = await stores.seed("completed")
+        sweeper = stores.sweeper
+        assert isinstance(sweeper, RedisFrontierSweeper)
+        swept, read = sweeper.frontiers.sweep_finished, sweeper.frontiers.summaries
+        asks_after_loss: list[Collection[str]] = []
+        lost = False
+
+        async def swept_then_lost(*args: Any, **kwargs: Any) -> tuple[int, int, int]:
+            nonlocal lost
+            await swept(*args, **kwargs)
+            lost = True
+            raise BackendUnavailableError("Redis did not answer in time")
+
+        async def read_failing_once_lost(run_ids: Collection[str]) -> dict[str, RunSummary]:
+            if lost:
+                asks_after_loss.append(run_ids)
+                raise BackendUnavailableError("Redis did not answer in time")
+            return await read(run_ids)
+
+        sweeper.frontiers.sweep_finished = swept_then_lost  # type: ignore[method-assign]
+        sweeper.frontiers.summaries = read_failing_once_lost  # type: ignore[method-assign]
+        plan = SweepPlan(expired=(gone,), calls=(), before=CUTOFF)
+        with pytest.raises(BackendUnavailableError) as failed:
+            await sweeper.sweep(plan, delete=True)
+
+        assert len(asks_after_loss) == redis_frontiers.LEFT_TRIES
+        said = str(failed.value)
+        assert "rolled back" in said
+        assert repr(gone) in said
+        assert "no tombstone" in said
+        assert await stores.rows(gone) == (False, 0, 0, True, 2)
+        assert await sweeper._rows.collected([gone]) == set()
+
+
 @pytest_asyncio.fixture
 async def redis_stores(
     redis_url: str, redis_prefix: str

@@ -271,7 +271,9 @@ class DirectoryArchive:
     def _make_directory(self) -> None:
         """Create the directory (and its parents) if missing; the directory itself 0700. Each
         one created is synced into its parent: the files' syncs keep their own entries, not
-        the directory's name, and a crash after a cut would lose the whole archive."""
+        the directory's name, and a crash after a cut would lose the whole archive. One found
+        there is synced into its parent too: a process that crashed after making it never
+        synced it, and nothing tells its directory from one that was."""
         missing = list(
             itertools.takewhile(lambda d: not d.exists(), [self.path, *self.path.parents])
         )
@@ -279,6 +281,7 @@ class DirectoryArchive:
         try:
             self.path.mkdir(mode=DIRECTORY_MODE)
         except FileExistsError:
+            _sync_directory(self.path.parent)
             return
         os.chmod(self.path, DIRECTORY_MODE)  # in case the umask took more than it should
         for created in reversed(missing):
@@ -380,6 +383,14 @@ class DirectoryArchive:
             )
         for entry in manifest.ranges:
             self._check_name(entry)
+            for field, value in (("partition", entry.partition), ("start", entry.start)):
+                if value < 0:
+                    # No log has one and no write records one: damage, not an older writer's.
+                    raise ArchiveError(
+                        f"archive {self.path}: {MANIFEST} entry for {entry.file!r} has "
+                        f"{field} {value}, below 0; nothing is read from it until the manifest "
+                        "is restored from a copy"
+                    )
             if entry.start >= entry.end and entry.events:
                 raise ArchiveError(
                     f"archive {self.path}: {MANIFEST} entry for partition {entry.partition} "

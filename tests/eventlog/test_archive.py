@@ -337,3 +337,40 @@ async def test_the_directories_a_first_write_creates_are_synced_into_their_paren
     directory = tmp_path / "deep" / "archive"
     await DirectoryArchive(directory).write(0, 0, 4, records(0, range(4)))
     assert {os.stat(tmp_path).st_ino, os.stat(directory.parent).st_ino} <= synced
+
+
+@pytest.mark.parametrize(
+    ("partition", "start", "field"),
+    [(-1, 0, "partition -1"), (0, -5, "start -5")],
+    ids=["partition", "start"],
+)
+async def test_a_manifest_entry_below_offset_zero_is_an_archive_error(
+    tmp_path: Path, partition: int, start: int, field: str
+) -> None:
+    """No log has a negative partition or offset, and no writer records one (a write refuses
+    it): a damaged or hand-edited manifest holding one was read as it stood, an entry that
+    reads and overlaps like a real range. It is refused naming the field and the manifest."""
+    _written_by_hand(tmp_path / "archive", partition, start, 4, [])
+    with pytest.raises(ArchiveError, match=field) as refused:
+        await DirectoryArchive(tmp_path / "archive").ranges()
+    assert MANIFEST in str(refused.value)
+
+
+async def test_an_archive_directory_made_before_a_crash_is_synced_into_its_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that crashed between making the archive directory and syncing it into its
+    parent left a directory the next write found there and took as durable: its name was
+    never synced, and an OS crash after that write's cut could lose the whole archive."""
+    directory = tmp_path / "archive"
+    directory.mkdir(mode=archive_module.DIRECTORY_MODE)
+    synced: set[int] = set()
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.add(os.fstat(fd).st_ino)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    await DirectoryArchive(directory).write(0, 0, 4, records(0, range(4)))
+    assert os.stat(tmp_path).st_ino in synced

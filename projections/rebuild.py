@@ -54,9 +54,13 @@ _TRY_LOCK = (
 """Keyed by the schema the pool's search path resolves to, not the name it was given: a
 schema named by ``schema`` and one reached through the URL's search path (or the default)
 is one build registry, and rebuilds beside each other retire each other's builds."""
-_TRY_EARLIER_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('onward::rebuild:' || $1, 0))"
-"""The key earlier versions took for a rebuild given no schema: taken too by one given none,
-so a rebuild of a process not yet upgraded and an upgraded one do not run side by side."""
+_TRY_EARLIER_LOCK = (
+    "SELECT pg_try_advisory_lock_shared(hashtextextended('onward::rebuild:' || $1, 0))"
+)
+"""The key earlier versions took (exclusive) for a rebuild given no schema: taken too by one
+given none, so a rebuild of a process not yet upgraded and an upgraded one do not run side by
+side; shared, as it is one key for every schema and upgraded rebuilds of two schemas must not
+refuse each other."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -351,6 +351,8 @@ class PostgresStore(Resource):
 
 _TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
 _LOCK = "SELECT pg_advisory_lock(hashtextextended($1, 0))"
+_TRY_LOCK_SHARED = "SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0))"
+_LOCK_SHARED = "SELECT pg_advisory_lock_shared(hashtextextended($1, 0))"
 
 
 class AdvisoryLock:
@@ -370,6 +372,7 @@ class AdvisoryLock:
         self._store = store
         self._name = name
         self._keys: list[str] | None = None
+        self._earlier_key: str | None = None
         self._schema = store._schema
         self._in_process = asyncio.Lock()
         self._held: tuple[AsyncExitStack, asyncpg.Connection] | None = None
@@ -417,7 +420,9 @@ class AdvisoryLock:
         search path resolves to, so a store naming the schema and one reaching it through the
         URL's search path take one lock. A store given no schema also takes the key earlier
         versions took for it (``onward::NAME``), so a process not yet upgraded holding the
-        lock keeps this one waiting. Looked up once, on first use."""
+        lock keeps this one waiting; in shared mode (`_earlier_key`), as that key is one for
+        every schema and upgraded processes on two schemas must not wait for each other.
+        Looked up once, on first use."""
         if self._keys is None:
             resolved = await conn.fetchval("SELECT current_schema()") or ""
             self._schema = self._schema or resolved
@@ -425,6 +430,7 @@ class AdvisoryLock:
             legacy = f"onward::{self._name}"
             if not self._store._schema and legacy not in keys:
                 keys.append(legacy)
+                self._earlier_key = legacy
             self._keys = keys
         return self._keys
 
@@ -438,7 +444,8 @@ class AdvisoryLock:
         wait: LockWait | None = None
         waiting_on = {"key": keys[0]}  # the key the wait is on now, for its holder
         for key in keys:
-            if await conn.fetchval(_TRY_LOCK, key):
+            shared = key == self._earlier_key
+            if await conn.fetchval(_TRY_LOCK_SHARED if shared else _TRY_LOCK, key):
                 continue
             waiting_on["key"] = key
             if wait is None:
@@ -460,7 +467,7 @@ class AdvisoryLock:
             try:
                 async with conn.transaction():  # a session lock outlives the transaction
                     await conn.execute(f"SET LOCAL lock_timeout = {lock_timeout_ms}")
-                    await conn.execute(_LOCK, key)
+                    await conn.execute(_LOCK_SHARED if key == self._earlier_key else _LOCK, key)
             except asyncpg.LockNotAvailableError:
                 await wait.not_yet()
             else:

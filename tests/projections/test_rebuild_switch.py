@@ -15,7 +15,9 @@ import pytest
 import pytest_asyncio
 from support.histories import append_all, direct_fold, run_ids_of, workload
 from support.kinds import KindCounts
+from support.pg import SchemaFactory
 
+from onward._storage import open_pool
 from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import KafkaEventLog, StoredEvent, kind_of
 from onward.projections.builds import create_build, switch_build
@@ -466,3 +468,26 @@ async def test_a_rebuild_refused_its_build_still_retires_the_one_a_killed_rebuil
     async with PostgresCompactionStore(database_url, schema=pg_schema) as compaction:
         held = await compaction.positions()
     assert "kinds@2" not in held, held
+
+
+async def test_rebuilds_given_no_schema_of_two_schemas_run_side_by_side(
+    log: KafkaEventLog, database_url: str, new_pg_schema: SchemaFactory, rng: random.Random
+) -> None:
+    """Two deployments each reach their own schema through the URL's search path: a rebuild of
+    ``kinds`` in one is not refused as "another rebuild is running" because one of ``kinds``
+    runs in the other (the key earlier versions took is one for every schema)."""
+    await append_all(log, workload(rng, 5))
+    joiner = "&" if "?" in database_url else "?"
+    first, second = await new_pg_schema(), await new_pg_schema()
+    pool = await open_pool(f"{database_url}{joiner}search_path={first}", max_size=1)
+    try:
+        guard = await rebuild_module._rebuild_lock(pool, "kinds", 5, earlier=True)
+        try:
+            report = await rebuild_projection(
+                log, f"{database_url}{joiner}search_path={second}", KindCounts(), batch_size=10
+            )
+        finally:
+            await pool.release(guard)
+    finally:
+        await pool.close()
+    assert report.build == 1

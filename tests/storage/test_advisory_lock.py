@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+from support.pg import SchemaFactory
 
 from onward._storage import PostgresStore
 
@@ -92,3 +93,21 @@ async def test_a_store_given_no_schema_waits_for_a_holder_of_the_earlier_version
             assert order == ["earlier done", "upgraded"]
     finally:
         await earlier.close()
+
+
+async def test_stores_given_no_schema_on_two_schemas_do_not_wait_for_each_other(
+    database_url: str, new_pg_schema: SchemaFactory
+) -> None:
+    """Two deployments each reach their own schema through the URL's search path: the key
+    earlier versions took (``onward::fold``, one for every schema) keeps out a process not yet
+    upgraded, but must not make one schema's fold wait for another's."""
+    joiner = "&" if "?" in database_url else "?"
+    first, second = await new_pg_schema(), await new_pg_schema()
+    async with (
+        PostgresStore(f"{database_url}{joiner}search_path={first}", timeout_s=2) as one,
+        PostgresStore(f"{database_url}{joiner}search_path={second}", timeout_s=2) as other,
+    ):
+        order: list[str] = []
+        async with one.exclusive("fold"):
+            await asyncio.wait_for(_hold(other, "fold", order, "other schema"), 1)
+        assert order == ["other schema"]

@@ -8,13 +8,22 @@ old builds stay until dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import asyncpg
 
-from onward._storage import bound_lock_waits, translating
-from onward.errors import InvalidInputError
+from onward._storage import bound_lock_waits, pooled, translating
+from onward.errors import BackendUnavailableError, InvalidInputError
+
+SWITCH_LOCK_WAIT_S = 1.0
+"""The longest one attempt to create a build or switch a rebuild's views waits for its locks
+(`in_steps`): the projection's readers and writers queue behind it meanwhile."""
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,12 +35,16 @@ class BuildLayout:
         version: The version of the code that folds it, recorded with each build.
         ddl: The statements creating one build's tables, given the build number.
         views: For a build number, each public view name and the table it shows.
+        collides: For another projection's name, whether some build of one of the two would
+            be named as a view or table of the other; ``None``: never. Asked as the first
+            build is created, while the name can still be chosen.
     """
 
     projection: str
     version: int
     ddl: Callable[[int], str]
     views: Callable[[int], Mapping[str, str]]
+    collides: Callable[[str], bool] | None = None
 
 
 @translating("reading the active build")
@@ -69,6 +82,8 @@ async def create_build(
                 layout.projection,
             )
         )
+        if build == 1:
+            await _refuse_colliding_projections(conn, layout)
         await _refuse_taken_names(conn, layout, build)
         await conn.execute(layout.ddl(build))
         await conn.execute(
@@ -84,15 +99,37 @@ async def create_build(
     return build
 
 
+async def _refuse_colliding_projections(conn: asyncpg.Connection, layout: BuildLayout) -> None:
+    """Refuse a new projection whose builds and another's would one day share a name (``a``
+    and ``a_7``: build 7 of ``a`` is ``a_7``'s view): accepted, the later one's rebuild would
+    be refused at that build (`_refuse_taken_names`), once both hold rows."""
+    if layout.collides is None:
+        return
+    others = await conn.fetch(
+        "SELECT DISTINCT projection FROM onward_projection_builds WHERE projection <> $1",
+        layout.projection,
+    )
+    colliding = sorted(r["projection"] for r in others if layout.collides(r["projection"]))
+    if colliding:
+        raise InvalidInputError(
+            f"projection {layout.projection!r} cannot be created: its builds' tables "
+            f"(<name>_<build>) and those of projection {colliding[0]!r} would be named alike "
+            "at some build, and its rebuild then refused; choose a name that is not another's "
+            "followed by _ and a number (nor the other way around)"
+        )
+
+
 async def _refuse_taken_names(conn: asyncpg.Connection, layout: BuildLayout, build: int) -> None:
     """Refuse a build whose tables exist already, or whose views are named by something other
     than a view: another projection's (``a_2``'s view is build 2 of ``a``'s table). DDL that
     creates its table only if missing would otherwise fold into the other projection's view,
-    writing its rows, and the views be pointed at it."""
+    writing its rows, and the views be pointed at it. Looked up in the schema they are
+    created in, the search path's first: a later schema on it holding one of the names takes
+    nothing from this one."""
     names = layout.views(build)
     clashes = await conn.fetchval(
         "SELECT array_agg(n.name ORDER BY n.name) FROM unnest($1::text[]) AS n(name) "
-        "JOIN pg_class c ON c.oid = to_regclass(n.name) "
+        "JOIN pg_class c ON c.oid = to_regclass(format('%I.%I', current_schema(), n.name)) "
         "WHERE n.name = ANY($2::text[]) OR c.relkind <> 'v'",
         [*names.values(), *names.keys()],
         list(names.values()),
@@ -119,6 +156,63 @@ async def ensure_active(conn: asyncpg.Connection, layout: BuildLayout) -> int | 
         if await active_build(conn, layout.projection) is not None:
             return None
         return await create_build(conn, layout, status="active")
+
+
+async def ensure_active_in_steps(
+    pool: asyncpg.Pool, layout: BuildLayout, timeout_s: float | None
+) -> int | None:
+    """`ensure_active`, its wait for the build registry in steps (`in_steps`): every write of
+    every projection queues behind it meanwhile, and a session holding the registry past
+    ``timeout_s`` (a write left open) is named, not met as a server that did not answer."""
+
+    async def attempt(conn: asyncpg.Connection, step_s: float) -> int | None:
+        async with conn.transaction():
+            await bound_lock_waits(conn, step_s)
+            return await ensure_active(conn, layout)
+
+    async def refused(conn: asyncpg.Connection) -> str:
+        holders = await view_holders(conn, layout, views=False)
+        return (
+            f"{', '.join(holders) or 'another session'} held the build registry "
+            f"(onward_projection_builds) for {timeout_s:g} s (a write of a projection left "
+            f"open holds it); no build of {layout.projection} was created. End that session, "
+            "then start again"
+        )
+
+    context = f"creating the first build of {layout.projection}"
+    return await in_steps(pool, context, timeout_s, attempt, refused)
+
+
+async def in_steps(
+    pool: asyncpg.Pool,
+    context: str,
+    timeout_s: float | None,
+    attempt: Callable[[asyncpg.Connection, float], Awaitable[_T]],
+    refused: Callable[[asyncpg.Connection], Awaitable[str]],
+) -> _T:
+    """Run ``attempt``, given how long it may wait for its locks, until its locks are free.
+
+    The waits are in steps, the first of `SWITCH_LOCK_WAIT_S` and each twice the one before
+    (a write that holds the registry longer still fits one), so the readers and writers
+    queued behind an attempt wait no longer than a step, for ``timeout_s`` in all; past it,
+    fails with ``context`` and what ``refused`` says (who held the locks).
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    step_s = SWITCH_LOCK_WAIT_S
+    while True:
+        if deadline is not None:
+            step_s = max(min(step_s, deadline - time.monotonic()), 0.001)
+        async with pooled(pool, context, timeout_s=timeout_s) as conn:
+            try:
+                return await attempt(conn, step_s)
+            except BackendUnavailableError as exc:
+                if not isinstance(exc.__cause__, asyncpg.LockNotAvailableError):
+                    raise
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise BackendUnavailableError(f"{context}: {await refused(conn)}") from exc
+        # The readers queued behind this attempt go first.
+        await asyncio.sleep(min(step_s, SWITCH_LOCK_WAIT_S) / 2)
+        step_s *= 2
 
 
 @translating("switching builds")

@@ -33,7 +33,7 @@ from .builds import (
     active_build,
     active_build_for_write,
     build_exists,
-    ensure_active,
+    ensure_active_in_steps,
 )
 from .postgres import BUILT_IN_PROJECTIONS
 
@@ -48,7 +48,8 @@ class Projection(Protocol):
     Attributes:
         name: Lower-case identifier; also the name of the view on the active build. Names
             starting with ``onward`` and those of Onward's own projections (``frontiers``) are
-            refused.
+            refused, and so is, as it is first created, one named as a build of a projection
+            already there (``kinds_7`` beside ``kinds``), or the other way around.
         version: Bump it when the fold changes; rebuild to apply it to history.
     """
 
@@ -87,7 +88,15 @@ def layout_of(projection: Projection) -> BuildLayout:
         version=projection.version,
         ddl=lambda build: projection.ddl(f"{name}_{build}"),
         views=lambda build: {name: f"{name}_{build}"},
+        collides=lambda other: _named_as_a_build(name, other) or _named_as_a_build(other, name),
     )
+
+
+def _named_as_a_build(name: str, of: str) -> bool:
+    """Whether ``name`` is the name of a build of the user projection ``of`` (``of_<n>``)."""
+    build = name.removeprefix(f"{of}_")
+    numbered = build != name and build.isdigit() and not build.startswith("0")
+    return numbered and of not in BUILT_IN_PROJECTIONS
 
 
 @dataclass(slots=True)
@@ -147,11 +156,12 @@ class SqlProjectionSink(PostgresStore):
 
     async def _started(self) -> None:
         """Create the first build if there is none, or check the pinned one exists."""
+        if self._pinned is None:
+            await ensure_active_in_steps(self._live_pool(), self.layout, self._timeout_s)
         await self._run(self._resolve_build, f"opening projection {self.projection.name!r}")
 
     async def _resolve_build(self, conn: asyncpg.Connection) -> None:
         if self._pinned is None:
-            await ensure_active(conn, self.layout)
             self._build = self._writes_to = await active_build(conn, self.projection.name)
         elif not await build_exists(conn, self.projection.name, self._pinned):
             raise SchemaMismatchError(f"{self.projection.name} build {self._pinned} does not exist")

@@ -8,13 +8,11 @@ the new build's positions; the old tables stay until someone drops them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TypeVar
 
 import asyncpg
 
@@ -25,27 +23,30 @@ from onward._storage import (
     pooled,
     translated,
 )
-from onward.errors import BackendUnavailableError, InvalidInputError
+from onward.errors import InvalidInputError
 from onward.eventlog.base import EventLog
 
 from .base import DEFAULT_CONSUMER, DEFAULT_MAX_BYTES, ProjectionSink
-from .builds import BuildLayout, create_build, retire_unfinished, switch_build, view_holders
+from .builds import (
+    BuildLayout,
+    create_build,
+    in_steps,
+    retire_unfinished,
+    switch_build,
+    view_holders,
+)
 from .compaction.postgres import PostgresCompactionStore
 from .frontier_projection import FrontierProjection
 from .log_projector import LogProjector
 from .postgres import FRONTIERS, PostgresFrontierStore
 from .postgres_sql import Projection, SqlProjectionSink, layout_of
 
-SWITCH_LOCK_WAIT_S = 1.0
-"""The longest one attempt to switch a rebuild's views waits for its locks: the projection's
-readers and writers queue behind it meanwhile."""
 REBUILD_FLUSH_EVENTS = 200_000
 """A frontier rebuild stores after folding this many events (each run once per store)..."""
 REBUILD_FLUSH_INTERVAL = 10.0
 """...or after this many seconds, whichever comes first."""
 
 Progress = Callable[[int, int], None]
-_T = TypeVar("_T")
 
 _TRY_LOCK = (
     "SELECT pg_try_advisory_lock(hashtextextended("
@@ -148,7 +149,7 @@ async def _create(pool: asyncpg.Pool, layout: BuildLayout, timeout_s: float | No
     """Retire the builds a rebuild killed outright left unfinished and create the next one;
     return it.
 
-    Its lock on the build registry is waited for in steps, as a switch's are (`_in_steps`):
+    Its lock on the build registry is waited for in steps, as a switch's are (`in_steps`):
     every write of every projection queues behind it meanwhile. Past ``timeout_s``, the
     sessions that held the registry on are named.
     """
@@ -172,7 +173,7 @@ async def _create(pool: asyncpg.Pool, layout: BuildLayout, timeout_s: float | No
             "that session, then rebuild again"
         )
 
-    return await _in_steps(
+    return await in_steps(
         pool, f"creating a build of {layout.projection}", timeout_s, attempt, refused
     )
 
@@ -182,7 +183,7 @@ async def _switch(
 ) -> int | None:
     """Switch ``layout`` to ``build``; return the build it replaced.
 
-    The locks are waited for in steps (`_in_steps`), so the readers and writers queued behind
+    The locks are waited for in steps (`in_steps`), so the readers and writers queued behind
     the switch wait no longer than a step, for ``timeout_s`` in all; past it, the sessions
     that held them on are named (a transaction left open after reading the views keeps them
     held, where the server is reachable all along).
@@ -202,39 +203,7 @@ async def _switch(
         )
 
     context = f"switching {layout.projection} to build {build}"
-    return await _in_steps(pool, context, timeout_s, attempt, refused)
-
-
-async def _in_steps(
-    pool: asyncpg.Pool,
-    context: str,
-    timeout_s: float | None,
-    attempt: Callable[[asyncpg.Connection, float], Awaitable[_T]],
-    refused: Callable[[asyncpg.Connection], Awaitable[str]],
-) -> _T:
-    """Run ``attempt``, given how long it may wait for its locks, until its locks are free.
-
-    The waits are in steps, the first of `SWITCH_LOCK_WAIT_S` and each twice the one before
-    (a write that holds the registry longer still fits one), so the readers and writers
-    queued behind an attempt wait no longer than a step, for ``timeout_s`` in all; past it,
-    fails with ``context`` and what ``refused`` says (who held the locks).
-    """
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    step_s = SWITCH_LOCK_WAIT_S
-    while True:
-        if deadline is not None:
-            step_s = max(min(step_s, deadline - time.monotonic()), 0.001)
-        async with pooled(pool, context, timeout_s=timeout_s) as conn:
-            try:
-                return await attempt(conn, step_s)
-            except BackendUnavailableError as exc:
-                if not isinstance(exc.__cause__, asyncpg.LockNotAvailableError):
-                    raise
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise BackendUnavailableError(f"{context}: {await refused(conn)}") from exc
-        # The readers queued behind this attempt go first.
-        await asyncio.sleep(min(step_s, SWITCH_LOCK_WAIT_S) / 2)
-        step_s *= 2
+    return await in_steps(pool, context, timeout_s, attempt, refused)
 
 
 async def _rebuild_lock(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -16,10 +17,12 @@ import pytest
 import pytest_asyncio
 from support.histories import append_all, workload
 from support.kinds import KindCounts
+from support.pg import SchemaFactory
 from typer.testing import CliRunner
 
-from onward.errors import InvalidInputError
+from onward.errors import BackendUnavailableError, InvalidInputError
 from onward.eventlog import KafkaEventLog, StoredEvent, kind_of
+from onward.projections.builds import create_build
 from onward.projections.kafka import KafkaProjector
 from onward.projections.postgres_sql import SqlProjectionSink, layout_of, load_projection
 from onward.projections.rebuild import rebuild_projection
@@ -225,12 +228,20 @@ class KindCountsIfMissing(KindCounts):
 async def test_a_build_whose_table_another_projection_holds_is_refused(
     setup: Setup, rng: random.Random
 ) -> None:
-    """Projection ``kinds_2``'s view is named as build 2 of ``kinds`` would be: a rebuild of
-    ``kinds`` is refused, saying why, rather than fold into the other projection's view (its
-    rows written twice) and point ``kinds`` at it."""
+    """Projection ``kinds_2``'s view is named as build 2 of ``kinds`` would be (both created
+    by an earlier version, which did not refuse the second name): a rebuild of ``kinds`` is
+    refused, saying why, rather than fold into the other projection's view (its rows written
+    twice) and point ``kinds`` at it."""
     await append_all(setup.log, workload(rng, 5))
     ends = {p: (await setup.log.bounds(p)).end for p in range(PARTITIONS)}
     records = {p: await setup.log.read_partition(p, 0) for p in range(PARTITIONS)}
+    conn = await asyncpg.connect(setup.database_url, server_settings={"search_path": setup.schema})
+    try:
+        for name in ("kinds", "kinds_2"):
+            unchecked = dataclasses.replace(layout_of(KindCountsIfMissing(name)), collides=None)
+            await create_build(conn, unchecked, status="active")
+    finally:
+        await conn.close()
     for name in ("kinds", "kinds_2"):
         projection = KindCountsIfMissing(name)
         async with SqlProjectionSink(setup.database_url, projection, schema=setup.schema) as sink:
@@ -242,3 +253,80 @@ async def test_a_build_whose_table_another_projection_holds_is_refused(
         )
     assert await setup.table("kinds_2") == expected
     assert await setup.table("kinds") == expected
+
+
+async def test_a_table_of_a_later_schema_on_the_search_path_does_not_refuse_a_build(
+    database_url: str, new_pg_schema: SchemaFactory
+) -> None:
+    """The URL's search path names this deployment's schema, then another holding a table
+    ``kinds_1`` of its own: the first build of ``kinds`` is created in the first schema, where
+    nothing holds the name, so it is created, not refused for the other schema's table."""
+    ours, other = await new_pg_schema(), await new_pg_schema(migrated=False)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f"CREATE TABLE {other}.kinds_1 (kind text)")
+    finally:
+        await conn.close()
+    joiner = "&" if "?" in database_url else "?"
+    url = f"{database_url}{joiner}search_path={ours},{other}"
+    async with SqlProjectionSink(url, KindCounts()) as sink:
+        assert sink.table == "kinds_1"
+    conn = await asyncpg.connect(database_url)
+    try:
+        where = await conn.fetchval("SELECT to_regclass($1)::text", f"{ours}.kinds_1")
+    finally:
+        await conn.close()
+    assert where == f"{ours}.kinds_1"
+
+
+@pytest.mark.parametrize(("first", "second"), [("kinds", "kinds_7"), ("kinds_7", "kinds")])
+async def test_a_projection_named_as_a_build_of_another_is_refused_when_created(
+    database_url: str, pg_schema: str, first: str, second: str
+) -> None:
+    """``kinds_7`` is the name of build 7 of ``kinds``: whichever of the two comes second is
+    refused as it is created, while its name can still be chosen, not accepted until the
+    7th rebuild of ``kinds`` finds its table taken, with both projections holding rows."""
+    async with SqlProjectionSink(database_url, KindCountsIfMissing(first), schema=pg_schema):
+        pass
+    sink = SqlProjectionSink(database_url, KindCountsIfMissing(second), schema=pg_schema)
+    with pytest.raises(InvalidInputError, match=f"'{second}'.*'{first}'"):
+        await sink.start()
+    assert not sink.is_open
+
+
+async def test_a_new_projection_meeting_a_session_holding_the_build_registry_says_so(
+    database_url: str, pg_schema: str
+) -> None:
+    """A write of another projection left open (a slow batch, a person's ``BEGIN``) holds the
+    build registry as a new projection's sink creates its first build: the start fails saying
+    who holds it, not that the server did not answer, and meanwhile the other projections'
+    writes wait no longer than a step of its wait, not for all of it."""
+    async with SqlProjectionSink(database_url, KindCountsIfMissing("tallies"), schema=pg_schema):
+        pass
+    # What every write of a projection reads first (`active_build_for_write`).
+    read_to_write = (
+        "SELECT build FROM onward_projection_builds "
+        "WHERE projection = 'tallies' AND status = 'active' FOR SHARE"
+    )
+    writer = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    other = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        async with writer.transaction():
+            await writer.fetch(read_to_write)
+            sink = SqlProjectionSink(database_url, KindCounts(), schema=pg_schema, timeout_s=4)
+            starting = asyncio.create_task(sink.start())
+            await asyncio.sleep(0.5)
+            async with other.transaction():
+                await asyncio.wait_for(other.fetch(read_to_write), 2)
+            with pytest.raises(BackendUnavailableError) as failed:
+                await asyncio.wait_for(starting, 30)
+            backend = writer.get_server_pid()
+    finally:
+        await writer.close()
+        await other.close()
+    message = str(failed.value)
+    assert "did not answer" not in message, message
+    assert "onward_projection_builds" in message, message
+    assert f"backend pid {backend}" in message, message
+    async with SqlProjectionSink(database_url, KindCounts(), schema=pg_schema) as sink:
+        assert sink.table == "kinds_1"

@@ -205,3 +205,38 @@ def test_a_session_reopened_in_another_loop_during_a_close_is_ended_by_it(
         assert _in(one, _sessions_left()) == []
         assert _in(other, _sessions_left()) == []
         _in(other, connection.close())
+
+
+def _let_go_of(connection: Connection, loop: asyncio.AbstractEventLoop) -> None:
+    """Wait until a close has let go of what ``connection`` held in ``loop``."""
+    deadline = time.monotonic() + 10.0
+    while loop in connection._loops:
+        if time.monotonic() > deadline:
+            raise AssertionError("the close did not let go of the other loop's session")
+        time.sleep(0.01)
+
+
+def test_a_session_opened_in_another_loop_while_a_close_ends_its_own_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A close lets go of the other loops' sessions, then waits for its own to end (a hung
+    server: until its process is killed); a view opened before the close asking for a session
+    in that wait was given a new one, with its server process, that the close had already
+    passed over and left running."""
+    connection = Connection(stdio_server(tmp_path), connect_timeout=10.0)
+    with _loop_in_thread() as one, _loop_in_thread() as other:
+        opened = connection.closes
+        hung = _in(one, connection.session())[0]
+        _in(other, connection.session(opened))
+        freezing = asyncio.run_coroutine_threadsafe(hung.call_tool("freeze", {}), one)
+        _a_child_stopped()
+        closing = asyncio.run_coroutine_threadsafe(connection.close(), one)
+        _let_go_of(connection, other)
+        assert not closing.done()
+        with pytest.raises(BackendUnavailableError, match="closed"):
+            _in(other, connection.session(opened))
+        closing.result(30)
+        with contextlib.suppress(Exception):
+            freezing.result(30)
+        assert _in(other, _sessions_left()) == []
+        _in(other, connection.close())

@@ -550,10 +550,14 @@ class Connection:
             return here
 
     def _end_elsewhere(self) -> None:
-        """Tell the loops still running other than this one that hold a session of this
-        connection to end it, and let go of what they held: their next use opens anew."""
+        """Count the close, tell the loops still running other than this one that hold a
+        session of this connection to end it, and let go of what they held: their next use
+        opens anew. Counted first, with the letting go: a view opened before the close asking
+        for a session while the close still waits for its own to end is refused, not given one
+        the close has passed over."""
         loop = asyncio.get_running_loop()
         with self._loops_guard:
+            self.closes += 1
             elsewhere = [
                 (other, here, here.task, here.ready)
                 for other, here in self._loops.items()
@@ -582,7 +586,6 @@ class Connection:
         async with self._locked() as here:
             self._end_elsewhere()
             await self._stop_task(here)
-            self.closes += 1
             here.lock = asyncio.Lock()
 
 

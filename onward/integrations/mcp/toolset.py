@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -157,6 +158,9 @@ class MCPToolset(Resource):
         self._settings_cache_loop: asyncio.AbstractEventLoop | None = None
         # How many open views use each cache made from settings (`run_tools`).
         self._cache_users: dict[SchemaCache, int] = {}
+        # Held over the cache made from settings, its loop and its users: two threads' event
+        # loops may start runs at once.
+        self._settings_guard = threading.Lock()
         self._connect_timeout = connect_timeout
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -193,12 +197,14 @@ class MCPToolset(Resource):
         self._open = False
         if self._shares_connections:
             return
-        settings_cache, self._settings_cache = self._settings_cache, None
+        with self._settings_guard:
+            settings_cache, self._settings_cache = self._settings_cache, None
+            made_in = self._settings_cache_loop
         if settings_cache is not None and settings_cache[1] is not None:
-            if self._settings_cache_loop is asyncio.get_running_loop():
+            if made_in is asyncio.get_running_loop():
                 await settings_cache[1].close()
             else:
-                self._close_elsewhere(settings_cache[1])
+                self._close_elsewhere(settings_cache[1], made_in)
         await asyncio.gather(*(c.close() for c in self.connections.values()))
 
     # -- per run -----------------------------------------------------------------------------
@@ -230,8 +236,6 @@ class MCPToolset(Resource):
         ``REDIS_URL``, or with ``MCP_SCHEMA_CACHE_ENABLED=false``)."""
         made = self.cache is None
         cache = self.cache if not made else await self._cache_of(settings)
-        if made and cache is not None:
-            self._cache_users[cache] = self._cache_users.get(cache, 0) + 1
         try:
             async with self.for_run(run_id, tenant=tenant, cache=cache) as view:
                 yield view.tools
@@ -241,36 +245,50 @@ class MCPToolset(Resource):
 
     async def _cache_of(self, settings: Settings) -> SchemaCache | None:
         """The schema cache ``settings`` ask for, made once and kept for the next runs (a
-        Redis connection pool shared by the views)."""
+        Redis connection pool shared by the views), counted as used by one more view (to
+        `_release`). Looked up, made and counted under a thread lock: another thread's loop
+        making one at once left this loop marked as the cache's beside the other loop's cache
+        (its Redis connections usable from that loop only), and its own never closed."""
         wanted = MCPSettings.of(settings)
         loop = asyncio.get_running_loop()
-        if self._settings_cache_loop is not loop:
-            # Made in an event loop that has ended (a second ``asyncio.run`` with no `close`
-            # between): its Redis connections belong to that loop, usable from no other.
-            dropped = self._settings_cache[1] if self._settings_cache is not None else None
-            if dropped is not None and dropped not in self._cache_users:
-                self._close_elsewhere(dropped)
-            self._settings_cache = None
-            self._settings_cache_loop = loop
-        if self._settings_cache is not None and self._settings_cache[0] == wanted:
-            return self._settings_cache[1]
-        old = self._settings_cache[1] if self._settings_cache is not None else None
-        cache = SchemaCache.from_settings(wanted)
-        self._settings_cache = (wanted, cache)
+        with self._settings_guard:
+            if self._settings_cache_loop is not loop:
+                # Made in an event loop that has ended (a second ``asyncio.run`` with no
+                # `close` between), or another thread's: its Redis connections belong to that
+                # loop, usable from no other.
+                dropped = self._settings_cache[1] if self._settings_cache is not None else None
+                if dropped is not None and dropped not in self._cache_users:
+                    self._close_elsewhere(dropped, self._settings_cache_loop)
+                self._settings_cache = None
+                self._settings_cache_loop = loop
+            old: SchemaCache | None = None
+            if self._settings_cache is not None and self._settings_cache[0] == wanted:
+                cache = self._settings_cache[1]
+            else:
+                old = self._settings_cache[1] if self._settings_cache is not None else None
+                cache = SchemaCache.from_settings(wanted)
+                self._settings_cache = (wanted, cache)
+            if cache is not None:
+                self._cache_users[cache] = self._cache_users.get(cache, 0) + 1
+            close_old = old is not None and old not in self._cache_users
         if old is not None:
             # Other settings than the last run's (another deployment in this process): the
             # old cache is closed now, or by the last view using it when that closes.
             _log.info("MCP schema cache settings changed; using a new cache")
-            if old not in self._cache_users:
-                await old.close()
+            if close_old:
+                try:
+                    await old.close()
+                except BaseException:
+                    if cache is not None:  # its view is not opened: it is not counted
+                        await self._release(cache)
+                    raise
         return cache
 
-    def _close_elsewhere(self, cache: SchemaCache) -> None:
-        """Close a cache made in another event loop than this one, in that loop if it still
-        runs (another thread's, running runs by turns with this one): its Redis connections
-        are usable from no other, and dropped they stay open as long as that loop lives. One
-        made in a loop that has ended cannot be closed at all."""
-        loop = self._settings_cache_loop
+    def _close_elsewhere(self, cache: SchemaCache, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Close a cache made in ``loop``, another event loop than this one, in that loop if it
+        still runs (another thread's, running runs by turns with this one): its Redis
+        connections are usable from no other, and dropped they stay open as long as that loop
+        lives. One made in a loop that has ended cannot be closed at all."""
         if loop is None or loop.is_closed() or not loop.is_running():
             return
         with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
@@ -278,12 +296,13 @@ class MCPToolset(Resource):
 
     async def _release(self, cache: SchemaCache) -> None:
         """A view made from settings is done with ``cache``: close it if it was the last view
-        using it and other settings have replaced it."""
-        self._cache_users[cache] -= 1
-        if self._cache_users[cache]:
-            return
-        del self._cache_users[cache]
-        current = self._settings_cache[1] if self._settings_cache is not None else None
+        using it and other settings (or another loop) have replaced it."""
+        with self._settings_guard:
+            self._cache_users[cache] -= 1
+            if self._cache_users[cache]:
+                return
+            del self._cache_users[cache]
+            current = self._settings_cache[1] if self._settings_cache is not None else None
         if cache is not current:
             await cache.close()
 

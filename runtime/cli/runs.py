@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -916,7 +917,15 @@ def replay_command(
             echo_json(line.as_json())
         return
     out.print(audit_table(run_id, tenant, lines))
-    out.print(shown(f"tags: {tags_text(_tags(lines))}"), soft_wrap=True)
+    if len(starts) < 2:
+        out.print(shown(f"tags: {tags_text(_tags(lines))}"), soft_wrap=True)
+        return
+    # Each run's tags apart: read as one line, the old run's would be the new run's seqs.
+    begins = [n for n, line in enumerate(lines) if _counted_start(line)]
+    bounds = [0, *begins[1:], len(lines)]
+    for start, (begin, end) in zip(starts, itertools.pairwise(bounds), strict=True):
+        tags = tags_text(_tags(lines[begin:end]))
+        out.print(shown(f"tags of the run from offset {start}: {tags}"), soft_wrap=True)
 
 
 async def _refuse_if_not_archived_here(

@@ -296,3 +296,40 @@ def test_an_archive_given_by_a_relative_path_is_named_where_it_is(
     replay = onward(db, "replay", LIVE, "--tenant", TENANT)
     assert replay.exit_code == 0, replay.output
     assert f"archived in {where}" in replay.stderr
+
+
+def test_replay_with_the_archive_of_a_reused_run_id_names_each_runs_tags_apart(
+    tmp_path: Path,
+) -> None:
+    """The old run under id x was tagged, collected and cut into the archive; the tenant's new
+    run x is tagged too. Read with the archive, the tags are said per run: one `tags:` line of
+    both read as the new run's, its seq 3 tagged though only the old run's was."""
+    archive = tmp_path / "archive"
+
+    async def written() -> None:
+        async with sqlite_world(tmp_path) as world:
+            await world.finished_run("x", turns=1)
+            await world.runner(Script(0)).tag("x", "old-note", tenant=TENANT, seq=3)
+            await world.fold()
+            async with SqliteRecordSweeper(tmp_path / "onward.db") as sweeper:
+                later = time.time() + 40 * 86_400.0
+                assert (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
+            await CheckpointCompactor(
+                world.log, world.frontiers, world.store, archive=DirectoryArchive(archive)
+            ).compact()
+            runner = world.runner(Script(0))
+            await runner.run(AGENT, {"ask": "again"}, tenant=TENANT, run_id="x")
+            await runner.tag("x", "new-note", tenant=TENANT, seq=1)
+
+    asyncio.run(written())
+    db = tmp_path / "onward.db"
+    args = ("replay", "x", "--tenant", TENANT, "--archive", str(archive))
+    shown = [json.loads(line) for line in onward(db, *args, "--json").stdout.splitlines()]
+    old, new = [line["offset"] for line in shown if line["kind"] == "run.started"]
+    replay = onward(db, *args)
+    assert replay.exit_code == 0, replay.output
+    tags = [line for line in replay.stdout.splitlines() if "tags" in line]
+    assert tags == [
+        f"tags of the run from offset {old}: seq 3 old-note",
+        f"tags of the run from offset {new}: seq 1 new-note",
+    ]

@@ -293,8 +293,13 @@ class FrontierStore(AsyncResource, Protocol):
         quarantine: Sequence[QuarantineEntry] = (),
         cleared: Collection[str] = (),
         messages: Sequence[TranscriptRow] = (),
+        restarted: Collection[tuple[str, str, int]] = (),
     ) -> None:
-        """In one transaction: upsert rows whose ``through_offset`` is newer than the stored one,
+        """In one transaction: first delete the call rows of the ``restarted`` runs, given as
+        ``(tenant, run_id, last_seq)``, and their transcript rows under that tenant through that
+        seq (a run id used again once its run was collected: a fold from before the collection
+        stored the old run's rows, which are not the new run's); then upsert rows whose
+        ``through_offset`` is newer than the stored one,
         upsert call rows likewise, append the ``messages`` not stored yet (a transcript row
         already stored under its run and seq is kept as it is), and move ``consumer``'s next
         offsets forward (never back).
@@ -409,6 +414,9 @@ class FrontierWrite(NamedTuple):
     cleared: Collection[str] = ()
     """Released runs folded again by this batch: their ``released`` entries become ``cleared``."""
     messages: Sequence[TranscriptRow] = ()
+    restarted: Collection[tuple[str, str, int]] = ()
+    """``(tenant, run_id, last_seq)`` of the collected runs whose ids began again: the run's call
+    rows, and its transcript rows under that tenant through that seq, are deleted first."""
 
 
 class FrontierStoreBackend(Resource):
@@ -432,9 +440,12 @@ class FrontierStoreBackend(Resource):
         quarantine: Sequence[QuarantineEntry] = (),
         cleared: Collection[str] = (),
         messages: Sequence[TranscriptRow] = (),
+        restarted: Collection[tuple[str, str, int]] = (),
     ) -> None:
         await self._write(
-            FrontierWrite(consumer, positions, snapshots, calls, quarantine, cleared, messages)
+            FrontierWrite(
+                consumer, positions, snapshots, calls, quarantine, cleared, messages, restarted
+            )
         )
 
     async def _write(self, batch: FrontierWrite) -> None:

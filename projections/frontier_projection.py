@@ -254,6 +254,9 @@ class FrontierProjection:
         self._dirty: dict[str, FrontierDraft] = {}
         self._calls: dict[tuple[str, str], ToolCallRow] = {}
         self._said: list[TranscriptRow] = []
+        # ``(tenant, run_id, last_seq)`` of collected runs whose ids began again since the last
+        # store: the old run's call and transcript rows a store before may hold go with the next.
+        self._restarted: set[tuple[str, str, int]] = set()
         self._positions: dict[int, int] = {}
         self._pending_events = 0
         self._pending_since = 0.0
@@ -381,7 +384,8 @@ class FrontierProjection:
                 self.stats.quarantine_skipped += len(items)
                 continue
             if run_id in reused:
-                self._fold_reused(draft, items, readable=run_id not in poisoned)
+                stored = row.summary.through_offset if row is not None else -1
+                self._fold_reused(draft, items, stored, readable=run_id not in poisoned)
             else:
                 self._fold_run(draft, items, readable=run_id not in poisoned)
         if not self._positions:
@@ -456,13 +460,16 @@ class FrontierProjection:
         return await self.compaction.tombstones(again)
 
     def _fold_reused(
-        self, draft: FrontierDraft, items: Sequence[LogRecord], *, readable: bool
+        self, draft: FrontierDraft, items: Sequence[LogRecord], stored: int, *, readable: bool
     ) -> None:
         """Fold the records of a run that has a tombstone: a start past the end of the run
         folded so far is a new run under the id (the collected one was removed, its rows with
         it), folded into a fresh draft, as a live projector folded it, and the collected run's
-        call and transcript rows not stored yet are dropped. A start while the run folded so
-        far has not ended is refused as a duplicate, as anywhere."""
+        call and transcript rows are dropped: those not stored yet here, and those a store
+        may hold by the next store, unless the stored row (folded through offset ``stored``)
+        is of a later run already (another writer folded the new run: the old run's rows
+        went with the collection). A start while the run folded so far has not ended is
+        refused as a duplicate, as anywhere."""
         held = self.quarantine.held
         begun = 0
         for index, item in enumerate(items):
@@ -475,15 +482,20 @@ class FrontierProjection:
                     return
             ended = draft.last_seq > 0 and draft.status in TERMINAL_STATUSES
             if ended and item.position.offset > draft.through_offset:
-                draft = self._begun_again(draft, item)
+                draft = self._begun_again(draft, item, stored_old=stored <= draft.through_offset)
         self._fold_run(draft, items[begun:], readable=readable)
 
-    def _begun_again(self, draft: FrontierDraft, start: LogRecord) -> FrontierDraft:
-        """A fresh draft for a new run under ``draft``'s id, starting at ``start``."""
+    def _begun_again(
+        self, draft: FrontierDraft, start: LogRecord, *, stored_old: bool
+    ) -> FrontierDraft:
+        """A fresh draft for a new run under ``draft``'s id, starting at ``start``; with
+        ``stored_old``, the store may hold rows of ``draft``'s run, deleted by the next store."""
         run_id = draft.run_id
         for key in [k for k in self._calls if k[0] == run_id]:
             del self._calls[key]
         self._said = [m for m in self._said if m.run_id != run_id]
+        if stored_old:
+            self._restarted.add((draft.tenant, run_id, draft.last_seq))
         fresh = FrontierDraft.of(Frontier.empty(run_id, _tenant_of(start)))
         fresh.partition = start.position.partition
         self._dirty[run_id] = fresh
@@ -679,8 +691,10 @@ class FrontierProjection:
             quarantine=entries,
             cleared=cleared,
             said=self._said,
+            restarted=self._restarted,
         )
         self._said = []
+        self._restarted = set()
         self._writing = asyncio.ensure_future(write)
         self._writing_events = self._pending_events
         self._writing_runs = set(self._dirty)
@@ -701,6 +715,7 @@ class FrontierProjection:
         quarantine: list[QuarantineEntry],
         cleared: set[str],
         said: list[TranscriptRow],
+        restarted: set[tuple[str, str, int]],
     ) -> int:
         # Only what the batch has is passed on, so a store that predates an option still works
         # for batches without it.
@@ -709,6 +724,8 @@ class FrontierProjection:
             options.update(quarantine=quarantine, cleared=cleared)
         if said:
             options["messages"] = said
+        if restarted:
+            options["restarted"] = restarted
         refused = [s.frontier for s in snapshots if s.payload is None]
         if refused and self.compaction is not None:
             # Before the row and the positions: a reader that finds the row without its
@@ -748,6 +765,7 @@ class FrontierProjection:
         self._dirty.clear()
         self._calls.clear()
         self._said = []
+        self._restarted = set()
         self._positions = {}
         self._pending_events = 0
         self._looked_since_flush = False
@@ -773,6 +791,7 @@ class FrontierProjection:
         for key in [k for k in self._calls if k[0] not in self._cache]:
             del self._calls[key]
         self._said = [m for m in self._said if m.run_id in self._cache]
+        self._restarted = {r for r in self._restarted if r[1] in self._cache}
         for partition in gone:
             self._positions.pop(partition, None)
             self.quarantine.folded_to.pop(partition, None)

@@ -62,7 +62,9 @@ class MemoryFrontierStore(FrontierStoreBackend):
         quarantine = [(entry, entry.mark) for entry in batch.quarantine]
         positions = list(batch.positions.items())
         messages = [(said.tenant, said.run_id, said.seq, said.encoded()) for said in batch.messages]
+        restarted = list(batch.restarted)
         async with self._lock:
+            self._forget_restarted(restarted)
             for summary, snap in rows:
                 current = self._rows.get(summary.run_id)
                 if current is None or current[0].through_offset < summary.through_offset:
@@ -85,6 +87,16 @@ class MemoryFrontierStore(FrontierStoreBackend):
                 self._positions[key2] = max(offset, self._positions.get(key2, 0))
             for tenant, run_id, seq, encoded in messages:
                 self._transcript.setdefault((tenant, run_id), {}).setdefault(seq, encoded)
+
+    def _forget_restarted(self, restarted: list[tuple[str, str, int]]) -> None:
+        """Delete the call rows of collected runs whose ids began again, and their messages
+        under the tenant given through the seq given (`FrontierStore.write`)."""
+        for tenant, run_id, through in restarted:
+            for key in [k for k in self._calls if k[0] == run_id]:
+                del self._calls[key]
+            said = self._transcript.get((tenant, run_id), {})
+            for seq in [seq for seq in said if seq <= through]:
+                del said[seq]
 
     async def transcript(self, run_id: str, *, tenant: str, through: int) -> list[TranscriptRow]:
         run = self._transcript.get((tenant, run_id), {})

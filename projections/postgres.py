@@ -272,6 +272,8 @@ class PostgresFrontierStore(PostgresStore, FrontierStoreBackend):
                     raise BuildSwitched(f"frontiers build is now {current}")
                 self._build = current
             frontiers, tool_calls = self._tables()
+            if batch.restarted:
+                await _delete_restarted(conn, tool_calls, batch.restarted)
             if snapshots:
                 await _stage_and_upsert(
                     conn, frontiers, _FRONTIER_NAMES, ("run_id",), map(_frontier_row, snapshots)
@@ -719,6 +721,47 @@ async def _append_messages(conn: asyncpg.Connection, chunks: list[_Chunk]) -> No
 
 
 _TRANSCRIPT_NAMES = ("tenant", "run_id", "seq", "last_seq", "message")
+
+
+async def _delete_restarted(
+    conn: asyncpg.Connection, tool_calls: str, restarted: Collection[tuple[str, str, int]]
+) -> None:
+    """Delete the call rows of collected runs whose ids began again, and their transcript rows
+    under each ``(tenant, run_id, last_seq)`` given, through that seq: a fold from before the
+    collection (a rebuild read with the archive) stored the old run's, which the new run's
+    would be laid over. The transcript is every build's: a live new run's rows among them
+    (same tenant, seqs the old run had too) are stored again as the fold reaches their
+    events, derived from the same ones."""
+    tenants, run_ids, through = (list(column) for column in zip(*restarted, strict=True))
+    await conn.execute(f"DELETE FROM {tool_calls} WHERE run_id = ANY($1::text[])", run_ids)
+    # A row of several messages reaching past the seq: the messages past it are stored again.
+    deleted = await conn.fetch(
+        "DELETE FROM onward_transcript t "
+        "USING unnest($1::text[], $2::text[], $3::bigint[]) AS r(tenant, run_id, through) "
+        "WHERE t.tenant = r.tenant AND t.run_id = r.run_id AND t.seq <= r.through "
+        "RETURNING t.tenant, t.run_id, t.last_seq, t.message, r.through",
+        tenants,
+        run_ids,
+        through,
+    )
+    rests = [
+        [
+            TranscriptRow(tenant=row["tenant"], run_id=row["run_id"], seq=seq, message=message)
+            for seq, message in decode_chunk(row["message"])
+            if seq > row["through"]
+        ]
+        for row in deleted
+        if row["last_seq"] is not None and row["last_seq"] > row["through"]
+    ]
+    if rests:
+        bodies = await encoded_chunks(rests)
+        await _append_messages(
+            conn,
+            [
+                _Chunk(rest[0].tenant, rest[0].run_id, rest, body)
+                for rest, body in zip(rests, bodies, strict=True)
+            ],
+        )
 
 
 def _frontier_row(snapshot: Snapshot) -> tuple[Any, ...]:

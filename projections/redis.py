@@ -309,6 +309,10 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
             )
             said += [_transcript_key(self.prefix, message.tenant, message.run_id), message.seq]
             said.append(body)
+        restarted: list[Any] = []
+        for tenant, run_id, through in batch.restarted:
+            restarted += [self._key("calls", run_id), _transcript_key(self.prefix, tenant, run_id)]
+            restarted.append(through)
         positions: list[Any] = []
         seen = self._seen.get(batch.consumer, {})
         for partition, offset in batch.positions.items():
@@ -320,9 +324,10 @@ class RedisFrontierStore(RedisStore, FrontierStoreBackend):
             len(batch.quarantine),
             len(batch.messages),
             len(positions) // 3,
+            len(restarted) // 3,
         ]
         head = [self.prefix, batch.consumer, STORE_FORMAT, *counts]
-        return [*head, *rows, *calls, *cleared, *held, *said, *positions]
+        return [*head, *restarted, *rows, *calls, *cleared, *held, *said, *positions]
 
     async def _write(self, batch: FrontierWrite) -> None:
         """Run the write script; refused (Redis holds a position below one seen stored), forget

@@ -130,6 +130,9 @@ _APPEND_MESSAGE = (
     "INSERT INTO onward_transcript (tenant, run_id, seq, message) VALUES (?, ?, ?, ?) "
     "ON CONFLICT(tenant, run_id, seq) DO NOTHING"
 )
+# A run begun again under a collected run's id: the old run's rows a fold stored go.
+_DELETE_CALLS = "DELETE FROM onward_tool_calls WHERE run_id = ?"
+_DELETE_TRANSCRIPT = "DELETE FROM onward_transcript WHERE tenant = ? AND run_id = ? AND seq <= ?"
 _SELECT_TRANSCRIPT = (
     "SELECT seq, message FROM onward_transcript WHERE tenant = ? AND run_id = ? AND seq <= ? "
     "ORDER BY seq"
@@ -225,13 +228,23 @@ class SqliteFrontierStore(SqliteStore, FrontierStoreBackend):
             if e.run_id is not None
         ]
         message_rows = [(m.tenant, m.run_id, m.seq, pack(m.encoded())) for m in batch.messages]
+        restarted = list(batch.restarted)
         if not (
-            frontier_rows or call_rows or position_rows or clear_rows or hold_rows or message_rows
+            frontier_rows
+            or call_rows
+            or position_rows
+            or clear_rows
+            or hold_rows
+            or message_rows
+            or restarted
         ):
             return
         conn = self._db.connection()
 
         def write() -> None:
+            if restarted:
+                conn.executemany(_DELETE_CALLS, sorted({(run_id,) for _, run_id, _ in restarted}))
+                conn.executemany(_DELETE_TRANSCRIPT, restarted)
             if frontier_rows:
                 conn.executemany(_UPSERT_FRONTIER, frontier_rows)
             if call_rows:

@@ -193,6 +193,7 @@ async def write_batch(store: FrontierStore, batch: FrontierWrite) -> None:
         quarantine=batch.quarantine,
         cleared=batch.cleared,
         messages=batch.messages,
+        restarted=batch.restarted,
     )
 
 
@@ -743,6 +744,50 @@ class FrontierStoreConformance:
         await store.write(CONSUMER, {}, [], [], messages=again)
         got = await store.transcript(run_id, tenant="acme", through=5)
         assert [(r.seq, r.message.content) for r in got] == [(1, "first"), (2, "b")]
+
+    async def test_a_restarted_run_loses_its_stored_call_and_transcript_rows(
+        self, store: FrontierStore
+    ) -> None:
+        """A collected run whose id began again: its call rows, and its transcript under the
+        tenant named through the seq named, go before the write's own rows are stored, in the
+        same write; the rows past that seq (the new run's, stored first by another build),
+        the run's under another tenant, and another run's stay."""
+        run_id, other = new_run_id(), new_run_id()
+        await store.write(
+            CONSUMER,
+            {1: 9},
+            [Snapshot.of(frontier(run_id, through=8)), Snapshot.of(frontier(other, through=8))],
+            [
+                call_row(run_id, "c1", through=8, outcome="completed"),
+                call_row(run_id, "c2", through=8, outcome="completed"),
+                call_row(other, "c1", through=8, outcome="completed"),
+            ],
+            messages=[
+                said(run_id, 1, "old"),
+                said(run_id, 2, "old"),
+                said(run_id, 3, "kept"),
+                said(run_id, 1, "kept", tenant="else"),
+                said(other, 1, "kept"),
+            ],
+        )
+        await store.write(
+            CONSUMER,
+            {1: 12},
+            [Snapshot.of(frontier(run_id, through=11))],
+            [call_row(run_id, "c1", through=11, outcome=None)],
+            messages=[said(run_id, 1, "new")],
+            restarted=[("acme", run_id, 2)],
+        )
+
+        calls = await store.tool_calls(run_id)
+        assert [(c.call_id, c.through_offset) for c in calls] == [("c1", 11)]
+        got = await store.transcript(run_id, tenant="acme", through=99)
+        assert [(r.seq, r.message.content) for r in got] == [(1, "new"), (3, "kept")]
+        kept = await store.transcript(run_id, tenant="else", through=99)
+        assert [r.message.content for r in kept] == ["kept"]
+        assert [c.call_id for c in await store.tool_calls(other)] == ["c1"]
+        assert len(await store.transcript(other, tenant="acme", through=99)) == 1
+        assert await store.positions(CONSUMER) == {1: 12}
 
     async def test_transcript_rows_are_written_with_the_positions(
         self, store: FrontierStore

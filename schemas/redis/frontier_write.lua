@@ -3,8 +3,11 @@
 -- Nothing here can fail once it starts writing: the caller checked every value, and every
 -- argument is a string this script only compares, stores or turns into a number.
 -- ARGV[1] the key prefix, ARGV[2] the consumer, ARGV[3] the format this code writes,
--- ARGV[4..9] how many rows, call rows, cleared runs, quarantine entries, transcript rows and
--- positions follow, then each in that order (see RedisFrontierStore._arguments).
+-- ARGV[4..10] how many rows, call rows, cleared runs, quarantine entries, transcript rows,
+-- positions and restarted runs follow, then the restarted runs (the key of each one's call rows,
+-- deleted, and of its transcript, whose messages through the seq given are deleted, before
+-- anything is written: a collected run whose id began again), then the others in that order
+-- (see RedisFrontierStore._arguments).
 -- Returns 1, or, writing nothing, {partition, stored} for a partition whose stored position is
 -- below the one the caller saw stored ('' when it saw none): Redis lost acknowledged writes
 -- (a restart without them), and the positions must not be laid over the rows it forgot.
@@ -13,11 +16,11 @@
 -- change; a row written before those fields were kept says them in its summary.
 local prefix, consumer, format = ARGV[1], ARGV[2], ARGV[3]
 local counts = {}
-for n = 4, 9 do
+for n = 4, 10 do
     counts[#counts + 1] = tonumber(ARGV[n])
 end
-local rows, calls, cleared, held, said, positions = unpack(counts)
-local at = 10
+local rows, calls, cleared, held, said, positions, restarted = unpack(counts)
+local at = 11 + restarted * 3
 
 local function frontier_key(run_id)
     return prefix .. 'frontier:' .. run_id
@@ -35,6 +38,16 @@ for n = 0, positions - 1 do
         local stored = redis.call('HGET', positions_key, partition)
         if (not stored) or tonumber(stored) < tonumber(seen) then
             return {partition, stored or ''}
+        end
+    end
+end
+
+for n = 0, restarted - 1 do
+    local transcript, through = ARGV[12 + 3 * n], tonumber(ARGV[13 + 3 * n])
+    redis.call('DEL', ARGV[11 + 3 * n])
+    for _, seq in ipairs(redis.call('HKEYS', transcript)) do
+        if tonumber(seq) <= through then
+            redis.call('HDEL', transcript, seq)
         end
     end
 end

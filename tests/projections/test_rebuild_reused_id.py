@@ -13,6 +13,7 @@ event of the collected run wrote its row back.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -209,3 +210,42 @@ async def test_a_projector_that_cached_a_collected_run_brings_no_row_back(tmp_pa
         await projector.catch_up()
 
         assert await world.frontiers.get("old") is None
+
+
+async def test_a_fold_that_stored_the_collected_run_keeps_none_of_its_call_or_transcript_rows(
+    tmp_path: Path,
+) -> None:
+    """Stored after every record, the collected run's call and transcript rows are stored
+    before the new run under its id begins: the new run's rows are its own, not the old run's
+    calls beside them, nor the old run's messages at the seqs the new run has or lacks."""
+    archive = await _reused(tmp_path, TENANT)
+    async with sqlite_world(tmp_path) as world:
+        live = await world.frontiers.get("x")
+        assert live is not None
+        rebuilt = await _rebuilt(world, archive, 1)
+
+        assert await rebuilt.tool_calls("x") == await world.frontiers.tool_calls("x")
+        whole = 1_000_000
+        said = await world.frontiers.transcript("x", tenant=TENANT, through=whole)
+        assert await rebuilt.transcript("x", tenant=TENANT, through=whole) == said
+
+
+@pytest.mark.kafka
+async def test_a_postgres_rebuild_that_stores_between_the_runs_keeps_the_new_runs_transcript(
+    tmp_path: Path, kafka_servers: KafkaServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild that stores after every record stores the collected run's call rows in its
+    build and its messages in the transcript every build shares, before the same tenant's new
+    run under the id begins: the new build holds the new run's calls alone, and the
+    transcript the new run's messages alone, as the live projector stored them."""
+    monkeypatch.setattr(sys.modules[rebuild_frontiers.__module__], "REBUILD_FLUSH_EVENTS", 0)
+    async with kafka_stores(kafka_servers) as world:
+        archive = await _reuse(world, tmp_path, TENANT)
+        said = await world.frontiers.transcript("x", tenant=TENANT, through=1_000_000)
+        calls = await world.frontiers.tool_calls("x")
+        url, schema = world.database_url, kafka_servers.schema
+        whole = ArchivedEventLog(world.log, archive)
+        await rebuild_frontiers(whole, url, schema=schema, batch_size=1)
+        async with PostgresFrontierStore(url, schema=schema) as rebuilt:
+            assert await rebuilt.tool_calls("x") == calls
+            assert await rebuilt.transcript("x", tenant=TENANT, through=1_000_000) == said

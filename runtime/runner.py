@@ -150,7 +150,8 @@ _T = TypeVar("_T")
 
 _ASKS_ONWARD = 8
 """Times `AgentRunner.ask_to_cancel` asks the run a run carried on goes on as while it is taken
-up between the ask finding it free and the cancel taking it."""
+up between the ask finding it free and the cancel taking it (and `AgentRunner.cancel` the run a
+carry cut short was started from, while it is let go between the two)."""
 
 
 Binding = Callable[[str], contextlib.AbstractAsyncContextManager[Agent]]
@@ -1015,13 +1016,33 @@ class AgentRunner(Resource):
             # A carry of it cut short (the new run started, this one not ended into it) holds
             # its turn in progress: that run is ended too, or it would show running and then
             # end failed, as overtaken, though the person stopped the work.
-            successor = await cut_carry(run.frontier, resumer=self.resumer)
+            successor = await self._cut_carry_to_cancel(run.frontier)
             if awaits_hand_over(run.frontier):
                 await self._cancel_left_behind(run.frontier, by=by, why=why)
             await self._end_cancelled(run, by, why)
             if successor is not None:
                 await self._cancel_cut_carry(successor, tenant=tenant, by=by, why=why)
             return run.frontier
+
+    async def _cut_carry_to_cancel(self, frontier: Frontier) -> str | None:
+        """The run a carry of ``frontier``'s run cut short started (`cut_carry`), to be cancelled
+        with it. A run under a successor's id that cannot be read (a hole, a record nobody can
+        read) does not keep the person from ending this run, which such a carry cannot go on
+        without (`end_overtaken`): it is named in a warning, for them to cancel too."""
+        try:
+            return await cut_carry(frontier, resumer=self.resumer)
+        except BackendUnavailableError:
+            raise
+        except OnwardError as exc:
+            _log.warning(
+                "run %s: ended cancelled without run %s, which could not be read to tell "
+                "whether it is a carry of it cut short (%s): if it is, cancel that run too "
+                "once it can be read",
+                printable(frontier.run_id),
+                printable(repr(exc.run_id)),
+                one_line(str(exc), 300),
+            )
+            return None
 
     async def _cancel_left_behind(self, frontier: Frontier, *, by: str, why: str) -> None:
         """End the run ``frontier``'s run was carried on from ``cancelled`` too while it stands
@@ -1030,8 +1051,11 @@ class AgentRunner(Resource):
         successor ended and make that turn's calls itself. Held this moment, its holder is
         asked to end it (`LeaseStore.ask_to_cancel`), before this run's end is written.
 
+        Its holder letting go between the cancel finding it held and the ask is tried again
+        (`_ASKS_ONWARD` times): the person asked one cancel, of this run, not of that one.
+
         Raises:
-            ResumeConflictError: It was held, and let go before it could be asked; nothing
+            ResumeConflictError: It was taken up and let go each time it was tried; nothing
                 was written.
         """
         old_id, tenant = frontier.continuation_of, frontier.tenant
@@ -1039,15 +1063,37 @@ class AgentRunner(Resource):
         try:
             if await hand_over(frontier, resumer=self.resumer) != "unfinished":
                 return
-        except HistoryUnavailableError:
-            return  # nothing of the old run can be read: no resume carries it on either
-        try:
-            async with self._as_person(old_id, tenant, by) as old:
-                if carriable(old.frontier) and current(frontier, old.frontier):
-                    await self._end_cancelled(old, by, why)
-        except ResumeConflictError:
-            if await self.leases.ask_to_cancel(old_id, tenant=tenant, by=by, why=why) is None:
-                raise
+        except BackendUnavailableError:
+            raise
+        except OnwardError as exc:
+            # Nothing of the old run can be read (a hole, a record nobody can read): no resume
+            # carries it on either, and it is no reason to keep this run going.
+            _log.warning(
+                "run %s: cancelled without run %s it was carried on from, which could not be "
+                "read (%s): if it can be read again, cancel that run too",
+                printable(frontier.run_id),
+                printable(repr(old_id)),
+                one_line(str(exc), 300),
+            )
+            return
+        for _ in range(_ASKS_ONWARD):
+            try:
+                async with self._as_person(old_id, tenant, by) as old:
+                    if carriable(old.frontier) and current(frontier, old.frontier):
+                        await self._end_cancelled(old, by, why)
+            except ResumeConflictError:
+                asked = await self.leases.ask_to_cancel(old_id, tenant=tenant, by=by, why=why)
+                if asked is not None:
+                    return
+            else:
+                return
+        raise ResumeConflictError(
+            f"run {frontier.run_id!r} was not cancelled: run {old_id!r} it was carried on "
+            f"from, which holds its turn, was taken up and let go again each of "
+            f"{_ASKS_ONWARD} times it was tried; nothing was written: cancel "
+            f"{frontier.run_id!r} again",
+            run_id=frontier.run_id,
+        )
 
     async def _cancel_cut_carry(self, new_id: str, *, tenant: str, by: str, why: str) -> None:
         """End ``new_id``, the run a carry cut short started, ``cancelled`` as its old run just

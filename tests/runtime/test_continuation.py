@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import sqlite3
 import sys
 from collections import Counter
@@ -1501,4 +1502,74 @@ async def test_a_resume_of_the_new_run_that_meets_a_cancel_of_the_old_leaves_nei
     assert (result.run_id, result.status) == (NEXT, "cancelled")
     new = await world.runner().inspect(NEXT, tenant=TENANT)
     assert (new.status, new.error) == ("cancelled", "cancelled by ann: stop it")
+    assert world.ledger.count("pay") == 0
+
+
+async def test_a_cancel_of_the_new_run_a_cut_carry_started_retries_when_the_old_run_is_let_go(
+    world: World,
+) -> None:
+    """As above, with the old run's holder letting go of it between the cancel finding it held
+    and the ask (nobody holds it to be asked then): Ann's one cancel must end both runs
+    ``cancelled``, not fail with a conflict naming the old run she never asked about."""
+    agent = await world.carried_until_it_dies("run.started")
+    runner = world.runner()
+    leases = runner.leases
+    holding = await leases.acquire(RUN, tenant=TENANT, holder="a worker", ttl_s=60)
+    ask = leases.ask_to_cancel
+
+    async def let_go_before_the_ask(run_id: str, **kwargs: Any) -> RunLease | None:
+        if run_id == RUN:
+            leases.ask_to_cancel = ask  # type: ignore[method-assign]
+            await leases.release(holding)
+        return await ask(run_id, **kwargs)
+
+    leases.ask_to_cancel = let_go_before_the_ask  # type: ignore[method-assign]
+    await runner.cancel(NEXT, tenant=TENANT, by="ann", why="stop it")
+    result = await world.runner().resume(agent, RUN, tenant=TENANT)
+
+    assert world.ledger.count("pay") == 0, "the work Ann cancelled went on and paid"
+    assert (result.run_id, result.status, result.error) == (
+        RUN,
+        "cancelled",
+        "cancelled by ann: stop it",
+    )
+    assert (await world.runner().inspect(NEXT, tenant=TENANT)).status == "cancelled"
+
+
+async def test_a_cancel_ends_the_run_though_a_carry_it_started_cannot_be_read(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The carry died between the new run's start and the old run's end, and the new run's
+    history holds a record nobody can read: Ann's cancel of the old run must still end it
+    ``cancelled`` (it failed, naming the new run, and the old run went on showing running),
+    and say that the new run could not be read, naming it."""
+    await world.carried_until_it_dies("run.started")
+    assert isinstance(world.log, MemoryEventLog | SqliteEventLog)
+    world.log.write_raw(NEXT, b"not an event")
+
+    with caplog.at_level(logging.WARNING, logger="onward.runner"):
+        ended = await world.runner().cancel(RUN, tenant=TENANT, by="ann", why="stop it")
+
+    assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")
+    assert (await world.runner().inspect(RUN, tenant=TENANT)).status == "cancelled"
+    assert f"run {NEXT!r}" in caplog.text
+    assert "cancel that run too" in caplog.text, "the new run's problem was not told"
+    assert world.ledger.count("pay") == 0
+
+
+async def test_a_cancel_of_the_new_run_ends_it_though_the_old_run_cannot_be_read(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The carry died between the new run's start and the old run's end, and the old run's
+    history holds a record nobody can read: Ann's cancel of the new run must still end it
+    ``cancelled`` (no resume carries the old run on while it cannot be read), saying so."""
+    await world.carried_until_it_dies("run.started")
+    assert isinstance(world.log, MemoryEventLog | SqliteEventLog)
+    world.log.write_raw(RUN, b"not an event")
+
+    with caplog.at_level(logging.WARNING, logger="onward.runner"):
+        ended = await world.runner().cancel(NEXT, tenant=TENANT, by="ann", why="stop it")
+
+    assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")
+    assert f"run {RUN!r}" in caplog.text, "the old run's problem was not told"
     assert world.ledger.count("pay") == 0

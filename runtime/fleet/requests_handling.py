@@ -233,7 +233,10 @@ class RequestHandler:
 
     async def _end_failed(self, request: StartRun, error: str) -> bool:
         """Record the start as a run that ended ``failed`` at once with ``error``
-        (`AgentRunner.end_at_start`); a run that exists already is left as it is."""
+        (`AgentRunner.end_at_start`); its own run that exists already (the start sent again) is
+        left as it is. Another start's run under its id, or a value it cannot take, refuses it
+        for good, saying so (`Worker.handle`): dropped, it left its stream waiting for a run
+        that never comes."""
         worker = self._worker
         try:
             await worker.runner.end_at_start(
@@ -246,6 +249,10 @@ class RequestHandler:
                 error=error,
             )
         except InvalidInputError as exc:
+            if not (
+                await worker.runner.resumer.exists(request.run_id) and await self._own_run(request)
+            ):
+                raise
             _log.warning("run %s: not ended failed: %s", request.run_id, one_line(str(exc)))
         worker.stats.failures += 1
         return True

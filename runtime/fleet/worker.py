@@ -133,7 +133,7 @@ class _Boundaries:
     async def appended(self, events: Sequence[Event]) -> None:
         for event in events:
             if isinstance(event, RunStarted):
-                self._worker._started(event.run_id, event.tenant)
+                self._worker._started((event.run_id, event.tenant, event.agent))
         for listener in self._worker.append_listeners:
             listener(events)
 
@@ -196,8 +196,9 @@ class Worker:
             self.runner.check_call_bounds(agent)  # refused at start, not on every run
         self.name = self.runner.worker
         self.stats = WorkerStats()
-        self._refused_starts: dict[str, tuple[str, str]] = {}
-        """Why a start was refused for good, with its tenant, by run id (`refused_start`)."""
+        self._refused_starts: dict[tuple[str, str], str] = {}
+        """Why a start was refused for good, by run id and tenant (`refused_start`): another
+        tenant's start of the id neither clears nor replaces it."""
         self._signer: RequestSigner | None = None
         self._accept_unsigned = False
         self.owned: set[int] = set()
@@ -211,9 +212,10 @@ class Worker:
         self._scans: set[asyncio.Task[None]] = set()
         self._pass: asyncio.Task[None] | None = None
         """The last recovery pass started (`_scan`)."""
-        self._starting: dict[tuple[str, str], _Once] = {}
-        """Starts not begun yet, by run id and tenant: another tenant's start of the same id is
-        not begun by the `RunStarted` of the one that took the id."""
+        self._starting: dict[_StartKey, _Once] = {}
+        """Starts not begun yet, by run id, tenant and agent: another tenant's start of the same
+        id, or its tenant's for another agent, is not begun by the `RunStarted` of the one that
+        took the id."""
         self._recovery = Recovery(self)
         self._requests = RequestHandler(self, self._recovery)
         self.append_listeners: list[Callable[[Sequence[Event]], None]] = []
@@ -280,15 +282,15 @@ class Worker:
         """
         once = _Once(done)
         if isinstance(request, StartRun):
-            key = once.key = (request.run_id, request.tenant)
+            key = once.key = _start_key(request)
             self._starting[key] = once
             # A start sent again (the run's id tried once more) is told by its own outcome,
             # not by the refusal of the one before.
-            self._refused_starts.pop(request.run_id, None)
+            self._refused_starts.pop((request.run_id, request.tenant), None)
         self.launch(request.run_id, functools.partial(self.handle, request, expired=expired), once)
 
-    def _started(self, run_id: str, tenant: str) -> None:
-        once = self._starting.pop((run_id, tenant), None)
+    def _started(self, key: _StartKey) -> None:
+        once = self._starting.pop(key, None)
         if once is not None:
             once(True)
 
@@ -304,15 +306,15 @@ class Worker:
         """
         # A start handed here directly, not through `submit`, is told begun by its `RunStarted`
         # (`_started`) as a submitted one is: its refusal is said as such only until then.
-        own = None
-        key = (request.run_id, request.tenant)
-        if isinstance(request, StartRun) and key not in self._starting:
-            own = self._starting[key] = _Once(None)
+        own: tuple[_StartKey, _Once] | None = None
+        if isinstance(request, StartRun) and _start_key(request) not in self._starting:
+            own = (_start_key(request), _Once(None))
+            self._starting[own[0]] = own[1]
         try:
             return await self._handle(request, expired)
         finally:
-            if own is not None and self._starting.get(key) is own:
-                del self._starting[key]
+            if own is not None and self._starting.get(own[0]) is own[1]:
+                del self._starting[own[0]]
 
     async def _handle(self, request: Request, expired: Callable[[], bool] | None) -> bool:
         attempt = 0
@@ -343,9 +345,7 @@ class Worker:
     def _not_begun(self, request: Request) -> bool:
         """Whether nothing of the request took effect that setting it aside would leave
         half-done: a start whose `RunStarted` is durable is its run's (`_started`)."""
-        return (
-            not isinstance(request, StartRun) or (request.run_id, request.tenant) in self._starting
-        )
+        return not isinstance(request, StartRun) or _start_key(request) in self._starting
 
     def _refused(self, request: Request, exc: OnwardError) -> bool:
         self.stats.failures += 1
@@ -361,7 +361,7 @@ class Worker:
             return True
         _log.warning("%s refused for good: %s", type(request).__name__, one_line(str(exc)))
         if isinstance(request, StartRun):
-            self._refused_starts[request.run_id] = (request.tenant, described(exc))
+            self._refused_starts[(request.run_id, request.tenant)] = described(exc)
             while len(self._refused_starts) > _REFUSALS_KEPT:
                 del self._refused_starts[next(iter(self._refused_starts))]
         return True
@@ -369,13 +369,15 @@ class Worker:
     def refused_start(self, run_id: str, *, tenant: str | None = None) -> str | None:
         """Why this worker refused to start ``run_id`` for good, if it did (``tenant``'s
         start, when given): for the application's streams of it (each of them: one run may
-        have several), which would otherwise wait for a run that never comes. Kept until the
-        run's next start. A start refused because another tenant's run has the id is not
-        that run's streams' to end with."""
-        refused = self._refused_starts.get(run_id)
-        if refused is None or (tenant is not None and refused[0] != tenant):
-            return None
-        return refused[1]
+        have several), which would otherwise wait for a run that never comes. Kept until that
+        tenant's next start of it. A start refused because another tenant's run has the id is
+        not that run's streams' to end with."""
+        if tenant is not None:
+            return self._refused_starts.get((run_id, tenant))
+        return next(
+            (cause for (refused, _), cause in self._refused_starts.items() if refused == run_id),
+            None,
+        )
 
     async def recover(self, partitions: Collection[int], *, adopt: bool = False) -> int:
         """Carry on the lapsed runs of ``partitions`` (as many as there are free slots) and,
@@ -1062,13 +1064,21 @@ class _Claims:
             self._next_renewal = time.monotonic() + self.claim_s / 3
 
 
+_StartKey = tuple[str, str, str]
+"""A start in flight's run id, tenant and agent: its `RunStarted`'s, once written."""
+
+
+def _start_key(request: StartRun) -> _StartKey:
+    return (request.run_id, request.tenant, request.agent)
+
+
 class _Once:
     """Calls ``done`` the first time only."""
 
     def __init__(self, done: Callable[[bool], None] | None) -> None:
         self._done = done
-        self.key: tuple[str, str] | None = None
-        """The run id and tenant of the start it tells of (`Worker._starting`), if one."""
+        self.key: _StartKey | None = None
+        """The run id, tenant and agent of the start it tells of (`Worker._starting`), if one."""
 
     def __call__(self, acted: bool) -> None:
         done, self._done = self._done, None

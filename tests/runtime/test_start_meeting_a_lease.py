@@ -157,3 +157,70 @@ async def test_a_start_racing_another_tenants_start_of_its_run_id_is_refused_say
     assert "already exists" in cause
     assert "evil" not in cause
     assert worker.refused_start("r", tenant="evil") is None
+
+
+async def test_a_refusal_is_kept_when_another_tenant_starts_the_run_id_again(
+    backends: Backends,
+) -> None:
+    """A tenant's start refused as its run id is taken stays refused for that tenant's streams
+    when the tenant whose run has the id sends its start again: the refusal was kept by run id
+    alone, so that start cleared it and the refused tenant's stream waited for a run that never
+    comes."""
+    worker = worker_of(backends)
+    worker.submit(StartRun(run_id="r", tenant="evil", agent="writer", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+    assert worker.refused_start("r", tenant=TENANT) is not None
+
+    worker.submit(StartRun(run_id="r", tenant="evil", agent="writer", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+
+    cause = worker.refused_start("r", tenant=TENANT)
+    assert cause is not None, "another tenant's start cleared this tenant's refusal"
+    assert "already exists" in cause
+    assert worker.refused_start("r", tenant="evil") is None
+
+
+async def test_a_start_for_an_unknown_agent_under_another_tenants_run_id_is_refused_saying_so(
+    backends: Backends,
+) -> None:
+    """A start this worker would end failed (no such agent) whose run id another tenant's run
+    has: it was dropped, only logged as not ended failed, and its stream waited for a run that
+    never comes. It is refused for good in the words every tenant gets."""
+    worker = worker_of(backends)
+    worker.submit(StartRun(run_id="r", tenant="evil", agent="writer", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+
+    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="reader", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+
+    cause = worker.refused_start("r", tenant=TENANT)
+    assert cause is not None, "the start was dropped without a word"
+    assert "already exists" in cause
+    assert "evil" not in cause
+    assert (await worker.runner.inspect("r", tenant="evil")).status == "completed"
+
+
+async def test_a_start_racing_its_tenants_start_of_its_run_id_for_another_agent_is_refused(
+    backends: Backends,
+) -> None:
+    """One tenant's two starts of one run id, for two agents, taken side by side: the first
+    one's `RunStarted` was taken for the second start's (the starts were kept by run id and
+    tenant), so the second, refused as its id is taken, was said to have begun and no refusal
+    was kept for its stream. It is refused for good, saying the id exists."""
+    worker = Worker(
+        backends,
+        ScriptedProvider([reply("done")]),
+        {"writer": AGENT, "reader": Agent(name="reader", instructions="r")},
+        max_attempts=1,
+        backoff_s=0.02,
+    )
+    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
+    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="reader", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+
+    assert (await worker.runner.inspect("r", tenant=TENANT)).agent == "writer"
+    cause = worker.refused_start("r", tenant=TENANT)
+    assert cause is not None, "the start was dropped without a word"
+    assert "already exists" in cause

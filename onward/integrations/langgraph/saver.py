@@ -1322,7 +1322,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             if state.last_seq < held.spent_at:
                 await self._pass_spent_seqs(thread_id, held, state)
             made = build(state)
-            await self._may_go_on(thread_id, held, made, state.last_seq + 1, spent, step=step)
+            await self._may_go_on(
+                thread_id, held, made, state.last_seq + 1, spent, step=step, graph_run=graph_run
+            )
             fence = held.holder.lease.fence
             batch = [
                 stamped(
@@ -1730,10 +1732,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         spent: Sequence[tuple[str, Usage]],
         *,
         step: bool,
+        graph_run: bool = True,
     ) -> None:
         """Record the model calls ``spent`` (the batch ``made`` is to be appended from
         ``first_seq``), then end the graph run if it is over a budget (``step``: a graph's
-        checkpoint or task writes) or was asked to cancel.
+        checkpoint or task writes) or was asked to cancel (``graph_run``: a write of the graph
+        run; copying, pruning or deleting the thread is not, and leaves the ask to that run).
 
         Raises:
             BudgetExceededError: What the thread (or tenant) spent before this write's calls
@@ -1774,7 +1778,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             await self._end(thread_id, held, "failed", f"{type(over).__name__}: {over}")
             self._stop(thread_id, functools.partial(_copied, over))
             raise over
-        if calls_running:
+        if calls_running or not graph_run:
             return
         asked = self._ask_for_this_invocation(thread_id, held)
         if asked is not None and not outcomes_only:

@@ -972,3 +972,29 @@ def _beside_a_slow_branch(saver: OnwardSaver, go_on: asyncio.Event) -> CompiledS
     builder.add_edge("ask", END)
     builder.add_edge("slow", END)
     return builder.compile(checkpointer=saver)
+
+
+async def test_a_thread_whose_holding_heard_a_cancel_is_deleted_and_pruned_by_the_same_saver(
+    placed: tuple[World, dict[str, str]],
+) -> None:
+    """A long-lived saver keeps a thread between invocations and its renewal hears a cancel
+    ask; an operator then deletes the thread (or prunes it) through that saver. The deletion
+    is not a write of a graph run: it is done, not refused with `RunCancelledError` while the
+    thread is ended ``cancelled`` in its place."""
+    world, _ = placed
+    for remove in ("delete", "prune"):
+        thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+        async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
+            graph = looping_graph(saver)
+            await graph.ainvoke({"steps": [], "until": 2}, config(thread_id))
+            assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
+            await until_heard(saver, thread_id)
+
+            if remove == "delete":
+                await saver.adelete_thread(thread_id)
+                assert await saver.aget_tuple(config(thread_id)) is None
+            else:
+                await saver.aprune([thread_id], strategy="keep_latest")
+                assert len([t async for t in saver.alist(config(thread_id))]) == 1
+        events = [stored.event for stored in await world.log.read_run(thread_id)]
+        assert ends_in(events) == [], remove

@@ -341,6 +341,14 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         saver ended, write on (the loss or the end came at that count or after). It keeps the
         latest `FOLLOWED_THREADS` threads read (`_remembered`): a context that runs invocation
         after invocation, of one thread after another, would keep and copy one per thread."""
+        self._read_under: contextvars.ContextVar[dict[str, asyncio.Event | None] | None] = (
+            contextvars.ContextVar("onward_saver_read_under", default=None)
+        )
+        """In a graph invocation's context, beside ``_read_at``: the ``fenced`` event of the
+        holding the invocation writes each thread under (held at its read, or claimed by its
+        first write). Set, the invocation lost the thread to another writer and must stop
+        (`_lost_by_context`), whatever this saver still remembers of that loss (``_losses``
+        keeps only the latest threads lost): it lives and goes with the invocation."""
         self._started = 0
         """How many reads of a thread's latest checkpoint (invocation starts) there were, of
         every thread: one count, so nothing is kept per thread a long-lived saver started."""
@@ -510,6 +518,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             self._started += 1
             read = _remembered(self._read_at.get(), thread_id, self._started)
             self._read_at.set(read)
+            holding = self._held.get(thread_id)
+            fenced = holding.holder.fenced if holding is not None else None
+            self._read_under.set(_remembered(self._read_under.get(), thread_id, fenced))
         saved = state.checkpoints.get(ns, {})
         latest = checkpoint_id is None
         if checkpoint_id is None:
@@ -754,7 +765,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         go when compaction cuts the run's prefix (compaction is not built yet). A thread the
         saver did not hold is released again afterwards.
         """
-        held_before = thread_id in self._held
+        held_before = self.holds(thread_id)  # a holding lost is taken again, then let go
         if not held_before:
             state = await self._read(thread_id)
             if not state.checkpoints and not state.writes:
@@ -867,7 +878,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         the saver did not hold is released afterwards, and not taken at all when nothing of it
         would go.
         """
-        held_before = thread_id in self._held
+        held_before = self.holds(thread_id)  # a holding lost is taken again, then let go
         if not held_before and not choose(await self._read(thread_id)):
             return
 
@@ -1126,7 +1137,7 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         them. The source is only read. A target the saver did not hold is released
         afterwards (as `adelete_thread` does), so another process may run it.
         """
-        held_before = target_thread_id in self._held
+        held_before = self.holds(target_thread_id)  # a holding lost is taken again, then let go
         source = await self._state(source_thread_id, whole=True)
         saved = sorted(
             (
@@ -1196,15 +1207,18 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         async def read() -> tuple[
             CheckpointTuple | None,
             dict[str, int] | None,
+            dict[str, asyncio.Event | None] | None,
             dict[tuple[int, str], tuple[str, str, str]] | None,
         ]:
-            return await self.aget_tuple(config), self._read_at.get(), _CANCELLED_READ.get()
+            found = await self.aget_tuple(config)
+            return found, self._read_at.get(), self._read_under.get(), _CANCELLED_READ.get()
 
-        found, read_at, refused = self._sync(read())
+        found, read_at, read_under, refused = self._sync(read())
         # The read ran in a copy of this thread's context: the invocation that made it goes on
         # in this one (its writes, from here or its worker threads, carry what it read, and
         # an answer to an interrupt a cancel ended is refused).
         self._read_at.set(read_at)
+        self._read_under.set(read_under)
         _CANCELLED_READ.set(refused)
         return found
 
@@ -1598,10 +1612,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         stopped = self._stopped_since_read(thread_id) if graph_run else None
         if stopped is not None:
             raise stopped()
-        if graph_run and self._read_before_loss(thread_id):
+        if graph_run and (self._read_before_loss(thread_id) or self._lost_by_context(thread_id)):
             raise self._lost_error(thread_id)
         held = self._held.get(thread_id)
         if held is not None and not held.holder.fenced.is_set():
+            if graph_run:
+                self._writing_under(thread_id, held)
             return held
         taking = self._taking.setdefault(thread_id, _Taking())
         taking.users += 1
@@ -1618,6 +1634,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                     raise self._lost_error(thread_id)
                 held = await self._claim(thread_id)
                 self._held[thread_id] = held
+                if graph_run:
+                    self._writing_under(thread_id, held)
                 return held
         finally:
             taking.users -= 1
@@ -1633,6 +1651,21 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             return False  # not read in this context: `_lost` decides
         lost_at = self._losses.get(thread_id)
         return lost_at is not None and read <= lost_at
+
+    def _lost_by_context(self, thread_id: str) -> bool:
+        """Whether the holding the graph invocation writing (this context's) wrote the thread
+        under was lost to another writer: bounded by the context, not by what this saver
+        remembers of its losses, so a loss it forgot (many threads lost since) still stops
+        the invocation rather than letting it claim the thread again from a stale state."""
+        fenced = (self._read_under.get() or {}).get(thread_id)
+        return fenced is not None and fenced.is_set()
+
+    def _writing_under(self, thread_id: str, held: _Held) -> None:
+        """Note in the invocation's context (its tasks share the map its read set) which
+        holding its writes of the thread go under, for `_lost_by_context`."""
+        under = self._read_under.get()
+        if under is not None and thread_id in under:
+            under[thread_id] = held.holder.fenced
 
     def _stopped_since_read(self, thread_id: str) -> Callable[[], OnwardError] | None:
         """What the graph invocation writing (this context's) must raise if this saver ended

@@ -12,7 +12,9 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langgraph.graph import END, START, StateGraph
+from support.appapi import until
 
+import onward.integrations.langgraph.saver as saver_module
 from onward.errors import FencedError
 from onward.integrations.langgraph import OnwardSaver
 from onward.integrations.langgraph.summary import decode
@@ -201,3 +203,116 @@ async def test_a_read_by_anyone_else_does_not_let_a_sync_graph_run_that_lost_the
         latest = await saver_a.aget_tuple(config(thread_id))
         assert latest is not None
         assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
+
+
+async def test_a_graph_run_that_lost_the_thread_stops_after_the_saver_lost_many_more(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph run's node is slow; meanwhile the saver loses its thread to another writer, a
+    reader reads the thread (the holding lost is let go), and the saver loses more threads than
+    it keeps records of (a lease store outage). The graph run must still stop at its next
+    write: the saver forgetting that loss must not let it claim the thread again and save its
+    step over the other writer's."""
+    monkeypatch.setattr(saver_module, "FOLLOWED_THREADS", 2)
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    thawed = asyncio.Event()
+    thawed.set()
+    node_goes_on = asyncio.Event()
+    saver_a = gated_saver(world, thawed)
+    async with saver_a:
+        await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
+        slow = steps_graph("stale", saver_a, inside=node_goes_on.wait)
+        running = asyncio.create_task(slow.ainvoke({"steps": []}, config(thread_id)))
+        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id)
+        await slow.aget_state(config(thread_id))  # another task reads the thread
+        await lose_more_threads_than_kept(world, saver_a, thread_id)
+        node_goes_on.set()
+        with pytest.raises(FencedError):
+            await running
+        latest = await saver_a.aget_tuple(config(thread_id))
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
+
+
+async def test_a_sync_graph_run_that_lost_the_thread_stops_after_the_saver_lost_many_more(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with LangGraph's sync ``invoke``, run in a worker thread as the saver asks."""
+    monkeypatch.setattr(saver_module, "FOLLOWED_THREADS", 2)
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    thawed = asyncio.Event()
+    thawed.set()
+    node_goes_on = threading.Event()
+    saver_a = gated_saver(world, thawed)
+    async with saver_a:
+        await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
+
+        def stale(state: Steps) -> dict[str, list[str]]:
+            node_goes_on.wait(30)
+            return {"steps": ["stale"]}
+
+        builder = StateGraph(Steps)
+        builder.add_node("step", stale)
+        builder.add_edge(START, "step")
+        builder.add_edge("step", END)
+        slow = builder.compile(checkpointer=saver_a)
+        running = asyncio.get_running_loop().run_in_executor(
+            None, lambda: slow.invoke({"steps": []}, config(thread_id))
+        )
+        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id)
+        await slow.aget_state(config(thread_id))  # another task reads the thread
+        await lose_more_threads_than_kept(world, saver_a, thread_id)
+        node_goes_on.set()
+        with pytest.raises(FencedError):
+            await running
+        latest = await saver_a.aget_tuple(config(thread_id))
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
+
+
+async def lose_more_threads_than_kept(world: World, saver_a: OnwardSaver, thread_id: str) -> None:
+    """``saver_a`` writes, and loses to worker B, three more threads than the two it keeps
+    records of (``FOLLOWED_THREADS`` patched): its record of losing ``thread_id`` is gone."""
+    graph = steps_graph("A", saver_a)
+    for n in range(3):
+        other = f"{thread_id}-{n}"
+        await graph.ainvoke({"steps": []}, config(other))
+        lease = saver_a.lease(other)
+        assert lease is not None
+        await world.leases.release(lease)  # taken from under it
+        async with world.saver(holder="worker-b") as saver_b:
+            await steps_graph("B", saver_b).ainvoke({"steps": []}, config(other))
+        with pytest.raises(FencedError):
+            await graph.ainvoke({"steps": []}, config(other))
+
+
+async def test_a_thread_lost_then_pruned_or_deleted_by_the_same_saver_is_let_go_after(
+    world: World,
+) -> None:
+    """A long-lived saver keeping a thread between invocations loses it to another writer
+    (its renewal hears it), then prunes it or deletes it: either takes the thread again for
+    its own write, and lets it go after, as for a thread it did not hold. Kept, the saver would
+    renew the lease until it closed, and every other writer would be refused the thread."""
+    for remove in ("prune", "delete"):
+        thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+        async with world.saver(holder="worker-a", ttl_s=3, renew_within_s=2.7) as saver_a:
+            await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
+            lease = saver_a.lease(thread_id)
+            assert lease is not None
+            await world.leases.release(lease)  # taken from under it
+            async with world.saver(holder="worker-b") as saver_b:
+                await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
+
+            async def heard_lost() -> bool:
+                return not saver_a.holds(thread_id)  # noqa: B023
+
+            await until(heard_lost, "worker A's renewal hearing the thread lost")
+            if remove == "prune":
+                await saver_a.aprune([thread_id], strategy="keep_latest")
+            else:
+                await saver_a.adelete_thread(thread_id)
+
+            assert not saver_a.holds(thread_id), remove
+            async with world.saver(holder="worker-b") as saver_b:
+                out = await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
+            assert out["steps"][-1] == "B"

@@ -23,10 +23,10 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import IO, Annotated, Any, ParamSpec, TypeVar, cast
 
 import typer
@@ -319,6 +319,44 @@ def run_until_terminated(main: Coroutine[Any, Any, _T]) -> _T:
         if terminated:
             raise TerminatedError from exc
         raise
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What stops a long-lived command (`onward worker`, `onward projector`)."""
+
+
+class _StoppedBeforeLoopError(BaseException):
+    """A stop signal before the event loop handled them. Not an `Exception`, as
+    `KeyboardInterrupt` is not: the import of a user's module catches ``Exception`` (`imported`),
+    as the module itself may, and would turn the stop into a failed import (exit 2)."""
+
+
+@contextlib.contextmanager
+def stopped_before_the_loop(said: str) -> Iterator[None]:
+    """SIGTERM and SIGINT end the block with ``said`` (exit 0) until an event loop takes them
+    over; the handlers before it are put back after.
+
+    A long-lived command imports the user's modules before its loop runs (``--agent``,
+    ``--projection``), and one that loads a model or connects on import takes a while: SIGTERM
+    meanwhile killed the process with no line and no exit code of its own, Ctrl-C said
+    "interrupted", 130, where a stop of the same command a moment later says it stopped, 0.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only (a command run by a test)
+        return
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        raise _StoppedBeforeLoopError
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        yield
+    except _StoppedBeforeLoopError:
+        err.print(said)
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, and cannot be put back
+                signal.signal(sig, handler)
 
 
 def connect_timeout_s() -> float:

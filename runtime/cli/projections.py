@@ -48,6 +48,7 @@ from ._common import (
     opened,
     out,
     run_until_terminated,
+    stopped_before_the_loop,
     within,
 )
 from ._health import MetricsHostOption, MetricsPortOption, ProjectorHealth, metrics_served
@@ -184,10 +185,7 @@ def projector_command(
             "(set ONWARD_BACKEND=kafka on a Kafka deployment)"
         )
     database_url = config.require_database_url()
-    user = load_projection(projection) if projection is not None else None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    quiet_garbage_collector()
-    fixed_mmap_threshold()
+    user: Projection | None = None
 
     async def fold(stop: asyncio.Event, folding: asyncio.Event) -> None:
         async with contextlib.AsyncExitStack() as stack:
@@ -260,7 +258,13 @@ def projector_command(
             await worker.run(stop)
             await reporter
 
-    asyncio.run(_until_signalled(fold))
+    with stopped_before_the_loop("projector stopped before it started folding"):
+        if projection is not None:
+            user = load_projection(projection)  # a module that connects on import
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        quiet_garbage_collector()
+        fixed_mmap_threshold()
+        asyncio.run(_until_signalled(fold))
 
 
 async def _until_signalled(

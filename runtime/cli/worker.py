@@ -25,11 +25,13 @@ from onward.runtime.signing import RequestSigner
 
 from ._common import (
     KAFKA_MAX_MS,
+    STOP_SIGNALS,
     checked_sqlite_directory,
     err,
     imported,
     made,
     opened,
+    stopped_before_the_loop,
     within,
 )
 from ._health import MetricsHostOption, MetricsPortOption, metrics_served, stores_reachable
@@ -182,7 +184,7 @@ async def _until_signalled(serve: Callable[[_Signals], Awaitable[None]]) -> None
     """Run ``serve`` with the signals handled from the start, the opening of the stores too."""
     signals = _Signals()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, signals.on_signal)
     try:
         await serve(signals)
@@ -280,8 +282,6 @@ def worker_command(
     config = checked_sqlite_directory(load_settings())
     signer = config.request_signer()
     accept_unsigned = accept_unsigned_requests or config.accept_unsigned_requests
-    agents = load_agents(agent)
-    model = load_provider(provider)
     for option, seconds in (("--lease-ttl", lease_ttl), ("--recheck", recheck)):
         if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
             raise InvalidInputError(f"{option} must be positive, finite seconds, got {seconds}")
@@ -295,7 +295,6 @@ def worker_command(
         # pause, doubled still none; infinite, never.
         raise InvalidInputError(f"--backoff must be positive, finite seconds, got {backoff}")
     policy = lease_policy(lease_ttl)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     async def run() -> None:
         try:
@@ -304,7 +303,7 @@ def worker_command(
             # Drained (or failed): a signal from here on has nothing left to stop, and must not
             # turn a clean exit into death by that signal while the loop closes.
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
                 signal.signal(sig, signal.SIG_IGN)
 
@@ -347,10 +346,10 @@ def worker_command(
                 )
             err.print(shown(_stopped(worker)), soft_wrap=True)  # one line: logs are read by line
 
-    # Put back afterwards: the command also runs inside other processes (tests, embedders).
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    # The handlers are put back afterwards: the command also runs inside other processes
+    # (tests, embedders).
+    with stopped_before_the_loop("worker stopped before it started serving"):
+        agents = load_agents(agent)  # a module that loads a model or connects on import
+        model = load_provider(provider)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         asyncio.run(run())
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -284,3 +284,66 @@ def test_a_worker_stopped_while_connecting_to_kafka_stops_at_once_in_one_line(
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines() == ["worker stopped before it started serving"], stderr
     assert seconds < 10
+
+
+SLOW_IMPORT = """\
+import pathlib
+import time
+
+pathlib.Path({entered!r}).touch()
+time.sleep(120)  # a module that loads a model or connects when it is imported
+"""
+
+IMPORTING_COMMANDS = {
+    "worker": (
+        ["worker", "--agent", "slow_import:agent", "--provider", "support.cli_agent:booking_model"],
+        {"ONWARD_BACKEND": "sqlite"},
+        "worker stopped before it started serving",
+    ),
+    "projector": (
+        ["projector", "--projection", "slow_import:Projection"],
+        {"ONWARD_BACKEND": "kafka"},
+        "projector stopped before it started folding",
+    ),
+}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+@pytest.mark.parametrize("command", list(IMPORTING_COMMANDS))
+def test_a_long_lived_command_stopped_while_importing_the_users_module_stops_in_one_line(
+    tmp_path: Path, command: str, sig: signal.Signals
+) -> None:
+    """SIGTERM to `onward worker` while its ``--agent`` module is still being imported (or
+    `onward projector` its ``--projection``; one that loads a model or connects on import):
+    no handler was in place yet, so the signal killed it with no line and no exit code of its
+    own, and Ctrl-C said "interrupted", 130, not that it stopped."""
+    args, backend, said = IMPORTING_COMMANDS[command]
+    entered = tmp_path / "entered"
+    (tmp_path / "slow_import.py").write_text(SLOW_IMPORT.format(entered=str(entered)))
+    env = {
+        **os.environ,
+        **backend,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(tmp_path)]),
+        "ONWARD_SQLITE_PATH": str(tmp_path / "onward.db"),
+    }
+    env.pop("REDIS_URL", None)
+    importing = subprocess.Popen(
+        [sys.executable, "-m", "onward", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
+    )
+    deadline = time.monotonic() + 60
+    while not entered.exists():
+        assert importing.poll() is None, importing.communicate()
+        assert time.monotonic() < deadline, f"{command} never imported the module"
+        time.sleep(0.05)
+    started = time.monotonic()
+    importing.send_signal(sig)
+    _, stderr = importing.communicate(timeout=30)
+    assert importing.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines() == [said], stderr
+    assert time.monotonic() - started < 10

@@ -623,8 +623,14 @@ class Worker:
         except KafkaError as exc:
             raise translate(exc, context=f"consuming {topic}") from exc
         finally:
-            await _leave(consumer)
-            _log.info("left the group")
+            if await _leave(consumer):
+                _log.info("left the group")
+            else:
+                _log.warning(
+                    "leaving the group gave up after %.0fs (the broker did not answer); the "
+                    "group drops this worker after its session timeout",
+                    _LEAVE_S,
+                )
 
     async def _drain_consumer(self, consumer: AIOKafkaConsumer, offsets: _Offsets) -> None:
         """Take nothing new, wait for the runs in flight to stop, commit what was acted on."""
@@ -981,20 +987,24 @@ def _left(stopping: asyncio.Task[None]) -> None:
         stopping.exception()  # seen: the caller may be gone, and a failed leave is harmless
 
 
-async def _leave(consumer: AIOKafkaConsumer) -> None:
-    """Stop ``consumer`` (it leaves the group), waiting at most `_LEAVE_S`. The stop is a task
-    of its own that a cancellation of the caller leaves running: Python 3.11's `wait_for`
-    cancels a stop that has not begun yet when the caller is cancelled again, and the consumer
-    would be left in the group, heartbeating, for as long as the process lives."""
+async def _leave(consumer: AIOKafkaConsumer) -> bool:
+    """Stop ``consumer`` (it leaves the group), waiting at most `_LEAVE_S`; whether it stopped
+    in time (a broker that does not answer is left to drop the member after its session
+    timeout). The stop is a task of its own that a cancellation of the caller leaves running:
+    Python 3.11's `wait_for` cancels a stop that has not begun yet when the caller is cancelled
+    again, and the consumer would be left in the group, heartbeating, for as long as the
+    process lives."""
     stopping = asyncio.ensure_future(consumer.stop())
     _leaving.add(stopping)
     stopping.add_done_callback(_left)
     done, _ = await asyncio.wait({stopping}, timeout=_LEAVE_S)
     if not done:
         stopping.cancel()
-    elif not stopping.cancelled():
+        return False
+    if not stopping.cancelled():
         with contextlib.suppress(KafkaError):
             stopping.result()
+    return True
 
 
 def _require_signer(signer: RequestSigner | None, accept_unsigned: bool, where: str) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,13 +21,14 @@ import pytest_asyncio
 from aiokafka.admin import AIOKafkaAdminClient
 from support.fault_runs import until
 from support.faulty_proxy import FaultyProxy
+from support.private_servers import PrivateKafka
 
 from onward._storage.kafka import KafkaConnection
 from onward.errors import ConfigurationError
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.fleet.requests import ensure_requests_topic
-from onward.runtime.fleet.worker import Worker
+from onward.runtime.fleet.worker import _LEAVE_S, Worker
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.settings import Settings
 
@@ -175,3 +178,38 @@ async def test_a_worker_refused_its_requests_topic_leaves_no_consumer_unclosed(
     finally:
         loop.set_exception_handler(None)
     assert reported == []
+
+
+@pytest.mark.faults  # freezes a private broker: run by `make test-faults`
+@pytest.mark.slow
+async def test_a_worker_whose_broker_stops_answering_says_it_did_not_leave_its_group(
+    private_kafka: PrivateKafka, backends: Backends, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker stopped while its broker does not answer gives up leaving its group after
+    `_LEAVE_S` and says so: it logged "left the group", so an operator looking for why the
+    group still counted it for a session timeout was told it had left."""
+    topic = f"requests-{uuid.uuid4().hex[:8]}"
+    stop = asyncio.Event()
+    worker = worker_of(backends)
+    serving = asyncio.ensure_future(
+        worker.serve_kafka(
+            stop,
+            bootstrap_servers=private_kafka.bootstrap,
+            topic=topic,
+            group_id=f"{topic}.workers",
+            session_timeout_ms=6000,
+            accept_unsigned=True,
+        )
+    )
+    await until(lambda: worker.joined, "the worker in its group")
+    private_kafka.pause()
+    try:
+        with caplog.at_level(logging.INFO, logger="onward.worker"):
+            stop.set()
+            async with asyncio.timeout(_LEAVE_S + 10):
+                await serving
+    finally:
+        private_kafka.resume()
+    said = [record.getMessage() for record in caplog.records]
+    assert "left the group" not in said, said
+    assert any(line.startswith("leaving the group gave up") for line in said), said

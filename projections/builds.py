@@ -9,15 +9,20 @@ old builds stay until dropped.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TypeVar
 
 import asyncpg
 
 from onward._storage import bound_lock_waits, pooled, translating
+from onward._storage.locks import SAY_AFTER_S
 from onward.errors import BackendUnavailableError, InvalidInputError
+
+log = logging.getLogger("onward.locks")
 
 SWITCH_LOCK_WAIT_S = 1.0
 """The longest one attempt to create a build or switch a rebuild's views waits for its locks
@@ -170,17 +175,20 @@ async def ensure_active_in_steps(
             await bound_lock_waits(conn, step_s)
             return await ensure_active(conn, layout)
 
+    async def holders(conn: asyncpg.Connection) -> list[str]:
+        return await view_holders(conn, layout, views=False)
+
     async def refused(conn: asyncpg.Connection) -> str:
-        holders = await view_holders(conn, layout, views=False)
+        held_by = await holders(conn)
         return (
-            f"{', '.join(holders) or 'another session'} held the build registry "
+            f"{', '.join(held_by) or 'another session'} held the build registry "
             f"(onward_projection_builds) for {timeout_s:g} s (a write of a projection left "
             f"open holds it); no build of {layout.projection} was created. End that session, "
             "then start again"
         )
 
     context = f"creating the first build of {layout.projection}"
-    return await in_steps(pool, context, timeout_s, attempt, refused)
+    return await in_steps(pool, context, timeout_s, attempt, refused, holders=holders)
 
 
 async def in_steps(
@@ -189,16 +197,22 @@ async def in_steps(
     timeout_s: float | None,
     attempt: Callable[[asyncpg.Connection, float], Awaitable[_T]],
     refused: Callable[[asyncpg.Connection], Awaitable[str]],
+    *,
+    holders: Callable[[asyncpg.Connection], Awaitable[list[str]]],
 ) -> _T:
     """Run ``attempt``, given how long it may wait for its locks, until its locks are free.
 
     The waits are in steps, the first of `SWITCH_LOCK_WAIT_S` and each twice the one before
     (a write that holds the registry longer still fits one), so the readers and writers
     queued behind an attempt wait no longer than a step, for ``timeout_s`` in all; past it,
-    fails with ``context`` and what ``refused`` says (who held the locks).
+    fails with ``context`` and what ``refused`` says (who held the locks). A wait that lasts
+    `SAY_AFTER_S` is said in the log once, naming the ``holders``, as every lock wait is:
+    with no ``timeout_s``, nothing else would ever tell of a session left open holding them.
     """
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = None if timeout_s is None else started + timeout_s
     step_s = SWITCH_LOCK_WAIT_S
+    said = False
     while True:
         if deadline is not None:
             step_s = max(min(step_s, deadline - time.monotonic()), 0.001)
@@ -210,9 +224,34 @@ async def in_steps(
                     raise
                 if deadline is not None and time.monotonic() >= deadline:
                     raise BackendUnavailableError(f"{context}: {await refused(conn)}") from exc
+                if not said and time.monotonic() - started >= SAY_AFTER_S:
+                    said = True
+                    await _say_wait(conn, context, timeout_s, started, holders)
         # The readers queued behind this attempt go first.
         await asyncio.sleep(min(step_s, SWITCH_LOCK_WAIT_S) / 2)
         step_s *= 2
+
+
+async def _say_wait(
+    conn: asyncpg.Connection,
+    context: str,
+    timeout_s: float | None,
+    started: float,
+    holders: Callable[[asyncpg.Connection], Awaitable[list[str]]],
+) -> None:
+    """Say in the log that ``context`` waits for its locks, who holds them and until when."""
+    if timeout_s is None:
+        until = "until they are free (no timeout set)"
+    else:
+        ends = time.time() + timeout_s - (time.monotonic() - started)
+        clock = datetime.fromtimestamp(ends, tz=UTC).strftime("%H:%M:%S UTC")
+        until = f"until {clock}, {timeout_s:g} s in all"
+    log.warning(
+        "%s: waiting for its locks, held by %s, %s",
+        context,
+        ", ".join(await holders(conn)) or "another session",
+        until,
+    )
 
 
 @translating("switching builds")

@@ -164,18 +164,20 @@ async def _create(pool: asyncpg.Pool, layout: BuildLayout, timeout_s: float | No
             await bound_lock_waits(conn, step_s)
             return await create_build(conn, layout)
 
+    async def holders(conn: asyncpg.Connection) -> list[str]:
+        return await view_holders(conn, layout, views=False)
+
     async def refused(conn: asyncpg.Connection) -> str:
-        holders = await view_holders(conn, layout, views=False)
+        held_by = await holders(conn)
         return (
-            f"{', '.join(holders) or 'another session'} held the build registry "
+            f"{', '.join(held_by) or 'another session'} held the build registry "
             f"(onward_projection_builds) for {timeout_s:g} s (a write of a projection left "
             "open holds it); no build was created and the views keep the build they had. End "
             "that session, then rebuild again"
         )
 
-    return await in_steps(
-        pool, f"creating a build of {layout.projection}", timeout_s, attempt, refused
-    )
+    context = f"creating a build of {layout.projection}"
+    return await in_steps(pool, context, timeout_s, attempt, refused, holders=holders)
 
 
 async def _switch(
@@ -192,10 +194,13 @@ async def _switch(
     async def attempt(conn: asyncpg.Connection, step_s: float) -> int | None:
         return await switch_build(conn, layout, build, lock_timeout_s=step_s)
 
+    async def holders(conn: asyncpg.Connection) -> list[str]:
+        return await view_holders(conn, layout)
+
     async def refused(conn: asyncpg.Connection) -> str:
-        holders = await view_holders(conn, layout)
+        held_by = await holders(conn)
         return (
-            f"{', '.join(holders) or 'another session'} held "
+            f"{', '.join(held_by) or 'another session'} held "
             f"{', '.join(layout.views(build))} or the build registry for "
             f"{timeout_s:g} s (a transaction left open after reading the views "
             f"holds them); build {build} was not switched to and the views keep "
@@ -203,7 +208,7 @@ async def _switch(
         )
 
     context = f"switching {layout.projection} to build {build}"
-    return await in_steps(pool, context, timeout_s, attempt, refused)
+    return await in_steps(pool, context, timeout_s, attempt, refused, holders=holders)
 
 
 async def _rebuild_lock(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import random
 import uuid
@@ -330,3 +331,51 @@ async def test_a_new_projection_meeting_a_session_holding_the_build_registry_say
     assert f"backend pid {backend}" in message, message
     async with SqlProjectionSink(database_url, KindCounts(), schema=pg_schema) as sink:
         assert sink.table == "kinds_1"
+
+
+class _Said(logging.Handler):
+    """Keeps the messages logged, and sets ``said`` at the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+        self.said = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.said.set()
+
+
+async def test_a_new_projection_waiting_for_the_build_registry_with_no_timeout_says_so(
+    database_url: str, pg_schema: str
+) -> None:
+    """With no timeout, a new projection's sink meeting a write left open on the build
+    registry waits until that session ends, but not in silence: the wait is said in the log
+    once it lasts, naming the session, and the start completes once the session ends."""
+    async with SqlProjectionSink(database_url, KindCountsIfMissing("tallies"), schema=pg_schema):
+        pass
+    writer = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    backend = writer.get_server_pid()
+    said = _Said()
+    logger = logging.getLogger("onward.locks")
+    logger.addHandler(said)
+    sink = SqlProjectionSink(database_url, KindCounts(), schema=pg_schema, timeout_s=None)
+    try:
+        async with writer.transaction():
+            await writer.fetch(
+                "SELECT build FROM onward_projection_builds "
+                "WHERE projection = 'tallies' AND status = 'active' FOR SHARE"
+            )
+            starting = asyncio.create_task(sink.start())
+            await asyncio.wait_for(said.said.wait(), 10)
+            assert not starting.done()
+        await asyncio.wait_for(starting, 30)
+        assert sink.table == "kinds_1"
+    finally:
+        logger.removeHandler(said)
+        await sink.close()
+        await writer.close()
+    assert any(
+        "creating the first build of kinds" in m and f"backend pid {backend}" in m
+        for m in said.messages
+    ), said.messages

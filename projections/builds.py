@@ -175,20 +175,33 @@ async def ensure_active_in_steps(
             await bound_lock_waits(conn, step_s)
             return await ensure_active(conn, layout)
 
+    context = f"creating the first build of {layout.projection}"
+    outcome = f"no build of {layout.projection} was created. End that session, then start again"
+    return await registry_in_steps(pool, layout, context, timeout_s, attempt, outcome=outcome)
+
+
+async def registry_in_steps(
+    pool: asyncpg.Pool,
+    layout: BuildLayout,
+    context: str,
+    timeout_s: float | None,
+    attempt: Callable[[asyncpg.Connection, float], Awaitable[_T]],
+    *,
+    outcome: str,
+) -> _T:
+    """`in_steps` for an ``attempt`` that waits on the build registry alone; given up, it
+    names the sessions that held the registry, and says ``outcome``."""
+
+    def refused(held_by: str) -> str:
+        return (
+            f"{held_by} held the build registry (onward_projection_builds) for {timeout_s:g} s "
+            f"(a write of a projection left open holds it); {outcome}"
+        )
+
     async def holders(conn: asyncpg.Connection) -> list[str]:
         return await view_holders(conn, layout, views=False)
 
-    async def refused(conn: asyncpg.Connection) -> str:
-        held_by = await holders(conn)
-        return (
-            f"{', '.join(held_by) or 'another session'} held the build registry "
-            f"(onward_projection_builds) for {timeout_s:g} s (a write of a projection left "
-            f"open holds it); no build of {layout.projection} was created. End that session, "
-            "then start again"
-        )
-
-    context = f"creating the first build of {layout.projection}"
-    return await in_steps(pool, context, timeout_s, attempt, refused, holders=holders)
+    return await in_steps(pool, context, timeout_s, attempt, holders=holders, refused=refused)
 
 
 async def in_steps(
@@ -196,16 +209,16 @@ async def in_steps(
     context: str,
     timeout_s: float | None,
     attempt: Callable[[asyncpg.Connection, float], Awaitable[_T]],
-    refused: Callable[[asyncpg.Connection], Awaitable[str]],
     *,
     holders: Callable[[asyncpg.Connection], Awaitable[list[str]]],
+    refused: Callable[[str], str],
 ) -> _T:
     """Run ``attempt``, given how long it may wait for its locks, until its locks are free.
 
     The waits are in steps, the first of `SWITCH_LOCK_WAIT_S` and each twice the one before
     (a write that holds the registry longer still fits one), so the readers and writers
     queued behind an attempt wait no longer than a step, for ``timeout_s`` in all; past it,
-    fails with ``context`` and what ``refused`` says (who held the locks). A wait that lasts
+    fails with ``context`` and what ``refused`` says of the ``holders``. A wait that lasts
     `SAY_AFTER_S` is said in the log once, naming the ``holders``, as every lock wait is:
     with no ``timeout_s``, nothing else would ever tell of a session left open holding them.
     """
@@ -223,7 +236,8 @@ async def in_steps(
                 if not isinstance(exc.__cause__, asyncpg.LockNotAvailableError):
                     raise
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise BackendUnavailableError(f"{context}: {await refused(conn)}") from exc
+                    held_by = ", ".join(await holders(conn)) or "another session"
+                    raise BackendUnavailableError(f"{context}: {refused(held_by)}") from exc
                 if not said and time.monotonic() - started >= SAY_AFTER_S:
                     said = True
                     await _say_wait(conn, context, timeout_s, started, holders)

@@ -31,6 +31,7 @@ from .builds import (
     BuildLayout,
     create_build,
     in_steps,
+    registry_in_steps,
     retire_unfinished,
     switch_build,
     view_holders,
@@ -164,20 +165,12 @@ async def _create(pool: asyncpg.Pool, layout: BuildLayout, timeout_s: float | No
             await bound_lock_waits(conn, step_s)
             return await create_build(conn, layout)
 
-    async def holders(conn: asyncpg.Connection) -> list[str]:
-        return await view_holders(conn, layout, views=False)
-
-    async def refused(conn: asyncpg.Connection) -> str:
-        held_by = await holders(conn)
-        return (
-            f"{', '.join(held_by) or 'another session'} held the build registry "
-            f"(onward_projection_builds) for {timeout_s:g} s (a write of a projection left "
-            "open holds it); no build was created and the views keep the build they had. End "
-            "that session, then rebuild again"
-        )
-
+    outcome = (
+        "no build was created and the views keep the build they had. End that session, then "
+        "rebuild again"
+    )
     context = f"creating a build of {layout.projection}"
-    return await in_steps(pool, context, timeout_s, attempt, refused, holders=holders)
+    return await registry_in_steps(pool, layout, context, timeout_s, attempt, outcome=outcome)
 
 
 async def _switch(
@@ -194,21 +187,23 @@ async def _switch(
     async def attempt(conn: asyncpg.Connection, step_s: float) -> int | None:
         return await switch_build(conn, layout, build, lock_timeout_s=step_s)
 
-    async def holders(conn: asyncpg.Connection) -> list[str]:
-        return await view_holders(conn, layout)
-
-    async def refused(conn: asyncpg.Connection) -> str:
-        held_by = await holders(conn)
+    def refused(held_by: str) -> str:
         return (
-            f"{', '.join(held_by) or 'another session'} held "
-            f"{', '.join(layout.views(build))} or the build registry for "
-            f"{timeout_s:g} s (a transaction left open after reading the views "
-            f"holds them); build {build} was not switched to and the views keep "
-            "the build they had. End that session, then rebuild again"
+            f"{held_by} held {', '.join(layout.views(build))} or the build registry for "
+            f"{timeout_s:g} s (a transaction left open after reading the views holds them); "
+            f"build {build} was not switched to and the views keep the build they had. End "
+            "that session, then rebuild again"
         )
 
     context = f"switching {layout.projection} to build {build}"
-    return await in_steps(pool, context, timeout_s, attempt, refused, holders=holders)
+    return await in_steps(
+        pool,
+        context,
+        timeout_s,
+        attempt,
+        holders=lambda conn: view_holders(conn, layout),
+        refused=refused,
+    )
 
 
 async def _rebuild_lock(

@@ -49,7 +49,9 @@ from onward._storage import Resource
 from onward.errors import (
     BackendError,
     BackendUnavailableError,
+    CheckpointFormatError,
     ConfigurationError,
+    EventDecodeError,
     FencedError,
     HistoryUnavailableError,
     IndeterminateToolCallError,
@@ -103,6 +105,7 @@ from .continuation import (
     end_overtaken,
     finish_cut_carry,
     hand_over,
+    successor_ids,
 )
 from .conversation import Conversation, as_text, restored
 from .dispatch import NOT_CALLED, write_ahead
@@ -999,6 +1002,8 @@ class AgentRunner(Resource):
                 between invocations (no graph run writes it, none waits on an interrupt);
                 nothing was written.
             ResumeConflictError: Another worker holds the run; nothing was written.
+            CheckpointFormatError: A newer Onward wrote the run, or the run a carry cut short
+                started it from; nothing was written.
         """
         if why != "":  # any other value, None too, is refused
             check_note("why", why, run_id=run_id)
@@ -1034,12 +1039,20 @@ class AgentRunner(Resource):
         except BackendUnavailableError:
             raise
         except OnwardError as exc:
+            # A record too damaged to say its run (or one claiming another's) names no run the
+            # person could cancel: the ids a carry of this run takes are named instead.
+            ids = successor_ids(frontier.run_id)
+            unread = (
+                f"run {exc.run_id!r}"
+                if exc.run_id in ids
+                else f"the run under an id a carry of it takes ({ids[0]!r} first)"
+            )
             _log.warning(
-                "run %s: ended cancelled without run %s, which could not be read to tell "
+                "run %s: ended cancelled without %s, which could not be read to tell "
                 "whether it is a carry of it cut short (%s): if it is, cancel that run too "
                 "once it can be read",
                 printable(frontier.run_id),
-                printable(repr(exc.run_id)),
+                printable(unread),
                 one_line(str(exc), 300),
             )
             return None
@@ -1057,15 +1070,19 @@ class AgentRunner(Resource):
         Raises:
             ResumeConflictError: It was taken up and let go each time it was tried; nothing
                 was written.
+            CheckpointFormatError: A newer Onward wrote it; nothing was written.
+            BackendError: A store failed reading it; nothing was written.
         """
         old_id, tenant = frontier.continuation_of, frontier.tenant
         assert old_id is not None  # awaits_hand_over
         try:
             if await hand_over(frontier, resumer=self.resumer) != "unfinished":
                 return
-        except BackendUnavailableError:
+        except CheckpointFormatError:
+            # A newer Onward wrote it and resumes it: with this run ended, it would make the
+            # turn's calls itself. Nor is a store's failure passed over: a later resume reads on.
             raise
-        except OnwardError as exc:
+        except (HistoryUnavailableError, EventDecodeError) as exc:
             # Nothing of the old run can be read (a hole, a record nobody can read): no resume
             # carries it on either, and it is no reason to keep this run going.
             _log.warning(

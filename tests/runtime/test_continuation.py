@@ -33,13 +33,21 @@ from typer.testing import CliRunner
 
 from onward.errors import (
     BackendUnavailableError,
+    CheckpointFormatError,
     ConfigurationError,
     FencedError,
     HistoryUnavailableError,
     InvalidInputError,
     NothingToResumeError,
 )
-from onward.eventlog import MemoryEventLog, Message, SqliteEventLog, ToolCall, kind_of
+from onward.eventlog import (
+    EVENT_FORMAT,
+    MemoryEventLog,
+    Message,
+    SqliteEventLog,
+    ToolCall,
+    kind_of,
+)
 from onward.eventlog.base import EventLog, LogRead, LogRecord
 from onward.eventlog.events import (
     ApprovalRequested,
@@ -1573,3 +1581,43 @@ async def test_a_cancel_of_the_new_run_ends_it_though_the_old_run_cannot_be_read
     assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")
     assert f"run {RUN!r}" in caplog.text, "the old run's problem was not told"
     assert world.ledger.count("pay") == 0
+
+
+async def test_a_cancel_of_the_new_run_is_refused_while_a_newer_onward_wrote_the_old_run(
+    world: World,
+) -> None:
+    """The carry died between the new run's start and the old run's end, and a newer Onward
+    (a rolling upgrade) claimed the old run since, in a format this code cannot read: a newer
+    worker can resume it, and with the new run ended would make the turn's calls itself. Ann's
+    cancel of the new run must be refused, saying to upgrade, and write nothing, not end the
+    new run alone and leave the work she stopped to go on."""
+    await world.carried_until_it_dies("run.started")
+    assert isinstance(world.log, MemoryEventLog | SqliteEventLog)
+    old = await world.runner().inspect(RUN, tenant=TENANT)
+    claimed = {"kind": "run.claimed", "run_id": RUN, "seq": old.last_seq + 1}
+    world.log.write_raw(RUN, msgspec.json.encode({**claimed, "format": EVENT_FORMAT + 1}))
+
+    with pytest.raises(CheckpointFormatError, match="upgrade Onward"):
+        await world.runner().cancel(NEXT, tenant=TENANT, by="ann", why="stop it")
+
+    assert (await world.runner().inspect(NEXT, tenant=TENANT)).status != "cancelled"
+
+
+async def test_a_cancel_that_cannot_read_a_carry_it_started_names_that_run(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As above, the unreadable record under the new run's id naming no run it can be told by
+    (a run id holding a NUL): the warning must still name the run Ann is to cancel too, not
+    tell her to cancel run ``None``."""
+    await world.carried_until_it_dies("run.started")
+    assert isinstance(world.log, MemoryEventLog | SqliteEventLog)
+    (*_, last) = await world.log.read_run(NEXT)
+    foreign = msgspec.structs.replace(last.event, run_id=f"{NEXT}\x00", seq=last.event.seq + 1)
+    world.log.write_raw(NEXT, msgspec.json.encode(foreign))
+
+    with caplog.at_level(logging.WARNING, logger="onward.runner"):
+        ended = await world.runner().cancel(RUN, tenant=TENANT, by="ann", why="stop it")
+
+    assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")
+    assert "run None" not in caplog.text
+    assert f"without the run under an id a carry of it takes ({NEXT!r} first)" in caplog.text

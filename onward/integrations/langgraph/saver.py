@@ -453,6 +453,25 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         return ended
 
     @asynccontextmanager
+    async def _let_go_after(self, thread_id: str, *, held_before: bool) -> AsyncIterator[None]:
+        """Let go, at the end of the block, of a thread a copy, prune or deletion took for its
+        own write (the saver did not hold it before): when the block fails too, or the saver
+        would renew the lease until it closed, and every other process be refused the thread.
+        """
+        if held_before:
+            yield
+            return
+        try:
+            yield
+        except BaseException:
+            try:
+                await self._let_go(thread_id)
+            except OnwardError as exc:  # the block's error is the one to raise
+                logger.warning("thread %r: lease not handed back yet: %s", thread_id, exc)
+            raise
+        await self._let_go(thread_id)
+
+    @asynccontextmanager
     async def hold(self, thread_id: str) -> AsyncIterator[None]:
         """Hold a thread's lease for a block (a graph run), releasing it at the end.
 
@@ -776,14 +795,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 return []
             return [(GraphThreadDeleted, {})]
 
-        await self._write(thread_id, events, graph_run=False)
-        held = self._held.get(thread_id)
-        if held is not None:
-            await self._settle(held)  # one taken before the deletion must not land after it
-            held.summary_size = 0  # the next write stores a summary of the emptied thread
-        await self._forget_summary(thread_id)
-        if not held_before:
-            await self._let_go(thread_id)
+        async with self._let_go_after(thread_id, held_before=held_before):
+            await self._write(thread_id, events, graph_run=False)
+            held = self._held.get(thread_id)
+            if held is not None:
+                await self._settle(held)  # one taken before the deletion must not land after
+                held.summary_size = 0  # the next write stores a summary of the emptied thread
+            await self._forget_summary(thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``keep_latest`` keeps each namespace's latest checkpoint (see
@@ -886,9 +904,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             gone = choose(state)
             return [(GraphCheckpointsRemoved, {"checkpoints": gone, "why": why})] if gone else []
 
-        await self._write(thread_id, events, whole=True, graph_run=False)
-        if not held_before:
-            await self._let_go(thread_id)
+        async with self._let_go_after(thread_id, held_before=held_before):
+            await self._write(thread_id, events, whole=True, graph_run=False)
 
     def _asked_by(
         self, state: ThreadState, ns: str, checkpoint_id: str, task_id: str
@@ -1138,6 +1155,12 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         afterwards (as `adelete_thread` does), so another process may run it.
         """
         held_before = self.holds(target_thread_id)  # a holding lost is taken again, then let go
+        async with self._let_go_after(target_thread_id, held_before=held_before):
+            await self._copy(source_thread_id, target_thread_id)
+
+    async def _copy(self, source_thread_id: str, target_thread_id: str) -> None:
+        """`acopy_thread`'s appends, one per checkpoint of the source: run in
+        `_let_go_after`, so a target taken for them is let go however they end."""
         source = await self._state(source_thread_id, whole=True)
         saved = sorted(
             (
@@ -1184,8 +1207,6 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 ),
             ]
             await self._write(target_thread_id, _constant(batch), graph_run=False)
-        if not held_before:
-            await self._let_go(target_thread_id)
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         """A monotonically increasing version: the counter, then a random tie-breaker.

@@ -7,6 +7,7 @@ import operator
 import os
 import threading
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Annotated, Any, TypedDict
 
@@ -15,10 +16,12 @@ from langgraph.graph import END, START, StateGraph
 from support.appapi import until
 
 import onward.integrations.langgraph.saver as saver_module
-from onward.errors import FencedError
+from onward.errors import BackendUnavailableError, FencedError
+from onward.eventlog import Event, EventLog, Position, RunClaimed
 from onward.integrations.langgraph import OnwardSaver
 from onward.integrations.langgraph.summary import decode
 from onward.runtime.leases import LeasePolicy
+from onward.testing.eventlog import WrappedEventLog
 from onward.testing.leases import GatedRenewals
 
 from .graphs import Steps, config, steps_graph
@@ -316,3 +319,54 @@ async def test_a_thread_lost_then_pruned_or_deleted_by_the_same_saver_is_let_go_
             async with world.saver(holder="worker-b") as saver_b:
                 out = await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
             assert out["steps"][-1] == "B"
+
+
+class DownForOneThread(WrappedEventLog):
+    """A log whose store is down for every append to ``run_id`` but a claim's: a thread is
+    taken, and the write it was taken for fails."""
+
+    def __init__(self, inner: EventLog, run_id: str) -> None:
+        super().__init__(inner)
+        self.run_id = run_id
+
+    async def append(self, events: Sequence[Event]) -> list[Position]:
+        if any(e.run_id == self.run_id and not isinstance(e, RunClaimed) for e in events):
+            raise BackendUnavailableError(f"log down for run {self.run_id!r}")
+        return await super().append(events)
+
+
+async def test_a_copy_prune_or_delete_that_fails_lets_go_of_the_thread_it_took(
+    world: World,
+) -> None:
+    """A saver copies into, prunes or deletes a thread it did not hold, and the write it took
+    the thread for fails (the log is down). It must let the thread go all the same, as it does
+    when the write lands: kept, it would renew the lease until the saver closed, and every
+    other process would be refused the thread."""
+    for operation in ("copy", "prune", "delete"):
+        source = f"thread-{uuid.uuid4().hex[:8]}"
+        thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+        async with world.saver(holder="worker-b") as saver_b:
+            for written in (source, thread_id):
+                for _ in range(2):
+                    await steps_graph("B", saver_b).ainvoke({"steps": []}, config(written))
+        target = f"{thread_id}-copy" if operation == "copy" else thread_id
+        saver_a = OnwardSaver(
+            DownForOneThread(world.log, target),
+            world.leases,
+            tenant=TENANT,
+            holder="worker-a",
+            summaries=world.summaries,
+        )
+        async with saver_a:
+            if operation == "copy":
+                failing = saver_a.acopy_thread(source, target)
+            elif operation == "prune":
+                failing = saver_a.aprune([target], strategy="keep_latest")
+            else:
+                failing = saver_a.adelete_thread(target)
+            with pytest.raises(BackendUnavailableError, match="log down"):
+                await failing
+            assert not saver_a.holds(target), operation
+            async with world.saver(holder="worker-b") as saver_b:
+                out = await steps_graph("B", saver_b).ainvoke({"steps": []}, config(target))
+            assert out["steps"][-1] == "B", operation

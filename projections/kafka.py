@@ -18,7 +18,7 @@ import gc
 import logging
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -304,12 +304,16 @@ class KafkaProjector(Generic[SinkT]):
             )
 
     async def _seek_to_stored(self, assigned: list[TopicPartition]) -> None:
-        async with self._seeking:
-            await self._seek_to_stored_alone(assigned)
-
-    async def _seek_to_stored_alone(self, assigned: list[TopicPartition]) -> None:
-        consumer = self._live()
+        # Counted before the wait: a rebalance while another seek holds the turn makes
+        # ``assigned`` stale, and the assignment's own seek, queued behind, covers it.
         rebalances = self._rebalances
+        async with self._seeking:
+            await self._seek_to_stored_alone(assigned, rebalances)
+
+    async def _seek_to_stored_alone(self, assigned: list[TopicPartition], rebalances: int) -> None:
+        consumer = self._live()
+        if self._rebalances != rebalances:
+            return  # rebalanced while this seek waited its turn (see below)
         if self._turns is not None:
             self._turns.drop(consumer, assigned)
         if not assigned:
@@ -358,7 +362,9 @@ class KafkaProjector(Generic[SinkT]):
         log.info("assigned %s", {tp.partition: stored.get(tp.partition) for tp in assigned})
         if self._turns is not None:
             # Behind in several: the first fetch is already of one of them alone.
-            await self._turns.look(consumer, anew=True)
+            await self._turns.look(
+                consumer, anew=True, rebalanced=lambda: self._rebalances != rebalances
+            )
 
     async def _flush_before_rebalance(self) -> None:
         """Store what was folded before partitions change hands.
@@ -728,9 +734,20 @@ class _Turns:
         end = consumer.highwater(tp)
         return end is None or end - await consumer.position(tp) > self._behind_records
 
-    async def look(self, consumer: AIOKafkaConsumer, *, anew: bool = False) -> None:
+    async def look(
+        self,
+        consumer: AIOKafkaConsumer,
+        *,
+        anew: bool = False,
+        rebalanced: Callable[[], bool] = lambda: False,
+    ) -> None:
         """Pause every partition behind but the next one in turn (``anew``: the first one
-        behind, as after partitions were sought); or none, if fewer than two are behind."""
+        behind, as after partitions were sought); or none, if fewer than two are behind.
+
+        ``rebalanced`` says whether the group rebalanced since the partitions were sought: the
+        partitions assigned anew have no position until the assignment's own seek, which waits
+        for the caller's to end, so the look gives up rather than wait for them.
+        """
         now = time.monotonic()
         assigned = sorted(consumer.assignment(), key=lambda tp: tp.partition)
         if anew:
@@ -740,6 +757,9 @@ class _Turns:
             self._paused.update(assigned)
         try:
             ends = await consumer.end_offsets(assigned) if len(assigned) > 1 else {}
+            if rebalanced():
+                self._resume_all(consumer)
+                return  # the assignment's seek looks again, once it has sought them
             behind = [
                 tp
                 for tp in assigned

@@ -537,10 +537,99 @@ async def test_a_seek_the_fetcher_asks_for_waits_for_the_assignment_s_seek(
             assert asyncio.get_running_loop().time() < deadline, handed_out
             for partition, batch in (fetched[0] if fetched is not None else {}).items():
                 handed_out.extend((partition, record.position.offset) for record in batch)
+            await projector._take_turns(fetched)  # as `step` does: a drained turn passes on
             fetched = await projector._fetch(500)
     finally:
         await projector.close()
     assert len(set(handed_out)) == len(handed_out), sorted(handed_out)
+
+
+async def test_a_seek_asked_for_before_a_rebalance_seeks_only_what_the_member_still_has(
+    stack: Stack, rng: random.Random
+) -> None:
+    """A seek asked for while another holds the turn waits for it, and a rebalance may come
+    meanwhile: the partitions it was asked for are then partly another member's. It must not
+    seek those (aiokafka raises IllegalStateError, which would end `run` with a client error);
+    the assignment's own seek, next in line, seeks what the member has now."""
+    steps = workload(rng, 30)
+    await append_all(stack.log, steps)
+    group_id = f"g-{uuid.uuid4().hex[:8]}"
+    first = taking_turns(stack, slice_s=None, group_id=group_id)
+    second = taking_turns(stack, slice_s=None, group_id=group_id)
+    await first.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(first._live().assignment()) < PARTITIONS:
+            assert asyncio.get_running_loop().time() < deadline, "the first member never joined"
+            await first.step(timeout_ms=100)
+        held = list(first._live().assignment())
+        await first._seeking.acquire()
+        try:
+            asked = asyncio.create_task(first._seek_to_stored(held))
+            await second.start()
+            deadline = asyncio.get_running_loop().time() + 30
+            while len(first._live().assignment()) == PARTITIONS:
+                assert asyncio.get_running_loop().time() < deadline, "no rebalance"
+                await second.step(timeout_ms=100)
+        finally:
+            first._seeking.release()
+        await asked
+        await run_until_stored([first, second], stack.log)
+    finally:
+        await asyncio.gather(first.close(), second.close())
+    await assert_stored_is_the_direct_fold(stack.store, stack.log, run_ids_of(steps))
+
+
+async def test_a_seek_outside_a_rebalance_does_not_wait_for_the_positions_of_the_next(
+    stack: Stack, rng: random.Random, requests_topic: str
+) -> None:
+    """A seek outside a rebalance (asked for by the fetcher, a recovery, a build switch) looks
+    how far behind each partition is once it has sought them. A rebalance meanwhile leaves the
+    partitions without positions until the assignment's own seek, which waits for this one to
+    end: the look must give up rather than wait for them (it waited forever, and the
+    projector folded nothing)."""
+    await append_all(stack.log, workload(rng, 12))
+    group_id = f"g-{uuid.uuid4().hex[:8]}"
+    projector = taking_turns(stack, slice_s=60, group_id=group_id)
+    await projector.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(projector._live().assignment()) < PARTITIONS:
+            assert asyncio.get_running_loop().time() < deadline, "the projector never joined"
+            await projector.step(timeout_ms=100)
+        consumer = projector._live()
+        end_offsets = consumer.end_offsets
+        looking, rebalanced = asyncio.Event(), asyncio.Event()
+
+        async def end_offsets_after_a_rebalance(partitions: list[TopicPartition]) -> Any:
+            if not looking.is_set():
+                looking.set()
+                await rebalanced.wait()
+            return await end_offsets(partitions)
+
+        consumer.end_offsets = end_offsets_after_a_rebalance
+        asked = asyncio.create_task(projector._seek_to_stored(list(consumer.assignment())))
+        await asyncio.wait_for(looking.wait(), 30)
+        # A member of the group reading another topic: the projector keeps its partitions,
+        # assigned anew (without positions).
+        async with KafkaEventLog(stack.bootstrap, topic=requests_topic, partitions=1):
+            other = AIOKafkaConsumer(
+                requests_topic, bootstrap_servers=stack.bootstrap, group_id=group_id
+            )
+            rebalances = projector._rebalances
+            await other.start()
+            try:
+                deadline = asyncio.get_running_loop().time() + 30
+                while projector._rebalances < rebalances + 2:
+                    assert asyncio.get_running_loop().time() < deadline, "no rebalance"
+                    await asyncio.sleep(0.02)
+                rebalanced.set()
+                await asyncio.wait_for(asked, 30)
+                await drain(projector, stack.log, within=30)
+            finally:
+                await other.stop()
+    finally:
+        await projector.close()
 
 
 async def test_a_turn_passes_on_when_its_slice_is_over(stack: Stack, rng: random.Random) -> None:

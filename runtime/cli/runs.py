@@ -899,11 +899,12 @@ def replay_command(
             f"run {run_id!r}: its events from seq {span.before_seq} to {cut_through} were cut "
             "from the log; the timeline shows only what compaction retained"
         )
-    starts = [line.position.offset for line in lines if _counted_start(line)]
-    if len(starts) > 1:
+    runs = _runs_of(lines)
+    starts = [lines[begin].position.offset for begin, _ in runs]
+    if len(runs) > 1:
         error(
             f"run {run_id!r}: the id was used again after an earlier run under it was collected; "
-            f"{len(starts)} runs are shown in turn, each from its start (offset "
+            f"{len(runs)} runs are shown in turn, each from its first record (offset "
             f"{', '.join(map(str, starts))})"
         )
     holes = [line.position.offset for line in lines if line.unreadable is not None]
@@ -917,13 +918,11 @@ def replay_command(
             echo_json(line.as_json())
         return
     out.print(audit_table(run_id, tenant, lines))
-    if len(starts) < 2:
+    if len(runs) < 2:
         out.print(shown(f"tags: {tags_text(_tags(lines))}"), soft_wrap=True)
         return
     # Each run's tags apart: read as one line, the old run's would be the new run's seqs.
-    begins = [n for n, line in enumerate(lines) if _counted_start(line)]
-    bounds = [0, *begins[1:], len(lines)]
-    for start, (begin, end) in zip(starts, itertools.pairwise(bounds), strict=True):
+    for start, (begin, end) in zip(starts, runs, strict=True):
         tags = tags_text(_tags(lines[begin:end]))
         out.print(shown(f"tags of the run from offset {start}: {tags}"), soft_wrap=True)
 
@@ -989,10 +988,25 @@ events past its point: said as possibly cut, not passed over as nothing lost."""
 
 
 def _counted_start(line: AuditLine) -> bool:
-    """Whether ``line`` is a counted start of a run's history: more than one in a timeline
-    read with the archive is a run id used again."""
+    """Whether ``line`` is a counted start of a run's history."""
     event = line.stored.event if line.stored is not None else None
     return isinstance(event, RunStarted) and event.seq == 1 and line.refused is None
+
+
+def _runs_of(lines: list[AuditLine]) -> list[tuple[int, int]]:
+    """The ``(begin, end)`` line bounds of each run a timeline holds: a counted start after a
+    counted line begins a run id used again (only a timeline read with the archive has one).
+    The first run is read from the first line on, whether or not its start is there: one whose
+    start was cut (Kafka retention, an unreadable record) is still a run of its own."""
+    if not lines:
+        return []
+    begins = [0]
+    counted = False
+    for n, line in enumerate(lines):
+        if counted and _counted_start(line):
+            begins.append(n)
+        counted = counted or (line.stored is not None and line.refused is None)
+    return list(itertools.pairwise([*begins, len(lines)]))
 
 
 def _tags(lines: list[AuditLine]) -> list[RunTag]:

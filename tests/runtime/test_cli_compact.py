@@ -11,12 +11,21 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.compaction_world import AGENT, TENANT, Script, log_sizes, sqlite_world
 from typer.testing import CliRunner, Result
 
-from onward.eventlog import SqliteEventLog, TurnSettled
+from onward.eventlog import (
+    Event,
+    RunClaimed,
+    RunFinished,
+    RunStarted,
+    SqliteEventLog,
+    Tagged,
+    TurnSettled,
+)
 from onward.eventlog.archive import DirectoryArchive
 from onward.projections.compaction import SqliteCompactionStore
 from onward.runtime.cli import app
@@ -332,4 +341,43 @@ def test_replay_with_the_archive_of_a_reused_run_id_names_each_runs_tags_apart(
     assert tags == [
         f"tags of the run from offset {old}: seq 3 old-note",
         f"tags of the run from offset {new}: seq 1 new-note",
+    ]
+
+
+def test_replay_with_the_archive_splits_the_tags_of_a_reused_id_whose_first_start_was_cut(
+    tmp_path: Path,
+) -> None:
+    """The old run under id x lost its start (cut by Kafka retention before compaction archived
+    the rest), so only the new run has a counted start: the timeline still holds two runs, named
+    as such, and each run's tags are said apart, not on one line as the new run's."""
+    db = tmp_path / "onward.db"
+
+    def env(seq: int, at: int) -> dict[str, Any]:
+        return {"run_id": "x", "tenant": TENANT, "seq": seq, "fence": 1, "at": at}
+
+    old: list[Event] = [
+        RunClaimed(**env(2, 2), worker="w1"),
+        Tagged(**env(3, 3), target_seq=2, label="old-note"),
+        RunFinished(**env(4, 4), status="completed", output="done"),
+    ]
+    new: list[Event] = [
+        RunStarted(**env(1, 5), agent="booker", revision="r1", input="again"),
+        Tagged(**env(2, 6), target_seq=1, label="new-note"),
+    ]
+
+    async def written() -> None:
+        async with SqliteEventLog(db, partitions=1) as log:
+            await log.append(old)
+            await log.append(new)
+
+    asyncio.run(written())
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    replay = onward(db, "replay", "x", "--tenant", TENANT, "--archive", str(archive))
+    assert replay.exit_code == 0, replay.output
+    assert "2 runs are shown in turn" in replay.stderr
+    tags = [line for line in replay.stdout.splitlines() if "tags" in line]
+    assert tags == [
+        "tags of the run from offset 0: seq 2 old-note",
+        "tags of the run from offset 3: seq 1 new-note",
     ]

@@ -320,20 +320,26 @@ async def test_a_range_file_nested_too_deep_is_an_archive_error(tmp_path: Path) 
         await DirectoryArchive(tmp_path / "archive").read(0, 0, 1)
 
 
+@pytest.fixture
+def synced(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The inodes of every file and directory synced from here on (``os.fsync`` recorded)."""
+    inodes: set[int] = set()
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        inodes.add(os.fstat(fd).st_ino)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return inodes
+
+
 async def test_the_directories_a_first_write_creates_are_synced_into_their_parents(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, synced: set[int]
 ) -> None:
     """The first write creates the archive directory (and its missing parents): its files and
     its own entries were synced, never its name in its parent, so a crash after compaction
     cut the log could lose the whole archive, and with it every record cut."""
-    synced: set[int] = set()
-    fsync = os.fsync
-
-    def recording(fd: int) -> None:
-        synced.add(os.fstat(fd).st_ino)
-        fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
     directory = tmp_path / "deep" / "archive"
     await DirectoryArchive(directory).write(0, 0, 4, records(0, range(4)))
     assert {os.stat(tmp_path).st_ino, os.stat(directory.parent).st_ino} <= synced
@@ -357,20 +363,12 @@ async def test_a_manifest_entry_below_offset_zero_is_an_archive_error(
 
 
 async def test_an_archive_directory_made_before_a_crash_is_synced_into_its_parent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, synced: set[int]
 ) -> None:
     """A process that crashed between making the archive directory and syncing it into its
     parent left a directory the next write found there and took as durable: its name was
     never synced, and an OS crash after that write's cut could lose the whole archive."""
     directory = tmp_path / "archive"
     directory.mkdir(mode=archive_module.DIRECTORY_MODE)
-    synced: set[int] = set()
-    fsync = os.fsync
-
-    def recording(fd: int) -> None:
-        synced.add(os.fstat(fd).st_ino)
-        fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
     await DirectoryArchive(directory).write(0, 0, 4, records(0, range(4)))
     assert os.stat(tmp_path).st_ino in synced

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.compaction_world import AGENT, TENANT, Script, log_sizes, sqlite_world
+from support.compaction_world import AGENT, TENANT, Script, World, log_sizes, sqlite_world
 from typer.testing import CliRunner, Result
 
 from onward.eventlog import (
@@ -160,6 +160,17 @@ def test_replay_with_the_archive_of_a_run_id_its_tenant_used_again_counts_each_r
     assert "used again" in replay.stderr
 
 
+async def _collected_and_cut(world: World, tmp_path: Path, archive: Path) -> None:
+    """Forty days on, the garbage collector collects the finished runs (some it must), and the
+    compactor cuts them from the log into ``archive``."""
+    async with SqliteRecordSweeper(tmp_path / "onward.db") as sweeper:
+        later = time.time() + 40 * 86_400.0
+        assert (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
+    await CheckpointCompactor(
+        world.log, world.frontiers, world.store, archive=DirectoryArchive(archive)
+    ).compact()
+
+
 def _collected_and_started_again(tmp_path: Path, *, tenant: str, ask: str) -> Path:
     """Run x finished, collected and cut into an archive; then ``tenant`` starts a new run
     under its id, asking ``ask``. Returns the archive."""
@@ -169,12 +180,7 @@ def _collected_and_started_again(tmp_path: Path, *, tenant: str, ask: str) -> Pa
         async with sqlite_world(tmp_path) as world:
             await world.finished_run("x", turns=1)
             await world.fold()
-            async with SqliteRecordSweeper(tmp_path / "onward.db") as sweeper:
-                later = time.time() + 40 * 86_400.0
-                assert (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
-            await CheckpointCompactor(
-                world.log, world.frontiers, world.store, archive=DirectoryArchive(archive)
-            ).compact()
+            await _collected_and_cut(world, tmp_path, archive)
             assert await world.log.read_run("x") == []
             result = await world.runner(Script(0)).run(
                 AGENT, {"ask": ask}, tenant=tenant, run_id="x"
@@ -320,12 +326,7 @@ def test_replay_with_the_archive_of_a_reused_run_id_names_each_runs_tags_apart(
             await world.finished_run("x", turns=1)
             await world.runner(Script(0)).tag("x", "old-note", tenant=TENANT, seq=3)
             await world.fold()
-            async with SqliteRecordSweeper(tmp_path / "onward.db") as sweeper:
-                later = time.time() + 40 * 86_400.0
-                assert (await GarbageCollector(sweeper, clock=lambda: later).run()).expired
-            await CheckpointCompactor(
-                world.log, world.frontiers, world.store, archive=DirectoryArchive(archive)
-            ).compact()
+            await _collected_and_cut(world, tmp_path, archive)
             runner = world.runner(Script(0))
             await runner.run(AGENT, {"ask": "again"}, tenant=TENANT, run_id="x")
             await runner.tag("x", "new-note", tenant=TENANT, seq=1)

@@ -56,6 +56,28 @@ def ctrl_c_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def start_onward(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """``onward *args`` in a process of its own, its stderr kept, SIGINT as a terminal's."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "onward", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
+    )
+
+
+def wait_until_entered(process: subprocess.Popen[str], entered: Path, never: str) -> None:
+    """Wait (a minute at the most) until ``process`` writes the file ``entered``; fail saying
+    ``never`` if it does not, or with what it said if it ends first."""
+    deadline = time.monotonic() + 60
+    while not entered.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, never
+        time.sleep(0.05)
+
+
 def current_lease(db: Path, run_id: str) -> RunLease | None:
     async def read() -> RunLease | None:
         async with SqliteLeaseStore(db) as leases:
@@ -83,23 +105,12 @@ def test_sigint_to_run_resume_exits_130_and_hands_the_lease_back(
         "ONWARD_SQLITE_PATH": str(db),
         "CLI_AGENT_ENTERED": str(entered),
     }
-    command = [sys.executable, "-m", "onward", "run", "--resume", run_id, "--tenant", TENANT]
+    command = ["run", "--resume", run_id, "--tenant", TENANT]
     command += ["--agent", f"support.cli_agent:{agent}"]
     command += ["--provider", f"support.cli_agent:{provider}"]
     command += ["--worker", "interrupted-1", "--lease-ttl", str(TTL_S)]
-    resuming = subprocess.Popen(
-        command,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
-    )
-    deadline = time.monotonic() + 60
-    while not entered.exists():
-        assert resuming.poll() is None, resuming.communicate()
-        assert time.monotonic() < deadline, "the command never reached the model or the tool"
-        time.sleep(0.05)
+    resuming = start_onward(command, env)
+    wait_until_entered(resuming, entered, "the command never reached the model or the tool")
     held = current_lease(db, run_id)
     assert held is not None
     assert held.holder == "interrupted-1"  # the signal lands while the command holds the run
@@ -154,14 +165,7 @@ def signalled_while_connected(
 ) -> tuple[int, str, float]:
     """Start ``onward *args``, wait until it connects to the silent server (and waits on it),
     send ``sig``; its exit code, stderr, and how long it took to end after the signal."""
-    waiting = subprocess.Popen(
-        [sys.executable, "-m", "onward", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
-    )
+    waiting = start_onward(args, env)
     silent_server.settimeout(within_s)
     connected, _ = silent_server.accept()  # the command now waits on a server that is silent
     with connected:
@@ -327,19 +331,8 @@ def test_a_long_lived_command_stopped_while_importing_the_users_module_stops_in_
         "ONWARD_SQLITE_PATH": str(tmp_path / "onward.db"),
     }
     env.pop("REDIS_URL", None)
-    importing = subprocess.Popen(
-        [sys.executable, "-m", "onward", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ctrl_c_default,  # noqa: PLW1509 (only resets one signal's disposition)
-    )
-    deadline = time.monotonic() + 60
-    while not entered.exists():
-        assert importing.poll() is None, importing.communicate()
-        assert time.monotonic() < deadline, f"{command} never imported the module"
-        time.sleep(0.05)
+    importing = start_onward(args, env)
+    wait_until_entered(importing, entered, f"{command} never imported the module")
     started = time.monotonic()
     importing.send_signal(sig)
     _, stderr = importing.communicate(timeout=30)

@@ -1181,6 +1181,20 @@ async def test_a_continuation_into_the_run_itself_is_refused_and_writes_nothing(
     assert world.ledger.count("pay") == 0
 
 
+async def resumed_ends_cancelled(
+    world: World, agent: Agent, resumed: str, *, ends: str | None = None, paid: str
+) -> None:
+    """A resume of ``resumed`` ends the run it goes on as (``ends``, else ``resumed``)
+    ``cancelled`` as Ann asked, and nothing paid (else fail saying ``paid``)."""
+    result = await world.runner().resume(agent, resumed, tenant=TENANT)
+    assert world.ledger.count("pay") == 0, paid
+    assert (result.run_id, result.status, result.error) == (
+        ends or resumed,
+        "cancelled",
+        "cancelled by ann: stop it",
+    )
+
+
 async def test_an_ask_kept_for_a_new_run_a_cut_carry_started_ends_it_resumed_first(
     world: World,
 ) -> None:
@@ -1193,14 +1207,7 @@ async def test_an_ask_kept_for_a_new_run_a_cut_carry_started_ends_it_resumed_fir
     assert await runner.ask_to_cancel(NEXT, tenant=TENANT, by="ann", why="stop it")
     await runner.leases.release(unheard(dying))  # it died without hearing the ask
 
-    result = await world.runner().resume(agent, NEXT, tenant=TENANT)
-
-    assert world.ledger.count("pay") == 0, "a run asked to cancel paid"
-    assert (result.run_id, result.status, result.error) == (
-        NEXT,
-        "cancelled",
-        "cancelled by ann: stop it",
-    )
+    await resumed_ends_cancelled(world, agent, NEXT, paid="a run asked to cancel paid")
 
 
 async def test_a_cancel_asked_as_the_carried_run_is_let_go_ends_the_run_it_goes_on_as(
@@ -1332,13 +1339,8 @@ async def test_an_ask_kept_for_a_run_whose_carry_was_cut_short_ends_the_run_it_g
     assert await runner.ask_to_cancel(RUN, tenant=TENANT, by="ann", why="stop it")
     await runner.leases.release(unheard(dying))  # it died without hearing the ask
 
-    result = await world.runner().resume(agent, resumed, tenant=TENANT)
-
-    assert world.ledger.count("pay") == 0, "a run asked to cancel paid"
-    assert (result.run_id, result.status, result.error) == (
-        NEXT,
-        "cancelled",
-        "cancelled by ann: stop it",
+    await resumed_ends_cancelled(
+        world, agent, resumed, ends=NEXT, paid="a run asked to cancel paid"
     )
     assert (await world.runner().inspect(RUN, tenant=TENANT)).continued_to == NEXT
 
@@ -1440,14 +1442,7 @@ async def test_a_new_run_whose_cut_carry_was_cancelled_meanwhile_ends_cancelled_
     await runner.cancel(RUN, tenant=TENANT, by="ann", why="stop it")
     await runner.leases.release(holding)
 
-    result = await world.runner().resume(agent, NEXT, tenant=TENANT)
-
-    assert (result.run_id, result.status, result.error) == (
-        NEXT,
-        "cancelled",
-        "cancelled by ann: stop it",
-    )
-    assert world.ledger.count("pay") == 0
+    await resumed_ends_cancelled(world, agent, NEXT, paid="a run asked to cancel paid")
 
 
 async def test_a_cancel_of_the_new_run_a_cut_carry_started_stops_the_work(world: World) -> None:
@@ -1476,14 +1471,7 @@ async def test_a_cancel_of_the_new_run_a_cut_carry_started_asks_whoever_holds_th
 
     await runner.cancel(NEXT, tenant=TENANT, by="ann", why="stop it")
     await runner.leases.release(unheard(dying))
-    result = await world.runner().resume(agent, RUN, tenant=TENANT)
-
-    assert world.ledger.count("pay") == 0, "the work Ann cancelled went on and paid"
-    assert (result.run_id, result.status, result.error) == (
-        RUN,
-        "cancelled",
-        "cancelled by ann: stop it",
-    )
+    await resumed_ends_cancelled(world, agent, RUN, paid="the work Ann cancelled went on and paid")
 
 
 async def test_a_resume_of_the_new_run_that_meets_a_cancel_of_the_old_leaves_neither_running(
@@ -1533,15 +1521,31 @@ async def test_a_cancel_of_the_new_run_a_cut_carry_started_retries_when_the_old_
 
     leases.ask_to_cancel = let_go_before_the_ask  # type: ignore[method-assign]
     await runner.cancel(NEXT, tenant=TENANT, by="ann", why="stop it")
-    result = await world.runner().resume(agent, RUN, tenant=TENANT)
-
-    assert world.ledger.count("pay") == 0, "the work Ann cancelled went on and paid"
-    assert (result.run_id, result.status, result.error) == (
-        RUN,
-        "cancelled",
-        "cancelled by ann: stop it",
-    )
+    await resumed_ends_cancelled(world, agent, RUN, paid="the work Ann cancelled went on and paid")
     assert (await world.runner().inspect(NEXT, tenant=TENANT)).status == "cancelled"
+
+
+async def cancelled_by_ann(world: World, caplog: pytest.LogCaptureFixture, run_id: str) -> None:
+    """Ann's cancel of ``run_id``, what it warns kept in ``caplog``: it must end the run
+    ``cancelled`` as she asked."""
+    with caplog.at_level(logging.WARNING, logger="onward.runner"):
+        ended = await world.runner().cancel(run_id, tenant=TENANT, by="ann", why="stop it")
+    assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")
+
+
+async def cancelled_though_a_run_cannot_be_read(
+    world: World, caplog: pytest.LogCaptureFixture, *, unreadable: str, cancelled: str
+) -> None:
+    """The carry died between the new run's start and the old run's end, and ``unreadable``'s
+    history holds a record nobody can read: Ann's cancel of ``cancelled`` must still end it
+    ``cancelled``, without paying, and say that ``unreadable`` could not be read, naming it."""
+    await world.carried_until_it_dies("run.started")
+    assert isinstance(world.log, MemoryEventLog | SqliteEventLog)
+    world.log.write_raw(unreadable, b"not an event")
+
+    await cancelled_by_ann(world, caplog, cancelled)
+    assert f"run {unreadable!r}" in caplog.text, f"{unreadable}'s problem was not told"
+    assert world.ledger.count("pay") == 0
 
 
 async def test_a_cancel_ends_the_run_though_a_carry_it_started_cannot_be_read(
@@ -1551,18 +1555,9 @@ async def test_a_cancel_ends_the_run_though_a_carry_it_started_cannot_be_read(
     history holds a record nobody can read: Ann's cancel of the old run must still end it
     ``cancelled`` (it failed, naming the new run, and the old run went on showing running),
     and say that the new run could not be read, naming it."""
-    await world.carried_until_it_dies("run.started")
-    assert isinstance(world.log, MemoryEventLog | SqliteEventLog)
-    world.log.write_raw(NEXT, b"not an event")
-
-    with caplog.at_level(logging.WARNING, logger="onward.runner"):
-        ended = await world.runner().cancel(RUN, tenant=TENANT, by="ann", why="stop it")
-
-    assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")
+    await cancelled_though_a_run_cannot_be_read(world, caplog, unreadable=NEXT, cancelled=RUN)
     assert (await world.runner().inspect(RUN, tenant=TENANT)).status == "cancelled"
-    assert f"run {NEXT!r}" in caplog.text
     assert "cancel that run too" in caplog.text, "the new run's problem was not told"
-    assert world.ledger.count("pay") == 0
 
 
 async def test_a_cancel_of_the_new_run_ends_it_though_the_old_run_cannot_be_read(
@@ -1571,16 +1566,7 @@ async def test_a_cancel_of_the_new_run_ends_it_though_the_old_run_cannot_be_read
     """The carry died between the new run's start and the old run's end, and the old run's
     history holds a record nobody can read: Ann's cancel of the new run must still end it
     ``cancelled`` (no resume carries the old run on while it cannot be read), saying so."""
-    await world.carried_until_it_dies("run.started")
-    assert isinstance(world.log, MemoryEventLog | SqliteEventLog)
-    world.log.write_raw(RUN, b"not an event")
-
-    with caplog.at_level(logging.WARNING, logger="onward.runner"):
-        ended = await world.runner().cancel(NEXT, tenant=TENANT, by="ann", why="stop it")
-
-    assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")
-    assert f"run {RUN!r}" in caplog.text, "the old run's problem was not told"
-    assert world.ledger.count("pay") == 0
+    await cancelled_though_a_run_cannot_be_read(world, caplog, unreadable=RUN, cancelled=NEXT)
 
 
 async def test_a_cancel_of_the_new_run_is_refused_while_a_newer_onward_wrote_the_old_run(
@@ -1615,9 +1601,6 @@ async def test_a_cancel_that_cannot_read_a_carry_it_started_names_that_run(
     foreign = msgspec.structs.replace(last.event, run_id=f"{NEXT}\x00", seq=last.event.seq + 1)
     world.log.write_raw(NEXT, msgspec.json.encode(foreign))
 
-    with caplog.at_level(logging.WARNING, logger="onward.runner"):
-        ended = await world.runner().cancel(RUN, tenant=TENANT, by="ann", why="stop it")
-
-    assert (ended.status, ended.error) == ("cancelled", "cancelled by ann: stop it")
+    await cancelled_by_ann(world, caplog, RUN)
     assert "run None" not in caplog.text
     assert f"without the run under an id a carry of it takes ({NEXT!r} first)" in caplog.text

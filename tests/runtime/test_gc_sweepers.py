@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,14 @@ async def redis_frontier_stores(
     )
 
 
+@pytest.fixture
+def open_redis_stores(
+    redis_url: str, redis_prefix: str, database_url: str, pg_schema: str
+) -> Callable[[], Awaitable[Stores]]:
+    """Opens `redis_frontier_stores` on this test's Redis prefix and PostgreSQL schema."""
+    return lambda: redis_frontier_stores(redis_url, redis_prefix, database_url, pg_schema)
+
+
 class _CountedFetches:
     """A PostgreSQL connection whose reads of frontier rows are counted."""
 
@@ -188,19 +196,13 @@ async def test_finished_runs_are_read_a_page_at_a_time(
 
 
 async def test_finished_runs_in_redis_are_listed_a_page_at_a_time(
-    redis_url: str,
-    redis_prefix: str,
-    database_url: str,
-    pg_schema: str,
-    monkeypatch: pytest.MonkeyPatch,
+    open_redis_stores: Callable[[], Awaitable[Stores]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With very many finished runs, a pass reads a page of them from Redis at a time (their
     summaries and continued frontiers), and lists each finished run once, with its successor."""
     page = 3
     monkeypatch.setattr(redis_frontiers, "FINISHED_AT_ONCE", page, raising=False)
-    async with await redis_frontier_stores(
-        redis_url, redis_prefix, database_url, pg_schema
-    ) as stores:
+    async with await open_redis_stores() as stores:
         done = [await stores.seed("completed") for _ in range(7)]
         successor = await stores.seed("completed")
         continued = await stores.seed("continued", continued_to=successor)
@@ -399,19 +401,14 @@ async def test_a_run_in_redis_whose_answer_was_lost_keeps_no_rows_though_redis_f
 
 
 async def test_a_redis_sweep_that_cannot_tell_which_keys_went_says_what_it_kept(
-    redis_url: str,
-    redis_prefix: str,
-    database_url: str,
-    pg_schema: str,
-    monkeypatch: pytest.MonkeyPatch,
+    open_redis_stores: Callable[[], Awaitable[Stores]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Redis deleted the runs' keys, its answer was lost, and every ask of which keys went
     failed too: the pass rolled every run's PostgreSQL rows back, the safe choice, but said
     only that a read of summaries timed out, naming neither the sweep nor the runs whose rows
     may now be left with no frontier and no tombstone, which no later pass lists again."""
     monkeypatch.setattr(redis_frontiers, "LEFT_PAUSE_S", 0)
-    url, schema = database_url, pg_schema
-    async with await redis_frontier_stores(redis_url, redis_prefix, url, schema) as stores:
+    async with await open_redis_stores() as stores:
         gone = await stores.seed("completed")
         sweeper = stores.sweeper
         assert isinstance(sweeper, RedisFrontierSweeper)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Protocol
 
 import asyncpg
 import pytest
 
+from onward.errors import BackendUnavailableError
 from onward.projections.postgres import migrate
 from onward.testing import storage
 from onward.testing.storage import drop_schema
@@ -101,3 +102,39 @@ async def blocked_on_a_lock(
             return
         await asyncio.sleep(0.02)
     pytest.fail("the calls never reached the locked row")
+
+
+async def build_registry_held_by_a_write(
+    database_url: str,
+    schema: str,
+    projection: str,
+    start: Callable[[], Coroutine[Any, Any, object]],
+) -> None:
+    """Holds ``projection``'s active build in the build registry as a write of it does (a slow
+    batch, a person's ``BEGIN``) while ``start()`` runs: it must fail saying who holds the
+    registry, not that the server did not answer, while another write's read of the registry
+    meanwhile waits no longer than a step of its wait (2 s at the most)."""
+    # What every write of a projection reads first (`active_build_for_write`).
+    read_to_write = (
+        "SELECT build FROM onward_projection_builds "
+        f"WHERE projection = '{projection}' AND status = 'active' FOR SHARE"
+    )
+    writer = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    other = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    try:
+        async with writer.transaction():
+            await writer.fetch(read_to_write)
+            starting = asyncio.create_task(start())
+            await asyncio.sleep(0.5)
+            async with other.transaction():
+                await asyncio.wait_for(other.fetch(read_to_write), 2)
+            with pytest.raises(BackendUnavailableError) as failed:
+                await asyncio.wait_for(starting, 30)
+            backend = writer.get_server_pid()
+    finally:
+        await writer.close()
+        await other.close()
+    message = str(failed.value)
+    assert "did not answer" not in message, message
+    assert "onward_projection_builds" in message, message
+    assert f"backend pid {backend}" in message, message

@@ -17,6 +17,7 @@ import json
 import operator
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -103,6 +104,22 @@ async def until_heard(saver: OnwardSaver, thread_id: str) -> None:
         return lease is not None and lease.cancel_asked is not None
 
     await until(heard, "a renewal hearing the ask")
+
+
+@asynccontextmanager
+async def a_held_thread_that_heard_a_cancel(
+    world: World, *, by: str
+) -> AsyncIterator[tuple[OnwardSaver, CompiledStateGraph[Any], str]]:
+    """A long-lived saver whose looping graph wrote a new thread (two steps) and which keeps
+    it between invocations; a cancel asked by ``by`` then, heard by its renewal. Yields the
+    saver, the graph and the thread's id."""
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
+        graph = looping_graph(saver)
+        await graph.ainvoke({"steps": [], "until": 2}, config(thread_id))
+        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by=by)
+        await until_heard(saver, thread_id)
+        yield saver, graph, thread_id
 
 
 def cancel(env: dict[str, str], thread_id: str) -> Result:
@@ -451,12 +468,7 @@ async def test_the_invocation_after_an_ask_made_between_invocations_can_be_cance
     does not stand in the way of the next ask: the invocation after it, cancelled while it
     writes the thread, ends cancelled by whoever asked then, once."""
     world, env = placed
-    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-    async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
-        graph = looping_graph(saver)
-        await graph.ainvoke({"steps": [], "until": 2}, config(thread_id))
-        assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="early")
-        await until_heard(saver, thread_id)
+    async with a_held_thread_that_heard_a_cancel(world, by="early") as (saver, graph, thread_id):
         invocation: RunnableConfig = {**config(thread_id), "recursion_limit": 100_000}
         running = asyncio.create_task(
             graph.ainvoke({"steps": [], "until": 50_000}, invocation, durability="sync")
@@ -983,13 +995,7 @@ async def test_a_thread_whose_holding_heard_a_cancel_is_deleted_and_pruned_by_th
     thread is ended ``cancelled`` in its place."""
     world, _ = placed
     for remove in ("delete", "prune"):
-        thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-        async with world.saver(holder="graph-a", ttl_s=3, renew_within_s=2.7) as saver:
-            graph = looping_graph(saver)
-            await graph.ainvoke({"steps": [], "until": 2}, config(thread_id))
-            assert await world.leases.ask_to_cancel(thread_id, tenant=TENANT, by="ops")
-            await until_heard(saver, thread_id)
-
+        async with a_held_thread_that_heard_a_cancel(world, by="ops") as (saver, _, thread_id):
             if remove == "delete":
                 await saver.adelete_thread(thread_id)
                 assert await saver.aget_tuple(config(thread_id)) is None

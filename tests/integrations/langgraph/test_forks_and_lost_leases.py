@@ -7,7 +7,9 @@ import operator
 import os
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Any, TypedDict
 
@@ -26,6 +28,7 @@ from onward.testing.leases import GatedRenewals
 
 from .graphs import Steps, config, steps_graph
 from .test_fencing import TTL_S
+from .test_many_threads import lose_a_thread_to_worker_b
 from .test_summary import summaries_of, whole_saver
 from .worlds import TENANT, World
 
@@ -142,6 +145,70 @@ async def lose_the_thread_to_b_while_a_node_runs(
     assert not saver_a.holds(thread_id)
 
 
+@dataclass(frozen=True, slots=True)
+class LostRun:
+    """A graph run of worker A's saver, slow in its node, whose thread worker B took over and
+    wrote on meanwhile (A's renewal has heard the lease is lost)."""
+
+    saver_a: OnwardSaver
+    thread_id: str
+    slow: Any
+    running: asyncio.Future[Any]
+    let_the_node_go_on: Callable[[], None]
+
+    async def stops_at_its_next_write(self) -> None:
+        """Lets the node go on: the run must fail with `FencedError`, leaving B's state latest."""
+        self.let_the_node_go_on()
+        with pytest.raises(FencedError):
+            await self.running
+        latest = await self.saver_a.aget_tuple(config(self.thread_id))
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
+
+
+def sync_slow_graph(saver_a: OnwardSaver, node_goes_on: threading.Event) -> Any:
+    """A graph whose sync node blocks its worker thread until ``node_goes_on`` is set."""
+
+    def stale(state: Steps) -> dict[str, list[str]]:
+        node_goes_on.wait(30)
+        return {"steps": ["stale"]}
+
+    builder = StateGraph(Steps)
+    builder.add_node("step", stale)
+    builder.add_edge(START, "step")
+    builder.add_edge("step", END)
+    return builder.compile(checkpointer=saver_a)
+
+
+@asynccontextmanager
+async def a_run_that_lost_the_thread(world: World, *, sync: bool) -> AsyncIterator[LostRun]:
+    """Worker A writes a thread, starts a slow graph run on it (LangGraph's sync ``invoke`` in
+    a worker thread when ``sync``, as the saver asks, else ``ainvoke``), and loses the thread
+    to worker B while the run is in its node."""
+    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
+    thawed = asyncio.Event()
+    thawed.set()
+    saver_a = gated_saver(world, thawed)
+    async with saver_a:
+        await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
+        running: asyncio.Future[Any]
+        if sync:
+            node_goes_on_in_thread = threading.Event()
+            let_go_on = node_goes_on_in_thread.set
+            slow = sync_slow_graph(saver_a, node_goes_on_in_thread)
+            # In a thread of its own context (not a copy of this task's, which read the thread).
+            running = asyncio.get_running_loop().run_in_executor(
+                None, lambda: slow.invoke({"steps": []}, config(thread_id))
+            )
+        else:
+            node_goes_on = asyncio.Event()
+            let_go_on = node_goes_on.set
+            slow = steps_graph("stale", saver_a, inside=node_goes_on.wait)
+            running = asyncio.create_task(slow.ainvoke({"steps": []}, config(thread_id)))
+        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id)
+        yield LostRun(saver_a, thread_id, slow, running, let_go_on)
+
+
 async def test_a_read_by_anyone_else_does_not_let_a_graph_run_that_lost_the_thread_write_on(
     world: World,
 ) -> None:
@@ -149,26 +216,12 @@ async def test_a_read_by_anyone_else_does_not_let_a_graph_run_that_lost_the_thre
     the thread over, writes and lets it go, and the renewal hears the lease is lost. A reader
     on the same saver (a UI's ``aget_state``) reads the thread then. The graph run must still
     stop at its next write: carrying on would save its step over the other writer's."""
-    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-    thawed = asyncio.Event()
-    thawed.set()
-    node_goes_on = asyncio.Event()
-    saver_a = gated_saver(world, thawed)
-    async with saver_a:
-        await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
-        slow = steps_graph("stale", saver_a, inside=node_goes_on.wait)
-        running = asyncio.create_task(slow.ainvoke({"steps": []}, config(thread_id)))
-        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id)
-        read = await slow.aget_state(config(thread_id))  # another task reads the thread
+    async with a_run_that_lost_the_thread(world, sync=False) as run:
+        read = await run.slow.aget_state(config(run.thread_id))  # another task reads the thread
         assert read.values["steps"] == ["A", "B"]
-        node_goes_on.set()
-        with pytest.raises(FencedError):
-            await running
-        latest = await saver_a.aget_tuple(config(thread_id))
-        assert latest is not None
-        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
+        await run.stops_at_its_next_write()
         # A new invocation reads the thread first, and writes on from B's state.
-        out = await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
+        out = await steps_graph("A", run.saver_a).ainvoke({"steps": []}, config(run.thread_id))
         assert out["steps"] == ["A", "B", "A"]
 
 
@@ -176,36 +229,10 @@ async def test_a_read_by_anyone_else_does_not_let_a_sync_graph_run_that_lost_the
     world: World,
 ) -> None:
     """The same with LangGraph's sync ``invoke``, run in a worker thread as the saver asks."""
-    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-    thawed = asyncio.Event()
-    thawed.set()
-    node_goes_on = threading.Event()
-    saver_a = gated_saver(world, thawed)
-    async with saver_a:
-        await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
-
-        def stale(state: Steps) -> dict[str, list[str]]:
-            node_goes_on.wait(30)
-            return {"steps": ["stale"]}
-
-        builder = StateGraph(Steps)
-        builder.add_node("step", stale)
-        builder.add_edge(START, "step")
-        builder.add_edge("step", END)
-        slow = builder.compile(checkpointer=saver_a)
-        # In a thread of its own context (not a copy of this task's, which read the thread).
-        running = asyncio.get_running_loop().run_in_executor(
-            None, lambda: slow.invoke({"steps": []}, config(thread_id))
-        )
-        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id)
-        read = await slow.aget_state(config(thread_id))  # another task reads the thread
+    async with a_run_that_lost_the_thread(world, sync=True) as run:
+        read = await run.slow.aget_state(config(run.thread_id))  # another task reads the thread
         assert read.values["steps"] == ["A", "B"]
-        node_goes_on.set()
-        with pytest.raises(FencedError):
-            await running
-        latest = await saver_a.aget_tuple(config(thread_id))
-        assert latest is not None
-        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
+        await run.stops_at_its_next_write()
 
 
 async def test_a_graph_run_that_lost_the_thread_stops_after_the_saver_lost_many_more(
@@ -217,24 +244,10 @@ async def test_a_graph_run_that_lost_the_thread_stops_after_the_saver_lost_many_
     write: the saver forgetting that loss must not let it claim the thread again and save its
     step over the other writer's."""
     monkeypatch.setattr(saver_module, "FOLLOWED_THREADS", 2)
-    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-    thawed = asyncio.Event()
-    thawed.set()
-    node_goes_on = asyncio.Event()
-    saver_a = gated_saver(world, thawed)
-    async with saver_a:
-        await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
-        slow = steps_graph("stale", saver_a, inside=node_goes_on.wait)
-        running = asyncio.create_task(slow.ainvoke({"steps": []}, config(thread_id)))
-        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id)
-        await slow.aget_state(config(thread_id))  # another task reads the thread
-        await lose_more_threads_than_kept(world, saver_a, thread_id)
-        node_goes_on.set()
-        with pytest.raises(FencedError):
-            await running
-        latest = await saver_a.aget_tuple(config(thread_id))
-        assert latest is not None
-        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
+    async with a_run_that_lost_the_thread(world, sync=False) as run:
+        await run.slow.aget_state(config(run.thread_id))  # another task reads the thread
+        await lose_more_threads_than_kept(world, run.saver_a, run.thread_id)
+        await run.stops_at_its_next_write()
 
 
 async def test_a_sync_graph_run_that_lost_the_thread_stops_after_the_saver_lost_many_more(
@@ -242,35 +255,10 @@ async def test_a_sync_graph_run_that_lost_the_thread_stops_after_the_saver_lost_
 ) -> None:
     """The same with LangGraph's sync ``invoke``, run in a worker thread as the saver asks."""
     monkeypatch.setattr(saver_module, "FOLLOWED_THREADS", 2)
-    thread_id = f"thread-{uuid.uuid4().hex[:8]}"
-    thawed = asyncio.Event()
-    thawed.set()
-    node_goes_on = threading.Event()
-    saver_a = gated_saver(world, thawed)
-    async with saver_a:
-        await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
-
-        def stale(state: Steps) -> dict[str, list[str]]:
-            node_goes_on.wait(30)
-            return {"steps": ["stale"]}
-
-        builder = StateGraph(Steps)
-        builder.add_node("step", stale)
-        builder.add_edge(START, "step")
-        builder.add_edge("step", END)
-        slow = builder.compile(checkpointer=saver_a)
-        running = asyncio.get_running_loop().run_in_executor(
-            None, lambda: slow.invoke({"steps": []}, config(thread_id))
-        )
-        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id)
-        await slow.aget_state(config(thread_id))  # another task reads the thread
-        await lose_more_threads_than_kept(world, saver_a, thread_id)
-        node_goes_on.set()
-        with pytest.raises(FencedError):
-            await running
-        latest = await saver_a.aget_tuple(config(thread_id))
-        assert latest is not None
-        assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
+    async with a_run_that_lost_the_thread(world, sync=True) as run:
+        await run.slow.aget_state(config(run.thread_id))  # another task reads the thread
+        await lose_more_threads_than_kept(world, run.saver_a, run.thread_id)
+        await run.stops_at_its_next_write()
 
 
 async def lose_more_threads_than_kept(world: World, saver_a: OnwardSaver, thread_id: str) -> None:
@@ -278,15 +266,7 @@ async def lose_more_threads_than_kept(world: World, saver_a: OnwardSaver, thread
     records of (``FOLLOWED_THREADS`` patched): its record of losing ``thread_id`` is gone."""
     graph = steps_graph("A", saver_a)
     for n in range(3):
-        other = f"{thread_id}-{n}"
-        await graph.ainvoke({"steps": []}, config(other))
-        lease = saver_a.lease(other)
-        assert lease is not None
-        await world.leases.release(lease)  # taken from under it
-        async with world.saver(holder="worker-b") as saver_b:
-            await steps_graph("B", saver_b).ainvoke({"steps": []}, config(other))
-        with pytest.raises(FencedError):
-            await graph.ainvoke({"steps": []}, config(other))
+        await lose_a_thread_to_worker_b(world, saver_a, graph, f"{thread_id}-{n}")
 
 
 async def test_a_thread_lost_then_pruned_or_deleted_by_the_same_saver_is_let_go_after(

@@ -115,6 +115,21 @@ def interrupting_graph(checkpointer: OnwardSaver) -> CompiledStateGraph[Any]:
     return builder.compile(checkpointer=checkpointer)
 
 
+async def lose_a_thread_to_worker_b(
+    world: World, saver: OnwardSaver, graph: Any, thread_id: str
+) -> None:
+    """``graph`` (on ``saver``) writes ``thread_id``; its lease is let go under it and worker B
+    writes on, so ``graph``'s next write there fails with `FencedError`."""
+    await graph.ainvoke({"steps": []}, config(thread_id))
+    lease = saver.lease(thread_id)
+    assert lease is not None
+    await world.leases.release(lease)  # taken from under it
+    async with world.saver(holder="worker-b") as other:
+        await steps_graph("B", other).ainvoke({"steps": []}, config(thread_id))
+    with pytest.raises(FencedError):
+        await graph.ainvoke({"steps": []}, config(thread_id))
+
+
 async def test_a_saver_losing_thread_after_thread_keeps_no_more_than_the_latest_threads(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -125,15 +140,7 @@ async def test_a_saver_losing_thread_after_thread_keeps_no_more_than_the_latest_
     async with world.saver(holder="worker-a") as saver:
         graph = steps_graph("A", saver)
         for n in range(30):
-            thread_id = f"thread-{n}"
-            await graph.ainvoke({"steps": []}, config(thread_id))
-            lease = saver.lease(thread_id)
-            assert lease is not None
-            await world.leases.release(lease)  # taken from under it
-            async with world.saver(holder="worker-b") as other:
-                await steps_graph("B", other).ainvoke({"steps": []}, config(thread_id))
-            with pytest.raises(FencedError):
-                await graph.ainvoke({"steps": []}, config(thread_id))
+            await lose_a_thread_to_worker_b(world, saver, graph, f"thread-{n}")
         assert kept_of_each_thread(saver) == {}
         # The latest thread lost is a new invocation's to write on.
         out = await graph.ainvoke({"steps": []}, config("thread-29"))

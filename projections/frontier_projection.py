@@ -408,9 +408,13 @@ class FrontierProjection:
         this projection stood); folded, they would write a row of nothing but refused events,
         never finished, that no collection removes. A run that begins again at seq 1 is
         folded: a new run under the same id, or the collected one folded whole again (a
-        rebuild), finished and collected again in its time."""
+        rebuild), finished and collected again in its time; so is one whose first record
+        cannot be read but says it is at seq 1 (a newer Onward's start): set aside until a
+        release, not dropped with every later event of the run, unsaid."""
         unstarted = [
-            run_id for run_id in missing if run_id not in current and not _starts(by_run[run_id][0])
+            run_id
+            for run_id in missing
+            if run_id not in current and not _starts_or_says_so(by_run[run_id][0])
         ]
         if not unstarted or self.compaction is None:
             return set()
@@ -461,7 +465,7 @@ class FrontierProjection:
 
     def _fold_reused(
         self, draft: FrontierDraft, items: Sequence[LogRecord], stored: int, *, readable: bool
-    ) -> None:
+    ) -> FrontierDraft:
         """Fold the records of a run that has a tombstone: a start past the end of the run
         folded so far is a new run under the id (the collected one was removed, its rows with
         it), folded into a fresh draft, as a live projector folded it, and the collected run's
@@ -469,7 +473,7 @@ class FrontierProjection:
         may hold by the next store, unless the stored row (folded through offset ``stored``)
         is of a later run already (another writer folded the new run: the old run's rows
         went with the collection). A start while the run folded so far has not ended is
-        refused as a duplicate, as anywhere."""
+        refused as a duplicate, as anywhere. Returns the draft folded last (the latest run's)."""
         held = self.quarantine.held
         begun = 0
         for index, item in enumerate(items):
@@ -479,11 +483,12 @@ class FrontierProjection:
                 self._fold_run(draft, items[begun:index], readable=readable)
                 begun = index
                 if draft.run_id in held:
-                    return
+                    return draft
             ended = draft.last_seq > 0 and draft.status in TERMINAL_STATUSES
             if ended and item.position.offset > draft.through_offset:
                 draft = self._begun_again(draft, item, stored_old=stored <= draft.through_offset)
         self._fold_run(draft, items[begun:], readable=readable)
+        return draft
 
     def _begun_again(
         self, draft: FrontierDraft, start: LogRecord, *, stored_old: bool
@@ -614,6 +619,9 @@ class FrontierProjection:
             return
         rows = await self.store.load(list(runs))
         kept = await self._kept_uncapped(rows)
+        # A run under a collected id may be read with the collected run before it (a log read
+        # with the archive): it is folded as `_fold` folds it, the latest run alone.
+        collected = await self.compaction.tombstones(list(runs)) if self.compaction else set()
         for run_id, partition in runs.items():
             row = rows.get(run_id)
             # Where the run's first event is, as far as it was folded before it was set aside.
@@ -641,7 +649,11 @@ class FrontierProjection:
                 base = Frontier.empty(run_id, tenant)
             quarantine.held.pop(run_id, None)
             draft = self._cache.put(run_id, FrontierDraft.of(base))
-            self._fold_run(draft, records)
+            if run_id in collected:
+                stored = row.summary.through_offset if row is not None else -1
+                draft = self._fold_reused(draft, records, stored, readable=False)
+            else:
+                self._fold_run(draft, records)
             self._dirty[run_id] = draft
             quarantine.cleared.add(run_id)
             self.stats.released += 1
@@ -824,6 +836,11 @@ class FrontierProjection:
             return FrontierDraft.of(kept)  # what it holds is not folded twice (`_fold_run`)
         self.stats.refolded_from_log += 1
         draft = FrontierDraft.of(Frontier.empty(run_id, _tenant_of(first)))
+        if self.compaction is not None and await self.compaction.tombstones([run_id]):
+            # A log read with the archive holds the collected run before a new one under its
+            # id: the latest run alone, as `_fold` folds it.
+            stored = row.summary.through_offset if row is not None else -1
+            return self._fold_reused(draft, history, stored, readable=False)
         self._fold_run(draft, history)
         return draft
 
@@ -836,6 +853,12 @@ def _ended(draft: FrontierDraft | None) -> bool:
 def _starts(first: LogRecord) -> bool:
     """Whether a run's first record in a batch is its first event."""
     return isinstance(first, StoredEvent) and first.event.seq == 1
+
+
+def _starts_or_says_so(first: LogRecord) -> bool:
+    """Whether a run's first record in a batch is its first event, or an unreadable record
+    whose envelope says it is at seq 1 (written by a newer Onward, say)."""
+    return _starts(first) or (isinstance(first, UnreadableRecord) and first.error.seq == 1)
 
 
 def _astray(record: LogRecord, run_id: str, partitions: int) -> UnreadableRecord:

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from support.compaction_world import (
     AGENT,
@@ -29,11 +30,11 @@ from support.compaction_world import (
 )
 from support.servers import KafkaServers
 
-from onward.eventlog import Event, RunFinished, RunStarted
+from onward.eventlog import EVENT_FORMAT, Event, RunFinished, RunStarted, Tagged, codec
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.memory import MemoryEventLog
-from onward.projections.base import FrontierStore
+from onward.projections.base import DEFAULT_CONSUMER, FrontierStore
 from onward.projections.compaction.memory import MemoryCompactionStore
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
@@ -143,6 +144,127 @@ async def test_a_second_start_that_is_no_reuse_stays_refused(collected: bool, en
     assert row is not None
     assert row.frontier is not None
     assert (row.summary.tenant, row.frontier.agent, row.frontier.refused) == (TENANT, "a", 1)
+
+
+async def test_a_release_under_a_reused_id_folds_the_new_run_alone() -> None:
+    """A log read with the archive holds a collected run, then a new run under its id whose
+    start no reader of this version could read (a newer format): the fold sets the run aside
+    on the old run's frontier. Released once the start reads (an upgrade), the row is the new
+    run's, not the old run's with every event of the new one refused as a duplicate."""
+    log = MemoryEventLog(partitions=1)
+    run_id = new_run_id()
+    await log.append(
+        [
+            RunStarted(run_id=run_id, tenant=TENANT, seq=1, fence=1, at=1, agent="a", revision="r"),
+            RunFinished(run_id=run_id, tenant=TENANT, seq=2, fence=1, at=2, status="completed"),
+        ]
+    )
+    start = RunStarted(run_id=run_id, tenant="other", seq=1, fence=1, at=3, agent="b", revision="r")
+    newer = msgspec.json.decode(codec.encode(start)) | {"format": EVENT_FORMAT + 1}
+    position = log.write_raw(run_id, msgspec.json.encode(newer))
+    await log.append(
+        [RunFinished(run_id=run_id, tenant="other", seq=2, fence=1, at=4, status="failed")]
+    )
+    store = MemoryFrontierStore()
+    compaction = MemoryCompactionStore(store)
+    compaction.tombstoned.add(run_id)
+    projection = FrontierProjection(
+        store, log, compaction=compaction, release_poll=0.0, every_partition=True
+    )
+    projector = LogProjector(log, projection)
+    await projector.catch_up()
+    assert [e.state for e in await store.quarantined(DEFAULT_CONSUMER)] == ["held"]
+
+    log._records[0][position.offset] = (run_id, codec.encode(start))
+    assert await store.release(DEFAULT_CONSUMER, run_id, by="ops", at=1) == 1
+    await projector.catch_up()
+
+    row = await store.get(run_id)
+    assert row is not None
+    assert row.quarantined is None
+    assert row.frontier is not None
+    got = (row.summary.tenant, row.frontier.agent, row.frontier.status, row.frontier.refused)
+    assert got == ("other", "b", "failed", 0)
+    assert row.frontier.first_offset == position.offset
+
+
+async def test_a_new_run_under_a_collected_id_whose_start_cannot_be_read_is_set_aside() -> None:
+    """The old run collected and cut, a newer Onward starts a run under its id in a format this
+    projector cannot read: the run is set aside, listed for release once this Onward reads it,
+    as a run under a fresh id is, not passed over as what is left of the collected run (its
+    every later event dropped with it, for good, and nothing said)."""
+    log = MemoryEventLog(partitions=1)
+    run_id = new_run_id()
+    start = RunStarted(run_id=run_id, tenant=TENANT, seq=1, fence=1, at=3, agent="b", revision="r")
+    newer = msgspec.json.decode(codec.encode(start)) | {"format": EVENT_FORMAT + 1}
+    position = log.write_raw(run_id, msgspec.json.encode(newer))
+    await log.append(
+        [RunFinished(run_id=run_id, tenant=TENANT, seq=2, fence=1, at=4, status="completed")]
+    )
+    store = MemoryFrontierStore()
+    compaction = MemoryCompactionStore(store)
+    compaction.tombstoned.add(run_id)
+    projection = FrontierProjection(
+        store, log, compaction=compaction, release_poll=0.0, every_partition=True
+    )
+    projector = LogProjector(log, projection)
+    await projector.catch_up()
+
+    (entry,) = await store.quarantined(DEFAULT_CONSUMER)
+    assert (entry.run_id, entry.offset, entry.state) == (run_id, position.offset, "held")
+    held = await store.get(run_id)
+    assert held is not None
+    assert held.quarantined == entry.mark
+
+    log._records[0][position.offset] = (run_id, codec.encode(start))  # this Onward upgraded
+    assert await store.release(DEFAULT_CONSUMER, run_id, by="ops", at=1) == 1
+    await projector.catch_up()
+    row = await store.get(run_id)
+    assert row is not None
+    assert row.frontier is not None
+    assert (row.frontier.agent, row.frontier.status, row.frontier.last_seq) == ("b", "completed", 2)
+
+
+async def test_a_fold_again_of_a_capped_run_under_a_reused_id_folds_the_new_run_alone() -> None:
+    """A rebuild read with the archive stores the new run under a reused id over the snapshot
+    cap, drops it from its cache, and meets its next event: the live projector's kept frontier
+    of the run is past that event, so the run is folded again from the log, old run and all.
+    The row is the new run's, as the live projector's, not the old run's with the new run's
+    events refused as duplicates."""
+    log = MemoryEventLog(partitions=1)
+    run_id, other = new_run_id(), new_run_id()
+
+    def started(run: str, tenant: str, at: int) -> RunStarted:
+        return RunStarted(run_id=run, tenant=tenant, seq=1, fence=1, at=at, agent="a", revision="r")
+
+    def tagged(run: str, tenant: str, seq: int) -> Tagged:
+        return Tagged(run_id=run, tenant=tenant, seq=seq, fence=1, at=seq, target_seq=1, label="t")
+
+    await log.append(
+        [
+            started(run_id, TENANT, 1),
+            RunFinished(run_id=run_id, tenant=TENANT, seq=2, fence=1, at=2, status="completed"),
+        ]
+    )
+    await log.append([started(other, TENANT, 3)])
+    await log.append([started(run_id, "other", 4)])
+    for seq in (2, 3):
+        await log.append([tagged(other, TENANT, seq)])
+        await log.append([tagged(run_id, "other", seq)])
+    store, rebuilt = MemoryFrontierStore(), MemoryFrontierStore()
+    compaction = MemoryCompactionStore(store)
+    compaction.tombstoned.add(run_id)
+    live = FrontierProjection(store, log, compaction=compaction, max_bytes=10)
+    await LogProjector(log, live).catch_up()
+    rebuild = FrontierProjection(rebuilt, log, compaction=compaction, max_bytes=10, cache_runs=1)
+    await LogProjector(log, rebuild, batch_size=1, from_log_start=True).catch_up()
+
+    assert rebuild.stats.refolded_from_log > 0
+    live_row, row = await store.get(run_id), await rebuilt.get(run_id)
+    assert live_row is not None
+    assert row is not None
+    assert (live_row.summary.status, live_row.summary.refused) == ("running", 0)
+    assert row.summary == live_row.summary
 
 
 @pytest.mark.parametrize("tenant", [TENANT, "other"])

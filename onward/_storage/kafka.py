@@ -74,15 +74,24 @@ def drop_connections(client_owner: Any) -> None:
     aiokafka keeps them open while its stop waits, a producer's sender would open new ones to
     retry its batch, and the client's metadata task (its stop cut off before it got there)
     would go on refreshing the metadata every few minutes for as long as the event loop lives,
-    opening a connection each time; stopping both and closing the sockets leaves nothing
-    behind.
+    opening a connection each time. A consumer's stop cut off while it waited for its group
+    coordination likewise leaves its fetcher fetching and its heartbeat task (aiokafka stops
+    that only after the coordination ended) keeping it in its group once the broker answers
+    again. Stopping them all and closing the sockets leaves nothing behind.
     """
     client = _client_of(client_owner)
+    coordinator = getattr(client_owner, "_coordinator", None)
+    fetcher = getattr(client_owner, "_fetcher", None)
     for task in (
         getattr(getattr(client_owner, "_sender", None), "sender_task", None),
+        getattr(coordinator, "_coordination_task", None),
+        getattr(coordinator, "_heartbeat_task", None),
+        getattr(coordinator, "_commit_refresh_task", None),
+        getattr(fetcher, "_fetch_task", None),
+        *getattr(fetcher, "_pending_tasks", ()),
         getattr(client, "_sync_task", None),
     ):
-        if task is not None:
+        if isinstance(task, asyncio.Future):
             task.cancel()
     # Whatever waits on the metadata refresh just cancelled (a produce request about to retry)
     # is told it will not come, so it ends rather than wait for ever.

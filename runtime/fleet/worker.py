@@ -65,7 +65,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
-from onward._storage import KafkaConnection, kafka_connection, translate
+from onward._storage import KafkaConnection, drop_connections, kafka_connection, translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -623,13 +623,16 @@ class Worker:
         except KafkaError as exc:
             raise translate(exc, context=f"consuming {topic}") from exc
         finally:
-            if await _leave(consumer):
-                _log.info("left the group")
+            left = await _leave(consumer)
+            if left is None:
+                _log.info("left the group %s", group_id)
             else:
                 _log.warning(
-                    "leaving the group gave up after %.0fs (the broker did not answer); the "
-                    "group drops this worker after its session timeout",
-                    _LEAVE_S,
+                    "leaving the group %s %s; the group drops this worker after its session "
+                    "timeout (%.0fs)",
+                    group_id,
+                    left,
+                    session_timeout_ms / 1000,
                 )
 
     async def _drain_consumer(self, consumer: AIOKafkaConsumer, offsets: _Offsets) -> None:
@@ -987,24 +990,32 @@ def _left(stopping: asyncio.Task[None]) -> None:
         stopping.exception()  # seen: the caller may be gone, and a failed leave is harmless
 
 
-async def _leave(consumer: AIOKafkaConsumer) -> bool:
-    """Stop ``consumer`` (it leaves the group), waiting at most `_LEAVE_S`; whether it stopped
-    in time (a broker that does not answer is left to drop the member after its session
-    timeout). The stop is a task of its own that a cancellation of the caller leaves running:
-    Python 3.11's `wait_for` cancels a stop that has not begun yet when the caller is cancelled
-    again, and the consumer would be left in the group, heartbeating, for as long as the
-    process lives."""
+async def _leave(consumer: AIOKafkaConsumer) -> str | None:
+    """Stop ``consumer`` (it leaves the group), waiting at most `_LEAVE_S`: None once it
+    stopped, else what kept it from leaving. A stop that gave up, failed or was cut has its
+    consumer's tasks and connections ended (`drop_connections`): aiokafka stops the heartbeat
+    only after the group's coordination ended, and a stop cut before then left the member
+    heartbeating, in its group, for as long as the process lived. The stop is a task of its
+    own that a cancellation of the caller leaves running: Python 3.11's `wait_for` cancels a
+    stop that has not begun yet when the caller is cancelled again."""
     stopping = asyncio.ensure_future(consumer.stop())
     _leaving.add(stopping)
     stopping.add_done_callback(_left)
     done, _ = await asyncio.wait({stopping}, timeout=_LEAVE_S)
     if not done:
         stopping.cancel()
-        return False
-    if not stopping.cancelled():
-        with contextlib.suppress(KafkaError):
-            stopping.result()
-    return True
+        drop_connections(consumer)
+        return f"gave up after {_LEAVE_S:.0f}s (the broker did not answer)"
+    if stopping.cancelled():
+        drop_connections(consumer)
+        return "was cut (its stop was cancelled)"
+    failed = stopping.exception()
+    if failed is None:
+        return None
+    drop_connections(consumer)
+    if not isinstance(failed, KafkaError):
+        raise failed
+    return f"failed: {one_line(str(failed)) or type(failed).__name__}"
 
 
 def _require_signer(signer: RequestSigner | None, accept_unsigned: bool, where: str) -> None:

@@ -212,4 +212,54 @@ async def test_a_worker_whose_broker_stops_answering_says_it_did_not_leave_its_g
         private_kafka.resume()
     said = [record.getMessage() for record in caplog.records]
     assert "left the group" not in said, said
-    assert any(line.startswith("leaving the group gave up") for line in said), said
+    assert any(line.startswith("leaving the group") and "gave up" in line for line in said), said
+
+
+def kafka_client_tasks() -> list[str]:
+    """The running tasks of this loop that run aiokafka's code (its clients' own tasks)."""
+    running = []
+    for task in asyncio.all_tasks():
+        coro = task.get_coro()
+        code = getattr(coro, "cr_code", None)
+        if not task.done() and code is not None and "aiokafka" in code.co_filename:
+            running.append(code.co_qualname)
+    return running
+
+
+@pytest.mark.faults  # freezes a private broker: run by `make test-faults`
+@pytest.mark.slow
+async def test_a_worker_whose_leave_gave_up_names_its_group_and_leaves_no_client_task_running(
+    private_kafka: PrivateKafka, backends: Backends, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose leave gave up on a broker that does not answer names the group and the
+    session timeout after which the group drops it, and ends every task its consumer started:
+    the client's metadata task and the connections' readers ran on (and the coordinator's
+    heartbeat, were it still going, kept the member in the group) for as long as an
+    application embedding the worker lived."""
+    topic = f"requests-{uuid.uuid4().hex[:8]}"
+    group = f"{topic}.workers"
+    stop = asyncio.Event()
+    worker = worker_of(backends)
+    serving = asyncio.ensure_future(
+        worker.serve_kafka(
+            stop,
+            bootstrap_servers=private_kafka.bootstrap,
+            topic=topic,
+            group_id=group,
+            session_timeout_ms=6000,
+            accept_unsigned=True,
+        )
+    )
+    await until(lambda: worker.joined, "the worker in its group")
+    private_kafka.pause()
+    try:
+        with caplog.at_level(logging.INFO, logger="onward.worker"):
+            stop.set()
+            async with asyncio.timeout(_LEAVE_S * 2 + 10):
+                await serving
+    finally:
+        private_kafka.resume()
+    (gave_up,) = [r.getMessage() for r in caplog.records if "gave up" in r.getMessage()]
+    assert group in gave_up, gave_up
+    assert "session timeout (6s)" in gave_up, gave_up
+    await until(lambda: not kafka_client_tasks(), "the consumer's tasks ending", within_s=5)

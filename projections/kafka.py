@@ -29,7 +29,7 @@ from aiokafka.errors import (
     OffsetOutOfRangeError,
 )
 
-from onward._storage import KafkaConnection, kafka_connection, translate
+from onward._storage import KafkaConnection, kafka_connection, stop_or_drop, translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -649,12 +649,16 @@ class KafkaProjector(Generic[SinkT]):
         return True
 
     async def close(self) -> None:
-        """Leave the group. Positions are already stored with the rows; nothing is committed."""
+        """Leave the group. Positions are already stored with the rows; nothing is committed.
+
+        A leave that does not end within the request timeout (a broker that does not answer)
+        or is cancelled ends the consumer's tasks and connections all the same
+        (`stop_or_drop`): aiokafka's cancelled stop left its heartbeat beating, the projector
+        counted in its group, holding its partitions, for as long as the process lived."""
         self._closes += 1
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            with contextlib.suppress(KafkaError):
-                await consumer.stop()
+            await stop_or_drop(consumer, self._connection.request_timeout_s)
 
 
 class _Turns:

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.consumer import fetcher
 from support.histories import (
     RunScript,
@@ -1026,6 +1027,51 @@ async def test_a_projector_closed_while_it_starts_leaves_no_consumer_behind(
         await asyncio.wait_for(opening, 30)
     assert made
     assert all(consumer._closed for consumer in made), "a consumer was never stopped"
+
+
+async def group_members(bootstrap: str, group: str) -> int:
+    """How many members the broker counts in ``group``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_consumer_groups([group])
+    finally:
+        await admin.close()
+    return sum(len(g[-1]) if isinstance(g[-1], list) else 0 for g in described.groups)
+
+
+async def test_a_projector_whose_close_is_cancelled_is_dropped_from_its_group(
+    stack: Stack,
+) -> None:
+    """A close cancelled as it begins (a shutdown bounded by a timeout, an application's task
+    cancelled) ends the consumer's tasks: aiokafka's cancelled stop left the heartbeat task
+    beating, and the broker counted the projector in its group, holding its partitions, for
+    as long as the process lived."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    projector = KafkaProjector(
+        stack.bootstrap,
+        FrontierProjection(stack.store, stack.log),
+        topic=stack.topic,
+        partitions=PARTITIONS,
+        group_id=group,
+        session_timeout_ms=6000,
+    )
+    await projector.start()
+    consumer = projector._live()
+    deadline = asyncio.get_running_loop().time() + 30
+    while not consumer.assignment():
+        assert asyncio.get_running_loop().time() < deadline, "the projector never joined"
+        await projector.step(timeout_ms=200)
+    assert await group_members(stack.bootstrap, group) == 1
+    closing = asyncio.create_task(projector.close())
+    await asyncio.sleep(0)  # the close has begun: the consumer's stop waits on its group
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    deadline = asyncio.get_running_loop().time() + 6 + 10  # the session timeout, and a margin
+    while await group_members(stack.bootstrap, group):
+        assert asyncio.get_running_loop().time() < deadline, "the projector is still a member"
+        await asyncio.sleep(0.5)
 
 
 async def test_a_projector_started_twice_at_once_leaves_no_consumer_behind(

@@ -23,7 +23,6 @@ from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
-    IllegalStateError,
     KafkaError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
@@ -531,11 +530,12 @@ class KafkaProjector(Generic[SinkT]):
             for tp in assigned:
                 start = int(starts[tp])
                 offset = stored.get(tp.partition, 0)
-                # Stored below the start but read past it: what lies between was fetched.
-                if offset < start and await consumer.position(tp) < start:
+                # Stored below the start but read past it: what lies between was fetched. One
+                # revoked, or without a position (assigned anew), is sought next, and its seek
+                # says so.
+                position = _known_position(consumer, tp)
+                if offset < start and position is not None and position < start:
                     return _cut_below(tp.partition, offset, start)
-        except IllegalStateError:
-            return None  # revoked meanwhile: the next assignment seeks it, and says so
         except KafkaError as exc:
             raise translate(exc, context=f"reading where {self.topic}'s partitions start") from exc
         return None
@@ -736,7 +736,8 @@ class _Turns:
         if tp not in consumer.assignment():
             return True
         end = consumer.highwater(tp)
-        return end is None or end - await consumer.position(tp) > self._behind_records
+        position = _known_position(consumer, tp)
+        return end is None or position is None or end - position > self._behind_records
 
     async def look(
         self,
@@ -750,7 +751,9 @@ class _Turns:
 
         ``rebalanced`` says whether the group rebalanced since the partitions were sought: the
         partitions assigned anew have no position until the assignment's own seek, which waits
-        for the caller's to end, so the look gives up rather than wait for them.
+        for the caller's to end and looks again, so the look gives up. A look outside a seek
+        passes over partitions without a position (it never waits for one; see
+        `_known_position`).
         """
         now = time.monotonic()
         assigned = sorted(consumer.assignment(), key=lambda tp: tp.partition)
@@ -764,16 +767,17 @@ class _Turns:
             if rebalanced():
                 self._resume_all(consumer)
                 return  # the assignment's seek looks again, once it has sought them
-            behind = [
-                tp
-                for tp in assigned
-                if ends.get(tp, 0) - await consumer.position(tp) > self._behind_records
-            ]
-        except (IllegalStateError, KafkaError) as exc:
+        except KafkaError as exc:
             self._resume_all(consumer)
-            if isinstance(exc, IllegalStateError):
-                return  # a rebalance took partitions meanwhile; the assignment looks again
             raise translate(exc, context="reading how far behind each partition is") from exc
+        # A partition without a position is being sought (assigned anew), or was taken by a
+        # rebalance: the assignment's seek looks again.
+        behind = [
+            tp
+            for tp in assigned
+            if (position := _known_position(consumer, tp)) is not None
+            and ends.get(tp, 0) - position > self._behind_records
+        ]
         mine = consumer.assignment()
         if len(behind) < 2:
             if self.turn is not None:
@@ -877,6 +881,23 @@ def _pause(consumer: AIOKafkaConsumer, partitions: Iterable[TopicPartition]) -> 
         iterator = getattr(records, "_records_iterator", None)
         if iterator is not None and hasattr(iterator, "close"):
             iterator.close()
+
+
+def _known_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """Where ``tp`` is read from next; None if it is not assigned or has no position yet.
+
+    ``consumer.position`` waits until a partition assigned anew is sought, for as long as that
+    takes: if the assignment's seek failed (a store lost in the rebalance), until `run`
+    recovers, which it never did while it waited there (it folded nothing, and did not stop).
+
+    Reads aiokafka's subscription state (pinned below 0.15), as `_hand_over_fetched` reads its
+    fetcher."""
+    subscription = consumer._subscription.subscription
+    assignment = None if subscription is None else subscription.assignment
+    if assignment is None or tp not in assignment.tps:
+        return None
+    state = assignment.state_value(tp)
+    return int(state.position) if state.has_valid_position else None
 
 
 def _as_fetched(_partition: object, record: Any) -> Any:

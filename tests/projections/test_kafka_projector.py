@@ -633,6 +633,64 @@ async def test_a_seek_outside_a_rebalance_does_not_wait_for_the_positions_of_the
         await projector.close()
 
 
+async def test_a_look_does_not_wait_for_partitions_a_failed_assignment_left_unsought(
+    stack: Stack, rng: random.Random, requests_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look after a full batch (outside any seek) reads how far behind each partition is. A
+    rebalance meanwhile assigns the partitions anew, without positions, and a store lost then
+    fails the assignment's seek: nothing seeks them until `run` recovers, which it does once
+    the look returns. The look must not wait for their positions (it waited forever: the
+    projector folded nothing and did not stop)."""
+    await append_all(stack.log, workload(rng, 12))
+    group_id = f"g-{uuid.uuid4().hex[:8]}"
+    projector = taking_turns(stack, slice_s=60, group_id=group_id)
+    await projector.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(projector._live().assignment()) < PARTITIONS:
+            assert asyncio.get_running_loop().time() < deadline, "the projector never joined"
+            await projector.step(timeout_ms=100)
+        consumer = projector._live()
+        end_offsets = consumer.end_offsets
+        looking, rebalanced = asyncio.Event(), asyncio.Event()
+
+        async def end_offsets_after_a_rebalance(partitions: list[TopicPartition]) -> Any:
+            if not looking.is_set():
+                looking.set()
+                await rebalanced.wait()
+            return await end_offsets(partitions)
+
+        async def lost() -> dict[int, int]:
+            raise BackendUnavailableError("PostgreSQL went away")
+
+        consumer.end_offsets = end_offsets_after_a_rebalance
+        looked = asyncio.create_task(turns_of(projector).look(consumer))
+        await asyncio.wait_for(looking.wait(), 30)
+        positions = projector.projection.positions
+        monkeypatch.setattr(projector.projection, "positions", lost)
+        async with KafkaEventLog(stack.bootstrap, topic=requests_topic, partitions=1):
+            other = AIOKafkaConsumer(
+                requests_topic, bootstrap_servers=stack.bootstrap, group_id=group_id
+            )
+            await other.start()
+            try:
+                deadline = asyncio.get_running_loop().time() + 30
+                while projector._failure is None:
+                    assert asyncio.get_running_loop().time() < deadline, "no failed assignment"
+                    await asyncio.sleep(0.02)
+                rebalanced.set()
+                await asyncio.wait_for(looked, 10)
+                monkeypatch.setattr(projector.projection, "positions", positions)
+                with pytest.raises(BackendUnavailableError, match="went away"):
+                    await projector.step(timeout_ms=100)
+                await projector._recover()
+                await drain(projector, stack.log, within=30)
+            finally:
+                await other.stop()
+    finally:
+        await projector.close()
+
+
 async def test_a_turn_passes_on_when_its_slice_is_over(stack: Stack, rng: random.Random) -> None:
     """A partition whose backlog outlasts its slice does not hold the others back: every
     partition is begun before any is finished."""

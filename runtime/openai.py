@@ -27,7 +27,7 @@ from typing import Annotated, Any
 import httpx
 import msgspec
 
-from onward._storage import Resource
+from onward._storage import Resource, masked_url
 from onward.errors import (
     BackendError,
     BackendUnavailableError,
@@ -141,15 +141,21 @@ class OpenAICompatibleProvider(Resource):
             ConfigurationError: The URL is not http(s), a number is out of range, or
                 ``ONWARD_REDACT_KEYS`` names no key (`Redactor`).
         """
+        self._redactor = Redactor()
+        # A refused URL is named masked, as every later message names it: its password or key
+        # is still in it. The driver's exception is not chained, as its text may hold it too.
+        shown = self._redactor.redact_text(masked_url(base_url))
         try:
             root = httpx.URL(base_url)
             # Onto the path: a query (Azure's ``?api-version=``) stays the request's query.
             url = root.copy_with(path=root.path.rstrip("/") + "/chat/completions")
         except httpx.InvalidURL as exc:
-            raise ConfigurationError(f"base_url {base_url!r} is not a valid URL: {exc}") from exc
+            raise ConfigurationError(
+                f"base_url {shown!r} is not a valid URL: {self._redactor.redact_text(str(exc))}"
+            ) from None
         if url.scheme not in ("http", "https") or not url.host:
             raise ConfigurationError(
-                f"base_url {base_url!r} must be an absolute http:// or https:// URL"
+                f"base_url {shown!r} must be an absolute http:// or https:// URL"
             )
         if not timeout_s > 0:  # NaN too: it would cut every attempt off at once
             raise ConfigurationError(f"timeout_s must be positive, not {timeout_s}")
@@ -167,7 +173,6 @@ class OpenAICompatibleProvider(Resource):
         }
         if self._api_key is not None:
             self._headers["Authorization"] = f"Bearer {self._api_key}"
-        self._redactor = Redactor()
         self._secrets = _secret_values(self._headers, self._redactor)
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient()

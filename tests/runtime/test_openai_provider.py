@@ -823,6 +823,26 @@ async def test_a_bad_configuration_is_refused_at_construction(
         OpenAICompatibleProvider(base_url, **options)
 
 
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        "htps://gateway:hunter2-very-secret@gw.example/v1",
+        "gateway:hunter2-very-secret@gw.example/v1",
+        "gw.example/v1?key=hunter2-very-secret",
+        "http://gateway:hunter2-very-secret@[::1/v1",
+    ],
+    ids=["bad-scheme", "no-scheme", "key-in-query", "not-a-url"],
+)
+async def test_a_base_url_refused_at_construction_is_named_without_its_secret(
+    base_url: str,
+) -> None:
+    """A base_url refused as malformed still carries its password or key: the refusal names
+    the URL, masked as the provider's repr and every later message mask it."""
+    with pytest.raises(ConfigurationError, match="base_url") as caught:
+        OpenAICompatibleProvider(base_url)
+    assert "hunter2-very-secret" not in str(caught.value)
+
+
 async def test_model_settings_may_not_override_the_request_itself(server: ChatServer) -> None:
     agent = Agent(name="odd", instructions="", model_settings={"stream": True})
     async with provider_for(server) as provider:

@@ -281,11 +281,32 @@ def test_a_timeout_no_request_fits_in_is_refused_naming_the_server(seconds: obje
         HttpServer(name="web", url="http://127.0.0.1:8000/mcp", timeout_seconds=seconds)  # type: ignore[arg-type]
 
 
-def test_the_url_refused_is_shown_without_its_credentials() -> None:
+@pytest.mark.parametrize(
+    "url",
+    [
+        "gopher://user:s3cret@example.com/mcp?token=t0ken",
+        "user:s3cret@example.com/mcp?token=t0ken",
+        "s3cret@example.com/mcp",
+    ],
+    ids=["another-scheme", "no-scheme", "no-scheme-token-as-user"],
+)
+def test_the_url_refused_is_shown_without_its_credentials(url: str) -> None:
+    """Without ``scheme://`` the credentials are not parsed as such (``user`` is read as the
+    scheme, the rest as the path), and were shown as they were given."""
     with pytest.raises(ConfigurationError) as caught:
-        HttpServer(name="web", url="gopher://user:s3cret@example.com/mcp?token=t0ken")
+        HttpServer(name="web", url=url)
     assert "s3cret" not in str(caught.value)
     assert "t0ken" not in str(caught.value)
+    assert "example.com/mcp" in str(caught.value)
+
+
+def test_an_http_servers_repr_shows_its_url_without_credentials() -> None:
+    """Its headers were kept out of its repr, its url (which may hold a password or a token
+    in its query) was not."""
+    server = HttpServer(name="web", url="https://user:s3cret@example.com/mcp?token=t0ken")
+    assert "s3cret" not in repr(server)
+    assert "t0ken" not in repr(server)
+    assert "https://example.com/mcp" in repr(server)
 
 
 # -- warm restart ---------------------------------------------------------------------------------

@@ -175,7 +175,7 @@ class HttpServer(_Server):
         trust_annotations: Let ``readOnlyHint``/``idempotentHint`` make a tool `retry_safe`.
     """
 
-    url: str
+    url: str = field(repr=False)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     timeout_seconds: float = 30.0
 
@@ -203,14 +203,28 @@ class HttpServer(_Server):
                 f"got {self.where!r}"
             )
 
+    def __repr__(self) -> str:
+        # The url may hold a password or a token (in its userinfo, in its query): shown as
+        # `where` shows it, as the headers are left out.
+        return (
+            f"HttpServer(name={self.name!r}, where={self.where!r}, tools={self.tools!r}, "
+            f"prefix={self.prefix!r}, key_argument={self.key_argument!r}, "
+            f"trust_annotations={self.trust_annotations!r}, "
+            f"timeout_seconds={self.timeout_seconds!r})"
+        )
+
     @property
     def where(self) -> str:
-        """The URL without credentials, query or fragment."""
+        """The URL without credentials, query or fragment. Without ``scheme://`` nothing is
+        parsed as credentials (``user:pw@host/mcp`` is scheme ``user``, path ``pw@host/mcp``):
+        what is before the last ``@`` is then hidden."""
         parts = urlsplit(self.url)
         host = parts.hostname or ""
         if parts.port is not None:
             host = f"{host}:{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, "", ""))
+        shown = urlunsplit((parts.scheme, host, parts.path, "", ""))
+        at = shown.rfind("@")
+        return shown if parts.hostname or at < 0 else f"***{shown[at:]}"
 
     @property
     def endpoint(self) -> str:

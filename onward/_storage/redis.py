@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import DataError, NoScriptError, ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from onward.errors import (
@@ -95,9 +95,10 @@ class RedisStore(Resource):
             )
             client = aioredis.Redis(connection_pool=pool)
             # The URL's query becomes the connection's arguments: one it does not take (a TLS
-            # one on redis://, a misspelt one) fails here, not as a TypeError at first use.
+            # one on redis://, a misspelt one, a value redis-py refuses with its own error,
+            # such as ssl_cert_reqs=OPTIONAL) fails here, not as a TypeError at first use.
             pool.connection_class(**pool.connection_kwargs)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RedisError) as exc:
             # The URL is shown, for the operator to find the mistake, without its password; the
             # driver's exception is not chained, as its text may hold the URL as it was given.
             raise ConfigurationError(

@@ -64,7 +64,7 @@ from .stores import (
     SqliteStore,
 )
 from .translate import DRIVER_ERRORS, classify, translate, translated, translating
-from .urls import masked_url, without_passwords
+from .urls import masked_url, warn_unchecked_server, without_passwords
 
 if TYPE_CHECKING:
     from .redis import RedisStore
@@ -121,6 +121,7 @@ __all__ = [
     "unpack",
     "verify_postgres",
     "verify_sqlite",
+    "warn_unchecked_server",
     "without_passwords",
 ]
 

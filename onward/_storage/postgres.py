@@ -26,7 +26,7 @@ from .translate import (
     unusable_client_certificate,
     unusable_tls_file,
 )
-from .urls import masked_url, without_passwords
+from .urls import masked_url, warn_unchecked_server, without_passwords
 
 # What a call on a lost connection fails with: a driver error, or one a function such as a build
 # lookup already translated.
@@ -90,6 +90,7 @@ async def open_pool(
             (`BackendUnavailableError`); ``None``: asyncpg's 60 s to connect, statements
             unbounded.
     """
+    warn_unchecked_server(dsn, "DATABASE_URL")
     with translated("connecting to PostgreSQL"), _usable_url(dsn):
         pool = await asyncpg.create_pool(
             dsn,
@@ -127,6 +128,7 @@ async def connected(
             that may rightly take long (a migration building an index on a large table).
     """
     options = _connect_options(schema, timeout_s, statements_bounded=statements_bounded)
+    warn_unchecked_server(dsn, "DATABASE_URL")
     with translated("connecting to PostgreSQL"), _usable_url(dsn):
         conn = await asyncpg.connect(dsn, **options)
     try:

@@ -40,7 +40,7 @@ from .translate import (
     unusable_client_certificate,
     unusable_tls_file,
 )
-from .urls import masked_url, without_passwords
+from .urls import masked_url, warn_unchecked_server, without_passwords
 
 
 class RedisStore(Resource):
@@ -106,6 +106,7 @@ class RedisStore(Resource):
                 f"{without_passwords(str(exc), self._url)}"
                 + (" (the ssl_ parameters need rediss://)" if "'ssl_" in str(exc) else "")
             ) from None
+        warn_unchecked_server(self._url, "REDIS_URL")
         self._client = client
         self._started(client)
         with translated("connecting to Redis"):

@@ -5,12 +5,21 @@ error naming a URL it could not use, a settings ``repr`` or a log line must stil
 it was, so the URL is shown with only the password hidden. The URL may be malformed (that is
 often why it is shown): the userinfo is found without parsing it as a URL, and anything that
 may be part of the password is hidden rather than kept.
+
+A URL can also turn off the check of the server's certificate (``sslmode=require``,
+``ssl_cert_reqs=none``); the connection then works as a checked one does, so
+`warn_unchecked_server` says so once, naming the setting.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 from typing import Final
+from urllib.parse import parse_qs, urlsplit
+
+log = logging.getLogger("onward.storage")
 
 HIDDEN: Final = "***"
 """What stands for a password in a URL shown to a person."""
@@ -63,4 +72,83 @@ def without_passwords(text: str, url: str) -> str:
     return text
 
 
-__all__ = ["HIDDEN", "masked_url", "without_passwords"]
+_UNCHECKED_SSLMODES: Final = frozenset({"allow", "prefer", "require"})
+"""``sslmode`` values that connect without checking the server's name (libpq's and asyncpg's
+meaning: ``allow`` and ``prefer`` may not even use TLS, ``require`` checks at most the chain)."""
+
+_UNCHECKED_CERT_REQS: Final = frozenset({"none", "optional"})
+"""redis-py's ``ssl_cert_reqs`` values that let a server with no valid certificate in."""
+
+_FALSE: Final = frozenset({"0", "F", "FALSE", "N", "NO"})
+"""What redis-py reads as false in a URL's query (``redis.utils.to_bool``)."""
+
+_warned: set[str] = set()
+"""The URLs (masked) already warned about in this process: every store opens its own pool."""
+
+
+def unchecked_server(url: str, variable: str) -> str | None:
+    """Why a connection made with ``url`` (the value of ``variable``) does not check that the
+    server is the one it names, or ``None`` when it does (or uses no TLS at all, which the
+    URL says plainly: ``redis://``, ``sslmode=disable``)."""
+    try:
+        parts = urlsplit(url)
+        query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
+    except ValueError:  # a URL the driver refuses too, saying why
+        return None
+    if parts.scheme in ("postgres", "postgresql"):
+        given = _unchecked_postgres(query)
+        after = (
+            "the server's certificate and name are not checked, so a server in the middle "
+            "would be taken for the database (and allow or prefer may connect without TLS); "
+            "use sslmode=verify-full with sslrootcert naming its CA"
+        )
+    elif parts.scheme == "rediss":
+        given = _unchecked_redis(query)
+        after = (
+            "the server's certificate is not fully checked, so a server in the middle would "
+            "be taken for Redis; drop it (name the CA that signs the server's certificate "
+            "with ssl_ca_certs)"
+        )
+    else:
+        return None
+    return None if given is None else f"{variable} {masked_url(url)} has {given}: {after}"
+
+
+def _unchecked_postgres(query: dict[str, str]) -> str | None:
+    """The ``sslmode`` (or ``PGSSLMODE``, which asyncpg takes when the URL names none) that
+    leaves the server unchecked, as given. Neither given is asyncpg's default, ``prefer``:
+    not named, as it is every local server's URL."""
+    if "sslmode" in query:
+        name, mode = "sslmode", query["sslmode"]
+    else:
+        name, mode = "PGSSLMODE", os.environ.get("PGSSLMODE", "")
+    return f"{name}={mode}" if mode in _UNCHECKED_SSLMODES else None
+
+
+def _unchecked_redis(query: dict[str, str]) -> str | None:
+    """The query parameters of a ``rediss://`` URL that turn a check of the server off."""
+    unchecked = []
+    if query.get("ssl_cert_reqs") in _UNCHECKED_CERT_REQS:
+        unchecked.append(f"ssl_cert_reqs={query['ssl_cert_reqs']}")
+    if query.get("ssl_check_hostname", "").upper() in _FALSE:
+        unchecked.append(f"ssl_check_hostname={query['ssl_check_hostname']}")
+    return " and ".join(unchecked) or None
+
+
+def warn_unchecked_server(url: str, variable: str) -> None:
+    """Log once per process, as a warning, that ``url`` leaves its server unchecked (see
+    `unchecked_server`): the connection works, so nothing else would tell the operator."""
+    why = unchecked_server(url, variable)
+    if why is None or masked_url(url) in _warned:
+        return
+    _warned.add(masked_url(url))
+    log.warning("%s", why)
+
+
+__all__ = [
+    "HIDDEN",
+    "masked_url",
+    "unchecked_server",
+    "warn_unchecked_server",
+    "without_passwords",
+]

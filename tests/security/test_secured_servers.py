@@ -11,6 +11,7 @@ before anything is written.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -409,6 +410,71 @@ async def test_a_tls_client_at_a_plaintext_redis_port_is_told_the_url_may_want_r
     with pytest.raises(BackendUnavailableError) as failed:
         await RedisLeaseStore.open(tls_at_plaintext, timeout_s=1)
     assert "use redis:// in REDIS_URL" in str(failed.value)
+
+
+UNCHECKED_POSTGRES = ["require", "prefer", "allow"]
+
+
+@pytest.mark.parametrize("sslmode", UNCHECKED_POSTGRES)
+async def test_a_postgres_url_that_leaves_the_server_unchecked_is_warned_about(
+    secured: SecuredServers,
+    new_tls_schema: SchemaFactory,
+    caplog: pytest.LogCaptureFixture,
+    sslmode: str,
+) -> None:
+    """An ``sslmode`` below ``verify-full`` encrypts (or may not) without checking who
+    answers: a server in the middle is taken for the database. The connection works, so
+    nothing else would tell the operator: one warning names the setting, never the password."""
+    schema = await new_tls_schema()
+    caplog.set_level(logging.WARNING, logger="onward.storage")
+    async with PostgresFrontierStore(secured.database_url, schema=schema) as store:
+        await store.positions("frontiers")
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    unchecked = secured.database_url.replace("sslmode=verify-full", f"sslmode={sslmode}")
+    async with PostgresFrontierStore(unchecked, schema=schema) as store:
+        await store.positions("frontiers")
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert f"sslmode={sslmode}" in warning, warning
+    assert "DATABASE_URL" in warning, warning
+    assert "verify-full" in warning, warning
+    assert secured.database_password not in warning
+
+
+UNCHECKED_REDIS = {
+    "cert-reqs-none": ("ssl_cert_reqs=none", "ssl_cert_reqs=none"),
+    "cert-reqs-optional": ("ssl_cert_reqs=optional", "ssl_cert_reqs=optional"),
+    "hostname-unchecked": ("ssl_check_hostname=False", "ssl_check_hostname=False"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNCHECKED_REDIS))
+async def test_a_redis_url_that_leaves_the_server_unchecked_is_warned_about(
+    secured: SecuredServers, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    """``rediss://`` with the certificate or the host name unchecked connects as well as a
+    checked one: one warning names the parameter that turned the check off."""
+    parameter, named = UNCHECKED_REDIS[case]
+    caplog.set_level(logging.WARNING, logger="onward.storage")
+    store = await RedisLeaseStore.open(secured.redis_url, timeout_s=5)
+    await store.close()
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    store = await RedisLeaseStore.open(f"{secured.redis_url}&{parameter}", timeout_s=5)
+    await store.close()
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert named in warning, warning
+    assert "REDIS_URL" in warning, warning
+
+
+async def test_a_redis_url_with_a_tls_value_redis_py_refuses_is_a_configuration_error(
+    secured: SecuredServers,
+) -> None:
+    """redis-py refuses an ``ssl_cert_reqs`` it does not know (its values are lower case)
+    with its own error when the store is built: it was raised as it came, untranslated, where
+    every other unusable URL is a `ConfigurationError` naming ``REDIS_URL``."""
+    with pytest.raises(ConfigurationError) as refused:
+        await RedisLeaseStore.open(f"{secured.redis_url}&ssl_cert_reqs=OPTIONAL", timeout_s=5)
+    assert "REDIS_URL" in str(refused.value)
+    assert "OPTIONAL" in str(refused.value)
 
 
 UNUSABLE_CLIENT_CERTIFICATE = ["certificate-not-pem", "key-not-pem", "key-of-another-certificate"]

@@ -25,7 +25,7 @@ import redis.asyncio as redis_asyncio
 import redis.exceptions as redis_errors
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from onward._storage import Resource, translate
+from onward._storage import Resource, translate, warn_unchecked_server
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.runtime.settings import (
     MAX_SCHEMA_CACHE_TTL_HOURS,
@@ -211,6 +211,7 @@ class SchemaCache(Resource):
         cls, url: str, *, prefix: str = DEFAULT_PREFIX, ttl: timedelta = timedelta(hours=24)
     ) -> SchemaCache:
         """A cache on its own Redis connection pool, closed with the cache."""
+        warn_unchecked_server(url, "REDIS_URL")
         return cls(redis_asyncio.Redis.from_url(url), prefix=prefix, ttl=ttl, owns_client=True)
 
     @classmethod

@@ -195,6 +195,14 @@ def _server_problem(server: str) -> str | None:
     here, naming the variable, rather than by the client's parser as the agent's failure."""
     if not server:
         return "an empty entry between commas"
+    if "://" in server:
+        # Kafka's listener syntax (PLAINTEXT://host:port) or a typed scheme: the client would
+        # take it for a host name and report the brokers as unreachable, which no retry cures.
+        scheme = server.partition("://")[0]
+        return (
+            f"{server!r} has a scheme ({scheme}://), which the clients take for part of the "
+            "host (KAFKA_SECURITY_PROTOCOL says how to connect)"
+        )
     if server.startswith("["):
         host, bracket, rest = server[1:].partition("]")
         if not bracket or not host or (rest and not rest.startswith(":")):

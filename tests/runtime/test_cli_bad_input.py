@@ -190,6 +190,24 @@ def test_kafka_bootstrap_servers_with_no_usable_address_is_a_configuration_error
     assert_usage_error(result, "KAFKA_BOOTSTRAP_SERVERS")
 
 
+@pytest.mark.parametrize("servers", ["kafka://127.0.0.1:9092", "PLAINTEXT://127.0.0.1:9092"])
+def test_kafka_bootstrap_servers_with_a_scheme_is_a_configuration_error(
+    db: Path, servers: str, database_url: str
+) -> None:
+    """A URL where host:port belongs (Kafka's own listener syntax, or a typed scheme) is exit
+    2 naming the scheme, not exit 5 "the server did not answer; retry", which no retry cures."""
+    result = onward(
+        db,
+        "inspect",
+        "run-q",
+        ONWARD_BACKEND="kafka",
+        KAFKA_BOOTSTRAP_SERVERS=servers,
+        DATABASE_URL=database_url,
+        ONWARD_BACKEND_TIMEOUT="3",
+    )
+    assert_usage_error(result, "KAFKA_BOOTSTRAP_SERVERS", "scheme", servers)
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [

@@ -170,8 +170,10 @@ def run_demo(
     console: Console | None = None,
     *,
     run_loop: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
-) -> int:
-    """Run the whole demo; return the number of bookings in the ledger (1 when all is well).
+) -> int | None:
+    """Run the whole demo; return the number of bookings in the ledger (1 when all is well), or
+    ``None`` when worker-1 ended otherwise than killed after the booking (its run was started
+    already, or it failed): the rest of the story would not be true, so it is not told.
 
     ``run_loop`` runs the resume's event loop: `onward demo` passes one that turns SIGTERM into
     a cancel of the resume (a Python handler raising inside the loop ended whichever task ran,
@@ -190,6 +192,12 @@ def run_demo(
         [sys.executable, "-m", "onward", "demo", "--child", str(directory)], check=False
     )
     ledger = Ledger(directory / "ledger.jsonl")
+    if child.returncode != -signal.SIGKILL:
+        console.print(
+            f"[red]2. worker-1 ended with exit {child.returncode} instead of being killed after "
+            "the booking (its error is above); the demo stops[/red]"
+        )
+        return None
     console.print(
         f"2. worker-1 was killed with SIGKILL (exit {child.returncode}) right after the airline "
         f"booked the seat; bookings in the airline's ledger: {len(ledger.entries())}"

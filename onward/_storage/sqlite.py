@@ -43,6 +43,7 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     """
     if readonly:
         return connect_readonly(path)
+    refuse_unusable_path(path)
     create_private(path)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
@@ -69,6 +70,22 @@ def connect_reader(path: Path) -> sqlite3.Connection:
 
 
 PRIVATE_FILE_MODE = 0o600
+
+
+def refuse_unusable_path(path: Path) -> None:
+    """Raise `ConfigurationError` if no database file can be at ``path``: it is a directory, or
+    its directory is not there. SQLite says only "unable to open database file", which reads
+    as a store that did not answer (to be retried) and names neither cause."""
+    if path.is_dir():
+        raise ConfigurationError(
+            f"{path} is a directory, not a database file; point ONWARD_SQLITE_PATH (or "
+            f"sqlite_path) at a file, such as {path / 'onward.db'}"
+        )
+    if not path.parent.is_dir():
+        raise ConfigurationError(
+            f"{path}: its directory {path.parent} does not exist; create it, or point "
+            "ONWARD_SQLITE_PATH (or sqlite_path) at a file in one that does"
+        )
 
 
 def create_private(path: Path) -> None:
@@ -107,6 +124,7 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
         ConfigurationError: No file at ``path``.
     """
     if not path.is_file():
+        refuse_unusable_path(path)
         raise ConfigurationError(f"{path}: no such database file")
     uri = f"{path.absolute().as_uri()}?mode=ro"
     opened_as = None

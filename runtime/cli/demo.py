@@ -26,7 +26,8 @@ def demo_command(
 ) -> None:
     """Kill a booking run mid-way and resume it elsewhere: one booking, never two.
 
-    Exit 0: one booking. 1: the demo did not end with exactly one booking.
+    Exit 0: one booking. 1: the demo did not end with exactly one booking, or its first
+    worker ended otherwise than killed after booking.
     """
     from onward.runtime import demo as booking  # noqa: PLC0415 - its tools load only for the demo
 
@@ -56,6 +57,13 @@ def _check_dir(directory: Path) -> None:
             f"--dir: cannot make {str(directory)!r}: {exc.strerror or exc}"
         ) from exc
     held = [name for name in ("onward.db", "ledger.jsonl") if (directory / name).exists()]
+    if not held:
+        try:
+            # Made exclusively, the ledger claims the directory: of two demos started into it
+            # together, the second finds it there, as it would an earlier demo's.
+            (directory / "ledger.jsonl").open("x").close()
+        except FileExistsError:
+            held = ["ledger.jsonl"]
     if held:
         raise InvalidInputError(
             f"--dir: {str(directory)!r} holds {' and '.join(held)} already (an earlier demo's?); "

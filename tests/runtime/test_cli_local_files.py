@@ -6,13 +6,22 @@ answer (exit 5, "retry once it is reachable"), which no retry mends.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from support.cli_agent import booker, booking_model
 from typer.testing import CliRunner, Result
 
+from onward import Settings
+from onward import open as open_app
+from onward.errors import ConfigurationError
 from onward.runtime.cli import app
+from onward.runtime.demo import run_demo
+
+AGENT = ["--agent", "support.cli_agent:booker", "--provider", "support.cli_agent:booking_model"]
 
 
 def onward(*args: str) -> Result:
@@ -56,6 +65,20 @@ def test_the_demo_run_again_in_its_dir_is_refused_not_passed_off_as_a_demo(
     assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 1
 
 
+def test_a_demo_whose_worker_1_fails_says_so_rather_than_that_it_was_killed(
+    tmp_path: Path,
+) -> None:
+    """A second demo racing the first into one --dir found the run started: its worker-1 exited
+    2 at once, yet it printed "worker-1 was killed with SIGKILL (exit 2) right after the airline
+    booked the seat" and, counting the other demo's booking, exit 0."""
+    assert run_demo(tmp_path, Console(file=io.StringIO())) == 1
+    said = io.StringIO()
+    assert run_demo(tmp_path, Console(file=said, width=300)) is None
+    assert "killed with SIGKILL" not in said.getvalue(), said.getvalue()
+    assert "worker-1 ended with exit 2" in said.getvalue(), said.getvalue()
+    assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 1
+
+
 @pytest.mark.parametrize("command", ["start", "worker"])
 def test_a_sqlite_file_in_a_directory_that_is_not_there_exits_2_naming_it(
     tmp_path: Path, command: str
@@ -70,3 +93,32 @@ def test_a_sqlite_file_in_a_directory_that_is_not_there_exits_2_naming_it(
     assert_usage_error(result, str(missing))
     assert "ONWARD_SQLITE_PATH" in result.stderr
     assert not missing.exists()
+
+
+@pytest.mark.parametrize("command", [["start", "go", *AGENT], ["runs"], ["inspect", "run-1"]])
+def test_a_sqlite_path_that_is_a_directory_exits_2_saying_so(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A directory given for the file was "no such database file" to a reader and "unable to
+    open database file" (exit 5, "retry") to a writer; neither says the path is a directory."""
+    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path)}
+    result = CliRunner().invoke(app, command, env={"COLUMNS": "300", **env})
+    assert_usage_error(result, f"{tmp_path} is a directory")
+    assert "ONWARD_SQLITE_PATH" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("where", "said"), [(".", "is a directory"), ("no-such-dir/onward.db", "does not exist")]
+)
+async def test_an_app_on_a_sqlite_path_no_file_can_be_made_at_is_a_configuration_error(
+    tmp_path: Path, where: str, said: str
+) -> None:
+    """`onward.open` on a directory, or in one that is not there, said only "unable to open
+    database file", as a `BackendError` a caller would retry; it now names the cause."""
+    settings = Settings(backend="sqlite", sqlite_path=tmp_path / where)
+    with pytest.raises(ConfigurationError, match=said) as refused:
+        async with open_app(settings, agents=[booker()], provider=booking_model()):
+            pass
+    assert "ONWARD_SQLITE_PATH" in str(refused.value)
+    assert list(tmp_path.iterdir()) == []  # noqa: ASYNC240 - the test's own folder, once closed

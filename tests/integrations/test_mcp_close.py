@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Coroutine, Iterator
@@ -240,3 +242,54 @@ def test_a_session_opened_in_another_loop_while_a_close_ends_its_own_is_refused(
             freezing.result(30)
         assert _in(other, _sessions_left()) == []
         _in(other, connection.close())
+
+
+def _children() -> set[int]:
+    """The processes this one started that are still running (not yet exited)."""
+    running: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    running.add(int(pid))
+    return running
+
+
+async def _alive_after(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running once they had a few seconds to end (a process's end
+    is not an event this loop can await)."""
+    for _ in range(200):
+        if not pids & _children():
+            break
+        await asyncio.sleep(0.05)
+    return pids & _children()
+
+
+@pytest.mark.parametrize("then_closed", [False, True], ids=["stopped", "closed"])
+async def test_a_close_ends_the_server_of_a_loop_that_no_longer_runs(
+    tmp_path: Path, then_closed: bool
+) -> None:
+    """A thread's event loop that was stopped (``loop.stop()``), and maybe closed, without its
+    tasks ended holds a session: its task never runs again, so a close that only told that
+    loop to end it (or passed over a closed loop) left its server process running for as long
+    as this process lived. The close ends the process itself."""
+    connection = Connection(stdio_server(tmp_path), connect_timeout=10.0)
+    before = _children()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        _in(loop, connection.session())
+        server = _children() - before
+        assert len(server) == 1
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        assert not loop.is_running()
+        if then_closed:
+            loop.close()
+        await asyncio.wait_for(connection.close(), 30)
+        assert await _alive_after(server) == set()
+    finally:
+        loop.close()
+        for pid in _children() - before:  # the old code's leak, not left to later tests
+            os.killpg(pid, signal.SIGKILL)

@@ -23,8 +23,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 import mcp_types as types
+from anyio.abc import Process
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.os.posix.utilities import terminate_posix_process_tree
 
 from onward.errors import BackendUnavailableError, ConfigurationError, OutcomeUnknownError
 from onward.runtime.tools import Reconcile
@@ -33,6 +35,10 @@ _log = logging.getLogger("onward.integrations.mcp")
 
 _CLOSE_TIMEOUT = 10.0
 """Seconds a session gets to shut down (the SDK's stdio shutdown bounds itself at a few)."""
+
+_TERMINATE_TIMEOUT = 2.0
+"""Seconds a server process ended from outside its session's loop gets between SIGTERM and
+SIGKILL (the SDK's own grace)."""
 
 NO_ANSWER = (types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
 """JSON-RPC error codes the SDK gives a request the server never answered."""
@@ -97,9 +103,11 @@ class _Server:
         *,
         on_response: Callable[[httpx2.Response], None] | None = None,
         on_unsent: Callable[[httpx2.Request], None] | None = None,
+        on_process: Callable[[Process], None] | None = None,
     ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
         """The transport's streams; ``on_response`` sees each HTTP response, ``on_unsent``
-        each request that never reached the server (no connection was made) (HTTP only)."""
+        each request that never reached the server (no connection was made) (HTTP only);
+        ``on_process`` the server process once started (stdio only)."""
         raise NotImplementedError  # pragma: no cover
 
 
@@ -142,19 +150,25 @@ class StdioServer(_Server):
             "stdio", shlex.join([self.command, *self.args]), self.cwd or "", self.env or {}
         )
 
-    def transport(
+    @contextlib.asynccontextmanager
+    async def transport(
         self,
         *,
         on_response: Callable[[httpx2.Response], None] | None = None,
         on_unsent: Callable[[httpx2.Request], None] | None = None,
-    ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
+        on_process: Callable[[Process], None] | None = None,
+    ) -> AsyncIterator[TransportStreams]:
         parameters = StdioServerParameters(
             command=self.command,
             args=list(self.args),
             env=dict(self.env) if self.env is not None else None,
             cwd=self.cwd,
         )
-        return stdio_client(parameters, errlog=self.errlog or sys.stderr)
+        client = stdio_client(parameters, errlog=self.errlog or sys.stderr)
+        async with client as streams:
+            if on_process is not None and (process := _process_of(client)) is not None:
+                on_process(process)
+            yield streams
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,6 +253,7 @@ class HttpServer(_Server):
         *,
         on_response: Callable[[httpx2.Response], None] | None = None,
         on_unsent: Callable[[httpx2.Request], None] | None = None,
+        on_process: Callable[[Process], None] | None = None,
     ) -> AsyncIterator[TransportStreams]:
         # No read bound: a fixed one would cut off a tool that answers later than it (a
         # server that answers with one JSON body sends nothing until then), failing the call
@@ -290,7 +305,9 @@ class _InLoop:
     """What a connection holds in one event loop: its lock, session task, handshake, session,
     the session's number and stop event. Each loop has its own: a session's streams and task
     are usable from the loop that made them only. ``closed`` once another loop's `close` let
-    go of it: a session opened in it then would be one no close reaches."""
+    go of it: a session opened in it then would be one no close reaches. ``process``: the
+    stdio server process of the session, ended by `close` itself when that loop no longer
+    runs (its session task never would)."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     task: asyncio.Task[None] | None = None
@@ -299,6 +316,7 @@ class _InLoop:
     number: int = 0
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
+    process: Process | None = None
 
 
 class Connection:
@@ -393,7 +411,7 @@ class Connection:
                         "while connecting; nothing was sent"
                     )
                 task = here.task = asyncio.create_task(
-                    self._hold(ready, here.stop), name=f"mcp:{self.server.name}"
+                    self._hold(ready, here.stop, here), name=f"mcp:{self.server.name}"
                 )
             waiting: set[asyncio.Future[Any]] = {ready, task}
             try:
@@ -423,14 +441,20 @@ class Connection:
         self,
         ready: asyncio.Future[tuple[ClientSession, types.InitializeResult]],
         stop: asyncio.Event,
+        here: _InLoop,
     ) -> None:
         answers = _HttpAnswers()
+        started: Process | None = None
+
+        def spawned(process: Process) -> None:
+            nonlocal started
+            started = here.process = process
+
         try:
             async with (
-                self.server.transport(on_response=answers.seen, on_unsent=answers.unsent) as (
-                    read,
-                    write,
-                ),
+                self.server.transport(
+                    on_response=answers.seen, on_unsent=answers.unsent, on_process=spawned
+                ) as (read, write),
                 ClientSession(read, write, message_handler=self._notified) as session,
             ):
                 self._answers[session] = answers
@@ -443,6 +467,10 @@ class Connection:
                 ready.set_exception(exc)
             else:
                 _log.debug("MCP server %r: session ended: %s", self.server.name, _describe(exc))
+        finally:
+            with self._loops_guard:  # its transport ended it; nothing is left for a close
+                if started is not None and here.process is started:
+                    here.process = None
 
     async def _notified(self, message: types.ServerNotification | Exception) -> None:
         if isinstance(message, types.ToolListChangedNotification):
@@ -549,7 +577,9 @@ class Connection:
         has ended held is let go of (its tasks were cancelled as it ended, and cannot even be
         waited on from another); a loop still running keeps its session for its next turn, and
         `close` ends it there: let go of, it was left running (its server process too) for as
-        long as that loop lived, and every turn started one more.
+        long as that loop lived, and every turn started one more. A closed loop whose session
+        still holds a server process (closed without its tasks cancelled) is kept for `close`
+        to end that process.
 
         Raises:
             RuntimeError: No event loop is running.
@@ -558,17 +588,27 @@ class Connection:
         with self._loops_guard:
             here = self._loops.get(loop)
             if here is None:
-                for ended in [other for other in self._loops if other.is_closed()]:
+                for ended in [
+                    other
+                    for other, state in self._loops.items()
+                    if other.is_closed() and state.process is None
+                ]:
                     del self._loops[ended]
                 here = self._loops[loop] = _InLoop()
             return here
 
-    def _end_elsewhere(self) -> None:
+    def _end_elsewhere(self) -> list[Process]:
         """Count the close, tell the loops still running other than this one that hold a
         session of this connection to end it, and let go of what they held: their next use
         opens anew. Counted first, with the letting go: a view opened before the close asking
         for a session while the close still waits for its own to end is refused, not given one
-        the close has passed over."""
+        the close has passed over.
+
+        Returns:
+            The server processes of sessions in loops that are not running (stopped, or
+            closed, without their tasks ended): nothing there would end them, so the caller
+            does.
+        """
         loop = asyncio.get_running_loop()
         with self._loops_guard:
             self.closes += 1
@@ -576,6 +616,14 @@ class Connection:
                 (other, here, here.task, here.ready)
                 for other, here in self._loops.items()
                 if other is not loop
+            ]
+            stranded = [
+                here.process
+                for other, here, task, _ in elsewhere
+                if here.process is not None
+                and task is not None
+                and not task.done()
+                and not other.is_running()
             ]
             for other, here, _, _ in elsewhere:
                 # A session that loop is about to open (its old one still ending) would be
@@ -588,6 +636,25 @@ class Connection:
             handshaking = ready is None or not ready.done()
             with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
                 other.call_soon_threadsafe(task.cancel if handshaking else here.stop.set)
+        return stranded
+
+    async def _end_stranded(self, processes: list[Process]) -> None:
+        """End the server processes (and their process groups) whose event loop no longer
+        runs: SIGTERM, then SIGKILL after a bounded grace, as the SDK's own shutdown does.
+        Only while its session task has not ended: the SDK has not ended the process, so its
+        process group is still the server's."""
+        if not processes or sys.platform == "win32":  # Windows: the SDK's job object ends it
+            return
+        for process in processes:
+            _log.warning(
+                "MCP server %r: the event loop holding its session no longer runs; ending its "
+                "process %d from the closing loop",
+                self.server.name,
+                process.pid,
+            )
+        await asyncio.gather(
+            *(terminate_posix_process_tree(process, _TERMINATE_TIMEOUT) for process in processes)
+        )
 
     async def close(self) -> None:
         """End the session and whatever it started (the server process, the HTTP session),
@@ -598,8 +665,9 @@ class Connection:
         lock, which a wait binds to the loop it happened in, is a new one.
         """
         async with self._locked() as here:
-            self._end_elsewhere()
+            stranded = self._end_elsewhere()
             await self._stop_task(here)
+            await self._end_stranded(stranded)
             here.lock = asyncio.Lock()
 
 
@@ -642,6 +710,16 @@ def _call_key(request: httpx2.Request) -> str | None:
     meta = params.get("_meta") if isinstance(params, dict) else None
     key = meta.get(IDEMPOTENCY_META_KEY) if isinstance(meta, dict) else None
     return key if isinstance(key, str) else None
+
+
+def _process_of(client: contextlib.AbstractAsyncContextManager[Any]) -> Process | None:
+    """The server process an entered SDK ``stdio_client`` started, or ``None`` if it cannot
+    be found. The SDK keeps it in the transport's own frame only, and ends it from the task of
+    the session's event loop; a close from another loop, when that one no longer runs, ends it
+    through this."""
+    frame = getattr(getattr(client, "gen", None), "ag_frame", None)
+    process = frame.f_locals.get("process") if frame is not None else None
+    return process if isinstance(process, Process) else None
 
 
 def _read_side_ended(read: Any) -> bool:

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
+
+import pytest
 
 from onward.eventlog import Position, SqliteEventLog
 from onward.eventlog.base import EventLog
@@ -11,8 +12,12 @@ from onward.testing import PersistentEventLogConformance
 class TestSqliteEventLog(PersistentEventLogConformance):
     path: Path
 
+    @pytest.fixture(autouse=True)
+    def _file(self, tmp_path: Path) -> None:
+        """pytest's own directory, so a run leaves no file behind in /tmp."""
+        self.path = tmp_path / "events.db"
+
     async def open_log(self) -> EventLog:
-        self.path = Path(tempfile.mkdtemp(prefix="onward-log-")) / "events.db"
         return await SqliteEventLog.open(self.path, partitions=self.partitions)
 
     async def reopen(self, log: EventLog) -> EventLog:

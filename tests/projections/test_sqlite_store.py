@@ -6,7 +6,6 @@ import asyncio
 import sqlite3
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -25,9 +24,15 @@ from onward.testing.frontiers import CONSUMER, call_row, frontier
 
 
 class TestSqliteFrontierStore(FrontierStoreConformance):
+    path: Path
+
+    @pytest.fixture(autouse=True)
+    def _file(self, tmp_path: Path) -> None:
+        """pytest's own directory, so a run leaves no file behind in /tmp."""
+        self.path = tmp_path / "frontiers.db"
+
     async def open_store(self) -> FrontierStore:
-        path = Path(tempfile.mkdtemp(prefix="onward-frontiers-")) / "frontiers.db"
-        return await SqliteFrontierStore.open(path)
+        return await SqliteFrontierStore.open(self.path)
 
 
 READ_IN_CHILD = """

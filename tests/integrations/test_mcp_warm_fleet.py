@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import reaped
 
 from integrations.mcp_world import TENANT, TESTS, ledger, listings, stdio_server
 from onward.errors import ConfigurationError
@@ -160,14 +161,18 @@ def _env(tmp_path: Path, redis_url: str, redis_prefix: str, **more: str) -> dict
     }
 
 
-async def _worker(env: dict[str, str], name: str) -> asyncio.subprocess.Process:
-    """An `onward worker` of ``integrations.mcp_fleet``'s agent, once it says it is ready."""
+async def _worker(
+    env: dict[str, str], name: str, children: list[asyncio.subprocess.Process]
+) -> asyncio.subprocess.Process:
+    """An `onward worker` of ``integrations.mcp_fleet``'s agent, once it says it is ready;
+    put in ``children`` before it is waited for, so a worker that never says so is killed."""
     argv = ["-m", "onward", "worker", "--agent", "integrations.mcp_fleet:agent"]
     argv += ["--provider", "integrations.mcp_fleet:provider", "--name", name]
     argv += ["--lease-ttl", "2", "--recheck", "0.3", "--backoff", "0.1"]
     worker = await asyncio.create_subprocess_exec(
         sys.executable, *argv, env=env, stderr=asyncio.subprocess.PIPE
     )
+    children.append(worker)
     assert worker.stderr is not None
     first = await asyncio.wait_for(worker.stderr.readline(), 60)
     assert b"ready" in first, first
@@ -188,32 +193,35 @@ async def test_a_run_killed_twice_is_resumed_without_listing_the_server(
     """``onward.open`` starts a run and dies after its first charge; an `onward worker`
     carries it on and dies after the second; another finishes it. The server was listed once,
     at the start: neither worker's resume asked it for its tools."""
-    starter = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "integrations.mcp_fleet",
-        "r1",
-        env=_env(tmp_path, redis_url, redis_prefix, MCP_FLEET_KILL_AT="1"),
-    )
-    assert await asyncio.wait_for(starter.wait(), 60) == -signal.SIGKILL
-    assert (listings(tmp_path), len(ledger(tmp_path))) == (1, 1)
+    async with reaped() as children:
+        starter = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "integrations.mcp_fleet",
+            "r1",
+            env=_env(tmp_path, redis_url, redis_prefix, MCP_FLEET_KILL_AT="1"),
+        )
+        children.append(starter)
+        assert await asyncio.wait_for(starter.wait(), 60) == -signal.SIGKILL
+        assert (listings(tmp_path), len(ledger(tmp_path))) == (1, 1)
 
-    first = await _worker(_env(tmp_path, redis_url, redis_prefix, MCP_FLEET_KILL_AT="2"), "w1")
-    assert await asyncio.wait_for(first.wait(), 60) == -signal.SIGKILL
-    assert (listings(tmp_path), len(ledger(tmp_path))) == (1, 2)
+        killed_at_2 = _env(tmp_path, redis_url, redis_prefix, MCP_FLEET_KILL_AT="2")
+        first = await _worker(killed_at_2, "w1", children)
+        assert await asyncio.wait_for(first.wait(), 60) == -signal.SIGKILL
+        assert (listings(tmp_path), len(ledger(tmp_path))) == (1, 2)
 
-    env = _env(tmp_path, redis_url, redis_prefix)
-    second = await _worker(env, "w2")
-    try:
-        status = None
-        for _ in range(300):
-            status = await _status(env, "r1")
-            if status == "completed":
-                break
-            await asyncio.sleep(0.1)
-    finally:
-        second.send_signal(signal.SIGTERM)
-        _, said = await asyncio.wait_for(second.communicate(), 30)
+        env = _env(tmp_path, redis_url, redis_prefix)
+        second = await _worker(env, "w2", children)
+        try:
+            status = None
+            for _ in range(300):
+                status = await _status(env, "r1")
+                if status == "completed":
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            _, said = await asyncio.wait_for(second.communicate(), 30)
     assert second.returncode == 0, said
     assert status == "completed", said
     assert listings(tmp_path) == 1  # no tools/list from either worker's resume

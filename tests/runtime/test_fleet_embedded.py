@@ -18,6 +18,7 @@ import pytest
 from support import cli_agent
 from support.fleet import agents, script
 from support.fleet_checks import SlowListings
+from support.processes import kill_running, reaped
 from typer.testing import CliRunner
 
 from onward.errors import InvalidInputError
@@ -148,10 +149,14 @@ async def _start_workers(
         )
         for n in range(count)
     ]
-    for worker in workers:
-        assert worker.stderr is not None
-        first = await asyncio.wait_for(worker.stderr.readline(), 60)
-        assert b"ready" in first, first
+    try:
+        for worker in workers:
+            assert worker.stderr is not None
+            first = await asyncio.wait_for(worker.stderr.readline(), 60)
+            assert b"ready" in first, first
+    except BaseException:
+        await kill_running(workers)  # those already ready would serve on after the test
+        raise
     return workers
 
 
@@ -418,7 +423,11 @@ async def _ready_worker(
         sys.executable, *argv, env=env, stderr=asyncio.subprocess.PIPE
     )
     assert worker.stderr is not None
-    assert b"ready" in await asyncio.wait_for(worker.stderr.readline(), 60)
+    try:
+        assert b"ready" in await asyncio.wait_for(worker.stderr.readline(), 60)
+    except BaseException:
+        await kill_running([worker])
+        raise
     return worker
 
 
@@ -619,13 +628,15 @@ async def test_a_worker_says_ready_and_stopped_in_one_line_each_whatever_the_wid
     env.pop("COLUMNS", None)
     argv = ["-m", "onward", "worker", "--agent", "support.cli_agent:booker", "--name", name]
     argv += ["--provider", "support.cli_agent:booking_model"]
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, *argv, env=env, stderr=asyncio.subprocess.PIPE
-    )
-    assert worker.stderr is not None
-    first = await asyncio.wait_for(worker.stderr.readline(), 60)
-    worker.send_signal(signal.SIGTERM)
-    _, rest = await asyncio.wait_for(worker.communicate(), 30)
+    async with reaped() as children:
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, env=env, stderr=asyncio.subprocess.PIPE
+        )
+        children.append(worker)
+        assert worker.stderr is not None
+        first = await asyncio.wait_for(worker.stderr.readline(), 60)
+        worker.send_signal(signal.SIGTERM)
+        _, rest = await asyncio.wait_for(worker.communicate(), 30)
     assert first.decode().rstrip("\n") == f"worker {name} ready (sqlite)"
     lines = rest.decode().splitlines()
     assert lines[-1].startswith(f"worker {name} stopped: 0 started"), lines

@@ -16,15 +16,17 @@ from typing import Any
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from support.processes import spawn_support
+from support.processes import kill_running, spawn_support
 from support.servers import KafkaServers
-from support.workers import TENANT, Ledger, agent, open_world, runner
+from support.workers import POLICY, TENANT, Ledger, agent, open_world, runner
 
 from onward.eventlog import RunClaimed, SequenceGuard
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
+from onward.testing.leases import until_lapsed
 
 pytestmark = pytest.mark.kafka
+TTL_S = POLICY.ttl.total_seconds()
 
 
 async def spawn(mode: str, config: dict[str, Any]) -> asyncio.subprocess.Process:
@@ -81,14 +83,18 @@ async def test_twenty_workers_resume_one_run_and_exactly_one_carries_it(
     try:
         for worker in workers:
             assert await read_line(worker) == "ready"
-        await asyncio.sleep(3.5)  # the killed worker's lease lapses (ttl 3 s, the store's clock)
+        async with open_world(config) as world:  # the killed worker's lease, on the store's clock
+            await until_lapsed(world.leases, config["run_id"], ttl_s=TTL_S)
         for worker in workers:
             await go(worker)
         outcomes = [json.loads(await read_line(worker, 120)) for worker in workers]
     finally:
-        for worker in workers:
-            if worker.returncode is None:
-                await asyncio.wait_for(worker.communicate(), 60)
+        try:
+            for worker in workers:
+                if worker.returncode is None:
+                    await asyncio.wait_for(worker.communicate(), 60)
+        finally:
+            await kill_running(workers)  # one that did not end in time would outlive the test
     carried = [o for o in outcomes if o["outcome"] == "carried"]
     conflicts = [o for o in outcomes if o["outcome"] == "conflict"]
     # A loser that only got to try once the winner had finished and released the run finds
@@ -114,9 +120,9 @@ async def test_a_worker_paused_past_its_ttl_is_fenced_and_its_writes_refused(
     assert await read_line(zombie) == "paused"
     zombie.send_signal(signal.SIGSTOP)
     try:
-        await asyncio.sleep(4.0)  # past the ttl: the lease lapses by the store's clock
         ledger = Ledger(config["ledger"])
         async with open_world(config) as world:
+            await until_lapsed(world.leases, config["run_id"], ttl_s=TTL_S)  # the store's clock
             result = await runner(world, ledger, "worker-b").resume(
                 agent(ledger), config["run_id"], tenant=TENANT
             )
@@ -193,7 +199,10 @@ async def test_a_run_whose_lease_store_was_wiped_resumes_above_every_fence_in_it
         await go(worker)
         outcome = json.loads(await read_line(worker, 120))
     finally:
-        await asyncio.wait_for(worker.communicate(), 60)
+        try:
+            await asyncio.wait_for(worker.communicate(), 60)
+        finally:
+            await kill_running([worker])
     assert outcome["outcome"] == "carried", outcome
     assert outcome["status"] == "completed"
     async with open_world(config) as world:

@@ -6,7 +6,8 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +43,25 @@ async def stop_children(children: Iterable[asyncio.subprocess.Process], *, withi
         except TimeoutError:
             child.kill()
             await child.wait()
+
+
+@asynccontextmanager
+async def reaped() -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """A list to put children in; each still running when the block ends is killed and waited
+    for, so a test that fails or times out part way leaves no process running after it."""
+    children: list[asyncio.subprocess.Process] = []
+    try:
+        yield children
+    finally:
+        await kill_running(children)
+
+
+async def kill_running(children: Iterable[asyncio.subprocess.Process]) -> None:
+    """SIGKILL every child still running and wait for each: what a test that failed part way
+    must do with the children it started, or they outlive it."""
+    children = list(children)
+    for child in children:
+        if child.returncode is None:
+            child.kill()
+    for child in children:
+        await child.wait()

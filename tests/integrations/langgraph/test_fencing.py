@@ -27,7 +27,7 @@ from onward.eventlog import Event, EventLog, Position, Refusal, RunClaimed
 from onward.integrations.langgraph import OnwardSaver, ThreadState
 from onward.runtime.leases import LeasePolicy
 from onward.testing.eventlog import WrappedEventLog
-from onward.testing.leases import GatedRenewals
+from onward.testing.leases import GatedRenewals, until_lapsed
 
 from .graphs import config, steps_graph
 from .worlds import TENANT, World, kafka_spec, kafka_world, sqlite_spec, sqlite_world
@@ -90,7 +90,7 @@ async def _scenario(world: World, spec: dict[str, str]) -> None:
         await _send(a, "pause")
         assert await _line(a) == "in-node"  # A is in the middle of its second graph run
         a.send_signal(signal.SIGSTOP)
-        await asyncio.sleep(TTL_S + 1.0)
+        await until_lapsed(world.leases, thread_id, ttl_s=TTL_S)  # by the store's clock
 
         async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
             graph_b = steps_graph("B", saver_b)
@@ -195,7 +195,7 @@ async def _takeover_unnoticed(world: World) -> None:
         sending.clear()
         stale = asyncio.create_task(graph_a.ainvoke({"steps": []}, config(thread_id)))
         await asyncio.wait_for(log_a.waiting.wait(), 10)  # A's write is on its way
-        await asyncio.sleep(TTL_S + 0.5)
+        await until_lapsed(world.leases, thread_id, ttl_s=TTL_S)  # by the store's clock
 
         async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
             graph_b = steps_graph("B", saver_b)

@@ -24,7 +24,7 @@ from onward.integrations.langgraph import OnwardSaver
 from onward.integrations.langgraph.summary import decode
 from onward.runtime.leases import LeasePolicy
 from onward.testing.eventlog import WrappedEventLog
-from onward.testing.leases import GatedRenewals
+from onward.testing.leases import GatedRenewals, until_lapsed
 
 from .graphs import Steps, config, steps_graph
 from .test_fencing import TTL_S
@@ -102,7 +102,7 @@ async def test_a_new_invocation_after_the_renewal_heard_the_lease_lost_writes(
         await graph_a.ainvoke({"steps": []}, config(thread_id))
         assert saver_a.holds(thread_id)  # held between invocations
         thawed.clear()  # paused: renewals cannot reach the store
-        await asyncio.sleep(TTL_S + 0.5)
+        await until_lapsed(world.leases, thread_id, ttl_s=TTL_S)  # by the store's clock
         async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
             await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
         thawed.set()  # thawed: the next renewal hears the lease is gone
@@ -128,13 +128,18 @@ def gated_saver(world: World, thawed: asyncio.Event) -> OnwardSaver:
 
 
 async def lose_the_thread_to_b_while_a_node_runs(
-    world: World, saver_a: OnwardSaver, thawed: asyncio.Event, thread_id: str
+    world: World,
+    saver_a: OnwardSaver,
+    thawed: asyncio.Event,
+    thread_id: str,
+    in_node: threading.Event,
 ) -> None:
-    """With a graph run of ``saver_a`` in its node: A is paused past the ttl, worker B takes the
-    thread over, writes its step and lets it go, and A's renewal then hears the lease is lost."""
-    await asyncio.sleep(0.3)  # the graph run is in its node
+    """With a graph run of ``saver_a`` in its node (``in_node`` set): A is paused past the ttl,
+    worker B takes the thread over, writes its step and lets it go, and A's renewal then hears
+    the lease is lost."""
+    assert await asyncio.to_thread(in_node.wait, 30), "the graph run never reached its node"
     thawed.clear()
-    await asyncio.sleep(TTL_S + 0.5)
+    await until_lapsed(world.leases, thread_id, ttl_s=TTL_S)  # by the store's clock
     async with world.saver(holder="worker-b", ttl_s=30) as saver_b:
         await steps_graph("B", saver_b).ainvoke({"steps": []}, config(thread_id))
     thawed.set()
@@ -166,10 +171,14 @@ class LostRun:
         assert latest.checkpoint["channel_values"]["steps"] == ["A", "B"]
 
 
-def sync_slow_graph(saver_a: OnwardSaver, node_goes_on: threading.Event) -> Any:
-    """A graph whose sync node blocks its worker thread until ``node_goes_on`` is set."""
+def sync_slow_graph(
+    saver_a: OnwardSaver, node_goes_on: threading.Event, in_node: threading.Event
+) -> Any:
+    """A graph whose sync node sets ``in_node``, then blocks its worker thread until
+    ``node_goes_on`` is set."""
 
     def stale(state: Steps) -> dict[str, list[str]]:
+        in_node.set()
         node_goes_on.wait(30)
         return {"steps": ["stale"]}
 
@@ -192,10 +201,11 @@ async def a_run_that_lost_the_thread(world: World, *, sync: bool) -> AsyncIterat
     async with saver_a:
         await steps_graph("A", saver_a).ainvoke({"steps": []}, config(thread_id))
         running: asyncio.Future[Any]
+        in_node = threading.Event()
         if sync:
             node_goes_on_in_thread = threading.Event()
             let_go_on = node_goes_on_in_thread.set
-            slow = sync_slow_graph(saver_a, node_goes_on_in_thread)
+            slow = sync_slow_graph(saver_a, node_goes_on_in_thread, in_node)
             # In a thread of its own context (not a copy of this task's, which read the thread).
             running = asyncio.get_running_loop().run_in_executor(
                 None, lambda: slow.invoke({"steps": []}, config(thread_id))
@@ -203,9 +213,14 @@ async def a_run_that_lost_the_thread(world: World, *, sync: bool) -> AsyncIterat
         else:
             node_goes_on = asyncio.Event()
             let_go_on = node_goes_on.set
-            slow = steps_graph("stale", saver_a, inside=node_goes_on.wait)
+
+            async def inside() -> None:
+                in_node.set()
+                await node_goes_on.wait()
+
+            slow = steps_graph("stale", saver_a, inside=inside)
             running = asyncio.create_task(slow.ainvoke({"steps": []}, config(thread_id)))
-        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id)
+        await lose_the_thread_to_b_while_a_node_runs(world, saver_a, thawed, thread_id, in_node)
         yield LostRun(saver_a, thread_id, slow, running, let_go_on)
 
 

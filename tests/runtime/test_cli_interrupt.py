@@ -340,3 +340,40 @@ def test_a_long_lived_command_stopped_while_importing_the_users_module_stops_in_
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines() == [said], stderr
     assert time.monotonic() - started < 10
+
+
+SIGINT_IN_IMPORT = """
+import importlib.abc, importlib.metadata, os, signal, sys
+
+
+class CtrlC(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "onward.runtime.cli":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["onward", "--version"]
+(command,) = importlib.metadata.entry_points(group="console_scripts", name="onward")
+command.load()()
+"""
+
+
+@pytest.mark.parametrize("how", ["console script", "python -m onward"])
+def test_ctrl_c_while_the_command_is_imported_exits_130_in_one_line(how: str) -> None:
+    """The command's modules take a second or more to import, before the CLI's own Ctrl-C
+    handling is in place: a Ctrl-C then printed a traceback (and the process died of SIGINT)."""
+    if how == "console script":
+        argv = [sys.executable, "-c", SIGINT_IN_IMPORT]
+    else:
+        argv = [
+            sys.executable,
+            "-c",
+            SIGINT_IN_IMPORT.replace(
+                "command.load()()", "import runpy; runpy.run_module('onward', run_name='__main__')"
+            ),
+        ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stderr) == (130, "interrupted\n"), done.stderr
+    assert done.stdout == ""

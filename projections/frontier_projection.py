@@ -835,7 +835,11 @@ class FrontierProjection:
                 raise
             return FrontierDraft.of(kept)  # what it holds is not folded twice (`_fold_run`)
         self.stats.refolded_from_log += 1
-        draft = FrontierDraft.of(Frontier.empty(run_id, _tenant_of(first)))
+        # The tenant of the run folded first: under a reused id, the collected run's, whose
+        # rows a new run's start deletes under it (`_begun_again`), not the new run's.
+        draft = FrontierDraft.of(
+            Frontier.empty(run_id, _tenant_of(history[0] if history else first))
+        )
         if self.compaction is not None and await self.compaction.tombstones([run_id]):
             # A log read with the archive holds the collected run before a new one under its
             # id: the latest run alone, as `_fold` folds it.

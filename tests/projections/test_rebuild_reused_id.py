@@ -225,12 +225,14 @@ async def test_a_new_run_under_a_collected_id_whose_start_cannot_be_read_is_set_
     assert (row.frontier.agent, row.frontier.status, row.frontier.last_seq) == ("b", "completed", 2)
 
 
-async def test_a_fold_again_of_a_capped_run_under_a_reused_id_folds_the_new_run_alone() -> None:
-    """A rebuild read with the archive stores the new run under a reused id over the snapshot
-    cap, drops it from its cache, and meets its next event: the live projector's kept frontier
-    of the run is past that event, so the run is folded again from the log, old run and all.
-    The row is the new run's, as the live projector's, not the old run's with the new run's
-    events refused as duplicates."""
+async def _fold_again_capped(
+    tenant: str,
+) -> tuple[str, MemoryFrontierStore, MemoryFrontierStore, FrontierProjection]:
+    """A run under a reused id (the old run ``TENANT``'s, the new one ``tenant``'s) folded by
+    a live projector, then by a rebuild read from the log's start that stores it over the
+    snapshot cap, drops it from its cache, and meets its next event: the live projector's kept
+    frontier of the run is past that event, so the rebuild folds the run again from the log,
+    old run and all. The run id, the live store, the rebuilt store and the rebuild."""
     log = MemoryEventLog(partitions=1)
     run_id, other = new_run_id(), new_run_id()
 
@@ -247,10 +249,10 @@ async def test_a_fold_again_of_a_capped_run_under_a_reused_id_folds_the_new_run_
         ]
     )
     await log.append([started(other, TENANT, 3)])
-    await log.append([started(run_id, "other", 4)])
+    await log.append([started(run_id, tenant, 4)])
     for seq in (2, 3):
         await log.append([tagged(other, TENANT, seq)])
-        await log.append([tagged(run_id, "other", seq)])
+        await log.append([tagged(run_id, tenant, seq)])
     store, rebuilt = MemoryFrontierStore(), MemoryFrontierStore()
     compaction = MemoryCompactionStore(store)
     compaction.tombstoned.add(run_id)
@@ -258,6 +260,14 @@ async def test_a_fold_again_of_a_capped_run_under_a_reused_id_folds_the_new_run_
     await LogProjector(log, live).catch_up()
     rebuild = FrontierProjection(rebuilt, log, compaction=compaction, max_bytes=10, cache_runs=1)
     await LogProjector(log, rebuild, batch_size=1, from_log_start=True).catch_up()
+    return run_id, store, rebuilt, rebuild
+
+
+async def test_a_fold_again_of_a_capped_run_under_a_reused_id_folds_the_new_run_alone() -> None:
+    """A rebuild that folds a capped run under a reused id again from the log
+    (`_fold_again_capped`) stores the new run's row, as the live projector, not the old run's
+    with the new run's events refused as duplicates."""
+    run_id, store, rebuilt, rebuild = await _fold_again_capped("other")
 
     assert rebuild.stats.refolded_from_log > 0
     live_row, row = await store.get(run_id), await rebuilt.get(run_id)
@@ -265,6 +275,24 @@ async def test_a_fold_again_of_a_capped_run_under_a_reused_id_folds_the_new_run_
     assert row is not None
     assert (live_row.summary.status, live_row.summary.refused) == ("running", 0)
     assert row.summary == live_row.summary
+
+
+@pytest.mark.parametrize("tenant", [TENANT, "other"])
+async def test_a_fold_again_of_a_capped_run_under_a_reused_id_drops_the_old_runs_transcript(
+    tenant: str,
+) -> None:
+    """Folded again from the log (`_fold_again_capped`), the old run is folded under its own
+    tenant, not the tenant of the new run's event that set off the fold: the old run's
+    transcript rows the rebuild stored are deleted under the old run's tenant, as the live
+    projector deleted them, and the transcripts are the live projector's under both
+    tenants."""
+    run_id, store, rebuilt, rebuild = await _fold_again_capped(tenant)
+
+    assert rebuild.stats.refolded_from_log > 0
+    for reader in {TENANT, tenant}:
+        said = await store.transcript(run_id, tenant=reader, through=1_000)
+        assert await rebuilt.transcript(run_id, tenant=reader, through=1_000) == said, reader
+    assert [r.seq for r in await rebuilt.transcript(run_id, tenant=tenant, through=1_000)] == [1]
 
 
 @pytest.mark.parametrize("tenant", [TENANT, "other"])

@@ -997,11 +997,18 @@ async def _leave(consumer: AIOKafkaConsumer) -> str | None:
     only after the group's coordination ended, and a stop cut before then left the member
     heartbeating, in its group, for as long as the process lived. The stop is a task of its
     own that a cancellation of the caller leaves running: Python 3.11's `wait_for` cancels a
-    stop that has not begun yet when the caller is cancelled again."""
+    stop that has not begun yet when the caller is cancelled again. It is given up all the
+    same once `_LEAVE_S` passed, as the caller would have (`_give_up_leaving`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _LEAVE_S
     stopping = asyncio.ensure_future(consumer.stop())
     _leaving.add(stopping)
     stopping.add_done_callback(_left)
-    done, _ = await asyncio.wait({stopping}, timeout=_LEAVE_S)
+    try:
+        done, _ = await asyncio.wait({stopping}, timeout=_LEAVE_S)
+    except asyncio.CancelledError:
+        loop.call_at(deadline, _give_up_leaving, stopping, consumer)
+        raise
     if not done:
         stopping.cancel()
         drop_connections(consumer)
@@ -1016,6 +1023,18 @@ async def _leave(consumer: AIOKafkaConsumer) -> str | None:
     if not isinstance(failed, KafkaError):
         raise failed
     return f"failed: {one_line(str(failed)) or type(failed).__name__}"
+
+
+def _give_up_leaving(stopping: asyncio.Task[None], consumer: AIOKafkaConsumer) -> None:
+    """End what is left of a stop its cancelled caller left running (`_leave`), unless it
+    stopped the consumer by now: a broker that does not answer kept it, with the consumer's
+    fetcher, metadata task and connections, running for as long as the broker stayed away,
+    and one that failed or was cut left them running."""
+    if not stopping.done():
+        stopping.cancel()
+    elif not stopping.cancelled() and stopping.exception() is None:
+        return
+    drop_connections(consumer)
 
 
 def _require_signer(signer: RequestSigner | None, accept_unsigned: bool, where: str) -> None:

@@ -28,7 +28,7 @@ from onward.errors import ConfigurationError
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.fleet.requests import ensure_requests_topic
-from onward.runtime.fleet.worker import _LEAVE_S, Worker
+from onward.runtime.fleet.worker import _LEAVE_S, Worker, _leaving
 from onward.runtime.providers import ScriptedProvider, reply
 from onward.runtime.settings import Settings
 
@@ -263,3 +263,41 @@ async def test_a_worker_whose_leave_gave_up_names_its_group_and_leaves_no_client
     assert group in gave_up, gave_up
     assert "session timeout (6s)" in gave_up, gave_up
     await until(lambda: not kafka_client_tasks(), "the consumer's tasks ending", within_s=5)
+
+
+@pytest.mark.faults  # freezes a private broker: run by `make test-faults`
+@pytest.mark.slow
+async def test_a_worker_cancelled_while_its_leave_waits_leaves_no_client_task_running(
+    private_kafka: PrivateKafka, backends: Backends
+) -> None:
+    """A worker cancelled while it leaves its group with the broker not answering (a shutdown
+    bounded by a timeout) lets its consumer's stop go on in a task of its own, and that stop is
+    bounded as the caller's wait was: its tasks and connections are ended once `_LEAVE_S`
+    passed, not left running for as long as the broker stays away."""
+    topic = f"requests-{uuid.uuid4().hex[:8]}"
+    stop = asyncio.Event()
+    worker = worker_of(backends)
+    serving = asyncio.ensure_future(
+        worker.serve_kafka(
+            stop,
+            bootstrap_servers=private_kafka.bootstrap,
+            topic=topic,
+            group_id=f"{topic}.workers",
+            session_timeout_ms=6000,
+            accept_unsigned=True,
+        )
+    )
+    await until(lambda: worker.joined, "the worker in its group")
+    private_kafka.pause()
+    try:
+        before = set(_leaving)
+        stop.set()
+        await until(lambda: bool(_leaving - before), "the worker leaving its group")
+        serving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+        await until(
+            lambda: not kafka_client_tasks(), "the consumer's tasks ending", within_s=_LEAVE_S + 5
+        )
+    finally:
+        private_kafka.resume()

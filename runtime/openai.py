@@ -27,7 +27,7 @@ from typing import Annotated, Any
 import httpx
 import msgspec
 
-from onward._storage import Resource, masked_url
+from onward._storage import Resource, masked_url, without_passwords
 from onward.errors import (
     BackendError,
     BackendUnavailableError,
@@ -151,7 +151,8 @@ class OpenAICompatibleProvider(Resource):
             url = root.copy_with(path=root.path.rstrip("/") + "/chat/completions")
         except httpx.InvalidURL as exc:
             raise ConfigurationError(
-                f"base_url {shown!r} is not a valid URL: {self._redactor.redact_text(str(exc))}"
+                f"base_url {shown!r} is not a valid URL: "
+                f"{self._redactor.redact_text(without_passwords(str(exc), base_url))}"
             ) from None
         if url.scheme not in ("http", "https") or not url.host:
             raise ConfigurationError(

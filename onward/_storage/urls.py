@@ -63,13 +63,30 @@ def masked_url(url: str) -> str:
     return "".join(pieces)
 
 
+_QUOTED: Final = re.compile(r"'([^']+)'|\"([^\"]+)\"")
+"""A piece of a URL a driver quotes in its message (httpx's ``Invalid port: 'abc'``)."""
+
+
 def without_passwords(text: str, url: str) -> str:
     """``text`` (a driver's message about ``url``) with ``url`` masked and its passwords hidden
-    wherever else they appear."""
+    wherever else they appear, and any piece of ``url`` it quotes that takes in part of one: a
+    password holding a ``/`` or ``?`` ends the authority early, and its halves are quoted as
+    the port or the query (``Invalid port: 'pa'``, ``bad query field: 'ss@host/db'``)."""
+    spans = _password_spans(url)
     text = text.replace(url, masked_url(url))
-    for start, end in _password_spans(url):
+    for start, end in spans:
         text = text.replace(url[start:end], HIDDEN)
-    return text
+
+    def hidden_if_password(quoted: re.Match[str]) -> str:
+        piece = quoted.group(1) or quoted.group(2)
+        at = url.find(piece)
+        while at >= 0:
+            if any(at < end and start < at + len(piece) for start, end in spans):
+                return quoted.group(0).replace(piece, HIDDEN)
+            at = url.find(piece, at + 1)
+        return quoted.group(0)
+
+    return _QUOTED.sub(hidden_if_password, text)
 
 
 _UNCHECKED_SSLMODES: Final = frozenset({"allow", "prefer", "require"})

@@ -843,6 +843,16 @@ async def test_a_base_url_refused_at_construction_is_named_without_its_secret(
     assert "hunter2-very-secret" not in str(caught.value)
 
 
+async def test_a_base_url_whose_password_holds_a_slash_is_refused_without_a_piece_of_it() -> None:
+    """A password holding an unencoded ``/`` ends the authority early: httpx reads its first
+    half as the port and quotes it (``Invalid port: 'hunter2'``), a piece the masking of the
+    whole password did not hide."""
+    with pytest.raises(ConfigurationError, match="not a valid URL") as caught:
+        OpenAICompatibleProvider("http://gateway:hunter2/very-secret@gw.example:x/v1")
+    assert "hunter2" not in str(caught.value)
+    assert "very-secret" not in str(caught.value)
+
+
 async def test_model_settings_may_not_override_the_request_itself(server: ChatServer) -> None:
     agent = Agent(name="odd", instructions="", model_settings={"stream": True})
     async with provider_for(server) as provider:

@@ -508,6 +508,30 @@ async def test_a_postgresql_store_given_a_bad_port_names_database_url_without_th
     assert PG_PASSWORD not in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://onward:{PG_PASSWORD[:8]}/{PG_PASSWORD[8:]}@127.0.0.1:5432/onward",
+        f"postgresql://onward:{PG_PASSWORD[:8]}?{PG_PASSWORD[8:]}@127.0.0.1:5432/onward",
+        f"redis://onward:{PG_PASSWORD[:8]}/{PG_PASSWORD[8:]}@127.0.0.1:6379/0",
+    ],
+    ids=["database-slash", "database-question-mark", "redis-slash"],
+)
+async def test_a_store_given_a_password_that_ends_the_host_part_shows_no_half_of_it(
+    url: str,
+) -> None:
+    """An unencoded ``/`` or ``?`` in the password ends the host part early: the driver quotes
+    its first half as the port (``invalid literal for int(): '...'``) or the rest as a query
+    field, and the refusal showed that half, though it hid the password whole."""
+    store = PostgresFrontierStore if url.startswith("postgresql") else RedisLeaseStore
+
+    with pytest.raises(ConfigurationError) as raised:
+        await store.open(url)
+
+    assert PG_PASSWORD[:8] not in str(raised.value)
+    assert PG_PASSWORD[8:] not in str(raised.value)
+
+
 @pytest.fixture
 def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
     """A module in the working directory that leaves a mark when imported, as a file planted

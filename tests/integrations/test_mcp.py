@@ -300,6 +300,29 @@ def test_the_url_refused_is_shown_without_its_credentials(url: str) -> None:
     assert "example.com/mcp" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["http://user:s3cr/et@example.com/mcp", "http://user:s3cr?et@example.com/mcp"],
+    ids=["slash", "question-mark"],
+)
+def test_a_url_whose_password_holds_a_slash_is_refused_without_a_piece_of_it(url: str) -> None:
+    """A password holding an unencoded ``/`` or ``?`` ends the authority early: its first half
+    is parsed as the port, and the parser's refusal quoted it."""
+    with pytest.raises(ConfigurationError, match="MCP server 'web'") as caught:
+        HttpServer(name="web", url=url)
+    assert "s3cr" not in str(caught.value)
+    assert "example.com/mcp" in str(caught.value)
+
+
+def test_an_http_servers_repr_hides_a_password_parsed_as_port_and_path() -> None:
+    """``http://user:1234/s3cret@host`` is parsed as host ``user``, port ``1234``, path
+    ``/s3cret@host``: its repr showed the whole password as the path."""
+    server = HttpServer(name="web", url="https://user:1234/s3cret@example.com/mcp")
+    assert "s3cret" not in repr(server)
+    assert "1234" not in repr(server)
+    assert "example.com/mcp" in repr(server)
+
+
 def test_an_http_servers_repr_shows_its_url_without_credentials() -> None:
     """Its headers were kept out of its repr, its url (which may hold a password or a token
     in its query) was not."""

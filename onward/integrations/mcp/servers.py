@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import shlex
 import sys
 import threading
@@ -19,7 +20,7 @@ from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx2
 import mcp_types as types
@@ -39,6 +40,15 @@ _CLOSE_TIMEOUT = 10.0
 _TERMINATE_TIMEOUT = 2.0
 """Seconds a server process ended from outside its session's loop gets between SIGTERM and
 SIGKILL (the SDK's own grace)."""
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+"""A URL's scheme and the ``//`` after it (RFC 3986)."""
+
+_BEYOND_AUTHORITY = re.compile(r"[/?#]")
+"""What ends a URL's authority: a userinfo holding one was not parsed as a userinfo."""
+
+_QUERY_OR_FRAGMENT = re.compile(r"[?#]")
+"""Where a URL's query or fragment (a token, often) starts."""
 
 NO_ANSWER = (types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
 """JSON-RPC error codes the SDK gives a request the server never answered."""
@@ -207,9 +217,11 @@ class HttpServer(_Server):
         try:
             parts = urlsplit(self.url)
             port_ok = parts.port is None or parts.port > 0
-        except ValueError as exc:
+        except ValueError:
+            # Not the parser's text: a password holding a "/" is the port it names.
             raise ConfigurationError(
-                f"MCP server {self.name!r}: its url is invalid: {exc}"
+                f"MCP server {self.name!r}: its url is invalid (a port that is not a number "
+                f"from 1 to 65535, or a [host] not closed), got {self.where!r}"
             ) from None
         if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
             raise ConfigurationError(
@@ -229,16 +241,20 @@ class HttpServer(_Server):
 
     @property
     def where(self) -> str:
-        """The URL without credentials, query or fragment. Without ``scheme://`` nothing is
-        parsed as credentials (``user:pw@host/mcp`` is scheme ``user``, path ``pw@host/mcp``):
-        what is before the last ``@`` is then hidden."""
-        parts = urlsplit(self.url)
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        shown = urlunsplit((parts.scheme, host, parts.path, "", ""))
-        at = shown.rfind("@")
-        return shown if parts.hostname or at < 0 else f"***{shown[at:]}"
+        """The URL without credentials, query or fragment, read as text rather than parsed: a
+        userinfo that is not parsed as such (no ``scheme://``, or a password holding a ``/``,
+        ``?`` or ``#``: ``http://user:pa/ss@host`` is host ``user``, port ``pa``) has what is
+        before the last ``@`` hidden."""
+        scheme = _SCHEME.match(self.url)
+        start = scheme.end() if scheme else 0
+        at = self.url.rfind("@")
+        if at < start:
+            head, rest = self.url[:start], self.url[start:]
+        elif scheme and not _BEYOND_AUTHORITY.search(self.url, start, at):
+            head, rest = self.url[:start], self.url[at + 1 :]
+        else:
+            head, rest = f"{self.url[:start]}***", self.url[at:]
+        return head + _QUERY_OR_FRAGMENT.split(rest, maxsplit=1)[0]
 
     @property
     def endpoint(self) -> str:

@@ -374,6 +374,8 @@ def test_ctrl_c_while_the_command_is_imported_exits_130_in_one_line(how: str) ->
                 "command.load()()", "import runpy; runpy.run_module('onward', run_name='__main__')"
             ),
         ]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, check=False, preexec_fn=ctrl_c_default
+    )
     assert (done.returncode, done.stderr) == (130, "interrupted\n"), done.stderr
     assert done.stdout == ""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from support.append_child import APPENDED, APPENDING
-from support.processes import spawn_support
+from support.processes import kill_running, spawn_support
 
 from onward.eventlog import KafkaEventLog, PostgresEventLog, SqliteEventLog
 from onward.eventlog.base import EventLog
@@ -42,17 +42,21 @@ async def _run_and_kill(argv: list[str], rng: random.Random) -> Killed:
     assert child.stdout is not None
     seen: list[list[str]] = []
     starts_to_let_by = rng.randint(0, 2)
-    while True:
-        line = (await asyncio.wait_for(child.stdout.readline(), 60)).decode().split()
-        if not line:
-            await child.wait()
-            pytest.fail(f"the appending child exited ({child.returncode}) early: {seen[-3:]}")
-        seen.append(line)
-        if line[0] != APPENDING or not any(s[0] == APPENDED for s in seen):
-            continue
-        if starts_to_let_by == 0:
-            break
-        starts_to_let_by -= 1
+    try:
+        while True:
+            line = (await asyncio.wait_for(child.stdout.readline(), 60)).decode().split()
+            if not line:
+                await child.wait()
+                pytest.fail(f"the appending child exited ({child.returncode}) early: {seen[-3:]}")
+            seen.append(line)
+            if line[0] != APPENDING or not any(s[0] == APPENDED for s in seen):
+                continue
+            if starts_to_let_by == 0:
+                break
+            starts_to_let_by -= 1
+    except BaseException:
+        await kill_running([child])  # it would append on after the test
+        raise
     os.kill(child.pid, signal.SIGKILL)
     rest, _ = await child.communicate()
     seen += [line.split() for line in rest.decode().splitlines() if line.strip()]

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from support.processes import spawn_support
+from support.processes import reaped, spawn_support
 from support.proxy import TcpProxy
 from typer.testing import CliRunner
 
@@ -62,19 +62,24 @@ async def test_appenders_in_several_processes_leave_dense_offsets_and_whole_batc
     partition's offsets run from 0 without a gap, every batch sits at consecutive offsets
     where its append said, and each run reads back in seq order."""
     partition = 2
-    async with PostgresEventLog(database_url, schema=pg_schema, partitions=4) as log:
-        children = [
-            await spawn_support(
-                "pg_appenders",
-                database_url,
-                pg_schema,
-                str(partition),
-                str(APPENDS_PER_PROCESS),
-                stdout=asyncio.subprocess.PIPE,
+    async with (
+        PostgresEventLog(database_url, schema=pg_schema, partitions=4) as log,
+        reaped() as children,
+    ):
+        for _ in range(PROCESSES):
+            children.append(
+                await spawn_support(
+                    "pg_appenders",
+                    database_url,
+                    pg_schema,
+                    str(partition),
+                    str(APPENDS_PER_PROCESS),
+                    stdout=asyncio.subprocess.PIPE,
+                )
             )
-            for _ in range(PROCESSES)
-        ]
-        outputs = await asyncio.gather(*(child.communicate() for child in children))
+        outputs = await asyncio.wait_for(
+            asyncio.gather(*(child.communicate() for child in children)), 90
+        )
         assert [child.returncode for child in children] == [0] * PROCESSES
         said = [line.split() for out, _ in outputs for line in out.decode().splitlines()]
         assert len(said) == PROCESSES * APPENDS_PER_PROCESS

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from support.group_append_child import BATCHES, DONE, append_run, batch_events
-from support.processes import spawn_support
+from support.processes import reaped, spawn_support
 
 from onward.errors import BackendError, PayloadTooLargeError
 from onward.eventlog import SqliteEventLog, ToolCompleted
@@ -165,7 +165,7 @@ async def test_two_processes_group_committing_into_one_file_keep_batches_whole(
     interleave groups, never batches, and no offset is given twice or skipped."""
     path = tmp_path / "events.db"
     runs = 60
-    async with SqliteEventLog(path, partitions=PARTITIONS) as log:
+    async with SqliteEventLog(path, partitions=PARTITIONS) as log, reaped() as children:
         child = await spawn_support(
             "group_append_child",
             str(path),
@@ -174,6 +174,7 @@ async def test_two_processes_group_committing_into_one_file_keep_batches_whole(
             str(runs),
             stdout=asyncio.subprocess.PIPE,
         )
+        children.append(child)
         rng = random.Random(7)
         await asyncio.gather(*(append_run(log, "parent", run, rng) for run in range(runs)))
         out, _ = await asyncio.wait_for(child.communicate(), 90)

@@ -62,6 +62,7 @@ class World(ProjectorWorld):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
+        self.children.append(child)  # killed after the test if it never ended
         out, err = await asyncio.wait_for(child.communicate(), 60)
         assert child.returncode is not None
         return child.returncode, out.decode(), err.decode()

@@ -24,6 +24,7 @@ from support.poison import (
     poisoned_partition,
     tolerant_direct_fold,
 )
+from support.processes import reaped
 
 from onward.eventlog import Event, SqliteEventLog
 from onward.projections.sqlite import SqliteFrontierStore
@@ -44,16 +45,18 @@ async def onward(path: Path, *args: str) -> tuple[int, str, str]:
         "ONWARD_PARTITIONS": str(PARTITIONS),
         "COLUMNS": "200",
     }
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "onward",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(child.communicate(), 60)
+    async with reaped() as children:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "onward",
+            *args,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        children.append(child)
+        out, err = await asyncio.wait_for(child.communicate(), 60)
     assert child.returncode is not None
     return child.returncode, out.decode(), err.decode()
 

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import msgspec
 import pytest
 from support.crash_world import until_lapsed
+from support.processes import kill_if_running, reaped
 from support.proxy import TcpProxy
 
 from integrations.mcp_world import (
@@ -97,8 +98,11 @@ def http_server(tmp_path: Path) -> Iterator[str]:
                 subprocess.run(["sleep", "0.05"], check=True)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.terminate()
+            process.wait(timeout=10)
+        finally:
+            kill_if_running(process)  # one that did not end on SIGTERM would outlive the test
 
 
 # -- tools from a server ------------------------------------------------------------------------
@@ -699,14 +703,16 @@ async def test_resume_after_a_sigkill_between_side_effect_and_outcome(
         "redis_url": redis_url,
         "prefix": cache.prefix,
     }
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "integrations.mcp_child",
-        json.dumps(config),
-        env=os.environ | {"PYTHONPATH": str(TESTS)},
-    )
-    assert await asyncio.wait_for(child.wait(), 30) == -9
+    async with reaped() as children:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "integrations.mcp_child",
+            json.dumps(config),
+            env=os.environ | {"PYTHONPATH": str(TESTS)},
+        )
+        children.append(child)
+        assert await asyncio.wait_for(child.wait(), 30) == -9
     assert len(ledger(tmp_path)) == 1  # the side effect happened; its outcome was never written
     assert listings(tmp_path) == 1
 

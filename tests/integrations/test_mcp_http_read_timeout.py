@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from support.processes import kill_if_running
 
 from integrations.mcp_world import TESTS
 from onward.integrations.mcp import HttpServer, MCPToolset
@@ -51,8 +52,11 @@ def json_server() -> Iterator[str]:
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.terminate()
+            process.wait(timeout=10)
+        finally:
+            kill_if_running(process)  # one that did not end on SIGTERM would outlive the test
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.processes import kill_if_running
 
 from integrations.mcp_world import TESTS, ledger
 from onward.errors import BackendUnavailableError, OutcomeUnknownError
@@ -52,20 +53,27 @@ class _Server:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
-                return
-            except OSError:
-                if self.process.poll() is not None:
-                    pytest.fail(f"the HTTP MCP server exited with {self.process.returncode}")
-                time.sleep(0.05)
-        pytest.fail("the HTTP MCP server did not start")
+        try:
+            for _ in range(200):
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
+                    return
+                except OSError:
+                    if self.process.poll() is not None:
+                        pytest.fail(f"the HTTP MCP server exited with {self.process.returncode}")
+                    time.sleep(0.05)
+            pytest.fail("the HTTP MCP server did not start")
+        except BaseException:
+            self.stop()  # a server slow to listen would otherwise serve on after the test
+            raise
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
+            try:
+                self.process.terminate()
+                self.process.wait(timeout=10)
+            finally:
+                kill_if_running(self.process)
             self.process = None
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from support.histories import RunScript, assert_stored_is_the_direct_fold
+from support.processes import reaped
 
 from onward.eventlog import SqliteEventLog
 from onward.projections.sqlite import SqliteFrontierStore
@@ -42,10 +43,16 @@ _FOLD_IN_ANOTHER_PROCESS = textwrap.dedent(
 
 
 async def fold_in_another_process(path: Path) -> None:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _FOLD_IN_ANOTHER_PROCESS, str(path), stderr=asyncio.subprocess.PIPE
-    )
-    _, err = await asyncio.wait_for(child.communicate(), 60)
+    async with reaped() as children:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _FOLD_IN_ANOTHER_PROCESS,
+            str(path),
+            stderr=asyncio.subprocess.PIPE,
+        )
+        children.append(child)
+        _, err = await asyncio.wait_for(child.communicate(), 60)
     assert child.returncode == 0, err.decode()
 
 

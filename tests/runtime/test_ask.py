@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from support.ask_world import refund_agent, refund_provider
 from support.crash_world import TENANT, open_world, until_lapsed
 from support.deployment import kafka_settings
-from support.processes import spawn_support
+from support.processes import reaped, spawn_support
 from support.readme import run_example
 from support.servers import KafkaServers
 from typer.testing import CliRunner, Result
@@ -500,12 +500,14 @@ async def kill_between_question_and_answer(tmp_path: Path, backend: dict[str, st
         "ledger": str(tmp_path / "ledger.jsonl"),
         "run_id": f"ask-{uuid.uuid4().hex[:8]}",
     }
-    child = await spawn_support("ask_child", json.dumps(config), stdout=asyncio.subprocess.PIPE)
-    assert child.stdout is not None
-    line = await asyncio.wait_for(child.stdout.readline(), 60)
-    assert json.loads(line) == {"status": "waiting", "waiting_on": FIRST}
-    child.send_signal(signal.SIGKILL)
-    await asyncio.wait_for(child.communicate(), 60)
+    async with reaped() as children:
+        child = await spawn_support("ask_child", json.dumps(config), stdout=asyncio.subprocess.PIPE)
+        children.append(child)
+        assert child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 60)
+        assert json.loads(line) == {"status": "waiting", "waiting_on": FIRST}
+        child.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(child.communicate(), 60)
     assert child.returncode == -signal.SIGKILL
     ledger = Ledger(config["ledger"])
     assert entries(ledger, "answered") == []

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from support import cli_agent
 from support.crashes import Crash, CrashAt
-from support.processes import TESTS
+from support.processes import TESTS, kill_if_running
 from support.runners import log_runner
 from support.servers import KafkaServers
 from support.shell import pasted
@@ -620,10 +620,14 @@ def resume_in_a_process(
         text=True,
     )
     deadline = time.monotonic() + 60
-    while not entered.exists():
-        assert resuming.poll() is None, resuming.communicate()
-        assert time.monotonic() < deadline, f"{' '.join(model)} was never entered"
-        time.sleep(0.05)
+    try:
+        while not entered.exists():
+            assert resuming.poll() is None, resuming.communicate()
+            assert time.monotonic() < deadline, f"{' '.join(model)} was never entered"
+            time.sleep(0.05)
+    except BaseException:
+        kill_if_running(resuming)  # it would go on with the run after the test
+        raise
     return resuming
 
 
@@ -637,8 +641,11 @@ def test_sigterm_to_run_resume_mid_tool_hands_the_lease_back(db: Path, tmp_path:
     model = ["--agent", "support.cli_agent:slow_booker"]
     model += ["--provider", "support.cli_agent:booking_model"]
     resuming = resume_in_a_process(db, tmp_path / "entered", run_id, model)
-    resuming.send_signal(signal.SIGTERM)
-    _, said = resuming.communicate(timeout=30)
+    try:
+        resuming.send_signal(signal.SIGTERM)
+        _, said = resuming.communicate(timeout=30)
+    finally:
+        kill_if_running(resuming)  # one the signal did not end would outlive the test
     assert resuming.returncode == 143, said
     assert "terminated" in said
 
@@ -676,8 +683,11 @@ def killed_while_asking_the_model(db: Path, tmp_path: Path, run_id: str, *option
     model = ["--agent", "support.cli_agent:booker"]
     model += ["--provider", "support.cli_agent:stalling_model"]
     holding = resume_in_a_process(db, tmp_path / "entered", run_id, model, *options)
-    holding.send_signal(signal.SIGKILL)
-    holding.communicate(timeout=30)
+    try:
+        holding.send_signal(signal.SIGKILL)
+        holding.communicate(timeout=30)
+    finally:
+        kill_if_running(holding)
 
 
 @pytest.mark.usefixtures("holders")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from support import cli_agent
 from support.crashes import Crash, CrashAt
-from support.processes import TESTS
+from support.processes import TESTS, kill_if_running
 from support.runners import log_runner
 from typer.testing import CliRunner
 
@@ -110,13 +110,16 @@ def test_sigint_to_run_resume_exits_130_and_hands_the_lease_back(
     command += ["--provider", f"support.cli_agent:{provider}"]
     command += ["--worker", "interrupted-1", "--lease-ttl", str(TTL_S)]
     resuming = start_onward(command, env)
-    wait_until_entered(resuming, entered, "the command never reached the model or the tool")
-    held = current_lease(db, run_id)
-    assert held is not None
-    assert held.holder == "interrupted-1"  # the signal lands while the command holds the run
+    try:
+        wait_until_entered(resuming, entered, "the command never reached the model or the tool")
+        held = current_lease(db, run_id)
+        assert held is not None
+        assert held.holder == "interrupted-1"  # the signal lands while the command holds the run
 
-    resuming.send_signal(signal.SIGINT)
-    _, said = resuming.communicate(timeout=30)
+        resuming.send_signal(signal.SIGINT)
+        _, said = resuming.communicate(timeout=30)
+    finally:
+        kill_if_running(resuming)  # one the signal did not end would outlive the test
     assert resuming.returncode == 130, said
     assert said.strip().splitlines()[-1] == "interrupted", said
     assert "Traceback" not in said
@@ -166,14 +169,17 @@ def signalled_while_connected(
     """Start ``onward *args``, wait until it connects to the silent server (and waits on it),
     send ``sig``; its exit code, stderr, and how long it took to end after the signal."""
     waiting = start_onward(args, env)
-    silent_server.settimeout(within_s)
-    connected, _ = silent_server.accept()  # the command now waits on a server that is silent
-    with connected:
-        time.sleep(0.5)
-        assert waiting.poll() is None, waiting.communicate()
-        started = time.monotonic()
-        waiting.send_signal(sig)
-        _, stderr = waiting.communicate(timeout=within_s)
+    try:
+        silent_server.settimeout(within_s)
+        connected, _ = silent_server.accept()  # the command now waits on a silent server
+        with connected:
+            time.sleep(0.5)
+            assert waiting.poll() is None, waiting.communicate()
+            started = time.monotonic()
+            waiting.send_signal(sig)
+            _, stderr = waiting.communicate(timeout=within_s)
+    finally:
+        kill_if_running(waiting)  # one the signal did not end would outlive the test
     return waiting.returncode, stderr, time.monotonic() - started
 
 
@@ -332,10 +338,13 @@ def test_a_long_lived_command_stopped_while_importing_the_users_module_stops_in_
     }
     env.pop("REDIS_URL", None)
     importing = start_onward(args, env)
-    wait_until_entered(importing, entered, f"{command} never imported the module")
-    started = time.monotonic()
-    importing.send_signal(sig)
-    _, stderr = importing.communicate(timeout=30)
+    try:
+        wait_until_entered(importing, entered, f"{command} never imported the module")
+        started = time.monotonic()
+        importing.send_signal(sig)
+        _, stderr = importing.communicate(timeout=30)
+    finally:
+        kill_if_running(importing)  # one the signal did not end would outlive the test
     assert importing.returncode == 0, stderr
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines() == [said], stderr

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from support.poison import unknown_kind
-from support.processes import TESTS
+from support.processes import TESTS, kill_if_running
 from typer.testing import CliRunner, Result
 
 from onward.eventlog import PostgresEventLog, RunStarted, partition_for
@@ -72,12 +72,15 @@ def started_then_killed(env: dict[str, str], ledger: Ledger, after_effects: int)
         command, env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 60
-    while len(ledger.entries()) < after_effects:
-        assert starting.poll() is None, starting.communicate()
-        assert time.monotonic() < deadline, "the run made no side effect"
-        time.sleep(0.02)
-    starting.send_signal(signal.SIGKILL)
-    starting.communicate(timeout=30)
+    try:
+        while len(ledger.entries()) < after_effects:
+            assert starting.poll() is None, starting.communicate()
+            assert time.monotonic() < deadline, "the run made no side effect"
+            time.sleep(0.02)
+        starting.send_signal(signal.SIGKILL)
+        starting.communicate(timeout=30)
+    finally:
+        kill_if_running(starting)  # it would go on with the run after the test
     assert starting.returncode == -signal.SIGKILL
 
 

@@ -28,7 +28,7 @@ from support.compaction_world import (
     rows,
     sqlite_world,
 )
-from support.processes import spawn_support
+from support.processes import reaped, spawn_support
 from support.servers import KafkaServers
 
 from onward.eventlog.archive import DirectoryArchive
@@ -59,14 +59,16 @@ async def _killed_then_rerun(
         runs = await _write(world)
         before = await rows(world.frontiers, runs)
         sizes = await log_sizes(world.log)
-        child = await spawn_support(
-            "compaction_child", json.dumps(config), stdout=asyncio.subprocess.PIPE
-        )
-        assert child.stdout is not None
-        line = (await asyncio.wait_for(child.stdout.readline(), 60)).decode()
-        assert line.startswith(f"paused at {config['pause_at']}"), line
-        child.send_signal(signal.SIGKILL)
-        assert await child.wait() == -signal.SIGKILL
+        async with reaped() as children:
+            child = await spawn_support(
+                "compaction_child", json.dumps(config), stdout=asyncio.subprocess.PIPE
+            )
+            children.append(child)
+            assert child.stdout is not None
+            line = (await asyncio.wait_for(child.stdout.readline(), 60)).decode()
+            assert line.startswith(f"paused at {config['pause_at']}"), line
+            child.send_signal(signal.SIGKILL)
+            assert await child.wait() == -signal.SIGKILL
 
         archived = DirectoryArchive(archive)
         ranges = await archived.ranges()

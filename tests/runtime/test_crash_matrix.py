@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from support.crash_world import TENANT, open_world, the_agent, the_runner, until_lapsed
-from support.processes import spawn_support
+from support.processes import reaped, spawn_support
 
 from onward.errors import IndeterminateToolCallError
 from onward.eventlog import kind_of
@@ -55,13 +55,17 @@ async def crash_then_resume(
         "call_id": call_id,
         "variant": variant,
     }
-    child = await spawn_support("crash_child", json.dumps(config), stdout=asyncio.subprocess.PIPE)
-    if point == "waiting on approval":
-        assert child.stdout is not None
-        line = await asyncio.wait_for(child.stdout.readline(), 60)
-        assert json.loads(line) == {"status": "waiting"}
-        child.send_signal(signal.SIGKILL)
-    await asyncio.wait_for(child.communicate(), 60)  # drains and closes the pipe
+    async with reaped() as children:
+        child = await spawn_support(
+            "crash_child", json.dumps(config), stdout=asyncio.subprocess.PIPE
+        )
+        children.append(child)
+        if point == "waiting on approval":
+            assert child.stdout is not None
+            line = await asyncio.wait_for(child.stdout.readline(), 60)
+            assert json.loads(line) == {"status": "waiting"}
+            child.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(child.communicate(), 60)  # drains and closes the pipe
     assert child.returncode == -signal.SIGKILL
     ledger = Ledger(config["ledger"])
     async with (

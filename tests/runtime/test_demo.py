@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support.processes import kill_if_running
 from typer.testing import CliRunner
 
 from onward.runtime import demo as booking
@@ -76,16 +77,19 @@ def test_sigterm_to_the_demo_exits_143_in_one_line(tmp_path: Path) -> None:
         text=True,
         env={"PATH": "/usr/bin:/bin", "COLUMNS": "300", "PYTHONUNBUFFERED": "1"},
     )
-    assert demoing.stdout is not None
-    for line in demoing.stdout:
-        # Waiting, not about to: a signal sent at "3. worker-2" landed as the resume's event
-        # loop was being set up, now and then leaving a traceback (an instant no wait is in).
-        if line.lstrip().startswith("held by") and line.rstrip().endswith("waiting"):
-            break
-    else:
-        raise AssertionError(demoing.communicate())
-    demoing.send_signal(signal.SIGTERM)
-    _, stderr = demoing.communicate(timeout=30)
+    try:
+        assert demoing.stdout is not None
+        for line in demoing.stdout:
+            # Waiting, not about to: a signal sent at "3. worker-2" landed as the resume's event
+            # loop was being set up, now and then leaving a traceback (an instant no wait is in).
+            if line.lstrip().startswith("held by") and line.rstrip().endswith("waiting"):
+                break
+        else:
+            raise AssertionError(demoing.communicate())
+        demoing.send_signal(signal.SIGTERM)
+        _, stderr = demoing.communicate(timeout=30)
+    finally:
+        kill_if_running(demoing)  # one the signal did not end would outlive the test
     assert demoing.returncode == 143, stderr
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines() == ["terminated"], stderr

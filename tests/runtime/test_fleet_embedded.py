@@ -161,11 +161,15 @@ async def _start_workers(
 
 
 async def _stop(workers: Sequence[asyncio.subprocess.Process]) -> list[tuple[bytes, bytes]]:
-    """SIGTERM each worker still running and collect what it said."""
-    for worker in workers:
-        if worker.returncode is None:
-            worker.send_signal(signal.SIGTERM)
-    return [await asyncio.wait_for(w.communicate(), 30) for w in workers]
+    """SIGTERM each worker still running and collect what it said; one that does not end in
+    time is killed, with those after it, rather than left serving after the test."""
+    try:
+        for worker in workers:
+            if worker.returncode is None:
+                worker.send_signal(signal.SIGTERM)
+        return [await asyncio.wait_for(w.communicate(), 30) for w in workers]
+    finally:
+        await kill_running(workers)
 
 
 async def _until_runs_rest(backends: Backends, run_ids: Sequence[str], within: float) -> None:
@@ -459,10 +463,12 @@ async def test_a_run_approved_with_the_cli_is_carried_on_by_a_running_embedded_w
     worker = await _ready_worker(env, "payer", "paying_model")
     try:
         approve = ["-m", "onward", "approve", "pay-1", "p", "--tenant", TENANT, "--by", "ann"]
-        approved = await asyncio.create_subprocess_exec(
-            sys.executable, *approve, env=env, stderr=asyncio.subprocess.PIPE
-        )
-        _, said = await asyncio.wait_for(approved.communicate(), 60)
+        async with reaped() as children:
+            approved = await asyncio.create_subprocess_exec(
+                sys.executable, *approve, env=env, stderr=asyncio.subprocess.PIPE
+            )
+            children.append(approved)
+            _, said = await asyncio.wait_for(approved.communicate(), 60)
         assert approved.returncode == 0, said
         async with open_backends(_settings(path)) as backends:
             manager = ExecutionManager(backends.frontiers, backends.leases)

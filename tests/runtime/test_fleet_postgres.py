@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.fleet import agents, script
-from support.processes import TESTS
+from support.processes import TESTS, kill_running
 
 from onward.eventlog import Message
 from onward.runtime.backends import Backends, open_backends
@@ -67,10 +67,14 @@ async def _start_workers(env: dict[str, str], count: int) -> list[asyncio.subpro
         )
         for n in range(count)
     ]
-    for worker in workers:
-        assert worker.stderr is not None
-        first = await asyncio.wait_for(worker.stderr.readline(), 60)
-        assert b"ready" in first, first
+    try:
+        for worker in workers:
+            assert worker.stderr is not None
+            first = await asyncio.wait_for(worker.stderr.readline(), 60)
+            assert b"ready" in first, first
+    except BaseException:
+        await kill_running(workers)  # those already ready would serve on after the test
+        raise
     return workers
 
 
@@ -120,10 +124,13 @@ async def test_a_killed_worker_s_runs_are_carried_on_by_the_other(
             manager = ExecutionManager(backends.frontiers, backends.leases)
             pending = await manager.list_pending(tenant=TENANT)
     finally:
-        for worker in workers:
-            if worker.returncode is None:
-                worker.send_signal(signal.SIGTERM)
-        outputs = [await asyncio.wait_for(w.communicate(), 30) for w in workers]
+        try:
+            for worker in workers:
+                if worker.returncode is None:
+                    worker.send_signal(signal.SIGTERM)
+            outputs = [await asyncio.wait_for(w.communicate(), 30) for w in workers]
+        finally:
+            await kill_running(workers)  # one that did not end in time would outlive the test
     assert workers[1].returncode == 0, outputs[1]
     left = {p.summary.run_id for p in pending if p.attention == "needs_person"}
     statuses = {r: rows[r].status for r in run_ids if r not in left}

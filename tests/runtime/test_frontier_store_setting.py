@@ -17,6 +17,7 @@ import sys
 import pytest
 from support.deployment import kafka_settings
 from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
+from support.processes import kill_running, reaped
 from support.servers import KafkaServers
 
 from onward.errors import ConfigurationError
@@ -97,18 +98,23 @@ async def test_the_projector_process_folds_into_redis_and_runs_lists_from_it(
                     assert projector.returncode is None, "the projector stopped"
                     await asyncio.sleep(0.2)
         finally:
-            if projector.returncode is None:
-                projector.send_signal(signal.SIGTERM)
-            _, stderr = await projector.communicate()
+            try:
+                if projector.returncode is None:
+                    projector.send_signal(signal.SIGTERM)
+                _, stderr = await asyncio.wait_for(projector.communicate(), 60)
+            finally:
+                await kill_running([projector])  # one that did not stop would outlive the test
         assert projector.returncode == 0, stderr.decode()
         await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
-    listing = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "onward", "runs", "--json"),
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    listed, _ = await listing.communicate()
+    async with reaped() as children:
+        listing = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "onward", "runs", "--json"),
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        children.append(listing)
+        listed, _ = await asyncio.wait_for(listing.communicate(), 60)
     assert listing.returncode == 0, listed.decode()
     assert all(run_id in listed.decode() for run_id in run_ids_of(steps))
 
@@ -122,15 +128,17 @@ async def test_the_projector_process_folds_into_redis_and_runs_lists_from_it(
         others = {s.run_id for s in await store.runs()} - finished
         counts: list[dict[str, int]] = []
         for dry_run in (True, False):
-            collecting = await asyncio.create_subprocess_exec(
-                *(sys.executable, "-m", "onward", "gc", "--checkpoint-ttl-days", "1e-10"),
-                *(["--dry-run"] if dry_run else []),
-                "--json",
-                env=env,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-            said, _ = await collecting.communicate()
+            async with reaped() as children:
+                collecting = await asyncio.create_subprocess_exec(
+                    *(sys.executable, "-m", "onward", "gc", "--checkpoint-ttl-days", "1e-10"),
+                    *(["--dry-run"] if dry_run else []),
+                    "--json",
+                    env=env,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                )
+                children.append(collecting)
+                said, _ = await asyncio.wait_for(collecting.communicate(), 60)
             assert collecting.returncode == 0, said.decode()
             report = json.loads(said)
             assert report["kept"] == []

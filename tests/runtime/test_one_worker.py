@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from support.processes import kill_running, spawn_support
+from support.processes import kill_running, reaped, spawn_support
 from support.servers import KafkaServers
 from support.workers import POLICY, TENANT, Ledger, agent, open_world, runner
 
@@ -46,8 +46,10 @@ async def read_line(child: asyncio.subprocess.Process, within: float = 60) -> st
 
 async def start_then_die(config: dict[str, Any]) -> None:
     """A first worker starts the run and is SIGKILLed in the middle of it."""
-    first = await spawn("start", config)
-    await asyncio.wait_for(first.communicate(), 60)
+    async with reaped() as children:
+        first = await spawn("start", config)
+        children.append(first)
+        await asyncio.wait_for(first.communicate(), 60)
     assert first.returncode == -signal.SIGKILL
 
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+from support.processes import kill_running
 from support.proxy import TcpProxy
 
 from onward.eventlog import KafkaEventLog, RunStarted
@@ -101,9 +102,12 @@ async def test_a_postgres_outage_under_the_projector_is_said_in_lines_not_traceb
                 await until_projected(database_url, pg_schema, during, 60)
                 assert projector.returncode is None  # it rode the outage out
             finally:
-                if projector.returncode is None:
-                    projector.send_signal(signal.SIGTERM)
-                stdout, stderr = await asyncio.wait_for(projector.communicate(), 60)
+                try:
+                    if projector.returncode is None:
+                        projector.send_signal(signal.SIGTERM)
+                    stdout, stderr = await asyncio.wait_for(projector.communicate(), 60)
+                finally:
+                    await kill_running([projector])  # one that did not stop would outlive the test
     text = stderr.decode() + stdout.decode()
     assert "Traceback" not in text, text
     assert not any(line.startswith(" ") for line in text.splitlines()), text  # one line each

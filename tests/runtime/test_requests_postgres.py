@@ -28,7 +28,7 @@ from support.appapi import script as provider_script
 from support.deployment import postgres_fleet_settings
 from support.fleet_checks import SlowListings
 from support.pg import new_schema_name
-from support.processes import TESTS, spawn_onward, stop_children
+from support.processes import TESTS, kill_running, spawn_onward, stop_children
 from support.proxy import TcpProxy
 from support.servers import REQUEST_KEY
 from typer.testing import CliRunner
@@ -216,7 +216,11 @@ async def _worker(env: dict[str, str], tmp_path: Path, name: str) -> asyncio.sub
         ready = "ready (postgres: requests table), taking starts of looper, payer, stepper"
         return ready in (tmp_path / f"{name}.log").read_text()
 
-    await until(ready, f"{name} ready")
+    try:
+        await until(ready, f"{name} ready")
+    except BaseException:
+        await kill_running([child])  # it would serve on after the test
+        raise
     return child
 
 
@@ -226,8 +230,10 @@ async def test_an_app_in_fleet_mode_on_postgres_runs_answers_and_cancels_through
     database_url: str, pg_schema: str, tmp_path: Path
 ) -> None:
     env = _env(database_url, pg_schema, tmp_path)
-    workers = [await _worker(env, tmp_path, f"w{n}") for n in range(2)]
+    workers: list[asyncio.subprocess.Process] = []
     try:
+        for n in range(2):  # one by one: a failed start leaves those before it to be stopped
+            workers.append(await _worker(env, tmp_path, f"w{n}"))  # noqa: PERF401
         async with onward.open(postgres_fleet_settings(database_url, pg_schema, PARTITIONS)) as app:
             done = await app.query("work", {"agent": "stepper"}, timeout=60).collect()
             assert done[-1].type == "result"

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from support.processes import reaped
 from support.workers import TENANT, Ledger, agent, provider
 
 from onward.errors import ConfigurationError
@@ -44,28 +45,29 @@ async def test_two_processes_resuming_one_sqlite_run_with_the_readme_runner_make
         with pytest.raises(StoppedBeforeTheModelCallError):
             await first.run(agent(ledger), "go", tenant=TENANT, run_id="run-1")
         await first.close()
-    workers = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "support.readme_worker",
-            str(db),
-            str(ledger.path),
-            "run-1",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(TESTS)},
-        )
-        for _ in range(2)
-    ]
-    for worker in workers:
-        assert worker.stdout is not None
-        assert (await asyncio.wait_for(worker.stdout.readline(), 60)).strip() == b"ready"
-    for worker in workers:
-        assert worker.stdin is not None
-        worker.stdin.write(b"go\n")
-        await worker.stdin.drain()
-    outcomes = [json.loads((await asyncio.wait_for(w.communicate(), 120))[0]) for w in workers]
+    async with reaped() as workers:
+        for _ in range(2):
+            workers.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "support.readme_worker",
+                    str(db),
+                    str(ledger.path),
+                    "run-1",
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    env={**os.environ, "PYTHONPATH": str(TESTS)},
+                )
+            )
+        for worker in workers:
+            assert worker.stdout is not None
+            assert (await asyncio.wait_for(worker.stdout.readline(), 60)).strip() == b"ready"
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write(b"go\n")
+            await worker.stdin.drain()
+        outcomes = [json.loads((await asyncio.wait_for(w.communicate(), 120))[0]) for w in workers]
     carried = [o for o in outcomes if o["outcome"] == "carried"]
     conflicts = [o for o in outcomes if o["outcome"] == "conflict"]
     assert len(carried) == 1, outcomes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -65,3 +66,11 @@ async def kill_running(children: Iterable[asyncio.subprocess.Process]) -> None:
             child.kill()
     for child in children:
         await child.wait()
+
+
+def kill_if_running(process: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``process`` if it still runs and wait for it (closing its pipes): kill_running
+    for a test that started its child with ``subprocess.Popen``."""
+    if process.poll() is None:
+        process.kill()
+        process.communicate()

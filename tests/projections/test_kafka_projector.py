@@ -8,6 +8,7 @@ import random
 import uuid
 import weakref
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,6 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.consumer import fetcher
 from support.histories import (
     RunScript,
@@ -26,6 +26,7 @@ from support.histories import (
     run_ids_of,
     workload,
 )
+from support.kafka import group_members
 from support.poison import newer_format
 
 from onward.errors import BackendUnavailableError, InvalidInputError
@@ -461,6 +462,69 @@ def turns_of(projector: KafkaProjector[FrontierProjection]) -> _Turns:
     return turns
 
 
+async def until_it_holds_every_partition(
+    projector: KafkaProjector[FrontierProjection], who: str = "the projector"
+) -> None:
+    """Step a started ``projector`` until the group assigned it every partition."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while len(projector._live().assignment()) < PARTITIONS:
+        assert asyncio.get_running_loop().time() < deadline, f"{who} never joined"
+        await projector.step(timeout_ms=100)
+
+
+@dataclass
+class HeldLook:
+    """A projector whose consumer's first look at how far behind it is (`end_offsets`) waits
+    until the test sets ``rebalanced``; ``looking`` is set once that look begins."""
+
+    projector: KafkaProjector[FrontierProjection]
+    consumer: AIOKafkaConsumer
+    group_id: str
+    looking: asyncio.Event
+    rebalanced: asyncio.Event
+
+
+@asynccontextmanager
+async def a_projector_whose_first_look_is_held(
+    stack: Stack, rng: random.Random
+) -> AsyncIterator[HeldLook]:
+    """A projector taking turns, alone in its group and holding every partition of a backlog,
+    whose first look is held (`HeldLook`); closed after the block."""
+    await append_all(stack.log, workload(rng, 12))
+    group_id = f"g-{uuid.uuid4().hex[:8]}"
+    projector = taking_turns(stack, slice_s=60, group_id=group_id)
+    await projector.start()
+    try:
+        await until_it_holds_every_partition(projector)
+        consumer = projector._live()
+        end_offsets = consumer.end_offsets
+        looking, rebalanced = asyncio.Event(), asyncio.Event()
+
+        async def end_offsets_after_a_rebalance(partitions: list[TopicPartition]) -> Any:
+            if not looking.is_set():
+                looking.set()
+                await rebalanced.wait()
+            return await end_offsets(partitions)
+
+        consumer.end_offsets = end_offsets_after_a_rebalance
+        yield HeldLook(projector, consumer, group_id, looking, rebalanced)
+    finally:
+        await projector.close()
+
+
+@asynccontextmanager
+async def another_member(stack: Stack, group_id: str, topic: str) -> AsyncIterator[None]:
+    """For the block, a member of ``group_id`` reading ``topic``, not the log's: the group
+    rebalances, and the projector keeps its partitions, assigned anew (without positions)."""
+    async with KafkaEventLog(stack.bootstrap, topic=topic, partitions=1):
+        other = AIOKafkaConsumer(topic, bootstrap_servers=stack.bootstrap, group_id=group_id)
+        await other.start()
+        try:
+            yield
+        finally:
+            await other.stop()
+
+
 async def test_a_projector_behind_in_every_partition_folds_them_one_at_a_time(
     stack: Stack, rng: random.Random
 ) -> None:
@@ -559,10 +623,7 @@ async def test_a_seek_asked_for_before_a_rebalance_seeks_only_what_the_member_st
     second = taking_turns(stack, slice_s=None, group_id=group_id)
     await first.start()
     try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while len(first._live().assignment()) < PARTITIONS:
-            assert asyncio.get_running_loop().time() < deadline, "the first member never joined"
-            await first.step(timeout_ms=100)
+        await until_it_holds_every_partition(first, "the first member")
         held = list(first._live().assignment())
         await first._seeking.acquire()
         try:
@@ -589,48 +650,19 @@ async def test_a_seek_outside_a_rebalance_does_not_wait_for_the_positions_of_the
     partitions without positions until the assignment's own seek, which waits for this one to
     end: the look must give up rather than wait for them (it waited forever, and the
     projector folded nothing)."""
-    await append_all(stack.log, workload(rng, 12))
-    group_id = f"g-{uuid.uuid4().hex[:8]}"
-    projector = taking_turns(stack, slice_s=60, group_id=group_id)
-    await projector.start()
-    try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while len(projector._live().assignment()) < PARTITIONS:
-            assert asyncio.get_running_loop().time() < deadline, "the projector never joined"
-            await projector.step(timeout_ms=100)
-        consumer = projector._live()
-        end_offsets = consumer.end_offsets
-        looking, rebalanced = asyncio.Event(), asyncio.Event()
-
-        async def end_offsets_after_a_rebalance(partitions: list[TopicPartition]) -> Any:
-            if not looking.is_set():
-                looking.set()
-                await rebalanced.wait()
-            return await end_offsets(partitions)
-
-        consumer.end_offsets = end_offsets_after_a_rebalance
-        asked = asyncio.create_task(projector._seek_to_stored(list(consumer.assignment())))
-        await asyncio.wait_for(looking.wait(), 30)
-        # A member of the group reading another topic: the projector keeps its partitions,
-        # assigned anew (without positions).
-        async with KafkaEventLog(stack.bootstrap, topic=requests_topic, partitions=1):
-            other = AIOKafkaConsumer(
-                requests_topic, bootstrap_servers=stack.bootstrap, group_id=group_id
-            )
-            rebalances = projector._rebalances
-            await other.start()
-            try:
-                deadline = asyncio.get_running_loop().time() + 30
-                while projector._rebalances < rebalances + 2:
-                    assert asyncio.get_running_loop().time() < deadline, "no rebalance"
-                    await asyncio.sleep(0.02)
-                rebalanced.set()
-                await asyncio.wait_for(asked, 30)
-                await drain(projector, stack.log, within=30)
-            finally:
-                await other.stop()
-    finally:
-        await projector.close()
+    async with a_projector_whose_first_look_is_held(stack, rng) as held:
+        projector = held.projector
+        asked = asyncio.create_task(projector._seek_to_stored(list(held.consumer.assignment())))
+        await asyncio.wait_for(held.looking.wait(), 30)
+        rebalances = projector._rebalances
+        async with another_member(stack, held.group_id, requests_topic):
+            deadline = asyncio.get_running_loop().time() + 30
+            while projector._rebalances < rebalances + 2:
+                assert asyncio.get_running_loop().time() < deadline, "no rebalance"
+                await asyncio.sleep(0.02)
+            held.rebalanced.set()
+            await asyncio.wait_for(asked, 30)
+            await drain(projector, stack.log, within=30)
 
 
 async def test_a_look_does_not_wait_for_partitions_a_failed_assignment_left_unsought(
@@ -641,54 +673,28 @@ async def test_a_look_does_not_wait_for_partitions_a_failed_assignment_left_unso
     fails the assignment's seek: nothing seeks them until `run` recovers, which it does once
     the look returns. The look must not wait for their positions (it waited forever: the
     projector folded nothing and did not stop)."""
-    await append_all(stack.log, workload(rng, 12))
-    group_id = f"g-{uuid.uuid4().hex[:8]}"
-    projector = taking_turns(stack, slice_s=60, group_id=group_id)
-    await projector.start()
-    try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while len(projector._live().assignment()) < PARTITIONS:
-            assert asyncio.get_running_loop().time() < deadline, "the projector never joined"
-            await projector.step(timeout_ms=100)
-        consumer = projector._live()
-        end_offsets = consumer.end_offsets
-        looking, rebalanced = asyncio.Event(), asyncio.Event()
 
-        async def end_offsets_after_a_rebalance(partitions: list[TopicPartition]) -> Any:
-            if not looking.is_set():
-                looking.set()
-                await rebalanced.wait()
-            return await end_offsets(partitions)
+    async def lost() -> dict[int, int]:
+        raise BackendUnavailableError("PostgreSQL went away")
 
-        async def lost() -> dict[int, int]:
-            raise BackendUnavailableError("PostgreSQL went away")
-
-        consumer.end_offsets = end_offsets_after_a_rebalance
-        looked = asyncio.create_task(turns_of(projector).look(consumer))
-        await asyncio.wait_for(looking.wait(), 30)
+    async with a_projector_whose_first_look_is_held(stack, rng) as held:
+        projector = held.projector
+        looked = asyncio.create_task(turns_of(projector).look(held.consumer))
+        await asyncio.wait_for(held.looking.wait(), 30)
         positions = projector.projection.positions
         monkeypatch.setattr(projector.projection, "positions", lost)
-        async with KafkaEventLog(stack.bootstrap, topic=requests_topic, partitions=1):
-            other = AIOKafkaConsumer(
-                requests_topic, bootstrap_servers=stack.bootstrap, group_id=group_id
-            )
-            await other.start()
-            try:
-                deadline = asyncio.get_running_loop().time() + 30
-                while projector._failure is None:
-                    assert asyncio.get_running_loop().time() < deadline, "no failed assignment"
-                    await asyncio.sleep(0.02)
-                rebalanced.set()
-                await asyncio.wait_for(looked, 10)
-                monkeypatch.setattr(projector.projection, "positions", positions)
-                with pytest.raises(BackendUnavailableError, match="went away"):
-                    await projector.step(timeout_ms=100)
-                await projector._recover()
-                await drain(projector, stack.log, within=30)
-            finally:
-                await other.stop()
-    finally:
-        await projector.close()
+        async with another_member(stack, held.group_id, requests_topic):
+            deadline = asyncio.get_running_loop().time() + 30
+            while projector._failure is None:
+                assert asyncio.get_running_loop().time() < deadline, "no failed assignment"
+                await asyncio.sleep(0.02)
+            held.rebalanced.set()
+            await asyncio.wait_for(looked, 10)
+            monkeypatch.setattr(projector.projection, "positions", positions)
+            with pytest.raises(BackendUnavailableError, match="went away"):
+                await projector.step(timeout_ms=100)
+            await projector._recover()
+            await drain(projector, stack.log, within=30)
 
 
 async def test_a_turn_passes_on_when_its_slice_is_over(stack: Stack, rng: random.Random) -> None:
@@ -1085,17 +1091,6 @@ async def test_a_projector_closed_while_it_starts_leaves_no_consumer_behind(
         await asyncio.wait_for(opening, 30)
     assert made
     assert all(consumer._closed for consumer in made), "a consumer was never stopped"
-
-
-async def group_members(bootstrap: str, group: str) -> int:
-    """How many members the broker counts in ``group``."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_consumer_groups([group])
-    finally:
-        await admin.close()
-    return sum(len(g[-1]) if isinstance(g[-1], list) else 0 for g in described.groups)
 
 
 async def test_a_projector_whose_close_is_cancelled_is_dropped_from_its_group(

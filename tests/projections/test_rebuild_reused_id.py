@@ -30,7 +30,7 @@ from support.compaction_world import (
 )
 from support.servers import KafkaServers
 
-from onward.eventlog import EVENT_FORMAT, Event, RunFinished, RunStarted, Tagged, codec
+from onward.eventlog import EVENT_FORMAT, Event, Position, RunFinished, RunStarted, Tagged, codec
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.memory import MemoryEventLog
@@ -146,6 +146,42 @@ async def test_a_second_start_that_is_no_reuse_stays_refused(collected: bool, en
     assert (row.summary.tenant, row.frontier.agent, row.frontier.refused) == (TENANT, "a", 1)
 
 
+def _write_in_a_newer_format(log: MemoryEventLog, start: RunStarted) -> Position:
+    """Write ``start`` as a newer Onward would, in a format this one cannot read."""
+    newer = msgspec.json.decode(codec.encode(start)) | {"format": EVENT_FORMAT + 1}
+    return log.write_raw(start.run_id, msgspec.json.encode(newer))
+
+
+async def _fold_with_the_first_run_collected(
+    log: MemoryEventLog, run_id: str
+) -> tuple[MemoryFrontierStore, LogProjector]:
+    """Fold ``log`` into a new store as a projector does once ``run_id``'s first run was
+    collected, setting aside what it cannot read; the store and the projector."""
+    store = MemoryFrontierStore()
+    compaction = MemoryCompactionStore(store)
+    compaction.tombstoned.add(run_id)
+    projection = FrontierProjection(
+        store, log, compaction=compaction, release_poll=0.0, every_partition=True
+    )
+    projector = LogProjector(log, projection)
+    await projector.catch_up()
+    return store, projector
+
+
+async def _upgrade_and_release(
+    log: MemoryEventLog,
+    store: MemoryFrontierStore,
+    projector: LogProjector,
+    start: RunStarted,
+    position: Position,
+) -> None:
+    """This Onward upgraded (``start``, written in a newer format, now reads), an operator
+    releases the run set aside, and the projector folds on."""
+    log._records[position.partition][position.offset] = (start.run_id, codec.encode(start))
+    assert await store.release(DEFAULT_CONSUMER, start.run_id, by="ops", at=1) == 1
+    await projector.catch_up()
+
+
 async def test_a_release_under_a_reused_id_folds_the_new_run_alone() -> None:
     """A log read with the archive holds a collected run, then a new run under its id whose
     start no reader of this version could read (a newer format): the fold sets the run aside
@@ -160,24 +196,14 @@ async def test_a_release_under_a_reused_id_folds_the_new_run_alone() -> None:
         ]
     )
     start = RunStarted(run_id=run_id, tenant="other", seq=1, fence=1, at=3, agent="b", revision="r")
-    newer = msgspec.json.decode(codec.encode(start)) | {"format": EVENT_FORMAT + 1}
-    position = log.write_raw(run_id, msgspec.json.encode(newer))
+    position = _write_in_a_newer_format(log, start)
     await log.append(
         [RunFinished(run_id=run_id, tenant="other", seq=2, fence=1, at=4, status="failed")]
     )
-    store = MemoryFrontierStore()
-    compaction = MemoryCompactionStore(store)
-    compaction.tombstoned.add(run_id)
-    projection = FrontierProjection(
-        store, log, compaction=compaction, release_poll=0.0, every_partition=True
-    )
-    projector = LogProjector(log, projection)
-    await projector.catch_up()
+    store, projector = await _fold_with_the_first_run_collected(log, run_id)
     assert [e.state for e in await store.quarantined(DEFAULT_CONSUMER)] == ["held"]
 
-    log._records[0][position.offset] = (run_id, codec.encode(start))
-    assert await store.release(DEFAULT_CONSUMER, run_id, by="ops", at=1) == 1
-    await projector.catch_up()
+    await _upgrade_and_release(log, store, projector, start, position)
 
     row = await store.get(run_id)
     assert row is not None
@@ -196,19 +222,11 @@ async def test_a_new_run_under_a_collected_id_whose_start_cannot_be_read_is_set_
     log = MemoryEventLog(partitions=1)
     run_id = new_run_id()
     start = RunStarted(run_id=run_id, tenant=TENANT, seq=1, fence=1, at=3, agent="b", revision="r")
-    newer = msgspec.json.decode(codec.encode(start)) | {"format": EVENT_FORMAT + 1}
-    position = log.write_raw(run_id, msgspec.json.encode(newer))
+    position = _write_in_a_newer_format(log, start)
     await log.append(
         [RunFinished(run_id=run_id, tenant=TENANT, seq=2, fence=1, at=4, status="completed")]
     )
-    store = MemoryFrontierStore()
-    compaction = MemoryCompactionStore(store)
-    compaction.tombstoned.add(run_id)
-    projection = FrontierProjection(
-        store, log, compaction=compaction, release_poll=0.0, every_partition=True
-    )
-    projector = LogProjector(log, projection)
-    await projector.catch_up()
+    store, projector = await _fold_with_the_first_run_collected(log, run_id)
 
     (entry,) = await store.quarantined(DEFAULT_CONSUMER)
     assert (entry.run_id, entry.offset, entry.state) == (run_id, position.offset, "held")
@@ -216,9 +234,7 @@ async def test_a_new_run_under_a_collected_id_whose_start_cannot_be_read_is_set_
     assert held is not None
     assert held.quarantined == entry.mark
 
-    log._records[0][position.offset] = (run_id, codec.encode(start))  # this Onward upgraded
-    assert await store.release(DEFAULT_CONSUMER, run_id, by="ops", at=1) == 1
-    await projector.catch_up()
+    await _upgrade_and_release(log, store, projector, start, position)
     row = await store.get(run_id)
     assert row is not None
     assert row.frontier is not None

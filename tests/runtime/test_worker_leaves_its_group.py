@@ -14,13 +14,15 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from aiokafka.admin import AIOKafkaAdminClient
 from support.fault_runs import until
 from support.faulty_proxy import FaultyProxy
+from support.kafka import group_members
 from support.private_servers import PrivateKafka
 
 from onward._storage.kafka import KafkaConnection
@@ -47,29 +49,20 @@ async def backends(tmp_path: Path) -> AsyncIterator[Backends]:
         yield opened
 
 
-async def members(bootstrap: str, group: str) -> int:
-    """How many members the broker counts in ``group``."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_consumer_groups([group])
-    finally:
-        await admin.close()
-    return sum(len(g[-1]) if isinstance(g[-1], list) else 0 for g in described.groups)
-
-
 async def no_member_stays(bootstrap: str, group: str) -> None:
     """Fail as soon as the group has a member while ``LOOK_S`` pass."""
     ends = time.monotonic() + LOOK_S
     while time.monotonic() < ends:
-        assert await members(bootstrap, group) == 0, "the worker's consumer is still in its group"
+        assert await group_members(bootstrap, group) == 0, (
+            "the worker's consumer is still in its group"
+        )
         await asyncio.sleep(0.5)
 
 
 async def until_empty(bootstrap: str, group: str) -> None:
     """Until the group has no member; fail once ``LOOK_S`` pass."""
     ends = time.monotonic() + LOOK_S
-    while await members(bootstrap, group):
+    while await group_members(bootstrap, group):
         assert time.monotonic() < ends, "the worker's consumer is still in its group"
         await asyncio.sleep(0.2)
 
@@ -116,7 +109,7 @@ async def test_a_worker_cancelled_twice_leaves_its_group(
         )
     )
     await until(lambda: worker.joined, "the worker in its group")
-    assert await members(kafka_bootstrap, group) == 1
+    assert await group_members(kafka_bootstrap, group) == 1
     serving.cancel()
     await asyncio.sleep(0)  # the serving task is in its ``finally`` now, leaving the group
     serving.cancel()
@@ -180,6 +173,43 @@ async def test_a_worker_refused_its_requests_topic_leaves_no_consumer_unclosed(
     assert reported == []
 
 
+@dataclass
+class Serving:
+    """A worker serving a private broker, joined to its group."""
+
+    stop: asyncio.Event
+    task: asyncio.Future[None]
+    group: str
+
+
+@asynccontextmanager
+async def serving_on_a_paused_broker(
+    private_kafka: PrivateKafka, backends: Backends
+) -> AsyncIterator[Serving]:
+    """A worker joined to its group on ``private_kafka``, which is paused for the block and
+    resumed after it, however the block ends."""
+    topic = f"requests-{uuid.uuid4().hex[:8]}"
+    group = f"{topic}.workers"
+    stop = asyncio.Event()
+    worker = worker_of(backends)
+    task = asyncio.ensure_future(
+        worker.serve_kafka(
+            stop,
+            bootstrap_servers=private_kafka.bootstrap,
+            topic=topic,
+            group_id=group,
+            session_timeout_ms=6000,
+            accept_unsigned=True,
+        )
+    )
+    await until(lambda: worker.joined, "the worker in its group")
+    private_kafka.pause()
+    try:
+        yield Serving(stop, task, group)
+    finally:
+        private_kafka.resume()
+
+
 @pytest.mark.faults  # freezes a private broker: run by `make test-faults`
 @pytest.mark.slow
 async def test_a_worker_whose_broker_stops_answering_says_it_did_not_leave_its_group(
@@ -188,28 +218,11 @@ async def test_a_worker_whose_broker_stops_answering_says_it_did_not_leave_its_g
     """A worker stopped while its broker does not answer gives up leaving its group after
     `_LEAVE_S` and says so: it logged "left the group", so an operator looking for why the
     group still counted it for a session timeout was told it had left."""
-    topic = f"requests-{uuid.uuid4().hex[:8]}"
-    stop = asyncio.Event()
-    worker = worker_of(backends)
-    serving = asyncio.ensure_future(
-        worker.serve_kafka(
-            stop,
-            bootstrap_servers=private_kafka.bootstrap,
-            topic=topic,
-            group_id=f"{topic}.workers",
-            session_timeout_ms=6000,
-            accept_unsigned=True,
-        )
-    )
-    await until(lambda: worker.joined, "the worker in its group")
-    private_kafka.pause()
-    try:
+    async with serving_on_a_paused_broker(private_kafka, backends) as serving:
         with caplog.at_level(logging.INFO, logger="onward.worker"):
-            stop.set()
+            serving.stop.set()
             async with asyncio.timeout(_LEAVE_S + 10):
-                await serving
-    finally:
-        private_kafka.resume()
+                await serving.task
     said = [record.getMessage() for record in caplog.records]
     assert "left the group" not in said, said
     assert any(line.startswith("leaving the group") and "gave up" in line for line in said), said
@@ -236,31 +249,13 @@ async def test_a_worker_whose_leave_gave_up_names_its_group_and_leaves_no_client
     the client's metadata task and the connections' readers ran on (and the coordinator's
     heartbeat, were it still going, kept the member in the group) for as long as an
     application embedding the worker lived."""
-    topic = f"requests-{uuid.uuid4().hex[:8]}"
-    group = f"{topic}.workers"
-    stop = asyncio.Event()
-    worker = worker_of(backends)
-    serving = asyncio.ensure_future(
-        worker.serve_kafka(
-            stop,
-            bootstrap_servers=private_kafka.bootstrap,
-            topic=topic,
-            group_id=group,
-            session_timeout_ms=6000,
-            accept_unsigned=True,
-        )
-    )
-    await until(lambda: worker.joined, "the worker in its group")
-    private_kafka.pause()
-    try:
+    async with serving_on_a_paused_broker(private_kafka, backends) as serving:
         with caplog.at_level(logging.INFO, logger="onward.worker"):
-            stop.set()
+            serving.stop.set()
             async with asyncio.timeout(_LEAVE_S * 2 + 10):
-                await serving
-    finally:
-        private_kafka.resume()
+                await serving.task
     (gave_up,) = [r.getMessage() for r in caplog.records if "gave up" in r.getMessage()]
-    assert group in gave_up, gave_up
+    assert serving.group in gave_up, gave_up
     assert "session timeout (6s)" in gave_up, gave_up
     await until(lambda: not kafka_client_tasks(), "the consumer's tasks ending", within_s=5)
 
@@ -274,30 +269,13 @@ async def test_a_worker_cancelled_while_its_leave_waits_leaves_no_client_task_ru
     bounded by a timeout) lets its consumer's stop go on in a task of its own, and that stop is
     bounded as the caller's wait was: its tasks and connections are ended once `_LEAVE_S`
     passed, not left running for as long as the broker stays away."""
-    topic = f"requests-{uuid.uuid4().hex[:8]}"
-    stop = asyncio.Event()
-    worker = worker_of(backends)
-    serving = asyncio.ensure_future(
-        worker.serve_kafka(
-            stop,
-            bootstrap_servers=private_kafka.bootstrap,
-            topic=topic,
-            group_id=f"{topic}.workers",
-            session_timeout_ms=6000,
-            accept_unsigned=True,
-        )
-    )
-    await until(lambda: worker.joined, "the worker in its group")
-    private_kafka.pause()
-    try:
+    async with serving_on_a_paused_broker(private_kafka, backends) as serving:
         before = set(_leaving)
-        stop.set()
+        serving.stop.set()
         await until(lambda: bool(_leaving - before), "the worker leaving its group")
-        serving.cancel()
+        serving.task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await serving
+            await serving.task
         await until(
             lambda: not kafka_client_tasks(), "the consumer's tasks ending", within_s=_LEAVE_S + 5
         )
-    finally:
-        private_kafka.resume()

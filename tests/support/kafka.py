@@ -77,3 +77,14 @@ def broker_redirected(bootstrap: str) -> Iterator[dict[str, int]]:
         yield proxied
     finally:
         aiokafka.cluster.ClusterMetadata.broker_metadata = original
+
+
+async def group_members(bootstrap: str, group: str) -> int:
+    """How many members the broker counts in ``group``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_consumer_groups([group])
+    finally:
+        await admin.close()
+    return sum(len(g[-1]) if isinstance(g[-1], list) else 0 for g in described.groups)

@@ -172,11 +172,8 @@ def _a_child_stopped(within_s: float = 10.0) -> None:
     """Wait until a process this one started is stopped (SIGSTOP: a hung server)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        for task in Path("/proc/self/task").iterdir():
-            for pid in (task / "children").read_text().split():
-                with contextlib.suppress(OSError):
-                    if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
-                        return
+        if "T" in _child_states().values():
+            return
         time.sleep(0.05)
     raise AssertionError("the server did not hang")
 
@@ -244,15 +241,23 @@ def test_a_session_opened_in_another_loop_while_a_close_ends_its_own_is_refused(
         _in(other, connection.close())
 
 
+def _child_states() -> dict[int, str]:
+    """The processes this one started, each with its state letter from ``/proc``. A thread may
+    end between the listing of ``/proc/self/task`` and the read of its children (they pass to
+    another thread of this process), and a child between the listing and the read of its state."""
+    states: dict[int, str] = {}
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            for pid in (task / "children").read_text().split():
+                with contextlib.suppress(OSError):
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                    states[int(pid)] = stat.rsplit(")", 1)[1].split()[0]
+    return states
+
+
 def _children() -> set[int]:
     """The processes this one started that are still running (not yet exited)."""
-    running: set[int] = set()
-    for task in Path("/proc/self/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            with contextlib.suppress(OSError):
-                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    running.add(int(pid))
-    return running
+    return {pid for pid, state in _child_states().items() if state != "Z"}
 
 
 async def _alive_after(pids: set[int]) -> set[int]:

@@ -12,7 +12,6 @@ tables yet, ``new_pg_schema`` makes several), removed afterwards. Randomized tes
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 import socket
@@ -35,6 +34,9 @@ if TYPE_CHECKING:
 # The shared assertions in tests/support report their operands as a test's own asserts do.
 pytest.register_assert_rewrite("support.histories")
 
+# Garbage is collected after each test, so what a test left unclosed fails that test.
+pytest_plugins = ["support.garbage"]
+
 START_COMMAND = 'eval "$(scripts/services.sh up)"   # or: make test'
 SEED_VARIABLE = "ONWARD_TEST_SEED"
 
@@ -45,23 +47,6 @@ def _app_ledger_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     the working directory by default, for the README's examples); a test that does not say
     keeps them in its own folder, never in the checkout."""
     monkeypatch.setenv("APP_LEDGER", str(tmp_path / "app-ledger.jsonl"))
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Set what the imports and the collection made aside from the collector's reach, so the
-    collection after each test looks at what tests made, not at every module again."""
-    gc.collect()
-    gc.freeze()
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """Collect garbage once the test's fixtures are torn down, so a client the test left
-    unclosed (an aiokafka connection, a socket) is reported as that test's failure rather than
-    by whichever later test the collector happens to run in. Runs before pytest looks for
-    unraisable exceptions at the end of the teardown (its hook is also last, and registered
-    earlier)."""
-    gc.collect()
 
 
 def _docker_answers() -> bool:

@@ -181,3 +181,63 @@ def test_without_servers_the_session_stops_saying_how_to_start_them(tmp_path: Pa
     assert "passed" not in said  # stopped before the next test
     assert "Traceback" not in said, said[-3000:]
     assert "Warning" not in said, said[-3000:]
+
+
+LEAKS = '''
+import socket
+
+import pytest
+
+
+class Cycle:
+    """A socket left open in a reference cycle: only the cycle collector finalizes it."""
+
+    def __init__(self) -> None:
+        self.me = self
+        self.sock = socket.socket()
+
+
+@pytest.fixture(scope="module")
+def held_by_the_module() -> object:
+    return Cycle()
+
+
+def test_leaves_a_socket_open() -> None:
+    Cycle()
+
+
+def test_leaves_nothing() -> None:
+    pass
+
+
+def test_uses_the_module_s_cycle(held_by_the_module: object) -> None:
+    pass
+'''
+
+
+def test_a_socket_a_test_left_open_fails_that_test_and_one_a_module_left_is_found(
+    tmp_path: Path,
+) -> None:
+    """`support.garbage` collects after each test and sets the survivors aside: the leak of a
+    test is reported at its own teardown (not by whichever test the collector next ran in), and
+    the cycle a module-scoped fixture left, set aside while it was held, is found once the
+    module is done."""
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["support.garbage"]\n')
+    (tmp_path / "test_leaks.py").write_text(LEAKS)
+    (tmp_path / "test_after.py").write_text("def test_in_the_next_module() -> None:\n    pass\n")
+    argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-W", "error"]
+    argv += ["-o", "asyncio_default_fixture_loop_scope=function", "test_leaks.py", "test_after.py"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}
+    done = subprocess.run(
+        [sys.executable, *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    out = done.stdout.decode(errors="replace")
+    errors = [line for line in out.splitlines() if line.startswith("_") and "ERROR at" in line]
+    assert len(errors) == 2, out[-3000:]
+    assert "ERROR at teardown of test_leaves_a_socket_open " in errors[0], out[-3000:]
+    assert "unclosed <socket.socket" in out, out[-3000:]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -146,6 +147,57 @@ except SystemExit as exc:
     modules = imported_by(code)
     assert "onward.runtime.cli.projections" in modules
     loaded = [m for m in NOT_FOR_THE_PROJECTOR_COMMAND if m in modules]
+    assert loaded == []
+
+
+NOT_ON_SQLITE = ("redis", "onward.runtime.gc.redis", "onward.projections.redis")
+"""Modules a command on the embedded SQLite backend (or ``--help``, or a usage error) must not
+load: redis-py is for a deployment that sets ``REDIS_URL`` or a Redis frontier store."""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["no-such-command"], ["runs"], ["inspect", "nosuch"], ["gc", "--help"]],
+)
+def test_a_command_on_sqlite_loads_no_redis(args: list[str], tmp_path: Path) -> None:
+    """A command on SQLite loads no redis-py, nor does a usage error, nor ``--help``, which
+    imports every command's module (the garbage collector's among them) to list them."""
+    code = f"""
+import os, sys
+os.environ.pop("REDIS_URL", None)
+os.environ.update(ONWARD_BACKEND="sqlite", ONWARD_SQLITE_PATH={str(tmp_path / "onward.db")!r})
+sys.argv = ["onward", *{args!r}]
+from onward.runtime.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert exc.code in (0, 1, 2), exc.code
+"""
+    modules = imported_by(code)
+    assert "onward.runtime.cli._common" in modules
+    assert [m for m in NOT_ON_SQLITE if m in modules] == []
+
+
+def test_a_mistyped_command_loads_no_command() -> None:
+    """A typo's "did you mean" needs only the commands' names: it is answered without importing
+    every command's module (the worker, the fleet, the runner), and still suggests the command
+    whose module was never imported."""
+    code = """
+import contextlib, io, sys
+sys.argv = ["onward", "rnus"]
+from onward.runtime.cli import main
+stderr = io.StringIO()
+with contextlib.redirect_stderr(stderr):
+    try:
+        main()
+    except SystemExit as exc:
+        assert exc.code == 2, exc.code
+assert "Did you mean 'runs'?" in stderr.getvalue(), stderr.getvalue()
+"""
+    modules = imported_by(code)
+    loaded = [
+        m for m in ("onward.runtime.cli.listing", *NOT_FOR_THE_PROJECTOR_COMMAND) if m in modules
+    ]
     assert loaded == []
 
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from difflib import get_close_matches
 from importlib import import_module
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer._click.exceptions import UsageError
 from typer.core import TyperGroup
 
 from ._common import EXIT_OK, EXIT_USAGE, boundary, debugging, error, help_paragraphs
@@ -75,13 +77,25 @@ class _LazyGroup(TyperGroup):
 
     def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         lazy = self._lazy()
-        wanted = [cmd_name] if cmd_name in lazy or cmd_name in self.commands else list(lazy)
-        # A name no command has loads them all, so "did you mean" can suggest any of them.
-        for name in wanted:
-            if name in lazy and name not in self.commands:
-                group = "" if self.name == "onward" else f" {self.name}"
-                self.add_command(_command(lazy[name], f"onward{group} {name}"), name)
+        if cmd_name in lazy and cmd_name not in self.commands:
+            group = "" if self.name == "onward" else f" {self.name}"
+            self.add_command(_command(lazy[cmd_name], f"onward{group} {cmd_name}"), cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def resolve_command(
+        self, ctx: Context, args: list[str]
+    ) -> tuple[str | None, Command | None, list[str]]:
+        """Typer's, but "did you mean" picks from every command's name, which the table holds:
+        typer's picks from the loaded commands, and loading them all for a typo would import
+        every command's module (the worker, the fleet, the runner)."""
+        try:
+            return self._click_resolve_command(ctx, args)
+        except UsageError as exc:
+            matches = get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if self.suggest_commands and matches:
+                suggestions = ", ".join(f"{match!r}" for match in matches)
+                exc.message = f"{exc.message.rstrip('.')}. Did you mean {suggestions}?"
+            raise
 
 
 def _command(where: str, path: str) -> Command:

@@ -15,8 +15,6 @@ from onward.runtime.settings import Settings
 
 from .base import KeySweeper, RecordSweeper
 from .postgres import PostgresRecordSweeper
-from .redis import RedisKeySweeper
-from .redis_frontiers import RedisFrontierSweeper
 from .sqlite import SqliteRecordSweeper
 
 
@@ -44,6 +42,8 @@ def record_sweeper(settings: Settings, *, readonly: bool) -> RecordSweeper:
     """
     check_collectable(settings)
     if settings.frontier_store == "redis":
+        from .redis_frontiers import RedisFrontierSweeper  # noqa: PLC0415  (redis-py: only here)
+
         return RedisFrontierSweeper(
             settings.require_redis_url(),
             settings.require_database_url(),
@@ -72,6 +72,8 @@ def key_sweeper(settings: Settings) -> KeySweeper | None:
     """The sweeper of the Redis keys (unopened), or ``None`` without ``REDIS_URL``."""
     if not settings.redis_url:
         return None
+    from .redis import RedisKeySweeper  # noqa: PLC0415  (redis-py: only with REDIS_URL)
+
     return RedisKeySweeper(
         settings.require_redis_url(),
         prefix=settings.redis_prefix,

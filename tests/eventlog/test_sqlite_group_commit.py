@@ -12,9 +12,10 @@ import asyncio
 import random
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.group_append_child import BATCHES, DONE, append_run, batch_events
@@ -23,6 +24,7 @@ from support.processes import reaped, spawn_support
 from onward.errors import BackendError, PayloadTooLargeError
 from onward.eventlog import SqliteEventLog, ToolCompleted
 from onward.eventlog.base import Position, StoredEvent
+from onward.testing.leases import until
 
 PARTITIONS = 3
 """Few partitions, so many runs append to each at once."""
@@ -74,6 +76,26 @@ def write_lock_held(path: Path) -> Iterator[sqlite3.Connection]:
                 holder.execute("ROLLBACK")
 
 
+async def until_taken_by_a_commit(log: SqliteEventLog, commits_before: int) -> None:
+    """Wait until a commit started after ``commits_before`` has taken every queued write (it
+    then waits for the write lock the test holds)."""
+    await until(
+        lambda: log._db.commits > commits_before and not log._db._writes,
+        within_s=5,
+        what="a commit taking the queued writes",
+    )
+
+
+async def until_queued(log: SqliteEventLog, appends: Sequence[asyncio.Task[Any]]) -> None:
+    """Wait until each of ``appends`` has queued its write for the next commit, or been
+    answered without one (a batch refused before it is written)."""
+    await until(
+        lambda: len(log._db._writes) + sum(a.done() for a in appends) == len(appends),
+        within_s=5,
+        what=f"{len(appends)} appends queued",
+    )
+
+
 async def test_concurrent_runs_share_commits_and_every_batch_lands_whole(tmp_path: Path) -> None:
     runs = 200
     rng = random.Random(23)
@@ -117,14 +139,15 @@ async def test_a_batch_refused_inside_the_shared_transaction_fails_alone(tmp_pat
         good = [batch_events("good", run, 0, 1, 1 + run % 5) for run in range(40)]
         with write_lock_held(path) as holder:
             # The first append's commit waits for the lock; everything after queues behind it.
+            commits = log._db.commits
             first = asyncio.create_task(log.append(batch_events("first", 0, 0, 1, 2)))
-            await asyncio.sleep(0.2)
+            await until_taken_by_a_commit(log, commits)
             commits = log._db.commits
             rest = [
                 asyncio.create_task(log.append(batch))
                 for batch in [*good[:20], bad, oversized, *good[20:]]
             ]
-            await asyncio.sleep(0.2)
+            await until_queued(log, rest)
             holder.execute("ROLLBACK")
             outcomes = await asyncio.gather(first, *rest, return_exceptions=True)
         assert log._db.commits == commits + 1, "the queued appends did not share one commit"
@@ -191,11 +214,12 @@ async def test_an_append_cancelled_while_queued_never_lands(tmp_path: Path) -> N
     path = tmp_path / "events.db"
     async with SqliteEventLog(path, partitions=PARTITIONS) as log:
         with write_lock_held(path) as holder:
+            commits = log._db.commits
             first = asyncio.create_task(log.append(batch_events("first", 0, 0, 1, 2)))
-            await asyncio.sleep(0.2)  # its commit has taken it and waits for the lock
+            await until_taken_by_a_commit(log, commits)  # which waits for the lock
             queued = asyncio.create_task(log.append(batch_events("queued", 0, 0, 1, 3)))
             kept = asyncio.create_task(log.append(batch_events("kept", 0, 0, 1, 1)))
-            await asyncio.sleep(0.05)
+            await until_queued(log, [queued, kept])
             queued.cancel()
             holder.execute("ROLLBACK")
             await first

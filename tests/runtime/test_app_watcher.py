@@ -31,6 +31,7 @@ from onward.runtime.fleet.requests_postgres import PostgresRequests
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ModelReply, reply
 from onward.runtime.signing import RequestSigner
+from onward.testing.leases import until
 
 RUNS = 8
 MODEL_S = 8.0
@@ -115,18 +116,24 @@ class Unanswered(MemoryEventLog):
 
 @pytest.mark.timeout(60)
 async def test_closing_a_fleet_app_ends_its_waiting_streams_at_once_saying_it_closed(
-    database_url: str, pg_schema: str
+    database_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A stream napping while the watcher answers (no worker takes its start) ends as its
     app closes, not a `WATCHED_NAP_S` later, and says the app was closed rather than that it
     was never opened."""
     settings = postgres_fleet_settings(database_url, pg_schema)
-    async with onward.open(settings) as app:
-        stream = app.query("go", {"agent": "slow", "run_id": "left"})
-        reading = asyncio.create_task(anext(stream))
-        await asyncio.sleep(SAY_UNHELD_AFTER_S + 1)  # said unheld: napping on the watcher
-        assert not reading.done()
-        closing = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="onward.app"):
+        async with onward.open(settings) as app:
+            stream = app.query("go", {"agent": "slow", "run_id": "left"})
+            reading = asyncio.create_task(anext(stream))
+            # Said unheld, the stream naps on the watcher at once (no await in between).
+            await until(
+                lambda: any("nobody holds it" in r.getMessage() for r in caplog.records),
+                within_s=SAY_UNHELD_AFTER_S + 5,
+                what="the stream saying nobody holds its run",
+            )
+            assert not reading.done()
+            closing = time.monotonic()
     with pytest.raises(ConfigurationError) as closed:
         await asyncio.wait_for(reading, WATCHED_NAP_S + 5)
     assert time.monotonic() - closing < 1.5
@@ -176,8 +183,7 @@ async def test_a_watcher_the_log_does_not_answer_says_so_once_and_wakes_every_st
         )
         await asyncio.wait_for(stream.woken.wait(), 5)
         log.down = True
-        await asyncio.sleep(0.2)
-        assert not answering(watcher)
+        await until(lambda: not answering(watcher), within_s=5, what="the watcher unanswered")
         stream.ended = True  # no live stream left: the watcher stops looking
         log.down = False
         await asyncio.sleep(RETRY_S + 0.2)

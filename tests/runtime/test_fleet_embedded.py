@@ -41,6 +41,7 @@ from onward.runtime.fleet.worker import Worker, attempts_since_progress
 from onward.runtime.manager import ExecutionManager
 from onward.runtime.providers import ModelReply, ScriptedProvider
 from onward.runtime.settings import Settings
+from onward.testing.leases import until
 
 TESTS = Path(__file__).resolve().parents[1]
 TENANT = "acme"
@@ -540,10 +541,9 @@ async def test_a_slow_recovery_pass_is_not_overlapped_by_the_next(
         listings = SlowListings(worker, monkeypatch, delay_s=0.4)
         stop = asyncio.Event()
         serving = asyncio.create_task(worker.serve_embedded(stop))
-        await asyncio.sleep(1.0)
+        await until(lambda: listings.started >= 2, within_s=10, what="a pass after the first")
         stop.set()
         await asyncio.wait_for(serving, 5)
-    assert listings.started >= 2, "no pass after the first"
     assert listings.most_at_once == 1
 
 
@@ -615,8 +615,7 @@ async def test_a_run_a_second_task_acts_on_is_carried_after_the_first_task_ended
         worker.launch(run_id, first)
         worker.launch(run_id, second)
         await first_done.wait()
-        await asyncio.sleep(0.05)  # the first task's end is seen
-        assert worker.in_flight == 1
+        await until(lambda: worker.in_flight == 1, within_s=5, what="the first task's end seen")
         assert worker.carrying(run_id)
         assert await worker.recover({0, 1, 2, 3}) == 0
         second_go.set()

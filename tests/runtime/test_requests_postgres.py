@@ -42,7 +42,6 @@ from onward.errors import (
 )
 from onward.eventlog import Message
 from onward.runtime.agent import Agent
-from onward.runtime.application.stream import SAY_UNHELD_AFTER_S
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.cli import app as cli
 from onward.runtime.demo_ledger import Ledger
@@ -54,7 +53,7 @@ from onward.runtime.fleet.requests import (
     TagRun,
     prepare_requests,
 )
-from onward.runtime.fleet.requests_postgres import PostgresRequests
+from onward.runtime.fleet.requests_postgres import ClaimedRequest, PostgresRequests
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ModelReply
 from onward.runtime.redaction import Redactor
@@ -95,8 +94,14 @@ async def test_a_dead_worker_s_claim_lapses_to_the_next_and_acted_on_is_deleted(
     await table.submit(_start("r1"))
     (mine,) = await table.claim("dead", 10, claim_s=0.3)
     assert await table.claim("next", 10) == []
-    await asyncio.sleep(0.5)
-    (taken,) = await table.claim("next", 10)
+    taken_by_next: list[ClaimedRequest] = []
+
+    async def lapsed() -> bool:
+        taken_by_next.extend(await table.claim("next", 10))
+        return bool(taken_by_next)
+
+    await until(lapsed, "the dead worker's claim lapsing")
+    (taken,) = taken_by_next
     assert taken.id == mine.id
     await table.finish("dead", [mine.id])  # the dead worker's late word changes nothing
     assert await table.waiting() == 1
@@ -509,8 +514,13 @@ async def test_an_answer_goes_to_a_worker_carrying_the_run_s_agent(
             answered = app.resume("p1", {"authorized": True}, timeout=60)
             following = asyncio.create_task(answered.collect())
             await until(lambda: _stored_for(database_url, pg_schema, "payer"), "answer stored")
+
+            async def said_unheld() -> bool:
+                return any("no worker has taken" in r.getMessage() for r in caplog.records)
+
             with caplog.at_level("INFO", logger="onward.app"):
-                await asyncio.sleep(SAY_UNHELD_AFTER_S + 1)  # many of the stepper's polls
+                # Said after `SAY_UNHELD_AFTER_S`: many of the stepper's polls meanwhile.
+                await until(said_unheld, "the stream saying no worker has taken its run")
             assert await table.waiting() == 1  # not taken by a worker that cannot carry it
             said = [m for r in caplog.records if "no worker has taken" in (m := r.getMessage())]
             assert len(said) == 1, said
@@ -1174,10 +1184,13 @@ async def test_a_slow_recovery_pass_is_not_overlapped_by_the_next(
         serving = asyncio.create_task(
             worker.serve_postgres(stop, requests=table, accept_unsigned=True, poll_s=0.05)
         )
-        await asyncio.sleep(1.0)
+
+        async def a_second_pass() -> bool:
+            return listings.started >= 2
+
+        await until(a_second_pass, "a pass after the first")
         stop.set()
         await asyncio.wait_for(serving, 10)
-    assert listings.started >= 2, "no pass after the first"
     assert listings.most_at_once == 1
 
 

@@ -4,11 +4,34 @@ own stand in for them), and callers in one process never starve the holder of a 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import asyncpg
+import pytest
 from support.pg import SchemaFactory
 
 from onward._storage import PostgresStore
+
+_WAITING = """
+SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+  AND classid::bigint = (hashtextextended($1, 0) >> 32) & 4294967295
+  AND objid::bigint = hashtextextended($1, 0) & 4294967295
+"""
+
+
+async def _until_waited_for(database_url: str, key: str) -> None:
+    """Wait until the server shows a session waiting for the advisory lock ``key``, so a
+    waiter is known to wait rather than guessed to after a while."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        deadline = time.monotonic() + 5
+        while not await conn.fetchval(_WAITING, key):
+            if time.monotonic() > deadline:
+                pytest.fail(f"nobody waited for the advisory lock {key!r} within 5 s")
+            await asyncio.sleep(0.01)
+    finally:
+        await conn.close()
 
 
 async def test_a_second_store_waits_until_the_first_lets_go(
@@ -21,7 +44,7 @@ async def test_a_second_store_waits_until_the_first_lets_go(
         order: list[str] = []
         async with first.exclusive("fold"):
             waiting = asyncio.create_task(_hold(second, "fold", order, "second"))
-            await asyncio.sleep(0.3)
+            await _until_waited_for(database_url, f"onward:{pg_schema}:fold")
             assert order == []
             order.append("first done")
         await asyncio.wait_for(waiting, 5)
@@ -66,7 +89,7 @@ async def test_a_store_reaching_the_schema_through_the_urls_search_path_takes_th
         order: list[str] = []
         async with named.exclusive("fold"):
             waiting = asyncio.create_task(_hold(by_path, "fold", order, "by path"))
-            await asyncio.sleep(0.3)
+            await _until_waited_for(database_url, f"onward:{pg_schema}:fold")
             assert order == []
             order.append("named done")
         await asyncio.wait_for(waiting, 5)
@@ -85,7 +108,7 @@ async def test_a_store_given_no_schema_waits_for_a_holder_of_the_earlier_version
             order: list[str] = []
             await earlier.execute("SELECT pg_advisory_lock(hashtextextended('onward::fold', 0))")
             waiting = asyncio.create_task(_hold(store, "fold", order, "upgraded"))
-            await asyncio.sleep(0.3)
+            await _until_waited_for(database_url, "onward::fold")
             assert order == []
             order.append("earlier done")
             await earlier.execute("SELECT pg_advisory_unlock_all()")

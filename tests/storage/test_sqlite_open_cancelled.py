@@ -16,17 +16,19 @@ from onward._storage.sqlite import SqliteThread, connect
 
 async def test_a_connection_opened_after_its_open_was_cancelled_is_closed(tmp_path: Path) -> None:
     db = SqliteThread(tmp_path / "cancelled.db", "store")
+    opening_started = threading.Event()
     release = threading.Event()
     opened: list[sqlite3.Connection] = []
 
     def slow_open() -> sqlite3.Connection:
+        opening_started.set()
         release.wait(10)  # still opening when the caller gives up
         conn = connect(tmp_path / "cancelled.db")
         opened.append(conn)
         return conn
 
     opening = asyncio.create_task(db.open(slow_open))
-    await asyncio.sleep(0.1)
+    assert await asyncio.to_thread(opening_started.wait, 5), "the open never reached its thread"
     opening.cancel()
     with pytest.raises(asyncio.CancelledError):
         await opening

@@ -173,6 +173,21 @@ async def _stop(workers: Sequence[asyncio.subprocess.Process]) -> list[tuple[byt
         await kill_running(workers)
 
 
+async def _until_one_is_held(
+    backends: Backends, run_ids: Sequence[str], holder: str, ledger: Path, effects: int
+) -> None:
+    """Poll until ``effects`` side effects are in the ledger and a run is leased by the worker
+    named ``holder``."""
+    deadline = asyncio.get_running_loop().time() + 60
+    while asyncio.get_running_loop().time() < deadline:
+        if len(Ledger(ledger).entries()) >= effects:
+            leases = [await backends.leases.current(r) for r in run_ids]
+            if any(lease is not None and lease.holder == holder for lease in leases):
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no run was leased by {holder} after {effects} side effects in 60 s")
+
+
 async def _until_runs_rest(backends: Backends, run_ids: Sequence[str], within: float) -> None:
     """Poll until every run completed, failed, or waits on a person (or ``within`` passes)."""
     deadline = asyncio.get_running_loop().time() + within
@@ -341,14 +356,13 @@ async def test_a_killed_embedded_worker_s_runs_are_carried_on_by_the_other(
     workers = await _start_workers(path, ledger, 2, steps=steps, tool_s=0.3)
     try:
         expected_effects = steps * len(run_ids)
-        for _ in range(600):
-            if len(Ledger(ledger).entries()) >= expected_effects // 3:
-                break
-            await asyncio.sleep(0.1)
-        victim = workers[0]
-        victim.send_signal(signal.SIGKILL)
-        await victim.wait()
         async with open_backends(_settings(path)) as backends:
+            # Killed mid-load, and holding a run then: a kill between two of its runs would
+            # leave the other worker nothing to carry on.
+            await _until_one_is_held(backends, run_ids, "e0", ledger, expected_effects // 3)
+            victim = workers[0]
+            victim.send_signal(signal.SIGKILL)
+            await victim.wait()
             await _until_runs_rest(backends, run_ids, within=150)
             rows = {s.run_id: s for s in await backends.frontiers.runs(tenant=TENANT)}
             manager = ExecutionManager(backends.frontiers, backends.leases)

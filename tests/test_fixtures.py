@@ -197,9 +197,22 @@ class Cycle:
         self.sock = socket.socket()
 
 
+class FileCycle:
+    """A file left open in a reference cycle, named so its warning says whose it was."""
+
+    def __init__(self) -> None:
+        self.me = self
+        self.file = open(__file__ + ".held-by-the-session")  # noqa: SIM115
+
+
 @pytest.fixture(scope="module")
 def held_by_the_module() -> object:
     return Cycle()
+
+
+@pytest.fixture(scope="session")
+def held_by_the_session() -> object:
+    return FileCycle()
 
 
 def test_leaves_a_socket_open() -> None:
@@ -212,6 +225,10 @@ def test_leaves_nothing() -> None:
 
 def test_uses_the_module_s_cycle(held_by_the_module: object) -> None:
     pass
+
+
+def test_uses_the_session_s_cycle(held_by_the_session: object) -> None:
+    pass
 '''
 
 
@@ -219,11 +236,13 @@ def test_a_socket_a_test_left_open_fails_that_test_and_one_a_module_left_is_foun
     tmp_path: Path,
 ) -> None:
     """`support.garbage` collects after each test and sets the survivors aside: the leak of a
-    test is reported at its own teardown (not by whichever test the collector next ran in), and
-    the cycle a module-scoped fixture left, set aside while it was held, is found once the
-    module is done."""
+    test is reported at its own teardown (not by whichever test the collector next ran in), the
+    cycle a module-scoped fixture left, set aside while it was held, is found once the module is
+    done, and the one a session-scoped fixture left, set aside too, is found at the session's end
+    (pytest's own last collection walks it)."""
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["support.garbage"]\n')
     (tmp_path / "test_leaks.py").write_text(LEAKS)
+    (tmp_path / "test_leaks.py.held-by-the-session").write_text("")
     (tmp_path / "test_after.py").write_text("def test_in_the_next_module() -> None:\n    pass\n")
     argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-W", "error"]
     argv += ["-o", "asyncio_default_fixture_loop_scope=function", "test_leaks.py", "test_after.py"]
@@ -241,3 +260,5 @@ def test_a_socket_a_test_left_open_fails_that_test_and_one_a_module_left_is_foun
     assert len(errors) == 2, out[-3000:]
     assert "ERROR at teardown of test_leaves_a_socket_open " in errors[0], out[-3000:]
     assert "unclosed <socket.socket" in out, out[-3000:]
+    said_at_the_end = done.stderr.decode(errors="replace")
+    assert "test_leaks.py.held-by-the-session" in said_at_the_end, said_at_the_end[-3000:]

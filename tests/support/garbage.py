@@ -11,7 +11,8 @@ A full collection walks every object the session holds: 0.1 s and more per test 
 has run a while. What a test left is among what it made, so after each collection the objects
 that survived it are set aside (``gc.freeze``) and the next collection walks only what the next
 test made. After a module's last test everything is walked again, for what its module-scoped
-fixtures left.
+fixtures left, and at the session's end everything is given back to the collector, for what the
+session-scoped fixtures and the last test's arguments left.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Set what the imports and the collection made aside before the first test."""
     gc.collect()
     gc.freeze()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Give what is set aside back to the collector: pytest's last collection, which reports
+    what it finalizes, then walks what session-scoped fixtures left (a frozen cycle is never
+    collected, not even at the interpreter's exit)."""
+    gc.unfreeze()
 
 
 @pytest.fixture(autouse=True, scope="module")

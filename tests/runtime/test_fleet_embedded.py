@@ -18,7 +18,7 @@ import pytest
 from support import cli_agent
 from support.fleet import agents, script
 from support.fleet_checks import SlowListings
-from support.processes import kill_running, reaped
+from support.processes import kill_running, ready_workers, reaped
 from typer.testing import CliRunner
 
 from onward.errors import InvalidInputError
@@ -144,21 +144,7 @@ async def _start_workers(
     argv = ["-m", "onward", "worker", "--agent", "support.fleet:agents"]
     argv += ["--provider", "support.fleet:provider", "--lease-ttl", "2", "--recheck", "0.3"]
     argv += ["--backoff", "0.1", "--max-attempts", "2"]
-    workers = [
-        await asyncio.create_subprocess_exec(
-            sys.executable, *argv, "--name", f"e{n}", env=env, stderr=asyncio.subprocess.PIPE
-        )
-        for n in range(count)
-    ]
-    try:
-        for worker in workers:
-            assert worker.stderr is not None
-            first = await asyncio.wait_for(worker.stderr.readline(), 60)
-            assert b"ready" in first, first
-    except BaseException:
-        await kill_running(workers)  # those already ready would serve on after the test
-        raise
-    return workers
+    return await ready_workers(argv, [f"e{n}" for n in range(count)], env)
 
 
 async def _stop(workers: Sequence[asyncio.subprocess.Process]) -> list[tuple[bytes, bytes]]:

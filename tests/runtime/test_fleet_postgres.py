@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from support.fleet import agents, script
-from support.processes import TESTS, kill_running
+from support.processes import TESTS, kill_running, ready_workers
 
 from onward.eventlog import Message
 from onward.runtime.backends import Backends, open_backends
@@ -61,21 +60,7 @@ async def _start_workers(env: dict[str, str], count: int) -> list[asyncio.subpro
     argv += ["--provider", "support.fleet:provider", "--lease-ttl", "2", "--recheck", "0.3"]
     argv += ["--backoff", "0.1", "--max-attempts", "2"]
     child_env = {**os.environ, **env, "PYTHONPATH": str(TESTS)}
-    workers = [
-        await asyncio.create_subprocess_exec(
-            sys.executable, *argv, "--name", f"p{n}", env=child_env, stderr=asyncio.subprocess.PIPE
-        )
-        for n in range(count)
-    ]
-    try:
-        for worker in workers:
-            assert worker.stderr is not None
-            first = await asyncio.wait_for(worker.stderr.readline(), 60)
-            assert b"ready" in first, first
-    except BaseException:
-        await kill_running(workers)  # those already ready would serve on after the test
-        raise
-    return workers
+    return await ready_workers(argv, [f"p{n}" for n in range(count)], child_env)
 
 
 async def _until_runs_rest(backends: Backends, run_ids: Sequence[str], within: float) -> None:

@@ -11,13 +11,12 @@ import asyncio
 import json
 import os
 import random
-import signal
 import sys
 
 import pytest
 from support.deployment import kafka_settings
 from support.histories import append_all, assert_stored_is_the_direct_fold, run_ids_of, workload
-from support.processes import kill_running, reaped
+from support.processes import reaped, terminated
 from support.servers import KafkaServers
 
 from onward.errors import ConfigurationError
@@ -98,12 +97,7 @@ async def test_the_projector_process_folds_into_redis_and_runs_lists_from_it(
                     assert projector.returncode is None, "the projector stopped"
                     await asyncio.sleep(0.2)
         finally:
-            try:
-                if projector.returncode is None:
-                    projector.send_signal(signal.SIGTERM)
-                _, stderr = await asyncio.wait_for(projector.communicate(), 60)
-            finally:
-                await kill_running([projector])  # one that did not stop would outlive the test
+            _, stderr = await terminated(projector, within_s=60)
         assert projector.returncode == 0, stderr.decode()
         await assert_stored_is_the_direct_fold(store, log, run_ids_of(steps))
     async with reaped() as children:

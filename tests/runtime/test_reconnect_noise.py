@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
 import time
 import uuid
@@ -20,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from support.processes import kill_running
+from support.processes import terminated
 from support.proxy import TcpProxy
 
 from onward.eventlog import KafkaEventLog, RunStarted
@@ -102,12 +101,7 @@ async def test_a_postgres_outage_under_the_projector_is_said_in_lines_not_traceb
                 await until_projected(database_url, pg_schema, during, 60)
                 assert projector.returncode is None  # it rode the outage out
             finally:
-                try:
-                    if projector.returncode is None:
-                        projector.send_signal(signal.SIGTERM)
-                    stdout, stderr = await asyncio.wait_for(projector.communicate(), 60)
-                finally:
-                    await kill_running([projector])  # one that did not stop would outlive the test
+                stdout, stderr = await terminated(projector, within_s=60)
     text = stderr.decode() + stdout.decode()
     assert "Traceback" not in text, text
     assert not any(line.startswith(" ") for line in text.splitlines()), text  # one line each

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,42 @@ async def spawn_onward(log: Path, env: dict[str, str], *argv: str) -> asyncio.su
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "onward", *argv, env=env, stdout=out, stderr=out
         )
+
+
+async def ready_workers(
+    argv: Sequence[str], names: Iterable[str], env: dict[str, str]
+) -> list[asyncio.subprocess.Process]:
+    """``python *argv --name NAME`` for each name (an `onward worker`), returned once each has
+    said it is ready (its first line on stderr, within 60 s); if one does not, those started
+    are killed, or the ready ones would serve on after the test."""
+    workers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, *argv, "--name", name, env=env, stderr=asyncio.subprocess.PIPE
+        )
+        for name in names
+    ]
+    try:
+        for worker in workers:
+            assert worker.stderr is not None
+            first = await asyncio.wait_for(worker.stderr.readline(), 60)
+            assert b"ready" in first, first
+    except BaseException:
+        await kill_running(workers)
+        raise
+    return workers
+
+
+async def terminated(child: asyncio.subprocess.Process, *, within_s: float) -> tuple[bytes, bytes]:
+    """SIGTERM ``child`` if it still runs and collect what it wrote until it ends (piped
+    streams; ``b""`` for one not piped); killed if it has not ended within ``within_s``, or it
+    would outlive the test."""
+    try:
+        if child.returncode is None:
+            child.send_signal(signal.SIGTERM)
+        stdout, stderr = await asyncio.wait_for(child.communicate(), within_s)
+    finally:
+        await kill_running([child])
+    return stdout or b"", stderr or b""
 
 
 async def stop_children(children: Iterable[asyncio.subprocess.Process], *, within_s: float) -> None:

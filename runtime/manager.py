@@ -172,7 +172,8 @@ class ExecutionManager:
                 + "; the run does not exist or the projector has not reached it yet",
                 run_id=run_id,
             )
-        return await self._status(row.summary)
+        lease = await self.leases.current(run_id) if self.leases is not None else None
+        return await self._status(row.summary, lease)
 
     async def list_pending(
         self, *, tenant: str | None = None, user: str | None = None
@@ -196,14 +197,20 @@ class ExecutionManager:
             user=user,
         )
         async for rows in pages:
+            # A page's leases in one read, not one round trip per run.
+            leases = (
+                await self.leases.current_many([summary.run_id for summary in rows])
+                if self.leases is not None and rows
+                else {}
+            )
             for summary in rows:
-                status = await self._status(summary)
+                status = await self._status(summary, leases.get(summary.run_id))
                 if status.attention in ("waiting_on_approval", "needs_person", "interrupted"):
                     pending.append(status)
         return pending
 
-    async def _status(self, summary: RunSummary) -> RunOverview:
-        lease = await self.leases.current(summary.run_id) if self.leases is not None else None
+    async def _status(self, summary: RunSummary, lease: RunLease | None) -> RunOverview:
+        """The run's overview, given its unexpired lease (``None``: nobody holds it)."""
         attention = _attention(summary, lease)
         if attention == "interrupted":
             # Only an unheld running run can have been left for a person: read its whole row.

@@ -185,6 +185,9 @@ class WrappedLeaseStore(Resource):
     async def current(self, run_id: str) -> RunLease | None:
         return await self.inner.current(run_id)
 
+    async def current_many(self, run_ids: Sequence[str]) -> dict[str, RunLease]:
+        return await self.inner.current_many(run_ids)
+
     async def ask_to_cancel(
         self, run_id: str, *, tenant: str, by: str, why: str = ""
     ) -> RunLease | None:
@@ -644,6 +647,42 @@ class LeaseStoreConformance:
     async def test_current_is_none_after_expiry(self, store: LeaseStore) -> None:
         # ``until_lapsed`` polls ``current`` until it says None, and fails if it never does.
         await self._lapsed(store, new_run_id())
+
+    async def test_current_many_says_of_each_run_what_current_says(self, store: LeaseStore) -> None:
+        """Held, raised, lapsed, released and never leased runs, read together, read as
+        `current` reads each: the unexpired leases, and no entry for the others."""
+        held, raised_run, lapsed, released, never = (new_run_id() for _ in range(5))
+        await self._take(store, held, "w1")
+        await self._raised(store, raised_run)
+        await self._lapsed(store, lapsed)
+        await store.release(await self._take(store, released, "w1"))
+        run_ids = [held, raised_run, lapsed, released, never]
+        found = await store.current_many(run_ids)
+        each = {run_id: await store.current(run_id) for run_id in run_ids}
+        assert set(found) == {held, raised_run}
+        for run_id, lease in found.items():
+            current = each[run_id]
+            assert current is not None
+            assert (lease.run_id, lease.tenant, lease.holder, lease.fence) == (
+                current.run_id,
+                current.tenant,
+                current.holder,
+                current.fence,
+            )
+            assert lease.expires_at == pytest.approx(current.expires_at, abs=1e-3)
+
+    async def test_current_many_of_no_runs_is_empty(self, store: LeaseStore) -> None:
+        assert await store.current_many([]) == {}
+
+    async def test_current_many_reads_more_runs_than_one_query_names(
+        self, store: LeaseStore
+    ) -> None:
+        """Past any backend's parameter limit (SQLite's 999), every held run is read."""
+        run_ids = [new_run_id() for _ in range(1200)]
+        held = run_ids[::97] + run_ids[-1:]
+        for run_id in held:
+            await self._take(store, run_id, "w1")
+        assert set(await store.current_many(run_ids)) == set(held)
 
     # -- asking the holder to cancel ---------------------------------------------------------
 

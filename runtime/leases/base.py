@@ -18,8 +18,10 @@ sees the same messages whichever store it runs on.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
@@ -283,6 +285,17 @@ class LeaseStore(AsyncResource, Protocol):
     async def current(self, run_id: str) -> RunLease | None:
         """The unexpired lease on a run, if any."""
         ...
+
+    async def current_many(self, run_ids: Sequence[str]) -> dict[str, RunLease]:
+        """The unexpired leases on some runs, by run id, read together: a run free, lapsed or
+        never leased has no entry, exactly as `current` says ``None`` of it.
+
+        A listing of many runs (`ExecutionManager.list_pending`) asks once per page rather
+        than once per run. This default asks `current` of each run at once, for a store that
+        subclasses the protocol and has no read of many.
+        """
+        found = await asyncio.gather(*(self.current(run_id) for run_id in run_ids))
+        return {lease.run_id: lease for lease in found if lease is not None}
 
     async def ask_to_cancel(
         self, run_id: str, *, tenant: str, by: str, why: str = ""

@@ -12,6 +12,7 @@ counter of a run outlives releases and expiries and only goes up.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from onward._storage import Resource
@@ -142,6 +143,14 @@ class MemoryLeaseStore(Resource):
         """The unexpired lease on a run, if any."""
         held = self._live(run_id)
         return None if held is None else self._lease(run_id, held)
+
+    async def current_many(self, run_ids: Sequence[str]) -> dict[str, RunLease]:
+        """The unexpired leases on some runs, by run id."""
+        return {
+            run_id: self._lease(run_id, held)
+            for run_id in run_ids
+            if (held := self._live(run_id)) is not None
+        }
 
     async def ask_to_cancel(
         self, run_id: str, *, tenant: str, by: str, why: str = ""

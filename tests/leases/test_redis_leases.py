@@ -193,6 +193,11 @@ async def test_calls_made_together_go_to_redis_as_one_pipeline(
     assert [(f.run_id, f.holder, f.fence) for f in found if f] == [
         (lease.run_id, lease.holder, lease.fence) for lease in leases
     ]
+    many = await store.current_many(run_ids)
+    assert len(pipelines) == 3  # a page of runs read by `current_many` is one pipeline too
+    assert {(f.run_id, f.holder, f.fence) for f in many.values()} == {
+        (lease.run_id, lease.holder, lease.fence) for lease in leases
+    }
 
 
 async def test_a_redis_that_forgot_its_scripts_is_taught_them_again(

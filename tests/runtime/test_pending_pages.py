@@ -4,7 +4,7 @@ very many runs going holds one page of their summaries, and no run is skipped or
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,9 @@ from onward.projections.base import RunSummary
 from onward.runtime import manager as manager_module
 from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends
+from onward.runtime.leases.base import LeaseStore, RunLease
 from onward.runtime.manager import ExecutionManager, pending_ids
+from onward.testing.leases import WrappedLeaseStore
 
 HELD = ["a~1", "Z", "~"]
 
@@ -55,3 +57,38 @@ async def test_pending_runs_are_listed_a_page_at_a_time(
     ids = pending_ids(pending)
     assert sorted(ids) == sorted(set(RUN_IDS) - set(HELD))  # each once
     assert {s.attention for s in pending} == {"interrupted"}
+
+
+class CountedReads(WrappedLeaseStore):
+    """A lease store that counts the reads asked of it, each a round trip to the server."""
+
+    def __init__(self, inner: LeaseStore) -> None:
+        super().__init__(inner)
+        self.reads: list[int] = []  # how many runs each read asked about
+
+    async def current(self, run_id: str) -> RunLease | None:
+        self.reads.append(1)
+        return await super().current(run_id)
+
+    async def current_many(self, run_ids: Sequence[str]) -> dict[str, RunLease]:
+        self.reads.append(len(run_ids))
+        return await super().current_many(run_ids)
+
+
+async def test_pending_runs_read_their_leases_once_a_page(
+    backends: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing asks the lease store once per page of runs, not once per run, and sees the
+    held runs as held all the same."""
+    agent = Agent(name="writer", instructions="write")
+    for run_id in RUN_IDS:
+        await interrupted(backends, agent, run_id)
+    assert backends.leases is not None
+    for run_id in HELD:
+        await backends.leases.acquire(run_id, tenant=TENANT, holder="w9", ttl_s=60)
+    monkeypatch.setattr(manager_module, "_LISTED_AT_ONCE", PAGE, raising=False)
+    counted = CountedReads(backends.leases)
+    pending = await ExecutionManager(backends.frontiers, counted).list_pending(tenant=TENANT)
+    pages = -(-len(RUN_IDS) // PAGE)
+    assert counted.reads == [PAGE] * pages, counted.reads
+    assert sorted(pending_ids(pending)) == sorted(set(RUN_IDS) - set(HELD))

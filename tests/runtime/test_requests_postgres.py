@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 import pytest_asyncio
-from support.appapi import agents, provider, until
+from support.appapi import agents, naps_begun, one_more_turn, provider, until
 from support.appapi import script as provider_script
 from support.deployment import postgres_fleet_settings
 from support.fleet_checks import SlowListings
@@ -511,6 +511,7 @@ async def test_an_answer_goes_to_a_worker_carrying_the_run_s_agent(
             first_payer.set()  # the payer's worker goes; the stepper's stays
             await asyncio.wait_for(serving[0], 30)
 
+            napping = naps_begun(app, monkeypatch)
             answered = app.resume("p1", {"authorized": True}, timeout=60)
             following = asyncio.create_task(answered.collect())
             await until(lambda: _stored_for(database_url, pg_schema, "payer"), "answer stored")
@@ -521,6 +522,8 @@ async def test_an_answer_goes_to_a_worker_carrying_the_run_s_agent(
             with caplog.at_level("INFO", logger="onward.app"):
                 # Said after `SAY_UNHELD_AFTER_S`: many of the stepper's polls meanwhile.
                 await until(said_unheld, "the stream saying no worker has taken its run")
+                # Said once: the stream's next turn, which would say it again, is waited for.
+                await one_more_turn(answered, napping)
             assert await table.waiting() == 1  # not taken by a worker that cannot carry it
             said = [m for r in caplog.records if "no worker has taken" in (m := r.getMessage())]
             assert len(said) == 1, said

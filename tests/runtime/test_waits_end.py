@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from support.appapi import refuse_every_start
+from support.appapi import naps_begun, one_more_turn, refuse_every_start
 from support.crashes import Crash, CrashAt
 from support.deployment import kafka_settings
 from support.kafka import delete_topic
@@ -32,7 +32,7 @@ from onward.errors import InvalidInputError, RunTimeoutError
 from onward.eventlog import ToolCall
 from onward.runtime.agent import Agent
 from onward.runtime.application import stream as stream_module
-from onward.runtime.application.stream import SAY_UNHELD_AFTER_S
+from onward.runtime.application.stream import SAY_UNHELD_AFTER_S, RunStream
 from onward.runtime.backends import open_backends
 from onward.runtime.fleet.worker import Worker
 from onward.runtime.providers import ScriptedProvider, reply
@@ -179,10 +179,11 @@ async def test_a_stream_of_a_run_held_elsewhere_times_out_saying_by_whom_and_unt
 
 @pytest.mark.kafka
 async def test_a_stream_no_worker_takes_says_so_and_times_out_saying_nobody_holds_it(
-    kafka_servers: KafkaServers, caplog: pytest.LogCaptureFixture
+    kafka_servers: KafkaServers, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fleet app's start that no worker takes (none runs): the stream says so once, after
-    a few quiet seconds, rather than wait in silence, and its timeout names the cause."""
+    a few quiet seconds (a turn after the one that said it says nothing), rather than wait in
+    silence, and its timeout names the cause."""
     settings = kafka_settings(
         kafka_servers,
         PARTITIONS,
@@ -193,16 +194,16 @@ async def test_a_stream_no_worker_takes_says_so_and_times_out_saying_nobody_hold
         pass  # the events topic, as a deployment creates it
     try:
         async with onward.open(settings) as app:
+            napping = naps_begun(app, monkeypatch)
             started = time.monotonic()
+            stream = app.query(
+                "go", {"agent": "charger", "run_id": "nobody-takes"}, timeout=SAY_UNHELD_AFTER_S + 2
+            )
             with (
                 caplog.at_level("INFO", logger="onward.app"),
                 pytest.raises(RunTimeoutError) as late,
             ):
-                await app.query(
-                    "go",
-                    {"agent": "charger", "run_id": "nobody-takes"},
-                    timeout=SAY_UNHELD_AFTER_S + 2,
-                ).collect()
+                await _said_unheld_then_one_more_turn(stream, napping, caplog)
             waited = time.monotonic() - started
     finally:
         await delete_topic(kafka_servers.bootstrap, settings.requests_topic)
@@ -218,7 +219,7 @@ async def test_a_stream_no_worker_takes_says_so_and_times_out_saying_nobody_hold
 
 @pytest.mark.kafka
 async def test_a_stream_no_worker_takes_says_until_when_it_waits_for_its_start(
-    kafka_servers: KafkaServers, caplog: pytest.LogCaptureFixture
+    kafka_servers: KafkaServers, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Kafka fleet has no way to tell a stream that a worker set its start aside: the stream
     waits until no worker would act on the start any more (ONWARD_REQUEST_MAX_AGE after it
@@ -235,16 +236,18 @@ async def test_a_stream_no_worker_takes_says_until_when_it_waits_for_its_start(
         pass  # the events topic, as a deployment creates it
     try:
         async with onward.open(settings) as app:
+            napping = naps_begun(app, monkeypatch)
             sent = time.time()
+            stream = app.query(
+                "go",
+                {"agent": "charger", "run_id": "nobody-takes-until"},
+                timeout=SAY_UNHELD_AFTER_S + 1,
+            )
             with (
                 caplog.at_level("INFO", logger="onward.app"),
                 pytest.raises(RunTimeoutError),
             ):
-                await app.query(
-                    "go",
-                    {"agent": "charger", "run_id": "nobody-takes-until"},
-                    timeout=SAY_UNHELD_AFTER_S + 1,
-                ).collect()
+                await _said_unheld_then_one_more_turn(stream, napping, caplog)
     finally:
         await delete_topic(kafka_servers.bootstrap, settings.requests_topic)
     said = [r.getMessage() for r in caplog.records if "no worker has taken it" in r.getMessage()]
@@ -254,6 +257,21 @@ async def test_a_stream_no_worker_takes_says_until_when_it_waits_for_its_start(
     bound = sent + 600 + MAX_CLOCK_SKEW_S
     assert abs(datetime.fromisoformat(until).timestamp() - bound) < 10, said[0]
     assert "ONWARD_REQUEST_MAX_AGE" in said[0].split("waiting until ", 1)[1]
+
+
+async def _said_unheld_then_one_more_turn(
+    stream: RunStream, napping: asyncio.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Follow ``stream`` to its end, but see it take a turn after the one that said nobody
+    holds its run: the turn that would say it again, were it said more than once."""
+    following = asyncio.create_task(stream.collect())
+    while not any("no worker has taken it" in r.getMessage() for r in caplog.records):
+        if following.done():
+            break  # ended without saying it: the test's assertions on what was said fail
+        await asyncio.wait({following}, timeout=0.05)
+    else:
+        await one_more_turn(stream, napping)
+    await following
 
 
 def test_query_sync_returns_the_needs_person_message(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from onward.errors import InvalidInputError
 from onward.eventlog import Message, ToolCall
 from onward.runtime.agent import Agent
 from onward.runtime.application.messages import RunMessage
+from onward.runtime.application.stream import RunStream
 from onward.runtime.demo_ledger import Ledger
 from onward.runtime.providers import ModelReply, ScriptedProvider, reply
 from onward.runtime.tools import tool
@@ -119,6 +120,37 @@ async def until(check: Callable[[], Awaitable[object]], what: str) -> None:
     while not await check():
         assert asyncio.get_running_loop().time() < deadline, f"{what} did not happen"
         await asyncio.sleep(0.05)
+
+
+def naps_begun(app: onward.App, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """An event set whenever a stream of ``app`` begins a nap: a stream's turn that found
+    nothing new ends in one, once it has said what it waits on."""
+    begun = asyncio.Event()
+    real_nap = app.nap
+
+    async def nap(
+        stream: RunStream,
+        seconds: float,
+        *,
+        most_s: float | None = None,
+        heed_after_s: float = 0.0,
+    ) -> None:
+        begun.set()
+        await real_nap(stream, seconds, most_s=most_s, heed_after_s=heed_after_s)
+
+    monkeypatch.setattr(app, "nap", nap)
+    return begun
+
+
+async def one_more_turn(stream: RunStream, begun: asyncio.Event) -> None:
+    """Wake ``stream`` from its nap and return once it has taken another turn (`naps_begun`):
+    whatever that turn would say (a line said once only, said again) is said by then."""
+    begun.clear()
+    stream.wake()
+    try:
+        await asyncio.wait_for(begun.wait(), 30)
+    except TimeoutError:
+        pytest.fail(f"the stream of run {stream.run_id!r} took no turn within 30 s of a wake")
 
 
 async def until_completed(app: onward.App, run_id: str) -> None:

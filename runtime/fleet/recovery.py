@@ -31,7 +31,6 @@ it on.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -207,13 +206,10 @@ class Recovery:
         candidates = owned + others
         for start in range(0, len(candidates), _LEASE_CHECKS_AT_ONCE):
             chunk = candidates[start : start + _LEASE_CHECKS_AT_ONCE]
-            # Asked together: a Redis store sends them as one pipeline.
-            leases = await asyncio.gather(
-                *(worker.backends.leases.current(row.run_id) for row in chunk)
-            )
-            for row, lease in zip(chunk, leases, strict=True):
-                if lease is None:
-                    lapsed[row.run_id] = row.tenant  # else held: looked at again after its ttl
+            # Asked together: one query on PostgreSQL and SQLite, one pipeline on Redis.
+            leases = await worker.backends.leases.current_many([row.run_id for row in chunk])
+            # A run held is looked at again after its ttl.
+            lapsed.update((row.run_id, row.tenant) for row in chunk if row.run_id not in leases)
         return lapsed
 
     def _carries(self, row: RunSummary) -> bool:

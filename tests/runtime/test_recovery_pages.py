@@ -5,7 +5,7 @@ case, past ASCII, and with the ``~`` and ``#`` run ids hold, on each store)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from onward.runtime.agent import Agent
 from onward.runtime.backends import Backends
 from onward.runtime.fleet import recovery
 from onward.runtime.fleet.worker import Worker
+from onward.runtime.leases.base import RunLease
 from onward.runtime.providers import ScriptedProvider, reply
 
 
@@ -67,3 +68,31 @@ async def test_lapsed_runs_are_listed_and_carried_on_a_page_at_a_time(
     for run_id in RUN_IDS:
         assert (await worker.runner.inspect(run_id, tenant=TENANT)).status == "completed"
     assert worker.stats.recovered == len(RUN_IDS)
+
+
+async def test_a_recovery_pass_asks_whether_a_page_s_runs_lapsed_in_one_read(
+    backends: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass reads the leases of a page's runs together (`LeaseStore.current_many`: one
+    query, one pipeline), not one round trip per run, and carries on every lapsed run."""
+    agent = Agent(name="writer", instructions="write")
+    for run_id in RUN_IDS:
+        await interrupted(backends, agent, run_id)
+    monkeypatch.setattr(recovery, "_LISTED_AT_ONCE", PAGE, raising=False)
+    leases = backends.leases
+    assert leases is not None
+    asked: list[list[str]] = []
+    read_many = leases.current_many
+
+    async def counted(run_ids: Sequence[str]) -> dict[str, RunLease]:
+        asked.append(list(run_ids))
+        return await read_many(run_ids)
+
+    monkeypatch.setattr(leases, "current_many", counted)
+    worker = Worker(
+        backends, ScriptedProvider([reply("done")] * len(RUN_IDS)), {"writer": agent}, backoff_s=0
+    )
+    assert await worker.recover(range(backends.log.partitions)) == len(RUN_IDS)
+    await worker.drained()
+    assert sorted(run_id for read in asked for run_id in read) == sorted(RUN_IDS)
+    assert len(asked) == -(-len(RUN_IDS) // PAGE), [len(read) for read in asked]

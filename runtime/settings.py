@@ -129,6 +129,24 @@ def _port_problem(url: str) -> str | None:
     return None
 
 
+_REDIS_DATABASE = re.compile(r"/?|/[0-9]+")
+"""The path of a ``redis://`` or ``rediss://`` URL: none, or the database's number."""
+
+
+def _redis_database_problem(url: str) -> str | None:
+    """Why the path of a TCP Redis ``url`` names no database, or None: redis-py reads ``/abc``
+    as database 0 and ``/1/2`` as 12, so a typo would move the keys, said nowhere."""
+    if url.startswith("unix://"):
+        return None  # its database is the ?db= parameter, which redis-py checks
+    if _REDIS_DATABASE.fullmatch(urlsplit(url).path):
+        return None
+    # The path is not quoted alone: a password with an unencoded "/" ends up in it.
+    return (
+        f"{masked_url(url)}: what follows the host names no database; give the database's "
+        "number (redis://host:6379/0), or nothing for database 0"
+    )
+
+
 def _postgres_problem(url: str) -> str | None:
     """Why ``url`` cannot name the PostgreSQL database, or None."""
     if not url.startswith(("postgresql://", "postgres://")):
@@ -463,7 +481,7 @@ class Settings(BaseSettings):
         url = value.get_secret_value()
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"{masked_url(url)} must start with redis://, rediss:// or unix://")
-        problem = _port_problem(url)
+        problem = _port_problem(url) or _redis_database_problem(url)
         if problem:
             raise ValueError(problem)
         return value

@@ -141,3 +141,24 @@ def test_the_kafka_backend_refuses_a_topic_kafka_cannot_name(
     assert "no Kafka topic name" in result.stderr, result.stderr
     monkeypatch.setenv("ONWARD_BACKEND", "sqlite")
     assert Settings().backend == "sqlite"
+
+
+@pytest.mark.parametrize("database", ["abc", "1/2", "-1", "0x1"])
+def test_a_redis_url_whose_database_is_not_a_number_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, database: str
+) -> None:
+    """redis-py reads ``redis://host:6379/abc`` as database 0 and ``/1/2`` as 12: taken, the
+    leases and fences went to a database the operator never named, said nowhere."""
+    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:6379/{database}")
+    monkeypatch.setenv("ONWARD_BACKEND", "kafka")
+    result = CliRunner().invoke(app, ["inspect", "run-1", "--tenant", "acme"])
+    assert result.exit_code == 2, result.output
+    assert "REDIS_URL (redis_url)" in result.stderr, result.stderr
+    assert f"6379/{database}: what follows the host names no database" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("url", ["redis://cache", "redis://cache:6379/", "rediss://cache/15"])
+def test_a_redis_url_with_no_database_or_a_numbered_one_is_taken(url: str) -> None:
+    settings = Settings(backend="kafka", redis_url=url)  # type: ignore[arg-type]
+    assert settings.require_redis_url() == url

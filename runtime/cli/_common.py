@@ -144,13 +144,30 @@ TenantOption = Annotated[
     str,
     typer.Option("--tenant", "-t", help="The tenant that owns the run.", show_default=True),
 ]
+
+
+def _archive_directory(value: str) -> Path:
+    """``--archive`` as a directory path. An empty one is refused: it would be the working
+    directory, so ``--archive "$ARCHIVE"`` with the variable unset archived wherever the
+    command ran."""
+    if not value:
+        raise typer.BadParameter(
+            "must not be empty; give the archive's directory (an unset shell variable leaves "
+            "it empty)"
+        )
+    path = Path(value)
+    if path.is_file():
+        raise typer.BadParameter(f"{value} is a file; give a directory")
+    return path
+
+
 ArchiveOption = Annotated[
     Path | None,
     typer.Option(
         "--archive",
         metavar="DIR",
         help="The directory archive of cut log records (compact writes it, others read it).",
-        file_okay=False,
+        parser=_archive_directory,
     ),
 ]
 

@@ -219,6 +219,23 @@ def test_an_archive_that_cannot_be_written_cuts_nothing(db: Path, tmp_path: Path
     assert asyncio.run(_sizes(db)) == before
 
 
+def test_an_empty_archive_is_refused_not_taken_for_the_working_directory(
+    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--archive "$ARCHIVE"`` with the variable unset: the empty path was the working
+    directory, so the log was cut and archived wherever the command ran, said only as a path."""
+    before = asyncio.run(_sizes(db))
+    here = tmp_path / "cron-cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for command in (["compact", "--max-checkpoints", "2"], ["replay", LIVE, "-t", TENANT]):
+        result = onward(db, *command, "--archive", "")
+        assert result.exit_code == 2, result.output
+        assert "'--archive': must not be empty" in result.stderr, result.stderr
+    assert asyncio.run(_sizes(db)) == before
+    assert list(here.iterdir()) == []
+
+
 def test_a_corrupt_manifest_stops_compaction_before_anything(db: Path, tmp_path: Path) -> None:
     before = asyncio.run(_sizes(db))
     archive = tmp_path / "archive"

@@ -361,6 +361,15 @@ def start_command(
     policy = lease_policy(lease_ttl)
     worker = worker_name(worker)
     text = text_option(prompt, "PROMPT")
+    if not text.strip():
+        # An unset shell variable, an empty file or an empty pipe: a run on no input would
+        # still ask (and pay) the model.
+        where = ""
+        if prompt == "-":
+            where = " (standard input)"
+        elif prompt.startswith("@"):
+            where = f" (the file {prompt[1:]})"
+        raise InvalidInputError(f"PROMPT is empty{where}; give the run's input as text, @FILE or -")
     agent = load_agent(agent_spec)
     provider = load_provider(provider_spec)
     new_id = check_name("--run-id", run_id) if run_id is not None else new_run_id()

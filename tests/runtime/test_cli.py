@@ -845,6 +845,22 @@ def test_start_reads_its_prompt_from_a_file_and_picks_a_fresh_id(db: Path, tmp_p
     assert started_with(db, ids[0]) == "book 3A " * 1_000
 
 
+@pytest.mark.parametrize("given", ["literal", "file", "stdin"])
+def test_start_with_a_blank_prompt_is_refused_and_starts_nothing(
+    db: Path, tmp_path: Path, given: str
+) -> None:
+    """``onward start "$PROMPT"`` with the variable unset, an empty file or ``echo "$X" |``
+    started a run on no input: the model was asked (and paid) about nothing."""
+    empty = tmp_path / "prompt.txt"
+    empty.write_text("")
+    prompt = {"literal": "", "file": f"@{empty}", "stdin": "-"}[given]
+    env = {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
+    result = CliRunner().invoke(app, ["start", prompt, *AGENT], env=env, input="\n")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("InvalidInputError: PROMPT is empty"), result.stderr
+    assert not db.exists()
+
+
 def test_start_whose_model_fails_keeps_the_run_to_carry_on(db: Path, mine: str) -> None:
     broken = ["--agent", f"{mine}:booker", "--provider", f"{mine}:Broken"]
     failed = onward(db, "start", "book 3A", "--run-id", "s-2", *broken)

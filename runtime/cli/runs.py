@@ -48,7 +48,7 @@ from onward.runtime.leases.base import (
     LeasePolicy,
     RunLease,
 )
-from onward.runtime.limits import check_name
+from onward.runtime.limits import check_name, check_stored_name
 from onward.runtime.providers import Provider
 from onward.runtime.runner import AgentRunner, new_run_id
 from onward.runtime.settings import Settings, load_settings
@@ -866,7 +866,9 @@ def replay_command(
     compaction archived of the run, or the SQLite file is missing or is not an Onward
     database. 5: a store failed, or the archive is corrupt.
     """
-
+    # Refused as every other command refuses them, not read as a run nobody has (exit 1).
+    check_stored_name("run_id", run_id)
+    check_stored_name("tenant", tenant, run_id=run_id)
     if archive is not None and not archive.is_dir():
         # An archive that is not there reads as an empty one: the timeline would be the log's
         # alone and a mistyped path never named.

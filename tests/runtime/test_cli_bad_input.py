@@ -63,6 +63,19 @@ def test_replay_refuses_a_run_id_no_store_can_hold(db: Path) -> None:
     assert_usage_error(onward(db, "replay", SURROGATE), "lone surrogate")
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["", "--tenant", "acme"], "run_id must not be empty"), (["run-q", "--tenant", ""], "tenant")],
+)
+def test_replay_refuses_an_empty_run_id_or_tenant_as_every_command_does(
+    db: Path, args: list[str], named: str
+) -> None:
+    """``onward replay ""`` said ``no run ''`` with exit 1, a missing run, where inspect and the
+    commands that write refuse the empty name with exit 2."""
+    assert_usage_error(onward(db, "replay", *args), named)
+    assert_usage_error(onward(db, "replay", *args, "--json"), named)
+
+
 def test_runs_takes_a_duration_longer_than_the_epoch(db: Path) -> None:
     result = onward(db, "runs", "--older-than", "99999999999999d")
     assert result.exit_code == 0, result.output

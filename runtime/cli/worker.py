@@ -12,6 +12,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
+from onward._storage import check_onward_sqlite
 from onward.errors import InvalidInputError
 from onward.runtime.agent import Agent
 from onward.runtime.backends import open_backends
@@ -280,6 +281,11 @@ def worker_command(
     """
     name = worker_name(name, "--name")
     config = checked_sqlite_directory(load_settings())
+    path = config.sqlite_path
+    if config.backend == "sqlite" and path.is_file() and path.stat().st_size > 0:
+        # As `start` does: a file that is not Onward's (no SQLite at all, or another
+        # program's) is a wrong ONWARD_SQLITE_PATH, exit 2, not a store to retry (exit 5).
+        check_onward_sqlite(path)
     signer = config.request_signer()
     accept_unsigned = accept_unsigned_requests or config.accept_unsigned_requests
     for option, seconds in (("--lease-ttl", lease_ttl), ("--recheck", recheck)):

@@ -120,6 +120,28 @@ def test_quarantine_release_refuses_a_file_that_is_not_a_database(tmp_path: Path
     assert text.read_text() == "hello\n"
 
 
+def test_worker_refuses_a_file_that_is_not_a_database(tmp_path: Path) -> None:
+    """Pointed at a file that is no SQLite database, the worker said ``BackendError ... file is
+    not a database``, exit 5 (a store failed: retry), so a supervisor restarted it forever; the
+    other commands say it is not an Onward database, exit 2."""
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n")
+    env = {**os.environ, "ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(text)}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    command = [sys.executable, "-m", "onward", "worker", "--agent", "support.cli_agent:booker"]
+    command += ["--provider", "support.cli_agent:booking_model"]
+    try:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=30, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"onward worker took {text} and served on: {exc.stderr!r}")
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "not an Onward database" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert text.read_text() == "hello\n"
+
+
 @pytest.mark.parametrize("value", ["nan", "inf"])
 @pytest.mark.parametrize("option", ["--lease-ttl", "--recheck"])
 def test_worker_refuses_a_lease_ttl_or_recheck_that_is_no_duration(

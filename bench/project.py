@@ -89,15 +89,13 @@ from onward.eventlog import (
 from onward.eventlog.base import LogRecord
 from onward.projections.base import StoredFrontier
 from onward.projections.frontier_projection import DEFAULT_CACHE_BYTES, FrontierProjection
-from onward.projections.kafka import (
+from onward.projections.kafka import KafkaProjector, fixed_mmap_threshold, quiet_garbage_collector
+from onward.projections.postgres import PostgresFrontierStore
+from onward.projections.projector_defaults import (
     FOCUS_SLICE_S,
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
-    KafkaProjector,
-    fixed_mmap_threshold,
-    quiet_garbage_collector,
 )
-from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.rebuild import rebuild_frontiers
 
 PARTITIONS = 12

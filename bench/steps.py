@@ -344,12 +344,12 @@ async def onward_kafka(params: Params, bootstrap: str, *, profile: Path | None) 
 
     from onward.eventlog import KafkaEventLog  # noqa: PLC0415
     from onward.projections.frontier_projection import FrontierProjection  # noqa: PLC0415
-    from onward.projections.kafka import (  # noqa: PLC0415
+    from onward.projections.kafka import KafkaProjector  # noqa: PLC0415
+    from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
+    from onward.projections.projector_defaults import (  # noqa: PLC0415
         PROJECTOR_FLUSH_EVENTS,
         PROJECTOR_FLUSH_INTERVAL,
-        KafkaProjector,
     )
-    from onward.projections.postgres import PostgresFrontierStore  # noqa: PLC0415
     from onward.runtime.leases import RedisLeaseStore  # noqa: PLC0415
     from onward.runtime.redaction import Redactor  # noqa: PLC0415
     from onward.runtime.runner import AgentRunner  # noqa: PLC0415

@@ -1,4 +1,12 @@
-"""The log of run events: the event model, its codec, the `EventLog` protocol and its backends."""
+"""The log of run events: the event model, its codec, the `EventLog` protocol and its backends.
+
+The Kafka and PostgreSQL backends are imported on first use: aiokafka (~170 ms) and asyncpg
+(~40 ms) are for a deployment on those servers, not for a process on SQLite or in memory.
+"""
+
+from typing import TYPE_CHECKING
+
+from onward._lazy import lazy_exports as _lazy_exports
 
 from .base import (
     DEFAULT_MAX_BATCH_BYTES,
@@ -53,10 +61,12 @@ from .events import (
     Usage,
     kind_of,
 )
-from .kafka import DEFAULT_TOPIC, KafkaEventLog
 from .memory import MemoryEventLog
-from .postgres import PostgresEventLog
 from .sqlite import SqliteEventLog
+
+if TYPE_CHECKING:
+    from .kafka import DEFAULT_TOPIC, KafkaEventLog
+    from .postgres import PostgresEventLog
 
 __all__ = [
     "DEFAULT_MAX_BATCH_BYTES",
@@ -116,3 +126,13 @@ __all__ = [
     "kind_of",
     "partition_for",
 ]
+
+# The backends on a server load their drivers: imported on first access.
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        "DEFAULT_TOPIC": (".kafka", "DEFAULT_TOPIC"),
+        "KafkaEventLog": (".kafka", "KafkaEventLog"),
+        "PostgresEventLog": (".postgres", "PostgresEventLog"),
+    },
+)

@@ -18,7 +18,6 @@ from enum import Enum
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import msgspec
-from aiokafka.partitioner import murmur2
 
 from onward._storage import AsyncResource, Resource
 from onward.errors import (
@@ -209,6 +208,36 @@ def partition_for(run_id: str, partitions: int) -> int:
     """
     hashed: int = murmur2(utf8_run_id(run_id))
     return (hashed & 0x7FFFFFFF) % partitions
+
+
+_MURMUR2_SEED = 0x9747B28C
+_MURMUR2_M = 0x5BD1E995
+_U32 = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """MurmurHash2 of ``data`` as Kafka's Java client computes it (``Utils.murmur2``), unsigned.
+
+    Written here rather than imported from ``aiokafka.partitioner``: importing that loads all of
+    aiokafka (~170 ms), which a process on SQLite or PostgreSQL never uses otherwise.
+    """
+    length = len(data)
+    h = (_MURMUR2_SEED ^ length) & _U32
+    whole = length - length % 4
+    for i in range(0, whole, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * _MURMUR2_M) & _U32
+        k ^= k >> 24
+        k = (k * _MURMUR2_M) & _U32
+        h = ((h * _MURMUR2_M) & _U32) ^ k
+    tail = data[whole:]
+    if tail:
+        h ^= int.from_bytes(tail, "little")
+        h = (h * _MURMUR2_M) & _U32
+    h ^= h >> 13
+    h = (h * _MURMUR2_M) & _U32
+    h ^= h >> 15
+    return h
 
 
 def utf8_run_id(run_id: str) -> bytes:

@@ -23,8 +23,7 @@ opened on a schema records its partition count there, and every later one must a
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-
-import asyncpg
+from typing import TYPE_CHECKING
 
 from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, pack, unpack
 from onward.errors import ConfigurationError, InvalidInputError, LogTruncatedError
@@ -47,6 +46,9 @@ from .base import (
     partition_for,
 )
 from .events import Event
+
+if TYPE_CHECKING:
+    import asyncpg
 
 SCHEMA_VERSION = 1
 """The layout of the log's own rows, kept in ``onward_log_meta``."""

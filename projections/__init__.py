@@ -1,4 +1,13 @@
-"""Projections of the event log: the fold, frontier stores, projectors, builds and rebuilds."""
+"""Projections of the event log: the fold, frontier stores, projectors, builds and rebuilds.
+
+What runs on a server is imported on first use: the Kafka projector loads aiokafka (~170 ms),
+the PostgreSQL store, its projections and rebuilds asyncpg (~40 ms), which a process on SQLite
+or in memory never uses.
+"""
+
+from typing import TYPE_CHECKING
+
+from onward._lazy import lazy_exports as _lazy_exports
 
 from .base import (
     DEFAULT_MAX_BYTES,
@@ -12,13 +21,15 @@ from .base import (
 )
 from .frontier import CallState, Frontier, ToolCallRow, fold, fold_all, fold_run
 from .frontier_projection import FrontierProjection, ProjectorStats
-from .kafka import KafkaProjector
 from .log_projector import LogProjector
 from .memory import MemoryFrontierStore
-from .postgres import PostgresFrontierStore, migrate
-from .postgres_sql import Projection, SqlProjectionSink
-from .rebuild import RebuildReport, rebuild, rebuild_frontiers, rebuild_projection
 from .sqlite import SqliteFrontierStore
+
+if TYPE_CHECKING:
+    from .kafka import KafkaProjector
+    from .postgres import PostgresFrontierStore, migrate
+    from .postgres_sql import Projection, SqlProjectionSink
+    from .rebuild import RebuildReport, rebuild, rebuild_frontiers, rebuild_projection
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -50,3 +61,19 @@ __all__ = [
     "rebuild_frontiers",
     "rebuild_projection",
 ]
+
+# The projector and stores on a server load their drivers: imported on first access.
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        "KafkaProjector": (".kafka", "KafkaProjector"),
+        "PostgresFrontierStore": (".postgres", "PostgresFrontierStore"),
+        "migrate": (".postgres", "migrate"),
+        "Projection": (".postgres_sql", "Projection"),
+        "SqlProjectionSink": (".postgres_sql", "SqlProjectionSink"),
+        **{
+            name: (".rebuild", name)
+            for name in ("RebuildReport", "rebuild", "rebuild_frontiers", "rebuild_projection")
+        },
+    },
+)

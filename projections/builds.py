@@ -14,13 +14,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
-
-import asyncpg
+from typing import TYPE_CHECKING, TypeVar
 
 from onward._storage import bound_lock_waits, pooled, translating
 from onward._storage.locks import SAY_AFTER_S
 from onward.errors import BackendUnavailableError, InvalidInputError
+
+if TYPE_CHECKING:
+    import asyncpg
 
 log = logging.getLogger("onward.locks")
 
@@ -233,6 +234,8 @@ async def in_steps(
             try:
                 return await attempt(conn, step_s)
             except BackendUnavailableError as exc:
+                import asyncpg  # noqa: PLC0415  (loaded already: ``conn`` is its)
+
                 if not isinstance(exc.__cause__, asyncpg.LockNotAvailableError):
                     raise
                 if deadline is not None and time.monotonic() >= deadline:

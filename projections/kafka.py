@@ -42,6 +42,7 @@ from onward.eventlog.kafka import DEFAULT_TOPIC, record_of, topic_partition_coun
 
 from .base import BuildSwitched, ProjectionSink
 from .frontier_projection import FrontierProjection
+from .projector_defaults import CAUGHT_UP_STORE_S, FOCUS_SLICE_S
 
 SinkT = TypeVar("SinkT", bound=ProjectionSink)
 
@@ -49,28 +50,11 @@ log = logging.getLogger("onward.projector")
 
 DEFAULT_GROUP = "onward-projector"
 
-PROJECTOR_FLUSH_EVENTS = 50_000
-"""`onward projector` stores after folding this many events while it works through a backlog..."""
-PROJECTOR_FLUSH_INTERVAL = 1.0
-"""...or after this many seconds; and whenever it has caught up (at most every
-`CAUGHT_UP_STORE_S`)."""
-CAUGHT_UP_STORE_S = 0.05
-"""A projector that has caught up stores what it folded at most this often: each store is one
-PostgreSQL transaction, so storing every small batch under a steady trickle of events cost more
-than folding them. The frontier lags the log by at most this (plus the store) for it."""
-
 STORE_RETRY_FIRST_S = 0.5
 """A projector that lost a store tries it again after about this long, then twice as long each
 time..."""
 STORE_RETRY_MAX_S = 10.0
 """...up to this: once the store is back, the projector notices within this long."""
-
-FOCUS_SLICE_S = 6.0
-"""A projector behind in several partitions folds one of them at a time, for about this long
-(or until it is drained), the others behind paused; then the next one behind. See `_Turns`.
-Each turn after a partition's first loads its runs again (the turns of the others dropped them
-from the cache): at 100,000 runs over 12 partitions, 2 s turns loaded 102,794 runs again and
-folded at 16,700 events/s, 6 s turns none and 27,100 events/s (`bench/project.py`)."""
 
 _FETCH_MIN_BYTES = 256 * 1024
 _PARTITION_FETCH_BYTES = 4 * 1024 * 1024

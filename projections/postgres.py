@@ -25,9 +25,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import astuple
 from importlib.resources import files
-from typing import Any, NamedTuple
-
-import asyncpg
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from onward._storage import (
     BACKEND_TIMEOUT_S,
@@ -62,6 +60,9 @@ from .builds import (
 )
 from .frontier import RunStatus, ToolCallRow
 from .transcript import TranscriptRow, decode_chunk, decode_message, encoded_chunks
+
+if TYPE_CHECKING:
+    import asyncpg
 
 PROJECTION = "frontiers"
 PROJECTION_VERSION = 1
@@ -128,6 +129,8 @@ async def _first_build(conn: asyncpg.Connection, lock_timeout_s: float | None) -
                 await bound_lock_waits(conn, lock_timeout_s)
             return await ensure_active(conn, FRONTIERS)
     except BackendUnavailableError as exc:
+        import asyncpg  # noqa: PLC0415  (loaded already: ``conn`` is its)
+
         if not isinstance(exc.__cause__, asyncpg.LockNotAvailableError):
             raise
         within = "" if lock_timeout_s is None else f" within {lock_timeout_s:g} s"

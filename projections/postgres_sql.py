@@ -17,11 +17,9 @@ import pkgutil
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import asyncpg
-
-from onward._storage import BACKEND_TIMEOUT_S, DRIVER_ERRORS, PostgresStore, classify
+from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, classify, server_driver_errors
 from onward._storage.postgres import connection_gone
 from onward.errors import BackendUnavailableError, InvalidInputError, SchemaMismatchError
 from onward.eventlog.base import LogRecord, StoredEvent
@@ -36,6 +34,9 @@ from .builds import (
     ensure_active_in_steps,
 )
 from .postgres import BUILT_IN_PROJECTIONS
+
+if TYPE_CHECKING:
+    import asyncpg
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 log = logging.getLogger("onward.projector")
@@ -303,7 +304,7 @@ def _not_the_projections(exc: BaseException, conn: asyncpg.Connection) -> bool:
     timeout: retried as they are), not the projection's own."""
     if isinstance(exc, BackendUnavailableError) or connection_gone(conn):
         return True
-    if isinstance(exc, DRIVER_ERRORS):
+    if isinstance(exc, server_driver_errors()):
         kind = classify(type(exc))
         return kind is not None and issubclass(kind, BackendUnavailableError)
     return False

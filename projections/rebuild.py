@@ -13,8 +13,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-
-import asyncpg
+from typing import TYPE_CHECKING
 
 from onward._storage import (
     BACKEND_TIMEOUT_S,
@@ -41,6 +40,9 @@ from .frontier_projection import FrontierProjection
 from .log_projector import LogProjector
 from .postgres import FRONTIERS, PostgresFrontierStore
 from .postgres_sql import Projection, SqlProjectionSink, layout_of
+
+if TYPE_CHECKING:
+    import asyncpg
 
 REBUILD_FLUSH_EVENTS = 200_000
 """A frontier rebuild stores after folding this many events (each run once per store)..."""

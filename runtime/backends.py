@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 from onward.errors import ConfigurationError
 from onward.eventlog.base import EventLog
-from onward.eventlog.kafka import KafkaEventLog
 from onward.eventlog.memory import MemoryEventLog
 from onward.eventlog.postgres import PostgresEventLog
 from onward.eventlog.sqlite import SqliteEventLog
@@ -259,6 +258,9 @@ async def open_backends(
                 SqliteSpendLedger(path, readonly=readonly, sharing=sqlite_log)
             )
         else:
+            # Imported here: aiokafka (~170 ms) loads only in a process on the kafka backend.
+            from onward.eventlog.kafka import KafkaEventLog  # noqa: PLC0415
+
             database_url = settings.require_database_url()
             schema = settings.database_schema
             timeout_s = settings.backend_timeout

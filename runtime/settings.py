@@ -10,7 +10,7 @@ import re
 import typing
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from onward._storage import BACKEND_TIMEOUT_S, KafkaConnection, masked_url
+from onward._storage import BACKEND_TIMEOUT_S, masked_url
 from onward.errors import ConfigurationError
 
 from .environment import (
@@ -37,6 +37,9 @@ from .leases.base import DEFAULT_LEASE_TTL_S, MAX_LEASE_TTL_S, LeasePolicy
 from .redaction import parse_secret_keys
 from .signing import DEFAULT_MAX_AGE_S, RequestSigner
 from .spend.base import PriceTable
+
+if TYPE_CHECKING:
+    from onward._storage import KafkaConnection
 
 SCHEMA_CACHE_PREFIX = "onward:mcp:schema:"
 """Where the MCP schema cache keeps a run's tool listings by default: this prefix, the run id
@@ -547,6 +550,8 @@ class Settings(BaseSettings):
             ConfigurationError: The security settings are incomplete or name unreadable files
                 (one line naming the variable; never the passwords).
         """
+        from onward._storage import KafkaConnection  # noqa: PLC0415  (loads aiokafka)
+
         return KafkaConnection(
             self.kafka_bootstrap_servers,
             client_id=client_id or self.kafka_client_id,

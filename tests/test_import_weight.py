@@ -224,3 +224,85 @@ def test_every_listed_command_loads() -> None:
     assert "db pack-records" in seen
     assert "quarantine dismiss" in seen
     assert len(seen) == 23
+
+
+NO_SERVER_DRIVER_ON_SQLITE = ("aiokafka", "asyncpg")
+"""Drivers a command on the embedded SQLite backend (or ``--help``, or a usage error) must not
+load: aiokafka is for ``ONWARD_BACKEND=kafka``, asyncpg for a deployment on PostgreSQL."""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["no-such-command"],
+        ["runs"],
+        ["inspect", "nosuch"],
+        ["tag", "nosuch", "a-tag"],
+        ["demo", "--help"],
+        ["worker", "--help"],
+        ["projector", "--help"],
+        ["projections", "rebuild", "--help"],
+    ],
+)
+def test_a_command_on_sqlite_loads_no_kafka_nor_postgres_driver(
+    args: list[str], tmp_path: Path
+) -> None:
+    """A command on SQLite, its database opened, loads neither aiokafka (~170 ms) nor asyncpg
+    (~40 ms), nor does ``--help`` (which imports every command's module, the projector's among
+    them) or a usage error: each driver is imported where its backend is chosen."""
+    code = f"""
+import asyncio, os, sys
+os.environ.pop("REDIS_URL", None)
+os.environ.update(ONWARD_BACKEND="sqlite", ONWARD_SQLITE_PATH={str(tmp_path / "onward.db")!r})
+from onward.eventlog import SqliteEventLog
+async def create():
+    async with SqliteEventLog(os.environ["ONWARD_SQLITE_PATH"]):
+        pass
+asyncio.run(create())
+sys.argv = ["onward", *{args!r}]
+from onward.runtime.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert exc.code in (0, 1, 2), exc.code
+"""
+    modules = imported_by(code)
+    assert "onward.runtime.cli._common" in modules
+    assert [m for m in NO_SERVER_DRIVER_ON_SQLITE if m in modules] == []
+
+
+def test_kafka_and_postgres_errors_translate_when_imported_after_storage() -> None:
+    """Translation learns aiokafka's and asyncpg's errors once each is loaded, however late:
+    the same rules, the same messages, and `translated` catches them."""
+    code = """
+import onward._storage as storage
+from onward.errors import (
+    BackendUnavailableError, ConfigurationError, ProducerFatalError, SchemaMismatchError,
+)
+assert "aiokafka" not in sys.modules and "asyncpg" not in sys.modules
+assert storage.classify(OSError) is BackendUnavailableError
+import aiokafka.errors as kafka_errors
+import asyncpg.exceptions as pg_errors
+assert storage.classify(kafka_errors.ProducerFenced) is ProducerFatalError
+assert storage.classify(kafka_errors.LeaderNotAvailableError) is BackendUnavailableError
+assert storage.classify(pg_errors.InvalidPasswordError) is ConfigurationError
+assert storage.classify(pg_errors.UndefinedTableError) is SchemaMismatchError
+assert storage.classify(pg_errors.ConnectionDoesNotExistError) is BackendUnavailableError
+assert set(storage.DRIVER_ERRORS) >= {kafka_errors.KafkaError, pg_errors.PostgresError}
+refused = storage.translate(pg_errors.InvalidPasswordError("no"), context="connecting")
+assert isinstance(refused, ConfigurationError), refused
+assert "check the user and password in DATABASE_URL" in str(refused), refused
+contended = storage.translate(pg_errors.DeadlockDetectedError("x"), context="writing")
+assert "it lost to a concurrent transaction; retry" in str(contended), contended
+unreachable = (kafka_errors.KafkaConnectionError("gone"), pg_errors.PostgresConnectionError("gone"))
+for raised in unreachable:
+    try:
+        with storage.translated("reading"):
+            raise raised
+    except BackendUnavailableError as exc:
+        assert exc.__cause__ is raised
+    else:
+        raise AssertionError(f"{raised!r} left translated() untranslated")
+"""
+    assert {"aiokafka", "asyncpg"} <= imported_by(f"import sys\n{code}")

@@ -4,22 +4,15 @@ driver errors.
 Every store of `onward.eventlog`, `onward.projections` and `onward.runtime` opens its database
 through this package and derives its lifecycle from :class:`Resource`. It imports nothing of
 Onward's but `onward.errors`. `RedisStore` is imported on first use: redis-py costs a process
-that never opens Redis (a projector, a Kafka worker) ~60 ms and ~9 MiB.
+that never opens Redis (a projector, a Kafka worker) ~60 ms and ~9 MiB. So are the Kafka
+clients' helpers and `DRIVER_ERRORS`: aiokafka costs a process that never opens Kafka (any
+command on SQLite) ~170 ms. asyncpg is imported when a PostgreSQL pool is first opened.
 """
 
 from typing import TYPE_CHECKING
 
 from onward._lazy import lazy_exports as _lazy_exports
 
-from .kafka import (
-    COMPRESSION_TYPES,
-    SASL_MECHANISMS,
-    SECURITY_PROTOCOLS,
-    KafkaConnection,
-    drop_connections,
-    kafka_connection,
-    stop_or_drop,
-)
 from .locks import bound_lock_waits
 from .logs import DRIVER_LOGGERS, one_line_driver_logs
 from .migrations import (
@@ -63,11 +56,21 @@ from .stores import (
     Resource,
     SqliteStore,
 )
-from .translate import DRIVER_ERRORS, classify, translate, translated, translating
+from .translate import classify, server_driver_errors, translate, translated, translating
 from .urls import masked_url, warn_unchecked_server, without_passwords
 
 if TYPE_CHECKING:
+    from .kafka import (
+        COMPRESSION_TYPES,
+        SASL_MECHANISMS,
+        SECURITY_PROTOCOLS,
+        KafkaConnection,
+        drop_connections,
+        kafka_connection,
+        stop_or_drop,
+    )
     from .redis import RedisStore
+    from .translate import DRIVER_ERRORS
 
 __all__ = [
     "APPLICATION_NAME",
@@ -112,6 +115,7 @@ __all__ = [
     "refuse_foreign_sqlite",
     "schema_version_postgres",
     "select_in",
+    "server_driver_errors",
     "split_statements",
     "stop_or_drop",
     "transaction",
@@ -126,5 +130,24 @@ __all__ = [
 ]
 
 
-# `RedisStore` loads redis-py: imported on first access.
-__getattr__, __dir__ = _lazy_exports(__name__, {"RedisStore": (".redis", "RedisStore")})
+# `RedisStore` loads redis-py, the Kafka helpers and `DRIVER_ERRORS` aiokafka: imported on
+# first access.
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        "RedisStore": (".redis", "RedisStore"),
+        "DRIVER_ERRORS": (".translate", "DRIVER_ERRORS"),
+        **{
+            name: (".kafka", name)
+            for name in (
+                "COMPRESSION_TYPES",
+                "SASL_MECHANISMS",
+                "SECURITY_PROTOCOLS",
+                "KafkaConnection",
+                "drop_connections",
+                "kafka_connection",
+                "stop_or_drop",
+            )
+        },
+    },
+)

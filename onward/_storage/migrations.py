@@ -14,15 +14,16 @@ import sqlite3
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Literal
-
-import asyncpg
+from typing import TYPE_CHECKING, Literal
 
 from onward.errors import BackendUnavailableError, ConfigurationError, SchemaMismatchError
 
 from .locks import LOCK_TIMEOUT_S, LockWait, bound_lock_waits, lock_taken
 from .sqlite import connect, connect_readonly, split_statements, transaction
 from .translate import translating
+
+if TYPE_CHECKING:
+    import asyncpg
 
 Dialect = Literal["postgres", "sqlite"]
 _FOLDER: dict[Dialect, str] = {"postgres": "sql", "sqlite": "sqlite"}
@@ -98,6 +99,8 @@ async def migrate_postgres(
             table a migration changes, is waited for before this one fails with
             `BackendUnavailableError`; ``None`` waits until it is done.
     """
+    import asyncpg  # noqa: PLC0415  (loaded already: ``conn`` is its)
+
     applied: list[str] = []
     async with conn.transaction():
         await _lock_migrations(conn, lock_timeout_s)

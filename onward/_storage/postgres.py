@@ -2,7 +2,8 @@
 
 Every PostgreSQL store opens its pool with :func:`open_pool` (search path set, schema version
 verified) and runs its work through :func:`pooled`, so no asyncpg or socket exception reaches
-a caller untranslated.
+a caller untranslated. asyncpg is imported when the first pool or connection is opened: a
+process on SQLite or Kafka alone never loads it (~40 ms).
 """
 
 from __future__ import annotations
@@ -12,55 +13,33 @@ import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
-
-import asyncpg
 
 from onward.errors import BackendError, BackendUnavailableError, ConfigurationError
 
 from .migrations import verify_postgres
 from .translate import (
-    DRIVER_ERRORS,
+    server_driver_errors,
     translated,
     unusable_client_certificate,
     unusable_tls_file,
 )
 from .urls import masked_url, warn_unchecked_server, without_passwords
 
-# What a call on a lost connection fails with: a driver error, or one a function such as a build
-# lookup already translated.
-_FAILURES: tuple[type[BaseException], ...] = (*DRIVER_ERRORS, BackendError)
+if TYPE_CHECKING:
+    import asyncpg
+
+
+def _failures() -> tuple[type[BaseException], ...]:
+    """What a call on a lost connection fails with: a driver error, or one a function such as
+    a build lookup already translated. Evaluated when an exception is matched, so aiokafka's
+    errors count once it is imported without this module importing it."""
+    return (*server_driver_errors(), BackendError)
+
 
 APPLICATION_NAME = "onward"
 """What Onward's connections call themselves on the server (``pg_stat_activity``)."""
-
-
-class PooledConnection(asyncpg.Connection):  # type: ignore[misc]
-    """A pooled connection given back without a round trip, unless it was marked for one.
-
-    asyncpg resets every connection it takes back (advisory locks, cursors, ``LISTEN``,
-    session settings) with one more statement, as many as every other call makes together.
-    Onward's own statements change no session state on a pooled connection: their settings
-    are ``SET LOCAL``, their cursors live in transactions, they never ``LISTEN``; what a
-    transaction left open is still rolled back by asyncpg. A connection that held an
-    `AdvisoryLock` is marked to unlock on its way back, and one handed to code that is not
-    Onward's (a user projection's ``apply``) to get asyncpg's whole reset.
-    """
-
-    _reset_on_release = ""
-
-    def release_session_locks(self) -> None:
-        """Unlock every advisory lock of the session when the pool takes the connection back."""
-        self._reset_on_release = self._reset_on_release or "SELECT pg_advisory_unlock_all()"
-
-    def reset_session(self) -> None:
-        """Reset the whole session (asyncpg's own reset) when the pool takes it back."""
-        self._reset_on_release = super().get_reset_query()
-
-    def get_reset_query(self) -> str:
-        query, self._reset_on_release = self._reset_on_release, ""
-        return str(query)
 
 
 def application_name(schema: str | None) -> str:
@@ -90,6 +69,10 @@ async def open_pool(
             (`BackendUnavailableError`); ``None``: asyncpg's 60 s to connect, statements
             unbounded.
     """
+    import asyncpg  # noqa: PLC0415  (for PostgreSQL only)
+
+    from .pooled_connection import PooledConnection  # noqa: PLC0415  (derives from asyncpg's)
+
     warn_unchecked_server(dsn, "DATABASE_URL")
     with translated("connecting to PostgreSQL"), _usable_url(dsn):
         pool = await asyncpg.create_pool(
@@ -127,6 +110,8 @@ async def connected(
         statements_bounded: Whether ``timeout_s`` bounds statements too; ``False`` for work
             that may rightly take long (a migration building an index on a large table).
     """
+    import asyncpg  # noqa: PLC0415  (for PostgreSQL only)
+
     options = _connect_options(schema, timeout_s, statements_bounded=statements_bounded)
     warn_unchecked_server(dsn, "DATABASE_URL")
     with translated("connecting to PostgreSQL"), _usable_url(dsn):
@@ -275,9 +260,11 @@ async def pooled(
                     return
                 async with conn.transaction():
                     yield conn
-            except _FAILURES as exc:
+            except _failures() as exc:
                 if connection_gone(conn):
                     raise connection_lost(exc, context=context, run_id=run_id) from exc
+                import asyncpg  # noqa: PLC0415  (loaded already: the pool is its)
+
                 if isinstance(exc.__cause__ or exc, asyncpg.ReadOnlySQLTransactionError):
                     conn.terminate()  # a standby's session: the retry connects afresh
                 raise
@@ -285,6 +272,8 @@ async def pooled(
 
 def connection_gone(conn: asyncpg.Connection) -> bool:
     """Whether the connection is gone; a pooled one the pool already let go of counts as gone."""
+    import asyncpg  # noqa: PLC0415  (loaded already: ``conn`` is its)
+
     try:
         return bool(conn.is_closed())
     except asyncpg.InterfaceError:  # detached from its pool because it closed

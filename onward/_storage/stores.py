@@ -16,9 +16,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
-
-import asyncpg
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
 
 from onward.errors import InvalidInputError
 
@@ -28,6 +26,9 @@ from .migrations import advisory_holder, open_sqlite, verify_postgres, verify_sq
 from .postgres import open_pool, pooled
 from .sqlite import FileLock, SqliteThread, connect_reader
 from .translate import translated
+
+if TYPE_CHECKING:
+    import asyncpg
 
 _T = TypeVar("_T")
 
@@ -459,6 +460,8 @@ class AdvisoryLock:
 
     async def _wait_on(self, conn: asyncpg.Connection, key: str, wait: LockWait) -> None:
         """Wait for the key ``key`` of the lock, within ``wait``."""
+        import asyncpg  # noqa: PLC0415  (loaded already: ``conn`` is its)
+
         while True:
             remaining = wait.remaining()
             lock_timeout_ms = (

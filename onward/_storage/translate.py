@@ -6,10 +6,11 @@ a driver exception it has no rule for, and a test enumerates every driver except
 any such gap. :func:`translated` wraps a block of driver calls so none of their exceptions leaves
 it untranslated.
 
-redis-py is imported only by the Redis stores: importing it loads its client, parsers and
-OpenTelemetry metrics (~60 ms, ~9 MiB), which a projector or a Kafka worker never uses. No redis
-exception can exist before something imports it, so its rules are looked up only once it is in
-``sys.modules``.
+Each driver is imported only by the stores of its backend: redis-py loads its client, parsers
+and OpenTelemetry metrics (~60 ms, ~9 MiB), aiokafka ~170 ms and asyncpg ~40 ms, which a process
+on another backend (a command on SQLite, a projector) never uses. No driver's exception can
+exist before something imports it, so each driver's rules are looked up only once its
+exceptions module is in ``sys.modules``.
 """
 
 from __future__ import annotations
@@ -21,10 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import ParamSpec, TypeVar
-
-import aiokafka.errors as kafka_errors
-import asyncpg.exceptions as pg_errors
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from onward.errors import (
     BackendError,
@@ -38,107 +36,121 @@ from onward.errors import (
     SchemaMismatchError,
 )
 
-_KAFKA_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
-    # Checked in order: the first class the exception is an instance of wins.
-    (kafka_errors.OutOfOrderSequenceNumber, ProducerFatalError),
-    (kafka_errors.DuplicateSequenceNumber, ProducerFatalError),
-    (kafka_errors.UnknownProducerId, ProducerFatalError),
-    (kafka_errors.InvalidProducerEpoch, ProducerFatalError),
-    (kafka_errors.InvalidProducerIdMapping, ProducerFatalError),
-    (kafka_errors.ProducerFenced, ProducerFatalError),
-    (kafka_errors.MessageSizeTooLargeError, PayloadTooLargeError),
-    (kafka_errors.RecordTooLargeError, PayloadTooLargeError),
-    (kafka_errors.RecordListTooLargeError, PayloadTooLargeError),
-    (kafka_errors.OffsetOutOfRangeError, LogTruncatedError),
-    (kafka_errors.NoOffsetForPartitionError, LogTruncatedError),
-    (kafka_errors.KafkaTimeoutError, BackendUnavailableError),
-    (kafka_errors.KafkaUnavailableError, BackendUnavailableError),
-    (kafka_errors.BrokerNotAvailableError, BackendUnavailableError),
-    (kafka_errors.ReplicaNotAvailableError, BackendUnavailableError),
-    (kafka_errors.ProducerClosed, BackendUnavailableError),
-    (kafka_errors.ConsumerStoppedError, BackendUnavailableError),
-    (kafka_errors.UnrecognizedBrokerVersion, ConfigurationError),
-    (kafka_errors.IncompatibleBrokerVersion, ConfigurationError),
-    (kafka_errors.UnsupportedVersionError, ConfigurationError),
-    (kafka_errors.UnsupportedForMessageFormatError, ConfigurationError),
-    (kafka_errors.UnsupportedCodecError, ConfigurationError),
-    (kafka_errors.KafkaConfigurationError, ConfigurationError),
-    (kafka_errors.InvalidTopicError, ConfigurationError),
-    (kafka_errors.InvalidPartitionsError, ConfigurationError),
-    (kafka_errors.InvalidReplicationFactorError, ConfigurationError),
-    (kafka_errors.InvalidReplicationAssignmentError, ConfigurationError),
-    (kafka_errors.InvalidConfigurationError, ConfigurationError),
-    (kafka_errors.InvalidRequiredAcksError, ConfigurationError),
-    (kafka_errors.InvalidTransactionTimeout, ConfigurationError),
-    (kafka_errors.InvalidSessionTimeoutError, ConfigurationError),
-    (kafka_errors.InvalidGroupIdError, ConfigurationError),
-    (kafka_errors.InconsistentGroupProtocolError, ConfigurationError),
-    (kafka_errors.PolicyViolationError, ConfigurationError),
-    (kafka_errors.SecurityDisabled, ConfigurationError),
-    (kafka_errors.AuthenticationMethodNotSupported, ConfigurationError),
-    (kafka_errors.AuthenticationFailedError, ConfigurationError),
-    (kafka_errors.SaslAuthenticationFailed, ConfigurationError),
-    (kafka_errors.UnsupportedSaslMechanismError, ConfigurationError),
-    (kafka_errors.IllegalSaslStateError, ConfigurationError),
-    (kafka_errors.TopicAuthorizationFailedError, ConfigurationError),
-    (kafka_errors.GroupAuthorizationFailedError, ConfigurationError),
-    (kafka_errors.ClusterAuthorizationFailedError, ConfigurationError),
-    (kafka_errors.TransactionalIdAuthorizationFailed, ConfigurationError),
-    (kafka_errors.DelegationTokenAuthDisabled, ConfigurationError),
-    (kafka_errors.DelegationTokenNotFound, ConfigurationError),
-    (kafka_errors.DelegationTokenOwnerMismatch, ConfigurationError),
-    (kafka_errors.DelegationTokenRequestNotAllowed, ConfigurationError),
-    (kafka_errors.DelegationTokenAuthorizationFailed, ConfigurationError),
-    (kafka_errors.DelegationTokenExpired, ConfigurationError),
-    (kafka_errors.InvalidPrincipalType, ConfigurationError),
-    (kafka_errors.LogDirNotFound, ConfigurationError),
-    (kafka_errors.ListenerNotFound, ConfigurationError),
-    # Broker answers that mean "not now": leadership moves, coordinators loading, rebalances.
-    (kafka_errors.StaleControllerEpochError, BackendUnavailableError),
-    (kafka_errors.StaleLeaderEpochCodeError, BackendUnavailableError),
-    (kafka_errors.RebalanceInProgressError, BackendUnavailableError),
-    (kafka_errors.ConcurrentTransactions, BackendUnavailableError),
-    (kafka_errors.ReassignmentInProgress, BackendUnavailableError),
-    (kafka_errors.OperationNotAttempted, BackendUnavailableError),
-    (kafka_errors.FetchSessionIdNotFound, BackendUnavailableError),
-    (kafka_errors.InvalidFetchSessionEpoch, BackendUnavailableError),
-    (kafka_errors.MemberIdRequired, BackendUnavailableError),
-    # Anything the broker says is retriable, as aiokafka marks it.
-    (kafka_errors.NoBrokersAvailable, BackendUnavailableError),
-    (kafka_errors.NodeNotReadyError, BackendUnavailableError),
-    (kafka_errors.KafkaProtocolError, BackendUnavailableError),
-    (kafka_errors.Cancelled, BackendUnavailableError),
-    (kafka_errors.TooManyInFlightRequests, BackendUnavailableError),
-    (kafka_errors.StaleMetadata, BackendUnavailableError),
-    (kafka_errors.MetadataEmptyBrokerList, BackendUnavailableError),
-    (kafka_errors.KafkaConnectionError, BackendUnavailableError),
-    # Answers that mean our own client logic or the broker state is wrong: not retryable as is.
-    (kafka_errors.IllegalStateError, BackendError),
-    (kafka_errors.IllegalArgumentError, BackendError),
-    (kafka_errors.IllegalOperation, BackendError),
-    (kafka_errors.CommitFailedError, BackendError),
-    (kafka_errors.QuotaViolationError, BackendError),
-    (kafka_errors.NoError, BackendError),
-    (kafka_errors.UnknownError, BackendError),
-    (kafka_errors.CorruptRecordException, BackendError),
-    (kafka_errors.InvalidFetchRequestError, BackendError),
-    (kafka_errors.OffsetMetadataTooLargeError, BackendError),
-    (kafka_errors.NotEnoughReplicasAfterAppendError, BackendError),
-    (kafka_errors.IllegalGenerationError, BackendError),
-    (kafka_errors.UnknownMemberIdError, BackendError),
-    (kafka_errors.InvalidCommitOffsetSizeError, BackendError),
-    (kafka_errors.InvalidTimestampError, BackendError),
-    (kafka_errors.TopicAlreadyExistsError, BackendError),
-    (kafka_errors.InvalidRequestError, BackendError),
-    (kafka_errors.InvalidTxnState, BackendError),
-    (kafka_errors.TransactionCoordinatorFenced, BackendError),
-    (kafka_errors.NonEmptyGroup, BackendError),
-    (kafka_errors.GroupIdNotFound, BackendError),
-)
+_Rules = tuple[tuple[type[BaseException], type[OnwardError]], ...]
+"""Checked in order: the first class the exception is an instance of wins."""
+
+_KAFKA_ERRORS = "aiokafka.errors"
+"""aiokafka's exceptions module: once it is in ``sys.modules``, its errors can be raised."""
+
+_POSTGRES_ERRORS = "asyncpg.exceptions"
+"""asyncpg's exceptions module: once it is in ``sys.modules``, its errors can be raised."""
+
+
+@functools.cache
+def _loaded_kafka_rules() -> _Rules:
+    import aiokafka.errors as kafka_errors  # noqa: PLC0415  (already imported: a look-up)
+
+    return (
+        (kafka_errors.OutOfOrderSequenceNumber, ProducerFatalError),
+        (kafka_errors.DuplicateSequenceNumber, ProducerFatalError),
+        (kafka_errors.UnknownProducerId, ProducerFatalError),
+        (kafka_errors.InvalidProducerEpoch, ProducerFatalError),
+        (kafka_errors.InvalidProducerIdMapping, ProducerFatalError),
+        (kafka_errors.ProducerFenced, ProducerFatalError),
+        (kafka_errors.MessageSizeTooLargeError, PayloadTooLargeError),
+        (kafka_errors.RecordTooLargeError, PayloadTooLargeError),
+        (kafka_errors.RecordListTooLargeError, PayloadTooLargeError),
+        (kafka_errors.OffsetOutOfRangeError, LogTruncatedError),
+        (kafka_errors.NoOffsetForPartitionError, LogTruncatedError),
+        (kafka_errors.KafkaTimeoutError, BackendUnavailableError),
+        (kafka_errors.KafkaUnavailableError, BackendUnavailableError),
+        (kafka_errors.BrokerNotAvailableError, BackendUnavailableError),
+        (kafka_errors.ReplicaNotAvailableError, BackendUnavailableError),
+        (kafka_errors.ProducerClosed, BackendUnavailableError),
+        (kafka_errors.ConsumerStoppedError, BackendUnavailableError),
+        (kafka_errors.UnrecognizedBrokerVersion, ConfigurationError),
+        (kafka_errors.IncompatibleBrokerVersion, ConfigurationError),
+        (kafka_errors.UnsupportedVersionError, ConfigurationError),
+        (kafka_errors.UnsupportedForMessageFormatError, ConfigurationError),
+        (kafka_errors.UnsupportedCodecError, ConfigurationError),
+        (kafka_errors.KafkaConfigurationError, ConfigurationError),
+        (kafka_errors.InvalidTopicError, ConfigurationError),
+        (kafka_errors.InvalidPartitionsError, ConfigurationError),
+        (kafka_errors.InvalidReplicationFactorError, ConfigurationError),
+        (kafka_errors.InvalidReplicationAssignmentError, ConfigurationError),
+        (kafka_errors.InvalidConfigurationError, ConfigurationError),
+        (kafka_errors.InvalidRequiredAcksError, ConfigurationError),
+        (kafka_errors.InvalidTransactionTimeout, ConfigurationError),
+        (kafka_errors.InvalidSessionTimeoutError, ConfigurationError),
+        (kafka_errors.InvalidGroupIdError, ConfigurationError),
+        (kafka_errors.InconsistentGroupProtocolError, ConfigurationError),
+        (kafka_errors.PolicyViolationError, ConfigurationError),
+        (kafka_errors.SecurityDisabled, ConfigurationError),
+        (kafka_errors.AuthenticationMethodNotSupported, ConfigurationError),
+        (kafka_errors.AuthenticationFailedError, ConfigurationError),
+        (kafka_errors.SaslAuthenticationFailed, ConfigurationError),
+        (kafka_errors.UnsupportedSaslMechanismError, ConfigurationError),
+        (kafka_errors.IllegalSaslStateError, ConfigurationError),
+        (kafka_errors.TopicAuthorizationFailedError, ConfigurationError),
+        (kafka_errors.GroupAuthorizationFailedError, ConfigurationError),
+        (kafka_errors.ClusterAuthorizationFailedError, ConfigurationError),
+        (kafka_errors.TransactionalIdAuthorizationFailed, ConfigurationError),
+        (kafka_errors.DelegationTokenAuthDisabled, ConfigurationError),
+        (kafka_errors.DelegationTokenNotFound, ConfigurationError),
+        (kafka_errors.DelegationTokenOwnerMismatch, ConfigurationError),
+        (kafka_errors.DelegationTokenRequestNotAllowed, ConfigurationError),
+        (kafka_errors.DelegationTokenAuthorizationFailed, ConfigurationError),
+        (kafka_errors.DelegationTokenExpired, ConfigurationError),
+        (kafka_errors.InvalidPrincipalType, ConfigurationError),
+        (kafka_errors.LogDirNotFound, ConfigurationError),
+        (kafka_errors.ListenerNotFound, ConfigurationError),
+        # Broker answers that mean "not now": leadership moves, coordinators loading, rebalances.
+        (kafka_errors.StaleControllerEpochError, BackendUnavailableError),
+        (kafka_errors.StaleLeaderEpochCodeError, BackendUnavailableError),
+        (kafka_errors.RebalanceInProgressError, BackendUnavailableError),
+        (kafka_errors.ConcurrentTransactions, BackendUnavailableError),
+        (kafka_errors.ReassignmentInProgress, BackendUnavailableError),
+        (kafka_errors.OperationNotAttempted, BackendUnavailableError),
+        (kafka_errors.FetchSessionIdNotFound, BackendUnavailableError),
+        (kafka_errors.InvalidFetchSessionEpoch, BackendUnavailableError),
+        (kafka_errors.MemberIdRequired, BackendUnavailableError),
+        # Anything the broker says is retriable, as aiokafka marks it.
+        (kafka_errors.NoBrokersAvailable, BackendUnavailableError),
+        (kafka_errors.NodeNotReadyError, BackendUnavailableError),
+        (kafka_errors.KafkaProtocolError, BackendUnavailableError),
+        (kafka_errors.Cancelled, BackendUnavailableError),
+        (kafka_errors.TooManyInFlightRequests, BackendUnavailableError),
+        (kafka_errors.StaleMetadata, BackendUnavailableError),
+        (kafka_errors.MetadataEmptyBrokerList, BackendUnavailableError),
+        (kafka_errors.KafkaConnectionError, BackendUnavailableError),
+        # Answers that mean our own client logic or the broker state is wrong: not retryable as is.
+        (kafka_errors.IllegalStateError, BackendError),
+        (kafka_errors.IllegalArgumentError, BackendError),
+        (kafka_errors.IllegalOperation, BackendError),
+        (kafka_errors.CommitFailedError, BackendError),
+        (kafka_errors.QuotaViolationError, BackendError),
+        (kafka_errors.NoError, BackendError),
+        (kafka_errors.UnknownError, BackendError),
+        (kafka_errors.CorruptRecordException, BackendError),
+        (kafka_errors.InvalidFetchRequestError, BackendError),
+        (kafka_errors.OffsetMetadataTooLargeError, BackendError),
+        (kafka_errors.NotEnoughReplicasAfterAppendError, BackendError),
+        (kafka_errors.IllegalGenerationError, BackendError),
+        (kafka_errors.UnknownMemberIdError, BackendError),
+        (kafka_errors.InvalidCommitOffsetSizeError, BackendError),
+        (kafka_errors.InvalidTimestampError, BackendError),
+        (kafka_errors.TopicAlreadyExistsError, BackendError),
+        (kafka_errors.InvalidRequestError, BackendError),
+        (kafka_errors.InvalidTxnState, BackendError),
+        (kafka_errors.TransactionCoordinatorFenced, BackendError),
+        (kafka_errors.NonEmptyGroup, BackendError),
+        (kafka_errors.GroupIdNotFound, BackendError),
+    )
+
 
 # Retriable broker answers not named above (leader moves, coordinator loading) are matched by
 # aiokafka's own `retriable` flag, which it sets per error code.
-_SQLITE_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
+_SQLITE_RULES: _Rules = (
     (sqlite3.OperationalError, BackendUnavailableError),
     (sqlite3.IntegrityError, BackendError),
     (sqlite3.DataError, InvalidInputError),
@@ -156,7 +168,7 @@ _REDIS_ERRORS = "redis.exceptions"
 """redis-py's exceptions module: once it is in ``sys.modules``, its errors can be raised."""
 
 
-def _redis_rules() -> tuple[tuple[type[BaseException], type[OnwardError]], ...]:
+def _redis_rules() -> _Rules:
     """redis-py's rules once something has imported redis-py, else none (nothing can raise them)."""
     if _REDIS_ERRORS not in sys.modules:
         return ()
@@ -164,7 +176,7 @@ def _redis_rules() -> tuple[tuple[type[BaseException], type[OnwardError]], ...]:
 
 
 @functools.cache
-def _loaded_redis_rules() -> tuple[tuple[type[BaseException], type[OnwardError]], ...]:
+def _loaded_redis_rules() -> _Rules:
     import redis.exceptions as redis_errors  # noqa: PLC0415  (already imported: a look-up)
 
     return (
@@ -219,52 +231,93 @@ def _is_redis_connection_error(exc: BaseException) -> bool:
 
 # asyncpg names one class per SQLSTATE (hundreds); the rules go by SQLSTATE class, the most
 # specific first, and every other server error is a plain BackendError.
-_ASYNCPG_RULES: tuple[tuple[type[BaseException], type[OnwardError]], ...] = (
-    (pg_errors.InvalidPasswordError, ConfigurationError),
-    (pg_errors.InvalidAuthorizationSpecificationError, ConfigurationError),
-    (pg_errors.InsufficientPrivilegeError, ConfigurationError),
-    (pg_errors.InvalidCatalogNameError, ConfigurationError),
-    # The client refusing its own connection options (an unknown sslmode in DATABASE_URL).
-    (pg_errors.ClientConfigurationError, ConfigurationError),
-    (pg_errors.UndefinedTableError, SchemaMismatchError),
-    (pg_errors.UndefinedColumnError, SchemaMismatchError),
-    (pg_errors.UndefinedFunctionError, SchemaMismatchError),
-    (pg_errors.PostgresConnectionError, BackendUnavailableError),
-    # A standby reached after a failover, or a primary made read-only for now
-    # (default_transaction_read_only, as some managed services do on a full disk).
-    (pg_errors.ReadOnlySQLTransactionError, BackendUnavailableError),
-    # The server cannot say whether the statement took effect: a retry must find out first.
-    (pg_errors.StatementCompletionUnknownError, BackendUnavailableError),
-    (pg_errors.CannotConnectNowError, BackendUnavailableError),
-    (pg_errors.TooManyConnectionsError, BackendUnavailableError),
-    (pg_errors.AdminShutdownError, BackendUnavailableError),
-    (pg_errors.CrashShutdownError, BackendUnavailableError),
-    (pg_errors.InsufficientResourcesError, BackendUnavailableError),
-    (pg_errors.SerializationError, BackendUnavailableError),
-    (pg_errors.DeadlockDetectedError, BackendUnavailableError),
-    (pg_errors.LockNotAvailableError, BackendUnavailableError),
-    (pg_errors.QueryCanceledError, BackendUnavailableError),
-    (pg_errors.ConnectionDoesNotExistError, BackendUnavailableError),
-    (pg_errors.InterfaceError, BackendError),
-    (pg_errors.InternalClientError, BackendError),
-    (pg_errors.PostgresError, BackendError),
-    (pg_errors.PostgresWarning, BackendError),  # notices, raised only if warnings are errors
-    (pg_errors.InterfaceWarning, BackendError),  # the client's own, likewise
-    # Socket-level failures reaching a server (refused, reset, unreachable, timed out).
+@functools.cache
+def _loaded_postgres_rules() -> _Rules:
+    import asyncpg.exceptions as pg_errors  # noqa: PLC0415  (already imported: a look-up)
+
+    return (
+        (pg_errors.InvalidPasswordError, ConfigurationError),
+        (pg_errors.InvalidAuthorizationSpecificationError, ConfigurationError),
+        (pg_errors.InsufficientPrivilegeError, ConfigurationError),
+        (pg_errors.InvalidCatalogNameError, ConfigurationError),
+        # The client refusing its own connection options (an unknown sslmode in DATABASE_URL).
+        (pg_errors.ClientConfigurationError, ConfigurationError),
+        (pg_errors.UndefinedTableError, SchemaMismatchError),
+        (pg_errors.UndefinedColumnError, SchemaMismatchError),
+        (pg_errors.UndefinedFunctionError, SchemaMismatchError),
+        (pg_errors.PostgresConnectionError, BackendUnavailableError),
+        # A standby reached after a failover, or a primary made read-only for now
+        # (default_transaction_read_only, as some managed services do on a full disk).
+        (pg_errors.ReadOnlySQLTransactionError, BackendUnavailableError),
+        # The server cannot say whether the statement took effect: a retry must find out first.
+        (pg_errors.StatementCompletionUnknownError, BackendUnavailableError),
+        (pg_errors.CannotConnectNowError, BackendUnavailableError),
+        (pg_errors.TooManyConnectionsError, BackendUnavailableError),
+        (pg_errors.AdminShutdownError, BackendUnavailableError),
+        (pg_errors.CrashShutdownError, BackendUnavailableError),
+        (pg_errors.InsufficientResourcesError, BackendUnavailableError),
+        (pg_errors.SerializationError, BackendUnavailableError),
+        (pg_errors.DeadlockDetectedError, BackendUnavailableError),
+        (pg_errors.LockNotAvailableError, BackendUnavailableError),
+        (pg_errors.QueryCanceledError, BackendUnavailableError),
+        (pg_errors.ConnectionDoesNotExistError, BackendUnavailableError),
+        (pg_errors.InterfaceError, BackendError),
+        (pg_errors.InternalClientError, BackendError),
+        (pg_errors.PostgresError, BackendError),
+        (pg_errors.PostgresWarning, BackendError),  # notices, raised only if warnings are errors
+        (pg_errors.InterfaceWarning, BackendError),  # the client's own, likewise
+    )
+
+
+_SOCKET_RULES: _Rules = (
+    # Socket-level failures reaching a server (refused, reset, unreachable, timed out), under
+    # every driver; checked after asyncpg's.
     (ConnectionError, BackendUnavailableError),
     (TimeoutError, BackendUnavailableError),
     (OSError, BackendUnavailableError),
 )
 
 
+def _kafka_rules() -> _Rules:
+    """aiokafka's rules once something has imported aiokafka, else none (nothing can raise them)."""
+    if _KAFKA_ERRORS not in sys.modules:
+        return ()
+    return _loaded_kafka_rules()
+
+
+def _kafka_retriable(exc_type: type[BaseException]) -> bool:
+    """Whether ``exc_type`` is a Kafka error aiokafka marks retriable (per error code)."""
+    if _KAFKA_ERRORS not in sys.modules:
+        return False
+    import aiokafka.errors as kafka_errors  # noqa: PLC0415  (already imported: a look-up)
+
+    return issubclass(exc_type, kafka_errors.KafkaError) and getattr(exc_type, "retriable", False)
+
+
+def _postgres_rules() -> _Rules:
+    """asyncpg's rules once something has imported asyncpg, else none (nothing can raise them)."""
+    if _POSTGRES_ERRORS not in sys.modules:
+        return ()
+    return _loaded_postgres_rules()
+
+
+def _is_postgres_error(exc: BaseException, *names: str) -> bool:
+    """Whether ``exc`` is an instance of one of asyncpg's exceptions named ``names``; never
+    before asyncpg is imported, since nothing could have raised one."""
+    pg_errors = sys.modules.get(_POSTGRES_ERRORS)
+    if pg_errors is None:
+        return False
+    return isinstance(exc, tuple(getattr(pg_errors, name) for name in names))
+
+
 def classify(exc_type: type[BaseException]) -> type[OnwardError] | None:
     """The Onward error a driver exception type becomes, or ``None`` if no rule covers it."""
-    for driver_type, onward_type in _KAFKA_RULES:
+    for driver_type, onward_type in _kafka_rules():
         if issubclass(exc_type, driver_type):
             return onward_type
-    if issubclass(exc_type, kafka_errors.KafkaError) and getattr(exc_type, "retriable", False):
+    if _kafka_retriable(exc_type):
         return BackendUnavailableError
-    for rules in (_SQLITE_RULES, _redis_rules(), _ASYNCPG_RULES):
+    for rules in (_SQLITE_RULES, _redis_rules(), _postgres_rules(), _SOCKET_RULES):
         for driver_type, onward_type in rules:
             if issubclass(exc_type, driver_type):
                 return onward_type
@@ -304,7 +357,7 @@ def translate(exc: BaseException, *, context: str, run_id: str | None = None) ->
                 " (the server is read-only, as a replica or a primary is for a while after a "
                 "failover; retry, and if it persists point the URL at the primary)"
             )
-        elif isinstance(exc, pg_errors.StatementCompletionUnknownError):
+        elif _is_postgres_error(exc, "StatementCompletionUnknownError"):
             message += " (it may or may not have taken effect; read back before doing it again)"
         elif _cannot_now(exc):
             message += " (the server answered that it cannot do it now; retry later)"
@@ -313,12 +366,9 @@ def translate(exc: BaseException, *, context: str, run_id: str | None = None) ->
     return onward_type(message, run_id=run_id)
 
 
-_CONTENTION: tuple[type[BaseException], ...] = (
-    pg_errors.DeadlockDetectedError,
-    pg_errors.SerializationError,
-    pg_errors.LockNotAvailableError,
-)
-"""PostgreSQL's refusals of a transaction that met another: the server answered."""
+_CONTENTION = ("DeadlockDetectedError", "SerializationError", "LockNotAvailableError")
+"""asyncpg's names of PostgreSQL's refusals of a transaction that met another: the server
+answered."""
 
 
 def _contended(exc: BaseException) -> bool:
@@ -327,7 +377,7 @@ def _contended(exc: BaseException) -> bool:
     operator must not read as a server that is away."""
     if isinstance(exc, sqlite3.OperationalError):
         return _sqlite_busy(exc)
-    return isinstance(exc, _CONTENTION)
+    return _is_postgres_error(exc, *_CONTENTION)
 
 
 def _cannot_now(exc: BaseException) -> bool:
@@ -335,7 +385,10 @@ def _cannot_now(exc: BaseException) -> bool:
     disk, no memory left, its connection limit, a partition without its replicas), which an
     operator must not read as a server that is away: the fix is on the server, not the
     network."""
-    if isinstance(exc, pg_errors.InsufficientResourcesError | kafka_errors.BrokerResponseError):
+    if _is_postgres_error(exc, "InsufficientResourcesError"):
+        return True
+    kafka_errors = sys.modules.get(_KAFKA_ERRORS)
+    if kafka_errors is not None and isinstance(exc, kafka_errors.BrokerResponseError):
         return True
     if _REDIS_ERRORS not in sys.modules:
         return False
@@ -357,7 +410,7 @@ def _local_file(exc: BaseException) -> bool:
 def _read_only(exc: BaseException) -> bool:
     """Whether ``exc`` is a server refusing a write because it is read-only now (a replica, a
     primary demoted in a failover), which passes once the client reaches the new primary."""
-    if isinstance(exc, pg_errors.ReadOnlySQLTransactionError):
+    if _is_postgres_error(exc, "ReadOnlySQLTransactionError"):
         return True
     if _REDIS_ERRORS not in sys.modules:
         return False
@@ -377,9 +430,9 @@ def refused_setting(exc: BaseException) -> str | None:
     server takes over TLS only will fail the same way however often it is retried, so each is
     a `ConfigurationError` naming the setting.
     """
-    if isinstance(exc, pg_errors.InvalidPasswordError):
+    if _is_postgres_error(exc, "InvalidPasswordError"):
         return "check the user and password in DATABASE_URL"
-    if isinstance(exc, pg_errors.InvalidAuthorizationSpecificationError) and (
+    if _is_postgres_error(exc, "InvalidAuthorizationSpecificationError") and (
         "no encryption" in str(exc)
     ):
         return "the server lets this user in over TLS only: set sslmode=verify-full in DATABASE_URL"
@@ -492,35 +545,63 @@ def _sqlite_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
-DRIVER_ERRORS: tuple[type[BaseException], ...] = (
-    kafka_errors.KafkaError,
-    kafka_errors.ConsumerStoppedError,  # not a KafkaError: a read whose consumer was stopped
-    sqlite3.Error,
-    pg_errors.PostgresError,
-    pg_errors.InterfaceError,
-    pg_errors.InternalClientError,
-    OSError,  # sockets under every driver; ConnectionError and TimeoutError are OSErrors too
-)
-"""Every exception a Kafka, SQLite or PostgreSQL call may raise; :func:`driver_errors` adds
-redis-py's once redis-py is imported."""
+_SERVER_DRIVERS = (_KAFKA_ERRORS, _POSTGRES_ERRORS, _REDIS_ERRORS)
+
+if TYPE_CHECKING:
+    DRIVER_ERRORS: tuple[type[BaseException], ...]
+    """Every exception a Kafka, SQLite or PostgreSQL call may raise (not redis-py's): looked up
+    on first use (`__getattr__`), which imports aiokafka and asyncpg, so only the modules that
+    use those drivers anyway name it."""
+
+
+def __getattr__(name: str) -> object:
+    """`DRIVER_ERRORS`, made on first access (PEP 562)."""
+    if name != "DRIVER_ERRORS":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import aiokafka.errors  # noqa: PLC0415, F401  (its users have imported it already)
+    import asyncpg.exceptions  # noqa: PLC0415, F401
+
+    return _driver_errors_of((_KAFKA_ERRORS, _POSTGRES_ERRORS))
+
+
+def server_driver_errors() -> tuple[type[BaseException], ...]:
+    """`DRIVER_ERRORS` of the drivers imported so far, importing none: what an ``except``
+    clause names to catch any Kafka, SQLite or PostgreSQL exception (none of a driver not
+    imported can have been raised)."""
+    return _driver_errors_of(
+        tuple(name for name in (_KAFKA_ERRORS, _POSTGRES_ERRORS) if name in sys.modules)
+    )
 
 
 def driver_errors() -> tuple[type[BaseException], ...]:
     """Every exception a driver call may raise; :func:`translated` catches these and no others.
 
-    A function, not a constant, so redis-py's errors join once something has imported redis-py;
-    an ``except driver_errors():`` clause is evaluated only when an exception is being matched.
+    A function, not a constant, so each driver's errors join once something has imported that
+    driver; an ``except driver_errors():`` clause is evaluated only when an exception is being
+    matched.
     """
-    if _REDIS_ERRORS not in sys.modules:
-        return DRIVER_ERRORS
-    return _driver_errors_with_redis()
+    return _driver_errors_of(tuple(name for name in _SERVER_DRIVERS if name in sys.modules))
 
 
 @functools.cache
-def _driver_errors_with_redis() -> tuple[type[BaseException], ...]:
-    import redis.exceptions as redis_errors  # noqa: PLC0415  (already imported: a look-up)
+def _driver_errors_of(loaded: tuple[str, ...]) -> tuple[type[BaseException], ...]:
+    """The exceptions of SQLite, of sockets and of the ``loaded`` drivers' exceptions modules."""
+    errors: list[type[BaseException]] = [sqlite3.Error]
+    if _KAFKA_ERRORS in loaded:
+        import aiokafka.errors as kafka_errors  # noqa: PLC0415  (already imported: a look-up)
 
-    return (*DRIVER_ERRORS, redis_errors.RedisError)
+        # ConsumerStoppedError is not a KafkaError: a read whose consumer was stopped.
+        errors += [kafka_errors.KafkaError, kafka_errors.ConsumerStoppedError]
+    if _POSTGRES_ERRORS in loaded:
+        import asyncpg.exceptions as pg_errors  # noqa: PLC0415  (already imported: a look-up)
+
+        errors += [pg_errors.PostgresError, pg_errors.InterfaceError, pg_errors.InternalClientError]
+    if _REDIS_ERRORS in loaded:
+        import redis.exceptions as redis_errors  # noqa: PLC0415  (already imported: a look-up)
+
+        errors.append(redis_errors.RedisError)
+    errors.append(OSError)  # sockets under every driver; ConnectionError and TimeoutError too
+    return tuple(errors)
 
 
 @contextmanager

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
-from typing import Any
-
-import asyncpg
+from typing import TYPE_CHECKING, Any
 
 from onward._storage import PostgresStore
 from onward.projections.base import decode_payload, encode_frontier
@@ -25,6 +23,9 @@ from .base import (
     UnretainedPinsError,
     refuse_compacted,
 )
+
+if TYPE_CHECKING:
+    import asyncpg
 
 # Each table's columns with their types, as `_insert` takes them.
 _RETAINED = (

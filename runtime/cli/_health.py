@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from prometheus_client.registry import Collector
 
 from onward.errors import InvalidInputError, LogTruncatedError
 from onward.projections.base import ProjectionSink
-from onward.projections.kafka import KafkaProjector
 from onward.runtime.backends import Backends
 from onward.runtime.observability import (
     HealthServer,
@@ -24,6 +23,9 @@ from onward.runtime.observability import (
 )
 
 from ._common import err
+
+if TYPE_CHECKING:
+    from onward.projections.kafka import KafkaProjector
 
 MetricsPortOption = Annotated[
     int | None,

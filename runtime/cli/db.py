@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-
-import asyncpg
+from typing import TYPE_CHECKING
 
 from onward._storage import bound_lock_waits, connected
 from onward._storage import quoted_identifier as quoted
@@ -18,6 +17,9 @@ from onward.projections.postgres import PROJECTION, PostgresFrontierStore, migra
 from onward.runtime.settings import Settings, load_settings
 
 from ._common import JsonResultOption, echo_json, opened, out, run_until_terminated
+
+if TYPE_CHECKING:
+    import asyncpg
 
 
 @asynccontextmanager
@@ -52,6 +54,8 @@ async def _create_schema(conn: asyncpg.Connection, schema: str | None, timeout_s
         BackendUnavailableError: Another session creating it did not end within
             ``timeout_s`` (exit 5).
     """
+    import asyncpg  # noqa: PLC0415  (loaded already: ``conn`` is its)
+
     if not schema:
         return False
     if await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema):

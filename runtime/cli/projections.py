@@ -9,31 +9,27 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from onward.errors import BackendUnavailableError, ConfigurationError, InvalidInputError
-from onward.eventlog import KafkaEventLog, PostgresEventLog
 from onward.eventlog.archive import DirectoryArchive
 from onward.eventlog.archived import ArchivedEventLog
 from onward.eventlog.base import EventLog
+from onward.eventlog.postgres import PostgresEventLog
 from onward.projections.base import ProjectionSink
 from onward.projections.compaction import LogCut, PostgresCompactionStore
 from onward.projections.frontier_projection import DEFAULT_CACHE_BYTES, FrontierProjection
-from onward.projections.kafka import (
+from onward.projections.postgres import PROJECTION
+from onward.projections.postgres_sql import Projection, SqlProjectionSink, as_projection
+from onward.projections.projector_defaults import (
     CAUGHT_UP_STORE_S,
-    DEFAULT_GROUP,
     FOCUS_SLICE_S,
     PROJECTOR_FLUSH_EVENTS,
     PROJECTOR_FLUSH_INTERVAL,
-    KafkaProjector,
-    fixed_mmap_threshold,
-    quiet_garbage_collector,
 )
-from onward.projections.postgres import PROJECTION
-from onward.projections.postgres_sql import Projection, SqlProjectionSink, as_projection
 from onward.projections.rebuild import RebuildReport, rebuild_frontiers, rebuild_projection
 from onward.runtime.backends import kafka_frontier_store
 from onward.runtime.settings import Settings, load_settings
@@ -53,6 +49,10 @@ from ._common import (
 )
 from ._health import MetricsHostOption, MetricsPortOption, ProjectorHealth, metrics_served
 
+if TYPE_CHECKING:
+    from onward.eventlog.kafka import KafkaEventLog
+    from onward.projections.kafka import KafkaProjector
+
 _log = logging.getLogger("onward.projector")
 
 
@@ -62,6 +62,10 @@ def load_projection(spec: str) -> Projection:
 
 
 def _kafka_log(config: Settings, *, create_topic: bool) -> KafkaEventLog:
+    # Imported here, as the projector's classes are (`projector_command`): `onward --help`
+    # imports this module to list the commands, and loads no aiokafka (~170 ms) for that.
+    from onward.eventlog.kafka import KafkaEventLog  # noqa: PLC0415
+
     return KafkaEventLog(
         config.kafka_connection(),
         topic=config.kafka_topic,
@@ -184,6 +188,14 @@ def projector_command(
             f"{config.backend} whoever appends folds the runs inline, so no projector runs "
             "(set ONWARD_BACKEND=kafka on a Kafka deployment)"
         )
+
+    from onward.projections.kafka import (  # noqa: PLC0415  (loads aiokafka: see `_kafka_log`)
+        DEFAULT_GROUP,
+        KafkaProjector,
+        fixed_mmap_threshold,
+        quiet_garbage_collector,
+    )
+
     database_url = config.require_database_url()
     user: Projection | None = None
 

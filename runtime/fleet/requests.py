@@ -12,21 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from onward._storage import (
-    KafkaConnection,
-    Resource,
-    kafka_connection,
-    stop_or_drop,
-    translate,
-)
+from onward._storage import Resource, translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -37,7 +27,6 @@ from onward.errors import (
 )
 from onward.eventlog.base import partition_for
 from onward.eventlog.codec import unencodable
-from onward.eventlog.kafka import topic_partition_count, topic_refusal
 from onward.runtime.limits import (
     MAX_NOTE_LENGTH,
     check_depth,
@@ -48,6 +37,11 @@ from onward.runtime.limits import (
 )
 from onward.runtime.options import checked_options
 from onward.runtime.redaction import Redactor
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
+
+    from onward._storage import KafkaConnection
 from onward.runtime.signing import SIGNATURE_HEADER, RequestSigner
 
 DEFAULT_REQUESTS_TOPIC = "onward.requests"
@@ -272,6 +266,14 @@ async def ensure_requests_topic(
             longer follow the event log, or the broker refused to create it (saying why).
         BackendUnavailableError: The topic was created but is still not listed 10 s later.
     """
+    # Imported here, as in every Kafka path of this module: an application on SQLite or
+    # PostgreSQL imports the requests' types but never loads aiokafka (~170 ms).
+    from aiokafka.admin import NewTopic  # noqa: PLC0415
+    from aiokafka.errors import KafkaError, TopicAlreadyExistsError  # noqa: PLC0415
+
+    from onward._storage import kafka_connection  # noqa: PLC0415
+    from onward.eventlog.kafka import topic_partition_count, topic_refusal  # noqa: PLC0415
+
     connection = kafka_connection(bootstrap_servers)
     admin = connection.admin(role="requests-admin")
     try:
@@ -340,6 +342,8 @@ class Requests(Resource):
         signer: RequestSigner | None = None,
         redactor: Redactor | None = None,
     ) -> None:
+        from onward._storage import kafka_connection  # noqa: PLC0415  (loads aiokafka)
+
         self.topic = topic
         self.partitions = partitions
         self.signer = signer
@@ -359,6 +363,8 @@ class Requests(Resource):
         self._opened = True
 
     async def _new_producer(self) -> AIOKafkaProducer:
+        from aiokafka.errors import KafkaError  # noqa: PLC0415  (loaded by `ensure_requests_topic`)
+
         producer = self._connection.producer(
             role="requests",
             acks="all",
@@ -380,6 +386,8 @@ class Requests(Resource):
         Raises:
             BackendUnavailableError: No producer could be started; the next submit tries again.
         """
+        from onward._storage import stop_or_drop  # noqa: PLC0415  (loaded already: `__init__`)
+
         async with self._replacing:
             current = self._producer
             if current is not broken and current is not None:
@@ -401,6 +409,8 @@ class Requests(Resource):
         idempotent producer would retry its batch for ever); what it had not acknowledged may
         have landed.
         """
+        from onward._storage import stop_or_drop  # noqa: PLC0415  (loaded already: `__init__`)
+
         self._opened = False
         producer, self._producer = self._producer, None
         if producer is not None:
@@ -451,6 +461,8 @@ class Requests(Resource):
         prepared: Sequence[PreparedRequest],
         records: Sequence[tuple[PreparedRequest, list[tuple[str, bytes]] | None]],
     ) -> None:
+        from aiokafka.errors import KafkaError  # noqa: PLC0415  (loaded already: ``producer``)
+
         timeout_s = self._connection.request_timeout_s
         sent: list[asyncio.Future[Any]] = []
         try:
@@ -513,6 +525,8 @@ def _headers(request: PreparedRequest) -> list[tuple[str, bytes]] | None:
 def _check_size(request: PreparedRequest, headers: list[tuple[str, bytes]] | None) -> None:
     """Refuse a request the producer would: checked for every request of a batch before any
     is sent, as the producer refuses one only after those before it went out."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder  # noqa: PLC0415
+
     size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
         request.key, request.value, headers or []
     )

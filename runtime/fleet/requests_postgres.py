@@ -37,8 +37,8 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from typing import TYPE_CHECKING
 
-import asyncpg
 import msgspec
 
 from onward._storage import BACKEND_TIMEOUT_S, PostgresStore, connected
@@ -57,6 +57,9 @@ from .requests import (
     decode_request,
     prepare_requests,
 )
+
+if TYPE_CHECKING:
+    pass
 
 _log = logging.getLogger("onward.worker")
 
@@ -360,6 +363,8 @@ class PostgresRequests(PostgresStore):
         def lost(*_: object) -> None:
             _log.warning("the connection listening for requests was lost; finding them by polling")
             woken.set()
+
+        import asyncpg  # noqa: PLC0415  (loaded by `connected`)
 
         async with connected(self._dsn, schema=self._schema, timeout_s=self._timeout_s) as conn:
             await conn.add_listener(self.channel, notified)

@@ -60,12 +60,9 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
-
-from onward._storage import KafkaConnection, drop_connections, kafka_connection, translate
+from onward._storage import translate
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -95,6 +92,11 @@ from .requests import (
 )
 from .requests_handling import RequestHandler
 from .requests_postgres import CLAIM_S, ClaimedRequest, PostgresRequests
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from onward._storage import KafkaConnection
 
 _log = logging.getLogger("onward.worker")
 
@@ -570,6 +572,12 @@ class Worker:
         Raises:
             ConfigurationError: Neither a signer nor ``accept_unsigned``.
         """
+        # Imported here, as in every Kafka path of this module: a worker on SQLite or
+        # PostgreSQL never loads aiokafka (~170 ms).
+        from aiokafka.errors import KafkaError  # noqa: PLC0415
+
+        from onward._storage import kafka_connection  # noqa: PLC0415
+
         _require_signer(signer, accept_unsigned, "topic")
         self._signer, self._accept_unsigned = signer, accept_unsigned
         connection = kafka_connection(bootstrap_servers)
@@ -598,7 +606,7 @@ class Worker:
                 self.drain()
                 await self.drained()
                 return
-            consumer.subscribe([topic], listener=_Owner(self, consumer, offsets))
+            consumer.subscribe([topic], listener=_owner_class()(self, consumer, offsets))
         except KafkaError as exc:
             with contextlib.suppress(KafkaError):
                 await consumer.stop()
@@ -637,6 +645,8 @@ class Worker:
 
     async def _drain_consumer(self, consumer: AIOKafkaConsumer, offsets: _Offsets) -> None:
         """Take nothing new, wait for the runs in flight to stop, commit what was acted on."""
+        from aiokafka.errors import KafkaError  # noqa: PLC0415  (loaded already: ``consumer``)
+
         self.drain()
         with contextlib.suppress(KafkaError):
             consumer.pause(*consumer.assignment())
@@ -653,6 +663,8 @@ class Worker:
     async def _consume(
         self, consumer: AIOKafkaConsumer, offsets: _Offsets, stop: asyncio.Event
     ) -> None:
+        from aiokafka.errors import CommitFailedError  # noqa: PLC0415  (loaded: ``consumer``)
+
         next_scan = time.monotonic() + self.recheck_s
         next_peek = time.monotonic() + _PEEK_S
         paused = False
@@ -999,6 +1011,10 @@ async def _leave(consumer: AIOKafkaConsumer) -> str | None:
     own that a cancellation of the caller leaves running: Python 3.11's `wait_for` cancels a
     stop that has not begun yet when the caller is cancelled again. It is given up all the
     same once `_LEAVE_S` passed, as the caller would have (`_give_up_leaving`)."""
+    from aiokafka.errors import KafkaError  # noqa: PLC0415  (loaded already: ``consumer``)
+
+    from onward._storage import drop_connections  # noqa: PLC0415
+
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _LEAVE_S
     stopping = asyncio.ensure_future(consumer.stop())
@@ -1030,6 +1046,8 @@ def _give_up_leaving(stopping: asyncio.Task[None], consumer: AIOKafkaConsumer) -
     stopped the consumer by now: a broker that does not answer kept it, with the consumer's
     fetcher, metadata task and connections, running for as long as the broker stayed away,
     and one that failed or was cut left them running."""
+    from onward._storage import drop_connections  # noqa: PLC0415  (loaded already: ``consumer``)
+
     if not stopping.done():
         stopping.cancel()
     elif not stopping.cancelled() and stopping.exception() is None:
@@ -1238,29 +1256,38 @@ class _Offsets:
             self._committed[tp] = position
 
 
-class _Owner(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, worker: Worker, consumer: AIOKafkaConsumer, offsets: _Offsets) -> None:
-        self._worker = worker
-        self._consumer = consumer
-        self._offsets = offsets
+@functools.cache
+def _owner_class() -> type:
+    """The rebalance listener a Kafka worker's consumer subscribes with: a class of aiokafka's,
+    so made on first use, which a worker on SQLite or PostgreSQL never reaches."""
+    from aiokafka import ConsumerRebalanceListener  # noqa: PLC0415
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
 
-    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        revoked = list(revoked)
-        try:
-            await asyncio.wait_for(self._offsets.commit(self._consumer, only=revoked), _LEAVE_S)
-        except (KafkaError, TimeoutError) as exc:  # the next owner sees them again: harmless
-            _log.warning("committing before a rebalance failed: %r", exc)
-        self._offsets.forget(revoked)
-        self._worker.owned -= {tp.partition for tp in revoked}
-        self._worker.joined = False
-        _log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
+    class _Owner(ConsumerRebalanceListener):  # type: ignore[misc]
+        def __init__(self, worker: Worker, consumer: AIOKafkaConsumer, offsets: _Offsets) -> None:
+            self._worker = worker
+            self._consumer = consumer
+            self._offsets = offsets
 
-    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        partitions = {tp.partition for tp in assigned}
-        self._worker.owned |= partitions
-        self._worker.joined = True
-        _log.info("partitions assigned: %s", sorted(partitions))
-        self._worker._scan(partitions)
+        async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+            revoked = list(revoked)
+            try:
+                await asyncio.wait_for(self._offsets.commit(self._consumer, only=revoked), _LEAVE_S)
+            except (KafkaError, TimeoutError) as exc:  # the next owner sees them again: harmless
+                _log.warning("committing before a rebalance failed: %r", exc)
+            self._offsets.forget(revoked)
+            self._worker.owned -= {tp.partition for tp in revoked}
+            self._worker.joined = False
+            _log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
+
+        async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+            partitions = {tp.partition for tp in assigned}
+            self._worker.owned |= partitions
+            self._worker.joined = True
+            _log.info("partitions assigned: %s", sorted(partitions))
+            self._worker._scan(partitions)
+
+    return _Owner
 
 
 __all__ = [

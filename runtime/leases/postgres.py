@@ -14,12 +14,14 @@ release, so the fence only ever goes up.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import asyncpg
+from typing import TYPE_CHECKING
 
 from onward._storage import PostgresStore
 
 from .base import CancelAsked, RunLease, check_ask, check_ttl, conflict_error, fenced_error
+
+if TYPE_CHECKING:
+    import asyncpg
 
 _COLUMNS = (
     "tenant, holder, fence, extract(epoch FROM expires_at)::float8 AS expires_at, cancel_by, "

@@ -11,12 +11,14 @@ every worker.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import asyncpg
+from typing import TYPE_CHECKING
 
 from onward._storage import PostgresStore
 
 from .base import Hold, Spend, SpendEntry, check_entry, hold_decided
+
+if TYPE_CHECKING:
+    import asyncpg
 
 _RECORD = (
     "WITH added AS ("

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import OutOfOrderSequenceNumber
+from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 
 from onward.errors import (
     BackendUnavailableError,
@@ -22,7 +24,7 @@ from onward.errors import (
     ProducerFatalError,
 )
 from onward.eventlog import KafkaEventLog, partition_for
-from onward.eventlog.base import LogRecord
+from onward.eventlog.base import LogRecord, murmur2
 from onward.eventlog.kafka import record_of
 from onward.eventlog.kafka_readers import KafkaReaders
 from onward.testing.eventlog import new_run_id, seqs, step_events
@@ -163,6 +165,17 @@ async def test_runs_land_where_the_java_partitioner_puts_their_key(
         for run_id in [new_run_id() for _ in range(10)]:
             (position,) = await log.append(step_events(run_id, 1))
             assert position.partition == partition_for(run_id, 5)
+
+
+def test_murmur2_is_aiokafkas_for_every_length_and_byte() -> None:
+    """Onward's own murmur2 (kept out of aiokafka so SQLite processes need not import it) hashes
+    every key as aiokafka's does: every length 0 to 64 (each tail of 0 to 3 bytes), every byte
+    value, and keys in UTF-8, so a run never moves partition."""
+    rng = random.Random(20261207)
+    keys = [rng.randbytes(length) for length in range(65) for _ in range(200)]
+    keys += [bytes([b]) * n for b in range(256) for n in (1, 2, 3, 4, 7)]
+    keys += [f"run-{i}-ünï-{'✓' * (i % 5)}".encode() for i in range(2000)]
+    assert [murmur2(key) for key in keys] == [aiokafka_murmur2(key) for key in keys]
 
 
 async def test_concurrent_appends_to_one_partition_each_land_whole_and_in_order(

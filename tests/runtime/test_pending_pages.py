@@ -32,9 +32,9 @@ async def backends(
         yield opened
 
 
-async def test_pending_runs_are_listed_a_page_at_a_time(
-    backends: Backends, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def _interrupted_some_held(backends: Backends, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run of ``RUN_IDS`` interrupted, those of ``HELD`` held by a live worker, and
+    listings made a page of ``PAGE`` runs at a time."""
     agent = Agent(name="writer", instructions="write")
     for run_id in RUN_IDS:
         await interrupted(backends, agent, run_id)
@@ -42,6 +42,12 @@ async def test_pending_runs_are_listed_a_page_at_a_time(
     for run_id in HELD:
         await backends.leases.acquire(run_id, tenant=TENANT, holder="w9", ttl_s=60)
     monkeypatch.setattr(manager_module, "_LISTED_AT_ONCE", PAGE, raising=False)
+
+
+async def test_pending_runs_are_listed_a_page_at_a_time(
+    backends: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _interrupted_some_held(backends, monkeypatch)
     frontiers = backends.frontiers
     listing = frontiers.runs
     listed: list[int] = []
@@ -80,13 +86,7 @@ async def test_pending_runs_read_their_leases_once_a_page(
 ) -> None:
     """Listing asks the lease store once per page of runs, not once per run, and sees the
     held runs as held all the same."""
-    agent = Agent(name="writer", instructions="write")
-    for run_id in RUN_IDS:
-        await interrupted(backends, agent, run_id)
-    assert backends.leases is not None
-    for run_id in HELD:
-        await backends.leases.acquire(run_id, tenant=TENANT, holder="w9", ttl_s=60)
-    monkeypatch.setattr(manager_module, "_LISTED_AT_ONCE", PAGE, raising=False)
+    await _interrupted_some_held(backends, monkeypatch)
     counted = CountedReads(backends.leases)
     pending = await ExecutionManager(backends.frontiers, counted).list_pending(tenant=TENANT)
     pages = -(-len(RUN_IDS) // PAGE)

@@ -120,23 +120,30 @@ def test_quarantine_release_refuses_a_file_that_is_not_a_database(tmp_path: Path
     assert text.read_text() == "hello\n"
 
 
+def _worker_refused(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``onward worker`` of the CLI test agent on the SQLite file ``path`` with ``args``, which
+    must end at once with exit 2: one that took them would serve until stopped (bounded here)."""
+    env = {**os.environ, "ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(path)}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    command = [sys.executable, "-m", "onward", "worker", "--agent", "support.cli_agent:booker"]
+    command += ["--provider", "support.cli_agent:booking_model", *args]
+    try:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=30, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"onward worker {args} on {path} was taken and served on: {exc.stderr!r}")
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    return done
+
+
 def test_worker_refuses_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     """Pointed at a file that is no SQLite database, the worker said ``BackendError ... file is
     not a database``, exit 5 (a store failed: retry), so a supervisor restarted it forever; the
     other commands say it is not an Onward database, exit 2."""
     text = tmp_path / "notes.txt"
     text.write_text("hello\n")
-    env = {**os.environ, "ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(text)}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    command = [sys.executable, "-m", "onward", "worker", "--agent", "support.cli_agent:booker"]
-    command += ["--provider", "support.cli_agent:booking_model"]
-    try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=30, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"onward worker took {text} and served on: {exc.stderr!r}")
-    assert done.returncode == 2, (done.returncode, done.stderr)
+    done = _worker_refused(text)
     assert "not an Onward database" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert text.read_text() == "hello\n"
@@ -173,17 +180,7 @@ def test_worker_refuses_a_lease_ttl_or_recheck_that_is_no_duration(
 def test_worker_refuses_a_name_no_lease_should_hold(db: Path, name: str) -> None:
     """Its name is every lease's holder, printed by inspect, runs and every refusal: one that
     sets a terminal's title or breaks a line is refused before the worker serves."""
-    env = {**os.environ, "ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(db)}
-    command = [sys.executable, "-m", "onward", "worker", "--agent", "support.cli_agent:booker"]
-    command += ["--provider", "support.cli_agent:booking_model", "--name", name]
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=30, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"onward worker --name {name!r} was taken and served on: {exc.stderr!r}")
-    assert done.returncode == 2, (done.returncode, done.stderr)
+    done = _worker_refused(db, "--name", name)
     assert "--name" in done.stderr, done.stderr
     assert "\x1b" not in done.stderr, done.stderr
 

@@ -338,6 +338,19 @@ def test_translate_picks_the_most_specific_error(
 
 
 @pytest.mark.parametrize(
+    "redirected",
+    [redis_errors.MovedError("3999 127.0.0.1:6381"), redis_errors.AskError("3999 127.0.0.1:6381")],
+    ids=lambda exc: type(exc).__name__,
+)
+def test_a_redis_cluster_redirection_names_redis_url(redirected: BaseException) -> None:
+    """Only a Redis Cluster node redirects a key to another node; Onward needs a single node,
+    which no retry gives: it was a `BackendError` (exit 5) naming no setting."""
+    translated = translate(redirected, context="renewing the lease")
+    assert type(translated) is errors.ConfigurationError
+    assert "a single Redis node (not Redis Cluster) in REDIS_URL" in str(translated)
+
+
+@pytest.mark.parametrize(
     "contended",
     [
         pg_errors.DeadlockDetectedError("deadlock detected"),

@@ -221,12 +221,13 @@ def _loaded_redis_rules() -> _Rules:
     )
 
 
-def _is_redis_connection_error(exc: BaseException) -> bool:
-    if _REDIS_ERRORS not in sys.modules:
+def _is_redis_error(exc: BaseException, *names: str) -> bool:
+    """Whether ``exc`` is an instance of one of redis-py's exceptions named ``names``; never
+    before redis-py is imported, since nothing could have raised one."""
+    redis_errors = sys.modules.get(_REDIS_ERRORS)
+    if redis_errors is None:
         return False
-    import redis.exceptions as redis_errors  # noqa: PLC0415  (already imported: a look-up)
-
-    return isinstance(exc, redis_errors.ConnectionError)
+    return isinstance(exc, tuple(getattr(redis_errors, name) for name in names))
 
 
 # asyncpg names one class per SQLSTATE (hundreds); the rules go by SQLSTATE class, the most
@@ -426,12 +427,15 @@ _TLS_UNVERIFIED = "CERTIFICATE_VERIFY_FAILED"
 def refused_setting(exc: BaseException) -> str | None:
     """For a connection a server or TLS refused for good, which setting to change; else ``None``.
 
-    A wrong password, a CA that did not sign the server's certificate or a plaintext login a
-    server takes over TLS only will fail the same way however often it is retried, so each is
+    A wrong password, a CA that did not sign the server's certificate, a plaintext login a
+    server takes over TLS only, a database the server does not have or a user whose ACL
+    refuses Onward's commands will fail the same way however often it is retried, so each is
     a `ConfigurationError` naming the setting.
     """
     if _is_postgres_error(exc, "InvalidPasswordError"):
         return "check the user and password in DATABASE_URL"
+    if _is_postgres_error(exc, "InvalidCatalogNameError"):
+        return "create that database, or name one the server has in DATABASE_URL"
     if _is_postgres_error(exc, "InvalidAuthorizationSpecificationError") and (
         "no encryption" in str(exc)
     ):
@@ -441,10 +445,57 @@ def refused_setting(exc: BaseException) -> str | None:
             "the server's TLS certificate was not accepted: set sslrootcert in DATABASE_URL to "
             "the CA file that signed it"
         )
-    if _is_redis_connection_error(exc) and _TLS_UNVERIFIED in str(exc):
+    if _is_redis_error(exc, "ConnectionError") and _TLS_UNVERIFIED in str(exc):
         return (
             "the server's TLS certificate was not accepted: give the CA file that signed it as "
             "ssl_ca_certs in REDIS_URL (rediss://host:port/db?ssl_ca_certs=/path/to/ca.pem)"
+        )
+    return _refused_redis_setting(exc)
+
+
+_REDIS_NO_SUCH_DATABASE = "DB index is out of range"
+"""Redis's answer to SELECT of a database number at or above its ``databases`` setting."""
+
+_REDIS_CLUSTER_SELECT = "SELECT is not allowed in cluster mode"
+"""A Redis Cluster node's answer to SELECT: a cluster has database 0 alone."""
+
+_REDIS_CLUSTER_ANSWERS = ("ClusterCrossSlotError", "ClusterDownError", "MovedError", "AskError")
+"""redis-py's exceptions for answers only a Redis Cluster node gives."""
+
+_REDIS_UNKNOWN_COMMAND = "unknown command"
+"""Redis's answer to a command it does not have, or that ``rename-command`` took away."""
+
+
+def _refused_redis_setting(exc: BaseException) -> str | None:
+    """For an answer Redis gives a wrong REDIS_URL whatever the retry, which part to change:
+    its database number, its user and password, that user's ACL, or the server it names (a
+    Redis Cluster node, a server without Onward's commands)."""
+    answer = str(exc) if _is_redis_error(exc, "ResponseError") else ""
+    if _is_redis_error(exc, *_REDIS_CLUSTER_ANSWERS) or answer.startswith(_REDIS_CLUSTER_SELECT):
+        return (
+            "the server is a Redis Cluster node, and Onward's scripts touch several runs' keys "
+            "at once: give a single Redis node (not Redis Cluster) in REDIS_URL"
+        )
+    if answer.startswith(_REDIS_UNKNOWN_COMMAND):
+        return (
+            "the server does not take this command (taken away with rename-command, or a "
+            "server without it): point REDIS_URL at a Redis that takes it"
+        )
+    if answer.startswith(_REDIS_NO_SUCH_DATABASE):
+        return (
+            "REDIS_URL names a database the server does not have (it has 16, numbered 0 to 15, "
+            "unless its `databases` setting says more): end REDIS_URL with one it has, as "
+            "redis://host:port/0"
+        )
+    if _is_redis_error(exc, "AuthenticationError", "AuthenticationWrongNumberOfArgsError"):
+        return (
+            "check the user and password in REDIS_URL (redis://user:password@host:port/db, or "
+            "redis://:password@host:port/db for a server's requirepass)"
+        )
+    if _is_redis_error(exc, "NoPermissionError"):
+        return (
+            "the user in REDIS_URL lacks that permission: grant it to that user (ACL SETUSER) "
+            "or give REDIS_URL a user that has it"
         )
     return None
 
@@ -530,7 +581,7 @@ def redis_plaintext_refused(exc: BaseException, url: str) -> str | None:
     is down refuses the connection instead, so that stays `BackendUnavailableError`.
     """
     text = str(exc)
-    if not url.startswith("redis://") or not _is_redis_connection_error(exc):
+    if not url.startswith("redis://") or not _is_redis_error(exc, "ConnectionError"):
         return None
     if "reset by peer" in text or "closed by server" in text:
         return (

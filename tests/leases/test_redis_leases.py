@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
+from redis import Redis as SyncRedis
 from redis.commands.core import AsyncScript
+from support.private_servers import PrivateRedis, running
 from support.proxy import TcpProxy, through, upstream
 
 import onward._storage.redis as redis_storage
@@ -140,6 +142,116 @@ async def test_a_url_parameter_redis_does_not_take_is_a_configuration_error(
         with pytest.raises(ConfigurationError, match=parameter.split("=")[0]) as refused:
             await RedisLeaseStore.open(f"{redis_url}?{parameter}")
         assert "REDIS_URL" in str(refused.value)
+
+
+async def test_a_database_the_server_does_not_have_is_a_setting_to_fix(redis_url: str) -> None:
+    """Redis has 16 databases unless configured otherwise: ``/99`` failed as a `BackendError`
+    (exit 5, which a supervisor retries for ever) naming neither REDIS_URL nor what to do."""
+    missing = urlunsplit(urlsplit(redis_url)._replace(path="/99"))
+    with pytest.raises(ConfigurationError) as refused:
+        await RedisLeaseStore.open(missing)
+    assert "DB index is out of range" in str(refused.value)
+    assert "REDIS_URL names a database the server does not have" in str(refused.value)
+    assert not refused.value.retryable
+
+
+GUARD_PASSWORD = "the-guarded-password"
+PING_ONLY_PASSWORD = "the-ping-only-password"
+
+
+@pytest.fixture(scope="module")
+def guarded_redis() -> Iterator[PrivateRedis]:
+    """A private Redis that takes logins: the default user's password, and a user
+    ``ping-only`` allowed to run nothing but PING (as an ACL missing Onward's commands)."""
+    server = PrivateRedis("--requirepass", GUARD_PASSWORD)
+    try:
+        server.start()
+        admin = SyncRedis(port=server.port, password=GUARD_PASSWORD)
+        try:
+            admin.acl_setuser(
+                "ping-only", enabled=True, passwords=[f"+{PING_ONLY_PASSWORD}"],
+                keys=["*"], commands=["+ping"],
+            )  # fmt: skip
+        finally:
+            admin.close()
+        yield server
+    finally:
+        server.close()
+
+
+async def _open_and_acquire(url: str, prefix: str) -> None:
+    """Open a lease store on ``url`` and take a lease: what a worker does first."""
+    store = await RedisLeaseStore.open(url, prefix=prefix, timeout_s=5)
+    try:
+        await store.acquire(new_run_id(), tenant=TENANT, holder="w1", ttl_s=30)
+    finally:
+        await store.close()
+
+
+REFUSED_LOGINS = {
+    "wrong-password": ":not-the-password@",
+    "no-password": "",
+    "unknown-user": f"nobody:{GUARD_PASSWORD}@",
+    "no-permission": f"ping-only:{PING_ONLY_PASSWORD}@",
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_LOGINS))
+async def test_a_login_or_command_redis_refuses_names_redis_url(
+    guarded_redis: PrivateRedis, prefix: str, case: str
+) -> None:
+    """A wrong password, none where one is needed, an unknown user, or a user whose ACL lacks
+    Onward's commands: each a `ConfigurationError` (exit 2), but saying only Redis's words
+    ("invalid username-password pair", "no permissions to run the 'evalsha' command"), not
+    which setting to change."""
+    url = f"redis://{REFUSED_LOGINS[case]}127.0.0.1:{guarded_redis.port}/0"
+    with pytest.raises(ConfigurationError) as refused:
+        await _open_and_acquire(url, prefix)
+    assert "REDIS_URL" in str(refused.value), refused.value
+    assert not refused.value.retryable
+    for password in (GUARD_PASSWORD, PING_ONLY_PASSWORD):
+        assert password not in str(refused.value)
+
+
+CLUSTER_NODES = {
+    # case: (the database in REDIS_URL, whether the node serves every hash slot)
+    "database-other-than-0": (3, False),
+    "slots-not-served": (0, False),
+    "keys-in-several-slots": (0, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CLUSTER_NODES))
+async def test_a_redis_cluster_node_is_refused_as_a_setting_to_fix(prefix: str, case: str) -> None:
+    """Onward needs a single Redis node (a script touches several runs' keys at once). A
+    Cluster node refused SELECT or answered CLUSTERDOWN as a `BackendError` or a
+    `BackendUnavailableError` (exit 5: a supervisor retried for ever), and CROSSSLOT named
+    no setting."""
+    database, serving = CLUSTER_NODES[case]
+    async with running(PrivateRedis("--cluster-enabled", "yes")) as node:
+        if serving:
+            admin = aioredis.Redis(port=node.port)
+            try:
+                await admin.cluster("ADDSLOTSRANGE", 0, 16383)
+            finally:
+                await admin.aclose()
+        with pytest.raises(ConfigurationError) as refused:
+            await _open_and_acquire(f"redis://127.0.0.1:{node.port}/{database}", prefix)
+    assert "a single Redis node (not Redis Cluster) in REDIS_URL" in str(refused.value)
+
+
+async def test_a_command_the_server_does_not_take_is_a_setting_to_fix(prefix: str) -> None:
+    """A server with Onward's commands disabled (``rename-command``) or a Redis-compatible
+    one without them answers "unknown command": a `BackendError`, exit 5, retried for ever."""
+    async with running(PrivateRedis("--rename-command", "EVALSHA", "")) as server:
+        store = await RedisLeaseStore.open(server.url, prefix=prefix, timeout_s=5)
+        try:
+            with pytest.raises(ConfigurationError) as refused:
+                await store.acquire(new_run_id(), tenant=TENANT, holder="w1", ttl_s=30)
+        finally:
+            await store.close()
+    assert "unknown command 'EVALSHA'" in str(refused.value)
+    assert "point REDIS_URL at a Redis that takes it" in str(refused.value)
 
 
 async def test_a_server_error_becomes_a_backend_error(

@@ -1,10 +1,11 @@
 """Every command against a store that fails: the documented exit code, one line, no traceback.
 
 Each case runs ``python -m onward`` as its own process against the real servers with one of
-them made unusable: PostgreSQL on a closed port or with a wrong password, Kafka on a closed
-port, Redis on a closed port or with a user and password it does not know. The other stores
-are real and ready (an existing topic, a migrated schema), so the failure is the one the case
-names.
+them made unusable: PostgreSQL on a closed port, with a wrong password or naming a database it
+does not have, Kafka on a closed port, Redis on a closed port, with a user and password it does
+not know or naming a database number it does not have. The other stores are real and ready (an
+existing topic, a migrated schema), so the failure is the one the case names. A wrong setting
+(exit 2) names the setting to change, so no supervisor restarts the command for ever.
 """
 
 from __future__ import annotations
@@ -68,10 +69,14 @@ FAULTS: dict[str, tuple[str, int]] = {
     # fault: (the store it breaks, the documented exit code)
     "postgres-closed-port": ("postgres", 5),
     "postgres-wrong-password": ("postgres", 2),
+    "postgres-missing-database": ("postgres", 2),
     "kafka-closed-port": ("kafka", 5),
     "redis-closed-port": ("redis", 5),
     "redis-wrong-password": ("redis", 2),
+    "redis-missing-database": ("redis", 2),
 }
+SETTINGS = {"postgres": "DATABASE_URL", "redis": "REDIS_URL"}
+"""The setting an exit 2 (a wrong setting, not a store away) names, per store."""
 CASES = [
     pytest.param(command, fault, id=f"{command}-{fault}")
     for command in COMMANDS
@@ -114,6 +119,12 @@ class Deployment:
             parts = urlsplit(self.redis_url)
             netloc = f"onward-nobody:not-the-password@{parts.hostname}:{parts.port or 6379}"
             env["REDIS_URL"] = urlunsplit(parts._replace(netloc=netloc))
+        elif fault == "postgres-missing-database":
+            parts = urlsplit(self.database_url)
+            env["DATABASE_URL"] = urlunsplit(parts._replace(path="/onward_no_such_database"))
+        elif fault == "redis-missing-database":
+            # 16 databases, 0 to 15, unless the server is configured otherwise.
+            env["REDIS_URL"] = urlunsplit(urlsplit(self.redis_url)._replace(path="/99"))
         return env
 
 
@@ -167,9 +178,12 @@ def test_a_failing_store_exits_with_its_code_in_one_line(
         timeout=60,
         check=False,
     )
-    assert result.returncode == FAULTS[fault][1], result.stderr
+    store, code = FAULTS[fault]
+    assert result.returncode == code, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    if code == 2:
+        assert SETTINGS[store] in result.stderr, result.stderr
 
 
 async def test_the_wrong_password_is_refused_by_the_real_server(database_url: str) -> None:

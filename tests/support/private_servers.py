@@ -358,9 +358,14 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    """``redis-server`` without persistence: a restart, or a SIGKILL, forgets every key."""
+    """``redis-server`` without persistence: a restart, or a SIGKILL, forgets every key.
 
-    def __init__(self) -> None:
+    Args:
+        options: More ``redis-server`` arguments (``"--requirepass", "secret"``).
+    """
+
+    def __init__(self, *options: str) -> None:
+        self.options = options
         self.dir = Path(tempfile.mkdtemp(prefix="onward-fault-redis-"))
         self.port = free_port()
         self.log = self.dir / "redis.log"
@@ -375,6 +380,7 @@ class PrivateRedis:
             [
                 "redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
                 "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+                *self.options,
             ],
             self.log,
         )  # fmt: skip

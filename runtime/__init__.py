@@ -1,15 +1,14 @@
 """The runner, resume planning, leases, garbage collection, redaction, providers, tools, the CLI."""
 
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from onward._lazy import lazy_exports as _lazy_exports
 
-# Eager: `ask` is also the name of its submodule, which, once imported by anyone, would shadow a
-# lazily imported function of the same name.
-from .ask import ask
-
 if TYPE_CHECKING:
     from .agent import Agent
+    from .ask import ask
     from .blobs import BlobStore, ClaimCheck, MemoryBlobStore, PostgresBlobStore, SqliteBlobStore
     from .checkpoint import Checkpointer, CheckpointPolicy
     from .continuation import DEFAULT_CONTINUATION, Continuation, ContinuationPolicy, continued
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
 
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("Agent",), ".agent"),
+    **dict.fromkeys(("ask",), ".ask"),
     **dict.fromkeys(
         ("BlobStore", "ClaimCheck", "MemoryBlobStore", "PostgresBlobStore", "SqliteBlobStore"),
         ".blobs",
@@ -129,3 +129,17 @@ __all__ = [
 
 
 __getattr__, __dir__ = _lazy_exports(__name__, {name: (m, name) for name, m in _LAZY.items()})
+
+
+class _Package(ModuleType):
+    """This package, whose `ask` stays the function once the submodule of the same name is
+    imported: the import system sets a package's attribute to each submodule it loads, which
+    would shadow the function (lazy, as `ask` loads pydantic's JSON Schema for any command)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "ask" and isinstance(value, ModuleType):
+            value = value.ask
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -7,12 +7,14 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from onward.errors import ConfigurationError
 
-from .settings import Settings
 from .tools import Tool, canonical
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 
 @runtime_checkable

@@ -175,6 +175,10 @@ class Options(BaseModel):
         return recorded
 
 
+DEFAULT_TENANT: str = Options.model_fields["tenant"].default
+"""The tenant of runs whose options name none, and of an app given none."""
+
+
 def _invalid(exc: ValidationError) -> InvalidInputError:
     """The one error of options that cannot be taken, naming each field at fault."""
     # Field names cut short: a request's options may come from anyone on the topic.

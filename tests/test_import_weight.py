@@ -160,8 +160,8 @@ load: redis-py is for a deployment that sets ``REDIS_URL`` or a Redis frontier s
     [["--help"], ["no-such-command"], ["runs"], ["inspect", "nosuch"], ["gc", "--help"]],
 )
 def test_a_command_on_sqlite_loads_no_redis(args: list[str], tmp_path: Path) -> None:
-    """A command on SQLite loads no redis-py, nor does a usage error, nor ``--help``, which
-    imports every command's module (the garbage collector's among them) to list them."""
+    """A command on SQLite loads no redis-py, nor does a usage error, nor ``--help``, nor
+    ``gc --help``, which imports the garbage collector's command."""
     code = f"""
 import os, sys
 os.environ.pop("REDIS_URL", None)
@@ -249,8 +249,8 @@ def test_a_command_on_sqlite_loads_no_kafka_nor_postgres_driver(
     args: list[str], tmp_path: Path
 ) -> None:
     """A command on SQLite, its database opened, loads neither aiokafka (~170 ms) nor asyncpg
-    (~40 ms), nor does ``--help`` (which imports every command's module, the projector's among
-    them) or a usage error: each driver is imported where its backend is chosen."""
+    (~40 ms), nor does a usage error or a command's ``--help`` (which imports its module, the
+    projector's say): each driver is imported where its backend is chosen."""
     code = f"""
 import asyncio, os, sys
 os.environ.pop("REDIS_URL", None)
@@ -306,3 +306,134 @@ for raised in unreachable:
         raise AssertionError(f"{raised!r} left translated() untranslated")
 """
     assert {"aiokafka", "asyncpg"} <= imported_by(f"import sys\n{code}")
+
+
+NOT_FOR_READING_RUNS = (
+    "onward.runtime.runner",  # the runner, its checkpoints and their metrics
+    "onward.runtime.ask",
+    "onward.runtime.observability",
+    "prometheus_client",
+    "opentelemetry",
+    "onward.runtime.fleet",
+    "onward.runtime.application",
+)
+"""Modules ``onward runs`` must not load: it reads the frontier store and prints a table."""
+
+NOT_FOR_INSPECTING = ("onward.runtime.fleet", "onward.runtime.application")
+"""Modules ``onward inspect`` must not load: the fleet's worker and requests are for cancel and
+the worker, the application for a product's own process; it reads through the runner."""
+
+
+@pytest.mark.parametrize(
+    ("args", "unneeded"),
+    [
+        (["runs"], NOT_FOR_READING_RUNS),
+        (["runs", "--json"], NOT_FOR_READING_RUNS),
+        (["inspect", "nosuch"], NOT_FOR_INSPECTING),
+    ],
+)
+def test_a_reading_command_on_sqlite_loads_only_what_it_reads_with(
+    args: list[str], unneeded: tuple[str, ...], tmp_path: Path
+) -> None:
+    """``onward runs`` loads neither the runner nor the metrics (prometheus_client,
+    OpenTelemetry: ~60 ms) nor `ask` (pydantic's JSON Schema), and ``onward inspect`` neither
+    the fleet nor the application (~90 ms): each is imported by the commands that run, cancel
+    or serve."""
+    code = f"""
+import asyncio, os, sys
+os.environ.pop("REDIS_URL", None)
+os.environ.update(ONWARD_BACKEND="sqlite", ONWARD_SQLITE_PATH={str(tmp_path / "onward.db")!r})
+from onward.eventlog import SqliteEventLog
+async def create():
+    async with SqliteEventLog(os.environ["ONWARD_SQLITE_PATH"]):
+        pass
+asyncio.run(create())
+sys.argv = ["onward", *{args!r}]
+from onward.runtime.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert exc.code in (0, 1), exc.code
+"""
+    modules = imported_by(code)
+    assert "onward.runtime.cli._common" in modules
+    loaded = sorted(m for m in modules if any(m == u or m.startswith(f"{u}.") for u in unneeded))
+    assert loaded == []
+
+
+COMMAND_MODULES = (
+    "onward.runtime.cli.listing",
+    "onward.runtime.cli.runs",
+    "onward.runtime.cli.compact",
+    "onward.runtime.cli.gc",
+    "onward.runtime.cli.projections",
+    "onward.runtime.cli.worker",
+    "onward.runtime.cli.schema",
+    "onward.runtime.cli.demo",
+    "onward.runtime.cli.db",
+    "onward.runtime.cli.quarantine",
+)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["db", "--help"], ["quarantine", "--help"]])
+def test_help_lists_the_commands_without_importing_them(args: list[str]) -> None:
+    """A group's ``--help`` lists its commands, each with its docstring's first paragraph, read
+    from its module's source: no command's module is imported, nor the runner, the fleet and
+    the metrics they load (~400 ms of ``onward --help``), nor the settings (pydantic-settings)
+    and `ask` (pydantic's JSON Schema) the commands share."""
+    code = f"""
+import sys
+sys.argv = ["onward", *{args!r}]
+from onward.runtime.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert exc.code == 0, exc.code
+"""
+    modules = imported_by(code)
+    unneeded = (*COMMAND_MODULES, "onward.runtime.runner", "onward.runtime.fleet")
+    assert [m for m in unneeded if m in modules] == []
+    shared = ("prometheus_client", "pydantic_settings", "onward.runtime.ask")
+    assert [m for m in shared if m in modules] == []
+
+
+def test_help_lists_the_commands_as_their_modules_say() -> None:
+    """Each group's ``--help`` reads the same whether its commands' modules were imported or
+    not: the listing read from the source is the one the commands themselves give."""
+    code = """
+import json
+from typer.testing import CliRunner
+from onward.runtime.cli import app
+from onward.runtime.cli import _COMMANDS
+runner = CliRunner()
+groups = [[], ["db"], ["projections"], ["quarantine"]]
+def helps():
+    shown = [runner.invoke(app, [*group, "--help"], env={"COLUMNS": "300"}) for group in groups]
+    assert all(result.exit_code == 0 for result in shown), [r.output for r in shown]
+    return [result.output for result in shown]
+listed = helps()
+assert "onward.runtime.cli.runs" not in sys.modules
+for group in groups:
+    for name in _COMMANDS[group[0] if group else "onward"]:
+        assert runner.invoke(app, [*group, name, "--help"]).exit_code == 0, name
+assert "onward.runtime.cli.runs" in sys.modules
+assert helps() == listed, (helps(), listed)
+assert "approve" in listed[0] and "pack-records" in listed[1]
+"""
+    imported_by(f"import sys\n{code}")
+
+
+def test_ask_is_the_function_whoever_imports_its_module_first() -> None:
+    """`onward.runtime.ask` is imported on first use, and importing the submodule of the same
+    name (as the runner does) does not put the module where the function is."""
+    code = """
+import onward.runtime.runner
+import onward.runtime
+from onward.runtime import ask
+from onward.runtime.ask import ask as the_function
+assert onward.runtime.ask is ask is the_function, onward.runtime.ask
+import onward
+assert onward.ask is the_function
+"""
+    assert "onward.runtime.ask" in imported_by(code)
+    assert "onward.runtime.ask" not in imported_by("import onward.runtime")

@@ -3,8 +3,10 @@ messages read from the log), `RunMessage`, and the module-level helpers (``open_
 ``query``, ``resume`` and their ``_sync`` forms) that ``onward`` re-exports.
 """
 
+from onward.runtime.options import DEFAULT_TENANT
+
 from .api import get_session_state, open_app, query, query_sync, resume, resume_sync
-from .app import DEFAULT_TENANT, App, SessionState, current_app
+from .app import App, SessionState, current_app
 from .messages import Answers, MessageMapper, MessageType, RunMessage
 from .stream import Position, RunStream, StreamSource
 

@@ -70,7 +70,7 @@ from onward.runtime.fleet.worker import Worker
 from onward.runtime.leases.base import CancelAsked, LeasePolicy
 from onward.runtime.limits import check_stored_name
 from onward.runtime.manager import ExecutionManager, needs_person
-from onward.runtime.options import Options
+from onward.runtime.options import DEFAULT_TENANT, Options
 from onward.runtime.providers import NoModel, Provider
 from onward.runtime.redaction import Redactor
 from onward.runtime.resumer import Resumer
@@ -85,9 +85,6 @@ _log = logging.getLogger("onward.app")
 
 _WATCHED_RUNS = 1024
 """Runs with registered streams kept before those whose streams are all gone are forgotten."""
-
-DEFAULT_TENANT: str = Options.model_fields["tenant"].default
-"""The tenant of runs whose options name none, and of an app given none."""
 
 
 @dataclass(frozen=True, slots=True)

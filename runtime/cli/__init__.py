@@ -6,29 +6,33 @@ replay), ``compact``, ``gc``, ``projections`` (projector, projections rebuild), 
 the consoles, the exit codes and the boundary every command runs inside. ``embedding``:
 `frontier_main` and `resume_main`, ``inspect`` and ``run --resume`` on a product's own stores.
 
-A command's module is imported only when that command is looked up (or ``--help`` lists them
-all): ``onward projector`` runs without loading the worker, the fleet, the integrations or
-the tables of ``onward runs``, which a process that folds the log for days would carry for
-nothing.
+A command's module is imported only when that command is looked up: ``onward projector`` runs
+without loading the worker, the fleet, the integrations or the tables of ``onward runs``, which
+a process that folds the log for days would carry for nothing. ``--help`` reads the commands'
+docstrings from their modules' source, importing none.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import sys
 from collections.abc import Sequence
 from difflib import get_close_matches
 from importlib import import_module
+from importlib.util import find_spec
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer._click.exceptions import UsageError
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from ._common import EXIT_OK, EXIT_USAGE, boundary, debugging, error, help_paragraphs
 
 if TYPE_CHECKING:
     # The click that typer's groups are typed with (typer 0.29 carries its own copy).
-    from typer._click import Command, Context
+    from typer._click import Command, Context, HelpFormatter
 
     from .embedding import frontier_main, resume_main
 
@@ -69,15 +73,31 @@ _COMMANDS: dict[str, dict[str, str]] = {
 class _LazyGroup(TyperGroup):
     """A group that imports a command's module when the command is looked up, not before."""
 
+    _listing = False
+    """Whether the group's ``--help`` is being written: it lists commands it does not run."""
+
     def _lazy(self) -> dict[str, str]:
         return _COMMANDS.get(self.name or "", {})
 
     def list_commands(self, ctx: Context) -> list[str]:
         return [*self._lazy(), *(name for name in self.commands if name not in self._lazy())]
 
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        """Typer's, listing each command not imported yet as its source defines it (`_listed`):
+        ``onward --help`` would otherwise import every command's module, the runner, the
+        fleet and the metrics among them, to show one line of each."""
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
     def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         lazy = self._lazy()
         if cmd_name in lazy and cmd_name not in self.commands:
+            listed = _listed(lazy[cmd_name], cmd_name) if self._listing else None
+            if listed is not None:
+                return listed
             group = "" if self.name == "onward" else f" {self.name}"
             self.add_command(_command(lazy[cmd_name], f"onward{group} {cmd_name}"), cmd_name)
         return super().get_command(ctx, cmd_name)
@@ -110,6 +130,40 @@ def _command(where: str, path: str) -> Command:
         short_help=paragraphs[0] if paragraphs else None,
     )(boundary(function_, name=path))
     return typer.main.get_command(single)
+
+
+@functools.cache
+def _docstrings(module: str) -> dict[str, str | None]:
+    """The docstring of each function ``module`` (relative to this package) defines, read from
+    its source without importing it; empty when it has no source file to read."""
+    spec = find_spec(module, __name__)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return {}
+    try:
+        source = Path(spec.origin).read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    return {
+        node.name: ast.get_docstring(node, clean=False)
+        for node in ast.parse(source, spec.origin).body
+        if isinstance(node, ast.FunctionDef)
+    }
+
+
+def _listed(where: str, name: str) -> Command | None:
+    """The command ``where`` names as its group's ``--help`` lists it, with the help `_command`
+    gives it but no callback, read from the source; ``None`` when the source does not say, and
+    the command is imported to be listed."""
+    module, function = where.split(":")
+    docstrings = _docstrings(module)
+    if function not in docstrings:
+        return None
+    paragraphs = help_paragraphs(docstrings[function])
+    return TyperCommand(
+        name,
+        help="\n\n".join(paragraphs) or None,
+        short_help=paragraphs[0] if paragraphs else None,
+    )
 
 
 class _Root(_LazyGroup):

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import IO, Annotated, Any, ParamSpec, TypeVar, cast
+from typing import IO, TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -40,7 +40,10 @@ from onward.eventlog.references import is_reference, unescaped
 from onward.projections.audit import one_line, printable, printable_json, shell_word
 from onward.projections.frontier import CallState
 from onward.runtime import providers
-from onward.runtime.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    # The settings load pydantic-settings: a command's ``--help`` reads none.
+    from onward.runtime.settings import Settings
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -381,6 +384,8 @@ def connect_timeout_s() -> float:
     timeout when that is longer (a slow network given a minute is not cut off at twenty
     seconds); the settings are checked before any store is opened, so reading them here cannot
     fail on a bad value first."""
+    from onward.runtime.settings import load_settings  # noqa: PLC0415 - see TYPE_CHECKING
+
     try:
         configured = load_settings().backend_timeout
     except ConfigurationError:

@@ -21,7 +21,6 @@ from onward.projections.audit import shell_word
 from onward.projections.base import FrontierStore, RunSummary
 from onward.projections.frontier import RunStatus
 from onward.projections.sqlite import SqliteFrontierStore
-from onward.runtime.backends import kafka_frontier_store
 from onward.runtime.limits import check_stored_name
 from onward.runtime.settings import Settings, load_settings
 from onward.runtime.spend.base import Spend, SpendLedger
@@ -89,6 +88,8 @@ def frontier_store(config: Settings) -> FrontierStore:
             that is missing or is not an Onward database, or no ``DATABASE_URL`` for Kafka.
     """
     if config.backend in ("kafka", "postgres"):
+        from onward.runtime.backends import kafka_frontier_store  # noqa: PLC0415 - loads the runner
+
         return kafka_frontier_store(config)
     if config.backend == "sqlite":
         path = config.sqlite_path

@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from enum import StrEnum
-from typing import Annotated, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeGuard, TypeVar
 
 import msgspec
 import typer
@@ -35,13 +35,9 @@ from onward.projections.compaction.history import (
 )
 from onward.projections.frontier import Frontier, RunTag
 from onward.runtime.agent import Agent
-from onward.runtime.application.app import DEFAULT_TENANT
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.blobs import output_of
 from onward.runtime.compaction import compaction_store
-from onward.runtime.fleet.requests import CancelRun, Requests
-from onward.runtime.fleet.requests_postgres import cancel_waiting_start
-from onward.runtime.fleet.senders import postgres_requests
 from onward.runtime.leases.base import (
     DEFAULT_LEASE_TTL_S,
     MAX_LEASE_TTL_S,
@@ -49,6 +45,7 @@ from onward.runtime.leases.base import (
     RunLease,
 )
 from onward.runtime.limits import check_name, check_stored_name
+from onward.runtime.options import DEFAULT_TENANT
 from onward.runtime.providers import Provider
 from onward.runtime.runner import AgentRunner, new_run_id
 from onward.runtime.settings import Settings, load_settings
@@ -81,6 +78,9 @@ from .summary import (
     shown,
     tags_text,
 )
+
+if TYPE_CHECKING:
+    from onward.runtime.fleet.requests import CancelRun
 
 _T = TypeVar("_T")
 
@@ -474,55 +474,69 @@ def _recheck_in(expires_at: float | None) -> float:
     return min(max(expires_at - time.time(), 0.05), WAIT_RECHECK_S)
 
 
-def _answer_command(*, approve: bool, doc: str) -> Callable[..., None]:
-    """`approve` or `deny`: the same arguments, one verb apart."""
-
-    def answer(
-        run_id: RunArgument,
-        request: RequestArgument,
-        *,
-        tenant: TenantOption = DEFAULT_TENANT,
-        by: ByOption,
-        value: ValueOption = None,
-        as_json: JsonResultOption = False,
-    ) -> None:
-        parsed = json_option(value, "--value")
-
-        async def work(backends: Backends) -> None:
-            runner = backends.runner(NoModel())
-            if approve:
-                await runner.approve(run_id, request, tenant=tenant, by=by, value=parsed)
-            else:
-                await runner.deny(run_id, request, tenant=tenant, by=by, value=parsed)
-
-        with_backends(work)
-        verdict = "approved" if approve else "denied"
-        if as_json:
-            answered = {"run": run_id, "tenant": tenant, "request": request, "answer": verdict}
-            echo_json({**answered, "by": by})
-            return
-        then = _carry_on_hint(run_id, tenant) if approve else "the run is cancelled"
-        out.print(shown(f"{verdict} {request} of run {run_id} (by {by}); {then}"), soft_wrap=True)
-
-    answer.__name__ = "approve" if approve else "deny"
-    answer.__doc__ = doc
-    return answer
-
-
-_ANSWER_EXITS = """
+def approve_command(
+    run_id: RunArgument,
+    request: RequestArgument,
+    *,
+    tenant: TenantOption = DEFAULT_TENANT,
+    by: ByOption,
+    value: ValueOption = None,
+    as_json: JsonResultOption = False,
+) -> None:
+    """Answer a run's approval request with yes; a later `run --resume` carries it on.
 
     Exit 0: answered. 1: no such run. 2: bad input (not waiting on that request, invalid JSON).
     3: another worker holds the run. 5: a store failed.
     """
-approve_command = _answer_command(
-    approve=True,
-    doc="Answer a run's approval request with yes; a later `run --resume` carries it on."
-    + _ANSWER_EXITS,
-)
-deny_command = _answer_command(
-    approve=False,
-    doc="Answer a run's approval request with no; the run ends, cancelled." + _ANSWER_EXITS,
-)
+    _answer(run_id, request, approve=True, tenant=tenant, by=by, value=value, as_json=as_json)
+
+
+def deny_command(
+    run_id: RunArgument,
+    request: RequestArgument,
+    *,
+    tenant: TenantOption = DEFAULT_TENANT,
+    by: ByOption,
+    value: ValueOption = None,
+    as_json: JsonResultOption = False,
+) -> None:
+    """Answer a run's approval request with no; the run ends, cancelled.
+
+    Exit 0: answered. 1: no such run. 2: bad input (not waiting on that request, invalid JSON).
+    3: another worker holds the run. 5: a store failed.
+    """
+    _answer(run_id, request, approve=False, tenant=tenant, by=by, value=value, as_json=as_json)
+
+
+def _answer(
+    run_id: str,
+    request: str,
+    *,
+    approve: bool,
+    tenant: str,
+    by: str,
+    value: str | None,
+    as_json: bool,
+) -> None:
+    """`approve` or `deny`: the same arguments, one verb apart. Each is a function of its own,
+    its docstring in the source, so ``onward --help`` lists it without importing this module."""
+    parsed = json_option(value, "--value")
+
+    async def work(backends: Backends) -> None:
+        runner = backends.runner(NoModel())
+        if approve:
+            await runner.approve(run_id, request, tenant=tenant, by=by, value=parsed)
+        else:
+            await runner.deny(run_id, request, tenant=tenant, by=by, value=parsed)
+
+    with_backends(work)
+    verdict = "approved" if approve else "denied"
+    if as_json:
+        answered = {"run": run_id, "tenant": tenant, "request": request, "answer": verdict}
+        echo_json({**answered, "by": by})
+        return
+    then = _carry_on_hint(run_id, tenant) if approve else "the run is cancelled"
+    out.print(shown(f"{verdict} {request} of run {run_id} (by {by}); {then}"), soft_wrap=True)
 
 
 def resolve_command(
@@ -611,6 +625,9 @@ def cancel_command(
     if wait is not None and not (wait > 0 and math.isfinite(wait)):
         raise InvalidInputError(f"--wait must be positive, finite seconds, got {wait!r}")
 
+    # The fleet (its worker, its consumer) is for cancel alone: not loaded by the other commands.
+    from onward.runtime.fleet.requests import CancelRun  # noqa: PLC0415
+
     async def work(backends: Backends) -> Frontier:
         runner = backends.runner(NoModel())
         request = CancelRun(run_id=run_id, tenant=tenant, by=by, why=why)
@@ -659,6 +676,9 @@ async def _cancel_waiting_start(
 ) -> bool:
     """On PostgreSQL alone, a run whose start waits in the requests table (no worker carrying
     its agent has taken it) is cancelled there; whether it was."""
+    from onward.runtime.fleet.requests_postgres import cancel_waiting_start  # noqa: PLC0415
+    from onward.runtime.fleet.senders import postgres_requests  # noqa: PLC0415
+
     settings = backends.settings
     if settings.backend != "postgres":
         return False
@@ -798,6 +818,8 @@ def _fleet_takes_requests(settings: Settings) -> bool:
 async def _ask_fleet_to_cancel(settings: Settings, request: CancelRun) -> bool:
     """Send ``request`` to the fleet when the deployment has one to send it to (Kafka, and a
     request key or unsigned requests accepted); whether it was sent."""
+    from onward.runtime.fleet.requests import Requests  # noqa: PLC0415
+
     if not _fleet_takes_requests(settings):
         return False
     async with Requests(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -21,11 +21,14 @@ from onward.projections.frontier import CallState, Frontier, RunTag
 from onward.runtime.agent import Agent
 from onward.runtime.leases.base import RunLease
 from onward.runtime.planning import ResumePlan, plan_resume
-from onward.runtime.runner import RunResult
 from onward.runtime.spend.base import Spend
 from onward.runtime.tools import Tool
 
 from ._common import EXIT_HELD, EXIT_MUST_NOT_CARRY_ON
+
+if TYPE_CHECKING:
+    # The runner (and through it the metrics): ``onward runs`` prints no run's result.
+    from onward.runtime.runner import RunResult
 
 
 def shown(value: object, style: str = "") -> Text:

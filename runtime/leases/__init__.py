@@ -1,7 +1,9 @@
 """Leases with fencing: one worker per run.
 
-`RedisLeaseStore` is imported on first use: redis-py costs a process that never opens Redis
-~60 ms and ~9 MiB, and the settings every command loads import `base` (so this package).
+The settings every command loads import `base` (so this package): everything else is imported
+on first use. `RedisLeaseStore` loads redis-py (~60 ms and ~9 MiB for a process that never
+opens Redis), `Leaseholder` the metrics and prometheus_client (~40 ms for a command that holds
+no lease, ``onward runs`` say).
 """
 
 from typing import TYPE_CHECKING
@@ -9,13 +11,13 @@ from typing import TYPE_CHECKING
 from onward._lazy import lazy_exports as _lazy_exports
 
 from .base import CancelAsked, LeasePolicy, LeaseStore, RunLease
-from .holder import CancelAskHeard, Leaseholder
-from .memory import MemoryLeaseStore
-from .postgres import PostgresLeaseStore
-from .sqlite import SqliteLeaseStore
 
 if TYPE_CHECKING:
+    from .holder import CancelAskHeard, Leaseholder
+    from .memory import MemoryLeaseStore
+    from .postgres import PostgresLeaseStore
     from .redis import RedisLeaseStore
+    from .sqlite import SqliteLeaseStore
 
 __all__ = [
     "CancelAskHeard",
@@ -31,5 +33,14 @@ __all__ = [
 ]
 
 
-# `RedisLeaseStore` loads redis-py: imported on first access.
-__getattr__, __dir__ = _lazy_exports(__name__, {"RedisLeaseStore": (".redis", "RedisLeaseStore")})
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        "CancelAskHeard": (".holder", "CancelAskHeard"),
+        "Leaseholder": (".holder", "Leaseholder"),
+        "MemoryLeaseStore": (".memory", "MemoryLeaseStore"),
+        "PostgresLeaseStore": (".postgres", "PostgresLeaseStore"),
+        "RedisLeaseStore": (".redis", "RedisLeaseStore"),
+        "SqliteLeaseStore": (".sqlite", "SqliteLeaseStore"),
+    },
+)

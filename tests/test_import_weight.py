@@ -67,6 +67,33 @@ def imported_by(code: str) -> set[str]:
     return set(json.loads(done.stdout.splitlines()[-1]))
 
 
+def command_on_sqlite(
+    args: list[str], path: Path, *, created: bool = True, exits: tuple[int, ...] = (0, 1, 2)
+) -> str:
+    """Code running ``onward *args`` on the SQLite file ``path`` (``created``: made an Onward
+    database first) with no ``REDIS_URL``, which must end with one of ``exits``."""
+    create = (
+        "from onward.eventlog import SqliteEventLog\n"
+        "async def create():\n"
+        "    async with SqliteEventLog(os.environ['ONWARD_SQLITE_PATH']):\n"
+        "        pass\n"
+        "asyncio.run(create())\n"
+        if created
+        else ""
+    )
+    return f"""
+import asyncio, os, sys
+os.environ.pop("REDIS_URL", None)
+os.environ.update(ONWARD_BACKEND="sqlite", ONWARD_SQLITE_PATH={str(path)!r})
+{create}sys.argv = ["onward", *{args!r}]
+from onward.runtime.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert exc.code in {exits!r}, exc.code
+"""
+
+
 def heavy_in(modules: set[str]) -> list[str]:
     """The heavy modules (or any of their submodules) among ``modules``."""
     return sorted(
@@ -162,18 +189,7 @@ load: redis-py is for a deployment that sets ``REDIS_URL`` or a Redis frontier s
 def test_a_command_on_sqlite_loads_no_redis(args: list[str], tmp_path: Path) -> None:
     """A command on SQLite loads no redis-py, nor does a usage error, nor ``--help``, nor
     ``gc --help``, which imports the garbage collector's command."""
-    code = f"""
-import os, sys
-os.environ.pop("REDIS_URL", None)
-os.environ.update(ONWARD_BACKEND="sqlite", ONWARD_SQLITE_PATH={str(tmp_path / "onward.db")!r})
-sys.argv = ["onward", *{args!r}]
-from onward.runtime.cli import main
-try:
-    main()
-except SystemExit as exc:
-    assert exc.code in (0, 1, 2), exc.code
-"""
-    modules = imported_by(code)
+    modules = imported_by(command_on_sqlite(args, tmp_path / "onward.db", created=False))
     assert "onward.runtime.cli._common" in modules
     assert [m for m in NOT_ON_SQLITE if m in modules] == []
 
@@ -251,23 +267,7 @@ def test_a_command_on_sqlite_loads_no_kafka_nor_postgres_driver(
     """A command on SQLite, its database opened, loads neither aiokafka (~170 ms) nor asyncpg
     (~40 ms), nor does a usage error or a command's ``--help`` (which imports its module, the
     projector's say): each driver is imported where its backend is chosen."""
-    code = f"""
-import asyncio, os, sys
-os.environ.pop("REDIS_URL", None)
-os.environ.update(ONWARD_BACKEND="sqlite", ONWARD_SQLITE_PATH={str(tmp_path / "onward.db")!r})
-from onward.eventlog import SqliteEventLog
-async def create():
-    async with SqliteEventLog(os.environ["ONWARD_SQLITE_PATH"]):
-        pass
-asyncio.run(create())
-sys.argv = ["onward", *{args!r}]
-from onward.runtime.cli import main
-try:
-    main()
-except SystemExit as exc:
-    assert exc.code in (0, 1, 2), exc.code
-"""
-    modules = imported_by(code)
+    modules = imported_by(command_on_sqlite(args, tmp_path / "onward.db"))
     assert "onward.runtime.cli._common" in modules
     assert [m for m in NO_SERVER_DRIVER_ON_SQLITE if m in modules] == []
 
@@ -339,23 +339,7 @@ def test_a_reading_command_on_sqlite_loads_only_what_it_reads_with(
     OpenTelemetry: ~60 ms) nor `ask` (pydantic's JSON Schema), and ``onward inspect`` neither
     the fleet nor the application (~90 ms): each is imported by the commands that run, cancel
     or serve."""
-    code = f"""
-import asyncio, os, sys
-os.environ.pop("REDIS_URL", None)
-os.environ.update(ONWARD_BACKEND="sqlite", ONWARD_SQLITE_PATH={str(tmp_path / "onward.db")!r})
-from onward.eventlog import SqliteEventLog
-async def create():
-    async with SqliteEventLog(os.environ["ONWARD_SQLITE_PATH"]):
-        pass
-asyncio.run(create())
-sys.argv = ["onward", *{args!r}]
-from onward.runtime.cli import main
-try:
-    main()
-except SystemExit as exc:
-    assert exc.code in (0, 1), exc.code
-"""
-    modules = imported_by(code)
+    modules = imported_by(command_on_sqlite(args, tmp_path / "onward.db", exits=(0, 1)))
     assert "onward.runtime.cli._common" in modules
     loaded = sorted(m for m in modules if any(m == u or m.startswith(f"{u}.") for u in unneeded))
     assert loaded == []

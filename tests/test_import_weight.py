@@ -421,3 +421,18 @@ assert onward.ask is the_function
 """
     assert "onward.runtime.ask" in imported_by(code)
     assert "onward.runtime.ask" not in imported_by("import onward.runtime")
+
+
+def test_rebuild_is_the_function_whoever_imports_its_module_first() -> None:
+    """`onward.projections.rebuild` is exported on first use, and importing the submodule of the
+    same name (as a lazy `rebuild_frontiers` does) does not put the module where the function
+    is."""
+    code = """
+from onward.projections import rebuild_frontiers
+import onward.projections.rebuild
+from onward.projections import rebuild
+from onward.projections.rebuild import rebuild as the_function
+assert onward.projections.rebuild is rebuild is the_function, onward.projections.rebuild
+"""
+    assert "onward.projections.rebuild" in imported_by(code)
+    assert "onward.projections.rebuild" not in imported_by("import onward.projections")

@@ -26,7 +26,7 @@ from onward.errors import ConfigurationError, NothingToResumeError
 from onward.projections.base import FrontierStore, RunSummary, runs_in_pages
 from onward.projections.frontier import Frontier
 
-from .leases.base import LeaseStore, RunLease
+from .leases.base import LeaseStore, RunLease, current_leases
 from .limits import NEEDS_PERSON
 from .settings import Settings, load_settings
 
@@ -199,7 +199,7 @@ class ExecutionManager:
         async for rows in pages:
             # A page's leases in one read, not one round trip per run.
             leases = (
-                await self.leases.current_many([summary.run_id for summary in rows])
+                await current_leases(self.leases, [summary.run_id for summary in rows])
                 if self.leases is not None and rows
                 else {}
             )

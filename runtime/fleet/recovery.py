@@ -59,6 +59,7 @@ from onward.projections.base import RunSummary, runs_in_pages
 from onward.projections.frontier import Frontier, made_again
 from onward.runtime.agent import Agent
 from onward.runtime.conversation import Conversation
+from onward.runtime.leases.base import current_leases
 from onward.runtime.leases.holder import Leaseholder
 from onward.runtime.manager import needs_person
 from onward.runtime.planning import plan_resume
@@ -207,7 +208,7 @@ class Recovery:
         for start in range(0, len(candidates), _LEASE_CHECKS_AT_ONCE):
             chunk = candidates[start : start + _LEASE_CHECKS_AT_ONCE]
             # Asked together: one query on PostgreSQL and SQLite, one pipeline on Redis.
-            leases = await worker.backends.leases.current_many([row.run_id for row in chunk])
+            leases = await current_leases(worker.backends.leases, [r.run_id for r in chunk])
             # A run held is looked at again after its ttl.
             lapsed.update((row.run_id, row.tenant) for row in chunk if row.run_id not in leases)
         return lapsed

@@ -290,12 +290,12 @@ class LeaseStore(AsyncResource, Protocol):
         """The unexpired leases on some runs, by run id, read together: a run free, lapsed or
         never leased has no entry, exactly as `current` says ``None`` of it.
 
-        A listing of many runs (`ExecutionManager.list_pending`) asks once per page rather
-        than once per run. This default asks `current` of each run at once, for a store that
-        subclasses the protocol and has no read of many.
+        A listing of many runs (`ExecutionManager.list_pending`, a recovery pass) asks once
+        per page rather than once per run, through `current_leases`, which also serves a
+        store written before this method (without it). This default asks `current` of each
+        run at once, for a store that subclasses the protocol and has no read of many.
         """
-        found = await asyncio.gather(*(self.current(run_id) for run_id in run_ids))
-        return {lease.run_id: lease for lease in found if lease is not None}
+        return await _each_current(self, run_ids)
 
     async def ask_to_cancel(
         self, run_id: str, *, tenant: str, by: str, why: str = ""
@@ -315,3 +315,19 @@ class LeaseStore(AsyncResource, Protocol):
         cancel can take the lease itself.
         """
         ...
+
+
+async def current_leases(store: LeaseStore, run_ids: Sequence[str]) -> dict[str, RunLease]:
+    """The unexpired leases on ``run_ids``, by run id (`LeaseStore.current_many`); a store
+    of one's own written before that method, and not subclassing the protocol, is asked run
+    by run with `current`, as before, rather than failing the listing."""
+    many = getattr(store, "current_many", None)
+    if many is None:
+        return await _each_current(store, run_ids)
+    found: dict[str, RunLease] = await many(run_ids)
+    return found
+
+
+async def _each_current(store: LeaseStore, run_ids: Sequence[str]) -> dict[str, RunLease]:
+    found = await asyncio.gather(*(store.current(run_id) for run_id in run_ids))
+    return {lease.run_id: lease for lease in found if lease is not None}

@@ -92,3 +92,29 @@ async def test_pending_runs_read_their_leases_once_a_page(
     pages = -(-len(RUN_IDS) // PAGE)
     assert counted.reads == [PAGE] * pages, counted.reads
     assert sorted(pending_ids(pending)) == sorted(set(RUN_IDS) - set(HELD))
+
+
+class WithoutReadOfMany:
+    """A lease store of one's own written before `LeaseStore.current_many`: it reads one run's
+    lease at a time, and subclasses nothing."""
+
+    def __init__(self, inner: LeaseStore) -> None:
+        self.inner = inner
+        self.reads = 0
+
+    async def current(self, run_id: str) -> RunLease | None:
+        self.reads += 1
+        return await self.inner.current(run_id)
+
+
+async def test_a_store_without_a_read_of_many_is_asked_run_by_run(
+    backends: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that predates `current_many` lists the same pending runs, read with `current`."""
+    await _interrupted_some_held(backends, monkeypatch)
+    assert backends.leases is not None
+    old = WithoutReadOfMany(backends.leases)
+    manager = ExecutionManager(backends.frontiers, old)  # type: ignore[arg-type]
+    pending = await manager.list_pending(tenant=TENANT)
+    assert sorted(pending_ids(pending)) == sorted(set(RUN_IDS) - set(HELD))
+    assert old.reads == len(RUN_IDS)

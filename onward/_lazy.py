@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 from importlib import import_module
+from types import ModuleType
 
 
 def lazy_exports(
@@ -31,3 +32,17 @@ def lazy_exports(
         return sorted({*namespace, *namespace.get("__all__", ())})
 
     return lookup, listing
+
+
+def functions_over_submodules(package: str, *names: str) -> None:
+    """Keep each of ``names`` in ``package`` the function its submodule of the same name
+    defines, once that submodule is imported: the import system sets a package's attribute to
+    each submodule it loads, which would shadow a lazily exported function of that name."""
+
+    class Package(ModuleType):
+        def __setattr__(self, name: str, value: object) -> None:
+            if name in names and isinstance(value, ModuleType):
+                value = getattr(value, name)
+            super().__setattr__(name, value)
+
+    sys.modules[package].__class__ = Package

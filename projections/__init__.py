@@ -5,10 +5,9 @@ the PostgreSQL store, its projections and rebuilds asyncpg (~40 ms), which a pro
 or in memory never uses.
 """
 
-import sys
-from types import ModuleType
 from typing import TYPE_CHECKING
 
+from onward._lazy import functions_over_submodules as _functions_over_submodules
 from onward._lazy import lazy_exports as _lazy_exports
 
 from .base import (
@@ -81,15 +80,5 @@ __getattr__, __dir__ = _lazy_exports(
 )
 
 
-class _Package(ModuleType):
-    """This package, whose `rebuild` stays the function once the submodule of the same name is
-    imported: the import system sets a package's attribute to each submodule it loads, which
-    would shadow the function (lazy, as `rebuild` loads asyncpg)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name == "rebuild" and isinstance(value, ModuleType):
-            value = value.rebuild
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+# `rebuild` is exported lazily (it loads asyncpg) and is also its submodule's name.
+_functions_over_submodules(__name__, "rebuild")

@@ -1,9 +1,8 @@
 """The runner, resume planning, leases, garbage collection, redaction, providers, tools, the CLI."""
 
-import sys
-from types import ModuleType
 from typing import TYPE_CHECKING
 
+from onward._lazy import functions_over_submodules as _functions_over_submodules
 from onward._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
@@ -131,15 +130,5 @@ __all__ = [
 __getattr__, __dir__ = _lazy_exports(__name__, {name: (m, name) for name, m in _LAZY.items()})
 
 
-class _Package(ModuleType):
-    """This package, whose `ask` stays the function once the submodule of the same name is
-    imported: the import system sets a package's attribute to each submodule it loads, which
-    would shadow the function (lazy, as `ask` loads pydantic's JSON Schema for any command)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name == "ask" and isinstance(value, ModuleType):
-            value = value.ask
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+# `ask` is exported lazily (it loads pydantic's JSON Schema) and is also its submodule's name.
+_functions_over_submodules(__name__, "ask")

@@ -7,8 +7,9 @@ often why it is shown): the userinfo is found without parsing it as a URL, and a
 may be part of the password is hidden rather than kept.
 
 A URL can also turn off the check of the server's certificate (``sslmode=require``,
-``ssl_cert_reqs=none``); the connection then works as a checked one does, so
-`warn_unchecked_server` says so once, naming the setting.
+``ssl_cert_reqs=none``) or of its name (``sslmode=verify-ca``, ``ssl_check_hostname=false``);
+the connection then works as a checked one does, so `warn_unchecked_server` says so once,
+naming the setting.
 """
 
 from __future__ import annotations
@@ -93,8 +94,16 @@ _UNCHECKED_SSLMODES: Final = frozenset({"allow", "prefer", "require"})
 """``sslmode`` values that connect without checking the server's name (libpq's and asyncpg's
 meaning: ``allow`` and ``prefer`` may not even use TLS, ``require`` checks at most the chain)."""
 
-_UNCHECKED_CERT_REQS: Final = frozenset({"none", "optional"})
-"""redis-py's ``ssl_cert_reqs`` values that let a server with no valid certificate in."""
+_NAME_UNCHECKED_SSLMODES: Final = frozenset({"verify-ca", "verify_ca"})
+"""``sslmode`` values that check the server's certificate chain but not its name, so any
+certificate the same CA signed is taken (asyncpg reads ``_`` as ``-``)."""
+
+_NAME_UNCHECKED: Final = (
+    "the server's certificate is checked against the CA but not the server's name, so any "
+    "server holding a certificate from that CA (another tenant's, at a managed provider) "
+    "would be taken for {server}; "
+)
+"""What a connection that checks the chain alone lets in, for `unchecked_server`."""
 
 _FALSE: Final = frozenset({"0", "F", "FALSE", "N", "NO"})
 """What redis-py reads as false in a URL's query (``redis.utils.to_bool``)."""
@@ -113,43 +122,61 @@ def unchecked_server(url: str, variable: str) -> str | None:
     except ValueError:  # a URL the driver refuses too, saying why
         return None
     if parts.scheme in ("postgres", "postgresql"):
-        given = _unchecked_postgres(query)
-        after = (
-            "the server's certificate and name are not checked, so a server in the middle "
-            "would be taken for the database (and allow or prefer may connect without TLS); "
-            "use sslmode=verify-full with sslrootcert naming its CA"
-        )
+        unchecked = _unchecked_postgres(query)
     elif parts.scheme == "rediss":
-        given = _unchecked_redis(query)
-        after = (
-            "the server's certificate is not fully checked, so a server in the middle would "
-            "be taken for Redis; drop it (name the CA that signs the server's certificate "
-            "with ssl_ca_certs)"
-        )
+        unchecked = _unchecked_redis(query)
     else:
         return None
-    return None if given is None else f"{variable} {masked_url(url)} has {given}: {after}"
+    if unchecked is None:
+        return None
+    given, after = unchecked
+    return f"{variable} {masked_url(url)} has {given}: {after}"
 
 
-def _unchecked_postgres(query: dict[str, str]) -> str | None:
+def _unchecked_postgres(query: dict[str, str]) -> tuple[str, str] | None:
     """The ``sslmode`` (or ``PGSSLMODE``, which asyncpg takes when the URL names none) that
-    leaves the server unchecked, as given. Neither given is asyncpg's default, ``prefer``:
-    not named, as it is every local server's URL."""
+    leaves the server or its name unchecked, as given, and what that lets in. Neither given
+    is asyncpg's default, ``prefer``: not named, as it is every local server's URL."""
     if "sslmode" in query:
         name, mode = "sslmode", query["sslmode"]
     else:
         name, mode = "PGSSLMODE", os.environ.get("PGSSLMODE", "")
-    return f"{name}={mode}" if mode in _UNCHECKED_SSLMODES else None
+    if mode in _UNCHECKED_SSLMODES:
+        return f"{name}={mode}", (
+            "the server's certificate and name are not checked, so a server in the middle "
+            "would be taken for the database (and allow or prefer may connect without TLS); "
+            "use sslmode=verify-full with sslrootcert naming its CA"
+        )
+    if mode in _NAME_UNCHECKED_SSLMODES:
+        return f"{name}={mode}", (
+            _NAME_UNCHECKED.format(server="the database")
+            + "use sslmode=verify-full, which also checks the name"
+        )
+    return None
 
 
-def _unchecked_redis(query: dict[str, str]) -> str | None:
-    """The query parameters of a ``rediss://`` URL that turn a check of the server off."""
-    unchecked = []
-    if query.get("ssl_cert_reqs") in _UNCHECKED_CERT_REQS:
-        unchecked.append(f"ssl_cert_reqs={query['ssl_cert_reqs']}")
-    if query.get("ssl_check_hostname", "").upper() in _FALSE:
-        unchecked.append(f"ssl_check_hostname={query['ssl_check_hostname']}")
-    return " and ".join(unchecked) or None
+def _unchecked_redis(query: dict[str, str]) -> tuple[str, str] | None:
+    """The query parameters of a ``rediss://`` URL that turn a check of the server off, and
+    what that lets in. ``ssl_cert_reqs=optional`` is not one: a client checks the server's
+    certificate then as with ``required``."""
+    cert_reqs = query.get("ssl_cert_reqs")
+    check_hostname = query.get("ssl_check_hostname", "")
+    name_unchecked = check_hostname.upper() in _FALSE
+    if cert_reqs == "none":
+        given = "ssl_cert_reqs=none"
+        if name_unchecked:
+            given += f" and ssl_check_hostname={check_hostname}"
+        return given, (
+            "the server's certificate is not checked, so a server in the middle would be "
+            "taken for Redis; drop it (name the CA that signs the server's certificate with "
+            "ssl_ca_certs)"
+        )
+    if name_unchecked:
+        return f"ssl_check_hostname={check_hostname}", (
+            _NAME_UNCHECKED.format(server="Redis")
+            + "drop it (redis-py checks the name unless told not to)"
+        )
+    return None
 
 
 def warn_unchecked_server(url: str, variable: str) -> None:

@@ -29,6 +29,7 @@ from support.pg import SchemaFactory, schema_factory
 from support.processes import TESTS
 from support.servers import KafkaServers
 
+from onward._storage.urls import masked_url
 from onward.errors import BackendUnavailableError, ConfigurationError
 from onward.projections.base import FrontierStore
 from onward.projections.postgres import PostgresFrontierStore
@@ -440,10 +441,37 @@ async def test_a_postgres_url_that_leaves_the_server_unchecked_is_warned_about(
     assert secured.database_password not in warning
 
 
+@pytest.mark.parametrize("sslmode", ["verify-ca", "verify_ca"])
+async def test_a_postgres_url_that_checks_the_ca_but_not_the_name_is_warned_about(
+    secured: SecuredServers,
+    new_tls_schema: SchemaFactory,
+    caplog: pytest.LogCaptureFixture,
+    sslmode: str,
+) -> None:
+    """``sslmode=verify-ca`` (asyncpg takes ``verify_ca`` too) checks the certificate's chain
+    but not the server's name: any server whose certificate the same CA signed (another
+    tenant's, at a managed provider) is taken for the database, and the connection works as
+    a checked one does. One warning per URL and process says what is not checked and that
+    verify-full checks it, with the password hidden; verify-full itself is not warned about."""
+    schema = await new_tls_schema()
+    caplog.set_level(logging.WARNING, logger="onward.storage")
+    async with PostgresFrontierStore(secured.database_url, schema=schema) as store:
+        await store.positions("frontiers")
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    chain_only = secured.database_url.replace("sslmode=verify-full", f"sslmode={sslmode}")
+    for _ in range(2):
+        async with PostgresFrontierStore(chain_only, schema=schema) as store:
+            await store.positions("frontiers")
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert f"DATABASE_URL {masked_url(chain_only)} has sslmode={sslmode}" in warning, warning
+    assert "not the server's name" in warning, warning
+    assert "sslmode=verify-full, which also checks the name" in warning, warning
+    assert secured.database_password not in warning
+
+
 UNCHECKED_REDIS = {
-    "cert-reqs-none": ("ssl_cert_reqs=none", "ssl_cert_reqs=none"),
-    "cert-reqs-optional": ("ssl_cert_reqs=optional", "ssl_cert_reqs=optional"),
-    "hostname-unchecked": ("ssl_check_hostname=False", "ssl_check_hostname=False"),
+    "cert-reqs-none": ("ssl_cert_reqs=none", "certificate is not checked"),
+    "hostname-unchecked": ("ssl_check_hostname=False", "but not the server's name"),
 }
 
 
@@ -452,8 +480,9 @@ async def test_a_redis_url_that_leaves_the_server_unchecked_is_warned_about(
     secured: SecuredServers, caplog: pytest.LogCaptureFixture, case: str
 ) -> None:
     """``rediss://`` with the certificate or the host name unchecked connects as well as a
-    checked one: one warning names the parameter that turned the check off."""
-    parameter, named = UNCHECKED_REDIS[case]
+    checked one: one warning names the parameter that turned the check off, and says what is
+    left unchecked (with the name alone unchecked, naming the CA is no remedy)."""
+    parameter, unchecked = UNCHECKED_REDIS[case]
     caplog.set_level(logging.WARNING, logger="onward.storage")
     store = await RedisLeaseStore.open(secured.redis_url, timeout_s=5)
     await store.close()
@@ -461,8 +490,26 @@ async def test_a_redis_url_that_leaves_the_server_unchecked_is_warned_about(
     store = await RedisLeaseStore.open(f"{secured.redis_url}&{parameter}", timeout_s=5)
     await store.close()
     [warning] = [r.getMessage() for r in caplog.records]
-    assert named in warning, warning
+    assert parameter in warning, warning
+    assert unchecked in warning, warning
     assert "REDIS_URL" in warning, warning
+
+
+async def test_a_redis_url_with_ssl_cert_reqs_optional_is_checked_and_not_warned_about(
+    secured: SecuredServers, foreign_ca: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """For a client, ``ssl_cert_reqs=optional`` checks the server's certificate as
+    ``required`` does (a certificate the named CA did not sign is refused): it was warned
+    about as leaving the server unchecked, telling the operator to drop a setting that is
+    safe."""
+    caplog.set_level(logging.WARNING, logger="onward.storage")
+    store = await RedisLeaseStore.open(f"{secured.redis_url}&ssl_cert_reqs=optional", timeout_s=5)
+    await store.close()
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    with pytest.raises(ConfigurationError):
+        await RedisLeaseStore.open(
+            f"{with_ca(secured.redis_tls_url, foreign_ca)}&ssl_cert_reqs=optional", timeout_s=5
+        )
 
 
 async def test_a_redis_url_with_a_tls_value_redis_py_refuses_is_a_configuration_error(

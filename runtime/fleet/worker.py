@@ -368,18 +368,13 @@ class Worker:
                 del self._refused_starts[next(iter(self._refused_starts))]
         return True
 
-    def refused_start(self, run_id: str, *, tenant: str | None = None) -> str | None:
-        """Why this worker refused to start ``run_id`` for good, if it did (``tenant``'s
-        start, when given): for the application's streams of it (each of them: one run may
-        have several), which would otherwise wait for a run that never comes. Kept until that
-        tenant's next start of it. A start refused because another tenant's run has the id is
-        not that run's streams' to end with."""
-        if tenant is not None:
-            return self._refused_starts.get((run_id, tenant))
-        return next(
-            (cause for (refused, _), cause in self._refused_starts.items() if refused == run_id),
-            None,
-        )
+    def refused_start(self, run_id: str, *, tenant: str) -> str | None:
+        """Why this worker refused ``tenant``'s start of ``run_id`` for good, if it did: for
+        the application's streams of it (each of them: one run may have several), which would
+        otherwise wait for a run that never comes. Kept until that tenant's next start of it.
+        The tenant is required: a start refused because another tenant's run has the id is
+        neither that run's streams' to end with nor its tenant's to read."""
+        return self._refused_starts.get((run_id, tenant))
 
     async def recover(self, partitions: Collection[int], *, adopt: bool = False) -> int:
         """Carry on the lapsed runs of ``partitions`` (as many as there are free slots) and,

@@ -61,7 +61,7 @@ async def test_a_fleet_start_under_a_collected_run_id_is_refused_saying_why(
 
     worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go again"))
     await asyncio.wait_for(worker.drained(), 30)
-    cause = worker.refused_start("r")
+    cause = worker.refused_start("r", tenant=TENANT)
     assert cause is not None
     assert "garbage collection" in cause
     assert "'r'" in cause

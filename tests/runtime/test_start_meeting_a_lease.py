@@ -62,7 +62,7 @@ async def test_a_start_waits_for_the_lease_its_dead_starter_left(backends: Backe
     await asyncio.wait_for(worker.drained(), 30)
     frontier = await worker.runner.inspect("r", tenant=TENANT)
     assert frontier.status == "completed"
-    assert worker.refused_start("r") is None
+    assert worker.refused_start("r", tenant=TENANT) is None
     assert worker.stats.failures == 0
 
 
@@ -87,7 +87,7 @@ async def test_a_start_a_zombie_lease_holds_off_is_refused_saying_so(
         renewals.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await renewals
-    cause = worker.refused_start("r")
+    cause = worker.refused_start("r", tenant=TENANT)
     assert cause is not None, "the start was dropped without a word"
     assert "never free to start" in cause
     assert "'zombie'" in cause
@@ -121,7 +121,9 @@ async def test_a_start_held_off_by_the_run_s_driver_is_not_refused_though_no_row
         with contextlib.suppress(asyncio.CancelledError):
             await renewals
     assert await backends.frontiers.get("r") is None, "the row shows the run: nothing tested"
-    assert worker.refused_start("r") is None, "a run being driven was refused as never started"
+    assert worker.refused_start("r", tenant=TENANT) is None, (
+        "a run being driven was refused as never started"
+    )
     assert worker.stats.failures == 0
 
 
@@ -136,7 +138,7 @@ async def test_a_start_for_an_unknown_agent_ends_failed_once_a_dead_starters_lea
     frontier = await worker.runner.inspect("r", tenant=TENANT)
     assert frontier.status == "failed"
     assert "no agent 'reader'" in (frontier.error or "")
-    assert worker.refused_start("r") is None
+    assert worker.refused_start("r", tenant=TENANT) is None
     assert worker.stats.failures == 1
 
 
@@ -180,6 +182,21 @@ async def test_a_refusal_is_kept_when_another_tenant_starts_the_run_id_again(
     assert cause is not None, "another tenant's start cleared this tenant's refusal"
     assert "already exists" in cause
     assert worker.refused_start("r", tenant="evil") is None
+
+
+async def test_a_refused_start_is_told_to_its_own_tenant_only(backends: Backends) -> None:
+    """A start refused for one tenant (its run id is another tenant's run) is that tenant's
+    to be told. Asked without a tenant, the worker answered with whichever tenant's refusal it
+    held: the other tenant's caller read this tenant's cause. The tenant must be named."""
+    worker = worker_of(backends)
+    worker.submit(StartRun(run_id="r", tenant="evil", agent="writer", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+    assert worker.refused_start("r", tenant=TENANT) is not None
+    assert worker.refused_start("r", tenant="evil") is None
+    with pytest.raises(TypeError, match="tenant"):
+        worker.refused_start("r")  # type: ignore[call-arg]
 
 
 async def test_a_start_for_an_unknown_agent_under_another_tenants_run_id_is_refused_saying_so(

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 from support.fault_runs import until
 from support.faulty_proxy import FaultyProxy
 from support.kafka import group_members
@@ -116,6 +118,66 @@ async def test_a_worker_cancelled_twice_leaves_its_group(
     with pytest.raises(asyncio.CancelledError):
         await serving
     await until_empty(kafka_bootstrap, group)
+
+
+LEAVES = {
+    "failed": (
+        KafkaError("the coordinator went away"),
+        "failed: KafkaError: the coordinator went away",
+    ),
+    "cut": (asyncio.CancelledError(), "was cut (its stop was cancelled)"),
+}
+"""How the consumer's stop ends, and the words the worker's leave says of it."""
+
+
+@pytest.mark.parametrize("cause", list(LEAVES))
+async def test_a_worker_whose_leave_did_not_end_says_how_in_its_own_words(
+    kafka_bootstrap: str,
+    requests_topic: str,
+    backends: Backends,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    cause: str,
+) -> None:
+    """The consumer's stop raised a Kafka error, or ended cancelled though the worker was
+    not: the worker says which, naming the group and its session timeout, and not the words
+    of the other (an operator reads "failed" as the broker's refusal, "was cut" as a
+    cancellation), nor that it left."""
+    raised, words = LEAVES[cause]
+    stop_for_real = AIOKafkaConsumer.stop
+
+    async def stop_ending_so(consumer: AIOKafkaConsumer) -> None:
+        await stop_for_real(consumer)
+        raise raised
+
+    monkeypatch.setattr(AIOKafkaConsumer, "stop", stop_ending_so)
+    group = f"{requests_topic}.workers"
+    stop = asyncio.Event()
+    worker = worker_of(backends)
+    with caplog.at_level(logging.INFO, logger="onward.worker"):
+        serving = asyncio.ensure_future(
+            worker.serve_kafka(
+                stop,
+                bootstrap_servers=kafka_bootstrap,
+                topic=requests_topic,
+                group_id=group,
+                session_timeout_ms=6000,
+                accept_unsigned=True,
+            )
+        )
+        await until(lambda: worker.joined, "the worker in its group")
+        stop.set()
+        async with asyncio.timeout(_LEAVE_S + 10):
+            await serving  # returns: the leave's outcome is said, not raised
+    said = [record.getMessage() for record in caplog.records]
+    [left] = [line for line in said if line.startswith(f"leaving the group {group} ")]
+    assert left == (
+        f"leaving the group {group} {words}; the group drops this worker after its session "
+        "timeout (6s)"
+    ), left
+    [other] = [other for name, (_, other) in LEAVES.items() if name != cause]
+    assert other not in left, left
+    assert f"left the group {group}" not in said, said
 
 
 async def test_a_worker_stopped_while_it_joins_returns_and_leaves_no_connection_open(

@@ -107,9 +107,11 @@ class Unanswered(MemoryEventLog):
     def __init__(self) -> None:
         super().__init__(partitions=4)
         self.down = True
+        self.refused = asyncio.Event()
 
     async def ends(self, partitions: Collection[int]) -> dict[int, int]:
         if self.down:
+            self.refused.set()
             raise BackendUnavailableError("the log did not answer")
         return await super().ends(partitions)
 
@@ -168,7 +170,7 @@ async def test_a_watcher_the_log_does_not_answer_says_so_once_and_wakes_every_st
     watcher = LogWatcher(log, interval_s=0.01, streams=lambda: [stream])  # type: ignore[list-item]
     with caplog.at_level(logging.WARNING, logger="onward.app"):
         watcher.watch()
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(log.refused.wait(), 5)  # its first look failed
         assert not answering(watcher)  # streams look for themselves meanwhile
         log.down = False
         await asyncio.wait_for(stream.woken.wait(), 5)  # what moved meanwhile is unknown
@@ -208,9 +210,9 @@ async def test_the_watcher_wakes_the_streams_of_the_runs_appended_to_not_their_n
         neighbour.woken.clear()
         for seq in range(1, 4):
             await log.append([_started("neighbour") if seq == 1 else _noted("neighbour", seq)])
-            await asyncio.sleep(0.05)
-        assert neighbour.woken.is_set()
-        assert not mine.woken.is_set()
+            await asyncio.wait_for(neighbour.woken.wait(), 5)
+            neighbour.woken.clear()
+            assert not mine.woken.is_set()
         assert not neighbour.vaguely  # the log said which run was appended to
         await log.append([_started("mine")])
         await asyncio.wait_for(mine.woken.wait(), 5)
@@ -304,8 +306,8 @@ async def test_a_watcher_failing_with_an_unexpected_error_stops_answering_and_lo
             await asyncio.wait_for(stream.woken.wait(), 5)
             assert answering(watcher)
             log.failing = True
-            await asyncio.sleep(0.2)
-            assert not answering(watcher)  # streams look for themselves meanwhile
+            # Not answering: streams look for themselves meanwhile.
+            await until(lambda: not answering(watcher), within_s=5, what="the watcher unanswered")
             stream.woken.clear()
             log.failing = False
             await log.append([_started("r1")])

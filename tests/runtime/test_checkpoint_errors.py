@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support.held_writes import HeldWrites, postgres_backends
+from support.held_writes import HeldWrites, postgres_backends, settling_of
 
 from onward.eventlog import Message, ModelAnswered, RunStarted, SqliteEventLog, ToolCall
 from onward.projections.sqlite import SqliteFrontierStore
@@ -67,9 +67,10 @@ async def test_a_failed_background_fold_does_not_replace_the_runs_own_error(
             raise ModelDownError
 
     runner = backends.runner(FailsAtTheSecondCall())
+    settling = settling_of(runner)
     running = asyncio.create_task(runner.run(AGENT, "go", tenant=TENANT, run_id="dies"))
     await asyncio.wait_for(fails.waiting.wait(), 10)
-    await asyncio.sleep(0.5)  # the model has failed; the holder waits on the folds
+    await asyncio.wait_for(settling.wait(), 10)  # the model has failed; the holder waits
     fails.go.set()
     with pytest.raises(ModelDownError):
         await asyncio.wait_for(running, 10)

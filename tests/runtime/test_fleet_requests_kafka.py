@@ -274,9 +274,12 @@ async def test_a_start_that_expired_while_a_store_did_not_answer_is_set_aside(
             ):
                 await proxy.cut()
                 await requests.submit(StartRun(run_id=run_id, tenant=TENANT, agent="stepper"))
-                await asyncio.sleep(4)  # read and tried while Redis is cut, past its max age
-                await proxy.restore()
+                # Read and tried while Redis is cut, until past its max age.
                 deadline = asyncio.get_running_loop().time() + 30
+                while not worker.stats.set_aside:
+                    assert asyncio.get_running_loop().time() < deadline, caplog.text
+                    await asyncio.sleep(0.05)
+                await proxy.restore()
                 while worker.in_flight:
                     assert asyncio.get_running_loop().time() < deadline, caplog.text
                     await asyncio.sleep(0.2)

@@ -434,16 +434,19 @@ async def test_a_flood_of_connections_is_bounded_and_shares_one_readiness_check(
             writer.close()
 
 
-class _ManySeries:
-    """A collector of ``count`` series: a `/metrics` answer far larger than a socket holds."""
+class _WideSeries:
+    """A collector of ``count`` series, each labelled ``width`` characters wide: a `/metrics`
+    answer far larger than a socket holds, from few series (each series costs the event loop
+    time to render, and the server renders on it)."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, width: int) -> None:
         self.count = count
+        self.width = width
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("many_series", "One gauge per partition.", labels=["n"])
+        family = GaugeMetricFamily("wide_series", "One gauge per partition.", labels=["n"])
         for n in range(self.count):
-            family.add_metric([str(n)], n)
+            family.add_metric([str(n).rjust(self.width, "0")], n)
         yield family
 
 
@@ -456,7 +459,7 @@ async def test_clients_that_never_read_their_answer_do_not_hold_the_server(
     monkeypatch.setattr(server, "MAX_CONNECTIONS", 4, raising=False)
     monkeypatch.setattr(server, "_REQUEST_WITHIN_S", 0.5, raising=False)
     registry = CollectorRegistry()
-    registry.register(_ManySeries(200_000))
+    registry.register(_WideSeries(2_000, width=4_000))  # 8 MB: past any socket buffer
 
     async def ready() -> str | None:
         return None
@@ -470,9 +473,14 @@ async def test_clients_that_never_read_their_answer_do_not_hold_the_server(
                 client.connect(("127.0.0.1", health.port))
                 client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
                 stuck.append(client)
-            await asyncio.sleep(3)
+            # Each stuck answer gives up after `_REQUEST_WITHIN_S`: /healthz is answered again
+            # then, and never was while the wait had no bound.
             async with httpx.AsyncClient(base_url=health.url) as http:
+                deadline = asyncio.get_running_loop().time() + 10
                 answer = await http.get("/healthz")
+                while answer.status_code != 200 and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.05)
+                    answer = await http.get("/healthz")
         finally:
             for client in stuck:
                 client.close()

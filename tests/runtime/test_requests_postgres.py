@@ -803,6 +803,11 @@ def test_onward_cancel_takes_back_a_start_no_worker_took(database_url: str, pg_s
 # -- a run's requests are acted on in the order they were stored --------------------------------
 
 
+async def _set_aside(worker: Worker) -> bool:
+    """Whether ``worker`` set a request aside: one whose max age passed while it was tried."""
+    return worker.stats.set_aside > 0
+
+
 async def _status_within(backends: Backends, run_id: str, seconds: float) -> str | None:
     """The run's status once it is no longer running, or as it is after ``seconds``."""
     deadline = asyncio.get_running_loop().time() + seconds
@@ -1035,7 +1040,7 @@ async def test_a_start_that_expired_while_the_stores_did_not_answer_is_set_aside
                 await proxy.cut()  # the database goes away under the worker's stores
                 with caplog.at_level(logging.WARNING, logger="onward.worker"):
                     await table.submit(_start("late"))
-                    await asyncio.sleep(4)  # claimed and tried, past its max age
+                    await until(lambda: _set_aside(worker), "the start set aside, expired")
                     await proxy.restore()
                     await until(lambda: _none_waiting(table), "the start handled")
                     late = await _status_within(backends, "late", 3)
@@ -1074,7 +1079,7 @@ async def test_a_start_that_expired_while_another_held_its_run_is_set_aside(
         try:
             with caplog.at_level(logging.WARNING, logger="onward.worker"):
                 await table.submit(_start("late"))
-                await asyncio.sleep(4)  # asked again while held, past its max age
+                await until(lambda: _set_aside(worker), "the start set aside, expired")
                 await backends.leases.release(lease)
                 await until(lambda: _none_waiting(table), "the start handled")
                 late = await _status_within(backends, "late", 3)
@@ -1115,7 +1120,7 @@ async def test_a_tag_that_expired_while_another_held_its_run_is_set_aside(
         try:
             with caplog.at_level(logging.WARNING, logger="onward.worker"):
                 await table.submit(TagRun(run_id="held", tenant="acme", label="late"))
-                await asyncio.sleep(4)  # asked again while held, past its max age
+                await until(lambda: _set_aside(worker), "the tag set aside, expired")
                 await backends.leases.release(lease)
                 await until(lambda: _none_waiting(table), "the tag handled")
         finally:

@@ -7,6 +7,8 @@
         held.armed = True
         await held.waiting.wait()                         # a write is being held
         held.go.set()                                     # let it go (or fail with ``fail``)
+
+    settling = settling_of(runner)                        # set as its holder waits on the folds
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from onward.runtime import AgentRunner
 from onward.runtime.backends import Backends, open_backends
 from onward.runtime.settings import SecretUrl, Settings
 
@@ -50,3 +53,17 @@ class HeldWrites:
             await write(*args, **kwargs)
 
         store.write = held  # type: ignore[method-assign]
+
+
+def settling_of(runner: AgentRunner) -> asyncio.Event:
+    """Set when ``runner`` starts waiting on its background folds as a holding ends: the
+    moment a test holding those folds back can let them go (or fail), with no sleep."""
+    settling = asyncio.Event()
+    settle = runner.settle_checkpoints
+
+    async def noted() -> None:
+        settling.set()
+        await settle()
+
+    runner.settle_checkpoints = noted  # type: ignore[method-assign]
+    return settling

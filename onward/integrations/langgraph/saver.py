@@ -377,6 +377,9 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         self._answering: set[asyncio.Task[None]] = set()
         """Asks heard by a renewal being answered (`_answer_at_interrupt`)."""
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        """Whether ``close`` ran since the saver was last entered: it takes no thread then,
+        as nothing would renew the lease for a purpose or hand it back."""
         self._records_left: dict[tuple[str, int], SpendEntry] = {}
         """Model calls whose record found the spend ledger down: still to record."""
 
@@ -385,10 +388,13 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
     async def _connect(self) -> None:
         """Remember the loop ``async with`` ran on, where the sync methods send their calls."""
         self._loop = asyncio.get_running_loop()
+        self._closed = False
 
     async def close(self) -> None:
         """Release every thread this saver holds, and record the model calls still to record
-        (`_record_spend`). The log and stores stay open (not ours)."""
+        (`_record_spend`). The log and stores stay open (not ours). From here on the saver
+        takes no thread (`_hold`) until it is entered again."""
+        self._closed = True
         await asyncio.gather(*self._answering, return_exceptions=True)
         for thread_id in list(self._held):
             await self.arelease(thread_id)
@@ -1624,12 +1630,20 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         afresh under the claim and write nothing of that run.
 
         Raises:
+            ConfigurationError: The saver was closed and not entered since (unless the write
+                only records the end of a run a cancel asked as the saver let it go).
             FencedError: This saver lost the thread while writing it, and it has not been read
                 since: the graph run that was writing must stop, not claim the thread again
                 and carry on from a state another writer has moved past.
         """
         self._remember_loop()
         _checked(thread_id)
+        if self._closed and not (graph_run and self._ended_by_ask_kept(thread_id)):
+            raise ConfigurationError(
+                f"run {thread_id!r}: this OnwardSaver is closed, so it writes no thread (its "
+                "lease would be held with nothing to hand it back); use the saver inside "
+                "`async with`, or enter it again"
+            )
         stopped = self._stopped_since_read(thread_id) if graph_run else None
         if stopped is not None:
             raise stopped()
@@ -1662,6 +1676,16 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             taking.users -= 1
             if taking.users == 0:
                 del self._taking[thread_id]
+
+    def _ended_by_ask_kept(self, thread_id: str) -> bool:
+        """Whether a cancel ask kept in `_asked` (heard as the saver let the thread go) ends
+        the graph invocation writing (this context's): a closed saver claims the thread for
+        that write only to record the end, and lets it go at once."""
+        kept = self._asked.get(thread_id)
+        if kept is None:
+            return False
+        read = (self._read_at.get() or {}).get(thread_id)
+        return read is None or read <= kept[0]
 
     def _read_before_loss(self, thread_id: str) -> bool:
         """Whether the graph invocation writing (this context's) read the thread before this

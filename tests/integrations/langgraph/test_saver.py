@@ -15,7 +15,12 @@ from langgraph.types import Command, interrupt
 from support.servers import KafkaServers
 
 import onward.integrations.langgraph as lg
-from onward.errors import BackendUnavailableError, InvalidInputError, ResumeConflictError
+from onward.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidInputError,
+    ResumeConflictError,
+)
 from onward.eventlog import (
     Event,
     EventLog,
@@ -84,6 +89,30 @@ async def test_hold_takes_the_lease_for_a_block_and_hands_it_back(world: World) 
             await steps_graph("H", saver).ainvoke({"steps": []}, config("t"))
         assert not saver.holds("t")
         assert (await world.leases.current("t")) is None
+
+
+async def test_a_closed_saver_refuses_writes_rather_than_hold_a_thread_nobody_releases(
+    world: World,
+) -> None:
+    """A write after the saver's exit would take the thread's lease and renew it for as long
+    as the process lives, with nothing left to hand it back: it is refused, naming the saver
+    as closed, and the thread stays free for another writer. Reentering opens it again."""
+    saver = world.saver(holder="closed")
+    async with saver:
+        await steps_graph("1", saver).ainvoke({"steps": []}, config("t"))
+    with pytest.raises(ConfigurationError, match="OnwardSaver is closed"):
+        await steps_graph("2", saver).ainvoke({"steps": []}, config("t"))
+    with pytest.raises(ConfigurationError, match="OnwardSaver is closed"):
+        async with saver.hold("t"):
+            pass
+    assert not saver.holds("t")
+    assert (await world.leases.current("t")) is None
+    async with world.saver(holder="other") as other:
+        out = await steps_graph("3", other).ainvoke({"steps": []}, config("t"))
+    assert out["steps"] == ["1", "3"]
+    async with saver:
+        out = await steps_graph("4", saver).ainvoke({"steps": []}, config("t"))
+    assert out["steps"] == ["1", "3", "4"]
 
 
 class Asked(TypedDict):

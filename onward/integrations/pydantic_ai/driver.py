@@ -162,7 +162,8 @@ class DurableRuns:
                 f"a durable run's prompt is text (it is recorded and fed again on resume), "
                 f"not {type(user_prompt).__name__}"
             )
-        run_id = check_name("run_id", run_id or f"run-{uuid.uuid4().hex}")
+        # Only an omitted id is made up: an empty one is refused, as `Options` refuses it.
+        run_id = check_name("run_id", f"run-{uuid.uuid4().hex}" if run_id is None else run_id)
         check_name("tenant", self.tenant, run_id=run_id)
         budgets = budgets or Budgets()
         self.runner.check_budgets(described, budgets, run_id)

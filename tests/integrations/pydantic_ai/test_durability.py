@@ -720,6 +720,17 @@ async def test_a_prompt_that_is_not_text_is_refused(
     assert await events(stores) == []
 
 
+async def test_an_empty_run_id_is_refused_not_replaced_by_a_fresh_one(
+    durability: OnwardDurability[None], stores: Stores, ledger: Ledger
+) -> None:
+    """``run_id=""`` (an id read from an unset variable) is a mistake, refused as
+    `Options` refuses it: a fresh id in its place starts a run the caller cannot find again
+    (a failed run raises before its result names it). Omitting it still picks a fresh one."""
+    with pytest.raises(InvalidInputError, match="run_id must not be empty"):
+        await durability.run(booking_agent(durability, ledger), "book seat 3A", run_id="")
+    assert await events(stores) == []
+
+
 async def test_a_waiting_run_goes_on_after_its_partition_is_cut(
     durability: OnwardDurability[None], stores: Stores, ledger: Ledger, tmp_path: Path
 ) -> None:

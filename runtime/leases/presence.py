@@ -71,16 +71,42 @@ def holders_dir() -> Path | None:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = folder.lstat()
     except OSError as exc:
-        logger.debug("holder presence off: %s cannot be made (%s)", folder, exc)
+        _presence_off(folder, f"it cannot be made ({exc})", named=bool(named))
         return None
     if (
         not stat.S_ISDIR(info.st_mode)
         or info.st_uid != os.getuid()
         or stat.S_IMODE(info.st_mode) & 0o077
     ):
-        logger.debug("holder presence off: %s is not a directory of this user's alone", folder)
+        _presence_off(folder, "it is not a directory of this user's alone", named=bool(named))
         return None
     return folder
+
+
+_said_off: set[Path] = set()
+"""Named holder directories already warned about: once per process is enough."""
+_said_guard = threading.Lock()
+"""Apart from `_guard`, which `claim` holds while it asks for the directory."""
+
+
+def _presence_off(folder: Path, why: str, *, named: bool) -> None:
+    """Say that presence is off. A directory the user named in ``ONWARD_HOLDERS_DIR`` is a
+    warning, once: without it a dead local holder's runs wait out their whole ttl, and the
+    user asked for presence there. The default directory stays a debug line."""
+    if not named:
+        logger.debug("holder presence off: %s: %s", folder, why)
+        return
+    with _said_guard:
+        if folder in _said_off:
+            return
+        _said_off.add(folder)
+    logger.warning(
+        "holder presence off: %s=%s cannot be used: %s; a local holder that dies keeps its "
+        "runs until their lease lapses; name a directory of this user's alone (mode 0700)",
+        HOLDERS_DIR_ENV,
+        folder,
+        why,
+    )
 
 
 def _local_pid(holder: str) -> int | None:

@@ -185,3 +185,42 @@ def test_a_holders_directory_another_user_could_write_is_not_trusted(
     monkeypatch.setenv(HOLDERS_DIR_ENV, str(shared))
     assert holders_dir() is None
     assert not is_gone(f"{socket.gethostname()}-{os.getpid() + 1}")
+
+
+@pytest.mark.parametrize("kind", ["a file", "shared"])
+def test_a_named_holders_directory_that_cannot_be_used_is_warned_about_once(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Presence off is a dead local holder's runs waiting out their ttl: a directory the user
+    named and that cannot be used is said at warning level, once per process, naming the
+    variable; the claim still goes on without it."""
+    named = tmp_path / kind.replace(" ", "-")
+    if kind == "a file":
+        named.write_text("")
+    else:
+        named.mkdir(mode=0o777)
+        named.chmod(0o777)
+    monkeypatch.setenv(HOLDERS_DIR_ENV, str(named))
+    caplog.set_level("WARNING", logger="onward.runtime.leases.presence")
+    assert holders_dir() is None
+    assert holders_dir() is None
+    assert not is_gone(f"{socket.gethostname()}-{os.getpid() + 1}")
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1, warned
+    assert f"{HOLDERS_DIR_ENV}={named}" in warned[0]
+    assert "until their lease lapses" in warned[0]
+
+
+def test_the_default_holders_directory_that_cannot_be_used_is_not_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unnamed, the default place failing (a read-only temp) is a debug line: the user asked
+    for nothing there."""
+    runtime_dir = tmp_path / "runtime"
+    runtime_dir.write_text("")  # not a directory: the default under it cannot be made
+    monkeypatch.delenv(HOLDERS_DIR_ENV)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime_dir))
+    caplog.set_level("DEBUG", logger="onward.runtime.leases.presence")
+    assert holders_dir() is None
+    levels = {r.levelname for r in caplog.records if "holder presence off" in r.getMessage()}
+    assert levels == {"DEBUG"}

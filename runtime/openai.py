@@ -27,7 +27,7 @@ from typing import Annotated, Any
 import httpx
 import msgspec
 
-from onward._storage import Resource, masked_url, without_passwords
+from onward._storage import Resource, masked_http_logs, masked_url, without_passwords
 from onward.errors import (
     BackendError,
     BackendUnavailableError,
@@ -142,6 +142,8 @@ class OpenAICompatibleProvider(Resource):
                 ``ONWARD_REDACT_KEYS`` names no key (`Redactor`).
         """
         self._redactor = Redactor()
+        # httpx logs each request's URL whole, at INFO: a gateway's password in it would be too.
+        masked_http_logs()
         # A refused URL is named masked, as every later message names it: its password or key
         # is still in it. The driver's exception is not chained, as its text may hold it too.
         shown = self._redactor.redact_text(masked_url(base_url))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from onward._lazy import lazy_exports as _lazy_exports
 
 from .locks import bound_lock_waits
-from .logs import DRIVER_LOGGERS, one_line_driver_logs
+from .logs import DRIVER_LOGGERS, masked_http_logs, one_line_driver_logs
 from .migrations import (
     Dialect,
     Migration,
@@ -102,6 +102,7 @@ __all__ = [
     "drop_connections",
     "expected_version",
     "kafka_connection",
+    "masked_http_logs",
     "masked_url",
     "migrate_postgres",
     "migrate_sqlite",

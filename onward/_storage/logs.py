@@ -5,11 +5,17 @@ aiokafka reconnecting to a broker), some of it with the exception's traceback at
 records are expected and repeated, so :func:`one_line_driver_logs` puts a filter on the
 drivers' loggers that folds the exception into the message: one line per record, still naming
 what failed. Nothing else about the records changes (level, logger, message).
+
+The HTTP clients log every request with its whole URL (httpx at INFO, which ``onward worker``
+logs at), and the MCP client logs the URL it connects to: an MCP server's URL may carry a
+password or a token, so :func:`masked_http_logs` hides them in those records.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from typing import Final
 
 DRIVER_LOGGERS = (
     "aiokafka",
@@ -51,3 +57,51 @@ def one_line_driver_logs() -> None:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+
+
+HTTP_LOGGERS: Final = ("httpx", "httpx2", "mcp.client.streamable_http", "mcp.client.sse")
+"""The loggers that log a request's or an endpoint's whole URL."""
+
+_URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+"""A URL in a log message, up to the space or quote after it."""
+
+_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def url_for_logs(url: str) -> str:
+    """``url`` with its userinfo and the values of its query hidden: an MCP server's token is
+    as often a query parameter (``?token=``, ``?api_key=``) as a password, and either is a
+    credential. Everything before the last ``@`` is userinfo here, so a password holding a
+    ``/`` or ``?`` is hidden too."""
+    scheme = _SCHEME.match(url)
+    start = scheme.end() if scheme else 0
+    at = url.rfind("@")
+    rest = f"***{url[at:]}" if at >= start else url[start:]
+    address, question, query = rest.partition("?")
+    if question:
+        query = re.sub(r"=[^&#]*", "=***", query)
+    return f"{url[:start]}{address}{question}{query}"
+
+
+class MaskedUrls(logging.Filter):
+    """Hides the credentials of every URL in a record's message (`url_for_logs`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = _URL.sub(lambda found: url_for_logs(found.group(0)), message)
+        if masked != message:
+            record.msg = masked
+            record.args = None
+        return True
+
+
+_MASKED_URLS = MaskedUrls()
+
+
+def masked_http_logs() -> None:
+    """Put the :class:`MaskedUrls` filter on every HTTP client logger; doing it again changes
+    nothing."""
+    for name in HTTP_LOGGERS:
+        logger = logging.getLogger(name)
+        if _MASKED_URLS not in logger.filters:
+            logger.addFilter(_MASKED_URLS)

@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import email.utils
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -786,6 +787,23 @@ async def test_a_password_in_the_base_url_is_shown_neither_by_repr_nor_when_clos
     for shown in (repr(provider), str(caught.value)):
         assert "hunter2-very-secret" not in shown
         assert "gateway:" in shown
+
+
+async def test_a_password_in_the_base_url_is_not_logged_with_each_request(
+    server: ChatServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """httpx logs each request's URL whole at INFO (``onward worker`` logs at INFO): a
+    gateway's password in the base URL reached the log on every model call."""
+    base_url = server.base_url.replace("//", "//gateway:hunter2-very-secret@", 1)
+    server.answer(Answer(body=completion("ok")))
+    caplog.set_level(logging.INFO)
+    async with OpenAICompatibleProvider(base_url) as provider:
+        await provider.complete(PLAIN_AGENT, CONVERSATION)
+
+    requests = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert requests, "httpx logged no request: nothing was checked"
+    assert "***@127.0.0.1" in requests[0]
+    assert "hunter2-very-secret" not in caplog.text
 
 
 @pytest.mark.parametrize(

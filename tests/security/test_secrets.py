@@ -8,8 +8,10 @@ sits in the source.
 
 from __future__ import annotations
 
+import asyncio
 import decimal
 import json
+import logging
 import random
 import string
 import uuid
@@ -25,10 +27,11 @@ from support.sqlite_files import stored_bytes
 from support.stores import sqlite_stores
 from typer.testing import CliRunner
 
-from onward.errors import ConfigurationError, InvalidInputError
+from onward.errors import BackendUnavailableError, ConfigurationError, InvalidInputError
 from onward.eventlog.events import ToolCall, ToolCompleted
 from onward.integrations.langgraph import OnwardSaver
 from onward.integrations.langgraph.tools import OnwardToolMiddleware
+from onward.integrations.mcp import HttpServer, MCPToolset
 from onward.integrations.mcp.cache import load_mcp_settings
 from onward.projections.postgres import PostgresFrontierStore
 from onward.projections.postgres_sql import SqlProjectionSink
@@ -530,6 +533,39 @@ async def test_a_store_given_a_password_that_ends_the_host_part_shows_no_half_of
 
     assert PG_PASSWORD[:8] not in str(raised.value)
     assert PG_PASSWORD[8:] not in str(raised.value)
+
+
+async def _answer_not_found(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """An HTTP server that is no MCP server: 404 to every request."""
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
+async def test_an_mcp_servers_password_and_token_are_not_logged_with_its_requests(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The HTTP client logs each request's URL whole at INFO (``onward worker`` logs at INFO),
+    and the MCP client the endpoint it connects to: an MCP server's URL with a password or a
+    ``?token=`` put both in the worker's log on every call."""
+    password, token = invented(16, seed=7), invented(16, seed=8)
+    server = await asyncio.start_server(_answer_not_found, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"http://mcp-user:{password}@127.0.0.1:{port}/mcp?token={token}&plan=free"
+    caplog.set_level(logging.DEBUG)
+    try:
+        with pytest.raises(BackendUnavailableError):
+            async with MCPToolset([HttpServer(name="web", url=url, timeout_seconds=10)]):
+                pass
+    finally:
+        server.close()
+
+    requests = [r.getMessage() for r in caplog.records if r.name == "httpx2"]
+    assert requests, "the HTTP client logged no request: nothing was checked"
+    assert f"http://***@127.0.0.1:{port}/mcp?token=***&plan=***" in requests[0]
+    assert password not in caplog.text
+    assert token not in caplog.text
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.os.posix.utilities import terminate_posix_process_tree
 
+from onward._storage.logs import masked_http_logs
 from onward.errors import BackendUnavailableError, ConfigurationError, OutcomeUnknownError
 from onward.runtime.tools import Reconcile
 
@@ -275,6 +276,8 @@ class HttpServer(_Server):
         # server that answers with one JSON body sends nothing until then), failing the call
         # and, with it, every call in flight on the session, although the server goes on.
         timeout = httpx2.Timeout(self.timeout_seconds, read=None)
+        # The clients log the URL whole, at INFO for each request; it may hold a credential.
+        masked_http_logs()
 
         async def answered(response: httpx2.Response) -> None:
             if on_response is not None:

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from onward.eventlog import events as ev
 from onward.eventlog.events import Event
-from onward.projections.audit import describe_event, one_line
+from onward.projections.audit import describe_event, one_line, printable
 
 from ._common import err
 
@@ -59,7 +59,8 @@ class TurnLines:
             self._asked[event.call_id] = event.tool
         elif isinstance(event, ev.ToolCompleted):
             self._outcomes[event.call_id] = (
-                "returned" if event.error is None else f"failed ({event.error.type})"
+                # The type is run content (a class named at run time, a producer's record).
+                "returned" if event.error is None else f"failed ({printable(event.error.type)})"
             )
         elif isinstance(event, ev.ToolResolved):
             self._outcomes[event.call_id] = f"settled as {event.outcome}"

@@ -241,7 +241,7 @@ class Recovery:
                     "run %s: lapsed, left for a worker carrying revision %s of agent %r (this "
                     "worker carries %s)",
                     printable(row.run_id),
-                    row.revision,
+                    printable(row.revision),
                     row.agent,
                     agent.revision,
                 )
@@ -327,7 +327,7 @@ class Recovery:
         if frontier.status != "running":
             return None
         if agent is None:
-            _log.warning("run %s: no agent %r here; left alone", run_id, frontier.agent)
+            _log.warning("run %s: no agent %r here; left alone", printable(run_id), frontier.agent)
             return None
         # Counted by the fold (`Frontier.attempts`): the run is not read again from its first
         # event for every request to carry it on.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import stat
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import zstandard
+from support.fleet import agents, script
 from typer.testing import CliRunner, Result
 
 from onward.errors import ArchiveError, ResumeConflictError
@@ -28,12 +30,20 @@ from onward.eventlog import (
     ToolCall,
     ToolCompleted,
     ToolDispatched,
+    ToolError,
+    TurnSettled,
 )
 from onward.eventlog.archive import MANIFEST, MAX_LINE_BYTES, DirectoryArchive
 from onward.eventlog.base import Position
 from onward.projections.audit import printable
+from onward.runtime.backends import open_backends
 from onward.runtime.cli import app
 from onward.runtime.cli._common import refuse
+from onward.runtime.cli.progress import TurnLines
+from onward.runtime.fleet.requests import ResumeRun
+from onward.runtime.fleet.worker import Worker
+from onward.runtime.providers import ScriptedProvider
+from onward.runtime.settings import Settings
 from onward.testing.eventlog import Envelope, new_run_id, step_events
 
 
@@ -238,6 +248,79 @@ def test_inspect_shows_escape_sequences_of_a_run_escaped(tmp_path: Path) -> None
     assert "booker\\x1b[8m" in result.stdout
     assert "c1\\x1b[8m" in result.stdout
     assert "looked\\x1b[2J" in result.stdout
+
+
+def failed_call_run(db: Path) -> tuple[str, list[Event]]:
+    """A run in ``db`` whose tool failed with an error type holding escape sequences (a class
+    named at run time, or a record written by a producer on the log); its id and events."""
+    run_id = f"run-{new_run_id()}"
+    call = ToolCall(call_id="c1", tool="look")
+
+    def env(seq: int) -> Envelope:
+        return Envelope(run_id=run_id, tenant="acme", seq=seq, fence=1, at=seq)
+
+    history: list[Event] = [
+        RunStarted(**env(1), agent="booker", revision="r1", input="hi"),
+        RunClaimed(**env(2), worker="w"),
+        ModelAnswered(**env(3), message=Message(role="assistant", content=""), tool_calls=[call]),
+        ToolDispatched(**env(4), call_id="c1", tool="look", idempotency_key="k"),
+        ToolCompleted(**env(5), call_id="c1", error=ToolError(type=f"Err{HOSTILE}", message="x")),
+        TurnSettled(**env(6), iteration=1, call_ids=["c1"]),
+    ]
+
+    async def write() -> None:
+        async with SqliteEventLog(db) as log:
+            await log.append(history)
+
+    asyncio.run(write())
+    return run_id, history
+
+
+async def test_a_turns_progress_line_shows_a_failed_calls_error_type_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """security review #15: `onward start` and `run` print a line per settled turn naming how
+    each call failed; the error type went out as stored, ESC sequences and all."""
+    _, history = await asyncio.to_thread(failed_call_run, tmp_path / "onward.db")
+    await TurnLines().appended(history)
+    printed = capsys.readouterr().err
+    assert "\x1b" not in printed
+    assert "\x07" not in printed
+    assert "look failed (Err\\x1b]0;OWNED\\x07\\x1b[2J)" in printed
+
+
+async def test_a_worker_told_to_resume_a_run_of_an_agent_it_lacks_logs_the_id_escaped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """security review #15: a run a producer named with ESC sequences, resumed on a worker
+    without its agent, was named as stored in the worker's log line, reaching the terminal
+    of whoever follows the log."""
+    run_id = f"run{HOSTILE}"
+    settings = Settings.model_validate(
+        {"ONWARD_BACKEND": "sqlite", "ONWARD_SQLITE_PATH": str(tmp_path / "fleet.db")}
+    )
+    caplog.set_level(logging.WARNING, logger="onward.worker")
+    async with open_backends(settings) as backends:
+        await backends.log.append(
+            [
+                RunStarted(
+                    **Envelope(run_id=run_id, tenant="acme", seq=1, fence=1, at=1),
+                    agent="ghost",
+                    revision="r1",
+                    input="hi",
+                ),
+                RunClaimed(
+                    **Envelope(run_id=run_id, tenant="acme", seq=2, fence=1, at=2), worker="w"
+                ),
+            ]
+        )
+        worker = Worker(backends, ScriptedProvider(script), agents)
+        assert await worker.handle(ResumeRun(run_id=run_id, tenant="acme"))
+
+    [line] = [r.getMessage() for r in caplog.records if "no agent 'ghost'" in r.getMessage()]
+    assert "\x1b" not in line
+    assert "\x07" not in line
+    assert line.startswith("run run\\x1b]0;OWNED\\x07\\x1b[2J: no agent 'ghost' here")
 
 
 def test_printable_escapes_every_control_and_keeps_the_rest() -> None:

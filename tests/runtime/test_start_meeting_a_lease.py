@@ -168,12 +168,7 @@ async def test_a_refusal_is_kept_when_another_tenant_starts_the_run_id_again(
     when the tenant whose run has the id sends its start again: the refusal was kept by run id
     alone, so that start cleared it and the refused tenant's stream waited for a run that never
     comes."""
-    worker = worker_of(backends)
-    worker.submit(StartRun(run_id="r", tenant="evil", agent="writer", input="go"))
-    await asyncio.wait_for(worker.drained(), 30)
-    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
-    await asyncio.wait_for(worker.drained(), 30)
-    assert worker.refused_start("r", tenant=TENANT) is not None
+    worker = await _refused_as_taken(backends)
 
     worker.submit(StartRun(run_id="r", tenant="evil", agent="writer", input="go"))
     await asyncio.wait_for(worker.drained(), 30)
@@ -188,12 +183,7 @@ async def test_a_refused_start_is_told_to_its_own_tenant_only(backends: Backends
     """A start refused for one tenant (its run id is another tenant's run) is that tenant's
     to be told. Asked without a tenant, the worker answered with whichever tenant's refusal it
     held: the other tenant's caller read this tenant's cause. The tenant must be named."""
-    worker = worker_of(backends)
-    worker.submit(StartRun(run_id="r", tenant="evil", agent="writer", input="go"))
-    await asyncio.wait_for(worker.drained(), 30)
-    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
-    await asyncio.wait_for(worker.drained(), 30)
-    assert worker.refused_start("r", tenant=TENANT) is not None
+    worker = await _refused_as_taken(backends)
     assert worker.refused_start("r", tenant="evil") is None
     with pytest.raises(TypeError, match="tenant"):
         worker.refused_start("r")  # type: ignore[call-arg]
@@ -241,3 +231,15 @@ async def test_a_start_racing_its_tenants_start_of_its_run_id_for_another_agent_
     cause = worker.refused_start("r", tenant=TENANT)
     assert cause is not None, "the start was dropped without a word"
     assert "already exists" in cause
+
+
+async def _refused_as_taken(backends: Backends) -> Worker:
+    """A worker that started tenant "evil"'s run "r", then refused ``TENANT``'s start of the
+    same id."""
+    worker = worker_of(backends)
+    worker.submit(StartRun(run_id="r", tenant="evil", agent="writer", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+    worker.submit(StartRun(run_id="r", tenant=TENANT, agent="writer", input="go"))
+    await asyncio.wait_for(worker.drained(), 30)
+    assert worker.refused_start("r", tenant=TENANT) is not None
+    return worker

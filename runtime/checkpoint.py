@@ -46,7 +46,7 @@ from onward.projections.frontier import counts_at
 from onward.projections.frontier_projection import FrontierProjection
 from onward.projections.log_projector import LogProjector
 
-from .observability.metrics import COUNTS
+from .observability.counts import COUNTS
 
 log = logging.getLogger("onward.checkpoint")
 

@@ -65,7 +65,7 @@ from onward.projections.compaction.plan import (
 from onward.projections.postgres import PostgresFrontierStore
 
 from .backends import Backends, open_backends
-from .observability.metrics import COUNTS
+from .observability.counts import COUNTS
 from .settings import Settings, load_settings
 
 log = logging.getLogger("onward.compaction")

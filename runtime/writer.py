@@ -29,7 +29,7 @@ from .blobs import ClaimCheck, escape_bodies, unescape_bodies
 from .checkpoint import Checkpointer
 from .conversation import Conversation
 from .leases.holder import Leaseholder
-from .observability.metrics import COUNTS
+from .observability.counts import COUNTS
 from .redaction import Redactor
 from .spend import SpendEntry, SpendLedger
 

@@ -319,9 +319,17 @@ NOT_FOR_READING_RUNS = (
 )
 """Modules ``onward runs`` must not load: it reads the frontier store and prints a table."""
 
-NOT_FOR_INSPECTING = ("onward.runtime.fleet", "onward.runtime.application")
+NOT_FOR_INSPECTING = (
+    "onward.runtime.fleet",
+    "onward.runtime.application",
+    "onward.runtime.observability.metrics",
+    "onward.runtime.observability.server",
+    "prometheus_client",
+)
 """Modules ``onward inspect`` must not load: the fleet's worker and requests are for cancel and
-the worker, the application for a product's own process; it reads through the runner."""
+the worker, the application for a product's own process; it reads through the runner, which
+counts into plain objects (`onward.runtime.observability.counts`): Prometheus's collectors and
+the metrics server are for the processes that serve them."""
 
 
 @pytest.mark.parametrize(
@@ -337,8 +345,8 @@ def test_a_reading_command_on_sqlite_loads_only_what_it_reads_with(
 ) -> None:
     """``onward runs`` loads neither the runner nor the metrics (prometheus_client,
     OpenTelemetry: ~60 ms) nor `ask` (pydantic's JSON Schema), and ``onward inspect`` neither
-    the fleet nor the application (~90 ms): each is imported by the commands that run, cancel
-    or serve."""
+    the fleet nor the application (~90 ms) nor the metrics: each is imported by the commands
+    that run, cancel or serve."""
     modules = imported_by(command_on_sqlite(args, tmp_path / "onward.db", exits=(0, 1)))
     assert "onward.runtime.cli._common" in modules
     loaded = sorted(m for m in modules if any(m == u or m.startswith(f"{u}.") for u in unneeded))

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from onward.errors import FencedError, ResumeConflictError
-from onward.runtime.observability.metrics import COUNTS
+from onward.runtime.observability.counts import COUNTS
 
 from .base import LeaseStore, RunLease, unheard
 

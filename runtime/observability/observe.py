@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from time import perf_counter
 
-from .metrics import COUNTS
+from .counts import COUNTS
 from .tracing import span
 
 

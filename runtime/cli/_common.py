@@ -39,7 +39,6 @@ from onward.errors import ConfigurationError, InvalidInputError, OnwardError
 from onward.eventlog.references import is_reference, unescaped
 from onward.projections.audit import one_line, printable, printable_json, shell_word
 from onward.projections.frontier import CallState
-from onward.runtime import providers
 
 if TYPE_CHECKING:
     # The settings load pydantic-settings: a command's ``--help`` reads none.
@@ -532,19 +531,6 @@ def _read_option(text: str, option: str) -> tuple[str, str]:
         raise InvalidInputError(
             f"{option}: cannot read {path!r}: {getattr(exc, 'strerror', None) or exc}"
         ) from exc
-
-
-class NoModel(providers.NoModel):
-    """The provider of commands that must never reach a model (inspect, approve, deny, resolve).
-
-    Those commands only read a run or append a person's answer; a model call from one of them
-    would be a bug, so it fails loudly instead of spending tokens.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(
-            "this command does not call a model; carry the run on with `onward run --resume`"
-        )
 
 
 def help_paragraphs(doc: str | None) -> list[str]:

@@ -46,6 +46,7 @@ from onward.runtime.leases.base import (
 )
 from onward.runtime.limits import check_name, check_stored_name
 from onward.runtime.options import DEFAULT_TENANT
+from onward.runtime.providers import NoModel as _NoModel
 from onward.runtime.providers import Provider
 from onward.runtime.runner import AgentRunner, new_run_id
 from onward.runtime.settings import Settings, load_settings
@@ -53,7 +54,6 @@ from onward.runtime.settings import Settings, load_settings
 from ._common import (
     ArchiveOption,
     JsonResultOption,
-    NoModel,
     RunArgument,
     TenantOption,
     checked_sqlite_directory,
@@ -112,6 +112,19 @@ ProviderOption = Annotated[
         help="The model: a Provider, or a function returning one.",
     ),
 ]
+
+
+class NoModel(_NoModel):
+    """The provider of commands that must never reach a model (inspect, approve, deny, resolve).
+
+    Those commands only read a run or append a person's answer; a model call from one of them
+    would be a bug, so it fails loudly instead of spending tokens.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this command does not call a model; carry the run on with `onward run --resume`"
+        )
 
 
 class Outcome(StrEnum):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import socket
 import ssl
 import time
 from collections.abc import Iterator
@@ -208,15 +209,32 @@ def _server_problem(server: str) -> str | None:
         if not bracket or not host or (rest and not rest.startswith(":")):
             return f"{server!r} is not [IPv6 address]:port"
         port = rest[1:] if rest else None
-    elif server.count(":") == 1:
-        host, _, port = server.partition(":")
-        if not host:
-            return f"{server!r} has no host"
+    elif ":" in server:
+        host, _, port = server.rpartition(":")
+        if _is_ipv6_address(server):
+            port = None  # a bare IPv6 address: the default port
+        elif not host or ":" in host:
+            # The client reads host:port from the last colon: "host:9092:x" failed in its
+            # parser, as if the agent had raised it.
+            return (
+                f"{server!r} is neither host:port nor an IPv6 address ([address]:port)"
+                if host
+                else f"{server!r} has no host"
+            )
     else:
-        port = None  # a host, or a bare IPv6 address: the default port
-    if port is not None and not (port.isascii() and port.isdigit() and int(port) <= 65535):
-        return f"{server!r} has a port that is not a number from 0 to 65535"
-    return None
+        port = None  # a host: the default port
+    if port is None or (port.isascii() and port.isdigit() and int(port) <= 65535):
+        return None
+    return f"{server!r} has a port that is not a number from 0 to 65535"
+
+
+def _is_ipv6_address(text: str) -> bool:
+    """Whether ``text`` is an IPv6 address, as the client tells one from ``host:port``."""
+    try:
+        socket.inet_pton(socket.AF_INET6, text)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

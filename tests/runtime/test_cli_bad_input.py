@@ -213,6 +213,8 @@ def test_worker_says_a_name_with_brackets_as_it_is(db: Path) -> None:
         ("127.0.0.1:70000", ()),
         ("[::1", ()),
         ("a:1,,b:2", ()),
+        ("127.0.0.1:9092:x", ("neither host:port nor an IPv6 address",)),
+        ("broker:1:9092", ("neither host:port nor an IPv6 address",)),
         ("kafka://127.0.0.1:9092", ("scheme", "kafka://127.0.0.1:9092")),
         ("PLAINTEXT://127.0.0.1:9092", ("scheme", "PLAINTEXT://127.0.0.1:9092")),
     ],

@@ -243,3 +243,10 @@ def test_a_diagnosis_probes_the_addresses_the_client_reads_from_the_bootstrap_li
         ("broker", 9092),
         ("fe80::1", 9092),
     ]
+
+
+@pytest.mark.parametrize("servers", ["::1", "fe80::1:9092", "[::1]:9093", "broker", "b-1:9096"])
+def test_a_bare_ipv6_address_or_a_host_is_a_bootstrap_server(servers: str) -> None:
+    """Refusing a server with two colons that is not host:port ("host:9092:x") leaves an
+    IPv6 address alone, which the client reads with the default port."""
+    assert KafkaConnection(servers).bootstrap_servers == servers

@@ -8,8 +8,9 @@ The settings keep the names Kafka's own non-Java clients use (``security.protoco
 
 aiokafka says only "Unable to bootstrap" whatever went wrong; `KafkaConnection.start` starts a
 client and, when the bootstrap fails, connects once more by hand to learn why: a refused
-password, a broker certificate the CA did not sign and a plaintext client at a TLS port are
-deployment facts (`ConfigurationError`), anything else stays an outage.
+password, a broker certificate the CA did not sign, a plaintext client at a TLS port and a
+client without SASL at a SASL port (or the reverse) are deployment facts
+(`ConfigurationError`), anything else stays an outage.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
 from aiokafka.conn import create_conn, get_ip_port_afi
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.admin import SaslHandShakeRequest
 
 from onward.errors import ConfigurationError
 
@@ -564,10 +566,16 @@ class KafkaConnection:
                 ),
                 timeout_s,
             )
+        except kafka_errors.IllegalSaslStateError:
+            # The broker's answer to a SASL handshake on a listener without SASL.
+            return (
+                f"KAFKA_SECURITY_PROTOCOL is {self.security_protocol} but Kafka at {where} "
+                f"does not take SASL ({'SSL' if self.uses_tls else 'PLAINTEXT'}, without the "
+                "KAFKA_SASL_* settings)"
+            )
         except (
             kafka_errors.SaslAuthenticationFailed,
             kafka_errors.AuthenticationFailedError,
-            kafka_errors.IllegalSaslStateError,
         ):
             return (
                 f"Kafka at {where} refused KAFKA_SASL_USERNAME {self.sasl_username!r} with "
@@ -587,8 +595,33 @@ class KafkaConnection:
             )
         except (OSError, TimeoutError, kafka_errors.KafkaError):
             return await self._protocol_mismatch(host, port, timeout_s)
-        conn.close()
-        return None
+        try:
+            return None if self.uses_sasl else await self._sasl_required(conn, where, timeout_s)
+        finally:
+            conn.close()
+
+    async def _sasl_required(self, conn: Any, where: str, timeout_s: float) -> str | None:
+        """Whether the listener behind ``conn`` (connected without SASL) takes only SASL.
+
+        Such a listener answers the version lookup and then drops the connection at the first
+        other request, which the client reports as an unreachable broker; asked for a SASL
+        handshake, it lists its mechanisms, where a listener without SASL lists none.
+        """
+        try:
+            answer = await asyncio.wait_for(conn.send(SaslHandShakeRequest("PLAIN")), timeout_s)
+        except (OSError, TimeoutError, kafka_errors.KafkaError):
+            return None
+        mechanisms = [str(name) for name in getattr(answer, "enabled_mechanisms", None) or ()]
+        if not mechanisms:
+            return None
+        # Only the mechanisms Onward speaks can be set; a broker may offer others (GSSAPI).
+        usable = [name for name in mechanisms if name in SASL_MECHANISMS] or mechanisms
+        return (
+            f"KAFKA_SECURITY_PROTOCOL is {self.security_protocol} but Kafka at {where} takes "
+            f"only SASL ({'SASL_SSL' if self.uses_tls else 'SASL_PLAINTEXT'}, with "
+            f"KAFKA_SASL_MECHANISM {' or '.join(usable)} and KAFKA_SASL_USERNAME and "
+            "KAFKA_SASL_PASSWORD)"
+        )
 
     async def _protocol_mismatch(self, host: str, port: int, timeout_s: float) -> str | None:
         """Whether ``host:port`` speaks TLS where the protocol says plaintext, or the reverse."""

@@ -323,6 +323,25 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str | None], list[str]]] = {
         },
         ["KAFKA_SECURITY_PROTOCOL", "PLAINTEXT", "TLS"],
     ),
+    # The listener drops a client without SASL after its version lookup: not an outage.
+    "tls-without-sasl": (
+        {
+            "KAFKA_SECURITY_PROTOCOL": "SSL",
+            "KAFKA_SASL_MECHANISM": None,
+            "KAFKA_SASL_USERNAME": None,
+            "KAFKA_SASL_PASSWORD": None,
+        },
+        ["KAFKA_SECURITY_PROTOCOL", "SSL", "SASL_SSL", "KAFKA_SASL_MECHANISM", "SCRAM-SHA-512"],
+    ),
+    # The password is not what is wrong: the listener has no SASL.
+    "sasl-at-the-plaintext-port": (
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": "PLAINTEXT_LISTENER",
+            "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "KAFKA_SSL_CA_LOCATION": None,
+        },
+        ["KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT", "does not take SASL"],
+    ),
 }
 
 
@@ -336,10 +355,15 @@ async def test_a_run_starts_with_the_right_settings(deployment: Deployment) -> N
 
 @pytest.mark.parametrize("case", sorted(BAD_SETTINGS))
 async def test_a_wrong_setting_is_named_in_one_line_and_nothing_is_written(
-    deployment: Deployment, secured_kafka: SecuredKafka, foreign_ca: str, case: str
+    deployment: Deployment,
+    secured_kafka: SecuredKafka,
+    kafka_servers: KafkaServers,
+    foreign_ca: str,
+    case: str,
 ) -> None:
     changed, named = BAD_SETTINGS[case]
-    changes = {k: (foreign_ca if v == "FOREIGN_CA" else v) for k, v in changed.items()}
+    stand_ins = {"FOREIGN_CA": foreign_ca, "PLAINTEXT_LISTENER": kafka_servers.bootstrap}
+    changes = {k: (stand_ins.get(v, v) if v else v) for k, v in changed.items()}
     before = await deployment.ends()
     result = deployment.onward("start", "book 3A", "--tenant", "acme", *AGENT, **changes)
     assert result.returncode == 2, result.stderr

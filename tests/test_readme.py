@@ -1,13 +1,20 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written, and its `onward` command lines name what the
+CLI has."""
 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
+import typer
 from support.chat_completions import chat_completions_server
 from support.readme import README, run_block, section
+from typer._click import Command, Context
+from typer.core import TyperGroup
+
+from onward.runtime.cli import app
 
 
 @pytest.mark.timeout(300)  # every example twice, each a fresh interpreter: a minute when idle
@@ -56,3 +63,33 @@ def test_every_test_the_security_table_names_exists() -> None:
             path = file or path
             source = (root / path).read_text()
             assert re.search(rf"^(async )?def {name}\(", source, re.MULTILINE), (path, name)
+
+
+def test_every_onward_command_line_of_the_readme_names_commands_and_flags_that_exist() -> None:
+    """Each ``onward ...`` line of the README's shell blocks names a command the CLI has and
+    only options that command takes, spelt as it spells them: a reader who pastes one never
+    meets "No such option". Placeholders (``[--json]``, ``...``, ``JSON|@FILE|-``) are read as
+    the options they show."""
+    command = typer.main.get_command(app)
+    blocks = re.findall(r"```(?:sh|bash)\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    checked = 0
+    for line in lines:
+        words = shlex.split(line.split("#", 1)[0].replace("[", " ").replace("]", " "))
+        if not words or words[0] != "onward":
+            continue
+        current: Command = command
+        for word in words[1:]:
+            found = None
+            if isinstance(current, TyperGroup):
+                found = current.get_command(Context(current), word)
+            if found is not None:
+                current = found
+            elif word.startswith("-") and word not in ("-", "--"):
+                options = {o for p in current.params for o in (*p.opts, *p.secondary_opts)}
+                assert word in options, f"{line!r}: {current.name} takes no {word}"
+            else:
+                assert not isinstance(current, TyperGroup), f"{line!r}: no command {word!r}"
+        assert not isinstance(current, TyperGroup) or words[1:] == ["--version"], line
+        checked += 1
+    assert checked >= 40, checked

@@ -83,15 +83,32 @@ def url_for_logs(url: str) -> str:
     return f"{url[:start]}{address}{question}{query}"
 
 
+_TRACEBACKS: Final = logging.Formatter()
+"""What turns a record's exception into the text `MaskedUrls` masks (as logging's default)."""
+
+
+def _masked_urls(text: str) -> str:
+    """``text`` with every URL in it passed through `url_for_logs`."""
+    return _URL.sub(lambda found: url_for_logs(found.group(0)), text)
+
+
 class MaskedUrls(logging.Filter):
-    """Hides the credentials of every URL in a record's message (`url_for_logs`)."""
+    """Hides the credentials of every URL in a record's message and in its traceback
+    (`url_for_logs`): the MCP client logs a failed request with ``exc_info``, and an
+    `HTTPStatusError` names the URL whole. The traceback is kept as text, masked, in place of
+    the exception, which a formatter would turn into text unmasked."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        masked = _URL.sub(lambda found: url_for_logs(found.group(0)), message)
+        masked = _masked_urls(message)
         if masked != message:
             record.msg = masked
             record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _TRACEBACKS.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = _masked_urls(record.exc_text)
+            record.exc_info = None
         return True
 
 

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from langchain_core.messages import ToolCall as LangChainToolCall
 from langchain_core.messages import ToolMessage
@@ -27,6 +28,7 @@ from support.sqlite_files import stored_bytes
 from support.stores import sqlite_stores
 from typer.testing import CliRunner
 
+from onward._storage.logs import masked_http_logs
 from onward.errors import BackendUnavailableError, ConfigurationError, InvalidInputError
 from onward.eventlog.events import ToolCall, ToolCompleted
 from onward.integrations.langgraph import OnwardSaver
@@ -564,6 +566,29 @@ async def test_an_mcp_servers_password_and_token_are_not_logged_with_its_request
     requests = [r.getMessage() for r in caplog.records if r.name == "httpx2"]
     assert requests, "the HTTP client logged no request: nothing was checked"
     assert f"http://***@127.0.0.1:{port}/mcp?token=***&plan=***" in requests[0]
+    assert password not in caplog.text
+    assert token not in caplog.text
+
+
+def test_an_mcp_servers_credentials_are_not_logged_in_a_failed_requests_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The MCP client logs a failed GET stream with its traceback (``exc_info``), and an
+    `HTTPStatusError` names the URL whole: the filter hid a credential in the message only,
+    so the traceback under it put the password and the token in the log."""
+    masked_http_logs()
+    password, token = invented(16, seed=9), invented(16, seed=10)
+    url = f"http://mcp-user:{password}@127.0.0.1:9/mcp?token={token}"
+    refused = httpx2.Response(401, request=httpx2.Request("GET", url))
+    caplog.set_level(logging.DEBUG)
+    try:
+        refused.raise_for_status()
+    except httpx2.HTTPStatusError:
+        logging.getLogger("mcp.client.streamable_http").debug("GET stream error", exc_info=True)
+
+    assert "GET stream error" in caplog.text
+    assert "HTTPStatusError: Client error '401 Unauthorized' for url" in caplog.text
+    assert "http://***@127.0.0.1:9/mcp?token=***" in caplog.text
     assert password not in caplog.text
     assert token not in caplog.text
 

@@ -118,7 +118,9 @@ def unchecked_server(url: str, variable: str) -> str | None:
     URL says plainly: ``redis://``, ``sslmode=disable``)."""
     try:
         parts = urlsplit(url)
-        query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
+        # Of a repeated parameter, asyncpg takes the last value and redis-py the first.
+        taken = 0 if parts.scheme == "rediss" else -1
+        query = {name: values[taken] for name, values in parse_qs(parts.query).items()}
     except ValueError:  # a URL the driver refuses too, saying why
         return None
     if parts.scheme in ("postgres", "postgresql"):

@@ -495,6 +495,21 @@ async def test_a_redis_url_that_leaves_the_server_unchecked_is_warned_about(
     assert "REDIS_URL" in warning, warning
 
 
+async def test_a_redis_url_naming_ssl_cert_reqs_twice_is_warned_about_by_the_value_redis_takes(
+    secured: SecuredServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """redis-py takes the first of a repeated query parameter (asyncpg the last): with
+    ``ssl_cert_reqs=none`` then ``=required`` the certificate goes unchecked, yet the warning
+    read the last value and said nothing."""
+    caplog.set_level(logging.WARNING, logger="onward.storage")
+    store = await RedisLeaseStore.open(
+        f"{secured.redis_url}&ssl_cert_reqs=none&ssl_cert_reqs=required", timeout_s=5
+    )
+    await store.close()
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "has ssl_cert_reqs=none: the server's certificate is not checked" in warning, warning
+
+
 async def test_a_redis_url_with_ssl_cert_reqs_optional_is_checked_and_not_warned_about(
     secured: SecuredServers, foreign_ca: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -16,17 +16,29 @@ def lazy_exports(
 
     ``exports`` maps each lazy name to the module (absolute, or relative to ``package``) and the
     attribute it is. A value imported once is kept in the package, so later lookups of it never
-    come back here.
+    come back here. Any other name is looked up as a submodule, as it was when the package
+    imported its submodules eagerly: ``import onward.runtime.observability as o; o.server``.
     """
     namespace = sys.modules[package].__dict__
 
     def lookup(name: str) -> object:
         if name not in exports:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            return submodule(name)
         module, attribute = exports[name]
         value = getattr(import_module(module, package), attribute)
         namespace[name] = value
         return value
+
+    def submodule(name: str) -> ModuleType:
+        missing = AttributeError(f"module {package!r} has no attribute {name!r}")
+        if name.startswith("__"):
+            raise missing  # a tool probing for a dunder: never a submodule
+        try:
+            return import_module(f"{package}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{package}.{name}":
+                raise  # the submodule exists and an import of its own failed
+            raise missing from None
 
     def listing() -> list[str]:
         return sorted({*namespace, *namespace.get("__all__", ())})

@@ -451,3 +451,33 @@ assert onward.projections.rebuild is rebuild is the_function, onward.projections
 """
     assert "onward.projections.rebuild" in imported_by(code)
     assert "onward.projections.rebuild" not in imported_by("import onward.projections")
+
+
+@pytest.mark.parametrize(
+    ("package", "submodule"),
+    [
+        ("onward.runtime.observability", "server"),
+        ("onward.eventlog", "kafka"),
+        ("onward.projections", "postgres"),
+        ("onward._storage", "redis"),
+    ],
+)
+def test_a_package_s_submodule_is_an_attribute_after_a_plain_import(
+    package: str, submodule: str
+) -> None:
+    """Packages that export lazily used to import their submodules eagerly, so code reading a
+    submodule as an attribute after ``import package`` worked; it still does, in a fresh
+    interpreter, and a name that is no submodule is still an AttributeError."""
+    code = f"""
+import importlib
+package = importlib.import_module({package!r})
+assert getattr(package, {submodule!r}) is importlib.import_module({package!r} + "." + {submodule!r})
+try:
+    package.no_such_submodule
+except AttributeError as exc:
+    assert "no_such_submodule" in str(exc), exc
+else:
+    raise AssertionError("no AttributeError")
+assert not hasattr(package, "__wrapped__")
+"""
+    assert f"{package}.{submodule}" in imported_by(code)
